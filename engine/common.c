@@ -1,0 +1,93 @@
+/* common.c — status strings, the process's log sink, the clock.
+ *
+ * The sink is a function pointer plus a level and a prefix, set once at
+ * start-up (sd_log_set). Formatting happens in a stack buffer so a log line is
+ * one write(2) and lines from threads do not interleave mid-line. */
+#define _POSIX_C_SOURCE 200809L
+#include "specd/common.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+static const char *const status_names[SD_STATUS_COUNT] = {
+    [SD_OK] = "ok",
+    [SD_ERR_INVALID_ARG] = "invalid argument",
+    [SD_ERR_IO] = "i/o error",
+    [SD_ERR_FORMAT] = "malformed input",
+    [SD_ERR_UNSUPPORTED] = "unsupported",
+    [SD_ERR_NOMEM] = "out of memory",
+    [SD_ERR_OUT_OF_BLOCKS] = "out of KV blocks",
+    [SD_ERR_RANGE] = "out of range",
+    [SD_ERR_NOT_FOUND] = "not found",
+    [SD_ERR_INTERNAL] = "internal error",
+    [SD_ERR_CUDA] = "cuda error",
+    [SD_ERR_NET] = "network error",
+};
+
+const char *sd_status_str(sd_status s) {
+    if ((unsigned)s >= SD_STATUS_COUNT || !status_names[s]) return "unknown status";
+    return status_names[s];
+}
+
+static struct {
+    sd_log_fn fn;
+    void *user;
+    sd_log_level min_level;
+    char prefix[64];
+} logger = { NULL, NULL, SD_LOG_INFO, "specd" };
+
+void sd_log_set(sd_log_fn fn, void *user, sd_log_level min_level, const char *prefix) {
+    logger.fn = fn;
+    logger.user = user;
+    logger.min_level = min_level;
+    if (prefix) snprintf(logger.prefix, sizeof logger.prefix, "%s", prefix);
+}
+
+bool sd_log_enabled(sd_log_level level) {
+    return level >= logger.min_level && level < SD_LOG_OFF;
+}
+
+static const char *level_name(sd_log_level l) {
+    switch (l) {
+    case SD_LOG_DEBUG: return "DEBUG";
+    case SD_LOG_INFO: return "INFO";
+    case SD_LOG_WARN: return "WARN";
+    case SD_LOG_ERROR: return "ERROR";
+    default: return "?";
+    }
+}
+
+void sd_log_write(sd_log_level level, const char *file, int line, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (logger.fn) {
+        logger.fn(level, msg, logger.user);
+        return;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    localtime_r(&ts.tv_sec, &tm);
+    const char *base = strrchr(file, '/');
+    base = base ? base + 1 : file;
+    char out[1280];
+    int n;
+    if (level >= SD_LOG_WARN)
+        n = snprintf(out, sizeof out, "%02d:%02d:%02d.%03ld %s %s: %s (%s:%d)\n", tm.tm_hour, tm.tm_min,
+                     tm.tm_sec, ts.tv_nsec / 1000000, level_name(level), logger.prefix, msg, base, line);
+    else
+        n = snprintf(out, sizeof out, "%02d:%02d:%02d.%03ld %s %s: %s\n", tm.tm_hour, tm.tm_min, tm.tm_sec,
+                     ts.tv_nsec / 1000000, level_name(level), logger.prefix, msg);
+    if (n > 0) fwrite(out, 1, (size_t)n < sizeof out ? (size_t)n : sizeof out - 1, stderr);
+}
+
+double sd_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}

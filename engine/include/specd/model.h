@@ -1,0 +1,98 @@
+/* model.h — a Llama-architecture model and its ragged batched forward pass.
+ *
+ * The model is written once against the backend interface (backend_impl.h);
+ * this header is what callers see. A forward call runs a ragged batch: any
+ * number of sequences, each with any number of new tokens, every token
+ * carrying its position and sequence slot; attention is causal inside each
+ * sequence over that sequence's KV cache. Logits come back only for the rows
+ * asked for. On the CPU backend the logits of a token do not depend on what
+ * else is in the batch or how its sequence's tokens were chunked (fixed
+ * reduction order per output element): speculative greedy output equals
+ * plain greedy output bit for bit. */
+#ifndef SPECD_MODEL_H
+#define SPECD_MODEL_H
+
+#include "specd/common.h"
+#include "specd/gguf.h"
+#include "specd/kv.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct sd_model sd_model;
+
+/* Hyper-parameters read from llama.* metadata. */
+typedef struct sd_model_config {
+    char arch[32];          /* "llama" */
+    int32_t n_vocab;
+    int32_t n_ctx_train;    /* llama.context_length */
+    int32_t n_embd;         /* llama.embedding_length */
+    int32_t n_layers;       /* llama.block_count */
+    int32_t n_ff;           /* llama.feed_forward_length */
+    int32_t n_heads;        /* llama.attention.head_count */
+    int32_t n_kv_heads;     /* llama.attention.head_count_kv (defaults to n_heads) */
+    int32_t head_dim;       /* n_embd / n_heads (llama.rope.dimension_count when present) */
+    float rms_eps;          /* llama.attention.layer_norm_rms_epsilon */
+    float rope_base;        /* llama.rope.freq_base (default 10000) */
+    /* rope scaling (llama.rope.scaling.*): type 0 none, 1 linear, 2 llama3 */
+    int32_t rope_scaling_type;
+    float rope_scale_factor;
+    float rope_low_freq_factor;
+    float rope_high_freq_factor;
+    int32_t rope_orig_ctx;
+    bool tied_output;       /* output.weight absent: LM head = token_embd */
+} sd_model_config;
+
+typedef struct sd_model_params {
+    int32_t n_threads;      /* 0 = every online core */
+    int32_t n_layers_used;  /* 0 = all; L < n_layers runs only the first L
+                               layers + final norm + LM head (self-draft) */
+} sd_model_params;
+
+sd_model_params sd_model_default_params(void);
+
+/* Reads the config of g (validating every value: positive, divisible, sane
+ * bounds); SD_ERR_UNSUPPORTED for an architecture other than llama. */
+sd_status sd_model_config_from_gguf(const sd_gguf *g, sd_model_config *cfg);
+
+/* Loads weights from an open GGUF (dequantized to f32 in this version; g may
+ * be closed afterwards). Caller frees with sd_model_free. */
+sd_status sd_model_load(const sd_gguf *g, const sd_model_params *p, sd_model **out);
+void sd_model_free(sd_model **m);
+
+/* Borrowed config, valid while m lives. */
+const sd_model_config *sd_model_config_of(const sd_model *m);
+
+/* Creates a KV cache shaped for m holding max_seqs sequences and n_blocks
+ * blocks of block_size tokens (0 = 16). Caller frees with sd_kv_free. */
+sd_status sd_model_kv_create(const sd_model *m, int32_t max_seqs, int32_t n_blocks, int32_t block_size,
+                             sd_kv **out);
+
+/* A ragged batch. For each sequence the tokens present must continue it:
+ * the first new token of seq s has pos == sd_kv_seq_len(kv, s) at call time
+ * and the following ones pos+1, pos+2, ... in the order they appear (tokens
+ * of different sequences may interleave). */
+typedef struct sd_batch {
+    int32_t n_tokens;
+    const int32_t *tokens;  /* [n_tokens] token ids in [0, n_vocab) */
+    const int32_t *pos;     /* [n_tokens] positions */
+    const int32_t *seq;     /* [n_tokens] sequence slots in [0, max_seqs) */
+    const bool *logits;     /* [n_tokens] rows whose logits are wanted; NULL = none */
+} sd_batch;
+
+/* Runs the batch: appends every token's K/V to kv (growing its sequences;
+ * SD_ERR_OUT_OF_BLOCKS leaves kv unchanged) and writes the logits of the
+ * wanted rows, in batch order, to out[n_wanted * n_vocab]. Validates ids,
+ * positions and slots first (SD_ERR_RANGE / SD_ERR_INVALID_ARG with a log
+ * line). Not thread-safe per model: one forward at a time; it uses the
+ * model's own worker threads. */
+sd_status sd_model_forward(sd_model *m, sd_kv *kv, const sd_batch *b, float *out);
+
+/* Bytes of weights the forward pass reads per step (for bandwidth figures). */
+uint64_t sd_model_weight_bytes(const sd_model *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

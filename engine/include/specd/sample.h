@@ -1,0 +1,64 @@
+/* sample.h — processed distributions, seeded sampling, counter-based RNG.
+ *
+ * Random numbers come from Philox4x32-10 keyed by (seed, position, purpose):
+ * a draw depends only on those three values, never on the order of calls,
+ * the batch, or which process makes it. Processing (temperature, top-k,
+ * top-p, min-p) turns logits into the exact distribution that is sampled
+ * from; speculative verification applies the same processing to draft and
+ * target logits. */
+#ifndef SPECD_SAMPLE_H
+#define SPECD_SAMPLE_H
+
+#include "specd/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct sd_sampling {
+    float temperature; /* 0 = greedy (argmax); otherwise > 0 */
+    int32_t top_k;     /* 0 = off */
+    float top_p;       /* in (0, 1]; 1 = off */
+    float min_p;       /* in [0, 1); 0 = off */
+    uint64_t seed;
+} sd_sampling;
+
+/* temperature 1, top_k 0, top_p 1, min_p 0, seed 0. */
+sd_sampling sd_sampling_default(void);
+/* SD_ERR_INVALID_ARG (with a log line naming the field) when out of range. */
+sd_status sd_sampling_validate(const sd_sampling *s);
+
+/* Purposes keep independent streams apart for the same (seed, position). */
+typedef enum sd_rng_purpose {
+    SD_RNG_SAMPLE = 1,   /* sampling a token from a distribution */
+    SD_RNG_DRAFT = 2,    /* drafter's proposal sampling */
+    SD_RNG_ACCEPT = 3,   /* acceptance test of a draft token */
+    SD_RNG_RESIDUAL = 4, /* sampling from the residual after a rejection */
+} sd_rng_purpose;
+
+/* Philox4x32-10 of counter (position, purpose, sub, 0) under key seed. */
+void sd_philox4x32(uint64_t seed, uint32_t ctr[4], uint32_t out[4]);
+/* A uniform double in [0, 1) with 53 random bits for (seed, position, purpose). */
+double sd_rng_uniform(uint64_t seed, uint64_t position, sd_rng_purpose purpose);
+
+/* Index of the largest logit (lowest index on ties). */
+int32_t sd_argmax(const float *logits, int32_t n);
+
+/* Writes the processed distribution of logits into probs[n] (sums to 1,
+ * zeros outside the kept set). Greedy (temperature 0) gives a one-hot on the
+ * argmax. Thread-safe; allocates a scratch index array. */
+sd_status sd_sample_probs(const float *logits, int32_t n, const sd_sampling *s, float *probs);
+
+/* Inverse-CDF draw from probs[n] with uniform u in [0,1): the first index
+ * whose cumulative sum exceeds u*total, skipping zero-probability entries. */
+int32_t sd_sample_from(const float *probs, int32_t n, double u);
+
+/* Processes logits and draws one token with the (seed, position) key:
+ * the whole sampling step of plain decoding. */
+sd_status sd_sample_token(const float *logits, int32_t n, const sd_sampling *s, uint64_t position,
+                          int32_t *token);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

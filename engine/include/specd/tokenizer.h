@@ -1,0 +1,88 @@
+/* tokenizer.h — byte-level BPE (GPT-2 style) from GGUF metadata.
+ *
+ * Encoding: special/added tokens are matched first (when allowed), the rest
+ * is split by the pre-tokenizer regex chosen from tokenizer.ggml.pre (PCRE2,
+ * Unicode classes), each piece is mapped to byte-level symbols and merged by
+ * BPE rank. Decoding maps tokens back to raw bytes; the incremental decoder
+ * holds back the bytes of an unfinished UTF-8 character so a stream never
+ * emits half a character. A tokenizer is immutable after creation and its
+ * functions are thread-safe. */
+#ifndef SPECD_TOKENIZER_H
+#define SPECD_TOKENIZER_H
+
+#include "specd/common.h"
+#include "specd/gguf.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct sd_tok sd_tok;
+
+/* Builds a tokenizer from g's tokenizer.ggml.* metadata (model "gpt2";
+ * pre-tokenizers "smollm", "llama-bpe"/"llama3", "gpt2" and "default" at
+ * least). The tokenizer copies what it needs: g may be closed afterwards.
+ * Caller frees *out with sd_tok_free. */
+sd_status sd_tok_from_gguf(const sd_gguf *g, sd_tok **out);
+void sd_tok_free(sd_tok **t);
+
+int32_t sd_tok_n_vocab(const sd_tok *t);
+int32_t sd_tok_bos(const sd_tok *t);   /* -1 when the model has none */
+int32_t sd_tok_eos(const sd_tok *t);   /* -1 when the model has none */
+bool sd_tok_add_bos(const sd_tok *t);  /* tokenizer.ggml.add_bos_token */
+/* True for tokens that end generation (EOS, <|im_end|>, <|eot_id|>...). */
+bool sd_tok_is_eog(const sd_tok *t, int32_t id);
+/* Id of the token whose text is exactly text, or -1. */
+int32_t sd_tok_find(const sd_tok *t, const char *text);
+/* 64-bit FNV-1a hash over every token's text and type, in id order: two
+ * models can share a KV/draft only when their hashes match. */
+uint64_t sd_tok_vocab_hash(const sd_tok *t);
+
+/* Encodes len bytes of text. parse_special: match control/user-defined
+ * tokens like <|im_start|> in the text as single tokens (off: they are
+ * encoded as plain text). Does not add BOS. On success *ids is a malloc'd
+ * array (caller frees with free()) of *n_ids tokens. Invalid UTF-8 is encoded
+ * byte-wise, as the byte-level model allows. */
+sd_status sd_tok_encode(const sd_tok *t, const char *text, size_t len, bool parse_special, int32_t **ids,
+                        size_t *n_ids);
+
+/* Raw bytes of token id (byte-level decoding applied; control tokens give
+ * their text). Borrowed, valid while t lives; *len set. NULL when out of range. */
+const char *sd_tok_piece(const sd_tok *t, int32_t id, size_t *len);
+
+/* Decodes n ids into a malloc'd NUL-terminated string (caller frees with
+ * free()); *len gets the byte length. Bytes are concatenated as they are. */
+sd_status sd_tok_decode(const sd_tok *t, const int32_t *ids, size_t n, char **text, size_t *len);
+
+/* Incremental decoder for streaming: push tokens one at a time, get only
+ * complete UTF-8 characters out. */
+typedef struct sd_tok_stream sd_tok_stream;
+/* Returns a new stream over t (borrowed; must outlive the stream), caller
+ * frees with sd_tok_stream_free; NULL on allocation failure. */
+sd_tok_stream *sd_tok_stream_new(const sd_tok *t);
+void sd_tok_stream_free(sd_tok_stream **s);
+/* Feeds id; writes the bytes that are now complete into out (cap bytes)
+ * and sets *out_len. Returns SD_ERR_RANGE for an unknown id and
+ * SD_ERR_INVALID_ARG when cap is too small (cap >= 256 always suffices). */
+sd_status sd_tok_stream_push(sd_tok_stream *s, int32_t id, char *out, size_t cap, size_t *out_len);
+/* Emits whatever is held back (an incomplete tail becomes U+FFFD per byte
+ * sequence) at the end of a stream. */
+sd_status sd_tok_stream_flush(sd_tok_stream *s, char *out, size_t cap, size_t *out_len);
+
+/* One chat message for sd_tok_chat_format. */
+typedef struct sd_chat_msg {
+    const char *role;    /* "system", "user", "assistant" */
+    const char *content;
+} sd_chat_msg;
+
+/* Formats messages as ChatML (<|im_start|>role\ncontent<|im_end|>\n ...),
+ * adding the default system prompt of the model's template when the first
+ * message is not a system one and default_system != NULL, and opening the
+ * assistant turn when add_generation_prompt. Result is malloc'd (caller frees). */
+sd_status sd_tok_chat_format(const sd_chat_msg *msgs, size_t n, const char *default_system,
+                             bool add_generation_prompt, char **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
