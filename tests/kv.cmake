@@ -1,0 +1,1 @@
+specd_unit_test(test_kv test_kv.c)
