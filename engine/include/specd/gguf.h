@@ -120,6 +120,12 @@ const sd_gguf_tensor *sd_gguf_find_tensor(const sd_gguf *g, const char *name);
  * n_elems must be a multiple of the type's block size. Thread-safe. */
 sd_status sd_dequantize(sd_dtype t, const void *data, uint64_t n_elems, float *out);
 
+/* Quantizes n_elems f32 values into out, encoded as type t (the inverse of
+ * sd_dequantize; out holds n_elems / block_elems * block_bytes bytes). Rounds
+ * to nearest like ggml's reference quantizers; n_elems must be a multiple of
+ * the type's block size. For tools and tests that write models. Thread-safe. */
+sd_status sd_quantize(sd_dtype t, const float *in, uint64_t n_elems, void *out);
+
 /* ---- writer (tools and tests) ----
  * Accumulates metadata and tensors in memory and writes a GGUF v3 file. */
 typedef struct sd_gguf_writer sd_gguf_writer;
