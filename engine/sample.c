@@ -1,0 +1,267 @@
+/* sample.c — counter-based RNG (Philox4x32-10), processed distributions,
+ * and seeded token sampling.
+ *
+ * RNG. Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as
+ * 1, 2, 3", SC'11) is a keyed bijection of a 128-bit counter: a draw is a
+ * pure function of (seed, position, purpose), so the same seeded request
+ * yields the same tokens whatever the batch, the thread or the process
+ * (failover). Key = the 64-bit seed as two 32-bit words (low word first);
+ * counter = (position low word, position high word, purpose, 0). Checked
+ * against the Random123 known-answer vectors in tests/test_sample.c.
+ * Rejected: a stateful generator (xoshiro, PCG) — its output would depend on
+ * how many draws came before, which differs between plain and speculative
+ * decoding.
+ *
+ * Processing, in this fixed order (documented contract, since speculative
+ * verification must apply exactly the same steps to draft and target):
+ *   1. temperature: z = logit / T, in double;
+ *   2. softmax in double with the maximum subtracted, summed in index order;
+ *   3. top-k: keep the k most probable tokens (ties: lower id first);
+ *   4. top-p: on the distribution renormalized over what top-k kept, keep
+ *      the smallest prefix of tokens by (probability desc, id asc) whose mass
+ *      reaches top_p;
+ *   5. min-p: on the distribution renormalized over what top-p kept, drop
+ *      tokens with p < min_p * p_max;
+ *   6. renormalize over the kept set (sum in index order), written as f32.
+ * Temperature 0 is greedy: a one-hot on sd_argmax (lowest id on ties).
+ * Logits may be -inf (masked); NaN or +inf is refused as INVALID_ARG. The
+ * sort is a qsort with a total order (probability, then id), so the kept set
+ * never depends on the sort's stability. */
+#include "specd/sample.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+/* ---- Philox4x32-10 ---- */
+
+#define PHILOX_M0 0xD2511F53u
+#define PHILOX_M1 0xCD9E8D57u
+#define PHILOX_W0 0x9E3779B9u /* golden ratio */
+#define PHILOX_W1 0xBB67AE85u /* sqrt(3) - 1 */
+#define PHILOX_ROUNDS 10
+
+void sd_philox4x32(uint64_t seed, uint32_t ctr[4], uint32_t out[4]) {
+    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+    uint32_t x0 = ctr[0], x1 = ctr[1], x2 = ctr[2], x3 = ctr[3];
+    for (int r = 0; r < PHILOX_ROUNDS; r++) {
+        if (r > 0) {
+            k0 += PHILOX_W0;
+            k1 += PHILOX_W1;
+        }
+        uint64_t p0 = (uint64_t)PHILOX_M0 * x0;
+        uint64_t p1 = (uint64_t)PHILOX_M1 * x2;
+        uint32_t y0 = (uint32_t)(p1 >> 32) ^ x1 ^ k0;
+        uint32_t y1 = (uint32_t)p1;
+        uint32_t y2 = (uint32_t)(p0 >> 32) ^ x3 ^ k1;
+        uint32_t y3 = (uint32_t)p0;
+        x0 = y0;
+        x1 = y1;
+        x2 = y2;
+        x3 = y3;
+    }
+    out[0] = x0;
+    out[1] = x1;
+    out[2] = x2;
+    out[3] = x3;
+}
+
+double sd_rng_uniform(uint64_t seed, uint64_t position, sd_rng_purpose purpose) {
+    uint32_t ctr[4] = { (uint32_t)position, (uint32_t)(position >> 32), (uint32_t)purpose, 0 };
+    uint32_t out[4];
+    sd_philox4x32(seed, ctr, out);
+    uint64_t bits = (((uint64_t)out[0] << 32) | out[1]) >> 11; /* 53 bits */
+    return (double)bits * 0x1.0p-53;
+}
+
+/* ---- parameters ---- */
+
+sd_sampling sd_sampling_default(void) {
+    sd_sampling s = { .temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 0 };
+    return s;
+}
+
+sd_status sd_sampling_validate(const sd_sampling *s) {
+    if (!s) {
+        SD_ERROR("sampling: parameters are NULL");
+        return SD_ERR_INVALID_ARG;
+    }
+    if (!(s->temperature >= 0.0f) || !isfinite(s->temperature)) {
+        SD_ERROR("sampling: temperature must be finite and >= 0, got %g", (double)s->temperature);
+        return SD_ERR_INVALID_ARG;
+    }
+    if (!(s->top_p > 0.0f && s->top_p <= 1.0f)) {
+        SD_ERROR("sampling: top_p must be in (0, 1], got %g", (double)s->top_p);
+        return SD_ERR_INVALID_ARG;
+    }
+    if (!(s->min_p >= 0.0f && s->min_p < 1.0f)) {
+        SD_ERROR("sampling: min_p must be in [0, 1), got %g", (double)s->min_p);
+        return SD_ERR_INVALID_ARG;
+    }
+    if (s->top_k < 0) {
+        SD_ERROR("sampling: top_k must be >= 0, got %d", (int)s->top_k);
+        return SD_ERR_INVALID_ARG;
+    }
+    return SD_OK;
+}
+
+/* ---- processing ---- */
+
+int32_t sd_argmax(const float *logits, int32_t n) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (logits[i] > logits[best] || (isnan(logits[best]) && !isnan(logits[i]))) best = i;
+    return best;
+}
+
+typedef struct ranked {
+    double p;
+    int32_t id;
+} ranked;
+
+/* Probability descending, then id ascending: a total order. */
+static int cmp_ranked(const void *a, const void *b) {
+    const ranked *x = a, *y = b;
+    if (x->p != y->p) return x->p > y->p ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+static sd_status check_inputs(const float *logits, int32_t n, const sd_sampling *s, const void *out) {
+    if (!logits || !out || n <= 0) {
+        SD_ERROR("sampling: need logits, an output and n > 0 (n = %d)", (int)n);
+        return SD_ERR_INVALID_ARG;
+    }
+    SD_TRY(sd_sampling_validate(s));
+    bool any_finite = false;
+    for (int32_t i = 0; i < n; i++) {
+        if (isnan(logits[i]) || logits[i] == INFINITY) {
+            SD_ERROR("sampling: logit %d is %g", (int)i, (double)logits[i]);
+            return SD_ERR_INVALID_ARG;
+        }
+        any_finite |= isfinite(logits[i]);
+    }
+    if (!any_finite) {
+        SD_ERROR("sampling: all %d logits are -inf", (int)n);
+        return SD_ERR_INVALID_ARG;
+    }
+    return SD_OK;
+}
+
+sd_status sd_sample_probs(const float *logits, int32_t n, const sd_sampling *s, float *probs) {
+    SD_TRY(check_inputs(logits, n, s, probs));
+    if (s->temperature == 0.0f) {
+        int32_t best = sd_argmax(logits, n);
+        for (int32_t i = 0; i < n; i++) probs[i] = i == best ? 1.0f : 0.0f;
+        return SD_OK;
+    }
+
+    ranked *r = malloc((size_t)n * sizeof *r); /* [n] (p, id), id order until sorted */
+    if (!r) {
+        SD_ERROR("sampling: cannot allocate scratch for %d tokens", (int)n);
+        return SD_ERR_NOMEM;
+    }
+    /* 1-2. temperature and softmax in double. */
+    double inv_t = 1.0 / (double)s->temperature, z_max = -INFINITY;
+    for (int32_t i = 0; i < n; i++) {
+        double z = (double)logits[i] * inv_t;
+        if (z > z_max) z_max = z;
+    }
+    double total = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        r[i].id = i;
+        r[i].p = exp((double)logits[i] * inv_t - z_max);
+        total += r[i].p;
+    }
+    for (int32_t i = 0; i < n; i++) r[i].p /= total;
+
+    /* 3-5. filters over the ranking; kept = r[0..n_kept). */
+    int32_t n_kept = n;
+    bool rank = (s->top_k > 0 && s->top_k < n) || s->top_p < 1.0f || s->min_p > 0.0f;
+    if (rank) {
+        qsort(r, (size_t)n, sizeof *r, cmp_ranked);
+        if (s->top_k > 0 && s->top_k < n_kept) n_kept = s->top_k;
+        double mass = 0.0;
+        for (int32_t i = 0; i < n_kept; i++) mass += r[i].p;
+        if (s->top_p < 1.0f) {
+            double need = (double)s->top_p * mass, cum = 0.0;
+            int32_t keep = n_kept;
+            for (int32_t i = 0; i < n_kept; i++) {
+                cum += r[i].p;
+                if (cum >= need) {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            n_kept = keep;
+        }
+        if (s->min_p > 0.0f) {
+            /* Renormalizing scales every p alike, so the test on raw p is the same. */
+            double floor_p = (double)s->min_p * r[0].p;
+            int32_t keep = 1;
+            while (keep < n_kept && r[keep].p >= floor_p) keep++;
+            n_kept = keep;
+        }
+    }
+
+    /* 6. renormalize, summing in id order so the result is order-independent. */
+    for (int32_t i = 0; i < n; i++) probs[i] = 0.0f;
+    if (rank) {
+        /* Scatter kept probabilities as doubles through a second pass. */
+        double *dense = calloc((size_t)n, sizeof *dense); /* [n] kept p by id */
+        if (!dense) {
+            free(r);
+            SD_ERROR("sampling: cannot allocate scratch for %d tokens", (int)n);
+            return SD_ERR_NOMEM;
+        }
+        for (int32_t i = 0; i < n_kept; i++) dense[r[i].id] = r[i].p;
+        double kept = 0.0;
+        for (int32_t i = 0; i < n; i++) kept += dense[i];
+        for (int32_t i = 0; i < n; i++) probs[i] = (float)(dense[i] / kept);
+        free(dense);
+    } else {
+        for (int32_t i = 0; i < n; i++) probs[i] = (float)r[i].p;
+    }
+    free(r);
+    return SD_OK;
+}
+
+int32_t sd_sample_from(const float *probs, int32_t n, double u) {
+    if (!probs || n <= 0) return -1;
+    double total = 0.0;
+    int32_t last = -1;
+    for (int32_t i = 0; i < n; i++) {
+        if (probs[i] > 0.0f) {
+            total += probs[i];
+            last = i;
+        }
+    }
+    if (last < 0) return -1;
+    if (!(u >= 0.0)) u = 0.0;
+    double target = u * total, cum = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        if (!(probs[i] > 0.0f)) continue;
+        cum += probs[i];
+        if (cum > target) return i;
+    }
+    return last; /* u*total rounded up to total */
+}
+
+sd_status sd_sample_token(const float *logits, int32_t n, const sd_sampling *s, uint64_t position,
+                          int32_t *token) {
+    SD_TRY(check_inputs(logits, n, s, token));
+    if (s->temperature == 0.0f) {
+        *token = sd_argmax(logits, n);
+        return SD_OK;
+    }
+    float *probs = malloc((size_t)n * sizeof *probs); /* [n] processed distribution */
+    if (!probs) {
+        SD_ERROR("sampling: cannot allocate %d probabilities", (int)n);
+        return SD_ERR_NOMEM;
+    }
+    sd_status st = sd_sample_probs(logits, n, s, probs);
+    if (st == SD_OK) {
+        *token = sd_sample_from(probs, n, sd_rng_uniform(s->seed, position, SD_RNG_SAMPLE));
+        if (*token < 0) st = SD_ERR_INTERNAL;
+    }
+    free(probs);
+    return st;
+}

@@ -1,0 +1,1 @@
+specd_unit_test(test_sample test_sample.c)
