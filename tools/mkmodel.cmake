@@ -1,0 +1,1 @@
+specd_tool(specd-mkmodel ${CMAKE_CURRENT_SOURCE_DIR}/specd-mkmodel.c)

@@ -1,0 +1,435 @@
+/* specd-mkmodel — write a small random Llama model as GGUF, for tests.
+ *
+ * The model has llama.cpp's tensor names and llama.* metadata, so anything
+ * that loads SmolLM2 loads it. Weights come from a seeded PRNG (splitmix64,
+ * one independent stream per tensor, Box-Muller normals) scaled so that a
+ * forward pass is well-conditioned: matrices have std 1/sqrt(fan_in), the
+ * embedding 1/sqrt(dim) (small, so a tied LM head does not simply echo the
+ * input token), the untied LM head 2/sqrt(dim) (logits with std ~2: peaked
+ * but not degenerate), norm weights 1 + N(0, 0.1^2).
+ *
+ * The tokenizer is copied from another GGUF (--tokenizer-from, every
+ * tokenizer.* key) or synthesized: byte-level BPE with three control tokens,
+ * the 256 GPT-2 byte symbols, then merges built level by level — " "+letter
+ * and letter pairs (letters in English frequency order), then each token of
+ * the previous level extended by one letter — so every merge joins two
+ * tokens that already exist. */
+#include "specd/gguf.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_VOCAB 262144
+
+typedef struct mk_params {
+    const char *out;
+    uint32_t dim, layers, heads, kv_heads, ff, vocab, ctx;
+    float rope_base;
+    sd_dtype dtype, norm_dtype;
+    bool tied;
+    uint64_t seed;
+    const char *tokenizer_from;
+} mk_params;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: specd-mkmodel -o OUT.gguf [--dim 64] [--layers 2] [--heads 4] [--kv-heads 2] [--ff 128]\n"
+            "                     [--vocab 512 | --tokenizer-from MODEL.gguf] [--ctx 2048] [--rope-base 10000]\n"
+            "                     [--dtype f32|f16|bf16|q8_0|q4_0|q4_1] [--norm-dtype f32] [--tied] [--seed S]\n"
+            "Writes a random Llama model (llama.cpp tensor names and metadata) for tests.\n");
+}
+
+/* ---- PRNG ---- */
+
+static uint64_t splitmix64(uint64_t *state) {
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in (0, 1]. */
+static double uniform01(uint64_t *state) { return ((double)(splitmix64(state) >> 11) + 1.0) * 0x1.0p-53; }
+
+static float normal(uint64_t *state) {
+    double u1 = uniform01(state), u2 = uniform01(state);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+/* ---- arguments ---- */
+
+static bool parse_u32(const char *s, const char *flag, uint32_t lo, uint32_t hi, uint32_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end || end == s || s[0] == '-' || v < lo || v > hi) {
+        fprintf(stderr, "specd-mkmodel: %s must be an integer in %u..%u (got '%s')\n", flag, lo, hi, s);
+        return false;
+    }
+    *out = (uint32_t)v;
+    return true;
+}
+
+static bool parse_dtype(const char *s, sd_dtype *out) {
+    static const struct { const char *name; sd_dtype t; } names[] = {
+        {"f32", SD_DTYPE_F32}, {"f16", SD_DTYPE_F16}, {"bf16", SD_DTYPE_BF16},
+        {"q8_0", SD_DTYPE_Q8_0}, {"q4_0", SD_DTYPE_Q4_0}, {"q4_1", SD_DTYPE_Q4_1}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(s, names[i].name) == 0) {
+            *out = names[i].t;
+            return true;
+        }
+    fprintf(stderr, "specd-mkmodel: unknown dtype '%s' (f32|f16|bf16|q8_0|q4_0|q4_1)\n", s);
+    return false;
+}
+
+/* Returns 0 to go on, 1 for --help, -1 on a bad argument. */
+static int parse_args(int argc, char **argv, mk_params *p) {
+    *p = (mk_params){.dim = 64, .layers = 2, .heads = 4, .kv_heads = 2, .ff = 128, .vocab = 512, .ctx = 2048,
+                     .rope_base = 10000.0f, .dtype = SD_DTYPE_F32, .norm_dtype = SD_DTYPE_F32, .seed = 1};
+    enum { O_DIM = 256, O_LAYERS, O_HEADS, O_KV, O_FF, O_VOCAB, O_TOKFROM, O_CTX, O_ROPE, O_DTYPE, O_NDTYPE, O_TIED,
+           O_SEED };
+    static const struct option opts[] = {
+        {"dim", required_argument, 0, O_DIM}, {"layers", required_argument, 0, O_LAYERS},
+        {"heads", required_argument, 0, O_HEADS}, {"kv-heads", required_argument, 0, O_KV},
+        {"ff", required_argument, 0, O_FF}, {"vocab", required_argument, 0, O_VOCAB},
+        {"tokenizer-from", required_argument, 0, O_TOKFROM}, {"ctx", required_argument, 0, O_CTX},
+        {"rope-base", required_argument, 0, O_ROPE}, {"dtype", required_argument, 0, O_DTYPE},
+        {"norm-dtype", required_argument, 0, O_NDTYPE}, {"tied", no_argument, 0, O_TIED},
+        {"seed", required_argument, 0, O_SEED}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    bool vocab_set = false;
+    int c;
+    while ((c = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
+        bool ok = true;
+        switch (c) {
+        case 'o': p->out = optarg; break;
+        case 'h': usage(stdout); return 1;
+        case O_DIM: ok = parse_u32(optarg, "--dim", 1, 65536, &p->dim); break;
+        case O_LAYERS: ok = parse_u32(optarg, "--layers", 1, 1024, &p->layers); break;
+        case O_HEADS: ok = parse_u32(optarg, "--heads", 1, 1024, &p->heads); break;
+        case O_KV: ok = parse_u32(optarg, "--kv-heads", 1, 1024, &p->kv_heads); break;
+        case O_FF: ok = parse_u32(optarg, "--ff", 1, 1 << 20, &p->ff); break;
+        case O_VOCAB:
+            ok = parse_u32(optarg, "--vocab", 0, UINT32_MAX, &p->vocab);
+            if (ok && (p->vocab < 259 || p->vocab > MAX_VOCAB)) {
+                fprintf(stderr, "specd-mkmodel: --vocab must be in 259..%d (3 control tokens + 256 bytes)\n",
+                        MAX_VOCAB);
+                ok = false;
+            }
+            vocab_set = true;
+            break;
+        case O_TOKFROM: p->tokenizer_from = optarg; break;
+        case O_CTX: ok = parse_u32(optarg, "--ctx", 1, 1u << 24, &p->ctx); break;
+        case O_ROPE: {
+            char *end;
+            p->rope_base = strtof(optarg, &end);
+            ok = *end == '\0' && end != optarg && p->rope_base > 0.0f && isfinite(p->rope_base);
+            if (!ok) fprintf(stderr, "specd-mkmodel: --rope-base must be a positive number (got '%s')\n", optarg);
+            break;
+        }
+        case O_DTYPE: ok = parse_dtype(optarg, &p->dtype); break;
+        case O_NDTYPE: ok = parse_dtype(optarg, &p->norm_dtype); break;
+        case O_TIED: p->tied = true; break;
+        case O_SEED: {
+            char *end;
+            errno = 0;
+            p->seed = strtoull(optarg, &end, 0);
+            ok = !errno && *end == '\0' && end != optarg;
+            if (!ok) fprintf(stderr, "specd-mkmodel: bad --seed '%s'\n", optarg);
+            break;
+        }
+        default: usage(stderr); return -1;
+        }
+        if (!ok) return -1;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "specd-mkmodel: unexpected argument '%s'\n", argv[optind]);
+        return -1;
+    }
+    if (!p->out) {
+        fprintf(stderr, "specd-mkmodel: -o OUT.gguf is required\n");
+        usage(stderr);
+        return -1;
+    }
+    if (vocab_set && p->tokenizer_from) {
+        fprintf(stderr, "specd-mkmodel: --vocab and --tokenizer-from exclude each other\n");
+        return -1;
+    }
+    if (p->dim % p->heads != 0) {
+        fprintf(stderr, "specd-mkmodel: --dim %u is not a multiple of --heads %u\n", p->dim, p->heads);
+        return -1;
+    }
+    if (p->kv_heads > p->heads || p->heads % p->kv_heads != 0) {
+        fprintf(stderr, "specd-mkmodel: --heads %u is not a multiple of --kv-heads %u\n", p->heads, p->kv_heads);
+        return -1;
+    }
+    if ((p->dim / p->heads) % 2 != 0) {
+        fprintf(stderr, "specd-mkmodel: head dimension %u must be even (RoPE rotates pairs)\n", p->dim / p->heads);
+        return -1;
+    }
+    size_t be;
+    sd_dtype_block(p->dtype, &be, NULL);
+    if (p->dim % be != 0 || p->ff % be != 0) {
+        fprintf(stderr, "specd-mkmodel: --dtype %s needs --dim and --ff to be multiples of %zu\n",
+                sd_dtype_name(p->dtype), be);
+        return -1;
+    }
+    sd_dtype_block(p->norm_dtype, &be, NULL);
+    if (p->dim % be != 0) {
+        fprintf(stderr, "specd-mkmodel: --norm-dtype %s needs --dim to be a multiple of %zu\n",
+                sd_dtype_name(p->norm_dtype), be);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- tokenizer ---- */
+
+/* UTF-8 of the GPT-2 byte-level symbol for byte b: printable bytes stand for
+ * themselves, the others map to U+0100 + n in byte order. Returns the length. */
+static int byte_symbol(int b, char out[4]) {
+    int cp;
+    if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255)) {
+        cp = b;
+    } else {
+        int n = 0;
+        for (int x = 0; x < b; x++)
+            if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255))) n++;
+        cp = 256 + n;
+    }
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        out[1] = 0;
+        return 1;
+    }
+    out[0] = (char)(0xc0 | (cp >> 6));
+    out[1] = (char)(0x80 | (cp & 0x3f));
+    out[2] = 0;
+    return 2;
+}
+
+typedef struct str_list {
+    char **items;
+    size_t n, cap;
+} str_list;
+
+static bool list_push(str_list *l, char *s) { /* takes s */
+    if (!s) return false;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 1024;
+        char **p = realloc(l->items, cap * sizeof *p);
+        if (!p) {
+            free(s);
+            return false;
+        }
+        l->items = p;
+        l->cap = cap;
+    }
+    l->items[l->n++] = s;
+    return true;
+}
+
+static void list_free(str_list *l) {
+    for (size_t i = 0; i < l->n; i++) free(l->items[i]);
+    free(l->items);
+    *l = (str_list){0};
+}
+
+static char *concat(const char *a, const char *sep, const char *b) {
+    size_t n = strlen(a) + strlen(sep) + strlen(b) + 1;
+    char *s = malloc(n);
+    if (s) snprintf(s, n, "%s%s%s", a, sep, b);
+    return s;
+}
+
+/* Adds token a+b and its merge "a b". */
+static bool add_merge(str_list *tokens, str_list *merges, const char *a, const char *b) {
+    return list_push(tokens, concat(a, "", b)) && list_push(merges, concat(a, " ", b));
+}
+
+static sd_status write_synthetic_tokenizer(sd_gguf_writer *w, uint32_t vocab) {
+    static const char letters[] = "etaoinshrdlcumwfgypbvkjxqz";
+    const size_t n_letters = sizeof letters - 1;
+    str_list tokens = {0}, merges = {0};
+    sd_status s = SD_ERR_NOMEM;
+    int32_t *types = malloc(vocab * sizeof *types);
+    bool ok = types != NULL;
+    const char *control[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+    for (int i = 0; ok && i < 3; i++) ok = list_push(&tokens, strdup(control[i]));
+    for (int b = 0; ok && b < 256; b++) {
+        char sym[4];
+        byte_symbol(b, sym);
+        ok = list_push(&tokens, strdup(sym));
+    }
+    char space[4], letter[26][2];
+    byte_symbol(' ', space);
+    for (size_t i = 0; i < n_letters; i++) letter[i][0] = letters[i], letter[i][1] = 0;
+    /* Level 1: " x" and "xy"; level k+1: every level-k token extended by a letter. */
+    size_t level_begin = tokens.n;
+    for (size_t i = 0; ok && i < n_letters && tokens.n < vocab; i++) ok = add_merge(&tokens, &merges, space, letter[i]);
+    for (size_t i = 0; ok && i < n_letters && tokens.n < vocab; i++)
+        for (size_t j = 0; ok && j < n_letters && tokens.n < vocab; j++)
+            ok = add_merge(&tokens, &merges, letter[i], letter[j]);
+    while (ok && tokens.n < vocab) {
+        size_t level_end = tokens.n;
+        for (size_t t = level_begin; ok && t < level_end && tokens.n < vocab; t++)
+            for (size_t j = 0; ok && j < n_letters && tokens.n < vocab; j++)
+                ok = add_merge(&tokens, &merges, tokens.items[t], letter[j]);
+        level_begin = level_end;
+    }
+    if (ok) {
+        for (uint32_t i = 0; i < vocab; i++) types[i] = i < 3 ? 3 : 1; /* 3 = control, 1 = normal */
+        sd_status st = SD_OK;
+        if (st == SD_OK) st = sd_gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
+        if (st == SD_OK) st = sd_gguf_writer_set_str(w, "tokenizer.ggml.pre", "smollm");
+        if (st == SD_OK)
+            st = sd_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)tokens.items, tokens.n);
+        if (st == SD_OK) st = sd_gguf_writer_set_arr(w, "tokenizer.ggml.token_type", SD_GGUF_TYPE_INT32, types, vocab);
+        if (st == SD_OK)
+            st = sd_gguf_writer_set_arr_str(w, "tokenizer.ggml.merges", (const char *const *)merges.items, merges.n);
+        if (st == SD_OK) st = sd_gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", 1);
+        if (st == SD_OK) st = sd_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", 2);
+        if (st == SD_OK) st = sd_gguf_writer_set_u32(w, "tokenizer.ggml.unknown_token_id", 0);
+        if (st == SD_OK) st = sd_gguf_writer_set_u32(w, "tokenizer.ggml.padding_token_id", 2);
+        if (st == SD_OK) st = sd_gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", false);
+        if (st == SD_OK) st = sd_gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", false);
+        s = st;
+    }
+    free(types);
+    list_free(&tokens);
+    list_free(&merges);
+    return s;
+}
+
+/* ---- weights ---- */
+
+/* Adds a tensor of shape ne (n_dims dims) drawn as mean + std * N(0, 1) from
+ * the stream for tensor number index, stored as dtype. */
+static sd_status add_random(sd_gguf_writer *w, const mk_params *p, uint32_t index, const char *name, sd_dtype dtype,
+                            uint32_t n_dims, const uint64_t *ne, float mean, float std) {
+    size_t n = 1, be, bb;
+    for (uint32_t d = 0; d < n_dims; d++) n *= (size_t)ne[d];
+    sd_dtype_block(dtype, &be, &bb);
+    float *vals = malloc(n * sizeof *vals);
+    void *enc = malloc(n / be * bb);
+    sd_status s = SD_ERR_NOMEM;
+    if (vals && enc) {
+        uint64_t state = p->seed ^ (0x632be59bd9b4e019ull * (index + 1));
+        for (size_t i = 0; i < n; i++) vals[i] = mean + std * normal(&state);
+        s = sd_quantize(dtype, vals, n, enc);
+        if (s == SD_OK) s = sd_gguf_writer_add_tensor(w, name, dtype, n_dims, ne, enc);
+    }
+    if (s != SD_OK) fprintf(stderr, "specd-mkmodel: cannot make tensor %s: %s\n", name, sd_status_str(s));
+    free(vals);
+    free(enc);
+    return s;
+}
+
+static sd_status write_weights(sd_gguf_writer *w, const mk_params *p) {
+    const uint64_t dim = p->dim, hd = p->dim / p->heads, q_dim = p->heads * hd, kv_dim = p->kv_heads * hd;
+    const uint64_t ff = p->ff, vocab = p->vocab;
+    const float inv_sqrt_dim = 1.0f / sqrtf((float)dim);
+    uint32_t index = 0;
+    SD_TRY(add_random(w, p, index++, "token_embd.weight", p->dtype, 2, (uint64_t[]){dim, vocab}, 0.0f, inv_sqrt_dim));
+    SD_TRY(add_random(w, p, index++, "output_norm.weight", p->norm_dtype, 1, (uint64_t[]){dim}, 1.0f, 0.1f));
+    if (!p->tied)
+        SD_TRY(add_random(w, p, index++, "output.weight", p->dtype, 2, (uint64_t[]){dim, vocab}, 0.0f,
+                          2.0f * inv_sqrt_dim));
+    for (uint32_t l = 0; l < p->layers; l++) {
+        char name[96];
+#define BLK(suffix) (snprintf(name, sizeof name, "blk.%u." suffix, l), name)
+        SD_TRY(add_random(w, p, index++, BLK("attn_norm.weight"), p->norm_dtype, 1, (uint64_t[]){dim}, 1.0f, 0.1f));
+        SD_TRY(add_random(w, p, index++, BLK("attn_q.weight"), p->dtype, 2, (uint64_t[]){dim, q_dim}, 0.0f,
+                          inv_sqrt_dim));
+        SD_TRY(add_random(w, p, index++, BLK("attn_k.weight"), p->dtype, 2, (uint64_t[]){dim, kv_dim}, 0.0f,
+                          inv_sqrt_dim));
+        SD_TRY(add_random(w, p, index++, BLK("attn_v.weight"), p->dtype, 2, (uint64_t[]){dim, kv_dim}, 0.0f,
+                          inv_sqrt_dim));
+        SD_TRY(add_random(w, p, index++, BLK("attn_output.weight"), p->dtype, 2, (uint64_t[]){q_dim, dim}, 0.0f,
+                          1.0f / sqrtf((float)q_dim)));
+        SD_TRY(add_random(w, p, index++, BLK("ffn_norm.weight"), p->norm_dtype, 1, (uint64_t[]){dim}, 1.0f, 0.1f));
+        SD_TRY(add_random(w, p, index++, BLK("ffn_gate.weight"), p->dtype, 2, (uint64_t[]){dim, ff}, 0.0f,
+                          inv_sqrt_dim));
+        SD_TRY(add_random(w, p, index++, BLK("ffn_up.weight"), p->dtype, 2, (uint64_t[]){dim, ff}, 0.0f,
+                          inv_sqrt_dim));
+        SD_TRY(add_random(w, p, index++, BLK("ffn_down.weight"), p->dtype, 2, (uint64_t[]){ff, dim}, 0.0f,
+                          1.0f / sqrtf((float)ff)));
+#undef BLK
+    }
+    return SD_OK;
+}
+
+static uint32_t file_type(sd_dtype t) { /* llama.cpp's general.file_type (LLAMA_FTYPE_*) */
+    switch (t) {
+    case SD_DTYPE_F32: return 0;
+    case SD_DTYPE_F16: return 1;
+    case SD_DTYPE_Q4_0: return 2;
+    case SD_DTYPE_Q4_1: return 3;
+    case SD_DTYPE_Q8_0: return 7;
+    case SD_DTYPE_BF16: return 32;
+    }
+    return 0;
+}
+
+static sd_status write_metadata(sd_gguf_writer *w, const mk_params *p) {
+    SD_TRY(sd_gguf_writer_set_str(w, "general.architecture", "llama"));
+    SD_TRY(sd_gguf_writer_set_str(w, "general.name", "specd-mkmodel random llama"));
+    SD_TRY(sd_gguf_writer_set_u32(w, "general.file_type", file_type(p->dtype)));
+    SD_TRY(sd_gguf_writer_set_u32(w, "general.quantization_version", 2));
+    SD_TRY(sd_gguf_writer_set_u32(w, "llama.context_length", p->ctx));
+    SD_TRY(sd_gguf_writer_set_u32(w, "llama.embedding_length", p->dim));
+    SD_TRY(sd_gguf_writer_set_u32(w, "llama.block_count", p->layers));
+    SD_TRY(sd_gguf_writer_set_u32(w, "llama.feed_forward_length", p->ff));
+    SD_TRY(sd_gguf_writer_set_u32(w, "llama.attention.head_count", p->heads));
+    SD_TRY(sd_gguf_writer_set_u32(w, "llama.attention.head_count_kv", p->kv_heads));
+    SD_TRY(sd_gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f));
+    SD_TRY(sd_gguf_writer_set_f32(w, "llama.rope.freq_base", p->rope_base));
+    SD_TRY(sd_gguf_writer_set_u32(w, "llama.rope.dimension_count", p->dim / p->heads));
+    SD_TRY(sd_gguf_writer_set_u32(w, "llama.vocab_size", p->vocab));
+    return SD_OK;
+}
+
+/* Copies every tokenizer.* key of path into w and sets p->vocab. */
+static sd_status copy_tokenizer(sd_gguf_writer *w, mk_params *p) {
+    char err[512];
+    sd_gguf *src = NULL;
+    sd_status s = sd_gguf_open(p->tokenizer_from, &src, err, sizeof err);
+    if (s != SD_OK) {
+        fprintf(stderr, "specd-mkmodel: %s: %s\n", p->tokenizer_from, err);
+        return s;
+    }
+    sd_gguf_type et;
+    uint64_t n = 0;
+    s = sd_gguf_get_arr(src, "tokenizer.ggml.tokens", &et, &n);
+    if (s != SD_OK || et != SD_GGUF_TYPE_STRING || n == 0 || n > MAX_VOCAB) {
+        fprintf(stderr, "specd-mkmodel: %s has no usable tokenizer.ggml.tokens string array\n", p->tokenizer_from);
+        s = SD_ERR_FORMAT;
+    } else {
+        p->vocab = (uint32_t)n;
+        s = sd_gguf_writer_copy_kv(w, src, "tokenizer.");
+    }
+    sd_gguf_close(&src);
+    return s;
+}
+
+int main(int argc, char **argv) {
+    mk_params p;
+    int rc = parse_args(argc, argv, &p);
+    if (rc != 0) return rc > 0 ? 0 : 2;
+    sd_gguf_writer *w = sd_gguf_writer_new();
+    if (!w) return 1;
+    sd_status s = p.tokenizer_from ? copy_tokenizer(w, &p) : write_synthetic_tokenizer(w, p.vocab);
+    if (s == SD_OK) s = write_metadata(w, &p);
+    if (s == SD_OK) s = write_weights(w, &p);
+    if (s == SD_OK) s = sd_gguf_writer_write(w, p.out);
+    sd_gguf_writer_free(&w);
+    if (s != SD_OK) {
+        fprintf(stderr, "specd-mkmodel: failed: %s\n", sd_status_str(s));
+        return 1;
+    }
+    return 0;
+}
