@@ -1,0 +1,245 @@
+"""llama_ref.py — an independent numpy Llama forward pass, the oracle for specd.
+
+Reads a GGUF with the `gguf` PyPI package (GGUFReader + gguf.quants.dequantize),
+so nothing here shares code or file parsing with the C engine. Plain and slow
+on purpose: one sequence at a time, full causal attention written out, an
+optional per-layer KV list for incremental greedy decoding.
+
+Conventions (those of llama.cpp for the llama architecture):
+  * weights: a GGUF tensor with ne = [in, out] is read as an array of shape
+    (out, in), so y = x @ W.T;
+  * the Q and K weights are stored permuted by the GGUF converter, so RoPE is
+    the "normal" mode: rotate adjacent pairs (x[2i], x[2i+1]) by the angle
+    pos * base^(-2i/n_rot) (the first n_rot dims of each head, the rest as is);
+  * RMSNorm: x / sqrt(mean(x^2) + eps) * w;
+  * GQA: query head h reads kv head h // (n_heads / n_kv_heads);
+  * SwiGLU FFN: down(silu(gate(x)) * up(x));
+  * LM head: output.weight, or token_embd.weight when absent (tied);
+  * rope scaling: 'linear' divides positions by the factor; 'llama3' (from
+    llama.rope.scaling.* keys) or a rope_freqs.weight tensor divides each
+    frequency's angle by its factor, as llama.cpp does.
+
+Usage as a module: m = LlamaRef(path); m.logits([1, 2, 3]) -> [T, n_vocab];
+m.greedy(prompt_ids, n_new) -> list of ids. As a script it prints logits
+statistics or a greedy continuation for quick manual checks.
+"""
+import argparse
+import math
+import sys
+
+import numpy as np
+import gguf
+from gguf.quants import dequantize
+
+
+def _field(reader, key, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    v = f.contents()
+    return v
+
+
+class LlamaRef:
+    def __init__(self, path, dtype=np.float64, n_layers_used=0):
+        self.dtype = np.dtype(dtype)
+        r = gguf.GGUFReader(path)
+        arch = _field(r, "general.architecture")
+        if arch != "llama":
+            raise ValueError(f"{path}: architecture {arch!r}, expected 'llama'")
+        self.n_embd = int(_field(r, "llama.embedding_length"))
+        self.n_layers = int(_field(r, "llama.block_count"))
+        self.n_ff = int(_field(r, "llama.feed_forward_length"))
+        self.n_heads = int(_field(r, "llama.attention.head_count"))
+        self.n_kv_heads = int(_field(r, "llama.attention.head_count_kv", self.n_heads))
+        self.head_dim = self.n_embd // self.n_heads
+        self.n_rot = int(_field(r, "llama.rope.dimension_count", self.head_dim))
+        self.eps = float(_field(r, "llama.attention.layer_norm_rms_epsilon", 1e-5))
+        self.rope_base = float(_field(r, "llama.rope.freq_base", 10000.0))
+        if n_layers_used:
+            self.n_layers = min(self.n_layers, n_layers_used)
+
+        self.tensors = {}
+        for t in r.tensors:
+            self.tensors[t.name] = t
+        self.w = {}
+        for name in ["token_embd.weight", "output_norm.weight", "output.weight"]:
+            if name in self.tensors:
+                self.w[name] = self._load(name)
+        for l in range(self.n_layers):
+            for part in ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+                         "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"]:
+                name = f"blk.{l}.{part}.weight"
+                self.w[name] = self._load(name)
+        self.tied = "output.weight" not in self.w
+        self.lm_head = self.w["token_embd.weight"] if self.tied else self.w["output.weight"]
+        self.n_vocab = self.lm_head.shape[0]
+        self._check_shapes()
+        self.freqs = self._rope_freqs(r)
+
+    def _load(self, name):
+        t = self.tensors[name]
+        a = dequantize(t.data, t.tensor_type)
+        # ne = [in, out] (fastest first) -> numpy shape (out, in)
+        want = tuple(int(x) for x in reversed(t.shape))
+        a = np.asarray(a).reshape(want)
+        return a.astype(self.dtype)
+
+    def _check_shapes(self):
+        E, F, hd = self.n_embd, self.n_ff, self.head_dim
+        assert self.w["token_embd.weight"].shape[1] == E
+        assert self.lm_head.shape == (self.n_vocab, E)
+        for l in range(self.n_layers):
+            g = lambda p: self.w[f"blk.{l}.{p}.weight"].shape
+            assert g("attn_q") == (self.n_heads * hd, E), g("attn_q")
+            assert g("attn_k") == (self.n_kv_heads * hd, E), g("attn_k")
+            assert g("attn_v") == (self.n_kv_heads * hd, E), g("attn_v")
+            assert g("attn_output") == (E, self.n_heads * hd), g("attn_output")
+            assert g("ffn_gate") == (F, E) and g("ffn_up") == (F, E), g("ffn_gate")
+            assert g("ffn_down") == (E, F), g("ffn_down")
+
+    def _rope_freqs(self, r):
+        """Per-pair angular frequency (radians per position), shape [n_rot/2]."""
+        i = np.arange(self.n_rot // 2, dtype=np.float64)
+        freqs = self.rope_base ** (-2.0 * i / self.n_rot)
+        self.pos_scale = 1.0
+        stype = _field(r, "llama.rope.scaling.type")
+        factor = float(_field(r, "llama.rope.scaling.factor", 1.0) or 1.0)
+        if "rope_freqs.weight" in self.tensors:
+            t = self.tensors["rope_freqs.weight"]
+            ff = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float64).reshape(-1)
+            freqs = freqs / ff[: len(freqs)]
+        elif stype == "linear":
+            self.pos_scale = 1.0 / factor
+        elif stype == "llama3":
+            low = float(_field(r, "llama.rope.scaling.low_freq_factor", 1.0))
+            high = float(_field(r, "llama.rope.scaling.high_freq_factor", 4.0))
+            orig = float(_field(r, "llama.rope.scaling.original_context_length", 8192))
+            wavelen = 2.0 * math.pi / freqs
+            out = np.empty_like(freqs)
+            for k in range(len(freqs)):
+                if wavelen[k] < orig / high:
+                    out[k] = freqs[k]
+                elif wavelen[k] > orig / low:
+                    out[k] = freqs[k] / factor
+                else:
+                    smooth = (orig / wavelen[k] - low) / (high - low)
+                    out[k] = (1.0 - smooth) * freqs[k] / factor + smooth * freqs[k]
+            freqs = out
+        elif stype not in (None, "none", ""):
+            raise ValueError(f"unsupported rope scaling type {stype!r}")
+        return freqs
+
+    # ---- building blocks ----
+
+    def _rmsnorm(self, x, w):
+        # x [T, E], w [E]
+        ms = np.mean(x * x, axis=-1, keepdims=True)
+        return x / np.sqrt(ms + self.eps) * w
+
+    def _rope(self, x, pos):
+        # x [T, H, hd], pos [T] -> rotated copy (adjacent pairs of the first n_rot dims)
+        ang = (pos.astype(np.float64) * self.pos_scale)[:, None] * self.freqs[None, :]  # [T, n_rot/2]
+        cos = np.cos(ang)[:, None, :].astype(self.dtype)
+        sin = np.sin(ang)[:, None, :].astype(self.dtype)
+        out = x.copy()
+        x0 = x[:, :, 0:self.n_rot:2]
+        x1 = x[:, :, 1:self.n_rot:2]
+        out[:, :, 0:self.n_rot:2] = x0 * cos - x1 * sin
+        out[:, :, 1:self.n_rot:2] = x0 * sin + x1 * cos
+        return out
+
+    # ---- forward ----
+
+    def forward(self, tokens, cache=None):
+        """Runs new tokens of one sequence. cache: None (sequence starts at 0,
+        nothing kept) or a dict from new_cache() that is extended in place.
+        Returns logits [T, n_vocab] in self.dtype."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        if tokens.ndim != 1 or tokens.size == 0:
+            raise ValueError("tokens must be a non-empty 1-d sequence")
+        if tokens.min() < 0 or tokens.max() >= self.w["token_embd.weight"].shape[0]:
+            raise ValueError("token id out of range")
+        if cache is None:
+            cache = self.new_cache()
+        start = cache["len"]
+        T = tokens.size
+        pos = np.arange(start, start + T)
+        H, KVH, hd = self.n_heads, self.n_kv_heads, self.head_dim
+        group = H // KVH
+        x = self.w["token_embd.weight"][tokens]  # [T, E]
+        for l in range(self.n_layers):
+            W = lambda p: self.w[f"blk.{l}.{p}.weight"]
+            h = self._rmsnorm(x, W("attn_norm"))
+            q = (h @ W("attn_q").T).reshape(T, H, hd)
+            k = (h @ W("attn_k").T).reshape(T, KVH, hd)
+            v = (h @ W("attn_v").T).reshape(T, KVH, hd)
+            q = self._rope(q, pos)
+            k = self._rope(k, pos)
+            ks = np.concatenate([cache["k"][l], k]) if start else k  # [S, KVH, hd]
+            vs = np.concatenate([cache["v"][l], v]) if start else v
+            cache["k"][l], cache["v"][l] = ks, vs
+            S = ks.shape[0]
+            # causal: query at pos p sees keys 0..p
+            mask = np.arange(S)[None, :] > pos[:, None]  # [T, S]
+            att = np.empty((T, H, hd), dtype=self.dtype)
+            scale = 1.0 / math.sqrt(hd)
+            for hh in range(H):
+                kh = hh // group
+                sc = (q[:, hh, :] @ ks[:, kh, :].T) * scale  # [T, S]
+                sc = np.where(mask, -np.inf, sc)
+                sc = sc - sc.max(axis=1, keepdims=True)
+                p = np.exp(sc)
+                p = p / p.sum(axis=1, keepdims=True)
+                att[:, hh, :] = p @ vs[:, kh, :]
+            x = x + att.reshape(T, H * hd) @ W("attn_output").T
+            h = self._rmsnorm(x, W("ffn_norm"))
+            g = h @ W("ffn_gate").T  # [T, F]
+            u = h @ W("ffn_up").T
+            x = x + ((g / (1.0 + np.exp(-g))) * u) @ W("ffn_down").T
+        cache["len"] = start + T
+        x = self._rmsnorm(x, self.w["output_norm.weight"])
+        return x @ self.lm_head.T  # [T, n_vocab]
+
+    def new_cache(self):
+        return {"len": 0, "k": [None] * self.n_layers, "v": [None] * self.n_layers}
+
+    def logits(self, tokens):
+        """Logits [T, n_vocab] of every position of one sequence starting at 0."""
+        return self.forward(tokens)
+
+    def greedy(self, prompt, n_new, stop_ids=()):
+        """Greedy continuation (argmax, lowest id on ties) of n_new tokens,
+        stopping early after a token in stop_ids (which is included)."""
+        cache = self.new_cache()
+        logits = self.forward(prompt, cache)[-1]
+        out = []
+        for _ in range(n_new):
+            tok = int(np.argmax(logits))
+            out.append(tok)
+            if tok in stop_ids:
+                break
+            logits = self.forward([tok], cache)[-1]
+        return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--tokens", default="1,2,3", help="comma-separated prompt ids")
+    ap.add_argument("--greedy", type=int, default=0, help="generate this many tokens")
+    ap.add_argument("--f32", action="store_true", help="compute in float32")
+    a = ap.parse_args(argv)
+    m = LlamaRef(a.model, np.float32 if a.f32 else np.float64)
+    toks = [int(t) for t in a.tokens.split(",")]
+    if a.greedy:
+        print(",".join(str(t) for t in m.greedy(toks, a.greedy)))
+    else:
+        lg = m.logits(toks)
+        for i, row in enumerate(lg):
+            print(f"pos {i}: argmax {int(np.argmax(row))} max {row.max():.6f} mean {row.mean():.6f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
