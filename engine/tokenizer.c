@@ -1,0 +1,921 @@
+/* tokenizer.c — byte-level BPE (GPT-2 style): tables, encoding, decoding.
+ *
+ * Built once by sd_tok_build from a validated sd_tok_spec, then immutable:
+ *  - token texts and their decoded byte pieces live in two arenas;
+ *  - text -> id and (left id, right id) -> (rank, merged id) are open-
+ *    addressing hash maps, so BPE never compares strings;
+ *  - control/user-defined tokens are bucketed by first byte, longest first,
+ *    so special-token matching is one bucket probe per input byte;
+ *  - the pre-tokenizer is a sequence of PCRE2 regexes (UTF + UCP, invalid
+ *    UTF-8 tolerated, JIT when available); each regex splits every piece the
+ *    previous one produced, keeping matches and the gaps between them
+ *    ("isolated"), which is what Hugging Face's Split/ByteLevel/Digits do.
+ * BPE merges one piece with a linked list of symbols and a binary heap of
+ * candidate pairs ordered by (rank, position); stale heap entries are detected
+ * by re-checking ids, so a piece of n bytes costs O(n log n). The naive
+ * "rescan for the best pair after every merge" was rejected: it is quadratic
+ * and a 100 KB word without spaces is a legal prompt. No cache is kept between
+ * calls: every encode allocates its own workspace, so the tokenizer is
+ * thread-safe without locks. */
+#include "tokenizer_impl.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_PRE_REGEX 2
+#define N_BYTE_CPS 324 /* bytes_to_unicode maps every byte below U+0144 */
+
+typedef struct merge_slot {
+    uint64_t key;   /* (left id << 32) | right id */
+    int32_t rank;   /* -1: empty slot */
+    int32_t result; /* id of the merged token */
+} merge_slot;
+
+struct sd_tok {
+    int32_t n_vocab;
+    char *text_arena;    /* token texts, back to back */
+    size_t *text_off;    /* [n_vocab + 1] */
+    char *piece_arena;   /* decoded bytes of each token, NUL after each */
+    size_t *piece_off;   /* [n_vocab + 1]; piece i ends 1 before piece_off[i+1] */
+    int32_t *types;      /* [n_vocab] */
+
+    int32_t *tok_slots;  /* text -> id, -1 empty; capacity tok_mask + 1 */
+    size_t tok_mask;
+    merge_slot *merge_slots;
+    size_t merge_mask;
+
+    int32_t byte_token[256]; /* id of each byte's symbol token (unk when the vocabulary lacks it) */
+    char byte_sym[256][2];   /* UTF-8 of each byte's symbol (U+0021..U+0143: 1 or 2 bytes) */
+    uint8_t byte_sym_len[256];
+
+    int32_t *special_ids;    /* control/user-defined ids, by first byte then longest first */
+    size_t n_special;
+    size_t special_start[257]; /* bucket of first byte b: [special_start[b], special_start[b+1]) */
+
+    pcre2_code *pre_re[MAX_PRE_REGEX];
+    int n_pre_re;
+    bool ignore_merges; /* whole piece found in the vocabulary wins (Llama 3) */
+
+    int32_t bos, eos, unk, pad;
+    bool add_bos;
+    int32_t eog[8];
+    int n_eog;
+    uint64_t vocab_hash;
+};
+
+/* ---- byte-level symbol table (GPT-2 bytes_to_unicode) ----
+ * Printable Latin-1 bytes stand for themselves; the other 68 bytes are mapped
+ * in order to U+0100.. so every byte has a visible, non-space symbol. */
+static bool byte_is_printable(int b) {
+    return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+}
+
+static void byte_level_tables(uint32_t cp_of_byte[256], int16_t byte_of_cp[N_BYTE_CPS]) {
+    for (int i = 0; i < N_BYTE_CPS; i++) byte_of_cp[i] = -1;
+    uint32_t next = 256;
+    for (int b = 0; b < 256; b++) {
+        cp_of_byte[b] = byte_is_printable(b) ? (uint32_t)b : next++;
+        byte_of_cp[cp_of_byte[b]] = (int16_t)b;
+    }
+}
+
+static size_t utf8_put(uint32_t cp, char *out) {
+    if (cp < 0x80) { out[0] = (char)cp; return 1; }
+    if (cp < 0x800) {
+        out[0] = (char)(0xC0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        out[0] = (char)(0xE0 | (cp >> 12));
+        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        out[2] = (char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    out[0] = (char)(0xF0 | (cp >> 18));
+    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    out[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+/* Classifies the UTF-8 sequence at s[0..len), len >= 1: returns n > 0 for a
+ * complete character of n bytes (*cp set), 0 for a valid but unfinished
+ * prefix, and -n for an invalid maximal subpart of n >= 1 bytes. */
+static int utf8_scan(const unsigned char *s, size_t len, uint32_t *cp) {
+    unsigned b0 = s[0];
+    if (b0 < 0x80) { *cp = b0; return 1; }
+    int need;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (b0 >= 0xC2 && b0 <= 0xDF) need = 2;
+    else if (b0 >= 0xE0 && b0 <= 0xEF) {
+        need = 3;
+        if (b0 == 0xE0) lo = 0xA0;
+        if (b0 == 0xED) hi = 0x9F;
+    } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+        need = 4;
+        if (b0 == 0xF0) lo = 0x90;
+        if (b0 == 0xF4) hi = 0x8F;
+    } else return -1;
+    uint32_t v = b0 & (need == 2 ? 0x1Fu : need == 3 ? 0x0Fu : 0x07u);
+    for (int i = 1; i < need; i++) {
+        if ((size_t)i >= len) return 0;
+        unsigned b = s[i];
+        if (b < lo || b > hi) return -i;
+        lo = 0x80;
+        hi = 0xBF;
+        v = (v << 6) | (b & 0x3F);
+    }
+    *cp = v;
+    return need;
+}
+
+/* ---- hashing ---- */
+static uint64_t fnv1a(uint64_t h, const void *data, size_t len) {
+    const unsigned char *p = data;
+    for (size_t i = 0; i < len; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+#define FNV_OFFSET 0xcbf29ce484222325ULL
+
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return x;
+}
+
+static size_t table_size(size_t n) {
+    size_t cap = 16;
+    while (cap < 2 * n) cap *= 2;
+    return cap;
+}
+
+static const char *tok_text(const sd_tok *t, int32_t id, size_t *len) {
+    *len = t->text_off[id + 1] - t->text_off[id];
+    return t->text_arena + t->text_off[id];
+}
+
+static int32_t lookup_text(const sd_tok *t, const char *s, size_t len) {
+    size_t i = (size_t)fnv1a(FNV_OFFSET, s, len) & t->tok_mask;
+    for (;;) {
+        int32_t id = t->tok_slots[i];
+        if (id < 0) return -1;
+        size_t l;
+        const char *txt = tok_text(t, id, &l);
+        if (l == len && memcmp(txt, s, len) == 0) return id;
+        i = (i + 1) & t->tok_mask;
+    }
+}
+
+static const merge_slot *lookup_merge(const sd_tok *t, int32_t left, int32_t right) {
+    uint64_t key = ((uint64_t)(uint32_t)left << 32) | (uint32_t)right;
+    size_t i = (size_t)mix64(key) & t->merge_mask;
+    for (;;) {
+        const merge_slot *s = &t->merge_slots[i];
+        if (s->rank < 0) return NULL;
+        if (s->key == key) return s;
+        i = (i + 1) & t->merge_mask;
+    }
+}
+
+/* ---- pre-tokenizer definitions ---- */
+static const char RE_DIGITS[] = "\\p{N}";
+static const char RE_GPT2[] =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+static const char RE_LLAMA3[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
+    "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+typedef struct pre_def {
+    const char *name;
+    const char *re[MAX_PRE_REGEX];
+    int n_re;
+    bool ignore_merges;
+} pre_def;
+
+static const pre_def PRE_DEFS[] = {
+    { "default", { RE_GPT2 }, 1, false },
+    { "gpt2", { RE_GPT2 }, 1, false },
+    { "smollm", { RE_DIGITS, RE_GPT2 }, 2, false },
+    { "starcoder", { RE_DIGITS, RE_GPT2 }, 2, false },
+    { "refact", { RE_DIGITS, RE_GPT2 }, 2, false },
+    { "llama-bpe", { RE_LLAMA3 }, 1, true },
+    { "llama3", { RE_LLAMA3 }, 1, true },
+};
+#define N_PRE_DEFS (sizeof PRE_DEFS / sizeof PRE_DEFS[0])
+
+static bool text_eq(sd_tok_text a, const char *s) {
+    size_t n = strlen(s);
+    return a.len == n && memcmp(a.ptr, s, n) == 0;
+}
+
+/* ---- construction ---- */
+sd_tok_spec sd_tok_spec_default(void) {
+    sd_tok_spec s;
+    memset(&s, 0, sizeof s);
+    s.model = (sd_tok_text){ "gpt2", 4 };
+    s.pre = (sd_tok_text){ "default", 7 };
+    s.bos = s.eos = s.unk = s.pad = s.eot = -1;
+    return s;
+}
+
+void sd_tok_free(sd_tok **tp) {
+    if (!tp || !*tp) return;
+    sd_tok *t = *tp;
+    free(t->text_arena);
+    free(t->text_off);
+    free(t->piece_arena);
+    free(t->piece_off);
+    free(t->types);
+    free(t->tok_slots);
+    free(t->merge_slots);
+    free(t->special_ids);
+    for (int i = 0; i < t->n_pre_re; i++) pcre2_code_free(t->pre_re[i]);
+    free(t);
+    *tp = NULL;
+}
+
+/* Log-safe preview of a token text: at most 48 bytes. */
+#define PREVIEW(tx) (int)((tx).len > 48 ? 48 : (tx).len), (tx).ptr
+
+static sd_status build_texts(sd_tok *t, const sd_tok_spec *spec) {
+    size_t n = spec->n_tokens, total = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!spec->tokens[i].ptr && spec->tokens[i].len) return SD_ERR_INVALID_ARG;
+        if (!sd_add_ok(total, spec->tokens[i].len, &total)) return SD_ERR_RANGE;
+    }
+    size_t piece_total;
+    if (!sd_add_ok(total, n, &piece_total)) return SD_ERR_RANGE;
+    t->text_arena = malloc(total ? total : 1);
+    t->piece_arena = malloc(piece_total ? piece_total : 1);
+    t->text_off = malloc((n + 1) * sizeof *t->text_off);
+    t->piece_off = malloc((n + 1) * sizeof *t->piece_off);
+    t->types = malloc(n * sizeof *t->types);
+    if (!t->text_arena || !t->piece_arena || !t->text_off || !t->piece_off || !t->types) return SD_ERR_NOMEM;
+
+    uint32_t cp_of_byte[256];
+    int16_t byte_of_cp[N_BYTE_CPS];
+    byte_level_tables(cp_of_byte, byte_of_cp);
+    size_t to = 0, po = 0;
+    for (size_t i = 0; i < n; i++) {
+        sd_tok_text tx = spec->tokens[i];
+        int32_t type = spec->types ? spec->types[i] : SD_TOK_TYPE_NORMAL;
+        if (type < SD_TOK_TYPE_UNDEFINED || type > SD_TOK_TYPE_BYTE) {
+            SD_ERROR("tokenizer: token %zu '%.*s' has unknown type %d", i, PREVIEW(tx), (int)type);
+            return SD_ERR_FORMAT;
+        }
+        t->types[i] = type;
+        t->text_off[i] = to;
+        if (tx.len) memcpy(t->text_arena + to, tx.ptr, tx.len);
+        to += tx.len;
+        t->piece_off[i] = po;
+        bool verbatim = type == SD_TOK_TYPE_CONTROL || type == SD_TOK_TYPE_USER_DEFINED ||
+                        type == SD_TOK_TYPE_UNKNOWN;
+        if (verbatim) {
+            if (tx.len) memcpy(t->piece_arena + po, tx.ptr, tx.len);
+            po += tx.len;
+        } else {
+            /* Each symbol maps back to one byte; anything outside the table
+             * (not produced by a byte-level model) is kept as it is. */
+            const unsigned char *s = (const unsigned char *)tx.ptr;
+            size_t k = 0;
+            while (k < tx.len) {
+                uint32_t cp = 0;
+                int r = utf8_scan(s + k, tx.len - k, &cp);
+                if (r > 0 && cp < N_BYTE_CPS && byte_of_cp[cp] >= 0) {
+                    t->piece_arena[po++] = (char)byte_of_cp[cp];
+                    k += (size_t)r;
+                } else {
+                    size_t step = r > 0 ? (size_t)r : r < 0 ? (size_t)-r : tx.len - k;
+                    memcpy(t->piece_arena + po, s + k, step);
+                    po += step;
+                    k += step;
+                }
+            }
+        }
+        t->piece_arena[po++] = '\0';
+    }
+    t->text_off[n] = to;
+    t->piece_off[n] = po;
+
+    t->tok_mask = table_size(n) - 1;
+    t->tok_slots = malloc((t->tok_mask + 1) * sizeof *t->tok_slots);
+    if (!t->tok_slots) return SD_ERR_NOMEM;
+    memset(t->tok_slots, 0xFF, (t->tok_mask + 1) * sizeof *t->tok_slots);
+    for (size_t i = 0; i < n; i++) {
+        size_t len;
+        const char *s = tok_text(t, (int32_t)i, &len);
+        size_t h = (size_t)fnv1a(FNV_OFFSET, s, len) & t->tok_mask;
+        bool dup = false;
+        while (t->tok_slots[h] >= 0) {
+            size_t l2;
+            const char *s2 = tok_text(t, t->tok_slots[h], &l2);
+            if (l2 == len && memcmp(s, s2, len) == 0) { dup = true; break; }
+            h = (h + 1) & t->tok_mask;
+        }
+        if (dup) SD_DEBUG("tokenizer: token %zu duplicates token %d; the first wins", i, t->tok_slots[h]);
+        else t->tok_slots[h] = (int32_t)i;
+    }
+
+    /* Real vocabularies lack some bytes (SmolLM2 has no symbol for 0x04 or
+     * for bytes that never occur in UTF-8, like 0xFF); those encode as the
+     * unknown token, as Hugging Face's BPE does with an unk_token set. */
+    int n_missing = 0;
+    for (int b = 0; b < 256; b++) {
+        char sym[4];
+        size_t l = utf8_put(cp_of_byte[b], sym);
+        memcpy(t->byte_sym[b], sym, l);
+        t->byte_sym_len[b] = (uint8_t)l;
+        t->byte_token[b] = lookup_text(t, sym, l);
+        if (t->byte_token[b] >= 0) continue;
+        if (spec->unk < 0) {
+            SD_ERROR("tokenizer: byte-level vocabulary lacks the symbol '%.*s' for byte 0x%02x and has no "
+                     "unknown token", (int)l, sym, b);
+            return SD_ERR_FORMAT;
+        }
+        t->byte_token[b] = (int32_t)spec->unk;
+        n_missing++;
+    }
+    if (n_missing) SD_DEBUG("tokenizer: %d bytes have no symbol token and encode as unknown", n_missing);
+    return SD_OK;
+}
+
+static sd_status build_merges(sd_tok *t, const sd_tok_spec *spec) {
+    if (spec->n_merges > (size_t)INT32_MAX) return SD_ERR_RANGE;
+    t->merge_mask = table_size(spec->n_merges) - 1;
+    t->merge_slots = malloc((t->merge_mask + 1) * sizeof *t->merge_slots);
+    if (!t->merge_slots) return SD_ERR_NOMEM;
+    for (size_t i = 0; i <= t->merge_mask; i++) t->merge_slots[i].rank = -1;
+
+    char *joined = NULL;
+    size_t joined_cap = 0;
+    sd_status st = SD_OK;
+    for (size_t r = 0; r < spec->n_merges && st == SD_OK; r++) {
+        sd_tok_text m = spec->merges[r];
+        /* The separator is the first space after the first byte, so a left
+         * part may itself start with a space (as llama.cpp reads them). */
+        const char *sp = m.len > 1 && m.ptr ? memchr(m.ptr + 1, ' ', m.len - 1) : NULL;
+        if (!sp || sp + 1 == m.ptr + m.len) {
+            SD_ERROR("tokenizer: merge %zu '%.*s' is not of the form 'left right'", r, PREVIEW(m));
+            st = SD_ERR_FORMAT;
+            break;
+        }
+        size_t ll = (size_t)(sp - m.ptr), rl = m.len - ll - 1;
+        int32_t left = lookup_text(t, m.ptr, ll), right = lookup_text(t, sp + 1, rl);
+        if (left < 0 || right < 0) {
+            SD_ERROR("tokenizer: merge %zu '%.*s': %s part not in the vocabulary", r, PREVIEW(m),
+                     left < 0 ? "left" : "right");
+            st = SD_ERR_FORMAT;
+            break;
+        }
+        if (ll + rl > joined_cap) {
+            joined_cap = 2 * (ll + rl);
+            char *nj = realloc(joined, joined_cap);
+            if (!nj) { st = SD_ERR_NOMEM; break; }
+            joined = nj;
+        }
+        memcpy(joined, m.ptr, ll);
+        memcpy(joined + ll, sp + 1, rl);
+        int32_t result = lookup_text(t, joined, ll + rl);
+        if (result < 0) {
+            SD_ERROR("tokenizer: merge %zu '%.*s': result '%.*s' not in the vocabulary", r, PREVIEW(m),
+                     (int)(ll + rl > 48 ? 48 : ll + rl), joined);
+            st = SD_ERR_FORMAT;
+            break;
+        }
+        uint64_t key = ((uint64_t)(uint32_t)left << 32) | (uint32_t)right;
+        size_t h = (size_t)mix64(key) & t->merge_mask;
+        while (t->merge_slots[h].rank >= 0 && t->merge_slots[h].key != key) h = (h + 1) & t->merge_mask;
+        if (t->merge_slots[h].rank < 0) /* a repeated pair keeps its first (lowest) rank */
+            t->merge_slots[h] = (merge_slot){ key, (int32_t)r, result };
+    }
+    free(joined);
+    return st;
+}
+
+static int cmp_special(const void *a, const void *b, void *ctx) {
+    const sd_tok *t = ctx;
+    int32_t ia = *(const int32_t *)a, ib = *(const int32_t *)b;
+    size_t la, lb;
+    const unsigned char *ta = (const unsigned char *)tok_text(t, ia, &la);
+    const unsigned char *tb = (const unsigned char *)tok_text(t, ib, &lb);
+    if (ta[0] != tb[0]) return ta[0] < tb[0] ? -1 : 1;
+    if (la != lb) return la > lb ? -1 : 1;
+    return ia < ib ? -1 : ia > ib;
+}
+
+static sd_status build_specials(sd_tok *t) {
+    size_t n = 0;
+    for (int32_t i = 0; i < t->n_vocab; i++) {
+        size_t l;
+        tok_text(t, i, &l);
+        if ((t->types[i] == SD_TOK_TYPE_CONTROL || t->types[i] == SD_TOK_TYPE_USER_DEFINED) && l > 0) n++;
+    }
+    t->special_ids = malloc((n ? n : 1) * sizeof *t->special_ids);
+    if (!t->special_ids) return SD_ERR_NOMEM;
+    t->n_special = 0;
+    for (int32_t i = 0; i < t->n_vocab; i++) {
+        size_t l;
+        tok_text(t, i, &l);
+        if ((t->types[i] == SD_TOK_TYPE_CONTROL || t->types[i] == SD_TOK_TYPE_USER_DEFINED) && l > 0)
+            t->special_ids[t->n_special++] = i;
+    }
+    qsort_r(t->special_ids, t->n_special, sizeof *t->special_ids, cmp_special, t);
+    size_t k = 0;
+    for (int b = 0; b < 256; b++) {
+        t->special_start[b] = k;
+        while (k < t->n_special) {
+            size_t l;
+            const unsigned char *s = (const unsigned char *)tok_text(t, t->special_ids[k], &l);
+            if (s[0] != b) break;
+            k++;
+        }
+    }
+    t->special_start[256] = k;
+    return SD_OK;
+}
+
+static sd_status build_regexes(sd_tok *t, const pre_def *def) {
+    for (int i = 0; i < def->n_re; i++) {
+        int err = 0;
+        PCRE2_SIZE off = 0;
+        t->pre_re[i] = pcre2_compile((PCRE2_SPTR)def->re[i], PCRE2_ZERO_TERMINATED,
+                                     PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &off, NULL);
+        if (!t->pre_re[i]) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(err, msg, sizeof msg);
+            SD_ERROR("tokenizer: pre-tokenizer regex %d of '%s' does not compile at %zu: %s", i, def->name,
+                     (size_t)off, (const char *)msg);
+            return SD_ERR_INTERNAL;
+        }
+        t->n_pre_re = i + 1;
+        /* JIT is an optimization only: without it pcre2_match interprets. */
+        (void)pcre2_jit_compile(t->pre_re[i], PCRE2_JIT_COMPLETE);
+    }
+    t->ignore_merges = def->ignore_merges;
+    return SD_OK;
+}
+
+static sd_status check_id(const char *what, int64_t id, size_t n, int32_t *out) {
+    if (id < -1 || id >= (int64_t)n) {
+        SD_ERROR("tokenizer: %s token id %lld is out of range (vocabulary of %zu)", what, (long long)id, n);
+        return SD_ERR_FORMAT;
+    }
+    *out = (int32_t)id;
+    return SD_OK;
+}
+
+static void add_eog(sd_tok *t, int32_t id) {
+    if (id < 0 || t->n_eog >= (int)(sizeof t->eog / sizeof t->eog[0])) return;
+    for (int i = 0; i < t->n_eog; i++)
+        if (t->eog[i] == id) return;
+    t->eog[t->n_eog++] = id;
+}
+
+static sd_status build(sd_tok *t, const sd_tok_spec *spec) {
+    if (!text_eq(spec->model, "gpt2")) {
+        SD_ERROR("tokenizer: model '%.*s' is not supported (only 'gpt2', byte-level BPE)", PREVIEW(spec->model));
+        return SD_ERR_UNSUPPORTED;
+    }
+    const pre_def *def = NULL;
+    sd_tok_text pre = spec->pre.len ? spec->pre : (sd_tok_text){ "default", 7 };
+    for (size_t i = 0; i < N_PRE_DEFS; i++)
+        if (text_eq(pre, PRE_DEFS[i].name)) def = &PRE_DEFS[i];
+    if (!def) {
+        char names[256] = "";
+        size_t at = 0;
+        for (size_t i = 0; i < N_PRE_DEFS && at < sizeof names; i++)
+            at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", i ? ", " : "", PRE_DEFS[i].name);
+        SD_ERROR("tokenizer: pre-tokenizer '%.*s' is not supported (supported: %s)", PREVIEW(pre), names);
+        return SD_ERR_UNSUPPORTED;
+    }
+    if (spec->n_tokens == 0 || spec->n_tokens > (size_t)INT32_MAX || !spec->tokens) {
+        SD_ERROR("tokenizer: vocabulary size %zu is out of range", spec->n_tokens);
+        return SD_ERR_FORMAT;
+    }
+    if (spec->n_merges && !spec->merges) return SD_ERR_INVALID_ARG;
+    t->n_vocab = (int32_t)spec->n_tokens;
+    int32_t eot;
+    SD_TRY(check_id("bos", spec->bos, spec->n_tokens, &t->bos));
+    SD_TRY(check_id("eos", spec->eos, spec->n_tokens, &t->eos));
+    SD_TRY(check_id("unknown", spec->unk, spec->n_tokens, &t->unk));
+    SD_TRY(check_id("padding", spec->pad, spec->n_tokens, &t->pad));
+    SD_TRY(check_id("eot", spec->eot, spec->n_tokens, &eot));
+    t->add_bos = spec->add_bos;
+
+    SD_TRY(build_texts(t, spec));
+    SD_TRY(build_merges(t, spec));
+    SD_TRY(build_specials(t));
+    SD_TRY(build_regexes(t, def));
+
+    add_eog(t, t->eos);
+    add_eog(t, eot);
+    static const char *const eog_texts[] = { "<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|eom_id|>",
+                                             "<|end_of_text|>" };
+    for (size_t i = 0; i < sizeof eog_texts / sizeof eog_texts[0]; i++)
+        add_eog(t, lookup_text(t, eog_texts[i], strlen(eog_texts[i])));
+
+    /* Hash: per token, its length (u32 LE), its text, its type (u32 LE). */
+    uint64_t h = FNV_OFFSET;
+    for (int32_t i = 0; i < t->n_vocab; i++) {
+        size_t len;
+        const char *s = tok_text(t, i, &len);
+        uint32_t l32 = (uint32_t)len, ty = (uint32_t)t->types[i];
+        unsigned char le[4] = { (unsigned char)l32, (unsigned char)(l32 >> 8), (unsigned char)(l32 >> 16),
+                                (unsigned char)(l32 >> 24) };
+        h = fnv1a(h, le, 4);
+        h = fnv1a(h, s, len);
+        unsigned char tle[4] = { (unsigned char)ty, (unsigned char)(ty >> 8), (unsigned char)(ty >> 16),
+                                 (unsigned char)(ty >> 24) };
+        h = fnv1a(h, tle, 4);
+    }
+    t->vocab_hash = h;
+    return SD_OK;
+}
+
+sd_status sd_tok_build(const sd_tok_spec *spec, sd_tok **out) {
+    if (!spec || !out) return SD_ERR_INVALID_ARG;
+    *out = NULL;
+    sd_tok *t = calloc(1, sizeof *t);
+    if (!t) return SD_ERR_NOMEM;
+    sd_status st = build(t, spec);
+    if (st != SD_OK) {
+        sd_tok_free(&t);
+        return st;
+    }
+    SD_DEBUG("tokenizer: %d tokens, %zu merges, %zu special tokens, pre '%.*s'", t->n_vocab, spec->n_merges,
+             t->n_special, PREVIEW(spec->pre));
+    *out = t;
+    return SD_OK;
+}
+
+/* ---- accessors ---- */
+int32_t sd_tok_n_vocab(const sd_tok *t) { return t->n_vocab; }
+int32_t sd_tok_bos(const sd_tok *t) { return t->bos; }
+int32_t sd_tok_eos(const sd_tok *t) { return t->eos; }
+bool sd_tok_add_bos(const sd_tok *t) { return t->add_bos; }
+uint64_t sd_tok_vocab_hash(const sd_tok *t) { return t->vocab_hash; }
+
+bool sd_tok_is_eog(const sd_tok *t, int32_t id) {
+    for (int i = 0; i < t->n_eog; i++)
+        if (t->eog[i] == id) return true;
+    return false;
+}
+
+int32_t sd_tok_find(const sd_tok *t, const char *text) {
+    if (!text) return -1;
+    return lookup_text(t, text, strlen(text));
+}
+
+const char *sd_tok_piece(const sd_tok *t, int32_t id, size_t *len) {
+    if (id < 0 || id >= t->n_vocab) {
+        if (len) *len = 0;
+        return NULL;
+    }
+    if (len) *len = t->piece_off[id + 1] - t->piece_off[id] - 1;
+    return t->piece_arena + t->piece_off[id];
+}
+
+/* ---- encoding ---- */
+typedef struct bpe_sym {
+    int32_t id;   /* -1: merged into its left neighbour */
+    int32_t prev, next;
+} bpe_sym;
+
+typedef struct bpe_cand {
+    int32_t rank, pos;   /* heap order: rank, then leftmost */
+    int32_t right_pos;
+    int32_t left, right, result;
+} bpe_cand;
+
+typedef struct enc_ctx {
+    const sd_tok *t;
+    pcre2_match_data *md[MAX_PRE_REGEX];
+    int32_t *ids;
+    size_t n_ids, cap_ids;
+    bpe_sym *syms;
+    size_t cap_syms;
+    bpe_cand *heap;
+    size_t n_heap, cap_heap;
+    char *symtext; /* byte-level text of a piece (ignore_merges lookup) */
+    size_t cap_symtext;
+} enc_ctx;
+
+static sd_status grow(void **p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return SD_OK;
+    size_t nc = *cap ? *cap : 64;
+    while (nc < need) {
+        if (!sd_mul_ok(nc, 2, &nc)) return SD_ERR_NOMEM;
+    }
+    size_t bytes;
+    if (!sd_mul_ok(nc, elem, &bytes)) return SD_ERR_NOMEM;
+    void *np = realloc(*p, bytes);
+    if (!np) return SD_ERR_NOMEM;
+    *p = np;
+    *cap = nc;
+    return SD_OK;
+}
+
+static sd_status push_id(enc_ctx *c, int32_t id) {
+    SD_TRY(grow((void **)&c->ids, &c->cap_ids, c->n_ids + 1, sizeof *c->ids));
+    c->ids[c->n_ids++] = id;
+    return SD_OK;
+}
+
+static bool cand_less(const bpe_cand *a, const bpe_cand *b) {
+    return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
+}
+
+static sd_status heap_push_pair(enc_ctx *c, int32_t l, int32_t r) {
+    const merge_slot *m = lookup_merge(c->t, c->syms[l].id, c->syms[r].id);
+    if (!m) return SD_OK;
+    SD_TRY(grow((void **)&c->heap, &c->cap_heap, c->n_heap + 1, sizeof *c->heap));
+    bpe_cand cand = { m->rank, l, r, c->syms[l].id, c->syms[r].id, m->result };
+    size_t i = c->n_heap++;
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (!cand_less(&cand, &c->heap[parent])) break;
+        c->heap[i] = c->heap[parent];
+        i = parent;
+    }
+    c->heap[i] = cand;
+    return SD_OK;
+}
+
+static bpe_cand heap_pop(enc_ctx *c) {
+    bpe_cand top = c->heap[0];
+    bpe_cand last = c->heap[--c->n_heap];
+    size_t i = 0, n = c->n_heap;
+    for (;;) {
+        size_t kid = 2 * i + 1;
+        if (kid >= n) break;
+        if (kid + 1 < n && cand_less(&c->heap[kid + 1], &c->heap[kid])) kid++;
+        if (!cand_less(&c->heap[kid], &last)) break;
+        c->heap[i] = c->heap[kid];
+        i = kid;
+    }
+    if (n) c->heap[i] = last;
+    return top;
+}
+
+/* BPE over one pre-tokenized piece of raw bytes; appends its ids. */
+static sd_status bpe_piece(enc_ctx *c, const unsigned char *s, size_t len) {
+    const sd_tok *t = c->t;
+    if (len == 1) return push_id(c, t->byte_token[s[0]]);
+    if (len > (size_t)INT32_MAX / 4) return SD_ERR_RANGE;
+    if (t->ignore_merges) {
+        SD_TRY(grow((void **)&c->symtext, &c->cap_symtext, 2 * len, 1));
+        size_t n = 0;
+        for (size_t i = 0; i < len; i++) {
+            memcpy(c->symtext + n, t->byte_sym[s[i]], t->byte_sym_len[s[i]]);
+            n += t->byte_sym_len[s[i]];
+        }
+        int32_t whole = lookup_text(t, c->symtext, n);
+        if (whole >= 0) return push_id(c, whole);
+    }
+    SD_TRY(grow((void **)&c->syms, &c->cap_syms, len, sizeof *c->syms));
+    for (size_t i = 0; i < len; i++)
+        c->syms[i] = (bpe_sym){ t->byte_token[s[i]], (int32_t)i - 1, i + 1 < len ? (int32_t)i + 1 : -1 };
+    c->n_heap = 0;
+    for (size_t i = 0; i + 1 < len; i++) SD_TRY(heap_push_pair(c, (int32_t)i, (int32_t)i + 1));
+    while (c->n_heap) {
+        bpe_cand m = heap_pop(c);
+        bpe_sym *l = &c->syms[m.pos];
+        /* Stale when either side has merged since: a symbol only ever grows,
+         * so an unchanged id at an unchanged position means unchanged. */
+        if (l->id != m.left || l->next != m.right_pos || c->syms[m.right_pos].id != m.right) continue;
+        bpe_sym *r = &c->syms[m.right_pos];
+        l->id = m.result;
+        l->next = r->next;
+        if (r->next >= 0) c->syms[r->next].prev = m.pos;
+        r->id = -1;
+        if (l->prev >= 0) SD_TRY(heap_push_pair(c, l->prev, m.pos));
+        if (c->syms[m.pos].next >= 0) SD_TRY(heap_push_pair(c, m.pos, c->syms[m.pos].next));
+    }
+    for (int32_t i = 0; i >= 0; i = c->syms[i].next) SD_TRY(push_id(c, c->syms[i].id));
+    return SD_OK;
+}
+
+/* Splits s[0..len) with pre-tokenizer regex `level`, passing every match and
+ * every gap between matches on to the next level; the last level runs BPE. */
+static sd_status pre_split(enc_ctx *c, int level, const char *s, size_t len) {
+    if (len == 0) return SD_OK;
+    if (level == c->t->n_pre_re) return bpe_piece(c, (const unsigned char *)s, len);
+    const pcre2_code *re = c->t->pre_re[level];
+    pcre2_match_data *md = c->md[level];
+    size_t off = 0;
+    while (off < len) {
+        int rc = pcre2_match(re, (PCRE2_SPTR)s, len, off, 0, md, NULL);
+        if (rc == PCRE2_ERROR_NOMATCH) break;
+        if (rc < 0) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(rc, msg, sizeof msg);
+            SD_ERROR("tokenizer: pre-tokenizer match failed: %s", (const char *)msg);
+            return SD_ERR_INTERNAL;
+        }
+        const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+        size_t start = ov[0], end = ov[1];
+        if (end <= start || start < off || end > len) {
+            SD_ERROR("tokenizer: pre-tokenizer produced an empty or misplaced match");
+            return SD_ERR_INTERNAL;
+        }
+        SD_TRY(pre_split(c, level + 1, s + off, start - off));
+        SD_TRY(pre_split(c, level + 1, s + start, end - start));
+        off = end;
+    }
+    return pre_split(c, level + 1, s + off, len - off);
+}
+
+/* Longest control/user-defined token starting at s[0..len), or -1. */
+static int32_t match_special(const sd_tok *t, const unsigned char *s, size_t len, size_t *match_len) {
+    for (size_t k = t->special_start[s[0]]; k < t->special_start[s[0] + 1]; k++) {
+        int32_t id = t->special_ids[k];
+        size_t l;
+        const char *txt = tok_text(t, id, &l);
+        if (l <= len && memcmp(txt, s, l) == 0) {
+            *match_len = l;
+            return id;
+        }
+    }
+    return -1;
+}
+
+static sd_status encode(enc_ctx *c, const char *text, size_t len, bool parse_special) {
+    for (int i = 0; i < c->t->n_pre_re; i++) {
+        c->md[i] = pcre2_match_data_create_from_pattern(c->t->pre_re[i], NULL);
+        if (!c->md[i]) return SD_ERR_NOMEM;
+    }
+    size_t seg = 0;
+    if (parse_special && c->t->n_special) {
+        for (size_t pos = 0; pos < len;) {
+            size_t ml = 0;
+            int32_t id = match_special(c->t, (const unsigned char *)text + pos, len - pos, &ml);
+            if (id < 0) {
+                pos++;
+                continue;
+            }
+            SD_TRY(pre_split(c, 0, text + seg, pos - seg));
+            SD_TRY(push_id(c, id));
+            pos += ml;
+            seg = pos;
+        }
+    }
+    return pre_split(c, 0, text + seg, len - seg);
+}
+
+sd_status sd_tok_encode(const sd_tok *t, const char *text, size_t len, bool parse_special, int32_t **ids,
+                        size_t *n_ids) {
+    if (!t || (!text && len) || !ids || !n_ids) return SD_ERR_INVALID_ARG;
+    *ids = NULL;
+    *n_ids = 0;
+    enc_ctx c;
+    memset(&c, 0, sizeof c);
+    c.t = t;
+    sd_status st = encode(&c, text ? text : "", len, parse_special);
+    for (int i = 0; i < t->n_pre_re; i++) pcre2_match_data_free(c.md[i]);
+    free(c.syms);
+    free(c.heap);
+    free(c.symtext);
+    if (st != SD_OK) {
+        free(c.ids);
+        return st;
+    }
+    if (!c.ids) { /* empty text: still hand back a freeable array */
+        c.ids = malloc(sizeof *c.ids);
+        if (!c.ids) return SD_ERR_NOMEM;
+    }
+    *ids = c.ids;
+    *n_ids = c.n_ids;
+    return SD_OK;
+}
+
+/* ---- decoding ---- */
+sd_status sd_tok_decode(const sd_tok *t, const int32_t *ids, size_t n, char **text, size_t *len) {
+    if (!t || (!ids && n) || !text) return SD_ERR_INVALID_ARG;
+    *text = NULL;
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t l;
+        if (!sd_tok_piece(t, ids[i], &l)) {
+            SD_ERROR("tokenizer: decode: token id %d at %zu is out of range", ids[i], i);
+            return SD_ERR_RANGE;
+        }
+        if (!sd_add_ok(total, l, &total)) return SD_ERR_RANGE;
+    }
+    char *out = malloc(total + 1);
+    if (!out) return SD_ERR_NOMEM;
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t l;
+        const char *p = sd_tok_piece(t, ids[i], &l);
+        memcpy(out + at, p, l);
+        at += l;
+    }
+    out[at] = '\0';
+    *text = out;
+    if (len) *len = at;
+    return SD_OK;
+}
+
+/* ---- streaming decoder ----
+ * Holds at most 3 bytes: the valid start of a character whose remaining bytes
+ * have not arrived yet. Everything else is emitted as soon as it is known:
+ * complete characters as they are, each invalid maximal subpart as U+FFFD. */
+struct sd_tok_stream {
+    const sd_tok *t;
+    unsigned char pending[4];
+    size_t n_pending;
+};
+
+sd_tok_stream *sd_tok_stream_new(const sd_tok *t) {
+    if (!t) return NULL;
+    sd_tok_stream *s = calloc(1, sizeof *s);
+    if (s) s->t = t;
+    return s;
+}
+
+void sd_tok_stream_free(sd_tok_stream **s) {
+    if (!s || !*s) return;
+    free(*s);
+    *s = NULL;
+}
+
+static const char REPLACEMENT[3] = { (char)0xEF, (char)0xBF, (char)0xBD };
+
+static bool out_put(char *out, size_t cap, size_t *at, const void *p, size_t n) {
+    if (n > cap - *at) return false;
+    memcpy(out + *at, p, n);
+    *at += n;
+    return true;
+}
+
+sd_status sd_tok_stream_push(sd_tok_stream *s, int32_t id, char *out, size_t cap, size_t *out_len) {
+    if (!s || (!out && cap) || !out_len) return SD_ERR_INVALID_ARG;
+    *out_len = 0;
+    size_t plen;
+    const unsigned char *piece = (const unsigned char *)sd_tok_piece(s->t, id, &plen);
+    if (!piece) return SD_ERR_RANGE;
+    size_t at = 0, k = 0; /* k: bytes of piece consumed */
+    unsigned char pending[4];
+    size_t n_pending = s->n_pending;
+    memcpy(pending, s->pending, sizeof pending);
+    if (n_pending) {
+        /* Finish (or break) the held-back character with the piece's first bytes. */
+        unsigned char head[8];
+        size_t take = plen < 4 ? plen : 4;
+        memcpy(head, pending, n_pending);
+        memcpy(head + n_pending, piece, take);
+        uint32_t cp;
+        int r = utf8_scan(head, n_pending + take, &cp);
+        if (r == 0) {
+            memcpy(pending + n_pending, piece, plen); /* still unfinished: plen < 4 - n_pending */
+            n_pending += plen;
+            k = plen;
+        } else if (r > 0) {
+            if (!out_put(out, cap, &at, head, (size_t)r)) return SD_ERR_INVALID_ARG;
+            k = (size_t)r - n_pending;
+            n_pending = 0;
+        } else {
+            if (!out_put(out, cap, &at, REPLACEMENT, 3)) return SD_ERR_INVALID_ARG;
+            k = (size_t)-r > n_pending ? (size_t)-r - n_pending : 0;
+            n_pending = 0;
+        }
+    }
+    while (k < plen) {
+        uint32_t cp;
+        int r = utf8_scan(piece + k, plen - k, &cp);
+        if (r == 0) {
+            n_pending = plen - k;
+            memcpy(pending, piece + k, n_pending);
+            break;
+        }
+        bool ok = r > 0 ? out_put(out, cap, &at, piece + k, (size_t)r) : out_put(out, cap, &at, REPLACEMENT, 3);
+        if (!ok) return SD_ERR_INVALID_ARG;
+        k += (size_t)(r > 0 ? r : -r);
+    }
+    memcpy(s->pending, pending, sizeof pending);
+    s->n_pending = n_pending;
+    *out_len = at;
+    return SD_OK;
+}
+
+sd_status sd_tok_stream_flush(sd_tok_stream *s, char *out, size_t cap, size_t *out_len) {
+    if (!s || (!out && cap) || !out_len) return SD_ERR_INVALID_ARG;
+    *out_len = 0;
+    if (!s->n_pending) return SD_OK;
+    size_t at = 0;
+    if (!out_put(out, cap, &at, REPLACEMENT, 3)) return SD_ERR_INVALID_ARG;
+    s->n_pending = 0;
+    *out_len = at;
+    return SD_OK;
+}

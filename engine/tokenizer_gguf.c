@@ -1,0 +1,162 @@
+/* tokenizer_gguf.c — sd_tok_from_gguf: gathers tokenizer.ggml.* into a spec.
+ *
+ * Only reads and type-checks GGUF metadata; every semantic check (ids in
+ * range, merges well formed, model and pre-tokenizer supported) lives in
+ * sd_tok_build so that other sources of vocabularies get the same checks. The
+ * string views point into g's mapping and are used only during the build,
+ * which copies what it keeps. */
+#include "tokenizer_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define KEY_PREFIX "tokenizer.ggml."
+
+static sd_status get_str_array(const sd_gguf *g, const char *key, bool required, sd_tok_text **out,
+                               size_t *n) {
+    *out = NULL;
+    *n = 0;
+    sd_gguf_type et;
+    uint64_t len;
+    sd_status st = sd_gguf_get_arr(g, key, &et, &len);
+    if (st == SD_ERR_NOT_FOUND && !required) return SD_OK;
+    if (st != SD_OK || et != SD_GGUF_TYPE_STRING) {
+        SD_ERROR("tokenizer: %s is %s", key, st == SD_ERR_NOT_FOUND ? "missing" : "not an array of strings");
+        return st == SD_ERR_NOT_FOUND ? SD_ERR_FORMAT : (st != SD_OK ? st : SD_ERR_FORMAT);
+    }
+    if (len > (uint64_t)INT32_MAX) {
+        SD_ERROR("tokenizer: %s has %llu entries, too many", key, (unsigned long long)len);
+        return SD_ERR_FORMAT;
+    }
+    sd_tok_text *v = malloc((len ? len : 1) * sizeof *v);
+    if (!v) return SD_ERR_NOMEM;
+    for (uint64_t i = 0; i < len; i++) {
+        sd_gguf_str s;
+        st = sd_gguf_get_arr_str(g, key, i, &s);
+        if (st != SD_OK) {
+            free(v);
+            return st;
+        }
+        v[i] = (sd_tok_text){ s.ptr, (size_t)s.len };
+    }
+    *out = v;
+    *n = (size_t)len;
+    return SD_OK;
+}
+
+/* Token types: an array of any integer type, converted to int32. */
+static sd_status get_types(const sd_gguf *g, size_t n_tokens, int32_t **out) {
+    *out = NULL;
+    const char *key = KEY_PREFIX "token_type";
+    sd_gguf_type et;
+    uint64_t len;
+    sd_status st = sd_gguf_get_arr(g, key, &et, &len);
+    if (st == SD_ERR_NOT_FOUND) return SD_OK; /* all normal */
+    if (st != SD_OK) return st;
+    if (len != n_tokens) {
+        SD_ERROR("tokenizer: %s has %llu entries but there are %zu tokens", key, (unsigned long long)len,
+                 n_tokens);
+        return SD_ERR_FORMAT;
+    }
+    switch (et) {
+    case SD_GGUF_TYPE_INT32: case SD_GGUF_TYPE_UINT32:
+    case SD_GGUF_TYPE_INT8: case SD_GGUF_TYPE_UINT8:
+    case SD_GGUF_TYPE_INT16: case SD_GGUF_TYPE_UINT16: break;
+    default:
+        SD_ERROR("tokenizer: %s is not an integer array", key);
+        return SD_ERR_FORMAT;
+    }
+    const void *data;
+    SD_TRY(sd_gguf_get_arr_data(g, key, &data, &len));
+    int32_t *types = malloc((n_tokens ? n_tokens : 1) * sizeof *types);
+    if (!types) return SD_ERR_NOMEM;
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n_tokens; i++) {
+        int64_t v = 0;
+        switch (et) {
+        case SD_GGUF_TYPE_INT32: { int32_t x; memcpy(&x, p + 4 * i, 4); v = x; break; }
+        case SD_GGUF_TYPE_UINT32: { uint32_t x; memcpy(&x, p + 4 * i, 4); v = x; break; }
+        case SD_GGUF_TYPE_INT16: { int16_t x; memcpy(&x, p + 2 * i, 2); v = x; break; }
+        case SD_GGUF_TYPE_UINT16: { uint16_t x; memcpy(&x, p + 2 * i, 2); v = x; break; }
+        case SD_GGUF_TYPE_INT8: v = (int8_t)p[i]; break;
+        default: v = p[i]; break;
+        }
+        types[i] = v < INT32_MIN || v > INT32_MAX ? -1 : (int32_t)v; /* out of range: rejected by build */
+    }
+    *out = types;
+    return SD_OK;
+}
+
+static sd_status get_id(const sd_gguf *g, const char *key, int64_t *out) {
+    *out = -1;
+    int64_t v;
+    sd_status st = sd_gguf_get_i64(g, key, &v);
+    if (st == SD_ERR_NOT_FOUND) return SD_OK;
+    if (st != SD_OK) {
+        SD_ERROR("tokenizer: %s is not an integer", key);
+        return st;
+    }
+    *out = v < -1 ? -2 : v; /* -2 is reported as out of range by build */
+    return SD_OK;
+}
+
+static sd_status get_text(const sd_gguf *g, const char *key, bool required, sd_tok_text *out) {
+    sd_gguf_str s;
+    sd_status st = sd_gguf_get_str(g, key, &s);
+    if (st == SD_ERR_NOT_FOUND && !required) {
+        *out = (sd_tok_text){ "", 0 };
+        return SD_OK;
+    }
+    if (st != SD_OK) {
+        SD_ERROR("tokenizer: %s is %s", key, st == SD_ERR_NOT_FOUND ? "missing" : "not a string");
+        return st == SD_ERR_NOT_FOUND ? SD_ERR_FORMAT : st;
+    }
+    *out = (sd_tok_text){ s.ptr, (size_t)s.len };
+    return SD_OK;
+}
+
+static sd_status gather_and_build(const sd_gguf *g, sd_tok_spec *spec, sd_tok **out) {
+    SD_TRY(get_text(g, KEY_PREFIX "model", true, &spec->model));
+    SD_TRY(get_text(g, KEY_PREFIX "pre", false, &spec->pre));
+    SD_TRY(get_id(g, KEY_PREFIX "bos_token_id", &spec->bos));
+    SD_TRY(get_id(g, KEY_PREFIX "eos_token_id", &spec->eos));
+    SD_TRY(get_id(g, KEY_PREFIX "unknown_token_id", &spec->unk));
+    SD_TRY(get_id(g, KEY_PREFIX "padding_token_id", &spec->pad));
+    SD_TRY(get_id(g, KEY_PREFIX "eot_token_id", &spec->eot));
+    bool add_bos = false;
+    sd_status st = sd_gguf_get_bool(g, KEY_PREFIX "add_bos_token", &add_bos);
+    if (st != SD_OK && st != SD_ERR_NOT_FOUND) {
+        SD_ERROR("tokenizer: " KEY_PREFIX "add_bos_token is not a bool");
+        return st;
+    }
+    spec->add_bos = add_bos;
+    /* Check the model before the big arrays so an unsupported tokenizer gets
+     * the clear "unsupported" error, not a complaint about missing merges. */
+    if (spec->model.len != 4 || memcmp(spec->model.ptr, "gpt2", 4) != 0) return sd_tok_build(spec, out);
+
+    sd_tok_text *tokens = NULL, *merges = NULL;
+    int32_t *types = NULL;
+    size_t n_tokens = 0, n_merges = 0;
+    st = get_str_array(g, KEY_PREFIX "tokens", true, &tokens, &n_tokens);
+    if (st == SD_OK) st = get_str_array(g, KEY_PREFIX "merges", true, &merges, &n_merges);
+    if (st == SD_OK) st = get_types(g, n_tokens, &types);
+    if (st == SD_OK) {
+        spec->tokens = tokens;
+        spec->n_tokens = n_tokens;
+        spec->merges = merges;
+        spec->n_merges = n_merges;
+        spec->types = types;
+        st = sd_tok_build(spec, out);
+    }
+    free(tokens);
+    free(merges);
+    free(types);
+    return st;
+}
+
+sd_status sd_tok_from_gguf(const sd_gguf *g, sd_tok **out) {
+    if (!g || !out) return SD_ERR_INVALID_ARG;
+    *out = NULL;
+    sd_tok_spec spec = sd_tok_spec_default();
+    return gather_and_build(g, &spec, out);
+}

@@ -1,0 +1,58 @@
+/* tokenizer_impl.h — the tokenizer's internal constructor.
+ *
+ * sd_tok_from_gguf only gathers the tokenizer.ggml.* arrays out of a GGUF
+ * into an sd_tok_spec (views, nothing copied) and calls sd_tok_build, which
+ * validates everything and builds the immutable tables. Keeping the two apart
+ * lets tests build small vocabularies directly from C literals and lets a
+ * future tokenizer.json loader reuse the same constructor. */
+#ifndef SPECD_TOKENIZER_IMPL_H
+#define SPECD_TOKENIZER_IMPL_H
+
+#include "specd/tokenizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A byte string view (not NUL-terminated). */
+typedef struct sd_tok_text {
+    const char *ptr;
+    size_t len;
+} sd_tok_text;
+
+/* GGUF token types (tokenizer.ggml.token_type values). */
+enum {
+    SD_TOK_TYPE_UNDEFINED = 0,
+    SD_TOK_TYPE_NORMAL = 1,
+    SD_TOK_TYPE_UNKNOWN = 2,
+    SD_TOK_TYPE_CONTROL = 3,
+    SD_TOK_TYPE_USER_DEFINED = 4,
+    SD_TOK_TYPE_UNUSED = 5,
+    SD_TOK_TYPE_BYTE = 6,
+};
+
+/* Everything sd_tok_build needs; all views are borrowed for the call only. */
+typedef struct sd_tok_spec {
+    sd_tok_text model;          /* tokenizer.ggml.model: must be "gpt2" */
+    sd_tok_text pre;            /* tokenizer.ggml.pre: regex set name; empty = "default" */
+    size_t n_tokens;
+    const sd_tok_text *tokens;  /* [n_tokens] byte-level token texts */
+    const int32_t *types;       /* [n_tokens] token types, or NULL (all normal) */
+    size_t n_merges;
+    const sd_tok_text *merges;  /* [n_merges] "left right", rank = index */
+    int64_t bos, eos, unk, pad, eot; /* token ids, -1 when absent */
+    bool add_bos;
+} sd_tok_spec;
+
+/* Returns a spec with no vocabulary, every id -1, model "gpt2", pre "default". */
+sd_tok_spec sd_tok_spec_default(void);
+
+/* Validates spec and builds a tokenizer (caller frees with sd_tok_free).
+ * SD_ERR_UNSUPPORTED for an unknown model or pre-tokenizer, SD_ERR_FORMAT for
+ * inconsistent data (the first bad item is logged). */
+sd_status sd_tok_build(const sd_tok_spec *spec, sd_tok **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
