@@ -1,0 +1,202 @@
+"""test_forward_oracle.py — the engine's forward pass against the numpy oracle.
+
+  --random   random models from build/tools/specd-mkmodel: several shapes and
+             dtypes (f32, f16, bf16, q8_0, q4_0, q4_1), tied and untied LM
+             head, GQA and MHA; ragged multi-sequence batches, one of them
+             also cut into chunks (attention over K/V from earlier calls).
+  --smollm2  SmolLM2-135M-Instruct (Q4_1): the golden chat prompt plus two
+             shorter prompts as one ragged batch, ~50 tokens.
+
+The engine's logits come from build/tests/specd_logits (one ragged batch,
+tokens interleaved round-robin across sequences); the reference recomputes
+each sequence alone with tests/ref/llama_ref.py in float64. Pass: max abs
+error <= 1e-4 * max |logit| over the run. On failure the worst row is printed
+(sequence, position, token, error, both argmaxes, and the largest entries).
+
+Environment: SPECD_BUILD_DIR (binaries), SPECD_SOURCE_DIR, SPECD_MODEL.
+Exit 77 (skipped) when a binary or the demo model is missing.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from llama_ref import LlamaRef  # noqa: E402
+
+SOURCE_DIR = os.environ.get("SPECD_SOURCE_DIR", os.path.dirname(os.path.dirname(HERE)))
+BUILD_DIR = os.environ.get("SPECD_BUILD_DIR", os.path.join(SOURCE_DIR, "build"))
+REL_TOL = 1e-4
+SKIP = 77
+
+
+def binary(name, sub):
+    path = os.path.join(BUILD_DIR, sub, name)
+    return path if os.path.exists(path) else None
+
+
+def engine_logits(model, seqs, tmp, n_vocab, chunk=0, threads=2):
+    out = os.path.join(tmp, "logits.bin")
+    cmd = [binary("specd_logits", "tests"), "-m", model, "--out", out, "--threads", str(threads)]
+    if chunk:
+        cmd += ["--chunk", str(chunk)]
+    for s in seqs:
+        cmd += ["--seq", ",".join(str(t) for t in s)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"specd_logits failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr}")
+    total = sum(len(s) for s in seqs)
+    a = np.fromfile(out, dtype="<f4")
+    if a.size != total * n_vocab:
+        raise RuntimeError(f"specd_logits wrote {a.size} floats, expected {total} x {n_vocab}")
+    return a.reshape(total, n_vocab)
+
+
+def compare(label, got, ref_rows, seqs):
+    """got [total, V] (f32), ref_rows [total, V]; True when within tolerance."""
+    ref = np.asarray(ref_rows, dtype=np.float64)
+    err = np.abs(got.astype(np.float64) - ref)
+    scale = float(np.abs(ref).max())
+    worst = int(np.argmax(err.max(axis=1)))
+    max_err = float(err[worst].max())
+    ok = bool(np.isfinite(got).all()) and max_err <= REL_TOL * scale
+    # same argmax everywhere unless the reference's top two are within the error
+    flips = 0
+    for r in range(ref.shape[0]):
+        a, b = int(np.argmax(got[r])), int(np.argmax(ref[r]))
+        if a != b and ref[r, b] - ref[r, a] > 2 * max_err:
+            flips += 1
+    ok = ok and flips == 0
+    print(f"{'ok  ' if ok else 'FAIL'} {label}: max|err| {max_err:.3g} (limit {REL_TOL * scale:.3g} = "
+          f"{REL_TOL:g} x max|logit| {scale:.4g}), argmax flips {flips}")
+    if not ok:
+        s, p = locate(worst, seqs)
+        top = np.argsort(-err[worst])[:5]
+        print(f"  worst row {worst}: sequence {s} position {p} token {seqs[s][p]}; "
+              f"argmax engine {int(np.argmax(got[worst]))} reference {int(np.argmax(ref[worst]))}")
+        for j in top:
+            print(f"    vocab {int(j)}: engine {got[worst, j]:.6f} reference {ref[worst, j]:.6f} "
+                  f"err {err[worst, j]:.3g}")
+        print(f"  engine    row head: {np.array2string(got[worst, :6], precision=5)}")
+        print(f"  reference row head: {np.array2string(ref[worst, :6], precision=5)}")
+    return ok
+
+
+def locate(row, seqs):
+    for s, seq in enumerate(seqs):
+        if row < len(seq):
+            return s, row
+        row -= len(seq)
+    raise IndexError(row)
+
+
+def reference_rows(ref, seqs):
+    return np.concatenate([ref.logits(s) for s in seqs])
+
+
+RANDOM_MODELS = [
+    # (label, mkmodel args)
+    ("f32 untied GQA 4/2", ["--dtype", "f32", "--dim", "64", "--heads", "4", "--kv-heads", "2", "--ff", "128"]),
+    ("f16 tied MHA 4/4", ["--dtype", "f16", "--dim", "64", "--heads", "4", "--kv-heads", "4", "--ff", "96",
+                          "--tied"]),
+    ("bf16 untied MHA 2/2 3 layers", ["--dtype", "bf16", "--dim", "32", "--heads", "2", "--kv-heads", "2",
+                                      "--ff", "64", "--layers", "3"]),
+    ("q8_0 untied GQA 8/2 hd16", ["--dtype", "q8_0", "--dim", "128", "--heads", "8", "--kv-heads", "2",
+                                  "--ff", "256", "--rope-base", "500000"]),
+    ("q4_0 tied GQA 6/3", ["--dtype", "q4_0", "--dim", "96", "--heads", "6", "--kv-heads", "3", "--ff", "160",
+                           "--tied"]),
+    ("q4_1 tied MQA 4/1", ["--dtype", "q4_1", "--dim", "64", "--heads", "4", "--kv-heads", "1", "--ff", "128",
+                           "--tied", "--layers", "3"]),
+]
+
+
+def run_random():
+    mk = binary("specd-mkmodel", "tools")
+    if not mk or not binary("specd_logits", "tests"):
+        print(f"skip: specd-mkmodel or specd_logits not built in {BUILD_DIR}")
+        return SKIP
+    rng = np.random.default_rng(1234)
+    all_ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (label, args) in enumerate(RANDOM_MODELS):
+            path = os.path.join(tmp, f"m{i}.gguf")
+            cmd = [mk, "-o", path, "--vocab", "384", "--seed", str(100 + i)] + args
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                print(f"FAIL {label}: specd-mkmodel failed: {' '.join(cmd)}\n{r.stderr}")
+                all_ok = False
+                continue
+            ref = LlamaRef(path, np.float64)
+            lens = [int(x) for x in rng.choice([1, 3, 9, 17, 33], size=3, replace=True)] + [20]
+            seqs = [[int(t) for t in rng.integers(0, ref.n_vocab, size=n)] for n in lens]
+            want = reference_rows(ref, seqs)
+            got = engine_logits(path, seqs, tmp, ref.n_vocab)
+            all_ok &= compare(f"{label} lens {lens}", got, want, seqs)
+            if i in (0, 5):
+                got = engine_logits(path, seqs, tmp, ref.n_vocab, chunk=5, threads=1)
+                all_ok &= compare(f"{label} lens {lens} chunks of 5", got, want, seqs)
+    return 0 if all_ok else 1
+
+
+def find_model():
+    path = os.environ.get("SPECD_MODEL")
+    if path and os.path.exists(path):
+        return path
+    try:
+        r = subprocess.run([os.path.join(SOURCE_DIR, "tools", "fetch-model")], capture_output=True, text=True,
+                           timeout=600)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = r.stdout.strip().splitlines()
+    return lines[-1] if r.returncode == 0 and lines and os.path.exists(lines[-1]) else None
+
+
+def run_smollm2():
+    if not binary("specd_logits", "tests"):
+        print(f"skip: specd_logits not built in {BUILD_DIR}")
+        return SKIP
+    model = find_model()
+    if not model:
+        print("skip: SmolLM2 model not available (SPECD_MODEL unset, tools/fetch-model failed)")
+        return SKIP
+    # Fixed ids: the golden chat prompt (tests/data/golden_france.json, made by
+    # the HF tokenizer) and three short prompts ("The capital of France is",
+    # "Once upon a time", "Numbers: 12345") tokenized the same way.
+    golden = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407,
+              19712, 8182, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
+    seqs = [golden, [504, 3575, 282, 4649, 314], [6403, 1980, 253, 655], [39006, 42, 216, 33, 34, 35, 36, 37]]
+    t0 = time.time()
+    ref = LlamaRef(model, np.float64)
+    want = reference_rows(ref, seqs)
+    t1 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        got = engine_logits(model, seqs, tmp, ref.n_vocab)
+    t2 = time.time()
+    print(f"reference {t1 - t0:.1f} s, engine {t2 - t1:.1f} s")
+    ok = compare(f"SmolLM2-135M ragged batch lens {[len(s) for s in seqs]}", got, want, seqs)
+    return 0 if ok else 1
+
+
+def main():
+    ap = argparse.ArgumentParser(description="forward-pass oracle test")
+    ap.add_argument("--random", action="store_true")
+    ap.add_argument("--smollm2", action="store_true")
+    a = ap.parse_args()
+    if not (a.random or a.smollm2):
+        ap.error("give --random and/or --smollm2")
+    rc = 0
+    for flag, fn in ((a.random, run_random), (a.smollm2, run_smollm2)):
+        if flag:
+            r = fn()
+            if r == 1 or (r == SKIP and rc == 0):
+                rc = r
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
