@@ -1,0 +1,112 @@
+/* backend_impl.h — the internal backend interface the model is written against.
+ *
+ * A backend is a table of function pointers (sd_backend_ops) plus an opaque
+ * context (sd_backend). model.c calls only these; it never knows whether the
+ * buffers live in host or device memory. The CPU backend (engine/cpu/) is the
+ * readable reference and is fast; a CUDA backend implements the same table and
+ * is tested op by op against it.
+ *
+ * Conventions for every op:
+ *   - all tensors are f32, row-major, rows contiguous (no strides): a shape
+ *     written [a][b] means a rows of b floats;
+ *   - a weight matrix W with GGUF ne = [n_in, n_out] is [n_out][n_in]:
+ *     y[o] = sum_i W[o*n_in + i] * x[i];
+ *   - "buffer" pointers were returned by the same backend's buf_alloc (or are
+ *     KV pools handed in by the caller, see attention/kv_write);
+ *   - host-side small arrays (positions, block tables) are marked "host";
+ *   - every op returns SD_OK or an error (the CPU ops cannot fail);
+ *   - batch invariance (CPU): each output element is computed by one fixed
+ *     sequence of floating-point operations that depends only on the op's
+ *     per-row shape (n_in, head_dim, ...), never on n_tokens, on which tile or
+ *     thread a row falls in, or on the thread count.
+ *
+ * Rejected: a generic tensor/graph abstraction (ggml style). The model is one
+ * architecture; plain pointers plus shape arguments keep each op testable
+ * against its CUDA mirror with a few lines of setup. */
+#ifndef SPECD_BACKEND_IMPL_H
+#define SPECD_BACKEND_IMPL_H
+
+#include "specd/common.h"
+
+typedef struct sd_backend sd_backend;
+
+typedef struct sd_backend_ops {
+    const char *name;
+    /* true when buffers are ordinary host memory (the loader may write
+     * dequantized weights straight into them) */
+    bool host_memory;
+
+    /* Frees the backend and everything it allocated; sets *be = NULL. */
+    void (*destroy)(sd_backend **be);
+
+    /* ---- memory ---- */
+    /* Returns a buffer of bytes (64-byte aligned), or NULL. Freed by buf_free. */
+    void *(*buf_alloc)(sd_backend *be, size_t bytes);
+    void (*buf_free)(sd_backend *be, void *buf);
+    /* Copies bytes from host src into buffer dst / from buffer src to host dst. */
+    sd_status (*buf_upload)(sd_backend *be, void *dst, const void *src, size_t bytes);
+    sd_status (*buf_download)(sd_backend *be, void *dst, const void *src, size_t bytes);
+
+    /* ---- ops ---- */
+    /* out[t][:] = table[ids[t]][:] for t < n_tokens.
+     * table [n_vocab][dim], ids host [n_tokens] (already range-checked),
+     * out [n_tokens][dim]. */
+    sd_status (*embed)(sd_backend *be, const float *table, int32_t dim, const int32_t *ids, int32_t n_tokens,
+                       float *out);
+
+    /* y[t][o] = sum_i w[o][i] * x[t][i].
+     * w [n_out][n_in], x [n_tokens][n_in], y [n_tokens][n_out] (y != x). */
+    sd_status (*matmul)(sd_backend *be, const float *w, int32_t n_in, int32_t n_out, const float *x,
+                        int32_t n_tokens, float *y);
+
+    /* out[t][i] = x[t][i] / sqrt(mean_i(x[t][:]^2) + eps) * weight[i].
+     * x, out [n_tokens][dim] (may alias), weight [dim]. */
+    sd_status (*rmsnorm)(sd_backend *be, const float *x, const float *weight, int32_t n_tokens, int32_t dim,
+                         float eps, float *out);
+
+    /* In place "normal" (adjacent-pair) rotary embedding: for every token t,
+     * head h and pair i < head_dim/2, (x[2i], x[2i+1]) of that head rotates by
+     * theta = pos[t] * inv_freq[i], theta computed in double.
+     * x [n_tokens][n_heads*head_dim], pos host [n_tokens], inv_freq [head_dim/2]. */
+    sd_status (*rope)(sd_backend *be, float *x, int32_t n_tokens, int32_t n_heads, int32_t head_dim,
+                      const int32_t *pos, const float *inv_freq);
+
+    /* Writes each token's row into a paged pool: row src[t] goes to slot
+     * pos[t] of its sequence, i.e. pool + (bt[bt_off[t] + pos[t]/block_size]
+     * * block_size + pos[t] % block_size) * row_width.
+     * pool [n_blocks][block_size][row_width], src [n_tokens][row_width],
+     * pos, bt, bt_off host. */
+    sd_status (*kv_write)(sd_backend *be, float *pool, int32_t block_size, int32_t row_width, const float *src,
+                          int32_t n_tokens, const int32_t *pos, const int32_t *bt, const int32_t *bt_off);
+
+    /* Causal attention over the paged cache. Token t, query head h attends to
+     * positions 0..pos[t] of its own sequence (block table bt + bt_off[t]),
+     * kv head h / (n_heads / n_kv_heads):
+     *   s[p] = dot(q[t][h], k[p][kvh]) * scale; w = softmax(s) (max-subtracted);
+     *   out[t][h] = sum_p w[p] * v[p][kvh].
+     * q, out [n_tokens][n_heads*head_dim]; k_pool, v_pool
+     * [n_blocks][block_size][n_kv_heads][head_dim]; pos, bt, bt_off host. */
+    sd_status (*attention)(sd_backend *be, const float *q, const float *k_pool, const float *v_pool,
+                           int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                           int32_t block_size, const int32_t *pos, const int32_t *bt, const int32_t *bt_off,
+                           float scale, float *out);
+
+    /* out[i] = silu(gate[i]) * up[i] = gate[i] / (1 + exp(-gate[i])) * up[i].
+     * gate, up, out [n] (out may alias gate or up). */
+    sd_status (*swiglu)(sd_backend *be, const float *gate, const float *up, size_t n, float *out);
+
+    /* out[i] = a[i] + b[i]; out may alias a or b. [n] each. */
+    sd_status (*add)(sd_backend *be, const float *a, const float *b, size_t n, float *out);
+} sd_backend_ops;
+
+/* A backend instance: its op table and its context. */
+typedef struct sd_backend_handle {
+    const sd_backend_ops *ops;
+    sd_backend *ctx;
+} sd_backend_handle;
+
+/* Creates the CPU backend with n_threads workers (0 = every online core).
+ * On success fills *out; the caller destroys it with out->ops->destroy(&out->ctx). */
+sd_status sd_cpu_backend_create(int32_t n_threads, sd_backend_handle *out);
+
+#endif

@@ -1,0 +1,114 @@
+/* attention.c — causal attention over the paged KV cache, and the cache write.
+ *
+ * One work item is (token, query head); items are dealt round-robin to
+ * threads so long and short contexts mix. For an item the scores over
+ * positions 0..pos are sd_cpu_dot(q, k) * scale, the softmax subtracts the
+ * maximum and sums the exponentials in position order, and the output
+ * accumulates weight * v in position order with fused multiply-adds before
+ * one division by the sum. Everything depends only on the token's own
+ * sequence and position, never on the rest of the batch. Keys and values are
+ * read through the sequence's block table (bt + bt_off[t]). */
+#include <string.h>
+
+#include "cpu/cpu_impl.h"
+
+sd_status sd_cpu_kv_write(sd_backend *be, float *pool, int32_t block_size, int32_t row_width, const float *src,
+                          int32_t n_tokens, const int32_t *pos, const int32_t *bt, const int32_t *bt_off) {
+    (void)be;
+    for (int32_t t = 0; t < n_tokens; t++) {
+        size_t block = (size_t)bt[bt_off[t] + pos[t] / block_size];
+        size_t slot = block * (size_t)block_size + (size_t)(pos[t] % block_size);
+        memcpy(pool + slot * (size_t)row_width, src + (size_t)t * (size_t)row_width,
+               (size_t)row_width * sizeof(float));
+    }
+    return SD_OK;
+}
+
+typedef struct attn_args {
+    sd_backend *be;
+    const float *q, *k_pool, *v_pool;
+    float *out;
+    const int32_t *pos, *bt, *bt_off;
+    size_t n_tokens, n_heads, n_kv_heads, head_dim, block_size;
+    float scale;
+} attn_args;
+
+/* Address of kv head kvh's vector at position p of a sequence (table bt). */
+static inline const float *kv_at(const float *pool, const int32_t *bt, size_t p, size_t block_size,
+                                 size_t n_kv_heads, size_t head_dim, size_t kvh) {
+    size_t slot = (size_t)bt[p / block_size] * block_size + p % block_size;
+    return pool + (slot * n_kv_heads + kvh) * head_dim;
+}
+
+static void attn_thread(void *p, int32_t ith, int32_t nth) {
+    const attn_args *a = p;
+    float *scratch = a->be->scratch + (size_t)ith * a->be->scratch_per_thread;
+    float *acc = scratch;                  /* [head_dim] */
+    float *scores = scratch + a->head_dim; /* [pos + 1] */
+    size_t group = a->n_heads / a->n_kv_heads, hd = a->head_dim;
+    size_t n_items = a->n_tokens * a->n_heads;
+    for (size_t item = (size_t)ith; item < n_items; item += (size_t)nth) {
+        size_t t = item / a->n_heads, h = item % a->n_heads, kvh = h / group;
+        size_t n_pos = (size_t)a->pos[t] + 1;
+        const int32_t *bt = a->bt + a->bt_off[t];
+        const float *q = a->q + (t * a->n_heads + h) * hd;
+
+        float max = -INFINITY;
+        for (size_t j = 0; j < n_pos; j++) {
+            const float *k = kv_at(a->k_pool, bt, j, a->block_size, a->n_kv_heads, hd, kvh);
+            float s = sd_cpu_dot(q, k, hd) * a->scale;
+            scores[j] = s;
+            if (s > max) max = s;
+        }
+        float sum = 0.0f;
+        for (size_t j = 0; j < n_pos; j++) {
+            float e = expf(scores[j] - max);
+            scores[j] = e;
+            sum += e;
+        }
+
+        for (size_t d = 0; d < hd; d++) acc[d] = 0.0f;
+        for (size_t j = 0; j < n_pos; j++) {
+            const float *v = kv_at(a->v_pool, bt, j, a->block_size, a->n_kv_heads, hd, kvh);
+            float w = scores[j];
+            size_t d = 0;
+#if SD_CPU_AVX2
+            __m256 wv = _mm256_set1_ps(w);
+            for (; d + 8 <= hd; d += 8)
+                _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(wv, _mm256_loadu_ps(v + d), _mm256_loadu_ps(acc + d)));
+#endif
+            for (; d < hd; d++) acc[d] = fmaf(w, v[d], acc[d]);
+        }
+        float *o = a->out + (t * a->n_heads + h) * hd;
+        for (size_t d = 0; d < hd; d++) o[d] = acc[d] / sum;
+    }
+}
+
+sd_status sd_cpu_attention(sd_backend *be, const float *q, const float *k_pool, const float *v_pool,
+                           int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                           int32_t block_size, const int32_t *pos, const int32_t *bt, const int32_t *bt_off,
+                           float scale, float *out) {
+    if (n_tokens <= 0) return SD_OK;
+    size_t max_pos = 0, work = 0;
+    for (int32_t t = 0; t < n_tokens; t++) {
+        if ((size_t)pos[t] > max_pos) max_pos = (size_t)pos[t];
+        work += (size_t)pos[t] + 1;
+    }
+    SD_TRY(sd_cpu_scratch_reserve(be, (size_t)head_dim + max_pos + 1));
+    attn_args a = {be,
+                   q,
+                   k_pool,
+                   v_pool,
+                   out,
+                   pos,
+                   bt,
+                   bt_off,
+                   (size_t)n_tokens,
+                   (size_t)n_heads,
+                   (size_t)n_kv_heads,
+                   (size_t)head_dim,
+                   (size_t)block_size,
+                   scale};
+    sd_cpu_parallel(be, attn_thread, &a, work * (size_t)n_heads * (size_t)head_dim * 2);
+    return SD_OK;
+}

@@ -1,0 +1,42 @@
+/* rope.c — rotary position embedding, llama.cpp's "normal" mode: adjacent
+ * pairs (x[2i], x[2i+1]) of each head rotate by theta = pos * inv_freq[i].
+ * theta, cos and sin are computed in double from (pos, inv_freq[i]) alone and
+ * rounded once to float, so a token's rotation depends on nothing but its
+ * position (no running products across positions, no per-batch tables).
+ * inv_freq already holds base^(-2i/head_dim) with any frequency scaling. */
+#include "cpu/cpu_impl.h"
+
+typedef struct rope_args {
+    float *x;
+    const int32_t *pos;
+    const float *inv_freq;
+    size_t n_tokens, n_heads, head_dim;
+} rope_args;
+
+static void rope_thread(void *p, int32_t ith, int32_t nth) {
+    const rope_args *a = p;
+    size_t begin, end;
+    sd_cpu_split(a->n_tokens, 1, ith, nth, &begin, &end);
+    size_t half = a->head_dim / 2;
+    for (size_t t = begin; t < end; t++) {
+        float *row = a->x + t * a->n_heads * a->head_dim;
+        for (size_t i = 0; i < half; i++) {
+            double theta = (double)a->pos[t] * (double)a->inv_freq[i];
+            float c = (float)cos(theta), s = (float)sin(theta);
+            for (size_t h = 0; h < a->n_heads; h++) {
+                float *v = row + h * a->head_dim + 2 * i;
+                float x0 = v[0], x1 = v[1];
+                v[0] = x0 * c - x1 * s;
+                v[1] = x0 * s + x1 * c;
+            }
+        }
+    }
+}
+
+sd_status sd_cpu_rope(sd_backend *be, float *x, int32_t n_tokens, int32_t n_heads, int32_t head_dim,
+                      const int32_t *pos, const float *inv_freq) {
+    if (n_tokens <= 0) return SD_OK;
+    rope_args a = {x, pos, inv_freq, (size_t)n_tokens, (size_t)n_heads, (size_t)head_dim};
+    sd_cpu_parallel(be, rope_thread, &a, (size_t)n_tokens * (size_t)head_dim * 64);
+    return SD_OK;
+}

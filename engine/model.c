@@ -1,0 +1,769 @@
+/* model.c — a Llama model: config, weights, and the ragged batched forward.
+ *
+ * The whole model reads top to bottom in forward_layers(): per layer rmsnorm,
+ * Q/K/V projections, RoPE, the K/V write into the paged cache, attention,
+ * output projection, residual, rmsnorm, SwiGLU MLP, residual; then the final
+ * norm and LM head for the wanted rows only. Every op goes through the backend
+ * table (backend_impl.h), so this file never knows where the numbers live.
+ *
+ * Weights are dequantized to f32 at load (the CPU backend streams them at
+ * memory bandwidth; quantized kernels would be a later, separate op). The
+ * batch is validated completely and the KV cache grown for every sequence
+ * before any op runs, so a rejected batch or an out-of-blocks cache leaves the
+ * cache exactly as it was.
+ *
+ * Tensor shapes follow llama.cpp's GGUF layout: a weight with ne = [n_in,
+ * n_out] is n_out rows of n_in floats. */
+#include "specd/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend_impl.h"
+
+/* Sanity bounds on hyper-parameters (far above any real Llama). */
+enum {
+    MAX_EMBD = 1 << 16,
+    MAX_LAYERS = 1024,
+    MAX_FF = 1 << 20,
+    MAX_HEADS = 1024,
+    MAX_HEAD_DIM = 1024,
+    MAX_VOCAB = 1 << 24,
+};
+
+typedef struct layer_weights {
+    float *attn_norm; /* [n_embd] */
+    float *wq;        /* [n_heads*head_dim][n_embd] */
+    float *wk;        /* [n_kv_heads*head_dim][n_embd] */
+    float *wv;        /* [n_kv_heads*head_dim][n_embd] */
+    float *wo;        /* [n_embd][n_heads*head_dim] */
+    float *ffn_norm;  /* [n_embd] */
+    float *w_gate;    /* [n_ff][n_embd] */
+    float *w_up;      /* [n_ff][n_embd] */
+    float *w_down;    /* [n_embd][n_ff] */
+} layer_weights;
+
+/* Per-call activations, grown to the largest batch seen. */
+typedef struct activations {
+    int32_t cap_tokens;
+    float *x;    /* [n_tokens][n_embd] residual stream */
+    float *xb;   /* [n_tokens][n_embd] normed input / branch output */
+    float *q;    /* [n_tokens][n_heads*head_dim] */
+    float *k;    /* [n_tokens][n_kv_heads*head_dim] */
+    float *v;    /* [n_tokens][n_kv_heads*head_dim] */
+    float *att;  /* [n_tokens][n_heads*head_dim] */
+    float *gate; /* [n_tokens][n_ff] */
+    float *up;   /* [n_tokens][n_ff] */
+    float *logits; /* [n_tokens][n_vocab], only for backends without host memory */
+} activations;
+
+/* Host-side bookkeeping for one call, grown as needed. */
+typedef struct batch_plan {
+    int32_t cap_seqs;
+    int32_t *seq_start; /* [max_seqs] length at call start, -1 = not in batch */
+    int32_t *seq_next;  /* [max_seqs] next expected position */
+    int32_t *seq_bt;    /* [max_seqs] offset of the seq's table in bt */
+    int32_t *seq_order; /* [max_seqs] distinct seqs in order of first appearance */
+    int32_t cap_tokens;
+    int32_t *bt_off;    /* [n_tokens] */
+    int32_t *wanted;    /* [n_tokens] rows whose logits are wanted */
+    size_t cap_bt;
+    int32_t *bt;        /* flat block tables of the batch's sequences */
+} batch_plan;
+
+struct sd_model {
+    sd_model_config cfg;
+    sd_model_params params;
+    int32_t n_layers_used;
+    sd_backend_handle be;
+    float *tok_embd;    /* [n_vocab][n_embd] */
+    float *output_norm; /* [n_embd] */
+    float *output;      /* [n_vocab][n_embd]; == tok_embd when tied */
+    float *inv_freq;    /* [head_dim/2] rope frequencies, scaling applied */
+    layer_weights *layers; /* [n_layers_used] */
+    uint64_t weight_bytes;
+    activations act;
+    batch_plan plan;
+};
+
+sd_model_params sd_model_default_params(void) {
+    sd_model_params p = {.n_threads = 0, .n_layers_used = 0};
+    return p;
+}
+
+/* ------------------------------------------------------------------ config */
+
+static sd_status get_pos_u32(const sd_gguf *g, const char *key, bool required, uint32_t max, int32_t *out) {
+    uint32_t v;
+    sd_status s = sd_gguf_get_u32(g, key, &v);
+    if (s == SD_ERR_NOT_FOUND && !required) return SD_ERR_NOT_FOUND;
+    if (s == SD_ERR_NOT_FOUND) {
+        SD_ERROR("model: missing required key %s", key);
+        return SD_ERR_FORMAT;
+    }
+    if (s != SD_OK) {
+        SD_ERROR("model: key %s is not an unsigned integer", key);
+        return SD_ERR_FORMAT;
+    }
+    if (v == 0 || v > max) {
+        SD_ERROR("model: %s = %u is out of range (1..%u)", key, v, max);
+        return SD_ERR_FORMAT;
+    }
+    *out = (int32_t)v;
+    return SD_OK;
+}
+
+/* Optional positive finite float; returns SD_ERR_NOT_FOUND when absent. */
+static sd_status get_pos_f32(const sd_gguf *g, const char *key, float *out) {
+    float v;
+    sd_status s = sd_gguf_get_f32(g, key, &v);
+    if (s == SD_ERR_NOT_FOUND) return s;
+    if (s != SD_OK || !isfinite(v) || v <= 0.0f) {
+        SD_ERROR("model: key %s must be a positive finite float", key);
+        return SD_ERR_FORMAT;
+    }
+    *out = v;
+    return SD_OK;
+}
+
+static bool str_eq(sd_gguf_str s, const char *lit) {
+    size_t n = strlen(lit);
+    return s.len == n && memcmp(s.ptr, lit, n) == 0;
+}
+
+/* Checks that tensor name exists with exactly the dims given (n_dims of
+ * them; trailing ne of 1 are tolerated) and a supported type. */
+static sd_status check_tensor(const sd_gguf *g, const char *name, uint32_t n_dims, uint64_t ne0, uint64_t ne1) {
+    const sd_gguf_tensor *t = sd_gguf_find_tensor(g, name);
+    if (!t) {
+        SD_ERROR("model: tensor %s is missing", name);
+        return SD_ERR_FORMAT;
+    }
+    uint64_t want[SD_GGUF_MAX_DIMS] = {ne0, n_dims > 1 ? ne1 : 1, 1, 1};
+    bool ok = t->n_dims >= 1 && t->n_dims <= SD_GGUF_MAX_DIMS;
+    for (uint32_t d = 0; ok && d < t->n_dims; d++) ok = t->ne[d] == want[d];
+    for (uint32_t d = t->n_dims; ok && d < n_dims; d++) ok = want[d] == 1;
+    if (!ok) {
+        char got[96] = "";
+        size_t len = 0;
+        for (uint32_t d = 0; d < t->n_dims && d < SD_GGUF_MAX_DIMS && len < sizeof got; d++)
+            len += (size_t)snprintf(got + len, sizeof got - len, "%s%llu", d ? ", " : "",
+                                    (unsigned long long)t->ne[d]);
+        if (n_dims == 1)
+            SD_ERROR("model: tensor %s has shape [%s], expected [%llu]", name, got, (unsigned long long)ne0);
+        else
+            SD_ERROR("model: tensor %s has shape [%s], expected [%llu, %llu]", name, got,
+                     (unsigned long long)ne0, (unsigned long long)ne1);
+        return SD_ERR_FORMAT;
+    }
+    size_t be, bb;
+    if (!sd_dtype_block(t->type, &be, &bb)) {
+        SD_ERROR("model: tensor %s has unsupported type %d", name, (int)t->type);
+        return SD_ERR_UNSUPPORTED;
+    }
+    return SD_OK;
+}
+
+static sd_status check_all_tensors(const sd_gguf *g, const sd_model_config *c) {
+    uint64_t e = (uint64_t)c->n_embd, v = (uint64_t)c->n_vocab, f = (uint64_t)c->n_ff;
+    uint64_t qd = (uint64_t)c->n_heads * (uint64_t)c->head_dim, kd = (uint64_t)c->n_kv_heads * (uint64_t)c->head_dim;
+    SD_TRY(check_tensor(g, "token_embd.weight", 2, e, v));
+    SD_TRY(check_tensor(g, "output_norm.weight", 1, e, 0));
+    if (!c->tied_output) SD_TRY(check_tensor(g, "output.weight", 2, e, v));
+    char name[96];
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        struct {
+            const char *suffix;
+            uint32_t n_dims;
+            uint64_t ne0, ne1;
+        } const want[] = {
+            {"attn_norm", 1, e, 0}, {"attn_q", 2, e, qd},  {"attn_k", 2, e, kd},   {"attn_v", 2, e, kd},
+            {"attn_output", 2, qd, e}, {"ffn_norm", 1, e, 0}, {"ffn_gate", 2, e, f}, {"ffn_up", 2, e, f},
+            {"ffn_down", 2, f, e},
+        };
+        for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+            snprintf(name, sizeof name, "blk.%d.%s.weight", (int)l, want[i].suffix);
+            SD_TRY(check_tensor(g, name, want[i].n_dims, want[i].ne0, want[i].ne1));
+        }
+    }
+    const sd_gguf_tensor *rf = sd_gguf_find_tensor(g, "rope_freqs.weight");
+    if (rf) SD_TRY(check_tensor(g, "rope_freqs.weight", 1, (uint64_t)c->head_dim / 2, 0));
+    return SD_OK;
+}
+
+static sd_status read_rope_scaling(const sd_gguf *g, sd_model_config *c) {
+    c->rope_scaling_type = 0;
+    c->rope_scale_factor = 1.0f;
+    c->rope_low_freq_factor = 1.0f;
+    c->rope_high_freq_factor = 4.0f;
+    c->rope_orig_ctx = 8192;
+    sd_gguf_str type;
+    sd_status s = sd_gguf_get_str(g, "llama.rope.scaling.type", &type);
+    if (s == SD_ERR_NOT_FOUND) {
+        /* older files: llama.rope.scale_linear */
+        float f;
+        s = get_pos_f32(g, "llama.rope.scale_linear", &f);
+        if (s == SD_ERR_NOT_FOUND) return SD_OK;
+        SD_TRY(s);
+        if (f != 1.0f) {
+            c->rope_scaling_type = 1;
+            c->rope_scale_factor = f;
+        }
+        return SD_OK;
+    }
+    if (s != SD_OK) {
+        SD_ERROR("model: llama.rope.scaling.type is not a string");
+        return SD_ERR_FORMAT;
+    }
+    if (str_eq(type, "none")) return SD_OK;
+    if (str_eq(type, "linear"))
+        c->rope_scaling_type = 1;
+    else if (str_eq(type, "llama3"))
+        c->rope_scaling_type = 2;
+    else {
+        SD_ERROR("model: rope scaling type '%.*s' is not supported (none, linear, llama3)",
+                 (int)(type.len > 32 ? 32 : type.len), type.ptr);
+        return SD_ERR_UNSUPPORTED;
+    }
+    s = get_pos_f32(g, "llama.rope.scaling.factor", &c->rope_scale_factor);
+    if (s == SD_ERR_NOT_FOUND) {
+        SD_ERROR("model: rope scaling '%.*s' without llama.rope.scaling.factor", (int)type.len, type.ptr);
+        return SD_ERR_FORMAT;
+    }
+    SD_TRY(s);
+    if (c->rope_scaling_type == 2) {
+        s = get_pos_f32(g, "llama.rope.scaling.low_freq_factor", &c->rope_low_freq_factor);
+        if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
+        s = get_pos_f32(g, "llama.rope.scaling.high_freq_factor", &c->rope_high_freq_factor);
+        if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
+        s = get_pos_u32(g, "llama.rope.scaling.original_context_length", false, 1u << 30, &c->rope_orig_ctx);
+        if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
+        if (!(c->rope_high_freq_factor > c->rope_low_freq_factor)) {
+            SD_ERROR("model: llama3 rope scaling needs high_freq_factor (%g) > low_freq_factor (%g)",
+                     (double)c->rope_high_freq_factor, (double)c->rope_low_freq_factor);
+            return SD_ERR_FORMAT;
+        }
+    }
+    return SD_OK;
+}
+
+sd_status sd_model_config_from_gguf(const sd_gguf *g, sd_model_config *cfg) {
+    if (!g || !cfg) return SD_ERR_INVALID_ARG;
+    sd_model_config c;
+    memset(&c, 0, sizeof c);
+
+    sd_gguf_str arch;
+    if (sd_gguf_get_str(g, "general.architecture", &arch) != SD_OK) {
+        SD_ERROR("model: general.architecture is missing or not a string");
+        return SD_ERR_FORMAT;
+    }
+    if (!str_eq(arch, "llama")) {
+        SD_ERROR("model: architecture '%.*s' is not supported (only llama)", (int)(arch.len > 64 ? 64 : arch.len),
+                 arch.ptr);
+        return SD_ERR_UNSUPPORTED;
+    }
+    snprintf(c.arch, sizeof c.arch, "llama");
+
+    SD_TRY(get_pos_u32(g, "llama.context_length", true, 1u << 30, &c.n_ctx_train));
+    SD_TRY(get_pos_u32(g, "llama.embedding_length", true, MAX_EMBD, &c.n_embd));
+    SD_TRY(get_pos_u32(g, "llama.block_count", true, MAX_LAYERS, &c.n_layers));
+    SD_TRY(get_pos_u32(g, "llama.feed_forward_length", true, MAX_FF, &c.n_ff));
+    SD_TRY(get_pos_u32(g, "llama.attention.head_count", true, MAX_HEADS, &c.n_heads));
+    sd_status s = get_pos_u32(g, "llama.attention.head_count_kv", false, MAX_HEADS, &c.n_kv_heads);
+    if (s == SD_ERR_NOT_FOUND)
+        c.n_kv_heads = c.n_heads;
+    else
+        SD_TRY(s);
+    if (c.n_heads % c.n_kv_heads != 0) {
+        SD_ERROR("model: head_count %d is not a multiple of head_count_kv %d", (int)c.n_heads, (int)c.n_kv_heads);
+        return SD_ERR_FORMAT;
+    }
+    s = get_pos_u32(g, "llama.rope.dimension_count", false, MAX_HEAD_DIM, &c.head_dim);
+    if (s == SD_ERR_NOT_FOUND)
+        c.head_dim = c.n_embd / c.n_heads;
+    else
+        SD_TRY(s);
+    if (c.head_dim <= 0 || c.n_heads * c.head_dim != c.n_embd) {
+        SD_ERROR("model: embedding_length %d != head_count %d * head_dim %d (partial rotary or odd head sizes "
+                 "are not supported)",
+                 (int)c.n_embd, (int)c.n_heads, (int)c.head_dim);
+        return SD_ERR_UNSUPPORTED;
+    }
+    if (c.head_dim % 2 != 0 || c.head_dim > MAX_HEAD_DIM) {
+        SD_ERROR("model: head_dim %d must be even and <= %d", (int)c.head_dim, MAX_HEAD_DIM);
+        return SD_ERR_FORMAT;
+    }
+    s = get_pos_f32(g, "llama.attention.layer_norm_rms_epsilon", &c.rms_eps);
+    if (s == SD_ERR_NOT_FOUND) {
+        SD_ERROR("model: missing required key llama.attention.layer_norm_rms_epsilon");
+        return SD_ERR_FORMAT;
+    }
+    SD_TRY(s);
+    if (c.rms_eps >= 1.0f) {
+        SD_ERROR("model: rms epsilon %g is not plausible", (double)c.rms_eps);
+        return SD_ERR_FORMAT;
+    }
+    c.rope_base = 10000.0f;
+    s = get_pos_f32(g, "llama.rope.freq_base", &c.rope_base);
+    if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
+    SD_TRY(read_rope_scaling(g, &c));
+
+    /* vocabulary: llama.vocab_size, else the tokenizer's list, else token_embd */
+    const sd_gguf_tensor *embd = sd_gguf_find_tensor(g, "token_embd.weight");
+    s = get_pos_u32(g, "llama.vocab_size", false, MAX_VOCAB, &c.n_vocab);
+    if (s == SD_ERR_NOT_FOUND) {
+        sd_gguf_type et;
+        uint64_t len;
+        if (sd_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &len) == SD_OK) {
+            if (len == 0 || len > MAX_VOCAB) {
+                SD_ERROR("model: tokenizer.ggml.tokens has %llu entries", (unsigned long long)len);
+                return SD_ERR_FORMAT;
+            }
+            c.n_vocab = (int32_t)len;
+        } else if (embd && embd->n_dims == 2 && embd->ne[1] > 0 && embd->ne[1] <= MAX_VOCAB) {
+            c.n_vocab = (int32_t)embd->ne[1];
+        } else {
+            SD_ERROR("model: cannot determine the vocabulary size");
+            return SD_ERR_FORMAT;
+        }
+    } else {
+        SD_TRY(s);
+    }
+    c.tied_output = sd_gguf_find_tensor(g, "output.weight") == NULL;
+    SD_TRY(check_all_tensors(g, &c));
+    *cfg = c;
+    return SD_OK;
+}
+
+/* ----------------------------------------------------------------- loading */
+
+/* rope inverse frequencies [head_dim/2] with linear / llama3 scaling and
+ * optional per-frequency divisors (rope_freqs.weight), computed in double. */
+static void compute_inv_freq(const sd_model_config *c, const float *freq_factors, float *inv_freq) {
+    int32_t half = c->head_dim / 2;
+    for (int32_t i = 0; i < half; i++) {
+        double f = pow((double)c->rope_base, -2.0 * i / (double)c->head_dim);
+        if (c->rope_scaling_type == 1) {
+            f /= (double)c->rope_scale_factor;
+        } else if (c->rope_scaling_type == 2 && !freq_factors) {
+            /* Llama 3.1: long wavelengths slowed by factor, short kept,
+             * a smooth blend between */
+            const double pi = 3.14159265358979323846;
+            double wavelen = 2.0 * pi / f;
+            double lo_wavelen = (double)c->rope_orig_ctx / (double)c->rope_low_freq_factor;
+            double hi_wavelen = (double)c->rope_orig_ctx / (double)c->rope_high_freq_factor;
+            if (wavelen > lo_wavelen) {
+                f /= (double)c->rope_scale_factor;
+            } else if (wavelen >= hi_wavelen) {
+                double smooth = ((double)c->rope_orig_ctx / wavelen - (double)c->rope_low_freq_factor) /
+                                ((double)c->rope_high_freq_factor - (double)c->rope_low_freq_factor);
+                f = (1.0 - smooth) * f / (double)c->rope_scale_factor + smooth * f;
+            }
+        }
+        if (freq_factors) f /= (double)freq_factors[i];
+        inv_freq[i] = (float)f;
+    }
+}
+
+/* Allocates a backend buffer for tensor name and fills it with its f32 values. */
+static sd_status load_tensor(sd_model *m, const sd_gguf *g, const char *name, float **out) {
+    const sd_gguf_tensor *t = sd_gguf_find_tensor(g, name);
+    if (!t) {
+        SD_ERROR("model: tensor %s is missing", name);
+        return SD_ERR_FORMAT;
+    }
+    size_t bytes;
+    if (t->n_elems > SIZE_MAX / sizeof(float) || !sd_mul_ok((size_t)t->n_elems, sizeof(float), &bytes))
+        return SD_ERR_NOMEM;
+    const sd_backend_ops *ops = m->be.ops;
+    float *buf = ops->buf_alloc(m->be.ctx, bytes);
+    if (!buf) {
+        SD_ERROR("model: cannot allocate %zu bytes for %s", bytes, name);
+        return SD_ERR_NOMEM;
+    }
+    sd_status s;
+    if (ops->host_memory) {
+        s = sd_dequantize(t->type, t->data, t->n_elems, buf);
+    } else {
+        float *host = malloc(bytes);
+        s = host ? sd_dequantize(t->type, t->data, t->n_elems, host) : SD_ERR_NOMEM;
+        if (s == SD_OK) s = ops->buf_upload(m->be.ctx, buf, host, bytes);
+        free(host);
+    }
+    if (s != SD_OK) {
+        SD_ERROR("model: cannot dequantize %s (%s, %s)", name, sd_dtype_name(t->type), sd_status_str(s));
+        ops->buf_free(m->be.ctx, buf);
+        return s;
+    }
+    *out = buf;
+    m->weight_bytes += bytes;
+    return SD_OK;
+}
+
+static sd_status load_weights(sd_model *m, const sd_gguf *g) {
+    const sd_model_config *c = &m->cfg;
+    SD_TRY(load_tensor(m, g, "token_embd.weight", &m->tok_embd));
+    SD_TRY(load_tensor(m, g, "output_norm.weight", &m->output_norm));
+    if (c->tied_output)
+        m->output = m->tok_embd;
+    else
+        SD_TRY(load_tensor(m, g, "output.weight", &m->output));
+    char name[96];
+    for (int32_t l = 0; l < m->n_layers_used; l++) {
+        layer_weights *L = &m->layers[l];
+        struct {
+            const char *suffix;
+            float **dst;
+        } const parts[] = {
+            {"attn_norm", &L->attn_norm}, {"attn_q", &L->wq},       {"attn_k", &L->wk},
+            {"attn_v", &L->wv},           {"attn_output", &L->wo},  {"ffn_norm", &L->ffn_norm},
+            {"ffn_gate", &L->w_gate},     {"ffn_up", &L->w_up},     {"ffn_down", &L->w_down},
+        };
+        for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+            snprintf(name, sizeof name, "blk.%d.%s.weight", (int)l, parts[i].suffix);
+            SD_TRY(load_tensor(m, g, name, parts[i].dst));
+        }
+    }
+    /* rope frequencies (small: computed on the host, then uploaded) */
+    float freq_host[MAX_HEAD_DIM / 2];
+    float factors[MAX_HEAD_DIM / 2];
+    const sd_gguf_tensor *rf = sd_gguf_find_tensor(g, "rope_freqs.weight");
+    if (rf) SD_TRY(sd_dequantize(rf->type, rf->data, rf->n_elems, factors));
+    compute_inv_freq(c, rf ? factors : NULL, freq_host);
+    size_t bytes = (size_t)(c->head_dim / 2) * sizeof(float);
+    m->inv_freq = m->be.ops->buf_alloc(m->be.ctx, bytes);
+    if (!m->inv_freq) return SD_ERR_NOMEM;
+    return m->be.ops->buf_upload(m->be.ctx, m->inv_freq, freq_host, bytes);
+}
+
+sd_status sd_model_load(const sd_gguf *g, const sd_model_params *p, sd_model **out) {
+    if (!g || !out) return SD_ERR_INVALID_ARG;
+    *out = NULL;
+    sd_model_params params = p ? *p : sd_model_default_params();
+    if (params.n_threads < 0 || params.n_layers_used < 0) {
+        SD_ERROR("model: n_threads (%d) and n_layers_used (%d) must be >= 0", (int)params.n_threads,
+                 (int)params.n_layers_used);
+        return SD_ERR_INVALID_ARG;
+    }
+    sd_model *m = calloc(1, sizeof *m);
+    if (!m) return SD_ERR_NOMEM;
+    m->params = params;
+    sd_status s = sd_model_config_from_gguf(g, &m->cfg);
+    if (s == SD_OK && params.n_layers_used > m->cfg.n_layers) {
+        SD_ERROR("model: n_layers_used %d > block_count %d", (int)params.n_layers_used, (int)m->cfg.n_layers);
+        s = SD_ERR_INVALID_ARG;
+    }
+    if (s == SD_OK) {
+        m->n_layers_used = params.n_layers_used ? params.n_layers_used : m->cfg.n_layers;
+        m->layers = calloc((size_t)m->n_layers_used, sizeof *m->layers);
+        s = m->layers ? sd_cpu_backend_create(params.n_threads, &m->be) : SD_ERR_NOMEM;
+    }
+    if (s == SD_OK) s = load_weights(m, g);
+    if (s != SD_OK) {
+        sd_model_free(&m);
+        return s;
+    }
+    SD_INFO("model: llama, %d/%d layers, n_embd %d, n_ff %d, heads %d/%d, head_dim %d, vocab %d, %.1f MB f32 "
+            "weights, backend %s",
+            (int)m->n_layers_used, (int)m->cfg.n_layers, (int)m->cfg.n_embd, (int)m->cfg.n_ff,
+            (int)m->cfg.n_heads, (int)m->cfg.n_kv_heads, (int)m->cfg.head_dim, (int)m->cfg.n_vocab,
+            (double)m->weight_bytes / 1e6, m->be.ops->name);
+    *out = m;
+    return SD_OK;
+}
+
+static void free_activations(sd_model *m) {
+    activations *a = &m->act;
+    float **bufs[] = {&a->x, &a->xb, &a->q, &a->k, &a->v, &a->att, &a->gate, &a->up, &a->logits};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        if (*bufs[i]) m->be.ops->buf_free(m->be.ctx, *bufs[i]);
+        *bufs[i] = NULL;
+    }
+    a->cap_tokens = 0;
+}
+
+void sd_model_free(sd_model **pm) {
+    if (!pm || !*pm) return;
+    sd_model *m = *pm;
+    if (m->be.ops) {
+        const sd_backend_ops *ops = m->be.ops;
+        free_activations(m);
+        if (m->output && m->output != m->tok_embd) ops->buf_free(m->be.ctx, m->output);
+        if (m->tok_embd) ops->buf_free(m->be.ctx, m->tok_embd);
+        if (m->output_norm) ops->buf_free(m->be.ctx, m->output_norm);
+        if (m->inv_freq) ops->buf_free(m->be.ctx, m->inv_freq);
+        for (int32_t l = 0; m->layers && l < m->n_layers_used; l++) {
+            layer_weights *L = &m->layers[l];
+            float *w[] = {L->attn_norm, L->wq, L->wk, L->wv, L->wo, L->ffn_norm, L->w_gate, L->w_up, L->w_down};
+            for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+                if (w[i]) ops->buf_free(m->be.ctx, w[i]);
+        }
+        ops->destroy(&m->be.ctx);
+    }
+    free(m->layers);
+    batch_plan *pl = &m->plan;
+    free(pl->seq_start);
+    free(pl->seq_next);
+    free(pl->seq_bt);
+    free(pl->seq_order);
+    free(pl->bt_off);
+    free(pl->wanted);
+    free(pl->bt);
+    free(m);
+    *pm = NULL;
+}
+
+const sd_model_config *sd_model_config_of(const sd_model *m) { return m ? &m->cfg : NULL; }
+
+uint64_t sd_model_weight_bytes(const sd_model *m) { return m ? m->weight_bytes : 0; }
+
+sd_status sd_model_kv_create(const sd_model *m, int32_t max_seqs, int32_t n_blocks, int32_t block_size,
+                             sd_kv **out) {
+    if (!m || !out) return SD_ERR_INVALID_ARG;
+    sd_kv_params p = sd_kv_default_params();
+    p.n_layers = m->n_layers_used;
+    p.n_kv_heads = m->cfg.n_kv_heads;
+    p.head_dim = m->cfg.head_dim;
+    if (block_size) p.block_size = block_size;
+    p.n_blocks = n_blocks;
+    p.max_seqs = max_seqs;
+    return sd_kv_create(&p, out);
+}
+
+/* ----------------------------------------------------------------- forward */
+
+static sd_status reserve_activations(sd_model *m, int32_t n_tokens) {
+    activations *a = &m->act;
+    if (n_tokens <= a->cap_tokens) return SD_OK;
+    free_activations(m);
+    const sd_model_config *c = &m->cfg;
+    size_t n = (size_t)n_tokens, q = (size_t)c->n_heads * (size_t)c->head_dim;
+    size_t kvd = (size_t)c->n_kv_heads * (size_t)c->head_dim;
+    struct {
+        float **dst;
+        size_t floats;
+    } const want[] = {
+        {&a->x, n * (size_t)c->n_embd}, {&a->xb, n * (size_t)c->n_embd}, {&a->q, n * q},
+        {&a->k, n * kvd},               {&a->v, n * kvd},                {&a->att, n * q},
+        {&a->gate, n * (size_t)c->n_ff}, {&a->up, n * (size_t)c->n_ff},
+        {&a->logits, m->be.ops->host_memory ? 0 : n * (size_t)c->n_vocab},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        if (!want[i].floats) continue;
+        *want[i].dst = m->be.ops->buf_alloc(m->be.ctx, want[i].floats * sizeof(float));
+        if (!*want[i].dst) {
+            SD_ERROR("model: cannot allocate activations for %d tokens", (int)n_tokens);
+            free_activations(m);
+            return SD_ERR_NOMEM;
+        }
+    }
+    a->cap_tokens = n_tokens;
+    return SD_OK;
+}
+
+static sd_status grow_i32(int32_t **p, size_t n) {
+    int32_t *q = realloc(*p, (n ? n : 1) * sizeof(int32_t));
+    if (!q) return SD_ERR_NOMEM;
+    *p = q;
+    return SD_OK;
+}
+
+static sd_status reserve_plan(batch_plan *pl, int32_t max_seqs, int32_t n_tokens) {
+    if (max_seqs > pl->cap_seqs) {
+        SD_TRY(grow_i32(&pl->seq_start, (size_t)max_seqs));
+        SD_TRY(grow_i32(&pl->seq_next, (size_t)max_seqs));
+        SD_TRY(grow_i32(&pl->seq_bt, (size_t)max_seqs));
+        SD_TRY(grow_i32(&pl->seq_order, (size_t)max_seqs));
+        pl->cap_seqs = max_seqs;
+    }
+    if (n_tokens > pl->cap_tokens) {
+        SD_TRY(grow_i32(&pl->bt_off, (size_t)n_tokens));
+        SD_TRY(grow_i32(&pl->wanted, (size_t)n_tokens));
+        pl->cap_tokens = n_tokens;
+    }
+    return SD_OK;
+}
+
+/* Checks every token and fills seq_start/seq_next/seq_order; *n_seqs is the
+ * number of distinct sequences, *n_wanted the number of logits rows. Touches
+ * nothing outside the plan. */
+static sd_status validate_batch(sd_model *m, sd_kv *kv, const sd_batch *b, int32_t *n_seqs, int32_t *n_wanted) {
+    batch_plan *pl = &m->plan;
+    const sd_kv_params *kp = sd_kv_params_of(kv);
+    for (int32_t s = 0; s < kp->max_seqs; s++) pl->seq_start[s] = -1;
+    *n_seqs = 0;
+    *n_wanted = 0;
+    for (int32_t t = 0; t < b->n_tokens; t++) {
+        int32_t id = b->tokens[t], s = b->seq[t], p = b->pos[t];
+        if (id < 0 || id >= m->cfg.n_vocab) {
+            SD_ERROR("model: batch token %d has id %d outside [0, %d)", (int)t, (int)id, (int)m->cfg.n_vocab);
+            return SD_ERR_RANGE;
+        }
+        if (s < 0 || s >= kp->max_seqs) {
+            SD_ERROR("model: batch token %d has sequence slot %d outside [0, %d)", (int)t, (int)s,
+                     (int)kp->max_seqs);
+            return SD_ERR_RANGE;
+        }
+        if (pl->seq_start[s] < 0) {
+            pl->seq_start[s] = sd_kv_seq_len(kv, s);
+            pl->seq_next[s] = pl->seq_start[s];
+            pl->seq_order[(*n_seqs)++] = s;
+        }
+        if (p != pl->seq_next[s]) {
+            SD_ERROR("model: batch token %d of sequence %d has position %d, expected %d (positions must continue "
+                     "the sequence)",
+                     (int)t, (int)s, (int)p, (int)pl->seq_next[s]);
+            return SD_ERR_INVALID_ARG;
+        }
+        if (p == INT32_MAX) {
+            SD_ERROR("model: position %d overflows", (int)p);
+            return SD_ERR_RANGE;
+        }
+        pl->seq_next[s] = p + 1;
+        if (b->logits && b->logits[t]) pl->wanted[(*n_wanted)++] = t;
+    }
+    return SD_OK;
+}
+
+/* Grows every sequence of the batch; on failure shrinks back the ones already
+ * grown so kv is unchanged. */
+static sd_status grow_sequences(sd_model *m, sd_kv *kv, int32_t n_seqs) {
+    batch_plan *pl = &m->plan;
+    for (int32_t i = 0; i < n_seqs; i++) {
+        int32_t s = pl->seq_order[i];
+        sd_status st = sd_kv_grow(kv, s, pl->seq_next[s]);
+        if (st != SD_OK) {
+            for (int32_t j = 0; j < i; j++) {
+                int32_t r = pl->seq_order[j];
+                sd_kv_truncate(kv, r, pl->seq_start[r]);
+            }
+            if (st == SD_ERR_OUT_OF_BLOCKS)
+                SD_WARN("model: KV cache out of blocks growing sequence %d to %d tokens (%d free blocks)", (int)s,
+                        (int)pl->seq_next[s], (int)sd_kv_n_free_blocks(kv));
+            else
+                SD_ERROR("model: growing sequence %d failed: %s", (int)s, sd_status_str(st));
+            return st;
+        }
+    }
+    return SD_OK;
+}
+
+/* Copies the block tables of the batch's sequences into one flat array and
+ * points each token at its sequence's table. */
+static sd_status gather_block_tables(sd_model *m, sd_kv *kv, const sd_batch *b, int32_t n_seqs) {
+    batch_plan *pl = &m->plan;
+    size_t total = 0;
+    for (int32_t i = 0; i < n_seqs; i++) {
+        int32_t nb = 0;
+        sd_kv_block_table(kv, pl->seq_order[i], &nb);
+        total += (size_t)nb;
+    }
+    if (total > pl->cap_bt) {
+        SD_TRY(grow_i32(&pl->bt, total));
+        pl->cap_bt = total;
+    }
+    size_t off = 0;
+    for (int32_t i = 0; i < n_seqs; i++) {
+        int32_t s = pl->seq_order[i], nb = 0;
+        const int32_t *table = sd_kv_block_table(kv, s, &nb);
+        if (nb > 0) memcpy(pl->bt + off, table, (size_t)nb * sizeof(int32_t));
+        pl->seq_bt[s] = (int32_t)off;
+        off += (size_t)nb;
+    }
+    for (int32_t t = 0; t < b->n_tokens; t++) pl->bt_off[t] = pl->seq_bt[b->seq[t]];
+    return SD_OK;
+}
+
+/* The transformer: embeddings, then n_layers_used blocks, on all n tokens. */
+static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_batch *b) {
+    const sd_backend_ops *op = m->be.ops;
+    sd_backend *be = m->be.ctx;
+    const sd_model_config *c = &m->cfg;
+    activations *a = &m->act;
+    const int32_t n = b->n_tokens, E = c->n_embd, H = c->n_heads, KV = c->n_kv_heads, D = c->head_dim;
+    const int32_t QD = H * D, KD = KV * D;
+    const int32_t bs = sd_kv_params_of(kv)->block_size;
+    const float scale = 1.0f / sqrtf((float)D);
+    const int32_t *bt = m->plan.bt, *bt_off = m->plan.bt_off;
+
+    SD_TRY(op->embed(be, m->tok_embd, E, b->tokens, n, a->x)); /* x [n][E] */
+    for (int32_t l = 0; l < m->n_layers_used; l++) {
+        const layer_weights *L = &m->layers[l];
+        /* attention block */
+        SD_TRY(op->rmsnorm(be, a->x, L->attn_norm, n, E, c->rms_eps, a->xb)); /* xb [n][E] */
+        SD_TRY(op->matmul(be, L->wq, E, QD, a->xb, n, a->q));                 /* q [n][H*D] */
+        SD_TRY(op->matmul(be, L->wk, E, KD, a->xb, n, a->k));                 /* k [n][KV*D] */
+        SD_TRY(op->matmul(be, L->wv, E, KD, a->xb, n, a->v));                 /* v [n][KV*D] */
+        SD_TRY(op->rope(be, a->q, n, H, D, b->pos, m->inv_freq));
+        SD_TRY(op->rope(be, a->k, n, KV, D, b->pos, m->inv_freq));
+        SD_TRY(op->kv_write(be, sd_kv_k_pool(kv, l), bs, KD, a->k, n, b->pos, bt, bt_off));
+        SD_TRY(op->kv_write(be, sd_kv_v_pool(kv, l), bs, KD, a->v, n, b->pos, bt, bt_off));
+        SD_TRY(op->attention(be, a->q, sd_kv_k_pool(kv, l), sd_kv_v_pool(kv, l), n, H, KV, D, bs, b->pos, bt,
+                             bt_off, scale, a->att));                          /* att [n][H*D] */
+        SD_TRY(op->matmul(be, L->wo, QD, E, a->att, n, a->xb));               /* xb [n][E] */
+        SD_TRY(op->add(be, a->x, a->xb, (size_t)n * (size_t)E, a->x));
+        /* MLP block */
+        SD_TRY(op->rmsnorm(be, a->x, L->ffn_norm, n, E, c->rms_eps, a->xb));
+        SD_TRY(op->matmul(be, L->w_gate, E, c->n_ff, a->xb, n, a->gate));     /* gate [n][F] */
+        SD_TRY(op->matmul(be, L->w_up, E, c->n_ff, a->xb, n, a->up));         /* up [n][F] */
+        SD_TRY(op->swiglu(be, a->gate, a->up, (size_t)n * (size_t)c->n_ff, a->gate));
+        SD_TRY(op->matmul(be, L->w_down, c->n_ff, E, a->gate, n, a->xb));     /* xb [n][E] */
+        SD_TRY(op->add(be, a->x, a->xb, (size_t)n * (size_t)E, a->x));
+    }
+    return SD_OK;
+}
+
+/* Final norm and LM head for the n_wanted rows listed in plan.wanted. */
+static sd_status forward_logits(sd_model *m, int32_t n_wanted, float *out) {
+    const sd_backend_ops *op = m->be.ops;
+    sd_backend *be = m->be.ctx;
+    const sd_model_config *c = &m->cfg;
+    activations *a = &m->act;
+    /* gather wanted rows of x into xb [n_wanted][E], norm in place */
+    SD_TRY(op->embed(be, a->x, c->n_embd, m->plan.wanted, n_wanted, a->xb));
+    SD_TRY(op->rmsnorm(be, a->xb, m->output_norm, n_wanted, c->n_embd, c->rms_eps, a->xb));
+    float *dst = op->host_memory ? out : a->logits; /* [n_wanted][n_vocab] */
+    SD_TRY(op->matmul(be, m->output, c->n_embd, c->n_vocab, a->xb, n_wanted, dst));
+    if (!op->host_memory)
+        SD_TRY(op->buf_download(be, out, a->logits, (size_t)n_wanted * (size_t)c->n_vocab * sizeof(float)));
+    return SD_OK;
+}
+
+sd_status sd_model_forward(sd_model *m, sd_kv *kv, const sd_batch *b, float *out) {
+    if (!m || !kv || !b || b->n_tokens < 0) return SD_ERR_INVALID_ARG;
+    if (b->n_tokens == 0) return SD_OK;
+    if (!b->tokens || !b->pos || !b->seq) {
+        SD_ERROR("model: batch with %d tokens lacks tokens/pos/seq arrays", (int)b->n_tokens);
+        return SD_ERR_INVALID_ARG;
+    }
+    const sd_kv_params *kp = sd_kv_params_of(kv);
+    if (kp->n_layers < m->n_layers_used || kp->n_kv_heads != m->cfg.n_kv_heads || kp->head_dim != m->cfg.head_dim) {
+        SD_ERROR("model: KV cache shape (%d layers, %d kv heads, head_dim %d) does not fit the model (%d, %d, %d)",
+                 (int)kp->n_layers, (int)kp->n_kv_heads, (int)kp->head_dim, (int)m->n_layers_used,
+                 (int)m->cfg.n_kv_heads, (int)m->cfg.head_dim);
+        return SD_ERR_INVALID_ARG;
+    }
+    SD_TRY(reserve_plan(&m->plan, kp->max_seqs, b->n_tokens));
+    int32_t n_seqs, n_wanted;
+    SD_TRY(validate_batch(m, kv, b, &n_seqs, &n_wanted));
+    if (n_wanted > 0 && !out) {
+        SD_ERROR("model: %d logits rows wanted but out is NULL", (int)n_wanted);
+        return SD_ERR_INVALID_ARG;
+    }
+    SD_TRY(reserve_activations(m, b->n_tokens));
+    SD_TRY(grow_sequences(m, kv, n_seqs));
+    sd_status s = gather_block_tables(m, kv, b, n_seqs);
+    if (s == SD_OK) s = forward_layers(m, kv, b);
+    if (s == SD_OK && n_wanted > 0) s = forward_logits(m, n_wanted, out);
+    if (s != SD_OK) {
+        /* the cache holds partial entries: give the new positions back */
+        for (int32_t i = 0; i < n_seqs; i++) {
+            int32_t q = m->plan.seq_order[i];
+            sd_kv_truncate(kv, q, m->plan.seq_start[q]);
+        }
+        SD_ERROR("model: forward failed: %s", sd_status_str(s));
+    }
+    return s;
+}
