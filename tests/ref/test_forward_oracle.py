@@ -4,6 +4,7 @@
              dtypes (f32, f16, bf16, q8_0, q4_0, q4_1), tied and untied LM
              head, GQA and MHA; ragged multi-sequence batches, one of them
              also cut into chunks (attention over K/V from earlier calls).
+             Two more f32 models rewritten with llama3 and linear rope scaling.
   --smollm2  SmolLM2-135M-Instruct (Q4_1): the golden chat prompt plus two
              shorter prompts as one ragged batch, ~50 tokens.
 
@@ -115,6 +116,48 @@ RANDOM_MODELS = [
 ]
 
 
+# Rope scaling variants: an f32 model rewritten with llama.rope.scaling.* keys
+# (specd-mkmodel does not write them). head_dim 16, base 10000, original
+# context 64: the pair wavelengths 6.3, 19.9, 62.8, 199, ... fall in all three
+# llama3 regions (kept, smoothed, divided by the factor).
+ROPE_SCALING = [
+    ("f32 llama3 rope scaling", {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0, "original_context_length": 64}),
+    ("f32 linear rope scaling", {"type": "linear", "factor": 4.0}),
+]
+
+
+def with_rope_scaling(src, dst, scaling):
+    """Copies GGUF src to dst adding llama.rope.scaling.* (f32 tensors only)."""
+    import gguf
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(dst, "llama")
+    T = gguf.GGUFValueType
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        vtype = f.types[0]
+        if vtype == T.ARRAY:
+            w.add_key_value(key, f.contents(), vtype, sub_type=f.types[-1])
+        else:
+            w.add_key_value(key, f.contents(), vtype)
+    for k, v in scaling.items():
+        key = f"llama.rope.scaling.{k}"
+        if isinstance(v, str):
+            w.add_key_value(key, v, T.STRING)
+        elif isinstance(v, int):
+            w.add_key_value(key, v, T.UINT32)
+        else:
+            w.add_key_value(key, v, T.FLOAT32)
+    for t in r.tensors:
+        assert t.tensor_type == gguf.GGMLQuantizationType.F32, t.name
+        w.add_tensor(t.name, np.array(t.data).reshape(tuple(int(x) for x in reversed(t.shape))))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def run_random():
     mk = binary("specd-mkmodel", "tools")
     if not mk or not binary("specd_logits", "tests"):
@@ -140,6 +183,19 @@ def run_random():
             if i in (0, 5):
                 got = engine_logits(path, seqs, tmp, ref.n_vocab, chunk=5, threads=1)
                 all_ok &= compare(f"{label} lens {lens} chunks of 5", got, want, seqs)
+        base = os.path.join(tmp, "rope.gguf")
+        r = subprocess.run([mk, "-o", base, "--vocab", "300", "--seed", "7", "--dtype", "f32", "--dim", "64",
+                            "--heads", "4", "--kv-heads", "2", "--ff", "128"], capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"FAIL rope scaling: specd-mkmodel failed\n{r.stderr}")
+            return 1
+        seqs = [[int(t) for t in rng.integers(0, 300, size=n)] for n in (70, 9)]
+        for j, (label, scaling) in enumerate(ROPE_SCALING):
+            path = os.path.join(tmp, f"rope{j}.gguf")
+            with_rope_scaling(base, path, scaling)
+            ref = LlamaRef(path, np.float64)
+            got = engine_logits(path, seqs, tmp, ref.n_vocab)
+            all_ok &= compare(f"{label} lens [70, 9]", got, reference_rows(ref, seqs), seqs)
     return 0 if all_ok else 1
 
 
