@@ -5,7 +5,7 @@
              head, GQA and MHA; ragged multi-sequence batches, one of them
              also cut into chunks (attention over K/V from earlier calls).
              Two more f32 models rewritten with llama3 and linear rope scaling.
-  --smollm2  SmolLM2-135M-Instruct (Q4_1): the golden chat prompt plus two
+  --smollm2  SmolLM2-135M-Instruct (Q4_1): the golden chat prompt plus three
              shorter prompts as one ragged batch, ~50 tokens.
 
 The engine's logits come from build/tests/specd_logits (one ragged batch,
