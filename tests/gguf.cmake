@@ -7,3 +7,5 @@ specd_unit_test(test_gguf ${CMAKE_CURRENT_SOURCE_DIR}/test_gguf.c)
 add_test(NAME test_gguf_model COMMAND test_gguf --model)
 set_tests_properties(test_gguf_model PROPERTIES LABELS "unit;model" SKIP_RETURN_CODE 77 TIMEOUT 300)
 specd_unit_test(test_gguf_corrupt ${CMAKE_CURRENT_SOURCE_DIR}/test_gguf_corrupt.c)
+# sd_dequantize and the reader's listings against the gguf Python package.
+specd_py_test(test_dequant ref/test_dequant.py LABELS "oracle;model")
