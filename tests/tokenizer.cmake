@@ -7,3 +7,4 @@ add_executable(tok_cli ${CMAKE_CURRENT_SOURCE_DIR}/tok_cli.c)
 target_link_libraries(tok_cli PRIVATE specd_engine)
 target_compile_definitions(tok_cli PRIVATE _GNU_SOURCE)
 
+specd_py_test(test_tokenizer_hf ref/test_tokenizer_hf.py LABELS "oracle;model")
