@@ -716,6 +716,9 @@ static sd_status pre_split(enc_ctx *c, int level, const char *s, size_t len) {
     size_t off = 0;
     while (off < len) {
         int rc = pcre2_match(re, (PCRE2_SPTR)s, len, off, 0, md, NULL);
+        /* JIT runs on a small fixed stack; the interpreter's heap frames
+         * take over for the rare match that needs more. */
+        if (rc == PCRE2_ERROR_JIT_STACKLIMIT) rc = pcre2_match(re, (PCRE2_SPTR)s, len, off, PCRE2_NO_JIT, md, NULL);
         if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) {
             PCRE2_UCHAR msg[256];

@@ -588,6 +588,21 @@ static void test_demo_model(void **state) {
     free(path);
     sd_tok *t = NULL;
     assert_int_equal(sd_tok_from_gguf(g, &t), SD_OK);
+    /* The model's own Jinja template holds our default-system turn and
+     * generation prompt byte for byte. */
+    sd_gguf_str tmpl;
+    assert_int_equal(sd_gguf_get_str(g, "tokenizer.chat_template", &tmpl), SD_OK);
+    char *tmpl_z = strndup(tmpl.ptr, (size_t)tmpl.len);
+    sd_chat_msg hi[] = { { "user", "x" } };
+    char *formatted = NULL;
+    assert_int_equal(sd_tok_chat_format(hi, 1, "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
+                                        false, &formatted), SD_OK);
+    *strstr(formatted, "<|im_start|>user") = '\0';
+    assert_non_null(strstr(tmpl_z, formatted));
+    assert_non_null(strstr(tmpl_z, "'<|im_start|>assistant\n'"));
+    assert_non_null(strstr(tmpl_z, "'<|im_end|>' + '\n'"));
+    free(formatted);
+    free(tmpl_z);
     sd_gguf_close(&g);
     int32_t im_start = ID(t, "<|im_start|>"), im_end = ID(t, "<|im_end|>");
     assert_true(im_start >= 0 && im_end >= 0);
