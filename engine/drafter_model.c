@@ -1,0 +1,258 @@
+/* drafter_model.c — model drafters: a small GGUF model, or the target's own
+ * first L layers (self-draft, early exit through the final norm + LM head).
+ *
+ * Each sequence slot has a KV cache in the drafter's own sd_kv and a copy of
+ * the tokens whose K/V it holds. A propose call keeps the longest common
+ * prefix of that copy and the committed context (so the drafts the target
+ * rejected roll back by themselves), feeds the rest of the context in one
+ * forward call, then drafts autoregressively: processed distribution with
+ * the caller's sampling (the same processing the target applies), top_n
+ * sparsification, a draw with (seed, position, SD_RNG_DRAFT), feed the
+ * token, repeat. The last draft token is never fed: if it is accepted the
+ * next call feeds it with the target's correction.
+ *
+ * Self-draft memory. model.h offers no way to make a second model that
+ * shares a loaded model's weights, and model.c keeps struct sd_model
+ * private, so sd_drafter_self_open loads the target's first L layers (plus
+ * embeddings and LM head) a second time. What is needed to share them is an
+ * additive function in model.c:
+ *     sd_status sd_model_view_layers(const sd_model *m, int32_t n_layers, sd_model **out);
+ * returning a model that borrows m's weight pointers (freed without freeing
+ * them) with its own activations and n_layers_used = n_layers. Then
+ * sd_drafter_model_wrap(view, SD_DRAFTER_SELF, ...) is the zero-copy
+ * self-draft. */
+#include "drafter_impl.h"
+
+#include "specd/gguf.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct model_drafter {
+    sd_model *model;
+    bool owned;           /* free the model with the drafter */
+    sd_kv *kv;
+    int32_t n_vocab;
+    int32_t top_n;
+    int32_t max_ctx;
+    int32_t *cached;      /* [max_seqs][max_ctx] tokens held in kv per slot */
+    int32_t *q_ids;       /* [max_seqs][SD_SPEC_MAX_K][top_n] */
+    float *q_probs;       /* [max_seqs][SD_SPEC_MAX_K][top_n] */
+    float *logits;        /* [n_vocab] */
+    float *probs;         /* [n_vocab] processed distribution */
+    int32_t *pos;         /* [max_ctx] batch positions */
+    int32_t *seq;         /* [max_ctx] batch slots */
+    bool *want;           /* [max_ctx] batch rows whose logits are wanted */
+} model_drafter;
+
+/* Feeds tokens[n] at positions start.. of slot seq, logits of the last row to md->logits. */
+static sd_status feed(model_drafter *md, int32_t slot, const int32_t *tokens, int32_t n, int32_t start) {
+    for (int32_t i = 0; i < n; i++) {
+        md->pos[i] = start + i;
+        md->seq[i] = slot;
+        md->want[i] = i == n - 1;
+    }
+    sd_batch b = {n, tokens, md->pos, md->seq, md->want};
+    SD_TRY(sd_model_forward(md->model, md->kv, &b, md->logits));
+    memcpy(md->cached + (size_t)slot * md->max_ctx + start, tokens, (size_t)n * sizeof *tokens);
+    return SD_OK;
+}
+
+static sd_status model_propose(sd_drafter *d, int32_t slot, const int32_t *context, int32_t n_context, int32_t k,
+                               const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n_drafted) {
+    model_drafter *md = d->impl;
+    for (int32_t i = 0; i < n_context; i++) {
+        if (context[i] < 0 || context[i] >= md->n_vocab) {
+            SD_ERROR("drafter: context token %d at %d is outside [0, %d)", (int)context[i], (int)i, (int)md->n_vocab);
+            return SD_ERR_RANGE;
+        }
+    }
+    /* The last draft token is not fed, so a full draft needs n_context + k - 1 slots. */
+    if (n_context + k - 1 > md->max_ctx) k = md->max_ctx - n_context + 1;
+    if (k <= 0) return SD_OK;
+
+    const int32_t *cached = md->cached + (size_t)slot * md->max_ctx;
+    int32_t n_cached = sd_kv_seq_len(md->kv, slot);
+    int32_t keep = 0;
+    while (keep < n_cached && keep < n_context && cached[keep] == context[keep]) keep++;
+    if (keep == n_context) keep = n_context - 1; /* logits come from feeding at least one token */
+    SD_TRY(sd_kv_truncate(md->kv, slot, keep));
+    SD_TRY(feed(md, slot, context + keep, n_context - keep, keep));
+
+    int32_t *ids = md->q_ids + (size_t)slot * SD_SPEC_MAX_K * md->top_n;
+    float *qp = md->q_probs + (size_t)slot * SD_SPEC_MAX_K * md->top_n;
+    for (int32_t i = 0; i < k; i++) {
+        int32_t *ids_i = ids + (size_t)i * md->top_n;
+        float *qp_i = qp + (size_t)i * md->top_n;
+        int32_t n_q = 0;
+        SD_TRY(sd_sample_probs(md->logits, md->n_vocab, s, md->probs));
+        SD_TRY(sd_spec_sparsify(md->probs, md->n_vocab, md->top_n, ids_i, qp_i, &n_q));
+        q[i] = (sd_spec_q){n_q, ids_i, qp_i};
+        uint64_t position = (uint64_t)n_context + (uint64_t)i;
+        int32_t y = sd_spec_q_sample(&q[i], sd_rng_uniform(s->seed, position, SD_RNG_DRAFT));
+        if (y < 0) return SD_ERR_INTERNAL;
+        tokens[i] = y;
+        *n_drafted = i + 1;
+        if (i + 1 < k) SD_TRY(feed(md, slot, &tokens[i], 1, n_context + i));
+    }
+    return SD_OK;
+}
+
+static sd_status model_rollback(sd_drafter *d, int32_t slot, int32_t len) {
+    model_drafter *md = d->impl;
+    int32_t n = sd_kv_seq_len(md->kv, slot);
+    return len < n ? sd_kv_truncate(md->kv, slot, len) : SD_OK;
+}
+
+static void model_release(sd_drafter *d, int32_t slot) {
+    model_drafter *md = d->impl;
+    sd_kv_release(md->kv, slot);
+}
+
+static void model_destroy(sd_drafter *d) {
+    model_drafter *md = d->impl;
+    if (!md) return;
+    sd_kv_free(&md->kv);
+    if (md->owned) sd_model_free(&md->model);
+    free(md->cached);
+    free(md->q_ids);
+    free(md->q_probs);
+    free(md->logits);
+    free(md->probs);
+    free(md->pos);
+    free(md->seq);
+    free(md->want);
+    free(md);
+    d->impl = NULL;
+}
+
+static const drafter_ops model_ops = {
+    .name = "model", .propose = model_propose, .rollback = model_rollback, .release = model_release,
+    .destroy = model_destroy,
+};
+static const drafter_ops self_ops = {
+    .name = "self", .propose = model_propose, .rollback = model_rollback, .release = model_release,
+    .destroy = model_destroy,
+};
+
+/* Builds the drafter around m; on failure m is freed when owned. */
+static sd_status wrap(sd_model *m, bool owned, sd_drafter_kind kind, const sd_drafter_params *p, sd_drafter **out) {
+    *out = NULL;
+    sd_drafter_params params;
+    sd_status st = drafter_params_check(p, &params);
+    sd_drafter *d = NULL;
+    model_drafter *md = NULL;
+    if (st != SD_OK) goto fail;
+    st = SD_ERR_NOMEM;
+    d = calloc(1, sizeof *d);
+    md = calloc(1, sizeof *md);
+    if (!d || !md) goto fail;
+    md->model = m;
+    md->owned = owned;
+    md->n_vocab = sd_model_config_of(m)->n_vocab;
+    md->top_n = params.top_n < md->n_vocab ? params.top_n : md->n_vocab;
+    md->max_ctx = params.max_ctx;
+    size_t seqs = (size_t)params.max_seqs, ctx = (size_t)params.max_ctx;
+    size_t q_entries = seqs * SD_SPEC_MAX_K * (size_t)md->top_n;
+    md->cached = malloc(seqs * ctx * sizeof *md->cached);
+    md->q_ids = malloc(q_entries * sizeof *md->q_ids);
+    md->q_probs = malloc(q_entries * sizeof *md->q_probs);
+    md->logits = malloc((size_t)md->n_vocab * sizeof *md->logits);
+    md->probs = malloc((size_t)md->n_vocab * sizeof *md->probs);
+    md->pos = malloc(ctx * sizeof *md->pos);
+    md->seq = malloc(ctx * sizeof *md->seq);
+    md->want = malloc(ctx * sizeof *md->want);
+    if (!md->cached || !md->q_ids || !md->q_probs || !md->logits || !md->probs || !md->pos || !md->seq || !md->want)
+        goto fail;
+    const int32_t block = 16;
+    int32_t per_seq = (params.max_ctx + block - 1) / block + 1;
+    st = sd_model_kv_create(m, params.max_seqs, per_seq * params.max_seqs, block, &md->kv);
+    if (st != SD_OK) goto fail;
+    d->kind = kind;
+    d->ops = kind == SD_DRAFTER_SELF ? &self_ops : &model_ops;
+    d->params = params;
+    d->impl = md;
+    *out = d;
+    return SD_OK;
+fail:
+    if (st == SD_ERR_NOMEM) SD_ERROR("drafter: out of memory creating a model drafter");
+    if (d && md) {
+        d->impl = md;
+        model_destroy(d);
+    } else {
+        free(md);
+        if (owned) sd_model_free(&m);
+    }
+    free(d);
+    return st;
+}
+
+sd_status sd_drafter_model_wrap(sd_model *m, sd_drafter_kind kind, const sd_drafter_params *p, sd_drafter **out) {
+    if (!m || !out || (kind != SD_DRAFTER_MODEL && kind != SD_DRAFTER_SELF)) {
+        SD_ERROR("drafter: wrap needs a model, an output and kind MODEL or SELF");
+        return SD_ERR_INVALID_ARG;
+    }
+    return wrap(m, false, kind, p, out);
+}
+
+/* Opens path and loads it with n_layers_used (0 = all); hash/n_vocab of its vocabulary when asked. */
+static sd_status load_gguf_model(const char *path, int32_t n_layers_used, int32_t n_threads, uint64_t *vocab_hash,
+                                 int32_t *n_vocab, sd_model **out) {
+    sd_gguf *g = NULL;
+    char err[256] = "";
+    sd_status st = sd_gguf_open(path, &g, err, sizeof err);
+    if (st != SD_OK) {
+        SD_ERROR("drafter: cannot open %s: %s", path, err[0] ? err : sd_status_str(st));
+        return st;
+    }
+    if (vocab_hash) {
+        sd_tok *tok = NULL;
+        st = sd_tok_from_gguf(g, &tok);
+        if (st != SD_OK) {
+            SD_ERROR("drafter: cannot read the tokenizer of %s", path);
+            sd_gguf_close(&g);
+            return st;
+        }
+        *vocab_hash = sd_tok_vocab_hash(tok);
+        *n_vocab = sd_tok_n_vocab(tok);
+        sd_tok_free(&tok);
+    }
+    sd_model_params mp = sd_model_default_params();
+    mp.n_threads = n_threads;
+    mp.n_layers_used = n_layers_used;
+    st = sd_model_load(g, &mp, out);
+    sd_gguf_close(&g);
+    if (st != SD_OK) SD_ERROR("drafter: cannot load the model in %s: %s", path, sd_status_str(st));
+    return st;
+}
+
+sd_status sd_drafter_model_open(const char *path, uint64_t target_vocab_hash, int32_t target_n_vocab,
+                                const sd_drafter_params *p, sd_drafter **out) {
+    if (!path || !out) return SD_ERR_INVALID_ARG;
+    *out = NULL;
+    uint64_t hash = 0;
+    int32_t n_vocab = 0;
+    sd_model *m = NULL;
+    int32_t n_threads = p ? p->n_threads : 0;
+    SD_TRY(load_gguf_model(path, 0, n_threads, &hash, &n_vocab, &m));
+    if (hash != target_vocab_hash || n_vocab != target_n_vocab || sd_model_config_of(m)->n_vocab != target_n_vocab) {
+        SD_ERROR("drafter: the vocabulary of %s (%d tokens, hash %016llx) differs from the target's (%d tokens, "
+                 "hash %016llx): a draft model must share the target's tokenizer exactly",
+                 path, (int)n_vocab, (unsigned long long)hash, (int)target_n_vocab,
+                 (unsigned long long)target_vocab_hash);
+        sd_model_free(&m);
+        return SD_ERR_UNSUPPORTED;
+    }
+    return wrap(m, true, SD_DRAFTER_MODEL, p, out);
+}
+
+sd_status sd_drafter_self_open(const char *path, int32_t n_layers, const sd_drafter_params *p, sd_drafter **out) {
+    if (!path || !out || n_layers <= 0) {
+        SD_ERROR("drafter: self-draft needs the target's path and n_layers > 0 (got %d)", (int)n_layers);
+        return SD_ERR_INVALID_ARG;
+    }
+    *out = NULL;
+    sd_model *m = NULL;
+    SD_TRY(load_gguf_model(path, n_layers, p ? p->n_threads : 0, NULL, NULL, &m));
+    return wrap(m, true, SD_DRAFTER_SELF, p, out);
+}

@@ -1,0 +1,101 @@
+/* drafter.h — drafters behind one small interface: propose up to K tokens
+ * with the sparse distributions they were drawn from, for one sequence.
+ *
+ * Three kinds:
+ *   - n-gram (prompt lookup): no model. Finds the longest earlier occurrence
+ *     of the context's suffix (n-gram sizes ngram_min..ngram_max, the most
+ *     recent occurrence of the longest size that matches) and proposes the
+ *     tokens that followed it; q is one-hot.
+ *   - model: a small GGUF model whose vocabulary equals the target's
+ *     (checked with sd_tok_vocab_hash; a mismatch is a clear error). It keeps
+ *     a KV cache per sequence and draws each token from its processed
+ *     distribution sparsified to the top_n tokens (sd_spec_sparsify) with
+ *     sd_rng_uniform(seed, position, SD_RNG_DRAFT).
+ *   - self-draft: the model drafter over the target's first L layers + final
+ *     norm + LM head (sd_model_params.n_layers_used = L).
+ *
+ * The caller passes the sequence's whole committed context on every
+ * propose; a model drafter keeps a copy of the tokens it has in its cache,
+ * reuses their longest common prefix with the context and rolls the rest
+ * back, so rejected drafts never need an explicit rollback (one is offered
+ * for callers that know better). A drafter is not thread-safe: one call at a
+ * time per drafter. */
+#ifndef SPECD_DRAFTER_H
+#define SPECD_DRAFTER_H
+
+#include "specd/common.h"
+#include "specd/model.h"
+#include "specd/sample.h"
+#include "specd/spec.h"
+#include "specd/tokenizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct sd_drafter sd_drafter;
+
+typedef enum sd_drafter_kind {
+    SD_DRAFTER_NGRAM = 1,
+    SD_DRAFTER_MODEL = 2,
+    SD_DRAFTER_SELF = 3,
+} sd_drafter_kind;
+
+typedef struct sd_drafter_params {
+    int32_t max_seqs;   /* sequence slots in [0, max_seqs) (default 1) */
+    int32_t max_ctx;    /* most tokens a sequence holds, context + draft (default 4096) */
+    int32_t top_n;      /* tokens kept of a model drafter's distribution (default SD_SPEC_DEFAULT_TOP_N) */
+    int32_t ngram_min;  /* smallest n-gram that may match (default 1) */
+    int32_t ngram_max;  /* largest n-gram tried first (default 4) */
+    int32_t n_threads;  /* model drafters' worker threads, 0 = all cores */
+} sd_drafter_params;
+
+sd_drafter_params sd_drafter_default_params(void);
+
+/* An n-gram (prompt lookup) drafter. Caller frees with sd_drafter_free. */
+sd_status sd_drafter_ngram_create(const sd_drafter_params *p, sd_drafter **out);
+
+/* A model drafter over the GGUF at path. target_vocab_hash/target_n_vocab
+ * are the target's (sd_tok_vocab_hash, n_vocab): a draft model whose
+ * vocabulary differs is refused with SD_ERR_UNSUPPORTED and a log line
+ * saying so. Caller frees with sd_drafter_free. */
+sd_status sd_drafter_model_open(const char *path, uint64_t target_vocab_hash, int32_t target_n_vocab,
+                                const sd_drafter_params *p, sd_drafter **out);
+
+/* The self-draft: the first n_layers of the target GGUF at path (early exit
+ * through the final norm and LM head). This version loads those layers a
+ * second time (model.h has no way yet to view a loaded model's weights);
+ * see the report in drafter_model.c. Caller frees with sd_drafter_free. */
+sd_status sd_drafter_self_open(const char *path, int32_t n_layers, const sd_drafter_params *p, sd_drafter **out);
+
+/* A model drafter over an already loaded model (borrowed: it must outlive
+ * the drafter; kind says MODEL or SELF for reports). The caller has checked
+ * the vocabulary. Caller frees with sd_drafter_free. */
+sd_status sd_drafter_model_wrap(sd_model *m, sd_drafter_kind kind, const sd_drafter_params *p, sd_drafter **out);
+
+void sd_drafter_free(sd_drafter **d);
+
+sd_drafter_kind sd_drafter_kind_of(const sd_drafter *d);
+/* "ngram", "model" or "self" (static string). */
+const char *sd_drafter_name(const sd_drafter *d);
+
+/* Proposes up to k (<= SD_SPEC_MAX_K) tokens continuing context[n_context]
+ * (the sequence's committed tokens) for slot seq, sampled with s (the same
+ * processing the target uses; the token at position n_context + i uses the
+ * key (s->seed, n_context + i, SD_RNG_DRAFT)). Writes tokens[k], q[k] and
+ * *n_drafted (0..k; the n-gram drafter may find nothing). q[i].ids/probs are
+ * borrowed from the drafter, valid until the next call for seq. */
+sd_status sd_drafter_propose(sd_drafter *d, int32_t seq, const int32_t *context, int32_t n_context, int32_t k,
+                             const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n_drafted);
+
+/* Forgets everything seq holds past its first len tokens (a no-op for the
+ * n-gram drafter). */
+sd_status sd_drafter_rollback(sd_drafter *d, int32_t seq, int32_t len);
+
+/* Frees seq's cache; the slot may then start a new sequence. */
+void sd_drafter_release(sd_drafter *d, int32_t seq);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
