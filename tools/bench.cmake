@@ -1,0 +1,1 @@
+specd_tool(specd-bench ${CMAKE_CURRENT_SOURCE_DIR}/specd-bench.c)

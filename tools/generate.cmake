@@ -1,0 +1,1 @@
+specd_tool(specd-generate ${CMAKE_CURRENT_SOURCE_DIR}/specd-generate.c)

@@ -1,0 +1,369 @@
+/* specd-generate — single-process generation, the baseline every other mode
+ * of specd is compared against.
+ *
+ * Loads a GGUF model, tokenizes the prompt (optionally as a ChatML chat
+ * turn), prefills it in one forward call and then decodes one token per call,
+ * streaming text as whole UTF-8 characters. --json replaces the stream with
+ * one JSON object at the end (ids, text, timings), which is what the tests and
+ * benchmarks read. Sampling uses the counter-based generator keyed by (seed,
+ * position), so a seeded run is reproducible anywhere. */
+#include "specd/common.h"
+#include "specd/gguf.h"
+#include "specd/model.h"
+#include "specd/sample.h"
+#include "specd/tokenizer.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEFAULT_SYSTEM_PROMPT "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+typedef struct gen_opts {
+    const char *model_path;
+    const char *prompt;
+    const char *system;
+    int32_t n_predict;
+    int32_t n_threads;
+    sd_sampling sampling;
+    bool chat;
+    bool json;
+    bool verbose;
+    bool ignore_eos;
+} gen_opts;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: specd-generate -m MODEL.gguf [-p PROMPT] [options]\n"
+            "\n"
+            "Generates text from a prompt with a Llama-architecture GGUF model on the CPU.\n"
+            "Without -p the prompt is read from standard input.\n"
+            "\n"
+            "  -m, --model FILE     GGUF model (required)\n"
+            "  -p, --prompt TEXT    prompt text\n"
+            "  -n, --n-predict N    maximum new tokens (default 128)\n"
+            "      --temp T         temperature; 0 = greedy (default 0)\n"
+            "      --top-k K        keep the K most likely tokens (0 = off, default)\n"
+            "      --top-p P        nucleus sampling mass in (0, 1] (default 1)\n"
+            "      --min-p P        drop tokens below P x the top probability (default 0)\n"
+            "      --seed S         random seed for sampling (default 0)\n"
+            "      --chat           format the prompt as a ChatML user turn\n"
+            "      --system TEXT    system prompt with --chat (default: the model's)\n"
+            "  -t, --threads N      worker threads (default: all cores)\n"
+            "      --ignore-eos     keep generating past end-of-generation tokens\n"
+            "      --json           print one JSON object at the end instead of streaming\n"
+            "  -v, --verbose        log at DEBUG level\n"
+            "  -h, --help           this help\n");
+}
+
+static bool parse_int(const char *s, long lo, long hi, int32_t *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return false;
+    *out = (int32_t)v;
+    return true;
+}
+
+static bool parse_float(const char *s, float *out) {
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end) return false;
+    *out = v;
+    return true;
+}
+
+/* Returns 0 and fills o, 1 after --help, 2 on a usage error (message printed). */
+static int parse_args(int argc, char **argv, gen_opts *o) {
+    enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_SEED, OPT_CHAT, OPT_SYSTEM, OPT_JSON, OPT_NOEOS };
+    static const struct option longs[] = {
+        {"model", required_argument, 0, 'm'},   {"prompt", required_argument, 0, 'p'},
+        {"n-predict", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
+        {"temp", required_argument, 0, OPT_TEMP}, {"top-k", required_argument, 0, OPT_TOPK},
+        {"top-p", required_argument, 0, OPT_TOPP}, {"min-p", required_argument, 0, OPT_MINP},
+        {"seed", required_argument, 0, OPT_SEED}, {"chat", no_argument, 0, OPT_CHAT},
+        {"system", required_argument, 0, OPT_SYSTEM}, {"json", no_argument, 0, OPT_JSON},
+        {"ignore-eos", no_argument, 0, OPT_NOEOS},
+        {"verbose", no_argument, 0, 'v'},         {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    memset(o, 0, sizeof *o);
+    o->n_predict = 128;
+    o->sampling = sd_sampling_default();
+    o->sampling.temperature = 0.0f;
+    int c;
+    while ((c = getopt_long(argc, argv, "m:p:n:t:vh", longs, NULL)) != -1) {
+        bool ok = true;
+        const char *name = "";
+        switch (c) {
+        case 'm': o->model_path = optarg; break;
+        case 'p': o->prompt = optarg; break;
+        case 'n': name = "n-predict"; ok = parse_int(optarg, 0, 1 << 20, &o->n_predict); break;
+        case 't': name = "threads"; ok = parse_int(optarg, 0, 1024, &o->n_threads); break;
+        case OPT_TEMP: name = "temp"; ok = parse_float(optarg, &o->sampling.temperature); break;
+        case OPT_TOPK: name = "top-k"; ok = parse_int(optarg, 0, 1 << 30, &o->sampling.top_k); break;
+        case OPT_TOPP: name = "top-p"; ok = parse_float(optarg, &o->sampling.top_p); break;
+        case OPT_MINP: name = "min-p"; ok = parse_float(optarg, &o->sampling.min_p); break;
+        case OPT_SEED: {
+            name = "seed";
+            char *end;
+            errno = 0;
+            unsigned long long v = strtoull(optarg, &end, 10);
+            ok = !errno && end != optarg && !*end && optarg[0] != '-';
+            o->sampling.seed = v;
+            break;
+        }
+        case OPT_CHAT: o->chat = true; break;
+        case OPT_SYSTEM: o->system = optarg; break;
+        case OPT_JSON: o->json = true; break;
+        case OPT_NOEOS: o->ignore_eos = true; break;
+        case 'v': o->verbose = true; break;
+        case 'h': usage(stdout); return 1;
+        default: usage(stderr); return 2;
+        }
+        if (!ok) {
+            fprintf(stderr, "specd-generate: invalid value '%s' for --%s\n", optarg, name);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "specd-generate: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (!o->model_path) {
+        fprintf(stderr, "specd-generate: -m MODEL.gguf is required (see --help)\n");
+        return 2;
+    }
+    if (sd_sampling_validate(&o->sampling) != SD_OK) {
+        fprintf(stderr, "specd-generate: invalid sampling parameters (see the log line above)\n");
+        return 2;
+    }
+    return 0;
+}
+
+/* Reads all of stdin into a malloc'd NUL-terminated string (caller frees). */
+static char *read_stdin(void) {
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    if (!buf) return NULL;
+    size_t n;
+    while ((n = fread(buf + len, 1, cap - len - 1, stdin)) > 0) {
+        len += n;
+        if (cap - len < 2) {
+            char *bigger = realloc(buf, cap * 2);
+            if (!bigger) { free(buf); return NULL; }
+            buf = bigger;
+            cap *= 2;
+        }
+    }
+    buf[len] = 0;
+    return buf;
+}
+
+typedef struct gen_result {
+    int32_t *prompt_ids;
+    size_t n_prompt;
+    int32_t *ids;          /* generated tokens */
+    size_t n_ids;
+    const char *stop_reason;
+    double prompt_s, decode_s;
+} gen_result;
+
+/* Prefill + decode loop. Streams text to stdout unless o->json. */
+static sd_status generate(const gen_opts *o, sd_model *m, const sd_tok *tok, const char *text, gen_result *r) {
+    const sd_model_config *cfg = sd_model_config_of(m);
+    int32_t n_vocab = cfg->n_vocab;
+    sd_status st = sd_tok_encode(tok, text, strlen(text), true, &r->prompt_ids, &r->n_prompt);
+    if (st != SD_OK) return st;
+    if (sd_tok_add_bos(tok) && sd_tok_bos(tok) >= 0) {
+        int32_t *with_bos = malloc((r->n_prompt + 1) * sizeof *with_bos);
+        if (!with_bos) return SD_ERR_NOMEM;
+        with_bos[0] = sd_tok_bos(tok);
+        memcpy(with_bos + 1, r->prompt_ids, r->n_prompt * sizeof *with_bos);
+        free(r->prompt_ids);
+        r->prompt_ids = with_bos;
+        r->n_prompt++;
+    }
+    if (r->n_prompt == 0) {
+        SD_ERROR("the prompt is empty after tokenization");
+        return SD_ERR_INVALID_ARG;
+    }
+    int64_t n_ctx = (int64_t)r->n_prompt + o->n_predict;
+    if (n_ctx > cfg->n_ctx_train) {
+        SD_ERROR("prompt (%zu tokens) + n_predict (%d) exceeds the model's context length %d", r->n_prompt,
+                 o->n_predict, cfg->n_ctx_train);
+        return SD_ERR_RANGE;
+    }
+    const int32_t block = 16;
+    sd_kv *kv = NULL;
+    SD_TRY(sd_model_kv_create(m, 1, (int32_t)((n_ctx + block - 1) / block) + 1, block, &kv));
+
+    float *logits = malloc((size_t)n_vocab * sizeof *logits);
+    int32_t *pos = malloc(r->n_prompt * sizeof *pos);
+    int32_t *seq = calloc(r->n_prompt, sizeof *seq);
+    bool *want = calloc(r->n_prompt, sizeof *want);
+    r->ids = malloc(((size_t)o->n_predict + 1) * sizeof *r->ids);
+    sd_tok_stream *stream = sd_tok_stream_new(tok);
+    if (!logits || !pos || !seq || !want || !r->ids || !stream) {
+        st = SD_ERR_NOMEM;
+        goto done;
+    }
+    for (size_t i = 0; i < r->n_prompt; i++) pos[i] = (int32_t)i;
+    want[r->n_prompt - 1] = true;
+
+    double t0 = sd_now();
+    sd_batch b = {(int32_t)r->n_prompt, r->prompt_ids, pos, seq, want};
+    st = sd_model_forward(m, kv, &b, logits);
+    if (st != SD_OK) goto done;
+    double t1 = sd_now();
+    r->prompt_s = t1 - t0;
+
+    r->stop_reason = "length";
+    int32_t cur_pos = (int32_t)r->n_prompt;
+    for (int32_t i = 0; i < o->n_predict; i++) {
+        int32_t next;
+        st = sd_sample_token(logits, n_vocab, &o->sampling, (uint64_t)cur_pos, &next);
+        if (st != SD_OK) goto done;
+        r->ids[r->n_ids++] = next;
+        if (!o->ignore_eos && sd_tok_is_eog(tok, next)) {
+            r->stop_reason = "eos";
+            break;
+        }
+        if (!o->json) {
+            char piece[512];
+            size_t n;
+            if (sd_tok_stream_push(stream, next, piece, sizeof piece, &n) == SD_OK && n) {
+                fwrite(piece, 1, n, stdout);
+                fflush(stdout);
+            }
+        }
+        if (i + 1 == o->n_predict) break;
+        bool one = true;
+        sd_batch step = {1, &next, &cur_pos, seq, &one};
+        st = sd_model_forward(m, kv, &step, logits);
+        if (st != SD_OK) goto done;
+        cur_pos++;
+    }
+    r->decode_s = sd_now() - t1;
+    if (!o->json) {
+        char tail[512];
+        size_t n;
+        if (sd_tok_stream_flush(stream, tail, sizeof tail, &n) == SD_OK && n) fwrite(tail, 1, n, stdout);
+        fputc('\n', stdout);
+    }
+done:
+    sd_tok_stream_free(&stream);
+    free(want);
+    free(seq);
+    free(pos);
+    free(logits);
+    sd_kv_free(&kv);
+    return st;
+}
+
+static cJSON *ids_array(const int32_t *ids, size_t n) {
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+    return a;
+}
+
+static int print_json(const gen_opts *o, const sd_tok *tok, const char *prompt_text, const gen_result *r) {
+    char *text = NULL;
+    size_t text_len = 0;
+    /* Leave an end-of-generation token out of the text, as the stream does. */
+    size_t n_text = r->n_ids;
+    if (!strcmp(r->stop_reason, "eos")) n_text--;
+    if (sd_tok_decode(tok, r->ids, n_text, &text, &text_len) != SD_OK) return 1;
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "model", o->model_path);
+    cJSON_AddStringToObject(root, "prompt", prompt_text);
+    cJSON_AddItemToObject(root, "prompt_ids", ids_array(r->prompt_ids, r->n_prompt));
+    cJSON_AddItemToObject(root, "ids", ids_array(r->ids, r->n_ids));
+    cJSON_AddStringToObject(root, "text", text);
+    cJSON_AddStringToObject(root, "stop_reason", r->stop_reason);
+    cJSON *t = cJSON_AddObjectToObject(root, "timings");
+    cJSON_AddNumberToObject(t, "prompt_tokens", (double)r->n_prompt);
+    cJSON_AddNumberToObject(t, "prompt_ms", r->prompt_s * 1e3);
+    cJSON_AddNumberToObject(t, "prompt_tok_s", r->prompt_s > 0 ? (double)r->n_prompt / r->prompt_s : 0);
+    /* The first generated token comes from the prefill; decode steps = n - 1. */
+    double steps = r->n_ids > 1 ? (double)(r->n_ids - 1) : 0;
+    cJSON_AddNumberToObject(t, "generated_tokens", (double)r->n_ids);
+    cJSON_AddNumberToObject(t, "decode_ms", r->decode_s * 1e3);
+    cJSON_AddNumberToObject(t, "decode_tok_s", r->decode_s > 0 ? steps / r->decode_s : 0);
+    char *out = cJSON_PrintUnformatted(root);
+    int rc = out ? 0 : 1;
+    if (out) puts(out);
+    free(out);
+    cJSON_Delete(root);
+    free(text);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    gen_opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc) return rc == 1 ? 0 : 2;
+    sd_log_set(NULL, NULL, o.verbose ? SD_LOG_DEBUG : SD_LOG_WARN, "generate");
+
+    char *stdin_prompt = NULL;
+    if (!o.prompt) {
+        stdin_prompt = read_stdin();
+        if (!stdin_prompt) return 1;
+        o.prompt = stdin_prompt;
+    }
+
+    sd_gguf *g = NULL;
+    sd_model *m = NULL;
+    sd_tok *tok = NULL;
+    char *chat_text = NULL;
+    gen_result r = {0};
+    char err[512] = "";
+    rc = 1;
+    sd_status st = sd_gguf_open(o.model_path, &g, err, sizeof err);
+    if (st != SD_OK) {
+        fprintf(stderr, "specd-generate: cannot load %s: %s\n", o.model_path, err[0] ? err : sd_status_str(st));
+        goto out;
+    }
+    sd_model_params mp = sd_model_default_params();
+    mp.n_threads = o.n_threads;
+    if ((st = sd_tok_from_gguf(g, &tok)) != SD_OK || (st = sd_model_load(g, &mp, &m)) != SD_OK) {
+        fprintf(stderr, "specd-generate: cannot load %s: %s (see the log above)\n", o.model_path,
+                sd_status_str(st));
+        goto out;
+    }
+    sd_gguf_close(&g); /* weights were copied out at load */
+
+    const char *text = o.prompt;
+    if (o.chat) {
+        sd_chat_msg msg[2];
+        size_t n = 0;
+        if (o.system) msg[n++] = (sd_chat_msg){"system", o.system};
+        msg[n++] = (sd_chat_msg){"user", o.prompt};
+        if ((st = sd_tok_chat_format(msg, n, DEFAULT_SYSTEM_PROMPT, true, &chat_text)) != SD_OK) goto out;
+        text = chat_text;
+    }
+    st = generate(&o, m, tok, text, &r);
+    if (st != SD_OK) {
+        fprintf(stderr, "specd-generate: generation failed: %s (see the log above)\n", sd_status_str(st));
+        goto out;
+    }
+    rc = o.json ? print_json(&o, tok, text, &r) : 0;
+    if (!o.json) {
+        double steps = r.n_ids > 1 ? (double)(r.n_ids - 1) : 0;
+        fprintf(stderr, "[prompt %zu tokens, %.1f tok/s | generated %zu tokens, %.1f tok/s | stop: %s]\n",
+                r.n_prompt, r.prompt_s > 0 ? (double)r.n_prompt / r.prompt_s : 0, r.n_ids,
+                r.decode_s > 0 ? steps / r.decode_s : 0, r.stop_reason);
+    }
+out:
+    free(r.prompt_ids);
+    free(r.ids);
+    free(chat_text);
+    free(stdin_prompt);
+    sd_model_free(&m);
+    sd_tok_free(&tok);
+    sd_gguf_close(&g);
+    return rc;
+}
