@@ -40,48 +40,45 @@ static inline const float *kv_at(const float *pool, const int32_t *bt, size_t p,
     return pool + (slot * n_kv_heads + kvh) * head_dim;
 }
 
-static void attn_thread(void *p, int32_t ith, int32_t nth) {
+static void attn_item(void *p, int64_t item, int32_t ith) {
     const attn_args *a = p;
     float *scratch = a->be->scratch + (size_t)ith * a->be->scratch_per_thread;
     float *acc = scratch;                  /* [head_dim] */
     float *scores = scratch + a->head_dim; /* [pos + 1] */
     size_t group = a->n_heads / a->n_kv_heads, hd = a->head_dim;
-    size_t n_items = a->n_tokens * a->n_heads;
-    for (size_t item = (size_t)ith; item < n_items; item += (size_t)nth) {
-        size_t t = item / a->n_heads, h = item % a->n_heads, kvh = h / group;
-        size_t n_pos = (size_t)a->pos[t] + 1;
-        const int32_t *bt = a->bt + a->bt_off[t];
-        const float *q = a->q + (t * a->n_heads + h) * hd;
+    size_t t = (size_t)item / a->n_heads, h = (size_t)item % a->n_heads, kvh = h / group;
+    size_t n_pos = (size_t)a->pos[t] + 1;
+    const int32_t *bt = a->bt + a->bt_off[t];
+    const float *q = a->q + (t * a->n_heads + h) * hd;
 
-        float max = -INFINITY;
-        for (size_t j = 0; j < n_pos; j++) {
-            const float *k = kv_at(a->k_pool, bt, j, a->block_size, a->n_kv_heads, hd, kvh);
-            float s = sd_cpu_dot(q, k, hd) * a->scale;
-            scores[j] = s;
-            if (s > max) max = s;
-        }
-        float sum = 0.0f;
-        for (size_t j = 0; j < n_pos; j++) {
-            float e = expf(scores[j] - max);
-            scores[j] = e;
-            sum += e;
-        }
-
-        for (size_t d = 0; d < hd; d++) acc[d] = 0.0f;
-        for (size_t j = 0; j < n_pos; j++) {
-            const float *v = kv_at(a->v_pool, bt, j, a->block_size, a->n_kv_heads, hd, kvh);
-            float w = scores[j];
-            size_t d = 0;
-#if SD_CPU_AVX2
-            __m256 wv = _mm256_set1_ps(w);
-            for (; d + 8 <= hd; d += 8)
-                _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(wv, _mm256_loadu_ps(v + d), _mm256_loadu_ps(acc + d)));
-#endif
-            for (; d < hd; d++) acc[d] = fmaf(w, v[d], acc[d]);
-        }
-        float *o = a->out + (t * a->n_heads + h) * hd;
-        for (size_t d = 0; d < hd; d++) o[d] = acc[d] / sum;
+    float max = -INFINITY;
+    for (size_t j = 0; j < n_pos; j++) {
+        const float *k = kv_at(a->k_pool, bt, j, a->block_size, a->n_kv_heads, hd, kvh);
+        float s = sd_cpu_dot(q, k, hd) * a->scale;
+        scores[j] = s;
+        if (s > max) max = s;
     }
+    float sum = 0.0f;
+    for (size_t j = 0; j < n_pos; j++) {
+        float e = expf(scores[j] - max);
+        scores[j] = e;
+        sum += e;
+    }
+
+    for (size_t d = 0; d < hd; d++) acc[d] = 0.0f;
+    for (size_t j = 0; j < n_pos; j++) {
+        const float *v = kv_at(a->v_pool, bt, j, a->block_size, a->n_kv_heads, hd, kvh);
+        float w = scores[j];
+        size_t d = 0;
+#if SD_CPU_AVX2
+        __m256 wv = _mm256_set1_ps(w);
+        for (; d + 8 <= hd; d += 8)
+            _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(wv, _mm256_loadu_ps(v + d), _mm256_loadu_ps(acc + d)));
+#endif
+        for (; d < hd; d++) acc[d] = fmaf(w, v[d], acc[d]);
+    }
+    float *o = a->out + (t * a->n_heads + h) * hd;
+    for (size_t d = 0; d < hd; d++) o[d] = acc[d] / sum;
 }
 
 sd_status sd_cpu_attention(sd_backend *be, const float *q, const float *k_pool, const float *v_pool,
@@ -109,6 +106,6 @@ sd_status sd_cpu_attention(sd_backend *be, const float *q, const float *k_pool, 
                    (size_t)head_dim,
                    (size_t)block_size,
                    scale};
-    sd_cpu_parallel(be, attn_thread, &a, work * (size_t)n_heads * (size_t)head_dim * 2);
+    sd_cpu_parallel(be, attn_item, &a, (int64_t)n_tokens * n_heads, work * (size_t)n_heads * (size_t)head_dim * 2);
     return SD_OK;
 }

@@ -12,11 +12,11 @@
 /* Below this much work an op runs on the calling thread alone. */
 enum { PARALLEL_MIN_WORK = 16384 };
 
-void sd_cpu_parallel(sd_backend *be, sd_threadpool_fn fn, void *arg, size_t work) {
-    if (be->n_threads <= 1 || work < PARALLEL_MIN_WORK)
-        fn(arg, 0, 1);
+void sd_cpu_parallel(sd_backend *be, sd_threadpool_fn fn, void *arg, int64_t n_chunks, size_t work) {
+    if (be->n_threads <= 1 || n_chunks <= 1 || work < PARALLEL_MIN_WORK)
+        for (int64_t c = 0; c < n_chunks; c++) fn(arg, c, 0);
     else
-        sd_threadpool_run(be->tp, fn, arg);
+        sd_threadpool_run(be->tp, fn, arg, n_chunks);
 }
 
 sd_status sd_cpu_scratch_reserve(sd_backend *be, size_t floats) {

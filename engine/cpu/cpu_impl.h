@@ -33,21 +33,18 @@ struct sd_backend {
     size_t scratch_per_thread; /* floats */
 };
 
-/* Runs fn on the pool, or on the caller alone when the op is too small for
- * threads to pay off (work = rough count of flops/bytes). Results never
- * depend on which: every op splits work so each element's arithmetic is the
- * same on any thread. */
-void sd_cpu_parallel(sd_backend *be, sd_threadpool_fn fn, void *arg, size_t work);
+/* Runs fn on chunks [0, n_chunks) on the pool, or on the caller alone when
+ * the op is too small for threads to pay off (work = rough count of flops or
+ * bytes). Results never depend on which: an element's arithmetic is the same
+ * whichever chunk or thread computes it. */
+void sd_cpu_parallel(sd_backend *be, sd_threadpool_fn fn, void *arg, int64_t n_chunks, size_t work);
 
 /* Makes sure every thread has at least floats of scratch. */
 sd_status sd_cpu_scratch_reserve(sd_backend *be, size_t floats);
 
-/* [begin, end) of n items for thread ith of nth, begin/end multiples of align
- * except the last end. */
-static inline void sd_cpu_split(size_t n, size_t align, int32_t ith, int32_t nth, size_t *begin, size_t *end) {
-    size_t units = (n + align - 1) / align;
-    size_t b = units * (size_t)ith / (size_t)nth * align;
-    size_t e = units * (size_t)(ith + 1) / (size_t)nth * align;
+/* [begin, end) of chunk c when n items are cut into chunks of size. */
+static inline void sd_cpu_chunk(size_t n, size_t size, int64_t c, size_t *begin, size_t *end) {
+    size_t b = (size_t)c * size, e = b + size;
     *begin = b < n ? b : n;
     *end = e < n ? e : n;
 }

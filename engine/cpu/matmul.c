@@ -3,7 +3,7 @@
  * Decode streams every weight once per token, so the kernel must run at
  * memory bandwidth; verifying K drafted tokens must cost little more than one,
  * so each weight row, once loaded, is applied to every token of the call:
- * threads own contiguous ranges of output rows; within a range the kernel
+ * threads claim chunks of ROW_CHUNK output rows; within a chunk the kernel
  * walks R rows x T tokens tiles (R*T vector accumulators in registers), the
  * R weight rows staying in L1 while all token tiles pass over them. Tokens
  * are taken in blocks of TOK_BLOCK so the activations of a block stay in L2
@@ -18,7 +18,17 @@
  * matrices, but the sum order would change with the batch). */
 #include "cpu/cpu_impl.h"
 
-enum { MAX_R = 4, MAX_T = 4, TOK_BLOCK = 64 };
+/* ROW_CHUNK: output rows per pool chunk (a multiple of 3 and 4, ~100 KB of
+ * weights at n_in 576: long sequential streams, yet enough chunks for
+ * dynamic balancing). */
+enum { MAX_R = 4, MAX_T = 4, TOK_BLOCK = 64, ROW_CHUNK = 48 };
+/* Tile for 3+ tokens: 3 rows x 4 tokens = 12 accumulators + 3 weight
+ * vectors + 1 activation vector = 16 ymm registers (measured ~1.5x faster
+ * than 2x4 or 4x3 on the development Xeon). */
+#ifndef MANY_R
+#define MANY_R 3
+#define MANY_T 4
+#endif
 
 typedef struct matmul_args {
     const float *w;
@@ -83,13 +93,13 @@ static const tile_fn tiles[MAX_R][MAX_T] = {
     {tile_4_1, tile_4_2, tile_4_3, tile_4_4},
 };
 
-static void matmul_thread(void *p, int32_t ith, int32_t nth) {
+static void matmul_chunk(void *p, int64_t c, int32_t ith) {
     const matmul_args *a = p;
     size_t r_begin, r_end;
-    sd_cpu_split(a->n_out, MAX_R, ith, nth, &r_begin, &r_end);
+    sd_cpu_chunk(a->n_out, ROW_CHUNK, c, &r_begin, &r_end);
     /* Tile shape: with 1-2 tokens, 4 rows share each activation load; with
-     * more, 2 rows x 4 tokens (8 accumulators + 2 weight vectors). */
-    size_t rb = a->n_tokens >= 3 ? 2 : 4, tb = a->n_tokens >= 3 ? 4 : a->n_tokens;
+     * more, MANY_R rows x MANY_T tokens. */
+    size_t rb = a->n_tokens >= 3 ? MANY_R : 4, tb = a->n_tokens >= 3 ? MANY_T : a->n_tokens;
     for (size_t t0 = 0; t0 < a->n_tokens; t0 += TOK_BLOCK) {
         size_t t_end = t0 + TOK_BLOCK < a->n_tokens ? t0 + TOK_BLOCK : a->n_tokens;
         for (size_t r = r_begin; r < r_end; r += rb) {
@@ -107,6 +117,7 @@ sd_status sd_cpu_matmul(sd_backend *be, const float *w, int32_t n_in, int32_t n_
                         int32_t n_tokens, float *y) {
     if (n_tokens <= 0 || n_out <= 0) return SD_OK;
     matmul_args a = {w, x, y, (size_t)n_in, (size_t)n_out, (size_t)n_tokens};
-    sd_cpu_parallel(be, matmul_thread, &a, (size_t)n_in * (size_t)n_out);
+    sd_cpu_parallel(be, matmul_chunk, &a, (int64_t)(((size_t)n_out + ROW_CHUNK - 1) / ROW_CHUNK),
+                    (size_t)n_in * (size_t)n_out);
     return SD_OK;
 }

@@ -10,23 +10,19 @@ typedef struct rmsnorm_args {
     float eps;
 } rmsnorm_args;
 
-static void rmsnorm_thread(void *p, int32_t ith, int32_t nth) {
+static void rmsnorm_token(void *p, int64_t t, int32_t ith) {
     const rmsnorm_args *a = p;
-    size_t begin, end;
-    sd_cpu_split(a->n_tokens, 1, ith, nth, &begin, &end);
-    for (size_t t = begin; t < end; t++) {
-        const float *x = a->x + t * a->dim;
-        float *o = a->out + t * a->dim;
-        float mean = sd_cpu_dot(x, x, a->dim) / (float)a->dim;
-        float scale = 1.0f / sqrtf(mean + a->eps);
-        for (size_t i = 0; i < a->dim; i++) o[i] = (x[i] * scale) * a->weight[i];
-    }
+    const float *x = a->x + (size_t)t * a->dim;
+    float *o = a->out + (size_t)t * a->dim;
+    float mean = sd_cpu_dot(x, x, a->dim) / (float)a->dim;
+    float scale = 1.0f / sqrtf(mean + a->eps);
+    for (size_t i = 0; i < a->dim; i++) o[i] = (x[i] * scale) * a->weight[i];
 }
 
 sd_status sd_cpu_rmsnorm(sd_backend *be, const float *x, const float *weight, int32_t n_tokens, int32_t dim,
                          float eps, float *out) {
     if (n_tokens <= 0) return SD_OK;
     rmsnorm_args a = {x, weight, out, (size_t)n_tokens, (size_t)dim, eps};
-    sd_cpu_parallel(be, rmsnorm_thread, &a, (size_t)n_tokens * (size_t)dim);
+    sd_cpu_parallel(be, rmsnorm_token, &a, n_tokens, (size_t)n_tokens * (size_t)dim);
     return SD_OK;
 }

@@ -13,22 +13,18 @@ typedef struct rope_args {
     size_t n_tokens, n_heads, head_dim;
 } rope_args;
 
-static void rope_thread(void *p, int32_t ith, int32_t nth) {
+static void rope_token(void *p, int64_t t, int32_t ith) {
     const rope_args *a = p;
-    size_t begin, end;
-    sd_cpu_split(a->n_tokens, 1, ith, nth, &begin, &end);
     size_t half = a->head_dim / 2;
-    for (size_t t = begin; t < end; t++) {
-        float *row = a->x + t * a->n_heads * a->head_dim;
-        for (size_t i = 0; i < half; i++) {
-            double theta = (double)a->pos[t] * (double)a->inv_freq[i];
-            float c = (float)cos(theta), s = (float)sin(theta);
-            for (size_t h = 0; h < a->n_heads; h++) {
-                float *v = row + h * a->head_dim + 2 * i;
-                float x0 = v[0], x1 = v[1];
-                v[0] = x0 * c - x1 * s;
-                v[1] = x0 * s + x1 * c;
-            }
+    float *row = a->x + (size_t)t * a->n_heads * a->head_dim;
+    for (size_t i = 0; i < half; i++) {
+        double theta = (double)a->pos[t] * (double)a->inv_freq[i];
+        float c = (float)cos(theta), s = (float)sin(theta);
+        for (size_t h = 0; h < a->n_heads; h++) {
+            float *v = row + h * a->head_dim + 2 * i;
+            float x0 = v[0], x1 = v[1];
+            v[0] = x0 * c - x1 * s;
+            v[1] = x0 * s + x1 * c;
         }
     }
 }
@@ -37,6 +33,6 @@ sd_status sd_cpu_rope(sd_backend *be, float *x, int32_t n_tokens, int32_t n_head
                       const int32_t *pos, const float *inv_freq) {
     if (n_tokens <= 0) return SD_OK;
     rope_args a = {x, pos, inv_freq, (size_t)n_tokens, (size_t)n_heads, (size_t)head_dim};
-    sd_cpu_parallel(be, rope_thread, &a, (size_t)n_tokens * (size_t)head_dim * 64);
+    sd_cpu_parallel(be, rope_token, &a, n_tokens, (size_t)n_tokens * (size_t)head_dim * 64);
     return SD_OK;
 }

@@ -10,10 +10,12 @@ typedef struct swiglu_args {
     size_t n;
 } swiglu_args;
 
-static void swiglu_thread(void *p, int32_t ith, int32_t nth) {
+enum { CHUNK = 4096 };
+
+static void swiglu_chunk(void *p, int64_t c, int32_t ith) {
     const swiglu_args *a = p;
     size_t begin, end;
-    sd_cpu_split(a->n, 64, ith, nth, &begin, &end);
+    sd_cpu_chunk(a->n, CHUNK, c, &begin, &end);
     for (size_t i = begin; i < end; i++) {
         float g = a->gate[i];
         a->out[i] = g / (1.0f + expf(-g)) * a->up[i];
@@ -22,6 +24,6 @@ static void swiglu_thread(void *p, int32_t ith, int32_t nth) {
 
 sd_status sd_cpu_swiglu(sd_backend *be, const float *gate, const float *up, size_t n, float *out) {
     swiglu_args a = {gate, up, out, n};
-    sd_cpu_parallel(be, swiglu_thread, &a, n * 16);
+    sd_cpu_parallel(be, swiglu_chunk, &a, (int64_t)((n + CHUNK - 1) / CHUNK), n * 16);
     return SD_OK;
 }

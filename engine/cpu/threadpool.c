@@ -1,12 +1,16 @@
-/* threadpool.c — persistent workers: spin on a generation counter, then sleep.
+/* threadpool.c — persistent workers claiming chunks from one atomic word.
  *
- * A run publishes (fn, arg), bumps `generation` and wakes sleepers; workers
- * that see the new generation call fn and decrement `pending`; the caller
- * does its own share and then waits for pending == 0. Sleepers are counted so
- * a run only takes the mutex when someone actually sleeps: the worker
- * increments `n_sleeping` before re-checking the generation and the caller
- * bumps the generation before reading `n_sleeping` (both seq_cst), so at least
- * one of them sees the other and no wake-up is lost. */
+ * A run is published as one 64-bit word: generation (24 bits) | n_chunks (20)
+ * | next chunk (20). Threads claim a chunk with a compare-and-swap that only
+ * succeeds while the generation is the current one, so a worker waking late
+ * can never take a chunk of a run that has finished (and fn/arg, which stay
+ * valid until every chunk of their run is done, are only read after a
+ * successful claim). The caller claims chunks too, then waits for the count
+ * of finished chunks, never for the workers themselves.
+ *
+ * Sleeping: a worker increments n_sleeping before re-checking the word under
+ * the mutex and the caller publishes the word before reading n_sleeping (both
+ * seq_cst), so at least one sees the other and no wake-up is lost. */
 #include "cpu/threadpool.h"
 
 #include <pthread.h>
@@ -19,8 +23,16 @@
 #define CPU_RELAX() ((void)0)
 #endif
 
-/* Spin iterations before sleeping (~50-100 µs of pause instructions). */
-enum { SPIN_ITERS = 4000 };
+/* Spin iterations before sleeping (tens of µs of pause instructions). */
+enum { SPIN_ITERS = 2000 };
+
+#define IDX_BITS 20
+#define IDX_MASK ((UINT64_C(1) << IDX_BITS) - 1)
+#define GEN_SHIFT (2 * IDX_BITS)
+
+static inline uint64_t word_gen(uint64_t w) { return w >> GEN_SHIFT; }
+static inline uint64_t word_n(uint64_t w) { return (w >> IDX_BITS) & IDX_MASK; }
+static inline uint64_t word_idx(uint64_t w) { return w & IDX_MASK; }
 
 typedef struct worker {
     sd_threadpool *tp;
@@ -32,12 +44,14 @@ struct sd_threadpool {
     int32_t n_threads;
     worker *workers; /* [n_threads - 1] */
     int32_t n_started;
+    uint64_t generation; /* caller-side copy of the current generation */
 
     sd_threadpool_fn fn;
     void *arg;
-    atomic_uint generation;
-    atomic_int pending;
+    _Atomic uint64_t work; /* gen | n_chunks | next */
+    atomic_llong n_done;   /* chunks finished in the current run */
     atomic_int n_sleeping;
+    atomic_bool caller_sleeping;
     atomic_bool stop;
 
     pthread_mutex_t mutex;
@@ -45,32 +59,44 @@ struct sd_threadpool {
     pthread_cond_t done_cond;
 };
 
+/* Claims and runs chunks of generation gen until none is left. */
+static void drain(sd_threadpool *tp, uint64_t gen, int32_t ith) {
+    uint64_t w = atomic_load(&tp->work);
+    for (;;) {
+        if (word_gen(w) != gen || word_idx(w) >= word_n(w)) return;
+        if (!atomic_compare_exchange_weak(&tp->work, &w, w + 1)) continue;
+        int64_t n = (int64_t)word_n(w);
+        tp->fn(tp->arg, (int64_t)word_idx(w), ith);
+        if (atomic_fetch_add(&tp->n_done, 1) + 1 == n && ith != 0 && atomic_load(&tp->caller_sleeping)) {
+            pthread_mutex_lock(&tp->mutex);
+            pthread_cond_signal(&tp->done_cond);
+            pthread_mutex_unlock(&tp->mutex);
+        }
+        w = atomic_load(&tp->work);
+    }
+}
+
 static void *worker_main(void *p) {
     worker *self = p;
     sd_threadpool *tp = self->tp;
-    unsigned seen = 0;
+    uint64_t seen = 0;
     for (;;) {
-        unsigned gen = atomic_load(&tp->generation);
+        uint64_t gen = word_gen(atomic_load(&tp->work));
         for (int i = 0; gen == seen && i < SPIN_ITERS && !atomic_load(&tp->stop); i++) {
             CPU_RELAX();
-            gen = atomic_load(&tp->generation);
+            gen = word_gen(atomic_load(&tp->work));
         }
         if (gen == seen && !atomic_load(&tp->stop)) {
             pthread_mutex_lock(&tp->mutex);
             atomic_fetch_add(&tp->n_sleeping, 1);
-            while ((gen = atomic_load(&tp->generation)) == seen && !atomic_load(&tp->stop))
+            while ((gen = word_gen(atomic_load(&tp->work))) == seen && !atomic_load(&tp->stop))
                 pthread_cond_wait(&tp->work_cond, &tp->mutex);
             atomic_fetch_sub(&tp->n_sleeping, 1);
             pthread_mutex_unlock(&tp->mutex);
         }
         if (atomic_load(&tp->stop)) break;
         seen = gen;
-        tp->fn(tp->arg, self->ith, tp->n_threads);
-        if (atomic_fetch_sub(&tp->pending, 1) == 1) {
-            pthread_mutex_lock(&tp->mutex);
-            pthread_cond_signal(&tp->done_cond);
-            pthread_mutex_unlock(&tp->mutex);
-        }
+        drain(tp, gen, self->ith);
     }
     return NULL;
 }
@@ -81,9 +107,10 @@ sd_status sd_threadpool_create(int32_t n_threads, sd_threadpool **out) {
     sd_threadpool *tp = calloc(1, sizeof *tp);
     if (!tp) return SD_ERR_NOMEM;
     tp->n_threads = n_threads;
-    atomic_init(&tp->generation, 0);
-    atomic_init(&tp->pending, 0);
+    atomic_init(&tp->work, 0);
+    atomic_init(&tp->n_done, 0);
     atomic_init(&tp->n_sleeping, 0);
+    atomic_init(&tp->caller_sleeping, false);
     atomic_init(&tp->stop, false);
     pthread_mutex_init(&tp->mutex, NULL);
     pthread_cond_init(&tp->work_cond, NULL);
@@ -127,25 +154,31 @@ void sd_threadpool_free(sd_threadpool **ptp) {
 
 int32_t sd_threadpool_size(const sd_threadpool *tp) { return tp->n_threads; }
 
-void sd_threadpool_run(sd_threadpool *tp, sd_threadpool_fn fn, void *arg) {
-    if (tp->n_threads == 1) {
-        fn(arg, 0, 1);
+void sd_threadpool_run(sd_threadpool *tp, sd_threadpool_fn fn, void *arg, int64_t n_chunks) {
+    if (n_chunks <= 0) return;
+    if (tp->n_threads == 1 || n_chunks == 1 || n_chunks > SD_THREADPOOL_MAX_CHUNKS - 1) {
+        for (int64_t c = 0; c < n_chunks; c++) fn(arg, c, 0);
         return;
     }
     tp->fn = fn;
     tp->arg = arg;
-    atomic_store(&tp->pending, tp->n_threads - 1);
-    atomic_fetch_add(&tp->generation, 1); /* publishes fn/arg (seq_cst) */
+    atomic_store(&tp->n_done, 0);
+    tp->generation = (tp->generation + 1) & ((UINT64_C(1) << (64 - GEN_SHIFT)) - 1);
+    if (tp->generation == 0) tp->generation = 1; /* 0 is what idle workers have seen */
+    uint64_t gen = tp->generation;
+    atomic_store(&tp->work, (gen << GEN_SHIFT) | ((uint64_t)n_chunks << IDX_BITS)); /* publishes fn/arg */
     if (atomic_load(&tp->n_sleeping) > 0) {
         pthread_mutex_lock(&tp->mutex);
         pthread_cond_broadcast(&tp->work_cond);
         pthread_mutex_unlock(&tp->mutex);
     }
-    fn(arg, 0, tp->n_threads);
-    for (int i = 0; i < SPIN_ITERS && atomic_load(&tp->pending) > 0; i++) CPU_RELAX();
-    if (atomic_load(&tp->pending) > 0) {
+    drain(tp, gen, 0);
+    for (int i = 0; i < SPIN_ITERS && atomic_load(&tp->n_done) < n_chunks; i++) CPU_RELAX();
+    if (atomic_load(&tp->n_done) < n_chunks) {
         pthread_mutex_lock(&tp->mutex);
-        while (atomic_load(&tp->pending) > 0) pthread_cond_wait(&tp->done_cond, &tp->mutex);
+        atomic_store(&tp->caller_sleeping, true);
+        while (atomic_load(&tp->n_done) < n_chunks) pthread_cond_wait(&tp->done_cond, &tp->mutex);
+        atomic_store(&tp->caller_sleeping, false);
         pthread_mutex_unlock(&tp->mutex);
     }
 }

@@ -1,12 +1,15 @@
 /* threadpool.h — a persistent pool of worker threads for the CPU backend.
  *
- * sd_threadpool_run(fn, arg) calls fn(arg, ith, nth) once on each of the nth
- * threads (the caller is thread 0) and returns when all have finished. Work is
- * split statically by the op itself (ith/nth), so no queue is needed. Threads
- * are created once; between runs workers spin briefly (a forward pass issues
- * hundreds of runs back to back) and then sleep on a condition variable, so an
- * idle pool costs no CPU. Rejected: creating threads per call (tens of µs per
- * op) and OpenMP (hidden global state, no control over spinning). */
+ * sd_threadpool_run(fn, arg, n_chunks) calls fn(arg, chunk, ith) exactly once
+ * for every chunk in [0, n_chunks), spread over the pool's threads (the
+ * caller is ith 0, workers 1..n-1), and returns when every chunk is done.
+ * Chunks are claimed dynamically, so a worker that the OS has descheduled
+ * (the machine is shared) delays nothing: the others take its chunks.
+ * Threads are created once; between runs workers spin briefly (a forward pass
+ * issues hundreds of runs back to back) and then sleep on a condition
+ * variable, so an idle pool costs no CPU. Rejected: creating threads per call
+ * (tens of µs per op), static ith/nth splits (one slow thread stalls the op),
+ * OpenMP (hidden global state, no control over spinning). */
 #ifndef SPECD_CPU_THREADPOOL_H
 #define SPECD_CPU_THREADPOOL_H
 
@@ -14,8 +17,12 @@
 
 typedef struct sd_threadpool sd_threadpool;
 
-/* The work of one thread: ith in [0, nth). */
-typedef void (*sd_threadpool_fn)(void *arg, int32_t ith, int32_t nth);
+/* Work on one chunk; ith in [0, n_threads) names the calling thread (for
+ * per-thread scratch). */
+typedef void (*sd_threadpool_fn)(void *arg, int64_t chunk, int32_t ith);
+
+/* Most chunks one run may have. */
+#define SD_THREADPOOL_MAX_CHUNKS ((int64_t)1 << 20)
 
 /* Starts n_threads-1 workers (n_threads >= 1; the caller is the n-th).
  * Caller frees with sd_threadpool_free. */
@@ -24,7 +31,8 @@ sd_status sd_threadpool_create(int32_t n_threads, sd_threadpool **out);
 void sd_threadpool_free(sd_threadpool **tp);
 /* Number of threads, the caller included. */
 int32_t sd_threadpool_size(const sd_threadpool *tp);
-/* Runs fn on every thread and waits for all. Not reentrant: one caller. */
-void sd_threadpool_run(sd_threadpool *tp, sd_threadpool_fn fn, void *arg);
+/* Runs fn on every chunk (0 < n_chunks <= SD_THREADPOOL_MAX_CHUNKS) and
+ * waits for all. Not reentrant: one caller at a time. */
+void sd_threadpool_run(sd_threadpool *tp, sd_threadpool_fn fn, void *arg, int64_t n_chunks);
 
 #endif
