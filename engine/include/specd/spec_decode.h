@@ -1,0 +1,58 @@
+/* spec_decode.h — speculative decoding of one sequence in one process:
+ * a target model, an optional drafter, the verifier of spec.h between them.
+ *
+ * A step drafts up to k tokens, runs the target once over the context's
+ * uncached tail plus the drafts (one ragged batch, logits for the last
+ * context row and every draft row), verifies (greedy at temperature 0,
+ * exact rejection sampling otherwise) and rolls the target's KV cache back
+ * past the rejected drafts. With no drafter, or k = 0, a step is exactly one
+ * plain decoding step (the same SD_RNG_SAMPLE draw at the same position).
+ * The decoder keeps a copy of the tokens its target cache holds and reuses
+ * their longest common prefix with the context it is given, so callers just
+ * pass the committed context every time. Not thread-safe. */
+#ifndef SPECD_SPEC_DECODE_H
+#define SPECD_SPEC_DECODE_H
+
+#include "specd/drafter.h"
+#include "specd/model.h"
+#include "specd/sample.h"
+#include "specd/spec.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct sd_spec_decoder sd_spec_decoder;
+
+/* Counters over the decoder's life (or since the last reset). */
+typedef struct sd_spec_stats {
+    int64_t steps;      /* target forward calls that produced tokens */
+    int64_t drafted;    /* draft tokens proposed and verified */
+    int64_t accepted;   /* of those, accepted */
+    int64_t committed;  /* tokens committed (accepted + one per step) */
+    double draft_s;     /* seconds in the drafter */
+    double target_s;    /* seconds in the target forward + verification */
+} sd_spec_stats;
+
+/* A decoder for one sequence of at most max_ctx tokens over target
+ * (borrowed) and drafter (borrowed, may be NULL; it uses slot 0). Caller
+ * frees with sd_spec_decoder_free. */
+sd_status sd_spec_decoder_create(sd_model *target, sd_drafter *drafter, int32_t max_ctx, sd_spec_decoder **out);
+void sd_spec_decoder_free(sd_spec_decoder **d);
+
+/* One step after committed context ctx[n_ctx] (n_ctx >= 1): drafts up to k
+ * tokens, verifies them, writes the tokens to commit to out[k+1] and their
+ * count (>= 1) to *n_out, and the step's draft length / accepted count to
+ * *n_drafted / *n_accepted when not NULL. */
+sd_status sd_spec_decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t k,
+                               const sd_sampling *s, int32_t *out, int32_t *n_out, int32_t *n_drafted,
+                               int32_t *n_accepted);
+
+/* Borrowed counters, valid while d lives; reset clears them. */
+const sd_spec_stats *sd_spec_decoder_stats(const sd_spec_decoder *d);
+void sd_spec_decoder_reset_stats(sd_spec_decoder *d);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
