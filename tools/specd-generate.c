@@ -6,8 +6,17 @@
  * streaming text as whole UTF-8 characters. --json replaces the stream with
  * one JSON object at the end (ids, text, timings), which is what the tests and
  * benchmarks read. Sampling uses the counter-based generator keyed by (seed,
- * position), so a seeded run is reproducible anywhere. */
+ * position), so a seeded run is reproducible anywhere.
+ *
+ * With --draft, --ngram or --draft-layers it decodes speculatively through
+ * sd_spec_decoder (spec_decode.h): each step drafts K tokens, verifies them
+ * in one target pass and commits the accepted ones plus one; the output has
+ * exactly plain decoding's distribution (token for token at temperature 0).
+ * The report gives drafted, accepted, the acceptance rate, tokens per target
+ * step and the i.i.d. expectation (1-a^(K+1))/(1-a) beside it. */
 #include "specd/common.h"
+#include "specd/drafter.h"
+#include "specd/spec_decode.h"
 #include "specd/gguf.h"
 #include "specd/model.h"
 #include "specd/sample.h"
@@ -33,6 +42,12 @@ typedef struct gen_opts {
     bool json;
     bool verbose;
     bool ignore_eos;
+    /* speculative decoding: at most one of draft_path / ngram / draft_layers */
+    const char *draft_path;
+    bool ngram;
+    int32_t draft_layers;
+    int32_t k;
+    bool adaptive_k;
 } gen_opts;
 
 static void usage(FILE *f) {
@@ -54,6 +69,11 @@ static void usage(FILE *f) {
             "      --system TEXT    system prompt with --chat (default: the model's)\n"
             "  -t, --threads N      worker threads (default: all cores)\n"
             "      --ignore-eos     keep generating past end-of-generation tokens\n"
+            "      --draft FILE     speculative decoding with a draft GGUF (same vocabulary)\n"
+            "      --ngram          speculative decoding with the n-gram (prompt lookup) drafter\n"
+            "      --draft-layers L speculative decoding with the target's first L layers (self-draft)\n"
+            "  -k K                 draft tokens per step (default 4, at most 64)\n"
+            "      --adaptive-k     choose K per step (1..K) from the observed acceptance\n"
             "      --json           print one JSON object at the end instead of streaming\n"
             "  -v, --verbose        log at DEBUG level\n"
             "  -h, --help           this help\n");
@@ -79,7 +99,8 @@ static bool parse_float(const char *s, float *out) {
 
 /* Returns 0 and fills o, 1 after --help, 2 on a usage error (message printed). */
 static int parse_args(int argc, char **argv, gen_opts *o) {
-    enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_SEED, OPT_CHAT, OPT_SYSTEM, OPT_JSON, OPT_NOEOS };
+    enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_SEED, OPT_CHAT, OPT_SYSTEM, OPT_JSON, OPT_NOEOS, OPT_DRAFT,
+           OPT_NGRAM, OPT_DRAFT_LAYERS, OPT_ADAPTIVE };
     static const struct option longs[] = {
         {"model", required_argument, 0, 'm'},   {"prompt", required_argument, 0, 'p'},
         {"n-predict", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
@@ -88,14 +109,17 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         {"seed", required_argument, 0, OPT_SEED}, {"chat", no_argument, 0, OPT_CHAT},
         {"system", required_argument, 0, OPT_SYSTEM}, {"json", no_argument, 0, OPT_JSON},
         {"ignore-eos", no_argument, 0, OPT_NOEOS},
+        {"draft", required_argument, 0, OPT_DRAFT}, {"ngram", no_argument, 0, OPT_NGRAM},
+        {"draft-layers", required_argument, 0, OPT_DRAFT_LAYERS}, {"adaptive-k", no_argument, 0, OPT_ADAPTIVE},
         {"verbose", no_argument, 0, 'v'},         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->n_predict = 128;
+    o->k = 4;
     o->sampling = sd_sampling_default();
     o->sampling.temperature = 0.0f;
     int c;
-    while ((c = getopt_long(argc, argv, "m:p:n:t:vh", longs, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:p:n:t:k:vh", longs, NULL)) != -1) {
         bool ok = true;
         const char *name = "";
         switch (c) {
@@ -120,6 +144,11 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         case OPT_SYSTEM: o->system = optarg; break;
         case OPT_JSON: o->json = true; break;
         case OPT_NOEOS: o->ignore_eos = true; break;
+        case OPT_DRAFT: o->draft_path = optarg; break;
+        case OPT_NGRAM: o->ngram = true; break;
+        case OPT_DRAFT_LAYERS: name = "draft-layers"; ok = parse_int(optarg, 1, 1024, &o->draft_layers); break;
+        case 'k': name = "k"; ok = parse_int(optarg, 1, SD_SPEC_MAX_K, &o->k); break;
+        case OPT_ADAPTIVE: o->adaptive_k = true; break;
         case 'v': o->verbose = true; break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return 2;
@@ -131,6 +160,10 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
     }
     if (optind < argc) {
         fprintf(stderr, "specd-generate: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if ((o->draft_path != NULL) + o->ngram + (o->draft_layers > 0) > 1) {
+        fprintf(stderr, "specd-generate: --draft, --ngram and --draft-layers exclude each other\n");
         return 2;
     }
     if (!o->model_path) {
@@ -170,12 +203,15 @@ typedef struct gen_result {
     size_t n_ids;
     const char *stop_reason;
     double prompt_s, decode_s;
+    bool spec;             /* speculative mode: the fields below are set */
+    sd_spec_stats spec_stats;
+    double mean_k;         /* mean draft length asked for per step */
 } gen_result;
 
-/* Prefill + decode loop. Streams text to stdout unless o->json. */
-static sd_status generate(const gen_opts *o, sd_model *m, const sd_tok *tok, const char *text, gen_result *r) {
-    const sd_model_config *cfg = sd_model_config_of(m);
-    int32_t n_vocab = cfg->n_vocab;
+/* Tokenizes text (BOS added when the model wants it) into r->prompt_ids and
+ * checks that prompt + n_predict fits the model's context. */
+static sd_status encode_prompt(const gen_opts *o, const sd_model_config *cfg, const sd_tok *tok, const char *text,
+                               gen_result *r) {
     sd_status st = sd_tok_encode(tok, text, strlen(text), true, &r->prompt_ids, &r->n_prompt);
     if (st != SD_OK) return st;
     if (sd_tok_add_bos(tok) && sd_tok_bos(tok) >= 0) {
@@ -197,6 +233,16 @@ static sd_status generate(const gen_opts *o, sd_model *m, const sd_tok *tok, con
                  o->n_predict, cfg->n_ctx_train);
         return SD_ERR_RANGE;
     }
+    return SD_OK;
+}
+
+/* Prefill + decode loop. Streams text to stdout unless o->json. */
+static sd_status generate(const gen_opts *o, sd_model *m, const sd_tok *tok, const char *text, gen_result *r) {
+    const sd_model_config *cfg = sd_model_config_of(m);
+    int32_t n_vocab = cfg->n_vocab;
+    sd_status st = encode_prompt(o, cfg, tok, text, r);
+    if (st != SD_OK) return st;
+    int64_t n_ctx = (int64_t)r->n_prompt + o->n_predict;
     const int32_t block = 16;
     sd_kv *kv = NULL;
     SD_TRY(sd_model_kv_create(m, 1, (int32_t)((n_ctx + block - 1) / block) + 1, block, &kv));
@@ -264,6 +310,110 @@ done:
     return st;
 }
 
+/* Adaptive K: the K in 1..k_max maximizing expected tokens per unit of
+ * cost, E(K) = (1 - a^(K+1)) / (1 - a) over cost(K) = 1 + K * (c_draft +
+ * c_verify), with a the smoothed per-token acceptance, c_draft the measured
+ * draft time per token relative to a target step, and c_verify = 0.05 the
+ * assumed relative cost of verifying one more token in the batched target
+ * pass (weights are read once per pass on the CPU). */
+static int32_t choose_k(double alpha, double c_draft, int32_t k_max) {
+    int32_t best = 1;
+    double best_rate = 0;
+    for (int32_t k = 1; k <= k_max; k++) {
+        double rate = sd_spec_expected_tokens(alpha, k) / (1.0 + k * (c_draft + 0.05));
+        if (rate > best_rate) {
+            best_rate = rate;
+            best = k;
+        }
+    }
+    return best;
+}
+
+/* Speculative decode loop over decoder dec. Streams unless o->json. */
+static sd_status generate_spec(const gen_opts *o, sd_model *m, sd_spec_decoder *dec, const sd_tok *tok,
+                               const char *text, gen_result *r) {
+    SD_TRY(encode_prompt(o, sd_model_config_of(m), tok, text, r));
+    int32_t n_prompt = (int32_t)r->n_prompt;
+    int32_t *ctx = malloc(((size_t)n_prompt + (size_t)o->n_predict + SD_SPEC_MAX_K + 1) * sizeof *ctx);
+    r->ids = malloc(((size_t)o->n_predict + SD_SPEC_MAX_K + 1) * sizeof *r->ids);
+    sd_tok_stream *stream = sd_tok_stream_new(tok);
+    sd_status st = SD_OK;
+    if (!ctx || !r->ids || !stream) {
+        st = SD_ERR_NOMEM;
+        goto done;
+    }
+    memcpy(ctx, r->prompt_ids, (size_t)n_prompt * sizeof *ctx);
+    r->spec = true;
+    r->stop_reason = "length";
+    double alpha = 0.5; /* smoothed acceptance, a neutral start */
+    double k_sum = 0;
+    int64_t n_steps = 0;
+    double t_start = sd_now(), t_decode = t_start;
+    while ((int32_t)r->n_ids < o->n_predict) {
+        int32_t k = o->k;
+        if (o->adaptive_k) {
+            const sd_spec_stats *ss = sd_spec_decoder_stats(dec);
+            double c_draft = ss->drafted && ss->target_s > 0
+                                 ? (ss->draft_s / (double)ss->drafted) / (ss->target_s / (double)ss->steps)
+                                 : 0.0;
+            k = choose_k(alpha, c_draft, o->k);
+        }
+        int32_t step[SD_SPEC_MAX_K + 1], n_step, n_drafted, n_accepted;
+        st = sd_spec_decoder_step(dec, ctx, n_prompt + (int32_t)r->n_ids, k, &o->sampling, step, &n_step,
+                                  &n_drafted, &n_accepted);
+        if (st != SD_OK) goto done;
+        if (n_steps++ == 0) {
+            t_decode = sd_now();
+            r->prompt_s = t_decode - t_start; /* the first step carries the prefill */
+        }
+        k_sum += k;
+        if (n_drafted > 0) alpha = 0.7 * alpha + 0.3 * ((double)n_accepted / n_drafted);
+        bool stop = false;
+        for (int32_t i = 0; i < n_step && (int32_t)r->n_ids < o->n_predict; i++) {
+            int32_t next = step[i];
+            ctx[n_prompt + (int32_t)r->n_ids] = next;
+            r->ids[r->n_ids++] = next;
+            if (!o->ignore_eos && sd_tok_is_eog(tok, next)) {
+                r->stop_reason = "eos";
+                stop = true;
+                break;
+            }
+            if (!o->json) {
+                char piece[512];
+                size_t n;
+                if (sd_tok_stream_push(stream, next, piece, sizeof piece, &n) == SD_OK && n) {
+                    fwrite(piece, 1, n, stdout);
+                    fflush(stdout);
+                }
+            }
+        }
+        if (stop) break;
+    }
+    r->decode_s = sd_now() - t_decode;
+    r->spec_stats = *sd_spec_decoder_stats(dec);
+    r->mean_k = n_steps ? k_sum / (double)n_steps : 0;
+    if (!o->json) {
+        char tail[512];
+        size_t n;
+        if (sd_tok_stream_flush(stream, tail, sizeof tail, &n) == SD_OK && n) fwrite(tail, 1, n, stdout);
+        fputc('\n', stdout);
+    }
+done:
+    sd_tok_stream_free(&stream);
+    free(ctx);
+    return st;
+}
+
+/* Measured acceptance rate and the i.i.d. expectation of tokens per step at
+ * that rate with the mean draft length actually proposed. */
+static void spec_summary(const gen_result *r, double *rate, double *per_step, double *expected) {
+    const sd_spec_stats *ss = &r->spec_stats;
+    *rate = ss->drafted ? (double)ss->accepted / (double)ss->drafted : 0;
+    *per_step = ss->steps ? (double)ss->committed / (double)ss->steps : 0;
+    double mean_drafted = ss->steps ? (double)ss->drafted / (double)ss->steps : 0;
+    *expected = sd_spec_expected_tokens(*rate, (int32_t)(mean_drafted + 0.5));
+}
+
 static cJSON *ids_array(const int32_t *ids, size_t n) {
     cJSON *a = cJSON_CreateArray();
     for (size_t i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
@@ -293,6 +443,20 @@ static int print_json(const gen_opts *o, const sd_tok *tok, const char *prompt_t
     cJSON_AddNumberToObject(t, "generated_tokens", (double)r->n_ids);
     cJSON_AddNumberToObject(t, "decode_ms", r->decode_s * 1e3);
     cJSON_AddNumberToObject(t, "decode_tok_s", r->decode_s > 0 ? steps / r->decode_s : 0);
+    if (r->spec) {
+        double rate, per_step, expected;
+        spec_summary(r, &rate, &per_step, &expected);
+        cJSON *sp = cJSON_AddObjectToObject(root, "spec");
+        cJSON_AddNumberToObject(sp, "target_steps", (double)r->spec_stats.steps);
+        cJSON_AddNumberToObject(sp, "drafted", (double)r->spec_stats.drafted);
+        cJSON_AddNumberToObject(sp, "accepted", (double)r->spec_stats.accepted);
+        cJSON_AddNumberToObject(sp, "acceptance_rate", rate);
+        cJSON_AddNumberToObject(sp, "tokens_per_step", per_step);
+        cJSON_AddNumberToObject(sp, "expected_tokens_per_step", expected);
+        cJSON_AddNumberToObject(sp, "mean_k", r->mean_k);
+        cJSON_AddNumberToObject(sp, "draft_ms", r->spec_stats.draft_s * 1e3);
+        cJSON_AddNumberToObject(sp, "target_ms", r->spec_stats.target_s * 1e3);
+    }
     char *out = cJSON_PrintUnformatted(root);
     int rc = out ? 0 : 1;
     if (out) puts(out);
@@ -320,6 +484,8 @@ int main(int argc, char **argv) {
     sd_tok *tok = NULL;
     char *chat_text = NULL;
     gen_result r = {0};
+    sd_drafter *drafter = NULL;
+    sd_spec_decoder *dec = NULL;
     char err[512] = "";
     rc = 1;
     sd_status st = sd_gguf_open(o.model_path, &g, err, sizeof err);
@@ -345,7 +511,22 @@ int main(int argc, char **argv) {
         if ((st = sd_tok_chat_format(msg, n, DEFAULT_SYSTEM_PROMPT, true, &chat_text)) != SD_OK) goto out;
         text = chat_text;
     }
-    st = generate(&o, m, tok, text, &r);
+    if (o.draft_path || o.ngram || o.draft_layers > 0) {
+        sd_drafter_params dp = sd_drafter_default_params();
+        dp.max_ctx = sd_model_config_of(m)->n_ctx_train;
+        dp.n_threads = o.n_threads;
+        if (o.ngram) st = sd_drafter_ngram_create(&dp, &drafter);
+        else if (o.draft_layers > 0) st = sd_drafter_self_open(o.model_path, o.draft_layers, &dp, &drafter);
+        else st = sd_drafter_model_open(o.draft_path, sd_tok_vocab_hash(tok), sd_tok_n_vocab(tok), &dp, &drafter);
+        if (st == SD_OK) st = sd_spec_decoder_create(m, drafter, sd_model_config_of(m)->n_ctx_train, &dec);
+        if (st != SD_OK) {
+            fprintf(stderr, "specd-generate: cannot set up the drafter: %s (see the log above)\n", sd_status_str(st));
+            goto out;
+        }
+        st = generate_spec(&o, m, dec, tok, text, &r);
+    } else {
+        st = generate(&o, m, tok, text, &r);
+    }
     if (st != SD_OK) {
         fprintf(stderr, "specd-generate: generation failed: %s (see the log above)\n", sd_status_str(st));
         goto out;
@@ -356,8 +537,18 @@ int main(int argc, char **argv) {
         fprintf(stderr, "[prompt %zu tokens, %.1f tok/s | generated %zu tokens, %.1f tok/s | stop: %s]\n",
                 r.n_prompt, r.prompt_s > 0 ? (double)r.n_prompt / r.prompt_s : 0, r.n_ids,
                 r.decode_s > 0 ? steps / r.decode_s : 0, r.stop_reason);
+        if (r.spec) {
+            double rate, per_step, expected;
+            spec_summary(&r, &rate, &per_step, &expected);
+            fprintf(stderr, "[%s drafter, K %s%d: drafted %lld, accepted %lld, acceptance %.3f | %.2f tokens per "
+                            "target step, expected (1-a^(K+1))/(1-a) = %.2f]\n",
+                    sd_drafter_name(drafter), o.adaptive_k ? "<= " : "", (int)o.k,
+                    (long long)r.spec_stats.drafted, (long long)r.spec_stats.accepted, rate, per_step, expected);
+        }
     }
 out:
+    sd_spec_decoder_free(&dec);
+    sd_drafter_free(&drafter);
     free(r.prompt_ids);
     free(r.ids);
     free(chat_text);
