@@ -1,0 +1,143 @@
+/* net.h — ZeroMQ + protobuf-c plumbing shared by every specd process.
+ *
+ * What lives here: protocol constants (version, heartbeat timing, size
+ * limits), socket setup that every process uses (every socket gets a
+ * maximum message size and a finite linger; ROUTER sockets are
+ * ROUTER_MANDATORY so an unroutable reply is an error, not a silent drop;
+ * optional CurveZMQ), envelope send/receive (routing frames + exactly one
+ * body frame), decode-and-validate of every envelope (token ids in
+ * [0, vocab), every length bounded, sampling parameters in range) with an
+ * error message naming the field, the limit and the value, and the
+ * role/rank log prefix.
+ *
+ * Generated protobuf-c code (specd.pb-c.h) lives only in the build tree;
+ * include it through this header. Nothing here keeps global state: the
+ * ZeroMQ context is the caller's. */
+#ifndef SPECD_NET_H
+#define SPECD_NET_H
+
+#include "specd/common.h"
+#include "specd/sample.h"
+#include "specd.pb-c.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- protocol constants ---- */
+#define SD_PROTOCOL_VERSION 1u
+#define SD_HEARTBEAT_INTERVAL_MS 250     /* send a heartbeat this often when idle */
+#define SD_HEARTBEAT_LIVENESS 8          /* silent intervals before a peer is dead (2 s) */
+#define SD_NET_LINGER_MS 200             /* ZMQ_LINGER on every socket */
+
+/* Size limits, enforced at the socket (ZMQ_MAXMSGSIZE) and by validation. */
+#define SD_MAX_CLIENT_MSG_BYTES (4 << 20)  /* client link: prompts are text */
+#define SD_MAX_WORKER_MSG_BYTES (64 << 20) /* worker link: full prefixes on CACHE_MISS */
+#define SD_MAX_PROMPT_BYTES (1 << 20)      /* prompt text */
+#define SD_MAX_BATCH 256                   /* sequences in one draft/verify batch */
+#define SD_MAX_DRAFT 32                    /* draft tokens per sequence per step */
+#define SD_MAX_TOP_N 1024                  /* entries of one sparse q */
+#define SD_MAX_STOP_STRINGS 16
+#define SD_MAX_STOP_BYTES 256              /* per stop string */
+#define SD_MAX_IDENTITY_BYTES 255          /* ZeroMQ routing id */
+
+/* What a process knows about the model it validates against. */
+typedef struct sd_net_limits {
+    int32_t n_vocab;      /* token ids must be in [0, n_vocab) */
+    int32_t max_context;  /* tokens in one sequence */
+    int32_t max_batch;    /* sequences per batch (<= SD_MAX_BATCH) */
+    int32_t max_draft;    /* draft tokens per sequence (<= SD_MAX_DRAFT) */
+} sd_net_limits;
+
+/* ---- sockets ---- */
+
+typedef struct sd_net_socket_params {
+    int type;                  /* ZMQ_ROUTER, ZMQ_DEALER, ... */
+    int64_t max_msg_bytes;     /* ZMQ_MAXMSGSIZE (required, > 0) */
+    int linger_ms;             /* ZMQ_LINGER (default SD_NET_LINGER_MS) */
+    int sndhwm, rcvhwm;        /* high-water marks in messages (0 = libzmq default) */
+    const char *identity;      /* ZMQ_ROUTING_ID for DEALER sockets, or NULL */
+    /* CurveZMQ (all NULL = plaintext). Keys are Z85 text (40 chars). */
+    const char *curve_server_secret;  /* set on the binding (server) side */
+    const char *curve_server_public;  /* set on the connecting (client) side */
+    const char *curve_public, *curve_secret; /* the connecting side's own keys */
+} sd_net_socket_params;
+
+/* Defaults: linger SD_NET_LINGER_MS, everything else 0/NULL. */
+sd_net_socket_params sd_net_socket_default_params(void);
+
+/* Creates a socket in zctx with p applied and binds it to bind_addr (when not
+ * NULL) or connects it to connect_addr. ROUTER sockets get
+ * ZMQ_ROUTER_MANDATORY. Caller closes *out with sd_net_close. Errors name the
+ * address and zmq_strerror. */
+sd_status sd_net_socket_open(void *zctx, const sd_net_socket_params *p, const char *bind_addr,
+                             const char *connect_addr, void **out);
+/* zmq_close(*sock), *sock = NULL. NULL-safe. */
+void sd_net_close(void **sock);
+
+/* ---- envelopes on the wire ---- */
+
+/* A received message: the routing id (ROUTER side; empty on DEALER) and the
+ * one body frame. */
+typedef struct sd_net_msg {
+    uint8_t identity[SD_MAX_IDENTITY_BYTES];
+    size_t identity_len;
+    uint8_t *body;        /* malloc'd; owned by the msg, freed by sd_net_msg_clear */
+    size_t body_len;
+} sd_net_msg;
+
+/* Receives one message (non-blocking when dontwait). A ROUTER socket expects
+ * [identity, body]; any other socket [body]. Extra or missing frames are
+ * consumed and reported as SD_ERR_FORMAT (the identity is still filled so
+ * the caller can answer). SD_ERR_NET with errno EAGAIN when nothing waits. */
+sd_status sd_net_recv(void *sock, bool router, bool dontwait, sd_net_msg *m);
+void sd_net_msg_clear(sd_net_msg *m);
+
+/* Packs env (any generated envelope) and sends it, preceded by the routing
+ * id when identity != NULL. Thread-compatible (one thread per socket). */
+sd_status sd_net_send(void *sock, const uint8_t *identity, size_t identity_len, const ProtobufCMessage *env);
+
+/* ---- decode + validate ----
+ * Each decoder unpacks bytes into an envelope and validates every field that
+ * is present against lim. On failure it returns NULL and writes a readable
+ * reason ("verify.seqs[3].draft[1]: token id 70000 out of range [0, 49152)")
+ * into err and the matching code into *code (CODE_MALFORMED when the bytes do
+ * not decode, CODE_BAD_REQUEST/CODE_TOO_LARGE for bad fields). The result is
+ * freed with the matching specd__*__free_unpacked(env, NULL). lim may be NULL
+ * where the receiver cannot know the vocabulary yet (a coordinator before any
+ * verifier registered); token ranges are then not checked. */
+Specd__ClientToCoordinator *sd_net_decode_client(const uint8_t *data, size_t len, const sd_net_limits *lim,
+                                                 Specd__Code *code, char *err, size_t err_len);
+Specd__CoordinatorToClient *sd_net_decode_to_client(const uint8_t *data, size_t len, Specd__Code *code, char *err,
+                                                    size_t err_len);
+Specd__WorkerToCoordinator *sd_net_decode_worker(const uint8_t *data, size_t len, const sd_net_limits *lim,
+                                                 Specd__Code *code, char *err, size_t err_len);
+Specd__CoordinatorToWorker *sd_net_decode_to_worker(const uint8_t *data, size_t len, const sd_net_limits *lim,
+                                                    Specd__Code *code, char *err, size_t err_len);
+
+/* Sampling message -> engine params, validated (temperature >= 0 and finite,
+ * top_p in [0, 1] with 0 meaning off, min_p in [0, 1)). NULL msg gives the
+ * default (greedy). false + err on a bad value. */
+bool sd_net_sampling_from_pb(const Specd__Sampling *msg, sd_sampling *out, char *err, size_t err_len);
+/* Engine params -> message fields (into caller-owned *msg, already init'ed). */
+void sd_net_sampling_to_pb(const sd_sampling *s, Specd__Sampling *msg);
+
+/* Fills an Error reply (message copied into buf, which must outlive e). */
+void sd_net_error_init(Specd__Error *e, Specd__Code code, uint64_t request_id, uint64_t client_tag,
+                       const char *message);
+
+/* Name of a code ("CACHE_MISS"), for logs. */
+const char *sd_net_code_name(Specd__Code code);
+
+/* ---- process logging ----
+ * Sets the log prefix to "role[rank]" (e.g. "verifier[2]", "drafter[0]") and
+ * the level (SD_LOG_DEBUG when verbose). Call once at start-up. */
+void sd_net_log_init(const char *role, int rank, bool verbose);
+
+/* CLOCK_REALTIME in microseconds (heartbeat timestamps). */
+uint64_t sd_net_now_us(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
