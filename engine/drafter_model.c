@@ -11,16 +11,11 @@
  * token, repeat. The last draft token is never fed: if it is accepted the
  * next call feeds it with the target's correction.
  *
- * Self-draft memory. model.h offers no way to make a second model that
- * shares a loaded model's weights, and model.c keeps struct sd_model
- * private, so sd_drafter_self_open loads the target's first L layers (plus
- * embeddings and LM head) a second time. What is needed to share them is an
- * additive function in model.c:
- *     sd_status sd_model_view_layers(const sd_model *m, int32_t n_layers, sd_model **out);
- * returning a model that borrows m's weight pointers (freed without freeing
- * them) with its own activations and n_layers_used = n_layers. Then
- * sd_drafter_model_wrap(view, SD_DRAFTER_SELF, ...) is the zero-copy
- * self-draft. */
+ * Self-draft memory. In a process that holds the target, sd_drafter_self_view
+ * wraps sd_model_view_layers: the draft borrows the target's weights and
+ * owns only its activations, threads and KV cache. sd_drafter_self_open
+ * (from a path) loads just the first L layers, for a drafter process that
+ * does not hold the target. */
 #include "drafter_impl.h"
 
 #include "specd/gguf.h"
@@ -255,4 +250,16 @@ sd_status sd_drafter_self_open(const char *path, int32_t n_layers, const sd_draf
     sd_model *m = NULL;
     SD_TRY(load_gguf_model(path, n_layers, p ? p->n_threads : 0, NULL, NULL, &m));
     return wrap(m, true, SD_DRAFTER_SELF, p, out);
+}
+
+sd_status sd_drafter_self_view(const sd_model *target, int32_t n_layers, const sd_drafter_params *p,
+                               sd_drafter **out) {
+    if (!target || !out || n_layers <= 0) {
+        SD_ERROR("drafter: self-draft view needs the target and n_layers > 0 (got %d)", (int)n_layers);
+        return SD_ERR_INVALID_ARG;
+    }
+    *out = NULL;
+    sd_model *view = NULL;
+    SD_TRY(sd_model_view_layers(target, n_layers, &view));
+    return wrap(view, true, SD_DRAFTER_SELF, p, out);
 }

@@ -83,6 +83,7 @@ struct sd_model {
     float *output;      /* [n_vocab][n_embd]; == tok_embd when tied */
     float *inv_freq;    /* [head_dim/2] rope frequencies, scaling applied */
     layer_weights *layers; /* [n_layers_used] */
+    const sd_model *parent; /* non-NULL for a view: every weight above is borrowed from it */
     uint64_t weight_bytes;
     activations act;
     batch_plan plan;
@@ -487,7 +488,10 @@ static void free_activations(sd_model *m) {
 void sd_model_free(sd_model **pm) {
     if (!pm || !*pm) return;
     sd_model *m = *pm;
-    if (m->be.ops) {
+    if (m->be.ops && m->parent) {
+        free_activations(m); /* a view owns its activations and backend, not the weights */
+        m->be.ops->destroy(&m->be.ctx);
+    } else if (m->be.ops) {
         const sd_backend_ops *ops = m->be.ops;
         free_activations(m);
         if (m->output && m->output != m->tok_embd) ops->buf_free(m->be.ctx, m->output);
@@ -502,7 +506,7 @@ void sd_model_free(sd_model **pm) {
         }
         ops->destroy(&m->be.ctx);
     }
-    free(m->layers);
+    if (!m->parent) free(m->layers);
     batch_plan *pl = &m->plan;
     free(pl->seq_start);
     free(pl->seq_next);
@@ -513,6 +517,49 @@ void sd_model_free(sd_model **pm) {
     free(pl->bt);
     free(m);
     *pm = NULL;
+}
+
+/* A view shares the parent's weight buffers (and its layer table, whose
+ * first n_layers entries it reads) and gets its own backend instance, so its
+ * activations, batch plan and worker threads are its own and it can run
+ * while the parent is idle or busy on another thread. Only backends whose
+ * buffers are host memory can lend them to a second backend instance. */
+sd_status sd_model_view_layers(const sd_model *m, int32_t n_layers, sd_model **out) {
+    if (!m || !out || n_layers <= 0 || n_layers > m->n_layers_used) {
+        SD_ERROR("model: a view needs a model, an output and 1 <= n_layers <= %d (got %d)",
+                 m ? (int)m->n_layers_used : 0, (int)n_layers);
+        return SD_ERR_INVALID_ARG;
+    }
+    *out = NULL;
+    if (!m->be.ops->host_memory) {
+        SD_ERROR("model: backend %s cannot share weights with a view", m->be.ops->name);
+        return SD_ERR_UNSUPPORTED;
+    }
+    sd_model *v = calloc(1, sizeof *v);
+    if (!v) return SD_ERR_NOMEM;
+    v->cfg = m->cfg;
+    v->params = m->params;
+    v->params.n_layers_used = n_layers;
+    v->n_layers_used = n_layers;
+    v->parent = m;
+    v->tok_embd = m->tok_embd;
+    v->output_norm = m->output_norm;
+    v->output = m->output;
+    v->inv_freq = m->inv_freq;
+    v->layers = m->layers;
+    const sd_model_config *c = &m->cfg;
+    uint64_t E = (uint64_t)c->n_embd, QD = (uint64_t)c->n_heads * (uint64_t)c->head_dim;
+    uint64_t KD = (uint64_t)c->n_kv_heads * (uint64_t)c->head_dim, F = (uint64_t)c->n_ff;
+    uint64_t per_layer = 2 * E + 2 * E * QD + 2 * E * KD + 3 * E * F;
+    uint64_t head = E * (uint64_t)c->n_vocab * (c->tied_output ? 1 : 2) + E;
+    v->weight_bytes = (head + (uint64_t)n_layers * per_layer) * sizeof(float);
+    sd_status s = sd_cpu_backend_create(m->params.n_threads, &v->be);
+    if (s != SD_OK) {
+        free(v);
+        return s;
+    }
+    *out = v;
+    return SD_OK;
 }
 
 const sd_model_config *sd_model_config_of(const sd_model *m) { return m ? &m->cfg : NULL; }

@@ -516,7 +516,7 @@ int main(int argc, char **argv) {
         dp.max_ctx = sd_model_config_of(m)->n_ctx_train;
         dp.n_threads = o.n_threads;
         if (o.ngram) st = sd_drafter_ngram_create(&dp, &drafter);
-        else if (o.draft_layers > 0) st = sd_drafter_self_open(o.model_path, o.draft_layers, &dp, &drafter);
+        else if (o.draft_layers > 0) st = sd_drafter_self_view(m, o.draft_layers, &dp, &drafter);
         else st = sd_drafter_model_open(o.draft_path, sd_tok_vocab_hash(tok), sd_tok_n_vocab(tok), &dp, &drafter);
         if (st == SD_OK) st = sd_spec_decoder_create(m, drafter, sd_model_config_of(m)->n_ctx_train, &dec);
         if (st != SD_OK) {

@@ -12,7 +12,8 @@
  *     distribution sparsified to the top_n tokens (sd_spec_sparsify) with
  *     sd_rng_uniform(seed, position, SD_RNG_DRAFT).
  *   - self-draft: the model drafter over the target's first L layers + final
- *     norm + LM head (sd_model_params.n_layers_used = L).
+ *     norm + LM head (a view of the loaded target sharing its weights, or
+ *     sd_model_params.n_layers_used = L when loaded from the file).
  *
  * The caller passes the sequence's whole committed context on every
  * propose; a model drafter keeps a copy of the tokens it has in its cache,
@@ -62,11 +63,18 @@ sd_status sd_drafter_ngram_create(const sd_drafter_params *p, sd_drafter **out);
 sd_status sd_drafter_model_open(const char *path, uint64_t target_vocab_hash, int32_t target_n_vocab,
                                 const sd_drafter_params *p, sd_drafter **out);
 
-/* The self-draft: the first n_layers of the target GGUF at path (early exit
- * through the final norm and LM head). This version loads those layers a
- * second time (model.h has no way yet to view a loaded model's weights);
- * see the report in drafter_model.c. Caller frees with sd_drafter_free. */
+/* The self-draft from a file: loads only the first n_layers of the target
+ * GGUF at path (+ embeddings, final norm, LM head) — what a drafter process
+ * that does not hold the target wants. In a process that already holds the
+ * target use sd_drafter_self_view (no extra weight memory). Caller frees
+ * with sd_drafter_free. */
 sd_status sd_drafter_self_open(const char *path, int32_t n_layers, const sd_drafter_params *p, sd_drafter **out);
+
+/* The zero-copy self-draft: a view of target's first n_layers
+ * (sd_model_view_layers), owned by the drafter; target is borrowed and must
+ * outlive the drafter. Caller frees with sd_drafter_free. */
+sd_status sd_drafter_self_view(const sd_model *target, int32_t n_layers, const sd_drafter_params *p,
+                               sd_drafter **out);
 
 /* A model drafter over an already loaded model (borrowed: it must outlive
  * the drafter; kind says MODEL or SELF for reports). The caller has checked

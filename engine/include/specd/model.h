@@ -61,6 +61,13 @@ sd_status sd_model_config_from_gguf(const sd_gguf *g, sd_model_config *cfg);
 sd_status sd_model_load(const sd_gguf *g, const sd_model_params *p, sd_model **out);
 void sd_model_free(sd_model **m);
 
+/* A model that borrows m's weights and runs only its first n_layers (<= m's
+ * layers in use) + final norm + LM head: the zero-copy self-draft. It has
+ * its own activations and worker threads (so it and m may run concurrently
+ * from two threads); m must outlive it. sd_model_free on the view frees
+ * only what the view allocated. Caller frees with sd_model_free. */
+sd_status sd_model_view_layers(const sd_model *m, int32_t n_layers, sd_model **out);
+
 /* Borrowed config, valid while m lives. */
 const sd_model_config *sd_model_config_of(const sd_model *m);
 
