@@ -5,6 +5,7 @@
  * one per file (embed.c, matmul.c, ...), mirrored by name in engine/cuda/. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "cpu/cpu_impl.h"
@@ -43,8 +44,23 @@ static void cpu_destroy(sd_backend **pbe) {
     *pbe = NULL;
 }
 
+/* Buffers of at least this size are 2 MB aligned and asked to be backed by
+ * transparent huge pages: decode streams every weight once per token, and
+ * 4 KB pages would cost a TLB miss every 4 KB. */
+#define HUGE_MIN ((size_t)4 << 20)
+#define HUGE_PAGE ((size_t)2 << 20)
+
 static void *cpu_buf_alloc(sd_backend *be, size_t bytes) {
     (void)be;
+    if (bytes >= HUGE_MIN) {
+        size_t rounded = (bytes + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+        if (rounded < bytes) return NULL;
+        void *p = aligned_alloc(HUGE_PAGE, rounded);
+#ifdef MADV_HUGEPAGE
+        if (p) madvise(p, rounded, MADV_HUGEPAGE); /* advisory: failure is harmless */
+#endif
+        return p;
+    }
     size_t rounded = (bytes + 63) & ~(size_t)63;
     if (rounded < bytes) return NULL;
     return aligned_alloc(64, rounded ? rounded : 64);
