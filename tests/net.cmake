@@ -1,0 +1,2 @@
+specd_unit_test(test_net test_net.c)
+target_link_libraries(test_net PRIVATE specd_net)
