@@ -87,12 +87,40 @@ void sd_drafter_release(sd_drafter *d, int32_t seq) {
     if (d->ops->release) d->ops->release(d, seq);
 }
 
+sd_status sd_draft_batch(sd_drafter *d, int32_t n_seqs, const sd_draft_seq *seqs, sd_draft_result *results) {
+    if (!d || n_seqs < 0 || (n_seqs > 0 && (!seqs || !results))) {
+        SD_ERROR("drafter: draft_batch needs a drafter, sequences and results (n_seqs %d)", (int)n_seqs);
+        return SD_ERR_INVALID_ARG;
+    }
+    for (int32_t i = 0; i < n_seqs; i++) {
+        const sd_draft_seq *v = &seqs[i];
+        sd_draft_result *r = &results[i];
+        r->outcome = SD_SEQ_OK;
+        r->n_drafted = 0;
+        bool dup = false;
+        for (int32_t j = 0; j < i && !dup; j++) dup = seqs[j].slot == v->slot;
+        if (v->slot < 0 || v->slot >= d->params.max_seqs || dup || v->keep_len < 0 || v->n_append < 1 ||
+            !v->append || v->k < 0 || v->k > SD_SPEC_MAX_K ||
+            (int64_t)v->keep_len + v->n_append > d->params.max_ctx) {
+            SD_WARN("drafter: sequence %d: bad request (slot %d%s, keep_len %d, n_append %d, k %d, max_ctx %d)",
+                    (int)i, (int)v->slot, dup ? " repeated" : "", (int)v->keep_len, (int)v->n_append, (int)v->k,
+                    (int)d->params.max_ctx);
+            r->outcome = SD_SEQ_INVALID;
+        } else if (sd_sampling_validate(&v->sampling) != SD_OK) {
+            r->outcome = SD_SEQ_INVALID;
+        }
+    }
+    return d->ops->propose_batch(d, n_seqs, seqs, results);
+}
+
 /* ---- n-gram drafter ---- */
 
 /* One-hot q storage, per sequence slot. */
 typedef struct ngram_state {
     float one;                 /* 1.0f, what every q.probs points at */
     int32_t *draft;            /* [max_seqs][SD_SPEC_MAX_K] the ids q.ids point into */
+    int32_t *history;          /* [max_seqs][max_ctx] committed tokens per slot (batched path), lazily */
+    int32_t *history_len;      /* [max_seqs] */
 } ngram_state;
 
 static sd_status ngram_propose(sd_drafter *d, int32_t seq, const int32_t *context, int32_t n_context, int32_t k,
@@ -121,15 +149,65 @@ static sd_status ngram_propose(sd_drafter *d, int32_t seq, const int32_t *contex
     return SD_OK;
 }
 
+/* The batched path: the drafter keeps each slot's committed tokens (the
+ * protocol sends only what is new), then looks up as ngram_propose does. */
+static sd_status ngram_propose_batch(sd_drafter *d, int32_t n_seqs, const sd_draft_seq *seqs,
+                                     sd_draft_result *results) {
+    ngram_state *st = d->impl;
+    const size_t max_ctx = (size_t)d->params.max_ctx;
+    if (!st->history) {
+        st->history = malloc((size_t)d->params.max_seqs * max_ctx * sizeof *st->history);
+        st->history_len = calloc((size_t)d->params.max_seqs, sizeof *st->history_len);
+        if (!st->history || !st->history_len) {
+            free(st->history);
+            free(st->history_len);
+            st->history = st->history_len = NULL;
+            SD_ERROR("drafter: out of memory for the n-gram drafter's histories");
+            return SD_ERR_NOMEM;
+        }
+    }
+    for (int32_t i = 0; i < n_seqs; i++) {
+        const sd_draft_seq *v = &seqs[i];
+        sd_draft_result *r = &results[i];
+        if (r->outcome != SD_SEQ_OK) continue;
+        if (st->history_len[v->slot] < v->keep_len) {
+            r->outcome = SD_SEQ_CACHE_MISS;
+            continue;
+        }
+        int32_t *h = st->history + (size_t)v->slot * max_ctx;
+        memcpy(h + v->keep_len, v->append, (size_t)v->n_append * sizeof *h);
+        int32_t n = v->keep_len + v->n_append;
+        st->history_len[v->slot] = n;
+        if (v->k > 0) SD_TRY(ngram_propose(d, v->slot, h, n, v->k, &v->sampling, r->tokens, r->q, &r->n_drafted));
+    }
+    return SD_OK;
+}
+
+static sd_status ngram_rollback(sd_drafter *d, int32_t seq, int32_t len) {
+    ngram_state *st = d->impl;
+    if (st->history_len && st->history_len[seq] > len) st->history_len[seq] = len;
+    return SD_OK;
+}
+
+static void ngram_release(sd_drafter *d, int32_t seq) {
+    ngram_state *st = d->impl;
+    if (st->history_len) st->history_len[seq] = 0;
+}
+
 static void ngram_destroy(sd_drafter *d) {
     ngram_state *st = d->impl;
-    if (st) free(st->draft);
+    if (st) {
+        free(st->draft);
+        free(st->history);
+        free(st->history_len);
+    }
     free(st);
     d->impl = NULL;
 }
 
 static const drafter_ops ngram_ops = {
-    .name = "ngram", .propose = ngram_propose, .rollback = NULL, .release = NULL, .destroy = ngram_destroy,
+    .name = "ngram", .propose = ngram_propose, .propose_batch = ngram_propose_batch, .rollback = ngram_rollback,
+    .release = ngram_release, .destroy = ngram_destroy,
 };
 
 sd_status sd_drafter_ngram_create(const sd_drafter_params *p, sd_drafter **out) {

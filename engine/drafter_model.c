@@ -38,6 +38,13 @@ typedef struct model_drafter {
     int32_t *pos;         /* [max_ctx] batch positions */
     int32_t *seq;         /* [max_ctx] batch slots */
     bool *want;           /* [max_ctx] batch rows whose logits are wanted */
+    /* batched path (sd_draft_batch), grown on demand */
+    size_t cap_rows;
+    int32_t *b_tokens, *b_pos, *b_seq; /* [cap_rows] */
+    bool *b_want;                      /* [cap_rows] */
+    size_t cap_seqs;
+    float *b_logits;                   /* [cap_seqs][n_vocab] */
+    int32_t *b_row;                    /* [cap_seqs] logits row of each sequence in the last forward */
 } model_drafter;
 
 /* Feeds tokens[n] at positions start.. of slot seq, logits of the last row to md->logits. */
@@ -93,6 +100,119 @@ static sd_status model_propose(sd_drafter *d, int32_t slot, const int32_t *conte
     return SD_OK;
 }
 
+static sd_status reserve_batch(model_drafter *md, size_t rows, size_t n_seqs) {
+    if (rows > md->cap_rows) {
+        int32_t *t = realloc(md->b_tokens, rows * sizeof *t);
+        if (t) md->b_tokens = t;
+        int32_t *p = realloc(md->b_pos, rows * sizeof *p);
+        if (p) md->b_pos = p;
+        int32_t *q = realloc(md->b_seq, rows * sizeof *q);
+        if (q) md->b_seq = q;
+        bool *w = realloc(md->b_want, rows * sizeof *w);
+        if (w) md->b_want = w;
+        if (!t || !p || !q || !w) return SD_ERR_NOMEM;
+        md->cap_rows = rows;
+    }
+    if (n_seqs > md->cap_seqs) {
+        float *l = realloc(md->b_logits, n_seqs * (size_t)md->n_vocab * sizeof *l);
+        if (l) md->b_logits = l;
+        int32_t *r = realloc(md->b_row, n_seqs * sizeof *r);
+        if (r) md->b_row = r;
+        if (!l || !r) return SD_ERR_NOMEM;
+        md->cap_seqs = n_seqs;
+    }
+    return SD_OK;
+}
+
+/* Runs md's batch of n rows (b_* arrays) into b_logits; records the tokens in the slots' copies. */
+static sd_status feed_batch(model_drafter *md, int32_t n) {
+    if (n == 0) return SD_OK;
+    sd_batch b = {n, md->b_tokens, md->b_pos, md->b_seq, md->b_want};
+    SD_TRY(sd_model_forward(md->model, md->kv, &b, md->b_logits));
+    for (int32_t i = 0; i < n; i++) md->cached[(size_t)md->b_seq[i] * md->max_ctx + md->b_pos[i]] = md->b_tokens[i];
+    return SD_OK;
+}
+
+/* The batched draft: step 0 feeds every sequence's append in one forward
+ * (logits of each last row), then each step drafts one token for every
+ * sequence still short of its k and feeds those tokens in the next forward.
+ * The draws are those of model_propose (same logits by batch invariance,
+ * same keys), so a sequence drafts the same alone or batched. */
+static sd_status model_propose_batch(sd_drafter *d, int32_t n_seqs, const sd_draft_seq *seqs,
+                                     sd_draft_result *results) {
+    model_drafter *md = d->impl;
+    size_t rows = 0;
+    int32_t k_max = 0;
+    for (int32_t i = 0; i < n_seqs; i++) {
+        const sd_draft_seq *v = &seqs[i];
+        sd_draft_result *r = &results[i];
+        if (r->outcome != SD_SEQ_OK) continue;
+        bool ids_ok = true;
+        for (int32_t j = 0; j < v->n_append && ids_ok; j++) ids_ok = v->append[j] >= 0 && v->append[j] < md->n_vocab;
+        if (!ids_ok) {
+            SD_WARN("drafter: sequence %d: a token id is outside [0, %d)", (int)i, (int)md->n_vocab);
+            r->outcome = SD_SEQ_INVALID;
+        } else if (sd_kv_seq_len(md->kv, v->slot) < v->keep_len) {
+            r->outcome = SD_SEQ_CACHE_MISS;
+        } else {
+            rows += (size_t)v->n_append;
+            int32_t k = v->k, n_ctx = v->keep_len + v->n_append;
+            if (n_ctx + k - 1 > md->max_ctx) k = md->max_ctx - n_ctx + 1; /* the last draft is not fed */
+            k_max = k > k_max ? k : k_max;
+        }
+    }
+    SD_TRY(reserve_batch(md, rows > (size_t)n_seqs ? rows : (size_t)n_seqs, (size_t)n_seqs));
+    int32_t n = 0, n_rows = 0;
+    for (int32_t i = 0; i < n_seqs; i++) {
+        const sd_draft_seq *v = &seqs[i];
+        md->b_row[i] = -1;
+        if (results[i].outcome != SD_SEQ_OK) continue;
+        SD_TRY(sd_kv_truncate(md->kv, v->slot, v->keep_len));
+        for (int32_t j = 0; j < v->n_append; j++, n++) {
+            md->b_tokens[n] = v->append[j];
+            md->b_pos[n] = v->keep_len + j;
+            md->b_seq[n] = v->slot;
+            md->b_want[n] = j == v->n_append - 1 && v->k > 0;
+        }
+        if (v->k > 0) md->b_row[i] = n_rows++;
+    }
+    SD_TRY(feed_batch(md, n));
+    for (int32_t step = 0; step < k_max; step++) {
+        n = 0;
+        n_rows = 0;
+        for (int32_t i = 0; i < n_seqs; i++) {
+            const sd_draft_seq *v = &seqs[i];
+            sd_draft_result *r = &results[i];
+            if (md->b_row[i] < 0) continue;
+            int32_t n_ctx = v->keep_len + v->n_append;
+            int32_t k = n_ctx + v->k - 1 > md->max_ctx ? md->max_ctx - n_ctx + 1 : v->k;
+            int32_t *ids = md->q_ids + ((size_t)v->slot * SD_SPEC_MAX_K + (size_t)step) * (size_t)md->top_n;
+            float *qp = md->q_probs + ((size_t)v->slot * SD_SPEC_MAX_K + (size_t)step) * (size_t)md->top_n;
+            const float *logits = md->b_logits + (size_t)md->b_row[i] * (size_t)md->n_vocab;
+            int32_t n_q = 0;
+            SD_TRY(sd_sample_probs(logits, md->n_vocab, &v->sampling, md->probs));
+            SD_TRY(sd_spec_sparsify(md->probs, md->n_vocab, md->top_n, ids, qp, &n_q));
+            r->q[step] = (sd_spec_q){n_q, ids, qp};
+            uint64_t position = (uint64_t)n_ctx + (uint64_t)step;
+            int32_t y = sd_spec_q_sample(&r->q[step], sd_rng_uniform(v->sampling.seed, position, SD_RNG_DRAFT));
+            if (y < 0) return SD_ERR_INTERNAL;
+            r->tokens[step] = y;
+            r->n_drafted = step + 1;
+            md->b_row[i] = -1;
+            if (step + 1 < k) {
+                md->b_tokens[n] = y;
+                md->b_pos[n] = n_ctx + step;
+                md->b_seq[n] = v->slot;
+                md->b_want[n] = true;
+                md->b_row[i] = n_rows++;
+                n++;
+            }
+        }
+        SD_TRY(feed_batch(md, n));
+    }
+    return SD_OK;
+}
+
 static sd_status model_rollback(sd_drafter *d, int32_t slot, int32_t len) {
     model_drafter *md = d->impl;
     int32_t n = sd_kv_seq_len(md->kv, slot);
@@ -117,16 +237,22 @@ static void model_destroy(sd_drafter *d) {
     free(md->pos);
     free(md->seq);
     free(md->want);
+    free(md->b_tokens);
+    free(md->b_pos);
+    free(md->b_seq);
+    free(md->b_want);
+    free(md->b_logits);
+    free(md->b_row);
     free(md);
     d->impl = NULL;
 }
 
 static const drafter_ops model_ops = {
-    .name = "model", .propose = model_propose, .rollback = model_rollback, .release = model_release,
+    .name = "model", .propose = model_propose, .propose_batch = model_propose_batch, .rollback = model_rollback, .release = model_release,
     .destroy = model_destroy,
 };
 static const drafter_ops self_ops = {
-    .name = "self", .propose = model_propose, .rollback = model_rollback, .release = model_release,
+    .name = "self", .propose = model_propose, .propose_batch = model_propose_batch, .rollback = model_rollback, .release = model_release,
     .destroy = model_destroy,
 };
 

@@ -17,20 +17,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "specd/spec_batch.h"
+
 struct sd_spec_decoder {
     sd_model *target;
     sd_drafter *drafter;
     sd_kv *kv;
-    int32_t n_vocab;
     int32_t max_ctx;
     int32_t *cached;   /* [max_ctx] tokens held in kv */
-    int32_t *batch;    /* [max_ctx + SD_SPEC_MAX_K] tokens of a step */
-    int32_t *pos;      /* same, positions */
-    int32_t *seq;      /* same, all 0 */
-    bool *want;        /* same */
-    float *logits;     /* [SD_SPEC_MAX_K + 1][n_vocab] */
-    float *p;          /* [SD_SPEC_MAX_K + 1][n_vocab] processed */
-    double *scratch;   /* [n_vocab] */
+    sd_spec_scratch *scratch;
     sd_spec_stats stats;
 };
 
@@ -39,13 +34,7 @@ void sd_spec_decoder_free(sd_spec_decoder **pd) {
     sd_spec_decoder *d = *pd;
     sd_kv_free(&d->kv);
     free(d->cached);
-    free(d->batch);
-    free(d->pos);
-    free(d->seq);
-    free(d->want);
-    free(d->logits);
-    free(d->p);
-    free(d->scratch);
+    sd_spec_scratch_free(&d->scratch);
     free(d);
     *pd = NULL;
 }
@@ -60,19 +49,10 @@ sd_status sd_spec_decoder_create(sd_model *target, sd_drafter *drafter, int32_t 
     if (!d) return SD_ERR_NOMEM;
     d->target = target;
     d->drafter = drafter;
-    d->n_vocab = sd_model_config_of(target)->n_vocab;
     d->max_ctx = max_ctx;
-    size_t rows = (size_t)max_ctx + SD_SPEC_MAX_K, vrows = (size_t)(SD_SPEC_MAX_K + 1) * (size_t)d->n_vocab;
     d->cached = malloc((size_t)max_ctx * sizeof *d->cached);
-    d->batch = malloc(rows * sizeof *d->batch);
-    d->pos = malloc(rows * sizeof *d->pos);
-    d->seq = calloc(rows, sizeof *d->seq);
-    d->want = malloc(rows * sizeof *d->want);
-    d->logits = malloc(vrows * sizeof *d->logits);
-    d->p = malloc(vrows * sizeof *d->p);
-    d->scratch = malloc((size_t)d->n_vocab * sizeof *d->scratch);
-    sd_status st = SD_ERR_NOMEM;
-    if (d->cached && d->batch && d->pos && d->seq && d->want && d->logits && d->p && d->scratch) {
+    sd_status st = d->cached ? sd_spec_scratch_create(&d->scratch) : SD_ERR_NOMEM;
+    if (st == SD_OK) {
         const int32_t block = 16;
         st = sd_model_kv_create(target, 1, (max_ctx + SD_SPEC_MAX_K + block - 1) / block + 1, block, &d->kv);
     } else {
@@ -108,39 +88,27 @@ sd_status sd_spec_decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n
     if (d->drafter && k > 0) SD_TRY(sd_drafter_propose(d->drafter, 0, ctx, n_ctx, k, s, draft, q, &nd));
     double t1 = sd_now();
 
-    /* Target pass over the uncached tail + drafts. */
+    /* Verify: one sequence of the batched step, keeping the longest common
+     * prefix of what the cache holds and the context. */
     int32_t n_cached = sd_kv_seq_len(d->kv, 0), keep = 0;
     while (keep < n_cached && keep < n_ctx && d->cached[keep] == ctx[keep]) keep++;
     if (keep == n_ctx) keep = n_ctx - 1;
-    SD_TRY(sd_kv_truncate(d->kv, 0, keep));
-    int32_t n_tail = n_ctx - keep, n_rows = n_tail + nd;
-    memcpy(d->batch, ctx + keep, (size_t)n_tail * sizeof *ctx);
-    memcpy(d->batch + n_tail, draft, (size_t)nd * sizeof *draft);
-    for (int32_t i = 0; i < n_rows; i++) {
-        d->pos[i] = keep + i;
-        d->want[i] = i >= n_tail - 1;
+    sd_verify_seq v = {
+        .slot = 0, .keep_len = keep, .n_append = n_ctx - keep, .append = ctx + keep,
+        .k = nd, .draft = draft, .q = q, .sampling = *s,
+    };
+    sd_verify_result r;
+    SD_TRY(sd_spec_verify_batch(d->target, d->kv, 1, &v, &r, d->scratch));
+    if (r.outcome != SD_SEQ_OK) {
+        SD_ERROR("spec: verification step failed: %s", sd_seq_outcome_str(r.outcome));
+        return r.outcome == SD_SEQ_OUT_OF_BLOCKS ? SD_ERR_OUT_OF_BLOCKS : SD_ERR_INVALID_ARG;
     }
-    sd_batch b = {n_rows, d->batch, d->pos, d->seq, d->want};
-    SD_TRY(sd_model_forward(d->target, d->kv, &b, d->logits));
-    memcpy(d->cached + keep, d->batch, (size_t)(n_rows < d->max_ctx - keep ? n_rows : d->max_ctx - keep) *
-                                           sizeof *d->batch);
-
-    /* Verify. */
-    int32_t acc = 0;
-    size_t V = (size_t)d->n_vocab;
-    if (s->temperature == 0.0f) {
-        int32_t target_argmax[SD_SPEC_MAX_K + 1];
-        for (int32_t i = 0; i <= nd; i++) target_argmax[i] = sd_argmax(d->logits + (size_t)i * V, d->n_vocab);
-        SD_TRY(sd_spec_verify_greedy(target_argmax, draft, nd, out, &acc));
-    } else {
-        for (int32_t i = 0; i <= nd; i++)
-            SD_TRY(sd_sample_probs(d->logits + (size_t)i * V, d->n_vocab, s, d->p + (size_t)i * V));
-        SD_TRY(sd_spec_verify(d->p, d->n_vocab, draft, q, nd, s->seed, (uint64_t)n_ctx, d->scratch, out, &acc,
-                              NULL));
-    }
-    /* Keep the context and the accepted drafts; drop the rejected ones. */
-    SD_TRY(sd_kv_truncate(d->kv, 0, n_ctx + acc));
-    *n_out = acc + 1;
+    /* The cache now holds the context and the accepted drafts. */
+    memcpy(d->cached + keep, ctx + keep, (size_t)(n_ctx - keep) * sizeof *ctx);
+    memcpy(d->cached + n_ctx, draft, (size_t)r.n_accepted * sizeof *draft);
+    int32_t acc = r.n_accepted;
+    memcpy(out, r.tokens, (size_t)r.n_tokens * sizeof *out);
+    *n_out = r.n_tokens;
     if (n_drafted) *n_drafted = nd;
     if (n_accepted) *n_accepted = acc;
     d->stats.steps++;

@@ -12,3 +12,6 @@ set_tests_properties(test_spec_e2e_exact PROPERTIES LABELS "slow" SKIP_RETURN_CO
 specd_unit_test(test_model_view test_model_view.c)
 target_compile_definitions(test_model_view PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
 add_dependencies(test_model_view specd-mkmodel)
+specd_unit_test(test_spec_batch test_spec_batch.c)
+target_compile_definitions(test_spec_batch PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
+add_dependencies(test_spec_batch specd-mkmodel)

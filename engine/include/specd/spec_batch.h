@@ -1,0 +1,114 @@
+/* spec_batch.h — one batched speculative step over many sequences: the
+ * verifier leader's core (verify) and the drafter's (draft), shaped like the
+ * protocol's VerifyRequest / DraftRequest (docs/DESIGN.md).
+ *
+ * Every sequence lives in a slot of a KV cache that the caller owns. A
+ * request for a sequence says keep_len (the cache is truncated to this many
+ * tokens first: the part of the sequence the sender knows the cache holds),
+ * append (committed tokens the cache has not seen, at positions keep_len..)
+ * and, for verification, the draft y_1..y_K with the sparse q each was drawn
+ * from. The sequence's committed length is n_ctx = keep_len + n_append; y_i
+ * sits at position n_ctx + i - 1. A cache that holds fewer than keep_len
+ * tokens answers CACHE_MISS for that sequence (the sender then resends the
+ * whole prefix with keep_len 0), and a malformed sequence answers
+ * INVALID: neither fails the batch.
+ *
+ * Verification runs ONE ragged forward over every sequence's append + draft
+ * rows, with logits only for the last append row and each draft row (K + 1
+ * rows per sequence). p is processed with sd_sample_probs and the draft is
+ * verified greedily (temperature 0) or by exact rejection sampling keyed by
+ * (seed, position); the cache is then truncated to n_ctx + n_accepted. On
+ * the CPU backend a sequence's logits do not depend on the rest of the
+ * batch, so its tokens are the same alone or batched. Not thread-safe: one
+ * call at a time per model / drafter. */
+#ifndef SPECD_SPEC_BATCH_H
+#define SPECD_SPEC_BATCH_H
+
+#include "specd/common.h"
+#include "specd/drafter.h"
+#include "specd/kv.h"
+#include "specd/model.h"
+#include "specd/sample.h"
+#include "specd/spec.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Per-sequence outcome of a batched call. */
+typedef enum sd_seq_outcome {
+    SD_SEQ_OK = 0,
+    SD_SEQ_CACHE_MISS = 1,    /* the cache holds fewer than keep_len tokens; resend the prefix */
+    SD_SEQ_INVALID = 2,       /* malformed request (bad id, length, K, sampling, duplicate slot); logged */
+    SD_SEQ_OUT_OF_BLOCKS = 3, /* no KV room for this sequence in this step; retry later or with less */
+} sd_seq_outcome;
+
+/* "ok", "cache_miss", "invalid", "out_of_blocks" (static string). */
+const char *sd_seq_outcome_str(sd_seq_outcome o);
+
+/* One sequence of a verification step. Arrays are borrowed for the call. */
+typedef struct sd_verify_seq {
+    int32_t slot;            /* KV slot in [0, max_seqs) */
+    int32_t keep_len;        /* truncate the cached sequence to this many tokens first */
+    int32_t n_append;        /* >= 1: the last committed token is always fed (its row gives p_1) */
+    const int32_t *append;   /* [n_append] committed tokens at positions keep_len.. */
+    int32_t k;               /* draft length, 0..SD_SPEC_MAX_K (0 = a plain decoding step) */
+    const int32_t *draft;    /* [k] y_1..y_k at positions n_ctx.. */
+    const sd_spec_q *q;      /* [k] the sparse proposals y_i was drawn from; may be NULL when greedy */
+    sd_sampling sampling;    /* the request's sampling (temperature 0 = greedy) incl. seed */
+} sd_verify_seq;
+
+typedef struct sd_verify_result {
+    sd_seq_outcome outcome;
+    int32_t n_ctx;           /* keep_len + n_append: position of tokens[0] */
+    int32_t n_accepted;      /* drafts accepted (0..k) */
+    int32_t n_tokens;        /* tokens to commit: n_accepted + 1 (0 unless outcome is OK) */
+    int32_t tokens[SD_SPEC_MAX_K + 1];
+    int32_t cache_len;       /* tokens the slot holds now: n_ctx + n_accepted (the next keep_len) */
+    sd_spec_info info;       /* stochastic verification details (zero when greedy) */
+} sd_verify_result;
+
+/* Growable buffers of the batched calls (batch rows, logits, p). */
+typedef struct sd_spec_scratch sd_spec_scratch;
+
+/* Caller frees with sd_spec_scratch_free. Buffers grow on demand. */
+sd_status sd_spec_scratch_create(sd_spec_scratch **out);
+void sd_spec_scratch_free(sd_spec_scratch **s);
+
+/* Verifies n_seqs sequences in one target forward (see the file comment).
+ * Writes results[n_seqs]. Returns SD_OK when the batch ran (each sequence's
+ * own outcome is in its result), or an error for a failure of the whole
+ * call (bad arguments, out of memory, a forward that failed for another
+ * reason than room; the cache is then left as the truncations made it). */
+sd_status sd_spec_verify_batch(sd_model *m, sd_kv *kv, int32_t n_seqs, const sd_verify_seq *seqs,
+                               sd_verify_result *results, sd_spec_scratch *scratch);
+
+/* One sequence of a drafting step. */
+typedef struct sd_draft_seq {
+    int32_t slot;            /* drafter slot in [0, max_seqs) */
+    int32_t keep_len;        /* truncate what the drafter holds for slot to this first */
+    int32_t n_append;        /* >= 1 committed tokens the drafter has not seen */
+    const int32_t *append;   /* [n_append] at positions keep_len.. */
+    int32_t k;               /* tokens wanted, 0..SD_SPEC_MAX_K */
+    sd_sampling sampling;    /* the request's sampling incl. seed (draws use SD_RNG_DRAFT) */
+} sd_draft_seq;
+
+typedef struct sd_draft_result {
+    sd_seq_outcome outcome;
+    int32_t n_drafted;                 /* 0..k (the n-gram drafter may find nothing) */
+    int32_t tokens[SD_SPEC_MAX_K];
+    sd_spec_q q[SD_SPEC_MAX_K];        /* ids/probs borrowed from the drafter until its next call for slot */
+} sd_draft_result;
+
+/* Drafts for n_seqs sequences. A model drafter runs one ragged forward per
+ * draft step across all sequences still drafting (its KV cache has one slot
+ * per sequence); the n-gram drafter keeps each slot's tokens and looks them
+ * up. The tokens and q of a sequence are the same as sd_drafter_propose on
+ * its committed context alone. Writes results[n_seqs]; per-sequence
+ * outcomes as in sd_spec_verify_batch. */
+sd_status sd_draft_batch(sd_drafter *d, int32_t n_seqs, const sd_draft_seq *seqs, sd_draft_result *results);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
