@@ -1,0 +1,282 @@
+/* draft_serve.c — DraftRequest batches on one sd_drafter (see
+ * draft_serve.h).
+ *
+ * The drafter interface (drafter.h) takes a sequence's whole committed
+ * context on every call and keeps its own KV cache per slot (rolling back
+ * to the common prefix by itself), so this layer's job is the cache
+ * protocol: a slot per request_id holding the committed tokens received so
+ * far, truncated to keep_len and extended by append, and the copy of each
+ * proposal into the response. Drafts are never counted as held:
+ * cached_len = keep_len + |append|, so the coordinator's next keep_len is at
+ * most that and the drafter's own rollback happens on the next call.
+ *
+ * Sequences of a batch are drafted one after another (one model forward per
+ * draft token per sequence). A batched draft call over every sequence of
+ * the request is spec2's sd_draft_batch; this file switches to it when it
+ * lands (see the report).
+ *
+ * Corner cases (chosen here): CACHE_MISS frees the slot and reports
+ * cached_len 0; a sequence longer than max_ctx gets KV_FULL (the slots hold
+ * max_ctx tokens), and so does a new id when every slot is taken; the
+ * request's top_n is advisory: q is always exactly what the drafter sampled
+ * from (its own top_n), which is what exactness needs. */
+#include "draft_serve.h"
+
+#include "specd/sample.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Block unit of the stats: the size of the verifier's and model drafter's KV blocks. */
+#define STATS_BLOCK 16
+
+typedef struct draft_slot {
+    bool used;
+    uint64_t request_id;
+    int32_t len;         /* committed tokens held */
+} draft_slot;
+
+struct sd_draft_server {
+    sd_drafter *drafter;
+    sd_draft_server_params p;
+    uint64_t steps;
+    draft_slot *slots;                /* [max_seqs] */
+    int32_t *tokens;                  /* [max_seqs][max_ctx] committed tokens per slot */
+    /* response storage */
+    Specd__DraftResult *results;      /* [max_batch] */
+    Specd__DraftResult **result_ptrs; /* [max_batch] */
+    int32_t *draft;                   /* [max_batch][max_draft] */
+    Specd__SparseDist *dists;         /* [max_batch][max_draft] */
+    Specd__SparseDist **dist_ptrs;    /* [max_batch][max_draft] */
+    int32_t *q_ids;                   /* [max_batch][max_draft][top_n] */
+    float *q_probs;                   /* [max_batch][max_draft][top_n] */
+};
+
+sd_draft_server_params sd_draft_server_default_params(void) {
+    sd_draft_server_params p = {
+        .max_seqs = 64, .max_ctx = 4096, .max_batch = 64, .max_draft = 16, .n_vocab = 0,
+        .top_n = SD_SPEC_DEFAULT_TOP_N,
+    };
+    return p;
+}
+
+void sd_draft_server_free(sd_draft_server **ps) {
+    if (!ps || !*ps) return;
+    sd_draft_server *s = *ps;
+    free(s->slots);
+    free(s->tokens);
+    free(s->results);
+    free(s->result_ptrs);
+    free(s->draft);
+    free(s->dists);
+    free(s->dist_ptrs);
+    free(s->q_ids);
+    free(s->q_probs);
+    free(s);
+    *ps = NULL;
+}
+
+sd_status sd_draft_server_create(sd_drafter *drafter, const sd_draft_server_params *params, sd_draft_server **out) {
+    if (!drafter || !out) return SD_ERR_INVALID_ARG;
+    *out = NULL;
+    sd_draft_server_params p = params ? *params : sd_draft_server_default_params();
+    if (p.max_seqs <= 0 || p.max_seqs > 1 << 16 || p.max_ctx <= 0 || p.max_ctx > 1 << 24 || p.max_batch <= 0 ||
+        p.max_batch > SD_MAX_BATCH || p.max_draft <= 0 || p.max_draft > SD_MAX_DRAFT ||
+        p.max_draft > SD_SPEC_MAX_K || p.n_vocab <= 0 || p.top_n <= 0 || p.top_n > SD_MAX_TOP_N) {
+        SD_ERROR("drafter: bad server parameters (max_seqs %d, max_ctx %d, max_batch %d in [1, %d], max_draft %d in "
+                 "[1, %d], n_vocab %d, top_n %d in [1, %d])", (int)p.max_seqs, (int)p.max_ctx, (int)p.max_batch,
+                 SD_MAX_BATCH, (int)p.max_draft, SD_MAX_DRAFT, (int)p.n_vocab, (int)p.top_n, SD_MAX_TOP_N);
+        return SD_ERR_INVALID_ARG;
+    }
+    sd_draft_server *s = calloc(1, sizeof *s);
+    if (!s) return SD_ERR_NOMEM;
+    s->drafter = drafter;
+    s->p = p;
+    size_t nb = (size_t)p.max_batch, nd = (size_t)p.max_draft, nq = nb * nd * (size_t)p.top_n;
+    s->slots = calloc((size_t)p.max_seqs, sizeof *s->slots);
+    s->tokens = malloc((size_t)p.max_seqs * (size_t)p.max_ctx * sizeof *s->tokens);
+    s->results = calloc(nb, sizeof *s->results);
+    s->result_ptrs = calloc(nb, sizeof *s->result_ptrs);
+    s->draft = calloc(nb * nd, sizeof *s->draft);
+    s->dists = calloc(nb * nd, sizeof *s->dists);
+    s->dist_ptrs = calloc(nb * nd, sizeof *s->dist_ptrs);
+    s->q_ids = calloc(nq, sizeof *s->q_ids);
+    s->q_probs = calloc(nq, sizeof *s->q_probs);
+    if (!s->slots || !s->tokens || !s->results || !s->result_ptrs || !s->draft || !s->dists || !s->dist_ptrs ||
+        !s->q_ids || !s->q_probs) {
+        SD_ERROR("drafter: out of memory for %d slots of %d tokens", (int)p.max_seqs, (int)p.max_ctx);
+        sd_draft_server_free(&s);
+        return SD_ERR_NOMEM;
+    }
+    *out = s;
+    return SD_OK;
+}
+
+sd_net_limits sd_draft_server_limits(const sd_draft_server *s) {
+    sd_net_limits lim = {s->p.n_vocab, s->p.max_ctx, s->p.max_batch, s->p.max_draft};
+    return lim;
+}
+
+static int32_t find_slot(const sd_draft_server *s, uint64_t id) {
+    for (int32_t i = 0; i < s->p.max_seqs; i++)
+        if (s->slots[i].used && s->slots[i].request_id == id) return i;
+    return -1;
+}
+
+static int32_t take_slot(sd_draft_server *s, uint64_t id) {
+    for (int32_t i = 0; i < s->p.max_seqs; i++) {
+        if (!s->slots[i].used) {
+            s->slots[i] = (draft_slot){true, id, 0};
+            sd_drafter_release(s->drafter, i);
+            return i;
+        }
+    }
+    return -1;
+}
+
+static void free_slot(sd_draft_server *s, int32_t slot) {
+    sd_drafter_release(s->drafter, slot);
+    s->slots[slot] = (draft_slot){false, 0, 0};
+}
+
+/* Copies a proposal into response storage for batch entry i. */
+static void fill_result(sd_draft_server *s, size_t i, const int32_t *tokens, const sd_spec_q *q, int32_t n,
+                        Specd__DraftResult *res) {
+    size_t nd = (size_t)s->p.max_draft, tn = (size_t)s->p.top_n;
+    int32_t *draft = s->draft + i * nd;
+    Specd__SparseDist *dists = s->dists + i * nd;
+    Specd__SparseDist **dptr = s->dist_ptrs + i * nd;
+    for (int32_t j = 0; j < n; j++) {
+        int32_t *ids = s->q_ids + (i * nd + (size_t)j) * tn;
+        float *probs = s->q_probs + (i * nd + (size_t)j) * tn;
+        double sum = 0;
+        int32_t m = 0;
+        for (int32_t e = 0; e < q[j].n && m < (int32_t)tn; e++) {
+            if (!(q[j].probs[e] > 0)) continue; /* a zero entry carries no mass */
+            ids[m] = q[j].ids[e];
+            probs[m] = q[j].probs[e];
+            sum += q[j].probs[e];
+            m++;
+        }
+        for (int32_t e = 0; e < m; e++) probs[e] = (float)(probs[e] / sum);
+        specd__sparse_dist__init(&dists[j]);
+        dists[j].n_ids = (size_t)m;
+        dists[j].ids = ids;
+        dists[j].n_probs = (size_t)m;
+        dists[j].probs = probs;
+        dptr[j] = &dists[j];
+        draft[j] = tokens[j];
+    }
+    res->n_tokens = (size_t)n;
+    res->tokens = draft;
+    res->n_q = (size_t)n;
+    res->q = dptr;
+}
+
+sd_status sd_draft_server_handle(sd_draft_server *s, const Specd__DraftRequest *req, Specd__DraftResponse *resp) {
+    if (!s || !req || !resp) return SD_ERR_INVALID_ARG;
+    if (req->n_seqs > (size_t)s->p.max_batch) {
+        SD_ERROR("drafter: step %llu has %zu sequences, more than max_batch %d", (unsigned long long)req->step_id,
+                 req->n_seqs, (int)s->p.max_batch);
+        return SD_ERR_RANGE;
+    }
+    double t0 = sd_now();
+    for (size_t i = 0; i < req->n_seqs; i++) {
+        const Specd__DraftSeq *sq = req->seqs[i];
+        Specd__DraftResult *res = &s->results[i];
+        specd__draft_result__init(res);
+        res->request_id = sq->request_id;
+        res->code = SPECD__CODE__CODE_BAD_REQUEST;
+        s->result_ptrs[i] = res;
+        bool dup = false;
+        for (size_t j = 0; j < i; j++) dup = dup || req->seqs[j]->request_id == sq->request_id;
+        sd_sampling sampling;
+        char err[256];
+        if (dup || !sd_net_sampling_from_pb(sq->sampling, &sampling, err, sizeof err)) {
+            SD_WARN("drafter: request %llu: %s", (unsigned long long)sq->request_id,
+                    dup ? "appears twice in the batch" : err);
+            continue;
+        }
+        int32_t slot = find_slot(s, sq->request_id);
+        if (slot < 0 && sq->keep_len > 0) {
+            res->code = SPECD__CODE__CODE_CACHE_MISS;
+            continue;
+        }
+        if (slot >= 0 && s->slots[slot].len < (int32_t)sq->keep_len) {
+            SD_DEBUG("drafter: request %llu holds %d tokens, keep_len %u: cache miss",
+                     (unsigned long long)sq->request_id, (int)s->slots[slot].len, sq->keep_len);
+            free_slot(s, slot);
+            res->code = SPECD__CODE__CODE_CACHE_MISS;
+            continue;
+        }
+        int64_t len = (int64_t)sq->keep_len + (int64_t)sq->n_append;
+        if (len > s->p.max_ctx) {
+            SD_WARN("drafter: request %llu: %lld tokens do not fit a slot of %d", (unsigned long long)sq->request_id,
+                    (long long)len, (int)s->p.max_ctx);
+            if (slot >= 0) free_slot(s, slot);
+            res->code = SPECD__CODE__CODE_KV_FULL;
+            continue;
+        }
+        if (slot < 0) slot = take_slot(s, sq->request_id);
+        if (slot < 0) {
+            res->code = SPECD__CODE__CODE_KV_FULL;
+            continue;
+        }
+        draft_slot *ds = &s->slots[slot];
+        int32_t *held = s->tokens + (size_t)slot * (size_t)s->p.max_ctx;
+        if ((int32_t)sq->keep_len < ds->len) sd_drafter_rollback(s->drafter, slot, (int32_t)sq->keep_len);
+        if (sq->n_append > 0) memcpy(held + sq->keep_len, sq->append, sq->n_append * sizeof *held);
+        ds->len = (int32_t)len;
+        res->code = SPECD__CODE__CODE_OK;
+        res->cached_len = (uint32_t)ds->len;
+        int32_t k = (int32_t)sq->k < s->p.max_draft ? (int32_t)sq->k : s->p.max_draft;
+        if (k <= 0 || ds->len == 0) continue;
+        int32_t tokens[SD_SPEC_MAX_K];
+        sd_spec_q q[SD_SPEC_MAX_K];
+        int32_t n = 0;
+        sd_status st = sd_drafter_propose(s->drafter, slot, held, ds->len, k, &sampling, tokens, q, &n);
+        if (st != SD_OK) {
+            SD_ERROR("drafter: request %llu: propose failed: %s", (unsigned long long)sq->request_id,
+                     sd_status_str(st));
+            res->code = SPECD__CODE__CODE_INTERNAL;
+            continue;
+        }
+        fill_result(s, i, tokens, q, n, res);
+    }
+    s->steps++;
+    specd__draft_response__init(resp);
+    resp->step_id = req->step_id;
+    resp->n_results = req->n_seqs;
+    resp->results = s->result_ptrs;
+    resp->draft_us = (uint32_t)((sd_now() - t0) * 1e6);
+    return SD_OK;
+}
+
+void sd_draft_server_release(sd_draft_server *s, const uint64_t *request_ids, size_t n) {
+    if (!s || !request_ids) return;
+    for (size_t i = 0; i < n; i++) {
+        int32_t slot = find_slot(s, request_ids[i]);
+        if (slot >= 0) free_slot(s, slot);
+    }
+}
+
+void sd_draft_server_reset(sd_draft_server *s) {
+    if (!s) return;
+    for (int32_t i = 0; i < s->p.max_seqs; i++)
+        if (s->slots[i].used) free_slot(s, i);
+}
+
+void sd_draft_server_stats(const sd_draft_server *s, Specd__WorkerStats *stats) {
+    if (!s || !stats) return;
+    uint32_t per_slot = (uint32_t)((s->p.max_ctx + STATS_BLOCK - 1) / STATS_BLOCK);
+    uint32_t used = 0, n_seqs = 0;
+    for (int32_t i = 0; i < s->p.max_seqs; i++) {
+        if (!s->slots[i].used) continue;
+        n_seqs++;
+        used += (uint32_t)((s->slots[i].len + STATS_BLOCK - 1) / STATS_BLOCK);
+    }
+    stats->kv_blocks_total = per_slot * (uint32_t)s->p.max_seqs;
+    stats->kv_blocks_free = stats->kv_blocks_total - used;
+    stats->n_sequences = n_seqs;
+    stats->steps = s->steps;
+}

@@ -1,0 +1,52 @@
+/* draft_serve.h — the drafter's request handling, without sockets: a
+ * request_id -> slot map, each slot holding the committed tokens the
+ * coordinator sent for that request, and DraftRequest batches answered with
+ * an sd_drafter (see draft_serve.c). specd-drafter's main wires these into
+ * the worker loop (specd/worker.h); the unit tests call them directly. */
+#ifndef SPECD_DRAFT_SERVE_H
+#define SPECD_DRAFT_SERVE_H
+
+#include "specd/drafter.h"
+#include "specd/net.h"
+
+typedef struct sd_draft_server sd_draft_server;
+
+typedef struct sd_draft_server_params {
+    int32_t max_seqs;   /* request slots; must equal the drafter's max_seqs (default 64) */
+    int32_t max_ctx;    /* tokens per sequence; <= the drafter's max_ctx (default 4096) */
+    int32_t max_batch;  /* sequences per DraftRequest (default 64, <= SD_MAX_BATCH) */
+    int32_t max_draft;  /* tokens proposed per sequence (default 16, <= SD_MAX_DRAFT) */
+    int32_t n_vocab;    /* token ids must be below this (required) */
+    int32_t top_n;      /* entries of each q the drafter produces (its top_n; 1 for n-gram) */
+} sd_draft_server_params;
+
+/* max_seqs 64, max_ctx 4096, max_batch 64, max_draft 16, n_vocab 0 (must
+ * be set), top_n SD_SPEC_DEFAULT_TOP_N. */
+sd_draft_server_params sd_draft_server_default_params(void);
+
+/* A server over drafter (borrowed; must outlive it). Caller frees with
+ * sd_draft_server_free. */
+sd_status sd_draft_server_create(sd_drafter *drafter, const sd_draft_server_params *p, sd_draft_server **out);
+void sd_draft_server_free(sd_draft_server **s);
+
+/* Limits incoming envelopes are validated against. */
+sd_net_limits sd_draft_server_limits(const sd_draft_server *s);
+
+/* Serves one batch: per sequence truncate to keep_len (CODE_CACHE_MISS when
+ * it holds fewer or the id is unknown and keep_len > 0), append, propose up
+ * to min(k, max_draft) tokens with the q each was drawn from; cached_len =
+ * keep_len + |append| (the drafts are not counted as held). No slot or room
+ * left: CODE_KV_FULL. Fills *resp (initialized) with memory owned by s,
+ * valid until the next call. Errors only for a batch over max_batch or a
+ * drafter failure. */
+sd_status sd_draft_server_handle(sd_draft_server *s, const Specd__DraftRequest *req, Specd__DraftResponse *resp);
+
+/* Frees the slots of the given ids; unknown ids are ignored. */
+void sd_draft_server_release(sd_draft_server *s, const uint64_t *request_ids, size_t n);
+/* Frees every slot. */
+void sd_draft_server_reset(sd_draft_server *s);
+/* Blocks in 16-token units (what the slots could hold / what they hold not),
+ * sequences cached, batches served. */
+void sd_draft_server_stats(const sd_draft_server *s, Specd__WorkerStats *stats);
+
+#endif

@@ -1,0 +1,292 @@
+/* specd-drafter — a drafter process: proposes draft tokens for the
+ * coordinator's DraftRequest batches (draft_serve.c) through the shared
+ * worker loop (specd/worker.h).
+ *
+ * Three kinds, one flag each:
+ *   --model DRAFT.gguf               a small model with the target's vocabulary
+ *   --ngram (--model|--vocab-from TARGET.gguf)  prompt lookup; the target file
+ *                                    is read for its metadata only (the
+ *                                    vocabulary identity it registers with)
+ *   --draft-layers L --model TARGET.gguf        the target's first L layers
+ * The coordinator compares the registered vocabulary with the target's and
+ * refuses a mismatch (exit status 3). Slots hold up to --max-ctx tokens
+ * (default: the model's context; for model drafters also capped so the KV
+ * of --max-seqs slots stays within --kv-blocks or a quarter of memory).
+ * Exit status: 0 on SIGINT/SIGTERM, 2 for bad flags or files, 3 refused. */
+#include "draft_serve.h"
+
+#include "specd/drafter.h"
+#include "specd/gguf.h"
+#include "specd/model.h"
+#include "specd/net.h"
+#include "specd/worker.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+typedef struct drafter_opts {
+    const char *coordinator;
+    const char *model_path;
+    const char *vocab_from;
+    const char *name;
+    bool ngram;
+    int32_t ngram_min, ngram_max;
+    int32_t draft_layers;
+    int32_t n_threads, max_seqs, kv_blocks, top_n, max_draft, max_batch, max_ctx, index;
+    bool verbose;
+} drafter_opts;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: specd-drafter --coordinator ADDR (--model DRAFT.gguf | --ngram --model TARGET.gguf |\n"
+            "                     --draft-layers L --model TARGET.gguf) [options]\n"
+            "\n"
+            "Proposes draft tokens for the coordinator's speculative decoding.\n"
+            "\n"
+            "      --coordinator ADDR  coordinator worker address (default tcp://127.0.0.1:7701)\n"
+            "  -m, --model FILE        draft model; with --ngram or --draft-layers: the target model\n"
+            "      --ngram             n-gram (prompt lookup) drafter: no weights are loaded\n"
+            "      --vocab-from FILE   with --ngram: the target whose vocabulary to register with\n"
+            "      --ngram-min N       smallest n-gram that may match (default 1)\n"
+            "      --ngram-max N       largest n-gram tried first (default 4)\n"
+            "      --draft-layers L    self-draft: the target's first L layers\n"
+            "  -t, --threads N         worker threads (default: all cores)\n"
+            "      --max-seqs N        sequences held at once (default 64)\n"
+            "      --kv-blocks N       model drafters: KV blocks of 16 tokens for all slots\n"
+            "                          (default: max-seqs x context/4, capped by memory)\n"
+            "      --max-ctx N         tokens per sequence (default: see above)\n"
+            "      --top-n N           entries kept of each proposal distribution (default %d)\n"
+            "      --max-draft N       tokens proposed per sequence (default 16, at most %d)\n"
+            "      --max-batch N       sequences per draft batch (default 64, at most %d)\n"
+            "      --index N           drafter number in the logs (default 0)\n"
+            "      --name NAME         name in the coordinator's logs (default host:pid)\n"
+            "  -v, --verbose           log at DEBUG level\n"
+            "  -h, --help              this help\n",
+            SD_SPEC_DEFAULT_TOP_N, SD_MAX_DRAFT, SD_MAX_BATCH);
+}
+
+static bool parse_int(const char *flag, const char *s, int32_t lo, int32_t hi, int32_t *out) {
+    char *end = NULL;
+    long v = strtol(s, &end, 10);
+    if (!s[0] || *end || v < lo || v > hi) {
+        fprintf(stderr, "specd-drafter: %s must be an integer in [%d, %d], got '%s'\n", flag, (int)lo, (int)hi, s);
+        return false;
+    }
+    *out = (int32_t)v;
+    return true;
+}
+
+/* 0 = run, 1 = --help printed, 2 = bad flags. */
+static int parse_args(int argc, char **argv, drafter_opts *o) {
+    enum { O_COORD = 256, O_NGRAM, O_VOCAB, O_NMIN, O_NMAX, O_LAYERS, O_SEQS, O_KV, O_CTX, O_TOPN, O_DRAFT,
+           O_BATCH, O_INDEX, O_NAME };
+    static const struct option longs[] = {
+        {"coordinator", required_argument, 0, O_COORD}, {"model", required_argument, 0, 'm'},
+        {"ngram", no_argument, 0, O_NGRAM},             {"vocab-from", required_argument, 0, O_VOCAB},
+        {"ngram-min", required_argument, 0, O_NMIN},    {"ngram-max", required_argument, 0, O_NMAX},
+        {"draft-layers", required_argument, 0, O_LAYERS}, {"threads", required_argument, 0, 't'},
+        {"max-seqs", required_argument, 0, O_SEQS},     {"kv-blocks", required_argument, 0, O_KV},
+        {"max-ctx", required_argument, 0, O_CTX},       {"top-n", required_argument, 0, O_TOPN},
+        {"max-draft", required_argument, 0, O_DRAFT},   {"max-batch", required_argument, 0, O_BATCH},
+        {"index", required_argument, 0, O_INDEX},       {"name", required_argument, 0, O_NAME},
+        {"verbose", no_argument, 0, 'v'},               {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    int c;
+    while ((c = getopt_long(argc, argv, "m:t:vh", longs, NULL)) != -1) {
+        bool ok = true;
+        switch (c) {
+        case O_COORD: o->coordinator = optarg; break;
+        case 'm': o->model_path = optarg; break;
+        case O_NGRAM: o->ngram = true; break;
+        case O_VOCAB: o->vocab_from = optarg; break;
+        case O_NMIN: ok = parse_int("--ngram-min", optarg, 1, 64, &o->ngram_min); break;
+        case O_NMAX: ok = parse_int("--ngram-max", optarg, 1, 64, &o->ngram_max); break;
+        case O_LAYERS: ok = parse_int("--draft-layers", optarg, 1, 4096, &o->draft_layers); break;
+        case 't': ok = parse_int("--threads", optarg, 0, 1024, &o->n_threads); break;
+        case O_SEQS: ok = parse_int("--max-seqs", optarg, 1, 65536, &o->max_seqs); break;
+        case O_KV: ok = parse_int("--kv-blocks", optarg, 1, 1 << 28, &o->kv_blocks); break;
+        case O_CTX: ok = parse_int("--max-ctx", optarg, 1, 1 << 24, &o->max_ctx); break;
+        case O_TOPN: ok = parse_int("--top-n", optarg, 1, SD_MAX_TOP_N, &o->top_n); break;
+        case O_DRAFT: ok = parse_int("--max-draft", optarg, 1, SD_MAX_DRAFT, &o->max_draft); break;
+        case O_BATCH: ok = parse_int("--max-batch", optarg, 1, SD_MAX_BATCH, &o->max_batch); break;
+        case O_INDEX: ok = parse_int("--index", optarg, 0, 1 << 20, &o->index); break;
+        case O_NAME: o->name = optarg; break;
+        case 'v': o->verbose = true; break;
+        case 'h': usage(stdout); return 1;
+        default: usage(stderr); return 2;
+        }
+        if (!ok) return 2;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "specd-drafter: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (o->ngram && o->draft_layers > 0) {
+        fprintf(stderr, "specd-drafter: choose one of --ngram and --draft-layers\n");
+        return 2;
+    }
+    if (o->ngram && !o->model_path && !o->vocab_from) {
+        fprintf(stderr, "specd-drafter: --ngram needs the target's vocabulary: --model or --vocab-from TARGET.gguf\n");
+        return 2;
+    }
+    if (!o->ngram && !o->model_path) {
+        fprintf(stderr, "specd-drafter: --model FILE is required (see --help)\n");
+        return 2;
+    }
+    if (o->vocab_from && !o->ngram) {
+        fprintf(stderr, "specd-drafter: --vocab-from goes with --ngram\n");
+        return 2;
+    }
+    if (o->ngram_max < o->ngram_min) {
+        fprintf(stderr, "specd-drafter: --ngram-max %d is below --ngram-min %d\n", (int)o->ngram_max,
+                (int)o->ngram_min);
+        return 2;
+    }
+    return 0;
+}
+
+/* Tokens per slot for a model drafter: the context, capped by --kv-blocks or a quarter of memory. */
+static int32_t model_slot_ctx(const drafter_opts *o, const sd_worker_identity *id, const char *path) {
+    int32_t ctx = o->max_ctx > 0 ? o->max_ctx : (int32_t)id->context_length;
+    int64_t blocks = o->kv_blocks;
+    if (blocks <= 0) {
+        sd_gguf *g = NULL;
+        char err[256];
+        sd_model_config cfg;
+        if (sd_gguf_open(path, &g, err, sizeof err) != SD_OK) return ctx;
+        bool have = sd_model_config_from_gguf(g, &cfg) == SD_OK;
+        sd_gguf_close(&g);
+        if (!have) return ctx;
+        int32_t layers = o->draft_layers > 0 ? o->draft_layers : cfg.n_layers;
+        int64_t block_bytes = (int64_t)layers * 2 * 16 * cfg.n_kv_heads * cfg.head_dim * 4;
+        int64_t want = ((int64_t)id->context_length / 4 / 16 + 1) * o->max_seqs;
+        long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        int64_t cap = pages > 0 && page > 0 ? (int64_t)pages * page / 4 / block_bytes : want;
+        blocks = want < cap ? want : cap;
+        if (o->max_ctx <= 0 && blocks / o->max_seqs * 16 < ctx) ctx = (int32_t)((blocks / o->max_seqs - 1) * 16);
+        return ctx > 16 ? ctx : 16;
+    }
+    int64_t per_seq = (blocks / o->max_seqs - 1) * 16;
+    if (per_seq < ctx) ctx = (int32_t)per_seq;
+    return ctx > 16 ? ctx : 16;
+}
+
+typedef struct drafter_ctx {
+    sd_draft_server *server;
+    Specd__DraftResponse resp;
+} drafter_ctx;
+
+static sd_status on_request(void *user, const Specd__CoordinatorToWorker *req, Specd__WorkerToCoordinator *reply) {
+    drafter_ctx *ctx = user;
+    SD_TRY(sd_draft_server_handle(ctx->server, req->draft, &ctx->resp));
+    reply->body_case = SPECD__WORKER_TO_COORDINATOR__BODY_DRAFT;
+    reply->draft = &ctx->resp;
+    return SD_OK;
+}
+static void on_release(void *user, const uint64_t *ids, size_t n) {
+    sd_draft_server_release(((drafter_ctx *)user)->server, ids, n);
+}
+static void on_reset(void *user) { sd_draft_server_reset(((drafter_ctx *)user)->server); }
+static void on_stats(void *user, Specd__WorkerStats *st) { sd_draft_server_stats(((drafter_ctx *)user)->server, st); }
+
+int main(int argc, char **argv) {
+    drafter_opts o = {
+        .coordinator = "tcp://127.0.0.1:7701", .ngram_min = 1, .ngram_max = 4, .max_seqs = 64,
+        .top_n = SD_SPEC_DEFAULT_TOP_N, .max_draft = 16, .max_batch = 64,
+    };
+    int rc = parse_args(argc, argv, &o);
+    if (rc) return rc == 1 ? 0 : 2;
+    sd_net_log_init("drafter", o.index, o.verbose);
+    int stop_fd = -1;
+    if (sd_worker_signal_fd(&stop_fd) != SD_OK) return 1;
+
+    sd_worker_params wp = sd_worker_default_params();
+    const char *id_path = o.ngram && o.vocab_from ? o.vocab_from : o.model_path;
+    if (sd_worker_identity_from_gguf(id_path, &wp.model) != SD_OK) {
+        close(stop_fd);
+        return 2;
+    }
+    sd_drafter_params dp = sd_drafter_default_params();
+    dp.max_seqs = o.max_seqs;
+    dp.top_n = o.top_n;
+    dp.ngram_min = o.ngram_min;
+    dp.ngram_max = o.ngram_max;
+    dp.n_threads = o.n_threads;
+    sd_drafter *drafter = NULL;
+    sd_status st;
+    if (o.ngram) {
+        dp.max_ctx = o.max_ctx > 0 ? o.max_ctx : (int32_t)wp.model.context_length;
+        wp.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM;
+        wp.model.n_layers = 0;
+        dp.top_n = 1;
+        st = sd_drafter_ngram_create(&dp, &drafter);
+    } else if (o.draft_layers > 0) {
+        if ((uint32_t)o.draft_layers > wp.model.n_layers) {
+            SD_ERROR("--draft-layers %d is more than the %u layers of %s", (int)o.draft_layers, wp.model.n_layers,
+                     o.model_path);
+            close(stop_fd);
+            return 2;
+        }
+        dp.max_ctx = model_slot_ctx(&o, &wp.model, o.model_path);
+        wp.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_SELF;
+        wp.model.n_layers = (uint32_t)o.draft_layers;
+        SD_INFO("loading the first %d layers of %s", (int)o.draft_layers, o.model_path);
+        st = sd_drafter_self_open(o.model_path, o.draft_layers, &dp, &drafter);
+    } else {
+        dp.max_ctx = model_slot_ctx(&o, &wp.model, o.model_path);
+        wp.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
+        SD_INFO("loading %s", o.model_path);
+        /* The draft model registers with its own vocabulary; the coordinator compares it with the target's. */
+        st = sd_drafter_model_open(o.model_path, wp.model.vocab_hash, (int32_t)wp.model.vocab_size, &dp, &drafter);
+    }
+    sd_draft_server *server = NULL;
+    if (st == SD_OK) {
+        sd_draft_server_params sp = sd_draft_server_default_params();
+        sp.max_seqs = o.max_seqs;
+        sp.max_ctx = dp.max_ctx;
+        sp.max_batch = o.max_batch;
+        sp.max_draft = o.max_draft;
+        sp.n_vocab = (int32_t)wp.model.vocab_size;
+        sp.top_n = dp.top_n;
+        st = sd_draft_server_create(drafter, &sp, &server);
+    }
+    if (st != SD_OK) {
+        SD_ERROR("cannot start the drafter: %s", sd_status_str(st));
+        sd_drafter_free(&drafter);
+        close(stop_fd);
+        return 2;
+    }
+    SD_INFO("%s drafter for %s (vocab %u): %d slots of %d tokens, top-n %d, max draft %d", sd_drafter_name(drafter),
+            wp.model.name, wp.model.vocab_size, (int)o.max_seqs, (int)dp.max_ctx, (int)dp.top_n, (int)o.max_draft);
+
+    void *zctx = zmq_ctx_new();
+    drafter_ctx ctx = {.server = server};
+    wp.coordinator = o.coordinator;
+    wp.role = SPECD__ROLE__ROLE_DRAFTER;
+    wp.rank = 0;
+    wp.group_size = 1;
+    wp.name = o.name;
+    wp.limits = sd_draft_server_limits(server);
+    wp.stop_fd = stop_fd;
+    wp.handle = on_request;
+    wp.release = on_release;
+    wp.reset = on_reset;
+    wp.stats = on_stats;
+    wp.user = &ctx;
+    sd_worker_exit why = SD_WORKER_STOPPED;
+    st = zctx ? sd_worker_run(zctx, &wp, &why) : SD_ERR_NET;
+
+    if (zctx) zmq_ctx_term(zctx);
+    sd_draft_server_free(&server);
+    sd_drafter_free(&drafter);
+    close(stop_fd);
+    if (st != SD_OK) return 1;
+    if (why == SD_WORKER_REFUSED) return 3;
+    SD_INFO("stopped");
+    return 0;
+}

@@ -1,0 +1,100 @@
+/* worker.h — the connection loop every worker process runs (drafters and the
+ * verifier leader): register, serve requests, heartbeat, reconnect.
+ *
+ * A worker is a DEALER connected to the coordinator's worker address. It
+ * sends Hello (protocol version, role, rank, model identity, limits, stats),
+ * waits for Welcome, then serves: every envelope is validated with
+ * sd_net_decode_to_worker against the worker's limits (undecodable or out of
+ * range: an Error with the decoder's code goes back and the loop carries
+ * on); DraftRequest / VerifyRequest go to the role's handler, whose reply is
+ * sent; Release goes to the release callback. When nothing was sent for a
+ * heartbeat interval the worker sends a Heartbeat with its stats. When the
+ * coordinator is silent for `liveness` intervals (or does not answer Hello
+ * in that time) the worker clears every cache (reset callback), closes and
+ * reopens its socket and registers again. An Error in answer to Hello is a
+ * refusal: it is logged and the loop returns SD_WORKER_REFUSED (main exits
+ * with status 3). Readable input on stop_fd (a signalfd or the read end of a
+ * self-pipe written by a signal handler) ends the loop cleanly.
+ *
+ * The handler runs on the loop's thread: while it computes, no heartbeat is
+ * sent (a step longer than the coordinator's liveness period looks like a
+ * dead worker). Nothing here keeps global state. */
+#ifndef SPECD_WORKER_H
+#define SPECD_WORKER_H
+
+#include "specd/net.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Serves one request (req->body_case is DRAFT or VERIFY): fills *reply (an
+ * initialized WorkerToCoordinator) with the response, pointing into memory
+ * the handler owns and keeps valid until its next call. SD_OK even when
+ * some sequences failed (per-sequence codes); any other status makes the
+ * loop answer Error CODE_INTERNAL and carry on. */
+typedef sd_status (*sd_worker_handle_fn)(void *user, const Specd__CoordinatorToWorker *req,
+                                         Specd__WorkerToCoordinator *reply);
+/* Frees the caches of the given request ids (unknown ids are ignored). */
+typedef void (*sd_worker_release_fn)(void *user, const uint64_t *request_ids, size_t n);
+/* Forgets every cached sequence (the coordinator's beliefs were reset). */
+typedef void (*sd_worker_reset_fn)(void *user);
+/* Fills *stats (initialized) with current resource use. */
+typedef void (*sd_worker_stats_fn)(void *user, Specd__WorkerStats *stats);
+
+/* The identity of the model a worker serves (ModelIdentity in Hello). */
+typedef struct sd_worker_identity {
+    char architecture[32];        /* "llama" */
+    char name[128];               /* file name, for logs */
+    uint32_t vocab_size;          /* tokens */
+    uint64_t vocab_hash;          /* sd_tok_vocab_hash */
+    uint32_t context_length;      /* tokens */
+    uint32_t n_layers;            /* layers run */
+} sd_worker_identity;
+
+/* Reads the identity of the GGUF at path from its metadata only (tokenizer
+ * and config; no weights). Errors are logged with the path. */
+sd_status sd_worker_identity_from_gguf(const char *path, sd_worker_identity *id);
+
+/* Blocks SIGINT and SIGTERM in the calling thread (call it in main before
+ * any thread starts, so every thread inherits the mask) and returns a
+ * signalfd that becomes readable when one arrives: the loop's stop_fd.
+ * Caller closes *fd. */
+sd_status sd_worker_signal_fd(int *fd);
+
+typedef struct sd_worker_params {
+    const char *coordinator;      /* worker address to connect to (required) */
+    Specd__Role role;             /* ROLE_DRAFTER or ROLE_VERIFIER */
+    uint32_t rank, group_size;    /* verifier group position; 0 / 1 for drafters */
+    Specd__DrafterKind drafter_kind;
+    const char *name;             /* for the coordinator's logs; NULL = host:pid */
+    sd_worker_identity model;     /* sent in Hello */
+    sd_net_limits limits;         /* what incoming requests are validated against */
+    int heartbeat_interval_ms;    /* default SD_HEARTBEAT_INTERVAL_MS */
+    int liveness;                 /* default SD_HEARTBEAT_LIVENESS */
+    int stop_fd;                  /* readable = stop; -1 = never */
+    sd_worker_handle_fn handle;   /* required */
+    sd_worker_release_fn release; /* required */
+    sd_worker_reset_fn reset;     /* required */
+    sd_worker_stats_fn stats;     /* required */
+    void *user;                   /* passed to every callback */
+} sd_worker_params;
+
+/* Defaults: heartbeat constants of net.h, group_size 1, stop_fd -1,
+ * architecture "llama", everything else 0/NULL. */
+sd_worker_params sd_worker_default_params(void);
+
+typedef enum sd_worker_exit {
+    SD_WORKER_STOPPED = 0,  /* stop_fd became readable: clean exit */
+    SD_WORKER_REFUSED = 3,  /* the coordinator answered Hello with an Error */
+} sd_worker_exit;
+
+/* Runs the loop in zctx (caller's ZeroMQ context) until stopped or refused;
+ * *why says which. Returns an error only when a socket cannot be set up or a
+ * parameter is missing. Not thread-safe (one loop per context user). */
+sd_status sd_worker_run(void *zctx, const sd_worker_params *p, sd_worker_exit *why);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,566 @@
+/* test_worker_serve.c — the verifier's and the drafter's request handling
+ * (verifier/verify_serve.c, drafter/draft_serve.c), called directly without
+ * sockets, on small random models written by specd-mkmodel at test start
+ * (skipped when it cannot run).
+ *
+ * Verifier: a batch of three sequences (greedy, T=0.8, T=1 with top-p 0.9)
+ * stepped through keep_len/append/drafts commits, step for step, what
+ * sd_spec_decoder commits for each sequence alone with an identical drafter;
+ * CACHE_MISS for a short cache and an unknown id (and the same token after
+ * the prefix is resent); KV_FULL when slots or blocks run out, without
+ * taking a slot; Release returns the blocks (stats); prefill_only chunks
+ * give the same next token as a whole-prompt step.
+ * Drafter: a batch with keep_len truncation proposes exactly what
+ * sd_drafter_propose gives on the same context (tokens and q); CACHE_MISS;
+ * Release; the n-gram drafter's one-hot q. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "draft_serve.h"
+#include "specd/drafter.h"
+#include "specd/gguf.h"
+#include "specd/model.h"
+#include "specd/spec_decode.h"
+#include "specd/tokenizer.h"
+#include "verify_serve.h"
+
+#define VOCAB 300
+#define MAX_CTX 256
+#define N_SEQS 3
+#define K 4
+
+static struct {
+    char dir[64], target[128], draft[128];
+    bool ok;
+    sd_model *target_model;
+    uint64_t hash;
+    int32_t n_vocab;
+} env;
+
+static int setup_models(void **state) {
+    (void)state;
+    snprintf(env.dir, sizeof env.dir, "/tmp/specd-worker-XXXXXX");
+    if (!mkdtemp(env.dir)) return 0;
+    snprintf(env.target, sizeof env.target, "%s/target.gguf", env.dir);
+    snprintf(env.draft, sizeof env.draft, "%s/draft.gguf", env.dir);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "'%s' -o '%s' --layers 2 --vocab %d --ctx %d --seed 31 >/dev/null 2>&1 && "
+             "'%s' -o '%s' --layers 2 --vocab %d --ctx %d --seed 31 --dtype q4_0 >/dev/null 2>&1",
+             SPECD_MKMODEL, env.target, VOCAB, MAX_CTX, SPECD_MKMODEL, env.draft, VOCAB, MAX_CTX);
+    env.ok = system(cmd) == 0;
+    if (!env.ok) return 0;
+    sd_gguf *g = NULL;
+    char err[128];
+    if (sd_gguf_open(env.target, &g, err, sizeof err) != SD_OK) return -1;
+    sd_tok *tok = NULL;
+    if (sd_tok_from_gguf(g, &tok) != SD_OK) return -1;
+    env.hash = sd_tok_vocab_hash(tok);
+    env.n_vocab = sd_tok_n_vocab(tok);
+    sd_tok_free(&tok);
+    sd_model_params mp = sd_model_default_params();
+    mp.n_threads = 1;
+    sd_status st = sd_model_load(g, &mp, &env.target_model);
+    sd_gguf_close(&g);
+    return st == SD_OK ? 0 : -1;
+}
+
+static int teardown_models(void **state) {
+    (void)state;
+    sd_model_free(&env.target_model);
+    unlink(env.target);
+    unlink(env.draft);
+    rmdir(env.dir);
+    return 0;
+}
+
+#define SKIP_WITHOUT_MODELS()                                                   \
+    do {                                                                        \
+        if (!env.ok) {                                                          \
+            fprintf(stderr, "skipped: specd-mkmodel could not write models\n"); \
+            skip();                                                             \
+        }                                                                       \
+    } while (0)
+
+static sd_drafter *open_draft(int32_t max_seqs) {
+    sd_drafter_params dp = sd_drafter_default_params();
+    dp.max_seqs = max_seqs;
+    dp.max_ctx = MAX_CTX;
+    dp.n_threads = 1;
+    sd_drafter *d = NULL;
+    assert_int_equal(sd_drafter_model_open(env.draft, env.hash, env.n_vocab, &dp, &d), SD_OK);
+    return d;
+}
+
+static sd_verifier *new_verifier(int32_t max_seqs, int32_t kv_blocks) {
+    sd_verifier_params vp = sd_verifier_default_params();
+    vp.max_seqs = max_seqs;
+    vp.kv_blocks = kv_blocks;
+    vp.max_batch = 8;
+    vp.max_draft = 8;
+    sd_verifier *v = NULL;
+    assert_int_equal(sd_verifier_create(env.target_model, &vp, &v), SD_OK);
+    return v;
+}
+
+static void make_prompt(int32_t *p, int32_t n, uint32_t seed) {
+    for (int32_t i = 0; i < n; i++) {
+        seed = seed * 1103515245u + 12345u;
+        p[i] = (int32_t)((seed >> 16) % VOCAB);
+    }
+}
+
+/* A VerifySeq over caller-owned arrays. */
+typedef struct vseq {
+    Specd__VerifySeq seq;
+    Specd__Sampling sampling;
+    Specd__SparseDist dists[K];
+    Specd__SparseDist *dist_ptrs[K];
+    int32_t draft[K];
+} vseq;
+
+static void vseq_init(vseq *s, uint64_t id, uint32_t keep_len, int32_t *append, size_t n_append, const sd_sampling *smp) {
+    specd__verify_seq__init(&s->seq);
+    specd__sampling__init(&s->sampling);
+    sd_net_sampling_to_pb(smp, &s->sampling);
+    s->seq.request_id = id;
+    s->seq.keep_len = keep_len;
+    s->seq.append = append;
+    s->seq.n_append = n_append;
+    s->seq.sampling = &s->sampling;
+}
+
+static void vseq_drafts(vseq *s, const int32_t *tokens, const sd_spec_q *q, int32_t n) {
+    for (int32_t i = 0; i < n; i++) {
+        s->draft[i] = tokens[i];
+        specd__sparse_dist__init(&s->dists[i]);
+        s->dists[i].n_ids = s->dists[i].n_probs = (size_t)q[i].n;
+        s->dists[i].ids = (int32_t *)q[i].ids;
+        s->dists[i].probs = (float *)q[i].probs;
+        s->dist_ptrs[i] = &s->dists[i];
+    }
+    s->seq.draft = s->draft;
+    s->seq.n_draft = (size_t)n;
+    s->seq.q = s->dist_ptrs;
+    s->seq.n_q = (size_t)n;
+}
+
+static const Specd__VerifyResult *run_verify(sd_verifier *v, vseq *seqs, size_t n, bool prefill_only,
+                                             Specd__VerifyResponse *resp) {
+    Specd__VerifySeq *ptrs[8];
+    for (size_t i = 0; i < n; i++) ptrs[i] = &seqs[i].seq;
+    Specd__VerifyRequest req = SPECD__VERIFY_REQUEST__INIT;
+    req.step_id = 77;
+    req.seqs = ptrs;
+    req.n_seqs = n;
+    req.prefill_only = prefill_only;
+    assert_int_equal(sd_verifier_handle(v, &req, resp), SD_OK);
+    assert_int_equal(resp->step_id, 77);
+    assert_int_equal(resp->n_results, n);
+    return resp->results[0];
+}
+
+static sd_sampling sampling_of(int i) {
+    sd_sampling s = sd_sampling_default();
+    if (i == 0) s.temperature = 0.0f;
+    if (i == 1) {
+        s.temperature = 0.8f;
+        s.seed = 5;
+    }
+    if (i == 2) {
+        s.temperature = 1.0f;
+        s.top_p = 0.9f;
+        s.seed = 7;
+    }
+    return s;
+}
+
+/* The batch over keep_len/append/drafts commits what sd_spec_decoder commits alone. */
+static void test_verify_batch_matches_spec_decode(void **state) {
+    (void)state;
+    SKIP_WITHOUT_MODELS();
+    enum { STEPS = 8, PROMPT = 12 };
+    int32_t prompt[N_SEQS][PROMPT];
+    int32_t ref[N_SEQS][STEPS][K + 1], ref_n[N_SEQS][STEPS];
+    int64_t total_accepted = 0;
+    for (int i = 0; i < N_SEQS; i++) {
+        make_prompt(prompt[i], PROMPT, 100u + (uint32_t)i);
+        sd_drafter *d = open_draft(1);
+        sd_spec_decoder *dec = NULL;
+        assert_int_equal(sd_spec_decoder_create(env.target_model, d, MAX_CTX, &dec), SD_OK);
+        int32_t ctx[MAX_CTX];
+        memcpy(ctx, prompt[i], sizeof prompt[i]);
+        int32_t n_ctx = PROMPT;
+        sd_sampling s = sampling_of(i);
+        for (int step = 0; step < STEPS; step++) {
+            int32_t n_acc = 0;
+            assert_int_equal(sd_spec_decoder_step(dec, ctx, n_ctx, K, &s, ref[i][step], &ref_n[i][step], NULL, &n_acc),
+                             SD_OK);
+            total_accepted += n_acc;
+            memcpy(ctx + n_ctx, ref[i][step], (size_t)ref_n[i][step] * sizeof *ctx);
+            n_ctx += ref_n[i][step];
+        }
+        sd_spec_decoder_free(&dec);
+        sd_drafter_free(&d);
+    }
+    assert_true(total_accepted > 0); /* the Q4 draft agrees sometimes: accepted drafts are exercised */
+
+    sd_verifier *v = new_verifier(8, 64);
+    sd_drafter *d = open_draft(N_SEQS);
+    int32_t committed[N_SEQS][MAX_CTX], n_committed[N_SEQS];
+    uint32_t cached[N_SEQS] = {0};
+    for (int i = 0; i < N_SEQS; i++) {
+        memcpy(committed[i], prompt[i], sizeof prompt[i]);
+        n_committed[i] = PROMPT;
+    }
+    for (int step = 0; step < STEPS; step++) {
+        vseq seqs[N_SEQS];
+        for (int i = 0; i < N_SEQS; i++) {
+            sd_sampling s = sampling_of(i);
+            vseq_init(&seqs[i], 1000u + (uint64_t)i, cached[i], committed[i] + cached[i],
+                      (size_t)(n_committed[i] - (int32_t)cached[i]), &s);
+            int32_t tokens[K];
+            sd_spec_q q[K];
+            int32_t nd = 0;
+            assert_int_equal(sd_drafter_propose(d, i, committed[i], n_committed[i], K, &s, tokens, q, &nd), SD_OK);
+            vseq_drafts(&seqs[i], tokens, q, nd);
+        }
+        Specd__VerifyResponse resp;
+        run_verify(v, seqs, N_SEQS, false, &resp);
+        for (int i = 0; i < N_SEQS; i++) {
+            const Specd__VerifyResult *r = resp.results[i];
+            assert_int_equal(r->request_id, 1000u + (uint64_t)i);
+            assert_int_equal(r->code, SPECD__CODE__CODE_OK);
+            assert_int_equal((int)r->n_commit, ref_n[i][step]);
+            assert_int_equal((int)r->n_accepted, ref_n[i][step] - 1);
+            assert_memory_equal(r->commit, ref[i][step], r->n_commit * sizeof(int32_t));
+            memcpy(committed[i] + n_committed[i], r->commit, r->n_commit * sizeof(int32_t));
+            n_committed[i] += (int32_t)r->n_commit;
+            assert_int_equal((int)r->cached_len, n_committed[i] - 1);
+            cached[i] = r->cached_len;
+        }
+    }
+    Specd__WorkerStats st = SPECD__WORKER_STATS__INIT;
+    sd_verifier_stats(v, &st);
+    assert_int_equal(st.n_sequences, N_SEQS);
+    assert_int_equal(st.steps, STEPS);
+    sd_drafter_free(&d);
+    sd_verifier_free(&v);
+}
+
+/* keep_len beyond the cache and unknown ids: CACHE_MISS; resending the prefix gives the same token. */
+static void test_verify_cache_miss(void **state) {
+    (void)state;
+    SKIP_WITHOUT_MODELS();
+    sd_verifier *v = new_verifier(4, 32);
+    int32_t prompt[10];
+    make_prompt(prompt, 10, 9);
+    sd_sampling greedy = sd_sampling_default();
+    greedy.temperature = 0.0f;
+    vseq s[2];
+    vseq_init(&s[0], 1, 0, prompt, 10, &greedy);
+    Specd__VerifyResponse resp;
+    const Specd__VerifyResult *r = run_verify(v, s, 1, false, &resp);
+    assert_int_equal(r->code, SPECD__CODE__CODE_OK);
+    assert_int_equal(r->cached_len, 10);
+    int32_t first = r->commit[0];
+
+    /* The cache holds 10: keep_len 12 misses, and so does an unknown id with keep_len 3. */
+    vseq_init(&s[0], 1, 12, &first, 1, &greedy);
+    vseq_init(&s[1], 2, 3, prompt, 1, &greedy);
+    run_verify(v, s, 2, false, &resp);
+    assert_int_equal(resp.results[0]->code, SPECD__CODE__CODE_CACHE_MISS);
+    assert_int_equal(resp.results[0]->cached_len, 0);
+    assert_int_equal(resp.results[0]->n_commit, 0);
+    assert_int_equal(resp.results[1]->code, SPECD__CODE__CODE_CACHE_MISS);
+    Specd__WorkerStats st = SPECD__WORKER_STATS__INIT;
+    sd_verifier_stats(v, &st);
+    assert_int_equal(st.n_sequences, 0); /* a miss frees the slot, an unknown id takes none */
+    assert_int_equal(st.kv_blocks_free, 32);
+
+    /* The coordinator resends the whole prefix: the same greedy token. */
+    vseq_init(&s[0], 1, 0, prompt, 10, &greedy);
+    r = run_verify(v, s, 1, false, &resp);
+    assert_int_equal(r->code, SPECD__CODE__CODE_OK);
+    assert_int_equal(r->commit[0], first);
+    /* Truncation: keep 6 of the 10 and append the rest again, the same token once more. */
+    vseq_init(&s[0], 1, 6, prompt + 6, 4, &greedy);
+    r = run_verify(v, s, 1, false, &resp);
+    assert_int_equal(r->code, SPECD__CODE__CODE_OK);
+    assert_int_equal(r->commit[0], first);
+    assert_int_equal(r->cached_len, 10);
+    sd_verifier_free(&v);
+}
+
+/* No slot or no blocks: KV_FULL per sequence; Release returns the blocks. */
+static void test_verify_kv_full_and_release(void **state) {
+    (void)state;
+    SKIP_WITHOUT_MODELS();
+    sd_verifier *v = new_verifier(3, 4); /* 4 blocks of 16 tokens */
+    int32_t a[20], b[20], c[5];
+    make_prompt(a, 20, 1);
+    make_prompt(b, 20, 2);
+    make_prompt(c, 5, 3);
+    sd_sampling greedy = sd_sampling_default();
+    greedy.temperature = 0.0f;
+    vseq s[4];
+    vseq_init(&s[0], 11, 0, a, 20, &greedy);
+    vseq_init(&s[1], 12, 0, b, 20, &greedy);
+    vseq_init(&s[2], 13, 0, c, 5, &greedy);
+    Specd__VerifyResponse resp;
+    run_verify(v, s, 3, false, &resp);
+    assert_int_equal(resp.results[0]->code, SPECD__CODE__CODE_OK);
+    assert_int_equal(resp.results[1]->code, SPECD__CODE__CODE_OK);
+    assert_int_equal(resp.results[2]->code, SPECD__CODE__CODE_KV_FULL); /* 2 + 2 blocks taken */
+    assert_int_equal(resp.results[2]->cached_len, 0);
+    int32_t c_token_expected = -1;
+    Specd__WorkerStats st = SPECD__WORKER_STATS__INIT;
+    sd_verifier_stats(v, &st);
+    assert_int_equal(st.kv_blocks_total, 4);
+    assert_int_equal(st.kv_blocks_free, 0);
+    assert_int_equal(st.n_sequences, 2);
+
+    /* Slots: a verifier with one slot refuses a second id. */
+    sd_verifier *v1 = new_verifier(1, 16);
+    vseq_init(&s[0], 21, 0, c, 5, &greedy);
+    vseq_init(&s[1], 22, 0, c, 5, &greedy);
+    run_verify(v1, s, 2, false, &resp);
+    assert_int_equal(resp.results[0]->code, SPECD__CODE__CODE_OK);
+    c_token_expected = resp.results[0]->commit[0];
+    assert_int_equal(resp.results[1]->code, SPECD__CODE__CODE_KV_FULL);
+    sd_verifier_free(&v1);
+
+    /* Release a: its two blocks come back and c fits. */
+    uint64_t ids[2] = {11, 999};
+    sd_verifier_release(v, ids, 2);
+    sd_verifier_stats(v, &st);
+    assert_int_equal(st.kv_blocks_free, 2);
+    assert_int_equal(st.n_sequences, 1);
+    vseq_init(&s[0], 13, 0, c, 5, &greedy);
+    const Specd__VerifyResult *r = run_verify(v, s, 1, false, &resp);
+    assert_int_equal(r->code, SPECD__CODE__CODE_OK);
+    assert_int_equal(r->commit[0], c_token_expected);
+    sd_verifier_reset(v);
+    sd_verifier_stats(v, &st);
+    assert_int_equal(st.kv_blocks_free, 4);
+    assert_int_equal(st.n_sequences, 0);
+    sd_verifier_free(&v);
+}
+
+/* prefill_only chunks append without sampling; the next step equals a whole-prompt step. */
+static void test_verify_prefill_only(void **state) {
+    (void)state;
+    SKIP_WITHOUT_MODELS();
+    sd_verifier *v = new_verifier(4, 32);
+    int32_t prompt[40];
+    make_prompt(prompt, 40, 44);
+    sd_sampling s = sd_sampling_default();
+    s.temperature = 0.9f;
+    s.seed = 3;
+    vseq q[2];
+    Specd__VerifyResponse resp;
+    vseq_init(&q[0], 5, 0, prompt, 40, &s);
+    const Specd__VerifyResult *r = run_verify(v, q, 1, false, &resp);
+    assert_int_equal(r->code, SPECD__CODE__CODE_OK);
+    int32_t whole = r->commit[0];
+
+    vseq_init(&q[0], 6, 0, prompt, 16, &s);
+    vseq_init(&q[1], 7, 0, prompt, 20, &s);
+    run_verify(v, q, 2, true, &resp);
+    assert_int_equal(resp.results[0]->code, SPECD__CODE__CODE_OK);
+    assert_int_equal(resp.results[0]->n_commit, 0);
+    assert_int_equal(resp.results[0]->cached_len, 16);
+    assert_int_equal(resp.results[1]->cached_len, 20);
+    vseq_init(&q[0], 6, 16, prompt + 16, 16, &s);
+    run_verify(v, q, 1, true, &resp);
+    assert_int_equal(resp.results[0]->cached_len, 32);
+    vseq_init(&q[0], 6, 32, prompt + 32, 8, &s);
+    vseq_init(&q[1], 7, 20, prompt + 20, 20, &s);
+    run_verify(v, q, 2, false, &resp);
+    assert_int_equal(resp.results[0]->code, SPECD__CODE__CODE_OK);
+    assert_int_equal(resp.results[0]->commit[0], whole);
+    assert_int_equal(resp.results[1]->commit[0], whole);
+    assert_int_equal(resp.results[0]->cached_len, 40);
+    sd_verifier_free(&v);
+}
+
+/* ---- drafter ---- */
+
+typedef struct dseq {
+    Specd__DraftSeq seq;
+    Specd__Sampling sampling;
+} dseq;
+
+static void dseq_init(dseq *s, uint64_t id, uint32_t keep_len, int32_t *append, size_t n_append, uint32_t k,
+                      const sd_sampling *smp) {
+    specd__draft_seq__init(&s->seq);
+    specd__sampling__init(&s->sampling);
+    sd_net_sampling_to_pb(smp, &s->sampling);
+    s->seq.request_id = id;
+    s->seq.keep_len = keep_len;
+    s->seq.append = append;
+    s->seq.n_append = n_append;
+    s->seq.k = k;
+    s->seq.sampling = &s->sampling;
+}
+
+static void run_draft(sd_draft_server *srv, dseq *seqs, size_t n, Specd__DraftResponse *resp) {
+    Specd__DraftSeq *ptrs[8];
+    for (size_t i = 0; i < n; i++) ptrs[i] = &seqs[i].seq;
+    Specd__DraftRequest req = SPECD__DRAFT_REQUEST__INIT;
+    req.step_id = 5;
+    req.seqs = ptrs;
+    req.n_seqs = n;
+    assert_int_equal(sd_draft_server_handle(srv, &req, resp), SD_OK);
+    assert_int_equal(resp->n_results, n);
+}
+
+static void assert_same_proposal(const Specd__DraftResult *r, sd_drafter *ref, const int32_t *ctx, int32_t n_ctx,
+                                 const sd_sampling *s) {
+    int32_t tokens[K];
+    sd_spec_q q[K];
+    int32_t nd = 0;
+    assert_int_equal(sd_drafter_propose(ref, 0, ctx, n_ctx, K, s, tokens, q, &nd), SD_OK);
+    assert_int_equal(r->code, SPECD__CODE__CODE_OK);
+    assert_int_equal((int)r->n_tokens, nd);
+    assert_int_equal((int)r->n_q, nd);
+    assert_memory_equal(r->tokens, tokens, (size_t)nd * sizeof *tokens);
+    for (int32_t i = 0; i < nd; i++) {
+        assert_int_equal((int)r->q[i]->n_ids, q[i].n);
+        assert_memory_equal(r->q[i]->ids, q[i].ids, (size_t)q[i].n * sizeof(int32_t));
+        for (int32_t j = 0; j < q[i].n; j++) assert_true(fabsf(r->q[i]->probs[j] - q[i].probs[j]) < 1e-6f);
+    }
+}
+
+static void test_draft_batch(void **state) {
+    (void)state;
+    SKIP_WITHOUT_MODELS();
+    sd_drafter *d = open_draft(4);
+    sd_draft_server_params sp = sd_draft_server_default_params();
+    sp.max_seqs = 4;
+    sp.max_ctx = MAX_CTX;
+    sp.max_batch = 8;
+    sp.max_draft = K;
+    sp.n_vocab = VOCAB;
+    sd_draft_server *srv = NULL;
+    assert_int_equal(sd_draft_server_create(d, &sp, &srv), SD_OK);
+    int32_t a[24], b[30];
+    make_prompt(a, 24, 71);
+    make_prompt(b, 30, 72);
+    sd_sampling greedy = sd_sampling_default();
+    greedy.temperature = 0.0f;
+    sd_sampling hot = sd_sampling_default();
+    hot.temperature = 0.8f;
+    hot.seed = 11;
+    dseq s[3];
+    Specd__DraftResponse resp;
+    dseq_init(&s[0], 1, 0, a, 20, K, &greedy);
+    dseq_init(&s[1], 2, 0, b, 30, K, &hot);
+    run_draft(srv, s, 2, &resp);
+    assert_int_equal(resp.results[0]->cached_len, 20);
+    assert_int_equal(resp.results[1]->cached_len, 30);
+    sd_drafter *ref = open_draft(1);
+    assert_same_proposal(resp.results[0], ref, a, 20, &greedy);
+    sd_drafter_release(ref, 0);
+    assert_same_proposal(resp.results[1], ref, b, 30, &hot);
+    sd_drafter_release(ref, 0);
+
+    /* keep_len truncation: a keeps 17 of its 20 and appends a[17..24) (7 tokens); b misses; c unknown misses. */
+    dseq_init(&s[0], 1, 17, a + 17, 7, K, &greedy);
+    dseq_init(&s[1], 2, 31, b, 1, K, &hot);
+    dseq_init(&s[2], 3, 2, a, 1, K, &greedy);
+    run_draft(srv, s, 3, &resp);
+    assert_int_equal(resp.results[0]->cached_len, 24);
+    assert_same_proposal(resp.results[0], ref, a, 24, &greedy);
+    assert_int_equal(resp.results[1]->code, SPECD__CODE__CODE_CACHE_MISS);
+    assert_int_equal(resp.results[1]->n_tokens, 0);
+    assert_int_equal(resp.results[2]->code, SPECD__CODE__CODE_CACHE_MISS);
+
+    Specd__WorkerStats st = SPECD__WORKER_STATS__INIT;
+    sd_draft_server_stats(srv, &st);
+    assert_int_equal(st.n_sequences, 1);
+    uint32_t free_before = st.kv_blocks_free;
+    assert_int_equal(st.kv_blocks_total - free_before, 2); /* 24 tokens = 2 blocks of 16 */
+    uint64_t id = 1;
+    sd_draft_server_release(srv, &id, 1);
+    sd_draft_server_stats(srv, &st);
+    assert_int_equal(st.n_sequences, 0);
+    assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
+    /* After release the id is unknown. */
+    dseq_init(&s[0], 1, 24, a, 1, K, &greedy);
+    run_draft(srv, s, 1, &resp);
+    assert_int_equal(resp.results[0]->code, SPECD__CODE__CODE_CACHE_MISS);
+    sd_drafter_free(&ref);
+    sd_draft_server_free(&srv);
+    sd_drafter_free(&d);
+}
+
+static void test_draft_ngram(void **state) {
+    (void)state;
+    sd_drafter_params dp = sd_drafter_default_params();
+    dp.max_seqs = 2;
+    dp.max_ctx = 64;
+    sd_drafter *d = NULL;
+    assert_int_equal(sd_drafter_ngram_create(&dp, &d), SD_OK);
+    sd_draft_server_params sp = sd_draft_server_default_params();
+    sp.max_seqs = 2;
+    sp.max_ctx = 64;
+    sp.max_batch = 4;
+    sp.max_draft = 3;
+    sp.n_vocab = 50;
+    sp.top_n = 1;
+    sd_draft_server *srv = NULL;
+    assert_int_equal(sd_draft_server_create(d, &sp, &srv), SD_OK);
+    int32_t ctx[] = {1, 2, 3, 4, 5, 9, 1, 2};
+    sd_sampling greedy = sd_sampling_default();
+    greedy.temperature = 0.0f;
+    dseq s[3];
+    Specd__DraftResponse resp;
+    dseq_init(&s[0], 40, 0, ctx, 8, 8, &greedy); /* k 8 is capped at max_draft 3 */
+    dseq_init(&s[1], 41, 0, ctx, 3, 2, &greedy);
+    dseq_init(&s[2], 42, 0, ctx, 3, 2, &greedy); /* no third slot */
+    run_draft(srv, s, 3, &resp);
+    const Specd__DraftResult *r = resp.results[0];
+    assert_int_equal(r->code, SPECD__CODE__CODE_OK);
+    assert_int_equal(r->n_tokens, 3);
+    assert_int_equal(r->tokens[0], 3);
+    assert_int_equal(r->tokens[1], 4);
+    assert_int_equal(r->tokens[2], 5);
+    assert_int_equal(r->q[1]->n_ids, 1);
+    assert_int_equal(r->q[1]->ids[0], 4);
+    assert_true(r->q[1]->probs[0] == 1.0f);
+    assert_int_equal(resp.results[1]->n_tokens, 0); /* 1 2 3: nothing repeats */
+    assert_int_equal(resp.results[1]->cached_len, 3);
+    assert_int_equal(resp.results[2]->code, SPECD__CODE__CODE_KV_FULL);
+    /* Truncate 41 to 2 tokens and append 9 1 2 ... no repeat of "2" before: 1 2 9 1 2 -> after "1 2": 9 1 2. */
+    int32_t tail[] = {9, 1, 2};
+    dseq_init(&s[0], 41, 2, tail, 3, 3, &greedy);
+    run_draft(srv, s, 1, &resp);
+    r = resp.results[0];
+    assert_int_equal(r->cached_len, 5);
+    assert_int_equal(r->n_tokens, 3);
+    assert_int_equal(r->tokens[0], 9);
+    sd_draft_server_free(&srv);
+    sd_drafter_free(&d);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_verify_batch_matches_spec_decode),
+        cmocka_unit_test(test_verify_cache_miss),
+        cmocka_unit_test(test_verify_kv_full_and_release),
+        cmocka_unit_test(test_verify_prefill_only),
+        cmocka_unit_test(test_draft_batch),
+        cmocka_unit_test(test_draft_ngram),
+    };
+    return cmocka_run_group_tests(tests, setup_models, teardown_models);
+}

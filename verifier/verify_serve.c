@@ -1,0 +1,443 @@
+/* verify_serve.c — VerifyRequest batches on the target model (see
+ * verify_serve.h).
+ *
+ * A sequence lives in one KV slot; the slot map is a flat array searched
+ * linearly (max_seqs is tens to a few hundred: a hash table would buy
+ * nothing next to a forward pass). A batch runs in four passes:
+ *   1. admission, per sequence: validate, find or take a slot, CACHE_MISS
+ *      when the slot holds fewer than keep_len tokens, truncate to keep_len;
+ *   2. block budget: the blocks each admitted sequence will need are
+ *      counted in batch order against the free pool, and a sequence that
+ *      does not fit gets KV_FULL (the forward pass is all-or-nothing, so
+ *      this is what keeps one greedy sequence from failing the batch);
+ *   3. one ragged forward over every admitted sequence's [append, drafts],
+ *      logits for the last append row and each draft row;
+ *   4. verification per sequence (spec.h: greedy at temperature 0, exact
+ *      rejection sampling otherwise, positions from keep_len + |append|, as
+ *      sd_spec_decoder does) and KV rollback to the committed prefix
+ *      without its last token, which gets its K/V at the next step.
+ * Passes 3-4 are exactly what spec2's sd_spec_verify_batch does; this file
+ * keeps its own copy while that header has not landed (see the report).
+ *
+ * Cache protocol corner cases (the brief leaves them open; chosen here):
+ *   - CACHE_MISS frees the slot: the coordinator resends from keep_len 0,
+ *     and the result says cached_len 0.
+ *   - A sequence refused with KV_FULL keeps what it had up to keep_len and
+ *     says so in cached_len; a new id refused with KV_FULL takes no slot.
+ *   - A normal step needs append >= 1 (the last committed token has no K/V
+ *     yet, its logits give p for the first draft): BAD_REQUEST otherwise.
+ *   - keep_len + |append| + |draft| over the context: BAD_REQUEST. */
+#include "verify_serve.h"
+
+#include "specd/sample.h"
+#include "specd/spec.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct seq_slot {
+    bool used;
+    uint64_t request_id;
+} seq_slot;
+
+/* Per sequence of the current batch. */
+typedef struct seq_plan {
+    int32_t slot;        /* -1 when not admitted */
+    int32_t keep_len;
+    int32_t n_append;
+    int32_t n_draft;
+    int32_t row0;        /* first row of its logits in v->logits */
+    bool new_slot;       /* the slot was taken by this request */
+    sd_sampling sampling;
+} seq_plan;
+
+struct sd_verifier {
+    sd_model *target;
+    sd_kv *kv;
+    sd_verifier_params p;
+    int32_t n_vocab;
+    uint64_t steps;
+    seq_slot *slots;                 /* [max_seqs] */
+    seq_plan *plan;                  /* [max_batch] */
+    /* response storage, [max_batch] each */
+    Specd__VerifyResult *results;
+    Specd__VerifyResult **result_ptrs;
+    int32_t *commits;                /* [max_batch][max_draft + 1] */
+    /* batch storage, grown on demand */
+    int32_t *tokens, *pos, *seq;
+    bool *want;
+    size_t cap_rows;
+    float *logits;                   /* [rows wanted][n_vocab] */
+    size_t cap_logit_rows;
+    float *p_rows;                   /* [max_draft + 1][n_vocab] processed target distributions */
+    double *scratch;                 /* [n_vocab] */
+};
+
+sd_verifier_params sd_verifier_default_params(void) {
+    sd_verifier_params p = {
+        .max_seqs = 64, .kv_blocks = 0, .block_size = 16, .max_batch = 64, .max_draft = 16, .max_ctx = 0,
+    };
+    return p;
+}
+
+int32_t sd_verifier_default_kv_blocks(const sd_model_config *cfg, int32_t max_seqs, int32_t block_size,
+                                      int32_t max_ctx) {
+    if (block_size <= 0) block_size = 16;
+    int32_t ctx = max_ctx > 0 ? max_ctx : cfg->n_ctx_train;
+    int64_t per_seq = ((int64_t)ctx / 4 + block_size - 1) / block_size;
+    int64_t want = per_seq * max_seqs;
+    int64_t one_ctx = ((int64_t)ctx + block_size - 1) / block_size + 1;
+    if (want < one_ctx) want = one_ctx;
+    /* K and V, every layer, f32. */
+    int64_t block_bytes = (int64_t)cfg->n_layers * 2 * block_size * cfg->n_kv_heads * cfg->head_dim * 4;
+    long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0 && block_bytes > 0) {
+        int64_t cap = (int64_t)pages * page / 4 / block_bytes;
+        if (cap < one_ctx) cap = one_ctx;
+        if (want > cap) {
+            SD_WARN("verifier: KV pool capped at %lld blocks (a quarter of available memory) instead of %lld",
+                    (long long)cap, (long long)want);
+            want = cap;
+        }
+    }
+    return want > INT32_MAX / 2 ? INT32_MAX / 2 : (int32_t)want;
+}
+
+void sd_verifier_free(sd_verifier **pv) {
+    if (!pv || !*pv) return;
+    sd_verifier *v = *pv;
+    sd_kv_free(&v->kv);
+    free(v->slots);
+    free(v->plan);
+    free(v->results);
+    free(v->result_ptrs);
+    free(v->commits);
+    free(v->tokens);
+    free(v->pos);
+    free(v->seq);
+    free(v->want);
+    free(v->logits);
+    free(v->p_rows);
+    free(v->scratch);
+    free(v);
+    *pv = NULL;
+}
+
+sd_status sd_verifier_create(sd_model *target, const sd_verifier_params *params, sd_verifier **out) {
+    if (!target || !out) return SD_ERR_INVALID_ARG;
+    *out = NULL;
+    sd_verifier_params p = params ? *params : sd_verifier_default_params();
+    const sd_model_config *cfg = sd_model_config_of(target);
+    if (p.block_size <= 0) p.block_size = 16;
+    if (p.max_ctx <= 0 || p.max_ctx > cfg->n_ctx_train) p.max_ctx = cfg->n_ctx_train;
+    if (p.max_seqs <= 0 || p.max_seqs > 1 << 16 || p.kv_blocks <= 0 || p.max_batch <= 0 ||
+        p.max_batch > SD_MAX_BATCH || p.max_draft < 0 || p.max_draft > SD_MAX_DRAFT ||
+        p.max_draft > SD_SPEC_MAX_K) {
+        SD_ERROR("verifier: bad parameters (max_seqs %d, kv_blocks %d, max_batch %d in [1, %d], max_draft %d in "
+                 "[0, %d])", (int)p.max_seqs, (int)p.kv_blocks, (int)p.max_batch, SD_MAX_BATCH, (int)p.max_draft,
+                 SD_MAX_DRAFT);
+        return SD_ERR_INVALID_ARG;
+    }
+    sd_verifier *v = calloc(1, sizeof *v);
+    if (!v) return SD_ERR_NOMEM;
+    v->target = target;
+    v->p = p;
+    v->n_vocab = cfg->n_vocab;
+    size_t nb = (size_t)p.max_batch, V = (size_t)v->n_vocab, rows = (size_t)p.max_draft + 1;
+    v->slots = calloc((size_t)p.max_seqs, sizeof *v->slots);
+    v->plan = calloc(nb, sizeof *v->plan);
+    v->results = calloc(nb, sizeof *v->results);
+    v->result_ptrs = calloc(nb, sizeof *v->result_ptrs);
+    v->commits = calloc(nb * rows, sizeof *v->commits);
+    v->p_rows = malloc(rows * V * sizeof *v->p_rows);
+    v->scratch = malloc(V * sizeof *v->scratch);
+    sd_status st = SD_ERR_NOMEM;
+    if (v->slots && v->plan && v->results && v->result_ptrs && v->commits && v->p_rows && v->scratch)
+        st = sd_model_kv_create(target, p.max_seqs, p.kv_blocks, p.block_size, &v->kv);
+    else
+        SD_ERROR("verifier: out of memory");
+    if (st != SD_OK) {
+        sd_verifier_free(&v);
+        return st;
+    }
+    *out = v;
+    return SD_OK;
+}
+
+sd_net_limits sd_verifier_limits(const sd_verifier *v) {
+    sd_net_limits lim = {v->n_vocab, v->p.max_ctx, v->p.max_batch, v->p.max_draft};
+    return lim;
+}
+
+static int32_t find_slot(const sd_verifier *v, uint64_t id) {
+    for (int32_t i = 0; i < v->p.max_seqs; i++)
+        if (v->slots[i].used && v->slots[i].request_id == id) return i;
+    return -1;
+}
+
+static int32_t take_slot(sd_verifier *v, uint64_t id) {
+    for (int32_t i = 0; i < v->p.max_seqs; i++) {
+        if (!v->slots[i].used) {
+            v->slots[i].used = true;
+            v->slots[i].request_id = id;
+            sd_kv_release(v->kv, i);
+            return i;
+        }
+    }
+    return -1;
+}
+
+static void free_slot(sd_verifier *v, int32_t slot) {
+    sd_kv_release(v->kv, slot);
+    v->slots[slot].used = false;
+    v->slots[slot].request_id = 0;
+}
+
+static sd_status grow_rows(sd_verifier *v, size_t rows, size_t logit_rows) {
+    if (rows > v->cap_rows) {
+        int32_t *t = realloc(v->tokens, rows * sizeof *t);
+        if (t) v->tokens = t;
+        int32_t *ps = realloc(v->pos, rows * sizeof *ps);
+        if (ps) v->pos = ps;
+        int32_t *sq = realloc(v->seq, rows * sizeof *sq);
+        if (sq) v->seq = sq;
+        bool *w = realloc(v->want, rows * sizeof *w);
+        if (w) v->want = w;
+        if (!t || !ps || !sq || !w) return SD_ERR_NOMEM;
+        v->cap_rows = rows;
+    }
+    if (logit_rows > v->cap_logit_rows) {
+        size_t n;
+        if (!sd_mul_ok(logit_rows, (size_t)v->n_vocab, &n)) return SD_ERR_NOMEM;
+        float *l = realloc(v->logits, n * sizeof *l);
+        if (!l) return SD_ERR_NOMEM;
+        v->logits = l;
+        v->cap_logit_rows = logit_rows;
+    }
+    return SD_OK;
+}
+
+static int32_t blocks_for(int32_t len, int32_t block_size) { return (len + block_size - 1) / block_size; }
+
+/* Pass 1 for sequence i: sets plan->slot (or -1 with res->code set). */
+static void admit(sd_verifier *v, const Specd__VerifyRequest *req, size_t i, seq_plan *plan,
+                  Specd__VerifyResult *res) {
+    const Specd__VerifySeq *s = req->seqs[i];
+    plan->slot = -1;
+    plan->keep_len = (int32_t)s->keep_len;
+    plan->n_append = (int32_t)s->n_append;
+    plan->n_draft = (int32_t)s->n_draft;
+    plan->new_slot = false;
+    res->code = SPECD__CODE__CODE_BAD_REQUEST;
+    for (size_t j = 0; j < i; j++) {
+        if (req->seqs[j]->request_id == s->request_id) {
+            SD_WARN("verifier: request %llu appears twice in step %llu", (unsigned long long)s->request_id,
+                    (unsigned long long)req->step_id);
+            return;
+        }
+    }
+    char err[256];
+    if (!sd_net_sampling_from_pb(s->sampling, &plan->sampling, err, sizeof err)) {
+        SD_WARN("verifier: request %llu: %s", (unsigned long long)s->request_id, err);
+        return;
+    }
+    int64_t total = (int64_t)s->keep_len + (int64_t)s->n_append + (int64_t)s->n_draft;
+    if (s->n_q != s->n_draft || s->n_draft > (size_t)v->p.max_draft || total > v->p.max_ctx ||
+        (req->prefill_only && s->n_draft > 0) || (!req->prefill_only && s->n_append == 0)) {
+        SD_WARN("verifier: request %llu: keep_len %u + append %zu + draft %zu (q %zu, max_draft %d) does not fit "
+                "the context %d or is not a valid %s step", (unsigned long long)s->request_id, s->keep_len,
+                s->n_append, s->n_draft, s->n_q, (int)v->p.max_draft, (int)v->p.max_ctx,
+                req->prefill_only ? "prefill" : "verify");
+        return;
+    }
+    int32_t slot = find_slot(v, s->request_id);
+    if (slot < 0) {
+        if (s->keep_len > 0) {
+            res->code = SPECD__CODE__CODE_CACHE_MISS;
+            return;
+        }
+        slot = take_slot(v, s->request_id);
+        if (slot < 0) {
+            res->code = SPECD__CODE__CODE_KV_FULL;
+            return;
+        }
+        plan->new_slot = true;
+    } else if (sd_kv_seq_len(v->kv, slot) < plan->keep_len) {
+        SD_DEBUG("verifier: request %llu holds %d tokens, keep_len %d: cache miss", (unsigned long long)s->request_id,
+                 (int)sd_kv_seq_len(v->kv, slot), (int)plan->keep_len);
+        free_slot(v, slot);
+        res->code = SPECD__CODE__CODE_CACHE_MISS;
+        return;
+    }
+    if (sd_kv_truncate(v->kv, slot, plan->keep_len) != SD_OK) {
+        res->code = SPECD__CODE__CODE_INTERNAL;
+        return;
+    }
+    res->code = SPECD__CODE__CODE_OK;
+    plan->slot = slot;
+}
+
+/* Pass 4 for an admitted, forwarded sequence. */
+static sd_status verify_one(sd_verifier *v, const Specd__VerifySeq *s, const seq_plan *plan, int32_t *commit,
+                            int32_t *n_accepted) {
+    int32_t k = plan->n_draft;
+    size_t V = (size_t)v->n_vocab;
+    const float *logits = v->logits + (size_t)plan->row0 * V;
+    if (plan->sampling.temperature == 0.0f) {
+        int32_t target_argmax[SD_SPEC_MAX_K + 1];
+        for (int32_t r = 0; r <= k; r++) target_argmax[r] = sd_argmax(logits + (size_t)r * V, v->n_vocab);
+        return sd_spec_verify_greedy(target_argmax, s->draft, k, commit, n_accepted);
+    }
+    sd_spec_q q[SD_SPEC_MAX_K];
+    for (int32_t r = 0; r < k; r++) {
+        const Specd__SparseDist *d = s->q[r];
+        if (!d || d->n_ids == 0 || d->n_ids != d->n_probs) return SD_ERR_INVALID_ARG;
+        q[r] = (sd_spec_q){(int32_t)d->n_ids, d->ids, d->probs};
+    }
+    for (int32_t r = 0; r <= k; r++)
+        SD_TRY(sd_sample_probs(logits + (size_t)r * V, v->n_vocab, &plan->sampling, v->p_rows + (size_t)r * V));
+    uint64_t pos0 = (uint64_t)plan->keep_len + (uint64_t)plan->n_append;
+    return sd_spec_verify(v->p_rows, v->n_vocab, s->draft, q, k, plan->sampling.seed, pos0, v->scratch, commit,
+                          n_accepted, NULL);
+}
+
+sd_status sd_verifier_handle(sd_verifier *v, const Specd__VerifyRequest *req, Specd__VerifyResponse *resp) {
+    if (!v || !req || !resp) return SD_ERR_INVALID_ARG;
+    if (req->n_seqs > (size_t)v->p.max_batch) {
+        SD_ERROR("verifier: step %llu has %zu sequences, more than max_batch %d", (unsigned long long)req->step_id,
+                 req->n_seqs, (int)v->p.max_batch);
+        return SD_ERR_RANGE;
+    }
+    double t0 = sd_now();
+    size_t n = req->n_seqs;
+    const size_t stride = (size_t)v->p.max_draft + 1;
+    int32_t bs = v->p.block_size;
+
+    /* 1. Admission. */
+    for (size_t i = 0; i < n; i++) {
+        Specd__VerifyResult *res = &v->results[i];
+        specd__verify_result__init(res);
+        res->request_id = req->seqs[i]->request_id;
+        v->result_ptrs[i] = res;
+        admit(v, req, i, &v->plan[i], res);
+    }
+    /* 2. Block budget, in batch order. */
+    int32_t free_blocks = sd_kv_n_free_blocks(v->kv);
+    size_t n_rows = 0, n_logit_rows = 0;
+    for (size_t i = 0; i < n; i++) {
+        seq_plan *pl = &v->plan[i];
+        if (pl->slot < 0) continue;
+        int32_t len = pl->keep_len + pl->n_append + pl->n_draft;
+        int32_t need = blocks_for(len, bs) - blocks_for(pl->keep_len, bs);
+        if (need > free_blocks) {
+            v->results[i].code = SPECD__CODE__CODE_KV_FULL;
+            if (pl->new_slot) free_slot(v, pl->slot);
+            pl->slot = -1;
+            continue;
+        }
+        free_blocks -= need;
+        pl->row0 = (int32_t)n_logit_rows;
+        n_rows += (size_t)(pl->n_append + pl->n_draft);
+        if (!req->prefill_only) n_logit_rows += (size_t)pl->n_draft + 1;
+    }
+    sd_status st = grow_rows(v, n_rows > 0 ? n_rows : 1, n_logit_rows > 0 ? n_logit_rows : 1);
+    if (st != SD_OK) {
+        SD_ERROR("verifier: out of memory for a batch of %zu rows", n_rows);
+        return st;
+    }
+    /* 3. One ragged forward. */
+    size_t r = 0;
+    for (size_t i = 0; i < n; i++) {
+        const seq_plan *pl = &v->plan[i];
+        if (pl->slot < 0) continue;
+        const Specd__VerifySeq *s = req->seqs[i];
+        int32_t rows = pl->n_append + pl->n_draft;
+        for (int32_t j = 0; j < rows; j++, r++) {
+            v->tokens[r] = j < pl->n_append ? s->append[j] : s->draft[j - pl->n_append];
+            v->pos[r] = pl->keep_len + j;
+            v->seq[r] = pl->slot;
+            v->want[r] = !req->prefill_only && j >= pl->n_append - 1;
+        }
+    }
+    if (n_rows > 0) {
+        sd_batch b = {(int32_t)n_rows, v->tokens, v->pos, v->seq, v->want};
+        st = sd_model_forward(v->target, v->kv, &b, v->logits);
+        if (st == SD_ERR_OUT_OF_BLOCKS) {
+            SD_WARN("verifier: the block budget was wrong: the whole step %llu is KV_FULL",
+                    (unsigned long long)req->step_id);
+            for (size_t i = 0; i < n; i++) {
+                if (v->plan[i].slot < 0) continue;
+                v->results[i].code = SPECD__CODE__CODE_KV_FULL;
+                v->plan[i].slot = -1;
+            }
+        } else if (st != SD_OK) {
+            return st;
+        }
+    }
+    /* 4. Verify and roll back. */
+    for (size_t i = 0; i < n; i++) {
+        const seq_plan *pl = &v->plan[i];
+        Specd__VerifyResult *res = &v->results[i];
+        if (pl->slot < 0) {
+            /* Not served: it holds what it held after truncation (nothing for a miss). */
+            int32_t slot = find_slot(v, res->request_id);
+            res->cached_len = res->code == SPECD__CODE__CODE_KV_FULL && slot >= 0
+                                  ? (uint32_t)sd_kv_seq_len(v->kv, slot) : 0;
+            continue;
+        }
+        int32_t committed = pl->keep_len + pl->n_append;
+        if (req->prefill_only) {
+            res->cached_len = (uint32_t)committed;
+            continue;
+        }
+        int32_t *commit = v->commits + i * stride;
+        int32_t acc = 0;
+        st = verify_one(v, req->seqs[i], pl, commit, &acc);
+        if (st != SD_OK) {
+            SD_WARN("verifier: request %llu: verification failed (%s)", (unsigned long long)res->request_id,
+                    sd_status_str(st));
+            res->code = SPECD__CODE__CODE_BAD_REQUEST;
+            sd_kv_truncate(v->kv, pl->slot, pl->keep_len);
+            res->cached_len = (uint32_t)pl->keep_len;
+            continue;
+        }
+        sd_kv_truncate(v->kv, pl->slot, committed + acc);
+        res->n_accepted = (uint32_t)acc;
+        res->n_commit = (size_t)acc + 1;
+        res->commit = commit;
+        res->cached_len = (uint32_t)(committed + acc);
+    }
+    v->steps++;
+    specd__verify_response__init(resp);
+    resp->step_id = req->step_id;
+    resp->n_results = n;
+    resp->results = v->result_ptrs;
+    resp->forward_us = (uint32_t)((sd_now() - t0) * 1e6);
+    return SD_OK;
+}
+
+void sd_verifier_release(sd_verifier *v, const uint64_t *request_ids, size_t n) {
+    if (!v || !request_ids) return;
+    for (size_t i = 0; i < n; i++) {
+        int32_t slot = find_slot(v, request_ids[i]);
+        if (slot >= 0) free_slot(v, slot);
+    }
+}
+
+void sd_verifier_reset(sd_verifier *v) {
+    if (!v) return;
+    for (int32_t i = 0; i < v->p.max_seqs; i++)
+        if (v->slots[i].used) free_slot(v, i);
+}
+
+void sd_verifier_stats(const sd_verifier *v, Specd__WorkerStats *stats) {
+    if (!v || !stats) return;
+    uint32_t n_seqs = 0;
+    for (int32_t i = 0; i < v->p.max_seqs; i++) n_seqs += v->slots[i].used;
+    stats->kv_blocks_total = (uint32_t)v->p.kv_blocks;
+    stats->kv_blocks_free = (uint32_t)sd_kv_n_free_blocks(v->kv);
+    stats->n_sequences = n_seqs;
+    stats->steps = v->steps;
+}

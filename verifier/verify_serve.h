@@ -1,0 +1,60 @@
+/* verify_serve.h — the verifier's request handling, without sockets: a
+ * request_id -> KV slot map over the target's paged KV cache, and the
+ * translation of a VerifyRequest batch into one ragged target pass +
+ * per-sequence verification (see verify_serve.c). specd-verifier's main
+ * wires these functions into the worker loop (specd/worker.h); the unit
+ * tests call them directly. */
+#ifndef SPECD_VERIFY_SERVE_H
+#define SPECD_VERIFY_SERVE_H
+
+#include "specd/model.h"
+#include "specd/net.h"
+
+typedef struct sd_verifier sd_verifier;
+
+typedef struct sd_verifier_params {
+    int32_t max_seqs;    /* KV slots = sequences cached at once (default 64) */
+    int32_t kv_blocks;   /* blocks in the KV pool (required, > 0) */
+    int32_t block_size;  /* tokens per block (default 16) */
+    int32_t max_batch;   /* sequences per VerifyRequest (default 64, <= SD_MAX_BATCH) */
+    int32_t max_draft;   /* draft tokens per sequence (default 16, <= SD_MAX_DRAFT) */
+    int32_t max_ctx;     /* tokens per sequence; 0 = the model's context length */
+} sd_verifier_params;
+
+/* max_seqs 64, kv_blocks 0 (must be set), block_size 16, max_batch 64,
+ * max_draft 16, max_ctx 0. */
+sd_verifier_params sd_verifier_default_params(void);
+
+/* KV blocks for max_seqs sequences of ctx/4 tokens each, capped so the pool
+ * takes at most a quarter of the memory available now (at least one
+ * context's worth of blocks). */
+int32_t sd_verifier_default_kv_blocks(const sd_model_config *cfg, int32_t max_seqs, int32_t block_size,
+                                      int32_t max_ctx);
+
+/* A verifier over target (borrowed; must outlive it). Caller frees with
+ * sd_verifier_free. */
+sd_status sd_verifier_create(sd_model *target, const sd_verifier_params *p, sd_verifier **out);
+void sd_verifier_free(sd_verifier **v);
+
+/* Limits incoming envelopes are validated against (vocab, context, batch,
+ * draft). */
+sd_net_limits sd_verifier_limits(const sd_verifier *v);
+
+/* Serves one batch: per sequence truncate to keep_len (CODE_CACHE_MISS when
+ * the slot holds fewer tokens or the id is unknown and keep_len > 0), append,
+ * verify the drafts (greedy at temperature 0, exact rejection sampling
+ * otherwise), commit accepted + one token, roll the KV back to the committed
+ * prefix without its last token. prefill_only appends and commits nothing.
+ * No slot or KV blocks left: CODE_KV_FULL for that sequence. Fills *resp
+ * (initialized) with memory owned by v, valid until the next call. Errors
+ * only for a batch over max_batch or a failed forward pass. */
+sd_status sd_verifier_handle(sd_verifier *v, const Specd__VerifyRequest *req, Specd__VerifyResponse *resp);
+
+/* Frees the slots (and KV blocks) of the given ids; unknown ids are ignored. */
+void sd_verifier_release(sd_verifier *v, const uint64_t *request_ids, size_t n);
+/* Frees every slot. */
+void sd_verifier_reset(sd_verifier *v);
+/* KV blocks total / free, sequences cached, batches served. */
+void sd_verifier_stats(const sd_verifier *v, Specd__WorkerStats *stats);
+
+#endif
