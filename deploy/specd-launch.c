@@ -1,0 +1,720 @@
+/* specd-launch — the single-node launcher: starts specd-coordinator, the
+ * verifier rank(s) and a drafter as child processes, waits until they have
+ * all registered with the coordinator, prints "ready ADDR" and then
+ * supervises them until SIGINT/SIGTERM.
+ *
+ * Why this shape:
+ * - Every child runs in its own process group, so a Ctrl-C on the terminal
+ *   reaches only the launcher, which then stops the children in a known
+ *   order (workers first, the coordinator last: SIGTERM, a bounded wait,
+ *   then SIGKILL). Each child also sets PR_SET_PDEATHSIG, so none is
+ *   orphaned when the launcher itself is killed with SIGKILL.
+ * - Signals (SIGINT, SIGTERM, SIGHUP, SIGCHLD) are blocked and read from a
+ *   signalfd that sits in the same zmq_poll set as the readiness socket: one
+ *   loop, no async-signal-safety puzzles, no fixed sleeps.
+ * - Readiness is asked of the coordinator itself (a StatsQuery over the
+ *   client link, answered with ServiceStats listing the registered
+ *   workers), not guessed from log lines: "ready" means a client can submit
+ *   now and the request will be served (and speculated when a drafter was
+ *   asked for).
+ * - A drafter or verifier that dies unexpectedly is reported (which one,
+ *   exit status or signal) and restarted with exponential back-off
+ *   (--restart on, the default); the coordinator re-registers it and the
+ *   requests carry on (see DESIGN.md, "Failure semantics"). A coordinator
+ *   that dies takes every request's state with it: the launcher stops the
+ *   rest and exits 1 so that the supervisor above it (systemd, Slurm)
+ *   decides. A child that exits at once with status 2 (usage), 3
+ *   (registration refused, e.g. vocabulary mismatch) or 127 (cannot exec)
+ *   is a configuration error that a restart cannot fix: everything is
+ *   stopped and the launcher exits 1.
+ * Rejected: a shell script (no PDEATHSIG, racy readiness), restarting the
+ * coordinator (it would silently drop every request in flight). */
+#include "specd/common.h"
+#include "specd/net.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <libgen.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#define MAX_TP 64
+#define MAX_CHILDREN (MAX_TP + 2)
+#define MAX_EXTRA_ARGS 32
+#define MAX_ARGV 96
+#define RESTART_BACKOFF_MIN_MS 500
+#define RESTART_BACKOFF_MAX_MS 10000
+#define RESTART_STABLE_MS 30000      /* a child that ran this long gets its back-off reset */
+#define EARLY_EXIT_MS 3000           /* exits this soon after start with 2/3/127 are fatal */
+#define STATS_POLL_MS 200            /* readiness query period */
+
+typedef enum child_role { CHILD_COORDINATOR, CHILD_VERIFIER, CHILD_DRAFTER } child_role;
+
+typedef struct launch_opts {
+    const char *target, *draft;
+    bool ngram, no_draft;
+    int draft_layers;
+    int tp;
+    const char *client_addr, *worker_addr;
+    int threads_verifier, threads_drafter;
+    const char *bin_dir;
+    int ready_timeout_s, stop_timeout_s;
+    bool restart, verbose;
+    const char *extra[3][MAX_EXTRA_ARGS]; /* per child_role: passed through verbatim */
+    int n_extra[3];
+} launch_opts;
+
+typedef struct child {
+    child_role role;
+    int rank;
+    char name[32];          /* "coordinator", "verifier[0]", "drafter" */
+    char path[PATH_MAX];    /* resolved binary */
+    char *argv[MAX_ARGV];   /* argv[0] = path; strings borrowed or in argbuf */
+    char argbuf[8][PATH_MAX];
+    pid_t pid;              /* 0 = not running */
+    double started_ms, restart_at_ms;
+    int backoff_ms, restarts;
+} child;
+
+typedef struct launcher {
+    launch_opts o;
+    child kids[MAX_CHILDREN];
+    int n_kids;
+    int sfd;                /* signalfd: SIGINT, SIGTERM, SIGHUP, SIGCHLD */
+    char worker_connect[256];
+    char client_connect[256];
+    bool stopping;
+    int exit_code;
+} launcher;
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* A wildcard bind address (tcp, host "*" or "0.0.0.0") -> the loopback
+ * address of the same port, which a local peer can connect to. Other
+ * addresses are unchanged. */
+static void connect_addr_of(const char *bind, char *out, size_t n) {
+    const char *hosts[] = {"tcp://*:", "tcp://0.0.0.0:"};
+    for (size_t i = 0; i < 2; i++) {
+        size_t l = strlen(hosts[i]);
+        if (!strncmp(bind, hosts[i], l)) {
+            snprintf(out, n, "tcp://127.0.0.1:%s", bind + l);
+            return;
+        }
+    }
+    snprintf(out, n, "%s", bind);
+}
+
+static bool is_executable(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode) && access(p, X_OK) == 0;
+}
+
+/* Finds binary `name`: in --bin-dir (flat or with the build tree's role
+ * folders), else next to the launcher's own build folder (build/deploy/ ->
+ * build/<subdir>/name) or in the launcher's folder (an install's bin/), else
+ * on PATH. */
+static bool find_binary(const launch_opts *o, const char *name, const char *subdir, char *out, size_t n) {
+    char cand[PATH_MAX];
+    if (o->bin_dir) {
+        snprintf(cand, sizeof cand, "%s/%s", o->bin_dir, name);
+        if (is_executable(cand)) return snprintf(out, n, "%s", cand), true;
+        snprintf(cand, sizeof cand, "%s/%s/%s", o->bin_dir, subdir, name);
+        if (is_executable(cand)) return snprintf(out, n, "%s", cand), true;
+        return false;
+    }
+    char self[PATH_MAX];
+    ssize_t l = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (l > 0) {
+        self[l] = 0;
+        char *dir = dirname(self); /* .../build/deploy */
+        snprintf(cand, sizeof cand, "%s/../%s/%s", dir, subdir, name);
+        if (is_executable(cand)) return snprintf(out, n, "%s", cand), true;
+        snprintf(cand, sizeof cand, "%s/%s", dir, name);
+        if (is_executable(cand)) return snprintf(out, n, "%s", cand), true;
+    }
+    const char *path = getenv("PATH");
+    while (path && *path) {
+        const char *colon = strchr(path, ':');
+        size_t len = colon ? (size_t)(colon - path) : strlen(path);
+        snprintf(cand, sizeof cand, "%.*s/%s", (int)len, path, name);
+        if (len && is_executable(cand)) return snprintf(out, n, "%s", cand), true;
+        path = colon ? colon + 1 : NULL;
+    }
+    return false;
+}
+
+/* ---- building each child's command line ----
+ * The flags are the processes' own (see each one's --help). */
+
+static void push(child *c, int *argc, const char *a) {
+    if (*argc < MAX_ARGV - 1) c->argv[(*argc)++] = (char *)a;
+}
+
+static const char *int_arg(child *c, int slot, long v) {
+    snprintf(c->argbuf[slot], sizeof c->argbuf[slot], "%ld", v);
+    return c->argbuf[slot];
+}
+
+static void build_argv(launcher *L, child *c) {
+    const launch_opts *o = &L->o;
+    int n = 0;
+    push(c, &n, c->path);
+    switch (c->role) {
+    case CHILD_COORDINATOR:
+        push(c, &n, "--model");
+        push(c, &n, o->target);
+        push(c, &n, "--client-addr");
+        push(c, &n, o->client_addr);
+        push(c, &n, "--worker-addr");
+        push(c, &n, o->worker_addr);
+        break;
+    case CHILD_VERIFIER:
+        push(c, &n, "--model");
+        push(c, &n, o->target);
+        push(c, &n, "--coordinator");
+        push(c, &n, L->worker_connect);
+        if (o->tp > 1) {
+            push(c, &n, "--tp");
+            push(c, &n, int_arg(c, 0, o->tp));
+            push(c, &n, "--rank");
+            push(c, &n, int_arg(c, 1, c->rank));
+        }
+        if (o->threads_verifier > 0) {
+            push(c, &n, "--threads");
+            push(c, &n, int_arg(c, 2, o->threads_verifier));
+        }
+        break;
+    case CHILD_DRAFTER:
+        if (o->draft) {
+            push(c, &n, "--model");
+            push(c, &n, o->draft);
+        } else if (o->ngram) {
+            push(c, &n, "--ngram");
+            push(c, &n, "--model");
+            push(c, &n, o->target); /* metadata only: the vocabulary it registers with */
+        } else {
+            push(c, &n, "--draft-layers");
+            push(c, &n, int_arg(c, 0, o->draft_layers));
+            push(c, &n, "--model");
+            push(c, &n, o->target);
+        }
+        push(c, &n, "--coordinator");
+        push(c, &n, L->worker_connect);
+        if (o->threads_drafter > 0) {
+            push(c, &n, "--threads");
+            push(c, &n, int_arg(c, 2, o->threads_drafter));
+        }
+        break;
+    }
+    if (o->verbose) push(c, &n, "-v");
+    for (int i = 0; i < o->n_extra[c->role]; i++) push(c, &n, o->extra[c->role][i]);
+    c->argv[n] = NULL;
+}
+
+/* ---- process control ---- */
+
+static sd_status spawn(launcher *L, child *c) {
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        SD_ERROR("cannot fork %s: %s", c->name, strerror(errno));
+        return SD_ERR_IO;
+    }
+    if (pid == 0) {
+        /* The child: its own process group (terminal signals reach only the
+         * launcher), a death signal if the launcher goes away, default
+         * signal mask, then exec. Only async-signal-safe calls here. */
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent) _exit(127); /* the launcher died before prctl */
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        execv(c->path, c->argv);
+        static const char msg[] = "specd-launch: exec failed\n";
+        ssize_t w = write(2, msg, sizeof msg - 1);
+        (void)w;
+        _exit(127);
+    }
+    c->pid = pid;
+    c->started_ms = now_ms();
+    if (sd_log_enabled(SD_LOG_INFO)) {
+        char line[2048];
+        size_t off = 0;
+        for (int i = 0; c->argv[i] && off < sizeof line; i++)
+            off += (size_t)snprintf(line + off, sizeof line - off, "%s%s", i ? " " : "", c->argv[i]);
+        SD_INFO("started %s (pid %d): %s", c->name, (int)pid, line);
+    }
+    return SD_OK;
+}
+
+static void describe_status(int status, char *buf, size_t n) {
+    if (WIFEXITED(status))
+        snprintf(buf, n, "exited with status %d", WEXITSTATUS(status));
+    else if (WIFSIGNALED(status))
+        snprintf(buf, n, "was killed by signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
+    else
+        snprintf(buf, n, "changed state 0x%x", status);
+}
+
+/* Reaps every exited child; decides restart / fatal for unexpected exits. */
+static void reap(launcher *L) {
+    for (;;) {
+        int status;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid <= 0) return;
+        child *c = NULL;
+        for (int i = 0; i < L->n_kids; i++)
+            if (L->kids[i].pid == pid) c = &L->kids[i];
+        if (!c) continue;
+        c->pid = 0;
+        char why[128];
+        describe_status(status, why, sizeof why);
+        if (L->stopping) {
+            SD_INFO("%s stopped (%s)", c->name, why);
+            continue;
+        }
+        double ran = now_ms() - c->started_ms;
+        int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        if (c->role == CHILD_COORDINATOR) {
+            SD_ERROR("coordinator %s unexpectedly; stopping the service", why);
+            L->stopping = true;
+            L->exit_code = 1;
+            continue;
+        }
+        if (ran < EARLY_EXIT_MS && (code == 2 || code == 3 || code == 127)) {
+            SD_ERROR("%s %s %.0f ms after start: a configuration error (usage, refused registration or "
+                     "missing binary; see its log above); stopping the service",
+                     c->name, why, ran);
+            L->stopping = true;
+            L->exit_code = 1;
+            continue;
+        }
+        if (!L->o.restart) {
+            SD_ERROR("%s %s unexpectedly (--restart off: not restarted; the service carries on without it)",
+                     c->name, why);
+            continue;
+        }
+        if (ran >= RESTART_STABLE_MS) c->backoff_ms = RESTART_BACKOFF_MIN_MS;
+        c->restart_at_ms = now_ms() + c->backoff_ms;
+        SD_WARN("%s %s unexpectedly; restarting it in %d ms", c->name, why, c->backoff_ms);
+        c->backoff_ms = c->backoff_ms * 2 > RESTART_BACKOFF_MAX_MS ? RESTART_BACKOFF_MAX_MS : c->backoff_ms * 2;
+    }
+}
+
+static void restart_due(launcher *L) {
+    double t = now_ms();
+    for (int i = 0; i < L->n_kids; i++) {
+        child *c = &L->kids[i];
+        if (c->pid == 0 && c->restart_at_ms > 0 && t >= c->restart_at_ms) {
+            c->restart_at_ms = 0;
+            c->restarts++;
+            if (spawn(L, c) == SD_OK) SD_INFO("%s restarted (restart %d)", c->name, c->restarts);
+        }
+    }
+}
+
+static int n_running(const launcher *L) {
+    int n = 0;
+    for (int i = 0; i < L->n_kids; i++) n += L->kids[i].pid != 0;
+    return n;
+}
+
+static void signal_role(launcher *L, bool coordinator, int sig) {
+    for (int i = 0; i < L->n_kids; i++)
+        if (L->kids[i].pid && (L->kids[i].role == CHILD_COORDINATOR) == coordinator) kill(L->kids[i].pid, sig);
+}
+
+/* Waits (reading the signalfd) until no child of the given kind runs or the
+ * deadline passes. A second SIGINT/SIGTERM cuts the wait short. */
+static void wait_children(launcher *L, bool coordinator, double deadline) {
+    for (;;) {
+        reap(L);
+        bool any = false;
+        for (int i = 0; i < L->n_kids; i++)
+            any |= L->kids[i].pid && (L->kids[i].role == CHILD_COORDINATOR) == coordinator;
+        double left = deadline - now_ms();
+        if (!any || left <= 0) return;
+        struct pollfd p = {.fd = L->sfd, .events = POLLIN};
+        if (poll(&p, 1, (int)(left < 50 ? left + 1 : 50)) > 0) {
+            struct signalfd_siginfo si;
+            if (read(L->sfd, &si, sizeof si) == (ssize_t)sizeof si &&
+                (si.ssi_signo == SIGINT || si.ssi_signo == SIGTERM)) {
+                SD_WARN("second signal: killing the remaining processes now");
+                return;
+            }
+        }
+    }
+}
+
+/* Workers first (they finish their replies and deregister), then the
+ * coordinator; each group gets SIGTERM and stop_timeout, then SIGKILL. */
+static void stop_all(launcher *L) {
+    L->stopping = true;
+    for (int pass = 0; pass < 2; pass++) {
+        bool coord = pass == 1;
+        signal_role(L, coord, SIGTERM);
+        wait_children(L, coord, now_ms() + 1e3 * L->o.stop_timeout_s);
+        for (int i = 0; i < L->n_kids; i++) {
+            child *c = &L->kids[i];
+            if (c->pid && (c->role == CHILD_COORDINATOR) == coord) {
+                SD_WARN("%s (pid %d) did not stop within %d s: SIGKILL", c->name, (int)c->pid, L->o.stop_timeout_s);
+                kill(c->pid, SIGKILL);
+                int status;
+                waitpid(c->pid, &status, 0);
+                c->pid = 0;
+            }
+        }
+    }
+}
+
+/* ---- readiness: ask the coordinator which workers are registered ---- */
+
+typedef struct readiness {
+    void *zctx, *sock;
+    double last_query_ms;
+    bool verifier_alive, drafter_alive;
+} readiness;
+
+static void ready_send_query(readiness *r) {
+    Specd__StatsQuery q = SPECD__STATS_QUERY__INIT;
+    q.include_workers = true;
+    Specd__ClientToCoordinator env = SPECD__CLIENT_TO_COORDINATOR__INIT;
+    env.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_STATS;
+    env.stats = &q;
+    if (sd_net_send(r->sock, NULL, 0, &env.base) != SD_OK) SD_DEBUG("stats query not sent (coordinator not up yet)");
+    r->last_query_ms = now_ms();
+}
+
+/* Reads every waiting reply and updates who is alive. */
+static void ready_read(readiness *r) {
+    for (;;) {
+        sd_net_msg m = {0};
+        if (sd_net_recv(r->sock, false, true, &m) != SD_OK) {
+            sd_net_msg_clear(&m);
+            return;
+        }
+        Specd__Code code = SPECD__CODE__CODE_UNSPECIFIED;
+        char err[256];
+        Specd__CoordinatorToClient *env = sd_net_decode_to_client(m.body, m.body_len, &code, err, sizeof err);
+        sd_net_msg_clear(&m);
+        if (!env) {
+            SD_WARN("undecodable reply from the coordinator (%s): %s", sd_net_code_name(code), err);
+            continue;
+        }
+        switch (env->body_case) {
+        case SPECD__COORDINATOR_TO_CLIENT__BODY_STATS: {
+            bool v = false, d = false;
+            for (size_t i = 0; i < env->stats->n_workers; i++) {
+                const Specd__WorkerInfo *w = env->stats->workers[i];
+                if (!w->alive) continue;
+                if (w->role == SPECD__ROLE__ROLE_VERIFIER && w->rank == 0) v = true;
+                if (w->role == SPECD__ROLE__ROLE_DRAFTER) d = true;
+            }
+            r->verifier_alive = v;
+            r->drafter_alive = d;
+            break;
+        }
+        case SPECD__COORDINATOR_TO_CLIENT__BODY_ERROR:
+            SD_WARN("coordinator answered the stats query with %s: %s", sd_net_code_name(env->error->code),
+                    env->error->message);
+            break;
+        default: SD_DEBUG("ignoring coordinator message %d", (int)env->body_case); break;
+        }
+        specd__coordinator_to_client__free_unpacked(env, NULL);
+    }
+}
+
+/* ---- main loop ---- */
+
+static int run(launcher *L) {
+    const launch_opts *o = &L->o;
+    connect_addr_of(o->worker_addr, L->worker_connect, sizeof L->worker_connect);
+    connect_addr_of(o->client_addr, L->client_connect, sizeof L->client_connect);
+
+    /* The children: coordinator, verifier ranks, drafter. */
+    static const struct { const char *bin, *dir; } bins[3] = {
+        {"specd-coordinator", "coordinator"}, {"specd-verifier", "verifier"}, {"specd-drafter", "drafter"}};
+    L->n_kids = 0;
+    child_role roles[MAX_CHILDREN];
+    int ranks[MAX_CHILDREN];
+    roles[L->n_kids] = CHILD_COORDINATOR, ranks[L->n_kids++] = 0;
+    for (int r = 0; r < o->tp; r++) roles[L->n_kids] = CHILD_VERIFIER, ranks[L->n_kids++] = r;
+    if (!o->no_draft) roles[L->n_kids] = CHILD_DRAFTER, ranks[L->n_kids++] = 0;
+    for (int i = 0; i < L->n_kids; i++) {
+        child *c = &L->kids[i];
+        c->role = roles[i];
+        c->rank = ranks[i];
+        c->backoff_ms = RESTART_BACKOFF_MIN_MS;
+        if (c->role == CHILD_VERIFIER)
+            snprintf(c->name, sizeof c->name, "verifier[%d]", c->rank);
+        else
+            snprintf(c->name, sizeof c->name, "%s", c->role == CHILD_COORDINATOR ? "coordinator" : "drafter");
+        if (!find_binary(o, bins[c->role].bin, bins[c->role].dir, c->path, sizeof c->path)) {
+            SD_ERROR("cannot find %s (looked in %s, next to specd-launch and on PATH); build it or pass --bin-dir",
+                     bins[c->role].bin, o->bin_dir ? o->bin_dir : "the build tree");
+            return 1;
+        }
+        build_argv(L, c);
+    }
+
+    readiness rd = {0};
+    rd.zctx = zmq_ctx_new();
+    if (!rd.zctx) {
+        SD_ERROR("zmq_ctx_new: %s", zmq_strerror(errno));
+        return 1;
+    }
+    sd_net_socket_params sp = sd_net_socket_default_params();
+    sp.type = ZMQ_DEALER;
+    sp.max_msg_bytes = SD_MAX_CLIENT_MSG_BYTES;
+    sp.linger_ms = 0;
+    if (sd_net_socket_open(rd.zctx, &sp, NULL, L->client_connect, &rd.sock) != SD_OK) {
+        zmq_ctx_term(rd.zctx);
+        return 1;
+    }
+
+    L->exit_code = 0;
+    for (int i = 0; i < L->n_kids && !L->stopping; i++)
+        if (spawn(L, &L->kids[i]) != SD_OK) L->stopping = true, L->exit_code = 1;
+
+    const bool want_drafter = !o->no_draft;
+    const double ready_deadline = now_ms() + 1e3 * o->ready_timeout_s;
+    bool ready = false;
+    while (!L->stopping) {
+        zmq_pollitem_t items[2] = {{.fd = L->sfd, .events = ZMQ_POLLIN}, {.socket = rd.sock, .events = ZMQ_POLLIN}};
+        int n_items = rd.sock ? 2 : 1;
+        if (zmq_poll(items, n_items, ready ? 500 : 50) < 0 && errno != EINTR) {
+            SD_ERROR("zmq_poll: %s", zmq_strerror(errno));
+            L->exit_code = 1;
+            break;
+        }
+        if (items[0].revents & ZMQ_POLLIN) {
+            struct signalfd_siginfo si;
+            if (read(L->sfd, &si, sizeof si) == (ssize_t)sizeof si && si.ssi_signo != SIGCHLD) {
+                SD_INFO("%s: stopping the service", strsignal((int)si.ssi_signo));
+                break;
+            }
+        }
+        reap(L);
+        if (L->stopping) break;
+        restart_due(L);
+        if (!ready) {
+            if (items[1].revents & ZMQ_POLLIN) ready_read(&rd);
+            if (rd.verifier_alive && (rd.drafter_alive || !want_drafter)) {
+                ready = true;
+                SD_INFO("all processes registered (%d running)", n_running(L));
+                printf("ready %s\n", L->client_connect);
+                fflush(stdout);
+                sd_net_close(&rd.sock); /* readiness is a start-up question only */
+            } else if (now_ms() > ready_deadline) {
+                SD_ERROR("not ready after %d s: verifier %s, drafter %s; stopping the service", o->ready_timeout_s,
+                         rd.verifier_alive ? "registered" : "NOT registered",
+                         !want_drafter ? "not asked for" : rd.drafter_alive ? "registered" : "NOT registered");
+                L->exit_code = 1;
+                break;
+            } else if (now_ms() - rd.last_query_ms >= STATS_POLL_MS) {
+                ready_send_query(&rd);
+            }
+        }
+    }
+    sd_net_close(&rd.sock);
+    zmq_ctx_term(rd.zctx);
+    stop_all(L);
+    SD_INFO("stopped (exit %d)", L->exit_code);
+    return L->exit_code;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: specd-launch --target TARGET.gguf (--draft DRAFT.gguf | --ngram | --draft-layers L | --no-draft)\n"
+            "                    [options]\n"
+            "\n"
+            "Starts specd-coordinator, specd-verifier and specd-drafter on this machine, waits until they have\n"
+            "registered, prints \"ready ADDR\" (ADDR: where clients connect) on stdout and supervises them until\n"
+            "SIGINT/SIGTERM, then stops them all (SIGTERM, a bounded wait, SIGKILL) and exits 0.\n"
+            "\n"
+            "  --target FILE          target model (GGUF) for the coordinator and the verifier (required)\n"
+            "  --draft FILE           drafter: a separate draft model with the target's vocabulary\n"
+            "  --ngram                drafter: n-gram prompt lookup (no model)\n"
+            "  --draft-layers L       drafter: the target's first L layers (self-draft)\n"
+            "  --no-draft             no drafter: target-only decoding\n"
+            "  --tp N                 verifier ranks (default 1)\n"
+            "  --client-addr ADDR     coordinator's client socket (default tcp://127.0.0.1:7700)\n"
+            "  --worker-addr ADDR     coordinator's worker socket (default tcp://127.0.0.1:7701)\n"
+            "  --threads-verifier N   verifier threads (default: its own default)\n"
+            "  --threads-drafter N    drafter threads (default: its own default)\n"
+            "  --bin-dir DIR          where the binaries are (default: the build tree next to specd-launch, then PATH)\n"
+            "  --ready-timeout S      give up when not ready after S seconds (default 120)\n"
+            "  --stop-timeout S       SIGTERM -> SIGKILL grace per group (default 10)\n"
+            "  --restart on|off       restart a drafter/verifier that dies (default on)\n"
+            "  --coordinator-arg ARG  extra argument for specd-coordinator (repeatable)\n"
+            "  --verifier-arg ARG     extra argument for specd-verifier (repeatable)\n"
+            "  --drafter-arg ARG      extra argument for specd-drafter (repeatable)\n"
+            "  -v, --verbose          DEBUG logs here and in every child\n"
+            "  -h, --help             this help\n"
+            "\n"
+            "Exit status: 0 after a clean stop; 1 when the service could not start or the coordinator died;\n"
+            "2 on a usage error.\n");
+}
+
+static bool parse_int(const char *s, int lo, int hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return false;
+    *out = (int)v;
+    return true;
+}
+
+enum {
+    OPT_TARGET = 256, OPT_DRAFT, OPT_NGRAM, OPT_DRAFT_LAYERS, OPT_NO_DRAFT, OPT_TP, OPT_CLIENT_ADDR,
+    OPT_WORKER_ADDR, OPT_THREADS_V, OPT_THREADS_D, OPT_BIN_DIR, OPT_READY_TIMEOUT, OPT_STOP_TIMEOUT, OPT_RESTART,
+    OPT_COORD_ARG, OPT_VERIFIER_ARG, OPT_DRAFTER_ARG
+};
+
+static int parse_args(int argc, char **argv, launch_opts *o) {
+    static const struct option longs[] = {
+        {"target", required_argument, 0, OPT_TARGET},
+        {"draft", required_argument, 0, OPT_DRAFT},
+        {"ngram", no_argument, 0, OPT_NGRAM},
+        {"draft-layers", required_argument, 0, OPT_DRAFT_LAYERS},
+        {"no-draft", no_argument, 0, OPT_NO_DRAFT},
+        {"tp", required_argument, 0, OPT_TP},
+        {"client-addr", required_argument, 0, OPT_CLIENT_ADDR},
+        {"worker-addr", required_argument, 0, OPT_WORKER_ADDR},
+        {"threads-verifier", required_argument, 0, OPT_THREADS_V},
+        {"threads-drafter", required_argument, 0, OPT_THREADS_D},
+        {"bin-dir", required_argument, 0, OPT_BIN_DIR},
+        {"ready-timeout", required_argument, 0, OPT_READY_TIMEOUT},
+        {"stop-timeout", required_argument, 0, OPT_STOP_TIMEOUT},
+        {"restart", required_argument, 0, OPT_RESTART},
+        {"coordinator-arg", required_argument, 0, OPT_COORD_ARG},
+        {"verifier-arg", required_argument, 0, OPT_VERIFIER_ARG},
+        {"drafter-arg", required_argument, 0, OPT_DRAFTER_ARG},
+        {"verbose", no_argument, 0, 'v'},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "vh", longs, NULL)) != -1) {
+        switch (c) {
+        case OPT_TARGET: o->target = optarg; break;
+        case OPT_DRAFT: o->draft = optarg; break;
+        case OPT_NGRAM: o->ngram = true; break;
+        case OPT_DRAFT_LAYERS:
+            if (!parse_int(optarg, 1, 4096, &o->draft_layers)) {
+                fprintf(stderr, "specd-launch: --draft-layers must be an integer in [1, 4096], got '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case OPT_NO_DRAFT: o->no_draft = true; break;
+        case OPT_TP:
+            if (!parse_int(optarg, 1, MAX_TP, &o->tp)) {
+                fprintf(stderr, "specd-launch: --tp must be an integer in [1, %d], got '%s'\n", MAX_TP, optarg);
+                return 2;
+            }
+            break;
+        case OPT_CLIENT_ADDR: o->client_addr = optarg; break;
+        case OPT_WORKER_ADDR: o->worker_addr = optarg; break;
+        case OPT_THREADS_V:
+        case OPT_THREADS_D:
+            if (!parse_int(optarg, 1, 1024, c == OPT_THREADS_V ? &o->threads_verifier : &o->threads_drafter)) {
+                fprintf(stderr, "specd-launch: --threads-* must be an integer in [1, 1024], got '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case OPT_BIN_DIR: o->bin_dir = optarg; break;
+        case OPT_READY_TIMEOUT:
+        case OPT_STOP_TIMEOUT:
+            if (!parse_int(optarg, 1, 86400, c == OPT_READY_TIMEOUT ? &o->ready_timeout_s : &o->stop_timeout_s)) {
+                fprintf(stderr, "specd-launch: timeouts are integers in [1, 86400] seconds, got '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case OPT_RESTART:
+            if (strcmp(optarg, "on") && strcmp(optarg, "off")) {
+                fprintf(stderr, "specd-launch: --restart takes on or off, got '%s'\n", optarg);
+                return 2;
+            }
+            o->restart = !strcmp(optarg, "on");
+            break;
+        case OPT_COORD_ARG:
+        case OPT_VERIFIER_ARG:
+        case OPT_DRAFTER_ARG: {
+            int r = c == OPT_COORD_ARG ? CHILD_COORDINATOR : c == OPT_VERIFIER_ARG ? CHILD_VERIFIER : CHILD_DRAFTER;
+            if (o->n_extra[r] >= MAX_EXTRA_ARGS) {
+                fprintf(stderr, "specd-launch: at most %d extra arguments per process\n", MAX_EXTRA_ARGS);
+                return 2;
+            }
+            o->extra[r][o->n_extra[r]++] = optarg;
+            break;
+        }
+        case 'v': o->verbose = true; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "specd-launch: unexpected argument '%s' (see --help)\n", argv[optind]);
+        return 2;
+    }
+    int n_drafters = (o->draft != NULL) + o->ngram + (o->draft_layers > 0) + o->no_draft;
+    if (!o->target || n_drafters != 1) {
+        fprintf(stderr, "specd-launch: need --target and exactly one of --draft, --ngram, --draft-layers, "
+                        "--no-draft (see --help)\n");
+        return 2;
+    }
+    return -1;
+}
+
+int main(int argc, char **argv) {
+    launcher *L = calloc(1, sizeof *L);
+    if (!L) return 1;
+    L->o = (launch_opts){.tp = 1,
+                         .client_addr = "tcp://127.0.0.1:7700",
+                         .worker_addr = "tcp://127.0.0.1:7701",
+                         .ready_timeout_s = 120,
+                         .stop_timeout_s = 10,
+                         .restart = true};
+    int rc = parse_args(argc, argv, &L->o);
+    if (rc >= 0) {
+        free(L);
+        return rc;
+    }
+    sd_net_log_init("launch", 0, L->o.verbose);
+
+    /* Signals are read from a signalfd; block them before any thread exists
+     * (libzmq's I/O threads inherit the mask). */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);
+    sigaddset(&set, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    L->sfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (L->sfd < 0) {
+        fprintf(stderr, "specd-launch: signalfd: %s\n", strerror(errno));
+        free(L);
+        return 1;
+    }
+    rc = run(L);
+    close(L->sfd);
+    free(L);
+    return rc;
+}

@@ -1,0 +1,106 @@
+"""Bad input on the client link: malformed bytes, unknown request ids, token
+ids out of range, empty and over-long prompts, max_tokens over the context,
+bad sampling parameters, bad stop strings, oversized messages. Each gets an
+Error with the expected code and a readable message naming the field, the
+limit and the value; meanwhile a long greedy request of another client runs
+to the end with exactly specd-generate's tokens, and the service still
+accepts new work afterwards. A message over the socket's maximum size
+cannot be answered (libzmq drops that connection): the test checks that the
+service carries on and that a fresh connection is served.
+
+Tiny random models (vocabulary 512, context 2048)."""
+import harness as H
+import pbwire as pb
+
+VOCAB, CTX = 512, 2048
+EITHER = ("BAD_REQUEST", "TOO_LARGE")  # the brief allows either for limits
+
+
+def expect_error(c, env_or_bytes, code, words, what):
+    if isinstance(env_or_bytes, bytes):
+        c.send_raw(env_or_bytes)
+    else:
+        c.send(env_or_bytes)
+    while True:
+        m = c.recv(20)
+        H.check(m is not None, "%s: no reply within 20 s" % what)
+        if "error" in m:
+            break
+        H.check("accepted" not in m, "%s: accepted (%s) instead of an Error %s" % (what, m["accepted"], code))
+    e = m["error"]
+    got = pb.CODE.get(e.get("code"), e.get("code"))
+    msg = e.get("message", "")
+    codes = code if isinstance(code, tuple) else (code,)
+    H.check(got in codes, "%s: code %s, expected %s (message: %r)" % (what, got, code, msg))
+    missing = [w for w in words if w.lower() not in msg.lower()]
+    H.check(not missing, "%s: message %r does not name %s" % (what, msg, missing))
+    H.log("%-34s -> %s: %s" % (what, got, msg))
+    return e
+
+
+def run(h):
+    target, _ = h.tiny_models(seed=17)
+    ref = h.reference(target, "a long and steady request", 400, ignore_eos=True)
+    h.start_service(target, drafter="layers")
+    good = h.client()
+    good.submit(prompt="a long and steady request", max_tokens=400, ignore_eos=True)
+
+    c = h.client()
+    s = lambda **kw: {"submit": dict({"client_tag": 99, "max_tokens": 8}, **kw)}
+    expect_error(c, b"\xff\xff\xff\xff garbage", "MALFORMED", [], "malformed bytes")
+    expect_error(c, b"\x12\x80\x80\x80", "MALFORMED", [], "truncated envelope")
+    expect_error(c, {"cancel": {"request_id": 987654321}}, "UNKNOWN_REQUEST", ["987654321"], "cancel of unknown id")
+    expect_error(c, s(prompt_ids=[1, 2, VOCAB + 7]), "BAD_REQUEST", ["prompt_ids", str(VOCAB), str(VOCAB + 7)],
+                 "token id out of range")
+    expect_error(c, s(prompt_ids=[1, -3]), "BAD_REQUEST", ["prompt_ids", "-3"], "negative token id")
+    expect_error(c, s(prompt=""), "BAD_REQUEST", ["prompt"], "empty prompt")
+    expect_error(c, s(prompt_ids=[5] * (CTX + 10)), EITHER, ["prompt", str(CTX), str(CTX + 10)],
+                 "prompt over the context")
+    expect_error(c, s(prompt="x" * ((1 << 20) + 5)), "TOO_LARGE", ["prompt", str(1 << 20)],
+                 "prompt over SD_MAX_PROMPT_BYTES")
+    expect_error(c, s(prompt="hi", max_tokens=CTX + 100), EITHER, ["max_tokens", str(CTX + 100)],
+                 "max_tokens over the context")
+    expect_error(c, s(prompt="hi", sampling={"temperature": -1.0}), "BAD_REQUEST", ["temperature", "-1"],
+                 "negative temperature")
+    expect_error(c, s(prompt="hi", sampling={"temperature": float("nan")}), "BAD_REQUEST", ["temperature"],
+                 "NaN temperature")
+    expect_error(c, s(prompt="hi", sampling={"temperature": 1.0, "top_p": 1.5}), "BAD_REQUEST",
+                 ["top_p", "1.5"], "top_p over 1")
+    expect_error(c, s(prompt="hi", sampling={"temperature": 1.0, "min_p": 1.0}), "BAD_REQUEST", ["min_p"],
+                 "min_p = 1")
+    expect_error(c, s(prompt="hi", stop=["s%d" % i for i in range(17)]), EITHER, ["stop", "16", "17"],
+                 "17 stop strings")
+    expect_error(c, s(prompt="hi", stop=["y" * 300]), EITHER, ["stop", "256", "300"],
+                 "stop string over 256 bytes")
+    expect_error(c, s(prompt="hi", max_draft=SD_MAX_DRAFT + 5), "BAD_REQUEST", ["max_draft", "32", "37"],
+                 "max_draft over SD_MAX_DRAFT")
+
+    # Oversized message: over ZMQ_MAXMSGSIZE on its own connection.
+    big = h.client()
+    big.send_raw(b"\x00" * ((4 << 20) + 1024))
+    big.close()
+
+    # The good request finished undisturbed, and a new client is served.
+    out = {"ids": [], "finished": None}
+    def pump():
+        m = good.recv(0.5)
+        if m and "tokens" in m:
+            out["ids"] += m["tokens"].get("tokens", [])
+        if m and "error" in m:
+            raise H.TestFailure("the good request got an error: %s" % m["error"])
+        if m and "finished" in m:
+            out["finished"] = m["finished"]
+        return out["finished"]
+    H.wait_until(pump, 300, "the good request to finish", interval=0)
+    H.check(out["ids"] == ref["ids"], "the good request's tokens differ from specd-generate's "
+            "(%d vs %d tokens)" % (len(out["ids"]), len(ref["ids"])))
+    r = h.client().run([dict(prompt="still serving?", max_tokens=6, ignore_eos=True)], timeout=120)[0]
+    H.check(not r["error"] and len(r["ids"]) == 6, "a new request after the bad input failed: %s" % r)
+    for p in h.procs:
+        H.check(p.alive(), "%s died during the bad-input test (exit %s)" % (p.name, p.popen.returncode))
+
+
+SD_MAX_DRAFT = 32
+
+if __name__ == "__main__":
+    H.main(run)

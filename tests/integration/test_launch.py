@@ -1,0 +1,85 @@
+"""specd-launch: starts coordinator, verifier and drafter, prints "ready
+ADDR" once they registered, serves a request through that address, restarts
+a drafter killed with SIGKILL (a new drafter pid registers), stops
+everything on SIGTERM with exit 0 (no child left), and when the launcher
+itself is SIGKILLed its children die too (PR_SET_PDEATHSIG). Tiny random
+models, self-draft."""
+import os
+import signal
+import time
+
+import harness as H
+
+
+def children(pid):
+    try:
+        with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def comm(pid):
+    try:
+        with open("/proc/%d/comm" % pid) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def gone(pids):
+    def dead(p):
+        try:
+            with open("/proc/%d/stat" % p) as f:
+                return f.read().split(") ")[1].split()[0] in ("Z", "X")
+        except OSError:
+            return True
+    return all(dead(p) for p in pids)
+
+
+def start_launcher(h, target):
+    cport, wport = H.free_port(), H.free_port()
+    h.client_addr = "tcp://127.0.0.1:%d" % cport
+    p = h.start("launch", [h.bin("launch"), "--target", target, "--draft-layers", "1",
+                           "--client-addr", h.client_addr, "--worker-addr", "tcp://127.0.0.1:%d" % wport,
+                           "--ready-timeout", "300"])
+    H.wait_until(lambda: ("ready %s" % h.client_addr) in p.log_tail(200) or not p.alive(),
+                 300, "specd-launch to print ready")
+    H.check(p.alive(), "specd-launch exited (%s) before ready" % p.popen.returncode)
+    kids = {comm(k): k for k in children(p.pid)}
+    H.check({"specd-coordinat", "specd-verifier", "specd-drafter"} <= set(kids),
+            "launcher children are %s" % kids)
+    return p, kids
+
+
+def run(h):
+    target, _ = h.tiny_models(seed=29)
+    ref = h.reference(target, "launch me", 16, ignore_eos=True)
+    p, kids = start_launcher(h, target)
+    r = h.client().run([dict(prompt="launch me", max_tokens=16, ignore_eos=True)], timeout=120)[0]
+    H.check(r["ids"] == ref["ids"], "through the launcher: %s vs %s" % (r["ids"], ref["ids"]))
+
+    os.kill(kids["specd-drafter"], signal.SIGKILL)
+    new = H.wait_until(lambda: next((k for k in children(p.pid) if comm(k) == "specd-drafter"
+                                     and k != kids["specd-drafter"]), None), 60, "a restarted drafter")
+    H.log("drafter %d killed, restarted as %d" % (kids["specd-drafter"], new))
+    h.wait_registered()
+    H.check("drafter" in p.log_tail(200) and "restart" in p.log_tail(200),
+            "the launcher did not report the drafter's death and restart")
+
+    all_kids = children(p.pid)
+    t0 = time.monotonic()
+    rc = h.stop(p, signal.SIGTERM, timeout=60)
+    H.check(rc == 0, "specd-launch exited %s on SIGTERM, expected 0" % rc)
+    H.wait_until(lambda: gone(all_kids), 10, "the children to be gone after the launcher stopped")
+    H.log("clean stop in %.2f s" % (time.monotonic() - t0))
+
+    # SIGKILL the launcher: PR_SET_PDEATHSIG takes the children down.
+    p, kids = start_launcher(h, target)
+    os.kill(p.pid, signal.SIGKILL)
+    H.wait_until(lambda: gone(kids.values()), 30, "the children to die with the SIGKILLed launcher")
+    H.log("children died with the launcher")
+
+
+if __name__ == "__main__":
+    H.main(run)
