@@ -3,21 +3,17 @@
  *
  * A sequence lives in one KV slot; the slot map is a flat array searched
  * linearly (max_seqs is tens to a few hundred: a hash table would buy
- * nothing next to a forward pass). A batch runs in four passes:
- *   1. admission, per sequence: validate, find or take a slot, CACHE_MISS
- *      when the slot holds fewer than keep_len tokens, truncate to keep_len;
- *   2. block budget: the blocks each admitted sequence will need are
- *      counted in batch order against the free pool, and a sequence that
- *      does not fit gets KV_FULL (the forward pass is all-or-nothing, so
- *      this is what keeps one greedy sequence from failing the batch);
- *   3. one ragged forward over every admitted sequence's [append, drafts],
- *      logits for the last append row and each draft row;
- *   4. verification per sequence (spec.h: greedy at temperature 0, exact
- *      rejection sampling otherwise, positions from keep_len + |append|, as
- *      sd_spec_decoder does) and KV rollback to the committed prefix
- *      without its last token, which gets its K/V at the next step.
- * Passes 3-4 are exactly what spec2's sd_spec_verify_batch does; this file
- * keeps its own copy while that header has not landed (see the report).
+ * nothing next to a forward pass). A batch runs in two parts:
+ *   1. admission, per sequence (here): validate, find or take a slot,
+ *      CACHE_MISS when the slot holds fewer than keep_len tokens, truncate;
+ *   2. a normal step goes to sd_spec_verify_batch (spec_batch.h): one ragged
+ *      forward over every admitted sequence's [append, drafts], greedy or
+ *      exact stochastic verification keyed by (seed, keep_len + |append| + i),
+ *      rollback to the committed prefix without its last token, and a
+ *      per-sequence OUT_OF_BLOCKS (-> KV_FULL) so one long sequence never
+ *      fails the batch. A prefill_only chunk (which samples nothing, so
+ *      spec_batch does not serve it) counts its blocks in batch order
+ *      against the free pool and runs one forward with no logits here.
  *
  * Cache protocol corner cases (the brief leaves them open; chosen here):
  *   - CACHE_MISS frees the slot: the coordinator resends from keep_len 0,
@@ -31,6 +27,7 @@
 
 #include "specd/sample.h"
 #include "specd/spec.h"
+#include "specd/spec_batch.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,7 +45,6 @@ typedef struct seq_plan {
     int32_t keep_len;
     int32_t n_append;
     int32_t n_draft;
-    int32_t row0;        /* first row of its logits in v->logits */
     bool new_slot;       /* the slot was taken by this request */
     sd_sampling sampling;
 } seq_plan;
@@ -66,13 +62,14 @@ struct sd_verifier {
     Specd__VerifyResult **result_ptrs;
     int32_t *commits;                /* [max_batch][max_draft + 1] */
     /* batch storage, grown on demand */
-    int32_t *tokens, *pos, *seq;
-    bool *want;
+    int32_t *tokens, *pos, *seq;    /* prefill chunks' batch rows */
     size_t cap_rows;
-    float *logits;                   /* [rows wanted][n_vocab] */
-    size_t cap_logit_rows;
-    float *p_rows;                   /* [max_draft + 1][n_vocab] processed target distributions */
-    double *scratch;                 /* [n_vocab] */
+    /* sd_spec_verify_batch's inputs and outputs, [max_batch] each */
+    sd_verify_seq *vseqs;
+    sd_verify_result *vresults;
+    sd_spec_q *vq;                   /* [max_batch][max_draft] */
+    int32_t *vindex;                 /* batch index of each vseq */
+    sd_spec_scratch *spec_scratch;
 };
 
 sd_verifier_params sd_verifier_default_params(void) {
@@ -117,10 +114,11 @@ void sd_verifier_free(sd_verifier **pv) {
     free(v->tokens);
     free(v->pos);
     free(v->seq);
-    free(v->want);
-    free(v->logits);
-    free(v->p_rows);
-    free(v->scratch);
+    free(v->vseqs);
+    free(v->vresults);
+    free(v->vq);
+    free(v->vindex);
+    sd_spec_scratch_free(&v->spec_scratch);
     free(v);
     *pv = NULL;
 }
@@ -145,16 +143,19 @@ sd_status sd_verifier_create(sd_model *target, const sd_verifier_params *params,
     v->target = target;
     v->p = p;
     v->n_vocab = cfg->n_vocab;
-    size_t nb = (size_t)p.max_batch, V = (size_t)v->n_vocab, rows = (size_t)p.max_draft + 1;
+    size_t nb = (size_t)p.max_batch, rows = (size_t)p.max_draft + 1;
     v->slots = calloc((size_t)p.max_seqs, sizeof *v->slots);
     v->plan = calloc(nb, sizeof *v->plan);
     v->results = calloc(nb, sizeof *v->results);
     v->result_ptrs = calloc(nb, sizeof *v->result_ptrs);
     v->commits = calloc(nb * rows, sizeof *v->commits);
-    v->p_rows = malloc(rows * V * sizeof *v->p_rows);
-    v->scratch = malloc(V * sizeof *v->scratch);
+    v->vseqs = calloc(nb, sizeof *v->vseqs);
+    v->vresults = calloc(nb, sizeof *v->vresults);
+    v->vq = calloc(nb * rows, sizeof *v->vq);
+    v->vindex = calloc(nb, sizeof *v->vindex);
     sd_status st = SD_ERR_NOMEM;
-    if (v->slots && v->plan && v->results && v->result_ptrs && v->commits && v->p_rows && v->scratch)
+    if (v->slots && v->plan && v->results && v->result_ptrs && v->commits && v->vseqs &&
+        v->vresults && v->vq && v->vindex && sd_spec_scratch_create(&v->spec_scratch) == SD_OK)
         st = sd_model_kv_create(target, p.max_seqs, p.kv_blocks, p.block_size, &v->kv);
     else
         SD_ERROR("verifier: out of memory");
@@ -195,27 +196,16 @@ static void free_slot(sd_verifier *v, int32_t slot) {
     v->slots[slot].request_id = 0;
 }
 
-static sd_status grow_rows(sd_verifier *v, size_t rows, size_t logit_rows) {
-    if (rows > v->cap_rows) {
-        int32_t *t = realloc(v->tokens, rows * sizeof *t);
-        if (t) v->tokens = t;
-        int32_t *ps = realloc(v->pos, rows * sizeof *ps);
-        if (ps) v->pos = ps;
-        int32_t *sq = realloc(v->seq, rows * sizeof *sq);
-        if (sq) v->seq = sq;
-        bool *w = realloc(v->want, rows * sizeof *w);
-        if (w) v->want = w;
-        if (!t || !ps || !sq || !w) return SD_ERR_NOMEM;
-        v->cap_rows = rows;
-    }
-    if (logit_rows > v->cap_logit_rows) {
-        size_t n;
-        if (!sd_mul_ok(logit_rows, (size_t)v->n_vocab, &n)) return SD_ERR_NOMEM;
-        float *l = realloc(v->logits, n * sizeof *l);
-        if (!l) return SD_ERR_NOMEM;
-        v->logits = l;
-        v->cap_logit_rows = logit_rows;
-    }
+static sd_status grow_rows(sd_verifier *v, size_t rows) {
+    if (rows <= v->cap_rows) return SD_OK;
+    int32_t *t = realloc(v->tokens, rows * sizeof *t);
+    if (t) v->tokens = t;
+    int32_t *ps = realloc(v->pos, rows * sizeof *ps);
+    if (ps) v->pos = ps;
+    int32_t *sq = realloc(v->seq, rows * sizeof *sq);
+    if (sq) v->seq = sq;
+    if (!t || !ps || !sq) return SD_ERR_NOMEM;
+    v->cap_rows = rows;
     return SD_OK;
 }
 
@@ -279,28 +269,68 @@ static void admit(sd_verifier *v, const Specd__VerifyRequest *req, size_t i, seq
     plan->slot = slot;
 }
 
-/* Pass 4 for an admitted, forwarded sequence. */
-static sd_status verify_one(sd_verifier *v, const Specd__VerifySeq *s, const seq_plan *plan, int32_t *commit,
-                            int32_t *n_accepted) {
-    int32_t k = plan->n_draft;
-    size_t V = (size_t)v->n_vocab;
-    const float *logits = v->logits + (size_t)plan->row0 * V;
-    if (plan->sampling.temperature == 0.0f) {
-        int32_t target_argmax[SD_SPEC_MAX_K + 1];
-        for (int32_t r = 0; r <= k; r++) target_argmax[r] = sd_argmax(logits + (size_t)r * V, v->n_vocab);
-        return sd_spec_verify_greedy(target_argmax, s->draft, k, commit, n_accepted);
+static sd_status finish(sd_verifier *v, const Specd__VerifyRequest *req, Specd__VerifyResponse *resp, double t0) {
+    v->steps++;
+    specd__verify_response__init(resp);
+    resp->step_id = req->step_id;
+    resp->n_results = req->n_seqs;
+    resp->results = v->result_ptrs;
+    resp->forward_us = (uint32_t)((sd_now() - t0) * 1e6);
+    return SD_OK;
+}
+
+/* Passes 2-4 of a normal step through spec2's sd_spec_verify_batch: one
+ * ragged forward, verification, rollback, per-sequence outcomes. */
+static sd_status verify_with_spec_batch(sd_verifier *v, const Specd__VerifyRequest *req) {
+    const size_t stride = (size_t)v->p.max_draft + 1;
+    int32_t n_v = 0;
+    for (size_t i = 0; i < req->n_seqs; i++) {
+        const seq_plan *pl = &v->plan[i];
+        if (pl->slot < 0) continue;
+        const Specd__VerifySeq *s = req->seqs[i];
+        sd_spec_q *q = v->vq + i * (size_t)v->p.max_draft;
+        for (int32_t r = 0; r < pl->n_draft; r++)
+            q[r] = (sd_spec_q){(int32_t)s->q[r]->n_ids, s->q[r]->ids, s->q[r]->probs};
+        v->vseqs[n_v] = (sd_verify_seq){
+            .slot = pl->slot, .keep_len = pl->keep_len, .n_append = pl->n_append, .append = s->append,
+            .k = pl->n_draft, .draft = s->draft, .q = q, .sampling = pl->sampling,
+        };
+        v->vindex[n_v++] = (int32_t)i;
     }
-    sd_spec_q q[SD_SPEC_MAX_K];
-    for (int32_t r = 0; r < k; r++) {
-        const Specd__SparseDist *d = s->q[r];
-        if (!d || d->n_ids == 0 || d->n_ids != d->n_probs) return SD_ERR_INVALID_ARG;
-        q[r] = (sd_spec_q){(int32_t)d->n_ids, d->ids, d->probs};
+    if (n_v > 0) SD_TRY(sd_spec_verify_batch(v->target, v->kv, n_v, v->vseqs, v->vresults, v->spec_scratch));
+    for (int32_t j = 0; j < n_v; j++) {
+        size_t i = (size_t)v->vindex[j];
+        const seq_plan *pl = &v->plan[i];
+        const sd_verify_result *vr = &v->vresults[j];
+        Specd__VerifyResult *res = &v->results[i];
+        switch (vr->outcome) {
+        case SD_SEQ_OK: {
+            int32_t *commit = v->commits + i * stride;
+            memcpy(commit, vr->tokens, (size_t)vr->n_tokens * sizeof *commit);
+            res->code = SPECD__CODE__CODE_OK;
+            res->n_accepted = (uint32_t)vr->n_accepted;
+            res->n_commit = (size_t)vr->n_tokens;
+            res->commit = commit;
+            res->cached_len = (uint32_t)vr->cache_len;
+            break;
+        }
+        case SD_SEQ_OUT_OF_BLOCKS:
+            res->code = SPECD__CODE__CODE_KV_FULL;
+            if (pl->new_slot) free_slot(v, pl->slot);
+            else res->cached_len = (uint32_t)sd_kv_seq_len(v->kv, pl->slot);
+            break;
+        case SD_SEQ_CACHE_MISS:
+            res->code = SPECD__CODE__CODE_CACHE_MISS;
+            free_slot(v, pl->slot);
+            break;
+        default:
+            SD_WARN("verifier: request %llu: %s", (unsigned long long)res->request_id, sd_seq_outcome_str(vr->outcome));
+            res->code = SPECD__CODE__CODE_BAD_REQUEST;
+            if (pl->new_slot) free_slot(v, pl->slot);
+            break;
+        }
     }
-    for (int32_t r = 0; r <= k; r++)
-        SD_TRY(sd_sample_probs(logits + (size_t)r * V, v->n_vocab, &plan->sampling, v->p_rows + (size_t)r * V));
-    uint64_t pos0 = (uint64_t)plan->keep_len + (uint64_t)plan->n_append;
-    return sd_spec_verify(v->p_rows, v->n_vocab, s->draft, q, k, plan->sampling.seed, pos0, v->scratch, commit,
-                          n_accepted, NULL);
+    return SD_OK;
 }
 
 sd_status sd_verifier_handle(sd_verifier *v, const Specd__VerifyRequest *req, Specd__VerifyResponse *resp) {
@@ -312,7 +342,6 @@ sd_status sd_verifier_handle(sd_verifier *v, const Specd__VerifyRequest *req, Sp
     }
     double t0 = sd_now();
     size_t n = req->n_seqs;
-    const size_t stride = (size_t)v->p.max_draft + 1;
     int32_t bs = v->p.block_size;
 
     /* 1. Admission. */
@@ -323,99 +352,57 @@ sd_status sd_verifier_handle(sd_verifier *v, const Specd__VerifyRequest *req, Sp
         v->result_ptrs[i] = res;
         admit(v, req, i, &v->plan[i], res);
     }
-    /* 2. Block budget, in batch order. */
+    if (!req->prefill_only) {
+        SD_TRY(verify_with_spec_batch(v, req));
+        return finish(v, req, resp, t0);
+    }
+    /* Prefill chunks: sd_spec_verify_batch always samples, so they take this
+     * path: block budget in batch order, one forward without logits. */
     int32_t free_blocks = sd_kv_n_free_blocks(v->kv);
-    size_t n_rows = 0, n_logit_rows = 0;
+    size_t n_rows = 0;
     for (size_t i = 0; i < n; i++) {
         seq_plan *pl = &v->plan[i];
         if (pl->slot < 0) continue;
-        int32_t len = pl->keep_len + pl->n_append + pl->n_draft;
-        int32_t need = blocks_for(len, bs) - blocks_for(pl->keep_len, bs);
+        int32_t need = blocks_for(pl->keep_len + pl->n_append, bs) - blocks_for(pl->keep_len, bs);
         if (need > free_blocks) {
             v->results[i].code = SPECD__CODE__CODE_KV_FULL;
+            v->results[i].cached_len = pl->new_slot ? 0 : (uint32_t)pl->keep_len;
             if (pl->new_slot) free_slot(v, pl->slot);
             pl->slot = -1;
             continue;
         }
         free_blocks -= need;
-        pl->row0 = (int32_t)n_logit_rows;
-        n_rows += (size_t)(pl->n_append + pl->n_draft);
-        if (!req->prefill_only) n_logit_rows += (size_t)pl->n_draft + 1;
+        n_rows += (size_t)pl->n_append;
     }
-    sd_status st = grow_rows(v, n_rows > 0 ? n_rows : 1, n_logit_rows > 0 ? n_logit_rows : 1);
+    sd_status st = grow_rows(v, n_rows > 0 ? n_rows : 1);
     if (st != SD_OK) {
         SD_ERROR("verifier: out of memory for a batch of %zu rows", n_rows);
         return st;
     }
-    /* 3. One ragged forward. */
     size_t r = 0;
     for (size_t i = 0; i < n; i++) {
         const seq_plan *pl = &v->plan[i];
         if (pl->slot < 0) continue;
-        const Specd__VerifySeq *s = req->seqs[i];
-        int32_t rows = pl->n_append + pl->n_draft;
-        for (int32_t j = 0; j < rows; j++, r++) {
-            v->tokens[r] = j < pl->n_append ? s->append[j] : s->draft[j - pl->n_append];
+        for (int32_t j = 0; j < pl->n_append; j++, r++) {
+            v->tokens[r] = req->seqs[i]->append[j];
             v->pos[r] = pl->keep_len + j;
             v->seq[r] = pl->slot;
-            v->want[r] = !req->prefill_only && j >= pl->n_append - 1;
         }
     }
     if (n_rows > 0) {
-        sd_batch b = {(int32_t)n_rows, v->tokens, v->pos, v->seq, v->want};
-        st = sd_model_forward(v->target, v->kv, &b, v->logits);
-        if (st == SD_ERR_OUT_OF_BLOCKS) {
-            SD_WARN("verifier: the block budget was wrong: the whole step %llu is KV_FULL",
-                    (unsigned long long)req->step_id);
-            for (size_t i = 0; i < n; i++) {
-                if (v->plan[i].slot < 0) continue;
-                v->results[i].code = SPECD__CODE__CODE_KV_FULL;
-                v->plan[i].slot = -1;
-            }
-        } else if (st != SD_OK) {
+        sd_batch b = {(int32_t)n_rows, v->tokens, v->pos, v->seq, NULL};
+        float unused = 0;
+        st = sd_model_forward(v->target, v->kv, &b, &unused);
+        if (st != SD_OK) {
+            SD_ERROR("verifier: prefill step %llu failed: %s", (unsigned long long)req->step_id, sd_status_str(st));
             return st;
         }
     }
-    /* 4. Verify and roll back. */
     for (size_t i = 0; i < n; i++) {
         const seq_plan *pl = &v->plan[i];
-        Specd__VerifyResult *res = &v->results[i];
-        if (pl->slot < 0) {
-            /* Not served: it holds what it held after truncation (nothing for a miss). */
-            int32_t slot = find_slot(v, res->request_id);
-            res->cached_len = res->code == SPECD__CODE__CODE_KV_FULL && slot >= 0
-                                  ? (uint32_t)sd_kv_seq_len(v->kv, slot) : 0;
-            continue;
-        }
-        int32_t committed = pl->keep_len + pl->n_append;
-        if (req->prefill_only) {
-            res->cached_len = (uint32_t)committed;
-            continue;
-        }
-        int32_t *commit = v->commits + i * stride;
-        int32_t acc = 0;
-        st = verify_one(v, req->seqs[i], pl, commit, &acc);
-        if (st != SD_OK) {
-            SD_WARN("verifier: request %llu: verification failed (%s)", (unsigned long long)res->request_id,
-                    sd_status_str(st));
-            res->code = SPECD__CODE__CODE_BAD_REQUEST;
-            sd_kv_truncate(v->kv, pl->slot, pl->keep_len);
-            res->cached_len = (uint32_t)pl->keep_len;
-            continue;
-        }
-        sd_kv_truncate(v->kv, pl->slot, committed + acc);
-        res->n_accepted = (uint32_t)acc;
-        res->n_commit = (size_t)acc + 1;
-        res->commit = commit;
-        res->cached_len = (uint32_t)(committed + acc);
+        if (pl->slot >= 0) v->results[i].cached_len = (uint32_t)(pl->keep_len + pl->n_append);
     }
-    v->steps++;
-    specd__verify_response__init(resp);
-    resp->step_id = req->step_id;
-    resp->n_results = n;
-    resp->results = v->result_ptrs;
-    resp->forward_us = (uint32_t)((sd_now() - t0) * 1e6);
-    return SD_OK;
+    return finish(v, req, resp, t0);
 }
 
 void sd_verifier_release(sd_verifier *v, const uint64_t *request_ids, size_t n) {
