@@ -1,0 +1,363 @@
+/* clients.c — the client link: Submit, Cancel, Stats, liveness.
+ *
+ * Every message is decoded and validated by sd_net_decode_client against the
+ * target's limits; what the decoder cannot know (the queue, the context, the
+ * tokenized length, stop-string limits) is checked here, and every refusal
+ * is an Error naming the field, the limit and the value, sent to that client
+ * only. Prompts are tokenized like specd-generate does (special tokens
+ * parsed, BOS when the model adds one, ChatML with the model's default
+ * system prompt on request) so that the service and the one-shot tool see
+ * the same tokens. A client with requests in flight is watched: silent for
+ * the liveness period, its requests are cancelled and released everywhere. */
+#include "coord.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void sd_client_send(sd_coord *c, const uint8_t *ident, size_t ident_len, const Specd__CoordinatorToClient *env,
+                    uint64_t now_us) {
+    c->io.to_client(c->io.user, ident, ident_len, env);
+    for (int32_t i = 0; i < c->n_clients; i++) {
+        if (c->clients[i].ident_len == ident_len && memcmp(c->clients[i].ident, ident, ident_len) == 0) {
+            c->clients[i].last_send_us = now_us;
+            break;
+        }
+    }
+}
+
+void sd_client_error(sd_coord *c, const uint8_t *ident, size_t ident_len, Specd__Code code, uint64_t request_id,
+                     uint64_t client_tag, const char *msg, uint64_t now_us) {
+    Specd__Error e;
+    sd_net_error_init(&e, code, request_id, client_tag, msg);
+    Specd__CoordinatorToClient env = SPECD__COORDINATOR_TO_CLIENT__INIT;
+    env.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_ERROR;
+    env.error = &e;
+    sd_client_send(c, ident, ident_len, &env, now_us);
+}
+
+static sd_client *find_client(sd_coord *c, const uint8_t *ident, size_t ident_len, bool create) {
+    for (int32_t i = 0; i < c->n_clients; i++)
+        if (c->clients[i].ident_len == ident_len && memcmp(c->clients[i].ident, ident, ident_len) == 0)
+            return &c->clients[i];
+    if (!create || c->n_clients == SD_COORD_MAX_CLIENTS) return NULL;
+    sd_client *cl = &c->clients[c->n_clients++];
+    memset(cl, 0, sizeof *cl);
+    memcpy(cl->ident, ident, ident_len);
+    cl->ident_len = ident_len;
+    return cl;
+}
+
+void sd_clients_request_done(sd_coord *c, const uint8_t *ident, size_t ident_len) {
+    sd_client *cl = find_client(c, ident, ident_len, false);
+    if (cl && cl->n_active > 0) cl->n_active--;
+}
+
+/* Tokenizes the submit's prompt into *ids (malloc'd); false + code/msg on a bad one. */
+static bool tokenize(sd_coord *c, const Specd__SubmitRequest *r, int32_t **ids, size_t *n, Specd__Code *code,
+                     char *msg, size_t msg_len) {
+    *ids = NULL;
+    *n = 0;
+    if (r->n_prompt_ids > 0) {
+        if (r->n_prompt_ids > (size_t)c->n_ctx) {
+            *code = SPECD__CODE__CODE_TOO_LARGE;
+            snprintf(msg, msg_len, "submit.prompt_ids: %zu tokens, the context holds %d", r->n_prompt_ids, c->n_ctx);
+            return false;
+        }
+        for (size_t i = 0; i < r->n_prompt_ids; i++) {
+            if (r->prompt_ids[i] < 0 || r->prompt_ids[i] >= c->n_vocab) {
+                *code = SPECD__CODE__CODE_BAD_REQUEST;
+                snprintf(msg, msg_len, "submit.prompt_ids[%zu]: token id %d out of range [0, %d)", i, r->prompt_ids[i],
+                         c->n_vocab);
+                return false;
+            }
+        }
+        *ids = malloc(r->n_prompt_ids * sizeof **ids);
+        if (!*ids) goto nomem;
+        memcpy(*ids, r->prompt_ids, r->n_prompt_ids * sizeof **ids);
+        *n = r->n_prompt_ids;
+        return true;
+    }
+    size_t plen = r->prompt ? strlen(r->prompt) : 0;
+    if (plen == 0) {
+        *code = SPECD__CODE__CODE_BAD_REQUEST;
+        snprintf(msg, msg_len, "submit.prompt: empty (give prompt text or prompt_ids)");
+        return false;
+    }
+    if (plen > SD_MAX_PROMPT_BYTES) {
+        *code = SPECD__CODE__CODE_TOO_LARGE;
+        snprintf(msg, msg_len, "submit.prompt: %zu bytes, limit %d", plen, SD_MAX_PROMPT_BYTES);
+        return false;
+    }
+    char *chat = NULL;
+    const char *text = r->prompt;
+    if (r->chat) {
+        sd_chat_msg m[2];
+        size_t nm = 0;
+        if (r->system && r->system[0]) m[nm++] = (sd_chat_msg){"system", r->system};
+        m[nm++] = (sd_chat_msg){"user", r->prompt};
+        if (sd_tok_chat_format(m, nm, c->default_system, true, &chat) != SD_OK) goto nomem;
+        text = chat;
+    }
+    int32_t *enc = NULL;
+    size_t n_enc = 0;
+    sd_status st = sd_tok_encode(c->tok, text, strlen(text), true, &enc, &n_enc);
+    free(chat);
+    if (st != SD_OK) {
+        *code = SPECD__CODE__CODE_BAD_REQUEST;
+        snprintf(msg, msg_len, "submit.prompt: tokenization failed (%s)", sd_status_str(st));
+        return false;
+    }
+    bool bos = sd_tok_add_bos(c->tok) && sd_tok_bos(c->tok) >= 0;
+    int32_t *out = malloc((n_enc + 1) * sizeof *out);
+    if (!out) {
+        free(enc);
+        goto nomem;
+    }
+    size_t k = 0;
+    if (bos) out[k++] = sd_tok_bos(c->tok);
+    if (n_enc) memcpy(out + k, enc, n_enc * sizeof *out);
+    free(enc);
+    *ids = out;
+    *n = k + n_enc;
+    if (*n == 0) {
+        *code = SPECD__CODE__CODE_BAD_REQUEST;
+        snprintf(msg, msg_len, "submit.prompt: empty after tokenization");
+        free(out);
+        *ids = NULL;
+        return false;
+    }
+    return true;
+nomem:
+    *code = SPECD__CODE__CODE_INTERNAL;
+    snprintf(msg, msg_len, "out of memory tokenizing the prompt");
+    return false;
+}
+
+static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const Specd__SubmitRequest *r,
+                      uint64_t now_us) {
+    char msg[512];
+    Specd__Code code = SPECD__CODE__CODE_BAD_REQUEST;
+    uint64_t tag = r->client_tag;
+    if (c->n_queued >= c->p.max_queue) {
+        snprintf(msg, sizeof msg, "queue full: %d requests waiting (limit %d); retry later", c->n_queued,
+                 c->p.max_queue);
+        sd_client_error(c, ident, ident_len, SPECD__CODE__CODE_OVERLOADED, 0, tag, msg, now_us);
+        return;
+    }
+    sd_sampling samp;
+    char serr[256];
+    if (!sd_net_sampling_from_pb(r->sampling, &samp, serr, sizeof serr)) {
+        snprintf(msg, sizeof msg, "submit.sampling: %s", serr);
+        goto refuse;
+    }
+    if (r->max_tokens > (uint32_t)c->n_ctx) {
+        snprintf(msg, sizeof msg, "submit.max_tokens: %u, the context holds %d", r->max_tokens, c->n_ctx);
+        goto refuse;
+    }
+    if (r->max_draft < -1 || r->max_draft > SD_MAX_DRAFT) {
+        snprintf(msg, sizeof msg, "submit.max_draft: %d, allowed -1 (off), 0 (default) or 1..%d", r->max_draft,
+                 SD_MAX_DRAFT);
+        goto refuse;
+    }
+    if (r->n_stop > SD_MAX_STOP_STRINGS) {
+        snprintf(msg, sizeof msg, "submit.stop: %zu stop strings, limit %d", r->n_stop, SD_MAX_STOP_STRINGS);
+        goto refuse;
+    }
+    for (size_t i = 0; i < r->n_stop; i++) {
+        size_t l = r->stop[i] ? strlen(r->stop[i]) : 0;
+        if (l == 0) {
+            snprintf(msg, sizeof msg, "submit.stop[%zu]: empty", i);
+            goto refuse;
+        }
+        if (l > SD_MAX_STOP_BYTES) {
+            code = SPECD__CODE__CODE_TOO_LARGE;
+            snprintf(msg, sizeof msg, "submit.stop[%zu]: %zu bytes, limit %d", i, l, SD_MAX_STOP_BYTES);
+            goto refuse;
+        }
+    }
+    sd_client *cl = find_client(c, ident, ident_len, true);
+    if (!cl) {
+        sd_client_error(c, ident, ident_len, SPECD__CODE__CODE_OVERLOADED, 0, tag, "too many clients connected",
+                        now_us);
+        return;
+    }
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    if (!tokenize(c, r, &ids, &n_ids, &code, msg, sizeof msg)) goto refuse;
+    if ((int64_t)n_ids >= c->n_ctx) {
+        code = SPECD__CODE__CODE_TOO_LARGE;
+        snprintf(msg, sizeof msg, "submit.prompt: %zu tokens, the context holds %d (and one must be generated)", n_ids,
+                 c->n_ctx);
+        free(ids);
+        goto refuse;
+    }
+    int32_t max_tokens = r->max_tokens ? (int32_t)r->max_tokens : c->p.max_tokens_default;
+    sd_session *s = sd_session_new(c->tok, ++c->next_request_id, ids, (int32_t)n_ids, max_tokens, c->n_ctx,
+                                   (const char *const *)r->stop, (int32_t)r->n_stop);
+    free(ids);
+    if (!s || sd_sched_add(c, s) != SD_OK) {
+        sd_session_free(&s);
+        code = SPECD__CODE__CODE_INTERNAL;
+        snprintf(msg, sizeof msg, "out of memory creating the request");
+        goto refuse;
+    }
+    s->client_tag = tag;
+    memcpy(s->client_ident, ident, ident_len);
+    s->client_ident_len = ident_len;
+    s->sampling = samp;
+    s->ignore_eos = r->ignore_eos;
+    s->max_draft = r->max_draft;
+    s->t_submit_us = now_us;
+    cl->n_active++;
+    cl->last_recv_us = now_us;
+    Specd__Accepted acc = SPECD__ACCEPTED__INIT;
+    acc.client_tag = tag;
+    acc.request_id = s->id;
+    acc.prompt_tokens = (uint32_t)s->n_prompt;
+    Specd__CoordinatorToClient env = SPECD__COORDINATOR_TO_CLIENT__INIT;
+    env.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_ACCEPTED;
+    env.accepted = &acc;
+    SD_INFO("request %llu accepted: %d prompt tokens, max_tokens %d, temperature %g", (unsigned long long)s->id,
+            s->n_prompt, s->max_tokens, (double)samp.temperature);
+    sd_client_send(c, ident, ident_len, &env, now_us);
+    return;
+refuse:
+    SD_INFO("submit refused (%s): %s", sd_net_code_name(code), msg);
+    sd_client_error(c, ident, ident_len, code, 0, tag, msg, now_us);
+}
+
+static void on_cancel(sd_coord *c, const uint8_t *ident, size_t ident_len, const Specd__Cancel *r, uint64_t now_us) {
+    sd_session *s = sd_sched_find(c, r->request_id);
+    if (!s || s->state == SD_SESSION_FINISHED || s->client_ident_len != ident_len ||
+        memcmp(s->client_ident, ident, ident_len) != 0) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "cancel.request_id: %llu is not a running request of this client",
+                 (unsigned long long)r->request_id);
+        sd_client_error(c, ident, ident_len, SPECD__CODE__CODE_UNKNOWN_REQUEST, r->request_id, 0, msg, now_us);
+        return;
+    }
+    char *tail = NULL;
+    size_t tail_len = 0;
+    (void)sd_session_flush(s, &tail, &tail_len);
+    sd_sched_finish(c, s, SPECD__STOP_REASON__STOP_REASON_CANCELLED, tail, tail_len, now_us);
+    free(tail);
+}
+
+static void on_stats(sd_coord *c, const uint8_t *ident, size_t ident_len, const Specd__StatsQuery *q,
+                     uint64_t now_us) {
+    Specd__ServiceStats st = SPECD__SERVICE_STATS__INIT;
+    st.active_requests = (uint32_t)c->n_active;
+    st.queued_requests = (uint32_t)c->n_queued;
+    st.finished_requests = c->finished_requests;
+    st.committed_tokens = c->committed_tokens;
+    sd_sched_overhead(c, &st.step_overhead_p50_us, &st.step_overhead_p99_us);
+    Specd__WorkerInfo infos[SD_COORD_MAX_WORKERS], *pinfos[SD_COORD_MAX_WORKERS];
+    Specd__WorkerStats wst[SD_COORD_MAX_WORKERS];
+    size_t n = 0;
+    for (int32_t i = 0; q->include_workers && i < SD_COORD_MAX_WORKERS; i++) {
+        const sd_worker *w = &c->workers[i];
+        if (!w->used) continue;
+        specd__worker_info__init(&infos[n]);
+        specd__worker_stats__init(&wst[n]);
+        infos[n].role = w->role;
+        infos[n].rank = w->rank;
+        infos[n].name = (char *)(uintptr_t)w->name;
+        infos[n].drafter_kind = w->drafter_kind;
+        infos[n].alive = w->alive;
+        wst[n].kv_blocks_total = w->kv_blocks_total;
+        wst[n].kv_blocks_free = w->kv_blocks_free;
+        wst[n].n_sequences = w->n_sequences;
+        wst[n].steps = w->steps;
+        infos[n].stats = &wst[n];
+        pinfos[n] = &infos[n];
+        n++;
+    }
+    st.n_workers = n;
+    st.workers = pinfos;
+    Specd__CoordinatorToClient env = SPECD__COORDINATOR_TO_CLIENT__INIT;
+    env.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_STATS;
+    env.stats = &st;
+    sd_client_send(c, ident, ident_len, &env, now_us);
+}
+
+static void send_heartbeat(sd_coord *c, const uint8_t *ident, size_t ident_len, uint64_t now_us) {
+    Specd__Heartbeat hb = SPECD__HEARTBEAT__INIT;
+    hb.sent_us = sd_net_now_us();
+    Specd__CoordinatorToClient env = SPECD__COORDINATOR_TO_CLIENT__INIT;
+    env.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    sd_client_send(c, ident, ident_len, &env, now_us);
+}
+
+void sd_clients_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, const uint8_t *body, size_t len,
+                           uint64_t now_us) {
+    Specd__Code code = SPECD__CODE__CODE_UNSPECIFIED;
+    char err[512];
+    sd_client *cl = find_client(c, ident, ident_len, false);
+    if (cl) cl->last_recv_us = now_us;
+    Specd__ClientToCoordinator *env = sd_net_decode_client(body, len, &c->lim, &code, err, sizeof err);
+    if (!env) {
+        SD_INFO("client message refused (%s): %s", sd_net_code_name(code), err);
+        sd_client_error(c, ident, ident_len, code, 0, 0, err, now_us);
+        return;
+    }
+    switch (env->body_case) {
+    case SPECD__CLIENT_TO_COORDINATOR__BODY_HELLO:
+        if (env->hello->protocol_version != SD_PROTOCOL_VERSION) {
+            snprintf(err, sizeof err, "hello.protocol_version: %u, the coordinator speaks %u",
+                     env->hello->protocol_version, SD_PROTOCOL_VERSION);
+            sd_client_error(c, ident, ident_len, SPECD__CODE__CODE_PROTOCOL, 0, 0, err, now_us);
+        } else {
+            send_heartbeat(c, ident, ident_len, now_us);
+        }
+        break;
+    case SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT:
+        on_submit(c, ident, ident_len, env->submit, now_us);
+        break;
+    case SPECD__CLIENT_TO_COORDINATOR__BODY_CANCEL:
+        on_cancel(c, ident, ident_len, env->cancel, now_us);
+        break;
+    case SPECD__CLIENT_TO_COORDINATOR__BODY_STATS:
+        on_stats(c, ident, ident_len, env->stats, now_us);
+        break;
+    case SPECD__CLIENT_TO_COORDINATOR__BODY_HEARTBEAT:
+        break;
+    default:
+        SD_WARN("client message with body case %d; ignored", (int)env->body_case);
+        sd_client_error(c, ident, ident_len, SPECD__CODE__CODE_MALFORMED, 0, 0, "no message body", now_us);
+        break;
+    }
+    specd__client_to_coordinator__free_unpacked(env, NULL);
+    sd_sched_pump(c, now_us);
+}
+
+void sd_clients_tick(sd_coord *c, uint64_t now_us) {
+    uint64_t interval = (uint64_t)c->p.heartbeat_interval_ms * 1000u;
+    uint64_t dead_after = interval * (uint64_t)c->p.heartbeat_liveness;
+    for (int32_t i = 0; i < c->n_clients;) {
+        sd_client *cl = &c->clients[i];
+        if (now_us > cl->last_recv_us + dead_after) {
+            if (cl->n_active > 0) {
+                SD_WARN("a client silent for %llu ms: cancelling its %d requests",
+                        (unsigned long long)(dead_after / 1000u), cl->n_active);
+                uint8_t ident[SD_MAX_IDENTITY_BYTES];
+                size_t ident_len = cl->ident_len;
+                memcpy(ident, cl->ident, ident_len);
+                for (int32_t j = c->n_sessions - 1; j >= 0; j--) {
+                    if (j >= c->n_sessions) continue;
+                    sd_session *s = c->sessions[j];
+                    if (s->state != SD_SESSION_FINISHED && s->client_ident_len == ident_len &&
+                        memcmp(s->client_ident, ident, ident_len) == 0)
+                        sd_sched_abort(c, s, SPECD__CODE__CODE_CANCELLED, "client gone", false, now_us);
+                }
+            }
+            c->clients[i] = c->clients[--c->n_clients];
+            continue;
+        }
+        if (cl->n_active > 0 && now_us >= cl->last_send_us + interval)
+            send_heartbeat(c, cl->ident, cl->ident_len, now_us);
+        i++;
+    }
+    sd_sched_pump(c, now_us);
+}

@@ -1,0 +1,293 @@
+/* coord.h — internal interfaces of specd-coordinator.
+ *
+ * The coordinator is one struct (sd_coord) and four modules operating on it:
+ *   session.c    one request: committed tokens, stream decoding, stop strings
+ *                with text hold-back, stats, adaptive K
+ *   scheduler.c  continuous batching, draft/verify requests, the keep_len /
+ *                cached_len beliefs, applying results, worker-death recovery
+ *   workers.c    Hello/Welcome/refusal, heartbeats, liveness
+ *   clients.c    Submit validation and tokenization, Cancel, Stats
+ * and server.c (sockets and the zmq_poll loop) on top. Everything below the
+ * loop sends through the sd_coord_io callbacks and takes the time as an
+ * argument, so the logic runs in unit tests without sockets or clocks.
+ * Single-threaded: nothing here is thread-safe. */
+#ifndef SPECD_COORD_H
+#define SPECD_COORD_H
+
+#include "specd/common.h"
+#include "specd/net.h"
+#include "specd/tokenizer.h"
+
+#define SD_COORD_MAX_WORKERS 32
+#define SD_COORD_MAX_CLIENTS 1024
+#define SD_COORD_OVERHEAD_WINDOW 1024
+
+/* Where the logic sends messages. The envelope is valid only during the call. */
+typedef struct sd_coord_io {
+    void *user;
+    void (*to_worker)(void *user, const uint8_t *ident, size_t ident_len, const Specd__CoordinatorToWorker *env);
+    void (*to_client)(void *user, const uint8_t *ident, size_t ident_len, const Specd__CoordinatorToClient *env);
+} sd_coord_io;
+
+typedef struct sd_coord_params {
+    const char *model_path;   /* target GGUF (metadata only) */
+    const char *client_addr;  /* default tcp://127.0.0.1:7700 */
+    const char *worker_addr;  /* default tcp://127.0.0.1:7701 */
+    const char *curve_secret_file; /* Z85 server secret key file, or NULL */
+    int32_t max_queue;        /* waiting requests (256) */
+    int32_t max_active;       /* sequences admitted to the verifier at once (64) */
+    int32_t max_tokens_default; /* 256 */
+    int32_t k_default;        /* 4: K with adaptive off, and the starting K */
+    int32_t k_max;            /* 8 */
+    bool adaptive_k;          /* on */
+    int32_t prefill_chunk;    /* 512 tokens */
+    int32_t draft_timeout_ms;  /* 2000 */
+    int32_t verify_timeout_ms; /* 30000 */
+    int32_t heartbeat_interval_ms; /* SD_HEARTBEAT_INTERVAL_MS (tests shorten it) */
+    int32_t heartbeat_liveness;    /* SD_HEARTBEAT_LIVENESS */
+} sd_coord_params;
+
+sd_coord_params sd_coord_default_params(void);
+
+/* ---------------------------------------------------------------- sessions */
+
+typedef enum sd_session_state {
+    SD_SESSION_QUEUED = 0, /* waiting for capacity (max_active) */
+    SD_SESSION_ACTIVE,     /* admitted: scheduled on the workers */
+    SD_SESSION_FINISHED,   /* Finished sent; kept only until in-flight steps drain */
+} sd_session_state;
+
+/* Acceptance history and the K it leads to. */
+typedef struct sd_adapt {
+    double alpha;          /* EMA of the per-token acceptance rate */
+    int32_t steps_at_zero; /* consecutive steps K was chosen 0 (probe after a few) */
+} sd_adapt;
+
+typedef struct sd_session {
+    uint64_t id;
+    uint64_t client_tag;
+    uint8_t client_ident[SD_MAX_IDENTITY_BYTES];
+    size_t client_ident_len;
+    sd_session_state state;
+
+    /* committed tokens: prompt then generated; the single source of truth */
+    int32_t *tokens;
+    int32_t n_tokens, cap_tokens, n_prompt;
+    int32_t max_tokens;    /* new tokens at most */
+    int32_t max_context;   /* tokens in the sequence at most */
+    int32_t max_draft;     /* request's cap: 0 default, -1 none */
+    bool ignore_eos;
+    sd_sampling sampling;
+
+    /* output text */
+    sd_tok_stream *stream;
+    char **stop;           /* n_stop stop strings (owned) */
+    size_t *stop_len;
+    int32_t n_stop;
+    char *held;            /* decoded text held back: a prefix of some stop string */
+    size_t held_len, held_cap;
+
+    /* scheduling: beliefs about the workers' caches */
+    int32_t v_cached;      /* tokens the verifier holds */
+    int32_t d_cached;      /* tokens the drafter holds */
+    bool v_holds, d_holds; /* the worker has an entry (needs a Release) */
+    bool in_verify, in_draft;
+    /* drafts ready for verification (valid while n_tokens == draft_base) */
+    int32_t draft_base;
+    int32_t n_draft;
+    int32_t draft[SD_MAX_DRAFT];
+    uint32_t *q_off;       /* n_draft + 1 offsets into q_ids/q_probs */
+    int32_t *q_ids;
+    float *q_probs;
+    size_t q_cap;
+    sd_adapt adapt;
+
+    /* stats */
+    uint32_t drafted, accepted, target_steps;
+    uint64_t t_submit_us, t_sched_us, t_first_token_us;
+    uint64_t drafting_us, verifying_us;
+} sd_session;
+
+/* A session from a validated submit (tokens copied, stops copied); NULL on
+ * allocation failure. Caller frees with sd_session_free. */
+sd_session *sd_session_new(const sd_tok *tok, uint64_t id, const int32_t *prompt, int32_t n_prompt,
+                           int32_t max_tokens, int32_t max_context, const char *const *stop, int32_t n_stop);
+void sd_session_free(sd_session **s);
+
+/* What committing a step's tokens produced. */
+typedef struct sd_commit_out {
+    int32_t n_taken;        /* tokens of the step kept (the rest was after a stop) */
+    char *text;             /* malloc'd text to stream now (complete UTF-8, no stop string) */
+    size_t text_len;
+    bool finished;
+    Specd__StopReason reason;
+    char *tail;             /* malloc'd Finished.text_tail when finished (may be empty) */
+    size_t tail_len;
+} sd_commit_out;
+
+/* Appends tokens[0..n) to the committed tokens one at a time, checking the
+ * stop conditions after each (EOS unless ignore_eos, max_tokens, stop
+ * strings on the decoded text across token boundaries, the context); tokens
+ * after a stop are discarded. Text that could be the start of a stop string
+ * is held back. Caller frees out->text and out->tail. */
+sd_status sd_session_commit(sd_session *s, const sd_tok *tok, const int32_t *tokens, int32_t n, sd_commit_out *out);
+/* Ends the output: flushes the decoder and the held-back text into a
+ * malloc'd tail (cancel, or a finish decided outside commit). */
+sd_status sd_session_flush(sd_session *s, char **tail, size_t *tail_len);
+int32_t sd_session_generated(const sd_session *s);
+
+/* Cost model of one step: verify time = fixed + per_token * tokens; draft
+ * time per draft token. Microseconds, estimated from responses. */
+typedef struct sd_cost_model {
+    double verify_fixed_us, verify_token_us, draft_token_us;
+    /* decaying sums for the least-squares fit of verify time vs tokens */
+    double s_w, s_x, s_y, s_xx, s_xy;
+} sd_cost_model;
+
+void sd_cost_init(sd_cost_model *c);
+void sd_cost_observe_verify(sd_cost_model *c, int32_t n_tokens, uint32_t forward_us);
+void sd_cost_observe_draft(sd_cost_model *c, int32_t n_draft_tokens, uint32_t draft_us);
+
+/* K in [0, k_cap] maximizing expected committed tokens per unit cost,
+ * (1 - a^(K+1)) / (1 - a) / (c_draft*K + fixed/batch + per_token*(1+K)),
+ * for acceptance a and batch sequences sharing the fixed cost. */
+int32_t sd_adapt_choose_k(double alpha, const sd_cost_model *c, int32_t batch, int32_t k_cap);
+/* Folds one step's outcome (n_accepted of n_drafted) into the EMA. */
+void sd_adapt_observe(sd_adapt *a, int32_t n_drafted, int32_t n_accepted);
+/* The choice above, except that a sequence at K = 0 for several steps
+ * probes K = 1 (steps_at_zero is kept by the scheduler). */
+int32_t sd_adapt_next_k(const sd_adapt *a, const sd_cost_model *c, int32_t batch, int32_t k_cap);
+
+/* ---------------------------------------------------------------- workers */
+
+typedef struct sd_worker {
+    bool used;             /* slot in use (alive or kept for stats) */
+    bool alive;
+    uint64_t worker_id;
+    uint8_t ident[SD_MAX_IDENTITY_BYTES];
+    size_t ident_len;
+    Specd__Role role;
+    uint32_t rank;
+    char name[64];
+    Specd__DrafterKind drafter_kind;
+    int32_t max_batch, max_draft;
+    uint32_t kv_blocks_total, kv_blocks_free, n_sequences;
+    uint64_t steps;
+    uint64_t last_recv_us, last_send_us;
+    /* the step in flight (one at a time per worker) */
+    bool busy;
+    bool prefill_only;
+    uint64_t step_id;
+    uint64_t step_sent_us;
+    uint64_t *step_rids;   /* request ids of the step's sequences, in order */
+    int32_t *step_k;       /* drafts sent per sequence (verify) or k asked (draft) */
+    int32_t *step_end;     /* keep_len + len(append) per sequence (what it holds before drafting/sampling) */
+    int32_t n_step, cap_step;
+} sd_worker;
+
+/* ---------------------------------------------------------------- clients */
+
+typedef struct sd_client {
+    uint8_t ident[SD_MAX_IDENTITY_BYTES];
+    size_t ident_len;
+    uint64_t last_recv_us, last_send_us;
+    int32_t n_active;      /* requests not finished */
+} sd_client;
+
+/* ---------------------------------------------------------------- the whole */
+
+typedef struct sd_coord {
+    sd_coord_params p;
+    sd_coord_io io;
+    sd_tok *tok;
+    sd_net_limits lim;
+    char arch[32];
+    uint64_t vocab_hash;
+    int32_t n_vocab, n_ctx;
+    const char *default_system; /* ChatML default system prompt, or NULL */
+
+    /* sessions: active ones first-come order; queue FIFO */
+    sd_session **sessions;  /* every live session (queued, active, finished-draining) */
+    int32_t n_sessions, cap_sessions;
+    int32_t n_queued, n_active;
+    uint64_t next_request_id;
+
+    sd_worker workers[SD_COORD_MAX_WORKERS];
+    int32_t verifier;       /* index of the alive verifier leader, -1 none */
+    int32_t drafter;        /* index of the drafter in use, -1 none */
+    uint64_t next_worker_id;
+    uint64_t next_step_id;
+    bool last_verify_prefill;
+
+    sd_client clients[SD_COORD_MAX_CLIENTS];
+    int32_t n_clients;
+
+    sd_cost_model cost;
+    uint64_t (*clock_us)(void); /* real clock for the overhead metric (tests replace it) */
+    /* service stats */
+    uint64_t finished_requests, committed_tokens;
+    uint64_t verify_reply_us;  /* when the last verify reply was handled; 0 = none pending */
+    double overhead_us[SD_COORD_OVERHEAD_WINDOW];
+    int32_t n_overhead, overhead_pos;
+} sd_coord;
+
+/* Reads the target's metadata (tokenizer, config: no weights) and sets up
+ * an empty coordinator; io may be changed afterwards. Caller frees with
+ * sd_coord_state_free. */
+sd_status sd_coord_state_init(sd_coord *c, const sd_coord_params *p, const sd_coord_io *io);
+void sd_coord_state_free(sd_coord *c);
+
+/* scheduler.c */
+/* Admits queued requests and sends every draft/verify request that can go
+ * now. Call after any event. */
+void sd_sched_pump(sd_coord *c, uint64_t now_us);
+void sd_sched_on_draft(sd_coord *c, int32_t w, const Specd__DraftResponse *r, uint64_t now_us);
+void sd_sched_on_verify(sd_coord *c, int32_t w, const Specd__VerifyResponse *r, uint64_t now_us);
+/* A worker died or was replaced: drop its step, reset beliefs. */
+void sd_sched_on_worker_lost(sd_coord *c, int32_t w);
+/* A worker failed its in-flight step (bad result, timeout): drop the step,
+ * reset the beliefs of that step's sequences. */
+void sd_sched_fail_step(sd_coord *c, int32_t w, const char *why);
+/* Ends session s: Finished (reason, stats, tail) to its client, Release to
+ * the workers holding it; s is removed (freed now, or when no step holds it). */
+void sd_sched_finish(sd_coord *c, sd_session *s, Specd__StopReason reason, const char *tail, size_t tail_len,
+                     uint64_t now_us);
+/* Ends session s with an Error to its client (when notify) instead of
+ * Finished, releasing it like sd_sched_finish. */
+void sd_sched_abort(sd_coord *c, sd_session *s, Specd__Code code, const char *msg, bool notify, uint64_t now_us);
+sd_session *sd_sched_find(sd_coord *c, uint64_t request_id);
+/* Adds an accepted session (queued). */
+sd_status sd_sched_add(sd_coord *c, sd_session *s);
+/* Coordinator overhead percentiles over the window (0 when empty). */
+void sd_sched_overhead(const sd_coord *c, double *p50, double *p99);
+
+/* workers.c */
+void sd_workers_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, const uint8_t *body, size_t len,
+                           uint64_t now_us);
+/* Heartbeats, liveness and step timeouts. */
+void sd_workers_tick(sd_coord *c, uint64_t now_us);
+void sd_worker_send(sd_coord *c, int32_t w, const Specd__CoordinatorToWorker *env, uint64_t now_us);
+
+/* clients.c */
+void sd_clients_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, const uint8_t *body, size_t len,
+                           uint64_t now_us);
+void sd_clients_tick(sd_coord *c, uint64_t now_us);
+void sd_client_send(sd_coord *c, const uint8_t *ident, size_t ident_len, const Specd__CoordinatorToClient *env,
+                    uint64_t now_us);
+void sd_client_error(sd_coord *c, const uint8_t *ident, size_t ident_len, Specd__Code code, uint64_t request_id,
+                     uint64_t client_tag, const char *msg, uint64_t now_us);
+/* A request of the client ended (bookkeeping for liveness). */
+void sd_clients_request_done(sd_coord *c, const uint8_t *ident, size_t ident_len);
+
+/* server.c: sockets and the loop */
+typedef struct sd_coord_server sd_coord_server;
+/* Opens the sockets and the state. Caller frees with sd_coord_server_free. */
+sd_status sd_coord_server_new(const sd_coord_params *p, sd_coord_server **out);
+/* Runs the loop until *stop becomes nonzero (checked at least every 50 ms). */
+sd_status sd_coord_server_run(sd_coord_server *s, volatile int *stop);
+void sd_coord_server_free(sd_coord_server **s);
+
+/* Monotonic microseconds. */
+uint64_t sd_coord_now_us(void);
+
+#endif

@@ -1,0 +1,125 @@
+/* main.c — specd-coordinator: flags, signals, and the loop.
+ *
+ * Holes in the shared brief, and the answers chosen here:
+ * - A prompt's first draft ("warm" draft sent with the verifier's prefill)
+ *   cannot be verified: the verifier commits the first token at the same
+ *   time. Its drafts are dropped; it only fills the drafter's cache.
+ * - A client Hello is answered with a Heartbeat (there is no Welcome on the
+ *   client link); a client needs no Hello to submit.
+ * - Responses and heartbeats from an unregistered worker (e.g. one declared
+ *   dead after a timeout) are logged and dropped, not answered with an
+ *   Error: they are not requests, and the worker re-registers by itself once
+ *   it misses our heartbeats.
+ * - Cancel answers Finished with reason CANCELLED (and its held text tail).
+ * - KV_FULL from the verifier: the sequence is refilled on a later step;
+ *   when it is the only active sequence it fails with CODE_KV_FULL instead
+ *   of retrying forever.
+ * - The EOS token is committed and listed in TokenChunk.tokens but adds no
+ *   text, as in specd-generate. */
+#include "coord.h"
+
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static volatile int g_stop; /* set by the signal handler only */
+
+static void on_signal(int sig) {
+    (void)sig;
+    g_stop = 1;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: specd-coordinator --model TARGET.gguf [options]\n"
+            "Schedules speculative decoding over drafters and a verifier (ZeroMQ).\n"
+            "  --model FILE              target GGUF: tokenizer and identity (no weights loaded)\n"
+            "  --client-addr ADDR        client ROUTER bind address (tcp://127.0.0.1:7700)\n"
+            "  --worker-addr ADDR        worker ROUTER bind address (tcp://127.0.0.1:7701)\n"
+            "  --max-queue N             waiting requests before OVERLOADED (256)\n"
+            "  --max-active N            sequences in the verifier at once (64)\n"
+            "  --max-tokens-default N    max_tokens when a request gives 0 (256)\n"
+            "  --k-default K             draft length with --adaptive-k off (4)\n"
+            "  --k-max K                 largest draft length (8, at most %d)\n"
+            "  --adaptive-k on|off       adapt K per sequence to its acceptance and the batch (on)\n"
+            "  --prefill-chunk N         prompts longer than N tokens are prefilled in chunks (512)\n"
+            "  --draft-timeout-ms MS     a draft step unanswered this long kills the drafter (2000)\n"
+            "  --verify-timeout-ms MS    a verify step unanswered this long kills the verifier (30000)\n"
+            "  --curve-secret FILE       CurveZMQ server secret key (Z85) for both sockets\n"
+            "  -v, --verbose             debug logs\n"
+            "  -h, --help                this text\n",
+            SD_MAX_DRAFT);
+}
+
+static bool parse_int(const char *s, long lo, long hi, int32_t *out) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || v < lo || v > hi) return false;
+    *out = (int32_t)v;
+    return true;
+}
+
+int main(int argc, char **argv) {
+    sd_coord_params p = sd_coord_default_params();
+    bool verbose = false;
+    enum { O_MODEL = 256, O_CADDR, O_WADDR, O_QUEUE, O_ACTIVE, O_MAXTOK, O_KDEF, O_KMAX, O_ADAPT, O_CHUNK, O_DTO,
+           O_VTO, O_CURVE };
+    static const struct option opts[] = {
+        {"model", required_argument, 0, O_MODEL}, {"client-addr", required_argument, 0, O_CADDR},
+        {"worker-addr", required_argument, 0, O_WADDR}, {"max-queue", required_argument, 0, O_QUEUE},
+        {"max-active", required_argument, 0, O_ACTIVE}, {"max-tokens-default", required_argument, 0, O_MAXTOK},
+        {"k-default", required_argument, 0, O_KDEF}, {"k-max", required_argument, 0, O_KMAX},
+        {"adaptive-k", required_argument, 0, O_ADAPT}, {"prefill-chunk", required_argument, 0, O_CHUNK},
+        {"draft-timeout-ms", required_argument, 0, O_DTO}, {"verify-timeout-ms", required_argument, 0, O_VTO},
+        {"curve-secret", required_argument, 0, O_CURVE}, {"verbose", no_argument, 0, 'v'},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int o;
+    while ((o = getopt_long(argc, argv, "vh", opts, NULL)) != -1) {
+        bool ok = true;
+        const char *name = NULL;
+        switch (o) {
+        case O_MODEL: p.model_path = optarg; break;
+        case O_CADDR: p.client_addr = optarg; break;
+        case O_WADDR: p.worker_addr = optarg; break;
+        case O_QUEUE: name = "max-queue"; ok = parse_int(optarg, 0, 1 << 20, &p.max_queue); break;
+        case O_ACTIVE: name = "max-active"; ok = parse_int(optarg, 1, 1 << 16, &p.max_active); break;
+        case O_MAXTOK: name = "max-tokens-default"; ok = parse_int(optarg, 1, 1 << 24, &p.max_tokens_default); break;
+        case O_KDEF: name = "k-default"; ok = parse_int(optarg, 0, SD_MAX_DRAFT, &p.k_default); break;
+        case O_KMAX: name = "k-max"; ok = parse_int(optarg, 0, SD_MAX_DRAFT, &p.k_max); break;
+        case O_ADAPT:
+            name = "adaptive-k";
+            ok = strcmp(optarg, "on") == 0 || strcmp(optarg, "off") == 0;
+            p.adaptive_k = strcmp(optarg, "on") == 0;
+            break;
+        case O_CHUNK: name = "prefill-chunk"; ok = parse_int(optarg, 1, 1 << 20, &p.prefill_chunk); break;
+        case O_DTO: name = "draft-timeout-ms"; ok = parse_int(optarg, 1, 1 << 30, &p.draft_timeout_ms); break;
+        case O_VTO: name = "verify-timeout-ms"; ok = parse_int(optarg, 1, 1 << 30, &p.verify_timeout_ms); break;
+        case O_CURVE: p.curve_secret_file = optarg; break;
+        case 'v': verbose = true; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+        if (!ok) {
+            fprintf(stderr, "specd-coordinator: --%s: bad value '%s'\n", name, optarg);
+            return 2;
+        }
+    }
+    if (!p.model_path || optind < argc) {
+        usage(stderr);
+        return 2;
+    }
+    sd_net_log_init("coordinator", 0, verbose);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    sd_coord_server *srv = NULL;
+    if (sd_coord_server_new(&p, &srv) != SD_OK) return 1;
+    sd_status st = sd_coord_server_run(srv, &g_stop);
+    sd_coord_server_free(&srv);
+    return st == SD_OK ? 0 : 1;
+}

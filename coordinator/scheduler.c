@@ -1,0 +1,712 @@
+/* scheduler.c — continuous batching over one verifier leader and a drafter.
+ *
+ * Each worker has at most one step in flight. Sequences are not put into
+ * fixed cohorts: a sequence that is in neither step is "idle", and pump()
+ * sends the verifier every idle sequence that is ready to verify (drafts in
+ * hand for its current committed length, or K = 0, or a prefix to refill)
+ * and the drafter every idle sequence that wants drafts. That makes the two
+ * cohorts fall out by themselves: while cohort A is verified, cohort B (the
+ * sequences that came back from the previous verify) is drafted; when only
+ * one cohort exists it alternates draft -> verify. Verify goes out first in
+ * pump() so the coordinator's overhead (verify reply -> next verify request)
+ * stays short.
+ *
+ * Beliefs: v_cached/d_cached say what each worker holds for a sequence; a
+ * request appends committed[cached ..] after keep_len = cached. A verifier
+ * that must be refilled (new request, CACHE_MISS, new verifier) gets the
+ * whole missing prefix: in prefill_only chunks of --prefill-chunk tokens
+ * while more than a chunk is missing, then a normal step; a new prompt also
+ * goes to the drafter at once ("warm" draft: k = the first K; its drafts are
+ * stale once the verifier commits and are dropped). Drafts are valid only
+ * while the committed length equals the one they were drafted from.
+ *
+ * Results are checked against the step that was sent (same request ids in
+ * the same order, n_accepted <= drafts sent, the accepted drafts equal to
+ * the drafts, exactly one more token committed, cached_len as the protocol
+ * says); any mismatch fails the whole step for that worker: its sequences'
+ * beliefs for it reset to 0 and they are resent in full. */
+#include "coord.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- helpers */
+
+static int32_t imin(int32_t a, int32_t b) { return a < b ? a : b; }
+
+sd_session *sd_sched_find(sd_coord *c, uint64_t request_id) {
+    for (int32_t i = 0; i < c->n_sessions; i++)
+        if (c->sessions[i]->id == request_id) return c->sessions[i];
+    return NULL;
+}
+
+sd_status sd_sched_add(sd_coord *c, sd_session *s) {
+    if (c->n_sessions == c->cap_sessions) {
+        int32_t ncap = c->cap_sessions ? c->cap_sessions * 2 : 64;
+        sd_session **ns = realloc(c->sessions, (size_t)ncap * sizeof *ns);
+        if (!ns) return SD_ERR_NOMEM;
+        c->sessions = ns;
+        c->cap_sessions = ncap;
+    }
+    s->state = SD_SESSION_QUEUED;
+    s->draft_base = -1;
+    c->sessions[c->n_sessions++] = s;
+    c->n_queued++;
+    return SD_OK;
+}
+
+static void remove_session(sd_coord *c, sd_session *s) {
+    for (int32_t i = 0; i < c->n_sessions; i++) {
+        if (c->sessions[i] == s) {
+            memmove(c->sessions + i, c->sessions + i + 1, (size_t)(c->n_sessions - i - 1) * sizeof *c->sessions);
+            c->n_sessions--;
+            break;
+        }
+    }
+    sd_session_free(&s);
+}
+
+/* Frees a finished session once no step refers to it any more. */
+static void reap(sd_coord *c, sd_session *s) {
+    if (s->state == SD_SESSION_FINISHED && !s->in_verify && !s->in_draft) remove_session(c, s);
+}
+
+static bool drafter_ok(const sd_coord *c) { return c->drafter >= 0 && c->workers[c->drafter].alive; }
+static bool verifier_ok(const sd_coord *c) { return c->verifier >= 0 && c->workers[c->verifier].alive; }
+
+/* Largest K the sequence may use now. */
+static int32_t k_cap(const sd_coord *c, const sd_session *s) {
+    if (!drafter_ok(c) || s->max_draft < 0) return 0;
+    int32_t cap = c->p.k_max;
+    if (s->max_draft > 0) cap = imin(cap, s->max_draft);
+    cap = imin(cap, c->workers[c->drafter].max_draft);
+    if (verifier_ok(c)) cap = imin(cap, c->workers[c->verifier].max_draft);
+    cap = imin(cap, SD_MAX_DRAFT);
+    cap = imin(cap, s->max_tokens - sd_session_generated(s) - 1); /* the target adds one */
+    cap = imin(cap, s->max_context - s->n_tokens - 1);
+    return cap < 0 ? 0 : cap;
+}
+
+static int32_t want_k(const sd_coord *c, const sd_session *s) {
+    int32_t cap = k_cap(c, s);
+    if (cap == 0) return 0;
+    if (!c->p.adaptive_k) return imin(c->p.k_default, cap);
+    return sd_adapt_next_k(&s->adapt, &c->cost, c->n_active, cap);
+}
+
+static bool drafted_now(const sd_session *s) { return s->draft_base == s->n_tokens && !s->in_draft; }
+
+static bool step_reserve(sd_worker *w, int32_t n) {
+    if (n > w->cap_step) {
+        uint64_t *r = realloc(w->step_rids, (size_t)n * sizeof *r);
+        if (!r) return false;
+        w->step_rids = r;
+        int32_t *k = realloc(w->step_k, (size_t)n * sizeof *k);
+        if (!k) return false;
+        w->step_k = k;
+        int32_t *e = realloc(w->step_end, (size_t)n * sizeof *e);
+        if (!e) return false;
+        w->step_end = e;
+        w->cap_step = n;
+    }
+    return true;
+}
+
+static void record_overhead(sd_coord *c) {
+    if (c->verify_reply_us == 0) return;
+    uint64_t now = c->clock_us();
+    double d = now > c->verify_reply_us ? (double)(now - c->verify_reply_us) : 0.0;
+    c->overhead_us[c->overhead_pos] = d;
+    c->overhead_pos = (c->overhead_pos + 1) % SD_COORD_OVERHEAD_WINDOW;
+    if (c->n_overhead < SD_COORD_OVERHEAD_WINDOW) c->n_overhead++;
+    c->verify_reply_us = 0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+void sd_sched_overhead(const sd_coord *c, double *p50, double *p99) {
+    *p50 = *p99 = 0.0;
+    if (c->n_overhead == 0) return;
+    double *v = malloc((size_t)c->n_overhead * sizeof *v);
+    if (!v) return;
+    memcpy(v, c->overhead_us, (size_t)c->n_overhead * sizeof *v);
+    qsort(v, (size_t)c->n_overhead, sizeof *v, cmp_double);
+    *p50 = v[(c->n_overhead - 1) / 2];
+    *p99 = v[(int32_t)((c->n_overhead - 1) * 0.99)];
+    free(v);
+}
+
+/* ---------------------------------------------------------------- dispatch */
+
+static void admit(sd_coord *c) {
+    for (int32_t i = 0; i < c->n_sessions && c->n_active < c->p.max_active; i++) {
+        sd_session *s = c->sessions[i];
+        if (s->state != SD_SESSION_QUEUED) continue;
+        s->state = SD_SESSION_ACTIVE;
+        c->n_queued--;
+        c->n_active++;
+    }
+}
+
+typedef enum { CAND_NONE, CAND_PREFILL, CAND_STEP } cand_kind;
+
+static cand_kind verify_candidate(const sd_coord *c, const sd_session *s) {
+    if (s->state != SD_SESSION_ACTIVE || s->in_verify) return CAND_NONE;
+    int32_t missing = s->n_tokens - s->v_cached;
+    if (missing < 1) return CAND_NONE; /* cannot happen: the last token has no KV */
+    if (missing > c->p.prefill_chunk) return CAND_PREFILL;
+    if (drafted_now(s)) return CAND_STEP;
+    if (missing > 1) return CAND_STEP;  /* refill now; the drafter warms up meanwhile */
+    if (!s->in_draft && want_k(c, s) == 0) return CAND_STEP;
+    return CAND_NONE;
+}
+
+static void fill_sampling(const sd_session *s, Specd__Sampling *pb) {
+    specd__sampling__init(pb);
+    sd_net_sampling_to_pb(&s->sampling, pb);
+}
+
+static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
+    sd_worker *w = &c->workers[c->verifier];
+    int32_t n = 0;
+    for (int32_t i = 0; i < c->n_sessions && n < w->max_batch; i++) {
+        cand_kind k = verify_candidate(c, c->sessions[i]);
+        if ((prefill && k == CAND_PREFILL) || (!prefill && k == CAND_STEP)) n++;
+    }
+    if (n == 0 || !step_reserve(w, n)) return;
+    Specd__VerifySeq *seqs = calloc((size_t)n, sizeof *seqs);
+    Specd__VerifySeq **pseqs = calloc((size_t)n, sizeof *pseqs);
+    Specd__Sampling *samp = calloc((size_t)n, sizeof *samp);
+    Specd__SparseDist *dists = calloc((size_t)n * SD_MAX_DRAFT, sizeof *dists);
+    Specd__SparseDist **pdists = calloc((size_t)n * SD_MAX_DRAFT, sizeof *pdists);
+    if (!seqs || !pseqs || !samp || !dists || !pdists) {
+        SD_ERROR("out of memory building a verify request");
+        goto out;
+    }
+    int32_t m = 0, n_tokens = 0;
+    for (int32_t i = 0; i < c->n_sessions && m < n; i++) {
+        sd_session *s = c->sessions[i];
+        cand_kind k = verify_candidate(c, s);
+        if (!((prefill && k == CAND_PREFILL) || (!prefill && k == CAND_STEP))) continue;
+        Specd__VerifySeq *vs = &seqs[m];
+        specd__verify_seq__init(vs);
+        pseqs[m] = vs;
+        vs->request_id = s->id;
+        vs->keep_len = (uint32_t)s->v_cached;
+        int32_t missing = s->n_tokens - s->v_cached;
+        int32_t n_append = prefill ? imin(c->p.prefill_chunk, missing - 1) : missing;
+        vs->n_append = (size_t)n_append;
+        vs->append = s->tokens + s->v_cached;
+        fill_sampling(s, &samp[m]);
+        vs->sampling = &samp[m];
+        int32_t n_draft = 0;
+        if (!prefill && drafted_now(s)) {
+            n_draft = imin(s->n_draft, s->max_context - s->n_tokens - 1);
+            n_draft = imin(n_draft, s->max_tokens - sd_session_generated(s) - 1);
+            if (verifier_ok(c)) n_draft = imin(n_draft, w->max_draft);
+            if (n_draft < 0) n_draft = 0;
+            vs->n_draft = (size_t)n_draft;
+            vs->draft = s->draft;
+            vs->n_q = (size_t)n_draft;
+            vs->q = pdists + (size_t)m * SD_MAX_DRAFT;
+            for (int32_t j = 0; j < n_draft; j++) {
+                Specd__SparseDist *d = &dists[(size_t)m * SD_MAX_DRAFT + j];
+                specd__sparse_dist__init(d);
+                d->n_ids = d->n_probs = s->q_off[j + 1] - s->q_off[j];
+                d->ids = s->q_ids + s->q_off[j];
+                d->probs = s->q_probs + s->q_off[j];
+                vs->q[j] = d;
+            }
+        }
+        w->step_rids[m] = s->id;
+        w->step_k[m] = n_draft;
+        w->step_end[m] = s->v_cached + n_append;
+        n_tokens += n_append + n_draft;
+        s->in_verify = true;
+        s->v_holds = true;
+        if (s->t_sched_us == 0) s->t_sched_us = now_us;
+        m++;
+    }
+    Specd__VerifyRequest req = SPECD__VERIFY_REQUEST__INIT;
+    req.step_id = ++c->next_step_id;
+    req.n_seqs = (size_t)m;
+    req.seqs = pseqs;
+    req.prefill_only = prefill;
+    Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
+    env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY;
+    env.verify = &req;
+    w->busy = true;
+    w->prefill_only = prefill;
+    w->step_id = req.step_id;
+    w->step_sent_us = now_us;
+    w->n_step = m;
+    c->last_verify_prefill = prefill;
+    record_overhead(c);
+    SD_DEBUG("verify step %llu: %d seqs, %d tokens%s", (unsigned long long)req.step_id, m, n_tokens,
+             prefill ? " (prefill only)" : "");
+    sd_worker_send(c, c->verifier, &env, now_us);
+out:
+    free(seqs);
+    free(pseqs);
+    free(samp);
+    free(dists);
+    free(pdists);
+}
+
+static void dispatch_verify(sd_coord *c, uint64_t now_us) {
+    if (!verifier_ok(c) || c->workers[c->verifier].busy) return;
+    bool any_prefill = false, any_step = false;
+    for (int32_t i = 0; i < c->n_sessions; i++) {
+        cand_kind k = verify_candidate(c, c->sessions[i]);
+        any_prefill |= k == CAND_PREFILL;
+        any_step |= k == CAND_STEP;
+    }
+    /* Prefill chunks alternate with normal steps so a long prompt does not
+     * stall the running sequences. */
+    if (any_prefill && (!any_step || !c->last_verify_prefill)) send_verify(c, true, now_us);
+    else if (any_step) send_verify(c, false, now_us);
+}
+
+/* Drafts wanted: a normal draft for an idle sequence whose verifier is
+ * current, or a warm-up of a sequence being refilled. Returns k or 0. */
+static int32_t draft_candidate(const sd_coord *c, const sd_session *s) {
+    if (s->state != SD_SESSION_ACTIVE || s->in_draft || s->draft_base == s->n_tokens) return 0;
+    int32_t missing = s->n_tokens - s->v_cached;
+    if (missing == 1 && s->in_verify) return 0;
+    if (missing > 1 && s->d_cached >= s->n_tokens) return 0;
+    return want_k(c, s);
+}
+
+static void dispatch_draft(sd_coord *c, uint64_t now_us) {
+    if (!drafter_ok(c) || c->workers[c->drafter].busy) return;
+    sd_worker *w = &c->workers[c->drafter];
+    int32_t n = 0;
+    for (int32_t i = 0; i < c->n_sessions && n < w->max_batch; i++)
+        if (draft_candidate(c, c->sessions[i]) > 0) n++;
+    if (n == 0 || !step_reserve(w, n)) return;
+    Specd__DraftSeq *seqs = calloc((size_t)n, sizeof *seqs);
+    Specd__DraftSeq **pseqs = calloc((size_t)n, sizeof *pseqs);
+    Specd__Sampling *samp = calloc((size_t)n, sizeof *samp);
+    if (!seqs || !pseqs || !samp) {
+        SD_ERROR("out of memory building a draft request");
+        goto out;
+    }
+    int32_t m = 0;
+    for (int32_t i = 0; i < c->n_sessions && m < n; i++) {
+        sd_session *s = c->sessions[i];
+        int32_t k = draft_candidate(c, s);
+        if (k <= 0) continue;
+        Specd__DraftSeq *ds = &seqs[m];
+        specd__draft_seq__init(ds);
+        pseqs[m] = ds;
+        int32_t keep = s->d_cached < s->n_tokens ? s->d_cached : s->n_tokens - 1;
+        ds->request_id = s->id;
+        ds->keep_len = (uint32_t)keep;
+        ds->n_append = (size_t)(s->n_tokens - keep);
+        ds->append = s->tokens + keep;
+        ds->k = (uint32_t)k;
+        fill_sampling(s, &samp[m]);
+        ds->sampling = &samp[m];
+        w->step_rids[m] = s->id;
+        w->step_k[m] = k;
+        w->step_end[m] = s->n_tokens;
+        s->in_draft = true;
+        s->d_holds = true;
+        if (s->t_sched_us == 0) s->t_sched_us = now_us;
+        m++;
+    }
+    Specd__DraftRequest req = SPECD__DRAFT_REQUEST__INIT;
+    req.step_id = ++c->next_step_id;
+    req.n_seqs = (size_t)m;
+    req.seqs = pseqs;
+    Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
+    env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT;
+    env.draft = &req;
+    w->busy = true;
+    w->step_id = req.step_id;
+    w->step_sent_us = now_us;
+    w->n_step = m;
+    SD_DEBUG("draft step %llu: %d seqs", (unsigned long long)req.step_id, m);
+    sd_worker_send(c, c->drafter, &env, now_us);
+out:
+    free(seqs);
+    free(pseqs);
+    free(samp);
+}
+
+void sd_sched_pump(sd_coord *c, uint64_t now_us) {
+    admit(c);
+    dispatch_verify(c, now_us);
+    dispatch_draft(c, now_us);
+}
+
+/* ---------------------------------------------------------------- finishing */
+
+static void fill_stats(const sd_session *s, Specd__RequestStats *st, uint64_t now_us) {
+    specd__request_stats__init(st);
+    st->prompt_tokens = (uint32_t)s->n_prompt;
+    st->generated_tokens = (uint32_t)sd_session_generated(s);
+    st->drafted = s->drafted;
+    st->accepted = s->accepted;
+    st->target_steps = s->target_steps;
+    uint64_t sched = s->t_sched_us ? s->t_sched_us : now_us;
+    st->queued_ms = (double)(sched - s->t_submit_us) / 1000.0;
+    st->drafting_ms = (double)s->drafting_us / 1000.0;
+    st->verifying_ms = (double)s->verifying_us / 1000.0;
+    st->first_token_ms = s->t_first_token_us ? (double)(s->t_first_token_us - s->t_submit_us) / 1000.0 : 0.0;
+    st->total_ms = (double)(now_us - s->t_submit_us) / 1000.0;
+}
+
+static void release(sd_coord *c, sd_session *s, uint64_t now_us) {
+    uint64_t rid = s->id;
+    Specd__Release rel = SPECD__RELEASE__INIT;
+    rel.n_request_ids = 1;
+    rel.request_ids = &rid;
+    Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
+    env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_RELEASE;
+    env.release = &rel;
+    if (s->v_holds && verifier_ok(c)) sd_worker_send(c, c->verifier, &env, now_us);
+    if (s->d_holds && drafter_ok(c)) sd_worker_send(c, c->drafter, &env, now_us);
+    s->v_holds = s->d_holds = false;
+}
+
+static void end_session(sd_coord *c, sd_session *s, uint64_t now_us) {
+    if (s->state == SD_SESSION_ACTIVE) c->n_active--;
+    else if (s->state == SD_SESSION_QUEUED) c->n_queued--;
+    s->state = SD_SESSION_FINISHED;
+    c->finished_requests++;
+    release(c, s, now_us);
+    sd_clients_request_done(c, s->client_ident, s->client_ident_len);
+    reap(c, s);
+}
+
+void sd_sched_finish(sd_coord *c, sd_session *s, Specd__StopReason reason, const char *tail, size_t tail_len,
+                     uint64_t now_us) {
+    if (s->state == SD_SESSION_FINISHED) return;
+    Specd__RequestStats st;
+    fill_stats(s, &st, now_us);
+    Specd__Finished fin = SPECD__FINISHED__INIT;
+    fin.request_id = s->id;
+    fin.reason = reason;
+    fin.stats = &st;
+    fin.text_tail.data = (uint8_t *)(uintptr_t)tail;
+    fin.text_tail.len = tail ? tail_len : 0;
+    Specd__CoordinatorToClient env = SPECD__COORDINATOR_TO_CLIENT__INIT;
+    env.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_FINISHED;
+    env.finished = &fin;
+    SD_INFO("request %llu finished (%s): %d prompt + %d generated tokens, %u/%u drafts accepted, %u steps",
+            (unsigned long long)s->id, protobuf_c_enum_descriptor_get_value(&specd__stop_reason__descriptor,
+                                                                           (int)reason)->name,
+            s->n_prompt, sd_session_generated(s), s->accepted, s->drafted, s->target_steps);
+    sd_client_send(c, s->client_ident, s->client_ident_len, &env, now_us);
+    end_session(c, s, now_us);
+}
+
+void sd_sched_abort(sd_coord *c, sd_session *s, Specd__Code code, const char *msg, bool notify, uint64_t now_us) {
+    if (s->state == SD_SESSION_FINISHED) return;
+    SD_WARN("request %llu aborted (%s): %s", (unsigned long long)s->id, sd_net_code_name(code), msg);
+    if (notify) sd_client_error(c, s->client_ident, s->client_ident_len, code, s->id, s->client_tag, msg, now_us);
+    end_session(c, s, now_us);
+}
+
+/* ---------------------------------------------------------------- results */
+
+void sd_sched_fail_step(sd_coord *c, int32_t wi, const char *why) {
+    sd_worker *w = &c->workers[wi];
+    bool verifier = wi == c->verifier;
+    SD_WARN("%s %s failed step %llu: %s", verifier ? "verifier" : "drafter", w->name,
+            (unsigned long long)w->step_id, why);
+    if (!w->busy) return;
+    w->busy = false;
+    for (int32_t i = 0; i < w->n_step; i++) {
+        sd_session *s = sd_sched_find(c, w->step_rids[i]);
+        if (!s) continue;
+        if (verifier) {
+            s->in_verify = false;
+            s->v_cached = 0;
+        } else {
+            s->in_draft = false;
+            s->d_cached = 0;
+        }
+        reap(c, s);
+    }
+    w->n_step = 0;
+    if (verifier) c->verify_reply_us = 0;
+}
+
+void sd_sched_on_worker_lost(sd_coord *c, int32_t wi) {
+    sd_worker *w = &c->workers[wi];
+    bool verifier = wi == c->verifier, drafter = wi == c->drafter;
+    w->busy = false;
+    w->n_step = 0;
+    if (!verifier && !drafter) return;
+    for (int32_t i = c->n_sessions - 1; i >= 0; i--) {
+        sd_session *s = c->sessions[i];
+        if (verifier) {
+            s->in_verify = false;
+            s->v_cached = 0;
+            s->v_holds = false;
+        } else {
+            s->in_draft = false;
+            s->d_cached = 0;
+            s->d_holds = false;
+        }
+        reap(c, s);
+    }
+    if (verifier) {
+        c->verifier = -1;
+        c->verify_reply_us = 0;
+    }
+    if (drafter) {
+        c->drafter = -1;
+        for (int32_t i = 0; i < SD_COORD_MAX_WORKERS; i++) {
+            if (i != wi && c->workers[i].used && c->workers[i].alive &&
+                c->workers[i].role == SPECD__ROLE__ROLE_DRAFTER) {
+                c->drafter = i;
+                SD_INFO("drafter %s takes over", c->workers[i].name);
+                break;
+            }
+        }
+    }
+}
+
+/* Checks that a response has one result per sequence of the step. */
+static bool same_count(const sd_worker *w, size_t n, char *why, size_t why_len) {
+    if ((int32_t)n != w->n_step) {
+        snprintf(why, why_len, "%zu results for %d sequences", n, w->n_step);
+        return false;
+    }
+    return true;
+}
+
+static void commit_step(sd_coord *c, sd_session *s, const int32_t *tokens, int32_t n, uint64_t now_us) {
+    sd_commit_out out;
+    sd_status st = sd_session_commit(s, c->tok, tokens, n, &out);
+    if (st != SD_OK) {
+        free(out.text);
+        free(out.tail);
+        sd_sched_abort(c, s, SPECD__CODE__CODE_INTERNAL, "committing tokens failed", true, now_us);
+        return;
+    }
+    if (s->t_first_token_us == 0 && out.n_taken > 0) s->t_first_token_us = now_us;
+    c->committed_tokens += (uint64_t)out.n_taken;
+    Specd__TokenChunk chunk = SPECD__TOKEN_CHUNK__INIT;
+    chunk.request_id = s->id;
+    chunk.n_tokens = (size_t)out.n_taken;
+    chunk.tokens = (int32_t *)(uintptr_t)(s->tokens + s->n_tokens - out.n_taken);
+    chunk.text.data = (uint8_t *)out.text;
+    chunk.text.len = out.text_len;
+    chunk.n_generated = (uint32_t)sd_session_generated(s);
+    Specd__CoordinatorToClient env = SPECD__COORDINATOR_TO_CLIENT__INIT;
+    env.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS;
+    env.tokens = &chunk;
+    if (out.n_taken > 0) sd_client_send(c, s->client_ident, s->client_ident_len, &env, now_us);
+    if (out.finished) sd_sched_finish(c, s, out.reason, out.tail, out.tail_len, now_us);
+    free(out.text);
+    free(out.tail);
+}
+
+void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r, uint64_t now_us) {
+    sd_worker *w = &c->workers[wi];
+    char why[256];
+    if (!w->busy || r->step_id != w->step_id) {
+        SD_WARN("verifier %s: response to step %llu, expected %llu; ignored", w->name,
+                (unsigned long long)r->step_id, (unsigned long long)(w->busy ? w->step_id : 0));
+        return;
+    }
+    c->verify_reply_us = c->clock_us();
+    if (!same_count(w, r->n_results, why, sizeof why)) {
+        sd_sched_fail_step(c, wi, why);
+        return;
+    }
+    /* Pass 1: check every result against what was sent. */
+    for (size_t i = 0; i < r->n_results; i++) {
+        const Specd__VerifyResult *vr = r->results[i];
+        if (vr->request_id != w->step_rids[i]) {
+            snprintf(why, sizeof why, "results[%zu].request_id %llu, sent %llu", i,
+                     (unsigned long long)vr->request_id, (unsigned long long)w->step_rids[i]);
+            sd_sched_fail_step(c, wi, why);
+            return;
+        }
+        if (vr->code != SPECD__CODE__CODE_OK) continue;
+        sd_session *s = sd_sched_find(c, vr->request_id);
+        if (w->prefill_only) {
+            if (vr->n_commit != 0 || (int64_t)vr->cached_len != w->step_end[i]) {
+                snprintf(why, sizeof why, "prefill results[%zu]: %zu tokens committed, cached_len %u (expected 0, %d)",
+                         i, vr->n_commit, vr->cached_len, w->step_end[i]);
+                sd_sched_fail_step(c, wi, why);
+                return;
+            }
+            continue;
+        }
+        if ((int32_t)vr->n_accepted > w->step_k[i] || vr->n_commit != (size_t)vr->n_accepted + 1 ||
+            (int64_t)vr->cached_len != (int64_t)w->step_end[i] + vr->n_accepted) {
+            snprintf(why, sizeof why,
+                     "results[%zu]: n_accepted %u of %d drafts, %zu tokens committed, cached_len %u (expected %lld)", i,
+                     vr->n_accepted, w->step_k[i], vr->n_commit, vr->cached_len,
+                     (long long)w->step_end[i] + vr->n_accepted);
+            sd_sched_fail_step(c, wi, why);
+            return;
+        }
+        for (size_t j = 0; s && j < vr->n_commit; j++) {
+            bool bad = vr->commit[j] < 0 || vr->commit[j] >= c->n_vocab ||
+                       (j < vr->n_accepted && vr->commit[j] != s->draft[j]);
+            if (bad) {
+                snprintf(why, sizeof why, "results[%zu].commit[%zu] = %d is not the draft or not a token", i, j,
+                         vr->commit[j]);
+                sd_sched_fail_step(c, wi, why);
+                return;
+            }
+        }
+    }
+    /* Pass 2: apply. */
+    w->busy = false;
+    w->steps++;
+    uint64_t took = now_us > w->step_sent_us ? now_us - w->step_sent_us : 0;
+    int32_t n_tokens = 0;
+    for (int32_t i = 0; i < w->n_step; i++) n_tokens += w->step_k[i] + 1;
+    if (!w->prefill_only) sd_cost_observe_verify(&c->cost, n_tokens, r->forward_us);
+    int32_t n_step = w->n_step;
+    w->n_step = 0;
+    for (int32_t i = 0; i < n_step; i++) {
+        const Specd__VerifyResult *vr = r->results[i];
+        sd_session *s = sd_sched_find(c, vr->request_id);
+        if (!s) continue;
+        s->in_verify = false;
+        s->verifying_us += took;
+        if (s->state == SD_SESSION_FINISHED) {
+            reap(c, s);
+            continue;
+        }
+        switch (vr->code) {
+        case SPECD__CODE__CODE_OK:
+            s->v_cached = (int32_t)vr->cached_len;
+            if (w->prefill_only) break;
+            s->target_steps++;
+            s->drafted += (uint32_t)w->step_k[i];
+            s->accepted += vr->n_accepted;
+            if (w->step_k[i] > 0) {
+                sd_adapt_observe(&s->adapt, w->step_k[i], (int32_t)vr->n_accepted);
+                s->adapt.steps_at_zero = 0;
+            } else if (k_cap(c, s) > 0) {
+                s->adapt.steps_at_zero++;
+            }
+            s->draft_base = -1;
+            s->n_draft = 0;
+            commit_step(c, s, vr->commit, (int32_t)vr->n_commit, now_us);
+            break;
+        case SPECD__CODE__CODE_CACHE_MISS:
+            SD_INFO("request %llu: verifier cache miss at keep_len %d; resending the prefix",
+                    (unsigned long long)s->id, s->v_cached);
+            s->v_cached = 0;
+            break;
+        case SPECD__CODE__CODE_KV_FULL:
+            s->v_cached = 0;
+            if (c->n_active <= 1) {
+                sd_sched_abort(c, s, SPECD__CODE__CODE_KV_FULL, "the verifier has no KV blocks for this request",
+                               true, now_us);
+            }
+            break;
+        default:
+            snprintf(why, sizeof why, "the verifier answered %s for this request", sd_net_code_name(vr->code));
+            sd_sched_abort(c, s, vr->code, why, true, now_us);
+            break;
+        }
+    }
+}
+
+static bool copy_drafts(sd_session *s, const Specd__DraftResult *dr) {
+    size_t total = 0;
+    for (size_t j = 0; j < dr->n_q; j++) total += dr->q[j]->n_ids;
+    if (!s->q_off) {
+        s->q_off = malloc((SD_MAX_DRAFT + 1) * sizeof *s->q_off);
+        if (!s->q_off) return false;
+    }
+    if (total > s->q_cap) {
+        int32_t *ids = realloc(s->q_ids, total * sizeof *ids);
+        if (!ids) return false;
+        s->q_ids = ids;
+        float *pr = realloc(s->q_probs, total * sizeof *pr);
+        if (!pr) return false;
+        s->q_probs = pr;
+        s->q_cap = total;
+    }
+    size_t off = 0;
+    s->q_off[0] = 0;
+    for (size_t j = 0; j < dr->n_tokens; j++) {
+        s->draft[j] = dr->tokens[j];
+        memcpy(s->q_ids + off, dr->q[j]->ids, dr->q[j]->n_ids * sizeof *s->q_ids);
+        memcpy(s->q_probs + off, dr->q[j]->probs, dr->q[j]->n_ids * sizeof *s->q_probs);
+        off += dr->q[j]->n_ids;
+        s->q_off[j + 1] = (uint32_t)off;
+    }
+    s->n_draft = (int32_t)dr->n_tokens;
+    return true;
+}
+
+void sd_sched_on_draft(sd_coord *c, int32_t wi, const Specd__DraftResponse *r, uint64_t now_us) {
+    sd_worker *w = &c->workers[wi];
+    char why[256];
+    if (!w->busy || r->step_id != w->step_id) {
+        SD_WARN("drafter %s: response to step %llu, expected %llu; ignored", w->name, (unsigned long long)r->step_id,
+                (unsigned long long)(w->busy ? w->step_id : 0));
+        return;
+    }
+    if (!same_count(w, r->n_results, why, sizeof why)) {
+        sd_sched_fail_step(c, wi, why);
+        return;
+    }
+    for (size_t i = 0; i < r->n_results; i++) {
+        const Specd__DraftResult *dr = r->results[i];
+        bool ok = dr->request_id == w->step_rids[i];
+        if (ok && dr->code == SPECD__CODE__CODE_OK)
+            ok = (int32_t)dr->n_tokens <= w->step_k[i] && dr->n_q == dr->n_tokens &&
+                 (int64_t)dr->cached_len == w->step_end[i];
+        for (size_t j = 0; ok && j < dr->n_q; j++) ok = dr->q[j]->n_ids == dr->q[j]->n_probs;
+        if (!ok) {
+            snprintf(why, sizeof why,
+                     "results[%zu]: request %llu (sent %llu), %zu tokens for k %d, %zu q, cached_len %u (expected %d)",
+                     i, (unsigned long long)dr->request_id, (unsigned long long)w->step_rids[i], dr->n_tokens,
+                     w->step_k[i], dr->n_q, dr->cached_len, w->step_end[i]);
+            sd_sched_fail_step(c, wi, why);
+            return;
+        }
+    }
+    w->busy = false;
+    w->steps++;
+    uint64_t took = now_us > w->step_sent_us ? now_us - w->step_sent_us : 0;
+    int32_t n_drafted = 0;
+    int32_t n_step = w->n_step;
+    w->n_step = 0;
+    for (int32_t i = 0; i < n_step; i++) {
+        const Specd__DraftResult *dr = r->results[i];
+        sd_session *s = sd_sched_find(c, dr->request_id);
+        if (!s) continue;
+        s->in_draft = false;
+        s->drafting_us += took;
+        if (s->state == SD_SESSION_FINISHED) {
+            reap(c, s);
+            continue;
+        }
+        if (dr->code == SPECD__CODE__CODE_OK) {
+            s->d_cached = (int32_t)dr->cached_len;
+            n_drafted += (int32_t)dr->n_tokens;
+            if (w->step_end[i] == s->n_tokens) {
+                if (copy_drafts(s, dr)) s->draft_base = s->n_tokens;
+            }
+        } else {
+            if (dr->code != SPECD__CODE__CODE_CACHE_MISS)
+                SD_WARN("drafter %s: %s for request %llu", w->name, sd_net_code_name(dr->code),
+                        (unsigned long long)s->id);
+            s->d_cached = 0;
+            /* no drafts for this length: verify with K = 0 rather than loop */
+            s->draft_base = s->n_tokens;
+            s->n_draft = 0;
+        }
+    }
+    sd_cost_observe_draft(&c->cost, n_drafted, r->draft_us);
+}

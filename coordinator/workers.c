@@ -1,0 +1,250 @@
+/* workers.c — the registry of drafters and the verifier leader.
+ *
+ * A worker is known by its ZeroMQ routing id once its Hello was accepted:
+ * protocol version equal to ours (else CODE_PROTOCOL), role drafter or
+ * verifier leader (rank 0), a vocabulary identical to the target's (size and
+ * sd_tok_vocab_hash; else CODE_VOCAB_MISMATCH naming both), and for a
+ * verifier no other live leader (else CODE_REFUSED). A worker silent for
+ * liveness intervals, or one that leaves a step unanswered past its timeout,
+ * is dead: the scheduler drops its step and its beliefs. Its later messages
+ * come from an unknown peer and are dropped with a log line (they are
+ * responses, not requests: answering them with an Error would only make a
+ * slow worker exit); it re-registers once it misses our heartbeats.
+ * Dead entries stay in the table (alive = false) for ServiceStats. */
+#include "coord.h"
+
+#include <stdio.h>
+#include <string.h>
+
+void sd_worker_send(sd_coord *c, int32_t wi, const Specd__CoordinatorToWorker *env, uint64_t now_us) {
+    sd_worker *w = &c->workers[wi];
+    c->io.to_worker(c->io.user, w->ident, w->ident_len, env);
+    w->last_send_us = now_us;
+}
+
+static void send_error(sd_coord *c, const uint8_t *ident, size_t ident_len, Specd__Code code, const char *msg) {
+    Specd__Error e;
+    sd_net_error_init(&e, code, 0, 0, msg);
+    Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
+    env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_ERROR;
+    env.error = &e;
+    c->io.to_worker(c->io.user, ident, ident_len, &env);
+}
+
+static int32_t find_alive(const sd_coord *c, const uint8_t *ident, size_t ident_len) {
+    for (int32_t i = 0; i < SD_COORD_MAX_WORKERS; i++) {
+        const sd_worker *w = &c->workers[i];
+        if (w->used && w->alive && w->ident_len == ident_len && memcmp(w->ident, ident, ident_len) == 0) return i;
+    }
+    return -1;
+}
+
+static void mark_dead(sd_coord *c, int32_t wi, const char *why) {
+    sd_worker *w = &c->workers[wi];
+    SD_WARN("%s %s (worker %llu) is dead: %s", w->role == SPECD__ROLE__ROLE_VERIFIER ? "verifier" : "drafter", w->name,
+            (unsigned long long)w->worker_id, why);
+    sd_sched_on_worker_lost(c, wi);
+    w->alive = false;
+}
+
+/* A slot for a new registration: the same peer's dead entry, a free one, or
+ * the oldest dead one. */
+static int32_t new_slot(sd_coord *c, const uint8_t *ident, size_t ident_len) {
+    int32_t free_slot = -1, dead = -1;
+    for (int32_t i = 0; i < SD_COORD_MAX_WORKERS; i++) {
+        sd_worker *w = &c->workers[i];
+        if (!w->used) {
+            if (free_slot < 0) free_slot = i;
+        } else if (!w->alive) {
+            if (w->ident_len == ident_len && memcmp(w->ident, ident, ident_len) == 0) return i;
+            if (dead < 0 || w->worker_id < c->workers[dead].worker_id) dead = i;
+        }
+    }
+    return free_slot >= 0 ? free_slot : dead;
+}
+
+static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const Specd__Hello *h, uint64_t now_us) {
+    char msg[512];
+    const char *name = h->name && h->name[0] ? h->name : "?";
+    if (h->protocol_version != SD_PROTOCOL_VERSION) {
+        snprintf(msg, sizeof msg, "hello.protocol_version: %u, the coordinator speaks %u", h->protocol_version,
+                 SD_PROTOCOL_VERSION);
+        SD_WARN("refused %s: %s", name, msg);
+        send_error(c, ident, ident_len, SPECD__CODE__CODE_PROTOCOL, msg);
+        return;
+    }
+    bool verifier = h->role == SPECD__ROLE__ROLE_VERIFIER;
+    if (!verifier && h->role != SPECD__ROLE__ROLE_DRAFTER) {
+        snprintf(msg, sizeof msg, "hello.role: %d is not a drafter or verifier leader on the worker socket", h->role);
+        SD_WARN("refused %s: %s", name, msg);
+        send_error(c, ident, ident_len, SPECD__CODE__CODE_REFUSED, msg);
+        return;
+    }
+    if (!h->model) {
+        send_error(c, ident, ident_len, SPECD__CODE__CODE_BAD_REQUEST, "hello.model: missing");
+        return;
+    }
+    if (h->model->vocab_hash != c->vocab_hash || (int64_t)h->model->vocab_size != c->n_vocab) {
+        snprintf(msg, sizeof msg,
+                 "vocabulary mismatch: %s model '%s' has %u tokens, vocab hash 0x%016llx; the target has %d tokens, "
+                 "vocab hash 0x%016llx",
+                 verifier ? "verifier" : "drafter", h->model->name ? h->model->name : "?", h->model->vocab_size,
+                 (unsigned long long)h->model->vocab_hash, c->n_vocab, (unsigned long long)c->vocab_hash);
+        SD_WARN("refused %s: %s", name, msg);
+        send_error(c, ident, ident_len, SPECD__CODE__CODE_VOCAB_MISMATCH, msg);
+        return;
+    }
+    int32_t again = find_alive(c, ident, ident_len);
+    if (again >= 0) mark_dead(c, again, "registered again");
+    if (verifier) {
+        if (h->rank != 0) {
+            snprintf(msg, sizeof msg, "hello.rank: %u; only the verifier leader (rank 0) registers", h->rank);
+            send_error(c, ident, ident_len, SPECD__CODE__CODE_REFUSED, msg);
+            return;
+        }
+        if (c->verifier >= 0 && c->workers[c->verifier].alive) {
+            snprintf(msg, sizeof msg, "a verifier leader (%s) is already registered", c->workers[c->verifier].name);
+            SD_WARN("refused %s: %s", name, msg);
+            send_error(c, ident, ident_len, SPECD__CODE__CODE_REFUSED, msg);
+            return;
+        }
+    }
+    int32_t wi = new_slot(c, ident, ident_len);
+    if (wi < 0) {
+        send_error(c, ident, ident_len, SPECD__CODE__CODE_REFUSED, "too many workers registered");
+        return;
+    }
+    sd_worker *w = &c->workers[wi];
+    uint64_t *rids = w->step_rids;
+    int32_t *ks = w->step_k, *ends = w->step_end, cap = w->cap_step;
+    memset(w, 0, sizeof *w);
+    w->step_rids = rids;
+    w->step_k = ks;
+    w->step_end = ends;
+    w->cap_step = cap;
+    w->used = w->alive = true;
+    w->worker_id = ++c->next_worker_id;
+    memcpy(w->ident, ident, ident_len);
+    w->ident_len = ident_len;
+    w->role = h->role;
+    w->rank = h->rank;
+    snprintf(w->name, sizeof w->name, "%s", name);
+    w->drafter_kind = h->drafter_kind;
+    w->max_batch = h->max_batch == 0 || h->max_batch > SD_MAX_BATCH ? SD_MAX_BATCH : (int32_t)h->max_batch;
+    w->max_draft = h->max_draft == 0 || h->max_draft > SD_MAX_DRAFT ? SD_MAX_DRAFT : (int32_t)h->max_draft;
+    if (h->stats) {
+        w->kv_blocks_total = h->stats->kv_blocks_total;
+        w->kv_blocks_free = h->stats->kv_blocks_free;
+        w->n_sequences = h->stats->n_sequences;
+    }
+    w->last_recv_us = now_us;
+    if (verifier) {
+        c->verifier = wi;
+        if (h->model->context_length && (int64_t)h->model->context_length < c->n_ctx)
+            SD_WARN("verifier %s: context %u < the target's %d", name, h->model->context_length, c->n_ctx);
+    } else if (c->drafter < 0) {
+        c->drafter = wi;
+        for (int32_t i = 0; i < c->n_sessions; i++) {
+            c->sessions[i]->d_cached = 0;
+            c->sessions[i]->d_holds = false;
+        }
+    }
+    SD_INFO("%s %s registered as worker %llu (max_batch %d, max_draft %d)%s", verifier ? "verifier" : "drafter", name,
+            (unsigned long long)w->worker_id, w->max_batch, w->max_draft,
+            !verifier && c->drafter != wi ? " (standby)" : "");
+    Specd__Welcome wel = SPECD__WELCOME__INIT;
+    wel.protocol_version = SD_PROTOCOL_VERSION;
+    wel.worker_id = w->worker_id;
+    wel.heartbeat_interval_ms = (uint32_t)c->p.heartbeat_interval_ms;
+    wel.heartbeat_liveness = (uint32_t)c->p.heartbeat_liveness;
+    Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
+    env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_WELCOME;
+    env.welcome = &wel;
+    sd_worker_send(c, wi, &env, now_us);
+}
+
+void sd_workers_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, const uint8_t *body, size_t len,
+                           uint64_t now_us) {
+    int32_t wi = find_alive(c, ident, ident_len);
+    Specd__Code code = SPECD__CODE__CODE_UNSPECIFIED;
+    char err[512];
+    Specd__WorkerToCoordinator *env = sd_net_decode_worker(body, len, &c->lim, &code, err, sizeof err);
+    if (!env) {
+        SD_WARN("worker %s: bad message (%s): %s", wi >= 0 ? c->workers[wi].name : "(unregistered)",
+                sd_net_code_name(code), err);
+        send_error(c, ident, ident_len, code, err);
+        if (wi >= 0 && c->workers[wi].busy) {
+            sd_sched_fail_step(c, wi, err);
+            sd_sched_pump(c, now_us);
+        }
+        return;
+    }
+    if (wi >= 0) c->workers[wi].last_recv_us = now_us;
+    switch (env->body_case) {
+    case SPECD__WORKER_TO_COORDINATOR__BODY_HELLO:
+        on_hello(c, ident, ident_len, env->hello, now_us);
+        break;
+    case SPECD__WORKER_TO_COORDINATOR__BODY_HEARTBEAT:
+        if (wi < 0) {
+            SD_DEBUG("heartbeat from an unregistered worker; ignored");
+        } else if (env->heartbeat->stats) {
+            sd_worker *w = &c->workers[wi];
+            w->kv_blocks_total = env->heartbeat->stats->kv_blocks_total;
+            w->kv_blocks_free = env->heartbeat->stats->kv_blocks_free;
+            w->n_sequences = env->heartbeat->stats->n_sequences;
+        }
+        break;
+    case SPECD__WORKER_TO_COORDINATOR__BODY_DRAFT:
+        if (wi < 0 || wi != c->drafter) SD_INFO("draft response from a worker that is not the drafter in use; dropped");
+        else sd_sched_on_draft(c, wi, env->draft, now_us);
+        break;
+    case SPECD__WORKER_TO_COORDINATOR__BODY_VERIFY:
+        if (wi < 0 || wi != c->verifier) SD_INFO("verify response from a worker that is not the verifier; dropped");
+        else sd_sched_on_verify(c, wi, env->verify, now_us);
+        break;
+    case SPECD__WORKER_TO_COORDINATOR__BODY_ERROR:
+        SD_WARN("worker %s reports %s: %s", wi >= 0 ? c->workers[wi].name : "(unregistered)",
+                sd_net_code_name(env->error->code), env->error->message ? env->error->message : "");
+        if (wi >= 0 && c->workers[wi].busy) sd_sched_fail_step(c, wi, "the worker answered the step with an Error");
+        break;
+    default:
+        SD_WARN("worker message with body case %d; ignored", (int)env->body_case);
+        break;
+    }
+    specd__worker_to_coordinator__free_unpacked(env, NULL);
+    sd_sched_pump(c, now_us);
+}
+
+void sd_workers_tick(sd_coord *c, uint64_t now_us) {
+    uint64_t interval = (uint64_t)c->p.heartbeat_interval_ms * 1000u;
+    uint64_t dead_after = interval * (uint64_t)c->p.heartbeat_liveness;
+    bool changed = false;
+    for (int32_t i = 0; i < SD_COORD_MAX_WORKERS; i++) {
+        sd_worker *w = &c->workers[i];
+        if (!w->used || !w->alive) continue;
+        bool is_drafter = w->role == SPECD__ROLE__ROLE_DRAFTER;
+        uint64_t timeout = (uint64_t)(is_drafter ? c->p.draft_timeout_ms : c->p.verify_timeout_ms) * 1000u;
+        if (now_us > w->last_recv_us + dead_after) {
+            mark_dead(c, i, "no heartbeat");
+            changed = true;
+            continue;
+        }
+        if (w->busy && now_us > w->step_sent_us + timeout) {
+            char why[96];
+            snprintf(why, sizeof why, "step %llu unanswered after %llu ms", (unsigned long long)w->step_id,
+                     (unsigned long long)(timeout / 1000u));
+            mark_dead(c, i, why);
+            changed = true;
+            continue;
+        }
+        if (now_us >= w->last_send_us + interval) {
+            Specd__Heartbeat hb = SPECD__HEARTBEAT__INIT;
+            hb.sent_us = sd_net_now_us();
+            Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
+            env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_HEARTBEAT;
+            env.heartbeat = &hb;
+            sd_worker_send(c, i, &env, now_us);
+        }
+    }
+    if (changed) sd_sched_pump(c, now_us);
+}

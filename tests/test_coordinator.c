@@ -1,0 +1,873 @@
+/* test_coordinator.c — the coordinator's logic without sockets.
+ *
+ * A small random model (specd-mkmodel, synthetic byte-level BPE) gives the
+ * tokenizer and identity. Messages go into the coordinator as packed bytes
+ * through the same entry points the event loop uses (sd_workers_on_message,
+ * sd_clients_on_message, the ticks) and come out through a capturing
+ * sd_coord_io, so registration, scheduling decisions, commits, failure
+ * recovery and cancellation are checked message by message with fake
+ * worker results and a fake clock. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "coord.h"
+#include "specd/gguf.h"
+
+#define VOCAB 300
+#define CTX 256
+#define MAXMSG 256
+
+static struct {
+    char dir[64], target[128], other[128];
+    bool ok;
+} env;
+
+/* ---------------------------------------------------------------- capture */
+
+typedef struct captured {
+    bool to_worker;
+    uint8_t ident[SD_MAX_IDENTITY_BYTES];
+    size_t ident_len;
+    uint8_t *bytes;
+    size_t len;
+    bool taken;
+} captured;
+
+typedef struct harness {
+    sd_coord c;
+    captured msgs[MAXMSG];
+    int n, next;
+    uint64_t now;
+} harness;
+
+static void cap(harness *h, bool w, const uint8_t *ident, size_t ident_len, const ProtobufCMessage *m) {
+    assert_true(h->n < MAXMSG);
+    captured *c = &h->msgs[h->n++];
+    c->to_worker = w;
+    memcpy(c->ident, ident, ident_len);
+    c->ident_len = ident_len;
+    c->len = protobuf_c_message_get_packed_size(m);
+    c->bytes = malloc(c->len + 1);
+    protobuf_c_message_pack(m, c->bytes);
+}
+static void cap_worker(void *u, const uint8_t *id, size_t n, const Specd__CoordinatorToWorker *e) {
+    cap(u, true, id, n, &e->base);
+}
+static void cap_client(void *u, const uint8_t *id, size_t n, const Specd__CoordinatorToClient *e) {
+    cap(u, false, id, n, &e->base);
+}
+static uint64_t fake_clock(void) { return 1; }
+
+static harness *harness_new(sd_coord_params *pp) {
+    harness *h = calloc(1, sizeof *h);
+    sd_coord_params p = pp ? *pp : sd_coord_default_params();
+    p.model_path = env.target;
+    sd_coord_io io = {.user = h, .to_worker = cap_worker, .to_client = cap_client};
+    assert_int_equal(sd_coord_state_init(&h->c, &p, &io), SD_OK);
+    h->c.clock_us = fake_clock;
+    h->now = 1000000;
+    return h;
+}
+
+static void harness_free(harness *h) {
+    for (int i = 0; i < h->n; i++) free(h->msgs[i].bytes);
+    sd_coord_state_free(&h->c);
+    free(h);
+}
+
+/* Next captured message to ident (skipping heartbeats), or NULL. */
+static captured *next_to(harness *h, const char *ident) {
+    for (int i = h->next; i < h->n; i++) {
+        captured *c = &h->msgs[i];
+        if (c->taken) continue;
+        if (c->ident_len != strlen(ident) || memcmp(c->ident, ident, c->ident_len) != 0) continue;
+        if (c->to_worker) {
+            Specd__CoordinatorToWorker *e = specd__coordinator_to_worker__unpack(NULL, c->len, c->bytes);
+            bool hb = e && e->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_HEARTBEAT;
+            specd__coordinator_to_worker__free_unpacked(e, NULL);
+            if (hb) {
+                c->taken = true;
+                continue;
+            }
+        } else {
+            Specd__CoordinatorToClient *e = specd__coordinator_to_client__unpack(NULL, c->len, c->bytes);
+            bool hb = e && e->body_case == SPECD__COORDINATOR_TO_CLIENT__BODY_HEARTBEAT;
+            specd__coordinator_to_client__free_unpacked(e, NULL);
+            if (hb) {
+                c->taken = true;
+                continue;
+            }
+        }
+        c->taken = true;
+        return c;
+    }
+    return NULL;
+}
+
+static Specd__CoordinatorToWorker *pop_worker(harness *h, const char *ident) {
+    captured *c = next_to(h, ident);
+    if (!c) return NULL;
+    return specd__coordinator_to_worker__unpack(NULL, c->len, c->bytes);
+}
+static Specd__CoordinatorToClient *pop_client(harness *h, const char *ident) {
+    captured *c = next_to(h, ident);
+    if (!c) return NULL;
+    return specd__coordinator_to_client__unpack(NULL, c->len, c->bytes);
+}
+/* Skips everything captured so far. */
+static void drain(harness *h) { h->next = h->n; }
+
+/* ---------------------------------------------------------------- feeding */
+
+static void feed_worker(harness *h, const char *ident, Specd__WorkerToCoordinator *e) {
+    size_t n = specd__worker_to_coordinator__get_packed_size(e);
+    uint8_t *b = malloc(n + 1);
+    specd__worker_to_coordinator__pack(e, b);
+    sd_workers_on_message(&h->c, (const uint8_t *)ident, strlen(ident), b, n, h->now);
+    free(b);
+}
+static void feed_client(harness *h, const char *ident, Specd__ClientToCoordinator *e) {
+    size_t n = specd__client_to_coordinator__get_packed_size(e);
+    uint8_t *b = malloc(n + 1);
+    specd__client_to_coordinator__pack(e, b);
+    sd_clients_on_message(&h->c, (const uint8_t *)ident, strlen(ident), b, n, h->now);
+    free(b);
+}
+
+static void hello(harness *h, const char *ident, Specd__Role role, uint64_t hash, uint32_t vocab) {
+    Specd__ModelIdentity id = SPECD__MODEL_IDENTITY__INIT;
+    id.architecture = "llama";
+    id.vocab_size = vocab;
+    id.vocab_hash = hash;
+    id.context_length = CTX;
+    id.name = "test.gguf";
+    Specd__Hello he = SPECD__HELLO__INIT;
+    he.protocol_version = SD_PROTOCOL_VERSION;
+    he.role = role;
+    he.group_size = 1;
+    he.model = &id;
+    he.name = (char *)ident;
+    he.max_batch = 64;
+    he.max_draft = 8;
+    he.drafter_kind = role == SPECD__ROLE__ROLE_DRAFTER ? SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM : 0;
+    Specd__WorkerToCoordinator e = SPECD__WORKER_TO_COORDINATOR__INIT;
+    e.body_case = SPECD__WORKER_TO_COORDINATOR__BODY_HELLO;
+    e.hello = &he;
+    feed_worker(h, ident, &e);
+}
+
+static void register_ok(harness *h, const char *ident, Specd__Role role) {
+    hello(h, ident, role, h->c.vocab_hash, (uint32_t)h->c.n_vocab);
+    Specd__CoordinatorToWorker *w = pop_worker(h, ident);
+    assert_non_null(w);
+    assert_int_equal(w->body_case, SPECD__COORDINATOR_TO_WORKER__BODY_WELCOME);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+}
+
+static void submit(harness *h, const char *client, const int32_t *ids, size_t n, uint32_t max_tokens,
+                   const char *stop) {
+    Specd__SubmitRequest s = SPECD__SUBMIT_REQUEST__INIT;
+    s.client_tag = 77;
+    s.prompt_ids = (int32_t *)ids;
+    s.n_prompt_ids = n;
+    s.max_tokens = max_tokens;
+    char *stops[1] = {(char *)stop};
+    if (stop) {
+        s.stop = stops;
+        s.n_stop = 1;
+    }
+    Specd__ClientToCoordinator e = SPECD__CLIENT_TO_COORDINATOR__INIT;
+    e.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT;
+    e.submit = &s;
+    feed_client(h, client, &e);
+}
+
+static uint64_t expect_accepted(harness *h, const char *client) {
+    Specd__CoordinatorToClient *m = pop_client(h, client);
+    assert_non_null(m);
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_ACCEPTED);
+    uint64_t id = m->accepted->request_id;
+    assert_int_equal(m->accepted->client_tag, 77);
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    return id;
+}
+
+/* Answers a verify step with one result per sequence (same order). */
+typedef struct vres {
+    Specd__Code code;
+    uint32_t n_accepted;
+    int32_t commit[16];
+    size_t n_commit;
+    uint32_t cached_len;
+} vres;
+
+/* Sends a verify response answering req with the given per-sequence results. */
+static void reply_verify(harness *h, const char *ident, const Specd__VerifyRequest *req, const vres *r) {
+    Specd__VerifyResult res[16], *pres[16];
+    for (size_t i = 0; i < req->n_seqs; i++) {
+        specd__verify_result__init(&res[i]);
+        res[i].request_id = req->seqs[i]->request_id;
+        res[i].code = r[i].code ? r[i].code : SPECD__CODE__CODE_OK;
+        res[i].n_accepted = r[i].n_accepted;
+        res[i].commit = (int32_t *)r[i].commit;
+        res[i].n_commit = r[i].n_commit;
+        res[i].cached_len = r[i].cached_len;
+        pres[i] = &res[i];
+    }
+    Specd__VerifyResponse vr = SPECD__VERIFY_RESPONSE__INIT;
+    vr.step_id = req->step_id;
+    vr.results = pres;
+    vr.n_results = req->n_seqs;
+    vr.forward_us = 1000;
+    Specd__WorkerToCoordinator e = SPECD__WORKER_TO_COORDINATOR__INIT;
+    e.body_case = SPECD__WORKER_TO_COORDINATOR__BODY_VERIFY;
+    e.verify = &vr;
+    feed_worker(h, ident, &e);
+}
+
+static Specd__CoordinatorToWorker *expect_verify(harness *h, const char *ident) {
+    Specd__CoordinatorToWorker *w = pop_worker(h, ident);
+    assert_non_null(w);
+    assert_int_equal(w->body_case, SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY);
+    return w;
+}
+
+static void heartbeat(harness *h, const char *ident) {
+    Specd__WorkerStats st = SPECD__WORKER_STATS__INIT;
+    st.kv_blocks_total = 100;
+    st.kv_blocks_free = 90;
+    Specd__Heartbeat hb = SPECD__HEARTBEAT__INIT;
+    hb.stats = &st;
+    Specd__WorkerToCoordinator e = SPECD__WORKER_TO_COORDINATOR__INIT;
+    e.body_case = SPECD__WORKER_TO_COORDINATOR__BODY_HEARTBEAT;
+    e.heartbeat = &hb;
+    feed_worker(h, ident, &e);
+}
+
+/* ---------------------------------------------------------------- setup */
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(env.dir, sizeof env.dir, "/tmp/specd-coord-XXXXXX");
+    if (!mkdtemp(env.dir)) return 0;
+    snprintf(env.target, sizeof env.target, "%s/target.gguf", env.dir);
+    snprintf(env.other, sizeof env.other, "%s/other.gguf", env.dir);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "'%s' -o '%s' --layers 1 --dim 32 --ff 64 --vocab %d --ctx %d --seed 3 >/dev/null 2>&1",
+             SPECD_MKMODEL, env.target, VOCAB, CTX);
+    env.ok = system(cmd) == 0;
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", env.dir);
+    if (system(cmd) != 0) return -1;
+    return 0;
+}
+
+#define NEED_MODEL()                                       \
+    do {                                                   \
+        if (!env.ok) skip();                               \
+    } while (0)
+
+/* Single-character token ids of the test tokenizer. */
+static int32_t tok1(const sd_tok *t, const char *ch) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    assert_int_equal(sd_tok_encode(t, ch, strlen(ch), false, &ids, &n), SD_OK);
+    assert_int_equal(n, 1);
+    int32_t id = ids[0];
+    free(ids);
+    return id;
+}
+
+/* ---------------------------------------------------------------- session */
+
+static void test_stop_string_across_tokens(void **state) {
+    (void)state;
+    NEED_MODEL();
+    harness *h = harness_new(NULL);
+    const sd_tok *t = h->c.tok;
+    int32_t a = tok1(t, "a"), x = tok1(t, "x"), y = tok1(t, "y"), z = tok1(t, "z"), b = tok1(t, "b");
+    int32_t prompt[1] = {a};
+    const char *stop[1] = {"xyz"};
+    sd_session *s = sd_session_new(t, 1, prompt, 1, 100, CTX, stop, 1);
+    assert_non_null(s);
+    sd_commit_out o;
+    /* "a x" then "y": the x and y are held back (they may start "xyz"). */
+    int32_t step1[2] = {a, x};
+    assert_int_equal(sd_session_commit(s, t, step1, 2, &o), SD_OK);
+    assert_false(o.finished);
+    assert_int_equal(o.n_taken, 2);
+    assert_int_equal(o.text_len, 1);
+    assert_memory_equal(o.text, "a", 1);
+    free(o.text);
+    int32_t step2[1] = {y};
+    assert_int_equal(sd_session_commit(s, t, step2, 1, &o), SD_OK);
+    assert_int_equal(o.text_len, 0);
+    free(o.text);
+    /* "z b": the stop completes; b in the same step is discarded. */
+    int32_t step3[2] = {z, b};
+    assert_int_equal(sd_session_commit(s, t, step3, 2, &o), SD_OK);
+    assert_true(o.finished);
+    assert_int_equal(o.reason, SPECD__STOP_REASON__STOP_REASON_STOP_STRING);
+    assert_int_equal(o.n_taken, 1);
+    assert_int_equal(o.text_len, 0);
+    assert_int_equal(s->n_tokens, 5); /* a + a x y z */
+    free(o.text);
+    free(o.tail);
+    sd_session_free(&s);
+
+    /* A held prefix that does not complete is released: "x" "a" -> "xa". */
+    s = sd_session_new(t, 2, prompt, 1, 100, CTX, stop, 1);
+    int32_t step4[1] = {x};
+    assert_int_equal(sd_session_commit(s, t, step4, 1, &o), SD_OK);
+    assert_int_equal(o.text_len, 0);
+    free(o.text);
+    int32_t step5[1] = {a};
+    assert_int_equal(sd_session_commit(s, t, step5, 1, &o), SD_OK);
+    assert_int_equal(o.text_len, 2);
+    assert_memory_equal(o.text, "xa", 2);
+    free(o.text);
+    /* Held text at a length stop goes into the tail: max 4 tokens. */
+    s->max_tokens = 4;
+    int32_t step6[2] = {b, x};
+    assert_int_equal(sd_session_commit(s, t, step6, 2, &o), SD_OK);
+    assert_true(o.finished);
+    assert_int_equal(o.reason, SPECD__STOP_REASON__STOP_REASON_LENGTH);
+    assert_int_equal(o.text_len, 1);
+    assert_memory_equal(o.text, "b", 1);
+    assert_int_equal(o.tail_len, 1);
+    assert_memory_equal(o.tail, "x", 1);
+    free(o.text);
+    free(o.tail);
+    sd_session_free(&s);
+    harness_free(h);
+}
+
+static void test_stop_string_inside_one_token_and_eos(void **state) {
+    (void)state;
+    NEED_MODEL();
+    harness *h = harness_new(NULL);
+    const sd_tok *t = h->c.tok;
+    int32_t a = tok1(t, "a"), b = tok1(t, "b");
+    int32_t eos = sd_tok_eos(t);
+    assert_true(eos >= 0);
+    const char *stop[2] = {"zzz", "ab"};
+    int32_t prompt[1] = {a};
+    sd_session *s = sd_session_new(t, 1, prompt, 1, 100, CTX, stop, 2);
+    sd_commit_out o;
+    int32_t step[4] = {b, a, b, a};
+    assert_int_equal(sd_session_commit(s, t, step, 4, &o), SD_OK);
+    assert_true(o.finished);
+    assert_int_equal(o.reason, SPECD__STOP_REASON__STOP_REASON_STOP_STRING);
+    assert_int_equal(o.n_taken, 3);
+    assert_int_equal(o.text_len, 1);
+    assert_memory_equal(o.text, "b", 1);
+    free(o.text);
+    free(o.tail);
+    sd_session_free(&s);
+
+    s = sd_session_new(t, 2, prompt, 1, 100, CTX, NULL, 0);
+    int32_t step2[3] = {b, eos, a};
+    assert_int_equal(sd_session_commit(s, t, step2, 3, &o), SD_OK);
+    assert_true(o.finished);
+    assert_int_equal(o.reason, SPECD__STOP_REASON__STOP_REASON_EOS);
+    assert_int_equal(o.n_taken, 2);
+    free(o.text);
+    free(o.tail);
+    sd_session_free(&s);
+
+    s = sd_session_new(t, 3, prompt, 1, 100, 3, NULL, 0);
+    s->ignore_eos = true;
+    assert_int_equal(sd_session_commit(s, t, step2, 3, &o), SD_OK);
+    assert_true(o.finished);
+    assert_int_equal(o.reason, SPECD__STOP_REASON__STOP_REASON_CONTEXT);
+    assert_int_equal(o.n_taken, 2);
+    free(o.text);
+    free(o.tail);
+    sd_session_free(&s);
+    harness_free(h);
+}
+
+/* ---------------------------------------------------------------- adaptive K */
+
+static void test_adaptive_k(void **state) {
+    (void)state;
+    sd_cost_model c;
+    sd_cost_init(&c);
+    c.verify_fixed_us = 20000;
+    c.verify_token_us = 500;
+    c.draft_token_us = 50;
+    int32_t k_hi = sd_adapt_choose_k(0.9, &c, 1, 8);
+    int32_t k_lo = sd_adapt_choose_k(0.05, &c, 1, 8);
+    assert_int_equal(k_hi, 8);
+    assert_true(k_lo < k_hi);
+    /* as the batch grows the shared fixed cost shrinks: K shrinks */
+    int32_t k1 = sd_adapt_choose_k(0.6, &c, 1, 8);
+    int32_t k64 = sd_adapt_choose_k(0.6, &c, 64, 8);
+    assert_true(k64 < k1);
+    /* monotone in alpha */
+    int32_t prev = 0;
+    for (double a = 0.0; a <= 1.0; a += 0.1) {
+        int32_t k = sd_adapt_choose_k(a, &c, 16, 8);
+        assert_true(k >= prev);
+        prev = k;
+    }
+    /* bounded by the cap, and 0 with no cap */
+    assert_true(sd_adapt_choose_k(0.99, &c, 1, 3) <= 3);
+    assert_int_equal(sd_adapt_choose_k(0.99, &c, 1, 0), 0);
+    /* the EMA moves toward observed acceptance */
+    sd_adapt ad = {.alpha = 0.5};
+    for (int i = 0; i < 20; i++) sd_adapt_observe(&ad, 4, 0);
+    assert_true(ad.alpha < 0.05);
+    for (int i = 0; i < 20; i++) sd_adapt_observe(&ad, 4, 4);
+    assert_true(ad.alpha > 0.8);
+    /* the fit recovers fixed and per-token costs */
+    sd_cost_init(&c);
+    for (int i = 0; i < 200; i++) {
+        int32_t n = 1 + (i * 7) % 60;
+        sd_cost_observe_verify(&c, n, (uint32_t)(3000 + 200 * n));
+    }
+    assert_true(c.verify_fixed_us > 2500 && c.verify_fixed_us < 3500);
+    assert_true(c.verify_token_us > 180 && c.verify_token_us < 220);
+}
+
+/* ---------------------------------------------------------------- registration */
+
+static void test_registration(void **state) {
+    (void)state;
+    NEED_MODEL();
+    harness *h = harness_new(NULL);
+    hello(h, "bad", SPECD__ROLE__ROLE_DRAFTER, h->c.vocab_hash ^ 1, (uint32_t)h->c.n_vocab);
+    Specd__CoordinatorToWorker *w = pop_worker(h, "bad");
+    assert_non_null(w);
+    assert_int_equal(w->body_case, SPECD__COORDINATOR_TO_WORKER__BODY_ERROR);
+    assert_int_equal(w->error->code, SPECD__CODE__CODE_VOCAB_MISMATCH);
+    char want[40];
+    snprintf(want, sizeof want, "0x%016llx", (unsigned long long)h->c.vocab_hash);
+    assert_non_null(strstr(w->error->message, want));
+    snprintf(want, sizeof want, "0x%016llx", (unsigned long long)(h->c.vocab_hash ^ 1));
+    assert_non_null(strstr(w->error->message, want));
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    register_ok(h, "v1", SPECD__ROLE__ROLE_VERIFIER);
+    hello(h, "v2", SPECD__ROLE__ROLE_VERIFIER, h->c.vocab_hash, (uint32_t)h->c.n_vocab);
+    w = pop_worker(h, "v2");
+    assert_int_equal(w->error->code, SPECD__CODE__CODE_REFUSED);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    /* a request from nobody registered is dropped, the service carries on */
+    Specd__VerifyResponse vr = SPECD__VERIFY_RESPONSE__INIT;
+    Specd__WorkerToCoordinator e = SPECD__WORKER_TO_COORDINATOR__INIT;
+    e.body_case = SPECD__WORKER_TO_COORDINATOR__BODY_VERIFY;
+    e.verify = &vr;
+    feed_worker(h, "stranger", &e);
+    assert_int_equal(h->c.verifier >= 0, 1);
+    harness_free(h);
+}
+
+/* ---------------------------------------------------------------- scheduling */
+
+static void test_plain_steps_commit_and_cache_miss(void **state) {
+    (void)state;
+    NEED_MODEL();
+    harness *h = harness_new(NULL);
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    int32_t prompt[3] = {5, 6, 7};
+    submit(h, "c", prompt, 3, 3, NULL);
+    uint64_t rid = expect_accepted(h, "c");
+    Specd__CoordinatorToWorker *w = expect_verify(h, "v");
+    Specd__VerifyRequest *vq = w->verify;
+    assert_int_equal(vq->n_seqs, 1);
+    assert_int_equal(vq->seqs[0]->request_id, rid);
+    assert_int_equal(vq->seqs[0]->keep_len, 0);
+    assert_int_equal(vq->seqs[0]->n_append, 3);
+    assert_int_equal(vq->seqs[0]->n_draft, 0);
+    vres r = {.n_commit = 1, .commit = {9}, .cached_len = 3};
+    reply_verify(h, "v", vq, &r);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    Specd__CoordinatorToClient *m = pop_client(h, "c");
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS);
+    assert_int_equal(m->tokens->n_tokens, 1);
+    assert_int_equal(m->tokens->tokens[0], 9);
+    assert_int_equal(m->tokens->n_generated, 1);
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    /* next step appends just the last committed token */
+    w = expect_verify(h, "v");
+    assert_int_equal(w->verify->seqs[0]->keep_len, 3);
+    assert_int_equal(w->verify->seqs[0]->n_append, 1);
+    assert_int_equal(w->verify->seqs[0]->append[0], 9);
+    /* CACHE_MISS: the whole prefix is resent with keep_len 0 */
+    vres miss = {.code = SPECD__CODE__CODE_CACHE_MISS};
+    reply_verify(h, "v", w->verify, &miss);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    w = expect_verify(h, "v");
+    assert_int_equal(w->verify->seqs[0]->keep_len, 0);
+    assert_int_equal(w->verify->seqs[0]->n_append, 4);
+    int32_t want[4] = {5, 6, 7, 9};
+    assert_memory_equal(w->verify->seqs[0]->append, want, sizeof want);
+    /* a result that commits two tokens with no drafts is refused (step failed) */
+    vres bad = {.n_commit = 2, .commit = {10, 11}, .cached_len = 4};
+    reply_verify(h, "v", w->verify, &bad);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    w = pop_worker(h, "v");
+    assert_int_equal(w->body_case, SPECD__COORDINATOR_TO_WORKER__BODY_ERROR);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    w = expect_verify(h, "v");
+    assert_int_equal(w->verify->seqs[0]->keep_len, 0);
+    assert_int_equal(w->verify->seqs[0]->n_append, 4);
+    vres ok = {.n_commit = 1, .commit = {10}, .cached_len = 4};
+    reply_verify(h, "v", w->verify, &ok);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    w = expect_verify(h, "v");
+    vres last = {.n_commit = 1, .commit = {11}, .cached_len = 5};
+    reply_verify(h, "v", w->verify, &last);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    /* max_tokens 3 reached: chunk, Finished(LENGTH), Release */
+    m = pop_client(h, "c");
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS);
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    m = pop_client(h, "c");
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS);
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    m = pop_client(h, "c");
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_FINISHED);
+    assert_int_equal(m->finished->reason, SPECD__STOP_REASON__STOP_REASON_LENGTH);
+    assert_int_equal(m->finished->stats->generated_tokens, 3);
+    assert_int_equal(m->finished->stats->target_steps, 3);
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    w = pop_worker(h, "v");
+    assert_int_equal(w->body_case, SPECD__COORDINATOR_TO_WORKER__BODY_RELEASE);
+    assert_int_equal(w->release->request_ids[0], rid);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    assert_int_equal(h->c.n_sessions, 0);
+    assert_int_equal(h->c.committed_tokens, 3);
+    harness_free(h);
+}
+
+static void reply_draft(harness *h, const char *ident, const Specd__DraftRequest *req, const int32_t *toks,
+                        size_t n_tok) {
+    Specd__DraftResult res[8], *pres[8];
+    Specd__SparseDist q[8], *pq[8];
+    float one = 1.0f;
+    for (size_t j = 0; j < n_tok; j++) {
+        specd__sparse_dist__init(&q[j]);
+        q[j].ids = (int32_t *)&toks[j];
+        q[j].n_ids = 1;
+        q[j].probs = &one;
+        q[j].n_probs = 1;
+        pq[j] = &q[j];
+    }
+    for (size_t i = 0; i < req->n_seqs; i++) {
+        specd__draft_result__init(&res[i]);
+        res[i].request_id = req->seqs[i]->request_id;
+        res[i].code = SPECD__CODE__CODE_OK;
+        size_t k = n_tok < req->seqs[i]->k ? n_tok : req->seqs[i]->k;
+        res[i].tokens = (int32_t *)toks;
+        res[i].n_tokens = k;
+        res[i].q = pq;
+        res[i].n_q = k;
+        res[i].cached_len = req->seqs[i]->keep_len + (uint32_t)req->seqs[i]->n_append;
+        pres[i] = &res[i];
+    }
+    Specd__DraftResponse dr = SPECD__DRAFT_RESPONSE__INIT;
+    dr.step_id = req->step_id;
+    dr.results = pres;
+    dr.n_results = req->n_seqs;
+    dr.draft_us = 100;
+    Specd__WorkerToCoordinator e = SPECD__WORKER_TO_COORDINATOR__INIT;
+    e.body_case = SPECD__WORKER_TO_COORDINATOR__BODY_DRAFT;
+    e.draft = &dr;
+    feed_worker(h, ident, &e);
+}
+
+static Specd__CoordinatorToWorker *expect_draft(harness *h, const char *ident) {
+    Specd__CoordinatorToWorker *w = pop_worker(h, ident);
+    assert_non_null(w);
+    assert_int_equal(w->body_case, SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT);
+    return w;
+}
+
+static void test_speculative_steps_and_drafter_death(void **state) {
+    (void)state;
+    NEED_MODEL();
+    sd_coord_params p = sd_coord_default_params();
+    p.adaptive_k = false;
+    p.k_default = 3;
+    harness *h = harness_new(&p);
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    register_ok(h, "d", SPECD__ROLE__ROLE_DRAFTER);
+    int32_t prompt[4] = {5, 6, 7, 8};
+    submit(h, "c", prompt, 4, 50, NULL);
+    uint64_t rid = expect_accepted(h, "c");
+    /* prefill on both at once */
+    Specd__CoordinatorToWorker *vw = expect_verify(h, "v");
+    Specd__CoordinatorToWorker *dw = expect_draft(h, "d");
+    assert_int_equal(vw->verify->seqs[0]->n_append, 4);
+    assert_int_equal(dw->draft->seqs[0]->keep_len, 0);
+    assert_int_equal(dw->draft->seqs[0]->n_append, 4);
+    assert_int_equal(dw->draft->seqs[0]->k, 3);
+    vres r0 = {.n_commit = 1, .commit = {20}, .cached_len = 4};
+    reply_verify(h, "v", vw->verify, &r0);
+    int32_t stale[3] = {1, 2, 3};
+    reply_draft(h, "d", dw->draft, stale, 3);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    /* the warm drafts are stale: a fresh draft continues from [20] */
+    dw = expect_draft(h, "d");
+    assert_int_equal(dw->draft->seqs[0]->keep_len, 4);
+    assert_int_equal(dw->draft->seqs[0]->n_append, 1);
+    assert_int_equal(dw->draft->seqs[0]->append[0], 20);
+    int32_t drafts[3] = {21, 22, 23};
+    reply_draft(h, "d", dw->draft, drafts, 3);
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    vw = expect_verify(h, "v");
+    Specd__VerifySeq *vs = vw->verify->seqs[0];
+    assert_int_equal(vs->keep_len, 4);
+    assert_int_equal(vs->n_append, 1);
+    assert_int_equal(vs->append[0], 20);
+    assert_int_equal(vs->n_draft, 3);
+    assert_memory_equal(vs->draft, drafts, sizeof drafts);
+    assert_int_equal(vs->n_q, 3);
+    /* accepted drafts that differ from what was sent fail the step */
+    vres liar = {.n_accepted = 2, .n_commit = 3, .commit = {21, 99, 5}, .cached_len = 7};
+    reply_verify(h, "v", vw->verify, &liar);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    vw = expect_verify(h, "v");
+    vs = vw->verify->seqs[0];
+    assert_int_equal(vs->keep_len, 0);  /* belief reset: full prefix + same drafts */
+    assert_int_equal(vs->n_append, 5);
+    assert_int_equal(vs->n_draft, 3);
+    vres r1 = {.n_accepted = 2, .n_commit = 3, .commit = {21, 22, 30}, .cached_len = 7};
+    reply_verify(h, "v", vw->verify, &r1);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    Specd__CoordinatorToClient *m = pop_client(h, "c");
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS);
+    m = (specd__coordinator_to_client__free_unpacked(m, NULL), pop_client(h, "c"));
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS);
+    assert_int_equal(m->tokens->n_tokens, 3);
+    assert_int_equal(m->tokens->n_generated, 4);
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    sd_session *s = sd_sched_find(&h->c, rid);
+    assert_int_equal(s->accepted, 2);
+    assert_int_equal(s->drafted, 3);
+    /* next draft is in flight; the drafter goes silent and dies */
+    dw = expect_draft(h, "d");
+    assert_int_equal(dw->draft->seqs[0]->keep_len, 5);
+    assert_int_equal(dw->draft->seqs[0]->n_append, 3);
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    uint64_t dead = (uint64_t)p.heartbeat_interval_ms * 1000u * (uint64_t)(p.heartbeat_liveness + 1);
+    h->now += dead / 2;
+    heartbeat(h, "v");
+    h->now += dead / 2 + 1000;
+    heartbeat(h, "v");
+    sd_workers_tick(&h->c, h->now);
+    assert_true(h->c.drafter < 0);
+    /* K = 0 steps continue on the verifier */
+    vw = expect_verify(h, "v");
+    assert_int_equal(vw->verify->seqs[0]->n_draft, 0);
+    assert_int_equal(vw->verify->seqs[0]->keep_len, 7);
+    vres r2 = {.n_commit = 1, .commit = {31}, .cached_len = 8};
+    reply_verify(h, "v", vw->verify, &r2);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    vw = expect_verify(h, "v");
+    assert_int_equal(vw->verify->seqs[0]->n_draft, 0);
+    /* a new drafter registers: beliefs 0, the whole prefix goes to it */
+    register_ok(h, "d2", SPECD__ROLE__ROLE_DRAFTER);
+    vres r3 = {.n_commit = 1, .commit = {32}, .cached_len = 9};
+    reply_verify(h, "v", vw->verify, &r3);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    dw = expect_draft(h, "d2");
+    assert_int_equal(dw->draft->seqs[0]->keep_len, 0);
+    assert_int_equal(dw->draft->seqs[0]->n_append, 10);
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    /* cancel: Finished(CANCELLED), Release to both holders */
+    drain(h);
+    Specd__Cancel cc = SPECD__CANCEL__INIT;
+    cc.request_id = rid;
+    Specd__ClientToCoordinator ce = SPECD__CLIENT_TO_COORDINATOR__INIT;
+    ce.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_CANCEL;
+    ce.cancel = &cc;
+    feed_client(h, "c", &ce);
+    m = pop_client(h, "c");
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_FINISHED);
+    assert_int_equal(m->finished->reason, SPECD__STOP_REASON__STOP_REASON_CANCELLED);
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    int rel = 0;
+    for (int i = h->next; i < h->n; i++) {
+        if (!h->msgs[i].to_worker) continue;
+        Specd__CoordinatorToWorker *e = specd__coordinator_to_worker__unpack(NULL, h->msgs[i].len, h->msgs[i].bytes);
+        if (e->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_RELEASE && e->release->request_ids[0] == rid) rel++;
+        specd__coordinator_to_worker__free_unpacked(e, NULL);
+    }
+    assert_int_equal(rel, 2);
+    /* unknown request on cancel */
+    feed_client(h, "c", &ce);
+    m = pop_client(h, "c");
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_ERROR);
+    assert_int_equal(m->error->code, SPECD__CODE__CODE_UNKNOWN_REQUEST);
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    harness_free(h);
+}
+
+static void test_verifier_death_waits_and_resends(void **state) {
+    (void)state;
+    NEED_MODEL();
+    harness *h = harness_new(NULL);
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    int32_t prompt[2] = {5, 6};
+    submit(h, "c", prompt, 2, 10, NULL);
+    (void)expect_accepted(h, "c");
+    Specd__CoordinatorToWorker *w = expect_verify(h, "v");
+    vres r = {.n_commit = 1, .commit = {40}, .cached_len = 2};
+    reply_verify(h, "v", w->verify, &r);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    w = expect_verify(h, "v");
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    /* the verifier dies with a step in flight */
+    h->now += 10u * 1000u * 1000u;
+    heartbeat(h, "c-nothing"); /* unregistered: ignored */
+    Specd__Heartbeat hb = SPECD__HEARTBEAT__INIT;
+    Specd__ClientToCoordinator ch = SPECD__CLIENT_TO_COORDINATOR__INIT;
+    ch.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_HEARTBEAT;
+    ch.heartbeat = &hb;
+    feed_client(h, "c", &ch);
+    sd_workers_tick(&h->c, h->now);
+    assert_true(h->c.verifier < 0);
+    assert_int_equal(h->c.n_active, 1);
+    drain(h);
+    sd_sched_pump(&h->c, h->now);
+    assert_null(pop_worker(h, "v"));
+    /* a new verifier: full prefix with keep_len 0 */
+    register_ok(h, "v2", SPECD__ROLE__ROLE_VERIFIER);
+    w = expect_verify(h, "v2");
+    assert_int_equal(w->verify->seqs[0]->keep_len, 0);
+    assert_int_equal(w->verify->seqs[0]->n_append, 3);
+    assert_int_equal(w->verify->seqs[0]->append[2], 40);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    harness_free(h);
+}
+
+static void test_chunked_prefill_and_queue(void **state) {
+    (void)state;
+    NEED_MODEL();
+    sd_coord_params p = sd_coord_default_params();
+    p.prefill_chunk = 8;
+    p.max_active = 1;
+    p.max_queue = 1;
+    harness *h = harness_new(&p);
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    int32_t prompt[20];
+    for (int i = 0; i < 20; i++) prompt[i] = 10 + i;
+    submit(h, "c", prompt, 20, 5, NULL);
+    (void)expect_accepted(h, "c");
+    submit(h, "c", prompt, 3, 5, NULL); /* queued (max_active 1) */
+    (void)expect_accepted(h, "c");
+    submit(h, "c", prompt, 3, 5, NULL); /* queue full */
+    Specd__CoordinatorToClient *m = pop_client(h, "c");
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_ERROR);
+    assert_int_equal(m->error->code, SPECD__CODE__CODE_OVERLOADED);
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    Specd__CoordinatorToWorker *w = expect_verify(h, "v");
+    assert_true(w->verify->prefill_only);
+    assert_int_equal(w->verify->n_seqs, 1);
+    assert_int_equal(w->verify->seqs[0]->n_append, 8);
+    vres r = {.cached_len = 8};
+    reply_verify(h, "v", w->verify, &r);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    w = expect_verify(h, "v");
+    assert_true(w->verify->prefill_only);
+    assert_int_equal(w->verify->seqs[0]->keep_len, 8);
+    assert_int_equal(w->verify->seqs[0]->n_append, 8);
+    r.cached_len = 16;
+    reply_verify(h, "v", w->verify, &r);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    w = expect_verify(h, "v");
+    assert_false(w->verify->prefill_only);
+    assert_int_equal(w->verify->seqs[0]->keep_len, 16);
+    assert_int_equal(w->verify->seqs[0]->n_append, 4);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    harness_free(h);
+}
+
+static void test_bad_submits(void **state) {
+    (void)state;
+    NEED_MODEL();
+    harness *h = harness_new(NULL);
+    struct {
+        const char *prompt;
+        uint32_t max_tokens;
+        float temp;
+        Specd__Code code;
+        const char *field;
+    } cases[] = {
+        {"", 0, 0, SPECD__CODE__CODE_BAD_REQUEST, "prompt"},
+        {"hi", CTX + 1, 0, SPECD__CODE__CODE_BAD_REQUEST, "max_tokens"},
+        {"hi", 0, -1.0f, SPECD__CODE__CODE_BAD_REQUEST, "temperature"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        Specd__Sampling sm = SPECD__SAMPLING__INIT;
+        sm.temperature = cases[i].temp;
+        Specd__SubmitRequest s = SPECD__SUBMIT_REQUEST__INIT;
+        s.prompt = (char *)cases[i].prompt;
+        s.max_tokens = cases[i].max_tokens;
+        s.sampling = &sm;
+        s.client_tag = 5;
+        Specd__ClientToCoordinator e = SPECD__CLIENT_TO_COORDINATOR__INIT;
+        e.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT;
+        e.submit = &s;
+        feed_client(h, "c", &e);
+        Specd__CoordinatorToClient *m = pop_client(h, "c");
+        assert_non_null(m);
+        assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_ERROR);
+        print_message("submit case %zu: %s: %s\n", i, sd_net_code_name(m->error->code), m->error->message);
+        assert_true(m->error->code == cases[i].code || m->error->code == SPECD__CODE__CODE_TOO_LARGE);
+        assert_non_null(strstr(m->error->message, cases[i].field));
+        specd__coordinator_to_client__free_unpacked(m, NULL);
+    }
+    /* a long text prompt: over the context */
+    char *big = malloc(4000);
+    memset(big, 'a', 3999);
+    big[3999] = 0;
+    Specd__SubmitRequest s = SPECD__SUBMIT_REQUEST__INIT;
+    s.prompt = big;
+    Specd__ClientToCoordinator e = SPECD__CLIENT_TO_COORDINATOR__INIT;
+    e.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT;
+    e.submit = &s;
+    feed_client(h, "c", &e);
+    free(big);
+    Specd__CoordinatorToClient *m = pop_client(h, "c");
+    assert_int_equal(m->error->code, SPECD__CODE__CODE_TOO_LARGE);
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    /* garbage bytes */
+    uint8_t junk[5] = {0xff, 0xff, 0xff, 0xff, 0x0f};
+    sd_clients_on_message(&h->c, (const uint8_t *)"c", 1, junk, sizeof junk, h->now);
+    m = pop_client(h, "c");
+    assert_int_equal(m->error->code, SPECD__CODE__CODE_MALFORMED);
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    assert_int_equal(h->c.n_sessions, 0);
+    harness_free(h);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_stop_string_across_tokens),
+        cmocka_unit_test(test_stop_string_inside_one_token_and_eos),
+        cmocka_unit_test(test_adaptive_k),
+        cmocka_unit_test(test_registration),
+        cmocka_unit_test(test_plain_steps_commit_and_cache_miss),
+        cmocka_unit_test(test_speculative_steps_and_drafter_death),
+        cmocka_unit_test(test_verifier_death_waits_and_resends),
+        cmocka_unit_test(test_chunked_prefill_and_queue),
+        cmocka_unit_test(test_bad_submits),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
