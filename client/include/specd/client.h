@@ -1,0 +1,170 @@
+/* client.h — libspecd-client: submit generation jobs to a specd coordinator.
+ *
+ * One sd_client is one DEALER connection to the coordinator, owned by a
+ * background I/O thread (ZeroMQ sockets are not thread-safe). Every API
+ * function may be called from any thread: calls hand their message to the
+ * I/O thread through a mutex-protected queue and wake it with an eventfd
+ * that zmq_poll watches next to the socket.
+ *
+ * Callbacks run on the I/O thread, one at a time, in the order the
+ * coordinator sent the events: they must be quick and must not call
+ * sd_client_submit, sd_client_wait, sd_client_stats or sd_client_close
+ * (those wait for the I/O thread); sd_client_cancel is allowed.
+ *
+ * Liveness: while anything is in flight the I/O thread sends a Heartbeat
+ * every heartbeat_interval_ms when it sent nothing else, and fails every
+ * pending request (SD_ERR_NET, "coordinator ... silent") when the
+ * coordinator has been silent for heartbeat_liveness intervals. Before the
+ * coordinator has answered anything, connect_timeout_ms applies instead
+ * (it may simply not be up yet). */
+#ifndef SPECD_CLIENT_H
+#define SPECD_CLIENT_H
+
+#include "specd/net.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SD_CLIENT_DEFAULT_ADDR "tcp://127.0.0.1:7700"
+#define SD_CLIENT_MAX_WORKERS 64 /* workers reported by sd_client_stats */
+
+typedef struct sd_client sd_client;
+
+typedef struct sd_client_params {
+    const char *coordinator;   /* address to connect to (default SD_CLIENT_DEFAULT_ADDR) */
+    int connect_timeout_ms;    /* first answer from the coordinator (default 10000) */
+    int heartbeat_interval_ms; /* default SD_HEARTBEAT_INTERVAL_MS */
+    int heartbeat_liveness;    /* silent intervals before the coordinator is dead (default SD_HEARTBEAT_LIVENESS) */
+    const char *name;          /* sent in Hello, for the coordinator's logs (default "specd-client") */
+    /* CurveZMQ (Z85 text, 40 chars): the coordinator's public key, and this
+     * client's own pair (both NULL: an ephemeral pair). All NULL: plaintext. */
+    const char *curve_server_public, *curve_public, *curve_secret;
+} sd_client_params;
+
+/* Defaults as documented on each field. */
+sd_client_params sd_client_default_params(void);
+
+/* A generation job. Strings are borrowed for the duration of sd_client_submit. */
+typedef struct sd_client_request {
+    const char *prompt;          /* UTF-8 text (ignored when n_prompt_ids > 0) */
+    const int32_t *prompt_ids;   /* token ids instead of text */
+    size_t n_prompt_ids;
+    bool chat;                   /* format as a ChatML user turn */
+    const char *system;          /* system prompt with chat; NULL = the model's default */
+    uint32_t max_tokens;         /* 0 = coordinator default */
+    sd_sampling sampling;        /* default: greedy */
+    const char *const *stop;     /* stop strings */
+    size_t n_stop;
+    bool ignore_eos;
+    int32_t max_draft;           /* 0 = default, -1 = no speculation */
+} sd_client_request;
+
+/* Greedy, no stop strings, coordinator defaults for the rest. */
+sd_client_request sd_client_default_request(void);
+
+/* Per-request statistics (RequestStats). */
+typedef struct sd_client_request_stats {
+    uint32_t prompt_tokens, generated_tokens;
+    uint32_t drafted, accepted, target_steps;
+    double queued_ms, drafting_ms, verifying_ms, first_token_ms, total_ms;
+} sd_client_request_stats;
+
+/* The final record of a request. */
+typedef struct sd_client_result {
+    uint64_t request_id;
+    sd_status status;          /* SD_OK: finished (see stop_reason); otherwise failed */
+    Specd__Code code;          /* CODE_OK, or the coordinator's error code (CODE_UNSPECIFIED: local failure) */
+    char error[512];           /* readable reason when status != SD_OK */
+    Specd__StopReason stop_reason;
+    uint32_t prompt_tokens;    /* from Accepted */
+    int32_t *ids;              /* generated token ids (owned; sd_client_result_clear) */
+    size_t n_ids;
+    char *text;                /* generated text, NUL-terminated (owned) */
+    size_t text_len;
+    sd_client_request_stats stats;
+} sd_client_result;
+
+/* Frees ids and text; NULL-safe. */
+void sd_client_result_clear(sd_client_result *r);
+
+/* What a callback sees: new tokens and their text, and on the last call of a
+ * request the final record. All pointers are borrowed for the call only. */
+typedef struct sd_client_chunk {
+    uint64_t request_id;
+    const int32_t *ids;
+    size_t n_ids;
+    const char *text;          /* complete UTF-8 characters (on the final call: the decoder's tail) */
+    size_t text_len;
+    const sd_client_result *final; /* non-NULL exactly once, on the last call */
+} sd_client_chunk;
+
+/* Called on the I/O thread (see the top of this file). */
+typedef void (*sd_client_token_cb)(const sd_client_chunk *chunk, void *user);
+
+/* Creates the client and its I/O thread and connects (asynchronously: a
+ * coordinator that is not up yet is not an error here). Caller frees with
+ * sd_client_close. */
+sd_status sd_client_connect(const sd_client_params *p, sd_client **out);
+
+/* Submits req and waits until the coordinator accepted it (*request_id set)
+ * or refused it. cb (may be NULL) then receives the tokens as they commit
+ * and the final record; a refused or failed submit also gets the final call
+ * (with code and message) and returns non-OK: SD_ERR_INVALID_ARG (bad or too
+ * large request), SD_ERR_OUT_OF_BLOCKS (overloaded), SD_ERR_NET (coordinator
+ * unreachable or dead). The request is first validated locally with the
+ * coordinator's rules (sd_net_decode_client without a vocabulary); a bad one
+ * fails at once, its final callback then running on the calling thread.
+ * The record of an accepted request stays until sd_client_wait collects it.
+ * Thread-safe. */
+sd_status sd_client_submit(sd_client *c, const sd_client_request *req, sd_client_token_cb cb, void *user,
+                           uint64_t *request_id);
+
+/* Asks the coordinator to stop request_id (it ends with STOP_REASON_CANCELLED
+ * or CODE_CANCELLED). SD_ERR_NOT_FOUND when the id is not in flight.
+ * Thread-safe; may be called from a callback. */
+sd_status sd_client_cancel(sd_client *c, uint64_t request_id);
+
+/* Waits up to timeout_ms (< 0: forever) for request_id to end, then moves its
+ * final record into *result (caller clears it) and forgets the request.
+ * SD_OK when the record was delivered (check result->status);
+ * SD_ERR_NOT_FOUND for an unknown or already collected id; SD_ERR_NET with
+ * errno ETIMEDOUT on timeout (the request stays). Thread-safe. */
+sd_status sd_client_wait(sd_client *c, uint64_t request_id, int timeout_ms, sd_client_result *result);
+
+/* One worker as the coordinator sees it. */
+typedef struct sd_client_worker_info {
+    Specd__Role role;
+    uint32_t rank;
+    char name[128];
+    Specd__DrafterKind drafter_kind;
+    bool alive;
+    uint32_t kv_blocks_total, kv_blocks_free, n_sequences;
+    uint64_t steps;
+} sd_client_worker_info;
+
+typedef struct sd_client_service_stats {
+    uint32_t active_requests, queued_requests;
+    uint64_t finished_requests, committed_tokens;
+    double step_overhead_p50_us, step_overhead_p99_us;
+    size_t n_workers; /* at most SD_CLIENT_MAX_WORKERS */
+    sd_client_worker_info workers[SD_CLIENT_MAX_WORKERS];
+} sd_client_service_stats;
+
+/* Queries ServiceStats (with per-worker resource use) and waits up to
+ * timeout_ms for the answer. SD_ERR_NET (errno ETIMEDOUT) when none came.
+ * Thread-safe. */
+sd_status sd_client_stats(sd_client *c, int timeout_ms, sd_client_service_stats *out);
+
+/* Stops the I/O thread (pending requests are abandoned, the coordinator
+ * notices by liveness), closes the socket, frees everything, *c = NULL.
+ * NULL-safe. Not to be called while other threads use the client. */
+void sd_client_close(sd_client **c);
+
+/* "EOS", "LENGTH", ... for a stop reason. */
+const char *sd_client_stop_reason_name(Specd__StopReason r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,652 @@
+/* specd-client — command-line front end of libspecd-client.
+ *
+ * Modes (combinable with --wait-ready, which runs first):
+ *   -p PROMPT      one request; text streams to stdout, stats to stderr
+ *                  (--json: one object at the end instead)
+ *   --jobs FILE    many requests (JSON lines), at most --concurrency in
+ *                  flight; one JSON result per line, in input order
+ *   --stats        the coordinator's ServiceStats (--json for machines)
+ * Exit status: 0 success, 1 an error (printed with its code and message),
+ * 2 bad usage. The library does the networking; this file only maps flags
+ * and JSON to requests and results. Per-job results are built as JSON on the
+ * library's I/O thread (inside the final callback) so the main thread only
+ * orders and writes them. */
+#include "specd/client.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct options {
+    const char *coordinator, *prompt, *system, *jobs, *out;
+    const char *stop[SD_MAX_STOP_STRINGS];
+    size_t n_stop;
+    sd_client_request req;
+    bool json, stats, verbose;
+    double timeout_s, wait_ready_s;
+    int concurrency;
+} options;
+
+static volatile sig_atomic_t g_interrupted; /* set by SIGINT/SIGTERM; main polls it */
+
+static void on_signal(int sig) {
+    (void)sig;
+    g_interrupted = 1;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: specd-client [--coordinator ADDR] -p PROMPT [options]\n"
+            "       specd-client [--coordinator ADDR] --jobs FILE.jsonl [--out FILE] [--concurrency N] [options]\n"
+            "       specd-client [--coordinator ADDR] --stats [--json]\n"
+            "       specd-client [--coordinator ADDR] --wait-ready SEC\n"
+            "  --coordinator ADDR  coordinator client address (default %s)\n"
+            "  -p, --prompt TEXT   prompt text\n"
+            "  -n N                new tokens at most (default: coordinator's)\n"
+            "  --temp T            temperature (default 0 = greedy)\n"
+            "  --top-p P, --top-k K, --min-p P, --seed S   sampling\n"
+            "  --chat              format the prompt as a ChatML user turn\n"
+            "  --system S          system prompt (with --chat)\n"
+            "  --stop S            stop string (repeatable, up to %d)\n"
+            "  --max-draft K       largest draft length (-1: no speculation)\n"
+            "  --ignore-eos        generate past end-of-generation tokens\n"
+            "  --json              print one JSON object at the end\n"
+            "  --timeout SEC       give up when the coordinator does not answer (default 10)\n"
+            "  --jobs FILE         JSON lines: {\"prompt\",\"n\",\"temp\",\"top_p\",\"top_k\",\"min_p\",\"seed\",\n"
+            "                      \"chat\",\"system\",\"stop\",\"max_draft\",\"ignore_eos\",\"id\"}\n"
+            "  --out FILE          write job results here instead of stdout\n"
+            "  --concurrency N     jobs in flight at most (default 64)\n"
+            "  --stats             print service statistics\n"
+            "  --wait-ready SEC    wait until a verifier is registered\n"
+            "  -v                  debug logs\n"
+            "  -h, --help          this help\n",
+            SD_CLIENT_DEFAULT_ADDR, SD_MAX_STOP_STRINGS);
+}
+
+/* ---- results as JSON ---- */
+
+static cJSON *result_json(const sd_client_result *r) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "request_id", (double)r->request_id);
+    cJSON_AddNumberToObject(o, "prompt_tokens", r->prompt_tokens);
+    cJSON *ids = cJSON_AddArrayToObject(o, "ids");
+    for (size_t i = 0; i < r->n_ids; i++) cJSON_AddItemToArray(ids, cJSON_CreateNumber(r->ids[i]));
+    cJSON_AddStringToObject(o, "text", r->text ? r->text : "");
+    if (r->status == SD_OK) {
+        cJSON_AddStringToObject(o, "stop_reason", sd_client_stop_reason_name(r->stop_reason));
+    } else {
+        cJSON_AddStringToObject(o, "stop_reason", "ERROR");
+        cJSON *e = cJSON_AddObjectToObject(o, "error");
+        cJSON_AddStringToObject(e, "code", r->code == SPECD__CODE__CODE_UNSPECIFIED ? "CLIENT" : sd_net_code_name(r->code));
+        cJSON_AddStringToObject(e, "message", r->error);
+    }
+    const sd_client_request_stats *s = &r->stats;
+    cJSON *st = cJSON_AddObjectToObject(o, "stats");
+    cJSON_AddNumberToObject(st, "generated_tokens", s->generated_tokens);
+    cJSON_AddNumberToObject(st, "drafted", s->drafted);
+    cJSON_AddNumberToObject(st, "accepted", s->accepted);
+    cJSON_AddNumberToObject(st, "acceptance", s->drafted ? (double)s->accepted / s->drafted : 0.0);
+    cJSON_AddNumberToObject(st, "target_steps", s->target_steps);
+    cJSON_AddNumberToObject(st, "tokens_per_step",
+                            s->target_steps ? (double)s->generated_tokens / s->target_steps : 0.0);
+    cJSON_AddNumberToObject(st, "queued_ms", s->queued_ms);
+    cJSON_AddNumberToObject(st, "drafting_ms", s->drafting_ms);
+    cJSON_AddNumberToObject(st, "verifying_ms", s->verifying_ms);
+    cJSON_AddNumberToObject(st, "first_token_ms", s->first_token_ms);
+    cJSON_AddNumberToObject(st, "total_ms", s->total_ms);
+    return o;
+}
+
+static void print_error(const sd_client_result *r) {
+    if (r->code != SPECD__CODE__CODE_UNSPECIFIED && r->code != SPECD__CODE__CODE_OK)
+        fprintf(stderr, "specd-client: error %s: %s\n", sd_net_code_name(r->code), r->error);
+    else
+        fprintf(stderr, "specd-client: %s\n", r->error[0] ? r->error : sd_status_str(r->status));
+}
+
+/* ---- one prompt ---- */
+
+typedef struct single_state {
+    bool stream;            /* print text as it comes */
+    sd_client_result final; /* copy of the final record's scalars (refused submits) */
+    bool got_final;
+} single_state;
+
+static void single_cb(const sd_client_chunk *ch, void *user) {
+    single_state *s = user;
+    if (s->stream && ch->text_len) {
+        fwrite(ch->text, 1, ch->text_len, stdout);
+        fflush(stdout);
+    }
+    if (ch->final) {
+        s->final = *ch->final;
+        s->final.ids = NULL; /* borrowed arrays are not kept */
+        s->final.text = NULL;
+        s->got_final = true;
+    }
+}
+
+static int run_single(sd_client *c, const options *o) {
+    single_state st = {.stream = !o->json};
+    uint64_t id = 0;
+    sd_status s = sd_client_submit(c, &o->req, single_cb, &st, &id);
+    if (s != SD_OK) {
+        if (st.got_final) print_error(&st.final);
+        else fprintf(stderr, "specd-client: submit failed: %s\n", sd_status_str(s));
+        return 1;
+    }
+    sd_client_result r;
+    bool cancelled = false;
+    for (;;) {
+        s = sd_client_wait(c, id, 200, &r);
+        if (s == SD_OK) break;
+        if (errno != ETIMEDOUT) {
+            fprintf(stderr, "specd-client: wait failed: %s\n", sd_status_str(s));
+            return 1;
+        }
+        if (g_interrupted && !cancelled) {
+            sd_client_cancel(c, id);
+            cancelled = true;
+        }
+    }
+    int rc = r.status == SD_OK ? 0 : 1;
+    if (o->json) {
+        cJSON *j = result_json(&r);
+        char *txt = cJSON_PrintUnformatted(j);
+        printf("%s\n", txt);
+        free(txt);
+        cJSON_Delete(j);
+    } else {
+        printf("\n");
+    }
+    if (r.status != SD_OK) {
+        print_error(&r);
+    } else if (!o->json) {
+        const sd_client_request_stats *t = &r.stats;
+        fprintf(stderr,
+                "[request %llu: %u prompt + %zu generated tokens, stop %s; drafted %u, accepted %u (%.1f%%), "
+                "%u target steps (%.2f tokens/step); first token %.1f ms, total %.1f ms]\n",
+                (unsigned long long)r.request_id, r.prompt_tokens, r.n_ids, sd_client_stop_reason_name(r.stop_reason),
+                t->drafted, t->accepted, t->drafted ? 100.0 * t->accepted / t->drafted : 0.0, t->target_steps,
+                t->target_steps ? (double)t->generated_tokens / t->target_steps : 0.0, t->first_token_ms, t->total_ms);
+    }
+    sd_client_result_clear(&r);
+    return rc;
+}
+
+/* ---- many jobs ---- */
+
+typedef struct job {
+    cJSON *id;          /* the line's "id", echoed (owned by the parsed line) */
+    char *out;          /* finished JSON line (malloc'd) */
+    uint64_t request_id;
+    bool done, failed;
+} job;
+
+typedef struct jobs_run {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    size_t n_done, in_flight;
+} jobs_run;
+
+typedef struct job_ctx {
+    jobs_run *run;
+    job *j;
+} job_ctx;
+
+static char *job_line(cJSON *obj, const cJSON *id) {
+    if (id) cJSON_AddItemToObject(obj, "id", cJSON_Duplicate(id, true));
+    char *s = cJSON_PrintUnformatted(obj);
+    cJSON_Delete(obj);
+    return s;
+}
+
+static void job_cb(const sd_client_chunk *ch, void *user) {
+    if (!ch->final) return;
+    job_ctx *x = user;
+    char *line = job_line(result_json(ch->final), x->j->id);
+    pthread_mutex_lock(&x->run->mu);
+    x->j->out = line;
+    x->j->failed = ch->final->status != SD_OK;
+    x->j->done = true;
+    x->run->n_done++;
+    x->run->in_flight--;
+    pthread_cond_broadcast(&x->run->cv);
+    pthread_mutex_unlock(&x->run->mu);
+}
+
+static const char *json_str(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+/* Fills req from one job line on top of the command-line defaults. stop
+ * pointers borrow from line. false + why on a bad field. */
+static bool job_request(const cJSON *line, const options *o, sd_client_request *req, const char **stops,
+                        char *why, size_t why_len) {
+    *req = o->req;
+    req->prompt = json_str(line, "prompt");
+    if (!req->prompt) {
+        snprintf(why, why_len, "missing string field \"prompt\"");
+        return false;
+    }
+    const cJSON *v;
+#define NUM_FIELD(key, dst, cast)                                                    \
+    if ((v = cJSON_GetObjectItemCaseSensitive(line, key))) {                         \
+        if (!cJSON_IsNumber(v)) {                                                    \
+            snprintf(why, why_len, "field \"%s\" must be a number", key);            \
+            return false;                                                            \
+        }                                                                            \
+        dst = (cast)v->valuedouble;                                                  \
+    }
+    NUM_FIELD("n", req->max_tokens, uint32_t);
+    NUM_FIELD("temp", req->sampling.temperature, float);
+    NUM_FIELD("top_p", req->sampling.top_p, float);
+    NUM_FIELD("top_k", req->sampling.top_k, int32_t);
+    NUM_FIELD("min_p", req->sampling.min_p, float);
+    NUM_FIELD("seed", req->sampling.seed, uint64_t);
+    NUM_FIELD("max_draft", req->max_draft, int32_t);
+#undef NUM_FIELD
+    if ((v = cJSON_GetObjectItemCaseSensitive(line, "chat"))) req->chat = cJSON_IsTrue(v);
+    if ((v = cJSON_GetObjectItemCaseSensitive(line, "ignore_eos"))) req->ignore_eos = cJSON_IsTrue(v);
+    if (json_str(line, "system")) req->system = json_str(line, "system");
+    if ((v = cJSON_GetObjectItemCaseSensitive(line, "stop"))) {
+        size_t n = 0;
+        if (cJSON_IsString(v)) {
+            stops[n++] = v->valuestring;
+        } else if (cJSON_IsArray(v)) {
+            const cJSON *e;
+            cJSON_ArrayForEach(e, v) {
+                if (!cJSON_IsString(e) || n >= SD_MAX_STOP_STRINGS) {
+                    snprintf(why, why_len, "\"stop\": at most %d strings", SD_MAX_STOP_STRINGS);
+                    return false;
+                }
+                stops[n++] = e->valuestring;
+            }
+        } else {
+            snprintf(why, why_len, "\"stop\" must be a string or an array of strings");
+            return false;
+        }
+        req->stop = stops;
+        req->n_stop = n;
+    }
+    return true;
+}
+
+static void progress(size_t done, size_t total) {
+    if (!isatty(STDERR_FILENO) || total == 0) return;
+    int width = 40, fill = (int)(width * done / total);
+    fprintf(stderr, "\r[");
+    for (int i = 0; i < width; i++) fputc(i < fill ? '#' : '.', stderr);
+    fprintf(stderr, "] %zu/%zu", done, total);
+    if (done == total) fputc('\n', stderr);
+    fflush(stderr);
+}
+
+static int run_jobs(sd_client *c, const options *o) {
+    FILE *in = strcmp(o->jobs, "-") == 0 ? stdin : fopen(o->jobs, "r");
+    if (!in) {
+        fprintf(stderr, "specd-client: cannot open %s: %s\n", o->jobs, strerror(errno));
+        return 1;
+    }
+    FILE *out = stdout;
+    if (o->out && !(out = fopen(o->out, "w"))) {
+        fprintf(stderr, "specd-client: cannot write %s: %s\n", o->out, strerror(errno));
+        if (in != stdin) fclose(in);
+        return 1;
+    }
+    /* read every line first: results go out in input order */
+    size_t n = 0, cap = 0;
+    cJSON **lines = NULL;
+    char *buf = NULL;
+    size_t buf_cap = 0;
+    ssize_t len;
+    while ((len = getline(&buf, &buf_cap, in)) >= 0) {
+        while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r')) buf[--len] = '\0';
+        if (len == 0) continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 64;
+            cJSON **p = realloc(lines, cap * sizeof *p);
+            if (!p) break;
+            lines = p;
+        }
+        lines[n++] = cJSON_Parse(buf); /* NULL: reported as that job's error */
+    }
+    free(buf);
+    if (in != stdin) fclose(in);
+
+    job *jobs = calloc(n ? n : 1, sizeof *jobs);
+    job_ctx *ctx = calloc(n ? n : 1, sizeof *ctx);
+    jobs_run run = {.n_done = 0, .in_flight = 0};
+    pthread_mutex_init(&run.mu, NULL);
+    pthread_cond_init(&run.cv, NULL);
+    size_t next_out = 0, failures = 0;
+    const int cap_in_flight = o->concurrency > 0 ? o->concurrency : 64;
+
+    for (size_t i = 0; i < n || next_out < n;) {
+        /* submit while under the cap */
+        while (i < n && !g_interrupted) {
+            pthread_mutex_lock(&run.mu);
+            bool room = run.in_flight < (size_t)cap_in_flight;
+            if (room) run.in_flight++;
+            pthread_mutex_unlock(&run.mu);
+            if (!room) break;
+            job *j = &jobs[i];
+            ctx[i] = (job_ctx){&run, j};
+            char why[256];
+            sd_client_request req;
+            const char *stops[SD_MAX_STOP_STRINGS];
+            bool ok = lines[i] && cJSON_IsObject(lines[i]);
+            if (!ok) snprintf(why, sizeof why, "line %zu is not a JSON object", i + 1);
+            else {
+                j->id = cJSON_GetObjectItemCaseSensitive(lines[i], "id");
+                ok = job_request(lines[i], o, &req, stops, why, sizeof why);
+            }
+            sd_status s = SD_OK;
+            if (ok) s = sd_client_submit(c, &req, job_cb, &ctx[i], &j->request_id);
+            if (!ok) {
+                cJSON *e = cJSON_CreateObject();
+                cJSON *err = cJSON_AddObjectToObject(e, "error");
+                cJSON_AddStringToObject(err, "code", "BAD_JOB");
+                cJSON_AddStringToObject(err, "message", why);
+                char *line = job_line(e, j->id);
+                pthread_mutex_lock(&run.mu);
+                j->out = line, j->failed = j->done = true;
+                run.n_done++, run.in_flight--;
+                pthread_mutex_unlock(&run.mu);
+            } else if (s != SD_OK) {
+                /* the final callback already recorded the refusal */
+                (void)s;
+            }
+            i++;
+        }
+        /* write what is finished, in order; collect the records */
+        pthread_mutex_lock(&run.mu);
+        while (next_out < n && jobs[next_out].done) {
+            job *j = &jobs[next_out];
+            pthread_mutex_unlock(&run.mu);
+            fprintf(out, "%s\n", j->out);
+            fflush(out);
+            failures += j->failed;
+            if (j->request_id) {
+                sd_client_result r;
+                if (sd_client_wait(c, j->request_id, 1000, &r) == SD_OK) sd_client_result_clear(&r);
+            }
+            free(j->out);
+            j->out = NULL;
+            next_out++;
+            progress(next_out, n);
+            pthread_mutex_lock(&run.mu);
+        }
+        if (next_out < n) {
+            if (g_interrupted && i < n) { /* stop submitting; report the rest as not run */
+                pthread_mutex_unlock(&run.mu);
+                for (; i < n; i++) {
+                    cJSON *e = cJSON_CreateObject();
+                    cJSON *err = cJSON_AddObjectToObject(e, "error");
+                    cJSON_AddStringToObject(err, "code", "INTERRUPTED");
+                    cJSON_AddStringToObject(err, "message", "not submitted: interrupted");
+                    jobs[i].id = lines[i] ? cJSON_GetObjectItemCaseSensitive(lines[i], "id") : NULL;
+                    char *line = job_line(e, jobs[i].id);
+                    pthread_mutex_lock(&run.mu);
+                    jobs[i].out = line, jobs[i].failed = jobs[i].done = true;
+                    pthread_mutex_unlock(&run.mu);
+                }
+                pthread_mutex_lock(&run.mu);
+            }
+            bool can_submit = i < n && run.in_flight < (size_t)cap_in_flight;
+            if (!can_submit && !jobs[next_out].done) {
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                ts.tv_nsec += 200 * 1000000L;
+                if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+                pthread_cond_timedwait(&run.cv, &run.mu, &ts);
+            }
+        }
+        pthread_mutex_unlock(&run.mu);
+    }
+    for (size_t i = 0; i < n; i++) cJSON_Delete(lines[i]);
+    free(lines);
+    free(jobs);
+    free(ctx);
+    pthread_cond_destroy(&run.cv);
+    pthread_mutex_destroy(&run.mu);
+    if (out != stdout) fclose(out);
+    if (failures) fprintf(stderr, "specd-client: %zu of %zu jobs failed\n", failures, n);
+    return failures ? 1 : 0;
+}
+
+/* ---- stats ---- */
+
+static const char *role_name(Specd__Role r) {
+    switch (r) {
+    case SPECD__ROLE__ROLE_DRAFTER: return "drafter";
+    case SPECD__ROLE__ROLE_VERIFIER: return "verifier";
+    case SPECD__ROLE__ROLE_CLIENT: return "client";
+    case SPECD__ROLE__ROLE_COORDINATOR: return "coordinator";
+    default: return "unspecified";
+    }
+}
+
+static const char *kind_name(Specd__DrafterKind k) {
+    switch (k) {
+    case SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL: return "model";
+    case SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM: return "ngram";
+    case SPECD__DRAFTER_KIND__DRAFTER_KIND_SELF: return "self";
+    default: return "";
+    }
+}
+
+static int run_stats(sd_client *c, const options *o) {
+    sd_client_service_stats s;
+    sd_status st = sd_client_stats(c, (int)(o->timeout_s * 1000), &s);
+    if (st != SD_OK) {
+        fprintf(stderr, "specd-client: no statistics from %s within %.1f s: %s\n", o->coordinator, o->timeout_s,
+                sd_status_str(st));
+        return 1;
+    }
+    if (o->json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddNumberToObject(j, "active_requests", s.active_requests);
+        cJSON_AddNumberToObject(j, "queued_requests", s.queued_requests);
+        cJSON_AddNumberToObject(j, "finished_requests", (double)s.finished_requests);
+        cJSON_AddNumberToObject(j, "committed_tokens", (double)s.committed_tokens);
+        cJSON_AddNumberToObject(j, "step_overhead_p50_us", s.step_overhead_p50_us);
+        cJSON_AddNumberToObject(j, "step_overhead_p99_us", s.step_overhead_p99_us);
+        cJSON *ws = cJSON_AddArrayToObject(j, "workers");
+        for (size_t i = 0; i < s.n_workers; i++) {
+            const sd_client_worker_info *w = &s.workers[i];
+            cJSON *x = cJSON_CreateObject();
+            cJSON_AddStringToObject(x, "role", role_name(w->role));
+            cJSON_AddNumberToObject(x, "rank", w->rank);
+            cJSON_AddStringToObject(x, "name", w->name);
+            cJSON_AddStringToObject(x, "drafter_kind", kind_name(w->drafter_kind));
+            cJSON_AddBoolToObject(x, "alive", w->alive);
+            cJSON_AddNumberToObject(x, "kv_blocks_total", w->kv_blocks_total);
+            cJSON_AddNumberToObject(x, "kv_blocks_free", w->kv_blocks_free);
+            cJSON_AddNumberToObject(x, "n_sequences", w->n_sequences);
+            cJSON_AddNumberToObject(x, "steps", (double)w->steps);
+            cJSON_AddItemToArray(ws, x);
+        }
+        char *txt = cJSON_PrintUnformatted(j);
+        printf("%s\n", txt);
+        free(txt);
+        cJSON_Delete(j);
+        return 0;
+    }
+    printf("requests: %u active, %u queued, %llu finished; %llu tokens committed\n", s.active_requests,
+           s.queued_requests, (unsigned long long)s.finished_requests, (unsigned long long)s.committed_tokens);
+    printf("step overhead: p50 %.1f us, p99 %.1f us\n", s.step_overhead_p50_us, s.step_overhead_p99_us);
+    for (size_t i = 0; i < s.n_workers; i++) {
+        const sd_client_worker_info *w = &s.workers[i];
+        printf("  %s[%u] %s%s%s %s: KV blocks %u free of %u, %u sequences, %llu steps\n", role_name(w->role), w->rank,
+               w->name, w->drafter_kind ? " " : "", kind_name(w->drafter_kind), w->alive ? "alive" : "DEAD",
+               w->kv_blocks_free, w->kv_blocks_total, w->n_sequences, (unsigned long long)w->steps);
+    }
+    return 0;
+}
+
+static int wait_ready(sd_client *c, const options *o) {
+    double deadline = sd_now() + o->wait_ready_s;
+    while (!g_interrupted) {
+        sd_client_service_stats s;
+        if (sd_client_stats(c, 500, &s) == SD_OK)
+            for (size_t i = 0; i < s.n_workers; i++)
+                if (s.workers[i].role == SPECD__ROLE__ROLE_VERIFIER && s.workers[i].alive) return 0;
+        if (sd_now() >= deadline) break;
+        usleep(100 * 1000);
+    }
+    fprintf(stderr, "specd-client: no verifier registered at %s within %.1f s\n", o->coordinator, o->wait_ready_s);
+    return 1;
+}
+
+/* ---- flags ---- */
+
+static bool parse_num(const char *flag, const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "specd-client: %s: '%s' is not a number in [%g, %g]\n", flag, s, lo, hi);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+enum {
+    OPT_COORD = 256, OPT_TEMP, OPT_TOP_P, OPT_TOP_K, OPT_MIN_P, OPT_SEED, OPT_CHAT, OPT_SYSTEM, OPT_STOP,
+    OPT_MAX_DRAFT, OPT_IGNORE_EOS, OPT_JSON, OPT_TIMEOUT, OPT_JOBS, OPT_OUT, OPT_CONC, OPT_STATS, OPT_WAIT_READY
+};
+
+/* 0 ok, 2 usage error, -1 help printed */
+static int parse_args(int argc, char **argv, options *o) {
+    static const struct option longs[] = {
+        {"coordinator", required_argument, NULL, OPT_COORD}, {"prompt", required_argument, NULL, 'p'},
+        {"temp", required_argument, NULL, OPT_TEMP},         {"top-p", required_argument, NULL, OPT_TOP_P},
+        {"top-k", required_argument, NULL, OPT_TOP_K},       {"min-p", required_argument, NULL, OPT_MIN_P},
+        {"seed", required_argument, NULL, OPT_SEED},         {"chat", no_argument, NULL, OPT_CHAT},
+        {"system", required_argument, NULL, OPT_SYSTEM},     {"stop", required_argument, NULL, OPT_STOP},
+        {"max-draft", required_argument, NULL, OPT_MAX_DRAFT}, {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
+        {"json", no_argument, NULL, OPT_JSON},               {"timeout", required_argument, NULL, OPT_TIMEOUT},
+        {"jobs", required_argument, NULL, OPT_JOBS},         {"out", required_argument, NULL, OPT_OUT},
+        {"concurrency", required_argument, NULL, OPT_CONC},  {"stats", no_argument, NULL, OPT_STATS},
+        {"wait-ready", required_argument, NULL, OPT_WAIT_READY}, {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    int ch;
+    double v;
+    while ((ch = getopt_long(argc, argv, "p:n:vh", longs, NULL)) != -1) {
+        switch (ch) {
+        case OPT_COORD: o->coordinator = optarg; break;
+        case 'p': o->prompt = optarg; break;
+        case 'n':
+            if (!parse_num("-n", optarg, 0, 1e9, &v)) return 2;
+            o->req.max_tokens = (uint32_t)v;
+            break;
+        case OPT_TEMP:
+            if (!parse_num("--temp", optarg, 0, 1000, &v)) return 2;
+            o->req.sampling.temperature = (float)v;
+            break;
+        case OPT_TOP_P:
+            if (!parse_num("--top-p", optarg, 0, 1, &v)) return 2;
+            o->req.sampling.top_p = v == 0 ? 1.0f : (float)v;
+            break;
+        case OPT_TOP_K:
+            if (!parse_num("--top-k", optarg, 0, 1e9, &v)) return 2;
+            o->req.sampling.top_k = (int32_t)v;
+            break;
+        case OPT_MIN_P:
+            if (!parse_num("--min-p", optarg, 0, 0.999999, &v)) return 2;
+            o->req.sampling.min_p = (float)v;
+            break;
+        case OPT_SEED: o->req.sampling.seed = strtoull(optarg, NULL, 0); break;
+        case OPT_CHAT: o->req.chat = true; break;
+        case OPT_SYSTEM: o->system = optarg; break;
+        case OPT_STOP:
+            if (o->n_stop >= SD_MAX_STOP_STRINGS) {
+                fprintf(stderr, "specd-client: at most %d --stop strings\n", SD_MAX_STOP_STRINGS);
+                return 2;
+            }
+            o->stop[o->n_stop++] = optarg;
+            break;
+        case OPT_MAX_DRAFT:
+            if (!parse_num("--max-draft", optarg, -1, SD_MAX_DRAFT, &v)) return 2;
+            o->req.max_draft = (int32_t)v;
+            break;
+        case OPT_IGNORE_EOS: o->req.ignore_eos = true; break;
+        case OPT_JSON: o->json = true; break;
+        case OPT_TIMEOUT:
+            if (!parse_num("--timeout", optarg, 0.001, 1e6, &o->timeout_s)) return 2;
+            break;
+        case OPT_JOBS: o->jobs = optarg; break;
+        case OPT_OUT: o->out = optarg; break;
+        case OPT_CONC:
+            if (!parse_num("--concurrency", optarg, 1, 100000, &v)) return 2;
+            o->concurrency = (int)v;
+            break;
+        case OPT_STATS: o->stats = true; break;
+        case OPT_WAIT_READY:
+            if (!parse_num("--wait-ready", optarg, 0, 1e6, &o->wait_ready_s)) return 2;
+            break;
+        case 'v': o->verbose = true; break;
+        case 'h': usage(stdout); return -1;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "specd-client: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    int modes = (o->prompt != NULL) + (o->jobs != NULL) + o->stats;
+    if (modes > 1 || (modes == 0 && o->wait_ready_s <= 0)) {
+        fprintf(stderr, "specd-client: give exactly one of -p, --jobs, --stats (or --wait-ready alone)\n");
+        usage(stderr);
+        return 2;
+    }
+    o->req.system = o->system;
+    o->req.prompt = o->prompt;
+    if (o->n_stop) o->req.stop = o->stop, o->req.n_stop = o->n_stop;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    options o;
+    memset(&o, 0, sizeof o);
+    o.coordinator = SD_CLIENT_DEFAULT_ADDR;
+    o.req = sd_client_default_request();
+    o.timeout_s = 10;
+    o.concurrency = 64;
+    int rc = parse_args(argc, argv, &o);
+    if (rc != 0) return rc < 0 ? 0 : rc;
+    sd_net_log_init("client", 0, o.verbose);
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    sd_client_params p = sd_client_default_params();
+    p.coordinator = o.coordinator;
+    p.connect_timeout_ms = (int)(o.timeout_s * 1000);
+    p.curve_server_public = getenv("SPECD_CURVE_SERVER_PUBLIC");
+    sd_client *c = NULL;
+    if (sd_client_connect(&p, &c) != SD_OK) {
+        fprintf(stderr, "specd-client: cannot connect to %s\n", o.coordinator);
+        return 1;
+    }
+    rc = 0;
+    if (o.wait_ready_s > 0) rc = wait_ready(c, &o);
+    if (rc == 0 && o.stats) rc = run_stats(c, &o);
+    else if (rc == 0 && o.prompt) rc = run_single(c, &o);
+    else if (rc == 0 && o.jobs) rc = run_jobs(c, &o);
+    sd_client_close(&c);
+    return rc;
+}

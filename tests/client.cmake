@@ -1,0 +1,2 @@
+specd_unit_test(test_client test_client.c)
+target_link_libraries(test_client PRIVATE specd_client)
