@@ -298,8 +298,14 @@ void sd_clients_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, 
     if (cl) cl->last_recv_us = now_us;
     Specd__ClientToCoordinator *env = sd_net_decode_client(body, len, &c->lim, &code, err, sizeof err);
     if (!env) {
+        /* Echo the submit's client_tag when the bytes at least unpack, so the
+         * client can match the error to its request. */
+        uint64_t tag = 0;
+        Specd__ClientToCoordinator *raw = specd__client_to_coordinator__unpack(NULL, len, body);
+        if (raw && raw->body_case == SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT) tag = raw->submit->client_tag;
+        if (raw) specd__client_to_coordinator__free_unpacked(raw, NULL);
         SD_INFO("client message refused (%s): %s", sd_net_code_name(code), err);
-        sd_client_error(c, ident, ident_len, code, 0, 0, err, now_us);
+        sd_client_error(c, ident, ident_len, code, 0, tag, err, now_us);
         return;
     }
     switch (env->body_case) {
