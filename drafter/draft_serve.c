@@ -10,10 +10,11 @@
  * cached_len = keep_len + |append|, so the coordinator's next keep_len is at
  * most that and the drafter's own rollback happens on the next call.
  *
- * Sequences of a batch are drafted one after another (one model forward per
- * draft token per sequence). A batched draft call over every sequence of
- * the request is spec2's sd_draft_batch; this file switches to it when it
- * lands (see the report).
+ * The proposals come from one sd_draft_batch call per request (spec_batch.h:
+ * a model drafter runs one ragged forward per draft step across all the
+ * request's sequences), which also truncates the drafter's own cache to
+ * keep_len; the tokens held here serve the protocol checks, the stats and
+ * an empty append (the last held token is fed again).
  *
  * Corner cases (chosen here): CACHE_MISS frees the slot and reports
  * cached_len 0; a sequence longer than max_ctx gets KV_FULL (the slots hold
@@ -23,6 +24,7 @@
 #include "draft_serve.h"
 
 #include "specd/sample.h"
+#include "specd/spec_batch.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +52,10 @@ struct sd_draft_server {
     Specd__SparseDist **dist_ptrs;    /* [max_batch][max_draft] */
     int32_t *q_ids;                   /* [max_batch][max_draft][top_n] */
     float *q_probs;                   /* [max_batch][max_draft][top_n] */
+    /* sd_draft_batch's inputs and outputs, [max_batch] each */
+    sd_draft_seq *dseqs;
+    sd_draft_result *dresults;
+    int32_t *dindex;                  /* batch index of each dseq */
 };
 
 sd_draft_server_params sd_draft_server_default_params(void) {
@@ -72,6 +78,9 @@ void sd_draft_server_free(sd_draft_server **ps) {
     free(s->dist_ptrs);
     free(s->q_ids);
     free(s->q_probs);
+    free(s->dseqs);
+    free(s->dresults);
+    free(s->dindex);
     free(s);
     *ps = NULL;
 }
@@ -102,7 +111,11 @@ sd_status sd_draft_server_create(sd_drafter *drafter, const sd_draft_server_para
     s->dist_ptrs = calloc(nb * nd, sizeof *s->dist_ptrs);
     s->q_ids = calloc(nq, sizeof *s->q_ids);
     s->q_probs = calloc(nq, sizeof *s->q_probs);
-    if (!s->slots || !s->tokens || !s->results || !s->result_ptrs || !s->draft || !s->dists || !s->dist_ptrs ||
+    s->dseqs = calloc(nb, sizeof *s->dseqs);
+    s->dresults = calloc(nb, sizeof *s->dresults);
+    s->dindex = calloc(nb, sizeof *s->dindex);
+    if (!s->dseqs || !s->dresults || !s->dindex ||
+        !s->slots || !s->tokens || !s->results || !s->result_ptrs || !s->draft || !s->dists || !s->dist_ptrs ||
         !s->q_ids || !s->q_probs) {
         SD_ERROR("drafter: out of memory for %d slots of %d tokens", (int)p.max_seqs, (int)p.max_ctx);
         sd_draft_server_free(&s);
@@ -181,6 +194,7 @@ sd_status sd_draft_server_handle(sd_draft_server *s, const Specd__DraftRequest *
         return SD_ERR_RANGE;
     }
     double t0 = sd_now();
+    int32_t n_batch = 0;
     for (size_t i = 0; i < req->n_seqs; i++) {
         const Specd__DraftSeq *sq = req->seqs[i];
         Specd__DraftResult *res = &s->results[i];
@@ -224,24 +238,55 @@ sd_status sd_draft_server_handle(sd_draft_server *s, const Specd__DraftRequest *
         }
         draft_slot *ds = &s->slots[slot];
         int32_t *held = s->tokens + (size_t)slot * (size_t)s->p.max_ctx;
-        if ((int32_t)sq->keep_len < ds->len) sd_drafter_rollback(s->drafter, slot, (int32_t)sq->keep_len);
         if (sq->n_append > 0) memcpy(held + sq->keep_len, sq->append, sq->n_append * sizeof *held);
         ds->len = (int32_t)len;
         res->code = SPECD__CODE__CODE_OK;
         res->cached_len = (uint32_t)ds->len;
         int32_t k = (int32_t)sq->k < s->p.max_draft ? (int32_t)sq->k : s->p.max_draft;
-        if (k <= 0 || ds->len == 0) continue;
-        int32_t tokens[SD_SPEC_MAX_K];
-        sd_spec_q q[SD_SPEC_MAX_K];
-        int32_t n = 0;
-        sd_status st = sd_drafter_propose(s->drafter, slot, held, ds->len, k, &sampling, tokens, q, &n);
-        if (st != SD_OK) {
-            SD_ERROR("drafter: request %llu: propose failed: %s", (unsigned long long)sq->request_id,
-                     sd_status_str(st));
-            res->code = SPECD__CODE__CODE_INTERNAL;
-            continue;
+        if (ds->len == 0) continue; /* nothing to continue from: no drafts */
+        /* sd_draft_batch wants at least one new token: with an empty append,
+         * feed the last held token again (keep one less). */
+        int32_t keep = (int32_t)sq->keep_len, n_new = (int32_t)sq->n_append;
+        if (n_new == 0) {
+            keep = ds->len - 1;
+            n_new = 1;
         }
-        fill_result(s, i, tokens, q, n, res);
+        s->dseqs[n_batch] = (sd_draft_seq){
+            .slot = slot, .keep_len = keep, .n_append = n_new, .append = held + keep, .k = k, .sampling = sampling,
+        };
+        s->dindex[n_batch++] = (int32_t)i;
+    }
+    if (n_batch > 0) {
+        sd_status st = sd_draft_batch(s->drafter, n_batch, s->dseqs, s->dresults);
+        if (st != SD_OK) {
+            SD_ERROR("drafter: step %llu: the draft batch failed: %s", (unsigned long long)req->step_id,
+                     sd_status_str(st));
+            return st;
+        }
+    }
+    for (int32_t j = 0; j < n_batch; j++) {
+        size_t i = (size_t)s->dindex[j];
+        const sd_draft_result *dr = &s->dresults[j];
+        Specd__DraftResult *res = &s->results[i];
+        int32_t slot = s->dseqs[j].slot;
+        switch (dr->outcome) {
+        case SD_SEQ_OK:
+            fill_result(s, i, dr->tokens, dr->q, dr->n_drafted, res);
+            break;
+        case SD_SEQ_CACHE_MISS:
+        case SD_SEQ_OUT_OF_BLOCKS:
+            SD_DEBUG("drafter: request %llu: %s", (unsigned long long)res->request_id, sd_seq_outcome_str(dr->outcome));
+            res->code = dr->outcome == SD_SEQ_CACHE_MISS ? SPECD__CODE__CODE_CACHE_MISS : SPECD__CODE__CODE_KV_FULL;
+            res->cached_len = 0;
+            free_slot(s, slot);
+            break;
+        default:
+            SD_WARN("drafter: request %llu: %s", (unsigned long long)res->request_id, sd_seq_outcome_str(dr->outcome));
+            res->code = SPECD__CODE__CODE_BAD_REQUEST;
+            res->cached_len = 0;
+            free_slot(s, slot);
+            break;
+        }
     }
     s->steps++;
     specd__draft_response__init(resp);
