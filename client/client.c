@@ -682,7 +682,9 @@ sd_status sd_client_submit(sd_client *c, const sd_client_request *rq, sd_client_
     /* The I/O thread fails a pending request on its own deadline
      * (connect_timeout_ms, or liveness), so this wait always ends. */
     while (r->state == REQ_PENDING || r->state == REQ_FINISHING) pthread_cond_wait(&c->cv, &c->mu);
-    if (r->state == REQ_DONE) { /* refused or failed */
+    /* A request may be accepted and already finished by the time this thread
+     * wakes up: only one that never got a request_id was refused. */
+    if (r->state == REQ_DONE && r->result.request_id == 0) {
         st = r->result.status != SD_OK ? r->result.status : SD_ERR_INTERNAL;
         SD_DEBUG("submit refused: %s", r->result.error);
         unlink_locked(c, r);

@@ -395,12 +395,23 @@ static void *submitter_main(void *arg) {
         rq.prompt = prompt;
         rq.max_tokens = (uint32_t)(1 + (k % 7));
         uint64_t id;
-        if (sd_client_submit(s->c, &rq, NULL, NULL, &id) != SD_OK) continue;
+        sd_status st = sd_client_submit(s->c, &rq, NULL, NULL, &id);
+        if (st != SD_OK) {
+            print_error("job %s: submit %s\n", prompt, sd_status_str(st));
+            continue;
+        }
         sd_client_result r;
-        if (sd_client_wait(s->c, id, 10000, &r) != SD_OK) continue;
+        st = sd_client_wait(s->c, id, 10000, &r);
+        if (st != SD_OK) {
+            print_error("job %s: wait %s\n", prompt, sd_status_str(st));
+            continue;
+        }
         char want[512];
         expected_text(prompt, rq.max_tokens, want, sizeof want);
         if (r.status == SD_OK && r.n_ids == rq.max_tokens && strcmp(r.text, want) == 0) s->n_ok++;
+        else
+            print_error("job %s: status %d n_ids %zu (want %u) text '%s' want '%s' error '%s'\n", prompt, r.status,
+                        r.n_ids, rq.max_tokens, r.text, want, r.error);
         sd_client_result_clear(&r);
     }
     return NULL;
