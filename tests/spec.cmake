@@ -15,3 +15,14 @@ add_dependencies(test_model_view specd-mkmodel)
 specd_unit_test(test_spec_batch test_spec_batch.c)
 target_compile_definitions(test_spec_batch PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
 add_dependencies(test_spec_batch specd-mkmodel)
+# Greedy equality on the demo model: the default run rotates the nine (drafter, K) pairs over 3 prompts x 6
+# tokens, rotated: 2 prompts x 4 tokens (sized for ASan on 2 shared cores); the slow one runs every pair on 50 prompts x 32 tokens.
+add_executable(test_spec_demo test_spec_demo.c)
+target_link_libraries(test_spec_demo PRIVATE specd_engine)
+target_compile_definitions(test_spec_demo PRIVATE _GNU_SOURCE SPECD_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
+                           SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
+add_dependencies(test_spec_demo specd-mkmodel)
+add_test(NAME test_spec_demo COMMAND test_spec_demo 2 4 rotate)
+set_tests_properties(test_spec_demo PROPERTIES LABELS "model" SKIP_RETURN_CODE 77 TIMEOUT 600)
+add_test(NAME test_spec_demo_full COMMAND test_spec_demo 50 32 full)
+set_tests_properties(test_spec_demo_full PROPERTIES LABELS "model;slow" SKIP_RETURN_CODE 77 TIMEOUT 7200)

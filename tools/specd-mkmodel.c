@@ -33,6 +33,8 @@ typedef struct mk_params {
     bool tied;
     uint64_t seed;
     const char *tokenizer_from;
+    const char *requant_from;
+    bool dtype_set;
 } mk_params;
 
 static void usage(FILE *f) {
@@ -40,7 +42,10 @@ static void usage(FILE *f) {
             "usage: specd-mkmodel -o OUT.gguf [--dim 64] [--layers 2] [--heads 4] [--kv-heads 2] [--ff 128]\n"
             "                     [--vocab 512 | --tokenizer-from MODEL.gguf] [--ctx 2048] [--rope-base 10000]\n"
             "                     [--dtype f32|f16|bf16|q8_0|q4_0|q4_1] [--norm-dtype f32] [--tied] [--seed S]\n"
-            "Writes a random Llama model (llama.cpp tensor names and metadata) for tests.\n");
+            "       specd-mkmodel -o OUT.gguf --requant FROM.gguf --dtype q4_0|q8_0|...\n"
+            "Writes a random Llama model (llama.cpp tensor names and metadata) for tests, or (--requant) FROM's\n"
+            "model, tokenizer and metadata with every 2-D weight re-quantized to --dtype (a realistic draft\n"
+            "model: same vocabulary, different numerics).\n");
 }
 
 /* ---- PRNG ---- */
@@ -92,7 +97,7 @@ static int parse_args(int argc, char **argv, mk_params *p) {
     *p = (mk_params){.dim = 64, .layers = 2, .heads = 4, .kv_heads = 2, .ff = 128, .vocab = 512, .ctx = 2048,
                      .rope_base = 10000.0f, .dtype = SD_DTYPE_F32, .norm_dtype = SD_DTYPE_F32, .seed = 1};
     enum { O_DIM = 256, O_LAYERS, O_HEADS, O_KV, O_FF, O_VOCAB, O_TOKFROM, O_CTX, O_ROPE, O_DTYPE, O_NDTYPE, O_TIED,
-           O_SEED };
+           O_SEED, O_REQUANT };
     static const struct option opts[] = {
         {"dim", required_argument, 0, O_DIM}, {"layers", required_argument, 0, O_LAYERS},
         {"heads", required_argument, 0, O_HEADS}, {"kv-heads", required_argument, 0, O_KV},
@@ -100,7 +105,7 @@ static int parse_args(int argc, char **argv, mk_params *p) {
         {"tokenizer-from", required_argument, 0, O_TOKFROM}, {"ctx", required_argument, 0, O_CTX},
         {"rope-base", required_argument, 0, O_ROPE}, {"dtype", required_argument, 0, O_DTYPE},
         {"norm-dtype", required_argument, 0, O_NDTYPE}, {"tied", no_argument, 0, O_TIED},
-        {"seed", required_argument, 0, O_SEED}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"seed", required_argument, 0, O_SEED}, {"requant", required_argument, 0, O_REQUANT}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     bool vocab_set = false;
     int c;
     while ((c = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
@@ -131,7 +136,8 @@ static int parse_args(int argc, char **argv, mk_params *p) {
             if (!ok) fprintf(stderr, "specd-mkmodel: --rope-base must be a positive number (got '%s')\n", optarg);
             break;
         }
-        case O_DTYPE: ok = parse_dtype(optarg, &p->dtype); break;
+        case O_DTYPE: ok = parse_dtype(optarg, &p->dtype); p->dtype_set = true; break;
+        case O_REQUANT: p->requant_from = optarg; break;
         case O_NDTYPE: ok = parse_dtype(optarg, &p->norm_dtype); break;
         case O_TIED: p->tied = true; break;
         case O_SEED: {
@@ -153,6 +159,10 @@ static int parse_args(int argc, char **argv, mk_params *p) {
     if (!p->out) {
         fprintf(stderr, "specd-mkmodel: -o OUT.gguf is required\n");
         usage(stderr);
+        return -1;
+    }
+    if (p->requant_from && (vocab_set || p->tokenizer_from || !p->dtype_set)) {
+        fprintf(stderr, "specd-mkmodel: --requant takes --dtype and excludes --vocab/--tokenizer-from\n");
         return -1;
     }
     if (vocab_set && p->tokenizer_from) {
@@ -416,15 +426,52 @@ static sd_status copy_tokenizer(sd_gguf_writer *w, mk_params *p) {
     return s;
 }
 
+/* --requant: every metadata entry of FROM, its 1-D tensors as they are and
+ * its 2-D tensors dequantized and quantized again to p->dtype (rows whose
+ * length is not a multiple of the block size are kept as they are). */
+static sd_status requant(sd_gguf_writer *w, const mk_params *p) {
+    char err[512];
+    sd_gguf *src = NULL;
+    sd_status s = sd_gguf_open(p->requant_from, &src, err, sizeof err);
+    if (s != SD_OK) {
+        fprintf(stderr, "specd-mkmodel: %s: %s\n", p->requant_from, err);
+        return s;
+    }
+    s = sd_gguf_writer_copy_kv(w, src, "");
+    size_t block_elems, block_bytes;
+    sd_dtype_block(p->dtype, &block_elems, &block_bytes);
+    for (int64_t i = 0; s == SD_OK && i < sd_gguf_n_tensors(src); i++) {
+        const sd_gguf_tensor *t = sd_gguf_tensor_at(src, i);
+        if (t->n_dims != 2 || t->ne[0] % block_elems != 0 || t->type == p->dtype) {
+            s = sd_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data);
+            continue;
+        }
+        float *f = malloc(t->n_elems * sizeof *f);
+        void *q = malloc(t->n_elems / block_elems * block_bytes);
+        s = f && q ? sd_dequantize(t->type, t->data, t->n_elems, f) : SD_ERR_NOMEM;
+        if (s == SD_OK) s = sd_quantize(p->dtype, f, t->n_elems, q);
+        if (s == SD_OK) s = sd_gguf_writer_add_tensor(w, t->name, p->dtype, t->n_dims, t->ne, q);
+        free(f);
+        free(q);
+    }
+    sd_gguf_close(&src);
+    return s;
+}
+
 int main(int argc, char **argv) {
     mk_params p;
     int rc = parse_args(argc, argv, &p);
     if (rc != 0) return rc > 0 ? 0 : 2;
     sd_gguf_writer *w = sd_gguf_writer_new();
     if (!w) return 1;
-    sd_status s = p.tokenizer_from ? copy_tokenizer(w, &p) : write_synthetic_tokenizer(w, p.vocab);
-    if (s == SD_OK) s = write_metadata(w, &p);
-    if (s == SD_OK) s = write_weights(w, &p);
+    sd_status s;
+    if (p.requant_from) {
+        s = requant(w, &p);
+    } else {
+        s = p.tokenizer_from ? copy_tokenizer(w, &p) : write_synthetic_tokenizer(w, p.vocab);
+        if (s == SD_OK) s = write_metadata(w, &p);
+        if (s == SD_OK) s = write_weights(w, &p);
+    }
     if (s == SD_OK) s = sd_gguf_writer_write(w, p.out);
     sd_gguf_writer_free(&w);
     if (s != SD_OK) {
