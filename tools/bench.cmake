@@ -1,1 +1,1 @@
-specd_tool(specd-bench ${CMAKE_CURRENT_SOURCE_DIR}/specd-bench.c)
+specd_tool(specd-bench ${CMAKE_CURRENT_SOURCE_DIR}/specd-bench.c ${CMAKE_CURRENT_SOURCE_DIR}/bench_spec.c)

@@ -5,6 +5,7 @@
  *             the cost of k new tokens in one call relative to 1 (what
  *             verification costs), and decode's weight-streaming rate as a
  *             share of the memory bandwidth measured in the same run.
+ *   spec      plain vs speculative decoding on bench/prompts/ (bench_spec.c).
  *
  * Every figure is a median over repetitions, and ratios are taken between
  * figures measured side by side in one run: the machines are shared and
@@ -12,6 +13,7 @@
  * bandwidth reference is measured with as many threads as the model uses:
  * a read-only pass (what decode does with weights) and memcpy (STREAM's
  * "copy", counting bytes read plus bytes written). */
+#include "bench_spec.h"
 #include "specd/common.h"
 #include "specd/gguf.h"
 #include "specd/model.h"
@@ -279,6 +281,7 @@ static void usage(FILE *f) {
             "\n"
             "modes:\n"
             "  forward   prompt tok/s, decode tok/s, k-token call cost, bandwidth share\n"
+            "  spec      plain vs speculative decoding on bench/prompts/ (spec --help)\n"
             "\n"
             "forward options:\n"
             "  -m, --model FILE      GGUF model (required)\n"
@@ -297,6 +300,7 @@ int main(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     const char *mode = argv[1];
+    if (strcmp(mode, "spec") == 0) return bench_spec_main(argc, argv);
     if (strcmp(mode, "forward") != 0) {
         fprintf(stderr, "specd-bench: unknown mode '%s' (see --help)\n", mode);
         return 2;

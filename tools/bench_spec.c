@@ -1,0 +1,399 @@
+/* bench_spec.c — `specd-bench spec`: plain decoding vs speculative decoding
+ * (n-gram, self-draft, optional draft GGUF; K in {2, 4, 8} and adaptive) on
+ * the committed prompt sets in bench/prompts/, side by side in one run.
+ *
+ * Every prompt is chat-formatted and run by every method in turn
+ * (interleaved: machine noise hits all methods alike), greedy, for a fixed
+ * number of new tokens; the prefill step (the first token) is not timed, so
+ * the figure is decode tokens/s. Per method and prompt set: the median over
+ * prompts of tokens/s, its ratio to plain decoding's median, acceptance
+ * (accepted / drafted over the set) and tokens per target step.
+ *
+ * Adaptive K chooses K in 1..8 per step to maximise expected tokens per unit
+ * of time, E(alpha, K) / (1 + K (c_draft + c_verify)), with alpha the
+ * running acceptance of the sequence, c_draft the measured draft time per
+ * token over the measured target step time, and c_verify the measured extra
+ * cost of one more verified token relative to a one-token step — calibrated
+ * at start-up from the target's own timings (the assumption of 0.05 it
+ * replaces is printed next to the measured value).
+ *
+ * With --draft, the proposal top-N (4/16/64) is measured too: sampling at
+ * temperature 1 with K = 4, acceptance and bytes per drafted token in a
+ * message (n_q * 8: an id and a probability per entry). */
+#include "bench_spec.h"
+
+#include <getopt.h>
+#include <glob.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "specd/drafter.h"
+#include "specd/gguf.h"
+#include "specd/model.h"
+#include "specd/spec.h"
+#include "specd/spec_decode.h"
+#include "specd/tokenizer.h"
+
+#define MAX_PROMPTS 64
+#define MAX_SETS 8
+#define MAX_METHODS 16
+#define MAX_CTX 2048
+#define ADAPTIVE (-1)
+
+typedef struct method {
+    char name[32];
+    int drafter;     /* index into drafters, -1 = plain */
+    int k;           /* ADAPTIVE or a fixed K */
+    double tps[MAX_PROMPTS];
+    long drafted, accepted, steps, tokens;
+} method;
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median_of(const double *v, int n) {
+    double tmp[MAX_PROMPTS];
+    memcpy(tmp, v, (size_t)n * sizeof *v);
+    qsort(tmp, (size_t)n, sizeof *tmp, cmp_double);
+    return n % 2 ? tmp[n / 2] : 0.5 * (tmp[n / 2 - 1] + tmp[n / 2]);
+}
+
+static int read_prompts(const char *path, char **out, int max) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char line[8192];
+    int n = 0;
+    while (n < max && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        if (!line[0]) continue;
+        char *s = malloc(strlen(line) + 1), *o = s;
+        if (!s) break;
+        for (const char *c = line; *c; c++) {
+            if (c[0] == '\\' && c[1] == 'n') {
+                *o++ = '\n';
+                c++;
+            } else {
+                *o++ = *c;
+            }
+        }
+        *o = '\0';
+        out[n++] = s;
+    }
+    fclose(f);
+    return n;
+}
+
+/* Extra cost of one more token in a verification call, relative to a
+ * one-token call: (t(1 + 8) - t(1)) / (8 t(1)), medians of 5. */
+static double calibrate_verify_cost(sd_model *m, double *t1_out) {
+    sd_kv *kv = NULL;
+    if (sd_model_kv_create(m, 1, 64, 16, &kv) != SD_OK) return 0.05;
+    int32_t n_vocab = sd_model_config_of(m)->n_vocab;
+    float *logits = malloc((size_t)9 * (size_t)n_vocab * sizeof *logits);
+    int32_t tok[64], pos[64], seq[64] = {0};
+    bool want[64];
+    for (int i = 0; i < 64; i++) {
+        tok[i] = (i * 37 + 11) % n_vocab;
+        pos[i] = i;
+        want[i] = false;
+    }
+    sd_batch pre = {32, tok, pos, seq, want};
+    double t1[5], t9[5];
+    if (!logits || sd_model_forward(m, kv, &pre, NULL) != SD_OK) {
+        free(logits);
+        sd_kv_free(&kv);
+        return 0.05;
+    }
+    for (int r = 0; r < 5; r++) {
+        for (int n = 1; n <= 9; n += 8) {
+            for (int i = 0; i < n; i++) want[32 + i] = true;
+            sd_batch b = {n, tok + 32, pos + 32, seq, want + 32};
+            double t0 = sd_now();
+            sd_status st = sd_model_forward(m, kv, &b, logits);
+            double dt = sd_now() - t0;
+            sd_kv_truncate(kv, 0, 32);
+            if (st != SD_OK) dt = 0;
+            if (n == 1) t1[r] = dt;
+            else t9[r] = dt;
+        }
+    }
+    double a = median_of(t1, 5), b = median_of(t9, 5);
+    free(logits);
+    sd_kv_free(&kv);
+    *t1_out = a;
+    double c = a > 0 ? (b - a) / (8.0 * a) : 0.05;
+    return c > 0 ? c : 0.0;
+}
+
+/* K maximising E(alpha, K) / (1 + K (c_draft + c_verify)) over 1..k_max. */
+static int choose_k(double alpha, double c_draft, double c_verify, int k_max) {
+    int best = 1;
+    double best_rate = 0;
+    for (int k = 1; k <= k_max; k++) {
+        double rate = sd_spec_expected_tokens(alpha, k) / (1.0 + k * (c_draft + c_verify));
+        if (rate > best_rate) {
+            best_rate = rate;
+            best = k;
+        }
+    }
+    return best;
+}
+
+/* Generates n_new tokens after ids; returns decode seconds (first step untimed). */
+static int run_one(sd_model *m, sd_drafter *d, int k_fixed, double c_verify, const int32_t *ids, int32_t n_ids,
+                   int32_t n_new, const sd_sampling *s, method *meth, double *seconds, long *q_entries) {
+    sd_spec_decoder *dec = NULL;
+    if (sd_spec_decoder_create(m, d, MAX_CTX, &dec) != SD_OK) return -1;
+    int32_t *ctx = malloc((size_t)(MAX_CTX + 80) * sizeof *ctx);
+    if (!ctx) return -1;
+    memcpy(ctx, ids, (size_t)n_ids * sizeof *ctx);
+    int32_t n = n_ids;
+    int32_t step[SD_SPEC_MAX_K + 1], n_step, nd = 0, na = 0;
+    /* prefill + first token, untimed */
+    if (sd_spec_decoder_step(dec, ctx, n, 0, s, step, &n_step, NULL, NULL) != SD_OK) goto fail;
+    ctx[n++] = step[0];
+    double alpha = 0.6, c_draft = 0.0, t0 = sd_now(), draft_s = 0, target_s = 0;
+    long steps = 0, drafted = 0, accepted = 0;
+    while (n < n_ids + n_new) {
+        int k = d ? (k_fixed == ADAPTIVE ? choose_k(alpha, c_draft, c_verify, 8) : k_fixed) : 0;
+        const sd_spec_stats *st0 = sd_spec_decoder_stats(dec);
+        double ds0 = st0->draft_s, ts0 = st0->target_s;
+        if (sd_spec_decoder_step(dec, ctx, n, k, s, step, &n_step, &nd, &na) != SD_OK) goto fail;
+        const sd_spec_stats *st1 = sd_spec_decoder_stats(dec);
+        draft_s += st1->draft_s - ds0;
+        target_s += st1->target_s - ts0;
+        memcpy(ctx + n, step, (size_t)n_step * sizeof *step);
+        n += n_step;
+        steps++;
+        drafted += nd;
+        accepted += na;
+        if (nd > 0) alpha = 0.8 * alpha + 0.2 * ((double)na / nd);
+        if (drafted > 0 && target_s > 0) c_draft = (draft_s / (double)drafted) / (target_s / (double)steps);
+        (void)q_entries;
+    }
+    *seconds = sd_now() - t0;
+    meth->drafted += drafted;
+    meth->accepted += accepted;
+    meth->steps += steps;
+    meth->tokens += n - n_ids - 1;
+    free(ctx);
+    sd_spec_decoder_free(&dec);
+    return n - n_ids - 1;
+fail:
+    free(ctx);
+    sd_spec_decoder_free(&dec);
+    return -1;
+}
+
+/* Top-N study: stochastic (T = 1, seeded) K = 4 with the draft GGUF at top_n. */
+static void top_n_study(FILE *out, sd_model *m, const char *draft_path, uint64_t hash, int32_t n_vocab,
+                        int32_t **ids, int32_t *n_ids, int n_prompts, int32_t n_new) {
+    const int32_t tops[3] = {4, 16, 64};
+    fprintf(out, "\nProposal top-N (draft GGUF, temperature 1, K = 4, seeded; %d prompts x %d tokens):\n\n", n_prompts,
+            (int)n_new);
+    fprintf(out, "| top-N | acceptance | tokens / step | q bytes per drafted token (mean) |\n| --- | --- | --- | --- |\n");
+    for (int t = 0; t < 3; t++) {
+        sd_drafter_params dp = sd_drafter_default_params();
+        dp.max_ctx = MAX_CTX;
+        dp.top_n = tops[t];
+        sd_drafter *d = NULL;
+        if (sd_drafter_model_open(draft_path, hash, n_vocab, &dp, &d) != SD_OK) return;
+        long drafted = 0, accepted = 0, steps = 0, entries = 0;
+        for (int p = 0; p < n_prompts; p++) {
+            sd_spec_decoder *dec = NULL;
+            if (sd_spec_decoder_create(m, d, MAX_CTX, &dec) != SD_OK) break;
+            int32_t *ctx = malloc((size_t)(MAX_CTX + 80) * sizeof *ctx);
+            memcpy(ctx, ids[p], (size_t)n_ids[p] * sizeof *ctx);
+            int32_t n = n_ids[p];
+            sd_sampling s = sd_sampling_default();
+            s.seed = 100 + (uint64_t)p;
+            while (n < n_ids[p] + n_new) {
+                int32_t step[SD_SPEC_MAX_K + 1], n_step, nd = 0, na = 0;
+                int32_t drafts[SD_SPEC_MAX_K];
+                sd_spec_q q[SD_SPEC_MAX_K];
+                int32_t nq = 0;
+                /* the message size: what the drafter reports for this context */
+                if (sd_drafter_propose(d, 0, ctx, n, 4, &s, drafts, q, &nq) == SD_OK)
+                    for (int i = 0; i < nq; i++) entries += q[i].n;
+                if (sd_spec_decoder_step(dec, ctx, n, 4, &s, step, &n_step, &nd, &na) != SD_OK) break;
+                memcpy(ctx + n, step, (size_t)n_step * sizeof *step);
+                n += n_step;
+                steps++;
+                drafted += nd;
+                accepted += na;
+            }
+            free(ctx);
+            sd_spec_decoder_free(&dec);
+        }
+        fprintf(out, "| %d | %.3f | %.2f | %.1f |\n", (int)tops[t], drafted ? (double)accepted / drafted : 0.0,
+                steps ? (double)(accepted + steps) / steps : 0.0, drafted ? 8.0 * entries / drafted : 0.0);
+        fflush(out);
+        sd_drafter_free(&d);
+    }
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: specd-bench spec -m TARGET [--draft FILE] [--draft-layers L] [--prompts FILE]...\n"
+               "                        [--tokens N] [--max-prompts N] [-t THREADS] [-o OUT.md]\n"
+               "  default prompts: bench/prompts/*.txt; default --tokens 48, --draft-layers 8\n");
+}
+
+int bench_spec_main(int argc, char **argv) {
+    static const struct option longs[] = {
+        {"model", required_argument, 0, 'm'},   {"draft", required_argument, 0, 'd'},
+        {"draft-layers", required_argument, 0, 'L'}, {"prompts", required_argument, 0, 'p'},
+        {"tokens", required_argument, 0, 'n'},  {"max-prompts", required_argument, 0, 'M'},
+        {"threads", required_argument, 0, 't'}, {"out", required_argument, 0, 'o'},
+        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+    const char *model_path = NULL, *draft_path = NULL, *out_path = NULL;
+    const char *sets[MAX_SETS];
+    int n_sets = 0, n_tokens = 48, layers = 8, n_threads = 0, max_prompts = MAX_PROMPTS, c;
+    optind = 2;
+    while ((c = getopt_long(argc, argv, "m:t:o:h", longs, NULL)) != -1) {
+        switch (c) {
+        case 'm': model_path = optarg; break;
+        case 'd': draft_path = optarg; break;
+        case 'L': layers = atoi(optarg); break;
+        case 'p': if (n_sets < MAX_SETS) sets[n_sets++] = optarg; break;
+        case 'n': n_tokens = atoi(optarg); break;
+        case 'M': max_prompts = atoi(optarg); break;
+        case 't': n_threads = atoi(optarg); break;
+        case 'o': out_path = optarg; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    glob_t gl = {0};
+    if (n_sets == 0 && glob("bench/prompts/*.txt", 0, NULL, &gl) == 0)
+        for (size_t i = 0; i < gl.gl_pathc && n_sets < MAX_SETS; i++) sets[n_sets++] = gl.gl_pathv[i];
+    if (!model_path || n_sets == 0 || n_tokens < 2 || n_tokens > 512 || layers < 1 || max_prompts < 1) {
+        usage(stderr);
+        globfree(&gl);
+        return 2;
+    }
+    sd_log_set(NULL, NULL, SD_LOG_WARN, "bench");
+    int rc = 1;
+    sd_gguf *g = NULL;
+    sd_tok *tok = NULL;
+    sd_model *m = NULL;
+    sd_drafter *drafters[3] = {NULL, NULL, NULL};
+    const char *dnames[3] = {"ngram", "self", "draft"};
+    char err[256];
+    int32_t *all_ids[MAX_PROMPTS];
+    int32_t all_n[MAX_PROMPTS];
+    int n_all = 0;
+    FILE *out = out_path ? fopen(out_path, "w") : stdout;
+    if (!out) goto done;
+    sd_model_params mp = sd_model_default_params();
+    mp.n_threads = n_threads;
+    if (sd_gguf_open(model_path, &g, err, sizeof err) != SD_OK || sd_tok_from_gguf(g, &tok) != SD_OK ||
+        sd_model_load(g, &mp, &m) != SD_OK) {
+        fprintf(stderr, "specd-bench: cannot load %s\n", model_path);
+        goto done;
+    }
+    sd_drafter_params dp = sd_drafter_default_params();
+    dp.max_ctx = MAX_CTX;
+    dp.n_threads = n_threads;
+    if (sd_drafter_ngram_create(&dp, &drafters[0]) != SD_OK || sd_drafter_self_view(m, layers, &dp, &drafters[1]) != SD_OK ||
+        (draft_path && sd_drafter_model_open(draft_path, sd_tok_vocab_hash(tok), sd_tok_n_vocab(tok), &dp,
+                                             &drafters[2]) != SD_OK)) {
+        fprintf(stderr, "specd-bench: cannot create the drafters\n");
+        goto done;
+    }
+    double t1 = 0, c_verify = calibrate_verify_cost(m, &t1);
+    fprintf(out, "Target %s; %d-token greedy continuations; self-draft = first %d of %d layers%s%s.\n", model_path,
+            n_tokens, layers, (int)sd_model_config_of(m)->n_layers, draft_path ? "; draft GGUF " : "",
+            draft_path ? draft_path : "");
+    fprintf(out, "Verification cost calibrated at start-up: one-token step %.1f ms, each extra verified token "
+                 "+%.3f of it (adaptive K used to assume 0.05).\n",
+            t1 * 1e3, c_verify);
+    method methods[MAX_METHODS];
+    int n_methods = 0;
+    const int ks[4] = {2, 4, 8, ADAPTIVE};
+    memset(methods, 0, sizeof methods);
+    snprintf(methods[n_methods].name, sizeof methods[0].name, "plain");
+    methods[n_methods++].drafter = -1;
+    for (int di = 0; di < 3; di++) {
+        if (!drafters[di]) continue;
+        for (int j = 0; j < 4; j++) {
+            method *mt = &methods[n_methods++];
+            mt->drafter = di;
+            mt->k = ks[j];
+            if (ks[j] == ADAPTIVE) snprintf(mt->name, sizeof mt->name, "%s K adaptive", dnames[di]);
+            else snprintf(mt->name, sizeof mt->name, "%s K=%d", dnames[di], ks[j]);
+        }
+    }
+    sd_sampling greedy = sd_sampling_default();
+    greedy.temperature = 0.0f;
+    for (int si = 0; si < n_sets; si++) {
+        char *prompts[MAX_PROMPTS];
+        int np = read_prompts(sets[si], prompts, max_prompts < MAX_PROMPTS ? max_prompts : MAX_PROMPTS);
+        if (np <= 0) {
+            fprintf(stderr, "specd-bench: no prompts in %s\n", sets[si]);
+            goto done;
+        }
+        for (int mi = 0; mi < n_methods; mi++) {
+            methods[mi].drafted = methods[mi].accepted = methods[mi].steps = methods[mi].tokens = 0;
+        }
+        for (int p = 0; p < np; p++) {
+            char *text = NULL;
+            int32_t *ids = NULL;
+            size_t n_ids = 0;
+            sd_chat_msg msg = {"user", prompts[p]};
+            if (sd_tok_chat_format(&msg, 1, NULL, true, &text) != SD_OK ||
+                sd_tok_encode(tok, text, strlen(text), true, &ids, &n_ids) != SD_OK || n_ids + 600 > MAX_CTX) {
+                free(text);
+                free(ids);
+                goto done;
+            }
+            free(text);
+            for (int mi = 0; mi < n_methods; mi++) {
+                method *mt = &methods[mi];
+                double secs = 0;
+                sd_drafter *d = mt->drafter >= 0 ? drafters[mt->drafter] : NULL;
+                int got = run_one(m, d, mt->k, c_verify, ids, (int32_t)n_ids, n_tokens, &greedy, mt, &secs, NULL);
+                if (got < 0) {
+                    free(ids);
+                    goto done;
+                }
+                mt->tps[p] = secs > 0 ? got / secs : 0;
+            }
+            if (n_all < MAX_PROMPTS) {
+                all_ids[n_all] = ids;
+                all_n[n_all++] = (int32_t)n_ids;
+            } else {
+                free(ids);
+            }
+            fprintf(stderr, "%s: prompt %d/%d done\n", sets[si], p + 1, np);
+        }
+        double plain_med = median_of(methods[0].tps, np);
+        fprintf(out, "\n### %s (%d prompts)\n\n", sets[si], np);
+        fprintf(out, "| method | tokens/s (median) | vs plain | acceptance | tokens / target step |\n");
+        fprintf(out, "| --- | --- | --- | --- | --- |\n");
+        for (int mi = 0; mi < n_methods; mi++) {
+            method *mt = &methods[mi];
+            double med = median_of(mt->tps, np);
+            fprintf(out, "| %s | %.2f | %.2fx | %.3f | %.2f |\n", mt->name, med, plain_med > 0 ? med / plain_med : 0,
+                    mt->drafted ? (double)mt->accepted / mt->drafted : 0.0,
+                    mt->steps ? (double)mt->tokens / mt->steps : 1.0);
+        }
+        fflush(out);
+        for (int p = 0; p < np; p++) free(prompts[p]);
+    }
+    if (drafters[2])
+        top_n_study(out, m, draft_path, sd_tok_vocab_hash(tok), sd_tok_n_vocab(tok), all_ids,
+                    all_n, n_all < 8 ? n_all : 8, n_tokens);
+    rc = 0;
+done:
+    for (int i = 0; i < n_all; i++) free(all_ids[i]);
+    for (int i = 0; i < 3; i++) sd_drafter_free(&drafters[i]);
+    sd_model_free(&m);
+    sd_tok_free(&tok);
+    sd_gguf_close(&g);
+    if (out && out != stdout) fclose(out);
+    globfree(&gl);
+    return rc;
+}
