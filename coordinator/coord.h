@@ -25,7 +25,8 @@
 /* Where the logic sends messages. The envelope is valid only during the call. */
 typedef struct sd_coord_io {
     void *user;
-    void (*to_worker)(void *user, const uint8_t *ident, size_t ident_len, const Specd__CoordinatorToWorker *env);
+    /* false when the peer cannot be reached (gone: ROUTER_MANDATORY) */
+    bool (*to_worker)(void *user, const uint8_t *ident, size_t ident_len, const Specd__CoordinatorToWorker *env);
     void (*to_client)(void *user, const uint8_t *ident, size_t ident_len, const Specd__CoordinatorToClient *env);
 } sd_coord_io;
 
@@ -163,6 +164,7 @@ int32_t sd_adapt_next_k(const sd_adapt *a, const sd_cost_model *c, int32_t batch
 typedef struct sd_worker {
     bool used;             /* slot in use (alive or kept for stats) */
     bool alive;
+    bool unreachable;      /* a send failed: the peer disconnected (dead at the next tick) */
     uint64_t worker_id;
     uint8_t ident[SD_MAX_IDENTITY_BYTES];
     size_t ident_len;

@@ -25,10 +25,13 @@ struct sd_coord_server {
     bool state_ok;
 };
 
-static void send_to_worker(void *user, const uint8_t *ident, size_t ident_len, const Specd__CoordinatorToWorker *env) {
+static bool send_to_worker(void *user, const uint8_t *ident, size_t ident_len, const Specd__CoordinatorToWorker *env) {
     sd_coord_server *s = user;
-    if (sd_net_send(s->worker_sock, ident, ident_len, &env->base) != SD_OK)
-        SD_WARN("send to a worker failed (gone?); body case %d", (int)env->body_case);
+    if (sd_net_send(s->worker_sock, ident, ident_len, &env->base) != SD_OK) {
+        SD_DEBUG("send to a worker failed (gone?); body case %d", (int)env->body_case);
+        return false;
+    }
+    return true;
 }
 
 static void send_to_client(void *user, const uint8_t *ident, size_t ident_len, const Specd__CoordinatorToClient *env) {
@@ -104,7 +107,7 @@ static void drain(sd_coord_server *s, bool workers) {
                     Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
                     env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_ERROR;
                     env.error = &e;
-                    send_to_worker(s, m.identity, m.identity_len, &env);
+                    (void)send_to_worker(s, m.identity, m.identity_len, &env);
                 } else {
                     sd_client_error(&s->c, m.identity, m.identity_len, SPECD__CODE__CODE_MALFORMED, 0, 0, why, now);
                 }

@@ -18,7 +18,7 @@
 
 void sd_worker_send(sd_coord *c, int32_t wi, const Specd__CoordinatorToWorker *env, uint64_t now_us) {
     sd_worker *w = &c->workers[wi];
-    c->io.to_worker(c->io.user, w->ident, w->ident_len, env);
+    if (!c->io.to_worker(c->io.user, w->ident, w->ident_len, env)) w->unreachable = true;
     w->last_send_us = now_us;
 }
 
@@ -28,7 +28,7 @@ static void send_error(sd_coord *c, const uint8_t *ident, size_t ident_len, Spec
     Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
     env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_ERROR;
     env.error = &e;
-    c->io.to_worker(c->io.user, ident, ident_len, &env);
+    (void)c->io.to_worker(c->io.user, ident, ident_len, &env);
 }
 
 static int32_t find_alive(const sd_coord *c, const uint8_t *ident, size_t ident_len) {
@@ -101,6 +101,16 @@ static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
             snprintf(msg, sizeof msg, "hello.rank: %u; only the verifier leader (rank 0) registers", h->rank);
             send_error(c, ident, ident_len, SPECD__CODE__CODE_REFUSED, msg);
             return;
+        }
+        if (c->verifier >= 0 && c->workers[c->verifier].alive) {
+            /* The old leader may be gone without a word (SIGKILL): probe it. */
+            Specd__Heartbeat hb = SPECD__HEARTBEAT__INIT;
+            hb.sent_us = sd_net_now_us();
+            Specd__CoordinatorToWorker probe = SPECD__COORDINATOR_TO_WORKER__INIT;
+            probe.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_HEARTBEAT;
+            probe.heartbeat = &hb;
+            sd_worker_send(c, c->verifier, &probe, now_us);
+            if (c->workers[c->verifier].unreachable) mark_dead(c, c->verifier, "disconnected");
         }
         if (c->verifier >= 0 && c->workers[c->verifier].alive) {
             snprintf(msg, sizeof msg, "a verifier leader (%s) is already registered", c->workers[c->verifier].name);
@@ -224,8 +234,8 @@ void sd_workers_tick(sd_coord *c, uint64_t now_us) {
         if (!w->used || !w->alive) continue;
         bool is_drafter = w->role == SPECD__ROLE__ROLE_DRAFTER;
         uint64_t timeout = (uint64_t)(is_drafter ? c->p.draft_timeout_ms : c->p.verify_timeout_ms) * 1000u;
-        if (now_us > w->last_recv_us + dead_after) {
-            mark_dead(c, i, "no heartbeat");
+        if (now_us > w->last_recv_us + dead_after || w->unreachable) {
+            mark_dead(c, i, w->unreachable ? "disconnected" : "no heartbeat");
             changed = true;
             continue;
         }

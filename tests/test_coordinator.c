@@ -56,8 +56,9 @@ static void cap(harness *h, bool w, const uint8_t *ident, size_t ident_len, cons
     c->bytes = malloc(c->len + 1);
     protobuf_c_message_pack(m, c->bytes);
 }
-static void cap_worker(void *u, const uint8_t *id, size_t n, const Specd__CoordinatorToWorker *e) {
+static bool cap_worker(void *u, const uint8_t *id, size_t n, const Specd__CoordinatorToWorker *e) {
     cap(u, true, id, n, &e->base);
+    return true;
 }
 static void cap_client(void *u, const uint8_t *id, size_t n, const Specd__CoordinatorToClient *e) {
     cap(u, false, id, n, &e->base);
