@@ -11,7 +11,9 @@
  * The coordinator compares the registered vocabulary with the target's and
  * refuses a mismatch (exit status 3). Slots hold up to --max-ctx tokens
  * (default: the model's context; for model drafters also capped so the KV
- * of --max-seqs slots stays within --kv-blocks or a quarter of memory).
+ * of --max-seqs slots stays within --kv-blocks or a quarter of the memory
+ * available; the pools are touched only as far as they are used). A
+ * sequence longer than its slot gets a per-sequence KV_FULL.
  * Exit status: 0 on SIGINT/SIGTERM, 2 for bad flags or files, 3 refused. */
 #include "draft_serve.h"
 
@@ -57,7 +59,7 @@ static void usage(FILE *f) {
             "  -t, --threads N         worker threads (default: all cores)\n"
             "      --max-seqs N        sequences held at once (default 64)\n"
             "      --kv-blocks N       model drafters: KV blocks of 16 tokens for all slots\n"
-            "                          (default: max-seqs x context/4, capped by memory)\n"
+            "                          (default: max-seqs x context, capped at a quarter of memory)\n"
             "      --max-ctx N         tokens per sequence (default: see above)\n"
             "      --top-n N           entries kept of each proposal distribution (default %d)\n"
             "      --max-draft N       tokens proposed per sequence (default 16, at most %d)\n"
@@ -164,7 +166,7 @@ static int32_t model_slot_ctx(const drafter_opts *o, const sd_worker_identity *i
         if (!have) return ctx;
         int32_t layers = o->draft_layers > 0 ? o->draft_layers : cfg.n_layers;
         int64_t block_bytes = (int64_t)layers * 2 * 16 * cfg.n_kv_heads * cfg.head_dim * 4;
-        int64_t want = ((int64_t)id->context_length / 4 / 16 + 1) * o->max_seqs;
+        int64_t want = ((int64_t)id->context_length / 16 + 1) * o->max_seqs;
         long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
         int64_t cap = pages > 0 && page > 0 ? (int64_t)pages * page / 4 / block_bytes : want;
         blocks = want < cap ? want : cap;
@@ -272,6 +274,9 @@ int main(int argc, char **argv) {
     wp.group_size = 1;
     wp.name = o.name;
     wp.limits = sd_draft_server_limits(server);
+    /* Envelopes are validated against the model's context; a sequence longer
+     * than a slot gets a per-sequence KV_FULL instead of failing the batch. */
+    if (wp.model.context_length > (uint32_t)wp.limits.max_context) wp.limits.max_context = (int32_t)wp.model.context_length;
     wp.stop_fd = stop_fd;
     wp.handle = on_request;
     wp.release = on_release;
