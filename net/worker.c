@@ -93,6 +93,7 @@ typedef struct worker_loop {
     void *zctx;
     void *sock;
     bool registered;
+    int refusals;          /* CODE_REFUSED answers to Hello so far */
     uint64_t worker_id;
     int interval_ms;       /* heartbeat interval (the Welcome may change it) */
     int liveness;
@@ -218,6 +219,7 @@ static loop_next dispatch(worker_loop *w, const sd_net_msg *m) {
             break;
         }
         w->registered = true;
+        w->refusals = 0;
         w->worker_id = env->welcome->worker_id;
         if (env->welcome->heartbeat_interval_ms > 0) w->interval_ms = (int)env->welcome->heartbeat_interval_ms;
         if (env->welcome->heartbeat_liveness > 0) w->liveness = (int)env->welcome->heartbeat_liveness;
@@ -226,7 +228,14 @@ static loop_next dispatch(worker_loop *w, const sd_net_msg *m) {
         break;
     case SPECD__COORDINATOR_TO_WORKER__BODY_ERROR: {
         const Specd__Error *e = env->error;
-        if (!w->registered) {
+        if (!w->registered && e->code == SPECD__CODE__CODE_REFUSED && w->refusals < SD_WORKER_REFUSED_RETRIES) {
+            /* Most likely the peer we replace (a verifier restarted after a
+             * clean stop) is not yet known to be dead: say Hello again once
+             * the liveness period has passed (the reconnect below). */
+            w->refusals++;
+            SD_WARN("worker: registration refused (%s); retrying after the liveness period (%d of %d)",
+                    e->message ? e->message : "", w->refusals, SD_WORKER_REFUSED_RETRIES);
+        } else if (!w->registered) {
             SD_ERROR("worker: the coordinator refused registration: %s: %s", sd_net_code_name(e->code),
                      e->message ? e->message : "");
             next = NEXT_REFUSED;
@@ -345,8 +354,9 @@ sd_status sd_worker_run(void *zctx, const sd_worker_params *p, sd_worker_exit *w
         now = sd_now();
         double dead_after = (double)w.interval_ms * w.liveness / 1e3;
         if (now - w.last_recv > dead_after) {
-            SD_WARN("worker: the coordinator has been silent for %.1f s (%s); clearing caches and reconnecting",
-                    now - w.last_recv, w.registered ? "after registration" : "no Welcome");
+            if (w.refusals == 0 || w.registered)
+                SD_WARN("worker: the coordinator has been silent for %.1f s (%s); clearing caches and reconnecting",
+                        now - w.last_recv, w.registered ? "after registration" : "no Welcome");
             p->reset(p->user);
             sd_net_close(&w.sock);
             st = connect_and_hello(&w);

@@ -85,7 +85,7 @@ static void *loop_main(void *arg) {
     return NULL;
 }
 
-static void loop_start(loop_thread *t, const char *endpoint) {
+static void loop_start(loop_thread *t, const char *endpoint, int liveness) {
     memset(t, 0, sizeof *t);
     assert_int_equal(pipe(t->stop_pipe), 0);
     t->zctx = zmq_ctx_new();
@@ -100,7 +100,7 @@ static void loop_start(loop_thread *t, const char *endpoint) {
     t->p.limits = (sd_net_limits){VOCAB, 512, 8, 4};
     t->p.stop_fd = t->stop_pipe[0];
     t->p.heartbeat_interval_ms = 40;
-    t->p.liveness = 50; /* 2 s: the loop's own checks in the first test never trip */
+    t->p.liveness = liveness; /* until a Welcome says otherwise */
     t->p.handle = stub_handle;
     t->p.release = stub_release;
     t->p.reset = stub_reset;
@@ -220,7 +220,7 @@ static void test_register_serve_heartbeat_stop(void **state) {
     fake_coord c;
     coord_open(&c);
     loop_thread t;
-    loop_start(&t, c.endpoint);
+    loop_start(&t, c.endpoint, 50); /* 2 s: never trips by itself here */
 
     Specd__WorkerToCoordinator *env = coord_expect(&c, SPECD__WORKER_TO_COORDINATOR__BODY_HELLO);
     const Specd__Hello *h = env->hello;
@@ -299,7 +299,7 @@ static void test_refused(void **state) {
     fake_coord c;
     coord_open(&c);
     loop_thread t;
-    loop_start(&t, c.endpoint);
+    loop_start(&t, c.endpoint, 50); /* 2 s: never trips by itself here */
     Specd__WorkerToCoordinator *env = coord_expect(&c, SPECD__WORKER_TO_COORDINATOR__BODY_HELLO);
     specd__worker_to_coordinator__free_unpacked(env, NULL);
     Specd__Error e = SPECD__ERROR__INIT;
@@ -314,12 +314,41 @@ static void test_refused(void **state) {
     coord_close(&c);
 }
 
+/* CODE_REFUSED (a leader still believed alive) is retried from a new socket after
+ * the liveness period; a Welcome then registers the worker. */
+static void test_refused_leader_retried(void **state) {
+    (void)state;
+    fake_coord c;
+    coord_open(&c);
+    loop_thread t;
+    loop_start(&t, c.endpoint, 4); /* 160 ms without a Welcome: reconnect */
+    Specd__WorkerToCoordinator *env = coord_expect(&c, SPECD__WORKER_TO_COORDINATOR__BODY_HELLO);
+    specd__worker_to_coordinator__free_unpacked(env, NULL);
+    Specd__Error e = SPECD__ERROR__INIT;
+    sd_net_error_init(&e, SPECD__CODE__CODE_REFUSED, 0, 0, "a verifier leader (x) is already registered");
+    Specd__CoordinatorToWorker out = SPECD__COORDINATOR_TO_WORKER__INIT;
+    out.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_ERROR;
+    out.error = &e;
+    coord_send(&c, &out);
+    env = coord_expect(&c, SPECD__WORKER_TO_COORDINATOR__BODY_HELLO); /* the retry */
+    specd__worker_to_coordinator__free_unpacked(env, NULL);
+    send_welcome(&c, 40, 50);
+    send_verify(&c, 8, 1);
+    env = coord_expect(&c, SPECD__WORKER_TO_COORDINATOR__BODY_VERIFY);
+    assert_int_equal(env->verify->step_id, 8);
+    specd__worker_to_coordinator__free_unpacked(env, NULL);
+    assert_int_equal(write(t.stop_pipe[1], "x", 1), 1);
+    loop_join(&t);
+    assert_int_equal(t.why, SD_WORKER_STOPPED);
+    coord_close(&c);
+}
+
 static void test_silent_coordinator_reconnect(void **state) {
     (void)state;
     fake_coord c;
     coord_open(&c);
     loop_thread t;
-    loop_start(&t, c.endpoint);
+    loop_start(&t, c.endpoint, 50); /* 2 s: never trips by itself here */
     Specd__WorkerToCoordinator *env = coord_expect(&c, SPECD__WORKER_TO_COORDINATOR__BODY_HELLO);
     specd__worker_to_coordinator__free_unpacked(env, NULL);
     uint8_t first[SD_MAX_IDENTITY_BYTES];
@@ -342,6 +371,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_register_serve_heartbeat_stop),
         cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_refused_leader_retried),
         cmocka_unit_test(test_silent_coordinator_reconnect),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

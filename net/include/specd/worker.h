@@ -13,7 +13,10 @@
  * in that time) the worker clears every cache (reset callback), closes and
  * reopens its socket and registers again. An Error in answer to Hello is a
  * refusal: it is logged and the loop returns SD_WORKER_REFUSED (main exits
- * with status 3). Readable input on stop_fd (a signalfd or the read end of a
+ * with status 3) — except CODE_REFUSED ("a verifier leader is already
+ * registered"), which is retried SD_WORKER_REFUSED_RETRIES times one
+ * liveness period apart, because a verifier restarted right after a clean
+ * stop is refused until the coordinator notices that its predecessor died. Readable input on stop_fd (a signalfd or the read end of a
  * self-pipe written by a signal handler) ends the loop cleanly.
  *
  * The handler runs on the loop's thread: while it computes, no heartbeat is
@@ -83,6 +86,9 @@ typedef struct sd_worker_params {
 /* Defaults: heartbeat constants of net.h, group_size 1, stop_fd -1,
  * architecture "llama", everything else 0/NULL. */
 sd_worker_params sd_worker_default_params(void);
+
+/* CODE_REFUSED answers to Hello retried before giving up. */
+#define SD_WORKER_REFUSED_RETRIES 3
 
 typedef enum sd_worker_exit {
     SD_WORKER_STOPPED = 0,  /* stop_fd became readable: clean exit */
