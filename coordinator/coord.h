@@ -102,6 +102,7 @@ typedef struct sd_session {
     float *q_probs;
     size_t q_cap;
     sd_adapt adapt;
+    int32_t verify_failures; /* consecutive failed verify steps (bounded retries) */
 
     /* stats */
     uint32_t drafted, accepted, target_steps;
@@ -173,6 +174,7 @@ typedef struct sd_worker {
     char name[64];
     Specd__DrafterKind drafter_kind;
     int32_t max_batch, max_draft;
+    int32_t n_ctx;         /* model context from Hello (0 = not given) */
     uint32_t kv_blocks_total, kv_blocks_free, n_sequences;
     uint64_t steps;
     uint64_t last_recv_us, last_send_us;

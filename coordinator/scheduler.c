@@ -85,6 +85,8 @@ static int32_t k_cap(const sd_coord *c, const sd_session *s) {
     cap = imin(cap, SD_MAX_DRAFT);
     cap = imin(cap, s->max_tokens - sd_session_generated(s) - 1); /* the target adds one */
     cap = imin(cap, s->max_context - s->n_tokens - 1);
+    int32_t d_ctx = c->workers[c->drafter].n_ctx;
+    if (d_ctx > 0) cap = imin(cap, d_ctx - s->n_tokens - 1); /* the drafter's own context */
     return cap < 0 ? 0 : cap;
 }
 
@@ -428,9 +430,17 @@ void sd_sched_fail_step(sd_coord *c, int32_t wi, const char *why) {
         if (verifier) {
             s->in_verify = false;
             s->v_cached = 0;
+            if (++s->verify_failures > 3 && s->state != SD_SESSION_FINISHED) {
+                sd_sched_abort(c, s, SPECD__CODE__CODE_INTERNAL, "the verifier failed this request's step 4 times",
+                               true, 0);
+                continue;
+            }
         } else {
             s->in_draft = false;
             s->d_cached = 0;
+            /* no drafts at this length: verify with K = 0 rather than retry at once */
+            s->draft_base = s->n_tokens;
+            s->n_draft = 0;
         }
         reap(c, s);
     }
@@ -584,6 +594,7 @@ void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r,
         }
         switch (vr->code) {
         case SPECD__CODE__CODE_OK:
+            s->verify_failures = 0;
             s->v_cached = (int32_t)vr->cached_len;
             if (w->prefill_only) break;
             s->target_steps++;
