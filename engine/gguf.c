@@ -297,7 +297,7 @@ static sd_status parse_tensor_info(parser *p, sd_gguf *g, int64_t idx) {
     sd_gguf_tensor *t = &g->tensors[idx];
     sd_gguf_str name;
     SD_TRY(read_str(p, &name, "tensor name"));
-    char *copy;
+    char *copy = NULL;
     SD_TRY(copy_name(p, name, "tensor name", &copy));
     t->name = copy;
     g->n_tensors = idx + 1; /* owns the name from here on */
