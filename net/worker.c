@@ -1,10 +1,21 @@
 /* worker.c — the register / serve / heartbeat / reconnect loop shared by
  * specd-drafter and specd-verifier (see worker.h).
  *
- * One thread, one zmq_poll over the DEALER and the stop fd. The poll timeout
+ * One thread owns the socket: one zmq_poll over the DEALER, the compute
+ * thread's completion eventfd and the stop fd. Steps run on a second
+ * thread (one at a time; the rest queue in arrival order, Release
+ * included, so state is never touched by two threads at once), because a
+ * worker that stops heartbeating while it computes a long step looks dead
+ * to the coordinator, which then drops it and its work, forever, if every
+ * step is that long. The rejected alternative, a heartbeat from inside the
+ * handler, would need every engine call to yield. The poll timeout
  * is the time left until the next heartbeat is due, so an idle worker wakes
- * once per interval: it sends a heartbeat when it sent nothing else in that
- * interval and checks the coordinator's liveness. Liveness is judged only
+ * once per interval to heartbeat and check the coordinator's liveness. A
+ * busy worker heartbeats once per interval too (between requests), rather
+ * than only when it sent nothing else: the heartbeat carries the KV stats,
+ * and the coordinator's view of blocks in use (ServiceStats.workers) would
+ * otherwise freeze while the worker is busiest. It costs one small message
+ * per interval. Liveness is judged only
  * after the socket has been drained, so a long handler call (whose
  * heartbeats from the coordinator queued up meanwhile) never counts as
  * silence. Reconnecting closes and reopens the DEALER (a fresh routing id:
@@ -21,8 +32,10 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/signalfd.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -87,6 +100,9 @@ sd_status sd_worker_signal_fd(int *fd) {
     return SD_OK;
 }
 
+/* Requests and releases that may wait behind the running step. */
+#define WORKER_QUEUE 64
+
 /* The loop's state across reconnects. */
 typedef struct worker_loop {
     const sd_worker_params *p;
@@ -97,14 +113,28 @@ typedef struct worker_loop {
     uint64_t worker_id;
     int interval_ms;       /* heartbeat interval (the Welcome may change it) */
     int liveness;
-    double last_send;      /* sd_now() of the last message sent */
+    double last_beat;      /* sd_now() of the last heartbeat sent (or of the Hello) */
     double last_recv;      /* sd_now() of the last message received (or connect) */
     char name[128];
+    /* The compute thread: runs p->handle while this thread keeps the socket. */
+    pthread_t compute;
+    bool compute_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool job_ready, quit;                 /* under mu */
+    Specd__CoordinatorToWorker *job;      /* under mu while job_ready */
+    sd_status job_status;                 /* under mu, written by the compute thread */
+    Specd__WorkerToCoordinator job_reply; /* under mu, written by the compute thread */
+    int done_fd;                          /* eventfd: the compute thread finished a job */
+    bool busy;                            /* a job is out (this thread's view) */
+    Specd__CoordinatorToWorker *current;  /* the job out, freed when it completes */
+    Specd__CoordinatorToWorker *queue[WORKER_QUEUE]; /* requests and releases waiting for the job */
+    int q_head, q_len;
+    Specd__WorkerStats stats;             /* snapshot taken while no job is out */
 } worker_loop;
 
 static sd_status loop_send(worker_loop *w, const Specd__WorkerToCoordinator *env) {
     sd_status st = sd_net_send(w->sock, NULL, 0, &env->base);
-    if (st == SD_OK) w->last_send = sd_now();
     return st;
 }
 
@@ -126,8 +156,7 @@ static sd_status send_hello(worker_loop *w) {
     id.context_length = p->model.context_length;
     id.name = (char *)p->model.name;
     id.n_layers = p->model.n_layers;
-    Specd__WorkerStats stats = SPECD__WORKER_STATS__INIT;
-    p->stats(p->user, &stats);
+    Specd__WorkerStats stats = w->stats;
     Specd__Hello h = SPECD__HELLO__INIT;
     h.protocol_version = SD_PROTOCOL_VERSION;
     h.role = p->role;
@@ -145,15 +174,23 @@ static sd_status send_hello(worker_loop *w) {
     return loop_send(w, &env);
 }
 
+/* Refreshes the stats snapshot; only while no job is out (the callbacks are not thread-safe). */
+static void refresh_stats(worker_loop *w) {
+    if (w->busy) return;
+    specd__worker_stats__init(&w->stats);
+    w->p->stats(w->p->user, &w->stats);
+}
+
 static void send_heartbeat(worker_loop *w) {
-    Specd__WorkerStats stats = SPECD__WORKER_STATS__INIT;
-    w->p->stats(w->p->user, &stats);
+    refresh_stats(w);
+    Specd__WorkerStats stats = w->stats;
     Specd__Heartbeat hb = SPECD__HEARTBEAT__INIT;
     hb.sent_us = sd_net_now_us();
     hb.stats = &stats;
     Specd__WorkerToCoordinator env = SPECD__WORKER_TO_COORDINATOR__INIT;
     env.body_case = SPECD__WORKER_TO_COORDINATOR__BODY_HEARTBEAT;
     env.heartbeat = &hb;
+    w->last_beat = sd_now();
     if (loop_send(w, &env) != SD_OK) SD_WARN("worker: could not send a heartbeat");
 }
 
@@ -164,6 +201,7 @@ static sd_status connect_and_hello(worker_loop *w) {
     SD_TRY(sd_net_socket_open(w->zctx, &sp, NULL, w->p->coordinator, &w->sock));
     w->registered = false;
     w->last_recv = sd_now();
+    w->last_beat = w->last_recv;
     SD_INFO("worker: connecting to %s, sending Hello", w->p->coordinator);
     sd_status st = send_hello(w);
     if (st != SD_OK) sd_net_close(&w->sock);
@@ -173,32 +211,123 @@ static sd_status connect_and_hello(worker_loop *w) {
 /* What one received message asks the loop to do next. */
 typedef enum { NEXT_CONTINUE, NEXT_REFUSED } loop_next;
 
-static void serve_request(worker_loop *w, const Specd__CoordinatorToWorker *env) {
-    const sd_worker_params *p = w->p;
-    bool is_draft = env->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT;
-    uint64_t step = is_draft ? env->draft->step_id : env->verify->step_id;
-    Specd__Role wanted = is_draft ? SPECD__ROLE__ROLE_DRAFTER : SPECD__ROLE__ROLE_VERIFIER;
-    if (!w->registered) {
-        send_error(w, SPECD__CODE__CODE_PROTOCOL, 0, "request before Welcome: this worker is not registered yet");
-        return;
+static void *compute_main(void *arg) {
+    worker_loop *w = arg;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (!w->job_ready && !w->quit) pthread_cond_wait(&w->cv, &w->mu);
+        if (w->quit) break;
+        Specd__CoordinatorToWorker *env = w->job;
+        pthread_mutex_unlock(&w->mu);
+        Specd__WorkerToCoordinator reply = SPECD__WORKER_TO_COORDINATOR__INIT;
+        sd_status st = w->p->handle(w->p->user, env, &reply);
+        pthread_mutex_lock(&w->mu);
+        w->job_status = st;
+        w->job_reply = reply;
+        w->job_ready = false;
+        uint64_t one = 1;
+        if (write(w->done_fd, &one, sizeof one) != sizeof one) SD_ERROR("worker: cannot signal a finished step");
     }
-    if (p->role != wanted) {
-        char msg[160];
-        snprintf(msg, sizeof msg, "%s request (step %llu) sent to a %s", is_draft ? "draft" : "verify",
-                 (unsigned long long)step, p->role == SPECD__ROLE__ROLE_DRAFTER ? "drafter" : "verifier");
-        send_error(w, SPECD__CODE__CODE_PROTOCOL, 0, msg);
-        return;
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+static uint64_t step_of(const Specd__CoordinatorToWorker *env) {
+    return env->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT ? env->draft->step_id : env->verify->step_id;
+}
+
+/* Hands env (owned from now on) to the compute thread. */
+static void start_job(worker_loop *w, Specd__CoordinatorToWorker *env) {
+    refresh_stats(w); /* the last snapshot before the state changes under the job */
+    pthread_mutex_lock(&w->mu);
+    w->job = env;
+    w->job_ready = true;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    w->busy = true;
+    w->current = env;
+}
+
+/* Collects the finished job: sends its reply when send_reply, frees it. Blocks until it is done. */
+static void finish_job(worker_loop *w, bool send_reply) {
+    if (!w->busy) return;
+    uint64_t n = 0;
+    struct pollfd pfd = {w->done_fd, POLLIN, 0};
+    while (read(w->done_fd, &n, sizeof n) != sizeof n) {
+        if (errno != EAGAIN && errno != EINTR) break;
+        poll(&pfd, 1, 1000);
     }
-    Specd__WorkerToCoordinator reply = SPECD__WORKER_TO_COORDINATOR__INIT;
-    sd_status st = p->handle(p->user, env, &reply);
-    if (st != SD_OK) {
+    pthread_mutex_lock(&w->mu);
+    sd_status st = w->job_status;
+    Specd__WorkerToCoordinator reply = w->job_reply;
+    pthread_mutex_unlock(&w->mu);
+    uint64_t step = step_of(w->current);
+    if (send_reply && st != SD_OK) {
         char msg[160];
         snprintf(msg, sizeof msg, "worker: step %llu failed: %s", (unsigned long long)step, sd_status_str(st));
         SD_ERROR("%s", msg);
         send_error(w, SPECD__CODE__CODE_INTERNAL, 0, msg);
-        return;
+    } else if (send_reply && loop_send(w, &reply) != SD_OK) {
+        SD_WARN("worker: could not send the reply of step %llu", (unsigned long long)step);
     }
-    if (loop_send(w, &reply) != SD_OK) SD_WARN("worker: could not send the reply of step %llu", (unsigned long long)step);
+    specd__coordinator_to_worker__free_unpacked(w->current, NULL);
+    w->current = NULL;
+    w->busy = false;
+    refresh_stats(w);
+}
+
+/* Runs what waits in the queue until a job is out or the queue is empty. */
+static void run_queue(worker_loop *w) {
+    while (!w->busy && w->q_len > 0) {
+        Specd__CoordinatorToWorker *env = w->queue[w->q_head];
+        w->q_head = (w->q_head + 1) % WORKER_QUEUE;
+        w->q_len--;
+        if (env->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_RELEASE) {
+            w->p->release(w->p->user, env->release->request_ids, env->release->n_request_ids);
+            specd__coordinator_to_worker__free_unpacked(env, NULL);
+        } else {
+            start_job(w, env);
+        }
+    }
+}
+
+static void clear_queue(worker_loop *w) {
+    while (w->q_len > 0) {
+        specd__coordinator_to_worker__free_unpacked(w->queue[w->q_head], NULL);
+        w->q_head = (w->q_head + 1) % WORKER_QUEUE;
+        w->q_len--;
+    }
+}
+
+/* Queues env behind the running job (or runs it now); true when env was taken. */
+static bool enqueue(worker_loop *w, Specd__CoordinatorToWorker *env) {
+    if (w->q_len == WORKER_QUEUE) {
+        send_error(w, SPECD__CODE__CODE_OVERLOADED, 0, "worker queue full: 64 requests wait behind the running step");
+        return false;
+    }
+    w->queue[(w->q_head + w->q_len) % WORKER_QUEUE] = env;
+    w->q_len++;
+    run_queue(w);
+    return true;
+}
+
+/* A draft or verify request: true when env was taken (queued or running). */
+static bool serve_request(worker_loop *w, Specd__CoordinatorToWorker *env) {
+    const sd_worker_params *p = w->p;
+    bool is_draft = env->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT;
+    Specd__Role wanted = is_draft ? SPECD__ROLE__ROLE_DRAFTER : SPECD__ROLE__ROLE_VERIFIER;
+    if (!w->registered) {
+        send_error(w, SPECD__CODE__CODE_PROTOCOL, 0, "request before Welcome: this worker is not registered yet");
+        return false;
+    }
+    if (p->role != wanted) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "%s request (step %llu) sent to a %s", is_draft ? "draft" : "verify",
+                 (unsigned long long)step_of(env), p->role == SPECD__ROLE__ROLE_DRAFTER ? "drafter" : "verifier");
+        send_error(w, SPECD__CODE__CODE_PROTOCOL, 0, msg);
+        return false;
+    }
+    return enqueue(w, env);
 }
 
 static loop_next dispatch(worker_loop *w, const sd_net_msg *m) {
@@ -212,6 +341,7 @@ static loop_next dispatch(worker_loop *w, const sd_net_msg *m) {
         return NEXT_CONTINUE;
     }
     loop_next next = NEXT_CONTINUE;
+    bool taken = false;
     switch (env->body_case) {
     case SPECD__COORDINATOR_TO_WORKER__BODY_WELCOME:
         if (w->registered) {
@@ -249,21 +379,21 @@ static loop_next dispatch(worker_loop *w, const sd_net_msg *m) {
         break;
     case SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT:
     case SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY:
-        serve_request(w, env);
+        taken = serve_request(w, env);
         break;
     case SPECD__COORDINATOR_TO_WORKER__BODY_RELEASE:
         if (!w->registered) {
             send_error(w, SPECD__CODE__CODE_PROTOCOL, 0, "Release before Welcome: this worker is not registered yet");
             break;
         }
-        p->release(p->user, env->release->request_ids, env->release->n_request_ids);
+        taken = enqueue(w, env); /* in order with the requests before it */
         break;
     default:
         SD_WARN("worker: envelope with no body (case %d), ignored", (int)env->body_case);
         send_error(w, SPECD__CODE__CODE_MALFORMED, 0, "envelope has no body");
         break;
     }
-    specd__coordinator_to_worker__free_unpacked(env, NULL);
+    if (!taken) specd__coordinator_to_worker__free_unpacked(env, NULL);
     return next;
 }
 
@@ -300,6 +430,39 @@ static bool stop_requested(int fd, short revents) {
     return fd >= 0 && (revents & (POLLIN | POLLERR | POLLHUP)) != 0;
 }
 
+/* Starts the compute thread and its completion eventfd. */
+static sd_status compute_start(worker_loop *w) {
+    w->done_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (w->done_fd < 0) {
+        SD_ERROR("worker: eventfd: %s", strerror(errno));
+        return SD_ERR_INTERNAL;
+    }
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    if (pthread_create(&w->compute, NULL, compute_main, w) != 0) {
+        SD_ERROR("worker: cannot start the compute thread");
+        close(w->done_fd);
+        return SD_ERR_INTERNAL;
+    }
+    w->compute_started = true;
+    return SD_OK;
+}
+
+static void compute_stop(worker_loop *w) {
+    if (!w->compute_started) return;
+    finish_job(w, false);
+    clear_queue(w);
+    pthread_mutex_lock(&w->mu);
+    w->quit = true;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->compute, NULL);
+    pthread_cond_destroy(&w->cv);
+    pthread_mutex_destroy(&w->mu);
+    close(w->done_fd);
+    w->compute_started = false;
+}
+
 sd_status sd_worker_run(void *zctx, const sd_worker_params *p, sd_worker_exit *why) {
     if (!zctx || !p || !why || !p->coordinator || !p->handle || !p->release || !p->reset || !p->stats ||
         p->heartbeat_interval_ms <= 0 || p->liveness <= 0) {
@@ -307,44 +470,52 @@ sd_status sd_worker_run(void *zctx, const sd_worker_params *p, sd_worker_exit *w
         return SD_ERR_INVALID_ARG;
     }
     *why = SD_WORKER_STOPPED;
-    worker_loop w;
-    memset(&w, 0, sizeof w);
-    w.p = p;
-    w.zctx = zctx;
-    w.interval_ms = p->heartbeat_interval_ms;
-    w.liveness = p->liveness;
+    worker_loop *wp = calloc(1, sizeof *wp);
+    if (!wp) return SD_ERR_NOMEM;
+    worker_loop *w = wp;
+    w->p = p;
+    w->zctx = zctx;
+    w->interval_ms = p->heartbeat_interval_ms;
+    w->liveness = p->liveness;
     if (p->name && p->name[0]) {
-        snprintf(w.name, sizeof w.name, "%s", p->name);
+        snprintf(w->name, sizeof w->name, "%s", p->name);
     } else {
         char host[64] = "localhost";
         gethostname(host, sizeof host - 1);
-        snprintf(w.name, sizeof w.name, "%s:%ld", host, (long)getpid());
+        snprintf(w->name, sizeof w->name, "%s:%ld", host, (long)getpid());
     }
-    SD_TRY(connect_and_hello(&w));
-    sd_status st = SD_OK;
-    for (;;) {
+    refresh_stats(w);
+    sd_status st = compute_start(w);
+    if (st == SD_OK) st = connect_and_hello(w);
+    while (st == SD_OK) {
         double now = sd_now();
-        double until_beat = w.interval_ms / 1e3 - (now - w.last_send);
+        double until_beat = w->interval_ms / 1e3 - (now - w->last_beat);
         long timeout_ms = until_beat > 0 ? (long)(until_beat * 1e3) + 1 : 0;
-        if (!w.registered) timeout_ms = w.interval_ms; /* only the liveness check is due */
-        zmq_pollitem_t items[2] = {
-            {w.sock, 0, ZMQ_POLLIN, 0},
+        if (!w->registered) timeout_ms = w->interval_ms; /* only the liveness check is due */
+        zmq_pollitem_t items[3] = {
+            {w->sock, 0, ZMQ_POLLIN, 0},
+            {NULL, w->done_fd, ZMQ_POLLIN, 0},
             {NULL, p->stop_fd, ZMQ_POLLIN, 0},
         };
-        int rc = zmq_poll(items, p->stop_fd >= 0 ? 2 : 1, timeout_ms);
+        int rc = zmq_poll(items, p->stop_fd >= 0 ? 3 : 2, timeout_ms);
         if (rc < 0) {
             if (zmq_errno() == EINTR) continue;
             SD_ERROR("worker: zmq_poll: %s", zmq_strerror(zmq_errno()));
             st = SD_ERR_NET;
             break;
         }
-        if (p->stop_fd >= 0 && stop_requested(p->stop_fd, items[1].revents)) {
-            SD_INFO("worker: stop requested, closing the connection");
+        if (p->stop_fd >= 0 && stop_requested(p->stop_fd, items[2].revents)) {
+            SD_INFO("worker: stop requested%s, closing the connection", w->busy ? " (finishing the running step)" : "");
+            finish_job(w, true);
             break;
+        }
+        if (items[1].revents & ZMQ_POLLIN) {
+            finish_job(w, true);
+            run_queue(w);
         }
         if (items[0].revents & ZMQ_POLLIN) {
             loop_next next;
-            st = drain(&w, &next);
+            st = drain(w, &next);
             if (st != SD_OK) break;
             if (next == NEXT_REFUSED) {
                 *why = SD_WORKER_REFUSED;
@@ -352,20 +523,23 @@ sd_status sd_worker_run(void *zctx, const sd_worker_params *p, sd_worker_exit *w
             }
         }
         now = sd_now();
-        double dead_after = (double)w.interval_ms * w.liveness / 1e3;
-        if (now - w.last_recv > dead_after) {
-            if (w.refusals == 0 || w.registered)
+        double dead_after = (double)w->interval_ms * w->liveness / 1e3;
+        if (now - w->last_recv > dead_after) {
+            if (w->refusals == 0 || w->registered)
                 SD_WARN("worker: the coordinator has been silent for %.1f s (%s); clearing caches and reconnecting",
-                        now - w.last_recv, w.registered ? "after registration" : "no Welcome");
+                        now - w->last_recv, w->registered ? "after registration" : "no Welcome");
+            finish_job(w, false);
+            clear_queue(w);
             p->reset(p->user);
-            sd_net_close(&w.sock);
-            st = connect_and_hello(&w);
-            if (st != SD_OK) break;
+            refresh_stats(w);
+            sd_net_close(&w->sock);
+            st = connect_and_hello(w);
             continue;
         }
-        /* Before Welcome nothing is sent: an unanswered Hello ends in a reconnect above. */
-        if (w.registered && now - w.last_send >= w.interval_ms / 1e3) send_heartbeat(&w);
+        if (w->registered && now - w->last_beat >= w->interval_ms / 1e3) send_heartbeat(w);
     }
-    sd_net_close(&w.sock);
+    compute_stop(w);
+    sd_net_close(&w->sock);
+    free(wp);
     return st;
 }

@@ -42,6 +42,7 @@ static sd_status stub_handle(void *user, const Specd__CoordinatorToWorker *req, 
     stub *s = user;
     s->n_handled++;
     const Specd__VerifyRequest *vr = req->verify;
+    if (vr->seqs[0]->append[0] == 77) usleep(400 * 1000); /* a long step */
     specd__verify_result__init(&s->result);
     s->result.request_id = vr->seqs[0]->request_id;
     s->result.code = SPECD__CODE__CODE_OK;
@@ -244,11 +245,33 @@ static void test_register_serve_heartbeat_stop(void **state) {
     send_welcome(&c, 40, 50);
     send_verify(&c, 2, 5);
     env = coord_expect(&c, SPECD__WORKER_TO_COORDINATOR__BODY_VERIFY);
+    double deadline;
     assert_int_equal(env->verify->step_id, 2);
     assert_int_equal(env->verify->n_results, 1);
     assert_int_equal(env->verify->results[0]->request_id, 42);
     assert_int_equal(env->verify->results[0]->commit[0], 6);
     specd__worker_to_coordinator__free_unpacked(env, NULL);
+
+    /* A 400 ms step: heartbeats (40 ms) keep coming while it runs, and a
+     * Release sent meanwhile waits behind it. */
+    int beats_before = c.heartbeats;
+    send_verify(&c, 20, 77);
+    uint64_t early = 99;
+    Specd__Release early_rel = SPECD__RELEASE__INIT;
+    early_rel.request_ids = &early;
+    early_rel.n_request_ids = 1;
+    Specd__CoordinatorToWorker eenv = SPECD__COORDINATOR_TO_WORKER__INIT;
+    eenv.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_RELEASE;
+    eenv.release = &early_rel;
+    coord_send(&c, &eenv);
+    env = coord_expect(&c, SPECD__WORKER_TO_COORDINATOR__BODY_VERIFY);
+    assert_int_equal(env->verify->step_id, 20);
+    specd__worker_to_coordinator__free_unpacked(env, NULL);
+    assert_true(c.heartbeats - beats_before >= 4);
+    deadline = sd_now() + WAIT_MS / 1e3;
+    while (t.stub.n_released < 1 && sd_now() < deadline) usleep(1000);
+    assert_int_equal(t.stub.n_released, 1);
+    t.stub.n_released = 0;
 
     /* Malformed bytes, then a token out of range: errors, and the loop carries on. */
     assert_int_equal(zmq_send(c.router, c.peer, c.peer_len, ZMQ_SNDMORE), (int)c.peer_len);
@@ -261,7 +284,7 @@ static void test_register_serve_heartbeat_stop(void **state) {
     assert_int_equal(env->verify->step_id, 4);
     assert_int_equal(env->verify->results[0]->commit[0], 10);
     specd__worker_to_coordinator__free_unpacked(env, NULL);
-    assert_int_equal(t.stub.n_handled, 2);
+    assert_int_equal(t.stub.n_handled, 3);
 
     /* Release reaches its callback; idle heartbeats (40 ms) keep coming with stats. */
     uint64_t ids[2] = {42, 43};
@@ -273,7 +296,7 @@ static void test_register_serve_heartbeat_stop(void **state) {
     renv.release = &rel;
     coord_send(&c, &renv);
     int before = c.heartbeats;
-    double deadline = sd_now() + WAIT_MS / 1e3;
+    deadline = sd_now() + WAIT_MS / 1e3;
     while (c.heartbeats < before + 3 && sd_now() < deadline) {
         zmq_pollitem_t item = {c.router, 0, ZMQ_POLLIN, 0};
         if (zmq_poll(&item, 1, 100) <= 0) continue;

@@ -7,8 +7,9 @@
  * sd_net_decode_to_worker against the worker's limits (undecodable or out of
  * range: an Error with the decoder's code goes back and the loop carries
  * on); DraftRequest / VerifyRequest go to the role's handler, whose reply is
- * sent; Release goes to the release callback. When nothing was sent for a
- * heartbeat interval the worker sends a Heartbeat with its stats. When the
+ * sent; Release goes to the release callback. Once per heartbeat interval,
+ * busy or idle, the worker sends a Heartbeat with its stats (so the
+ * coordinator's view of KV blocks stays current under load). When the
  * coordinator is silent for `liveness` intervals (or does not answer Hello
  * in that time) the worker clears every cache (reset callback), closes and
  * reopens its socket and registers again. An Error in answer to Hello is a
@@ -19,9 +20,13 @@
  * stop is refused until the coordinator notices that its predecessor died. Readable input on stop_fd (a signalfd or the read end of a
  * self-pipe written by a signal handler) ends the loop cleanly.
  *
- * The handler runs on the loop's thread: while it computes, no heartbeat is
- * sent (a step longer than the coordinator's liveness period looks like a
- * dead worker). Nothing here keeps global state. */
+ * The handler runs on a compute thread of the loop's own, so heartbeats
+ * and the coordinator's liveness keep being handled during a long step (a
+ * SmolLM2 prefill of many prompts takes seconds on a small CPU); requests
+ * and releases that arrive meanwhile wait in order behind it. The release,
+ * reset and stats callbacks run on the loop's thread and only while no step
+ * is running, so no callback needs to be thread-safe. Nothing here keeps
+ * global state. */
 #ifndef SPECD_WORKER_H
 #define SPECD_WORKER_H
 
@@ -31,7 +36,8 @@
 extern "C" {
 #endif
 
-/* Serves one request (req->body_case is DRAFT or VERIFY): fills *reply (an
+/* Serves one request (req->body_case is DRAFT or VERIFY), on the loop's
+ * compute thread: fills *reply (an
  * initialized WorkerToCoordinator) with the response, pointing into memory
  * the handler owns and keeps valid until its next call. SD_OK even when
  * some sequences failed (per-sequence codes); any other status makes the
