@@ -23,10 +23,12 @@
  *   requests carry on (see DESIGN.md, "Failure semantics"). A coordinator
  *   that dies takes every request's state with it: the launcher stops the
  *   rest and exits 1 so that the supervisor above it (systemd, Slurm)
- *   decides. A child that exits at once with status 2 (usage), 3
- *   (registration refused, e.g. vocabulary mismatch) or 127 (cannot exec)
- *   is a configuration error that a restart cannot fix: everything is
- *   stopped and the launcher exits 1.
+ *   decides. A child that, on its first start, exits at once with status
+ *   2 (usage), 3 (registration refused, e.g. vocabulary mismatch) or 127
+ *   (cannot exec) is a configuration error that a restart cannot fix:
+ *   everything is stopped and the launcher exits 1. (A restarted verifier
+ *   refused because the coordinator has not yet noticed its predecessor's
+ *   death is retried with back-off instead.)
  * Rejected: a shell script (no PDEATHSIG, racy readiness), restarting the
  * coordinator (it would silently drop every request in flight). */
 #include "specd/common.h"
@@ -297,7 +299,10 @@ static void reap(launcher *L) {
             L->exit_code = 1;
             continue;
         }
-        if (ran < EARLY_EXIT_MS && (code == 2 || code == 3 || code == 127)) {
+        /* Only a first start can reveal a configuration error: a restarted
+         * verifier may well be refused (status 3) while the coordinator
+         * still counts its dead predecessor as alive; back-off fixes that. */
+        if (c->restarts == 0 && ran < EARLY_EXIT_MS && (code == 2 || code == 3 || code == 127)) {
             SD_ERROR("%s %s %.0f ms after start: a configuration error (usage, refused registration or "
                      "missing binary; see its log above); stopping the service",
                      c->name, why, ran);

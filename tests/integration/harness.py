@@ -67,7 +67,9 @@ PR_SET_PDEATHSIG = 1
 
 
 def _child_setup():
-    # Runs in the forked child: die with the test, own process group.
+    # Runs in the forked child: die with the test, own process group. The
+    # death signal follows the *thread* that forked: start processes from
+    # threads that live as long as the processes (normally the main one).
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     os.setpgid(0, 0)
 
@@ -211,6 +213,11 @@ class Harness:
             print("---- log of %s (pid %d, %s) ----" % (p.name, p.pid,
                   "running" if p.alive() else "exit %s" % p.popen.returncode))
             print(p.log_tail())
+            # SPECD_IT_GDB=1: stacks of the processes still running (hangs).
+            if p.alive() and os.environ.get("SPECD_IT_GDB") and shutil.which("gdb"):
+                r = subprocess.run(["gdb", "-batch", "-p", str(p.pid), "-ex", "thread apply all bt 12"],
+                                   capture_output=True, text=True, timeout=60)
+                print("\n".join(l for l in r.stdout.splitlines() if l.startswith(("#", "Thread"))))
 
     def __enter__(self):
         return self
@@ -358,10 +365,12 @@ class Client:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            if self.sock.poll(int(min(left, self.HEARTBEAT_S) * 1000) + 1):
-                return pb.decode(pb.COORD_TO_CLIENT, self.sock.recv())
+            # Heartbeat whenever nothing was sent for an interval, also
+            # while messages keep arriving.
             if time.monotonic() - self.last_send >= self.HEARTBEAT_S:
                 self.send({"heartbeat": {"sent_us": int(time.time() * 1e6)}})
+            if self.sock.poll(int(min(left, self.HEARTBEAT_S) * 1000) + 1):
+                return pb.decode(pb.COORD_TO_CLIENT, self.sock.recv())
 
     def stats(self, timeout=5.0):
         self.send({"stats": {"include_workers": True}})
@@ -450,8 +459,13 @@ def expect_equal_ids(results, refs, what):
     check(not bad, "%s: %d of %d requests differ:\n  %s" % (what, len(bad), len(results), "\n  ".join(bad[:10])))
 
 
+def _on_sigterm(signum, frame):
+    raise TestFailure("terminated by signal %d (a CTest timeout?)" % signum)
+
+
 def main(fn):
     """Runs fn(harness) under a Harness named after the script."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
     if zmq is None:
         skip("pyzmq is not installed in the test venv (pip install -r tests/ref/requirements.txt)")
     name = os.path.splitext(os.path.basename(sys.argv[0]))[0]

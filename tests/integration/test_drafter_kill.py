@@ -26,14 +26,14 @@ def run(h):
             H.log("drafter SIGKILLed after %d tokens streamed" % killed["at"])
 
     jobs = [dict(prompt=p, max_tokens=TOKENS, ignore_eos=True) for p in prompts]
-    res = c.run(jobs, timeout=600, on_event=on_event)
+    res = c.run(jobs, timeout=120, on_event=on_event)
     H.check(killed, "the requests finished before the drafter could be killed")
     H.check(killed["at"] < N * TOKENS, "drafter killed only after every token was streamed")
     H.expect_equal_ids(res, refs, "requests whose drafter was SIGKILLed")
     # Restart: it registers, and new requests are speculated again.
     h.start_drafter("layers")
     h.wait_registered(verifier=True, drafter=True)
-    res2 = c.run(jobs, timeout=600)
+    res2 = c.run(jobs, timeout=120)
     H.expect_equal_ids(res2, refs, "requests after the drafter restarted")
     acc = sum(r["finished"]["stats"].get("accepted", 0) for r in res2)
     H.check(acc > 0, "speculation did not resume after the drafter restarted (accepted = 0)")
