@@ -150,13 +150,13 @@ class Harness:
             skip("the demo model is not available (set SPECD_MODEL or run tools/fetch-model)")
         return m
 
-    def tiny_models(self, seed=1):
+    def tiny_models(self, seed=1, ctx=2048):
         """A random 2-layer target and a random 1-layer draft model with the
         target's tokenizer."""
         target = os.path.join(self.tmp, "target.gguf")
         draft = os.path.join(self.tmp, "draft.gguf")
         subprocess.run([self.bin("mkmodel"), "-o", target, "--dim", "64", "--layers", "2", "--heads", "4",
-                        "--kv-heads", "2", "--ff", "128", "--vocab", "512", "--seed", str(seed)],
+                        "--kv-heads", "2", "--ff", "128", "--vocab", "512", "--ctx", str(ctx), "--seed", str(seed)],
                        check=True, capture_output=True)
         subprocess.run([self.bin("mkmodel"), "-o", draft, "--dim", "32", "--layers", "1", "--heads", "2",
                         "--kv-heads", "1", "--ff", "64", "--tokenizer-from", target, "--seed", str(seed + 100)],
@@ -270,10 +270,11 @@ class Harness:
         return self.start("drafter", [self.bin("drafter")] + how +
                           ["--coordinator", coordinator or self.worker_addr] + list(extra), netns=netns)
 
-    def start_service(self, target, drafter="layers", draft=None, coord_extra=(), worker_extra=()):
+    def start_service(self, target, drafter="layers", draft=None, coord_extra=(), verifier_extra=(),
+                      drafter_extra=()):
         coord = self.start_coordinator(target, coord_extra)
-        ver = self.start_verifier(extra=worker_extra)
-        dr = self.start_drafter(drafter, draft=draft, extra=worker_extra) if drafter else None
+        ver = self.start_verifier(extra=verifier_extra)
+        dr = self.start_drafter(drafter, draft=draft, extra=drafter_extra) if drafter else None
         self.wait_registered(verifier=True, drafter=bool(drafter))
         return coord, ver, dr
 
@@ -326,12 +327,24 @@ class Harness:
         out["text_bytes"] = out["text"].encode("utf-8", "surrogateescape")
         return out
 
-    def cli_stats(self, addr=None):
-        """`specd-client --stats --json`, parsed."""
-        r = subprocess.run([self.bin("client"), "--coordinator", addr or self.client_addr, "--stats", "--json"],
-                           capture_output=True, text=True, timeout=30)
-        check(r.returncode == 0, "specd-client --stats --json failed (%d): %s" % (r.returncode, r.stderr[-1000:]))
-        return json.loads(r.stdout)
+    def cli_stats(self, addr=None, pump=None):
+        """`specd-client --stats --json`, parsed. pump() is called while it
+        runs (clients of the test must keep heartbeating meanwhile)."""
+        p = subprocess.Popen([self.bin("client"), "--coordinator", addr or self.client_addr, "--stats", "--json"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while p.poll() is None and time.monotonic() < deadline:
+            if pump:
+                pump()
+            else:
+                time.sleep(0.02)
+        try:
+            out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raise TestFailure("specd-client --stats --json did not answer within 30 s")
+        check(p.returncode == 0, "specd-client --stats --json failed (%d): %s" % (p.returncode, err[-1000:]))
+        return json.loads(out)
 
 
 class Client:

@@ -8,10 +8,10 @@ as gone. Tiny random models, self-draft drafter (it holds KV too)."""
 import harness as H
 
 
-def worker_blocks(h):
+def worker_blocks(h, pump=None):
     """{role: (free, total, n_sequences)} of the alive workers."""
     out = {}
-    st = h.cli_stats()
+    st = h.cli_stats(pump=pump)
     for w in st.get("workers", []):
         if not w.get("alive", True):
             continue
@@ -23,21 +23,22 @@ def worker_blocks(h):
 
 
 def run(h):
-    target, _ = h.tiny_models(seed=13)
-    h.start_service(target, drafter="layers")
+    # Long-lived requests: a 4096-token context, generations of 3500 tokens.
+    target, _ = h.tiny_models(seed=13, ctx=4096)
+    h.start_service(target, drafter="layers", drafter_extra=["--max-ctx", "4096", "--max-seqs", "8"])
     base = H.wait_until(lambda: (lambda b: b if {"verifier", "drafter"} <= set(b) else None)(worker_blocks(h)),
                         30, "both workers in specd-client --stats --json")
     H.log("idle blocks: %s" % base)
     for role in ("verifier", "drafter"):
         H.check(base[role][0] == base[role][1], "%s holds blocks while idle: %s" % (role, base[role]))
     prompts = H.random_prompts(4, seed=41)
-    jobs = [dict(prompt=p * 8, max_tokens=1500, ignore_eos=True) for p in prompts]  # long: a few blocks each
+    jobs = [dict(prompt=p, max_tokens=3500, ignore_eos=True) for p in prompts]
     keep = h.client()     # cancels its two requests
     gone = h.client()     # goes silent
     ids = {}
 
     def collect(cl, n):
-        for j in jobs[:n]:
+        for j in (jobs[:2] if cl is keep else jobs[2:]):
             cl.submit(**j)
         got = []
         while len(got) < n:
@@ -50,35 +51,44 @@ def run(h):
 
     ids["keep"] = collect(keep, 2)
     ids["gone"] = collect(gone, 2)
-    # Blocks in use on both workers once the four are running.
+
+    ends = {}
+
+    def pump():
+        # Keep both clients heartbeating and read their streams.
+        for cl in (keep, gone):
+            if cl.sock.closed:
+                continue
+            m = cl.recv(0.01)
+            if m and "finished" in m:
+                f = m["finished"]
+                H.check(f["request_id"] in ids["keep"], "a long request finished on its own: %s" % f)
+                ends[f["request_id"]] = H.pb.STOP_REASON.get(f.get("reason"), f.get("reason"))
+            if m and "error" in m:
+                e = m["error"]
+                H.check(e.get("request_id") in ids["keep"], "unexpected error %s" % e)
+                ends[e["request_id"]] = H.pb.CODE.get(e.get("code"))
+
     busy = H.wait_until(lambda: (lambda b: b if all(b.get(r, (0, 0, 0))[2] >= 4 and b[r][0] < b[r][1]
-                                                    for r in ("verifier", "drafter")) else None)(worker_blocks(h)),
+                                                    for r in ("verifier", "drafter")) else None)(worker_blocks(h, pump)),
                         60, "the four requests to hold KV blocks on both workers")
     H.log("busy blocks: %s" % busy)
     for rid in ids["keep"]:
         keep.send({"cancel": {"request_id": rid}})
     gone.close()  # no more heartbeats: the coordinator must cancel its requests after the liveness period
-    ends = {}
+
     def cancelled():
-        m = keep.recv(0.2)
-        if m and "finished" in m and m["finished"]["request_id"] in ids["keep"]:
-            ends[m["finished"]["request_id"]] = pb_reason(m["finished"].get("reason"))
-        if m and "error" in m and m["error"].get("request_id") in ids["keep"]:
-            ends[m["error"]["request_id"]] = H.pb.CODE.get(m["error"].get("code"))
+        pump()
         return len(ends) == 2
     H.wait_until(cancelled, 20, "Finished/Error for both cancelled requests")
     H.check(all(v == "CANCELLED" for v in ends.values()), "cancelled requests ended with %s" % ends)
     H.wait_until(lambda: (lambda b: all(b.get(r, (0, 1, 1))[0] == b[r][1] and b[r][2] == 0
-                                        for r in ("verifier", "drafter")))(worker_blocks(h)),
+                                        for r in ("verifier", "drafter")))(worker_blocks(h, pump)),
                  30, "every KV block to be free again on verifier and drafter")
     H.log("all blocks free again: %s" % worker_blocks(h))
     # The service still serves.
     r = h.client().run([dict(prompt="after cancel", max_tokens=8, ignore_eos=True)], timeout=120)[0]
     H.check(not r["error"] and len(r["ids"]) == 8, "request after the cancels failed: %s" % r)
-
-
-def pb_reason(v):
-    return H.pb.STOP_REASON.get(v, v)
 
 
 if __name__ == "__main__":
