@@ -6,3 +6,11 @@ if(_specd_net_type STREQUAL "INTERFACE_LIBRARY")
 else()
   add_subdirectory(${CMAKE_SOURCE_DIR}/deploy ${CMAKE_BINARY_DIR}/deploy)
 endif()
+
+# `specd-bench serve` (tools/bench_serve.c) talks to the running service
+# through libspecd-client.
+if(TARGET specd_client AND TARGET specd-bench)
+  target_sources(specd-bench PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/bench_serve.c)
+  target_link_libraries(specd-bench PRIVATE specd_client)
+  target_compile_definitions(specd-bench PRIVATE SPECD_BENCH_SERVE=1)
+endif()

@@ -14,6 +14,9 @@
  * a read-only pass (what decode does with weights) and memcpy (STREAM's
  * "copy", counting bytes read plus bytes written). */
 #include "bench_spec.h"
+#ifdef SPECD_BENCH_SERVE
+#include "bench_serve.h"
+#endif
 #include "specd/common.h"
 #include "specd/gguf.h"
 #include "specd/model.h"
@@ -282,6 +285,7 @@ static void usage(FILE *f) {
             "modes:\n"
             "  forward   prompt tok/s, decode tok/s, k-token call cost, bandwidth share\n"
             "  spec      plain vs speculative decoding on bench/prompts/ (spec --help)\n"
+            "  serve     through the running service: tok/s, latency, spec vs target-only (serve --help)\n"
             "\n"
             "forward options:\n"
             "  -m, --model FILE      GGUF model (required)\n"
@@ -301,6 +305,9 @@ int main(int argc, char **argv) {
     }
     const char *mode = argv[1];
     if (strcmp(mode, "spec") == 0) return bench_spec_main(argc, argv);
+#ifdef SPECD_BENCH_SERVE
+    if (strcmp(mode, "serve") == 0) return bench_serve_main(argc, argv);
+#endif
     if (strcmp(mode, "forward") != 0) {
         fprintf(stderr, "specd-bench: unknown mode '%s' (see --help)\n", mode);
         return 2;

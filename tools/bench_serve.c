@@ -1,0 +1,259 @@
+/* bench_serve.c — `specd-bench serve`: throughput and latency through the
+ * running service (start it with specd-launch; this mode only connects).
+ *
+ * For each concurrency (default 1, 8, 64) it runs rounds of that many
+ * concurrent requests (prompts from a file, one per line, cycled), with
+ * speculation on (max_draft 0 = the coordinator's default) and off
+ * (max_draft -1: target-only), alternating spec/target rounds so that drift
+ * of the machine hits both alike. Reported per (concurrency, mode): tokens/s
+ * (generated tokens / wall time of the round), per-token latency p50/p99
+ * (gap between successive token chunks divided by the chunk's tokens; the
+ * first chunk, i.e. time to first token, is left out), acceptance; after the
+ * run the coordinator's own step overhead p50/p99 (ServiceStats); and how
+ * much drafting overlapped verification: per request, drafting_ms +
+ * verifying_ms - (total_ms - queued_ms) is time the two ran at once, given
+ * as a share of drafting_ms.
+ * Rejected: starting the service here (the launcher does that, and a bench
+ * that owns processes hides their start-up failures). */
+#include "bench_serve.h"
+
+#include "specd/client.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_PROMPTS 256
+#define MAX_CONC 256
+
+typedef struct serve_req {
+    pthread_mutex_t mu;
+    double t_last;      /* time of the previous chunk, 0 before the first */
+    double *lat;        /* per-token gaps, ms */
+    size_t n_lat, cap;
+} serve_req;
+
+typedef struct serve_tally {
+    double *lat;
+    size_t n_lat, cap;
+    double tokens, seconds;
+    double drafted, accepted, drafting_ms, verifying_ms, busy_ms;
+    int failures;
+} serve_tally;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void push_lat(double **a, size_t *n, size_t *cap, double v) {
+    if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 256;
+        double *p = realloc(*a, nc * sizeof *p);
+        if (!p) return;
+        *a = p, *cap = nc;
+    }
+    (*a)[(*n)++] = v;
+}
+
+static void on_chunk(const sd_client_chunk *ch, void *user) {
+    serve_req *r = user;
+    double t = now_s();
+    pthread_mutex_lock(&r->mu);
+    if (ch->n_ids > 0) {
+        if (r->t_last > 0)
+            for (size_t i = 0; i < ch->n_ids; i++)
+                push_lat(&r->lat, &r->n_lat, &r->cap, (t - r->t_last) * 1e3 / (double)ch->n_ids);
+        r->t_last = t;
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct(double *v, size_t n, double p) {
+    if (!n) return 0;
+    qsort(v, n, sizeof *v, cmp_double);
+    size_t i = (size_t)(p * (double)(n - 1) + 0.5);
+    return v[i < n ? i : n - 1];
+}
+
+/* One round: conc requests at once, all with the same max_draft. */
+static void round_run(sd_client *c, char **prompts, int n_prompts, int *next_prompt, int conc, int tokens,
+                      int32_t max_draft, serve_tally *t) {
+    serve_req *reqs = calloc((size_t)conc, sizeof *reqs);
+    uint64_t *ids = calloc((size_t)conc, sizeof *ids);
+    bool *ok = calloc((size_t)conc, sizeof *ok);
+    if (!reqs || !ids || !ok) goto done;
+    double t0 = now_s();
+    for (int i = 0; i < conc; i++) {
+        pthread_mutex_init(&reqs[i].mu, NULL);
+        sd_client_request q = sd_client_default_request();
+        q.prompt = prompts[(*next_prompt)++ % n_prompts];
+        q.chat = true;
+        q.max_tokens = (uint32_t)tokens;
+        q.ignore_eos = true;
+        q.max_draft = max_draft;
+        ok[i] = sd_client_submit(c, &q, on_chunk, &reqs[i], &ids[i]) == SD_OK;
+        if (!ok[i]) t->failures++;
+    }
+    double gen = 0;
+    for (int i = 0; i < conc; i++) {
+        if (!ok[i]) continue;
+        sd_client_result res = {0};
+        if (sd_client_wait(c, ids[i], 600000, &res) != SD_OK || res.status != SD_OK) {
+            t->failures++;
+            sd_client_result_clear(&res);
+            continue;
+        }
+        gen += (double)res.n_ids;
+        t->drafted += res.stats.drafted;
+        t->accepted += res.stats.accepted;
+        t->drafting_ms += res.stats.drafting_ms;
+        t->verifying_ms += res.stats.verifying_ms;
+        t->busy_ms += res.stats.total_ms - res.stats.queued_ms;
+        sd_client_result_clear(&res);
+    }
+    double t1 = now_s();
+    t->tokens += gen;
+    t->seconds += t1 - t0;
+    for (int i = 0; i < conc; i++) {
+        pthread_mutex_lock(&reqs[i].mu);
+        for (size_t k = 0; k < reqs[i].n_lat; k++) push_lat(&t->lat, &t->n_lat, &t->cap, reqs[i].lat[k]);
+        pthread_mutex_unlock(&reqs[i].mu);
+        pthread_mutex_destroy(&reqs[i].mu);
+        free(reqs[i].lat);
+    }
+done:
+    free(reqs);
+    free(ids);
+    free(ok);
+}
+
+static int load_prompts(const char *path, char **out, int max) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "specd-bench serve: cannot open %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    char line[4096];
+    int n = 0;
+    while (n < max && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        if (line[0]) out[n++] = strdup(line);
+    }
+    fclose(f);
+    return n;
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: specd-bench serve [--coordinator ADDR] [--prompts FILE] [--conc 1,8,64] [-n TOKENS]\n"
+               "                        [--rounds R] [-o OUT.md]\n"
+               "Start the service first (specd-launch --target ... --ngram). Each concurrency runs R rounds\n"
+               "of speculative and R of target-only (max_draft -1) requests, alternating.\n"
+               "  --coordinator ADDR  client address (default tcp://127.0.0.1:7700)\n"
+               "  --prompts FILE      one prompt per line, sent as chat turns (default bench/prompts/chat.txt)\n"
+               "  --conc LIST         concurrencies (default 1,8,64)\n"
+               "  -n TOKENS           new tokens per request (default 64; EOS ignored)\n"
+               "  --rounds R          rounds per mode and concurrency (default 2)\n"
+               "  -o FILE             also write the markdown table to FILE\n");
+}
+
+int bench_serve_main(int argc, char **argv) {
+    const char *addr = "tcp://127.0.0.1:7700", *prompts_path = "bench/prompts/chat.txt", *out_path = NULL;
+    char conc_list[128] = "1,8,64";
+    int tokens = 64, rounds = 2;
+    static const struct option longs[] = {{"coordinator", required_argument, 0, 'c'},
+                                          {"prompts", required_argument, 0, 'p'},
+                                          {"conc", required_argument, 0, 'C'},
+                                          {"rounds", required_argument, 0, 'r'},
+                                          {"out", required_argument, 0, 'o'},
+                                          {"help", no_argument, 0, 'h'},
+                                          {0, 0, 0, 0}};
+    int ch;
+    optind = 2;
+    while ((ch = getopt_long(argc, argv, "n:o:h", longs, NULL)) != -1) {
+        switch (ch) {
+        case 'c': addr = optarg; break;
+        case 'p': prompts_path = optarg; break;
+        case 'C': snprintf(conc_list, sizeof conc_list, "%s", optarg); break;
+        case 'r': rounds = atoi(optarg); break;
+        case 'n': tokens = atoi(optarg); break;
+        case 'o': out_path = optarg; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (tokens < 1 || tokens > 4096 || rounds < 1 || rounds > 100) {
+        fprintf(stderr, "specd-bench serve: -n in [1, 4096], --rounds in [1, 100]\n");
+        return 2;
+    }
+    char *prompts[MAX_PROMPTS];
+    int n_prompts = load_prompts(prompts_path, prompts, MAX_PROMPTS);
+    if (n_prompts <= 0) {
+        if (n_prompts == 0) fprintf(stderr, "specd-bench serve: no prompts in %s\n", prompts_path);
+        return 1;
+    }
+    int rc = 1;
+    sd_client *c = NULL;
+    sd_client_params cp = sd_client_default_params();
+    cp.coordinator = addr;
+    cp.name = "specd-bench";
+    FILE *out = out_path ? fopen(out_path, "w") : NULL;
+    if (sd_client_connect(&cp, &c) != SD_OK) goto done;
+    sd_client_service_stats ss;
+    if (sd_client_stats(c, 10000, &ss) != SD_OK) {
+        fprintf(stderr, "specd-bench serve: no answer from %s (is the service running?)\n", addr);
+        goto done;
+    }
+    const char *hdr = "| concurrency | mode | tokens/s | latency p50 ms | latency p99 ms | acceptance | "
+                      "drafting overlapped |\n|---|---|---|---|---|---|---|\n";
+    printf("%s", hdr);
+    if (out) fprintf(out, "%s", hdr);
+    int next_prompt = 0;
+    for (char *tok = strtok(conc_list, ","); tok; tok = strtok(NULL, ",")) {
+        int conc = atoi(tok);
+        if (conc < 1 || conc > MAX_CONC) continue;
+        serve_tally tl[2] = {{0}};
+        for (int r = 0; r < rounds; r++)
+            for (int m = 0; m < 2; m++) /* 0: speculative, 1: target-only, alternating */
+                round_run(c, prompts, n_prompts, &next_prompt, conc, tokens, m ? -1 : 0, &tl[m]);
+        for (int m = 0; m < 2; m++) {
+            serve_tally *t = &tl[m];
+            double overlap = t->drafting_ms > 0
+                                 ? (t->drafting_ms + t->verifying_ms - t->busy_ms) / t->drafting_ms
+                                 : 0;
+            char line[512];
+            snprintf(line, sizeof line, "| %d | %s | %.1f | %.2f | %.2f | %s%.0f%% | %s%.0f%% |%s\n", conc,
+                     m ? "target-only" : "speculative", t->seconds > 0 ? t->tokens / t->seconds : 0,
+                     pct(t->lat, t->n_lat, 0.5), pct(t->lat, t->n_lat, 0.99), "",
+                     t->drafted > 0 ? 100.0 * t->accepted / t->drafted : 0, "",
+                     overlap < 0 ? 0 : 100.0 * overlap, t->failures ? " (failures!)" : "");
+            printf("%s", line);
+            fflush(stdout);
+            if (out) fprintf(out, "%s", line);
+            free(t->lat);
+        }
+    }
+    if (sd_client_stats(c, 10000, &ss) == SD_OK) {
+        char line[256];
+        snprintf(line, sizeof line, "\ncoordinator step overhead (verify reply -> next verify request): p50 %.1f us, "
+                                    "p99 %.1f us\n", ss.step_overhead_p50_us, ss.step_overhead_p99_us);
+        printf("%s", line);
+        if (out) fprintf(out, "%s", line);
+    }
+    rc = 0;
+done:
+    sd_client_close(&c);
+    if (out) fclose(out);
+    for (int i = 0; i < n_prompts; i++) free(prompts[i]);
+    return rc;
+}
