@@ -47,6 +47,13 @@ typedef struct sd_backend_ops {
     sd_status (*buf_upload)(sd_backend *be, void *dst, const void *src, size_t bytes);
     sd_status (*buf_download)(sd_backend *be, void *dst, const void *src, size_t bytes);
 
+    /* Optional (NULL: matmul weights are plain f32 buffers). Converts a host
+     * f32 weight matrix [n_out][n_in] into the backend's own matmul format
+     * (e.g. BF16 in device memory) and returns it in *out; matmul's w then
+     * receives exactly that pointer. Freed with weight_free. */
+    sd_status (*weight_upload)(sd_backend *be, const float *host, int32_t n_out, int32_t n_in, void **out);
+    void (*weight_free)(sd_backend *be, void *w);
+
     /* ---- ops ---- */
     /* out[t][:] = table[ids[t]][:] for t < n_tokens.
      * table [n_vocab][dim], ids host [n_tokens] (already range-checked),
@@ -104,6 +111,14 @@ typedef struct sd_backend_handle {
     const sd_backend_ops *ops;
     sd_backend *ctx;
 } sd_backend_handle;
+
+/* Creates the backend for device (-1 = CPU with n_threads workers, N >= 0 =
+ * CUDA device N; SD_ERR_UNSUPPORTED with a log line in a build without
+ * CUDA, SD_ERR_CUDA when the device cannot be used). */
+sd_status sd_backend_create(int32_t device, int32_t n_threads, sd_backend_handle *out);
+
+/* Creates the CUDA backend on device (engine/cuda/, built when nvcc is found). */
+sd_status sd_cuda_backend_create(int32_t device, sd_backend_handle *out);
 
 /* Creates the CPU backend with n_threads workers (0 = every online core).
  * On success fills *out; the caller destroys it with out->ops->destroy(&out->ctx). */

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "backend_impl.h"
+#include "specd/weights.h"
 
 /* Sanity bounds on hyper-parameters (far above any real Llama). */
 enum {
@@ -90,7 +91,7 @@ struct sd_model {
 };
 
 sd_model_params sd_model_default_params(void) {
-    sd_model_params p = {.n_threads = 0, .n_layers_used = 0};
+    sd_model_params p = {.n_threads = 0, .n_layers_used = 0, .device = -1};
     return p;
 }
 
@@ -368,34 +369,53 @@ static void compute_inv_freq(const sd_model_config *c, const float *freq_factors
     }
 }
 
-/* Allocates a backend buffer for tensor name and fills it with its f32 values. */
-static sd_status load_tensor(sd_model *m, const sd_gguf *g, const char *name, float **out) {
-    const sd_gguf_tensor *t = sd_gguf_find_tensor(g, name);
-    if (!t) {
+/* Reads tensor name, which must be [rows][cols] (1-D when rows == 0), as
+ * f32 into a new backend buffer. A matrix goes through the backend's
+ * weight_upload when it has one (its own matmul format); *out is then that
+ * opaque weight, which only matmul reads. */
+static sd_status load_tensor(sd_model *m, const sd_weights *w, const char *name, int64_t rows, int64_t cols,
+                             bool matrix, float **out) {
+    sd_weights_tensor t;
+    if (!sd_weights_find(w, name, &t)) {
         SD_ERROR("model: tensor %s is missing", name);
         return SD_ERR_FORMAT;
     }
+    int64_t want_rows = rows ? rows : 1;
+    if (t.ne[0] != cols || t.ne[1] != want_rows || (rows == 0) != (t.n_dims == 1)) {
+        SD_ERROR("model: tensor %s has shape [%lld][%lld], expected [%lld][%lld]", name, (long long)t.ne[1],
+                 (long long)t.ne[0], (long long)want_rows, (long long)cols);
+        return SD_ERR_FORMAT;
+    }
     size_t bytes;
-    if (t->n_elems > SIZE_MAX / sizeof(float) || !sd_mul_ok((size_t)t->n_elems, sizeof(float), &bytes))
+    if (!sd_mul_ok((size_t)want_rows, (size_t)cols, &bytes) || !sd_mul_ok(bytes, sizeof(float), &bytes))
         return SD_ERR_NOMEM;
     const sd_backend_ops *ops = m->be.ops;
-    float *buf = ops->buf_alloc(m->be.ctx, bytes);
-    if (!buf) {
+    bool convert = matrix && ops->weight_upload;
+    float *host = NULL, *buf = NULL;
+    if (ops->host_memory && !convert) {
+        buf = host = ops->buf_alloc(m->be.ctx, bytes);
+    } else {
+        host = malloc(bytes);
+    }
+    if (!host) {
         SD_ERROR("model: cannot allocate %zu bytes for %s", bytes, name);
         return SD_ERR_NOMEM;
     }
-    sd_status s;
-    if (ops->host_memory) {
-        s = sd_dequantize(t->type, t->data, t->n_elems, buf);
-    } else {
-        float *host = malloc(bytes);
-        s = host ? sd_dequantize(t->type, t->data, t->n_elems, host) : SD_ERR_NOMEM;
-        if (s == SD_OK) s = ops->buf_upload(m->be.ctx, buf, host, bytes);
-        free(host);
-    }
+    sd_status s = sd_weights_read(w, name, 0, want_rows, 0, cols, host);
     if (s != SD_OK) {
-        SD_ERROR("model: cannot dequantize %s (%s, %s)", name, sd_dtype_name(t->type), sd_status_str(s));
-        ops->buf_free(m->be.ctx, buf);
+        SD_ERROR("model: cannot read %s (%s, %s)", name, sd_dtype_name(t.type), sd_status_str(s));
+    } else if (convert) {
+        void *conv = NULL;
+        s = ops->weight_upload(m->be.ctx, host, (int32_t)want_rows, (int32_t)cols, &conv);
+        buf = conv;
+    } else if (!buf) {
+        buf = ops->buf_alloc(m->be.ctx, bytes);
+        s = buf ? ops->buf_upload(m->be.ctx, buf, host, bytes) : SD_ERR_NOMEM;
+    }
+    if (host != buf) free(host);
+    if (s != SD_OK) {
+        if (buf) (convert ? ops->weight_free : ops->buf_free)(m->be.ctx, buf);
+        if (s == SD_ERR_NOMEM) SD_ERROR("model: out of %s memory loading %s (%zu bytes as f32)", ops->name, name, bytes);
         return s;
     }
     *out = buf;
@@ -403,36 +423,58 @@ static sd_status load_tensor(sd_model *m, const sd_gguf *g, const char *name, fl
     return SD_OK;
 }
 
-static sd_status load_weights(sd_model *m, const sd_gguf *g) {
+/* Frees one weight loaded by load_tensor. */
+static void free_tensor(sd_model *m, float *buf, bool matrix) {
+    if (!buf) return;
+    if (matrix && m->be.ops->weight_upload)
+        m->be.ops->weight_free(m->be.ctx, buf);
+    else
+        m->be.ops->buf_free(m->be.ctx, buf);
+}
+
+static sd_status load_weights(sd_model *m, const sd_weights *w) {
     const sd_model_config *c = &m->cfg;
-    SD_TRY(load_tensor(m, g, "token_embd.weight", &m->tok_embd));
-    SD_TRY(load_tensor(m, g, "output_norm.weight", &m->output_norm));
-    if (c->tied_output)
+    int64_t E = c->n_embd, V = c->n_vocab, F = c->n_ff;
+    int64_t QD = (int64_t)c->n_heads * c->head_dim, KD = (int64_t)c->n_kv_heads * c->head_dim;
+    SD_TRY(load_tensor(m, w, "token_embd.weight", V, E, false, &m->tok_embd));
+    SD_TRY(load_tensor(m, w, "output_norm.weight", 0, E, false, &m->output_norm));
+    /* tied: the LM head reads the embedding table, unless the backend keeps
+     * matrices in a format of its own (then it gets its own copy) */
+    if (c->tied_output && !m->be.ops->weight_upload)
         m->output = m->tok_embd;
     else
-        SD_TRY(load_tensor(m, g, "output.weight", &m->output));
+        SD_TRY(load_tensor(m, w, c->tied_output ? "token_embd.weight" : "output.weight", V, E, true, &m->output));
     char name[96];
     for (int32_t l = 0; l < m->n_layers_used; l++) {
         layer_weights *L = &m->layers[l];
         struct {
             const char *suffix;
+            int64_t rows, cols;
             float **dst;
         } const parts[] = {
-            {"attn_norm", &L->attn_norm}, {"attn_q", &L->wq},       {"attn_k", &L->wk},
-            {"attn_v", &L->wv},           {"attn_output", &L->wo},  {"ffn_norm", &L->ffn_norm},
-            {"ffn_gate", &L->w_gate},     {"ffn_up", &L->w_up},     {"ffn_down", &L->w_down},
+            {"attn_norm", 0, E, &L->attn_norm}, {"attn_q", QD, E, &L->wq},      {"attn_k", KD, E, &L->wk},
+            {"attn_v", KD, E, &L->wv},          {"attn_output", E, QD, &L->wo}, {"ffn_norm", 0, E, &L->ffn_norm},
+            {"ffn_gate", F, E, &L->w_gate},     {"ffn_up", F, E, &L->w_up},     {"ffn_down", E, F, &L->w_down},
         };
         for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
             snprintf(name, sizeof name, "blk.%d.%s.weight", (int)l, parts[i].suffix);
-            SD_TRY(load_tensor(m, g, name, parts[i].dst));
+            SD_TRY(load_tensor(m, w, name, parts[i].rows, parts[i].cols, parts[i].rows != 0, parts[i].dst));
         }
     }
     /* rope frequencies (small: computed on the host, then uploaded) */
     float freq_host[MAX_HEAD_DIM / 2];
     float factors[MAX_HEAD_DIM / 2];
-    const sd_gguf_tensor *rf = sd_gguf_find_tensor(g, "rope_freqs.weight");
-    if (rf) SD_TRY(sd_dequantize(rf->type, rf->data, rf->n_elems, factors));
-    compute_inv_freq(c, rf ? factors : NULL, freq_host);
+    sd_weights_tensor rf;
+    bool has_rf = sd_weights_find(w, "rope_freqs.weight", &rf);
+    if (has_rf) {
+        if (rf.n_dims != 1 || rf.ne[0] != c->head_dim / 2) {
+            SD_ERROR("model: rope_freqs.weight has %lld elements, expected %d", (long long)rf.ne[0],
+                     (int)(c->head_dim / 2));
+            return SD_ERR_FORMAT;
+        }
+        SD_TRY(sd_weights_read(w, "rope_freqs.weight", 0, 1, 0, c->head_dim / 2, factors));
+    }
+    compute_inv_freq(c, has_rf ? factors : NULL, freq_host);
     size_t bytes = (size_t)(c->head_dim / 2) * sizeof(float);
     m->inv_freq = m->be.ops->buf_alloc(m->be.ctx, bytes);
     if (!m->inv_freq) return SD_ERR_NOMEM;
@@ -441,6 +483,16 @@ static sd_status load_weights(sd_model *m, const sd_gguf *g) {
 
 sd_status sd_model_load(const sd_gguf *g, const sd_model_params *p, sd_model **out) {
     if (!g || !out) return SD_ERR_INVALID_ARG;
+    *out = NULL;
+    sd_weights *w = NULL;
+    SD_TRY(sd_weights_from_gguf(g, &w));
+    sd_status s = sd_model_load_weights(w, p, out);
+    sd_weights_close(&w);
+    return s;
+}
+
+sd_status sd_model_load_weights(const sd_weights *w, const sd_model_params *p, sd_model **out) {
+    if (!w || !out) return SD_ERR_INVALID_ARG;
     *out = NULL;
     sd_model_params params = p ? *p : sd_model_default_params();
     if (params.n_threads < 0 || params.n_layers_used < 0) {
@@ -451,7 +503,7 @@ sd_status sd_model_load(const sd_gguf *g, const sd_model_params *p, sd_model **o
     sd_model *m = calloc(1, sizeof *m);
     if (!m) return SD_ERR_NOMEM;
     m->params = params;
-    sd_status s = sd_model_config_from_gguf(g, &m->cfg);
+    sd_status s = sd_weights_config(w, &m->cfg);
     if (s == SD_OK && params.n_layers_used > m->cfg.n_layers) {
         SD_ERROR("model: n_layers_used %d > block_count %d", (int)params.n_layers_used, (int)m->cfg.n_layers);
         s = SD_ERR_INVALID_ARG;
@@ -459,9 +511,9 @@ sd_status sd_model_load(const sd_gguf *g, const sd_model_params *p, sd_model **o
     if (s == SD_OK) {
         m->n_layers_used = params.n_layers_used ? params.n_layers_used : m->cfg.n_layers;
         m->layers = calloc((size_t)m->n_layers_used, sizeof *m->layers);
-        s = m->layers ? sd_cpu_backend_create(params.n_threads, &m->be) : SD_ERR_NOMEM;
+        s = m->layers ? sd_backend_create(params.device, params.n_threads, &m->be) : SD_ERR_NOMEM;
     }
-    if (s == SD_OK) s = load_weights(m, g);
+    if (s == SD_OK) s = load_weights(m, w);
     if (s != SD_OK) {
         sd_model_free(&m);
         return s;
@@ -494,7 +546,7 @@ void sd_model_free(sd_model **pm) {
     } else if (m->be.ops) {
         const sd_backend_ops *ops = m->be.ops;
         free_activations(m);
-        if (m->output && m->output != m->tok_embd) ops->buf_free(m->be.ctx, m->output);
+        if (m->output != m->tok_embd) free_tensor(m, m->output, true);
         if (m->tok_embd) ops->buf_free(m->be.ctx, m->tok_embd);
         if (m->output_norm) ops->buf_free(m->be.ctx, m->output_norm);
         if (m->inv_freq) ops->buf_free(m->be.ctx, m->inv_freq);
@@ -502,7 +554,7 @@ void sd_model_free(sd_model **pm) {
             layer_weights *L = &m->layers[l];
             float *w[] = {L->attn_norm, L->wq, L->wk, L->wv, L->wo, L->ffn_norm, L->w_gate, L->w_up, L->w_down};
             for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
-                if (w[i]) ops->buf_free(m->be.ctx, w[i]);
+                free_tensor(m, w[i], i != 0 && i != 5); /* the norms are vectors */
         }
         ops->destroy(&m->be.ctx);
     }

@@ -48,6 +48,7 @@ typedef struct sd_model_params {
     int32_t n_threads;      /* 0 = every online core */
     int32_t n_layers_used;  /* 0 = all; L < n_layers runs only the first L
                                layers + final norm + LM head (self-draft) */
+    int32_t device;         /* -1 = CPU (default); N >= 0 = CUDA device N */
 } sd_model_params;
 
 sd_model_params sd_model_default_params(void);
@@ -59,6 +60,16 @@ sd_status sd_model_config_from_gguf(const sd_gguf *g, sd_model_config *cfg);
 /* Loads weights from an open GGUF (dequantized to f32 in this version; g may
  * be closed afterwards). Caller frees with sd_model_free. */
 sd_status sd_model_load(const sd_gguf *g, const sd_model_params *p, sd_model **out);
+
+/* Loads weights from any weights source (weights.h: a GGUF file or a Hugging
+ * Face checkpoint directory); w may be closed afterwards. Every tensor's
+ * shape is checked against the config. Caller frees with sd_model_free. */
+typedef struct sd_weights sd_weights;
+sd_status sd_model_load_weights(const sd_weights *w, const sd_model_params *p, sd_model **out);
+
+/* Parses a device name: "cpu" -> -1, "cuda" -> 0, "cuda:N" -> N. */
+sd_status sd_device_parse(const char *name, int32_t *device);
+
 void sd_model_free(sd_model **m);
 
 /* A model that borrows m's weights and runs only its first n_layers (<= m's

@@ -1,0 +1,75 @@
+/* weights.h — where a model's config, tokenizer and tensors come from.
+ *
+ * A weights source is a GGUF file or a Hugging Face checkpoint directory
+ * (config.json, *.safetensors, tokenizer.json). Callers see one interface:
+ * the llama config, the tokenizer, and tensors by their GGUF names
+ * ("token_embd.weight", "blk.3.attn_q.weight", ...), read as f32 one
+ * rectangle at a time. A rectangle (a row range and a column range of a 2-D
+ * weight [rows][cols], GGUF ne = [cols, rows]) is what a tensor-parallel rank
+ * loads: only those bytes of the memory-mapped file are touched.
+ *
+ * A source translates its own layout: a safetensors source maps HF names to
+ * GGUF names and un-permutes the Q/K rows (HF rotates half-split pairs, GGUF
+ * adjacent pairs), so the model sees the same f32 numbers from either file.
+ *
+ * Rejected: converting a checkpoint into an in-memory GGUF. It would copy
+ * every weight once more and hide which slice a rank really reads. */
+#ifndef SPECD_WEIGHTS_H
+#define SPECD_WEIGHTS_H
+
+#include "specd/common.h"
+#include "specd/gguf.h"
+#include "specd/model.h"
+#include "specd/tokenizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct sd_weights sd_weights;
+
+/* Shape and stored type of one tensor. For a 2-D tensor ne[0] is the row
+ * length (columns) and ne[1] the number of rows; 1-D tensors have ne[1] = 1. */
+typedef struct sd_weights_tensor {
+    sd_dtype type;   /* type as stored in the file */
+    uint32_t n_dims; /* 1 or 2 */
+    int64_t ne[2];
+} sd_weights_tensor;
+
+/* Opens path: a GGUF file, or a directory holding a Hugging Face checkpoint.
+ * Validates the container; tensors are memory-mapped, not read. Caller
+ * frees with sd_weights_close. */
+sd_status sd_weights_open(const char *path, sd_weights **out);
+
+/* A source over an already open GGUF (borrowed: g must outlive *out). */
+sd_status sd_weights_from_gguf(const sd_gguf *g, sd_weights **out);
+
+void sd_weights_close(sd_weights **w);
+
+/* "gguf" or "safetensors". */
+const char *sd_weights_format(const sd_weights *w);
+
+/* The underlying GGUF when the source is one, else NULL (borrowed). */
+const sd_gguf *sd_weights_gguf(const sd_weights *w);
+
+/* The llama config, validated (see sd_model_config_from_gguf). */
+sd_status sd_weights_config(const sd_weights *w, sd_model_config *cfg);
+
+/* A new tokenizer built from the source's vocabulary. Caller frees it. */
+sd_status sd_weights_tokenizer(const sd_weights *w, sd_tok **out);
+
+/* Looks up a tensor by GGUF name; false (info untouched) when absent. */
+bool sd_weights_find(const sd_weights *w, const char *name, sd_weights_tensor *info);
+
+/* Reads rows [row0, row0+n_rows) x columns [col0, col0+n_cols) of tensor
+ * name as f32 into dst [n_rows][n_cols]. For quantized types col0 and n_cols
+ * must be multiples of the type's block size (SD_ERR_UNSUPPORTED otherwise,
+ * with a log line). SD_ERR_NOT_FOUND / SD_ERR_RANGE for a bad name or
+ * rectangle. Thread-safe: ranks may read concurrently. */
+sd_status sd_weights_read(const sd_weights *w, const char *name, int64_t row0, int64_t n_rows, int64_t col0,
+                          int64_t n_cols, float *dst);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,160 @@
+/* weights.c — the weights-source dispatch and the GGUF source.
+ *
+ * The GGUF source is thin: config and tokenizer come from the metadata
+ * (model.c, tokenizer_gguf.c); a rectangle read dequantizes only the rows
+ * asked for, starting at the block that holds col0, straight out of the
+ * memory map. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "weights_impl.h"
+
+typedef struct gguf_source {
+    sd_gguf *owned; /* NULL when borrowed */
+    const sd_gguf *g;
+} gguf_source;
+
+static void gguf_close(void *ctx) {
+    gguf_source *s = ctx;
+    sd_gguf_close(&s->owned);
+    free(s);
+}
+
+static sd_status gguf_config(void *ctx, sd_model_config *cfg) {
+    return sd_model_config_from_gguf(((gguf_source *)ctx)->g, cfg);
+}
+
+static sd_status gguf_tokenizer(void *ctx, sd_tok **out) { return sd_tok_from_gguf(((gguf_source *)ctx)->g, out); }
+
+static bool gguf_find(void *ctx, const char *name, sd_weights_tensor *info) {
+    const sd_gguf_tensor *t = sd_gguf_find_tensor(((gguf_source *)ctx)->g, name);
+    if (!t || t->n_dims < 1 || t->n_dims > 2) return false;
+    info->type = t->type;
+    info->n_dims = t->n_dims;
+    info->ne[0] = (int64_t)t->ne[0];
+    info->ne[1] = t->n_dims == 2 ? (int64_t)t->ne[1] : 1;
+    return true;
+}
+
+sd_status sd_weights_read_rows(sd_dtype t, const void *data, int64_t ne0, int64_t row0, int64_t n_rows,
+                               int64_t col0, int64_t n_cols, float *dst) {
+    size_t be, bb;
+    if (!sd_dtype_block(t, &be, &bb)) return SD_ERR_UNSUPPORTED;
+    if (ne0 % (int64_t)be != 0 || col0 % (int64_t)be != 0 || n_cols % (int64_t)be != 0) {
+        SD_ERROR("weights: columns [%lld, %lld) of a %s row of %lld are not aligned to its %zu-element blocks",
+                 (long long)col0, (long long)(col0 + n_cols), sd_dtype_name(t), (long long)ne0, be);
+        return SD_ERR_UNSUPPORTED;
+    }
+    size_t row_bytes = (size_t)(ne0 / (int64_t)be) * bb;
+    size_t skip = (size_t)(col0 / (int64_t)be) * bb;
+    for (int64_t r = 0; r < n_rows; r++) {
+        const unsigned char *src = (const unsigned char *)data + (size_t)(row0 + r) * row_bytes + skip;
+        SD_TRY(sd_dequantize(t, src, (uint64_t)n_cols, dst + (size_t)r * (size_t)n_cols));
+    }
+    return SD_OK;
+}
+
+static sd_status gguf_read(void *ctx, const char *name, int64_t row0, int64_t n_rows, int64_t col0, int64_t n_cols,
+                           float *dst) {
+    const sd_gguf_tensor *t = sd_gguf_find_tensor(((gguf_source *)ctx)->g, name);
+    return sd_weights_read_rows(t->type, t->data, (int64_t)t->ne[0], row0, n_rows, col0, n_cols, dst);
+}
+
+static const sd_weights_ops gguf_ops = {
+    .format = "gguf",
+    .close = gguf_close,
+    .config = gguf_config,
+    .tokenizer = gguf_tokenizer,
+    .find = gguf_find,
+    .read = gguf_read,
+};
+
+static sd_status wrap_gguf(sd_gguf *owned, const sd_gguf *g, sd_weights **out) {
+    sd_weights *w = calloc(1, sizeof *w);
+    gguf_source *s = calloc(1, sizeof *s);
+    if (!w || !s) {
+        free(w);
+        free(s);
+        return SD_ERR_NOMEM;
+    }
+    s->owned = owned;
+    s->g = g;
+    w->ops = &gguf_ops;
+    w->ctx = s;
+    w->gguf = g;
+    *out = w;
+    return SD_OK;
+}
+
+sd_status sd_weights_from_gguf(const sd_gguf *g, sd_weights **out) {
+    if (!g || !out) return SD_ERR_INVALID_ARG;
+    *out = NULL;
+    return wrap_gguf(NULL, g, out);
+}
+
+sd_status sd_weights_open(const char *path, sd_weights **out) {
+    if (!path || !out) return SD_ERR_INVALID_ARG;
+    *out = NULL;
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        SD_ERROR("weights: cannot open %s: no such file or directory", path);
+        return SD_ERR_IO;
+    }
+    if (S_ISDIR(st.st_mode)) return sd_weights_hf_open(path, out);
+    sd_gguf *g = NULL;
+    char err[256];
+    sd_status s = sd_gguf_open(path, &g, err, sizeof err);
+    if (s != SD_OK) {
+        SD_ERROR("weights: %s: %s", path, err);
+        return s;
+    }
+    s = wrap_gguf(g, g, out);
+    if (s != SD_OK) sd_gguf_close(&g);
+    return s;
+}
+
+void sd_weights_close(sd_weights **w) {
+    if (!w || !*w) return;
+    (*w)->ops->close((*w)->ctx);
+    free(*w);
+    *w = NULL;
+}
+
+const char *sd_weights_format(const sd_weights *w) { return w ? w->ops->format : "none"; }
+
+const sd_gguf *sd_weights_gguf(const sd_weights *w) { return w ? w->gguf : NULL; }
+
+sd_status sd_weights_config(const sd_weights *w, sd_model_config *cfg) {
+    if (!w || !cfg) return SD_ERR_INVALID_ARG;
+    return w->ops->config(w->ctx, cfg);
+}
+
+sd_status sd_weights_tokenizer(const sd_weights *w, sd_tok **out) {
+    if (!w || !out) return SD_ERR_INVALID_ARG;
+    return w->ops->tokenizer(w->ctx, out);
+}
+
+bool sd_weights_find(const sd_weights *w, const char *name, sd_weights_tensor *info) {
+    sd_weights_tensor tmp;
+    if (!w || !name) return false;
+    return w->ops->find(w->ctx, name, info ? info : &tmp);
+}
+
+sd_status sd_weights_read(const sd_weights *w, const char *name, int64_t row0, int64_t n_rows, int64_t col0,
+                          int64_t n_cols, float *dst) {
+    if (!w || !name || !dst) return SD_ERR_INVALID_ARG;
+    sd_weights_tensor t;
+    if (!w->ops->find(w->ctx, name, &t)) {
+        SD_ERROR("weights: tensor %s is missing", name);
+        return SD_ERR_NOT_FOUND;
+    }
+    if (row0 < 0 || n_rows <= 0 || col0 < 0 || n_cols <= 0 || row0 > t.ne[1] - n_rows ||
+        col0 > t.ne[0] - n_cols) {
+        SD_ERROR("weights: rectangle rows [%lld, +%lld) cols [%lld, +%lld) is outside %s [%lld][%lld]",
+                 (long long)row0, (long long)n_rows, (long long)col0, (long long)n_cols, name,
+                 (long long)t.ne[1], (long long)t.ne[0]);
+        return SD_ERR_RANGE;
+    }
+    return w->ops->read(w->ctx, name, row0, n_rows, col0, n_cols, dst);
+}
