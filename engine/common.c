@@ -24,6 +24,8 @@ static const char *const status_names[SD_STATUS_COUNT] = {
     [SD_ERR_INTERNAL] = "internal error",
     [SD_ERR_CUDA] = "cuda error",
     [SD_ERR_NET] = "network error",
+    [SD_ERR_TIMEOUT] = "timed out",
+    [SD_ERR_ABORTED] = "aborted",
 };
 
 const char *sd_status_str(sd_status s) {

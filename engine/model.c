@@ -91,7 +91,8 @@ struct sd_model {
 };
 
 sd_model_params sd_model_default_params(void) {
-    sd_model_params p = {.n_threads = 0, .n_layers_used = 0, .device = -1};
+    sd_model_params p = {.n_threads = 0, .n_layers_used = 0, .device = -1, .tp_rank = 0, .tp_size = 1,
+                         .coll = NULL};
     return p;
 }
 
@@ -499,6 +500,10 @@ sd_status sd_model_load_weights(const sd_weights *w, const sd_model_params *p, s
         SD_ERROR("model: n_threads (%d) and n_layers_used (%d) must be >= 0", (int)params.n_threads,
                  (int)params.n_layers_used);
         return SD_ERR_INVALID_ARG;
+    }
+    if (params.tp_size != 1 || params.tp_rank != 0) {
+        SD_ERROR("model: tensor parallelism (tp_size %d) is not implemented yet", (int)params.tp_size);
+        return SD_ERR_UNSUPPORTED;
     }
     sd_model *m = calloc(1, sizeof *m);
     if (!m) return SD_ERR_NOMEM;

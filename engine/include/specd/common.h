@@ -31,6 +31,8 @@ typedef enum sd_status {
     SD_ERR_INTERNAL,      /* a broken invariant: a bug */
     SD_ERR_CUDA,          /* a CUDA/cuBLAS/NCCL call failed */
     SD_ERR_NET,           /* a ZeroMQ call failed */
+    SD_ERR_TIMEOUT,       /* a bounded wait ran out (a peer rank is dead or hung) */
+    SD_ERR_ABORTED,       /* the operation was aborted (a collective torn down) */
     SD_STATUS_COUNT
 } sd_status;
 

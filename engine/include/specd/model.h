@@ -15,6 +15,7 @@
 #include "specd/common.h"
 #include "specd/gguf.h"
 #include "specd/kv.h"
+#include "specd/coll.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -49,6 +50,13 @@ typedef struct sd_model_params {
     int32_t n_layers_used;  /* 0 = all; L < n_layers runs only the first L
                                layers + final norm + LM head (self-draft) */
     int32_t device;         /* -1 = CPU (default); N >= 0 = CUDA device N */
+    /* tensor parallelism: this process holds shard tp_rank of tp_size
+     * (heads and the MLP's inner dimension split; see docs/DESIGN.md) and
+     * runs every forward in lockstep with the other ranks over coll
+     * (borrowed; NULL when tp_size == 1) */
+    int32_t tp_rank;        /* default 0 */
+    int32_t tp_size;        /* default 1 */
+    sd_coll *coll;
 } sd_model_params;
 
 sd_model_params sd_model_default_params(void);
