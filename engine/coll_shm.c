@@ -76,8 +76,8 @@
 #define SHM_MAGIC 0x5350454443534d31ull /* "SPEDCSM1" */
 #define SHM_VERSION 1u
 #define CTL_LINE 128                    /* two cache lines: no false sharing with the adjacent-line prefetcher */
-#define SPIN_PAUSES 4000                /* ~10-40 us of pause before yielding */
-#define SPIN_YIELDS 64                  /* then sched_yield: lets a co-scheduled peer run */
+#define SPIN_NS 20000ll                 /* busy-wait (pause) this long: a peer on another core arrives in ~1 us */
+#define YIELD_NS 500000ll               /* then sched_yield this long: lets a peer sharing this core run */
 #define SLEEP_SLICE_NS 2000000ll        /* a futex sleep never exceeds 2 ms: abort and deadline stay prompt */
 #define DIRECT_MAX_BYTES (64u << 10)    /* up to this per round every rank reduces everything itself */
 #define JOIN_POLL_NS 1000000ll
@@ -207,25 +207,27 @@ static sd_status barrier_wait(shm_coll *s, const char *what) {
     int32_t me = s->base.params.rank;
     atomic_store(&s->ctl[me].arrive, e); /* seq_cst: pairs with the sleepers check below */
     if (atomic_load(&s->hdr->sleepers) != 0) futex_wake_all(&s->ctl[me].arrive);
-    int64_t deadline = 0;
+    int64_t start = 0, deadline = 0;
     for (int32_t j = 0; j < s->base.params.size; j++) {
         if (j == me) continue;
-        uint32_t spins = 0;
+        uint32_t polls = 0;
         while (!reached(atomic_load_explicit(&s->ctl[j].arrive, memory_order_acquire), e)) {
             if (is_aborted(s)) return aborted_status(s, what);
-            if (spins < SPIN_PAUSES) {
+            if ((++polls & 63u) != 0) { /* the clock is read every 64 polls */
                 cpu_relax();
-                spins++;
-                continue;
-            }
-            if (spins < SPIN_PAUSES + SPIN_YIELDS) {
-                sched_yield();
-                spins++;
                 continue;
             }
             int64_t t = now_ns();
-            if (deadline == 0) deadline = t + (int64_t)s->base.params.timeout_ms * 1000000ll;
+            if (start == 0) {
+                start = t;
+                deadline = t + (int64_t)s->base.params.timeout_ms * 1000000ll;
+            }
+            if (t - start < SPIN_NS) continue;
             if (t >= deadline) return timeout_status(s, what);
+            if (t - start < YIELD_NS) {
+                sched_yield();
+                continue;
+            }
             int64_t slice = deadline - t < SLEEP_SLICE_NS ? deadline - t : SLEEP_SLICE_NS;
             atomic_fetch_add(&s->hdr->sleepers, 1);
             uint32_t v = atomic_load(&s->ctl[j].arrive);
@@ -236,8 +238,8 @@ static sd_status barrier_wait(shm_coll *s, const char *what) {
     return SD_OK;
 }
 
-/* The deadline above starts when spinning ends: the bound is timeout_ms plus
- * at most a few tens of microseconds of spinning per awaited rank. */
+/* The deadline starts at the first clock read, a few hundred nanoseconds into
+ * the wait: the bound is timeout_ms from entering the wait, give or take. */
 
 /* Begins a round: announces (op, bytes, root) in this round's set. */
 static uint32_t round_begin(shm_coll *s, uint32_t op, uint64_t bytes, int32_t root) {

@@ -9,3 +9,8 @@ if(SPECD_HAVE_CUDA)
     target_link_libraries(test_coll_nccl PRIVATE CUDA::cudart)
   endif()
 endif()
+# The harness itself, shm ranks, correctness checked (exit 1 on any wrong element).
+foreach(op all_reduce broadcast gather barrier)
+  add_test(NAME coll_harness_${op} COMMAND specd-coll-test --backend shm -n 3 -b 4 -e 64K -f 16 --op ${op} --iters 5 --warmup 1)
+  set_tests_properties(coll_harness_${op} PROPERTIES LABELS "unit" TIMEOUT 120)
+endforeach()
