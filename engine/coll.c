@@ -7,8 +7,9 @@
  * touching the implementation, so no rank can wait on a half-torn group.
  *
  * In a build without CUDA the NCCL entry points live here and return
- * SD_ERR_UNSUPPORTED with a log line; with CUDA, engine/cuda/coll_nccl.c
- * defines them. */
+ * SD_ERR_UNSUPPORTED with a log line; with CUDA (SPECD_HAVE_CUDA, or
+ * SPECD_HAVE_NCCL where only the NCCL file is compiled in),
+ * engine/cuda/coll_nccl.c defines them. */
 #include "coll_impl.h"
 
 #include <string.h>
@@ -143,7 +144,7 @@ sd_status sd_coll_barrier(sd_coll *c) {
     return note_result(c, c->ops->barrier(c));
 }
 
-#ifndef SPECD_HAVE_CUDA
+#if !defined(SPECD_HAVE_CUDA) && !defined(SPECD_HAVE_NCCL)
 sd_status sd_coll_nccl_unique_id(void *id, size_t cap, size_t *len) {
     (void)id;
     (void)cap;

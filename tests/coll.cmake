@@ -2,12 +2,15 @@
 # groups, and one-rank NCCL collectives (skipped without a GPU or CUDA).
 specd_unit_test(test_coll test_coll.c)
 specd_unit_test(test_coll_nccl test_coll_nccl.c)
-if(SPECD_HAVE_CUDA)
-  find_package(CUDAToolkit)
-  if(CUDAToolkit_FOUND)
-    target_compile_definitions(test_coll_nccl PRIVATE SPECD_HAVE_CUDA)
-    target_link_libraries(test_coll_nccl PRIVATE CUDA::cudart)
-  endif()
+# The NCCL test runs its GPU path only when the engine really compiles
+# engine/cuda/coll_nccl.c (a CUDA build); otherwise it checks the
+# SD_ERR_UNSUPPORTED fallbacks and skips.
+get_target_property(SPECD_COLL_ENGINE_SOURCES specd_engine SOURCES)
+list(FILTER SPECD_COLL_ENGINE_SOURCES INCLUDE REGEX "coll_nccl\\.c$")
+if(SPECD_COLL_ENGINE_SOURCES)
+  find_package(CUDAToolkit REQUIRED)
+  target_compile_definitions(test_coll_nccl PRIVATE SPECD_HAVE_CUDA)
+  target_link_libraries(test_coll_nccl PRIVATE CUDA::cudart)
 endif()
 # The harness itself, shm ranks, correctness checked (exit 1 on any wrong element).
 foreach(op all_reduce broadcast gather barrier)
