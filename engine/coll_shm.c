@@ -3,8 +3,8 @@
  *
  * Segment layout (every rank maps all of it):
  *   header   magic, geometry, creator pid, state, aborted flag, sleepers
- *   ctl[r]   one 128-byte line per rank: its arrival epoch, its join flag and
- *            the (op, bytes, root) it announced for the current round
+ *   ctl[r]   one 128-byte line per rank: its arrival epoch, its join flag, its
+ *            pid and the (op, bytes, root) it announced for the current round
  *   data     slots[2][size][chunk]: two sets of per-rank slots, chunk =
  *            max_bytes rounded down to 64 bytes
  *
@@ -17,7 +17,11 @@
  * the header's sleeper count says there are any, so the fast path has no
  * system call. Every wait is bounded by timeout_ms and checks both the local
  * abort flag (sd_coll_abort) and the segment's aborted flag, which a rank
- * sets when it aborts or times out so that the others fail fast.
+ * sets when it aborts or times out so that the others fail fast. A wait that
+ * has gone to sleep also checks every 2 ms whether the awaited rank's process
+ * still exists, so a killed rank fails the group in milliseconds rather than
+ * after timeout_ms (only between ranks in the same pid namespace: a pid from
+ * another container means nothing here).
  *
  * One "round" moves at most one chunk per rank and uses slot set
  * (round & 1). Double buffering is what lets a round get away with a single
@@ -41,7 +45,7 @@
  * the last rank unmaps it (the last close frees it), and a group that later
  * crashes leaves nothing in /dev/shm. A joiner that attached to a stale
  * segment notices because its name was unlinked (st_nlink == 0) or its
- * creator is dead, and retries.
+ * creator is dead (same pid namespace), and retries.
  *
  * Rejected: a central arrival counter (contended, and a timeout cannot say who
  * is missing); process-shared pthread barriers (no timeout, no abort, and a
@@ -94,6 +98,7 @@ typedef struct shm_header {
     uint64_t max_bytes;  /* as every rank passed it */
     uint64_t total;      /* segment bytes */
     int32_t creator_pid;
+    uint64_t pid_ns;           /* inode of the creator's /proc/self/ns/pid (0: unknown) */
     _Atomic uint32_t state;
     _Atomic uint32_t aborted;  /* 0, or 1 + the rank that aborted or timed out */
     _Atomic uint32_t sleepers; /* ranks inside a futex wait */
@@ -109,7 +114,8 @@ typedef struct shm_ctl {
     _Atomic uint32_t arrive; /* last epoch this rank arrived at */
     _Atomic uint32_t joined;
     shm_meta meta[2];        /* per slot set, written before arriving */
-    char pad[CTL_LINE - 8 - 2 * sizeof(shm_meta)];
+    int32_t pid;             /* the rank's process, written before joining */
+    char pad[CTL_LINE - 8 - 2 * sizeof(shm_meta) - sizeof(int32_t)];
 } shm_ctl;
 
 _Static_assert(sizeof(shm_ctl) == CTL_LINE, "ctl line size");
@@ -127,6 +133,7 @@ typedef struct shm_coll {
     size_t chunk;
     uint32_t epoch;      /* this rank's last barrier epoch */
     uint32_t round;      /* rounds done: the slot set is round & 1 */
+    bool same_pid_ns;    /* every rank's pid is meaningful here: liveness checks allowed */
 } shm_coll;
 
 static const sd_coll_ops shm_ops;
@@ -135,6 +142,18 @@ static int64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+/* Identifies this process's pid namespace; pids are only compared (kill(pid, 0))
+ * between ranks that share it, so ranks in other containers are never
+ * declared dead by mistake. */
+static uint64_t pid_namespace(void) {
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+static bool process_gone(bool same_ns, int32_t pid) {
+    return same_ns && pid > 0 && kill(pid, 0) != 0 && errno == ESRCH;
 }
 
 static void sleep_ns(int64_t ns) {
@@ -228,6 +247,13 @@ static sd_status barrier_wait(shm_coll *s, const char *what) {
             if (t - start < YIELD_NS) {
                 sched_yield();
                 continue;
+            }
+            int32_t peer_pid = s->ctl[j].pid;
+            if (process_gone(s->same_pid_ns, peer_pid)) {
+                SD_ERROR("coll shm '%s' rank %d: %s failed: rank %d (pid %d) has exited", s->name + 1, me, what, j,
+                         (int)peer_pid);
+                raise_group_abort(s);
+                return SD_ERR_TIMEOUT;
             }
             int64_t slice = deadline - t < SLEEP_SLICE_NS ? deadline - t : SLEEP_SLICE_NS;
             atomic_fetch_add(&s->hdr->sleepers, 1);
@@ -452,6 +478,9 @@ static sd_status create_segment(shm_coll *s, int64_t deadline) {
     h->max_bytes = s->base.params.max_bytes;
     h->total = bytes;
     h->creator_pid = (int32_t)getpid();
+    h->pid_ns = pid_namespace();
+    s->same_pid_ns = h->pid_ns != 0;
+    s->ctl[0].pid = (int32_t)getpid();
     atomic_store(&h->aborted, 0);
     atomic_store(&h->sleepers, 0);
     atomic_store(&s->ctl[0].joined, 1);
@@ -488,9 +517,11 @@ static sd_status try_join(shm_coll *s, int64_t deadline) {
     if (fstat(s->fd, &st) != 0 || (size_t)st.st_size < CTL_LINE) goto retry;
     shm_header hcopy;
     if (pread(s->fd, &hcopy, sizeof hcopy, 0) != (ssize_t)sizeof hcopy || hcopy.magic != SHM_MAGIC) goto retry;
+    uint64_t my_ns = pid_namespace();
+    bool same_ns = my_ns != 0 && my_ns == hcopy.pid_ns;
     if (hcopy.version != SHM_VERSION || hcopy.size != s->base.params.size ||
         hcopy.max_bytes != s->base.params.max_bytes || hcopy.total != bytes || (size_t)st.st_size != bytes) {
-        if (kill(hcopy.creator_pid, 0) != 0 && errno == ESRCH) goto retry; /* a dead group's: rank 0 will replace it */
+        if (process_gone(same_ns, hcopy.creator_pid)) goto retry; /* a dead group's: rank 0 will replace it */
         SD_ERROR("coll shm '%s' rank %d: the group has size %d, max_bytes %llu; this rank passed size %d, "
                  "max_bytes %zu",
                  s->name + 1, s->base.params.rank, hcopy.size, (unsigned long long)hcopy.max_bytes,
@@ -498,9 +529,11 @@ static sd_status try_join(shm_coll *s, int64_t deadline) {
         shm_unmap(s);
         return SD_ERR_INVALID_ARG;
     }
-    if (kill(hcopy.creator_pid, 0) != 0 && errno == ESRCH) goto retry;
+    if (process_gone(same_ns, hcopy.creator_pid)) goto retry;
     if (map_segment(s, bytes) != SD_OK) goto retry;
     if (atomic_load(&s->hdr->state) != STATE_OPEN || atomic_load(&s->hdr->aborted)) goto retry;
+    s->same_pid_ns = same_ns;
+    s->ctl[s->base.params.rank].pid = (int32_t)getpid();
     uint32_t expected = 0;
     if (!atomic_compare_exchange_strong(&s->ctl[s->base.params.rank].joined, &expected, 1)) goto retry;
     /* joined: wait for rank 0 to see everyone; a segment unlinked before it
@@ -513,7 +546,7 @@ static sd_status try_join(shm_coll *s, int64_t deadline) {
             if (atomic_load(&s->hdr->state) == STATE_RUNNING) return SD_OK;
             break;
         }
-        if (kill(hcopy.creator_pid, 0) != 0 && errno == ESRCH) break;
+        if (process_gone(same_ns, hcopy.creator_pid)) break;
         if (now_ns() >= deadline) {
             SD_ERROR("coll shm '%s' rank %d: joined, but rank 0 did not start the group within %d ms", s->name + 1,
                      s->base.params.rank, s->base.params.timeout_ms);

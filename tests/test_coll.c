@@ -8,7 +8,7 @@
  * broadcast from every root; gather to every root; a barrier really orders a
  * shared counter; ranks calling different collectives are refused; a rank
  * that never arrives gives SD_ERR_TIMEOUT within the bound and fails the
- * others fast; sd_coll_abort from another thread ends a wait promptly and
+ * others fast; a rank that exits is noticed in well under the bound; sd_coll_abort from another thread ends a wait promptly and
  * later calls; a segment left by a killed group (or junk under the name) is
  * replaced; no /dev/shm entry survives a group. Ranks report through their
  * exit status (cmocka asserts cannot cross fork); the parent waits with a
@@ -61,6 +61,12 @@ static float value(int32_t rank, size_t i) {
     return ldexpf(mant, exp);
 }
 
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 typedef int (*rank_fn)(sd_coll *c, int32_t rank, void *arg);
 
 typedef struct group_spec {
@@ -100,30 +106,32 @@ static int run_group(const group_spec *g) {
         if (pid == 0) _exit(child_main(g, r));
         pids[r] = pid;
     }
-    int failed = 0;
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (int32_t r = 0; r < n; r++) {
-        if (pids[r] < 0) continue;
-        int status = 0;
-        for (;;) {
-            pid_t w = waitpid(pids[r], &status, WNOHANG);
-            if (w == pids[r]) break;
-            struct timespec t;
-            clock_gettime(CLOCK_MONOTONIC, &t);
-            if ((double)(t.tv_sec - t0.tv_sec) + 1e-9 * (double)(t.tv_nsec - t0.tv_nsec) > GROUP_WAIT_S) {
+    /* reap every rank as soon as it exits (an unreaped zombie still "exists"
+     * for the peers' liveness checks) */
+    int failed = 0, running = 0;
+    for (int32_t r = 0; r < n; r++) running += pids[r] > 0;
+    double t0 = now_s();
+    while (running > 0) {
+        bool late = now_s() - t0 > GROUP_WAIT_S;
+        for (int32_t r = 0; r < n; r++) {
+            if (pids[r] <= 0) continue;
+            int status = 0;
+            if (late) {
                 fprintf(stderr, "rank %d hung: killing it\n", r);
                 kill(pids[r], SIGKILL);
                 waitpid(pids[r], &status, 0);
-                break;
+            } else if (waitpid(pids[r], &status, WNOHANG) != pids[r]) {
+                continue;
             }
-            usleep(2000);
+            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+                fprintf(stderr, "rank %d of %d failed (status 0x%x, exit %d)\n", r, n, status,
+                        WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+                failed++;
+            }
+            pids[r] = -1;
+            running--;
         }
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            fprintf(stderr, "rank %d of %d failed (status 0x%x, exit %d)\n", r, n, status,
-                    WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-            failed++;
-        }
+        usleep(1000);
     }
     return failed;
 }
@@ -338,12 +346,6 @@ static void test_mismatch(void **state) {
 
 /* ---- timeouts ---- */
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static int rank_one_absent(sd_coll *c, int32_t rank, void *arg) {
     (void)arg;
     if (rank == 1) {
@@ -368,6 +370,32 @@ static void test_timeout_in_call(void **state) {
     make_name(name, sizeof name);
     group_spec g = make_group(name, 2, 1024, rank_one_absent, NULL);
     g.params.timeout_ms = 300;
+    assert_int_equal(run_group(&g), 0);
+    assert_false(shm_exists(name));
+}
+
+static int rank_dies(sd_coll *c, int32_t rank, void *arg) {
+    (void)arg;
+    if (rank == 2) _exit(0); /* joined, then gone without closing (as if killed) */
+    float buf[4] = { 1, 2, 3, 4 };
+    double t0 = now_s();
+    sd_status st = sd_coll_all_reduce_sum(c, buf, 4); /* timeout 20 s */
+    double dt = now_s() - t0;
+    if (st != SD_ERR_TIMEOUT && st != SD_ERR_ABORTED) return 72;
+    if (dt > 2.0) {
+        fprintf(stderr, "rank %d: a dead peer took %.3f s to notice\n", rank, dt);
+        return 73;
+    }
+    return 0;
+}
+
+/* A rank that dies is noticed long before the timeout; its group leaves no
+ * /dev/shm entry (the name went away once everyone had joined). */
+static void test_dead_rank(void **state) {
+    (void)state;
+    char name[64];
+    make_name(name, sizeof name);
+    group_spec g = make_group(name, 3, 1024, rank_dies, NULL);
     assert_int_equal(run_group(&g), 0);
     assert_false(shm_exists(name));
 }
@@ -543,6 +571,7 @@ int main(void) {
         cmocka_unit_test(test_mismatch),
         cmocka_unit_test(test_timeout_in_call),
         cmocka_unit_test(test_timeout_at_join),
+        cmocka_unit_test(test_dead_rank),
         cmocka_unit_test(test_abort),
         cmocka_unit_test(test_stale_junk),
         cmocka_unit_test(test_stale_killed_group),
