@@ -349,15 +349,15 @@ static void test_mismatch(void **state) {
 static int rank_one_absent(sd_coll *c, int32_t rank, void *arg) {
     (void)arg;
     if (rank == 1) {
-        usleep(1500 * 1000); /* joined, but never calls */
+        usleep(2500 * 1000); /* joined, but never calls */
         return 0;
     }
     float buf[4] = { 1, 2, 3, 4 };
     double t0 = now_s();
     sd_status st = sd_coll_all_reduce_sum(c, buf, 4);
     double dt = now_s() - t0;
-    if (st != SD_ERR_TIMEOUT || dt < 0.29 || dt > 1.0) {
-        fprintf(stderr, "rank 0: expected a timeout after ~0.3 s, got %s after %.3f s\n", sd_status_str(st), dt);
+    if (st != SD_ERR_TIMEOUT || dt < 0.49 || dt > 1.5) {
+        fprintf(stderr, "rank 0: expected a timeout after ~0.5 s, got %s after %.3f s\n", sd_status_str(st), dt);
         return 70;
     }
     if (sd_coll_all_reduce_sum(c, buf, 4) != SD_ERR_ABORTED) return 71;
@@ -369,7 +369,7 @@ static void test_timeout_in_call(void **state) {
     char name[64];
     make_name(name, sizeof name);
     group_spec g = make_group(name, 2, 1024, rank_one_absent, NULL);
-    g.params.timeout_ms = 300;
+    g.params.timeout_ms = 500;
     assert_int_equal(run_group(&g), 0);
     assert_false(shm_exists(name));
 }
@@ -446,7 +446,7 @@ static int rank_abort(sd_coll *c, int32_t rank, void *arg) {
         usleep(400 * 1000);
         double t0 = now_s();
         sd_status st = sd_coll_all_reduce_sum(c, buf, 4);
-        if (st != SD_ERR_ABORTED || now_s() - t0 > 0.2) {
+        if (st != SD_ERR_ABORTED || now_s() - t0 > 0.5) {
             fprintf(stderr, "rank 1: expected a fast SD_ERR_ABORTED, got %s\n", sd_status_str(st));
             return 80;
         }
@@ -459,7 +459,7 @@ static int rank_abort(sd_coll *c, int32_t rank, void *arg) {
     sd_status st = sd_coll_all_reduce_sum(c, buf, 4); /* timeout 20 s: only the abort ends it */
     double dt = now_s() - t0;
     pthread_join(th, NULL);
-    if (st != SD_ERR_ABORTED || dt > 0.3) {
+    if (st != SD_ERR_ABORTED || dt > 0.8) {
         fprintf(stderr, "rank 0: expected SD_ERR_ABORTED ~0.1 s in, got %s after %.3f s\n", sd_status_str(st), dt);
         return 82;
     }
