@@ -186,6 +186,18 @@ static int check_all_reduce(sd_coll *c, int32_t rank, size_t n) {
             }
         rc = 21;
     }
+    if (rc == 0 && n) {
+        /* and explicitly: rank 0 sees every rank's result, bit for bit */
+        float *all = rank == 0 ? malloc((size_t)size * n * sizeof(float)) : NULL;
+        st = sd_coll_gather(c, buf, n, all, 0);
+        if (st != SD_OK) rc = 22;
+        for (int32_t r = 1; all && rc == 0 && r < size; r++)
+            if (memcmp(all + (size_t)r * n, buf, n * sizeof(float)) != 0) {
+                fprintf(stderr, "all_reduce(%zu): rank %d's result differs from rank 0's\n", n, r);
+                rc = 23;
+            }
+        free(all);
+    }
     free(buf);
     free(want);
     return rc;
@@ -229,6 +241,7 @@ static void test_all_reduce(void **state) {
     for (int32_t size = 1; size <= 4; size++) run_ok(size, 1024, rank_all_reduce_sizes, NULL); /* 256-float chunks */
     for (int32_t size = 2; size <= 4; size++) run_ok(size, (size_t)1 << 20, rank_all_reduce_large, NULL);
     run_ok(3, 64 * 3, rank_all_reduce_large, NULL); /* many tiny chunks */
+    run_ok(2, 1000, rank_all_reduce_sizes, NULL);   /* max_bytes not a multiple of 64 */
 }
 
 /* ---- broadcast ---- */
