@@ -17,3 +17,6 @@ foreach(op all_reduce broadcast gather barrier)
   add_test(NAME coll_harness_${op} COMMAND specd-coll-test --backend shm -n 3 -b 4 -e 64K -f 16 --op ${op} --iters 5 --warmup 1)
   set_tests_properties(coll_harness_${op} PROPERTIES LABELS "unit" TIMEOUT 120)
 endforeach()
+# NCCL ranks, one per visible GPU (exit 77 = skipped without CUDA or a GPU).
+add_test(NAME coll_harness_nccl COMMAND specd-coll-test --backend nccl -n 8 -b 4 -e 1M -f 16 --op all_reduce --iters 5 --warmup 1)
+set_tests_properties(coll_harness_nccl PROPERTIES LABELS "unit" TIMEOUT 120 SKIP_RETURN_CODE 77)

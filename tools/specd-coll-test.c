@@ -18,7 +18,8 @@
  * process). nccl runs one rank per visible GPU as threads of this process
  * (-n caps it); it prints a message and does nothing in a build without CUDA
  * or on a machine without a GPU. Exit status 0 when every check passed, 1 when
- * any element was wrong or a call failed, 2 on bad usage. */
+ * any element was wrong or a call failed, 2 on bad usage, 77 when skipped (no
+ * CUDA build or no GPU; CTest's skip code). */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -34,6 +35,8 @@
 #ifdef SPECD_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
+
+#define EXIT_SKIPPED 77
 
 enum op { OP_ALL_REDUCE, OP_BROADCAST, OP_GATHER, OP_BARRIER };
 
@@ -299,7 +302,7 @@ static int run_nccl(const options *o) {
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) {
         printf("specd-coll-test: skipped: --backend nccl needs a CUDA GPU and none is visible\n");
-        return 0;
+        return EXIT_SKIPPED;
     }
     int32_t n = o->n_ranks > 0 && o->n_ranks < n_dev ? o->n_ranks : n_dev;
     nccl_rank *ranks = calloc((size_t)n, sizeof *ranks);
@@ -331,7 +334,7 @@ static int run_nccl(const options *o) {
 static int run_nccl(const options *o) {
     (void)o;
     printf("specd-coll-test: skipped: --backend nccl needs a CUDA build (this one has none)\n");
-    return 0;
+    return EXIT_SKIPPED;
 }
 #endif
 
