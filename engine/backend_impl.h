@@ -27,8 +27,20 @@
 #define SPECD_BACKEND_IMPL_H
 
 #include "specd/common.h"
+#include "specd/sample.h"
+#include "specd/spec.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef struct sd_backend sd_backend;
+
+/* A host int32 array an op will receive (see host_arrays). */
+typedef struct sd_host_array {
+    const int32_t *data;
+    size_t n;
+} sd_host_array;
 
 typedef struct sd_backend_ops {
     const char *name;
@@ -38,6 +50,10 @@ typedef struct sd_backend_ops {
 
     /* Frees the backend and everything it allocated; sets *be = NULL. */
     void (*destroy)(sd_backend **be);
+
+    /* Bytes per element of a matrix as matmul reads it (for bandwidth
+     * figures): 4 for f32 weights, 2 for BF16. */
+    int32_t weight_elem_bytes;
 
     /* ---- memory ---- */
     /* Returns a buffer of bytes (64-byte aligned), or NULL. Freed by buf_free. */
@@ -53,6 +69,42 @@ typedef struct sd_backend_ops {
      * receives exactly that pointer. Freed with weight_free. */
     sd_status (*weight_upload)(sd_backend *be, const float *host, int32_t n_out, int32_t n_in, void **out);
     void (*weight_free)(sd_backend *be, void *w);
+
+    /* Optional: free and total bytes of the backend's memory (for clear
+     * errors before a large load). */
+    sd_status (*mem_info)(sd_backend *be, size_t *free_bytes, size_t *total_bytes);
+
+    /* ---- forward-wide hooks (all optional: NULL on the CPU) ---- */
+    /* Announces the host int32 arrays (token ids, positions, block tables,
+     * their offsets, wanted rows) that the ops of the forward about to run
+     * will receive, in a fixed order. A backend whose ops run on another
+     * device copies them there once, here; an op that later receives one of
+     * these exact pointers reads that copy, any other host pointer is copied
+     * by the op itself. The arrays must not change until the forward ends. */
+    sd_status (*host_arrays)(sd_backend *be, const sd_host_array *arrays, int32_t n);
+    /* Recorded forwards (CUDA graphs). graph_launch replays what was
+     * recorded under key (SD_OK) or returns SD_ERR_NOT_FOUND; graph_begin
+     * starts recording under key (SD_OK: the ops that follow are recorded,
+     * not run, until graph_end) or declines (SD_ERR_NOT_FOUND: run the ops
+     * as usual); graph_end(be, ok) finishes a recording, keeps it when ok and
+     * launches it. graph_reset forgets every recording (buffers they name
+     * were freed or moved). A key names everything that is fixed in a
+     * recording: the shapes and every buffer passed to the ops. */
+    sd_status (*graph_launch)(sd_backend *be, uint64_t key);
+    sd_status (*graph_begin)(sd_backend *be, uint64_t key);
+    sd_status (*graph_end)(sd_backend *be, bool ok);
+    void (*graph_reset)(sd_backend *be);
+
+    /* Optional: speculative verification next to the logits, so the target
+     * distributions never leave the backend. logits: the forward's wanted
+     * rows [n_rows][n_vocab] in backend memory. For each sequence: greedy
+     * (temperature 0) or stochastic verification with exactly the rules,
+     * processing and random keys of sd_spec_verify_greedy / sd_sample_probs
+     * + sd_spec_verify (spec.h, sample.c), so the decisions are the CPU's.
+     * A sequence whose input is malformed gets its own status; the call
+     * fails only when the backend does. */
+    sd_status (*spec_verify)(sd_backend *be, const float *logits, int32_t n_vocab, int32_t n_seqs,
+                             sd_spec_rows *seqs);
 
     /* ---- ops ---- */
     /* out[t][:] = table[ids[t]][:] for t < n_tokens.
@@ -124,4 +176,7 @@ sd_status sd_cuda_backend_create(int32_t device, sd_backend_handle *out);
  * On success fills *out; the caller destroys it with out->ops->destroy(&out->ctx). */
 sd_status sd_cpu_backend_create(int32_t n_threads, sd_backend_handle *out);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

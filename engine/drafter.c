@@ -21,7 +21,7 @@
 sd_drafter_params sd_drafter_default_params(void) {
     sd_drafter_params p = {
         .max_seqs = 1, .max_ctx = 4096, .top_n = SD_SPEC_DEFAULT_TOP_N, .ngram_min = 1, .ngram_max = 4,
-        .n_threads = 0,
+        .n_threads = 0, .device = -1,
     };
     return p;
 }

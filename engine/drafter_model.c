@@ -317,8 +317,8 @@ sd_status sd_drafter_model_wrap(sd_model *m, sd_drafter_kind kind, const sd_draf
 }
 
 /* Opens path and loads it with n_layers_used (0 = all); hash/n_vocab of its vocabulary when asked. */
-static sd_status load_gguf_model(const char *path, int32_t n_layers_used, int32_t n_threads, uint64_t *vocab_hash,
-                                 int32_t *n_vocab, sd_model **out) {
+static sd_status load_gguf_model(const char *path, int32_t n_layers_used, int32_t n_threads, int32_t device,
+                                 uint64_t *vocab_hash, int32_t *n_vocab, sd_model **out) {
     sd_gguf *g = NULL;
     char err[256] = "";
     sd_status st = sd_gguf_open(path, &g, err, sizeof err);
@@ -341,6 +341,7 @@ static sd_status load_gguf_model(const char *path, int32_t n_layers_used, int32_
     sd_model_params mp = sd_model_default_params();
     mp.n_threads = n_threads;
     mp.n_layers_used = n_layers_used;
+    mp.device = device;
     st = sd_model_load(g, &mp, out);
     sd_gguf_close(&g);
     if (st != SD_OK) SD_ERROR("drafter: cannot load the model in %s: %s", path, sd_status_str(st));
@@ -355,7 +356,7 @@ sd_status sd_drafter_model_open(const char *path, uint64_t target_vocab_hash, in
     int32_t n_vocab = 0;
     sd_model *m = NULL;
     int32_t n_threads = p ? p->n_threads : 0;
-    SD_TRY(load_gguf_model(path, 0, n_threads, &hash, &n_vocab, &m));
+    SD_TRY(load_gguf_model(path, 0, n_threads, p ? p->device : -1, &hash, &n_vocab, &m));
     if (hash != target_vocab_hash || n_vocab != target_n_vocab || sd_model_config_of(m)->n_vocab != target_n_vocab) {
         SD_ERROR("drafter: the vocabulary of %s (%d tokens, hash %016llx) differs from the target's (%d tokens, "
                  "hash %016llx): a draft model must share the target's tokenizer exactly",
@@ -374,7 +375,7 @@ sd_status sd_drafter_self_open(const char *path, int32_t n_layers, const sd_draf
     }
     *out = NULL;
     sd_model *m = NULL;
-    SD_TRY(load_gguf_model(path, n_layers, p ? p->n_threads : 0, NULL, NULL, &m));
+    SD_TRY(load_gguf_model(path, n_layers, p ? p->n_threads : 0, p ? p->device : -1, NULL, NULL, &m));
     return wrap(m, true, SD_DRAFTER_SELF, p, out);
 }
 

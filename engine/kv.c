@@ -26,8 +26,12 @@
  * entry before reading it, so the cost buys nothing. */
 #include "specd/kv.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The one process-wide counter: cache identities for sd_kv_uid. */
+static atomic_uint_fast64_t next_uid = 1;
 
 typedef struct kv_slot {
     int32_t len;      /* tokens stored */
@@ -45,6 +49,7 @@ struct sd_kv {
     int32_t *free_stack; /* [n_blocks] free block ids; top at n_free-1 */
     int32_t n_free;
     kv_slot *slots;      /* [max_seqs] */
+    uint64_t uid;
 };
 
 sd_kv_params sd_kv_default_params(void) {
@@ -96,11 +101,17 @@ sd_status sd_kv_create(const sd_kv_params *p, sd_kv **out) {
     kv->free_stack = malloc((size_t)p->n_blocks * sizeof *kv->free_stack);
     kv->slots = calloc((size_t)p->max_seqs, sizeof *kv->slots);
     if (!kv->k_pools || !kv->v_pools || !kv->free_stack || !kv->slots) goto nomem;
+    if ((p->pool_alloc == NULL) != (p->pool_free == NULL)) {
+        SD_ERROR("kv: pool_alloc and pool_free go together");
+        sd_kv_free(&kv);
+        return SD_ERR_INVALID_ARG;
+    }
     for (int32_t l = 0; l < p->n_layers; l++) {
-        kv->k_pools[l] = malloc(pool_bytes);
-        kv->v_pools[l] = malloc(pool_bytes);
+        kv->k_pools[l] = p->pool_alloc ? p->pool_alloc(p->pool_ctx, pool_bytes) : malloc(pool_bytes);
+        kv->v_pools[l] = p->pool_alloc ? p->pool_alloc(p->pool_ctx, pool_bytes) : malloc(pool_bytes);
         if (!kv->k_pools[l] || !kv->v_pools[l]) goto nomem;
     }
+    kv->uid = atomic_fetch_add(&next_uid, 1);
     /* Block 0 on top: a fresh cache hands out blocks 0, 1, 2, ... */
     for (int32_t i = 0; i < p->n_blocks; i++) kv->free_stack[i] = p->n_blocks - 1 - i;
     kv->n_free = p->n_blocks;
@@ -108,7 +119,9 @@ sd_status sd_kv_create(const sd_kv_params *p, sd_kv **out) {
     return SD_OK;
 
 nomem:
-    SD_ERROR("kv: cannot allocate %d layers x 2 pools of %zu bytes", (int)p->n_layers, pool_bytes);
+    SD_ERROR("kv: cannot allocate the cache: %d layers x 2 pools of %.1f MiB (%.1f MiB in all, %s memory)",
+             (int)p->n_layers, (double)pool_bytes / 1048576.0, 2.0 * (double)p->n_layers * (double)pool_bytes / 1048576.0,
+             p->pool_alloc ? "device" : "host");
     sd_kv_free(&kv);
     return SD_ERR_NOMEM;
 }
@@ -117,8 +130,14 @@ void sd_kv_free(sd_kv **kvp) {
     if (!kvp || !*kvp) return;
     sd_kv *kv = *kvp;
     for (int32_t l = 0; l < kv->p.n_layers; l++) {
-        if (kv->k_pools) free(kv->k_pools[l]);
-        if (kv->v_pools) free(kv->v_pools[l]);
+        float *pools[2] = {kv->k_pools ? kv->k_pools[l] : NULL, kv->v_pools ? kv->v_pools[l] : NULL};
+        for (int i = 0; i < 2; i++) {
+            if (!pools[i]) continue;
+            if (kv->p.pool_free)
+                kv->p.pool_free(kv->p.pool_ctx, pools[i]);
+            else
+                free(pools[i]);
+        }
     }
     free(kv->k_pools);
     free(kv->v_pools);
@@ -131,6 +150,8 @@ void sd_kv_free(sd_kv **kvp) {
 }
 
 const sd_kv_params *sd_kv_params_of(const sd_kv *kv) { return &kv->p; }
+
+uint64_t sd_kv_uid(const sd_kv *kv) { return kv ? kv->uid : 0; }
 
 static bool seq_ok(const sd_kv *kv, int32_t seq, const char *what) {
     if (seq < 0 || seq >= kv->p.max_seqs) {

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "backend_impl.h"
+#include "specd/spec.h"
 #include "specd/weights.h"
 
 /* Sanity bounds on hyper-parameters (far above any real Llama). */
@@ -85,6 +86,7 @@ struct sd_model {
     float *inv_freq;    /* [head_dim/2] rope frequencies, scaling applied */
     layer_weights *layers; /* [n_layers_used] */
     const sd_model *parent; /* non-NULL for a view: every weight above is borrowed from it */
+    bool host_verify;       /* SPECD_DEVICE_VERIFY=0: verification on the host even on a device */
     uint64_t weight_bytes;
     activations act;
     batch_plan plan;
@@ -420,7 +422,8 @@ static sd_status load_tensor(sd_model *m, const sd_weights *w, const char *name,
         return s;
     }
     *out = buf;
-    m->weight_bytes += bytes;
+    /* what matmul streams: the backend's own format for converted matrices */
+    m->weight_bytes += convert ? bytes / sizeof(float) * (size_t)ops->weight_elem_bytes : bytes;
     return SD_OK;
 }
 
@@ -492,6 +495,28 @@ sd_status sd_model_load(const sd_gguf *g, const sd_model_params *p, sd_model **o
     return s;
 }
 
+/* Refuses a load that cannot fit in the backend's memory, with the numbers,
+ * before any of it is read (the backends that report their memory). */
+static sd_status check_memory(sd_model *m) {
+    const sd_backend_ops *ops = m->be.ops;
+    size_t free_b = 0, total_b = 0;
+    if (!ops->mem_info || ops->mem_info(m->be.ctx, &free_b, &total_b) != SD_OK) return SD_OK;
+    const sd_model_config *c = &m->cfg;
+    double E = c->n_embd, V = c->n_vocab, F = c->n_ff, QD = (double)c->n_heads * c->head_dim;
+    double KD = (double)c->n_kv_heads * c->head_dim, mat = ops->weight_elem_bytes;
+    double per_layer = (2 * E * QD + 2 * E * KD + 3 * E * F) * mat + 2 * E * 4;
+    double need = E * V * 4 /* embedding table */ + E * V * mat /* LM head */ + E * 4 +
+                  (double)m->n_layers_used * per_layer;
+    if (need > (double)free_b) {
+        SD_ERROR("model: the weights need %.2f GiB of %s memory (%d layers, %s matrices), but only %.2f GiB of "
+                 "%.2f GiB are free",
+                 need / 1073741824.0, ops->name, (int)m->n_layers_used, mat == 2 ? "BF16" : "f32",
+                 (double)free_b / 1073741824.0, (double)total_b / 1073741824.0);
+        return SD_ERR_NOMEM;
+    }
+    return SD_OK;
+}
+
 sd_status sd_model_load_weights(const sd_weights *w, const sd_model_params *p, sd_model **out) {
     if (!w || !out) return SD_ERR_INVALID_ARG;
     *out = NULL;
@@ -518,16 +543,19 @@ sd_status sd_model_load_weights(const sd_weights *w, const sd_model_params *p, s
         m->layers = calloc((size_t)m->n_layers_used, sizeof *m->layers);
         s = m->layers ? sd_backend_create(params.device, params.n_threads, &m->be) : SD_ERR_NOMEM;
     }
+    const char *dv = getenv("SPECD_DEVICE_VERIFY");
+    m->host_verify = dv && strcmp(dv, "0") == 0;
+    if (s == SD_OK) s = check_memory(m);
     if (s == SD_OK) s = load_weights(m, w);
     if (s != SD_OK) {
         sd_model_free(&m);
         return s;
     }
-    SD_INFO("model: llama, %d/%d layers, n_embd %d, n_ff %d, heads %d/%d, head_dim %d, vocab %d, %.1f MB f32 "
-            "weights, backend %s",
+    SD_INFO("model: llama, %d/%d layers, n_embd %d, n_ff %d, heads %d/%d, head_dim %d, vocab %d, %.1f MB of "
+            "weights streamed per step (%s matrices), backend %s",
             (int)m->n_layers_used, (int)m->cfg.n_layers, (int)m->cfg.n_embd, (int)m->cfg.n_ff,
             (int)m->cfg.n_heads, (int)m->cfg.n_kv_heads, (int)m->cfg.head_dim, (int)m->cfg.n_vocab,
-            (double)m->weight_bytes / 1e6, m->be.ops->name);
+            (double)m->weight_bytes / 1e6, m->be.ops->weight_elem_bytes == 2 ? "BF16" : "f32", m->be.ops->name);
     *out = m;
     return SD_OK;
 }
@@ -588,7 +616,7 @@ sd_status sd_model_view_layers(const sd_model *m, int32_t n_layers, sd_model **o
         return SD_ERR_INVALID_ARG;
     }
     *out = NULL;
-    if (!m->be.ops->host_memory) {
+    if (!m->be.ops->host_memory && m->params.device < 0) {
         SD_ERROR("model: backend %s cannot share weights with a view", m->be.ops->name);
         return SD_ERR_UNSUPPORTED;
     }
@@ -599,6 +627,7 @@ sd_status sd_model_view_layers(const sd_model *m, int32_t n_layers, sd_model **o
     v->params.n_layers_used = n_layers;
     v->n_layers_used = n_layers;
     v->parent = m;
+    v->host_verify = m->host_verify;
     v->tok_embd = m->tok_embd;
     v->output_norm = m->output_norm;
     v->output = m->output;
@@ -609,8 +638,11 @@ sd_status sd_model_view_layers(const sd_model *m, int32_t n_layers, sd_model **o
     uint64_t KD = (uint64_t)c->n_kv_heads * (uint64_t)c->head_dim, F = (uint64_t)c->n_ff;
     uint64_t per_layer = 2 * E + 2 * E * QD + 2 * E * KD + 3 * E * F;
     uint64_t head = E * (uint64_t)c->n_vocab * (c->tied_output ? 1 : 2) + E;
-    v->weight_bytes = (head + (uint64_t)n_layers * per_layer) * sizeof(float);
-    sd_status s = sd_cpu_backend_create(m->params.n_threads, &v->be);
+    uint64_t mat = (uint64_t)m->be.ops->weight_elem_bytes;
+    v->weight_bytes = (head + (uint64_t)n_layers * per_layer) * mat;
+    /* a backend instance of its own on the same device: device buffers are
+     * shared by every stream of the process */
+    sd_status s = sd_backend_create(m->params.device, m->params.n_threads, &v->be);
     if (s != SD_OK) {
         free(v);
         return s;
@@ -623,6 +655,17 @@ const sd_model_config *sd_model_config_of(const sd_model *m) { return m ? &m->cf
 
 uint64_t sd_model_weight_bytes(const sd_model *m) { return m ? m->weight_bytes : 0; }
 
+/* A device-resident cache's pools come from the model's backend. */
+static void *kv_pool_alloc(void *ctx, size_t bytes) {
+    const sd_backend_handle *be = ctx;
+    return be->ops->buf_alloc(be->ctx, bytes);
+}
+
+static void kv_pool_free(void *ctx, void *pool) {
+    const sd_backend_handle *be = ctx;
+    be->ops->buf_free(be->ctx, pool);
+}
+
 sd_status sd_model_kv_create(const sd_model *m, int32_t max_seqs, int32_t n_blocks, int32_t block_size,
                              sd_kv **out) {
     if (!m || !out) return SD_ERR_INVALID_ARG;
@@ -633,6 +676,22 @@ sd_status sd_model_kv_create(const sd_model *m, int32_t max_seqs, int32_t n_bloc
     if (block_size) p.block_size = block_size;
     p.n_blocks = n_blocks;
     p.max_seqs = max_seqs;
+    const sd_backend_ops *ops = m->be.ops;
+    if (!ops->host_memory) {
+        p.pool_alloc = kv_pool_alloc;
+        p.pool_free = kv_pool_free;
+        p.pool_ctx = (void *)&m->be;
+        size_t free_b = 0, total_b = 0;
+        double need = 2.0 * p.n_layers * (double)n_blocks * (double)p.block_size * p.n_kv_heads * p.head_dim * 4;
+        if (n_blocks > 0 && ops->mem_info && ops->mem_info(m->be.ctx, &free_b, &total_b) == SD_OK &&
+            need > (double)free_b) {
+            SD_ERROR("model: a KV cache of %d blocks x %d tokens needs %.2f GiB of %s memory, but only %.2f GiB of "
+                     "%.2f GiB are free (fewer blocks or sequences would fit)",
+                     (int)n_blocks, (int)p.block_size, need / 1073741824.0, ops->name,
+                     (double)free_b / 1073741824.0, (double)total_b / 1073741824.0);
+            return SD_ERR_NOMEM;
+        }
+    }
     return sd_kv_create(&p, out);
 }
 
@@ -641,6 +700,7 @@ sd_status sd_model_kv_create(const sd_model *m, int32_t max_seqs, int32_t n_bloc
 static sd_status reserve_activations(sd_model *m, int32_t n_tokens) {
     activations *a = &m->act;
     if (n_tokens <= a->cap_tokens) return SD_OK;
+    if (m->be.ops->graph_reset) m->be.ops->graph_reset(m->be.ctx); /* recordings name the old buffers */
     free_activations(m);
     const sd_model_config *c = &m->cfg;
     size_t n = (size_t)n_tokens, q = (size_t)c->n_heads * (size_t)c->head_dim;
@@ -819,7 +879,28 @@ static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_batch *b) {
     return SD_OK;
 }
 
-/* Final norm and LM head for the n_wanted rows listed in plan.wanted. */
+/* forward_layers, replayed from a recording when the backend keeps them
+ * (CUDA graphs): the key names the batch shape and the cache, which fix
+ * every buffer and launch shape; what changes between steps (ids,
+ * positions, block tables) was copied by host_arrays into buffers that stay
+ * where they are. A backend that declines to record, or drops a recording
+ * that failed, gets the ops run one by one. */
+static sd_status run_layers(sd_model *m, sd_kv *kv, const sd_batch *b) {
+    const sd_backend_ops *op = m->be.ops;
+    if (!op->graph_launch) return forward_layers(m, kv, b);
+    uint64_t key = sd_kv_uid(kv) * 0x9E3779B97F4A7C15ull ^ (uint64_t)(uint32_t)b->n_tokens;
+    sd_status s = op->graph_launch(m->be.ctx, key);
+    if (s != SD_ERR_NOT_FOUND) return s;
+    if (op->graph_begin(m->be.ctx, key) != SD_OK) return forward_layers(m, kv, b);
+    s = forward_layers(m, kv, b);
+    sd_status e = op->graph_end(m->be.ctx, s == SD_OK);
+    if (s != SD_OK) return s;
+    if (e == SD_ERR_NOT_FOUND) return forward_layers(m, kv, b); /* recording dropped: nothing ran yet */
+    return e;
+}
+
+/* Final norm and LM head for the n_wanted rows listed in plan.wanted; out
+ * NULL keeps them in the activations (a->logits on a device backend). */
 static sd_status forward_logits(sd_model *m, int32_t n_wanted, float *out) {
     const sd_backend_ops *op = m->be.ops;
     sd_backend *be = m->be.ctx;
@@ -830,12 +911,42 @@ static sd_status forward_logits(sd_model *m, int32_t n_wanted, float *out) {
     SD_TRY(op->rmsnorm(be, a->xb, m->output_norm, n_wanted, c->n_embd, c->rms_eps, a->xb));
     float *dst = op->host_memory ? out : a->logits; /* [n_wanted][n_vocab] */
     SD_TRY(op->matmul(be, m->output, c->n_embd, c->n_vocab, a->xb, n_wanted, dst));
-    if (!op->host_memory)
+    if (!op->host_memory && out)
         SD_TRY(op->buf_download(be, out, a->logits, (size_t)n_wanted * (size_t)c->n_vocab * sizeof(float)));
     return SD_OK;
 }
 
+static sd_status forward(sd_model *m, sd_kv *kv, const sd_batch *b, float *out, bool keep);
+
 sd_status sd_model_forward(sd_model *m, sd_kv *kv, const sd_batch *b, float *out) {
+    return forward(m, kv, b, out, false);
+}
+
+bool sd_model_verifies_on_device(const sd_model *m) {
+    return m && m->be.ops->spec_verify && !m->host_verify;
+}
+
+sd_status sd_model_forward_verify(sd_model *m, sd_kv *kv, const sd_batch *b, int32_t n_seqs, sd_spec_rows *seqs) {
+    if (!sd_model_verifies_on_device(m)) {
+        SD_ERROR("model: backend %s does not verify on the device", m ? m->be.ops->name : "(none)");
+        return SD_ERR_UNSUPPORTED;
+    }
+    if (n_seqs < 0 || (n_seqs > 0 && !seqs)) return SD_ERR_INVALID_ARG;
+    SD_TRY(forward(m, kv, b, NULL, true));
+    int32_t n_wanted = 0;
+    for (int32_t t = 0; b->logits && t < b->n_tokens; t++) n_wanted += b->logits[t];
+    for (int32_t i = 0; i < n_seqs; i++)
+        if (seqs[i].row0 < 0 || seqs[i].k < 0 || seqs[i].row0 + seqs[i].k >= n_wanted) {
+            SD_ERROR("model: verification of sequence %d reads rows %d..%d of %d wanted", (int)i, (int)seqs[i].row0,
+                     (int)(seqs[i].row0 + seqs[i].k), (int)n_wanted);
+            return SD_ERR_INVALID_ARG;
+        }
+    return m->be.ops->spec_verify(m->be.ctx, m->act.logits, m->cfg.n_vocab, n_seqs, seqs);
+}
+
+/* The forward: out receives the wanted rows (host), or with keep they stay
+ * in the activations for spec_verify. */
+static sd_status forward(sd_model *m, sd_kv *kv, const sd_batch *b, float *out, bool keep) {
     if (!m || !kv || !b || b->n_tokens < 0) return SD_ERR_INVALID_ARG;
     if (b->n_tokens == 0) return SD_OK;
     if (!b->tokens || !b->pos || !b->seq) {
@@ -852,15 +963,29 @@ sd_status sd_model_forward(sd_model *m, sd_kv *kv, const sd_batch *b, float *out
     SD_TRY(reserve_plan(&m->plan, kp->max_seqs, b->n_tokens));
     int32_t n_seqs, n_wanted;
     SD_TRY(validate_batch(m, kv, b, &n_seqs, &n_wanted));
-    if (n_wanted > 0 && !out) {
+    if (n_wanted > 0 && !out && !keep) {
         SD_ERROR("model: %d logits rows wanted but out is NULL", (int)n_wanted);
         return SD_ERR_INVALID_ARG;
     }
     SD_TRY(reserve_activations(m, b->n_tokens));
     SD_TRY(grow_sequences(m, kv, n_seqs));
     sd_status s = gather_block_tables(m, kv, b, n_seqs);
-    if (s == SD_OK) s = forward_layers(m, kv, b);
-    if (s == SD_OK && n_wanted > 0) s = forward_logits(m, n_wanted, out);
+    if (s == SD_OK && m->be.ops->host_arrays) {
+        size_t n_bt = 0;
+        for (int32_t i = 0; i < n_seqs; i++) {
+            int32_t nb = 0;
+            sd_kv_block_table(kv, m->plan.seq_order[i], &nb);
+            n_bt += (size_t)nb;
+        }
+        /* the order is fixed: a recorded forward reads the same slots */
+        const sd_host_array arrays[] = {
+            {b->tokens, (size_t)b->n_tokens}, {b->pos, (size_t)b->n_tokens}, {m->plan.bt, n_bt},
+            {m->plan.bt_off, (size_t)b->n_tokens}, {m->plan.wanted, (size_t)n_wanted},
+        };
+        s = m->be.ops->host_arrays(m->be.ctx, arrays, (int32_t)(sizeof arrays / sizeof arrays[0]));
+    }
+    if (s == SD_OK) s = run_layers(m, kv, b);
+    if (s == SD_OK && n_wanted > 0) s = forward_logits(m, n_wanted, keep ? NULL : out);
     if (s != SD_OK) {
         /* the cache holds partial entries: give the new positions back */
         for (int32_t i = 0; i < n_seqs; i++) {

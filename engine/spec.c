@@ -28,8 +28,8 @@
  *     p = q, so acceptance is certain and this branch has probability 0:
  *     any choice there is exact. Numerically (float p and q, rounding in the
  *     normalizations) the mass can be a tiny positive number made of noise;
- *     below SPEC_RESIDUAL_EPS we draw from p instead. The branch is taken
- *     with probability 1 - alpha < SPEC_RESIDUAL_EPS, so the deviation from
+ *     below SD_SPEC_RESIDUAL_EPS we draw from p instead. The branch is taken
+ *     with probability 1 - alpha < SD_SPEC_RESIDUAL_EPS, so the deviation from
  *     p is at most that much in total variation, far below anything that
  *     can be observed; drawing from a noise-shaped residual would be worse.
  *
@@ -43,8 +43,6 @@
 
 #include <math.h>
 
-/* Below this residual mass the replacement is drawn from p (see above). */
-#define SPEC_RESIDUAL_EPS 1e-9
 
 /* ---- sparsification ---- */
 
@@ -156,8 +154,7 @@ double sd_spec_q_prob(const sd_spec_q *q, int32_t token) {
     return mass / total;
 }
 
-/* Checks q against the vocabulary; its normalized sum goes to *total. */
-static sd_status check_q(const sd_spec_q *q, int32_t n_vocab, int32_t i, double *total) {
+sd_status sd_spec_q_check(const sd_spec_q *q, int32_t n_vocab, int32_t i, double *total) {
     if (!q->ids || !q->probs || q->n <= 0) {
         SD_ERROR("spec: q[%d] is empty", (int)i);
         return SD_ERR_INVALID_ARG;
@@ -228,7 +225,7 @@ static int32_t draw_residual(const float *p_row, double p_tot, const sd_spec_q *
     double mass = 0.0;
     for (int32_t v = 0; v < n_vocab; v++)
         if (scratch[v] > 0.0) mass += scratch[v];
-    if (!(mass > SPEC_RESIDUAL_EPS)) {
+    if (!(mass > SD_SPEC_RESIDUAL_EPS)) {
         *fallback = true;
         return sd_sample_from(p_row, n_vocab, u);
     }
@@ -262,7 +259,7 @@ sd_status sd_spec_verify(const float *p, int32_t n_vocab, const int32_t *draft, 
         }
         double p_tot, q_tot;
         SD_TRY(p_row_total(p_row, n_vocab, i, &p_tot));
-        SD_TRY(check_q(&q[i], n_vocab, i, &q_tot));
+        SD_TRY(sd_spec_q_check(&q[i], n_vocab, i, &q_tot));
         double py = (double)p_row[y] / p_tot;
         double qy = sd_spec_q_prob(&q[i], y);
         uint64_t pos = pos0 + (uint64_t)i;

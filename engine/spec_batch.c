@@ -37,6 +37,7 @@ struct sd_spec_scratch {
     double *dscratch;  /* [cap_vocab] */
     size_t cap_seqs;
     int32_t *row0;     /* [cap_seqs] first logits row of each sequence, -1 = not run */
+    sd_spec_rows *rows; /* [cap_seqs] device verification of the sequences run */
     size_t cap_slots;
     uint8_t *slot_used; /* [cap_slots] duplicate-slot check */
 };
@@ -68,6 +69,7 @@ void sd_spec_scratch_free(sd_spec_scratch **ps) {
     free(s->p);
     free(s->dscratch);
     free(s->row0);
+    free(s->rows);
     free(s->slot_used);
     free(s);
     *ps = NULL;
@@ -109,6 +111,8 @@ static sd_status reserve(sd_spec_scratch *s, size_t rows, size_t logits, size_t 
         SD_TRY(grow((void **)&s->dscratch, &cap, n_vocab, sizeof *s->dscratch));
         s->cap_vocab = n_vocab;
     }
+    cap = s->cap_seqs;
+    SD_TRY(grow((void **)&s->rows, &cap, n_seqs, sizeof *s->rows));
     SD_TRY(grow((void **)&s->row0, &s->cap_seqs, n_seqs, sizeof *s->row0));
     SD_TRY(grow((void **)&s->slot_used, &s->cap_slots, n_slots, sizeof *s->slot_used));
     return SD_OK;
@@ -255,17 +259,47 @@ sd_status sd_spec_verify_batch(sd_model *m, sd_kv *kv, int32_t n_seqs, const sd_
         n_rows += n;
         n_wanted += v->k + 1;
     }
-    if (n_rows > 0) {
+    bool on_device = n_rows > 0 && sd_model_verifies_on_device(m);
+    if (on_device) {
+        /* 3+4 on the device: p never leaves it */
+        int32_t n_run = 0;
+        for (int32_t i = 0; i < n_seqs; i++) {
+            if (results[i].outcome != SD_SEQ_OK) continue;
+            sd_spec_rows *sr = &scratch->rows[n_run++];
+            memset(sr, 0, sizeof *sr);
+            sr->row0 = scratch->row0[i];
+            sr->k = seqs[i].k;
+            sr->draft = seqs[i].draft;
+            sr->q = seqs[i].q;
+            sr->sampling = &seqs[i].sampling;
+            sr->pos0 = (uint64_t)results[i].n_ctx;
+        }
+        sd_batch b = {n_rows, scratch->tokens, scratch->pos, scratch->seq, scratch->want};
+        SD_TRY(sd_model_forward_verify(m, kv, &b, n_run, scratch->rows));
+    } else if (n_rows > 0) {
         sd_batch b = {n_rows, scratch->tokens, scratch->pos, scratch->seq, scratch->want};
         SD_TRY(sd_model_forward(m, kv, &b, scratch->logits));
     }
     /* 4. verify and roll back */
+    int32_t run_i = 0;
     for (int32_t i = 0; i < n_seqs; i++) {
         sd_verify_result *r = &results[i];
         if (r->outcome != SD_SEQ_OK) continue;
         const sd_verify_seq *v = &seqs[i];
-        const float *logits = scratch->logits + (size_t)scratch->row0[i] * (size_t)n_vocab;
-        sd_status st = verify_one(v, logits, n_vocab, scratch, r);
+        sd_status st;
+        if (on_device) {
+            const sd_spec_rows *sr = &scratch->rows[run_i++];
+            st = sr->status;
+            if (st == SD_OK) {
+                r->n_accepted = sr->n_accepted;
+                r->n_tokens = sr->n_accepted + 1;
+                memcpy(r->tokens, sr->tokens, sizeof(int32_t) * (size_t)r->n_tokens);
+                r->info = sr->info;
+            }
+        } else {
+            const float *logits = scratch->logits + (size_t)scratch->row0[i] * (size_t)n_vocab;
+            st = verify_one(v, logits, n_vocab, scratch, r);
+        }
         if (st != SD_OK) {
             /* malformed q (logged by sd_spec_verify): the append is committed, the drafts are not */
             SD_WARN("spec: sequence %d (slot %d): verification refused: %s", (int)i, (int)v->slot,

@@ -80,6 +80,7 @@ static sd_status cpu_copy(sd_backend *be, void *dst, const void *src, size_t byt
 static const sd_backend_ops cpu_ops = {
     .name = "cpu",
     .host_memory = true,
+    .weight_elem_bytes = 4,
     .destroy = cpu_destroy,
     .buf_alloc = cpu_buf_alloc,
     .buf_free = cpu_buf_free,

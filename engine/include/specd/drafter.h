@@ -49,6 +49,7 @@ typedef struct sd_drafter_params {
     int32_t ngram_min;  /* smallest n-gram that may match (default 1) */
     int32_t ngram_max;  /* largest n-gram tried first (default 4) */
     int32_t n_threads;  /* model drafters' worker threads, 0 = all cores */
+    int32_t device;     /* model drafters loaded from a file: -1 = CPU (default), N = cuda:N */
 } sd_drafter_params;
 
 sd_drafter_params sd_drafter_default_params(void);

@@ -25,6 +25,12 @@ typedef struct sd_kv_params {
     int32_t block_size;  /* tokens per block (default 16) */
     int32_t n_blocks;    /* blocks in the pool (shared by all sequences) */
     int32_t max_seqs;    /* number of sequence slots */
+    /* Where the pools live. NULL: host memory (malloc). sd_model_kv_create
+     * sets its backend's allocator here for a device-resident cache, which
+     * must then be freed before the model. */
+    void *(*pool_alloc)(void *ctx, size_t bytes);
+    void (*pool_free)(void *ctx, void *pool);
+    void *pool_ctx;
 } sd_kv_params;
 
 /* Defaults: block_size 16, everything else 0 (must be set). */
@@ -35,6 +41,10 @@ sd_status sd_kv_create(const sd_kv_params *p, sd_kv **out);
 void sd_kv_free(sd_kv **kv);
 
 const sd_kv_params *sd_kv_params_of(const sd_kv *kv);
+/* A number no other cache of this process has had (recorded forwards are
+ * keyed by it: a cache freed and another made at the same address must not
+ * replay the old one's pools). */
+uint64_t sd_kv_uid(const sd_kv *kv);
 /* Current length (tokens stored) of seq; 0 for an unused slot. */
 int32_t sd_kv_seq_len(const sd_kv *kv, int32_t seq);
 int32_t sd_kv_n_free_blocks(const sd_kv *kv);

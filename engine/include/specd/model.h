@@ -115,6 +115,21 @@ typedef struct sd_batch {
  * model's own worker threads. */
 sd_status sd_model_forward(sd_model *m, sd_kv *kv, const sd_batch *b, float *out);
 
+/* True when the model's backend verifies drafts next to the logits (a GPU):
+ * sd_model_forward_verify then never copies the target distributions out.
+ * SPECD_DEVICE_VERIFY=0 in the environment at load turns it off. */
+bool sd_model_verifies_on_device(const sd_model *m);
+
+/* Runs b like sd_model_forward, keeps the wanted rows' logits where they
+ * were computed, and verifies seqs[n_seqs] from them (each sequence's
+ * row0 indexes the wanted rows in batch order) with the backend's verifier.
+ * Per-sequence problems go to seqs[i].status; the return value is the
+ * forward's or the device's failure. Only for models where
+ * sd_model_verifies_on_device is true (SD_ERR_UNSUPPORTED otherwise). */
+struct sd_spec_rows;
+sd_status sd_model_forward_verify(sd_model *m, sd_kv *kv, const sd_batch *b, int32_t n_seqs,
+                                  struct sd_spec_rows *seqs);
+
 /* Bytes of weights the forward pass reads per step (for bandwidth figures). */
 uint64_t sd_model_weight_bytes(const sd_model *m);
 

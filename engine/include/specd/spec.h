@@ -21,6 +21,7 @@
 #define SPECD_SPEC_H
 
 #include "specd/common.h"
+#include "specd/sample.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -30,6 +31,9 @@ extern "C" {
 #define SD_SPEC_DEFAULT_TOP_N 16
 /* Longest draft a single step accepts (bounds scratch and message sizes). */
 #define SD_SPEC_MAX_K 64
+/* Below this residual mass the replacement after a rejection is drawn from p
+ * (spec.c explains why that is exact to within this much). */
+#define SD_SPEC_RESIDUAL_EPS 1e-9
 
 /* A sparse proposal distribution q over the vocabulary: entry j gives token
  * ids[j] the mass probs[j] / sum(probs). Ids should be distinct (a repeated
@@ -49,6 +53,24 @@ typedef struct sd_spec_info {
     bool bonus;                /* all K accepted: the last token is the bonus from p_{K+1} */
 } sd_spec_info;
 
+/* One sequence of a verification over a forward's logits rows, made where
+ * the logits are (sd_model_forward_verify: on the GPU for a CUDA model). The
+ * decisions are those of sd_spec_verify_greedy (temperature 0) or of
+ * sd_sample_probs + sd_spec_verify on the same rows and keys. */
+typedef struct sd_spec_rows {
+    int32_t row0;              /* first of its wanted rows (p_1) in the forward */
+    int32_t k;                 /* drafts; its rows are row0 .. row0 + k */
+    const int32_t *draft;      /* [k] */
+    const sd_spec_q *q;        /* [k]; may be NULL when greedy */
+    const sd_sampling *sampling;
+    uint64_t pos0;             /* position of draft[0] (the random key) */
+    /* out */
+    sd_status status;          /* SD_OK, or why this sequence was refused (logged) */
+    int32_t n_accepted;
+    int32_t tokens[SD_SPEC_MAX_K + 1]; /* the first n_accepted + 1 are to commit */
+    sd_spec_info info;
+} sd_spec_rows;
+
 /* Keeps the top_n most probable tokens of probs[n_vocab] (probability
  * descending, lower id first on ties; zero entries are never kept) and
  * renormalizes them (sum in double). Writes ids[top_n] and q_probs[top_n] in
@@ -65,6 +87,11 @@ int32_t sd_spec_q_sample(const sd_spec_q *q, double u);
 /* q(token) after normalization: the sum of token's entries over sum(probs);
  * 0 when token is not in q. */
 double sd_spec_q_prob(const sd_spec_q *q, int32_t token);
+
+/* Checks q against the vocabulary (ids in range, masses finite and >= 0,
+ * positive sum) and writes the sum of its positive masses, in entry order,
+ * to *total; index names q in the log. SD_ERR_RANGE / SD_ERR_INVALID_ARG. */
+sd_status sd_spec_q_check(const sd_spec_q *q, int32_t n_vocab, int32_t index, double *total);
 
 /* Greedy verification: target_argmax[k+1] holds argmax p_i (sd_argmax of
  * the target logits at each draft position and the bonus position),

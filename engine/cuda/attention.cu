@@ -1,0 +1,203 @@
+/* attention.cu — the paged KV cache write and causal attention over it,
+ * twin of engine/cpu/attention.c.
+ *
+ * kv_write: one block per token copies its K (or V) row into slot
+ * pos % block_size of block bt[bt_off + pos / block_size].
+ *
+ * attention: one block of 128 threads per (token, query head); kv head
+ * h / (n_heads / n_kv_heads). The positions 0..pos[t] are walked in chunks
+ * of ATT_CHUNK with an online softmax (running maximum m and sum l; the
+ * running output is rescaled by exp(m_old - m_new) when the maximum grows):
+ *   1. each thread scores its positions of the chunk, dot(q, k) * scale,
+ *      into shared memory;
+ *   2. the block takes the chunk's maximum, rescales, and turns scores into
+ *      weights exp(s - m) summed into l;
+ *   3. thread (d, g) accumulates weight * v[d] over the chunk's positions
+ *      g, g + G, ... (v rows read coalesced across d).
+ * The G partial outputs are added in group order and divided by l. Grid and
+ * shared memory depend only on the batch shape (n_tokens, heads, head_dim),
+ * never on the positions, which are read from device memory: the same
+ * launch serves every step of a recorded forward. The scores are exactly
+ * the CPU's up to the order of the dot product; the softmax differs from the
+ * CPU's single-maximum form only by rounding.
+ *
+ * Rejected for now: splitting long contexts over several blocks per head
+ * (flash-decoding) — at the contexts we serve, attention is a few percent of
+ * a step next to streaming the weights; and sharing K/V loads across the
+ * query heads of a GQA group (L2 already serves the repeats). */
+#include "cuda/cuda_impl.h"
+
+#define ATT_THREADS 128
+#define ATT_CHUNK 256
+#define ATT_MAX_HEAD_DIM 1024
+#define ATT_MAX_DIMS_PER_THREAD (ATT_MAX_HEAD_DIM / ATT_THREADS)
+
+__global__ void kv_write_kernel(float *pool, int block_size, int row_width, const float *__restrict__ src,
+                                const int32_t *__restrict__ pos, const int32_t *__restrict__ bt,
+                                const int32_t *__restrict__ bt_off) {
+    const int t = blockIdx.x;
+    const int p = pos[t];
+    const size_t slot = (size_t)bt[bt_off[t] + p / block_size] * (size_t)block_size + (size_t)(p % block_size);
+    float *dst = pool + slot * (size_t)row_width;
+    const float *s = src + (size_t)t * (size_t)row_width;
+    for (int i = threadIdx.x; i < row_width; i += blockDim.x) dst[i] = s[i];
+}
+
+sd_status sd_cuda_kv_write(sd_backend *be, float *pool, int32_t block_size, int32_t row_width, const float *src,
+                           int32_t n_tokens, const int32_t *pos, const int32_t *bt, const int32_t *bt_off) {
+    if (n_tokens <= 0) return SD_OK;
+    const int32_t *d_pos, *d_off, *d_bt;
+    SD_TRY(sd_cuda_dev_i32(be, pos, (size_t)n_tokens, &d_pos));
+    SD_TRY(sd_cuda_dev_i32(be, bt_off, (size_t)n_tokens, &d_off));
+    /* the table's length: the largest entry any token reads */
+    size_t bt_len = 0;
+    for (int32_t t = 0; t < n_tokens; t++) {
+        size_t end = (size_t)bt_off[t] + (size_t)(pos[t] / block_size) + 1;
+        if (end > bt_len) bt_len = end;
+    }
+    SD_TRY(sd_cuda_dev_i32(be, bt, bt_len, &d_bt));
+    kv_write_kernel<<<n_tokens, 128, 0, be->stream>>>(pool, block_size, row_width, src, d_pos, d_bt, d_off);
+    CUDA_LAUNCH_CHECK("kv_write");
+    return SD_OK;
+}
+
+/* Block-wide max / sum through shared memory; every thread gets the result. */
+__device__ __forceinline__ float block_max(float v, float *red) {
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    __syncthreads(); /* red may still be read from the last call */
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float r = red[0];
+    for (int w = 1; w < ATT_THREADS / 32; w++) r = fmaxf(r, red[w]);
+    return r;
+}
+
+__device__ __forceinline__ float block_sum(float v, float *red) {
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float r = red[0];
+    for (int w = 1; w < ATT_THREADS / 32; w++) r += red[w];
+    return r;
+}
+
+__global__ void __launch_bounds__(ATT_THREADS)
+attention_kernel(const float *__restrict__ q, const float *__restrict__ k_pool, const float *__restrict__ v_pool,
+                 int n_heads, int n_kv_heads, int head_dim, int block_size, const int32_t *__restrict__ pos,
+                 const int32_t *__restrict__ bt, const int32_t *__restrict__ bt_off, float scale, float *out) {
+    __shared__ float q_sh[ATT_MAX_HEAD_DIM];
+    __shared__ float w_sh[ATT_CHUNK];
+    __shared__ float red[ATT_THREADS / 32];
+    extern __shared__ float part_sh[]; /* [groups][head_dim] partial outputs */
+
+    const int t = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
+    const int kvh = h / (n_heads / n_kv_heads);
+    const int n_pos = pos[t] + 1;
+    const int32_t *table = bt + bt_off[t];
+    const size_t row = (size_t)n_kv_heads * (size_t)head_dim; /* floats per cached token */
+    const float *qrow = q + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)head_dim;
+    for (int d = threadIdx.x; d < head_dim; d += ATT_THREADS) q_sh[d] = qrow[d];
+
+    /* output layout: G groups of head_dim threads when head_dim <= 128,
+     * else one group whose threads own dims tid, tid + 128, ... */
+    const int groups = head_dim <= ATT_THREADS ? ATT_THREADS / head_dim : 1;
+    const int g = head_dim <= ATT_THREADS ? threadIdx.x / head_dim : 0;
+    const int d0 = head_dim <= ATT_THREADS ? threadIdx.x % head_dim : threadIdx.x;
+    const bool owns = g < groups && d0 < head_dim;
+    float acc[ATT_MAX_DIMS_PER_THREAD];
+#pragma unroll
+    for (int r = 0; r < ATT_MAX_DIMS_PER_THREAD; r++) acc[r] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    __syncthreads();
+
+    for (int c0 = 0; c0 < n_pos; c0 += ATT_CHUNK) {
+        const int c_len = min(ATT_CHUNK, n_pos - c0);
+        /* 1. scores */
+        float local_max = -INFINITY;
+        for (int j = threadIdx.x; j < c_len; j += ATT_THREADS) {
+            const int p = c0 + j;
+            const size_t slot = (size_t)table[p / block_size] * (size_t)block_size + (size_t)(p % block_size);
+            const float *k = k_pool + slot * row + (size_t)kvh * (size_t)head_dim;
+            float s = 0.0f;
+            for (int d = 0; d < head_dim; d++) s = fmaf(q_sh[d], k[d], s);
+            s *= scale;
+            w_sh[j] = s;
+            local_max = fmaxf(local_max, s);
+        }
+        /* 2. online softmax */
+        const float c_max = block_max(local_max, red);
+        const float m_new = fmaxf(m, c_max);
+        const float rescale = expf(m - m_new); /* 0 on the first chunk (m = -inf) */
+        float local_sum = 0.0f;
+        for (int j = threadIdx.x; j < c_len; j += ATT_THREADS) {
+            const float e = expf(w_sh[j] - m_new);
+            w_sh[j] = e;
+            local_sum += e;
+        }
+        const float c_sum = block_sum(local_sum, red); /* its barriers publish w_sh */
+        l = l * rescale + c_sum;
+        m = m_new;
+        /* 3. weighted values */
+        if (owns) {
+#pragma unroll
+            for (int r = 0; r < ATT_MAX_DIMS_PER_THREAD; r++) acc[r] *= rescale;
+            for (int j = g; j < c_len; j += groups) {
+                const int p = c0 + j;
+                const size_t slot = (size_t)table[p / block_size] * (size_t)block_size + (size_t)(p % block_size);
+                const float *v = v_pool + slot * row + (size_t)kvh * (size_t)head_dim;
+                const float wj = w_sh[j];
+#pragma unroll
+                for (int r = 0; r < ATT_MAX_DIMS_PER_THREAD; r++) {
+                    const int d = d0 + r * ATT_THREADS;
+                    if (d < head_dim) acc[r] = fmaf(wj, v[d], acc[r]);
+                }
+            }
+        }
+        __syncthreads(); /* w_sh is rewritten by the next chunk */
+    }
+
+    /* combine the groups in order */
+    if (owns) {
+#pragma unroll
+        for (int r = 0; r < ATT_MAX_DIMS_PER_THREAD; r++) {
+            const int d = d0 + r * ATT_THREADS;
+            if (d < head_dim) part_sh[g * head_dim + d] = acc[r];
+        }
+    }
+    __syncthreads();
+    float *orow = out + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)head_dim;
+    for (int d = threadIdx.x; d < head_dim; d += ATT_THREADS) {
+        float sum = part_sh[d];
+        for (int gg = 1; gg < groups; gg++) sum += part_sh[gg * head_dim + d];
+        orow[d] = sum / l;
+    }
+}
+
+sd_status sd_cuda_attention(sd_backend *be, const float *q, const float *k_pool, const float *v_pool,
+                            int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                            int32_t block_size, const int32_t *pos, const int32_t *bt, const int32_t *bt_off,
+                            float scale, float *out) {
+    if (n_tokens <= 0) return SD_OK;
+    if (head_dim > ATT_MAX_HEAD_DIM || n_kv_heads <= 0 || n_heads % n_kv_heads != 0) {
+        SD_ERROR("cuda: attention supports head_dim <= %d and n_heads a multiple of n_kv_heads (got %d, %d, %d)",
+                 ATT_MAX_HEAD_DIM, (int)head_dim, (int)n_heads, (int)n_kv_heads);
+        return SD_ERR_UNSUPPORTED;
+    }
+    if ((long long)n_tokens * n_heads > 0x7fffffffll) return SD_ERR_RANGE;
+    const int32_t *d_pos, *d_off, *d_bt;
+    SD_TRY(sd_cuda_dev_i32(be, pos, (size_t)n_tokens, &d_pos));
+    SD_TRY(sd_cuda_dev_i32(be, bt_off, (size_t)n_tokens, &d_off));
+    size_t bt_len = 0;
+    for (int32_t t = 0; t < n_tokens; t++) {
+        size_t end = (size_t)bt_off[t] + (size_t)(pos[t] / block_size) + 1;
+        if (end > bt_len) bt_len = end;
+    }
+    SD_TRY(sd_cuda_dev_i32(be, bt, bt_len, &d_bt));
+    const int groups = head_dim <= ATT_THREADS ? ATT_THREADS / head_dim : 1;
+    const size_t part_bytes = (size_t)groups * (size_t)head_dim * sizeof(float);
+    attention_kernel<<<n_tokens * n_heads, ATT_THREADS, part_bytes, be->stream>>>(
+        q, k_pool, v_pool, n_heads, n_kv_heads, head_dim, block_size, d_pos, d_bt, d_off, scale, out);
+    CUDA_LAUNCH_CHECK("attention");
+    return SD_OK;
+}

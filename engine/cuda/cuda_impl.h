@@ -1,0 +1,169 @@
+/* cuda_impl.h — internals shared by the CUDA backend's files.
+ *
+ * The backend context (device, one stream, cuBLAS, the device copies of a
+ * forward's host arrays, scratch, recorded graphs), the op prototypes that
+ * backend.cu puts into the table, and the checking macros. Ops are mirrored
+ * by name with engine/cpu/: embed.cu <-> embed.c, and so on; each is tested
+ * against its CPU twin in tests/test_cuda_ops.c.
+ *
+ * Everything a forward does is enqueued on the backend's one stream, in
+ * order, and nothing waits for the device except buf_download (the logits
+ * the caller reads) and weight/KV set-up. That makes a whole forward
+ * recordable as one CUDA graph (backend.cu) and keeps the host ahead of the
+ * device: the host's bookkeeping for the next step overlaps this step's
+ * kernels.
+ *
+ * Matrices live in device memory as BF16 (weight_upload converts the f32
+ * the loader produces); activations, norms, the embedding table and the KV
+ * cache stay f32, and every product accumulates in f32. */
+#ifndef SPECD_CUDA_IMPL_H
+#define SPECD_CUDA_IMPL_H
+
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+
+#include "backend_impl.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Host arrays a forward announces (model.c: tokens, pos, bt, bt_off,
+ * wanted): one device copy each. */
+#define SD_CUDA_MAX_MIRRORS 8
+/* Host arrays an op copies itself when they were not announced. */
+#define SD_CUDA_MAX_TMP 4
+/* Recorded forwards kept (a key per batch shape and KV cache). */
+#define SD_CUDA_MAX_GRAPHS 64
+/* Keys seen once (recorded the second time they come). */
+#define SD_CUDA_MAX_SEEN 256
+/* Largest token count the weight-streaming matmul takes in one pass; above
+ * it matmul goes through cuBLAS (see matmul.cu). */
+#define SD_CUDA_GEMV_MAX_TOKENS 16
+
+typedef struct sd_cuda_mirror {
+    const int32_t *host; /* announced host array (identity only, never read after the copy) */
+    size_t n;            /* elements announced */
+    int32_t *dev;        /* device copy [cap] */
+    size_t cap;
+} sd_cuda_mirror;
+
+typedef struct sd_cuda_graph {
+    uint64_t key;
+    cudaGraphExec_t exec;
+    uint64_t last_used;
+} sd_cuda_graph;
+
+typedef struct sd_cuda_seen {
+    uint64_t key;
+    bool never; /* recording this key failed once: always run it op by op */
+} sd_cuda_seen;
+
+struct sd_backend {
+    int32_t device;
+    int32_t n_sm;               /* multiprocessors (sizes the matmul's split) */
+    size_t total_mem;           /* bytes of device memory */
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    void *cublas_ws;            /* cuBLAS workspace (fixed, so calls are recordable) */
+    size_t cublas_ws_bytes;
+
+    sd_cuda_mirror mirrors[SD_CUDA_MAX_MIRRORS];
+    int32_t n_mirrors;
+    int32_t *staging;           /* pinned host [staging_cap]: announced arrays back to back */
+    size_t staging_cap;
+    cudaEvent_t staging_done;   /* recorded after the copies out of staging */
+    bool staging_busy;          /* staging_done recorded and not yet waited for */
+
+    int32_t *tmp[SD_CUDA_MAX_TMP]; /* device copies of unannounced host arrays */
+    size_t tmp_cap[SD_CUDA_MAX_TMP];
+    int32_t tmp_next;
+
+    void *scratch;              /* split-K partial sums, BF16 activations for cuBLAS */
+    size_t scratch_bytes;
+    void *spec_scratch;         /* verification: processed rows, sort buffers (spec.cu) */
+    size_t spec_scratch_bytes;
+    float *convert_buf;         /* device staging for weight conversion */
+    size_t convert_floats;
+
+    /* recorded forwards */
+    bool capturing;
+    bool capture_failed;        /* an op could not be recorded: run the forward op by op */
+    uint64_t capture_key;
+    sd_cuda_graph graphs[SD_CUDA_MAX_GRAPHS];
+    int32_t n_graphs;
+    sd_cuda_seen seen[SD_CUDA_MAX_SEEN];
+    int32_t n_seen;
+    uint64_t clock;             /* launches, for least-recently-used eviction */
+    bool graphs_enabled;        /* SPECD_CUDA_GRAPHS=0 turns recording off */
+    int32_t gemv_max_tokens;    /* SPECD_CUDA_GEMV_MAX (1..16), default SD_CUDA_GEMV_MAX_TOKENS */
+};
+
+/* Logs "cuda: <call> failed: <error>" with file and line, returns SD_ERR_CUDA. */
+#define CUDA_TRY(call)                                                                             \
+    do {                                                                                           \
+        cudaError_t cuda_e_ = (call);                                                              \
+        if (cuda_e_ != cudaSuccess) {                                                              \
+            SD_ERROR("cuda: %s failed: %s", #call, cudaGetErrorString(cuda_e_));                   \
+            return SD_ERR_CUDA;                                                                    \
+        }                                                                                          \
+    } while (0)
+
+/* After a kernel launch: a bad configuration shows up here. */
+#define CUDA_LAUNCH_CHECK(what)                                                                    \
+    do {                                                                                           \
+        cudaError_t cuda_e_ = cudaGetLastError();                                                  \
+        if (cuda_e_ != cudaSuccess) {                                                              \
+            SD_ERROR("cuda: launching %s failed: %s", (what), cudaGetErrorString(cuda_e_));        \
+            return SD_ERR_CUDA;                                                                    \
+        }                                                                                          \
+    } while (0)
+
+#define CUBLAS_TRY(call)                                                                           \
+    do {                                                                                           \
+        cublasStatus_t cublas_e_ = (call);                                                         \
+        if (cublas_e_ != CUBLAS_STATUS_SUCCESS) {                                                  \
+            SD_ERROR("cuda: %s failed: %s", #call, cublasGetStatusString(cublas_e_));              \
+            return SD_ERR_CUDA;                                                                    \
+        }                                                                                          \
+    } while (0)
+
+/* The device copy of host array host[n] for an op: the announced mirror
+ * when host is one (same pointer, n within what was announced), otherwise a
+ * copy made now into a temporary (refused while recording: a recorded copy
+ * would replay stale host data). Borrowed; valid until the op's kernels ran. */
+sd_status sd_cuda_dev_i32(sd_backend *be, const int32_t *host, size_t n, const int32_t **dev);
+
+/* Makes the scratch buffer at least bytes large (refused while recording
+ * when it would have to grow). */
+sd_status sd_cuda_scratch(sd_backend *be, size_t bytes, void **out);
+
+/* ---- ops (one file each, named like engine/cpu/) ---- */
+sd_status sd_cuda_embed(sd_backend *be, const float *table, int32_t dim, const int32_t *ids, int32_t n_tokens,
+                        float *out);
+sd_status sd_cuda_matmul(sd_backend *be, const float *w, int32_t n_in, int32_t n_out, const float *x,
+                         int32_t n_tokens, float *y);
+sd_status sd_cuda_rmsnorm(sd_backend *be, const float *x, const float *weight, int32_t n_tokens, int32_t dim,
+                          float eps, float *out);
+sd_status sd_cuda_rope(sd_backend *be, float *x, int32_t n_tokens, int32_t n_heads, int32_t head_dim,
+                       const int32_t *pos, const float *inv_freq);
+sd_status sd_cuda_kv_write(sd_backend *be, float *pool, int32_t block_size, int32_t row_width, const float *src,
+                           int32_t n_tokens, const int32_t *pos, const int32_t *bt, const int32_t *bt_off);
+sd_status sd_cuda_attention(sd_backend *be, const float *q, const float *k_pool, const float *v_pool,
+                            int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                            int32_t block_size, const int32_t *pos, const int32_t *bt, const int32_t *bt_off,
+                            float scale, float *out);
+sd_status sd_cuda_swiglu(sd_backend *be, const float *gate, const float *up, size_t n, float *out);
+sd_status sd_cuda_add(sd_backend *be, const float *a, const float *b, size_t n, float *out);
+
+/* Speculative verification next to the logits (spec.cu; backend op spec_verify). */
+sd_status sd_cuda_spec_verify(sd_backend *be, const float *logits, int32_t n_vocab, int32_t n_seqs,
+                              sd_spec_rows *seqs);
+
+/* Converts f32 device src[n] to BF16 device dst[n] (round to nearest even). */
+sd_status sd_cuda_f32_to_bf16(sd_backend *be, const float *src, void *dst, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

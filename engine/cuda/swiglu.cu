@@ -1,0 +1,20 @@
+/* swiglu.cu — out = silu(gate) * up elementwise, twin of engine/cpu/swiglu.c:
+ * g / (1 + expf(-g)) * up with the precise expf (no fast-math), a
+ * grid-stride loop. */
+#include "cuda/cuda_impl.h"
+
+__global__ void swiglu_kernel(const float *gate, const float *up, size_t n, float *out) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+sd_status sd_cuda_swiglu(sd_backend *be, const float *gate, const float *up, size_t n, float *out) {
+    if (n == 0) return SD_OK;
+    size_t blocks = (n + 255) / 256;
+    if (blocks > (size_t)be->n_sm * 16) blocks = (size_t)be->n_sm * 16;
+    swiglu_kernel<<<(unsigned)blocks, 256, 0, be->stream>>>(gate, up, n, out);
+    CUDA_LAUNCH_CHECK("swiglu");
+    return SD_OK;
+}
