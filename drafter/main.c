@@ -39,6 +39,7 @@ typedef struct drafter_opts {
     int32_t ngram_min, ngram_max;
     int32_t draft_layers;
     int32_t n_threads, max_seqs, kv_blocks, top_n, max_draft, max_batch, max_ctx, index;
+    int32_t device; /* model drafters: -1 CPU, N cuda:N */
     bool verbose;
 } drafter_opts;
 
@@ -57,6 +58,7 @@ static void usage(FILE *f) {
             "      --ngram-max N       largest n-gram tried first (default 4)\n"
             "      --draft-layers L    self-draft: the target's first L layers\n"
             "  -t, --threads N         worker threads (default: all cores)\n"
+            "      --device D          cpu (default), cuda or cuda:N: where a draft model runs\n"
             "      --max-seqs N        sequences held at once (default 64)\n"
             "      --kv-blocks N       model drafters: KV blocks of 16 tokens for all slots\n"
             "                          (default: max-seqs x context, capped at a quarter of memory)\n"
@@ -85,7 +87,7 @@ static bool parse_int(const char *flag, const char *s, int32_t lo, int32_t hi, i
 /* 0 = run, 1 = --help printed, 2 = bad flags. */
 static int parse_args(int argc, char **argv, drafter_opts *o) {
     enum { O_COORD = 256, O_NGRAM, O_VOCAB, O_NMIN, O_NMAX, O_LAYERS, O_SEQS, O_KV, O_CTX, O_TOPN, O_DRAFT,
-           O_BATCH, O_INDEX, O_NAME };
+           O_BATCH, O_INDEX, O_NAME, O_DEVICE };
     static const struct option longs[] = {
         {"coordinator", required_argument, 0, O_COORD}, {"model", required_argument, 0, 'm'},
         {"ngram", no_argument, 0, O_NGRAM},             {"vocab-from", required_argument, 0, O_VOCAB},
@@ -95,6 +97,7 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         {"max-ctx", required_argument, 0, O_CTX},       {"top-n", required_argument, 0, O_TOPN},
         {"max-draft", required_argument, 0, O_DRAFT},   {"max-batch", required_argument, 0, O_BATCH},
         {"index", required_argument, 0, O_INDEX},       {"name", required_argument, 0, O_NAME},
+        {"device", required_argument, 0, O_DEVICE},
         {"verbose", no_argument, 0, 'v'},               {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -118,6 +121,10 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         case O_BATCH: ok = parse_int("--max-batch", optarg, 1, SD_MAX_BATCH, &o->max_batch); break;
         case O_INDEX: ok = parse_int("--index", optarg, 0, 1 << 20, &o->index); break;
         case O_NAME: o->name = optarg; break;
+        case O_DEVICE:
+            ok = sd_device_parse(optarg, &o->device) == SD_OK;
+            if (!ok) fprintf(stderr, "specd-drafter: --device must be cpu, cuda or cuda:N, got '%s'\n", optarg);
+            break;
         case 'v': o->verbose = true; break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return 2;
@@ -199,7 +206,7 @@ static void on_stats(void *user, Specd__WorkerStats *st) { sd_draft_server_stats
 int main(int argc, char **argv) {
     drafter_opts o = {
         .coordinator = "tcp://127.0.0.1:7701", .ngram_min = 1, .ngram_max = 4, .max_seqs = 64,
-        .top_n = SD_SPEC_DEFAULT_TOP_N, .max_draft = 16, .max_batch = 64,
+        .top_n = SD_SPEC_DEFAULT_TOP_N, .max_draft = 16, .max_batch = 64, .device = -1,
     };
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc == 1 ? 0 : 2;
@@ -219,6 +226,7 @@ int main(int argc, char **argv) {
     dp.ngram_min = o.ngram_min;
     dp.ngram_max = o.ngram_max;
     dp.n_threads = o.n_threads;
+    dp.device = o.device;
     sd_drafter *drafter = NULL;
     sd_status st;
     if (o.ngram) {

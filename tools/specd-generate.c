@@ -37,6 +37,7 @@ typedef struct gen_opts {
     const char *system;
     int32_t n_predict;
     int32_t n_threads;
+    int32_t device;       /* -1 CPU, N cuda:N (target and draft model) */
     sd_sampling sampling;
     bool chat;
     bool json;
@@ -54,7 +55,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: specd-generate -m MODEL.gguf [-p PROMPT] [options]\n"
             "\n"
-            "Generates text from a prompt with a Llama-architecture GGUF model on the CPU.\n"
+            "Generates text from a prompt with a Llama-architecture GGUF model on the CPU or a GPU.\n"
             "Without -p the prompt is read from standard input.\n"
             "\n"
             "  -m, --model FILE     GGUF model (required)\n"
@@ -68,6 +69,7 @@ static void usage(FILE *f) {
             "      --chat           format the prompt as a ChatML user turn\n"
             "      --system TEXT    system prompt with --chat (default: the model's)\n"
             "  -t, --threads N      worker threads (default: all cores)\n"
+            "      --device D       cpu (default), cuda or cuda:N: where the target and a draft model run\n"
             "      --ignore-eos     keep generating past end-of-generation tokens\n"
             "      --draft FILE     speculative decoding with a draft GGUF (same vocabulary)\n"
             "      --ngram          speculative decoding with the n-gram (prompt lookup) drafter\n"
@@ -100,7 +102,7 @@ static bool parse_float(const char *s, float *out) {
 /* Returns 0 and fills o, 1 after --help, 2 on a usage error (message printed). */
 static int parse_args(int argc, char **argv, gen_opts *o) {
     enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_SEED, OPT_CHAT, OPT_SYSTEM, OPT_JSON, OPT_NOEOS, OPT_DRAFT,
-           OPT_NGRAM, OPT_DRAFT_LAYERS, OPT_ADAPTIVE };
+           OPT_NGRAM, OPT_DRAFT_LAYERS, OPT_ADAPTIVE, OPT_DEVICE };
     static const struct option longs[] = {
         {"model", required_argument, 0, 'm'},   {"prompt", required_argument, 0, 'p'},
         {"n-predict", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
@@ -111,11 +113,13 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         {"ignore-eos", no_argument, 0, OPT_NOEOS},
         {"draft", required_argument, 0, OPT_DRAFT}, {"ngram", no_argument, 0, OPT_NGRAM},
         {"draft-layers", required_argument, 0, OPT_DRAFT_LAYERS}, {"adaptive-k", no_argument, 0, OPT_ADAPTIVE},
+        {"device", required_argument, 0, OPT_DEVICE},
         {"verbose", no_argument, 0, 'v'},         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->n_predict = 128;
     o->k = 4;
+    o->device = -1;
     o->sampling = sd_sampling_default();
     o->sampling.temperature = 0.0f;
     int c;
@@ -149,6 +153,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         case OPT_DRAFT_LAYERS: name = "draft-layers"; ok = parse_int(optarg, 1, 1024, &o->draft_layers); break;
         case 'k': name = "k"; ok = parse_int(optarg, 1, SD_SPEC_MAX_K, &o->k); break;
         case OPT_ADAPTIVE: o->adaptive_k = true; break;
+        case OPT_DEVICE: name = "device"; ok = sd_device_parse(optarg, &o->device) == SD_OK; break;
         case 'v': o->verbose = true; break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return 2;
@@ -495,6 +500,7 @@ int main(int argc, char **argv) {
     }
     sd_model_params mp = sd_model_default_params();
     mp.n_threads = o.n_threads;
+    mp.device = o.device;
     if ((st = sd_tok_from_gguf(g, &tok)) != SD_OK || (st = sd_model_load(g, &mp, &m)) != SD_OK) {
         fprintf(stderr, "specd-generate: cannot load %s: %s (see the log above)\n", o.model_path,
                 sd_status_str(st));
@@ -515,6 +521,7 @@ int main(int argc, char **argv) {
         sd_drafter_params dp = sd_drafter_default_params();
         dp.max_ctx = sd_model_config_of(m)->n_ctx_train;
         dp.n_threads = o.n_threads;
+        dp.device = o.device;
         if (o.ngram) st = sd_drafter_ngram_create(&dp, &drafter);
         else if (o.draft_layers > 0) st = sd_drafter_self_view(m, o.draft_layers, &dp, &drafter);
         else st = sd_drafter_model_open(o.draft_path, sd_tok_vocab_hash(tok), sd_tok_n_vocab(tok), &dp, &drafter);

@@ -26,6 +26,7 @@ typedef struct verifier_opts {
     const char *coordinator;
     const char *name;
     int32_t n_threads;
+    int32_t device; /* -1 CPU, N cuda:N */
     int32_t max_seqs, kv_blocks, block_size, max_batch, max_draft, tp, rank;
     bool verbose;
 } verifier_opts;
@@ -39,6 +40,7 @@ static void usage(FILE *f) {
             "  -m, --model FILE        target GGUF model (required)\n"
             "      --coordinator ADDR  coordinator worker address (default tcp://127.0.0.1:7701)\n"
             "  -t, --threads N         worker threads (default: all cores)\n"
+            "      --device D          cpu (default), cuda or cuda:N: where the target runs\n"
             "      --max-seqs N        sequences cached at once (default 64)\n"
             "      --kv-blocks N       KV blocks (default: max-seqs x context/4 tokens, capped by memory)\n"
             "      --block-size N      tokens per KV block (default 16)\n"
@@ -65,7 +67,7 @@ static bool parse_int(const char *flag, const char *s, int32_t lo, int32_t hi, i
 
 /* 0 = run, 1 = --help printed, 2 = bad flags. */
 static int parse_args(int argc, char **argv, verifier_opts *o) {
-    enum { O_COORD = 256, O_MAX_SEQS, O_KV_BLOCKS, O_BLOCK, O_MAX_BATCH, O_MAX_DRAFT, O_TP, O_RANK, O_NAME };
+    enum { O_COORD = 256, O_MAX_SEQS, O_KV_BLOCKS, O_BLOCK, O_MAX_BATCH, O_MAX_DRAFT, O_TP, O_RANK, O_NAME, O_DEVICE };
     static const struct option longs[] = {
         {"model", required_argument, 0, 'm'},      {"coordinator", required_argument, 0, O_COORD},
         {"threads", required_argument, 0, 't'},    {"max-seqs", required_argument, 0, O_MAX_SEQS},
@@ -73,6 +75,7 @@ static int parse_args(int argc, char **argv, verifier_opts *o) {
         {"max-batch", required_argument, 0, O_MAX_BATCH}, {"max-draft", required_argument, 0, O_MAX_DRAFT},
         {"tp", required_argument, 0, O_TP},        {"rank", required_argument, 0, O_RANK},
         {"name", required_argument, 0, O_NAME},    {"verbose", no_argument, 0, 'v'},
+        {"device", required_argument, 0, O_DEVICE},
         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
     };
     int c;
@@ -90,6 +93,10 @@ static int parse_args(int argc, char **argv, verifier_opts *o) {
         case O_TP: ok = parse_int("--tp", optarg, 1, 1024, &o->tp); break;
         case O_RANK: ok = parse_int("--rank", optarg, 0, 1023, &o->rank); break;
         case O_NAME: o->name = optarg; break;
+        case O_DEVICE:
+            ok = sd_device_parse(optarg, &o->device) == SD_OK;
+            if (!ok) fprintf(stderr, "specd-verifier: --device must be cpu, cuda or cuda:N, got '%s'\n", optarg);
+            break;
         case 'v': o->verbose = true; break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return 2;
@@ -132,7 +139,7 @@ static void on_stats(void *user, Specd__WorkerStats *st) { sd_verifier_stats(((v
 int main(int argc, char **argv) {
     verifier_opts o = {
         .coordinator = "tcp://127.0.0.1:7701", .max_seqs = 64, .block_size = 16, .max_batch = 64,
-        .max_draft = 16, .tp = 1, .rank = 0,
+        .max_draft = 16, .tp = 1, .rank = 0, .device = -1,
     };
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc == 1 ? 0 : 2;
@@ -154,7 +161,8 @@ int main(int argc, char **argv) {
     if (st == SD_OK) {
         sd_model_params mp = sd_model_default_params();
         mp.n_threads = o.n_threads;
-        SD_INFO("loading %s", o.model_path);
+        mp.device = o.device;
+        SD_INFO("loading %s on %s", o.model_path, o.device < 0 ? "the CPU" : "a CUDA GPU");
         st = sd_model_load(g, &mp, &model);
         sd_gguf_close(&g);
     } else {
