@@ -6,6 +6,7 @@
  *             verification costs), and decode's weight-streaming rate as a
  *             share of the memory bandwidth measured in the same run.
  *   spec      plain vs speculative decoding on bench/prompts/ (bench_spec.c).
+ *   gpu       one model on a CUDA device (bench_gpu.c).
  *
  * Every figure is a median over repetitions, and ratios are taken between
  * figures measured side by side in one run: the machines are shared and
@@ -13,6 +14,7 @@
  * bandwidth reference is measured with as many threads as the model uses:
  * a read-only pass (what decode does with weights) and memcpy (STREAM's
  * "copy", counting bytes read plus bytes written). */
+#include "bench_gpu.h"
 #include "bench_spec.h"
 #ifdef SPECD_BENCH_SERVE
 #include "bench_serve.h"
@@ -285,6 +287,7 @@ static void usage(FILE *f) {
             "modes:\n"
             "  forward   prompt tok/s, decode tok/s, k-token call cost, bandwidth share\n"
             "  spec      plain vs speculative decoding on bench/prompts/ (spec --help)\n"
+            "  gpu       one model on a CUDA GPU: decode vs bandwidth floor, k-token cost, batches (gpu --help)\n"
             "  serve     through the running service: tok/s, latency, spec vs target-only (serve --help)\n"
             "\n"
             "forward options:\n"
@@ -305,6 +308,7 @@ int main(int argc, char **argv) {
     }
     const char *mode = argv[1];
     if (strcmp(mode, "spec") == 0) return bench_spec_main(argc, argv);
+    if (strcmp(mode, "gpu") == 0) return bench_gpu_main(argc, argv);
 #ifdef SPECD_BENCH_SERVE
     if (strcmp(mode, "serve") == 0) return bench_serve_main(argc, argv);
 #endif

@@ -1,0 +1,353 @@
+/* bench_gpu.c — `specd-bench gpu`: one model on a CUDA device.
+ *
+ * Measured in one run, so that ratios compare figures taken side by side:
+ *   - the device's copy bandwidth (cudaMemcpy device to device of 1 GiB,
+ *     bytes read plus bytes written, median of repetitions timed with
+ *     events) and from it the decode floor: weight bytes streamed per step
+ *     (BF16 matrices, f32 embedding row) / copy bandwidth;
+ *   - decode at batch 1 (one token per call after a prompt, logits
+ *     downloaded every step as a real decode does), its median step against
+ *     the floor;
+ *   - the cost of k new tokens of one sequence in one call, k = 1..max_k,
+ *     relative to k = 1 (what verifying k - 1 drafts costs);
+ *   - prompt processing of a prompt_len-token prompt;
+ *   - throughput at batch B: B sequences, each with a ctx-token prefix,
+ *     each advancing one token per call (B tokens a forward).
+ * Steps are timed on the host around sd_model_forward, which returns when
+ * the logits are on the host: the time a caller sees. Token ids are
+ * pseudo-random: the cost does not depend on them. */
+#include "bench_gpu.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "specd/gguf.h"
+#include "specd/model.h"
+
+#ifdef SPECD_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+#define MAX_BATCHES 8
+#define MAX_K 16
+
+typedef struct gpu_opts {
+    const char *model_path;
+    const char *out_path;
+    int32_t device;
+    int reps;
+    int decode_steps;
+    int prompt_len;
+    int ctx;
+    int max_k;
+    int n_batches;
+    int batches[MAX_BATCHES];
+} gpu_opts;
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+#ifdef SPECD_HAVE_CUDA
+/* Device copy bandwidth in bytes/s (read + write), or -1. */
+static double copy_bandwidth(int32_t device, int reps, char *name, size_t name_cap) {
+    const size_t bytes = (size_t)1 << 30;
+    void *a = NULL, *b = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    double *t = malloc(sizeof(double) * (size_t)reps), result = -1;
+    struct cudaDeviceProp prop;
+    if (!t || cudaSetDevice(device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess ||
+        cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess ||
+        cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)
+        goto out;
+    snprintf(name, name_cap, "%.200s, %d multiprocessors, %.0f GiB", prop.name, prop.multiProcessorCount,
+             (double)prop.totalGlobalMem / 1073741824.0);
+    cudaMemset(a, 0x3c, bytes); /* not zeros */
+    cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+    for (int r = 0; r < reps; r++) {
+        cudaEventRecord(e0, 0);
+        cudaMemcpy(r % 2 ? a : b, r % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice);
+        cudaEventRecord(e1, 0);
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        t[r] = ms * 1e-3;
+    }
+    if (cudaGetLastError() == cudaSuccess) result = 2.0 * (double)bytes / median(t, reps);
+out:
+    if (a) cudaFree(a);
+    if (b) cudaFree(b);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    free(t);
+    return result;
+}
+#endif
+
+/* Runs n_seqs sequences x per_seq new tokens each (sequence s at positions
+ * start[s]..), logits for every row (all_rows) or each sequence's last row.
+ * logits holds as many rows. Seconds, or -1. */
+static double timed_step(sd_model *m, sd_kv *kv, int n_seqs, int per_seq, const int32_t *start,
+                         const int32_t *ids, bool all_rows, float *logits) {
+    int n = n_seqs * per_seq;
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n), *seq = malloc(sizeof(int32_t) * (size_t)n);
+    bool *want = malloc(sizeof(bool) * (size_t)n);
+    double dt = -1;
+    if (pos && seq && want) {
+        for (int s = 0; s < n_seqs; s++)
+            for (int i = 0; i < per_seq; i++) {
+                int t = s * per_seq + i;
+                pos[t] = start[s] + i;
+                seq[t] = s;
+                want[t] = all_rows || i == per_seq - 1;
+            }
+        sd_batch b = {n, ids, pos, seq, want};
+        double t0 = sd_now();
+        if (sd_model_forward(m, kv, &b, logits) == SD_OK) dt = sd_now() - t0;
+    }
+    free(pos), free(seq), free(want);
+    return dt;
+}
+
+static int run(const gpu_opts *o) {
+    char err[512] = "", dev_name[256] = "no CUDA device";
+    sd_gguf *g = NULL;
+    sd_model *m = NULL;
+    sd_kv *kv = NULL;
+    int rc = 1;
+    double copy_bps = -1;
+#ifdef SPECD_HAVE_CUDA
+    copy_bps = copy_bandwidth(o->device, o->reps, dev_name, sizeof dev_name);
+#endif
+    if (copy_bps <= 0) {
+        fprintf(stderr, "specd-bench gpu: cuda:%d is not usable here (no CUDA build or no GPU)\n", (int)o->device);
+        return 77;
+    }
+    if (sd_gguf_open(o->model_path, &g, err, sizeof err) != SD_OK) {
+        fprintf(stderr, "specd-bench gpu: cannot open %s: %s\n", o->model_path, err);
+        return 1;
+    }
+    sd_model_params mp = sd_model_default_params();
+    mp.device = o->device;
+    double t_load = sd_now();
+    if (sd_model_load(g, &mp, &m) != SD_OK) {
+        fprintf(stderr, "specd-bench gpu: cannot load %s (see the log above)\n", o->model_path);
+        sd_gguf_close(&g);
+        return 1;
+    }
+    t_load = sd_now() - t_load;
+    sd_gguf_close(&g);
+    const sd_model_config *cfg = sd_model_config_of(m);
+    int max_b = 1;
+    for (int i = 0; i < o->n_batches; i++)
+        if (o->batches[i] > max_b) max_b = o->batches[i];
+    int seq_len = (o->prompt_len > o->ctx ? o->prompt_len : o->ctx) + o->decode_steps + o->max_k + 16;
+    int n_ids = seq_len * (max_b > o->max_k ? max_b : o->max_k) + o->prompt_len;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n_ids), start[256];
+    float *logits = malloc(sizeof(float) * (size_t)cfg->n_vocab * (size_t)(max_b > o->max_k ? max_b : o->max_k));
+    int n_t = o->reps > o->decode_steps ? o->reps : o->decode_steps;
+    double *t = malloc(sizeof(double) * (size_t)n_t), k_cost[MAX_K + 1] = {0}, batch_tps[MAX_BATCHES] = {0};
+    if (!ids || !logits || !t || max_b > 256) goto done;
+    uint32_t x = 12345;
+    for (int i = 0; i < n_ids; i++) {
+        x = x * 1664525u + 1013904223u;
+        ids[i] = (int32_t)(x % (uint32_t)cfg->n_vocab);
+    }
+    int blocks_per_seq = seq_len / 16 + 2;
+    if (sd_model_kv_create(m, max_b, blocks_per_seq * max_b, 16, &kv) != SD_OK) goto done;
+
+    /* prompt processing, then decode at batch 1 continuing it */
+    fprintf(stderr, "specd-bench gpu: prompt processing (%d tokens)...\n", o->prompt_len);
+    start[0] = 0;
+    for (int r = 0; r < o->reps + 1; r++) { /* the first run warms up */
+        sd_kv_release(kv, 0);
+        double dt = timed_step(m, kv, 1, o->prompt_len, start, ids, false, logits);
+        if (dt < 0) goto done;
+        if (r) t[r - 1] = dt;
+    }
+    double prompt_s = median(t, o->reps);
+    fprintf(stderr, "specd-bench gpu: decode (%d steps)...\n", o->decode_steps);
+    for (int i = -2; i < o->decode_steps; i++) { /* 2 warm-up steps (the recording) */
+        start[0] = sd_kv_seq_len(kv, 0);
+        double dt = timed_step(m, kv, 1, 1, start, ids + o->prompt_len + i + 2, false, logits);
+        if (dt < 0) goto done;
+        if (i >= 0) t[i] = dt;
+    }
+    double step_s = median(t, o->decode_steps);
+
+    fprintf(stderr, "specd-bench gpu: k tokens in one call (k = 1..%d)...\n", o->max_k);
+    int base = sd_kv_seq_len(kv, 0);
+    for (int k = 1; k <= o->max_k; k++) {
+        for (int r = -2; r < o->reps; r++) {
+            if (sd_kv_truncate(kv, 0, base) != SD_OK) goto done;
+            start[0] = base;
+            double dt = timed_step(m, kv, 1, k, start, ids + base, true, logits);
+            if (dt < 0) goto done;
+            if (r >= 0) t[r] = dt;
+        }
+        k_cost[k] = median(t, o->reps);
+    }
+
+    for (int bi = 0; bi < o->n_batches; bi++) {
+        int B = o->batches[bi];
+        fprintf(stderr, "specd-bench gpu: batch %d (context %d)...\n", B, o->ctx);
+        for (int s = 0; s < max_b; s++) sd_kv_release(kv, s);
+        /* prefix each sequence (chunks of at most 256 tokens) */
+        for (int s = 0; s < B; s++)
+            for (int done_tok = 0; done_tok < o->ctx; done_tok += 256) {
+                int n = o->ctx - done_tok < 256 ? o->ctx - done_tok : 256;
+                int32_t st = done_tok, one = s;
+                int32_t *pos = malloc(sizeof(int32_t) * (size_t)n), *sq = malloc(sizeof(int32_t) * (size_t)n);
+                bool *want = calloc((size_t)n, sizeof(bool));
+                for (int i = 0; i < n; i++) pos[i] = st + i, sq[i] = one;
+                want[n - 1] = true;
+                sd_batch b = {n, ids + (size_t)s * 7 + (size_t)done_tok, pos, sq, want};
+                sd_status fst = sd_model_forward(m, kv, &b, logits);
+                free(pos), free(sq), free(want);
+                if (fst != SD_OK) goto done;
+            }
+        int steps = o->decode_steps;
+        for (int i = -2; i < steps; i++) {
+            for (int s = 0; s < B; s++) start[s] = sd_kv_seq_len(kv, s);
+            double dt = timed_step(m, kv, B, 1, start, ids + (size_t)(i + 2) * (size_t)B % (size_t)(n_ids - B), false,
+                                   logits);
+            if (dt < 0) goto done;
+            if (i >= 0) t[i] = dt;
+        }
+        batch_tps[bi] = B / median(t, steps);
+    }
+
+    double wbytes = (double)sd_model_weight_bytes(m), floor_s = wbytes / copy_bps;
+    FILE *outs[2] = {stdout, NULL};
+    if (o->out_path && !(outs[1] = fopen(o->out_path, "w"))) {
+        fprintf(stderr, "specd-bench gpu: cannot write %s: %s\n", o->out_path, strerror(errno));
+        goto done;
+    }
+    for (int i = 0; i < 2 && outs[i]; i++) {
+        FILE *f = outs[i];
+        time_t now = time(NULL);
+        char day[32];
+        strftime(day, sizeof day, "%Y-%m-%d", gmtime(&now));
+        fprintf(f, "# specd-bench gpu — %s\n\n", day);
+        fprintf(f, "- model: %s (%d layers, dim %d, ff %d, heads %d/%d, vocab %d); %.1f MB streamed per step "
+                   "(BF16 matrices); loaded in %.1f s\n",
+                o->model_path, cfg->n_layers, cfg->n_embd, cfg->n_ff, cfg->n_heads, cfg->n_kv_heads, cfg->n_vocab,
+                wbytes / 1e6, t_load);
+        fprintf(f, "- device: cuda:%d, %s; recorded forwards (CUDA graphs) %s\n", (int)o->device, dev_name,
+                getenv("SPECD_CUDA_GRAPHS") && !strcmp(getenv("SPECD_CUDA_GRAPHS"), "0") ? "off" : "on");
+        fprintf(f, "- medians over %d repetitions (%d decode steps); host-timed around sd_model_forward, logits "
+                   "downloaded every call\n\n",
+                o->reps, o->decode_steps);
+        fprintf(f, "| measure | value |\n| --- | --- |\n");
+        fprintf(f, "| device copy bandwidth (read + write) | %.0f GB/s |\n", copy_bps / 1e9);
+        fprintf(f, "| decode floor (weight bytes / copy bandwidth) | %.3f ms |\n", floor_s * 1e3);
+        fprintf(f, "| decode at batch 1 | %.3f ms/token (%.1f tok/s) |\n", step_s * 1e3, 1.0 / step_s);
+        fprintf(f, "| decode step / floor | %.2fx |\n", step_s / floor_s);
+        fprintf(f, "| prompt processing, %d tokens | %.0f tok/s |\n", o->prompt_len, o->prompt_len / prompt_s);
+        for (int bi = 0; bi < o->n_batches; bi++)
+            fprintf(f, "| throughput at batch %d (context %d) | %.0f tok/s |\n", o->batches[bi], o->ctx,
+                    batch_tps[bi]);
+        fprintf(f, "\nCost of k new tokens of one sequence in one call (logits for every row):\n\n"
+                   "| k | ms | relative to k = 1 |\n| --- | --- | --- |\n");
+        for (int k = 1; k <= o->max_k; k++)
+            fprintf(f, "| %d | %.3f | %.2f |\n", k, k_cost[k] * 1e3, k_cost[k] / k_cost[1]);
+        if (f != stdout) fclose(f);
+    }
+    rc = 0;
+done:
+    if (rc) fprintf(stderr, "specd-bench gpu: failed (see the log above)\n");
+    sd_kv_free(&kv);
+    sd_model_free(&m);
+    free(ids), free(logits), free(t);
+    return rc;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: specd-bench gpu -m MODEL.gguf [options]\n"
+            "\n"
+            "Decode step against the bandwidth floor, k-token call cost, prompt processing and batch\n"
+            "throughput of one model on a CUDA device. Exits 77 when no GPU is usable.\n"
+            "\n"
+            "  -m, --model FILE      GGUF model (required)\n"
+            "      --device D        cuda or cuda:N (default cuda:0)\n"
+            "  -r, --reps N          repetitions per figure (default 9)\n"
+            "      --decode-steps N  decode steps timed (default 64)\n"
+            "      --prompt-len N    prompt length (default 512)\n"
+            "      --ctx N           context of each sequence in the batch runs (default 256)\n"
+            "      --batches LIST    batch sizes, comma-separated, at most 256 (default 1,8,64)\n"
+            "      --max-k N         largest k for the k-token call cost (default 16)\n"
+            "  -o, --out FILE        also write the table (markdown) to FILE\n"
+            "  -h, --help            this help\n");
+}
+
+static bool parse_int(const char *s, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return false;
+    *out = (int)v;
+    return true;
+}
+
+int bench_gpu_main(int argc, char **argv) {
+    enum { O_DEVICE = 256, O_STEPS, O_PROMPT, O_CTX, O_BATCHES, O_MAXK };
+    static const struct option longs[] = {
+        {"model", required_argument, 0, 'm'},       {"device", required_argument, 0, O_DEVICE},
+        {"reps", required_argument, 0, 'r'},        {"decode-steps", required_argument, 0, O_STEPS},
+        {"prompt-len", required_argument, 0, O_PROMPT}, {"ctx", required_argument, 0, O_CTX},
+        {"batches", required_argument, 0, O_BATCHES}, {"max-k", required_argument, 0, O_MAXK},
+        {"out", required_argument, 0, 'o'},         {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    gpu_opts o = {.device = 0, .reps = 9, .decode_steps = 64, .prompt_len = 512, .ctx = 256, .max_k = MAX_K,
+                  .n_batches = 3, .batches = {1, 8, 64}};
+    int c;
+    optind = 2;
+    while ((c = getopt_long(argc, argv, "m:r:o:h", longs, NULL)) != -1) {
+        bool ok = true;
+        switch (c) {
+        case 'm': o.model_path = optarg; break;
+        case O_DEVICE: ok = sd_device_parse(optarg, &o.device) == SD_OK && o.device >= 0; break;
+        case 'r': ok = parse_int(optarg, 1, 64, &o.reps); break;
+        case O_STEPS: ok = parse_int(optarg, 1, 4096, &o.decode_steps); break;
+        case O_PROMPT: ok = parse_int(optarg, 1, 4096, &o.prompt_len); break;
+        case O_CTX: ok = parse_int(optarg, 1, 8192, &o.ctx); break;
+        case O_MAXK: ok = parse_int(optarg, 1, MAX_K, &o.max_k); break;
+        case O_BATCHES: {
+            o.n_batches = 0;
+            char *copy = strdup(optarg), *save = NULL;
+            for (char *tok = strtok_r(copy, ",", &save); tok && ok; tok = strtok_r(NULL, ",", &save)) {
+                ok = o.n_batches < MAX_BATCHES && parse_int(tok, 1, 256, &o.batches[o.n_batches]);
+                o.n_batches++;
+            }
+            free(copy);
+            ok = ok && o.n_batches > 0;
+            break;
+        }
+        case 'o': o.out_path = optarg; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+        if (!ok) {
+            fprintf(stderr, "specd-bench gpu: invalid value '%s' (see --help)\n", optarg);
+            return 2;
+        }
+    }
+    if (!o.model_path) {
+        fprintf(stderr, "specd-bench gpu: -m MODEL is required (see --help)\n");
+        return 2;
+    }
+    sd_log_set(NULL, NULL, SD_LOG_WARN, "bench");
+    return run(&o);
+}
