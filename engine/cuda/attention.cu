@@ -21,6 +21,12 @@
  * the CPU's up to the order of the dot product; the softmax differs from the
  * CPU's single-maximum form only by rounding.
  *
+ * Loads are what bound this kernel at decode (a few blocks, long rows):
+ * when head_dim is a multiple of 4, keys are read as float4 with the dot
+ * product unrolled, and values by teams of head_dim/4 threads that issue
+ * four rows' loads before using them. Every sum still runs in a fixed order
+ * that depends only on the shape.
+ *
  * Rejected for now: splitting long contexts over several blocks per head
  * (flash-decoding) — at the contexts we serve, attention is a few percent of
  * a step next to streaming the weights; and sharing K/V loads across the
@@ -82,14 +88,34 @@ __device__ __forceinline__ float block_sum(float v, float *red) {
     return r;
 }
 
+/* The output layout. Vector path (head_dim % 4 == 0): a position's values
+ * are read as float4 by head_dim/4 threads, and the block's threads form
+ * `groups` such teams, each walking its own positions. Scalar path: teams of
+ * head_dim threads (or one team whose threads own dims tid, tid + 128, ...
+ * when head_dim > 128). */
+__host__ __device__ __forceinline__ bool att_vec(int head_dim) {
+    return head_dim % 4 == 0 && head_dim / 4 <= ATT_THREADS;
+}
+__host__ __device__ __forceinline__ int att_groups(int head_dim) {
+    if (att_vec(head_dim)) return ATT_THREADS / (head_dim / 4);
+    return head_dim <= ATT_THREADS ? ATT_THREADS / head_dim : 1;
+}
+
+/* Address of kv head kvh's vector at position p of a sequence (table). */
+__device__ __forceinline__ const float *kv_row(const float *pool, const int32_t *table, int p, int block_size,
+                                               size_t row, int kvh, int head_dim) {
+    const size_t slot = (size_t)table[p / block_size] * (size_t)block_size + (size_t)(p % block_size);
+    return pool + slot * row + (size_t)kvh * (size_t)head_dim;
+}
+
 __global__ void __launch_bounds__(ATT_THREADS)
 attention_kernel(const float *__restrict__ q, const float *__restrict__ k_pool, const float *__restrict__ v_pool,
                  int n_heads, int n_kv_heads, int head_dim, int block_size, const int32_t *__restrict__ pos,
                  const int32_t *__restrict__ bt, const int32_t *__restrict__ bt_off, float scale, float *out) {
-    __shared__ float q_sh[ATT_MAX_HEAD_DIM];
+    __shared__ __align__(16) float q_sh[ATT_MAX_HEAD_DIM];
     __shared__ float w_sh[ATT_CHUNK];
     __shared__ float red[ATT_THREADS / 32];
-    extern __shared__ float part_sh[]; /* [groups][head_dim] partial outputs */
+    extern __shared__ __align__(16) float part_sh[]; /* [groups][head_dim] partial outputs */
 
     const int t = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
     const int kvh = h / (n_heads / n_kv_heads);
@@ -99,13 +125,12 @@ attention_kernel(const float *__restrict__ q, const float *__restrict__ k_pool, 
     const float *qrow = q + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)head_dim;
     for (int d = threadIdx.x; d < head_dim; d += ATT_THREADS) q_sh[d] = qrow[d];
 
-    /* output layout: G groups of head_dim threads when head_dim <= 128,
-     * else one group whose threads own dims tid, tid + 128, ... */
-    const int groups = head_dim <= ATT_THREADS ? ATT_THREADS / head_dim : 1;
-    const int g = head_dim <= ATT_THREADS ? threadIdx.x / head_dim : 0;
-    const int d0 = head_dim <= ATT_THREADS ? threadIdx.x % head_dim : threadIdx.x;
-    const bool owns = g < groups && d0 < head_dim;
-    float acc[ATT_MAX_DIMS_PER_THREAD];
+    const bool vec = att_vec(head_dim);
+    const int groups = att_groups(head_dim);
+    const int team = vec ? head_dim / 4 : (head_dim <= ATT_THREADS ? head_dim : ATT_THREADS);
+    const int g = threadIdx.x / team, lane = threadIdx.x % team;
+    const bool owns = g < groups && (vec || lane < head_dim);
+    float acc[ATT_MAX_DIMS_PER_THREAD]; /* vector path: acc[0..3] are dims 4*lane .. 4*lane+3 */
 #pragma unroll
     for (int r = 0; r < ATT_MAX_DIMS_PER_THREAD; r++) acc[r] = 0.0f;
     float m = -INFINITY, l = 0.0f;
@@ -113,14 +138,24 @@ attention_kernel(const float *__restrict__ q, const float *__restrict__ k_pool, 
 
     for (int c0 = 0; c0 < n_pos; c0 += ATT_CHUNK) {
         const int c_len = min(ATT_CHUNK, n_pos - c0);
-        /* 1. scores */
+        /* 1. scores: dot products in increasing d (float4 loads on the vector path) */
         float local_max = -INFINITY;
         for (int j = threadIdx.x; j < c_len; j += ATT_THREADS) {
-            const int p = c0 + j;
-            const size_t slot = (size_t)table[p / block_size] * (size_t)block_size + (size_t)(p % block_size);
-            const float *k = k_pool + slot * row + (size_t)kvh * (size_t)head_dim;
+            const float *k = kv_row(k_pool, table, c0 + j, block_size, row, kvh, head_dim);
             float s = 0.0f;
-            for (int d = 0; d < head_dim; d++) s = fmaf(q_sh[d], k[d], s);
+            if (vec) {
+                const float4 *k4 = (const float4 *)k, *q4 = (const float4 *)q_sh;
+#pragma unroll 8
+                for (int d4 = 0; d4 < head_dim / 4; d4++) {
+                    const float4 kv = __ldg(k4 + d4), qv = q4[d4];
+                    s = fmaf(qv.x, kv.x, s);
+                    s = fmaf(qv.y, kv.y, s);
+                    s = fmaf(qv.z, kv.z, s);
+                    s = fmaf(qv.w, kv.w, s);
+                }
+            } else {
+                for (int d = 0; d < head_dim; d++) s = fmaf(q_sh[d], k[d], s);
+            }
             s *= scale;
             w_sh[j] = s;
             local_max = fmaxf(local_max, s);
@@ -138,18 +173,42 @@ attention_kernel(const float *__restrict__ q, const float *__restrict__ k_pool, 
         const float c_sum = block_sum(local_sum, red); /* its barriers publish w_sh */
         l = l * rescale + c_sum;
         m = m_new;
-        /* 3. weighted values */
-        if (owns) {
+        /* 3. weighted values: team g takes positions g, g + groups, ...; four
+         * rows' loads are issued before their multiply-adds, which run in
+         * position order */
+        if (owns && vec) {
+#pragma unroll
+            for (int r = 0; r < 4; r++) acc[r] *= rescale;
+            for (int j = g; j < c_len; j += 4 * groups) {
+                float4 v[4];
+                float w[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const int jj = j + u * groups;
+                    if (jj < c_len) {
+                        v[u] = __ldg((const float4 *)kv_row(v_pool, table, c0 + jj, block_size, row, kvh, head_dim) +
+                                     lane);
+                        w[u] = w_sh[jj];
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    if (j + u * groups >= c_len) break;
+                    acc[0] = fmaf(w[u], v[u].x, acc[0]);
+                    acc[1] = fmaf(w[u], v[u].y, acc[1]);
+                    acc[2] = fmaf(w[u], v[u].z, acc[2]);
+                    acc[3] = fmaf(w[u], v[u].w, acc[3]);
+                }
+            }
+        } else if (owns) {
 #pragma unroll
             for (int r = 0; r < ATT_MAX_DIMS_PER_THREAD; r++) acc[r] *= rescale;
             for (int j = g; j < c_len; j += groups) {
-                const int p = c0 + j;
-                const size_t slot = (size_t)table[p / block_size] * (size_t)block_size + (size_t)(p % block_size);
-                const float *v = v_pool + slot * row + (size_t)kvh * (size_t)head_dim;
+                const float *v = kv_row(v_pool, table, c0 + j, block_size, row, kvh, head_dim);
                 const float wj = w_sh[j];
 #pragma unroll
                 for (int r = 0; r < ATT_MAX_DIMS_PER_THREAD; r++) {
-                    const int d = d0 + r * ATT_THREADS;
+                    const int d = lane + r * ATT_THREADS;
                     if (d < head_dim) acc[r] = fmaf(wj, v[d], acc[r]);
                 }
             }
@@ -157,11 +216,14 @@ attention_kernel(const float *__restrict__ q, const float *__restrict__ k_pool, 
         __syncthreads(); /* w_sh is rewritten by the next chunk */
     }
 
-    /* combine the groups in order */
-    if (owns) {
+    /* combine the teams in order */
+    if (owns && vec) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) part_sh[g * head_dim + 4 * lane + e] = acc[e];
+    } else if (owns) {
 #pragma unroll
         for (int r = 0; r < ATT_MAX_DIMS_PER_THREAD; r++) {
-            const int d = d0 + r * ATT_THREADS;
+            const int d = lane + r * ATT_THREADS;
             if (d < head_dim) part_sh[g * head_dim + d] = acc[r];
         }
     }
@@ -194,7 +256,7 @@ sd_status sd_cuda_attention(sd_backend *be, const float *q, const float *k_pool,
         if (end > bt_len) bt_len = end;
     }
     SD_TRY(sd_cuda_dev_i32(be, bt, bt_len, &d_bt));
-    const int groups = head_dim <= ATT_THREADS ? ATT_THREADS / head_dim : 1;
+    const int groups = att_groups(head_dim);
     const size_t part_bytes = (size_t)groups * (size_t)head_dim * sizeof(float);
     attention_kernel<<<n_tokens * n_heads, ATT_THREADS, part_bytes, be->stream>>>(
         q, k_pool, v_pool, n_heads, n_kv_heads, head_dim, block_size, d_pos, d_bt, d_off, scale, out);

@@ -47,6 +47,22 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4 v, float *f) {
     }
 }
 
+/* acc[r][t] += w[r][e] * x[t][k + e] for e = 0..7, in that order. */
+template <int NT, int R>
+__device__ __forceinline__ void fma_step(const float (&wf)[R][8], const float *__restrict__ x, int n_in, int k,
+                                         float (&acc)[R][NT]) {
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const float4 *xp = (const float4 *)(x + (size_t)t * (size_t)n_in + k);
+        const float4 a = __ldg(xp), b = __ldg(xp + 1);
+        const float xf[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[r][t] = fmaf(wf[r][e], xf[e], acc[r][t]);
+    }
+}
+
 /* Rows [row0, row0 + R) x tokens [0, NT) over the slice's i in
  * [k_begin, k_end). Slice 0 writes y [NT][n_out], slice s > 0 its partial
  * sums partial[s - 1] [NT][n_out]. vec: 16-byte rows (n_in % 8 == 0). */
@@ -75,20 +91,29 @@ matvec_kernel(const __nv_bfloat16 *__restrict__ w, int n_in, int n_out, const fl
     for (int r = 0; r < R; r++) wr[r] = w + (size_t)min(row0 + r, n_out - 1) * (size_t)n_in;
 
     if (vec) {
-        for (int k = k_begin + lane * 8; k < k_end; k += MV_K_STEP) {
+        /* U steps of loads issued before any is used: 8 x 16 bytes in
+         * flight per lane. The multiply-adds still run in increasing k. */
+        constexpr int U = R >= 8 ? 1 : 8 / R;
+        int k = k_begin + lane * 8;
+        for (; k + (U - 1) * MV_K_STEP < k_end; k += U * MV_K_STEP) {
+            uint4 raw[U][R];
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int r = 0; r < R; r++) raw[u][r] = __ldg((const uint4 *)(wr[r] + k + u * MV_K_STEP));
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                float wf[R][8];
+#pragma unroll
+                for (int r = 0; r < R; r++) bf16x8_to_f32(raw[u][r], wf[r]);
+                fma_step<NT, R>(wf, x, n_in, k + u * MV_K_STEP, acc);
+            }
+        }
+        for (; k < k_end; k += MV_K_STEP) {
             float wf[R][8];
 #pragma unroll
             for (int r = 0; r < R; r++) bf16x8_to_f32(__ldg((const uint4 *)(wr[r] + k)), wf[r]);
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                const float4 *xp = (const float4 *)(x + (size_t)t * (size_t)n_in + k);
-                const float4 a = __ldg(xp), b = __ldg(xp + 1);
-                const float xf[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-                for (int r = 0; r < R; r++)
-#pragma unroll
-                    for (int e = 0; e < 8; e++) acc[r][t] = fmaf(wf[r][e], xf[e], acc[r][t]);
-            }
+            fma_step<NT, R>(wf, x, n_in, k, acc);
         }
     } else {
         for (int k = k_begin + lane; k < k_end; k += 32) {
@@ -146,8 +171,9 @@ sd_status sd_cuda_f32_to_bf16(sd_backend *be, const float *src, void *dst, size_
     return SD_OK;
 }
 
-/* Rows per warp for NT tokens: activation loads per weight byte stay <= 4x. */
-static constexpr int rows_for(int nt) { return nt <= 2 ? 1 : nt <= 8 ? 2 : 4; }
+/* Rows per warp for NT tokens: two rows (and four load steps) in flight for
+ * decode, four rows beyond so activation loads per weight byte stay <= 4x. */
+static constexpr int rows_for(int nt) { return nt <= 2 ? 2 : 4; }
 
 /* Number of slices of the reduction: enough warps to cover the GPU about
  * four times at one row per warp, slices of at least 1024 elements. Depends
