@@ -441,12 +441,16 @@ static sd_status load_weights(sd_model *m, const sd_weights *w) {
     int64_t E = c->n_embd, V = c->n_vocab, F = c->n_ff;
     int64_t QD = (int64_t)c->n_heads * c->head_dim, KD = (int64_t)c->n_kv_heads * c->head_dim;
     SD_TRY(load_tensor(m, w, "token_embd.weight", V, E, false, &m->tok_embd));
+    /* a step reads one row of the table per token: it is not streamed
+     * (unless it is also the LM head, counted again just below) */
+    m->weight_bytes -= (uint64_t)V * (uint64_t)E * sizeof(float);
     SD_TRY(load_tensor(m, w, "output_norm.weight", 0, E, false, &m->output_norm));
     /* tied: the LM head reads the embedding table, unless the backend keeps
      * matrices in a format of its own (then it gets its own copy) */
-    if (c->tied_output && !m->be.ops->weight_upload)
+    if (c->tied_output && !m->be.ops->weight_upload) {
         m->output = m->tok_embd;
-    else
+        m->weight_bytes += (uint64_t)V * (uint64_t)E * sizeof(float);
+    } else
         SD_TRY(load_tensor(m, w, c->tied_output ? "token_embd.weight" : "output.weight", V, E, true, &m->output));
     char name[96];
     for (int32_t l = 0; l < m->n_layers_used; l++) {
@@ -636,10 +640,12 @@ sd_status sd_model_view_layers(const sd_model *m, int32_t n_layers, sd_model **o
     const sd_model_config *c = &m->cfg;
     uint64_t E = (uint64_t)c->n_embd, QD = (uint64_t)c->n_heads * (uint64_t)c->head_dim;
     uint64_t KD = (uint64_t)c->n_kv_heads * (uint64_t)c->head_dim, F = (uint64_t)c->n_ff;
-    uint64_t per_layer = 2 * E + 2 * E * QD + 2 * E * KD + 3 * E * F;
-    uint64_t head = E * (uint64_t)c->n_vocab * (c->tied_output ? 1 : 2) + E;
+    /* what a step streams, as load counts it: matrices in the backend's
+     * format, norms in f32, the LM head but not the embedding table */
     uint64_t mat = (uint64_t)m->be.ops->weight_elem_bytes;
-    v->weight_bytes = (head + (uint64_t)n_layers * per_layer) * mat;
+    uint64_t per_layer = (2 * E * QD + 2 * E * KD + 3 * E * F) * mat + 2 * E * sizeof(float);
+    uint64_t head = E * (uint64_t)c->n_vocab * mat + E * sizeof(float);
+    v->weight_bytes = head + (uint64_t)n_layers * per_layer;
     /* a backend instance of its own on the same device: device buffers are
      * shared by every stream of the process */
     sd_status s = sd_backend_create(m->params.device, m->params.n_threads, &v->be);
@@ -894,9 +900,8 @@ static sd_status run_layers(sd_model *m, sd_kv *kv, const sd_batch *b) {
     if (op->graph_begin(m->be.ctx, key) != SD_OK) return forward_layers(m, kv, b);
     s = forward_layers(m, kv, b);
     sd_status e = op->graph_end(m->be.ctx, s == SD_OK);
-    if (s != SD_OK) return s;
     if (e == SD_ERR_NOT_FOUND) return forward_layers(m, kv, b); /* recording dropped: nothing ran yet */
-    return e;
+    return s != SD_OK ? s : e;
 }
 
 /* Final norm and LM head for the n_wanted rows listed in plan.wanted; out

@@ -306,12 +306,16 @@ static sd_status cuda_graph_end(sd_backend *be, bool ok) {
     if (e != cudaSuccess || !graph || be->capture_failed || !ok) {
         cudaGetLastError();
         if (graph) cudaGraphDestroy(graph);
-        if (ok) {
+        if (ok || be->capture_failed) {
+            /* an op could not be recorded (it said so by failing): nothing
+             * ran, the caller runs the ops, and this shape is never
+             * recorded again */
             mark_never(be, be->capture_key);
             SD_DEBUG("cuda: forward %llx cannot be recorded; it runs op by op",
                      (unsigned long long)be->capture_key);
+            return SD_ERR_NOT_FOUND;
         }
-        return ok ? SD_ERR_NOT_FOUND : SD_OK; /* nothing ran: the caller runs the ops */
+        return SD_OK; /* a real failure: the caller reports its own status */
     }
     cudaGraphExec_t exec = NULL;
     e = cudaGraphInstantiate(&exec, graph, 0);

@@ -230,12 +230,14 @@ __device__ int block_first_reaching(F v, int n, double need, bool at_least, doub
 
 __global__ void __launch_bounds__(SPEC_THREADS)
 filter_kernel(int n_vocab, const row_desc *__restrict__ descs, const int32_t *__restrict__ ranked_rows,
-              const double *__restrict__ sp_all, const int32_t *__restrict__ sid_all, float *pf) {
+              const double *__restrict__ sp_all, const int32_t *__restrict__ sid_all, const row_stats *stats,
+              float *pf) {
     __shared__ typename block_reduce_d::TempStorage red;
     __shared__ typename block_reduce_i::TempStorage redi;
     __shared__ double bcast;
     __shared__ int keep_sh;
     const int prow_i = ranked_rows[blockIdx.x];
+    if (stats[prow_i].bad) return; /* never processed: its sort holds garbage */
     const row_desc d = descs[prow_i];
     const double *sp = sp_all + (size_t)blockIdx.x * (size_t)n_vocab;
     const int32_t *sid = sid_all + (size_t)blockIdx.x * (size_t)n_vocab;
@@ -512,7 +514,7 @@ static sd_status verify_group(sd_backend *be, const float *logits, int32_t n_voc
             cub::DeviceSegmentedRadixSort::SortPairsDescending(d_cub, bytes, d_pd, d_pd2, d_id, d_id2,
                                                                (int64_t)n_ranked * (int64_t)V, n_ranked, d_seg,
                                                                d_seg + 1, 0, 64, st);
-            filter_kernel<<<n_ranked, SPEC_THREADS, 0, st>>>(n_vocab, d_desc, d_rr, d_pd2, d_id2, d_pf);
+            filter_kernel<<<n_ranked, SPEC_THREADS, 0, st>>>(n_vocab, d_desc, d_rr, d_pd2, d_id2, d_st, d_pf);
         }
         stats_kernel<<<n_rows, SPEC_THREADS, 0, st>>>(n_vocab, d_desc, d_pf, d_st);
         cudaMemcpyAsync(stats, d_st, sizeof(row_stats) * (size_t)n_rows, cudaMemcpyDeviceToHost, st);
