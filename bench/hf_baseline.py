@@ -210,6 +210,26 @@ def cmd_hf(args):
     out, dt = timed_generate(model, ids, args.n_new)
     res["plain_b1_tok_s"] = round(args.n_new / dt, 1)
     res["plain_tokens"] = out[0].tolist()
+    if args.expect_ids:
+        want = json.loads(args.expect_ids)
+        got = res["plain_tokens"]
+        same = 0
+        while same < min(len(want), len(got)) and want[same] == got[same]:
+            same += 1
+        res["common_prefix_with_specd"] = same
+    # one decode step of the bare model (no generate loop): where the time goes
+    with torch.no_grad():
+        o = model(ids, use_cache=True)
+        past, nxt = o.past_key_values, o.logits[:, -1:].argmax(-1)
+        times = []
+        for _ in range(20):
+            torch.cuda.synchronize()
+            t0 = time.time()
+            o = model(nxt, past_key_values=past, use_cache=True)
+            torch.cuda.synchronize()
+            times.append(time.time() - t0)
+            past, nxt = o.past_key_values, o.logits[:, -1:].argmax(-1)
+        res["forward_step_ms_median"] = round(sorted(times)[len(times) // 2] * 1e3, 2)
     for b in args.batches:
         if b == 1:
             continue
@@ -237,6 +257,7 @@ def main():
     h.add_argument("--n-new", type=int, default=128)
     h.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1])
     h.add_argument("--assistant-layers", type=int, default=0, help="assistant = the target's first L layers")
+    h.add_argument("--expect-ids", default="", help="JSON list: specd's greedy tokens, to report the common prefix")
     args = ap.parse_args()
     {"make": cmd_make, "hf": cmd_hf}[args.cmd](args)
 
