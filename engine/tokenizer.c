@@ -214,6 +214,16 @@ static const pre_def PRE_DEFS[] = {
 };
 #define N_PRE_DEFS (sizeof PRE_DEFS / sizeof PRE_DEFS[0])
 
+bool sd_tok_pre_def_at(size_t i, const char **name, const char *const **regexes, int *n_regexes,
+                       bool *ignore_merges) {
+    if (i >= N_PRE_DEFS) return false;
+    *name = PRE_DEFS[i].name;
+    *regexes = PRE_DEFS[i].re;
+    *n_regexes = PRE_DEFS[i].n_re;
+    *ignore_merges = PRE_DEFS[i].ignore_merges;
+    return true;
+}
+
 static bool text_eq(sd_tok_text a, const char *s) {
     size_t n = strlen(s);
     return a.len == n && memcmp(a.ptr, s, n) == 0;

@@ -3,8 +3,8 @@
  * sd_tok_from_gguf only gathers the tokenizer.ggml.* arrays out of a GGUF
  * into an sd_tok_spec (views, nothing copied) and calls sd_tok_build, which
  * validates everything and builds the immutable tables. Keeping the two apart
- * lets tests build small vocabularies directly from C literals and lets a
- * future tokenizer.json loader reuse the same constructor. */
+ * lets tests build small vocabularies directly from C literals and lets the
+ * tokenizer.json loader (tokenizer_hf.c) reuse the same constructor. */
 #ifndef SPECD_TOKENIZER_IMPL_H
 #define SPECD_TOKENIZER_IMPL_H
 
@@ -51,6 +51,35 @@ sd_tok_spec sd_tok_spec_default(void);
  * SD_ERR_UNSUPPORTED for an unknown model or pre-tokenizer, SD_ERR_FORMAT for
  * inconsistent data (the first bad item is logged). */
 sd_status sd_tok_build(const sd_tok_spec *spec, sd_tok **out);
+
+/* Pre-tokenizer set i (0, 1, ... until false): its name, its regexes
+ * (applied in order, matches isolated) and whether whole pieces found in the
+ * vocabulary skip BPE. For loaders that recognise a pre-tokenizer by its
+ * regexes (tokenizer.json). Borrowed static data. */
+bool sd_tok_pre_def_at(size_t i, const char **name, const char *const **regexes, int *n_regexes,
+                       bool *ignore_merges);
+
+/* Special tokens and flags that a Hugging Face checkpoint keeps outside
+ * tokenizer.json: texts from tokenizer_config.json win (as in llama.cpp's
+ * converter), ids from config.json are the fallback. */
+typedef struct sd_tok_hf_ids {
+    const char *bos_text, *eos_text, *pad_text; /* NULL when absent or not in the vocabulary */
+    int64_t bos, eos, eot, pad;            /* ids; -1 when absent */
+    int add_bos;                           /* 1 / 0, or -1: from the post-processor */
+    int32_t n_vocab;                       /* config vocab_size: pad the vocabulary to it (0: don't) */
+} sd_tok_hf_ids;
+
+/* Every id -1, every text NULL, add_bos -1, n_vocab 0. */
+sd_tok_hf_ids sd_tok_hf_ids_default(void);
+
+/* Builds a tokenizer from the len bytes of a tokenizer.json (byte-level BPE:
+ * model BPE without byte fallback, no normalizer, a ByteLevel pre-tokenizer
+ * alone or after Digits / Split steps that match one of the known sets).
+ * ids may be NULL. Ids not in the file (up to ids->n_vocab) become unused
+ * "[PAD<id>]" tokens, as llama.cpp's converter does. Caller frees *out with
+ * sd_tok_free. SD_ERR_UNSUPPORTED for another kind of tokenizer,
+ * SD_ERR_FORMAT for a malformed file (the reason is logged). */
+sd_status sd_tok_from_hf_json(const char *json, size_t len, const sd_tok_hf_ids *ids, sd_tok **out);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,7 @@
 /* specd_logits — dump the engine's logits for a few token sequences, for the
  * forward-pass oracle (tests/ref/test_forward_oracle.py).
  *
- *   specd_logits -m MODEL.gguf --out FILE.bin [--threads N] [--chunk N]
+ *   specd_logits -m MODEL.gguf|HF_DIR --out FILE.bin [--threads N] [--chunk N]
  *                --seq 1,2,3 --seq 4,5 ...
  *
  * All sequences run as ONE ragged batch (sequence s in KV slot s, positions
@@ -21,6 +21,7 @@
 #include "specd/gguf.h"
 #include "specd/kv.h"
 #include "specd/model.h"
+#include "specd/weights.h"
 
 #define MAX_SEQS 64
 
@@ -31,7 +32,7 @@ typedef struct seq_list {
 } seq_list;
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: specd_logits -m MODEL.gguf --out FILE.bin [--threads N] [--chunk N] --seq 1,2,3 [--seq ...]\n");
+    fprintf(f, "usage: specd_logits -m MODEL.gguf|HF_DIR --out FILE.bin [--threads N] [--chunk N] --seq 1,2,3 [--seq ...]\n");
 }
 
 /* Parses "1,2,3" into a new array (caller frees). */
@@ -89,8 +90,7 @@ static bool write_f32le(FILE *f, const float *x, size_t n) {
 
 static int run(const char *model_path, const char *out_path, int threads, int chunk, const seq_list *sl) {
     int rc = 1;
-    char err[256] = "";
-    sd_gguf *g = NULL;
+    sd_weights *w = NULL;
     sd_model *m = NULL;
     sd_kv *kv = NULL;
     int32_t *tokens = NULL, *pos = NULL, *seq = NULL, *row_of = NULL;
@@ -99,17 +99,17 @@ static int run(const char *model_path, const char *out_path, int threads, int ch
     FILE *f = NULL;
     sd_status st;
 
-    if ((st = sd_gguf_open(model_path, &g, err, sizeof err)) != SD_OK) {
-        fprintf(stderr, "specd_logits: %s: %s (%s)\n", model_path, sd_status_str(st), err);
+    if ((st = sd_weights_open(model_path, &w)) != SD_OK) {
+        fprintf(stderr, "specd_logits: %s: %s (see the log above)\n", model_path, sd_status_str(st));
         goto done;
     }
     sd_model_params mp = sd_model_default_params();
     mp.n_threads = threads;
-    if ((st = sd_model_load(g, &mp, &m)) != SD_OK) {
+    if ((st = sd_model_load_weights(w, &mp, &m)) != SD_OK) {
         fprintf(stderr, "specd_logits: loading %s: %s\n", model_path, sd_status_str(st));
         goto done;
     }
-    sd_gguf_close(&g);
+    sd_weights_close(&w);
     const int32_t n_vocab = sd_model_config_of(m)->n_vocab;
 
     /* Batch order: round-robin over sequences; row_of maps (seq, pos) order
@@ -190,7 +190,7 @@ done:
     free(ordered);
     sd_kv_free(&kv);
     sd_model_free(&m);
-    sd_gguf_close(&g);
+    sd_weights_close(&w);
     return rc;
 }
 

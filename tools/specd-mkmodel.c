@@ -13,7 +13,14 @@
  * the 256 GPT-2 byte symbols, then merges built level by level — " "+letter
  * and letter pairs (letters in English frequency order), then each token of
  * the previous level extended by one letter — so every merge joins two
- * tokens that already exist. */
+ * tokens that already exist.
+ *
+ * --format hf writes the same model (same seed, same numbers) as a Hugging
+ * Face checkpoint directory instead (mkmodel_hf.c): the GGUF is built as
+ * always, then rewritten with HF names, rotate-half q/k rows, config.json
+ * and tokenizer.json, optionally sharded (--shards). --convert turns an
+ * existing GGUF into such a directory. */
+#include "mkmodel_hf.h"
 #include "specd/gguf.h"
 
 #include <errno.h>
@@ -22,6 +29,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define MAX_VOCAB 262144
 
@@ -35,6 +44,9 @@ typedef struct mk_params {
     const char *tokenizer_from;
     const char *requant_from;
     bool dtype_set;
+    bool hf;             /* --format hf: OUT is a checkpoint directory */
+    uint32_t shards;     /* --shards (hf only) */
+    const char *convert; /* --convert FROM.gguf (hf only) */
 } mk_params;
 
 static void usage(FILE *f) {
@@ -42,10 +54,16 @@ static void usage(FILE *f) {
             "usage: specd-mkmodel -o OUT.gguf [--dim 64] [--layers 2] [--heads 4] [--kv-heads 2] [--ff 128]\n"
             "                     [--vocab 512 | --tokenizer-from MODEL.gguf] [--ctx 2048] [--rope-base 10000]\n"
             "                     [--dtype f32|f16|bf16|q8_0|q4_0|q4_1] [--norm-dtype f32] [--tied] [--seed S]\n"
+            "                     [--format gguf|hf] [--shards N]\n"
             "       specd-mkmodel -o OUT.gguf --requant FROM.gguf --dtype q4_0|q8_0|...\n"
+            "       specd-mkmodel -o OUTDIR --format hf --convert FROM.gguf [--dtype f32|f16|bf16] [--shards N]\n"
             "Writes a random Llama model (llama.cpp tensor names and metadata) for tests, or (--requant) FROM's\n"
             "model, tokenizer and metadata with every 2-D weight re-quantized to --dtype (a realistic draft\n"
-            "model: same vocabulary, different numerics).\n");
+            "model: same vocabulary, different numerics).\n"
+            "--format hf writes the same model as a Hugging Face checkpoint directory OUT (config.json,\n"
+            "model.safetensors or N shards with model.safetensors.index.json, tokenizer.json): the engine\n"
+            "reads identical numbers from both. --convert does that for an existing GGUF (quantized weights\n"
+            "are stored dequantized, as f32 unless --dtype says f16 or bf16).\n");
 }
 
 /* ---- PRNG ---- */
@@ -97,7 +115,7 @@ static int parse_args(int argc, char **argv, mk_params *p) {
     *p = (mk_params){.dim = 64, .layers = 2, .heads = 4, .kv_heads = 2, .ff = 128, .vocab = 512, .ctx = 2048,
                      .rope_base = 10000.0f, .dtype = SD_DTYPE_F32, .norm_dtype = SD_DTYPE_F32, .seed = 1};
     enum { O_DIM = 256, O_LAYERS, O_HEADS, O_KV, O_FF, O_VOCAB, O_TOKFROM, O_CTX, O_ROPE, O_DTYPE, O_NDTYPE, O_TIED,
-           O_SEED, O_REQUANT };
+           O_SEED, O_REQUANT, O_FORMAT, O_SHARDS, O_CONVERT };
     static const struct option opts[] = {
         {"dim", required_argument, 0, O_DIM}, {"layers", required_argument, 0, O_LAYERS},
         {"heads", required_argument, 0, O_HEADS}, {"kv-heads", required_argument, 0, O_KV},
@@ -105,7 +123,9 @@ static int parse_args(int argc, char **argv, mk_params *p) {
         {"tokenizer-from", required_argument, 0, O_TOKFROM}, {"ctx", required_argument, 0, O_CTX},
         {"rope-base", required_argument, 0, O_ROPE}, {"dtype", required_argument, 0, O_DTYPE},
         {"norm-dtype", required_argument, 0, O_NDTYPE}, {"tied", no_argument, 0, O_TIED},
-        {"seed", required_argument, 0, O_SEED}, {"requant", required_argument, 0, O_REQUANT}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"seed", required_argument, 0, O_SEED}, {"requant", required_argument, 0, O_REQUANT},
+        {"format", required_argument, 0, O_FORMAT}, {"shards", required_argument, 0, O_SHARDS},
+        {"convert", required_argument, 0, O_CONVERT}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     bool vocab_set = false;
     int c;
     while ((c = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
@@ -139,6 +159,13 @@ static int parse_args(int argc, char **argv, mk_params *p) {
         case O_DTYPE: ok = parse_dtype(optarg, &p->dtype); p->dtype_set = true; break;
         case O_REQUANT: p->requant_from = optarg; break;
         case O_NDTYPE: ok = parse_dtype(optarg, &p->norm_dtype); break;
+        case O_FORMAT:
+            ok = strcmp(optarg, "gguf") == 0 || strcmp(optarg, "hf") == 0;
+            p->hf = strcmp(optarg, "hf") == 0;
+            if (!ok) fprintf(stderr, "specd-mkmodel: --format is gguf or hf (got '%s')\n", optarg);
+            break;
+        case O_SHARDS: ok = parse_u32(optarg, "--shards", 1, 99999, &p->shards); break;
+        case O_CONVERT: p->convert = optarg; break;
         case O_TIED: p->tied = true; break;
         case O_SEED: {
             char *end;
@@ -161,6 +188,20 @@ static int parse_args(int argc, char **argv, mk_params *p) {
         usage(stderr);
         return -1;
     }
+    if ((p->shards > 1 || p->convert) && !p->hf) {
+        fprintf(stderr, "specd-mkmodel: --shards and --convert need --format hf\n");
+        return -1;
+    }
+    if (p->hf && p->requant_from) {
+        fprintf(stderr, "specd-mkmodel: --requant writes GGUF only\n");
+        return -1;
+    }
+    if (p->hf && ((p->dtype != SD_DTYPE_F32 && p->dtype != SD_DTYPE_F16 && p->dtype != SD_DTYPE_BF16) ||
+                  (p->norm_dtype != SD_DTYPE_F32 && p->norm_dtype != SD_DTYPE_F16 && p->norm_dtype != SD_DTYPE_BF16))) {
+        fprintf(stderr, "specd-mkmodel: --format hf stores f32, f16 or bf16 only\n");
+        return -1;
+    }
+    if (p->convert) return 0; /* the model's shape comes from FROM */
     if (p->requant_from && (vocab_set || p->tokenizer_from || !p->dtype_set)) {
         fprintf(stderr, "specd-mkmodel: --requant takes --dtype and excludes --vocab/--tokenizer-from\n");
         return -1;
@@ -458,21 +499,55 @@ static sd_status requant(sd_gguf_writer *w, const mk_params *p) {
     return s;
 }
 
+/* --format hf: the GGUF goes to a scratch file inside the directory, is
+ * rewritten as the checkpoint, and removed. */
+static sd_status write_hf(const sd_gguf_writer *w, const mk_params *p) {
+    mk_hf_params hp = {.dir = p->out, .n_shards = p->shards ? p->shards : 1, .force_dtype = p->convert && p->dtype_set,
+                       .dtype = p->dtype};
+    char err[512];
+    sd_gguf *g = NULL;
+    if (p->convert) {
+        sd_status s = sd_gguf_open(p->convert, &g, err, sizeof err);
+        if (s != SD_OK) {
+            fprintf(stderr, "specd-mkmodel: %s: %s\n", p->convert, err);
+            return s;
+        }
+        s = mk_write_hf(g, &hp);
+        sd_gguf_close(&g);
+        return s;
+    }
+    if (mkdir(p->out, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "specd-mkmodel: cannot create %s: %s\n", p->out, strerror(errno));
+        return SD_ERR_IO;
+    }
+    size_t n = strlen(p->out) + 32;
+    char *tmp = malloc(n);
+    if (!tmp) return SD_ERR_NOMEM;
+    snprintf(tmp, n, "%s/.mkmodel-source.gguf", p->out);
+    sd_status s = sd_gguf_writer_write(w, tmp);
+    if (s == SD_OK) s = sd_gguf_open(tmp, &g, err, sizeof err);
+    if (s == SD_OK) s = mk_write_hf(g, &hp);
+    sd_gguf_close(&g);
+    unlink(tmp);
+    free(tmp);
+    return s;
+}
+
 int main(int argc, char **argv) {
     mk_params p;
     int rc = parse_args(argc, argv, &p);
     if (rc != 0) return rc > 0 ? 0 : 2;
     sd_gguf_writer *w = sd_gguf_writer_new();
     if (!w) return 1;
-    sd_status s;
+    sd_status s = SD_OK;
     if (p.requant_from) {
         s = requant(w, &p);
-    } else {
+    } else if (!p.convert) {
         s = p.tokenizer_from ? copy_tokenizer(w, &p) : write_synthetic_tokenizer(w, p.vocab);
         if (s == SD_OK) s = write_metadata(w, &p);
         if (s == SD_OK) s = write_weights(w, &p);
     }
-    if (s == SD_OK) s = sd_gguf_writer_write(w, p.out);
+    if (s == SD_OK) s = p.hf ? write_hf(w, &p) : sd_gguf_writer_write(w, p.out);
     sd_gguf_writer_free(&w);
     if (s != SD_OK) {
         fprintf(stderr, "specd-mkmodel: failed: %s\n", sd_status_str(s));

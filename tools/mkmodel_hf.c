@@ -1,0 +1,504 @@
+/* mkmodel_hf.c — a llama GGUF written out as a Hugging Face checkpoint.
+ *
+ * The inverse of what engine/weights_hf.c reads, done the way the HF side
+ * lays a Llama out, so that loading either file gives the engine the same
+ * f32 numbers:
+ *   - config.json: LlamaConfig keys from llama.* (and the tokenizer's ids);
+ *   - tensors renamed (blk.N.attn_q -> model.layers.N.self_attn.q_proj ...),
+ *     q/k rows permuted from adjacent-pair RoPE order back to rotate-half
+ *     order (GGUF row h*hd + 2i + s -> HF row h*hd + s*hd/2 + i, the inverse
+ *     of llama.cpp's convert permute), bytes otherwise untouched;
+ *   - one model.safetensors, or N shards of about equal size in tensor
+ *     order with model.safetensors.index.json, as transformers saves them;
+ *   - tokenizer.json (BPE vocab, merges, control tokens as special added
+ *     tokens, the pre-tokenizer that tokenizer.ggml.pre names) and
+ *     tokenizer_config.json (add_bos_token, special token texts).
+ * JSON is built with cJSON. Rejected: a Python converter (the test model
+ * tool must run without the oracle venv). */
+#include "mkmodel_hf.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "specd/model.h"
+#include "specd/safetensors.h"
+
+static const char LLAMA3_RE[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
+    "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+/* ------------------------------------------------------------------ files */
+
+static char *path_in(const char *dir, const char *name) {
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = malloc(n);
+    if (p) {
+        memcpy(p, dir, strlen(dir));
+        p[strlen(dir)] = '/';
+        memcpy(p + strlen(dir) + 1, name, strlen(name) + 1);
+    }
+    return p;
+}
+
+/* Prints j into dir/name (takes nothing; j stays the caller's). */
+static sd_status write_json(const char *dir, const char *name, const cJSON *j) {
+    char *text = cJSON_Print(j);
+    char *path = path_in(dir, name);
+    sd_status s = text && path ? SD_OK : SD_ERR_NOMEM;
+    FILE *f = s == SD_OK ? fopen(path, "w") : NULL;
+    if (s == SD_OK && (!f || fputs(text, f) < 0 || fputc('\n', f) < 0)) s = SD_ERR_IO;
+    if (f && fclose(f) != 0) s = SD_ERR_IO;
+    if (s != SD_OK) fprintf(stderr, "specd-mkmodel: cannot write %s/%s\n", dir, name);
+    free(text);
+    free(path);
+    return s;
+}
+
+/* ---------------------------------------------------------------- tensors */
+
+typedef struct tensor_plan {
+    const sd_gguf_tensor *t;
+    char hf[128];
+    bool rope_rows;     /* q/k: rows to rotate-half order */
+    sd_st_dtype dtype;  /* as stored in the checkpoint */
+    uint64_t n_bytes;
+} tensor_plan;
+
+static bool hf_name_of(const char *gguf, int32_t n_layers, char *out, size_t cap, bool *rope_rows) {
+    static const struct {
+        const char *gguf, *hf;
+    } globals[] = {{"token_embd.weight", "model.embed_tokens.weight"},
+                   {"output_norm.weight", "model.norm.weight"},
+                   {"output.weight", "lm_head.weight"}};
+    static const struct {
+        const char *part, *hf;
+        bool rope;
+    } parts[] = {
+        {"attn_norm", "input_layernorm", false},    {"attn_q", "self_attn.q_proj", true},
+        {"attn_k", "self_attn.k_proj", true},       {"attn_v", "self_attn.v_proj", false},
+        {"attn_output", "self_attn.o_proj", false}, {"ffn_norm", "post_attention_layernorm", false},
+        {"ffn_gate", "mlp.gate_proj", false},       {"ffn_up", "mlp.up_proj", false},
+        {"ffn_down", "mlp.down_proj", false},
+    };
+    *rope_rows = false;
+    for (size_t i = 0; i < sizeof globals / sizeof globals[0]; i++)
+        if (strcmp(gguf, globals[i].gguf) == 0) return (size_t)snprintf(out, cap, "%s", globals[i].hf) < cap;
+    int layer, used = 0;
+    char part[32];
+    if (sscanf(gguf, "blk.%d.%31[a-z_].weight%n", &layer, part, &used) != 2 || gguf[used] != '\0' || layer < 0 ||
+        layer >= n_layers)
+        return false;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+        if (strcmp(part, parts[i].part) == 0) {
+            *rope_rows = parts[i].rope;
+            return (size_t)snprintf(out, cap, "model.layers.%d.%s.weight", layer, parts[i].hf) < cap;
+        }
+    return false;
+}
+
+static sd_st_dtype st_dtype(sd_dtype t) {
+    return t == SD_DTYPE_F16 ? SD_ST_F16 : t == SD_DTYPE_BF16 ? SD_ST_BF16 : SD_ST_F32;
+}
+
+/* The tensor's bytes as the checkpoint stores them (caller frees): rows
+ * permuted for q/k, converted when the stored type differs. */
+static sd_status hf_bytes(const tensor_plan *tp, int32_t head_dim, uint8_t **out) {
+    const sd_gguf_tensor *t = tp->t;
+    sd_dtype want = tp->dtype == SD_ST_F16 ? SD_DTYPE_F16 : tp->dtype == SD_ST_BF16 ? SD_DTYPE_BF16 : SD_DTYPE_F32;
+    uint8_t *conv = NULL;
+    const uint8_t *src = t->data;
+    if (t->type != want) { /* dequantize, then encode as the stored type */
+        float *f = malloc((size_t)t->n_elems * sizeof *f);
+        conv = malloc((size_t)tp->n_bytes);
+        sd_status s = f && conv ? sd_dequantize(t->type, t->data, t->n_elems, f) : SD_ERR_NOMEM;
+        if (s == SD_OK) s = sd_quantize(want, f, t->n_elems, conv);
+        free(f);
+        if (s != SD_OK) {
+            free(conv);
+            return s;
+        }
+        src = conv;
+    }
+    uint8_t *dst = malloc((size_t)tp->n_bytes ? (size_t)tp->n_bytes : 1);
+    if (!dst) {
+        free(conv);
+        return SD_ERR_NOMEM;
+    }
+    uint64_t rows = t->n_dims == 2 ? t->ne[1] : 1;
+    size_t row_bytes = (size_t)(tp->n_bytes / rows);
+    int64_t hd = head_dim, half = hd / 2;
+    for (uint64_t r = 0; r < rows; r++) {
+        uint64_t to = r;
+        if (tp->rope_rows) { /* GGUF row h*hd + 2i + s goes to HF row h*hd + s*half + i */
+            int64_t j = (int64_t)(r % (uint64_t)hd);
+            to = r - (uint64_t)j + (uint64_t)((j % 2) * half + j / 2);
+        }
+        memcpy(dst + to * row_bytes, src + r * row_bytes, row_bytes);
+    }
+    free(conv);
+    *out = dst;
+    return SD_OK;
+}
+
+static sd_status write_shard(const char *dir, const char *file, const tensor_plan *plan, size_t from, size_t to,
+                             int32_t head_dim) {
+    sd_st_writer *w = sd_st_writer_new();
+    if (!w) return SD_ERR_NOMEM;
+    sd_status s = sd_st_writer_set_metadata(w, "format", "pt");
+    for (size_t i = from; s == SD_OK && i < to; i++) {
+        const sd_gguf_tensor *t = plan[i].t;
+        uint64_t shape[2] = {t->n_dims == 2 ? t->ne[1] : t->ne[0], t->ne[0]};
+        uint8_t *bytes = NULL;
+        s = hf_bytes(&plan[i], head_dim, &bytes);
+        if (s == SD_OK) s = sd_st_writer_add_tensor(w, plan[i].hf, plan[i].dtype, t->n_dims, shape, bytes);
+        free(bytes);
+    }
+    char *path = path_in(dir, file);
+    if (s == SD_OK) s = path ? sd_st_writer_write(w, path) : SD_ERR_NOMEM;
+    if (s != SD_OK) fprintf(stderr, "specd-mkmodel: cannot write %s/%s: %s\n", dir, file, sd_status_str(s));
+    free(path);
+    sd_st_writer_free(&w);
+    return s;
+}
+
+static sd_status write_tensors(const sd_gguf *g, const mk_hf_params *p, const sd_model_config *c) {
+    int64_t n = sd_gguf_n_tensors(g);
+    tensor_plan *plan = calloc((size_t)(n ? n : 1), sizeof *plan);
+    if (!plan) return SD_ERR_NOMEM;
+    size_t n_plan = 0;
+    uint64_t total = 0;
+    sd_status s = SD_OK;
+    for (int64_t i = 0; i < n && s == SD_OK; i++) {
+        const sd_gguf_tensor *t = sd_gguf_tensor_at(g, i);
+        tensor_plan *tp = &plan[n_plan];
+        if (strcmp(t->name, "rope_freqs.weight") == 0) {
+            fprintf(stderr, "specd-mkmodel: warning: rope_freqs.weight has no HF tensor; config.json's "
+                            "rope_scaling stands for it\n");
+            continue;
+        }
+        if (!hf_name_of(t->name, c->n_layers, tp->hf, sizeof tp->hf, &tp->rope_rows) || t->n_dims > 2) {
+            fprintf(stderr, "specd-mkmodel: tensor %s has no Hugging Face llama counterpart\n", t->name);
+            s = SD_ERR_UNSUPPORTED;
+            break;
+        }
+        tp->t = t;
+        sd_dtype stored = p->force_dtype ? p->dtype
+                          : (t->type == SD_DTYPE_F16 || t->type == SD_DTYPE_BF16) ? t->type
+                                                                                  : SD_DTYPE_F32;
+        tp->dtype = st_dtype(stored);
+        tp->n_bytes = t->n_elems * (sd_st_dtype_bits(tp->dtype) / 8);
+        total += tp->n_bytes;
+        n_plan++;
+    }
+    uint32_t shards = p->n_shards > n_plan ? (uint32_t)n_plan : p->n_shards;
+    /* a stale file of the other layout would shadow this one (the index wins) */
+    char *stale = path_in(p->dir, shards <= 1 ? "model.safetensors.index.json" : "model.safetensors");
+    if (stale) unlink(stale);
+    free(stale);
+    if (s == SD_OK && shards <= 1) {
+        s = write_shard(p->dir, "model.safetensors", plan, 0, n_plan, c->head_dim);
+    } else if (s == SD_OK) {
+        /* cut in tensor order where the running size passes k/shards of the total,
+         * leaving at least one tensor for each remaining shard */
+        cJSON *idx = cJSON_CreateObject(), *meta = cJSON_AddObjectToObject(idx, "metadata"),
+              *map = cJSON_AddObjectToObject(idx, "weight_map");
+        cJSON_AddNumberToObject(meta, "total_size", (double)total);
+        size_t from = 0;
+        uint64_t acc = 0;
+        for (uint32_t k = 0; k < shards && s == SD_OK; k++) {
+            size_t to = from, last = n_plan - (shards - 1 - k); /* leave one tensor per later shard */
+            uint64_t goal = total / shards * (k + 1);
+            do {
+                acc += plan[to].n_bytes;
+                to++;
+            } while (to < last && (acc < goal || k + 1 == shards));
+            char file[64];
+            snprintf(file, sizeof file, "model-%05u-of-%05u.safetensors", k + 1, shards);
+            s = write_shard(p->dir, file, plan, from, to, c->head_dim);
+            for (size_t i = from; i < to; i++) cJSON_AddStringToObject(map, plan[i].hf, file);
+            from = to;
+        }
+        if (s == SD_OK) s = write_json(p->dir, "model.safetensors.index.json", idx);
+        cJSON_Delete(idx);
+    }
+    free(plan);
+    return s;
+}
+
+/* ----------------------------------------------------------------- config */
+
+static int64_t get_id(const sd_gguf *g, const char *key) {
+    int64_t v;
+    return sd_gguf_get_i64(g, key, &v) == SD_OK ? v : -1;
+}
+
+static sd_status write_config(const sd_gguf *g, const mk_hf_params *p, const sd_model_config *c) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON *arch = cJSON_AddArrayToObject(j, "architectures");
+    cJSON_AddItemToArray(arch, cJSON_CreateString("LlamaForCausalLM"));
+    cJSON_AddStringToObject(j, "model_type", "llama");
+    cJSON_AddStringToObject(j, "hidden_act", "silu");
+    cJSON_AddNumberToObject(j, "hidden_size", c->n_embd);
+    cJSON_AddNumberToObject(j, "intermediate_size", c->n_ff);
+    cJSON_AddNumberToObject(j, "num_hidden_layers", c->n_layers);
+    cJSON_AddNumberToObject(j, "num_attention_heads", c->n_heads);
+    cJSON_AddNumberToObject(j, "num_key_value_heads", c->n_kv_heads);
+    cJSON_AddNumberToObject(j, "head_dim", c->head_dim);
+    cJSON_AddNumberToObject(j, "max_position_embeddings", c->n_ctx_train);
+    cJSON_AddNumberToObject(j, "rms_norm_eps", (double)c->rms_eps);
+    cJSON_AddNumberToObject(j, "rope_theta", (double)c->rope_base);
+    if (c->rope_scaling_type == 0) {
+        cJSON_AddNullToObject(j, "rope_scaling");
+    } else {
+        cJSON *rs = cJSON_AddObjectToObject(j, "rope_scaling");
+        cJSON_AddStringToObject(rs, "rope_type", c->rope_scaling_type == 1 ? "linear" : "llama3");
+        cJSON_AddNumberToObject(rs, "factor", (double)c->rope_scale_factor);
+        if (c->rope_scaling_type == 2) {
+            cJSON_AddNumberToObject(rs, "low_freq_factor", (double)c->rope_low_freq_factor);
+            cJSON_AddNumberToObject(rs, "high_freq_factor", (double)c->rope_high_freq_factor);
+            cJSON_AddNumberToObject(rs, "original_max_position_embeddings", c->rope_orig_ctx);
+        }
+    }
+    cJSON_AddNumberToObject(j, "vocab_size", c->n_vocab);
+    cJSON_AddBoolToObject(j, "tie_word_embeddings", c->tied_output);
+    cJSON_AddBoolToObject(j, "attention_bias", false);
+    cJSON_AddBoolToObject(j, "mlp_bias", false);
+    static const char *const ids[][2] = {{"tokenizer.ggml.bos_token_id", "bos_token_id"},
+                                         {"tokenizer.ggml.eos_token_id", "eos_token_id"},
+                                         {"tokenizer.ggml.padding_token_id", "pad_token_id"}};
+    for (size_t i = 0; i < 3; i++) {
+        int64_t id = get_id(g, ids[i][0]);
+        if (id >= 0) cJSON_AddNumberToObject(j, ids[i][1], (double)id);
+    }
+    const sd_gguf_tensor *embd = sd_gguf_find_tensor(g, "token_embd.weight");
+    sd_dtype t = p->force_dtype ? p->dtype : embd ? embd->type : SD_DTYPE_F32;
+    cJSON_AddStringToObject(j, "torch_dtype", t == SD_DTYPE_F16 ? "float16" : t == SD_DTYPE_BF16 ? "bfloat16" : "float32");
+    sd_status s = write_json(p->dir, "config.json", j);
+    cJSON_Delete(j);
+    return s;
+}
+
+/* -------------------------------------------------------------- tokenizer */
+
+static cJSON *byte_level(bool use_regex) {
+    cJSON *b = cJSON_CreateObject();
+    cJSON_AddStringToObject(b, "type", "ByteLevel");
+    cJSON_AddBoolToObject(b, "add_prefix_space", false);
+    cJSON_AddBoolToObject(b, "trim_offsets", true);
+    cJSON_AddBoolToObject(b, "use_regex", use_regex);
+    return b;
+}
+
+/* The HF pre-tokenizer for tokenizer.ggml.pre, or NULL when unknown. */
+static cJSON *pre_tokenizer(const char *pre, bool *ignore_merges) {
+    *ignore_merges = false;
+    if (!*pre || strcmp(pre, "default") == 0 || strcmp(pre, "gpt2") == 0) return byte_level(true);
+    cJSON *seq = cJSON_CreateObject();
+    cJSON_AddStringToObject(seq, "type", "Sequence");
+    cJSON *list = cJSON_AddArrayToObject(seq, "pretokenizers");
+    if (strcmp(pre, "smollm") == 0 || strcmp(pre, "starcoder") == 0 || strcmp(pre, "refact") == 0) {
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddStringToObject(d, "type", "Digits");
+        cJSON_AddBoolToObject(d, "individual_digits", true);
+        cJSON_AddItemToArray(list, d);
+        cJSON_AddItemToArray(list, byte_level(true));
+        return seq;
+    }
+    if (strcmp(pre, "llama-bpe") == 0 || strcmp(pre, "llama3") == 0) {
+        cJSON *sp = cJSON_CreateObject();
+        cJSON_AddStringToObject(sp, "type", "Split");
+        cJSON_AddStringToObject(cJSON_AddObjectToObject(sp, "pattern"), "Regex", LLAMA3_RE);
+        cJSON_AddStringToObject(sp, "behavior", "Isolated");
+        cJSON_AddBoolToObject(sp, "invert", false);
+        cJSON_AddItemToArray(list, sp);
+        cJSON_AddItemToArray(list, byte_level(false));
+        *ignore_merges = true;
+        return seq;
+    }
+    cJSON_Delete(seq);
+    return NULL;
+}
+
+/* Borrowed NUL-terminated copy of a GGUF string (into buf, truncated to cap). */
+static const char *gguf_text(const sd_gguf *g, const char *key, uint64_t i, bool array, char *buf, size_t cap) {
+    sd_gguf_str s;
+    if ((array ? sd_gguf_get_arr_str(g, key, i, &s) : sd_gguf_get_str(g, key, &s)) != SD_OK) return NULL;
+    size_t n = s.len < cap - 1 ? (size_t)s.len : cap - 1;
+    memcpy(buf, s.ptr, n);
+    buf[n] = '\0';
+    return buf;
+}
+
+static sd_status token_types(const sd_gguf *g, uint64_t n, int32_t *types) {
+    for (uint64_t i = 0; i < n; i++) types[i] = 1;
+    sd_gguf_type et;
+    uint64_t len;
+    const void *data;
+    if (sd_gguf_get_arr(g, "tokenizer.ggml.token_type", &et, &len) != SD_OK) return SD_OK;
+    if (len != n || (et != SD_GGUF_TYPE_INT32 && et != SD_GGUF_TYPE_UINT32) ||
+        sd_gguf_get_arr_data(g, "tokenizer.ggml.token_type", &data, &len) != SD_OK)
+        return SD_ERR_FORMAT;
+    memcpy(types, data, (size_t)n * sizeof *types);
+    return SD_OK;
+}
+
+static cJSON *post_processor(bool add_bos, const char *bos) {
+    if (!add_bos || !bos) {
+        cJSON *b = byte_level(true);
+        cJSON_ReplaceItemInObject(b, "trim_offsets", cJSON_CreateBool(false));
+        return b;
+    }
+    cJSON *t = cJSON_CreateObject();
+    cJSON_AddStringToObject(t, "type", "TemplateProcessing");
+    static const char *const seqs[] = {"single", "pair"};
+    for (int k = 0; k < 2; k++) {
+        cJSON *arr = cJSON_AddArrayToObject(t, seqs[k]);
+        for (int part = 0; part <= k; part++) {
+            cJSON *sp = cJSON_CreateObject(), *inner = cJSON_AddObjectToObject(sp, "SpecialToken");
+            cJSON_AddStringToObject(inner, "id", bos);
+            cJSON_AddNumberToObject(inner, "type_id", part);
+            cJSON_AddItemToArray(arr, sp);
+            cJSON *sq = cJSON_CreateObject(), *si = cJSON_AddObjectToObject(sq, "Sequence");
+            cJSON_AddStringToObject(si, "id", part ? "B" : "A");
+            cJSON_AddNumberToObject(si, "type_id", part);
+            cJSON_AddItemToArray(arr, sq);
+        }
+    }
+    return t;
+}
+
+static sd_status write_tokenizer(const sd_gguf *g, const mk_hf_params *p, const sd_model_config *c) {
+    char model[16], pre[64] = "";
+    if (!gguf_text(g, "tokenizer.ggml.model", 0, false, model, sizeof model) || strcmp(model, "gpt2") != 0) {
+        fprintf(stderr, "specd-mkmodel: warning: no byte-level BPE tokenizer in the GGUF; no tokenizer.json written\n");
+        return SD_OK;
+    }
+    gguf_text(g, "tokenizer.ggml.pre", 0, false, pre, sizeof pre);
+    bool ignore_merges;
+    cJSON *pt = pre_tokenizer(pre, &ignore_merges);
+    if (!pt) {
+        fprintf(stderr, "specd-mkmodel: pre-tokenizer '%s' has no tokenizer.json form here\n", pre);
+        return SD_ERR_UNSUPPORTED;
+    }
+    sd_gguf_type et;
+    uint64_t n_tokens = 0, n_merges = 0;
+    if (sd_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n_tokens) != SD_OK || n_tokens > (uint64_t)c->n_vocab) {
+        cJSON_Delete(pt);
+        fprintf(stderr, "specd-mkmodel: tokenizer.ggml.tokens is missing or longer than the vocabulary\n");
+        return SD_ERR_FORMAT;
+    }
+    (void)sd_gguf_get_arr(g, "tokenizer.ggml.merges", &et, &n_merges);
+    int32_t *types = malloc((size_t)(n_tokens ? n_tokens : 1) * sizeof *types);
+    sd_status s = types ? token_types(g, n_tokens, types) : SD_ERR_NOMEM;
+    char *buf = malloc(1 << 16);
+    if (!buf) s = SD_ERR_NOMEM;
+
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "version", "1.0");
+    cJSON_AddNullToObject(j, "truncation");
+    cJSON_AddNullToObject(j, "padding");
+    cJSON *added = cJSON_AddArrayToObject(j, "added_tokens");
+    cJSON_AddNullToObject(j, "normalizer");
+    cJSON_AddItemToObject(j, "pre_tokenizer", pt);
+    int64_t bos = get_id(g, "tokenizer.ggml.bos_token_id"), unk = get_id(g, "tokenizer.ggml.unknown_token_id");
+    bool add_bos = false;
+    (void)sd_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add_bos);
+    char bos_text[256] = "";
+    if (bos >= 0 && (uint64_t)bos < n_tokens) gguf_text(g, "tokenizer.ggml.tokens", (uint64_t)bos, true, bos_text, sizeof bos_text);
+    cJSON_AddItemToObject(j, "post_processor", post_processor(add_bos, bos_text[0] ? bos_text : NULL));
+    cJSON *dec = byte_level(true);
+    cJSON_AddItemToObject(j, "decoder", dec);
+    cJSON *m = cJSON_AddObjectToObject(j, "model");
+    cJSON_AddStringToObject(m, "type", "BPE");
+    cJSON_AddNullToObject(m, "dropout");
+    char unk_text[256] = "";
+    if (unk >= 0 && (uint64_t)unk < n_tokens) gguf_text(g, "tokenizer.ggml.tokens", (uint64_t)unk, true, unk_text, sizeof unk_text);
+    if (unk_text[0]) cJSON_AddStringToObject(m, "unk_token", unk_text);
+    else cJSON_AddNullToObject(m, "unk_token");
+    cJSON_AddNullToObject(m, "continuing_subword_prefix");
+    cJSON_AddNullToObject(m, "end_of_word_suffix");
+    cJSON_AddBoolToObject(m, "fuse_unk", false);
+    cJSON_AddBoolToObject(m, "byte_fallback", false);
+    cJSON_AddBoolToObject(m, "ignore_merges", ignore_merges);
+    cJSON *vocab = cJSON_AddObjectToObject(m, "vocab");
+    cJSON *merges = cJSON_AddArrayToObject(m, "merges");
+    uint64_t n_lost = 0;
+    for (uint64_t i = 0; s == SD_OK && i < n_tokens; i++) {
+        const char *text = gguf_text(g, "tokenizer.ggml.tokens", i, true, buf, 1 << 16);
+        if (!text) {
+            s = SD_ERR_FORMAT;
+            break;
+        }
+        if (types[i] == 5) continue; /* unused: reads back as a [PAD] hole */
+        if (types[i] == 3 || types[i] == 4) {
+            cJSON *a = cJSON_CreateObject();
+            cJSON_AddNumberToObject(a, "id", (double)i);
+            cJSON_AddStringToObject(a, "content", text);
+            cJSON_AddBoolToObject(a, "single_word", false);
+            cJSON_AddBoolToObject(a, "lstrip", false);
+            cJSON_AddBoolToObject(a, "rstrip", false);
+            cJSON_AddBoolToObject(a, "normalized", false);
+            cJSON_AddBoolToObject(a, "special", types[i] == 3);
+            cJSON_AddItemToArray(added, a);
+        } else if (types[i] != 1) {
+            n_lost++;
+        }
+        cJSON_AddNumberToObject(vocab, text, (double)i);
+    }
+    if (n_lost)
+        fprintf(stderr, "specd-mkmodel: warning: %llu tokens of types other than normal/control/user-defined are "
+                        "written as normal tokens (the vocabulary hash will differ)\n",
+                (unsigned long long)n_lost);
+    for (uint64_t i = 0; s == SD_OK && i < n_merges; i++) {
+        const char *text = gguf_text(g, "tokenizer.ggml.merges", i, true, buf, 1 << 16);
+        if (!text) s = SD_ERR_FORMAT;
+        else cJSON_AddItemToArray(merges, cJSON_CreateString(text));
+    }
+    if (s == SD_OK) s = write_json(p->dir, "tokenizer.json", j);
+    cJSON_Delete(j);
+
+    /* tokenizer_config.json: what transformers keeps outside tokenizer.json */
+    cJSON *tc = cJSON_CreateObject();
+    cJSON_AddBoolToObject(tc, "add_bos_token", add_bos);
+    cJSON_AddBoolToObject(tc, "add_eos_token", false);
+    static const char *const specials[][2] = {{"bos_token", "tokenizer.ggml.bos_token_id"},
+                                              {"eos_token", "tokenizer.ggml.eos_token_id"},
+                                              {"unk_token", "tokenizer.ggml.unknown_token_id"},
+                                              {"pad_token", "tokenizer.ggml.padding_token_id"}};
+    for (size_t k = 0; s == SD_OK && k < 4; k++) {
+        int64_t id = get_id(g, specials[k][1]);
+        const char *text = id >= 0 && (uint64_t)id < n_tokens ? gguf_text(g, "tokenizer.ggml.tokens", (uint64_t)id, true, buf, 1 << 16) : NULL;
+        if (text) cJSON_AddStringToObject(tc, specials[k][0], text);
+    }
+    cJSON_AddBoolToObject(tc, "clean_up_tokenization_spaces", false);
+    cJSON_AddNumberToObject(tc, "model_max_length", c->n_ctx_train);
+    cJSON_AddStringToObject(tc, "tokenizer_class", "GPT2Tokenizer");
+    sd_gguf_str tmpl;
+    if (sd_gguf_get_str(g, "tokenizer.chat_template", &tmpl) == SD_OK) {
+        char *t = strndup(tmpl.ptr, (size_t)tmpl.len);
+        if (t) cJSON_AddStringToObject(tc, "chat_template", t);
+        free(t);
+    }
+    if (s == SD_OK) s = write_json(p->dir, "tokenizer_config.json", tc);
+    cJSON_Delete(tc);
+    free(buf);
+    free(types);
+    return s;
+}
+
+sd_status mk_write_hf(const sd_gguf *g, const mk_hf_params *p) {
+    sd_model_config c;
+    SD_TRY(sd_model_config_from_gguf(g, &c));
+    if (mkdir(p->dir, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "specd-mkmodel: cannot create %s: %s\n", p->dir, strerror(errno));
+        return SD_ERR_IO;
+    }
+    SD_TRY(write_config(g, p, &c));
+    SD_TRY(write_tensors(g, p, &c));
+    return write_tokenizer(g, p, &c);
+}
