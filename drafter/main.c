@@ -2,7 +2,8 @@
  * coordinator's DraftRequest batches (draft_serve.c) through the shared
  * worker loop (specd/worker.h).
  *
- * Three kinds, one flag each:
+ * Three kinds, one flag each (a model is a GGUF file or a Hugging Face
+ * checkpoint directory):
  *   --model DRAFT.gguf               a small model with the target's vocabulary
  *   --ngram (--model|--vocab-from TARGET.gguf)  prompt lookup; the target file
  *                                    is read for its metadata only (the
@@ -18,7 +19,7 @@
 #include "draft_serve.h"
 
 #include "specd/drafter.h"
-#include "specd/gguf.h"
+#include "specd/weights.h"
 #include "specd/model.h"
 #include "specd/net.h"
 #include "specd/worker.h"
@@ -45,15 +46,16 @@ typedef struct drafter_opts {
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: specd-drafter --coordinator ADDR (--model DRAFT.gguf | --ngram --model TARGET.gguf |\n"
-            "                     --draft-layers L --model TARGET.gguf) [options]\n"
+            "usage: specd-drafter --coordinator ADDR (--model DRAFT | --ngram --model TARGET |\n"
+            "                     --draft-layers L --model TARGET) [options]\n"
             "\n"
             "Proposes draft tokens for the coordinator's speculative decoding.\n"
             "\n"
             "      --coordinator ADDR  coordinator worker address (default tcp://127.0.0.1:7701)\n"
-            "  -m, --model FILE        draft model; with --ngram or --draft-layers: the target model\n"
+            "  -m, --model PATH        draft model (GGUF file or Hugging Face checkpoint directory);\n"
+            "                          with --ngram or --draft-layers: the target model\n"
             "      --ngram             n-gram (prompt lookup) drafter: no weights are loaded\n"
-            "      --vocab-from FILE   with --ngram: the target whose vocabulary to register with\n"
+            "      --vocab-from PATH   with --ngram: the target whose vocabulary to register with\n"
             "      --ngram-min N       smallest n-gram that may match (default 1)\n"
             "      --ngram-max N       largest n-gram tried first (default 4)\n"
             "      --draft-layers L    self-draft: the target's first L layers\n"
@@ -140,11 +142,11 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         return 2;
     }
     if (o->ngram && !o->model_path && !o->vocab_from) {
-        fprintf(stderr, "specd-drafter: --ngram needs the target's vocabulary: --model or --vocab-from TARGET.gguf\n");
+        fprintf(stderr, "specd-drafter: --ngram needs the target's vocabulary: --model or --vocab-from TARGET\n");
         return 2;
     }
     if (!o->ngram && !o->model_path) {
-        fprintf(stderr, "specd-drafter: --model FILE is required (see --help)\n");
+        fprintf(stderr, "specd-drafter: --model PATH is required (see --help)\n");
         return 2;
     }
     if (o->vocab_from && !o->ngram) {
@@ -164,12 +166,11 @@ static int32_t model_slot_ctx(const drafter_opts *o, const sd_worker_identity *i
     int32_t ctx = o->max_ctx > 0 ? o->max_ctx : (int32_t)id->context_length;
     int64_t blocks = o->kv_blocks;
     if (blocks <= 0) {
-        sd_gguf *g = NULL;
-        char err[256];
+        sd_weights *w = NULL;
         sd_model_config cfg;
-        if (sd_gguf_open(path, &g, err, sizeof err) != SD_OK) return ctx;
-        bool have = sd_model_config_from_gguf(g, &cfg) == SD_OK;
-        sd_gguf_close(&g);
+        if (sd_weights_open(path, &w) != SD_OK) return ctx;
+        bool have = sd_weights_config(w, &cfg) == SD_OK;
+        sd_weights_close(&w);
         if (!have) return ctx;
         int32_t layers = o->draft_layers > 0 ? o->draft_layers : cfg.n_layers;
         int64_t block_bytes = (int64_t)layers * 2 * 16 * cfg.n_kv_heads * cfg.head_dim * 4;
@@ -216,7 +217,7 @@ int main(int argc, char **argv) {
 
     sd_worker_params wp = sd_worker_default_params();
     const char *id_path = o.ngram && o.vocab_from ? o.vocab_from : o.model_path;
-    if (sd_worker_identity_from_gguf(id_path, &wp.model) != SD_OK) {
+    if (sd_worker_identity_from_model(id_path, &wp.model) != SD_OK) {
         close(stop_fd);
         return 2;
     }

@@ -1,4 +1,4 @@
-/* drafter_model.c — model drafters: a small GGUF model, or the target's own
+/* drafter_model.c — model drafters: a small model, or the target's own
  * first L layers (self-draft, early exit through the final norm + LM head).
  *
  * Each sequence slot has a KV cache in the drafter's own sd_kv and a copy of
@@ -11,6 +11,9 @@
  * token, repeat. The last draft token is never fed: if it is accepted the
  * next call feeds it with the target's correction.
  *
+ * A draft model or target path is a GGUF file or a Hugging Face checkpoint
+ * directory (weights.h).
+ *
  * Self-draft memory. In a process that holds the target, sd_drafter_self_view
  * wraps sd_model_view_layers: the draft borrows the target's weights and
  * owns only its activations, threads and KV cache. sd_drafter_self_open
@@ -18,7 +21,7 @@
  * does not hold the target. */
 #include "drafter_impl.h"
 
-#include "specd/gguf.h"
+#include "specd/weights.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -316,22 +319,23 @@ sd_status sd_drafter_model_wrap(sd_model *m, sd_drafter_kind kind, const sd_draf
     return wrap(m, false, kind, p, out);
 }
 
-/* Opens path and loads it with n_layers_used (0 = all); hash/n_vocab of its vocabulary when asked. */
-static sd_status load_gguf_model(const char *path, int32_t n_layers_used, int32_t n_threads, int32_t device,
-                                 uint64_t *vocab_hash, int32_t *n_vocab, sd_model **out) {
-    sd_gguf *g = NULL;
-    char err[256] = "";
-    sd_status st = sd_gguf_open(path, &g, err, sizeof err);
+/* Opens path (a GGUF file or a Hugging Face checkpoint directory) and loads
+ * it with n_layers_used (0 = all) on device; hash/n_vocab of its vocabulary
+ * when asked. */
+static sd_status load_model(const char *path, int32_t n_layers_used, int32_t n_threads, int32_t device,
+                            uint64_t *vocab_hash, int32_t *n_vocab, sd_model **out) {
+    sd_weights *w = NULL;
+    sd_status st = sd_weights_open(path, &w);
     if (st != SD_OK) {
-        SD_ERROR("drafter: cannot open %s: %s", path, err[0] ? err : sd_status_str(st));
+        SD_ERROR("drafter: cannot open %s: %s", path, sd_status_str(st));
         return st;
     }
     if (vocab_hash) {
         sd_tok *tok = NULL;
-        st = sd_tok_from_gguf(g, &tok);
+        st = sd_weights_tokenizer(w, &tok);
         if (st != SD_OK) {
             SD_ERROR("drafter: cannot read the tokenizer of %s", path);
-            sd_gguf_close(&g);
+            sd_weights_close(&w);
             return st;
         }
         *vocab_hash = sd_tok_vocab_hash(tok);
@@ -342,8 +346,8 @@ static sd_status load_gguf_model(const char *path, int32_t n_layers_used, int32_
     mp.n_threads = n_threads;
     mp.n_layers_used = n_layers_used;
     mp.device = device;
-    st = sd_model_load(g, &mp, out);
-    sd_gguf_close(&g);
+    st = sd_model_load_weights(w, &mp, out);
+    sd_weights_close(&w);
     if (st != SD_OK) SD_ERROR("drafter: cannot load the model in %s: %s", path, sd_status_str(st));
     return st;
 }
@@ -356,7 +360,7 @@ sd_status sd_drafter_model_open(const char *path, uint64_t target_vocab_hash, in
     int32_t n_vocab = 0;
     sd_model *m = NULL;
     int32_t n_threads = p ? p->n_threads : 0;
-    SD_TRY(load_gguf_model(path, 0, n_threads, p ? p->device : -1, &hash, &n_vocab, &m));
+    SD_TRY(load_model(path, 0, n_threads, p ? p->device : -1, &hash, &n_vocab, &m));
     if (hash != target_vocab_hash || n_vocab != target_n_vocab || sd_model_config_of(m)->n_vocab != target_n_vocab) {
         SD_ERROR("drafter: the vocabulary of %s (%d tokens, hash %016llx) differs from the target's (%d tokens, "
                  "hash %016llx): a draft model must share the target's tokenizer exactly",
@@ -375,7 +379,7 @@ sd_status sd_drafter_self_open(const char *path, int32_t n_layers, const sd_draf
     }
     *out = NULL;
     sd_model *m = NULL;
-    SD_TRY(load_gguf_model(path, n_layers, p ? p->n_threads : 0, p ? p->device : -1, NULL, NULL, &m));
+    SD_TRY(load_model(path, n_layers, p ? p->n_threads : 0, p ? p->device : -1, NULL, NULL, &m));
     return wrap(m, true, SD_DRAFTER_SELF, p, out);
 }
 

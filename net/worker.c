@@ -24,7 +24,7 @@
  * keep the old identity and a queue of stale replies. */
 #include "specd/worker.h"
 
-#include "specd/gguf.h"
+#include "specd/weights.h"
 #include "specd/model.h"
 #include "specd/tokenizer.h"
 
@@ -52,24 +52,27 @@ sd_worker_params sd_worker_default_params(void) {
     return p;
 }
 
-sd_status sd_worker_identity_from_gguf(const char *path, sd_worker_identity *id) {
+sd_status sd_worker_identity_from_model(const char *path, sd_worker_identity *id) {
     if (!path || !id) return SD_ERR_INVALID_ARG;
     memset(id, 0, sizeof *id);
-    sd_gguf *g = NULL;
-    char err[256] = "";
-    sd_status st = sd_gguf_open(path, &g, err, sizeof err);
+    sd_weights *w = NULL;
+    sd_status st = sd_weights_open(path, &w);
     if (st != SD_OK) {
-        SD_ERROR("worker: cannot open %s: %s", path, err[0] ? err : sd_status_str(st));
+        SD_ERROR("worker: cannot open %s: %s", path, sd_status_str(st));
         return st;
     }
     sd_model_config cfg;
     sd_tok *tok = NULL;
-    st = sd_model_config_from_gguf(g, &cfg);
-    if (st == SD_OK) st = sd_tok_from_gguf(g, &tok);
+    st = sd_weights_config(w, &cfg);
+    if (st == SD_OK) st = sd_weights_tokenizer(w, &tok);
     if (st == SD_OK) {
         snprintf(id->architecture, sizeof id->architecture, "%s", cfg.arch);
-        const char *base = strrchr(path, '/');
-        snprintf(id->name, sizeof id->name, "%s", base ? base + 1 : path);
+        /* the last path component, "dir/" and "dir" alike */
+        size_t end = strlen(path);
+        while (end > 1 && path[end - 1] == '/') end--;
+        size_t start = end;
+        while (start > 0 && path[start - 1] != '/') start--;
+        snprintf(id->name, sizeof id->name, "%.*s", (int)(end - start), path + start);
         id->vocab_size = (uint32_t)sd_tok_n_vocab(tok);
         id->vocab_hash = sd_tok_vocab_hash(tok);
         id->context_length = (uint32_t)cfg.n_ctx_train;
@@ -78,7 +81,7 @@ sd_status sd_worker_identity_from_gguf(const char *path, sd_worker_identity *id)
         SD_ERROR("worker: cannot read the model identity (config and tokenizer) of %s: %s", path, sd_status_str(st));
     }
     sd_tok_free(&tok);
-    sd_gguf_close(&g);
+    sd_weights_close(&w);
     return st;
 }
 

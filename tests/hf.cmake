@@ -7,3 +7,14 @@ specd_unit_test(test_weights_hf test_weights_hf.c)
 target_include_directories(test_weights_hf PRIVATE ${CMAKE_SOURCE_DIR}/engine)
 target_compile_definitions(test_weights_hf PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
 add_dependencies(test_weights_hf specd-mkmodel)
+# Oracles (.venv): the engine's logits from an HF directory against a numpy
+# forward pass with Hugging Face's own rotate-half RoPE reading the files
+# through the `safetensors` package; tokenizer.json through HF `tokenizers`;
+# st_check's verdicts against the reference reader's on crafted files.
+add_executable(st_check ${CMAKE_CURRENT_SOURCE_DIR}/st_check.c)
+target_link_libraries(st_check PRIVATE specd_engine)
+specd_py_test(hf_oracle ref/test_hf_oracle.py ARGS --random LABELS oracle)
+specd_py_test(hf_oracle_smollm2 ref/test_hf_oracle.py ARGS --smollm2 LABELS "oracle;model")
+# The demo model converted to an f32 checkpoint: bit-identical logits and vocabulary hash.
+add_test(NAME test_weights_hf_model COMMAND test_weights_hf --model)
+set_tests_properties(test_weights_hf_model PROPERTIES LABELS "unit;model" SKIP_RETURN_CODE 77 TIMEOUT 600)

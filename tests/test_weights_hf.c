@@ -86,11 +86,15 @@ static int setup(void **state) {
     return 0;
 }
 
+static int teardown_model(void **state);
+
 static int teardown(void **state) {
     (void)state;
     if (env.dir[0]) run("rm -rf '%s'", env.dir);
     return 0;
 }
+
+static int teardown_model(void **state) { return teardown(state); }
 
 static sd_weights *open_ok(const char *path) {
     sd_weights *w = NULL;
@@ -664,8 +668,84 @@ static void test_tokenizer_json(void **state) {
     free(text);
 }
 
-int main(void) {
+/* --model: the demo model (SmolLM2-135M, Q4_1) converted by specd-mkmodel
+ * --convert into a 2-shard f32 checkpoint: the dequantized weights are
+ * exact in f32, so logits must be bit-identical; the tokenizer.json written
+ * from the GGUF's vocabulary must give the same vocabulary hash (the
+ * coordinator's compatibility check), special ids and encodings. */
+static void test_demo_model(void **state) {
+    (void)state;
+    const char *model = getenv("SPECD_MODEL"); /* main checked it */
+    snprintf(env.dir, sizeof env.dir, "/tmp/specd-hf-XXXXXX");
+    assert_non_null(mkdtemp(env.dir));
+    char d[128];
+    snprintf(d, sizeof d, "%s/smollm2-hf", env.dir);
+    assert_int_equal(run("'%s' --format hf --convert '%s' -o '%s' --shards 2 >/dev/null 2>&1", SPECD_MKMODEL, model, d),
+                     0);
+    sd_weights *g = open_ok(model), *h = open_ok(d);
+    sd_tok *tg = NULL, *th = NULL;
+    assert_int_equal(sd_weights_tokenizer(g, &tg), SD_OK);
+    assert_int_equal(sd_weights_tokenizer(h, &th), SD_OK);
+    assert_true(sd_tok_vocab_hash(tg) == sd_tok_vocab_hash(th));
+    assert_int_equal(sd_tok_bos(tg), sd_tok_bos(th));
+    assert_int_equal(sd_tok_eos(tg), sd_tok_eos(th));
+    assert_int_equal(sd_tok_add_bos(tg), sd_tok_add_bos(th));
+    for (int32_t id = 0; id < 32; id++) assert_int_equal(sd_tok_is_eog(tg, id), sd_tok_is_eog(th, id));
+    const char *text = "<|im_start|>user\nWhat is the capital of France? 12345<|im_end|>\n";
+    int32_t *ia, *ib;
+    size_t na, nb;
+    assert_int_equal(sd_tok_encode(tg, text, strlen(text), true, &ia, &na), SD_OK);
+    assert_int_equal(sd_tok_encode(th, text, strlen(text), true, &ib, &nb), SD_OK);
+    assert_int_equal(na, nb);
+    assert_memory_equal(ia, ib, na * sizeof *ia);
+
+    sd_model_params mp = sd_model_default_params();
+    mp.n_threads = 2;
+    sd_model *mg = NULL, *mh = NULL;
+    assert_int_equal(sd_model_load_weights(g, &mp, &mg), SD_OK);
+    assert_int_equal(sd_model_load_weights(h, &mp, &mh), SD_OK);
+    int32_t n = (int32_t)na, V = sd_model_config_of(mg)->n_vocab;
+    int32_t *pos = malloc((size_t)n * sizeof *pos), *seq = calloc((size_t)n, sizeof *seq);
+    bool *want = malloc((size_t)n);
+    float *a = malloc((size_t)n * (size_t)V * sizeof *a), *b = malloc((size_t)n * (size_t)V * sizeof *b);
+    for (int32_t i = 0; i < n; i++) pos[i] = i, want[i] = true;
+    sd_batch batch = {.n_tokens = n, .tokens = ia, .pos = pos, .seq = seq, .logits = want};
+    sd_model *models[2] = {mg, mh};
+    float *outs[2] = {a, b};
+    for (int k = 0; k < 2; k++) {
+        sd_kv *kv = NULL;
+        assert_int_equal(sd_model_kv_create(models[k], 1, n / 16 + 2, 16, &kv), SD_OK);
+        assert_int_equal(sd_model_forward(models[k], kv, &batch, outs[k]), SD_OK);
+        sd_kv_free(&kv);
+    }
+    assert_memory_equal(a, b, (size_t)n * (size_t)V * sizeof *a);
+    free(a);
+    free(b);
+    free(pos);
+    free(seq);
+    free(want);
+    free(ia);
+    free(ib);
+    sd_model_free(&mg);
+    sd_model_free(&mh);
+    sd_tok_free(&tg);
+    sd_tok_free(&th);
+    sd_weights_close(&g);
+    sd_weights_close(&h);
+    run("rm -rf '%s'", d);
+}
+
+int main(int argc, char **argv) {
     sd_log_set(NULL, NULL, getenv("SPECD_TEST_LOG") ? SD_LOG_DEBUG : SD_LOG_OFF, NULL);
+    if (argc > 1 && strcmp(argv[1], "--model") == 0) {
+        const char *model = getenv("SPECD_MODEL");
+        if (!model || access(model, R_OK) != 0) {
+            printf("skip: SPECD_MODEL does not name the demo model (tools/fetch-model)\n");
+            return 77;
+        }
+        const struct CMUnitTest model_tests[] = {cmocka_unit_test(test_demo_model)};
+        return cmocka_run_group_tests(model_tests, NULL, teardown_model);
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_numbers),    cmocka_unit_test(test_same_logits),
         cmocka_unit_test(test_bad_checkpoints), cmocka_unit_test(test_config_values),

@@ -1,11 +1,12 @@
 /* tok_cli.c — drives the tokenizer from the Python oracle test.
  *
- * tok_cli MODEL.gguf IN OUT
+ * tok_cli MODEL IN OUT      (MODEL: a GGUF file or a Hugging Face checkpoint directory)
  * IN holds records  [u8 parse_special][u32 len][len bytes]  (little endian);
  * OUT gets, per record,  [u32 n_ids][n_ids x i32][u32 len][decoded bytes].
  * A length-prefixed binary format was chosen over JSON so that any byte
  * string (NULs, invalid UTF-8) travels unchanged. */
 #include "specd/tokenizer.h"
+#include "specd/weights.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,18 +40,17 @@ static void put_u32(FILE *f, uint32_t v) {
 
 int main(int argc, char **argv) {
     if (argc != 4) {
-        fprintf(stderr, "usage: %s MODEL.gguf IN OUT\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL.gguf|HF_DIR IN OUT\n", argv[0]);
         return 2;
     }
-    char err[256];
-    sd_gguf *g = NULL;
-    if (sd_gguf_open(argv[1], &g, err, sizeof err) != SD_OK) {
-        fprintf(stderr, "tok_cli: %s: %s\n", argv[1], err);
+    sd_weights *w = NULL;
+    if (sd_weights_open(argv[1], &w) != SD_OK) {
+        fprintf(stderr, "tok_cli: cannot open %s (see the log above)\n", argv[1]);
         return 1;
     }
     sd_tok *t = NULL;
-    sd_status st = sd_tok_from_gguf(g, &t);
-    sd_gguf_close(&g);
+    sd_status st = sd_weights_tokenizer(w, &t);
+    sd_weights_close(&w);
     if (st != SD_OK) {
         fprintf(stderr, "tok_cli: tokenizer: %s\n", sd_status_str(st));
         return 1;

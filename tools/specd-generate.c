@@ -1,8 +1,9 @@
 /* specd-generate — single-process generation, the baseline every other mode
  * of specd is compared against.
  *
- * Loads a GGUF model, tokenizes the prompt (optionally as a ChatML chat
- * turn), prefills it in one forward call and then decodes one token per call,
+ * Loads a model (a GGUF file or a Hugging Face checkpoint directory),
+ * tokenizes the prompt (optionally as a ChatML chat turn), prefills it in one
+ * forward call and then decodes one token per call,
  * streaming text as whole UTF-8 characters. --json replaces the stream with
  * one JSON object at the end (ids, text, timings), which is what the tests and
  * benchmarks read. Sampling uses the counter-based generator keyed by (seed,
@@ -17,7 +18,7 @@
 #include "specd/common.h"
 #include "specd/drafter.h"
 #include "specd/spec_decode.h"
-#include "specd/gguf.h"
+#include "specd/weights.h"
 #include "specd/model.h"
 #include "specd/sample.h"
 #include "specd/tokenizer.h"
@@ -53,12 +54,12 @@ typedef struct gen_opts {
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: specd-generate -m MODEL.gguf [-p PROMPT] [options]\n"
+            "usage: specd-generate -m MODEL [-p PROMPT] [options]\n"
             "\n"
-            "Generates text from a prompt with a Llama-architecture GGUF model on the CPU or a GPU.\n"
+            "Generates text from a prompt with a Llama-architecture model on the CPU or a GPU.\n"
             "Without -p the prompt is read from standard input.\n"
             "\n"
-            "  -m, --model FILE     GGUF model (required)\n"
+            "  -m, --model PATH     GGUF file or Hugging Face checkpoint directory (required)\n"
             "  -p, --prompt TEXT    prompt text\n"
             "  -n, --n-predict N    maximum new tokens (default 128)\n"
             "      --temp T         temperature; 0 = greedy (default 0)\n"
@@ -71,7 +72,7 @@ static void usage(FILE *f) {
             "  -t, --threads N      worker threads (default: all cores)\n"
             "      --device D       cpu (default), cuda or cuda:N: where the target and a draft model run\n"
             "      --ignore-eos     keep generating past end-of-generation tokens\n"
-            "      --draft FILE     speculative decoding with a draft GGUF (same vocabulary)\n"
+            "      --draft PATH     speculative decoding with a draft model (same vocabulary)\n"
             "      --ngram          speculative decoding with the n-gram (prompt lookup) drafter\n"
             "      --draft-layers L speculative decoding with the target's first L layers (self-draft)\n"
             "  -k K                 draft tokens per step (default 4, at most 64)\n"
@@ -172,7 +173,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         return 2;
     }
     if (!o->model_path) {
-        fprintf(stderr, "specd-generate: -m MODEL.gguf is required (see --help)\n");
+        fprintf(stderr, "specd-generate: -m MODEL is required (see --help)\n");
         return 2;
     }
     if (sd_sampling_validate(&o->sampling) != SD_OK) {
@@ -484,29 +485,28 @@ int main(int argc, char **argv) {
         o.prompt = stdin_prompt;
     }
 
-    sd_gguf *g = NULL;
+    sd_weights *w = NULL;
     sd_model *m = NULL;
     sd_tok *tok = NULL;
     char *chat_text = NULL;
     gen_result r = {0};
     sd_drafter *drafter = NULL;
     sd_spec_decoder *dec = NULL;
-    char err[512] = "";
     rc = 1;
-    sd_status st = sd_gguf_open(o.model_path, &g, err, sizeof err);
+    sd_status st = sd_weights_open(o.model_path, &w);
     if (st != SD_OK) {
-        fprintf(stderr, "specd-generate: cannot load %s: %s\n", o.model_path, err[0] ? err : sd_status_str(st));
+        fprintf(stderr, "specd-generate: cannot open %s: %s (see the log above)\n", o.model_path, sd_status_str(st));
         goto out;
     }
     sd_model_params mp = sd_model_default_params();
     mp.n_threads = o.n_threads;
     mp.device = o.device;
-    if ((st = sd_tok_from_gguf(g, &tok)) != SD_OK || (st = sd_model_load(g, &mp, &m)) != SD_OK) {
+    if ((st = sd_weights_tokenizer(w, &tok)) != SD_OK || (st = sd_model_load_weights(w, &mp, &m)) != SD_OK) {
         fprintf(stderr, "specd-generate: cannot load %s: %s (see the log above)\n", o.model_path,
                 sd_status_str(st));
         goto out;
     }
-    sd_gguf_close(&g); /* weights were copied out at load */
+    sd_weights_close(&w); /* weights were copied out at load */
 
     const char *text = o.prompt;
     if (o.chat) {
@@ -562,6 +562,6 @@ out:
     free(stdin_prompt);
     sd_model_free(&m);
     sd_tok_free(&tok);
-    sd_gguf_close(&g);
+    sd_weights_close(&w);
     return rc;
 }

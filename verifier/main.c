@@ -9,7 +9,7 @@
  * the coordinator refuses the registration. */
 #include "verify_serve.h"
 
-#include "specd/gguf.h"
+#include "specd/weights.h"
 #include "specd/model.h"
 #include "specd/net.h"
 #include "specd/worker.h"
@@ -33,11 +33,11 @@ typedef struct verifier_opts {
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: specd-verifier --model TARGET.gguf [options]\n"
+            "usage: specd-verifier --model TARGET [options]\n"
             "\n"
             "Loads the target model and serves the coordinator's verify batches.\n"
             "\n"
-            "  -m, --model FILE        target GGUF model (required)\n"
+            "  -m, --model PATH        target model: GGUF file or Hugging Face checkpoint directory (required)\n"
             "      --coordinator ADDR  coordinator worker address (default tcp://127.0.0.1:7701)\n"
             "  -t, --threads N         worker threads (default: all cores)\n"
             "      --device D          cpu (default), cuda or cuda:N: where the target runs\n"
@@ -108,7 +108,7 @@ static int parse_args(int argc, char **argv, verifier_opts *o) {
         return 2;
     }
     if (!o->model_path) {
-        fprintf(stderr, "specd-verifier: --model TARGET.gguf is required (see --help)\n");
+        fprintf(stderr, "specd-verifier: --model TARGET is required (see --help)\n");
         return 2;
     }
     if (o->tp != 1 || o->rank != 0) {
@@ -148,25 +148,24 @@ int main(int argc, char **argv) {
     if (sd_worker_signal_fd(&stop_fd) != SD_OK) return 1;
 
     sd_worker_params wp = sd_worker_default_params();
-    if (sd_worker_identity_from_gguf(o.model_path, &wp.model) != SD_OK) {
+    if (sd_worker_identity_from_model(o.model_path, &wp.model) != SD_OK) {
         close(stop_fd);
         return 2;
     }
-    sd_gguf *g = NULL;
-    char err[256] = "";
+    sd_weights *w = NULL;
     sd_model *model = NULL;
     sd_verifier *v = NULL;
     void *zctx = NULL;
-    sd_status st = sd_gguf_open(o.model_path, &g, err, sizeof err);
+    sd_status st = sd_weights_open(o.model_path, &w);
     if (st == SD_OK) {
         sd_model_params mp = sd_model_default_params();
         mp.n_threads = o.n_threads;
         mp.device = o.device;
         SD_INFO("loading %s on %s", o.model_path, o.device < 0 ? "the CPU" : "a CUDA GPU");
-        st = sd_model_load(g, &mp, &model);
-        sd_gguf_close(&g);
+        st = sd_model_load_weights(w, &mp, &model);
+        sd_weights_close(&w);
     } else {
-        SD_ERROR("cannot open %s: %s", o.model_path, err);
+        SD_ERROR("cannot open %s: %s", o.model_path, sd_status_str(st));
     }
     if (st == SD_OK) {
         sd_verifier_params vp = sd_verifier_default_params();

@@ -54,16 +54,17 @@ typedef void (*sd_worker_stats_fn)(void *user, Specd__WorkerStats *stats);
 /* The identity of the model a worker serves (ModelIdentity in Hello). */
 typedef struct sd_worker_identity {
     char architecture[32];        /* "llama" */
-    char name[128];               /* file name, for logs */
+    char name[128];               /* file or directory name, for logs */
     uint32_t vocab_size;          /* tokens */
     uint64_t vocab_hash;          /* sd_tok_vocab_hash */
     uint32_t context_length;      /* tokens */
     uint32_t n_layers;            /* layers run */
 } sd_worker_identity;
 
-/* Reads the identity of the GGUF at path from its metadata only (tokenizer
- * and config; no weights). Errors are logged with the path. */
-sd_status sd_worker_identity_from_gguf(const char *path, sd_worker_identity *id);
+/* Reads the identity of the model at path (a GGUF file or a Hugging Face
+ * checkpoint directory) from its config and tokenizer only (no weights are
+ * read). Errors are logged with the path. */
+sd_status sd_worker_identity_from_model(const char *path, sd_worker_identity *id);
 
 /* Blocks SIGINT and SIGTERM in the calling thread (call it in main before
  * any thread starts, so every thread inherits the mask) and returns a
