@@ -33,10 +33,18 @@
 #define MAX_HF_VOCAB (1 << 24)
 #define MAX_PRE_STEPS 4
 
-/* The regex ByteLevel(use_regex=true) splits with, and Digits(individual). */
-static const char BYTE_LEVEL_RE[] =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
-static const char DIGITS_RE[] = "\\p{N}";
+/* Regex i of the tokenizer's known set name (tokenizer.c holds the only
+ * copy): ByteLevel(use_regex) splits with that of "gpt2", and
+ * Digits(individual_digits) with the first of "smollm". */
+static const char *known_regex(const char *set, int i) {
+    const char *name;
+    const char *const *re;
+    int n;
+    bool im;
+    for (size_t k = 0; sd_tok_pre_def_at(k, &name, &re, &n, &im); k++)
+        if (strcmp(name, set) == 0 && i < n) return re[i];
+    return ""; /* not reached: both sets exist */
+}
 
 sd_tok_hf_ids sd_tok_hf_ids_default(void) {
     sd_tok_hf_ids ids;
@@ -99,7 +107,7 @@ static sd_status add_step(const cJSON *step, pre_steps *ps) {
         ps->byte_level = true;
         if (use_regex) {
             if (ps->n == MAX_PRE_STEPS) return unsupported_pre("with too many steps");
-            ps->re[ps->n++] = BYTE_LEVEL_RE;
+            ps->re[ps->n++] = known_regex("gpt2", 0);
         }
         return SD_OK;
     }
@@ -107,7 +115,7 @@ static sd_status add_step(const cJSON *step, pre_steps *ps) {
     if (strcmp(t, "Digits") == 0) {
         if (!bool_or(field(step, "individual_digits"), false, &ok) || !ok)
             return unsupported_pre("Digits without individual_digits");
-        ps->re[ps->n++] = DIGITS_RE;
+        ps->re[ps->n++] = known_regex("smollm", 0);
         return SD_OK;
     }
     if (strcmp(t, "Split") == 0) {

@@ -17,7 +17,9 @@
  * shards, a corrupt shard) and tokenizer.json variants (merges as pairs,
  * ids missing up to vocab_size, BOS from the post-processor, unsupported
  * normalizer / model / pre-tokenizer) are each refused with the expected
- * status, or accepted with the expected meaning. */
+ * status, or accepted with the expected meaning; a Llama 3 ("llama-bpe")
+ * vocabulary goes through specd-mkmodel's tokenizer.json and back. With
+ * --model, the demo model converted to a checkpoint (test_demo_model). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -668,6 +670,47 @@ static void test_tokenizer_json(void **state) {
     free(text);
 }
 
+/* A vocabulary with Llama 3's pre-tokenizer ("llama-bpe") survives
+ * specd-mkmodel's tokenizer.json: the engine recognises the Split it writes,
+ * with ignore_merges, and tokenizes digits in threes like the GGUF does. */
+static void test_llama3_tokenizer_json(void **state) {
+    (void)state;
+    if (!env.ok) skip();
+    char err[256], tok_gguf[256], d[256];
+    sd_gguf *src = NULL;
+    assert_int_equal(sd_gguf_open(PAIRS[0].gguf, &src, err, sizeof err), SD_OK);
+    sd_gguf_writer *w = sd_gguf_writer_new();
+    assert_int_equal(sd_gguf_writer_copy_kv(w, src, "tokenizer."), SD_OK);
+    assert_int_equal(sd_gguf_writer_set_str(w, "tokenizer.ggml.pre", "llama-bpe"), SD_OK);
+    snprintf(tok_gguf, sizeof tok_gguf, "%s/llama3-tok.gguf", env.dir);
+    assert_int_equal(sd_gguf_writer_write(w, tok_gguf), SD_OK);
+    sd_gguf_writer_free(&w);
+    sd_gguf_close(&src);
+    snprintf(d, sizeof d, "%s/llama3-hf", env.dir);
+    assert_int_equal(run("'%s' -o '%s' --format hf --tokenizer-from '%s' --dim 32 --heads 2 --kv-heads 1 --ff 32 "
+                         "--layers 1 >/dev/null 2>&1",
+                         SPECD_MKMODEL, d, tok_gguf),
+                     0);
+    sd_weights *g = open_ok(tok_gguf), *h = open_ok(d);
+    sd_tok *tg = NULL, *th = NULL;
+    assert_int_equal(sd_weights_tokenizer(g, &tg), SD_OK);
+    assert_int_equal(sd_weights_tokenizer(h, &th), SD_OK);
+    assert_true(sd_tok_vocab_hash(tg) == sd_tok_vocab_hash(th));
+    const char *text = "year 12345 then 7, theirs";
+    int32_t *ia, *ib;
+    size_t na, nb;
+    assert_int_equal(sd_tok_encode(tg, text, strlen(text), false, &ia, &na), SD_OK);
+    assert_int_equal(sd_tok_encode(th, text, strlen(text), false, &ib, &nb), SD_OK);
+    assert_int_equal(na, nb);
+    assert_memory_equal(ia, ib, na * sizeof *ia);
+    free(ia);
+    free(ib);
+    sd_tok_free(&tg);
+    sd_tok_free(&th);
+    sd_weights_close(&g);
+    sd_weights_close(&h);
+}
+
 /* --model: the demo model (SmolLM2-135M, Q4_1) converted by specd-mkmodel
  * --convert into a 2-shard f32 checkpoint: the dequantized weights are
  * exact in f32, so logits must be bit-identical; the tokenizer.json written
@@ -749,7 +792,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_numbers),    cmocka_unit_test(test_same_logits),
         cmocka_unit_test(test_bad_checkpoints), cmocka_unit_test(test_config_values),
-        cmocka_unit_test(test_tokenizer_json),
+        cmocka_unit_test(test_tokenizer_json),  cmocka_unit_test(test_llama3_tokenizer_json),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
