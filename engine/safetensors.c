@@ -332,7 +332,8 @@ static sd_status check_layout(const parser *p, sd_st *st, const entry *ents, uin
         sd_st_tensor *t = &st->tensors[i];
         const entry *e = &ents[i];
         if (e->end < e->begin)
-            return fail(p, SD_ERR_FORMAT, "InvalidOffset", "tensor '%.64s': data_offsets [%llu, %llu] end before they begin",
+            return fail(p, SD_ERR_FORMAT, "InvalidOffset",
+                        "tensor '%.64s': data_offsets [%llu, %llu] end before they begin",
                         t->name, (unsigned long long)e->begin, (unsigned long long)e->end);
         if (e->begin > expect)
             return fail(p, SD_ERR_FORMAT, "InvalidOffset",

@@ -121,7 +121,8 @@ static sd_status add_step(const cJSON *step, pre_steps *ps) {
     if (strcmp(t, "Split") == 0) {
         const cJSON *re = field(field(step, "pattern"), "Regex");
         if (!cJSON_IsString(re)) return unsupported_pre("Split without a Regex pattern");
-        if (!str_is(field(step, "behavior"), "Isolated")) return unsupported_pre("Split with a behavior other than Isolated");
+        if (!str_is(field(step, "behavior"), "Isolated"))
+            return unsupported_pre("Split with a behavior other than Isolated");
         if (bool_or(field(step, "invert"), false, &ok) || !ok) return unsupported_pre("Split with invert");
         ps->re[ps->n++] = re->valuestring;
         return SD_OK;
@@ -389,8 +390,8 @@ static sd_status build_from_tree(const cJSON *root, const sd_tok_hf_ids *ids, sd
     bool ok = true;
     bool file_ignore = bool_or(field(model, "ignore_merges"), ignore_merges, &ok);
     if (!ok || file_ignore != ignore_merges) {
-        SD_ERROR("tokenizer.json: ignore_merges %s does not go with the '%s' pre-tokenizer", file_ignore ? "true" : "false",
-                 pre_name);
+        SD_ERROR("tokenizer.json: ignore_merges %s does not go with the '%s' pre-tokenizer",
+                 file_ignore ? "true" : "false", pre_name);
         return SD_ERR_UNSUPPORTED;
     }
     const cJSON *added = field(root, "added_tokens");

@@ -190,11 +190,12 @@ static sd_status get_token_id(const cJSON *cfg, const char *key, bool last, int6
         j = n ? cJSON_GetArrayItem(j, last ? n - 1 : 0) : NULL;
     }
     if (!j || cJSON_IsNull(j)) return SD_OK;
-    if (!cJSON_IsNumber(j) || j->valuedouble < 0 || j->valuedouble >= MAX_VOCAB || j->valuedouble != floor(j->valuedouble)) {
+    double d = cJSON_IsNumber(j) ? j->valuedouble : -1.0;
+    if (!(d >= 0.0) || d >= MAX_VOCAB || d != floor(d)) {
         SD_ERROR("weights: config.json %s is not a token id", key);
         return SD_ERR_FORMAT;
     }
-    *out = (int64_t)j->valuedouble;
+    *out = (int64_t)d;
     return SD_OK;
 }
 
@@ -260,7 +261,8 @@ static sd_status parse_config(const cJSON *j, hf_source *src) {
     }
     const cJSON *mt = field(j, "model_type");
     if (mt && !(cJSON_IsString(mt) && strcmp(mt->valuestring, "llama") == 0)) {
-        SD_ERROR("weights: model_type '%.32s' is not supported (only llama)", cJSON_IsString(mt) ? mt->valuestring : "?");
+        SD_ERROR("weights: model_type '%.32s' is not supported (only llama)",
+                 cJSON_IsString(mt) ? mt->valuestring : "?");
         return SD_ERR_UNSUPPORTED;
     }
     if (!mt) {

@@ -152,7 +152,8 @@ typedef struct rule_case {
     int64_t declared_len; /* -1: strlen(header) */
 } rule_case;
 
-#define T(name, dtype, shape, b, e) "\"" name "\":{\"dtype\":\"" dtype "\",\"shape\":" shape ",\"data_offsets\":[" #b "," #e "]}"
+#define T(name, dtype, shape, b, e) \
+    "\"" name "\":{\"dtype\":\"" dtype "\",\"shape\":" shape ",\"data_offsets\":[" #b "," #e "]}"
 
 static const rule_case CASES[] = {
     {"HeaderTooSmall", "", 0, -2},  /* special: a 7-byte file (see test_rules) */
@@ -201,7 +202,8 @@ static const rule_case CASES[] = {
 };
 
 static const char *const RULES[] = {
-    "HeaderTooSmall", "HeaderTooLarge", "InvalidHeaderLength", "InvalidHeaderUtf8", "HeaderTooComplex", "InvalidHeaderJson", "InvalidMetadata", "InvalidTensorInfo", "UnknownDtype",
+    "HeaderTooSmall", "HeaderTooLarge", "InvalidHeaderLength", "InvalidHeaderUtf8", "HeaderTooComplex",
+    "InvalidHeaderJson", "InvalidMetadata", "InvalidTensorInfo", "UnknownDtype",
     "DuplicateName", "InvalidOffset", "ValidationOverflow", "MisalignedSlice", "TensorInvalidInfo",
     "MetadataIncompleteBuffer",
 };

@@ -644,8 +644,8 @@ static void test_tokenizer_json(void **state) {
         cJSON_AddItemToObject(obj, key, cJSON_Parse(bad[i].json));
         sd_status st = build(j, NULL, &t);
         if (st != bad[i].want)
-            fail_msg("case %zu (%s.%s = %s): expected %s, got %s", i, bad[i].path[0], bad[i].path[1] ? bad[i].path[1] : "",
-                     bad[i].json, sd_status_str(bad[i].want), sd_status_str(st));
+            fail_msg("case %zu (%s.%s = %s): expected %s, got %s", i, bad[i].path[0],
+                     bad[i].path[1] ? bad[i].path[1] : "", bad[i].json, sd_status_str(bad[i].want), sd_status_str(st));
         assert_null(t);
         cJSON_Delete(j);
     }

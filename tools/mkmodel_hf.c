@@ -277,7 +277,8 @@ static sd_status write_config(const sd_gguf *g, const mk_hf_params *p, const sd_
     }
     const sd_gguf_tensor *embd = sd_gguf_find_tensor(g, "token_embd.weight");
     sd_dtype t = p->force_dtype ? p->dtype : embd ? embd->type : SD_DTYPE_F32;
-    cJSON_AddStringToObject(j, "torch_dtype", t == SD_DTYPE_F16 ? "float16" : t == SD_DTYPE_BF16 ? "bfloat16" : "float32");
+    cJSON_AddStringToObject(j, "torch_dtype",
+                            t == SD_DTYPE_F16 ? "float16" : t == SD_DTYPE_BF16 ? "bfloat16" : "float32");
     sd_status s = write_json(p->dir, "config.json", j);
     cJSON_Delete(j);
     return s;
@@ -409,7 +410,8 @@ static sd_status write_tokenizer(const sd_gguf *g, const mk_hf_params *p, const 
     bool add_bos = false;
     (void)sd_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add_bos);
     char bos_text[256] = "";
-    if (bos >= 0 && (uint64_t)bos < n_tokens) gguf_text(g, "tokenizer.ggml.tokens", (uint64_t)bos, true, bos_text, sizeof bos_text);
+    if (bos >= 0 && (uint64_t)bos < n_tokens)
+        gguf_text(g, "tokenizer.ggml.tokens", (uint64_t)bos, true, bos_text, sizeof bos_text);
     cJSON_AddItemToObject(j, "post_processor", post_processor(add_bos, bos_text[0] ? bos_text : NULL));
     cJSON *dec = byte_level(true);
     cJSON_AddItemToObject(j, "decoder", dec);
@@ -417,7 +419,8 @@ static sd_status write_tokenizer(const sd_gguf *g, const mk_hf_params *p, const 
     cJSON_AddStringToObject(m, "type", "BPE");
     cJSON_AddNullToObject(m, "dropout");
     char unk_text[256] = "";
-    if (unk >= 0 && (uint64_t)unk < n_tokens) gguf_text(g, "tokenizer.ggml.tokens", (uint64_t)unk, true, unk_text, sizeof unk_text);
+    if (unk >= 0 && (uint64_t)unk < n_tokens)
+        gguf_text(g, "tokenizer.ggml.tokens", (uint64_t)unk, true, unk_text, sizeof unk_text);
     if (unk_text[0]) cJSON_AddStringToObject(m, "unk_token", unk_text);
     else cJSON_AddNullToObject(m, "unk_token");
     cJSON_AddNullToObject(m, "continuing_subword_prefix");
@@ -472,7 +475,9 @@ static sd_status write_tokenizer(const sd_gguf *g, const mk_hf_params *p, const 
                                               {"pad_token", "tokenizer.ggml.padding_token_id"}};
     for (size_t k = 0; s == SD_OK && k < 4; k++) {
         int64_t id = get_id(g, specials[k][1]);
-        const char *text = id >= 0 && (uint64_t)id < n_tokens ? gguf_text(g, "tokenizer.ggml.tokens", (uint64_t)id, true, buf, 1 << 16) : NULL;
+        const char *text = id >= 0 && (uint64_t)id < n_tokens
+                               ? gguf_text(g, "tokenizer.ggml.tokens", (uint64_t)id, true, buf, 1 << 16)
+                               : NULL;
         if (text) cJSON_AddStringToObject(tc, specials[k][0], text);
     }
     cJSON_AddBoolToObject(tc, "clean_up_tokenization_spaces", false);
