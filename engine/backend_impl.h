@@ -74,6 +74,12 @@ typedef struct sd_backend_ops {
      * errors before a large load). */
     sd_status (*mem_info)(sd_backend *be, size_t *free_bytes, size_t *total_bytes);
 
+    /* Optional (NULL: an op's results are in place when it returns, as on
+     * the CPU). Waits until every op issued so far has finished, so that a
+     * buffer can be handed to code that works on it from another stream:
+     * the NCCL collectives of a tensor-parallel group. */
+    sd_status (*sync)(sd_backend *be);
+
     /* ---- forward-wide hooks (all optional: NULL on the CPU) ---- */
     /* Announces the host int32 arrays (token ids, positions, block tables,
      * their offsets, wanted rows) that the ops of the forward about to run

@@ -13,7 +13,23 @@
  * cache exactly as it was.
  *
  * Tensor shapes follow llama.cpp's GGUF layout: a weight with ne = [n_in,
- * n_out] is n_out rows of n_in floats. */
+ * n_out] is n_out rows of n_in floats.
+ *
+ * Tensor parallelism (tp_size > 1): a rank loads only its rectangle of each
+ * matrix (sd_weights_read), Megatron style: Q/K/V and gate/up by output rows
+ * (its heads, its MLP columns), the attention output and down projections by
+ * input columns, so each of those two produces a partial sum of the residual
+ * update, summed across ranks by one all-reduce (the collective sums in rank
+ * order: deterministic, and batch-invariant because every per-rank op is).
+ * KV heads are split with the query heads, or replicated when there are
+ * fewer KV heads than ranks. Norms and the embedding table are replicated
+ * (a lookup is a few rows; splitting it would cost one more all-reduce per
+ * step). The LM head is split by vocabulary rows and gathered to the leader
+ * (or kept whole on the leader): each logit is then computed by one rank
+ * exactly as without TP. The shapes below are per rank: H, KV and F are this
+ * rank's heads, KV heads and MLP columns. Rejected: splitting the residual
+ * stream (sequence parallelism), which needs reduce-scatter + all-gather
+ * pairs and pays only at prefill sizes we do not have on a verifier. */
 #include "specd/model.h"
 
 #include <math.h>
@@ -35,16 +51,18 @@ enum {
     MAX_VOCAB = 1 << 24,
 };
 
+/* Per rank (tp_size 1: the whole model): H, KV, F = this rank's heads, KV
+ * heads and MLP columns. */
 typedef struct layer_weights {
     float *attn_norm; /* [n_embd] */
-    float *wq;        /* [n_heads*head_dim][n_embd] */
-    float *wk;        /* [n_kv_heads*head_dim][n_embd] */
-    float *wv;        /* [n_kv_heads*head_dim][n_embd] */
-    float *wo;        /* [n_embd][n_heads*head_dim] */
+    float *wq;        /* [H*head_dim][n_embd]   rows of this rank's heads */
+    float *wk;        /* [KV*head_dim][n_embd] */
+    float *wv;        /* [KV*head_dim][n_embd] */
+    float *wo;        /* [n_embd][H*head_dim]   columns of this rank's heads */
     float *ffn_norm;  /* [n_embd] */
-    float *w_gate;    /* [n_ff][n_embd] */
-    float *w_up;      /* [n_ff][n_embd] */
-    float *w_down;    /* [n_embd][n_ff] */
+    float *w_gate;    /* [F][n_embd] */
+    float *w_up;      /* [F][n_embd] */
+    float *w_down;    /* [n_embd][F]            columns of this rank's MLP slice */
 } layer_weights;
 
 /* Per-call activations, grown to the largest batch seen. */
@@ -58,7 +76,9 @@ typedef struct activations {
     float *att;  /* [n_tokens][n_heads*head_dim] */
     float *gate; /* [n_tokens][n_ff] */
     float *up;   /* [n_tokens][n_ff] */
-    float *logits; /* [n_tokens][n_vocab], only for backends without host memory */
+    float *logits; /* [n_tokens][n_vocab], only for backends without host memory (leader) */
+    float *head_part; /* [n_tokens][n_vocab_l] split LM head: this rank's logits columns */
+    float *head_all;  /* [tp][n_tokens][n_vocab_l] split LM head, leader: every rank's part */
 } activations;
 
 /* Host-side bookkeeping for one call, grown as needed. */
@@ -73,6 +93,8 @@ typedef struct batch_plan {
     int32_t *wanted;    /* [n_tokens] rows whose logits are wanted */
     size_t cap_bt;
     int32_t *bt;        /* flat block tables of the batch's sequences */
+    int32_t cap_head;
+    int32_t *head_ids;  /* [n_wanted * tp] row of head_all for each row of the logits viewed as [.][n_vocab_l] */
 } batch_plan;
 
 struct sd_model {
@@ -88,13 +110,20 @@ struct sd_model {
     const sd_model *parent; /* non-NULL for a view: every weight above is borrowed from it */
     bool host_verify;       /* SPECD_DEVICE_VERIFY=0: verification on the host even on a device */
     uint64_t weight_bytes;
+    uint64_t resident_bytes;
     activations act;
     batch_plan plan;
+    /* tensor parallelism (see the file comment); tp_size 1: the whole model */
+    sd_model_shard shard;
+    bool output_borrowed;   /* output points into tok_embd (tied head, host memory) */
+    sd_coll *coll;          /* borrowed; NULL: no collectives */
+    sd_model_plan_fn plan_sink;
+    void *plan_user;
 };
 
 sd_model_params sd_model_default_params(void) {
     sd_model_params p = {.n_threads = 0, .n_layers_used = 0, .device = -1, .tp_rank = 0, .tp_size = 1,
-                         .coll = NULL};
+                         .tp_lm_head = SD_TP_LM_HEAD_SPLIT, .coll = NULL};
     return p;
 }
 
@@ -372,12 +401,19 @@ static void compute_inv_freq(const sd_model_config *c, const float *freq_factors
     }
 }
 
-/* Reads tensor name, which must be [rows][cols] (1-D when rows == 0), as
- * f32 into a new backend buffer. A matrix goes through the backend's
- * weight_upload when it has one (its own matmul format); *out is then that
- * opaque weight, which only matmul reads. */
-static sd_status load_tensor(sd_model *m, const sd_weights *w, const char *name, int64_t rows, int64_t cols,
-                             bool matrix, float **out) {
+/* A rectangle of a 2-D weight [rows][cols]: what a tensor-parallel rank
+ * loads. */
+typedef struct slice {
+    int64_t row0, n_rows, col0, n_cols;
+} slice;
+
+/* Reads the rectangle r of tensor name, which must be [rows][cols] as a
+ * whole (1-D when rows == 0; r is then the whole vector), as f32 into a new
+ * backend buffer: only those bytes of the mapped file are touched. A matrix
+ * goes through the backend's weight_upload when it has one (its own matmul
+ * format); *out is then that opaque weight, which only matmul reads. */
+static sd_status load_slice(sd_model *m, const sd_weights *w, const char *name, int64_t rows, int64_t cols, slice r,
+                            bool matrix, float **out) {
     sd_weights_tensor t;
     if (!sd_weights_find(w, name, &t)) {
         SD_ERROR("model: tensor %s is missing", name);
@@ -389,8 +425,25 @@ static sd_status load_tensor(sd_model *m, const sd_weights *w, const char *name,
                  (long long)t.ne[0], (long long)want_rows, (long long)cols);
         return SD_ERR_FORMAT;
     }
+    if (r.row0 < 0 || r.n_rows < 1 || r.row0 + r.n_rows > want_rows || r.col0 < 0 || r.n_cols < 1 ||
+        r.col0 + r.n_cols > cols) {
+        SD_ERROR("model: slice [%lld+%lld][%lld+%lld] of %s is outside its [%lld][%lld]", (long long)r.row0,
+                 (long long)r.n_rows, (long long)r.col0, (long long)r.n_cols, name, (long long)want_rows,
+                 (long long)cols);
+        return SD_ERR_INTERNAL;
+    }
+    size_t block_elems = 1, block_bytes = 0;
+    if (sd_dtype_block(t.type, &block_elems, &block_bytes) && block_elems > 1 &&
+        (r.col0 % (int64_t)block_elems || r.n_cols % (int64_t)block_elems)) {
+        SD_ERROR("model: %s is stored as %s, in blocks of %zu values per row; this rank's columns [%lld, %lld) "
+                 "do not start and end on a block, so it cannot be split over %d ranks (a tensor-parallel size whose "
+                 "slices are multiples of %zu columns would do)",
+                 name, sd_dtype_name(t.type), block_elems, (long long)r.col0, (long long)(r.col0 + r.n_cols),
+                 (int)m->shard.tp_size, block_elems);
+        return SD_ERR_INVALID_ARG;
+    }
     size_t bytes;
-    if (!sd_mul_ok((size_t)want_rows, (size_t)cols, &bytes) || !sd_mul_ok(bytes, sizeof(float), &bytes))
+    if (!sd_mul_ok((size_t)r.n_rows, (size_t)r.n_cols, &bytes) || !sd_mul_ok(bytes, sizeof(float), &bytes))
         return SD_ERR_NOMEM;
     const sd_backend_ops *ops = m->be.ops;
     bool convert = matrix && ops->weight_upload;
@@ -404,12 +457,12 @@ static sd_status load_tensor(sd_model *m, const sd_weights *w, const char *name,
         SD_ERROR("model: cannot allocate %zu bytes for %s", bytes, name);
         return SD_ERR_NOMEM;
     }
-    sd_status s = sd_weights_read(w, name, 0, want_rows, 0, cols, host);
+    sd_status s = sd_weights_read(w, name, r.row0, r.n_rows, r.col0, r.n_cols, host);
     if (s != SD_OK) {
         SD_ERROR("model: cannot read %s (%s, %s)", name, sd_dtype_name(t.type), sd_status_str(s));
     } else if (convert) {
         void *conv = NULL;
-        s = ops->weight_upload(m->be.ctx, host, (int32_t)want_rows, (int32_t)cols, &conv);
+        s = ops->weight_upload(m->be.ctx, host, (int32_t)r.n_rows, (int32_t)r.n_cols, &conv);
         buf = conv;
     } else if (!buf) {
         buf = ops->buf_alloc(m->be.ctx, bytes);
@@ -423,8 +476,17 @@ static sd_status load_tensor(sd_model *m, const sd_weights *w, const char *name,
     }
     *out = buf;
     /* what matmul streams: the backend's own format for converted matrices */
-    m->weight_bytes += convert ? bytes / sizeof(float) * (size_t)ops->weight_elem_bytes : bytes;
+    uint64_t held = convert ? bytes / sizeof(float) * (size_t)ops->weight_elem_bytes : bytes;
+    m->weight_bytes += held;
+    m->resident_bytes += held;
     return SD_OK;
+}
+
+/* The whole tensor (replicated parts: norms, the embedding table). */
+static sd_status load_tensor(sd_model *m, const sd_weights *w, const char *name, int64_t rows, int64_t cols,
+                             bool matrix, float **out) {
+    slice all = {0, rows ? rows : 1, 0, cols};
+    return load_slice(m, w, name, rows, cols, all, matrix, out);
 }
 
 /* Frees one weight loaded by load_tensor. */
@@ -436,37 +498,115 @@ static void free_tensor(sd_model *m, float *buf, bool matrix) {
         m->be.ops->buf_free(m->be.ctx, buf);
 }
 
+/* This rank's shard of the config (docs/DESIGN.md, "Tensor parallelism"):
+ * refuses a TP size that does not divide what must be split, with a line
+ * that says which. */
+static sd_status plan_shard(sd_model *m) {
+    const sd_model_config *c = &m->cfg;
+    const sd_model_params *p = &m->params;
+    int32_t tp = p->tp_size, r = p->tp_rank;
+    if (tp < 1 || tp > 1024 || r < 0 || r >= tp) {
+        SD_ERROR("model: tensor-parallel rank %d of %d: need 1 <= tp_size <= 1024 and 0 <= rank < tp_size", (int)r,
+                 (int)tp);
+        return SD_ERR_INVALID_ARG;
+    }
+    if (p->tp_lm_head != SD_TP_LM_HEAD_SPLIT && p->tp_lm_head != SD_TP_LM_HEAD_LEADER) {
+        SD_ERROR("model: unknown LM head mode %d", (int)p->tp_lm_head);
+        return SD_ERR_INVALID_ARG;
+    }
+    if (c->n_heads % tp != 0) {
+        SD_ERROR("model: a tensor-parallel size of %d does not divide the model's %d attention heads; use a "
+                 "divisor of %d",
+                 (int)tp, (int)c->n_heads, (int)c->n_heads);
+        return SD_ERR_INVALID_ARG;
+    }
+    if (c->n_kv_heads % tp != 0 && tp % c->n_kv_heads != 0) {
+        SD_ERROR("model: a tensor-parallel size of %d neither divides the model's %d KV heads nor is a multiple "
+                 "of them (then each rank would hold a KV head, replicated); use a divisor of %d or a multiple "
+                 "of %d that divides %d",
+                 (int)tp, (int)c->n_kv_heads, (int)c->n_kv_heads, (int)c->n_kv_heads, (int)c->n_heads);
+        return SD_ERR_INVALID_ARG;
+    }
+    if (c->n_ff % tp != 0) {
+        SD_ERROR("model: a tensor-parallel size of %d does not divide the MLP width %d", (int)tp, (int)c->n_ff);
+        return SD_ERR_INVALID_ARG;
+    }
+    sd_model_shard *sh = &m->shard;
+    memset(sh, 0, sizeof *sh);
+    sh->tp_rank = r;
+    sh->tp_size = tp;
+    sh->n_heads = c->n_heads / tp;
+    sh->head0 = r * sh->n_heads;
+    /* query head h reads KV head h / (n_heads / n_kv_heads) */
+    int32_t group = c->n_heads / c->n_kv_heads;
+    sh->n_kv_heads = c->n_kv_heads >= tp ? c->n_kv_heads / tp : 1;
+    sh->kv_head0 = sh->head0 / group;
+    sh->n_ff = c->n_ff / tp;
+    sh->ff0 = r * sh->n_ff;
+    sh->lm_head = p->tp_lm_head;
+    if (tp > 1 && sh->lm_head == SD_TP_LM_HEAD_SPLIT && c->n_vocab % tp != 0) {
+        SD_INFO("model: the vocabulary (%d) is not a multiple of the tensor-parallel size %d: the LM head stays "
+                "whole on the leader",
+                (int)c->n_vocab, (int)tp);
+        sh->lm_head = SD_TP_LM_HEAD_LEADER;
+    }
+    if (sh->lm_head == SD_TP_LM_HEAD_SPLIT) {
+        sh->n_vocab = c->n_vocab / tp;
+        sh->vocab0 = r * sh->n_vocab;
+    } else {
+        sh->n_vocab = r == 0 ? c->n_vocab : 0;
+        sh->vocab0 = 0;
+    }
+    return SD_OK;
+}
+
 static sd_status load_weights(sd_model *m, const sd_weights *w) {
     const sd_model_config *c = &m->cfg;
-    int64_t E = c->n_embd, V = c->n_vocab, F = c->n_ff;
-    int64_t QD = (int64_t)c->n_heads * c->head_dim, KD = (int64_t)c->n_kv_heads * c->head_dim;
+    const sd_model_shard *sh = &m->shard;
+    int64_t E = c->n_embd, V = c->n_vocab, F = c->n_ff, D = c->head_dim;
+    int64_t QD = (int64_t)c->n_heads * D, KD = (int64_t)c->n_kv_heads * D;
     SD_TRY(load_tensor(m, w, "token_embd.weight", V, E, false, &m->tok_embd));
     /* a step reads one row of the table per token: it is not streamed
      * (unless it is also the LM head, counted again just below) */
     m->weight_bytes -= (uint64_t)V * (uint64_t)E * sizeof(float);
     SD_TRY(load_tensor(m, w, "output_norm.weight", 0, E, false, &m->output_norm));
-    /* tied: the LM head reads the embedding table, unless the backend keeps
-     * matrices in a format of its own (then it gets its own copy) */
-    if (c->tied_output && !m->be.ops->weight_upload) {
-        m->output = m->tok_embd;
-        m->weight_bytes += (uint64_t)V * (uint64_t)E * sizeof(float);
-    } else
-        SD_TRY(load_tensor(m, w, c->tied_output ? "token_embd.weight" : "output.weight", V, E, true, &m->output));
+    /* this rank's LM head rows. Tied: they are rows of the embedding table,
+     * unless the backend keeps matrices in a format of its own (then it gets
+     * its own copy) */
+    if (sh->n_vocab > 0 && c->tied_output && !m->be.ops->weight_upload) {
+        m->output = m->tok_embd + (size_t)sh->vocab0 * (size_t)E;
+        m->output_borrowed = true;
+        m->weight_bytes += (uint64_t)sh->n_vocab * (uint64_t)E * sizeof(float);
+    } else if (sh->n_vocab > 0) {
+        slice head = {sh->vocab0, sh->n_vocab, 0, E};
+        SD_TRY(load_slice(m, w, c->tied_output ? "token_embd.weight" : "output.weight", V, E, head, true,
+                          &m->output));
+    }
+    const slice q = {(int64_t)sh->head0 * D, (int64_t)sh->n_heads * D, 0, E};
+    const slice kv = {(int64_t)sh->kv_head0 * D, (int64_t)sh->n_kv_heads * D, 0, E};
+    const slice o = {0, E, (int64_t)sh->head0 * D, (int64_t)sh->n_heads * D};
+    const slice up = {sh->ff0, sh->n_ff, 0, E};
+    const slice down = {0, E, sh->ff0, sh->n_ff};
+    const slice norm = {0, 1, 0, E};
     char name[96];
     for (int32_t l = 0; l < m->n_layers_used; l++) {
         layer_weights *L = &m->layers[l];
         struct {
             const char *suffix;
             int64_t rows, cols;
+            slice part;
             float **dst;
         } const parts[] = {
-            {"attn_norm", 0, E, &L->attn_norm}, {"attn_q", QD, E, &L->wq},      {"attn_k", KD, E, &L->wk},
-            {"attn_v", KD, E, &L->wv},          {"attn_output", E, QD, &L->wo}, {"ffn_norm", 0, E, &L->ffn_norm},
-            {"ffn_gate", F, E, &L->w_gate},     {"ffn_up", F, E, &L->w_up},     {"ffn_down", E, F, &L->w_down},
+            {"attn_norm", 0, E, norm, &L->attn_norm}, {"attn_q", QD, E, q, &L->wq},
+            {"attn_k", KD, E, kv, &L->wk},            {"attn_v", KD, E, kv, &L->wv},
+            {"attn_output", E, QD, o, &L->wo},        {"ffn_norm", 0, E, norm, &L->ffn_norm},
+            {"ffn_gate", F, E, up, &L->w_gate},       {"ffn_up", F, E, up, &L->w_up},
+            {"ffn_down", E, F, down, &L->w_down},
         };
         for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
             snprintf(name, sizeof name, "blk.%d.%s.weight", (int)l, parts[i].suffix);
-            SD_TRY(load_tensor(m, w, name, parts[i].rows, parts[i].cols, parts[i].rows != 0, parts[i].dst));
+            SD_TRY(load_slice(m, w, name, parts[i].rows, parts[i].cols, parts[i].part, parts[i].rows != 0,
+                              parts[i].dst));
         }
     }
     /* rope frequencies (small: computed on the host, then uploaded) */
@@ -506,16 +646,18 @@ static sd_status check_memory(sd_model *m) {
     size_t free_b = 0, total_b = 0;
     if (!ops->mem_info || ops->mem_info(m->be.ctx, &free_b, &total_b) != SD_OK) return SD_OK;
     const sd_model_config *c = &m->cfg;
-    double E = c->n_embd, V = c->n_vocab, F = c->n_ff, QD = (double)c->n_heads * c->head_dim;
-    double KD = (double)c->n_kv_heads * c->head_dim, mat = ops->weight_elem_bytes;
+    const sd_model_shard *sh = &m->shard;
+    double E = c->n_embd, V = c->n_vocab, F = sh->n_ff, QD = (double)sh->n_heads * c->head_dim;
+    double KD = (double)sh->n_kv_heads * c->head_dim, mat = ops->weight_elem_bytes;
     double per_layer = (2 * E * QD + 2 * E * KD + 3 * E * F) * mat + 2 * E * 4;
-    double need = E * V * 4 /* embedding table */ + E * V * mat /* LM head */ + E * 4 +
+    double need = E * V * 4 /* embedding table */ + E * sh->n_vocab * mat /* LM head rows */ + E * 4 +
                   (double)m->n_layers_used * per_layer;
     if (need > (double)free_b) {
-        SD_ERROR("model: the weights need %.2f GiB of %s memory (%d layers, %s matrices), but only %.2f GiB of "
+        SD_ERROR("model: the weights need %.2f GiB of %s memory (%d layers, %s matrices%s), but only %.2f GiB of "
                  "%.2f GiB are free",
                  need / 1073741824.0, ops->name, (int)m->n_layers_used, mat == 2 ? "BF16" : "f32",
-                 (double)free_b / 1073741824.0, (double)total_b / 1073741824.0);
+                 sh->tp_size > 1 ? ", this rank's shard" : "", (double)free_b / 1073741824.0,
+                 (double)total_b / 1073741824.0);
         return SD_ERR_NOMEM;
     }
     return SD_OK;
@@ -530,10 +672,6 @@ sd_status sd_model_load_weights(const sd_weights *w, const sd_model_params *p, s
                  (int)params.n_layers_used);
         return SD_ERR_INVALID_ARG;
     }
-    if (params.tp_size != 1 || params.tp_rank != 0) {
-        SD_ERROR("model: tensor parallelism (tp_size %d) is not implemented yet", (int)params.tp_size);
-        return SD_ERR_UNSUPPORTED;
-    }
     sd_model *m = calloc(1, sizeof *m);
     if (!m) return SD_ERR_NOMEM;
     m->params = params;
@@ -542,6 +680,7 @@ sd_status sd_model_load_weights(const sd_weights *w, const sd_model_params *p, s
         SD_ERROR("model: n_layers_used %d > block_count %d", (int)params.n_layers_used, (int)m->cfg.n_layers);
         s = SD_ERR_INVALID_ARG;
     }
+    if (s == SD_OK) s = plan_shard(m);
     if (s == SD_OK) {
         m->n_layers_used = params.n_layers_used ? params.n_layers_used : m->cfg.n_layers;
         m->layers = calloc((size_t)m->n_layers_used, sizeof *m->layers);
@@ -551,6 +690,7 @@ sd_status sd_model_load_weights(const sd_weights *w, const sd_model_params *p, s
     m->host_verify = dv && strcmp(dv, "0") == 0;
     if (s == SD_OK) s = check_memory(m);
     if (s == SD_OK) s = load_weights(m, w);
+    if (s == SD_OK && params.coll) s = sd_model_set_coll(m, params.coll);
     if (s != SD_OK) {
         sd_model_free(&m);
         return s;
@@ -560,13 +700,25 @@ sd_status sd_model_load_weights(const sd_weights *w, const sd_model_params *p, s
             (int)m->n_layers_used, (int)m->cfg.n_layers, (int)m->cfg.n_embd, (int)m->cfg.n_ff,
             (int)m->cfg.n_heads, (int)m->cfg.n_kv_heads, (int)m->cfg.head_dim, (int)m->cfg.n_vocab,
             (double)m->weight_bytes / 1e6, m->be.ops->weight_elem_bytes == 2 ? "BF16" : "f32", m->be.ops->name);
+    if (m->shard.tp_size > 1)
+        SD_INFO("model: tensor-parallel rank %d of %d: heads %d..%d, KV heads %d..%d, MLP columns %d..%d, LM head "
+                "%s; %.1f MB of weights held",
+                (int)m->shard.tp_rank, (int)m->shard.tp_size, (int)m->shard.head0,
+                (int)(m->shard.head0 + m->shard.n_heads - 1), (int)m->shard.kv_head0,
+                (int)(m->shard.kv_head0 + m->shard.n_kv_heads - 1), (int)m->shard.ff0,
+                (int)(m->shard.ff0 + m->shard.n_ff - 1),
+                m->shard.n_vocab == 0                        ? "none (on the leader)"
+                : m->shard.lm_head == SD_TP_LM_HEAD_LEADER ? "whole (leader)"
+                                                             : "split by vocabulary",
+                (double)m->resident_bytes / 1e6);
     *out = m;
     return SD_OK;
 }
 
 static void free_activations(sd_model *m) {
     activations *a = &m->act;
-    float **bufs[] = {&a->x, &a->xb, &a->q, &a->k, &a->v, &a->att, &a->gate, &a->up, &a->logits};
+    float **bufs[] = {&a->x,    &a->xb, &a->q,      &a->k,        &a->v,       &a->att,
+                      &a->gate, &a->up, &a->logits, &a->head_part, &a->head_all};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         if (*bufs[i]) m->be.ops->buf_free(m->be.ctx, *bufs[i]);
         *bufs[i] = NULL;
@@ -583,7 +735,7 @@ void sd_model_free(sd_model **pm) {
     } else if (m->be.ops) {
         const sd_backend_ops *ops = m->be.ops;
         free_activations(m);
-        if (m->output != m->tok_embd) free_tensor(m, m->output, true);
+        if (!m->output_borrowed) free_tensor(m, m->output, true);
         if (m->tok_embd) ops->buf_free(m->be.ctx, m->tok_embd);
         if (m->output_norm) ops->buf_free(m->be.ctx, m->output_norm);
         if (m->inv_freq) ops->buf_free(m->be.ctx, m->inv_freq);
@@ -604,6 +756,7 @@ void sd_model_free(sd_model **pm) {
     free(pl->bt_off);
     free(pl->wanted);
     free(pl->bt);
+    free(pl->head_ids);
     free(m);
     *pm = NULL;
 }
@@ -620,6 +773,10 @@ sd_status sd_model_view_layers(const sd_model *m, int32_t n_layers, sd_model **o
         return SD_ERR_INVALID_ARG;
     }
     *out = NULL;
+    if (m->shard.tp_size > 1 || m->coll) {
+        SD_ERROR("model: a tensor-parallel shard cannot lend its layers to a view (its forward needs the group)");
+        return SD_ERR_UNSUPPORTED;
+    }
     if (!m->be.ops->host_memory && m->params.device < 0) {
         SD_ERROR("model: backend %s cannot share weights with a view", m->be.ops->name);
         return SD_ERR_UNSUPPORTED;
@@ -637,6 +794,8 @@ sd_status sd_model_view_layers(const sd_model *m, int32_t n_layers, sd_model **o
     v->output = m->output;
     v->inv_freq = m->inv_freq;
     v->layers = m->layers;
+    v->shard = m->shard;
+    v->output_borrowed = true;
     const sd_model_config *c = &m->cfg;
     uint64_t E = (uint64_t)c->n_embd, QD = (uint64_t)c->n_heads * (uint64_t)c->head_dim;
     uint64_t KD = (uint64_t)c->n_kv_heads * (uint64_t)c->head_dim, F = (uint64_t)c->n_ff;
@@ -661,6 +820,42 @@ const sd_model_config *sd_model_config_of(const sd_model *m) { return m ? &m->cf
 
 uint64_t sd_model_weight_bytes(const sd_model *m) { return m ? m->weight_bytes : 0; }
 
+uint64_t sd_model_resident_bytes(const sd_model *m) { return m ? m->resident_bytes : 0; }
+
+void sd_model_shard_of(const sd_model *m, sd_model_shard *out) {
+    if (!out) return;
+    if (m)
+        *out = m->shard;
+    else
+        memset(out, 0, sizeof *out);
+}
+
+sd_status sd_model_set_coll(sd_model *m, sd_coll *coll) {
+    if (!m) return SD_ERR_INVALID_ARG;
+    if (coll) {
+        bool shm = strcmp(sd_coll_kind(coll), "shm") == 0;
+        if (sd_coll_size(coll) != m->shard.tp_size || sd_coll_rank(coll) != m->shard.tp_rank) {
+            SD_ERROR("model: loaded as rank %d of %d, but the group says rank %d of %d", (int)m->shard.tp_rank,
+                     (int)m->shard.tp_size, (int)sd_coll_rank(coll), (int)sd_coll_size(coll));
+            return SD_ERR_INVALID_ARG;
+        }
+        if (shm != m->be.ops->host_memory) {
+            SD_ERROR("model: %s collectives cannot work on %s buffers (shm is for the CPU, nccl for CUDA)",
+                     sd_coll_kind(coll), m->be.ops->name);
+            return SD_ERR_INVALID_ARG;
+        }
+    }
+    if (m->be.ops->graph_reset) m->be.ops->graph_reset(m->be.ctx); /* recordings made without collectives */
+    m->coll = coll;
+    return SD_OK;
+}
+
+void sd_model_set_plan_sink(sd_model *m, sd_model_plan_fn fn, void *user) {
+    if (!m) return;
+    m->plan_sink = fn;
+    m->plan_user = user;
+}
+
 /* A device-resident cache's pools come from the model's backend. */
 static void *kv_pool_alloc(void *ctx, size_t bytes) {
     const sd_backend_handle *be = ctx;
@@ -677,7 +872,7 @@ sd_status sd_model_kv_create(const sd_model *m, int32_t max_seqs, int32_t n_bloc
     if (!m || !out) return SD_ERR_INVALID_ARG;
     sd_kv_params p = sd_kv_default_params();
     p.n_layers = m->n_layers_used;
-    p.n_kv_heads = m->cfg.n_kv_heads;
+    p.n_kv_heads = m->shard.n_kv_heads; /* this rank's heads only */
     p.head_dim = m->cfg.head_dim;
     if (block_size) p.block_size = block_size;
     p.n_blocks = n_blocks;
@@ -709,16 +904,28 @@ static sd_status reserve_activations(sd_model *m, int32_t n_tokens) {
     if (m->be.ops->graph_reset) m->be.ops->graph_reset(m->be.ctx); /* recordings name the old buffers */
     free_activations(m);
     const sd_model_config *c = &m->cfg;
-    size_t n = (size_t)n_tokens, q = (size_t)c->n_heads * (size_t)c->head_dim;
-    size_t kvd = (size_t)c->n_kv_heads * (size_t)c->head_dim;
+    const sd_model_shard *sh = &m->shard;
+    size_t n = (size_t)n_tokens, q = (size_t)sh->n_heads * (size_t)c->head_dim;
+    size_t kvd = (size_t)sh->n_kv_heads * (size_t)c->head_dim;
+    /* the split LM head's buffers exist whenever a group is attached (or may
+     * be later: sized from the shard, not from m->coll) */
+    bool split = sh->lm_head == SD_TP_LM_HEAD_SPLIT && sh->n_vocab > 0;
+    bool leader = sh->tp_rank == 0;
     struct {
         float **dst;
         size_t floats;
     } const want[] = {
-        {&a->x, n * (size_t)c->n_embd}, {&a->xb, n * (size_t)c->n_embd}, {&a->q, n * q},
-        {&a->k, n * kvd},               {&a->v, n * kvd},                {&a->att, n * q},
-        {&a->gate, n * (size_t)c->n_ff}, {&a->up, n * (size_t)c->n_ff},
-        {&a->logits, m->be.ops->host_memory ? 0 : n * (size_t)c->n_vocab},
+        {&a->x, n * (size_t)c->n_embd},
+        {&a->xb, n * (size_t)c->n_embd},
+        {&a->q, n * q},
+        {&a->k, n * kvd},
+        {&a->v, n * kvd},
+        {&a->att, n * q},
+        {&a->gate, n * (size_t)sh->n_ff},
+        {&a->up, n * (size_t)sh->n_ff},
+        {&a->logits, m->be.ops->host_memory || !leader ? 0 : n * (size_t)c->n_vocab},
+        {&a->head_part, split ? n * (size_t)sh->n_vocab : 0},
+        {&a->head_all, split && leader ? n * (size_t)sh->n_vocab * (size_t)sh->tp_size : 0},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         if (!want[i].floats) continue;
@@ -846,17 +1053,32 @@ static sd_status gather_block_tables(sd_model *m, sd_kv *kv, const sd_batch *b, 
     return SD_OK;
 }
 
-/* The transformer: embeddings, then n_layers_used blocks, on all n tokens. */
-static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_batch *b) {
+/* Sums a partial residual update over the group (nothing without one). On
+ * a device the ops queued so far must be done before another stream (the
+ * NCCL group's) reads the buffer; the collective returns once the sum is
+ * in place, so the ops queued after it see it. */
+static sd_status tp_all_reduce(sd_model *m, float *buf, size_t n) {
+    if (!m->coll) return SD_OK;
+    if (m->be.ops->sync) SD_TRY(m->be.ops->sync(m->be.ctx));
+    return sd_coll_all_reduce_sum(m->coll, buf, n);
+}
+
+/* The transformer: embeddings, then n_layers_used blocks, on all n tokens
+ * of the plan. Shapes per rank: H, KV heads and F MLP columns of its shard;
+ * the two row-parallel matmuls leave partial sums that the all-reduces
+ * complete. */
+static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_model_plan *b) {
     const sd_backend_ops *op = m->be.ops;
     sd_backend *be = m->be.ctx;
     const sd_model_config *c = &m->cfg;
     activations *a = &m->act;
-    const int32_t n = b->n_tokens, E = c->n_embd, H = c->n_heads, KV = c->n_kv_heads, D = c->head_dim;
+    const int32_t n = b->n_tokens, E = c->n_embd, D = c->head_dim;
+    const int32_t H = m->shard.n_heads, KV = m->shard.n_kv_heads, F = m->shard.n_ff;
     const int32_t QD = H * D, KD = KV * D;
+    const size_t nE = (size_t)n * (size_t)E;
     const int32_t bs = sd_kv_params_of(kv)->block_size;
     const float scale = 1.0f / sqrtf((float)D);
-    const int32_t *bt = m->plan.bt, *bt_off = m->plan.bt_off;
+    const int32_t *bt = b->bt, *bt_off = b->bt_off;
 
     SD_TRY(op->embed(be, m->tok_embd, E, b->tokens, n, a->x)); /* x [n][E] */
     for (int32_t l = 0; l < m->n_layers_used; l++) {
@@ -872,15 +1094,17 @@ static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_batch *b) {
         SD_TRY(op->kv_write(be, sd_kv_v_pool(kv, l), bs, KD, a->v, n, b->pos, bt, bt_off));
         SD_TRY(op->attention(be, a->q, sd_kv_k_pool(kv, l), sd_kv_v_pool(kv, l), n, H, KV, D, bs, b->pos, bt,
                              bt_off, scale, a->att));                          /* att [n][H*D] */
-        SD_TRY(op->matmul(be, L->wo, QD, E, a->att, n, a->xb));               /* xb [n][E] */
-        SD_TRY(op->add(be, a->x, a->xb, (size_t)n * (size_t)E, a->x));
+        SD_TRY(op->matmul(be, L->wo, QD, E, a->att, n, a->xb));               /* xb [n][E] (partial) */
+        SD_TRY(tp_all_reduce(m, a->xb, nE));
+        SD_TRY(op->add(be, a->x, a->xb, nE, a->x));
         /* MLP block */
         SD_TRY(op->rmsnorm(be, a->x, L->ffn_norm, n, E, c->rms_eps, a->xb));
-        SD_TRY(op->matmul(be, L->w_gate, E, c->n_ff, a->xb, n, a->gate));     /* gate [n][F] */
-        SD_TRY(op->matmul(be, L->w_up, E, c->n_ff, a->xb, n, a->up));         /* up [n][F] */
-        SD_TRY(op->swiglu(be, a->gate, a->up, (size_t)n * (size_t)c->n_ff, a->gate));
-        SD_TRY(op->matmul(be, L->w_down, c->n_ff, E, a->gate, n, a->xb));     /* xb [n][E] */
-        SD_TRY(op->add(be, a->x, a->xb, (size_t)n * (size_t)E, a->x));
+        SD_TRY(op->matmul(be, L->w_gate, E, F, a->xb, n, a->gate));           /* gate [n][F] */
+        SD_TRY(op->matmul(be, L->w_up, E, F, a->xb, n, a->up));               /* up [n][F] */
+        SD_TRY(op->swiglu(be, a->gate, a->up, (size_t)n * (size_t)F, a->gate));
+        SD_TRY(op->matmul(be, L->w_down, F, E, a->gate, n, a->xb));           /* xb [n][E] (partial) */
+        SD_TRY(tp_all_reduce(m, a->xb, nE));
+        SD_TRY(op->add(be, a->x, a->xb, nE, a->x));
     }
     return SD_OK;
 }
@@ -890,10 +1114,11 @@ static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_batch *b) {
  * every buffer and launch shape; what changes between steps (ids,
  * positions, block tables) was copied by host_arrays into buffers that stay
  * where they are. A backend that declines to record, or drops a recording
- * that failed, gets the ops run one by one. */
-static sd_status run_layers(sd_model *m, sd_kv *kv, const sd_batch *b) {
+ * that failed, gets the ops run one by one. A model in a group never
+ * records: its collectives wait on the host between ops. */
+static sd_status run_layers(sd_model *m, sd_kv *kv, const sd_model_plan *b) {
     const sd_backend_ops *op = m->be.ops;
-    if (!op->graph_launch) return forward_layers(m, kv, b);
+    if (!op->graph_launch || m->coll) return forward_layers(m, kv, b);
     uint64_t key = sd_kv_uid(kv) * 0x9E3779B97F4A7C15ull ^ (uint64_t)(uint32_t)b->n_tokens;
     sd_status s = op->graph_launch(m->be.ctx, key);
     if (s != SD_ERR_NOT_FOUND) return s;
@@ -904,21 +1129,72 @@ static sd_status run_layers(sd_model *m, sd_kv *kv, const sd_batch *b) {
     return s != SD_OK ? s : e;
 }
 
-/* Final norm and LM head for the n_wanted rows listed in plan.wanted; out
- * NULL keeps them in the activations (a->logits on a device backend). */
-static sd_status forward_logits(sd_model *m, int32_t n_wanted, float *out) {
+/* The split LM head: every rank computes its vocabulary columns for the
+ * wanted rows (xb, normed), the leader gathers them, [tp][n_wanted][Vl],
+ * and reorders them into dst [n_wanted][V]: viewed as rows of Vl floats,
+ * row t*tp + r of dst is row r*n_wanted + t of the gathered buffer (the
+ * embedding lookup does that row gather on any backend). */
+static sd_status split_head(sd_model *m, int32_t n_wanted, float *dst) {
+    const sd_backend_ops *op = m->be.ops;
+    sd_backend *be = m->be.ctx;
+    activations *a = &m->act;
+    const sd_model_shard *sh = &m->shard;
+    const size_t part = (size_t)n_wanted * (size_t)sh->n_vocab;
+    SD_TRY(op->matmul(be, m->output, m->cfg.n_embd, sh->n_vocab, a->xb, n_wanted, a->head_part));
+    if (op->sync) SD_TRY(op->sync(be));
+    SD_TRY(sd_coll_gather(m->coll, a->head_part, part, a->head_all, 0));
+    if (sh->tp_rank != 0 || !dst) return SD_OK;
+    batch_plan *pl = &m->plan;
+    int32_t n_rows = n_wanted * sh->tp_size;
+    if (n_rows > pl->cap_head) {
+        SD_TRY(grow_i32(&pl->head_ids, (size_t)n_rows));
+        pl->cap_head = n_rows;
+    }
+    for (int32_t t = 0; t < n_wanted; t++)
+        for (int32_t r = 0; r < sh->tp_size; r++) pl->head_ids[t * sh->tp_size + r] = r * n_wanted + t;
+    return op->embed(be, a->head_all, sh->n_vocab, pl->head_ids, n_rows, dst);
+}
+
+/* Final norm and LM head for the n_wanted rows listed in wanted; out NULL
+ * keeps them in the activations (a->logits on a device backend). In a
+ * group every rank with LM head rows takes part; only the leader ends up
+ * with logits. */
+static sd_status forward_logits(sd_model *m, const int32_t *wanted, int32_t n_wanted, float *out) {
     const sd_backend_ops *op = m->be.ops;
     sd_backend *be = m->be.ctx;
     const sd_model_config *c = &m->cfg;
+    const sd_model_shard *sh = &m->shard;
     activations *a = &m->act;
+    bool split = m->coll && sh->lm_head == SD_TP_LM_HEAD_SPLIT;
+    if (!split && sh->tp_rank != 0) return SD_OK; /* the leader holds the whole head */
     /* gather wanted rows of x into xb [n_wanted][E], norm in place */
-    SD_TRY(op->embed(be, a->x, c->n_embd, m->plan.wanted, n_wanted, a->xb));
+    SD_TRY(op->embed(be, a->x, c->n_embd, wanted, n_wanted, a->xb));
     SD_TRY(op->rmsnorm(be, a->xb, m->output_norm, n_wanted, c->n_embd, c->rms_eps, a->xb));
     float *dst = op->host_memory ? out : a->logits; /* [n_wanted][n_vocab] */
-    SD_TRY(op->matmul(be, m->output, c->n_embd, c->n_vocab, a->xb, n_wanted, dst));
-    if (!op->host_memory && out)
+    if (split)
+        SD_TRY(split_head(m, n_wanted, dst));
+    else
+        SD_TRY(op->matmul(be, m->output, c->n_embd, c->n_vocab, a->xb, n_wanted, dst));
+    if (sh->tp_rank == 0 && !op->host_memory && out)
         SD_TRY(op->buf_download(be, out, a->logits, (size_t)n_wanted * (size_t)c->n_vocab * sizeof(float)));
     return SD_OK;
+}
+
+/* Everything after the batch was planned: the arrays to the device, the
+ * layers, the LM head. */
+static sd_status run_plan(sd_model *m, sd_kv *kv, const sd_model_plan *p, float *out) {
+    sd_status s = SD_OK;
+    if (m->be.ops->host_arrays) {
+        /* the order is fixed: a recorded forward reads the same slots */
+        const sd_host_array arrays[] = {
+            {p->tokens, (size_t)p->n_tokens}, {p->pos, (size_t)p->n_tokens},     {p->bt, (size_t)p->n_bt},
+            {p->bt_off, (size_t)p->n_tokens}, {p->wanted, (size_t)p->n_wanted},
+        };
+        s = m->be.ops->host_arrays(m->be.ctx, arrays, (int32_t)(sizeof arrays / sizeof arrays[0]));
+    }
+    if (s == SD_OK) s = run_layers(m, kv, p);
+    if (s == SD_OK && p->n_wanted > 0) s = forward_logits(m, p->wanted, p->n_wanted, out);
+    return s;
 }
 
 static sd_status forward(sd_model *m, sd_kv *kv, const sd_batch *b, float *out, bool keep);
@@ -958,11 +1234,17 @@ static sd_status forward(sd_model *m, sd_kv *kv, const sd_batch *b, float *out, 
         SD_ERROR("model: batch with %d tokens lacks tokens/pos/seq arrays", (int)b->n_tokens);
         return SD_ERR_INVALID_ARG;
     }
+    if (m->shard.tp_size > 1 && (!m->coll || m->shard.tp_rank != 0)) {
+        SD_ERROR("model: rank %d of a %d-rank group %s", (int)m->shard.tp_rank, (int)m->shard.tp_size,
+                 m->coll ? "runs the leader's plans (sd_model_forward_plan), not batches of its own"
+                         : "has no collectives yet (sd_model_set_coll)");
+        return SD_ERR_INVALID_ARG;
+    }
     const sd_kv_params *kp = sd_kv_params_of(kv);
-    if (kp->n_layers < m->n_layers_used || kp->n_kv_heads != m->cfg.n_kv_heads || kp->head_dim != m->cfg.head_dim) {
+    if (kp->n_layers < m->n_layers_used || kp->n_kv_heads != m->shard.n_kv_heads || kp->head_dim != m->cfg.head_dim) {
         SD_ERROR("model: KV cache shape (%d layers, %d kv heads, head_dim %d) does not fit the model (%d, %d, %d)",
                  (int)kp->n_layers, (int)kp->n_kv_heads, (int)kp->head_dim, (int)m->n_layers_used,
-                 (int)m->cfg.n_kv_heads, (int)m->cfg.head_dim);
+                 (int)m->shard.n_kv_heads, (int)m->cfg.head_dim);
         return SD_ERR_INVALID_ARG;
     }
     SD_TRY(reserve_plan(&m->plan, kp->max_seqs, b->n_tokens));
@@ -975,22 +1257,19 @@ static sd_status forward(sd_model *m, sd_kv *kv, const sd_batch *b, float *out, 
     SD_TRY(reserve_activations(m, b->n_tokens));
     SD_TRY(grow_sequences(m, kv, n_seqs));
     sd_status s = gather_block_tables(m, kv, b, n_seqs);
-    if (s == SD_OK && m->be.ops->host_arrays) {
-        size_t n_bt = 0;
-        for (int32_t i = 0; i < n_seqs; i++) {
-            int32_t nb = 0;
-            sd_kv_block_table(kv, m->plan.seq_order[i], &nb);
-            n_bt += (size_t)nb;
-        }
-        /* the order is fixed: a recorded forward reads the same slots */
-        const sd_host_array arrays[] = {
-            {b->tokens, (size_t)b->n_tokens}, {b->pos, (size_t)b->n_tokens}, {m->plan.bt, n_bt},
-            {m->plan.bt_off, (size_t)b->n_tokens}, {m->plan.wanted, (size_t)n_wanted},
-        };
-        s = m->be.ops->host_arrays(m->be.ctx, arrays, (int32_t)(sizeof arrays / sizeof arrays[0]));
+    size_t n_bt = 0;
+    for (int32_t i = 0; s == SD_OK && i < n_seqs; i++) {
+        int32_t nb = 0;
+        sd_kv_block_table(kv, m->plan.seq_order[i], &nb);
+        n_bt += (size_t)nb;
     }
-    if (s == SD_OK) s = run_layers(m, kv, b);
-    if (s == SD_OK && n_wanted > 0) s = forward_logits(m, n_wanted, keep ? NULL : out);
+    sd_model_plan plan = {
+        .n_tokens = b->n_tokens, .tokens = b->tokens, .pos = b->pos, .bt_off = m->plan.bt_off,
+        .n_bt = (int32_t)n_bt, .bt = m->plan.bt, .n_wanted = n_wanted, .wanted = m->plan.wanted,
+    };
+    /* the other ranks run the same plan at the same time */
+    if (s == SD_OK && m->plan_sink) s = m->plan_sink(m->plan_user, &plan);
+    if (s == SD_OK) s = run_plan(m, kv, &plan, keep ? NULL : out);
     if (s != SD_OK) {
         /* the cache holds partial entries: give the new positions back */
         for (int32_t i = 0; i < n_seqs; i++) {
@@ -999,5 +1278,63 @@ static sd_status forward(sd_model *m, sd_kv *kv, const sd_batch *b, float *out, 
         }
         SD_ERROR("model: forward failed: %s", sd_status_str(s));
     }
+    return s;
+}
+
+/* Checks a plan from the leader against this rank's cache and vocabulary:
+ * every array present, ids in the vocabulary, each token's block entry
+ * (and every entry before it, which attention reads) inside bt, every block
+ * id inside the pool, wanted rows increasing. */
+static sd_status check_plan(const sd_model *m, const sd_kv *kv, const sd_model_plan *p) {
+    const sd_kv_params *kp = sd_kv_params_of(kv);
+    if (p->n_tokens < 1 || p->n_bt < 1 || p->n_wanted < 0 || p->n_wanted > p->n_tokens || !p->tokens || !p->pos ||
+        !p->bt_off || !p->bt || (p->n_wanted > 0 && !p->wanted)) {
+        SD_ERROR("model: plan with %d tokens, %d block entries, %d wanted rows, or an array missing",
+                 (int)p->n_tokens, (int)p->n_bt, (int)p->n_wanted);
+        return SD_ERR_RANGE;
+    }
+    for (int32_t i = 0; i < p->n_bt; i++)
+        if (p->bt[i] < 0 || p->bt[i] >= kp->n_blocks) {
+            SD_ERROR("model: plan block entry %d is block %d, outside the pool [0, %d)", (int)i, (int)p->bt[i],
+                     (int)kp->n_blocks);
+            return SD_ERR_RANGE;
+        }
+    for (int32_t t = 0; t < p->n_tokens; t++) {
+        if (p->tokens[t] < 0 || p->tokens[t] >= m->cfg.n_vocab || p->pos[t] < 0 || p->bt_off[t] < 0 ||
+            (int64_t)p->bt_off[t] + p->pos[t] / kp->block_size >= p->n_bt) {
+            SD_ERROR("model: plan token %d (id %d, position %d, table at %d) is outside the vocabulary %d or the "
+                     "%d block entries",
+                     (int)t, (int)p->tokens[t], (int)p->pos[t], (int)p->bt_off[t], (int)m->cfg.n_vocab,
+                     (int)p->n_bt);
+            return SD_ERR_RANGE;
+        }
+    }
+    for (int32_t i = 0; i < p->n_wanted; i++)
+        if (p->wanted[i] < 0 || p->wanted[i] >= p->n_tokens || (i > 0 && p->wanted[i] <= p->wanted[i - 1])) {
+            SD_ERROR("model: plan wanted row %d is %d (rows must increase inside [0, %d))", (int)i,
+                     (int)p->wanted[i], (int)p->n_tokens);
+            return SD_ERR_RANGE;
+        }
+    return SD_OK;
+}
+
+sd_status sd_model_forward_plan(sd_model *m, sd_kv *kv, const sd_model_plan *plan) {
+    if (!m || !kv || !plan) return SD_ERR_INVALID_ARG;
+    if (!m->coll || m->shard.tp_rank == 0) {
+        SD_ERROR("model: only a rank > 0 of a group with its collectives runs the leader's plans");
+        return SD_ERR_INVALID_ARG;
+    }
+    const sd_kv_params *kp = sd_kv_params_of(kv);
+    if (kp->n_layers < m->n_layers_used || kp->n_kv_heads != m->shard.n_kv_heads || kp->head_dim != m->cfg.head_dim) {
+        SD_ERROR("model: KV cache shape (%d layers, %d kv heads, head_dim %d) does not fit the shard (%d, %d, %d)",
+                 (int)kp->n_layers, (int)kp->n_kv_heads, (int)kp->head_dim, (int)m->n_layers_used,
+                 (int)m->shard.n_kv_heads, (int)m->cfg.head_dim);
+        return SD_ERR_INVALID_ARG;
+    }
+    SD_TRY(check_plan(m, kv, plan));
+    SD_TRY(reserve_activations(m, plan->n_tokens));
+    sd_status s = run_plan(m, kv, plan, NULL);
+    if (s != SD_OK) SD_ERROR("model: rank %d: forward of the leader's plan failed: %s", (int)m->shard.tp_rank,
+                             sd_status_str(s));
     return s;
 }

@@ -371,6 +371,14 @@ static void cuda_destroy(sd_backend **pbe) {
     *pbe = NULL;
 }
 
+/* Everything queued on the backend's stream is done (a tensor-parallel
+ * all-reduce then reads the buffer on the NCCL group's own stream). */
+static sd_status cuda_sync(sd_backend *be) {
+    CUDA_TRY(cudaSetDevice(be->device));
+    CUDA_TRY(cudaStreamSynchronize(be->stream));
+    return SD_OK;
+}
+
 static const sd_backend_ops cuda_ops = {
     .name = "cuda",
     .host_memory = false,
@@ -383,6 +391,7 @@ static const sd_backend_ops cuda_ops = {
     .weight_upload = cuda_weight_upload,
     .weight_free = cuda_weight_free,
     .mem_info = cuda_mem_info,
+    .sync = cuda_sync,
     .host_arrays = cuda_host_arrays,
     .graph_launch = cuda_graph_launch,
     .graph_begin = cuda_graph_begin,

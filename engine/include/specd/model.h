@@ -45,17 +45,34 @@ typedef struct sd_model_config {
     bool tied_output;       /* output.weight absent: LM head = token_embd */
 } sd_model_config;
 
+/* Where a tensor-parallel group computes the LM head (docs/DESIGN.md,
+ * "Tensor parallelism", says why split is the default). */
+typedef enum sd_tp_lm_head {
+    SD_TP_LM_HEAD_SPLIT = 0,  /* rank r holds vocabulary rows [r*V/tp, (r+1)*V/tp) and computes those
+                                 logits; the leader gathers them (needs tp | n_vocab, else LEADER) */
+    SD_TP_LM_HEAD_LEADER = 1, /* the leader holds the whole head and computes every logit; the other
+                                 ranks hold none (a replica there would never be read) */
+} sd_tp_lm_head;
+
 typedef struct sd_model_params {
     int32_t n_threads;      /* 0 = every online core */
     int32_t n_layers_used;  /* 0 = all; L < n_layers runs only the first L
                                layers + final norm + LM head (self-draft) */
     int32_t device;         /* -1 = CPU (default); N >= 0 = CUDA device N */
-    /* tensor parallelism: this process holds shard tp_rank of tp_size
-     * (heads and the MLP's inner dimension split; see docs/DESIGN.md) and
-     * runs every forward in lockstep with the other ranks over coll
-     * (borrowed; NULL when tp_size == 1) */
+    /* Tensor parallelism: this process holds shard tp_rank of tp_size
+     * (attention heads, the MLP's inner dimension and the LM head's
+     * vocabulary split; see docs/DESIGN.md) and runs every forward in
+     * lockstep with the other ranks over coll. tp_size must divide the
+     * head count, the MLP width, and either divide the KV head count or be
+     * a multiple of it (then KV heads are replicated); anything else is
+     * refused at load with SD_ERR_INVALID_ARG and a line saying why. */
     int32_t tp_rank;        /* default 0 */
     int32_t tp_size;        /* default 1 */
+    sd_tp_lm_head tp_lm_head; /* default SD_TP_LM_HEAD_SPLIT */
+    /* The group (borrowed). May be NULL at load and given later with
+     * sd_model_set_coll (ranks load their slices before the group exists).
+     * With tp_size 1 a one-rank group may be given: the collectives then
+     * run, which exercises that path on a single device. */
     sd_coll *coll;
 } sd_model_params;
 
@@ -132,6 +149,64 @@ sd_status sd_model_forward_verify(sd_model *m, sd_kv *kv, const sd_batch *b, int
 
 /* Bytes of weights the forward pass reads per step (for bandwidth figures). */
 uint64_t sd_model_weight_bytes(const sd_model *m);
+
+/* Bytes of weights this process holds, in the backend's formats, the
+ * embedding table included: on a tensor-parallel rank 1/tp of the layers
+ * plus the replicated parts (norms, embedding table, its LM head rows). */
+uint64_t sd_model_resident_bytes(const sd_model *m);
+
+/* ---- tensor parallelism ---- */
+
+/* This process's shard: which heads, MLP columns and vocabulary rows it
+ * holds. */
+typedef struct sd_model_shard {
+    int32_t tp_rank, tp_size;
+    int32_t n_heads, head0;       /* query heads [head0, head0 + n_heads) */
+    int32_t n_kv_heads, kv_head0; /* KV heads held (replicated when fewer than ranks) */
+    int32_t n_ff, ff0;            /* MLP columns [ff0, ff0 + n_ff) */
+    int32_t n_vocab, vocab0;      /* LM head rows [vocab0, vocab0 + n_vocab); n_vocab 0 = none */
+    sd_tp_lm_head lm_head;        /* the mode in effect (SPLIT falls back to LEADER when tp does not divide n_vocab) */
+} sd_model_shard;
+
+void sd_model_shard_of(const sd_model *m, sd_model_shard *out);
+
+/* Sets the group (borrowed; must outlive its use) whose collectives every
+ * forward runs: its rank and size must be the model's, and its kind fit the
+ * backend (shm for the CPU, nccl for CUDA). NULL detaches it. */
+sd_status sd_model_set_coll(sd_model *m, sd_coll *coll);
+
+/* What every rank of a tensor-parallel group needs to run one forward in
+ * lockstep with the leader: the batch rows with their positions, the KV
+ * block tables of the leader's allocation (ranks keep no cache bookkeeping
+ * of their own, only the pools, so their block ids are the leader's by
+ * construction), and the rows whose logits are wanted. Arrays borrowed. */
+typedef struct sd_model_plan {
+    int32_t n_tokens;
+    const int32_t *tokens;  /* [n_tokens] token ids */
+    const int32_t *pos;     /* [n_tokens] positions */
+    const int32_t *bt_off;  /* [n_tokens] where each token's block table starts in bt */
+    int32_t n_bt;
+    const int32_t *bt;      /* [n_bt] block ids: the batch's tables one after another */
+    int32_t n_wanted;
+    const int32_t *wanted;  /* [n_wanted] rows (increasing) whose logits are wanted */
+} sd_model_plan;
+
+/* Called by the leader's forward once the batch is validated and the cache
+ * grown, before any op runs; it must get the plan to the other ranks (they
+ * run sd_model_forward_plan on it). An error fails the forward, which gives
+ * the new positions back. */
+typedef sd_status (*sd_model_plan_fn)(void *user, const sd_model_plan *plan);
+
+/* Installs fn (NULL: none) on the leader's model. */
+void sd_model_set_plan_sink(sd_model *m, sd_model_plan_fn fn, void *user);
+
+/* A rank r > 0 of a group runs the leader's plan: the same ops on its own
+ * shard, writing K/V into kv's pools at the plan's blocks (kv's own lengths
+ * and tables are not used; it needs the leader's n_blocks and block_size).
+ * Every index is checked against kv and the vocabulary first (SD_ERR_RANGE
+ * with a log line: a rank never trusts a message). The logits are the
+ * leader's; a rank computes its LM head rows and sends them in the gather. */
+sd_status sd_model_forward_plan(sd_model *m, sd_kv *kv, const sd_model_plan *plan);
 
 #ifdef __cplusplus
 }

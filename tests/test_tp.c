@@ -1,0 +1,662 @@
+/* test_tp.c — tensor-parallel shards of the model (engine/model.c) run by
+ * real rank processes over the shared-memory collectives.
+ *
+ * Each case forks tp ranks. Rank 0 loads shard 0, runs ragged batches with
+ * sd_model_forward and hands every plan to the others through its plan sink
+ * — here a broadcast on the group's own collectives (the verifier's group
+ * sends plans over ZeroMQ instead; tests/integration/test_tp.py covers
+ * that) — and ranks 1..tp-1 run them with sd_model_forward_plan. Logits
+ * land in shared memory, keyed by (sequence, position), so that any two
+ * runs compare row by row whatever their batch schedule.
+ *
+ * Checked, on random models written by specd-mkmodel:
+ *   - TP = 2 and 4 (KV heads replicated at 4 > 2) match TP = 1: max |diff|
+ *     <= 1e-5 x max |logit| and the same argmax on every row, with the LM
+ *     head split by vocabulary and kept whole on the leader; Q8_0 weights
+ *     (column slices on block boundaries), a tied head, and a vocabulary
+ *     that TP does not divide (the head falls back to the leader);
+ *   - deterministic and batch-invariant under TP: a sequence's logits are
+ *     bit-identical when each sequence runs alone, token by token, or all
+ *     interleaved in two chunks;
+ *   - a rank checks every plan index (bad block id, position past the
+ *     table, token out of the vocabulary: SD_ERR_RANGE, nothing run);
+ *   - resident weights per rank: 1/tp of the layers plus the replicated
+ *     parts, to the byte;
+ *   - clear refusals: a TP size that does not divide the heads, the KV
+ *     heads (nor is a multiple of them) or the MLP, or that cuts quantized
+ *     blocks.
+ * `test_tp smollm` runs TP = 3 on SmolLM2-135M (9 heads, 3 KV heads) against
+ * TP = 1 (label model; skipped without the model); `test_tp cuda` runs the
+ * NCCL path with one rank on a GPU (skipped without one). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <math.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "specd/coll.h"
+#include "specd/model.h"
+#include "specd/weights.h"
+
+#define MAX_TP 4
+#define MAX_SEQS 4
+#define MAX_LEN 16
+#define KV_BLOCKS 64
+#define BLOCK 4
+#define GROUP_WAIT_S 600.0
+
+/* ------------------------------------------------------------ models */
+
+static struct {
+    char dir[64];
+    char m_gqa[128];   /* dim 64, 4 heads, 2 KV heads, ff 128, vocab 512, untied, f32 */
+    char m_q8[128];    /* dim 128, 8 heads, 8 KV heads, ff 256, vocab 510, tied, q8_0 */
+    char m_odd[128];   /* dim 96, 6 heads, 2 KV heads, ff 192 (refusals) */
+    char m_ff[128];    /* dim 64, 4 heads, ff 130 (refusals) */
+    char m_q8s[128];   /* dim 64, 4 heads, q8_0: 16 columns per rank at tp 4 (refusal) */
+    bool ok;
+} env;
+
+static int setup_models(void **state) {
+    (void)state;
+    snprintf(env.dir, sizeof env.dir, "/tmp/specd-tp-XXXXXX");
+    if (!mkdtemp(env.dir)) return 0;
+    snprintf(env.m_gqa, sizeof env.m_gqa, "%s/gqa.gguf", env.dir);
+    snprintf(env.m_q8, sizeof env.m_q8, "%s/q8.gguf", env.dir);
+    snprintf(env.m_odd, sizeof env.m_odd, "%s/odd.gguf", env.dir);
+    snprintf(env.m_ff, sizeof env.m_ff, "%s/ff.gguf", env.dir);
+    snprintf(env.m_q8s, sizeof env.m_q8s, "%s/q8s.gguf", env.dir);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "'%1$s' -o '%2$s' --dim 64 --layers 2 --heads 4 --kv-heads 2 --ff 128 --vocab 512 --seed 5 && "
+             "'%1$s' -o '%3$s' --dim 128 --layers 2 --heads 8 --kv-heads 8 --ff 256 --vocab 510 --tied "
+             "--dtype q8_0 --seed 6 && "
+             "'%1$s' -o '%4$s' --dim 96 --layers 1 --heads 6 --kv-heads 2 --ff 192 --vocab 300 && "
+             "'%1$s' -o '%5$s' --dim 64 --layers 1 --heads 4 --kv-heads 4 --ff 130 --vocab 300 && "
+             "'%1$s' -o '%6$s' --dim 64 --layers 1 --heads 4 --kv-heads 4 --ff 128 --vocab 300 --dtype q8_0",
+             SPECD_MKMODEL, env.m_gqa, env.m_q8, env.m_odd, env.m_ff, env.m_q8s);
+    env.ok = system(cmd) == 0;
+    return 0;
+}
+
+static int teardown_models(void **state) {
+    (void)state;
+    const char *files[] = {env.m_gqa, env.m_q8, env.m_odd, env.m_ff, env.m_q8s};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) unlink(files[i]);
+    rmdir(env.dir);
+    return 0;
+}
+
+#define SKIP_WITHOUT_MODELS()                                                   \
+    do {                                                                        \
+        if (!env.ok) {                                                          \
+            fprintf(stderr, "skipped: specd-mkmodel could not write models\n"); \
+            skip();                                                             \
+        }                                                                       \
+    } while (0)
+
+static sd_status load(const char *path, int tp, int rank, sd_tp_lm_head mode, sd_model **out) {
+    sd_weights *w = NULL;
+    sd_status st = sd_weights_open(path, &w);
+    if (st != SD_OK) return st;
+    sd_model_params mp = sd_model_default_params();
+    mp.n_threads = 1;
+    mp.tp_size = tp;
+    mp.tp_rank = rank;
+    mp.tp_lm_head = mode;
+    st = sd_model_load_weights(w, &mp, out);
+    sd_weights_close(&w);
+    return st;
+}
+
+/* ------------------------------------------------------------ workloads */
+
+/* A forward schedule over MAX_SEQS sequences of fixed lengths: "mixed" runs
+ * each sequence's first half interleaved, then the rest interleaved;
+ * "alone" runs one token per call. Logits are wanted on every row and
+ * stored at [seq][pos]. */
+typedef enum { SCHED_MIXED, SCHED_ALONE } sched;
+
+typedef struct workload {
+    int32_t n_seqs;
+    int32_t len[MAX_SEQS];
+    int32_t ids[MAX_SEQS][MAX_LEN];
+} workload;
+
+static workload make_workload(int32_t n_vocab, uint32_t seed) {
+    workload w = {.n_seqs = 4, .len = {7, 3, 12, 5}};
+    for (int32_t s = 0; s < w.n_seqs; s++)
+        for (int32_t p = 0; p < w.len[s]; p++) {
+            seed = seed * 1664525u + 1013904223u;
+            w.ids[s][p] = (int32_t)((seed >> 8) % (uint32_t)n_vocab);
+        }
+    return w;
+}
+
+static size_t row_of(int32_t s, int32_t p) { return (size_t)s * MAX_LEN + (size_t)p; }
+
+/* Runs the schedule on the leader's model m, storing logits in out
+ * [MAX_SEQS*MAX_LEN][V]. */
+static sd_status run_workload(sd_model *m, sd_kv *kv, const workload *w, sched sc, float *out) {
+    int32_t V = sd_model_config_of(m)->n_vocab;
+    int32_t tokens[MAX_SEQS * MAX_LEN], pos[MAX_SEQS * MAX_LEN], seq[MAX_SEQS * MAX_LEN];
+    bool want[MAX_SEQS * MAX_LEN];
+    float *logits = malloc((size_t)MAX_SEQS * MAX_LEN * (size_t)V * sizeof(float));
+    if (!logits) return SD_ERR_NOMEM;
+    int32_t done[MAX_SEQS] = {0};
+    sd_status st = SD_OK;
+    for (int32_t call = 0; st == SD_OK; call++) {
+        int32_t n = 0;
+        if (sc == SCHED_MIXED) {
+            if (call > 1) break;
+            for (int32_t p = 0; p < MAX_LEN; p++)
+                for (int32_t s = 0; s < w->n_seqs; s++) {
+                    int32_t half = (w->len[s] + 1) / 2, end = call == 0 ? half : w->len[s];
+                    if (p < done[s] || p >= end) continue;
+                    tokens[n] = w->ids[s][p], pos[n] = p, seq[n] = s, want[n] = true, n++;
+                }
+        } else {
+            int32_t s = 0;
+            while (s < w->n_seqs && done[s] == w->len[s]) s++;
+            if (s == w->n_seqs) break;
+            tokens[n] = w->ids[s][done[s]], pos[n] = done[s], seq[n] = s, want[n] = true, n++;
+        }
+        sd_batch b = {n, tokens, pos, seq, want};
+        st = sd_model_forward(m, kv, &b, logits);
+        for (int32_t i = 0; st == SD_OK && i < n; i++) {
+            memcpy(out + row_of(seq[i], pos[i]) * (size_t)V, logits + (size_t)i * (size_t)V, (size_t)V * sizeof(float));
+            done[seq[i]] = pos[i] + 1;
+        }
+    }
+    free(logits);
+    return st;
+}
+
+/* ------------------------------------------------------------ plans over the collectives */
+
+/* The leader's plan sink: a header broadcast, then the arrays. A header
+ * with n_tokens 0 ends the ranks' loop. */
+typedef struct plan_wire {
+    sd_coll *coll;
+    int32_t *buf;
+    size_t cap;
+} plan_wire;
+
+static sd_status bcast_plan(void *user, const sd_model_plan *p) {
+    plan_wire *pw = user;
+    int32_t hdr[3] = {p->n_tokens, p->n_bt, p->n_wanted};
+    size_t n = 3 * (size_t)p->n_tokens + (size_t)p->n_bt + (size_t)p->n_wanted;
+    if (n > pw->cap) {
+        int32_t *b = realloc(pw->buf, n * sizeof *b);
+        if (!b) return SD_ERR_NOMEM;
+        pw->buf = b, pw->cap = n;
+    }
+    int32_t *q = pw->buf;
+    memcpy(q, p->tokens, (size_t)p->n_tokens * 4), q += p->n_tokens;
+    memcpy(q, p->pos, (size_t)p->n_tokens * 4), q += p->n_tokens;
+    memcpy(q, p->bt_off, (size_t)p->n_tokens * 4), q += p->n_tokens;
+    memcpy(q, p->bt, (size_t)p->n_bt * 4), q += p->n_bt;
+    if (p->n_wanted) memcpy(q, p->wanted, (size_t)p->n_wanted * 4);
+    SD_TRY(sd_coll_broadcast(pw->coll, hdr, sizeof hdr, 0));
+    return sd_coll_broadcast(pw->coll, pw->buf, n * sizeof(int32_t), 0);
+}
+
+static sd_status bcast_end(sd_coll *coll) {
+    int32_t hdr[3] = {0, 0, 0};
+    return sd_coll_broadcast(coll, hdr, sizeof hdr, 0);
+}
+
+/* A plan with one index wrong must be refused before anything runs. */
+static int check_bad_plans(sd_model *m, sd_kv *kv) {
+    int32_t V = sd_model_config_of(m)->n_vocab;
+    int32_t tok[2] = {1, 2}, pos[2] = {0, 1}, off[2] = {0, 0}, bt[1] = {0}, wanted[1] = {1};
+    sd_model_plan good = {2, tok, pos, off, 1, bt, 1, wanted};
+    sd_model_plan p = good;
+    int32_t bad_bt[1] = {KV_BLOCKS};
+    p.bt = bad_bt;
+    if (sd_model_forward_plan(m, kv, &p) != SD_ERR_RANGE) return 30;
+    p = good;
+    int32_t far[2] = {0, BLOCK}; /* position 4 needs a second table entry */
+    p.pos = far;
+    if (sd_model_forward_plan(m, kv, &p) != SD_ERR_RANGE) return 31;
+    p = good;
+    int32_t big[2] = {1, V};
+    p.tokens = big;
+    if (sd_model_forward_plan(m, kv, &p) != SD_ERR_RANGE) return 32;
+    p = good;
+    int32_t back[2] = {1, 0};
+    p.n_wanted = 2, p.wanted = back;
+    if (sd_model_forward_plan(m, kv, &p) != SD_ERR_RANGE) return 33;
+    return 0;
+}
+
+typedef struct group_case {
+    const char *model;
+    int tp;
+    sd_tp_lm_head mode;
+    sched sc;
+    uint32_t seed;
+    char shm_name[64];
+    float *out;               /* shared: [MAX_SEQS*MAX_LEN][V] written by rank 0 */
+    uint64_t *resident;       /* shared: [tp] each rank's sd_model_resident_bytes */
+    sd_model_shard *shards;   /* shared: [tp] */
+} group_case;
+
+static int rank_main(group_case *gc, int rank) {
+    sd_model *m = NULL;
+    if (load(gc->model, gc->tp, rank, gc->mode, &m) != SD_OK) return 10;
+    gc->resident[rank] = sd_model_resident_bytes(m);
+    sd_model_shard_of(m, &gc->shards[rank]);
+    sd_coll_params cp = sd_coll_default_params();
+    cp.rank = rank;
+    cp.size = gc->tp;
+    cp.timeout_ms = 60000;
+    cp.max_bytes = 4096; /* small: every all-reduce is chunked */
+    sd_coll *coll = NULL;
+    if (sd_coll_shm_open(gc->shm_name, &cp, &coll) != SD_OK) return 11;
+    int rc = sd_model_set_coll(m, coll) == SD_OK ? 0 : 12;
+    sd_kv *kv = NULL;
+    if (!rc && sd_model_kv_create(m, MAX_SEQS, KV_BLOCKS, BLOCK, &kv) != SD_OK) rc = 13;
+    if (!rc && rank == 0) {
+        plan_wire pw = {.coll = coll};
+        sd_model_set_plan_sink(m, bcast_plan, &pw);
+        workload w = make_workload(sd_model_config_of(m)->n_vocab, gc->seed);
+        if (run_workload(m, kv, &w, gc->sc, gc->out) != SD_OK) rc = 14;
+        if (bcast_end(coll) != SD_OK && !rc) rc = 15;
+        free(pw.buf);
+    } else if (!rc) {
+        if (rank == 1) rc = check_bad_plans(m, kv);
+        for (int32_t *buf = NULL; !rc;) {
+            int32_t hdr[3];
+            if (sd_coll_broadcast(coll, hdr, sizeof hdr, 0) != SD_OK) rc = 20;
+            if (rc || hdr[0] == 0) {
+                free(buf);
+                break;
+            }
+            size_t n = 3 * (size_t)hdr[0] + (size_t)hdr[1] + (size_t)hdr[2];
+            free(buf);
+            buf = malloc(n * sizeof *buf);
+            if (!buf || sd_coll_broadcast(coll, buf, n * sizeof *buf, 0) != SD_OK) {
+                free(buf);
+                rc = 21;
+                break;
+            }
+            sd_model_plan p = {hdr[0], buf, buf + hdr[0], buf + 2 * hdr[0], hdr[1], buf + 3 * hdr[0], hdr[2],
+                               buf + 3 * hdr[0] + hdr[1]};
+            if (sd_model_forward_plan(m, kv, &p) != SD_OK) rc = 22;
+        }
+    }
+    if (rc) sd_coll_abort(coll); /* the others fail fast instead of timing out */
+    sd_kv_free(&kv);
+    sd_model_set_coll(m, NULL);
+    sd_coll_close(&coll);
+    sd_model_free(&m);
+    return rc;
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void *shared(size_t bytes) {
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(p != MAP_FAILED);
+    memset(p, 0, bytes);
+    return p;
+}
+
+/* Runs a tp-rank group on gc; returns logits [MAX_SEQS*MAX_LEN][V] (caller
+ * frees with free_logits) or asserts. tp 1 runs in this process. */
+static float *run_group(group_case *gc, int32_t V) {
+    size_t bytes = (size_t)MAX_SEQS * MAX_LEN * (size_t)V * sizeof(float);
+    gc->out = shared(bytes);
+    gc->resident = shared(MAX_TP * sizeof(uint64_t));
+    gc->shards = shared(MAX_TP * sizeof(sd_model_shard));
+    static int counter;
+    snprintf(gc->shm_name, sizeof gc->shm_name, "specd-test-tp-%d-%d", (int)getpid(), ++counter);
+    if (gc->tp == 1) {
+        sd_model *m = NULL;
+        assert_int_equal(load(gc->model, 1, 0, gc->mode, &m), SD_OK);
+        gc->resident[0] = sd_model_resident_bytes(m);
+        sd_model_shard_of(m, &gc->shards[0]);
+        sd_kv *kv = NULL;
+        assert_int_equal(sd_model_kv_create(m, MAX_SEQS, KV_BLOCKS, BLOCK, &kv), SD_OK);
+        workload w = make_workload(V, gc->seed);
+        assert_int_equal(run_workload(m, kv, &w, gc->sc, gc->out), SD_OK);
+        sd_kv_free(&kv);
+        sd_model_free(&m);
+        return gc->out;
+    }
+    pid_t pids[MAX_TP];
+    for (int r = 0; r < gc->tp; r++) {
+        fflush(NULL);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) exit(rank_main(gc, r)); /* exit, not _exit: LeakSanitizer checks the rank */
+        pids[r] = pid;
+    }
+    int failed = 0, running = gc->tp;
+    double t0 = now_s();
+    while (running > 0) {
+        bool late = now_s() - t0 > GROUP_WAIT_S;
+        for (int r = 0; r < gc->tp; r++) {
+            if (pids[r] <= 0) continue;
+            int status = 0;
+            if (late) {
+                fprintf(stderr, "rank %d hung: killing it\n", r);
+                kill(pids[r], SIGKILL);
+                waitpid(pids[r], &status, 0);
+            } else if (waitpid(pids[r], &status, WNOHANG) != pids[r]) {
+                continue;
+            }
+            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+                fprintf(stderr, "rank %d of %d failed (status 0x%x, exit %d)\n", r, gc->tp, status,
+                        WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+                failed++;
+            }
+            pids[r] = -1;
+            running--;
+        }
+        usleep(2000);
+    }
+    assert_int_equal(failed, 0);
+    return gc->out;
+}
+
+static void free_group(group_case *gc, int32_t V) {
+    munmap(gc->out, (size_t)MAX_SEQS * MAX_LEN * (size_t)V * sizeof(float));
+    munmap(gc->resident, MAX_TP * sizeof(uint64_t));
+    munmap(gc->shards, MAX_TP * sizeof(sd_model_shard));
+}
+
+static int32_t argmax(const float *x, int32_t n) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* Every row of the workload: |a - b| <= 1e-5 * max |a| and the same argmax. */
+static void assert_close(const float *a, const float *b, const workload *w, int32_t V, const char *what) {
+    double worst = 0, top = 0;
+    int n_rows = 0;
+    for (int32_t s = 0; s < w->n_seqs; s++)
+        for (int32_t p = 0; p < w->len[s]; p++) {
+            const float *x = a + row_of(s, p) * (size_t)V, *y = b + row_of(s, p) * (size_t)V;
+            double row_top = 0, row_worst = 0;
+            for (int32_t i = 0; i < V; i++) {
+                if (fabs(x[i]) > row_top) row_top = fabs(x[i]);
+                if (fabs((double)x[i] - y[i]) > row_worst) row_worst = fabs((double)x[i] - y[i]);
+            }
+            if (row_worst > 1e-5 * row_top)
+                fail_msg("%s: seq %d pos %d: max |diff| %.3g > 1e-5 x max |logit| %.3g", what, (int)s, (int)p,
+                         row_worst, row_top);
+            if (argmax(x, V) != argmax(y, V))
+                fail_msg("%s: seq %d pos %d: argmax %d vs %d", what, (int)s, (int)p, (int)argmax(x, V),
+                         (int)argmax(y, V));
+            if (row_worst / (row_top > 0 ? row_top : 1) > worst) worst = row_worst / (row_top > 0 ? row_top : 1);
+            if (row_top > top) top = row_top;
+            n_rows++;
+        }
+    fprintf(stderr, "%s: %d rows, max |diff| / max |logit| = %.3g (max |logit| %.3g)\n", what, n_rows, worst, top);
+}
+
+static void assert_bits(const float *a, const float *b, const workload *w, int32_t V, const char *what) {
+    for (int32_t s = 0; s < w->n_seqs; s++)
+        for (int32_t p = 0; p < w->len[s]; p++)
+            if (memcmp(a + row_of(s, p) * (size_t)V, b + row_of(s, p) * (size_t)V, (size_t)V * sizeof(float)))
+                fail_msg("%s: seq %d pos %d differs bit for bit", what, (int)s, (int)p);
+}
+
+static int32_t vocab_of(const char *path) {
+    sd_weights *w = NULL;
+    assert_int_equal(sd_weights_open(path, &w), SD_OK);
+    sd_model_config c;
+    assert_int_equal(sd_weights_config(w, &c), SD_OK);
+    sd_weights_close(&w);
+    return c.n_vocab;
+}
+
+/* TP = tp (mixed schedule) against TP = 1. */
+static void check_matches(const char *model, int tp, sd_tp_lm_head mode, const char *what) {
+    int32_t V = vocab_of(model);
+    group_case ref = {.model = model, .tp = 1, .mode = mode, .sc = SCHED_MIXED, .seed = 77};
+    group_case tpc = ref;
+    tpc.tp = tp;
+    float *a = run_group(&ref, V), *b = run_group(&tpc, V);
+    workload w = make_workload(V, 77);
+    assert_close(a, b, &w, V, what);
+    free_group(&ref, V);
+    free_group(&tpc, V);
+}
+
+/* ------------------------------------------------------------ tests */
+
+static void test_tp2_matches_tp1(void **state) {
+    (void)state;
+    SKIP_WITHOUT_MODELS();
+    check_matches(env.m_gqa, 2, SD_TP_LM_HEAD_SPLIT, "tp 2, head split");
+    check_matches(env.m_gqa, 2, SD_TP_LM_HEAD_LEADER, "tp 2, head on the leader");
+}
+
+static void test_tp4_matches_tp1(void **state) {
+    (void)state;
+    SKIP_WITHOUT_MODELS();
+    /* 2 KV heads over 4 ranks: each KV head held by two ranks */
+    check_matches(env.m_gqa, 4, SD_TP_LM_HEAD_SPLIT, "tp 4 (KV replicated), head split");
+    /* q8_0 columns on block boundaries; tied head; vocabulary 510 not a
+     * multiple of 4: the head stays on the leader */
+    check_matches(env.m_q8, 4, SD_TP_LM_HEAD_SPLIT, "tp 4, q8_0, tied head, vocab 510");
+    check_matches(env.m_q8, 2, SD_TP_LM_HEAD_SPLIT, "tp 2, q8_0, tied head split");
+}
+
+/* Under TP a row's logits do not depend on the batch: each sequence alone,
+ * token by token, equals all of them interleaved in two chunks. */
+static void test_tp_batch_invariant(void **state) {
+    (void)state;
+    SKIP_WITHOUT_MODELS();
+    int32_t V = vocab_of(env.m_gqa);
+    group_case mixed = {.model = env.m_gqa, .tp = 2, .mode = SD_TP_LM_HEAD_SPLIT, .sc = SCHED_MIXED, .seed = 91};
+    group_case alone = mixed;
+    alone.sc = SCHED_ALONE;
+    float *a = run_group(&mixed, V), *b = run_group(&alone, V);
+    workload w = make_workload(V, 91);
+    assert_bits(a, b, &w, V, "tp 2: interleaved vs alone");
+    free_group(&mixed, V);
+    free_group(&alone, V);
+}
+
+/* Shards: the layer weights split 1/tp, the rest held where the mode says. */
+static void test_tp_resident_bytes(void **state) {
+    (void)state;
+    SKIP_WITHOUT_MODELS();
+    int32_t V = vocab_of(env.m_gqa);
+    group_case one = {.model = env.m_gqa, .tp = 1, .mode = SD_TP_LM_HEAD_SPLIT, .sc = SCHED_MIXED, .seed = 3};
+    group_case two = one;
+    two.tp = 2;
+    run_group(&one, V);
+    run_group(&two, V);
+    /* dim 64, 2 layers, 4 heads of 16, 2 KV heads, ff 128, vocab 512, f32 */
+    const uint64_t E = 64, F = 128, QD = 64, KD = 32, L = 2;
+    uint64_t layer = (2 * E * QD + 2 * E * KD + 3 * E * F) * 4, norms = 2 * E * 4;
+    uint64_t embd = (uint64_t)V * E * 4, head = (uint64_t)V * E * 4, out_norm = E * 4;
+    assert_int_equal(one.resident[0], embd + head + out_norm + L * (layer + norms));
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(two.resident[r], embd + head / 2 + out_norm + L * (layer / 2 + norms));
+        assert_int_equal(two.shards[r].n_heads, 2);
+        assert_int_equal(two.shards[r].head0, 2 * r);
+        assert_int_equal(two.shards[r].n_kv_heads, 1);
+        assert_int_equal(two.shards[r].kv_head0, r);
+        assert_int_equal(two.shards[r].n_vocab, V / 2);
+        assert_int_equal(two.shards[r].vocab0, r * V / 2);
+    }
+    fprintf(stderr, "resident weights: tp 1 %llu bytes; tp 2 %llu per rank (%.1f%%)\n",
+            (unsigned long long)one.resident[0], (unsigned long long)two.resident[0],
+            100.0 * (double)two.resident[0] / (double)one.resident[0]);
+    free_group(&one, V);
+    free_group(&two, V);
+    /* the head on the leader only */
+    group_case lead = {.model = env.m_gqa, .tp = 4, .mode = SD_TP_LM_HEAD_LEADER, .sc = SCHED_MIXED, .seed = 3};
+    run_group(&lead, V);
+    /* 2 KV heads over 4 ranks: each rank holds one whole KV head (replicated) */
+    uint64_t layer4 = (2 * E * QD / 4 + 2 * E * (KD / 2) + 3 * E * F / 4) * 4;
+    assert_int_equal(lead.resident[0], embd + head + out_norm + L * (layer4 + norms));
+    assert_int_equal(lead.resident[3], embd + out_norm + L * (layer4 + norms));
+    assert_int_equal(lead.shards[3].n_vocab, 0);
+    assert_int_equal(lead.shards[2].kv_head0, 1); /* heads 2 of 4 -> KV head 1 of 2 */
+    free_group(&lead, V);
+}
+
+static void expect_refused(const char *path, int tp, const char *what) {
+    for (int r = 0; r < tp; r += tp - 1 > 0 ? tp - 1 : 1) {
+        sd_model *m = NULL;
+        sd_status st = load(path, tp, r, SD_TP_LM_HEAD_SPLIT, &m);
+        if (st != SD_ERR_INVALID_ARG) fail_msg("%s (rank %d): %s, expected a refusal", what, r, sd_status_str(st));
+        assert_null(m);
+    }
+}
+
+static void test_tp_refusals(void **state) {
+    (void)state;
+    SKIP_WITHOUT_MODELS();
+    expect_refused(env.m_gqa, 3, "tp 3 with 4 heads");
+    expect_refused(env.m_odd, 3, "tp 3 with 6 heads but 2 KV heads");
+    expect_refused(env.m_odd, 4, "tp 4 with 6 heads");
+    expect_refused(env.m_ff, 4, "tp 4 with an MLP of 130");
+    expect_refused(env.m_q8s, 4, "tp 4 cutting q8_0 blocks of 32 into 16 columns");
+    sd_model *m = NULL;
+    assert_int_equal(load(env.m_gqa, 2, 2, SD_TP_LM_HEAD_SPLIT, &m), SD_ERR_INVALID_ARG);
+    /* allowed: 6 heads / 2 KV heads over 2 ranks; q8_0 with 32 columns each */
+    assert_int_equal(load(env.m_odd, 2, 1, SD_TP_LM_HEAD_SPLIT, &m), SD_OK);
+    /* a shard in no group runs no batch of its own */
+    sd_kv *kv = NULL;
+    assert_int_equal(sd_model_kv_create(m, 1, 8, 4, &kv), SD_OK);
+    int32_t t = 1, p = 0, s = 0;
+    sd_batch b = {1, &t, &p, &s, NULL};
+    assert_int_equal(sd_model_forward(m, kv, &b, NULL), SD_ERR_INVALID_ARG);
+    sd_model *view = NULL;
+    assert_int_equal(sd_model_view_layers(m, 1, &view), SD_ERR_UNSUPPORTED);
+    sd_kv_free(&kv);
+    sd_model_free(&m);
+    assert_int_equal(load(env.m_q8s, 2, 1, SD_TP_LM_HEAD_SPLIT, &m), SD_OK);
+    sd_model_free(&m);
+}
+
+/* SmolLM2-135M: 9 heads, 3 KV heads, MLP 1536, vocab 49152, Q4_1 (blocks of
+ * 32: each rank's 192 attention and 512 MLP columns are whole blocks). */
+static void test_smollm_tp3(void **state) {
+    (void)state;
+    const char *path = getenv("SPECD_MODEL");
+    if (!path || access(path, R_OK) != 0) {
+        fprintf(stderr, "skipped: SPECD_MODEL (the demo model) is not set or not readable\n");
+        skip();
+    }
+    check_matches(path, 3, SD_TP_LM_HEAD_SPLIT, "SmolLM2-135M, tp 3, head split");
+}
+
+/* `test_tp cuda`: on a GPU, the model with a one-rank NCCL group (every
+ * all-reduce and the LM head's gather run, on device buffers) gives the
+ * same logits, bit for bit, as without a group. Exits 77 without a CUDA
+ * build or a usable GPU. */
+static int cuda_main(void) {
+    setup_models(NULL);
+    if (!env.ok) {
+        printf("test_tp cuda: skipped: specd-mkmodel could not write a model\n");
+        return 77;
+    }
+    int rc = 1;
+    sd_weights *w = NULL;
+    sd_model *plain = NULL, *grouped = NULL;
+    sd_kv *kv1 = NULL, *kv2 = NULL;
+    sd_coll *coll = NULL;
+    float *a = NULL, *b = NULL;
+    uint8_t id[1024];
+    size_t id_len = 0;
+    sd_model_params mp = sd_model_default_params();
+    mp.device = 0;
+    if (sd_weights_open(env.m_gqa, &w) != SD_OK) goto out;
+    if (sd_model_load_weights(w, &mp, &plain) != SD_OK) {
+        printf("test_tp cuda: skipped: no CUDA backend or no usable GPU (the model could not be put on cuda:0)\n");
+        rc = 77;
+        goto out;
+    }
+    sd_coll_params cp = sd_coll_default_params();
+    if (sd_coll_nccl_unique_id(id, sizeof id, &id_len) != SD_OK || sd_coll_nccl_open(id, id_len, 0, &cp, &coll) != SD_OK) {
+        printf("test_tp cuda: skipped: NCCL is not usable here\n");
+        rc = 77;
+        goto out;
+    }
+    memset(id, 0, sizeof id);
+    int32_t V = sd_model_config_of(plain)->n_vocab;
+    size_t bytes = (size_t)MAX_SEQS * MAX_LEN * (size_t)V * sizeof(float);
+    a = calloc(1, bytes);
+    b = calloc(1, bytes);
+    workload wl = make_workload(V, 13);
+    for (int mode = 0; mode < 2; mode++) {
+        mp.tp_lm_head = mode ? SD_TP_LM_HEAD_LEADER : SD_TP_LM_HEAD_SPLIT;
+        mp.coll = coll;
+        if (!a || !b || sd_model_load_weights(w, &mp, &grouped) != SD_OK) goto out;
+        if (sd_model_kv_create(plain, MAX_SEQS, KV_BLOCKS, BLOCK, &kv1) != SD_OK ||
+            sd_model_kv_create(grouped, MAX_SEQS, KV_BLOCKS, BLOCK, &kv2) != SD_OK)
+            goto out;
+        if (run_workload(plain, kv1, &wl, SCHED_MIXED, a) != SD_OK || run_workload(grouped, kv2, &wl, SCHED_MIXED, b) != SD_OK)
+            goto out;
+        for (int32_t s = 0; s < wl.n_seqs; s++)
+            for (int32_t p = 0; p < wl.len[s]; p++)
+                if (memcmp(a + row_of(s, p) * (size_t)V, b + row_of(s, p) * (size_t)V, (size_t)V * sizeof(float))) {
+                    printf("test_tp cuda: head %s: seq %d pos %d differs with a one-rank NCCL group\n",
+                           mode ? "on the leader" : "split", (int)s, (int)p);
+                    goto out;
+                }
+        printf("test_tp cuda: head %s: %d rows bit-identical with a one-rank NCCL group\n",
+               mode ? "on the leader" : "split", 4 * MAX_LEN);
+        sd_kv_free(&kv1);
+        sd_kv_free(&kv2);
+        sd_model_free(&grouped);
+    }
+    rc = 0;
+out:
+    if (rc == 1) printf("test_tp cuda: FAILED\n");
+    sd_kv_free(&kv1);
+    sd_kv_free(&kv2);
+    sd_model_free(&grouped);
+    sd_model_free(&plain);
+    sd_coll_close(&coll);
+    sd_weights_close(&w);
+    free(a);
+    free(b);
+    teardown_models(NULL);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "cuda") == 0) return cuda_main();
+    if (argc > 1 && strcmp(argv[1], "smollm") == 0) {
+        const char *path = getenv("SPECD_MODEL");
+        if (!path || access(path, R_OK) != 0) {
+            printf("test_tp smollm: skipped: SPECD_MODEL (the demo model) is not set or not readable\n");
+            return 77;
+        }
+        const struct CMUnitTest tests[] = {cmocka_unit_test(test_smollm_tp3)};
+        return cmocka_run_group_tests(tests, NULL, NULL);
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tp2_matches_tp1),   cmocka_unit_test(test_tp4_matches_tp1),
+        cmocka_unit_test(test_tp_batch_invariant), cmocka_unit_test(test_tp_resident_bytes),
+        cmocka_unit_test(test_tp_refusals),
+    };
+    return cmocka_run_group_tests(tests, setup_models, teardown_models);
+}

@@ -1,0 +1,11 @@
+# Tensor parallelism (engine/model.c shards; verifier/group.c is covered by
+# tests/integration/test_tp.py): forked rank groups over shared-memory
+# collectives against TP = 1 on random models; SmolLM2-135M at TP = 3
+# (label model); the NCCL path with one rank on a GPU (skipped without one).
+specd_unit_test(test_tp test_tp.c)
+target_compile_definitions(test_tp PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
+add_dependencies(test_tp specd-mkmodel)
+add_test(NAME test_tp_smollm COMMAND test_tp smollm)
+set_tests_properties(test_tp_smollm PROPERTIES LABELS "model" SKIP_RETURN_CODE 77 TIMEOUT 900)
+add_test(NAME test_tp_cuda COMMAND test_tp cuda)
+set_tests_properties(test_tp_cuda PROPERTIES LABELS "unit" SKIP_RETURN_CODE 77 TIMEOUT 300)
