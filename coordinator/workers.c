@@ -6,7 +6,8 @@
  * sd_tok_vocab_hash; else CODE_VOCAB_MISMATCH naming both), and for a
  * verifier no other live leader (else CODE_REFUSED). A worker silent for
  * liveness intervals, or one that leaves a step unanswered past its timeout,
- * is dead: the scheduler drops its step and its beliefs. Its later messages
+ * is dead: the scheduler drops its step and its beliefs; so is one that
+ * reports CODE_UNAVAILABLE (a verifier group that lost a rank). Its later messages
  * come from an unknown peer and are dropped with a log line (they are
  * responses, not requests: answering them with an Error would only make a
  * slow worker exit); it re-registers once it misses our heartbeats.
@@ -218,6 +219,11 @@ void sd_workers_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, 
         SD_WARN("worker %s reports %s: %s", wi >= 0 ? c->workers[wi].name : "(unregistered)",
                 sd_net_code_name(env->error->code), env->error->message ? env->error->message : "");
         if (wi >= 0 && c->workers[wi].busy) sd_sched_fail_step(c, wi, "the worker answered the step with an Error");
+        /* A worker that cannot serve any more (a verifier group that lost
+         * a rank) says so: drop it now rather than after the liveness
+         * period; its requests keep their tokens and wait for the next. */
+        if (wi >= 0 && env->error->code == SPECD__CODE__CODE_UNAVAILABLE)
+            mark_dead(c, wi, "it reported itself unavailable");
         break;
     default:
         SD_WARN("worker message with body case %d; ignored", (int)env->body_case);

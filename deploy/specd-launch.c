@@ -20,7 +20,12 @@
  * - A drafter or verifier that dies unexpectedly is reported (which one,
  *   exit status or signal) and restarted with exponential back-off
  *   (--restart on, the default); the coordinator re-registers it and the
- *   requests carry on (see DESIGN.md, "Failure semantics"). A coordinator
+ *   requests carry on (see DESIGN.md, "Failure semantics"). A tensor-
+ *   parallel verifier group (--tp N > 1) is one unit: when any rank exits
+ *   (killed, or exit 4 because its group went down), the others are
+ *   stopped (SIGTERM and SIGCONT, so a stopped rank hears it; SIGKILL after
+ *   GROUP_STOP_GRACE_MS) and all N are started again together, because the
+ *   survivors' KV pools no longer match a fresh rank's. A coordinator
  *   that dies takes every request's state with it: the launcher stops the
  *   rest and exits 1 so that the supervisor above it (systemd, Slurm)
  *   decides. A child that, on its first start, exits at once with status
@@ -60,6 +65,7 @@
 #define RESTART_STABLE_MS 30000      /* a child that ran this long gets its back-off reset */
 #define EARLY_EXIT_MS 3000           /* exits this soon after start with 2/3/127 are fatal */
 #define STATS_POLL_MS 200            /* readiness query period */
+#define GROUP_STOP_GRACE_MS 3000     /* a group's surviving ranks get this long to stop before SIGKILL */
 
 typedef enum child_role { CHILD_COORDINATOR, CHILD_VERIFIER, CHILD_DRAFTER } child_role;
 
@@ -69,6 +75,8 @@ typedef struct launch_opts {
     int draft_layers;
     int tp;
     const char *client_addr, *worker_addr;
+    const char *group_addr;  /* the verifier group's own socket (--tp > 1) */
+    int device_base;         /* -1: verifier ranks on the CPU; N: rank r on cuda:N+r */
     int threads_verifier, threads_drafter;
     const char *bin_dir;
     int ready_timeout_s, stop_timeout_s;
@@ -98,6 +106,13 @@ typedef struct launcher {
     char client_connect[256];
     bool stopping;
     int exit_code;
+    /* the verifier group (--tp > 1) goes down and restarts as a whole */
+    bool group_down;            /* a rank exited: the others are being stopped */
+    bool group_killed;          /* SIGKILL sent to the stragglers */
+    double group_kill_at_ms;    /* SIGKILL the ranks still running after this */
+    double group_restart_at_ms; /* start all ranks again (once none runs) */
+    double group_started_ms;
+    int group_backoff_ms, group_restarts;
 } launcher;
 
 static double now_ms(void) {
@@ -195,6 +210,13 @@ static void build_argv(launcher *L, child *c) {
             push(c, &n, int_arg(c, 0, o->tp));
             push(c, &n, "--rank");
             push(c, &n, int_arg(c, 1, c->rank));
+            push(c, &n, "--group");
+            push(c, &n, o->group_addr);
+        }
+        if (o->device_base >= 0) {
+            push(c, &n, "--device");
+            snprintf(c->argbuf[3], sizeof c->argbuf[3], "cuda:%d", o->device_base + c->rank);
+            push(c, &n, c->argbuf[3]);
         }
         if (o->threads_verifier > 0) {
             push(c, &n, "--threads");
@@ -274,6 +296,40 @@ static void describe_status(int status, char *buf, size_t n) {
         snprintf(buf, n, "changed state 0x%x", status);
 }
 
+/* Sends sig to a child and SIGCONT after it, so that a stopped (hung)
+ * child acts on it too. */
+static void signal_child(const child *c, int sig) {
+    if (!c->pid) return;
+    kill(c->pid, sig);
+    if (sig != SIGKILL) kill(c->pid, SIGCONT);
+}
+
+/* Rank c of the verifier group exited: the group is down. Stops the other
+ * ranks and schedules a restart of all of them (restart_due). */
+static void group_down(launcher *L, const child *c, const char *why) {
+    double t = now_ms();
+    if (L->group_down) {
+        SD_INFO("%s %s (its group is going down)", c->name, why);
+        return;
+    }
+    if (t - L->group_started_ms >= RESTART_STABLE_MS) L->group_backoff_ms = RESTART_BACKOFF_MIN_MS;
+    L->group_down = true;
+    L->group_killed = false;
+    L->group_kill_at_ms = t + GROUP_STOP_GRACE_MS;
+    L->group_restart_at_ms = t + L->group_backoff_ms;
+    int others = 0;
+    for (int i = 0; i < L->n_kids; i++)
+        if (L->kids[i].role == CHILD_VERIFIER && L->kids[i].pid) {
+            signal_child(&L->kids[i], SIGTERM);
+            others++;
+        }
+    SD_WARN("%s %s unexpectedly: the verifier group is down; stopping its %d other rank(s) and restarting all %d "
+            "in %d ms",
+            c->name, why, others, L->o.tp, L->group_backoff_ms);
+    L->group_backoff_ms = L->group_backoff_ms * 2 > RESTART_BACKOFF_MAX_MS ? RESTART_BACKOFF_MAX_MS
+                                                                            : L->group_backoff_ms * 2;
+}
+
 /* Reaps every exited child; decides restart / fatal for unexpected exits. */
 static void reap(launcher *L) {
     for (;;) {
@@ -315,6 +371,10 @@ static void reap(launcher *L) {
                      c->name, why);
             continue;
         }
+        if (c->role == CHILD_VERIFIER && L->o.tp > 1) {
+            group_down(L, c, why);
+            continue;
+        }
         if (ran >= RESTART_STABLE_MS) c->backoff_ms = RESTART_BACKOFF_MIN_MS;
         c->restart_at_ms = now_ms() + c->backoff_ms;
         SD_WARN("%s %s unexpectedly; restarting it in %d ms", c->name, why, c->backoff_ms);
@@ -322,7 +382,39 @@ static void reap(launcher *L) {
     }
 }
 
+/* A group that went down: SIGKILL the ranks that outlive the grace, and
+ * once none runs and the back-off has passed, start all of them again. */
+static void group_restart_due(launcher *L) {
+    if (!L->group_down) return;
+    double t = now_ms();
+    bool any = false;
+    for (int i = 0; i < L->n_kids; i++) {
+        child *c = &L->kids[i];
+        if (c->role != CHILD_VERIFIER || !c->pid) continue;
+        any = true;
+        if (t >= L->group_kill_at_ms && !L->group_killed) {
+            SD_WARN("%s (pid %d) did not stop within %d ms of its group going down: SIGKILL", c->name, (int)c->pid,
+                    GROUP_STOP_GRACE_MS);
+            signal_child(c, SIGKILL);
+        }
+    }
+    if (t >= L->group_kill_at_ms) L->group_killed = true;
+    if (any || t < L->group_restart_at_ms) return;
+    L->group_down = false;
+    L->group_restarts++;
+    L->group_started_ms = t;
+    for (int i = 0; i < L->n_kids; i++) {
+        child *c = &L->kids[i];
+        if (c->role != CHILD_VERIFIER) continue;
+        c->restart_at_ms = 0;
+        c->restarts++;
+        if (spawn(L, c) != SD_OK) SD_ERROR("cannot restart %s", c->name);
+    }
+    SD_INFO("verifier group restarted (%d ranks, restart %d)", L->o.tp, L->group_restarts);
+}
+
 static void restart_due(launcher *L) {
+    group_restart_due(L);
     double t = now_ms();
     for (int i = 0; i < L->n_kids; i++) {
         child *c = &L->kids[i];
@@ -342,7 +434,7 @@ static int n_running(const launcher *L) {
 
 static void signal_role(launcher *L, bool coordinator, int sig) {
     for (int i = 0; i < L->n_kids; i++)
-        if (L->kids[i].pid && (L->kids[i].role == CHILD_COORDINATOR) == coordinator) kill(L->kids[i].pid, sig);
+        if (L->kids[i].pid && (L->kids[i].role == CHILD_COORDINATOR) == coordinator) signal_child(&L->kids[i], sig);
 }
 
 /* Waits (reading the signalfd) until no child of the given kind runs or the
@@ -494,6 +586,8 @@ static int run(launcher *L) {
     }
 
     L->exit_code = 0;
+    L->group_backoff_ms = RESTART_BACKOFF_MIN_MS;
+    L->group_started_ms = now_ms();
     for (int i = 0; i < L->n_kids && !L->stopping; i++)
         if (spawn(L, &L->kids[i]) != SD_OK) L->stopping = true, L->exit_code = 1;
 
@@ -558,7 +652,10 @@ static void usage(FILE *f) {
             "  --ngram                drafter: n-gram prompt lookup (no model)\n"
             "  --draft-layers L       drafter: the target's first L layers (self-draft)\n"
             "  --no-draft             no drafter: target-only decoding\n"
-            "  --tp N                 verifier ranks (default 1)\n"
+            "  --tp N                 verifier ranks: a tensor-parallel group (default 1); restarted as a whole\n"
+            "                         when any rank dies\n"
+            "  --group-addr ADDR      the group's own socket, bound by rank 0 (default tcp://127.0.0.1:7702)\n"
+            "  --verifier-device D    cpu (default), cuda (rank r on cuda:r) or cuda:N (rank r on cuda:N+r)\n"
             "  --client-addr ADDR     coordinator's client socket (default tcp://127.0.0.1:7700)\n"
             "  --worker-addr ADDR     coordinator's worker socket (default tcp://127.0.0.1:7701)\n"
             "  --threads-verifier N   verifier threads (default: its own default)\n"
@@ -589,7 +686,7 @@ static bool parse_int(const char *s, int lo, int hi, int *out) {
 enum {
     OPT_TARGET = 256, OPT_DRAFT, OPT_NGRAM, OPT_DRAFT_LAYERS, OPT_NO_DRAFT, OPT_TP, OPT_CLIENT_ADDR,
     OPT_WORKER_ADDR, OPT_THREADS_V, OPT_THREADS_D, OPT_BIN_DIR, OPT_READY_TIMEOUT, OPT_STOP_TIMEOUT, OPT_RESTART,
-    OPT_COORD_ARG, OPT_VERIFIER_ARG, OPT_DRAFTER_ARG
+    OPT_COORD_ARG, OPT_VERIFIER_ARG, OPT_DRAFTER_ARG, OPT_GROUP_ADDR, OPT_VERIFIER_DEVICE
 };
 
 static int parse_args(int argc, char **argv, launch_opts *o) {
@@ -611,6 +708,8 @@ static int parse_args(int argc, char **argv, launch_opts *o) {
         {"coordinator-arg", required_argument, 0, OPT_COORD_ARG},
         {"verifier-arg", required_argument, 0, OPT_VERIFIER_ARG},
         {"drafter-arg", required_argument, 0, OPT_DRAFTER_ARG},
+        {"group-addr", required_argument, 0, OPT_GROUP_ADDR},
+        {"verifier-device", required_argument, 0, OPT_VERIFIER_DEVICE},
         {"verbose", no_argument, 0, 'v'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
@@ -634,6 +733,17 @@ static int parse_args(int argc, char **argv, launch_opts *o) {
             }
             break;
         case OPT_CLIENT_ADDR: o->client_addr = optarg; break;
+        case OPT_GROUP_ADDR: o->group_addr = optarg; break;
+        case OPT_VERIFIER_DEVICE:
+            if (!strcmp(optarg, "cpu")) {
+                o->device_base = -1;
+            } else if (!strcmp(optarg, "cuda")) {
+                o->device_base = 0;
+            } else if (strncmp(optarg, "cuda:", 5) || !parse_int(optarg + 5, 0, 1023, &o->device_base)) {
+                fprintf(stderr, "specd-launch: --verifier-device takes cpu, cuda or cuda:N, got '%s'\n", optarg);
+                return 2;
+            }
+            break;
         case OPT_WORKER_ADDR: o->worker_addr = optarg; break;
         case OPT_THREADS_V:
         case OPT_THREADS_D:
@@ -692,6 +802,8 @@ int main(int argc, char **argv) {
     L->o = (launch_opts){.tp = 1,
                          .client_addr = "tcp://127.0.0.1:7700",
                          .worker_addr = "tcp://127.0.0.1:7701",
+                         .group_addr = "tcp://127.0.0.1:7702",
+                         .device_base = -1,
                          .ready_timeout_s = 120,
                          .stop_timeout_s = 10,
                          .restart = true};

@@ -568,6 +568,112 @@ Specd__CoordinatorToWorker *sd_net_decode_to_worker(const uint8_t *data, size_t 
     return env;
 }
 
+/* ---- the verifier group's own link (verifier/group.c) ---- */
+
+static bool check_group_join(vctx *v, const Specd__GroupJoin *j) {
+    if (j->group_size < 2 || j->group_size > SD_MAX_GROUP_SIZE)
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "join.group_size: %u outside [2, %d]", j->group_size,
+                    SD_MAX_GROUP_SIZE);
+    if (j->rank < 1 || j->rank >= j->group_size)
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "join.rank: %u outside [1, %u) (rank 0 is the leader)",
+                    j->rank, j->group_size);
+    if (j->lm_head > 1) return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "join.lm_head: %u is not 0 or 1", j->lm_head);
+    if (!j->model) return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "join.model: missing");
+    return check_text(v, "join.host", j->host, NAME_MAX_BYTES) &&
+           check_text(v, "join.model.architecture", j->model->architecture, NAME_MAX_BYTES) &&
+           check_text(v, "join.model.name", j->model->name, 4096);
+}
+
+static bool check_group_setup(vctx *v, const Specd__GroupSetup *s) {
+    size_t name_len = strlen(s->shm_name);
+    if (name_len > 200 || strchr(s->shm_name, '/'))
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "setup.shm_name: %zu bytes (at most 200, no '/')", name_len);
+    if ((name_len == 0) == (s->nccl_id.len == 0))
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "setup: exactly one of shm_name and nccl_id must be set");
+    if (s->nccl_id.len > 1024)
+        return fail(v, SPECD__CODE__CODE_TOO_LARGE, "setup.nccl_id: %zu bytes over the limit of 1024",
+                    s->nccl_id.len);
+    if (s->coll_timeout_ms < 1 || s->coll_timeout_ms > 3600000)
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "setup.coll_timeout_ms: %u outside [1, 3600000]",
+                    s->coll_timeout_ms);
+    if (s->coll_max_bytes < 64 || s->coll_max_bytes > ((uint64_t)1 << 34))
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "setup.coll_max_bytes: %llu outside [64, 2^34]",
+                    (unsigned long long)s->coll_max_bytes);
+    if (s->kv_blocks < 1 || s->kv_blocks > (1u << 28) || s->block_size < 1 || s->block_size > 4096)
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "setup: kv_blocks %u outside [1, 2^28] or block_size %u "
+                    "outside [1, 4096]", s->kv_blocks, s->block_size);
+    if (s->heartbeat_interval_ms < 1 || s->heartbeat_interval_ms > 60000 || s->heartbeat_liveness < 1 ||
+        s->heartbeat_liveness > 1000)
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "setup: heartbeat interval %u ms outside [1, 60000] or "
+                    "liveness %u outside [1, 1000]", s->heartbeat_interval_ms, s->heartbeat_liveness);
+    return true;
+}
+
+static bool check_group_plan(vctx *v, const Specd__GroupPlan *p) {
+    if (p->n_tokens < 1 || p->n_tokens > SD_MAX_GROUP_ROWS)
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "plan.tokens: %zu rows outside [1, %d]", p->n_tokens,
+                    SD_MAX_GROUP_ROWS);
+    if (p->n_pos != p->n_tokens || p->n_bt_off != p->n_tokens)
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "plan: %zu tokens but %zu positions and %zu table offsets",
+                    p->n_tokens, p->n_pos, p->n_bt_off);
+    if (p->n_bt < 1 || p->n_bt > (1u << 28))
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "plan.bt: %zu entries outside [1, 2^28]", p->n_bt);
+    if (p->n_wanted > p->n_tokens)
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "plan.wanted: %zu rows of %zu", p->n_wanted, p->n_tokens);
+    return check_tokens(v, "plan.tokens", p->tokens, p->n_tokens);
+}
+
+Specd__RankToLeader *sd_net_decode_rank(const uint8_t *data, size_t len, Specd__Code *code, char *err,
+                                        size_t err_len) {
+    vctx v = make_ctx(NULL, code, err, err_len);
+    Specd__RankToLeader *env = specd__rank_to_leader__unpack(NULL, len, data);
+    if (!env) {
+        fail(&v, SPECD__CODE__CODE_MALFORMED, "%zu bytes do not decode as a RankToLeader envelope", len);
+        return NULL;
+    }
+    bool ok = no_unknown_fields(&v, &env->base);
+    if (ok) {
+        switch (env->body_case) {
+        case SPECD__RANK_TO_LEADER__BODY_JOIN: ok = check_group_join(&v, env->join); break;
+        case SPECD__RANK_TO_LEADER__BODY_READY:
+        case SPECD__RANK_TO_LEADER__BODY_HEARTBEAT: break;
+        case SPECD__RANK_TO_LEADER__BODY_ERROR: ok = check_error(&v, "error", env->error); break;
+        default: ok = fail(&v, SPECD__CODE__CODE_MALFORMED, "RankToLeader: empty envelope"); break;
+        }
+    }
+    if (!ok) {
+        specd__rank_to_leader__free_unpacked(env, NULL);
+        return NULL;
+    }
+    return env;
+}
+
+Specd__LeaderToRank *sd_net_decode_leader(const uint8_t *data, size_t len, const sd_net_limits *lim,
+                                          Specd__Code *code, char *err, size_t err_len) {
+    vctx v = make_ctx(lim, code, err, err_len);
+    Specd__LeaderToRank *env = specd__leader_to_rank__unpack(NULL, len, data);
+    if (!env) {
+        fail(&v, SPECD__CODE__CODE_MALFORMED, "%zu bytes do not decode as a LeaderToRank envelope", len);
+        return NULL;
+    }
+    bool ok = no_unknown_fields(&v, &env->base);
+    if (ok) {
+        switch (env->body_case) {
+        case SPECD__LEADER_TO_RANK__BODY_SETUP: ok = check_group_setup(&v, env->setup); break;
+        case SPECD__LEADER_TO_RANK__BODY_PLAN: ok = check_group_plan(&v, env->plan); break;
+        case SPECD__LEADER_TO_RANK__BODY_HEARTBEAT: break;
+        case SPECD__LEADER_TO_RANK__BODY_STOP: ok = check_text(&v, "stop.reason", env->stop->reason, 4096); break;
+        case SPECD__LEADER_TO_RANK__BODY_ERROR: ok = check_error(&v, "error", env->error); break;
+        default: ok = fail(&v, SPECD__CODE__CODE_MALFORMED, "LeaderToRank: empty envelope"); break;
+        }
+    }
+    if (!ok) {
+        specd__leader_to_rank__free_unpacked(env, NULL);
+        return NULL;
+    }
+    return env;
+}
+
 /* ---- sampling ---- */
 
 bool sd_net_sampling_from_pb(const Specd__Sampling *msg, sd_sampling *out, char *err, size_t err_len) {

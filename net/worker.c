@@ -48,6 +48,7 @@ sd_worker_params sd_worker_default_params(void) {
     p.heartbeat_interval_ms = SD_HEARTBEAT_INTERVAL_MS;
     p.liveness = SD_HEARTBEAT_LIVENESS;
     p.stop_fd = -1;
+    p.fail_fd = -1;
     snprintf(p.model.architecture, sizeof p.model.architecture, "llama");
     return p;
 }
@@ -429,6 +430,15 @@ static sd_status drain(worker_loop *w, loop_next *next) {
     }
 }
 
+/* Tells the coordinator this worker cannot serve any more (fail_fd). */
+static void report_failed(worker_loop *w) {
+    const char *reason = w->p->fail_reason ? w->p->fail_reason(w->p->user) : NULL;
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s cannot serve any more: %s", w->name, reason ? reason : "failed");
+    SD_ERROR("worker: %s; telling the coordinator and leaving", msg);
+    send_error(w, SPECD__CODE__CODE_UNAVAILABLE, 0, msg);
+}
+
 static bool stop_requested(int fd, short revents) {
     return fd >= 0 && (revents & (POLLIN | POLLERR | POLLHUP)) != 0;
 }
@@ -495,21 +505,43 @@ sd_status sd_worker_run(void *zctx, const sd_worker_params *p, sd_worker_exit *w
         double until_beat = w->interval_ms / 1e3 - (now - w->last_beat);
         long timeout_ms = until_beat > 0 ? (long)(until_beat * 1e3) + 1 : 0;
         if (!w->registered) timeout_ms = w->interval_ms; /* only the liveness check is due */
-        zmq_pollitem_t items[3] = {
+        /* the stop and fail fds, when given, follow the socket and the eventfd */
+        zmq_pollitem_t items[4] = {
             {w->sock, 0, ZMQ_POLLIN, 0},
             {NULL, w->done_fd, ZMQ_POLLIN, 0},
-            {NULL, p->stop_fd, ZMQ_POLLIN, 0},
+            {NULL, -1, ZMQ_POLLIN, 0},
+            {NULL, -1, ZMQ_POLLIN, 0},
         };
-        int rc = zmq_poll(items, p->stop_fd >= 0 ? 3 : 2, timeout_ms);
+        int n_items = 2, stop_i = -1, fail_i = -1;
+        if (p->stop_fd >= 0) items[stop_i = n_items++].fd = p->stop_fd;
+        if (p->fail_fd >= 0) items[fail_i = n_items++].fd = p->fail_fd;
+        int rc = zmq_poll(items, n_items, timeout_ms);
         if (rc < 0) {
             if (zmq_errno() == EINTR) continue;
             SD_ERROR("worker: zmq_poll: %s", zmq_strerror(zmq_errno()));
             st = SD_ERR_NET;
             break;
         }
-        if (p->stop_fd >= 0 && stop_requested(p->stop_fd, items[2].revents)) {
+        /* before the stop: a worker that failed says so even when it is also
+         * being stopped (a launcher tearing its group down) */
+        if (fail_i >= 0 && stop_requested(p->fail_fd, items[fail_i].revents)) {
+            finish_job(w, false); /* whatever it was doing failed with the group */
+            clear_queue(w);
+            report_failed(w);
+            *why = SD_WORKER_FAILED;
+            break;
+        }
+        if (stop_i >= 0 && stop_requested(p->stop_fd, items[stop_i].revents)) {
             SD_INFO("worker: stop requested%s, closing the connection", w->busy ? " (finishing the running step)" : "");
             finish_job(w, true);
+            /* the step may have failed because the worker did (its group
+             * lost a rank, the reason it is being stopped): say so, so the
+             * coordinator does not wait out the liveness period */
+            struct pollfd fp = {p->fail_fd, POLLIN, 0};
+            if (p->fail_fd >= 0 && poll(&fp, 1, 0) > 0 && (fp.revents & POLLIN)) {
+                report_failed(w);
+                *why = SD_WORKER_FAILED;
+            }
             break;
         }
         if (items[1].revents & ZMQ_POLLIN) {

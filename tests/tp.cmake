@@ -9,3 +9,6 @@ add_test(NAME test_tp_smollm COMMAND test_tp smollm)
 set_tests_properties(test_tp_smollm PROPERTIES LABELS "model" SKIP_RETURN_CODE 77 TIMEOUT 900)
 add_test(NAME test_tp_cuda COMMAND test_tp cuda)
 set_tests_properties(test_tp_cuda PROPERTIES LABELS "unit" SKIP_RETURN_CODE 77 TIMEOUT 300)
+# The group's link as net/validate.c decodes it.
+specd_unit_test(test_group_wire test_group_wire.c)
+target_link_libraries(test_group_wire PRIVATE specd_net)

@@ -1,12 +1,23 @@
-/* specd-verifier — the verifier leader: loads the target model and answers
- * the coordinator's VerifyRequest batches (verify_serve.c) through the shared
+/* specd-verifier — one rank of the verifier group. Rank 0 (the leader, the
+ * only one with --tp 1) loads the target model and answers the
+ * coordinator's VerifyRequest batches (verify_serve.c) through the shared
  * worker loop (specd/worker.h: Hello/Welcome, heartbeats with KV stats,
  * reconnect with a cleared cache when the coordinator goes silent).
  *
- * Tensor parallelism comes in its own issue: --tp > 1 is refused here, but
- * the Hello already carries rank and group size. Exit status: 0 on
- * SIGINT/SIGTERM, 2 for bad flags or a model that cannot be loaded, 3 when
- * the coordinator refuses the registration. */
+ * With --tp N every rank loads only its shard (engine/model.c) and the
+ * group forms over its own socket (--group ADDR; group.c): the leader binds
+ * it, registers with the coordinator only once ranks 1..N-1 have joined and
+ * set up the collectives, and sends every forward's plan to them; ranks run
+ * the plans until the group ends. A group that loses a rank is not
+ * repaired: the leader tells the coordinator it is unavailable and exits 4,
+ * and so do the ranks, for the launcher to restart the whole group.
+ *
+ * Exit status: 0 on SIGINT/SIGTERM (or a clean stop of the group), 1 on an
+ * internal error, 2 for bad flags or a model that cannot be loaded (a TP
+ * size that does not divide the heads included), 3 when the coordinator
+ * refuses the registration or the leader refuses a rank, 4 when the group
+ * went down. */
+#include "group.h"
 #include "verify_serve.h"
 
 #include "specd/weights.h"
@@ -28,6 +39,9 @@ typedef struct verifier_opts {
     int32_t n_threads;
     int32_t device; /* -1 CPU, N cuda:N */
     int32_t max_seqs, kv_blocks, block_size, max_batch, max_draft, tp, rank;
+    const char *group;      /* --group ADDR */
+    int32_t lm_head;        /* sd_tp_lm_head */
+    int32_t coll_timeout_ms, group_heartbeat_ms, join_timeout_s;
     bool verbose;
 } verifier_opts;
 
@@ -46,12 +60,21 @@ static void usage(FILE *f) {
             "      --block-size N      tokens per KV block (default 16)\n"
             "      --max-batch N       sequences per verify batch (default 64, at most %d)\n"
             "      --max-draft N       draft tokens per sequence (default 16, at most %d)\n"
-            "      --tp N              tensor-parallel group size (only 1 is supported yet)\n"
-            "      --rank N            rank in the group (default 0)\n"
+            "      --tp N              tensor-parallel group size (default 1); it must divide the attention\n"
+            "                          heads and the MLP width, and divide or be a multiple of the KV heads\n"
+            "      --rank N            rank in the group (default 0: the leader, which talks to the coordinator)\n"
+            "      --group ADDR        the group's own socket (required with --tp > 1): the leader binds it,\n"
+            "                          ranks 1..N-1 connect to it (e.g. tcp://127.0.0.1:7702)\n"
+            "      --lm-head MODE      split (default: each rank holds vocab/N rows, the leader gathers the\n"
+            "                          logits) or leader (the whole head on the leader); the same on every rank\n"
+            "      --coll-timeout-ms N bound on every collective wait (default 10000)\n"
+            "      --group-heartbeat-ms N  group heartbeat interval; a rank or leader silent for 10 of them\n"
+            "                          is dead or hung (default %d)\n"
+            "      --join-timeout S    how long the group waits for its ranks to join (default 600)\n"
             "      --name NAME         name in the coordinator's logs (default host:pid)\n"
             "  -v, --verbose           log at DEBUG level\n"
             "  -h, --help              this help\n",
-            SD_MAX_BATCH, SD_MAX_DRAFT);
+            SD_MAX_BATCH, SD_MAX_DRAFT, SD_GROUP_HEARTBEAT_MS);
 }
 
 static bool parse_int(const char *flag, const char *s, int32_t lo, int32_t hi, int32_t *out) {
@@ -67,7 +90,10 @@ static bool parse_int(const char *flag, const char *s, int32_t lo, int32_t hi, i
 
 /* 0 = run, 1 = --help printed, 2 = bad flags. */
 static int parse_args(int argc, char **argv, verifier_opts *o) {
-    enum { O_COORD = 256, O_MAX_SEQS, O_KV_BLOCKS, O_BLOCK, O_MAX_BATCH, O_MAX_DRAFT, O_TP, O_RANK, O_NAME, O_DEVICE };
+    enum {
+        O_COORD = 256, O_MAX_SEQS, O_KV_BLOCKS, O_BLOCK, O_MAX_BATCH, O_MAX_DRAFT, O_TP, O_RANK, O_NAME, O_DEVICE,
+        O_GROUP, O_LM_HEAD, O_COLL_TIMEOUT, O_GROUP_HB, O_JOIN_TIMEOUT
+    };
     static const struct option longs[] = {
         {"model", required_argument, 0, 'm'},      {"coordinator", required_argument, 0, O_COORD},
         {"threads", required_argument, 0, 't'},    {"max-seqs", required_argument, 0, O_MAX_SEQS},
@@ -76,6 +102,10 @@ static int parse_args(int argc, char **argv, verifier_opts *o) {
         {"tp", required_argument, 0, O_TP},        {"rank", required_argument, 0, O_RANK},
         {"name", required_argument, 0, O_NAME},    {"verbose", no_argument, 0, 'v'},
         {"device", required_argument, 0, O_DEVICE},
+        {"group", required_argument, 0, O_GROUP},  {"lm-head", required_argument, 0, O_LM_HEAD},
+        {"coll-timeout-ms", required_argument, 0, O_COLL_TIMEOUT},
+        {"group-heartbeat-ms", required_argument, 0, O_GROUP_HB},
+        {"join-timeout", required_argument, 0, O_JOIN_TIMEOUT},
         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
     };
     int c;
@@ -90,8 +120,17 @@ static int parse_args(int argc, char **argv, verifier_opts *o) {
         case O_BLOCK: ok = parse_int("--block-size", optarg, 1, 4096, &o->block_size); break;
         case O_MAX_BATCH: ok = parse_int("--max-batch", optarg, 1, SD_MAX_BATCH, &o->max_batch); break;
         case O_MAX_DRAFT: ok = parse_int("--max-draft", optarg, 0, SD_MAX_DRAFT, &o->max_draft); break;
-        case O_TP: ok = parse_int("--tp", optarg, 1, 1024, &o->tp); break;
-        case O_RANK: ok = parse_int("--rank", optarg, 0, 1023, &o->rank); break;
+        case O_TP: ok = parse_int("--tp", optarg, 1, SD_MAX_GROUP_SIZE, &o->tp); break;
+        case O_RANK: ok = parse_int("--rank", optarg, 0, SD_MAX_GROUP_SIZE - 1, &o->rank); break;
+        case O_GROUP: o->group = optarg; break;
+        case O_LM_HEAD:
+            ok = !strcmp(optarg, "split") || !strcmp(optarg, "leader");
+            if (!ok) fprintf(stderr, "specd-verifier: --lm-head must be split or leader, got '%s'\n", optarg);
+            o->lm_head = !strcmp(optarg, "leader") ? SD_TP_LM_HEAD_LEADER : SD_TP_LM_HEAD_SPLIT;
+            break;
+        case O_COLL_TIMEOUT: ok = parse_int("--coll-timeout-ms", optarg, 1, 3600000, &o->coll_timeout_ms); break;
+        case O_GROUP_HB: ok = parse_int("--group-heartbeat-ms", optarg, 1, 60000, &o->group_heartbeat_ms); break;
+        case O_JOIN_TIMEOUT: ok = parse_int("--join-timeout", optarg, 1, 86400, &o->join_timeout_s); break;
         case O_NAME: o->name = optarg; break;
         case O_DEVICE:
             ok = sd_device_parse(optarg, &o->device) == SD_OK;
@@ -111,9 +150,13 @@ static int parse_args(int argc, char **argv, verifier_opts *o) {
         fprintf(stderr, "specd-verifier: --model TARGET is required (see --help)\n");
         return 2;
     }
-    if (o->tp != 1 || o->rank != 0) {
-        fprintf(stderr, "specd-verifier: --tp %d / --rank %d: tensor parallelism is not yet supported (only --tp 1 "
-                "--rank 0)\n", (int)o->tp, (int)o->rank);
+    if (o->rank >= o->tp) {
+        fprintf(stderr, "specd-verifier: --rank %d must be below --tp %d\n", (int)o->rank, (int)o->tp);
+        return 2;
+    }
+    if (o->tp > 1 && !o->group) {
+        fprintf(stderr, "specd-verifier: --tp %d needs --group ADDR (the group's own socket; see --help)\n",
+                (int)o->tp);
         return 2;
     }
     return 0;
@@ -122,12 +165,20 @@ static int parse_args(int argc, char **argv, verifier_opts *o) {
 /* Worker-loop callbacks over the verifier; the response lives here until the next request. */
 typedef struct verifier_ctx {
     sd_verifier *v;
+    sd_group *group; /* NULL without TP */
     Specd__VerifyResponse resp;
 } verifier_ctx;
 
 static sd_status on_request(void *user, const Specd__CoordinatorToWorker *req, Specd__WorkerToCoordinator *reply) {
     verifier_ctx *ctx = user;
-    SD_TRY(sd_verifier_handle(ctx->v, req->verify, &ctx->resp));
+    sd_status st = sd_verifier_handle(ctx->v, req->verify, &ctx->resp);
+    if (st != SD_OK && ctx->group) {
+        /* the ranks ran (part of) this forward: the group is out of step */
+        char why[160];
+        snprintf(why, sizeof why, "a forward failed on the leader (%s)", sd_status_str(st));
+        sd_group_fail(ctx->group, why);
+    }
+    SD_TRY(st);
     reply->body_case = SPECD__WORKER_TO_COORDINATOR__BODY_VERIFY;
     reply->verify = &ctx->resp;
     return SD_OK;
@@ -135,11 +186,52 @@ static sd_status on_request(void *user, const Specd__CoordinatorToWorker *req, S
 static void on_release(void *user, const uint64_t *ids, size_t n) { sd_verifier_release(((verifier_ctx *)user)->v, ids, n); }
 static void on_reset(void *user) { sd_verifier_reset(((verifier_ctx *)user)->v); }
 static void on_stats(void *user, Specd__WorkerStats *st) { sd_verifier_stats(((verifier_ctx *)user)->v, st); }
+static const char *on_fail_reason(void *user) {
+    verifier_ctx *ctx = user;
+    static const char none[] = "";
+    return ctx->group ? sd_group_down_reason(ctx->group) : none;
+}
+
+/* Group parameters shared by the leader and the ranks. */
+static sd_group_params group_params(const verifier_opts *o, const sd_worker_identity *id, const sd_model *m,
+                                    int stop_fd) {
+    sd_group_params gp = sd_group_default_params();
+    sd_model_shard sh;
+    sd_model_shard_of(m, &sh);
+    gp.addr = o->group;
+    gp.rank = o->rank;
+    gp.size = o->tp;
+    gp.device = o->device;
+    gp.model = *id;
+    gp.lm_head = (int32_t)sh.lm_head;
+    gp.weight_bytes = sd_model_resident_bytes(m);
+    if (o->group_heartbeat_ms > 0) gp.heartbeat_interval_ms = o->group_heartbeat_ms;
+    if (o->coll_timeout_ms > 0) gp.coll_timeout_ms = o->coll_timeout_ms;
+    if (o->join_timeout_s > 0) gp.join_timeout_ms = o->join_timeout_s * 1000;
+    gp.stop_fd = stop_fd;
+    return gp;
+}
+
+/* Ranks 1..N-1: join the group and run the leader's plans until it ends. */
+static int run_rank(const verifier_opts *o, const sd_worker_identity *id, sd_model *model, int stop_fd) {
+    void *zctx = zmq_ctx_new();
+    if (!zctx) return 1;
+    sd_group_params gp = group_params(o, id, model, stop_fd);
+    sd_group_exit why = SD_GROUP_DOWN;
+    sd_status st = sd_group_rank_run(zctx, &gp, model, &why);
+    zmq_ctx_term(zctx);
+    if (st != SD_OK) {
+        SD_ERROR("rank %d could not serve the group: %s", (int)o->rank, sd_status_str(st));
+        return 1;
+    }
+    SD_INFO("stopped (%s)", why == SD_GROUP_STOPPED ? "clean" : why == SD_GROUP_REFUSED ? "refused" : "group down");
+    return (int)why;
+}
 
 int main(int argc, char **argv) {
     verifier_opts o = {
         .coordinator = "tcp://127.0.0.1:7701", .max_seqs = 64, .block_size = 16, .max_batch = 64,
-        .max_draft = 16, .tp = 1, .rank = 0, .device = -1,
+        .max_draft = 16, .tp = 1, .rank = 0, .device = -1, .lm_head = SD_TP_LM_HEAD_SPLIT,
     };
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc == 1 ? 0 : 2;
@@ -155,20 +247,32 @@ int main(int argc, char **argv) {
     sd_weights *w = NULL;
     sd_model *model = NULL;
     sd_verifier *v = NULL;
-    void *zctx = NULL;
     sd_status st = sd_weights_open(o.model_path, &w);
     if (st == SD_OK) {
         sd_model_params mp = sd_model_default_params();
         mp.n_threads = o.n_threads;
         mp.device = o.device;
-        SD_INFO("loading %s on %s", o.model_path, o.device < 0 ? "the CPU" : "a CUDA GPU");
+        mp.tp_rank = o.rank;
+        mp.tp_size = o.tp;
+        mp.tp_lm_head = (sd_tp_lm_head)o.lm_head;
+        if (o.tp > 1)
+            SD_INFO("loading shard %d of %d of %s on %s", (int)o.rank, (int)o.tp, o.model_path,
+                    o.device < 0 ? "the CPU" : "a CUDA GPU");
+        else
+            SD_INFO("loading %s on %s", o.model_path, o.device < 0 ? "the CPU" : "a CUDA GPU");
         st = sd_model_load_weights(w, &mp, &model);
-        sd_weights_close(&w);
+        sd_weights_close(&w); /* the shard is copied out: the mapping goes */
     } else {
         SD_ERROR("cannot open %s: %s", o.model_path, sd_status_str(st));
     }
+    if (st == SD_OK && o.rank > 0) {
+        rc = run_rank(&o, &wp.model, model, stop_fd);
+        sd_model_free(&model);
+        close(stop_fd);
+        return rc;
+    }
+    sd_verifier_params vp = sd_verifier_default_params();
     if (st == SD_OK) {
-        sd_verifier_params vp = sd_verifier_default_params();
         vp.max_seqs = o.max_seqs;
         vp.block_size = o.block_size;
         vp.max_batch = o.max_batch;
@@ -189,29 +293,53 @@ int main(int argc, char **argv) {
         return 2;
     }
 
-    zctx = zmq_ctx_new();
-    wp.coordinator = o.coordinator;
-    wp.role = SPECD__ROLE__ROLE_VERIFIER;
-    wp.rank = (uint32_t)o.rank;
-    wp.group_size = (uint32_t)o.tp;
-    wp.name = o.name;
-    wp.limits = sd_verifier_limits(v);
-    wp.stop_fd = stop_fd;
-    wp.handle = on_request;
-    wp.release = on_release;
-    wp.reset = on_reset;
-    wp.stats = on_stats;
+    void *zctx = zmq_ctx_new();
     verifier_ctx ctx = {.v = v};
-    wp.user = &ctx;
+    int exit_code = 0;
+    if (!zctx) {
+        st = SD_ERR_NET;
+    } else if (o.tp > 1) {
+        /* the group first: the coordinator sees the leader only once every rank is there */
+        sd_group_params gp = group_params(&o, &wp.model, model, stop_fd);
+        gp.kv_blocks = vp.kv_blocks;
+        gp.block_size = vp.block_size;
+        st = sd_group_leader_start(zctx, &gp, &ctx.group);
+        if (st == SD_OK) st = sd_model_set_coll(model, sd_group_coll(ctx.group));
+        if (st == SD_OK) {
+            sd_model_set_plan_sink(model, sd_group_plan, ctx.group);
+            wp.fail_fd = sd_group_down_fd(ctx.group);
+            wp.fail_reason = on_fail_reason;
+        } else {
+            exit_code = st == SD_ERR_ABORTED ? 0 : st == SD_ERR_INVALID_ARG ? 3 : 4;
+            SD_ERROR("the group could not be formed: %s", sd_status_str(st));
+        }
+    }
     sd_worker_exit why = SD_WORKER_STOPPED;
-    st = zctx ? sd_worker_run(zctx, &wp, &why) : SD_ERR_NET;
-
+    if (st == SD_OK) {
+        wp.coordinator = o.coordinator;
+        wp.role = SPECD__ROLE__ROLE_VERIFIER;
+        wp.rank = (uint32_t)o.rank;
+        wp.group_size = (uint32_t)o.tp;
+        wp.name = o.name;
+        wp.limits = sd_verifier_limits(v);
+        wp.stop_fd = stop_fd;
+        wp.handle = on_request;
+        wp.release = on_release;
+        wp.reset = on_reset;
+        wp.stats = on_stats;
+        wp.user = &ctx;
+        st = sd_worker_run(zctx, &wp, &why);
+        exit_code = st != SD_OK ? 1 : why == SD_WORKER_REFUSED ? 3 : why == SD_WORKER_FAILED ? 4 : 0;
+    } else if (!exit_code) {
+        exit_code = st == SD_ERR_ABORTED ? 0 : 1;
+    }
+    sd_model_set_plan_sink(model, NULL, NULL);
+    sd_model_set_coll(model, NULL);
+    sd_group_close(&ctx.group);
     if (zctx) zmq_ctx_term(zctx);
     sd_verifier_free(&v);
     sd_model_free(&model);
     close(stop_fd);
-    if (st != SD_OK) return 1;
-    if (why == SD_WORKER_REFUSED) return 3;
-    SD_INFO("stopped");
-    return 0;
+    SD_INFO("stopped (exit %d)", exit_code);
+    return exit_code;
 }

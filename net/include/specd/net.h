@@ -40,6 +40,9 @@ extern "C" {
 #define SD_MAX_STOP_STRINGS 16
 #define SD_MAX_STOP_BYTES 256              /* per stop string */
 #define SD_MAX_IDENTITY_BYTES 255          /* ZeroMQ routing id */
+#define SD_MAX_GROUP_SIZE 1024             /* ranks in a verifier group */
+#define SD_MAX_GROUP_ROWS (1 << 22)        /* batch rows in one GroupPlan */
+#define SD_MAX_GROUP_MSG_BYTES (256 << 20) /* the group link: a plan of SD_MAX_GROUP_ROWS rows fits */
 
 /* What a process knows about the model it validates against. */
 typedef struct sd_net_limits {
@@ -114,6 +117,15 @@ Specd__WorkerToCoordinator *sd_net_decode_worker(const uint8_t *data, size_t len
                                                  Specd__Code *code, char *err, size_t err_len);
 Specd__CoordinatorToWorker *sd_net_decode_to_worker(const uint8_t *data, size_t len, const sd_net_limits *lim,
                                                     Specd__Code *code, char *err, size_t err_len);
+
+/* The verifier group's link (verifier/group.c): structure and sizes only
+ * (equal array lengths, bounds, text); a rank checks a plan's block ids and
+ * positions against its own pool (sd_model_forward_plan). lim gives the
+ * vocabulary for the plan's token ids (NULL: only >= 0 checked). */
+Specd__RankToLeader *sd_net_decode_rank(const uint8_t *data, size_t len, Specd__Code *code, char *err,
+                                        size_t err_len);
+Specd__LeaderToRank *sd_net_decode_leader(const uint8_t *data, size_t len, const sd_net_limits *lim,
+                                          Specd__Code *code, char *err, size_t err_len);
 
 /* Sampling message -> engine params, validated (temperature >= 0 and finite,
  * top_p in [0, 1] with 0 meaning off, min_p in [0, 1)). NULL msg gives the

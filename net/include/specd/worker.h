@@ -18,7 +18,10 @@
  * registered"), which is retried SD_WORKER_REFUSED_RETRIES times one
  * liveness period apart, because a verifier restarted right after a clean
  * stop is refused until the coordinator notices that its predecessor died. Readable input on stop_fd (a signalfd or the read end of a
- * self-pipe written by a signal handler) ends the loop cleanly.
+ * self-pipe written by a signal handler) ends the loop cleanly; readable
+ * input on fail_fd (a verifier group that lost a rank) ends it after an
+ * Error CODE_UNAVAILABLE, so the coordinator drops the worker at once and
+ * keeps its requests for the next one.
  *
  * The handler runs on a compute thread of the loop's own, so heartbeats
  * and the coordinator's liveness keep being handled during a long step (a
@@ -50,6 +53,9 @@ typedef void (*sd_worker_release_fn)(void *user, const uint64_t *request_ids, si
 typedef void (*sd_worker_reset_fn)(void *user);
 /* Fills *stats (initialized) with current resource use. */
 typedef void (*sd_worker_stats_fn)(void *user, Specd__WorkerStats *stats);
+/* Why the worker can no longer serve (for the Error sent on fail_fd);
+ * borrowed, valid until the loop returns. */
+typedef const char *(*sd_worker_fail_reason_fn)(void *user);
 
 /* The identity of the model a worker serves (ModelIdentity in Hello). */
 typedef struct sd_worker_identity {
@@ -83,6 +89,13 @@ typedef struct sd_worker_params {
     int heartbeat_interval_ms;    /* default SD_HEARTBEAT_INTERVAL_MS */
     int liveness;                 /* default SD_HEARTBEAT_LIVENESS */
     int stop_fd;                  /* readable = stop; -1 = never */
+    /* readable = this worker can no longer serve (its verifier group went
+     * down): the loop tells the coordinator (Error CODE_UNAVAILABLE with
+     * fail_reason's text, so the coordinator drops it at once instead of
+     * after the liveness period) and returns with SD_WORKER_FAILED; -1 =
+     * never */
+    int fail_fd;
+    sd_worker_fail_reason_fn fail_reason; /* optional */
     sd_worker_handle_fn handle;   /* required */
     sd_worker_release_fn release; /* required */
     sd_worker_reset_fn reset;     /* required */
@@ -90,7 +103,7 @@ typedef struct sd_worker_params {
     void *user;                   /* passed to every callback */
 } sd_worker_params;
 
-/* Defaults: heartbeat constants of net.h, group_size 1, stop_fd -1,
+/* Defaults: heartbeat constants of net.h, group_size 1, stop_fd and fail_fd -1,
  * architecture "llama", everything else 0/NULL. */
 sd_worker_params sd_worker_default_params(void);
 
@@ -100,6 +113,7 @@ sd_worker_params sd_worker_default_params(void);
 typedef enum sd_worker_exit {
     SD_WORKER_STOPPED = 0,  /* stop_fd became readable: clean exit */
     SD_WORKER_REFUSED = 3,  /* the coordinator answered Hello with an Error */
+    SD_WORKER_FAILED = 4,   /* fail_fd became readable: reported to the coordinator */
 } sd_worker_exit;
 
 /* Runs the loop in zctx (caller's ZeroMQ context) until stopped or refused;

@@ -1,0 +1,128 @@
+"""A tensor-parallel verifier group (specd-verifier --tp N --rank R --group
+ADDR) through the whole service: N concurrent greedy requests produce exactly
+the tokens specd-generate (TP = 1) gives each prompt alone.
+
+  test_tp.py --tp N --model tiny|smollm [--lm-head split|leader]
+             [--drafter layers|ngram|model|none] [--n 6] [--tokens 32]
+
+Also checked: the leader registers with the coordinator only once every rank
+has joined (it is started first and must stay unregistered until the ranks
+come); a TP size that does not divide the model's heads is refused at
+start-up with exit status 2 and a line saying so; a rank that disagrees with
+the leader (another LM head mode) is refused and both exit 3; every rank stops cleanly
+(exit 0) when the leader is stopped with SIGTERM.
+
+tiny: a random 2-layer target with 4 heads and 2 KV heads (TP 2, and TP 4 with
+the KV heads replicated), requests ignore EOS. smollm: SmolLM2-135M-Instruct
+(9 heads, 3 KV heads: TP 3) with chat prompts, stopping at EOS as
+specd-generate does."""
+import argparse
+import signal
+import subprocess
+import time
+
+import harness as H
+import pbwire as pb
+
+
+def start_ranks(h, target, tp, lm_head, ranks, extra=()):
+    """Starts the given ranks of a group at h.group_addr."""
+    procs = []
+    for r in ranks:
+        procs.append(h.start("verifier" if r == 0 else "rank%d" % r,
+                             [h.bin("verifier"), "--model", target, "--coordinator", h.worker_addr,
+                              "--tp", str(tp), "--rank", str(r), "--group", h.group_addr, "--lm-head", lm_head,
+                              "-t", "1"] + list(extra)))
+    return procs
+
+
+def verifier_registered(c):
+    st = c.stats(timeout=1.0) or {}
+    return any(w.get("alive") and w.get("role") == pb.ROLE_VERIFIER for w in st.get("workers", []))
+
+
+def run(h, args):
+    if args.model == "tiny":
+        target, draft = h.tiny_models()
+        prompts = H.random_prompts(args.n, seed=17)
+        chat, ignore_eos = False, True
+    else:
+        target, draft = h.smollm(), None
+        base = ["What is the capital of France?", "Name three colors.", "Count from 1 to 10.",
+                "Write a haiku about the sea.", "What is 12 times 12?", "Say hello in Spanish."]
+        prompts = [base[i % len(base)] for i in range(args.n)]
+        chat, ignore_eos = True, False
+
+    # A TP size that does not divide the heads: a clear refusal at start-up.
+    bad_tp = 3 if args.model == "tiny" else 2
+    r = subprocess.run([h.bin("verifier"), "--model", target, "--tp", str(bad_tp), "--rank", "0",
+                        "--group", "tcp://127.0.0.1:%d" % H.free_port(), "-t", "1"],
+                       capture_output=True, text=True, timeout=300)
+    H.check(r.returncode == 2 and "does not divide" in r.stderr,
+            "--tp %d on this model: exit %d, expected 2 with 'does not divide' in:\n%s"
+            % (bad_tp, r.returncode, r.stderr[-2000:]))
+    H.log("--tp %d refused: %s" % (bad_tp, next(l for l in r.stderr.splitlines() if "does not divide" in l)))
+
+    # Ranks that disagree with the leader (here on the LM head mode) are a
+    # configuration error: the leader refuses the join, both exit 3.
+    h.group_addr = "tcp://127.0.0.1:%d" % H.free_port()
+    h.worker_addr = "tcp://127.0.0.1:%d" % H.free_port()  # no coordinator: the group never forms
+    other = "leader" if args.lm_head == "split" else "split"
+    pair = start_ranks(h, target, 2 if args.tp % 2 == 0 else args.tp, args.lm_head, [0])
+    pair += start_ranks(h, target, 2 if args.tp % 2 == 0 else args.tp, other, [1])
+    for p in pair:
+        H.wait_until(lambda: not p.alive(), 120, "%s to exit after a refused join" % p.name)
+        H.check(p.popen.returncode == 3, "%s exited %s after a refused join, expected 3" % (p.name,
+                                                                                           p.popen.returncode))
+    H.check("computes the LM head" in pair[0].log_tail(50), "the leader did not say why it refused the rank")
+    h.procs = [p for p in h.procs if p not in pair]
+
+    refs = [h.reference(target, p, args.tokens, ignore_eos=ignore_eos, chat=chat) for p in prompts]
+    H.log("computed %d references (TP = 1)" % len(refs))
+
+    h.start_coordinator(target)
+    h.group_addr = "tcp://127.0.0.1:%d" % H.free_port()
+    leader = start_ranks(h, target, args.tp, args.lm_head, [0])[0]
+    # The leader alone must not register: it waits for its ranks.
+    c = h.client()
+    H.wait_until(lambda: "waiting for ranks" in leader.log_tail(50) or not leader.alive(), 300,
+                 "the leader to wait for its ranks")
+    H.check(leader.alive(), "the leader exited (%s) while waiting for its ranks" % leader.popen.returncode)
+    t_end = time.monotonic() + 1.5
+    while time.monotonic() < t_end:
+        H.check(not verifier_registered(c), "the leader registered before its ranks joined")
+    ranks = start_ranks(h, target, args.tp, args.lm_head, range(1, args.tp))
+    if args.drafter != "none":
+        h.start_drafter(args.drafter, draft=draft, extra=["-t", "1"])
+    h.wait_registered(drafter=args.drafter != "none")
+    H.check("group: %d ranks ready" % args.tp in leader.log_tail(200), "the leader did not report its ranks ready")
+    H.log("group of %d registered" % args.tp)
+
+    jobs = [dict(prompt=p, max_tokens=args.tokens, ignore_eos=ignore_eos, chat=chat) for p in prompts]
+    res = c.run(jobs, timeout=args.timeout)
+    H.expect_equal_ids(res, refs, "TP %d (%s head), %d concurrent greedy requests (%s, drafter %s)"
+                       % (args.tp, args.lm_head, args.n, args.model, args.drafter))
+    drafted = sum(x["finished"]["stats"].get("drafted", 0) for x in res)
+    H.log("all %d equal to TP = 1; drafted %d" % (len(res), drafted))
+
+    # A clean stop of the leader stops every rank cleanly.
+    rc = h.stop(leader, signal.SIGTERM)
+    H.check(rc == 0, "the leader exited %s on SIGTERM, expected 0" % rc)
+    for p in ranks:
+        H.wait_until(lambda: not p.alive(), 30, "%s to stop after the leader" % p.name)
+        H.check(p.popen.returncode == 0, "%s exited %s after the leader's clean stop, expected 0"
+                % (p.name, p.popen.returncode))
+    c.close()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--model", choices=["tiny", "smollm"], default="tiny")
+    ap.add_argument("--lm-head", choices=["split", "leader"], default="split")
+    ap.add_argument("--drafter", choices=["model", "ngram", "layers", "none"], default="layers")
+    ap.add_argument("--n", type=int, default=6)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--timeout", type=float, default=600)
+    a = ap.parse_args()
+    H.main(lambda h: run(h, a))

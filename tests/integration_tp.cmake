@@ -1,0 +1,19 @@
+# Tensor-parallel verifier groups through the whole service (tests/integration/
+# test_tp.py, test_tp_kill.py): greedy output equal to TP = 1 at TP 2 and 4
+# (tiny random models) and TP 3 (SmolLM2-135M, label model); a rank SIGKILLed
+# or SIGSTOPped mid-generation under specd-launch --tp N. Same lock as the
+# other integration tests: they start many processes each.
+set(_it integration/)
+specd_py_test(it_tp2_tiny ${_it}test_tp.py ARGS --tp 2 --model tiny --drafter layers LABELS integration)
+specd_py_test(it_tp4_tiny_leader_head ${_it}test_tp.py ARGS --tp 4 --model tiny --lm-head leader --drafter model
+              LABELS integration)
+specd_py_test(it_tp3_smollm ${_it}test_tp.py ARGS --tp 3 --model smollm --drafter ngram --n 3 --tokens 16
+              LABELS integration model)
+specd_py_test(it_tp3_smollm_16 ${_it}test_tp.py ARGS --tp 3 --model smollm --drafter layers --n 16 --tokens 48
+              LABELS integration model slow)
+specd_py_test(it_tp_kill ${_it}test_tp_kill.py ARGS --tp 2 --rank 1 LABELS integration)
+specd_py_test(it_tp_kill_tp4_rank3 ${_it}test_tp_kill.py ARGS --tp 4 --rank 3 LABELS integration slow)
+set_tests_properties(it_tp2_tiny it_tp4_tiny_leader_head it_tp3_smollm it_tp3_smollm_16 it_tp_kill
+                     it_tp_kill_tp4_rank3 PROPERTIES RESOURCE_LOCK specd_integration)
+specd_py_test(it_tp_kill_leader ${_it}test_tp_kill.py ARGS --tp 2 --rank 0 LABELS integration slow)
+set_tests_properties(it_tp_kill_leader PROPERTIES RESOURCE_LOCK specd_integration)
