@@ -119,6 +119,7 @@ struct sd_model {
     sd_coll *coll;          /* borrowed; NULL: no collectives */
     sd_model_plan_fn plan_sink;
     void *plan_user;
+    sd_model_tp_stats tp_stats;
 };
 
 sd_model_params sd_model_default_params(void) {
@@ -850,6 +851,12 @@ sd_status sd_model_set_coll(sd_model *m, sd_coll *coll) {
     return SD_OK;
 }
 
+void sd_model_tp_stats_get(sd_model *m, sd_model_tp_stats *out, bool reset) {
+    if (!m) return;
+    if (out) *out = m->tp_stats;
+    if (reset) memset(&m->tp_stats, 0, sizeof m->tp_stats);
+}
+
 void sd_model_set_plan_sink(sd_model *m, sd_model_plan_fn fn, void *user) {
     if (!m) return;
     m->plan_sink = fn;
@@ -1059,8 +1066,12 @@ static sd_status gather_block_tables(sd_model *m, sd_kv *kv, const sd_batch *b, 
  * in place, so the ops queued after it see it. */
 static sd_status tp_all_reduce(sd_model *m, float *buf, size_t n) {
     if (!m->coll) return SD_OK;
+    double t0 = sd_now();
     if (m->be.ops->sync) SD_TRY(m->be.ops->sync(m->be.ctx));
-    return sd_coll_all_reduce_sum(m->coll, buf, n);
+    sd_status s = sd_coll_all_reduce_sum(m->coll, buf, n);
+    m->tp_stats.all_reduces++;
+    m->tp_stats.all_reduce_s += sd_now() - t0;
+    return s;
 }
 
 /* The transformer: embeddings, then n_layers_used blocks, on all n tokens
@@ -1141,8 +1152,11 @@ static sd_status split_head(sd_model *m, int32_t n_wanted, float *dst) {
     const sd_model_shard *sh = &m->shard;
     const size_t part = (size_t)n_wanted * (size_t)sh->n_vocab;
     SD_TRY(op->matmul(be, m->output, m->cfg.n_embd, sh->n_vocab, a->xb, n_wanted, a->head_part));
+    double t0 = sd_now();
     if (op->sync) SD_TRY(op->sync(be));
     SD_TRY(sd_coll_gather(m->coll, a->head_part, part, a->head_all, 0));
+    m->tp_stats.gathers++;
+    m->tp_stats.gather_s += sd_now() - t0;
     if (sh->tp_rank != 0 || !dst) return SD_OK;
     batch_plan *pl = &m->plan;
     int32_t n_rows = n_wanted * sh->tp_size;

@@ -7,6 +7,7 @@
  *             share of the memory bandwidth measured in the same run.
  *   spec      plain vs speculative decoding on bench/prompts/ (bench_spec.c).
  *   gpu       one model on a CUDA device (bench_gpu.c).
+ *   tp        a CPU tensor-parallel verifier group against TP = 1 (bench_tp.c).
  *
  * Every figure is a median over repetitions, and ratios are taken between
  * figures measured side by side in one run: the machines are shared and
@@ -18,6 +19,9 @@
 #include "bench_spec.h"
 #ifdef SPECD_BENCH_SERVE
 #include "bench_serve.h"
+#endif
+#ifdef SPECD_BENCH_TP
+#include "bench_tp.h"
 #endif
 #include "specd/common.h"
 #include "specd/gguf.h"
@@ -289,6 +293,7 @@ static void usage(FILE *f) {
             "  spec      plain vs speculative decoding on bench/prompts/ (spec --help)\n"
             "  gpu       one model on a CUDA GPU: decode vs bandwidth floor, k-token cost, batches (gpu --help)\n"
             "  serve     through the running service: tok/s, latency, spec vs target-only (serve --help)\n"
+            "  tp        a CPU tensor-parallel verifier group vs TP = 1: decode, verify, all-reduce cost (tp --help)\n"
             "\n"
             "forward options:\n"
             "  -m, --model FILE      GGUF model (required)\n"
@@ -311,6 +316,9 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "gpu") == 0) return bench_gpu_main(argc, argv);
 #ifdef SPECD_BENCH_SERVE
     if (strcmp(mode, "serve") == 0) return bench_serve_main(argc, argv);
+#endif
+#ifdef SPECD_BENCH_TP
+    if (strcmp(mode, "tp") == 0) return bench_tp_main(argc, argv);
 #endif
     if (strcmp(mode, "forward") != 0) {
         fprintf(stderr, "specd-bench: unknown mode '%s' (see --help)\n", mode);

@@ -170,6 +170,17 @@ typedef struct sd_model_shard {
 
 void sd_model_shard_of(const sd_model *m, sd_model_shard *out);
 
+/* Time this model spent in its group's collectives since the last reset
+ * (for benchmarks): calls and seconds, each including the wait for the
+ * slowest rank and, on a device, the sync before it. */
+typedef struct sd_model_tp_stats {
+    uint64_t all_reduces, gathers;
+    double all_reduce_s, gather_s;
+} sd_model_tp_stats;
+
+/* Copies the counters into *out (may be NULL) and, with reset, zeroes them. */
+void sd_model_tp_stats_get(sd_model *m, sd_model_tp_stats *out, bool reset);
+
 /* Sets the group (borrowed; must outlive its use) whose collectives every
  * forward runs: its rank and size must be the model's, and its kind fit the
  * backend (shm for the CPU, nccl for CUDA). NULL detaches it. */
