@@ -594,7 +594,8 @@ static int cuda_main(void) {
         goto out;
     }
     sd_coll_params cp = sd_coll_default_params();
-    if (sd_coll_nccl_unique_id(id, sizeof id, &id_len) != SD_OK || sd_coll_nccl_open(id, id_len, 0, &cp, &coll) != SD_OK) {
+    if (sd_coll_nccl_unique_id(id, sizeof id, &id_len) != SD_OK ||
+        sd_coll_nccl_open(id, id_len, 0, &cp, &coll) != SD_OK) {
         printf("test_tp cuda: skipped: NCCL is not usable here\n");
         rc = 77;
         goto out;
@@ -612,7 +613,8 @@ static int cuda_main(void) {
         if (sd_model_kv_create(plain, MAX_SEQS, KV_BLOCKS, BLOCK, &kv1) != SD_OK ||
             sd_model_kv_create(grouped, MAX_SEQS, KV_BLOCKS, BLOCK, &kv2) != SD_OK)
             goto out;
-        if (run_workload(plain, kv1, &wl, SCHED_MIXED, a) != SD_OK || run_workload(grouped, kv2, &wl, SCHED_MIXED, b) != SD_OK)
+        if (run_workload(plain, kv1, &wl, SCHED_MIXED, a) != SD_OK ||
+            run_workload(grouped, kv2, &wl, SCHED_MIXED, b) != SD_OK)
             goto out;
         for (int32_t s = 0; s < wl.n_seqs; s++)
             for (int32_t p = 0; p < wl.len[s]; p++)

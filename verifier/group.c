@@ -424,8 +424,8 @@ static sd_status wait_phase(sd_group *g, start_phase ph) {
             for (int32_t r = 1; r < g->p.size && len < sizeof missing; r++)
                 if (!(ph == PHASE_JOIN ? g->peers[r].joined : g->peers[r].ready))
                     len += (size_t)snprintf(missing + len, sizeof missing - len, " %d", (int)r);
-            SD_ERROR("group: rank(s)%s did not %s within %d s (at %s)", missing, ph == PHASE_JOIN ? "join" : "get ready",
-                     g->p.join_timeout_ms / 1000, g->p.addr);
+            SD_ERROR("group: rank(s)%s did not %s within %d s (at %s)", missing,
+                     ph == PHASE_JOIN ? "join" : "get ready", g->p.join_timeout_ms / 1000, g->p.addr);
             return SD_ERR_TIMEOUT;
         }
     }
@@ -597,8 +597,9 @@ static sd_status setup_collectives(sd_group *g) {
     sd_status st = g->p.device < 0 ? sd_coll_shm_open(shm_name, &cp, &g->coll)
                                    : sd_coll_nccl_open(nccl_id, id_len, g->p.device, &cp, &g->coll);
     memset(nccl_id, 0, sizeof nccl_id);
-    if (st != SD_OK) SD_ERROR("group: the leader could not open the %s collectives: %s", g->p.device < 0 ? "shm" : "nccl",
-                              sd_status_str(st));
+    if (st != SD_OK)
+        SD_ERROR("group: the leader could not open the %s collectives: %s", g->p.device < 0 ? "shm" : "nccl",
+                 sd_status_str(st));
     return st;
 }
 
