@@ -175,11 +175,14 @@ sd_status sd_cuda_f32_to_bf16(sd_backend *be, const float *src, void *dst, size_
  * decode, four rows beyond so activation loads per weight byte stay <= 4x. */
 static constexpr int rows_for(int nt) { return nt <= 2 ? 2 : 4; }
 
-/* Number of slices of the reduction: enough warps to cover the GPU about
- * four times at one row per warp, slices of at least 1024 elements. Depends
- * on the matrix and the GPU only (batch invariance). */
+/* Number of slices of the reduction: rows times slices cover the GPU's
+ * multiprocessors 32 times over, slices of at least 1024 elements. Depends
+ * on the matrix and the GPU only (batch invariance). On an H100 an 8B
+ * layer's k/v projections (1024 rows) take 4 slices, q/o (4096) 2, the MLP
+ * and the LM head 1. (A first version aimed at 4x more and split even the
+ * 4096-row matrices 4 ways: each warp then streamed only 4 KB.) */
 static int slices_for(const sd_backend *be, int n_in, int n_out) {
-    long want = ((long)be->n_sm * 32 * 4 + n_out - 1) / n_out;
+    long want = ((long)be->n_sm * 32 + n_out - 1) / n_out;
     long max_slices = n_in / 1024;
     if (want > max_slices) want = max_slices;
     return want < 1 ? 1 : (int)want;
