@@ -172,6 +172,9 @@ void sd_adapt_observe(sd_adapt *a, int32_t n_drafted, int32_t n_accepted);
 /* Folds one shadow draft (a single token; match: it equals the committed
  * token) into the EMA. */
 void sd_adapt_observe_shadow(sd_adapt *a, bool match);
+/* Moves the service-wide starting estimate *prior toward a greedy
+ * request's updated estimate. */
+void sd_adapt_prior_update(double *prior, const sd_adapt *a);
 /* K of a sampled request: from its own acceptance history only (the batch
  * and measured costs would make its seeded output depend on load), against
  * the fixed reference costs of sd_cost_init at batch 1; at K = 0 for 8
@@ -253,6 +256,10 @@ typedef struct sd_coord {
     int32_t n_clients;
 
     sd_cost_model cost;
+    /* where a new greedy request's acceptance estimate starts: follows the
+     * estimates of the greedy requests served (this drafter, this workload),
+     * so short requests do not spend their few steps unlearning a guess */
+    double alpha_prior;
     uint64_t (*clock_us)(void); /* real clock for the overhead metric (tests replace it) */
     /* holding the verifier for drafts about to arrive (scheduler.c) */
     uint64_t hold_since_us;    /* clock when the idle verifier's step was first held; 0 = not held */

@@ -140,14 +140,17 @@ static int32_t shadow_k(const sd_coord *c, const sd_session *s) {
 /* Folds a shadow draft into the acceptance EMA once both the draft and the
  * committed token at its position are known (tokens: what is committed at
  * s->n_tokens onward, n of them, about to be appended). */
-static void shadow_settle(sd_session *s, const int32_t *tokens, int32_t n) {
+static void shadow_settle(sd_coord *c, sd_session *s, const int32_t *tokens, int32_t n) {
     if (s->shadow_base < 0 || s->shadow_token == SHADOW_PENDING) return;
     int32_t at = s->shadow_base;
     int32_t committed;
     if (at < s->n_tokens) committed = s->tokens[at];
     else if (at - s->n_tokens < n) committed = tokens[at - s->n_tokens];
     else return; /* the position is not committed yet; the shadow stays (no second one for it) */
-    if (s->shadow_token >= 0) sd_adapt_observe_shadow(&s->adapt, committed == s->shadow_token);
+    if (s->shadow_token >= 0) {
+        sd_adapt_observe_shadow(&s->adapt, committed == s->shadow_token);
+        sd_adapt_prior_update(&c->alpha_prior, &s->adapt); /* shadows are greedy only */
+    }
     s->shadow_base = -1;
 }
 
@@ -233,6 +236,7 @@ static void admit(sd_coord *c) {
         sd_session *s = c->sessions[i];
         if (s->state != SD_SESSION_QUEUED) continue;
         s->state = SD_SESSION_ACTIVE;
+        if (s->sampling.temperature == 0.0f) s->adapt.alpha = c->alpha_prior; /* sampled: fixed start (adapt.c) */
         c->n_queued--;
         c->n_active++;
     }
@@ -749,13 +753,14 @@ void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r,
             s->accepted += vr->n_accepted;
             if (w->step_k[i] > 0) {
                 sd_adapt_observe(&s->adapt, w->step_k[i], (int32_t)vr->n_accepted);
+                if (s->sampling.temperature == 0.0f) sd_adapt_prior_update(&c->alpha_prior, &s->adapt);
                 s->adapt.steps_at_zero = 0;
             } else if (k_cap(c, s) > 0) {
                 s->adapt.steps_at_zero++;
             }
             s->draft_base = -1;
             s->n_draft = 0;
-            shadow_settle(s, vr->commit, (int32_t)vr->n_commit);
+            shadow_settle(c, s, vr->commit, (int32_t)vr->n_commit);
             commit_step(c, s, vr->commit, (int32_t)vr->n_commit, now_us);
             break;
         case SPECD__CODE__CODE_CACHE_MISS:
@@ -860,7 +865,7 @@ void sd_sched_on_draft(sd_coord *c, int32_t wi, const Specd__DraftResponse *r, u
             if (shadow) {
                 /* never used as drafts: K = 0 was chosen for this position */
                 s->shadow_token = dr->n_tokens > 0 ? dr->tokens[0] : SHADOW_NONE;
-                shadow_settle(s, NULL, 0);
+                shadow_settle(c, s, NULL, 0);
             } else if (w->step_end[i] == s->n_tokens) {
                 if (copy_drafts(s, dr)) s->draft_base = s->n_tokens;
             }

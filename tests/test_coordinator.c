@@ -855,6 +855,12 @@ static void test_k0_steps_shadow_draft(void **state) {
     dw = expect_draft(h, "d");
     assert_int_equal(dw->draft->seqs[0]->k, 1);
     specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    /* the service learned from it: the next greedy request starts from the
+     * service's estimate, not from 0.6 */
+    assert_true(h->c.alpha_prior > 0.6);
+    submit(h, "c2", prompt, 4, 10, NULL);
+    uint64_t rid2 = expect_accepted(h, "c2");
+    assert_true(sd_sched_find(&h->c, rid2)->adapt.alpha == h->c.alpha_prior);
     harness_free(h);
 }
 
@@ -869,6 +875,7 @@ static void test_sampled_k_ignores_load(void **state) {
     h->c.cost.verify_fixed_us = 600;
     h->c.cost.verify_token_us = 3500;
     h->c.cost.draft_token_us = 5;
+    h->c.alpha_prior = 0.05; /* what greedy requests taught: ignored by a sampled one */
     register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
     register_ok(h, "d", SPECD__ROLE__ROLE_DRAFTER);
     int32_t prompt[4] = {5, 6, 7, 8};
@@ -886,7 +893,8 @@ static void test_sampled_k_ignores_load(void **state) {
     e.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT;
     e.submit = &sub;
     feed_client(h, "c", &e);
-    (void)expect_accepted(h, "c");
+    uint64_t rid = expect_accepted(h, "c");
+    assert_true(sd_sched_find(&h->c, rid)->adapt.alpha == 0.6);
     Specd__CoordinatorToWorker *vw = expect_verify(h, "v");
     Specd__CoordinatorToWorker *dw = expect_draft(h, "d"); /* warm-up: K > 0 */
     assert_true(dw->draft->seqs[0]->k >= 1);
