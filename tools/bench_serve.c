@@ -5,14 +5,18 @@
  * concurrent requests (prompts from a file, one per line, cycled), with
  * speculation on (max_draft 0 = the coordinator's default) and off
  * (max_draft -1: target-only), alternating spec/target rounds and which of
- * the two goes first (ABBA), so that drift of the machine hits both alike.
+ * the two goes first (ABBA), so that drift of the machine hits both alike;
+ * both rounds of a pair send the same prompts.
  * Reported per (concurrency, mode): tokens/s per round (generated tokens /
  * wall time of the round) as the median and range over the rounds, the
  * median of the per-round speculative/target-only ratios (each pair ran
  * back to back: the ratio is what a shared, drifting machine measures
- * best), per-token latency p50/p99
- * (gap between successive token chunks divided by the chunk's tokens; the
- * first chunk, i.e. time to first token, is left out), acceptance; after the
+ * best), tokens committed per target step and rows verified per committed
+ * token (1 + K rows a step: what speculation costs a batch-bound verifier,
+ * whose step time grows with its rows, independent of the machine's load),
+ * per-token latency p50/p99 (gap between successive token chunks divided
+ * by the chunk's tokens; the first chunk, i.e. time to first token, is left
+ * out), acceptance; after the
  * run the coordinator's own step overhead p50/p99 (ServiceStats); and how
  * much drafting overlapped verification: per request, drafting_ms +
  * verifying_ms - (total_ms - queued_ms) is time the two ran at once, given
@@ -50,6 +54,7 @@ typedef struct serve_tally {
     double round_tps[MAX_ROUNDS]; /* tokens/s of each round */
     int n_rounds;
     double drafted, accepted, drafting_ms, verifying_ms, busy_ms;
+    double steps; /* target steps summed over requests */
     int failures;
 } serve_tally;
 
@@ -124,6 +129,7 @@ static void round_run(sd_client *c, char **prompts, int n_prompts, int *next_pro
         }
         gen += (double)res.n_ids;
         t->drafted += res.stats.drafted;
+        t->steps += res.stats.target_steps;
         t->accepted += res.stats.accepted;
         t->drafting_ms += res.stats.drafting_ms;
         t->verifying_ms += res.stats.verifying_ms;
@@ -231,8 +237,8 @@ int bench_serve_main(int argc, char **argv) {
         goto done;
     }
     const char *hdr = "| concurrency | mode | tokens/s (median of rounds) | range | spec / target (median of "
-                      "rounds) | latency p50 ms | latency p99 ms | acceptance | drafting overlapped |\n"
-                      "|---|---|---|---|---|---|---|---|---|\n";
+                      "rounds) | tokens / step | rows / token | latency p50 ms | latency p99 ms | acceptance | "
+                      "drafting overlapped |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
     printf("%s", hdr);
     if (out) fprintf(out, "%s", hdr);
     int next_prompt = 0;
@@ -240,11 +246,14 @@ int bench_serve_main(int argc, char **argv) {
         int conc = atoi(tok);
         if (conc < 1 || conc > MAX_CONC) continue;
         serve_tally tl[2] = {{0}};
-        for (int r = 0; r < rounds; r++)
+        for (int r = 0; r < rounds; r++) {
+            int first_prompt = next_prompt;
             for (int i = 0; i < 2; i++) { /* m 0: speculative, 1: target-only; ABBA order */
                 int m = (r % 2) ? 1 - i : i;
+                next_prompt = first_prompt; /* the pair sends the same prompts */
                 round_run(c, prompts, n_prompts, &next_prompt, conc, tokens, m ? -1 : 0, &tl[m]);
             }
+        }
         double ratio[MAX_ROUNDS];
         int n_ratio = tl[0].n_rounds < tl[1].n_rounds ? tl[0].n_rounds : tl[1].n_rounds;
         for (int r = 0; r < n_ratio; r++)
@@ -264,8 +273,10 @@ int bench_serve_main(int argc, char **argv) {
             char ratio_txt[32] = "";
             if (m == 0) snprintf(ratio_txt, sizeof ratio_txt, "%.2f", ratio_med);
             char line[512];
-            snprintf(line, sizeof line, "| %d | %s | %.1f | %.1f-%.1f | %s | %.2f | %.2f | %.0f%% | %.0f%% |%s\n",
-                     conc, m ? "target-only" : "speculative", med, lo, hi, ratio_txt, pct(t->lat, t->n_lat, 0.5),
+            snprintf(line, sizeof line,
+                     "| %d | %s | %.1f | %.1f-%.1f | %s | %.3f | %.3f | %.2f | %.2f | %.0f%% | %.0f%% |%s\n", conc,
+                     m ? "target-only" : "speculative", med, lo, hi, ratio_txt, t->steps > 0 ? t->tokens / t->steps : 0,
+                     t->tokens > 0 ? (t->steps + t->drafted) / t->tokens : 0, pct(t->lat, t->n_lat, 0.5),
                      pct(t->lat, t->n_lat, 0.99), t->drafted > 0 ? 100.0 * t->accepted / t->drafted : 0,
                      overlap < 0 ? 0 : 100.0 * overlap, t->failures ? " (failures!)" : "");
             printf("%s", line);
