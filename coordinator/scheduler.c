@@ -295,7 +295,11 @@ static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
         fill_sampling(s, &samp[m]);
         vs->sampling = &samp[m];
         int32_t n_draft = 0;
-        if (!prefill && drafted_now(s)) {
+        /* A sampled request's refill step carries no drafts: whether its
+         * warm-up drafts are back when the step goes depends on timing (a
+         * busy verifier), and its draws depend on K (adapt.c). */
+        bool sampled_refill = missing > 1 && s->sampling.temperature > 0.0f;
+        if (!prefill && drafted_now(s) && !sampled_refill) {
             n_draft = imin(s->n_draft, s->max_context - s->n_tokens - 1);
             n_draft = imin(n_draft, s->max_tokens - sd_session_generated(s) - 1);
             if (verifier_ok(c)) n_draft = imin(n_draft, w->max_draft);

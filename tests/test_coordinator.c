@@ -898,11 +898,45 @@ static void test_sampled_k_ignores_load(void **state) {
     Specd__CoordinatorToWorker *vw = expect_verify(h, "v");
     Specd__CoordinatorToWorker *dw = expect_draft(h, "d"); /* warm-up: K > 0 */
     assert_true(dw->draft->seqs[0]->k >= 1);
-    specd__coordinator_to_worker__free_unpacked(dw, NULL);
     vres r = {.n_commit = 1, .commit = {30}, .cached_len = 4};
     reply_verify(h, "v", vw->verify, &r);
     specd__coordinator_to_worker__free_unpacked(vw, NULL);
     assert_null(pop_worker(h, "v")); /* waits for its drafts */
+    int32_t guess[8] = {31, 32, 33, 34, 35, 36, 37, 38};
+    reply_draft(h, "d", dw->draft, guess, dw->draft->seqs[0]->k); /* stale: the verifier committed */
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    /* A second sampled request arrives while the verifier is busy (the
+     * first one's drafts are verified): its warm-up drafts come back before
+     * its prefill step can go, and that step still carries none, as it
+     * would alone (its draws must not depend on that timing). */
+    dw = expect_draft(h, "d");
+    reply_draft(h, "d", dw->draft, guess, dw->draft->seqs[0]->k);
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    vw = expect_verify(h, "v"); /* the first request's drafts, verifier now busy */
+    int32_t prompt2[5] = {9, 8, 7, 6, 5};
+    sub.prompt_ids = prompt2;
+    sub.n_prompt_ids = 5;
+    feed_client(h, "c2", &e);
+    (void)expect_accepted(h, "c2");
+    dw = expect_draft(h, "d"); /* its warm-up */
+    assert_int_equal(dw->draft->seqs[0]->n_append, 5);
+    reply_draft(h, "d", dw->draft, guess, dw->draft->seqs[0]->k);
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    vres r2 = {.n_accepted = 0, .n_commit = 1, .commit = {40}, .cached_len = 5};
+    reply_verify(h, "v", vw->verify, &r2);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    dw = expect_draft(h, "d"); /* the first request's next drafts (the verifier waits for them) */
+    reply_draft(h, "d", dw->draft, guess, dw->draft->seqs[0]->k);
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    vw = expect_verify(h, "v");
+    bool seen = false;
+    for (size_t i = 0; i < vw->verify->n_seqs; i++) {
+        if (vw->verify->seqs[i]->n_append != 5) continue;
+        assert_int_equal(vw->verify->seqs[i]->n_draft, 0);
+        seen = true;
+    }
+    assert_true(seen);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
     harness_free(h);
 }
 
