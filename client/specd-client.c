@@ -460,6 +460,9 @@ static int run_stats(sd_client *c, const options *o) {
         cJSON_AddNumberToObject(j, "committed_tokens", (double)s.committed_tokens);
         cJSON_AddNumberToObject(j, "step_overhead_p50_us", s.step_overhead_p50_us);
         cJSON_AddNumberToObject(j, "step_overhead_p99_us", s.step_overhead_p99_us);
+        cJSON_AddNumberToObject(j, "draft_wait_mean_us", s.draft_wait_mean_us);
+        cJSON_AddNumberToObject(j, "draft_wait_p99_us", s.draft_wait_p99_us);
+        cJSON_AddNumberToObject(j, "draft_wait_share", s.draft_wait_share);
         cJSON *ws = cJSON_AddArrayToObject(j, "workers");
         for (size_t i = 0; i < s.n_workers; i++) {
             const sd_client_worker_info *w = &s.workers[i];
@@ -484,6 +487,8 @@ static int run_stats(sd_client *c, const options *o) {
     printf("requests: %u active, %u queued, %llu finished; %llu tokens committed\n", s.active_requests,
            s.queued_requests, (unsigned long long)s.finished_requests, (unsigned long long)s.committed_tokens);
     printf("step overhead: p50 %.1f us, p99 %.1f us\n", s.step_overhead_p50_us, s.step_overhead_p99_us);
+    printf("verify steps held for drafts: %.0f%%, wait mean %.1f us, p99 %.1f us\n", 100.0 * s.draft_wait_share,
+           s.draft_wait_mean_us, s.draft_wait_p99_us);
     for (size_t i = 0; i < s.n_workers; i++) {
         const sd_client_worker_info *w = &s.workers[i];
         printf("  %s[%u] %s%s%s %s: KV blocks %u free of %u, %u sequences, %llu steps\n", role_name(w->role), w->rank,

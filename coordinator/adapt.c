@@ -6,21 +6,56 @@
  * tokens plus the sequence's share of the verify forward, modelled as
  * fixed + per_token * tokens with the fixed part shared by the batch: as the
  * batch grows the fixed share shrinks, every extra draft token costs
- * relatively more, and K shrinks. The model's coefficients come from a
+ * relatively more, and K shrinks — on a batch-bound verifier (a CPU at 64
+ * sequences: per_token is most of a sequence's share) to 0 unless the
+ * drafter is nearly always right. The model's coefficients come from a
  * decaying least-squares fit of the verifiers' forward_us against the
- * tokens each step carried, and from draft_us per draft token. A sequence
- * whose K fell to 0 probes K = 1 every few steps so a drafter that starts
- * agreeing is noticed. */
+ * tokens each verify step carried (the last committed token and the drafts
+ * of each sequence; steps that refill a prefix are left out by the
+ * scheduler), and from draft_us per draft token.
+ *
+ * A sequence at K = 0 still has to notice when its drafter starts
+ * agreeing. Verifying a K = 1 probe now and then was the first design; it
+ * is not free (one more verified token per probe, and the probing sequence
+ * left the verify batch to be drafted): with the cost model measured on a
+ * CPU at 64 sequences a probe every 8 steps cost ~10% of the throughput
+ * when the drafter is rarely right. Instead the
+ * scheduler shadow-drafts: while a K = 0 step of the sequence is verified,
+ * the drafter proposes one token for the same position, and the token the
+ * target commits says whether it would have been accepted. For a one-hot
+ * proposal (n-gram, greedy) a match has exactly the acceptance probability;
+ * for a sampled sparse q it is sum_y q(y) p(y) <= sum_y min(p, q), a lower
+ * bound, which errs toward K = 0. Shadow drafts cost only drafting, so
+ * their interval comes from the draft cost per token.
+ *
+ * All of that is for greedy requests only. A sampled request's tokens
+ * depend on where drafts were verified (after a rejection the token comes
+ * from the residual max(0, p - q), not from p), so its seed promises the
+ * same output only if its K schedule depends on nothing but its own
+ * history: never on the batch, the measured costs or when a shadow draft
+ * happened to come back, which all change with load and timing. A sampled
+ * request's K therefore comes from its acceptance EMA against fixed
+ * reference costs (the priors below, batch 1), and at K = 0 it verifies a
+ * K = 1 probe every SAMPLED_PROBE_EVERY steps, starting from alpha 0.6.
+ * Greedy output is the argmax whatever K is, so greedy requests get the
+ * full policy, and start from the service's recent acceptance (a 64-token
+ * chat request with the n-gram drafter spent a quarter of its verified rows
+ * on drafts while unlearning a fixed start of 0.6 at 21% acceptance). */
 #include "coord.h"
 
 #include <math.h>
 
-#define COST_DECAY 0.97
-#define PROBE_EVERY 8
+#define COST_DECAY 0.99 /* ~100 steps of memory: spread over batch sizes for the fit */
+#define SHADOW_BUDGET 0.02 /* share of a sequence's verify cost that shadow drafting may add */
+#define SHADOW_MAX 256
+#define SHADOW_WEIGHT 0.15 /* EMA weight of one shadow observation (a 0/1 sample) */
+#define SAMPLED_PROBE_EVERY 8
+#define PRIOR_WEIGHT 0.02 /* per observation of any greedy request: ~50 observations of memory */
 
 void sd_cost_init(sd_cost_model *c) {
     *c = (sd_cost_model){0};
-    /* Priors until measurements arrive: a CPU forward is mostly per-token. */
+    /* Priors until measurements arrive (and the fixed reference costs of
+     * sampled requests): the fixed cost of a step twice a token's. */
     c->verify_fixed_us = 2000.0;
     c->verify_token_us = 1000.0;
     c->draft_token_us = 100.0;
@@ -38,13 +73,18 @@ void sd_cost_observe_verify(sd_cost_model *c, int32_t n_tokens, uint32_t forward
     double var = c->s_xx / c->s_w - mx * mx;
     double cov = c->s_xy / c->s_w - mx * my;
     double b, a;
-    if (var > 0.25 && cov > 0) {
+    if (var > 0.25 && var > (0.1 * mx) * (0.1 * mx) && cov > 0) {
         b = cov / var;
         a = my - b * mx;
     } else {
-        /* no spread in batch sizes yet: split the mean evenly */
-        a = my * 0.5;
-        b = my * 0.5 / mx;
+        /* Too little spread in step sizes for a slope (a service steadily
+         * at one batch size): keep the split between fixed and per-token
+         * cost learned so far (or the prior's) and rescale it to the mean.
+         * Splitting the mean evenly instead made K = 1 look worth it at
+         * batch 64 with acceptance 0.5. */
+        double scale = my / (c->verify_fixed_us + c->verify_token_us * mx);
+        a = c->verify_fixed_us * scale;
+        b = c->verify_token_us * scale;
     }
     if (a < 0) a = 0;
     if (b < 1e-3) b = 1e-3;
@@ -56,6 +96,15 @@ void sd_cost_observe_draft(sd_cost_model *c, int32_t n_draft_tokens, uint32_t dr
     if (n_draft_tokens <= 0) return;
     double per = (double)draft_us / n_draft_tokens;
     c->draft_token_us = 0.8 * c->draft_token_us + 0.2 * per;
+}
+
+void sd_cost_observe_draft_step(sd_cost_model *c, uint64_t round_trip_us) {
+    double x = (double)round_trip_us;
+    c->draft_step_us = c->draft_step_us > 0 ? 0.8 * c->draft_step_us + 0.2 * x : x;
+}
+
+double sd_cost_verify_us(const sd_cost_model *c, int32_t n_tokens) {
+    return c->verify_fixed_us + c->verify_token_us * (n_tokens > 0 ? n_tokens : 0);
 }
 
 static double expected_tokens(double a, int32_t k) {
@@ -90,8 +139,29 @@ void sd_adapt_observe(sd_adapt *a, int32_t n_drafted, int32_t n_accepted) {
     a->alpha = 0.7 * a->alpha + 0.3 * obs;
 }
 
-int32_t sd_adapt_next_k(const sd_adapt *a, const sd_cost_model *c, int32_t batch, int32_t k_cap) {
-    int32_t k = sd_adapt_choose_k(a->alpha, c, batch, k_cap);
-    if (k == 0 && k_cap > 0 && a->steps_at_zero >= PROBE_EVERY) k = 1;
+void sd_adapt_observe_shadow(sd_adapt *a, bool match) {
+    /* a Bernoulli sample of the acceptance rate itself (the run-length
+     * estimate above would read a lone acceptance as 0.75) */
+    a->alpha = (1.0 - SHADOW_WEIGHT) * a->alpha + SHADOW_WEIGHT * (match ? 1.0 : 0.0);
+}
+
+void sd_adapt_prior_update(double *prior, const sd_adapt *a) {
+    *prior += PRIOR_WEIGHT * (a->alpha - *prior);
+}
+
+int32_t sd_adapt_sampled_k(const sd_adapt *a, int32_t k_cap) {
+    sd_cost_model ref;
+    sd_cost_init(&ref);
+    int32_t k = sd_adapt_choose_k(a->alpha, &ref, 1, k_cap);
+    if (k == 0 && k_cap > 0 && a->steps_at_zero >= SAMPLED_PROBE_EVERY) k = 1;
     return k;
+}
+
+int32_t sd_adapt_shadow_interval(const sd_cost_model *c, int32_t batch) {
+    if (batch < 1) batch = 1;
+    double share = c->verify_fixed_us / batch + c->verify_token_us; /* one K = 0 step of one sequence */
+    double steps = share > 0 ? ceil(c->draft_token_us / (SHADOW_BUDGET * share)) : SHADOW_MAX;
+    if (!(steps >= 1)) steps = 1; /* also NaN */
+    if (steps > SHADOW_MAX) steps = SHADOW_MAX;
+    return (int32_t)steps;
 }

@@ -61,7 +61,7 @@ typedef enum sd_session_state {
 /* Acceptance history and the K it leads to. */
 typedef struct sd_adapt {
     double alpha;          /* EMA of the per-token acceptance rate */
-    int32_t steps_at_zero; /* consecutive steps K was chosen 0 (probe after a few) */
+    int32_t steps_at_zero; /* K = 0 steps since the last shadow draft (greedy) or probe (sampled) */
 } sd_adapt;
 
 typedef struct sd_session {
@@ -102,6 +102,11 @@ typedef struct sd_session {
     float *q_probs;
     size_t q_cap;
     sd_adapt adapt;
+    /* shadow draft: a one-token draft for position shadow_base, made while
+     * that position was verified with K = 0; the committed token says
+     * whether it would have been accepted (-1: none; token -1: not back yet) */
+    int32_t shadow_base, shadow_token;
+    int32_t verify_k;      /* drafts in the verify step in flight */
     int32_t verify_failures; /* consecutive failed verify steps (bounded retries) */
 
     /* stats */
@@ -139,16 +144,24 @@ sd_status sd_session_flush(sd_session *s, char **tail, size_t *tail_len);
 int32_t sd_session_generated(const sd_session *s);
 
 /* Cost model of one step: verify time = fixed + per_token * tokens; draft
- * time per draft token. Microseconds, estimated from responses. */
+ * time per draft token; the round trip of a whole draft step. Microseconds,
+ * estimated from responses. */
 typedef struct sd_cost_model {
     double verify_fixed_us, verify_token_us, draft_token_us;
+    double draft_step_us;  /* EMA of draft request -> response, 0 until measured */
     /* decaying sums for the least-squares fit of verify time vs tokens */
     double s_w, s_x, s_y, s_xx, s_xy;
 } sd_cost_model;
 
 void sd_cost_init(sd_cost_model *c);
+/* One verify step's forward over n_tokens tokens (one appended per
+ * sequence + drafts; steps that refill a prefix are not observed). */
 void sd_cost_observe_verify(sd_cost_model *c, int32_t n_tokens, uint32_t forward_us);
 void sd_cost_observe_draft(sd_cost_model *c, int32_t n_draft_tokens, uint32_t draft_us);
+/* One draft step's round trip (request sent -> response handled). */
+void sd_cost_observe_draft_step(sd_cost_model *c, uint64_t round_trip_us);
+/* Expected verify forward time for a step of n_tokens tokens. */
+double sd_cost_verify_us(const sd_cost_model *c, int32_t n_tokens);
 
 /* K in [0, k_cap] maximizing expected committed tokens per unit cost,
  * (1 - a^(K+1)) / (1 - a) / (c_draft*K + fixed/batch + per_token*(1+K)),
@@ -156,9 +169,23 @@ void sd_cost_observe_draft(sd_cost_model *c, int32_t n_draft_tokens, uint32_t dr
 int32_t sd_adapt_choose_k(double alpha, const sd_cost_model *c, int32_t batch, int32_t k_cap);
 /* Folds one step's outcome (n_accepted of n_drafted) into the EMA. */
 void sd_adapt_observe(sd_adapt *a, int32_t n_drafted, int32_t n_accepted);
-/* The choice above, except that a sequence at K = 0 for several steps
- * probes K = 1 (steps_at_zero is kept by the scheduler). */
-int32_t sd_adapt_next_k(const sd_adapt *a, const sd_cost_model *c, int32_t batch, int32_t k_cap);
+/* Folds one shadow draft (a single token; match: it equals the committed
+ * token) into the EMA. */
+void sd_adapt_observe_shadow(sd_adapt *a, bool match);
+/* Moves the service-wide starting estimate *prior toward a greedy
+ * request's updated estimate. */
+void sd_adapt_prior_update(double *prior, const sd_adapt *a);
+/* K of a sampled request: from its own acceptance history only (the batch
+ * and measured costs would make its seeded output depend on load), against
+ * the fixed reference costs of sd_cost_init at batch 1; at K = 0 for 8
+ * steps it probes K = 1. */
+int32_t sd_adapt_sampled_k(const sd_adapt *a, int32_t k_cap);
+/* K = 0 steps between shadow drafts of a (greedy) sequence: a shadow draft costs
+ * drafting one token (it overlaps verification and adds nothing to it), so
+ * it happens as often as keeps that under ~2% of the sequence's share of a
+ * verify step: every step for the n-gram drafter, rarer for a model drafter
+ * next to a batch-bound verifier (at most every 256 steps). */
+int32_t sd_adapt_shadow_interval(const sd_cost_model *c, int32_t batch);
 
 /* ---------------------------------------------------------------- workers */
 
@@ -187,6 +214,8 @@ typedef struct sd_worker {
     int32_t *step_k;       /* drafts sent per sequence (verify) or k asked (draft) */
     int32_t *step_end;     /* keep_len + len(append) per sequence (what it holds before drafting/sampling) */
     int32_t n_step, cap_step;
+    int32_t step_tokens;   /* tokens the step's forward computes (appended + drafts) */
+    bool step_refill;      /* some sequence appended more than its last committed token */
 } sd_worker;
 
 /* ---------------------------------------------------------------- clients */
@@ -227,11 +256,22 @@ typedef struct sd_coord {
     int32_t n_clients;
 
     sd_cost_model cost;
+    /* where a new greedy request's acceptance estimate starts: follows the
+     * estimates of the greedy requests served (this drafter, this workload),
+     * so short requests do not spend their few steps unlearning a guess */
+    double alpha_prior;
     uint64_t (*clock_us)(void); /* real clock for the overhead metric (tests replace it) */
+    /* holding the verifier for drafts about to arrive (scheduler.c) */
+    uint64_t hold_since_us;    /* clock when the idle verifier's step was first held; 0 = not held */
+    uint64_t hold_event_us;    /* clock when the event being handled began (a draft reply, a tick) */
     /* service stats */
     uint64_t finished_requests, committed_tokens;
     uint64_t verify_reply_us;  /* when the last verify reply was handled; 0 = none pending */
+    /* per verify step, over the last SD_COORD_OVERHEAD_WINDOW steps: the
+     * coordinator's own time (the event that let the step go -> sent) and
+     * the time the verifier was held waiting for drafts (0 when not held) */
     double overhead_us[SD_COORD_OVERHEAD_WINDOW];
+    double draft_wait_us[SD_COORD_OVERHEAD_WINDOW];
     int32_t n_overhead, overhead_pos;
 } sd_coord;
 
@@ -264,6 +304,9 @@ sd_session *sd_sched_find(sd_coord *c, uint64_t request_id);
 sd_status sd_sched_add(sd_coord *c, sd_session *s);
 /* Coordinator overhead percentiles over the window (0 when empty). */
 void sd_sched_overhead(const sd_coord *c, double *p50, double *p99);
+/* Mean and p99 of the time verify steps were held for drafts, and the share
+ * of steps held, over the same window (0 when empty). */
+void sd_sched_draft_wait(const sd_coord *c, double *mean, double *p99, double *held_share);
 
 /* workers.c */
 void sd_workers_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, const uint8_t *body, size_t len,

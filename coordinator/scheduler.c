@@ -4,12 +4,29 @@
  * fixed cohorts: a sequence that is in neither step is "idle", and pump()
  * sends the verifier every idle sequence that is ready to verify (drafts in
  * hand for its current committed length, or K = 0, or a prefix to refill)
- * and the drafter every idle sequence that wants drafts. That makes the two
- * cohorts fall out by themselves: while cohort A is verified, cohort B (the
- * sequences that came back from the previous verify) is drafted; when only
- * one cohort exists it alternates draft -> verify. Verify goes out first in
- * pump() so the coordinator's overhead (verify reply -> next verify request)
- * stays short.
+ * and the drafter every idle sequence that wants drafts. Verify goes out
+ * first in pump() so the coordinator's overhead (verify reply -> next
+ * verify request) stays short.
+ *
+ * Two cohorts or one. Left alone that makes two cohorts fall out by
+ * themselves: while cohort A is verified, cohort B (the sequences that came
+ * back from the previous verify) is drafted. That pays when drafting is
+ * slow next to verifying and runs on its own hardware; it halves the verify
+ * batch, so every sequence pays the verifier's fixed cost twice as often,
+ * and a sequence that leaves a step to be drafted (a K = 0 sequence probing
+ * K = 1) waits out a whole verify step for a draft that took a millisecond.
+ * Measured on a CPU at 64 sequences with the n-gram drafter (drafting
+ * ~1 ms, a verify step ~300 ms) that lost 15-20% of the verify batch. So
+ * when the verifier is free while some sequences wait only for their drafts
+ * (pending) and others are ready, hold_for_drafts() compares the two
+ * choices: send the ready ones now (the pending ones wait for that step,
+ * T(ready) each) or wait W for the drafts and send one batch (everyone waits
+ * W): hold when W * (n_ready + n_pending) < T(ready) * n_pending, with T
+ * from the verify cost model and W from the measured draft round trip (a
+ * draft later than expected is expected to take as long again, so a stuck
+ * drafter releases the hold within one verify step; the draft timeout
+ * still kills it). A fast drafter thus merges the cohorts; a slow one keeps
+ * them apart and overlapped.
  *
  * Beliefs: v_cached/d_cached say what each worker holds for a sequence; a
  * request appends committed[cached ..] after keep_len = cached. A verifier
@@ -34,6 +51,10 @@
 /* ---------------------------------------------------------------- helpers */
 
 static int32_t imin(int32_t a, int32_t b) { return a < b ? a : b; }
+
+/* sd_session.shadow_token before it is a token */
+#define SHADOW_PENDING (-1) /* the shadow draft is in flight */
+#define SHADOW_NONE (-2)    /* no proposal (the drafter had none, or failed): nothing to learn */
 
 sd_session *sd_sched_find(sd_coord *c, uint64_t request_id) {
     for (int32_t i = 0; i < c->n_sessions; i++)
@@ -94,7 +115,43 @@ static int32_t want_k(const sd_coord *c, const sd_session *s) {
     int32_t cap = k_cap(c, s);
     if (cap == 0) return 0;
     if (!c->p.adaptive_k) return imin(c->p.k_default, cap);
-    return sd_adapt_next_k(&s->adapt, &c->cost, c->n_active, cap);
+    /* a sampled request's draws depend on its K schedule: keep that
+     * independent of load and timing (adapt.c) */
+    if (s->sampling.temperature > 0.0f) return sd_adapt_sampled_k(&s->adapt, cap);
+    /* the batch the sequence will be verified in: every active sequence
+     * (hold_for_drafts keeps them together), as far as the verifier takes */
+    int32_t batch = c->n_active;
+    if (verifier_ok(c)) batch = imin(batch, c->workers[c->verifier].max_batch);
+    return sd_adapt_choose_k(s->adapt.alpha, &c->cost, batch, cap);
+}
+
+/* 1 when the sequence should be shadow-drafted now: it is greedy (sampled
+ * requests keep a load-independent K, adapt.c), its K = 0 step is being
+ * verified, speculation is possible, and its interval has come. */
+static int32_t shadow_k(const sd_coord *c, const sd_session *s) {
+    if (!c->p.adaptive_k || s->sampling.temperature > 0.0f) return 0;
+    if (!s->in_verify || s->verify_k > 0 || s->shadow_base == s->n_tokens) return 0;
+    if (k_cap(c, s) == 0) return 0;
+    int32_t batch = c->n_active;
+    if (verifier_ok(c)) batch = imin(batch, c->workers[c->verifier].max_batch);
+    return s->adapt.steps_at_zero + 1 >= sd_adapt_shadow_interval(&c->cost, batch) ? 1 : 0;
+}
+
+/* Folds a shadow draft into the acceptance EMA once both the draft and the
+ * committed token at its position are known (tokens: what is committed at
+ * s->n_tokens onward, n of them, about to be appended). */
+static void shadow_settle(sd_coord *c, sd_session *s, const int32_t *tokens, int32_t n) {
+    if (s->shadow_base < 0 || s->shadow_token == SHADOW_PENDING) return;
+    int32_t at = s->shadow_base;
+    int32_t committed;
+    if (at < s->n_tokens) committed = s->tokens[at];
+    else if (at - s->n_tokens < n) committed = tokens[at - s->n_tokens];
+    else return; /* the position is not committed yet; the shadow stays (no second one for it) */
+    if (s->shadow_token >= 0) {
+        sd_adapt_observe_shadow(&s->adapt, committed == s->shadow_token);
+        sd_adapt_prior_update(&c->alpha_prior, &s->adapt); /* shadows are greedy only */
+    }
+    s->shadow_base = -1;
 }
 
 static bool drafted_now(const sd_session *s) { return s->draft_base == s->n_tokens && !s->in_draft; }
@@ -115,11 +172,22 @@ static bool step_reserve(sd_worker *w, int32_t n) {
     return true;
 }
 
+/* At a verify send: splits the time since the last verify reply into the
+ * time the step was held for drafts (reply -> the event that released it)
+ * and the coordinator's own overhead (that event -> now). */
 static void record_overhead(sd_coord *c) {
+    uint64_t held_from = c->hold_since_us, event = c->hold_event_us;
+    c->hold_since_us = 0;
     if (c->verify_reply_us == 0) return;
     uint64_t now = c->clock_us();
-    double d = now > c->verify_reply_us ? (double)(now - c->verify_reply_us) : 0.0;
-    c->overhead_us[c->overhead_pos] = d;
+    uint64_t from = c->verify_reply_us;
+    double wait = 0.0;
+    if (held_from && event > from) {
+        wait = (double)(event - from);
+        from = event;
+    }
+    c->overhead_us[c->overhead_pos] = now > from ? (double)(now - from) : 0.0;
+    c->draft_wait_us[c->overhead_pos] = wait;
     c->overhead_pos = (c->overhead_pos + 1) % SD_COORD_OVERHEAD_WINDOW;
     if (c->n_overhead < SD_COORD_OVERHEAD_WINDOW) c->n_overhead++;
     c->verify_reply_us = 0;
@@ -142,6 +210,25 @@ void sd_sched_overhead(const sd_coord *c, double *p50, double *p99) {
     free(v);
 }
 
+void sd_sched_draft_wait(const sd_coord *c, double *mean, double *p99, double *held_share) {
+    *mean = *p99 = *held_share = 0.0;
+    if (c->n_overhead == 0) return;
+    double *v = malloc((size_t)c->n_overhead * sizeof *v);
+    if (!v) return;
+    memcpy(v, c->draft_wait_us, (size_t)c->n_overhead * sizeof *v);
+    double sum = 0.0;
+    int32_t held = 0;
+    for (int32_t i = 0; i < c->n_overhead; i++) {
+        sum += v[i];
+        held += v[i] > 0.0;
+    }
+    qsort(v, (size_t)c->n_overhead, sizeof *v, cmp_double);
+    *mean = sum / c->n_overhead;
+    *p99 = v[(int32_t)((c->n_overhead - 1) * 0.99)];
+    *held_share = (double)held / c->n_overhead;
+    free(v);
+}
+
 /* ---------------------------------------------------------------- dispatch */
 
 static void admit(sd_coord *c) {
@@ -149,6 +236,7 @@ static void admit(sd_coord *c) {
         sd_session *s = c->sessions[i];
         if (s->state != SD_SESSION_QUEUED) continue;
         s->state = SD_SESSION_ACTIVE;
+        if (s->sampling.temperature == 0.0f) s->adapt.alpha = c->alpha_prior; /* sampled: fixed start (adapt.c) */
         c->n_queued--;
         c->n_active++;
     }
@@ -190,6 +278,7 @@ static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
         goto out;
     }
     int32_t m = 0, n_tokens = 0;
+    bool refill = false;
     for (int32_t i = 0; i < c->n_sessions && m < n; i++) {
         sd_session *s = c->sessions[i];
         cand_kind k = verify_candidate(c, s);
@@ -206,7 +295,11 @@ static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
         fill_sampling(s, &samp[m]);
         vs->sampling = &samp[m];
         int32_t n_draft = 0;
-        if (!prefill && drafted_now(s)) {
+        /* A sampled request's refill step carries no drafts: whether its
+         * warm-up drafts are back when the step goes depends on timing (a
+         * busy verifier), and its draws depend on K (adapt.c). */
+        bool sampled_refill = missing > 1 && s->sampling.temperature > 0.0f;
+        if (!prefill && drafted_now(s) && !sampled_refill) {
             n_draft = imin(s->n_draft, s->max_context - s->n_tokens - 1);
             n_draft = imin(n_draft, s->max_tokens - sd_session_generated(s) - 1);
             if (verifier_ok(c)) n_draft = imin(n_draft, w->max_draft);
@@ -226,8 +319,10 @@ static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
         }
         w->step_rids[m] = s->id;
         w->step_k[m] = n_draft;
+        s->verify_k = n_draft;
         w->step_end[m] = s->v_cached + n_append;
         n_tokens += n_append + n_draft;
+        refill |= n_append > 1;
         s->in_verify = true;
         s->v_holds = true;
         if (s->t_sched_us == 0) s->t_sched_us = now_us;
@@ -246,10 +341,13 @@ static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
     w->step_id = req.step_id;
     w->step_sent_us = now_us;
     w->n_step = m;
+    w->step_tokens = n_tokens;
+    w->step_refill = refill;
     c->last_verify_prefill = prefill;
     record_overhead(c);
-    SD_DEBUG("verify step %llu: %d seqs, %d tokens%s", (unsigned long long)req.step_id, m, n_tokens,
-             prefill ? " (prefill only)" : "");
+    SD_DEBUG("verify step %llu: %d seqs, %d tokens%s (cost model: %.0f us + %.0f us/token, draft step %.0f us)",
+             (unsigned long long)req.step_id, m, n_tokens, prefill ? " (prefill only)" : "", c->cost.verify_fixed_us,
+             c->cost.verify_token_us, c->cost.draft_step_us);
     sd_worker_send(c, c->verifier, &env, now_us);
 out:
     free(seqs);
@@ -257,6 +355,39 @@ out:
     free(samp);
     free(dists);
     free(pdists);
+}
+
+/* Whether the free verifier should wait for drafts that are about to
+ * arrive instead of verifying the ready sequences without them (see the
+ * file comment). Pending: active sequences that wait only for drafts (their
+ * verifier cache is current, they are in a draft step or about to be). */
+static bool hold_for_drafts(const sd_coord *c, uint64_t now_us) {
+    if (!drafter_ok(c)) return false;
+    const sd_worker *v = &c->workers[c->verifier], *d = &c->workers[c->drafter];
+    int32_t n_ready = 0, n_pending = 0, n_to_draft = 0, ready_tokens = 0;
+    for (int32_t i = 0; i < c->n_sessions; i++) {
+        const sd_session *s = c->sessions[i];
+        cand_kind k = verify_candidate(c, s);
+        int32_t missing = s->n_tokens - s->v_cached;
+        if (k == CAND_STEP) {
+            n_ready++;
+            ready_tokens += missing + (drafted_now(s) ? s->n_draft : 0);
+        } else if (k == CAND_NONE && s->state == SD_SESSION_ACTIVE && !s->in_verify && missing == 1) {
+            n_pending++;
+            n_to_draft += !s->in_draft;
+        }
+    }
+    if (n_ready == 0 || n_pending == 0 || n_ready >= v->max_batch) return false;
+    if (n_pending > v->max_batch - n_ready) n_pending = v->max_batch - n_ready;
+    /* W: until the pending drafts are in */
+    double est = c->cost.draft_step_us, wait = est;
+    if (d->busy) {
+        double elapsed = now_us > d->step_sent_us ? (double)(now_us - d->step_sent_us) : 0.0;
+        wait = elapsed < est ? est - elapsed : elapsed; /* late: expect as long again */
+        if (n_to_draft > 0) wait += est;                /* they go in the next draft step */
+    }
+    double t_ready = sd_cost_verify_us(&c->cost, ready_tokens);
+    return wait * (n_ready + n_pending) < t_ready * n_pending;
 }
 
 static void dispatch_verify(sd_coord *c, uint64_t now_us) {
@@ -269,16 +400,26 @@ static void dispatch_verify(sd_coord *c, uint64_t now_us) {
     }
     /* Prefill chunks alternate with normal steps so a long prompt does not
      * stall the running sequences. */
-    if (any_prefill && (!any_step || !c->last_verify_prefill)) send_verify(c, true, now_us);
-    else if (any_step) send_verify(c, false, now_us);
+    if (any_prefill && (!any_step || !c->last_verify_prefill)) {
+        send_verify(c, true, now_us);
+    } else if (any_step) {
+        if (hold_for_drafts(c, now_us)) {
+            if (c->hold_since_us == 0) c->hold_since_us = c->clock_us();
+            return;
+        }
+        send_verify(c, false, now_us);
+    } else {
+        c->hold_since_us = 0; /* nothing left to hold for */
+    }
 }
 
 /* Drafts wanted: a normal draft for an idle sequence whose verifier is
- * current, or a warm-up of a sequence being refilled. Returns k or 0. */
+ * current, a warm-up of a sequence being refilled, or a shadow draft of a
+ * sequence whose K = 0 step is being verified. Returns k or 0. */
 static int32_t draft_candidate(const sd_coord *c, const sd_session *s) {
     if (s->state != SD_SESSION_ACTIVE || s->in_draft || s->draft_base == s->n_tokens) return 0;
     int32_t missing = s->n_tokens - s->v_cached;
-    if (missing == 1 && s->in_verify) return 0;
+    if (missing == 1 && s->in_verify) return shadow_k(c, s);
     if (missing > 1 && s->d_cached >= s->n_tokens) return 0;
     return want_k(c, s);
 }
@@ -316,6 +457,11 @@ static void dispatch_draft(sd_coord *c, uint64_t now_us) {
         w->step_rids[m] = s->id;
         w->step_k[m] = k;
         w->step_end[m] = s->n_tokens;
+        if (s->in_verify && s->n_tokens - s->v_cached == 1) { /* shadow */
+            s->shadow_base = s->n_tokens;
+            s->shadow_token = SHADOW_PENDING;
+            s->adapt.steps_at_zero = 0;
+        }
         s->in_draft = true;
         s->d_holds = true;
         if (s->t_sched_us == 0) s->t_sched_us = now_us;
@@ -341,9 +487,12 @@ out:
 }
 
 void sd_sched_pump(sd_coord *c, uint64_t now_us) {
+    /* a held verify step released by this event counts its overhead from here */
+    if (c->hold_since_us && !c->hold_event_us) c->hold_event_us = c->clock_us();
     admit(c);
     dispatch_verify(c, now_us);
     dispatch_draft(c, now_us);
+    c->hold_event_us = 0;
 }
 
 /* ---------------------------------------------------------------- finishing */
@@ -438,6 +587,7 @@ void sd_sched_fail_step(sd_coord *c, int32_t wi, const char *why) {
         } else {
             s->in_draft = false;
             s->d_cached = 0;
+            if (s->shadow_token == SHADOW_PENDING) s->shadow_token = SHADOW_NONE; /* lost with the step */
             /* no drafts at this length: verify with K = 0 rather than retry at once */
             s->draft_base = s->n_tokens;
             s->n_draft = 0;
@@ -445,7 +595,7 @@ void sd_sched_fail_step(sd_coord *c, int32_t wi, const char *why) {
         reap(c, s);
     }
     w->n_step = 0;
-    if (verifier) c->verify_reply_us = 0;
+    if (verifier) c->verify_reply_us = c->hold_since_us = 0;
 }
 
 void sd_sched_on_worker_lost(sd_coord *c, int32_t wi) {
@@ -464,12 +614,13 @@ void sd_sched_on_worker_lost(sd_coord *c, int32_t wi) {
             s->in_draft = false;
             s->d_cached = 0;
             s->d_holds = false;
+            if (s->shadow_token == SHADOW_PENDING) s->shadow_token = SHADOW_NONE;
         }
         reap(c, s);
     }
     if (verifier) {
         c->verifier = -1;
-        c->verify_reply_us = 0;
+        c->verify_reply_us = c->hold_since_us = 0;
     }
     if (drafter) {
         c->drafter = -1;
@@ -577,9 +728,13 @@ void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r,
     w->busy = false;
     w->steps++;
     uint64_t took = now_us > w->step_sent_us ? now_us - w->step_sent_us : 0;
-    int32_t n_tokens = 0;
-    for (int32_t i = 0; i < w->n_step; i++) n_tokens += w->step_k[i] + 1;
-    if (!w->prefill_only) sd_cost_observe_verify(&c->cost, n_tokens, r->forward_us);
+    /* The model is of verify steps (1 + K rows per sequence, all with
+     * logits). A step that also refills a prefix is left out: its prompt
+     * rows cost less each (no LM head, bigger matmuls; measured 1.5 vs
+     * 3.5 ms a row on a CPU) and, many times more numerous, they dragged the
+     * fit to a large fixed cost and a small per-token cost, which made K > 0
+     * look cheap at batch 64. */
+    if (!w->prefill_only && !w->step_refill) sd_cost_observe_verify(&c->cost, w->step_tokens, r->forward_us);
     int32_t n_step = w->n_step;
     w->n_step = 0;
     for (int32_t i = 0; i < n_step; i++) {
@@ -602,12 +757,14 @@ void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r,
             s->accepted += vr->n_accepted;
             if (w->step_k[i] > 0) {
                 sd_adapt_observe(&s->adapt, w->step_k[i], (int32_t)vr->n_accepted);
+                if (s->sampling.temperature == 0.0f) sd_adapt_prior_update(&c->alpha_prior, &s->adapt);
                 s->adapt.steps_at_zero = 0;
             } else if (k_cap(c, s) > 0) {
                 s->adapt.steps_at_zero++;
             }
             s->draft_base = -1;
             s->n_draft = 0;
+            shadow_settle(c, s, vr->commit, (int32_t)vr->n_commit);
             commit_step(c, s, vr->commit, (int32_t)vr->n_commit, now_us);
             break;
         case SPECD__CODE__CODE_CACHE_MISS:
@@ -662,6 +819,7 @@ static bool copy_drafts(sd_session *s, const Specd__DraftResult *dr) {
 void sd_sched_on_draft(sd_coord *c, int32_t wi, const Specd__DraftResponse *r, uint64_t now_us) {
     sd_worker *w = &c->workers[wi];
     char why[256];
+    if (c->hold_since_us) c->hold_event_us = c->clock_us();
     if (!w->busy || r->step_id != w->step_id) {
         SD_WARN("drafter %s: response to step %llu, expected %llu; ignored", w->name, (unsigned long long)r->step_id,
                 (unsigned long long)(w->busy ? w->step_id : 0));
@@ -690,6 +848,7 @@ void sd_sched_on_draft(sd_coord *c, int32_t wi, const Specd__DraftResponse *r, u
     w->busy = false;
     w->steps++;
     uint64_t took = now_us > w->step_sent_us ? now_us - w->step_sent_us : 0;
+    sd_cost_observe_draft_step(&c->cost, took);
     int32_t n_drafted = 0;
     int32_t n_step = w->n_step;
     w->n_step = 0;
@@ -703,13 +862,19 @@ void sd_sched_on_draft(sd_coord *c, int32_t wi, const Specd__DraftResponse *r, u
             reap(c, s);
             continue;
         }
+        bool shadow = s->shadow_base == w->step_end[i] && s->shadow_token == SHADOW_PENDING;
         if (dr->code == SPECD__CODE__CODE_OK) {
             s->d_cached = (int32_t)dr->cached_len;
             n_drafted += (int32_t)dr->n_tokens;
-            if (w->step_end[i] == s->n_tokens) {
+            if (shadow) {
+                /* never used as drafts: K = 0 was chosen for this position */
+                s->shadow_token = dr->n_tokens > 0 ? dr->tokens[0] : SHADOW_NONE;
+                shadow_settle(c, s, NULL, 0);
+            } else if (w->step_end[i] == s->n_tokens) {
                 if (copy_drafts(s, dr)) s->draft_base = s->n_tokens;
             }
         } else {
+            if (shadow) s->shadow_token = SHADOW_NONE;
             if (dr->code != SPECD__CODE__CODE_CACHE_MISS)
                 SD_WARN("drafter %s: %s for request %llu", w->name, sd_net_code_name(dr->code),
                         (unsigned long long)s->id);

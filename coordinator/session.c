@@ -30,6 +30,7 @@ sd_session *sd_session_new(const sd_tok *tok, uint64_t id, const int32_t *prompt
     s->tokens = malloc((size_t)s->cap_tokens * sizeof *s->tokens);
     s->stream = sd_tok_stream_new(tok);
     s->adapt.alpha = 0.6;
+    s->shadow_base = -1;
     s->sampling = sd_sampling_default();
     s->sampling.temperature = 0.0f;
     if (!s->tokens || !s->stream) goto fail;

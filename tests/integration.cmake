@@ -1,7 +1,8 @@
 # Integration tests: the real processes on loopback (tests/integration/,
 # harness.py). Labels: integration; model when they need SmolLM2; slow when
 # they take more than a minute under ASan (SmolLM2 with 8 requests x 32 tokens: ~140 s;
-# the default run uses 3 x 16, the slow one 64 x 48).
+# the default run uses 3 x 16, the slow one 64 x 48). The greedy tests fix K at 4 so the
+# drafts are verified, except it_greedy_smollm_ngram_64, which runs the adaptive policy.
 set(_it integration/)
 specd_py_test(it_greedy_tiny_model ${_it}test_greedy.py ARGS --model tiny --drafter model --n 64 LABELS integration)
 specd_py_test(it_greedy_tiny_self ${_it}test_greedy.py ARGS --model tiny --drafter layers --n 64 LABELS integration)
@@ -11,7 +12,7 @@ specd_py_test(it_greedy_smollm_ngram ${_it}test_greedy.py ARGS --model smollm --
 specd_py_test(it_greedy_smollm_self ${_it}test_greedy.py ARGS --model smollm --drafter layers --n 3 --tokens 16
               LABELS integration model)
 specd_py_test(it_greedy_smollm_ngram_64 ${_it}test_greedy.py ARGS --model smollm --drafter ngram --n 64 --tokens 48
-              LABELS integration model slow)
+              --adaptive LABELS integration model slow)
 specd_py_test(it_greedy_smollm_self_64 ${_it}test_greedy.py ARGS --model smollm --drafter layers --n 64 --tokens 48
               LABELS integration model slow)
 specd_py_test(it_seeded ${_it}test_seeded.py LABELS integration)
@@ -22,8 +23,9 @@ specd_py_test(it_bad_input ${_it}test_bad_input.py LABELS integration)
 specd_py_test(it_overload ${_it}test_overload.py LABELS integration)
 specd_py_test(it_netns ${_it}test_netns.py LABELS integration)
 specd_py_test(it_launch ${_it}test_launch.py LABELS integration)
+specd_py_test(it_client_cli ${_it}test_client_cli.py LABELS integration)
 # The integration tests start several processes each: never two at once.
 set_tests_properties(it_greedy_tiny_model it_greedy_tiny_self it_greedy_tiny_ngram it_greedy_smollm_ngram
                      it_greedy_smollm_self it_greedy_smollm_ngram_64 it_greedy_smollm_self_64 it_seeded
                      it_drafter_kill it_verifier_restart it_cancel it_bad_input it_overload it_netns it_launch
-                     PROPERTIES RESOURCE_LOCK specd_integration)
+                     it_client_cli PROPERTIES RESOURCE_LOCK specd_integration)

@@ -44,6 +44,10 @@ typedef struct harness {
     captured msgs[MAXMSG];
     int n, next;
     uint64_t now;
+    /* forward_us of verify replies: fwd_fixed_us + fwd_token_us * tokens
+     * (appended + drafts) when fwd_token_us is set, else 1000 */
+    uint32_t fwd_fixed_us, fwd_token_us;
+    uint32_t draft_us; /* draft_us of draft replies (100 when 0) */
 } harness;
 
 static void cap(harness *h, bool w, const uint8_t *ident, size_t ident_len, const ProtobufCMessage *m) {
@@ -226,6 +230,11 @@ static void reply_verify(harness *h, const char *ident, const Specd__VerifyReque
     vr.results = pres;
     vr.n_results = req->n_seqs;
     vr.forward_us = 1000;
+    if (h->fwd_token_us) {
+        size_t tokens = 0;
+        for (size_t i = 0; i < req->n_seqs; i++) tokens += req->seqs[i]->n_append + req->seqs[i]->n_draft;
+        vr.forward_us = h->fwd_fixed_us + h->fwd_token_us * (uint32_t)tokens;
+    }
     Specd__WorkerToCoordinator e = SPECD__WORKER_TO_COORDINATOR__INIT;
     e.body_case = SPECD__WORKER_TO_COORDINATOR__BODY_VERIFY;
     e.verify = &vr;
@@ -443,6 +452,57 @@ static void test_adaptive_k(void **state) {
     assert_true(c.verify_token_us > 180 && c.verify_token_us < 220);
 }
 
+/* A batch-bound verifier, with the costs measured on the 2-core CPU of
+ * bench/results/serve-cpu.md (a verify step ~38 ms + ~3.5 ms per token): at
+ * 64 sequences an extra verified token costs nearly a whole K = 0 step of
+ * its sequence, so K stays 0 unless the drafter is nearly always right;
+ * alone, the fixed cost dominates and K > 0 even at low acceptance. */
+static void test_adaptive_k_batch_bound(void **state) {
+    (void)state;
+    sd_cost_model c;
+    sd_cost_init(&c);
+    c.verify_fixed_us = 38000;
+    c.verify_token_us = 3500;
+    c.draft_token_us = 5; /* n-gram */
+    assert_int_equal(sd_adapt_choose_k(0.2, &c, 64, 8), 0);
+    assert_int_equal(sd_adapt_choose_k(0.6, &c, 64, 8), 0);
+    assert_int_equal(sd_adapt_choose_k(0.8, &c, 64, 8), 0);
+    assert_true(sd_adapt_choose_k(0.97, &c, 64, 8) >= 1);
+    assert_true(sd_adapt_choose_k(0.6, &c, 1, 8) >= 2);
+    assert_true(sd_adapt_choose_k(0.2, &c, 1, 8) >= 1);
+    /* shadow drafts: every step when drafting is nearly free, rarer when a
+     * model drafter's token costs a good part of a sequence's verify share */
+    assert_int_equal(sd_adapt_shadow_interval(&c, 64), 1);
+    c.draft_token_us = 2000;
+    int32_t every = sd_adapt_shadow_interval(&c, 64);
+    assert_true(every >= 10 && every <= 256);
+    assert_true(sd_adapt_shadow_interval(&c, 1) < every);
+    /* a shadow observation is a 0/1 sample of the acceptance rate */
+    sd_adapt ad = {.alpha = 0.6};
+    for (int i = 0; i < 20; i++) sd_adapt_observe_shadow(&ad, false);
+    assert_true(ad.alpha < 0.05);
+    for (int i = 0; i < 30; i++) sd_adapt_observe_shadow(&ad, true);
+    assert_true(ad.alpha > 0.95);
+    /* a service steadily at 64 sequences gives the fit no spread in step
+     * sizes: the split between fixed and per-token cost it had is kept and
+     * rescaled (the machine got 1.5x slower), not replaced by an even split
+     * that would make K = 1 look worth it at acceptance 0.6 */
+    c.draft_token_us = 5;
+    for (int i = 0; i < 100; i++) sd_cost_observe_verify(&c, 64, (uint32_t)(1.5 * (38000 + 3500 * 64)));
+    assert_true(c.verify_fixed_us > 50000 && c.verify_fixed_us < 64000);
+    assert_true(c.verify_token_us > 4800 && c.verify_token_us < 5800);
+    assert_int_equal(sd_adapt_choose_k(0.6, &c, 64, 8), 0);
+    /* a sampled request's K follows its own acceptance only, probing K = 1
+     * after 8 steps at 0 */
+    sd_adapt sa = {.alpha = 0.6};
+    assert_true(sd_adapt_sampled_k(&sa, 8) >= 1);
+    sa.alpha = 0.05;
+    assert_int_equal(sd_adapt_sampled_k(&sa, 8), 0);
+    sa.steps_at_zero = 8;
+    assert_int_equal(sd_adapt_sampled_k(&sa, 8), 1);
+    assert_int_equal(sd_adapt_sampled_k(&sa, 0), 0);
+}
+
 /* ---------------------------------------------------------------- registration */
 
 static void test_registration(void **state) {
@@ -583,7 +643,7 @@ static void reply_draft(harness *h, const char *ident, const Specd__DraftRequest
     dr.step_id = req->step_id;
     dr.results = pres;
     dr.n_results = req->n_seqs;
-    dr.draft_us = 100;
+    dr.draft_us = h->draft_us ? h->draft_us : 100;
     Specd__WorkerToCoordinator e = SPECD__WORKER_TO_COORDINATOR__INIT;
     e.body_case = SPECD__WORKER_TO_COORDINATOR__BODY_DRAFT;
     e.draft = &dr;
@@ -716,6 +776,269 @@ static void test_speculative_steps_and_drafter_death(void **state) {
     assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_ERROR);
     assert_int_equal(m->error->code, SPECD__CODE__CODE_UNKNOWN_REQUEST);
     specd__coordinator_to_client__free_unpacked(m, NULL);
+    harness_free(h);
+}
+
+/* K = 0 costs the verifier nothing: a sequence whose acceptance does not
+ * pay for drafts at this cost is verified with no drafts, step after step
+ * (no K = 1 probes in the verify batch), while the drafter proposes one
+ * token for the position being verified (a shadow draft). Shadows that
+ * match the committed tokens raise the acceptance estimate until K > 0 pays;
+ * a rejected real draft brings K back to 0. Steps that refill a prefix stay
+ * out of the cost fit. */
+static void test_k0_steps_shadow_draft(void **state) {
+    (void)state;
+    NEED_MODEL();
+    harness *h = harness_new(NULL); /* adaptive K */
+    /* what one of 64 sequences sees of a 38 ms + 3.5 ms/token verify step */
+    h->c.cost.verify_fixed_us = 600;
+    h->c.cost.verify_token_us = 3500;
+    h->c.cost.draft_token_us = 5;
+    h->fwd_fixed_us = 600;
+    h->fwd_token_us = 3500;
+    h->draft_us = 5; /* an n-gram drafter: shadow drafts every step */
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    register_ok(h, "d", SPECD__ROLE__ROLE_DRAFTER);
+    int32_t prompt[4] = {5, 6, 7, 8};
+    submit(h, "c", prompt, 4, 60, NULL);
+    uint64_t rid = expect_accepted(h, "c");
+    sd_session *s = sd_sched_find(&h->c, rid);
+    Specd__CoordinatorToWorker *vw = expect_verify(h, "v");
+    assert_int_equal(vw->verify->seqs[0]->n_append, 4);
+    assert_int_equal(vw->verify->seqs[0]->n_draft, 0);
+    assert_null(pop_worker(h, "d")); /* K = 0: no warm-up draft */
+    vres r = {.n_commit = 1, .commit = {30}, .cached_len = 4};
+    reply_verify(h, "v", vw->verify, &r);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    assert_true(h->c.cost.s_w == 0.0); /* the refill step is not a verify-cost sample */
+    int32_t len = 5, shadows = 0;
+    for (;;) {
+        vw = pop_worker(h, "v");
+        if (!vw) break; /* not verified at once: it is being drafted for real */
+        assert_int_equal(vw->body_case, SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY);
+        assert_int_equal(vw->verify->seqs[0]->n_draft, 0);
+        assert_int_equal(vw->verify->seqs[0]->n_append, 1);
+        Specd__CoordinatorToWorker *dw = expect_draft(h, "d");
+        assert_int_equal(dw->draft->seqs[0]->k, 1);
+        assert_int_equal(dw->draft->seqs[0]->keep_len + dw->draft->seqs[0]->n_append, len);
+        int32_t next = 31 + shadows;
+        reply_draft(h, "d", dw->draft, &next, 1); /* the shadow comes back first... */
+        specd__coordinator_to_worker__free_unpacked(dw, NULL);
+        vres step = {.n_commit = 1, .commit = {next}, .cached_len = (uint32_t)len};
+        reply_verify(h, "v", vw->verify, &step); /* ...and matches the committed token */
+        specd__coordinator_to_worker__free_unpacked(vw, NULL);
+        if (shadows == 0) assert_true(h->c.cost.s_w > 0.0);
+        len++;
+        shadows++;
+        assert_true(shadows < 20);
+    }
+    /* from alpha 0.6, K = 1 pays past ~0.86: seven matching shadows */
+    print_message("K > 0 after %d matching shadow drafts (alpha %.3f)\n", shadows, s->adapt.alpha);
+    assert_int_equal(shadows, 7);
+    assert_int_equal(s->drafted, 0); /* shadows are not drafts */
+    Specd__CoordinatorToWorker *dw = expect_draft(h, "d");
+    assert_true(dw->draft->seqs[0]->k >= 1);
+    int32_t guess[8] = {90, 91, 92, 93, 94, 95, 96, 97};
+    reply_draft(h, "d", dw->draft, guess, dw->draft->seqs[0]->k);
+    size_t k = dw->draft->seqs[0]->k;
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    vw = expect_verify(h, "v");
+    assert_int_equal(vw->verify->seqs[0]->n_draft, k);
+    /* the drafts are all rejected: back to K = 0 and shadows */
+    vres rej = {.n_accepted = 0, .n_commit = 1, .commit = {50}, .cached_len = (uint32_t)len};
+    reply_verify(h, "v", vw->verify, &rej);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    assert_int_equal(s->drafted, k);
+    vw = expect_verify(h, "v");
+    assert_int_equal(vw->verify->seqs[0]->n_draft, 0);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    dw = expect_draft(h, "d");
+    assert_int_equal(dw->draft->seqs[0]->k, 1);
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    /* the service learned from it: the next greedy request starts from the
+     * service's estimate, not from 0.6 */
+    assert_true(h->c.alpha_prior > 0.6);
+    submit(h, "c2", prompt, 4, 10, NULL);
+    uint64_t rid2 = expect_accepted(h, "c2");
+    assert_true(sd_sched_find(&h->c, rid2)->adapt.alpha == h->c.alpha_prior);
+    harness_free(h);
+}
+
+/* A sampled request's output depends on its K schedule, so its K must not
+ * follow the load: on the same batch-bound verifier that keeps a greedy
+ * request at K = 0 (above), a sampled one still drafts from its own
+ * acceptance estimate, and gets no shadow drafts. */
+static void test_sampled_k_ignores_load(void **state) {
+    (void)state;
+    NEED_MODEL();
+    harness *h = harness_new(NULL);
+    h->c.cost.verify_fixed_us = 600;
+    h->c.cost.verify_token_us = 3500;
+    h->c.cost.draft_token_us = 5;
+    h->c.alpha_prior = 0.05; /* what greedy requests taught: ignored by a sampled one */
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    register_ok(h, "d", SPECD__ROLE__ROLE_DRAFTER);
+    int32_t prompt[4] = {5, 6, 7, 8};
+    Specd__Sampling sm = SPECD__SAMPLING__INIT;
+    sm.temperature = 0.8f;
+    sm.top_p = 1.0f;
+    sm.seed = 3;
+    Specd__SubmitRequest sub = SPECD__SUBMIT_REQUEST__INIT;
+    sub.client_tag = 77;
+    sub.prompt_ids = prompt;
+    sub.n_prompt_ids = 4;
+    sub.max_tokens = 20;
+    sub.sampling = &sm;
+    Specd__ClientToCoordinator e = SPECD__CLIENT_TO_COORDINATOR__INIT;
+    e.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT;
+    e.submit = &sub;
+    feed_client(h, "c", &e);
+    uint64_t rid = expect_accepted(h, "c");
+    assert_true(sd_sched_find(&h->c, rid)->adapt.alpha == 0.6);
+    Specd__CoordinatorToWorker *vw = expect_verify(h, "v");
+    Specd__CoordinatorToWorker *dw = expect_draft(h, "d"); /* warm-up: K > 0 */
+    assert_true(dw->draft->seqs[0]->k >= 1);
+    vres r = {.n_commit = 1, .commit = {30}, .cached_len = 4};
+    reply_verify(h, "v", vw->verify, &r);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    assert_null(pop_worker(h, "v")); /* waits for its drafts */
+    int32_t guess[8] = {31, 32, 33, 34, 35, 36, 37, 38};
+    reply_draft(h, "d", dw->draft, guess, dw->draft->seqs[0]->k); /* stale: the verifier committed */
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    /* A second sampled request arrives while the verifier is busy (the
+     * first one's drafts are verified): its warm-up drafts come back before
+     * its prefill step can go, and that step still carries none, as it
+     * would alone (its draws must not depend on that timing). */
+    dw = expect_draft(h, "d");
+    reply_draft(h, "d", dw->draft, guess, dw->draft->seqs[0]->k);
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    vw = expect_verify(h, "v"); /* the first request's drafts, verifier now busy */
+    int32_t prompt2[5] = {9, 8, 7, 6, 5};
+    sub.prompt_ids = prompt2;
+    sub.n_prompt_ids = 5;
+    feed_client(h, "c2", &e);
+    (void)expect_accepted(h, "c2");
+    dw = expect_draft(h, "d"); /* its warm-up */
+    assert_int_equal(dw->draft->seqs[0]->n_append, 5);
+    reply_draft(h, "d", dw->draft, guess, dw->draft->seqs[0]->k);
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    vres r2 = {.n_accepted = 0, .n_commit = 1, .commit = {40}, .cached_len = 5};
+    reply_verify(h, "v", vw->verify, &r2);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    dw = expect_draft(h, "d"); /* the first request's next drafts (the verifier waits for them) */
+    reply_draft(h, "d", dw->draft, guess, dw->draft->seqs[0]->k);
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    vw = expect_verify(h, "v");
+    bool seen = false;
+    for (size_t i = 0; i < vw->verify->n_seqs; i++) {
+        if (vw->verify->seqs[i]->n_append != 5) continue;
+        assert_int_equal(vw->verify->seqs[i]->n_draft, 0);
+        seen = true;
+    }
+    assert_true(seen);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    harness_free(h);
+}
+
+/* A clock that moves on every read, for the held-step statistics. */
+static uint64_t moving_clock_us;
+static uint64_t moving_clock(void) { return moving_clock_us += 10; }
+
+/* Starts request A (its verify answered, its warm-up draft still out) and
+ * then submits B (a prompt to refill): B is ready, A waits only for drafts. */
+static harness *two_cohorts_setup(double draft_step_us) {
+    sd_coord_params p = sd_coord_default_params();
+    p.adaptive_k = false;
+    p.k_default = 2;
+    harness *h = harness_new(&p);
+    h->c.clock_us = moving_clock;
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    register_ok(h, "d", SPECD__ROLE__ROLE_DRAFTER);
+    int32_t a[4] = {5, 6, 7, 8}, b[3] = {9, 10, 11};
+    submit(h, "c", a, 4, 30, NULL);
+    (void)expect_accepted(h, "c");
+    Specd__CoordinatorToWorker *vw = expect_verify(h, "v");
+    Specd__CoordinatorToWorker *dw = expect_draft(h, "d");
+    assert_int_equal(dw->draft->seqs[0]->n_append, 4); /* A's warm-up */
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    vres r = {.n_commit = 1, .commit = {20}, .cached_len = 4};
+    reply_verify(h, "v", vw->verify, &r);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    h->c.cost.draft_step_us = draft_step_us;
+    submit(h, "c2", b, 3, 30, NULL);
+    (void)expect_accepted(h, "c2");
+    return h;
+}
+
+/* A drafter that answers in far less time than a verify step: the free
+ * verifier waits for A's drafts and verifies A and B in one batch instead
+ * of splitting them into two cohorts that each pay the fixed cost. */
+static void test_fast_drafter_one_cohort(void **state) {
+    (void)state;
+    NEED_MODEL();
+    harness *h = two_cohorts_setup(0.0);
+    assert_null(pop_worker(h, "v")); /* held for A's drafts */
+    /* A's warm-up drafts come back stale (the verifier committed meanwhile) */
+    Specd__CoordinatorToWorker *dw = pop_worker(h, "d");
+    assert_null(dw);
+    captured *warm = NULL;
+    for (int i = 0; i < h->n; i++) {
+        Specd__CoordinatorToWorker *e = specd__coordinator_to_worker__unpack(NULL, h->msgs[i].len, h->msgs[i].bytes);
+        if (e && e->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT) warm = &h->msgs[i];
+        specd__coordinator_to_worker__free_unpacked(e, NULL);
+    }
+    assert_non_null(warm);
+    dw = specd__coordinator_to_worker__unpack(NULL, warm->len, warm->bytes);
+    int32_t stale[2] = {1, 2};
+    reply_draft(h, "d", dw->draft, stale, 2);
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    assert_null(pop_worker(h, "v")); /* still held: A is drafted now */
+    dw = expect_draft(h, "d");
+    assert_int_equal(dw->draft->n_seqs, 2); /* A from [20], B's warm-up */
+    int32_t drafts[2] = {21, 22};
+    reply_draft(h, "d", dw->draft, drafts, 2);
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    Specd__CoordinatorToWorker *vw = expect_verify(h, "v");
+    assert_int_equal(vw->verify->n_seqs, 2);
+    assert_int_equal(vw->verify->seqs[0]->n_draft, 2);
+    assert_int_equal(vw->verify->seqs[1]->n_append, 3);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    double mean, p99, share, o50, o99;
+    sd_sched_draft_wait(&h->c, &mean, &p99, &share);
+    sd_sched_overhead(&h->c, &o50, &o99);
+    assert_true(share > 0.0 && mean > 0.0);
+    assert_true(o50 < mean); /* the wait is not counted as coordinator overhead */
+    harness_free(h);
+}
+
+/* A drafter slower than the verify step it would hold up: B goes at once
+ * and A's drafting overlaps B's verification (two cohorts). */
+static void test_slow_drafter_two_cohorts(void **state) {
+    (void)state;
+    NEED_MODEL();
+    harness *h = two_cohorts_setup(10e6);
+    Specd__CoordinatorToWorker *vw = expect_verify(h, "v");
+    assert_int_equal(vw->verify->n_seqs, 1);
+    assert_int_equal(vw->verify->seqs[0]->n_append, 3);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    harness_free(h);
+}
+
+/* A drafter later than expected releases the hold within about a verify
+ * step (here at the next tick, 100 ms on): B is not kept waiting for it. */
+static void test_late_drafter_releases_hold(void **state) {
+    (void)state;
+    NEED_MODEL();
+    harness *h = two_cohorts_setup(0.0);
+    assert_null(pop_worker(h, "v"));
+    sd_sched_pump(&h->c, h->now + 1000);
+    assert_null(pop_worker(h, "v")); /* 1 ms late: still worth waiting */
+    h->now += 100000;
+    sd_sched_pump(&h->c, h->now);
+    Specd__CoordinatorToWorker *vw = expect_verify(h, "v");
+    assert_int_equal(vw->verify->n_seqs, 1);
+    assert_int_equal(vw->verify->seqs[0]->n_append, 3);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
     harness_free(h);
 }
 
@@ -863,9 +1186,15 @@ int main(void) {
         cmocka_unit_test(test_stop_string_across_tokens),
         cmocka_unit_test(test_stop_string_inside_one_token_and_eos),
         cmocka_unit_test(test_adaptive_k),
+        cmocka_unit_test(test_adaptive_k_batch_bound),
         cmocka_unit_test(test_registration),
         cmocka_unit_test(test_plain_steps_commit_and_cache_miss),
         cmocka_unit_test(test_speculative_steps_and_drafter_death),
+        cmocka_unit_test(test_k0_steps_shadow_draft),
+        cmocka_unit_test(test_sampled_k_ignores_load),
+        cmocka_unit_test(test_fast_drafter_one_cohort),
+        cmocka_unit_test(test_slow_drafter_two_cohorts),
+        cmocka_unit_test(test_late_drafter_releases_hold),
         cmocka_unit_test(test_verifier_death_waits_and_resends),
         cmocka_unit_test(test_chunked_prefill_and_queue),
         cmocka_unit_test(test_bad_submits),

@@ -362,6 +362,7 @@ static void test_attention(void) {
         {8, 8, 256, 16, 1, {300}, {3}},                         /* head_dim > 128 */
         {6, 2, 48, 16, 4, {1, 255, 256, 257}, {2, 2, 2, 2}},    /* head_dim not dividing the block */
         {2, 1, 6, 3, 2, {5, 300}, {3, 2}},                      /* head_dim 6: the scalar path */
+        {4, 2, 64, 16, 2, {0, 100}, {20, 10}},                  /* 30 tokens: no position splits */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_kv_case(&cases[i], false);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_kv_case(&cases[i], true);

@@ -9,7 +9,8 @@
  * heartbeats carry the stats; Release reaches its callback; the stop fd
  * ends the loop with SD_WORKER_STOPPED; an Error in answer to Hello ends it
  * with SD_WORKER_REFUSED; a silent coordinator makes the worker clear its
- * caches and register again from a new socket. Every wait is bounded. */
+ * caches and register again from a new socket; a full queue behind a
+ * running step answers OVERLOADED at once. Every wait is bounded. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -317,6 +318,58 @@ static void test_register_serve_heartbeat_stop(void **state) {
     coord_close(&c);
 }
 
+/* The queue behind a running step is bounded: with a 400 ms step running
+ * and 64 Releases waiting, one more request is answered OVERLOADED at once
+ * (well before the step ends); the step's reply and the queued Releases
+ * still come, and the loop serves the next request. */
+static void test_queue_full_overloaded(void **state) {
+    (void)state;
+    fake_coord c;
+    coord_open(&c);
+    loop_thread t;
+    loop_start(&t, c.endpoint, 50);
+    Specd__WorkerToCoordinator *env = coord_expect(&c, SPECD__WORKER_TO_COORDINATOR__BODY_HELLO);
+    specd__worker_to_coordinator__free_unpacked(env, NULL);
+    send_welcome(&c, 40, 50);
+    double t0 = sd_now();
+    send_verify(&c, 20, 77); /* the long step */
+    uint64_t ids[64];
+    for (int i = 0; i < 64; i++) {
+        ids[i] = 100 + (uint64_t)i;
+        Specd__Release rel = SPECD__RELEASE__INIT;
+        rel.request_ids = &ids[i];
+        rel.n_request_ids = 1;
+        Specd__CoordinatorToWorker renv = SPECD__COORDINATOR_TO_WORKER__INIT;
+        renv.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_RELEASE;
+        renv.release = &rel;
+        coord_send(&c, &renv);
+    }
+    send_verify(&c, 21, 5);
+    Specd__WorkerToCoordinator *err = coord_expect(&c, SPECD__WORKER_TO_COORDINATOR__BODY_ERROR);
+    double waited = sd_now() - t0;
+    assert_int_equal(err->error->code, SPECD__CODE__CODE_OVERLOADED);
+    assert_non_null(strstr(err->error->message, "queue full"));
+    specd__worker_to_coordinator__free_unpacked(err, NULL);
+    print_message("OVERLOADED after %.0f ms (the running step takes 400 ms)\n", waited * 1e3);
+    assert_true(waited < 0.35);
+    env = coord_expect(&c, SPECD__WORKER_TO_COORDINATOR__BODY_VERIFY);
+    assert_int_equal(env->verify->step_id, 20);
+    specd__worker_to_coordinator__free_unpacked(env, NULL);
+    double deadline = sd_now() + WAIT_MS / 1e3;
+    while (t.stub.n_released < 8 && sd_now() < deadline) usleep(1000);
+    assert_int_equal(t.stub.n_released, 8); /* the stub keeps the first 8 */
+    assert_true(t.stub.released[0] == 100 && t.stub.released[7] == 107);
+    send_verify(&c, 22, 9);
+    env = coord_expect(&c, SPECD__WORKER_TO_COORDINATOR__BODY_VERIFY);
+    assert_int_equal(env->verify->step_id, 22);
+    specd__worker_to_coordinator__free_unpacked(env, NULL);
+    assert_int_equal(t.stub.n_handled, 2);
+    assert_int_equal(write(t.stop_pipe[1], "x", 1), 1);
+    loop_join(&t);
+    assert_int_equal(t.why, SD_WORKER_STOPPED);
+    coord_close(&c);
+}
+
 static void test_refused(void **state) {
     (void)state;
     fake_coord c;
@@ -393,6 +446,7 @@ int main(void) {
     sd_net_log_init("test", 0, false);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_register_serve_heartbeat_stop),
+        cmocka_unit_test(test_queue_full_overloaded),
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_refused_leader_retried),
         cmocka_unit_test(test_silent_coordinator_reconnect),

@@ -4,11 +4,19 @@
  * For each concurrency (default 1, 8, 64) it runs rounds of that many
  * concurrent requests (prompts from a file, one per line, cycled), with
  * speculation on (max_draft 0 = the coordinator's default) and off
- * (max_draft -1: target-only), alternating spec/target rounds so that drift
- * of the machine hits both alike. Reported per (concurrency, mode): tokens/s
- * (generated tokens / wall time of the round), per-token latency p50/p99
- * (gap between successive token chunks divided by the chunk's tokens; the
- * first chunk, i.e. time to first token, is left out), acceptance; after the
+ * (max_draft -1: target-only), alternating spec/target rounds and which of
+ * the two goes first (ABBA), so that drift of the machine hits both alike;
+ * both rounds of a pair send the same prompts.
+ * Reported per (concurrency, mode): tokens/s per round (generated tokens /
+ * wall time of the round) as the median and range over the rounds, the
+ * median of the per-round speculative/target-only ratios (each pair ran
+ * back to back: the ratio is what a shared, drifting machine measures
+ * best), tokens committed per target step and rows verified per committed
+ * token (1 + K rows a step: what speculation costs a batch-bound verifier,
+ * whose step time grows with its rows, independent of the machine's load),
+ * per-token latency p50/p99 (gap between successive token chunks divided
+ * by the chunk's tokens; the first chunk, i.e. time to first token, is left
+ * out), acceptance; after the
  * run the coordinator's own step overhead p50/p99 (ServiceStats); and how
  * much drafting overlapped verification: per request, drafting_ms +
  * verifying_ms - (total_ms - queued_ms) is time the two ran at once, given
@@ -37,11 +45,16 @@ typedef struct serve_req {
     size_t n_lat, cap;
 } serve_req;
 
+#define MAX_ROUNDS 100
+
 typedef struct serve_tally {
     double *lat;
     size_t n_lat, cap;
     double tokens, seconds;
+    double round_tps[MAX_ROUNDS]; /* tokens/s of each round */
+    int n_rounds;
     double drafted, accepted, drafting_ms, verifying_ms, busy_ms;
+    double steps; /* target steps summed over requests */
     int failures;
 } serve_tally;
 
@@ -116,6 +129,7 @@ static void round_run(sd_client *c, char **prompts, int n_prompts, int *next_pro
         }
         gen += (double)res.n_ids;
         t->drafted += res.stats.drafted;
+        t->steps += res.stats.target_steps;
         t->accepted += res.stats.accepted;
         t->drafting_ms += res.stats.drafting_ms;
         t->verifying_ms += res.stats.verifying_ms;
@@ -125,6 +139,7 @@ static void round_run(sd_client *c, char **prompts, int n_prompts, int *next_pro
     double t1 = now_s();
     t->tokens += gen;
     t->seconds += t1 - t0;
+    if (t->n_rounds < MAX_ROUNDS) t->round_tps[t->n_rounds++] = t1 > t0 ? gen / (t1 - t0) : 0;
     for (int i = 0; i < conc; i++) {
         pthread_mutex_lock(&reqs[i].mu);
         for (size_t k = 0; k < reqs[i].n_lat; k++) push_lat(&t->lat, &t->n_lat, &t->cap, reqs[i].lat[k]);
@@ -136,6 +151,13 @@ done:
     free(reqs);
     free(ids);
     free(ok);
+}
+
+/* Median of v[0..n) (sorted in place); 0 when empty. */
+static double median(double *v, int n) {
+    if (n <= 0) return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static int load_prompts(const char *path, char **out, int max) {
@@ -192,7 +214,7 @@ int bench_serve_main(int argc, char **argv) {
         default: usage(stderr); return 2;
         }
     }
-    if (tokens < 1 || tokens > 4096 || rounds < 1 || rounds > 100) {
+    if (tokens < 1 || tokens > 4096 || rounds < 1 || rounds > MAX_ROUNDS) {
         fprintf(stderr, "specd-bench serve: -n in [1, 4096], --rounds in [1, 100]\n");
         return 2;
     }
@@ -214,8 +236,9 @@ int bench_serve_main(int argc, char **argv) {
         fprintf(stderr, "specd-bench serve: no answer from %s (is the service running?)\n", addr);
         goto done;
     }
-    const char *hdr = "| concurrency | mode | tokens/s | latency p50 ms | latency p99 ms | acceptance | "
-                      "drafting overlapped |\n|---|---|---|---|---|---|---|\n";
+    const char *hdr = "| concurrency | mode | tokens/s (median of rounds) | range | spec / target (median of "
+                      "rounds) | tokens / step | rows / token | latency p50 ms | latency p99 ms | acceptance | "
+                      "drafting overlapped |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
     printf("%s", hdr);
     if (out) fprintf(out, "%s", hdr);
     int next_prompt = 0;
@@ -223,19 +246,38 @@ int bench_serve_main(int argc, char **argv) {
         int conc = atoi(tok);
         if (conc < 1 || conc > MAX_CONC) continue;
         serve_tally tl[2] = {{0}};
-        for (int r = 0; r < rounds; r++)
-            for (int m = 0; m < 2; m++) /* 0: speculative, 1: target-only, alternating */
+        for (int r = 0; r < rounds; r++) {
+            int first_prompt = next_prompt;
+            for (int i = 0; i < 2; i++) { /* m 0: speculative, 1: target-only; ABBA order */
+                int m = (r % 2) ? 1 - i : i;
+                next_prompt = first_prompt; /* the pair sends the same prompts */
                 round_run(c, prompts, n_prompts, &next_prompt, conc, tokens, m ? -1 : 0, &tl[m]);
+            }
+        }
+        double ratio[MAX_ROUNDS];
+        int n_ratio = tl[0].n_rounds < tl[1].n_rounds ? tl[0].n_rounds : tl[1].n_rounds;
+        for (int r = 0; r < n_ratio; r++)
+            ratio[r] = tl[1].round_tps[r] > 0 ? tl[0].round_tps[r] / tl[1].round_tps[r] : 0;
+        double ratio_med = median(ratio, n_ratio);
         for (int m = 0; m < 2; m++) {
             serve_tally *t = &tl[m];
             double overlap = t->drafting_ms > 0
                                  ? (t->drafting_ms + t->verifying_ms - t->busy_ms) / t->drafting_ms
                                  : 0;
+            double lo = 0, hi = 0;
+            for (int r = 0; r < t->n_rounds; r++) {
+                if (r == 0 || t->round_tps[r] < lo) lo = t->round_tps[r];
+                if (r == 0 || t->round_tps[r] > hi) hi = t->round_tps[r];
+            }
+            double med = median(t->round_tps, t->n_rounds);
+            char ratio_txt[32] = "";
+            if (m == 0) snprintf(ratio_txt, sizeof ratio_txt, "%.2f", ratio_med);
             char line[512];
-            snprintf(line, sizeof line, "| %d | %s | %.1f | %.2f | %.2f | %s%.0f%% | %s%.0f%% |%s\n", conc,
-                     m ? "target-only" : "speculative", t->seconds > 0 ? t->tokens / t->seconds : 0,
-                     pct(t->lat, t->n_lat, 0.5), pct(t->lat, t->n_lat, 0.99), "",
-                     t->drafted > 0 ? 100.0 * t->accepted / t->drafted : 0, "",
+            snprintf(line, sizeof line,
+                     "| %d | %s | %.1f | %.1f-%.1f | %s | %.3f | %.3f | %.2f | %.2f | %.0f%% | %.0f%% |%s\n", conc,
+                     m ? "target-only" : "speculative", med, lo, hi, ratio_txt, t->steps > 0 ? t->tokens / t->steps : 0,
+                     t->tokens > 0 ? (t->steps + t->drafted) / t->tokens : 0, pct(t->lat, t->n_lat, 0.5),
+                     pct(t->lat, t->n_lat, 0.99), t->drafted > 0 ? 100.0 * t->accepted / t->drafted : 0,
                      overlap < 0 ? 0 : 100.0 * overlap, t->failures ? " (failures!)" : "");
             printf("%s", line);
             fflush(stdout);
@@ -244,9 +286,13 @@ int bench_serve_main(int argc, char **argv) {
         }
     }
     if (sd_client_stats(c, 10000, &ss) == SD_OK) {
-        char line[256];
-        snprintf(line, sizeof line, "\ncoordinator step overhead (verify reply -> next verify request): p50 %.1f us, "
-                                    "p99 %.1f us\n", ss.step_overhead_p50_us, ss.step_overhead_p99_us);
+        char line[512];
+        snprintf(line, sizeof line,
+                 "\ncoordinator step overhead (verify reply, or the draft reply it waited for -> next verify "
+                 "request): p50 %.1f us, p99 %.1f us\n"
+                 "verify steps held for drafts: %.0f%%, wait per step mean %.1f us, p99 %.1f us\n",
+                 ss.step_overhead_p50_us, ss.step_overhead_p99_us, 100.0 * ss.draft_wait_share,
+                 ss.draft_wait_mean_us, ss.draft_wait_p99_us);
         printf("%s", line);
         if (out) fprintf(out, "%s", line);
     }

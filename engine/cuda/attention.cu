@@ -27,16 +27,23 @@
  * four rows' loads before using them. Every sum still runs in a fixed order
  * that depends only on the shape.
  *
- * Rejected for now: splitting long contexts over several blocks per head
- * (flash-decoding) — at the contexts we serve, attention is a few percent of
- * a step next to streaming the weights; and sharing K/V loads across the
- * query heads of a GQA group (L2 already serves the repeats). */
+ * Calls of up to SD_CUDA_GEMV_MAX_TOKENS tokens (decode, verification) have
+ * too few (token, head) blocks to fill the GPU, so each block takes one of
+ * n_splits ranges of the positions (flash-decoding) and writes its
+ * unnormalized output with its maximum and sum; attention_combine_kernel
+ * joins the ranges in order. The split count depends only on the head
+ * count and the GPU, so it does not break batch invariance.
+ *
+ * Rejected for now: sharing K/V loads across the query heads of a GQA group
+ * (L2 already serves the repeats). */
 #include "cuda/cuda_impl.h"
 
 #define ATT_THREADS 128
 #define ATT_CHUNK 256
 #define ATT_MAX_HEAD_DIM 1024
 #define ATT_MAX_DIMS_PER_THREAD (ATT_MAX_HEAD_DIM / ATT_THREADS)
+#define ATT_SPLIT_ALIGN 64  /* positions of a split come in pieces of this many */
+#define ATT_MAX_SPLITS 32
 
 __global__ void kv_write_kernel(float *pool, int block_size, int row_width, const float *__restrict__ src,
                                 const int32_t *__restrict__ pos, const int32_t *__restrict__ bt,
@@ -108,10 +115,18 @@ __device__ __forceinline__ const float *kv_row(const float *pool, const int32_t 
     return pool + slot * row + (size_t)kvh * (size_t)head_dim;
 }
 
+/* Sum over the teams' partial outputs for dim d, in team order. */
+__device__ __forceinline__ float g_owned_sum(const float *part_sh, int groups, int head_dim, int d) {
+    float sum = part_sh[d];
+    for (int gg = 1; gg < groups; gg++) sum += part_sh[gg * head_dim + d];
+    return sum;
+}
+
 __global__ void __launch_bounds__(ATT_THREADS)
 attention_kernel(const float *__restrict__ q, const float *__restrict__ k_pool, const float *__restrict__ v_pool,
                  int n_heads, int n_kv_heads, int head_dim, int block_size, const int32_t *__restrict__ pos,
-                 const int32_t *__restrict__ bt, const int32_t *__restrict__ bt_off, float scale, float *out) {
+                 const int32_t *__restrict__ bt, const int32_t *__restrict__ bt_off, float scale, float *out,
+                 int n_splits, float *__restrict__ split_ml, float *__restrict__ split_acc) {
     __shared__ __align__(16) float q_sh[ATT_MAX_HEAD_DIM];
     __shared__ float w_sh[ATT_CHUNK];
     __shared__ float red[ATT_THREADS / 32];
@@ -136,8 +151,14 @@ attention_kernel(const float *__restrict__ q, const float *__restrict__ k_pool, 
     float m = -INFINITY, l = 0.0f;
     __syncthreads();
 
-    for (int c0 = 0; c0 < n_pos; c0 += ATT_CHUNK) {
-        const int c_len = min(ATT_CHUNK, n_pos - c0);
+    /* this block's share of the positions: split s of n_splits takes a
+     * range of whole ATT_SPLIT_ALIGN-position pieces (empty when the
+     * context is short); the ranges depend on the position alone */
+    int per = (n_pos + n_splits - 1) / n_splits;
+    per = (per + ATT_SPLIT_ALIGN - 1) / ATT_SPLIT_ALIGN * ATT_SPLIT_ALIGN;
+    const int p_begin = min(n_pos, (int)blockIdx.y * per), p_end = min(n_pos, p_begin + per);
+    for (int c0 = p_begin; c0 < p_end; c0 += ATT_CHUNK) {
+        const int c_len = min(ATT_CHUNK, p_end - c0);
         /* 1. scores: dot products in increasing d (float4 loads on the vector path) */
         float local_max = -INFINITY;
         for (int j = threadIdx.x; j < c_len; j += ATT_THREADS) {
@@ -228,11 +249,35 @@ attention_kernel(const float *__restrict__ q, const float *__restrict__ k_pool, 
         }
     }
     __syncthreads();
+    if (n_splits > 1) { /* unnormalized, relative to this split's maximum m */
+        const size_t part = (size_t)blockIdx.x * (size_t)n_splits + blockIdx.y;
+        if (threadIdx.x == 0) split_ml[2 * part] = m, split_ml[2 * part + 1] = l;
+        for (int d = threadIdx.x; d < head_dim; d += ATT_THREADS) {
+            float sum = g_owned_sum(part_sh, groups, head_dim, d);
+            split_acc[part * (size_t)head_dim + d] = sum;
+        }
+        return;
+    }
     float *orow = out + ((size_t)t * (size_t)n_heads + (size_t)h) * (size_t)head_dim;
-    for (int d = threadIdx.x; d < head_dim; d += ATT_THREADS) {
-        float sum = part_sh[d];
-        for (int gg = 1; gg < groups; gg++) sum += part_sh[gg * head_dim + d];
-        orow[d] = sum / l;
+    for (int d = threadIdx.x; d < head_dim; d += ATT_THREADS) orow[d] = g_owned_sum(part_sh, groups, head_dim, d) / l;
+}
+
+/* Joins the splits of each (token, head) in split order: M = max m_s,
+ * out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M). An empty split has
+ * m = -inf and weighs nothing. */
+__global__ void attention_combine_kernel(const float *__restrict__ split_ml, const float *__restrict__ split_acc,
+                                         int n_splits, int head_dim, float *out) {
+    const size_t base = (size_t)blockIdx.x * (size_t)n_splits;
+    float M = -INFINITY;
+    for (int s = 0; s < n_splits; s++) M = fmaxf(M, split_ml[2 * (base + s)]);
+    float L = 0.0f;
+    for (int s = 0; s < n_splits; s++) L += split_ml[2 * (base + s) + 1] * expf(split_ml[2 * (base + s)] - M);
+    float *orow = out + (size_t)blockIdx.x * (size_t)head_dim;
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < n_splits; s++)
+            o += split_acc[(base + s) * (size_t)head_dim + d] * expf(split_ml[2 * (base + s)] - M);
+        orow[d] = o / L;
     }
 }
 
@@ -258,8 +303,34 @@ sd_status sd_cuda_attention(sd_backend *be, const float *q, const float *k_pool,
     SD_TRY(sd_cuda_dev_i32(be, bt, bt_len, &d_bt));
     const int groups = att_groups(head_dim);
     const size_t part_bytes = (size_t)groups * (size_t)head_dim * sizeof(float);
-    attention_kernel<<<n_tokens * n_heads, ATT_THREADS, part_bytes, be->stream>>>(
-        q, k_pool, v_pool, n_heads, n_kv_heads, head_dim, block_size, d_pos, d_bt, d_off, scale, out);
+    /* Decode and verification calls are few blocks over long rows: split the
+     * positions of each (token, head) over enough blocks to fill the GPU.
+     * The split count depends on the heads and the GPU only, so a token's
+     * result is the same in any call of up to SD_CUDA_GEMV_MAX_TOKENS
+     * tokens; longer calls (prefill) have blocks enough and do not split. */
+    int n_splits = 1;
+    if (n_tokens <= SD_CUDA_GEMV_MAX_TOKENS) {
+        n_splits = (2 * be->n_sm + n_heads - 1) / n_heads;
+        if (n_splits > ATT_MAX_SPLITS) n_splits = ATT_MAX_SPLITS;
+        if (n_splits < 1) n_splits = 1;
+    }
+    float *split_ml = NULL, *split_acc = NULL;
+    if (n_splits > 1) {
+        const size_t parts = (size_t)n_tokens * (size_t)n_heads * (size_t)n_splits;
+        void *scr;
+        SD_TRY(sd_cuda_scratch(be, parts * (2 + (size_t)head_dim) * sizeof(float), &scr));
+        split_ml = (float *)scr;
+        split_acc = split_ml + 2 * parts;
+    }
+    dim3 grid((unsigned)(n_tokens * n_heads), (unsigned)n_splits);
+    attention_kernel<<<grid, ATT_THREADS, part_bytes, be->stream>>>(q, k_pool, v_pool, n_heads, n_kv_heads, head_dim,
+                                                                     block_size, d_pos, d_bt, d_off, scale, out,
+                                                                     n_splits, split_ml, split_acc);
     CUDA_LAUNCH_CHECK("attention");
+    if (n_splits > 1) {
+        attention_combine_kernel<<<n_tokens * n_heads, 128, 0, be->stream>>>(split_ml, split_acc, n_splits, head_dim,
+                                                                              out);
+        CUDA_LAUNCH_CHECK("attention combine");
+    }
     return SD_OK;
 }

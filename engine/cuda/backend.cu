@@ -447,6 +447,7 @@ sd_status sd_cuda_backend_create(int32_t device, sd_backend_handle *out) {
     be->total_mem = prop.totalGlobalMem;
     be->graphs_enabled = env_int("SPECD_CUDA_GRAPHS", 1, 0, 1) == 1;
     be->gemv_max_tokens = env_int("SPECD_CUDA_GEMV_MAX", SD_CUDA_GEMV_MAX_TOKENS, 1, SD_CUDA_GEMV_MAX_TOKENS);
+    be->mv_rows = env_int("SPECD_CUDA_MV_ROWS", 4, 2, 4) == 2 ? 2 : 4;
     sd_status s = SD_ERR_CUDA;
     if (cudaStreamCreateWithFlags(&be->stream, cudaStreamNonBlocking) != cudaSuccess ||
         cudaEventCreateWithFlags(&be->staging_done, cudaEventDisableTiming) != cudaSuccess) {

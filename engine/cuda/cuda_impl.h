@@ -97,6 +97,7 @@ struct sd_backend {
     uint64_t clock;             /* launches, for least-recently-used eviction */
     bool graphs_enabled;        /* SPECD_CUDA_GRAPHS=0 turns recording off */
     int32_t gemv_max_tokens;    /* SPECD_CUDA_GEMV_MAX (1..16), default SD_CUDA_GEMV_MAX_TOKENS */
+    int32_t mv_rows;            /* SPECD_CUDA_MV_ROWS: rows per warp of the 3..16-token matmul (2 or 4) */
 };
 
 /* Logs "cuda: <call> failed: <error>" with file and line, returns SD_ERR_CUDA. */

@@ -171,27 +171,45 @@ sd_status sd_cuda_f32_to_bf16(sd_backend *be, const float *src, void *dst, size_
     return SD_OK;
 }
 
-/* Rows per warp for NT tokens: two rows (and four load steps) in flight for
- * decode, four rows beyond so activation loads per weight byte stay <= 4x. */
-static constexpr int rows_for(int nt) { return nt <= 2 ? 2 : 4; }
+/* Rows per warp for NT tokens: two rows (and four load steps) in flight up
+ * to 4 tokens, four rows beyond so activation loads per weight byte stay
+ * <= 4x. Measured side by side on the 8B shape (H100): 4 tokens 8.80 ms
+ * with two rows vs 9.31 with four; 8 tokens 13.70 with four vs 14.54; 16
+ * tokens 20.70 vs 25.62. */
+static constexpr int rows_for(int nt) { return nt <= 4 ? 2 : 4; }
 
-/* Number of slices of the reduction: enough warps to cover the GPU about
- * four times at one row per warp, slices of at least 1024 elements. Depends
- * on the matrix and the GPU only (batch invariance). */
+/* Number of slices of the reduction: rows times slices cover the GPU's
+ * multiprocessors 32 times over, slices of at least 1024 elements. Depends
+ * on the matrix and the GPU only (batch invariance). On an H100 an 8B
+ * layer's k/v projections (1024 rows) take 4 slices, q/o (4096) 2, the MLP
+ * and the LM head 1. (A first version aimed at 4x more and split even the
+ * 4096-row matrices 4 ways: each warp then streamed only 4 KB.) */
 static int slices_for(const sd_backend *be, int n_in, int n_out) {
-    long want = ((long)be->n_sm * 32 * 4 + n_out - 1) / n_out;
+    long want = ((long)be->n_sm * 32 + n_out - 1) / n_out;
     long max_slices = n_in / 1024;
     if (want > max_slices) want = max_slices;
     return want < 1 ? 1 : (int)want;
 }
 
-template <int NT>
-static void launch_matvec(const sd_backend *be, const __nv_bfloat16 *w, int n_in, int n_out, const float *x,
-                          float *y, float *partial, int slice_len, int n_slices, bool vec) {
-    constexpr int R = rows_for(NT);
+template <int NT, int R>
+static void launch_rows(const sd_backend *be, const __nv_bfloat16 *w, int n_in, int n_out, const float *x, float *y,
+                        float *partial, int slice_len, int n_slices, bool vec) {
     const int warps = (n_out + R - 1) / R;
     dim3 grid((unsigned)((warps + MV_WARPS - 1) / MV_WARPS), (unsigned)n_slices);
     matvec_kernel<NT, R><<<grid, MV_THREADS, 0, be->stream>>>(w, n_in, n_out, x, y, partial, slice_len, vec);
+}
+
+/* Rows per warp only changes which rows a warp takes, never an element's
+ * arithmetic: SPECD_CUDA_MV_ROWS=2 (be->mv_rows) runs the 5..16-token
+ * kernels with two rows too (fewer registers, more warps per SM, twice the
+ * activation loads), to compare the two on a GPU (scripts/gpu-run rows-8b). */
+template <int NT>
+static void launch_matvec(const sd_backend *be, const __nv_bfloat16 *w, int n_in, int n_out, const float *x,
+                          float *y, float *partial, int slice_len, int n_slices, bool vec) {
+    if (NT >= 3 && be->mv_rows == 2)
+        launch_rows<NT, 2>(be, w, n_in, n_out, x, y, partial, slice_len, n_slices, vec);
+    else
+        launch_rows<NT, rows_for(NT)>(be, w, n_in, n_out, x, y, partial, slice_len, n_slices, vec);
 }
 
 typedef void (*matvec_launcher)(const sd_backend *, const __nv_bfloat16 *, int, int, const float *, float *,

@@ -43,6 +43,15 @@ BINARIES = {
 }
 
 
+# Coordinator flags for tests of the speculative path: every step drafts
+# (K = 4). Adaptive K rightly chooses K = 0 for drafters that do not pay
+# (on the tiny random models a draft round trip costs several verify
+# steps), which would leave the drafts, their verification and the
+# drafter's caches untested. The adaptive policy has its own unit tests
+# (test_coordinator) and benchmark (specd-bench serve).
+FIXED_K = ["--adaptive-k", "off", "--k-default", "4"]
+
+
 class TestFailure(Exception):
     pass
 

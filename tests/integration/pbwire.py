@@ -208,7 +208,8 @@ WORKER_INFO = {"role": (1, "enum"), "rank": (2, "uint32"), "name": (3, "string")
 SERVICE_STATS = {"active_requests": (1, "uint32"), "queued_requests": (2, "uint32"),
                  "finished_requests": (3, "uint64"), "committed_tokens": (4, "uint64"),
                  "workers": (5, ("rep", ("msg", WORKER_INFO))), "step_overhead_p50_us": (6, "double"),
-                 "step_overhead_p99_us": (7, "double")}
+                 "step_overhead_p99_us": (7, "double"), "draft_wait_mean_us": (8, "double"),
+                 "draft_wait_p99_us": (9, "double"), "draft_wait_share": (10, "double")}
 COORD_TO_CLIENT = {"accepted": (1, ("msg", ACCEPTED)), "tokens": (2, ("msg", TOKEN_CHUNK)),
                    "finished": (3, ("msg", FINISHED)), "error": (4, ("msg", ERROR)),
                    "stats": (5, ("msg", SERVICE_STATS)), "heartbeat": (6, ("msg", HEARTBEAT))}

@@ -25,7 +25,8 @@ def worker_blocks(h, pump=None):
 def run(h):
     # Long-lived requests: a 4096-token context, generations of 3500 tokens.
     target, _ = h.tiny_models(seed=13, ctx=4096)
-    h.start_service(target, drafter="layers", drafter_extra=["--max-ctx", "4096", "--max-seqs", "8"])
+    h.start_service(target, drafter="layers", coord_extra=H.FIXED_K,
+                    drafter_extra=["--max-ctx", "4096", "--max-seqs", "8"])
     base = H.wait_until(lambda: (lambda b: b if {"verifier", "drafter"} <= set(b) else None)(worker_blocks(h)),
                         30, "both workers in specd-client --stats --json")
     H.log("idle blocks: %s" % base)

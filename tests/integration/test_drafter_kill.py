@@ -14,7 +14,7 @@ def run(h):
     target, _ = h.tiny_models(seed=5)
     prompts = H.random_prompts(N, seed=21)
     refs = [h.reference(target, p, TOKENS, ignore_eos=True) for p in prompts]
-    _, _, drafter = h.start_service(target, drafter="layers")
+    _, _, drafter = h.start_service(target, drafter="layers", coord_extra=H.FIXED_K)
     c = h.client()
     killed = {}
 

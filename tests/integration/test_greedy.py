@@ -1,14 +1,18 @@
 """N concurrent greedy requests through the service produce exactly the tokens
 specd-generate gives each prompt alone.
 
-  test_greedy.py --model tiny|smollm --drafter model|ngram|layers|none [--n 64] [--tokens 24]
+  test_greedy.py --model tiny|smollm --drafter model|ngram|layers|none [--n 64] [--tokens 24] [--adaptive]
 
 tiny: a random 2-layer target (specd-mkmodel) with a random 1-layer draft
 model sharing its tokenizer; requests ignore EOS so every one runs to
 max_tokens. smollm: SmolLM2-135M-Instruct with chat prompts, stopping at EOS
-as specd-generate does. Also checks that speculation happened (drafted > 0
+as specd-generate does. The coordinator runs with K fixed at 4
+(harness.FIXED_K), and the test checks that speculation happened (drafted > 0
 summed over requests) when a drafter is attached, and that the prompt token
-counts equal specd-generate's."""
+counts equal specd-generate's. --adaptive: the coordinator's own adaptive K
+instead (one batch or two cohorts, shadow drafts, K from the measured
+costs); whether it speculates then depends on the machine, so drafted is
+only logged."""
 import argparse
 
 import harness as H
@@ -29,7 +33,11 @@ def run(h, args):
     # References first (one process per prompt, alone), then the service.
     refs = [h.reference(target, p, args.tokens, ignore_eos=ignore_eos, chat=chat) for p in prompts]
     H.log("computed %d references" % len(refs))
-    h.start_service(target, drafter=None if args.drafter == "none" else args.drafter, draft=draft)
+    # K fixed (H.FIXED_K): the test is about the drafts' verification under
+    # load; adaptive K may rightly choose K = 0 for a drafter that does not
+    # pay (the tiny models; SmolLM2's 1-layer self-draft under ASan)
+    h.start_service(target, drafter=None if args.drafter == "none" else args.drafter, draft=draft,
+                    coord_extra=() if args.adaptive else H.FIXED_K)
     c = h.client()
     jobs = [dict(prompt=p, max_tokens=args.tokens, ignore_eos=ignore_eos, chat=chat) for p in prompts]
     res = c.run(jobs, timeout=args.timeout)
@@ -50,7 +58,7 @@ def run(h, args):
     drafted = sum(r["finished"]["stats"].get("drafted", 0) for r in res)
     accepted = sum(r["finished"]["stats"].get("accepted", 0) for r in res)
     H.log("all %d equal; drafted %d, accepted %d" % (len(res), drafted, accepted))
-    if args.drafter != "none":
+    if args.drafter != "none" and not args.adaptive:
         H.check(drafted > 0, "a %s drafter was attached but no request was speculated (drafted = 0)"
                 % args.drafter)
 
@@ -62,5 +70,6 @@ if __name__ == "__main__":
     ap.add_argument("--n", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--adaptive", action="store_true", help="adaptive K (default: K fixed at 4)")
     a = ap.parse_args()
     H.main(lambda h: run(h, a))

@@ -77,7 +77,7 @@ def run(h):
         H.log("1 ms netem delay on every link")
 
     caddr = "%s.%d" % (SUBNET, roles["coordinator"])
-    h.start_coordinator(target, netns=ns["coordinator"], client_host=caddr, worker_host=caddr)
+    h.start_coordinator(target, H.FIXED_K, netns=ns["coordinator"], client_host=caddr, worker_host=caddr)
     h.start_verifier(netns=ns["verifier"])
     h.start_drafter("layers", netns=ns["drafter"])
 

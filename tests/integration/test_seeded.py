@@ -2,10 +2,12 @@
 load: each request (temperature 0.8, top-p 0.95, its own seed) is first run
 alone through the service, then all of them at once mixed with greedy
 requests and with a second copy of each seeded request; every copy must
-give the same tokens as the lone run. Tiny random models, self-draft
-drafter (speculative sampling must not change the draws). A control makes
-sure the test can fail: two different seeds of the same prompt do not all
-give the same output."""
+give the same tokens as the lone run; adaptive K is on (a sampled request's
+K follows only its own acceptance, not the load, so its draws cannot
+depend on the batch), and drafts must have been verified. Tiny random
+models, self-draft drafter (speculative sampling must not change the
+draws). A control makes sure the test can fail: two different seeds of the
+same prompt do not all give the same output."""
 import harness as H
 
 N, TOKENS = 12, 32
@@ -31,6 +33,10 @@ def run(h):
     H.expect_equal_ids(res[3 * N:], alone_plain, "seeded target-only requests (max_draft -1) under load")
     H.expect_equal_ids(res[:N], alone, "seeded speculative requests under load (first copies)")
     H.expect_equal_ids(res[2 * N:3 * N], alone, "seeded speculative requests under load (second copies)")
+    # Adaptive K (the coordinator's default) must have speculated on them, or
+    # the test proves nothing: a sampled request's K ignores the load.
+    drafted = sum(r["finished"]["stats"].get("drafted", 0) for r in res[:N])
+    H.check(drafted > 0, "no draft was verified for the seeded requests under load")
     # Control: another seed changes something.
     other = c.run([dict(jobs[i], sampling=dict(samp[i], seed=5000 + i)) for i in range(N)], timeout=300)
     H.check(any(o["ids"] != a["ids"] for o, a in zip(other, alone)),

@@ -33,7 +33,7 @@ def run(h):
     target, _ = h.tiny_models(seed=9)
     prompts = H.random_prompts(N, seed=31)
     refs = [h.reference(target, p, TOKENS, ignore_eos=True) for p in prompts]
-    _, verifier, _ = h.start_service(target, drafter="layers")
+    _, verifier, _ = h.start_service(target, drafter="layers", coord_extra=H.FIXED_K)
     c = h.client()
     jobs = [dict(prompt=p, max_tokens=TOKENS, ignore_eos=True) for p in prompts]
     H.expect_equal_ids(c.run(jobs, timeout=300), refs, "before the restart")

@@ -146,7 +146,10 @@ typedef struct sd_client_worker_info {
 typedef struct sd_client_service_stats {
     uint32_t active_requests, queued_requests;
     uint64_t finished_requests, committed_tokens;
+    /* verify reply (or the draft reply the step waited for) -> next verify request */
     double step_overhead_p50_us, step_overhead_p99_us;
+    double draft_wait_mean_us, draft_wait_p99_us; /* per verify step: verifier held for drafts (0 = not held) */
+    double draft_wait_share;                      /* share of verify steps held, 0..1 */
     size_t n_workers; /* at most SD_CLIENT_MAX_WORKERS */
     sd_client_worker_info workers[SD_CLIENT_MAX_WORKERS];
 } sd_client_service_stats;

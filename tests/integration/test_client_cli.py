@@ -1,0 +1,154 @@
+"""specd-client, the command line, against the real service (the other
+integration tests speak the wire protocol from Python, so this is where
+the CLI itself is checked):
+
+- `-p PROMPT` streams: the first text reaches stdout while the request is
+  still running (the process has not exited), statistics go to stderr;
+- `-p PROMPT --json` gives exactly specd-generate's token ids;
+- `--stop S` ends the output before the stop string;
+- `--jobs FILE.jsonl` writes one JSON result per input line, in input order,
+  echoing each "id": greedy jobs give specd-generate's ids, a seeded
+  target-only job (temp, top_p, seed, max_draft -1) gives the seeded
+  specd-generate's ids, a line with a bad field gets its own BAD_JOB line
+  and the others still run; a progress bar goes to stderr only when stderr
+  is a terminal;
+- every program of the service answers --help with its usage on stdout and
+  exit status 0.
+
+Tiny random models, self-draft drafter."""
+import json
+import os
+import pty
+import select
+import subprocess
+import time
+
+import harness as H
+
+
+def cli(h, *args, timeout=300, stderr=subprocess.PIPE):
+    r = subprocess.run([h.bin("client"), "--coordinator", h.client_addr] + list(args), stdout=subprocess.PIPE,
+                       stderr=stderr, timeout=timeout)
+    return r
+
+
+def check_help(h):
+    for name in ("coordinator", "verifier", "drafter", "client", "launch", "generate", "mkmodel"):
+        r = subprocess.run([h.bin(name), "--help"], capture_output=True, timeout=60)
+        out = r.stdout.decode("utf-8", "replace")
+        H.check(r.returncode == 0, "%s --help exited %d" % (name, r.returncode))
+        H.check("usage" in out.lower(), "%s --help printed no usage on stdout: %r" % (name, out[:200]))
+    H.log("every program answers --help")
+
+
+def check_streaming(h, prompt):
+    p = subprocess.Popen([h.bin("client"), "--coordinator", h.client_addr, "-p", prompt, "-n", "400",
+                          "--ignore-eos"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        r, _, _ = select.select([p.stdout], [], [], 120)
+        H.check(r, "specd-client -p printed nothing within 120 s")
+        first = os.read(p.stdout.fileno(), 1 << 16)
+        running = p.poll() is None
+        rest, err = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    H.check(p.returncode == 0, "specd-client -p exited %d: %s" % (p.returncode, err[-500:]))
+    H.check(first, "specd-client -p: stdout closed without text")
+    H.check(running, "specd-client -p: the first text came only when the process ended (%d bytes then %d): "
+            "not streamed" % (len(first), len(rest)))
+    H.check(b"400 generated tokens" in err, "no statistics on stderr: %r" % err[-300:])
+    H.log("-p streamed: %d bytes while running, %d after" % (len(first), len(rest)))
+
+
+def check_jobs(h, target, prompts):
+    ref_greedy = [h.reference(target, p, 20, ignore_eos=True) for p in prompts[:2]]
+    ref_seeded = h.reference(target, prompts[2], 20, temp=0.8, seed=7, top_p=0.95, ignore_eos=True)
+    lines = [
+        {"id": "first", "prompt": prompts[0], "n": 20, "ignore_eos": True},
+        {"id": 2, "prompt": prompts[2], "n": 20, "ignore_eos": True, "temp": 0.8, "top_p": 0.95, "seed": 7,
+         "max_draft": -1},
+        {"id": "bad", "prompt": prompts[1], "n": "twenty"},
+        {"id": "last", "prompt": prompts[1], "n": 20, "ignore_eos": True},
+    ]
+    path = os.path.join(h.tmp, "jobs.jsonl")
+    with open(path, "w") as f:
+        for l in lines:
+            f.write(json.dumps(l) + "\n")
+    r = cli(h, "--jobs", path)
+    H.check(r.returncode != 0, "--jobs with a bad line exited 0")
+    out = [json.loads(l) for l in r.stdout.decode().splitlines() if l.strip()]
+    H.check([o.get("id") for o in out] == ["first", 2, "bad", "last"],
+            "--jobs results out of order or ids not echoed: %s" % [o.get("id") for o in out])
+    H.check(out[0].get("ids") == ref_greedy[0]["ids"], "job 'first' differs from specd-generate")
+    H.check(out[3].get("ids") == ref_greedy[1]["ids"], "job 'last' differs from specd-generate")
+    H.check(out[1].get("ids") == ref_seeded["ids"], "seeded target-only job differs from specd-generate "
+            "--temp 0.8 --top-p 0.95 --seed 7: %s vs %s" % (out[1].get("ids"), ref_seeded["ids"]))
+    H.check(out[2].get("error", {}).get("code") == "BAD_JOB" and "n" in out[2]["error"].get("message", ""),
+            "bad job line: %s" % out[2])
+    H.check(b"#" not in r.stderr, "progress bar printed although stderr is a pipe: %r" % r.stderr[-200:])
+    # stderr on a terminal: the progress bar is drawn, up to 1/1
+    ok = os.path.join(h.tmp, "one.jsonl")
+    with open(ok, "w") as f:
+        f.write(json.dumps(lines[0]) + "\n")
+    master, slave = pty.openpty()
+    try:
+        r = cli(h, "--jobs", ok, stderr=slave)
+        os.close(slave)
+        slave = None
+        tty = b""
+        while select.select([master], [], [], 1)[0]:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            tty += chunk
+    finally:
+        if slave is not None:
+            os.close(slave)
+        os.close(master)
+    H.check(r.returncode == 0, "--jobs (one good line) exited %d" % r.returncode)
+    H.check(b"1/1" in tty and b"#" in tty, "no progress bar on a terminal stderr: %r" % tty[-200:])
+    H.log("--jobs: order, ids, BAD_JOB line, seeded job and progress bar as expected")
+
+
+def run(h):
+    check_help(h)
+    target, _ = h.tiny_models(seed=23)
+    prompts = H.random_prompts(3, seed=41)
+    ref = h.reference(target, prompts[0], 24, ignore_eos=True)
+    h.start_service(target, drafter="layers")
+
+    r = cli(h, "-p", prompts[0], "-n", "24", "--ignore-eos", "--json")
+    H.check(r.returncode == 0, "specd-client --json exited %d: %s" % (r.returncode, r.stderr[-500:]))
+    res = json.loads(r.stdout)
+    H.check(res.get("ids") == ref["ids"], "specd-client --json: %s vs specd-generate %s" % (res.get("ids"),
+                                                                                          ref["ids"]))
+    H.check(res.get("stop_reason") == "LENGTH", "stop_reason %s" % res.get("stop_reason"))
+
+    # --stop: a stop string taken from the reference's own text ends the output before it
+    text = ref["text_bytes"]
+    stop = None
+    for i in range(4, len(text) - 2):
+        cand = text[i:i + 2]
+        if all(32 <= b < 127 for b in cand) and cand not in text[:i + 1]:
+            stop = cand.decode()
+            cut = i
+            break
+    if stop:
+        r = cli(h, "-p", prompts[0], "-n", "24", "--ignore-eos", "--json", "--stop", stop)
+        res = json.loads(r.stdout)
+        H.check(res.get("stop_reason") == "STOP_STRING", "--stop %r: stop_reason %s" % (stop, res.get("stop_reason")))
+        got = res.get("text", "").encode("utf-8", "surrogateescape")
+        H.check(stop.encode() not in got, "--stop %r: the stop string is in the output %r" % (stop, got))
+        H.log("--stop %r ended the text at byte %d (reference cut %d)" % (stop, len(got), cut))
+
+    check_streaming(h, prompts[1])
+    check_jobs(h, target, prompts)
+
+
+if __name__ == "__main__":
+    H.main(run)
