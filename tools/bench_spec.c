@@ -148,7 +148,10 @@ static int run_one(sd_model *m, sd_drafter *d, int k_fixed, double c_verify, con
     sd_spec_decoder *dec = NULL;
     if (sd_spec_decoder_create(m, d, MAX_CTX, &dec) != SD_OK) return -1;
     int32_t *ctx = malloc((size_t)(MAX_CTX + 80) * sizeof *ctx);
-    if (!ctx) return -1;
+    if (!ctx) {
+        sd_spec_decoder_free(&dec);
+        return -1;
+    }
     memcpy(ctx, ids, (size_t)n_ids * sizeof *ctx);
     int32_t n = n_ids;
     int32_t step[SD_SPEC_MAX_K + 1], n_step, nd = 0, na = 0;
@@ -206,6 +209,10 @@ static void top_n_study(FILE *out, sd_model *m, const char *draft_path, uint64_t
             sd_spec_decoder *dec = NULL;
             if (sd_spec_decoder_create(m, d, MAX_CTX, &dec) != SD_OK) break;
             int32_t *ctx = malloc((size_t)(MAX_CTX + 80) * sizeof *ctx);
+            if (!ctx) {
+                sd_spec_decoder_free(&dec);
+                break;
+            }
             memcpy(ctx, ids[p], (size_t)n_ids[p] * sizeof *ctx);
             int32_t n = n_ids[p];
             sd_sampling s = sd_sampling_default();
