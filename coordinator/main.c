@@ -33,9 +33,10 @@ static void on_signal(int sig) {
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: specd-coordinator --model TARGET.gguf [options]\n"
+            "usage: specd-coordinator --model TARGET [options]\n"
             "Schedules speculative decoding over drafters and a verifier (ZeroMQ).\n"
-            "  --model FILE              target GGUF: tokenizer and identity (no weights loaded)\n"
+            "  --model PATH              target GGUF file or Hugging Face directory: tokenizer and identity\n"
+            "                            (no weights loaded)\n"
             "  --client-addr ADDR        client ROUTER bind address (tcp://127.0.0.1:7700)\n"
             "  --worker-addr ADDR        worker ROUTER bind address (tcp://127.0.0.1:7701)\n"
             "  --max-queue N             waiting requests before OVERLOADED (256)\n"

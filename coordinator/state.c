@@ -4,8 +4,10 @@
 #include "coord.h"
 
 #include "specd/gguf.h"
+#include "specd/weights.h"
 #include "specd/model.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -36,6 +38,30 @@ sd_coord_params sd_coord_default_params(void) {
     };
 }
 
+/* True when the model's chat template carries SmolLM's default system
+ * prompt: tokenizer.chat_template in a GGUF, tokenizer_config.json's
+ * "chat_template" in a Hugging Face directory (searched as text: the prompt
+ * has no character JSON escapes; the file is read up to 4 MB). */
+static bool template_has_smollm_system(const sd_weights *w, const char *path) {
+    const sd_gguf *g = sd_weights_gguf(w);
+    if (g) {
+        sd_gguf_str tmpl;
+        return sd_gguf_get_str(g, "tokenizer.chat_template", &tmpl) == SD_OK &&
+               memmem(tmpl.ptr, tmpl.len, SMOLLM_SYSTEM, strlen(SMOLLM_SYSTEM)) != NULL;
+    }
+    char name[4096];
+    if ((size_t)snprintf(name, sizeof name, "%s/tokenizer_config.json", path) >= sizeof name) return false;
+    FILE *f = fopen(name, "rb");
+    if (!f) return false;
+    enum { MAX_BYTES = 4 << 20 };
+    char *buf = malloc(MAX_BYTES);
+    size_t n = buf ? fread(buf, 1, MAX_BYTES, f) : 0;
+    fclose(f);
+    bool found = buf && memmem(buf, n, SMOLLM_SYSTEM, strlen(SMOLLM_SYSTEM)) != NULL;
+    free(buf);
+    return found;
+}
+
 sd_status sd_coord_state_init(sd_coord *c, const sd_coord_params *p, const sd_coord_io *io) {
     memset(c, 0, sizeof *c);
     c->p = *p;
@@ -51,23 +77,20 @@ sd_status sd_coord_state_init(sd_coord *c, const sd_coord_params *p, const sd_co
                  SD_MAX_DRAFT);
         return SD_ERR_INVALID_ARG;
     }
-    char err[256];
-    sd_gguf *g = NULL;
-    sd_status st = sd_gguf_open(p->model_path, &g, err, sizeof err);
+    /* the target as any weights source: a GGUF file or a Hugging Face
+     * directory (its tokenizer.json and config.json) */
+    sd_weights *w = NULL;
+    sd_status st = sd_weights_open(p->model_path, &w);
     if (st != SD_OK) {
-        SD_ERROR("%s: %s", p->model_path, err);
+        SD_ERROR("%s: cannot open the target (GGUF file or Hugging Face directory): %s", p->model_path,
+                 sd_status_str(st));
         return st;
     }
     sd_model_config cfg;
-    st = sd_model_config_from_gguf(g, &cfg);
-    if (st == SD_OK) st = sd_tok_from_gguf(g, &c->tok);
-    if (st == SD_OK) {
-        sd_gguf_str tmpl;
-        if (sd_gguf_get_str(g, "tokenizer.chat_template", &tmpl) == SD_OK &&
-            memmem(tmpl.ptr, tmpl.len, SMOLLM_SYSTEM, strlen(SMOLLM_SYSTEM)))
-            c->default_system = SMOLLM_SYSTEM;
-    }
-    sd_gguf_close(&g);
+    st = sd_weights_config(w, &cfg);
+    if (st == SD_OK) st = sd_weights_tokenizer(w, &c->tok);
+    if (st == SD_OK && template_has_smollm_system(w, p->model_path)) c->default_system = SMOLLM_SYSTEM;
+    sd_weights_close(&w);
     if (st != SD_OK) {
         SD_ERROR("%s: cannot read the target's tokenizer/config: %s", p->model_path, sd_status_str(st));
         sd_coord_state_free(c);

@@ -1,7 +1,7 @@
 """N concurrent greedy requests through the service produce exactly the tokens
 specd-generate gives each prompt alone.
 
-  test_greedy.py --model tiny|smollm --drafter model|ngram|layers|none [--n 64] [--tokens 24] [--adaptive]
+  test_greedy.py --model tiny|smollm --drafter model|ngram|layers|none [--n 64] [--tokens 24] [--adaptive] [--hf]
 
 tiny: a random 2-layer target (specd-mkmodel) with a random 1-layer draft
 model sharing its tokenizer; requests ignore EOS so every one runs to
@@ -12,7 +12,12 @@ summed over requests) when a drafter is attached, and that the prompt token
 counts equal specd-generate's. --adaptive: the coordinator's own adaptive K
 instead (one batch or two cohorts, shadow drafts, K from the measured
 costs); whether it speculates then depends on the machine, so drafted is
-only logged."""
+only logged. --hf: the service (coordinator, verifier, drafter) gets the
+target as a Hugging Face directory converted from the GGUF (specd-mkmodel
+--convert), the references still come from the GGUF: the two formats hold
+the same numbers, so the tokens must be equal."""
+import os
+import subprocess
 import argparse
 
 import harness as H
@@ -33,6 +38,11 @@ def run(h, args):
     # References first (one process per prompt, alone), then the service.
     refs = [h.reference(target, p, args.tokens, ignore_eos=ignore_eos, chat=chat) for p in prompts]
     H.log("computed %d references" % len(refs))
+    if args.hf:
+        hf_dir = os.path.join(h.tmp, "target-hf")
+        subprocess.run([h.bin("mkmodel"), "-o", hf_dir, "--format", "hf", "--convert", target], check=True,
+                       capture_output=True)
+        target = hf_dir
     # K fixed (H.FIXED_K): the test is about the drafts' verification under
     # load; adaptive K may rightly choose K = 0 for a drafter that does not
     # pay (the tiny models; SmolLM2's 1-layer self-draft under ASan)
@@ -71,5 +81,6 @@ if __name__ == "__main__":
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--adaptive", action="store_true", help="adaptive K (default: K fixed at 4)")
+    ap.add_argument("--hf", action="store_true", help="serve the target as a Hugging Face directory")
     a = ap.parse_args()
     H.main(lambda h: run(h, a))
