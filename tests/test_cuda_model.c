@@ -33,6 +33,8 @@
 #include "specd/spec_decode.h"
 #include "specd/tokenizer.h"
 
+#include "greedy_util.h"
+
 static int failures;
 
 #define FAIL(...)                                                                                     \
@@ -247,59 +249,6 @@ out:
     sd_model_free(&gpu);
 }
 
-/* ---- greedy decoding ---- */
-
-static int plain_greedy(sd_model *m, const int32_t *prompt, int32_t n_prompt, int32_t n_new, int32_t *out) {
-    sd_kv *kv = NULL;
-    int32_t V = sd_model_config_of(m)->n_vocab;
-    float *logits = malloc((size_t)V * sizeof *logits);
-    int32_t pos[MAX_CTX], seq[MAX_CTX] = {0};
-    bool want[MAX_CTX] = {false};
-    int rc = -1;
-    if (n_prompt + n_new > MAX_CTX || sd_model_kv_create(m, 1, MAX_CTX / 16 + 2, 16, &kv) != SD_OK) goto done;
-    for (int32_t i = 0; i < n_prompt; i++) pos[i] = i;
-    want[n_prompt - 1] = true;
-    sd_batch b = {n_prompt, prompt, pos, seq, want};
-    if (sd_model_forward(m, kv, &b, logits) != SD_OK) goto done;
-    for (int32_t i = 0; i < n_new; i++) {
-        out[i] = sd_argmax(logits, V);
-        if (i + 1 == n_new) break;
-        int32_t p = n_prompt + i, s0 = 0;
-        bool one = true;
-        sd_batch step = {1, &out[i], &p, &s0, &one};
-        if (sd_model_forward(m, kv, &step, logits) != SD_OK) goto done;
-    }
-    rc = 0;
-done:
-    sd_kv_free(&kv);
-    free(logits);
-    return rc;
-}
-
-static int spec_greedy(sd_model *m, sd_drafter *d, int32_t k, const int32_t *prompt, int32_t n_prompt,
-                       int32_t n_new, int32_t *out) {
-    sd_spec_decoder *dec = NULL;
-    if (sd_spec_decoder_create(m, d, MAX_CTX, &dec) != SD_OK) return -1;
-    int32_t ctx[MAX_CTX + SD_SPEC_MAX_K + 2];
-    memcpy(ctx, prompt, (size_t)n_prompt * sizeof *ctx);
-    int32_t n = n_prompt;
-    sd_sampling s = sd_sampling_default();
-    s.temperature = 0.0f;
-    int rc = 0;
-    while (n < n_prompt + n_new) {
-        int32_t step[SD_SPEC_MAX_K + 1], n_step, nd, na;
-        if (sd_spec_decoder_step(dec, ctx, n, k, &s, step, &n_step, &nd, &na) != SD_OK) {
-            rc = -1;
-            break;
-        }
-        memcpy(ctx + n, step, (size_t)n_step * sizeof *step);
-        n += n_step;
-    }
-    memcpy(out, ctx + n_prompt, (size_t)n_new * sizeof *out);
-    sd_spec_decoder_free(&dec);
-    return rc;
-}
-
 /* Greedy speculative output on the GPU equals plain greedy GPU output. */
 static void spec_equality(const char *path) {
     sd_model *gpu = load(path, 0, 0);
@@ -314,13 +263,13 @@ static void spec_equality(const char *path) {
         const int32_t V = sd_model_config_of(gpu)->n_vocab;
         int32_t prompt[24], plain[40], spec[40];
         for (int32_t i = 0; i < 24; i++) prompt[i] = (i % 6) * 13 % V; /* repetitive: n-gram drafts hit */
-        if (plain_greedy(gpu, prompt, 24, 40, plain) != 0) FAIL("plain greedy on the GPU");
+        if (greedy_plain(gpu, prompt, 24, 40, MAX_CTX, plain) != 0) FAIL("plain greedy on the GPU");
         const int32_t ks[3] = {1, 4, 8};
         sd_drafter *ds[2] = {ngram, self};
         const char *names[2] = {"n-gram", "self-draft (1 layer)"};
         for (int di = 0; di < 2; di++)
             for (int ki = 0; ki < 3; ki++) {
-                if (spec_greedy(gpu, ds[di], ks[ki], prompt, 24, 40, spec) != 0) {
+                if (greedy_spec(gpu, ds[di], ks[ki], prompt, 24, 40, MAX_CTX, spec, NULL, NULL) != 0) {
                     FAIL("speculative decoding on the GPU (%s, K %d)", names[di], (int)ks[ki]);
                     continue;
                 }
@@ -401,30 +350,6 @@ out:
 
 /* ---- the demo model ---- */
 
-static int read_prompts(char **prompts, int max) {
-    FILE *f = fopen(SPECD_SOURCE_DIR "/tests/data/spec_prompts.txt", "r");
-    if (!f) return -1;
-    char line[2048];
-    int n = 0;
-    while (n < max && fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = '\0';
-        if (!line[0]) continue;
-        char *out = malloc(strlen(line) + 1), *o = out;
-        for (const char *c = line; *c; c++) {
-            if (c[0] == '\\' && c[1] == 'n') {
-                *o++ = '\n';
-                c++;
-            } else {
-                *o++ = *c;
-            }
-        }
-        *o = '\0';
-        prompts[n++] = out;
-    }
-    fclose(f);
-    return n;
-}
-
 static void demo_model_checks(const char *path) {
     printf("SmolLM2-135M-Instruct (%s):\n", path);
     sd_gguf *g = NULL;
@@ -439,7 +364,7 @@ static void demo_model_checks(const char *path) {
     sd_model *cpu = load(path, -1, 0), *gpu = load(path, 0, 0);
     enum { N_PROMPTS = 20, N_NEW = 32 };
     char *prompts[N_PROMPTS];
-    int n_prompts = cpu && gpu ? read_prompts(prompts, N_PROMPTS) : 0;
+    int n_prompts = cpu && gpu ? greedy_read_prompts(SPECD_SOURCE_DIR, prompts, N_PROMPTS) : 0;
     if (cpu && gpu && n_prompts != N_PROMPTS) FAIL("read %d of %d prompts", n_prompts, N_PROMPTS);
     int same_first = 0, same_all = 0, checked = 0;
     double prefix_sum = 0, worst_logit = 0;
@@ -477,7 +402,8 @@ static void demo_model_checks(const char *path) {
             sd_kv_free(&kg);
         }
         int32_t oc[N_NEW], og[N_NEW];
-        if (plain_greedy(cpu, ids, (int32_t)n_ids, N_NEW, oc) != 0 || plain_greedy(gpu, ids, (int32_t)n_ids, N_NEW, og) != 0) {
+        if (greedy_plain(cpu, ids, (int32_t)n_ids, N_NEW, MAX_CTX, oc) != 0 ||
+            greedy_plain(gpu, ids, (int32_t)n_ids, N_NEW, MAX_CTX, og) != 0) {
             FAIL("greedy decoding of prompt %d", p);
             free(ids);
             continue;

@@ -31,6 +31,8 @@
 #include "specd/spec_decode.h"
 #include "specd/tokenizer.h"
 
+#include "greedy_util.h"
+
 #define MAX_PROMPTS 64
 #define MAX_TOKENS 64
 #define MAX_CTX 512
@@ -51,89 +53,6 @@ static char *model_path(void) {
     return res;
 }
 
-/* Reads up to max lines of the prompt file, expanding "\n". */
-static int read_prompts(char **prompts, int max) {
-    FILE *f = fopen(SPECD_SOURCE_DIR "/tests/data/spec_prompts.txt", "r");
-    if (!f) return -1;
-    char line[2048];
-    int n = 0;
-    while (n < max && fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = '\0';
-        if (!line[0]) continue;
-        char *out = malloc(strlen(line) + 1), *o = out;
-        if (!out) break;
-        for (const char *c = line; *c; c++) {
-            if (c[0] == '\\' && c[1] == 'n') {
-                *o++ = '\n';
-                c++;
-            } else {
-                *o++ = *c;
-            }
-        }
-        *o = '\0';
-        prompts[n++] = out;
-    }
-    fclose(f);
-    return n;
-}
-
-static int plain_greedy(sd_model *m, const int32_t *prompt, int32_t n_prompt, int32_t n_new, int32_t *out) {
-    sd_kv *kv = NULL;
-    int32_t n_vocab = sd_model_config_of(m)->n_vocab;
-    float *logits = malloc((size_t)n_vocab * sizeof *logits);
-    int32_t *pos = malloc((size_t)n_prompt * sizeof *pos), *seq = calloc((size_t)n_prompt, sizeof *seq);
-    bool *want = calloc((size_t)n_prompt, sizeof *want);
-    int rc = -1;
-    if (!logits || !pos || !seq || !want || sd_model_kv_create(m, 1, MAX_CTX / 16 + 2, 16, &kv) != SD_OK) goto out;
-    for (int32_t i = 0; i < n_prompt; i++) pos[i] = i;
-    want[n_prompt - 1] = true;
-    sd_batch b = {n_prompt, prompt, pos, seq, want};
-    if (sd_model_forward(m, kv, &b, logits) != SD_OK) goto out;
-    for (int32_t i = 0; i < n_new; i++) {
-        out[i] = sd_argmax(logits, n_vocab);
-        if (i + 1 == n_new) break;
-        int32_t p = n_prompt + i, s0 = 0;
-        bool one = true;
-        sd_batch step = {1, &out[i], &p, &s0, &one};
-        if (sd_model_forward(m, kv, &step, logits) != SD_OK) goto out;
-    }
-    rc = 0;
-out:
-    sd_kv_free(&kv);
-    free(logits);
-    free(pos);
-    free(seq);
-    free(want);
-    return rc;
-}
-
-/* Speculative greedy generation; adds drafted/accepted counts. */
-static int spec_greedy(sd_model *m, sd_drafter *d, int32_t k, const int32_t *prompt, int32_t n_prompt,
-                       int32_t n_new, int32_t *out, long *drafted, long *accepted) {
-    sd_spec_decoder *dec = NULL;
-    if (sd_spec_decoder_create(m, d, MAX_CTX, &dec) != SD_OK) return -1;
-    int32_t ctx[MAX_CTX + 80];
-    memcpy(ctx, prompt, (size_t)n_prompt * sizeof *ctx);
-    int32_t n = n_prompt;
-    sd_sampling s = sd_sampling_default();
-    s.temperature = 0.0f;
-    int rc = 0;
-    while (n < n_prompt + n_new) {
-        int32_t step[SD_SPEC_MAX_K + 1], n_step, nd, na;
-        if (sd_spec_decoder_step(dec, ctx, n, k, &s, step, &n_step, &nd, &na) != SD_OK) {
-            rc = -1;
-            break;
-        }
-        memcpy(ctx + n, step, (size_t)n_step * sizeof *step);
-        n += n_step;
-        *drafted += nd;
-        *accepted += na;
-    }
-    memcpy(out, ctx + n_prompt, (size_t)n_new * sizeof *out);
-    sd_spec_decoder_free(&dec);
-    return rc;
-}
-
 int main(int argc, char **argv) {
     if (argc != 4) {
         fprintf(stderr, "usage: test_spec_demo N_PROMPTS N_TOKENS full|rotate\n");
@@ -150,7 +69,7 @@ int main(int argc, char **argv) {
         return 77;
     }
     char *prompts[MAX_PROMPTS];
-    int got = read_prompts(prompts, n_prompts);
+    int got = greedy_read_prompts(SPECD_SOURCE_DIR, prompts, n_prompts);
     if (got != n_prompts) {
         fprintf(stderr, "FAIL: read %d of %d prompts from tests/data/spec_prompts.txt\n", got, n_prompts);
         return 1;
@@ -204,7 +123,7 @@ int main(int argc, char **argv) {
         }
         free(text);
         int32_t plain[MAX_TOKENS], spec[MAX_TOKENS];
-        if (plain_greedy(m, ids, (int32_t)n_ids, n_tokens, plain) != 0) {
+        if (greedy_plain(m, ids, (int32_t)n_ids, n_tokens, MAX_CTX, plain) != 0) {
             fprintf(stderr, "FAIL: plain decoding of prompt %d\n", p);
             free(ids);
             goto out;
@@ -213,7 +132,7 @@ int main(int argc, char **argv) {
             if (!full && c != combo % 9) continue;
             int di = c / 3;
             int32_t k = ks[c % 3];
-            if (spec_greedy(m, drafters[di], k, ids, (int32_t)n_ids, n_tokens, spec, &drafted[di],
+            if (greedy_spec(m, drafters[di], k, ids, (int32_t)n_ids, n_tokens, MAX_CTX, spec, &drafted[di],
                             &accepted[di]) != 0) {
                 fprintf(stderr, "FAIL: speculative decoding of prompt %d (%s, K %d)\n", p, names[di], (int)k);
                 free(ids);
