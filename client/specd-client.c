@@ -328,11 +328,14 @@ static int run_jobs(sd_client *c, const options *o) {
     pthread_mutex_init(&run.mu, NULL);
     pthread_cond_init(&run.cv, NULL);
     size_t next_out = 0, failures = 0;
+    /* a submit that failed for the network (coordinator unreachable or
+     * gone) ends submitting: the rest would each wait out --timeout too */
+    bool net_down = false;
     const int cap_in_flight = o->concurrency > 0 ? o->concurrency : 64;
 
     for (size_t i = 0; i < n || next_out < n;) {
         /* submit while under the cap */
-        while (i < n && !g_interrupted) {
+        while (i < n && !g_interrupted && !net_down) {
             pthread_mutex_lock(&run.mu);
             bool room = run.in_flight < (size_t)cap_in_flight;
             if (room) run.in_flight++;
@@ -361,9 +364,11 @@ static int run_jobs(sd_client *c, const options *o) {
                 j->out = line, j->failed = j->done = true;
                 run.n_done++, run.in_flight--;
                 pthread_mutex_unlock(&run.mu);
-            } else if (s != SD_OK) {
-                /* the final callback already recorded the refusal */
-                (void)s;
+            } else if (s == SD_ERR_NET) {
+                /* the final callback recorded this job's error */
+                net_down = true;
+                fprintf(stderr, "specd-client: no answer from %s: the jobs after line %zu are not submitted\n",
+                        o->coordinator, i + 1);
             }
             i++;
         }
@@ -386,13 +391,15 @@ static int run_jobs(sd_client *c, const options *o) {
             pthread_mutex_lock(&run.mu);
         }
         if (next_out < n) {
-            if (g_interrupted && i < n) { /* stop submitting; report the rest as not run */
+            if ((g_interrupted || net_down) && i < n) { /* stop submitting; report the rest as not run */
                 pthread_mutex_unlock(&run.mu);
                 for (; i < n; i++) {
                     cJSON *e = cJSON_CreateObject();
                     cJSON *err = cJSON_AddObjectToObject(e, "error");
-                    cJSON_AddStringToObject(err, "code", "INTERRUPTED");
-                    cJSON_AddStringToObject(err, "message", "not submitted: interrupted");
+                    cJSON_AddStringToObject(err, "code", g_interrupted ? "INTERRUPTED" : "UNAVAILABLE");
+                    cJSON_AddStringToObject(err, "message", g_interrupted
+                                                                ? "not submitted: interrupted"
+                                                                : "not submitted: the coordinator did not answer");
                     jobs[i].id = lines[i] ? cJSON_GetObjectItemCaseSensitive(lines[i], "id") : NULL;
                     char *line = job_line(e, jobs[i].id);
                     pthread_mutex_lock(&run.mu);
@@ -463,6 +470,9 @@ static int run_stats(sd_client *c, const options *o) {
         cJSON_AddNumberToObject(j, "draft_wait_mean_us", s.draft_wait_mean_us);
         cJSON_AddNumberToObject(j, "draft_wait_p99_us", s.draft_wait_p99_us);
         cJSON_AddNumberToObject(j, "draft_wait_share", s.draft_wait_share);
+        cJSON_AddNumberToObject(j, "verify_fixed_us", s.verify_fixed_us);
+        cJSON_AddNumberToObject(j, "verify_token_us", s.verify_token_us);
+        cJSON_AddNumberToObject(j, "draft_token_us", s.draft_token_us);
         cJSON *ws = cJSON_AddArrayToObject(j, "workers");
         for (size_t i = 0; i < s.n_workers; i++) {
             const sd_client_worker_info *w = &s.workers[i];
@@ -489,6 +499,8 @@ static int run_stats(sd_client *c, const options *o) {
     printf("step overhead: p50 %.1f us, p99 %.1f us\n", s.step_overhead_p50_us, s.step_overhead_p99_us);
     printf("verify steps held for drafts: %.0f%%, wait mean %.1f us, p99 %.1f us\n", 100.0 * s.draft_wait_share,
            s.draft_wait_mean_us, s.draft_wait_p99_us);
+    printf("cost model: verify step %.0f us + %.0f us per token; drafting %.0f us per token\n", s.verify_fixed_us,
+           s.verify_token_us, s.draft_token_us);
     for (size_t i = 0; i < s.n_workers; i++) {
         const sd_client_worker_info *w = &s.workers[i];
         printf("  %s[%u] %s%s%s %s: KV blocks %u free of %u, %u sequences, %llu steps\n", role_name(w->role), w->rank,

@@ -40,11 +40,21 @@
  * Greedy output is the argmax whatever K is, so greedy requests get the
  * full policy, and start from the service's recent acceptance (a 64-token
  * chat request with the n-gram drafter spent a quarter of its verified rows
- * on drafts while unlearning a fixed start of 0.6 at 21% acceptance). */
+ * on drafts while unlearning a fixed start of 0.6 at 21% acceptance).
+ *
+ * K > 0 must promise SPEC_MARGIN more tokens per unit of cost than K = 0,
+ * not merely more. Near break-even the choice is a coin toss on a noisy
+ * estimate, and the coin is loaded: a sequence leaves K = 0 right after a
+ * lucky run of matches has pushed its EMA up (on the CPU at 64 sequences,
+ * break-even acceptance ~0.86, the sequences that crossed it went on to
+ * accept 67-79% of their drafts: bench/results/serve-cpu.md). A 2% margin
+ * costs at most 2% where speculation barely pays and nothing where it
+ * pays well. */
 #include "coord.h"
 
 #include <math.h>
 
+#define SPEC_MARGIN 0.02 /* predicted gain below which a greedy sequence stays at K = 0 */
 #define COST_DECAY 0.99 /* ~100 steps of memory: spread over batch sizes for the fit */
 #define SHADOW_BUDGET 0.02 /* share of a sequence's verify cost that shadow drafting may add */
 #define SHADOW_MAX 256
@@ -117,17 +127,19 @@ int32_t sd_adapt_choose_k(double alpha, const sd_cost_model *c, int32_t batch, i
     if (batch < 1) batch = 1;
     if (alpha < 0) alpha = 0;
     if (alpha > 1) alpha = 1;
+    double share = c->verify_fixed_us / batch; /* the sequence's part of a step's fixed cost */
+    double rate0 = 1.0 / (share + c->verify_token_us);
     int32_t best_k = 0;
     double best = -1.0;
-    for (int32_t k = 0; k <= k_cap; k++) {
-        double cost = c->draft_token_us * k + c->verify_fixed_us / batch + c->verify_token_us * (1 + k);
+    for (int32_t k = 1; k <= k_cap; k++) {
+        double cost = c->draft_token_us * k + share + c->verify_token_us * (1 + k);
         double rate = expected_tokens(alpha, k) / cost;
         if (rate > best * (1.0 + 1e-9)) {
             best = rate;
             best_k = k;
         }
     }
-    return best_k;
+    return best >= rate0 * (1.0 + SPEC_MARGIN) ? best_k : 0;
 }
 
 void sd_adapt_observe(sd_adapt *a, int32_t n_drafted, int32_t n_accepted) {

@@ -253,6 +253,9 @@ static void on_stats(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
     st.committed_tokens = c->committed_tokens;
     sd_sched_overhead(c, &st.step_overhead_p50_us, &st.step_overhead_p99_us);
     sd_sched_draft_wait(c, &st.draft_wait_mean_us, &st.draft_wait_p99_us, &st.draft_wait_share);
+    st.verify_fixed_us = c->cost.verify_fixed_us;
+    st.verify_token_us = c->cost.verify_token_us;
+    st.draft_token_us = c->cost.draft_token_us;
     Specd__WorkerInfo infos[SD_COORD_MAX_WORKERS], *pinfos[SD_COORD_MAX_WORKERS];
     Specd__WorkerStats wst[SD_COORD_MAX_WORKERS];
     size_t n = 0;

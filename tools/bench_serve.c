@@ -11,7 +11,10 @@
  * wall time of the round) as the median and range over the rounds, the
  * median of the per-round speculative/target-only ratios (each pair ran
  * back to back: the ratio is what a shared, drifting machine measures
- * best), tokens committed per target step and rows verified per committed
+ * best) and their geometric mean with a 95% confidence interval (Student's
+ * t on the log ratios, the rounds taken as independent pairs), the ratio
+ * the coordinator's verify cost model predicts from the load-independent
+ * counts below (how a drift-free machine would see it), tokens committed per target step and rows verified per committed
  * token (1 + K rows a step: what speculation costs a batch-bound verifier,
  * whose step time grows with its rows, independent of the machine's load),
  * per-token latency p50/p99 (gap between successive token chunks divided
@@ -25,10 +28,12 @@
  * that owns processes hides their start-up failures). */
 #include "bench_serve.h"
 
+#include "bench_prompts.h"
+
 #include "specd/client.h"
 
-#include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -160,20 +165,36 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-static int load_prompts(const char *path, char **out, int max) {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        fprintf(stderr, "specd-bench serve: cannot open %s: %s\n", path, strerror(errno));
-        return -1;
+/* Two-sided 95% quantile of Student's t with df degrees of freedom. */
+static double t975(int df) {
+    static const double t[30] = {12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+                                 2.201,  2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+                                 2.080,  2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042};
+    if (df < 1) return NAN;
+    if (df <= 30) return t[df - 1];
+    return df <= 60 ? 2.000 : df <= 120 ? 1.980 : 1.960;
+}
+
+/* Geometric mean of the per-round ratios r[0..n) and its 95% confidence
+ * interval, from the t interval of the mean log ratio (the rounds as
+ * independent paired samples); lo = hi = NAN with fewer than 2 rounds. */
+static void ratio_ci(const double *r, int n, double *gm, double *lo, double *hi) {
+    double sum = 0, sq = 0;
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        if (!(r[i] > 0)) continue;
+        double l = log(r[i]);
+        sum += l, sq += l * l, k++;
     }
-    char line[4096];
-    int n = 0;
-    while (n < max && fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = 0;
-        if (line[0]) out[n++] = strdup(line);
-    }
-    fclose(f);
-    return n;
+    *gm = *lo = *hi = NAN;
+    if (k == 0) return;
+    double mean = sum / k;
+    *gm = exp(mean);
+    if (k < 2) return;
+    double var = (sq - k * mean * mean) / (k - 1);
+    double half = t975(k - 1) * sqrt(var > 0 ? var / k : 0);
+    *lo = exp(mean - half);
+    *hi = exp(mean + half);
 }
 
 static void usage(FILE *f) {
@@ -185,14 +206,14 @@ static void usage(FILE *f) {
                "  --prompts FILE      one prompt per line, sent as chat turns (default bench/prompts/chat.txt)\n"
                "  --conc LIST         concurrencies (default 1,8,64)\n"
                "  -n TOKENS           new tokens per request (default 64; EOS ignored)\n"
-               "  --rounds R          rounds per mode and concurrency (default 2)\n"
+               "  --rounds R          rounds per mode and concurrency (default 4)\n"
                "  -o FILE             also write the markdown table to FILE\n");
 }
 
 int bench_serve_main(int argc, char **argv) {
     const char *addr = "tcp://127.0.0.1:7700", *prompts_path = "bench/prompts/chat.txt", *out_path = NULL;
     char conc_list[128] = "1,8,64";
-    int tokens = 64, rounds = 2;
+    int tokens = 64, rounds = 4;
     static const struct option longs[] = {{"coordinator", required_argument, 0, 'c'},
                                           {"prompts", required_argument, 0, 'p'},
                                           {"conc", required_argument, 0, 'C'},
@@ -219,7 +240,7 @@ int bench_serve_main(int argc, char **argv) {
         return 2;
     }
     char *prompts[MAX_PROMPTS];
-    int n_prompts = load_prompts(prompts_path, prompts, MAX_PROMPTS);
+    int n_prompts = sd_bench_read_prompts(prompts_path, prompts, MAX_PROMPTS);
     if (n_prompts <= 0) {
         if (n_prompts == 0) fprintf(stderr, "specd-bench serve: no prompts in %s\n", prompts_path);
         return 1;
@@ -236,12 +257,14 @@ int bench_serve_main(int argc, char **argv) {
         fprintf(stderr, "specd-bench serve: no answer from %s (is the service running?)\n", addr);
         goto done;
     }
-    const char *hdr = "| concurrency | mode | tokens/s (median of rounds) | range | spec / target (median of "
-                      "rounds) | tokens / step | rows / token | latency p50 ms | latency p99 ms | acceptance | "
-                      "drafting overlapped |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
+    const char *hdr = "| concurrency | mode | tokens/s (median of rounds) | range | spec / target: median of rounds | "
+                      "geometric mean [95% CI] | by the cost model | tokens / step | rows / token | latency p50 ms | "
+                      "latency p99 ms | acceptance | drafting overlapped |\n"
+                      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     printf("%s", hdr);
     if (out) fprintf(out, "%s", hdr);
     int next_prompt = 0;
+    char rounds_txt[8192] = "";
     for (char *tok = strtok(conc_list, ","); tok; tok = strtok(NULL, ",")) {
         int conc = atoi(tok);
         if (conc < 1 || conc > MAX_CONC) continue;
@@ -258,7 +281,32 @@ int bench_serve_main(int argc, char **argv) {
         int n_ratio = tl[0].n_rounds < tl[1].n_rounds ? tl[0].n_rounds : tl[1].n_rounds;
         for (int r = 0; r < n_ratio; r++)
             ratio[r] = tl[1].round_tps[r] > 0 ? tl[0].round_tps[r] / tl[1].round_tps[r] : 0;
+        size_t rl = strlen(rounds_txt);
+        if (rl < sizeof rounds_txt)
+            rl += (size_t)snprintf(rounds_txt + rl, sizeof rounds_txt - rl, "- concurrency %d, spec / target by round:", conc);
+        for (int r = 0; r < n_ratio && rl < sizeof rounds_txt; r++)
+            rl += (size_t)snprintf(rounds_txt + rl, sizeof rounds_txt - rl, " %.3f", ratio[r]);
+        if (rl < sizeof rounds_txt) rl += (size_t)snprintf(rounds_txt + rl, sizeof rounds_txt - rl, "\n");
+        double gm, ci_lo, ci_hi;
+        ratio_ci(ratio, n_ratio, &gm, &ci_lo, &ci_hi);
         double ratio_med = median(ratio, n_ratio);
+        /* What the load-independent counts imply for a verify step costing
+         * F + t * rows (the coordinator's fit, read after these rounds):
+         * a committed token costs F / B / (tokens per step) + t * (rows per
+         * token) of verifier time at batch B. Drafting is not in it. */
+        double model = NAN;
+        sd_client_service_stats cs;
+        if (sd_client_stats(c, 10000, &cs) == SD_OK && tl[0].tokens > 0 && tl[1].tokens > 0 && tl[0].steps > 0 &&
+            tl[1].steps > 0) {
+            double fb = cs.verify_fixed_us / conc, tk = cs.verify_token_us;
+            double per_spec = fb * tl[0].steps / tl[0].tokens + tk * (tl[0].steps + tl[0].drafted) / tl[0].tokens;
+            double per_tgt = fb * tl[1].steps / tl[1].tokens + tk * (tl[1].steps + tl[1].drafted) / tl[1].tokens;
+            if (per_spec > 0) model = per_tgt / per_spec;
+            if (rl < sizeof rounds_txt)
+                rl += (size_t)snprintf(rounds_txt + rl, sizeof rounds_txt - rl,
+                                       "  cost model after these rounds: verify step %.0f us + %.0f us per token\n",
+                                       cs.verify_fixed_us, cs.verify_token_us);
+        }
         for (int m = 0; m < 2; m++) {
             serve_tally *t = &tl[m];
             double overlap = t->drafting_ms > 0
@@ -270,21 +318,29 @@ int bench_serve_main(int argc, char **argv) {
                 if (r == 0 || t->round_tps[r] > hi) hi = t->round_tps[r];
             }
             double med = median(t->round_tps, t->n_rounds);
-            char ratio_txt[32] = "";
-            if (m == 0) snprintf(ratio_txt, sizeof ratio_txt, "%.2f", ratio_med);
-            char line[512];
+            char ratio_txt[32] = "", ci_txt[48] = "", model_txt[32] = "";
+            if (m == 0) {
+                snprintf(ratio_txt, sizeof ratio_txt, "%.2f", ratio_med);
+                if (!isnan(ci_lo)) snprintf(ci_txt, sizeof ci_txt, "%.3f [%.3f, %.3f]", gm, ci_lo, ci_hi);
+                else if (!isnan(gm)) snprintf(ci_txt, sizeof ci_txt, "%.3f", gm);
+                if (!isnan(model)) snprintf(model_txt, sizeof model_txt, "%.3f", model);
+            }
+            char line[640];
             snprintf(line, sizeof line,
-                     "| %d | %s | %.1f | %.1f-%.1f | %s | %.3f | %.3f | %.2f | %.2f | %.0f%% | %.0f%% |%s\n", conc,
-                     m ? "target-only" : "speculative", med, lo, hi, ratio_txt, t->steps > 0 ? t->tokens / t->steps : 0,
-                     t->tokens > 0 ? (t->steps + t->drafted) / t->tokens : 0, pct(t->lat, t->n_lat, 0.5),
-                     pct(t->lat, t->n_lat, 0.99), t->drafted > 0 ? 100.0 * t->accepted / t->drafted : 0,
-                     overlap < 0 ? 0 : 100.0 * overlap, t->failures ? " (failures!)" : "");
+                     "| %d | %s | %.1f | %.1f-%.1f | %s | %s | %s | %.3f | %.3f | %.2f | %.2f | %.0f%% | %.0f%% |%s\n",
+                     conc, m ? "target-only" : "speculative", med, lo, hi, ratio_txt, ci_txt, model_txt,
+                     t->steps > 0 ? t->tokens / t->steps : 0, t->tokens > 0 ? (t->steps + t->drafted) / t->tokens : 0,
+                     pct(t->lat, t->n_lat, 0.5), pct(t->lat, t->n_lat, 0.99),
+                     t->drafted > 0 ? 100.0 * t->accepted / t->drafted : 0, overlap < 0 ? 0 : 100.0 * overlap,
+                     t->failures ? " (failures!)" : "");
             printf("%s", line);
             fflush(stdout);
             if (out) fprintf(out, "%s", line);
             free(t->lat);
         }
     }
+    printf("\n%s", rounds_txt);
+    if (out) fprintf(out, "\n%s", rounds_txt);
     if (sd_client_stats(c, 10000, &ss) == SD_OK) {
         char line[512];
         snprintf(line, sizeof line,

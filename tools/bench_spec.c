@@ -27,6 +27,8 @@
  * no sampling error in the acceptance itself. */
 #include "bench_spec.h"
 
+#include "bench_prompts.h"
+
 #include <getopt.h>
 #include <glob.h>
 #include <stdio.h>
@@ -64,31 +66,6 @@ static double median_of(const double *v, int n) {
     memcpy(tmp, v, (size_t)n * sizeof *v);
     qsort(tmp, (size_t)n, sizeof *tmp, cmp_double);
     return n % 2 ? tmp[n / 2] : 0.5 * (tmp[n / 2 - 1] + tmp[n / 2]);
-}
-
-static int read_prompts(const char *path, char **out, int max) {
-    FILE *f = fopen(path, "r");
-    if (!f) return -1;
-    char line[8192];
-    int n = 0;
-    while (n < max && fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = '\0';
-        if (!line[0]) continue;
-        char *s = malloc(strlen(line) + 1), *o = s;
-        if (!s) break;
-        for (const char *c = line; *c; c++) {
-            if (c[0] == '\\' && c[1] == 'n') {
-                *o++ = '\n';
-                c++;
-            } else {
-                *o++ = *c;
-            }
-        }
-        *o = '\0';
-        out[n++] = s;
-    }
-    fclose(f);
-    return n;
 }
 
 /* Extra cost of one more token in a verification call, relative to a
@@ -478,9 +455,9 @@ int bench_spec_main(int argc, char **argv) {
     greedy.temperature = 0.0f;
     for (int si = 0; si < n_sets; si++) {
         char *prompts[MAX_PROMPTS];
-        int np = read_prompts(sets[si], prompts, max_prompts < MAX_PROMPTS ? max_prompts : MAX_PROMPTS);
+        int np = sd_bench_read_prompts(sets[si], prompts, max_prompts < MAX_PROMPTS ? max_prompts : MAX_PROMPTS);
         if (np <= 0) {
-            fprintf(stderr, "specd-bench: no prompts in %s\n", sets[si]);
+            if (np == 0) fprintf(stderr, "specd-bench: no prompts in %s\n", sets[si]);
             goto done;
         }
         for (int mi = 0; mi < n_methods; mi++) {

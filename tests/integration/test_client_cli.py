@@ -11,7 +11,9 @@ the CLI itself is checked):
   target-only job (temp, top_p, seed, max_draft -1) gives the seeded
   specd-generate's ids, a line with a bad field gets its own BAD_JOB line
   and the others still run; a progress bar goes to stderr only when stderr
-  is a terminal;
+  is a terminal; against a coordinator that does not answer, the first job
+  fails after --timeout and the rest are reported UNAVAILABLE without being
+  submitted (not one --timeout each);
 - every program of the service answers --help with its usage on stdout and
   exit status 0.
 
@@ -115,8 +117,30 @@ def check_jobs(h, target, prompts):
     H.log("--jobs: order, ids, BAD_JOB line, seeded job and progress bar as expected")
 
 
+def check_jobs_unreachable(h):
+    import socket
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = os.path.join(h.tmp, "unreachable.jsonl")
+    with open(path, "w") as f:
+        for i in range(5):
+            f.write(json.dumps({"id": i, "prompt": "hello", "n": 4}) + "\n")
+    r = subprocess.run([h.bin("client"), "--coordinator", "tcp://127.0.0.1:%d" % port, "--timeout", "1",
+                        "--jobs", path], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+    H.check(r.returncode != 0, "--jobs against nobody exited 0")
+    out = [json.loads(l) for l in r.stdout.decode().splitlines() if l.strip()]
+    H.check([o.get("id") for o in out] == list(range(5)), "--jobs against nobody: %s" % out)
+    H.check("unreachable" in out[0].get("error", {}).get("message", ""), "first job's error: %s" % out[0])
+    H.check(all(o.get("error", {}).get("code") == "UNAVAILABLE" for o in out[1:]),
+            "the jobs after the first were submitted (each waits --timeout): %s" % out[1:])
+    H.check(b"not submitted" in r.stderr, "no message on stderr: %r" % r.stderr[-300:])
+    H.log("--jobs against a coordinator that does not answer: one timeout, the rest UNAVAILABLE")
+
+
 def run(h):
     check_help(h)
+    check_jobs_unreachable(h)
     target, _ = h.tiny_models(seed=23)
     prompts = H.random_prompts(3, seed=41)
     ref = h.reference(target, prompts[0], 24, ignore_eos=True)

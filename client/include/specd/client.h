@@ -150,6 +150,9 @@ typedef struct sd_client_service_stats {
     double step_overhead_p50_us, step_overhead_p99_us;
     double draft_wait_mean_us, draft_wait_p99_us; /* per verify step: verifier held for drafts (0 = not held) */
     double draft_wait_share;                      /* share of verify steps held, 0..1 */
+    /* the coordinator's cost model (adaptive K): a verify step of n tokens
+     * costs verify_fixed_us + verify_token_us * n; a draft token draft_token_us */
+    double verify_fixed_us, verify_token_us, draft_token_us;
     size_t n_workers; /* at most SD_CLIENT_MAX_WORKERS */
     sd_client_worker_info workers[SD_CLIENT_MAX_WORKERS];
 } sd_client_service_stats;
