@@ -134,7 +134,10 @@ static int32_t shadow_k(const sd_coord *c, const sd_session *s) {
     if (k_cap(c, s) == 0) return 0;
     int32_t batch = c->n_active;
     if (verifier_ok(c)) batch = imin(batch, c->workers[c->verifier].max_batch);
-    return s->adapt.steps_at_zero + 1 >= sd_adapt_shadow_interval(&c->cost, batch) ? 1 : 0;
+    int32_t every = sd_adapt_shadow_interval(&c->cost, batch);
+    /* one phase for all: the verify steps in between send no drafts */
+    if (every > 1 && c->verify_steps % (uint64_t)every != 0) return 0;
+    return s->adapt.steps_at_zero + 1 >= every ? 1 : 0;
 }
 
 /* Folds a shadow draft into the acceptance EMA once both the draft and the
@@ -344,6 +347,7 @@ static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
     w->step_tokens = n_tokens;
     w->step_refill = refill;
     c->last_verify_prefill = prefill;
+    if (!prefill) c->verify_steps++;
     record_overhead(c);
     SD_DEBUG("verify step %llu: %d seqs, %d tokens%s (cost model: %.0f us + %.0f us/token, draft step %.0f us)",
              (unsigned long long)req.step_id, m, n_tokens, prefill ? " (prefill only)" : "", c->cost.verify_fixed_us,
@@ -848,7 +852,7 @@ void sd_sched_on_draft(sd_coord *c, int32_t wi, const Specd__DraftResponse *r, u
     w->busy = false;
     w->steps++;
     uint64_t took = now_us > w->step_sent_us ? now_us - w->step_sent_us : 0;
-    sd_cost_observe_draft_step(&c->cost, took);
+    sd_cost_observe_draft_step(&c->cost, took, w->n_step);
     int32_t n_drafted = 0;
     int32_t n_step = w->n_step;
     w->n_step = 0;

@@ -483,6 +483,13 @@ static void test_adaptive_k_batch_bound(void **state) {
     int32_t every = sd_adapt_shadow_interval(&c, 64);
     assert_true(every >= 10 && every <= 256);
     assert_true(sd_adapt_shadow_interval(&c, 1) < every);
+    /* a draft round trip of 3.2 ms for 64 sequences (50 us each) costs more
+     * than the n-gram's own 5 us: shadows every third step (0.5% of a
+     * 4.1 ms share is 20 us) */
+    c.draft_token_us = 5;
+    sd_cost_observe_draft_step(&c, 3200, 64);
+    assert_int_equal(sd_adapt_shadow_interval(&c, 64), 3);
+    c.draft_seq_us = 0;
     /* a shadow observation is a 0/1 sample of the acceptance rate */
     sd_adapt ad = {.alpha = 0.6};
     for (int i = 0; i < 20; i++) sd_adapt_observe_shadow(&ad, false);
@@ -871,6 +878,70 @@ static void test_k0_steps_shadow_draft(void **state) {
     harness_free(h);
 }
 
+/* Shadow drafts cost the verifier's machine more than the drafter's own
+ * time (messages, both processes waking up): when a shadow is due only every
+ * few steps, every sequence due is shadowed at the same verify steps, and
+ * the steps in between send the drafter nothing. */
+static void test_shadow_drafts_share_a_phase(void **state) {
+    (void)state;
+    NEED_MODEL();
+    harness *h = harness_new(NULL);
+    /* 3 sequences, a 3.7 ms share each; 0.5% of it is 18.5 us, a shadow
+     * costs 40 us: one every 3 steps */
+    h->c.cost.verify_fixed_us = 600;
+    h->c.cost.verify_token_us = 3500;
+    h->c.cost.draft_token_us = 40;
+    h->fwd_fixed_us = 600;
+    h->fwd_token_us = 3500;
+    h->draft_us = 120; /* per draft step of the 3: 40 us a token */
+    h->c.alpha_prior = 0.3; /* K = 0 at this cost (break-even ~0.96) */
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    register_ok(h, "d", SPECD__ROLE__ROLE_DRAFTER);
+    int32_t prompt[4] = {5, 6, 7, 8};
+    for (int i = 0; i < 3; i++) {
+        submit(h, "c", prompt, 4, 60, NULL);
+        expect_accepted(h, "c");
+    }
+    int drafts_steady = 0, steady_steps = 0;
+    for (int step = 0; step < 20; step++) {
+        Specd__CoordinatorToWorker *vw = pop_worker(h, "v");
+        assert_non_null(vw);
+        assert_int_equal(vw->body_case, SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY);
+        uint64_t sent = h->c.verify_steps;
+        bool steady = vw->verify->n_seqs == 3 && vw->verify->seqs[0]->n_append == 1 &&
+                      vw->verify->seqs[1]->n_append == 1 && vw->verify->seqs[2]->n_append == 1;
+        for (size_t i = 0; i < vw->verify->n_seqs; i++) assert_int_equal(vw->verify->seqs[i]->n_draft, 0);
+        Specd__CoordinatorToWorker *dw;
+        while ((dw = pop_worker(h, "d"))) {
+            assert_int_equal(dw->body_case, SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT);
+            if (steady && step >= 8) {
+                /* a shadow step (once the sequences' first shadows have
+                 * brought them into phase): every sequence, at a step of
+                 * the phase */
+                assert_int_equal(dw->draft->n_seqs, 3);
+                assert_int_equal(sent % 3, 0);
+                for (size_t i = 0; i < 3; i++) assert_int_equal(dw->draft->seqs[i]->k, 1);
+                drafts_steady++;
+            }
+            int32_t wrong = 299;
+            reply_draft(h, "d", dw->draft, &wrong, 1);
+            specd__coordinator_to_worker__free_unpacked(dw, NULL);
+        }
+        steady_steps += steady && step >= 8;
+        vres r[3];
+        for (size_t i = 0; i < vw->verify->n_seqs; i++) {
+            const Specd__VerifySeq *q = vw->verify->seqs[i];
+            r[i] = (vres){.n_commit = 1, .commit = {40 + step}, .cached_len = q->keep_len + (uint32_t)q->n_append};
+        }
+        reply_verify(h, "v", vw->verify, r);
+        specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    }
+    print_message("%d steady steps, %d shadow draft steps\n", steady_steps, drafts_steady);
+    assert_int_equal(steady_steps, 12);
+    assert_true(drafts_steady >= steady_steps / 3 - 1 && drafts_steady <= steady_steps / 3 + 1);
+    harness_free(h);
+}
+
 /* A sampled request's output depends on its K schedule, so its K must not
  * follow the load: on the same batch-bound verifier that keeps a greedy
  * request at K = 0 (above), a sampled one still drafts from its own
@@ -1198,6 +1269,7 @@ int main(void) {
         cmocka_unit_test(test_plain_steps_commit_and_cache_miss),
         cmocka_unit_test(test_speculative_steps_and_drafter_death),
         cmocka_unit_test(test_k0_steps_shadow_draft),
+        cmocka_unit_test(test_shadow_drafts_share_a_phase),
         cmocka_unit_test(test_sampled_k_ignores_load),
         cmocka_unit_test(test_fast_drafter_one_cohort),
         cmocka_unit_test(test_slow_drafter_two_cohorts),

@@ -6,7 +6,10 @@
  * speculation on (max_draft 0 = the coordinator's default) and off
  * (max_draft -1: target-only), alternating spec/target rounds and which of
  * the two goes first (ABBA), so that drift of the machine hits both alike;
- * both rounds of a pair send the same prompts.
+ * both rounds of a pair send the same prompts. Each concurrency starts with
+ * --warmup unmeasured pairs: the first round of a run measured 5-6% slower
+ * than the rest (first-touch costs, the cost model refitting to the batch),
+ * and it was always a speculative one.
  * Reported per (concurrency, mode): tokens/s per round (generated tokens /
  * wall time of the round) as the median and range over the rounds, the
  * median of the per-round speculative/target-only ratios (each pair ran
@@ -199,7 +202,7 @@ static void ratio_ci(const double *r, int n, double *gm, double *lo, double *hi)
 
 static void usage(FILE *f) {
     fprintf(f, "usage: specd-bench serve [--coordinator ADDR] [--prompts FILE] [--conc 1,8,64] [-n TOKENS]\n"
-               "                        [--rounds R] [-o OUT.md]\n"
+               "                        [--rounds R] [--warmup W] [-o OUT.md]\n"
                "Start the service first (specd-launch --target ... --ngram). Each concurrency runs R rounds\n"
                "of speculative and R of target-only (max_draft -1) requests, alternating.\n"
                "  --coordinator ADDR  client address (default tcp://127.0.0.1:7700)\n"
@@ -207,17 +210,19 @@ static void usage(FILE *f) {
                "  --conc LIST         concurrencies (default 1,8,64)\n"
                "  -n TOKENS           new tokens per request (default 64; EOS ignored)\n"
                "  --rounds R          rounds per mode and concurrency (default 4)\n"
+               "  --warmup W          unmeasured rounds per mode before them (default 1)\n"
                "  -o FILE             also write the markdown table to FILE\n");
 }
 
 int bench_serve_main(int argc, char **argv) {
     const char *addr = "tcp://127.0.0.1:7700", *prompts_path = "bench/prompts/chat.txt", *out_path = NULL;
     char conc_list[128] = "1,8,64";
-    int tokens = 64, rounds = 4;
+    int tokens = 64, rounds = 4, warmup = 1;
     static const struct option longs[] = {{"coordinator", required_argument, 0, 'c'},
                                           {"prompts", required_argument, 0, 'p'},
                                           {"conc", required_argument, 0, 'C'},
                                           {"rounds", required_argument, 0, 'r'},
+                                          {"warmup", required_argument, 0, 'w'},
                                           {"out", required_argument, 0, 'o'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
@@ -229,14 +234,15 @@ int bench_serve_main(int argc, char **argv) {
         case 'p': prompts_path = optarg; break;
         case 'C': snprintf(conc_list, sizeof conc_list, "%s", optarg); break;
         case 'r': rounds = atoi(optarg); break;
+        case 'w': warmup = atoi(optarg); break;
         case 'n': tokens = atoi(optarg); break;
         case 'o': out_path = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
-    if (tokens < 1 || tokens > 4096 || rounds < 1 || rounds > MAX_ROUNDS) {
-        fprintf(stderr, "specd-bench serve: -n in [1, 4096], --rounds in [1, 100]\n");
+    if (tokens < 1 || tokens > 4096 || rounds < 1 || rounds > MAX_ROUNDS || warmup < 0 || warmup > 10) {
+        fprintf(stderr, "specd-bench serve: -n in [1, 4096], --rounds in [1, 100], --warmup in [0, 10]\n");
         return 2;
     }
     char *prompts[MAX_PROMPTS];
@@ -269,6 +275,15 @@ int bench_serve_main(int argc, char **argv) {
         int conc = atoi(tok);
         if (conc < 1 || conc > MAX_CONC) continue;
         serve_tally tl[2] = {{0}};
+        for (int r = 0; r < warmup; r++) { /* unmeasured: first-touch costs, the cost model's fit at this batch */
+            for (int m = 0; m < 2; m++) {
+                serve_tally w = {0};
+                int first_prompt = next_prompt;
+                round_run(c, prompts, n_prompts, &next_prompt, conc, tokens, m ? -1 : 0, &w);
+                if (m == 0) next_prompt = first_prompt;
+                free(w.lat);
+            }
+        }
         for (int r = 0; r < rounds; r++) {
             int first_prompt = next_prompt;
             for (int i = 0; i < 2; i++) { /* m 0: speculative, 1: target-only; ABBA order */
