@@ -229,6 +229,7 @@ static void copy_stats(const Specd__ServiceStats *s, sd_client_service_stats *o)
     o->verify_fixed_us = s->verify_fixed_us;
     o->verify_token_us = s->verify_token_us;
     o->draft_token_us = s->draft_token_us;
+    o->draft_step_us = s->draft_step_us;
     for (size_t i = 0; i < s->n_workers && o->n_workers < SD_CLIENT_MAX_WORKERS; i++) {
         const Specd__WorkerInfo *w = s->workers[i];
         sd_client_worker_info *d = &o->workers[o->n_workers++];

@@ -473,6 +473,7 @@ static int run_stats(sd_client *c, const options *o) {
         cJSON_AddNumberToObject(j, "verify_fixed_us", s.verify_fixed_us);
         cJSON_AddNumberToObject(j, "verify_token_us", s.verify_token_us);
         cJSON_AddNumberToObject(j, "draft_token_us", s.draft_token_us);
+        cJSON_AddNumberToObject(j, "draft_step_us", s.draft_step_us);
         cJSON *ws = cJSON_AddArrayToObject(j, "workers");
         for (size_t i = 0; i < s.n_workers; i++) {
             const sd_client_worker_info *w = &s.workers[i];
@@ -499,8 +500,9 @@ static int run_stats(sd_client *c, const options *o) {
     printf("step overhead: p50 %.1f us, p99 %.1f us\n", s.step_overhead_p50_us, s.step_overhead_p99_us);
     printf("verify steps held for drafts: %.0f%%, wait mean %.1f us, p99 %.1f us\n", 100.0 * s.draft_wait_share,
            s.draft_wait_mean_us, s.draft_wait_p99_us);
-    printf("cost model: verify step %.0f us + %.0f us per token; drafting %.0f us per token\n", s.verify_fixed_us,
-           s.verify_token_us, s.draft_token_us);
+    printf("cost model: verify step %.0f us + %.0f us per token; drafting %.0f us per token; draft round trip "
+           "%.0f us\n",
+           s.verify_fixed_us, s.verify_token_us, s.draft_token_us, s.draft_step_us);
     for (size_t i = 0; i < s.n_workers; i++) {
         const sd_client_worker_info *w = &s.workers[i];
         printf("  %s[%u] %s%s%s %s: KV blocks %u free of %u, %u sequences, %llu steps\n", role_name(w->role), w->rank,

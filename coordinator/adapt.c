@@ -25,15 +25,20 @@
  * target commits says whether it would have been accepted. For a one-hot
  * proposal (n-gram, greedy) a match has exactly the acceptance probability;
  * for a sampled sparse q it is sum_y q(y) p(y) <= sum_y min(p, q), a lower
- * bound, which errs toward K = 0. Shadow drafts cost only drafting, so
- * their interval comes from the draft cost per token, or the draft round
- * trip per sequence when that is larger, held to SHADOW_BUDGET of the
- * sequence's verify cost; the scheduler shadows every sequence due at the
- * same verify steps, so that the steps between carry no draft traffic at
- * all. (A 2% budget, every sequence every step at 64 on the 2-core CPU,
- * measured 0.8% fewer tokens/s than target-only: the drafter and the
- * coordinator took that much CPU from the verifier.)
- *
+ * bound, which errs toward K = 0. The scheduler shadows every sequence due
+ * at the same verify steps, one draft step for the batch every N verify
+ * steps, the steps between carrying no draft traffic at all; N holds the
+ * shadow steps to SHADOW_BUDGET of the verify time, a shadow step priced at
+ * the measured draft round trip plus the drafter's own time per sequence.
+ * The round trip is the right price where drafter and verifier share a
+ * machine: on the 2-core CPU at 64 sequences a shadow of every sequence at
+ * every step (then priced at the drafter's 5 us a token, under a 2%
+ * budget) cost 0.8% of target-only tokens/s, more than the drafter's and
+ * the coordinator's CPU time, while the shadows there never found a
+ * sequence worth drafting. With a drafter on its own hardware it
+ * overprices them, which only makes K = 0 slower to notice a drafter that
+ * starts agreeing.
+
  * All of that is for greedy requests only. A sampled request's tokens
  * depend on where drafts were verified (after a rejection the token comes
  * from the residual max(0, p - q), not from p), so its seed promises the
@@ -62,7 +67,7 @@
 
 #define SPEC_MARGIN 0.02 /* predicted gain below which a greedy sequence stays at K = 0 */
 #define COST_DECAY 0.99 /* ~100 steps of memory: spread over batch sizes for the fit */
-#define SHADOW_BUDGET 0.005 /* share of a sequence's verify cost that shadow drafting may add */
+#define SHADOW_BUDGET 0.0025 /* share of the verify time that shadow drafting may add */
 #define SHADOW_MAX 256
 #define SHADOW_WEIGHT 0.15 /* EMA weight of one shadow observation (a 0/1 sample) */
 #define SAMPLED_PROBE_EVERY 8
@@ -114,13 +119,9 @@ void sd_cost_observe_draft(sd_cost_model *c, int32_t n_draft_tokens, uint32_t dr
     c->draft_token_us = 0.8 * c->draft_token_us + 0.2 * per;
 }
 
-void sd_cost_observe_draft_step(sd_cost_model *c, uint64_t round_trip_us, int32_t n_seqs) {
+void sd_cost_observe_draft_step(sd_cost_model *c, uint64_t round_trip_us) {
     double x = (double)round_trip_us;
     c->draft_step_us = c->draft_step_us > 0 ? 0.8 * c->draft_step_us + 0.2 * x : x;
-    if (n_seqs > 0) {
-        double per = x / n_seqs;
-        c->draft_seq_us = c->draft_seq_us > 0 ? 0.8 * c->draft_seq_us + 0.2 * per : per;
-    }
 }
 
 double sd_cost_verify_us(const sd_cost_model *c, int32_t n_tokens) {
@@ -181,13 +182,12 @@ int32_t sd_adapt_sampled_k(const sd_adapt *a, int32_t k_cap) {
 
 int32_t sd_adapt_shadow_interval(const sd_cost_model *c, int32_t batch) {
     if (batch < 1) batch = 1;
-    double share = c->verify_fixed_us / batch + c->verify_token_us; /* one K = 0 step of one sequence */
-    /* what a shadow costs: the drafter's own time per token, or, when it is
-     * larger, the draft round trip per sequence (messages, both processes'
-     * decoding and scheduling: on a machine the drafter shares with the
-     * verifier that is verifier time too) */
-    double per = c->draft_token_us > c->draft_seq_us ? c->draft_token_us : c->draft_seq_us;
-    double steps = share > 0 ? ceil(per / (SHADOW_BUDGET * share)) : SHADOW_MAX;
+    /* a shadow step for the whole batch: its round trip (messages, both
+     * processes waking up) and the drafter's time per sequence, against
+     * one verify step of the batch */
+    double shadow = c->draft_step_us + c->draft_token_us * batch;
+    double step = sd_cost_verify_us(c, batch);
+    double steps = step > 0 ? ceil(shadow / (SHADOW_BUDGET * step)) : SHADOW_MAX;
     if (!(steps >= 1)) steps = 1; /* also NaN */
     if (steps > SHADOW_MAX) steps = SHADOW_MAX;
     return (int32_t)steps;

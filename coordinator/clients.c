@@ -256,6 +256,7 @@ static void on_stats(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
     st.verify_fixed_us = c->cost.verify_fixed_us;
     st.verify_token_us = c->cost.verify_token_us;
     st.draft_token_us = c->cost.draft_token_us;
+    st.draft_step_us = c->cost.draft_step_us;
     Specd__WorkerInfo infos[SD_COORD_MAX_WORKERS], *pinfos[SD_COORD_MAX_WORKERS];
     Specd__WorkerStats wst[SD_COORD_MAX_WORKERS];
     size_t n = 0;

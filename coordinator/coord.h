@@ -149,7 +149,6 @@ int32_t sd_session_generated(const sd_session *s);
 typedef struct sd_cost_model {
     double verify_fixed_us, verify_token_us, draft_token_us;
     double draft_step_us;  /* EMA of draft request -> response, 0 until measured */
-    double draft_seq_us;   /* EMA of that round trip per sequence in the step, 0 until measured */
     /* decaying sums for the least-squares fit of verify time vs tokens */
     double s_w, s_x, s_y, s_xx, s_xy;
 } sd_cost_model;
@@ -159,9 +158,8 @@ void sd_cost_init(sd_cost_model *c);
  * sequence + drafts; steps that refill a prefix are not observed). */
 void sd_cost_observe_verify(sd_cost_model *c, int32_t n_tokens, uint32_t forward_us);
 void sd_cost_observe_draft(sd_cost_model *c, int32_t n_draft_tokens, uint32_t draft_us);
-/* One draft step's round trip (request sent -> response handled) for
- * n_seqs sequences. */
-void sd_cost_observe_draft_step(sd_cost_model *c, uint64_t round_trip_us, int32_t n_seqs);
+/* One draft step's round trip (request sent -> response handled). */
+void sd_cost_observe_draft_step(sd_cost_model *c, uint64_t round_trip_us);
 /* Expected verify forward time for a step of n_tokens tokens. */
 double sd_cost_verify_us(const sd_cost_model *c, int32_t n_tokens);
 

@@ -852,7 +852,7 @@ void sd_sched_on_draft(sd_coord *c, int32_t wi, const Specd__DraftResponse *r, u
     w->busy = false;
     w->steps++;
     uint64_t took = now_us > w->step_sent_us ? now_us - w->step_sent_us : 0;
-    sd_cost_observe_draft_step(&c->cost, took, w->n_step);
+    sd_cost_observe_draft_step(&c->cost, took);
     int32_t n_drafted = 0;
     int32_t n_step = w->n_step;
     w->n_step = 0;

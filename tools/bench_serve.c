@@ -319,8 +319,9 @@ int bench_serve_main(int argc, char **argv) {
             if (per_spec > 0) model = per_tgt / per_spec;
             if (rl < sizeof rounds_txt)
                 rl += (size_t)snprintf(rounds_txt + rl, sizeof rounds_txt - rl,
-                                       "  cost model after these rounds: verify step %.0f us + %.0f us per token\n",
-                                       cs.verify_fixed_us, cs.verify_token_us);
+                                       "  cost model after these rounds: verify step %.0f us + %.0f us per token; "
+                                       "draft round trip %.0f us\n",
+                                       cs.verify_fixed_us, cs.verify_token_us, cs.draft_step_us);
         }
         for (int m = 0; m < 2; m++) {
             serve_tally *t = &tl[m];

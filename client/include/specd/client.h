@@ -153,6 +153,7 @@ typedef struct sd_client_service_stats {
     /* the coordinator's cost model (adaptive K): a verify step of n tokens
      * costs verify_fixed_us + verify_token_us * n; a draft token draft_token_us */
     double verify_fixed_us, verify_token_us, draft_token_us;
+    double draft_step_us; /* draft round trip per draft step */
     size_t n_workers; /* at most SD_CLIENT_MAX_WORKERS */
     sd_client_worker_info workers[SD_CLIENT_MAX_WORKERS];
 } sd_client_service_stats;
