@@ -64,6 +64,15 @@ typedef struct sd_adapt {
     int32_t steps_at_zero; /* K = 0 steps since the last shadow draft (greedy) or probe (sampled) */
 } sd_adapt;
 
+/* A token chunk waiting to be streamed (see sd_coord.chunks). */
+typedef struct sd_pending_chunk {
+    uint64_t request_id;
+    int32_t from, n;       /* committed tokens [from, from + n) */
+    int32_t n_generated;
+    char *text;            /* owned */
+    size_t text_len;
+} sd_pending_chunk;
+
 typedef struct sd_session {
     uint64_t id;
     uint64_t client_tag;
@@ -255,6 +264,11 @@ typedef struct sd_coord {
 
     sd_client clients[SD_COORD_MAX_CLIENTS];
     int32_t n_clients;
+    /* token chunks committed by a verify reply, streamed to the clients
+     * only once the next verify request is out (sd_sched_pump) */
+    struct sd_pending_chunk *chunks;
+    int32_t n_chunks, cap_chunks;
+    bool defer_chunks;
 
     sd_cost_model cost;
     /* where a new greedy request's acceptance estimate starts: follows the

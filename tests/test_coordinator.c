@@ -946,6 +946,58 @@ static void test_shadow_drafts_share_a_phase(void **state) {
     harness_free(h);
 }
 
+/* The next verify request leaves before the committed tokens are streamed:
+ * packing and sending a chunk per client is not on the verifier's critical
+ * path. A request that finishes gets its last chunk before Finished. */
+static void test_next_verify_before_streaming(void **state) {
+    (void)state;
+    NEED_MODEL();
+    harness *h = harness_new(NULL);
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    int32_t prompt[4] = {5, 6, 7, 8};
+    submit(h, "c", prompt, 4, 2, NULL);
+    expect_accepted(h, "c");
+    Specd__CoordinatorToWorker *vw = expect_verify(h, "v");
+    vres r = {.n_commit = 1, .commit = {30}, .cached_len = 4};
+    int mark = h->n;
+    reply_verify(h, "v", vw->verify, &r);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    int at_verify = -1, at_chunk = -1;
+    for (int i = mark; i < h->n; i++) {
+        if (h->msgs[i].to_worker) {
+            Specd__CoordinatorToWorker *e = specd__coordinator_to_worker__unpack(NULL, h->msgs[i].len, h->msgs[i].bytes);
+            if (e->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY && at_verify < 0) at_verify = i;
+            specd__coordinator_to_worker__free_unpacked(e, NULL);
+        } else {
+            Specd__CoordinatorToClient *e = specd__coordinator_to_client__unpack(NULL, h->msgs[i].len, h->msgs[i].bytes);
+            if (e->body_case == SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS && at_chunk < 0) {
+                at_chunk = i;
+                assert_int_equal(e->tokens->n_tokens, 1);
+                assert_int_equal(e->tokens->tokens[0], 30);
+            }
+            specd__coordinator_to_client__free_unpacked(e, NULL);
+        }
+    }
+    assert_true(at_verify >= 0 && at_chunk >= 0);
+    assert_true(at_verify < at_chunk);
+    /* the last token: chunk, then Finished */
+    Specd__CoordinatorToClient *m = pop_client(h, "c");
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS);
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    vw = expect_verify(h, "v");
+    vres r2 = {.n_commit = 1, .commit = {31}, .cached_len = 5};
+    reply_verify(h, "v", vw->verify, &r2);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    m = pop_client(h, "c");
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS);
+    assert_int_equal(m->tokens->tokens[0], 31);
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    m = pop_client(h, "c");
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_FINISHED);
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    harness_free(h);
+}
+
 /* A sampled request's output depends on its K schedule, so its K must not
  * follow the load: on the same batch-bound verifier that keeps a greedy
  * request at K = 0 (above), a sampled one still drafts from its own
@@ -1274,6 +1326,7 @@ int main(void) {
         cmocka_unit_test(test_speculative_steps_and_drafter_death),
         cmocka_unit_test(test_k0_steps_shadow_draft),
         cmocka_unit_test(test_shadow_drafts_share_a_phase),
+        cmocka_unit_test(test_next_verify_before_streaming),
         cmocka_unit_test(test_sampled_k_ignores_load),
         cmocka_unit_test(test_fast_drafter_one_cohort),
         cmocka_unit_test(test_slow_drafter_two_cohorts),
