@@ -60,7 +60,19 @@
  * break-even acceptance ~0.86, the sequences that crossed it went on to
  * accept 67-79% of their drafts: bench/results/serve-cpu.md). A 2% margin
  * costs at most 2% where speculation barely pays and nothing where it
- * pays well. */
+ * pays well.
+ *
+ * Each sequence's K prices only its own rows. What it does not see is the
+ * draft round trip: a step that verifies drafts has to wait for them after
+ * the previous step committed (or the scheduler splits the batch into two
+ * cohorts, one more fixed cost per round). Where a verify step costs little
+ * more than that round trip (a GPU running a small target: a 4 ms step, a
+ * ~1 ms round trip to a CPU drafter) the per-sequence choices add up to a
+ * loss: SmolLM2 + n-gram at 64 on an H100 measured 0.82 of target-only
+ * (bench/results/cuda-h100.md). So after each verify step the scheduler adds
+ * up what the chosen Ks promise for the batch and lets greedy requests draft
+ * only while that beats the batch without drafts, round trip included, by
+ * SPEC_MARGIN (sd_adapt_drafting_pays). */
 #include "coord.h"
 
 #include <math.h>
@@ -153,6 +165,24 @@ int32_t sd_adapt_choose_k(double alpha, const sd_cost_model *c, int32_t batch, i
         }
     }
     return best >= rate0 * (1.0 + SPEC_MARGIN) ? best_k : 0;
+}
+
+double sd_adapt_expected_tokens(double alpha, int32_t k) {
+    double term = 1.0, tokens = 1.0;
+    for (int32_t i = 1; i <= k; i++) {
+        term *= alpha;
+        tokens += term;
+    }
+    return tokens;
+}
+
+bool sd_adapt_drafting_pays(const sd_cost_model *c, int32_t batch, double extra_tokens, int32_t extra_rows) {
+    if (extra_rows <= 0) return true; /* nobody drafts: nothing to decide */
+    if (batch < 1) batch = 1;
+    double t0 = sd_cost_verify_us(c, batch);
+    double wait = c->draft_step_us < c->verify_fixed_us ? c->draft_step_us : c->verify_fixed_us;
+    double t1 = t0 + c->verify_token_us * extra_rows + wait;
+    return (batch + extra_tokens) / t1 >= batch / t0 * (1.0 + SPEC_MARGIN);
 }
 
 void sd_adapt_observe(sd_adapt *a, int32_t n_drafted, int32_t n_accepted) {

@@ -176,6 +176,14 @@ double sd_cost_verify_us(const sd_cost_model *c, int32_t n_tokens);
  * (1 - a^(K+1)) / (1 - a) / (c_draft*K + fixed/batch + per_token*(1+K)),
  * for acceptance a and batch sequences sharing the fixed cost. */
 int32_t sd_adapt_choose_k(double alpha, const sd_cost_model *c, int32_t batch, int32_t k_cap);
+/* Expected committed tokens of a step with k drafts at acceptance alpha. */
+double sd_adapt_expected_tokens(double alpha, int32_t k);
+/* Whether drafting pays for a batch of `batch` sequences as a whole: with
+ * the K each chose, they expect extra_tokens more committed tokens per step
+ * for extra_rows more verified rows, and the draft round trip then lies on
+ * the critical path of every step (held: the round trip; split into two
+ * cohorts: one more fixed cost; the cheaper of the two). */
+bool sd_adapt_drafting_pays(const sd_cost_model *c, int32_t batch, double extra_tokens, int32_t extra_rows);
 /* Folds one step's outcome (n_accepted of n_drafted) into the EMA. */
 void sd_adapt_observe(sd_adapt *a, int32_t n_drafted, int32_t n_accepted);
 /* Folds one shadow draft (a single token; match: it equals the committed
@@ -275,6 +283,9 @@ typedef struct sd_coord {
      * estimates of the greedy requests served (this drafter, this workload),
      * so short requests do not spend their few steps unlearning a guess */
     double alpha_prior;
+    /* sd_adapt_drafting_pays for the current batch: greedy requests draft
+     * only while it holds (recomputed after each verify step) */
+    bool drafting_pays, drafting_dirty;
     uint64_t (*clock_us)(void); /* real clock for the overhead metric (tests replace it) */
     /* holding the verifier for drafts about to arrive (scheduler.c) */
     uint64_t hold_since_us;    /* clock when the idle verifier's step was first held; 0 = not held */

@@ -120,9 +120,37 @@ static int32_t want_k(const sd_coord *c, const sd_session *s) {
     if (s->sampling.temperature > 0.0f) return sd_adapt_sampled_k(&s->adapt, cap);
     /* the batch the sequence will be verified in: every active sequence
      * (hold_for_drafts keeps them together), as far as the verifier takes */
+    if (!c->drafting_pays) return 0;
     int32_t batch = c->n_active;
     if (verifier_ok(c)) batch = imin(batch, c->workers[c->verifier].max_batch);
     return sd_adapt_choose_k(s->adapt.alpha, &c->cost, batch, cap);
+}
+
+/* Recomputes c->drafting_pays: the K each greedy sequence would choose,
+ * added up for the batch, against the batch without drafts (adapt.c). */
+static void update_drafting_gate(sd_coord *c) {
+    c->drafting_dirty = false;
+    c->drafting_pays = true;
+    if (!c->p.adaptive_k || !drafter_ok(c)) return;
+    int32_t batch = c->n_active;
+    if (verifier_ok(c)) batch = imin(batch, c->workers[c->verifier].max_batch);
+    double extra_tokens = 0;
+    int32_t extra_rows = 0;
+    for (int32_t i = 0; i < c->n_sessions; i++) {
+        const sd_session *s = c->sessions[i];
+        if (s->state != SD_SESSION_ACTIVE || s->sampling.temperature > 0.0f) continue;
+        int32_t cap = k_cap(c, s);
+        if (cap == 0) continue;
+        int32_t k = sd_adapt_choose_k(s->adapt.alpha, &c->cost, batch, cap);
+        if (k == 0) continue;
+        extra_tokens += sd_adapt_expected_tokens(s->adapt.alpha, k) - 1.0;
+        extra_rows += k;
+    }
+    bool pays = sd_adapt_drafting_pays(&c->cost, batch, extra_tokens, extra_rows);
+    if (!pays)
+        SD_DEBUG("drafting paused for the batch of %d: +%.2f tokens for +%d rows and a %.0f us round trip", batch,
+                 extra_tokens, extra_rows, c->cost.draft_step_us);
+    c->drafting_pays = pays;
 }
 
 /* 1 when the sequence should be shadow-drafted now: it is greedy (sampled
@@ -244,6 +272,7 @@ static void admit(sd_coord *c) {
         if (s->sampling.temperature == 0.0f) s->adapt.alpha = c->alpha_prior; /* sampled: fixed start (adapt.c) */
         c->n_queued--;
         c->n_active++;
+        c->drafting_dirty = true; /* a new batch size */
     }
 }
 
@@ -496,6 +525,7 @@ void sd_sched_pump(sd_coord *c, uint64_t now_us) {
     /* a held verify step released by this event counts its overhead from here */
     if (c->hold_since_us && !c->hold_event_us) c->hold_event_us = c->clock_us();
     admit(c);
+    if (c->drafting_dirty) update_drafting_gate(c);
     dispatch_verify(c, now_us);
     dispatch_draft(c, now_us);
     flush_chunks(c, now_us);
@@ -778,6 +808,7 @@ void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r,
     int32_t n_step = w->n_step;
     w->n_step = 0;
     c->defer_chunks = true; /* streamed after the next verify request (sd_sched_pump) */
+    c->drafting_dirty = true;
     for (int32_t i = 0; i < n_step; i++) {
         const Specd__VerifyResult *vr = r->results[i];
         sd_session *s = sd_sched_find(c, vr->request_id);

@@ -70,6 +70,7 @@ sd_status sd_coord_state_init(sd_coord *c, const sd_coord_params *p, const sd_co
     c->clock_us = sd_coord_now_us;
     sd_cost_init(&c->cost);
     c->alpha_prior = 0.6;
+    c->drafting_pays = true;
     if (p->max_queue < 0 || p->max_active < 1 || p->k_default < 0 || p->k_max < 0 || p->k_max > SD_MAX_DRAFT ||
         p->prefill_chunk < 1 || p->max_tokens_default < 1 || p->heartbeat_interval_ms < 1 ||
         p->heartbeat_liveness < 1) {

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 #include <unistd.h>
 #include <cmocka.h>
@@ -998,6 +999,90 @@ static void test_next_verify_before_streaming(void **state) {
     harness_free(h);
 }
 
+/* A launch-bound verifier (a GPU running a small target: 3 ms a step, 10 us
+ * a row) with a 1 ms draft round trip. Four sequences at acceptance 0.25:
+ * each alone would draft (one more row is nearly free), but the batch would
+ * wait for the round trip every step, 34% longer, for 25% more tokens. The
+ * gate keeps the batch at K = 0; at acceptance 0.8 drafting pays and the
+ * batch drafts. */
+static void gate_case(double alpha, bool expect_drafts) {
+    harness *h = harness_new(NULL);
+    h->c.cost.verify_fixed_us = 3000;
+    h->c.cost.verify_token_us = 10;
+    h->c.cost.draft_token_us = 5;
+    h->c.cost.draft_step_us = 1000;
+    h->fwd_fixed_us = 3000;
+    h->fwd_token_us = 10;
+    h->draft_us = 5;
+    h->c.alpha_prior = alpha;
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    register_ok(h, "d", SPECD__ROLE__ROLE_DRAFTER);
+    int32_t prompt[4] = {5, 6, 7, 8};
+    for (int i = 0; i < 4; i++) {
+        submit(h, "c", prompt, 4, 60, NULL);
+        expect_accepted(h, "c");
+    }
+    /* answer until every sequence has had its refill step */
+    bool drafted = false;
+    int refilled = 0;
+    for (int step = 0; step < 12; step++) {
+        Specd__CoordinatorToWorker *dw;
+        while ((dw = pop_worker(h, "d"))) {
+            for (size_t i = 0; i < dw->draft->n_seqs; i++)
+                if (refilled >= 4 && dw->draft->seqs[i]->k > 1) drafted = true; /* not a 1-token shadow */
+            int32_t guess[8] = {299, 299, 299, 299, 299, 299, 299, 299};
+            reply_draft(h, "d", dw->draft, guess, 8);
+            specd__coordinator_to_worker__free_unpacked(dw, NULL);
+        }
+        Specd__CoordinatorToWorker *vw = pop_worker(h, "v");
+        if (!vw) break;
+        vres r[8];
+        for (size_t i = 0; i < vw->verify->n_seqs; i++) {
+            const Specd__VerifySeq *q = vw->verify->seqs[i];
+            if (q->n_append > 1) refilled++;
+            if (refilled >= 4 && q->n_draft > 0) drafted = true;
+            r[i] = (vres){.n_commit = 1, .commit = {40 + step}, .cached_len = q->keep_len + (uint32_t)q->n_append};
+        }
+        reply_verify(h, "v", vw->verify, r);
+        specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    }
+    print_message("alpha %.2f: gate %s, drafted %d\n", alpha, h->c.drafting_pays ? "open" : "closed", drafted);
+    assert_int_equal(refilled, 4);
+    assert_int_equal(drafted, expect_drafts);
+    harness_free(h);
+}
+
+static void test_batch_gate_round_trip(void **state) {
+    (void)state;
+    NEED_MODEL();
+    sd_cost_model c;
+    sd_cost_init(&c);
+    c.verify_fixed_us = 3000;
+    c.verify_token_us = 10;
+    c.draft_token_us = 5;
+    c.draft_step_us = 1000;
+    /* one sequence alone would draft at 0.4 ... */
+    assert_int_equal(sd_adapt_choose_k(0.4, &c, 64, 8), 1);
+    /* ... 64 of them do not pay for the round trip; at 0.8 they do */
+    assert_false(sd_adapt_drafting_pays(&c, 64, 64 * 0.4, 64));
+    int32_t k8 = sd_adapt_choose_k(0.8, &c, 64, 8);
+    assert_true(sd_adapt_drafting_pays(&c, 64, 64 * (sd_adapt_expected_tokens(0.8, k8) - 1.0), 64 * k8));
+    /* without a round trip the 0.4 batch pays */
+    c.draft_step_us = 0;
+    assert_true(sd_adapt_drafting_pays(&c, 64, 64 * 0.4, 64));
+    /* a batch-bound CPU at batch 1 (18 ms + 2 ms a row): a 1 ms round trip
+     * is small next to the step, acceptance 0.5 with 2 drafts pays */
+    c.verify_fixed_us = 18000;
+    c.verify_token_us = 2000;
+    c.draft_step_us = 1000;
+    assert_true(sd_adapt_drafting_pays(&c, 1, sd_adapt_expected_tokens(0.5, 2) - 1.0, 2));
+    assert_true(sd_adapt_drafting_pays(&c, 5, 0, 0)); /* nobody drafts */
+    assert_true(fabs(sd_adapt_expected_tokens(0.5, 2) - 1.75) < 1e-12);
+    /* the scheduler */
+    gate_case(0.25, false);
+    gate_case(0.8, true);
+}
+
 /* A sampled request's output depends on its K schedule, so its K must not
  * follow the load: on the same batch-bound verifier that keeps a greedy
  * request at K = 0 (above), a sampled one still drafts from its own
@@ -1327,6 +1412,7 @@ int main(void) {
         cmocka_unit_test(test_k0_steps_shadow_draft),
         cmocka_unit_test(test_shadow_drafts_share_a_phase),
         cmocka_unit_test(test_next_verify_before_streaming),
+        cmocka_unit_test(test_batch_gate_round_trip),
         cmocka_unit_test(test_sampled_k_ignores_load),
         cmocka_unit_test(test_fast_drafter_one_cohort),
         cmocka_unit_test(test_slow_drafter_two_cohorts),
