@@ -131,6 +131,34 @@ void sd_cost_observe_draft(sd_cost_model *c, int32_t n_draft_tokens, uint32_t dr
     c->draft_token_us = 0.8 * c->draft_token_us + 0.2 * per;
 }
 
+/* Step timeouts. A fixed one (30 s) turned a slow machine into a livelock:
+ * under ASan on 2 cores, 64 SmolLM2 prompts arriving together made a
+ * ~3,600-row refill step that took longer, the verifier was declared dead,
+ * re-registered, and was sent the same step again. The timeout is for
+ * hangs (the worker's I/O thread heartbeats separately), so it scales with
+ * the step's tokens at the slowest per-token time seen recently, and
+ * doubles after a step that timed out. */
+#define ROW_PEAK_DECAY 0.98
+#define TIMEOUT_FACTOR 8.0
+
+void sd_cost_observe_rows(sd_cost_model *c, int32_t n_tokens, uint32_t forward_us) {
+    if (n_tokens <= 0 || forward_us == 0) return;
+    double per = (double)forward_us / n_tokens;
+    c->row_us_peak *= ROW_PEAK_DECAY;
+    if (per > c->row_us_peak) c->row_us_peak = per;
+}
+
+uint64_t sd_cost_verify_timeout_us(const sd_cost_model *c, int32_t n_tokens, uint64_t floor_us) {
+    double t = TIMEOUT_FACTOR * c->row_us_peak * (n_tokens > 0 ? n_tokens : 1);
+    return t > (double)floor_us ? (uint64_t)t : floor_us;
+}
+
+void sd_cost_verify_timed_out(sd_cost_model *c, int32_t n_tokens, uint64_t timeout_us) {
+    if (n_tokens <= 0) n_tokens = 1;
+    double per = 2.0 * (double)timeout_us / TIMEOUT_FACTOR / n_tokens;
+    if (per > c->row_us_peak) c->row_us_peak = per;
+}
+
 void sd_cost_observe_draft_step(sd_cost_model *c, uint64_t round_trip_us) {
     double x = (double)round_trip_us;
     c->draft_step_us = c->draft_step_us > 0 ? 0.8 * c->draft_step_us + 0.2 * x : x;

@@ -158,6 +158,7 @@ int32_t sd_session_generated(const sd_session *s);
 typedef struct sd_cost_model {
     double verify_fixed_us, verify_token_us, draft_token_us;
     double draft_step_us;  /* EMA of draft request -> response, 0 until measured */
+    double row_us_peak;    /* slowest recent verify forward per token, refills included (step timeouts) */
     /* decaying sums for the least-squares fit of verify time vs tokens */
     double s_w, s_x, s_y, s_xx, s_xy;
 } sd_cost_model;
@@ -167,6 +168,16 @@ void sd_cost_init(sd_cost_model *c);
  * sequence + drafts; steps that refill a prefix are not observed). */
 void sd_cost_observe_verify(sd_cost_model *c, int32_t n_tokens, uint32_t forward_us);
 void sd_cost_observe_draft(sd_cost_model *c, int32_t n_draft_tokens, uint32_t draft_us);
+/* Any verify step's forward (refills and prefill chunks included), for
+ * the step timeout. */
+void sd_cost_observe_rows(sd_cost_model *c, int32_t n_tokens, uint32_t forward_us);
+/* How long a verify step of n_tokens may take before its verifier is
+ * declared hung: the configured floor, or 8x what the slowest recent step
+ * took per token. */
+uint64_t sd_cost_verify_timeout_us(const sd_cost_model *c, int32_t n_tokens, uint64_t floor_us);
+/* A verify step of n_tokens timed out after timeout_us: the next one gets
+ * at least twice as long per token. */
+void sd_cost_verify_timed_out(sd_cost_model *c, int32_t n_tokens, uint64_t timeout_us);
 /* One draft step's round trip (request sent -> response handled). */
 void sd_cost_observe_draft_step(sd_cost_model *c, uint64_t round_trip_us);
 /* Expected verify forward time for a step of n_tokens tokens. */

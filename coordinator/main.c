@@ -47,7 +47,8 @@ static void usage(FILE *f) {
             "  --adaptive-k on|off       adapt K per sequence to its acceptance and the batch (on)\n"
             "  --prefill-chunk N         prompts longer than N tokens are prefilled in chunks (512)\n"
             "  --draft-timeout-ms MS     a draft step unanswered this long kills the drafter (2000)\n"
-            "  --verify-timeout-ms MS    a verify step unanswered this long kills the verifier (30000)\n"
+            "  --verify-timeout-ms MS    a verify step unanswered this long kills the verifier (30000; a\n"
+            "                            longer step gets 8x the slowest recent time per token)\n"
             "  --curve-secret FILE       CurveZMQ server secret key (Z85) for both sockets\n"
             "  -v, --verbose             debug logs\n"
             "  -h, --help                this text\n",

@@ -805,6 +805,7 @@ void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r,
      * fit to a large fixed cost and a small per-token cost, which made K > 0
      * look cheap at batch 64. */
     if (!w->prefill_only && !w->step_refill) sd_cost_observe_verify(&c->cost, w->step_tokens, r->forward_us);
+    sd_cost_observe_rows(&c->cost, w->step_tokens, r->forward_us);
     int32_t n_step = w->n_step;
     w->n_step = 0;
     c->defer_chunks = true; /* streamed after the next verify request (sd_sched_pump) */

@@ -242,6 +242,7 @@ void sd_workers_tick(sd_coord *c, uint64_t now_us) {
         if (!w->used || !w->alive) continue;
         bool is_drafter = w->role == SPECD__ROLE__ROLE_DRAFTER;
         uint64_t timeout = (uint64_t)(is_drafter ? c->p.draft_timeout_ms : c->p.verify_timeout_ms) * 1000u;
+        if (!is_drafter) timeout = sd_cost_verify_timeout_us(&c->cost, w->step_tokens, timeout);
         if (now_us > w->last_recv_us + dead_after || w->unreachable) {
             mark_dead(c, i, w->unreachable ? "disconnected" : "no heartbeat");
             changed = true;
@@ -249,8 +250,9 @@ void sd_workers_tick(sd_coord *c, uint64_t now_us) {
         }
         if (w->busy && now_us > w->step_sent_us + timeout) {
             char why[96];
-            snprintf(why, sizeof why, "step %llu unanswered after %llu ms", (unsigned long long)w->step_id,
-                     (unsigned long long)(timeout / 1000u));
+            snprintf(why, sizeof why, "step %llu (%d tokens) unanswered after %llu ms", (unsigned long long)w->step_id,
+                     w->step_tokens, (unsigned long long)(timeout / 1000u));
+            if (!is_drafter) sd_cost_verify_timed_out(&c->cost, w->step_tokens, timeout);
             mark_dead(c, i, why);
             changed = true;
             continue;

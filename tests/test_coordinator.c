@@ -1052,6 +1052,28 @@ static void gate_case(double alpha, bool expect_drafts) {
     harness_free(h);
 }
 
+/* The verify step timeout scales with the step: a slow machine's big
+ * refill step is not mistaken for a hung verifier (which, sent the same
+ * step again after re-registering, never finished), and a step that timed
+ * out gets twice as long next time. */
+static void test_verify_timeout_scales(void **state) {
+    (void)state;
+    sd_cost_model c;
+    sd_cost_init(&c);
+    assert_int_equal(sd_cost_verify_timeout_us(&c, 3600, 30000000), 30000000); /* nothing measured: the floor */
+    sd_cost_observe_rows(&c, 45, 900000);                                      /* 20 ms a token (ASan, 2 cores) */
+    assert_int_equal(sd_cost_verify_timeout_us(&c, 10, 30000000), 30000000);
+    uint64_t big = sd_cost_verify_timeout_us(&c, 3600, 30000000);
+    assert_true(big >= (uint64_t)(8.0 * 20000 * 3600 * 0.99)); /* 8x the expected 72 s */
+    /* faster steps let the peak decay, slowly */
+    for (int i = 0; i < 10; i++) sd_cost_observe_rows(&c, 64, 64 * 2000);
+    assert_true(c.row_us_peak > 0.8 * 20000 && c.row_us_peak < 20000);
+    /* a timeout doubles what the next step of that size gets */
+    uint64_t t = sd_cost_verify_timeout_us(&c, 5000, 30000000);
+    sd_cost_verify_timed_out(&c, 5000, t);
+    assert_true(sd_cost_verify_timeout_us(&c, 5000, 30000000) >= 2 * t - 8);
+}
+
 static void test_batch_gate_round_trip(void **state) {
     (void)state;
     NEED_MODEL();
@@ -1413,6 +1435,7 @@ int main(void) {
         cmocka_unit_test(test_shadow_drafts_share_a_phase),
         cmocka_unit_test(test_next_verify_before_streaming),
         cmocka_unit_test(test_batch_gate_round_trip),
+        cmocka_unit_test(test_verify_timeout_scales),
         cmocka_unit_test(test_sampled_k_ignores_load),
         cmocka_unit_test(test_fast_drafter_one_cohort),
         cmocka_unit_test(test_slow_drafter_two_cohorts),
