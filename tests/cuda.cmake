@@ -3,7 +3,8 @@
 # Each exits 77 (skipped, saying why) without a CUDA build or a usable GPU.
 specd_unit_test(test_cuda_ops test_cuda_ops.c)
 target_include_directories(test_cuda_ops PRIVATE ${CMAKE_SOURCE_DIR}/engine)
-specd_unit_test(test_cuda_model test_cuda_model.c greedy_util.c)
+specd_unit_test(test_cuda_model test_cuda_model.c greedy_util.c ${CMAKE_SOURCE_DIR}/tools/bench_prompts.c)
+target_include_directories(test_cuda_model PRIVATE ${CMAKE_SOURCE_DIR}/tools)
 target_compile_definitions(test_cuda_model PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
 add_dependencies(test_cuda_model specd-mkmodel)
 specd_unit_test(test_cuda_spec test_cuda_spec.c)

@@ -9,33 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_prompts.h"
 #include "specd/spec_decode.h"
 
 int greedy_read_prompts(const char *source_dir, char **prompts, int max) {
     char path[4096];
     if ((size_t)snprintf(path, sizeof path, "%s/tests/data/spec_prompts.txt", source_dir) >= sizeof path) return -1;
-    FILE *f = fopen(path, "r");
-    if (!f) return -1;
-    char line[2048];
-    int n = 0;
-    while (n < max && fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = '\0';
-        if (!line[0]) continue;
-        char *out = malloc(strlen(line) + 1), *o = out;
-        if (!out) break;
-        for (const char *c = line; *c; c++) {
-            if (c[0] == '\\' && c[1] == 'n') {
-                *o++ = '\n';
-                c++;
-            } else {
-                *o++ = *c;
-            }
-        }
-        *o = '\0';
-        prompts[n++] = out;
-    }
-    fclose(f);
-    return n;
+    return sd_bench_read_prompts(path, prompts, max);
 }
 
 int greedy_plain(sd_model *m, const int32_t *prompt, int32_t n_prompt, int32_t n_new, int32_t max_ctx,

@@ -17,7 +17,8 @@ target_compile_definitions(test_spec_batch PRIVATE SPECD_MKMODEL="$<TARGET_FILE:
 add_dependencies(test_spec_batch specd-mkmodel)
 # Greedy equality on the demo model: the default run rotates the nine (drafter, K) pairs over 3 prompts x 6
 # tokens, rotated: 2 prompts x 4 tokens (sized for ASan on 2 shared cores); the slow one runs every pair on 50 prompts x 32 tokens.
-add_executable(test_spec_demo test_spec_demo.c greedy_util.c)
+add_executable(test_spec_demo test_spec_demo.c greedy_util.c ${CMAKE_SOURCE_DIR}/tools/bench_prompts.c)
+target_include_directories(test_spec_demo PRIVATE ${CMAKE_SOURCE_DIR}/tools)
 target_link_libraries(test_spec_demo PRIVATE specd_engine)
 target_compile_definitions(test_spec_demo PRIVATE _GNU_SOURCE SPECD_SOURCE_DIR="${CMAKE_SOURCE_DIR}"
                            SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")

@@ -1,7 +1,9 @@
-/* bench_prompts.c — reads the prompt files of bench/prompts/: one prompt per
+/* bench_prompts.c — reads the prompt files of bench/prompts/ (and the tests'
+ * tests/data/spec_prompts.txt): one prompt per
  * line, "\n" written as backslash-n so a multi-line prompt (a function to
  * edit, a text to summarize) stays on one line. Shared by `specd-bench spec`
- * and `specd-bench serve`, so both modes send the same text. */
+ * and `specd-bench serve`, so both modes send the same text, and by the
+ * greedy tests (tests/greedy_util.c). */
 #include "bench_prompts.h"
 
 #include <errno.h>
