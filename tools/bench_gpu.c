@@ -17,6 +17,7 @@
  * the logits are on the host: the time a caller sees. Token ids are
  * pseudo-random: the cost does not depend on them. */
 #include "bench_gpu.h"
+#include "bench_stats.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -49,16 +50,6 @@ typedef struct gpu_opts {
     int batches[MAX_BATCHES];
 } gpu_opts;
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 #ifdef SPECD_HAVE_CUDA
 /* Device copy bandwidth in bytes/s (read + write), or -1. */
 static double copy_bandwidth(int32_t device, int reps, char *name, size_t name_cap) {
@@ -84,7 +75,7 @@ static double copy_bandwidth(int32_t device, int reps, char *name, size_t name_c
         cudaEventElapsedTime(&ms, e0, e1);
         t[r] = ms * 1e-3;
     }
-    if (cudaGetLastError() == cudaSuccess) result = 2.0 * (double)bytes / median(t, reps);
+    if (cudaGetLastError() == cudaSuccess) result = 2.0 * (double)bytes / sd_bench_median(t, reps);
 out:
     if (a) cudaFree(a);
     if (b) cudaFree(b);
@@ -176,7 +167,7 @@ static int run(const gpu_opts *o) {
         if (dt < 0) goto done;
         if (r) t[r - 1] = dt;
     }
-    double prompt_s = median(t, o->reps);
+    double prompt_s = sd_bench_median(t, o->reps);
     fprintf(stderr, "specd-bench gpu: decode (%d steps)...\n", o->decode_steps);
     for (int i = -2; i < o->decode_steps; i++) { /* 2 warm-up steps (the recording) */
         start[0] = sd_kv_seq_len(kv, 0);
@@ -184,7 +175,7 @@ static int run(const gpu_opts *o) {
         if (dt < 0) goto done;
         if (i >= 0) t[i] = dt;
     }
-    double step_s = median(t, o->decode_steps);
+    double step_s = sd_bench_median(t, o->decode_steps);
 
     fprintf(stderr, "specd-bench gpu: k tokens in one call (k = 1..%d)...\n", o->max_k);
     int base = sd_kv_seq_len(kv, 0);
@@ -196,7 +187,7 @@ static int run(const gpu_opts *o) {
             if (dt < 0) goto done;
             if (r >= 0) t[r] = dt;
         }
-        k_cost[k] = median(t, o->reps);
+        k_cost[k] = sd_bench_median(t, o->reps);
     }
 
     for (int bi = 0; bi < o->n_batches; bi++) {
@@ -225,7 +216,7 @@ static int run(const gpu_opts *o) {
             if (dt < 0) goto done;
             if (i >= 0) t[i] = dt;
         }
-        batch_tps[bi] = B / median(t, steps);
+        batch_tps[bi] = B / sd_bench_median(t, steps);
     }
 
     double wbytes = (double)sd_model_weight_bytes(m), floor_s = wbytes / copy_bps;

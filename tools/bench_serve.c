@@ -30,6 +30,7 @@
  * Rejected: starting the service here (the launcher does that, and a bench
  * that owns processes hides their start-up failures). */
 #include "bench_serve.h"
+#include "bench_stats.h"
 
 #include "bench_prompts.h"
 
@@ -95,14 +96,9 @@ static void on_chunk(const sd_client_chunk *ch, void *user) {
     pthread_mutex_unlock(&r->mu);
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static double pct(double *v, size_t n, double p) {
     if (!n) return 0;
-    qsort(v, n, sizeof *v, cmp_double);
+    qsort(v, n, sizeof *v, sd_bench_cmp_double);
     size_t i = (size_t)(p * (double)(n - 1) + 0.5);
     return v[i < n ? i : n - 1];
 }
@@ -159,13 +155,6 @@ done:
     free(reqs);
     free(ids);
     free(ok);
-}
-
-/* Median of v[0..n) (sorted in place); 0 when empty. */
-static double median(double *v, int n) {
-    if (n <= 0) return 0;
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* Two-sided 95% quantile of Student's t with df degrees of freedom. */
@@ -304,7 +293,7 @@ int bench_serve_main(int argc, char **argv) {
         if (rl < sizeof rounds_txt) rl += (size_t)snprintf(rounds_txt + rl, sizeof rounds_txt - rl, "\n");
         double gm, ci_lo, ci_hi;
         ratio_ci(ratio, n_ratio, &gm, &ci_lo, &ci_hi);
-        double ratio_med = median(ratio, n_ratio);
+        double ratio_med = sd_bench_median(ratio, n_ratio);
         /* What the load-independent counts imply for a verify step costing
          * F + t * rows (the coordinator's fit, read after these rounds):
          * a committed token costs F / B / (tokens per step) + t * (rows per
@@ -333,7 +322,7 @@ int bench_serve_main(int argc, char **argv) {
                 if (r == 0 || t->round_tps[r] < lo) lo = t->round_tps[r];
                 if (r == 0 || t->round_tps[r] > hi) hi = t->round_tps[r];
             }
-            double med = median(t->round_tps, t->n_rounds);
+            double med = sd_bench_median(t->round_tps, t->n_rounds);
             char ratio_txt[32] = "", ci_txt[48] = "", model_txt[32] = "";
             if (m == 0) {
                 snprintf(ratio_txt, sizeof ratio_txt, "%.2f", ratio_med);

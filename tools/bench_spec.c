@@ -26,6 +26,7 @@
  * few points) is as large as the differences between N; the exact one has
  * no sampling error in the acceptance itself. */
 #include "bench_spec.h"
+#include "bench_stats.h"
 
 #include "bench_prompts.h"
 
@@ -56,16 +57,10 @@ typedef struct method {
     long drafted, accepted, steps, tokens;
 } method;
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static double median_of(const double *v, int n) {
     double tmp[MAX_PROMPTS];
     memcpy(tmp, v, (size_t)n * sizeof *v);
-    qsort(tmp, (size_t)n, sizeof *tmp, cmp_double);
-    return n % 2 ? tmp[n / 2] : 0.5 * (tmp[n / 2 - 1] + tmp[n / 2]);
+    return sd_bench_median(tmp, n);
 }
 
 /* Extra cost of one more token in a verification call, relative to a

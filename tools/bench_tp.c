@@ -19,6 +19,7 @@
  * The total thread budget (-t, default every core) is split evenly over
  * the ranks, so TP = 1 and TP = N use the same cores. */
 #include "bench_tp.h"
+#include "bench_stats.h"
 
 #include "group.h"
 #include "specd/coll.h"
@@ -59,16 +60,6 @@ typedef struct tp_result {
     uint64_t weights[MAX_RANKS];
     long rss_kb[MAX_RANKS], anon_kb[MAX_RANKS];
 } tp_result;
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* VmRSS and RssAnon of pid (0: this process), in kB. */
 static void memory_of(pid_t pid, long *rss, long *anon) {
@@ -166,7 +157,7 @@ static int measure(const tp_opts *o, sd_model *m, sd_kv *kv, tp_result *r) {
         tok[0] = (int32_t)(i % V), pos[0] = P + i, seq[0] = 0, want[0] = true;
         if ((t[i] = timed(m, kv, 1, tok, pos, seq, want, logits)) < 0) goto done;
     }
-    r->decode_ms = median(t, o->decode_steps) * 1e3;
+    r->decode_ms = sd_bench_median(t, o->decode_steps) * 1e3;
     sd_model_tp_stats st;
     sd_model_tp_stats_get(m, &st, true);
     r->ar_us = st.all_reduces ? st.all_reduce_s / (double)st.all_reduces * 1e6 : 0;
@@ -179,14 +170,14 @@ static int measure(const tp_opts *o, sd_model *m, sd_kv *kv, tp_result *r) {
             tok[i] = (int32_t)((7 * i + rep) % V), pos[i] = P + i, seq[i] = 0, want[i] = true;
         if ((t[rep] = timed(m, kv, o->k + 1, tok, pos, seq, want, logits)) < 0) goto done;
     }
-    r->verify_ms = median(t, o->reps) * 1e3;
+    r->verify_ms = sd_bench_median(t, o->reps) * 1e3;
     if (sd_kv_truncate(kv, 0, P) != SD_OK) goto done;
     /* batched decode: one token for each of the B sequences per step */
     for (int i = 0; i < o->decode_steps; i++) {
         for (int s = 0; s < o->batch; s++) tok[s] = (int32_t)((s + i) % V), pos[s] = P + i, seq[s] = s, want[s] = true;
         if ((t[i] = timed(m, kv, o->batch, tok, pos, seq, want, logits)) < 0) goto done;
     }
-    r->batch_ms = median(t, o->decode_steps) * 1e3;
+    r->batch_ms = sd_bench_median(t, o->decode_steps) * 1e3;
     rc = 0;
 done:
     free(tok), free(pos), free(seq), free(want), free(logits), free(t);
@@ -236,7 +227,7 @@ static double bare_all_reduce_us(int tp, size_t n, int iters) {
                         if (v > t[i]) t[i] = v;
                     }
                 }
-                double med = median(t, iters) * 1e6;
+                double med = sd_bench_median(t, iters) * 1e6;
                 if (write(fds[1], &med, sizeof med) != sizeof med) _exit(2);
             }
             sd_coll_close(&c);
@@ -463,7 +454,7 @@ int bench_tp_main(int argc, char **argv) {
 #define MEDIAN_OF(field)                                                                    \
     do {                                                                                    \
         for (int round = 0; round < o.rounds; round++) v[round] = runs[round][i].field;     \
-        res[i].field = median(v, o.rounds);                                                 \
+        res[i].field = sd_bench_median(v, o.rounds);                                        \
     } while (0)
         MEDIAN_OF(decode_ms);
         MEDIAN_OF(verify_ms);

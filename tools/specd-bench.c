@@ -29,6 +29,7 @@
  * second, because the two conventions differ by 2x and a target written as
  * "a share of copy bandwidth" must say which one it means. */
 #include "bench_gpu.h"
+#include "bench_stats.h"
 #include "bench_spec.h"
 #ifdef SPECD_BENCH_SERVE
 #include "bench_serve.h"
@@ -52,17 +53,6 @@
 #include <unistd.h>
 
 /* ---- small statistics ---- */
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Median of n values (sorts v in place). */
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* ---- memory bandwidth reference ---- */
 
@@ -282,7 +272,7 @@ static bool forward_rep(const fwd_opts *o, int r, sd_model *m, sd_kv *kv, const 
         if ((step_scratch[i] = timed_forward(m, kv, tokens + o->prompt_len + i, 1, o->prompt_len + i, true,
                                              logits)) < 0)
             return false;
-    s->step_s[r] = median(step_scratch, o->decode_steps);
+    s->step_s[r] = sd_bench_median(step_scratch, o->decode_steps);
 
     for (int k = 1; k <= o->max_k; k++) {
         if (sd_kv_truncate(kv, 0, o->prompt_len) != SD_OK) return false;
@@ -302,13 +292,13 @@ static bool forward_rep(const fwd_opts *o, int r, sd_model *m, sd_kv *kv, const 
 static double median_ratio(const double *num, const double *den, int reps, double scale) {
     double v[FWD_MAX_REPS];
     for (int r = 0; r < reps; r++) v[r] = den[r] > 0 ? scale * num[r] / den[r] : 0;
-    return median(v, reps);
+    return sd_bench_median(v, reps);
 }
 
 static double median_of(const double *x, int reps) {
     double v[FWD_MAX_REPS];
     memcpy(v, x, (size_t)reps * sizeof *v);
-    return median(v, reps);
+    return sd_bench_median(v, reps);
 }
 
 static void write_forward_table(FILE *f, const fwd_opts *o, const sd_model_config *cfg, double wbytes, int threads,
