@@ -332,6 +332,31 @@ static bool phase_done(const sd_group *g, start_phase ph) {
     return true;
 }
 
+/* One message from the group socket: 0 when drained; 1 with *m filled (the
+ * caller clears it), *env the decoded message or NULL after a warning for a
+ * bad one, *rank the sender's rank (-1: not a member yet). A message from a
+ * member refreshes its liveness. */
+static int recv_rank(sd_group *g, sd_net_msg *m, Specd__RankToLeader **env, int32_t *rank) {
+    for (;;) {
+        memset(m, 0, sizeof *m);
+        errno = 0;
+        sd_status st = sd_net_recv(g->router, true, true, m);
+        if (st == SD_OK) break;
+        sd_net_msg_clear(m);
+        if (st == SD_ERR_NET && errno == EAGAIN) return 0;
+    }
+    Specd__Code code;
+    char err[256];
+    *rank = rank_of(g, m->identity, m->identity_len);
+    *env = sd_net_decode_rank(m->body, m->body_len, &code, err, sizeof err);
+    if (!*env) {
+        SD_WARN("group: bad message from rank %d (%s): %s", (int)*rank, sd_net_code_name(code), err);
+        return 1;
+    }
+    if (*rank > 0) g->peers[*rank].last_recv = now_s();
+    return 1;
+}
+
 static sd_status wait_phase(sd_group *g, start_phase ph) {
     double deadline = now_s() + g->p.join_timeout_ms / 1e3;
     double dead_after = g->p.heartbeat_interval_ms * (double)g->p.liveness / 1e3;
@@ -351,24 +376,13 @@ static sd_status wait_phase(sd_group *g, start_phase ph) {
         }
         while (rc > 0 && (items[0].revents & ZMQ_POLLIN)) {
             sd_net_msg m;
-            memset(&m, 0, sizeof m);
-            errno = 0;
-            sd_status st = sd_net_recv(g->router, true, true, &m);
-            if (st != SD_OK) {
-                sd_net_msg_clear(&m);
-                if (st == SD_ERR_NET && errno == EAGAIN) break;
-                continue;
-            }
-            Specd__Code code;
-            char err[256];
-            Specd__RankToLeader *env = sd_net_decode_rank(m.body, m.body_len, &code, err, sizeof err);
+            Specd__RankToLeader *env;
+            int32_t r;
+            if (recv_rank(g, &m, &env, &r) == 0) break;
             if (!env) {
-                SD_WARN("group: bad message from a rank (%s): %s", sd_net_code_name(code), err);
                 sd_net_msg_clear(&m);
                 continue;
             }
-            int32_t r = rank_of(g, m.identity, m.identity_len);
-            if (r > 0) g->peers[r].last_recv = now_s();
             sd_status fatal = SD_OK;
             switch (env->body_case) {
             case SPECD__RANK_TO_LEADER__BODY_JOIN:
@@ -482,22 +496,10 @@ static void *group_main(void *arg) {
         /* the ranks */
         while (rc > 0 && (items[0].revents & ZMQ_POLLIN)) {
             sd_net_msg m;
-            memset(&m, 0, sizeof m);
-            errno = 0;
-            sd_status st = sd_net_recv(g->router, true, true, &m);
-            if (st != SD_OK) {
-                sd_net_msg_clear(&m);
-                if (st == SD_ERR_NET && errno == EAGAIN) break;
-                continue;
-            }
-            Specd__Code code;
-            char err[256];
-            Specd__RankToLeader *env = sd_net_decode_rank(m.body, m.body_len, &code, err, sizeof err);
-            int32_t r = rank_of(g, m.identity, m.identity_len);
-            if (!env) {
-                SD_WARN("group: bad message from rank %d (%s): %s", (int)r, sd_net_code_name(code), err);
-            } else {
-                if (r > 0) g->peers[r].last_recv = now_s();
+            Specd__RankToLeader *env;
+            int32_t r;
+            if (recv_rank(g, &m, &env, &r) == 0) break;
+            if (env) {
                 switch (env->body_case) {
                 case SPECD__RANK_TO_LEADER__BODY_HEARTBEAT:
                 case SPECD__RANK_TO_LEADER__BODY_READY: break;
