@@ -10,7 +10,8 @@
  * comparison measures only summation order; its tolerance scales with
  * sum_i |w_i x_i|. The streaming matmul is also checked for batch
  * invariance (a token's row is bit-identical computed alone or with 15
- * others), and attention/kv_write run ragged batches over shuffled block
+ * others), on the tensor cores (the default for n_in % 32 == 0) and again
+ * on the CUDA cores (SPECD_CUDA_MMA=0), and attention/kv_write run ragged batches over shuffled block
  * tables, block sizes 1, 3 and 16, contexts that span several of the
  * kernel's chunks, positions at block edges, head_dim above 128 and GQA
  * groups of 1 to 4. Finally the ops are run with their host arrays
@@ -381,8 +382,19 @@ int main(void) {
     test_elementwise();
     test_matmul();
     test_attention();
-    cpu.ops->destroy(&cpu.ctx);
     gpu.ops->destroy(&gpu.ctx);
+    /* the same matmuls with the tensor-core kernel off: the CUDA-core
+     * streaming kernel then takes every shape */
+    setenv("SPECD_CUDA_MMA", "0", 1);
+    if (sd_cuda_backend_create(0, &gpu) != SD_OK) {
+        fprintf(stderr, "test_cuda_ops: cuda:0 could not be opened a second time\n");
+        failures++;
+    } else {
+        printf("with SPECD_CUDA_MMA=0 (CUDA cores):\n");
+        test_matmul();
+        gpu.ops->destroy(&gpu.ctx);
+    }
+    cpu.ops->destroy(&cpu.ctx);
     if (failures) {
         fprintf(stderr, "test_cuda_ops: %d failure(s)\n", failures);
         return 1;

@@ -365,6 +365,7 @@ static void cuda_destroy(sd_backend **pbe) {
     if (be->spec_scratch) cudaFree(be->spec_scratch);
     if (be->convert_buf) cudaFree(be->convert_buf);
     if (be->cublas_ws) cudaFree(be->cublas_ws);
+    if (be->mm_counters) cudaFree(be->mm_counters);
     if (be->cublas) cublasDestroy(be->cublas);
     if (be->stream) cudaStreamDestroy(be->stream);
     free(be);
@@ -448,6 +449,8 @@ sd_status sd_cuda_backend_create(int32_t device, sd_backend_handle *out) {
     be->graphs_enabled = env_int("SPECD_CUDA_GRAPHS", 1, 0, 1) == 1;
     be->gemv_max_tokens = env_int("SPECD_CUDA_GEMV_MAX", SD_CUDA_GEMV_MAX_TOKENS, 1, SD_CUDA_GEMV_MAX_TOKENS);
     be->mv_rows = env_int("SPECD_CUDA_MV_ROWS", 4, 2, 4) == 2 ? 2 : 4;
+    be->mma = env_int("SPECD_CUDA_MMA", 1, 0, 1) == 1;
+    be->mma_blocks_per_sm = env_int("SPECD_CUDA_MMA_BPS", 2, 1, 64);
     sd_status s = SD_ERR_CUDA;
     if (cudaStreamCreateWithFlags(&be->stream, cudaStreamNonBlocking) != cudaSuccess ||
         cudaEventCreateWithFlags(&be->staging_done, cudaEventDisableTiming) != cudaSuccess) {
@@ -465,13 +468,20 @@ sd_status sd_cuda_backend_create(int32_t device, sd_backend_handle *out) {
         goto fail;
     }
     be->cublas_ws_bytes = CUBLAS_WS_BYTES;
+    if (cudaMalloc((void **)&be->mm_counters, SD_CUDA_MM_COUNTERS * sizeof(unsigned)) != cudaSuccess ||
+        cudaMemset(be->mm_counters, 0, SD_CUDA_MM_COUNTERS * sizeof(unsigned)) != cudaSuccess) {
+        cudaGetLastError();
+        log_oom(be, SD_CUDA_MM_COUNTERS * sizeof(unsigned), "the matmul slice counters");
+        s = SD_ERR_NOMEM;
+        goto fail;
+    }
     if (cublasSetWorkspace(be->cublas, be->cublas_ws, be->cublas_ws_bytes) != CUBLAS_STATUS_SUCCESS) {
         SD_ERROR("cuda:%d: cublasSetWorkspace failed", (int)device);
         goto fail;
     }
-    SD_INFO("cuda:%d: %s, %d multiprocessors, %.0f MiB, compute capability %d.%d%s", (int)device, prop.name,
+    SD_INFO("cuda:%d: %s, %d multiprocessors, %.0f MiB, compute capability %d.%d%s%s", (int)device, prop.name,
             be->n_sm, (double)prop.totalGlobalMem / MIB, prop.major, prop.minor,
-            be->graphs_enabled ? "" : ", graphs off");
+            be->graphs_enabled ? "" : ", graphs off", be->mma ? "" : ", tensor-core matmul off");
     out->ops = &cuda_ops;
     out->ctx = be;
     return SD_OK;

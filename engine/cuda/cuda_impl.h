@@ -40,6 +40,8 @@ extern "C" {
 /* Largest token count the weight-streaming matmul takes in one pass; above
  * it matmul goes through cuBLAS (see matmul.cu). */
 #define SD_CUDA_GEMV_MAX_TOKENS 16
+/* Row tiles of one matrix whose K is split over blocks (matmul.cu). */
+#define SD_CUDA_MM_COUNTERS 4096
 
 typedef struct sd_cuda_mirror {
     const int32_t *host; /* announced host array (identity only, never read after the copy) */
@@ -98,6 +100,9 @@ struct sd_backend {
     bool graphs_enabled;        /* SPECD_CUDA_GRAPHS=0 turns recording off */
     int32_t gemv_max_tokens;    /* SPECD_CUDA_GEMV_MAX (1..16), default SD_CUDA_GEMV_MAX_TOKENS */
     int32_t mv_rows;            /* SPECD_CUDA_MV_ROWS: rows per warp of the 3..16-token matmul (2 or 4) */
+    bool mma;                   /* SPECD_CUDA_MMA=0 turns the tensor-core streaming matmul off (matmul.cu) */
+    int32_t mma_blocks_per_sm;  /* SPECD_CUDA_MMA_BPS: blocks per multiprocessor the K split aims at */
+    unsigned *mm_counters;      /* [SD_CUDA_MM_COUNTERS] slices finished per row tile, zero between launches */
 };
 
 /* Logs "cuda: <call> failed: <error>" with file and line, returns SD_ERR_CUDA. */

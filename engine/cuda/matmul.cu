@@ -2,23 +2,30 @@
  * engine/cpu/matmul.c; and the f32 -> BF16 conversion weight_upload uses.
  *
  * Decode and verification (up to SD_CUDA_GEMV_MAX_TOKENS tokens) are bound
- * by streaming the weights, so they run a weight-streaming kernel: each warp
- * owns R rows; each lane loads 8 BF16 weights (16 bytes) per row at a time
- * and applies them to all NT tokens of the call, whose f32 activations come
- * through L1, so the weights are read from memory once per call whatever
- * NT is (verifying 8 tokens costs about what 1 does). R grows with NT so the
- * activation traffic per weight byte stays bounded. When the matrix has too
- * few rows to fill the GPU, the reduction over i is split into S slices
- * (grid.y) whose partial sums go to scratch and are added by a second
- * kernel in slice order.
+ * by streaming the weights, so they run a weight-streaming kernel that reads
+ * each weight once per call whatever the token count:
  *
- * Batch invariance (like the CPU): an output element is the same sequence
- * of operations whatever NT, R or the rest of the batch: lane-local fused
- * multiply-adds over its i in increasing order, a fixed xor butterfly over
- * the 32 lanes, and the slices (their number depends only on n_in, n_out
- * and the GPU) added in order. So greedy speculative output equals greedy
- * plain output on the GPU too, as long as the calls stay at or under the
- * kernel's token limit.
+ *  - tensor cores (the default when n_in % 32 == 0): mma.sync over 16-row
+ *    tiles with the tokens as the MMA's columns and x split into three BF16
+ *    terms (f32 accuracy); described below, at mma_matvec_kernel. Its cost
+ *    hardly grows with the tokens: on the 8B shape (H100) 8 tokens cost
+ *    1.16x one, against 1.87x on the CUDA cores; one token costs ~6% more
+ *    than on the CUDA cores (7.75 vs 7.28 ms a step).
+ *  - CUDA cores (other shapes, or SPECD_CUDA_MMA=0): each warp owns R rows;
+ *    each lane loads 8 BF16 weights (16 bytes) per row at a time and applies
+ *    them to all NT tokens with f32 fused multiply-adds, so from ~4 tokens
+ *    it is bound by instructions, not bytes. R grows with NT so activation
+ *    traffic per weight byte stays bounded. When the matrix has too few rows
+ *    to fill the GPU, the reduction over i is split into S slices (grid.y)
+ *    whose partial sums go to scratch and are added by a second kernel in
+ *    slice order.
+ *
+ * Batch invariance (like the CPU): on either path an output element is the
+ * same sequence of operations whatever the token count or the rest of the
+ * batch (the partition depends only on n_in, n_out and the GPU; an MMA's
+ * column does not depend on the other columns). So greedy speculative output
+ * equals greedy plain output on the GPU too, as long as the calls stay at or
+ * under the kernel's token limit and the path is not switched mid-run.
  *
  * Longer calls (prefill chunks, large batches) go to cuBLAS: x is rounded to
  * BF16 and cublasGemmEx multiplies BF16 x BF16 into f32 with f32
@@ -26,9 +33,11 @@
  * by the BF16 rounding of x and the summation order.
  *
  * Rejected: cuBLAS for one token (its GEMV-shaped kernels were the first
- * thing measured against: see bench/results/cuda-h100.md) and converting x
- * to BF16 on the streaming path (it would cost accuracy for no bandwidth:
- * x is tiny next to w). */
+ * thing measured against: see bench/results/cuda-h100.md); converting x to
+ * BF16 on the streaming path (accuracy lost for no bandwidth: x is tiny next
+ * to w); feeding the tensor cores through a cp.async shared-memory pipeline
+ * (4 or 6 stages: 9.0-9.9 ms a step on the 8B shape against 7.75 with
+ * registers). */
 #include "cuda/cuda_impl.h"
 
 #include <cuda_bf16.h>
@@ -251,11 +260,259 @@ static sd_status matvec(sd_backend *be, const __nv_bfloat16 *w, int n_in, int n_
     return SD_OK;
 }
 
+/* ---- the tensor-core streaming path (n_in % 32 == 0) ----
+ *
+ * A warp takes a tile of 16 rows and a 32-wide chunk of i at a time and
+ * multiplies it with mma.sync m16n8k16 (BF16 in, f32 accumulate): tokens
+ * are the MMA's 8 columns (two column tiles above 8 tokens). Each lane loads
+ * 16 contiguous bytes of a row, the 8 weights at 8 * (lane % 4) of the
+ * chunk, straight from the row-major matrix: the MMA sums over its k in any
+ * order, so k is permuted -- a lane's 8 physical columns become its 4
+ * logical columns in each of the chunk's two k16 steps -- and the
+ * activations are gathered with the same permutation (token lane / 4, the
+ * same 8 columns). No shared memory, no layout change of the weights.
+ *
+ * x is f32: each activation is split into three BF16 terms hi + mid + lo
+ * (exact to f32's 24 bits) and each term multiplied in turn, so the result
+ * has f32 accuracy like the CUDA-core kernel. The tensor cores have ~50x the
+ * rate this needs; what counts is that the instruction count per weight byte
+ * no longer grows with the tokens (the CUDA-core kernel ran 8 tokens x 8
+ * weights of multiply-adds per 16-byte load: instruction-bound from 4
+ * tokens).
+ *
+ * Partition: a block of MMA_WARPS warps owns one row tile and one slice of
+ * i; its warps take the slice's chunks in turn (warp w: chunks w, w + W, ..)
+ * and add their tiles in warp order through shared memory. When the matrix
+ * has too few row tiles to fill the GPU, i is split into S slices over
+ * grid.y: each block writes its partial tile, and the last block of a row
+ * tile to finish (a counter per row tile) adds the S partials in slice order
+ * and resets the counter. Everything here depends on n_in, n_out and the GPU
+ * only, and an MMA's column is computed the same whatever the other columns
+ * hold, so a token's row is bit-identical alone or in a 16-token call.
+ * Results differ from the CUDA-core kernel's in the order of summation. */
+#define MMA_WARPS 8
+#define MMA_THREADS (MMA_WARPS * 32)
+#define MMA_UNROLL 4 /* chunks of loads in flight per warp: 4 x 1 KB of weights */
+
+/* Weights are read once: keep them out of L1, which holds the activations. */
+__device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) {
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* (a, b) -> three BF16 pairs with a = hi.x + mid.x + lo.x (same for b). */
+__device__ __forceinline__ void split3(float a, float b, uint32_t &hi, uint32_t &mid, uint32_t &lo) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    const float ra = a - __low2float(h), rb = b - __high2float(h);
+    const __nv_bfloat162 m = __floats2bfloat162_rn(ra, rb);
+    const __nv_bfloat162 l = __floats2bfloat162_rn(ra - __low2float(m), rb - __high2float(m));
+    hi = bf16x2_bits(h);
+    mid = bf16x2_bits(m);
+    lo = bf16x2_bits(l);
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* One chunk: wa/wb are rows g and g + 8 of the tile (8 weights each), xv[j]
+ * token 8j + g's 8 activations at the same columns. */
+template <int NTILES>
+__device__ __forceinline__ void mma_chunk(const uint4 wa, const uint4 wb, const float4 (&xv)[NTILES][2],
+                                          float (&acc)[NTILES][4]) {
+#pragma unroll
+    for (int j = 0; j < NTILES; j++) {
+        uint32_t h[4], m[4], l[4];
+        split3(xv[j][0].x, xv[j][0].y, h[0], m[0], l[0]);
+        split3(xv[j][0].z, xv[j][0].w, h[1], m[1], l[1]);
+        split3(xv[j][1].x, xv[j][1].y, h[2], m[2], l[2]);
+        split3(xv[j][1].z, xv[j][1].w, h[3], m[3], l[3]);
+        /* k16 step 0 takes the lane's columns 0-3, step 1 columns 4-7 */
+        mma_bf16(acc[j], wa.x, wb.x, wa.y, wb.y, h[0], h[1]);
+        mma_bf16(acc[j], wa.z, wb.z, wa.w, wb.w, h[2], h[3]);
+        mma_bf16(acc[j], wa.x, wb.x, wa.y, wb.y, m[0], m[1]);
+        mma_bf16(acc[j], wa.z, wb.z, wa.w, wb.w, m[2], m[3]);
+        mma_bf16(acc[j], wa.x, wb.x, wa.y, wb.y, l[0], l[1]);
+        mma_bf16(acc[j], wa.z, wb.z, wa.w, wb.w, l[2], l[3]);
+    }
+}
+
+template <int NTILES>
+__device__ __forceinline__ void load_x(const float *const (&xp)[NTILES], const bool (&xok)[NTILES], int off,
+                                       float4 (&xv)[NTILES][2]) {
+#pragma unroll
+    for (int j = 0; j < NTILES; j++) {
+        if (xok[j]) {
+            xv[j][0] = __ldg((const float4 *)(xp[j] + off));
+            xv[j][1] = __ldg((const float4 *)(xp[j] + off) + 1);
+        } else {
+            xv[j][0] = xv[j][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    }
+}
+
+/* The block's tiles added in warp order; with slices, the last block of
+ * the row tile to finish adds the partials in slice order. */
+template <int NTILES>
+__device__ __forceinline__ void mma_finish(const float (&acc)[NTILES][4], int n_out, int nt, float *__restrict__ y,
+                                           float *__restrict__ partial, unsigned *__restrict__ counters) {
+    __shared__ float red[MMA_WARPS][NTILES * 4][32];
+    __shared__ bool last;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row0 = blockIdx.x * 16;
+    const int slice = blockIdx.y, n_slices = gridDim.y;
+#pragma unroll
+    for (int j = 0; j < NTILES; j++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) red[warp][j * 4 + r][lane] = acc[j][r];
+    __syncthreads();
+    /* thread e: register e / 32 of lane e % 32, summed over the warps in order.
+     * Register r of column tile j holds row g + 8 (r / 2), token 8j + 2 tig + r % 2. */
+    const int e = threadIdx.x;
+    const bool mine = e < NTILES * 4 * 32;
+    int row = 0, tok = 0;
+    float v = 0.0f;
+    if (mine) {
+        const int reg = e >> 5, el = e & 31;
+        row = row0 + (el >> 2) + 8 * ((reg & 3) >> 1);
+        tok = 8 * (reg >> 2) + 2 * (el & 3) + (reg & 1);
+        v = red[0][reg][el];
+#pragma unroll
+        for (int wi = 1; wi < MMA_WARPS; wi++) v += red[wi][reg][el];
+    }
+    const bool store = mine && row < n_out && tok < nt;
+    if (n_slices == 1) {
+        if (store) y[(size_t)tok * (size_t)n_out + row] = v;
+        return;
+    }
+    const size_t per_slice = (size_t)nt * (size_t)n_out;
+    if (store) partial[(size_t)slice * per_slice + (size_t)tok * (size_t)n_out + row] = v;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&counters[blockIdx.x], 1u) == (unsigned)(n_slices - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (store) {
+        const float *p = partial + (size_t)tok * (size_t)n_out + row;
+        float s = __ldcg(p);
+        for (int si = 1; si < n_slices; si++) s += __ldcg(p + (size_t)si * per_slice);
+        y[(size_t)tok * (size_t)n_out + row] = s;
+    }
+    if (threadIdx.x == 0) counters[blockIdx.x] = 0;
+}
+
+/* grid (row tiles, slices). y [nt][n_out]; partial [slices][nt][n_out] when
+ * slices > 1. slice_len is a multiple of 32. MMA_UNROLL chunks of loads are
+ * issued before the first is used. */
+template <int NTILES>
+__global__ void __launch_bounds__(MMA_THREADS)
+mma_matvec_kernel(const __nv_bfloat16 *__restrict__ w, int n_in, int n_out, const float *__restrict__ x, int nt,
+                  float *__restrict__ y, float *__restrict__ partial, unsigned *__restrict__ counters,
+                  int slice_len) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, tig = lane & 3;
+    const int row0 = blockIdx.x * 16;
+    const int k_begin = blockIdx.y * slice_len;
+    const int n_chunks = (min(n_in, k_begin + slice_len) - k_begin) / 32;
+
+    /* rows past n_out read row n_out - 1 (valid memory) and are not stored */
+    const uint4 *wa = (const uint4 *)(w + (size_t)min(row0 + g, n_out - 1) * (size_t)n_in + k_begin) + tig;
+    const uint4 *wb = (const uint4 *)(w + (size_t)min(row0 + g + 8, n_out - 1) * (size_t)n_in + k_begin) + tig;
+    const float *xp[NTILES];
+    bool xok[NTILES];
+#pragma unroll
+    for (int j = 0; j < NTILES; j++) {
+        const int t = 8 * j + g;
+        xok[j] = t < nt;
+        xp[j] = x + (size_t)min(t, nt - 1) * (size_t)n_in + k_begin + 8 * tig;
+    }
+    float acc[NTILES][4];
+#pragma unroll
+    for (int j = 0; j < NTILES; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+    /* warp w takes chunks w, w + W, ..: the block streams its 16 rows in order
+     * (each warp taking a contiguous run instead measured 17% slower) */
+    int c = warp;
+    for (; c + (MMA_UNROLL - 1) * MMA_WARPS < n_chunks; c += MMA_UNROLL * MMA_WARPS) {
+        uint4 ra[MMA_UNROLL], rb[MMA_UNROLL];
+        float4 xv[MMA_UNROLL][NTILES][2];
+#pragma unroll
+        for (int u = 0; u < MMA_UNROLL; u++) {
+            ra[u] = ld_stream(wa + (size_t)(c + u * MMA_WARPS) * 4);
+            rb[u] = ld_stream(wb + (size_t)(c + u * MMA_WARPS) * 4);
+        }
+#pragma unroll
+        for (int u = 0; u < MMA_UNROLL; u++) load_x<NTILES>(xp, xok, (c + u * MMA_WARPS) * 32, xv[u]);
+#pragma unroll
+        for (int u = 0; u < MMA_UNROLL; u++) mma_chunk<NTILES>(ra[u], rb[u], xv[u], acc);
+    }
+    for (; c < n_chunks; c += MMA_WARPS) {
+        float4 xv[NTILES][2];
+        const uint4 a = ld_stream(wa + (size_t)c * 4), b = ld_stream(wb + (size_t)c * 4);
+        load_x<NTILES>(xp, xok, c * 32, xv);
+        mma_chunk<NTILES>(a, b, xv, acc);
+    }
+    mma_finish<NTILES>(acc, n_out, nt, y, partial, counters);
+}
+
+/* Slices of i for the tensor-core path: enough blocks for
+ * mma_blocks_per_sm per multiprocessor (default 2: on the 8B shape 1, 2, 4
+ * and 8 gave decode steps of 8.14, 7.75, 8.16 and 8.33 ms), each warp at
+ * least MMA_UNROLL chunks. Depends on the matrix and the GPU only (batch
+ * invariance). */
+static int mma_slices(const sd_backend *be, int n_in, int n_out) {
+    const long tiles = (n_out + 15) / 16;
+    if (tiles > SD_CUDA_MM_COUNTERS) return 1;
+    long want = ((long)be->n_sm * be->mma_blocks_per_sm + tiles - 1) / tiles;
+    const long max_slices = n_in / (32 * MMA_WARPS * MMA_UNROLL);
+    if (want > max_slices) want = max_slices;
+    return want < 1 ? 1 : (int)want;
+}
+
+static sd_status mma_matvec(sd_backend *be, const __nv_bfloat16 *w, int n_in, int n_out, const float *x, int nt,
+                            float *y) {
+    const int chunks = n_in / 32;
+    int n_slices = mma_slices(be, n_in, n_out);
+    const int chunks_per_slice = (chunks + n_slices - 1) / n_slices;
+    n_slices = (chunks + chunks_per_slice - 1) / chunks_per_slice;
+    float *partial = NULL;
+    if (n_slices > 1) {
+        void *scratch;
+        SD_TRY(sd_cuda_scratch(be, (size_t)n_slices * (size_t)nt * (size_t)n_out * sizeof(float), &scratch));
+        partial = (float *)scratch;
+    }
+    const dim3 grid((unsigned)((n_out + 15) / 16), (unsigned)n_slices);
+    if (nt <= 8)
+        mma_matvec_kernel<1><<<grid, MMA_THREADS, 0, be->stream>>>(w, n_in, n_out, x, nt, y, partial,
+                                                                    be->mm_counters, chunks_per_slice * 32);
+    else
+        mma_matvec_kernel<2><<<grid, MMA_THREADS, 0, be->stream>>>(w, n_in, n_out, x, nt, y, partial,
+                                                                    be->mm_counters, chunks_per_slice * 32);
+    CUDA_LAUNCH_CHECK("mma_matvec");
+    return SD_OK;
+}
+
 sd_status sd_cuda_matmul(sd_backend *be, const float *w, int32_t n_in, int32_t n_out, const float *x,
                          int32_t n_tokens, float *y) {
     if (n_tokens <= 0) return SD_OK;
     const __nv_bfloat16 *wb = (const __nv_bfloat16 *)(const void *)w;
-    if (n_tokens <= be->gemv_max_tokens) return matvec(be, wb, n_in, n_out, x, n_tokens, y);
+    if (n_tokens <= be->gemv_max_tokens) {
+        if (be->mma && n_in % 32 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0)
+            return mma_matvec(be, wb, n_in, n_out, x, n_tokens, y);
+        return matvec(be, wb, n_in, n_out, x, n_tokens, y);
+    }
     if (be->capturing) { /* cuBLAS shapes are not recorded: keep recordings to the streaming path */
         be->capture_failed = true;
         return SD_ERR_INTERNAL;
