@@ -80,6 +80,11 @@ typedef struct sd_backend_ops {
      * the NCCL collectives of a tensor-parallel group. */
     sd_status (*sync)(sd_backend *be);
 
+    /* Optional (NULL: none): the CUDA stream (cudaStream_t) every op is
+     * enqueued on, so a NCCL group can enqueue its collectives on it too
+     * (sd_coll_use_stream) instead of waiting on the host around them. */
+    void *(*stream)(sd_backend *be);
+
     /* ---- forward-wide hooks (all optional: NULL on the CPU) ---- */
     /* Announces the host int32 arrays (token ids, positions, block tables,
      * their offsets, wanted rows) that the ops of the forward about to run

@@ -55,9 +55,29 @@ void sd_coll_init_base(sd_coll *c, const sd_coll_ops *ops, const sd_coll_params 
     atomic_init(&c->failed, SD_OK);
 }
 
+static sd_status check_usable(sd_coll *c, const char *what);
+static sd_status note_result(sd_coll *c, sd_status s);
+
 void *sd_coll_stream(const sd_coll *c) {
     if (!c || !c->ops->stream) return NULL;
     return c->ops->stream(c);
+}
+
+sd_status sd_coll_use_stream(sd_coll *c, void *stream) {
+    if (!c) return SD_ERR_INVALID_ARG;
+    if (!c->ops->use_stream) {
+        SD_ERROR("coll %s: collectives cannot be enqueued on a caller's stream", c->ops->kind);
+        return SD_ERR_UNSUPPORTED;
+    }
+    SD_TRY(check_usable(c, "use_stream"));
+    return note_result(c, c->ops->use_stream(c, stream));
+}
+
+sd_status sd_coll_wait(sd_coll *c) {
+    if (!c) return SD_ERR_INVALID_ARG;
+    if (!c->ops->wait) return SD_OK;
+    SD_TRY(check_usable(c, "wait"));
+    return note_result(c, c->ops->wait(c));
 }
 
 void sd_coll_close(sd_coll **c) {

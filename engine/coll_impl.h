@@ -20,6 +20,9 @@ typedef struct sd_coll_ops {
     /* Wakes waiters after coll.c set c->aborted; called from any thread. */
     void (*abort)(sd_coll *c);
     void *(*stream)(const sd_coll *c);
+    /* Optional (NULL: SD_ERR_UNSUPPORTED / nothing to wait for). */
+    sd_status (*use_stream)(sd_coll *c, void *stream);
+    sd_status (*wait)(sd_coll *c);
     /* Arguments already checked; n > 0 / bytes > 0 not guaranteed. */
     sd_status (*all_reduce_sum)(sd_coll *c, float *buf, size_t n);
     sd_status (*broadcast)(sd_coll *c, void *buf, size_t bytes, int32_t root);

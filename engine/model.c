@@ -117,6 +117,7 @@ struct sd_model {
     sd_model_shard shard;
     bool output_borrowed;   /* output points into tok_embd (tied head, host memory) */
     sd_coll *coll;          /* borrowed; NULL: no collectives */
+    bool coll_on_stream;    /* coll enqueues on the backend's stream: wait with sd_coll_wait */
     sd_model_plan_fn plan_sink;
     void *plan_user;
     sd_model_tp_stats tp_stats;
@@ -846,8 +847,17 @@ sd_status sd_model_set_coll(sd_model *m, sd_coll *coll) {
             return SD_ERR_INVALID_ARG;
         }
     }
+    /* NCCL joins the backend's one stream: collectives are ordered after the
+     * ops before them with no host wait. (The old group is not touched: the
+     * caller may have closed it already.) */
+    bool on_stream = false;
+    if (coll && m->be.ops->stream && strcmp(sd_coll_kind(coll), "nccl") == 0) {
+        SD_TRY(sd_coll_use_stream(coll, m->be.ops->stream(m->be.ctx)));
+        on_stream = true;
+    }
     if (m->be.ops->graph_reset) m->be.ops->graph_reset(m->be.ctx); /* recordings made without collectives */
     m->coll = coll;
+    m->coll_on_stream = on_stream;
     return SD_OK;
 }
 
@@ -1060,14 +1070,16 @@ static sd_status gather_block_tables(sd_model *m, sd_kv *kv, const sd_batch *b, 
     return SD_OK;
 }
 
-/* Sums a partial residual update over the group (nothing without one). On
- * a device the ops queued so far must be done before another stream (the
- * NCCL group's) reads the buffer; the collective returns once the sum is
- * in place, so the ops queued after it see it. */
+/* Sums a partial residual update over the group (nothing without one).
+ * NCCL on the backend's stream (coll_on_stream) is enqueued after the ops
+ * that wrote buf and before those that read it, and returns at once (the
+ * time counted is then the enqueue's); the forward waits for it at its end
+ * (settle_coll). Otherwise the ops queued so far must be done before the
+ * collective reads the buffer, and it returns once the sum is in place. */
 static sd_status tp_all_reduce(sd_model *m, float *buf, size_t n) {
     if (!m->coll) return SD_OK;
     double t0 = sd_now();
-    if (m->be.ops->sync) SD_TRY(m->be.ops->sync(m->be.ctx));
+    if (m->be.ops->sync && !m->coll_on_stream) SD_TRY(m->be.ops->sync(m->be.ctx));
     sd_status s = sd_coll_all_reduce_sum(m->coll, buf, n);
     m->tp_stats.all_reduces++;
     m->tp_stats.all_reduce_s += sd_now() - t0;
@@ -1126,7 +1138,9 @@ static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_model_plan *b) 
  * positions, block tables) was copied by host_arrays into buffers that stay
  * where they are. A backend that declines to record, or drops a recording
  * that failed, gets the ops run one by one. A model in a group never
- * records: its collectives wait on the host between ops. */
+ * records: collectives are not part of a recording (shm ones run on the
+ * host; NCCL's non-blocking communicators may answer "in progress" to an
+ * enqueue, which a capture cannot wait for). */
 static sd_status run_layers(sd_model *m, sd_kv *kv, const sd_model_plan *b) {
     const sd_backend_ops *op = m->be.ops;
     if (!op->graph_launch || m->coll) return forward_layers(m, kv, b);
@@ -1153,7 +1167,7 @@ static sd_status split_head(sd_model *m, int32_t n_wanted, float *dst) {
     const size_t part = (size_t)n_wanted * (size_t)sh->n_vocab;
     SD_TRY(op->matmul(be, m->output, m->cfg.n_embd, sh->n_vocab, a->xb, n_wanted, a->head_part));
     double t0 = sd_now();
-    if (op->sync) SD_TRY(op->sync(be));
+    if (op->sync && !m->coll_on_stream) SD_TRY(op->sync(be));
     SD_TRY(sd_coll_gather(m->coll, a->head_part, part, a->head_all, 0));
     m->tp_stats.gathers++;
     m->tp_stats.gather_s += sd_now() - t0;
@@ -1167,6 +1181,14 @@ static sd_status split_head(sd_model *m, int32_t n_wanted, float *dst) {
     for (int32_t t = 0; t < n_wanted; t++)
         for (int32_t r = 0; r < sh->tp_size; r++) pl->head_ids[t * sh->tp_size + r] = r * n_wanted + t;
     return op->embed(be, a->head_all, sh->n_vocab, pl->head_ids, n_rows, dst);
+}
+
+/* The bounded wait for collectives enqueued on the backend's stream (and
+ * the compute before them): before the host reads results, and at the end
+ * of every forward, so a rank whose peer died fails here instead of
+ * blocking in a download. */
+static sd_status settle_coll(sd_model *m) {
+    return m->coll_on_stream ? sd_coll_wait(m->coll) : SD_OK;
 }
 
 /* Final norm and LM head for the n_wanted rows listed in wanted; out NULL
@@ -1189,6 +1211,7 @@ static sd_status forward_logits(sd_model *m, const int32_t *wanted, int32_t n_wa
         SD_TRY(split_head(m, n_wanted, dst));
     else
         SD_TRY(op->matmul(be, m->output, c->n_embd, c->n_vocab, a->xb, n_wanted, dst));
+    SD_TRY(settle_coll(m));
     if (sh->tp_rank == 0 && !op->host_memory && out)
         SD_TRY(op->buf_download(be, out, a->logits, (size_t)n_wanted * (size_t)c->n_vocab * sizeof(float)));
     return SD_OK;
@@ -1208,6 +1231,7 @@ static sd_status run_plan(sd_model *m, sd_kv *kv, const sd_model_plan *p, float 
     }
     if (s == SD_OK) s = run_layers(m, kv, p);
     if (s == SD_OK && p->n_wanted > 0) s = forward_logits(m, p->wanted, p->n_wanted, out);
+    if (s == SD_OK) s = settle_coll(m);
     return s;
 }
 

@@ -566,6 +566,11 @@ static void test_bad_arguments(void **state) {
     assert_int_equal(sd_coll_gather(c, buf, 3, NULL, 0), SD_ERR_INVALID_ARG);
     assert_int_equal(sd_coll_all_reduce_sum(c, buf, SIZE_MAX), SD_ERR_INVALID_ARG);
     assert_int_equal(sd_coll_barrier(c), SD_OK); /* argument errors do not fail the group */
+    /* shm calls are synchronous: no caller's stream, nothing to wait for */
+    int dummy_stream;
+    assert_int_equal(sd_coll_use_stream(c, &dummy_stream), SD_ERR_UNSUPPORTED);
+    assert_int_equal(sd_coll_wait(c), SD_OK);
+    assert_int_equal(sd_coll_barrier(c), SD_OK); /* refusing use_stream does not fail the group */
     sd_coll_close(&c);
     assert_null(c);
     sd_coll_close(&c);

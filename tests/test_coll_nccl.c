@@ -6,8 +6,9 @@
  * it exits 77 too. On a GPU: unique id, join, all-reduce (identity for one
  * rank, checked bit for bit after a device round trip, including a size that
  * is not a multiple of anything), broadcast, gather into device memory,
- * barrier, the stream handle, and abort: the call after sd_coll_abort fails
- * with SD_ERR_ABORTED. Plain main (not cmocka) so the skip is one exit. */
+ * barrier, the stream handle, collectives enqueued on a caller's stream
+ * (sd_coll_use_stream) and waited for with sd_coll_wait, and abort: the call
+ * after sd_coll_abort fails with SD_ERR_ABORTED. Plain main (not cmocka) so the skip is one exit. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,6 +82,26 @@ static int run(void) {
     CHECK(memcmp(back, host, n * sizeof(float)) == 0);
     CHECK(sd_coll_barrier(c) == SD_OK);
     CHECK(sd_coll_all_reduce_sum(c, dev, 0) == SD_OK);
+
+    /* on a caller's stream: calls only enqueue, ordered after the copy that
+     * fills the buffer; sd_coll_wait is the bounded wait */
+    cudaStream_t mine;
+    CHECK(cudaStreamCreateWithFlags(&mine, cudaStreamNonBlocking) == cudaSuccess);
+    CHECK(sd_coll_use_stream(c, mine) == SD_OK);
+    CHECK(sd_coll_stream(c) == (void *)mine);
+    for (size_t i = 0; i < n; i++) host[i] = (float)i * -0.61f + 5.0f;
+    CHECK(cudaMemcpyAsync(dev, host, n * sizeof(float), cudaMemcpyHostToDevice, mine) == cudaSuccess);
+    CHECK(sd_coll_all_reduce_sum(c, dev, n) == SD_OK);
+    CHECK(sd_coll_gather(c, dev, n, gathered, 0) == SD_OK);
+    CHECK(sd_coll_wait(c) == SD_OK);
+    CHECK(cudaStreamQuery(mine) == cudaSuccess); /* the wait covered the whole stream */
+    CHECK(cudaMemcpy(back, gathered, n * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(memcmp(back, host, n * sizeof(float)) == 0);
+    CHECK(sd_coll_use_stream(c, NULL) == SD_OK); /* back to the group's own stream, synchronous */
+    CHECK(sd_coll_stream(c) != (void *)mine);
+    CHECK(sd_coll_all_reduce_sum(c, dev, n) == SD_OK);
+    CHECK(sd_coll_wait(c) == SD_OK);
+    CHECK(cudaStreamDestroy(mine) == cudaSuccess);
 
     sd_coll_abort(c);
     CHECK(sd_coll_all_reduce_sum(c, dev, n) == SD_ERR_ABORTED);

@@ -374,6 +374,8 @@ static void cuda_destroy(sd_backend **pbe) {
 
 /* Everything queued on the backend's stream is done (a tensor-parallel
  * all-reduce then reads the buffer on the NCCL group's own stream). */
+static void *cuda_stream(sd_backend *be) { return (void *)be->stream; }
+
 static sd_status cuda_sync(sd_backend *be) {
     CUDA_TRY(cudaSetDevice(be->device));
     CUDA_TRY(cudaStreamSynchronize(be->stream));
@@ -393,6 +395,7 @@ static const sd_backend_ops cuda_ops = {
     .weight_free = cuda_weight_free,
     .mem_info = cuda_mem_info,
     .sync = cuda_sync,
+    .stream = cuda_stream,
     .host_arrays = cuda_host_arrays,
     .graph_launch = cuda_graph_launch,
     .graph_begin = cuda_graph_begin,

@@ -20,9 +20,19 @@
  *
  * gather uses grouped point-to-point (the root posts one ncclRecv per peer
  * into recv + r*n, peers one ncclSend); barrier is a one-float all-reduce on
- * a scratch buffer. Calls are synchronous to the host (they return once the
- * stream is done): the bounded wait needs it, and the model's all-reduce is
- * consumed by the next op anyway.
+ * a scratch buffer.
+ *
+ * Two modes. On the group's own stream (after open) calls are synchronous to
+ * the host: they return once the stream is done, which the bounded wait
+ * needs. After sd_coll_use_stream(stream) -- the model does it with its
+ * compute stream, so a rank has one stream and NCCL runs on it -- calls
+ * return once enqueued, ordered after the ops before them with no host
+ * synchronisation, and sd_coll_wait (the model calls it before it reads the
+ * logits or ends a forward) is the bounded wait: the same poll over
+ * cudaStreamQuery, the async error, the abort flag and the deadline, now
+ * covering the compute enqueued with the collectives. A peer that dies
+ * mid-forward is therefore noticed at that wait, the forward's end, instead
+ * of at the collective itself.
  *
  * Rejected: blocking communicators (a dead peer hangs ncclCommInitRank and
  * collectives with no way to time out); cudaStreamSynchronize (unbounded). */
@@ -43,7 +53,9 @@ typedef struct nccl_coll {
     sd_coll base;
     int32_t device;
     ncclComm_t comm;
-    cudaStream_t stream;
+    cudaStream_t own_stream; /* the group's; destroyed at close */
+    cudaStream_t stream;     /* where calls are enqueued: own_stream or a caller's */
+    bool deferred;           /* on a caller's stream: calls return once enqueued */
     float *scratch;     /* one float on the device, for barrier */
     bool comm_aborted;  /* ncclCommAbort already called */
 } nccl_coll;
@@ -114,18 +126,8 @@ static sd_status wait_comm_ready(nccl_coll *g, int64_t deadline, const char *wha
     }
 }
 
-/* Checks an enqueue's result (ncclInProgress is polled to completion), then
- * waits (bounded) for the stream to drain. */
-static sd_status finish(nccl_coll *g, ncclResult_t enqueued, const char *what) {
-    int64_t t0 = now_ns();
-    int64_t deadline = t0 + (int64_t)g->base.params.timeout_ms * 1000000ll;
-    if (enqueued != ncclSuccess && enqueued != ncclInProgress) {
-        SD_ERROR("coll nccl rank %d: %s failed: %s (%s)", g->base.params.rank, what, ncclGetErrorString(enqueued),
-                 ncclGetLastError(g->comm));
-        abort_comm(g);
-        return enqueued == ncclInvalidArgument || enqueued == ncclInvalidUsage ? SD_ERR_INVALID_ARG : SD_ERR_CUDA;
-    }
-    if (enqueued == ncclInProgress) SD_TRY(wait_comm_ready(g, deadline, what));
+/* Waits (bounded) until g->stream holds nothing unfinished. */
+static sd_status drain(nccl_coll *g, int64_t t0, int64_t deadline, const char *what) {
     for (;;) {
         cudaError_t q = cudaStreamQuery(g->stream);
         if (q == cudaSuccess) return SD_OK;
@@ -157,6 +159,40 @@ static sd_status finish(nccl_coll *g, ncclResult_t enqueued, const char *what) {
         }
         pause_poll(t - t0);
     }
+}
+
+/* Checks an enqueue's result (ncclInProgress is polled to completion), then,
+ * unless calls are deferred to a caller's stream, waits (bounded) for the
+ * stream to drain. */
+static sd_status finish(nccl_coll *g, ncclResult_t enqueued, const char *what) {
+    int64_t t0 = now_ns();
+    int64_t deadline = t0 + (int64_t)g->base.params.timeout_ms * 1000000ll;
+    if (enqueued != ncclSuccess && enqueued != ncclInProgress) {
+        SD_ERROR("coll nccl rank %d: %s failed: %s (%s)", g->base.params.rank, what, ncclGetErrorString(enqueued),
+                 ncclGetLastError(g->comm));
+        abort_comm(g);
+        return enqueued == ncclInvalidArgument || enqueued == ncclInvalidUsage ? SD_ERR_INVALID_ARG : SD_ERR_CUDA;
+    }
+    if (enqueued == ncclInProgress) SD_TRY(wait_comm_ready(g, deadline, what));
+    return g->deferred ? SD_OK : drain(g, t0, deadline, what);
+}
+
+static sd_status nccl_wait(sd_coll *base) {
+    nccl_coll *g = (nccl_coll *)base;
+    if (!g->deferred) return SD_OK;
+    CUDA_TRY(cudaSetDevice(g->device));
+    int64_t t0 = now_ns();
+    return drain(g, t0, t0 + (int64_t)g->base.params.timeout_ms * 1000000ll, "wait");
+}
+
+static sd_status nccl_use_stream(sd_coll *base, void *stream) {
+    nccl_coll *g = (nccl_coll *)base;
+    CUDA_TRY(cudaSetDevice(g->device));
+    int64_t t0 = now_ns();
+    SD_TRY(drain(g, t0, t0 + (int64_t)g->base.params.timeout_ms * 1000000ll, "use_stream"));
+    g->stream = stream ? (cudaStream_t)stream : g->own_stream;
+    g->deferred = stream != NULL;
+    return SD_OK;
 }
 
 static sd_status nccl_all_reduce(sd_coll *base, float *buf, size_t n) {
@@ -220,7 +256,7 @@ static void nccl_destroy(sd_coll *base) {
             abort_comm(g);
     }
     if (g->scratch) cudaFree(g->scratch);
-    if (g->stream) cudaStreamDestroy(g->stream);
+    if (g->own_stream) cudaStreamDestroy(g->own_stream);
     free(g);
 }
 
@@ -265,12 +301,13 @@ sd_status sd_coll_nccl_open(const void *id, size_t len, int32_t device, const sd
     sd_coll_init_base(&g->base, &nccl_ops, p);
     g->device = device;
     sd_status st = SD_OK;
-    if ((ce = cudaSetDevice(device)) != cudaSuccess || (ce = cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+    if ((ce = cudaSetDevice(device)) != cudaSuccess || (ce = cudaStreamCreateWithFlags(&g->own_stream, cudaStreamNonBlocking)) != cudaSuccess ||
         (ce = cudaMalloc((void **)&g->scratch, sizeof(float))) != cudaSuccess ||
         (ce = cudaMemset(g->scratch, 0, sizeof(float))) != cudaSuccess) {
         SD_ERROR("coll nccl rank %d: CUDA setup on device %d failed: %s", p->rank, device, cudaGetErrorString(ce));
         st = SD_ERR_CUDA;
     }
+    g->stream = g->own_stream;
     if (st == SD_OK) {
         ncclUniqueId uid;
         memcpy(&uid, id, sizeof uid);
@@ -302,6 +339,8 @@ static const sd_coll_ops nccl_ops = {
     .destroy = nccl_destroy,
     .abort = NULL, /* the thread in the call aborts the communicator (see top) */
     .stream = nccl_stream,
+    .use_stream = nccl_use_stream,
+    .wait = nccl_wait,
     .all_reduce_sum = nccl_all_reduce,
     .broadcast = nccl_broadcast,
     .gather = nccl_gather,

@@ -55,6 +55,22 @@ sd_status sd_coll_nccl_open(const void *id, size_t len, int32_t device, const sd
 /* The CUDA stream (cudaStream_t) a NCCL group runs on; NULL for shm. */
 void *sd_coll_stream(const sd_coll *c);
 
+/* NCCL: from now on enqueue the group's collectives on `stream` (a
+ * cudaStream_t, e.g. the model's compute stream: the one stream of the rank)
+ * and return once they are enqueued, ordered after whatever the stream
+ * already holds; sd_coll_wait waits for them, bounded. NULL goes back to the
+ * group's own stream and calls that return when done. Waits (bounded) for
+ * what the current stream holds first. The stream must stay valid while the
+ * group uses it. shm: SD_ERR_UNSUPPORTED (its calls are synchronous). */
+sd_status sd_coll_use_stream(sd_coll *c, void *stream);
+
+/* Waits, bounded by the group's timeout and abortable like a collective,
+ * until everything enqueued on the group's stream so far is done, the
+ * collectives and whatever else the stream holds; a timeout or a peer's
+ * error fails the group as a failed collective does. SD_OK at once where
+ * calls are synchronous (shm, or NCCL on its own stream). */
+sd_status sd_coll_wait(sd_coll *c);
+
 /* Leaves the group and frees it (aborting NCCL if a call failed); *c = NULL. */
 void sd_coll_close(sd_coll **c);
 
@@ -77,7 +93,8 @@ sd_status sd_coll_broadcast(sd_coll *c, void *buf, size_t bytes, int32_t root);
  * ignored (may be NULL) on the other ranks. */
 sd_status sd_coll_gather(sd_coll *c, const float *send, size_t n, float *recv, int32_t root);
 
-/* Returns once every rank has entered the barrier. */
+/* Returns once every rank has entered the barrier (NCCL on a caller's
+ * stream: once it is enqueued, like every call; sd_coll_wait waits). */
 sd_status sd_coll_barrier(sd_coll *c);
 
 #ifdef __cplusplus

@@ -172,7 +172,8 @@ void sd_model_shard_of(const sd_model *m, sd_model_shard *out);
 
 /* Time this model spent in its group's collectives since the last reset
  * (for benchmarks): calls and seconds, each including the wait for the
- * slowest rank and, on a device, the sync before it. */
+ * slowest rank (shm). NCCL runs on the model's stream and the calls only
+ * enqueue: their seconds are the enqueue's, the wait is in the forward. */
 typedef struct sd_model_tp_stats {
     uint64_t all_reduces, gathers;
     double all_reduce_s, gather_s;
@@ -183,7 +184,9 @@ void sd_model_tp_stats_get(sd_model *m, sd_model_tp_stats *out, bool reset);
 
 /* Sets the group (borrowed; must outlive its use) whose collectives every
  * forward runs: its rank and size must be the model's, and its kind fit the
- * backend (shm for the CPU, nccl for CUDA). NULL detaches it. */
+ * backend (shm for the CPU, nccl for CUDA). A NCCL group is moved onto the
+ * model's stream (sd_coll_use_stream) and stays there: one group serves one
+ * model. NULL detaches it (the group itself is not touched). */
 sd_status sd_model_set_coll(sd_model *m, sd_coll *coll);
 
 /* What every rank of a tensor-parallel group needs to run one forward in
