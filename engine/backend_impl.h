@@ -42,6 +42,23 @@ typedef struct sd_host_array {
     size_t n;
 } sd_host_array;
 
+/* Matmuls fused for a backend whose small kernels cost launches (matmul_fused):
+ * up to three matrices sharing their input (Q/K/V, gate/up), the input
+ * optionally silu(x) * up (the MLP's down projection, reading gate and up
+ * without a separate swiglu), the result optionally added to y (the
+ * residual). Op by op it is: swiglu(x, up) into x; y[m] = w[m] x, or
+ * y[m] += w[m] x. */
+typedef struct sd_matmul_job {
+    int32_t n_mats;     /* 1..3 */
+    const float *w[3];  /* [n_out[m]][n_in], as matmul takes them */
+    int32_t n_out[3];
+    float *y[3];        /* [n_tokens][n_out[m]], none aliasing x or up */
+    int32_t n_in, n_tokens;
+    const float *x;     /* [n_tokens][n_in]; may be overwritten when up is set */
+    const float *up;    /* NULL, or [n_tokens][n_in]: the input is silu(x) * up */
+    bool accumulate;    /* y[m] += instead of = */
+} sd_matmul_job;
+
 typedef struct sd_backend_ops {
     const char *name;
     /* true when buffers are ordinary host memory (the loader may write
@@ -129,6 +146,10 @@ typedef struct sd_backend_ops {
     sd_status (*matmul)(sd_backend *be, const float *w, int32_t n_in, int32_t n_out, const float *x,
                         int32_t n_tokens, float *y);
 
+    /* Optional (NULL: the model runs the job as separate ops): the job in as
+     * few launches as the backend can (see sd_matmul_job). */
+    sd_status (*matmul_fused)(sd_backend *be, const sd_matmul_job *job);
+
     /* out[t][i] = x[t][i] / sqrt(mean_i(x[t][:]^2) + eps) * weight[i].
      * x, out [n_tokens][dim] (may alias), weight [dim]. */
     sd_status (*rmsnorm)(sd_backend *be, const float *x, const float *weight, int32_t n_tokens, int32_t dim,
@@ -148,6 +169,16 @@ typedef struct sd_backend_ops {
      * pos, bt, bt_off host. */
     sd_status (*kv_write)(sd_backend *be, float *pool, int32_t block_size, int32_t row_width, const float *src,
                           int32_t n_tokens, const int32_t *pos, const int32_t *bt, const int32_t *bt_off);
+
+    /* Optional (NULL: the four ops one by one): what the attention block
+     * does between the Q/K/V projections and attention, in one launch:
+     * rope(q, n_heads) and rope(k, n_kv_heads) in place, then
+     * kv_write(k_pool, k) and kv_write(v_pool, v), all with the same pos, bt
+     * and bt_off. */
+    sd_status (*rope_kv)(sd_backend *be, float *q, float *k, const float *v, int32_t n_tokens, int32_t n_heads,
+                         int32_t n_kv_heads, int32_t head_dim, const int32_t *pos, const float *inv_freq,
+                         float *k_pool, float *v_pool, int32_t block_size, const int32_t *bt,
+                         const int32_t *bt_off);
 
     /* Causal attention over the paged cache. Token t, query head h attends to
      * positions 0..pos[t] of its own sequence (block table bt + bt_off[t]),

@@ -1102,32 +1102,66 @@ static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_model_plan *b) 
     const int32_t bs = sd_kv_params_of(kv)->block_size;
     const float scale = 1.0f / sqrtf((float)D);
     const int32_t *bt = b->bt, *bt_off = b->bt_off;
+    /* a backend with matmul_fused gets Q/K/V and gate/up in one job each,
+     * the residual adds and the SwiGLU inside the matmuls (the adds stay
+     * separate in a group: the partial sums are all-reduced first) */
+    const bool fused = op->matmul_fused != NULL;
 
     SD_TRY(op->embed(be, m->tok_embd, E, b->tokens, n, a->x)); /* x [n][E] */
     for (int32_t l = 0; l < m->n_layers_used; l++) {
         const layer_weights *L = &m->layers[l];
         /* attention block */
         SD_TRY(op->rmsnorm(be, a->x, L->attn_norm, n, E, c->rms_eps, a->xb)); /* xb [n][E] */
-        SD_TRY(op->matmul(be, L->wq, E, QD, a->xb, n, a->q));                 /* q [n][H*D] */
-        SD_TRY(op->matmul(be, L->wk, E, KD, a->xb, n, a->k));                 /* k [n][KV*D] */
-        SD_TRY(op->matmul(be, L->wv, E, KD, a->xb, n, a->v));                 /* v [n][KV*D] */
-        SD_TRY(op->rope(be, a->q, n, H, D, b->pos, m->inv_freq));
-        SD_TRY(op->rope(be, a->k, n, KV, D, b->pos, m->inv_freq));
-        SD_TRY(op->kv_write(be, sd_kv_k_pool(kv, l), bs, KD, a->k, n, b->pos, bt, bt_off));
-        SD_TRY(op->kv_write(be, sd_kv_v_pool(kv, l), bs, KD, a->v, n, b->pos, bt, bt_off));
+        if (fused) {
+            const sd_matmul_job qkv = {.n_mats = 3, .w = {L->wq, L->wk, L->wv}, .n_out = {QD, KD, KD},
+                                       .y = {a->q, a->k, a->v}, .n_in = E, .n_tokens = n, .x = a->xb};
+            SD_TRY(op->matmul_fused(be, &qkv));
+        } else {
+            SD_TRY(op->matmul(be, L->wq, E, QD, a->xb, n, a->q)); /* q [n][H*D] */
+            SD_TRY(op->matmul(be, L->wk, E, KD, a->xb, n, a->k)); /* k [n][KV*D] */
+            SD_TRY(op->matmul(be, L->wv, E, KD, a->xb, n, a->v)); /* v [n][KV*D] */
+        }
+        if (op->rope_kv) {
+            SD_TRY(op->rope_kv(be, a->q, a->k, a->v, n, H, KV, D, b->pos, m->inv_freq, sd_kv_k_pool(kv, l),
+                               sd_kv_v_pool(kv, l), bs, bt, bt_off));
+        } else {
+            SD_TRY(op->rope(be, a->q, n, H, D, b->pos, m->inv_freq));
+            SD_TRY(op->rope(be, a->k, n, KV, D, b->pos, m->inv_freq));
+            SD_TRY(op->kv_write(be, sd_kv_k_pool(kv, l), bs, KD, a->k, n, b->pos, bt, bt_off));
+            SD_TRY(op->kv_write(be, sd_kv_v_pool(kv, l), bs, KD, a->v, n, b->pos, bt, bt_off));
+        }
         SD_TRY(op->attention(be, a->q, sd_kv_k_pool(kv, l), sd_kv_v_pool(kv, l), n, H, KV, D, bs, b->pos, bt,
                              bt_off, scale, a->att));                          /* att [n][H*D] */
-        SD_TRY(op->matmul(be, L->wo, QD, E, a->att, n, a->xb));               /* xb [n][E] (partial) */
-        SD_TRY(tp_all_reduce(m, a->xb, nE));
-        SD_TRY(op->add(be, a->x, a->xb, nE, a->x));
+        if (fused && !m->coll) { /* x += wo att */
+            const sd_matmul_job o = {.n_mats = 1, .w = {L->wo}, .n_out = {E}, .y = {a->x}, .n_in = QD,
+                                     .n_tokens = n, .x = a->att, .accumulate = true};
+            SD_TRY(op->matmul_fused(be, &o));
+        } else {
+            SD_TRY(op->matmul(be, L->wo, QD, E, a->att, n, a->xb)); /* xb [n][E] (partial) */
+            SD_TRY(tp_all_reduce(m, a->xb, nE));
+            SD_TRY(op->add(be, a->x, a->xb, nE, a->x));
+        }
         /* MLP block */
         SD_TRY(op->rmsnorm(be, a->x, L->ffn_norm, n, E, c->rms_eps, a->xb));
-        SD_TRY(op->matmul(be, L->w_gate, E, F, a->xb, n, a->gate));           /* gate [n][F] */
-        SD_TRY(op->matmul(be, L->w_up, E, F, a->xb, n, a->up));               /* up [n][F] */
-        SD_TRY(op->swiglu(be, a->gate, a->up, (size_t)n * (size_t)F, a->gate));
-        SD_TRY(op->matmul(be, L->w_down, F, E, a->gate, n, a->xb));           /* xb [n][E] (partial) */
-        SD_TRY(tp_all_reduce(m, a->xb, nE));
-        SD_TRY(op->add(be, a->x, a->xb, nE, a->x));
+        if (fused) {
+            const sd_matmul_job gu = {.n_mats = 2, .w = {L->w_gate, L->w_up}, .n_out = {F, F},
+                                      .y = {a->gate, a->up}, .n_in = E, .n_tokens = n, .x = a->xb};
+            SD_TRY(op->matmul_fused(be, &gu));
+            /* x += w_down (silu(gate) * up), or xb = that partial in a group */
+            const sd_matmul_job down = {.n_mats = 1, .w = {L->w_down}, .n_out = {E}, .y = {m->coll ? a->xb : a->x},
+                                        .n_in = F, .n_tokens = n, .x = a->gate, .up = a->up,
+                                        .accumulate = !m->coll};
+            SD_TRY(op->matmul_fused(be, &down));
+        } else {
+            SD_TRY(op->matmul(be, L->w_gate, E, F, a->xb, n, a->gate)); /* gate [n][F] */
+            SD_TRY(op->matmul(be, L->w_up, E, F, a->xb, n, a->up));     /* up [n][F] */
+            SD_TRY(op->swiglu(be, a->gate, a->up, (size_t)n * (size_t)F, a->gate));
+            SD_TRY(op->matmul(be, L->w_down, F, E, a->gate, n, a->xb)); /* xb [n][E] (partial) */
+        }
+        if (!fused || m->coll) {
+            SD_TRY(tp_all_reduce(m, a->xb, nE));
+            SD_TRY(op->add(be, a->x, a->xb, nE, a->x));
+        }
     }
     return SD_OK;
 }

@@ -283,6 +283,106 @@ static void test_matmul(void) {
     }
 }
 
+/* matmul_fused against the CPU running the same job op by op (swiglu, then
+ * each matrix, then the residual add): groups of 1-3 matrices, the SwiGLU
+ * input, accumulation into y; shapes on the tensor-core path and off it (n_in
+ * not a multiple of 32), token counts on the streaming path and on cuBLAS.
+ * A token's rows must not depend on the other tokens of the call. */
+static void test_matmul_fused(void) {
+    const struct {
+        int32_t n_mats, n_in, n_out[3];
+        bool glu, acc;
+    } cases[] = {
+        {3, 576, {576, 192, 192}, false, false}, /* SmolLM2 Q/K/V */
+        {3, 4096, {4096, 1024, 1024}, false, false}, /* 8B Q/K/V */
+        {2, 576, {1536, 1536, 0}, false, false}, /* gate/up */
+        {1, 4096, {1000, 0, 0}, false, true},    /* o projection into the residual */
+        {1, 1536, {576, 0, 0}, true, true},      /* down: SwiGLU input, residual */
+        {1, 1536, {576, 0, 0}, true, false},     /* down in a group: SwiGLU, no add */
+        {2, 1000, {77, 333, 0}, false, false},   /* off the tensor cores */
+        {1, 1000, {250, 0, 0}, true, true},      /* off the tensor cores, both fusions */
+    };
+    const int32_t toks[] = {1, 3, 8, 9, 16, 20};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int32_t n_in = cases[ci].n_in, M = cases[ci].n_mats, max_t = 20;
+        const bool glu = cases[ci].glu, acc = cases[ci].acc;
+        float *w[3] = {NULL, NULL, NULL}, *alone[3] = {NULL, NULL, NULL};
+        void *dw[3] = {NULL, NULL, NULL};
+        for (int32_t m = 0; m < M; m++) {
+            size_t nw = (size_t)n_in * (size_t)cases[ci].n_out[m];
+            w[m] = rand_floats(nw, 0.5f);
+            for (size_t i = 0; i < nw; i++) w[m][i] = to_bf16(w[m][i]);
+            CHECK(gpu.ops->weight_upload(gpu.ctx, w[m], cases[ci].n_out[m], n_in, &dw[m]) == SD_OK);
+        }
+        const size_t nx = (size_t)max_t * (size_t)n_in;
+        float *x = rand_floats(nx, 2.0f), *up = rand_floats(nx, 1.0f), *xin = malloc(nx * sizeof(float));
+        if (glu)
+            cpu.ops->swiglu(cpu.ctx, x, up, nx, xin);
+        else
+            memcpy(xin, x, nx * sizeof(float));
+        for (size_t ti = 0; ti < sizeof toks / sizeof toks[0]; ti++) {
+            const int32_t nt = toks[ti];
+            /* x is overwritten by a SwiGLU run op by op: a fresh copy per call */
+            float *dx = dev_upload(x, nx), *dup = dev_upload(up, nx);
+            float *dy[3] = {NULL, NULL, NULL}, *y0[3] = {NULL, NULL, NULL};
+            sd_matmul_job job = {.n_mats = M, .n_in = n_in, .n_tokens = nt, .x = dx, .up = glu ? dup : NULL,
+                                 .accumulate = acc};
+            for (int32_t m = 0; m < M; m++) {
+                size_t ny = (size_t)nt * (size_t)cases[ci].n_out[m];
+                y0[m] = rand_floats(ny, 3.0f);
+                dy[m] = acc ? dev_upload(y0[m], ny) : dev_poisoned(ny);
+                job.w[m] = dw[m];
+                job.n_out[m] = cases[ci].n_out[m];
+                job.y[m] = dy[m];
+            }
+            CHECK(gpu.ops->matmul_fused(gpu.ctx, &job) == SD_OK);
+            for (int32_t m = 0; m < M; m++) {
+                const int32_t n_out = cases[ci].n_out[m];
+                const size_t ny = (size_t)nt * (size_t)n_out;
+                float *want = malloc(ny * sizeof(float));
+                double *scale = malloc(ny * sizeof(double));
+                cpu.ops->matmul(cpu.ctx, w[m], n_in, n_out, xin, nt, want);
+                for (int32_t t = 0; t < nt; t++)
+                    for (int32_t o = 0; o < n_out; o++) {
+                        double s = 0;
+                        for (int32_t i = 0; i < n_in; i++)
+                            s += fabs((double)w[m][(size_t)o * n_in + i] * (double)xin[(size_t)t * n_in + i]);
+                        size_t k = (size_t)t * n_out + o;
+                        if (acc) {
+                            s += fabs((double)y0[m][k]);
+                            want[k] += y0[m][k];
+                        }
+                        scale[k] = s;
+                    }
+                float *got = dev_download(dy[m], ny);
+                char what[96];
+                const bool streamed = nt <= 16;
+                snprintf(what, sizeof what, "fused %d/%d: %dx%d%s%s, %d tokens%s", (int)m + 1, (int)M, (int)n_out,
+                         (int)n_in, glu ? " swiglu" : "", acc ? " +=" : "", (int)nt, streamed ? "" : " (cuBLAS)");
+                /* the SwiGLU's expf may differ by an ulp between the CPU and the GPU */
+                compare(what, got, want, scale, ny, 1e-6, streamed ? 2e-5 : 8e-3);
+                if (acc) /* y0 differs per call: compare the products, not the sums */
+                    for (size_t k = 0; k < ny; k++) got[k] -= y0[m][k];
+                if (nt == 1) {
+                    alone[m] = got;
+                    got = NULL;
+                } else if (streamed && alone[m] && memcmp(got, alone[m], (size_t)n_out * sizeof(float)) != 0 && !acc) {
+                    fprintf(stderr, "test_cuda_ops: %s: token 0 differs alone and with %d tokens\n", what, (int)nt);
+                    failures++;
+                }
+                free(want), free(scale), free(got), free(y0[m]);
+                gpu.ops->buf_free(gpu.ctx, dy[m]);
+            }
+            gpu.ops->buf_free(gpu.ctx, dx), gpu.ops->buf_free(gpu.ctx, dup);
+        }
+        for (int32_t m = 0; m < M; m++) {
+            gpu.ops->weight_free(gpu.ctx, dw[m]);
+            free(w[m]), free(alone[m]);
+        }
+        free(x), free(up), free(xin);
+    }
+}
+
 /* A ragged batch over a shuffled paged cache. */
 typedef struct kv_case {
     int32_t H, KV, D, bs, n_seqs;
@@ -349,6 +449,34 @@ static void run_kv_case(const kv_case *c, bool announce) {
              (int)c->bs, (int)(c->ctx[0] + c->n_new[0]), announce ? " announced" : "");
     /* outputs are convex combinations of v in [-1, 1]: absolute tolerance */
     compare(what, got, want, NULL, (size_t)n * c->H * c->D, 2e-6, 2e-5);
+
+    /* rope_kv: rope of q and k, then both cache writes, against the CPU's
+     * four ops (the pools as they were after the writes above) */
+    float *inv_freq = malloc((size_t)(c->D / 2) * sizeof(float));
+    for (int32_t i = 0; i < c->D / 2; i++) inv_freq[i] = powf(10000.0f, -2.0f * (float)i / (float)c->D);
+    float *d_freq = dev_upload(inv_freq, (size_t)(c->D / 2));
+    float *k2 = rand_floats((size_t)n * row, 1.0f), *v2 = rand_floats((size_t)n * row, 1.0f);
+    float *dk2 = dev_upload(k2, (size_t)n * row), *dv2 = dev_upload(v2, (size_t)n * row);
+    CHECK(gpu.ops->rope_kv(gpu.ctx, dq, dk2, dv2, n, c->H, c->KV, c->D, pos, d_freq, dk, dv, c->bs, bt, bt_off) ==
+          SD_OK);
+    cpu.ops->rope(cpu.ctx, q, n, c->H, c->D, pos, inv_freq);
+    cpu.ops->rope(cpu.ctx, k2, n, c->KV, c->D, pos, inv_freq);
+    cpu.ops->kv_write(cpu.ctx, k_pool, c->bs, row, k2, n, pos, bt, bt_off);
+    cpu.ops->kv_write(cpu.ctx, v_pool, c->bs, row, v2, n, pos, bt, bt_off);
+    float *got_q = dev_download(dq, (size_t)n * c->H * c->D), *got_k2 = dev_download(dk, pool_n);
+    float *got_v2 = dev_download(dv, pool_n);
+    snprintf(what, sizeof what, "rope_kv H%d/KV%d D%d bs%d%s: q", (int)c->H, (int)c->KV, (int)c->D, (int)c->bs,
+             announce ? " announced" : "");
+    compare(what, got_q, q, NULL, (size_t)n * c->H * c->D, 1e-6, 1e-6);
+    snprintf(what, sizeof what, "rope_kv H%d/KV%d D%d bs%d%s: k pool", (int)c->H, (int)c->KV, (int)c->D,
+             (int)c->bs, announce ? " announced" : "");
+    compare(what, got_k2, k_pool, NULL, pool_n, 1e-6, 1e-6);
+    snprintf(what, sizeof what, "rope_kv H%d/KV%d D%d bs%d%s: v pool", (int)c->H, (int)c->KV, (int)c->D,
+             (int)c->bs, announce ? " announced" : "");
+    compare(what, got_v2, v_pool, NULL, pool_n, 0.0, 0.0);
+    free(inv_freq), free(k2), free(v2), free(got_q), free(got_k2), free(got_v2);
+    gpu.ops->buf_free(gpu.ctx, d_freq), gpu.ops->buf_free(gpu.ctx, dk2), gpu.ops->buf_free(gpu.ctx, dv2);
+
     float *bufs[] = {dk, dv, dkn, dvn, dq, dout};
     for (size_t i = 0; i < 6; i++) gpu.ops->buf_free(gpu.ctx, bufs[i]);
     free(perm), free(k_pool), free(v_pool), free(k_new), free(v_new), free(q), free(want), free(got_k), free(got);
@@ -381,6 +509,7 @@ int main(void) {
     test_rope();
     test_elementwise();
     test_matmul();
+    test_matmul_fused();
     test_attention();
     gpu.ops->destroy(&gpu.ctx);
     /* the same matmuls with the tensor-core kernel off: the CUDA-core
@@ -392,6 +521,7 @@ int main(void) {
     } else {
         printf("with SPECD_CUDA_MMA=0 (CUDA cores):\n");
         test_matmul();
+        test_matmul_fused();
         gpu.ops->destroy(&gpu.ctx);
     }
     cpu.ops->destroy(&cpu.ctx);

@@ -404,9 +404,11 @@ static const sd_backend_ops cuda_ops = {
     .spec_verify = sd_cuda_spec_verify,
     .embed = sd_cuda_embed,
     .matmul = sd_cuda_matmul,
+    .matmul_fused = sd_cuda_matmul_fused,
     .rmsnorm = sd_cuda_rmsnorm,
     .rope = sd_cuda_rope,
     .kv_write = sd_cuda_kv_write,
+    .rope_kv = sd_cuda_rope_kv,
     .attention = sd_cuda_attention,
     .swiglu = sd_cuda_swiglu,
     .add = sd_cuda_add,
@@ -453,6 +455,7 @@ sd_status sd_cuda_backend_create(int32_t device, sd_backend_handle *out) {
     be->gemv_max_tokens = env_int("SPECD_CUDA_GEMV_MAX", SD_CUDA_GEMV_MAX_TOKENS, 1, SD_CUDA_GEMV_MAX_TOKENS);
     be->mv_rows = env_int("SPECD_CUDA_MV_ROWS", 4, 2, 4) == 2 ? 2 : 4;
     be->mma = env_int("SPECD_CUDA_MMA", 1, 0, 1) == 1;
+    be->fuse = env_int("SPECD_CUDA_FUSE", 1, 0, 1);
     be->mma_blocks_per_sm = env_int("SPECD_CUDA_MMA_BPS", 2, 1, 64);
     sd_status s = SD_ERR_CUDA;
     if (cudaStreamCreateWithFlags(&be->stream, cudaStreamNonBlocking) != cudaSuccess ||

@@ -185,11 +185,11 @@ static sd_status nccl_wait(sd_coll *base) {
     return drain(g, t0, t0 + (int64_t)g->base.params.timeout_ms * 1000000ll, "wait");
 }
 
+/* Nothing to drain: on the group's own stream every call returned drained,
+ * and a caller's stream was waited for (sd_coll_wait) by its owner, who may
+ * since have destroyed it (a group outliving the model it served). */
 static sd_status nccl_use_stream(sd_coll *base, void *stream) {
     nccl_coll *g = (nccl_coll *)base;
-    CUDA_TRY(cudaSetDevice(g->device));
-    int64_t t0 = now_ns();
-    SD_TRY(drain(g, t0, t0 + (int64_t)g->base.params.timeout_ms * 1000000ll, "use_stream"));
     g->stream = stream ? (cudaStream_t)stream : g->own_stream;
     g->deferred = stream != NULL;
     return SD_OK;

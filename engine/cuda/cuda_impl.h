@@ -101,7 +101,8 @@ struct sd_backend {
     int32_t gemv_max_tokens;    /* SPECD_CUDA_GEMV_MAX (1..16), default SD_CUDA_GEMV_MAX_TOKENS */
     int32_t mv_rows;            /* SPECD_CUDA_MV_ROWS: rows per warp of the 3..16-token matmul (2 or 4) */
     bool mma;                   /* SPECD_CUDA_MMA=0 turns the tensor-core streaming matmul off (matmul.cu) */
-    int32_t mma_blocks_per_sm;  /* SPECD_CUDA_MMA_BPS: blocks per multiprocessor the K split aims at */
+    int32_t mma_blocks_per_sm;
+    int32_t fuse;               /* SPECD_CUDA_FUSE=0: matmul_fused and rope_kv run op by op (for comparison) */  /* SPECD_CUDA_MMA_BPS: blocks per multiprocessor the K split aims at */
     unsigned *mm_counters;      /* [SD_CUDA_MM_COUNTERS] slices finished per row tile, zero between launches */
 };
 
@@ -149,10 +150,15 @@ sd_status sd_cuda_embed(sd_backend *be, const float *table, int32_t dim, const i
                         float *out);
 sd_status sd_cuda_matmul(sd_backend *be, const float *w, int32_t n_in, int32_t n_out, const float *x,
                          int32_t n_tokens, float *y);
+sd_status sd_cuda_matmul_fused(sd_backend *be, const sd_matmul_job *job);
 sd_status sd_cuda_rmsnorm(sd_backend *be, const float *x, const float *weight, int32_t n_tokens, int32_t dim,
                           float eps, float *out);
 sd_status sd_cuda_rope(sd_backend *be, float *x, int32_t n_tokens, int32_t n_heads, int32_t head_dim,
                        const int32_t *pos, const float *inv_freq);
+sd_status sd_cuda_rope_kv(sd_backend *be, float *q, float *k, const float *v, int32_t n_tokens, int32_t n_heads,
+                          int32_t n_kv_heads, int32_t head_dim, const int32_t *pos, const float *inv_freq,
+                          float *k_pool, float *v_pool, int32_t block_size, const int32_t *bt,
+                          const int32_t *bt_off);
 sd_status sd_cuda_kv_write(sd_backend *be, float *pool, int32_t block_size, int32_t row_width, const float *src,
                            int32_t n_tokens, const int32_t *pos, const int32_t *bt, const int32_t *bt_off);
 sd_status sd_cuda_attention(sd_backend *be, const float *q, const float *k_pool, const float *v_pool,

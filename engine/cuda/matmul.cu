@@ -40,6 +40,9 @@
  * registers). */
 #include "cuda/cuda_impl.h"
 
+#include <climits>
+#include <cstring>
+
 #include <cuda_bf16.h>
 
 #define MV_THREADS 256
@@ -231,9 +234,9 @@ static const matvec_launcher launchers[SD_CUDA_GEMV_MAX_TOKENS] = {
     launch_matvec<13>, launch_matvec<14>, launch_matvec<15>, launch_matvec<16>,
 };
 
-/* The streaming path for nt <= SD_CUDA_GEMV_MAX_TOKENS tokens. */
-static sd_status matvec(sd_backend *be, const __nv_bfloat16 *w, int n_in, int n_out, const float *x, int nt,
-                        float *y) {
+/* How the CUDA-core kernel splits i: slices and their length. */
+static bool matvec_split(const sd_backend *be, const __nv_bfloat16 *w, int n_in, int n_out, const float *x,
+                         int *n_slices_out, int *slice_len_out) {
     const bool vec = (n_in % 8) == 0 && ((uintptr_t)x % 16) == 0 && ((uintptr_t)w % 16) == 0;
     int n_slices = vec ? slices_for(be, n_in, n_out) : 1;
     int slice_len = n_in;
@@ -242,6 +245,24 @@ static sd_status matvec(sd_backend *be, const __nv_bfloat16 *w, int n_in, int n_
         slice_len = (slice_len + MV_K_STEP - 1) / MV_K_STEP * MV_K_STEP;
         n_slices = (n_in + slice_len - 1) / slice_len;
     }
+    *n_slices_out = n_slices;
+    *slice_len_out = slice_len;
+    return vec;
+}
+
+/* Floats of scratch the CUDA-core kernel uses for its partial sums. */
+static size_t matvec_scratch_floats(const sd_backend *be, const __nv_bfloat16 *w, int n_in, int n_out,
+                                    const float *x, int nt) {
+    int n_slices, slice_len;
+    matvec_split(be, w, n_in, n_out, x, &n_slices, &slice_len);
+    return (size_t)(n_slices - 1) * (size_t)nt * (size_t)n_out;
+}
+
+/* The CUDA-core streaming path for nt <= SD_CUDA_GEMV_MAX_TOKENS tokens. */
+static sd_status matvec(sd_backend *be, const __nv_bfloat16 *w, int n_in, int n_out, const float *x, int nt,
+                        float *y) {
+    int n_slices, slice_len;
+    const bool vec = matvec_split(be, w, n_in, n_out, x, &n_slices, &slice_len);
     const size_t per_slice = (size_t)nt * (size_t)n_out;
     float *partial = NULL;
     if (n_slices > 1) {
@@ -348,6 +369,26 @@ __device__ __forceinline__ void mma_chunk(const uint4 wa, const uint4 wb, const 
     }
 }
 
+/* What one tensor-core launch computes: up to three matrices that share
+ * their input (Q/K/V, gate/up), laid end to end over the grid's row tiles;
+ * results are stored, or added to y (the residual). (Computing the SwiGLU
+ * while loading x, for the down projection, was measured too: 8.10 ms a
+ * step on the 8B shape against 7.04-7.07 with the SwiGLU as its own
+ * kernel. The extra loads took the kernel to 112 registers, 2 blocks per
+ * multiprocessor.) */
+typedef struct mm_args {
+    const __nv_bfloat16 *w[3];
+    float *y[3];
+    int n_out[3];
+    int tile0[3];      /* first row tile of matrix m; INT_MAX past the last */
+    const float *x;
+    int n_in, nt, slice_len;
+    int prow;          /* rows of the partial buffer: all tiles x 16 */
+    float *partial;    /* [slices][nt][prow] */
+    unsigned *counters;
+    bool accumulate;
+} mm_args;
+
 template <int NTILES>
 __device__ __forceinline__ void load_x(const float *const (&xp)[NTILES], const bool (&xok)[NTILES], int off,
                                        float4 (&xv)[NTILES][2]) {
@@ -362,15 +403,15 @@ __device__ __forceinline__ void load_x(const float *const (&xp)[NTILES], const b
     }
 }
 
-/* The block's tiles added in warp order; with slices, the last block of
- * the row tile to finish adds the partials in slice order. */
+/* The block's tiles added in warp order and stored (or added to y); with
+ * slices, each block leaves its partial tile and the last block of the row
+ * tile to finish adds the partials in slice order, then stores. */
 template <int NTILES>
-__device__ __forceinline__ void mma_finish(const float (&acc)[NTILES][4], int n_out, int nt, float *__restrict__ y,
-                                           float *__restrict__ partial, unsigned *__restrict__ counters) {
+__device__ __forceinline__ void mma_finish(const float (&acc)[NTILES][4], const mm_args &a, float *__restrict__ y,
+                                           int n_out, int row0) {
     __shared__ float red[MMA_WARPS][NTILES * 4][32];
     __shared__ bool last;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row0 = blockIdx.x * 16;
     const int slice = blockIdx.y, n_slices = gridDim.y;
 #pragma unroll
     for (int j = 0; j < NTILES; j++)
@@ -381,51 +422,57 @@ __device__ __forceinline__ void mma_finish(const float (&acc)[NTILES][4], int n_
      * Register r of column tile j holds row g + 8 (r / 2), token 8j + 2 tig + r % 2. */
     const int e = threadIdx.x;
     const bool mine = e < NTILES * 4 * 32;
-    int row = 0, tok = 0;
+    int rt = 0, tok = 0; /* row within the tile, token */
     float v = 0.0f;
     if (mine) {
         const int reg = e >> 5, el = e & 31;
-        row = row0 + (el >> 2) + 8 * ((reg & 3) >> 1);
+        rt = (el >> 2) + 8 * ((reg & 3) >> 1);
         tok = 8 * (reg >> 2) + 2 * (el & 3) + (reg & 1);
         v = red[0][reg][el];
 #pragma unroll
         for (int wi = 1; wi < MMA_WARPS; wi++) v += red[wi][reg][el];
     }
-    const bool store = mine && row < n_out && tok < nt;
-    if (n_slices == 1) {
-        if (store) y[(size_t)tok * (size_t)n_out + row] = v;
-        return;
+    const int row = row0 + rt;
+    const bool store = mine && row < n_out && tok < a.nt;
+    float *dst = y + (size_t)tok * (size_t)n_out + row;
+    if (n_slices > 1) {
+        const size_t per_slice = (size_t)a.nt * (size_t)a.prow;
+        const size_t at = (size_t)tok * (size_t)a.prow + (size_t)blockIdx.x * 16 + rt;
+        if (store) a.partial[(size_t)slice * per_slice + at] = v;
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) last = atomicAdd(&a.counters[blockIdx.x], 1u) == (unsigned)(n_slices - 1);
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        if (store) {
+            v = __ldcg(a.partial + at);
+            for (int si = 1; si < n_slices; si++) v += __ldcg(a.partial + (size_t)si * per_slice + at);
+        }
+        if (threadIdx.x == 0) a.counters[blockIdx.x] = 0;
     }
-    const size_t per_slice = (size_t)nt * (size_t)n_out;
-    if (store) partial[(size_t)slice * per_slice + (size_t)tok * (size_t)n_out + row] = v;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(&counters[blockIdx.x], 1u) == (unsigned)(n_slices - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    if (store) {
-        const float *p = partial + (size_t)tok * (size_t)n_out + row;
-        float s = __ldcg(p);
-        for (int si = 1; si < n_slices; si++) s += __ldcg(p + (size_t)si * per_slice);
-        y[(size_t)tok * (size_t)n_out + row] = s;
-    }
-    if (threadIdx.x == 0) counters[blockIdx.x] = 0;
+    if (store) *dst = a.accumulate ? *dst + v : v;
 }
 
-/* grid (row tiles, slices). y [nt][n_out]; partial [slices][nt][n_out] when
- * slices > 1. slice_len is a multiple of 32. MMA_UNROLL chunks of loads are
- * issued before the first is used. */
+/* grid (row tiles of all matrices, slices of i). slice_len is a multiple of
+ * 32. MMA_UNROLL chunks of loads are issued before the first is used. */
+/* Blocks per multiprocessor the register budget is held to: the one-tile
+ * kernel measured best at 64 registers (4 blocks). */
+#define MMA_MIN_BLOCKS(NTILES) ((NTILES) == 1 ? 4 : 3)
+
 template <int NTILES>
-__global__ void __launch_bounds__(MMA_THREADS)
-mma_matvec_kernel(const __nv_bfloat16 *__restrict__ w, int n_in, int n_out, const float *__restrict__ x, int nt,
-                  float *__restrict__ y, float *__restrict__ partial, unsigned *__restrict__ counters,
-                  int slice_len) {
+__global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS(NTILES)) mma_matvec_kernel(const mm_args a) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, tig = lane & 3;
-    const int row0 = blockIdx.x * 16;
-    const int k_begin = blockIdx.y * slice_len;
-    const int n_chunks = (min(n_in, k_begin + slice_len) - k_begin) / 32;
+    const int tile = blockIdx.x;
+    const int m = tile >= a.tile0[2] ? 2 : tile >= a.tile0[1] ? 1 : 0;
+    const __nv_bfloat16 *w = m == 0 ? a.w[0] : m == 1 ? a.w[1] : a.w[2];
+    float *y = m == 0 ? a.y[0] : m == 1 ? a.y[1] : a.y[2];
+    const int n_out = m == 0 ? a.n_out[0] : m == 1 ? a.n_out[1] : a.n_out[2];
+    const int row0 = (tile - (m == 0 ? 0 : m == 1 ? a.tile0[1] : a.tile0[2])) * 16;
+    const int n_in = a.n_in, nt = a.nt;
+    const int k_begin = blockIdx.y * a.slice_len;
+    const int n_chunks = (min(n_in, k_begin + a.slice_len) - k_begin) / 32;
 
     /* rows past n_out read row n_out - 1 (valid memory) and are not stored */
     const uint4 *wa = (const uint4 *)(w + (size_t)min(row0 + g, n_out - 1) * (size_t)n_in + k_begin) + tig;
@@ -436,7 +483,7 @@ mma_matvec_kernel(const __nv_bfloat16 *__restrict__ w, int n_in, int n_out, cons
     for (int j = 0; j < NTILES; j++) {
         const int t = 8 * j + g;
         xok[j] = t < nt;
-        xp[j] = x + (size_t)min(t, nt - 1) * (size_t)n_in + k_begin + 8 * tig;
+        xp[j] = a.x + (size_t)min(t, nt - 1) * (size_t)n_in + k_begin + 8 * tig;
     }
     float acc[NTILES][4];
 #pragma unroll
@@ -460,20 +507,19 @@ mma_matvec_kernel(const __nv_bfloat16 *__restrict__ w, int n_in, int n_out, cons
     }
     for (; c < n_chunks; c += MMA_WARPS) {
         float4 xv[NTILES][2];
-        const uint4 a = ld_stream(wa + (size_t)c * 4), b = ld_stream(wb + (size_t)c * 4);
+        const uint4 wa_ = ld_stream(wa + (size_t)c * 4), wb_ = ld_stream(wb + (size_t)c * 4);
         load_x<NTILES>(xp, xok, c * 32, xv);
-        mma_chunk<NTILES>(a, b, xv, acc);
+        mma_chunk<NTILES>(wa_, wb_, xv, acc);
     }
-    mma_finish<NTILES>(acc, n_out, nt, y, partial, counters);
+    mma_finish<NTILES>(acc, a, y, n_out, row0);
 }
 
 /* Slices of i for the tensor-core path: enough blocks for
  * mma_blocks_per_sm per multiprocessor (default 2: on the 8B shape 1, 2, 4
  * and 8 gave decode steps of 8.14, 7.75, 8.16 and 8.33 ms), each warp at
- * least MMA_UNROLL chunks. Depends on the matrix and the GPU only (batch
+ * least MMA_UNROLL chunks. Depends on the matrices and the GPU only (batch
  * invariance). */
-static int mma_slices(const sd_backend *be, int n_in, int n_out) {
-    const long tiles = (n_out + 15) / 16;
+static int mma_slices(const sd_backend *be, int n_in, long tiles) {
     if (tiles > SD_CUDA_MM_COUNTERS) return 1;
     long want = ((long)be->n_sm * be->mma_blocks_per_sm + tiles - 1) / tiles;
     const long max_slices = n_in / (32 * MMA_WARPS * MMA_UNROLL);
@@ -481,38 +527,55 @@ static int mma_slices(const sd_backend *be, int n_in, int n_out) {
     return want < 1 ? 1 : (int)want;
 }
 
-static sd_status mma_matvec(sd_backend *be, const __nv_bfloat16 *w, int n_in, int n_out, const float *x, int nt,
-                            float *y) {
-    const int chunks = n_in / 32;
-    int n_slices = mma_slices(be, n_in, n_out);
+/* Whether a job can take the tensor-core path (16-byte rows and inputs). */
+static bool mma_fits(const sd_backend *be, const sd_matmul_job *job) {
+    if (!be->mma || job->n_tokens > be->gemv_max_tokens || job->n_in % 32 != 0) return false;
+    if ((uintptr_t)job->x % 16 != 0) return false;
+    for (int m = 0; m < job->n_mats; m++)
+        if ((uintptr_t)job->w[m] % 16 != 0) return false;
+    return true;
+}
+
+static sd_status mma_matvec(sd_backend *be, const sd_matmul_job *job) {
+    mm_args a;
+    memset(&a, 0, sizeof a);
+    long tiles = 0;
+    for (int m = 0; m < 3; m++) {
+        a.tile0[m] = m < job->n_mats ? (int)tiles : INT_MAX;
+        if (m >= job->n_mats) continue;
+        a.w[m] = (const __nv_bfloat16 *)(const void *)job->w[m];
+        a.y[m] = job->y[m];
+        a.n_out[m] = job->n_out[m];
+        tiles += (job->n_out[m] + 15) / 16;
+    }
+    const int nt = job->n_tokens, chunks = job->n_in / 32;
+    int n_slices = mma_slices(be, job->n_in, tiles);
     const int chunks_per_slice = (chunks + n_slices - 1) / n_slices;
     n_slices = (chunks + chunks_per_slice - 1) / chunks_per_slice;
-    float *partial = NULL;
+    a.x = job->x;
+    a.n_in = job->n_in;
+    a.nt = nt;
+    a.slice_len = chunks_per_slice * 32;
+    a.prow = (int)tiles * 16;
+    a.counters = be->mm_counters;
+    a.accumulate = job->accumulate;
     if (n_slices > 1) {
         void *scratch;
-        SD_TRY(sd_cuda_scratch(be, (size_t)n_slices * (size_t)nt * (size_t)n_out * sizeof(float), &scratch));
-        partial = (float *)scratch;
+        SD_TRY(sd_cuda_scratch(be, (size_t)n_slices * (size_t)nt * (size_t)a.prow * sizeof(float), &scratch));
+        a.partial = (float *)scratch;
     }
-    const dim3 grid((unsigned)((n_out + 15) / 16), (unsigned)n_slices);
+    const dim3 grid((unsigned)tiles, (unsigned)n_slices);
     if (nt <= 8)
-        mma_matvec_kernel<1><<<grid, MMA_THREADS, 0, be->stream>>>(w, n_in, n_out, x, nt, y, partial,
-                                                                    be->mm_counters, chunks_per_slice * 32);
+        mma_matvec_kernel<1><<<grid, MMA_THREADS, 0, be->stream>>>(a);
     else
-        mma_matvec_kernel<2><<<grid, MMA_THREADS, 0, be->stream>>>(w, n_in, n_out, x, nt, y, partial,
-                                                                    be->mm_counters, chunks_per_slice * 32);
+        mma_matvec_kernel<2><<<grid, MMA_THREADS, 0, be->stream>>>(a);
     CUDA_LAUNCH_CHECK("mma_matvec");
     return SD_OK;
 }
 
-sd_status sd_cuda_matmul(sd_backend *be, const float *w, int32_t n_in, int32_t n_out, const float *x,
-                         int32_t n_tokens, float *y) {
-    if (n_tokens <= 0) return SD_OK;
-    const __nv_bfloat16 *wb = (const __nv_bfloat16 *)(const void *)w;
-    if (n_tokens <= be->gemv_max_tokens) {
-        if (be->mma && n_in % 32 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0)
-            return mma_matvec(be, wb, n_in, n_out, x, n_tokens, y);
-        return matvec(be, wb, n_in, n_out, x, n_tokens, y);
-    }
+/* cuBLAS for calls above the streaming kernels' token limit: y = W x + beta y. */
+static sd_status gemm(sd_backend *be, const __nv_bfloat16 *wb, int32_t n_in, int32_t n_out, const float *x,
+                      int32_t n_tokens, float *y, float beta) {
     if (be->capturing) { /* cuBLAS shapes are not recorded: keep recordings to the streaming path */
         be->capture_failed = true;
         return SD_ERR_INTERNAL;
@@ -521,11 +584,62 @@ sd_status sd_cuda_matmul(sd_backend *be, const float *w, int32_t n_in, int32_t n
     void *xb;
     SD_TRY(sd_cuda_scratch(be, nx * sizeof(__nv_bfloat16), &xb));
     SD_TRY(sd_cuda_f32_to_bf16(be, x, xb, nx));
-    const float alpha = 1.0f, beta = 0.0f;
+    const float alpha = 1.0f;
     /* column-major view: W is [n_in x n_out] (lda n_in), X [n_in x n_tokens],
      * Y [n_out x n_tokens]: Y = W^T X */
     CUBLAS_TRY(cublasGemmEx(be->cublas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, n_tokens, n_in, &alpha, wb, CUDA_R_16BF,
                             n_in, xb, CUDA_R_16BF, n_in, &beta, y, CUDA_R_32F, n_out, CUBLAS_COMPUTE_32F,
                             CUBLAS_GEMM_DEFAULT));
+    return SD_OK;
+}
+
+sd_status sd_cuda_matmul(sd_backend *be, const float *w, int32_t n_in, int32_t n_out, const float *x,
+                         int32_t n_tokens, float *y) {
+    if (n_tokens <= 0) return SD_OK;
+    sd_matmul_job job;
+    memset(&job, 0, sizeof job);
+    job.n_mats = 1;
+    job.w[0] = w;
+    job.n_out[0] = n_out;
+    job.y[0] = y;
+    job.n_in = n_in;
+    job.n_tokens = n_tokens;
+    job.x = x;
+    if (mma_fits(be, &job)) return mma_matvec(be, &job);
+    const __nv_bfloat16 *wb = (const __nv_bfloat16 *)(const void *)w;
+    if (n_tokens <= be->gemv_max_tokens) return matvec(be, wb, n_in, n_out, x, n_tokens, y);
+    return gemm(be, wb, n_in, n_out, x, n_tokens, y, 0.0f);
+}
+
+/* y += W x without the tensor cores: cuBLAS adds in place (beta 1); the
+ * CUDA-core kernel writes to scratch past its own partial sums, then add. */
+static sd_status matmul_acc(sd_backend *be, const float *w, int32_t n_in, int32_t n_out, const float *x,
+                            int32_t nt, float *y) {
+    const __nv_bfloat16 *wb = (const __nv_bfloat16 *)(const void *)w;
+    if (nt > be->gemv_max_tokens) return gemm(be, wb, n_in, n_out, x, nt, y, 1.0f);
+    const size_t per = (size_t)nt * (size_t)n_out;
+    const size_t own = matvec_scratch_floats(be, wb, n_in, n_out, x, nt);
+    void *scratch;
+    SD_TRY(sd_cuda_scratch(be, (own + per) * sizeof(float), &scratch));
+    float *tmp = (float *)scratch + own;
+    SD_TRY(matvec(be, wb, n_in, n_out, x, nt, tmp));
+    return sd_cuda_add(be, y, tmp, per, y);
+}
+
+/* The SwiGLU (into the gate) as its own kernel, then one launch on the
+ * tensor cores where the job fits them; otherwise op by op (also with
+ * SPECD_CUDA_FUSE=0, for comparison). */
+sd_status sd_cuda_matmul_fused(sd_backend *be, const sd_matmul_job *job) {
+    if (!job || job->n_mats < 1 || job->n_mats > 3 || !job->x) return SD_ERR_INVALID_ARG;
+    if (job->n_tokens <= 0) return SD_OK;
+    const sd_matmul_job j = *job;
+    if (j.up) SD_TRY(sd_cuda_swiglu(be, j.x, j.up, (size_t)j.n_tokens * (size_t)j.n_in, (float *)j.x));
+    if (be->fuse && mma_fits(be, &j)) return mma_matvec(be, &j);
+    for (int m = 0; m < j.n_mats; m++) {
+        if (j.accumulate)
+            SD_TRY(matmul_acc(be, j.w[m], j.n_in, j.n_out[m], j.x, j.n_tokens, j.y[m]));
+        else
+            SD_TRY(sd_cuda_matmul(be, j.w[m], j.n_in, j.n_out[m], j.x, j.n_tokens, j.y[m]));
+    }
     return SD_OK;
 }

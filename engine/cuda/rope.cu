@@ -1,10 +1,22 @@
 /* rope.cu — rotary position embedding, adjacent pairs, twin of
- * engine/cpu/rope.c. One thread per (token, pair i) computes
+ * engine/cpu/rope.c; and rope_kv, the same rotation of q and k fused with
+ * the two KV-cache writes that follow it in the attention block. One thread per (token, pair i) computes
  * theta = pos * inv_freq[i] and its cosine and sine in double, rounds them
  * once to float (as the CPU does) and rotates pair i of every head, so the
  * double-precision work is done once per pair, not once per head. pos comes
  * from the forward's announced host arrays. */
 #include "cuda/cuda_impl.h"
+
+/* Rotates pair i of n_heads heads of one token's row by (cf, sf). One
+ * function for rope and rope_kv, so both round the same way. */
+__device__ __forceinline__ void rotate_heads(float *row, int n_heads, int head_dim, float cf, float sf) {
+    for (int h = 0; h < n_heads; h++) {
+        float *v = row + (size_t)h * (size_t)head_dim;
+        const float x0 = v[0], x1 = v[1];
+        v[0] = x0 * cf - x1 * sf;
+        v[1] = x0 * sf + x1 * cf;
+    }
+}
 
 __global__ void rope_kernel(float *x, int n_tokens, int n_heads, int head_dim, const int32_t *__restrict__ pos,
                             const float *__restrict__ inv_freq) {
@@ -15,13 +27,7 @@ __global__ void rope_kernel(float *x, int n_tokens, int n_heads, int head_dim, c
     double s, c;
     sincos((double)pos[t] * (double)inv_freq[i], &s, &c);
     const float cf = (float)c, sf = (float)s;
-    float *row = x + (size_t)t * (size_t)n_heads * (size_t)head_dim + 2 * i;
-    for (int h = 0; h < n_heads; h++) {
-        float *v = row + (size_t)h * (size_t)head_dim;
-        const float x0 = v[0], x1 = v[1];
-        v[0] = x0 * cf - x1 * sf;
-        v[1] = x0 * sf + x1 * cf;
-    }
+    rotate_heads(x + (size_t)t * (size_t)n_heads * (size_t)head_dim + 2 * i, n_heads, head_dim, cf, sf);
 }
 
 sd_status sd_cuda_rope(sd_backend *be, float *x, int32_t n_tokens, int32_t n_heads, int32_t head_dim,
@@ -33,5 +39,59 @@ sd_status sd_cuda_rope(sd_backend *be, float *x, int32_t n_tokens, int32_t n_hea
     int blocks = (int)((items + 127) / 128);
     rope_kernel<<<blocks, 128, 0, be->stream>>>(x, n_tokens, n_heads, head_dim, d_pos, inv_freq);
     CUDA_LAUNCH_CHECK("rope");
+    return SD_OK;
+}
+
+/* rope_kv: one block per token. Its threads take the pairs, rotate the
+ * token's q and k heads (theta once per pair), then, after a barrier, copy
+ * the rotated k row and the v row into the token's slot of the pools
+ * (kv_write's addressing). */
+__global__ void rope_kv_kernel(float *q, float *k, const float *__restrict__ v, int n_heads, int n_kv_heads,
+                               int head_dim, const int32_t *__restrict__ pos, const float *__restrict__ inv_freq,
+                               float *k_pool, float *v_pool, int block_size, const int32_t *__restrict__ bt,
+                               const int32_t *__restrict__ bt_off) {
+    const int t = blockIdx.x, half = head_dim / 2, row_width = n_kv_heads * head_dim;
+    const int p = pos[t];
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        double s, c;
+        sincos((double)p * (double)inv_freq[i], &s, &c);
+        const float cf = (float)c, sf = (float)s;
+        rotate_heads(q + (size_t)t * (size_t)n_heads * (size_t)head_dim + 2 * i, n_heads, head_dim, cf, sf);
+        rotate_heads(k + (size_t)t * (size_t)row_width + 2 * i, n_kv_heads, head_dim, cf, sf);
+    }
+    __syncthreads();
+    const size_t slot = (size_t)bt[bt_off[t] + p / block_size] * (size_t)block_size + (size_t)(p % block_size);
+    const float *ks = k + (size_t)t * (size_t)row_width, *vs = v + (size_t)t * (size_t)row_width;
+    float *kd = k_pool + slot * (size_t)row_width, *vd = v_pool + slot * (size_t)row_width;
+    for (int i = threadIdx.x; i < row_width; i += blockDim.x) {
+        kd[i] = ks[i];
+        vd[i] = vs[i];
+    }
+}
+
+sd_status sd_cuda_rope_kv(sd_backend *be, float *q, float *k, const float *v, int32_t n_tokens, int32_t n_heads,
+                          int32_t n_kv_heads, int32_t head_dim, const int32_t *pos, const float *inv_freq,
+                          float *k_pool, float *v_pool, int32_t block_size, const int32_t *bt,
+                          const int32_t *bt_off) {
+    if (n_tokens <= 0) return SD_OK;
+    if (be->fuse == 0) { /* op by op, for comparison (SPECD_CUDA_FUSE=0) */
+        const int32_t row = n_kv_heads * head_dim;
+        SD_TRY(sd_cuda_rope(be, q, n_tokens, n_heads, head_dim, pos, inv_freq));
+        SD_TRY(sd_cuda_rope(be, k, n_tokens, n_kv_heads, head_dim, pos, inv_freq));
+        SD_TRY(sd_cuda_kv_write(be, k_pool, block_size, row, k, n_tokens, pos, bt, bt_off));
+        return sd_cuda_kv_write(be, v_pool, block_size, row, v, n_tokens, pos, bt, bt_off);
+    }
+    const int32_t *d_pos, *d_off, *d_bt;
+    SD_TRY(sd_cuda_dev_i32(be, pos, (size_t)n_tokens, &d_pos));
+    SD_TRY(sd_cuda_dev_i32(be, bt_off, (size_t)n_tokens, &d_off));
+    size_t bt_len = 0; /* the table's length: the largest entry any token reads */
+    for (int32_t t = 0; t < n_tokens; t++) {
+        size_t end = (size_t)bt_off[t] + (size_t)(pos[t] / block_size) + 1;
+        if (end > bt_len) bt_len = end;
+    }
+    SD_TRY(sd_cuda_dev_i32(be, bt, bt_len, &d_bt));
+    rope_kv_kernel<<<n_tokens, 128, 0, be->stream>>>(q, k, v, n_heads, n_kv_heads, head_dim, d_pos, inv_freq, k_pool,
+                                                     v_pool, block_size, d_bt, d_off);
+    CUDA_LAUNCH_CHECK("rope_kv");
     return SD_OK;
 }

@@ -59,8 +59,9 @@ void *sd_coll_stream(const sd_coll *c);
  * cudaStream_t, e.g. the model's compute stream: the one stream of the rank)
  * and return once they are enqueued, ordered after whatever the stream
  * already holds; sd_coll_wait waits for them, bounded. NULL goes back to the
- * group's own stream and calls that return when done. Waits (bounded) for
- * what the current stream holds first. The stream must stay valid while the
+ * group's own stream and calls that return when done. Whoever enqueued on
+ * the previous caller's stream must have waited for it (sd_coll_wait): it is
+ * not touched again, so it may be gone. The stream must stay valid while the
  * group uses it. shm: SD_ERR_UNSUPPORTED (its calls are synchronous). */
 sd_status sd_coll_use_stream(sd_coll *c, void *stream);
 
