@@ -9,8 +9,11 @@
  *    tiles with the tokens as the MMA's columns and x split into three BF16
  *    terms (f32 accuracy); described below, at mma_matvec_kernel. Its cost
  *    hardly grows with the tokens: on the 8B shape (H100) 8 tokens cost
- *    1.16x one, against 1.87x on the CUDA cores; one token costs ~6% more
- *    than on the CUDA cores (7.75 vs 7.28 ms a step).
+ *    1.16x one, against 1.87x on the CUDA cores; alone, one token costs ~6%
+ *    more than on the CUDA cores (7.75 vs 7.28 ms a step), but it also runs
+ *    the fused jobs (sd_cuda_matmul_fused: Q/K/V and gate/up in one launch
+ *    each, the residual add in the epilogue), and with them a step takes
+ *    7.04-7.07 ms.
  *  - CUDA cores (other shapes, or SPECD_CUDA_MMA=0): each warp owns R rows;
  *    each lane loads 8 BF16 weights (16 bytes) per row at a time and applies
  *    them to all NT tokens with f32 fused multiply-adds, so from ~4 tokens
