@@ -152,6 +152,9 @@ sd_status sd_session_commit(sd_session *s, const sd_tok *tok, const int32_t *tok
 sd_status sd_session_flush(sd_session *s, char **tail, size_t *tail_len);
 int32_t sd_session_generated(const sd_session *s);
 
+/* Steps of up to this many tokens also keep their own measured time. */
+#define SD_COST_SIZES 128
+
 /* Cost model of one step: verify time = fixed + per_token * tokens; draft
  * time per draft token; the round trip of a whole draft step. Microseconds,
  * estimated from responses. */
@@ -161,6 +164,10 @@ typedef struct sd_cost_model {
     double row_us_peak;    /* slowest recent verify forward per token, refills included (step timeouts) */
     /* decaying sums for the least-squares fit of verify time vs tokens */
     double s_w, s_x, s_y, s_xx, s_xy;
+    /* each step size's own time: the verifier's cost is not a line (a GPU
+     * kernel's column tile is 8 tokens wide: the 9th token costs a step) */
+    double size_us[SD_COST_SIZES + 1]; /* EMA of forward_us of steps of exactly n tokens */
+    uint16_t size_n[SD_COST_SIZES + 1]; /* observations of each (saturating) */
 } sd_cost_model;
 
 void sd_cost_init(sd_cost_model *c);
@@ -180,8 +187,11 @@ uint64_t sd_cost_verify_timeout_us(const sd_cost_model *c, int32_t n_tokens, uin
 void sd_cost_verify_timed_out(sd_cost_model *c, int32_t n_tokens, uint64_t timeout_us);
 /* One draft step's round trip (request sent -> response handled). */
 void sd_cost_observe_draft_step(sd_cost_model *c, uint64_t round_trip_us);
-/* Expected verify forward time for a step of n_tokens tokens. */
+/* Expected verify forward time for a step of n_tokens tokens (the line). */
 double sd_cost_verify_us(const sd_cost_model *c, int32_t n_tokens);
+/* A step of n_tokens as measured at that exact size, once seen a few
+ * times; -1 otherwise. */
+double sd_cost_size_us(const sd_cost_model *c, int32_t n_tokens);
 
 /* K in [0, k_cap] maximizing expected committed tokens per unit cost,
  * (1 - a^(K+1)) / (1 - a) / (c_draft*K + fixed/batch + per_token*(1+K)),

@@ -1105,6 +1105,47 @@ static void test_batch_gate_round_trip(void **state) {
     gate_case(0.8, true);
 }
 
+/* The gate prices drafts at each step size's own measured time once both
+ * sizes were seen: a verifier whose step costs 1000 us + 10 us a token up
+ * to 8 tokens and 300 us more from the 9th (a GPU kernel's 8-token column
+ * tile) makes drafting at batch 8 a loss that a line fitted below the step
+ * calls a gain; under the step, at batch 4, the same drafts still pay. */
+static void test_batch_gate_step_sizes(void **state) {
+    (void)state;
+    NEED_MODEL();
+    sd_cost_model c;
+    sd_cost_init(&c);
+    c.draft_step_us = 0;
+    for (int rep = 0; rep < 20; rep++)
+        for (int32_t n = 1; n <= 12; n++)
+            sd_cost_observe_verify(&c, n, (uint32_t)(1000 + 10 * n + (n >= 9 ? 300 : 0)));
+    assert_true(fabs(sd_cost_size_us(&c, 8) - 1080) < 1e-6);
+    assert_true(fabs(sd_cost_size_us(&c, 10) - 1400) < 1e-6);
+    assert_true(sd_cost_size_us(&c, 13) < 0); /* never seen */
+    assert_true(sd_cost_size_us(&c, 0) < 0 && sd_cost_size_us(&c, SD_COST_SIZES + 1) < 0);
+    /* 8 sequences, 2 drafts that bring 0.5 tokens: +6% tokens for +30% time */
+    assert_false(sd_adapt_drafting_pays(&c, 8, 0.5, 2));
+    /* 4 sequences, the same drafts: 6 tokens stay under the step */
+    assert_true(sd_adapt_drafting_pays(&c, 4, 0.5, 2));
+    /* where the line was fitted on 4 and 8 only (1000 + 10 n), it calls the
+     * same drafts a gain until the 10-token step has been seen 3 times */
+    sd_cost_model d;
+    sd_cost_init(&d);
+    d.draft_step_us = 0;
+    for (int rep = 0; rep < 20; rep++) sd_cost_observe_verify(&d, 8, 1080);
+    for (int rep = 0; rep < 20; rep++) sd_cost_observe_verify(&d, 4, 1040);
+    sd_cost_observe_verify(&d, 10, 1400);
+    sd_cost_observe_verify(&d, 10, 1400);
+    assert_true(sd_cost_size_us(&d, 10) < 0);
+    assert_true(sd_adapt_drafting_pays(&d, 8, 0.6, 2)); /* the line, pulled up to ~25 us a token */
+    assert_true(sd_adapt_drafting_pays(&d, 8, 1.2, 4));
+    sd_cost_observe_verify(&d, 10, 1400);
+    assert_false(sd_adapt_drafting_pays(&d, 8, 0.6, 2));
+    /* 12 tokens were never seen, but cost at least what 10 did */
+    assert_true(sd_cost_size_us(&d, 12) < 0);
+    assert_false(sd_adapt_drafting_pays(&d, 8, 1.2, 4));
+}
+
 /* A sampled request's output depends on its K schedule, so its K must not
  * follow the load: on the same batch-bound verifier that keeps a greedy
  * request at K = 0 (above), a sampled one still drafts from its own
@@ -1434,6 +1475,7 @@ int main(void) {
         cmocka_unit_test(test_k0_steps_shadow_draft),
         cmocka_unit_test(test_shadow_drafts_share_a_phase),
         cmocka_unit_test(test_next_verify_before_streaming),
+        cmocka_unit_test(test_batch_gate_step_sizes),
         cmocka_unit_test(test_batch_gate_round_trip),
         cmocka_unit_test(test_verify_timeout_scales),
         cmocka_unit_test(test_sampled_k_ignores_load),
