@@ -1103,8 +1103,9 @@ static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_model_plan *b) 
     const float scale = 1.0f / sqrtf((float)D);
     const int32_t *bt = b->bt, *bt_off = b->bt_off;
     /* a backend with matmul_fused gets Q/K/V and gate/up in one job each,
-     * the residual adds and the SwiGLU inside the matmuls (the adds stay
-     * separate in a group: the partial sums are all-reduced first) */
+     * the residual adds inside the o and down projections' jobs and the
+     * SwiGLU as part of the down projection's (the adds stay separate in a
+     * group: the partial sums are all-reduced first) */
     const bool fused = op->matmul_fused != NULL;
 
     SD_TRY(op->embed(be, m->tok_embd, E, b->tokens, n, a->x)); /* x [n][E] */

@@ -457,12 +457,12 @@ __device__ __forceinline__ void mma_finish(const float (&acc)[NTILES][4], const 
     if (store) *dst = a.accumulate ? *dst + v : v;
 }
 
-/* grid (row tiles of all matrices, slices of i). slice_len is a multiple of
- * 32. MMA_UNROLL chunks of loads are issued before the first is used. */
 /* Blocks per multiprocessor the register budget is held to: the one-tile
  * kernel measured best at 64 registers (4 blocks). */
 #define MMA_MIN_BLOCKS(NTILES) ((NTILES) == 1 ? 4 : 3)
 
+/* grid (row tiles of all matrices, slices of i). slice_len is a multiple of
+ * 32. MMA_UNROLL chunks of loads are issued before the first is used. */
 template <int NTILES>
 __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS(NTILES)) mma_matvec_kernel(const mm_args a) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
