@@ -264,6 +264,7 @@ static sd_status cuda_graph_launch(sd_backend *be, uint64_t key) {
         if (be->graphs[i].key != key) continue;
         be->graphs[i].last_used = ++be->clock;
         CUDA_TRY(cudaGraphLaunch(be->graphs[i].exec, be->stream));
+        be->n_replayed++;
         return SD_OK;
     }
     return SD_ERR_NOT_FOUND;
@@ -278,9 +279,13 @@ static sd_status cuda_graph_begin(sd_backend *be, uint64_t key) {
         be->seen[be->n_seen].key = key;
         be->seen[be->n_seen].never = false;
         be->n_seen++;
+        be->n_first++;
         return SD_ERR_NOT_FOUND;
     }
-    if (be->seen[i].never) return SD_ERR_NOT_FOUND;
+    if (be->seen[i].never) {
+        be->n_never++;
+        return SD_ERR_NOT_FOUND;
+    }
     cudaError_t e = cudaStreamBeginCapture(be->stream, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) {
         cudaGetLastError();
@@ -290,6 +295,7 @@ static sd_status cuda_graph_begin(sd_backend *be, uint64_t key) {
     be->capturing = true;
     be->capture_failed = false;
     be->capture_key = key;
+    be->capture_t0 = sd_now();
     return SD_OK;
 }
 
@@ -332,12 +338,15 @@ static sd_status cuda_graph_end(sd_backend *be, bool ok) {
         for (int32_t i = 1; i < be->n_graphs; i++)
             if (be->graphs[i].last_used < be->graphs[slot].last_used) slot = i;
         cudaGraphExecDestroy(be->graphs[slot].exec);
+        be->n_evicted++;
     } else {
         be->n_graphs++;
     }
     be->graphs[slot].key = be->capture_key;
     be->graphs[slot].exec = exec;
     be->graphs[slot].last_used = ++be->clock;
+    be->n_recorded++;
+    be->record_s += sd_now() - be->capture_t0; /* capture and instantiation, on the host */
     CUDA_TRY(cudaGraphLaunch(exec, be->stream));
     return SD_OK;
 }
@@ -352,6 +361,12 @@ static void cuda_graph_reset(sd_backend *be) {
 static void cuda_destroy(sd_backend **pbe) {
     if (!pbe || !*pbe) return;
     sd_backend *be = *pbe;
+    if (be->n_replayed + be->n_recorded + be->n_first + be->n_never > 0)
+        SD_INFO("cuda:%d: forwards: %llu replayed from recordings, %llu recorded (%.1f ms on the host), %llu op by op "
+                "on a shape's first sighting, %llu op by op for good (cannot be recorded); %llu recordings evicted",
+                (int)be->device, (unsigned long long)be->n_replayed, (unsigned long long)be->n_recorded,
+                be->record_s * 1e3, (unsigned long long)be->n_first, (unsigned long long)be->n_never,
+                (unsigned long long)be->n_evicted);
     cudaSetDevice(be->device);
     if (be->stream) cudaStreamSynchronize(be->stream);
     graph_reset(be);

@@ -97,6 +97,13 @@ struct sd_backend {
     sd_cuda_seen seen[SD_CUDA_MAX_SEEN];
     int32_t n_seen;
     uint64_t clock;             /* launches, for least-recently-used eviction */
+    /* what happened to forwards, logged when the backend closes: replayed,
+     * recorded (and the host time recording took), run op by op on a
+     * shape's first sighting, run op by op for good (cannot be recorded),
+     * recordings evicted */
+    uint64_t n_replayed, n_recorded, n_first, n_never, n_evicted;
+    double record_s;
+    double capture_t0;
     bool graphs_enabled;        /* SPECD_CUDA_GRAPHS=0 turns recording off */
     int32_t gemv_max_tokens;    /* SPECD_CUDA_GEMV_MAX (1..16), default SD_CUDA_GEMV_MAX_TOKENS */
     int32_t mv_rows;            /* SPECD_CUDA_MV_ROWS: rows per warp of the 3..16-token matmul (2 or 4) */
