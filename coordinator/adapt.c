@@ -231,8 +231,10 @@ bool sd_adapt_drafting_pays(const sd_cost_model *c, int32_t batch, double extra_
     if (t0 <= 0) t0 = sd_cost_verify_us(c, batch);
     if (t1 <= 0) { /* a step of more tokens costs no less than a smaller one seen */
         t1 = t0 + c->verify_token_us * extra_rows;
-        for (int32_t m = batch + 1; m < batch + extra_rows && m <= SD_COST_SIZES; m++)
-            if (sd_cost_size_us(c, m) > t1) t1 = sd_cost_size_us(c, m);
+        for (int32_t m = batch + 1; m <= batch + extra_rows && m <= SD_COST_SIZES; m++) {
+            double seen = sd_cost_size_us(c, m);
+            if (seen > t1) t1 = seen;
+        }
     }
     double wait = c->draft_step_us < c->verify_fixed_us ? c->draft_step_us : c->verify_fixed_us;
     t1 += wait;

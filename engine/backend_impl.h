@@ -91,15 +91,10 @@ typedef struct sd_backend_ops {
      * errors before a large load). */
     sd_status (*mem_info)(sd_backend *be, size_t *free_bytes, size_t *total_bytes);
 
-    /* Optional (NULL: an op's results are in place when it returns, as on
-     * the CPU). Waits until every op issued so far has finished, so that a
-     * buffer can be handed to code that works on it from another stream:
-     * the NCCL collectives of a tensor-parallel group. */
-    sd_status (*sync)(sd_backend *be);
-
-    /* Optional (NULL: none): the CUDA stream (cudaStream_t) every op is
-     * enqueued on, so a NCCL group can enqueue its collectives on it too
-     * (sd_coll_use_stream) instead of waiting on the host around them. */
+    /* Optional (NULL: ops run on the host, results in place when they
+     * return, as on the CPU): the CUDA stream (cudaStream_t) every op is
+     * enqueued on; a NCCL group enqueues its collectives on it too
+     * (sd_coll_use_stream), ordered between the ops with no host wait. */
     void *(*stream)(sd_backend *be);
 
     /* ---- forward-wide hooks (all optional: NULL on the CPU) ---- */

@@ -834,6 +834,7 @@ void sd_model_shard_of(const sd_model *m, sd_model_shard *out) {
 
 sd_status sd_model_set_coll(sd_model *m, sd_coll *coll) {
     if (!m) return SD_ERR_INVALID_ARG;
+    bool on_stream = false;
     if (coll) {
         bool shm = strcmp(sd_coll_kind(coll), "shm") == 0;
         if (sd_coll_size(coll) != m->shard.tp_size || sd_coll_rank(coll) != m->shard.tp_rank) {
@@ -846,14 +847,17 @@ sd_status sd_model_set_coll(sd_model *m, sd_coll *coll) {
                      sd_coll_kind(coll), m->be.ops->name);
             return SD_ERR_INVALID_ARG;
         }
-    }
-    /* NCCL joins the backend's one stream: collectives are ordered after the
-     * ops before them with no host wait. (The old group is not touched: the
-     * caller may have closed it already.) */
-    bool on_stream = false;
-    if (coll && m->be.ops->stream && strcmp(sd_coll_kind(coll), "nccl") == 0) {
-        SD_TRY(sd_coll_use_stream(coll, m->be.ops->stream(m->be.ctx)));
-        on_stream = true;
+        /* NCCL joins the backend's one stream: collectives are ordered after
+         * the ops before them with no host wait. (The old group is not
+         * touched: the caller may have closed it already.) */
+        if (!shm) {
+            if (!m->be.ops->stream) {
+                SD_ERROR("model: backend %s has no stream for NCCL collectives", m->be.ops->name);
+                return SD_ERR_INVALID_ARG;
+            }
+            SD_TRY(sd_coll_use_stream(coll, m->be.ops->stream(m->be.ctx)));
+            on_stream = true;
+        }
     }
     if (m->be.ops->graph_reset) m->be.ops->graph_reset(m->be.ctx); /* recordings made without collectives */
     m->coll = coll;
@@ -1071,15 +1075,14 @@ static sd_status gather_block_tables(sd_model *m, sd_kv *kv, const sd_batch *b, 
 }
 
 /* Sums a partial residual update over the group (nothing without one).
- * NCCL on the backend's stream (coll_on_stream) is enqueued after the ops
- * that wrote buf and before those that read it, and returns at once (the
- * time counted is then the enqueue's); the forward waits for it at its end
- * (settle_coll). Otherwise the ops queued so far must be done before the
- * collective reads the buffer, and it returns once the sum is in place. */
+ * shm sums host buffers the ops before it finished writing, and returns
+ * once the sum is in place; NCCL on the backend's stream (coll_on_stream) is
+ * enqueued after the ops that wrote buf and before those that read it, and
+ * returns at once (the time counted is then the enqueue's), the forward
+ * waiting for it at its end (settle_coll). */
 static sd_status tp_all_reduce(sd_model *m, float *buf, size_t n) {
     if (!m->coll) return SD_OK;
     double t0 = sd_now();
-    if (m->be.ops->sync && !m->coll_on_stream) SD_TRY(m->be.ops->sync(m->be.ctx));
     sd_status s = sd_coll_all_reduce_sum(m->coll, buf, n);
     m->tp_stats.all_reduces++;
     m->tp_stats.all_reduce_s += sd_now() - t0;
@@ -1202,7 +1205,6 @@ static sd_status split_head(sd_model *m, int32_t n_wanted, float *dst) {
     const size_t part = (size_t)n_wanted * (size_t)sh->n_vocab;
     SD_TRY(op->matmul(be, m->output, m->cfg.n_embd, sh->n_vocab, a->xb, n_wanted, a->head_part));
     double t0 = sd_now();
-    if (op->sync && !m->coll_on_stream) SD_TRY(op->sync(be));
     SD_TRY(sd_coll_gather(m->coll, a->head_part, part, a->head_all, 0));
     m->tp_stats.gathers++;
     m->tp_stats.gather_s += sd_now() - t0;
@@ -1246,9 +1248,10 @@ static sd_status forward_logits(sd_model *m, const int32_t *wanted, int32_t n_wa
         SD_TRY(split_head(m, n_wanted, dst));
     else
         SD_TRY(op->matmul(be, m->output, c->n_embd, c->n_vocab, a->xb, n_wanted, dst));
-    SD_TRY(settle_coll(m));
-    if (sh->tp_rank == 0 && !op->host_memory && out)
+    if (sh->tp_rank == 0 && !op->host_memory && out) {
+        SD_TRY(settle_coll(m)); /* bounded, before a download that would wait without a bound */
         SD_TRY(op->buf_download(be, out, a->logits, (size_t)n_wanted * (size_t)c->n_vocab * sizeof(float)));
+    }
     return SD_OK;
 }
 

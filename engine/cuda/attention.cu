@@ -60,15 +60,7 @@ sd_status sd_cuda_kv_write(sd_backend *be, float *pool, int32_t block_size, int3
                            int32_t n_tokens, const int32_t *pos, const int32_t *bt, const int32_t *bt_off) {
     if (n_tokens <= 0) return SD_OK;
     const int32_t *d_pos, *d_off, *d_bt;
-    SD_TRY(sd_cuda_dev_i32(be, pos, (size_t)n_tokens, &d_pos));
-    SD_TRY(sd_cuda_dev_i32(be, bt_off, (size_t)n_tokens, &d_off));
-    /* the table's length: the largest entry any token reads */
-    size_t bt_len = 0;
-    for (int32_t t = 0; t < n_tokens; t++) {
-        size_t end = (size_t)bt_off[t] + (size_t)(pos[t] / block_size) + 1;
-        if (end > bt_len) bt_len = end;
-    }
-    SD_TRY(sd_cuda_dev_i32(be, bt, bt_len, &d_bt));
+    SD_TRY(sd_cuda_dev_paging(be, n_tokens, block_size, pos, bt, bt_off, &d_pos, &d_bt, &d_off));
     kv_write_kernel<<<n_tokens, 128, 0, be->stream>>>(pool, block_size, row_width, src, d_pos, d_bt, d_off);
     CUDA_LAUNCH_CHECK("kv_write");
     return SD_OK;
@@ -293,14 +285,7 @@ sd_status sd_cuda_attention(sd_backend *be, const float *q, const float *k_pool,
     }
     if ((long long)n_tokens * n_heads > 0x7fffffffll) return SD_ERR_RANGE;
     const int32_t *d_pos, *d_off, *d_bt;
-    SD_TRY(sd_cuda_dev_i32(be, pos, (size_t)n_tokens, &d_pos));
-    SD_TRY(sd_cuda_dev_i32(be, bt_off, (size_t)n_tokens, &d_off));
-    size_t bt_len = 0;
-    for (int32_t t = 0; t < n_tokens; t++) {
-        size_t end = (size_t)bt_off[t] + (size_t)(pos[t] / block_size) + 1;
-        if (end > bt_len) bt_len = end;
-    }
-    SD_TRY(sd_cuda_dev_i32(be, bt, bt_len, &d_bt));
+    SD_TRY(sd_cuda_dev_paging(be, n_tokens, block_size, pos, bt, bt_off, &d_pos, &d_bt, &d_off));
     const int groups = att_groups(head_dim);
     const size_t part_bytes = (size_t)groups * (size_t)head_dim * sizeof(float);
     /* Decode and verification calls are few blocks over long rows: split the

@@ -251,6 +251,19 @@ sd_status sd_cuda_dev_i32(sd_backend *be, const int32_t *host, size_t n, const i
     return SD_OK;
 }
 
+sd_status sd_cuda_dev_paging(sd_backend *be, int32_t n_tokens, int32_t block_size, const int32_t *pos,
+                             const int32_t *bt, const int32_t *bt_off, const int32_t **d_pos, const int32_t **d_bt,
+                             const int32_t **d_off) {
+    SD_TRY(sd_cuda_dev_i32(be, pos, (size_t)n_tokens, d_pos));
+    SD_TRY(sd_cuda_dev_i32(be, bt_off, (size_t)n_tokens, d_off));
+    size_t bt_len = 0; /* the table's length: the largest entry any token reads */
+    for (int32_t t = 0; t < n_tokens; t++) {
+        size_t end = (size_t)bt_off[t] + (size_t)(pos[t] / block_size) + 1;
+        if (end > bt_len) bt_len = end;
+    }
+    return sd_cuda_dev_i32(be, bt, bt_len, d_bt);
+}
+
 /* ------------------------------------------------------------------ graphs */
 
 static void graph_reset(sd_backend *be) {
@@ -387,15 +400,8 @@ static void cuda_destroy(sd_backend **pbe) {
     *pbe = NULL;
 }
 
-/* Everything queued on the backend's stream is done (a tensor-parallel
- * all-reduce then reads the buffer on the NCCL group's own stream). */
+/* The one stream (a tensor-parallel group's NCCL collectives join it). */
 static void *cuda_stream(sd_backend *be) { return (void *)be->stream; }
-
-static sd_status cuda_sync(sd_backend *be) {
-    CUDA_TRY(cudaSetDevice(be->device));
-    CUDA_TRY(cudaStreamSynchronize(be->stream));
-    return SD_OK;
-}
 
 static const sd_backend_ops cuda_ops = {
     .name = "cuda",
@@ -409,7 +415,6 @@ static const sd_backend_ops cuda_ops = {
     .weight_upload = cuda_weight_upload,
     .weight_free = cuda_weight_free,
     .mem_info = cuda_mem_info,
-    .sync = cuda_sync,
     .stream = cuda_stream,
     .host_arrays = cuda_host_arrays,
     .graph_launch = cuda_graph_launch,

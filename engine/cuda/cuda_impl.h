@@ -148,6 +148,13 @@ struct sd_backend {
  * would replay stale host data). Borrowed; valid until the op's kernels ran. */
 sd_status sd_cuda_dev_i32(sd_backend *be, const int32_t *host, size_t n, const int32_t **dev);
 
+/* The device copies of a paged-cache op's host arrays: pos and bt_off
+ * [n_tokens], and bt as far as any token's entry reaches (bt_off[t] +
+ * pos[t] / block_size). */
+sd_status sd_cuda_dev_paging(sd_backend *be, int32_t n_tokens, int32_t block_size, const int32_t *pos,
+                             const int32_t *bt, const int32_t *bt_off, const int32_t **d_pos, const int32_t **d_bt,
+                             const int32_t **d_off);
+
 /* Makes the scratch buffer at least bytes large (refused while recording
  * when it would have to grow). */
 sd_status sd_cuda_scratch(sd_backend *be, size_t bytes, void **out);

@@ -82,14 +82,7 @@ sd_status sd_cuda_rope_kv(sd_backend *be, float *q, float *k, const float *v, in
         return sd_cuda_kv_write(be, v_pool, block_size, row, v, n_tokens, pos, bt, bt_off);
     }
     const int32_t *d_pos, *d_off, *d_bt;
-    SD_TRY(sd_cuda_dev_i32(be, pos, (size_t)n_tokens, &d_pos));
-    SD_TRY(sd_cuda_dev_i32(be, bt_off, (size_t)n_tokens, &d_off));
-    size_t bt_len = 0; /* the table's length: the largest entry any token reads */
-    for (int32_t t = 0; t < n_tokens; t++) {
-        size_t end = (size_t)bt_off[t] + (size_t)(pos[t] / block_size) + 1;
-        if (end > bt_len) bt_len = end;
-    }
-    SD_TRY(sd_cuda_dev_i32(be, bt, bt_len, &d_bt));
+    SD_TRY(sd_cuda_dev_paging(be, n_tokens, block_size, pos, bt, bt_off, &d_pos, &d_bt, &d_off));
     rope_kv_kernel<<<n_tokens, 128, 0, be->stream>>>(q, k, v, n_heads, n_kv_heads, head_dim, d_pos, inv_freq, k_pool,
                                                      v_pool, block_size, d_bt, d_off);
     CUDA_LAUNCH_CHECK("rope_kv");
