@@ -9,7 +9,10 @@
  *   - batch invariance on the GPU: a sequence's logits are bit-identical
  *     alone and in the ragged batch;
  *   - recorded forwards (CUDA graphs) replay bit-identically to op-by-op
- *     runs (a second model with SPECD_CUDA_GRAPHS=0);
+ *     runs (a second model with SPECD_CUDA_GRAPHS=0), and so do a third
+ *     model's with programmatic launches (SPECD_CUDA_PDL=1: the kernels of
+ *     a forward overlap their neighbours' launch and tail, which must not
+ *     change a bit);
  *   - KV rollback: truncate + re-append gives the fresh computation's
  *     logits bit for bit;
  *   - greedy speculative decoding on the GPU (n-gram and self-draft, K 1, 4
@@ -197,17 +200,25 @@ static void random_model_checks(const char *path, const char *name) {
         setenv("SPECD_CUDA_GRAPHS", "0", 1);
         sd_model *eager = load(path, 0, 0);
         unsetenv("SPECD_CUDA_GRAPHS");
-        sd_kv *ka = NULL, *kb = NULL;
-        bool ok = eager && sd_model_kv_create(gpu, 1, 16, 16, &ka) == SD_OK &&
-                  sd_model_kv_create(eager, 1, 16, 16, &kb) == SD_OK;
+        setenv("SPECD_CUDA_PDL", "1", 1);
+        sd_model *pdl = load(path, 0, 0);
+        unsetenv("SPECD_CUDA_PDL");
+        sd_kv *ka = NULL, *kb = NULL, *kp = NULL;
+        bool ok = eager && pdl && sd_model_kv_create(gpu, 1, 16, 16, &ka) == SD_OK &&
+                  sd_model_kv_create(eager, 1, 16, 16, &kb) == SD_OK &&
+                  sd_model_kv_create(pdl, 1, 16, 16, &kp) == SD_OK;
         int32_t s0[3] = {0, 0, 0};
         for (int32_t step = 0; ok && step < 18; step++) {
             int32_t n = step < 12 ? 1 : 3, tk[3] = {(step * 7 + 1) % V, (step * 5 + 2) % V, (step * 3 + 4) % V};
-            if (run(gpu, ka, n, tk, s0, got) != SD_OK || run(eager, kb, n, tk, s0, want) != SD_OK) {
+            if (run(gpu, ka, n, tk, s0, got) != SD_OK || run(eager, kb, n, tk, s0, want) != SD_OK ||
+                run(pdl, kp, n, tk, s0, alone) != SD_OK) {
                 FAIL("%s: graph forwards", name);
                 ok = false;
             } else if (memcmp(got, want, (size_t)n * V * sizeof(float)) != 0) {
                 FAIL("%s: step %d (%d tokens) differs replayed and op by op", name, (int)step, (int)n);
+                ok = false;
+            } else if (memcmp(alone, want, (size_t)n * V * sizeof(float)) != 0) {
+                FAIL("%s: step %d (%d tokens) differs with programmatic launches", name, (int)step, (int)n);
                 ok = false;
             }
         }
@@ -226,10 +237,12 @@ static void random_model_checks(const char *path, const char *name) {
         }
         if (ok)
             printf("  recorded forwards (CUDA graphs): 18 steps replayed, and 3 unrecordable 20-token chunks, "
-                   "bit-identical to op-by-op runs\n");
+                   "bit-identical to op-by-op runs; the 18 steps with programmatic launches too\n");
         sd_kv_free(&ka);
         sd_kv_free(&kb);
+        sd_kv_free(&kp);
         sd_model_free(&eager);
+        sd_model_free(&pdl);
     }
 
     /* 6. a KV cache far larger than the card: a clear refusal */

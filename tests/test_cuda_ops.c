@@ -11,8 +11,9 @@
  * sum_i |w_i x_i|. The streaming matmul is also checked for batch
  * invariance (a token's row is bit-identical computed alone or with 15
  * others), on the tensor cores (the default for n_in % 32 == 0) and again
- * on the CUDA cores (SPECD_CUDA_MMA=0), and attention/kv_write run ragged batches over shuffled block
- * tables, block sizes 1, 3 and 16, contexts that span several of the
+ * on the CUDA cores (SPECD_CUDA_MMA=0); matmuls and attention run once more
+ * with programmatic launches (SPECD_CUDA_PDL=1). attention/kv_write run
+ * ragged batches over shuffled block tables, block sizes 1, 3 and 16, contexts that span several of the
  * kernel's chunks, positions at block edges, head_dim above 128 and GQA
  * groups of 1 to 4. Finally the ops are run with their host arrays
  * announced (host_arrays), as the model does.
@@ -524,6 +525,22 @@ int main(void) {
         test_matmul_fused();
         gpu.ops->destroy(&gpu.ctx);
     }
+    unsetenv("SPECD_CUDA_MMA");
+    /* programmatic launches (Hopper and later; elsewhere the backend turns
+     * them off): the ops whose kernels follow one another within the op
+     * (SwiGLU -> matmul, attention -> its join, matvec -> slice sum) */
+    setenv("SPECD_CUDA_PDL", "1", 1);
+    if (sd_cuda_backend_create(0, &gpu) != SD_OK) {
+        fprintf(stderr, "test_cuda_ops: cuda:0 could not be opened a third time\n");
+        failures++;
+    } else {
+        printf("with SPECD_CUDA_PDL=1 (programmatic launches):\n");
+        test_matmul();
+        test_matmul_fused();
+        test_attention();
+        gpu.ops->destroy(&gpu.ctx);
+    }
+    unsetenv("SPECD_CUDA_PDL");
     cpu.ops->destroy(&cpu.ctx);
     if (failures) {
         fprintf(stderr, "test_cuda_ops: %d failure(s)\n", failures);

@@ -48,6 +48,8 @@
 __global__ void kv_write_kernel(float *pool, int block_size, int row_width, const float *__restrict__ src,
                                 const int32_t *__restrict__ pos, const int32_t *__restrict__ bt,
                                 const int32_t *__restrict__ bt_off) {
+    sd_pdl_wait();
+    sd_pdl_release();
     const int t = blockIdx.x;
     const int p = pos[t];
     const size_t slot = (size_t)bt[bt_off[t] + p / block_size] * (size_t)block_size + (size_t)(p % block_size);
@@ -61,9 +63,8 @@ sd_status sd_cuda_kv_write(sd_backend *be, float *pool, int32_t block_size, int3
     if (n_tokens <= 0) return SD_OK;
     const int32_t *d_pos, *d_off, *d_bt;
     SD_TRY(sd_cuda_dev_paging(be, n_tokens, block_size, pos, bt, bt_off, &d_pos, &d_bt, &d_off));
-    kv_write_kernel<<<n_tokens, 128, 0, be->stream>>>(pool, block_size, row_width, src, d_pos, d_bt, d_off);
-    CUDA_LAUNCH_CHECK("kv_write");
-    return SD_OK;
+    return sd_cuda_launch(be, "kv_write", kv_write_kernel, dim3((unsigned)n_tokens), dim3(128), 0, pool, block_size,
+                          row_width, src, d_pos, d_bt, d_off);
 }
 
 /* Block-wide max / sum through shared memory; every thread gets the result. */
@@ -123,6 +124,8 @@ attention_kernel(const float *__restrict__ q, const float *__restrict__ k_pool, 
     __shared__ float w_sh[ATT_CHUNK];
     __shared__ float red[ATT_THREADS / 32];
     extern __shared__ __align__(16) float part_sh[]; /* [groups][head_dim] partial outputs */
+    sd_pdl_wait();
+    sd_pdl_release();
 
     const int t = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
     const int kvh = h / (n_heads / n_kv_heads);
@@ -259,6 +262,8 @@ attention_kernel(const float *__restrict__ q, const float *__restrict__ k_pool, 
  * m = -inf and weighs nothing. */
 __global__ void attention_combine_kernel(const float *__restrict__ split_ml, const float *__restrict__ split_acc,
                                          int n_splits, int head_dim, float *out) {
+    sd_pdl_wait();
+    sd_pdl_release();
     const size_t base = (size_t)blockIdx.x * (size_t)n_splits;
     float M = -INFINITY;
     for (int s = 0; s < n_splits; s++) M = fmaxf(M, split_ml[2 * (base + s)]);
@@ -308,14 +313,11 @@ sd_status sd_cuda_attention(sd_backend *be, const float *q, const float *k_pool,
         split_acc = split_ml + 2 * parts;
     }
     dim3 grid((unsigned)(n_tokens * n_heads), (unsigned)n_splits);
-    attention_kernel<<<grid, ATT_THREADS, part_bytes, be->stream>>>(q, k_pool, v_pool, n_heads, n_kv_heads, head_dim,
-                                                                     block_size, d_pos, d_bt, d_off, scale, out,
-                                                                     n_splits, split_ml, split_acc);
-    CUDA_LAUNCH_CHECK("attention");
-    if (n_splits > 1) {
-        attention_combine_kernel<<<n_tokens * n_heads, 128, 0, be->stream>>>(split_ml, split_acc, n_splits, head_dim,
-                                                                              out);
-        CUDA_LAUNCH_CHECK("attention combine");
-    }
+    SD_TRY(sd_cuda_launch(be, "attention", attention_kernel, grid, dim3(ATT_THREADS), part_bytes, q, k_pool, v_pool,
+                          n_heads, n_kv_heads, head_dim, block_size, d_pos, d_bt, d_off, scale, out, n_splits,
+                          split_ml, split_acc));
+    if (n_splits > 1)
+        SD_TRY(sd_cuda_launch(be, "attention combine", attention_combine_kernel, dim3((unsigned)(n_tokens * n_heads)),
+                              dim3(128), 0, split_ml, split_acc, n_splits, head_dim, out));
     return SD_OK;
 }

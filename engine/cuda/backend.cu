@@ -73,6 +73,7 @@ static void cuda_buf_free(sd_backend *be, void *buf) {
 
 static sd_status cuda_upload(sd_backend *be, void *dst, const void *src, size_t bytes) {
     if (!bytes) return SD_OK;
+    be->after_kernel = false;
     CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, be->stream));
     CUDA_TRY(cudaStreamSynchronize(be->stream));
     return SD_OK;
@@ -80,6 +81,7 @@ static sd_status cuda_upload(sd_backend *be, void *dst, const void *src, size_t 
 
 static sd_status cuda_download(sd_backend *be, void *dst, const void *src, size_t bytes) {
     if (!bytes) return SD_OK;
+    be->after_kernel = false;
     CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, be->stream));
     CUDA_TRY(cudaStreamSynchronize(be->stream));
     return SD_OK;
@@ -202,6 +204,7 @@ static sd_status cuda_host_arrays(sd_backend *be, const sd_host_array *arrays, i
         mr->host = arrays[i].data;
         mr->n = cnt;
         if (cnt) {
+            be->after_kernel = false;
             memcpy(be->staging + off, arrays[i].data, cnt * sizeof(int32_t));
             CUDA_TRY(cudaMemcpyAsync(mr->dev, be->staging + off, cnt * sizeof(int32_t), cudaMemcpyHostToDevice,
                                      be->stream));
@@ -210,6 +213,7 @@ static sd_status cuda_host_arrays(sd_backend *be, const sd_host_array *arrays, i
     }
     for (int32_t i = n; i < be->n_mirrors; i++) be->mirrors[i].host = NULL, be->mirrors[i].n = 0;
     be->n_mirrors = n;
+    be->after_kernel = false;
     CUDA_TRY(cudaEventRecord(be->staging_done, be->stream));
     be->staging_busy = true;
     if (moved) graph_reset(be);
@@ -246,6 +250,7 @@ sd_status sd_cuda_dev_i32(sd_backend *be, const int32_t *host, size_t n, const i
         be->tmp_cap[k] = cap;
     }
     /* from pageable memory: returns once the source has been read */
+    if (n) be->after_kernel = false;
     if (n) CUDA_TRY(cudaMemcpyAsync(be->tmp[k], host, n * sizeof(int32_t), cudaMemcpyHostToDevice, be->stream));
     *dev = be->tmp[k];
     return SD_OK;
@@ -276,6 +281,7 @@ static sd_status cuda_graph_launch(sd_backend *be, uint64_t key) {
     for (int32_t i = 0; i < be->n_graphs; i++) {
         if (be->graphs[i].key != key) continue;
         be->graphs[i].last_used = ++be->clock;
+        be->after_kernel = false;
         CUDA_TRY(cudaGraphLaunch(be->graphs[i].exec, be->stream));
         be->n_replayed++;
         return SD_OK;
@@ -307,6 +313,7 @@ static sd_status cuda_graph_begin(sd_backend *be, uint64_t key) {
     }
     be->capturing = true;
     be->capture_failed = false;
+    be->after_kernel = false; /* the recording's first kernel has no kernel before it */
     be->capture_key = key;
     be->capture_t0 = sd_now();
     return SD_OK;
@@ -322,6 +329,7 @@ static sd_status cuda_graph_end(sd_backend *be, bool ok) {
     cudaGraph_t graph = NULL;
     cudaError_t e = cudaStreamEndCapture(be->stream, &graph);
     be->capturing = false;
+    be->after_kernel = false; /* the stream's last operation is what preceded the recording */
     if (e != cudaSuccess || !graph || be->capture_failed || !ok) {
         cudaGetLastError();
         if (graph) cudaGraphDestroy(graph);
@@ -400,8 +408,14 @@ static void cuda_destroy(sd_backend **pbe) {
     *pbe = NULL;
 }
 
-/* The one stream (a tensor-parallel group's NCCL collectives join it). */
-static void *cuda_stream(sd_backend *be) { return (void *)be->stream; }
+/* The one stream (a tensor-parallel group's NCCL collectives join it).
+ * NCCL's kernels know nothing of programmatic launches, so from here on
+ * every kernel is launched plainly. */
+static void *cuda_stream(sd_backend *be) {
+    if (be->pdl) SD_INFO("cuda:%d: the stream is shared with collectives: programmatic launches off", (int)be->device);
+    be->pdl = false;
+    return (void *)be->stream;
+}
 
 static const sd_backend_ops cuda_ops = {
     .name = "cuda",
@@ -477,6 +491,13 @@ sd_status sd_cuda_backend_create(int32_t device, sd_backend_handle *out) {
     be->mma = env_int("SPECD_CUDA_MMA", 1, 0, 1) == 1;
     be->fuse = env_int("SPECD_CUDA_FUSE", 1, 0, 1);
     be->mma_blocks_per_sm = env_int("SPECD_CUDA_MMA_BPS", 2, 1, 64);
+    be->pdl = env_int("SPECD_CUDA_PDL", 0, 0, 1) == 1;
+    be->pdl_prefetch = env_int("SPECD_CUDA_PDL_PREFETCH", 4, 0, 64);
+    if (be->pdl && prop.major < 9) {
+        SD_WARN("cuda:%d: SPECD_CUDA_PDL=1 needs compute capability 9.0 or later (this GPU is %d.%d); off",
+                (int)device, prop.major, prop.minor);
+        be->pdl = false;
+    }
     sd_status s = SD_ERR_CUDA;
     if (cudaStreamCreateWithFlags(&be->stream, cudaStreamNonBlocking) != cudaSuccess ||
         cudaEventCreateWithFlags(&be->staging_done, cudaEventDisableTiming) != cudaSuccess) {
@@ -505,9 +526,10 @@ sd_status sd_cuda_backend_create(int32_t device, sd_backend_handle *out) {
         SD_ERROR("cuda:%d: cublasSetWorkspace failed", (int)device);
         goto fail;
     }
-    SD_INFO("cuda:%d: %s, %d multiprocessors, %.0f MiB, compute capability %d.%d%s%s", (int)device, prop.name,
+    SD_INFO("cuda:%d: %s, %d multiprocessors, %.0f MiB, compute capability %d.%d%s%s%s", (int)device, prop.name,
             be->n_sm, (double)prop.totalGlobalMem / MIB, prop.major, prop.minor,
-            be->graphs_enabled ? "" : ", graphs off", be->mma ? "" : ", tensor-core matmul off");
+            be->graphs_enabled ? "" : ", graphs off", be->mma ? "" : ", tensor-core matmul off",
+            be->pdl ? ", programmatic launches on" : "");
     out->ops = &cuda_ops;
     out->ctx = be;
     return SD_OK;

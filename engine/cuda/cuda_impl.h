@@ -108,9 +108,14 @@ struct sd_backend {
     int32_t gemv_max_tokens;    /* SPECD_CUDA_GEMV_MAX (1..16), default SD_CUDA_GEMV_MAX_TOKENS */
     int32_t mv_rows;            /* SPECD_CUDA_MV_ROWS: rows per warp of the 3..16-token matmul (2 or 4) */
     bool mma;                   /* SPECD_CUDA_MMA=0 turns the tensor-core streaming matmul off (matmul.cu) */
-    int32_t mma_blocks_per_sm;
-    int32_t fuse;               /* SPECD_CUDA_FUSE=0: matmul_fused and rope_kv run op by op (for comparison) */  /* SPECD_CUDA_MMA_BPS: blocks per multiprocessor the K split aims at */
+    int32_t mma_blocks_per_sm;  /* SPECD_CUDA_MMA_BPS: blocks per multiprocessor the K split aims at */
+    int32_t fuse;               /* SPECD_CUDA_FUSE=0: matmul_fused and rope_kv run op by op (for comparison) */
     unsigned *mm_counters;      /* [SD_CUDA_MM_COUNTERS] slices finished per row tile, zero between launches */
+    /* programmatic dependent launch (SPECD_CUDA_PDL=1, compute capability
+     * 9.0+; see sd_cuda_launch) */
+    bool pdl;
+    int32_t pdl_prefetch;       /* SPECD_CUDA_PDL_PREFETCH: weight chunks per warp the matmul prefetches */
+    bool after_kernel;          /* the stream's last operation is a kernel sd_cuda_launch enqueued */
 };
 
 /* Logs "cuda: <call> failed: <error>" with file and line, returns SD_ERR_CUDA. */
@@ -190,6 +195,84 @@ sd_status sd_cuda_spec_verify(sd_backend *be, const float *logits, int32_t n_voc
 sd_status sd_cuda_f32_to_bf16(sd_backend *be, const float *src, void *dst, size_t n);
 
 #ifdef __cplusplus
+}
+#endif
+
+#ifdef __CUDACC__
+#include <utility>
+
+/* Programmatic dependent launch (Hopper and later; SPECD_CUDA_PDL=1).
+ *
+ * A forward is a chain of ~11 short kernels per layer, and between two of
+ * them the GPU idles: the next grid is launched only once the previous one
+ * has finished and its blocks drained. With the launch attribute
+ * "programmatic stream serialization" the next grid may be launched while
+ * the previous one runs. Every forward kernel then follows one rule:
+ *
+ *   before sd_pdl_wait(), read nothing but the weights (which no kernel
+ *   writes) and write nothing; sd_pdl_wait() returns once every earlier
+ *   grid of the stream has finished and its writes are visible.
+ *
+ * Each kernel calls sd_pdl_wait() in every thread before anything else
+ * (before any early return, so the chain stays transitive: a grid that has
+ * finished implies its predecessors have) and sd_pdl_release() right after,
+ * so at most the running grid and the next one are resident. The streaming
+ * matmul issues L2 prefetches of its first weight chunks before its wait:
+ * the weight stream starts while the previous kernel (a norm, the
+ * attention, the SwiGLU) finishes. Without the attribute both calls return
+ * at once, and on GPUs before compute capability 9.0 they compile to
+ * nothing.
+ *
+ * Only kernel-after-kernel launches get the attribute: after a copy, a
+ * graph launch, cuBLAS or an event the next kernel is launched plainly
+ * (after_kernel false), and a backend whose stream was handed to NCCL
+ * (backend op `stream`) launches everything plainly. */
+__device__ __forceinline__ void sd_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void sd_pdl_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Whether the next sd_cuda_launch gets the programmatic attribute. */
+static inline bool sd_cuda_pdl_next(const sd_backend *be) { return be->pdl && be->after_kernel; }
+
+/* Enqueues kernel<<<grid, block, smem, be->stream>>>(args...): a plain
+ * launch, or with the programmatic attribute when sd_cuda_pdl_next(be).
+ * what names the kernel in the error. */
+template <typename... Params, typename... Args>
+static inline sd_status sd_cuda_launch(sd_backend *be, const char *what, void (*kernel)(Params...), dim3 grid,
+                                       dim3 block, size_t smem, Args &&...args) {
+    cudaError_t e;
+    if (sd_cuda_pdl_next(be)) {
+        cudaLaunchAttribute attr = {};
+        attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr.val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid;
+        cfg.blockDim = block;
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = be->stream;
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+        e = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+    } else {
+        kernel<<<grid, block, smem, be->stream>>>(std::forward<Args>(args)...);
+        e = cudaSuccess;
+    }
+    if (e == cudaSuccess) e = cudaGetLastError();
+    be->after_kernel = e == cudaSuccess;
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        SD_ERROR("cuda: launching %s failed: %s", what, cudaGetErrorString(e));
+        return SD_ERR_CUDA;
+    }
+    return SD_OK;
 }
 #endif
 #endif

@@ -7,6 +7,8 @@
 
 __global__ void embed_kernel(const float *__restrict__ table, int dim, const int32_t *__restrict__ ids,
                              float *__restrict__ out) {
+    sd_pdl_wait();
+    sd_pdl_release();
     const int t = blockIdx.x;
     const float *src = table + (size_t)ids[t] * (size_t)dim;
     float *dst = out + (size_t)t * (size_t)dim;
@@ -24,7 +26,5 @@ sd_status sd_cuda_embed(sd_backend *be, const float *table, int32_t dim, const i
     if (n_tokens <= 0) return SD_OK;
     const int32_t *d_ids;
     SD_TRY(sd_cuda_dev_i32(be, ids, (size_t)n_tokens, &d_ids));
-    embed_kernel<<<n_tokens, 128, 0, be->stream>>>(table, dim, d_ids, out);
-    CUDA_LAUNCH_CHECK("embed");
-    return SD_OK;
+    return sd_cuda_launch(be, "embed", embed_kernel, dim3((unsigned)n_tokens), dim3(128), 0, table, dim, d_ids, out);
 }

@@ -85,6 +85,8 @@ template <int NT, int R>
 __global__ void __launch_bounds__(MV_THREADS)
 matvec_kernel(const __nv_bfloat16 *__restrict__ w, int n_in, int n_out, const float *__restrict__ x,
               float *__restrict__ y, float *__restrict__ partial, int slice_len, bool vec) {
+    sd_pdl_wait();
+    sd_pdl_release();
     const int lane = threadIdx.x & 31;
     const int warp = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
     const int row0 = warp * R;
@@ -165,6 +167,8 @@ matvec_kernel(const __nv_bfloat16 *__restrict__ w, int n_in, int n_out, const fl
 /* y[t][o] = sum over slices s = 1..S-1 of partial[s][t][o], added in order
  * onto slice 0, which was written straight into y. */
 __global__ void slice_sum_kernel(const float *__restrict__ partial, int n_slices, size_t per_slice, float *y) {
+    sd_pdl_wait();
+    sd_pdl_release();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < per_slice; i += (size_t)gridDim.x * blockDim.x) {
         float v = y[i];
         for (int s = 1; s < n_slices; s++) v += partial[(size_t)(s - 1) * per_slice + i];
@@ -207,11 +211,12 @@ static int slices_for(const sd_backend *be, int n_in, int n_out) {
 }
 
 template <int NT, int R>
-static void launch_rows(const sd_backend *be, const __nv_bfloat16 *w, int n_in, int n_out, const float *x, float *y,
-                        float *partial, int slice_len, int n_slices, bool vec) {
+static sd_status launch_rows(sd_backend *be, const __nv_bfloat16 *w, int n_in, int n_out, const float *x, float *y,
+                             float *partial, int slice_len, int n_slices, bool vec) {
     const int warps = (n_out + R - 1) / R;
     dim3 grid((unsigned)((warps + MV_WARPS - 1) / MV_WARPS), (unsigned)n_slices);
-    matvec_kernel<NT, R><<<grid, MV_THREADS, 0, be->stream>>>(w, n_in, n_out, x, y, partial, slice_len, vec);
+    return sd_cuda_launch(be, "matvec", matvec_kernel<NT, R>, grid, dim3(MV_THREADS), 0, w, n_in, n_out, x, y, partial,
+                          slice_len, vec);
 }
 
 /* Rows per warp only changes which rows a warp takes, never an element's
@@ -219,16 +224,15 @@ static void launch_rows(const sd_backend *be, const __nv_bfloat16 *w, int n_in, 
  * kernels with two rows too (fewer registers, more warps per SM, twice the
  * activation loads), to compare the two on a GPU (scripts/gpu-run rows-8b). */
 template <int NT>
-static void launch_matvec(const sd_backend *be, const __nv_bfloat16 *w, int n_in, int n_out, const float *x,
-                          float *y, float *partial, int slice_len, int n_slices, bool vec) {
+static sd_status launch_matvec(sd_backend *be, const __nv_bfloat16 *w, int n_in, int n_out, const float *x, float *y,
+                               float *partial, int slice_len, int n_slices, bool vec) {
     if (NT >= 3 && be->mv_rows == 2)
-        launch_rows<NT, 2>(be, w, n_in, n_out, x, y, partial, slice_len, n_slices, vec);
-    else
-        launch_rows<NT, rows_for(NT)>(be, w, n_in, n_out, x, y, partial, slice_len, n_slices, vec);
+        return launch_rows<NT, 2>(be, w, n_in, n_out, x, y, partial, slice_len, n_slices, vec);
+    return launch_rows<NT, rows_for(NT)>(be, w, n_in, n_out, x, y, partial, slice_len, n_slices, vec);
 }
 
-typedef void (*matvec_launcher)(const sd_backend *, const __nv_bfloat16 *, int, int, const float *, float *,
-                                float *, int, int, bool);
+typedef sd_status (*matvec_launcher)(sd_backend *, const __nv_bfloat16 *, int, int, const float *, float *, float *,
+                                     int, int, bool);
 
 static const matvec_launcher launchers[SD_CUDA_GEMV_MAX_TOKENS] = {
     launch_matvec<1>,  launch_matvec<2>,  launch_matvec<3>,  launch_matvec<4>,
@@ -273,13 +277,12 @@ static sd_status matvec(sd_backend *be, const __nv_bfloat16 *w, int n_in, int n_
         SD_TRY(sd_cuda_scratch(be, (size_t)(n_slices - 1) * per_slice * sizeof(float), &scratch));
         partial = (float *)scratch;
     }
-    launchers[nt - 1](be, w, n_in, n_out, x, y, partial, slice_len, n_slices, vec);
-    CUDA_LAUNCH_CHECK("matvec");
+    SD_TRY(launchers[nt - 1](be, w, n_in, n_out, x, y, partial, slice_len, n_slices, vec));
     if (n_slices > 1) {
         size_t blocks = (per_slice + 255) / 256;
         if (blocks > (size_t)be->n_sm * 8) blocks = (size_t)be->n_sm * 8;
-        slice_sum_kernel<<<(unsigned)blocks, 256, 0, be->stream>>>(partial, n_slices, per_slice, y);
-        CUDA_LAUNCH_CHECK("slice_sum");
+        SD_TRY(sd_cuda_launch(be, "slice_sum", slice_sum_kernel, dim3((unsigned)blocks), dim3(256), 0, partial, n_slices,
+                              per_slice, y));
     }
     return SD_OK;
 }
@@ -325,6 +328,11 @@ __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
         : "l"(p));
     return v;
+}
+
+/* Starts bringing the line at p into L2 (no register is written). */
+__device__ __forceinline__ void prefetch_l2(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
 __device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) {
@@ -390,6 +398,7 @@ typedef struct mm_args {
     float *partial;    /* [slices][nt][prow] */
     unsigned *counters;
     bool accumulate;
+    int prefetch;      /* chunks per warp to prefetch into L2 before the wait (launched programmatically) */
 } mm_args;
 
 template <int NTILES>
@@ -488,6 +497,17 @@ __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS(NTILES)) mma_matve
         xok[j] = t < nt;
         xp[j] = a.x + (size_t)min(t, nt - 1) * (size_t)n_in + k_begin + 8 * tig;
     }
+    /* launched programmatically (cuda_impl.h): the weights' first chunks are
+     * requested while the previous kernel finishes; nothing else is read
+     * before the wait */
+    for (int p = 0; p < a.prefetch; p++) {
+        const int c = warp + p * MMA_WARPS;
+        if (c >= n_chunks) break;
+        prefetch_l2(wa + (size_t)c * 4);
+        prefetch_l2(wb + (size_t)c * 4);
+    }
+    sd_pdl_wait();
+    sd_pdl_release();
     float acc[NTILES][4];
 #pragma unroll
     for (int j = 0; j < NTILES; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
@@ -567,13 +587,10 @@ static sd_status mma_matvec(sd_backend *be, const sd_matmul_job *job) {
         SD_TRY(sd_cuda_scratch(be, (size_t)n_slices * (size_t)nt * (size_t)a.prow * sizeof(float), &scratch));
         a.partial = (float *)scratch;
     }
+    a.prefetch = sd_cuda_pdl_next(be) ? be->pdl_prefetch : 0;
     const dim3 grid((unsigned)tiles, (unsigned)n_slices);
-    if (nt <= 8)
-        mma_matvec_kernel<1><<<grid, MMA_THREADS, 0, be->stream>>>(a);
-    else
-        mma_matvec_kernel<2><<<grid, MMA_THREADS, 0, be->stream>>>(a);
-    CUDA_LAUNCH_CHECK("mma_matvec");
-    return SD_OK;
+    if (nt <= 8) return sd_cuda_launch(be, "mma_matvec", mma_matvec_kernel<1>, grid, dim3(MMA_THREADS), 0, a);
+    return sd_cuda_launch(be, "mma_matvec", mma_matvec_kernel<2>, grid, dim3(MMA_THREADS), 0, a);
 }
 
 /* cuBLAS for calls above the streaming kernels' token limit: y = W x + beta y. */
@@ -588,6 +605,7 @@ static sd_status gemm(sd_backend *be, const __nv_bfloat16 *wb, int32_t n_in, int
     SD_TRY(sd_cuda_scratch(be, nx * sizeof(__nv_bfloat16), &xb));
     SD_TRY(sd_cuda_f32_to_bf16(be, x, xb, nx));
     const float alpha = 1.0f;
+    be->after_kernel = false; /* cuBLAS's kernels are launched plainly */
     /* column-major view: W is [n_in x n_out] (lda n_in), X [n_in x n_tokens],
      * Y [n_out x n_tokens]: Y = W^T X */
     CUBLAS_TRY(cublasGemmEx(be->cublas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, n_tokens, n_in, &alpha, wb, CUDA_R_16BF,

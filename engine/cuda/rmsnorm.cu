@@ -13,6 +13,8 @@ __global__ void rmsnorm_kernel(const float *__restrict__ x, const float *__restr
                                float *out) {
     __shared__ float warp_sums[RMS_THREADS / 32];
     __shared__ float scale_sh;
+    sd_pdl_wait();
+    sd_pdl_release();
     const int t = blockIdx.x;
     const float *row = x + (size_t)t * (size_t)dim;
     float acc = 0.0f;
@@ -34,7 +36,6 @@ __global__ void rmsnorm_kernel(const float *__restrict__ x, const float *__restr
 sd_status sd_cuda_rmsnorm(sd_backend *be, const float *x, const float *weight, int32_t n_tokens, int32_t dim,
                           float eps, float *out) {
     if (n_tokens <= 0) return SD_OK;
-    rmsnorm_kernel<<<n_tokens, RMS_THREADS, 0, be->stream>>>(x, weight, dim, eps, out);
-    CUDA_LAUNCH_CHECK("rmsnorm");
-    return SD_OK;
+    return sd_cuda_launch(be, "rmsnorm", rmsnorm_kernel, dim3((unsigned)n_tokens), dim3(RMS_THREADS), 0, x, weight,
+                          dim, eps, out);
 }

@@ -20,6 +20,8 @@ __device__ __forceinline__ void rotate_heads(float *row, int n_heads, int head_d
 
 __global__ void rope_kernel(float *x, int n_tokens, int n_heads, int head_dim, const int32_t *__restrict__ pos,
                             const float *__restrict__ inv_freq) {
+    sd_pdl_wait();
+    sd_pdl_release();
     const int half = head_dim / 2;
     const long long item = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (item >= (long long)n_tokens * half) return;
@@ -37,9 +39,8 @@ sd_status sd_cuda_rope(sd_backend *be, float *x, int32_t n_tokens, int32_t n_hea
     SD_TRY(sd_cuda_dev_i32(be, pos, (size_t)n_tokens, &d_pos));
     long long items = (long long)n_tokens * (head_dim / 2);
     int blocks = (int)((items + 127) / 128);
-    rope_kernel<<<blocks, 128, 0, be->stream>>>(x, n_tokens, n_heads, head_dim, d_pos, inv_freq);
-    CUDA_LAUNCH_CHECK("rope");
-    return SD_OK;
+    return sd_cuda_launch(be, "rope", rope_kernel, dim3((unsigned)blocks), dim3(128), 0, x, n_tokens, n_heads, head_dim,
+                          d_pos, inv_freq);
 }
 
 /* rope_kv: one block per token. Its threads take the pairs, rotate the
@@ -50,6 +51,8 @@ __global__ void rope_kv_kernel(float *q, float *k, const float *__restrict__ v, 
                                int head_dim, const int32_t *__restrict__ pos, const float *__restrict__ inv_freq,
                                float *k_pool, float *v_pool, int block_size, const int32_t *__restrict__ bt,
                                const int32_t *__restrict__ bt_off) {
+    sd_pdl_wait();
+    sd_pdl_release();
     const int t = blockIdx.x, half = head_dim / 2, row_width = n_kv_heads * head_dim;
     const int p = pos[t];
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
@@ -83,8 +86,6 @@ sd_status sd_cuda_rope_kv(sd_backend *be, float *q, float *k, const float *v, in
     }
     const int32_t *d_pos, *d_off, *d_bt;
     SD_TRY(sd_cuda_dev_paging(be, n_tokens, block_size, pos, bt, bt_off, &d_pos, &d_bt, &d_off));
-    rope_kv_kernel<<<n_tokens, 128, 0, be->stream>>>(q, k, v, n_heads, n_kv_heads, head_dim, d_pos, inv_freq, k_pool,
-                                                     v_pool, block_size, d_bt, d_off);
-    CUDA_LAUNCH_CHECK("rope_kv");
-    return SD_OK;
+    return sd_cuda_launch(be, "rope_kv", rope_kv_kernel, dim3((unsigned)n_tokens), dim3(128), 0, q, k, v, n_heads,
+                          n_kv_heads, head_dim, d_pos, inv_freq, k_pool, v_pool, block_size, d_bt, d_off);
 }

@@ -617,6 +617,7 @@ sd_status sd_cuda_spec_verify(sd_backend *be, const float *logits, int32_t n_voc
                               sd_spec_rows *seqs) {
     if (n_seqs <= 0) return SD_OK;
     if (be->capturing) return SD_ERR_INTERNAL;
+    be->after_kernel = false; /* copies and plain launches follow */
     for (int32_t i = 0; i < n_seqs; i++) {
         sd_spec_rows *v = &seqs[i];
         v->n_accepted = 0;

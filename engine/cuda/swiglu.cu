@@ -4,6 +4,8 @@
 #include "cuda/cuda_impl.h"
 
 __global__ void swiglu_kernel(const float *gate, const float *up, size_t n, float *out) {
+    sd_pdl_wait();
+    sd_pdl_release();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         const float g = gate[i];
         out[i] = g / (1.0f + expf(-g)) * up[i];
@@ -14,7 +16,5 @@ sd_status sd_cuda_swiglu(sd_backend *be, const float *gate, const float *up, siz
     if (n == 0) return SD_OK;
     size_t blocks = (n + 255) / 256;
     if (blocks > (size_t)be->n_sm * 16) blocks = (size_t)be->n_sm * 16;
-    swiglu_kernel<<<(unsigned)blocks, 256, 0, be->stream>>>(gate, up, n, out);
-    CUDA_LAUNCH_CHECK("swiglu");
-    return SD_OK;
+    return sd_cuda_launch(be, "swiglu", swiglu_kernel, dim3((unsigned)blocks), dim3(256), 0, gate, up, n, out);
 }
