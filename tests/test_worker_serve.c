@@ -9,7 +9,8 @@
  * CACHE_MISS for a short cache and an unknown id (and the same token after
  * the prefix is resent); KV_FULL when slots or blocks run out, without
  * taking a slot; Release returns the blocks (stats); prefill_only chunks
- * give the same next token as a whole-prompt step.
+ * give the same next token as a whole-prompt step; a warm-up before serving
+ * runs the sizes it says and leaves nothing behind.
  * Drafter: a batch with keep_len truncation proposes exactly what
  * sd_drafter_propose gives on the same context (tokens and q); CACHE_MISS;
  * Release; the n-gram drafter's one-hot q. */
@@ -356,6 +357,79 @@ static void test_verify_kv_full_and_release(void **state) {
     sd_verifier_free(&v);
 }
 
+/* Warm-up: the sizes it runs, nothing left behind (slots, blocks, step
+ * count, and the same commits as a verifier that never warmed up), an early
+ * stop where the pool or the slots end, and a refusal once serving. */
+static void test_verify_warmup(void **state) {
+    (void)state;
+    SKIP_WITHOUT_MODELS();
+    sd_verifier *warm = new_verifier(4, 64), *cold = new_verifier(4, 64);
+    sd_verifier_warmup_report rep;
+    /* max_draft 8: 9 tokens a sequence, so 32 tokens are 4 sequences */
+    assert_int_equal(sd_verifier_warmup(warm, 40, &rep), SD_OK);
+    assert_int_equal(rep.n_sizes, 18); /* 1..16, 24, 32 */
+    assert_int_equal(rep.n_steps, 34);
+    assert_int_equal(rep.max_tokens, 32);
+    assert_true(rep.first_max_at >= 1 && rep.first_max_at <= SD_WARMUP_RECORDED_TOKENS);
+    Specd__WorkerStats st = SPECD__WORKER_STATS__INIT;
+    sd_verifier_stats(warm, &st);
+    assert_int_equal(st.kv_blocks_free, 64);
+    assert_int_equal(st.n_sequences, 0);
+    assert_int_equal(st.steps, 0);
+
+    int32_t a[12], b[7], da[K], db[K];
+    make_prompt(a, 12, 41);
+    make_prompt(b, 7, 42);
+    make_prompt(da, K, 43);
+    make_prompt(db, K, 44);
+    static const float one = 1.0f;
+    sd_spec_q qa[K], qb[K];
+    for (int32_t i = 0; i < K; i++) qa[i] = (sd_spec_q){1, &da[i], &one}, qb[i] = (sd_spec_q){1, &db[i], &one};
+    const sd_sampling greedy = sampling_of(0), sampled = sampling_of(2);
+    int32_t commits[2][2][K + 1], n_commit[2][2];
+    for (int w = 0; w < 2; w++) {
+        vseq s[2];
+        vseq_init(&s[0], 51, 0, a, 12, &greedy);
+        vseq_drafts(&s[0], da, qa, K);
+        vseq_init(&s[1], 52, 0, b, 7, &sampled);
+        vseq_drafts(&s[1], db, qb, K);
+        Specd__VerifyResponse resp;
+        run_verify(w ? warm : cold, s, 2, false, &resp);
+        for (int i = 0; i < 2; i++) {
+            assert_int_equal(resp.results[i]->code, SPECD__CODE__CODE_OK);
+            n_commit[w][i] = (int32_t)resp.results[i]->n_commit;
+            memcpy(commits[w][i], resp.results[i]->commit, resp.results[i]->n_commit * sizeof(int32_t));
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(n_commit[0][i], n_commit[1][i]);
+        assert_memory_equal(commits[0][i], commits[1][i], (size_t)n_commit[0][i] * sizeof(int32_t));
+    }
+    /* serving now: a second warm-up is refused */
+    assert_int_equal(sd_verifier_warmup(warm, 8, NULL), SD_ERR_INVALID_ARG);
+    sd_verifier_free(&warm);
+    sd_verifier_free(&cold);
+
+    /* 2 blocks of 16 tokens hold two sequences: 16 tokens fit, 24 do not */
+    sd_verifier *small = new_verifier(4, 2);
+    assert_int_equal(sd_verifier_warmup(small, 128, &rep), SD_OK);
+    assert_int_equal(rep.max_tokens, 16);
+    assert_int_equal(rep.n_sizes, 16);
+    sd_verifier_stats(small, &st);
+    assert_int_equal(st.kv_blocks_free, 2);
+    sd_verifier_free(&small);
+    /* two slots: the same stop */
+    sd_verifier *few = new_verifier(2, 64);
+    assert_int_equal(sd_verifier_warmup(few, 128, &rep), SD_OK);
+    assert_int_equal(rep.max_tokens, 16);
+    sd_verifier_free(&few);
+    /* 0 runs nothing */
+    sd_verifier *none = new_verifier(2, 64);
+    assert_int_equal(sd_verifier_warmup(none, 0, &rep), SD_OK);
+    assert_int_equal(rep.n_steps, 0);
+    sd_verifier_free(&none);
+}
+
 /* prefill_only chunks append without sampling; the next step equals a whole-prompt step. */
 static void test_verify_prefill_only(void **state) {
     (void)state;
@@ -559,6 +633,7 @@ int main(void) {
         cmocka_unit_test(test_verify_cache_miss),
         cmocka_unit_test(test_verify_kv_full_and_release),
         cmocka_unit_test(test_verify_prefill_only),
+        cmocka_unit_test(test_verify_warmup),
         cmocka_unit_test(test_draft_batch),
         cmocka_unit_test(test_draft_ngram),
     };

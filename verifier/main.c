@@ -42,6 +42,7 @@ typedef struct verifier_opts {
     const char *group;      /* --group ADDR */
     int32_t lm_head;        /* sd_tp_lm_head */
     int32_t coll_timeout_ms, group_heartbeat_ms, join_timeout_s;
+    int32_t warmup;         /* --warmup N; -1 = the device's default */
     bool verbose;
 } verifier_opts;
 
@@ -71,10 +72,14 @@ static void usage(FILE *f) {
             "      --group-heartbeat-ms N  group heartbeat interval; a rank or leader silent for 10 of them\n"
             "                          is dead or hung (default %d)\n"
             "      --join-timeout S    how long the group waits for its ranks to join (default 600)\n"
+            "      --warmup N          before registering, run verification steps of up to N tokens: each size\n"
+            "                          up to %d twice (a GPU verifier records them as CUDA graphs), then 24, 32,\n"
+            "                          48, .. once, so the first requests do not pay for first sightings\n"
+            "                          (default 128 on a GPU, 0 on the CPU)\n"
             "      --name NAME         name in the coordinator's logs (default host:pid)\n"
             "  -v, --verbose           log at DEBUG level\n"
             "  -h, --help              this help\n",
-            SD_MAX_BATCH, SD_MAX_DRAFT, SD_GROUP_HEARTBEAT_MS);
+            SD_MAX_BATCH, SD_MAX_DRAFT, SD_GROUP_HEARTBEAT_MS, SD_WARMUP_RECORDED_TOKENS);
 }
 
 static bool parse_int(const char *flag, const char *s, int32_t lo, int32_t hi, int32_t *out) {
@@ -92,7 +97,7 @@ static bool parse_int(const char *flag, const char *s, int32_t lo, int32_t hi, i
 static int parse_args(int argc, char **argv, verifier_opts *o) {
     enum {
         O_COORD = 256, O_MAX_SEQS, O_KV_BLOCKS, O_BLOCK, O_MAX_BATCH, O_MAX_DRAFT, O_TP, O_RANK, O_NAME, O_DEVICE,
-        O_GROUP, O_LM_HEAD, O_COLL_TIMEOUT, O_GROUP_HB, O_JOIN_TIMEOUT
+        O_GROUP, O_LM_HEAD, O_COLL_TIMEOUT, O_GROUP_HB, O_JOIN_TIMEOUT, O_WARMUP
     };
     static const struct option longs[] = {
         {"model", required_argument, 0, 'm'},      {"coordinator", required_argument, 0, O_COORD},
@@ -106,6 +111,7 @@ static int parse_args(int argc, char **argv, verifier_opts *o) {
         {"coll-timeout-ms", required_argument, 0, O_COLL_TIMEOUT},
         {"group-heartbeat-ms", required_argument, 0, O_GROUP_HB},
         {"join-timeout", required_argument, 0, O_JOIN_TIMEOUT},
+        {"warmup", required_argument, 0, O_WARMUP},
         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
     };
     int c;
@@ -131,6 +137,7 @@ static int parse_args(int argc, char **argv, verifier_opts *o) {
         case O_COLL_TIMEOUT: ok = parse_int("--coll-timeout-ms", optarg, 1, 3600000, &o->coll_timeout_ms); break;
         case O_GROUP_HB: ok = parse_int("--group-heartbeat-ms", optarg, 1, 60000, &o->group_heartbeat_ms); break;
         case O_JOIN_TIMEOUT: ok = parse_int("--join-timeout", optarg, 1, 86400, &o->join_timeout_s); break;
+        case O_WARMUP: ok = parse_int("--warmup", optarg, 0, SD_MAX_BATCH * (SD_MAX_DRAFT + 1), &o->warmup); break;
         case O_NAME: o->name = optarg; break;
         case O_DEVICE:
             ok = sd_device_parse(optarg, &o->device) == SD_OK;
@@ -231,7 +238,7 @@ static int run_rank(const verifier_opts *o, const sd_worker_identity *id, sd_mod
 int main(int argc, char **argv) {
     verifier_opts o = {
         .coordinator = "tcp://127.0.0.1:7701", .max_seqs = 64, .block_size = 16, .max_batch = 64,
-        .max_draft = 16, .tp = 1, .rank = 0, .device = -1, .lm_head = SD_TP_LM_HEAD_SPLIT,
+        .max_draft = 16, .tp = 1, .rank = 0, .device = -1, .lm_head = SD_TP_LM_HEAD_SPLIT, .warmup = -1,
     };
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc == 1 ? 0 : 2;
@@ -313,6 +320,17 @@ int main(int argc, char **argv) {
             exit_code = st == SD_ERR_ABORTED ? 0 : st == SD_ERR_INVALID_ARG ? 3 : 4;
             SD_ERROR("the group could not be formed: %s", sd_status_str(st));
         }
+    }
+    if (st == SD_OK) {
+        /* before the coordinator knows us: no request waits on it */
+        const int32_t n_warm = o.warmup >= 0 ? o.warmup : o.device >= 0 ? 128 : 0;
+        sd_verifier_warmup_report wr;
+        st = sd_verifier_warmup(v, n_warm, &wr);
+        if (st == SD_OK && wr.n_steps > 0)
+            SD_INFO("warm-up: %d step sizes up to %d tokens in %.0f ms (slowest first sighting: %.1f ms at %d tokens)",
+                    (int)wr.n_sizes, (int)wr.max_tokens, wr.seconds * 1e3, wr.first_s_max * 1e3,
+                    (int)wr.first_max_at);
+        if (st != SD_OK) exit_code = 1;
     }
     sd_worker_exit why = SD_WORKER_STOPPED;
     if (st == SD_OK) {
