@@ -498,6 +498,20 @@ static void test_attention(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_kv_case(&cases[i], true);
 }
 
+/* Runs tests (NULL-terminated) on a fresh GPU backend made with var=value. */
+static void rerun_with(const char *var, const char *value, const char *what, void (*const *tests)(void)) {
+    setenv(var, value, 1);
+    if (sd_cuda_backend_create(0, &gpu) != SD_OK) {
+        fprintf(stderr, "test_cuda_ops: cuda:0 could not be opened again (%s=%s)\n", var, value);
+        failures++;
+    } else {
+        printf("with %s=%s (%s):\n", var, value, what);
+        for (int i = 0; tests[i]; i++) tests[i]();
+        gpu.ops->destroy(&gpu.ctx);
+    }
+    unsetenv(var);
+}
+
 int main(void) {
     sd_log_set(NULL, NULL, SD_LOG_WARN, "test_cuda_ops");
     if (sd_cuda_backend_create(0, &gpu) != SD_OK) {
@@ -515,32 +529,13 @@ int main(void) {
     gpu.ops->destroy(&gpu.ctx);
     /* the same matmuls with the tensor-core kernel off: the CUDA-core
      * streaming kernel then takes every shape */
-    setenv("SPECD_CUDA_MMA", "0", 1);
-    if (sd_cuda_backend_create(0, &gpu) != SD_OK) {
-        fprintf(stderr, "test_cuda_ops: cuda:0 could not be opened a second time\n");
-        failures++;
-    } else {
-        printf("with SPECD_CUDA_MMA=0 (CUDA cores):\n");
-        test_matmul();
-        test_matmul_fused();
-        gpu.ops->destroy(&gpu.ctx);
-    }
-    unsetenv("SPECD_CUDA_MMA");
+    static void (*const mm_tests[])(void) = {test_matmul, test_matmul_fused, NULL};
+    rerun_with("SPECD_CUDA_MMA", "0", "CUDA cores", mm_tests);
     /* programmatic launches (Hopper and later; elsewhere the backend turns
      * them off): the ops whose kernels follow one another within the op
      * (SwiGLU -> matmul, attention -> its join, matvec -> slice sum) */
-    setenv("SPECD_CUDA_PDL", "1", 1);
-    if (sd_cuda_backend_create(0, &gpu) != SD_OK) {
-        fprintf(stderr, "test_cuda_ops: cuda:0 could not be opened a third time\n");
-        failures++;
-    } else {
-        printf("with SPECD_CUDA_PDL=1 (programmatic launches):\n");
-        test_matmul();
-        test_matmul_fused();
-        test_attention();
-        gpu.ops->destroy(&gpu.ctx);
-    }
-    unsetenv("SPECD_CUDA_PDL");
+    static void (*const pdl_tests[])(void) = {test_matmul, test_matmul_fused, test_attention, NULL};
+    rerun_with("SPECD_CUDA_PDL", "1", "programmatic launches", pdl_tests);
     cpu.ops->destroy(&cpu.ctx);
     if (failures) {
         fprintf(stderr, "test_cuda_ops: %d failure(s)\n", failures);
