@@ -75,7 +75,8 @@ static void usage(FILE *f) {
             "      --warmup N          before registering, run verification steps of up to N tokens: each size\n"
             "                          up to %d twice (a GPU verifier records them as CUDA graphs), then 24, 32,\n"
             "                          48, .. once, so the first requests do not pay for first sightings\n"
-            "                          (default 128 on a GPU, 0 on the CPU)\n"
+            "                          (default on a GPU: the largest step, max-batch x (max-draft + 1);\n"
+            "                          0 on the CPU)\n"
             "      --name NAME         name in the coordinator's logs (default host:pid)\n"
             "  -v, --verbose           log at DEBUG level\n"
             "  -h, --help              this help\n",
@@ -323,7 +324,7 @@ int main(int argc, char **argv) {
     }
     if (st == SD_OK) {
         /* before the coordinator knows us: no request waits on it */
-        const int32_t n_warm = o.warmup >= 0 ? o.warmup : o.device >= 0 ? 128 : 0;
+        const int32_t n_warm = o.warmup >= 0 ? o.warmup : o.device >= 0 ? o.max_batch * (o.max_draft + 1) : 0;
         sd_verifier_warmup_report wr;
         st = sd_verifier_warmup(v, n_warm, &wr);
         if (st == SD_OK && wr.n_steps > 0)
