@@ -134,6 +134,21 @@ void sd_cost_observe_verify(sd_cost_model *c, int32_t n_tokens, uint32_t forward
     }
 }
 
+/* The line is fitted to the seeded sizes up to SD_COST_SIZES only: those
+ * are the steps a service makes most, and a fit dominated by 1000-token
+ * steps misjudged the fixed cost of small ones. */
+void sd_cost_seed(sd_cost_model *c, const sd_step_cost *costs, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const int32_t t = costs[i].tokens > INT32_MAX ? INT32_MAX : (int32_t)costs[i].tokens;
+        if (t < 1 || costs[i].forward_us == 0) continue;
+        sd_cost_observe_rows(c, t, costs[i].forward_us);
+        if (t > SD_COST_SIZES) continue;
+        sd_cost_observe_verify(c, t, costs[i].forward_us);
+        c->size_us[t] = costs[i].forward_us;
+        if (c->size_n[t] < SIZE_MIN_OBS) c->size_n[t] = SIZE_MIN_OBS;
+    }
+}
+
 double sd_cost_size_us(const sd_cost_model *c, int32_t n_tokens) {
     if (n_tokens < 1 || n_tokens > SD_COST_SIZES || c->size_n[n_tokens] < SIZE_MIN_OBS) return -1.0;
     return c->size_us[n_tokens];

@@ -187,6 +187,11 @@ uint64_t sd_cost_verify_timeout_us(const sd_cost_model *c, int32_t n_tokens, uin
 void sd_cost_verify_timed_out(sd_cost_model *c, int32_t n_tokens, uint64_t timeout_us);
 /* One draft step's round trip (request sent -> response handled). */
 void sd_cost_observe_draft_step(sd_cost_model *c, uint64_t round_trip_us);
+/* Step times a verifier measured before it registered (Hello.step_costs,
+ * one per size): each size up to SD_COST_SIZES is trusted at its measured
+ * time at once, and those sizes are fed to the line's fit and to the step
+ * timeout as if observed. Later observations take over as usual. */
+void sd_cost_seed(sd_cost_model *c, const sd_step_cost *costs, size_t n);
 /* Expected verify forward time for a step of n_tokens tokens (the line). */
 double sd_cost_verify_us(const sd_cost_model *c, int32_t n_tokens);
 /* A step of n_tokens as measured at that exact size, once seen a few

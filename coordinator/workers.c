@@ -155,6 +155,16 @@ static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
         c->verifier = wi;
         if (h->model->context_length && (int64_t)h->model->context_length < c->n_ctx)
             SD_WARN("verifier %s: context %u < the target's %d", name, h->model->context_length, c->n_ctx);
+        if (h->n_step_costs > 0) { /* validated: <= SD_MAX_STEP_COSTS, tokens and times > 0 */
+            sd_step_cost costs[SD_MAX_STEP_COSTS];
+            size_t n = 0;
+            for (size_t i = 0; i < h->n_step_costs && n < SD_MAX_STEP_COSTS; i++)
+                costs[n++] = (sd_step_cost){h->step_costs[i]->tokens, h->step_costs[i]->forward_us};
+            sd_cost_seed(&c->cost, costs, n);
+            SD_INFO("verifier %s: cost model seeded from %zu measured step sizes (%u..%u tokens): %.0f us a step + "
+                    "%.1f us a token", name, n, costs[0].tokens, costs[n - 1].tokens, c->cost.verify_fixed_us,
+                    c->cost.verify_token_us);
+        }
     } else if (c->drafter < 0) {
         c->drafter = wi;
         for (int32_t i = 0; i < c->n_sessions; i++) {

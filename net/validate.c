@@ -283,6 +283,20 @@ static bool check_hello(vctx *v, const char *path, const Specd__Hello *h, bool w
     if (h->drafter_kind > SPECD__DRAFTER_KIND__DRAFTER_KIND_SELF)
         return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s.drafter_kind: %d is not a known kind", path,
                     (int)h->drafter_kind);
+    if (h->n_step_costs > SD_MAX_STEP_COSTS)
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s.step_costs: %zu entries over the limit of %d", path,
+                    h->n_step_costs, SD_MAX_STEP_COSTS);
+    if (h->n_step_costs > 0 && h->role != SPECD__ROLE__ROLE_VERIFIER)
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s.step_costs: only a verifier sends them", path);
+    for (size_t i = 0; i < h->n_step_costs; i++) {
+        const Specd__StepCost *sc = h->step_costs[i];
+        if (!sc) return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s.step_costs[%zu]: missing", path, i);
+        if (sc->tokens < 1 || sc->tokens > (uint32_t)SD_MAX_BATCH * (SD_MAX_DRAFT + 1))
+            return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s.step_costs[%zu].tokens: %u outside [1, %d]", path, i,
+                        sc->tokens, SD_MAX_BATCH * (SD_MAX_DRAFT + 1));
+        if (sc->forward_us < 1)
+            return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s.step_costs[%zu].forward_us: 0", path, i);
+    }
     snprintf(sub, sizeof sub, "%s.name", path);
     if (!check_text(v, sub, h->name, NAME_MAX_BYTES)) return false;
     if (h->model) {

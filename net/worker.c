@@ -172,6 +172,17 @@ static sd_status send_hello(worker_loop *w) {
     h.max_batch = (uint32_t)p->limits.max_batch;
     h.max_draft = (uint32_t)p->limits.max_draft;
     h.stats = &stats;
+    Specd__StepCost costs[SD_MAX_STEP_COSTS];
+    Specd__StepCost *cost_ptrs[SD_MAX_STEP_COSTS];
+    const size_t n_costs = p->n_step_costs < SD_MAX_STEP_COSTS ? p->n_step_costs : SD_MAX_STEP_COSTS;
+    for (size_t i = 0; i < n_costs; i++) {
+        specd__step_cost__init(&costs[i]);
+        costs[i].tokens = p->step_costs[i].tokens;
+        costs[i].forward_us = p->step_costs[i].forward_us;
+        cost_ptrs[i] = &costs[i];
+    }
+    h.step_costs = cost_ptrs;
+    h.n_step_costs = n_costs;
     Specd__WorkerToCoordinator env = SPECD__WORKER_TO_COORDINATOR__INIT;
     env.body_case = SPECD__WORKER_TO_COORDINATOR__BODY_HELLO;
     env.hello = &h;

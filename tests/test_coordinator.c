@@ -50,6 +50,8 @@ typedef struct harness {
     uint32_t fwd_fixed_us, fwd_token_us;
     uint32_t fwd_step_from, fwd_step_us; /* + fwd_step_us when a step has fwd_step_from tokens or more */
     uint32_t draft_us; /* draft_us of draft replies (100 when 0) */
+    Specd__StepCost **hello_costs; /* step_costs a verifier's Hello carries */
+    size_t n_hello_costs;
 } harness;
 
 static void cap(harness *h, bool w, const uint8_t *ident, size_t ident_len, const ProtobufCMessage *m) {
@@ -163,6 +165,7 @@ static void hello(harness *h, const char *ident, Specd__Role role, uint64_t hash
     he.max_batch = 64;
     he.max_draft = 8;
     he.drafter_kind = role == SPECD__ROLE__ROLE_DRAFTER ? SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM : 0;
+    if (role == SPECD__ROLE__ROLE_VERIFIER) he.step_costs = h->hello_costs, he.n_step_costs = h->n_hello_costs;
     Specd__WorkerToCoordinator e = SPECD__WORKER_TO_COORDINATOR__INIT;
     e.body_case = SPECD__WORKER_TO_COORDINATOR__BODY_HELLO;
     e.hello = &he;
@@ -1112,6 +1115,45 @@ static void test_batch_gate_round_trip(void **state) {
  * to 8 tokens and 300 us more from the 9th (a GPU kernel's 8-token column
  * tile) makes drafting at batch 8 a loss that a line fitted below the step
  * calls a gain; under the step, at batch 4, the same drafts still pay. */
+/* A verifier's measured step times seed the cost model at registration:
+ * each size is trusted at once, the line fits the sizes up to
+ * SD_COST_SIZES, the step timeout follows the slowest per token. */
+static void test_cost_seeded_from_hello(void **state) {
+    (void)state;
+    NEED_MODEL();
+    sd_cost_model c;
+    sd_cost_init(&c);
+    sd_step_cost costs[20];
+    size_t n = 0;
+    for (uint32_t t = 1; t <= 16; t++) costs[n++] = (sd_step_cost){t, 1000 + 10 * t};
+    costs[n++] = (sd_step_cost){24, 1240};
+    costs[n++] = (sd_step_cost){128, 2280};
+    costs[n++] = (sd_step_cost){1024, 400000}; /* beyond the sizes kept: the timeout only */
+    sd_cost_seed(&c, costs, n);
+    assert_true(fabs(sd_cost_size_us(&c, 9) - 1090) < 1e-9);
+    assert_true(fabs(sd_cost_size_us(&c, 24) - 1240) < 1e-9);
+    assert_true(sd_cost_size_us(&c, 17) < 0);
+    assert_true(fabs(c.verify_fixed_us - 1000) < 1e-3 && fabs(c.verify_token_us - 10) < 1e-6);
+    /* 1024 tokens at ~390 us a token: a 100-token step may take 8x that */
+    assert_true(sd_cost_verify_timeout_us(&c, 100, 1000) > 100 * 390 * 7);
+    /* an observation afterwards moves the size's EMA as usual */
+    sd_cost_observe_verify(&c, 9, 2090);
+    assert_true(fabs(sd_cost_size_us(&c, 9) - (0.8 * 1090 + 0.2 * 2090)) < 1e-9);
+
+    /* through registration */
+    harness *h = harness_new(NULL);
+    Specd__StepCost sc[3] = {SPECD__STEP_COST__INIT, SPECD__STEP_COST__INIT, SPECD__STEP_COST__INIT};
+    Specd__StepCost *scp[3] = {&sc[0], &sc[1], &sc[2]};
+    for (int i = 0; i < 3; i++) sc[i].tokens = (uint32_t)(4 * i + 1), sc[i].forward_us = 500 + 50 * (4 * i + 1);
+    h->hello_costs = scp;
+    h->n_hello_costs = 3;
+    assert_true(sd_cost_size_us(&h->c.cost, 5) < 0);
+    register_ok(h, "v1", SPECD__ROLE__ROLE_VERIFIER);
+    assert_true(fabs(sd_cost_size_us(&h->c.cost, 5) - 750) < 1e-9);
+    assert_true(fabs(h->c.cost.verify_token_us - 50) < 1e-6 && fabs(h->c.cost.verify_fixed_us - 500) < 1e-3);
+    harness_free(h);
+}
+
 static void test_batch_gate_step_sizes(void **state) {
     (void)state;
     NEED_MODEL();
@@ -1621,6 +1663,7 @@ int main(void) {
         cmocka_unit_test(test_shadow_drafts_share_a_phase),
         cmocka_unit_test(test_next_verify_before_streaming),
         cmocka_unit_test(test_batch_gate_step_sizes),
+        cmocka_unit_test(test_cost_seeded_from_hello),
         cmocka_unit_test(test_prior_follows_outcomes),
         cmocka_unit_test(test_batch_drafts_stop_at_step_cost),
         cmocka_unit_test(test_batch_gate_round_trip),

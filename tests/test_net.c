@@ -642,9 +642,25 @@ static void test_validate_worker_messages(void **state) {
         int field;
     } cases[] = {{"hello.rank: 2 not below group_size 2", 0}, {"hello.group_size: 0, must be >= 1", 1},
                  {"hello.role: 1 is not ROLE_DRAFTER", 2},     {"hello.max_batch: 300 over the limit of 256", 3},
-                 {"hello.model: missing", 4},                  {"hello.drafter_kind: unspecified", 5}};
+                 {"hello.model: missing", 4},                  {"hello.drafter_kind: unspecified", 5},
+                 {"hello.step_costs[1].tokens: 0 outside [1, 8448]", 6},
+                 {"hello.step_costs[0].forward_us: 0", 7},
+                 {"hello.step_costs: 257 entries over the limit of 256", 8},
+                 {"hello.step_costs: only a verifier sends them", 9}};
+    Specd__StepCost sc_ok = SPECD__STEP_COST__INIT, sc_bad = SPECD__STEP_COST__INIT;
+    sc_ok.tokens = 4, sc_ok.forward_us = 900;
+    sc_bad.tokens = 0, sc_bad.forward_us = 900;
+    static Specd__StepCost *many[SD_MAX_STEP_COSTS + 1];
+    for (size_t i = 0; i <= SD_MAX_STEP_COSTS; i++) many[i] = &sc_ok;
+    Specd__StepCost *bad_tokens[] = {&sc_ok, &sc_bad}, *bad_time[] = {&sc_bad};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         Specd__Hello hc = h;
+        if (cases[c].field >= 6) hc.rank = 0, hc.n_step_costs = 2, hc.step_costs = bad_tokens;
+        if (cases[c].field == 7) sc_bad.forward_us = 0, sc_bad.tokens = 3, hc.n_step_costs = 1, hc.step_costs = bad_time;
+        if (cases[c].field == 8) hc.n_step_costs = SD_MAX_STEP_COSTS + 1, hc.step_costs = many;
+        if (cases[c].field == 9)
+            hc.role = SPECD__ROLE__ROLE_DRAFTER, hc.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM,
+            hc.step_costs = many, hc.n_step_costs = 1;
         if (cases[c].field == 1) hc.group_size = 0;
         if (cases[c].field == 2) hc.role = SPECD__ROLE__ROLE_CLIENT, hc.rank = 0;
         if (cases[c].field == 3) hc.rank = 0, hc.max_batch = 300;

@@ -2,7 +2,7 @@
  * coordinator: a ROUTER on a random loopback port in the test thread, the
  * loop in a second thread with stub callbacks.
  *
- * Checked: Hello carries the identity and limits; a request before Welcome
+ * Checked: Hello carries the identity, limits and step costs; a request before Welcome
  * gets CODE_PROTOCOL; after Welcome a VerifyRequest reaches the handler and
  * its reply comes back; malformed bytes get CODE_MALFORMED and an
  * out-of-range token CODE_BAD_REQUEST, and the loop carries on; idle
@@ -100,6 +100,9 @@ static void loop_start(loop_thread *t, const char *endpoint, int liveness) {
     t->p.model.n_layers = 2;
     snprintf(t->p.model.name, sizeof t->p.model.name, "stub.gguf");
     t->p.limits = (sd_net_limits){VOCAB, 512, 8, 4};
+    static const sd_step_cost costs[2] = {{1, 900}, {8, 1300}};
+    t->p.step_costs = costs;
+    t->p.n_step_costs = 2;
     t->p.stop_fd = t->stop_pipe[0];
     t->p.heartbeat_interval_ms = 40;
     t->p.liveness = liveness; /* until a Welcome says otherwise */
@@ -236,6 +239,9 @@ static void test_register_serve_heartbeat_stop(void **state) {
     assert_int_equal(h->max_batch, 8);
     assert_int_equal(h->max_draft, 4);
     assert_non_null(h->stats);
+    assert_int_equal(h->n_step_costs, 2);
+    assert_int_equal(h->step_costs[1]->tokens, 8);
+    assert_int_equal(h->step_costs[1]->forward_us, 1300);
     specd__worker_to_coordinator__free_unpacked(env, NULL);
 
     /* A request before Welcome is out of turn. */

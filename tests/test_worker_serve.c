@@ -368,9 +368,14 @@ static void test_verify_warmup(void **state) {
     /* max_draft 8: 9 tokens a sequence, so 32 tokens are 4 sequences */
     assert_int_equal(sd_verifier_warmup(warm, 40, &rep), SD_OK);
     assert_int_equal(rep.n_sizes, 18); /* 1..16, 24, 32 */
-    assert_int_equal(rep.n_steps, 34);
+    assert_int_equal(rep.n_steps, 16 * 3 + 2 * 2);
     assert_int_equal(rep.max_tokens, 32);
     assert_true(rep.first_max_at >= 1 && rep.first_max_at <= SD_WARMUP_RECORDED_TOKENS);
+    assert_int_equal(rep.n_costs, 18);
+    for (int32_t i = 0; i < rep.n_costs; i++) {
+        assert_int_equal(rep.costs[i].tokens, i < 16 ? i + 1 : 24 + 8 * (i - 16));
+        assert_true(rep.costs[i].forward_us >= 1);
+    }
     Specd__WorkerStats st = SPECD__WORKER_STATS__INIT;
     sd_verifier_stats(warm, &st);
     assert_int_equal(st.kv_blocks_free, 64);

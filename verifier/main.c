@@ -322,10 +322,11 @@ int main(int argc, char **argv) {
             SD_ERROR("the group could not be formed: %s", sd_status_str(st));
         }
     }
+    sd_verifier_warmup_report wr; /* its step times go out in every Hello */
+    memset(&wr, 0, sizeof wr);
     if (st == SD_OK) {
         /* before the coordinator knows us: no request waits on it */
         const int32_t n_warm = o.warmup >= 0 ? o.warmup : o.device >= 0 ? o.max_batch * (o.max_draft + 1) : 0;
-        sd_verifier_warmup_report wr;
         st = sd_verifier_warmup(v, n_warm, &wr);
         if (st == SD_OK && wr.n_steps > 0)
             SD_INFO("warm-up: %d step sizes up to %d tokens in %.0f ms (slowest first sighting: %.1f ms at %d tokens)",
@@ -341,6 +342,8 @@ int main(int argc, char **argv) {
         wp.group_size = (uint32_t)o.tp;
         wp.name = o.name;
         wp.limits = sd_verifier_limits(v);
+        wp.step_costs = wr.costs;
+        wp.n_step_costs = (size_t)wr.n_costs;
         wp.stop_fd = stop_fd;
         wp.handle = on_request;
         wp.release = on_release;

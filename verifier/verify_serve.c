@@ -465,20 +465,26 @@ sd_status sd_verifier_warmup(sd_verifier *v, int32_t max_tokens, sd_verifier_war
     const double t0 = sd_now();
     sd_status st = SD_OK;
     bool fits = true;
-    /* sizes 1..SD_WARMUP_RECORDED_TOKENS twice, then 24, 32, 48, 64, 96, .. once */
-    for (int32_t n = 1; st == SD_OK && fits && n <= max_tokens;) {
-        const bool twice = n <= SD_WARMUP_RECORDED_TOKENS;
-        const double t1 = sd_now();
+    /* sizes 1..SD_WARMUP_RECORDED_TOKENS: greedy, sampled, greedy (timed);
+     * then 24, 32, 48, 64, 96, ..: greedy, greedy (timed) */
+    for (int32_t n = 1; st == SD_OK && fits && n <= max_tokens && r.n_sizes < SD_WARMUP_MAX_SIZES;) {
+        const bool sampled = n <= SD_WARMUP_RECORDED_TOKENS;
+        double t1 = sd_now();
         st = warmup_step(v, n, false, toks, &fits);
         const double first = sd_now() - t1;
-        if (st == SD_OK && fits && twice) st = warmup_step(v, n, true, toks, &fits);
+        if (st == SD_OK && fits && sampled) st = warmup_step(v, n, true, toks, &fits);
+        t1 = sd_now();
+        if (st == SD_OK && fits) st = warmup_step(v, n, false, toks, &fits);
+        const double steady = sd_now() - t1;
         if (st != SD_OK || !fits) break;
-        SD_DEBUG("verifier: warm-up: %d tokens: first step %.2f ms%s", (int)n, first * 1e3,
-                 twice ? " (then a sampled one)" : "");
+        SD_DEBUG("verifier: warm-up: %d tokens: first step %.2f ms, steady %.2f ms", (int)n, first * 1e3,
+                 steady * 1e3);
+        const double us = steady * 1e6;
+        r.costs[r.n_costs++] = (sd_step_cost){(uint32_t)n, us < 1.0 ? 1u : us > 4e9 ? 4000000000u : (uint32_t)us};
         r.n_sizes++;
-        r.n_steps += twice ? 2 : 1;
+        r.n_steps += sampled ? 3 : 2;
         r.max_tokens = n;
-        if (twice && first > r.first_s_max) r.first_s_max = first, r.first_max_at = n;
+        if (sampled && first > r.first_s_max) r.first_s_max = first, r.first_max_at = n;
         if (n < SD_WARMUP_RECORDED_TOKENS) n++;
         else if (n == SD_WARMUP_RECORDED_TOKENS) n = 24;
         else n = (n & (n - 1)) == 0 ? n / 2 * 3 : n / 3 * 4; /* 2^k -> 3 * 2^(k-1) -> 2^(k+1) */

@@ -36,6 +36,7 @@ extern "C" {
 #define SD_MAX_PROMPT_BYTES (1 << 20)      /* prompt text */
 #define SD_MAX_BATCH 256                   /* sequences in one draft/verify batch */
 #define SD_MAX_DRAFT 32                    /* draft tokens per sequence per step */
+#define SD_MAX_STEP_COSTS 256              /* Hello.step_costs entries */
 #define SD_MAX_TOP_N 1024                  /* entries of one sparse q */
 #define SD_MAX_STOP_STRINGS 16
 #define SD_MAX_STOP_BYTES 256              /* per stop string */
@@ -43,6 +44,12 @@ extern "C" {
 #define SD_MAX_GROUP_SIZE 1024             /* ranks in a verifier group */
 #define SD_MAX_GROUP_ROWS (1 << 22)        /* batch rows in one GroupPlan */
 #define SD_MAX_GROUP_MSG_BYTES (256 << 20) /* the group link: a plan of SD_MAX_GROUP_ROWS rows fits */
+
+/* A verification step's measured time (Hello.step_costs). */
+typedef struct sd_step_cost {
+    uint32_t tokens;     /* tokens the step carried */
+    uint32_t forward_us; /* forward pass and verification, as VerifyResponse.forward_us */
+} sd_step_cost;
 
 /* What a process knows about the model it validates against. */
 typedef struct sd_net_limits {

@@ -86,6 +86,11 @@ typedef struct sd_worker_params {
     const char *name;             /* for the coordinator's logs; NULL = host:pid */
     sd_worker_identity model;     /* sent in Hello */
     sd_net_limits limits;         /* what incoming requests are validated against */
+    /* verifiers: steady step times measured before registering, sent in
+     * Hello for the coordinator's cost model; borrowed for the loop's
+     * lifetime (it says Hello again on reconnect) */
+    const sd_step_cost *step_costs;
+    size_t n_step_costs;          /* <= SD_MAX_STEP_COSTS */
     int heartbeat_interval_ms;    /* default SD_HEARTBEAT_INTERVAL_MS */
     int liveness;                 /* default SD_HEARTBEAT_LIVENESS */
     int stop_fd;                  /* readable = stop; -1 = never */
