@@ -41,6 +41,7 @@ typedef struct drafter_opts {
     int32_t draft_layers;
     int32_t n_threads, max_seqs, kv_blocks, top_n, max_draft, max_batch, max_ctx, index;
     int32_t device; /* model drafters: -1 CPU, N cuda:N */
+    int32_t warmup; /* --warmup N; -1 = the default */
     bool verbose;
 } drafter_opts;
 
@@ -70,9 +71,14 @@ static void usage(FILE *f) {
             "      --max-batch N       sequences per draft batch (default 64, at most %d)\n"
             "      --index N           drafter number in the logs (default 0)\n"
             "      --name NAME         name in the coordinator's logs (default host:pid)\n"
+            "      --warmup N          before registering, run draft batches whose catch-up forwards reach N\n"
+            "                          tokens (each size up to %d, then 24, 32, 48, ..), so a GPU drafter has\n"
+            "                          its forwards recorded and its kernels loaded before the first request\n"
+            "                          (default: max-batch x (max-draft + 1) for a model drafter on a GPU,\n"
+            "                          else 0)\n"
             "  -v, --verbose           log at DEBUG level\n"
             "  -h, --help              this help\n",
-            SD_SPEC_DEFAULT_TOP_N, SD_MAX_DRAFT, SD_MAX_BATCH);
+            SD_SPEC_DEFAULT_TOP_N, SD_MAX_DRAFT, SD_MAX_BATCH, SD_WARMUP_EXACT_TOKENS);
 }
 
 static bool parse_int(const char *flag, const char *s, int32_t lo, int32_t hi, int32_t *out) {
@@ -89,7 +95,7 @@ static bool parse_int(const char *flag, const char *s, int32_t lo, int32_t hi, i
 /* 0 = run, 1 = --help printed, 2 = bad flags. */
 static int parse_args(int argc, char **argv, drafter_opts *o) {
     enum { O_COORD = 256, O_NGRAM, O_VOCAB, O_NMIN, O_NMAX, O_LAYERS, O_SEQS, O_KV, O_CTX, O_TOPN, O_DRAFT,
-           O_BATCH, O_INDEX, O_NAME, O_DEVICE };
+           O_BATCH, O_INDEX, O_NAME, O_DEVICE, O_WARMUP };
     static const struct option longs[] = {
         {"coordinator", required_argument, 0, O_COORD}, {"model", required_argument, 0, 'm'},
         {"ngram", no_argument, 0, O_NGRAM},             {"vocab-from", required_argument, 0, O_VOCAB},
@@ -99,7 +105,7 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         {"max-ctx", required_argument, 0, O_CTX},       {"top-n", required_argument, 0, O_TOPN},
         {"max-draft", required_argument, 0, O_DRAFT},   {"max-batch", required_argument, 0, O_BATCH},
         {"index", required_argument, 0, O_INDEX},       {"name", required_argument, 0, O_NAME},
-        {"device", required_argument, 0, O_DEVICE},
+        {"device", required_argument, 0, O_DEVICE},     {"warmup", required_argument, 0, O_WARMUP},
         {"verbose", no_argument, 0, 'v'},               {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -123,6 +129,7 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         case O_BATCH: ok = parse_int("--max-batch", optarg, 1, SD_MAX_BATCH, &o->max_batch); break;
         case O_INDEX: ok = parse_int("--index", optarg, 0, 1 << 20, &o->index); break;
         case O_NAME: o->name = optarg; break;
+        case O_WARMUP: ok = parse_int("--warmup", optarg, 0, SD_MAX_BATCH * (SD_MAX_DRAFT + 1), &o->warmup); break;
         case O_DEVICE:
             ok = sd_device_parse(optarg, &o->device) == SD_OK;
             if (!ok) fprintf(stderr, "specd-drafter: --device must be cpu, cuda or cuda:N, got '%s'\n", optarg);
@@ -207,7 +214,7 @@ static void on_stats(void *user, Specd__WorkerStats *st) { sd_draft_server_stats
 int main(int argc, char **argv) {
     drafter_opts o = {
         .coordinator = "tcp://127.0.0.1:7701", .ngram_min = 1, .ngram_max = 4, .max_seqs = 64,
-        .top_n = SD_SPEC_DEFAULT_TOP_N, .max_draft = 16, .max_batch = 64, .device = -1,
+        .top_n = SD_SPEC_DEFAULT_TOP_N, .max_draft = 16, .max_batch = 64, .device = -1, .warmup = -1,
     };
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc == 1 ? 0 : 2;
@@ -274,6 +281,19 @@ int main(int argc, char **argv) {
     }
     SD_INFO("%s drafter for %s (vocab %u): %d slots of %d tokens, top-n %d, max draft %d", sd_drafter_name(drafter),
             wp.model.name, wp.model.vocab_size, (int)o.max_seqs, (int)dp.max_ctx, (int)dp.top_n, (int)o.max_draft);
+    /* before the coordinator knows us: no request waits on it */
+    const int32_t n_warm = o.warmup >= 0 ? o.warmup : !o.ngram && o.device >= 0 ? o.max_batch * (o.max_draft + 1) : 0;
+    sd_draft_warmup_report wr;
+    st = sd_draft_server_warmup(server, n_warm, &wr);
+    if (st != SD_OK) {
+        sd_draft_server_free(&server);
+        sd_drafter_free(&drafter);
+        close(stop_fd);
+        return 1;
+    }
+    if (wr.n_steps > 0)
+        SD_INFO("warm-up: %d batch sizes up to %d tokens in %.0f ms", (int)wr.n_sizes, (int)wr.max_tokens,
+                wr.seconds * 1e3);
 
     void *zctx = zmq_ctx_new();
     drafter_ctx ctx = {.server = server};

@@ -52,6 +52,13 @@ const char *sd_seq_outcome_str(sd_seq_outcome o) {
     return "unknown";
 }
 
+int32_t sd_warmup_next_size(int32_t n) {
+    if (n < SD_WARMUP_EXACT_TOKENS) return n < 1 ? 1 : n + 1;
+    if (n < 24) return 24;
+    if (n > INT32_MAX / 2) return INT32_MAX;
+    return (n & (n - 1)) == 0 ? n / 2 * 3 : n / 3 * 4; /* 2^k -> 3 * 2^(k-1) -> 2^(k+1) */
+}
+
 sd_status sd_spec_scratch_create(sd_spec_scratch **out) {
     if (!out) return SD_ERR_INVALID_ARG;
     *out = calloc(1, sizeof **out);

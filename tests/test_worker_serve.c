@@ -13,7 +13,8 @@
  * runs the sizes it says and leaves nothing behind.
  * Drafter: a batch with keep_len truncation proposes exactly what
  * sd_drafter_propose gives on the same context (tokens and q); CACHE_MISS;
- * Release; the n-gram drafter's one-hot q. */
+ * Release; the n-gram drafter's one-hot q; a warm-up leaves the proposals
+ * unchanged. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -583,6 +584,59 @@ static void test_draft_batch(void **state) {
     sd_drafter_free(&d);
 }
 
+/* A drafter's warm-up: the sizes it runs, the same proposals afterwards as
+ * a drafter that never warmed up, an early stop where the slots end, and a
+ * refusal once serving. */
+static void test_draft_warmup(void **state) {
+    (void)state;
+    SKIP_WITHOUT_MODELS();
+    sd_drafter *d = open_draft(4), *ref = open_draft(1);
+    sd_draft_server_params sp = sd_draft_server_default_params();
+    sp.max_seqs = 4;
+    sp.max_ctx = MAX_CTX;
+    sp.max_batch = 8;
+    sp.max_draft = K;
+    sp.n_vocab = VOCAB;
+    sd_draft_server *srv = NULL;
+    assert_int_equal(sd_draft_server_create(d, &sp, &srv), SD_OK);
+    sd_draft_warmup_report rep;
+    assert_int_equal(sd_draft_server_warmup(srv, 40, &rep), SD_OK);
+    assert_int_equal(rep.n_sizes, 18); /* 1..16, 24, 32 */
+    assert_int_equal(rep.n_steps, 16 * 3 + 2 * 2);
+    assert_int_equal(rep.max_tokens, 32);
+    Specd__WorkerStats st = SPECD__WORKER_STATS__INIT;
+    sd_draft_server_stats(srv, &st);
+    assert_int_equal(st.n_sequences, 0);
+    assert_int_equal(st.steps, 0);
+    int32_t a[20];
+    make_prompt(a, 20, 81);
+    const sd_sampling greedy = sampling_of(0), hot = sampling_of(1);
+    dseq s[2];
+    dseq_init(&s[0], 1, 0, a, 20, K, &greedy);
+    dseq_init(&s[1], 2, 0, a, 13, K, &hot);
+    Specd__DraftResponse resp;
+    run_draft(srv, s, 2, &resp);
+    assert_same_proposal(resp.results[0], ref, a, 20, &greedy);
+    sd_drafter_release(ref, 0);
+    assert_same_proposal(resp.results[1], ref, a, 13, &hot);
+    assert_int_equal(sd_draft_server_warmup(srv, 8, NULL), SD_ERR_INVALID_ARG);
+    sd_draft_server_free(&srv);
+
+    /* slots of 8 tokens, two slots: 12 tokens are 6 a slot (+2 drafts), 16 do not fit */
+    sp.max_ctx = 8;
+    sp.max_seqs = 2;
+    sd_drafter *d2 = open_draft(2);
+    assert_int_equal(sd_draft_server_create(d2, &sp, &srv), SD_OK);
+    assert_int_equal(sd_draft_server_warmup(srv, 128, &rep), SD_OK);
+    assert_int_equal(rep.max_tokens, 12);
+    assert_int_equal(sd_draft_server_warmup(srv, 0, &rep), SD_OK);
+    assert_int_equal(rep.n_steps, 0);
+    sd_draft_server_free(&srv);
+    sd_drafter_free(&d2);
+    sd_drafter_free(&ref);
+    sd_drafter_free(&d);
+}
+
 static void test_draft_ngram(void **state) {
     (void)state;
     sd_drafter_params dp = sd_drafter_default_params();
@@ -640,6 +694,7 @@ int main(void) {
         cmocka_unit_test(test_verify_prefill_only),
         cmocka_unit_test(test_verify_warmup),
         cmocka_unit_test(test_draft_batch),
+        cmocka_unit_test(test_draft_warmup),
         cmocka_unit_test(test_draft_ngram),
     };
     return cmocka_run_group_tests(tests, setup_models, teardown_models);

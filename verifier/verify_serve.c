@@ -485,9 +485,7 @@ sd_status sd_verifier_warmup(sd_verifier *v, int32_t max_tokens, sd_verifier_war
         r.n_steps += sampled ? 3 : 2;
         r.max_tokens = n;
         if (sampled && first > r.first_s_max) r.first_s_max = first, r.first_max_at = n;
-        if (n < SD_WARMUP_RECORDED_TOKENS) n++;
-        else if (n == SD_WARMUP_RECORDED_TOKENS) n = 24;
-        else n = (n & (n - 1)) == 0 ? n / 2 * 3 : n / 3 * 4; /* 2^k -> 3 * 2^(k-1) -> 2^(k+1) */
+        n = sd_warmup_next_size(n);
     }
     free(toks);
     r.seconds = sd_now() - t0;

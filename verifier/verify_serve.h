@@ -9,6 +9,7 @@
 
 #include "specd/model.h"
 #include "specd/net.h"
+#include "specd/spec_batch.h"
 
 typedef struct sd_verifier sd_verifier;
 
@@ -51,7 +52,7 @@ sd_net_limits sd_verifier_limits(const sd_verifier *v);
 sd_status sd_verifier_handle(sd_verifier *v, const Specd__VerifyRequest *req, Specd__VerifyResponse *resp);
 
 /* Step sizes up to this many tokens get a sampled step too (see below). */
-#define SD_WARMUP_RECORDED_TOKENS 16
+#define SD_WARMUP_RECORDED_TOKENS SD_WARMUP_EXACT_TOKENS
 /* Step sizes a warm-up measures at most. */
 #define SD_WARMUP_MAX_SIZES 64
 

@@ -83,6 +83,14 @@ void sd_spec_scratch_free(sd_spec_scratch **s);
 sd_status sd_spec_verify_batch(sd_model *m, sd_kv *kv, int32_t n_seqs, const sd_verify_seq *seqs,
                                sd_verify_result *results, sd_spec_scratch *scratch);
 
+/* Warm-ups (verifier and drafter processes, before they register): step
+ * sizes 1..SD_WARMUP_EXACT_TOKENS one by one, since a GPU backend records
+ * each of those sizes as a graph of its own, then a ladder 24, 32, 48, 64,
+ * 96, 128, ... (2^k and 3 * 2^(k-1)) for the sizes that run on cuBLAS. The
+ * size after n; start from 1. */
+#define SD_WARMUP_EXACT_TOKENS 16
+int32_t sd_warmup_next_size(int32_t n);
+
 /* One sequence of a drafting step. */
 typedef struct sd_draft_seq {
     int32_t slot;            /* drafter slot in [0, max_seqs) */
