@@ -2,6 +2,7 @@
 specd-generate gives each prompt alone.
 
   test_greedy.py --model tiny|smollm --drafter model|ngram|layers|none [--n 64] [--tokens 24] [--adaptive] [--hf]
+                 [--warmup N]
 
 tiny: a random 2-layer target (specd-mkmodel) with a random 1-layer draft
 model sharing its tokenizer; requests ignore EOS so every one runs to
@@ -15,7 +16,10 @@ costs); whether it speculates then depends on the machine, so drafted is
 only logged. --hf: the service (coordinator, verifier, drafter) gets the
 target as a Hugging Face directory converted from the GGUF (specd-mkmodel
 --convert), the references still come from the GGUF: the two formats hold
-the same numbers, so the tokens must be equal."""
+the same numbers, so the tokens must be equal. --warmup N: verifier and
+model drafter warm up to N tokens before registering (as they do by default
+on a GPU); the coordinator must say it seeded its cost model from the
+verifier's step times, and the tokens must still be equal."""
 import os
 import subprocess
 import argparse
@@ -46,8 +50,15 @@ def run(h, args):
     # K fixed (H.FIXED_K): the test is about the drafts' verification under
     # load; adaptive K may rightly choose K = 0 for a drafter that does not
     # pay (the tiny models; SmolLM2's 1-layer self-draft under ASan)
-    h.start_service(target, drafter=None if args.drafter == "none" else args.drafter, draft=draft,
-                    coord_extra=() if args.adaptive else H.FIXED_K)
+    warm = ("--warmup", str(args.warmup)) if args.warmup else ()
+    coord, _, _ = h.start_service(target, drafter=None if args.drafter == "none" else args.drafter, draft=draft,
+                                  coord_extra=() if args.adaptive else H.FIXED_K, verifier_extra=warm,
+                                  drafter_extra=warm if args.drafter in ("model", "layers") else ())
+    if args.warmup:
+        with open(coord.logpath, errors="replace") as f:
+            seeded = [l for l in f if "cost model seeded" in l]
+        H.check(len(seeded) == 1, "the coordinator did not seed its cost model from the verifier's warm-up")
+        H.log(seeded[0].strip())
     c = h.client()
     jobs = [dict(prompt=p, max_tokens=args.tokens, ignore_eos=ignore_eos, chat=chat) for p in prompts]
     res = c.run(jobs, timeout=args.timeout)
@@ -82,5 +93,6 @@ if __name__ == "__main__":
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--adaptive", action="store_true", help="adaptive K (default: K fixed at 4)")
     ap.add_argument("--hf", action="store_true", help="serve the target as a Hugging Face directory")
+    ap.add_argument("--warmup", type=int, default=0, help="verifier and model drafter --warmup N")
     a = ap.parse_args()
     H.main(lambda h: run(h, a))
