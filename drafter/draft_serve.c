@@ -297,49 +297,34 @@ sd_status sd_draft_server_handle(sd_draft_server *s, const Specd__DraftRequest *
     return SD_OK;
 }
 
-/* One warm-up batch of n_tokens appended tokens over slots 0..; *fits is
- * false when the drafter has no room for it. */
-static sd_status warmup_batch(sd_draft_server *s, int32_t n_tokens, bool sampled, int32_t *toks, bool *fits) {
+/* One warm-up batch (sd_warmup_step_fn) of n_tokens appended tokens over
+ * slots 0..; *fits is false when the slots are too short for it. */
+static sd_status warmup_batch(void *user, int32_t n_tokens, const sd_sampling *sampling, const int32_t *toks,
+                              bool *fits) {
+    sd_draft_server *s = user;
     int32_t n_seqs = n_tokens;
     if (n_seqs > s->p.max_batch) n_seqs = s->p.max_batch;
     if (n_seqs > s->p.max_seqs) n_seqs = s->p.max_seqs;
     const int32_t per = (n_tokens + n_seqs - 1) / n_seqs;
     *fits = per + 2 <= s->p.max_ctx;
     if (!*fits) return SD_OK;
-    sd_sampling smp = sd_sampling_default();
-    smp.temperature = 0.0f;
-    if (sampled) {
-        smp.temperature = 1.0f;
-        smp.top_k = 40;
-        smp.top_p = 0.9f;
-        smp.seed = 1;
-    }
-    for (int32_t i = 0; i < n_tokens; i++) toks[i] = (int32_t)(((int64_t)i * 7919 + 13) % s->p.n_vocab);
     int32_t off = 0;
     for (int32_t q = 0; q < n_seqs; q++) {
         const int32_t len = n_tokens / n_seqs + (q < n_tokens % n_seqs ? 1 : 0);
         s->dseqs[q] = (sd_draft_seq){.slot = q, .keep_len = 0, .n_append = len, .append = toks + off,
-                                     .k = s->p.max_draft < 2 ? s->p.max_draft : 2, .sampling = smp};
+                                     .k = s->p.max_draft < 2 ? s->p.max_draft : 2, .sampling = *sampling};
         off += len;
     }
     sd_status st = sd_draft_batch(s->drafter, n_seqs, s->dseqs, s->dresults);
     for (int32_t q = 0; q < n_seqs; q++) sd_drafter_release(s->drafter, q);
     SD_TRY(st);
-    for (int32_t q = 0; q < n_seqs; q++) {
-        if (s->dresults[q].outcome == SD_SEQ_OUT_OF_BLOCKS) {
-            *fits = false;
-        } else if (s->dresults[q].outcome != SD_SEQ_OK) {
-            SD_ERROR("drafter: warm-up batch of %d tokens: sequence %d: %s", (int)n_tokens, (int)q,
-                     sd_seq_outcome_str(s->dresults[q].outcome));
-            return SD_ERR_INTERNAL;
-        }
-    }
+    for (int32_t q = 0; q < n_seqs; q++)
+        SD_TRY(sd_warmup_outcome("drafter", n_tokens, q, s->dresults[q].outcome, fits));
     return SD_OK;
 }
 
-sd_status sd_draft_server_warmup(sd_draft_server *s, int32_t max_tokens, sd_draft_warmup_report *rep) {
-    sd_draft_warmup_report r = {0};
-    if (rep) *rep = r;
+sd_status sd_draft_server_warmup(sd_draft_server *s, int32_t max_tokens, sd_warmup_report *rep) {
+    if (rep) memset(rep, 0, sizeof *rep);
     if (!s || max_tokens < 0) return SD_ERR_INVALID_ARG;
     for (int32_t i = 0; i < s->p.max_seqs; i++) {
         if (s->slots[i].used) {
@@ -347,33 +332,7 @@ sd_status sd_draft_server_warmup(sd_draft_server *s, int32_t max_tokens, sd_draf
             return SD_ERR_INVALID_ARG;
         }
     }
-    if (max_tokens == 0) return SD_OK;
-    int32_t *toks = malloc((size_t)max_tokens * sizeof *toks);
-    if (!toks) return SD_ERR_NOMEM;
-    const double t0 = sd_now();
-    sd_status st = SD_OK;
-    bool fits = true;
-    for (int32_t n = 1; n <= max_tokens; n = sd_warmup_next_size(n)) {
-        const bool exact = n <= SD_WARMUP_EXACT_TOKENS;
-        st = warmup_batch(s, n, false, toks, &fits);
-        if (st == SD_OK && fits && exact) st = warmup_batch(s, n, true, toks, &fits);
-        if (st == SD_OK && fits) st = warmup_batch(s, n, false, toks, &fits);
-        if (st != SD_OK || !fits) break;
-        r.n_sizes++;
-        r.n_steps += exact ? 3 : 2;
-        r.max_tokens = n;
-    }
-    free(toks);
-    r.seconds = sd_now() - t0;
-    if (rep) *rep = r;
-    if (st != SD_OK) {
-        SD_ERROR("drafter: warm-up failed: %s", sd_status_str(st));
-        return st;
-    }
-    if (!fits)
-        SD_WARN("drafter: warm-up stopped after %d-token batches: the next size does not fit the drafter",
-                (int)r.max_tokens);
-    return SD_OK;
+    return sd_warmup_run("drafter", max_tokens, s->p.n_vocab, warmup_batch, s, rep);
 }
 
 void sd_draft_server_release(sd_draft_server *s, const uint64_t *request_ids, size_t n) {

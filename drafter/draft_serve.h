@@ -42,26 +42,17 @@ sd_net_limits sd_draft_server_limits(const sd_draft_server *s);
  * drafter failure. */
 sd_status sd_draft_server_handle(sd_draft_server *s, const Specd__DraftRequest *req, Specd__DraftResponse *resp);
 
-/* What a warm-up ran. */
-typedef struct sd_draft_warmup_report {
-    int32_t n_sizes;     /* distinct step sizes run */
-    int32_t n_steps;     /* draft batches run */
-    int32_t max_tokens;  /* the largest catch-up forward run (0: none) */
-    double seconds;
-} sd_draft_warmup_report;
-
 /* Runs draft batches of synthetic sequences before serving, for the same
  * reason as the verifier's warm-up (verify_serve.h): a model drafter on a
  * GPU runs a new forward size op by op, records it the second time, and
- * loads each kernel module on first use. For each size T of
- * sd_warmup_next_size up to max_tokens: min(T, max_batch, max_seqs)
- * sequences share T appended tokens (the catch-up forward has T rows) and
- * draft two tokens each (a forward with a row per sequence); three batches
- * (greedy, sampled, greedy) for T up to SD_WARMUP_EXACT_TOKENS, two above.
- * Every slot is free again afterwards and the step count is unchanged.
- * Stops early where the drafter has no room (logged). Refused
- * (SD_ERR_INVALID_ARG) once a slot is in use. rep may be NULL. */
-sd_status sd_draft_server_warmup(sd_draft_server *s, int32_t max_tokens, sd_draft_warmup_report *rep);
+ * loads each kernel module on first use. For each size T of sd_warmup_run
+ * up to max_tokens, min(T, max_batch, max_seqs) sequences share T appended
+ * tokens (the catch-up forward has T rows) and draft two tokens each (a
+ * forward with a row per sequence). Every drafter slot is released
+ * afterwards and the step count is unchanged. Stops early where the slots
+ * are too short (logged). Refused (SD_ERR_INVALID_ARG) once a slot is in
+ * use. rep may be NULL. */
+sd_status sd_draft_server_warmup(sd_draft_server *s, int32_t max_tokens, sd_warmup_report *rep);
 
 /* Frees the slots of the given ids; unknown ids are ignored. */
 void sd_draft_server_release(sd_draft_server *s, const uint64_t *request_ids, size_t n);

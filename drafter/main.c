@@ -283,7 +283,7 @@ int main(int argc, char **argv) {
             wp.model.name, wp.model.vocab_size, (int)o.max_seqs, (int)dp.max_ctx, (int)dp.top_n, (int)o.max_draft);
     /* before the coordinator knows us: no request waits on it */
     const int32_t n_warm = o.warmup >= 0 ? o.warmup : !o.ngram && o.device >= 0 ? o.max_batch * (o.max_draft + 1) : 0;
-    sd_draft_warmup_report wr;
+    sd_warmup_report wr;
     st = sd_draft_server_warmup(server, n_warm, &wr);
     if (st != SD_OK) {
         sd_draft_server_free(&server);

@@ -59,6 +59,61 @@ int32_t sd_warmup_next_size(int32_t n) {
     return (n & (n - 1)) == 0 ? n / 2 * 3 : n / 3 * 4; /* 2^k -> 3 * 2^(k-1) -> 2^(k+1) */
 }
 
+sd_status sd_warmup_run(const char *who, int32_t max_tokens, int32_t n_vocab, sd_warmup_step_fn step, void *user,
+                        sd_warmup_report *rep) {
+    sd_warmup_report r;
+    memset(&r, 0, sizeof r);
+    if (rep) *rep = r;
+    if (!step || max_tokens < 0 || n_vocab <= 0) return SD_ERR_INVALID_ARG;
+    if (max_tokens == 0) return SD_OK;
+    int32_t *toks = malloc((size_t)max_tokens * sizeof *toks);
+    if (!toks) return SD_ERR_NOMEM;
+    for (int32_t i = 0; i < max_tokens; i++) toks[i] = (int32_t)(((int64_t)i * 7919 + 13) % n_vocab);
+    sd_sampling greedy = sd_sampling_default(), sampled = sd_sampling_default();
+    greedy.temperature = 0.0f;
+    sampled.top_k = 40;
+    sampled.top_p = 0.9f;
+    sampled.seed = 1;
+    const double t0 = sd_now();
+    sd_status st = SD_OK;
+    bool fits = true;
+    for (int32_t n = 1; n <= max_tokens && r.n_sizes < SD_WARMUP_MAX_SIZES; n = sd_warmup_next_size(n)) {
+        const bool exact = n <= SD_WARMUP_EXACT_TOKENS;
+        double t1 = sd_now();
+        st = step(user, n, &greedy, toks, &fits);
+        const double first = sd_now() - t1;
+        if (st == SD_OK && fits && exact) st = step(user, n, &sampled, toks, &fits);
+        t1 = sd_now();
+        if (st == SD_OK && fits) st = step(user, n, &greedy, toks, &fits);
+        const double steady = sd_now() - t1;
+        if (st != SD_OK || !fits) break;
+        SD_DEBUG("%s: warm-up: %d tokens: first step %.2f ms, steady %.2f ms", who, (int)n, first * 1e3,
+                 steady * 1e3);
+        r.tokens[r.n_sizes] = n;
+        r.steady_s[r.n_sizes] = steady;
+        r.n_sizes++;
+        r.n_steps += exact ? 3 : 2;
+        r.max_tokens = n;
+        if (exact && first > r.first_s_max) r.first_s_max = first, r.first_max_at = n;
+    }
+    free(toks);
+    r.seconds = sd_now() - t0;
+    if (rep) *rep = r;
+    if (st != SD_OK) {
+        SD_ERROR("%s: warm-up failed: %s", who, sd_status_str(st));
+        return st;
+    }
+    if (!fits) SD_WARN("%s: warm-up stopped after %d-token steps: the next size does not fit", who, (int)r.max_tokens);
+    return SD_OK;
+}
+
+sd_status sd_warmup_outcome(const char *who, int32_t n_tokens, int32_t seq, sd_seq_outcome o, bool *fits) {
+    if (o == SD_SEQ_OUT_OF_BLOCKS) *fits = false;
+    if (o == SD_SEQ_OK || o == SD_SEQ_OUT_OF_BLOCKS) return SD_OK;
+    SD_ERROR("%s: warm-up step of %d tokens: sequence %d: %s", who, (int)n_tokens, (int)seq, sd_seq_outcome_str(o));
+    return SD_ERR_INTERNAL;
+}
+
 sd_status sd_spec_scratch_create(sd_spec_scratch **out) {
     if (!out) return SD_ERR_INVALID_ARG;
     *out = calloc(1, sizeof **out);

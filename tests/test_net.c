@@ -656,7 +656,8 @@ static void test_validate_worker_messages(void **state) {
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         Specd__Hello hc = h;
         if (cases[c].field >= 6) hc.rank = 0, hc.n_step_costs = 2, hc.step_costs = bad_tokens;
-        if (cases[c].field == 7) sc_bad.forward_us = 0, sc_bad.tokens = 3, hc.n_step_costs = 1, hc.step_costs = bad_time;
+        if (cases[c].field == 7)
+            sc_bad.forward_us = 0, sc_bad.tokens = 3, hc.n_step_costs = 1, hc.step_costs = bad_time;
         if (cases[c].field == 8) hc.n_step_costs = SD_MAX_STEP_COSTS + 1, hc.step_costs = many;
         if (cases[c].field == 9)
             hc.role = SPECD__ROLE__ROLE_DRAFTER, hc.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM,

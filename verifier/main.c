@@ -80,7 +80,7 @@ static void usage(FILE *f) {
             "      --name NAME         name in the coordinator's logs (default host:pid)\n"
             "  -v, --verbose           log at DEBUG level\n"
             "  -h, --help              this help\n",
-            SD_MAX_BATCH, SD_MAX_DRAFT, SD_GROUP_HEARTBEAT_MS, SD_WARMUP_RECORDED_TOKENS);
+            SD_MAX_BATCH, SD_MAX_DRAFT, SD_GROUP_HEARTBEAT_MS, SD_WARMUP_EXACT_TOKENS);
 }
 
 static bool parse_int(const char *flag, const char *s, int32_t lo, int32_t hi, int32_t *out) {
@@ -322,12 +322,19 @@ int main(int argc, char **argv) {
             SD_ERROR("the group could not be formed: %s", sd_status_str(st));
         }
     }
-    sd_verifier_warmup_report wr; /* its step times go out in every Hello */
+    sd_warmup_report wr;
+    sd_step_cost costs[SD_WARMUP_MAX_SIZES]; /* the warm-up's step times, sent in every Hello */
+    size_t n_costs = 0;
     memset(&wr, 0, sizeof wr);
     if (st == SD_OK) {
         /* before the coordinator knows us: no request waits on it */
         const int32_t n_warm = o.warmup >= 0 ? o.warmup : o.device >= 0 ? o.max_batch * (o.max_draft + 1) : 0;
         st = sd_verifier_warmup(v, n_warm, &wr);
+        for (int32_t i = 0; st == SD_OK && i < wr.n_sizes; i++) {
+            const double us = wr.steady_s[i] * 1e6;
+            costs[n_costs++] = (sd_step_cost){(uint32_t)wr.tokens[i],
+                                              us < 1.0 ? 1u : us > 4e9 ? 4000000000u : (uint32_t)us};
+        }
         if (st == SD_OK && wr.n_steps > 0)
             SD_INFO("warm-up: %d step sizes up to %d tokens in %.0f ms (slowest first sighting: %.1f ms at %d tokens)",
                     (int)wr.n_sizes, (int)wr.max_tokens, wr.seconds * 1e3, wr.first_s_max * 1e3,
@@ -342,8 +349,8 @@ int main(int argc, char **argv) {
         wp.group_size = (uint32_t)o.tp;
         wp.name = o.name;
         wp.limits = sd_verifier_limits(v);
-        wp.step_costs = wr.costs;
-        wp.n_step_costs = (size_t)wr.n_costs;
+        wp.step_costs = costs;
+        wp.n_step_costs = n_costs;
         wp.stop_fd = stop_fd;
         wp.handle = on_request;
         wp.release = on_release;

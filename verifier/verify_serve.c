@@ -405,53 +405,36 @@ sd_status sd_verifier_handle(sd_verifier *v, const Specd__VerifyRequest *req, Sp
     return finish(v, req, resp, t0);
 }
 
-/* One warm-up step of n_tokens tokens over slots 0..: each sequence one
- * appended token and up to max_draft drafts (one-hot q, as an n-gram
- * drafter sends), so every row's logits are wanted. *fits is false when
- * max_batch, the slots or the KV pool cannot hold the step. */
-static sd_status warmup_step(sd_verifier *v, int32_t n_tokens, bool sampled, int32_t *toks, bool *fits) {
+/* One warm-up step (sd_warmup_step_fn) of n_tokens tokens over slots 0..:
+ * each sequence one appended token and up to max_draft drafts. */
+static sd_status warmup_step(void *user, int32_t n_tokens, const sd_sampling *sampling, const int32_t *toks,
+                             bool *fits) {
     static const float one = 1.0f;
+    sd_verifier *v = user;
     int32_t per = v->p.max_draft + 1;
     if (per > v->p.max_ctx) per = v->p.max_ctx;
     const int32_t n_seqs = (n_tokens + per - 1) / per;
     *fits = n_seqs <= v->p.max_batch && n_seqs <= v->p.max_seqs;
     if (!*fits) return SD_OK;
-    sd_sampling smp = sd_sampling_default();
-    smp.temperature = 0.0f;
-    if (sampled) {
-        smp.temperature = 1.0f;
-        smp.top_k = 40;
-        smp.top_p = 0.9f;
-        smp.seed = 1;
-    }
-    for (int32_t i = 0; i < n_tokens; i++) toks[i] = (int32_t)(((int64_t)i * 7919 + 13) % v->n_vocab);
     int32_t off = 0;
     for (int32_t s = 0; s < n_seqs; s++) {
         const int32_t len = n_tokens - off < per ? n_tokens - off : per;
         sd_spec_q *q = v->vq + (size_t)s * (size_t)v->p.max_draft;
         for (int32_t r = 0; r < len - 1; r++) q[r] = (sd_spec_q){1, toks + off + 1 + r, &one};
         v->vseqs[s] = (sd_verify_seq){.slot = s, .keep_len = 0, .n_append = 1, .append = toks + off,
-                                      .k = len - 1, .draft = toks + off + 1, .q = q, .sampling = smp};
+                                      .k = len - 1, .draft = toks + off + 1, .q = q, .sampling = *sampling};
         off += len;
     }
     sd_status st = sd_spec_verify_batch(v->target, v->kv, n_seqs, v->vseqs, v->vresults, v->spec_scratch);
     for (int32_t s = 0; s < n_seqs; s++) sd_kv_release(v->kv, s);
     SD_TRY(st);
-    for (int32_t s = 0; s < n_seqs; s++) {
-        if (v->vresults[s].outcome == SD_SEQ_OUT_OF_BLOCKS) {
-            *fits = false;
-        } else if (v->vresults[s].outcome != SD_SEQ_OK) {
-            SD_ERROR("verifier: warm-up step of %d tokens: sequence %d: %s", (int)n_tokens, (int)s,
-                     sd_seq_outcome_str(v->vresults[s].outcome));
-            return SD_ERR_INTERNAL;
-        }
-    }
+    for (int32_t s = 0; s < n_seqs; s++)
+        SD_TRY(sd_warmup_outcome("verifier", n_tokens, s, v->vresults[s].outcome, fits));
     return SD_OK;
 }
 
-sd_status sd_verifier_warmup(sd_verifier *v, int32_t max_tokens, sd_verifier_warmup_report *rep) {
-    sd_verifier_warmup_report r = {0};
-    if (rep) *rep = r;
+sd_status sd_verifier_warmup(sd_verifier *v, int32_t max_tokens, sd_warmup_report *rep) {
+    if (rep) memset(rep, 0, sizeof *rep);
     if (!v || max_tokens < 0) return SD_ERR_INVALID_ARG;
     for (int32_t i = 0; i < v->p.max_seqs; i++) {
         if (v->slots[i].used) {
@@ -459,45 +442,7 @@ sd_status sd_verifier_warmup(sd_verifier *v, int32_t max_tokens, sd_verifier_war
             return SD_ERR_INVALID_ARG;
         }
     }
-    if (max_tokens == 0) return SD_OK;
-    int32_t *toks = malloc((size_t)max_tokens * sizeof *toks);
-    if (!toks) return SD_ERR_NOMEM;
-    const double t0 = sd_now();
-    sd_status st = SD_OK;
-    bool fits = true;
-    /* sizes 1..SD_WARMUP_RECORDED_TOKENS: greedy, sampled, greedy (timed);
-     * then 24, 32, 48, 64, 96, ..: greedy, greedy (timed) */
-    for (int32_t n = 1; st == SD_OK && fits && n <= max_tokens && r.n_sizes < SD_WARMUP_MAX_SIZES;) {
-        const bool sampled = n <= SD_WARMUP_RECORDED_TOKENS;
-        double t1 = sd_now();
-        st = warmup_step(v, n, false, toks, &fits);
-        const double first = sd_now() - t1;
-        if (st == SD_OK && fits && sampled) st = warmup_step(v, n, true, toks, &fits);
-        t1 = sd_now();
-        if (st == SD_OK && fits) st = warmup_step(v, n, false, toks, &fits);
-        const double steady = sd_now() - t1;
-        if (st != SD_OK || !fits) break;
-        SD_DEBUG("verifier: warm-up: %d tokens: first step %.2f ms, steady %.2f ms", (int)n, first * 1e3,
-                 steady * 1e3);
-        const double us = steady * 1e6;
-        r.costs[r.n_costs++] = (sd_step_cost){(uint32_t)n, us < 1.0 ? 1u : us > 4e9 ? 4000000000u : (uint32_t)us};
-        r.n_sizes++;
-        r.n_steps += sampled ? 3 : 2;
-        r.max_tokens = n;
-        if (sampled && first > r.first_s_max) r.first_s_max = first, r.first_max_at = n;
-        n = sd_warmup_next_size(n);
-    }
-    free(toks);
-    r.seconds = sd_now() - t0;
-    if (rep) *rep = r;
-    if (st != SD_OK) {
-        SD_ERROR("verifier: warm-up failed: %s", sd_status_str(st));
-        return st;
-    }
-    if (!fits)
-        SD_WARN("verifier: warm-up stopped after %d-token steps: the next size does not fit the KV pool, the slots "
-                "or max_batch", (int)r.max_tokens);
-    return SD_OK;
+    return sd_warmup_run("verifier", max_tokens, v->n_vocab, warmup_step, v, rep);
 }
 
 void sd_verifier_release(sd_verifier *v, const uint64_t *request_ids, size_t n) {

@@ -51,41 +51,21 @@ sd_net_limits sd_verifier_limits(const sd_verifier *v);
  * only for a batch over max_batch or a failed forward pass. */
 sd_status sd_verifier_handle(sd_verifier *v, const Specd__VerifyRequest *req, Specd__VerifyResponse *resp);
 
-/* Step sizes up to this many tokens get a sampled step too (see below). */
-#define SD_WARMUP_RECORDED_TOKENS SD_WARMUP_EXACT_TOKENS
-/* Step sizes a warm-up measures at most. */
-#define SD_WARMUP_MAX_SIZES 64
-
-/* What a warm-up ran and measured. */
-typedef struct sd_verifier_warmup_report {
-    int32_t n_sizes;     /* distinct step sizes run */
-    int32_t n_steps;     /* verification steps run */
-    int32_t max_tokens;  /* the largest step run (0: none) */
-    double seconds;      /* wall time of the whole warm-up */
-    double first_s_max;  /* the slowest first sighting of a size up to SD_WARMUP_RECORDED_TOKENS */
-    int32_t first_max_at; /* ... and its size */
-    /* each size's steady time (its last, greedy, step), tokens ascending:
-     * what the coordinator's cost model starts from (Hello.step_costs) */
-    sd_step_cost costs[SD_WARMUP_MAX_SIZES];
-    int32_t n_costs;
-} sd_verifier_warmup_report;
-
-/* Runs verification steps of synthetic sequences before serving, so the
- * first requests do not pay for a step size's first sighting: a CUDA
- * verifier runs a new size op by op, records it as a graph the second time
- * (sizes up to SD_WARMUP_RECORDED_TOKENS) and loads a kernel module the
- * first time a kernel runs. Sizes 1..SD_WARMUP_RECORDED_TOKENS run three
- * steps (greedy; sampled with top-k and top-p, so the device
- * verification's kernels load too; greedy again, timed: a replay); above
- * that a ladder of sizes (24, 32, 48, 64, 96, 128, ...) up to max_tokens
- * runs two greedy steps each, the second timed. Every step verifies one
- * sequence per max_draft + 1 tokens, with as many drafts as fit, so the
- * logits are wanted for every row. Nothing stays behind: every slot and KV
- * block is free again, and the step count (stats) is unchanged. Stops early
- * at a size the KV pool or max_batch cannot hold (logged). Refused (
- * SD_ERR_INVALID_ARG) once any slot is in use: it is for a verifier that
- * has not served yet. rep may be NULL. */
-sd_status sd_verifier_warmup(sd_verifier *v, int32_t max_tokens, sd_verifier_warmup_report *rep);
+/* Runs verification steps of synthetic sequences before serving
+ * (sd_warmup_run: every size up to SD_WARMUP_EXACT_TOKENS three times, a
+ * ladder above, up to max_tokens), so the first requests do not pay for a
+ * step size's first sighting: a CUDA verifier runs a new size op by op,
+ * records it as a graph the second time (sizes up to
+ * SD_WARMUP_EXACT_TOKENS) and loads a kernel module the first time a kernel
+ * runs. Every step verifies one sequence per max_draft + 1 tokens, with as
+ * many drafts as fit (one-hot q, as an n-gram drafter sends), so the logits
+ * are wanted for every row. rep's steady times are what the coordinator's
+ * cost model starts from (Hello.step_costs). Nothing stays behind: every
+ * slot and KV block is free again, and the step count (stats) is
+ * unchanged. Stops early at a size the KV pool, the slots or max_batch
+ * cannot hold (logged). Refused (SD_ERR_INVALID_ARG) once any slot is in
+ * use: it is for a verifier that has not served yet. rep may be NULL. */
+sd_status sd_verifier_warmup(sd_verifier *v, int32_t max_tokens, sd_warmup_report *rep);
 
 /* Frees the slots (and KV blocks) of the given ids; unknown ids are ignored. */
 void sd_verifier_release(sd_verifier *v, const uint64_t *request_ids, size_t n);

@@ -281,8 +281,8 @@ static sd_status matvec(sd_backend *be, const __nv_bfloat16 *w, int n_in, int n_
     if (n_slices > 1) {
         size_t blocks = (per_slice + 255) / 256;
         if (blocks > (size_t)be->n_sm * 8) blocks = (size_t)be->n_sm * 8;
-        SD_TRY(sd_cuda_launch(be, "slice_sum", slice_sum_kernel, dim3((unsigned)blocks), dim3(256), 0, partial, n_slices,
-                              per_slice, y));
+        SD_TRY(sd_cuda_launch(be, "slice_sum", slice_sum_kernel, dim3((unsigned)blocks), dim3(256), 0, partial,
+                              n_slices, per_slice, y));
     }
     return SD_OK;
 }

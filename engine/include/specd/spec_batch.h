@@ -89,7 +89,39 @@ sd_status sd_spec_verify_batch(sd_model *m, sd_kv *kv, int32_t n_seqs, const sd_
  * 96, 128, ... (2^k and 3 * 2^(k-1)) for the sizes that run on cuBLAS. The
  * size after n; start from 1. */
 #define SD_WARMUP_EXACT_TOKENS 16
+#define SD_WARMUP_MAX_SIZES 64
 int32_t sd_warmup_next_size(int32_t n);
+
+/* What a warm-up ran and measured. */
+typedef struct sd_warmup_report {
+    int32_t n_sizes;      /* distinct step sizes run */
+    int32_t n_steps;      /* steps run */
+    int32_t max_tokens;   /* the largest size run (0: none) */
+    double seconds;       /* the whole warm-up */
+    double first_s_max;   /* the slowest first step of a size up to SD_WARMUP_EXACT_TOKENS */
+    int32_t first_max_at; /* ... and its size */
+    int32_t tokens[SD_WARMUP_MAX_SIZES];  /* each size run, ascending */
+    double steady_s[SD_WARMUP_MAX_SIZES]; /* the time of its last step */
+} sd_warmup_report;
+
+/* One warm-up step of n_tokens over the synthetic tokens toks[0..n_tokens)
+ * with the given sampling; leaves nothing behind; *fits false (and SD_OK)
+ * when the process cannot hold a step that large. */
+typedef sd_status (*sd_warmup_step_fn)(void *user, int32_t n_tokens, const sd_sampling *sampling,
+                                       const int32_t *toks, bool *fits);
+
+/* Runs step for each size of sd_warmup_next_size up to max_tokens: three
+ * steps for sizes up to SD_WARMUP_EXACT_TOKENS (greedy, the first sighting;
+ * sampled with top-k and top-p, the sampling kernels' first use and a GPU
+ * backend's recording; greedy again, timed: a replay), two greedy steps
+ * above (the second timed). Token ids cycle through [0, n_vocab). Stops
+ * (SD_OK, logged under who) at the first size that does not fit; an error
+ * of step ends it with that error. rep may be NULL. */
+sd_status sd_warmup_run(const char *who, int32_t max_tokens, int32_t n_vocab, sd_warmup_step_fn step, void *user,
+                        sd_warmup_report *rep);
+/* One sequence's outcome in a warm-up step of n_tokens: OUT_OF_BLOCKS
+ * clears *fits; anything else but OK is an error (logged under who). */
+sd_status sd_warmup_outcome(const char *who, int32_t n_tokens, int32_t seq, sd_seq_outcome o, bool *fits);
 
 /* One sequence of a drafting step. */
 typedef struct sd_draft_seq {
