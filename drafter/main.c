@@ -286,6 +286,8 @@ int main(int argc, char **argv) {
     sd_warmup_report wr;
     st = sd_draft_server_warmup(server, n_warm, &wr);
     if (st != SD_OK) {
+        SD_ERROR("the warm-up failed after batches of up to %d tokens (%s): lower --max-batch or --max-draft, or "
+                 "pass --warmup with a smaller size (0: none)", (int)wr.max_tokens, sd_status_str(st));
         sd_draft_server_free(&server);
         sd_drafter_free(&drafter);
         close(stop_fd);

@@ -339,7 +339,13 @@ int main(int argc, char **argv) {
             SD_INFO("warm-up: %d step sizes up to %d tokens in %.0f ms (slowest first sighting: %.1f ms at %d tokens)",
                     (int)wr.n_sizes, (int)wr.max_tokens, wr.seconds * 1e3, wr.first_s_max * 1e3,
                     (int)wr.first_max_at);
-        if (st != SD_OK) exit_code = 1;
+        if (st != SD_OK) {
+            /* a forward that fails here would fail a request later: say so now */
+            SD_ERROR("the warm-up failed after steps of up to %d tokens (%s): a step that large cannot run here; "
+                     "lower --max-batch or --max-draft, or pass --warmup with a smaller size (0: none)",
+                     (int)wr.max_tokens, sd_status_str(st));
+            exit_code = 1;
+        }
     }
     sd_worker_exit why = SD_WORKER_STOPPED;
     if (st == SD_OK) {
