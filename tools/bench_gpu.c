@@ -237,6 +237,13 @@ static int run(const gpu_opts *o) {
                 wbytes / 1e6, t_load);
         fprintf(f, "- device: cuda:%d, %s; recorded forwards (CUDA graphs) %s\n", (int)o->device, dev_name,
                 getenv("SPECD_CUDA_GRAPHS") && !strcmp(getenv("SPECD_CUDA_GRAPHS"), "0") ? "off" : "on");
+        /* the backend's switches as set for this run, so a table says what it measured */
+        fprintf(f, "- switches:");
+        int n_sw = 0;
+        for (char **e = environ; *e; e++)
+            if (!strncmp(*e, "SPECD_CUDA_", 11) || !strncmp(*e, "SPECD_DEVICE_", 13))
+                fprintf(f, "%s %s", n_sw++ ? "," : "", *e);
+        fprintf(f, "%s\n", n_sw ? "" : " none (the defaults)");
         fprintf(f, "- medians over %d repetitions (%d decode steps); host-timed around sd_model_forward, logits "
                    "downloaded every call\n\n",
                 o->reps, o->decode_steps);
