@@ -332,7 +332,7 @@ sd_status sd_draft_server_warmup(sd_draft_server *s, int32_t max_tokens, sd_warm
             return SD_ERR_INVALID_ARG;
         }
     }
-    return sd_warmup_run("drafter", max_tokens, s->p.n_vocab, warmup_batch, s, rep);
+    return sd_warmup_run("drafter", SD_WARMUP_FULL, max_tokens, s->p.n_vocab, warmup_batch, s, rep);
 }
 
 void sd_draft_server_release(sd_draft_server *s, const uint64_t *request_ids, size_t n) {

@@ -46,7 +46,7 @@ sd_status sd_draft_server_handle(sd_draft_server *s, const Specd__DraftRequest *
  * reason as the verifier's warm-up (verify_serve.h): a model drafter on a
  * GPU runs a new forward size op by op, records it the second time, and
  * loads each kernel module on first use. For each size T of sd_warmup_run
- * up to max_tokens, min(T, max_batch, max_seqs) sequences share T appended
+ * (SD_WARMUP_FULL) up to max_tokens, min(T, max_batch, max_seqs) sequences share T appended
  * tokens (the catch-up forward has T rows) and draft two tokens each (a
  * forward with a row per sequence). Every drafter slot is released
  * afterwards and the step count is unchanged. Stops early where the slots

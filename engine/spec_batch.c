@@ -59,8 +59,8 @@ int32_t sd_warmup_next_size(int32_t n) {
     return (n & (n - 1)) == 0 ? n / 2 * 3 : n / 3 * 4; /* 2^k -> 3 * 2^(k-1) -> 2^(k+1) */
 }
 
-sd_status sd_warmup_run(const char *who, int32_t max_tokens, int32_t n_vocab, sd_warmup_step_fn step, void *user,
-                        sd_warmup_report *rep) {
+sd_status sd_warmup_run(const char *who, sd_warmup_mode mode, int32_t max_tokens, int32_t n_vocab,
+                        sd_warmup_step_fn step, void *user, sd_warmup_report *rep) {
     sd_warmup_report r;
     memset(&r, 0, sizeof r);
     if (rep) *rep = r;
@@ -77,22 +77,27 @@ sd_status sd_warmup_run(const char *who, int32_t max_tokens, int32_t n_vocab, sd
     const double t0 = sd_now();
     sd_status st = SD_OK;
     bool fits = true;
-    for (int32_t n = 1; n <= max_tokens && r.n_sizes < SD_WARMUP_MAX_SIZES; n = sd_warmup_next_size(n)) {
-        const bool exact = n <= SD_WARMUP_EXACT_TOKENS;
+    const bool full = mode == SD_WARMUP_FULL;
+    for (int32_t n = 1; n <= max_tokens && r.n_sizes < SD_WARMUP_MAX_SIZES;
+         n = full ? sd_warmup_next_size(n) : n > INT32_MAX / 2 ? INT32_MAX : 2 * n) {
+        const bool exact = full && n <= SD_WARMUP_EXACT_TOKENS;
         double t1 = sd_now();
         st = step(user, n, &greedy, toks, &fits);
         const double first = sd_now() - t1;
+        double steady = first;
         if (st == SD_OK && fits && exact) st = step(user, n, &sampled, toks, &fits);
-        t1 = sd_now();
-        if (st == SD_OK && fits) st = step(user, n, &greedy, toks, &fits);
-        const double steady = sd_now() - t1;
+        if (full && st == SD_OK && fits) {
+            t1 = sd_now();
+            st = step(user, n, &greedy, toks, &fits);
+            steady = sd_now() - t1;
+        }
         if (st != SD_OK || !fits) break;
         SD_DEBUG("%s: warm-up: %d tokens: first step %.2f ms, steady %.2f ms", who, (int)n, first * 1e3,
                  steady * 1e3);
         r.tokens[r.n_sizes] = n;
         r.steady_s[r.n_sizes] = steady;
         r.n_sizes++;
-        r.n_steps += exact ? 3 : 2;
+        r.n_steps += exact ? 3 : full ? 2 : 1;
         r.max_tokens = n;
         if (exact && first > r.first_s_max) r.first_s_max = first, r.first_max_at = n;
     }

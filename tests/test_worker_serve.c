@@ -367,7 +367,7 @@ static void test_verify_warmup(void **state) {
     sd_verifier *warm = new_verifier(4, 64), *cold = new_verifier(4, 64);
     sd_warmup_report rep;
     /* max_draft 8: 9 tokens a sequence, so 32 tokens are 4 sequences */
-    assert_int_equal(sd_verifier_warmup(warm, 40, &rep), SD_OK);
+    assert_int_equal(sd_verifier_warmup(warm, SD_WARMUP_FULL, 40, &rep), SD_OK);
     assert_int_equal(rep.n_sizes, 18); /* 1..16, 24, 32 */
     assert_int_equal(rep.n_steps, 16 * 3 + 2 * 2);
     assert_int_equal(rep.max_tokens, 32);
@@ -411,13 +411,13 @@ static void test_verify_warmup(void **state) {
         assert_memory_equal(commits[0][i], commits[1][i], (size_t)n_commit[0][i] * sizeof(int32_t));
     }
     /* serving now: a second warm-up is refused */
-    assert_int_equal(sd_verifier_warmup(warm, 8, NULL), SD_ERR_INVALID_ARG);
+    assert_int_equal(sd_verifier_warmup(warm, SD_WARMUP_FULL, 8, NULL), SD_ERR_INVALID_ARG);
     sd_verifier_free(&warm);
     sd_verifier_free(&cold);
 
     /* 2 blocks of 16 tokens hold two sequences: 16 tokens fit, 24 do not */
     sd_verifier *small = new_verifier(4, 2);
-    assert_int_equal(sd_verifier_warmup(small, 128, &rep), SD_OK);
+    assert_int_equal(sd_verifier_warmup(small, SD_WARMUP_FULL, 128, &rep), SD_OK);
     assert_int_equal(rep.max_tokens, 16);
     assert_int_equal(rep.n_sizes, 16);
     sd_verifier_stats(small, &st);
@@ -425,12 +425,21 @@ static void test_verify_warmup(void **state) {
     sd_verifier_free(&small);
     /* two slots: the same stop */
     sd_verifier *few = new_verifier(2, 64);
-    assert_int_equal(sd_verifier_warmup(few, 128, &rep), SD_OK);
+    assert_int_equal(sd_verifier_warmup(few, SD_WARMUP_FULL, 128, &rep), SD_OK);
     assert_int_equal(rep.max_tokens, 16);
     sd_verifier_free(&few);
+    /* the times only: one step of 1, 2, 4, .. tokens */
+    sd_verifier *times = new_verifier(4, 64);
+    assert_int_equal(sd_verifier_warmup(times, SD_WARMUP_TIMES, 40, &rep), SD_OK);
+    assert_int_equal(rep.n_sizes, 6); /* 1, 2, 4, 8, 16, 32 */
+    assert_int_equal(rep.n_steps, 6);
+    for (int32_t i = 0; i < rep.n_sizes; i++) assert_int_equal(rep.tokens[i], 1 << i);
+    sd_verifier_stats(times, &st);
+    assert_int_equal(st.kv_blocks_free, 64);
+    sd_verifier_free(&times);
     /* 0 runs nothing */
     sd_verifier *none = new_verifier(2, 64);
-    assert_int_equal(sd_verifier_warmup(none, 0, &rep), SD_OK);
+    assert_int_equal(sd_verifier_warmup(none, SD_WARMUP_FULL, 0, &rep), SD_OK);
     assert_int_equal(rep.n_steps, 0);
     sd_verifier_free(&none);
 }

@@ -73,10 +73,11 @@ static void usage(FILE *f) {
             "                          is dead or hung (default %d)\n"
             "      --join-timeout S    how long the group waits for its ranks to join (default 600)\n"
             "      --warmup N          before registering, run verification steps of up to N tokens: each size\n"
-            "                          up to %d twice (a GPU verifier records them as CUDA graphs), then 24, 32,\n"
-            "                          48, .. once, so the first requests do not pay for first sightings\n"
-            "                          (default on a GPU: the largest step, max-batch x (max-draft + 1);\n"
-            "                          0 on the CPU)\n"
+            "                          up to %d three times (a GPU verifier records them as CUDA graphs), then\n"
+            "                          24, 32, 48, .. twice, so the first requests do not pay for first\n"
+            "                          sightings; their times seed the coordinator's cost model (default on a\n"
+            "                          GPU: the largest step, max-batch x (max-draft + 1); on the CPU one timed\n"
+            "                          step of 1, 2, 4, 8 and 16 tokens, for the cost model only; 0: none)\n"
             "      --name NAME         name in the coordinator's logs (default host:pid)\n"
             "  -v, --verbose           log at DEBUG level\n"
             "  -h, --help              this help\n",
@@ -328,17 +329,21 @@ int main(int argc, char **argv) {
     memset(&wr, 0, sizeof wr);
     if (st == SD_OK) {
         /* before the coordinator knows us: no request waits on it */
-        const int32_t n_warm = o.warmup >= 0 ? o.warmup : o.device >= 0 ? o.max_batch * (o.max_draft + 1) : 0;
-        st = sd_verifier_warmup(v, n_warm, &wr);
+        const bool cpu_default = o.warmup < 0 && o.device < 0;
+        const int32_t n_warm = o.warmup >= 0 ? o.warmup : cpu_default ? 16 : o.max_batch * (o.max_draft + 1);
+        st = sd_verifier_warmup(v, cpu_default ? SD_WARMUP_TIMES : SD_WARMUP_FULL, n_warm, &wr);
         for (int32_t i = 0; st == SD_OK && i < wr.n_sizes; i++) {
             const double us = wr.steady_s[i] * 1e6;
             costs[n_costs++] = (sd_step_cost){(uint32_t)wr.tokens[i],
                                               us < 1.0 ? 1u : us > 4e9 ? 4000000000u : (uint32_t)us};
         }
-        if (st == SD_OK && wr.n_steps > 0)
+        if (st == SD_OK && wr.n_steps > 0 && wr.first_max_at > 0)
             SD_INFO("warm-up: %d step sizes up to %d tokens in %.0f ms (slowest first sighting: %.1f ms at %d tokens)",
                     (int)wr.n_sizes, (int)wr.max_tokens, wr.seconds * 1e3, wr.first_s_max * 1e3,
                     (int)wr.first_max_at);
+        else if (st == SD_OK && wr.n_steps > 0)
+            SD_INFO("warm-up: step times of %d sizes up to %d tokens measured in %.0f ms", (int)wr.n_sizes,
+                    (int)wr.max_tokens, wr.seconds * 1e3);
         if (st != SD_OK) {
             /* a forward that fails here would fail a request later: say so now */
             SD_ERROR("the warm-up failed after steps of up to %d tokens (%s): a step that large cannot run here; "

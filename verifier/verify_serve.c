@@ -433,7 +433,7 @@ static sd_status warmup_step(void *user, int32_t n_tokens, const sd_sampling *sa
     return SD_OK;
 }
 
-sd_status sd_verifier_warmup(sd_verifier *v, int32_t max_tokens, sd_warmup_report *rep) {
+sd_status sd_verifier_warmup(sd_verifier *v, sd_warmup_mode mode, int32_t max_tokens, sd_warmup_report *rep) {
     if (rep) memset(rep, 0, sizeof *rep);
     if (!v || max_tokens < 0) return SD_ERR_INVALID_ARG;
     for (int32_t i = 0; i < v->p.max_seqs; i++) {
@@ -442,7 +442,7 @@ sd_status sd_verifier_warmup(sd_verifier *v, int32_t max_tokens, sd_warmup_repor
             return SD_ERR_INVALID_ARG;
         }
     }
-    return sd_warmup_run("verifier", max_tokens, v->n_vocab, warmup_step, v, rep);
+    return sd_warmup_run("verifier", mode, max_tokens, v->n_vocab, warmup_step, v, rep);
 }
 
 void sd_verifier_release(sd_verifier *v, const uint64_t *request_ids, size_t n) {

@@ -52,8 +52,9 @@ sd_net_limits sd_verifier_limits(const sd_verifier *v);
 sd_status sd_verifier_handle(sd_verifier *v, const Specd__VerifyRequest *req, Specd__VerifyResponse *resp);
 
 /* Runs verification steps of synthetic sequences before serving
- * (sd_warmup_run: every size up to SD_WARMUP_EXACT_TOKENS three times, a
- * ladder above, up to max_tokens), so the first requests do not pay for a
+ * (sd_warmup_run; SD_WARMUP_FULL: every size up to SD_WARMUP_EXACT_TOKENS
+ * three times, a ladder above, up to max_tokens; SD_WARMUP_TIMES: one timed
+ * step of 1, 2, 4, .. tokens), so the first requests do not pay for a
  * step size's first sighting: a CUDA verifier runs a new size op by op,
  * records it as a graph the second time (sizes up to
  * SD_WARMUP_EXACT_TOKENS) and loads a kernel module the first time a kernel
@@ -65,7 +66,7 @@ sd_status sd_verifier_handle(sd_verifier *v, const Specd__VerifyRequest *req, Sp
  * unchanged. Stops early at a size the KV pool, the slots or max_batch
  * cannot hold (logged). Refused (SD_ERR_INVALID_ARG) once any slot is in
  * use: it is for a verifier that has not served yet. rep may be NULL. */
-sd_status sd_verifier_warmup(sd_verifier *v, int32_t max_tokens, sd_warmup_report *rep);
+sd_status sd_verifier_warmup(sd_verifier *v, sd_warmup_mode mode, int32_t max_tokens, sd_warmup_report *rep);
 
 /* Frees the slots (and KV blocks) of the given ids; unknown ids are ignored. */
 void sd_verifier_release(sd_verifier *v, const uint64_t *request_ids, size_t n);

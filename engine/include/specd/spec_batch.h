@@ -110,15 +110,25 @@ typedef struct sd_warmup_report {
 typedef sd_status (*sd_warmup_step_fn)(void *user, int32_t n_tokens, const sd_sampling *sampling,
                                        const int32_t *toks, bool *fits);
 
-/* Runs step for each size of sd_warmup_next_size up to max_tokens: three
- * steps for sizes up to SD_WARMUP_EXACT_TOKENS (greedy, the first sighting;
- * sampled with top-k and top-p, the sampling kernels' first use and a GPU
- * backend's recording; greedy again, timed: a replay), two greedy steps
- * above (the second timed). Token ids cycle through [0, n_vocab). Stops
- * (SD_OK, logged under who) at the first size that does not fit; an error
- * of step ends it with that error. rep may be NULL. */
-sd_status sd_warmup_run(const char *who, int32_t max_tokens, int32_t n_vocab, sd_warmup_step_fn step, void *user,
-                        sd_warmup_report *rep);
+typedef enum sd_warmup_mode {
+    /* every size of sd_warmup_next_size: three steps for sizes up to
+     * SD_WARMUP_EXACT_TOKENS (greedy, the first sighting; sampled with
+     * top-k and top-p, the sampling kernels' first use and a GPU backend's
+     * recording; greedy again, timed: a replay), two greedy steps above
+     * (the second timed). What a GPU needs. */
+    SD_WARMUP_FULL = 0,
+    /* sizes 1, 2, 4, 8, .., one greedy step each, timed: only the step
+     * times, for the coordinator's cost model (a CPU has nothing to record
+     * or load) */
+    SD_WARMUP_TIMES = 1,
+} sd_warmup_mode;
+
+/* Runs step for the sizes mode gives, up to max_tokens. Token ids cycle
+ * through [0, n_vocab). Stops (SD_OK, logged under who) at the first size
+ * that does not fit; an error of step ends it with that error. rep may be
+ * NULL. */
+sd_status sd_warmup_run(const char *who, sd_warmup_mode mode, int32_t max_tokens, int32_t n_vocab,
+                        sd_warmup_step_fn step, void *user, sd_warmup_report *rep);
 /* One sequence's outcome in a warm-up step of n_tokens: OUT_OF_BLOCKS
  * clears *fits; anything else but OK is an error (logged under who). */
 sd_status sd_warmup_outcome(const char *who, int32_t n_tokens, int32_t seq, sd_seq_outcome o, bool *fits);
