@@ -135,8 +135,9 @@ void sd_cost_observe_verify(sd_cost_model *c, int32_t n_tokens, uint32_t forward
 }
 
 /* The line is fitted to the seeded sizes up to SD_COST_SIZES only: those
- * are the steps a service makes most, and a fit dominated by 1000-token
- * steps misjudged the fixed cost of small ones. */
+ * are the steps a service makes most, and a least-squares fit over sizes up
+ * to 1088 would be set by the largest steps, where a GPU's cost is no longer
+ * that of a small step (a choice, not a measurement). */
 void sd_cost_seed(sd_cost_model *c, const sd_step_cost *costs, size_t n) {
     for (size_t i = 0; i < n; i++) {
         const int32_t t = costs[i].tokens > INT32_MAX ? INT32_MAX : (int32_t)costs[i].tokens;
