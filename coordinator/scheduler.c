@@ -853,8 +853,16 @@ void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r,
             }
             break;
         default:
+            /* A refusal of the request itself reaches the client as such;
+             * any other code (UNKNOWN_REQUEST, CANCELLED...) would tell the
+             * client something false about its own request, so it is the
+             * verifier's failure: INTERNAL, naming the code. */
             snprintf(why, sizeof why, "the verifier answered %s for this request", sd_net_code_name(vr->code));
-            sd_sched_abort(c, s, vr->code, why, true, now_us);
+            sd_sched_abort(c, s,
+                           vr->code == SPECD__CODE__CODE_BAD_REQUEST || vr->code == SPECD__CODE__CODE_TOO_LARGE
+                               ? vr->code
+                               : SPECD__CODE__CODE_INTERNAL,
+                           why, true, now_us);
             break;
         }
     }

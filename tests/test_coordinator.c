@@ -633,6 +633,43 @@ static void test_plain_steps_commit_and_cache_miss(void **state) {
     harness_free(h);
 }
 
+/* A verifier's per-request code other than OK / CACHE_MISS / KV_FULL ends the
+ * request with an Error naming it: BAD_REQUEST and TOO_LARGE pass through,
+ * any other (UNKNOWN_REQUEST here, which would tell the client its own
+ * running request does not exist) becomes INTERNAL. */
+static void test_verifier_result_codes(void **state) {
+    (void)state;
+    NEED_MODEL();
+    const struct {
+        Specd__Code answered, client_sees;
+    } cases[] = {
+        {SPECD__CODE__CODE_BAD_REQUEST, SPECD__CODE__CODE_BAD_REQUEST},
+        {SPECD__CODE__CODE_TOO_LARGE, SPECD__CODE__CODE_TOO_LARGE},
+        {SPECD__CODE__CODE_UNKNOWN_REQUEST, SPECD__CODE__CODE_INTERNAL},
+        {SPECD__CODE__CODE_CANCELLED, SPECD__CODE__CODE_INTERNAL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        harness *h = harness_new(NULL);
+        register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+        int32_t prompt[3] = {5, 6, 7};
+        submit(h, "c", prompt, 3, 3, NULL);
+        uint64_t rid = expect_accepted(h, "c");
+        Specd__CoordinatorToWorker *w = expect_verify(h, "v");
+        vres r = {.code = cases[i].answered};
+        reply_verify(h, "v", w->verify, &r);
+        specd__coordinator_to_worker__free_unpacked(w, NULL);
+        Specd__CoordinatorToClient *m = pop_client(h, "c");
+        assert_non_null(m);
+        assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_ERROR);
+        assert_int_equal(m->error->code, cases[i].client_sees);
+        assert_int_equal(m->error->request_id, rid);
+        assert_non_null(strstr(m->error->message, sd_net_code_name(cases[i].answered)));
+        specd__coordinator_to_client__free_unpacked(m, NULL);
+        assert_int_equal(h->c.n_active, 0);
+        harness_free(h);
+    }
+}
+
 static void reply_draft(harness *h, const char *ident, const Specd__DraftRequest *req, const int32_t *toks,
                         size_t n_tok) {
     Specd__DraftResult res[8], *pres[8];
@@ -1658,6 +1695,7 @@ int main(void) {
         cmocka_unit_test(test_adaptive_k_batch_bound),
         cmocka_unit_test(test_registration),
         cmocka_unit_test(test_plain_steps_commit_and_cache_miss),
+        cmocka_unit_test(test_verifier_result_codes),
         cmocka_unit_test(test_speculative_steps_and_drafter_death),
         cmocka_unit_test(test_k0_steps_shadow_draft),
         cmocka_unit_test(test_shadow_drafts_share_a_phase),
