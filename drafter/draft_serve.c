@@ -97,6 +97,13 @@ sd_status sd_draft_server_create(sd_drafter *drafter, const sd_draft_server_para
                  SD_MAX_BATCH, (int)p.max_draft, SD_MAX_DRAFT, (int)p.n_vocab, (int)p.top_n, SD_MAX_TOP_N);
         return SD_ERR_INVALID_ARG;
     }
+    if (p.top_n < sd_drafter_max_q(drafter)) {
+        /* fill_result would cut each q to top_n entries: a drafted token
+         * could fall outside its q, and verification would not be exact */
+        SD_ERROR("drafter: the server keeps %d entries of each q, the %s drafter makes up to %d", (int)p.top_n,
+                 sd_drafter_name(drafter), (int)sd_drafter_max_q(drafter));
+        return SD_ERR_INVALID_ARG;
+    }
     sd_draft_server *s = calloc(1, sizeof *s);
     if (!s) return SD_ERR_NOMEM;
     s->drafter = drafter;

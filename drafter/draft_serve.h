@@ -18,7 +18,7 @@ typedef struct sd_draft_server_params {
     int32_t max_batch;  /* sequences per DraftRequest (default 64, <= SD_MAX_BATCH) */
     int32_t max_draft;  /* tokens proposed per sequence (default 16, <= SD_MAX_DRAFT) */
     int32_t n_vocab;    /* token ids must be below this (required) */
-    int32_t top_n;      /* entries of each q the drafter produces (its top_n; 1 for n-gram) */
+    int32_t top_n;      /* entries of each q kept: at least sd_drafter_max_q (create refuses less) */
 } sd_draft_server_params;
 
 /* max_seqs 64, max_ctx 4096, max_batch 64, max_draft 16, n_vocab 0 (must

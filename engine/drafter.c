@@ -57,6 +57,11 @@ sd_drafter_kind sd_drafter_kind_of(const sd_drafter *d) { return d ? d->kind : 0
 
 const char *sd_drafter_name(const sd_drafter *d) { return d && d->ops ? d->ops->name : "none"; }
 
+int32_t sd_drafter_max_q(const sd_drafter *d) {
+    if (!d) return 0;
+    return d->kind == SD_DRAFTER_NGRAM ? 1 : d->params.top_n;
+}
+
 sd_status sd_drafter_propose(sd_drafter *d, int32_t seq, const int32_t *context, int32_t n_context, int32_t k,
                              const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n_drafted) {
     if (!d || !context || !s || !tokens || !q || !n_drafted || n_context <= 0 || k < 0 || k > SD_SPEC_MAX_K) {

@@ -642,6 +642,37 @@ static void test_draft_warmup(void **state) {
     sd_drafter_free(&d);
 }
 
+/* A server that would keep fewer q entries than the drafter makes is
+ * refused: a drafted token could fall outside the q it sends (found by
+ * fuzz_worker with a mismatched harness). The n-gram drafter's q is one-hot,
+ * so top_n 1 is enough there. */
+static void test_draft_server_keeps_whole_q(void **state) {
+    (void)state;
+    SKIP_WITHOUT_MODELS();
+    sd_drafter *d = open_draft(2); /* top_n SD_SPEC_DEFAULT_TOP_N */
+    assert_int_equal(sd_drafter_max_q(d), SD_SPEC_DEFAULT_TOP_N);
+    sd_draft_server_params sp = sd_draft_server_default_params();
+    sp.max_seqs = 2;
+    sp.max_ctx = MAX_CTX;
+    sp.n_vocab = VOCAB;
+    sp.top_n = SD_SPEC_DEFAULT_TOP_N - 1;
+    sd_draft_server *srv = NULL;
+    assert_int_equal(sd_draft_server_create(d, &sp, &srv), SD_ERR_INVALID_ARG);
+    assert_null(srv);
+    sp.top_n = SD_SPEC_DEFAULT_TOP_N;
+    assert_int_equal(sd_draft_server_create(d, &sp, &srv), SD_OK);
+    sd_draft_server_free(&srv);
+    sd_drafter_free(&d);
+    sd_drafter_params dp = sd_drafter_default_params();
+    dp.max_seqs = 2;
+    assert_int_equal(sd_drafter_ngram_create(&dp, &d), SD_OK);
+    assert_int_equal(sd_drafter_max_q(d), 1);
+    sp.top_n = 1;
+    assert_int_equal(sd_draft_server_create(d, &sp, &srv), SD_OK);
+    sd_draft_server_free(&srv);
+    sd_drafter_free(&d);
+}
+
 static void test_draft_ngram(void **state) {
     (void)state;
     sd_drafter_params dp = sd_drafter_default_params();
@@ -698,6 +729,7 @@ int main(void) {
         cmocka_unit_test(test_verify_kv_full_and_release),
         cmocka_unit_test(test_verify_prefill_only),
         cmocka_unit_test(test_verify_warmup),
+        cmocka_unit_test(test_draft_server_keeps_whole_q),
         cmocka_unit_test(test_draft_batch),
         cmocka_unit_test(test_draft_warmup),
         cmocka_unit_test(test_draft_ngram),

@@ -87,6 +87,10 @@ void sd_drafter_free(sd_drafter **d);
 sd_drafter_kind sd_drafter_kind_of(const sd_drafter *d);
 /* "ngram", "model" or "self" (static string). */
 const char *sd_drafter_name(const sd_drafter *d);
+/* The most entries a q of this drafter has: 1 for the n-gram drafter (q is
+ * one-hot), the top_n of its parameters for a model drafter. Whoever copies
+ * a q must keep this many, or the draft is no longer exact. */
+int32_t sd_drafter_max_q(const sd_drafter *d);
 
 /* Proposes up to k (<= SD_SPEC_MAX_K) tokens continuing context[n_context]
  * (the sequence's committed tokens) for slot seq, sampled with s (the same
