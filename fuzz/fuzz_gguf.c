@@ -4,7 +4,7 @@
  * key through every typed getter, every string array element (up to a cap),
  * every tensor (lookup by name must find the same entry) and dequantizes the
  * small tensors, so that a file which passes validation but lies somewhere
- * is caught by ASan/UBSan. Built with SD_FUZZ_REPLAY_MAIN it becomes a plain
+ * is caught by ASan/UBSan. Linked with replay.c it becomes a plain
  * program that runs each file named on its command line (the CTest replay of
  * fuzz/corpus/gguf, built by every compiler). */
 #include "specd/gguf.h"
@@ -72,39 +72,3 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     sd_gguf_close(&g);
     return 0;
 }
-
-#ifdef SD_FUZZ_REPLAY_MAIN
-int main(int argc, char **argv) {
-    int n_run = 0;
-    for (int a = 1; a < argc; a++) {
-        FILE *f = fopen(argv[a], "rb");
-        if (!f) {
-            fprintf(stderr, "cannot open %s\n", argv[a]);
-            return 1;
-        }
-        size_t cap = 1 << 16, n = 0;
-        uint8_t *buf = malloc(cap);
-        size_t got;
-        while (buf && (got = fread(buf + n, 1, cap - n, f)) > 0) {
-            n += got;
-            if (n == cap) {
-                uint8_t *bigger = realloc(buf, cap * 2);
-                if (!bigger) break;
-                buf = bigger;
-                cap *= 2;
-            }
-        }
-        fclose(f);
-        if (!buf) return 1;
-        uint8_t *exact = malloc(n ? n : 1); /* exact size, so ASan sees over-reads */
-        if (!exact) return 1;
-        memcpy(exact, buf, n);
-        free(buf);
-        LLVMFuzzerTestOneInput(exact, n);
-        free(exact);
-        n_run++;
-    }
-    printf("replayed %d inputs\n", n_run);
-    return 0;
-}
-#endif

@@ -5,7 +5,7 @@
  * again by name, its first and last byte read, F32/F16/BF16 tensors
  * converted to f32, every metadata entry looked up — so a header that
  * passes validation but lies about where its bytes are is caught by
- * ASan/UBSan. Built with SD_FUZZ_REPLAY_MAIN it is a plain program that runs
+ * ASan/UBSan. Linked with replay.c it is a plain program that runs
  * each file named on its command line (the CTest replay of
  * fuzz/corpus/safetensors, built by every compiler). */
 #include "specd/safetensors.h"
@@ -53,31 +53,3 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     sd_st_close(&st);
     return 0;
 }
-
-#ifdef SD_FUZZ_REPLAY_MAIN
-int main(int argc, char **argv) {
-    int n_run = 0;
-    for (int a = 1; a < argc; a++) {
-        FILE *f = fopen(argv[a], "rb");
-        if (!f) {
-            fprintf(stderr, "cannot open %s\n", argv[a]);
-            return 1;
-        }
-        fseek(f, 0, SEEK_END);
-        long len = ftell(f);
-        fseek(f, 0, SEEK_SET);
-        uint8_t *buf = malloc(len > 0 ? (size_t)len : 1); /* exact size, so ASan sees over-reads */
-        if (!buf || (len > 0 && fread(buf, 1, (size_t)len, f) != (size_t)len)) {
-            fclose(f);
-            free(buf);
-            return 1;
-        }
-        fclose(f);
-        LLVMFuzzerTestOneInput(buf, (size_t)(len > 0 ? len : 0));
-        free(buf);
-        n_run++;
-    }
-    printf("replayed %d inputs\n", n_run);
-    return 0;
-}
-#endif
