@@ -19,8 +19,11 @@
  * the first rejected draft is not the token committed in its place; an OK
  * draft result holds keep_len + |append| and proposes at most k tokens;
  * CACHE_MISS exactly where the harness's own record of what each id holds
- * says the worker cannot have keep_len tokens. Checked at the end: after
- * releasing every id, no sequence is cached and every KV block is free.
+ * says the worker cannot have keep_len tokens; a replay (replay_op) of
+ * tokens greedy steps committed accepts them all and commits the same next
+ * token (the CPU target is deterministic and batch-invariant). Checked at
+ * the end: after releasing every id, no sequence is cached and every KV
+ * block is free.
  * A violation prints what and aborts; ASan/UBSan catch the rest.
  *
  * The models (a 2-layer target; the model drafter is its first layer, a
@@ -50,9 +53,13 @@
 static char g_dir[64], g_path[128];
 static sd_model *g_target;
 
+/* SPECD_FUZZ_VERBOSE: 1 prints what each input exercised, 2 every verify
+ * result and the engine's log. */
+static int g_verbose;
+
 /* What one input exercised (SPECD_FUZZ_VERBOSE=1 prints it). */
 static struct {
-    int refused, verify_steps, draft_steps, ok, miss, kv_full, other, accepted;
+    int refused, verify_steps, draft_steps, ok, miss, kv_full, other, accepted, replays;
 } g_count;
 
 #define VIOLATION(...)                               \
@@ -72,9 +79,32 @@ static uint8_t rd(reader *r) { return r->at < r->n ? r->p[r->at++] : 0; }
 /* What the harness knows a worker holds for an id. */
 enum { HELD_NONE = -1, HELD_UNSURE = -2 };
 
+#define HIST (CTX + MAX_DRAFT + 2)
+
 typedef struct worker_state {
     int32_t held[N_IDS + 1];
+    /* The verifier's sequences as far as known (hlen[id] >= 0; -1 unknown):
+     * the cached tokens, then after a normal step the last committed token
+     * (not cached yet). det[id][j]: hist[id][j] was committed by a greedy
+     * step, so it is the target's argmax after hist[id][:j] — what
+     * replay_op re-verifies. */
+    int32_t hist[N_IDS + 1][HIST];
+    bool det[N_IDS + 1][HIST];
+    int32_t hlen[N_IDS + 1];
 } worker_state;
+
+static void forget_all(worker_state *ws) {
+    for (int i = 0; i <= N_IDS; i++) {
+        ws->held[i] = HELD_NONE;
+        ws->hlen[i] = 0;
+    }
+}
+
+/* A replayed sequence's expected verdict (replay_op). */
+typedef struct replay_want {
+    uint32_t k;      /* drafts sent, all the target's own greedy tokens: all accepted */
+    int32_t next;    /* the token greedy decoding committed after them, or -1 when not known */
+} replay_want;
 
 /* Whether a worker holding h tokens (or none, or unknown) must answer
  * CACHE_MISS for keep_len k. */
@@ -176,6 +206,8 @@ static void count_code(Specd__Code c) {
     else g_count.other++;
 }
 
+static void run_verify(sd_verifier *v, worker_state *ws, const Specd__VerifyRequest *vq, const replay_want *want);
+
 static void verify_op(sd_verifier *v, worker_state *ws, reader *r) {
     uint8_t flags = rd(r);
     bool wild = (flags & 64) != 0;
@@ -202,9 +234,15 @@ static void verify_op(sd_verifier *v, worker_state *ws, reader *r) {
     vq.seqs = pseqs;
     vq.n_seqs = n;
     vq.prefill_only = (flags & 1) != 0;
+    run_verify(v, ws, &vq, NULL);
+}
+
+/* Sends vq the way the worker loop takes it and checks the answer; want,
+ * when given, is what its first sequence must get. */
+static void run_verify(sd_verifier *v, worker_state *ws, const Specd__VerifyRequest *vq, const replay_want *want) {
     Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
     env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY;
-    env.verify = &vq;
+    env.verify = (Specd__VerifyRequest *)vq;
     sd_net_limits lim = sd_verifier_limits(v);
     Specd__CoordinatorToWorker *in = through_decoder(&env, &lim);
     if (!in) {
@@ -227,6 +265,11 @@ static void verify_op(sd_verifier *v, worker_state *ws, reader *r) {
         int32_t *held = &ws->held[s->request_id];
         count_code(res->code);
         if (res->code == SPECD__CODE__CODE_OK) g_count.accepted += (int)res->n_accepted;
+        if (g_verbose >= 2)
+            fprintf(stderr, "fuzz_worker: verify%s%s id %llu keep %u +%zu drafts %zu: %s, %u accepted, %zu committed, "
+                    "holds %u\n", q->prefill_only ? " (prefill)" : "", want && i == 0 ? " (replay)" : "",
+                    (unsigned long long)s->request_id, s->keep_len, s->n_append, s->n_draft,
+                    sd_net_code_name(res->code), res->n_accepted, res->n_commit, res->cached_len);
         if (res->request_id != s->request_id) VIOLATION("results[%zu] answers request %llu", i,
                                                         (unsigned long long)res->request_id);
         /* A step of the wrong shape is refused before the cache is looked
@@ -244,17 +287,38 @@ static void verify_op(sd_verifier *v, worker_state *ws, reader *r) {
         if (res->code == SPECD__CODE__CODE_CACHE_MISS && *held != HELD_UNSURE && !miss[i])
             VIOLATION("request %llu: CACHE_MISS at keep_len %u, holding %d", (unsigned long long)s->request_id,
                       s->keep_len, *held);
+        int32_t *hlen = &ws->hlen[s->request_id];
         if (res->code == SPECD__CODE__CODE_CACHE_MISS || res->code == SPECD__CODE__CODE_KV_FULL) {
             /* a miss frees the slot; KV_FULL keeps at most keep_len and says so */
             if (res->cached_len > s->keep_len)
                 VIOLATION("request %llu: %s says it holds %u, over keep_len %u", (unsigned long long)s->request_id,
                           sd_net_code_name(res->code), res->cached_len, s->keep_len);
             *held = (int32_t)res->cached_len;
+            if (*hlen >= 0 || res->cached_len == 0) *hlen = (int32_t)res->cached_len;
             continue;
         }
         if (res->code != SPECD__CODE__CODE_OK) {
             *held = HELD_UNSURE;
+            *hlen = -1;
             continue;
+        }
+        if (i == 0 && want) {
+            if (res->n_accepted != want->k)
+                VIOLATION("request %llu replayed: %u of its %u greedy tokens accepted as drafts (keep_len %u)",
+                          (unsigned long long)s->request_id, res->n_accepted, want->k, s->keep_len);
+            if (want->next >= 0 && res->n_commit > want->k && res->commit[want->k] != want->next)
+                VIOLATION("request %llu replayed: committed %d after its drafts, greedy decoding gave %d",
+                          (unsigned long long)s->request_id, res->commit[want->k], want->next);
+        }
+        /* the sequence now: what was kept, the appended tokens, the commits */
+        if (*hlen >= 0 || s->keep_len == 0) {
+            int32_t *h = ws->hist[s->request_id];
+            bool *det = ws->det[s->request_id];
+            bool greedy = !s->sampling || s->sampling->temperature == 0.0f;
+            size_t at = s->keep_len;
+            for (size_t j = 0; j < s->n_append; j++, at++) h[at] = s->append[j], det[at] = false;
+            for (size_t j = 0; j < res->n_commit; j++, at++) h[at] = res->commit[j], det[at] = greedy;
+            *hlen = (int32_t)at;
         }
         uint32_t end = s->keep_len + (uint32_t)s->n_append;
         if (q->prefill_only) {
@@ -283,6 +347,73 @@ static void verify_op(sd_verifier *v, worker_state *ws, reader *r) {
     out.verify = &resp;
     check_answer_decodes(&out, &lim);
     specd__coordinator_to_worker__free_unpacked(in, NULL);
+}
+
+/* Verifies again a stretch that greedy steps committed: keep_len r, the
+ * token at r appended, the greedy tokens after it as drafts (one-hot q),
+ * beside up to two other sequences. A target that is deterministic and
+ * batch-invariant (the CPU backend is, bit for bit) accepts every draft and
+ * commits the same token after them, whatever else the cache went through
+ * since (truncations, other sequences, freed and reused blocks). */
+static void replay_op(sd_verifier *v, worker_state *ws, reader *r) {
+    uint64_t id = 1 + rd(r) % N_IDS;
+    int32_t hlen = ws->hlen[id];
+    const int32_t *h = ws->hist[id];
+    const bool *det = ws->det[id];
+    if (ws->held[id] == HELD_UNSURE || hlen < 2) return;
+    int32_t cand[HIST], n_cand = 0;
+    for (int32_t p = 0; p + 1 < hlen; p++)
+        if (det[p + 1] && p + 2 <= CTX) cand[n_cand++] = p;
+    if (n_cand == 0) return;
+    int32_t p = cand[rd(r) % n_cand];
+    uint32_t run = 0;
+    while (p + 1 + (int32_t)run < hlen && det[p + 1 + run] && run < MAX_DRAFT && p + 2 + (int32_t)run <= CTX) run++;
+    uint32_t k = 1 + rd(r) % run;
+    static seq_buf bufs[3];
+    Specd__VerifySeq seqs[3], *pseqs[3];
+    specd__verify_seq__init(&seqs[0]);
+    seqs[0].request_id = id;
+    seqs[0].keep_len = (uint32_t)p;
+    bufs[0].append[0] = h[p];
+    seqs[0].append = bufs[0].append;
+    seqs[0].n_append = 1;
+    for (uint32_t j = 0; j < k; j++) {
+        bufs[0].draft[j] = h[p + 1 + (int32_t)j];
+        specd__sparse_dist__init(&bufs[0].dist[j]);
+        bufs[0].dist_ids[j][0] = bufs[0].draft[j];
+        bufs[0].dist_p[j][0] = 1.0f;
+        bufs[0].dist[j].ids = bufs[0].dist_ids[j];
+        bufs[0].dist[j].probs = bufs[0].dist_p[j];
+        bufs[0].dist[j].n_ids = bufs[0].dist[j].n_probs = 1;
+        bufs[0].pdist[j] = &bufs[0].dist[j];
+    }
+    seqs[0].draft = bufs[0].draft;
+    seqs[0].n_draft = k;
+    seqs[0].q = bufs[0].pdist;
+    seqs[0].n_q = k;
+    pseqs[0] = &seqs[0];
+    size_t n = 1, extra = rd(r) % 3;
+    for (size_t e = 0; e < extra; e++) { /* neighbours: other ids, any content */
+        uint64_t other = 1 + rd(r) % N_IDS;
+        bool taken = false;
+        for (size_t j = 0; j < n; j++) taken = taken || seqs[j].request_id == other;
+        if (taken) continue;
+        specd__verify_seq__init(&seqs[n]);
+        seqs[n].request_id = other;
+        seqs[n].keep_len = ws->held[other] > 0 ? (uint32_t)(rd(r) % (ws->held[other] + 1)) : 0;
+        seqs[n].append = bufs[n].append;
+        seqs[n].n_append = 1 + rd(r) % MAX_APPEND;
+        for (size_t j = 0; j < seqs[n].n_append; j++) bufs[n].append[j] = token(r, false);
+        pseqs[n] = &seqs[n];
+        n++;
+    }
+    Specd__VerifyRequest vq = SPECD__VERIFY_REQUEST__INIT;
+    vq.step_id = rd(r);
+    vq.seqs = pseqs;
+    vq.n_seqs = n;
+    replay_want want = {.k = k, .next = p + 1 + (int32_t)k < hlen && det[p + 1 + k] ? h[p + 1 + k] : -1};
+    g_count.replays++;
+    run_verify(v, ws, &vq, &want);
 }
 
 static void draft_op(sd_draft_server *ds, worker_state *ws, reader *r) {
@@ -392,7 +523,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static int ready;
     if (!ready) {
         const char *v = getenv("SPECD_FUZZ_VERBOSE");
-        sd_log_set(NULL, NULL, v && atoi(v) >= 2 ? SD_LOG_DEBUG : SD_LOG_OFF, NULL);
+        g_verbose = v ? atoi(v) : 0;
+        sd_log_set(NULL, NULL, g_verbose >= 2 ? SD_LOG_DEBUG : SD_LOG_OFF, NULL);
         ready = setup() ? 1 : -1;
         if (ready < 0) fprintf(stderr, "fuzz_worker: could not make the model (%s)\n", SPECD_MKMODEL);
     }
@@ -427,16 +559,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     sd_draft_server *ds = NULL;
     if (sd_draft_server_create(d, &sp, &ds) != SD_OK) abort();
 
-    worker_state vs, dst;
-    for (int i = 0; i <= N_IDS; i++) vs.held[i] = dst.held[i] = HELD_NONE;
+    static worker_state vs, dst;
+    forget_all(&vs);
+    forget_all(&dst);
     while (r.at < r.n) {
         uint8_t op = rd(&r);
-        switch (op % 8) {
+        switch (op % 9) {
         case 0: case 1: case 2:
             verify_op(v, &vs, &r);
             break;
         case 3: case 4:
             draft_op(ds, &dst, &r);
+            break;
+        case 8:
+            replay_op(v, &vs, &r);
             break;
         case 5: case 6: {
             uint64_t ids[3];
@@ -445,13 +581,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             sd_verifier_release(v, ids, n);
             sd_draft_server_release(ds, ids, n);
             for (size_t i = 0; i < n; i++)
-                if (ids[i] >= 1 && ids[i] <= N_IDS) vs.held[ids[i]] = dst.held[ids[i]] = HELD_NONE;
+                if (ids[i] >= 1 && ids[i] <= N_IDS) {
+                    vs.held[ids[i]] = dst.held[ids[i]] = HELD_NONE;
+                    vs.hlen[ids[i]] = 0;
+                }
             break;
         }
         case 7:
             sd_verifier_reset(v);
             sd_draft_server_reset(ds);
-            for (int i = 0; i <= N_IDS; i++) vs.held[i] = dst.held[i] = HELD_NONE;
+            forget_all(&vs);
+            forget_all(&dst);
             break;
         }
     }
@@ -470,12 +610,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     sd_draft_server_free(&ds);
     sd_drafter_free(&d);
     sd_verifier_free(&v);
-    const char *verbose = getenv("SPECD_FUZZ_VERBOSE");
-    if (verbose && atoi(verbose) >= 1)
+    if (g_verbose >= 1)
         fprintf(stderr,
                 "fuzz_worker: %zu bytes, %s drafter: %d verify and %d draft steps (%d refused by the decoder); "
-                "results %d OK (%d drafts accepted), %d CACHE_MISS, %d KV_FULL, %d other\n",
+                "results %d OK (%d drafts accepted), %d CACHE_MISS, %d KV_FULL, %d other; %d replays\n",
                 size, model_drafter ? "model" : "n-gram", g_count.verify_steps, g_count.draft_steps, g_count.refused,
-                g_count.ok, g_count.accepted, g_count.miss, g_count.kv_full, g_count.other);
+                g_count.ok, g_count.accepted, g_count.miss, g_count.kv_full, g_count.other, g_count.replays);
     return 0;
 }
