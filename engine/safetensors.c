@@ -127,41 +127,6 @@ __attribute__((format(printf, 4, 5))) static sd_status fail(const parser *p, sd_
 
 /* ---- header text checks ---- */
 
-/* Offset of the first byte that is not part of valid UTF-8 (RFC 3629: no
- * overlong forms, no surrogates, nothing above U+10FFFF), or len. */
-static size_t utf8_invalid_at(const uint8_t *s, size_t len) {
-    size_t i = 0;
-    while (i < len) {
-        uint8_t b = s[i];
-        if (b < 0x80) {
-            i++;
-            continue;
-        }
-        size_t need;
-        uint8_t lo = 0x80, hi = 0xBF;
-        if (b >= 0xC2 && b <= 0xDF) {
-            need = 1;
-        } else if (b >= 0xE0 && b <= 0xEF) {
-            need = 2;
-            if (b == 0xE0) lo = 0xA0;
-            if (b == 0xED) hi = 0x9F;
-        } else if (b >= 0xF0 && b <= 0xF4) {
-            need = 3;
-            if (b == 0xF0) lo = 0x90;
-            if (b == 0xF4) hi = 0x8F;
-        } else {
-            return i;
-        }
-        if (len - i - 1 < need) return i;
-        for (size_t k = 1; k <= need; k++) {
-            uint8_t c = s[i + k];
-            if (c < (k == 1 ? lo : 0x80) || c > (k == 1 ? hi : 0xBF)) return i;
-        }
-        i += need + 1;
-    }
-    return len;
-}
-
 /* What cJSON does not check: raw control bytes inside strings and
  * whitespace other than space, tab, LF, CR outside them. Counts values
  * (roughly: commas and container openings) into *n_values. Returns the
@@ -463,7 +428,7 @@ static sd_status parse(const parser *p, sd_st *st) {
     const uint8_t *h = st->base + 8;
     size_t len = (size_t)n;
     st->data_start = 8 + len;
-    size_t bad = utf8_invalid_at(h, len);
+    size_t bad = sd_utf8_valid_len(h, len);
     if (bad < len)
         return fail(p, SD_ERR_FORMAT, "InvalidHeaderUtf8", "header byte %zu (0x%02x) is not valid UTF-8", bad, h[bad]);
     uint64_t n_values = 0;

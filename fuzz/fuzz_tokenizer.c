@@ -47,40 +47,7 @@ static char g_dir[64], g_path[128];
         abort();                                        \
     } while (0)
 
-/* Length of the valid UTF-8 prefix of s[0..n) (shortest forms, no
- * surrogates, at most U+10FFFF). */
-static size_t utf8_valid_prefix(const unsigned char *s, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = s[i];
-        size_t k;
-        unsigned lo = 0x80, hi = 0xBF;
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if (c >= 0xC2 && c <= 0xDF) {
-            k = 1;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            k = 2;
-            if (c == 0xE0) lo = 0xA0;
-            if (c == 0xED) hi = 0x9F;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            k = 3;
-            if (c == 0xF0) lo = 0x90;
-            if (c == 0xF4) hi = 0x8F;
-        } else {
-            return i;
-        }
-        if (i + k >= n) return i; /* the character runs past the end */
-        if (s[i + 1] < lo || s[i + 1] > hi) return i;
-        for (size_t j = 2; j <= k; j++)
-            if (s[i + j] < 0x80 || s[i + j] > 0xBF) return i;
-        i += k + 1;
-    }
-    return n;
-}
-
-static bool utf8_valid(const char *s, size_t n) { return utf8_valid_prefix((const unsigned char *)s, n) == n; }
+static bool utf8_valid(const char *s, size_t n) { return sd_utf8_valid_len(s, n) == n; }
 
 /* Streams ids through a fresh decoder; returns the output (malloc'd). */
 static char *stream_out(const int32_t *ids, size_t n, size_t *out_len, bool expect_all_known) {

@@ -114,6 +114,17 @@ static bool must_miss(int32_t h, uint32_t k) {
     return (int64_t)k > h;
 }
 
+/* The cache protocol's CACHE_MISS, on both workers: exactly where the
+ * record (held, before the batch) says the worker cannot have keep_len. */
+static void check_miss(const char *what, uint64_t id, uint32_t keep_len, int32_t held, bool miss, Specd__Code code) {
+    if (miss && code != SPECD__CODE__CODE_CACHE_MISS)
+        VIOLATION("%s of request %llu: keep_len %u over what it holds (%d), answered %s", what,
+                  (unsigned long long)id, keep_len, held, sd_net_code_name(code));
+    if (code == SPECD__CODE__CODE_CACHE_MISS && held != HELD_UNSURE && !miss)
+        VIOLATION("%s of request %llu: CACHE_MISS at keep_len %u, holding %d", what, (unsigned long long)id, keep_len,
+                  held);
+}
+
 /* ---------------------------------------------------------------- requests */
 
 /* One sequence's arrays, owned by the op that builds it. */
@@ -281,12 +292,7 @@ static void run_verify(sd_verifier *v, worker_state *ws, const Specd__VerifyRequ
                       (unsigned long long)s->request_id, s->keep_len, s->n_append, s->n_draft,
                       q->prefill_only ? " (prefill)" : "", sd_net_code_name(res->code));
         if (bad) continue; /* refused before anything was touched */
-        if (miss[i] && res->code != SPECD__CODE__CODE_CACHE_MISS)
-            VIOLATION("request %llu: keep_len %u over what it holds (%d), answered %s", (unsigned long long)s->request_id,
-                      s->keep_len, *held, sd_net_code_name(res->code));
-        if (res->code == SPECD__CODE__CODE_CACHE_MISS && *held != HELD_UNSURE && !miss[i])
-            VIOLATION("request %llu: CACHE_MISS at keep_len %u, holding %d", (unsigned long long)s->request_id,
-                      s->keep_len, *held);
+        check_miss("verify", s->request_id, s->keep_len, *held, miss[i], res->code);
         int32_t *hlen = &ws->hlen[s->request_id];
         if (res->code == SPECD__CODE__CODE_CACHE_MISS || res->code == SPECD__CODE__CODE_KV_FULL) {
             /* a miss frees the slot; KV_FULL keeps at most keep_len and says so */
@@ -461,12 +467,7 @@ static void draft_op(sd_draft_server *ds, worker_state *ws, reader *r) {
         count_code(res->code);
         if (res->request_id != s->request_id) VIOLATION("draft results[%zu] answers request %llu", i,
                                                         (unsigned long long)res->request_id);
-        if (miss[i] && res->code != SPECD__CODE__CODE_CACHE_MISS)
-            VIOLATION("draft request %llu: keep_len %u over what it holds (%d), answered %s",
-                      (unsigned long long)s->request_id, s->keep_len, *held, sd_net_code_name(res->code));
-        if (res->code == SPECD__CODE__CODE_CACHE_MISS && *held != HELD_UNSURE && !miss[i])
-            VIOLATION("draft request %llu: CACHE_MISS at keep_len %u, holding %d", (unsigned long long)s->request_id,
-                      s->keep_len, *held);
+        check_miss("draft", s->request_id, s->keep_len, *held, miss[i], res->code);
         if (res->code == SPECD__CODE__CODE_CACHE_MISS || res->code == SPECD__CODE__CODE_KV_FULL) {
             if (res->cached_len != 0)
                 VIOLATION("draft request %llu: %s with cached_len %u (the slot is freed)",

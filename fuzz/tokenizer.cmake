@@ -3,10 +3,4 @@
 # fuzz_tokenizer_replay (any compiler) which CTest runs over
 # fuzz/corpus/tokenizer. Both make their tokenizer with specd-mkmodel unless
 # SPECD_FUZZ_TOKENIZER names a GGUF. Run the fuzzer with fuzz/run-fuzz tokenizer.
-specd_fuzz_target(tokenizer fuzz_tokenizer.c specd_engine)
-foreach(t fuzz_tokenizer_replay fuzz_tokenizer)
-  if(TARGET ${t})
-    target_compile_definitions(${t} PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
-    add_dependencies(${t} specd-mkmodel)
-  endif()
-endforeach()
+specd_fuzz_target(tokenizer fuzz_tokenizer.c MKMODEL LIBS specd_engine)

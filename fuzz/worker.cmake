@@ -3,10 +3,4 @@
 # and fuzz_worker_replay (any compiler) which CTest runs over
 # fuzz/corpus/worker. Both make their model with specd-mkmodel. Run the
 # fuzzer with fuzz/run-fuzz worker.
-specd_fuzz_target(worker fuzz_worker.c specd_verifier_core specd_drafter_core specd_net)
-foreach(t fuzz_worker_replay fuzz_worker)
-  if(TARGET ${t})
-    target_compile_definitions(${t} PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
-    add_dependencies(${t} specd-mkmodel)
-  endif()
-endforeach()
+specd_fuzz_target(worker fuzz_worker.c MKMODEL LIBS specd_verifier_core specd_drafter_core specd_net)

@@ -92,46 +92,13 @@ static bool no_unknown_fields(vctx *v, const ProtobufCMessage *m) {
     return true;
 }
 
-/* Offset of the first invalid UTF-8 byte, or -1 when s[0..n) is valid
- * (shortest forms only, no surrogates, nothing above U+10FFFF). */
-static long utf8_invalid_at(const uint8_t *s, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        uint8_t c = s[i];
-        size_t len;
-        uint32_t cp;
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if ((c & 0xE0) == 0xC0) {
-            len = 2, cp = c & 0x1F;
-        } else if ((c & 0xF0) == 0xE0) {
-            len = 3, cp = c & 0x0F;
-        } else if ((c & 0xF8) == 0xF0) {
-            len = 4, cp = c & 0x07;
-        } else {
-            return (long)i;
-        }
-        if (i + len > n) return (long)i;
-        for (size_t k = 1; k < len; k++) {
-            if ((s[i + k] & 0xC0) != 0x80) return (long)i;
-            cp = (cp << 6) | (s[i + k] & 0x3F);
-        }
-        if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
-            (cp >= 0xD800 && cp <= 0xDFFF))
-            return (long)i;
-        i += len;
-    }
-    return -1;
-}
-
 static bool check_text(vctx *v, const char *path, const char *s, size_t max_bytes) {
     size_t n = strlen(s);
     if (n > max_bytes)
         return fail(v, SPECD__CODE__CODE_TOO_LARGE, "%s: %zu bytes over the limit of %zu", path, n, max_bytes);
-    long bad = utf8_invalid_at((const uint8_t *)s, n);
-    if (bad >= 0)
-        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s: invalid UTF-8 at byte %ld (0x%02x)", path, bad,
+    size_t bad = sd_utf8_valid_len(s, n);
+    if (bad < n)
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s: invalid UTF-8 at byte %zu (0x%02x)", path, bad,
                     (unsigned)(uint8_t)s[bad]);
     return true;
 }

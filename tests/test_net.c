@@ -346,6 +346,36 @@ static void test_round_trip_worker_link(void **state) {
 
 /* ---- malformed bytes ---- */
 
+/* sd_utf8_valid_len (engine/common.c), which checks every text field here
+ * and the safetensors header: the valid prefix's length. */
+static void test_utf8_valid_len(void **state) {
+    (void)state;
+    const struct {
+        const char *bytes;
+        size_t len, valid;
+    } cases[] = {
+        {"", 0, 0},
+        {"plain", 5, 5},
+        {"caf\xc3\xa9", 5, 5},                 /* U+00E9 */
+        {"\xe2\x82\xac", 3, 3},                 /* U+20AC */
+        {"\xf0\x9f\x98\x80", 4, 4},             /* U+1F600 */
+        {"\xf4\x8f\xbf\xbf", 4, 4},             /* U+10FFFF */
+        {"a\xc0\x80", 3, 1},                   /* overlong NUL */
+        {"\xe0\x80\x80", 3, 0},                 /* overlong 3-byte */
+        {"\xf0\x80\x80\x80", 4, 0},             /* overlong 4-byte */
+        {"ab\xed\xa0\x80", 5, 2},               /* surrogate U+D800 */
+        {"\xf4\x90\x80\x80", 4, 0},             /* above U+10FFFF */
+        {"ok\xe2\x82", 4, 2},                  /* truncated at the end */
+        {"\x80", 1, 0},                        /* lone continuation */
+        {"x\xf5\x80\x80\x80", 5, 1},            /* 0xF5 never starts one */
+        {"\xc3(", 2, 0},                       /* bad continuation */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t got = sd_utf8_valid_len(cases[i].bytes, cases[i].len);
+        if (got != cases[i].valid) fail_msg("case %zu: valid prefix %zu, expected %zu", i, got, cases[i].valid);
+    }
+}
+
 static void test_malformed(void **state) {
     (void)state;
     Specd__Code code;
@@ -914,6 +944,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip_client_link),
         cmocka_unit_test(test_round_trip_worker_link),
+        cmocka_unit_test(test_utf8_valid_len),
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_validate_verify),
         cmocka_unit_test(test_validate_draft_request),

@@ -85,6 +85,12 @@ static inline bool sd_add_ok(size_t a, size_t b, size_t *out) {
 /* Monotonic clock in seconds (for timings in tools and stats). */
 double sd_now(void);
 
+/* Length of the longest valid UTF-8 prefix of s[0..len): len when all of it
+ * is valid, else the offset of the first byte that is not (RFC 3629: no
+ * overlong forms, no surrogates, nothing above U+10FFFF, no truncated
+ * sequence at the end). */
+size_t sd_utf8_valid_len(const void *s, size_t len);
+
 #ifdef __cplusplus
 }
 #endif
