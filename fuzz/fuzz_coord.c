@@ -17,8 +17,10 @@
  * arrive before its end, count up by what each chunk carries and never pass
  * max_tokens; a request ends once (Finished, or an Error naming it). Checked
  * at the end: every accepted request ended and no chunk is left pending,
- * whatever the peers did before; freeing the state frees everything
- * (ASan's leak check). A violation prints what and aborts.
+ * whatever the peers did before; every worker still registered was sent a
+ * Release for each request id it was given since its Welcome (a worker
+ * whose link dropped has reset its caches); freeing the state frees
+ * everything (ASan's leak check). A violation prints what and aborts.
  *
  * The target model (metadata and tokenizer only) is a small random GGUF
  * made once per process with specd-mkmodel. Linked with replay.c it is a
@@ -77,12 +79,20 @@ typedef struct submitted {
     int answers;
 } submitted;
 
+/* Request ids a worker was sent since its Welcome and not released: what
+ * it may still cache. */
+typedef struct held_ids {
+    uint64_t id[MAX_TRACKED];
+    int n;
+} held_ids;
+
 typedef struct fz {
     sd_coord c;
     bool c_ok;
     uint64_t now;
     char worker_ident[N_WORKER_IDENTS][8];
     last_request last[N_WORKER_IDENTS];
+    held_ids holds[N_WORKER_IDENTS];
     bool gone[N_WORKER_IDENTS];
     int n_fresh;
     tracked req[MAX_TRACKED];
@@ -126,7 +136,35 @@ static bool to_worker(void *user, const uint8_t *ident, size_t len, const Specd_
     fz *f = user;
     int w = worker_index(f, ident, len);
     if (w < 0) VIOLATION("a message to worker ident '%.*s' that never spoke", (int)len, (const char *)ident);
-    if (f->gone[w]) return false;
+    held_ids *h = &f->holds[w];
+    if (f->gone[w]) { /* disconnected: a worker that reconnects has reset its caches */
+        h->n = 0;
+        return false;
+    }
+    switch (env->body_case) {
+    case SPECD__COORDINATOR_TO_WORKER__BODY_WELCOME: /* a registration starts from empty caches */
+        h->n = 0;
+        break;
+    case SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT:
+    case SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY: {
+        size_t n = env->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT ? env->draft->n_seqs : env->verify->n_seqs;
+        for (size_t i = 0; i < n; i++) {
+            uint64_t id = env->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT ? env->draft->seqs[i]->request_id
+                                                                                     : env->verify->seqs[i]->request_id;
+            bool known = false;
+            for (int j = 0; j < h->n && !known; j++) known = h->id[j] == id;
+            if (!known && h->n < MAX_TRACKED) h->id[h->n++] = id;
+        }
+        break;
+    }
+    case SPECD__COORDINATOR_TO_WORKER__BODY_RELEASE:
+        for (size_t i = 0; i < env->release->n_request_ids; i++)
+            for (int j = 0; j < h->n; j++)
+                if (h->id[j] == env->release->request_ids[i]) h->id[j--] = h->id[--h->n];
+        break;
+    default:
+        break;
+    }
     if (env->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT ||
         env->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY) {
         last_request *l = &f->last[w];
@@ -651,6 +689,12 @@ static void heal(fz *f) {
         if (f->sub[i].answers != 1) VIOLATION("submit tag %llu answered %d times", (unsigned long long)f->sub[i].tag,
                                               f->sub[i].answers);
     if (f->c.n_chunks != 0) VIOLATION("%d token chunks never streamed", f->c.n_chunks);
+    /* Every request has ended: a worker still registered must have been
+     * told to free each sequence it was sent. */
+    for (int w = 0; w < N_WORKER_IDENTS; w++)
+        if (worker_alive(f, w) && f->holds[w].n > 0)
+            VIOLATION("worker %s was never sent a Release for request %llu (%d left)", f->worker_ident[w],
+                      (unsigned long long)f->holds[w].id[0], f->holds[w].n);
 }
 
 /* SPECD_FUZZ_VERBOSE: 1 a line per input, to see what a corpus exercises;
