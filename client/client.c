@@ -342,6 +342,15 @@ static void handle_locked(sd_client *c, const Specd__CoordinatorToClient *env) {
             finish_locked(c, r, status_for_code(e->code), e->code, why, NULL, 0);
             break;
         }
+        if (e->request_id || e->client_tag) {
+            /* About a request that is no longer live here: the answer to a
+             * Cancel that crossed the request's end, say (UNKNOWN_REQUEST).
+             * It answers nothing else, least of all a stats query. */
+            SD_DEBUG("coordinator error %s for request %llu (tag %llu), no longer pending here: %s",
+                     sd_net_code_name(e->code), (unsigned long long)e->request_id, (unsigned long long)e->client_tag,
+                     why);
+            break;
+        }
         /* Not about a request: it answers a stats query, or reports a protocol error. */
         SD_WARN("coordinator error %s: %s", sd_net_code_name(e->code), why);
         bool any = false;

@@ -9,7 +9,12 @@
  *   "refuse..."  Error CODE_OVERLOADED for the submit (client_tag echoed)
  *   "kvfull..."  Accepted, one chunk, then Error CODE_KV_FULL for the request
  *   "slow..."    Accepted, a chunk every 40 ms, never finishes by itself
- *   otherwise    Accepted, max_tokens chunks "<prompt>:<i>;" (token i), Finished LENGTH */
+ *   "noisy..."   stray messages first (tokens, an end, an Accepted, an Error
+ *                for requests this client does not have; undecodable bytes),
+ *                then as otherwise
+ *   otherwise    Accepted, max_tokens chunks "<prompt>:<i>;" (token i), Finished LENGTH
+ * A Cancel of a request the fake is not running is answered UNKNOWN_REQUEST,
+ * as the coordinator does. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -53,6 +58,7 @@ typedef struct fake {
     uint8_t peers[8][SD_MAX_IDENTITY_BYTES];
     size_t peer_len[8], n_peers;
     int cancels_seen;   /* read by tests after the fact */
+    volatile uint64_t stray_before_stats; /* nonzero: answer a stats query with UNKNOWN_REQUEST for this id first */
 } fake;
 
 static void fake_send(fake *f, const uint8_t *id, size_t id_len, Specd__CoordinatorToClient *env) {
@@ -114,6 +120,31 @@ static void fake_handle(fake *f, const sd_net_msg *m) {
                        "queue full: 256 requests waiting (limit 256)");
             break;
         }
+        if (strncmp(s->prompt, "noisy", 5) == 0) {
+            /* Strays first: tokens and an end for requests this client never
+             * had, an Accepted for a tag it never used, an Error about an
+             * unknown request, and bytes that do not decode. */
+            int32_t tok = 7;
+            Specd__TokenChunk tc = SPECD__TOKEN_CHUNK__INIT;
+            tc.request_id = 999999, tc.n_tokens = 1, tc.tokens = &tok, tc.n_generated = 1;
+            Specd__CoordinatorToClient out = SPECD__COORDINATOR_TO_CLIENT__INIT;
+            out.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS;
+            out.tokens = &tc;
+            fake_send(f, m->identity, m->identity_len, &out);
+            Specd__Finished fin = SPECD__FINISHED__INIT;
+            fin.request_id = 888888, fin.reason = SPECD__STOP_REASON__STOP_REASON_EOS;
+            out.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_FINISHED;
+            out.finished = &fin;
+            fake_send(f, m->identity, m->identity_len, &out);
+            Specd__Accepted stray = SPECD__ACCEPTED__INIT;
+            stray.client_tag = s->client_tag + 1000, stray.request_id = 777777;
+            out.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_ACCEPTED;
+            out.accepted = &stray;
+            fake_send(f, m->identity, m->identity_len, &out);
+            fake_error(f, m->identity, m->identity_len, SPECD__CODE__CODE_KV_FULL, 666666, 0, "not yours");
+            zmq_send(f->router, m->identity, m->identity_len, ZMQ_SNDMORE);
+            zmq_send(f->router, "\xff\xff\xff", 3, 0);
+        }
         if (f->n_reqs == FAKE_MAX) break;
         fake_req *r = &f->reqs[f->n_reqs++];
         memset(r, 0, sizeof *r);
@@ -132,13 +163,23 @@ static void fake_handle(fake *f, const sd_net_msg *m) {
         fake_send(f, m->identity, m->identity_len, &out);
         break;
     }
-    case SPECD__CLIENT_TO_COORDINATOR__BODY_CANCEL:
+    case SPECD__CLIENT_TO_COORDINATOR__BODY_CANCEL: {
         f->cancels_seen++;
+        bool running = false;
         for (size_t i = 0; i < f->n_reqs; i++)
-            if (f->reqs[i].active && f->reqs[i].request_id == env->cancel->request_id)
+            if (f->reqs[i].active && f->reqs[i].request_id == env->cancel->request_id) {
                 fake_finish(f, &f->reqs[i], SPECD__STOP_REASON__STOP_REASON_CANCELLED);
+                running = true;
+            }
+        if (!running) /* as the coordinator answers a Cancel that crossed the request's end */
+            fake_error(f, m->identity, m->identity_len, SPECD__CODE__CODE_UNKNOWN_REQUEST, env->cancel->request_id, 0,
+                       "cancel.request_id: not a running request of this client");
         break;
+    }
     case SPECD__CLIENT_TO_COORDINATOR__BODY_STATS: {
+        if (f->stray_before_stats)
+            fake_error(f, m->identity, m->identity_len, SPECD__CODE__CODE_UNKNOWN_REQUEST, f->stray_before_stats, 0,
+                       "cancel.request_id: not a running request of this client");
         Specd__WorkerStats ws = SPECD__WORKER_STATS__INIT;
         ws.kv_blocks_total = 128, ws.kv_blocks_free = 100, ws.n_sequences = 2;
         Specd__WorkerInfo wi = SPECD__WORKER_INFO__INIT;
@@ -536,6 +577,49 @@ static void test_error_propagation(void **state) {
     fake_stop(&f);
 }
 
+/* Messages that concern nothing live on this client are dropped and leave
+ * the rest alone: stray tokens, ends, an Accepted for an unused tag (the
+ * client cancels that request), an Error about an unknown request, bytes
+ * that do not decode; and the UNKNOWN_REQUEST that answers a Cancel which
+ * crossed its request's end does not fail a stats query waiting beside it
+ * (it did, before). */
+static void test_stray_messages(void **state) {
+    (void)state;
+    fake *f = fake_start();
+    sd_client *c = client_for(f, 50, 20);
+    record rec;
+    record_init(&rec);
+    sd_client_request rq = sd_client_default_request();
+    rq.prompt = "noisy";
+    rq.max_tokens = 3;
+    uint64_t id = 0;
+    assert_int_equal(sd_client_submit(c, &rq, record_cb, &rec, &id), SD_OK);
+    sd_client_result res;
+    assert_int_equal(sd_client_wait(c, id, 5000, &res), SD_OK);
+    assert_int_equal(res.status, SD_OK);
+    assert_int_equal(res.stop_reason, SPECD__STOP_REASON__STOP_REASON_LENGTH);
+    assert_int_equal(res.n_ids, 3);
+    for (size_t i = 0; i < 3; i++) assert_int_equal(res.ids[i], (int32_t)i);
+    char want[256];
+    expected_text("noisy", 3, want, sizeof want);
+    assert_string_equal(res.text, want);
+    sd_client_result_clear(&res);
+    assert_int_equal(rec.finals, 1);
+    assert_false(rec.chunk_after_final);
+    /* the stray Accepted's request was cancelled */
+    for (int i = 0; i < 200 && f->cancels_seen < 1; i++) usleep(5000);
+    assert_int_equal(f->cancels_seen, 1);
+    /* an UNKNOWN_REQUEST for an ended request (a Cancel that crossed its
+     * end) arrives while a stats query waits: the stats still arrive */
+    f->stray_before_stats = id;
+    sd_client_service_stats st;
+    assert_int_equal(sd_client_stats(c, 5000, &st), SD_OK);
+    assert_int_equal(st.active_requests, 7);
+    sd_client_close(&c);
+    fake_stop(&f);
+    pthread_mutex_destroy(&rec.mu);
+}
+
 static void test_close_with_requests_in_flight(void **state) {
     (void)state;
     fake *f = fake_start();
@@ -556,6 +640,7 @@ int main(void) {
         cmocka_unit_test(test_streaming_order),   cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_concurrent_submits), cmocka_unit_test(test_coordinator_death),
         cmocka_unit_test(test_unreachable),        cmocka_unit_test(test_error_propagation),
+        cmocka_unit_test(test_stray_messages),
         cmocka_unit_test(test_close_with_requests_in_flight),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
