@@ -4,6 +4,7 @@
  * (model.c, tokenizer_gguf.c); a rectangle read dequantizes only the rows
  * asked for, starting at the block that holds col0, straight out of the
  * memory map. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -156,5 +157,25 @@ sd_status sd_weights_read(const sd_weights *w, const char *name, int64_t row0, i
                  (long long)t.ne[1], (long long)t.ne[0]);
         return SD_ERR_RANGE;
     }
-    return w->ops->read(w->ctx, name, row0, n_rows, col0, n_cols, dst);
+    SD_TRY(w->ops->read(w->ctx, name, row0, n_rows, col0, n_cols, dst));
+    /* A NaN or an infinity in the weights poisons every logit that reads it,
+     * at whatever step first touches that row: refuse the file at load. The
+     * scan tests exponent bits (all ones: NaN or infinite) with integer ops
+     * the compiler vectorizes; only a hit looks for where. */
+    size_t n = (size_t)n_rows * (size_t)n_cols;
+    uint32_t any = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &dst[i], sizeof bits);
+        any |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u);
+    }
+    for (size_t i = 0; any && i < n; i++) {
+        if (!isfinite(dst[i])) {
+            SD_ERROR("weights: %s holds %s at row %lld, column %lld: the file is corrupt", name,
+                     isnan(dst[i]) ? "NaN" : "an infinity", (long long)(row0 + (int64_t)(i / (size_t)n_cols)),
+                     (long long)(col0 + (int64_t)(i % (size_t)n_cols)));
+            return SD_ERR_FORMAT;
+        }
+    }
+    return SD_OK;
 }

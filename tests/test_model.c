@@ -41,6 +41,9 @@ typedef struct spec {
     const char *bad_tensor; /* write this tensor with a wrong shape */
     const char *skip_tensor; /* leave this tensor out */
     sd_dtype matrix_type;  /* type of 2-D weights (F32 default) */
+    const char *poison_tensor; /* write poison_value into this tensor at element poison_at */
+    float poison_value;
+    uint64_t poison_at;
 } spec;
 
 static uint64_t fnv(const char *s) {
@@ -66,6 +69,7 @@ static void add_tensor(sd_gguf_writer *w, const spec *sp, const char *name, uint
     assert_non_null(data);
     uint64_t st = fnv(name);
     for (uint64_t i = 0; i < n; i++) data[i] = center + amp * next_uniform(&st);
+    if (sp->poison_tensor && strcmp(sp->poison_tensor, name) == 0) data[sp->poison_at % n] = sp->poison_value;
     sd_dtype type = n_dims == 2 ? sp->matrix_type : SD_DTYPE_F32;
     if (type != SD_DTYPE_F32) {
         void *q = malloc(n * sizeof(float));
@@ -405,8 +409,10 @@ static float *ref_forward(const ref_model *r, int seq_id, int len) {
 /* ------------------------------------------------------------------ tests */
 
 static int n_error_lines;
+static char first_error[512]; /* the first error line since the last reset */
 static void count_sink(sd_log_level level, const char *line, void *user) {
     (void)user;
+    if (level == SD_LOG_ERROR && !first_error[0]) snprintf(first_error, sizeof first_error, "%s", line);
     if (level == SD_LOG_ERROR) n_error_lines++;
     if (getenv("TEST_MODEL_VERBOSE")) fprintf(stderr, "%s\n", line);
 }
@@ -850,6 +856,41 @@ static void test_config_errors(void **state) {
     }
 }
 
+/* A NaN or an infinity anywhere in the weights refuses the model at load,
+ * with a line naming the tensor (sd_weights_read): found late, it would
+ * poison the logits of whatever step first read that row. F32, F16 and a
+ * norm vector; the config itself is fine. */
+static void test_non_finite_weights(void **state) {
+    (void)state;
+    const struct {
+        const char *tensor;
+        float value;
+        sd_dtype type;
+    } cases[] = {
+        {"blk.1.ffn_down.weight", NAN, SD_DTYPE_F32},
+        {"token_embd.weight", INFINITY, SD_DTYPE_F32},
+        {"blk.0.attn_q.weight", -INFINITY, SD_DTYPE_F16},
+        {"output_norm.weight", NAN, SD_DTYPE_F32},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        spec sp = shapes[0];
+        sp.matrix_type = cases[i].type;
+        sp.poison_tensor = cases[i].tensor;
+        sp.poison_value = cases[i].value;
+        sp.poison_at = 1000003u * (i + 1);
+        sd_gguf *g = make_gguf(&sp);
+        sd_model_config c;
+        assert_int_equal(sd_model_config_from_gguf(g, &c), SD_OK);
+        first_error[0] = '\0';
+        sd_model *m = NULL;
+        assert_int_equal(sd_model_load(g, NULL, &m), SD_ERR_FORMAT);
+        assert_null(m);
+        if (!strstr(first_error, cases[i].tensor) || !strstr(first_error, isnan(cases[i].value) ? "NaN" : "infinity"))
+            fail_msg("case %zu: error line '%s'", i, first_error);
+        sd_gguf_close(&g);
+    }
+}
+
 /* The demo model, when present: loads, and a few greedy steps run. */
 static void test_demo_model(void **state) {
     (void)state;
@@ -890,6 +931,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_quantized_and_config, setup, teardown),
         cmocka_unit_test_setup_teardown(test_linear_rope, setup, teardown),
         cmocka_unit_test_setup_teardown(test_config_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_non_finite_weights, setup, teardown),
         cmocka_unit_test_setup_teardown(test_demo_model, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

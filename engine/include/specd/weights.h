@@ -65,7 +65,8 @@ bool sd_weights_find(const sd_weights *w, const char *name, sd_weights_tensor *i
  * name as f32 into dst [n_rows][n_cols]. For quantized types col0 and n_cols
  * must be multiples of the type's block size (SD_ERR_UNSUPPORTED otherwise,
  * with a log line). SD_ERR_NOT_FOUND / SD_ERR_RANGE for a bad name or
- * rectangle. Thread-safe: ranks may read concurrently. */
+ * rectangle; SD_ERR_FORMAT, naming the tensor, row and column, when a value
+ * read is NaN or infinite. Thread-safe: ranks may read concurrently. */
 sd_status sd_weights_read(const sd_weights *w, const char *name, int64_t row0, int64_t n_rows, int64_t col0,
                           int64_t n_cols, float *dst);
 
