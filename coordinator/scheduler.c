@@ -117,7 +117,7 @@ static int32_t want_k(const sd_coord *c, const sd_session *s) {
     if (!c->p.adaptive_k) return imin(c->p.k_default, cap);
     /* a sampled request's draws depend on its K schedule: keep that
      * independent of load and timing (adapt.c) */
-    if (s->sampling.temperature > 0.0f) return sd_adapt_sampled_k(&s->adapt, cap);
+    if (!sd_sampling_is_greedy(&s->sampling)) return sd_adapt_sampled_k(&s->adapt, cap);
     /* the batch the sequence will be verified in: every active sequence
      * (hold_for_drafts keeps them together), as far as the verifier takes */
     if (!c->drafting_pays) return 0;
@@ -138,7 +138,7 @@ static void update_drafting_gate(sd_coord *c) {
     int32_t extra_rows = 0;
     for (int32_t i = 0; i < c->n_sessions; i++) {
         const sd_session *s = c->sessions[i];
-        if (s->state != SD_SESSION_ACTIVE || s->sampling.temperature > 0.0f) continue;
+        if (s->state != SD_SESSION_ACTIVE || !sd_sampling_is_greedy(&s->sampling)) continue;
         int32_t cap = k_cap(c, s);
         if (cap == 0) continue;
         int32_t k = sd_adapt_choose_k(s->adapt.alpha, &c->cost, batch, cap);
@@ -157,7 +157,7 @@ static void update_drafting_gate(sd_coord *c) {
  * requests keep a load-independent K, adapt.c), its K = 0 step is being
  * verified, speculation is possible, and its interval has come. */
 static int32_t shadow_k(const sd_coord *c, const sd_session *s) {
-    if (!c->p.adaptive_k || s->sampling.temperature > 0.0f) return 0;
+    if (!c->p.adaptive_k || !sd_sampling_is_greedy(&s->sampling)) return 0;
     if (!s->in_verify || s->verify_k > 0 || s->shadow_base == s->n_tokens) return 0;
     if (k_cap(c, s) == 0) return 0;
     int32_t batch = c->n_active;
@@ -269,7 +269,7 @@ static void admit(sd_coord *c) {
         sd_session *s = c->sessions[i];
         if (s->state != SD_SESSION_QUEUED) continue;
         s->state = SD_SESSION_ACTIVE;
-        if (s->sampling.temperature == 0.0f) s->adapt.alpha = c->alpha_prior; /* sampled: fixed start (adapt.c) */
+        if (sd_sampling_is_greedy(&s->sampling)) s->adapt.alpha = c->alpha_prior; /* sampled: fixed start (adapt.c) */
         c->n_queued--;
         c->n_active++;
         c->drafting_dirty = true; /* a new batch size */
@@ -332,7 +332,7 @@ static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
         /* A sampled request's refill step carries no drafts: whether its
          * warm-up drafts are back when the step goes depends on timing (a
          * busy verifier), and its draws depend on K (adapt.c). */
-        bool sampled_refill = missing > 1 && s->sampling.temperature > 0.0f;
+        bool sampled_refill = missing > 1 && !sd_sampling_is_greedy(&s->sampling);
         if (!prefill && drafted_now(s) && !sampled_refill) {
             n_draft = imin(s->n_draft, s->max_context - s->n_tokens - 1);
             n_draft = imin(n_draft, s->max_tokens - sd_session_generated(s) - 1);
@@ -830,7 +830,7 @@ void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r,
             s->accepted += vr->n_accepted;
             if (w->step_k[i] > 0) {
                 sd_adapt_observe(&s->adapt, w->step_k[i], (int32_t)vr->n_accepted);
-                if (s->sampling.temperature == 0.0f) sd_adapt_prior_update(&c->alpha_prior, &s->adapt);
+                if (sd_sampling_is_greedy(&s->sampling)) sd_adapt_prior_update(&c->alpha_prior, &s->adapt);
                 s->adapt.steps_at_zero = 0;
             } else if (k_cap(c, s) > 0) {
                 s->adapt.steps_at_zero++;

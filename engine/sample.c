@@ -118,7 +118,7 @@ static sd_status check_inputs(const float *logits, int32_t n, const sd_sampling 
 
 sd_status sd_sample_probs(const float *logits, int32_t n, const sd_sampling *s, float *probs) {
     SD_TRY(check_inputs(logits, n, s, probs));
-    if (s->temperature == 0.0f) {
+    if (sd_sampling_is_greedy(s)) {
         int32_t best = sd_argmax(logits, n);
         for (int32_t i = 0; i < n; i++) probs[i] = i == best ? 1.0f : 0.0f;
         return SD_OK;
@@ -218,7 +218,7 @@ int32_t sd_sample_from(const float *probs, int32_t n, double u) {
 sd_status sd_sample_token(const float *logits, int32_t n, const sd_sampling *s, uint64_t position,
                           int32_t *token) {
     SD_TRY(check_inputs(logits, n, s, token));
-    if (s->temperature == 0.0f) {
+    if (sd_sampling_is_greedy(s)) {
         *token = sd_argmax(logits, n);
         return SD_OK;
     }

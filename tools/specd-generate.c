@@ -122,7 +122,6 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
     o->k = 4;
     o->device = -1;
     o->sampling = sd_sampling_default();
-    o->sampling.temperature = 0.0f;
     int c;
     while ((c = getopt_long(argc, argv, "m:p:n:t:k:vh", longs, NULL)) != -1) {
         bool ok = true;
@@ -152,7 +151,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         case OPT_DRAFT: o->draft_path = optarg; break;
         case OPT_NGRAM: o->ngram = true; break;
         case OPT_DRAFT_LAYERS: name = "draft-layers"; ok = parse_int(optarg, 1, 1024, &o->draft_layers); break;
-        case 'k': name = "k"; ok = parse_int(optarg, 1, SD_SPEC_MAX_K, &o->k); break;
+        case 'k': name = "k"; ok = parse_int(optarg, 1, SD_MAX_DRAFT, &o->k); break;
         case OPT_ADAPTIVE: o->adaptive_k = true; break;
         case OPT_DEVICE: name = "device"; ok = sd_device_parse(optarg, &o->device) == SD_OK; break;
         case 'v': o->verbose = true; break;
@@ -340,8 +339,8 @@ static sd_status generate_spec(const gen_opts *o, sd_model *m, sd_spec_decoder *
                                const char *text, gen_result *r) {
     SD_TRY(encode_prompt(o, sd_model_config_of(m), tok, text, r));
     int32_t n_prompt = (int32_t)r->n_prompt;
-    int32_t *ctx = malloc(((size_t)n_prompt + (size_t)o->n_predict + SD_SPEC_MAX_K + 1) * sizeof *ctx);
-    r->ids = malloc(((size_t)o->n_predict + SD_SPEC_MAX_K + 1) * sizeof *r->ids);
+    int32_t *ctx = malloc(((size_t)n_prompt + (size_t)o->n_predict + SD_MAX_DRAFT + 1) * sizeof *ctx);
+    r->ids = malloc(((size_t)o->n_predict + SD_MAX_DRAFT + 1) * sizeof *r->ids);
     sd_tok_stream *stream = sd_tok_stream_new(tok);
     sd_status st = SD_OK;
     if (!ctx || !r->ids || !stream) {
@@ -364,7 +363,7 @@ static sd_status generate_spec(const gen_opts *o, sd_model *m, sd_spec_decoder *
                                  : 0.0;
             k = choose_k(alpha, c_draft, o->k);
         }
-        int32_t step[SD_SPEC_MAX_K + 1], n_step, n_drafted, n_accepted;
+        int32_t step[SD_MAX_DRAFT + 1], n_step, n_drafted, n_accepted;
         st = sd_spec_decoder_step(dec, ctx, n_prompt + (int32_t)r->n_ids, k, &o->sampling, step, &n_step,
                                   &n_drafted, &n_accepted);
         if (st != SD_OK) goto done;

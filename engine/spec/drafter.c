@@ -64,9 +64,9 @@ int32_t sd_drafter_max_q(const sd_drafter *d) {
 
 sd_status sd_drafter_propose(sd_drafter *d, int32_t seq, const int32_t *context, int32_t n_context, int32_t k,
                              const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n_drafted) {
-    if (!d || !context || !s || !tokens || !q || !n_drafted || n_context <= 0 || k < 0 || k > SD_SPEC_MAX_K) {
+    if (!d || !context || !s || !tokens || !q || !n_drafted || n_context <= 0 || k < 0 || k > SD_MAX_DRAFT) {
         SD_ERROR("drafter: propose needs a drafter, a non-empty context, sampling, outputs and 0 <= k <= %d "
-                 "(n_context %d, k %d)", SD_SPEC_MAX_K, (int)n_context, (int)k);
+                 "(n_context %d, k %d)", SD_MAX_DRAFT, (int)n_context, (int)k);
         return SD_ERR_INVALID_ARG;
     }
     if (seq < 0 || seq >= d->params.max_seqs) {
@@ -105,7 +105,7 @@ sd_status sd_draft_batch(sd_drafter *d, int32_t n_seqs, const sd_draft_seq *seqs
         bool dup = false;
         for (int32_t j = 0; j < i && !dup; j++) dup = seqs[j].slot == v->slot;
         if (v->slot < 0 || v->slot >= d->params.max_seqs || dup || v->keep_len < 0 || v->n_append < 1 ||
-            !v->append || v->k < 0 || v->k > SD_SPEC_MAX_K ||
+            !v->append || v->k < 0 || v->k > SD_MAX_DRAFT ||
             (int64_t)v->keep_len + v->n_append > d->params.max_ctx) {
             SD_WARN("drafter: sequence %d: bad request (slot %d%s, keep_len %d, n_append %d, k %d, max_ctx %d)",
                     (int)i, (int)v->slot, dup ? " repeated" : "", (int)v->keep_len, (int)v->n_append, (int)v->k,
@@ -123,7 +123,7 @@ sd_status sd_draft_batch(sd_drafter *d, int32_t n_seqs, const sd_draft_seq *seqs
 /* One-hot q storage, per sequence slot. */
 typedef struct ngram_state {
     float one;                 /* 1.0f, what every q.probs points at */
-    int32_t *draft;            /* [max_seqs][SD_SPEC_MAX_K] the ids q.ids point into */
+    int32_t *draft;            /* [max_seqs][SD_MAX_DRAFT] the ids q.ids point into */
     int32_t *history;          /* [max_seqs][max_ctx] committed tokens per slot (batched path), lazily */
     int32_t *history_len;      /* [max_seqs] */
 } ngram_state;
@@ -132,7 +132,7 @@ static sd_status ngram_propose(sd_drafter *d, int32_t seq, const int32_t *contex
                                const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n_drafted) {
     (void)s;
     ngram_state *st = d->impl;
-    int32_t *ids = st->draft + (size_t)seq * SD_SPEC_MAX_K;
+    int32_t *ids = st->draft + (size_t)seq * SD_MAX_DRAFT;
     int32_t n_max = d->params.ngram_max < n_context - 1 ? d->params.ngram_max : n_context - 1;
     for (int32_t n = n_max; n >= d->params.ngram_min; n--) {
         const int32_t *suffix = context + n_context - n;
@@ -222,7 +222,7 @@ sd_status sd_drafter_ngram_create(const sd_drafter_params *p, sd_drafter **out) 
     SD_TRY(drafter_params_check(p, &params));
     sd_drafter *d = calloc(1, sizeof *d);
     ngram_state *st = calloc(1, sizeof *st);
-    int32_t *draft = calloc((size_t)params.max_seqs * SD_SPEC_MAX_K, sizeof *draft);
+    int32_t *draft = calloc((size_t)params.max_seqs * SD_MAX_DRAFT, sizeof *draft);
     if (!d || !st || !draft) {
         free(d);
         free(st);

@@ -54,7 +54,7 @@ sd_status sd_spec_decoder_create(sd_model *target, sd_drafter *drafter, int32_t 
     sd_status st = d->cached ? sd_spec_scratch_create(&d->scratch) : SD_ERR_NOMEM;
     if (st == SD_OK) {
         const int32_t block = 16;
-        st = sd_model_kv_create(target, 1, (max_ctx + SD_SPEC_MAX_K + block - 1) / block + 1, block, &d->kv);
+        st = sd_model_kv_create(target, 1, (max_ctx + SD_MAX_DRAFT + block - 1) / block + 1, block, &d->kv);
     } else {
         SD_ERROR("spec: out of memory creating a decoder");
     }
@@ -69,9 +69,9 @@ sd_status sd_spec_decoder_create(sd_model *target, sd_drafter *drafter, int32_t 
 sd_status sd_spec_decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t k,
                                const sd_sampling *s, int32_t *out, int32_t *n_out, int32_t *n_drafted,
                                int32_t *n_accepted) {
-    if (!d || !ctx || !s || !out || !n_out || n_ctx <= 0 || k < 0 || k > SD_SPEC_MAX_K) {
+    if (!d || !ctx || !s || !out || !n_out || n_ctx <= 0 || k < 0 || k > SD_MAX_DRAFT) {
         SD_ERROR("spec: step needs a decoder, a non-empty context, sampling, outputs and 0 <= k <= %d",
-                 SD_SPEC_MAX_K);
+                 SD_MAX_DRAFT);
         return SD_ERR_INVALID_ARG;
     }
     if (n_ctx >= d->max_ctx) {
@@ -81,8 +81,8 @@ sd_status sd_spec_decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n
     SD_TRY(sd_sampling_validate(s));
     if (k > d->max_ctx - n_ctx) k = d->max_ctx - n_ctx;
     /* Draft. */
-    int32_t draft[SD_SPEC_MAX_K];
-    sd_spec_q q[SD_SPEC_MAX_K];
+    int32_t draft[SD_MAX_DRAFT];
+    sd_spec_q q[SD_MAX_DRAFT];
     int32_t nd = 0;
     double t0 = sd_now();
     if (d->drafter && k > 0) SD_TRY(sd_drafter_propose(d->drafter, 0, ctx, n_ctx, k, s, draft, q, &nd));
