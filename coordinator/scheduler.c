@@ -189,7 +189,7 @@ static void flush_chunks(sd_coord *c, uint64_t now_us);
 
 static bool drafted_now(const sd_session *s) { return s->draft_base == s->n_tokens && !s->in_draft; }
 
-static bool step_reserve(sd_worker *w, int32_t n) {
+static bool step_reserve(sd_coord_worker *w, int32_t n) {
     if (n > w->cap_step) {
         uint64_t *r = realloc(w->step_rids, (size_t)n * sizeof *r);
         if (!r) return false;
@@ -295,7 +295,7 @@ static void fill_sampling(const sd_session *s, Specd__Sampling *pb) {
 }
 
 static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
-    sd_worker *w = &c->workers[c->verifier];
+    sd_coord_worker *w = &c->workers[c->verifier];
     int32_t n = 0;
     for (int32_t i = 0; i < c->n_sessions && n < w->max_batch; i++) {
         cand_kind k = verify_candidate(c, c->sessions[i]);
@@ -383,7 +383,7 @@ static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
     SD_DEBUG("verify step %llu: %d seqs, %d tokens%s (cost model: %.0f us + %.0f us/token, draft step %.0f us)",
              (unsigned long long)req.step_id, m, n_tokens, prefill ? " (prefill only)" : "", c->cost.verify_fixed_us,
              c->cost.verify_token_us, c->cost.draft_step_us);
-    sd_worker_send(c, c->verifier, &env, now_us);
+    sd_outbox_worker(c, c->verifier, &env, now_us);
 out:
     free(seqs);
     free(pseqs);
@@ -398,7 +398,7 @@ out:
  * verifier cache is current, they are in a draft step or about to be). */
 static bool hold_for_drafts(const sd_coord *c, uint64_t now_us) {
     if (!drafter_ok(c)) return false;
-    const sd_worker *v = &c->workers[c->verifier], *d = &c->workers[c->drafter];
+    const sd_coord_worker *v = &c->workers[c->verifier], *d = &c->workers[c->drafter];
     int32_t n_ready = 0, n_pending = 0, n_to_draft = 0, ready_tokens = 0;
     for (int32_t i = 0; i < c->n_sessions; i++) {
         const sd_session *s = c->sessions[i];
@@ -461,7 +461,7 @@ static int32_t draft_candidate(const sd_coord *c, const sd_session *s) {
 
 static void dispatch_draft(sd_coord *c, uint64_t now_us) {
     if (!drafter_ok(c) || c->workers[c->drafter].busy) return;
-    sd_worker *w = &c->workers[c->drafter];
+    sd_coord_worker *w = &c->workers[c->drafter];
     int32_t n = 0;
     for (int32_t i = 0; i < c->n_sessions && n < w->max_batch; i++)
         if (draft_candidate(c, c->sessions[i]) > 0) n++;
@@ -514,7 +514,7 @@ static void dispatch_draft(sd_coord *c, uint64_t now_us) {
     w->step_sent_us = now_us;
     w->n_step = m;
     SD_DEBUG("draft step %llu: %d seqs", (unsigned long long)req.step_id, m);
-    sd_worker_send(c, c->drafter, &env, now_us);
+    sd_outbox_worker(c, c->drafter, &env, now_us);
 out:
     free(seqs);
     free(pseqs);
@@ -557,8 +557,8 @@ static void release(sd_coord *c, sd_session *s, uint64_t now_us) {
     Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
     env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_RELEASE;
     env.release = &rel;
-    if (s->v_holds && verifier_ok(c)) sd_worker_send(c, c->verifier, &env, now_us);
-    if (s->d_holds && drafter_ok(c)) sd_worker_send(c, c->drafter, &env, now_us);
+    if (s->v_holds && verifier_ok(c)) sd_outbox_worker(c, c->verifier, &env, now_us);
+    if (s->d_holds && drafter_ok(c)) sd_outbox_worker(c, c->drafter, &env, now_us);
     s->v_holds = s->d_holds = false;
 }
 
@@ -568,7 +568,7 @@ static void end_session(sd_coord *c, sd_session *s, uint64_t now_us) {
     s->state = SD_SESSION_FINISHED;
     c->finished_requests++;
     release(c, s, now_us);
-    sd_clients_request_done(c, s->client_ident, s->client_ident_len);
+    sd_coord_client_request_done(c, s->client_ident, s->client_ident_len);
     reap(c, s);
 }
 
@@ -590,21 +590,21 @@ void sd_sched_finish(sd_coord *c, sd_session *s, Specd__StopReason reason, const
             (unsigned long long)s->id, protobuf_c_enum_descriptor_get_value(&specd__stop_reason__descriptor,
                                                                            (int)reason)->name,
             s->n_prompt, sd_session_generated(s), s->accepted, s->drafted, s->target_steps);
-    sd_client_send(c, s->client_ident, s->client_ident_len, &env, now_us);
+    sd_outbox_client(c, s->client_ident, s->client_ident_len, &env, now_us);
     end_session(c, s, now_us);
 }
 
 void sd_sched_abort(sd_coord *c, sd_session *s, Specd__Code code, const char *msg, bool notify, uint64_t now_us) {
     if (s->state == SD_SESSION_FINISHED) return;
     SD_WARN("request %llu aborted (%s): %s", (unsigned long long)s->id, sd_net_code_name(code), msg);
-    if (notify) sd_client_error(c, s->client_ident, s->client_ident_len, code, s->id, s->client_tag, msg, now_us);
+    if (notify) sd_outbox_client_error(c, s->client_ident, s->client_ident_len, code, s->id, s->client_tag, msg, now_us);
     end_session(c, s, now_us);
 }
 
 /* ---------------------------------------------------------------- results */
 
 void sd_sched_fail_step(sd_coord *c, int32_t wi, const char *why) {
-    sd_worker *w = &c->workers[wi];
+    sd_coord_worker *w = &c->workers[wi];
     bool verifier = wi == c->verifier;
     SD_WARN("%s %s failed step %llu: %s", verifier ? "verifier" : "drafter", w->name,
             (unsigned long long)w->step_id, why);
@@ -636,7 +636,7 @@ void sd_sched_fail_step(sd_coord *c, int32_t wi, const char *why) {
 }
 
 void sd_sched_on_worker_lost(sd_coord *c, int32_t wi) {
-    sd_worker *w = &c->workers[wi];
+    sd_coord_worker *w = &c->workers[wi];
     bool verifier = wi == c->verifier, drafter = wi == c->drafter;
     w->busy = false;
     w->n_step = 0;
@@ -673,7 +673,7 @@ void sd_sched_on_worker_lost(sd_coord *c, int32_t wi) {
 }
 
 /* Checks that a response has one result per sequence of the step. */
-static bool same_count(const sd_worker *w, size_t n, char *why, size_t why_len) {
+static bool same_count(const sd_coord_worker *w, size_t n, char *why, size_t why_len) {
     if ((int32_t)n != w->n_step) {
         snprintf(why, why_len, "%zu results for %d sequences", n, w->n_step);
         return false;
@@ -693,7 +693,7 @@ static void send_chunk(sd_coord *c, const sd_session *s, int32_t from, int32_t n
     Specd__CoordinatorToClient env = SPECD__COORDINATOR_TO_CLIENT__INIT;
     env.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS;
     env.tokens = &chunk;
-    sd_client_send(c, s->client_ident, s->client_ident_len, &env, now_us);
+    sd_outbox_client(c, s->client_ident, s->client_ident_len, &env, now_us);
 }
 
 /* Streams the chunks a verify reply committed (sd_sched_pump calls this
@@ -742,7 +742,7 @@ static void commit_step(sd_coord *c, sd_session *s, const int32_t *tokens, int32
 }
 
 void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r, uint64_t now_us) {
-    sd_worker *w = &c->workers[wi];
+    sd_coord_worker *w = &c->workers[wi];
     char why[256];
     if (!w->busy || r->step_id != w->step_id) {
         SD_WARN("verifier %s: response to step %llu, expected %llu; ignored", w->name,
@@ -899,7 +899,7 @@ static bool copy_drafts(sd_session *s, const Specd__DraftResult *dr) {
 }
 
 void sd_sched_on_draft(sd_coord *c, int32_t wi, const Specd__DraftResponse *r, uint64_t now_us) {
-    sd_worker *w = &c->workers[wi];
+    sd_coord_worker *w = &c->workers[wi];
     char why[256];
     if (c->hold_since_us) c->hold_event_us = c->clock_us();
     if (!w->busy || r->step_id != w->step_id) {
