@@ -17,6 +17,7 @@
  * sequence longer than its slot gets a per-sequence KV_FULL.
  * Exit status: 0 on SIGINT/SIGTERM, 2 for bad flags or files, 3 refused. */
 #include "draft_serve.h"
+#include "specd/cli.h"
 
 #include "specd/drafter.h"
 #include "specd/weights.h"
@@ -82,14 +83,9 @@ static void usage(FILE *f) {
 }
 
 static bool parse_int(const char *flag, const char *s, int32_t lo, int32_t hi, int32_t *out) {
-    char *end = NULL;
-    long v = strtol(s, &end, 10);
-    if (!s[0] || *end || v < lo || v > hi) {
-        fprintf(stderr, "specd-drafter: %s must be an integer in [%d, %d], got '%s'\n", flag, (int)lo, (int)hi, s);
-        return false;
-    }
-    *out = (int32_t)v;
-    return true;
+    if (sd_cli_parse_i32(s, lo, hi, out)) return true;
+    fprintf(stderr, "specd-drafter: %s must be an integer in [%d, %d], got '%s'\n", flag, (int)lo, (int)hi, s);
+    return false;
 }
 
 /* 0 = run, 1 = --help printed, 2 = bad flags. */

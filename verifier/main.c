@@ -18,6 +18,7 @@
  * refuses the registration or the leader refuses a rank, 4 when the group
  * went down. */
 #include "group.h"
+#include "specd/cli.h"
 #include "verify_serve.h"
 
 #include "specd/weights.h"
@@ -85,14 +86,9 @@ static void usage(FILE *f) {
 }
 
 static bool parse_int(const char *flag, const char *s, int32_t lo, int32_t hi, int32_t *out) {
-    char *end = NULL;
-    long v = strtol(s, &end, 10);
-    if (!s[0] || *end || v < lo || v > hi) {
-        fprintf(stderr, "specd-verifier: %s must be an integer in [%d, %d], got '%s'\n", flag, (int)lo, (int)hi, s);
-        return false;
-    }
-    *out = (int32_t)v;
-    return true;
+    if (sd_cli_parse_i32(s, lo, hi, out)) return true;
+    fprintf(stderr, "specd-verifier: %s must be an integer in [%d, %d], got '%s'\n", flag, (int)lo, (int)hi, s);
+    return false;
 }
 
 /* 0 = run, 1 = --help printed, 2 = bad flags. */
