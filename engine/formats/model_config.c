@@ -107,60 +107,95 @@ static sd_status check_all_tensors(const sd_gguf *g, const sd_model_config *c) {
     return SD_OK;
 }
 
-static sd_status read_rope_scaling(const sd_gguf *g, sd_model_config *c) {
+sd_status sd_model_config_rope_scaling(const sd_rope_source *src, sd_model_config *c) {
     c->rope_scaling_type = 0;
     c->rope_scale_factor = 1.0f;
     c->rope_low_freq_factor = 1.0f;
     c->rope_high_freq_factor = 4.0f;
     c->rope_orig_ctx = 8192;
+    char t[33];
+    sd_status s = src->type(src->src, t, sizeof t);
+    if (s == SD_ERR_NOT_FOUND) return SD_OK;
+    SD_TRY(s);
+    if (strcmp(t, src->type_none) == 0) return SD_OK;
+    if (strcmp(t, "linear") == 0)
+        c->rope_scaling_type = 1;
+    else if (strcmp(t, "llama3") == 0)
+        c->rope_scaling_type = 2;
+    else {
+        SD_ERROR("%s: rope scaling type '%s' is not supported (%s, linear, llama3)", src->where, t, src->type_none);
+        return SD_ERR_UNSUPPORTED;
+    }
+    double v;
+    s = src->number(src->src, SD_ROPE_FACTOR, &v);
+    if (s == SD_OK) c->rope_scale_factor = (float)v;
+    if (s == SD_ERR_NOT_FOUND) {
+        SD_ERROR("%s: rope scaling '%s' without a factor", src->where, t);
+        return SD_ERR_FORMAT;
+    }
+    SD_TRY(s);
+    if (c->rope_scaling_type == 2) {
+        s = src->number(src->src, SD_ROPE_LOW_FREQ_FACTOR, &v);
+        if (s == SD_OK) c->rope_low_freq_factor = (float)v;
+        if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
+        s = src->number(src->src, SD_ROPE_HIGH_FREQ_FACTOR, &v);
+        if (s == SD_OK) c->rope_high_freq_factor = (float)v;
+        if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
+        s = src->number(src->src, SD_ROPE_ORIG_CTX, &v); /* an integer in 1..2^30 (each reader checks) */
+        if (s == SD_OK) c->rope_orig_ctx = (int32_t)v;
+        if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
+        if (!(c->rope_high_freq_factor > c->rope_low_freq_factor)) {
+            SD_ERROR("%s: llama3 rope scaling needs high_freq_factor (%g) > low_freq_factor (%g)", src->where,
+                     (double)c->rope_high_freq_factor, (double)c->rope_low_freq_factor);
+            return SD_ERR_FORMAT;
+        }
+    }
+    return SD_OK;
+}
+
+/* GGUF's rope scaling keys (llama.rope.scaling.*; older files say only
+ * llama.rope.scale_linear, read as linear scaling when it is not 1). */
+static sd_status gguf_rope_type(const void *src, char *out, size_t n) {
+    const sd_gguf *g = src;
     sd_gguf_str type;
     sd_status s = sd_gguf_get_str(g, "llama.rope.scaling.type", &type);
     if (s == SD_ERR_NOT_FOUND) {
-        /* older files: llama.rope.scale_linear */
         float f;
         s = get_pos_f32(g, "llama.rope.scale_linear", &f);
-        if (s == SD_ERR_NOT_FOUND) return SD_OK;
-        SD_TRY(s);
-        if (f != 1.0f) {
-            c->rope_scaling_type = 1;
-            c->rope_scale_factor = f;
-        }
+        if (s != SD_OK) return s;
+        if (f == 1.0f) return SD_ERR_NOT_FOUND;
+        snprintf(out, n, "linear");
         return SD_OK;
     }
     if (s != SD_OK) {
         SD_ERROR("model: llama.rope.scaling.type is not a string");
         return SD_ERR_FORMAT;
     }
-    if (str_eq(type, "none")) return SD_OK;
-    if (str_eq(type, "linear"))
-        c->rope_scaling_type = 1;
-    else if (str_eq(type, "llama3"))
-        c->rope_scaling_type = 2;
-    else {
-        SD_ERROR("model: rope scaling type '%.*s' is not supported (none, linear, llama3)",
-                 (int)(type.len > 32 ? 32 : type.len), type.ptr);
-        return SD_ERR_UNSUPPORTED;
-    }
-    s = get_pos_f32(g, "llama.rope.scaling.factor", &c->rope_scale_factor);
-    if (s == SD_ERR_NOT_FOUND) {
-        SD_ERROR("model: rope scaling '%.*s' without llama.rope.scaling.factor", (int)type.len, type.ptr);
-        return SD_ERR_FORMAT;
-    }
-    SD_TRY(s);
-    if (c->rope_scaling_type == 2) {
-        s = get_pos_f32(g, "llama.rope.scaling.low_freq_factor", &c->rope_low_freq_factor);
-        if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
-        s = get_pos_f32(g, "llama.rope.scaling.high_freq_factor", &c->rope_high_freq_factor);
-        if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
-        s = get_pos_u32(g, "llama.rope.scaling.original_context_length", false, 1u << 30, &c->rope_orig_ctx);
-        if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
-        if (!(c->rope_high_freq_factor > c->rope_low_freq_factor)) {
-            SD_ERROR("model: llama3 rope scaling needs high_freq_factor (%g) > low_freq_factor (%g)",
-                     (double)c->rope_high_freq_factor, (double)c->rope_low_freq_factor);
-            return SD_ERR_FORMAT;
-        }
-    }
+    snprintf(out, n, "%.*s", (int)(type.len < n - 1 ? type.len : n - 1), type.ptr);
     return SD_OK;
+}
+
+static sd_status gguf_rope_number(const void *src, sd_rope_key key, double *out) {
+    const sd_gguf *g = src;
+    float f = 0.0f;
+    sd_status s;
+    switch (key) {
+    case SD_ROPE_FACTOR:
+        s = get_pos_f32(g, sd_gguf_find_key(g, "llama.rope.scaling.type") >= 0 ? "llama.rope.scaling.factor"
+                                                                               : "llama.rope.scale_linear", &f);
+        break;
+    case SD_ROPE_LOW_FREQ_FACTOR: s = get_pos_f32(g, "llama.rope.scaling.low_freq_factor", &f); break;
+    case SD_ROPE_HIGH_FREQ_FACTOR: s = get_pos_f32(g, "llama.rope.scaling.high_freq_factor", &f); break;
+    case SD_ROPE_ORIG_CTX: {
+        int32_t v;
+        s = get_pos_u32(g, "llama.rope.scaling.original_context_length", false, 1u << 30, &v);
+        if (s == SD_OK) *out = v;
+        return s;
+    }
+    default: return SD_ERR_INVALID_ARG;
+    }
+    if (s == SD_OK) *out = f;
+    return s;
 }
 
 sd_status sd_model_config_from_gguf(const sd_gguf *g, sd_model_config *cfg) {
@@ -222,7 +257,9 @@ sd_status sd_model_config_from_gguf(const sd_gguf *g, sd_model_config *cfg) {
     c.rope_base = 10000.0f;
     s = get_pos_f32(g, "llama.rope.freq_base", &c.rope_base);
     if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
-    SD_TRY(read_rope_scaling(g, &c));
+    sd_rope_source rope = {.where = "model", .type_none = "none", .type = gguf_rope_type,
+                           .number = gguf_rope_number, .src = g};
+    SD_TRY(sd_model_config_rope_scaling(&rope, &c));
 
     /* vocabulary: llama.vocab_size, else the tokenizer's list, else token_embd */
     const sd_gguf_tensor *embd = sd_gguf_find_tensor(g, "token_embd.weight");

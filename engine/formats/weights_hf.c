@@ -199,47 +199,34 @@ static sd_status get_token_id(const cJSON *cfg, const char *key, bool last, int6
     return SD_OK;
 }
 
-static sd_status read_rope_scaling(const cJSON *cfg, sd_model_config *c) {
-    c->rope_scaling_type = 0;
-    c->rope_scale_factor = 1.0f;
-    c->rope_low_freq_factor = 1.0f;
-    c->rope_high_freq_factor = 4.0f;
-    c->rope_orig_ctx = 8192;
-    const cJSON *rs = field(cfg, "rope_scaling");
-    if (!rs || cJSON_IsNull(rs)) return SD_OK;
+/* config.json's rope_scaling object (rope_type, or the older type). */
+static sd_status hf_rope_type(const void *src, char *out, size_t n) {
+    const cJSON *rs = field(src, "rope_scaling");
+    if (!rs || cJSON_IsNull(rs)) return SD_ERR_NOT_FOUND;
     const cJSON *type = field(rs, "rope_type");
     if (!type) type = field(rs, "type");
     if (!cJSON_IsObject(rs) || !cJSON_IsString(type)) {
         SD_ERROR("weights: config.json rope_scaling must be null or an object with rope_type");
         return SD_ERR_FORMAT;
     }
-    const char *t = type->valuestring;
-    if (strcmp(t, "default") == 0) return SD_OK;
-    if (strcmp(t, "linear") == 0) {
-        c->rope_scaling_type = 1;
-    } else if (strcmp(t, "llama3") == 0) {
-        c->rope_scaling_type = 2;
-    } else {
-        SD_ERROR("weights: rope scaling '%.32s' is not supported (default, linear, llama3)", t);
-        return SD_ERR_UNSUPPORTED;
-    }
-    sd_status s = get_pos_float(rs, "rope_scaling", "factor", &c->rope_scale_factor);
-    if (s == SD_ERR_NOT_FOUND) SD_ERROR("weights: rope_scaling '%s' without a factor", t);
-    if (s != SD_OK) return s == SD_ERR_NOT_FOUND ? SD_ERR_FORMAT : s;
-    if (c->rope_scaling_type == 2) {
-        s = get_pos_float(rs, "rope_scaling", "low_freq_factor", &c->rope_low_freq_factor);
-        if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
-        s = get_pos_float(rs, "rope_scaling", "high_freq_factor", &c->rope_high_freq_factor);
-        if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
-        s = get_int(rs, "original_max_position_embeddings", false, MAX_CTX, &c->rope_orig_ctx);
-        if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
-        if (!(c->rope_high_freq_factor > c->rope_low_freq_factor)) {
-            SD_ERROR("weights: llama3 rope scaling needs high_freq_factor (%g) > low_freq_factor (%g)",
-                     (double)c->rope_high_freq_factor, (double)c->rope_low_freq_factor);
-            return SD_ERR_FORMAT;
-        }
-    }
+    snprintf(out, n, "%s", type->valuestring);
     return SD_OK;
+}
+
+static sd_status hf_rope_number(const void *src, sd_rope_key key, double *out) {
+    const cJSON *rs = field(src, "rope_scaling");
+    static const char *const names[] = {"factor", "low_freq_factor", "high_freq_factor"};
+    if (key == SD_ROPE_ORIG_CTX) {
+        int32_t v;
+        sd_status s = get_int(rs, "original_max_position_embeddings", false, MAX_CTX, &v);
+        if (s == SD_OK) *out = v;
+        return s;
+    }
+    if ((int)key < 0 || (size_t)key >= sizeof names / sizeof names[0]) return SD_ERR_INVALID_ARG;
+    float f;
+    sd_status s = get_pos_float(rs, "rope_scaling", names[key], &f);
+    if (s == SD_OK) *out = f;
+    return s;
 }
 
 /* A boolean key that must be false (or absent) for a plain Llama. */
@@ -320,7 +307,9 @@ static sd_status parse_config(const cJSON *j, hf_source *src) {
     c.rope_base = 10000.0f;
     s = get_pos_float(j, "config.json", "rope_theta", &c.rope_base);
     if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
-    SD_TRY(read_rope_scaling(j, &c));
+    sd_rope_source rope = {.where = "weights: config.json", .type_none = "default", .type = hf_rope_type,
+                           .number = hf_rope_number, .src = j};
+    SD_TRY(sd_model_config_rope_scaling(&rope, &c));
     const cJSON *tie = field(j, "tie_word_embeddings");
     if (tie && !cJSON_IsBool(tie)) {
         SD_ERROR("weights: config.json tie_word_embeddings is not a boolean");

@@ -52,6 +52,34 @@ typedef struct sd_model_config {
  * bounds); SD_ERR_UNSUPPORTED for an architecture other than llama. */
 sd_status sd_model_config_from_gguf(const sd_gguf *g, sd_model_config *cfg);
 
+/* The numbers of RoPE scaling, named apart from how a format spells them. */
+typedef enum sd_rope_key {
+    SD_ROPE_FACTOR,
+    SD_ROPE_LOW_FREQ_FACTOR,
+    SD_ROPE_HIGH_FREQ_FACTOR,
+    SD_ROPE_ORIG_CTX, /* the context the scaling was fitted to, in tokens */
+} sd_rope_key;
+
+/* Where a model file keeps its RoPE scaling: GGUF's llama.rope.scaling.*
+ * keys or config.json's rope_scaling object. type() writes the scaling type
+ * (SD_ERR_NOT_FOUND: no scaling); number() reads one value, which must be
+ * positive and finite, and SD_ROPE_ORIG_CTX an integer in 1..2^30
+ * (SD_ERR_NOT_FOUND when absent); both log a malformed
+ * value and return SD_ERR_FORMAT. */
+typedef struct sd_rope_source {
+    const char *where;     /* for messages: "model", "weights: config.json" */
+    const char *type_none; /* the type name meaning no scaling: "none" (GGUF), "default" (HF) */
+    sd_status (*type)(const void *src, char *out, size_t n);
+    sd_status (*number)(const void *src, sd_rope_key key, double *out);
+    const void *src;
+} sd_rope_source;
+
+/* The one RoPE scaling reader: sets c's rope_scaling_* fields from src
+ * (none, linear or llama3, with llama3's defaults for what is absent), or
+ * SD_ERR_UNSUPPORTED for another type, SD_ERR_FORMAT for a missing factor or
+ * inconsistent llama3 values, each logged. */
+sd_status sd_model_config_rope_scaling(const sd_rope_source *src, sd_model_config *c);
+
 #ifdef __cplusplus
 }
 #endif
