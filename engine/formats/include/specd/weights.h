@@ -76,6 +76,12 @@ sd_status sd_weights_read(const sd_weights *w, const char *name, int64_t row0, i
  * read): what a worker reports in Hello. Errors are logged with the path. */
 sd_status sd_weights_identity(const char *path, sd_model_identity *id);
 
+/* The one GGUF -> Hugging Face tensor-name table: writes the HF name of the
+ * GGUF tensor gguf (a model of n_layers layers) into out, and whether its
+ * rows are q/k rows that HF orders for rotate-half RoPE (*rope_rows); false
+ * for a name HF checkpoints do not have or that does not fit in cap. */
+bool sd_weights_hf_name(const char *gguf, int32_t n_layers, char *out, size_t cap, bool *rope_rows);
+
 #ifdef __cplusplus
 }
 #endif
