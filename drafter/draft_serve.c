@@ -23,6 +23,8 @@
  * from (its own top_n), which is what exactness needs. */
 #include "draft_serve.h"
 
+#include "specd/slots.h"
+
 #include "specd/sample.h"
 #include "specd/spec_batch.h"
 
@@ -32,17 +34,13 @@
 /* Block unit of the stats: the size of the verifier's and model drafter's KV blocks. */
 #define STATS_BLOCK 16
 
-typedef struct draft_slot {
-    bool used;
-    uint64_t request_id;
-    int32_t len;         /* committed tokens held */
-} draft_slot;
 
 struct sd_draft_server {
     sd_drafter *drafter;
     sd_draft_server_params p;
     uint64_t steps;
-    draft_slot *slots;                /* [max_seqs] */
+    sd_slots slots;                   /* request id -> slot (net/slots.c) */
+    int32_t *held;                    /* [max_seqs] committed tokens held per slot */
     int32_t *tokens;                  /* [max_seqs][max_ctx] committed tokens per slot */
     /* response storage */
     Specd__DraftResult *results;      /* [max_batch] */
@@ -58,6 +56,14 @@ struct sd_draft_server {
     int32_t *dindex;                  /* batch index of each dseq */
 };
 
+static void slot_release(void *user, int32_t slot) {
+    sd_draft_server *s = user;
+    sd_drafter_release(s->drafter, slot);
+    s->held[slot] = 0;
+}
+
+static int32_t slot_held(void *user, int32_t slot) { return ((const sd_draft_server *)user)->held[slot]; }
+
 sd_draft_server_params sd_draft_server_default_params(void) {
     sd_draft_server_params p = {
         .max_seqs = 64, .max_ctx = 4096, .max_batch = 64, .max_draft = 16, .n_vocab = 0,
@@ -69,7 +75,8 @@ sd_draft_server_params sd_draft_server_default_params(void) {
 void sd_draft_server_free(sd_draft_server **ps) {
     if (!ps || !*ps) return;
     sd_draft_server *s = *ps;
-    free(s->slots);
+    sd_slots_free(&s->slots);
+    free(s->held);
     free(s->tokens);
     free(s->results);
     free(s->result_ptrs);
@@ -109,7 +116,8 @@ sd_status sd_draft_server_create(sd_drafter *drafter, const sd_draft_server_para
     s->drafter = drafter;
     s->p = p;
     size_t nb = (size_t)p.max_batch, nd = (size_t)p.max_draft, nq = nb * nd * (size_t)p.top_n;
-    s->slots = calloc((size_t)p.max_seqs, sizeof *s->slots);
+    s->held = calloc((size_t)p.max_seqs, sizeof *s->held);
+    sd_status sst = s->held ? sd_slots_init(&s->slots, p.max_seqs, slot_release, slot_held, s) : SD_ERR_NOMEM;
     s->tokens = malloc((size_t)p.max_seqs * (size_t)p.max_ctx * sizeof *s->tokens);
     s->results = calloc(nb, sizeof *s->results);
     s->result_ptrs = calloc(nb, sizeof *s->result_ptrs);
@@ -122,7 +130,7 @@ sd_status sd_draft_server_create(sd_drafter *drafter, const sd_draft_server_para
     s->dresults = calloc(nb, sizeof *s->dresults);
     s->dindex = calloc(nb, sizeof *s->dindex);
     if (!s->dseqs || !s->dresults || !s->dindex ||
-        !s->slots || !s->tokens || !s->results || !s->result_ptrs || !s->draft || !s->dists || !s->dist_ptrs ||
+        sst != SD_OK || !s->tokens || !s->results || !s->result_ptrs || !s->draft || !s->dists || !s->dist_ptrs ||
         !s->q_ids || !s->q_probs) {
         SD_ERROR("drafter: out of memory for %d slots of %d tokens", (int)p.max_seqs, (int)p.max_ctx);
         sd_draft_server_free(&s);
@@ -137,27 +145,6 @@ sd_net_limits sd_draft_server_limits(const sd_draft_server *s) {
     return lim;
 }
 
-static int32_t find_slot(const sd_draft_server *s, uint64_t id) {
-    for (int32_t i = 0; i < s->p.max_seqs; i++)
-        if (s->slots[i].used && s->slots[i].request_id == id) return i;
-    return -1;
-}
-
-static int32_t take_slot(sd_draft_server *s, uint64_t id) {
-    for (int32_t i = 0; i < s->p.max_seqs; i++) {
-        if (!s->slots[i].used) {
-            s->slots[i] = (draft_slot){true, id, 0};
-            sd_drafter_release(s->drafter, i);
-            return i;
-        }
-    }
-    return -1;
-}
-
-static void free_slot(sd_draft_server *s, int32_t slot) {
-    sd_drafter_release(s->drafter, slot);
-    s->slots[slot] = (draft_slot){false, 0, 0};
-}
 
 /* Copies a proposal into response storage for batch entry i. */
 static void fill_result(sd_draft_server *s, size_t i, const int32_t *tokens, const sd_spec_q *q, int32_t n,
@@ -218,44 +205,25 @@ sd_status sd_draft_server_handle(sd_draft_server *s, const Specd__DraftRequest *
                     dup ? "appears twice in the batch" : err);
             continue;
         }
-        int32_t slot = find_slot(s, sq->request_id);
-        if (slot < 0 && sq->keep_len > 0) {
-            res->code = SPECD__CODE__CODE_CACHE_MISS;
-            continue;
-        }
-        if (slot >= 0 && s->slots[slot].len < (int32_t)sq->keep_len) {
-            SD_DEBUG("drafter: request %llu holds %d tokens, keep_len %u: cache miss",
-                     (unsigned long long)sq->request_id, (int)s->slots[slot].len, sq->keep_len);
-            free_slot(s, slot);
-            res->code = SPECD__CODE__CODE_CACHE_MISS;
-            continue;
-        }
         int64_t len = (int64_t)sq->keep_len + (int64_t)sq->n_append;
-        if (len > s->p.max_ctx) {
+        int32_t slot;
+        bool taken;
+        res->code = sd_slots_admit(&s->slots, sq->request_id, (int32_t)sq->keep_len, len <= s->p.max_ctx, &slot, &taken);
+        if (res->code == SPECD__CODE__CODE_KV_FULL && len > s->p.max_ctx)
             SD_WARN("drafter: request %llu: %lld tokens do not fit a slot of %d", (unsigned long long)sq->request_id,
                     (long long)len, (int)s->p.max_ctx);
-            if (slot >= 0) free_slot(s, slot);
-            res->code = SPECD__CODE__CODE_KV_FULL;
-            continue;
-        }
-        if (slot < 0) slot = take_slot(s, sq->request_id);
-        if (slot < 0) {
-            res->code = SPECD__CODE__CODE_KV_FULL;
-            continue;
-        }
-        draft_slot *ds = &s->slots[slot];
+        if (res->code != SPECD__CODE__CODE_OK) continue;
         int32_t *held = s->tokens + (size_t)slot * (size_t)s->p.max_ctx;
         if (sq->n_append > 0) memcpy(held + sq->keep_len, sq->append, sq->n_append * sizeof *held);
-        ds->len = (int32_t)len;
-        res->code = SPECD__CODE__CODE_OK;
-        res->cached_len = (uint32_t)ds->len;
+        s->held[slot] = (int32_t)len;
+        res->cached_len = (uint32_t)len;
         int32_t k = (int32_t)sq->k < s->p.max_draft ? (int32_t)sq->k : s->p.max_draft;
-        if (ds->len == 0) continue; /* nothing to continue from: no drafts */
+        if (len == 0) continue; /* nothing to continue from: no drafts */
         /* sd_draft_batch wants at least one new token: with an empty append,
          * feed the last held token again (keep one less). */
         int32_t keep = (int32_t)sq->keep_len, n_new = (int32_t)sq->n_append;
         if (n_new == 0) {
-            keep = ds->len - 1;
+            keep = (int32_t)len - 1;
             n_new = 1;
         }
         s->dseqs[n_batch] = (sd_draft_seq){
@@ -285,13 +253,13 @@ sd_status sd_draft_server_handle(sd_draft_server *s, const Specd__DraftRequest *
             SD_DEBUG("drafter: request %llu: %s", (unsigned long long)res->request_id, sd_seq_outcome_str(dr->outcome));
             res->code = dr->outcome == SD_SEQ_CACHE_MISS ? SPECD__CODE__CODE_CACHE_MISS : SPECD__CODE__CODE_KV_FULL;
             res->cached_len = 0;
-            free_slot(s, slot);
+            sd_slots_release(&s->slots, slot);
             break;
         default:
             SD_WARN("drafter: request %llu: %s", (unsigned long long)res->request_id, sd_seq_outcome_str(dr->outcome));
             res->code = SPECD__CODE__CODE_BAD_REQUEST;
             res->cached_len = 0;
-            free_slot(s, slot);
+            sd_slots_release(&s->slots, slot);
             break;
         }
     }
@@ -333,11 +301,10 @@ static sd_status warmup_batch(void *user, int32_t n_tokens, const sd_sampling *s
 sd_status sd_draft_server_warmup(sd_draft_server *s, int32_t max_tokens, sd_warmup_report *rep) {
     if (rep) memset(rep, 0, sizeof *rep);
     if (!s || max_tokens < 0) return SD_ERR_INVALID_ARG;
-    for (int32_t i = 0; i < s->p.max_seqs; i++) {
-        if (s->slots[i].used) {
-            SD_ERROR("drafter: warm-up is for a drafter that has not served yet (slot %d is in use)", (int)i);
-            return SD_ERR_INVALID_ARG;
-        }
+    if (sd_slots_used(&s->slots) > 0) {
+        SD_ERROR("drafter: warm-up is for a drafter that has not served yet (%d slots are in use)",
+                 (int)sd_slots_used(&s->slots));
+        return SD_ERR_INVALID_ARG;
     }
     return sd_warmup_run("drafter", SD_WARMUP_FULL, max_tokens, s->p.n_vocab, warmup_batch, s, rep);
 }
@@ -345,15 +312,15 @@ sd_status sd_draft_server_warmup(sd_draft_server *s, int32_t max_tokens, sd_warm
 void sd_draft_server_release(sd_draft_server *s, const uint64_t *request_ids, size_t n) {
     if (!s || !request_ids) return;
     for (size_t i = 0; i < n; i++) {
-        int32_t slot = find_slot(s, request_ids[i]);
-        if (slot >= 0) free_slot(s, slot);
+        int32_t slot = sd_slots_find(&s->slots, request_ids[i]);
+        if (slot >= 0) sd_slots_release(&s->slots, slot);
     }
 }
 
 void sd_draft_server_reset(sd_draft_server *s) {
     if (!s) return;
     for (int32_t i = 0; i < s->p.max_seqs; i++)
-        if (s->slots[i].used) free_slot(s, i);
+        if (s->slots.used[i]) sd_slots_release(&s->slots, i);
 }
 
 void sd_draft_server_stats(const sd_draft_server *s, Specd__WorkerStats *stats) {
@@ -361,9 +328,9 @@ void sd_draft_server_stats(const sd_draft_server *s, Specd__WorkerStats *stats) 
     uint32_t per_slot = (uint32_t)((s->p.max_ctx + STATS_BLOCK - 1) / STATS_BLOCK);
     uint32_t used = 0, n_seqs = 0;
     for (int32_t i = 0; i < s->p.max_seqs; i++) {
-        if (!s->slots[i].used) continue;
+        if (!s->slots.used[i]) continue;
         n_seqs++;
-        used += (uint32_t)((s->slots[i].len + STATS_BLOCK - 1) / STATS_BLOCK);
+        used += (uint32_t)((s->held[i] + STATS_BLOCK - 1) / STATS_BLOCK);
     }
     stats->kv_blocks_total = per_slot * (uint32_t)s->p.max_seqs;
     stats->kv_blocks_free = stats->kv_blocks_total - used;

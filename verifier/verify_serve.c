@@ -25,6 +25,8 @@
  *   - keep_len + |append| + |draft| over the context: BAD_REQUEST. */
 #include "verify_serve.h"
 
+#include "specd/slots.h"
+
 #include "specd/sample.h"
 #include "specd/spec.h"
 #include "specd/spec_batch.h"
@@ -33,11 +35,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-typedef struct seq_slot {
-    bool used;
-    uint64_t request_id;
-} seq_slot;
 
 /* Per sequence of the current batch. */
 typedef struct seq_plan {
@@ -55,7 +52,7 @@ struct sd_verifier {
     sd_verifier_params p;
     int32_t n_vocab;
     uint64_t steps;
-    seq_slot *slots;                 /* [max_seqs] */
+    sd_slots slots;                  /* request id -> KV slot (net/slots.c) */
     seq_plan *plan;                  /* [max_batch] */
     /* response storage, [max_batch] each */
     Specd__VerifyResult *results;
@@ -71,6 +68,10 @@ struct sd_verifier {
     int32_t *vindex;                 /* batch index of each vseq */
     sd_spec_scratch *spec_scratch;
 };
+
+static void slot_release(void *user, int32_t slot) { sd_kv_release(((sd_verifier *)user)->kv, slot); }
+
+static int32_t slot_held(void *user, int32_t slot) { return sd_kv_seq_len(((sd_verifier *)user)->kv, slot); }
 
 sd_verifier_params sd_verifier_default_params(void) {
     sd_verifier_params p = {
@@ -106,7 +107,7 @@ void sd_verifier_free(sd_verifier **pv) {
     if (!pv || !*pv) return;
     sd_verifier *v = *pv;
     sd_kv_free(&v->kv);
-    free(v->slots);
+    sd_slots_free(&v->slots);
     free(v->plan);
     free(v->results);
     free(v->result_ptrs);
@@ -144,7 +145,7 @@ sd_status sd_verifier_create(sd_model *target, const sd_verifier_params *params,
     v->p = p;
     v->n_vocab = cfg->n_vocab;
     size_t nb = (size_t)p.max_batch, rows = (size_t)p.max_draft + 1;
-    v->slots = calloc((size_t)p.max_seqs, sizeof *v->slots);
+    sd_status sst = sd_slots_init(&v->slots, p.max_seqs, slot_release, slot_held, v);
     v->plan = calloc(nb, sizeof *v->plan);
     v->results = calloc(nb, sizeof *v->results);
     v->result_ptrs = calloc(nb, sizeof *v->result_ptrs);
@@ -154,7 +155,7 @@ sd_status sd_verifier_create(sd_model *target, const sd_verifier_params *params,
     v->vq = calloc(nb * rows, sizeof *v->vq);
     v->vindex = calloc(nb, sizeof *v->vindex);
     sd_status st = SD_ERR_NOMEM;
-    if (v->slots && v->plan && v->results && v->result_ptrs && v->commits && v->vseqs &&
+    if (sst == SD_OK && v->plan && v->results && v->result_ptrs && v->commits && v->vseqs &&
         v->vresults && v->vq && v->vindex && sd_spec_scratch_create(&v->spec_scratch) == SD_OK)
         st = sd_model_kv_create(target, p.max_seqs, p.kv_blocks, p.block_size, &v->kv);
     else
@@ -172,29 +173,6 @@ sd_net_limits sd_verifier_limits(const sd_verifier *v) {
     return lim;
 }
 
-static int32_t find_slot(const sd_verifier *v, uint64_t id) {
-    for (int32_t i = 0; i < v->p.max_seqs; i++)
-        if (v->slots[i].used && v->slots[i].request_id == id) return i;
-    return -1;
-}
-
-static int32_t take_slot(sd_verifier *v, uint64_t id) {
-    for (int32_t i = 0; i < v->p.max_seqs; i++) {
-        if (!v->slots[i].used) {
-            v->slots[i].used = true;
-            v->slots[i].request_id = id;
-            sd_kv_release(v->kv, i);
-            return i;
-        }
-    }
-    return -1;
-}
-
-static void free_slot(sd_verifier *v, int32_t slot) {
-    sd_kv_release(v->kv, slot);
-    v->slots[slot].used = false;
-    v->slots[slot].request_id = 0;
-}
 
 static sd_status grow_rows(sd_verifier *v, size_t rows) {
     if (rows <= v->cap_rows) return SD_OK;
@@ -242,25 +220,9 @@ static void admit(sd_verifier *v, const Specd__VerifyRequest *req, size_t i, seq
                 req->prefill_only ? "prefill" : "verify");
         return;
     }
-    int32_t slot = find_slot(v, s->request_id);
-    if (slot < 0) {
-        if (s->keep_len > 0) {
-            res->code = SPECD__CODE__CODE_CACHE_MISS;
-            return;
-        }
-        slot = take_slot(v, s->request_id);
-        if (slot < 0) {
-            res->code = SPECD__CODE__CODE_KV_FULL;
-            return;
-        }
-        plan->new_slot = true;
-    } else if (sd_kv_seq_len(v->kv, slot) < plan->keep_len) {
-        SD_DEBUG("verifier: request %llu holds %d tokens, keep_len %d: cache miss", (unsigned long long)s->request_id,
-                 (int)sd_kv_seq_len(v->kv, slot), (int)plan->keep_len);
-        free_slot(v, slot);
-        res->code = SPECD__CODE__CODE_CACHE_MISS;
-        return;
-    }
+    int32_t slot;
+    res->code = sd_slots_admit(&v->slots, s->request_id, plan->keep_len, true, &slot, &plan->new_slot);
+    if (res->code != SPECD__CODE__CODE_OK) return;
     if (sd_kv_truncate(v->kv, slot, plan->keep_len) != SD_OK) {
         res->code = SPECD__CODE__CODE_INTERNAL;
         return;
@@ -316,17 +278,17 @@ static sd_status verify_with_spec_batch(sd_verifier *v, const Specd__VerifyReque
         }
         case SD_SEQ_OUT_OF_BLOCKS:
             res->code = SPECD__CODE__CODE_KV_FULL;
-            if (pl->new_slot) free_slot(v, pl->slot);
+            if (pl->new_slot) sd_slots_release(&v->slots, pl->slot);
             else res->cached_len = (uint32_t)sd_kv_seq_len(v->kv, pl->slot);
             break;
         case SD_SEQ_CACHE_MISS:
             res->code = SPECD__CODE__CODE_CACHE_MISS;
-            free_slot(v, pl->slot);
+            sd_slots_release(&v->slots, pl->slot);
             break;
         default:
             SD_WARN("verifier: request %llu: %s", (unsigned long long)res->request_id, sd_seq_outcome_str(vr->outcome));
             res->code = SPECD__CODE__CODE_BAD_REQUEST;
-            if (pl->new_slot) free_slot(v, pl->slot);
+            if (pl->new_slot) sd_slots_release(&v->slots, pl->slot);
             break;
         }
     }
@@ -367,7 +329,7 @@ sd_status sd_verifier_handle(sd_verifier *v, const Specd__VerifyRequest *req, Sp
         if (need > free_blocks) {
             v->results[i].code = SPECD__CODE__CODE_KV_FULL;
             v->results[i].cached_len = pl->new_slot ? 0 : (uint32_t)pl->keep_len;
-            if (pl->new_slot) free_slot(v, pl->slot);
+            if (pl->new_slot) sd_slots_release(&v->slots, pl->slot);
             pl->slot = -1;
             continue;
         }
@@ -436,11 +398,10 @@ static sd_status warmup_step(void *user, int32_t n_tokens, const sd_sampling *sa
 sd_status sd_verifier_warmup(sd_verifier *v, sd_warmup_mode mode, int32_t max_tokens, sd_warmup_report *rep) {
     if (rep) memset(rep, 0, sizeof *rep);
     if (!v || max_tokens < 0) return SD_ERR_INVALID_ARG;
-    for (int32_t i = 0; i < v->p.max_seqs; i++) {
-        if (v->slots[i].used) {
-            SD_ERROR("verifier: warm-up is for a verifier that has not served yet (slot %d is in use)", (int)i);
-            return SD_ERR_INVALID_ARG;
-        }
+    if (sd_slots_used(&v->slots) > 0) {
+        SD_ERROR("verifier: warm-up is for a verifier that has not served yet (%d slots are in use)",
+                 (int)sd_slots_used(&v->slots));
+        return SD_ERR_INVALID_ARG;
     }
     return sd_warmup_run("verifier", mode, max_tokens, v->n_vocab, warmup_step, v, rep);
 }
@@ -448,21 +409,20 @@ sd_status sd_verifier_warmup(sd_verifier *v, sd_warmup_mode mode, int32_t max_to
 void sd_verifier_release(sd_verifier *v, const uint64_t *request_ids, size_t n) {
     if (!v || !request_ids) return;
     for (size_t i = 0; i < n; i++) {
-        int32_t slot = find_slot(v, request_ids[i]);
-        if (slot >= 0) free_slot(v, slot);
+        int32_t slot = sd_slots_find(&v->slots, request_ids[i]);
+        if (slot >= 0) sd_slots_release(&v->slots, slot);
     }
 }
 
 void sd_verifier_reset(sd_verifier *v) {
     if (!v) return;
     for (int32_t i = 0; i < v->p.max_seqs; i++)
-        if (v->slots[i].used) free_slot(v, i);
+        if (v->slots.used[i]) sd_slots_release(&v->slots, i);
 }
 
 void sd_verifier_stats(const sd_verifier *v, Specd__WorkerStats *stats) {
     if (!v || !stats) return;
-    uint32_t n_seqs = 0;
-    for (int32_t i = 0; i < v->p.max_seqs; i++) n_seqs += v->slots[i].used;
+    uint32_t n_seqs = (uint32_t)sd_slots_used(&v->slots);
     stats->kv_blocks_total = (uint32_t)v->p.kv_blocks;
     stats->kv_blocks_free = (uint32_t)sd_kv_n_free_blocks(v->kv);
     stats->n_sequences = n_seqs;
