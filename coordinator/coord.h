@@ -14,6 +14,8 @@
 #ifndef SPECD_COORD_H
 #define SPECD_COORD_H
 
+#include <stdatomic.h>
+
 #include "specd/common.h"
 #include "specd/net.h"
 #include "specd/tokenizer.h"
@@ -389,7 +391,7 @@ typedef struct sd_coord_server sd_coord_server;
 /* Opens the sockets and the state. Caller frees with sd_coord_server_free. */
 sd_status sd_coord_server_new(const sd_coord_params *p, sd_coord_server **out);
 /* Runs the loop until *stop becomes nonzero (checked at least every 50 ms). */
-sd_status sd_coord_server_run(sd_coord_server *s, volatile int *stop);
+sd_status sd_coord_server_run(sd_coord_server *s, atomic_int *stop);
 void sd_coord_server_free(sd_coord_server **s);
 
 /* Monotonic microseconds. */

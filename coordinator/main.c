@@ -21,11 +21,12 @@
 
 #include <getopt.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static volatile int g_stop; /* set by the signal handler only */
+static atomic_int g_stop; /* set by the signal handler only (a lock-free atomic: async-signal-safe) */
 
 static void on_signal(int sig) {
     (void)sig;

@@ -125,9 +125,9 @@ static void drain(sd_coord_server *s, bool workers) {
     }
 }
 
-sd_status sd_coord_server_run(sd_coord_server *s, volatile int *stop) {
+sd_status sd_coord_server_run(sd_coord_server *s, atomic_int *stop) {
     uint64_t last_tick = 0;
-    while (!*stop) {
+    while (!atomic_load(stop)) {
         zmq_pollitem_t items[2] = {{s->worker_sock, 0, ZMQ_POLLIN, 0}, {s->client_sock, 0, ZMQ_POLLIN, 0}};
         int rc = zmq_poll(items, 2, POLL_MS);
         if (rc < 0) {

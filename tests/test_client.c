@@ -50,15 +50,15 @@ typedef struct fake {
     void *ctx, *router;
     char endpoint[256];
     pthread_t thread;
-    volatile int stop;  /* ends the thread */
-    volatile int mute;  /* stops every reply and heartbeat (a hung coordinator) */
+    _Atomic int stop;   /* ends the thread */
+    _Atomic int mute;   /* stops every reply and heartbeat (a hung coordinator) */
     fake_req reqs[FAKE_MAX];
     size_t n_reqs;
     uint64_t next_id;
     uint8_t peers[8][SD_MAX_IDENTITY_BYTES];
     size_t peer_len[8], n_peers;
     int cancels_seen;   /* read by tests after the fact */
-    volatile uint64_t stray_before_stats; /* nonzero: answer a stats query with UNKNOWN_REQUEST for this id first */
+    _Atomic uint64_t stray_before_stats; /* nonzero: answer a stats query with UNKNOWN_REQUEST for this id first */
 } fake;
 
 static void fake_send(fake *f, const uint8_t *id, size_t id_len, Specd__CoordinatorToClient *env) {

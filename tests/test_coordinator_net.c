@@ -5,6 +5,7 @@
  * with DEALER sockets made by sd_net_socket_open. Every wait is a bounded
  * poll (5 s), never a sleep. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -27,7 +28,7 @@ static struct {
 
 typedef struct server_thread {
     sd_coord_server *srv;
-    volatile int stop;
+    atomic_int stop;
     pthread_t th;
 } server_thread;
 

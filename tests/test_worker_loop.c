@@ -31,7 +31,9 @@
 #define WAIT_MS 5000
 
 typedef struct stub {
-    int n_handled, n_reset, n_released;
+    /* written by the worker loop's threads, read by the test: atomics, and
+     * released[i] is published by the n_released increment after it */
+    _Atomic int n_handled, n_reset, n_released;
     uint64_t released[8];
     Specd__VerifyResponse resp;
     Specd__VerifyResult result;
@@ -61,7 +63,10 @@ static sd_status stub_handle(void *user, const Specd__CoordinatorToWorker *req, 
 }
 static void stub_release(void *user, const uint64_t *ids, size_t n) {
     stub *s = user;
-    for (size_t i = 0; i < n && s->n_released < 8; i++) s->released[s->n_released++] = ids[i];
+    for (size_t i = 0; i < n && s->n_released < 8; i++) {
+        s->released[s->n_released] = ids[i];
+        s->n_released++;
+    }
 }
 static void stub_reset(void *user) { ((stub *)user)->n_reset++; }
 static void stub_stats(void *user, Specd__WorkerStats *st) {
