@@ -5,7 +5,7 @@
 
 #include "specd/gguf.h"
 #include "specd/weights.h"
-#include "specd/model.h"
+#include "specd/model_config.h"
 
 #include <stdio.h>
 #include <stdlib.h>
