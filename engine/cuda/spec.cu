@@ -408,6 +408,104 @@ static sd_status verify_greedy(sd_backend *be, const float *logits, int32_t n_vo
     return s;
 }
 
+/* Host staging of verify_group: one row_desc per processed row (each
+ * sequence's k drafts and its bonus row), the rows that need ranking, every
+ * q flattened, and where each sequence's rows and q entries start. */
+static void stage_rows(int32_t n_vocab, const sd_spec_rows *seqs, const int32_t *idx, int32_t n_idx, row_desc *descs,
+                       int32_t *ranked_rows, int32_t *q_ids, float *q_probs, int32_t *row_of, int32_t *q_off_of) {
+    int32_t r = 0, rk = 0, qo = 0;
+    for (int32_t g = 0; g < n_idx; g++) {
+        const sd_spec_rows *v = &seqs[idx[g]];
+        bool rank = needs_rank(v->sampling, n_vocab);
+        row_of[g] = r;
+        q_off_of[g] = qo;
+        for (int32_t j = 0; j <= v->k; j++, r++) {
+            descs[r].row = v->row0 + j;
+            descs[r].ranked = rank ? rk : -1;
+            if (rank) ranked_rows[rk++] = r;
+            descs[r].top_k = v->sampling->top_k;
+            descs[r].top_p = v->sampling->top_p;
+            descs[r].min_p = v->sampling->min_p;
+            descs[r].inv_t = 1.0 / (double)v->sampling->temperature;
+            descs[r].y = j < v->k ? v->draft[j] : -1;
+            if (descs[r].y >= n_vocab || descs[r].y < -1) descs[r].y = -1; /* refused on the host below */
+        }
+        for (int32_t j = 0; j < v->k; j++) {
+            memcpy(q_ids + qo, v->q[j].ids, sizeof(int32_t) * (size_t)v->q[j].n);
+            memcpy(q_probs + qo, v->q[j].probs, sizeof(float) * (size_t)v->q[j].n);
+            qo += v->q[j].n;
+        }
+    }
+}
+
+/* The host's decisions for sampled seqs (idx[0..n_idx)) from their rows'
+ * stats, exactly as sd_spec_verify makes them: each draft token accepted or
+ * not, and one draw per sequence (the residual at the first rejection, or the
+ * bonus token) written to draws. Sets each sequence's n_accepted, accepted
+ * tokens, info and status; row_of[g] becomes -1 - (its draw's index).
+ * Returns the number of draws. */
+static int32_t decide(int32_t n_vocab, sd_spec_rows *seqs, const int32_t *idx, int32_t n_idx, const row_stats *stats,
+                      int32_t *row_of, const int32_t *q_off_of, draw_desc *draws) {
+    int32_t n_draws = 0;
+    for (int32_t g = 0; g < n_idx; g++) {
+        sd_spec_rows *v = &seqs[idx[g]];
+        memset(&v->info, 0, sizeof v->info);
+        const row_stats *rs = stats + row_of[g];
+        const uint64_t seed = v->sampling->seed;
+        int32_t qo = q_off_of[g];
+        for (int32_t j = 0; j <= v->k; j++)
+            if (rs[j].bad) {
+                SD_ERROR("spec: sequence row %d: logits with NaN or +inf, or all -inf", (int)(v->row0 + j));
+                v->status = SD_ERR_INVALID_ARG;
+            }
+        if (v->status != SD_OK) continue;
+        int32_t i = 0;
+        for (; i < v->k; i++) {
+            const int32_t y = v->draft[i];
+            if (y < 0 || y >= n_vocab) {
+                SD_ERROR("spec: draft token %d at index %d is outside [0, %d)", (int)y, (int)i, (int)n_vocab);
+                v->status = SD_ERR_RANGE;
+                break;
+            }
+            double q_tot;
+            sd_status qs = sd_spec_q_check(&v->q[i], n_vocab, i, &q_tot);
+            if (qs != SD_OK) {
+                v->status = qs;
+                break;
+            }
+            const double py = (double)rs[i].p_y / rs[i].p_tot, qy = sd_spec_q_prob(&v->q[i], y);
+            const uint64_t pos = v->pos0 + (uint64_t)i;
+            bool accept;
+            if (qy > 0.0) {
+                accept = sd_rng_uniform(seed, pos, SD_RNG_ACCEPT) * qy < py;
+            } else {
+                SD_WARN("spec: draft token %d at position %llu has q = 0: the drafter did not sample from "
+                        "the q it reported; rejecting it", (int)y, (unsigned long long)pos);
+                v->info.n_q_zero++;
+                accept = false;
+            }
+            if (accept) {
+                v->tokens[i] = y;
+                qo += v->q[i].n;
+                continue;
+            }
+            draws[n_draws] = {row_of[g] + i, 1, sd_rng_uniform(seed, pos, SD_RNG_RESIDUAL), rs[i].p_tot, q_tot,
+                              qo, v->q[i].n};
+            break;
+        }
+        if (v->status != SD_OK) continue;
+        v->n_accepted = i;
+        if (i == v->k) {
+            draws[n_draws] = {row_of[g] + v->k, 0, sd_rng_uniform(seed, v->pos0 + (uint64_t)v->k, SD_RNG_SAMPLE),
+                              rs[v->k].p_tot, 1.0, 0, 0};
+            v->info.bonus = true;
+        }
+        row_of[g] = -1 - n_draws; /* remember which draw is this sequence's */
+        n_draws++;
+    }
+    return n_draws;
+}
+
 /* Sampled verification of seqs[first..last) (all stochastic and OK). */
 static sd_status verify_group(sd_backend *be, const float *logits, int32_t n_vocab, sd_spec_rows *seqs,
                               const int32_t *idx, int32_t n_idx) {
@@ -435,31 +533,7 @@ static sd_status verify_group(sd_backend *be, const float *logits, int32_t n_voc
         s = SD_ERR_NOMEM;
         goto done;
     }
-    {
-        int32_t r = 0, rk = 0, qo = 0;
-        for (int32_t g = 0; g < n_idx; g++) {
-            const sd_spec_rows *v = &seqs[idx[g]];
-            bool rank = needs_rank(v->sampling, n_vocab);
-            row_of[g] = r;
-            q_off_of[g] = qo;
-            for (int32_t j = 0; j <= v->k; j++, r++) {
-                descs[r].row = v->row0 + j;
-                descs[r].ranked = rank ? rk : -1;
-                if (rank) ranked_rows[rk++] = r;
-                descs[r].top_k = v->sampling->top_k;
-                descs[r].top_p = v->sampling->top_p;
-                descs[r].min_p = v->sampling->min_p;
-                descs[r].inv_t = 1.0 / (double)v->sampling->temperature;
-                descs[r].y = j < v->k ? v->draft[j] : -1;
-                if (descs[r].y >= n_vocab || descs[r].y < -1) descs[r].y = -1; /* refused on the host below */
-            }
-            for (int32_t j = 0; j < v->k; j++) {
-                memcpy(q_ids + qo, v->q[j].ids, sizeof(int32_t) * (size_t)v->q[j].n);
-                memcpy(q_probs + qo, v->q[j].probs, sizeof(float) * (size_t)v->q[j].n);
-                qo += v->q[j].n;
-            }
-        }
-    }
+    stage_rows(n_vocab, seqs, idx, n_idx, descs, ranked_rows, q_ids, q_probs, row_of, q_off_of);
     /* device layout */
     {
         size_t cub_bytes = 0;
@@ -527,63 +601,7 @@ static sd_status verify_group(sd_backend *be, const float *logits, int32_t n_voc
         }
 
         /* the decisions, exactly as sd_spec_verify makes them */
-        int32_t n_draws = 0;
-        for (int32_t g = 0; g < n_idx; g++) {
-            sd_spec_rows *v = &seqs[idx[g]];
-            memset(&v->info, 0, sizeof v->info);
-            const row_stats *rs = stats + row_of[g];
-            const uint64_t seed = v->sampling->seed;
-            int32_t qo = q_off_of[g];
-            for (int32_t j = 0; j <= v->k; j++)
-                if (rs[j].bad) {
-                    SD_ERROR("spec: sequence row %d: logits with NaN or +inf, or all -inf", (int)(v->row0 + j));
-                    v->status = SD_ERR_INVALID_ARG;
-                }
-            if (v->status != SD_OK) continue;
-            int32_t i = 0;
-            for (; i < v->k; i++) {
-                const int32_t y = v->draft[i];
-                if (y < 0 || y >= n_vocab) {
-                    SD_ERROR("spec: draft token %d at index %d is outside [0, %d)", (int)y, (int)i, (int)n_vocab);
-                    v->status = SD_ERR_RANGE;
-                    break;
-                }
-                double q_tot;
-                sd_status qs = sd_spec_q_check(&v->q[i], n_vocab, i, &q_tot);
-                if (qs != SD_OK) {
-                    v->status = qs;
-                    break;
-                }
-                const double py = (double)rs[i].p_y / rs[i].p_tot, qy = sd_spec_q_prob(&v->q[i], y);
-                const uint64_t pos = v->pos0 + (uint64_t)i;
-                bool accept;
-                if (qy > 0.0) {
-                    accept = sd_rng_uniform(seed, pos, SD_RNG_ACCEPT) * qy < py;
-                } else {
-                    SD_WARN("spec: draft token %d at position %llu has q = 0: the drafter did not sample from "
-                            "the q it reported; rejecting it", (int)y, (unsigned long long)pos);
-                    v->info.n_q_zero++;
-                    accept = false;
-                }
-                if (accept) {
-                    v->tokens[i] = y;
-                    qo += v->q[i].n;
-                    continue;
-                }
-                draws[n_draws] = {row_of[g] + i, 1, sd_rng_uniform(seed, pos, SD_RNG_RESIDUAL), rs[i].p_tot, q_tot,
-                                  qo, v->q[i].n};
-                break;
-            }
-            if (v->status != SD_OK) continue;
-            v->n_accepted = i;
-            if (i == v->k) {
-                draws[n_draws] = {row_of[g] + v->k, 0, sd_rng_uniform(seed, v->pos0 + (uint64_t)v->k, SD_RNG_SAMPLE),
-                                  rs[v->k].p_tot, 1.0, 0, 0};
-                v->info.bonus = true;
-            }
-            row_of[g] = -1 - n_draws; /* remember which draw is this sequence's */
-            n_draws++;
-        }
+        int32_t n_draws = decide(n_vocab, seqs, idx, n_idx, stats, row_of, q_off_of, draws);
         if (n_draws) {
             cudaMemcpyAsync(d_dr, draws, sizeof(draw_desc) * (size_t)n_draws, cudaMemcpyHostToDevice, st);
             draw_kernel<<<n_draws, SPEC_THREADS, 0, st>>>(n_vocab, d_dr, d_pf, d_qi, d_qp, d_do);
