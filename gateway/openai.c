@@ -465,14 +465,34 @@ static void add_usage(cJSON *root, const gw_job *job) {
     cJSON_AddNumberToObject(u, "total_tokens", prompt + completion);
 }
 
-/* A string value of exactly len bytes (cJSON wants NUL-terminated text). */
+/* A string value of exactly len bytes, escaped here: cJSON's strings end
+ * at the first NUL byte, and generated text may hold U+0000. */
 static cJSON *add_text(cJSON *obj, const char *name, const char *s, size_t len) {
-    char *tmp = malloc(len + 1);
-    if (!tmp) return NULL;
-    memcpy(tmp, s, len);
-    tmp[len] = '\0';
-    cJSON *v = cJSON_AddStringToObject(obj, name, tmp);
-    free(tmp);
+    char *buf = malloc(len * 6 + 3);
+    if (!buf) return NULL;
+    static const char hex[] = "0123456789abcdef";
+    size_t o = 0;
+    buf[o++] = '"';
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch == '"' || ch == '\\') {
+            buf[o++] = '\\';
+            buf[o++] = (char)ch;
+        } else if (ch == '\n') {
+            buf[o++] = '\\', buf[o++] = 'n';
+        } else if (ch < 0x20 || ch == 0x7f) {
+            memcpy(buf + o, "\\u00", 4);
+            buf[o + 4] = hex[ch >> 4];
+            buf[o + 5] = hex[ch & 15];
+            o += 6;
+        } else {
+            buf[o++] = (char)ch;
+        }
+    }
+    buf[o++] = '"';
+    buf[o] = '\0';
+    cJSON *v = cJSON_AddRawToObject(obj, name, buf);
+    free(buf);
     return v;
 }
 
