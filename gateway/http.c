@@ -40,8 +40,18 @@ typedef struct gw_conn {
     gw_route route;
     char *body;
     size_t len, cap;
+    size_t seen;         /* body bytes received, kept or not */
     bool too_large;
+    bool rejected;       /* answer with `reject` once the body has been read (and dropped) */
+    gw_error reject;
 } gw_conn;
+
+/* A body announced larger than this is refused before it is read (the
+ * client may then see the connection close while it still sends); smaller
+ * ones are read and dropped first, so an ordinary client gets its 413. */
+static size_t discard_limit(const gw_server *srv) {
+    return srv->max_body < (4u << 20) ? (16u << 20) : srv->max_body * 4;
+}
 
 static gw_route route_of(const char *url) {
     if (!strcmp(url, "/v1/chat/completions")) return GW_ROUTE_CHAT;
@@ -421,18 +431,28 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         *con_cls = ctx;
         ctx->route = route_of(url);
         const char *why = auth_problem(srv, conn, ctx->route, url);
-        if (why)
-            return fail(srv, conn, ctx->route, 401, "invalid_request_error", "invalid_api_key", "%s", why);
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && strtoull(cl, NULL, 10) > srv->max_body)
-            return fail(srv, conn, ctx->route, 413, "invalid_request_error", "request_too_large",
-                        "the request body is %s bytes, the limit is %zu", cl, srv->max_body);
+        unsigned long long announced = cl ? strtoull(cl, NULL, 10) : 0;
+        if (why) {
+            ctx->rejected = true;
+            gw_fail(&ctx->reject, 401, "invalid_request_error", "invalid_api_key", NULL, "%s", why);
+        } else if (announced > srv->max_body) {
+            ctx->rejected = true;
+            gw_fail(&ctx->reject, 413, "invalid_request_error", "request_too_large", NULL,
+                    "the request body is %llu bytes, the limit is %zu", announced, srv->max_body);
+        }
+        if (ctx->rejected && announced > discard_limit(srv)) return send_error(srv, conn, ctx->route, &ctx->reject);
         return MHD_YES;
     }
     if (*upload_data_size > 0) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
-        if (ctx->too_large) return MHD_YES; /* read and dropped */
+        ctx->seen += n;
+        if (ctx->seen > discard_limit(srv)) {
+            SD_INFO("closing a connection that sent over %zu body bytes", discard_limit(srv));
+            return MHD_NO;
+        }
+        if (ctx->too_large || ctx->rejected) return MHD_YES; /* read and dropped */
         if (ctx->len + n > srv->max_body) {
             ctx->too_large = true;
             free(ctx->body);
@@ -456,6 +476,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 
     /* The whole request is here. */
     gw_route route = ctx->route;
+    if (ctx->rejected) return send_error(srv, conn, route, &ctx->reject);
     if (ctx->too_large)
         return fail(srv, conn, route, 413, "invalid_request_error", "request_too_large",
                     "the request body is over the limit of %zu bytes", srv->max_body);

@@ -293,6 +293,23 @@ static bool parse_messages(const cJSON *root, gw_gen *g, gw_error *err) {
     gw_prompt *p = &g->prompts[0];
     g->n_prompts = 1;
     char param[64];
+    /* Roles first: an unknown one, or a turn kind not supported yet, is
+     * named before any complaint about the order of turns. */
+    for (int i = 0; i < n; i++) {
+        const cJSON *m = cJSON_GetArrayItem(msgs, i);
+        const cJSON *role = cJSON_IsObject(m) ? cJSON_GetObjectItemCaseSensitive(m, "role") : NULL;
+        if (!string_ok(role)) continue; /* reported below */
+        const char *r = role->valuestring;
+        snprintf(param, sizeof param, "messages[%d].role", i);
+        bool known = !strcmp(r, "system") || !strcmp(r, "developer") || !strcmp(r, "user");
+        if (!known && strcmp(r, "assistant") && strcmp(r, "tool") && strcmp(r, "function"))
+            return BAD(err, param, "'%s': unknown role '%s' (system, developer, user, assistant)", param, r);
+        if (!known)
+            return UNSUPPORTED(err, param,
+                               "'%s': a conversation with '%s' turns is not supported yet: specd takes an optional "
+                               "system message followed by one user message",
+                               param, r);
+    }
     for (int i = 0; i < n; i++) {
         const cJSON *m = cJSON_GetArrayItem(msgs, i);
         snprintf(param, sizeof param, "messages[%d]", i);
@@ -303,13 +320,6 @@ static bool parse_messages(const cJSON *root, gw_gen *g, gw_error *err) {
         const char *r = role->valuestring;
         bool is_system = !strcmp(r, "system") || !strcmp(r, "developer");
         bool is_user = !strcmp(r, "user");
-        if (!is_system && !is_user && strcmp(r, "assistant") && strcmp(r, "tool") && strcmp(r, "function"))
-            return BAD(err, param, "'%s': unknown role '%s' (system, developer, user, assistant)", param, r);
-        if (!is_system && !is_user)
-            return UNSUPPORTED(err, param,
-                               "'%s': a conversation with '%s' turns is not supported yet: specd takes an optional "
-                               "system message followed by one user message",
-                               param, r);
         if (is_user && i != n - 1)
             return UNSUPPORTED(err, param,
                                "'%s': several user turns are not supported yet: specd takes an optional system "
@@ -478,9 +488,10 @@ static cJSON *add_text(cJSON *obj, const char *name, const char *s, size_t len) 
         if (ch == '"' || ch == '\\') {
             buf[o++] = '\\';
             buf[o++] = (char)ch;
-        } else if (ch == '\n') {
-            buf[o++] = '\\', buf[o++] = 'n';
-        } else if (ch < 0x20 || ch == 0x7f) {
+        } else if (ch && strchr("\b\f\n\r\t", ch)) { /* the short escapes, as JSON encoders write them */
+            buf[o++] = '\\';
+            buf[o++] = "btnvfr"[ch - '\b'];
+        } else if (ch < 0x20) {
             memcpy(buf + o, "\\u00", 4);
             buf[o + 4] = hex[ch >> 4];
             buf[o + 5] = hex[ch & 15];

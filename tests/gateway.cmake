@@ -4,3 +4,5 @@
 set(_it integration/)
 specd_py_test(it_gateway_openai ${_it}test_gateway_openai.py LABELS integration model)
 set_tests_properties(it_gateway_openai PROPERTIES RESOURCE_LOCK specd_integration)
+specd_py_test(it_gateway_http ${_it}test_gateway_http.py LABELS integration)
+set_tests_properties(it_gateway_http PROPERTIES RESOURCE_LOCK specd_integration)
