@@ -618,8 +618,9 @@ static int run(launcher *L) {
         else
             snprintf(c->name, sizeof c->name, "%s", bins[c->role].dir);
         if (!find_binary(o, bins[c->role].bin, bins[c->role].dir, c->path, sizeof c->path)) {
-            SD_ERROR("cannot find %s (looked in %s, next to specd-launch and on PATH); build it or pass --bin-dir",
-                     bins[c->role].bin, o->bin_dir ? o->bin_dir : "the build tree");
+            SD_ERROR("cannot find %s (looked in %s, next to specd-launch and on PATH); build it or pass --bin-dir%s",
+                     bins[c->role].bin, o->bin_dir ? o->bin_dir : "the build tree",
+                     c->role == CHILD_GATEWAY ? " (or --no-gateway)" : "");
             return 1;
         }
         build_argv(L, c);
