@@ -15,7 +15,10 @@
   and the gateway keeps serving;
 - --api-key and SPECD_API_KEY: missing or wrong keys get 401 on /v1/,
   the right one passes, /health stays open on the loopback;
-- --timeout: a client that sends half a request is disconnected."""
+- --timeout: a client that sends half a request is disconnected;
+- overload: past --max-inflight, and when the coordinator's queue is full
+  (--max-active 1 --max-queue 1), a request gets 429 with Retry-After at
+  once; once the long requests' clients leave, requests pass again."""
 import json
 import math
 import os
@@ -192,8 +195,56 @@ def check_stalled_client(h):
     H.log("stalled client disconnected after %.1f s" % waited)
 
 
+def open_stream(port, body):
+    """A raw streaming completion; returns the socket once its first event arrived."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=60)
+    data = json.dumps(dict(body, stream=True)).encode()
+    s.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               "Content-Length: %d\r\n\r\n" % len(data)).encode() + data)
+    got = b""
+    while b"data: " not in got:
+        b = s.recv(4096)
+        H.check(b, "the stream closed before its first event: %r" % got)
+        got += b
+    return s
+
+
+def expect_429(h, what):
+    t0 = time.monotonic()
+    hdrs = expect_error(h, "/v1/completions", {"prompt": "one more", "max_tokens": 2}, 429, what=what)
+    H.check(hdrs.get("retry-after") == "1", "%s: Retry-After %r" % (what, hdrs.get("retry-after")))
+    H.check(time.monotonic() - t0 < 5, "%s: the 429 took %.1f s" % (what, time.monotonic() - t0))
+
+
+def check_overload(h, target):
+    long_req = {"prompt": "a long one", "max_tokens": 4000, "temperature": 0, "ignore_eos": True}
+    small = {"prompt": "small", "max_tokens": 2, "temperature": 0, "ignore_eos": True}
+    h.start_gateway(["--max-inflight", "1"])
+    s = open_stream(h.http_port, long_req)
+    expect_429(h, "over --max-inflight")
+    s.close()
+    H.wait_until(lambda: h.http("POST", "/v1/completions", small)[0] == 200, 30,
+                 "a request to pass once the long stream's client left")
+    # The coordinator's own limit: one active, one queued, the third refused.
+    h.start_coordinator(target, ["--max-active", "1", "--max-queue", "1"])
+    h.start_verifier()
+    h.wait_registered(drafter=False)
+    h.start_gateway()
+    s1 = open_stream(h.http_port, long_req)
+    s2 = socket.create_connection(("127.0.0.1", h.http_port), timeout=60)
+    data = json.dumps(dict(long_req, stream=True)).encode()
+    s2.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                "Content-Length: %d\r\n\r\n" % len(data)).encode() + data)
+    H.check(s2.recv(12).startswith(b"HTTP/1.1 200"), "the queued request was not accepted")
+    expect_429(h, "coordinator queue full")
+    s1.close()
+    s2.close()
+    H.wait_until(lambda: h.http("POST", "/v1/completions", small)[0] == 200, 30,
+                 "a request to pass once the queue emptied")
+
+
 def run(h):
-    target, _ = h.tiny_models(seed=5)
+    target, _ = h.tiny_models(seed=5, ctx=4096)  # room for long requests (overload)
     h.start_coordinator(target, H.FIXED_K)
     h.start_gateway(["--max-body", str(1 << 20)])
     st, _, out = h.http("GET", "/health")
@@ -209,6 +260,7 @@ def run(h):
     H.check(gw.alive(), "the gateway died")
     check_api_key(h)
     check_stalled_client(h)
+    check_overload(h, target)
     for p in h.procs:
         if p.name == "gateway":
             rc = h.stop(p)
