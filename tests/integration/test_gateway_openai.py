@@ -26,7 +26,7 @@ except ImportError:
 
 CHAT_Q = "What is the capital of France?"
 TEXT_P = "The three primary colors are"
-TOKENS = 12
+TOKENS = 8
 
 
 def generate_system(h, model, system, prompt, n):
@@ -59,7 +59,6 @@ def run(h):
         return "stop" if ref["stop_reason"] == "eos" else "length"
 
     user = [{"role": "user", "content": CHAT_Q}]
-    story = [{"role": "user", "content": "Tell me a story."}]
     greedy = dict(model="smollm", temperature=0, max_tokens=TOKENS)
     sampled = dict(model="smollm", prompt="Once upon a time", temperature=1.0, top_p=0.95, max_tokens=TOKENS, n=3,
                    seed=4242, extra_body={"ignore_eos": True})
@@ -78,10 +77,6 @@ def run(h):
         "n3": lambda: cl.completions.create(prompt=TEXT_P, n=3, **greedy),
         "sampled_a": lambda: cl.completions.create(**sampled),
         "sampled_b": lambda: cl.completions.create(**sampled),
-        "seed_c": lambda: cl.chat.completions.create(model="smollm", messages=story, temperature=0.9, max_tokens=16,
-                                                     seed=7),
-        "seed_d": lambda: cl.chat.completions.create(model="smollm", messages=story, temperature=0.9, max_tokens=16,
-                                                     seed=7),
         "system": lambda: cl.chat.completions.create(messages=[{"role": "system", "content": sysmsg},
                                                                {"role": "user",
                                                                 "content": [{"type": "text", "text": CHAT_Q}]}],
@@ -162,9 +157,6 @@ def run(h):
                 "sampled with ignore_eos: %s" % r)
     H.check(a == b, "seed 4242 not reproduced:\n  %s\n  %s" % (a, b))
     H.check(len(set(a)) > 1, "the n=3 samples are all equal (their seeds must differ): %s" % a)
-    H.check(res["seed_c"].choices[0].message.content == res["seed_d"].choices[0].message.content,
-            "seeded chat not reproduced: %r vs %r" % (res["seed_c"].choices[0].message.content,
-                                                      res["seed_d"].choices[0].message.content))
     H.log("seeded samples reproduced: %s" % a)
 
     # ---- a system message: equals specd-generate --chat --system
