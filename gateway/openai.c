@@ -194,7 +194,8 @@ static bool parse_common(const cJSON *root, gw_gen *g, gw_error *err) {
     if (!get_number(root, "min_p", 0, 1, false, &d, &given, err)) return false;
     if (given && d >= 1) return BAD(err, "min_p", "'min_p' must be a number in [0, 1), got %g", d);
     if (given) g->sampling.min_p = (float)d;
-    if (!get_int(root, "seed", -9223372036854775808.0, 18446744073709551615.0, &d, &g->seeded, err)) return false;
+    /* Bounds exactly representable as doubles: -2^63 and the largest double below 2^64. */
+    if (!get_int(root, "seed", -0x1p63, 0x1.fffffffffffffp63, &d, &g->seeded, err)) return false;
     if (g->seeded) g->sampling.seed = d < 0 ? (uint64_t)(int64_t)d : (uint64_t)d;
 
     if (!get_int(root, "n", 1, GW_MAX_CHOICES, &d, &given, err)) return false;
