@@ -120,6 +120,8 @@ typedef struct gw_choice {
     unsigned index;
     uint64_t request_id;      /* 0 until accepted */
     bool submitted;           /* holds a job reference until its final callback */
+    bool submit_returned;     /* sd_client_submit returned for it (see collect_id) */
+    uint64_t collect_id;      /* finished, its record not yet handed to the janitor (0: none) */
     char *text;               /* everything generated so far (owned, NUL-terminated) */
     size_t text_len, text_cap;
     size_t streamed;          /* bytes of text already sent as SSE */

@@ -13,7 +13,10 @@
  * sd_client_wait collects it, and callbacks may not call sd_client_wait:
  * the final callback hands the id to the janitor thread, which collects
  * and frees it. (Rejected: collecting from the HTTP thread, which may be
- * gone by then.) */
+ * gone by then.) Not before sd_client_submit has returned, though: a
+ * request can finish while its submitter still waits on the record, and
+ * collecting it then frees the record under the submitter; whichever of
+ * the final callback and the submitter comes second hands it over. */
 #include "gateway_impl.h"
 
 #include <errno.h>
@@ -231,7 +234,8 @@ static void on_chunk(const sd_client_chunk *ch, void *user) {
         c->prompt_tokens = f->prompt_tokens;
         c->stats = f->stats;
         if (f->status == SD_OK) c->n_tokens = (uint32_t)f->n_ids;
-        collect = f->request_id;
+        if (c->submit_returned) collect = f->request_id;
+        else c->collect_id = f->request_id; /* gw_job_submit hands it over */
         gw_metrics_choice(srv->metrics, c, job->t_start_ms);
         atomic_fetch_sub(&srv->inflight, 1);
     }
@@ -281,6 +285,9 @@ bool gw_job_submit(gw_job *job, const gw_gen *g, gw_error *err) {
         sd_status st = sd_client_submit(srv->client, &rq, on_chunk, c, &rid);
         pthread_mutex_lock(&job->mu);
         if (st == SD_OK && !c->request_id) c->request_id = rid;
+        c->submit_returned = true;
+        uint64_t collect = c->collect_id;
+        c->collect_id = 0;
         bool orphan = st != SD_OK && !c->done; /* failed without its final callback (out of memory) */
         if (orphan) {
             c->done = true;
@@ -288,6 +295,7 @@ bool gw_job_submit(gw_job *job, const gw_gen *g, gw_error *err) {
             snprintf(c->error, sizeof c->error, "submit failed: %s", sd_status_str(st));
         }
         pthread_mutex_unlock(&job->mu);
+        if (collect) janitor_push(srv->janitor, collect);
         if (orphan) {
             atomic_fetch_sub(&srv->inflight, 1);
             gw_job_release(job);

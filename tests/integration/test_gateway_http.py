@@ -10,7 +10,8 @@
   oversized body (413), wrong field types, negative max_tokens, temperature
   NaN / negative, top_p > 1, empty messages, an unknown role, invalid UTF-8,
   a lone surrogate, an out-of-vocabulary token id, unsupported logprobs, a
-  wrong method (405), an unknown path (404) gets its own status and an
+  header over the cap (431), a wrong method (405), an unknown path (404)
+  gets its own status and an
   OpenAI error object with a message (and the param where there is one),
   and the gateway keeps serving;
 - --api-key and SPECD_API_KEY: missing or wrong keys get 401 on /v1/,
@@ -149,6 +150,13 @@ def check_bad_input(h):
         expect_error(h, path, body, status, param, what=what)
     # Oversized: a body over --max-body (1 MiB here) is read, dropped and refused.
     expect_error(h, comp, b'{"prompt": "' + b"a" * (2 << 20) + b'"}', 413, what="oversized body")
+    # Headers are capped too (libmicrohttpd's per-connection memory).
+    big = socket.create_connection(("127.0.0.1", h.http_port), timeout=30)
+    big.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (200 << 10) + b"\r\n\r\n")
+    line = big.recv(64).split(b"\r\n")[0]
+    big.close()
+    H.check(line.startswith(b"HTTP/1.1 431"), "a 200 KiB header: %r, expected 431" % line)
+    H.log("%-28s -> %s" % ("oversized header", line.decode()))
     st, hdrs, out = h.http("GET", comp)
     H.check(st == 405 and hdrs.get("allow") == "POST", "GET %s: %d %s" % (comp, st, hdrs))
     st, _, out = h.http("GET", "/v2/nothing")
