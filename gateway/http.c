@@ -12,7 +12,9 @@
  * While it waits, a handler looks every GW_POLL_MS at its socket: a peer
  * that hung up (POLLRDHUP) has its requests cancelled at once, which frees
  * their KV blocks everywhere; writes that fail end the stream the same way
- * (the response's free callback cancels what is unfinished).
+ * (the response's free callback cancels what is unfinished). A client
+ * that half-closes its socket after sending the request (shutdown(SHUT_WR))
+ * looks the same as one that left, and is treated so.
  *
  * Limits: the body is capped (413, also when Content-Length announces too
  * much, before reading it), headers by libmicrohttpd's per-connection
