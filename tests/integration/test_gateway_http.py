@@ -159,6 +159,11 @@ def check_bad_input(h):
     H.log("%-28s -> %s" % ("oversized header", line.decode()))
     st, hdrs, out = h.http("GET", comp)
     H.check(st == 405 and hdrs.get("allow") == "POST", "GET %s: %d %s" % (comp, st, hdrs))
+    st, _, out = h.http("GET", "/v1/models/specd")
+    H.check(st == 200 and json.loads(out)["id"] == "specd", "GET /v1/models/specd: %d %s" % (st, out))
+    st, _, out = h.http("GET", "/v1/models/other")
+    H.check(st == 404 and json.loads(out)["error"]["code"] == "model_not_found", "an unknown model: %d %s"
+            % (st, out))
     st, _, out = h.http("GET", "/v2/nothing")
     H.check(st == 404 and json.loads(out)["error"]["message"], "unknown path: %d %s" % (st, out))
     # Still serving.

@@ -7,7 +7,8 @@ with the n-gram drafter (K fixed at 4, so drafts are verified):
 - a completion from token ids equals the one from the text they encode;
 - `stop` ends the text before the stop string (finish_reason stop);
 - `max_tokens` cuts at exactly that many tokens (finish_reason length);
-- `n` greedy samples are all the reference; `usage` counts the prompt once;
+- `n` greedy samples are all the reference, streamed too; `usage` counts
+  the prompt once; a batch of prompts gets one choice per prompt;
 - sampled requests with a `seed` (n = 3) are reproduced exactly by a second
   call, and the three samples are not all equal (a control: the seeds
   differ);
@@ -75,6 +76,8 @@ def run(h):
         "stop_str": lambda: cl.completions.create(prompt=TEXT_P, stop=stop, **greedy),
         "max3": lambda: cl.completions.create(prompt=TEXT_P, **dict(greedy, max_tokens=3)),
         "n3": lambda: cl.completions.create(prompt=TEXT_P, n=3, **greedy),
+        "n2_stream": lambda: list(cl.completions.create(prompt=TEXT_P, n=2, stream=True, **greedy)),
+        "batch": lambda: cl.completions.create(prompt=[TEXT_P, ref_text["prompt_ids"]], **greedy),
         "sampled_a": lambda: cl.completions.create(**sampled),
         "sampled_b": lambda: cl.completions.create(**sampled),
         "system": lambda: cl.chat.completions.create(messages=[{"role": "system", "content": sysmsg},
@@ -148,6 +151,16 @@ def run(h):
             "n=3 greedy: %s" % r.choices)
     H.check(r.usage.prompt_tokens == len(ref_text["prompt_ids"]) and
             r.usage.completion_tokens == 3 * len(ref_text["ids"]), "n=3 usage: %s" % r.usage)
+
+    # ---- n streamed: interleaved chunks, one text per index
+    texts = {}
+    for c in res["n2_stream"]:
+        texts[c.choices[0].index] = texts.get(c.choices[0].index, "") + c.choices[0].text
+    H.check(texts == {0: ref_text["text"], 1: ref_text["text"]}, "n=2 streamed: %s" % texts)
+    # ---- a batch of prompts (text and token ids of the same prompt): one choice each
+    r = res["batch"]
+    H.check([c.index for c in r.choices] == [0, 1] and all(c.text == ref_text["text"] for c in r.choices) and
+            r.usage.prompt_tokens == 2 * len(ref_text["prompt_ids"]), "a batch of two prompts: %s" % r)
 
     # ---- seeded sampling: reproducible, and the n samples differ
     a, b = ([c.text for c in res[k].choices] for k in ("sampled_a", "sampled_b"))
