@@ -29,6 +29,8 @@ static void usage(FILE *f) {
             "\n"
             "  --listen ADDR:PORT      where to serve HTTP (default %s; [IPv6]:PORT works too)\n"
             "  --coordinator ADDR      the coordinator's client socket (default %s)\n"
+            "  --curve-server-public K the coordinator's CurveZMQ public key (Z85, 40 characters; default:\n"
+            "                          $SPECD_CURVE_SERVER_PUBLIC); the gateway uses an ephemeral key pair\n"
             "  --api-key KEY           require 'Authorization: Bearer KEY' on /v1/* (default: $SPECD_API_KEY;\n"
             "                          /health and /metrics need it only from off the loopback)\n"
             "  --model-name NAME       the model id /v1/models lists and responses carry (default %s)\n"
@@ -53,15 +55,16 @@ static bool parse_uint(const char *s, unsigned long lo, unsigned long hi, unsign
     return true;
 }
 
-enum { OPT_LISTEN = 256, OPT_COORD, OPT_KEY, OPT_MODEL, OPT_BODY, OPT_CONNS, OPT_INFLIGHT, OPT_TIMEOUT };
+enum { OPT_LISTEN = 256, OPT_COORD, OPT_KEY, OPT_MODEL, OPT_BODY, OPT_CONNS, OPT_INFLIGHT, OPT_TIMEOUT, OPT_CURVE };
 
 /* -1: go on; otherwise the exit status. */
-static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose) {
+static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose, const char **curve_server_public) {
     static const struct option longs[] = {
         {"listen", required_argument, 0, OPT_LISTEN},     {"coordinator", required_argument, 0, OPT_COORD},
         {"api-key", required_argument, 0, OPT_KEY},       {"model-name", required_argument, 0, OPT_MODEL},
         {"max-body", required_argument, 0, OPT_BODY},     {"max-connections", required_argument, 0, OPT_CONNS},
         {"max-inflight", required_argument, 0, OPT_INFLIGHT}, {"timeout", required_argument, 0, OPT_TIMEOUT},
+        {"curve-server-public", required_argument, 0, OPT_CURVE},
         {"verbose", no_argument, 0, 'v'},                 {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     int c;
@@ -76,6 +79,7 @@ static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose) {
             snprintf(srv->listen, sizeof srv->listen, "%s", optarg);
             break;
         case OPT_COORD: srv->coordinator = optarg; break;
+        case OPT_CURVE: *curve_server_public = optarg; break;
         case OPT_KEY: srv->api_key = optarg; break;
         case OPT_MODEL:
             if (!optarg[0] || strlen(optarg) > 200) {
@@ -122,6 +126,11 @@ static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose) {
         if (env && env[0]) srv->api_key = env;
     }
     if (srv->api_key && !srv->api_key[0]) srv->api_key = NULL;
+    if (!*curve_server_public) *curve_server_public = getenv("SPECD_CURVE_SERVER_PUBLIC");
+    if (*curve_server_public && strlen(*curve_server_public) != 40) {
+        fprintf(stderr, "specd-gateway: the coordinator's CurveZMQ public key must be 40 Z85 characters\n");
+        return 2;
+    }
     return -1;
 }
 
@@ -136,7 +145,8 @@ int main(int argc, char **argv) {
     srv->max_inflight = GW_DEFAULT_MAX_INFLIGHT;
     srv->timeout_s = GW_DEFAULT_TIMEOUT_S;
     bool verbose = false;
-    int rc = parse_args(argc, argv, srv, &verbose);
+    const char *curve_server_public = NULL;
+    int rc = parse_args(argc, argv, srv, &verbose, &curve_server_public);
     if (rc >= 0) {
         free(srv);
         return rc;
@@ -159,6 +169,7 @@ int main(int argc, char **argv) {
     cp.coordinator = srv->coordinator;
     cp.name = "specd-gateway";
     cp.connect_timeout_ms = 5000;
+    cp.curve_server_public = curve_server_public;
     if (sd_client_connect(&cp, &srv->client) != SD_OK) {
         SD_ERROR("cannot set up the connection to the coordinator %s", srv->coordinator);
         goto out;

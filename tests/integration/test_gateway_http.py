@@ -19,7 +19,10 @@
 - --timeout: a client that sends half a request is disconnected;
 - overload: past --max-inflight, and when the coordinator's queue is full
   (--max-active 1 --max-queue 1), a request gets 429 with Retry-After at
-  once; once the long requests' clients leave, requests pass again."""
+  once; once the long requests' clients leave, requests pass again;
+- CurveZMQ: with the coordinator's public key (--curve-server-public) the
+  gateway reaches a coordinator that runs --curve-secret (/health says no
+  verifier is registered), without it the coordinator does not answer."""
 import json
 import math
 import os
@@ -256,6 +259,24 @@ def check_overload(h, target):
                  "a request to pass once the queue emptied")
 
 
+def check_curve(h, target):
+    import zmq
+    public, secret = zmq.curve_keypair()
+    path = os.path.join(h.tmp, "coordinator.secret")
+    with open(path, "wb") as f:
+        f.write(secret + b"\n")
+    h.start_coordinator(target, ["--curve-secret", path])
+    h.start_gateway(["--curve-server-public", public.decode()])
+    st, _, out = h.http("GET", "/health")
+    H.check(st == 503 and json.loads(out).get("reason") == "no verifier is registered",
+            "with the coordinator's key: %d %s" % (st, out))
+    h.start_gateway()
+    st, _, out = h.http("GET", "/health")
+    H.check(st == 503 and json.loads(out).get("reason") == "the coordinator does not answer",
+            "without the coordinator's key: %d %s" % (st, out))
+    H.log("CurveZMQ: answered with the key, not without")
+
+
 def run(h):
     target, _ = h.tiny_models(seed=5, ctx=4096)  # room for long requests (overload)
     h.start_coordinator(target, H.FIXED_K)
@@ -274,6 +295,7 @@ def run(h):
     check_api_key(h)
     check_stalled_client(h)
     check_overload(h, target)
+    check_curve(h, target)
     for p in h.procs:
         if p.name == "gateway":
             rc = h.stop(p)
