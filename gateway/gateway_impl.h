@@ -78,6 +78,7 @@ typedef struct gw_gen {
     char *stop[SD_MAX_STOP_STRINGS]; /* owned */
     size_t n_stop;
     bool stream, include_usage, ignore_eos;
+    bool echo;                /* completions: the text starts with the prompt */
 } gw_gen;
 
 /* An OpenAI error: HTTP status and the error object's fields. */

@@ -141,6 +141,8 @@ void gw_janitor_stop(gw_janitor **jp) {
 
 /* ---- jobs ---- */
 
+static bool append_text(gw_choice *c, const char *s, size_t n);
+
 gw_job *gw_job_create(gw_server *srv, const gw_gen *g) {
     gw_job *job = calloc(1, sizeof *job);
     if (!job) return NULL;
@@ -160,8 +162,15 @@ gw_job *gw_job_create(gw_server *srv, const gw_gen *g) {
     job->n = g->n;
     job->n_choices = g->n_prompts * g->n;
     for (size_t i = 0; i < job->n_choices; i++) {
-        job->choices[i].job = job;
-        job->choices[i].index = (unsigned)i;
+        gw_choice *c = &job->choices[i];
+        c->job = job;
+        c->index = (unsigned)i;
+        /* echo: the choice's text starts with its prompt, streamed first. */
+        const char *prompt = g->prompts[i / g->n].text;
+        if (g->echo && prompt && !append_text(c, prompt, strlen(prompt))) {
+            gw_job_release(job);
+            return NULL;
+        }
     }
     return job;
 }

@@ -3,7 +3,7 @@
  * Parsing is strict about what it honours and lenient about the rest, as
  * OpenAI is: unknown fields are ignored, a known field of the wrong type or
  * out of range is a 400 naming the field (`param`). Fields whose meaning
- * specd cannot honour yet (logprobs, penalties, echo) are refused with a
+ * specd cannot honour yet (logprobs, penalties) are refused with a
  * 400 when set to anything but their neutral value, rather than silently
  * ignored: a client asking for them would otherwise get a wrong answer.
  *
@@ -410,9 +410,10 @@ bool gw_gen_parse(gw_endpoint endpoint, const char *body, size_t len, gw_gen *g,
         ok = parse_common(root, g, err) && (endpoint == GW_EP_CHAT ? parse_messages(root, g, err)
                                                                     : parse_prompt(root, g, err));
         if (ok && endpoint == GW_EP_COMPLETIONS) {
-            bool echo = false;
-            ok = get_bool(root, "echo", &echo, err);
-            if (ok && echo) ok = UNSUPPORTED(err, "echo", "'echo' is not supported by specd yet");
+            ok = get_bool(root, "echo", &g->echo, err);
+            for (size_t i = 0; ok && g->echo && i < g->n_prompts; i++)
+                if (g->prompts[i].ids)
+                    ok = UNSUPPORTED(err, "echo", "'echo' with a prompt of token ids is not supported (text only)");
             /* OpenAI's default for completions: 16 tokens. */
             if (ok && g->max_tokens == 0) g->max_tokens = 16;
         }

@@ -113,7 +113,7 @@ static void test_bad_fields(void **state) {
     refused(C, "{\"prompt\":\"p\",\"stream_options\":{\"include_usage\":\"yes\"}}", 400, "stream_options.include_usage");
     refused(C, "{\"prompt\":\"p\",\"frequency_penalty\":0.5}", 400, "frequency_penalty");
     refused(C, "{\"prompt\":\"p\",\"logprobs\":2}", 400, "logprobs");
-    refused(C, "{\"prompt\":\"p\",\"echo\":true}", 400, "echo");
+    refused(C, "{\"prompt\":[1,2],\"echo\":true}", 400, "echo");
     refused(C, "{\"prompt\":\"p\",\"logit_bias\":{\"1\":5}}", 400, "logit_bias");
     /* 17 stop strings */
     char body[512] = "{\"prompt\":\"p\",\"stop\":[";

@@ -6,6 +6,7 @@ with the n-gram drafter (K fixed at 4, so drafts are verified):
   `usage` and its finish reason;
 - a completion from token ids equals the one from the text they encode;
 - `stop` ends the text before the stop string (finish_reason stop);
+- `echo` puts the prompt before the text, streamed or not;
 - `max_tokens` cuts at exactly that many tokens (finish_reason length);
 - `n` greedy samples are all the reference, streamed too; `usage` counts
   the prompt once; a batch of prompts gets one choice per prompt;
@@ -77,6 +78,8 @@ def run(h):
         "max3": lambda: cl.completions.create(prompt=TEXT_P, **dict(greedy, max_tokens=3)),
         "n3": lambda: cl.completions.create(prompt=TEXT_P, n=3, **greedy),
         "n2_stream": lambda: list(cl.completions.create(prompt=TEXT_P, n=2, stream=True, **greedy)),
+        "echo": lambda: cl.completions.create(prompt=TEXT_P, echo=True, **greedy),
+        "echo_stream": lambda: list(cl.completions.create(prompt=TEXT_P, echo=True, stream=True, **greedy)),
         "batch": lambda: cl.completions.create(prompt=[TEXT_P, ref_text["prompt_ids"]], **greedy),
         "sampled_a": lambda: cl.completions.create(**sampled),
         "sampled_b": lambda: cl.completions.create(**sampled),
@@ -157,6 +160,12 @@ def run(h):
     for c in res["n2_stream"]:
         texts[c.choices[0].index] = texts.get(c.choices[0].index, "") + c.choices[0].text
     H.check(texts == {0: ref_text["text"], 1: ref_text["text"]}, "n=2 streamed: %s" % texts)
+    # ---- echo: the prompt, then the generated text
+    r = res["echo"]
+    H.check(r.choices[0].text == TEXT_P + ref_text["text"] and r.usage.completion_tokens == len(ref_text["ids"]),
+            "echo: %r" % r.choices[0].text)
+    text = "".join(c.choices[0].text for c in res["echo_stream"])
+    H.check(text == TEXT_P + ref_text["text"], "echo streamed: %r" % text)
     # ---- a batch of prompts (text and token ids of the same prompt): one choice each
     r = res["batch"]
     H.check([c.index for c in r.choices] == [0, 1] and all(c.text == ref_text["text"] for c in r.choices) and
