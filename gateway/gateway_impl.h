@@ -183,9 +183,10 @@ void gw_janitor_stop(gw_janitor **j);
 
 /* The whole non-streaming response body for a finished job. Caller frees. */
 char *gw_response_json(const gw_job *job, const char *model);
-/* One streaming chunk for choice ci: its role (chat, first), a text delta,
- * or its finish_reason; NULL delta_text with finish=false and role=false is
- * not used. include_usage adds "usage": null. Caller frees. */
+/* One streaming chunk for choice ci: the assistant role (role, chat only),
+ * a text delta (delta, delta_len bytes), or the finish_reason (finish).
+ * include_usage adds "usage": null, as OpenAI does before the usage chunk.
+ * Caller frees. */
 char *gw_chunk_json(const gw_job *job, const char *model, size_t ci, bool role, const char *delta, size_t delta_len,
                     bool finish, bool include_usage);
 /* The final usage-only chunk (stream_options.include_usage). Caller frees. */
