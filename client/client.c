@@ -569,6 +569,17 @@ sd_status sd_client_connect(const sd_client_params *p, sd_client **out) {
     sp.curve_secret = p->curve_secret;
     st = sd_net_socket_open(c->zctx, &sp, NULL, c->addr, &c->sock);
     if (st != SD_OK) goto fail;
+    /* A DEALER without a connected peer blocks on send until one connects,
+     * which may be never (a CurveZMQ handshake the coordinator refused):
+     * bound every send, so the I/O thread keeps its deadlines and
+     * sd_client_close its promise. A send that times out is logged and its
+     * request fails by the connect/liveness deadlines like any other. */
+    int send_timeout_ms = c->params.heartbeat_interval_ms;
+    if (zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &send_timeout_ms, sizeof send_timeout_ms) != 0) {
+        SD_ERROR("sd_client_connect: ZMQ_SNDTIMEO: %s", zmq_strerror(zmq_errno()));
+        st = SD_ERR_NET;
+        goto fail;
+    }
 
     /* Say who we are; the coordinator may log it. */
     Specd__Hello hello = SPECD__HELLO__INIT;

@@ -55,10 +55,13 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <zmq.h>
 
 #define MAX_TP 64
-#define MAX_CHILDREN (MAX_TP + 2)
+#define MAX_CHILDREN (MAX_TP + 3)
 #define MAX_EXTRA_ARGS 32
 #define MAX_ARGV 96
 #define RESTART_BACKOFF_MIN_MS 500
@@ -68,7 +71,7 @@
 #define STATS_POLL_MS 200            /* readiness query period */
 #define GROUP_STOP_GRACE_MS 3000     /* a group's surviving ranks get this long to stop before SIGKILL */
 
-typedef enum child_role { CHILD_COORDINATOR, CHILD_VERIFIER, CHILD_DRAFTER } child_role;
+typedef enum child_role { CHILD_COORDINATOR, CHILD_VERIFIER, CHILD_DRAFTER, CHILD_GATEWAY, CHILD_ROLE_COUNT } child_role;
 
 typedef struct launch_opts {
     const char *target, *draft;
@@ -82,8 +85,11 @@ typedef struct launch_opts {
     const char *bin_dir;
     int ready_timeout_s, stop_timeout_s;
     bool restart, verbose;
-    const char *extra[3][MAX_EXTRA_ARGS]; /* per child_role: passed through verbatim */
-    int n_extra[3];
+    bool no_gateway;
+    const char *http;        /* the gateway's --listen ADDR:PORT */
+    char model_name[256];    /* the gateway's --model-name: the target's file name without .gguf */
+    const char *extra[CHILD_ROLE_COUNT][MAX_EXTRA_ARGS]; /* per child_role: passed through verbatim */
+    int n_extra[CHILD_ROLE_COUNT];
 } launch_opts;
 
 typedef struct child {
@@ -224,6 +230,15 @@ static void build_argv(launcher *L, child *c) {
             push(c, &n, int_arg(c, 2, o->threads_verifier));
         }
         break;
+    case CHILD_GATEWAY:
+        push(c, &n, "--listen");
+        push(c, &n, o->http);
+        push(c, &n, "--coordinator");
+        push(c, &n, L->client_connect);
+        push(c, &n, "--model-name");
+        push(c, &n, o->model_name);
+        break;
+    case CHILD_ROLE_COUNT: break;
     case CHILD_DRAFTER:
         if (o->draft) {
             push(c, &n, "--model");
@@ -359,7 +374,8 @@ static void reap(launcher *L) {
         /* Only a first start can reveal a configuration error: a restarted
          * verifier may well be refused (status 3) while the coordinator
          * still counts its dead predecessor as alive; back-off fixes that. */
-        if (c->restarts == 0 && ran < EARLY_EXIT_MS && (code == 2 || code == 3 || code == 127)) {
+        if (c->restarts == 0 && ran < EARLY_EXIT_MS &&
+            (code == 2 || code == 3 || code == 127 || (c->role == CHILD_GATEWAY && code == 1))) {
             SD_ERROR("%s %s %.0f ms after start: a configuration error (usage, refused registration or "
                      "missing binary; see its log above); stopping the service",
                      c->name, why, ran);
@@ -538,6 +554,43 @@ static void ready_read(readiness *r) {
     }
 }
 
+/* True when something accepts TCP connections at the gateway's ADDR:PORT
+ * (a wildcard host is tried on the loopback). */
+static bool gateway_listening(const char *http) {
+    char host[128];
+    const char *colon = strrchr(http, ':');
+    if (!colon) return false;
+    size_t hl = (size_t)(colon - http);
+    if (http[0] == '[' && hl >= 2) http++, hl -= 2; /* [IPv6] */
+    if (hl >= sizeof host) return false;
+    memcpy(host, http, hl);
+    host[hl] = '\0';
+    int port = atoi(colon + 1);
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof ss);
+    struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
+    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
+    socklen_t len;
+    if (inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
+        if (a4->sin_addr.s_addr == htonl(INADDR_ANY)) a4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a4->sin_family = AF_INET;
+        a4->sin_port = htons((uint16_t)port);
+        len = sizeof *a4;
+    } else if (inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
+        if (IN6_IS_ADDR_UNSPECIFIED(&a6->sin6_addr)) a6->sin6_addr = in6addr_loopback;
+        a6->sin6_family = AF_INET6;
+        a6->sin6_port = htons((uint16_t)port);
+        len = sizeof *a6;
+    } else {
+        return false;
+    }
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return false;
+    bool ok = connect(fd, (struct sockaddr *)&ss, len) == 0;
+    close(fd);
+    return ok;
+}
+
 /* ---- main loop ---- */
 
 static int run(launcher *L) {
@@ -546,14 +599,16 @@ static int run(launcher *L) {
     connect_addr_of(o->client_addr, L->client_connect, sizeof L->client_connect);
 
     /* The children: coordinator, verifier ranks, drafter. */
-    static const struct { const char *bin, *dir; } bins[3] = {
-        {"specd-coordinator", "coordinator"}, {"specd-verifier", "verifier"}, {"specd-drafter", "drafter"}};
+    static const struct { const char *bin, *dir; } bins[CHILD_ROLE_COUNT] = {
+        {"specd-coordinator", "coordinator"}, {"specd-verifier", "verifier"}, {"specd-drafter", "drafter"},
+        {"specd-gateway", "gateway"}};
     L->n_kids = 0;
     child_role roles[MAX_CHILDREN];
     int ranks[MAX_CHILDREN];
     roles[L->n_kids] = CHILD_COORDINATOR, ranks[L->n_kids++] = 0;
     for (int r = 0; r < o->tp; r++) roles[L->n_kids] = CHILD_VERIFIER, ranks[L->n_kids++] = r;
     if (!o->no_draft) roles[L->n_kids] = CHILD_DRAFTER, ranks[L->n_kids++] = 0;
+    if (!o->no_gateway) roles[L->n_kids] = CHILD_GATEWAY, ranks[L->n_kids++] = 0;
     for (int i = 0; i < L->n_kids; i++) {
         child *c = &L->kids[i];
         c->role = roles[i];
@@ -562,10 +617,11 @@ static int run(launcher *L) {
         if (c->role == CHILD_VERIFIER)
             snprintf(c->name, sizeof c->name, "verifier[%d]", c->rank);
         else
-            snprintf(c->name, sizeof c->name, "%s", c->role == CHILD_COORDINATOR ? "coordinator" : "drafter");
+            snprintf(c->name, sizeof c->name, "%s", bins[c->role].dir);
         if (!find_binary(o, bins[c->role].bin, bins[c->role].dir, c->path, sizeof c->path)) {
-            SD_ERROR("cannot find %s (looked in %s, next to specd-launch and on PATH); build it or pass --bin-dir",
-                     bins[c->role].bin, o->bin_dir ? o->bin_dir : "the build tree");
+            SD_ERROR("cannot find %s (looked in %s, next to specd-launch and on PATH); build it or pass --bin-dir%s",
+                     bins[c->role].bin, o->bin_dir ? o->bin_dir : "the build tree",
+                     c->role == CHILD_GATEWAY ? " (or --no-gateway)" : "");
             return 1;
         }
         build_argv(L, c);
@@ -615,16 +671,19 @@ static int run(launcher *L) {
         restart_due(L);
         if (!ready) {
             if (items[1].revents & ZMQ_POLLIN) ready_read(&rd);
-            if (rd.verifier_alive && (rd.drafter_alive || !want_drafter)) {
+            if (rd.verifier_alive && (rd.drafter_alive || !want_drafter) &&
+                (o->no_gateway || gateway_listening(o->http))) {
                 ready = true;
                 SD_INFO("all processes registered (%d running)", n_running(L));
                 printf("ready %s\n", L->client_connect);
+                if (!o->no_gateway) printf("http http://%s\n", o->http);
                 fflush(stdout);
                 sd_net_close(&rd.sock); /* readiness is a start-up question only */
             } else if (now_ms() > ready_deadline) {
-                SD_ERROR("not ready after %d s: verifier %s, drafter %s; stopping the service", o->ready_timeout_s,
-                         rd.verifier_alive ? "registered" : "NOT registered",
-                         !want_drafter ? "not asked for" : rd.drafter_alive ? "registered" : "NOT registered");
+                SD_ERROR("not ready after %d s: verifier %s, drafter %s, gateway %s; stopping the service",
+                         o->ready_timeout_s, rd.verifier_alive ? "registered" : "NOT registered",
+                         !want_drafter ? "not asked for" : rd.drafter_alive ? "registered" : "NOT registered",
+                         o->no_gateway ? "not asked for" : gateway_listening(o->http) ? "listening" : "NOT listening");
                 L->exit_code = 1;
                 break;
             } else if (now_ms() - rd.last_query_ms >= STATS_POLL_MS) {
@@ -644,9 +703,10 @@ static void usage(FILE *f) {
             "usage: specd-launch --target TARGET.gguf (--draft DRAFT.gguf | --ngram | --draft-layers L | --no-draft)\n"
             "                    [options]\n"
             "\n"
-            "Starts specd-coordinator, specd-verifier and specd-drafter on this machine, waits until they have\n"
-            "registered, prints \"ready ADDR\" (ADDR: where clients connect) on stdout and supervises them until\n"
-            "SIGINT/SIGTERM, then stops them all (SIGTERM, a bounded wait, SIGKILL) and exits 0.\n"
+            "Starts specd-coordinator, specd-verifier, specd-drafter and specd-gateway on this machine, waits until\n"
+            "they have registered, prints \"ready ADDR\" (ADDR: where clients connect) and \"http URL\" (the\n"
+            "gateway's OpenAI-compatible API) on stdout and supervises them until SIGINT/SIGTERM, then stops them\n"
+            "all (SIGTERM, a bounded wait, SIGKILL) and exits 0.\n"
             "\n"
             "  --target FILE          target model (GGUF) for the coordinator and the verifier (required)\n"
             "  --draft FILE           drafter: a separate draft model with the target's vocabulary\n"
@@ -665,9 +725,13 @@ static void usage(FILE *f) {
             "  --ready-timeout S      give up when not ready after S seconds (default 120)\n"
             "  --stop-timeout S       SIGTERM -> SIGKILL grace per group (default 10)\n"
             "  --restart on|off       restart a drafter/verifier that dies (default on)\n"
+            "  --http ADDR:PORT       where specd-gateway serves the OpenAI-compatible HTTP API\n"
+            "                         (default 127.0.0.1:8000)\n"
+            "  --no-gateway           do not start specd-gateway\n"
             "  --coordinator-arg ARG  extra argument for specd-coordinator (repeatable)\n"
             "  --verifier-arg ARG     extra argument for specd-verifier (repeatable)\n"
             "  --drafter-arg ARG      extra argument for specd-drafter (repeatable)\n"
+            "  --gateway-arg ARG      extra argument for specd-gateway (repeatable; e.g. --api-key)\n"
             "  -v, --verbose          DEBUG logs here and in every child\n"
             "  -h, --help             this help\n"
             "\n"
@@ -679,7 +743,8 @@ static void usage(FILE *f) {
 enum {
     OPT_TARGET = 256, OPT_DRAFT, OPT_NGRAM, OPT_DRAFT_LAYERS, OPT_NO_DRAFT, OPT_TP, OPT_CLIENT_ADDR,
     OPT_WORKER_ADDR, OPT_THREADS_V, OPT_THREADS_D, OPT_BIN_DIR, OPT_READY_TIMEOUT, OPT_STOP_TIMEOUT, OPT_RESTART,
-    OPT_COORD_ARG, OPT_VERIFIER_ARG, OPT_DRAFTER_ARG, OPT_GROUP_ADDR, OPT_VERIFIER_DEVICE
+    OPT_COORD_ARG, OPT_VERIFIER_ARG, OPT_DRAFTER_ARG, OPT_GROUP_ADDR, OPT_VERIFIER_DEVICE, OPT_HTTP, OPT_NO_GATEWAY,
+    OPT_GATEWAY_ARG
 };
 
 static int parse_args(int argc, char **argv, launch_opts *o) {
@@ -703,6 +768,9 @@ static int parse_args(int argc, char **argv, launch_opts *o) {
         {"drafter-arg", required_argument, 0, OPT_DRAFTER_ARG},
         {"group-addr", required_argument, 0, OPT_GROUP_ADDR},
         {"verifier-device", required_argument, 0, OPT_VERIFIER_DEVICE},
+        {"http", required_argument, 0, OPT_HTTP},
+        {"no-gateway", no_argument, 0, OPT_NO_GATEWAY},
+        {"gateway-arg", required_argument, 0, OPT_GATEWAY_ARG},
         {"verbose", no_argument, 0, 'v'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
@@ -738,6 +806,8 @@ static int parse_args(int argc, char **argv, launch_opts *o) {
             }
             break;
         case OPT_WORKER_ADDR: o->worker_addr = optarg; break;
+        case OPT_HTTP: o->http = optarg; break;
+        case OPT_NO_GATEWAY: o->no_gateway = true; break;
         case OPT_THREADS_V:
         case OPT_THREADS_D:
             if (!sd_cli_parse_int(optarg, 1, 1024, c == OPT_THREADS_V ? &o->threads_verifier : &o->threads_drafter)) {
@@ -762,8 +832,12 @@ static int parse_args(int argc, char **argv, launch_opts *o) {
             break;
         case OPT_COORD_ARG:
         case OPT_VERIFIER_ARG:
-        case OPT_DRAFTER_ARG: {
-            int r = c == OPT_COORD_ARG ? CHILD_COORDINATOR : c == OPT_VERIFIER_ARG ? CHILD_VERIFIER : CHILD_DRAFTER;
+        case OPT_DRAFTER_ARG:
+        case OPT_GATEWAY_ARG: {
+            int r = c == OPT_COORD_ARG      ? CHILD_COORDINATOR
+                    : c == OPT_VERIFIER_ARG ? CHILD_VERIFIER
+                    : c == OPT_DRAFTER_ARG  ? CHILD_DRAFTER
+                                            : CHILD_GATEWAY;
             if (o->n_extra[r] >= MAX_EXTRA_ARGS) {
                 fprintf(stderr, "specd-launch: at most %d extra arguments per process\n", MAX_EXTRA_ARGS);
                 return 2;
@@ -786,6 +860,13 @@ static int parse_args(int argc, char **argv, launch_opts *o) {
                         "--no-draft (see --help)\n");
         return 2;
     }
+    /* The model id the gateway reports: the target's name without its folder and .gguf. */
+    const char *base = strrchr(o->target, '/');
+    base = base && base[1] ? base + 1 : o->target;
+    snprintf(o->model_name, sizeof o->model_name, "%s", base);
+    size_t ml = strlen(o->model_name);
+    while (ml > 1 && o->model_name[ml - 1] == '/') o->model_name[--ml] = '\0';
+    if (ml > 5 && !strcmp(o->model_name + ml - 5, ".gguf")) o->model_name[ml - 5] = '\0';
     return -1;
 }
 
@@ -796,6 +877,7 @@ int main(int argc, char **argv) {
                          .client_addr = "tcp://127.0.0.1:7700",
                          .worker_addr = "tcp://127.0.0.1:7701",
                          .group_addr = "tcp://127.0.0.1:7702",
+                         .http = "127.0.0.1:8000",
                          .device_base = -1,
                          .ready_timeout_s = 120,
                          .stop_timeout_s = 10,

@@ -40,6 +40,7 @@ BINARIES = {
     "launch": "deploy/specd-launch",
     "generate": "tools/specd-generate",
     "mkmodel": "tools/specd-mkmodel",
+    "gateway": "gateway/specd-gateway",
 }
 
 
@@ -289,6 +290,36 @@ class Harness:
 
     def client(self, addr=None):
         return Client(self, addr or self.client_addr)
+
+    def start_gateway(self, extra=(), env=None):
+        """specd-gateway on a free loopback port in front of the coordinator;
+        waits (bounded) until it prints that it listens. Sets self.http_url
+        ("http://127.0.0.1:PORT") and self.http_port."""
+        self.http_port = free_port()
+        self.http_url = "http://127.0.0.1:%d" % self.http_port
+        p = self.start("gateway", [self.bin("gateway"), "--listen", "127.0.0.1:%d" % self.http_port,
+                                   "--coordinator", self.client_addr] + list(extra), env=env)
+        wait_until(lambda: "listening http://" in p.log_tail(20) or not p.alive(), 60, "specd-gateway to listen")
+        check(p.alive(), "specd-gateway exited with status %s" % p.popen.returncode)
+        return p
+
+    def http(self, method, path, body=None, headers=None, timeout=120):
+        """One HTTP request to the gateway: (status, {header: value} lower-cased, body bytes). body: bytes,
+        str, or an object sent as JSON."""
+        import http.client
+        if body is not None and not isinstance(body, (bytes, str)):
+            body = json.dumps(body)
+        if isinstance(body, str):
+            body = body.encode()
+        hdrs = {"Content-Type": "application/json"} if body is not None else {}
+        hdrs.update(headers or {})
+        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=timeout)
+        try:
+            conn.request(method, path, body=body, headers=hdrs)
+            r = conn.getresponse()
+            return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+        finally:
+            conn.close()
 
     def workers(self, timeout=10):
         st = self.client().stats(timeout=timeout)

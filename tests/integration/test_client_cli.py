@@ -35,7 +35,7 @@ def cli(h, *args, timeout=300, stderr=subprocess.PIPE):
 
 
 def check_help(h):
-    for name in ("coordinator", "verifier", "drafter", "client", "launch", "generate", "mkmodel"):
+    for name in ("coordinator", "verifier", "drafter", "client", "launch", "generate", "mkmodel", "gateway"):
         r = subprocess.run([h.bin(name), "--help"], capture_output=True, timeout=60)
         out = r.stdout.decode("utf-8", "replace")
         H.check(r.returncode == 0, "%s --help exited %d" % (name, r.returncode))

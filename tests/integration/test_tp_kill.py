@@ -68,7 +68,7 @@ def run(h, args):
     launch = h.start("launch", [h.bin("launch"), "--target", target, "--draft-layers", "1", "--tp", str(args.tp),
                                 "--client-addr", h.client_addr, "--worker-addr", "tcp://127.0.0.1:%d" % wport,
                                 "--group-addr", "tcp://127.0.0.1:%d" % gport, "--threads-verifier", "1",
-                                "--threads-drafter", "1", "--ready-timeout", "300"])
+                                "--threads-drafter", "1", "--ready-timeout", "300", "--no-gateway"])
     H.wait_until(lambda: ("ready %s" % h.client_addr) in launch.log_tail(400) or not launch.alive(), 300,
                  "specd-launch to print ready")
     H.check(launch.alive(), "specd-launch exited (%s) before ready" % launch.popen.returncode)

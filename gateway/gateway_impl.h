@@ -1,0 +1,225 @@
+/* gateway_impl.h — what the modules of specd-gateway share.
+ *
+ *   main.c     flags, signals, start and orderly stop
+ *   http.c     libmicrohttpd: routing, auth, body limits, SSE streaming
+ *   openai.c   OpenAI request JSON -> gw_gen (validated) and the response JSON
+ *   jobs.c     one HTTP generation = one gw_job of n choices, each one
+ *              coordinator request; callbacks, cancel, the janitor that
+ *              collects finished records from libspecd-client
+ *   metrics.c  Prometheus text (gateway counters + the coordinator's stats)
+ *
+ * The gateway is a plain client of the coordinator: it uses only the public
+ * API of libspecd-client (specd/client.h) and never parses model files. */
+#ifndef SPECD_GATEWAY_IMPL_H
+#define SPECD_GATEWAY_IMPL_H
+
+#include "specd/client.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define GW_DEFAULT_LISTEN "127.0.0.1:8000"
+#define GW_DEFAULT_MODEL_NAME "specd"
+#define GW_DEFAULT_MAX_BODY (4u << 20)    /* bytes of one request body (413 above) */
+#define GW_DEFAULT_MAX_CONNECTIONS 256    /* open HTTP connections (one thread each) */
+#define GW_DEFAULT_MAX_INFLIGHT 256       /* coordinator requests in flight from this gateway (429 above) */
+#define GW_DEFAULT_TIMEOUT_S 30           /* an HTTP connection idle this long is closed */
+#define GW_MAX_CHOICES 16                 /* n, times the prompts of a batched completion */
+#define GW_MAX_OUTPUT_BYTES (8u << 20)    /* generated text kept per choice */
+#define GW_HEADER_MEMORY (64u << 10)      /* libmicrohttpd's per-connection memory: caps the headers */
+#define GW_POLL_MS 100                    /* how often a waiting handler looks for a gone client */
+#define GW_KEEPALIVE_MS 15000             /* SSE comment sent when a stream is silent this long */
+#define GW_STATS_TIMEOUT_MS 2000          /* /health and /metrics wait this long for the coordinator */
+#define GW_RETRY_AFTER_S 1                /* Retry-After on 429 */
+
+typedef struct gw_metrics gw_metrics;
+typedef struct gw_janitor gw_janitor;
+
+/* Process-wide configuration and shared objects (one per process, passed
+ * around as a context; no globals). */
+typedef struct gw_server {
+    char listen[256];
+    const char *coordinator;
+    const char *api_key;      /* NULL: no authentication */
+    const char *model_name;   /* what /v1/models lists and responses carry */
+    size_t max_body;
+    unsigned max_connections, max_inflight, timeout_s;
+    sd_client *client;
+    gw_janitor *janitor;
+    gw_metrics *metrics;
+    atomic_uint inflight;     /* coordinator requests submitted and not finished */
+    atomic_bool stopping;     /* set on SIGINT/SIGTERM: waiting handlers give up */
+} gw_server;
+
+/* ---- openai.c: requests ---- */
+
+typedef enum gw_endpoint { GW_EP_CHAT, GW_EP_COMPLETIONS } gw_endpoint;
+
+/* One prompt of a request (a completion may batch several). */
+typedef struct gw_prompt {
+    char *text;          /* owned; NULL when ids are given */
+    int32_t *ids;        /* owned */
+    size_t n_ids;
+    char *system;        /* chat: the system prompt (owned), NULL for the model's default */
+} gw_prompt;
+
+/* A validated generation request. */
+typedef struct gw_gen {
+    gw_endpoint endpoint;
+    gw_prompt prompts[GW_MAX_CHOICES];
+    size_t n_prompts;
+    unsigned n;               /* samples per prompt */
+    uint32_t max_tokens;      /* 0: the coordinator's default */
+    sd_sampling sampling;     /* seed: of choice 0; choice i gets gw_choice_seed() */
+    bool seeded;              /* the request gave a seed */
+    char *stop[SD_MAX_STOP_STRINGS]; /* owned */
+    size_t n_stop;
+    bool stream, include_usage, ignore_eos;
+    bool echo;                /* completions: the text starts with the prompt */
+} gw_gen;
+
+/* An OpenAI error: HTTP status and the error object's fields. */
+typedef struct gw_error {
+    int http_status;
+    const char *type;         /* "invalid_request_error", ... (static) */
+    const char *code;         /* static or NULL */
+    char param[64];           /* empty: null */
+    char message[512];
+} gw_error;
+
+/* Parses and validates body (len bytes, not NUL-terminated) for endpoint
+ * into *out (caller frees with gw_gen_clear). On failure returns false and
+ * fills *err (400 with the offending param). Thread-safe. */
+bool gw_gen_parse(gw_endpoint endpoint, const char *body, size_t len, gw_gen *out, gw_error *err);
+void gw_gen_clear(gw_gen *g);
+
+/* The seed of choice i: the request's seed for i = 0, a SplitMix64 mix of
+ * (seed, i) after, so n samples are reproducible from one seed. */
+uint64_t gw_choice_seed(uint64_t seed, unsigned i);
+
+/* True when s[0..len) is well-formed UTF-8 (no overlongs, no surrogates). */
+bool gw_utf8_valid(const char *s, size_t len);
+
+/* Constant-time comparison of a presented key with the configured one
+ * (time depends only on the configured key's length). */
+bool gw_key_equal(const char *presented, const char *key);
+
+/* "{"error":{...}}" for err. Caller frees with free(). */
+char *gw_error_json(const gw_error *err);
+
+/* Fills err; returns false (for `return gw_fail(...)`). */
+bool gw_fail(gw_error *err, int http_status, const char *type, const char *code, const char *param,
+             const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* ---- jobs.c ---- */
+
+typedef struct gw_choice {
+    struct gw_job *job;       /* the job this choice belongs to (callbacks get the choice) */
+    unsigned index;
+    uint64_t request_id;      /* 0 until accepted */
+    bool submitted;           /* holds a job reference until its final callback */
+    bool submit_returned;     /* sd_client_submit returned for it (see collect_id) */
+    uint64_t collect_id;      /* finished, its record not yet handed to the janitor (0: none) */
+    char *text;               /* everything generated so far (owned, NUL-terminated) */
+    size_t text_len, text_cap;
+    size_t streamed;          /* bytes of text already sent as SSE */
+    uint32_t n_tokens;
+    bool done;                /* the final callback ran */
+    sd_status status;
+    Specd__Code code;
+    char error[512];
+    Specd__StopReason stop_reason;
+    uint32_t prompt_tokens;
+    sd_client_request_stats stats;
+    double t_first_ms, t_last_ms; /* monotonic, 0 = none yet */
+    bool role_sent, finish_sent;  /* streaming bookkeeping */
+} gw_choice;
+
+/* One HTTP generation request. Reference-counted: the HTTP side holds one
+ * reference, every submitted choice one until its final callback. */
+typedef struct gw_job {
+    gw_server *srv;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs;
+    bool abandoned;           /* the HTTP side is gone: nobody reads */
+    gw_endpoint endpoint;
+    char id[48];              /* "chatcmpl-..." / "cmpl-..." */
+    long long created;        /* unix seconds */
+    double t_start_ms;
+    unsigned n;               /* samples per prompt: choice i belongs to prompt i / n */
+    size_t n_choices;
+    gw_choice choices[GW_MAX_CHOICES];
+} gw_job;
+
+/* Creates a job for g (n_prompts * n choices); the caller holds the one
+ * reference (gw_job_release). NULL when out of memory. */
+gw_job *gw_job_create(gw_server *srv, const gw_gen *g);
+void gw_job_release(gw_job *job);
+
+/* Submits every choice of the job. On failure cancels what was submitted,
+ * fills *err (400 / 429 / 503 by the coordinator's answer) and returns
+ * false. Blocks until the coordinator accepted or refused each. */
+bool gw_job_submit(gw_job *job, const gw_gen *g, gw_error *err);
+
+/* Cancels every choice still running (the client went away). */
+void gw_job_cancel(gw_job *job);
+
+/* True when every choice is done. Call with job->mu held. */
+bool gw_job_done_locked(const gw_job *job);
+
+/* Milliseconds on CLOCK_MONOTONIC. */
+double gw_now_ms(void);
+
+/* The janitor collects the record libspecd-client keeps for every accepted
+ * request (sd_client_wait), on its own thread, since callbacks may not. */
+gw_janitor *gw_janitor_start(sd_client *c);
+void gw_janitor_stop(gw_janitor **j);
+
+/* ---- openai.c: responses ---- */
+
+/* The whole non-streaming response body for a finished job. Caller frees. */
+char *gw_response_json(const gw_job *job, const char *model);
+/* One streaming chunk for choice ci: the assistant role (role, chat only),
+ * a text delta (delta, delta_len bytes), or the finish_reason (finish).
+ * include_usage adds "usage": null, as OpenAI does before the usage chunk.
+ * Caller frees. */
+char *gw_chunk_json(const gw_job *job, const char *model, size_t ci, bool role, const char *delta, size_t delta_len,
+                    bool finish, bool include_usage);
+/* The final usage-only chunk (stream_options.include_usage). Caller frees. */
+char *gw_usage_chunk_json(const gw_job *job, const char *model);
+/* "stop" / "length" for a finished choice. */
+const char *gw_finish_reason(const gw_choice *c);
+/* The error of a failed choice as an OpenAI error (HTTP status by code). */
+void gw_choice_error(const gw_choice *c, gw_error *err);
+
+/* ---- metrics.c ---- */
+
+typedef enum gw_route {
+    GW_ROUTE_CHAT, GW_ROUTE_COMPLETIONS, GW_ROUTE_MODELS, GW_ROUTE_HEALTH, GW_ROUTE_METRICS, GW_ROUTE_OTHER,
+    GW_ROUTE_COUNT
+} gw_route;
+
+gw_metrics *gw_metrics_create(void);
+void gw_metrics_destroy(gw_metrics **m);
+/* One HTTP response sent on route with status. Thread-safe. */
+void gw_metrics_http(gw_metrics *m, gw_route route, int status);
+/* A choice finished (any outcome): its counts and latencies. Thread-safe. */
+void gw_metrics_choice(gw_metrics *m, const gw_choice *c, double t_start_ms);
+/* A chunk of n tokens arrived gap_ms after the previous one. Thread-safe. */
+void gw_metrics_tokens(gw_metrics *m, uint32_t n, double gap_ms);
+/* The /metrics body: gateway counters and, when st is non-NULL, the
+ * coordinator's. Caller frees. */
+char *gw_metrics_render(gw_metrics *m, const gw_server *srv, const sd_client_service_stats *st);
+
+/* ---- http.c ---- */
+
+/* Starts the HTTP daemon on srv->listen; returns an opaque handle (NULL on
+ * failure, logged). */
+void *gw_http_start(gw_server *srv);
+void gw_http_stop(void **daemon);
+
+#endif

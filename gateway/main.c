@@ -1,0 +1,205 @@
+/* specd-gateway — OpenAI-compatible HTTP API (and Prometheus /metrics) in
+ * front of a specd coordinator.
+ *
+ * One process: libmicrohttpd's threads on the HTTP side, one
+ * libspecd-client connection (its own I/O thread) on the coordinator side,
+ * and the janitor thread that collects finished request records. HTTP
+ * parsing never runs in the coordinator, and several gateways may front
+ * one coordinator.
+ *
+ * Signals are waited for with sigwait on the main thread (blocked in every
+ * other thread, which inherit the mask). Stop order: HTTP first (every
+ * connection thread ends; their streams cancel what is unfinished), then
+ * the janitor, then the client connection. */
+#include "gateway_impl.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: specd-gateway [options]\n"
+            "\n"
+            "OpenAI-compatible HTTP API for a specd coordinator: POST /v1/chat/completions, POST /v1/completions\n"
+            "(streaming with server-sent events), GET /v1/models, GET /health, GET /metrics (Prometheus).\n"
+            "\n"
+            "  --listen ADDR:PORT      where to serve HTTP (default %s; [IPv6]:PORT works too)\n"
+            "  --coordinator ADDR      the coordinator's client socket (default %s)\n"
+            "  --curve-server-public K the coordinator's CurveZMQ public key (Z85, 40 characters; default:\n"
+            "                          $SPECD_CURVE_SERVER_PUBLIC); the gateway uses an ephemeral key pair\n"
+            "  --api-key KEY           require 'Authorization: Bearer KEY' on /v1/* (default: $SPECD_API_KEY;\n"
+            "                          /health and /metrics need it only from off the loopback)\n"
+            "  --model-name NAME       the model id /v1/models lists and responses carry (default %s)\n"
+            "  --max-body BYTES        largest request body (default %u; 413 above)\n"
+            "  --max-connections N     open HTTP connections (default %d)\n"
+            "  --max-inflight N        coordinator requests in flight from this gateway (default %d; 429 above)\n"
+            "  --timeout S             close HTTP connections idle for S seconds (default %d)\n"
+            "  -v, --verbose           DEBUG logs\n"
+            "  -h, --help              this help\n"
+            "\n"
+            "Prints \"listening http://ADDR:PORT\" on stdout once it serves. Stops on SIGINT/SIGTERM (exit 0).\n",
+            GW_DEFAULT_LISTEN, SD_CLIENT_DEFAULT_ADDR, GW_DEFAULT_MODEL_NAME, GW_DEFAULT_MAX_BODY,
+            GW_DEFAULT_MAX_CONNECTIONS, GW_DEFAULT_MAX_INFLIGHT, GW_DEFAULT_TIMEOUT_S);
+}
+
+static bool parse_uint(const char *s, unsigned long lo, unsigned long hi, unsigned long *out) {
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-' || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+enum { OPT_LISTEN = 256, OPT_COORD, OPT_KEY, OPT_MODEL, OPT_BODY, OPT_CONNS, OPT_INFLIGHT, OPT_TIMEOUT, OPT_CURVE };
+
+/* -1: go on; otherwise the exit status. */
+static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose, const char **curve_server_public) {
+    static const struct option longs[] = {
+        {"listen", required_argument, 0, OPT_LISTEN},     {"coordinator", required_argument, 0, OPT_COORD},
+        {"api-key", required_argument, 0, OPT_KEY},       {"model-name", required_argument, 0, OPT_MODEL},
+        {"max-body", required_argument, 0, OPT_BODY},     {"max-connections", required_argument, 0, OPT_CONNS},
+        {"max-inflight", required_argument, 0, OPT_INFLIGHT}, {"timeout", required_argument, 0, OPT_TIMEOUT},
+        {"curve-server-public", required_argument, 0, OPT_CURVE},
+        {"verbose", no_argument, 0, 'v'},                 {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    int c;
+    unsigned long v;
+    while ((c = getopt_long(argc, argv, "vh", longs, NULL)) != -1) {
+        switch (c) {
+        case OPT_LISTEN:
+            if (strlen(optarg) >= sizeof srv->listen) {
+                fprintf(stderr, "specd-gateway: --listen address too long\n");
+                return 2;
+            }
+            snprintf(srv->listen, sizeof srv->listen, "%s", optarg);
+            break;
+        case OPT_COORD: srv->coordinator = optarg; break;
+        case OPT_CURVE: *curve_server_public = optarg; break;
+        case OPT_KEY: srv->api_key = optarg; break;
+        case OPT_MODEL:
+            if (!optarg[0] || strlen(optarg) > 200) {
+                fprintf(stderr, "specd-gateway: --model-name must be 1 to 200 characters\n");
+                return 2;
+            }
+            srv->model_name = optarg;
+            break;
+        case OPT_BODY:
+            if (!parse_uint(optarg, 1024, 1ul << 30, &v)) {
+                fprintf(stderr, "specd-gateway: --max-body must be in [1024, 2^30], got '%s'\n", optarg);
+                return 2;
+            }
+            srv->max_body = v;
+            break;
+        case OPT_CONNS:
+        case OPT_INFLIGHT:
+            if (!parse_uint(optarg, 1, 100000, &v)) {
+                fprintf(stderr, "specd-gateway: --max-connections/--max-inflight must be in [1, 100000], got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            if (c == OPT_CONNS) srv->max_connections = (unsigned)v;
+            else srv->max_inflight = (unsigned)v;
+            break;
+        case OPT_TIMEOUT:
+            if (!parse_uint(optarg, 1, 86400, &v)) {
+                fprintf(stderr, "specd-gateway: --timeout must be in [1, 86400] seconds, got '%s'\n", optarg);
+                return 2;
+            }
+            srv->timeout_s = (unsigned)v;
+            break;
+        case 'v': *verbose = true; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "specd-gateway: unexpected argument '%s' (see --help)\n", argv[optind]);
+        return 2;
+    }
+    if (!srv->api_key) {
+        const char *env = getenv("SPECD_API_KEY");
+        if (env && env[0]) srv->api_key = env;
+    }
+    if (srv->api_key && !srv->api_key[0]) srv->api_key = NULL;
+    if (!*curve_server_public) *curve_server_public = getenv("SPECD_CURVE_SERVER_PUBLIC");
+    if (*curve_server_public && strlen(*curve_server_public) != 40) {
+        fprintf(stderr, "specd-gateway: the coordinator's CurveZMQ public key must be 40 Z85 characters\n");
+        return 2;
+    }
+    return -1;
+}
+
+int main(int argc, char **argv) {
+    gw_server *srv = calloc(1, sizeof *srv);
+    if (!srv) return 1;
+    snprintf(srv->listen, sizeof srv->listen, "%s", GW_DEFAULT_LISTEN);
+    srv->coordinator = SD_CLIENT_DEFAULT_ADDR;
+    srv->model_name = GW_DEFAULT_MODEL_NAME;
+    srv->max_body = GW_DEFAULT_MAX_BODY;
+    srv->max_connections = GW_DEFAULT_MAX_CONNECTIONS;
+    srv->max_inflight = GW_DEFAULT_MAX_INFLIGHT;
+    srv->timeout_s = GW_DEFAULT_TIMEOUT_S;
+    bool verbose = false;
+    const char *curve_server_public = NULL;
+    int rc = parse_args(argc, argv, srv, &verbose, &curve_server_public);
+    if (rc >= 0) {
+        free(srv);
+        return rc;
+    }
+    sd_net_log_init("gateway", 0, verbose);
+
+    /* Before any thread: every thread inherits the blocked mask and only
+     * the main thread takes these signals (sigwait). */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    rc = 1;
+    void *http = NULL;
+    sd_client_params cp = sd_client_default_params();
+    cp.coordinator = srv->coordinator;
+    cp.name = "specd-gateway";
+    cp.connect_timeout_ms = 5000;
+    cp.curve_server_public = curve_server_public;
+    if (sd_client_connect(&cp, &srv->client) != SD_OK) {
+        SD_ERROR("cannot set up the connection to the coordinator %s", srv->coordinator);
+        goto out;
+    }
+    srv->metrics = gw_metrics_create();
+    srv->janitor = gw_janitor_start(srv->client);
+    if (!srv->metrics || !srv->janitor) {
+        SD_ERROR("out of memory or threads at start-up");
+        goto out;
+    }
+    http = gw_http_start(srv);
+    if (!http) goto out;
+    if (srv->api_key == NULL && strncmp(srv->listen, "127.", 4) != 0 && strncmp(srv->listen, "[::1]", 5) != 0)
+        SD_WARN("listening on %s without --api-key: anyone who can reach it can use the service", srv->listen);
+    SD_INFO("serving %s on http://%s for coordinator %s%s", srv->model_name, srv->listen, srv->coordinator,
+            srv->api_key ? " (API key required)" : "");
+    printf("listening http://%s\n", srv->listen);
+    fflush(stdout);
+
+    int sig = 0;
+    while (sigwait(&set, &sig) != 0 || sig == SIGHUP) {
+    }
+    SD_INFO("signal %d: stopping", sig);
+    rc = 0;
+out:
+    atomic_store(&srv->stopping, true);
+    gw_http_stop(&http);
+    gw_janitor_stop(&srv->janitor);
+    sd_client_close(&srv->client);
+    gw_metrics_destroy(&srv->metrics);
+    free(srv);
+    return rc;
+}

@@ -1,0 +1,272 @@
+/* metrics.c — Prometheus text exposition (format 0.0.4) for /metrics.
+ *
+ * Two sources: what the gateway itself sees (HTTP responses by route and
+ * status, finished requests by reason, tokens, drafted/accepted from each
+ * request's final stats, latency histograms measured at the gateway), and
+ * a ServiceStats snapshot from the coordinator, queried per scrape
+ * (running/queued requests, committed tokens, step overhead, draft wait,
+ * and per worker: up, KV blocks, sequences, steps). Counters of the
+ * gateway are since this gateway started; the coordinator's since it did.
+ * One mutex guards the counters: updates are a few additions. */
+#include "gateway_impl.h"
+
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define N_CODES 12
+static const int k_codes[N_CODES] = {200, 400, 401, 404, 405, 413, 429, 431, 500, 503, 504, 0 /* other */};
+static const char *const k_routes[GW_ROUTE_COUNT] = {"/v1/chat/completions", "/v1/completions", "/v1/models",
+                                                     "/health", "/metrics", "other"};
+
+enum { FIN_STOP, FIN_LENGTH, FIN_CANCELLED, FIN_ERROR, FIN_COUNT };
+static const char *const k_finish[FIN_COUNT] = {"stop", "length", "cancelled", "error"};
+
+#define LAT_BUCKETS 14
+static const double k_lat_bounds[LAT_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                                 1,     2.5,  5,     10,   30,  60,  120};
+#define ITL_BUCKETS 11
+static const double k_itl_bounds[ITL_BUCKETS] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                                 0.05,   0.1,   0.25,   0.5,   1};
+
+typedef struct histo {
+    uint64_t counts[LAT_BUCKETS > ITL_BUCKETS ? LAT_BUCKETS : ITL_BUCKETS]; /* per bucket, not cumulative */
+    uint64_t count;
+    double sum;
+} histo;
+
+typedef struct counters {
+    uint64_t http[GW_ROUTE_COUNT][N_CODES];
+    uint64_t finished[FIN_COUNT];
+    uint64_t prompt_tokens, generation_tokens, drafted, accepted;
+    histo ttft, itl, e2e;
+} counters;
+
+struct gw_metrics {
+    pthread_mutex_t mu;
+    counters c;
+};
+
+gw_metrics *gw_metrics_create(void) {
+    gw_metrics *m = calloc(1, sizeof *m);
+    if (m) pthread_mutex_init(&m->mu, NULL);
+    return m;
+}
+
+void gw_metrics_destroy(gw_metrics **mp) {
+    if (!mp || !*mp) return;
+    pthread_mutex_destroy(&(*mp)->mu);
+    free(*mp);
+    *mp = NULL;
+}
+
+static void observe(histo *h, const double *bounds, int n_bounds, double v) {
+    int b = 0;
+    while (b < n_bounds && v > bounds[b]) b++;
+    if (b < n_bounds) h->counts[b]++;
+    h->count++;
+    h->sum += v;
+}
+
+void gw_metrics_http(gw_metrics *m, gw_route route, int status) {
+    int k = N_CODES - 1;
+    for (int i = 0; i < N_CODES - 1; i++)
+        if (k_codes[i] == status) k = i;
+    pthread_mutex_lock(&m->mu);
+    m->c.http[route][k]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void gw_metrics_tokens(gw_metrics *m, uint32_t n, double gap_ms) {
+    if (gap_ms < 0 || n == 0) return; /* the first chunk is time to first token, not a gap */
+    pthread_mutex_lock(&m->mu);
+    for (uint32_t i = 0; i < n; i++) observe(&m->c.itl, k_itl_bounds, ITL_BUCKETS, gap_ms / 1e3 / n);
+    pthread_mutex_unlock(&m->mu);
+}
+
+void gw_metrics_choice(gw_metrics *m, const gw_choice *c, double t_start_ms) {
+    int fin = c->status != SD_OK ? (c->code == SPECD__CODE__CODE_CANCELLED ? FIN_CANCELLED : FIN_ERROR)
+              : c->stop_reason == SPECD__STOP_REASON__STOP_REASON_CANCELLED ? FIN_CANCELLED
+              : !strcmp(gw_finish_reason(c), "length")                     ? FIN_LENGTH
+                                                                           : FIN_STOP;
+    double now = gw_now_ms();
+    pthread_mutex_lock(&m->mu);
+    m->c.finished[fin]++;
+    m->c.prompt_tokens += c->prompt_tokens;
+    m->c.generation_tokens += c->n_tokens;
+    m->c.drafted += c->stats.drafted;
+    m->c.accepted += c->stats.accepted;
+    if (c->t_first_ms > 0) observe(&m->c.ttft, k_lat_bounds, LAT_BUCKETS, (c->t_first_ms - t_start_ms) / 1e3);
+    if (fin == FIN_STOP || fin == FIN_LENGTH) observe(&m->c.e2e, k_lat_bounds, LAT_BUCKETS, (now - t_start_ms) / 1e3);
+    pthread_mutex_unlock(&m->mu);
+}
+
+/* ---- rendering ---- */
+
+typedef struct outbuf {
+    char *data;
+    size_t len, cap;
+    bool failed;
+} outbuf;
+
+static void out(outbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void out(outbuf *b, const char *fmt, ...) {
+    if (b->failed) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->data + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->failed = true;
+            return;
+        }
+        if ((size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap * 2 + (size_t)n + 1;
+        char *p = realloc(b->data, cap);
+        if (!p) {
+            b->failed = true;
+            return;
+        }
+        b->data = p;
+        b->cap = cap;
+    }
+}
+
+static void head(outbuf *b, const char *name, const char *type, const char *help) {
+    out(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void histogram(outbuf *b, const char *name, const char *help, const histo *h, const double *bounds,
+                      int n_bounds) {
+    head(b, name, "histogram", help);
+    uint64_t cum = 0;
+    for (int i = 0; i < n_bounds; i++) {
+        cum += h->counts[i];
+        out(b, "%s_bucket{le=\"%g\"} %llu\n", name, bounds[i], (unsigned long long)cum);
+    }
+    out(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n", name, (unsigned long long)h->count, name,
+        h->sum, name, (unsigned long long)h->count);
+}
+
+/* A label value with \, " and newline escaped. */
+static void label_value(char *dst, size_t n, const char *s) {
+    size_t o = 0;
+    for (; *s && o + 3 < n; s++) {
+        if (*s == '\\' || *s == '"') dst[o++] = '\\', dst[o++] = *s;
+        else if (*s == '\n') dst[o++] = '\\', dst[o++] = 'n';
+        else dst[o++] = *s;
+    }
+    dst[o] = '\0';
+}
+
+static const char *role_name(Specd__Role r) {
+    switch (r) {
+    case SPECD__ROLE__ROLE_VERIFIER: return "verifier";
+    case SPECD__ROLE__ROLE_DRAFTER: return "drafter";
+    case SPECD__ROLE__ROLE_CLIENT: return "client";
+    default: return "unknown";
+    }
+}
+
+static void coordinator_metrics(outbuf *b, const sd_client_service_stats *st) {
+    head(b, "specd_num_requests_running", "gauge", "Requests admitted by the coordinator and not finished.");
+    out(b, "specd_num_requests_running %u\n", st->active_requests);
+    head(b, "specd_num_requests_waiting", "gauge", "Requests queued at the coordinator.");
+    out(b, "specd_num_requests_waiting %u\n", st->queued_requests);
+    head(b, "specd_coordinator_finished_requests_total", "counter", "Requests the coordinator finished.");
+    out(b, "specd_coordinator_finished_requests_total %llu\n", (unsigned long long)st->finished_requests);
+    head(b, "specd_coordinator_committed_tokens_total", "counter", "Tokens the coordinator committed.");
+    out(b, "specd_coordinator_committed_tokens_total %llu\n", (unsigned long long)st->committed_tokens);
+    head(b, "specd_step_overhead_seconds", "gauge",
+         "Coordinator time from a verify reply to the next verify request (recent window).");
+    out(b, "specd_step_overhead_seconds{quantile=\"0.5\"} %.9g\n", st->step_overhead_p50_us / 1e6);
+    out(b, "specd_step_overhead_seconds{quantile=\"0.99\"} %.9g\n", st->step_overhead_p99_us / 1e6);
+    head(b, "specd_draft_wait_seconds", "gauge", "Time a verify step was held for drafts (recent window).");
+    out(b, "specd_draft_wait_seconds{stat=\"mean\"} %.9g\n", st->draft_wait_mean_us / 1e6);
+    out(b, "specd_draft_wait_seconds{stat=\"p99\"} %.9g\n", st->draft_wait_p99_us / 1e6);
+    head(b, "specd_draft_wait_share", "gauge", "Share of verify steps held for drafts (0..1).");
+    out(b, "specd_draft_wait_share %.9g\n", st->draft_wait_share);
+
+    head(b, "specd_worker_up", "gauge", "1 while the worker is registered and alive.");
+    for (size_t i = 0; i < st->n_workers; i++) {
+        char name[300];
+        label_value(name, sizeof name, st->workers[i].name);
+        out(b, "specd_worker_up{role=\"%s\",rank=\"%u\",name=\"%s\"} %d\n", role_name(st->workers[i].role),
+            st->workers[i].rank, name, st->workers[i].alive ? 1 : 0);
+    }
+    static const char *const kv_names[4] = {"specd_worker_kv_blocks_total", "specd_worker_kv_blocks_free",
+                                            "specd_worker_kv_blocks_used", "specd_worker_sequences"};
+    static const char *const kv_help[4] = {"KV cache blocks of the worker.", "Free KV cache blocks of the worker.",
+                                           "Used KV cache blocks of the worker.", "Sequences the worker holds."};
+    for (int k = 0; k < 4; k++) {
+        head(b, kv_names[k], "gauge", kv_help[k]);
+        for (size_t i = 0; i < st->n_workers; i++) {
+            const sd_client_worker_info *w = &st->workers[i];
+            uint32_t v = k == 0 ? w->kv_blocks_total : k == 1 ? w->kv_blocks_free
+                       : k == 2 ? w->kv_blocks_total - (w->kv_blocks_free < w->kv_blocks_total ? w->kv_blocks_free
+                                                                                               : w->kv_blocks_total)
+                                : w->n_sequences;
+            out(b, "%s{role=\"%s\",rank=\"%u\"} %u\n", kv_names[k], role_name(w->role), w->rank, v);
+        }
+    }
+    head(b, "specd_worker_steps_total", "counter", "Forward steps the worker ran.");
+    for (size_t i = 0; i < st->n_workers; i++)
+        out(b, "specd_worker_steps_total{role=\"%s\",rank=\"%u\"} %llu\n", role_name(st->workers[i].role),
+            st->workers[i].rank, (unsigned long long)st->workers[i].steps);
+}
+
+char *gw_metrics_render(gw_metrics *m, const gw_server *srv, const sd_client_service_stats *st) {
+    outbuf b = {malloc(16384), 0, 16384, false};
+    if (!b.data) return NULL;
+    b.data[0] = '\0';
+    pthread_mutex_lock(&m->mu);
+    counters snap = m->c;
+    pthread_mutex_unlock(&m->mu);
+
+    head(&b, "specd_gateway_http_requests_total", "counter", "HTTP responses by route and status code.");
+    for (int r = 0; r < GW_ROUTE_COUNT; r++)
+        for (int k = 0; k < N_CODES; k++)
+            if (snap.http[r][k]) {
+                char code[16];
+                if (k_codes[k]) snprintf(code, sizeof code, "%d", k_codes[k]);
+                else snprintf(code, sizeof code, "other");
+                out(&b, "specd_gateway_http_requests_total{route=\"%s\",code=\"%s\"} %llu\n", k_routes[r], code,
+                    (unsigned long long)snap.http[r][k]);
+            }
+    head(&b, "specd_request_finished_total", "counter",
+         "Generation requests (one per choice) finished, by finish reason.");
+    for (int f = 0; f < FIN_COUNT; f++)
+        out(&b, "specd_request_finished_total{finished_reason=\"%s\"} %llu\n", k_finish[f],
+            (unsigned long long)snap.finished[f]);
+    head(&b, "specd_gateway_requests_running", "gauge", "Requests this gateway has in flight at the coordinator.");
+    out(&b, "specd_gateway_requests_running %u\n", atomic_load(&srv->inflight));
+    head(&b, "specd_prompt_tokens_total", "counter", "Prompt tokens of finished requests.");
+    out(&b, "specd_prompt_tokens_total %llu\n", (unsigned long long)snap.prompt_tokens);
+    head(&b, "specd_generation_tokens_total", "counter", "Generated tokens of finished requests.");
+    out(&b, "specd_generation_tokens_total %llu\n", (unsigned long long)snap.generation_tokens);
+    head(&b, "specd_spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed for finished requests.");
+    out(&b, "specd_spec_decode_num_draft_tokens_total %llu\n", (unsigned long long)snap.drafted);
+    head(&b, "specd_spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted for finished requests.");
+    out(&b, "specd_spec_decode_num_accepted_tokens_total %llu\n", (unsigned long long)snap.accepted);
+    histogram(&b, "specd_time_to_first_token_seconds", "Request received to first token, at the gateway.", &snap.ttft,
+              k_lat_bounds, LAT_BUCKETS);
+    histogram(&b, "specd_inter_token_latency_seconds", "Time between tokens, at the gateway.", &snap.itl,
+              k_itl_bounds, ITL_BUCKETS);
+    histogram(&b, "specd_e2e_request_latency_seconds", "Request received to last token, at the gateway.", &snap.e2e,
+              k_lat_bounds, LAT_BUCKETS);
+
+    head(&b, "specd_coordinator_up", "gauge", "1 when the coordinator answered the stats query of this scrape.");
+    out(&b, "specd_coordinator_up %d\n", st ? 1 : 0);
+    if (st) coordinator_metrics(&b, st);
+    if (b.failed) {
+        free(b.data);
+        return NULL;
+    }
+    return b.data;
+}

@@ -1,0 +1,574 @@
+/* openai.c — the OpenAI wire format: request JSON in, response JSON out.
+ *
+ * Parsing is strict about what it honours and lenient about the rest, as
+ * OpenAI is: unknown fields are ignored, a known field of the wrong type or
+ * out of range is a 400 naming the field (`param`). Fields whose meaning
+ * specd cannot honour yet (logprobs, penalties) are refused with a
+ * 400 when set to anything but their neutral value, rather than silently
+ * ignored: a client asking for them would otherwise get a wrong answer.
+ *
+ * Chat: libspecd-client submits one user turn with an optional system
+ * prompt and the coordinator applies the model's chat format, exactly as
+ * `specd-generate --chat` does. A conversation with assistant turns or
+ * several user turns is refused with a clear 400: formatting it here would
+ * hard-code one chat template in the gateway (rejected; see issue 16 item 6,
+ * templates read from the model).
+ *
+ * Responses are built with cJSON in OpenAI's shapes (chat.completion,
+ * chat.completion.chunk, text_completion). */
+#include "gateway_impl.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_TOKENS_LIMIT (1u << 20) /* max_tokens above this is a typo, not a request */
+#define MAX_PROMPT_IDS (1u << 20)
+#define MAX_TOP_K (1 << 20)
+
+bool gw_fail(gw_error *err, int http_status, const char *type, const char *code, const char *param,
+             const char *fmt, ...) {
+    err->http_status = http_status;
+    err->type = type;
+    err->code = code;
+    snprintf(err->param, sizeof err->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+#define BAD(err, param, ...) gw_fail((err), 400, "invalid_request_error", NULL, (param), __VA_ARGS__)
+#define UNSUPPORTED(err, param, ...) gw_fail((err), 400, "invalid_request_error", "unsupported_parameter", (param), \
+                                             __VA_ARGS__)
+
+char *gw_error_json(const gw_error *err) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON *e = cJSON_AddObjectToObject(root, "error");
+    cJSON_AddStringToObject(e, "message", err->message);
+    cJSON_AddStringToObject(e, "type", err->type ? err->type : "invalid_request_error");
+    if (err->param[0]) cJSON_AddStringToObject(e, "param", err->param);
+    else cJSON_AddNullToObject(e, "param");
+    if (err->code) cJSON_AddStringToObject(e, "code", err->code);
+    else cJSON_AddNullToObject(e, "code");
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+bool gw_utf8_valid(const char *str, size_t len) {
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (i < len) {
+        unsigned c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t n;
+        unsigned min;
+        if (c >= 0xC2 && c <= 0xDF) n = 1, min = 0x80;
+        else if (c >= 0xE0 && c <= 0xEF) n = 2, min = 0x800;
+        else if (c >= 0xF0 && c <= 0xF4) n = 3, min = 0x10000;
+        else return false;
+        if (len - i <= n) return false;
+        unsigned cp = c & (0x3F >> n);
+        for (size_t k = 1; k <= n; k++) {
+            if ((s[i + k] & 0xC0) != 0x80) return false;
+            cp = (cp << 6) | (s[i + k] & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+        i += n + 1;
+    }
+    return true;
+}
+
+bool gw_key_equal(const char *presented, const char *key) {
+    size_t kl = strlen(key), pl = strlen(presented);
+    unsigned char diff = (unsigned char)(kl != pl);
+    /* Walk the configured key; read the presented one cyclically so the
+     * loop never depends on where they differ or on the presented length. */
+    for (size_t i = 0; i < kl; i++)
+        diff |= (unsigned char)(key[i] ^ (pl ? presented[i % pl] : 0));
+    return diff == 0;
+}
+
+uint64_t gw_choice_seed(uint64_t seed, unsigned i) {
+    if (i == 0) return seed;
+    uint64_t z = seed + 0x9E3779B97F4A7C15ull * (uint64_t)i;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+void gw_gen_clear(gw_gen *g) {
+    if (!g) return;
+    for (size_t i = 0; i < g->n_prompts; i++) {
+        free(g->prompts[i].text);
+        free(g->prompts[i].ids);
+        free(g->prompts[i].system);
+    }
+    for (size_t i = 0; i < g->n_stop; i++) free(g->stop[i]);
+    memset(g, 0, sizeof *g);
+}
+
+/* ---- field readers: absent and null mean "default" ---- */
+
+static bool present(const cJSON *v) { return v && !cJSON_IsNull(v); }
+
+static bool get_number(const cJSON *root, const char *name, double lo, double hi, bool lo_open, double *out,
+                       bool *given, gw_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, name);
+    if (given) *given = false;
+    if (!present(v)) return true;
+    if (!cJSON_IsNumber(v)) return BAD(err, name, "'%s' must be a number", name);
+    double d = v->valuedouble;
+    if (!isfinite(d) || d < lo || d > hi || (lo_open && d == lo))
+        return BAD(err, name, "'%s' must be a number in %s%g, %g], got %g", name, lo_open ? "(" : "[", lo, hi, d);
+    *out = d;
+    if (given) *given = true;
+    return true;
+}
+
+static bool get_int(const cJSON *root, const char *name, double lo, double hi, double *out, bool *given,
+                    gw_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, name);
+    if (given) *given = false;
+    if (!present(v)) return true;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble != floor(v->valuedouble))
+        return BAD(err, name, "'%s' must be an integer", name);
+    double d = v->valuedouble;
+    if (d < lo || d > hi) return BAD(err, name, "'%s' must be an integer in [%.0f, %.0f], got %.0f", name, lo, hi, d);
+    *out = d;
+    if (given) *given = true;
+    return true;
+}
+
+static bool get_bool(const cJSON *root, const char *name, bool *out, gw_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, name);
+    if (!present(v)) return true;
+    if (!cJSON_IsBool(v)) return BAD(err, name, "'%s' must be a boolean", name);
+    *out = cJSON_IsTrue(v);
+    return true;
+}
+
+/* A string value (cJSON hands it over NUL-terminated). */
+static bool string_ok(const cJSON *v) { return cJSON_IsString(v) && v->valuestring; }
+
+static char *dup_str(const char *s) {
+    size_t n = strlen(s);
+    char *d = malloc(n + 1);
+    if (d) memcpy(d, s, n + 1);
+    return d;
+}
+
+static bool nomem(gw_error *err) {
+    return gw_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+}
+
+/* Fields both endpoints share. */
+static bool parse_common(const cJSON *root, gw_gen *g, gw_error *err) {
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (present(model) && !cJSON_IsString(model)) return BAD(err, "model", "'model' must be a string");
+
+    double d;
+    bool given;
+    /* max_completion_tokens is the newer name; either works. */
+    const char *mt_name = present(cJSON_GetObjectItemCaseSensitive(root, "max_completion_tokens"))
+                              ? "max_completion_tokens"
+                              : "max_tokens";
+    if (!get_int(root, mt_name, 1, MAX_TOKENS_LIMIT, &d, &given, err)) return false;
+    if (given) g->max_tokens = (uint32_t)d;
+
+    g->sampling = sd_sampling_default(); /* OpenAI's defaults: temperature 1, top_p 1 */
+    if (!get_number(root, "temperature", 0, 2, false, &d, &given, err)) return false;
+    if (given) g->sampling.temperature = (float)d;
+    if (!get_number(root, "top_p", 0, 1, true, &d, &given, err)) return false;
+    if (given) g->sampling.top_p = (float)d;
+    if (!get_int(root, "top_k", -1, MAX_TOP_K, &d, &given, err)) return false;
+    if (given) g->sampling.top_k = d < 0 ? 0 : (int32_t)d; /* -1: off, as in vLLM */
+    if (!get_number(root, "min_p", 0, 1, false, &d, &given, err)) return false;
+    if (given && d >= 1) return BAD(err, "min_p", "'min_p' must be a number in [0, 1), got %g", d);
+    if (given) g->sampling.min_p = (float)d;
+    /* Bounds exactly representable as doubles: -2^63 and the largest double below 2^64. */
+    if (!get_int(root, "seed", -0x1p63, 0x1.fffffffffffffp63, &d, &g->seeded, err)) return false;
+    if (g->seeded) g->sampling.seed = d < 0 ? (uint64_t)(int64_t)d : (uint64_t)d;
+
+    if (!get_int(root, "n", 1, GW_MAX_CHOICES, &d, &given, err)) return false;
+    g->n = given ? (unsigned)d : 1;
+
+    if (!get_bool(root, "stream", &g->stream, err)) return false;
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
+    if (present(so)) {
+        if (!cJSON_IsObject(so)) return BAD(err, "stream_options", "'stream_options' must be an object");
+        if (!get_bool(so, "include_usage", &g->include_usage, err)) {
+            snprintf(err->param, sizeof err->param, "stream_options.include_usage");
+            return false;
+        }
+    }
+    if (!get_bool(root, "ignore_eos", &g->ignore_eos, err)) return false;
+
+    const cJSON *stop = cJSON_GetObjectItemCaseSensitive(root, "stop");
+    if (present(stop)) {
+        const cJSON *one = cJSON_IsString(stop) ? stop : NULL;
+        if (!one && !cJSON_IsArray(stop)) return BAD(err, "stop", "'stop' must be a string or a list of strings");
+        size_t n = one ? 1 : (size_t)cJSON_GetArraySize(stop);
+        if (n > SD_MAX_STOP_STRINGS) return BAD(err, "stop", "'stop' holds %zu strings, at most %d", n,
+                                                SD_MAX_STOP_STRINGS);
+        for (size_t i = 0; i < n; i++) {
+            const cJSON *s = one ? one : cJSON_GetArrayItem(stop, (int)i);
+            if (!string_ok(s)) return BAD(err, "stop", "'stop' must be a string or a list of strings");
+            size_t len = strlen(s->valuestring);
+            if (len == 0 || len > SD_MAX_STOP_BYTES)
+                return BAD(err, "stop", "each stop string must be 1 to %d bytes long, got %zu", SD_MAX_STOP_BYTES,
+                           len);
+            if (!(g->stop[g->n_stop++] = dup_str(s->valuestring))) return nomem(err);
+        }
+    }
+
+    /* Known, but not honoured yet: refuse anything but the neutral value. */
+    static const char *const penalties[] = {"presence_penalty", "frequency_penalty"};
+    for (size_t i = 0; i < 2; i++) {
+        if (!get_number(root, penalties[i], -2, 2, false, &d, &given, err)) return false;
+        if (given && d != 0) return UNSUPPORTED(err, penalties[i], "'%s' is not supported by specd yet", penalties[i]);
+    }
+    const cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
+    if (present(lp) && !cJSON_IsFalse(lp) && !(cJSON_IsNumber(lp) && lp->valuedouble == 0))
+        return UNSUPPORTED(err, "logprobs", "'logprobs' is not supported by specd yet");
+    const cJSON *tlp = cJSON_GetObjectItemCaseSensitive(root, "top_logprobs");
+    if (present(tlp) && !(cJSON_IsNumber(tlp) && tlp->valuedouble == 0))
+        return UNSUPPORTED(err, "top_logprobs", "'top_logprobs' is not supported by specd yet");
+    const cJSON *lb = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
+    if (present(lb) && !(cJSON_IsObject(lb) && !lb->child))
+        return UNSUPPORTED(err, "logit_bias", "'logit_bias' is not supported by specd yet");
+    return true;
+}
+
+/* The text of a message's content: a string, or a list of {"type":"text"}
+ * parts (concatenated). Borrowed from the JSON tree, or *owned set. */
+static bool content_text(const cJSON *content, const char *param, char **owned, const char **text, gw_error *err) {
+    *owned = NULL;
+    if (string_ok(content)) {
+        *text = content->valuestring;
+        return true;
+    }
+    if (!cJSON_IsArray(content)) return BAD(err, param, "'%s' must be a string or a list of text parts", param);
+    size_t total = 0;
+    const cJSON *part;
+    cJSON_ArrayForEach(part, content) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (!cJSON_IsObject(part) || !string_ok(type))
+            return BAD(err, param, "'%s' parts must be objects with a 'type'", param);
+        if (strcmp(type->valuestring, "text") != 0)
+            return UNSUPPORTED(err, param, "'%s': content parts of type '%s' are not supported (text only)", param,
+                               type->valuestring);
+        if (!string_ok(t)) return BAD(err, param, "'%s': a text part needs a 'text' string", param);
+        total += strlen(t->valuestring);
+    }
+    char *buf = malloc(total + 1);
+    if (!buf) return nomem(err);
+    size_t off = 0;
+    cJSON_ArrayForEach(part, content) {
+        const char *s = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
+        size_t l = strlen(s);
+        memcpy(buf + off, s, l);
+        off += l;
+    }
+    buf[off] = '\0';
+    *owned = buf;
+    *text = buf;
+    return true;
+}
+
+static bool parse_messages(const cJSON *root, gw_gen *g, gw_error *err) {
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    if (!present(msgs)) return BAD(err, "messages", "'messages' is required");
+    if (!cJSON_IsArray(msgs)) return BAD(err, "messages", "'messages' must be a list of messages");
+    int n = cJSON_GetArraySize(msgs);
+    if (n == 0) return BAD(err, "messages", "'messages' must not be empty");
+    gw_prompt *p = &g->prompts[0];
+    g->n_prompts = 1;
+    char param[64];
+    /* Roles first: an unknown one, or a turn kind not supported yet, is
+     * named before any complaint about the order of turns. */
+    for (int i = 0; i < n; i++) {
+        const cJSON *m = cJSON_GetArrayItem(msgs, i);
+        const cJSON *role = cJSON_IsObject(m) ? cJSON_GetObjectItemCaseSensitive(m, "role") : NULL;
+        if (!string_ok(role)) continue; /* reported below */
+        const char *r = role->valuestring;
+        snprintf(param, sizeof param, "messages[%d].role", i);
+        bool known = !strcmp(r, "system") || !strcmp(r, "developer") || !strcmp(r, "user");
+        if (!known && strcmp(r, "assistant") && strcmp(r, "tool") && strcmp(r, "function"))
+            return BAD(err, param, "'%s': unknown role '%s' (system, developer, user, assistant)", param, r);
+        if (!known)
+            return UNSUPPORTED(err, param,
+                               "'%s': a conversation with '%s' turns is not supported yet: specd takes an optional "
+                               "system message followed by one user message",
+                               param, r);
+    }
+    for (int i = 0; i < n; i++) {
+        const cJSON *m = cJSON_GetArrayItem(msgs, i);
+        snprintf(param, sizeof param, "messages[%d]", i);
+        if (!cJSON_IsObject(m)) return BAD(err, param, "'%s' must be an object", param);
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        snprintf(param, sizeof param, "messages[%d].role", i);
+        if (!string_ok(role)) return BAD(err, param, "'%s' must be a string", param);
+        const char *r = role->valuestring;
+        bool is_system = !strcmp(r, "system") || !strcmp(r, "developer");
+        bool is_user = !strcmp(r, "user");
+        if (is_user && i != n - 1)
+            return UNSUPPORTED(err, param,
+                               "'%s': several user turns are not supported yet: specd takes an optional system "
+                               "message followed by one user message",
+                               param);
+        if (is_system && (i == n - 1 || p->system))
+            return BAD(err, param, "'%s': the system message must come once, before the user message", param);
+        snprintf(param, sizeof param, "messages[%d].content", i);
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        char *owned;
+        const char *text;
+        if (!content_text(content, param, &owned, &text, err)) return false;
+        if (is_user && !text[0]) {
+            free(owned);
+            return BAD(err, param, "'%s': the user message is empty", param);
+        }
+        char *copy = owned ? owned : dup_str(text);
+        if (!copy) return nomem(err);
+        if (is_system) p->system = copy;
+        else p->text = copy;
+    }
+    return true;
+}
+
+static bool parse_ids(const cJSON *arr, const char *param, gw_prompt *p, gw_error *err) {
+    size_t n = (size_t)cJSON_GetArraySize(arr);
+    if (n == 0) return BAD(err, param, "'%s' must not be empty", param);
+    if (n > MAX_PROMPT_IDS) return BAD(err, param, "'%s' holds %zu tokens, at most %u", param, n, MAX_PROMPT_IDS);
+    p->ids = malloc(n * sizeof *p->ids);
+    if (!p->ids) return nomem(err);
+    p->n_ids = n;
+    size_t i = 0;
+    const cJSON *v;
+    cJSON_ArrayForEach(v, arr) {
+        if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0 ||
+            v->valuedouble > 2147483647.0)
+            return BAD(err, param, "'%s' must hold token ids (integers >= 0)", param);
+        p->ids[i++] = (int32_t)v->valuedouble;
+    }
+    return true;
+}
+
+static bool parse_prompt(const cJSON *root, gw_gen *g, gw_error *err) {
+    const cJSON *pr = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+    if (!present(pr)) return BAD(err, "prompt", "'prompt' is required");
+    if (string_ok(pr)) {
+        if (!pr->valuestring[0]) return BAD(err, "prompt", "'prompt' must not be empty");
+        g->n_prompts = 1;
+        return (g->prompts[0].text = dup_str(pr->valuestring)) ? true : nomem(err);
+    }
+    if (!cJSON_IsArray(pr) || !pr->child)
+        return BAD(err, "prompt", "'prompt' must be a string, a list of token ids, or a list of either");
+    if (cJSON_IsNumber(pr->child)) {
+        g->n_prompts = 1;
+        return parse_ids(pr, "prompt", &g->prompts[0], err);
+    }
+    /* A batch: a list of strings or of token-id lists. */
+    size_t n = (size_t)cJSON_GetArraySize(pr);
+    if (n > GW_MAX_CHOICES) return BAD(err, "prompt", "%zu prompts in one request, at most %d", n, GW_MAX_CHOICES);
+    const cJSON *v;
+    cJSON_ArrayForEach(v, pr) {
+        gw_prompt *p = &g->prompts[g->n_prompts++];
+        char param[32];
+        snprintf(param, sizeof param, "prompt[%zu]", g->n_prompts - 1);
+        if (string_ok(v)) {
+            if (!v->valuestring[0]) return BAD(err, param, "'%s' must not be empty", param);
+            if (!(p->text = dup_str(v->valuestring))) return nomem(err);
+        } else if (cJSON_IsArray(v)) {
+            if (!parse_ids(v, param, p, err)) return false;
+        } else {
+            return BAD(err, param, "'%s' must be a string or a list of token ids", param);
+        }
+    }
+    return true;
+}
+
+bool gw_gen_parse(gw_endpoint endpoint, const char *body, size_t len, gw_gen *g, gw_error *err) {
+    memset(g, 0, sizeof *g);
+    g->endpoint = endpoint;
+    if (!gw_utf8_valid(body, len)) return BAD(err, NULL, "the request body is not valid UTF-8");
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!root) return BAD(err, NULL, "the request body is not valid JSON");
+    bool ok;
+    if (!cJSON_IsObject(root)) {
+        ok = BAD(err, NULL, "the request body must be a JSON object");
+    } else {
+        ok = parse_common(root, g, err) && (endpoint == GW_EP_CHAT ? parse_messages(root, g, err)
+                                                                    : parse_prompt(root, g, err));
+        if (ok && endpoint == GW_EP_COMPLETIONS) {
+            ok = get_bool(root, "echo", &g->echo, err);
+            for (size_t i = 0; ok && g->echo && i < g->n_prompts; i++)
+                if (g->prompts[i].ids)
+                    ok = UNSUPPORTED(err, "echo", "'echo' with a prompt of token ids is not supported (text only)");
+            /* OpenAI's default for completions: 16 tokens. */
+            if (ok && g->max_tokens == 0) g->max_tokens = 16;
+        }
+        if (ok && g->n_prompts * g->n > GW_MAX_CHOICES)
+            ok = BAD(err, "n", "%zu prompts x n = %u choices, at most %d", g->n_prompts, g->n, GW_MAX_CHOICES);
+    }
+    cJSON_Delete(root);
+    if (!ok) gw_gen_clear(g);
+    return ok;
+}
+
+/* ---- responses ---- */
+
+const char *gw_finish_reason(const gw_choice *c) {
+    switch (c->stop_reason) {
+    case SPECD__STOP_REASON__STOP_REASON_LENGTH:
+    case SPECD__STOP_REASON__STOP_REASON_CONTEXT: return "length";
+    default: return "stop";
+    }
+}
+
+void gw_choice_error(const gw_choice *c, gw_error *err) {
+    switch (c->code) {
+    case SPECD__CODE__CODE_BAD_REQUEST:
+    case SPECD__CODE__CODE_MALFORMED:
+        gw_fail(err, 400, "invalid_request_error", NULL, NULL, "%s", c->error);
+        break;
+    case SPECD__CODE__CODE_TOO_LARGE:
+        gw_fail(err, 400, "invalid_request_error", "context_length_exceeded", NULL, "%s", c->error);
+        break;
+    case SPECD__CODE__CODE_OVERLOADED:
+    case SPECD__CODE__CODE_KV_FULL:
+        gw_fail(err, 429, "rate_limit_error", "overloaded", NULL, "the service is overloaded: %s", c->error);
+        break;
+    default:
+        gw_fail(err, 503, "service_unavailable", NULL, NULL, "generation failed: %s",
+                c->error[0] ? c->error : sd_status_str(c->status));
+        break;
+    }
+}
+
+static cJSON *envelope(const gw_job *job, const char *model, const char *object) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "id", job->id);
+    cJSON_AddStringToObject(root, "object", object);
+    cJSON_AddNumberToObject(root, "created", (double)job->created);
+    cJSON_AddStringToObject(root, "model", model);
+    return root;
+}
+
+static void add_usage(cJSON *root, const gw_job *job) {
+    double prompt = 0, completion = 0;
+    for (size_t i = 0; i < job->n_choices; i++) {
+        const gw_choice *c = &job->choices[i];
+        if (i % job->n == 0) prompt += c->prompt_tokens; /* each prompt once, as OpenAI counts with n > 1 */
+        completion += c->n_tokens;
+    }
+    cJSON *u = cJSON_AddObjectToObject(root, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", completion);
+    cJSON_AddNumberToObject(u, "total_tokens", prompt + completion);
+}
+
+/* A string value of exactly len bytes, escaped here: cJSON's strings end
+ * at the first NUL byte, and generated text may hold U+0000. */
+static cJSON *add_text(cJSON *obj, const char *name, const char *s, size_t len) {
+    char *buf = malloc(len * 6 + 3);
+    if (!buf) return NULL;
+    static const char hex[] = "0123456789abcdef";
+    size_t o = 0;
+    buf[o++] = '"';
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch == '"' || ch == '\\') {
+            buf[o++] = '\\';
+            buf[o++] = (char)ch;
+        } else if (ch && strchr("\b\f\n\r\t", ch)) { /* the short escapes, as JSON encoders write them */
+            buf[o++] = '\\';
+            buf[o++] = "btnvfr"[ch - '\b'];
+        } else if (ch < 0x20) {
+            memcpy(buf + o, "\\u00", 4);
+            buf[o + 4] = hex[ch >> 4];
+            buf[o + 5] = hex[ch & 15];
+            o += 6;
+        } else {
+            buf[o++] = (char)ch;
+        }
+    }
+    buf[o++] = '"';
+    buf[o] = '\0';
+    cJSON *v = cJSON_AddRawToObject(obj, name, buf);
+    free(buf);
+    return v;
+}
+
+char *gw_response_json(const gw_job *job, const char *model) {
+    bool chat = job->endpoint == GW_EP_CHAT;
+    cJSON *root = envelope(job, model, chat ? "chat.completion" : "text_completion");
+    cJSON *choices = cJSON_AddArrayToObject(root, "choices");
+    for (size_t i = 0; i < job->n_choices; i++) {
+        const gw_choice *c = &job->choices[i];
+        cJSON *ch = cJSON_CreateObject();
+        cJSON_AddNumberToObject(ch, "index", (double)c->index);
+        const char *text = c->text ? c->text : "";
+        if (chat) {
+            cJSON *msg = cJSON_AddObjectToObject(ch, "message");
+            cJSON_AddStringToObject(msg, "role", "assistant");
+            add_text(msg, "content", text, c->text_len);
+        } else {
+            add_text(ch, "text", text, c->text_len);
+        }
+        cJSON_AddNullToObject(ch, "logprobs");
+        cJSON_AddStringToObject(ch, "finish_reason", gw_finish_reason(c));
+        cJSON_AddItemToArray(choices, ch);
+    }
+    add_usage(root, job);
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+char *gw_chunk_json(const gw_job *job, const char *model, size_t ci, bool role, const char *delta, size_t delta_len,
+                    bool finish, bool include_usage) {
+    bool chat = job->endpoint == GW_EP_CHAT;
+    const gw_choice *c = &job->choices[ci];
+    cJSON *root = envelope(job, model, chat ? "chat.completion.chunk" : "text_completion");
+    cJSON *choices = cJSON_AddArrayToObject(root, "choices");
+    cJSON *ch = cJSON_CreateObject();
+    cJSON_AddNumberToObject(ch, "index", (double)c->index);
+    if (chat) {
+        cJSON *d = cJSON_AddObjectToObject(ch, "delta");
+        if (role) {
+            cJSON_AddStringToObject(d, "role", "assistant");
+            cJSON_AddStringToObject(d, "content", "");
+        } else if (delta) {
+            add_text(d, "content", delta, delta_len);
+        }
+    } else {
+        add_text(ch, "text", delta ? delta : "", delta ? delta_len : 0);
+    }
+    cJSON_AddNullToObject(ch, "logprobs");
+    if (finish) cJSON_AddStringToObject(ch, "finish_reason", gw_finish_reason(c));
+    else cJSON_AddNullToObject(ch, "finish_reason");
+    cJSON_AddItemToArray(choices, ch);
+    if (include_usage) cJSON_AddNullToObject(root, "usage");
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
+}
+
+char *gw_usage_chunk_json(const gw_job *job, const char *model) {
+    cJSON *root = envelope(job, model, job->endpoint == GW_EP_CHAT ? "chat.completion.chunk" : "text_completion");
+    cJSON_AddArrayToObject(root, "choices");
+    add_usage(root, job);
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return s;
+}

@@ -1,0 +1,250 @@
+/* test_gateway_parse.c — the gateway's OpenAI request parsing and response
+ * building (gateway/openai.c) without a server: defaults, every field's
+ * type and range checks with the param they name, chat message shapes,
+ * prompt forms, UTF-8 validation, the constant-time key comparison, the
+ * per-choice seeds, and the JSON of responses, chunks and errors. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "gateway_impl.h"
+
+static bool parse(gw_endpoint ep, const char *body, gw_gen *g, gw_error *err) {
+    memset(err, 0, sizeof *err);
+    return gw_gen_parse(ep, body, strlen(body), g, err);
+}
+
+/* Expects body to be refused with status and param ("" = null). */
+static void refused(gw_endpoint ep, const char *body, int status, const char *param) {
+    gw_gen g;
+    gw_error err;
+    if (parse(ep, body, &g, &err)) {
+        gw_gen_clear(&g);
+        fail_msg("accepted: %s", body);
+    }
+    if (err.http_status != status || strcmp(err.param, param) != 0)
+        fail_msg("%s: status %d param '%s' (%s), expected %d '%s'", body, err.http_status, err.param, err.message,
+                 status, param);
+    assert_true(err.message[0] != '\0');
+}
+
+static void test_chat_defaults(void **state) {
+    (void)state;
+    gw_gen g;
+    gw_error err;
+    assert_true(parse(GW_EP_CHAT, "{\"model\":\"x\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                                  "\"unknown_field\":{\"a\":[1]}}", &g, &err));
+    assert_int_equal(g.n_prompts, 1);
+    assert_string_equal(g.prompts[0].text, "hi");
+    assert_null(g.prompts[0].system);
+    assert_int_equal(g.n, 1);
+    assert_int_equal(g.max_tokens, 0);
+    assert_true(g.sampling.temperature == 1.0f && g.sampling.top_p == 1.0f && g.sampling.top_k == 0);
+    assert_false(g.stream || g.seeded || g.include_usage);
+    gw_gen_clear(&g);
+}
+
+static void test_fields(void **state) {
+    (void)state;
+    gw_gen g;
+    gw_error err;
+    assert_true(parse(GW_EP_COMPLETIONS,
+                      "{\"prompt\":\"p\",\"max_completion_tokens\":7,\"temperature\":0,\"top_p\":0.5,\"top_k\":-1,"
+                      "\"min_p\":0.1,\"seed\":-1,\"n\":3,\"stop\":[\"a\",\"bc\"],\"stream\":true,"
+                      "\"stream_options\":{\"include_usage\":true},\"ignore_eos\":true,\"presence_penalty\":0,"
+                      "\"logprobs\":null,\"echo\":false}",
+                      &g, &err));
+    assert_int_equal(g.max_tokens, 7);
+    assert_true(g.sampling.temperature == 0.0f && g.sampling.top_p == 0.5f && g.sampling.top_k == 0);
+    assert_true(fabsf(g.sampling.min_p - 0.1f) < 1e-7f);
+    assert_true(g.seeded);
+    assert_true(g.sampling.seed == UINT64_MAX); /* -1 as two's complement */
+    assert_int_equal(g.n, 3);
+    assert_int_equal(g.n_stop, 2);
+    assert_string_equal(g.stop[1], "bc");
+    assert_true(g.stream && g.include_usage && g.ignore_eos);
+    gw_gen_clear(&g);
+    /* completions default to 16 tokens, as OpenAI */
+    assert_true(parse(GW_EP_COMPLETIONS, "{\"prompt\":\"p\",\"stop\":\"x\"}", &g, &err));
+    assert_int_equal(g.max_tokens, 16);
+    assert_int_equal(g.n_stop, 1);
+    gw_gen_clear(&g);
+}
+
+static void test_bad_fields(void **state) {
+    (void)state;
+    const gw_endpoint C = GW_EP_COMPLETIONS;
+    refused(C, "{\"prompt\":", 400, "");
+    refused(C, "[]", 400, "");
+    refused(C, "{}", 400, "prompt");
+    refused(C, "{\"prompt\":\"\"}", 400, "prompt");
+    refused(C, "{\"prompt\":[]}", 400, "prompt");
+    refused(C, "{\"prompt\":[1,-2]}", 400, "prompt");
+    refused(C, "{\"prompt\":[1.5]}", 400, "prompt");
+    refused(C, "{\"prompt\":[\"a\",7]}", 400, "prompt[1]");
+    refused(C, "{\"prompt\":\"p\",\"model\":5}", 400, "model");
+    refused(C, "{\"prompt\":\"p\",\"max_tokens\":0}", 400, "max_tokens");
+    refused(C, "{\"prompt\":\"p\",\"max_tokens\":-1}", 400, "max_tokens");
+    refused(C, "{\"prompt\":\"p\",\"max_tokens\":\"3\"}", 400, "max_tokens");
+    refused(C, "{\"prompt\":\"p\",\"max_completion_tokens\":1.5}", 400, "max_completion_tokens");
+    refused(C, "{\"prompt\":\"p\",\"temperature\":2.5}", 400, "temperature");
+    refused(C, "{\"prompt\":\"p\",\"temperature\":-0.1}", 400, "temperature");
+    refused(C, "{\"prompt\":\"p\",\"temperature\":1e999}", 400, "temperature");
+    refused(C, "{\"prompt\":\"p\",\"top_p\":0}", 400, "top_p");
+    refused(C, "{\"prompt\":\"p\",\"top_p\":1.01}", 400, "top_p");
+    refused(C, "{\"prompt\":\"p\",\"top_k\":-2}", 400, "top_k");
+    refused(C, "{\"prompt\":\"p\",\"min_p\":1}", 400, "min_p");
+    refused(C, "{\"prompt\":\"p\",\"seed\":1.5}", 400, "seed");
+    refused(C, "{\"prompt\":\"p\",\"n\":17}", 400, "n");
+    refused(C, "{\"prompt\":[\"a\",\"b\"],\"n\":9}", 400, "n");
+    refused(C, "{\"prompt\":\"p\",\"stop\":[\"\"]}", 400, "stop");
+    refused(C, "{\"prompt\":\"p\",\"stop\":[1]}", 400, "stop");
+    refused(C, "{\"prompt\":\"p\",\"stream\":1}", 400, "stream");
+    refused(C, "{\"prompt\":\"p\",\"stream_options\":[]}", 400, "stream_options");
+    refused(C, "{\"prompt\":\"p\",\"stream_options\":{\"include_usage\":\"yes\"}}", 400, "stream_options.include_usage");
+    refused(C, "{\"prompt\":\"p\",\"frequency_penalty\":0.5}", 400, "frequency_penalty");
+    refused(C, "{\"prompt\":\"p\",\"logprobs\":2}", 400, "logprobs");
+    refused(C, "{\"prompt\":[1,2],\"echo\":true}", 400, "echo");
+    refused(C, "{\"prompt\":\"p\",\"logit_bias\":{\"1\":5}}", 400, "logit_bias");
+    /* 17 stop strings */
+    char body[512] = "{\"prompt\":\"p\",\"stop\":[";
+    for (int i = 0; i < 17; i++) strcat(body, i ? ",\"s\"" : "\"s\"");
+    strcat(body, "]}");
+    refused(C, body, 400, "stop");
+}
+
+static void test_messages(void **state) {
+    (void)state;
+    const gw_endpoint H = GW_EP_CHAT;
+    gw_gen g;
+    gw_error err;
+    assert_true(parse(H, "{\"messages\":[{\"role\":\"developer\",\"content\":\"be brief\"},"
+                         "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
+                         "{\"type\":\"text\",\"text\":\"b\"}]}]}", &g, &err));
+    assert_string_equal(g.prompts[0].system, "be brief");
+    assert_string_equal(g.prompts[0].text, "ab");
+    gw_gen_clear(&g);
+    refused(H, "{\"messages\":{}}", 400, "messages");
+    refused(H, "{\"messages\":[]}", 400, "messages");
+    refused(H, "{}", 400, "messages");
+    refused(H, "{\"messages\":[5]}", 400, "messages[0]");
+    refused(H, "{\"messages\":[{\"content\":\"x\"}]}", 400, "messages[0].role");
+    refused(H, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", 400, "messages[0].role");
+    refused(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"\"}]}", 400, "messages[0].content");
+    refused(H, "{\"messages\":[{\"role\":\"user\",\"content\":7}]}", 400, "messages[0].content");
+    refused(H, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", 400,
+            "messages[0].content");
+    refused(H, "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"}]}", 400, "messages[0].role");
+    refused(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"user\",\"content\":\"b\"}]}", 400,
+            "messages[0].role");
+    refused(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":\"b\"}]}",
+            400, "messages[1].role");
+}
+
+static void test_prompts(void **state) {
+    (void)state;
+    gw_gen g;
+    gw_error err;
+    assert_true(parse(GW_EP_COMPLETIONS, "{\"prompt\":[5,6,7]}", &g, &err));
+    assert_int_equal(g.n_prompts, 1);
+    assert_int_equal(g.prompts[0].n_ids, 3);
+    assert_int_equal(g.prompts[0].ids[2], 7);
+    gw_gen_clear(&g);
+    assert_true(parse(GW_EP_COMPLETIONS, "{\"prompt\":[\"a\",[1,2]],\"n\":2}", &g, &err));
+    assert_int_equal(g.n_prompts, 2);
+    assert_string_equal(g.prompts[0].text, "a");
+    assert_int_equal(g.prompts[1].n_ids, 2);
+    gw_gen_clear(&g);
+}
+
+static void test_utf8(void **state) {
+    (void)state;
+    const char *good = "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80";
+    assert_true(gw_utf8_valid(good, strlen(good)));
+    assert_false(gw_utf8_valid(good, strlen(good) - 1)); /* the last character cut */
+    assert_false(gw_utf8_valid("\xff", 1));
+    assert_false(gw_utf8_valid("\xc3", 1));          /* truncated */
+    assert_false(gw_utf8_valid("\xc0\xaf", 2));      /* overlong */
+    assert_false(gw_utf8_valid("\xed\xa0\x80", 3));  /* surrogate */
+    assert_false(gw_utf8_valid("\xf4\x90\x80\x80", 4)); /* above U+10FFFF */
+    gw_gen g;
+    gw_error err;
+    const char bad[] = "{\"prompt\":\"\xfe\"}";
+    assert_false(gw_gen_parse(GW_EP_COMPLETIONS, bad, sizeof bad - 1, &g, &err));
+    assert_int_equal(err.http_status, 400);
+}
+
+static void test_key_and_seed(void **state) {
+    (void)state;
+    assert_true(gw_key_equal("s3cret", "s3cret"));
+    assert_false(gw_key_equal("s3cre", "s3cret"));
+    assert_false(gw_key_equal("s3cret2", "s3cret"));
+    assert_false(gw_key_equal("", "s3cret"));
+    assert_false(gw_key_equal("S3cret", "s3cret"));
+    assert_true(gw_choice_seed(42, 0) == 42);
+    assert_true(gw_choice_seed(42, 1) == gw_choice_seed(42, 1));
+    assert_true(gw_choice_seed(42, 1) != gw_choice_seed(42, 2));
+    assert_true(gw_choice_seed(42, 1) != gw_choice_seed(43, 1));
+}
+
+static void test_responses(void **state) {
+    (void)state;
+    gw_job job;
+    memset(&job, 0, sizeof job);
+    job.endpoint = GW_EP_CHAT;
+    snprintf(job.id, sizeof job.id, "chatcmpl-x");
+    job.created = 1700000000;
+    job.n = 2;
+    job.n_choices = 2;
+    char t0[] = {'a', '"', 'b', '\n', 1, 0, 'z', 0}; /* an embedded NUL must survive: text_len counts it */
+    job.choices[0] = (gw_choice){.index = 0, .text = t0, .text_len = 7, .n_tokens = 3, .prompt_tokens = 5,
+                                 .stop_reason = SPECD__STOP_REASON__STOP_REASON_EOS};
+    job.choices[1] = (gw_choice){.index = 1, .text = NULL, .text_len = 0, .n_tokens = 4, .prompt_tokens = 5,
+                                 .stop_reason = SPECD__STOP_REASON__STOP_REASON_LENGTH};
+    char *s = gw_response_json(&job, "m");
+    assert_non_null(s);
+    cJSON *r = cJSON_Parse(s);
+    assert_non_null(r);
+    assert_string_equal(cJSON_GetObjectItem(r, "object")->valuestring, "chat.completion");
+    const cJSON *ch = cJSON_GetObjectItem(r, "choices");
+    assert_int_equal(cJSON_GetArraySize(ch), 2);
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(ch, 0), "finish_reason")->valuestring, "stop");
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(ch, 1), "finish_reason")->valuestring, "length");
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(cJSON_GetArrayItem(ch, 0), "logprobs")));
+    const cJSON *u = cJSON_GetObjectItem(r, "usage");
+    assert_int_equal(cJSON_GetObjectItem(u, "prompt_tokens")->valueint, 5); /* one prompt, n = 2 */
+    assert_int_equal(cJSON_GetObjectItem(u, "completion_tokens")->valueint, 7);
+    assert_int_equal(cJSON_GetObjectItem(u, "total_tokens")->valueint, 12);
+    cJSON_Delete(r);
+    assert_non_null(strstr(s, "\"content\":\"a\\\"b\\n\\u0001\\u0000z\""));
+    free(s);
+    s = gw_chunk_json(&job, "m", 1, true, NULL, 0, false, true);
+    assert_string_equal(s, "{\"id\":\"chatcmpl-x\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,"
+                           "\"model\":\"m\",\"choices\":[{\"index\":1,\"delta\":{\"role\":\"assistant\","
+                           "\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}],\"usage\":null}");
+    free(s);
+    gw_error err;
+    gw_fail(&err, 400, "invalid_request_error", NULL, "top_p", "bad %d", 1);
+    s = gw_error_json(&err);
+    assert_string_equal(s, "{\"error\":{\"message\":\"bad 1\",\"type\":\"invalid_request_error\",\"param\":\"top_p\","
+                           "\"code\":null}}");
+    free(s);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chat_defaults), cmocka_unit_test(test_fields),   cmocka_unit_test(test_bad_fields),
+        cmocka_unit_test(test_messages),      cmocka_unit_test(test_prompts),  cmocka_unit_test(test_utf8),
+        cmocka_unit_test(test_key_and_seed),  cmocka_unit_test(test_responses),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
