@@ -184,7 +184,8 @@ static bool parse_common(const cJSON *root, gw_gen *g, gw_error *err) {
     if (!get_int(root, mt_name, 1, MAX_TOKENS_LIMIT, &d, &given, err)) return false;
     if (given) g->max_tokens = (uint32_t)d;
 
-    g->sampling = sd_sampling_default(); /* OpenAI's defaults: temperature 1, top_p 1 */
+    g->sampling = sd_sampling_default(); /* specd's default is greedy; OpenAI's is temperature 1, top_p 1 */
+    g->sampling.temperature = 1.0f;
     if (!get_number(root, "temperature", 0, 2, false, &d, &given, err)) return false;
     if (given) g->sampling.temperature = (float)d;
     if (!get_number(root, "top_p", 0, 1, true, &d, &given, err)) return false;
@@ -330,8 +331,8 @@ static bool parse_messages(const cJSON *root, gw_gen *g, gw_error *err) {
             return BAD(err, param, "'%s': the system message must come once, before the user message", param);
         snprintf(param, sizeof param, "messages[%d].content", i);
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
-        char *owned;
-        const char *text;
+        char *owned = NULL;
+        const char *text = "";
         if (!content_text(content, param, &owned, &text, err)) return false;
         if (is_user && !text[0]) {
             free(owned);
