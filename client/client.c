@@ -33,6 +33,7 @@ enum req_state { REQ_PENDING, REQ_ACTIVE, REQ_FINISHING, REQ_DONE };
 typedef struct req {
     uint64_t client_tag;
     enum req_state state;
+    bool in_submit;      /* sd_client_submit still reads it: sd_client_wait must not collect it yet */
     sd_client_token_cb cb;
     void *user;
     sd_client_result result;
@@ -693,6 +694,7 @@ sd_status sd_client_submit(sd_client *c, const sd_client_request *rq, sd_client_
     r->cb = cb;
     r->user = user;
     r->state = REQ_PENDING;
+    r->in_submit = true;
 
     pthread_mutex_lock(&c->mu);
     r->client_tag = sub.client_tag = c->next_tag++;
@@ -709,7 +711,11 @@ sd_status sd_client_submit(sd_client *c, const sd_client_request *rq, sd_client_
      * (connect_timeout_ms, or liveness), so this wait always ends. */
     while (r->state == REQ_PENDING || r->state == REQ_FINISHING) pthread_cond_wait(&c->cv, &c->mu);
     /* A request may be accepted and already finished by the time this thread
-     * wakes up: only one that never got a request_id was refused. */
+     * wakes up: only one that never got a request_id was refused. Another
+     * thread may know the id already (from a callback) and wait for it:
+     * in_submit keeps sd_client_wait from freeing the record until here. */
+    r->in_submit = false;
+    pthread_cond_broadcast(&c->cv);
     if (r->state == REQ_DONE && r->result.request_id == 0) {
         st = r->result.status != SD_OK ? r->result.status : SD_ERR_INTERNAL;
         SD_DEBUG("submit refused: %s", r->result.error);
@@ -743,11 +749,11 @@ sd_status sd_client_wait(sd_client *c, uint64_t request_id, int timeout_ms, sd_c
     req *r;
     for (;;) {
         r = find_by_id_locked(c, request_id);
-        if (!r || r->state == REQ_DONE) break;
+        if (!r || (r->state == REQ_DONE && !r->in_submit)) break;
         int rc = timeout_ms < 0 ? pthread_cond_wait(&c->cv, &c->mu) : pthread_cond_timedwait(&c->cv, &c->mu, &until);
         if (rc == ETIMEDOUT) {
             r = find_by_id_locked(c, request_id);
-            if (r && r->state == REQ_DONE) break;
+            if (r && r->state == REQ_DONE && !r->in_submit) break;
             pthread_mutex_unlock(&c->mu);
             errno = ETIMEDOUT;
             return SD_ERR_NET;
