@@ -58,7 +58,7 @@ static void usage(FILE *f) {
             "      --ngram             n-gram (prompt lookup) drafter: no weights are loaded\n"
             "      --vocab-from PATH   with --ngram: the target whose vocabulary to register with\n"
             "      --ngram-min N       smallest n-gram that may match (default 1)\n"
-            "      --ngram-max N       largest n-gram tried first (default 4)\n"
+            "      --ngram-max N       longest match measured, in tokens (default 16)\n"
             "      --draft-layers L    self-draft: the target's first L layers\n"
             "  -t, --threads N         worker threads (default: all cores)\n"
             "      --device D          cpu (default), cuda or cuda:N: where a draft model runs\n"
@@ -213,7 +213,7 @@ static void on_stats(void *user, Specd__WorkerStats *st) { sd_draft_server_stats
 
 int main(int argc, char **argv) {
     drafter_opts o = {
-        .coordinator = "tcp://127.0.0.1:7701", .ngram_min = 1, .ngram_max = 4, .max_seqs = 64,
+        .coordinator = "tcp://127.0.0.1:7701", .ngram_min = 1, .ngram_max = 16, .max_seqs = 64,
         .top_n = SD_SPEC_DEFAULT_TOP_N, .max_draft = 16, .max_batch = 64, .device = -1, .warmup = -1,
     };
     int rc = parse_args(argc, argv, &o);
