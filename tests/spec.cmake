@@ -38,3 +38,7 @@ add_test(NAME test_ngram_copy COMMAND test_ngram_copy 12 3 equal-only)
 set_tests_properties(test_ngram_copy PROPERTIES LABELS "model" SKIP_RETURN_CODE 77 TIMEOUT 900)
 add_test(NAME test_ngram_copy_full COMMAND test_ngram_copy 64)
 set_tests_properties(test_ngram_copy_full PROPERTIES LABELS "model;slow" SKIP_RETURN_CODE 77 TIMEOUT 3600)
+# The draft length policy shared by the coordinator and specd-generate (engine/spec_adapt.c).
+specd_unit_test(test_spec_adapt test_spec_adapt.c)
+target_compile_definitions(test_spec_adapt PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
+add_dependencies(test_spec_adapt specd-mkmodel)

@@ -9,13 +9,12 @@
  * prompts of tokens/s, its ratio to plain decoding's median, acceptance
  * (accepted / drafted over the set) and tokens per target step.
  *
- * Adaptive K chooses K in 1..8 per step to maximise expected tokens per unit
- * of time, E(alpha, K) / (1 + K (c_draft + c_verify)), with alpha the
- * running acceptance of the sequence, c_draft the measured draft time per
- * token over the measured target step time, and c_verify the measured extra
- * cost of one more verified token relative to a one-token step — calibrated
- * at start-up from the target's own timings (the assumption of 0.05 it
- * replaces is printed next to the measured value).
+ * Adaptive K is the policy shared with the coordinator and specd-generate
+ * (specd/spec_adapt.h through sd_spec_decoder_step_adaptive): K in 0..8 per
+ * step from the sequence's acceptance and the decoder's own timings of the
+ * drafter and the target, shadow drafts at K = 0. The extra cost of one
+ * more verified token relative to a one-token step is still measured at
+ * start-up and printed (c_verify).
  *
  * With --draft, the proposal top-N is measured twice: by sampling (4/16/64,
  * temperature 1, K = 4: acceptance and bytes per drafted token in a message,
@@ -105,20 +104,6 @@ static double calibrate_verify_cost(sd_model *m, double *t1_out) {
     return c > 0 ? c : 0.0;
 }
 
-/* K maximising E(alpha, K) / (1 + K (c_draft + c_verify)) over 1..k_max. */
-static int choose_k(double alpha, double c_draft, double c_verify, int k_max) {
-    int best = 1;
-    double best_rate = 0;
-    for (int k = 1; k <= k_max; k++) {
-        double rate = sd_spec_expected_tokens(alpha, k) / (1.0 + k * (c_draft + c_verify));
-        if (rate > best_rate) {
-            best_rate = rate;
-            best = k;
-        }
-    }
-    return best;
-}
-
 /* Generates n_new tokens after ids; returns decode seconds (first step untimed). */
 static int run_one(sd_model *m, sd_drafter *d, int k_fixed, double c_verify, const int32_t *ids, int32_t n_ids,
                    int32_t n_new, const sd_sampling *s, method *meth, double *seconds, long *q_entries) {
@@ -135,24 +120,25 @@ static int run_one(sd_model *m, sd_drafter *d, int k_fixed, double c_verify, con
     /* prefill + first token, untimed */
     if (sd_spec_decoder_step(dec, ctx, n, 0, s, step, &n_step, NULL, NULL) != SD_OK) goto fail;
     ctx[n++] = step[0];
-    double alpha = 0.6, c_draft = 0.0, t0 = sd_now(), draft_s = 0, target_s = 0;
+    double t0 = sd_now();
     long steps = 0, drafted = 0, accepted = 0;
     while (n < n_ids + n_new) {
-        int k = d ? (k_fixed == ADAPTIVE ? choose_k(alpha, c_draft, c_verify, 8) : k_fixed) : 0;
         const sd_spec_stats *st0 = sd_spec_decoder_stats(dec);
-        double ds0 = st0->draft_s, ts0 = st0->target_s;
-        if (sd_spec_decoder_step(dec, ctx, n, k, s, step, &n_step, &nd, &na) != SD_OK) goto fail;
+        long d0 = (long)st0->drafted, a0 = (long)st0->accepted;
+        sd_status st = d && k_fixed == ADAPTIVE /* the policy shared with the coordinator (spec_adapt.h) */
+                           ? sd_spec_decoder_step_adaptive(dec, ctx, n, 8, s, step, &n_step, NULL)
+                           : sd_spec_decoder_step(dec, ctx, n, d ? k_fixed : 0, s, step, &n_step, NULL, NULL);
+        if (st != SD_OK) goto fail;
         const sd_spec_stats *st1 = sd_spec_decoder_stats(dec);
-        draft_s += st1->draft_s - ds0;
-        target_s += st1->target_s - ts0;
+        nd = (int32_t)((long)st1->drafted - d0);
+        na = (int32_t)((long)st1->accepted - a0);
         memcpy(ctx + n, step, (size_t)n_step * sizeof *step);
         n += n_step;
         steps++;
         drafted += nd;
         accepted += na;
-        if (nd > 0) alpha = 0.8 * alpha + 0.2 * ((double)na / nd);
-        if (drafted > 0 && target_s > 0) c_draft = (draft_s / (double)drafted) / (target_s / (double)steps);
         (void)q_entries;
+        (void)c_verify;
     }
     *seconds = sd_now() - t0;
     meth->drafted += drafted;

@@ -76,7 +76,8 @@ static void usage(FILE *f) {
             "      --ngram          speculative decoding with the n-gram (prompt lookup) drafter\n"
             "      --draft-layers L speculative decoding with the target's first L layers (self-draft)\n"
             "  -k K                 draft tokens per step (default 4, at most 64)\n"
-            "      --adaptive-k     choose K per step (1..K) from the observed acceptance\n"
+            "      --adaptive-k     choose K per step (0..K) from the acceptance and measured costs; at K = 0\n"
+            "                       it shadow-drafts now and then to notice when drafting pays again\n"
             "      --json           print one JSON object at the end instead of streaming\n"
             "  -v, --verbose        log at DEBUG level\n"
             "  -h, --help           this help\n");
@@ -316,25 +317,6 @@ done:
     return st;
 }
 
-/* Adaptive K: the K in 1..k_max maximizing expected tokens per unit of
- * cost, E(K) = (1 - a^(K+1)) / (1 - a) over cost(K) = 1 + K * (c_draft +
- * c_verify), with a the smoothed per-token acceptance, c_draft the measured
- * draft time per token relative to a target step, and c_verify = 0.05 the
- * assumed relative cost of verifying one more token in the batched target
- * pass (weights are read once per pass on the CPU). */
-static int32_t choose_k(double alpha, double c_draft, int32_t k_max) {
-    int32_t best = 1;
-    double best_rate = 0;
-    for (int32_t k = 1; k <= k_max; k++) {
-        double rate = sd_spec_expected_tokens(alpha, k) / (1.0 + k * (c_draft + 0.05));
-        if (rate > best_rate) {
-            best_rate = rate;
-            best = k;
-        }
-    }
-    return best;
-}
-
 /* Speculative decode loop over decoder dec. Streams unless o->json. */
 static sd_status generate_spec(const gen_opts *o, sd_model *m, sd_spec_decoder *dec, const sd_tok *tok,
                                const char *text, gen_result *r) {
@@ -351,29 +333,24 @@ static sd_status generate_spec(const gen_opts *o, sd_model *m, sd_spec_decoder *
     memcpy(ctx, r->prompt_ids, (size_t)n_prompt * sizeof *ctx);
     r->spec = true;
     r->stop_reason = "length";
-    double alpha = 0.5; /* smoothed acceptance, a neutral start */
     double k_sum = 0;
     int64_t n_steps = 0;
     double t_start = sd_now(), t_decode = t_start;
     while ((int32_t)r->n_ids < o->n_predict) {
         int32_t k = o->k;
-        if (o->adaptive_k) {
-            const sd_spec_stats *ss = sd_spec_decoder_stats(dec);
-            double c_draft = ss->drafted && ss->target_s > 0
-                                 ? (ss->draft_s / (double)ss->drafted) / (ss->target_s / (double)ss->steps)
-                                 : 0.0;
-            k = choose_k(alpha, c_draft, o->k);
-        }
-        int32_t step[SD_SPEC_MAX_K + 1], n_step, n_drafted, n_accepted;
-        st = sd_spec_decoder_step(dec, ctx, n_prompt + (int32_t)r->n_ids, k, &o->sampling, step, &n_step,
-                                  &n_drafted, &n_accepted);
+        int32_t step[SD_SPEC_MAX_K + 1], n_step;
+        if (o->adaptive_k) /* the policy shared with the coordinator (specd/spec_adapt.h) */
+            st = sd_spec_decoder_step_adaptive(dec, ctx, n_prompt + (int32_t)r->n_ids, o->k, &o->sampling, step,
+                                               &n_step, &k);
+        else
+            st = sd_spec_decoder_step(dec, ctx, n_prompt + (int32_t)r->n_ids, k, &o->sampling, step, &n_step, NULL,
+                                      NULL);
         if (st != SD_OK) goto done;
         if (n_steps++ == 0) {
             t_decode = sd_now();
             r->prompt_s = t_decode - t_start; /* the first step carries the prefill */
         }
         k_sum += k;
-        if (n_drafted > 0) alpha = 0.7 * alpha + 0.3 * ((double)n_accepted / n_drafted);
         bool stop = false;
         for (int32_t i = 0; i < n_step && (int32_t)r->n_ids < o->n_predict; i++) {
             int32_t next = step[i];
