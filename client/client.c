@@ -514,7 +514,6 @@ sd_client_request sd_client_default_request(void) {
     sd_client_request r;
     memset(&r, 0, sizeof r);
     r.sampling = sd_sampling_default();
-    r.sampling.temperature = 0.0f;
     return r;
 }
 

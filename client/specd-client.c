@@ -12,6 +12,7 @@
  * library's I/O thread (inside the final callback) so the main thread only
  * orders and writes them. */
 #include "specd/client.h"
+#include "specd/cli.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -529,15 +530,9 @@ static int wait_ready(sd_client *c, const options *o) {
 /* ---- flags ---- */
 
 static bool parse_num(const char *flag, const char *s, double lo, double hi, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "specd-client: %s: '%s' is not a number in [%g, %g]\n", flag, s, lo, hi);
-        return false;
-    }
-    *out = v;
-    return true;
+    if (sd_cli_parse_double(s, lo, hi, out)) return true;
+    fprintf(stderr, "specd-client: %s: '%s' is not a number in [%g, %g]\n", flag, s, lo, hi);
+    return false;
 }
 
 enum {

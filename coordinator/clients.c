@@ -15,44 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-void sd_client_send(sd_coord *c, const uint8_t *ident, size_t ident_len, const Specd__CoordinatorToClient *env,
-                    uint64_t now_us) {
-    c->io.to_client(c->io.user, ident, ident_len, env);
-    for (int32_t i = 0; i < c->n_clients; i++) {
-        if (c->clients[i].ident_len == ident_len && memcmp(c->clients[i].ident, ident, ident_len) == 0) {
-            c->clients[i].last_send_us = now_us;
-            break;
-        }
-    }
-}
-
-void sd_client_error(sd_coord *c, const uint8_t *ident, size_t ident_len, Specd__Code code, uint64_t request_id,
-                     uint64_t client_tag, const char *msg, uint64_t now_us) {
-    Specd__Error e;
-    sd_net_error_init(&e, code, request_id, client_tag, msg);
-    Specd__CoordinatorToClient env = SPECD__COORDINATOR_TO_CLIENT__INIT;
-    env.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_ERROR;
-    env.error = &e;
-    sd_client_send(c, ident, ident_len, &env, now_us);
-}
-
-static sd_client *find_client(sd_coord *c, const uint8_t *ident, size_t ident_len, bool create) {
-    for (int32_t i = 0; i < c->n_clients; i++)
-        if (c->clients[i].ident_len == ident_len && memcmp(c->clients[i].ident, ident, ident_len) == 0)
-            return &c->clients[i];
-    if (!create || c->n_clients == SD_COORD_MAX_CLIENTS) return NULL;
-    sd_client *cl = &c->clients[c->n_clients++];
-    memset(cl, 0, sizeof *cl);
-    memcpy(cl->ident, ident, ident_len);
-    cl->ident_len = ident_len;
-    return cl;
-}
-
-void sd_clients_request_done(sd_coord *c, const uint8_t *ident, size_t ident_len) {
-    sd_client *cl = find_client(c, ident, ident_len, false);
-    if (cl && cl->n_active > 0) cl->n_active--;
-}
-
 /* Tokenizes the submit's prompt into *ids (malloc'd); false + code/msg on a bad one. */
 static bool tokenize(sd_coord *c, const Specd__SubmitRequest *r, int32_t **ids, size_t *n, Specd__Code *code,
                      char *msg, size_t msg_len) {
@@ -142,7 +104,7 @@ static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const
     if (c->n_queued >= c->p.max_queue) {
         snprintf(msg, sizeof msg, "queue full: %d requests waiting (limit %d); retry later", c->n_queued,
                  c->p.max_queue);
-        sd_client_error(c, ident, ident_len, SPECD__CODE__CODE_OVERLOADED, 0, tag, msg, now_us);
+        sd_outbox_client_error(c, ident, ident_len, SPECD__CODE__CODE_OVERLOADED, 0, tag, msg, now_us);
         return;
     }
     sd_sampling samp;
@@ -176,9 +138,9 @@ static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const
             goto refuse;
         }
     }
-    sd_client *cl = find_client(c, ident, ident_len, true);
+    sd_coord_client *cl = sd_coord_client_find(c, ident, ident_len, true);
     if (!cl) {
-        sd_client_error(c, ident, ident_len, SPECD__CODE__CODE_OVERLOADED, 0, tag, "too many clients connected",
+        sd_outbox_client_error(c, ident, ident_len, SPECD__CODE__CODE_OVERLOADED, 0, tag, "too many clients connected",
                         now_us);
         return;
     }
@@ -220,11 +182,11 @@ static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const
     env.accepted = &acc;
     SD_INFO("request %llu accepted: %d prompt tokens, max_tokens %d, temperature %g", (unsigned long long)s->id,
             s->n_prompt, s->max_tokens, (double)samp.temperature);
-    sd_client_send(c, ident, ident_len, &env, now_us);
+    sd_outbox_client(c, ident, ident_len, &env, now_us);
     return;
 refuse:
     SD_INFO("submit refused (%s): %s", sd_net_code_name(code), msg);
-    sd_client_error(c, ident, ident_len, code, 0, tag, msg, now_us);
+    sd_outbox_client_error(c, ident, ident_len, code, 0, tag, msg, now_us);
 }
 
 static void on_cancel(sd_coord *c, const uint8_t *ident, size_t ident_len, const Specd__Cancel *r, uint64_t now_us) {
@@ -234,7 +196,7 @@ static void on_cancel(sd_coord *c, const uint8_t *ident, size_t ident_len, const
         char msg[128];
         snprintf(msg, sizeof msg, "cancel.request_id: %llu is not a running request of this client",
                  (unsigned long long)r->request_id);
-        sd_client_error(c, ident, ident_len, SPECD__CODE__CODE_UNKNOWN_REQUEST, r->request_id, 0, msg, now_us);
+        sd_outbox_client_error(c, ident, ident_len, SPECD__CODE__CODE_UNKNOWN_REQUEST, r->request_id, 0, msg, now_us);
         return;
     }
     char *tail = NULL;
@@ -261,7 +223,7 @@ static void on_stats(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
     Specd__WorkerStats wst[SD_COORD_MAX_WORKERS];
     size_t n = 0;
     for (int32_t i = 0; q->include_workers && i < SD_COORD_MAX_WORKERS; i++) {
-        const sd_worker *w = &c->workers[i];
+        const sd_coord_worker *w = &c->workers[i];
         if (!w->used) continue;
         specd__worker_info__init(&infos[n]);
         specd__worker_stats__init(&wst[n]);
@@ -283,7 +245,7 @@ static void on_stats(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
     Specd__CoordinatorToClient env = SPECD__COORDINATOR_TO_CLIENT__INIT;
     env.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_STATS;
     env.stats = &st;
-    sd_client_send(c, ident, ident_len, &env, now_us);
+    sd_outbox_client(c, ident, ident_len, &env, now_us);
 }
 
 static void send_heartbeat(sd_coord *c, const uint8_t *ident, size_t ident_len, uint64_t now_us) {
@@ -292,14 +254,14 @@ static void send_heartbeat(sd_coord *c, const uint8_t *ident, size_t ident_len, 
     Specd__CoordinatorToClient env = SPECD__COORDINATOR_TO_CLIENT__INIT;
     env.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_HEARTBEAT;
     env.heartbeat = &hb;
-    sd_client_send(c, ident, ident_len, &env, now_us);
+    sd_outbox_client(c, ident, ident_len, &env, now_us);
 }
 
 void sd_clients_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, const uint8_t *body, size_t len,
                            uint64_t now_us) {
     Specd__Code code = SPECD__CODE__CODE_UNSPECIFIED;
     char err[512];
-    sd_client *cl = find_client(c, ident, ident_len, false);
+    sd_coord_client *cl = sd_coord_client_find(c, ident, ident_len, false);
     if (cl) cl->last_recv_us = now_us;
     Specd__ClientToCoordinator *env = sd_net_decode_client(body, len, &c->lim, &code, err, sizeof err);
     if (!env) {
@@ -310,7 +272,7 @@ void sd_clients_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, 
         if (raw && raw->body_case == SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT) tag = raw->submit->client_tag;
         if (raw) specd__client_to_coordinator__free_unpacked(raw, NULL);
         SD_INFO("client message refused (%s): %s", sd_net_code_name(code), err);
-        sd_client_error(c, ident, ident_len, code, 0, tag, err, now_us);
+        sd_outbox_client_error(c, ident, ident_len, code, 0, tag, err, now_us);
         return;
     }
     switch (env->body_case) {
@@ -318,7 +280,7 @@ void sd_clients_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, 
         if (env->hello->protocol_version != SD_PROTOCOL_VERSION) {
             snprintf(err, sizeof err, "hello.protocol_version: %u, the coordinator speaks %u",
                      env->hello->protocol_version, SD_PROTOCOL_VERSION);
-            sd_client_error(c, ident, ident_len, SPECD__CODE__CODE_PROTOCOL, 0, 0, err, now_us);
+            sd_outbox_client_error(c, ident, ident_len, SPECD__CODE__CODE_PROTOCOL, 0, 0, err, now_us);
         } else {
             send_heartbeat(c, ident, ident_len, now_us);
         }
@@ -336,7 +298,7 @@ void sd_clients_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, 
         break;
     default:
         SD_WARN("client message with body case %d; ignored", (int)env->body_case);
-        sd_client_error(c, ident, ident_len, SPECD__CODE__CODE_MALFORMED, 0, 0, "no message body", now_us);
+        sd_outbox_client_error(c, ident, ident_len, SPECD__CODE__CODE_MALFORMED, 0, 0, "no message body", now_us);
         break;
     }
     specd__client_to_coordinator__free_unpacked(env, NULL);
@@ -347,7 +309,7 @@ void sd_clients_tick(sd_coord *c, uint64_t now_us) {
     uint64_t interval = (uint64_t)c->p.heartbeat_interval_ms * 1000u;
     uint64_t dead_after = interval * (uint64_t)c->p.heartbeat_liveness;
     for (int32_t i = 0; i < c->n_clients;) {
-        sd_client *cl = &c->clients[i];
+        sd_coord_client *cl = &c->clients[i];
         if (now_us > cl->last_recv_us + dead_after) {
             if (cl->n_active > 0) {
                 SD_WARN("a client silent for %llu ms: cancelling its %d requests",

@@ -157,7 +157,7 @@ void sd_cost_seed(sd_cost_model *c, const sd_step_cost *costs, size_t n);
 
 /* ---------------------------------------------------------------- workers */
 
-typedef struct sd_worker {
+typedef struct sd_coord_worker {
     bool used;             /* slot in use (alive or kept for stats) */
     bool alive;
     bool unreachable;      /* a send failed: the peer disconnected (dead at the next tick) */
@@ -184,16 +184,16 @@ typedef struct sd_worker {
     int32_t n_step, cap_step;
     int32_t step_tokens;   /* tokens the step's forward computes (appended + drafts) */
     bool step_refill;      /* some sequence appended more than its last committed token */
-} sd_worker;
+} sd_coord_worker;
 
 /* ---------------------------------------------------------------- clients */
 
-typedef struct sd_client {
+typedef struct sd_coord_client {
     uint8_t ident[SD_MAX_IDENTITY_BYTES];
     size_t ident_len;
     uint64_t last_recv_us, last_send_us;
     int32_t n_active;      /* requests not finished */
-} sd_client;
+} sd_coord_client;
 
 /* ---------------------------------------------------------------- the whole */
 
@@ -213,7 +213,7 @@ typedef struct sd_coord {
     int32_t n_queued, n_active;
     uint64_t next_request_id;
 
-    sd_worker workers[SD_COORD_MAX_WORKERS];
+    sd_coord_worker workers[SD_COORD_MAX_WORKERS];
     int32_t verifier;       /* index of the alive verifier leader, -1 none */
     int32_t drafter;        /* index of the drafter in use, -1 none */
     uint64_t next_worker_id;
@@ -221,7 +221,7 @@ typedef struct sd_coord {
     uint64_t verify_steps;  /* verify steps sent that were not prefill-only (shadow draft phase) */
     bool last_verify_prefill;
 
-    sd_client clients[SD_COORD_MAX_CLIENTS];
+    sd_coord_client clients[SD_COORD_MAX_CLIENTS];
     int32_t n_clients;
     /* token chunks committed by a verify reply, streamed to the clients
      * only once the next verify request is out (sd_sched_pump) */
@@ -290,18 +290,24 @@ void sd_workers_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, 
                            uint64_t now_us);
 /* Heartbeats, liveness and step timeouts. */
 void sd_workers_tick(sd_coord *c, uint64_t now_us);
-void sd_worker_send(sd_coord *c, int32_t w, const Specd__CoordinatorToWorker *env, uint64_t now_us);
 
 /* clients.c */
 void sd_clients_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, const uint8_t *body, size_t len,
                            uint64_t now_us);
 void sd_clients_tick(sd_coord *c, uint64_t now_us);
-void sd_client_send(sd_coord *c, const uint8_t *ident, size_t ident_len, const Specd__CoordinatorToClient *env,
-                    uint64_t now_us);
-void sd_client_error(sd_coord *c, const uint8_t *ident, size_t ident_len, Specd__Code code, uint64_t request_id,
-                     uint64_t client_tag, const char *msg, uint64_t now_us);
+
+/* outbox.c: every send goes through here (to c->io), with the peer
+ * bookkeeping sending implies; nothing in it calls up into the modules above */
+void sd_outbox_worker(sd_coord *c, int32_t w, const Specd__CoordinatorToWorker *env, uint64_t now_us);
+void sd_outbox_client(sd_coord *c, const uint8_t *ident, size_t ident_len, const Specd__CoordinatorToClient *env,
+                      uint64_t now_us);
+void sd_outbox_client_error(sd_coord *c, const uint8_t *ident, size_t ident_len, Specd__Code code,
+                            uint64_t request_id, uint64_t client_tag, const char *msg, uint64_t now_us);
+/* The client record of ident (borrowed from c), created when create is set
+ * and the table has room; NULL otherwise. */
+sd_coord_client *sd_coord_client_find(sd_coord *c, const uint8_t *ident, size_t ident_len, bool create);
 /* A request of the client ended (bookkeeping for liveness). */
-void sd_clients_request_done(sd_coord *c, const uint8_t *ident, size_t ident_len);
+void sd_coord_client_request_done(sd_coord *c, const uint8_t *ident, size_t ident_len);
 
 /* server.c: sockets and the loop */
 typedef struct sd_coord_server sd_coord_server;

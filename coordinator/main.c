@@ -17,6 +17,7 @@
  * - The EOS token is committed and listed in TokenChunk.tokens but adds no
  *   text, as in specd-generate. */
 #include "coord.h"
+#include "specd/cli.h"
 
 #include <getopt.h>
 #include <signal.h>
@@ -55,13 +56,6 @@ static void usage(FILE *f) {
             SD_MAX_DRAFT);
 }
 
-static bool parse_int(const char *s, long lo, long hi, int32_t *out) {
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (*s == '\0' || *end != '\0' || v < lo || v > hi) return false;
-    *out = (int32_t)v;
-    return true;
-}
 
 int main(int argc, char **argv) {
     sd_coord_params p = sd_coord_default_params();
@@ -85,19 +79,19 @@ int main(int argc, char **argv) {
         case O_MODEL: p.model_path = optarg; break;
         case O_CADDR: p.client_addr = optarg; break;
         case O_WADDR: p.worker_addr = optarg; break;
-        case O_QUEUE: name = "max-queue"; ok = parse_int(optarg, 0, 1 << 20, &p.max_queue); break;
-        case O_ACTIVE: name = "max-active"; ok = parse_int(optarg, 1, 1 << 16, &p.max_active); break;
-        case O_MAXTOK: name = "max-tokens-default"; ok = parse_int(optarg, 1, 1 << 24, &p.max_tokens_default); break;
-        case O_KDEF: name = "k-default"; ok = parse_int(optarg, 0, SD_MAX_DRAFT, &p.k_default); break;
-        case O_KMAX: name = "k-max"; ok = parse_int(optarg, 0, SD_MAX_DRAFT, &p.k_max); break;
+        case O_QUEUE: name = "max-queue"; ok = sd_cli_parse_i32(optarg, 0, 1 << 20, &p.max_queue); break;
+        case O_ACTIVE: name = "max-active"; ok = sd_cli_parse_i32(optarg, 1, 1 << 16, &p.max_active); break;
+        case O_MAXTOK: name = "max-tokens-default"; ok = sd_cli_parse_i32(optarg, 1, 1 << 24, &p.max_tokens_default); break;
+        case O_KDEF: name = "k-default"; ok = sd_cli_parse_i32(optarg, 0, SD_MAX_DRAFT, &p.k_default); break;
+        case O_KMAX: name = "k-max"; ok = sd_cli_parse_i32(optarg, 0, SD_MAX_DRAFT, &p.k_max); break;
         case O_ADAPT:
             name = "adaptive-k";
             ok = strcmp(optarg, "on") == 0 || strcmp(optarg, "off") == 0;
             p.adaptive_k = strcmp(optarg, "on") == 0;
             break;
-        case O_CHUNK: name = "prefill-chunk"; ok = parse_int(optarg, 1, 1 << 20, &p.prefill_chunk); break;
-        case O_DTO: name = "draft-timeout-ms"; ok = parse_int(optarg, 1, 1 << 30, &p.draft_timeout_ms); break;
-        case O_VTO: name = "verify-timeout-ms"; ok = parse_int(optarg, 1, 1 << 30, &p.verify_timeout_ms); break;
+        case O_CHUNK: name = "prefill-chunk"; ok = sd_cli_parse_i32(optarg, 1, 1 << 20, &p.prefill_chunk); break;
+        case O_DTO: name = "draft-timeout-ms"; ok = sd_cli_parse_i32(optarg, 1, 1 << 30, &p.draft_timeout_ms); break;
+        case O_VTO: name = "verify-timeout-ms"; ok = sd_cli_parse_i32(optarg, 1, 1 << 30, &p.verify_timeout_ms); break;
         case O_CURVE: p.curve_secret_file = optarg; break;
         case 'v': verbose = true; break;
         case 'h': usage(stdout); return 0;

@@ -116,8 +116,8 @@ static int32_t want_k(const sd_coord *c, const sd_session *s) {
     if (cap == 0) return 0;
     if (!c->p.adaptive_k) return imin(c->p.k_default, cap);
     /* a sampled request's draws depend on its K schedule: sd_adapt_next_k
-     * keeps that independent of load and timing (engine/spec_adapt.c) */
-    const bool greedy = s->sampling.temperature == 0.0f;
+     * keeps that independent of load and timing (engine/spec/spec_adapt.c) */
+    const bool greedy = sd_sampling_is_greedy(&s->sampling);
     if (greedy && !c->drafting_pays) return 0;
     /* the batch the sequence will be verified in: every active sequence
      * (hold_for_drafts keeps them together), as far as the verifier takes */
@@ -138,7 +138,7 @@ static void update_drafting_gate(sd_coord *c) {
     int32_t extra_rows = 0;
     for (int32_t i = 0; i < c->n_sessions; i++) {
         const sd_session *s = c->sessions[i];
-        if (s->state != SD_SESSION_ACTIVE || s->sampling.temperature > 0.0f) continue;
+        if (s->state != SD_SESSION_ACTIVE || !sd_sampling_is_greedy(&s->sampling)) continue;
         int32_t cap = k_cap(c, s);
         if (cap == 0) continue;
         int32_t k = sd_adapt_choose_k(s->adapt.alpha, &c->cost, batch, cap);
@@ -157,7 +157,7 @@ static void update_drafting_gate(sd_coord *c) {
  * requests keep a load-independent K, spec_adapt.c), its K = 0 step is being
  * verified, speculation is possible, and its interval has come. */
 static int32_t shadow_k(const sd_coord *c, const sd_session *s) {
-    if (!c->p.adaptive_k || s->sampling.temperature > 0.0f) return 0;
+    if (!c->p.adaptive_k || !sd_sampling_is_greedy(&s->sampling)) return 0;
     if (!s->in_verify || s->verify_k > 0 || s->shadow_base == s->n_tokens) return 0;
     if (k_cap(c, s) == 0) return 0;
     int32_t batch = c->n_active;
@@ -189,7 +189,7 @@ static void flush_chunks(sd_coord *c, uint64_t now_us);
 
 static bool drafted_now(const sd_session *s) { return s->draft_base == s->n_tokens && !s->in_draft; }
 
-static bool step_reserve(sd_worker *w, int32_t n) {
+static bool step_reserve(sd_coord_worker *w, int32_t n) {
     if (n > w->cap_step) {
         uint64_t *r = realloc(w->step_rids, (size_t)n * sizeof *r);
         if (!r) return false;
@@ -269,7 +269,7 @@ static void admit(sd_coord *c) {
         sd_session *s = c->sessions[i];
         if (s->state != SD_SESSION_QUEUED) continue;
         s->state = SD_SESSION_ACTIVE;
-        if (s->sampling.temperature == 0.0f) s->adapt.alpha = c->alpha_prior; /* sampled: fixed start (spec_adapt.c) */
+        if (sd_sampling_is_greedy(&s->sampling)) s->adapt.alpha = c->alpha_prior; /* sampled: fixed start (spec_adapt.c) */
         c->n_queued--;
         c->n_active++;
         c->drafting_dirty = true; /* a new batch size */
@@ -295,7 +295,7 @@ static void fill_sampling(const sd_session *s, Specd__Sampling *pb) {
 }
 
 static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
-    sd_worker *w = &c->workers[c->verifier];
+    sd_coord_worker *w = &c->workers[c->verifier];
     int32_t n = 0;
     for (int32_t i = 0; i < c->n_sessions && n < w->max_batch; i++) {
         cand_kind k = verify_candidate(c, c->sessions[i]);
@@ -331,8 +331,8 @@ static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
         int32_t n_draft = 0;
         /* A sampled request's refill step carries no drafts: whether its
          * warm-up drafts are back when the step goes depends on timing (a
-         * busy verifier), and its draws depend on K (engine/spec_adapt.c). */
-        bool sampled_refill = missing > 1 && s->sampling.temperature > 0.0f;
+         * busy verifier), and its draws depend on K (spec_adapt.c). */
+        bool sampled_refill = missing > 1 && !sd_sampling_is_greedy(&s->sampling);
         if (!prefill && drafted_now(s) && !sampled_refill) {
             n_draft = imin(s->n_draft, s->max_context - s->n_tokens - 1);
             n_draft = imin(n_draft, s->max_tokens - sd_session_generated(s) - 1);
@@ -383,7 +383,7 @@ static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
     SD_DEBUG("verify step %llu: %d seqs, %d tokens%s (cost model: %.0f us + %.0f us/token, draft step %.0f us)",
              (unsigned long long)req.step_id, m, n_tokens, prefill ? " (prefill only)" : "", c->cost.verify_fixed_us,
              c->cost.verify_token_us, c->cost.draft_step_us);
-    sd_worker_send(c, c->verifier, &env, now_us);
+    sd_outbox_worker(c, c->verifier, &env, now_us);
 out:
     free(seqs);
     free(pseqs);
@@ -398,7 +398,7 @@ out:
  * verifier cache is current, they are in a draft step or about to be). */
 static bool hold_for_drafts(const sd_coord *c, uint64_t now_us) {
     if (!drafter_ok(c)) return false;
-    const sd_worker *v = &c->workers[c->verifier], *d = &c->workers[c->drafter];
+    const sd_coord_worker *v = &c->workers[c->verifier], *d = &c->workers[c->drafter];
     int32_t n_ready = 0, n_pending = 0, n_to_draft = 0, ready_tokens = 0;
     for (int32_t i = 0; i < c->n_sessions; i++) {
         const sd_session *s = c->sessions[i];
@@ -461,7 +461,7 @@ static int32_t draft_candidate(const sd_coord *c, const sd_session *s) {
 
 static void dispatch_draft(sd_coord *c, uint64_t now_us) {
     if (!drafter_ok(c) || c->workers[c->drafter].busy) return;
-    sd_worker *w = &c->workers[c->drafter];
+    sd_coord_worker *w = &c->workers[c->drafter];
     int32_t n = 0;
     for (int32_t i = 0; i < c->n_sessions && n < w->max_batch; i++)
         if (draft_candidate(c, c->sessions[i]) > 0) n++;
@@ -514,7 +514,7 @@ static void dispatch_draft(sd_coord *c, uint64_t now_us) {
     w->step_sent_us = now_us;
     w->n_step = m;
     SD_DEBUG("draft step %llu: %d seqs", (unsigned long long)req.step_id, m);
-    sd_worker_send(c, c->drafter, &env, now_us);
+    sd_outbox_worker(c, c->drafter, &env, now_us);
 out:
     free(seqs);
     free(pseqs);
@@ -557,8 +557,8 @@ static void release(sd_coord *c, sd_session *s, uint64_t now_us) {
     Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
     env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_RELEASE;
     env.release = &rel;
-    if (s->v_holds && verifier_ok(c)) sd_worker_send(c, c->verifier, &env, now_us);
-    if (s->d_holds && drafter_ok(c)) sd_worker_send(c, c->drafter, &env, now_us);
+    if (s->v_holds && verifier_ok(c)) sd_outbox_worker(c, c->verifier, &env, now_us);
+    if (s->d_holds && drafter_ok(c)) sd_outbox_worker(c, c->drafter, &env, now_us);
     s->v_holds = s->d_holds = false;
 }
 
@@ -568,7 +568,7 @@ static void end_session(sd_coord *c, sd_session *s, uint64_t now_us) {
     s->state = SD_SESSION_FINISHED;
     c->finished_requests++;
     release(c, s, now_us);
-    sd_clients_request_done(c, s->client_ident, s->client_ident_len);
+    sd_coord_client_request_done(c, s->client_ident, s->client_ident_len);
     reap(c, s);
 }
 
@@ -590,21 +590,21 @@ void sd_sched_finish(sd_coord *c, sd_session *s, Specd__StopReason reason, const
             (unsigned long long)s->id, protobuf_c_enum_descriptor_get_value(&specd__stop_reason__descriptor,
                                                                            (int)reason)->name,
             s->n_prompt, sd_session_generated(s), s->accepted, s->drafted, s->target_steps);
-    sd_client_send(c, s->client_ident, s->client_ident_len, &env, now_us);
+    sd_outbox_client(c, s->client_ident, s->client_ident_len, &env, now_us);
     end_session(c, s, now_us);
 }
 
 void sd_sched_abort(sd_coord *c, sd_session *s, Specd__Code code, const char *msg, bool notify, uint64_t now_us) {
     if (s->state == SD_SESSION_FINISHED) return;
     SD_WARN("request %llu aborted (%s): %s", (unsigned long long)s->id, sd_net_code_name(code), msg);
-    if (notify) sd_client_error(c, s->client_ident, s->client_ident_len, code, s->id, s->client_tag, msg, now_us);
+    if (notify) sd_outbox_client_error(c, s->client_ident, s->client_ident_len, code, s->id, s->client_tag, msg, now_us);
     end_session(c, s, now_us);
 }
 
 /* ---------------------------------------------------------------- results */
 
 void sd_sched_fail_step(sd_coord *c, int32_t wi, const char *why) {
-    sd_worker *w = &c->workers[wi];
+    sd_coord_worker *w = &c->workers[wi];
     bool verifier = wi == c->verifier;
     SD_WARN("%s %s failed step %llu: %s", verifier ? "verifier" : "drafter", w->name,
             (unsigned long long)w->step_id, why);
@@ -636,7 +636,7 @@ void sd_sched_fail_step(sd_coord *c, int32_t wi, const char *why) {
 }
 
 void sd_sched_on_worker_lost(sd_coord *c, int32_t wi) {
-    sd_worker *w = &c->workers[wi];
+    sd_coord_worker *w = &c->workers[wi];
     bool verifier = wi == c->verifier, drafter = wi == c->drafter;
     w->busy = false;
     w->n_step = 0;
@@ -673,7 +673,7 @@ void sd_sched_on_worker_lost(sd_coord *c, int32_t wi) {
 }
 
 /* Checks that a response has one result per sequence of the step. */
-static bool same_count(const sd_worker *w, size_t n, char *why, size_t why_len) {
+static bool same_count(const sd_coord_worker *w, size_t n, char *why, size_t why_len) {
     if ((int32_t)n != w->n_step) {
         snprintf(why, why_len, "%zu results for %d sequences", n, w->n_step);
         return false;
@@ -693,7 +693,7 @@ static void send_chunk(sd_coord *c, const sd_session *s, int32_t from, int32_t n
     Specd__CoordinatorToClient env = SPECD__COORDINATOR_TO_CLIENT__INIT;
     env.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS;
     env.tokens = &chunk;
-    sd_client_send(c, s->client_ident, s->client_ident_len, &env, now_us);
+    sd_outbox_client(c, s->client_ident, s->client_ident_len, &env, now_us);
 }
 
 /* Streams the chunks a verify reply committed (sd_sched_pump calls this
@@ -742,7 +742,7 @@ static void commit_step(sd_coord *c, sd_session *s, const int32_t *tokens, int32
 }
 
 void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r, uint64_t now_us) {
-    sd_worker *w = &c->workers[wi];
+    sd_coord_worker *w = &c->workers[wi];
     char why[256];
     if (!w->busy || r->step_id != w->step_id) {
         SD_WARN("verifier %s: response to step %llu, expected %llu; ignored", w->name,
@@ -830,7 +830,7 @@ void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r,
             s->accepted += vr->n_accepted;
             if (w->step_k[i] > 0) {
                 sd_adapt_observe(&s->adapt, w->step_k[i], (int32_t)vr->n_accepted);
-                if (s->sampling.temperature == 0.0f) sd_adapt_prior_update(&c->alpha_prior, &s->adapt);
+                if (sd_sampling_is_greedy(&s->sampling)) sd_adapt_prior_update(&c->alpha_prior, &s->adapt);
                 s->adapt.steps_at_zero = 0;
             } else if (k_cap(c, s) > 0) {
                 s->adapt.steps_at_zero++;
@@ -899,7 +899,7 @@ static bool copy_drafts(sd_session *s, const Specd__DraftResult *dr) {
 }
 
 void sd_sched_on_draft(sd_coord *c, int32_t wi, const Specd__DraftResponse *r, uint64_t now_us) {
-    sd_worker *w = &c->workers[wi];
+    sd_coord_worker *w = &c->workers[wi];
     char why[256];
     if (c->hold_since_us) c->hold_event_us = c->clock_us();
     if (!w->busy || r->step_id != w->step_id) {

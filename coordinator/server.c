@@ -109,7 +109,7 @@ static void drain(sd_coord_server *s, bool workers) {
                     env.error = &e;
                     (void)send_to_worker(s, m.identity, m.identity_len, &env);
                 } else {
-                    sd_client_error(&s->c, m.identity, m.identity_len, SPECD__CODE__CODE_MALFORMED, 0, 0, why, now);
+                    sd_outbox_client_error(&s->c, m.identity, m.identity_len, SPECD__CODE__CODE_MALFORMED, 0, 0, why, now);
                 }
             }
             sd_net_msg_clear(&m);

@@ -32,7 +32,6 @@ sd_session *sd_session_new(const sd_tok *tok, uint64_t id, const int32_t *prompt
     s->adapt.alpha = 0.6;
     s->shadow_base = -1;
     s->sampling = sd_sampling_default();
-    s->sampling.temperature = 0.0f;
     if (!s->tokens || !s->stream) goto fail;
     memcpy(s->tokens, prompt, (size_t)n_prompt * sizeof *prompt);
     s->n_tokens = n_prompt;

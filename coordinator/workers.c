@@ -18,12 +18,6 @@
 #include <stdio.h>
 #include <string.h>
 
-void sd_worker_send(sd_coord *c, int32_t wi, const Specd__CoordinatorToWorker *env, uint64_t now_us) {
-    sd_worker *w = &c->workers[wi];
-    if (!c->io.to_worker(c->io.user, w->ident, w->ident_len, env)) w->unreachable = true;
-    w->last_send_us = now_us;
-}
-
 static void send_error(sd_coord *c, const uint8_t *ident, size_t ident_len, Specd__Code code, const char *msg) {
     Specd__Error e;
     sd_net_error_init(&e, code, 0, 0, msg);
@@ -35,14 +29,14 @@ static void send_error(sd_coord *c, const uint8_t *ident, size_t ident_len, Spec
 
 static int32_t find_alive(const sd_coord *c, const uint8_t *ident, size_t ident_len) {
     for (int32_t i = 0; i < SD_COORD_MAX_WORKERS; i++) {
-        const sd_worker *w = &c->workers[i];
+        const sd_coord_worker *w = &c->workers[i];
         if (w->used && w->alive && w->ident_len == ident_len && memcmp(w->ident, ident, ident_len) == 0) return i;
     }
     return -1;
 }
 
 static void mark_dead(sd_coord *c, int32_t wi, const char *why) {
-    sd_worker *w = &c->workers[wi];
+    sd_coord_worker *w = &c->workers[wi];
     SD_WARN("%s %s (worker %llu) is dead: %s", w->role == SPECD__ROLE__ROLE_VERIFIER ? "verifier" : "drafter", w->name,
             (unsigned long long)w->worker_id, why);
     sd_sched_on_worker_lost(c, wi);
@@ -54,7 +48,7 @@ static void mark_dead(sd_coord *c, int32_t wi, const char *why) {
 static int32_t new_slot(sd_coord *c, const uint8_t *ident, size_t ident_len) {
     int32_t free_slot = -1, dead = -1;
     for (int32_t i = 0; i < SD_COORD_MAX_WORKERS; i++) {
-        sd_worker *w = &c->workers[i];
+        sd_coord_worker *w = &c->workers[i];
         if (!w->used) {
             if (free_slot < 0) free_slot = i;
         } else if (!w->alive) {
@@ -122,7 +116,7 @@ static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
             Specd__CoordinatorToWorker probe = SPECD__COORDINATOR_TO_WORKER__INIT;
             probe.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_HEARTBEAT;
             probe.heartbeat = &hb;
-            sd_worker_send(c, c->verifier, &probe, now_us);
+            sd_outbox_worker(c, c->verifier, &probe, now_us);
             if (c->workers[c->verifier].unreachable) mark_dead(c, c->verifier, "disconnected");
         }
         if (c->verifier >= 0 && c->workers[c->verifier].alive) {
@@ -137,7 +131,7 @@ static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
         send_error(c, ident, ident_len, SPECD__CODE__CODE_REFUSED, "too many workers registered");
         return;
     }
-    sd_worker *w = &c->workers[wi];
+    sd_coord_worker *w = &c->workers[wi];
     uint64_t *rids = w->step_rids;
     int32_t *ks = w->step_k, *ends = w->step_end, cap = w->cap_step;
     memset(w, 0, sizeof *w);
@@ -194,7 +188,7 @@ static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
     Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
     env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_WELCOME;
     env.welcome = &wel;
-    sd_worker_send(c, wi, &env, now_us);
+    sd_outbox_worker(c, wi, &env, now_us);
 }
 
 void sd_workers_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, const uint8_t *body, size_t len,
@@ -222,7 +216,7 @@ void sd_workers_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, 
         if (wi < 0) {
             SD_DEBUG("heartbeat from an unregistered worker; ignored");
         } else if (env->heartbeat->stats) {
-            sd_worker *w = &c->workers[wi];
+            sd_coord_worker *w = &c->workers[wi];
             w->kv_blocks_total = env->heartbeat->stats->kv_blocks_total;
             w->kv_blocks_free = env->heartbeat->stats->kv_blocks_free;
             w->n_sequences = env->heartbeat->stats->n_sequences;
@@ -259,7 +253,7 @@ void sd_workers_tick(sd_coord *c, uint64_t now_us) {
     uint64_t dead_after = interval * (uint64_t)c->p.heartbeat_liveness;
     bool changed = false;
     for (int32_t i = 0; i < SD_COORD_MAX_WORKERS; i++) {
-        sd_worker *w = &c->workers[i];
+        sd_coord_worker *w = &c->workers[i];
         if (!w->used || !w->alive) continue;
         bool is_drafter = w->role == SPECD__ROLE__ROLE_DRAFTER;
         uint64_t timeout = (uint64_t)(is_drafter ? c->p.draft_timeout_ms : c->p.verify_timeout_ms) * 1000u;
@@ -284,7 +278,7 @@ void sd_workers_tick(sd_coord *c, uint64_t now_us) {
             Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
             env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_HEARTBEAT;
             env.heartbeat = &hb;
-            sd_worker_send(c, i, &env, now_us);
+            sd_outbox_worker(c, i, &env, now_us);
         }
     }
     if (changed) sd_sched_pump(c, now_us);

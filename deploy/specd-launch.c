@@ -37,6 +37,7 @@
  * Rejected: a shell script (no PDEATHSIG, racy readiness), restarting the
  * coordinator (it would silently drop every request in flight). */
 #include "specd/common.h"
+#include "specd/cli.h"
 #include "specd/net.h"
 
 #include <errno.h>
@@ -674,14 +675,6 @@ static void usage(FILE *f) {
             "2 on a usage error.\n");
 }
 
-static bool parse_int(const char *s, int lo, int hi, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
-    *out = (int)v;
-    return true;
-}
 
 enum {
     OPT_TARGET = 256, OPT_DRAFT, OPT_NGRAM, OPT_DRAFT_LAYERS, OPT_NO_DRAFT, OPT_TP, OPT_CLIENT_ADDR,
@@ -720,14 +713,14 @@ static int parse_args(int argc, char **argv, launch_opts *o) {
         case OPT_DRAFT: o->draft = optarg; break;
         case OPT_NGRAM: o->ngram = true; break;
         case OPT_DRAFT_LAYERS:
-            if (!parse_int(optarg, 1, 4096, &o->draft_layers)) {
+            if (!sd_cli_parse_int(optarg, 1, 4096, &o->draft_layers)) {
                 fprintf(stderr, "specd-launch: --draft-layers must be an integer in [1, 4096], got '%s'\n", optarg);
                 return 2;
             }
             break;
         case OPT_NO_DRAFT: o->no_draft = true; break;
         case OPT_TP:
-            if (!parse_int(optarg, 1, MAX_TP, &o->tp)) {
+            if (!sd_cli_parse_int(optarg, 1, MAX_TP, &o->tp)) {
                 fprintf(stderr, "specd-launch: --tp must be an integer in [1, %d], got '%s'\n", MAX_TP, optarg);
                 return 2;
             }
@@ -739,7 +732,7 @@ static int parse_args(int argc, char **argv, launch_opts *o) {
                 o->device_base = -1;
             } else if (!strcmp(optarg, "cuda")) {
                 o->device_base = 0;
-            } else if (strncmp(optarg, "cuda:", 5) || !parse_int(optarg + 5, 0, 1023, &o->device_base)) {
+            } else if (strncmp(optarg, "cuda:", 5) || !sd_cli_parse_int(optarg + 5, 0, 1023, &o->device_base)) {
                 fprintf(stderr, "specd-launch: --verifier-device takes cpu, cuda or cuda:N, got '%s'\n", optarg);
                 return 2;
             }
@@ -747,7 +740,7 @@ static int parse_args(int argc, char **argv, launch_opts *o) {
         case OPT_WORKER_ADDR: o->worker_addr = optarg; break;
         case OPT_THREADS_V:
         case OPT_THREADS_D:
-            if (!parse_int(optarg, 1, 1024, c == OPT_THREADS_V ? &o->threads_verifier : &o->threads_drafter)) {
+            if (!sd_cli_parse_int(optarg, 1, 1024, c == OPT_THREADS_V ? &o->threads_verifier : &o->threads_drafter)) {
                 fprintf(stderr, "specd-launch: --threads-* must be an integer in [1, 1024], got '%s'\n", optarg);
                 return 2;
             }
@@ -755,7 +748,7 @@ static int parse_args(int argc, char **argv, launch_opts *o) {
         case OPT_BIN_DIR: o->bin_dir = optarg; break;
         case OPT_READY_TIMEOUT:
         case OPT_STOP_TIMEOUT:
-            if (!parse_int(optarg, 1, 86400, c == OPT_READY_TIMEOUT ? &o->ready_timeout_s : &o->stop_timeout_s)) {
+            if (!sd_cli_parse_int(optarg, 1, 86400, c == OPT_READY_TIMEOUT ? &o->ready_timeout_s : &o->stop_timeout_s)) {
                 fprintf(stderr, "specd-launch: timeouts are integers in [1, 86400] seconds, got '%s'\n", optarg);
                 return 2;
             }

@@ -91,7 +91,7 @@ sd_status sd_draft_server_create(sd_drafter *drafter, const sd_draft_server_para
     sd_draft_server_params p = params ? *params : sd_draft_server_default_params();
     if (p.max_seqs <= 0 || p.max_seqs > 1 << 16 || p.max_ctx <= 0 || p.max_ctx > 1 << 24 || p.max_batch <= 0 ||
         p.max_batch > SD_MAX_BATCH || p.max_draft <= 0 || p.max_draft > SD_MAX_DRAFT ||
-        p.max_draft > SD_SPEC_MAX_K || p.n_vocab <= 0 || p.top_n <= 0 || p.top_n > SD_MAX_TOP_N) {
+        p.max_draft > SD_MAX_DRAFT || p.n_vocab <= 0 || p.top_n <= 0 || p.top_n > SD_MAX_TOP_N) {
         SD_ERROR("drafter: bad server parameters (max_seqs %d, max_ctx %d, max_batch %d in [1, %d], max_draft %d in "
                  "[1, %d], n_vocab %d, top_n %d in [1, %d])", (int)p.max_seqs, (int)p.max_ctx, (int)p.max_batch,
                  SD_MAX_BATCH, (int)p.max_draft, SD_MAX_DRAFT, (int)p.n_vocab, (int)p.top_n, SD_MAX_TOP_N);

@@ -17,6 +17,7 @@
  * sequence longer than its slot gets a per-sequence KV_FULL.
  * Exit status: 0 on SIGINT/SIGTERM, 2 for bad flags or files, 3 refused. */
 #include "draft_serve.h"
+#include "specd/cli.h"
 
 #include "specd/drafter.h"
 #include "specd/weights.h"
@@ -82,14 +83,9 @@ static void usage(FILE *f) {
 }
 
 static bool parse_int(const char *flag, const char *s, int32_t lo, int32_t hi, int32_t *out) {
-    char *end = NULL;
-    long v = strtol(s, &end, 10);
-    if (!s[0] || *end || v < lo || v > hi) {
-        fprintf(stderr, "specd-drafter: %s must be an integer in [%d, %d], got '%s'\n", flag, (int)lo, (int)hi, s);
-        return false;
-    }
-    *out = (int32_t)v;
-    return true;
+    if (sd_cli_parse_i32(s, lo, hi, out)) return true;
+    fprintf(stderr, "specd-drafter: %s must be an integer in [%d, %d], got '%s'\n", flag, (int)lo, (int)hi, s);
+    return false;
 }
 
 /* 0 = run, 1 = --help printed, 2 = bad flags. */
@@ -169,7 +165,7 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
 }
 
 /* Tokens per slot for a model drafter: the context, capped by --kv-blocks or a quarter of memory. */
-static int32_t model_slot_ctx(const drafter_opts *o, const sd_worker_identity *id, const char *path) {
+static int32_t model_slot_ctx(const drafter_opts *o, const sd_model_identity *id, const char *path) {
     int32_t ctx = o->max_ctx > 0 ? o->max_ctx : (int32_t)id->context_length;
     int64_t blocks = o->kv_blocks;
     if (blocks <= 0) {
@@ -224,7 +220,7 @@ int main(int argc, char **argv) {
 
     sd_worker_params wp = sd_worker_default_params();
     const char *id_path = o.ngram && o.vocab_from ? o.vocab_from : o.model_path;
-    if (sd_worker_identity_from_model(id_path, &wp.model) != SD_OK) {
+    if (sd_weights_identity(id_path, &wp.model) != SD_OK) {
         close(stop_fd);
         return 2;
     }

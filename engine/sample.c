@@ -73,36 +73,6 @@ double sd_rng_uniform(uint64_t seed, uint64_t position, sd_rng_purpose purpose) 
     return (double)bits * 0x1.0p-53;
 }
 
-/* ---- parameters ---- */
-
-sd_sampling sd_sampling_default(void) {
-    sd_sampling s = { .temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 0 };
-    return s;
-}
-
-sd_status sd_sampling_validate(const sd_sampling *s) {
-    if (!s) {
-        SD_ERROR("sampling: parameters are NULL");
-        return SD_ERR_INVALID_ARG;
-    }
-    if (!(s->temperature >= 0.0f) || !isfinite(s->temperature)) {
-        SD_ERROR("sampling: temperature must be finite and >= 0, got %g", (double)s->temperature);
-        return SD_ERR_INVALID_ARG;
-    }
-    if (!(s->top_p > 0.0f && s->top_p <= 1.0f)) {
-        SD_ERROR("sampling: top_p must be in (0, 1], got %g", (double)s->top_p);
-        return SD_ERR_INVALID_ARG;
-    }
-    if (!(s->min_p >= 0.0f && s->min_p < 1.0f)) {
-        SD_ERROR("sampling: min_p must be in [0, 1), got %g", (double)s->min_p);
-        return SD_ERR_INVALID_ARG;
-    }
-    if (s->top_k < 0) {
-        SD_ERROR("sampling: top_k must be >= 0, got %d", (int)s->top_k);
-        return SD_ERR_INVALID_ARG;
-    }
-    return SD_OK;
-}
 
 /* ---- processing ---- */
 
@@ -148,7 +118,7 @@ static sd_status check_inputs(const float *logits, int32_t n, const sd_sampling 
 
 sd_status sd_sample_probs(const float *logits, int32_t n, const sd_sampling *s, float *probs) {
     SD_TRY(check_inputs(logits, n, s, probs));
-    if (s->temperature == 0.0f) {
+    if (sd_sampling_is_greedy(s)) {
         int32_t best = sd_argmax(logits, n);
         for (int32_t i = 0; i < n; i++) probs[i] = i == best ? 1.0f : 0.0f;
         return SD_OK;
@@ -248,7 +218,7 @@ int32_t sd_sample_from(const float *probs, int32_t n, double u) {
 sd_status sd_sample_token(const float *logits, int32_t n, const sd_sampling *s, uint64_t position,
                           int32_t *token) {
     SD_TRY(check_inputs(logits, n, s, token));
-    if (s->temperature == 0.0f) {
+    if (sd_sampling_is_greedy(s)) {
         *token = sd_argmax(logits, n);
         return SD_OK;
     }

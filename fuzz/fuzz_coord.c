@@ -647,7 +647,7 @@ static bool all_done(const fz *f) {
 
 static bool worker_alive(const fz *f, int w) {
     for (int i = 0; i < SD_COORD_MAX_WORKERS; i++) {
-        const sd_worker *x = &f->c.workers[i];
+        const sd_coord_worker *x = &f->c.workers[i];
         if (x->used && x->alive && x->ident_len == strlen(f->worker_ident[w]) &&
             memcmp(x->ident, f->worker_ident[w], x->ident_len) == 0)
             return true;

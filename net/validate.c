@@ -658,32 +658,20 @@ Specd__LeaderToRank *sd_net_decode_leader(const uint8_t *data, size_t len, const
 /* ---- sampling ---- */
 
 bool sd_net_sampling_from_pb(const Specd__Sampling *msg, sd_sampling *out, char *err, size_t err_len) {
-    sd_sampling s = sd_sampling_default();
+    sd_sampling s = sd_sampling_default(); /* no sampling message: greedy */
     if (err && err_len) err[0] = '\0';
-    if (!msg) {
-        s.temperature = 0.0f; /* no sampling message: greedy */
-        *out = s;
-        return true;
+    if (msg) {
+        if (msg->top_k > (uint32_t)INT32_MAX) {
+            if (err && err_len) snprintf(err, err_len, "top_k: %u over the limit of %d", msg->top_k, INT32_MAX);
+            return false;
+        }
+        s.temperature = msg->temperature;
+        s.top_k = (int32_t)msg->top_k;
+        s.top_p = msg->top_p == 0.0f ? 1.0f : msg->top_p; /* proto3's unset 0 is "off" */
+        s.min_p = msg->min_p;
+        s.seed = msg->seed;
     }
-#define SAMPLING_FAIL(...)                                   \
-    do {                                                     \
-        if (err && err_len) snprintf(err, err_len, __VA_ARGS__); \
-        return false;                                        \
-    } while (0)
-    if (!isfinite(msg->temperature) || msg->temperature < 0.0f)
-        SAMPLING_FAIL("temperature: %g, must be finite and >= 0", (double)msg->temperature);
-    if (msg->temperature > 1000.0f) SAMPLING_FAIL("temperature: %g over the limit of 1000", (double)msg->temperature);
-    if (msg->top_k > (uint32_t)INT32_MAX) SAMPLING_FAIL("top_k: %u over the limit of %d", msg->top_k, INT32_MAX);
-    if (!isfinite(msg->top_p) || msg->top_p < 0.0f || msg->top_p > 1.0f)
-        SAMPLING_FAIL("top_p: %g outside [0, 1] (0 = off)", (double)msg->top_p);
-    if (!isfinite(msg->min_p) || msg->min_p < 0.0f || msg->min_p >= 1.0f)
-        SAMPLING_FAIL("min_p: %g outside [0, 1)", (double)msg->min_p);
-#undef SAMPLING_FAIL
-    s.temperature = msg->temperature;
-    s.top_k = (int32_t)msg->top_k;
-    s.top_p = msg->top_p == 0.0f ? 1.0f : msg->top_p;
-    s.min_p = msg->min_p;
-    s.seed = msg->seed;
+    if (sd_sampling_check(&s, err, err_len) != SD_OK) return false;
     *out = s;
     return true;
 }

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "specd/gguf.h"
+#include "specd/cli.h"
 #include "specd/kv.h"
 #include "specd/model.h"
 #include "specd/weights.h"
@@ -60,14 +61,6 @@ static bool parse_ids(const char *s, int32_t **ids, int32_t *n) {
     return true;
 }
 
-static bool parse_int(const char *s, int lo, int hi, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
-    *out = (int)v;
-    return true;
-}
 
 /* Writes n floats little-endian, whatever the host's byte order. */
 static bool write_f32le(FILE *f, const float *x, size_t n) {
@@ -210,13 +203,13 @@ int main(int argc, char **argv) {
         case 'm': model = optarg; break;
         case O_OUT: out = optarg; break;
         case O_THREADS:
-            if (!parse_int(optarg, 0, 1024, &threads)) {
+            if (!sd_cli_parse_int(optarg, 0, 1024, &threads)) {
                 fprintf(stderr, "specd_logits: --threads must be in 0..1024 (got '%s')\n", optarg);
                 goto done;
             }
             break;
         case O_CHUNK:
-            if (!parse_int(optarg, 1, 1 << 20, &chunk)) {
+            if (!sd_cli_parse_int(optarg, 1, 1 << 20, &chunk)) {
                 fprintf(stderr, "specd_logits: --chunk must be in 1..1048576 (got '%s')\n", optarg);
                 goto done;
             }

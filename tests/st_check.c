@@ -15,11 +15,11 @@ int main(int argc, char **argv) {
     sd_log_set(NULL, NULL, SD_LOG_OFF, NULL);
     for (int i = 1; i < argc; i++) {
         char err[512] = "";
-        sd_st *st = NULL;
-        sd_status s = sd_st_open(argv[i], &st, err, sizeof err);
+        sd_safetensors *st = NULL;
+        sd_status s = sd_safetensors_open(argv[i], &st, err, sizeof err);
         if (s == SD_OK) {
-            printf("ok %lld\n", (long long)sd_st_n_tensors(st));
-            sd_st_close(&st);
+            printf("ok %lld\n", (long long)sd_safetensors_n_tensors(st));
+            sd_safetensors_close(&st);
         } else {
             const char *colon = strchr(err, ':');
             printf("error %.*s\n", colon ? (int)(colon - err) : (int)strlen(err), err);

@@ -62,6 +62,7 @@ typedef struct seq_case {
 
 static sd_sampling sampling_for(int which) {
     sd_sampling s = sd_sampling_default();
+    s.temperature = 1.0f; /* sampled (the default is greedy) */
     s.seed = rng_next();
     switch (which % 6) {
     case 0: s.temperature = 0.0f; break;

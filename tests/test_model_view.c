@@ -175,6 +175,7 @@ static void test_self_view_drafter(void **state) {
     assert_int_equal(sd_drafter_kind_of(from_view), SD_DRAFTER_SELF);
     const int32_t ctx[6] = {9, 8, 7, 100, 101, 102};
     sd_sampling s = sd_sampling_default();
+    s.temperature = 1.0f; /* sampled (the default is greedy) */
     s.seed = 77;
     int32_t ta[6], tb[6], na = 0, nb = 0;
     sd_spec_q qa[6], qb[6];

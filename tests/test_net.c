@@ -553,7 +553,7 @@ static void test_validate_verify(void **state) {
     expect_to_worker(&vb.env, BAD, "verify.seqs[0].sampling.temperature: -1");
     verify_batch_init(&vb);
     vb.smp.top_p = 1.5f;
-    expect_to_worker(&vb.env, BAD, "verify.seqs[0].sampling.top_p: 1.5 outside [0, 1]");
+    expect_to_worker(&vb.env, BAD, "verify.seqs[0].sampling.top_p: 1.5 outside (0, 1]");
     verify_batch_init(&vb);
     vb.smp.min_p = 1.0f;
     expect_to_worker(&vb.env, BAD, "sampling.min_p: 1 outside [0, 1)");

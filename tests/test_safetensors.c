@@ -42,17 +42,17 @@ static sd_status open_copy(const uint8_t *bytes, size_t size, char *err, size_t 
     uint8_t *copy = malloc(size ? size : 1);
     assert_non_null(copy);
     if (size) memcpy(copy, bytes, size);
-    sd_st *st = NULL;
-    sd_status s = sd_st_open_memory(copy, size, &st, err, err_len);
+    sd_safetensors *st = NULL;
+    sd_status s = sd_safetensors_open_memory(copy, size, &st, err, err_len);
     if (s == SD_OK) {
-        for (int64_t i = 0; i < sd_st_n_tensors(st); i++) { /* touch every byte a caller could */
-            const sd_st_tensor *t = sd_st_tensor_at(st, i);
+        for (int64_t i = 0; i < sd_safetensors_n_tensors(st); i++) { /* touch every byte a caller could */
+            const sd_safetensors_tensor *t = sd_safetensors_tensor_at(st, i);
             volatile uint8_t sink = 0;
             for (uint64_t j = 0; j < t->n_bytes; j++) sink ^= ((const uint8_t *)t->data)[j];
             (void)sink;
-            assert_ptr_equal(sd_st_find(st, t->name), t);
+            assert_ptr_equal(sd_safetensors_find(st, t->name), t);
         }
-        sd_st_close(&st);
+        sd_safetensors_close(&st);
     } else {
         assert_null(st);
     }
@@ -75,37 +75,37 @@ static void test_base_is_valid(void **state) {
     tbuf b = make_file(BASE_HEADER, 32, -1);
     char err[256];
     assert_int_equal(open_copy(b.p, b.n, err, sizeof err), SD_OK);
-    sd_st *st = NULL;
-    assert_int_equal(sd_st_open_memory(b.p, b.n, &st, err, sizeof err), SD_OK);
-    assert_int_equal(sd_st_n_tensors(st), 2);
-    const sd_st_tensor *a = sd_st_find(st, "a"), *bt = sd_st_find(st, "b");
+    sd_safetensors *st = NULL;
+    assert_int_equal(sd_safetensors_open_memory(b.p, b.n, &st, err, sizeof err), SD_OK);
+    assert_int_equal(sd_safetensors_n_tensors(st), 2);
+    const sd_safetensors_tensor *a = sd_safetensors_find(st, "a"), *bt = sd_safetensors_find(st, "b");
     assert_non_null(a);
     assert_non_null(bt);
-    assert_null(sd_st_find(st, "c"));
-    assert_null(sd_st_find(st, "__metadata__"));
-    assert_int_equal(a->dtype, SD_ST_F32);
+    assert_null(sd_safetensors_find(st, "c"));
+    assert_null(sd_safetensors_find(st, "__metadata__"));
+    assert_int_equal(a->dtype, SD_SAFETENSORS_F32);
     assert_int_equal(a->n_dims, 2);
     assert_int_equal(a->shape[0], 2);
     assert_int_equal(a->shape[1], 3);
     assert_int_equal(a->n_elems, 6);
     assert_int_equal(a->n_bytes, 24);
     assert_ptr_equal(a->data, b.p + 8 + strlen(BASE_HEADER));
-    assert_int_equal(bt->dtype, SD_ST_BF16);
+    assert_int_equal(bt->dtype, SD_SAFETENSORS_BF16);
     assert_ptr_equal(bt->data, b.p + 8 + strlen(BASE_HEADER) + 24);
-    assert_ptr_equal(sd_st_tensor_at(st, 0), a); /* data order */
-    assert_int_equal(sd_st_n_metadata(st), 1);
-    assert_string_equal(sd_st_metadata(st, "format"), "pt");
+    assert_ptr_equal(sd_safetensors_tensor_at(st, 0), a); /* data order */
+    assert_int_equal(sd_safetensors_n_metadata(st), 1);
+    assert_string_equal(sd_safetensors_metadata(st, "format"), "pt");
     const char *k, *v;
-    assert_true(sd_st_metadata_at(st, 0, &k, &v));
+    assert_true(sd_safetensors_metadata_at(st, 0, &k, &v));
     assert_string_equal(k, "format");
-    assert_false(sd_st_metadata_at(st, 1, &k, &v));
+    assert_false(sd_safetensors_metadata_at(st, 1, &k, &v));
     sd_dtype dt;
-    assert_true(sd_st_dtype_to_sd(SD_ST_BF16, &dt));
+    assert_true(sd_safetensors_dtype_to_sd(SD_SAFETENSORS_BF16, &dt));
     assert_int_equal(dt, SD_DTYPE_BF16);
-    assert_false(sd_st_dtype_to_sd(SD_ST_I8, &dt));
-    sd_st_close(&st);
+    assert_false(sd_safetensors_dtype_to_sd(SD_SAFETENSORS_I8, &dt));
+    sd_safetensors_close(&st);
     assert_null(st);
-    sd_st_close(&st); /* NULL-safe */
+    sd_safetensors_close(&st); /* NULL-safe */
     free(b.p);
 }
 
@@ -137,10 +137,10 @@ static void test_valid_corners(void **state) {
         free(b.p);
     }
     tbuf b = make_file("{\"\\u00e9t\\u00e9\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, -1);
-    sd_st *st = NULL;
-    assert_int_equal(sd_st_open_memory(b.p, b.n, &st, err, sizeof err), SD_OK);
-    assert_non_null(sd_st_find(st, "\xc3\xa9t\xc3\xa9"));
-    sd_st_close(&st);
+    sd_safetensors *st = NULL;
+    assert_int_equal(sd_safetensors_open_memory(b.p, b.n, &st, err, sizeof err), SD_OK);
+    assert_non_null(sd_safetensors_find(st, "\xc3\xa9t\xc3\xa9"));
+    sd_safetensors_close(&st);
     free(b.p);
 }
 
@@ -281,57 +281,57 @@ static void test_writer_round_trip(void **state) {
     int fd = mkstemp(path);
     assert_true(fd >= 0);
     close(fd);
-    sd_st_writer *w = sd_st_writer_new();
+    sd_safetensors_writer *w = sd_safetensors_writer_new();
     assert_non_null(w);
     float a[6] = {1, 2, 3, 4, 5, 6};
     uint16_t b[3] = {0x3f80, 0x4000, 0xc000};
     uint64_t sa[2] = {2, 3}, sb[1] = {3};
-    assert_int_equal(sd_st_writer_set_metadata(w, "format", "pt"), SD_OK);
-    assert_int_equal(sd_st_writer_set_metadata(w, "note", "quote \" and\ttab"), SD_OK);
-    assert_int_equal(sd_st_writer_set_metadata(w, "format", "np"), SD_OK); /* replaced */
-    assert_int_equal(sd_st_writer_add_tensor(w, "model.a", SD_ST_F32, 2, sa, a), SD_OK);
-    assert_int_equal(sd_st_writer_add_tensor(w, "b\"\\", SD_ST_BF16, 1, sb, b), SD_OK);
-    assert_int_equal(sd_st_writer_add_tensor(w, "model.a", SD_ST_F32, 2, sa, a), SD_ERR_INVALID_ARG);
-    assert_int_equal(sd_st_writer_add_tensor(w, "__metadata__", SD_ST_F32, 2, sa, a), SD_ERR_INVALID_ARG);
-    assert_int_equal(sd_st_writer_add_tensor(w, "f4", SD_ST_F4, 1, sb, b), SD_ERR_INVALID_ARG); /* 12 bits */
-    assert_int_equal(sd_st_writer_data_bytes(w), 30);
-    assert_int_equal(sd_st_writer_write(w, path), SD_OK);
-    sd_st_writer_free(&w);
+    assert_int_equal(sd_safetensors_writer_set_metadata(w, "format", "pt"), SD_OK);
+    assert_int_equal(sd_safetensors_writer_set_metadata(w, "note", "quote \" and\ttab"), SD_OK);
+    assert_int_equal(sd_safetensors_writer_set_metadata(w, "format", "np"), SD_OK); /* replaced */
+    assert_int_equal(sd_safetensors_writer_add_tensor(w, "model.a", SD_SAFETENSORS_F32, 2, sa, a), SD_OK);
+    assert_int_equal(sd_safetensors_writer_add_tensor(w, "b\"\\", SD_SAFETENSORS_BF16, 1, sb, b), SD_OK);
+    assert_int_equal(sd_safetensors_writer_add_tensor(w, "model.a", SD_SAFETENSORS_F32, 2, sa, a), SD_ERR_INVALID_ARG);
+    assert_int_equal(sd_safetensors_writer_add_tensor(w, "__metadata__", SD_SAFETENSORS_F32, 2, sa, a), SD_ERR_INVALID_ARG);
+    assert_int_equal(sd_safetensors_writer_add_tensor(w, "f4", SD_SAFETENSORS_F4, 1, sb, b), SD_ERR_INVALID_ARG); /* 12 bits */
+    assert_int_equal(sd_safetensors_writer_data_bytes(w), 30);
+    assert_int_equal(sd_safetensors_writer_write(w, path), SD_OK);
+    sd_safetensors_writer_free(&w);
     assert_null(w);
 
-    sd_st *st = NULL;
+    sd_safetensors *st = NULL;
     char err[256];
-    assert_int_equal(sd_st_open(path, &st, err, sizeof err), SD_OK);
-    assert_int_equal(sd_st_n_tensors(st), 2);
-    const sd_st_tensor *ta = sd_st_find(st, "model.a"), *tb = sd_st_find(st, "b\"\\");
+    assert_int_equal(sd_safetensors_open(path, &st, err, sizeof err), SD_OK);
+    assert_int_equal(sd_safetensors_n_tensors(st), 2);
+    const sd_safetensors_tensor *ta = sd_safetensors_find(st, "model.a"), *tb = sd_safetensors_find(st, "b\"\\");
     assert_non_null(ta);
     assert_non_null(tb);
     assert_memory_equal(ta->data, a, sizeof a);
     assert_memory_equal(tb->data, b, sizeof b);
-    assert_string_equal(sd_st_metadata(st, "format"), "np");
-    assert_string_equal(sd_st_metadata(st, "note"), "quote \" and\ttab");
+    assert_string_equal(sd_safetensors_metadata(st, "format"), "np");
+    assert_string_equal(sd_safetensors_metadata(st, "note"), "quote \" and\ttab");
     /* the header is padded to 8 bytes, as the reference writes it */
     FILE *f = fopen(path, "rb");
     uint64_t hlen = 0;
     assert_int_equal(fread(&hlen, 8, 1, f), 1);
     fclose(f);
     assert_int_equal(hlen % 8, 0);
-    sd_st_close(&st);
+    sd_safetensors_close(&st);
     unlink(path);
 }
 
 static void test_open_errors(void **state) {
     (void)state;
-    sd_st *st = NULL;
+    sd_safetensors *st = NULL;
     char err[256];
-    assert_int_equal(sd_st_open("/nonexistent/model.safetensors", &st, err, sizeof err), SD_ERR_IO);
+    assert_int_equal(sd_safetensors_open("/nonexistent/model.safetensors", &st, err, sizeof err), SD_ERR_IO);
     assert_non_null(strstr(err, "/nonexistent/model.safetensors"));
-    assert_int_equal(sd_st_open("/tmp", &st, err, sizeof err), SD_ERR_IO);
-    assert_int_equal(sd_st_open(NULL, &st, err, sizeof err), SD_ERR_INVALID_ARG);
-    assert_int_equal(sd_st_open_memory(NULL, 5, &st, err, sizeof err), SD_ERR_INVALID_ARG);
+    assert_int_equal(sd_safetensors_open("/tmp", &st, err, sizeof err), SD_ERR_IO);
+    assert_int_equal(sd_safetensors_open(NULL, &st, err, sizeof err), SD_ERR_INVALID_ARG);
+    assert_int_equal(sd_safetensors_open_memory(NULL, 5, &st, err, sizeof err), SD_ERR_INVALID_ARG);
     assert_null(st);
-    assert_string_equal(sd_st_dtype_name(SD_ST_F8_E4M3), "F8_E4M3");
-    assert_string_equal(sd_st_dtype_name((sd_st_dtype)99), "?");
+    assert_string_equal(sd_safetensors_dtype_name(SD_SAFETENSORS_F8_E4M3), "F8_E4M3");
+    assert_string_equal(sd_safetensors_dtype_name((sd_safetensors_dtype)99), "?");
 }
 
 int main(void) {

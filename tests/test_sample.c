@@ -129,6 +129,7 @@ static void test_seeded_determinism_and_purposes(void **state) {
     /* Tokens: a seeded request is reproducible; purposes are not mixed up. */
     float logits[8] = { 0.1f, 0.5f, -0.3f, 0.9f, 0.0f, 0.2f, 0.4f, -1.0f };
     sd_sampling s = sd_sampling_default();
+    s.temperature = 1.0f; /* sampled (the default is greedy) */
     s.seed = 2024;
     int32_t first[64], again[64];
     int distinct = 0;
@@ -191,6 +192,7 @@ static void test_top_k(void **state) {
     /* logits = log of 0.1 0.4 0.2 0.2 0.1 (two ties). */
     const float l[5] = { logf(0.1f), logf(0.4f), logf(0.2f), logf(0.2f), logf(0.1f) };
     sd_sampling s = sd_sampling_default();
+    s.temperature = 1.0f; /* sampled (the default is greedy) */
     float got[5];
     s.top_k = 2; /* keeps 1 and the lower-id of the tied 2, 3 */
     assert_int_equal(sd_sample_probs(l, 5, &s, got), SD_OK);
@@ -214,6 +216,7 @@ static void test_top_p(void **state) {
     /* p = 0.05 0.5 0.25 0.15 0.05 (sorted: 1, 2, 3, then 0 and 4 tied). */
     const float l[5] = { logf(0.05f), logf(0.5f), logf(0.25f), logf(0.15f), logf(0.05f) };
     sd_sampling s = sd_sampling_default();
+    s.temperature = 1.0f; /* sampled (the default is greedy) */
     float got[5];
     s.top_p = 0.49f; /* token 1 alone reaches 0.49 */
     assert_int_equal(sd_sample_probs(l, 5, &s, got), SD_OK);
@@ -247,6 +250,7 @@ static void test_min_p(void **state) {
     (void)state;
     const float l[5] = { logf(0.05f), logf(0.5f), logf(0.25f), logf(0.15f), logf(0.05f) };
     sd_sampling s = sd_sampling_default();
+    s.temperature = 1.0f; /* sampled (the default is greedy) */
     float got[5];
     s.min_p = 0.4f; /* floor 0.2: keeps 0.5 and 0.25 */
     assert_int_equal(sd_sample_probs(l, 5, &s, got), SD_OK);
@@ -311,6 +315,7 @@ static void test_sample_from(void **state) {
     /* Frequencies follow the distribution: chi-square, df 3, 0.999 quantile 16.27. */
     const float l[4] = { logf(0.1f), logf(0.2f), logf(0.3f), logf(0.4f) };
     sd_sampling s = sd_sampling_default();
+    s.temperature = 1.0f; /* sampled (the default is greedy) */
     s.seed = 77;
     int count[4] = { 0 };
     enum { DRAWS = 20000 };
@@ -332,7 +337,8 @@ static void test_sample_from(void **state) {
 static void test_invalid_params(void **state) {
     (void)state;
     sd_sampling d = sd_sampling_default();
-    assert_true(d.temperature == 1.0f && d.top_k == 0 && d.top_p == 1.0f && d.min_p == 0.0f && d.seed == 0);
+    assert_true(d.temperature == 0.0f && d.top_k == 0 && d.top_p == 1.0f && d.min_p == 0.0f && d.seed == 0);
+    assert_true(sd_sampling_is_greedy(&d));
     assert_int_equal(sd_sampling_validate(&d), SD_OK);
     sd_sampling ok = d;
     ok.temperature = 0.0f;

@@ -131,6 +131,7 @@ static void make_seqs(seq_spec *ss) {
         if (q->n_prompt >= 8) memcpy(q->prompt + q->n_prompt - 4, q->prompt + 1, 4 * sizeof(int32_t));
         q->k = ks[i];
         q->s = sd_sampling_default();
+        q->s.temperature = 1.0f; /* sampled (the default is greedy) */
         q->s.seed = 1000 + (uint64_t)i * 17;
         if (i % 3 == 0) q->s.temperature = 0.0f;
         if (i % 3 == 2) {
@@ -169,11 +170,11 @@ static void alone_generate(draft_kind kind, const seq_spec *q, int32_t *out) {
     sd_drafter *d = make_drafter(kind, 1);
     sd_spec_decoder *dec = NULL;
     assert_int_equal(sd_spec_decoder_create(env.target_model, d, MAX_CTX, &dec), SD_OK);
-    int32_t ctx[MAX_CTX + SD_SPEC_MAX_K + 1];
+    int32_t ctx[MAX_CTX + SD_MAX_DRAFT + 1];
     memcpy(ctx, q->prompt, (size_t)q->n_prompt * sizeof *ctx);
     int32_t n = q->n_prompt;
     while (n < q->n_prompt + N_NEW) {
-        int32_t step[SD_SPEC_MAX_K + 1], n_step;
+        int32_t step[SD_MAX_DRAFT + 1], n_step;
         assert_int_equal(sd_spec_decoder_step(dec, ctx, n, q->k, &q->s, step, &n_step, NULL, NULL), SD_OK);
         memcpy(ctx + n, step, (size_t)n_step * sizeof *step);
         n += n_step;
@@ -185,7 +186,7 @@ static void alone_generate(draft_kind kind, const seq_spec *q, int32_t *out) {
 
 /* Coordinator-side state of one sequence in the batched loop. */
 typedef struct seq_run {
-    int32_t ctx[MAX_CTX + SD_SPEC_MAX_K + 1], n;
+    int32_t ctx[MAX_CTX + SD_MAX_DRAFT + 1], n;
     int32_t target_len;  /* tokens the verifier's cache holds (its last cache_len) */
     int32_t drafter_len; /* tokens the drafter is known to hold */
     bool active, done;
@@ -323,8 +324,8 @@ static void test_draft_batch_equals_propose(void **state) {
         assert_int_equal(sd_draft_batch(batch, N_SEQS, dseq, dres), SD_OK);
         for (int32_t i = 0; i < N_SEQS; i++) {
             sd_drafter *alone = make_drafter((draft_kind)kind, 1);
-            int32_t tokens[SD_SPEC_MAX_K], nd = 0;
-            sd_spec_q q[SD_SPEC_MAX_K];
+            int32_t tokens[SD_MAX_DRAFT], nd = 0;
+            sd_spec_q q[SD_MAX_DRAFT];
             assert_int_equal(sd_drafter_propose(alone, 0, ss[i].prompt, ss[i].n_prompt, ss[i].k + 1, &ss[i].s, tokens,
                                                 q, &nd),
                              SD_OK);
@@ -372,7 +373,7 @@ static void test_per_sequence_errors(void **state) {
     skip_without_models();
     const int32_t prompt[6] = {3, 4, 5, 6, 7, 8}, draft[3] = {9, 10, 11}, bad_ids[2] = {3, VOCAB};
     sd_sampling greedy = sd_sampling_default(), hot = sd_sampling_default();
-    greedy.temperature = 0.0f;
+    hot.temperature = 1.0f;
     sd_verify_seq good = {.slot = 1, .keep_len = 0, .n_append = 6, .append = prompt, .k = 3, .draft = draft,
                           .sampling = greedy};
     sd_verify_result want;
@@ -397,7 +398,7 @@ static void test_per_sequence_errors(void **state) {
     seqs[4].append = bad_ids;              /* id == VOCAB */
     seqs[4].n_append = 2;
     seqs[5].slot = 4;
-    seqs[5].k = SD_SPEC_MAX_K + 1;         /* K over the limit */
+    seqs[5].k = SD_MAX_DRAFT + 1;         /* K over the limit */
     seqs[6].slot = 5;
     seqs[6].sampling = hot;                /* sampling without q */
     seqs[7].slot = 6;

@@ -310,30 +310,30 @@ static void rewrite_st(const char *dir, const char *file, rewrite r) {
     char path[512], extra_path[512];
     snprintf(path, sizeof path, "%s/%s", dir, file);
     char err[256];
-    sd_st *st = NULL, *ex = NULL;
-    assert_int_equal(sd_st_open(path, &st, err, sizeof err), SD_OK);
-    sd_st_writer *w = sd_st_writer_new();
-    for (int64_t i = 0; i < sd_st_n_tensors(st); i++) {
-        const sd_st_tensor *t = sd_st_tensor_at(st, i);
+    sd_safetensors *st = NULL, *ex = NULL;
+    assert_int_equal(sd_safetensors_open(path, &st, err, sizeof err), SD_OK);
+    sd_safetensors_writer *w = sd_safetensors_writer_new();
+    for (int64_t i = 0; i < sd_safetensors_n_tensors(st); i++) {
+        const sd_safetensors_tensor *t = sd_safetensors_tensor_at(st, i);
         if (r.drop && strcmp(t->name, r.drop) == 0) continue;
         uint64_t shape[2] = {t->shape[0], t->n_dims > 1 ? t->shape[1] : 0};
         if (r.transpose && strcmp(t->name, r.transpose) == 0) shape[0] = t->shape[1], shape[1] = t->shape[0];
         if (r.as_i8 && strcmp(t->name, r.as_i8) == 0)
-            assert_int_equal(sd_st_writer_add_tensor(w, t->name, SD_ST_I8, t->n_dims, shape, t->data), SD_OK);
+            assert_int_equal(sd_safetensors_writer_add_tensor(w, t->name, SD_SAFETENSORS_I8, t->n_dims, shape, t->data), SD_OK);
         else
-            assert_int_equal(sd_st_writer_add_tensor(w, t->name, t->dtype, t->n_dims, shape, t->data), SD_OK);
+            assert_int_equal(sd_safetensors_writer_add_tensor(w, t->name, t->dtype, t->n_dims, shape, t->data), SD_OK);
     }
     if (r.extra_from) {
         snprintf(extra_path, sizeof extra_path, "%s/%s", dir, r.extra_from);
-        assert_int_equal(sd_st_open(extra_path, &ex, err, sizeof err), SD_OK);
-        const sd_st_tensor *t = sd_st_find(ex, r.extra);
+        assert_int_equal(sd_safetensors_open(extra_path, &ex, err, sizeof err), SD_OK);
+        const sd_safetensors_tensor *t = sd_safetensors_find(ex, r.extra);
         assert_non_null(t);
-        assert_int_equal(sd_st_writer_add_tensor(w, t->name, t->dtype, t->n_dims, t->shape, t->data), SD_OK);
+        assert_int_equal(sd_safetensors_writer_add_tensor(w, t->name, t->dtype, t->n_dims, t->shape, t->data), SD_OK);
     }
-    sd_st_close(&st);
-    sd_st_close(&ex);
-    assert_int_equal(sd_st_writer_write(w, path), SD_OK);
-    sd_st_writer_free(&w);
+    sd_safetensors_close(&st);
+    sd_safetensors_close(&ex);
+    assert_int_equal(sd_safetensors_writer_write(w, path), SD_OK);
+    sd_safetensors_writer_free(&w);
 }
 
 static void expect_open(const char *dir, sd_status want, const char *what) {

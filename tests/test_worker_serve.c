@@ -173,6 +173,7 @@ static const Specd__VerifyResult *run_verify(sd_verifier *v, vseq *seqs, size_t 
 
 static sd_sampling sampling_of(int i) {
     sd_sampling s = sd_sampling_default();
+    s.temperature = 1.0f; /* sampled (the default is greedy) */
     if (i == 0) s.temperature = 0.0f;
     if (i == 1) {
         s.temperature = 0.8f;

@@ -17,6 +17,7 @@
  * the logits are on the host: the time a caller sees. Token ids are
  * pseudo-random: the cost does not depend on them. */
 #include "bench_gpu.h"
+#include "specd/cli.h"
 #include "bench_stats.h"
 
 #include <errno.h>
@@ -290,14 +291,6 @@ static void usage(FILE *f) {
             "  -h, --help            this help\n");
 }
 
-static bool parse_int(const char *s, long lo, long hi, int *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
-    *out = (int)v;
-    return true;
-}
 
 int bench_gpu_main(int argc, char **argv) {
     enum { O_DEVICE = 256, O_STEPS, O_PROMPT, O_CTX, O_BATCHES, O_MAXK };
@@ -317,16 +310,16 @@ int bench_gpu_main(int argc, char **argv) {
         switch (c) {
         case 'm': o.model_path = optarg; break;
         case O_DEVICE: ok = sd_device_parse(optarg, &o.device) == SD_OK && o.device >= 0; break;
-        case 'r': ok = parse_int(optarg, 1, 64, &o.reps); break;
-        case O_STEPS: ok = parse_int(optarg, 1, 4096, &o.decode_steps); break;
-        case O_PROMPT: ok = parse_int(optarg, 1, 4096, &o.prompt_len); break;
-        case O_CTX: ok = parse_int(optarg, 1, 8192, &o.ctx); break;
-        case O_MAXK: ok = parse_int(optarg, 1, MAX_K, &o.max_k); break;
+        case 'r': ok = sd_cli_parse_int(optarg, 1, 64, &o.reps); break;
+        case O_STEPS: ok = sd_cli_parse_int(optarg, 1, 4096, &o.decode_steps); break;
+        case O_PROMPT: ok = sd_cli_parse_int(optarg, 1, 4096, &o.prompt_len); break;
+        case O_CTX: ok = sd_cli_parse_int(optarg, 1, 8192, &o.ctx); break;
+        case O_MAXK: ok = sd_cli_parse_int(optarg, 1, MAX_K, &o.max_k); break;
         case O_BATCHES: {
             o.n_batches = 0;
             char *copy = strdup(optarg), *save = NULL;
             for (char *tok = strtok_r(copy, ",", &save); tok && ok; tok = strtok_r(NULL, ",", &save)) {
-                ok = o.n_batches < MAX_BATCHES && parse_int(tok, 1, 256, &o.batches[o.n_batches]);
+                ok = o.n_batches < MAX_BATCHES && sd_cli_parse_int(tok, 1, 256, &o.batches[o.n_batches]);
                 o.n_batches++;
             }
             free(copy);

@@ -27,6 +27,7 @@
 
 #include "specd/model.h"
 #include "specd/safetensors.h"
+#include "specd/weights.h"
 
 static const char LLAMA3_RE[] =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
@@ -65,51 +66,19 @@ typedef struct tensor_plan {
     const sd_gguf_tensor *t;
     char hf[128];
     bool rope_rows;     /* q/k: rows to rotate-half order */
-    sd_st_dtype dtype;  /* as stored in the checkpoint */
+    sd_safetensors_dtype dtype;  /* as stored in the checkpoint */
     uint64_t n_bytes;
 } tensor_plan;
 
-static bool hf_name_of(const char *gguf, int32_t n_layers, char *out, size_t cap, bool *rope_rows) {
-    static const struct {
-        const char *gguf, *hf;
-    } globals[] = {{"token_embd.weight", "model.embed_tokens.weight"},
-                   {"output_norm.weight", "model.norm.weight"},
-                   {"output.weight", "lm_head.weight"}};
-    static const struct {
-        const char *part, *hf;
-        bool rope;
-    } parts[] = {
-        {"attn_norm", "input_layernorm", false},    {"attn_q", "self_attn.q_proj", true},
-        {"attn_k", "self_attn.k_proj", true},       {"attn_v", "self_attn.v_proj", false},
-        {"attn_output", "self_attn.o_proj", false}, {"ffn_norm", "post_attention_layernorm", false},
-        {"ffn_gate", "mlp.gate_proj", false},       {"ffn_up", "mlp.up_proj", false},
-        {"ffn_down", "mlp.down_proj", false},
-    };
-    *rope_rows = false;
-    for (size_t i = 0; i < sizeof globals / sizeof globals[0]; i++)
-        if (strcmp(gguf, globals[i].gguf) == 0) return (size_t)snprintf(out, cap, "%s", globals[i].hf) < cap;
-    int layer, used = 0;
-    char part[32];
-    if (sscanf(gguf, "blk.%d.%31[a-z_].weight%n", &layer, part, &used) != 2 || gguf[used] != '\0' || layer < 0 ||
-        layer >= n_layers)
-        return false;
-    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
-        if (strcmp(part, parts[i].part) == 0) {
-            *rope_rows = parts[i].rope;
-            return (size_t)snprintf(out, cap, "model.layers.%d.%s.weight", layer, parts[i].hf) < cap;
-        }
-    return false;
-}
-
-static sd_st_dtype st_dtype(sd_dtype t) {
-    return t == SD_DTYPE_F16 ? SD_ST_F16 : t == SD_DTYPE_BF16 ? SD_ST_BF16 : SD_ST_F32;
+static sd_safetensors_dtype st_dtype(sd_dtype t) {
+    return t == SD_DTYPE_F16 ? SD_SAFETENSORS_F16 : t == SD_DTYPE_BF16 ? SD_SAFETENSORS_BF16 : SD_SAFETENSORS_F32;
 }
 
 /* The tensor's bytes as the checkpoint stores them (caller frees): rows
  * permuted for q/k, converted when the stored type differs. */
 static sd_status hf_bytes(const tensor_plan *tp, int32_t head_dim, uint8_t **out) {
     const sd_gguf_tensor *t = tp->t;
-    sd_dtype want = tp->dtype == SD_ST_F16 ? SD_DTYPE_F16 : tp->dtype == SD_ST_BF16 ? SD_DTYPE_BF16 : SD_DTYPE_F32;
+    sd_dtype want = tp->dtype == SD_SAFETENSORS_F16 ? SD_DTYPE_F16 : tp->dtype == SD_SAFETENSORS_BF16 ? SD_DTYPE_BF16 : SD_DTYPE_F32;
     uint8_t *conv = NULL;
     const uint8_t *src = t->data;
     if (t->type != want) { /* dequantize, then encode as the stored type */
@@ -147,22 +116,22 @@ static sd_status hf_bytes(const tensor_plan *tp, int32_t head_dim, uint8_t **out
 
 static sd_status write_shard(const char *dir, const char *file, const tensor_plan *plan, size_t from, size_t to,
                              int32_t head_dim) {
-    sd_st_writer *w = sd_st_writer_new();
+    sd_safetensors_writer *w = sd_safetensors_writer_new();
     if (!w) return SD_ERR_NOMEM;
-    sd_status s = sd_st_writer_set_metadata(w, "format", "pt");
+    sd_status s = sd_safetensors_writer_set_metadata(w, "format", "pt");
     for (size_t i = from; s == SD_OK && i < to; i++) {
         const sd_gguf_tensor *t = plan[i].t;
         uint64_t shape[2] = {t->n_dims == 2 ? t->ne[1] : t->ne[0], t->ne[0]};
         uint8_t *bytes = NULL;
         s = hf_bytes(&plan[i], head_dim, &bytes);
-        if (s == SD_OK) s = sd_st_writer_add_tensor(w, plan[i].hf, plan[i].dtype, t->n_dims, shape, bytes);
+        if (s == SD_OK) s = sd_safetensors_writer_add_tensor(w, plan[i].hf, plan[i].dtype, t->n_dims, shape, bytes);
         free(bytes);
     }
     char *path = path_in(dir, file);
-    if (s == SD_OK) s = path ? sd_st_writer_write(w, path) : SD_ERR_NOMEM;
+    if (s == SD_OK) s = path ? sd_safetensors_writer_write(w, path) : SD_ERR_NOMEM;
     if (s != SD_OK) fprintf(stderr, "specd-mkmodel: cannot write %s/%s: %s\n", dir, file, sd_status_str(s));
     free(path);
-    sd_st_writer_free(&w);
+    sd_safetensors_writer_free(&w);
     return s;
 }
 
@@ -181,7 +150,7 @@ static sd_status write_tensors(const sd_gguf *g, const mk_hf_params *p, const sd
                             "rope_scaling stands for it\n");
             continue;
         }
-        if (!hf_name_of(t->name, c->n_layers, tp->hf, sizeof tp->hf, &tp->rope_rows) || t->n_dims > 2) {
+        if (!sd_weights_hf_name(t->name, c->n_layers, tp->hf, sizeof tp->hf, &tp->rope_rows) || t->n_dims > 2) {
             fprintf(stderr, "specd-mkmodel: tensor %s has no Hugging Face llama counterpart\n", t->name);
             s = SD_ERR_UNSUPPORTED;
             break;
@@ -191,7 +160,7 @@ static sd_status write_tensors(const sd_gguf *g, const mk_hf_params *p, const sd
                           : (t->type == SD_DTYPE_F16 || t->type == SD_DTYPE_BF16) ? t->type
                                                                                   : SD_DTYPE_F32;
         tp->dtype = st_dtype(stored);
-        tp->n_bytes = t->n_elems * (sd_st_dtype_bits(tp->dtype) / 8);
+        tp->n_bytes = t->n_elems * (sd_safetensors_dtype_bits(tp->dtype) / 8);
         total += tp->n_bytes;
         n_plan++;
     }

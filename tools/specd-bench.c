@@ -29,6 +29,7 @@
  * second, because the two conventions differ by 2x and a target written as
  * "a share of copy bandwidth" must say which one it means. */
 #include "bench_gpu.h"
+#include "specd/cli.h"
 #include "bench_stats.h"
 #include "bench_spec.h"
 #ifdef SPECD_BENCH_SERVE
@@ -461,15 +462,9 @@ static void usage(FILE *f) {
 
 /* Parses a whole decimal integer in [lo, hi] from text into *out. */
 static bool parse_int(const char *name, const char *text, long lo, long hi, int *out) {
-    char *end = NULL;
-    errno = 0;
-    long v = strtol(text, &end, 10);
-    if (errno || end == text || *end || v < lo || v > hi) {
-        fprintf(stderr, "specd-bench: %s wants an integer in %ld..%ld, not '%s'\n", name, lo, hi, text);
-        return false;
-    }
-    *out = (int)v;
-    return true;
+    if (sd_cli_parse_int(text, (int)lo, (int)hi, out)) return true;
+    fprintf(stderr, "specd-bench: %s wants an integer in %ld..%ld, not '%s'\n", name, lo, hi, text);
+    return false;
 }
 
 int main(int argc, char **argv) {

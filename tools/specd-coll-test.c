@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "specd/coll.h"
+#include "specd/cli.h"
 
 #ifdef SPECD_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -363,14 +364,6 @@ static bool parse_size(const char *s, size_t *out) {
     return true;
 }
 
-static bool parse_int(const char *s, int lo, int hi, int *out) {
-    char *end = NULL;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
-    *out = (int)v;
-    return true;
-}
 
 int main(int argc, char **argv) {
     options o = { "shm", 2, 8, 8 << 20, 2.0, OP_ALL_REDUCE, 100, 10, 1, 10000 };
@@ -380,7 +373,7 @@ int main(int argc, char **argv) {
         int n = 0;
         if (!v) return usage();
         if (!strcmp(a, "--backend")) o.backend = v;
-        else if (!strcmp(a, "-n")) { if (!parse_int(v, 1, 256, &n)) return usage(); o.n_ranks = n; }
+        else if (!strcmp(a, "-n")) { if (!sd_cli_parse_int(v, 1, 256, &n)) return usage(); o.n_ranks = n; }
         else if (!strcmp(a, "-b")) { if (!parse_size(v, &o.min_bytes)) return usage(); }
         else if (!strcmp(a, "-e")) { if (!parse_size(v, &o.max_bytes)) return usage(); }
         else if (!strcmp(a, "-f")) { o.factor = atof(v); if (!(o.factor > 1.0)) return usage(); }
@@ -391,10 +384,10 @@ int main(int argc, char **argv) {
             else if (!strcmp(v, "barrier")) o.op = OP_BARRIER;
             else return usage();
         }
-        else if (!strcmp(a, "--iters")) { if (!parse_int(v, 1, 100000000, &o.iters)) return usage(); }
-        else if (!strcmp(a, "--warmup")) { if (!parse_int(v, 0, 100000000, &o.warmup)) return usage(); }
-        else if (!strcmp(a, "--check")) { if (!parse_int(v, 0, 1, &o.check)) return usage(); }
-        else if (!strcmp(a, "--timeout-ms")) { if (!parse_int(v, 1, 3600000, &o.timeout_ms)) return usage(); }
+        else if (!strcmp(a, "--iters")) { if (!sd_cli_parse_int(v, 1, 100000000, &o.iters)) return usage(); }
+        else if (!strcmp(a, "--warmup")) { if (!sd_cli_parse_int(v, 0, 100000000, &o.warmup)) return usage(); }
+        else if (!strcmp(a, "--check")) { if (!sd_cli_parse_int(v, 0, 1, &o.check)) return usage(); }
+        else if (!strcmp(a, "--timeout-ms")) { if (!sd_cli_parse_int(v, 1, 3600000, &o.timeout_ms)) return usage(); }
         else return usage();
         i++;
     }

@@ -16,6 +16,7 @@
  * The report gives drafted, accepted, the acceptance rate, tokens per target
  * step and the i.i.d. expectation (1-a^(K+1))/(1-a) beside it. */
 #include "specd/common.h"
+#include "specd/cli.h"
 #include "specd/drafter.h"
 #include "specd/spec_decode.h"
 #include "specd/weights.h"
@@ -83,23 +84,7 @@ static void usage(FILE *f) {
             "  -h, --help           this help\n");
 }
 
-static bool parse_int(const char *s, long lo, long hi, int32_t *out) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return false;
-    *out = (int32_t)v;
-    return true;
-}
 
-static bool parse_float(const char *s, float *out) {
-    char *end;
-    errno = 0;
-    float v = strtof(s, &end);
-    if (errno || end == s || *end) return false;
-    *out = v;
-    return true;
-}
 
 /* Returns 0 and fills o, 1 after --help, 2 on a usage error (message printed). */
 static int parse_args(int argc, char **argv, gen_opts *o) {
@@ -123,7 +108,6 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
     o->k = 4;
     o->device = -1;
     o->sampling = sd_sampling_default();
-    o->sampling.temperature = 0.0f;
     int c;
     while ((c = getopt_long(argc, argv, "m:p:n:t:k:vh", longs, NULL)) != -1) {
         bool ok = true;
@@ -131,12 +115,12 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         switch (c) {
         case 'm': o->model_path = optarg; break;
         case 'p': o->prompt = optarg; break;
-        case 'n': name = "n-predict"; ok = parse_int(optarg, 0, 1 << 20, &o->n_predict); break;
-        case 't': name = "threads"; ok = parse_int(optarg, 0, 1024, &o->n_threads); break;
-        case OPT_TEMP: name = "temp"; ok = parse_float(optarg, &o->sampling.temperature); break;
-        case OPT_TOPK: name = "top-k"; ok = parse_int(optarg, 0, 1 << 30, &o->sampling.top_k); break;
-        case OPT_TOPP: name = "top-p"; ok = parse_float(optarg, &o->sampling.top_p); break;
-        case OPT_MINP: name = "min-p"; ok = parse_float(optarg, &o->sampling.min_p); break;
+        case 'n': name = "n-predict"; ok = sd_cli_parse_i32(optarg, 0, 1 << 20, &o->n_predict); break;
+        case 't': name = "threads"; ok = sd_cli_parse_i32(optarg, 0, 1024, &o->n_threads); break;
+        case OPT_TEMP: name = "temp"; ok = sd_cli_parse_float(optarg, &o->sampling.temperature); break;
+        case OPT_TOPK: name = "top-k"; ok = sd_cli_parse_i32(optarg, 0, 1 << 30, &o->sampling.top_k); break;
+        case OPT_TOPP: name = "top-p"; ok = sd_cli_parse_float(optarg, &o->sampling.top_p); break;
+        case OPT_MINP: name = "min-p"; ok = sd_cli_parse_float(optarg, &o->sampling.min_p); break;
         case OPT_SEED: {
             name = "seed";
             char *end;
@@ -152,8 +136,8 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         case OPT_NOEOS: o->ignore_eos = true; break;
         case OPT_DRAFT: o->draft_path = optarg; break;
         case OPT_NGRAM: o->ngram = true; break;
-        case OPT_DRAFT_LAYERS: name = "draft-layers"; ok = parse_int(optarg, 1, 1024, &o->draft_layers); break;
-        case 'k': name = "k"; ok = parse_int(optarg, 1, SD_SPEC_MAX_K, &o->k); break;
+        case OPT_DRAFT_LAYERS: name = "draft-layers"; ok = sd_cli_parse_i32(optarg, 1, 1024, &o->draft_layers); break;
+        case 'k': name = "k"; ok = sd_cli_parse_i32(optarg, 1, SD_MAX_DRAFT, &o->k); break;
         case OPT_ADAPTIVE: o->adaptive_k = true; break;
         case OPT_DEVICE: name = "device"; ok = sd_device_parse(optarg, &o->device) == SD_OK; break;
         case 'v': o->verbose = true; break;
@@ -322,8 +306,8 @@ static sd_status generate_spec(const gen_opts *o, sd_model *m, sd_spec_decoder *
                                const char *text, gen_result *r) {
     SD_TRY(encode_prompt(o, sd_model_config_of(m), tok, text, r));
     int32_t n_prompt = (int32_t)r->n_prompt;
-    int32_t *ctx = malloc(((size_t)n_prompt + (size_t)o->n_predict + SD_SPEC_MAX_K + 1) * sizeof *ctx);
-    r->ids = malloc(((size_t)o->n_predict + SD_SPEC_MAX_K + 1) * sizeof *r->ids);
+    int32_t *ctx = malloc(((size_t)n_prompt + (size_t)o->n_predict + SD_MAX_DRAFT + 1) * sizeof *ctx);
+    r->ids = malloc(((size_t)o->n_predict + SD_MAX_DRAFT + 1) * sizeof *r->ids);
     sd_tok_stream *stream = sd_tok_stream_new(tok);
     sd_status st = SD_OK;
     if (!ctx || !r->ids || !stream) {
@@ -338,7 +322,7 @@ static sd_status generate_spec(const gen_opts *o, sd_model *m, sd_spec_decoder *
     double t_start = sd_now(), t_decode = t_start;
     while ((int32_t)r->n_ids < o->n_predict) {
         int32_t k = o->k;
-        int32_t step[SD_SPEC_MAX_K + 1], n_step;
+        int32_t step[SD_MAX_DRAFT + 1], n_step;
         if (o->adaptive_k) /* the policy shared with the coordinator (specd/spec_adapt.h) */
             st = sd_spec_decoder_step_adaptive(dec, ctx, n_prompt + (int32_t)r->n_ids, o->k, &o->sampling, step,
                                                &n_step, &k);

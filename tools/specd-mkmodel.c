@@ -21,6 +21,7 @@
  * and tokenizer.json, optionally sharded (--shards). --convert turns an
  * existing GGUF into such a directory. */
 #include "mkmodel_hf.h"
+#include "specd/cli.h"
 #include "specd/gguf.h"
 
 #include <errno.h>
@@ -86,15 +87,13 @@ static float normal(uint64_t *state) {
 /* ---- arguments ---- */
 
 static bool parse_u32(const char *s, const char *flag, uint32_t lo, uint32_t hi, uint32_t *out) {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end || end == s || s[0] == '-' || v < lo || v > hi) {
-        fprintf(stderr, "specd-mkmodel: %s must be an integer in %u..%u (got '%s')\n", flag, lo, hi, s);
-        return false;
+    long v;
+    if (sd_cli_parse_long(s, lo, hi, &v)) {
+        *out = (uint32_t)v;
+        return true;
     }
-    *out = (uint32_t)v;
-    return true;
+    fprintf(stderr, "specd-mkmodel: %s must be an integer in %u..%u (got '%s')\n", flag, lo, hi, s);
+    return false;
 }
 
 static bool parse_dtype(const char *s, sd_dtype *out) {

@@ -18,6 +18,7 @@
  * refuses the registration or the leader refuses a rank, 4 when the group
  * went down. */
 #include "group.h"
+#include "specd/cli.h"
 #include "verify_serve.h"
 
 #include "specd/weights.h"
@@ -85,14 +86,9 @@ static void usage(FILE *f) {
 }
 
 static bool parse_int(const char *flag, const char *s, int32_t lo, int32_t hi, int32_t *out) {
-    char *end = NULL;
-    long v = strtol(s, &end, 10);
-    if (!s[0] || *end || v < lo || v > hi) {
-        fprintf(stderr, "specd-verifier: %s must be an integer in [%d, %d], got '%s'\n", flag, (int)lo, (int)hi, s);
-        return false;
-    }
-    *out = (int32_t)v;
-    return true;
+    if (sd_cli_parse_i32(s, lo, hi, out)) return true;
+    fprintf(stderr, "specd-verifier: %s must be an integer in [%d, %d], got '%s'\n", flag, (int)lo, (int)hi, s);
+    return false;
 }
 
 /* 0 = run, 1 = --help printed, 2 = bad flags. */
@@ -202,7 +198,7 @@ static const char *on_fail_reason(void *user) {
 }
 
 /* Group parameters shared by the leader and the ranks. */
-static sd_group_params group_params(const verifier_opts *o, const sd_worker_identity *id, const sd_model *m,
+static sd_group_params group_params(const verifier_opts *o, const sd_model_identity *id, const sd_model *m,
                                     int stop_fd) {
     sd_group_params gp = sd_group_default_params();
     sd_model_shard sh;
@@ -222,7 +218,7 @@ static sd_group_params group_params(const verifier_opts *o, const sd_worker_iden
 }
 
 /* Ranks 1..N-1: join the group and run the leader's plans until it ends. */
-static int run_rank(const verifier_opts *o, const sd_worker_identity *id, sd_model *model, int stop_fd) {
+static int run_rank(const verifier_opts *o, const sd_model_identity *id, sd_model *model, int stop_fd) {
     void *zctx = zmq_ctx_new();
     if (!zctx) return 1;
     sd_group_params gp = group_params(o, id, model, stop_fd);
@@ -249,7 +245,7 @@ int main(int argc, char **argv) {
     if (sd_worker_signal_fd(&stop_fd) != SD_OK) return 1;
 
     sd_worker_params wp = sd_worker_default_params();
-    if (sd_worker_identity_from_model(o.model_path, &wp.model) != SD_OK) {
+    if (sd_weights_identity(o.model_path, &wp.model) != SD_OK) {
         close(stop_fd);
         return 2;
     }

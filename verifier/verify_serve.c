@@ -132,7 +132,7 @@ sd_status sd_verifier_create(sd_model *target, const sd_verifier_params *params,
     if (p.max_ctx <= 0 || p.max_ctx > cfg->n_ctx_train) p.max_ctx = cfg->n_ctx_train;
     if (p.max_seqs <= 0 || p.max_seqs > 1 << 16 || p.kv_blocks <= 0 || p.max_batch <= 0 ||
         p.max_batch > SD_MAX_BATCH || p.max_draft < 0 || p.max_draft > SD_MAX_DRAFT ||
-        p.max_draft > SD_SPEC_MAX_K) {
+        p.max_draft > SD_MAX_DRAFT) {
         SD_ERROR("verifier: bad parameters (max_seqs %d, kv_blocks %d, max_batch %d in [1, %d], max_draft %d in "
                  "[0, %d])", (int)p.max_seqs, (int)p.kv_blocks, (int)p.max_batch, SD_MAX_BATCH, (int)p.max_draft,
                  SD_MAX_DRAFT);

@@ -370,13 +370,13 @@ static sd_status verify_greedy(sd_backend *be, const float *logits, int32_t n_vo
                                sd_spec_rows *seqs) {
     int32_t n_rows = 0;
     for (int32_t i = 0; i < n_seqs; i++)
-        if (seqs[i].status == SD_OK && seqs[i].sampling->temperature == 0.0f) n_rows += seqs[i].k + 1;
+        if (seqs[i].status == SD_OK && sd_sampling_is_greedy(seqs[i].sampling)) n_rows += seqs[i].k + 1;
     if (!n_rows) return SD_OK;
     int32_t *rows = (int32_t *)malloc(sizeof(int32_t) * (size_t)n_rows * 2);
     if (!rows) return SD_ERR_NOMEM;
     int32_t *arg = rows + n_rows, r = 0;
     for (int32_t i = 0; i < n_seqs; i++)
-        if (seqs[i].status == SD_OK && seqs[i].sampling->temperature == 0.0f)
+        if (seqs[i].status == SD_OK && sd_sampling_is_greedy(seqs[i].sampling))
             for (int32_t j = 0; j <= seqs[i].k; j++) rows[r++] = seqs[i].row0 + j;
     char *scr;
     sd_status s = spec_scratch(be, sizeof(int32_t) * (size_t)n_rows * 2, &scr);
@@ -399,7 +399,7 @@ static sd_status verify_greedy(sd_backend *be, const float *logits, int32_t n_vo
     r = 0;
     for (int32_t i = 0; s == SD_OK && i < n_seqs; i++) {
         sd_spec_rows *v = &seqs[i];
-        if (v->status != SD_OK || v->sampling->temperature != 0.0f) continue;
+        if (v->status != SD_OK || !sd_sampling_is_greedy(v->sampling)) continue;
         v->status = sd_spec_verify_greedy(arg + r, v->draft, v->k, v->tokens, &v->n_accepted);
         memset(&v->info, 0, sizeof v->info);
         r += v->k + 1;
@@ -622,13 +622,13 @@ sd_status sd_cuda_spec_verify(sd_backend *be, const float *logits, int32_t n_voc
         sd_spec_rows *v = &seqs[i];
         v->n_accepted = 0;
         v->status = SD_OK;
-        if (!v->sampling || v->k < 0 || v->k > SD_SPEC_MAX_K || (v->k > 0 && !v->draft) ||
-            (v->k > 0 && v->sampling->temperature != 0.0f && !v->q)) {
+        if (!v->sampling || v->k < 0 || v->k > SD_MAX_DRAFT || (v->k > 0 && !v->draft) ||
+            (v->k > 0 && !sd_sampling_is_greedy(v->sampling) && !v->q)) {
             SD_ERROR("spec: sequence %d: needs sampling, 0 <= k <= %d, drafts and their q (k %d)", (int)i,
-                     SD_SPEC_MAX_K, (int)v->k);
+                     SD_MAX_DRAFT, (int)v->k);
             v->status = SD_ERR_INVALID_ARG;
         }
-        for (int32_t j = 0; v->status == SD_OK && v->sampling->temperature != 0.0f && j < v->k; j++)
+        for (int32_t j = 0; v->status == SD_OK && !sd_sampling_is_greedy(v->sampling) && j < v->k; j++)
             if (!v->q[j].ids || !v->q[j].probs || v->q[j].n <= 0 || v->q[j].n > SPEC_MAX_Q) {
                 SD_ERROR("spec: sequence %d: q[%d] must have 1..%d entries (has %d)", (int)i, (int)j, SPEC_MAX_Q,
                          (int)v->q[j].n);
@@ -644,7 +644,7 @@ sd_status sd_cuda_spec_verify(sd_backend *be, const float *logits, int32_t n_voc
     int32_t n_idx = 0;
     size_t bytes = 0;
     for (int32_t i = 0; i <= n_seqs && s == SD_OK; i++) {
-        bool take = i < n_seqs && seqs[i].status == SD_OK && seqs[i].sampling->temperature != 0.0f;
+        bool take = i < n_seqs && seqs[i].status == SD_OK && !sd_sampling_is_greedy(seqs[i].sampling);
         size_t need = take ? per_row * (size_t)(seqs[i].k + 1) : 0;
         if (n_idx > 0 && (i == n_seqs || bytes + need > SPEC_SCRATCH_BUDGET)) {
             s = verify_group(be, logits, n_vocab, seqs, idx, n_idx);

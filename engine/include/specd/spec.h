@@ -29,8 +29,6 @@ extern "C" {
 
 /* Default number of tokens a drafter keeps of its processed distribution. */
 #define SD_SPEC_DEFAULT_TOP_N 16
-/* Longest draft a single step accepts (bounds scratch and message sizes). */
-#define SD_SPEC_MAX_K 64
 /* Below this residual mass the replacement after a rejection is drawn from p
  * (spec.c explains why that is exact to within this much). */
 #define SD_SPEC_RESIDUAL_EPS 1e-9
@@ -67,7 +65,7 @@ typedef struct sd_spec_rows {
     /* out */
     sd_status status;          /* SD_OK, or why this sequence was refused (logged) */
     int32_t n_accepted;
-    int32_t tokens[SD_SPEC_MAX_K + 1]; /* the first n_accepted + 1 are to commit */
+    int32_t tokens[SD_MAX_DRAFT + 1]; /* the first n_accepted + 1 are to commit */
     sd_spec_info info;
 } sd_spec_rows;
 

@@ -17,7 +17,7 @@
 #define SPECD_NET_H
 
 #include "specd/common.h"
-#include "specd/sample.h"
+#include "specd/sampling.h"
 #include "specd.pb-c.h"
 
 #ifdef __cplusplus
@@ -35,7 +35,6 @@ extern "C" {
 #define SD_MAX_WORKER_MSG_BYTES (64 << 20) /* worker link: full prefixes on CACHE_MISS */
 #define SD_MAX_PROMPT_BYTES (1 << 20)      /* prompt text */
 #define SD_MAX_BATCH 256                   /* sequences in one draft/verify batch */
-#define SD_MAX_DRAFT 32                    /* draft tokens per sequence per step */
 #define SD_MAX_STEP_COSTS 256              /* Hello.step_costs entries */
 #define SD_MAX_TOP_N 1024                  /* entries of one sparse q */
 #define SD_MAX_STOP_STRINGS 16
@@ -134,9 +133,9 @@ Specd__RankToLeader *sd_net_decode_rank(const uint8_t *data, size_t len, Specd__
 Specd__LeaderToRank *sd_net_decode_leader(const uint8_t *data, size_t len, const sd_net_limits *lim,
                                           Specd__Code *code, char *err, size_t err_len);
 
-/* Sampling message -> engine params, validated (temperature >= 0 and finite,
- * top_p in [0, 1] with 0 meaning off, min_p in [0, 1)). NULL msg gives the
- * default (greedy). false + err on a bad value. */
+/* Sampling message -> params, validated by sd_sampling_check (a top_p of 0,
+ * proto3's unset value, means off). NULL msg gives the default (greedy).
+ * false + err on a bad value. */
 bool sd_net_sampling_from_pb(const Specd__Sampling *msg, sd_sampling *out, char *err, size_t err_len);
 /* Engine params -> message fields (into caller-owned *msg, already init'ed). */
 void sd_net_sampling_to_pb(const sd_sampling *s, Specd__Sampling *msg);

@@ -64,13 +64,13 @@
 #define MAX_JSON_VALUES (16u * 1024u * 1024u)
 #define MAX_EXACT_INT 9007199254740992.0 /* 2^53 */
 
-struct sd_st {
+struct sd_safetensors {
     const uint8_t *base;
     size_t size;
     bool mapped;
     size_t data_start;     /* 8 + N */
     int64_t n_tensors;
-    sd_st_tensor *tensors; /* [n_tensors] in data order */
+    sd_safetensors_tensor *tensors; /* [n_tensors] in data order */
     int64_t *by_name;      /* [n_tensors] indices sorted by name */
     uint64_t *dims;        /* every tensor's shape, back to back */
     char **names;          /* [n_tensors] owned */
@@ -82,27 +82,27 @@ struct sd_st {
 static const struct {
     const char *name;
     uint32_t bits;
-} DTYPES[SD_ST_DTYPE_COUNT] = {
-    [SD_ST_BOOL] = {"BOOL", 8},       [SD_ST_U8] = {"U8", 8},           [SD_ST_I8] = {"I8", 8},
-    [SD_ST_F8_E5M2] = {"F8_E5M2", 8}, [SD_ST_F8_E4M3] = {"F8_E4M3", 8}, [SD_ST_F8_E8M0] = {"F8_E8M0", 8},
-    [SD_ST_F4] = {"F4", 4},           [SD_ST_F6_E2M3] = {"F6_E2M3", 6}, [SD_ST_F6_E3M2] = {"F6_E3M2", 6},
-    [SD_ST_I16] = {"I16", 16},        [SD_ST_U16] = {"U16", 16},        [SD_ST_F16] = {"F16", 16},
-    [SD_ST_BF16] = {"BF16", 16},      [SD_ST_I32] = {"I32", 32},        [SD_ST_U32] = {"U32", 32},
-    [SD_ST_F32] = {"F32", 32},        [SD_ST_F64] = {"F64", 64},        [SD_ST_I64] = {"I64", 64},
-    [SD_ST_U64] = {"U64", 64},
+} DTYPES[SD_SAFETENSORS_DTYPE_COUNT] = {
+    [SD_SAFETENSORS_BOOL] = {"BOOL", 8},       [SD_SAFETENSORS_U8] = {"U8", 8},           [SD_SAFETENSORS_I8] = {"I8", 8},
+    [SD_SAFETENSORS_F8_E5M2] = {"F8_E5M2", 8}, [SD_SAFETENSORS_F8_E4M3] = {"F8_E4M3", 8}, [SD_SAFETENSORS_F8_E8M0] = {"F8_E8M0", 8},
+    [SD_SAFETENSORS_F4] = {"F4", 4},           [SD_SAFETENSORS_F6_E2M3] = {"F6_E2M3", 6}, [SD_SAFETENSORS_F6_E3M2] = {"F6_E3M2", 6},
+    [SD_SAFETENSORS_I16] = {"I16", 16},        [SD_SAFETENSORS_U16] = {"U16", 16},        [SD_SAFETENSORS_F16] = {"F16", 16},
+    [SD_SAFETENSORS_BF16] = {"BF16", 16},      [SD_SAFETENSORS_I32] = {"I32", 32},        [SD_SAFETENSORS_U32] = {"U32", 32},
+    [SD_SAFETENSORS_F32] = {"F32", 32},        [SD_SAFETENSORS_F64] = {"F64", 64},        [SD_SAFETENSORS_I64] = {"I64", 64},
+    [SD_SAFETENSORS_U64] = {"U64", 64},
 };
 
-const char *sd_st_dtype_name(sd_st_dtype t) {
-    return (unsigned)t < SD_ST_DTYPE_COUNT ? DTYPES[t].name : "?";
+const char *sd_safetensors_dtype_name(sd_safetensors_dtype t) {
+    return (unsigned)t < SD_SAFETENSORS_DTYPE_COUNT ? DTYPES[t].name : "?";
 }
 
-uint32_t sd_st_dtype_bits(sd_st_dtype t) { return (unsigned)t < SD_ST_DTYPE_COUNT ? DTYPES[t].bits : 0; }
+uint32_t sd_safetensors_dtype_bits(sd_safetensors_dtype t) { return (unsigned)t < SD_SAFETENSORS_DTYPE_COUNT ? DTYPES[t].bits : 0; }
 
-bool sd_st_dtype_to_sd(sd_st_dtype t, sd_dtype *out) {
+bool sd_safetensors_dtype_to_sd(sd_safetensors_dtype t, sd_dtype *out) {
     switch (t) {
-    case SD_ST_F32: *out = SD_DTYPE_F32; return true;
-    case SD_ST_F16: *out = SD_DTYPE_F16; return true;
-    case SD_ST_BF16: *out = SD_DTYPE_BF16; return true;
+    case SD_SAFETENSORS_F32: *out = SD_DTYPE_F32; return true;
+    case SD_SAFETENSORS_F16: *out = SD_DTYPE_F16; return true;
+    case SD_SAFETENSORS_BF16: *out = SD_DTYPE_BF16; return true;
     default: return false;
     }
 }
@@ -178,7 +178,7 @@ static char *dup_str(const char *s) {
 typedef struct entry {
     const char *name; /* borrowed from the parse tree */
     const cJSON *shape;
-    sd_st_dtype dtype;
+    sd_safetensors_dtype dtype;
     uint32_t n_dims;
     uint64_t begin, end;
 } entry;
@@ -195,7 +195,7 @@ static const char *find_duplicate(const char **names, size_t n) {
     return NULL;
 }
 
-static sd_status parse_metadata(const parser *p, sd_st *st, const cJSON *m) {
+static sd_status parse_metadata(const parser *p, sd_safetensors *st, const cJSON *m) {
     if (cJSON_IsNull(m)) return SD_OK; /* Option<HashMap> in the reference */
     if (!cJSON_IsObject(m))
         return fail(p, SD_ERR_FORMAT, "InvalidMetadata", "__metadata__ is not an object of strings");
@@ -262,13 +262,13 @@ static sd_status parse_entry(const parser *p, const cJSON *e, entry *out) {
         return fail(p, SD_ERR_FORMAT, "InvalidTensorInfo",
                     "tensor '%.64s': data_offsets is not [begin, end] with integers in [0, 2^53]", name);
     int t = 0;
-    while (t < SD_ST_DTYPE_COUNT && strcmp(DTYPES[t].name, jd->valuestring) != 0) t++;
-    if (t == SD_ST_DTYPE_COUNT)
+    while (t < SD_SAFETENSORS_DTYPE_COUNT && strcmp(DTYPES[t].name, jd->valuestring) != 0) t++;
+    if (t == SD_SAFETENSORS_DTYPE_COUNT)
         return fail(p, SD_ERR_FORMAT, "UnknownDtype", "tensor '%.64s' has unknown dtype '%.32s'", name,
                     jd->valuestring);
     out->name = name;
     out->shape = js;
-    out->dtype = (sd_st_dtype)t;
+    out->dtype = (sd_safetensors_dtype)t;
     out->n_dims = nd;
     return SD_OK;
 }
@@ -281,7 +281,7 @@ static int cmp_entry_offsets(const void *a, const void *b) {
 }
 
 /* Writes "[d0, d1, ...]" of t into buf for messages. */
-static const char *shape_str(const sd_st_tensor *t, char *buf, size_t cap) {
+static const char *shape_str(const sd_safetensors_tensor *t, char *buf, size_t cap) {
     size_t at = (size_t)snprintf(buf, cap, "[");
     for (uint32_t d = 0; d < t->n_dims && at < cap; d++)
         at += (size_t)snprintf(buf + at, cap - at, "%s%llu", d ? ", " : "", (unsigned long long)t->shape[d]);
@@ -290,11 +290,11 @@ static const char *shape_str(const sd_st_tensor *t, char *buf, size_t cap) {
 }
 
 /* Offsets and sizes of every tensor, in data order (Metadata::validate). */
-static sd_status check_layout(const parser *p, sd_st *st, const entry *ents, uint64_t data_len) {
+static sd_status check_layout(const parser *p, sd_safetensors *st, const entry *ents, uint64_t data_len) {
     uint64_t expect = 0;
     char sh[160];
     for (int64_t i = 0; i < st->n_tensors; i++) {
-        sd_st_tensor *t = &st->tensors[i];
+        sd_safetensors_tensor *t = &st->tensors[i];
         const entry *e = &ents[i];
         if (e->end < e->begin)
             return fail(p, SD_ERR_FORMAT, "InvalidOffset",
@@ -315,17 +315,17 @@ static sd_status check_layout(const parser *p, sd_st *st, const entry *ents, uin
                 return fail(p, SD_ERR_FORMAT, "ValidationOverflow", "tensor '%.64s': shape %s has too many elements",
                             t->name, shape_str(t, sh, sizeof sh));
         uint64_t bits;
-        if (__builtin_mul_overflow(n, (uint64_t)sd_st_dtype_bits(t->dtype), &bits))
+        if (__builtin_mul_overflow(n, (uint64_t)sd_safetensors_dtype_bits(t->dtype), &bits))
             return fail(p, SD_ERR_FORMAT, "ValidationOverflow", "tensor '%.64s': shape %s of %s overflows in bits",
-                        t->name, shape_str(t, sh, sizeof sh), sd_st_dtype_name(t->dtype));
+                        t->name, shape_str(t, sh, sizeof sh), sd_safetensors_dtype_name(t->dtype));
         if (bits % 8 != 0)
             return fail(p, SD_ERR_FORMAT, "MisalignedSlice",
                         "tensor '%.64s': %llu elements of %s are not a whole number of bytes", t->name,
-                        (unsigned long long)n, sd_st_dtype_name(t->dtype));
+                        (unsigned long long)n, sd_safetensors_dtype_name(t->dtype));
         if (bits / 8 != e->end - e->begin)
             return fail(p, SD_ERR_FORMAT, "TensorInvalidInfo",
                         "tensor '%.64s': shape %s of %s is %llu bytes but data_offsets [%llu, %llu] span %llu",
-                        t->name, shape_str(t, sh, sizeof sh), sd_st_dtype_name(t->dtype),
+                        t->name, shape_str(t, sh, sizeof sh), sd_safetensors_dtype_name(t->dtype),
                         (unsigned long long)(bits / 8), (unsigned long long)e->begin, (unsigned long long)e->end,
                         (unsigned long long)(e->end - e->begin));
         t->n_elems = n;
@@ -343,7 +343,7 @@ static sd_status check_layout(const parser *p, sd_st *st, const entry *ents, uin
 }
 
 /* Copies the entries (in data order) into st's tensors. */
-static sd_status build_tensors(const parser *p, sd_st *st, const entry *ents, int64_t n, uint64_t total_dims) {
+static sd_status build_tensors(const parser *p, sd_safetensors *st, const entry *ents, int64_t n, uint64_t total_dims) {
     size_t cap = (size_t)(n ? n : 1);
     st->tensors = calloc(cap, sizeof *st->tensors);
     st->names = calloc(cap, sizeof *st->names);
@@ -354,7 +354,7 @@ static sd_status build_tensors(const parser *p, sd_st *st, const entry *ents, in
     st->n_tensors = n;
     uint64_t at = 0;
     for (int64_t k = 0; k < n; k++) {
-        sd_st_tensor *t = &st->tensors[k];
+        sd_safetensors_tensor *t = &st->tensors[k];
         if (!(st->names[k] = dup_str(ents[k].name))) return fail(p, SD_ERR_NOMEM, "OutOfMemory", "names");
         t->name = st->names[k];
         t->dtype = ents[k].dtype;
@@ -367,7 +367,7 @@ static sd_status build_tensors(const parser *p, sd_st *st, const entry *ents, in
 }
 
 /* Everything after the JSON parse: entries, duplicates, layout. */
-static sd_status parse_entries(const parser *p, sd_st *st, const cJSON *root) {
+static sd_status parse_entries(const parser *p, sd_safetensors *st, const cJSON *root) {
     int64_t n = 0;
     const cJSON *meta = NULL;
     for (const cJSON *c = root->child; c; c = c->next) {
@@ -408,19 +408,19 @@ static sd_status parse_entries(const parser *p, sd_st *st, const cJSON *root) {
 }
 
 static int cmp_by_name(const void *a, const void *b, void *ctx) {
-    const sd_st *st = ctx;
+    const sd_safetensors *st = ctx;
     return strcmp(st->tensors[*(const int64_t *)a].name, st->tensors[*(const int64_t *)b].name);
 }
 
-static sd_status parse(const parser *p, sd_st *st) {
+static sd_status parse(const parser *p, sd_safetensors *st) {
     if (st->size < 8)
         return fail(p, SD_ERR_FORMAT, "HeaderTooSmall", "file of %zu bytes is shorter than the 8-byte header length",
                     st->size);
     uint64_t n;
     memcpy(&n, st->base, 8);
-    if (n > SD_ST_MAX_HEADER)
+    if (n > SD_SAFETENSORS_MAX_HEADER)
         return fail(p, SD_ERR_FORMAT, "HeaderTooLarge", "header length %llu is over the cap of %llu bytes",
-                    (unsigned long long)n, (unsigned long long)SD_ST_MAX_HEADER);
+                    (unsigned long long)n, (unsigned long long)SD_SAFETENSORS_MAX_HEADER);
     if (n > st->size - 8)
         return fail(p, SD_ERR_FORMAT, "InvalidHeaderLength",
                     "header length %llu runs past the end of the file (%zu bytes after the length)",
@@ -461,9 +461,9 @@ static sd_status parse(const parser *p, sd_st *st) {
     return s;
 }
 
-void sd_st_close(sd_st **stp) {
+void sd_safetensors_close(sd_safetensors **stp) {
     if (!stp || !*stp) return;
-    sd_st *st = *stp;
+    sd_safetensors *st = *stp;
     for (int64_t i = 0; st->names && i < st->n_tensors; i++) free(st->names[i]);
     for (int64_t i = 0; i < st->n_meta; i++) {
         free(st->meta_key[i]);
@@ -480,9 +480,9 @@ void sd_st_close(sd_st **stp) {
     *stp = NULL;
 }
 
-static sd_status open_buffer(const uint8_t *base, size_t size, bool mapped, sd_st **out, char *err, size_t err_len) {
+static sd_status open_buffer(const uint8_t *base, size_t size, bool mapped, sd_safetensors **out, char *err, size_t err_len) {
     parser p = {.err = err, .err_len = err_len};
-    sd_st *st = calloc(1, sizeof *st);
+    sd_safetensors *st = calloc(1, sizeof *st);
     if (!st) return fail(&p, SD_ERR_NOMEM, "OutOfMemory", "handle");
     st->base = base;
     st->size = size;
@@ -490,14 +490,14 @@ static sd_status open_buffer(const uint8_t *base, size_t size, bool mapped, sd_s
     sd_status s = parse(&p, st);
     if (s != SD_OK) {
         st->mapped = false; /* the caller unmaps on failure */
-        sd_st_close(&st);
+        sd_safetensors_close(&st);
         return s;
     }
     *out = st;
     return SD_OK;
 }
 
-sd_status sd_st_open_memory(const void *data, size_t size, sd_st **out, char *err, size_t err_len) {
+sd_status sd_safetensors_open_memory(const void *data, size_t size, sd_safetensors **out, char *err, size_t err_len) {
     if (err && err_len) err[0] = '\0';
     if (!out || (!data && size)) return SD_ERR_INVALID_ARG;
     *out = NULL;
@@ -505,7 +505,7 @@ sd_status sd_st_open_memory(const void *data, size_t size, sd_st **out, char *er
     return open_buffer(data ? data : empty, size, false, out, err, err_len);
 }
 
-sd_status sd_st_open(const char *path, sd_st **out, char *err, size_t err_len) {
+sd_status sd_safetensors_open(const char *path, sd_safetensors **out, char *err, size_t err_len) {
     if (err && err_len) err[0] = '\0';
     if (!path || !out) return SD_ERR_INVALID_ARG;
     *out = NULL;
@@ -532,18 +532,18 @@ sd_status sd_st_open(const char *path, sd_st **out, char *err, size_t err_len) {
     return s;
 }
 
-int64_t sd_st_n_tensors(const sd_st *st) { return st ? st->n_tensors : 0; }
+int64_t sd_safetensors_n_tensors(const sd_safetensors *st) { return st ? st->n_tensors : 0; }
 
-const sd_st_tensor *sd_st_tensor_at(const sd_st *st, int64_t i) {
+const sd_safetensors_tensor *sd_safetensors_tensor_at(const sd_safetensors *st, int64_t i) {
     return st && i >= 0 && i < st->n_tensors ? &st->tensors[i] : NULL;
 }
 
-const sd_st_tensor *sd_st_find(const sd_st *st, const char *name) {
+const sd_safetensors_tensor *sd_safetensors_find(const sd_safetensors *st, const char *name) {
     if (!st || !name) return NULL;
     int64_t lo = 0, hi = st->n_tensors;
     while (lo < hi) {
         int64_t mid = lo + (hi - lo) / 2;
-        const sd_st_tensor *t = &st->tensors[st->by_name[mid]];
+        const sd_safetensors_tensor *t = &st->tensors[st->by_name[mid]];
         int c = strcmp(name, t->name);
         if (c == 0) return t;
         if (c < 0)
@@ -554,16 +554,16 @@ const sd_st_tensor *sd_st_find(const sd_st *st, const char *name) {
     return NULL;
 }
 
-int64_t sd_st_n_metadata(const sd_st *st) { return st ? st->n_meta : 0; }
+int64_t sd_safetensors_n_metadata(const sd_safetensors *st) { return st ? st->n_meta : 0; }
 
-bool sd_st_metadata_at(const sd_st *st, int64_t i, const char **key, const char **value) {
+bool sd_safetensors_metadata_at(const sd_safetensors *st, int64_t i, const char **key, const char **value) {
     if (!st || i < 0 || i >= st->n_meta) return false;
     if (key) *key = st->meta_key[i];
     if (value) *value = st->meta_value[i];
     return true;
 }
 
-const char *sd_st_metadata(const sd_st *st, const char *key) {
+const char *sd_safetensors_metadata(const sd_safetensors *st, const char *key) {
     if (!st || !key) return NULL;
     for (int64_t i = 0; i < st->n_meta; i++)
         if (strcmp(st->meta_key[i], key) == 0) return st->meta_value[i];

@@ -15,14 +15,14 @@
 
 typedef struct st_wtensor {
     char *name;
-    sd_st_dtype dtype;
+    sd_safetensors_dtype dtype;
     uint32_t n_dims;
     uint64_t *shape;
     uint8_t *data;
     uint64_t n_bytes;
 } st_wtensor;
 
-struct sd_st_writer {
+struct sd_safetensors_writer {
     st_wtensor *tensors;
     size_t n_tensors, cap_tensors;
     char **meta_key, **meta_value;
@@ -87,11 +87,11 @@ static void sb_json_str(strbuf *b, const char *s) {
     sb_put(b, "\"", 1);
 }
 
-sd_st_writer *sd_st_writer_new(void) { return calloc(1, sizeof(sd_st_writer)); }
+sd_safetensors_writer *sd_safetensors_writer_new(void) { return calloc(1, sizeof(sd_safetensors_writer)); }
 
-void sd_st_writer_free(sd_st_writer **wp) {
+void sd_safetensors_writer_free(sd_safetensors_writer **wp) {
     if (!wp || !*wp) return;
-    sd_st_writer *w = *wp;
+    sd_safetensors_writer *w = *wp;
     for (size_t i = 0; i < w->n_tensors; i++) {
         free(w->tensors[i].name);
         free(w->tensors[i].shape);
@@ -108,7 +108,7 @@ void sd_st_writer_free(sd_st_writer **wp) {
     *wp = NULL;
 }
 
-sd_status sd_st_writer_set_metadata(sd_st_writer *w, const char *key, const char *value) {
+sd_status sd_safetensors_writer_set_metadata(sd_safetensors_writer *w, const char *key, const char *value) {
     if (!w || !key || !value) return SD_ERR_INVALID_ARG;
     char *v = strdup(value);
     if (!v) return SD_ERR_NOMEM;
@@ -139,9 +139,9 @@ sd_status sd_st_writer_set_metadata(sd_st_writer *w, const char *key, const char
     return SD_OK;
 }
 
-sd_status sd_st_writer_add_tensor(sd_st_writer *w, const char *name, sd_st_dtype dtype, uint32_t n_dims,
+sd_status sd_safetensors_writer_add_tensor(sd_safetensors_writer *w, const char *name, sd_safetensors_dtype dtype, uint32_t n_dims,
                                   const uint64_t *shape, const void *data) {
-    if (!w || !name || (unsigned)dtype >= SD_ST_DTYPE_COUNT || (n_dims && !shape)) return SD_ERR_INVALID_ARG;
+    if (!w || !name || (unsigned)dtype >= SD_SAFETENSORS_DTYPE_COUNT || (n_dims && !shape)) return SD_ERR_INVALID_ARG;
     if (strcmp(name, "__metadata__") == 0) return SD_ERR_INVALID_ARG;
     for (size_t i = 0; i < w->n_tensors; i++)
         if (strcmp(w->tensors[i].name, name) == 0) {
@@ -151,7 +151,7 @@ sd_status sd_st_writer_add_tensor(sd_st_writer *w, const char *name, sd_st_dtype
     uint64_t n = 1, bits;
     for (uint32_t d = 0; d < n_dims; d++)
         if (__builtin_mul_overflow(n, shape[d], &n)) return SD_ERR_RANGE;
-    if (__builtin_mul_overflow(n, (uint64_t)sd_st_dtype_bits(dtype), &bits) || bits % 8 != 0 ||
+    if (__builtin_mul_overflow(n, (uint64_t)sd_safetensors_dtype_bits(dtype), &bits) || bits % 8 != 0 ||
         bits / 8 > SIZE_MAX)
         return SD_ERR_INVALID_ARG;
     uint64_t n_bytes = bits / 8;
@@ -179,9 +179,9 @@ sd_status sd_st_writer_add_tensor(sd_st_writer *w, const char *name, sd_st_dtype
     return SD_OK;
 }
 
-uint64_t sd_st_writer_data_bytes(const sd_st_writer *w) { return w ? w->data_bytes : 0; }
+uint64_t sd_safetensors_writer_data_bytes(const sd_safetensors_writer *w) { return w ? w->data_bytes : 0; }
 
-sd_status sd_st_writer_write(const sd_st_writer *w, const char *path) {
+sd_status sd_safetensors_writer_write(const sd_safetensors_writer *w, const char *path) {
     if (!w || !path) return SD_ERR_INVALID_ARG;
     strbuf h = {0};
     sb_str(&h, "{");
@@ -204,7 +204,7 @@ sd_status sd_st_writer_write(const sd_st_writer *w, const char *path) {
         first = false;
         sb_json_str(&h, t->name);
         sb_str(&h, ":{\"dtype\":\"");
-        sb_str(&h, sd_st_dtype_name(t->dtype));
+        sb_str(&h, sd_safetensors_dtype_name(t->dtype));
         sb_str(&h, "\",\"shape\":[");
         for (uint32_t d = 0; d < t->n_dims; d++) {
             if (d) sb_str(&h, ",");

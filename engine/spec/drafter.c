@@ -114,9 +114,9 @@ int32_t sd_drafter_max_q(const sd_drafter *d) {
 
 sd_status sd_drafter_propose(sd_drafter *d, int32_t seq, const int32_t *context, int32_t n_context, int32_t k,
                              const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n_drafted) {
-    if (!d || !context || !s || !tokens || !q || !n_drafted || n_context <= 0 || k < 0 || k > SD_SPEC_MAX_K) {
+    if (!d || !context || !s || !tokens || !q || !n_drafted || n_context <= 0 || k < 0 || k > SD_MAX_DRAFT) {
         SD_ERROR("drafter: propose needs a drafter, a non-empty context, sampling, outputs and 0 <= k <= %d "
-                 "(n_context %d, k %d)", SD_SPEC_MAX_K, (int)n_context, (int)k);
+                 "(n_context %d, k %d)", SD_MAX_DRAFT, (int)n_context, (int)k);
         return SD_ERR_INVALID_ARG;
     }
     if (seq < 0 || seq >= d->params.max_seqs) {
@@ -155,7 +155,7 @@ sd_status sd_draft_batch(sd_drafter *d, int32_t n_seqs, const sd_draft_seq *seqs
         bool dup = false;
         for (int32_t j = 0; j < i && !dup; j++) dup = seqs[j].slot == v->slot;
         if (v->slot < 0 || v->slot >= d->params.max_seqs || dup || v->keep_len < 0 || v->n_append < 1 ||
-            !v->append || v->k < 0 || v->k > SD_SPEC_MAX_K ||
+            !v->append || v->k < 0 || v->k > SD_MAX_DRAFT ||
             (int64_t)v->keep_len + v->n_append > d->params.max_ctx) {
             SD_WARN("drafter: sequence %d: bad request (slot %d%s, keep_len %d, n_append %d, k %d, max_ctx %d)",
                     (int)i, (int)v->slot, dup ? " repeated" : "", (int)v->keep_len, (int)v->n_append, (int)v->k,
@@ -282,8 +282,8 @@ typedef struct ngram_calib {
 
 /* Per sequence slot: the last draft (what q points into) and what it rested on. */
 typedef struct ngram_slot {
-    int32_t draft[SD_SPEC_MAX_K];
-    uint8_t bucket[SD_SPEC_MAX_K]; /* calibration bucket of each draft token */
+    int32_t draft[SD_MAX_DRAFT];
+    uint8_t bucket[SD_MAX_DRAFT]; /* calibration bucket of each draft token */
     int32_t n_draft;
     int32_t n_context;             /* context length the draft continued; 0 = none pending */
     int32_t last_token;            /* context[n_context - 1] then */
@@ -389,7 +389,7 @@ static sd_status ngram_propose(sd_drafter *d, int32_t seq, const int32_t *contex
                                const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n_drafted) {
     ngram_state *st = d->impl;
     ngram_slot *sl = &st->slots[seq];
-    const bool greedy = s->temperature == 0.0f;
+    const bool greedy = sd_sampling_is_greedy(s);
     ngram_observe(sl, context, n_context);
     const bool use_cache = greedy && st->cache.entries;
     if (st->cache.entries) { /* this sequence's new output tokens into the shared cache */

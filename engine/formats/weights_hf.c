@@ -56,7 +56,7 @@ enum {
 
 typedef struct hf_shard {
     char *file; /* name inside the directory, owned */
-    sd_st *st;  /* owned */
+    sd_safetensors *st;  /* owned */
 } hf_shard;
 
 typedef struct hf_source {
@@ -199,47 +199,34 @@ static sd_status get_token_id(const cJSON *cfg, const char *key, bool last, int6
     return SD_OK;
 }
 
-static sd_status read_rope_scaling(const cJSON *cfg, sd_model_config *c) {
-    c->rope_scaling_type = 0;
-    c->rope_scale_factor = 1.0f;
-    c->rope_low_freq_factor = 1.0f;
-    c->rope_high_freq_factor = 4.0f;
-    c->rope_orig_ctx = 8192;
-    const cJSON *rs = field(cfg, "rope_scaling");
-    if (!rs || cJSON_IsNull(rs)) return SD_OK;
+/* config.json's rope_scaling object (rope_type, or the older type). */
+static sd_status hf_rope_type(const void *src, char *out, size_t n) {
+    const cJSON *rs = field(src, "rope_scaling");
+    if (!rs || cJSON_IsNull(rs)) return SD_ERR_NOT_FOUND;
     const cJSON *type = field(rs, "rope_type");
     if (!type) type = field(rs, "type");
     if (!cJSON_IsObject(rs) || !cJSON_IsString(type)) {
         SD_ERROR("weights: config.json rope_scaling must be null or an object with rope_type");
         return SD_ERR_FORMAT;
     }
-    const char *t = type->valuestring;
-    if (strcmp(t, "default") == 0) return SD_OK;
-    if (strcmp(t, "linear") == 0) {
-        c->rope_scaling_type = 1;
-    } else if (strcmp(t, "llama3") == 0) {
-        c->rope_scaling_type = 2;
-    } else {
-        SD_ERROR("weights: rope scaling '%.32s' is not supported (default, linear, llama3)", t);
-        return SD_ERR_UNSUPPORTED;
-    }
-    sd_status s = get_pos_float(rs, "rope_scaling", "factor", &c->rope_scale_factor);
-    if (s == SD_ERR_NOT_FOUND) SD_ERROR("weights: rope_scaling '%s' without a factor", t);
-    if (s != SD_OK) return s == SD_ERR_NOT_FOUND ? SD_ERR_FORMAT : s;
-    if (c->rope_scaling_type == 2) {
-        s = get_pos_float(rs, "rope_scaling", "low_freq_factor", &c->rope_low_freq_factor);
-        if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
-        s = get_pos_float(rs, "rope_scaling", "high_freq_factor", &c->rope_high_freq_factor);
-        if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
-        s = get_int(rs, "original_max_position_embeddings", false, MAX_CTX, &c->rope_orig_ctx);
-        if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
-        if (!(c->rope_high_freq_factor > c->rope_low_freq_factor)) {
-            SD_ERROR("weights: llama3 rope scaling needs high_freq_factor (%g) > low_freq_factor (%g)",
-                     (double)c->rope_high_freq_factor, (double)c->rope_low_freq_factor);
-            return SD_ERR_FORMAT;
-        }
-    }
+    snprintf(out, n, "%s", type->valuestring);
     return SD_OK;
+}
+
+static sd_status hf_rope_number(const void *src, sd_rope_key key, double *out) {
+    const cJSON *rs = field(src, "rope_scaling");
+    static const char *const names[] = {"factor", "low_freq_factor", "high_freq_factor"};
+    if (key == SD_ROPE_ORIG_CTX) {
+        int32_t v;
+        sd_status s = get_int(rs, "original_max_position_embeddings", false, MAX_CTX, &v);
+        if (s == SD_OK) *out = v;
+        return s;
+    }
+    if ((int)key < 0 || (size_t)key >= sizeof names / sizeof names[0]) return SD_ERR_INVALID_ARG;
+    float f;
+    sd_status s = get_pos_float(rs, "rope_scaling", names[key], &f);
+    if (s == SD_OK) *out = f;
+    return s;
 }
 
 /* A boolean key that must be false (or absent) for a plain Llama. */
@@ -320,7 +307,9 @@ static sd_status parse_config(const cJSON *j, hf_source *src) {
     c.rope_base = 10000.0f;
     s = get_pos_float(j, "config.json", "rope_theta", &c.rope_base);
     if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
-    SD_TRY(read_rope_scaling(j, &c));
+    sd_rope_source rope = {.where = "weights: config.json", .type_none = "default", .type = hf_rope_type,
+                           .number = hf_rope_number, .src = j};
+    SD_TRY(sd_model_config_rope_scaling(&rope, &c));
     const cJSON *tie = field(j, "tie_word_embeddings");
     if (tie && !cJSON_IsBool(tie)) {
         SD_ERROR("weights: config.json tie_word_embeddings is not a boolean");
@@ -339,10 +328,7 @@ static sd_status parse_config(const cJSON *j, hf_source *src) {
 
 /* ------------------------------------------------------------------ names */
 
-/* Maps a GGUF tensor name to the HF name in out; false for a name this
- * source does not have (rope_freqs, output when tied, layers past the end). */
-static bool hf_name(const hf_source *s, const char *name, char *out, size_t cap, row_order *order) {
-    *order = ROWS_SAME;
+bool sd_weights_hf_name(const char *gguf, int32_t n_layers, char *out, size_t cap, bool *rope_rows) {
     static const struct {
         const char *gguf, *hf;
     } globals[] = {
@@ -350,11 +336,6 @@ static bool hf_name(const hf_source *s, const char *name, char *out, size_t cap,
         {"output_norm.weight", "model.norm.weight"},
         {"output.weight", "lm_head.weight"},
     };
-    for (size_t i = 0; i < sizeof globals / sizeof globals[0]; i++)
-        if (strcmp(name, globals[i].gguf) == 0) {
-            if (i == 2 && s->cfg.tied_output) return false;
-            return (size_t)snprintf(out, cap, "%s", globals[i].hf) < cap;
-        }
     static const struct {
         const char *part, *hf;
         bool rope;
@@ -365,33 +346,47 @@ static bool hf_name(const hf_source *s, const char *name, char *out, size_t cap,
         {"ffn_gate", "mlp.gate_proj", false},       {"ffn_up", "mlp.up_proj", false},
         {"ffn_down", "mlp.down_proj", false},
     };
-    if (strncmp(name, "blk.", 4) != 0) return false;
-    const char *p = name + 4;
+    *rope_rows = false;
+    for (size_t i = 0; i < sizeof globals / sizeof globals[0]; i++)
+        if (strcmp(gguf, globals[i].gguf) == 0) return (size_t)snprintf(out, cap, "%s", globals[i].hf) < cap;
+    if (strncmp(gguf, "blk.", 4) != 0) return false;
+    const char *p = gguf + 4;
     int64_t layer = 0;
     if (*p < '0' || *p > '9' || (p[0] == '0' && p[1] != '.')) return false;
     while (*p >= '0' && *p <= '9' && layer < MAX_LAYERS) layer = layer * 10 + (*p++ - '0');
-    if (*p != '.' || layer >= s->cfg.n_layers) return false;
+    if (*p != '.' || layer >= n_layers) return false;
     p++;
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         size_t n = strlen(parts[i].part);
         if (strncmp(p, parts[i].part, n) == 0 && strcmp(p + n, ".weight") == 0) {
-            *order = parts[i].rope ? ROWS_ROPE_HALF : ROWS_SAME;
+            *rope_rows = parts[i].rope;
             return (size_t)snprintf(out, cap, "model.layers.%lld.%s.weight", (long long)layer, parts[i].hf) < cap;
         }
     }
     return false;
 }
 
-static const sd_st_tensor *lookup(const hf_source *s, const char *hf) {
+/* Maps a GGUF tensor name to this source's HF name in out; false for a name
+ * it does not have (rope_freqs, output when tied, layers past the end). */
+static bool hf_name(const hf_source *s, const char *name, char *out, size_t cap, row_order *order) {
+    bool rope_rows;
+    *order = ROWS_SAME;
+    if (s->cfg.tied_output && strcmp(name, "output.weight") == 0) return false;
+    if (!sd_weights_hf_name(name, s->cfg.n_layers, out, cap, &rope_rows)) return false;
+    *order = rope_rows ? ROWS_ROPE_HALF : ROWS_SAME;
+    return true;
+}
+
+static const sd_safetensors_tensor *lookup(const hf_source *s, const char *hf) {
     for (int i = 0; i < s->n_shards; i++) {
-        const sd_st_tensor *t = sd_st_find(s->shards[i].st, hf);
+        const sd_safetensors_tensor *t = sd_safetensors_find(s->shards[i].st, hf);
         if (t) return t;
     }
     return NULL;
 }
 
 /* The tensor behind GGUF name, or NULL. */
-static const sd_st_tensor *find_mapped(const hf_source *s, const char *name, row_order *order) {
+static const sd_safetensors_tensor *find_mapped(const hf_source *s, const char *name, row_order *order) {
     char hf[128];
     return hf_name(s, name, hf, sizeof hf, order) ? lookup(s, hf) : NULL;
 }
@@ -427,7 +422,7 @@ static sd_status check_tensors(const hf_source *s) {
         char hf[128];
         row_order order;
         if (!hf_name(s, w.name, hf, sizeof hf, &order)) return SD_ERR_INTERNAL;
-        const sd_st_tensor *t = lookup(s, hf);
+        const sd_safetensors_tensor *t = lookup(s, hf);
         if (!t) {
             if (i == -1)
                 SD_ERROR("weights: %s: lm_head.weight is missing and tie_word_embeddings is false", s->dir);
@@ -436,9 +431,9 @@ static sd_status check_tensors(const hf_source *s) {
             return SD_ERR_FORMAT;
         }
         sd_dtype dt;
-        if (!sd_st_dtype_to_sd(t->dtype, &dt)) {
+        if (!sd_safetensors_dtype_to_sd(t->dtype, &dt)) {
             SD_ERROR("weights: %s: tensor %s is %s (only F32, F16 and BF16 are supported)", s->dir, hf,
-                     sd_st_dtype_name(t->dtype));
+                     sd_safetensors_dtype_name(t->dtype));
             return SD_ERR_UNSUPPORTED;
         }
         bool ok = w.rows ? t->n_dims == 2 && t->shape[0] == (uint64_t)w.rows && t->shape[1] == (uint64_t)w.cols
@@ -479,7 +474,7 @@ static sd_status open_shard(hf_source *s, const char *file) {
     n->file = strdup(file);
     char *path = join_path(s->dir, file);
     char err[256] = "";
-    sd_status st = n->file && path ? sd_st_open(path, &n->st, err, sizeof err) : SD_ERR_NOMEM;
+    sd_status st = n->file && path ? sd_safetensors_open(path, &n->st, err, sizeof err) : SD_ERR_NOMEM;
     if (st != SD_OK && err[0]) SD_ERROR("weights: %s: %s", path, err);
     free(path);
     s->n_shards++; /* counted even when it failed, so close frees the name */
@@ -509,7 +504,7 @@ static sd_status open_index(hf_source *s) {
         const hf_shard *sh = NULL;
         for (int i = 0; st == SD_OK && i < s->n_shards; i++)
             if (strcmp(s->shards[i].file, e->valuestring) == 0) sh = &s->shards[i];
-        if (st == SD_OK && (!sh || !sd_st_find(sh->st, e->string))) {
+        if (st == SD_OK && (!sh || !sd_safetensors_find(sh->st, e->string))) {
             SD_ERROR("weights: %s: the index puts %.64s in %s, which has no such tensor", s->dir, e->string,
                      e->valuestring);
             st = SD_ERR_FORMAT;
@@ -522,10 +517,10 @@ static sd_status open_index(hf_source *s) {
 /* No tensor name in two shards (the lookup would silently pick one). */
 static sd_status check_unique_across_shards(const hf_source *s) {
     for (int i = 0; i < s->n_shards; i++)
-        for (int64_t k = 0; k < sd_st_n_tensors(s->shards[i].st); k++) {
-            const char *name = sd_st_tensor_at(s->shards[i].st, k)->name;
+        for (int64_t k = 0; k < sd_safetensors_n_tensors(s->shards[i].st); k++) {
+            const char *name = sd_safetensors_tensor_at(s->shards[i].st, k)->name;
             for (int j = i + 1; j < s->n_shards; j++)
-                if (sd_st_find(s->shards[j].st, name)) {
+                if (sd_safetensors_find(s->shards[j].st, name)) {
                     SD_ERROR("weights: %s: tensor %.64s is in both %s and %s", s->dir, name, s->shards[i].file,
                              s->shards[j].file);
                     return SD_ERR_FORMAT;
@@ -539,7 +534,7 @@ static sd_status check_unique_across_shards(const hf_source *s) {
 static void hf_close(void *ctx) {
     hf_source *s = ctx;
     for (int i = 0; i < s->n_shards; i++) {
-        sd_st_close(&s->shards[i].st);
+        sd_safetensors_close(&s->shards[i].st);
         free(s->shards[i].file);
     }
     free(s->shards);
@@ -594,9 +589,9 @@ static sd_status hf_tokenizer(void *ctx, sd_tok **out) {
 
 static bool hf_find(void *ctx, const char *name, sd_weights_tensor *info) {
     row_order order;
-    const sd_st_tensor *t = find_mapped(ctx, name, &order);
+    const sd_safetensors_tensor *t = find_mapped(ctx, name, &order);
     sd_dtype dt;
-    if (!t || t->n_dims < 1 || t->n_dims > 2 || !sd_st_dtype_to_sd(t->dtype, &dt)) return false;
+    if (!t || t->n_dims < 1 || t->n_dims > 2 || !sd_safetensors_dtype_to_sd(t->dtype, &dt)) return false;
     info->type = dt;
     info->n_dims = t->n_dims;
     info->ne[0] = (int64_t)t->shape[t->n_dims - 1];
@@ -608,9 +603,9 @@ static sd_status hf_read(void *ctx, const char *name, int64_t row0, int64_t n_ro
                          float *dst) {
     const hf_source *s = ctx;
     row_order order;
-    const sd_st_tensor *t = find_mapped(s, name, &order);
+    const sd_safetensors_tensor *t = find_mapped(s, name, &order);
     sd_dtype dt;
-    if (!t || !sd_st_dtype_to_sd(t->dtype, &dt)) return SD_ERR_INTERNAL; /* weights.c checked find() */
+    if (!t || !sd_safetensors_dtype_to_sd(t->dtype, &dt)) return SD_ERR_INTERNAL; /* weights.c checked find() */
     int64_t ne0 = (int64_t)t->shape[t->n_dims - 1];
     if (order == ROWS_SAME) return sd_weights_read_rows(dt, t->data, ne0, row0, n_rows, col0, n_cols, dst);
     /* rotate-half rows -> adjacent-pair rows, inside each head */
