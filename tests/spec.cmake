@@ -42,3 +42,8 @@ set_tests_properties(test_ngram_copy_full PROPERTIES LABELS "model;slow" SKIP_RE
 specd_unit_test(test_spec_adapt test_spec_adapt.c)
 target_compile_definitions(test_spec_adapt PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
 add_dependencies(test_spec_adapt specd-mkmodel)
+# specd-generate's speculative loop (tools/gen_spec.c): decode figures count the tokens of the steps they time.
+specd_unit_test(test_gen_timing test_gen_timing.c ${CMAKE_SOURCE_DIR}/tools/gen_spec.c)
+target_include_directories(test_gen_timing PRIVATE ${CMAKE_SOURCE_DIR}/tools)
+target_compile_definitions(test_gen_timing PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
+add_dependencies(test_gen_timing specd-mkmodel)
