@@ -9,6 +9,12 @@
  * prompts of tokens/s, its ratio to plain decoding's median, acceptance
  * (accepted / drafted over the set) and tokens per target step.
  *
+ * Hygiene (bench_hygiene.h): each run is sampled for the CPU time other
+ * processes used meanwhile; a prompt on which any method's run saw more
+ * than --max-other-load cores is left out of every method's median (the
+ * methods stay paired on the same prompts), and the table gives each
+ * method's foreign load (median / max) and its runs over the limit.
+ *
  * Adaptive K is the policy shared with the coordinator and specd-generate
  * (specd/spec_adapt.h through sd_spec_decoder_step_adaptive): K in 0..8 per
  * step from the sequence's acceptance and the decoder's own timings of the
@@ -25,6 +31,7 @@
  * few points) is as large as the differences between N; the exact one has
  * no sampling error in the acceptance itself. */
 #include "bench_spec.h"
+#include "bench_hygiene.h"
 #include "bench_stats.h"
 
 #include "bench_prompts.h"
@@ -53,6 +60,7 @@ typedef struct method {
     int drafter;     /* index into drafters, -1 = plain */
     int k;           /* ADAPTIVE or a fixed K */
     double tps[MAX_PROMPTS];
+    double other[MAX_PROMPTS]; /* foreign CPU load during each run, cores (bench_hygiene.h) */
     long drafted, accepted, steps, tokens;
 } method;
 
@@ -60,6 +68,22 @@ static double median_of(const double *v, int n) {
     double tmp[MAX_PROMPTS];
     memcpy(tmp, v, (size_t)n * sizeof *v);
     return sd_bench_median(tmp, n);
+}
+
+static double max_of(const double *v, int n) {
+    double m = n > 0 ? v[0] : 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > m) m = v[i];
+    return m;
+}
+
+/* Median of v over the prompts marked in keep. */
+static double median_kept(const double *v, const bool *keep, int n) {
+    double tmp[MAX_PROMPTS];
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (keep[i]) tmp[m++] = v[i];
+    return sd_bench_median(tmp, m);
 }
 
 /* Extra cost of one more token in a verification call, relative to a
@@ -344,8 +368,11 @@ static void top_n_alpha_study(FILE *out, sd_model *target, const char *draft_pat
 
 static void usage(FILE *f) {
     fprintf(f, "usage: specd-bench spec -m TARGET [--draft FILE] [--draft-layers L] [--prompts FILE]...\n"
-               "                        [--tokens N] [--max-prompts N] [-t THREADS] [-o OUT.md]\n"
-               "  default prompts: bench/prompts/*.txt; default --tokens 48, --draft-layers 8\n");
+               "                        [--tokens N] [--max-prompts N] [-t THREADS] [--max-other-load CORES]\n"
+               "                        [-o OUT.md]\n"
+               "  default prompts: bench/prompts/*.txt; default --tokens 48, --draft-layers 8\n"
+               "  a prompt whose run of any method saw other processes use more than CORES (default 0.25)\n"
+               "  is left out of the medians (all prompts are kept if none is clean)\n");
 }
 
 int bench_spec_main(int argc, char **argv) {
@@ -354,7 +381,9 @@ int bench_spec_main(int argc, char **argv) {
         {"draft-layers", required_argument, 0, 'L'}, {"prompts", required_argument, 0, 'p'},
         {"tokens", required_argument, 0, 'n'},  {"max-prompts", required_argument, 0, 'M'},
         {"threads", required_argument, 0, 't'}, {"out", required_argument, 0, 'o'},
+        {"max-other-load", required_argument, 0, 'X'},
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+    sd_hyg_params hyg = sd_hyg_default_params();
     const char *model_path = NULL, *draft_path = NULL, *out_path = NULL;
     const char *sets[MAX_SETS];
     int n_sets = 0, n_tokens = 48, layers = 8, n_threads = 0, max_prompts = MAX_PROMPTS, c;
@@ -369,6 +398,7 @@ int bench_spec_main(int argc, char **argv) {
         case 'M': max_prompts = atoi(optarg); break;
         case 't': n_threads = atoi(optarg); break;
         case 'o': out_path = optarg; break;
+        case 'X': hyg.max_other_cores = atof(optarg); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -376,7 +406,8 @@ int bench_spec_main(int argc, char **argv) {
     glob_t gl = {0};
     if (n_sets == 0 && glob("bench/prompts/*.txt", 0, NULL, &gl) == 0)
         for (size_t i = 0; i < gl.gl_pathc && n_sets < MAX_SETS; i++) sets[n_sets++] = gl.gl_pathv[i];
-    if (!model_path || n_sets == 0 || n_tokens < 2 || n_tokens > 512 || layers < 1 || max_prompts < 1) {
+    if (!model_path || n_sets == 0 || n_tokens < 2 || n_tokens > 512 || layers < 1 || max_prompts < 1 ||
+        !(hyg.max_other_cores > 0)) {
         usage(stderr);
         globfree(&gl);
         return 2;
@@ -461,7 +492,10 @@ int bench_spec_main(int argc, char **argv) {
                 method *mt = &methods[mi];
                 double secs = 0;
                 sd_drafter *d = mt->drafter >= 0 ? drafters[mt->drafter] : NULL;
+                sd_hyg_mark h0 = sd_hyg_now(&hyg);
                 int got = run_one(m, d, mt->k, c_verify, ids, (int32_t)n_ids, n_tokens, &greedy, mt, &secs, NULL);
+                sd_hyg_mark h1 = sd_hyg_now(&hyg);
+                mt->other[p] = sd_hyg_other_cores(&h0, &h1);
                 if (got < 0) {
                     free(ids);
                     goto done;
@@ -476,16 +510,37 @@ int bench_spec_main(int argc, char **argv) {
             }
             fprintf(stderr, "%s: prompt %d/%d done\n", sets[si], p + 1, np);
         }
-        double plain_med = median_of(methods[0].tps, np);
+        /* hygiene: a prompt is clean when every method's run of it was */
+        bool keep[MAX_PROMPTS];
+        int n_keep = 0;
+        for (int p = 0; p < np; p++) {
+            keep[p] = true;
+            for (int mi = 0; mi < n_methods; mi++) keep[p] = keep[p] && sd_hyg_clean(&hyg, methods[mi].other[p]);
+            n_keep += keep[p];
+        }
+        bool noisy = n_keep == 0;
+        if (noisy)
+            for (int p = 0; p < np; p++) keep[p] = true;
+        double plain_med = median_kept(methods[0].tps, keep, np);
         fprintf(out, "\n### %s (%d prompts)\n\n", sets[si], np);
-        fprintf(out, "| method | tokens/s (median) | vs plain | acceptance | tokens / target step |\n");
-        fprintf(out, "| --- | --- | --- | --- | --- |\n");
+        if (noisy)
+            fprintf(out, "No prompt ran with other processes using at most %.2f of a core throughout: medians over "
+                         "all %d prompts, and unreliable.\n\n", hyg.max_other_cores, np);
+        else
+            fprintf(out, "Medians over the %d of %d prompts whose runs all saw other processes use at most %.2f of "
+                         "a core.\n\n", n_keep, np, hyg.max_other_cores);
+        fprintf(out, "| method | tokens/s (median) | vs plain | acceptance | tokens / target step "
+                     "| other CPU, cores: median / max | runs over the limit |\n");
+        fprintf(out, "| --- | --- | --- | --- | --- | --- | --- |\n");
         for (int mi = 0; mi < n_methods; mi++) {
             method *mt = &methods[mi];
-            double med = median_of(mt->tps, np);
-            fprintf(out, "| %s | %.2f | %.2fx | %.3f | %.2f |\n", mt->name, med, plain_med > 0 ? med / plain_med : 0,
-                    mt->drafted ? (double)mt->accepted / mt->drafted : 0.0,
-                    mt->steps ? (double)mt->tokens / mt->steps : 1.0);
+            double med = median_kept(mt->tps, keep, np);
+            int dirty = 0;
+            for (int p = 0; p < np; p++) dirty += !sd_hyg_clean(&hyg, mt->other[p]);
+            fprintf(out, "| %s | %.2f | %.2fx | %.3f | %.2f | %.2f / %.2f | %d of %d |\n", mt->name, med,
+                    plain_med > 0 ? med / plain_med : 0, mt->drafted ? (double)mt->accepted / mt->drafted : 0.0,
+                    mt->steps ? (double)mt->tokens / mt->steps : 1.0, median_of(mt->other, np),
+                    max_of(mt->other, np), dirty, np);
         }
         fflush(out);
         for (int p = 0; p < np; p++) free(prompts[p]);
