@@ -4,9 +4,11 @@
  * softirq steal (guest time is already inside user). Busy = everything but
  * idle and iowait. A process's own use is utime + stime of /proc/PID/stat
  * (fields 14 and 15, counted after the parenthesised name, which may hold
- * spaces), which covers all its threads. Children that exited and were
- * waited for move into cutime/cstime and are not counted as ours: a child
- * a benchmark starts is another process. Rejected: getrusage(RUSAGE_SELF)
+ * spaces), which covers all its threads. This process's own use includes
+ * its children that exited and were waited for (cutime/cstime, fields 16
+ * and 17): the ranks `specd-bench tp` forks are its work, and once reaped
+ * their time lives only there. A child still running is another process
+ * unless its name matches exclude_prefix. Rejected: getrusage(RUSAGE_SELF)
  * (microseconds, but no way to read the same for excluded processes, and
  * mixing two clocks would add their rounding errors); a load average (a
  * one-minute average cannot say which repetition was disturbed). */
@@ -42,8 +44,9 @@ static bool read_busy(uint64_t *busy) {
     return true;
 }
 
-/* utime + stime of /proc/<dir>/stat; *comm gets the name when not NULL. */
-static bool read_proc_stat(const char *dir, uint64_t *ticks, char *comm, size_t comm_size) {
+/* utime + stime of /proc/<dir>/stat (+ cutime + cstime with children);
+ * *comm gets the name when not NULL. */
+static bool read_proc_stat(const char *dir, bool children, uint64_t *ticks, char *comm, size_t comm_size) {
     char path[64], buf[1024];
     snprintf(path, sizeof path, "/proc/%s/stat", dir);
     FILE *f = fopen(path, "r");
@@ -61,9 +64,11 @@ static bool read_proc_stat(const char *dir, uint64_t *ticks, char *comm, size_t 
     }
     /* after ") ": state(3) ppid(4) pgrp(5) session(6) tty_nr(7) tpgid(8) flags(9) minflt(10) cminflt(11)
      * majflt(12) cmajflt(13) utime(14) stime(15) */
-    unsigned long long ut = 0, stime = 0;
-    if (sscanf(close + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &stime) != 2) return false;
-    *ticks = ut + stime;
+    unsigned long long ut = 0, stime = 0, cut = 0, cst = 0;
+    if (sscanf(close + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %llu %llu", &ut, &stime, &cut,
+               &cst) != 4)
+        return false;
+    *ticks = ut + stime + (children ? cut + cst : 0);
     return true;
 }
 
@@ -71,44 +76,52 @@ uint64_t sd_hyg_process_ticks(int pid) {
     char dir[32];
     snprintf(dir, sizeof dir, "%d", pid);
     uint64_t t = 0;
-    return read_proc_stat(dir, &t, NULL, 0) ? t : 0;
+    return read_proc_stat(dir, false, &t, NULL, 0) ? t : 0;
 }
 
-/* Ticks of the processes named exclude_prefix*, this one left out. */
-static uint64_t excluded_ticks(const char *prefix) {
+/* The processes named exclude_prefix*, this one left out, into m. */
+static void read_excluded(const char *prefix, sd_hyg_mark *m) {
     DIR *d = opendir("/proc");
-    if (!d) return 0;
-    uint64_t sum = 0;
+    if (!d) return;
     size_t plen = strlen(prefix);
     int self = (int)getpid();
     struct dirent *e;
-    while ((e = readdir(d))) {
-        if (!isdigit((unsigned char)e->d_name[0]) || atoi(e->d_name) == self) continue;
+    while ((e = readdir(d)) && m->n_excluded < SD_HYG_MAX_EXCLUDED) {
+        if (!isdigit((unsigned char)e->d_name[0])) continue;
+        int pid = atoi(e->d_name);
         char comm[64];
         uint64_t t = 0;
-        if (read_proc_stat(e->d_name, &t, comm, sizeof comm) && strncmp(comm, prefix, plen) == 0) sum += t;
+        if (pid == self || !read_proc_stat(e->d_name, false, &t, comm, sizeof comm) || strncmp(comm, prefix, plen))
+            continue;
+        m->excluded_pid[m->n_excluded] = pid;
+        m->excluded_ticks[m->n_excluded++] = t;
     }
     closedir(d);
-    return sum;
 }
 
 sd_hyg_mark sd_hyg_now(const sd_hyg_params *p) {
-    sd_hyg_mark m = {0};
+    sd_hyg_mark m;
+    memset(&m, 0, sizeof m);
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     m.wall_s = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-    uint64_t own = 0;
-    m.ok = read_busy(&m.busy_ticks) && read_proc_stat("self", &own, NULL, 0);
-    if (p && p->exclude_prefix && *p->exclude_prefix) own += excluded_ticks(p->exclude_prefix);
-    m.own_ticks = own;
+    m.ok = read_busy(&m.busy_ticks) && read_proc_stat("self", true, &m.own_ticks, NULL, 0);
+    if (p && p->exclude_prefix && *p->exclude_prefix) read_excluded(p->exclude_prefix, &m);
     return m;
 }
 
 double sd_hyg_other_cores(const sd_hyg_mark *a, const sd_hyg_mark *b) {
     if (!a->ok || !b->ok || b->wall_s <= a->wall_s || b->busy_ticks < a->busy_ticks) return -1.0;
     double busy = (double)(b->busy_ticks - a->busy_ticks);
-    /* an excluded process that exited takes its ticks along: own may shrink */
     double own = b->own_ticks >= a->own_ticks ? (double)(b->own_ticks - a->own_ticks) : 0.0;
+    /* excluded processes: what each running at b used since a (all of it if
+     * it started since); one that exited took its ticks along, unknown */
+    for (int i = 0; i < b->n_excluded; i++) {
+        uint64_t before = 0;
+        for (int j = 0; j < a->n_excluded; j++)
+            if (a->excluded_pid[j] == b->excluded_pid[i]) before = a->excluded_ticks[j];
+        if (b->excluded_ticks[i] >= before) own += (double)(b->excluded_ticks[i] - before);
+    }
     double other = (busy - own) / sd_hyg_tick_hz() / (b->wall_s - a->wall_s);
     return other > 0 ? other : 0.0;
 }

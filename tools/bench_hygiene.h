@@ -6,7 +6,8 @@
  * yields better. Every specd-bench mode therefore samples, around each
  * measured repetition, the CPU time the rest of the machine used: the
  * busy time of all CPUs (/proc/stat) minus this process's own (all its
- * threads, /proc/self/stat) and minus that of processes whose name starts
+ * threads and its reaped children, /proc/self/stat) and minus that of
+ * running processes whose name starts
  * with exclude_prefix (the service's own processes, for `serve`), in
  * cores (1.0 = one core busy the whole time). A repetition during which
  * others used more than max_other_cores is dirty: the modes leave dirty
@@ -28,11 +29,18 @@ typedef struct sd_hyg_params {
 
 sd_hyg_params sd_hyg_default_params(void);
 
+#define SD_HYG_MAX_EXCLUDED 256
+
 /* CPU counters at one moment (clock ticks, and the wall clock). */
 typedef struct sd_hyg_mark {
     double wall_s;
     uint64_t busy_ticks;     /* all CPUs, /proc/stat */
-    uint64_t own_ticks;      /* this process + excluded processes */
+    uint64_t own_ticks;      /* this process and its reaped children */
+    int n_excluded;          /* running processes matching exclude_prefix, each with its ticks: one that
+                                exits between two marks must not take ticks it had before out of the
+                                difference, nor one that starts add ticks from before its start */
+    int excluded_pid[SD_HYG_MAX_EXCLUDED];
+    uint64_t excluded_ticks[SD_HYG_MAX_EXCLUDED];
     bool ok;                 /* the counters could be read */
 } sd_hyg_mark;
 
