@@ -9,6 +9,11 @@
  * prompts of tokens/s, its ratio to plain decoding's median, acceptance
  * (accepted / drafted over the set) and tokens per target step.
  *
+ * Each n-gram method has a drafter of its own, whose cache shared across
+ * requests learns from the earlier prompts' outputs only: one drafter for
+ * all methods would have fed each prompt's output to the methods that run
+ * it after the first, crediting them with a copy of their own answer.
+ *
  * Hygiene (bench_hygiene.h): each run is sampled for the CPU time other
  * processes used meanwhile; a prompt on which any method's run saw more
  * than --max-other-load cores is left out of every method's median (the
@@ -59,6 +64,8 @@ typedef struct method {
     char name[32];
     int drafter;     /* index into drafters, -1 = plain */
     int k;           /* ADAPTIVE or a fixed K */
+    sd_drafter *own; /* n-gram methods: a drafter of their own (its cache shared across requests must see only
+                        the earlier prompts' outputs, not this prompt's from another method) */
     double tps[MAX_PROMPTS];
     double other[MAX_PROMPTS]; /* foreign CPU load during each run, cores (bench_hygiene.h) */
     long drafted, accepted, steps, tokens;
@@ -423,6 +430,9 @@ int bench_spec_main(int argc, char **argv) {
     int32_t *all_ids[MAX_PROMPTS];
     int32_t all_n[MAX_PROMPTS];
     int n_all = 0;
+    static method methods[MAX_METHODS];
+    int n_methods = 0;
+    memset(methods, 0, sizeof methods);
     FILE *out = out_path ? fopen(out_path, "w") : stdout;
     if (!out) goto done;
     sd_model_params mp = sd_model_default_params();
@@ -448,10 +458,7 @@ int bench_spec_main(int argc, char **argv) {
     fprintf(out, "Verification cost calibrated at start-up: one-token step %.1f ms, each extra verified token "
                  "+%.3f of it (adaptive K used to assume 0.05).\n",
             t1 * 1e3, c_verify);
-    method methods[MAX_METHODS];
-    int n_methods = 0;
     const int ks[4] = {2, 4, 8, ADAPTIVE};
-    memset(methods, 0, sizeof methods);
     snprintf(methods[n_methods].name, sizeof methods[0].name, "plain");
     methods[n_methods++].drafter = -1;
     for (int di = 0; di < 3; di++) {
@@ -459,6 +466,7 @@ int bench_spec_main(int argc, char **argv) {
         for (int j = 0; j < 4; j++) {
             method *mt = &methods[n_methods++];
             mt->drafter = di;
+            if (di == 0 && sd_drafter_ngram_create(&dp, &mt->own) != SD_OK) goto done;
             mt->k = ks[j];
             if (ks[j] == ADAPTIVE) snprintf(mt->name, sizeof mt->name, "%s K adaptive", dnames[di]);
             else snprintf(mt->name, sizeof mt->name, "%s K=%d", dnames[di], ks[j]);
@@ -491,7 +499,7 @@ int bench_spec_main(int argc, char **argv) {
             for (int mi = 0; mi < n_methods; mi++) {
                 method *mt = &methods[mi];
                 double secs = 0;
-                sd_drafter *d = mt->drafter >= 0 ? drafters[mt->drafter] : NULL;
+                sd_drafter *d = mt->own ? mt->own : mt->drafter >= 0 ? drafters[mt->drafter] : NULL;
                 sd_hyg_mark h0 = sd_hyg_now(&hyg);
                 int got = run_one(m, d, mt->k, c_verify, ids, (int32_t)n_ids, n_tokens, &greedy, mt, &secs, NULL);
                 sd_hyg_mark h1 = sd_hyg_now(&hyg);
@@ -554,6 +562,7 @@ int bench_spec_main(int argc, char **argv) {
 done:
     for (int i = 0; i < n_all; i++) free(all_ids[i]);
     for (int i = 0; i < 3; i++) sd_drafter_free(&drafters[i]);
+    for (int i = 0; i < n_methods; i++) sd_drafter_free(&methods[i].own);
     sd_model_free(&m);
     sd_tok_free(&tok);
     sd_gguf_close(&g);
