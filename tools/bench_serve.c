@@ -27,6 +27,10 @@
  * much drafting overlapped verification: per request, drafting_ms +
  * verifying_ms - (total_ms - queued_ms) is time the two ran at once, given
  * as a share of drafting_ms.
+ * Prompts repeat across rounds (both rounds of a pair send the same ones,
+ * and the list is cycled): an n-gram drafter whose cache is shared across
+ * requests then drafts a prompt's earlier answer. Start it with
+ * --ngram-cache 0 for figures that credit no repetition.
  * Hygiene (bench_hygiene.h): each round is sampled for the CPU time used
  * by processes other than this one and the service's (named "specd-*");
  * a pair with a round over --max-other-load cores is left out of the
