@@ -115,19 +115,19 @@ static int32_t want_k(const sd_coord *c, const sd_session *s) {
     int32_t cap = k_cap(c, s);
     if (cap == 0) return 0;
     if (!c->p.adaptive_k) return imin(c->p.k_default, cap);
-    /* a sampled request's draws depend on its K schedule: keep that
-     * independent of load and timing (adapt.c) */
-    if (!sd_sampling_is_greedy(&s->sampling)) return sd_adapt_sampled_k(&s->adapt, cap);
+    /* a sampled request's draws depend on its K schedule: sd_adapt_next_k
+     * keeps that independent of load and timing (engine/spec/spec_adapt.c) */
+    const bool greedy = sd_sampling_is_greedy(&s->sampling);
+    if (greedy && !c->drafting_pays) return 0;
     /* the batch the sequence will be verified in: every active sequence
      * (hold_for_drafts keeps them together), as far as the verifier takes */
-    if (!c->drafting_pays) return 0;
     int32_t batch = c->n_active;
     if (verifier_ok(c)) batch = imin(batch, c->workers[c->verifier].max_batch);
-    return sd_adapt_choose_k(s->adapt.alpha, &c->cost, batch, cap);
+    return sd_adapt_next_k(&s->adapt, &c->cost, greedy, batch, cap);
 }
 
 /* Recomputes c->drafting_pays: the K each greedy sequence would choose,
- * added up for the batch, against the batch without drafts (adapt.c). */
+ * added up for the batch, against the batch without drafts (spec_adapt.c). */
 static void update_drafting_gate(sd_coord *c) {
     c->drafting_dirty = false;
     c->drafting_pays = true;
@@ -154,7 +154,7 @@ static void update_drafting_gate(sd_coord *c) {
 }
 
 /* 1 when the sequence should be shadow-drafted now: it is greedy (sampled
- * requests keep a load-independent K, adapt.c), its K = 0 step is being
+ * requests keep a load-independent K, spec_adapt.c), its K = 0 step is being
  * verified, speculation is possible, and its interval has come. */
 static int32_t shadow_k(const sd_coord *c, const sd_session *s) {
     if (!c->p.adaptive_k || !sd_sampling_is_greedy(&s->sampling)) return 0;
@@ -269,7 +269,7 @@ static void admit(sd_coord *c) {
         sd_session *s = c->sessions[i];
         if (s->state != SD_SESSION_QUEUED) continue;
         s->state = SD_SESSION_ACTIVE;
-        if (sd_sampling_is_greedy(&s->sampling)) s->adapt.alpha = c->alpha_prior; /* sampled: fixed start (adapt.c) */
+        if (sd_sampling_is_greedy(&s->sampling)) s->adapt.alpha = c->alpha_prior; /* sampled: fixed start (spec_adapt.c) */
         c->n_queued--;
         c->n_active++;
         c->drafting_dirty = true; /* a new batch size */
@@ -331,7 +331,7 @@ static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
         int32_t n_draft = 0;
         /* A sampled request's refill step carries no drafts: whether its
          * warm-up drafts are back when the step goes depends on timing (a
-         * busy verifier), and its draws depend on K (adapt.c). */
+         * busy verifier), and its draws depend on K (spec_adapt.c). */
         bool sampled_refill = missing > 1 && !sd_sampling_is_greedy(&s->sampling);
         if (!prefill && drafted_now(s) && !sampled_refill) {
             n_draft = imin(s->n_draft, s->max_context - s->n_tokens - 1);

@@ -59,6 +59,17 @@ static int32_t new_slot(sd_coord *c, const uint8_t *ident, size_t ident_len) {
     return free_slot >= 0 ? free_slot : dead;
 }
 
+/* The line is fitted to the seeded sizes up to SD_COST_SIZES only: those
+ * are the steps a service makes most, and a least-squares fit over sizes up
+ * to 1088 would be set by the largest steps, where a GPU's cost is no longer
+ * that of a small step (a choice, not a measurement). */
+void sd_cost_seed(sd_cost_model *c, const sd_step_cost *costs, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const int32_t t = costs[i].tokens > INT32_MAX ? INT32_MAX : (int32_t)costs[i].tokens;
+        sd_cost_seed_size(c, t, costs[i].forward_us);
+    }
+}
+
 static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const Specd__Hello *h, uint64_t now_us) {
     char msg[512];
     const char *name = h->name && h->name[0] ? h->name : "?";

@@ -39,6 +39,7 @@ typedef struct drafter_opts {
     const char *name;
     bool ngram;
     int32_t ngram_min, ngram_max;
+    int32_t ngram_cache;    /* entries of the n-gram cache shared across requests; 0 = none */
     int32_t draft_layers;
     int32_t n_threads, max_seqs, kv_blocks, top_n, max_draft, max_batch, max_ctx, index;
     int32_t device; /* model drafters: -1 CPU, N cuda:N */
@@ -59,7 +60,9 @@ static void usage(FILE *f) {
             "      --ngram             n-gram (prompt lookup) drafter: no weights are loaded\n"
             "      --vocab-from PATH   with --ngram: the target whose vocabulary to register with\n"
             "      --ngram-min N       smallest n-gram that may match (default 1)\n"
-            "      --ngram-max N       largest n-gram tried first (default 4)\n"
+            "      --ngram-max N       longest match measured, in tokens (default 16)\n"
+            "      --ngram-cache N     n-grams of earlier outputs kept for all requests (default 65536;\n"
+            "                          0: none, e.g. for benchmarks that repeat their prompts)\n"
             "      --draft-layers L    self-draft: the target's first L layers\n"
             "  -t, --threads N         worker threads (default: all cores)\n"
             "      --device D          cpu (default), cuda or cuda:N: where a draft model runs\n"
@@ -90,12 +93,13 @@ static bool parse_int(const char *flag, const char *s, int32_t lo, int32_t hi, i
 
 /* 0 = run, 1 = --help printed, 2 = bad flags. */
 static int parse_args(int argc, char **argv, drafter_opts *o) {
-    enum { O_COORD = 256, O_NGRAM, O_VOCAB, O_NMIN, O_NMAX, O_LAYERS, O_SEQS, O_KV, O_CTX, O_TOPN, O_DRAFT,
+    enum { O_COORD = 256, O_NGRAM, O_VOCAB, O_NMIN, O_NMAX, O_NCACHE, O_LAYERS, O_SEQS, O_KV, O_CTX, O_TOPN, O_DRAFT,
            O_BATCH, O_INDEX, O_NAME, O_DEVICE, O_WARMUP };
     static const struct option longs[] = {
         {"coordinator", required_argument, 0, O_COORD}, {"model", required_argument, 0, 'm'},
         {"ngram", no_argument, 0, O_NGRAM},             {"vocab-from", required_argument, 0, O_VOCAB},
         {"ngram-min", required_argument, 0, O_NMIN},    {"ngram-max", required_argument, 0, O_NMAX},
+        {"ngram-cache", required_argument, 0, O_NCACHE},
         {"draft-layers", required_argument, 0, O_LAYERS}, {"threads", required_argument, 0, 't'},
         {"max-seqs", required_argument, 0, O_SEQS},     {"kv-blocks", required_argument, 0, O_KV},
         {"max-ctx", required_argument, 0, O_CTX},       {"top-n", required_argument, 0, O_TOPN},
@@ -115,6 +119,7 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         case O_VOCAB: o->vocab_from = optarg; break;
         case O_NMIN: ok = parse_int("--ngram-min", optarg, 1, 64, &o->ngram_min); break;
         case O_NMAX: ok = parse_int("--ngram-max", optarg, 1, 64, &o->ngram_max); break;
+        case O_NCACHE: ok = parse_int("--ngram-cache", optarg, 0, 1 << 24, &o->ngram_cache); break;
         case O_LAYERS: ok = parse_int("--draft-layers", optarg, 1, 4096, &o->draft_layers); break;
         case 't': ok = parse_int("--threads", optarg, 0, 1024, &o->n_threads); break;
         case O_SEQS: ok = parse_int("--max-seqs", optarg, 1, 65536, &o->max_seqs); break;
@@ -209,7 +214,7 @@ static void on_stats(void *user, Specd__WorkerStats *st) { sd_draft_server_stats
 
 int main(int argc, char **argv) {
     drafter_opts o = {
-        .coordinator = "tcp://127.0.0.1:7701", .ngram_min = 1, .ngram_max = 4, .max_seqs = 64,
+        .coordinator = "tcp://127.0.0.1:7701", .ngram_min = 1, .ngram_max = 16, .ngram_cache = 65536, .max_seqs = 64,
         .top_n = SD_SPEC_DEFAULT_TOP_N, .max_draft = 16, .max_batch = 64, .device = -1, .warmup = -1,
     };
     int rc = parse_args(argc, argv, &o);
@@ -229,6 +234,7 @@ int main(int argc, char **argv) {
     dp.top_n = o.top_n;
     dp.ngram_min = o.ngram_min;
     dp.ngram_max = o.ngram_max;
+    dp.ngram_cache_entries = o.ngram_cache > 0 ? o.ngram_cache : -1;
     dp.n_threads = o.n_threads;
     dp.device = o.device;
     sd_drafter *drafter = NULL;

@@ -1,3 +1,6 @@
 # specd-bench: its forward mode runs end to end on a tiny random model and
 # prints a complete table (the committed bench/results/ come from this mode).
 specd_py_test(bench_forward_smoke ref/test_bench_forward.py LABELS unit)
+# Benchmark hygiene: the foreign CPU share around a repetition sees a spinning child and drops the repetition.
+specd_unit_test(test_bench_hygiene test_bench_hygiene.c ${CMAKE_SOURCE_DIR}/tools/bench_hygiene.c)
+target_include_directories(test_bench_hygiene PRIVATE ${CMAKE_SOURCE_DIR}/tools)

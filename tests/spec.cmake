@@ -27,3 +27,23 @@ add_test(NAME test_spec_demo COMMAND test_spec_demo 2 4 rotate)
 set_tests_properties(test_spec_demo PROPERTIES LABELS "model" SKIP_RETURN_CODE 77 TIMEOUT 600)
 add_test(NAME test_spec_demo_full COMMAND test_spec_demo 50 32 full)
 set_tests_properties(test_spec_demo_full PROPERTIES LABELS "model;slow" SKIP_RETURN_CODE 77 TIMEOUT 7200)
+# The n-gram drafter on the copy-heavy prompt set with the demo model: greedy equality at K 2, 4, 8 and
+# acceptance / tokens per step against the previous drafter. The comparison needs all 12 prompts x 64 tokens
+# (slow under ASan); the default run checks equality only, on 3 prompts x 12 tokens.
+add_executable(test_ngram_copy test_ngram_copy.c greedy_util.c ${CMAKE_SOURCE_DIR}/tools/bench_prompts.c)
+target_include_directories(test_ngram_copy PRIVATE ${CMAKE_SOURCE_DIR}/tools)
+target_link_libraries(test_ngram_copy PRIVATE specd_engine)
+target_compile_definitions(test_ngram_copy PRIVATE _GNU_SOURCE SPECD_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+add_test(NAME test_ngram_copy COMMAND test_ngram_copy 12 3 equal-only)
+set_tests_properties(test_ngram_copy PROPERTIES LABELS "model" SKIP_RETURN_CODE 77 TIMEOUT 900)
+add_test(NAME test_ngram_copy_full COMMAND test_ngram_copy 64)
+set_tests_properties(test_ngram_copy_full PROPERTIES LABELS "model;slow" SKIP_RETURN_CODE 77 TIMEOUT 3600)
+# The draft length policy shared by the coordinator and specd-generate (engine/spec_adapt.c).
+specd_unit_test(test_spec_adapt test_spec_adapt.c)
+target_compile_definitions(test_spec_adapt PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
+add_dependencies(test_spec_adapt specd-mkmodel)
+# specd-generate's speculative loop (tools/gen_spec.c): decode figures count the tokens of the steps they time.
+specd_unit_test(test_gen_timing test_gen_timing.c ${CMAKE_SOURCE_DIR}/tools/gen_spec.c)
+target_include_directories(test_gen_timing PRIVATE ${CMAKE_SOURCE_DIR}/tools)
+target_compile_definitions(test_gen_timing PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
+add_dependencies(test_gen_timing specd-mkmodel)

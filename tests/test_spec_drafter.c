@@ -1,7 +1,10 @@
 /* test_spec_drafter.c — unit tests of the drafters (engine/drafter*.c).
  *
- * n-gram drafter: longest n first, most recent occurrence, continuation
- * capped at the context's end, ngram_min respected, one-hot q, no match.
+ * n-gram drafter: longest match first, majority then most recent
+ * occurrence, a match running into its own draft, ngram_min respected,
+ * one-hot q, no match; the draft length cut by confidence, the
+ * per-sequence calibration (greedy only), the cache shared across
+ * sequences (greedy only).
  * Model drafters on small random models written by specd-mkmodel (path
  * compiled in as SPECD_MKMODEL; the test skips when it cannot run it):
  *   - a draft model with another vocabulary is refused (UNSUPPORTED);
@@ -31,22 +34,30 @@
 
 /* ---- n-gram ---- */
 
+/* The lookup alone: no draft cut short by its confidence, no shared cache. */
 static sd_drafter *ngram(int32_t nmin, int32_t nmax) {
     sd_drafter_params p = sd_drafter_default_params();
     p.ngram_min = nmin;
     p.ngram_max = nmax;
+    p.ngram_min_p = 1e-6f;
+    p.ngram_cache_entries = -1;
     sd_drafter *d = NULL;
     assert_int_equal(sd_drafter_ngram_create(&p, &d), SD_OK);
     assert_int_equal(sd_drafter_kind_of(d), SD_DRAFTER_NGRAM);
     return d;
 }
 
-static int32_t propose(sd_drafter *d, const int32_t *ctx, int32_t n, int32_t k, int32_t *tokens, sd_spec_q *q) {
+static int32_t propose_at(sd_drafter *d, int32_t slot, const int32_t *ctx, int32_t n, int32_t k, float temperature,
+                          int32_t *tokens, sd_spec_q *q) {
     sd_sampling s = sd_sampling_default();
-    s.temperature = 1.0f; /* sampled (the default is greedy) */
+    s.temperature = temperature;
     int32_t n_drafted = -1;
-    assert_int_equal(sd_drafter_propose(d, 0, ctx, n, k, &s, tokens, q, &n_drafted), SD_OK);
+    assert_int_equal(sd_drafter_propose(d, slot, ctx, n, k, &s, tokens, q, &n_drafted), SD_OK);
     return n_drafted;
+}
+
+static int32_t propose(sd_drafter *d, const int32_t *ctx, int32_t n, int32_t k, int32_t *tokens, sd_spec_q *q) {
+    return propose_at(d, 0, ctx, n, k, 1.0f, tokens, q);
 }
 
 static void test_ngram_basic(void **state) {
@@ -64,9 +75,12 @@ static void test_ngram_basic(void **state) {
         assert_int_equal(q[i].ids[0], tokens[i]);
         assert_true(q[i].probs[0] == 1.0f);
     }
-    /* Capped at the end of the context: 5 tokens follow the match. */
-    assert_int_equal(propose(d, ctx, 8, 8, tokens, q), 5);
+    /* Past the end of the context the match runs into the draft itself:
+     * 4 9 1 2 3, then 4 9 1 again (a periodic text). */
+    assert_int_equal(propose(d, ctx, 8, 8, tokens, q), 8);
     assert_int_equal(tokens[4], 3);
+    assert_int_equal(tokens[5], 4);
+    assert_int_equal(tokens[7], 1);
     sd_drafter_free(&d);
     assert_null(d);
 }
@@ -80,7 +94,7 @@ static void test_ngram_longest_then_most_recent(void **state) {
     const int32_t longest[] = {1, 2, 3, 7, 9, 2, 3, 8, 1, 2, 3};
     assert_int_equal(propose(d, longest, 11, 1, tokens, q), 1);
     assert_int_equal(tokens[0], 7);
-    /* [5 6] occurs at 0 (then 7) and at 3 (then 8): the most recent wins. */
+    /* [5 6] occurs at 0 (then 7) and at 3 (then 8), no majority: the most recent wins. */
     const int32_t recent[] = {5, 6, 7, 5, 6, 8, 5, 6};
     assert_int_equal(propose(d, recent, 8, 3, tokens, q), 3);
     assert_int_equal(tokens[0], 8);
@@ -99,6 +113,118 @@ static void test_ngram_longest_then_most_recent(void **state) {
     assert_int_equal(propose(d, unigram, 5, 2, tokens, q), 2);
     assert_int_equal(tokens[0], 1);
     sd_drafter_free(&d);
+}
+
+/* Among the longest matches a continuation most of them agree on wins;
+ * without a majority the most recent one does. */
+static void test_ngram_vote(void **state) {
+    (void)state;
+    sd_drafter *d = ngram(1, 4);
+    int32_t tokens[4];
+    sd_spec_q q[4];
+    /* "1" is followed by 2, 2 and (most recently) 3. */
+    const int32_t majority[] = {1, 2, 1, 2, 1, 3, 1};
+    assert_int_equal(propose(d, majority, 7, 1, tokens, q), 1);
+    assert_int_equal(tokens[0], 2);
+    const int32_t split[] = {1, 2, 1, 3, 1};
+    assert_int_equal(propose(d, split, 5, 1, tokens, q), 1);
+    assert_int_equal(tokens[0], 3);
+    sd_drafter_free(&d);
+}
+
+/* Default confidence cut: a one-token match is worth three tokens (0.40 *
+ * 0.57 * 0.67 >= 0.15, times 0.75 is not); a higher ngram_min_p drafts
+ * nothing on it. */
+static void test_ngram_draft_length(void **state) {
+    (void)state;
+    sd_drafter_params p = sd_drafter_default_params();
+    p.ngram_cache_entries = -1;
+    sd_drafter *d = NULL;
+    assert_int_equal(sd_drafter_ngram_create(&p, &d), SD_OK);
+    int32_t tokens[8];
+    sd_spec_q q[8];
+    const int32_t ctx[] = {5, 6, 7, 8, 9, 10, 11, 5};
+    assert_int_equal(propose(d, ctx, 8, 8, tokens, q), 3);
+    assert_int_equal(tokens[0], 6);
+    assert_int_equal(tokens[2], 8);
+    sd_drafter_free(&d);
+    p.ngram_min_p = 0.5f;
+    assert_int_equal(sd_drafter_ngram_create(&p, &d), SD_OK);
+    assert_int_equal(propose(d, ctx, 8, 8, tokens, q), 0);
+    sd_drafter_free(&d);
+    p.ngram_min_p = 1.5f;
+    assert_int_equal(sd_drafter_ngram_create(&p, &d), SD_ERR_INVALID_ARG);
+}
+
+/* A greedy sequence whose drafts keep being rejected stops drafting on
+ * such matches (calibration); a sampled one drafts from the prior alone. */
+static void test_ngram_calibration(void **state) {
+    (void)state;
+    sd_drafter_params p = sd_drafter_default_params();
+    p.ngram_cache_entries = -1;
+    p.max_seqs = 2;
+    sd_drafter *d = NULL;
+    assert_int_equal(sd_drafter_ngram_create(&p, &d), SD_OK);
+    int32_t tokens[8];
+    sd_spec_q q[8];
+    /* 5 is followed by a new token every time: each draft after "5" is rejected. */
+    int32_t ctx[64] = {5, 6};
+    int32_t n = 2, first = -1, last = -1;
+    for (int32_t round = 0; round < 8; round++) {
+        ctx[n++] = 5;
+        int32_t nd = propose_at(d, 0, ctx, n, 4, 0.0f, tokens, q);
+        if (round == 0) first = nd;
+        last = nd;
+        ctx[n++] = 20 + round; /* what the target committed instead */
+        ctx[n++] = 40 + round;
+    }
+    assert_true(first >= 1);
+    assert_int_equal(last, 0);
+    /* The same context sampled: the prior alone, so it still drafts. */
+    assert_true(propose_at(d, 1, ctx, n - 2, 4, 1.0f, tokens, q) >= 1);
+    /* Released, the slot forgets what it learnt. */
+    sd_drafter_release(d, 0);
+    assert_true(propose_at(d, 0, ctx, n - 2, 4, 0.0f, tokens, q) >= 1);
+    sd_drafter_free(&d);
+}
+
+/* The cache shared across sequences: what one greedy request's output did
+ * after an n-gram is drafted for another whose own context has no match;
+ * sampled requests and a drafter without the cache draft nothing there. */
+static void test_ngram_shared_cache(void **state) {
+    (void)state;
+    sd_drafter_params p = sd_drafter_default_params();
+    p.max_seqs = 2;
+    for (int with_cache = 0; with_cache < 2; with_cache++) {
+        p.ngram_cache_entries = with_cache ? 1024 : -1;
+        sd_drafter *d = NULL;
+        assert_int_equal(sd_drafter_ngram_create(&p, &d), SD_OK);
+        int32_t tokens[8];
+        sd_spec_q q[8];
+        /* slot 0: a prompt, then an output saying 30 31 32 33 three times */
+        int32_t a[32] = {1, 2, 3};
+        int32_t n = 3;
+        propose_at(d, 0, a, n, 4, 0.0f, tokens, q);
+        for (int rep = 0; rep < 3; rep++)
+            for (int32_t t = 30; t < 34; t++) {
+                a[n++] = t;
+                propose_at(d, 0, a, n, 4, 0.0f, tokens, q);
+            }
+        /* slot 1: another prompt ending in 30 */
+        const int32_t b[] = {7, 8, 9, 30};
+        int32_t nd = propose_at(d, 1, b, 4, 4, 0.0f, tokens, q);
+        if (with_cache) {
+            assert_true(nd >= 2);
+            assert_int_equal(tokens[0], 31);
+            assert_int_equal(tokens[1], 32);
+            assert_int_equal(q[0].n, 1);
+            assert_int_equal(q[0].ids[0], 31);
+        } else {
+            assert_int_equal(nd, 0);
+        }
+        assert_int_equal(propose_at(d, 1, b, 4, 4, 1.0f, tokens, q), 0);
+        sd_drafter_free(&d);
+    }
 }
 
 static void test_ngram_bad_args(void **state) {
@@ -339,6 +465,10 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ngram_basic),
         cmocka_unit_test(test_ngram_longest_then_most_recent),
+        cmocka_unit_test(test_ngram_vote),
+        cmocka_unit_test(test_ngram_draft_length),
+        cmocka_unit_test(test_ngram_calibration),
+        cmocka_unit_test(test_ngram_shared_cache),
         cmocka_unit_test(test_ngram_bad_args),
         cmocka_unit_test(test_model_vocab_mismatch),
         cmocka_unit_test(test_model_greedy_and_rollback),

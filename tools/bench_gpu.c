@@ -15,9 +15,15 @@
  *     each advancing one token per call (B tokens a forward).
  * Steps are timed on the host around sd_model_forward, which returns when
  * the logits are on the host: the time a caller sees. Token ids are
- * pseudo-random: the cost does not depend on them. */
+ * pseudo-random: the cost does not depend on them. Hygiene
+ * (bench_hygiene.h): one forward is shorter than the CPU counters' tick,
+ * so the other processes' CPU use is sampled over each measured block
+ * (prompt, decode, k-costs, each batch); a block over --max-other-load
+ * cores is marked NOISY in the table rather than dropped (its figure is a
+ * median of that block alone). */
 #include "bench_gpu.h"
 #include "specd/cli.h"
+#include "bench_hygiene.h"
 #include "bench_stats.h"
 
 #include <errno.h>
@@ -49,7 +55,15 @@ typedef struct gpu_opts {
     int max_k;
     int n_batches;
     int batches[MAX_BATCHES];
+    double max_other;   /* cores other processes may use during a block before it is marked NOISY */
 } gpu_opts;
+
+/* " NOISY" when other processes used more than the limit during a block. */
+static const char *noisy(const gpu_opts *o, double other_cores) {
+    sd_hyg_params p = sd_hyg_default_params();
+    p.max_other_cores = o->max_other;
+    return sd_hyg_clean(&p, other_cores) ? "" : " NOISY";
+}
 
 #ifdef SPECD_HAVE_CUDA
 /* Device copy bandwidth in bytes/s (read + write), or -1. */
@@ -162,6 +176,11 @@ static int run(const gpu_opts *o) {
     /* prompt processing, then decode at batch 1 continuing it */
     fprintf(stderr, "specd-bench gpu: prompt processing (%d tokens)...\n", o->prompt_len);
     start[0] = 0;
+    /* hygiene: other processes' CPU use over each measured block (one
+     * forward is shorter than the counters' 10 ms tick) */
+    enum { HYG_PROMPT, HYG_DECODE, HYG_K, HYG_BATCH0 };
+    double hyg[HYG_BATCH0 + MAX_BATCHES];
+    sd_hyg_mark h0 = sd_hyg_now(NULL), h1;
     for (int r = 0; r < o->reps + 1; r++) { /* the first run warms up */
         sd_kv_release(kv, 0);
         double dt = timed_step(m, kv, 1, o->prompt_len, start, ids, false, logits);
@@ -169,6 +188,9 @@ static int run(const gpu_opts *o) {
         if (r) t[r - 1] = dt;
     }
     double prompt_s = sd_bench_median(t, o->reps);
+    h1 = sd_hyg_now(NULL);
+    hyg[HYG_PROMPT] = sd_hyg_other_cores(&h0, &h1);
+    h0 = h1;
     fprintf(stderr, "specd-bench gpu: decode (%d steps)...\n", o->decode_steps);
     for (int i = -2; i < o->decode_steps; i++) { /* 2 warm-up steps (the recording) */
         start[0] = sd_kv_seq_len(kv, 0);
@@ -177,6 +199,9 @@ static int run(const gpu_opts *o) {
         if (i >= 0) t[i] = dt;
     }
     double step_s = sd_bench_median(t, o->decode_steps);
+    h1 = sd_hyg_now(NULL);
+    hyg[HYG_DECODE] = sd_hyg_other_cores(&h0, &h1);
+    h0 = h1;
 
     fprintf(stderr, "specd-bench gpu: k tokens in one call (k = 1..%d)...\n", o->max_k);
     int base = sd_kv_seq_len(kv, 0);
@@ -190,6 +215,8 @@ static int run(const gpu_opts *o) {
         }
         k_cost[k] = sd_bench_median(t, o->reps);
     }
+    h1 = sd_hyg_now(NULL);
+    hyg[HYG_K] = sd_hyg_other_cores(&h0, &h1);
 
     for (int bi = 0; bi < o->n_batches; bi++) {
         int B = o->batches[bi];
@@ -210,6 +237,7 @@ static int run(const gpu_opts *o) {
                 if (fst != SD_OK) goto done;
             }
         int steps = o->decode_steps;
+        h0 = sd_hyg_now(NULL);
         for (int i = -2; i < steps; i++) {
             for (int s = 0; s < B; s++) start[s] = sd_kv_seq_len(kv, s);
             double dt = timed_step(m, kv, B, 1, start, ids + (size_t)(i + 2) * (size_t)B % (size_t)(n_ids - B), false,
@@ -218,6 +246,8 @@ static int run(const gpu_opts *o) {
             if (i >= 0) t[i] = dt;
         }
         batch_tps[bi] = B / sd_bench_median(t, steps);
+        h1 = sd_hyg_now(NULL);
+        hyg[HYG_BATCH0 + bi] = sd_hyg_other_cores(&h0, &h1);
     }
 
     double wbytes = (double)sd_model_weight_bytes(m), floor_s = wbytes / copy_bps;
@@ -248,15 +278,24 @@ static int run(const gpu_opts *o) {
         fprintf(f, "- medians over %d repetitions (%d decode steps); host-timed around sd_model_forward, logits "
                    "downloaded every call\n\n",
                 o->reps, o->decode_steps);
+        fprintf(f, "- hygiene: other processes' CPU use during each measured block, cores (over %.2f marked "
+                   "NOISY): prompt %.2f%s, decode %.2f%s, k-costs %.2f%s",
+                o->max_other, hyg[HYG_PROMPT], noisy(o, hyg[HYG_PROMPT]), hyg[HYG_DECODE], noisy(o, hyg[HYG_DECODE]),
+                hyg[HYG_K], noisy(o, hyg[HYG_K]));
+        for (int bi = 0; bi < o->n_batches; bi++)
+            fprintf(f, ", batch %d %.2f%s", o->batches[bi], hyg[HYG_BATCH0 + bi], noisy(o, hyg[HYG_BATCH0 + bi]));
+        fprintf(f, "\n\n");
         fprintf(f, "| measure | value |\n| --- | --- |\n");
         fprintf(f, "| device copy bandwidth (read + write) | %.0f GB/s |\n", copy_bps / 1e9);
         fprintf(f, "| decode floor (weight bytes / copy bandwidth) | %.3f ms |\n", floor_s * 1e3);
-        fprintf(f, "| decode at batch 1 | %.3f ms/token (%.1f tok/s) |\n", step_s * 1e3, 1.0 / step_s);
+        fprintf(f, "| decode at batch 1 | %.3f ms/token (%.1f tok/s)%s |\n", step_s * 1e3, 1.0 / step_s,
+                noisy(o, hyg[HYG_DECODE]));
         fprintf(f, "| decode step / floor | %.2fx |\n", step_s / floor_s);
-        fprintf(f, "| prompt processing, %d tokens | %.0f tok/s |\n", o->prompt_len, o->prompt_len / prompt_s);
+        fprintf(f, "| prompt processing, %d tokens | %.0f tok/s%s |\n", o->prompt_len, o->prompt_len / prompt_s,
+                noisy(o, hyg[HYG_PROMPT]));
         for (int bi = 0; bi < o->n_batches; bi++)
-            fprintf(f, "| throughput at batch %d (context %d) | %.0f tok/s |\n", o->batches[bi], o->ctx,
-                    batch_tps[bi]);
+            fprintf(f, "| throughput at batch %d (context %d) | %.0f tok/s%s |\n", o->batches[bi], o->ctx,
+                    batch_tps[bi], noisy(o, hyg[HYG_BATCH0 + bi]));
         fprintf(f, "\nCost of k new tokens of one sequence in one call (logits for every row):\n\n"
                    "| k | ms | relative to k = 1 |\n| --- | --- | --- |\n");
         for (int k = 1; k <= o->max_k; k++)
@@ -282,6 +321,8 @@ static void usage(FILE *f) {
             "  -m, --model FILE      GGUF model (required)\n"
             "      --device D        cuda or cuda:N (default cuda:0)\n"
             "  -r, --reps N          repetitions per figure (default 9)\n"
+            "      --max-other-load C  mark a block NOISY when other processes used more than C cores\n"
+            "                        during it (default 0.25)\n"
             "      --decode-steps N  decode steps timed (default 64)\n"
             "      --prompt-len N    prompt length (default 512)\n"
             "      --ctx N           context of each sequence in the batch runs (default 256)\n"
@@ -300,9 +341,9 @@ int bench_gpu_main(int argc, char **argv) {
         {"prompt-len", required_argument, 0, O_PROMPT}, {"ctx", required_argument, 0, O_CTX},
         {"batches", required_argument, 0, O_BATCHES}, {"max-k", required_argument, 0, O_MAXK},
         {"out", required_argument, 0, 'o'},         {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+        {"max-other-load", required_argument, 0, 'X'}, {0, 0, 0, 0}};
     gpu_opts o = {.device = 0, .reps = 9, .decode_steps = 64, .prompt_len = 512, .ctx = 256, .max_k = MAX_K,
-                  .n_batches = 3, .batches = {1, 8, 64}};
+                  .n_batches = 3, .batches = {1, 8, 64}, .max_other = SD_HYG_DEFAULT_MAX_OTHER};
     int c;
     optind = 2;
     while ((c = getopt_long(argc, argv, "m:r:o:h", longs, NULL)) != -1) {
@@ -311,6 +352,7 @@ int bench_gpu_main(int argc, char **argv) {
         case 'm': o.model_path = optarg; break;
         case O_DEVICE: ok = sd_device_parse(optarg, &o.device) == SD_OK && o.device >= 0; break;
         case 'r': ok = sd_cli_parse_int(optarg, 1, 64, &o.reps); break;
+        case 'X': ok = sd_cli_parse_double(optarg, 1e-6, 1e6, &o.max_other); break;
         case O_STEPS: ok = sd_cli_parse_int(optarg, 1, 4096, &o.decode_steps); break;
         case O_PROMPT: ok = sd_cli_parse_int(optarg, 1, 4096, &o.prompt_len); break;
         case O_CTX: ok = sd_cli_parse_int(optarg, 1, 8192, &o.ctx); break;

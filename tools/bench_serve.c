@@ -27,9 +27,19 @@
  * much drafting overlapped verification: per request, drafting_ms +
  * verifying_ms - (total_ms - queued_ms) is time the two ran at once, given
  * as a share of drafting_ms.
+ * Prompts repeat across rounds (both rounds of a pair send the same ones,
+ * and the list is cycled): an n-gram drafter whose cache is shared across
+ * requests then drafts a prompt's earlier answer. Start it with
+ * --ngram-cache 0 for figures that credit no repetition.
+ * Hygiene (bench_hygiene.h): each round is sampled for the CPU time used
+ * by processes other than this one and the service's (named "specd-*");
+ * a pair with a round over --max-other-load cores is left out of the
+ * medians, the range and the ratios, and the table gives the share and
+ * the pairs left out.
  * Rejected: starting the service here (the launcher does that, and a bench
  * that owns processes hides their start-up failures). */
 #include "bench_serve.h"
+#include "bench_hygiene.h"
 #include "bench_stats.h"
 
 #include "bench_prompts.h"
@@ -61,6 +71,7 @@ typedef struct serve_tally {
     size_t n_lat, cap;
     double tokens, seconds;
     double round_tps[MAX_ROUNDS]; /* tokens/s of each round */
+    double round_other[MAX_ROUNDS]; /* CPU cores used by processes outside the service during each round */
     int n_rounds;
     double drafted, accepted, drafting_ms, verifying_ms, busy_ms;
     double steps; /* target steps summed over requests */
@@ -103,13 +114,16 @@ static double pct(double *v, size_t n, double p) {
     return v[i < n ? i : n - 1];
 }
 
-/* One round: conc requests at once, all with the same max_draft. */
+/* One round: conc requests at once, all with the same max_draft; the CPU
+ * that processes other than the service's ("specd-*") and this one used
+ * meanwhile goes to round_other. */
 static void round_run(sd_client *c, char **prompts, int n_prompts, int *next_prompt, int conc, int tokens,
-                      int32_t max_draft, serve_tally *t) {
+                      int32_t max_draft, const sd_hyg_params *hyg, serve_tally *t) {
     serve_req *reqs = calloc((size_t)conc, sizeof *reqs);
     uint64_t *ids = calloc((size_t)conc, sizeof *ids);
     bool *ok = calloc((size_t)conc, sizeof *ok);
     if (!reqs || !ids || !ok) goto done;
+    sd_hyg_mark h0 = sd_hyg_now(hyg);
     double t0 = now_s();
     for (int i = 0; i < conc; i++) {
         pthread_mutex_init(&reqs[i].mu, NULL);
@@ -141,9 +155,13 @@ static void round_run(sd_client *c, char **prompts, int n_prompts, int *next_pro
         sd_client_result_clear(&res);
     }
     double t1 = now_s();
+    sd_hyg_mark h1 = sd_hyg_now(hyg);
     t->tokens += gen;
     t->seconds += t1 - t0;
-    if (t->n_rounds < MAX_ROUNDS) t->round_tps[t->n_rounds++] = t1 > t0 ? gen / (t1 - t0) : 0;
+    if (t->n_rounds < MAX_ROUNDS) {
+        t->round_other[t->n_rounds] = sd_hyg_other_cores(&h0, &h1);
+        t->round_tps[t->n_rounds++] = t1 > t0 ? gen / (t1 - t0) : 0;
+    }
     for (int i = 0; i < conc; i++) {
         pthread_mutex_lock(&reqs[i].mu);
         for (size_t k = 0; k < reqs[i].n_lat; k++) push_lat(&t->lat, &t->n_lat, &t->cap, reqs[i].lat[k]);
@@ -191,7 +209,7 @@ static void ratio_ci(const double *r, int n, double *gm, double *lo, double *hi)
 
 static void usage(FILE *f) {
     fprintf(f, "usage: specd-bench serve [--coordinator ADDR] [--prompts FILE] [--conc 1,8,64] [-n TOKENS]\n"
-               "                        [--rounds R] [--warmup W] [-o OUT.md]\n"
+               "                        [--rounds R] [--warmup W] [--max-other-load CORES] [-o OUT.md]\n"
                "Start the service first (specd-launch --target ... --ngram). Each concurrency runs R rounds\n"
                "of speculative and R of target-only (max_draft -1) requests, alternating.\n"
                "  --coordinator ADDR  client address (default tcp://127.0.0.1:7700)\n"
@@ -200,6 +218,8 @@ static void usage(FILE *f) {
                "  -n TOKENS           new tokens per request (default 64; EOS ignored)\n"
                "  --rounds R          rounds per mode and concurrency (default 4)\n"
                "  --warmup W          unmeasured rounds per mode before them (default 1)\n"
+               "  --max-other-load C  leave out pairs of rounds during which processes other than the\n"
+               "                      service's (specd-*) used more than C cores (default 0.25)\n"
                "  -o FILE             also write the markdown table to FILE\n");
 }
 
@@ -213,8 +233,11 @@ int bench_serve_main(int argc, char **argv) {
                                           {"rounds", required_argument, 0, 'r'},
                                           {"warmup", required_argument, 0, 'w'},
                                           {"out", required_argument, 0, 'o'},
+                                          {"max-other-load", required_argument, 0, 'X'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
+    sd_hyg_params hyg = sd_hyg_default_params();
+    hyg.exclude_prefix = "specd-"; /* the service's processes do the work measured */
     int ch;
     optind = 2;
     while ((ch = getopt_long(argc, argv, "n:o:h", longs, NULL)) != -1) {
@@ -226,12 +249,15 @@ int bench_serve_main(int argc, char **argv) {
         case 'w': warmup = atoi(optarg); break;
         case 'n': tokens = atoi(optarg); break;
         case 'o': out_path = optarg; break;
+        case 'X': hyg.max_other_cores = atof(optarg); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
-    if (tokens < 1 || tokens > 4096 || rounds < 1 || rounds > MAX_ROUNDS || warmup < 0 || warmup > 10) {
-        fprintf(stderr, "specd-bench serve: -n in [1, 4096], --rounds in [1, 100], --warmup in [0, 10]\n");
+    if (tokens < 1 || tokens > 4096 || rounds < 1 || rounds > MAX_ROUNDS || warmup < 0 || warmup > 10 ||
+        !(hyg.max_other_cores > 0)) {
+        fprintf(stderr, "specd-bench serve: -n in [1, 4096], --rounds in [1, 100], --warmup in [0, 10], "
+                        "--max-other-load > 0\n");
         return 2;
     }
     char *prompts[MAX_PROMPTS];
@@ -254,8 +280,9 @@ int bench_serve_main(int argc, char **argv) {
     }
     const char *hdr = "| concurrency | mode | tokens/s (median of rounds) | range | spec / target: median of rounds | "
                       "geometric mean [95% CI] | by the cost model | tokens / step | rows / token | latency p50 ms | "
-                      "latency p99 ms | acceptance | drafting overlapped |\n"
-                      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+                      "latency p99 ms | acceptance | drafting overlapped | other CPU, cores: median / max | "
+                      "pairs over the limit |\n"
+                      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     printf("%s", hdr);
     if (out) fprintf(out, "%s", hdr);
     int next_prompt = 0;
@@ -268,7 +295,7 @@ int bench_serve_main(int argc, char **argv) {
             for (int m = 0; m < 2; m++) {
                 serve_tally w = {0};
                 int first_prompt = next_prompt;
-                round_run(c, prompts, n_prompts, &next_prompt, conc, tokens, m ? -1 : 0, &w);
+                round_run(c, prompts, n_prompts, &next_prompt, conc, tokens, m ? -1 : 0, &hyg, &w);
                 if (m == 0) next_prompt = first_prompt;
                 free(w.lat);
             }
@@ -278,13 +305,25 @@ int bench_serve_main(int argc, char **argv) {
             for (int i = 0; i < 2; i++) { /* m 0: speculative, 1: target-only; ABBA order */
                 int m = (r % 2) ? 1 - i : i;
                 next_prompt = first_prompt; /* the pair sends the same prompts */
-                round_run(c, prompts, n_prompts, &next_prompt, conc, tokens, m ? -1 : 0, &tl[m]);
+                round_run(c, prompts, n_prompts, &next_prompt, conc, tokens, m ? -1 : 0, &hyg, &tl[m]);
             }
         }
+        /* hygiene: a pair is kept when both its rounds were clean; with no
+         * clean pair all are kept and the rows say so */
+        int n_pairs = tl[0].n_rounds < tl[1].n_rounds ? tl[0].n_rounds : tl[1].n_rounds;
+        bool keep[MAX_ROUNDS];
+        int n_keep = 0;
+        for (int r = 0; r < n_pairs; r++) {
+            keep[r] = sd_hyg_clean(&hyg, tl[0].round_other[r]) && sd_hyg_clean(&hyg, tl[1].round_other[r]);
+            n_keep += keep[r];
+        }
+        int n_dirty = n_pairs - n_keep;
+        if (n_keep == 0)
+            for (int r = 0; r < n_pairs; r++) keep[r] = true;
         double ratio[MAX_ROUNDS];
-        int n_ratio = tl[0].n_rounds < tl[1].n_rounds ? tl[0].n_rounds : tl[1].n_rounds;
-        for (int r = 0; r < n_ratio; r++)
-            ratio[r] = tl[1].round_tps[r] > 0 ? tl[0].round_tps[r] / tl[1].round_tps[r] : 0;
+        int n_ratio = 0;
+        for (int r = 0; r < n_pairs; r++)
+            if (keep[r]) ratio[n_ratio++] = tl[1].round_tps[r] > 0 ? tl[0].round_tps[r] / tl[1].round_tps[r] : 0;
         size_t rl = strlen(rounds_txt);
         if (rl < sizeof rounds_txt)
             rl += (size_t)snprintf(rounds_txt + rl, sizeof rounds_txt - rl, "- concurrency %d, spec / target by round:", conc);
@@ -317,12 +356,18 @@ int bench_serve_main(int argc, char **argv) {
             double overlap = t->drafting_ms > 0
                                  ? (t->drafting_ms + t->verifying_ms - t->busy_ms) / t->drafting_ms
                                  : 0;
-            double lo = 0, hi = 0;
-            for (int r = 0; r < t->n_rounds; r++) {
-                if (r == 0 || t->round_tps[r] < lo) lo = t->round_tps[r];
-                if (r == 0 || t->round_tps[r] > hi) hi = t->round_tps[r];
+            double lo = 0, hi = 0, kept_tps[MAX_ROUNDS], other[MAX_ROUNDS], other_max = 0;
+            int n_kept_tps = 0;
+            for (int r = 0; r < n_pairs; r++) {
+                other[r] = t->round_other[r];
+                if (other[r] > other_max) other_max = other[r];
+                if (!keep[r]) continue;
+                if (n_kept_tps == 0 || t->round_tps[r] < lo) lo = t->round_tps[r];
+                if (n_kept_tps == 0 || t->round_tps[r] > hi) hi = t->round_tps[r];
+                kept_tps[n_kept_tps++] = t->round_tps[r];
             }
-            double med = sd_bench_median(t->round_tps, t->n_rounds);
+            double med = sd_bench_median(kept_tps, n_kept_tps);
+            double other_med = sd_bench_median(other, n_pairs);
             char ratio_txt[32] = "", ci_txt[48] = "", model_txt[32] = "";
             if (m == 0) {
                 snprintf(ratio_txt, sizeof ratio_txt, "%.2f", ratio_med);
@@ -330,13 +375,15 @@ int bench_serve_main(int argc, char **argv) {
                 else if (!isnan(gm)) snprintf(ci_txt, sizeof ci_txt, "%.3f", gm);
                 if (!isnan(model)) snprintf(model_txt, sizeof model_txt, "%.3f", model);
             }
-            char line[640];
+            char line[768];
             snprintf(line, sizeof line,
-                     "| %d | %s | %.1f | %.1f-%.1f | %s | %s | %s | %.3f | %.3f | %.2f | %.2f | %.0f%% | %.0f%% |%s\n",
+                     "| %d | %s | %.1f | %.1f-%.1f | %s | %s | %s | %.3f | %.3f | %.2f | %.2f | %.0f%% | %.0f%% "
+                     "| %.2f / %.2f | %d of %d%s |%s\n",
                      conc, m ? "target-only" : "speculative", med, lo, hi, ratio_txt, ci_txt, model_txt,
                      t->steps > 0 ? t->tokens / t->steps : 0, t->tokens > 0 ? (t->steps + t->drafted) / t->tokens : 0,
                      pct(t->lat, t->n_lat, 0.5), pct(t->lat, t->n_lat, 0.99),
                      t->drafted > 0 ? 100.0 * t->accepted / t->drafted : 0, overlap < 0 ? 0 : 100.0 * overlap,
+                     other_med, other_max, n_dirty, n_pairs, n_dirty == n_pairs ? ", all kept: unreliable" : "",
                      t->failures ? " (failures!)" : "");
             printf("%s", line);
             fflush(stdout);

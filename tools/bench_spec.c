@@ -9,13 +9,23 @@
  * prompts of tokens/s, its ratio to plain decoding's median, acceptance
  * (accepted / drafted over the set) and tokens per target step.
  *
- * Adaptive K chooses K in 1..8 per step to maximise expected tokens per unit
- * of time, E(alpha, K) / (1 + K (c_draft + c_verify)), with alpha the
- * running acceptance of the sequence, c_draft the measured draft time per
- * token over the measured target step time, and c_verify the measured extra
- * cost of one more verified token relative to a one-token step — calibrated
- * at start-up from the target's own timings (the assumption of 0.05 it
- * replaces is printed next to the measured value).
+ * Each n-gram method has a drafter of its own, whose cache shared across
+ * requests learns from the earlier prompts' outputs only: one drafter for
+ * all methods would have fed each prompt's output to the methods that run
+ * it after the first, crediting them with a copy of their own answer.
+ *
+ * Hygiene (bench_hygiene.h): each run is sampled for the CPU time other
+ * processes used meanwhile; a prompt on which any method's run saw more
+ * than --max-other-load cores is left out of every method's median (the
+ * methods stay paired on the same prompts), and the table gives each
+ * method's foreign load (median / max) and its runs over the limit.
+ *
+ * Adaptive K is the policy shared with the coordinator and specd-generate
+ * (specd/spec_adapt.h through sd_spec_decoder_step_adaptive): K in 0..8 per
+ * step from the sequence's acceptance and the decoder's own timings of the
+ * drafter and the target, shadow drafts at K = 0. The extra cost of one
+ * more verified token relative to a one-token step is still measured at
+ * start-up and printed (c_verify).
  *
  * With --draft, the proposal top-N is measured twice: by sampling (4/16/64,
  * temperature 1, K = 4: acceptance and bytes per drafted token in a message,
@@ -26,6 +36,7 @@
  * few points) is as large as the differences between N; the exact one has
  * no sampling error in the acceptance itself. */
 #include "bench_spec.h"
+#include "bench_hygiene.h"
 #include "bench_stats.h"
 
 #include "bench_prompts.h"
@@ -53,7 +64,10 @@ typedef struct method {
     char name[32];
     int drafter;     /* index into drafters, -1 = plain */
     int k;           /* ADAPTIVE or a fixed K */
+    sd_drafter *own; /* n-gram methods: a drafter of their own (its cache shared across requests must see only
+                        the earlier prompts' outputs, not this prompt's from another method) */
     double tps[MAX_PROMPTS];
+    double other[MAX_PROMPTS]; /* foreign CPU load during each run, cores (bench_hygiene.h) */
     long drafted, accepted, steps, tokens;
 } method;
 
@@ -61,6 +75,22 @@ static double median_of(const double *v, int n) {
     double tmp[MAX_PROMPTS];
     memcpy(tmp, v, (size_t)n * sizeof *v);
     return sd_bench_median(tmp, n);
+}
+
+static double max_of(const double *v, int n) {
+    double m = n > 0 ? v[0] : 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > m) m = v[i];
+    return m;
+}
+
+/* Median of v over the prompts marked in keep. */
+static double median_kept(const double *v, const bool *keep, int n) {
+    double tmp[MAX_PROMPTS];
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (keep[i]) tmp[m++] = v[i];
+    return sd_bench_median(tmp, m);
 }
 
 /* Extra cost of one more token in a verification call, relative to a
@@ -105,20 +135,6 @@ static double calibrate_verify_cost(sd_model *m, double *t1_out) {
     return c > 0 ? c : 0.0;
 }
 
-/* K maximising E(alpha, K) / (1 + K (c_draft + c_verify)) over 1..k_max. */
-static int choose_k(double alpha, double c_draft, double c_verify, int k_max) {
-    int best = 1;
-    double best_rate = 0;
-    for (int k = 1; k <= k_max; k++) {
-        double rate = sd_spec_expected_tokens(alpha, k) / (1.0 + k * (c_draft + c_verify));
-        if (rate > best_rate) {
-            best_rate = rate;
-            best = k;
-        }
-    }
-    return best;
-}
-
 /* Generates n_new tokens after ids; returns decode seconds (first step untimed). */
 static int run_one(sd_model *m, sd_drafter *d, int k_fixed, double c_verify, const int32_t *ids, int32_t n_ids,
                    int32_t n_new, const sd_sampling *s, method *meth, double *seconds, long *q_entries) {
@@ -135,24 +151,25 @@ static int run_one(sd_model *m, sd_drafter *d, int k_fixed, double c_verify, con
     /* prefill + first token, untimed */
     if (sd_spec_decoder_step(dec, ctx, n, 0, s, step, &n_step, NULL, NULL) != SD_OK) goto fail;
     ctx[n++] = step[0];
-    double alpha = 0.6, c_draft = 0.0, t0 = sd_now(), draft_s = 0, target_s = 0;
+    double t0 = sd_now();
     long steps = 0, drafted = 0, accepted = 0;
     while (n < n_ids + n_new) {
-        int k = d ? (k_fixed == ADAPTIVE ? choose_k(alpha, c_draft, c_verify, 8) : k_fixed) : 0;
         const sd_spec_stats *st0 = sd_spec_decoder_stats(dec);
-        double ds0 = st0->draft_s, ts0 = st0->target_s;
-        if (sd_spec_decoder_step(dec, ctx, n, k, s, step, &n_step, &nd, &na) != SD_OK) goto fail;
+        long d0 = (long)st0->drafted, a0 = (long)st0->accepted;
+        sd_status st = d && k_fixed == ADAPTIVE /* the policy shared with the coordinator (spec_adapt.h) */
+                           ? sd_spec_decoder_step_adaptive(dec, ctx, n, 8, s, step, &n_step, NULL)
+                           : sd_spec_decoder_step(dec, ctx, n, d ? k_fixed : 0, s, step, &n_step, NULL, NULL);
+        if (st != SD_OK) goto fail;
         const sd_spec_stats *st1 = sd_spec_decoder_stats(dec);
-        draft_s += st1->draft_s - ds0;
-        target_s += st1->target_s - ts0;
+        nd = (int32_t)((long)st1->drafted - d0);
+        na = (int32_t)((long)st1->accepted - a0);
         memcpy(ctx + n, step, (size_t)n_step * sizeof *step);
         n += n_step;
         steps++;
         drafted += nd;
         accepted += na;
-        if (nd > 0) alpha = 0.8 * alpha + 0.2 * ((double)na / nd);
-        if (drafted > 0 && target_s > 0) c_draft = (draft_s / (double)drafted) / (target_s / (double)steps);
         (void)q_entries;
+        (void)c_verify;
     }
     *seconds = sd_now() - t0;
     meth->drafted += drafted;
@@ -358,8 +375,11 @@ static void top_n_alpha_study(FILE *out, sd_model *target, const char *draft_pat
 
 static void usage(FILE *f) {
     fprintf(f, "usage: specd-bench spec -m TARGET [--draft FILE] [--draft-layers L] [--prompts FILE]...\n"
-               "                        [--tokens N] [--max-prompts N] [-t THREADS] [-o OUT.md]\n"
-               "  default prompts: bench/prompts/*.txt; default --tokens 48, --draft-layers 8\n");
+               "                        [--tokens N] [--max-prompts N] [-t THREADS] [--max-other-load CORES]\n"
+               "                        [-o OUT.md]\n"
+               "  default prompts: bench/prompts/*.txt; default --tokens 48, --draft-layers 8\n"
+               "  a prompt whose run of any method saw other processes use more than CORES (default 0.25)\n"
+               "  is left out of the medians (all prompts are kept if none is clean)\n");
 }
 
 int bench_spec_main(int argc, char **argv) {
@@ -368,7 +388,9 @@ int bench_spec_main(int argc, char **argv) {
         {"draft-layers", required_argument, 0, 'L'}, {"prompts", required_argument, 0, 'p'},
         {"tokens", required_argument, 0, 'n'},  {"max-prompts", required_argument, 0, 'M'},
         {"threads", required_argument, 0, 't'}, {"out", required_argument, 0, 'o'},
+        {"max-other-load", required_argument, 0, 'X'},
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+    sd_hyg_params hyg = sd_hyg_default_params();
     const char *model_path = NULL, *draft_path = NULL, *out_path = NULL;
     const char *sets[MAX_SETS];
     int n_sets = 0, n_tokens = 48, layers = 8, n_threads = 0, max_prompts = MAX_PROMPTS, c;
@@ -383,6 +405,7 @@ int bench_spec_main(int argc, char **argv) {
         case 'M': max_prompts = atoi(optarg); break;
         case 't': n_threads = atoi(optarg); break;
         case 'o': out_path = optarg; break;
+        case 'X': hyg.max_other_cores = atof(optarg); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -390,7 +413,8 @@ int bench_spec_main(int argc, char **argv) {
     glob_t gl = {0};
     if (n_sets == 0 && glob("bench/prompts/*.txt", 0, NULL, &gl) == 0)
         for (size_t i = 0; i < gl.gl_pathc && n_sets < MAX_SETS; i++) sets[n_sets++] = gl.gl_pathv[i];
-    if (!model_path || n_sets == 0 || n_tokens < 2 || n_tokens > 512 || layers < 1 || max_prompts < 1) {
+    if (!model_path || n_sets == 0 || n_tokens < 2 || n_tokens > 512 || layers < 1 || max_prompts < 1 ||
+        !(hyg.max_other_cores > 0)) {
         usage(stderr);
         globfree(&gl);
         return 2;
@@ -406,6 +430,9 @@ int bench_spec_main(int argc, char **argv) {
     int32_t *all_ids[MAX_PROMPTS];
     int32_t all_n[MAX_PROMPTS];
     int n_all = 0;
+    static method methods[MAX_METHODS];
+    int n_methods = 0;
+    memset(methods, 0, sizeof methods);
     FILE *out = out_path ? fopen(out_path, "w") : stdout;
     if (!out) goto done;
     sd_model_params mp = sd_model_default_params();
@@ -431,10 +458,7 @@ int bench_spec_main(int argc, char **argv) {
     fprintf(out, "Verification cost calibrated at start-up: one-token step %.1f ms, each extra verified token "
                  "+%.3f of it (adaptive K used to assume 0.05).\n",
             t1 * 1e3, c_verify);
-    method methods[MAX_METHODS];
-    int n_methods = 0;
     const int ks[4] = {2, 4, 8, ADAPTIVE};
-    memset(methods, 0, sizeof methods);
     snprintf(methods[n_methods].name, sizeof methods[0].name, "plain");
     methods[n_methods++].drafter = -1;
     for (int di = 0; di < 3; di++) {
@@ -442,6 +466,7 @@ int bench_spec_main(int argc, char **argv) {
         for (int j = 0; j < 4; j++) {
             method *mt = &methods[n_methods++];
             mt->drafter = di;
+            if (di == 0 && sd_drafter_ngram_create(&dp, &mt->own) != SD_OK) goto done;
             mt->k = ks[j];
             if (ks[j] == ADAPTIVE) snprintf(mt->name, sizeof mt->name, "%s K adaptive", dnames[di]);
             else snprintf(mt->name, sizeof mt->name, "%s K=%d", dnames[di], ks[j]);
@@ -474,8 +499,11 @@ int bench_spec_main(int argc, char **argv) {
             for (int mi = 0; mi < n_methods; mi++) {
                 method *mt = &methods[mi];
                 double secs = 0;
-                sd_drafter *d = mt->drafter >= 0 ? drafters[mt->drafter] : NULL;
+                sd_drafter *d = mt->own ? mt->own : mt->drafter >= 0 ? drafters[mt->drafter] : NULL;
+                sd_hyg_mark h0 = sd_hyg_now(&hyg);
                 int got = run_one(m, d, mt->k, c_verify, ids, (int32_t)n_ids, n_tokens, &greedy, mt, &secs, NULL);
+                sd_hyg_mark h1 = sd_hyg_now(&hyg);
+                mt->other[p] = sd_hyg_other_cores(&h0, &h1);
                 if (got < 0) {
                     free(ids);
                     goto done;
@@ -490,16 +518,37 @@ int bench_spec_main(int argc, char **argv) {
             }
             fprintf(stderr, "%s: prompt %d/%d done\n", sets[si], p + 1, np);
         }
-        double plain_med = median_of(methods[0].tps, np);
+        /* hygiene: a prompt is clean when every method's run of it was */
+        bool keep[MAX_PROMPTS];
+        int n_keep = 0;
+        for (int p = 0; p < np; p++) {
+            keep[p] = true;
+            for (int mi = 0; mi < n_methods; mi++) keep[p] = keep[p] && sd_hyg_clean(&hyg, methods[mi].other[p]);
+            n_keep += keep[p];
+        }
+        bool noisy = n_keep == 0;
+        if (noisy)
+            for (int p = 0; p < np; p++) keep[p] = true;
+        double plain_med = median_kept(methods[0].tps, keep, np);
         fprintf(out, "\n### %s (%d prompts)\n\n", sets[si], np);
-        fprintf(out, "| method | tokens/s (median) | vs plain | acceptance | tokens / target step |\n");
-        fprintf(out, "| --- | --- | --- | --- | --- |\n");
+        if (noisy)
+            fprintf(out, "No prompt ran with other processes using at most %.2f of a core throughout: medians over "
+                         "all %d prompts, and unreliable.\n\n", hyg.max_other_cores, np);
+        else
+            fprintf(out, "Medians over the %d of %d prompts whose runs all saw other processes use at most %.2f of "
+                         "a core.\n\n", n_keep, np, hyg.max_other_cores);
+        fprintf(out, "| method | tokens/s (median) | vs plain | acceptance | tokens / target step "
+                     "| other CPU, cores: median / max | runs over the limit |\n");
+        fprintf(out, "| --- | --- | --- | --- | --- | --- | --- |\n");
         for (int mi = 0; mi < n_methods; mi++) {
             method *mt = &methods[mi];
-            double med = median_of(mt->tps, np);
-            fprintf(out, "| %s | %.2f | %.2fx | %.3f | %.2f |\n", mt->name, med, plain_med > 0 ? med / plain_med : 0,
-                    mt->drafted ? (double)mt->accepted / mt->drafted : 0.0,
-                    mt->steps ? (double)mt->tokens / mt->steps : 1.0);
+            double med = median_kept(mt->tps, keep, np);
+            int dirty = 0;
+            for (int p = 0; p < np; p++) dirty += !sd_hyg_clean(&hyg, mt->other[p]);
+            fprintf(out, "| %s | %.2f | %.2fx | %.3f | %.2f | %.2f / %.2f | %d of %d |\n", mt->name, med,
+                    plain_med > 0 ? med / plain_med : 0, mt->drafted ? (double)mt->accepted / mt->drafted : 0.0,
+                    mt->steps ? (double)mt->tokens / mt->steps : 1.0, median_of(mt->other, np),
+                    max_of(mt->other, np), dirty, np);
         }
         fflush(out);
         for (int p = 0; p < np; p++) free(prompts[p]);
@@ -513,6 +562,7 @@ int bench_spec_main(int argc, char **argv) {
 done:
     for (int i = 0; i < n_all; i++) free(all_ids[i]);
     for (int i = 0; i < 3; i++) sd_drafter_free(&drafters[i]);
+    for (int i = 0; i < n_methods; i++) sd_drafter_free(&methods[i].own);
     sd_model_free(&m);
     sd_tok_free(&tok);
     sd_gguf_close(&g);

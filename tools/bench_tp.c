@@ -17,8 +17,13 @@
  *     between tp fresh processes, for the transfer alone;
  *   - resident memory of every rank (VmRSS, RssAnon) and its weights.
  * The total thread budget (-t, default every core) is split evenly over
- * the ranks, so TP = 1 and TP = N use the same cores. */
+ * the ranks, so TP = 1 and TP = N use the same cores. Hygiene
+ * (bench_hygiene.h): each configuration's round is sampled for the CPU
+ * time of processes other than the benchmark's own (its forked ranks are
+ * named specd-bench); rounds over --max-other-load cores are left out of
+ * the medians and the table gives the share. */
 #include "bench_tp.h"
+#include "bench_hygiene.h"
 #include "bench_stats.h"
 
 #include "group.h"
@@ -51,6 +56,7 @@ typedef struct tp_opts {
     int modes[2], n_modes;   /* sd_tp_lm_head */
     int threads;             /* total over the ranks */
     int reps, prompt_len, decode_steps, k, batch, rounds;
+    double max_other;        /* cores other processes may use during a kept round */
 } tp_opts;
 
 typedef struct tp_result {
@@ -59,6 +65,9 @@ typedef struct tp_result {
     double ar_us, ar_per_step, gather_us, bare_ar_us, bare_ar_batch_us;
     uint64_t weights[MAX_RANKS];
     long rss_kb[MAX_RANKS], anon_kb[MAX_RANKS];
+    double other;            /* CPU cores other processes used meanwhile (bench_hygiene.h); medians: the max */
+    double other_median;     /* over the rounds */
+    int n_dirty;             /* rounds over the limit, left out of the medians */
 } tp_result;
 
 /* VmRSS and RssAnon of pid (0: this process), in kB. */
@@ -350,15 +359,18 @@ static void write_results(FILE *f, const tp_opts *o, const sd_model_config *cfg,
             o->prompt_len, o->k, o->batch, o->decode_steps, o->reps, o->rounds);
     fprintf(f, "| TP | LM head | threads/rank | decode ms | decode tok/s | verify ms | verify tok/s | batch-%d ms | "
                "batch tok/s | all-reduces/step | µs per all-reduce (in forward) | bare all-reduce µs (1 / %d rows) | "
-               "gather µs |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
-            o->batch, o->batch);
+               "gather µs | other CPU, cores: median / max | rounds over %.2f |\n"
+               "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+            o->batch, o->batch, o->max_other);
     for (int i = 0; i < n; i++) {
         const tp_result *r = &res[i];
-        fprintf(f, "| %d | %s | %d | %.2f | %.1f | %.2f | %.1f | %.2f | %.1f | %.0f | %.1f | %.1f / %.1f | %.1f |\n",
+        fprintf(f, "| %d | %s | %d | %.2f | %.1f | %.2f | %.1f | %.2f | %.1f | %.0f | %.1f | %.1f / %.1f | %.1f "
+                   "| %.2f / %.2f | %d of %d%s |\n",
                 r->tp, r->tp == 1 ? "—" : r->mode ? "leader" : "split", r->threads_per_rank, r->decode_ms,
                 1e3 / r->decode_ms, r->verify_ms, (o->k + 1) * 1e3 / r->verify_ms, r->batch_ms,
                 o->batch * 1e3 / r->batch_ms, r->ar_per_step, r->ar_us, r->bare_ar_us, r->bare_ar_batch_us,
-                r->gather_us);
+                r->gather_us, r->other_median, r->other, r->n_dirty, o->rounds,
+                r->n_dirty == o->rounds ? ", all kept: unreliable" : "");
     }
     fprintf(f, "\nMemory per rank after load (weights: sd_model_resident_bytes; RSS and anonymous RSS from "
                "/proc/PID/status, the mapped file closed), MiB:\n\n| TP | LM head | rank | weights | VmRSS | "
@@ -378,10 +390,10 @@ int bench_tp_main(int argc, char **argv) {
         {"reps", required_argument, 0, 'r'}, {"prompt-len", required_argument, 0, 'P'},
         {"decode-steps", required_argument, 0, 'D'}, {"k", required_argument, 0, 'K'},
         {"batch", required_argument, 0, 'B'}, {"out", required_argument, 0, 'o'},
-        {"rounds", required_argument, 0, 'R'},
+        {"rounds", required_argument, 0, 'R'}, {"max-other-load", required_argument, 0, 'X'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     tp_opts o = {.threads = (int)sysconf(_SC_NPROCESSORS_ONLN), .reps = 9, .prompt_len = 64, .decode_steps = 32,
-                 .k = 4, .batch = 8, .rounds = 3};
+                 .k = 4, .batch = 8, .rounds = 3, .max_other = SD_HYG_DEFAULT_MAX_OTHER};
     const char *tps = "1,2", *modes = "split,leader";
     int c;
     optind = 2;
@@ -397,10 +409,12 @@ int bench_tp_main(int argc, char **argv) {
         case 'K': o.k = atoi(optarg); break;
         case 'B': o.batch = atoi(optarg); break;
         case 'R': o.rounds = atoi(optarg); break;
+        case 'X': o.max_other = atof(optarg); break;
         case 'o': o.out_path = optarg; break;
         case 'h':
             printf("usage: specd-bench tp -m MODEL [--tp 1,2] [--lm-head split,leader] [-t THREADS] [-r REPS]\n"
                    "                      [--prompt-len 64] [--decode-steps 32] [--k 4] [--batch 8] [--rounds 3]\n"
+                   "                      [--max-other-load 0.25]\n"
                    "                      [-o OUT.md]\n"
                    "A CPU verifier group (forked ranks, shared-memory collectives, plans over ZeroMQ) against TP = 1:\n"
                    "decode, verify and batched decode, time in the collectives, memory per rank.\n");
@@ -417,7 +431,7 @@ int bench_tp_main(int argc, char **argv) {
     if (strstr(modes, "leader")) o.modes[o.n_modes++] = SD_TP_LM_HEAD_LEADER;
     if (!o.model_path || !o.n_tps || !o.n_modes || o.threads < 1 || o.reps < 1 || o.reps > 64 || o.prompt_len < 1 ||
         o.prompt_len > 1024 || o.decode_steps < 1 || o.decode_steps > 1024 || o.k < 0 || o.k > 32 || o.batch < 1 ||
-        o.batch > MAX_BATCH || o.rounds < 1 || o.rounds > MAX_ROUNDS) {
+        o.batch > MAX_BATCH || o.rounds < 1 || o.rounds > MAX_ROUNDS || !(o.max_other > 0)) {
         fprintf(stderr, "specd-bench tp: need -m MODEL, --tp sizes in 1..%d; reps 1..64, prompt-len 1..1024, "
                         "decode-steps 1..1024, k 0..32, batch 1..%d, rounds 1..%d\n", MAX_RANKS, MAX_BATCH, MAX_ROUNDS);
         return 2;
@@ -441,7 +455,13 @@ int bench_tp_main(int argc, char **argv) {
         for (int i = 0; i < o.n_tps; i++)
             for (int j = 0; j < (o.tps[i] == 1 ? 1 : o.n_modes); j++) {
                 int mode = o.tps[i] == 1 ? SD_TP_LM_HEAD_SPLIT : o.modes[j];
-                if (run_config(&o, o.tps[i], mode, &id, &runs[round][n], round == o.rounds - 1) != 0) {
+                /* the forked ranks and runner are named specd-bench: ours */
+                sd_hyg_params hp = {.max_other_cores = o.max_other, .exclude_prefix = "specd-"};
+                sd_hyg_mark h0 = sd_hyg_now(&hp);
+                int failed = run_config(&o, o.tps[i], mode, &id, &runs[round][n], round == o.rounds - 1);
+                sd_hyg_mark h1 = sd_hyg_now(&hp);
+                runs[round][n].other = sd_hyg_other_cores(&h0, &h1);
+                if (failed) {
                     fprintf(stderr, "specd-bench tp: tp %d failed (see the log above)\n", o.tps[i]);
                     return 1;
                 }
@@ -451,10 +471,27 @@ int bench_tp_main(int argc, char **argv) {
     for (int i = 0; i < n; i++) {
         res[i] = runs[o.rounds - 1][i];
         double v[MAX_ROUNDS];
+        /* hygiene: medians over the clean rounds (all, when none is clean) */
+        sd_hyg_params hp = {.max_other_cores = o.max_other, .exclude_prefix = "specd-"};
+        bool keep[MAX_ROUNDS];
+        int n_keep = 0;
+        res[i].other = 0;
+        for (int round = 0; round < o.rounds; round++) {
+            keep[round] = sd_hyg_clean(&hp, runs[round][i].other);
+            n_keep += keep[round];
+            v[round] = runs[round][i].other;
+            if (v[round] > res[i].other) res[i].other = v[round];
+        }
+        res[i].other_median = sd_bench_median(v, o.rounds);
+        res[i].n_dirty = o.rounds - n_keep;
+        if (n_keep == 0)
+            for (int round = 0; round < o.rounds; round++) keep[round] = true;
 #define MEDIAN_OF(field)                                                                    \
     do {                                                                                    \
-        for (int round = 0; round < o.rounds; round++) v[round] = runs[round][i].field;     \
-        res[i].field = sd_bench_median(v, o.rounds);                                        \
+        int n_v = 0;                                                                        \
+        for (int round = 0; round < o.rounds; round++)                                      \
+            if (keep[round]) v[n_v++] = runs[round][i].field;                               \
+        res[i].field = sd_bench_median(v, n_v);                                             \
     } while (0)
         MEDIAN_OF(decode_ms);
         MEDIAN_OF(verify_ms);

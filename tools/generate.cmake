@@ -1,1 +1,1 @@
-specd_tool(specd-generate ${CMAKE_CURRENT_SOURCE_DIR}/specd-generate.c)
+specd_tool(specd-generate ${CMAKE_CURRENT_SOURCE_DIR}/specd-generate.c ${CMAKE_CURRENT_SOURCE_DIR}/gen_spec.c)

@@ -17,6 +17,10 @@
  * prompt, decode, k = 1..max_k), and a ratio is the median of the
  * per-repetition ratios: a burst of load from another job then spoils one
  * repetition of every figure rather than all repetitions of one figure.
+ * Every mode also samples the CPU time other processes use during each
+ * repetition (bench_hygiene.h) and leaves out repetitions over a limit
+ * (--max-other-load, default a quarter of a core), writing the share into
+ * its table.
  * Rejected: timing each measure in its own block of repetitions (what this
  * mode first did) — on the shared 2-core development VM the bandwidth block
  * alone swung 2x between runs (16 vs 32 GB/s read), once putting decode at
@@ -30,6 +34,7 @@
  * "a share of copy bandwidth" must say which one it means. */
 #include "bench_gpu.h"
 #include "specd/cli.h"
+#include "bench_hygiene.h"
 #include "bench_stats.h"
 #include "bench_spec.h"
 #ifdef SPECD_BENCH_SERVE
@@ -205,6 +210,7 @@ typedef struct fwd_opts {
     int max_k;
     int decode_steps;
     int bw_mb;        /* size of each bandwidth buffer, MiB */
+    double max_other; /* cores other processes may use during a kept repetition (bench_hygiene.h) */
 } fwd_opts;
 
 #define FWD_MAX_REPS 32
@@ -221,6 +227,10 @@ typedef struct fwd_samples {
     double read_bps[FWD_MAX_REPS];            /* read-only pass, bytes read / s */
     double copied_bps[FWD_MAX_REPS];          /* memcpy, bytes copied / s */
     double prompt_s[FWD_MAX_REPS];            /* prompt processing, seconds */
+    double other[FWD_MAX_REPS];               /* other processes' CPU use during the repetition, cores */
+    int n_kept;                               /* repetitions [0, n_kept) are the ones the figures use */
+    int n_dirty;                              /* repetitions over the limit (left out unless all were) */
+    double other_median, other_max;           /* over all repetitions */
     double step_s[FWD_MAX_REPS];              /* decode: median step of this repetition */
     double k_s[FWD_MAX_K + 1][FWD_MAX_REPS];  /* k tokens in one call after the prompt, seconds */
     double k_short_s[FWD_MAX_K + 1][FWD_MAX_REPS]; /* the same after a SHORT_PREFIX-token prefix */
@@ -302,9 +312,42 @@ static double median_of(const double *x, int reps) {
     return sd_bench_median(v, reps);
 }
 
+/* Moves the clean repetitions (other processes used at most o->max_other
+ * cores) to the front and sets n_kept to their number; with none clean all
+ * are kept. Dirty ones are left out of every figure, so that each
+ * repetition's figures stay together (the ratios are per repetition). */
+static void keep_clean_reps(const fwd_opts *o, fwd_samples *s) {
+    sd_hyg_params hp = sd_hyg_default_params();
+    hp.max_other_cores = o->max_other;
+    double all[FWD_MAX_REPS];
+    memcpy(all, s->other, (size_t)o->reps * sizeof *all);
+    s->other_max = 0;
+    for (int r = 0; r < o->reps; r++)
+        if (s->other[r] > s->other_max) s->other_max = s->other[r];
+    s->other_median = sd_bench_median(all, o->reps);
+    int kept = 0;
+    for (int r = 0; r < o->reps; r++) {
+        if (!sd_hyg_clean(&hp, s->other[r])) continue;
+        if (kept != r) {
+            s->read_bps[kept] = s->read_bps[r];
+            s->copied_bps[kept] = s->copied_bps[r];
+            s->prompt_s[kept] = s->prompt_s[r];
+            s->step_s[kept] = s->step_s[r];
+            s->other[kept] = s->other[r];
+            for (int k = 0; k <= FWD_MAX_K; k++) {
+                s->k_s[k][kept] = s->k_s[k][r];
+                s->k_short_s[k][kept] = s->k_short_s[k][r];
+            }
+        }
+        kept++;
+    }
+    s->n_dirty = o->reps - kept;
+    s->n_kept = kept > 0 ? kept : o->reps;
+}
+
 static void write_forward_table(FILE *f, const fwd_opts *o, const sd_model_config *cfg, double wbytes, int threads,
                                 const char *load_before, const char *load_after, const fwd_samples *s) {
-    int R = o->reps;
+    int R = s->n_kept;
     time_t now = time(NULL);
     char day[32];
     strftime(day, sizeof day, "%Y-%m-%d", gmtime(&now));
@@ -326,6 +369,14 @@ static void write_forward_table(FILE *f, const fwd_opts *o, const sd_model_confi
     fprintf(f, "- %d repetitions, each running every measure in turn (bandwidth, %d-token prompt, %d decode steps, "
                "k = 1..%d); figures are medians over repetitions, ratios are medians of per-repetition ratios\n\n",
             R, o->prompt_len, o->decode_steps, o->max_k);
+    if (s->n_dirty == o->reps)
+        fprintf(f, "- hygiene: other processes used more than %.2f of a core during every repetition (median %.2f, "
+                   "max %.2f cores): all kept, and these figures are unreliable\n\n",
+                o->max_other, s->other_median, s->other_max);
+    else
+        fprintf(f, "- hygiene: other processes' CPU use during a repetition, median %.2f, max %.2f cores; %d of %d "
+                   "repetitions over %.2f of a core left out\n\n",
+                s->other_median, s->other_max, s->n_dirty, o->reps, o->max_other);
     fprintf(f, "| measure | value |\n| --- | --- |\n");
     fprintf(f, "| memory read bandwidth (read-only pass, %d MiB) | %.2f GB/s |\n", o->bw_mb, read_bps / 1e9);
     fprintf(f, "| memory copy bandwidth, read + write bytes (STREAM convention; memcpy of %d MiB) | %.2f GB/s |\n",
@@ -405,8 +456,12 @@ static int bench_forward(const fwd_opts *o) {
     if (!forward_rep(o, 0, m, kv, tokens, logits, &bw, threads, step_scratch, s)) goto done;
     for (int r = 0; r < o->reps; r++) {
         fprintf(stderr, "specd-bench: repetition %d/%d\n", r + 1, o->reps);
+        sd_hyg_mark h0 = sd_hyg_now(NULL);
         if (!forward_rep(o, r, m, kv, tokens, logits, &bw, threads, step_scratch, s)) goto done;
+        sd_hyg_mark h1 = sd_hyg_now(NULL);
+        s->other[r] = sd_hyg_other_cores(&h0, &h1);
     }
+    keep_clean_reps(o, s);
     read_loadavg(load_after, sizeof load_after);
 
     double wbytes = (double)sd_model_weight_bytes(m);
@@ -451,6 +506,8 @@ static void usage(FILE *f) {
             "  -m, --model FILE      GGUF model (required)\n"
             "  -t, --threads N       worker threads (default: all cores)\n"
             "  -r, --reps N          repetitions per figure (default 7)\n"
+            "      --max-other-load C  leave out repetitions during which other processes used more than C\n"
+            "                        cores (default 0.25; all are kept if none is under)\n"
             "      --prompt-len N    prompt length for prompt processing (default 512)\n"
             "      --max-k N         largest k for the k-token call cost (default 16)\n"
             "      --decode-steps N  decode steps timed (default 64)\n"
@@ -490,8 +547,10 @@ int main(int argc, char **argv) {
         {"reps", required_argument, 0, 'r'},        {"prompt-len", required_argument, 0, 'P'},
         {"max-k", required_argument, 0, 'K'},       {"decode-steps", required_argument, 0, 'D'},
         {"out", required_argument, 0, 'o'},         {"bw-mb", required_argument, 0, 'B'},
+        {"max-other-load", required_argument, 0, 'X'},
         {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
-    fwd_opts o = {.reps = 7, .prompt_len = 512, .max_k = 16, .decode_steps = 64, .bw_mb = BW_DEFAULT_MB};
+    fwd_opts o = {.reps = 7, .prompt_len = 512, .max_k = 16, .decode_steps = 64, .bw_mb = BW_DEFAULT_MB,
+                  .max_other = SD_HYG_DEFAULT_MAX_OTHER};
     int c;
     bool ok = true;
     optind = 2;
@@ -505,6 +564,11 @@ int main(int argc, char **argv) {
         case 'D': ok = parse_int("--decode-steps", optarg, 1, FWD_MAX_DECODE, &o.decode_steps); break;
         case 'B': ok = parse_int("--bw-mb", optarg, 2, 16384, &o.bw_mb); break;
         case 'o': o.out_path = optarg; break;
+        case 'X':
+            o.max_other = atof(optarg);
+            ok = o.max_other > 0;
+            if (!ok) fprintf(stderr, "specd-bench: --max-other-load must be > 0 cores\n");
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

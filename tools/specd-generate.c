@@ -24,6 +24,8 @@
 #include "specd/sample.h"
 #include "specd/tokenizer.h"
 
+#include "gen_spec.h"
+
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <getopt.h>
@@ -77,7 +79,8 @@ static void usage(FILE *f) {
             "      --ngram          speculative decoding with the n-gram (prompt lookup) drafter\n"
             "      --draft-layers L speculative decoding with the target's first L layers (self-draft)\n"
             "  -k K                 draft tokens per step (default 4, at most 64)\n"
-            "      --adaptive-k     choose K per step (1..K) from the observed acceptance\n"
+            "      --adaptive-k     choose K per step (0..K) from the acceptance and measured costs; at K = 0\n"
+            "                       it shadow-drafts now and then to notice when drafting pays again\n"
             "      --json           print one JSON object at the end instead of streaming\n"
             "  -v, --verbose        log at DEBUG level\n"
             "  -h, --help           this help\n");
@@ -193,6 +196,7 @@ typedef struct gen_result {
     size_t n_ids;
     const char *stop_reason;
     double prompt_s, decode_s;
+    int64_t decode_tokens; /* tokens produced by the steps decode_s times (prefill's excluded) */
     bool spec;             /* speculative mode: the fields below are set */
     sd_spec_stats spec_stats;
     double mean_k;         /* mean draft length asked for per step */
@@ -284,6 +288,7 @@ static sd_status generate(const gen_opts *o, sd_model *m, const sd_tok *tok, con
         cur_pos++;
     }
     r->decode_s = sd_now() - t1;
+    r->decode_tokens = r->n_ids > 1 ? (int64_t)r->n_ids - 1 : 0; /* the first token came from the prefill */
     if (!o->json) {
         char tail[512];
         size_t n;
@@ -300,96 +305,64 @@ done:
     return st;
 }
 
-/* Adaptive K: the K in 1..k_max maximizing expected tokens per unit of
- * cost, E(K) = (1 - a^(K+1)) / (1 - a) over cost(K) = 1 + K * (c_draft +
- * c_verify), with a the smoothed per-token acceptance, c_draft the measured
- * draft time per token relative to a target step, and c_verify = 0.05 the
- * assumed relative cost of verifying one more token in the batched target
- * pass (weights are read once per pass on the CPU). */
-static int32_t choose_k(double alpha, double c_draft, int32_t k_max) {
-    int32_t best = 1;
-    double best_rate = 0;
-    for (int32_t k = 1; k <= k_max; k++) {
-        double rate = sd_spec_expected_tokens(alpha, k) / (1.0 + k * (c_draft + 0.05));
-        if (rate > best_rate) {
-            best_rate = rate;
-            best = k;
-        }
-    }
-    return best;
+typedef struct spec_stream {
+    const gen_opts *o;
+    const sd_tok *tok;
+    sd_tok_stream *stream;
+} spec_stream;
+
+static bool spec_is_end(void *user, int32_t token) {
+    const spec_stream *ss = user;
+    return !ss->o->ignore_eos && sd_tok_is_eog(ss->tok, token);
 }
 
-/* Speculative decode loop over decoder dec. Streams unless o->json. */
+static void spec_on_token(void *user, int32_t token) {
+    spec_stream *ss = user;
+    if (ss->o->json || spec_is_end(user, token)) return; /* the stream leaves out the end token */
+    char piece[512];
+    size_t n;
+    if (sd_tok_stream_push(ss->stream, token, piece, sizeof piece, &n) == SD_OK && n) {
+        fwrite(piece, 1, n, stdout);
+        fflush(stdout);
+    }
+}
+
+/* Speculative decode loop over decoder dec (tools/gen_spec.c). Streams unless o->json. */
 static sd_status generate_spec(const gen_opts *o, sd_model *m, sd_spec_decoder *dec, const sd_tok *tok,
                                const char *text, gen_result *r) {
     SD_TRY(encode_prompt(o, sd_model_config_of(m), tok, text, r));
     int32_t n_prompt = (int32_t)r->n_prompt;
     int32_t *ctx = malloc(((size_t)n_prompt + (size_t)o->n_predict + SD_MAX_DRAFT + 1) * sizeof *ctx);
     r->ids = malloc(((size_t)o->n_predict + SD_MAX_DRAFT + 1) * sizeof *r->ids);
-    sd_tok_stream *stream = sd_tok_stream_new(tok);
+    spec_stream ss = {o, tok, sd_tok_stream_new(tok)};
     sd_status st = SD_OK;
-    if (!ctx || !r->ids || !stream) {
+    if (!ctx || !r->ids || !ss.stream) {
         st = SD_ERR_NOMEM;
         goto done;
     }
-    memcpy(ctx, r->prompt_ids, (size_t)n_prompt * sizeof *ctx);
+    sd_gen_spec_params gp = {
+        .n_predict = o->n_predict, .k = o->k, .adaptive_k = o->adaptive_k, .sampling = o->sampling,
+        .user = &ss, .is_end = spec_is_end, .on_token = spec_on_token,
+    };
+    sd_gen_spec_result gr;
+    st = sd_gen_spec_run(dec, r->prompt_ids, n_prompt, &gp, ctx, r->ids, &gr);
+    if (st != SD_OK) goto done;
     r->spec = true;
-    r->stop_reason = "length";
-    double alpha = 0.5; /* smoothed acceptance, a neutral start */
-    double k_sum = 0;
-    int64_t n_steps = 0;
-    double t_start = sd_now(), t_decode = t_start;
-    while ((int32_t)r->n_ids < o->n_predict) {
-        int32_t k = o->k;
-        if (o->adaptive_k) {
-            const sd_spec_stats *ss = sd_spec_decoder_stats(dec);
-            double c_draft = ss->drafted && ss->target_s > 0
-                                 ? (ss->draft_s / (double)ss->drafted) / (ss->target_s / (double)ss->steps)
-                                 : 0.0;
-            k = choose_k(alpha, c_draft, o->k);
-        }
-        int32_t step[SD_MAX_DRAFT + 1], n_step, n_drafted, n_accepted;
-        st = sd_spec_decoder_step(dec, ctx, n_prompt + (int32_t)r->n_ids, k, &o->sampling, step, &n_step,
-                                  &n_drafted, &n_accepted);
-        if (st != SD_OK) goto done;
-        if (n_steps++ == 0) {
-            t_decode = sd_now();
-            r->prompt_s = t_decode - t_start; /* the first step carries the prefill */
-        }
-        k_sum += k;
-        if (n_drafted > 0) alpha = 0.7 * alpha + 0.3 * ((double)n_accepted / n_drafted);
-        bool stop = false;
-        for (int32_t i = 0; i < n_step && (int32_t)r->n_ids < o->n_predict; i++) {
-            int32_t next = step[i];
-            ctx[n_prompt + (int32_t)r->n_ids] = next;
-            r->ids[r->n_ids++] = next;
-            if (!o->ignore_eos && sd_tok_is_eog(tok, next)) {
-                r->stop_reason = "eos";
-                stop = true;
-                break;
-            }
-            if (!o->json) {
-                char piece[512];
-                size_t n;
-                if (sd_tok_stream_push(stream, next, piece, sizeof piece, &n) == SD_OK && n) {
-                    fwrite(piece, 1, n, stdout);
-                    fflush(stdout);
-                }
-            }
-        }
-        if (stop) break;
-    }
-    r->decode_s = sd_now() - t_decode;
+    r->n_ids = (size_t)gr.n_ids;
+    r->stop_reason = gr.ended ? "eos" : "length";
+    r->prompt_s = gr.prompt_s; /* the first step carries the prefill */
+    r->decode_s = gr.decode_s;
+    r->decode_tokens = gr.decode_tokens;
     r->spec_stats = *sd_spec_decoder_stats(dec);
-    r->mean_k = n_steps ? k_sum / (double)n_steps : 0;
+    r->mean_k = gr.n_steps ? gr.k_sum / (double)gr.n_steps : 0;
     if (!o->json) {
         char tail[512];
         size_t n;
-        if (sd_tok_stream_flush(stream, tail, sizeof tail, &n) == SD_OK && n) fwrite(tail, 1, n, stdout);
+        if (sd_tok_stream_flush(ss.stream, tail, sizeof tail, &n) == SD_OK && n) fwrite(tail, 1, n, stdout);
         fputc('\n', stdout);
     }
 done:
-    sd_tok_stream_free(&stream);
+    sd_tok_stream_free(&ss.stream);
     free(ctx);
     return st;
 }
@@ -428,9 +401,11 @@ static int print_json(const gen_opts *o, const sd_tok *tok, const char *prompt_t
     cJSON_AddNumberToObject(t, "prompt_tokens", (double)r->n_prompt);
     cJSON_AddNumberToObject(t, "prompt_ms", r->prompt_s * 1e3);
     cJSON_AddNumberToObject(t, "prompt_tok_s", r->prompt_s > 0 ? (double)r->n_prompt / r->prompt_s : 0);
-    /* The first generated token comes from the prefill; decode steps = n - 1. */
-    double steps = r->n_ids > 1 ? (double)(r->n_ids - 1) : 0;
+    /* Decode figures count the tokens of the steps decode_ms times: plain, all
+     * but the prefill's token; speculative, all but the first step's. */
+    double steps = (double)r->decode_tokens;
     cJSON_AddNumberToObject(t, "generated_tokens", (double)r->n_ids);
+    cJSON_AddNumberToObject(t, "decode_tokens", steps);
     cJSON_AddNumberToObject(t, "decode_ms", r->decode_s * 1e3);
     cJSON_AddNumberToObject(t, "decode_tok_s", r->decode_s > 0 ? steps / r->decode_s : 0);
     if (r->spec) {
@@ -524,7 +499,7 @@ int main(int argc, char **argv) {
     }
     rc = o.json ? print_json(&o, tok, text, &r) : 0;
     if (!o.json) {
-        double steps = r.n_ids > 1 ? (double)(r.n_ids - 1) : 0;
+        double steps = (double)r.decode_tokens;
         fprintf(stderr, "[prompt %zu tokens, %.1f tok/s | generated %zu tokens, %.1f tok/s | stop: %s]\n",
                 r.n_prompt, r.prompt_s > 0 ? (double)r.n_prompt / r.prompt_s : 0, r.n_ids,
                 r.decode_s > 0 ? steps / r.decode_s : 0, r.stop_reason);

@@ -19,6 +19,8 @@
 
 #include "specd/spec_batch.h"
 
+#define ADAPT_START_ALPHA 0.6 /* acceptance assumed before a sequence has shown any */
+
 struct sd_spec_decoder {
     sd_model *target;
     sd_drafter *drafter;
@@ -27,6 +29,10 @@ struct sd_spec_decoder {
     int32_t *cached;   /* [max_ctx] tokens held in kv */
     sd_spec_scratch *scratch;
     sd_spec_stats stats;
+    /* sd_spec_decoder_step_adaptive: the shared K policy's state */
+    sd_cost_model cost;
+    sd_adapt adapt;
+    bool draft_cost_seen;  /* the first draft measurement replaces the prior outright */
 };
 
 void sd_spec_decoder_free(sd_spec_decoder **pd) {
@@ -50,6 +56,8 @@ sd_status sd_spec_decoder_create(sd_model *target, sd_drafter *drafter, int32_t 
     d->target = target;
     d->drafter = drafter;
     d->max_ctx = max_ctx;
+    sd_cost_init(&d->cost);
+    d->adapt.alpha = ADAPT_START_ALPHA;
     d->cached = malloc((size_t)max_ctx * sizeof *d->cached);
     sd_status st = d->cached ? sd_spec_scratch_create(&d->scratch) : SD_ERR_NOMEM;
     if (st == SD_OK) {
@@ -66,9 +74,19 @@ sd_status sd_spec_decoder_create(sd_model *target, sd_drafter *drafter, int32_t 
     return SD_OK;
 }
 
-sd_status sd_spec_decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t k,
-                               const sd_sampling *s, int32_t *out, int32_t *n_out, int32_t *n_drafted,
-                               int32_t *n_accepted) {
+/* What one step did, for the adaptive policy. */
+typedef struct step_report {
+    int32_t n_drafted, n_accepted;
+    int32_t n_proposed;   /* tokens the drafter returned (a shadow's one included) */
+    int32_t shadow_token; /* the shadow draft, -1 if none */
+    int32_t n_append;     /* context tokens the target had to take in (1 without a prefill) */
+    double draft_s, target_s;
+} step_report;
+
+/* One step; with shadow (k is then 0) the drafter proposes one token that
+ * is not verified, only reported. */
+static sd_status decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t k, bool shadow,
+                              const sd_sampling *s, int32_t *out, int32_t *n_out, step_report *rep) {
     if (!d || !ctx || !s || !out || !n_out || n_ctx <= 0 || k < 0 || k > SD_MAX_DRAFT) {
         SD_ERROR("spec: step needs a decoder, a non-empty context, sampling, outputs and 0 <= k <= %d",
                  SD_MAX_DRAFT);
@@ -84,8 +102,16 @@ sd_status sd_spec_decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n
     int32_t draft[SD_MAX_DRAFT];
     sd_spec_q q[SD_MAX_DRAFT];
     int32_t nd = 0;
+    rep->shadow_token = -1;
     double t0 = sd_now();
     if (d->drafter && k > 0) SD_TRY(sd_drafter_propose(d->drafter, 0, ctx, n_ctx, k, s, draft, q, &nd));
+    rep->n_proposed = nd;
+    if (d->drafter && shadow && k == 0 && n_ctx < d->max_ctx - 1) {
+        int32_t n_shadow = 0;
+        SD_TRY(sd_drafter_propose(d->drafter, 0, ctx, n_ctx, 1, s, draft, q, &n_shadow));
+        if (n_shadow == 1) rep->shadow_token = draft[0];
+        rep->n_proposed = n_shadow;
+    }
     double t1 = sd_now();
 
     /* Verify: one sequence of the batched step, keeping the longest common
@@ -109,16 +135,80 @@ sd_status sd_spec_decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n
     int32_t acc = r.n_accepted;
     memcpy(out, r.tokens, (size_t)r.n_tokens * sizeof *out);
     *n_out = r.n_tokens;
-    if (n_drafted) *n_drafted = nd;
-    if (n_accepted) *n_accepted = acc;
+    double t2 = sd_now();
+    rep->n_drafted = nd;
+    rep->n_accepted = acc;
+    rep->n_append = n_ctx - keep;
+    rep->draft_s = t1 - t0;
+    rep->target_s = t2 - t1;
     d->stats.steps++;
     d->stats.drafted += nd;
     d->stats.accepted += acc;
     d->stats.committed += acc + 1;
     d->stats.draft_s += t1 - t0;
-    d->stats.target_s += sd_now() - t1;
+    d->stats.target_s += t2 - t1;
     return SD_OK;
 }
+
+sd_status sd_spec_decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t k,
+                               const sd_sampling *s, int32_t *out, int32_t *n_out, int32_t *n_drafted,
+                               int32_t *n_accepted) {
+    step_report rep;
+    SD_TRY(decoder_step(d, ctx, n_ctx, k, false, s, out, n_out, &rep));
+    if (n_drafted) *n_drafted = rep.n_drafted;
+    if (n_accepted) *n_accepted = rep.n_accepted;
+    return SD_OK;
+}
+
+/* The decoder's timings fed to the shared policy as a batch of one: the
+ * target forward over its rows as a verify step (not when it carried a
+ * prefill: that is no step a K decides), the drafter's time per token. */
+static void adapt_learn(sd_spec_decoder *d, const step_report *rep, bool greedy, int32_t first_out) {
+    if (rep->n_append == 1) {
+        double us = rep->target_s * 1e6;
+        sd_cost_observe_verify(&d->cost, 1 + rep->n_drafted, us >= 1.0 ? (uint32_t)(us < 4e9 ? us : 4e9) : 1u);
+    }
+    if (rep->n_proposed > 0) {
+        double us = rep->draft_s * 1e6;
+        if (!d->draft_cost_seen) {
+            d->cost.draft_token_us = us / rep->n_proposed;
+            d->draft_cost_seen = true;
+        } else {
+            sd_cost_observe_draft(&d->cost, rep->n_proposed, us < 4e9 ? (uint32_t)us : UINT32_MAX);
+        }
+    }
+    if (rep->n_drafted > 0) {
+        sd_adapt_observe(&d->adapt, rep->n_drafted, rep->n_accepted);
+        d->adapt.steps_at_zero = 0;
+    } else if (rep->shadow_token >= 0) {
+        if (greedy) sd_adapt_observe_shadow(&d->adapt, first_out == rep->shadow_token);
+        d->adapt.steps_at_zero = 0;
+    } else {
+        d->adapt.steps_at_zero++;
+    }
+}
+
+sd_status sd_spec_decoder_step_adaptive(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t k_cap,
+                                        const sd_sampling *s, int32_t *out, int32_t *n_out, int32_t *k_used) {
+    if (!d || !s || k_cap < 0 || k_cap > SD_MAX_DRAFT) {
+        SD_ERROR("spec: adaptive step needs a decoder, sampling and 0 <= k_cap <= %d", SD_MAX_DRAFT);
+        return SD_ERR_INVALID_ARG;
+    }
+    SD_TRY(sd_sampling_validate(s));
+    const bool greedy = sd_sampling_is_greedy(s);
+    if (!d->drafter) k_cap = 0;
+    int32_t k = sd_adapt_next_k(&d->adapt, &d->cost, greedy, 1, k_cap);
+    bool shadow = k == 0 && k_cap > 0 && greedy && sd_adapt_shadow_due(&d->adapt, &d->cost, 1);
+    step_report rep;
+    SD_TRY(decoder_step(d, ctx, n_ctx, k, shadow, s, out, n_out, &rep));
+    adapt_learn(d, &rep, greedy, out[0]);
+    if (k_used) *k_used = k;
+    return SD_OK;
+}
+
+const sd_adapt *sd_spec_decoder_adapt(const sd_spec_decoder *d) { return d ? &d->adapt : NULL; }
+
+const sd_cost_model *sd_spec_decoder_cost(const sd_spec_decoder *d) { return d ? &d->cost : NULL; }
 
 const sd_spec_stats *sd_spec_decoder_stats(const sd_spec_decoder *d) { return d ? &d->stats : NULL; }
 

@@ -6,7 +6,8 @@ it with small sizes (2 repetitions, 8-token prompt, k up to 8, 4 MiB
 bandwidth buffers) and checks that the table is complete and sane: every
 measure row is present with a positive number, the k-cost table has k = 1..8
 in both prefix columns with k = 1 at exactly 1.00, the targets line names
-both targets, and --out writes the same table. Bad arguments must exit 2
+both targets, the hygiene line gives the other processes' CPU share, and
+--out writes the same table. Bad arguments must exit 2
 with a message. This guards the benchmark tool itself; it says nothing about
 speed (the model is tiny and the figures are noise).
 
@@ -76,10 +77,15 @@ def main():
         if not re.search(r"^Targets: decode >= 60% of copy bandwidth .*(met|MISSED); 8 tokens in one call "
                          r"<= 1\.6x the cost of 1: [0-9.]+x after 8 tokens, (met|MISSED)", table, re.M):
             fail("targets line missing or malformed", table)
+        if not re.search(r"^- hygiene: other processes(' CPU use during a repetition, median [0-9.]+, max [0-9.]+ "
+                         r"cores; \d of 2 repetitions over 0\.25 of a core left out| used more than 0\.25 of a core "
+                         r"during every repetition)", table, re.M):
+            fail("hygiene line missing or malformed", table)
         with open(out_md) as f:
             if f.read() != table:
                 fail("--out file differs from the table printed on stdout")
-        for bad in (["-r", "0"], ["-r", "x"], ["--max-k", "65"], ["--bw-mb", "1"], ["-t", "-1"]):
+        for bad in (["-r", "0"], ["-r", "x"], ["--max-k", "65"], ["--bw-mb", "1"], ["-t", "-1"],
+                    ["--max-other-load", "0"]):
             r = subprocess.run([bench, "forward", "-m", model] + bad, capture_output=True, text=True, timeout=60)
             if r.returncode != 2 or "specd-bench:" not in r.stderr:
                 fail(f"bad arguments {bad}: exit {r.returncode}, stderr {r.stderr!r}")

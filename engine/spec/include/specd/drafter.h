@@ -2,10 +2,12 @@
  * with the sparse distributions they were drawn from, for one sequence.
  *
  * Three kinds:
- *   - n-gram (prompt lookup): no model. Finds the longest earlier occurrence
- *     of the context's suffix (n-gram sizes ngram_min..ngram_max, the most
- *     recent occurrence of the longest size that matches) and proposes the
- *     tokens that followed it; q is one-hot.
+ *   - n-gram (prompt lookup): no model. Finds the earlier occurrences of
+ *     the context's suffix with the longest match (ngram_min..ngram_max
+ *     tokens), proposes the continuation most of them agree on, and drafts
+ *     as many tokens as are likely to be accepted (ngram_min_p); q is
+ *     one-hot. For greedy requests it calibrates its acceptance estimates
+ *     on the sequence's own history (drafter.c).
  *   - model: a small GGUF model whose vocabulary equals the target's
  *     (checked with sd_tok_vocab_hash; a mismatch is a clear error). It keeps
  *     a KV cache per sequence and draws each token from its processed
@@ -46,8 +48,12 @@ typedef struct sd_drafter_params {
     int32_t max_seqs;   /* sequence slots in [0, max_seqs) (default 1) */
     int32_t max_ctx;    /* most tokens a sequence holds, context + draft (default 4096) */
     int32_t top_n;      /* tokens kept of a model drafter's distribution (default SD_SPEC_DEFAULT_TOP_N) */
-    int32_t ngram_min;  /* smallest n-gram that may match (default 1) */
-    int32_t ngram_max;  /* largest n-gram tried first (default 4) */
+    int32_t ngram_min;  /* shortest match (tokens) an n-gram draft may rest on (default 1) */
+    int32_t ngram_max;  /* match lengths are measured up to this many tokens (default 16) */
+    float ngram_min_p;  /* an n-gram draft stops before the estimated probability that all of it is
+                           accepted falls below this, in (0, 1] (default 0.15) */
+    int32_t ngram_cache_entries; /* n-grams of earlier outputs the n-gram drafter keeps for all its
+                                    sequences (default 65536, about 2.5 MB); < 0: no shared cache */
     int32_t n_threads;  /* model drafters' worker threads, 0 = all cores */
     int32_t device;     /* model drafters loaded from a file: -1 = CPU (default), N = cuda:N */
 } sd_drafter_params;

@@ -17,6 +17,7 @@
 #include "specd/model.h"
 #include "specd/sample.h"
 #include "specd/spec.h"
+#include "specd/spec_adapt.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -47,6 +48,21 @@ void sd_spec_decoder_free(sd_spec_decoder **d);
 sd_status sd_spec_decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t k,
                                const sd_sampling *s, int32_t *out, int32_t *n_out, int32_t *n_drafted,
                                int32_t *n_accepted);
+
+/* One step like sd_spec_decoder_step with K chosen by the shared policy
+ * of spec_adapt.h (sd_adapt_next_k at batch 1, 0..k_cap) from this
+ * decoder's acceptance history and its own timings of the drafter and the
+ * target; at K = 0 a greedy request shadow-drafts one token now and then
+ * (sd_adapt_shadow_due) to notice when drafting starts to pay, a sampled
+ * one probes K = 1 (sd_adapt_sampled_k). Writes the K used to *k_used when
+ * not NULL (0 for a shadow step: nothing is verified). Greedy output is
+ * plain greedy output whatever K is. */
+sd_status sd_spec_decoder_step_adaptive(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t k_cap,
+                                        const sd_sampling *s, int32_t *out, int32_t *n_out, int32_t *k_used);
+
+/* The policy's state and cost model (borrowed, valid while d lives). */
+const sd_adapt *sd_spec_decoder_adapt(const sd_spec_decoder *d);
+const sd_cost_model *sd_spec_decoder_cost(const sd_spec_decoder *d);
 
 /* Borrowed counters, valid while d lives; reset clears them. */
 const sd_spec_stats *sd_spec_decoder_stats(const sd_spec_decoder *d);

@@ -1,5 +1,21 @@
-/* adapt.c — adaptive draft length K and the step cost model behind it.
+/* spec_adapt.c — adaptive draft length K and the step cost model behind it
+ * (spec_adapt.h), shared by the coordinator's scheduler and single-process
+ * decoding (spec_decode.c). It was the coordinator's adapt.c; the
+ * single-process path had its own K rule, which never went below K = 1
+ * and so drafted on even where a draft cost as much as the target step.
  *
+ * In one process (sd_spec_decoder_step_adaptive) the same model is fed from
+ * the decoder's own timings: a step's target forward over its rows as a
+ * verify step of batch 1 (steps that carry a prefill are left out), the
+ * drafter's time per draft token, and no round trip (draft_step_us stays
+ * 0). A draft model as costly as the target then prices a draft token at a
+ * whole target step, no K > 0 beats K = 0 at any acceptance, and the
+ * shadow interval (SHADOW_BUDGET of a step for one drafted token) grows to
+ * its maximum: a probe costs at most one draft token per SHADOW_MAX steps.
+ * The n-gram drafter costs microseconds a token, so it is shadowed every
+ * step and drafting resumes as soon as the text starts repeating.
+ *
+ * From the coordinator:  *
  * Each sequence keeps an EMA of its per-token acceptance rate a. With K
  * drafts a step commits (1 - a^(K+1)) / (1 - a) tokens on average (every
  * accepted draft plus the target's own token). The step costs drafting K
@@ -76,7 +92,7 @@
  * size's own measured time where both sizes have been seen: a verifier's
  * cost is a line only roughly (a GPU kernel that takes tokens 8 at a time
  * costs a step at the 9th), and the line cannot see the step. */
-#include "coord.h"
+#include "specd/spec_adapt.h"
 
 #include <math.h>
 
@@ -134,20 +150,13 @@ void sd_cost_observe_verify(sd_cost_model *c, int32_t n_tokens, uint32_t forward
     }
 }
 
-/* The line is fitted to the seeded sizes up to SD_COST_SIZES only: those
- * are the steps a service makes most, and a least-squares fit over sizes up
- * to 1088 would be set by the largest steps, where a GPU's cost is no longer
- * that of a small step (a choice, not a measurement). */
-void sd_cost_seed(sd_cost_model *c, const sd_step_cost *costs, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        const int32_t t = costs[i].tokens > INT32_MAX ? INT32_MAX : (int32_t)costs[i].tokens;
-        if (t < 1 || costs[i].forward_us == 0) continue;
-        sd_cost_observe_rows(c, t, costs[i].forward_us);
-        if (t > SD_COST_SIZES) continue;
-        sd_cost_observe_verify(c, t, costs[i].forward_us);
-        c->size_us[t] = costs[i].forward_us;
-        if (c->size_n[t] < SIZE_MIN_OBS) c->size_n[t] = SIZE_MIN_OBS;
-    }
+void sd_cost_seed_size(sd_cost_model *c, int32_t n_tokens, uint32_t forward_us) {
+    if (n_tokens < 1 || forward_us == 0) return;
+    sd_cost_observe_rows(c, n_tokens, forward_us);
+    if (n_tokens > SD_COST_SIZES) return;
+    sd_cost_observe_verify(c, n_tokens, forward_us);
+    c->size_us[n_tokens] = forward_us;
+    if (c->size_n[n_tokens] < SIZE_MIN_OBS) c->size_n[n_tokens] = SIZE_MIN_OBS;
 }
 
 double sd_cost_size_us(const sd_cost_model *c, int32_t n_tokens) {
@@ -295,4 +304,14 @@ int32_t sd_adapt_shadow_interval(const sd_cost_model *c, int32_t batch) {
     if (!(steps >= 1)) steps = 1; /* also NaN */
     if (steps > SHADOW_MAX) steps = SHADOW_MAX;
     return (int32_t)steps;
+}
+
+int32_t sd_adapt_next_k(const sd_adapt *a, const sd_cost_model *c, bool greedy, int32_t batch, int32_t k_cap) {
+    if (k_cap <= 0) return 0;
+    if (!greedy) return sd_adapt_sampled_k(a, k_cap);
+    return sd_adapt_choose_k(a->alpha, c, batch, k_cap);
+}
+
+bool sd_adapt_shadow_due(const sd_adapt *a, const sd_cost_model *c, int32_t batch) {
+    return a->steps_at_zero + 1 >= sd_adapt_shadow_interval(c, batch);
 }

@@ -1,0 +1,119 @@
+/* spec_adapt.h — the draft length policy: how many tokens to draft for a
+ * sequence's next step (K, 0 = no draft), from its acceptance history and a
+ * cost model of drafting and verifying. One implementation for the
+ * coordinator's scheduler (per sequence, per batch) and for single-process
+ * speculative decoding (sd_spec_decoder_step_adaptive in spec_decode.h).
+ * The reasoning, and what was measured, is in spec_adapt.c.
+ *
+ * The cost model is in microseconds and learns from what the caller
+ * measures: verify steps (forward over n tokens), draft tokens, the draft
+ * round trip. Nothing here keeps a clock or a global; nothing is
+ * thread-safe (one owner per model / history). */
+#ifndef SPECD_SPEC_ADAPT_H
+#define SPECD_SPEC_ADAPT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Acceptance history and the K it leads to. */
+typedef struct sd_adapt {
+    double alpha;          /* EMA of the per-token acceptance rate */
+    int32_t steps_at_zero; /* K = 0 steps since the last shadow draft (greedy) or probe (sampled) */
+} sd_adapt;
+
+/* Steps of up to this many tokens also keep their own measured time. */
+#define SD_COST_SIZES 128
+
+/* Cost model of one step: verify time = fixed + per_token * tokens; draft
+ * time per draft token; the round trip of a whole draft step. Microseconds,
+ * estimated from responses. */
+typedef struct sd_cost_model {
+    double verify_fixed_us, verify_token_us, draft_token_us;
+    double draft_step_us;  /* EMA of draft request -> response, 0 until measured */
+    double row_us_peak;    /* slowest recent verify forward per token, refills included (step timeouts) */
+    /* decaying sums for the least-squares fit of verify time vs tokens */
+    double s_w, s_x, s_y, s_xx, s_xy;
+    /* each step size's own time: the verifier's cost is not a line (a GPU
+     * kernel's column tile is 8 tokens wide: the 9th token costs a step) */
+    double size_us[SD_COST_SIZES + 1]; /* EMA of forward_us of steps of exactly n tokens */
+    uint16_t size_n[SD_COST_SIZES + 1]; /* observations of each (saturating) */
+} sd_cost_model;
+
+void sd_cost_init(sd_cost_model *c);
+/* One verify step's forward over n_tokens tokens (one appended per
+ * sequence + drafts; steps that refill a prefix are not observed). */
+void sd_cost_observe_verify(sd_cost_model *c, int32_t n_tokens, uint32_t forward_us);
+void sd_cost_observe_draft(sd_cost_model *c, int32_t n_draft_tokens, uint32_t draft_us);
+/* Any verify step's forward (refills and prefill chunks included), for
+ * the step timeout. */
+void sd_cost_observe_rows(sd_cost_model *c, int32_t n_tokens, uint32_t forward_us);
+/* How long a verify step of n_tokens may take before its verifier is
+ * declared hung: the configured floor, or 8x what the slowest recent step
+ * took per token. */
+uint64_t sd_cost_verify_timeout_us(const sd_cost_model *c, int32_t n_tokens, uint64_t floor_us);
+/* A verify step of n_tokens timed out after timeout_us: the next one gets
+ * at least twice as long per token. */
+void sd_cost_verify_timed_out(sd_cost_model *c, int32_t n_tokens, uint64_t timeout_us);
+/* One draft step's round trip (request sent -> response handled). */
+void sd_cost_observe_draft_step(sd_cost_model *c, uint64_t round_trip_us);
+/* Expected verify forward time for a step of n_tokens tokens (the line). */
+double sd_cost_verify_us(const sd_cost_model *c, int32_t n_tokens);
+/* A step of n_tokens as measured at that exact size, once seen a few
+ * times; -1 otherwise. */
+double sd_cost_size_us(const sd_cost_model *c, int32_t n_tokens);
+
+/* K in [0, k_cap] maximizing expected committed tokens per unit cost,
+ * (1 - a^(K+1)) / (1 - a) / (c_draft*K + fixed/batch + per_token*(1+K)),
+ * for acceptance a and batch sequences sharing the fixed cost. */
+int32_t sd_adapt_choose_k(double alpha, const sd_cost_model *c, int32_t batch, int32_t k_cap);
+/* Expected committed tokens of a step with k drafts at acceptance alpha. */
+double sd_adapt_expected_tokens(double alpha, int32_t k);
+/* Whether drafting pays for a batch of `batch` sequences as a whole: with
+ * the K each chose, they expect extra_tokens more committed tokens per step
+ * for extra_rows more verified rows, and the draft round trip then lies on
+ * the critical path of every step (held: the round trip; split into two
+ * cohorts: one more fixed cost; the cheaper of the two). */
+bool sd_adapt_drafting_pays(const sd_cost_model *c, int32_t batch, double extra_tokens, int32_t extra_rows);
+/* Folds one step's outcome (n_accepted of n_drafted) into the EMA. */
+void sd_adapt_observe(sd_adapt *a, int32_t n_drafted, int32_t n_accepted);
+/* Folds one shadow draft (a single token; match: it equals the committed
+ * token) into the EMA. */
+void sd_adapt_observe_shadow(sd_adapt *a, bool match);
+/* Moves the service-wide starting estimate *prior toward a greedy
+ * request's updated estimate. */
+void sd_adapt_prior_update(double *prior, const sd_adapt *a);
+/* K of a sampled request: from its own acceptance history only (the batch
+ * and measured costs would make its seeded output depend on load), against
+ * the fixed reference costs of sd_cost_init at batch 1; at K = 0 for 8
+ * steps it probes K = 1. */
+int32_t sd_adapt_sampled_k(const sd_adapt *a, int32_t k_cap);
+/* K = 0 steps between shadow drafts of a (greedy) sequence: a shadow draft costs
+ * drafting one token (it overlaps verification and adds nothing to it), so
+ * it happens as often as keeps that under ~2% of the sequence's share of a
+ * verify step: every step for the n-gram drafter, rarer for a model drafter
+ * next to a batch-bound verifier (at most every 256 steps). */
+int32_t sd_adapt_shadow_interval(const sd_cost_model *c, int32_t batch);
+
+/* One verify step of n_tokens seen at exactly forward_us before any was
+ * observed (a verifier's own measurement): its size is trusted at once and
+ * it is fed to the line's fit and the step timeout as if observed. */
+void sd_cost_seed_size(sd_cost_model *c, int32_t n_tokens, uint32_t forward_us);
+
+/* The K for a sequence's next step, 0..k_cap: for a greedy request the
+ * cost-optimal K of sd_adapt_choose_k at this batch; for a sampled request
+ * sd_adapt_sampled_k (its own history only). The caller counts
+ * a->steps_at_zero (K = 0 steps since the last probe or shadow). */
+int32_t sd_adapt_next_k(const sd_adapt *a, const sd_cost_model *c, bool greedy, int32_t batch, int32_t k_cap);
+
+/* Whether a greedy sequence at K = 0 should shadow-draft one token at this
+ * step: its K = 0 steps have reached sd_adapt_shadow_interval. */
+bool sd_adapt_shadow_due(const sd_adapt *a, const sd_cost_model *c, int32_t batch);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
