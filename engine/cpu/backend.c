@@ -40,6 +40,7 @@ static void cpu_destroy(sd_backend **pbe) {
     sd_backend *be = *pbe;
     sd_threadpool_free(&be->tp);
     free(be->scratch);
+    free(be->qbuf);
     free(be);
     *pbe = NULL;
 }
