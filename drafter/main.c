@@ -169,7 +169,7 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
 }
 
 /* Tokens per slot for a model drafter: the context, capped by --kv-blocks or a quarter of memory. */
-static int32_t model_slot_ctx(const drafter_opts *o, const sd_worker_identity *id, const char *path) {
+static int32_t model_slot_ctx(const drafter_opts *o, const sd_model_identity *id, const char *path) {
     int32_t ctx = o->max_ctx > 0 ? o->max_ctx : (int32_t)id->context_length;
     int64_t blocks = o->kv_blocks;
     if (blocks <= 0) {
@@ -224,7 +224,7 @@ int main(int argc, char **argv) {
 
     sd_worker_params wp = sd_worker_default_params();
     const char *id_path = o.ngram && o.vocab_from ? o.vocab_from : o.model_path;
-    if (sd_worker_identity_from_model(id_path, &wp.model) != SD_OK) {
+    if (sd_weights_identity(id_path, &wp.model) != SD_OK) {
         close(stop_fd);
         return 2;
     }

@@ -5,6 +5,6 @@
 specd_fuzz_target(tokenizer_json fuzz_tokenizer_json.c LIBS specd_engine)
 foreach(t fuzz_tokenizer_json_replay fuzz_tokenizer_json)
   if(TARGET ${t})
-    target_include_directories(${t} PRIVATE ${CMAKE_SOURCE_DIR}/engine)
+    target_include_directories(${t} PRIVATE ${CMAKE_SOURCE_DIR}/engine/formats)
   endif()
 endforeach()

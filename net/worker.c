@@ -24,10 +24,6 @@
  * keep the old identity and a queue of stale replies. */
 #include "specd/worker.h"
 
-#include "specd/weights.h"
-#include "specd/model.h"
-#include "specd/tokenizer.h"
-
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -51,39 +47,6 @@ sd_worker_params sd_worker_default_params(void) {
     p.fail_fd = -1;
     snprintf(p.model.architecture, sizeof p.model.architecture, "llama");
     return p;
-}
-
-sd_status sd_worker_identity_from_model(const char *path, sd_worker_identity *id) {
-    if (!path || !id) return SD_ERR_INVALID_ARG;
-    memset(id, 0, sizeof *id);
-    sd_weights *w = NULL;
-    sd_status st = sd_weights_open(path, &w);
-    if (st != SD_OK) {
-        SD_ERROR("worker: cannot open %s: %s", path, sd_status_str(st));
-        return st;
-    }
-    sd_model_config cfg;
-    sd_tok *tok = NULL;
-    st = sd_weights_config(w, &cfg);
-    if (st == SD_OK) st = sd_weights_tokenizer(w, &tok);
-    if (st == SD_OK) {
-        snprintf(id->architecture, sizeof id->architecture, "%s", cfg.arch);
-        /* the last path component, "dir/" and "dir" alike */
-        size_t end = strlen(path);
-        while (end > 1 && path[end - 1] == '/') end--;
-        size_t start = end;
-        while (start > 0 && path[start - 1] != '/') start--;
-        snprintf(id->name, sizeof id->name, "%.*s", (int)(end - start), path + start);
-        id->vocab_size = (uint32_t)sd_tok_n_vocab(tok);
-        id->vocab_hash = sd_tok_vocab_hash(tok);
-        id->context_length = (uint32_t)cfg.n_ctx_train;
-        id->n_layers = (uint32_t)cfg.n_layers;
-    } else {
-        SD_ERROR("worker: cannot read the model identity (config and tokenizer) of %s: %s", path, sd_status_str(st));
-    }
-    sd_tok_free(&tok);
-    sd_weights_close(&w);
-    return st;
 }
 
 sd_status sd_worker_signal_fd(int *fd) {

@@ -5,7 +5,7 @@ specd_unit_test(test_coll_nccl test_coll_nccl.c)
 # The NCCL test runs its GPU path only when the engine really compiles
 # engine/cuda/coll_nccl.c (a CUDA build); otherwise it checks the
 # SD_ERR_UNSUPPORTED fallbacks and skips.
-get_target_property(SPECD_COLL_ENGINE_SOURCES specd_engine SOURCES)
+get_target_property(SPECD_COLL_ENGINE_SOURCES specd_model SOURCES)
 list(FILTER SPECD_COLL_ENGINE_SOURCES INCLUDE REGEX "coll_nccl\\.c$")
 if(SPECD_COLL_ENGINE_SOURCES)
   find_package(CUDAToolkit REQUIRED)

@@ -4,7 +4,7 @@
 # random model written as GGUF by specd-mkmodel (bit-identical logits).
 specd_unit_test(test_safetensors test_safetensors.c)
 specd_unit_test(test_weights_hf test_weights_hf.c)
-target_include_directories(test_weights_hf PRIVATE ${CMAKE_SOURCE_DIR}/engine)
+target_include_directories(test_weights_hf PRIVATE ${CMAKE_SOURCE_DIR}/engine/formats)
 target_compile_definitions(test_weights_hf PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
 add_dependencies(test_weights_hf specd-mkmodel)
 # Oracles (.venv): the engine's logits from an HF directory against a numpy

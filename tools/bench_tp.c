@@ -88,7 +88,7 @@ static sd_status load_shard(const char *path, int tp, int rank, int mode, int th
     return st;
 }
 
-static sd_group_params group_params(const char *addr, int tp, int rank, const sd_worker_identity *id,
+static sd_group_params group_params(const char *addr, int tp, int rank, const sd_model_identity *id,
                                     sd_model *m) {
     sd_group_params gp = sd_group_default_params();
     gp.addr = addr;
@@ -107,7 +107,7 @@ static sd_group_params group_params(const char *addr, int tp, int rank, const sd
 /* A forked rank: its shard, the group, until the leader stops it. Its
  * weight bytes go to weights[rank] (shared memory). */
 static int rank_child(const tp_opts *o, const char *addr, int tp, int rank, int mode, int threads,
-                      const sd_worker_identity *id, uint64_t *weights) {
+                      const sd_model_identity *id, uint64_t *weights) {
     sd_model *m = NULL;
     if (load_shard(o->model_path, tp, rank, mode, threads, &m) != SD_OK) return 10;
     weights[rank] = sd_model_resident_bytes(m);
@@ -246,7 +246,7 @@ static double bare_all_reduce_us(int tp, size_t n, int iters) {
 /* One configuration, in a process of its own (run_config forks it): the
  * ranks it forks then inherit no heap from earlier configurations, so their
  * RSS is theirs. */
-static int run_config_here(const tp_opts *o, int tp, int mode, const sd_worker_identity *id, tp_result *r) {
+static int run_config_here(const tp_opts *o, int tp, int mode, const sd_model_identity *id, tp_result *r) {
     memset(r, 0, sizeof *r);
     r->tp = tp;
     r->mode = mode;
@@ -310,7 +310,7 @@ done:
     return rc;
 }
 
-static int run_config(const tp_opts *o, int tp, int mode, const sd_worker_identity *id, tp_result *r, bool bare) {
+static int run_config(const tp_opts *o, int tp, int mode, const sd_model_identity *id, tp_result *r, bool bare) {
     tp_result *shared = mmap(NULL, sizeof *shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (shared == MAP_FAILED) return 1;
     fflush(NULL);
@@ -423,8 +423,8 @@ int bench_tp_main(int argc, char **argv) {
         return 2;
     }
     sd_log_set(NULL, NULL, SD_LOG_WARN, "bench");
-    sd_worker_identity id;
-    if (sd_worker_identity_from_model(o.model_path, &id) != SD_OK) return 1;
+    sd_model_identity id;
+    if (sd_weights_identity(o.model_path, &id) != SD_OK) return 1;
     sd_weights *w = NULL;
     sd_model_config cfg;
     if (sd_weights_open(o.model_path, &w) != SD_OK || sd_weights_config(w, &cfg) != SD_OK) {

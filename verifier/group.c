@@ -120,7 +120,7 @@ static sd_status send_bytes(void *sock, const uint8_t *ident, size_t ident_len, 
     return SD_OK;
 }
 
-static void init_identity(Specd__ModelIdentity *id, const sd_worker_identity *m) {
+static void init_identity(Specd__ModelIdentity *id, const sd_model_identity *m) {
     specd__model_identity__init(id);
     id->architecture = (char *)m->architecture;
     id->vocab_size = m->vocab_size;
@@ -267,7 +267,7 @@ static bool ranks_alive(sd_group *g, char *why, size_t n) {
  * configured (the rank was told why). */
 static sd_status on_join(sd_group *g, const sd_net_msg *m, const Specd__GroupJoin *j) {
     char msg[768];
-    const sd_worker_identity *me = &g->p.model;
+    const sd_model_identity *me = &g->p.model;
     const Specd__ModelIdentity *id = j->model;
     msg[0] = 0;
     if (j->protocol_version != SD_PROTOCOL_VERSION)

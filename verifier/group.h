@@ -28,7 +28,7 @@ typedef struct sd_group_params {
     const char *addr;             /* the group's socket: the leader binds it, ranks connect (required) */
     int32_t rank, size;           /* this process's rank; ranks in the group (>= 2) */
     int32_t device;               /* -1: CPU ranks, shared-memory collectives; N: CUDA device N, NCCL */
-    sd_worker_identity model;     /* every rank's must equal the leader's */
+    sd_model_identity model;     /* every rank's must equal the leader's */
     int32_t lm_head;              /* sd_tp_lm_head in effect here (sd_model_shard_of): must match */
     uint64_t weight_bytes;        /* this rank's resident weights, for the leader's log */
     int heartbeat_interval_ms;    /* default SD_GROUP_HEARTBEAT_MS */

@@ -202,7 +202,7 @@ static const char *on_fail_reason(void *user) {
 }
 
 /* Group parameters shared by the leader and the ranks. */
-static sd_group_params group_params(const verifier_opts *o, const sd_worker_identity *id, const sd_model *m,
+static sd_group_params group_params(const verifier_opts *o, const sd_model_identity *id, const sd_model *m,
                                     int stop_fd) {
     sd_group_params gp = sd_group_default_params();
     sd_model_shard sh;
@@ -222,7 +222,7 @@ static sd_group_params group_params(const verifier_opts *o, const sd_worker_iden
 }
 
 /* Ranks 1..N-1: join the group and run the leader's plans until it ends. */
-static int run_rank(const verifier_opts *o, const sd_worker_identity *id, sd_model *model, int stop_fd) {
+static int run_rank(const verifier_opts *o, const sd_model_identity *id, sd_model *model, int stop_fd) {
     void *zctx = zmq_ctx_new();
     if (!zctx) return 1;
     sd_group_params gp = group_params(o, id, model, stop_fd);
@@ -249,7 +249,7 @@ int main(int argc, char **argv) {
     if (sd_worker_signal_fd(&stop_fd) != SD_OK) return 1;
 
     sd_worker_params wp = sd_worker_default_params();
-    if (sd_worker_identity_from_model(o.model_path, &wp.model) != SD_OK) {
+    if (sd_weights_identity(o.model_path, &wp.model) != SD_OK) {
         close(stop_fd);
         return 2;
     }

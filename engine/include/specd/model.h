@@ -14,6 +14,7 @@
 
 #include "specd/common.h"
 #include "specd/gguf.h"
+#include "specd/model_config.h"
 #include "specd/kv.h"
 #include "specd/coll.h"
 
@@ -23,27 +24,6 @@ extern "C" {
 
 typedef struct sd_model sd_model;
 
-/* Hyper-parameters read from llama.* metadata. */
-typedef struct sd_model_config {
-    char arch[32];          /* "llama" */
-    int32_t n_vocab;
-    int32_t n_ctx_train;    /* llama.context_length */
-    int32_t n_embd;         /* llama.embedding_length */
-    int32_t n_layers;       /* llama.block_count */
-    int32_t n_ff;           /* llama.feed_forward_length */
-    int32_t n_heads;        /* llama.attention.head_count */
-    int32_t n_kv_heads;     /* llama.attention.head_count_kv (defaults to n_heads) */
-    int32_t head_dim;       /* n_embd / n_heads (llama.rope.dimension_count when present) */
-    float rms_eps;          /* llama.attention.layer_norm_rms_epsilon */
-    float rope_base;        /* llama.rope.freq_base (default 10000) */
-    /* rope scaling (llama.rope.scaling.*): type 0 none, 1 linear, 2 llama3 */
-    int32_t rope_scaling_type;
-    float rope_scale_factor;
-    float rope_low_freq_factor;
-    float rope_high_freq_factor;
-    int32_t rope_orig_ctx;
-    bool tied_output;       /* output.weight absent: LM head = token_embd */
-} sd_model_config;
 
 /* Where a tensor-parallel group computes the LM head (docs/DESIGN.md,
  * "Tensor parallelism", says why split is the default). */
@@ -78,9 +58,6 @@ typedef struct sd_model_params {
 
 sd_model_params sd_model_default_params(void);
 
-/* Reads the config of g (validating every value: positive, divisible, sane
- * bounds); SD_ERR_UNSUPPORTED for an architecture other than llama. */
-sd_status sd_model_config_from_gguf(const sd_gguf *g, sd_model_config *cfg);
 
 /* Loads weights from an open GGUF (dequantized to f32 in this version; g may
  * be closed afterwards). Caller frees with sd_model_free. */

@@ -10,23 +10,12 @@
 #define SPECD_SAMPLE_H
 
 #include "specd/common.h"
+#include "specd/sampling.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef struct sd_sampling {
-    float temperature; /* 0 = greedy (argmax); otherwise > 0 */
-    int32_t top_k;     /* 0 = off */
-    float top_p;       /* in (0, 1]; 1 = off */
-    float min_p;       /* in [0, 1); 0 = off */
-    uint64_t seed;
-} sd_sampling;
-
-/* temperature 1, top_k 0, top_p 1, min_p 0, seed 0. */
-sd_sampling sd_sampling_default(void);
-/* SD_ERR_INVALID_ARG (with a log line naming the field) when out of range. */
-sd_status sd_sampling_validate(const sd_sampling *s);
 
 /* Purposes keep independent streams apart for the same (seed, position). */
 typedef enum sd_rng_purpose {

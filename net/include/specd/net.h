@@ -17,7 +17,7 @@
 #define SPECD_NET_H
 
 #include "specd/common.h"
-#include "specd/sample.h"
+#include "specd/sampling.h"
 #include "specd.pb-c.h"
 
 #ifdef __cplusplus

@@ -33,6 +33,7 @@
 #ifndef SPECD_WORKER_H
 #define SPECD_WORKER_H
 
+#include "specd/identity.h"
 #include "specd/net.h"
 
 #ifdef __cplusplus
@@ -57,21 +58,6 @@ typedef void (*sd_worker_stats_fn)(void *user, Specd__WorkerStats *stats);
  * borrowed, valid until the loop returns. */
 typedef const char *(*sd_worker_fail_reason_fn)(void *user);
 
-/* The identity of the model a worker serves (ModelIdentity in Hello). */
-typedef struct sd_worker_identity {
-    char architecture[32];        /* "llama" */
-    char name[128];               /* file or directory name, for logs */
-    uint32_t vocab_size;          /* tokens */
-    uint64_t vocab_hash;          /* sd_tok_vocab_hash */
-    uint32_t context_length;      /* tokens */
-    uint32_t n_layers;            /* layers run */
-} sd_worker_identity;
-
-/* Reads the identity of the model at path (a GGUF file or a Hugging Face
- * checkpoint directory) from its config and tokenizer only (no weights are
- * read). Errors are logged with the path. */
-sd_status sd_worker_identity_from_model(const char *path, sd_worker_identity *id);
-
 /* Blocks SIGINT and SIGTERM in the calling thread (call it in main before
  * any thread starts, so every thread inherits the mask) and returns a
  * signalfd that becomes readable when one arrives: the loop's stop_fd.
@@ -84,7 +70,7 @@ typedef struct sd_worker_params {
     uint32_t rank, group_size;    /* verifier group position; 0 / 1 for drafters */
     Specd__DrafterKind drafter_kind;
     const char *name;             /* for the coordinator's logs; NULL = host:pid */
-    sd_worker_identity model;     /* sent in Hello */
+    sd_model_identity model;     /* sent in Hello */
     sd_net_limits limits;         /* what incoming requests are validated against */
     /* verifiers: steady step times measured before registering, sent in
      * Hello for the coordinator's cost model; borrowed for the loop's

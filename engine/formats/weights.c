@@ -5,6 +5,7 @@
  * asked for, starting at the block that holds col0, straight out of the
  * memory map. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -178,4 +179,37 @@ sd_status sd_weights_read(const sd_weights *w, const char *name, int64_t row0, i
         }
     }
     return SD_OK;
+}
+
+sd_status sd_weights_identity(const char *path, sd_model_identity *id) {
+    if (!path || !id) return SD_ERR_INVALID_ARG;
+    memset(id, 0, sizeof *id);
+    sd_weights *w = NULL;
+    sd_status st = sd_weights_open(path, &w);
+    if (st != SD_OK) {
+        SD_ERROR("weights: cannot open %s: %s", path, sd_status_str(st));
+        return st;
+    }
+    sd_model_config cfg;
+    sd_tok *tok = NULL;
+    st = sd_weights_config(w, &cfg);
+    if (st == SD_OK) st = sd_weights_tokenizer(w, &tok);
+    if (st == SD_OK) {
+        snprintf(id->architecture, sizeof id->architecture, "%s", cfg.arch);
+        /* the last path component, "dir/" and "dir" alike */
+        size_t end = strlen(path);
+        while (end > 1 && path[end - 1] == '/') end--;
+        size_t start = end;
+        while (start > 0 && path[start - 1] != '/') start--;
+        snprintf(id->name, sizeof id->name, "%.*s", (int)(end - start), path + start);
+        id->vocab_size = (uint32_t)sd_tok_n_vocab(tok);
+        id->vocab_hash = sd_tok_vocab_hash(tok);
+        id->context_length = (uint32_t)cfg.n_ctx_train;
+        id->n_layers = (uint32_t)cfg.n_layers;
+    } else {
+        SD_ERROR("weights: cannot read the model identity (config and tokenizer) of %s: %s", path, sd_status_str(st));
+    }
+    sd_tok_free(&tok);
+    sd_weights_close(&w);
+    return st;
 }

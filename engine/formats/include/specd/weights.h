@@ -18,8 +18,9 @@
 #define SPECD_WEIGHTS_H
 
 #include "specd/common.h"
+#include "specd/identity.h"
 #include "specd/gguf.h"
-#include "specd/model.h"
+#include "specd/model_config.h"
 #include "specd/tokenizer.h"
 
 #ifdef __cplusplus
@@ -69,6 +70,11 @@ bool sd_weights_find(const sd_weights *w, const char *name, sd_weights_tensor *i
  * read is NaN or infinite. Thread-safe: ranks may read concurrently. */
 sd_status sd_weights_read(const sd_weights *w, const char *name, int64_t row0, int64_t n_rows, int64_t col0,
                           int64_t n_cols, float *dst);
+
+/* Reads the identity of the model at path (a GGUF file or a Hugging Face
+ * checkpoint directory) from its config and tokenizer only (no weights are
+ * read): what a worker reports in Hello. Errors are logged with the path. */
+sd_status sd_weights_identity(const char *path, sd_model_identity *id);
 
 #ifdef __cplusplus
 }

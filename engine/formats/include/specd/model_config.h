@@ -1,0 +1,58 @@
+/* model_config.h — a Llama model's hyper-parameters, read from a file.
+ *
+ * The config is what every layer above needs to know about a model before
+ * (or without) loading its weights: the coordinator sizes prompts with it,
+ * a worker reports its identity from it, the loader shapes tensors by it.
+ * It is read from GGUF metadata here (sd_model_config_from_gguf) and from a
+ * Hugging Face config.json by the weights source (weights_hf.c); both end in
+ * the same checks (sd_model_config_rope_scaling for RoPE scaling). */
+#ifndef SPECD_MODEL_CONFIG_H
+#define SPECD_MODEL_CONFIG_H
+
+#include "specd/common.h"
+#include "specd/gguf.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Sanity bounds on hyper-parameters (far above any real Llama). */
+enum {
+    SD_MODEL_MAX_EMBD = 1 << 16,
+    SD_MODEL_MAX_LAYERS = 1024,
+    SD_MODEL_MAX_FF = 1 << 20,
+    SD_MODEL_MAX_HEADS = 1024,
+    SD_MODEL_MAX_HEAD_DIM = 1024,
+    SD_MODEL_MAX_VOCAB = 1 << 24,
+};
+
+/* Hyper-parameters read from llama.* metadata. */
+typedef struct sd_model_config {
+    char arch[32];          /* "llama" */
+    int32_t n_vocab;
+    int32_t n_ctx_train;    /* llama.context_length */
+    int32_t n_embd;         /* llama.embedding_length */
+    int32_t n_layers;       /* llama.block_count */
+    int32_t n_ff;           /* llama.feed_forward_length */
+    int32_t n_heads;        /* llama.attention.head_count */
+    int32_t n_kv_heads;     /* llama.attention.head_count_kv (defaults to n_heads) */
+    int32_t head_dim;       /* n_embd / n_heads (llama.rope.dimension_count when present) */
+    float rms_eps;          /* llama.attention.layer_norm_rms_epsilon */
+    float rope_base;        /* llama.rope.freq_base (default 10000) */
+    /* rope scaling (llama.rope.scaling.*): type 0 none, 1 linear, 2 llama3 */
+    int32_t rope_scaling_type;
+    float rope_scale_factor;
+    float rope_low_freq_factor;
+    float rope_high_freq_factor;
+    int32_t rope_orig_ctx;
+    bool tied_output;       /* output.weight absent: LM head = token_embd */
+} sd_model_config;
+
+/* Reads the config of g (validating every value: positive, divisible, sane
+ * bounds); SD_ERR_UNSUPPORTED for an architecture other than llama. */
+sd_status sd_model_config_from_gguf(const sd_gguf *g, sd_model_config *cfg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

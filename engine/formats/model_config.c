@@ -1,0 +1,253 @@
+/* model_config.c — the Llama config from GGUF metadata (llama.* keys),
+ * every value range-checked and every tensor the model will need checked for
+ * presence, type and shape before anything is loaded. Split out of the model
+ * so that readers of a model file (the weights sources, the coordinator, a
+ * worker reporting its identity) need no forward-pass code. */
+#include "specd/model_config.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static sd_status get_pos_u32(const sd_gguf *g, const char *key, bool required, uint32_t max, int32_t *out) {
+    uint32_t v;
+    sd_status s = sd_gguf_get_u32(g, key, &v);
+    if (s == SD_ERR_NOT_FOUND && !required) return SD_ERR_NOT_FOUND;
+    if (s == SD_ERR_NOT_FOUND) {
+        SD_ERROR("model: missing required key %s", key);
+        return SD_ERR_FORMAT;
+    }
+    if (s != SD_OK) {
+        SD_ERROR("model: key %s is not an unsigned integer", key);
+        return SD_ERR_FORMAT;
+    }
+    if (v == 0 || v > max) {
+        SD_ERROR("model: %s = %u is out of range (1..%u)", key, v, max);
+        return SD_ERR_FORMAT;
+    }
+    *out = (int32_t)v;
+    return SD_OK;
+}
+
+/* Optional positive finite float; returns SD_ERR_NOT_FOUND when absent. */
+static sd_status get_pos_f32(const sd_gguf *g, const char *key, float *out) {
+    float v;
+    sd_status s = sd_gguf_get_f32(g, key, &v);
+    if (s == SD_ERR_NOT_FOUND) return s;
+    if (s != SD_OK || !isfinite(v) || v <= 0.0f) {
+        SD_ERROR("model: key %s must be a positive finite float", key);
+        return SD_ERR_FORMAT;
+    }
+    *out = v;
+    return SD_OK;
+}
+
+static bool str_eq(sd_gguf_str s, const char *lit) {
+    size_t n = strlen(lit);
+    return s.len == n && memcmp(s.ptr, lit, n) == 0;
+}
+
+/* Checks that tensor name exists with exactly the dims given (n_dims of
+ * them; trailing ne of 1 are tolerated) and a supported type. */
+static sd_status check_tensor(const sd_gguf *g, const char *name, uint32_t n_dims, uint64_t ne0, uint64_t ne1) {
+    const sd_gguf_tensor *t = sd_gguf_find_tensor(g, name);
+    if (!t) {
+        SD_ERROR("model: tensor %s is missing", name);
+        return SD_ERR_FORMAT;
+    }
+    uint64_t want[SD_GGUF_MAX_DIMS] = {ne0, n_dims > 1 ? ne1 : 1, 1, 1};
+    bool ok = t->n_dims >= 1 && t->n_dims <= SD_GGUF_MAX_DIMS;
+    for (uint32_t d = 0; ok && d < t->n_dims; d++) ok = t->ne[d] == want[d];
+    for (uint32_t d = t->n_dims; ok && d < n_dims; d++) ok = want[d] == 1;
+    if (!ok) {
+        char got[96] = "";
+        size_t len = 0;
+        for (uint32_t d = 0; d < t->n_dims && d < SD_GGUF_MAX_DIMS && len < sizeof got; d++)
+            len += (size_t)snprintf(got + len, sizeof got - len, "%s%llu", d ? ", " : "",
+                                    (unsigned long long)t->ne[d]);
+        if (n_dims == 1)
+            SD_ERROR("model: tensor %s has shape [%s], expected [%llu]", name, got, (unsigned long long)ne0);
+        else
+            SD_ERROR("model: tensor %s has shape [%s], expected [%llu, %llu]", name, got,
+                     (unsigned long long)ne0, (unsigned long long)ne1);
+        return SD_ERR_FORMAT;
+    }
+    size_t be, bb;
+    if (!sd_dtype_block(t->type, &be, &bb)) {
+        SD_ERROR("model: tensor %s has unsupported type %d", name, (int)t->type);
+        return SD_ERR_UNSUPPORTED;
+    }
+    return SD_OK;
+}
+
+static sd_status check_all_tensors(const sd_gguf *g, const sd_model_config *c) {
+    uint64_t e = (uint64_t)c->n_embd, v = (uint64_t)c->n_vocab, f = (uint64_t)c->n_ff;
+    uint64_t qd = (uint64_t)c->n_heads * (uint64_t)c->head_dim, kd = (uint64_t)c->n_kv_heads * (uint64_t)c->head_dim;
+    SD_TRY(check_tensor(g, "token_embd.weight", 2, e, v));
+    SD_TRY(check_tensor(g, "output_norm.weight", 1, e, 0));
+    if (!c->tied_output) SD_TRY(check_tensor(g, "output.weight", 2, e, v));
+    char name[96];
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        struct {
+            const char *suffix;
+            uint32_t n_dims;
+            uint64_t ne0, ne1;
+        } const want[] = {
+            {"attn_norm", 1, e, 0}, {"attn_q", 2, e, qd},  {"attn_k", 2, e, kd},   {"attn_v", 2, e, kd},
+            {"attn_output", 2, qd, e}, {"ffn_norm", 1, e, 0}, {"ffn_gate", 2, e, f}, {"ffn_up", 2, e, f},
+            {"ffn_down", 2, f, e},
+        };
+        for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+            snprintf(name, sizeof name, "blk.%d.%s.weight", (int)l, want[i].suffix);
+            SD_TRY(check_tensor(g, name, want[i].n_dims, want[i].ne0, want[i].ne1));
+        }
+    }
+    const sd_gguf_tensor *rf = sd_gguf_find_tensor(g, "rope_freqs.weight");
+    if (rf) SD_TRY(check_tensor(g, "rope_freqs.weight", 1, (uint64_t)c->head_dim / 2, 0));
+    return SD_OK;
+}
+
+static sd_status read_rope_scaling(const sd_gguf *g, sd_model_config *c) {
+    c->rope_scaling_type = 0;
+    c->rope_scale_factor = 1.0f;
+    c->rope_low_freq_factor = 1.0f;
+    c->rope_high_freq_factor = 4.0f;
+    c->rope_orig_ctx = 8192;
+    sd_gguf_str type;
+    sd_status s = sd_gguf_get_str(g, "llama.rope.scaling.type", &type);
+    if (s == SD_ERR_NOT_FOUND) {
+        /* older files: llama.rope.scale_linear */
+        float f;
+        s = get_pos_f32(g, "llama.rope.scale_linear", &f);
+        if (s == SD_ERR_NOT_FOUND) return SD_OK;
+        SD_TRY(s);
+        if (f != 1.0f) {
+            c->rope_scaling_type = 1;
+            c->rope_scale_factor = f;
+        }
+        return SD_OK;
+    }
+    if (s != SD_OK) {
+        SD_ERROR("model: llama.rope.scaling.type is not a string");
+        return SD_ERR_FORMAT;
+    }
+    if (str_eq(type, "none")) return SD_OK;
+    if (str_eq(type, "linear"))
+        c->rope_scaling_type = 1;
+    else if (str_eq(type, "llama3"))
+        c->rope_scaling_type = 2;
+    else {
+        SD_ERROR("model: rope scaling type '%.*s' is not supported (none, linear, llama3)",
+                 (int)(type.len > 32 ? 32 : type.len), type.ptr);
+        return SD_ERR_UNSUPPORTED;
+    }
+    s = get_pos_f32(g, "llama.rope.scaling.factor", &c->rope_scale_factor);
+    if (s == SD_ERR_NOT_FOUND) {
+        SD_ERROR("model: rope scaling '%.*s' without llama.rope.scaling.factor", (int)type.len, type.ptr);
+        return SD_ERR_FORMAT;
+    }
+    SD_TRY(s);
+    if (c->rope_scaling_type == 2) {
+        s = get_pos_f32(g, "llama.rope.scaling.low_freq_factor", &c->rope_low_freq_factor);
+        if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
+        s = get_pos_f32(g, "llama.rope.scaling.high_freq_factor", &c->rope_high_freq_factor);
+        if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
+        s = get_pos_u32(g, "llama.rope.scaling.original_context_length", false, 1u << 30, &c->rope_orig_ctx);
+        if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
+        if (!(c->rope_high_freq_factor > c->rope_low_freq_factor)) {
+            SD_ERROR("model: llama3 rope scaling needs high_freq_factor (%g) > low_freq_factor (%g)",
+                     (double)c->rope_high_freq_factor, (double)c->rope_low_freq_factor);
+            return SD_ERR_FORMAT;
+        }
+    }
+    return SD_OK;
+}
+
+sd_status sd_model_config_from_gguf(const sd_gguf *g, sd_model_config *cfg) {
+    if (!g || !cfg) return SD_ERR_INVALID_ARG;
+    sd_model_config c;
+    memset(&c, 0, sizeof c);
+
+    sd_gguf_str arch;
+    if (sd_gguf_get_str(g, "general.architecture", &arch) != SD_OK) {
+        SD_ERROR("model: general.architecture is missing or not a string");
+        return SD_ERR_FORMAT;
+    }
+    if (!str_eq(arch, "llama")) {
+        SD_ERROR("model: architecture '%.*s' is not supported (only llama)", (int)(arch.len > 64 ? 64 : arch.len),
+                 arch.ptr);
+        return SD_ERR_UNSUPPORTED;
+    }
+    snprintf(c.arch, sizeof c.arch, "llama");
+
+    SD_TRY(get_pos_u32(g, "llama.context_length", true, 1u << 30, &c.n_ctx_train));
+    SD_TRY(get_pos_u32(g, "llama.embedding_length", true, SD_MODEL_MAX_EMBD, &c.n_embd));
+    SD_TRY(get_pos_u32(g, "llama.block_count", true, SD_MODEL_MAX_LAYERS, &c.n_layers));
+    SD_TRY(get_pos_u32(g, "llama.feed_forward_length", true, SD_MODEL_MAX_FF, &c.n_ff));
+    SD_TRY(get_pos_u32(g, "llama.attention.head_count", true, SD_MODEL_MAX_HEADS, &c.n_heads));
+    sd_status s = get_pos_u32(g, "llama.attention.head_count_kv", false, SD_MODEL_MAX_HEADS, &c.n_kv_heads);
+    if (s == SD_ERR_NOT_FOUND)
+        c.n_kv_heads = c.n_heads;
+    else
+        SD_TRY(s);
+    if (c.n_heads % c.n_kv_heads != 0) {
+        SD_ERROR("model: head_count %d is not a multiple of head_count_kv %d", (int)c.n_heads, (int)c.n_kv_heads);
+        return SD_ERR_FORMAT;
+    }
+    s = get_pos_u32(g, "llama.rope.dimension_count", false, SD_MODEL_MAX_HEAD_DIM, &c.head_dim);
+    if (s == SD_ERR_NOT_FOUND)
+        c.head_dim = c.n_embd / c.n_heads;
+    else
+        SD_TRY(s);
+    if (c.head_dim <= 0 || c.n_heads * c.head_dim != c.n_embd) {
+        SD_ERROR("model: embedding_length %d != head_count %d * head_dim %d (partial rotary or odd head sizes "
+                 "are not supported)",
+                 (int)c.n_embd, (int)c.n_heads, (int)c.head_dim);
+        return SD_ERR_UNSUPPORTED;
+    }
+    if (c.head_dim % 2 != 0 || c.head_dim > SD_MODEL_MAX_HEAD_DIM) {
+        SD_ERROR("model: head_dim %d must be even and <= %d", (int)c.head_dim, SD_MODEL_MAX_HEAD_DIM);
+        return SD_ERR_FORMAT;
+    }
+    s = get_pos_f32(g, "llama.attention.layer_norm_rms_epsilon", &c.rms_eps);
+    if (s == SD_ERR_NOT_FOUND) {
+        SD_ERROR("model: missing required key llama.attention.layer_norm_rms_epsilon");
+        return SD_ERR_FORMAT;
+    }
+    SD_TRY(s);
+    if (c.rms_eps >= 1.0f) {
+        SD_ERROR("model: rms epsilon %g is not plausible", (double)c.rms_eps);
+        return SD_ERR_FORMAT;
+    }
+    c.rope_base = 10000.0f;
+    s = get_pos_f32(g, "llama.rope.freq_base", &c.rope_base);
+    if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
+    SD_TRY(read_rope_scaling(g, &c));
+
+    /* vocabulary: llama.vocab_size, else the tokenizer's list, else token_embd */
+    const sd_gguf_tensor *embd = sd_gguf_find_tensor(g, "token_embd.weight");
+    s = get_pos_u32(g, "llama.vocab_size", false, SD_MODEL_MAX_VOCAB, &c.n_vocab);
+    if (s == SD_ERR_NOT_FOUND) {
+        sd_gguf_type et;
+        uint64_t len;
+        if (sd_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &len) == SD_OK) {
+            if (len == 0 || len > SD_MODEL_MAX_VOCAB) {
+                SD_ERROR("model: tokenizer.ggml.tokens has %llu entries", (unsigned long long)len);
+                return SD_ERR_FORMAT;
+            }
+            c.n_vocab = (int32_t)len;
+        } else if (embd && embd->n_dims == 2 && embd->ne[1] > 0 && embd->ne[1] <= SD_MODEL_MAX_VOCAB) {
+            c.n_vocab = (int32_t)embd->ne[1];
+        } else {
+            SD_ERROR("model: cannot determine the vocabulary size");
+            return SD_ERR_FORMAT;
+        }
+    } else {
+        SD_TRY(s);
+    }
+    c.tied_output = sd_gguf_find_tensor(g, "output.weight") == NULL;
+    SD_TRY(check_all_tensors(g, &c));
+    *cfg = c;
+    return SD_OK;
+}
+

@@ -1,0 +1,86 @@
+/* model_impl.h — the model's internals, shared by model_load.c (loading,
+ * tensor-parallel sharding, views, KV pools) and model_forward.c (the ragged
+ * forward pass and the replay of plans on other ranks). Nothing outside
+ * those two files includes it. */
+#ifndef SPECD_MODEL_IMPL_H
+#define SPECD_MODEL_IMPL_H
+
+#include "specd/model.h"
+#include "backend_impl.h"
+
+/* Per rank (tp_size 1: the whole model): H, KV, F = this rank's heads, KV
+ * heads and MLP columns. */
+typedef struct layer_weights {
+    float *attn_norm; /* [n_embd] */
+    float *wq;        /* [H*head_dim][n_embd]   rows of this rank's heads */
+    float *wk;        /* [KV*head_dim][n_embd] */
+    float *wv;        /* [KV*head_dim][n_embd] */
+    float *wo;        /* [n_embd][H*head_dim]   columns of this rank's heads */
+    float *ffn_norm;  /* [n_embd] */
+    float *w_gate;    /* [F][n_embd] */
+    float *w_up;      /* [F][n_embd] */
+    float *w_down;    /* [n_embd][F]            columns of this rank's MLP slice */
+} layer_weights;
+
+/* Per-call activations, grown to the largest batch seen. */
+typedef struct activations {
+    int32_t cap_tokens;
+    float *x;    /* [n_tokens][n_embd] residual stream */
+    float *xb;   /* [n_tokens][n_embd] normed input / branch output */
+    float *q;    /* [n_tokens][n_heads*head_dim] */
+    float *k;    /* [n_tokens][n_kv_heads*head_dim] */
+    float *v;    /* [n_tokens][n_kv_heads*head_dim] */
+    float *att;  /* [n_tokens][n_heads*head_dim] */
+    float *gate; /* [n_tokens][n_ff] */
+    float *up;   /* [n_tokens][n_ff] */
+    float *logits; /* [n_tokens][n_vocab], only for backends without host memory (leader) */
+    float *head_part; /* [n_tokens][n_vocab_l] split LM head: this rank's logits columns */
+    float *head_all;  /* [tp][n_tokens][n_vocab_l] split LM head, leader: every rank's part */
+} activations;
+
+/* Host-side bookkeeping for one call, grown as needed. */
+typedef struct batch_plan {
+    int32_t cap_seqs;
+    int32_t *seq_start; /* [max_seqs] length at call start, -1 = not in batch */
+    int32_t *seq_next;  /* [max_seqs] next expected position */
+    int32_t *seq_bt;    /* [max_seqs] offset of the seq's table in bt */
+    int32_t *seq_order; /* [max_seqs] distinct seqs in order of first appearance */
+    int32_t cap_tokens;
+    int32_t *bt_off;    /* [n_tokens] */
+    int32_t *wanted;    /* [n_tokens] rows whose logits are wanted */
+    size_t cap_bt;
+    int32_t *bt;        /* flat block tables of the batch's sequences */
+    int32_t cap_head;
+    int32_t *head_ids;  /* [n_wanted * tp] row of head_all for each row of the logits viewed as [.][n_vocab_l] */
+} batch_plan;
+
+struct sd_model {
+    sd_model_config cfg;
+    sd_model_params params;
+    int32_t n_layers_used;
+    sd_backend_handle be;
+    float *tok_embd;    /* [n_vocab][n_embd] */
+    float *output_norm; /* [n_embd] */
+    float *output;      /* [n_vocab][n_embd]; == tok_embd when tied */
+    float *inv_freq;    /* [head_dim/2] rope frequencies, scaling applied */
+    layer_weights *layers; /* [n_layers_used] */
+    const sd_model *parent; /* non-NULL for a view: every weight above is borrowed from it */
+    bool host_verify;       /* SPECD_DEVICE_VERIFY=0: verification on the host even on a device */
+    uint64_t weight_bytes;
+    uint64_t resident_bytes;
+    activations act;
+    batch_plan plan;
+    /* tensor parallelism (see the file comment); tp_size 1: the whole model */
+    sd_model_shard shard;
+    bool output_borrowed;   /* output points into tok_embd (tied head, host memory) */
+    sd_coll *coll;          /* borrowed; NULL: no collectives */
+    bool coll_on_stream;    /* coll enqueues on the backend's stream: wait with sd_coll_wait */
+    sd_model_plan_fn plan_sink;
+    void *plan_user;
+    sd_model_tp_stats tp_stats;
+};
+
+/* Frees the activation buffers (they are grown again on the next forward). */
+void sd_model_free_activations(sd_model *m);
+
+#endif

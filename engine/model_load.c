@@ -1,0 +1,571 @@
+/* model_load.c — a Llama model: loading, tensor-parallel sharding, views,
+ * and the KV pools sized for it (the forward pass is model_forward.c).
+ *
+ * Weights are dequantized to f32 at load (the CPU backend streams them at
+ * memory bandwidth; quantized kernels would be a later, separate op).
+ *
+ * Tensor shapes follow llama.cpp's GGUF layout: a weight with ne = [n_in,
+ * n_out] is n_out rows of n_in floats.
+ *
+ * Tensor parallelism (tp_size > 1): a rank loads only its rectangle of each
+ * matrix (sd_weights_read), Megatron style: Q/K/V and gate/up by output rows
+ * (its heads, its MLP columns), the attention output and down projections by
+ * input columns, so each of those two produces a partial sum of the residual
+ * update, summed across ranks by one all-reduce (the collective sums in rank
+ * order: deterministic, and batch-invariant because every per-rank op is).
+ * KV heads are split with the query heads, or replicated when there are
+ * fewer KV heads than ranks. Norms and the embedding table are replicated
+ * (a lookup is a few rows; splitting it would cost one more all-reduce per
+ * step). The LM head is split by vocabulary rows and gathered to the leader
+ * (or kept whole on the leader): each logit is then computed by one rank
+ * exactly as without TP. The shapes below are per rank: H, KV and F are this
+ * rank's heads, KV heads and MLP columns. Rejected: splitting the residual
+ * stream (sequence parallelism), which needs reduce-scatter + all-gather
+ * pairs and pays only at prefill sizes we do not have on a verifier. */
+#include "model_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "specd/weights.h"
+
+sd_model_params sd_model_default_params(void) {
+    sd_model_params p = {.n_threads = 0, .n_layers_used = 0, .device = -1, .tp_rank = 0, .tp_size = 1,
+                         .tp_lm_head = SD_TP_LM_HEAD_SPLIT, .coll = NULL};
+    return p;
+}
+
+/* rope inverse frequencies [head_dim/2] with linear / llama3 scaling and
+ * optional per-frequency divisors (rope_freqs.weight), computed in double. */
+static void compute_inv_freq(const sd_model_config *c, const float *freq_factors, float *inv_freq) {
+    int32_t half = c->head_dim / 2;
+    for (int32_t i = 0; i < half; i++) {
+        double f = pow((double)c->rope_base, -2.0 * i / (double)c->head_dim);
+        if (c->rope_scaling_type == 1) {
+            f /= (double)c->rope_scale_factor;
+        } else if (c->rope_scaling_type == 2 && !freq_factors) {
+            /* Llama 3.1: long wavelengths slowed by factor, short kept,
+             * a smooth blend between */
+            const double pi = 3.14159265358979323846;
+            double wavelen = 2.0 * pi / f;
+            double lo_wavelen = (double)c->rope_orig_ctx / (double)c->rope_low_freq_factor;
+            double hi_wavelen = (double)c->rope_orig_ctx / (double)c->rope_high_freq_factor;
+            if (wavelen > lo_wavelen) {
+                f /= (double)c->rope_scale_factor;
+            } else if (wavelen >= hi_wavelen) {
+                double smooth = ((double)c->rope_orig_ctx / wavelen - (double)c->rope_low_freq_factor) /
+                                ((double)c->rope_high_freq_factor - (double)c->rope_low_freq_factor);
+                f = (1.0 - smooth) * f / (double)c->rope_scale_factor + smooth * f;
+            }
+        }
+        if (freq_factors) f /= (double)freq_factors[i];
+        inv_freq[i] = (float)f;
+    }
+}
+
+/* A rectangle of a 2-D weight [rows][cols]: what a tensor-parallel rank
+ * loads. */
+typedef struct slice {
+    int64_t row0, n_rows, col0, n_cols;
+} slice;
+
+/* Reads the rectangle r of tensor name, which must be [rows][cols] as a
+ * whole (1-D when rows == 0; r is then the whole vector), as f32 into a new
+ * backend buffer: only those bytes of the mapped file are touched. A matrix
+ * goes through the backend's weight_upload when it has one (its own matmul
+ * format); *out is then that opaque weight, which only matmul reads. */
+static sd_status load_slice(sd_model *m, const sd_weights *w, const char *name, int64_t rows, int64_t cols, slice r,
+                            bool matrix, float **out) {
+    sd_weights_tensor t;
+    if (!sd_weights_find(w, name, &t)) {
+        SD_ERROR("model: tensor %s is missing", name);
+        return SD_ERR_FORMAT;
+    }
+    int64_t want_rows = rows ? rows : 1;
+    if (t.ne[0] != cols || t.ne[1] != want_rows || (rows == 0) != (t.n_dims == 1)) {
+        SD_ERROR("model: tensor %s has shape [%lld][%lld], expected [%lld][%lld]", name, (long long)t.ne[1],
+                 (long long)t.ne[0], (long long)want_rows, (long long)cols);
+        return SD_ERR_FORMAT;
+    }
+    if (r.row0 < 0 || r.n_rows < 1 || r.row0 + r.n_rows > want_rows || r.col0 < 0 || r.n_cols < 1 ||
+        r.col0 + r.n_cols > cols) {
+        SD_ERROR("model: slice [%lld+%lld][%lld+%lld] of %s is outside its [%lld][%lld]", (long long)r.row0,
+                 (long long)r.n_rows, (long long)r.col0, (long long)r.n_cols, name, (long long)want_rows,
+                 (long long)cols);
+        return SD_ERR_INTERNAL;
+    }
+    size_t block_elems = 1, block_bytes = 0;
+    if (sd_dtype_block(t.type, &block_elems, &block_bytes) && block_elems > 1 &&
+        (r.col0 % (int64_t)block_elems || r.n_cols % (int64_t)block_elems)) {
+        SD_ERROR("model: %s is stored as %s, in blocks of %zu values per row; this rank's columns [%lld, %lld) "
+                 "do not start and end on a block, so it cannot be split over %d ranks (a tensor-parallel size whose "
+                 "slices are multiples of %zu columns would do)",
+                 name, sd_dtype_name(t.type), block_elems, (long long)r.col0, (long long)(r.col0 + r.n_cols),
+                 (int)m->shard.tp_size, block_elems);
+        return SD_ERR_INVALID_ARG;
+    }
+    size_t bytes;
+    if (!sd_mul_ok((size_t)r.n_rows, (size_t)r.n_cols, &bytes) || !sd_mul_ok(bytes, sizeof(float), &bytes))
+        return SD_ERR_NOMEM;
+    const sd_backend_ops *ops = m->be.ops;
+    bool convert = matrix && ops->weight_upload;
+    float *host = NULL, *buf = NULL;
+    if (ops->host_memory && !convert) {
+        buf = host = ops->buf_alloc(m->be.ctx, bytes);
+    } else {
+        host = malloc(bytes);
+    }
+    if (!host) {
+        SD_ERROR("model: cannot allocate %zu bytes for %s", bytes, name);
+        return SD_ERR_NOMEM;
+    }
+    sd_status s = sd_weights_read(w, name, r.row0, r.n_rows, r.col0, r.n_cols, host);
+    if (s != SD_OK) {
+        SD_ERROR("model: cannot read %s (%s, %s)", name, sd_dtype_name(t.type), sd_status_str(s));
+    } else if (convert) {
+        void *conv = NULL;
+        s = ops->weight_upload(m->be.ctx, host, (int32_t)r.n_rows, (int32_t)r.n_cols, &conv);
+        buf = conv;
+    } else if (!buf) {
+        buf = ops->buf_alloc(m->be.ctx, bytes);
+        s = buf ? ops->buf_upload(m->be.ctx, buf, host, bytes) : SD_ERR_NOMEM;
+    }
+    if (host != buf) free(host);
+    if (s != SD_OK) {
+        if (buf) (convert ? ops->weight_free : ops->buf_free)(m->be.ctx, buf);
+        if (s == SD_ERR_NOMEM) SD_ERROR("model: out of %s memory loading %s (%zu bytes as f32)", ops->name, name, bytes);
+        return s;
+    }
+    *out = buf;
+    /* what matmul streams: the backend's own format for converted matrices */
+    uint64_t held = convert ? bytes / sizeof(float) * (size_t)ops->weight_elem_bytes : bytes;
+    m->weight_bytes += held;
+    m->resident_bytes += held;
+    return SD_OK;
+}
+
+/* The whole tensor (replicated parts: norms, the embedding table). */
+static sd_status load_tensor(sd_model *m, const sd_weights *w, const char *name, int64_t rows, int64_t cols,
+                             bool matrix, float **out) {
+    slice all = {0, rows ? rows : 1, 0, cols};
+    return load_slice(m, w, name, rows, cols, all, matrix, out);
+}
+
+/* Frees one weight loaded by load_tensor. */
+static void free_tensor(sd_model *m, float *buf, bool matrix) {
+    if (!buf) return;
+    if (matrix && m->be.ops->weight_upload)
+        m->be.ops->weight_free(m->be.ctx, buf);
+    else
+        m->be.ops->buf_free(m->be.ctx, buf);
+}
+
+/* This rank's shard of the config (docs/DESIGN.md, "Tensor parallelism"):
+ * refuses a TP size that does not divide what must be split, with a line
+ * that says which. */
+static sd_status plan_shard(sd_model *m) {
+    const sd_model_config *c = &m->cfg;
+    const sd_model_params *p = &m->params;
+    int32_t tp = p->tp_size, r = p->tp_rank;
+    if (tp < 1 || tp > 1024 || r < 0 || r >= tp) {
+        SD_ERROR("model: tensor-parallel rank %d of %d: need 1 <= tp_size <= 1024 and 0 <= rank < tp_size", (int)r,
+                 (int)tp);
+        return SD_ERR_INVALID_ARG;
+    }
+    if (p->tp_lm_head != SD_TP_LM_HEAD_SPLIT && p->tp_lm_head != SD_TP_LM_HEAD_LEADER) {
+        SD_ERROR("model: unknown LM head mode %d", (int)p->tp_lm_head);
+        return SD_ERR_INVALID_ARG;
+    }
+    if (c->n_heads % tp != 0) {
+        SD_ERROR("model: a tensor-parallel size of %d does not divide the model's %d attention heads; use a "
+                 "divisor of %d",
+                 (int)tp, (int)c->n_heads, (int)c->n_heads);
+        return SD_ERR_INVALID_ARG;
+    }
+    if (c->n_kv_heads % tp != 0 && tp % c->n_kv_heads != 0) {
+        SD_ERROR("model: a tensor-parallel size of %d neither divides the model's %d KV heads nor is a multiple "
+                 "of them (then each rank would hold a KV head, replicated); use a divisor of %d or a multiple "
+                 "of %d that divides %d",
+                 (int)tp, (int)c->n_kv_heads, (int)c->n_kv_heads, (int)c->n_kv_heads, (int)c->n_heads);
+        return SD_ERR_INVALID_ARG;
+    }
+    if (c->n_ff % tp != 0) {
+        SD_ERROR("model: a tensor-parallel size of %d does not divide the MLP width %d", (int)tp, (int)c->n_ff);
+        return SD_ERR_INVALID_ARG;
+    }
+    sd_model_shard *sh = &m->shard;
+    memset(sh, 0, sizeof *sh);
+    sh->tp_rank = r;
+    sh->tp_size = tp;
+    sh->n_heads = c->n_heads / tp;
+    sh->head0 = r * sh->n_heads;
+    /* query head h reads KV head h / (n_heads / n_kv_heads) */
+    int32_t group = c->n_heads / c->n_kv_heads;
+    sh->n_kv_heads = c->n_kv_heads >= tp ? c->n_kv_heads / tp : 1;
+    sh->kv_head0 = sh->head0 / group;
+    sh->n_ff = c->n_ff / tp;
+    sh->ff0 = r * sh->n_ff;
+    sh->lm_head = p->tp_lm_head;
+    if (tp > 1 && sh->lm_head == SD_TP_LM_HEAD_SPLIT && c->n_vocab % tp != 0) {
+        SD_INFO("model: the vocabulary (%d) is not a multiple of the tensor-parallel size %d: the LM head stays "
+                "whole on the leader",
+                (int)c->n_vocab, (int)tp);
+        sh->lm_head = SD_TP_LM_HEAD_LEADER;
+    }
+    if (sh->lm_head == SD_TP_LM_HEAD_SPLIT) {
+        sh->n_vocab = c->n_vocab / tp;
+        sh->vocab0 = r * sh->n_vocab;
+    } else {
+        sh->n_vocab = r == 0 ? c->n_vocab : 0;
+        sh->vocab0 = 0;
+    }
+    return SD_OK;
+}
+
+static sd_status load_weights(sd_model *m, const sd_weights *w) {
+    const sd_model_config *c = &m->cfg;
+    const sd_model_shard *sh = &m->shard;
+    int64_t E = c->n_embd, V = c->n_vocab, F = c->n_ff, D = c->head_dim;
+    int64_t QD = (int64_t)c->n_heads * D, KD = (int64_t)c->n_kv_heads * D;
+    SD_TRY(load_tensor(m, w, "token_embd.weight", V, E, false, &m->tok_embd));
+    /* a step reads one row of the table per token: it is not streamed
+     * (unless it is also the LM head, counted again just below) */
+    m->weight_bytes -= (uint64_t)V * (uint64_t)E * sizeof(float);
+    SD_TRY(load_tensor(m, w, "output_norm.weight", 0, E, false, &m->output_norm));
+    /* this rank's LM head rows. Tied: they are rows of the embedding table,
+     * unless the backend keeps matrices in a format of its own (then it gets
+     * its own copy) */
+    if (sh->n_vocab > 0 && c->tied_output && !m->be.ops->weight_upload) {
+        m->output = m->tok_embd + (size_t)sh->vocab0 * (size_t)E;
+        m->output_borrowed = true;
+        m->weight_bytes += (uint64_t)sh->n_vocab * (uint64_t)E * sizeof(float);
+    } else if (sh->n_vocab > 0) {
+        slice head = {sh->vocab0, sh->n_vocab, 0, E};
+        SD_TRY(load_slice(m, w, c->tied_output ? "token_embd.weight" : "output.weight", V, E, head, true,
+                          &m->output));
+    }
+    const slice q = {(int64_t)sh->head0 * D, (int64_t)sh->n_heads * D, 0, E};
+    const slice kv = {(int64_t)sh->kv_head0 * D, (int64_t)sh->n_kv_heads * D, 0, E};
+    const slice o = {0, E, (int64_t)sh->head0 * D, (int64_t)sh->n_heads * D};
+    const slice up = {sh->ff0, sh->n_ff, 0, E};
+    const slice down = {0, E, sh->ff0, sh->n_ff};
+    const slice norm = {0, 1, 0, E};
+    char name[96];
+    for (int32_t l = 0; l < m->n_layers_used; l++) {
+        layer_weights *L = &m->layers[l];
+        struct {
+            const char *suffix;
+            int64_t rows, cols;
+            slice part;
+            float **dst;
+        } const parts[] = {
+            {"attn_norm", 0, E, norm, &L->attn_norm}, {"attn_q", QD, E, q, &L->wq},
+            {"attn_k", KD, E, kv, &L->wk},            {"attn_v", KD, E, kv, &L->wv},
+            {"attn_output", E, QD, o, &L->wo},        {"ffn_norm", 0, E, norm, &L->ffn_norm},
+            {"ffn_gate", F, E, up, &L->w_gate},       {"ffn_up", F, E, up, &L->w_up},
+            {"ffn_down", E, F, down, &L->w_down},
+        };
+        for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+            snprintf(name, sizeof name, "blk.%d.%s.weight", (int)l, parts[i].suffix);
+            SD_TRY(load_slice(m, w, name, parts[i].rows, parts[i].cols, parts[i].part, parts[i].rows != 0,
+                              parts[i].dst));
+        }
+    }
+    /* rope frequencies (small: computed on the host, then uploaded) */
+    float freq_host[SD_MODEL_MAX_HEAD_DIM / 2];
+    float factors[SD_MODEL_MAX_HEAD_DIM / 2];
+    sd_weights_tensor rf;
+    bool has_rf = sd_weights_find(w, "rope_freqs.weight", &rf);
+    if (has_rf) {
+        if (rf.n_dims != 1 || rf.ne[0] != c->head_dim / 2) {
+            SD_ERROR("model: rope_freqs.weight has %lld elements, expected %d", (long long)rf.ne[0],
+                     (int)(c->head_dim / 2));
+            return SD_ERR_FORMAT;
+        }
+        SD_TRY(sd_weights_read(w, "rope_freqs.weight", 0, 1, 0, c->head_dim / 2, factors));
+    }
+    compute_inv_freq(c, has_rf ? factors : NULL, freq_host);
+    size_t bytes = (size_t)(c->head_dim / 2) * sizeof(float);
+    m->inv_freq = m->be.ops->buf_alloc(m->be.ctx, bytes);
+    if (!m->inv_freq) return SD_ERR_NOMEM;
+    return m->be.ops->buf_upload(m->be.ctx, m->inv_freq, freq_host, bytes);
+}
+
+sd_status sd_model_load(const sd_gguf *g, const sd_model_params *p, sd_model **out) {
+    if (!g || !out) return SD_ERR_INVALID_ARG;
+    *out = NULL;
+    sd_weights *w = NULL;
+    SD_TRY(sd_weights_from_gguf(g, &w));
+    sd_status s = sd_model_load_weights(w, p, out);
+    sd_weights_close(&w);
+    return s;
+}
+
+/* Refuses a load that cannot fit in the backend's memory, with the numbers,
+ * before any of it is read (the backends that report their memory). */
+static sd_status check_memory(sd_model *m) {
+    const sd_backend_ops *ops = m->be.ops;
+    size_t free_b = 0, total_b = 0;
+    if (!ops->mem_info || ops->mem_info(m->be.ctx, &free_b, &total_b) != SD_OK) return SD_OK;
+    const sd_model_config *c = &m->cfg;
+    const sd_model_shard *sh = &m->shard;
+    double E = c->n_embd, V = c->n_vocab, F = sh->n_ff, QD = (double)sh->n_heads * c->head_dim;
+    double KD = (double)sh->n_kv_heads * c->head_dim, mat = ops->weight_elem_bytes;
+    double per_layer = (2 * E * QD + 2 * E * KD + 3 * E * F) * mat + 2 * E * 4;
+    double need = E * V * 4 /* embedding table */ + E * sh->n_vocab * mat /* LM head rows */ + E * 4 +
+                  (double)m->n_layers_used * per_layer;
+    if (need > (double)free_b) {
+        SD_ERROR("model: the weights need %.2f GiB of %s memory (%d layers, %s matrices%s), but only %.2f GiB of "
+                 "%.2f GiB are free",
+                 need / 1073741824.0, ops->name, (int)m->n_layers_used, mat == 2 ? "BF16" : "f32",
+                 sh->tp_size > 1 ? ", this rank's shard" : "", (double)free_b / 1073741824.0,
+                 (double)total_b / 1073741824.0);
+        return SD_ERR_NOMEM;
+    }
+    return SD_OK;
+}
+
+sd_status sd_model_load_weights(const sd_weights *w, const sd_model_params *p, sd_model **out) {
+    if (!w || !out) return SD_ERR_INVALID_ARG;
+    *out = NULL;
+    sd_model_params params = p ? *p : sd_model_default_params();
+    if (params.n_threads < 0 || params.n_layers_used < 0) {
+        SD_ERROR("model: n_threads (%d) and n_layers_used (%d) must be >= 0", (int)params.n_threads,
+                 (int)params.n_layers_used);
+        return SD_ERR_INVALID_ARG;
+    }
+    sd_model *m = calloc(1, sizeof *m);
+    if (!m) return SD_ERR_NOMEM;
+    m->params = params;
+    sd_status s = sd_weights_config(w, &m->cfg);
+    if (s == SD_OK && params.n_layers_used > m->cfg.n_layers) {
+        SD_ERROR("model: n_layers_used %d > block_count %d", (int)params.n_layers_used, (int)m->cfg.n_layers);
+        s = SD_ERR_INVALID_ARG;
+    }
+    if (s == SD_OK) s = plan_shard(m);
+    if (s == SD_OK) {
+        m->n_layers_used = params.n_layers_used ? params.n_layers_used : m->cfg.n_layers;
+        m->layers = calloc((size_t)m->n_layers_used, sizeof *m->layers);
+        s = m->layers ? sd_backend_create(params.device, params.n_threads, &m->be) : SD_ERR_NOMEM;
+    }
+    const char *dv = getenv("SPECD_DEVICE_VERIFY");
+    m->host_verify = dv && strcmp(dv, "0") == 0;
+    if (s == SD_OK) s = check_memory(m);
+    if (s == SD_OK) s = load_weights(m, w);
+    if (s == SD_OK && params.coll) s = sd_model_set_coll(m, params.coll);
+    if (s != SD_OK) {
+        sd_model_free(&m);
+        return s;
+    }
+    SD_INFO("model: llama, %d/%d layers, n_embd %d, n_ff %d, heads %d/%d, head_dim %d, vocab %d, %.1f MB of "
+            "weights streamed per step (%s matrices), backend %s",
+            (int)m->n_layers_used, (int)m->cfg.n_layers, (int)m->cfg.n_embd, (int)m->cfg.n_ff,
+            (int)m->cfg.n_heads, (int)m->cfg.n_kv_heads, (int)m->cfg.head_dim, (int)m->cfg.n_vocab,
+            (double)m->weight_bytes / 1e6, m->be.ops->weight_elem_bytes == 2 ? "BF16" : "f32", m->be.ops->name);
+    if (m->shard.tp_size > 1)
+        SD_INFO("model: tensor-parallel rank %d of %d: heads %d..%d, KV heads %d..%d, MLP columns %d..%d, LM head "
+                "%s; %.1f MB of weights held",
+                (int)m->shard.tp_rank, (int)m->shard.tp_size, (int)m->shard.head0,
+                (int)(m->shard.head0 + m->shard.n_heads - 1), (int)m->shard.kv_head0,
+                (int)(m->shard.kv_head0 + m->shard.n_kv_heads - 1), (int)m->shard.ff0,
+                (int)(m->shard.ff0 + m->shard.n_ff - 1),
+                m->shard.n_vocab == 0                        ? "none (on the leader)"
+                : m->shard.lm_head == SD_TP_LM_HEAD_LEADER ? "whole (leader)"
+                                                             : "split by vocabulary",
+                (double)m->resident_bytes / 1e6);
+    *out = m;
+    return SD_OK;
+}
+
+
+void sd_model_free(sd_model **pm) {
+    if (!pm || !*pm) return;
+    sd_model *m = *pm;
+    if (m->be.ops && m->parent) {
+        sd_model_free_activations(m); /* a view owns its activations and backend, not the weights */
+        m->be.ops->destroy(&m->be.ctx);
+    } else if (m->be.ops) {
+        const sd_backend_ops *ops = m->be.ops;
+        sd_model_free_activations(m);
+        if (!m->output_borrowed) free_tensor(m, m->output, true);
+        if (m->tok_embd) ops->buf_free(m->be.ctx, m->tok_embd);
+        if (m->output_norm) ops->buf_free(m->be.ctx, m->output_norm);
+        if (m->inv_freq) ops->buf_free(m->be.ctx, m->inv_freq);
+        for (int32_t l = 0; m->layers && l < m->n_layers_used; l++) {
+            layer_weights *L = &m->layers[l];
+            float *w[] = {L->attn_norm, L->wq, L->wk, L->wv, L->wo, L->ffn_norm, L->w_gate, L->w_up, L->w_down};
+            for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+                free_tensor(m, w[i], i != 0 && i != 5); /* the norms are vectors */
+        }
+        ops->destroy(&m->be.ctx);
+    }
+    if (!m->parent) free(m->layers);
+    batch_plan *pl = &m->plan;
+    free(pl->seq_start);
+    free(pl->seq_next);
+    free(pl->seq_bt);
+    free(pl->seq_order);
+    free(pl->bt_off);
+    free(pl->wanted);
+    free(pl->bt);
+    free(pl->head_ids);
+    free(m);
+    *pm = NULL;
+}
+
+/* A view shares the parent's weight buffers (and its layer table, whose
+ * first n_layers entries it reads) and gets its own backend instance, so its
+ * activations, batch plan and worker threads are its own and it can run
+ * while the parent is idle or busy on another thread. Only backends whose
+ * buffers are host memory can lend them to a second backend instance. */
+sd_status sd_model_view_layers(const sd_model *m, int32_t n_layers, sd_model **out) {
+    if (!m || !out || n_layers <= 0 || n_layers > m->n_layers_used) {
+        SD_ERROR("model: a view needs a model, an output and 1 <= n_layers <= %d (got %d)",
+                 m ? (int)m->n_layers_used : 0, (int)n_layers);
+        return SD_ERR_INVALID_ARG;
+    }
+    *out = NULL;
+    if (m->shard.tp_size > 1 || m->coll) {
+        SD_ERROR("model: a tensor-parallel shard cannot lend its layers to a view (its forward needs the group)");
+        return SD_ERR_UNSUPPORTED;
+    }
+    if (!m->be.ops->host_memory && m->params.device < 0) {
+        SD_ERROR("model: backend %s cannot share weights with a view", m->be.ops->name);
+        return SD_ERR_UNSUPPORTED;
+    }
+    sd_model *v = calloc(1, sizeof *v);
+    if (!v) return SD_ERR_NOMEM;
+    v->cfg = m->cfg;
+    v->params = m->params;
+    v->params.n_layers_used = n_layers;
+    v->n_layers_used = n_layers;
+    v->parent = m;
+    v->host_verify = m->host_verify;
+    v->tok_embd = m->tok_embd;
+    v->output_norm = m->output_norm;
+    v->output = m->output;
+    v->inv_freq = m->inv_freq;
+    v->layers = m->layers;
+    v->shard = m->shard;
+    v->output_borrowed = true;
+    const sd_model_config *c = &m->cfg;
+    uint64_t E = (uint64_t)c->n_embd, QD = (uint64_t)c->n_heads * (uint64_t)c->head_dim;
+    uint64_t KD = (uint64_t)c->n_kv_heads * (uint64_t)c->head_dim, F = (uint64_t)c->n_ff;
+    /* what a step streams, as load counts it: matrices in the backend's
+     * format, norms in f32, the LM head but not the embedding table */
+    uint64_t mat = (uint64_t)m->be.ops->weight_elem_bytes;
+    uint64_t per_layer = (2 * E * QD + 2 * E * KD + 3 * E * F) * mat + 2 * E * sizeof(float);
+    uint64_t head = E * (uint64_t)c->n_vocab * mat + E * sizeof(float);
+    v->weight_bytes = head + (uint64_t)n_layers * per_layer;
+    /* a backend instance of its own on the same device: device buffers are
+     * shared by every stream of the process */
+    sd_status s = sd_backend_create(m->params.device, m->params.n_threads, &v->be);
+    if (s != SD_OK) {
+        free(v);
+        return s;
+    }
+    *out = v;
+    return SD_OK;
+}
+
+const sd_model_config *sd_model_config_of(const sd_model *m) { return m ? &m->cfg : NULL; }
+
+uint64_t sd_model_weight_bytes(const sd_model *m) { return m ? m->weight_bytes : 0; }
+
+uint64_t sd_model_resident_bytes(const sd_model *m) { return m ? m->resident_bytes : 0; }
+
+void sd_model_shard_of(const sd_model *m, sd_model_shard *out) {
+    if (!out) return;
+    if (m)
+        *out = m->shard;
+    else
+        memset(out, 0, sizeof *out);
+}
+
+sd_status sd_model_set_coll(sd_model *m, sd_coll *coll) {
+    if (!m) return SD_ERR_INVALID_ARG;
+    bool on_stream = false;
+    if (coll) {
+        bool shm = strcmp(sd_coll_kind(coll), "shm") == 0;
+        if (sd_coll_size(coll) != m->shard.tp_size || sd_coll_rank(coll) != m->shard.tp_rank) {
+            SD_ERROR("model: loaded as rank %d of %d, but the group says rank %d of %d", (int)m->shard.tp_rank,
+                     (int)m->shard.tp_size, (int)sd_coll_rank(coll), (int)sd_coll_size(coll));
+            return SD_ERR_INVALID_ARG;
+        }
+        if (shm != m->be.ops->host_memory) {
+            SD_ERROR("model: %s collectives cannot work on %s buffers (shm is for the CPU, nccl for CUDA)",
+                     sd_coll_kind(coll), m->be.ops->name);
+            return SD_ERR_INVALID_ARG;
+        }
+        /* NCCL joins the backend's one stream: collectives are ordered after
+         * the ops before them with no host wait. (The old group is not
+         * touched: the caller may have closed it already.) */
+        if (!shm) {
+            if (!m->be.ops->stream) {
+                SD_ERROR("model: backend %s has no stream for NCCL collectives", m->be.ops->name);
+                return SD_ERR_INVALID_ARG;
+            }
+            SD_TRY(sd_coll_use_stream(coll, m->be.ops->stream(m->be.ctx)));
+            on_stream = true;
+        }
+    }
+    if (m->be.ops->graph_reset) m->be.ops->graph_reset(m->be.ctx); /* recordings made without collectives */
+    m->coll = coll;
+    m->coll_on_stream = on_stream;
+    return SD_OK;
+}
+
+void sd_model_tp_stats_get(sd_model *m, sd_model_tp_stats *out, bool reset) {
+    if (!m) return;
+    if (out) *out = m->tp_stats;
+    if (reset) memset(&m->tp_stats, 0, sizeof m->tp_stats);
+}
+
+void sd_model_set_plan_sink(sd_model *m, sd_model_plan_fn fn, void *user) {
+    if (!m) return;
+    m->plan_sink = fn;
+    m->plan_user = user;
+}
+
+/* A device-resident cache's pools come from the model's backend. */
+static void *kv_pool_alloc(void *ctx, size_t bytes) {
+    const sd_backend_handle *be = ctx;
+    return be->ops->buf_alloc(be->ctx, bytes);
+}
+
+static void kv_pool_free(void *ctx, void *pool) {
+    const sd_backend_handle *be = ctx;
+    be->ops->buf_free(be->ctx, pool);
+}
+
+sd_status sd_model_kv_create(const sd_model *m, int32_t max_seqs, int32_t n_blocks, int32_t block_size,
+                             sd_kv **out) {
+    if (!m || !out) return SD_ERR_INVALID_ARG;
+    sd_kv_params p = sd_kv_default_params();
+    p.n_layers = m->n_layers_used;
+    p.n_kv_heads = m->shard.n_kv_heads; /* this rank's heads only */
+    p.head_dim = m->cfg.head_dim;
+    if (block_size) p.block_size = block_size;
+    p.n_blocks = n_blocks;
+    p.max_seqs = max_seqs;
+    const sd_backend_ops *ops = m->be.ops;
+    if (!ops->host_memory) {
+        p.pool_alloc = kv_pool_alloc;
+        p.pool_free = kv_pool_free;
+        p.pool_ctx = (void *)&m->be;
+        size_t free_b = 0, total_b = 0;
+        double need = 2.0 * p.n_layers * (double)n_blocks * (double)p.block_size * p.n_kv_heads * p.head_dim * 4;
+        if (n_blocks > 0 && ops->mem_info && ops->mem_info(m->be.ctx, &free_b, &total_b) == SD_OK &&
+            need > (double)free_b) {
+            SD_ERROR("model: a KV cache of %d blocks x %d tokens needs %.2f GiB of %s memory, but only %.2f GiB of "
+                     "%.2f GiB are free (fewer blocks or sequences would fit)",
+                     (int)n_blocks, (int)p.block_size, need / 1073741824.0, ops->name,
+                     (double)free_b / 1073741824.0, (double)total_b / 1073741824.0);
+            return SD_ERR_NOMEM;
+        }
+    }
+    return sd_kv_create(&p, out);
+}
+
