@@ -5,6 +5,8 @@
              head, GQA and MHA; ragged multi-sequence batches, one of them
              also cut into chunks (attention over K/V from earlier calls).
              Two more f32 models rewritten with llama3 and linear rope scaling.
+             An f32 model rewritten by specd-quantize as f16, bf16, q8_0,
+             q4_0 and q4_1 (tensor types checked with gguf's reader).
   --smollm2  SmolLM2-135M-Instruct (Q4_1): the golden chat prompt plus three
              shorter prompts as one ragged batch, ~50 tokens.
 
@@ -229,6 +231,7 @@ def run_random():
             if i in (0, 5):
                 got = engine_logits(path, seqs, tmp, ref.n_vocab, chunk=5, threads=1)
                 all_ok &= compare(f"{label} lens {lens} chunks of 5", got, want, seqs, jit)
+        all_ok &= check_quantizer(tmp, rng)
         base = os.path.join(tmp, "rope.gguf")
         r = subprocess.run([mk, "-o", base, "--vocab", "300", "--seed", "7", "--dtype", "f32", "--dim", "64",
                             "--heads", "4", "--kv-heads", "2", "--ff", "128"], capture_output=True, text=True)
@@ -243,6 +246,39 @@ def run_random():
             got = engine_logits(path, seqs, tmp, ref.n_vocab)
             all_ok &= compare(f"{label} lens [70, 9]", got, reference_rows(ref, seqs), seqs)
     return 0 if all_ok else 1
+
+
+def check_quantizer(tmp, rng):
+    """specd-quantize: an f32 random model rewritten as each type holds its
+    matrices in that type (norms f32), as read by gguf's own reader, and the
+    engine's logits on the new file agree with the reference's."""
+    import gguf
+    q = binary("specd-quantize", "tools")
+    if not q:
+        print("FAIL specd-quantize is not built")
+        return False
+    src = os.path.join(tmp, "quant_src.gguf")
+    subprocess.run([binary("specd-mkmodel", "tools"), "-o", src, "--vocab", "300", "--seed", "21", "--dtype", "f32",
+                    "--dim", "64", "--heads", "4", "--kv-heads", "2", "--ff", "128"], check=True, capture_output=True)
+    seqs = [[int(t) for t in rng.integers(0, 300, size=n)] for n in (17, 5)]
+    ok = True
+    for name, gtype in (("f16", "F16"), ("bf16", "BF16"), ("q8_0", "Q8_0"), ("q4_0", "Q4_0"), ("q4_1", "Q4_1")):
+        path = os.path.join(tmp, f"quant_{name}.gguf")
+        r = subprocess.run([q, src, path, name], capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"FAIL specd-quantize {name}: {r.stderr}")
+            ok = False
+            continue
+        kinds = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+        bad = [n for n, k in kinds.items() if k != ("F32" if n.endswith("norm.weight") else gtype)]
+        if bad:
+            print(f"FAIL specd-quantize {name}: tensors of the wrong type: {[(n, kinds[n]) for n in bad[:4]]}")
+            ok = False
+            continue
+        ref = LlamaRef(path, np.float64)
+        got = engine_logits(path, seqs, tmp, ref.n_vocab)
+        ok &= compare(f"specd-quantize {name}", got, reference_rows(ref, seqs), seqs, jittered_rows(path, seqs))
+    return ok
 
 
 def find_model():
