@@ -27,6 +27,7 @@
 #define SPECD_BACKEND_IMPL_H
 
 #include "specd/common.h"
+#include "specd/gguf.h"
 #include "specd/sample.h"
 #include "specd/spec.h"
 
@@ -140,6 +141,18 @@ typedef struct sd_backend_ops {
      * w [n_out][n_in], x [n_tokens][n_in], y [n_tokens][n_out] (y != x). */
     sd_status (*matmul)(sd_backend *be, const float *w, int32_t n_in, int32_t n_out, const float *x,
                         int32_t n_tokens, float *y);
+
+    /* Optional, both or neither (NULL: every matrix is f32 or converted by
+     * weight_upload). stored_supports(type): matmul_stored computes on
+     * matrices of that GGUF type as stored. matmul_stored: y = w x as
+     * matmul, with w [n_out] rows of n_in elements in type's layout (rows of
+     * n_in / 32 blocks for the block types; n_in a multiple of 32 then).
+     * The integer types quantize x per row to 8 bits first (see
+     * cpu/quant_kernels.h): results differ from the f32 matmul on the
+     * dequantized matrix by that rounding, and keep batch invariance. */
+    bool (*stored_supports)(sd_dtype type);
+    sd_status (*matmul_stored)(sd_backend *be, sd_dtype type, const void *w, int32_t n_in, int32_t n_out,
+                               const float *x, int32_t n_tokens, float *y);
 
     /* Optional (NULL: the model runs the job as separate ops): the job in as
      * few launches as the backend can (see sd_matmul_job). */

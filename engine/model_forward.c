@@ -201,6 +201,30 @@ static sd_status tp_all_reduce(sd_model *m, float *buf, size_t n) {
     return s;
 }
 
+/* y = w x for a matrix as the model holds it (sd_mat): the f32 / backend
+ * format matmul, or the backend's matmul on stored blocks. */
+static sd_status mat_mul(sd_model *m, const sd_mat *w, int32_t n_in, int32_t n_out, const float *x, int32_t n,
+                         float *y) {
+    const sd_backend_ops *op = m->be.ops;
+    if (w->type == SD_DTYPE_F32) return op->matmul(m->be.ctx, w->w, n_in, n_out, x, n, y);
+    return op->matmul_stored(m->be.ctx, w->type, w->w, n_in, n_out, x, n, y);
+}
+
+/* out [n][E] = rows ids of the embedding table: the backend's lookup for an
+ * f32 table; a stored table (host memory, see model_impl.h) has each
+ * looked-up row dequantized on the host. ids were range-checked. */
+static sd_status embed_tokens(sd_model *m, const int32_t *ids, int32_t n, float *out) {
+    const int32_t E = m->cfg.n_embd;
+    if (m->tok_embd.type == SD_DTYPE_F32) return m->be.ops->embed(m->be.ctx, m->tok_embd.w, E, ids, n, out);
+    size_t be, bb;
+    if (!sd_dtype_block(m->tok_embd.type, &be, &bb)) return SD_ERR_INTERNAL;
+    const size_t row_bytes = (size_t)E / be * bb;
+    for (int32_t t = 0; t < n; t++)
+        SD_TRY(sd_dequantize(m->tok_embd.type, (const unsigned char *)m->tok_embd.w + (size_t)ids[t] * row_bytes,
+                             (uint64_t)E, out + (size_t)t * (size_t)E));
+    return SD_OK;
+}
+
 /* The transformer: embeddings, then n_layers_used blocks, on all n tokens
  * of the plan. Shapes per rank: H, KV heads and F MLP columns of its shard;
  * the two row-parallel matmuls leave partial sums that the all-reduces
@@ -221,21 +245,21 @@ static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_model_plan *b) 
      * the residual adds inside the o and down projections' jobs and the
      * SwiGLU as part of the down projection's (the adds stay separate in a
      * group: the partial sums are all-reduced first) */
-    const bool fused = op->matmul_fused != NULL;
+    const bool fused = op->matmul_fused != NULL && op->matmul_stored == NULL; /* fused jobs take f32-format matrices */
 
-    SD_TRY(op->embed(be, m->tok_embd, E, b->tokens, n, a->x)); /* x [n][E] */
+    SD_TRY(embed_tokens(m, b->tokens, n, a->x)); /* x [n][E] */
     for (int32_t l = 0; l < m->n_layers_used; l++) {
         const layer_weights *L = &m->layers[l];
         /* attention block */
         SD_TRY(op->rmsnorm(be, a->x, L->attn_norm, n, E, c->rms_eps, a->xb)); /* xb [n][E] */
         if (fused) {
-            const sd_matmul_job qkv = {.n_mats = 3, .w = {L->wq, L->wk, L->wv}, .n_out = {QD, KD, KD},
+            const sd_matmul_job qkv = {.n_mats = 3, .w = {L->wq.w, L->wk.w, L->wv.w}, .n_out = {QD, KD, KD},
                                        .y = {a->q, a->k, a->v}, .n_in = E, .n_tokens = n, .x = a->xb};
             SD_TRY(op->matmul_fused(be, &qkv));
         } else {
-            SD_TRY(op->matmul(be, L->wq, E, QD, a->xb, n, a->q)); /* q [n][H*D] */
-            SD_TRY(op->matmul(be, L->wk, E, KD, a->xb, n, a->k)); /* k [n][KV*D] */
-            SD_TRY(op->matmul(be, L->wv, E, KD, a->xb, n, a->v)); /* v [n][KV*D] */
+            SD_TRY(mat_mul(m, &L->wq, E, QD, a->xb, n, a->q)); /* q [n][H*D] */
+            SD_TRY(mat_mul(m, &L->wk, E, KD, a->xb, n, a->k)); /* k [n][KV*D] */
+            SD_TRY(mat_mul(m, &L->wv, E, KD, a->xb, n, a->v)); /* v [n][KV*D] */
         }
         if (op->rope_kv) {
             SD_TRY(op->rope_kv(be, a->q, a->k, a->v, n, H, KV, D, b->pos, m->inv_freq, sd_kv_k_pool(kv, l),
@@ -249,30 +273,30 @@ static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_model_plan *b) 
         SD_TRY(op->attention(be, a->q, sd_kv_k_pool(kv, l), sd_kv_v_pool(kv, l), n, H, KV, D, bs, b->pos, bt,
                              bt_off, scale, a->att));                          /* att [n][H*D] */
         if (fused && !m->coll) { /* x += wo att */
-            const sd_matmul_job o = {.n_mats = 1, .w = {L->wo}, .n_out = {E}, .y = {a->x}, .n_in = QD,
+            const sd_matmul_job o = {.n_mats = 1, .w = {L->wo.w}, .n_out = {E}, .y = {a->x}, .n_in = QD,
                                      .n_tokens = n, .x = a->att, .accumulate = true};
             SD_TRY(op->matmul_fused(be, &o));
         } else {
-            SD_TRY(op->matmul(be, L->wo, QD, E, a->att, n, a->xb)); /* xb [n][E] (partial) */
+            SD_TRY(mat_mul(m, &L->wo, QD, E, a->att, n, a->xb)); /* xb [n][E] (partial) */
             SD_TRY(tp_all_reduce(m, a->xb, nE));
             SD_TRY(op->add(be, a->x, a->xb, nE, a->x));
         }
         /* MLP block */
         SD_TRY(op->rmsnorm(be, a->x, L->ffn_norm, n, E, c->rms_eps, a->xb));
         if (fused) {
-            const sd_matmul_job gu = {.n_mats = 2, .w = {L->w_gate, L->w_up}, .n_out = {F, F},
+            const sd_matmul_job gu = {.n_mats = 2, .w = {L->w_gate.w, L->w_up.w}, .n_out = {F, F},
                                       .y = {a->gate, a->up}, .n_in = E, .n_tokens = n, .x = a->xb};
             SD_TRY(op->matmul_fused(be, &gu));
             /* x += w_down (silu(gate) * up), or xb = that partial in a group */
-            const sd_matmul_job down = {.n_mats = 1, .w = {L->w_down}, .n_out = {E}, .y = {m->coll ? a->xb : a->x},
+            const sd_matmul_job down = {.n_mats = 1, .w = {L->w_down.w}, .n_out = {E}, .y = {m->coll ? a->xb : a->x},
                                         .n_in = F, .n_tokens = n, .x = a->gate, .up = a->up,
                                         .accumulate = !m->coll};
             SD_TRY(op->matmul_fused(be, &down));
         } else {
-            SD_TRY(op->matmul(be, L->w_gate, E, F, a->xb, n, a->gate)); /* gate [n][F] */
-            SD_TRY(op->matmul(be, L->w_up, E, F, a->xb, n, a->up));     /* up [n][F] */
+            SD_TRY(mat_mul(m, &L->w_gate, E, F, a->xb, n, a->gate)); /* gate [n][F] */
+            SD_TRY(mat_mul(m, &L->w_up, E, F, a->xb, n, a->up));     /* up [n][F] */
             SD_TRY(op->swiglu(be, a->gate, a->up, (size_t)n * (size_t)F, a->gate));
-            SD_TRY(op->matmul(be, L->w_down, F, E, a->gate, n, a->xb)); /* xb [n][E] (partial) */
+            SD_TRY(mat_mul(m, &L->w_down, F, E, a->gate, n, a->xb)); /* xb [n][E] (partial) */
         }
         if (!fused || m->coll) {
             SD_TRY(tp_all_reduce(m, a->xb, nE));
@@ -315,7 +339,7 @@ static sd_status split_head(sd_model *m, int32_t n_wanted, float *dst) {
     activations *a = &m->act;
     const sd_model_shard *sh = &m->shard;
     const size_t part = (size_t)n_wanted * (size_t)sh->n_vocab;
-    SD_TRY(op->matmul(be, m->output, m->cfg.n_embd, sh->n_vocab, a->xb, n_wanted, a->head_part));
+    SD_TRY(mat_mul(m, &m->output, m->cfg.n_embd, sh->n_vocab, a->xb, n_wanted, a->head_part));
     double t0 = sd_now();
     SD_TRY(sd_coll_gather(m->coll, a->head_part, part, a->head_all, 0));
     m->tp_stats.gathers++;
@@ -359,7 +383,7 @@ static sd_status forward_logits(sd_model *m, const int32_t *wanted, int32_t n_wa
     if (split)
         SD_TRY(split_head(m, n_wanted, dst));
     else
-        SD_TRY(op->matmul(be, m->output, c->n_embd, c->n_vocab, a->xb, n_wanted, dst));
+        SD_TRY(mat_mul(m, &m->output, c->n_embd, c->n_vocab, a->xb, n_wanted, dst));
     if (sh->tp_rank == 0 && !op->host_memory && out) {
         SD_TRY(settle_coll(m)); /* bounded, before a download that would wait without a bound */
         SD_TRY(op->buf_download(be, out, a->logits, (size_t)n_wanted * (size_t)c->n_vocab * sizeof(float)));

@@ -8,18 +8,28 @@
 #include "specd/model.h"
 #include "backend_impl.h"
 
+/* A weight matrix [n_out][n_in] as matmul reads it. type F32: w is what
+ * ops->matmul takes (f32, or the backend's weight_upload format); any other
+ * type: w holds the rows as the file stores them (n_in / block elements'
+ * blocks each), for ops->matmul_stored. */
+typedef struct sd_mat {
+    void *w;
+    sd_dtype type;
+} sd_mat;
+
 /* Per rank (tp_size 1: the whole model): H, KV, F = this rank's heads, KV
  * heads and MLP columns. */
 typedef struct layer_weights {
     float *attn_norm; /* [n_embd] */
-    float *wq;        /* [H*head_dim][n_embd]   rows of this rank's heads */
-    float *wk;        /* [KV*head_dim][n_embd] */
-    float *wv;        /* [KV*head_dim][n_embd] */
-    float *wo;        /* [n_embd][H*head_dim]   columns of this rank's heads */
+    sd_mat wq;        /* [H*head_dim][n_embd]   rows of this rank's heads */
+    sd_mat wk;        /* [KV*head_dim][n_embd] */
+    sd_mat wv;        /* [KV*head_dim][n_embd] */
+    sd_mat wo;        /* [n_embd][H*head_dim]   columns of this rank's heads */
     float *ffn_norm;  /* [n_embd] */
-    float *w_gate;    /* [F][n_embd] */
-    float *w_up;      /* [F][n_embd] */
-    float *w_down;    /* [n_embd][F]            columns of this rank's MLP slice */
+    sd_mat w_gate;    /* [F][n_embd] */
+    sd_mat w_up;      /* [F][n_embd] */
+    sd_mat w_down;    /* [n_embd][F]            columns of this rank's MLP slice */
+    uint64_t bytes;   /* what a step streams of this layer (matrices as held, norms) */
 } layer_weights;
 
 /* Per-call activations, grown to the largest batch seen. */
@@ -59,13 +69,15 @@ struct sd_model {
     sd_model_params params;
     int32_t n_layers_used;
     sd_backend_handle be;
-    float *tok_embd;    /* [n_vocab][n_embd] */
+    sd_mat tok_embd;    /* [n_vocab][n_embd]; stored (not F32) only on a host-memory backend with
+                         * matmul_stored: looked-up rows are then dequantized on the host */
     float *output_norm; /* [n_embd] */
-    float *output;      /* [n_vocab][n_embd]; == tok_embd when tied */
+    sd_mat output;      /* [n_vocab_l][n_embd] this rank's LM head rows; rows of tok_embd when tied */
     float *inv_freq;    /* [head_dim/2] rope frequencies, scaling applied */
     layer_weights *layers; /* [n_layers_used] */
     const sd_model *parent; /* non-NULL for a view: every weight above is borrowed from it */
     bool host_verify;       /* SPECD_DEVICE_VERIFY=0: verification on the host even on a device */
+    bool f32_matrices;      /* SPECD_CPU_WEIGHTS=f32: every matrix read as f32 (see model_load.c) */
     uint64_t weight_bytes;
     uint64_t resident_bytes;
     activations act;

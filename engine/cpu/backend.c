@@ -1,7 +1,8 @@
 /* backend.c — the CPU backend: its op table, memory and thread pool.
  *
  * Buffers are plain 64-byte-aligned host memory, so upload/download are
- * memcpy and the loader dequantizes weights straight into them. The ops live
+ * memcpy and the loader writes weights straight into them: f32, or the
+ * stored blocks of the formats matmul_stored computes on (qmatmul.c). The ops live
  * one per file (embed.c, matmul.c, ...), mirrored by name in engine/cuda/. */
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 #include <unistd.h>
 
 #include "cpu/cpu_impl.h"
+#include "cpu/quant_kernels.h"
 
 /* Below this much work an op runs on the calling thread alone. */
 enum { PARALLEL_MIN_WORK = 16384 };
@@ -40,6 +42,7 @@ static void cpu_destroy(sd_backend **pbe) {
     sd_backend *be = *pbe;
     sd_threadpool_free(&be->tp);
     free(be->scratch);
+    free(be->qbuf);
     free(be);
     *pbe = NULL;
 }
@@ -88,6 +91,8 @@ static const sd_backend_ops cpu_ops = {
     .buf_download = cpu_copy,
     .embed = sd_cpu_embed,
     .matmul = sd_cpu_matmul,
+    .stored_supports = sd_cpu_qmatmul_supports,
+    .matmul_stored = sd_cpu_matmul_stored,
     .rmsnorm = sd_cpu_rmsnorm,
     .rope = sd_cpu_rope,
     .kv_write = sd_cpu_kv_write,

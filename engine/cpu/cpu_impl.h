@@ -31,6 +31,8 @@ struct sd_backend {
     int32_t n_threads;
     float *scratch;            /* [n_threads][scratch_per_thread] */
     size_t scratch_per_thread; /* floats */
+    void *qbuf;                /* quantized activations of the current stored-weight matmul (qmatmul.c) */
+    size_t qbuf_bytes;
 };
 
 /* Runs fn on chunks [0, n_chunks) on the pool, or on the caller alone when

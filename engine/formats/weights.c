@@ -57,6 +57,25 @@ sd_status sd_weights_read_rows(sd_dtype t, const void *data, int64_t ne0, int64_
     return SD_OK;
 }
 
+sd_status sd_weights_copy_rows(sd_dtype t, const void *data, int64_t ne0, int64_t row0, int64_t n_rows,
+                               int64_t col0, int64_t n_cols, void *dst) {
+    size_t be, bb;
+    if (!sd_dtype_block(t, &be, &bb)) return SD_ERR_UNSUPPORTED;
+    if (ne0 % (int64_t)be != 0 || col0 % (int64_t)be != 0 || n_cols % (int64_t)be != 0) return SD_ERR_UNSUPPORTED;
+    size_t row_bytes = (size_t)(ne0 / (int64_t)be) * bb;
+    size_t skip = (size_t)(col0 / (int64_t)be) * bb, out_bytes = (size_t)(n_cols / (int64_t)be) * bb;
+    for (int64_t r = 0; r < n_rows; r++)
+        memcpy((unsigned char *)dst + (size_t)r * out_bytes,
+               (const unsigned char *)data + (size_t)(row0 + r) * row_bytes + skip, out_bytes);
+    return SD_OK;
+}
+
+static sd_status gguf_read_stored(void *ctx, const char *name, int64_t row0, int64_t n_rows, int64_t col0,
+                                  int64_t n_cols, void *dst) {
+    const sd_gguf_tensor *t = sd_gguf_find_tensor(((gguf_source *)ctx)->g, name);
+    return sd_weights_copy_rows(t->type, t->data, (int64_t)t->ne[0], row0, n_rows, col0, n_cols, dst);
+}
+
 static sd_status gguf_read(void *ctx, const char *name, int64_t row0, int64_t n_rows, int64_t col0, int64_t n_cols,
                            float *dst) {
     const sd_gguf_tensor *t = sd_gguf_find_tensor(((gguf_source *)ctx)->g, name);
@@ -70,6 +89,7 @@ static const sd_weights_ops gguf_ops = {
     .tokenizer = gguf_tokenizer,
     .find = gguf_find,
     .read = gguf_read,
+    .read_stored = gguf_read_stored,
 };
 
 static sd_status wrap_gguf(sd_gguf *owned, const sd_gguf *g, sd_weights **out) {
@@ -143,42 +163,77 @@ bool sd_weights_find(const sd_weights *w, const char *name, sd_weights_tensor *i
     return w->ops->find(w->ctx, name, info ? info : &tmp);
 }
 
-sd_status sd_weights_read(const sd_weights *w, const char *name, int64_t row0, int64_t n_rows, int64_t col0,
-                          int64_t n_cols, float *dst) {
-    if (!w || !name || !dst) return SD_ERR_INVALID_ARG;
-    sd_weights_tensor t;
-    if (!w->ops->find(w->ctx, name, &t)) {
+/* Finds name and checks the rectangle is inside it; *t gets its info. */
+static sd_status check_rect(const sd_weights *w, const char *name, int64_t row0, int64_t n_rows, int64_t col0,
+                            int64_t n_cols, sd_weights_tensor *t) {
+    if (!w->ops->find(w->ctx, name, t)) {
         SD_ERROR("weights: tensor %s is missing", name);
         return SD_ERR_NOT_FOUND;
     }
-    if (row0 < 0 || n_rows <= 0 || col0 < 0 || n_cols <= 0 || row0 > t.ne[1] - n_rows ||
-        col0 > t.ne[0] - n_cols) {
+    if (row0 < 0 || n_rows <= 0 || col0 < 0 || n_cols <= 0 || row0 > t->ne[1] - n_rows ||
+        col0 > t->ne[0] - n_cols) {
         SD_ERROR("weights: rectangle rows [%lld, +%lld) cols [%lld, +%lld) is outside %s [%lld][%lld]",
                  (long long)row0, (long long)n_rows, (long long)col0, (long long)n_cols, name,
-                 (long long)t.ne[1], (long long)t.ne[0]);
+                 (long long)t->ne[1], (long long)t->ne[0]);
         return SD_ERR_RANGE;
     }
-    SD_TRY(w->ops->read(w->ctx, name, row0, n_rows, col0, n_cols, dst));
-    /* A NaN or an infinity in the weights poisons every logit that reads it,
-     * at whatever step first touches that row: refuse the file at load. The
-     * scan tests exponent bits (all ones: NaN or infinite) with integer ops
-     * the compiler vectorizes; only a hit looks for where. */
-    size_t n = (size_t)n_rows * (size_t)n_cols;
+    return SD_OK;
+}
+
+/* A NaN or an infinity in the weights poisons every logit that reads it, at
+ * whatever step first touches that row: refuse the file at load. The scan
+ * tests exponent bits (all ones: NaN or infinite) with integer ops the
+ * compiler vectorizes; only a hit looks for where. v holds n values of a
+ * [.][n_cols] rectangle starting at (row0, col0). */
+static sd_status check_finite(const char *name, int64_t row0, int64_t col0, int64_t n_cols, const float *v,
+                              size_t n) {
     uint32_t any = 0;
     for (size_t i = 0; i < n; i++) {
         uint32_t bits;
-        memcpy(&bits, &dst[i], sizeof bits);
+        memcpy(&bits, &v[i], sizeof bits);
         any |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u);
     }
     for (size_t i = 0; any && i < n; i++) {
-        if (!isfinite(dst[i])) {
+        if (!isfinite(v[i])) {
             SD_ERROR("weights: %s holds %s at row %lld, column %lld: the file is corrupt", name,
-                     isnan(dst[i]) ? "NaN" : "an infinity", (long long)(row0 + (int64_t)(i / (size_t)n_cols)),
+                     isnan(v[i]) ? "NaN" : "an infinity", (long long)(row0 + (int64_t)(i / (size_t)n_cols)),
                      (long long)(col0 + (int64_t)(i % (size_t)n_cols)));
             return SD_ERR_FORMAT;
         }
     }
     return SD_OK;
+}
+
+sd_status sd_weights_read(const sd_weights *w, const char *name, int64_t row0, int64_t n_rows, int64_t col0,
+                          int64_t n_cols, float *dst) {
+    if (!w || !name || !dst) return SD_ERR_INVALID_ARG;
+    sd_weights_tensor t;
+    SD_TRY(check_rect(w, name, row0, n_rows, col0, n_cols, &t));
+    SD_TRY(w->ops->read(w->ctx, name, row0, n_rows, col0, n_cols, dst));
+    return check_finite(name, row0, col0, n_cols, dst, (size_t)n_rows * (size_t)n_cols);
+}
+
+sd_status sd_weights_read_stored(const sd_weights *w, const char *name, int64_t row0, int64_t n_rows, int64_t col0,
+                                 int64_t n_cols, void *dst, size_t dst_bytes) {
+    if (!w || !name || !dst) return SD_ERR_INVALID_ARG;
+    sd_weights_tensor t;
+    SD_TRY(check_rect(w, name, row0, n_rows, col0, n_cols, &t));
+    size_t be, bb, need;
+    if (!w->ops->read_stored || !sd_dtype_block(t.type, &be, &bb) || col0 % (int64_t)be || n_cols % (int64_t)be)
+        return SD_ERR_UNSUPPORTED;
+    size_t row_bytes = (size_t)(n_cols / (int64_t)be) * bb;
+    if (!sd_mul_ok(row_bytes, (size_t)n_rows, &need) || need > dst_bytes) return SD_ERR_INVALID_ARG;
+    SD_TRY(w->ops->read_stored(w->ctx, name, row0, n_rows, col0, n_cols, dst));
+    /* scan what the values are, one dequantized row at a time */
+    float *row = malloc((size_t)n_cols * sizeof(float));
+    if (!row) return SD_ERR_NOMEM;
+    sd_status s = SD_OK;
+    for (int64_t r = 0; r < n_rows && s == SD_OK; r++) {
+        s = sd_dequantize(t.type, (const unsigned char *)dst + (size_t)r * row_bytes, (uint64_t)n_cols, row);
+        if (s == SD_OK) s = check_finite(name, row0 + r, col0, n_cols, row, (size_t)n_cols);
+    }
+    free(row);
+    return s;
 }
 
 sd_status sd_weights_identity(const char *path, sd_model_identity *id) {

@@ -618,6 +618,28 @@ static sd_status hf_read(void *ctx, const char *name, int64_t row0, int64_t n_ro
     return SD_OK;
 }
 
+/* hf_read's rows, as stored (F32, F16, BF16: elements, no blocks). */
+static sd_status hf_read_stored(void *ctx, const char *name, int64_t row0, int64_t n_rows, int64_t col0,
+                                int64_t n_cols, void *dst) {
+    const hf_source *s = ctx;
+    row_order order;
+    const sd_st_tensor *t = find_mapped(s, name, &order);
+    sd_dtype dt;
+    size_t be, bb;
+    if (!t || !sd_st_dtype_to_sd(t->dtype, &dt) || !sd_dtype_block(dt, &be, &bb)) return SD_ERR_INTERNAL;
+    int64_t ne0 = (int64_t)t->shape[t->n_dims - 1];
+    if (order == ROWS_SAME) return sd_weights_copy_rows(dt, t->data, ne0, row0, n_rows, col0, n_cols, dst);
+    int64_t hd = s->cfg.head_dim, half = hd / 2;
+    size_t out_bytes = (size_t)(n_cols / (int64_t)be) * bb;
+    for (int64_t r = 0; r < n_rows; r++) {
+        int64_t row = row0 + r, j = row % hd;
+        int64_t src_row = row - j + (j % 2) * half + j / 2;
+        SD_TRY(sd_weights_copy_rows(dt, t->data, ne0, src_row, 1, col0, n_cols,
+                                    (unsigned char *)dst + (size_t)r * out_bytes));
+    }
+    return SD_OK;
+}
+
 static const sd_weights_ops hf_ops = {
     .format = "safetensors",
     .close = hf_close,
@@ -625,6 +647,7 @@ static const sd_weights_ops hf_ops = {
     .tokenizer = hf_tokenizer,
     .find = hf_find,
     .read = hf_read,
+    .read_stored = hf_read_stored,
 };
 
 static sd_status open_source(hf_source *s) {

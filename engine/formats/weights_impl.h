@@ -18,6 +18,12 @@ typedef struct sd_weights_ops {
      * alignment is the source's to check. dst [n_rows][n_cols]. */
     sd_status (*read)(void *ctx, const char *name, int64_t row0, int64_t n_rows, int64_t col0, int64_t n_cols,
                       float *dst);
+    /* Optional (NULL: sd_weights_read_stored answers SD_ERR_UNSUPPORTED):
+     * the same rectangle as stored, rows of n_cols/block elements' blocks,
+     * in the same row order read() gives. col0 and n_cols are block-aligned
+     * (checked by weights.c). */
+    sd_status (*read_stored)(void *ctx, const char *name, int64_t row0, int64_t n_rows, int64_t col0,
+                             int64_t n_cols, void *dst);
 } sd_weights_ops;
 
 struct sd_weights {
@@ -33,5 +39,10 @@ sd_status sd_weights_hf_open(const char *dir, sd_weights **out);
  * data into dst [n_rows][n_cols]: the shared dequantizing row reader. */
 sd_status sd_weights_read_rows(sd_dtype t, const void *data, int64_t ne0, int64_t row0, int64_t n_rows,
                                int64_t col0, int64_t n_cols, float *dst);
+
+/* The same rectangle as sd_weights_read_rows, copied as stored (col0 and
+ * n_cols multiples of the type's block; SD_ERR_UNSUPPORTED otherwise). */
+sd_status sd_weights_copy_rows(sd_dtype t, const void *data, int64_t ne0, int64_t row0, int64_t n_rows,
+                               int64_t col0, int64_t n_cols, void *dst);
 
 #endif

@@ -19,6 +19,17 @@ Conventions (those of llama.cpp for the llama architecture):
     llama.rope.scaling.* keys) or a rope_freqs.weight tensor divides each
     frequency's angle by its factor, as llama.cpp does.
 
+Weights as the engine computes on them (act_quant=True, the default): the
+CPU engine multiplies Q8_0 / Q4_0 / Q4_1 weights with activations quantized
+per row into blocks of 32 (engine/cpu/quant_kernels.h), so before each such
+matmul the reference rounds its input the same way, written here in numpy:
+per block, d = float32(amax) / 127 in float32, q = rint(x * float32(1 / d))
+(round half to even) clipped to [-127, 127], and the input becomes q * d.
+The weights themselves are dequantized by gguf's own dequantizer; the
+products and sums are float64. act_quant=False gives the plain
+dequantized-weight model (what the engine computed before it kept weights
+as stored).
+
 Usage as a module: m = LlamaRef(path); m.logits([1, 2, 3]) -> [T, n_vocab];
 m.greedy(prompt_ids, n_new) -> list of ids. As a script it prints logits
 statistics or a greedy continuation for quick manual checks.
@@ -40,9 +51,46 @@ def _field(reader, key, default=None):
     return v
 
 
+# GGUF types whose matmuls take 8-bit activations in the engine
+_INT_TYPES = ()
+try:
+    _INT_TYPES = (gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0,
+                  gguf.GGMLQuantizationType.Q4_1)
+except AttributeError:  # pragma: no cover
+    pass
+
+QK = 32
+
+
+def quantize_rows_q8(x):
+    """x [..., n] (n a multiple of 32) -> the activations as the engine's
+    integer kernels see them: per block of 32, d = amax / 127 (float32),
+    q = clip(rint(x * (1 / d)), -127, 127) in float32, returned as q * d in
+    float64."""
+    x32 = np.asarray(x, dtype=np.float32)
+    shape = x32.shape
+    if shape[-1] % QK:
+        raise ValueError(f"row length {shape[-1]} is not a multiple of {QK}")
+    b = x32.reshape(-1, shape[-1] // QK, QK)
+    amax = np.abs(b).max(axis=-1, keepdims=True)
+    d = (amax / np.float32(127.0)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1.0) / np.where(d != 0, d, np.float32(1.0)), np.float32(0.0))
+    inv = inv.astype(np.float32)
+    q = np.clip(np.rint((b * inv).astype(np.float32)), -127, 127)
+    return (q.astype(np.float64) * d.astype(np.float64)).reshape(shape)
+
+
 class LlamaRef:
-    def __init__(self, path, dtype=np.float64, n_layers_used=0):
+    def __init__(self, path, dtype=np.float64, n_layers_used=0, act_quant=True, act_jitter=0.0, seed=0):
         self.dtype = np.dtype(dtype)
+        self.act_quant = act_quant
+        # act_jitter > 0: each activation is multiplied by (1 + act_jitter * N(0, 1))
+        # before it is rounded to 8 bits: the same function evaluated with
+        # activations a float32 computation could have produced, to measure
+        # how much the rounding's discontinuities move the logits
+        self.act_jitter = act_jitter
+        self.rng = np.random.default_rng(seed)
         r = gguf.GGUFReader(path)
         arch = _field(r, "general.architecture")
         if arch != "llama":
@@ -72,10 +120,26 @@ class LlamaRef:
                 name = f"blk.{l}.{part}.weight"
                 self.w[name] = self._load(name)
         self.tied = "output.weight" not in self.w
-        self.lm_head = self.w["token_embd.weight"] if self.tied else self.w["output.weight"]
+        self.lm_head_name = "token_embd.weight" if self.tied else "output.weight"
+        self.lm_head = self.w[self.lm_head_name]
         self.n_vocab = self.lm_head.shape[0]
         self._check_shapes()
         self.freqs = self._rope_freqs(r)
+
+    def _mm(self, x, name, w=None):
+        """x @ W.T for weight name (w: its array, default self.w[name]), the
+        input rounded to 8-bit blocks first when the engine does (see the
+        module comment)."""
+        if w is None:
+            w = self.w[name]
+        # (a subclass reading another format, hf_ref.HFLlamaRef, has no GGUF
+        # tensors and no integer formats)
+        t = getattr(self, "tensors", {}).get(name)
+        if getattr(self, "act_quant", False) and t is not None and getattr(t, "tensor_type", None) in _INT_TYPES:
+            if self.act_jitter:
+                x = x * (1.0 + self.act_jitter * self.rng.standard_normal(x.shape))
+            x = quantize_rows_q8(x).astype(self.dtype)
+        return x @ w.T
 
     def _load(self, name):
         t = self.tensors[name]
@@ -170,10 +234,11 @@ class LlamaRef:
         x = self.w["token_embd.weight"][tokens]  # [T, E]
         for l in range(self.n_layers):
             W = lambda p: self.w[f"blk.{l}.{p}.weight"]
+            M = lambda a, p: self._mm(a, f"blk.{l}.{p}.weight")
             h = self._rmsnorm(x, W("attn_norm"))
-            q = (h @ W("attn_q").T).reshape(T, H, hd)
-            k = (h @ W("attn_k").T).reshape(T, KVH, hd)
-            v = (h @ W("attn_v").T).reshape(T, KVH, hd)
+            q = M(h, "attn_q").reshape(T, H, hd)
+            k = M(h, "attn_k").reshape(T, KVH, hd)
+            v = M(h, "attn_v").reshape(T, KVH, hd)
             q = self._rope(q, pos)
             k = self._rope(k, pos)
             ks = np.concatenate([cache["k"][l], k]) if start else k  # [S, KVH, hd]
@@ -192,14 +257,14 @@ class LlamaRef:
                 p = np.exp(sc)
                 p = p / p.sum(axis=1, keepdims=True)
                 att[:, hh, :] = p @ vs[:, kh, :]
-            x = x + att.reshape(T, H * hd) @ W("attn_output").T
+            x = x + M(att.reshape(T, H * hd), "attn_output")
             h = self._rmsnorm(x, W("ffn_norm"))
-            g = h @ W("ffn_gate").T  # [T, F]
-            u = h @ W("ffn_up").T
-            x = x + ((g / (1.0 + np.exp(-g))) * u) @ W("ffn_down").T
+            g = M(h, "ffn_gate")  # [T, F]
+            u = M(h, "ffn_up")
+            x = x + M((g / (1.0 + np.exp(-g))) * u, "ffn_down")
         cache["len"] = start + T
         x = self._rmsnorm(x, self.w["output_norm.weight"])
-        return x @ self.lm_head.T  # [T, n_vocab]
+        return self._mm(x, getattr(self, "lm_head_name", "output.weight"), self.lm_head)  # [T, n_vocab]
 
     def new_cache(self):
         return {"len": 0, "k": [None] * self.n_layers, "v": [None] * self.n_layers}
@@ -229,8 +294,10 @@ def main(argv=None):
     ap.add_argument("--tokens", default="1,2,3", help="comma-separated prompt ids")
     ap.add_argument("--greedy", type=int, default=0, help="generate this many tokens")
     ap.add_argument("--f32", action="store_true", help="compute in float32")
+    ap.add_argument("--no-act-quant", action="store_true",
+                    help="do not round activations to 8 bits before quantized matmuls")
     a = ap.parse_args(argv)
-    m = LlamaRef(a.model, np.float32 if a.f32 else np.float64)
+    m = LlamaRef(a.model, np.float32 if a.f32 else np.float64, act_quant=not a.no_act_quant)
     toks = [int(t) for t in a.tokens.split(",")]
     if a.greedy:
         print(",".join(str(t) for t in m.greedy(toks, a.greedy)))

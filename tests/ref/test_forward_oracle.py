@@ -5,6 +5,8 @@
              head, GQA and MHA; ragged multi-sequence batches, one of them
              also cut into chunks (attention over K/V from earlier calls).
              Two more f32 models rewritten with llama3 and linear rope scaling.
+             An f32 model rewritten by specd-quantize as f16, bf16, q8_0,
+             q4_0 and q4_1 (tensor types checked with gguf's reader).
   --smollm2  SmolLM2-135M-Instruct (Q4_1): the golden chat prompt plus three
              shorter prompts as one ragged batch, ~50 tokens.
 
@@ -13,6 +15,23 @@ tokens interleaved round-robin across sequences); the reference recomputes
 each sequence alone with tests/ref/llama_ref.py in float64. Pass: max abs
 error <= 1e-4 * max |logit| over the run. On failure the worst row is printed
 (sequence, position, token, error, both argmaxes, and the largest entries).
+
+Q8_0 / Q4_0 / Q4_1 models: the engine rounds each matmul's input to 8-bit
+blocks, and the reference does the same in numpy (llama_ref.py). That
+function is discontinuous: an activation that the engine computes in f32 and
+the reference in f64 (they differ by ~1e-7 relative) can round to the other
+side of a half step, which moves the logits by up to one quantum's effect,
+and through SmolLM2's 30 layers (outlier activations make the quanta
+coarse) such flips compound. So for these models the reference is also run
+with every activation jittered by a relative 1e-6 before rounding (what an
+f32 computation could have produced), and the engine must be no farther
+from the reference than that jittered reference is: max |err| <= max(1e-4 x
+max |logit|, 2 x the jittered reference's max |diff|), at least as many rows
+as the jittered reference within 1e-4 x max |logit|, and no argmax flip.
+Measured: on the random models most rows still agree to ~1e-6, while a
+reference without the activation rounding is off by 1-3% of max |logit| on
+every row (it fails); on SmolLM2 the engine's error is about the jittered
+reference's (~3% of max |logit|).
 
 Environment: SPECD_BUILD_DIR (binaries), SPECD_SOURCE_DIR, SPECD_MODEL.
 Exit 77 (skipped) when a binary or the demo model is missing.
@@ -58,14 +77,26 @@ def engine_logits(model, seqs, tmp, n_vocab, chunk=0, threads=2):
     return a.reshape(total, n_vocab)
 
 
-def compare(label, got, ref_rows, seqs):
-    """got [total, V] (f32), ref_rows [total, V]; True when within tolerance."""
+def compare(label, got, ref_rows, seqs, jitter_rows=None):
+    """got [total, V] (f32), ref_rows [total, V]; True when within tolerance.
+    jitter_rows: the reference with jittered activations (8-bit activation
+    models, see the module comment), which sets the limit."""
     ref = np.asarray(ref_rows, dtype=np.float64)
     err = np.abs(got.astype(np.float64) - ref)
     scale = float(np.abs(ref).max())
     worst = int(np.argmax(err.max(axis=1)))
     max_err = float(err[worst].max())
-    ok = bool(np.isfinite(got).all()) and max_err <= REL_TOL * scale
+    limit = REL_TOL * scale
+    ok = True
+    if jitter_rows is not None:
+        jit = np.abs(np.asarray(jitter_rows, dtype=np.float64) - ref).max(axis=1)
+        limit = max(limit, 2.0 * float(jit.max()))
+        rows_engine = int((err.max(axis=1) <= REL_TOL * scale).sum())
+        rows_jitter = int((jit <= REL_TOL * scale).sum())
+        ok = rows_engine >= rows_jitter
+        print(f"     {label}: rows within {REL_TOL:g} x max|logit|: engine {rows_engine}, jittered reference "
+              f"{rows_jitter} of {ref.shape[0]}; jittered reference max|diff| {float(jit.max()):.3g}")
+    ok = ok and bool(np.isfinite(got).all()) and max_err <= limit
     # same argmax everywhere unless the reference's top two are within the error
     flips = 0
     for r in range(ref.shape[0]):
@@ -73,8 +104,8 @@ def compare(label, got, ref_rows, seqs):
         if a != b and ref[r, b] - ref[r, a] > 2 * max_err:
             flips += 1
     ok = ok and flips == 0
-    print(f"{'ok  ' if ok else 'FAIL'} {label}: max|err| {max_err:.3g} (limit {REL_TOL * scale:.3g} = "
-          f"{REL_TOL:g} x max|logit| {scale:.4g}), argmax flips {flips}")
+    print(f"{'ok  ' if ok else 'FAIL'} {label}: max|err| {max_err:.3g} (limit {limit:.3g}; {REL_TOL:g} x "
+          f"max|logit| {scale:.4g} = {REL_TOL * scale:.3g}), argmax flips {flips}")
     if not ok:
         s, p = locate(worst, seqs)
         top = np.argsort(-err[worst])[:5]
@@ -98,6 +129,22 @@ def locate(row, seqs):
 
 def reference_rows(ref, seqs):
     return np.concatenate([ref.logits(s) for s in seqs])
+
+
+def int_activations(path):
+    """True when the model has matrices the engine multiplies with 8-bit
+    activations (Q8_0 / Q4_0 / Q4_1)."""
+    import gguf
+    kinds = {gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1}
+    return any(t.tensor_type in kinds for t in gguf.GGUFReader(path).tensors)
+
+
+def jittered_rows(path, seqs, **kw):
+    """The reference with activations jittered before rounding, or None for
+    models without 8-bit activations."""
+    if not int_activations(path):
+        return None
+    return reference_rows(LlamaRef(path, np.float64, act_jitter=1e-6, seed=1, **kw), seqs)
 
 
 RANDOM_MODELS = [
@@ -178,11 +225,13 @@ def run_random():
             lens = [int(x) for x in rng.choice([1, 3, 9, 17, 33], size=3, replace=True)] + [20]
             seqs = [[int(t) for t in rng.integers(0, ref.n_vocab, size=n)] for n in lens]
             want = reference_rows(ref, seqs)
+            jit = jittered_rows(path, seqs)
             got = engine_logits(path, seqs, tmp, ref.n_vocab)
-            all_ok &= compare(f"{label} lens {lens}", got, want, seqs)
+            all_ok &= compare(f"{label} lens {lens}", got, want, seqs, jit)
             if i in (0, 5):
                 got = engine_logits(path, seqs, tmp, ref.n_vocab, chunk=5, threads=1)
-                all_ok &= compare(f"{label} lens {lens} chunks of 5", got, want, seqs)
+                all_ok &= compare(f"{label} lens {lens} chunks of 5", got, want, seqs, jit)
+        all_ok &= check_quantizer(tmp, rng)
         base = os.path.join(tmp, "rope.gguf")
         r = subprocess.run([mk, "-o", base, "--vocab", "300", "--seed", "7", "--dtype", "f32", "--dim", "64",
                             "--heads", "4", "--kv-heads", "2", "--ff", "128"], capture_output=True, text=True)
@@ -197,6 +246,39 @@ def run_random():
             got = engine_logits(path, seqs, tmp, ref.n_vocab)
             all_ok &= compare(f"{label} lens [70, 9]", got, reference_rows(ref, seqs), seqs)
     return 0 if all_ok else 1
+
+
+def check_quantizer(tmp, rng):
+    """specd-quantize: an f32 random model rewritten as each type holds its
+    matrices in that type (norms f32), as read by gguf's own reader, and the
+    engine's logits on the new file agree with the reference's."""
+    import gguf
+    q = binary("specd-quantize", "tools")
+    if not q:
+        print("FAIL specd-quantize is not built")
+        return False
+    src = os.path.join(tmp, "quant_src.gguf")
+    subprocess.run([binary("specd-mkmodel", "tools"), "-o", src, "--vocab", "300", "--seed", "21", "--dtype", "f32",
+                    "--dim", "64", "--heads", "4", "--kv-heads", "2", "--ff", "128"], check=True, capture_output=True)
+    seqs = [[int(t) for t in rng.integers(0, 300, size=n)] for n in (17, 5)]
+    ok = True
+    for name, gtype in (("f16", "F16"), ("bf16", "BF16"), ("q8_0", "Q8_0"), ("q4_0", "Q4_0"), ("q4_1", "Q4_1")):
+        path = os.path.join(tmp, f"quant_{name}.gguf")
+        r = subprocess.run([q, src, path, name], capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"FAIL specd-quantize {name}: {r.stderr}")
+            ok = False
+            continue
+        kinds = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+        bad = [n for n, k in kinds.items() if k != ("F32" if n.endswith("norm.weight") else gtype)]
+        if bad:
+            print(f"FAIL specd-quantize {name}: tensors of the wrong type: {[(n, kinds[n]) for n in bad[:4]]}")
+            ok = False
+            continue
+        ref = LlamaRef(path, np.float64)
+        got = engine_logits(path, seqs, tmp, ref.n_vocab)
+        ok &= compare(f"specd-quantize {name}", got, reference_rows(ref, seqs), seqs, jittered_rows(path, seqs))
+    return ok
 
 
 def find_model():
@@ -229,12 +311,13 @@ def run_smollm2():
     t0 = time.time()
     ref = LlamaRef(model, np.float64)
     want = reference_rows(ref, seqs)
+    jit = jittered_rows(model, seqs)
     t1 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         got = engine_logits(model, seqs, tmp, ref.n_vocab)
     t2 = time.time()
-    print(f"reference {t1 - t0:.1f} s, engine {t2 - t1:.1f} s")
-    ok = compare(f"SmolLM2-135M ragged batch lens {[len(s) for s in seqs]}", got, want, seqs)
+    print(f"reference (plain and jittered) {t1 - t0:.1f} s, engine {t2 - t1:.1f} s")
+    ok = compare(f"SmolLM2-135M ragged batch lens {[len(s) for s in seqs]}", got, want, seqs, jit)
     return 0 if ok else 1
 
 

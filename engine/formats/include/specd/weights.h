@@ -71,6 +71,18 @@ bool sd_weights_find(const sd_weights *w, const char *name, sd_weights_tensor *i
 sd_status sd_weights_read(const sd_weights *w, const char *name, int64_t row0, int64_t n_rows, int64_t col0,
                           int64_t n_cols, float *dst);
 
+/* Copies the same rectangle as sd_weights_read in its stored type (info's
+ * type from sd_weights_find): n_rows rows of n_cols / block_elems blocks of
+ * block_bytes (sd_dtype_block), into dst of dst_bytes (at least that much).
+ * col0 and n_cols must be multiples of the block size, and the source must
+ * be able to hand out stored bytes (GGUF and safetensors can);
+ * SD_ERR_UNSUPPORTED otherwise, and the caller falls back to
+ * sd_weights_read. Every value is checked as sd_weights_read checks it
+ * (the rows are dequantized one at a time to scan them): SD_ERR_FORMAT on a
+ * NaN or an infinity. Thread-safe like sd_weights_read. */
+sd_status sd_weights_read_stored(const sd_weights *w, const char *name, int64_t row0, int64_t n_rows, int64_t col0,
+                                 int64_t n_cols, void *dst, size_t dst_bytes);
+
 /* Reads the identity of the model at path (a GGUF file or a Hugging Face
  * checkpoint directory) from its config and tokenizer only (no weights are
  * read): what a worker reports in Hello. Errors are logged with the path. */

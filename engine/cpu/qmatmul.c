@@ -1,0 +1,403 @@
+/* qmatmul.c — matmul on weights as stored (see quant_kernels.h for the
+ * arithmetic every path shares).
+ *
+ * Layout of the work, as in matmul.c: threads claim chunks of ROW_CHUNK
+ * output rows; inside a chunk an R x T tile keeps R weight rows' blocks in
+ * registers and applies them to T (up to 8) token rows, so a decode or
+ * verify call (1-16 tokens) streams each weight row from memory once and the
+ * other token groups reread it from L1/L2. The activations are quantized
+ * once per call by the calling thread before the pool runs (O(n_tokens *
+ * n_in), small next to the matmul), so a run needs no barrier of its own.
+ *
+ * Paths: the plain C twin (the oracle the tests compare with), AVX2
+ * (maddubs + madd for the integer dots) and AVX-512 VNNI (dpbusd for the
+ * same integer dots, picked at run time with __builtin_cpu_supports). The
+ * integer products are exact and the float steps are the same operations in
+ * the same order, so the three agree bit for bit. Rejected: a 512-bit float
+ * accumulation (two blocks per instruction) — it would sum a lane's blocks
+ * in two chains, changing the result with the path; the integer half is the
+ * part VNNI speeds up. F16 / BF16 use one AVX2 tile on both SIMD paths.
+ *
+ * Block data is unaligned (18- and 20-byte blocks): every load is unaligned
+ * and scalar loads go through memcpy. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/quant_kernels.h"
+
+#define QK 32
+
+/* MAX_R x MAX_T tiles; ROW_CHUNK output rows per pool chunk (a multiple of
+ * 3 and 4); weights prefetched PREFETCH_BYTES ahead in each row. */
+enum { MAX_R = 4, MAX_T = 8, TOK_BLOCK = 64, ROW_CHUNK = 48, PREFETCH_BYTES = 1024 };
+enum { KIND_Q8_0 = 0, KIND_Q4_0 = 1, KIND_Q4_1 = 2 };
+
+static inline uint16_t load_u16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+/* f16 -> f32, exact (the software twin of F16C's vcvtph2ps). */
+static float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
+    if (exp == 0) {
+        if (mant == 0) {
+            bits = sign;
+        } else {
+            exp = 113;
+            while (!(mant & 0x400u)) {
+                mant <<= 1;
+                exp--;
+            }
+            bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (mant << 13);
+    } else {
+        bits = sign | ((exp + 112) << 23) | (mant << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static float bf16_to_float(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static int kind_of(sd_dtype t) { return t == SD_DTYPE_Q8_0 ? KIND_Q8_0 : t == SD_DTYPE_Q4_0 ? KIND_Q4_0 : KIND_Q4_1; }
+
+static bool is_integer_type(sd_dtype t) {
+    return t == SD_DTYPE_Q8_0 || t == SD_DTYPE_Q4_0 || t == SD_DTYPE_Q4_1;
+}
+
+bool sd_cpu_qmatmul_supports(sd_dtype t) { return is_integer_type(t) || t == SD_DTYPE_F16 || t == SD_DTYPE_BF16; }
+
+/* ---- activations ---- */
+
+size_t sd_cpu_q8_row_bytes(int32_t n_in) {
+    size_t nb = (size_t)(n_in > 0 ? n_in : 0) / QK;
+    return nb * (QK + 4 + 32);
+}
+
+void sd_cpu_q8_quantize_row(const float *x, int32_t n_in, void *dst) {
+    size_t nb = (size_t)n_in / QK;
+    int8_t *q = dst;
+    uint8_t *dxs = (uint8_t *)dst + nb * QK, *sums = dxs + nb * 4;
+    for (size_t b = 0; b < nb; b++) {
+        const float *xb = x + b * QK;
+        float amax = 0.0f;
+        for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int32_t lane[8] = {0};
+        for (int j = 0; j < QK; j++) {
+            float v = nearbyintf(xb[j] * id);
+            int iv = !(v >= -127.0f) ? -127 : v > 127.0f ? 127 : (int)v; /* NaN -> -127, never UB */
+            q[b * QK + (size_t)j] = (int8_t)iv;
+            lane[j / 4] += iv;
+        }
+        memcpy(dxs + b * 4, &d, 4);
+        for (int k = 0; k < 8; k++) {
+            float s = (float)lane[k];
+            memcpy(sums + b * 32 + (size_t)k * 4, &s, 4);
+        }
+    }
+}
+
+/* ---- the C twins ---- */
+
+/* One output element of an integer format (weight row wr, q8 row xr). */
+static float qdot_c(int kind, const uint8_t *wr, const uint8_t *xr, size_t nb) {
+    const size_t bb = kind == KIND_Q8_0 ? 34 : kind == KIND_Q4_0 ? 18 : 20;
+    const int8_t *q = (const int8_t *)xr;
+    float acc[8] = {0};
+    for (size_t b = 0; b < nb; b++) {
+        const uint8_t *blk = wr + b * bb;
+        int w[QK];
+        if (kind == KIND_Q8_0) {
+            for (int j = 0; j < QK; j++) w[j] = (int8_t)blk[2 + j];
+        } else {
+            const uint8_t *qs = blk + (kind == KIND_Q4_0 ? 2 : 4);
+            const int bias = kind == KIND_Q4_0 ? 8 : 0;
+            for (int j = 0; j < QK / 2; j++) {
+                w[j] = (qs[j] & 0x0f) - bias;
+                w[j + QK / 2] = (qs[j] >> 4) - bias;
+            }
+        }
+        float dx, lane_sum[8];
+        memcpy(&dx, xr + nb * QK + b * 4, 4);
+        memcpy(lane_sum, xr + nb * (QK + 4) + b * 32, 32);
+        const float scale = half_to_float(load_u16(blk)) * dx;
+        const float mscale = kind == KIND_Q4_1 ? half_to_float(load_u16(blk + 2)) * dx : 0.0f;
+        for (int k = 0; k < 8; k++) {
+            int32_t p = 0;
+            for (int j = 4 * k; j < 4 * k + 4; j++) p += w[j] * q[b * QK + (size_t)j];
+            acc[k] = fmaf((float)p, scale, acc[k]);
+            if (kind == KIND_Q4_1) acc[k] = fmaf(lane_sum[k], mscale, acc[k]);
+        }
+    }
+    return sd_cpu_hsum8(acc);
+}
+
+/* One output element of F16 / BF16: sd_cpu_dot on the widened row. */
+static float fdot_c(sd_dtype t, const uint8_t *wr, const float *x, size_t n) {
+    size_t n8 = n & ~(size_t)7;
+    float l[8] = {0};
+    for (size_t i = 0; i < n8; i += 8)
+        for (int j = 0; j < 8; j++) {
+            uint16_t h = load_u16(wr + 2 * (i + (size_t)j));
+            float wv = t == SD_DTYPE_F16 ? half_to_float(h) : bf16_to_float(h);
+            l[j] = fmaf(wv, x[i + (size_t)j], l[j]);
+        }
+    float s = sd_cpu_hsum8(l);
+    for (size_t i = n8; i < n; i++) {
+        uint16_t h = load_u16(wr + 2 * i);
+        s = fmaf(t == SD_DTYPE_F16 ? half_to_float(h) : bf16_to_float(h), x[i], s);
+    }
+    return s;
+}
+
+/* ---- SIMD tiles ---- */
+
+typedef void (*qtile_fn)(const uint8_t *w, size_t row_bytes, const uint8_t *xq, size_t xrow_bytes, size_t nb,
+                         float *y, size_t n_out);
+typedef void (*ftile_fn)(const uint8_t *w, size_t row_bytes, const float *x, float *y, size_t n_in, size_t n_out);
+
+#if SD_CPU_AVX2
+#define QFN(name) name##_avx2
+#define QIDOT(u, v) _mm256_madd_epi16(_mm256_maddubs_epi16((u), (v)), _mm256_set1_epi16(1))
+#include "cpu/qmatmul_simd.inc"
+#undef QFN
+#undef QIDOT
+
+#if defined(__GNUC__) && !defined(__clang__)
+#define HAVE_VNNI_PATH 1
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
+#define QFN(name) name##_vnni
+#define QIDOT(u, v) _mm256_dpbusd_epi32(_mm256_setzero_si256(), (u), (v))
+#include "cpu/qmatmul_simd.inc"
+#undef QFN
+#undef QIDOT
+#pragma GCC pop_options
+#else
+#define HAVE_VNNI_PATH 0
+#endif
+
+/* 8 weights of row w from element i, widened to f32 (exact). */
+static inline __attribute__((always_inline)) __m256 widen8(const uint8_t *w, size_t i, const int f16) {
+    __m128i h = _mm_loadu_si128((const __m128i *)(w + 2 * i));
+    if (f16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* One R x T tile of F16 (f16 = 1) or BF16: sd_cpu_dot's arithmetic. */
+static inline __attribute__((always_inline)) void ftile(const uint8_t *w, size_t row_bytes, const float *x, float *y,
+                                                        size_t n_in, size_t n_out, const int R, const int T,
+                                                        const int f16) {
+    size_t n8 = n_in & ~(size_t)7;
+    __m256 acc[MAX_R][MAX_T];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    for (size_t i = 0; i < n8; i += 8) {
+        __m256 wv[MAX_R];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            if ((i & 31) == 0) _mm_prefetch((const char *)(w + (size_t)r * row_bytes + 2 * i + 4096), _MM_HINT_T0);
+            wv[r] = widen8(w + (size_t)r * row_bytes, i, f16);
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            __m256 xv = _mm256_loadu_ps(x + (size_t)t * n_in + i);
+            __asm__("" : "+x"(xv));
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            const uint8_t *wr = w + (size_t)r * row_bytes;
+            const float *xt = x + (size_t)t * n_in;
+            float s = sd_cpu_hsum256(acc[r][t]);
+            for (size_t i = n8; i < n_in; i++) {
+                uint16_t h = load_u16(wr + 2 * i);
+                s = fmaf(f16 ? _cvtsh_ss(h) : bf16_to_float(h), xt[i], s);
+            }
+            y[(size_t)t * n_out + (size_t)r] = s;
+        }
+}
+
+#define FTILE_FN(F, R, T)                                                                                  \
+    static void ftile_##F##_##R##_##T(const uint8_t *w, size_t rb, const float *x, float *y, size_t n_in, \
+                                      size_t n_out) {                                                     \
+        ftile(w, rb, x, y, n_in, n_out, R, T, F);                                                         \
+    }
+#define FTILE_ROW(F, R)                                                                                       \
+    FTILE_FN(F, R, 1) FTILE_FN(F, R, 2) FTILE_FN(F, R, 3) FTILE_FN(F, R, 4) FTILE_FN(F, R, 5) FTILE_FN(F, R, 6) \
+    FTILE_FN(F, R, 7) FTILE_FN(F, R, 8)
+FTILE_ROW(0, 1) FTILE_ROW(0, 2) FTILE_ROW(0, 3) FTILE_ROW(0, 4)
+FTILE_ROW(1, 1) FTILE_ROW(1, 2) FTILE_ROW(1, 3) FTILE_ROW(1, 4)
+#define FTILE_PTRS(F, R)                                                                                   \
+    {ftile_##F##_##R##_1, ftile_##F##_##R##_2, ftile_##F##_##R##_3, ftile_##F##_##R##_4, ftile_##F##_##R##_5, \
+     ftile_##F##_##R##_6, ftile_##F##_##R##_7, ftile_##F##_##R##_8}
+static const ftile_fn ftiles[2][MAX_R][MAX_T] = {
+    {FTILE_PTRS(0, 1), FTILE_PTRS(0, 2), FTILE_PTRS(0, 3), FTILE_PTRS(0, 4)},
+    {FTILE_PTRS(1, 1), FTILE_PTRS(1, 2), FTILE_PTRS(1, 3), FTILE_PTRS(1, 4)},
+};
+#else
+#define HAVE_VNNI_PATH 0
+#endif
+
+/* ---- dispatch ---- */
+
+static bool cpu_has_vnni(void) {
+#if SD_CPU_AVX2 && HAVE_VNNI_PATH
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+#else
+    return false;
+#endif
+}
+
+bool sd_cpu_qpath_available(sd_cpu_qpath p) {
+    switch (p) {
+    case SD_CPU_QPATH_AUTO:
+    case SD_CPU_QPATH_C: return true;
+    case SD_CPU_QPATH_AVX2: return SD_CPU_AVX2;
+    case SD_CPU_QPATH_VNNI: return cpu_has_vnni();
+    }
+    return false;
+}
+
+static sd_cpu_qpath auto_path(void) {
+    if (cpu_has_vnni()) return SD_CPU_QPATH_VNNI;
+    return SD_CPU_AVX2 ? SD_CPU_QPATH_AVX2 : SD_CPU_QPATH_C;
+}
+
+const char *sd_cpu_qpath_name(void) {
+    sd_cpu_qpath p = auto_path();
+    return p == SD_CPU_QPATH_VNNI ? "avx512-vnni" : p == SD_CPU_QPATH_AVX2 ? "avx2" : "c";
+}
+
+typedef struct qmatmul_args {
+    sd_cpu_qpath path;
+    sd_dtype type;
+    const uint8_t *w;
+    size_t row_bytes;
+    const float *x;      /* F16 / BF16 */
+    const uint8_t *xq;   /* integer types: q8 rows */
+    size_t xrow_bytes;
+    float *y;
+    size_t n_in, n_out, n_tokens;
+} qmatmul_args;
+
+static void chunk_c(const qmatmul_args *a, size_t r_begin, size_t r_end) {
+    size_t nb = a->n_in / QK;
+    for (size_t t = 0; t < a->n_tokens; t++)
+        for (size_t r = r_begin; r < r_end; r++) {
+            const uint8_t *wr = a->w + r * a->row_bytes;
+            a->y[t * a->n_out + r] = is_integer_type(a->type)
+                                         ? qdot_c(kind_of(a->type), wr, a->xq + t * a->xrow_bytes, nb)
+                                         : fdot_c(a->type, wr, a->x + t * a->n_in, a->n_in);
+        }
+}
+
+static void qmatmul_chunk(void *p, int64_t c, int32_t ith) {
+    (void)ith;
+    const qmatmul_args *a = p;
+    size_t r_begin, r_end;
+    sd_cpu_chunk(a->n_out, ROW_CHUNK, c, &r_begin, &r_end);
+    if (a->path == SD_CPU_QPATH_C) {
+        chunk_c(a, r_begin, r_end);
+        return;
+    }
+#if SD_CPU_AVX2
+    /* Tile shape: up to 8 tokens share one pass over the weight rows (fewer
+     * tokens leave registers for more rows); longer calls use 2 x 4 tiles
+     * over blocks of TOK_BLOCK tokens, rereading a chunk's rows from cache. */
+    size_t n = a->n_tokens, rb, tb;
+    if (n <= 8) {
+        tb = n;
+        rb = n <= 1 ? 4 : n <= 2 ? 2 : 1;
+    } else {
+        tb = 4;
+        rb = 2;
+    }
+    const bool integer = is_integer_type(a->type);
+    const int kind = integer ? kind_of(a->type) : 0;
+    const qtile_fn(*qt)[MAX_T] =
+#if HAVE_VNNI_PATH
+        a->path == SD_CPU_QPATH_VNNI ? qtiles_vnni[kind] :
+#endif
+                                     qtiles_avx2[kind];
+    const ftile_fn(*ft)[MAX_T] = ftiles[a->type == SD_DTYPE_F16 ? 1 : 0];
+    for (size_t t0 = 0; t0 < n; t0 += TOK_BLOCK) {
+        size_t t_end = t0 + TOK_BLOCK < n ? t0 + TOK_BLOCK : n;
+        for (size_t r = r_begin; r < r_end; r += rb) {
+            size_t nr = r_end - r < rb ? r_end - r : rb;
+            const uint8_t *w = a->w + r * a->row_bytes;
+            for (size_t t = t0; t < t_end; t += tb) {
+                size_t nt = t_end - t < tb ? t_end - t : tb;
+                float *y = a->y + t * a->n_out + r;
+                if (integer)
+                    qt[nr - 1][nt - 1](w, a->row_bytes, a->xq + t * a->xrow_bytes, a->xrow_bytes, a->n_in / QK, y,
+                                       a->n_out);
+                else
+                    ft[nr - 1][nt - 1](w, a->row_bytes, a->x + t * a->n_in, y, a->n_in, a->n_out);
+            }
+        }
+    }
+#else
+    chunk_c(a, r_begin, r_end);
+#endif
+}
+
+sd_status sd_cpu_qmatmul(sd_backend *be, sd_cpu_qpath path, sd_dtype type, const void *w, int32_t n_in,
+                         int32_t n_out, const float *x, int32_t n_tokens, float *y) {
+    if (!be || n_in <= 0 || n_out < 0 || n_tokens < 0) return SD_ERR_INVALID_ARG;
+    if (!sd_cpu_qmatmul_supports(type) || !sd_cpu_qpath_available(path)) return SD_ERR_UNSUPPORTED;
+    const bool integer = is_integer_type(type);
+    if (integer && n_in % QK != 0) return SD_ERR_INVALID_ARG;
+    if (n_tokens == 0 || n_out == 0) return SD_OK;
+    if (path == SD_CPU_QPATH_AUTO) path = auto_path();
+    size_t be_elems, bb;
+    sd_dtype_block(type, &be_elems, &bb);
+    qmatmul_args a = {.path = path, .type = type, .w = w, .row_bytes = (size_t)n_in / be_elems * bb, .x = x,
+                      .y = y, .n_in = (size_t)n_in, .n_out = (size_t)n_out, .n_tokens = (size_t)n_tokens};
+    if (integer) {
+        size_t rb = sd_cpu_q8_row_bytes(n_in), need;
+        if (!sd_mul_ok(rb, (size_t)n_tokens, &need)) return SD_ERR_NOMEM;
+        if (need > be->qbuf_bytes) {
+            void *q = aligned_alloc(64, (need + 63) & ~(size_t)63);
+            if (!q) {
+                SD_ERROR("cpu backend: cannot allocate %zu bytes of quantized activations", need);
+                return SD_ERR_NOMEM;
+            }
+            free(be->qbuf);
+            be->qbuf = q;
+            be->qbuf_bytes = need;
+        }
+        for (int32_t t = 0; t < n_tokens; t++)
+            sd_cpu_q8_quantize_row(x + (size_t)t * (size_t)n_in, n_in, (uint8_t *)be->qbuf + (size_t)t * rb);
+        a.xq = be->qbuf;
+        a.xrow_bytes = rb;
+    }
+    sd_cpu_parallel(be, qmatmul_chunk, &a, (int64_t)(((size_t)n_out + ROW_CHUNK - 1) / ROW_CHUNK),
+                    (size_t)n_in * (size_t)n_out);
+    return SD_OK;
+}
+
+sd_status sd_cpu_matmul_stored(sd_backend *be, sd_dtype type, const void *w, int32_t n_in, int32_t n_out,
+                               const float *x, int32_t n_tokens, float *y) {
+    return sd_cpu_qmatmul(be, SD_CPU_QPATH_AUTO, type, w, n_in, n_out, x, n_tokens, y);
+}

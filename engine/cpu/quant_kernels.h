@@ -1,0 +1,75 @@
+/* quant_kernels.h — matmul on weights as stored (F16, BF16, Q8_0, Q4_0, Q4_1).
+ *
+ * y[t][o] = sum_i W[o][i] * x[t][i] where W stays in its GGUF layout: rows of
+ * n_in elements, a Q row being n_in/32 blocks (quant.c has the layouts). The
+ * integer formats multiply 8-bit activations: each token row of x is first
+ * quantized into blocks of 32 (an f32 scale dx, int8 q = rint(x / dx), |q| <=
+ * 127) and every block product is an exact integer dot product.
+ *
+ * The arithmetic of one output element, fixed whatever the batch, tile,
+ * thread count or code path (C, AVX2, AVX-512 VNNI), so results are batch
+ * invariant and every path agrees bit for bit with the plain C twin:
+ *   - integer formats: 8 float lanes; for block b in increasing order, lane
+ *     k (elements 4k..4k+3 of the block) takes
+ *         acc[k] = fmaf((float)P_bk, dw_b * dx_b, acc[k])
+ *     with P_bk the exact integer sum of w_j * q_j over its 4 elements (w_j
+ *     = q for Q8_0, nibble - 8 for Q4_0, nibble for Q4_1), and for Q4_1 then
+ *         acc[k] = fmaf((float)S_bk, m_b * dx_b, acc[k])
+ *     with S_bk the sum of q_j over the same 4 elements (the block minimum's
+ *     share); the result is the fixed lane tree sd_cpu_hsum8(acc).
+ *   - F16 / BF16: the weights are widened to f32 (exact) and the dot product
+ *     is sd_cpu_dot's (8 lanes over i, lane tree, fused tail): the same bits
+ *     as the f32 matmul on the widened matrix.
+ *
+ * Error against the exact product of the dequantized weights with x: only
+ * the activation rounding (|x - q*dx| <= dx/2 = amax_b/254 per element) and
+ * f32 accumulation; tests/test_qmatmul.c states the bound it checks. */
+#ifndef SPECD_CPU_QUANT_KERNELS_H
+#define SPECD_CPU_QUANT_KERNELS_H
+
+#include "cpu/cpu_impl.h"
+#include "specd/gguf.h"
+
+/* Which implementation runs (tests name one; the backend uses AUTO: the
+ * fastest this CPU has). */
+typedef enum sd_cpu_qpath {
+    SD_CPU_QPATH_AUTO = 0,
+    SD_CPU_QPATH_C,    /* the plain C twin */
+    SD_CPU_QPATH_AVX2, /* AVX2 + FMA + F16C (x86-64-v3, the build's baseline) */
+    SD_CPU_QPATH_VNNI, /* AVX-512 VNNI integer dots (run-time checked) */
+} sd_cpu_qpath;
+
+/* True for the stored types sd_cpu_qmatmul computes on. */
+bool sd_cpu_qmatmul_supports(sd_dtype type);
+
+/* True when path can run on this CPU (C and AUTO always). */
+bool sd_cpu_qpath_available(sd_cpu_qpath path);
+
+/* Name of the path AUTO picks on this CPU ("c", "avx2", "avx512-vnni"). */
+const char *sd_cpu_qpath_name(void);
+
+/* Bytes of one token row of quantized activations for n_in (a multiple of
+ * 32): q int8 [nb*32], then dx f32 [nb], then S f32 [nb][8] (per-lane sums
+ * of q, see the file comment). */
+size_t sd_cpu_q8_row_bytes(int32_t n_in);
+
+/* Quantizes one activation row x [n_in] (n_in a multiple of 32) into dst
+ * (sd_cpu_q8_row_bytes(n_in) bytes): per block dx = amax / 127,
+ * q = clamp(rint(x * (1/dx)), -127, 127) rounding to nearest even, 0 when
+ * amax is 0. */
+void sd_cpu_q8_quantize_row(const float *x, int32_t n_in, void *dst);
+
+/* y [n_tokens][n_out] = W x with W of type (one of sd_cpu_qmatmul_supports)
+ * stored at w as n_out rows, x [n_tokens][n_in]. For the integer types n_in
+ * must be a multiple of 32. Uses the backend's pool and its activation
+ * buffer (not reentrant on one backend). SD_ERR_UNSUPPORTED when path is not
+ * available here or type is not supported; SD_ERR_NOMEM when the activation
+ * buffer cannot grow. */
+sd_status sd_cpu_qmatmul(sd_backend *be, sd_cpu_qpath path, sd_dtype type, const void *w, int32_t n_in,
+                         int32_t n_out, const float *x, int32_t n_tokens, float *y);
+
+/* The backend op: sd_cpu_qmatmul with SD_CPU_QPATH_AUTO. */
+sd_status sd_cpu_matmul_stored(sd_backend *be, sd_dtype type, const void *w, int32_t n_in, int32_t n_out,
+                               const float *x, int32_t n_tokens, float *y);
+
+#endif

@@ -1,0 +1,269 @@
+/* test_qmatmul.c — the stored-weight matmul kernels (engine/cpu/qmatmul.c).
+ *
+ * For F16, BF16, Q8_0, Q4_0 and Q4_1 weights on random shapes (n_in not a
+ * multiple of 256, n_out across chunk boundaries, 1 token, odd token counts,
+ * more tokens than a tile or a token block):
+ *   - every SIMD path this CPU has (AVX2, AVX-512 VNNI) equals the plain C
+ *     twin bit for bit;
+ *   - batch invariance: each token's row of a batched call equals the same
+ *     token computed alone, bit for bit, with 1 and 2 threads;
+ *   - against the exact (double) product of the dequantized weights with x:
+ *       integer types: |y - ref| <= sum_j |w_j| * 0.5001 * dx_b(j)
+ *                                   + 1e-5 * sum_j |w_j| (|x_j| + dx_b(j)),
+ *         the first term being the activation rounding (|x - q dx| <=
+ *         dx/2, plus the rounding of x * (1/dx)), the second f32 summation;
+ *       and, tighter, against the double product of the dequantized weights
+ *         with the quantized activations q * dx: 1e-5 * sum |w_j q_j dx|;
+ *       F16 / BF16: bit-identical to the f32 matmul on the widened matrix
+ *         (the kernel's stated arithmetic), and within n_in * 2^-23 * sum |w x|
+ *         of the double product;
+ *   - refusals: an integer type with n_in not a multiple of 32, an
+ *     unsupported type. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "cpu/quant_kernels.h"
+#include "specd/gguf.h"
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static float uniform(void) { /* [-1, 1) */
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(rng_state >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
+}
+
+typedef struct shape {
+    int n_in, n_out, n_tokens;
+} shape;
+
+static const sd_dtype types[] = {SD_DTYPE_F16, SD_DTYPE_BF16, SD_DTYPE_Q8_0, SD_DTYPE_Q4_0, SD_DTYPE_Q4_1};
+
+static const shape shapes[] = {
+    {32, 1, 1},   {64, 5, 3},     {96, 47, 1},   {288, 49, 9},  {576, 97, 17},
+    {160, 130, 70}, {1536, 13, 2}, {224, 96, 8}, {32, 200, 5},  {736, 3, 16},
+};
+
+/* Odd lengths for the float formats (no block constraint). */
+static const shape float_shapes[] = {{37, 9, 3}, {7, 4, 1}, {131, 50, 11}};
+
+static bool is_int_type(sd_dtype t) { return t == SD_DTYPE_Q8_0 || t == SD_DTYPE_Q4_0 || t == SD_DTYPE_Q4_1; }
+
+typedef struct fixture {
+    sd_backend_handle be1, be2; /* 1 and 2 threads */
+} fixture;
+
+static int setup(void **state) {
+    fixture *f = calloc(1, sizeof *f);
+    if (!f) return -1;
+    if (sd_cpu_backend_create(1, &f->be1) != SD_OK || sd_cpu_backend_create(2, &f->be2) != SD_OK) return -1;
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state) {
+    fixture *f = *state;
+    f->be1.ops->destroy(&f->be1.ctx);
+    f->be2.ops->destroy(&f->be2.ctx);
+    free(f);
+    return 0;
+}
+
+static void first_mismatch(const char *what, sd_dtype t, shape s, const float *a, const float *b, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof(float)) != 0) {
+            print_error("%s: %s n_in %d n_out %d n_tokens %d: element %zu (token %zu, row %zu): %.9g vs %.9g\n",
+                        what, sd_dtype_name(t), s.n_in, s.n_out, s.n_tokens, i, i / (size_t)s.n_out,
+                        i % (size_t)s.n_out, (double)a[i], (double)b[i]);
+            fail();
+        }
+}
+
+static void check_one(fixture *f, sd_dtype t, shape s) {
+    size_t be_elems, bb;
+    assert_true(sd_dtype_block(t, &be_elems, &bb));
+    size_t n_w = (size_t)s.n_in * (size_t)s.n_out, n_x = (size_t)s.n_tokens * (size_t)s.n_in;
+    size_t n_y = (size_t)s.n_tokens * (size_t)s.n_out;
+    float *wf = malloc(n_w * sizeof(float)), *wd = malloc(n_w * sizeof(float));
+    uint8_t *wq = malloc(n_w / be_elems * bb);
+    float *x = malloc(n_x * sizeof(float));
+    float *y_c = malloc(n_y * sizeof(float)), *y = malloc(n_y * sizeof(float)), *y1 = malloc(s.n_out * sizeof(float));
+    assert_non_null(wf);
+    assert_non_null(wd);
+    assert_non_null(wq);
+    assert_non_null(x);
+    assert_non_null(y_c);
+    assert_non_null(y);
+    assert_non_null(y1);
+    for (int o = 0; o < s.n_out; o++) {
+        float row_scale = 0.05f + fabsf(uniform());
+        for (int i = 0; i < s.n_in; i++) wf[(size_t)o * s.n_in + i] = uniform() * row_scale;
+    }
+    for (size_t i = 0; i < n_x; i++) x[i] = uniform() * (i % 97 == 3 ? 20.0f : 1.0f); /* a few outliers */
+    if (s.n_in >= 64 && s.n_tokens > 1)
+        for (int i = 32; i < 64; i++) x[(size_t)s.n_in + i] = 0.0f; /* an all-zero block: dx = 0 */
+    assert_int_equal(sd_quantize(t, wf, n_w, wq), SD_OK);
+    assert_int_equal(sd_dequantize(t, wq, n_w, wd), SD_OK);
+
+    /* the C twin, then every SIMD path, then the other thread count */
+    sd_backend *b1 = f->be1.ctx, *b2 = f->be2.ctx;
+    assert_int_equal(sd_cpu_qmatmul(b1, SD_CPU_QPATH_C, t, wq, s.n_in, s.n_out, x, s.n_tokens, y_c), SD_OK);
+    const sd_cpu_qpath paths[] = {SD_CPU_QPATH_AVX2, SD_CPU_QPATH_VNNI, SD_CPU_QPATH_AUTO};
+    const char *names[] = {"avx2 vs C", "vnni vs C", "auto vs C"};
+    for (size_t p = 0; p < 3; p++) {
+        if (!sd_cpu_qpath_available(paths[p])) continue;
+        for (int th = 0; th < 2; th++) {
+            memset(y, 0xff, n_y * sizeof(float));
+            assert_int_equal(sd_cpu_qmatmul(th ? b2 : b1, paths[p], t, wq, s.n_in, s.n_out, x, s.n_tokens, y),
+                             SD_OK);
+            first_mismatch(names[p], t, s, y, y_c, n_y);
+        }
+    }
+    /* batch invariance: each token alone, both thread counts */
+    for (int tok = 0; tok < s.n_tokens; tok++)
+        for (int th = 0; th < 2; th++) {
+            assert_int_equal(sd_cpu_matmul_stored(th ? b2 : b1, t, wq, s.n_in, s.n_out, x + (size_t)tok * s.n_in, 1,
+                                                  y1),
+                             SD_OK);
+            shape one = {s.n_in, s.n_out, 1};
+            first_mismatch("token alone vs in the batch", t, one, y1, y_c + (size_t)tok * s.n_out, (size_t)s.n_out);
+        }
+
+    /* against the exact products */
+    size_t rb = sd_cpu_q8_row_bytes(s.n_in);
+    uint8_t *xq = is_int_type(t) ? malloc(rb) : NULL;
+    if (!is_int_type(t)) {
+        /* the stated arithmetic: the f32 matmul on the widened matrix */
+        assert_int_equal(sd_cpu_matmul(b1, wd, s.n_in, s.n_out, x, s.n_tokens, y), SD_OK);
+        first_mismatch("F16/BF16 vs f32 matmul on the widened matrix", t, s, y_c, y, n_y);
+    }
+    for (int tok = 0; tok < s.n_tokens; tok++) {
+        const float *xt = x + (size_t)tok * s.n_in;
+        if (xq) sd_cpu_q8_quantize_row(xt, s.n_in, xq);
+        for (int o = 0; o < s.n_out; o++) {
+            const float *wr = wd + (size_t)o * s.n_in;
+            double ref = 0, ref_q = 0, abs_wx = 0, abs_wqd = 0, quant_err = 0, abs_w_xd = 0;
+            for (int i = 0; i < s.n_in; i++) {
+                ref += (double)wr[i] * xt[i];
+                abs_wx += fabs((double)wr[i] * xt[i]);
+                if (xq) {
+                    float dx;
+                    memcpy(&dx, xq + (size_t)(s.n_in / 32) * 32 + (size_t)(i / 32) * 4, 4);
+                    double xqd = (double)(int8_t)xq[i] * dx;
+                    ref_q += (double)wr[i] * xqd;
+                    abs_wqd += fabs((double)wr[i] * xqd);
+                    quant_err += fabs((double)wr[i]) * 0.5001 * dx;
+                    abs_w_xd += fabs((double)wr[i]) * (fabs((double)xt[i]) + dx);
+                }
+            }
+            double got = y_c[(size_t)tok * s.n_out + o];
+            double tol = xq ? quant_err + 1e-5 * abs_w_xd : s.n_in * 0x1p-23 * abs_wx;
+            if (fabs(got - ref) > tol) {
+                print_error("%s n_in %d n_out %d: token %d row %d: %.9g, exact %.9g, bound %.3g\n", sd_dtype_name(t),
+                            s.n_in, s.n_out, tok, o, got, ref, tol);
+                fail();
+            }
+            if (xq && fabs(got - ref_q) > 1e-5 * abs_wqd + 1e-30) {
+                print_error("%s n_in %d n_out %d: token %d row %d: %.9g, exact on quantized x %.9g\n",
+                            sd_dtype_name(t), s.n_in, s.n_out, tok, o, got, ref_q);
+                fail();
+            }
+        }
+    }
+    free(xq);
+    free(wf);
+    free(wd);
+    free(wq);
+    free(x);
+    free(y_c);
+    free(y);
+    free(y1);
+}
+
+static void test_all_types_shapes(void **state) {
+    fixture *f = *state;
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) check_one(f, types[ti], shapes[si]);
+        if (!is_int_type(types[ti]))
+            for (size_t si = 0; si < sizeof float_shapes / sizeof float_shapes[0]; si++)
+                check_one(f, types[ti], float_shapes[si]);
+    }
+}
+
+/* Random shapes on top of the fixed ones. */
+static void test_random_shapes(void **state) {
+    fixture *f = *state;
+    for (int it = 0; it < 40; it++) {
+        sd_dtype t = types[it % 5];
+        rng_state += 0x1234567ull * (uint64_t)(it + 1);
+        shape s;
+        s.n_in = 32 * (1 + (int)((uniform() + 1.0f) * 20.0f));
+        if (!is_int_type(t) && it % 2) s.n_in += it % 7;
+        s.n_out = 1 + (int)((uniform() + 1.0f) * 80.0f);
+        s.n_tokens = 1 + (int)((uniform() + 1.0f) * 12.0f);
+        check_one(f, t, s);
+    }
+}
+
+static void test_quantize_row(void **state) {
+    (void)state;
+    float x[64];
+    for (int i = 0; i < 32; i++) x[i] = (float)(i - 16) * 0.25f; /* amax 4 at i = 0 */
+    for (int i = 32; i < 64; i++) x[i] = 0.0f;
+    x[40] = -0.5f; /* amax 0.5: dx = 0.5/127, -0.5 -> -127 */
+    uint8_t q[sizeof(float) * 64 * 3];
+    assert_true(sd_cpu_q8_row_bytes(64) <= sizeof q);
+    sd_cpu_q8_quantize_row(x, 64, q);
+    float dx0, dx1, s0[8];
+    memcpy(&dx0, q + 64, 4);
+    memcpy(&dx1, q + 68, 4);
+    memcpy(s0, q + 72, 32);
+    assert_true(dx0 == 4.0f / 127.0f);
+    assert_true(dx1 == 0.5f / 127.0f);
+    assert_int_equal((int8_t)q[0], -127);
+    assert_int_equal((int8_t)q[16], 0);
+    assert_int_equal((int8_t)q[40], -127);
+    assert_int_equal((int8_t)q[41], 0);
+    int lane0 = (int8_t)q[0] + (int8_t)q[1] + (int8_t)q[2] + (int8_t)q[3];
+    assert_true(s0[0] == (float)lane0);
+    /* rounding to nearest even on exact halves: x = 2.5 dx -> 2 */
+    float y[32] = {127.0f};
+    y[1] = 2.5f;
+    y[2] = 3.5f;
+    y[3] = -2.5f;
+    sd_cpu_q8_quantize_row(y, 32, q);
+    assert_int_equal((int8_t)q[0], 127);
+    assert_int_equal((int8_t)q[1], 2);
+    assert_int_equal((int8_t)q[2], 4);
+    assert_int_equal((int8_t)q[3], -2);
+}
+
+static void test_refusals(void **state) {
+    fixture *f = *state;
+    float x[48] = {0}, y[4];
+    uint8_t w[4 * 40] = {0};
+    assert_int_equal(sd_cpu_qmatmul(f->be1.ctx, SD_CPU_QPATH_AUTO, SD_DTYPE_Q8_0, w, 48, 1, x, 1, y),
+                     SD_ERR_INVALID_ARG);
+    assert_int_equal(sd_cpu_qmatmul(f->be1.ctx, SD_CPU_QPATH_AUTO, SD_DTYPE_F32, w, 32, 1, x, 1, y),
+                     SD_ERR_UNSUPPORTED);
+    assert_false(sd_cpu_qmatmul_supports(SD_DTYPE_F32));
+    assert_true(sd_cpu_qmatmul_supports(SD_DTYPE_Q4_1));
+    print_message("qmatmul: this CPU's path: %s\n", sd_cpu_qpath_name());
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_quantize_row),
+        cmocka_unit_test_setup_teardown(test_all_types_shapes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_random_shapes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
