@@ -218,7 +218,7 @@ int main(int argc, char **argv) {
             }
             break;
         case O_LAYERS:
-            if (!parse_int(optarg, 0, 1 << 20, &layers)) {
+            if (!sd_cli_parse_int(optarg, 0, 1 << 20, &layers)) {
                 fprintf(stderr, "specd_logits: --layers must be >= 0 (got '%s')\n", optarg);
                 goto done;
             }

@@ -623,10 +623,10 @@ static sd_status hf_read_stored(void *ctx, const char *name, int64_t row0, int64
                                 int64_t n_cols, void *dst) {
     const hf_source *s = ctx;
     row_order order;
-    const sd_st_tensor *t = find_mapped(s, name, &order);
+    const sd_safetensors_tensor *t = find_mapped(s, name, &order);
     sd_dtype dt;
     size_t be, bb;
-    if (!t || !sd_st_dtype_to_sd(t->dtype, &dt) || !sd_dtype_block(dt, &be, &bb)) return SD_ERR_INTERNAL;
+    if (!t || !sd_safetensors_dtype_to_sd(t->dtype, &dt) || !sd_dtype_block(dt, &be, &bb)) return SD_ERR_INTERNAL;
     int64_t ne0 = (int64_t)t->shape[t->n_dims - 1];
     if (order == ROWS_SAME) return sd_weights_copy_rows(dt, t->data, ne0, row0, n_rows, col0, n_cols, dst);
     int64_t hd = s->cfg.head_dim, half = hd / 2;
