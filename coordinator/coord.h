@@ -260,6 +260,29 @@ typedef struct sd_coord {
 sd_status sd_coord_state_init(sd_coord *c, const sd_coord_params *p, const sd_coord_io *io);
 void sd_coord_state_free(sd_coord *c);
 
+static inline int32_t sd_imin(int32_t a, int32_t b) { return a < b ? a : b; }
+static inline bool sd_coord_drafter_ok(const sd_coord *c) { return c->drafter >= 0 && c->workers[c->drafter].alive; }
+static inline bool sd_coord_verifier_ok(const sd_coord *c) {
+    return c->verifier >= 0 && c->workers[c->verifier].alive;
+}
+
+/* sd_session.shadow_token before it is a token */
+#define SD_SHADOW_PENDING (-1) /* the shadow draft is in flight */
+#define SD_SHADOW_NONE (-2)    /* no proposal (the drafter had none, or failed): nothing to learn */
+
+/* kpolicy.c: the draft length (K) per sequence, from the engine's policy */
+/* Largest K the sequence may use now (0: no speculation possible). */
+int32_t sd_k_cap(const sd_coord *c, const sd_session *s);
+/* The K the sequence asks for in its next draft step (0: a plain step). */
+int32_t sd_k_want(const sd_coord *c, const sd_session *s);
+/* Recomputes c->drafting_pays for the batch (greedy requests draft only while it holds). */
+void sd_k_update_gate(sd_coord *c);
+/* 1 when the sequence should be shadow-drafted now, else 0. */
+int32_t sd_k_shadow(const sd_coord *c, const sd_session *s);
+/* Folds a settled shadow draft into the acceptance estimate (tokens: what is
+ * being committed at s->n_tokens onward, n of them). */
+void sd_k_shadow_settle(sd_coord *c, sd_session *s, const int32_t *tokens, int32_t n);
+
 /* scheduler.c */
 /* Admits queued requests and sends every draft/verify request that can go
  * now. Call after any event. */

@@ -50,12 +50,6 @@
 
 /* ---------------------------------------------------------------- helpers */
 
-static int32_t imin(int32_t a, int32_t b) { return a < b ? a : b; }
-
-/* sd_session.shadow_token before it is a token */
-#define SHADOW_PENDING (-1) /* the shadow draft is in flight */
-#define SHADOW_NONE (-2)    /* no proposal (the drafter had none, or failed): nothing to learn */
-
 sd_session *sd_sched_find(sd_coord *c, uint64_t request_id) {
     for (int32_t i = 0; i < c->n_sessions; i++)
         if (c->sessions[i]->id == request_id) return c->sessions[i];
@@ -93,97 +87,6 @@ static void reap(sd_coord *c, sd_session *s) {
     if (s->state == SD_SESSION_FINISHED && !s->in_verify && !s->in_draft) remove_session(c, s);
 }
 
-static bool drafter_ok(const sd_coord *c) { return c->drafter >= 0 && c->workers[c->drafter].alive; }
-static bool verifier_ok(const sd_coord *c) { return c->verifier >= 0 && c->workers[c->verifier].alive; }
-
-/* Largest K the sequence may use now. */
-static int32_t k_cap(const sd_coord *c, const sd_session *s) {
-    if (!drafter_ok(c) || s->max_draft < 0) return 0;
-    int32_t cap = c->p.k_max;
-    if (s->max_draft > 0) cap = imin(cap, s->max_draft);
-    cap = imin(cap, c->workers[c->drafter].max_draft);
-    if (verifier_ok(c)) cap = imin(cap, c->workers[c->verifier].max_draft);
-    cap = imin(cap, SD_MAX_DRAFT);
-    cap = imin(cap, s->max_tokens - sd_session_generated(s) - 1); /* the target adds one */
-    cap = imin(cap, s->max_context - s->n_tokens - 1);
-    int32_t d_ctx = c->workers[c->drafter].n_ctx;
-    if (d_ctx > 0) cap = imin(cap, d_ctx - s->n_tokens - 1); /* the drafter's own context */
-    return cap < 0 ? 0 : cap;
-}
-
-static int32_t want_k(const sd_coord *c, const sd_session *s) {
-    int32_t cap = k_cap(c, s);
-    if (cap == 0) return 0;
-    if (!c->p.adaptive_k) return imin(c->p.k_default, cap);
-    /* a sampled request's draws depend on its K schedule: sd_adapt_next_k
-     * keeps that independent of load and timing (engine/spec/spec_adapt.c) */
-    const bool greedy = sd_sampling_is_greedy(&s->sampling);
-    if (greedy && !c->drafting_pays) return 0;
-    /* the batch the sequence will be verified in: every active sequence
-     * (hold_for_drafts keeps them together), as far as the verifier takes */
-    int32_t batch = c->n_active;
-    if (verifier_ok(c)) batch = imin(batch, c->workers[c->verifier].max_batch);
-    return sd_adapt_next_k(&s->adapt, &c->cost, greedy, batch, cap);
-}
-
-/* Recomputes c->drafting_pays: the K each greedy sequence would choose,
- * added up for the batch, against the batch without drafts (spec_adapt.c). */
-static void update_drafting_gate(sd_coord *c) {
-    c->drafting_dirty = false;
-    c->drafting_pays = true;
-    if (!c->p.adaptive_k || !drafter_ok(c)) return;
-    int32_t batch = c->n_active;
-    if (verifier_ok(c)) batch = imin(batch, c->workers[c->verifier].max_batch);
-    double extra_tokens = 0;
-    int32_t extra_rows = 0;
-    for (int32_t i = 0; i < c->n_sessions; i++) {
-        const sd_session *s = c->sessions[i];
-        if (s->state != SD_SESSION_ACTIVE || !sd_sampling_is_greedy(&s->sampling)) continue;
-        int32_t cap = k_cap(c, s);
-        if (cap == 0) continue;
-        int32_t k = sd_adapt_choose_k(s->adapt.alpha, &c->cost, batch, cap);
-        if (k == 0) continue;
-        extra_tokens += sd_adapt_expected_tokens(s->adapt.alpha, k) - 1.0;
-        extra_rows += k;
-    }
-    bool pays = sd_adapt_drafting_pays(&c->cost, batch, extra_tokens, extra_rows);
-    if (!pays)
-        SD_DEBUG("drafting paused for the batch of %d: +%.2f tokens for +%d rows and a %.0f us round trip", batch,
-                 extra_tokens, extra_rows, c->cost.draft_step_us);
-    c->drafting_pays = pays;
-}
-
-/* 1 when the sequence should be shadow-drafted now: it is greedy (sampled
- * requests keep a load-independent K, spec_adapt.c), its K = 0 step is being
- * verified, speculation is possible, and its interval has come. */
-static int32_t shadow_k(const sd_coord *c, const sd_session *s) {
-    if (!c->p.adaptive_k || !sd_sampling_is_greedy(&s->sampling)) return 0;
-    if (!s->in_verify || s->verify_k > 0 || s->shadow_base == s->n_tokens) return 0;
-    if (k_cap(c, s) == 0) return 0;
-    int32_t batch = c->n_active;
-    if (verifier_ok(c)) batch = imin(batch, c->workers[c->verifier].max_batch);
-    int32_t every = sd_adapt_shadow_interval(&c->cost, batch);
-    /* one phase for all: the verify steps in between send no drafts */
-    if (every > 1 && c->verify_steps % (uint64_t)every != 0) return 0;
-    return s->adapt.steps_at_zero + 1 >= every ? 1 : 0;
-}
-
-/* Folds a shadow draft into the acceptance EMA once both the draft and the
- * committed token at its position are known (tokens: what is committed at
- * s->n_tokens onward, n of them, about to be appended). */
-static void shadow_settle(sd_coord *c, sd_session *s, const int32_t *tokens, int32_t n) {
-    if (s->shadow_base < 0 || s->shadow_token == SHADOW_PENDING) return;
-    int32_t at = s->shadow_base;
-    int32_t committed;
-    if (at < s->n_tokens) committed = s->tokens[at];
-    else if (at - s->n_tokens < n) committed = tokens[at - s->n_tokens];
-    else return; /* the position is not committed yet; the shadow stays (no second one for it) */
-    if (s->shadow_token >= 0) {
-        sd_adapt_observe_shadow(&s->adapt, committed == s->shadow_token);
-        sd_adapt_prior_update(&c->alpha_prior, &s->adapt); /* shadows are greedy only */
-    }
-    s->shadow_base = -1;
-}
 
 static void flush_chunks(sd_coord *c, uint64_t now_us);
 
@@ -285,7 +188,7 @@ static cand_kind verify_candidate(const sd_coord *c, const sd_session *s) {
     if (missing > c->p.prefill_chunk) return CAND_PREFILL;
     if (drafted_now(s)) return CAND_STEP;
     if (missing > 1) return CAND_STEP;  /* refill now; the drafter warms up meanwhile */
-    if (!s->in_draft && want_k(c, s) == 0) return CAND_STEP;
+    if (!s->in_draft && sd_k_want(c, s) == 0) return CAND_STEP;
     return CAND_NONE;
 }
 
@@ -323,7 +226,7 @@ static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
         vs->request_id = s->id;
         vs->keep_len = (uint32_t)s->v_cached;
         int32_t missing = s->n_tokens - s->v_cached;
-        int32_t n_append = prefill ? imin(c->p.prefill_chunk, missing - 1) : missing;
+        int32_t n_append = prefill ? sd_imin(c->p.prefill_chunk, missing - 1) : missing;
         vs->n_append = (size_t)n_append;
         vs->append = s->tokens + s->v_cached;
         fill_sampling(s, &samp[m]);
@@ -334,9 +237,9 @@ static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
          * busy verifier), and its draws depend on K (spec_adapt.c). */
         bool sampled_refill = missing > 1 && !sd_sampling_is_greedy(&s->sampling);
         if (!prefill && drafted_now(s) && !sampled_refill) {
-            n_draft = imin(s->n_draft, s->max_context - s->n_tokens - 1);
-            n_draft = imin(n_draft, s->max_tokens - sd_session_generated(s) - 1);
-            if (verifier_ok(c)) n_draft = imin(n_draft, w->max_draft);
+            n_draft = sd_imin(s->n_draft, s->max_context - s->n_tokens - 1);
+            n_draft = sd_imin(n_draft, s->max_tokens - sd_session_generated(s) - 1);
+            if (sd_coord_verifier_ok(c)) n_draft = sd_imin(n_draft, w->max_draft);
             if (n_draft < 0) n_draft = 0;
             vs->n_draft = (size_t)n_draft;
             vs->draft = s->draft;
@@ -397,7 +300,7 @@ out:
  * file comment). Pending: active sequences that wait only for drafts (their
  * verifier cache is current, they are in a draft step or about to be). */
 static bool hold_for_drafts(const sd_coord *c, uint64_t now_us) {
-    if (!drafter_ok(c)) return false;
+    if (!sd_coord_drafter_ok(c)) return false;
     const sd_coord_worker *v = &c->workers[c->verifier], *d = &c->workers[c->drafter];
     int32_t n_ready = 0, n_pending = 0, n_to_draft = 0, ready_tokens = 0;
     for (int32_t i = 0; i < c->n_sessions; i++) {
@@ -426,7 +329,7 @@ static bool hold_for_drafts(const sd_coord *c, uint64_t now_us) {
 }
 
 static void dispatch_verify(sd_coord *c, uint64_t now_us) {
-    if (!verifier_ok(c) || c->workers[c->verifier].busy) return;
+    if (!sd_coord_verifier_ok(c) || c->workers[c->verifier].busy) return;
     bool any_prefill = false, any_step = false;
     for (int32_t i = 0; i < c->n_sessions; i++) {
         cand_kind k = verify_candidate(c, c->sessions[i]);
@@ -454,13 +357,13 @@ static void dispatch_verify(sd_coord *c, uint64_t now_us) {
 static int32_t draft_candidate(const sd_coord *c, const sd_session *s) {
     if (s->state != SD_SESSION_ACTIVE || s->in_draft || s->draft_base == s->n_tokens) return 0;
     int32_t missing = s->n_tokens - s->v_cached;
-    if (missing == 1 && s->in_verify) return shadow_k(c, s);
+    if (missing == 1 && s->in_verify) return sd_k_shadow(c, s);
     if (missing > 1 && s->d_cached >= s->n_tokens) return 0;
-    return want_k(c, s);
+    return sd_k_want(c, s);
 }
 
 static void dispatch_draft(sd_coord *c, uint64_t now_us) {
-    if (!drafter_ok(c) || c->workers[c->drafter].busy) return;
+    if (!sd_coord_drafter_ok(c) || c->workers[c->drafter].busy) return;
     sd_coord_worker *w = &c->workers[c->drafter];
     int32_t n = 0;
     for (int32_t i = 0; i < c->n_sessions && n < w->max_batch; i++)
@@ -494,7 +397,7 @@ static void dispatch_draft(sd_coord *c, uint64_t now_us) {
         w->step_end[m] = s->n_tokens;
         if (s->in_verify && s->n_tokens - s->v_cached == 1) { /* shadow */
             s->shadow_base = s->n_tokens;
-            s->shadow_token = SHADOW_PENDING;
+            s->shadow_token = SD_SHADOW_PENDING;
             s->adapt.steps_at_zero = 0;
         }
         s->in_draft = true;
@@ -525,7 +428,7 @@ void sd_sched_pump(sd_coord *c, uint64_t now_us) {
     /* a held verify step released by this event counts its overhead from here */
     if (c->hold_since_us && !c->hold_event_us) c->hold_event_us = c->clock_us();
     admit(c);
-    if (c->drafting_dirty) update_drafting_gate(c);
+    if (c->drafting_dirty) sd_k_update_gate(c);
     dispatch_verify(c, now_us);
     dispatch_draft(c, now_us);
     flush_chunks(c, now_us);
@@ -557,8 +460,8 @@ static void release(sd_coord *c, sd_session *s, uint64_t now_us) {
     Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
     env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_RELEASE;
     env.release = &rel;
-    if (s->v_holds && verifier_ok(c)) sd_outbox_worker(c, c->verifier, &env, now_us);
-    if (s->d_holds && drafter_ok(c)) sd_outbox_worker(c, c->drafter, &env, now_us);
+    if (s->v_holds && sd_coord_verifier_ok(c)) sd_outbox_worker(c, c->verifier, &env, now_us);
+    if (s->d_holds && sd_coord_drafter_ok(c)) sd_outbox_worker(c, c->drafter, &env, now_us);
     s->v_holds = s->d_holds = false;
 }
 
@@ -624,7 +527,7 @@ void sd_sched_fail_step(sd_coord *c, int32_t wi, const char *why) {
         } else {
             s->in_draft = false;
             s->d_cached = 0;
-            if (s->shadow_token == SHADOW_PENDING) s->shadow_token = SHADOW_NONE; /* lost with the step */
+            if (s->shadow_token == SD_SHADOW_PENDING) s->shadow_token = SD_SHADOW_NONE; /* lost with the step */
             /* no drafts at this length: verify with K = 0 rather than retry at once */
             s->draft_base = s->n_tokens;
             s->n_draft = 0;
@@ -651,7 +554,7 @@ void sd_sched_on_worker_lost(sd_coord *c, int32_t wi) {
             s->in_draft = false;
             s->d_cached = 0;
             s->d_holds = false;
-            if (s->shadow_token == SHADOW_PENDING) s->shadow_token = SHADOW_NONE;
+            if (s->shadow_token == SD_SHADOW_PENDING) s->shadow_token = SD_SHADOW_NONE;
         }
         reap(c, s);
     }
@@ -832,12 +735,12 @@ void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r,
                 sd_adapt_observe(&s->adapt, w->step_k[i], (int32_t)vr->n_accepted);
                 if (sd_sampling_is_greedy(&s->sampling)) sd_adapt_prior_update(&c->alpha_prior, &s->adapt);
                 s->adapt.steps_at_zero = 0;
-            } else if (k_cap(c, s) > 0) {
+            } else if (sd_k_cap(c, s) > 0) {
                 s->adapt.steps_at_zero++;
             }
             s->draft_base = -1;
             s->n_draft = 0;
-            shadow_settle(c, s, vr->commit, (int32_t)vr->n_commit);
+            sd_k_shadow_settle(c, s, vr->commit, (int32_t)vr->n_commit);
             commit_step(c, s, vr->commit, (int32_t)vr->n_commit, now_us);
             break;
         case SPECD__CODE__CODE_CACHE_MISS:
@@ -944,19 +847,19 @@ void sd_sched_on_draft(sd_coord *c, int32_t wi, const Specd__DraftResponse *r, u
             reap(c, s);
             continue;
         }
-        bool shadow = s->shadow_base == w->step_end[i] && s->shadow_token == SHADOW_PENDING;
+        bool shadow = s->shadow_base == w->step_end[i] && s->shadow_token == SD_SHADOW_PENDING;
         if (dr->code == SPECD__CODE__CODE_OK) {
             s->d_cached = (int32_t)dr->cached_len;
             n_drafted += (int32_t)dr->n_tokens;
             if (shadow) {
                 /* never used as drafts: K = 0 was chosen for this position */
-                s->shadow_token = dr->n_tokens > 0 ? dr->tokens[0] : SHADOW_NONE;
-                shadow_settle(c, s, NULL, 0);
+                s->shadow_token = dr->n_tokens > 0 ? dr->tokens[0] : SD_SHADOW_NONE;
+                sd_k_shadow_settle(c, s, NULL, 0);
             } else if (w->step_end[i] == s->n_tokens) {
                 if (copy_drafts(s, dr)) s->draft_base = s->n_tokens;
             }
         } else {
-            if (shadow) s->shadow_token = SHADOW_NONE;
+            if (shadow) s->shadow_token = SD_SHADOW_NONE;
             if (dr->code != SPECD__CODE__CODE_CACHE_MISS)
                 SD_WARN("drafter %s: %s for request %llu", w->name, sd_net_code_name(dr->code),
                         (unsigned long long)s->id);

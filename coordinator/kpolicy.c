@@ -1,0 +1,98 @@
+/* kpolicy.c — the coordinator's side of the draft-length (K) policy: which
+ * K each sequence may use given its request and the workers registered
+ * (sd_k_cap), the K it asks for (sd_k_want), whether drafting pays for the
+ * batch at all (sd_k_update_gate), and the shadow drafts that let a K = 0
+ * sequence notice when drafting starts to pay again. The policy's
+ * arithmetic (cost model, acceptance estimates, choosing K) is the engine's
+ * (engine/spec/spec_adapt.c), shared with single-process decoding; the
+ * scheduler calls these and only sends. */
+#include "coord.h"
+
+/* Largest K the sequence may use now. */
+int32_t sd_k_cap(const sd_coord *c, const sd_session *s) {
+    if (!sd_coord_drafter_ok(c) || s->max_draft < 0) return 0;
+    int32_t cap = c->p.k_max;
+    if (s->max_draft > 0) cap = sd_imin(cap, s->max_draft);
+    cap = sd_imin(cap, c->workers[c->drafter].max_draft);
+    if (sd_coord_verifier_ok(c)) cap = sd_imin(cap, c->workers[c->verifier].max_draft);
+    cap = sd_imin(cap, SD_MAX_DRAFT);
+    cap = sd_imin(cap, s->max_tokens - sd_session_generated(s) - 1); /* the target adds one */
+    cap = sd_imin(cap, s->max_context - s->n_tokens - 1);
+    int32_t d_ctx = c->workers[c->drafter].n_ctx;
+    if (d_ctx > 0) cap = sd_imin(cap, d_ctx - s->n_tokens - 1); /* the drafter's own context */
+    return cap < 0 ? 0 : cap;
+}
+
+int32_t sd_k_want(const sd_coord *c, const sd_session *s) {
+    int32_t cap = sd_k_cap(c, s);
+    if (cap == 0) return 0;
+    if (!c->p.adaptive_k) return sd_imin(c->p.k_default, cap);
+    /* a sampled request's draws depend on its K schedule: sd_adapt_next_k
+     * keeps that independent of load and timing (engine/spec/spec_adapt.c) */
+    const bool greedy = sd_sampling_is_greedy(&s->sampling);
+    if (greedy && !c->drafting_pays) return 0;
+    /* the batch the sequence will be verified in: every active sequence
+     * (hold_for_drafts keeps them together), as far as the verifier takes */
+    int32_t batch = c->n_active;
+    if (sd_coord_verifier_ok(c)) batch = sd_imin(batch, c->workers[c->verifier].max_batch);
+    return sd_adapt_next_k(&s->adapt, &c->cost, greedy, batch, cap);
+}
+
+/* Recomputes c->drafting_pays: the K each greedy sequence would choose,
+ * added up for the batch, against the batch without drafts (spec_adapt.c). */
+void sd_k_update_gate(sd_coord *c) {
+    c->drafting_dirty = false;
+    c->drafting_pays = true;
+    if (!c->p.adaptive_k || !sd_coord_drafter_ok(c)) return;
+    int32_t batch = c->n_active;
+    if (sd_coord_verifier_ok(c)) batch = sd_imin(batch, c->workers[c->verifier].max_batch);
+    double extra_tokens = 0;
+    int32_t extra_rows = 0;
+    for (int32_t i = 0; i < c->n_sessions; i++) {
+        const sd_session *s = c->sessions[i];
+        if (s->state != SD_SESSION_ACTIVE || !sd_sampling_is_greedy(&s->sampling)) continue;
+        int32_t cap = sd_k_cap(c, s);
+        if (cap == 0) continue;
+        int32_t k = sd_adapt_choose_k(s->adapt.alpha, &c->cost, batch, cap);
+        if (k == 0) continue;
+        extra_tokens += sd_adapt_expected_tokens(s->adapt.alpha, k) - 1.0;
+        extra_rows += k;
+    }
+    bool pays = sd_adapt_drafting_pays(&c->cost, batch, extra_tokens, extra_rows);
+    if (!pays)
+        SD_DEBUG("drafting paused for the batch of %d: +%.2f tokens for +%d rows and a %.0f us round trip", batch,
+                 extra_tokens, extra_rows, c->cost.draft_step_us);
+    c->drafting_pays = pays;
+}
+
+/* 1 when the sequence should be shadow-drafted now: it is greedy (sampled
+ * requests keep a load-independent K, spec_adapt.c), its K = 0 step is being
+ * verified, speculation is possible, and its interval has come. */
+int32_t sd_k_shadow(const sd_coord *c, const sd_session *s) {
+    if (!c->p.adaptive_k || !sd_sampling_is_greedy(&s->sampling)) return 0;
+    if (!s->in_verify || s->verify_k > 0 || s->shadow_base == s->n_tokens) return 0;
+    if (sd_k_cap(c, s) == 0) return 0;
+    int32_t batch = c->n_active;
+    if (sd_coord_verifier_ok(c)) batch = sd_imin(batch, c->workers[c->verifier].max_batch);
+    int32_t every = sd_adapt_shadow_interval(&c->cost, batch);
+    /* one phase for all: the verify steps in between send no drafts */
+    if (every > 1 && c->verify_steps % (uint64_t)every != 0) return 0;
+    return s->adapt.steps_at_zero + 1 >= every ? 1 : 0;
+}
+
+/* Folds a shadow draft into the acceptance EMA once both the draft and the
+ * committed token at its position are known (tokens: what is committed at
+ * s->n_tokens onward, n of them, about to be appended). */
+void sd_k_shadow_settle(sd_coord *c, sd_session *s, const int32_t *tokens, int32_t n) {
+    if (s->shadow_base < 0 || s->shadow_token == SD_SHADOW_PENDING) return;
+    int32_t at = s->shadow_base;
+    int32_t committed;
+    if (at < s->n_tokens) committed = s->tokens[at];
+    else if (at - s->n_tokens < n) committed = tokens[at - s->n_tokens];
+    else return; /* the position is not committed yet; the shadow stays (no second one for it) */
+    if (s->shadow_token >= 0) {
+        sd_adapt_observe_shadow(&s->adapt, committed == s->shadow_token);
+        sd_adapt_prior_update(&c->alpha_prior, &s->adapt); /* shadows are greedy only */
+    }
+    s->shadow_base = -1;
+}
