@@ -283,6 +283,27 @@ int32_t sd_k_shadow(const sd_coord *c, const sd_session *s);
  * being committed at s->n_tokens onward, n of them). */
 void sd_k_shadow_settle(sd_coord *c, sd_session *s, const int32_t *tokens, int32_t n);
 
+/* pack.c: a step's messages, written from the sessions (pointing into them) */
+typedef struct sd_verify_pack {
+    Specd__VerifySeq *seqs, **pseqs; /* [n] */
+    Specd__Sampling *samp;           /* [n] */
+    Specd__SparseDist *dists, **pdists; /* [n][SD_MAX_DRAFT] */
+} sd_verify_pack;
+typedef struct sd_draft_pack {
+    Specd__DraftSeq *seqs, **pseqs; /* [n] */
+    Specd__Sampling *samp;          /* [n] */
+} sd_draft_pack;
+/* Room for n sequences (SD_ERR_NOMEM); free with sd_pack_*_free. */
+sd_status sd_pack_verify_alloc(sd_verify_pack *pk, int32_t n);
+void sd_pack_verify_free(sd_verify_pack *pk);
+/* Entry m: s's tokens from v_cached (n_append of them) and its first n_draft drafts with their q
+ * (borrowed from s, which must not change until the envelope is sent). */
+void sd_pack_verify_seq(sd_verify_pack *pk, int32_t m, sd_session *s, int32_t n_append, int32_t n_draft);
+sd_status sd_pack_draft_alloc(sd_draft_pack *pk, int32_t n);
+void sd_pack_draft_free(sd_draft_pack *pk);
+/* Entry m: what the drafter lacks of s, and k drafts wanted. */
+void sd_pack_draft_seq(sd_draft_pack *pk, int32_t m, sd_session *s, int32_t k);
+
 /* scheduler.c */
 /* Admits queued requests and sends every draft/verify request that can go
  * now. Call after any event. */

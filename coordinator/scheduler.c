@@ -192,11 +192,6 @@ static cand_kind verify_candidate(const sd_coord *c, const sd_session *s) {
     return CAND_NONE;
 }
 
-static void fill_sampling(const sd_session *s, Specd__Sampling *pb) {
-    specd__sampling__init(pb);
-    sd_net_sampling_to_pb(&s->sampling, pb);
-}
-
 static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
     sd_coord_worker *w = &c->workers[c->verifier];
     int32_t n = 0;
@@ -205,14 +200,10 @@ static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
         if ((prefill && k == CAND_PREFILL) || (!prefill && k == CAND_STEP)) n++;
     }
     if (n == 0 || !step_reserve(w, n)) return;
-    Specd__VerifySeq *seqs = calloc((size_t)n, sizeof *seqs);
-    Specd__VerifySeq **pseqs = calloc((size_t)n, sizeof *pseqs);
-    Specd__Sampling *samp = calloc((size_t)n, sizeof *samp);
-    Specd__SparseDist *dists = calloc((size_t)n * SD_MAX_DRAFT, sizeof *dists);
-    Specd__SparseDist **pdists = calloc((size_t)n * SD_MAX_DRAFT, sizeof *pdists);
-    if (!seqs || !pseqs || !samp || !dists || !pdists) {
+    sd_verify_pack pk;
+    if (sd_pack_verify_alloc(&pk, n) != SD_OK) {
         SD_ERROR("out of memory building a verify request");
-        goto out;
+        return;
     }
     int32_t m = 0, n_tokens = 0;
     bool refill = false;
@@ -220,17 +211,8 @@ static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
         sd_session *s = c->sessions[i];
         cand_kind k = verify_candidate(c, s);
         if (!((prefill && k == CAND_PREFILL) || (!prefill && k == CAND_STEP))) continue;
-        Specd__VerifySeq *vs = &seqs[m];
-        specd__verify_seq__init(vs);
-        pseqs[m] = vs;
-        vs->request_id = s->id;
-        vs->keep_len = (uint32_t)s->v_cached;
         int32_t missing = s->n_tokens - s->v_cached;
         int32_t n_append = prefill ? sd_imin(c->p.prefill_chunk, missing - 1) : missing;
-        vs->n_append = (size_t)n_append;
-        vs->append = s->tokens + s->v_cached;
-        fill_sampling(s, &samp[m]);
-        vs->sampling = &samp[m];
         int32_t n_draft = 0;
         /* A sampled request's refill step carries no drafts: whether its
          * warm-up drafts are back when the step goes depends on timing (a
@@ -241,19 +223,8 @@ static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
             n_draft = sd_imin(n_draft, s->max_tokens - sd_session_generated(s) - 1);
             if (sd_coord_verifier_ok(c)) n_draft = sd_imin(n_draft, w->max_draft);
             if (n_draft < 0) n_draft = 0;
-            vs->n_draft = (size_t)n_draft;
-            vs->draft = s->draft;
-            vs->n_q = (size_t)n_draft;
-            vs->q = pdists + (size_t)m * SD_MAX_DRAFT;
-            for (int32_t j = 0; j < n_draft; j++) {
-                Specd__SparseDist *d = &dists[(size_t)m * SD_MAX_DRAFT + j];
-                specd__sparse_dist__init(d);
-                d->n_ids = d->n_probs = s->q_off[j + 1] - s->q_off[j];
-                d->ids = s->q_ids + s->q_off[j];
-                d->probs = s->q_probs + s->q_off[j];
-                vs->q[j] = d;
-            }
         }
+        sd_pack_verify_seq(&pk, m, s, n_append, n_draft);
         w->step_rids[m] = s->id;
         w->step_k[m] = n_draft;
         s->verify_k = n_draft;
@@ -268,7 +239,7 @@ static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
     Specd__VerifyRequest req = SPECD__VERIFY_REQUEST__INIT;
     req.step_id = ++c->next_step_id;
     req.n_seqs = (size_t)m;
-    req.seqs = pseqs;
+    req.seqs = pk.pseqs;
     req.prefill_only = prefill;
     Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
     env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY;
@@ -287,12 +258,7 @@ static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
              (unsigned long long)req.step_id, m, n_tokens, prefill ? " (prefill only)" : "", c->cost.verify_fixed_us,
              c->cost.verify_token_us, c->cost.draft_step_us);
     sd_outbox_worker(c, c->verifier, &env, now_us);
-out:
-    free(seqs);
-    free(pseqs);
-    free(samp);
-    free(dists);
-    free(pdists);
+    sd_pack_verify_free(&pk);
 }
 
 /* Whether the free verifier should wait for drafts that are about to
@@ -369,29 +335,17 @@ static void dispatch_draft(sd_coord *c, uint64_t now_us) {
     for (int32_t i = 0; i < c->n_sessions && n < w->max_batch; i++)
         if (draft_candidate(c, c->sessions[i]) > 0) n++;
     if (n == 0 || !step_reserve(w, n)) return;
-    Specd__DraftSeq *seqs = calloc((size_t)n, sizeof *seqs);
-    Specd__DraftSeq **pseqs = calloc((size_t)n, sizeof *pseqs);
-    Specd__Sampling *samp = calloc((size_t)n, sizeof *samp);
-    if (!seqs || !pseqs || !samp) {
+    sd_draft_pack pk;
+    if (sd_pack_draft_alloc(&pk, n) != SD_OK) {
         SD_ERROR("out of memory building a draft request");
-        goto out;
+        return;
     }
     int32_t m = 0;
     for (int32_t i = 0; i < c->n_sessions && m < n; i++) {
         sd_session *s = c->sessions[i];
         int32_t k = draft_candidate(c, s);
         if (k <= 0) continue;
-        Specd__DraftSeq *ds = &seqs[m];
-        specd__draft_seq__init(ds);
-        pseqs[m] = ds;
-        int32_t keep = s->d_cached < s->n_tokens ? s->d_cached : s->n_tokens - 1;
-        ds->request_id = s->id;
-        ds->keep_len = (uint32_t)keep;
-        ds->n_append = (size_t)(s->n_tokens - keep);
-        ds->append = s->tokens + keep;
-        ds->k = (uint32_t)k;
-        fill_sampling(s, &samp[m]);
-        ds->sampling = &samp[m];
+        sd_pack_draft_seq(&pk, m, s, k);
         w->step_rids[m] = s->id;
         w->step_k[m] = k;
         w->step_end[m] = s->n_tokens;
@@ -408,7 +362,7 @@ static void dispatch_draft(sd_coord *c, uint64_t now_us) {
     Specd__DraftRequest req = SPECD__DRAFT_REQUEST__INIT;
     req.step_id = ++c->next_step_id;
     req.n_seqs = (size_t)m;
-    req.seqs = pseqs;
+    req.seqs = pk.pseqs;
     Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
     env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT;
     env.draft = &req;
@@ -418,10 +372,7 @@ static void dispatch_draft(sd_coord *c, uint64_t now_us) {
     w->n_step = m;
     SD_DEBUG("draft step %llu: %d seqs", (unsigned long long)req.step_id, m);
     sd_outbox_worker(c, c->drafter, &env, now_us);
-out:
-    free(seqs);
-    free(pseqs);
-    free(samp);
+    sd_pack_draft_free(&pk);
 }
 
 void sd_sched_pump(sd_coord *c, uint64_t now_us) {
