@@ -104,8 +104,8 @@ def main():
         return r["usage"]["completion_tokens"], dt
 
     def specd_run(text, spec):
-        cmd = [a.specd_generate, "-m", a.model, "-p", text, "-n", str(a.tokens), "-t", str(a.threads), "--json",
-               "--temp", "0"]
+        cmd = [a.specd_generate, "-m", a.model, "-p", text, "--chat", "-n", str(a.tokens), "-t", str(a.threads),
+               "--json", "--temp", "0"]
         if spec:
             cmd += ["--ngram", "--adaptive-k", "-k", "4"]
         r = subprocess.run(cmd, capture_output=True, text=True, check=True)
