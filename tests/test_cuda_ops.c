@@ -27,7 +27,7 @@
 
 #include "backend_impl.h"
 
-static int failures;
+static int failures __attribute__((unused)); /* unused when built without CUDA (the test only skips) */
 
 #define CHECK(cond)                                                                                   \
     do {                                                                                              \
