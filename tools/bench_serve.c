@@ -223,10 +223,64 @@ static void usage(FILE *f) {
                "  -o FILE             also write the markdown table to FILE\n");
 }
 
-int bench_serve_main(int argc, char **argv) {
-    const char *addr = "tcp://127.0.0.1:7700", *prompts_path = "bench/prompts/chat.txt", *out_path = NULL;
-    char conc_list[128] = "1,8,64";
-    int tokens = 64, rounds = 4, warmup = 1;
+/* One concurrency's spec / target comparison (the first row's columns). */
+typedef struct serve_ratios {
+    double median, gm, ci_lo, ci_hi, model;
+} serve_ratios;
+
+/* Prints (and writes to out, when set) the table row of mode m (0:
+ * speculative, 1: target-only) at concurrency conc, from the kept pairs. */
+static void write_mode_row(FILE *out, int conc, int m, const serve_tally *t, const bool *keep, int n_pairs, int n_dirty,
+                           const serve_ratios *rt) {
+    double overlap = t->drafting_ms > 0
+                         ? (t->drafting_ms + t->verifying_ms - t->busy_ms) / t->drafting_ms
+                         : 0;
+    double lo = 0, hi = 0, kept_tps[MAX_ROUNDS], other[MAX_ROUNDS], other_max = 0;
+    int n_kept_tps = 0;
+    for (int r = 0; r < n_pairs; r++) {
+        other[r] = t->round_other[r];
+        if (other[r] > other_max) other_max = other[r];
+        if (!keep[r]) continue;
+        if (n_kept_tps == 0 || t->round_tps[r] < lo) lo = t->round_tps[r];
+        if (n_kept_tps == 0 || t->round_tps[r] > hi) hi = t->round_tps[r];
+        kept_tps[n_kept_tps++] = t->round_tps[r];
+    }
+    double med = sd_bench_median(kept_tps, n_kept_tps);
+    double other_med = sd_bench_median(other, n_pairs);
+    char ratio_txt[32] = "", ci_txt[48] = "", model_txt[32] = "";
+    if (m == 0) {
+        snprintf(ratio_txt, sizeof ratio_txt, "%.2f", rt->median);
+        if (!isnan(rt->ci_lo)) snprintf(ci_txt, sizeof ci_txt, "%.3f [%.3f, %.3f]", rt->gm, rt->ci_lo, rt->ci_hi);
+        else if (!isnan(rt->gm)) snprintf(ci_txt, sizeof ci_txt, "%.3f", rt->gm);
+        if (!isnan(rt->model)) snprintf(model_txt, sizeof model_txt, "%.3f", rt->model);
+    }
+    char line[768];
+    snprintf(line, sizeof line,
+             "| %d | %s | %.1f | %.1f-%.1f | %s | %s | %s | %.3f | %.3f | %.2f | %.2f | %.0f%% | %.0f%% "
+             "| %.2f / %.2f | %d of %d%s |%s\n",
+             conc, m ? "target-only" : "speculative", med, lo, hi, ratio_txt, ci_txt, model_txt,
+             t->steps > 0 ? t->tokens / t->steps : 0, t->tokens > 0 ? (t->steps + t->drafted) / t->tokens : 0,
+             pct(t->lat, t->n_lat, 0.5), pct(t->lat, t->n_lat, 0.99),
+             t->drafted > 0 ? 100.0 * t->accepted / t->drafted : 0, overlap < 0 ? 0 : 100.0 * overlap,
+             other_med, other_max, n_dirty, n_pairs, n_dirty == n_pairs ? ", all kept: unreliable" : "",
+             t->failures ? " (failures!)" : "");
+    printf("%s", line);
+    fflush(stdout);
+    if (out) fprintf(out, "%s", line);
+}
+
+/* specd-bench serve's options. */
+typedef struct serve_opts {
+    const char *addr, *prompts_path, *out_path;
+    char conc_list[128];
+    int tokens, rounds, warmup;
+    sd_hyg_params hyg;
+} serve_opts;
+
+/* -1: run; 0: --help printed; 2: bad options (said on stderr). */
+static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
+    *o = (serve_opts){.addr = "tcp://127.0.0.1:7700", .prompts_path = "bench/prompts/chat.txt", .conc_list = "1,8,64",
+                      .tokens = 64, .rounds = 4, .warmup = 1, .hyg = sd_hyg_default_params()};
     static const struct option longs[] = {{"coordinator", required_argument, 0, 'c'},
                                           {"prompts", required_argument, 0, 'p'},
                                           {"conc", required_argument, 0, 'C'},
@@ -236,30 +290,40 @@ int bench_serve_main(int argc, char **argv) {
                                           {"max-other-load", required_argument, 0, 'X'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
-    sd_hyg_params hyg = sd_hyg_default_params();
-    hyg.exclude_prefix = "specd-"; /* the service's processes do the work measured */
+    o->hyg.exclude_prefix = "specd-"; /* the service's processes do the work measured */
     int ch;
     optind = 2;
     while ((ch = getopt_long(argc, argv, "n:o:h", longs, NULL)) != -1) {
         switch (ch) {
-        case 'c': addr = optarg; break;
-        case 'p': prompts_path = optarg; break;
-        case 'C': snprintf(conc_list, sizeof conc_list, "%s", optarg); break;
-        case 'r': rounds = atoi(optarg); break;
-        case 'w': warmup = atoi(optarg); break;
-        case 'n': tokens = atoi(optarg); break;
-        case 'o': out_path = optarg; break;
-        case 'X': hyg.max_other_cores = atof(optarg); break;
+        case 'c': o->addr = optarg; break;
+        case 'p': o->prompts_path = optarg; break;
+        case 'C': snprintf(o->conc_list, sizeof o->conc_list, "%s", optarg); break;
+        case 'r': o->rounds = atoi(optarg); break;
+        case 'w': o->warmup = atoi(optarg); break;
+        case 'n': o->tokens = atoi(optarg); break;
+        case 'o': o->out_path = optarg; break;
+        case 'X': o->hyg.max_other_cores = atof(optarg); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
-    if (tokens < 1 || tokens > 4096 || rounds < 1 || rounds > MAX_ROUNDS || warmup < 0 || warmup > 10 ||
-        !(hyg.max_other_cores > 0)) {
+    if (o->tokens < 1 || o->tokens > 4096 || o->rounds < 1 || o->rounds > MAX_ROUNDS || o->warmup < 0 ||
+        o->warmup > 10 || !(o->hyg.max_other_cores > 0)) {
         fprintf(stderr, "specd-bench serve: -n in [1, 4096], --rounds in [1, 100], --warmup in [0, 10], "
                         "--max-other-load > 0\n");
         return 2;
     }
+    return -1;
+}
+
+int bench_serve_main(int argc, char **argv) {
+    serve_opts o;
+    int prc = parse_serve_opts(argc, argv, &o);
+    if (prc >= 0) return prc;
+    const char *addr = o.addr, *prompts_path = o.prompts_path, *out_path = o.out_path;
+    char *conc_list = o.conc_list; /* strtok writes into it */
+    int tokens = o.tokens, rounds = o.rounds, warmup = o.warmup;
+    sd_hyg_params hyg = o.hyg;
     char *prompts[MAX_PROMPTS];
     int n_prompts = sd_bench_read_prompts(prompts_path, prompts, MAX_PROMPTS);
     if (n_prompts <= 0) {
@@ -351,43 +415,10 @@ int bench_serve_main(int argc, char **argv) {
                                        "draft round trip %.0f us\n",
                                        cs.verify_fixed_us, cs.verify_token_us, cs.draft_step_us);
         }
+        serve_ratios sr = {ratio_med, gm, ci_lo, ci_hi, model};
         for (int m = 0; m < 2; m++) {
+            write_mode_row(out, conc, m, &tl[m], keep, n_pairs, n_dirty, &sr);
             serve_tally *t = &tl[m];
-            double overlap = t->drafting_ms > 0
-                                 ? (t->drafting_ms + t->verifying_ms - t->busy_ms) / t->drafting_ms
-                                 : 0;
-            double lo = 0, hi = 0, kept_tps[MAX_ROUNDS], other[MAX_ROUNDS], other_max = 0;
-            int n_kept_tps = 0;
-            for (int r = 0; r < n_pairs; r++) {
-                other[r] = t->round_other[r];
-                if (other[r] > other_max) other_max = other[r];
-                if (!keep[r]) continue;
-                if (n_kept_tps == 0 || t->round_tps[r] < lo) lo = t->round_tps[r];
-                if (n_kept_tps == 0 || t->round_tps[r] > hi) hi = t->round_tps[r];
-                kept_tps[n_kept_tps++] = t->round_tps[r];
-            }
-            double med = sd_bench_median(kept_tps, n_kept_tps);
-            double other_med = sd_bench_median(other, n_pairs);
-            char ratio_txt[32] = "", ci_txt[48] = "", model_txt[32] = "";
-            if (m == 0) {
-                snprintf(ratio_txt, sizeof ratio_txt, "%.2f", ratio_med);
-                if (!isnan(ci_lo)) snprintf(ci_txt, sizeof ci_txt, "%.3f [%.3f, %.3f]", gm, ci_lo, ci_hi);
-                else if (!isnan(gm)) snprintf(ci_txt, sizeof ci_txt, "%.3f", gm);
-                if (!isnan(model)) snprintf(model_txt, sizeof model_txt, "%.3f", model);
-            }
-            char line[768];
-            snprintf(line, sizeof line,
-                     "| %d | %s | %.1f | %.1f-%.1f | %s | %s | %s | %.3f | %.3f | %.2f | %.2f | %.0f%% | %.0f%% "
-                     "| %.2f / %.2f | %d of %d%s |%s\n",
-                     conc, m ? "target-only" : "speculative", med, lo, hi, ratio_txt, ci_txt, model_txt,
-                     t->steps > 0 ? t->tokens / t->steps : 0, t->tokens > 0 ? (t->steps + t->drafted) / t->tokens : 0,
-                     pct(t->lat, t->n_lat, 0.5), pct(t->lat, t->n_lat, 0.99),
-                     t->drafted > 0 ? 100.0 * t->accepted / t->drafted : 0, overlap < 0 ? 0 : 100.0 * overlap,
-                     other_med, other_max, n_dirty, n_pairs, n_dirty == n_pairs ? ", all kept: unreliable" : "",
-                     t->failures ? " (failures!)" : "");
-            printf("%s", line);
-            fflush(stdout);
-            if (out) fprintf(out, "%s", line);
             free(t->lat);
         }
     }
