@@ -382,6 +382,46 @@ static void usage(FILE *f) {
                "  is left out of the medians (all prompts are kept if none is clean)\n");
 }
 
+/* The table of one prompt set: each method's median tokens/s over the
+ * prompts whose runs all stayed under the hygiene limit (all of them,
+ * marked unreliable, when none did), acceptance and tokens per step. */
+static void write_set_table(FILE *out, const char *set, int np, method *methods, int n_methods,
+                            const sd_hyg_params *hyg_p) {
+    const sd_hyg_params hyg = *hyg_p;
+    /* hygiene: a prompt is clean when every method's run of it was */
+    bool keep[MAX_PROMPTS];
+    int n_keep = 0;
+    for (int p = 0; p < np; p++) {
+        keep[p] = true;
+        for (int mi = 0; mi < n_methods; mi++) keep[p] = keep[p] && sd_hyg_clean(&hyg, methods[mi].other[p]);
+        n_keep += keep[p];
+    }
+    bool noisy = n_keep == 0;
+    if (noisy)
+        for (int p = 0; p < np; p++) keep[p] = true;
+    double plain_med = median_kept(methods[0].tps, keep, np);
+    fprintf(out, "\n### %s (%d prompts)\n\n", set, np);
+    if (noisy)
+        fprintf(out, "No prompt ran with other processes using at most %.2f of a core throughout: medians over "
+                     "all %d prompts, and unreliable.\n\n", hyg.max_other_cores, np);
+    else
+        fprintf(out, "Medians over the %d of %d prompts whose runs all saw other processes use at most %.2f of "
+                     "a core.\n\n", n_keep, np, hyg.max_other_cores);
+    fprintf(out, "| method | tokens/s (median) | vs plain | acceptance | tokens / target step "
+                 "| other CPU, cores: median / max | runs over the limit |\n");
+    fprintf(out, "| --- | --- | --- | --- | --- | --- | --- |\n");
+    for (int mi = 0; mi < n_methods; mi++) {
+        method *mt = &methods[mi];
+        double med = median_kept(mt->tps, keep, np);
+        int dirty = 0;
+        for (int p = 0; p < np; p++) dirty += !sd_hyg_clean(&hyg, mt->other[p]);
+        fprintf(out, "| %s | %.2f | %.2fx | %.3f | %.2f | %.2f / %.2f | %d of %d |\n", mt->name, med,
+                plain_med > 0 ? med / plain_med : 0, mt->drafted ? (double)mt->accepted / mt->drafted : 0.0,
+                mt->steps ? (double)mt->tokens / mt->steps : 1.0, median_of(mt->other, np),
+                max_of(mt->other, np), dirty, np);
+    }
+}
+
 int bench_spec_main(int argc, char **argv) {
     static const struct option longs[] = {
         {"model", required_argument, 0, 'm'},   {"draft", required_argument, 0, 'd'},
@@ -518,38 +558,7 @@ int bench_spec_main(int argc, char **argv) {
             }
             fprintf(stderr, "%s: prompt %d/%d done\n", sets[si], p + 1, np);
         }
-        /* hygiene: a prompt is clean when every method's run of it was */
-        bool keep[MAX_PROMPTS];
-        int n_keep = 0;
-        for (int p = 0; p < np; p++) {
-            keep[p] = true;
-            for (int mi = 0; mi < n_methods; mi++) keep[p] = keep[p] && sd_hyg_clean(&hyg, methods[mi].other[p]);
-            n_keep += keep[p];
-        }
-        bool noisy = n_keep == 0;
-        if (noisy)
-            for (int p = 0; p < np; p++) keep[p] = true;
-        double plain_med = median_kept(methods[0].tps, keep, np);
-        fprintf(out, "\n### %s (%d prompts)\n\n", sets[si], np);
-        if (noisy)
-            fprintf(out, "No prompt ran with other processes using at most %.2f of a core throughout: medians over "
-                         "all %d prompts, and unreliable.\n\n", hyg.max_other_cores, np);
-        else
-            fprintf(out, "Medians over the %d of %d prompts whose runs all saw other processes use at most %.2f of "
-                         "a core.\n\n", n_keep, np, hyg.max_other_cores);
-        fprintf(out, "| method | tokens/s (median) | vs plain | acceptance | tokens / target step "
-                     "| other CPU, cores: median / max | runs over the limit |\n");
-        fprintf(out, "| --- | --- | --- | --- | --- | --- | --- |\n");
-        for (int mi = 0; mi < n_methods; mi++) {
-            method *mt = &methods[mi];
-            double med = median_kept(mt->tps, keep, np);
-            int dirty = 0;
-            for (int p = 0; p < np; p++) dirty += !sd_hyg_clean(&hyg, mt->other[p]);
-            fprintf(out, "| %s | %.2f | %.2fx | %.3f | %.2f | %.2f / %.2f | %d of %d |\n", mt->name, med,
-                    plain_med > 0 ? med / plain_med : 0, mt->drafted ? (double)mt->accepted / mt->drafted : 0.0,
-                    mt->steps ? (double)mt->tokens / mt->steps : 1.0, median_of(mt->other, np),
-                    max_of(mt->other, np), dirty, np);
-        }
+        write_set_table(out, sets[si], np, methods, n_methods, &hyg);
         fflush(out);
         for (int p = 0; p < np; p++) free(prompts[p]);
     }
