@@ -33,7 +33,7 @@ enum req_state { REQ_PENDING, REQ_ACTIVE, REQ_FINISHING, REQ_DONE };
 typedef struct req {
     uint64_t client_tag;
     enum req_state state;
-    bool in_submit;      /* sd_client_submit still reads it: sd_client_wait must not collect it yet */
+    bool in_submit; /* sd_client_submit still reads it: sd_client_wait must not collect it yet */
     sd_client_token_cb cb;
     void *user;
     sd_client_result result;
@@ -105,8 +105,10 @@ static sd_status enqueue_locked(sd_client *c, const ProtobufCMessage *env) {
     protobuf_c_message_pack(env, data);
     m->data = data;
     m->len = len;
-    if (c->out_tail) c->out_tail->next = m;
-    else c->out_head = m;
+    if (c->out_tail)
+        c->out_tail->next = m;
+    else
+        c->out_head = m;
     c->out_tail = m;
     return SD_OK;
 }
@@ -302,8 +304,7 @@ static void handle_locked(sd_client *c, const Specd__CoordinatorToClient *env) {
             break;
         }
         if (r->cb) {
-            sd_client_chunk ch = {t->request_id, t->tokens, t->n_tokens, (const char *)t->text.data, t->text.len,
-                                  NULL};
+            sd_client_chunk ch = {t->request_id, t->tokens, t->n_tokens, (const char *)t->text.data, t->text.len, NULL};
             /* r stays linked: only DONE records are ever removed. */
             pthread_mutex_unlock(&c->mu);
             r->cb(&ch, r->user);
@@ -339,7 +340,8 @@ static void handle_locked(sd_client *c, const Specd__CoordinatorToClient *env) {
                 if (p->state == REQ_PENDING && (!r || p->client_tag < r->client_tag)) r = p;
         }
         if (r && (r->state == REQ_PENDING || r->state == REQ_ACTIVE)) {
-            if (e->code == SPECD__CODE__CODE_CANCELLED) r->result.stop_reason = SPECD__STOP_REASON__STOP_REASON_CANCELLED;
+            if (e->code == SPECD__CODE__CODE_CANCELLED)
+                r->result.stop_reason = SPECD__STOP_REASON__STOP_REASON_CANCELLED;
             finish_locked(c, r, status_for_code(e->code), e->code, why, NULL, 0);
             break;
         }
@@ -394,7 +396,7 @@ static void *io_main(void *arg) {
     sd_client *c = arg;
     const uint64_t interval = (uint64_t)c->params.heartbeat_interval_ms;
     const uint64_t dead_after = interval * (uint64_t)c->params.heartbeat_liveness;
-    bool heard = false;        /* anything received since the connection started */
+    bool heard = false; /* anything received since the connection started */
     uint64_t last_recv = mono_ms(), last_send = 0, busy_since = 0;
     bool was_busy = false;
 

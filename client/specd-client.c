@@ -85,7 +85,8 @@ static cJSON *result_json(const sd_client_result *r) {
     } else {
         cJSON_AddStringToObject(o, "stop_reason", "ERROR");
         cJSON *e = cJSON_AddObjectToObject(o, "error");
-        cJSON_AddStringToObject(e, "code", r->code == SPECD__CODE__CODE_UNSPECIFIED ? "CLIENT" : sd_net_code_name(r->code));
+        cJSON_AddStringToObject(e, "code",
+                                r->code == SPECD__CODE__CODE_UNSPECIFIED ? "CLIENT" : sd_net_code_name(r->code));
         cJSON_AddStringToObject(e, "message", r->error);
     }
     const sd_client_request_stats *s = &r->stats;
@@ -139,8 +140,10 @@ static int run_single(sd_client *c, const options *o) {
     uint64_t id = 0;
     sd_status s = sd_client_submit(c, &o->req, single_cb, &st, &id);
     if (s != SD_OK) {
-        if (st.got_final) print_error(&st.final);
-        else fprintf(stderr, "specd-client: submit failed: %s\n", sd_status_str(s));
+        if (st.got_final)
+            print_error(&st.final);
+        else
+            fprintf(stderr, "specd-client: submit failed: %s\n", sd_status_str(s));
         return 1;
     }
     sd_client_result r;
@@ -185,8 +188,8 @@ static int run_single(sd_client *c, const options *o) {
 /* ---- many jobs ---- */
 
 typedef struct job {
-    cJSON *id;          /* the line's "id", echoed (owned by the parsed line) */
-    char *out;          /* finished JSON line (malloc'd) */
+    cJSON *id; /* the line's "id", echoed (owned by the parsed line) */
+    char *out; /* finished JSON line (malloc'd) */
     uint64_t request_id;
     bool done, failed;
 } job;
@@ -230,8 +233,8 @@ static const char *json_str(const cJSON *o, const char *k) {
 
 /* Fills req from one job line on top of the command-line defaults. stop
  * pointers borrow from line. false + why on a bad field. */
-static bool job_request(const cJSON *line, const options *o, sd_client_request *req, const char **stops,
-                        char *why, size_t why_len) {
+static bool job_request(const cJSON *line, const options *o, sd_client_request *req, const char **stops, char *why,
+                        size_t why_len) {
     *req = o->req;
     req->prompt = json_str(line, "prompt");
     if (!req->prompt) {
@@ -239,13 +242,13 @@ static bool job_request(const cJSON *line, const options *o, sd_client_request *
         return false;
     }
     const cJSON *v;
-#define NUM_FIELD(key, dst, cast)                                                    \
-    if ((v = cJSON_GetObjectItemCaseSensitive(line, key))) {                         \
-        if (!cJSON_IsNumber(v)) {                                                    \
-            snprintf(why, why_len, "field \"%s\" must be a number", key);            \
-            return false;                                                            \
-        }                                                                            \
-        dst = (cast)v->valuedouble;                                                  \
+#define NUM_FIELD(key, dst, cast)                                         \
+    if ((v = cJSON_GetObjectItemCaseSensitive(line, key))) {              \
+        if (!cJSON_IsNumber(v)) {                                         \
+            snprintf(why, why_len, "field \"%s\" must be a number", key); \
+            return false;                                                 \
+        }                                                                 \
+        dst = (cast)v->valuedouble;                                       \
     }
     NUM_FIELD("n", req->max_tokens, uint32_t);
     NUM_FIELD("temp", req->sampling.temperature, float);
@@ -348,7 +351,8 @@ static int run_jobs(sd_client *c, const options *o) {
             sd_client_request req;
             const char *stops[SD_MAX_STOP_STRINGS];
             bool ok = lines[i] && cJSON_IsObject(lines[i]);
-            if (!ok) snprintf(why, sizeof why, "line %zu is not a JSON object", i + 1);
+            if (!ok)
+                snprintf(why, sizeof why, "line %zu is not a JSON object", i + 1);
             else {
                 j->id = cJSON_GetObjectItemCaseSensitive(lines[i], "id");
                 ok = job_request(lines[i], o, &req, stops, why, sizeof why);
@@ -398,9 +402,9 @@ static int run_jobs(sd_client *c, const options *o) {
                     cJSON *e = cJSON_CreateObject();
                     cJSON *err = cJSON_AddObjectToObject(e, "error");
                     cJSON_AddStringToObject(err, "code", g_interrupted ? "INTERRUPTED" : "UNAVAILABLE");
-                    cJSON_AddStringToObject(err, "message", g_interrupted
-                                                                ? "not submitted: interrupted"
-                                                                : "not submitted: the coordinator did not answer");
+                    cJSON_AddStringToObject(err, "message",
+                                            g_interrupted ? "not submitted: interrupted"
+                                                          : "not submitted: the coordinator did not answer");
                     jobs[i].id = lines[i] ? cJSON_GetObjectItemCaseSensitive(lines[i], "id") : NULL;
                     char *line = job_line(e, jobs[i].id);
                     pthread_mutex_lock(&run.mu);
@@ -536,24 +540,49 @@ static bool parse_num(const char *flag, const char *s, double lo, double hi, dou
 }
 
 enum {
-    OPT_COORD = 256, OPT_TEMP, OPT_TOP_P, OPT_TOP_K, OPT_MIN_P, OPT_SEED, OPT_CHAT, OPT_SYSTEM, OPT_STOP,
-    OPT_MAX_DRAFT, OPT_IGNORE_EOS, OPT_JSON, OPT_TIMEOUT, OPT_JOBS, OPT_OUT, OPT_CONC, OPT_STATS, OPT_WAIT_READY
+    OPT_COORD = 256,
+    OPT_TEMP,
+    OPT_TOP_P,
+    OPT_TOP_K,
+    OPT_MIN_P,
+    OPT_SEED,
+    OPT_CHAT,
+    OPT_SYSTEM,
+    OPT_STOP,
+    OPT_MAX_DRAFT,
+    OPT_IGNORE_EOS,
+    OPT_JSON,
+    OPT_TIMEOUT,
+    OPT_JOBS,
+    OPT_OUT,
+    OPT_CONC,
+    OPT_STATS,
+    OPT_WAIT_READY
 };
 
 /* 0 ok, 2 usage error, -1 help printed */
 static int parse_args(int argc, char **argv, options *o) {
-    static const struct option longs[] = {
-        {"coordinator", required_argument, NULL, OPT_COORD}, {"prompt", required_argument, NULL, 'p'},
-        {"temp", required_argument, NULL, OPT_TEMP},         {"top-p", required_argument, NULL, OPT_TOP_P},
-        {"top-k", required_argument, NULL, OPT_TOP_K},       {"min-p", required_argument, NULL, OPT_MIN_P},
-        {"seed", required_argument, NULL, OPT_SEED},         {"chat", no_argument, NULL, OPT_CHAT},
-        {"system", required_argument, NULL, OPT_SYSTEM},     {"stop", required_argument, NULL, OPT_STOP},
-        {"max-draft", required_argument, NULL, OPT_MAX_DRAFT}, {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
-        {"json", no_argument, NULL, OPT_JSON},               {"timeout", required_argument, NULL, OPT_TIMEOUT},
-        {"jobs", required_argument, NULL, OPT_JOBS},         {"out", required_argument, NULL, OPT_OUT},
-        {"concurrency", required_argument, NULL, OPT_CONC},  {"stats", no_argument, NULL, OPT_STATS},
-        {"wait-ready", required_argument, NULL, OPT_WAIT_READY}, {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
+    static const struct option longs[] = {{"coordinator", required_argument, NULL, OPT_COORD},
+                                          {"prompt", required_argument, NULL, 'p'},
+                                          {"temp", required_argument, NULL, OPT_TEMP},
+                                          {"top-p", required_argument, NULL, OPT_TOP_P},
+                                          {"top-k", required_argument, NULL, OPT_TOP_K},
+                                          {"min-p", required_argument, NULL, OPT_MIN_P},
+                                          {"seed", required_argument, NULL, OPT_SEED},
+                                          {"chat", no_argument, NULL, OPT_CHAT},
+                                          {"system", required_argument, NULL, OPT_SYSTEM},
+                                          {"stop", required_argument, NULL, OPT_STOP},
+                                          {"max-draft", required_argument, NULL, OPT_MAX_DRAFT},
+                                          {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
+                                          {"json", no_argument, NULL, OPT_JSON},
+                                          {"timeout", required_argument, NULL, OPT_TIMEOUT},
+                                          {"jobs", required_argument, NULL, OPT_JOBS},
+                                          {"out", required_argument, NULL, OPT_OUT},
+                                          {"concurrency", required_argument, NULL, OPT_CONC},
+                                          {"stats", no_argument, NULL, OPT_STATS},
+                                          {"wait-ready", required_argument, NULL, OPT_WAIT_READY},
+                                          {"help", no_argument, NULL, 'h'},
+                                          {NULL, 0, NULL, 0}};
     int ch;
     double v;
     while ((ch = getopt_long(argc, argv, "p:n:vh", longs, NULL)) != -1) {
@@ -658,9 +687,12 @@ int main(int argc, char **argv) {
     }
     rc = 0;
     if (o.wait_ready_s > 0) rc = wait_ready(c, &o);
-    if (rc == 0 && o.stats) rc = run_stats(c, &o);
-    else if (rc == 0 && o.prompt) rc = run_single(c, &o);
-    else if (rc == 0 && o.jobs) rc = run_jobs(c, &o);
+    if (rc == 0 && o.stats)
+        rc = run_stats(c, &o);
+    else if (rc == 0 && o.prompt)
+        rc = run_single(c, &o);
+    else if (rc == 0 && o.jobs)
+        rc = run_jobs(c, &o);
     sd_client_close(&c);
     return rc;
 }

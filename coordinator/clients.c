@@ -16,8 +16,8 @@
 #include <string.h>
 
 /* Tokenizes the submit's prompt into *ids (malloc'd); false + code/msg on a bad one. */
-static bool tokenize(sd_coord *c, const Specd__SubmitRequest *r, int32_t **ids, size_t *n, Specd__Code *code,
-                     char *msg, size_t msg_len) {
+static bool tokenize(sd_coord *c, const Specd__SubmitRequest *r, int32_t **ids, size_t *n, Specd__Code *code, char *msg,
+                     size_t msg_len) {
     *ids = NULL;
     *n = 0;
     if (r->n_prompt_ids > 0) {
@@ -141,7 +141,7 @@ static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const
     sd_coord_client *cl = sd_coord_client_find(c, ident, ident_len, true);
     if (!cl) {
         sd_outbox_client_error(c, ident, ident_len, SPECD__CODE__CODE_OVERLOADED, 0, tag, "too many clients connected",
-                        now_us);
+                               now_us);
         return;
     }
     int32_t *ids = NULL;
@@ -206,8 +206,7 @@ static void on_cancel(sd_coord *c, const uint8_t *ident, size_t ident_len, const
     free(tail);
 }
 
-static void on_stats(sd_coord *c, const uint8_t *ident, size_t ident_len, const Specd__StatsQuery *q,
-                     uint64_t now_us) {
+static void on_stats(sd_coord *c, const uint8_t *ident, size_t ident_len, const Specd__StatsQuery *q, uint64_t now_us) {
     Specd__ServiceStats st = SPECD__SERVICE_STATS__INIT;
     st.active_requests = (uint32_t)c->n_active;
     st.queued_requests = (uint32_t)c->n_queued;
@@ -285,17 +284,10 @@ void sd_clients_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, 
             send_heartbeat(c, ident, ident_len, now_us);
         }
         break;
-    case SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT:
-        on_submit(c, ident, ident_len, env->submit, now_us);
-        break;
-    case SPECD__CLIENT_TO_COORDINATOR__BODY_CANCEL:
-        on_cancel(c, ident, ident_len, env->cancel, now_us);
-        break;
-    case SPECD__CLIENT_TO_COORDINATOR__BODY_STATS:
-        on_stats(c, ident, ident_len, env->stats, now_us);
-        break;
-    case SPECD__CLIENT_TO_COORDINATOR__BODY_HEARTBEAT:
-        break;
+    case SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT: on_submit(c, ident, ident_len, env->submit, now_us); break;
+    case SPECD__CLIENT_TO_COORDINATOR__BODY_CANCEL: on_cancel(c, ident, ident_len, env->cancel, now_us); break;
+    case SPECD__CLIENT_TO_COORDINATOR__BODY_STATS: on_stats(c, ident, ident_len, env->stats, now_us); break;
+    case SPECD__CLIENT_TO_COORDINATOR__BODY_HEARTBEAT: break;
     default:
         SD_WARN("client message with body case %d; ignored", (int)env->body_case);
         sd_outbox_client_error(c, ident, ident_len, SPECD__CODE__CODE_MALFORMED, 0, 0, "no message body", now_us);

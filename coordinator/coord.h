@@ -21,8 +21,8 @@
 #include "specd/spec_adapt.h"
 #include "specd/tokenizer.h"
 
-#define SD_COORD_MAX_WORKERS 32
-#define SD_COORD_MAX_CLIENTS 1024
+#define SD_COORD_MAX_WORKERS     32
+#define SD_COORD_MAX_CLIENTS     1024
 #define SD_COORD_OVERHEAD_WINDOW 1024
 
 /* Where the logic sends messages. The envelope is valid only during the call. */
@@ -34,19 +34,19 @@ typedef struct sd_coord_io {
 } sd_coord_io;
 
 typedef struct sd_coord_params {
-    const char *model_path;   /* target GGUF (metadata only) */
-    const char *client_addr;  /* default tcp://127.0.0.1:7700 */
-    const char *worker_addr;  /* default tcp://127.0.0.1:7701 */
+    const char *model_path;        /* target GGUF (metadata only) */
+    const char *client_addr;       /* default tcp://127.0.0.1:7700 */
+    const char *worker_addr;       /* default tcp://127.0.0.1:7701 */
     const char *curve_secret_file; /* Z85 server secret key file, or NULL */
-    int32_t max_queue;        /* waiting requests (256) */
-    int32_t max_active;       /* sequences admitted to the verifier at once (64) */
-    int32_t max_tokens_default; /* 256 */
-    int32_t k_default;        /* 4: K with adaptive off, and the starting K */
-    int32_t k_max;            /* 8 */
-    bool adaptive_k;          /* on */
-    int32_t prefill_chunk;    /* 512 tokens */
-    int32_t draft_timeout_ms;  /* 2000 */
-    int32_t verify_timeout_ms; /* 30000 */
+    int32_t max_queue;             /* waiting requests (256) */
+    int32_t max_active;            /* sequences admitted to the verifier at once (64) */
+    int32_t max_tokens_default;    /* 256 */
+    int32_t k_default;             /* 4: K with adaptive off, and the starting K */
+    int32_t k_max;                 /* 8 */
+    bool adaptive_k;               /* on */
+    int32_t prefill_chunk;         /* 512 tokens */
+    int32_t draft_timeout_ms;      /* 2000 */
+    int32_t verify_timeout_ms;     /* 30000 */
     int32_t heartbeat_interval_ms; /* SD_HEARTBEAT_INTERVAL_MS (tests shorten it) */
     int32_t heartbeat_liveness;    /* SD_HEARTBEAT_LIVENESS */
 } sd_coord_params;
@@ -64,9 +64,9 @@ typedef enum sd_session_state {
 /* A token chunk waiting to be streamed (see sd_coord.chunks). */
 typedef struct sd_pending_chunk {
     uint64_t request_id;
-    int32_t from, n;       /* committed tokens [from, from + n) */
+    int32_t from, n; /* committed tokens [from, from + n) */
     int32_t n_generated;
-    char *text;            /* owned */
+    char *text; /* owned */
     size_t text_len;
 } sd_pending_chunk;
 
@@ -80,18 +80,18 @@ typedef struct sd_session {
     /* committed tokens: prompt then generated; the single source of truth */
     int32_t *tokens;
     int32_t n_tokens, cap_tokens, n_prompt;
-    int32_t max_tokens;    /* new tokens at most */
-    int32_t max_context;   /* tokens in the sequence at most */
-    int32_t max_draft;     /* request's cap: 0 default, -1 none */
+    int32_t max_tokens;  /* new tokens at most */
+    int32_t max_context; /* tokens in the sequence at most */
+    int32_t max_draft;   /* request's cap: 0 default, -1 none */
     bool ignore_eos;
     sd_sampling sampling;
 
     /* output text */
     sd_tok_stream *stream;
-    char **stop;           /* n_stop stop strings (owned) */
+    char **stop; /* n_stop stop strings (owned) */
     size_t *stop_len;
     int32_t n_stop;
-    char *held;            /* decoded text held back: a prefix of some stop string */
+    char *held; /* decoded text held back: a prefix of some stop string */
     size_t held_len, held_cap;
 
     /* scheduling: beliefs about the workers' caches */
@@ -103,7 +103,7 @@ typedef struct sd_session {
     int32_t draft_base;
     int32_t n_draft;
     int32_t draft[SD_MAX_DRAFT];
-    uint32_t *q_off;       /* n_draft + 1 offsets into q_ids/q_probs */
+    uint32_t *q_off; /* n_draft + 1 offsets into q_ids/q_probs */
     int32_t *q_ids;
     float *q_probs;
     size_t q_cap;
@@ -112,7 +112,7 @@ typedef struct sd_session {
      * that position was verified with K = 0; the committed token says
      * whether it would have been accepted (-1: none; token -1: not back yet) */
     int32_t shadow_base, shadow_token;
-    int32_t verify_k;      /* drafts in the verify step in flight */
+    int32_t verify_k;        /* drafts in the verify step in flight */
     int32_t verify_failures; /* consecutive failed verify steps (bounded retries) */
 
     /* stats */
@@ -123,18 +123,18 @@ typedef struct sd_session {
 
 /* A session from a validated submit (tokens copied, stops copied); NULL on
  * allocation failure. Caller frees with sd_session_free. */
-sd_session *sd_session_new(const sd_tok *tok, uint64_t id, const int32_t *prompt, int32_t n_prompt,
-                           int32_t max_tokens, int32_t max_context, const char *const *stop, int32_t n_stop);
+sd_session *sd_session_new(const sd_tok *tok, uint64_t id, const int32_t *prompt, int32_t n_prompt, int32_t max_tokens,
+                           int32_t max_context, const char *const *stop, int32_t n_stop);
 void sd_session_free(sd_session **s);
 
 /* What committing a step's tokens produced. */
 typedef struct sd_commit_out {
-    int32_t n_taken;        /* tokens of the step kept (the rest was after a stop) */
-    char *text;             /* malloc'd text to stream now (complete UTF-8, no stop string) */
+    int32_t n_taken; /* tokens of the step kept (the rest was after a stop) */
+    char *text;      /* malloc'd text to stream now (complete UTF-8, no stop string) */
     size_t text_len;
     bool finished;
     Specd__StopReason reason;
-    char *tail;             /* malloc'd Finished.text_tail when finished (may be empty) */
+    char *tail; /* malloc'd Finished.text_tail when finished (may be empty) */
     size_t tail_len;
 } sd_commit_out;
 
@@ -160,9 +160,9 @@ void sd_cost_seed(sd_cost_model *c, const sd_step_cost *costs, size_t n);
 /* ---------------------------------------------------------------- workers */
 
 typedef struct sd_coord_worker {
-    bool used;             /* slot in use (alive or kept for stats) */
+    bool used; /* slot in use (alive or kept for stats) */
     bool alive;
-    bool unreachable;      /* a send failed: the peer disconnected (dead at the next tick) */
+    bool unreachable; /* a send failed: the peer disconnected (dead at the next tick) */
     uint64_t worker_id;
     uint8_t ident[SD_MAX_IDENTITY_BYTES];
     size_t ident_len;
@@ -171,7 +171,7 @@ typedef struct sd_coord_worker {
     char name[64];
     Specd__DrafterKind drafter_kind;
     int32_t max_batch, max_draft;
-    int32_t n_ctx;         /* model context from Hello (0 = not given) */
+    int32_t n_ctx; /* model context from Hello (0 = not given) */
     uint32_t kv_blocks_total, kv_blocks_free, n_sequences;
     uint64_t steps;
     uint64_t last_recv_us, last_send_us;
@@ -180,12 +180,12 @@ typedef struct sd_coord_worker {
     bool prefill_only;
     uint64_t step_id;
     uint64_t step_sent_us;
-    uint64_t *step_rids;   /* request ids of the step's sequences, in order */
-    int32_t *step_k;       /* drafts sent per sequence (verify) or k asked (draft) */
-    int32_t *step_end;     /* keep_len + len(append) per sequence (what it holds before drafting/sampling) */
+    uint64_t *step_rids; /* request ids of the step's sequences, in order */
+    int32_t *step_k;     /* drafts sent per sequence (verify) or k asked (draft) */
+    int32_t *step_end;   /* keep_len + len(append) per sequence (what it holds before drafting/sampling) */
     int32_t n_step, cap_step;
-    int32_t step_tokens;   /* tokens the step's forward computes (appended + drafts) */
-    bool step_refill;      /* some sequence appended more than its last committed token */
+    int32_t step_tokens; /* tokens the step's forward computes (appended + drafts) */
+    bool step_refill;    /* some sequence appended more than its last committed token */
 } sd_coord_worker;
 
 /* ---------------------------------------------------------------- clients */
@@ -194,7 +194,7 @@ typedef struct sd_coord_client {
     uint8_t ident[SD_MAX_IDENTITY_BYTES];
     size_t ident_len;
     uint64_t last_recv_us, last_send_us;
-    int32_t n_active;      /* requests not finished */
+    int32_t n_active; /* requests not finished */
 } sd_coord_client;
 
 /* ---------------------------------------------------------------- the whole */
@@ -210,17 +210,17 @@ typedef struct sd_coord {
     const char *default_system; /* ChatML default system prompt, or NULL */
 
     /* sessions: active ones first-come order; queue FIFO */
-    sd_session **sessions;  /* every live session (queued, active, finished-draining) */
+    sd_session **sessions; /* every live session (queued, active, finished-draining) */
     int32_t n_sessions, cap_sessions;
     int32_t n_queued, n_active;
     uint64_t next_request_id;
 
     sd_coord_worker workers[SD_COORD_MAX_WORKERS];
-    int32_t verifier;       /* index of the alive verifier leader, -1 none */
-    int32_t drafter;        /* index of the drafter in use, -1 none */
+    int32_t verifier; /* index of the alive verifier leader, -1 none */
+    int32_t drafter;  /* index of the drafter in use, -1 none */
     uint64_t next_worker_id;
     uint64_t next_step_id;
-    uint64_t verify_steps;  /* verify steps sent that were not prefill-only (shadow draft phase) */
+    uint64_t verify_steps; /* verify steps sent that were not prefill-only (shadow draft phase) */
     bool last_verify_prefill;
 
     sd_coord_client clients[SD_COORD_MAX_CLIENTS];
@@ -241,11 +241,11 @@ typedef struct sd_coord {
     bool drafting_pays, drafting_dirty;
     uint64_t (*clock_us)(void); /* real clock for the overhead metric (tests replace it) */
     /* holding the verifier for drafts about to arrive (scheduler.c) */
-    uint64_t hold_since_us;    /* clock when the idle verifier's step was first held; 0 = not held */
-    uint64_t hold_event_us;    /* clock when the event being handled began (a draft reply, a tick) */
+    uint64_t hold_since_us; /* clock when the idle verifier's step was first held; 0 = not held */
+    uint64_t hold_event_us; /* clock when the event being handled began (a draft reply, a tick) */
     /* service stats */
     uint64_t finished_requests, committed_tokens;
-    uint64_t verify_reply_us;  /* when the last verify reply was handled; 0 = none pending */
+    uint64_t verify_reply_us; /* when the last verify reply was handled; 0 = none pending */
     /* per verify step, over the last SD_COORD_OVERHEAD_WINDOW steps: the
      * coordinator's own time (the event that let the step go -> sent) and
      * the time the verifier was held waiting for drafts (0 when not held) */
@@ -262,13 +262,11 @@ void sd_coord_state_free(sd_coord *c);
 
 static inline int32_t sd_imin(int32_t a, int32_t b) { return a < b ? a : b; }
 static inline bool sd_coord_drafter_ok(const sd_coord *c) { return c->drafter >= 0 && c->workers[c->drafter].alive; }
-static inline bool sd_coord_verifier_ok(const sd_coord *c) {
-    return c->verifier >= 0 && c->workers[c->verifier].alive;
-}
+static inline bool sd_coord_verifier_ok(const sd_coord *c) { return c->verifier >= 0 && c->workers[c->verifier].alive; }
 
 /* sd_session.shadow_token before it is a token */
 #define SD_SHADOW_PENDING (-1) /* the shadow draft is in flight */
-#define SD_SHADOW_NONE (-2)    /* no proposal (the drafter had none, or failed): nothing to learn */
+#define SD_SHADOW_NONE    (-2) /* no proposal (the drafter had none, or failed): nothing to learn */
 
 /* kpolicy.c: the draft length (K) per sequence, from the engine's policy */
 /* Largest K the sequence may use now (0: no speculation possible). */
@@ -285,8 +283,8 @@ void sd_k_shadow_settle(sd_coord *c, sd_session *s, const int32_t *tokens, int32
 
 /* pack.c: a step's messages, written from the sessions (pointing into them) */
 typedef struct sd_verify_pack {
-    Specd__VerifySeq *seqs, **pseqs; /* [n] */
-    Specd__Sampling *samp;           /* [n] */
+    Specd__VerifySeq *seqs, **pseqs;    /* [n] */
+    Specd__Sampling *samp;              /* [n] */
     Specd__SparseDist *dists, **pdists; /* [n][SD_MAX_DRAFT] */
 } sd_verify_pack;
 typedef struct sd_draft_pack {
@@ -347,8 +345,8 @@ void sd_clients_tick(sd_coord *c, uint64_t now_us);
 void sd_outbox_worker(sd_coord *c, int32_t w, const Specd__CoordinatorToWorker *env, uint64_t now_us);
 void sd_outbox_client(sd_coord *c, const uint8_t *ident, size_t ident_len, const Specd__CoordinatorToClient *env,
                       uint64_t now_us);
-void sd_outbox_client_error(sd_coord *c, const uint8_t *ident, size_t ident_len, Specd__Code code,
-                            uint64_t request_id, uint64_t client_tag, const char *msg, uint64_t now_us);
+void sd_outbox_client_error(sd_coord *c, const uint8_t *ident, size_t ident_len, Specd__Code code, uint64_t request_id,
+                            uint64_t client_tag, const char *msg, uint64_t now_us);
 /* The client record of ident (borrowed from c), created when create is set
  * and the table has room; NULL otherwise. */
 sd_coord_client *sd_coord_client_find(sd_coord *c, const uint8_t *ident, size_t ident_len, bool create);

@@ -87,9 +87,12 @@ void sd_k_shadow_settle(sd_coord *c, sd_session *s, const int32_t *tokens, int32
     if (s->shadow_base < 0 || s->shadow_token == SD_SHADOW_PENDING) return;
     int32_t at = s->shadow_base;
     int32_t committed;
-    if (at < s->n_tokens) committed = s->tokens[at];
-    else if (at - s->n_tokens < n) committed = tokens[at - s->n_tokens];
-    else return; /* the position is not committed yet; the shadow stays (no second one for it) */
+    if (at < s->n_tokens)
+        committed = s->tokens[at];
+    else if (at - s->n_tokens < n)
+        committed = tokens[at - s->n_tokens];
+    else
+        return; /* the position is not committed yet; the shadow stays (no second one for it) */
     if (s->shadow_token >= 0) {
         sd_adapt_observe_shadow(&s->adapt, committed == s->shadow_token);
         sd_adapt_prior_update(&c->alpha_prior, &s->adapt); /* shadows are greedy only */

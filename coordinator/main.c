@@ -57,21 +57,40 @@ static void usage(FILE *f) {
             SD_MAX_DRAFT);
 }
 
-
 int main(int argc, char **argv) {
     sd_coord_params p = sd_coord_default_params();
     bool verbose = false;
-    enum { O_MODEL = 256, O_CADDR, O_WADDR, O_QUEUE, O_ACTIVE, O_MAXTOK, O_KDEF, O_KMAX, O_ADAPT, O_CHUNK, O_DTO,
-           O_VTO, O_CURVE };
-    static const struct option opts[] = {
-        {"model", required_argument, 0, O_MODEL}, {"client-addr", required_argument, 0, O_CADDR},
-        {"worker-addr", required_argument, 0, O_WADDR}, {"max-queue", required_argument, 0, O_QUEUE},
-        {"max-active", required_argument, 0, O_ACTIVE}, {"max-tokens-default", required_argument, 0, O_MAXTOK},
-        {"k-default", required_argument, 0, O_KDEF}, {"k-max", required_argument, 0, O_KMAX},
-        {"adaptive-k", required_argument, 0, O_ADAPT}, {"prefill-chunk", required_argument, 0, O_CHUNK},
-        {"draft-timeout-ms", required_argument, 0, O_DTO}, {"verify-timeout-ms", required_argument, 0, O_VTO},
-        {"curve-secret", required_argument, 0, O_CURVE}, {"verbose", no_argument, 0, 'v'},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    enum {
+        O_MODEL = 256,
+        O_CADDR,
+        O_WADDR,
+        O_QUEUE,
+        O_ACTIVE,
+        O_MAXTOK,
+        O_KDEF,
+        O_KMAX,
+        O_ADAPT,
+        O_CHUNK,
+        O_DTO,
+        O_VTO,
+        O_CURVE
+    };
+    static const struct option opts[] = {{"model", required_argument, 0, O_MODEL},
+                                         {"client-addr", required_argument, 0, O_CADDR},
+                                         {"worker-addr", required_argument, 0, O_WADDR},
+                                         {"max-queue", required_argument, 0, O_QUEUE},
+                                         {"max-active", required_argument, 0, O_ACTIVE},
+                                         {"max-tokens-default", required_argument, 0, O_MAXTOK},
+                                         {"k-default", required_argument, 0, O_KDEF},
+                                         {"k-max", required_argument, 0, O_KMAX},
+                                         {"adaptive-k", required_argument, 0, O_ADAPT},
+                                         {"prefill-chunk", required_argument, 0, O_CHUNK},
+                                         {"draft-timeout-ms", required_argument, 0, O_DTO},
+                                         {"verify-timeout-ms", required_argument, 0, O_VTO},
+                                         {"curve-secret", required_argument, 0, O_CURVE},
+                                         {"verbose", no_argument, 0, 'v'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     int o;
     while ((o = getopt_long(argc, argv, "vh", opts, NULL)) != -1) {
         bool ok = true;
@@ -80,19 +99,43 @@ int main(int argc, char **argv) {
         case O_MODEL: p.model_path = optarg; break;
         case O_CADDR: p.client_addr = optarg; break;
         case O_WADDR: p.worker_addr = optarg; break;
-        case O_QUEUE: name = "max-queue"; ok = sd_cli_parse_i32(optarg, 0, 1 << 20, &p.max_queue); break;
-        case O_ACTIVE: name = "max-active"; ok = sd_cli_parse_i32(optarg, 1, 1 << 16, &p.max_active); break;
-        case O_MAXTOK: name = "max-tokens-default"; ok = sd_cli_parse_i32(optarg, 1, 1 << 24, &p.max_tokens_default); break;
-        case O_KDEF: name = "k-default"; ok = sd_cli_parse_i32(optarg, 0, SD_MAX_DRAFT, &p.k_default); break;
-        case O_KMAX: name = "k-max"; ok = sd_cli_parse_i32(optarg, 0, SD_MAX_DRAFT, &p.k_max); break;
+        case O_QUEUE:
+            name = "max-queue";
+            ok = sd_cli_parse_i32(optarg, 0, 1 << 20, &p.max_queue);
+            break;
+        case O_ACTIVE:
+            name = "max-active";
+            ok = sd_cli_parse_i32(optarg, 1, 1 << 16, &p.max_active);
+            break;
+        case O_MAXTOK:
+            name = "max-tokens-default";
+            ok = sd_cli_parse_i32(optarg, 1, 1 << 24, &p.max_tokens_default);
+            break;
+        case O_KDEF:
+            name = "k-default";
+            ok = sd_cli_parse_i32(optarg, 0, SD_MAX_DRAFT, &p.k_default);
+            break;
+        case O_KMAX:
+            name = "k-max";
+            ok = sd_cli_parse_i32(optarg, 0, SD_MAX_DRAFT, &p.k_max);
+            break;
         case O_ADAPT:
             name = "adaptive-k";
             ok = strcmp(optarg, "on") == 0 || strcmp(optarg, "off") == 0;
             p.adaptive_k = strcmp(optarg, "on") == 0;
             break;
-        case O_CHUNK: name = "prefill-chunk"; ok = sd_cli_parse_i32(optarg, 1, 1 << 20, &p.prefill_chunk); break;
-        case O_DTO: name = "draft-timeout-ms"; ok = sd_cli_parse_i32(optarg, 1, 1 << 30, &p.draft_timeout_ms); break;
-        case O_VTO: name = "verify-timeout-ms"; ok = sd_cli_parse_i32(optarg, 1, 1 << 30, &p.verify_timeout_ms); break;
+        case O_CHUNK:
+            name = "prefill-chunk";
+            ok = sd_cli_parse_i32(optarg, 1, 1 << 20, &p.prefill_chunk);
+            break;
+        case O_DTO:
+            name = "draft-timeout-ms";
+            ok = sd_cli_parse_i32(optarg, 1, 1 << 30, &p.draft_timeout_ms);
+            break;
+        case O_VTO:
+            name = "verify-timeout-ms";
+            ok = sd_cli_parse_i32(optarg, 1, 1 << 30, &p.verify_timeout_ms);
+            break;
         case O_CURVE: p.curve_secret_file = optarg; break;
         case 'v': verbose = true; break;
         case 'h': usage(stdout); return 0;

@@ -18,7 +18,7 @@ void sd_outbox_worker(sd_coord *c, int32_t wi, const Specd__CoordinatorToWorker 
 }
 
 void sd_outbox_client(sd_coord *c, const uint8_t *ident, size_t ident_len, const Specd__CoordinatorToClient *env,
-                    uint64_t now_us) {
+                      uint64_t now_us) {
     c->io.to_client(c->io.user, ident, ident_len, env);
     for (int32_t i = 0; i < c->n_clients; i++) {
         if (c->clients[i].ident_len == ident_len && memcmp(c->clients[i].ident, ident, ident_len) == 0) {
@@ -29,7 +29,7 @@ void sd_outbox_client(sd_coord *c, const uint8_t *ident, size_t ident_len, const
 }
 
 void sd_outbox_client_error(sd_coord *c, const uint8_t *ident, size_t ident_len, Specd__Code code, uint64_t request_id,
-                     uint64_t client_tag, const char *msg, uint64_t now_us) {
+                            uint64_t client_tag, const char *msg, uint64_t now_us) {
     Specd__Error e;
     sd_net_error_init(&e, code, request_id, client_tag, msg);
     Specd__CoordinatorToClient env = SPECD__COORDINATOR_TO_CLIENT__INIT;

@@ -87,7 +87,6 @@ static void reap(sd_coord *c, sd_session *s) {
     if (s->state == SD_SESSION_FINISHED && !s->in_verify && !s->in_draft) remove_session(c, s);
 }
 
-
 static void flush_chunks(sd_coord *c, uint64_t now_us);
 
 static bool drafted_now(const sd_session *s) { return s->draft_base == s->n_tokens && !s->in_draft; }
@@ -172,7 +171,8 @@ static void admit(sd_coord *c) {
         sd_session *s = c->sessions[i];
         if (s->state != SD_SESSION_QUEUED) continue;
         s->state = SD_SESSION_ACTIVE;
-        if (sd_sampling_is_greedy(&s->sampling)) s->adapt.alpha = c->alpha_prior; /* sampled: fixed start (spec_adapt.c) */
+        if (sd_sampling_is_greedy(&s->sampling))
+            s->adapt.alpha = c->alpha_prior; /* sampled: fixed start (spec_adapt.c) */
         c->n_queued--;
         c->n_active++;
         c->drafting_dirty = true; /* a new batch size */
@@ -187,7 +187,7 @@ static cand_kind verify_candidate(const sd_coord *c, const sd_session *s) {
     if (missing < 1) return CAND_NONE; /* cannot happen: the last token has no KV */
     if (missing > c->p.prefill_chunk) return CAND_PREFILL;
     if (drafted_now(s)) return CAND_STEP;
-    if (missing > 1) return CAND_STEP;  /* refill now; the drafter warms up meanwhile */
+    if (missing > 1) return CAND_STEP; /* refill now; the drafter warms up meanwhile */
     if (!s->in_draft && sd_k_want(c, s) == 0) return CAND_STEP;
     return CAND_NONE;
 }
@@ -417,8 +417,10 @@ static void release(sd_coord *c, sd_session *s, uint64_t now_us) {
 }
 
 static void end_session(sd_coord *c, sd_session *s, uint64_t now_us) {
-    if (s->state == SD_SESSION_ACTIVE) c->n_active--;
-    else if (s->state == SD_SESSION_QUEUED) c->n_queued--;
+    if (s->state == SD_SESSION_ACTIVE)
+        c->n_active--;
+    else if (s->state == SD_SESSION_QUEUED)
+        c->n_queued--;
     s->state = SD_SESSION_FINISHED;
     c->finished_requests++;
     release(c, s, now_us);
@@ -441,9 +443,9 @@ void sd_sched_finish(sd_coord *c, sd_session *s, Specd__StopReason reason, const
     env.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_FINISHED;
     env.finished = &fin;
     SD_INFO("request %llu finished (%s): %d prompt + %d generated tokens, %u/%u drafts accepted, %u steps",
-            (unsigned long long)s->id, protobuf_c_enum_descriptor_get_value(&specd__stop_reason__descriptor,
-                                                                           (int)reason)->name,
-            s->n_prompt, sd_session_generated(s), s->accepted, s->drafted, s->target_steps);
+            (unsigned long long)s->id,
+            protobuf_c_enum_descriptor_get_value(&specd__stop_reason__descriptor, (int)reason)->name, s->n_prompt,
+            sd_session_generated(s), s->accepted, s->drafted, s->target_steps);
     sd_outbox_client(c, s->client_ident, s->client_ident_len, &env, now_us);
     end_session(c, s, now_us);
 }
@@ -451,7 +453,8 @@ void sd_sched_finish(sd_coord *c, sd_session *s, Specd__StopReason reason, const
 void sd_sched_abort(sd_coord *c, sd_session *s, Specd__Code code, const char *msg, bool notify, uint64_t now_us) {
     if (s->state == SD_SESSION_FINISHED) return;
     SD_WARN("request %llu aborted (%s): %s", (unsigned long long)s->id, sd_net_code_name(code), msg);
-    if (notify) sd_outbox_client_error(c, s->client_ident, s->client_ident_len, code, s->id, s->client_tag, msg, now_us);
+    if (notify)
+        sd_outbox_client_error(c, s->client_ident, s->client_ident_len, code, s->id, s->client_tag, msg, now_us);
     end_session(c, s, now_us);
 }
 
@@ -460,8 +463,8 @@ void sd_sched_abort(sd_coord *c, sd_session *s, Specd__Code code, const char *ms
 void sd_sched_fail_step(sd_coord *c, int32_t wi, const char *why) {
     sd_coord_worker *w = &c->workers[wi];
     bool verifier = wi == c->verifier;
-    SD_WARN("%s %s failed step %llu: %s", verifier ? "verifier" : "drafter", w->name,
-            (unsigned long long)w->step_id, why);
+    SD_WARN("%s %s failed step %llu: %s", verifier ? "verifier" : "drafter", w->name, (unsigned long long)w->step_id,
+            why);
     if (!w->busy) return;
     w->busy = false;
     for (int32_t i = 0; i < w->n_step; i++) {
@@ -535,8 +538,8 @@ static bool same_count(const sd_coord_worker *w, size_t n, char *why, size_t why
     return true;
 }
 
-static void send_chunk(sd_coord *c, const sd_session *s, int32_t from, int32_t n, int32_t n_generated,
-                       const char *text, size_t text_len, uint64_t now_us) {
+static void send_chunk(sd_coord *c, const sd_session *s, int32_t from, int32_t n, int32_t n_generated, const char *text,
+                       size_t text_len, uint64_t now_us) {
     Specd__TokenChunk chunk = SPECD__TOKEN_CHUNK__INIT;
     chunk.request_id = s->id;
     chunk.n_tokens = (size_t)n;
@@ -599,8 +602,8 @@ void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r,
     sd_coord_worker *w = &c->workers[wi];
     char why[256];
     if (!w->busy || r->step_id != w->step_id) {
-        SD_WARN("verifier %s: response to step %llu, expected %llu; ignored", w->name,
-                (unsigned long long)r->step_id, (unsigned long long)(w->busy ? w->step_id : 0));
+        SD_WARN("verifier %s: response to step %llu, expected %llu; ignored", w->name, (unsigned long long)r->step_id,
+                (unsigned long long)(w->busy ? w->step_id : 0));
         return;
     }
     c->verify_reply_us = c->clock_us();
@@ -612,8 +615,8 @@ void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r,
     for (size_t i = 0; i < r->n_results; i++) {
         const Specd__VerifyResult *vr = r->results[i];
         if (vr->request_id != w->step_rids[i]) {
-            snprintf(why, sizeof why, "results[%zu].request_id %llu, sent %llu", i,
-                     (unsigned long long)vr->request_id, (unsigned long long)w->step_rids[i]);
+            snprintf(why, sizeof why, "results[%zu].request_id %llu, sent %llu", i, (unsigned long long)vr->request_id,
+                     (unsigned long long)w->step_rids[i]);
             sd_sched_fail_step(c, wi, why);
             return;
         }
@@ -695,15 +698,15 @@ void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r,
             commit_step(c, s, vr->commit, (int32_t)vr->n_commit, now_us);
             break;
         case SPECD__CODE__CODE_CACHE_MISS:
-            SD_INFO("request %llu: verifier cache miss at keep_len %d; resending the prefix",
-                    (unsigned long long)s->id, s->v_cached);
+            SD_INFO("request %llu: verifier cache miss at keep_len %d; resending the prefix", (unsigned long long)s->id,
+                    s->v_cached);
             s->v_cached = 0;
             break;
         case SPECD__CODE__CODE_KV_FULL:
             s->v_cached = 0;
             if (c->n_active <= 1) {
-                sd_sched_abort(c, s, SPECD__CODE__CODE_KV_FULL, "the verifier has no KV blocks for this request",
-                               true, now_us);
+                sd_sched_abort(c, s, SPECD__CODE__CODE_KV_FULL, "the verifier has no KV blocks for this request", true,
+                               now_us);
             }
             break;
         default:

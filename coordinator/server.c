@@ -14,8 +14,8 @@
 #include <string.h>
 #include <zmq.h>
 
-#define POLL_MS 20
-#define TICK_US 5000u
+#define POLL_MS   20
+#define TICK_US   5000u
 #define DRAIN_MAX 256
 
 struct sd_coord_server {
@@ -83,7 +83,8 @@ sd_status sd_coord_server_new(const sd_coord_params *p, sd_coord_server **out) {
     if ((st = sd_net_socket_open(s->zctx, &sp, p->client_addr, NULL, &s->client_sock)) != SD_OK) goto fail;
     sp.max_msg_bytes = SD_MAX_WORKER_MSG_BYTES;
     if ((st = sd_net_socket_open(s->zctx, &sp, p->worker_addr, NULL, &s->worker_sock)) != SD_OK) goto fail;
-    SD_INFO("clients on %s, workers on %s%s", p->client_addr, p->worker_addr, p->curve_secret_file ? " (CurveZMQ)" : "");
+    SD_INFO("clients on %s, workers on %s%s", p->client_addr, p->worker_addr,
+            p->curve_secret_file ? " (CurveZMQ)" : "");
     *out = s;
     return SD_OK;
 fail:
@@ -109,7 +110,8 @@ static void drain(sd_coord_server *s, bool workers) {
                     env.error = &e;
                     (void)send_to_worker(s, m.identity, m.identity_len, &env);
                 } else {
-                    sd_outbox_client_error(&s->c, m.identity, m.identity_len, SPECD__CODE__CODE_MALFORMED, 0, 0, why, now);
+                    sd_outbox_client_error(&s->c, m.identity, m.identity_len, SPECD__CODE__CODE_MALFORMED, 0, 0, why,
+                                           now);
                 }
             }
             sd_net_msg_clear(&m);
@@ -119,8 +121,10 @@ static void drain(sd_coord_server *s, bool workers) {
             sd_net_msg_clear(&m);
             break;
         }
-        if (workers) sd_workers_on_message(&s->c, m.identity, m.identity_len, m.body, m.body_len, now);
-        else sd_clients_on_message(&s->c, m.identity, m.identity_len, m.body, m.body_len, now);
+        if (workers)
+            sd_workers_on_message(&s->c, m.identity, m.identity_len, m.body, m.body_len, now);
+        else
+            sd_clients_on_message(&s->c, m.identity, m.identity_len, m.body, m.body_len, now);
         sd_net_msg_clear(&m);
     }
 }

@@ -18,8 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-sd_session *sd_session_new(const sd_tok *tok, uint64_t id, const int32_t *prompt, int32_t n_prompt,
-                           int32_t max_tokens, int32_t max_context, const char *const *stop, int32_t n_stop) {
+sd_session *sd_session_new(const sd_tok *tok, uint64_t id, const int32_t *prompt, int32_t n_prompt, int32_t max_tokens,
+                           int32_t max_context, const char *const *stop, int32_t n_stop) {
     sd_session *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->id = id;

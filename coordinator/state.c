@@ -101,8 +101,8 @@ sd_status sd_coord_state_init(sd_coord *c, const sd_coord_params *p, const sd_co
     c->n_vocab = sd_tok_n_vocab(c->tok);
     c->n_ctx = cfg.n_ctx_train;
     c->vocab_hash = sd_tok_vocab_hash(c->tok);
-    c->lim = (sd_net_limits){.n_vocab = c->n_vocab, .max_context = c->n_ctx, .max_batch = SD_MAX_BATCH,
-                             .max_draft = SD_MAX_DRAFT};
+    c->lim = (sd_net_limits){
+        .n_vocab = c->n_vocab, .max_context = c->n_ctx, .max_batch = SD_MAX_BATCH, .max_draft = SD_MAX_DRAFT};
     SD_INFO("target %s: %s, %d tokens (vocab hash 0x%016llx), context %d%s", p->model_path, c->arch, c->n_vocab,
             (unsigned long long)c->vocab_hash, c->n_ctx, c->default_system ? ", ChatML default system prompt" : "");
     return SD_OK;

@@ -167,8 +167,8 @@ static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
                 costs[n++] = (sd_step_cost){h->step_costs[i]->tokens, h->step_costs[i]->forward_us};
             sd_cost_seed(&c->cost, costs, n);
             SD_INFO("verifier %s: cost model seeded from %zu measured step sizes (%u..%u tokens): %.0f us a step + "
-                    "%.1f us a token", name, n, costs[0].tokens, costs[n - 1].tokens, c->cost.verify_fixed_us,
-                    c->cost.verify_token_us);
+                    "%.1f us a token",
+                    name, n, costs[0].tokens, costs[n - 1].tokens, c->cost.verify_fixed_us, c->cost.verify_token_us);
         }
     } else if (c->drafter < 0) {
         c->drafter = wi;
@@ -177,9 +177,9 @@ static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
             c->sessions[i]->d_holds = false;
         }
     }
-    SD_INFO("%s %s registered as worker %llu (max_batch %d, max_draft %d, context %d)%s", verifier ? "verifier" : "drafter", name,
-            (unsigned long long)w->worker_id, w->max_batch, w->max_draft, w->n_ctx,
-            !verifier && c->drafter != wi ? " (standby)" : "");
+    SD_INFO("%s %s registered as worker %llu (max_batch %d, max_draft %d, context %d)%s",
+            verifier ? "verifier" : "drafter", name, (unsigned long long)w->worker_id, w->max_batch, w->max_draft,
+            w->n_ctx, !verifier && c->drafter != wi ? " (standby)" : "");
     Specd__Welcome wel = SPECD__WELCOME__INIT;
     wel.protocol_version = SD_PROTOCOL_VERSION;
     wel.worker_id = w->worker_id;
@@ -209,9 +209,7 @@ void sd_workers_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, 
     }
     if (wi >= 0) c->workers[wi].last_recv_us = now_us;
     switch (env->body_case) {
-    case SPECD__WORKER_TO_COORDINATOR__BODY_HELLO:
-        on_hello(c, ident, ident_len, env->hello, now_us);
-        break;
+    case SPECD__WORKER_TO_COORDINATOR__BODY_HELLO: on_hello(c, ident, ident_len, env->hello, now_us); break;
     case SPECD__WORKER_TO_COORDINATOR__BODY_HEARTBEAT:
         if (wi < 0) {
             SD_DEBUG("heartbeat from an unregistered worker; ignored");
@@ -223,12 +221,16 @@ void sd_workers_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, 
         }
         break;
     case SPECD__WORKER_TO_COORDINATOR__BODY_DRAFT:
-        if (wi < 0 || wi != c->drafter) SD_INFO("draft response from a worker that is not the drafter in use; dropped");
-        else sd_sched_on_draft(c, wi, env->draft, now_us);
+        if (wi < 0 || wi != c->drafter)
+            SD_INFO("draft response from a worker that is not the drafter in use; dropped");
+        else
+            sd_sched_on_draft(c, wi, env->draft, now_us);
         break;
     case SPECD__WORKER_TO_COORDINATOR__BODY_VERIFY:
-        if (wi < 0 || wi != c->verifier) SD_INFO("verify response from a worker that is not the verifier; dropped");
-        else sd_sched_on_verify(c, wi, env->verify, now_us);
+        if (wi < 0 || wi != c->verifier)
+            SD_INFO("verify response from a worker that is not the verifier; dropped");
+        else
+            sd_sched_on_verify(c, wi, env->verify, now_us);
         break;
     case SPECD__WORKER_TO_COORDINATOR__BODY_ERROR:
         SD_WARN("worker %s reports %s: %s", wi >= 0 ? c->workers[wi].name : "(unregistered)",
@@ -240,9 +242,7 @@ void sd_workers_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, 
         if (wi >= 0 && env->error->code == SPECD__CODE__CODE_UNAVAILABLE)
             mark_dead(c, wi, "it reported itself unavailable");
         break;
-    default:
-        SD_WARN("worker message with body case %d; ignored", (int)env->body_case);
-        break;
+    default: SD_WARN("worker message with body case %d; ignored", (int)env->body_case); break;
     }
     specd__worker_to_coordinator__free_unpacked(env, NULL);
     sd_sched_pump(c, now_us);

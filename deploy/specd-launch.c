@@ -60,18 +60,24 @@
 #include <sys/socket.h>
 #include <zmq.h>
 
-#define MAX_TP 64
-#define MAX_CHILDREN (MAX_TP + 3)
-#define MAX_EXTRA_ARGS 32
-#define MAX_ARGV 96
+#define MAX_TP                 64
+#define MAX_CHILDREN           (MAX_TP + 3)
+#define MAX_EXTRA_ARGS         32
+#define MAX_ARGV               96
 #define RESTART_BACKOFF_MIN_MS 500
 #define RESTART_BACKOFF_MAX_MS 10000
-#define RESTART_STABLE_MS 30000      /* a child that ran this long gets its back-off reset */
-#define EARLY_EXIT_MS 3000           /* exits this soon after start with 2/3/127 are fatal */
-#define STATS_POLL_MS 200            /* readiness query period */
-#define GROUP_STOP_GRACE_MS 3000     /* a group's surviving ranks get this long to stop before SIGKILL */
+#define RESTART_STABLE_MS      30000 /* a child that ran this long gets its back-off reset */
+#define EARLY_EXIT_MS          3000  /* exits this soon after start with 2/3/127 are fatal */
+#define STATS_POLL_MS          200   /* readiness query period */
+#define GROUP_STOP_GRACE_MS    3000  /* a group's surviving ranks get this long to stop before SIGKILL */
 
-typedef enum child_role { CHILD_COORDINATOR, CHILD_VERIFIER, CHILD_DRAFTER, CHILD_GATEWAY, CHILD_ROLE_COUNT } child_role;
+typedef enum child_role {
+    CHILD_COORDINATOR,
+    CHILD_VERIFIER,
+    CHILD_DRAFTER,
+    CHILD_GATEWAY,
+    CHILD_ROLE_COUNT
+} child_role;
 
 typedef struct launch_opts {
     const char *target, *draft;
@@ -79,15 +85,15 @@ typedef struct launch_opts {
     int draft_layers;
     int tp;
     const char *client_addr, *worker_addr;
-    const char *group_addr;  /* the verifier group's own socket (--tp > 1) */
-    int device_base;         /* -1: verifier ranks on the CPU; N: rank r on cuda:N+r */
+    const char *group_addr; /* the verifier group's own socket (--tp > 1) */
+    int device_base;        /* -1: verifier ranks on the CPU; N: rank r on cuda:N+r */
     int threads_verifier, threads_drafter;
     const char *bin_dir;
     int ready_timeout_s, stop_timeout_s;
     bool restart, verbose;
     bool no_gateway;
-    const char *http;        /* the gateway's --listen ADDR:PORT */
-    char model_name[256];    /* the gateway's --model-name: the target's file name without .gguf */
+    const char *http;     /* the gateway's --listen ADDR:PORT */
+    char model_name[256]; /* the gateway's --model-name: the target's file name without .gguf */
     const char *extra[CHILD_ROLE_COUNT][MAX_EXTRA_ARGS]; /* per child_role: passed through verbatim */
     int n_extra[CHILD_ROLE_COUNT];
 } launch_opts;
@@ -95,11 +101,11 @@ typedef struct launch_opts {
 typedef struct child {
     child_role role;
     int rank;
-    char name[32];          /* "coordinator", "verifier[0]", "drafter" */
-    char path[PATH_MAX];    /* resolved binary */
-    char *argv[MAX_ARGV];   /* argv[0] = path; strings borrowed or in argbuf */
+    char name[32];        /* "coordinator", "verifier[0]", "drafter" */
+    char path[PATH_MAX];  /* resolved binary */
+    char *argv[MAX_ARGV]; /* argv[0] = path; strings borrowed or in argbuf */
     char argbuf[8][PATH_MAX];
-    pid_t pid;              /* 0 = not running */
+    pid_t pid; /* 0 = not running */
     double started_ms, restart_at_ms;
     int backoff_ms, restarts;
 } child;
@@ -108,7 +114,7 @@ typedef struct launcher {
     launch_opts o;
     child kids[MAX_CHILDREN];
     int n_kids;
-    int sfd;                /* signalfd: SIGINT, SIGTERM, SIGHUP, SIGCHLD */
+    int sfd; /* signalfd: SIGINT, SIGTERM, SIGHUP, SIGCHLD */
     char worker_connect[256];
     char client_connect[256];
     bool stopping;
@@ -342,8 +348,8 @@ static void group_down(launcher *L, const child *c, const char *why) {
     SD_WARN("%s %s unexpectedly: the verifier group is down; stopping its %d other rank(s) and restarting all %d "
             "in %d ms",
             c->name, why, others, L->o.tp, L->group_backoff_ms);
-    L->group_backoff_ms = L->group_backoff_ms * 2 > RESTART_BACKOFF_MAX_MS ? RESTART_BACKOFF_MAX_MS
-                                                                            : L->group_backoff_ms * 2;
+    L->group_backoff_ms =
+        L->group_backoff_ms * 2 > RESTART_BACKOFF_MAX_MS ? RESTART_BACKOFF_MAX_MS : L->group_backoff_ms * 2;
 }
 
 /* Reaps every exited child; decides restart / fatal for unexpected exits. */
@@ -384,8 +390,8 @@ static void reap(launcher *L) {
             continue;
         }
         if (!L->o.restart) {
-            SD_ERROR("%s %s unexpectedly (--restart off: not restarted; the service carries on without it)",
-                     c->name, why);
+            SD_ERROR("%s %s unexpectedly (--restart off: not restarted; the service carries on without it)", c->name,
+                     why);
             continue;
         }
         if (c->role == CHILD_VERIFIER && L->o.tp > 1) {
@@ -599,9 +605,12 @@ static int run(launcher *L) {
     connect_addr_of(o->client_addr, L->client_connect, sizeof L->client_connect);
 
     /* The children: coordinator, verifier ranks, drafter. */
-    static const struct { const char *bin, *dir; } bins[CHILD_ROLE_COUNT] = {
-        {"specd-coordinator", "coordinator"}, {"specd-verifier", "verifier"}, {"specd-drafter", "drafter"},
-        {"specd-gateway", "gateway"}};
+    static const struct {
+        const char *bin, *dir;
+    } bins[CHILD_ROLE_COUNT] = {{"specd-coordinator", "coordinator"},
+                                {"specd-verifier", "verifier"},
+                                {"specd-drafter", "drafter"},
+                                {"specd-gateway", "gateway"}};
     L->n_kids = 0;
     child_role roles[MAX_CHILDREN];
     int ranks[MAX_CHILDREN];
@@ -682,8 +691,12 @@ static int run(launcher *L) {
             } else if (now_ms() > ready_deadline) {
                 SD_ERROR("not ready after %d s: verifier %s, drafter %s, gateway %s; stopping the service",
                          o->ready_timeout_s, rd.verifier_alive ? "registered" : "NOT registered",
-                         !want_drafter ? "not asked for" : rd.drafter_alive ? "registered" : "NOT registered",
-                         o->no_gateway ? "not asked for" : gateway_listening(o->http) ? "listening" : "NOT listening");
+                         !want_drafter      ? "not asked for"
+                         : rd.drafter_alive ? "registered"
+                                            : "NOT registered",
+                         o->no_gateway                ? "not asked for"
+                         : gateway_listening(o->http) ? "listening"
+                                                      : "NOT listening");
                 L->exit_code = 1;
                 break;
             } else if (now_ms() - rd.last_query_ms >= STATS_POLL_MS) {
@@ -699,81 +712,97 @@ static int run(launcher *L) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: specd-launch --target TARGET.gguf (--draft DRAFT.gguf | --ngram | --draft-layers L | --no-draft)\n"
-            "                    [options]\n"
-            "\n"
-            "Starts specd-coordinator, specd-verifier, specd-drafter and specd-gateway on this machine, waits until\n"
-            "they have registered, prints \"ready ADDR\" (ADDR: where clients connect) and \"http URL\" (the\n"
-            "gateway's OpenAI-compatible API) on stdout and supervises them until SIGINT/SIGTERM, then stops them\n"
-            "all (SIGTERM, a bounded wait, SIGKILL) and exits 0.\n"
-            "\n"
-            "  --target FILE          target model (GGUF) for the coordinator and the verifier (required)\n"
-            "  --draft FILE           drafter: a separate draft model with the target's vocabulary\n"
-            "  --ngram                drafter: n-gram prompt lookup (no model)\n"
-            "  --draft-layers L       drafter: the target's first L layers (self-draft)\n"
-            "  --no-draft             no drafter: target-only decoding\n"
-            "  --tp N                 verifier ranks: a tensor-parallel group (default 1); restarted as a whole\n"
-            "                         when any rank dies\n"
-            "  --group-addr ADDR      the group's own socket, bound by rank 0 (default tcp://127.0.0.1:7702)\n"
-            "  --verifier-device D    cpu (default), cuda (rank r on cuda:r) or cuda:N (rank r on cuda:N+r)\n"
-            "  --client-addr ADDR     coordinator's client socket (default tcp://127.0.0.1:7700)\n"
-            "  --worker-addr ADDR     coordinator's worker socket (default tcp://127.0.0.1:7701)\n"
-            "  --threads-verifier N   verifier threads (default: its own default)\n"
-            "  --threads-drafter N    drafter threads (default: its own default)\n"
-            "  --bin-dir DIR          where the binaries are (default: the build tree next to specd-launch, then PATH)\n"
-            "  --ready-timeout S      give up when not ready after S seconds (default 120)\n"
-            "  --stop-timeout S       SIGTERM -> SIGKILL grace per group (default 10)\n"
-            "  --restart on|off       restart a drafter/verifier that dies (default on)\n"
-            "  --http ADDR:PORT       where specd-gateway serves the OpenAI-compatible HTTP API\n"
-            "                         (default 127.0.0.1:8000)\n"
-            "  --no-gateway           do not start specd-gateway\n"
-            "  --coordinator-arg ARG  extra argument for specd-coordinator (repeatable)\n"
-            "  --verifier-arg ARG     extra argument for specd-verifier (repeatable)\n"
-            "  --drafter-arg ARG      extra argument for specd-drafter (repeatable)\n"
-            "  --gateway-arg ARG      extra argument for specd-gateway (repeatable; e.g. --api-key)\n"
-            "  -v, --verbose          DEBUG logs here and in every child\n"
-            "  -h, --help             this help\n"
-            "\n"
-            "Exit status: 0 after a clean stop; 1 when the service could not start or the coordinator died;\n"
-            "2 on a usage error.\n");
+    fprintf(
+        f, "usage: specd-launch --target TARGET.gguf (--draft DRAFT.gguf | --ngram | --draft-layers L | --no-draft)\n"
+           "                    [options]\n"
+           "\n"
+           "Starts specd-coordinator, specd-verifier, specd-drafter and specd-gateway on this machine, waits until\n"
+           "they have registered, prints \"ready ADDR\" (ADDR: where clients connect) and \"http URL\" (the\n"
+           "gateway's OpenAI-compatible API) on stdout and supervises them until SIGINT/SIGTERM, then stops them\n"
+           "all (SIGTERM, a bounded wait, SIGKILL) and exits 0.\n"
+           "\n"
+           "  --target FILE          target model (GGUF) for the coordinator and the verifier (required)\n"
+           "  --draft FILE           drafter: a separate draft model with the target's vocabulary\n"
+           "  --ngram                drafter: n-gram prompt lookup (no model)\n"
+           "  --draft-layers L       drafter: the target's first L layers (self-draft)\n"
+           "  --no-draft             no drafter: target-only decoding\n"
+           "  --tp N                 verifier ranks: a tensor-parallel group (default 1); restarted as a whole\n"
+           "                         when any rank dies\n"
+           "  --group-addr ADDR      the group's own socket, bound by rank 0 (default tcp://127.0.0.1:7702)\n"
+           "  --verifier-device D    cpu (default), cuda (rank r on cuda:r) or cuda:N (rank r on cuda:N+r)\n"
+           "  --client-addr ADDR     coordinator's client socket (default tcp://127.0.0.1:7700)\n"
+           "  --worker-addr ADDR     coordinator's worker socket (default tcp://127.0.0.1:7701)\n"
+           "  --threads-verifier N   verifier threads (default: its own default)\n"
+           "  --threads-drafter N    drafter threads (default: its own default)\n"
+           "  --bin-dir DIR          where the binaries are (default: the build tree next to specd-launch, then PATH)\n"
+           "  --ready-timeout S      give up when not ready after S seconds (default 120)\n"
+           "  --stop-timeout S       SIGTERM -> SIGKILL grace per group (default 10)\n"
+           "  --restart on|off       restart a drafter/verifier that dies (default on)\n"
+           "  --http ADDR:PORT       where specd-gateway serves the OpenAI-compatible HTTP API\n"
+           "                         (default 127.0.0.1:8000)\n"
+           "  --no-gateway           do not start specd-gateway\n"
+           "  --coordinator-arg ARG  extra argument for specd-coordinator (repeatable)\n"
+           "  --verifier-arg ARG     extra argument for specd-verifier (repeatable)\n"
+           "  --drafter-arg ARG      extra argument for specd-drafter (repeatable)\n"
+           "  --gateway-arg ARG      extra argument for specd-gateway (repeatable; e.g. --api-key)\n"
+           "  -v, --verbose          DEBUG logs here and in every child\n"
+           "  -h, --help             this help\n"
+           "\n"
+           "Exit status: 0 after a clean stop; 1 when the service could not start or the coordinator died;\n"
+           "2 on a usage error.\n");
 }
 
-
 enum {
-    OPT_TARGET = 256, OPT_DRAFT, OPT_NGRAM, OPT_DRAFT_LAYERS, OPT_NO_DRAFT, OPT_TP, OPT_CLIENT_ADDR,
-    OPT_WORKER_ADDR, OPT_THREADS_V, OPT_THREADS_D, OPT_BIN_DIR, OPT_READY_TIMEOUT, OPT_STOP_TIMEOUT, OPT_RESTART,
-    OPT_COORD_ARG, OPT_VERIFIER_ARG, OPT_DRAFTER_ARG, OPT_GROUP_ADDR, OPT_VERIFIER_DEVICE, OPT_HTTP, OPT_NO_GATEWAY,
+    OPT_TARGET = 256,
+    OPT_DRAFT,
+    OPT_NGRAM,
+    OPT_DRAFT_LAYERS,
+    OPT_NO_DRAFT,
+    OPT_TP,
+    OPT_CLIENT_ADDR,
+    OPT_WORKER_ADDR,
+    OPT_THREADS_V,
+    OPT_THREADS_D,
+    OPT_BIN_DIR,
+    OPT_READY_TIMEOUT,
+    OPT_STOP_TIMEOUT,
+    OPT_RESTART,
+    OPT_COORD_ARG,
+    OPT_VERIFIER_ARG,
+    OPT_DRAFTER_ARG,
+    OPT_GROUP_ADDR,
+    OPT_VERIFIER_DEVICE,
+    OPT_HTTP,
+    OPT_NO_GATEWAY,
     OPT_GATEWAY_ARG
 };
 
 static int parse_args(int argc, char **argv, launch_opts *o) {
-    static const struct option longs[] = {
-        {"target", required_argument, 0, OPT_TARGET},
-        {"draft", required_argument, 0, OPT_DRAFT},
-        {"ngram", no_argument, 0, OPT_NGRAM},
-        {"draft-layers", required_argument, 0, OPT_DRAFT_LAYERS},
-        {"no-draft", no_argument, 0, OPT_NO_DRAFT},
-        {"tp", required_argument, 0, OPT_TP},
-        {"client-addr", required_argument, 0, OPT_CLIENT_ADDR},
-        {"worker-addr", required_argument, 0, OPT_WORKER_ADDR},
-        {"threads-verifier", required_argument, 0, OPT_THREADS_V},
-        {"threads-drafter", required_argument, 0, OPT_THREADS_D},
-        {"bin-dir", required_argument, 0, OPT_BIN_DIR},
-        {"ready-timeout", required_argument, 0, OPT_READY_TIMEOUT},
-        {"stop-timeout", required_argument, 0, OPT_STOP_TIMEOUT},
-        {"restart", required_argument, 0, OPT_RESTART},
-        {"coordinator-arg", required_argument, 0, OPT_COORD_ARG},
-        {"verifier-arg", required_argument, 0, OPT_VERIFIER_ARG},
-        {"drafter-arg", required_argument, 0, OPT_DRAFTER_ARG},
-        {"group-addr", required_argument, 0, OPT_GROUP_ADDR},
-        {"verifier-device", required_argument, 0, OPT_VERIFIER_DEVICE},
-        {"http", required_argument, 0, OPT_HTTP},
-        {"no-gateway", no_argument, 0, OPT_NO_GATEWAY},
-        {"gateway-arg", required_argument, 0, OPT_GATEWAY_ARG},
-        {"verbose", no_argument, 0, 'v'},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+    static const struct option longs[] = {{"target", required_argument, 0, OPT_TARGET},
+                                          {"draft", required_argument, 0, OPT_DRAFT},
+                                          {"ngram", no_argument, 0, OPT_NGRAM},
+                                          {"draft-layers", required_argument, 0, OPT_DRAFT_LAYERS},
+                                          {"no-draft", no_argument, 0, OPT_NO_DRAFT},
+                                          {"tp", required_argument, 0, OPT_TP},
+                                          {"client-addr", required_argument, 0, OPT_CLIENT_ADDR},
+                                          {"worker-addr", required_argument, 0, OPT_WORKER_ADDR},
+                                          {"threads-verifier", required_argument, 0, OPT_THREADS_V},
+                                          {"threads-drafter", required_argument, 0, OPT_THREADS_D},
+                                          {"bin-dir", required_argument, 0, OPT_BIN_DIR},
+                                          {"ready-timeout", required_argument, 0, OPT_READY_TIMEOUT},
+                                          {"stop-timeout", required_argument, 0, OPT_STOP_TIMEOUT},
+                                          {"restart", required_argument, 0, OPT_RESTART},
+                                          {"coordinator-arg", required_argument, 0, OPT_COORD_ARG},
+                                          {"verifier-arg", required_argument, 0, OPT_VERIFIER_ARG},
+                                          {"drafter-arg", required_argument, 0, OPT_DRAFTER_ARG},
+                                          {"group-addr", required_argument, 0, OPT_GROUP_ADDR},
+                                          {"verifier-device", required_argument, 0, OPT_VERIFIER_DEVICE},
+                                          {"http", required_argument, 0, OPT_HTTP},
+                                          {"no-gateway", no_argument, 0, OPT_NO_GATEWAY},
+                                          {"gateway-arg", required_argument, 0, OPT_GATEWAY_ARG},
+                                          {"verbose", no_argument, 0, 'v'},
+                                          {"help", no_argument, 0, 'h'},
+                                          {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "vh", longs, NULL)) != -1) {
         switch (c) {
@@ -818,7 +847,8 @@ static int parse_args(int argc, char **argv, launch_opts *o) {
         case OPT_BIN_DIR: o->bin_dir = optarg; break;
         case OPT_READY_TIMEOUT:
         case OPT_STOP_TIMEOUT:
-            if (!sd_cli_parse_int(optarg, 1, 86400, c == OPT_READY_TIMEOUT ? &o->ready_timeout_s : &o->stop_timeout_s)) {
+            if (!sd_cli_parse_int(optarg, 1, 86400,
+                                  c == OPT_READY_TIMEOUT ? &o->ready_timeout_s : &o->stop_timeout_s)) {
                 fprintf(stderr, "specd-launch: timeouts are integers in [1, 86400] seconds, got '%s'\n", optarg);
                 return 2;
             }

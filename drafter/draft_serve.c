@@ -34,14 +34,13 @@
 /* Block unit of the stats: the size of the verifier's and model drafter's KV blocks. */
 #define STATS_BLOCK 16
 
-
 struct sd_draft_server {
     sd_drafter *drafter;
     sd_draft_server_params p;
     uint64_t steps;
-    sd_slots slots;                   /* request id -> slot (net/slots.c) */
-    int32_t *held;                    /* [max_seqs] committed tokens held per slot */
-    int32_t *tokens;                  /* [max_seqs][max_ctx] committed tokens per slot */
+    sd_slots slots;  /* request id -> slot (net/slots.c) */
+    int32_t *held;   /* [max_seqs] committed tokens held per slot */
+    int32_t *tokens; /* [max_seqs][max_ctx] committed tokens per slot */
     /* response storage */
     Specd__DraftResult *results;      /* [max_batch] */
     Specd__DraftResult **result_ptrs; /* [max_batch] */
@@ -53,7 +52,7 @@ struct sd_draft_server {
     /* sd_draft_batch's inputs and outputs, [max_batch] each */
     sd_draft_seq *dseqs;
     sd_draft_result *dresults;
-    int32_t *dindex;                  /* batch index of each dseq */
+    int32_t *dindex; /* batch index of each dseq */
 };
 
 static void slot_release(void *user, int32_t slot) {
@@ -66,7 +65,11 @@ static int32_t slot_held(void *user, int32_t slot) { return ((const sd_draft_ser
 
 sd_draft_server_params sd_draft_server_default_params(void) {
     sd_draft_server_params p = {
-        .max_seqs = 64, .max_ctx = 4096, .max_batch = 64, .max_draft = 16, .n_vocab = 0,
+        .max_seqs = 64,
+        .max_ctx = 4096,
+        .max_batch = 64,
+        .max_draft = 16,
+        .n_vocab = 0,
         .top_n = SD_SPEC_DEFAULT_TOP_N,
     };
     return p;
@@ -97,11 +100,12 @@ sd_status sd_draft_server_create(sd_drafter *drafter, const sd_draft_server_para
     *out = NULL;
     sd_draft_server_params p = params ? *params : sd_draft_server_default_params();
     if (p.max_seqs <= 0 || p.max_seqs > 1 << 16 || p.max_ctx <= 0 || p.max_ctx > 1 << 24 || p.max_batch <= 0 ||
-        p.max_batch > SD_MAX_BATCH || p.max_draft <= 0 || p.max_draft > SD_MAX_DRAFT ||
-        p.max_draft > SD_MAX_DRAFT || p.n_vocab <= 0 || p.top_n <= 0 || p.top_n > SD_MAX_TOP_N) {
+        p.max_batch > SD_MAX_BATCH || p.max_draft <= 0 || p.max_draft > SD_MAX_DRAFT || p.max_draft > SD_MAX_DRAFT ||
+        p.n_vocab <= 0 || p.top_n <= 0 || p.top_n > SD_MAX_TOP_N) {
         SD_ERROR("drafter: bad server parameters (max_seqs %d, max_ctx %d, max_batch %d in [1, %d], max_draft %d in "
-                 "[1, %d], n_vocab %d, top_n %d in [1, %d])", (int)p.max_seqs, (int)p.max_ctx, (int)p.max_batch,
-                 SD_MAX_BATCH, (int)p.max_draft, SD_MAX_DRAFT, (int)p.n_vocab, (int)p.top_n, SD_MAX_TOP_N);
+                 "[1, %d], n_vocab %d, top_n %d in [1, %d])",
+                 (int)p.max_seqs, (int)p.max_ctx, (int)p.max_batch, SD_MAX_BATCH, (int)p.max_draft, SD_MAX_DRAFT,
+                 (int)p.n_vocab, (int)p.top_n, SD_MAX_TOP_N);
         return SD_ERR_INVALID_ARG;
     }
     if (p.top_n < sd_drafter_max_q(drafter)) {
@@ -129,9 +133,8 @@ sd_status sd_draft_server_create(sd_drafter *drafter, const sd_draft_server_para
     s->dseqs = calloc(nb, sizeof *s->dseqs);
     s->dresults = calloc(nb, sizeof *s->dresults);
     s->dindex = calloc(nb, sizeof *s->dindex);
-    if (!s->dseqs || !s->dresults || !s->dindex ||
-        sst != SD_OK || !s->tokens || !s->results || !s->result_ptrs || !s->draft || !s->dists || !s->dist_ptrs ||
-        !s->q_ids || !s->q_probs) {
+    if (!s->dseqs || !s->dresults || !s->dindex || sst != SD_OK || !s->tokens || !s->results || !s->result_ptrs ||
+        !s->draft || !s->dists || !s->dist_ptrs || !s->q_ids || !s->q_probs) {
         SD_ERROR("drafter: out of memory for %d slots of %d tokens", (int)p.max_seqs, (int)p.max_ctx);
         sd_draft_server_free(&s);
         return SD_ERR_NOMEM;
@@ -144,7 +147,6 @@ sd_net_limits sd_draft_server_limits(const sd_draft_server *s) {
     sd_net_limits lim = {s->p.n_vocab, s->p.max_ctx, s->p.max_batch, s->p.max_draft};
     return lim;
 }
-
 
 /* Copies a proposal into response storage for batch entry i. */
 static void fill_result(sd_draft_server *s, size_t i, const int32_t *tokens, const sd_spec_q *q, int32_t n,
@@ -208,7 +210,8 @@ sd_status sd_draft_server_handle(sd_draft_server *s, const Specd__DraftRequest *
         int64_t len = (int64_t)sq->keep_len + (int64_t)sq->n_append;
         int32_t slot;
         bool taken;
-        res->code = sd_slots_admit(&s->slots, sq->request_id, (int32_t)sq->keep_len, len <= s->p.max_ctx, &slot, &taken);
+        res->code =
+            sd_slots_admit(&s->slots, sq->request_id, (int32_t)sq->keep_len, len <= s->p.max_ctx, &slot, &taken);
         if (res->code == SPECD__CODE__CODE_KV_FULL && len > s->p.max_ctx)
             SD_WARN("drafter: request %llu: %lld tokens do not fit a slot of %d", (unsigned long long)sq->request_id,
                     (long long)len, (int)s->p.max_ctx);
@@ -227,7 +230,12 @@ sd_status sd_draft_server_handle(sd_draft_server *s, const Specd__DraftRequest *
             n_new = 1;
         }
         s->dseqs[n_batch] = (sd_draft_seq){
-            .slot = slot, .keep_len = keep, .n_append = n_new, .append = held + keep, .k = k, .sampling = sampling,
+            .slot = slot,
+            .keep_len = keep,
+            .n_append = n_new,
+            .append = held + keep,
+            .k = k,
+            .sampling = sampling,
         };
         s->dindex[n_batch++] = (int32_t)i;
     }
@@ -245,9 +253,7 @@ sd_status sd_draft_server_handle(sd_draft_server *s, const Specd__DraftRequest *
         Specd__DraftResult *res = &s->results[i];
         int32_t slot = s->dseqs[j].slot;
         switch (dr->outcome) {
-        case SD_SEQ_OK:
-            fill_result(s, i, dr->tokens, dr->q, dr->n_drafted, res);
-            break;
+        case SD_SEQ_OK: fill_result(s, i, dr->tokens, dr->q, dr->n_drafted, res); break;
         case SD_SEQ_CACHE_MISS:
         case SD_SEQ_OUT_OF_BLOCKS:
             SD_DEBUG("drafter: request %llu: %s", (unsigned long long)res->request_id, sd_seq_outcome_str(dr->outcome));
@@ -286,8 +292,12 @@ static sd_status warmup_batch(void *user, int32_t n_tokens, const sd_sampling *s
     int32_t off = 0;
     for (int32_t q = 0; q < n_seqs; q++) {
         const int32_t len = n_tokens / n_seqs + (q < n_tokens % n_seqs ? 1 : 0);
-        s->dseqs[q] = (sd_draft_seq){.slot = q, .keep_len = 0, .n_append = len, .append = toks + off,
-                                     .k = s->p.max_draft < 2 ? s->p.max_draft : 2, .sampling = *sampling};
+        s->dseqs[q] = (sd_draft_seq){.slot = q,
+                                     .keep_len = 0,
+                                     .n_append = len,
+                                     .append = toks + off,
+                                     .k = s->p.max_draft < 2 ? s->p.max_draft : 2,
+                                     .sampling = *sampling};
         off += len;
     }
     sd_status st = sd_draft_batch(s->drafter, n_seqs, s->dseqs, s->dresults);

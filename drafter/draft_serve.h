@@ -13,12 +13,12 @@
 typedef struct sd_draft_server sd_draft_server;
 
 typedef struct sd_draft_server_params {
-    int32_t max_seqs;   /* request slots; must equal the drafter's max_seqs (default 64) */
-    int32_t max_ctx;    /* tokens per sequence; <= the drafter's max_ctx (default 4096) */
-    int32_t max_batch;  /* sequences per DraftRequest (default 64, <= SD_MAX_BATCH) */
-    int32_t max_draft;  /* tokens proposed per sequence (default 16, <= SD_MAX_DRAFT) */
-    int32_t n_vocab;    /* token ids must be below this (required) */
-    int32_t top_n;      /* entries of each q kept: at least sd_drafter_max_q (create refuses less) */
+    int32_t max_seqs;  /* request slots; must equal the drafter's max_seqs (default 64) */
+    int32_t max_ctx;   /* tokens per sequence; <= the drafter's max_ctx (default 4096) */
+    int32_t max_batch; /* sequences per DraftRequest (default 64, <= SD_MAX_BATCH) */
+    int32_t max_draft; /* tokens proposed per sequence (default 16, <= SD_MAX_DRAFT) */
+    int32_t n_vocab;   /* token ids must be below this (required) */
+    int32_t top_n;     /* entries of each q kept: at least sd_drafter_max_q (create refuses less) */
 } sd_draft_server_params;
 
 /* max_seqs 64, max_ctx 4096, max_batch 64, max_draft 16, n_vocab 0 (must

@@ -39,7 +39,7 @@ typedef struct drafter_opts {
     const char *name;
     bool ngram;
     int32_t ngram_min, ngram_max;
-    int32_t ngram_cache;    /* entries of the n-gram cache shared across requests; 0 = none */
+    int32_t ngram_cache; /* entries of the n-gram cache shared across requests; 0 = none */
     int32_t draft_layers;
     int32_t n_threads, max_seqs, kv_blocks, top_n, max_draft, max_batch, max_ctx, index;
     int32_t device; /* model drafters: -1 CPU, N cuda:N */
@@ -93,20 +93,47 @@ static bool parse_int(const char *flag, const char *s, int32_t lo, int32_t hi, i
 
 /* 0 = run, 1 = --help printed, 2 = bad flags. */
 static int parse_args(int argc, char **argv, drafter_opts *o) {
-    enum { O_COORD = 256, O_NGRAM, O_VOCAB, O_NMIN, O_NMAX, O_NCACHE, O_LAYERS, O_SEQS, O_KV, O_CTX, O_TOPN, O_DRAFT,
-           O_BATCH, O_INDEX, O_NAME, O_DEVICE, O_WARMUP };
+    enum {
+        O_COORD = 256,
+        O_NGRAM,
+        O_VOCAB,
+        O_NMIN,
+        O_NMAX,
+        O_NCACHE,
+        O_LAYERS,
+        O_SEQS,
+        O_KV,
+        O_CTX,
+        O_TOPN,
+        O_DRAFT,
+        O_BATCH,
+        O_INDEX,
+        O_NAME,
+        O_DEVICE,
+        O_WARMUP
+    };
     static const struct option longs[] = {
-        {"coordinator", required_argument, 0, O_COORD}, {"model", required_argument, 0, 'm'},
-        {"ngram", no_argument, 0, O_NGRAM},             {"vocab-from", required_argument, 0, O_VOCAB},
-        {"ngram-min", required_argument, 0, O_NMIN},    {"ngram-max", required_argument, 0, O_NMAX},
+        {"coordinator", required_argument, 0, O_COORD},
+        {"model", required_argument, 0, 'm'},
+        {"ngram", no_argument, 0, O_NGRAM},
+        {"vocab-from", required_argument, 0, O_VOCAB},
+        {"ngram-min", required_argument, 0, O_NMIN},
+        {"ngram-max", required_argument, 0, O_NMAX},
         {"ngram-cache", required_argument, 0, O_NCACHE},
-        {"draft-layers", required_argument, 0, O_LAYERS}, {"threads", required_argument, 0, 't'},
-        {"max-seqs", required_argument, 0, O_SEQS},     {"kv-blocks", required_argument, 0, O_KV},
-        {"max-ctx", required_argument, 0, O_CTX},       {"top-n", required_argument, 0, O_TOPN},
-        {"max-draft", required_argument, 0, O_DRAFT},   {"max-batch", required_argument, 0, O_BATCH},
-        {"index", required_argument, 0, O_INDEX},       {"name", required_argument, 0, O_NAME},
-        {"device", required_argument, 0, O_DEVICE},     {"warmup", required_argument, 0, O_WARMUP},
-        {"verbose", no_argument, 0, 'v'},               {"help", no_argument, 0, 'h'},
+        {"draft-layers", required_argument, 0, O_LAYERS},
+        {"threads", required_argument, 0, 't'},
+        {"max-seqs", required_argument, 0, O_SEQS},
+        {"kv-blocks", required_argument, 0, O_KV},
+        {"max-ctx", required_argument, 0, O_CTX},
+        {"top-n", required_argument, 0, O_TOPN},
+        {"max-draft", required_argument, 0, O_DRAFT},
+        {"max-batch", required_argument, 0, O_BATCH},
+        {"index", required_argument, 0, O_INDEX},
+        {"name", required_argument, 0, O_NAME},
+        {"device", required_argument, 0, O_DEVICE},
+        {"warmup", required_argument, 0, O_WARMUP},
+        {"verbose", no_argument, 0, 'v'},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     int c;
@@ -214,8 +241,16 @@ static void on_stats(void *user, Specd__WorkerStats *st) { sd_draft_server_stats
 
 int main(int argc, char **argv) {
     drafter_opts o = {
-        .coordinator = "tcp://127.0.0.1:7701", .ngram_min = 1, .ngram_max = 16, .ngram_cache = 65536, .max_seqs = 64,
-        .top_n = SD_SPEC_DEFAULT_TOP_N, .max_draft = 16, .max_batch = 64, .device = -1, .warmup = -1,
+        .coordinator = "tcp://127.0.0.1:7701",
+        .ngram_min = 1,
+        .ngram_max = 16,
+        .ngram_cache = 65536,
+        .max_seqs = 64,
+        .top_n = SD_SPEC_DEFAULT_TOP_N,
+        .max_draft = 16,
+        .max_batch = 64,
+        .device = -1,
+        .warmup = -1,
     };
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc == 1 ? 0 : 2;
@@ -289,7 +324,8 @@ int main(int argc, char **argv) {
     st = sd_draft_server_warmup(server, n_warm, &wr);
     if (st != SD_OK) {
         SD_ERROR("the warm-up failed after batches of up to %d tokens (%s): lower --max-batch or --max-draft, or "
-                 "pass --warmup with a smaller size (0: none)", (int)wr.max_tokens, sd_status_str(st));
+                 "pass --warmup with a smaller size (0: none)",
+                 (int)wr.max_tokens, sd_status_str(st));
         sd_draft_server_free(&server);
         sd_drafter_free(&drafter);
         close(stop_fd);
@@ -309,7 +345,8 @@ int main(int argc, char **argv) {
     wp.limits = sd_draft_server_limits(server);
     /* Envelopes are validated against the model's context; a sequence longer
      * than a slot gets a per-sequence KV_FULL instead of failing the batch. */
-    if (wp.model.context_length > (uint32_t)wp.limits.max_context) wp.limits.max_context = (int32_t)wp.model.context_length;
+    if (wp.model.context_length > (uint32_t)wp.limits.max_context)
+        wp.limits.max_context = (int32_t)wp.model.context_length;
     wp.stop_fd = stop_fd;
     wp.handle = on_request;
     wp.release = on_release;

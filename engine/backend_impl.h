@@ -50,14 +50,14 @@ typedef struct sd_host_array {
  * residual). Op by op it is: swiglu(x, up) into x; y[m] = w[m] x, or
  * y[m] += w[m] x. */
 typedef struct sd_matmul_job {
-    int32_t n_mats;     /* 1..3 */
-    const float *w[3];  /* [n_out[m]][n_in], as matmul takes them */
+    int32_t n_mats;    /* 1..3 */
+    const float *w[3]; /* [n_out[m]][n_in], as matmul takes them */
     int32_t n_out[3];
-    float *y[3];        /* [n_tokens][n_out[m]], none aliasing x or up */
+    float *y[3]; /* [n_tokens][n_out[m]], none aliasing x or up */
     int32_t n_in, n_tokens;
-    const float *x;     /* [n_tokens][n_in]; may be overwritten when up is set */
-    const float *up;    /* NULL, or [n_tokens][n_in]: the input is silu(x) * up */
-    bool accumulate;    /* y[m] += instead of = */
+    const float *x;  /* [n_tokens][n_in]; may be overwritten when up is set */
+    const float *up; /* NULL, or [n_tokens][n_in]: the input is silu(x) * up */
+    bool accumulate; /* y[m] += instead of = */
 } sd_matmul_job;
 
 typedef struct sd_backend_ops {
@@ -127,8 +127,7 @@ typedef struct sd_backend_ops {
      * + sd_spec_verify (spec.h, sample.c), so the decisions are the CPU's.
      * A sequence whose input is malformed gets its own status; the call
      * fails only when the backend does. */
-    sd_status (*spec_verify)(sd_backend *be, const float *logits, int32_t n_vocab, int32_t n_seqs,
-                             sd_spec_rows *seqs);
+    sd_status (*spec_verify)(sd_backend *be, const float *logits, int32_t n_vocab, int32_t n_seqs, sd_spec_rows *seqs);
 
     /* ---- ops ---- */
     /* out[t][:] = table[ids[t]][:] for t < n_tokens.
@@ -139,8 +138,8 @@ typedef struct sd_backend_ops {
 
     /* y[t][o] = sum_i w[o][i] * x[t][i].
      * w [n_out][n_in], x [n_tokens][n_in], y [n_tokens][n_out] (y != x). */
-    sd_status (*matmul)(sd_backend *be, const float *w, int32_t n_in, int32_t n_out, const float *x,
-                        int32_t n_tokens, float *y);
+    sd_status (*matmul)(sd_backend *be, const float *w, int32_t n_in, int32_t n_out, const float *x, int32_t n_tokens,
+                        float *y);
 
     /* Optional, both or neither (NULL: every matrix is f32 or converted by
      * weight_upload). stored_supports(type): matmul_stored computes on
@@ -160,15 +159,15 @@ typedef struct sd_backend_ops {
 
     /* out[t][i] = x[t][i] / sqrt(mean_i(x[t][:]^2) + eps) * weight[i].
      * x, out [n_tokens][dim] (may alias), weight [dim]. */
-    sd_status (*rmsnorm)(sd_backend *be, const float *x, const float *weight, int32_t n_tokens, int32_t dim,
-                         float eps, float *out);
+    sd_status (*rmsnorm)(sd_backend *be, const float *x, const float *weight, int32_t n_tokens, int32_t dim, float eps,
+                         float *out);
 
     /* In place "normal" (adjacent-pair) rotary embedding: for every token t,
      * head h and pair i < head_dim/2, (x[2i], x[2i+1]) of that head rotates by
      * theta = pos[t] * inv_freq[i], theta computed in double.
      * x [n_tokens][n_heads*head_dim], pos host [n_tokens], inv_freq [head_dim/2]. */
-    sd_status (*rope)(sd_backend *be, float *x, int32_t n_tokens, int32_t n_heads, int32_t head_dim,
-                      const int32_t *pos, const float *inv_freq);
+    sd_status (*rope)(sd_backend *be, float *x, int32_t n_tokens, int32_t n_heads, int32_t head_dim, const int32_t *pos,
+                      const float *inv_freq);
 
     /* Writes each token's row into a paged pool: row src[t] goes to slot
      * pos[t] of its sequence, i.e. pool + (bt[bt_off[t] + pos[t]/block_size]
@@ -184,9 +183,8 @@ typedef struct sd_backend_ops {
      * kv_write(k_pool, k) and kv_write(v_pool, v), all with the same pos, bt
      * and bt_off. */
     sd_status (*rope_kv)(sd_backend *be, float *q, float *k, const float *v, int32_t n_tokens, int32_t n_heads,
-                         int32_t n_kv_heads, int32_t head_dim, const int32_t *pos, const float *inv_freq,
-                         float *k_pool, float *v_pool, int32_t block_size, const int32_t *bt,
-                         const int32_t *bt_off);
+                         int32_t n_kv_heads, int32_t head_dim, const int32_t *pos, const float *inv_freq, float *k_pool,
+                         float *v_pool, int32_t block_size, const int32_t *bt, const int32_t *bt_off);
 
     /* Causal attention over the paged cache. Token t, query head h attends to
      * positions 0..pos[t] of its own sequence (block table bt + bt_off[t]),
@@ -195,10 +193,9 @@ typedef struct sd_backend_ops {
      *   out[t][h] = sum_p w[p] * v[p][kvh].
      * q, out [n_tokens][n_heads*head_dim]; k_pool, v_pool
      * [n_blocks][block_size][n_kv_heads][head_dim]; pos, bt, bt_off host. */
-    sd_status (*attention)(sd_backend *be, const float *q, const float *k_pool, const float *v_pool,
-                           int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                           int32_t block_size, const int32_t *pos, const int32_t *bt, const int32_t *bt_off,
-                           float scale, float *out);
+    sd_status (*attention)(sd_backend *be, const float *q, const float *k_pool, const float *v_pool, int32_t n_tokens,
+                           int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
+                           const int32_t *pos, const int32_t *bt, const int32_t *bt_off, float scale, float *out);
 
     /* out[i] = silu(gate[i]) * up[i] = gate[i] / (1 + exp(-gate[i])) * up[i].
      * gate, up, out [n] (out may alias gate or up). */

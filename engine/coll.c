@@ -104,8 +104,8 @@ static sd_status check_usable(sd_coll *c, const char *what) {
     }
     int failed = atomic_load(&c->failed);
     if (failed != SD_OK) {
-        SD_ERROR("coll %s rank %d: %s on a group that already failed (%s); close it and build a new one",
-                 c->ops->kind, c->params.rank, what, sd_status_str((sd_status)failed));
+        SD_ERROR("coll %s rank %d: %s on a group that already failed (%s); close it and build a new one", c->ops->kind,
+                 c->params.rank, what, sd_status_str((sd_status)failed));
         return SD_ERR_ABORTED;
     }
     return SD_OK;
@@ -148,8 +148,7 @@ sd_status sd_coll_gather(sd_coll *c, const float *send, size_t n, float *recv, i
     if (!c) return SD_ERR_INVALID_ARG;
     size_t total, bytes;
     if (root < 0 || root >= c->params.size || !sd_mul_ok(n, (size_t)c->params.size, &total) ||
-        !sd_mul_ok(total, sizeof(float), &bytes) || (n > 0 && !send) ||
-        (n > 0 && c->params.rank == root && !recv)) {
+        !sd_mul_ok(total, sizeof(float), &bytes) || (n > 0 && !send) || (n > 0 && c->params.rank == root && !recv)) {
         SD_ERROR("coll gather: bad arguments (n %zu, send %p, recv %p, root %d, size %d)", n, (const void *)send,
                  (void *)recv, root, c->params.size);
         return SD_ERR_INVALID_ARG;

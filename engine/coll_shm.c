@@ -77,15 +77,16 @@
 #define cpu_relax() __asm__ __volatile__("" ::: "memory")
 #endif
 
-#define SHM_MAGIC 0x5350454443534d31ull /* "SPEDCSM1" */
+#define SHM_MAGIC   0x5350454443534d31ull /* "SPEDCSM1" */
 #define SHM_VERSION 1u
-#define CTL_LINE 128                    /* two cache lines: no false sharing with the adjacent-line prefetcher */
-#define SPIN_NS 2000ll                  /* busy-wait (pause) this long: a running peer arrives in ~1 us; longer
+#define CTL_LINE    128 /* two cache lines: no false sharing with the adjacent-line prefetcher */
+#define SPIN_NS \
+    2000ll                           /* busy-wait (pause) this long: a running peer arrives in ~1 us; longer
                                           * spins cost 3-5x when ranks outnumber cores (measured) */
-#define YIELD_NS 500000ll               /* then sched_yield this long: lets a peer sharing this core run */
-#define SLEEP_SLICE_NS 2000000ll        /* a futex sleep never exceeds 2 ms: abort and deadline stay prompt */
-#define DIRECT_MAX_BYTES (64u << 10)    /* up to this per round every rank reduces everything itself */
-#define JOIN_POLL_NS 1000000ll
+#define YIELD_NS         500000ll    /* then sched_yield this long: lets a peer sharing this core run */
+#define SLEEP_SLICE_NS   2000000ll   /* a futex sleep never exceeds 2 ms: abort and deadline stay prompt */
+#define DIRECT_MAX_BYTES (64u << 10) /* up to this per round every rank reduces everything itself */
+#define JOIN_POLL_NS     1000000ll
 
 enum { STATE_INIT = 0, STATE_OPEN = 1, STATE_RUNNING = 2 };
 enum { OP_BARRIER = 1, OP_ALL_REDUCE, OP_BROADCAST, OP_GATHER };
@@ -94,11 +95,11 @@ typedef struct shm_header {
     uint64_t magic;
     uint32_t version;
     int32_t size;
-    uint64_t chunk;      /* bytes per slot */
-    uint64_t max_bytes;  /* as every rank passed it */
-    uint64_t total;      /* segment bytes */
+    uint64_t chunk;     /* bytes per slot */
+    uint64_t max_bytes; /* as every rank passed it */
+    uint64_t total;     /* segment bytes */
     int32_t creator_pid;
-    uint64_t pid_ns;           /* inode of the creator's /proc/self/ns/pid (0: unknown) */
+    uint64_t pid_ns; /* inode of the creator's /proc/self/ns/pid (0: unknown) */
     _Atomic uint32_t state;
     _Atomic uint32_t aborted;  /* 0, or 1 + the rank that aborted or timed out */
     _Atomic uint32_t sleepers; /* ranks inside a futex wait */
@@ -113,8 +114,8 @@ typedef struct shm_meta {
 typedef struct shm_ctl {
     _Atomic uint32_t arrive; /* last epoch this rank arrived at */
     _Atomic uint32_t joined;
-    shm_meta meta[2];        /* per slot set, written before arriving */
-    int32_t pid;             /* the rank's process, written before joining */
+    shm_meta meta[2]; /* per slot set, written before arriving */
+    int32_t pid;      /* the rank's process, written before joining */
     char pad[CTL_LINE - 8 - 2 * sizeof(shm_meta) - sizeof(int32_t)];
 } shm_ctl;
 
@@ -123,17 +124,17 @@ _Static_assert(sizeof(shm_header) <= CTL_LINE, "header fits one line");
 
 typedef struct shm_coll {
     sd_coll base;
-    char name[64];       /* "/" + the caller's name */
+    char name[64]; /* "/" + the caller's name */
     int fd;
-    unsigned char *map;  /* the whole segment */
+    unsigned char *map; /* the whole segment */
     size_t map_bytes;
     shm_header *hdr;
     shm_ctl *ctl;        /* [size] */
     unsigned char *data; /* slots[2][size][chunk] */
     size_t chunk;
-    uint32_t epoch;      /* this rank's last barrier epoch */
-    uint32_t round;      /* rounds done: the slot set is round & 1 */
-    bool same_pid_ns;    /* every rank's pid is meaningful here: liveness checks allowed */
+    uint32_t epoch;   /* this rank's last barrier epoch */
+    uint32_t round;   /* rounds done: the slot set is round & 1 */
+    bool same_pid_ns; /* every rank's pid is meaningful here: liveness checks allowed */
 } shm_coll;
 
 static const sd_coll_ops shm_ops;
@@ -157,12 +158,12 @@ static bool process_gone(bool same_ns, int32_t pid) {
 }
 
 static void sleep_ns(int64_t ns) {
-    struct timespec ts = { (time_t)(ns / 1000000000ll), (long)(ns % 1000000000ll) };
+    struct timespec ts = {(time_t)(ns / 1000000000ll), (long)(ns % 1000000000ll)};
     nanosleep(&ts, NULL);
 }
 
 static void futex_wait(_Atomic uint32_t *word, uint32_t expected, int64_t ns) {
-    struct timespec ts = { (time_t)(ns / 1000000000ll), (long)(ns % 1000000000ll) };
+    struct timespec ts = {(time_t)(ns / 1000000000ll), (long)(ns % 1000000000ll)};
     syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, expected, &ts, NULL, 0);
 }
 
@@ -195,8 +196,8 @@ static sd_status aborted_status(shm_coll *s, const char *what) {
     if (sd_coll_aborted(&s->base))
         SD_ERROR("coll shm '%s' rank %d: %s aborted", s->name + 1, s->base.params.rank, what);
     else
-        SD_ERROR("coll shm '%s' rank %d: %s failed: the group was aborted by rank %u", s->name + 1,
-                 s->base.params.rank, what, by - 1);
+        SD_ERROR("coll shm '%s' rank %d: %s failed: the group was aborted by rank %u", s->name + 1, s->base.params.rank,
+                 what, by - 1);
     return SD_ERR_ABORTED;
 }
 
@@ -212,7 +213,8 @@ static sd_status timeout_status(shm_coll *s, const char *what) {
     for (int32_t j = 0; j < s->base.params.size; j++) {
         if (reached(atomic_load(&s->ctl[j].arrive), s->epoch)) continue;
         n_missing++;
-        if (len + 16 < sizeof missing) len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? "," : "", j);
+        if (len + 16 < sizeof missing)
+            len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? "," : "", j);
     }
     SD_ERROR("coll shm '%s' rank %d: %s timed out after %d ms waiting for %d rank(s): %s", s->name + 1,
              s->base.params.rank, what, s->base.params.timeout_ms, n_missing, missing);
@@ -296,8 +298,8 @@ static sd_status round_check(shm_coll *s, uint32_t set) {
         if (m->op != mine->op || m->bytes != mine->bytes || m->root != mine->root) {
             SD_ERROR("coll shm '%s' rank %d: ranks disagree: this rank called %s(%llu bytes, root %d), rank %d "
                      "called %s(%llu bytes, root %d)",
-                     s->name + 1, s->base.params.rank, op_name(mine->op), (unsigned long long)mine->bytes,
-                     mine->root, j, op_name(m->op), (unsigned long long)m->bytes, m->root);
+                     s->name + 1, s->base.params.rank, op_name(mine->op), (unsigned long long)mine->bytes, mine->root,
+                     j, op_name(m->op), (unsigned long long)m->bytes, m->root);
             raise_group_abort(s);
             return SD_ERR_INVALID_ARG;
         }
@@ -524,8 +526,8 @@ static sd_status try_join(shm_coll *s, int64_t deadline) {
         if (process_gone(same_ns, hcopy.creator_pid)) goto retry; /* a dead group's: rank 0 will replace it */
         SD_ERROR("coll shm '%s' rank %d: the group has size %d, max_bytes %llu; this rank passed size %d, "
                  "max_bytes %zu",
-                 s->name + 1, s->base.params.rank, hcopy.size, (unsigned long long)hcopy.max_bytes,
-                 s->base.params.size, s->base.params.max_bytes);
+                 s->name + 1, s->base.params.rank, hcopy.size, (unsigned long long)hcopy.max_bytes, s->base.params.size,
+                 s->base.params.max_bytes);
         shm_unmap(s);
         return SD_ERR_INVALID_ARG;
     }
@@ -590,8 +592,8 @@ sd_status sd_coll_shm_open(const char *name, const sd_coll_params *p, sd_coll **
             st = try_join(s, deadline);
             if (st != SD_ERR_NOT_FOUND) break;
             if (now_ns() >= deadline) {
-                SD_ERROR("coll shm '%s' rank %d: no running group to join within %d ms (is rank 0 up?)", name,
-                         p->rank, p->timeout_ms);
+                SD_ERROR("coll shm '%s' rank %d: no running group to join within %d ms (is rank 0 up?)", name, p->rank,
+                         p->timeout_ms);
                 st = SD_ERR_TIMEOUT;
                 break;
             }
@@ -602,8 +604,8 @@ sd_status sd_coll_shm_open(const char *name, const sd_coll_params *p, sd_coll **
         shm_destroy(&s->base);
         return st;
     }
-    SD_DEBUG("coll shm '%s': rank %d of %d joined (%zu-byte slots, %zu-byte segment)", name, p->rank, p->size,
-             s->chunk, s->map_bytes);
+    SD_DEBUG("coll shm '%s': rank %d of %d joined (%zu-byte slots, %zu-byte segment)", name, p->rank, p->size, s->chunk,
+             s->map_bytes);
     *out = &s->base;
     return SD_OK;
 }

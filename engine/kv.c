@@ -48,7 +48,7 @@ struct sd_kv {
     float **v_pools;     /* [n_layers] -> [n_blocks * block_floats] */
     int32_t *free_stack; /* [n_blocks] free block ids; top at n_free-1 */
     int32_t n_free;
-    kv_slot *slots;      /* [max_seqs] */
+    kv_slot *slots; /* [max_seqs] */
     uint64_t uid;
 };
 
@@ -60,9 +60,12 @@ sd_kv_params sd_kv_default_params(void) {
 }
 
 static sd_status check_params(const sd_kv_params *p) {
-    const struct { const char *name; int32_t v; } fields[] = {
-        { "n_layers", p->n_layers },     { "n_kv_heads", p->n_kv_heads }, { "head_dim", p->head_dim },
-        { "block_size", p->block_size }, { "n_blocks", p->n_blocks },     { "max_seqs", p->max_seqs },
+    const struct {
+        const char *name;
+        int32_t v;
+    } fields[] = {
+        {"n_layers", p->n_layers},     {"n_kv_heads", p->n_kv_heads}, {"head_dim", p->head_dim},
+        {"block_size", p->block_size}, {"n_blocks", p->n_blocks},     {"max_seqs", p->max_seqs},
     };
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
         if (fields[i].v <= 0) {
@@ -120,8 +123,8 @@ sd_status sd_kv_create(const sd_kv_params *p, sd_kv **out) {
 
 nomem:
     SD_ERROR("kv: cannot allocate the cache: %d layers x 2 pools of %.1f MiB (%.1f MiB in all, %s memory)",
-             (int)p->n_layers, (double)pool_bytes / 1048576.0, 2.0 * (double)p->n_layers * (double)pool_bytes / 1048576.0,
-             p->pool_alloc ? "device" : "host");
+             (int)p->n_layers, (double)pool_bytes / 1048576.0,
+             2.0 * (double)p->n_layers * (double)pool_bytes / 1048576.0, p->pool_alloc ? "device" : "host");
     sd_kv_free(&kv);
     return SD_ERR_NOMEM;
 }
@@ -177,15 +180,15 @@ sd_status sd_kv_grow(sd_kv *kv, int32_t seq, int32_t new_len) {
     if (!seq_ok(kv, seq, "grow")) return SD_ERR_RANGE;
     kv_slot *sl = &kv->slots[seq];
     if (new_len < 0 || new_len < sl->len) {
-        SD_ERROR("kv: grow: new length %d of slot %d is below its current length %d (use truncate)",
-                 (int)new_len, (int)seq, (int)sl->len);
+        SD_ERROR("kv: grow: new length %d of slot %d is below its current length %d (use truncate)", (int)new_len,
+                 (int)seq, (int)sl->len);
         return SD_ERR_INVALID_ARG;
     }
     int32_t need = blocks_for(kv, new_len);
     int32_t extra = need - sl->n_blocks;
     if (extra > kv->n_free) {
-        SD_DEBUG("kv: grow: slot %d needs %d more blocks for length %d, %d free", (int)seq, (int)extra,
-                 (int)new_len, (int)kv->n_free);
+        SD_DEBUG("kv: grow: slot %d needs %d more blocks for length %d, %d free", (int)seq, (int)extra, (int)new_len,
+                 (int)kv->n_free);
         return SD_ERR_OUT_OF_BLOCKS;
     }
     if (need > sl->cap) {
@@ -220,8 +223,7 @@ sd_status sd_kv_truncate(sd_kv *kv, int32_t seq, int32_t len) {
         return SD_ERR_INVALID_ARG;
     }
     if (len > sl->len) {
-        SD_ERROR("kv: truncate: length %d of slot %d exceeds its current length %d", (int)len, (int)seq,
-                 (int)sl->len);
+        SD_ERROR("kv: truncate: length %d of slot %d exceeds its current length %d", (int)len, (int)seq, (int)sl->len);
         return SD_ERR_RANGE;
     }
     free_tail(kv, sl, blocks_for(kv, len));

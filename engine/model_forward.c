@@ -22,7 +22,7 @@
 
 void sd_model_free_activations(sd_model *m) {
     activations *a = &m->act;
-    float **bufs[] = {&a->x,    &a->xb, &a->q,      &a->k,        &a->v,       &a->att,
+    float **bufs[] = {&a->x,    &a->xb, &a->q,      &a->k,         &a->v,       &a->att,
                       &a->gate, &a->up, &a->logits, &a->head_part, &a->head_all};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         if (*bufs[i]) m->be.ops->buf_free(m->be.ctx, *bufs[i]);
@@ -112,8 +112,7 @@ static sd_status validate_batch(sd_model *m, sd_kv *kv, const sd_batch *b, int32
             return SD_ERR_RANGE;
         }
         if (s < 0 || s >= kp->max_seqs) {
-            SD_ERROR("model: batch token %d has sequence slot %d outside [0, %d)", (int)t, (int)s,
-                     (int)kp->max_seqs);
+            SD_ERROR("model: batch token %d has sequence slot %d outside [0, %d)", (int)t, (int)s, (int)kp->max_seqs);
             return SD_ERR_RANGE;
         }
         if (pl->seq_start[s] < 0) {
@@ -253,8 +252,13 @@ static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_model_plan *b) 
         /* attention block */
         SD_TRY(op->rmsnorm(be, a->x, L->attn_norm, n, E, c->rms_eps, a->xb)); /* xb [n][E] */
         if (fused) {
-            const sd_matmul_job qkv = {.n_mats = 3, .w = {L->wq.w, L->wk.w, L->wv.w}, .n_out = {QD, KD, KD},
-                                       .y = {a->q, a->k, a->v}, .n_in = E, .n_tokens = n, .x = a->xb};
+            const sd_matmul_job qkv = {.n_mats = 3,
+                                       .w = {L->wq.w, L->wk.w, L->wv.w},
+                                       .n_out = {QD, KD, KD},
+                                       .y = {a->q, a->k, a->v},
+                                       .n_in = E,
+                                       .n_tokens = n,
+                                       .x = a->xb};
             SD_TRY(op->matmul_fused(be, &qkv));
         } else {
             SD_TRY(mat_mul(m, &L->wq, E, QD, a->xb, n, a->q)); /* q [n][H*D] */
@@ -270,11 +274,17 @@ static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_model_plan *b) 
             SD_TRY(op->kv_write(be, sd_kv_k_pool(kv, l), bs, KD, a->k, n, b->pos, bt, bt_off));
             SD_TRY(op->kv_write(be, sd_kv_v_pool(kv, l), bs, KD, a->v, n, b->pos, bt, bt_off));
         }
-        SD_TRY(op->attention(be, a->q, sd_kv_k_pool(kv, l), sd_kv_v_pool(kv, l), n, H, KV, D, bs, b->pos, bt,
-                             bt_off, scale, a->att));                          /* att [n][H*D] */
-        if (fused && !m->coll) { /* x += wo att */
-            const sd_matmul_job o = {.n_mats = 1, .w = {L->wo.w}, .n_out = {E}, .y = {a->x}, .n_in = QD,
-                                     .n_tokens = n, .x = a->att, .accumulate = true};
+        SD_TRY(op->attention(be, a->q, sd_kv_k_pool(kv, l), sd_kv_v_pool(kv, l), n, H, KV, D, bs, b->pos, bt, bt_off,
+                             scale, a->att)); /* att [n][H*D] */
+        if (fused && !m->coll) {              /* x += wo att */
+            const sd_matmul_job o = {.n_mats = 1,
+                                     .w = {L->wo.w},
+                                     .n_out = {E},
+                                     .y = {a->x},
+                                     .n_in = QD,
+                                     .n_tokens = n,
+                                     .x = a->att,
+                                     .accumulate = true};
             SD_TRY(op->matmul_fused(be, &o));
         } else {
             SD_TRY(mat_mul(m, &L->wo, QD, E, a->att, n, a->xb)); /* xb [n][E] (partial) */
@@ -284,12 +294,23 @@ static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_model_plan *b) 
         /* MLP block */
         SD_TRY(op->rmsnorm(be, a->x, L->ffn_norm, n, E, c->rms_eps, a->xb));
         if (fused) {
-            const sd_matmul_job gu = {.n_mats = 2, .w = {L->w_gate.w, L->w_up.w}, .n_out = {F, F},
-                                      .y = {a->gate, a->up}, .n_in = E, .n_tokens = n, .x = a->xb};
+            const sd_matmul_job gu = {.n_mats = 2,
+                                      .w = {L->w_gate.w, L->w_up.w},
+                                      .n_out = {F, F},
+                                      .y = {a->gate, a->up},
+                                      .n_in = E,
+                                      .n_tokens = n,
+                                      .x = a->xb};
             SD_TRY(op->matmul_fused(be, &gu));
             /* x += w_down (silu(gate) * up), or xb = that partial in a group */
-            const sd_matmul_job down = {.n_mats = 1, .w = {L->w_down.w}, .n_out = {E}, .y = {m->coll ? a->xb : a->x},
-                                        .n_in = F, .n_tokens = n, .x = a->gate, .up = a->up,
+            const sd_matmul_job down = {.n_mats = 1,
+                                        .w = {L->w_down.w},
+                                        .n_out = {E},
+                                        .y = {m->coll ? a->xb : a->x},
+                                        .n_in = F,
+                                        .n_tokens = n,
+                                        .x = a->gate,
+                                        .up = a->up,
                                         .accumulate = !m->coll};
             SD_TRY(op->matmul_fused(be, &down));
         } else {
@@ -360,9 +381,7 @@ static sd_status split_head(sd_model *m, int32_t n_wanted, float *dst) {
  * the compute before them): before the host reads results, and at the end
  * of every forward, so a rank whose peer died fails here instead of
  * blocking in a download. */
-static sd_status settle_coll(sd_model *m) {
-    return m->coll_on_stream ? sd_coll_wait(m->coll) : SD_OK;
-}
+static sd_status settle_coll(sd_model *m) { return m->coll_on_stream ? sd_coll_wait(m->coll) : SD_OK; }
 
 /* Final norm and LM head for the n_wanted rows listed in wanted; out NULL
  * keeps them in the activations (a->logits on a device backend). In a
@@ -398,7 +417,7 @@ static sd_status run_plan(sd_model *m, sd_kv *kv, const sd_model_plan *p, float 
     if (m->be.ops->host_arrays) {
         /* the order is fixed: a recorded forward reads the same slots */
         const sd_host_array arrays[] = {
-            {p->tokens, (size_t)p->n_tokens}, {p->pos, (size_t)p->n_tokens},     {p->bt, (size_t)p->n_bt},
+            {p->tokens, (size_t)p->n_tokens}, {p->pos, (size_t)p->n_tokens},    {p->bt, (size_t)p->n_bt},
             {p->bt_off, (size_t)p->n_tokens}, {p->wanted, (size_t)p->n_wanted},
         };
         s = m->be.ops->host_arrays(m->be.ctx, arrays, (int32_t)(sizeof arrays / sizeof arrays[0]));
@@ -415,9 +434,7 @@ sd_status sd_model_forward(sd_model *m, sd_kv *kv, const sd_batch *b, float *out
     return forward(m, kv, b, out, false);
 }
 
-bool sd_model_verifies_on_device(const sd_model *m) {
-    return m && m->be.ops->spec_verify && !m->host_verify;
-}
+bool sd_model_verifies_on_device(const sd_model *m) { return m && m->be.ops->spec_verify && !m->host_verify; }
 
 sd_status sd_model_forward_verify(sd_model *m, sd_kv *kv, const sd_batch *b, int32_t n_seqs, sd_spec_rows *seqs) {
     if (!sd_model_verifies_on_device(m)) {
@@ -476,8 +493,14 @@ static sd_status forward(sd_model *m, sd_kv *kv, const sd_batch *b, float *out, 
         n_bt += (size_t)nb;
     }
     sd_model_plan plan = {
-        .n_tokens = b->n_tokens, .tokens = b->tokens, .pos = b->pos, .bt_off = m->plan.bt_off,
-        .n_bt = (int32_t)n_bt, .bt = m->plan.bt, .n_wanted = n_wanted, .wanted = m->plan.wanted,
+        .n_tokens = b->n_tokens,
+        .tokens = b->tokens,
+        .pos = b->pos,
+        .bt_off = m->plan.bt_off,
+        .n_bt = (int32_t)n_bt,
+        .bt = m->plan.bt,
+        .n_wanted = n_wanted,
+        .wanted = m->plan.wanted,
     };
     /* the other ranks run the same plan at the same time */
     if (s == SD_OK && m->plan_sink) s = m->plan_sink(m->plan_user, &plan);
@@ -501,8 +524,8 @@ static sd_status check_plan(const sd_model *m, const sd_kv *kv, const sd_model_p
     const sd_kv_params *kp = sd_kv_params_of(kv);
     if (p->n_tokens < 1 || p->n_bt < 1 || p->n_wanted < 0 || p->n_wanted > p->n_tokens || !p->tokens || !p->pos ||
         !p->bt_off || !p->bt || (p->n_wanted > 0 && !p->wanted)) {
-        SD_ERROR("model: plan with %d tokens, %d block entries, %d wanted rows, or an array missing",
-                 (int)p->n_tokens, (int)p->n_bt, (int)p->n_wanted);
+        SD_ERROR("model: plan with %d tokens, %d block entries, %d wanted rows, or an array missing", (int)p->n_tokens,
+                 (int)p->n_bt, (int)p->n_wanted);
         return SD_ERR_RANGE;
     }
     for (int32_t i = 0; i < p->n_bt; i++)
@@ -516,15 +539,14 @@ static sd_status check_plan(const sd_model *m, const sd_kv *kv, const sd_model_p
             (int64_t)p->bt_off[t] + p->pos[t] / kp->block_size >= p->n_bt) {
             SD_ERROR("model: plan token %d (id %d, position %d, table at %d) is outside the vocabulary %d or the "
                      "%d block entries",
-                     (int)t, (int)p->tokens[t], (int)p->pos[t], (int)p->bt_off[t], (int)m->cfg.n_vocab,
-                     (int)p->n_bt);
+                     (int)t, (int)p->tokens[t], (int)p->pos[t], (int)p->bt_off[t], (int)m->cfg.n_vocab, (int)p->n_bt);
             return SD_ERR_RANGE;
         }
     }
     for (int32_t i = 0; i < p->n_wanted; i++)
         if (p->wanted[i] < 0 || p->wanted[i] >= p->n_tokens || (i > 0 && p->wanted[i] <= p->wanted[i - 1])) {
-            SD_ERROR("model: plan wanted row %d is %d (rows must increase inside [0, %d))", (int)i,
-                     (int)p->wanted[i], (int)p->n_tokens);
+            SD_ERROR("model: plan wanted row %d is %d (rows must increase inside [0, %d))", (int)i, (int)p->wanted[i],
+                     (int)p->n_tokens);
             return SD_ERR_RANGE;
         }
     return SD_OK;
@@ -546,8 +568,7 @@ sd_status sd_model_forward_plan(sd_model *m, sd_kv *kv, const sd_model_plan *pla
     SD_TRY(check_plan(m, kv, plan));
     SD_TRY(reserve_activations(m, plan->n_tokens));
     sd_status s = run_plan(m, kv, plan, NULL);
-    if (s != SD_OK) SD_ERROR("model: rank %d: forward of the leader's plan failed: %s", (int)m->shard.tp_rank,
-                             sd_status_str(s));
+    if (s != SD_OK)
+        SD_ERROR("model: rank %d: forward of the leader's plan failed: %s", (int)m->shard.tp_rank, sd_status_str(s));
     return s;
 }
-

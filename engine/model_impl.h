@@ -35,15 +35,15 @@ typedef struct layer_weights {
 /* Per-call activations, grown to the largest batch seen. */
 typedef struct activations {
     int32_t cap_tokens;
-    float *x;    /* [n_tokens][n_embd] residual stream */
-    float *xb;   /* [n_tokens][n_embd] normed input / branch output */
-    float *q;    /* [n_tokens][n_heads*head_dim] */
-    float *k;    /* [n_tokens][n_kv_heads*head_dim] */
-    float *v;    /* [n_tokens][n_kv_heads*head_dim] */
-    float *att;  /* [n_tokens][n_heads*head_dim] */
-    float *gate; /* [n_tokens][n_ff] */
-    float *up;   /* [n_tokens][n_ff] */
-    float *logits; /* [n_tokens][n_vocab], only for backends without host memory (leader) */
+    float *x;         /* [n_tokens][n_embd] residual stream */
+    float *xb;        /* [n_tokens][n_embd] normed input / branch output */
+    float *q;         /* [n_tokens][n_heads*head_dim] */
+    float *k;         /* [n_tokens][n_kv_heads*head_dim] */
+    float *v;         /* [n_tokens][n_kv_heads*head_dim] */
+    float *att;       /* [n_tokens][n_heads*head_dim] */
+    float *gate;      /* [n_tokens][n_ff] */
+    float *up;        /* [n_tokens][n_ff] */
+    float *logits;    /* [n_tokens][n_vocab], only for backends without host memory (leader) */
     float *head_part; /* [n_tokens][n_vocab_l] split LM head: this rank's logits columns */
     float *head_all;  /* [tp][n_tokens][n_vocab_l] split LM head, leader: every rank's part */
 } activations;
@@ -56,12 +56,12 @@ typedef struct batch_plan {
     int32_t *seq_bt;    /* [max_seqs] offset of the seq's table in bt */
     int32_t *seq_order; /* [max_seqs] distinct seqs in order of first appearance */
     int32_t cap_tokens;
-    int32_t *bt_off;    /* [n_tokens] */
-    int32_t *wanted;    /* [n_tokens] rows whose logits are wanted */
+    int32_t *bt_off; /* [n_tokens] */
+    int32_t *wanted; /* [n_tokens] rows whose logits are wanted */
     size_t cap_bt;
-    int32_t *bt;        /* flat block tables of the batch's sequences */
+    int32_t *bt; /* flat block tables of the batch's sequences */
     int32_t cap_head;
-    int32_t *head_ids;  /* [n_wanted * tp] row of head_all for each row of the logits viewed as [.][n_vocab_l] */
+    int32_t *head_ids; /* [n_wanted * tp] row of head_all for each row of the logits viewed as [.][n_vocab_l] */
 } batch_plan;
 
 struct sd_model {
@@ -69,12 +69,12 @@ struct sd_model {
     sd_model_params params;
     int32_t n_layers_used;
     sd_backend_handle be;
-    sd_mat tok_embd;    /* [n_vocab][n_embd]; stored (not F32) only on a host-memory backend with
+    sd_mat tok_embd;        /* [n_vocab][n_embd]; stored (not F32) only on a host-memory backend with
                          * matmul_stored: looked-up rows are then dequantized on the host */
-    float *output_norm; /* [n_embd] */
-    sd_mat output;      /* [n_vocab_l][n_embd] this rank's LM head rows; rows of tok_embd when tied */
-    float *inv_freq;    /* [head_dim/2] rope frequencies, scaling applied */
-    layer_weights *layers; /* [n_layers_used] */
+    float *output_norm;     /* [n_embd] */
+    sd_mat output;          /* [n_vocab_l][n_embd] this rank's LM head rows; rows of tok_embd when tied */
+    float *inv_freq;        /* [head_dim/2] rope frequencies, scaling applied */
+    layer_weights *layers;  /* [n_layers_used] */
     const sd_model *parent; /* non-NULL for a view: every weight above is borrowed from it */
     bool host_verify;       /* SPECD_DEVICE_VERIFY=0: verification on the host even on a device */
     bool f32_matrices;      /* SPECD_CPU_WEIGHTS=f32: every matrix read as f32 (see model_load.c) */
@@ -84,9 +84,9 @@ struct sd_model {
     batch_plan plan;
     /* tensor parallelism (see the file comment); tp_size 1: the whole model */
     sd_model_shard shard;
-    bool output_borrowed;   /* output points into tok_embd (tied head, host memory) */
-    sd_coll *coll;          /* borrowed; NULL: no collectives */
-    bool coll_on_stream;    /* coll enqueues on the backend's stream: wait with sd_coll_wait */
+    bool output_borrowed; /* output points into tok_embd (tied head, host memory) */
+    sd_coll *coll;        /* borrowed; NULL: no collectives */
+    bool coll_on_stream;  /* coll enqueues on the backend's stream: wait with sd_coll_wait */
     sd_model_plan_fn plan_sink;
     void *plan_user;
     sd_model_tp_stats tp_stats;

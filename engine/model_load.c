@@ -50,8 +50,13 @@
 #include "specd/weights.h"
 
 sd_model_params sd_model_default_params(void) {
-    sd_model_params p = {.n_threads = 0, .n_layers_used = 0, .device = -1, .tp_rank = 0, .tp_size = 1,
-                         .tp_lm_head = SD_TP_LM_HEAD_SPLIT, .coll = NULL};
+    sd_model_params p = {.n_threads = 0,
+                         .n_layers_used = 0,
+                         .device = -1,
+                         .tp_rank = 0,
+                         .tp_size = 1,
+                         .tp_lm_head = SD_TP_LM_HEAD_SPLIT,
+                         .coll = NULL};
     return p;
 }
 
@@ -163,7 +168,8 @@ static sd_status load_slice(sd_model *m, const sd_weights *w, const char *name, 
     if (host != buf) free(host);
     if (s != SD_OK) {
         if (buf) (convert ? ops->weight_free : ops->buf_free)(m->be.ctx, buf);
-        if (s == SD_ERR_NOMEM) SD_ERROR("model: out of %s memory loading %s (%zu bytes as f32)", ops->name, name, bytes);
+        if (s == SD_ERR_NOMEM)
+            SD_ERROR("model: out of %s memory loading %s (%zu bytes as f32)", ops->name, name, bytes);
         return s;
     }
     *out = buf;
@@ -361,8 +367,8 @@ static sd_status load_weights(sd_model *m, const sd_weights *w) {
             slice part;
             sd_mat *dst;
         } const parts[] = {
-            {"attn_q", QD, E, q, &L->wq},       {"attn_k", KD, E, kv, &L->wk},   {"attn_v", KD, E, kv, &L->wv},
-            {"attn_output", E, QD, o, &L->wo},  {"ffn_gate", F, E, up, &L->w_gate}, {"ffn_up", F, E, up, &L->w_up},
+            {"attn_q", QD, E, q, &L->wq},         {"attn_k", KD, E, kv, &L->wk},      {"attn_v", KD, E, kv, &L->wv},
+            {"attn_output", E, QD, o, &L->wo},    {"ffn_gate", F, E, up, &L->w_gate}, {"ffn_up", F, E, up, &L->w_up},
             {"ffn_down", E, F, down, &L->w_down},
         };
         for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
@@ -461,12 +467,11 @@ sd_status sd_model_load_weights(const sd_weights *w, const sd_model_params *p, s
     }
     SD_INFO("model: llama, %d/%d layers, n_embd %d, n_ff %d, heads %d/%d, head_dim %d, vocab %d, %.1f MB of "
             "weights streamed per step (%s matrices), backend %s",
-            (int)m->n_layers_used, (int)m->cfg.n_layers, (int)m->cfg.n_embd, (int)m->cfg.n_ff,
-            (int)m->cfg.n_heads, (int)m->cfg.n_kv_heads, (int)m->cfg.head_dim, (int)m->cfg.n_vocab,
-            (double)m->weight_bytes / 1e6,
+            (int)m->n_layers_used, (int)m->cfg.n_layers, (int)m->cfg.n_embd, (int)m->cfg.n_ff, (int)m->cfg.n_heads,
+            (int)m->cfg.n_kv_heads, (int)m->cfg.head_dim, (int)m->cfg.n_vocab, (double)m->weight_bytes / 1e6,
             m->layers[0].wq.type != SD_DTYPE_F32 ? sd_dtype_name(m->layers[0].wq.type)
-            : m->be.ops->weight_elem_bytes == 2 ? "BF16"
-                                                : "f32",
+            : m->be.ops->weight_elem_bytes == 2  ? "BF16"
+                                                 : "f32",
             m->be.ops->name);
     if (m->shard.tp_size > 1)
         SD_INFO("model: tensor-parallel rank %d of %d: heads %d..%d, KV heads %d..%d, MLP columns %d..%d, LM head "
@@ -475,14 +480,13 @@ sd_status sd_model_load_weights(const sd_weights *w, const sd_model_params *p, s
                 (int)(m->shard.head0 + m->shard.n_heads - 1), (int)m->shard.kv_head0,
                 (int)(m->shard.kv_head0 + m->shard.n_kv_heads - 1), (int)m->shard.ff0,
                 (int)(m->shard.ff0 + m->shard.n_ff - 1),
-                m->shard.n_vocab == 0                        ? "none (on the leader)"
+                m->shard.n_vocab == 0                      ? "none (on the leader)"
                 : m->shard.lm_head == SD_TP_LM_HEAD_LEADER ? "whole (leader)"
-                                                             : "split by vocabulary",
+                                                           : "split by vocabulary",
                 (double)m->resident_bytes / 1e6);
     *out = m;
     return SD_OK;
 }
-
 
 void sd_model_free(sd_model **pm) {
     if (!pm || !*pm) return;
@@ -494,8 +498,10 @@ void sd_model_free(sd_model **pm) {
         const sd_backend_ops *ops = m->be.ops;
         sd_model_free_activations(m);
         if (!m->output_borrowed) free_matrix(m, &m->output);
-        if (m->tok_embd.type == SD_DTYPE_F32 && m->tok_embd.w) ops->buf_free(m->be.ctx, m->tok_embd.w);
-        else free_matrix(m, &m->tok_embd);
+        if (m->tok_embd.type == SD_DTYPE_F32 && m->tok_embd.w)
+            ops->buf_free(m->be.ctx, m->tok_embd.w);
+        else
+            free_matrix(m, &m->tok_embd);
         if (m->output_norm) ops->buf_free(m->be.ctx, m->output_norm);
         if (m->inv_freq) ops->buf_free(m->be.ctx, m->inv_freq);
         for (int32_t l = 0; m->layers && l < m->n_layers_used; l++) {
@@ -643,8 +649,7 @@ static void kv_pool_free(void *ctx, void *pool) {
     be->ops->buf_free(be->ctx, pool);
 }
 
-sd_status sd_model_kv_create(const sd_model *m, int32_t max_seqs, int32_t n_blocks, int32_t block_size,
-                             sd_kv **out) {
+sd_status sd_model_kv_create(const sd_model *m, int32_t max_seqs, int32_t n_blocks, int32_t block_size, sd_kv **out) {
     if (!m || !out) return SD_ERR_INVALID_ARG;
     sd_kv_params p = sd_kv_default_params();
     p.n_layers = m->n_layers_used;
@@ -664,11 +669,10 @@ sd_status sd_model_kv_create(const sd_model *m, int32_t max_seqs, int32_t n_bloc
             need > (double)free_b) {
             SD_ERROR("model: a KV cache of %d blocks x %d tokens needs %.2f GiB of %s memory, but only %.2f GiB of "
                      "%.2f GiB are free (fewer blocks or sequences would fit)",
-                     (int)n_blocks, (int)p.block_size, need / 1073741824.0, ops->name,
-                     (double)free_b / 1073741824.0, (double)total_b / 1073741824.0);
+                     (int)n_blocks, (int)p.block_size, need / 1073741824.0, ops->name, (double)free_b / 1073741824.0,
+                     (double)total_b / 1073741824.0);
             return SD_ERR_NOMEM;
         }
     }
     return sd_kv_create(&p, out);
 }
-

@@ -34,10 +34,10 @@
 
 /* ---- Philox4x32-10 ---- */
 
-#define PHILOX_M0 0xD2511F53u
-#define PHILOX_M1 0xCD9E8D57u
-#define PHILOX_W0 0x9E3779B9u /* golden ratio */
-#define PHILOX_W1 0xBB67AE85u /* sqrt(3) - 1 */
+#define PHILOX_M0     0xD2511F53u
+#define PHILOX_M1     0xCD9E8D57u
+#define PHILOX_W0     0x9E3779B9u /* golden ratio */
+#define PHILOX_W1     0xBB67AE85u /* sqrt(3) - 1 */
 #define PHILOX_ROUNDS 10
 
 void sd_philox4x32(uint64_t seed, uint32_t ctr[4], uint32_t out[4]) {
@@ -66,13 +66,12 @@ void sd_philox4x32(uint64_t seed, uint32_t ctr[4], uint32_t out[4]) {
 }
 
 double sd_rng_uniform(uint64_t seed, uint64_t position, sd_rng_purpose purpose) {
-    uint32_t ctr[4] = { (uint32_t)position, (uint32_t)(position >> 32), (uint32_t)purpose, 0 };
+    uint32_t ctr[4] = {(uint32_t)position, (uint32_t)(position >> 32), (uint32_t)purpose, 0};
     uint32_t out[4];
     sd_philox4x32(seed, ctr, out);
     uint64_t bits = (((uint64_t)out[0] << 32) | out[1]) >> 11; /* 53 bits */
     return (double)bits * 0x1.0p-53;
 }
-
 
 /* ---- processing ---- */
 
@@ -215,8 +214,7 @@ int32_t sd_sample_from(const float *probs, int32_t n, double u) {
     return last; /* u*total rounded up to total */
 }
 
-sd_status sd_sample_token(const float *logits, int32_t n, const sd_sampling *s, uint64_t position,
-                          int32_t *token) {
+sd_status sd_sample_token(const float *logits, int32_t n, const sd_sampling *s, uint64_t position, int32_t *token) {
     SD_TRY(check_inputs(logits, n, s, token));
     if (sd_sampling_is_greedy(s)) {
         *token = sd_argmax(logits, n);

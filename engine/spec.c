@@ -43,14 +43,11 @@
 
 #include <math.h>
 
-
 /* ---- sparsification ---- */
 
 /* True when (pa, ia) ranks below (pb, ib): lower probability, or equal
  * probability and higher id. The heap keeps the worst kept entry on top. */
-static bool ranks_below(float pa, int32_t ia, float pb, int32_t ib) {
-    return pa < pb || (pa == pb && ia > ib);
-}
+static bool ranks_below(float pa, int32_t ia, float pb, int32_t ib) { return pa < pb || (pa == pb && ia > ib); }
 
 static void heap_sift_down(int32_t *ids, float *pr, int32_t n, int32_t i) {
     for (;;) {
@@ -85,8 +82,8 @@ static void heap_sift_up(int32_t *ids, float *pr, int32_t i) {
 sd_status sd_spec_sparsify(const float *probs, int32_t n_vocab, int32_t top_n, int32_t *ids, float *q_probs,
                            int32_t *n_out) {
     if (!probs || !ids || !q_probs || !n_out || n_vocab <= 0 || top_n <= 0) {
-        SD_ERROR("spec: sparsify needs probs, outputs, n_vocab > 0 and top_n > 0 (n_vocab %d, top_n %d)",
-                 (int)n_vocab, (int)top_n);
+        SD_ERROR("spec: sparsify needs probs, outputs, n_vocab > 0 and top_n > 0 (n_vocab %d, top_n %d)", (int)n_vocab,
+                 (int)top_n);
         return SD_ERR_INVALID_ARG;
     }
     /* Min-heap (worst on top) of the best entries seen so far. */
@@ -198,11 +195,11 @@ static sd_status p_row_total(const float *row, int32_t n_vocab, int32_t i, doubl
 
 /* ---- verification ---- */
 
-sd_status sd_spec_verify_greedy(const int32_t *target_argmax, const int32_t *draft, int32_t k,
-                                int32_t *out_tokens, int32_t *n_accepted) {
+sd_status sd_spec_verify_greedy(const int32_t *target_argmax, const int32_t *draft, int32_t k, int32_t *out_tokens,
+                                int32_t *n_accepted) {
     if (!target_argmax || (!draft && k > 0) || !out_tokens || !n_accepted || k < 0 || k > SD_MAX_DRAFT) {
-        SD_ERROR("spec: greedy verify needs target argmax, draft, outputs and 0 <= k <= %d (k = %d)",
-                 SD_MAX_DRAFT, (int)k);
+        SD_ERROR("spec: greedy verify needs target argmax, draft, outputs and 0 <= k <= %d (k = %d)", SD_MAX_DRAFT,
+                 (int)k);
         return SD_ERR_INVALID_ARG;
     }
     int32_t i = 0;
@@ -243,10 +240,11 @@ static int32_t draw_residual(const float *p_row, double p_tot, const sd_spec_q *
 sd_status sd_spec_verify(const float *p, int32_t n_vocab, const int32_t *draft, const sd_spec_q *q, int32_t k,
                          uint64_t seed, uint64_t pos0, double *scratch, int32_t *out_tokens, int32_t *n_accepted,
                          sd_spec_info *info) {
-    if (!p || n_vocab <= 0 || k < 0 || k > SD_MAX_DRAFT || (k > 0 && (!draft || !q)) || !scratch ||
-        !out_tokens || !n_accepted) {
+    if (!p || n_vocab <= 0 || k < 0 || k > SD_MAX_DRAFT || (k > 0 && (!draft || !q)) || !scratch || !out_tokens ||
+        !n_accepted) {
         SD_ERROR("spec: verify needs p, draft, q, scratch, outputs, n_vocab > 0 and 0 <= k <= %d "
-                 "(n_vocab %d, k %d)", SD_MAX_DRAFT, (int)n_vocab, (int)k);
+                 "(n_vocab %d, k %d)",
+                 SD_MAX_DRAFT, (int)n_vocab, (int)k);
         return SD_ERR_INVALID_ARG;
     }
     sd_spec_info local = {0};
@@ -270,7 +268,8 @@ sd_status sd_spec_verify(const float *p, int32_t n_vocab, const int32_t *draft, 
             accept = u * qy < py;
         } else {
             SD_WARN("spec: draft token %d at position %llu has q = 0: the drafter did not sample from the q "
-                    "it reported; rejecting it", (int)y, (unsigned long long)pos);
+                    "it reported; rejecting it",
+                    (int)y, (unsigned long long)pos);
             local.n_q_zero++;
             accept = false;
         }

@@ -33,16 +33,16 @@
 #include <string.h>
 #include <unistd.h>
 
-#define VOCAB 300
-#define CTX 64
-#define N_FIXED_WORKERS 4           /* idents the program's ops use */
-#define N_WORKER_IDENTS 16          /* + fresh ones the faithful phase registers */
-#define N_CLIENTS 3
-#define MAX_TRACKED 512
-#define MAX_SEQS SD_MAX_BATCH
-#define HEAL_ROUNDS 6000
-#define HEAL_STEP_US 20000u
-#define HEAL_IDLE_US 10000000u
+#define VOCAB           300
+#define CTX             64
+#define N_FIXED_WORKERS 4  /* idents the program's ops use */
+#define N_WORKER_IDENTS 16 /* + fresh ones the faithful phase registers */
+#define N_CLIENTS       3
+#define MAX_TRACKED     512
+#define MAX_SEQS        SD_MAX_BATCH
+#define HEAL_ROUNDS     6000
+#define HEAL_STEP_US    20000u
+#define HEAL_IDLE_US    10000000u
 
 static char g_model[256];
 static char g_dir[64];
@@ -67,7 +67,7 @@ typedef struct last_request {
 typedef struct tracked {
     uint64_t id;
     int client;
-    int32_t max_tokens;   /* 0: unknown (a raw submit) */
+    int32_t max_tokens; /* 0: unknown (a raw submit) */
     uint32_t generated;
     bool ended;
 } tracked;
@@ -107,11 +107,11 @@ static fz *g_fz; /* the clock and the callbacks' user */
 
 static const char *const CLIENT_IDENT[N_CLIENTS] = {"c0", "c1", "c2"};
 
-#define VIOLATION(...)                                  \
-    do {                                                \
-        fprintf(stderr, "fuzz_coord: " __VA_ARGS__);    \
-        fputc('\n', stderr);                            \
-        abort();                                        \
+#define VIOLATION(...)                               \
+    do {                                             \
+        fprintf(stderr, "fuzz_coord: " __VA_ARGS__); \
+        fputc('\n', stderr);                         \
+        abort();                                     \
     } while (0)
 
 static int worker_index(const fz *f, const uint8_t *ident, size_t len) {
@@ -142,12 +142,11 @@ static bool to_worker(void *user, const uint8_t *ident, size_t len, const Specd_
         return false;
     }
     switch (env->body_case) {
-    case SPECD__COORDINATOR_TO_WORKER__BODY_WELCOME: /* a registration starts from empty caches */
-        h->n = 0;
-        break;
+    case SPECD__COORDINATOR_TO_WORKER__BODY_WELCOME: /* a registration starts from empty caches */ h->n = 0; break;
     case SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT:
     case SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY: {
-        size_t n = env->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT ? env->draft->n_seqs : env->verify->n_seqs;
+        size_t n =
+            env->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT ? env->draft->n_seqs : env->verify->n_seqs;
         for (size_t i = 0; i < n; i++) {
             uint64_t id = env->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT ? env->draft->seqs[i]->request_id
                                                                                      : env->verify->seqs[i]->request_id;
@@ -162,8 +161,7 @@ static bool to_worker(void *user, const uint8_t *ident, size_t len, const Specd_
             for (int j = 0; j < h->n; j++)
                 if (h->id[j] == env->release->request_ids[i]) h->id[j--] = h->id[--h->n];
         break;
-    default:
-        break;
+    default: break;
     }
     if (env->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT ||
         env->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY) {
@@ -212,9 +210,7 @@ static void to_client(void *user, const uint8_t *ident, size_t len, const Specd_
         f->req[f->n_req++] = (tracked){.id = a->request_id, .client = cl, .max_tokens = max_tokens};
         break;
     }
-    case SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS:
-        on_chunk(f, env->tokens);
-        break;
+    case SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS: on_chunk(f, env->tokens); break;
     case SPECD__COORDINATOR_TO_CLIENT__BODY_FINISHED: {
         tracked *t = find_tracked(f, env->finished->request_id);
         if (!t) VIOLATION("Finished for request %llu, never accepted", (unsigned long long)env->finished->request_id);
@@ -236,7 +232,8 @@ static void to_client(void *user, const uint8_t *ident, size_t len, const Specd_
             /* Ends the request when it is this client's and running (what
              * libspecd-client does); otherwise it can only answer a Cancel. */
             tracked *t = find_tracked(f, e->request_id);
-            if (t && !t->ended && t->client == cl) t->ended = true;
+            if (t && !t->ended && t->client == cl)
+                t->ended = true;
             else if (e->code != SPECD__CODE__CODE_UNKNOWN_REQUEST)
                 VIOLATION("an Error %s for request %llu, not a running request of that client (%s)",
                           sd_net_code_name(e->code), (unsigned long long)e->request_id, e->message);
@@ -249,8 +246,7 @@ static void to_client(void *user, const uint8_t *ident, size_t len, const Specd_
         }
         break;
     }
-    default:
-        break;
+    default: break;
     }
 }
 
@@ -387,11 +383,8 @@ static void answer_verify(fz *f, int w, const Specd__VerifyRequest *q, reader *r
     vr.forward_us = r ? 1u + rd16(r) * 4u : 2000u + 300u * (uint32_t)n;
     size_t at = n ? (r ? rd(r) : 0) % n : 0;
     switch (bend) {
-    case BEND_NONE:
-        break;
-    case BEND_STEP_ID:
-        vr.step_id += 1u + rd(r) % 3u;
-        break;
+    case BEND_NONE: break;
+    case BEND_STEP_ID: vr.step_id += 1u + rd(r) % 3u; break;
     case BEND_DROP_RESULT:
         if (n) vr.n_results = n - 1;
         break;
@@ -421,8 +414,7 @@ static void answer_verify(fz *f, int w, const Specd__VerifyRequest *q, reader *r
     case BEND_COMMIT_COUNT:
         if (n) res[at].n_commit = res[at].n_commit ? res[at].n_commit - 1 : 0;
         break;
-    case BEND_N:
-        break;
+    case BEND_N: break;
     }
     Specd__WorkerToCoordinator e = SPECD__WORKER_TO_COORDINATOR__INIT;
     e.body_case = SPECD__WORKER_TO_COORDINATOR__BODY_VERIFY;
@@ -474,9 +466,7 @@ static void answer_draft(fz *f, int w, const Specd__DraftRequest *q, reader *r) 
     dr.draft_us = r ? rd16(r) : 200u;
     size_t at = n ? (r ? rd(r) : 0) % n : 0;
     switch (bend) {
-    case BEND_STEP_ID:
-        dr.step_id += 1u + rd(r) % 3u;
-        break;
+    case BEND_STEP_ID: dr.step_id += 1u + rd(r) % 3u; break;
     case BEND_DROP_RESULT:
         if (n) dr.n_results = n - 1;
         break;
@@ -513,8 +503,7 @@ static void answer_draft(fz *f, int w, const Specd__DraftRequest *q, reader *r) 
     case BEND_COMMIT_COUNT: /* q shorter than the tokens */
         if (n && res[at].n_q > 0) res[at].n_q--;
         break;
-    default:
-        break;
+    default: break;
     }
     Specd__WorkerToCoordinator e = SPECD__WORKER_TO_COORDINATOR__INIT;
     e.body_case = SPECD__WORKER_TO_COORDINATOR__BODY_DRAFT;
@@ -530,8 +519,10 @@ static bool answer(fz *f, int w, reader *r) {
     free(l->bytes);
     l->bytes = NULL;
     if (!m) abort(); /* we packed it */
-    if (m->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY) answer_verify(f, w, m->verify, r);
-    else if (m->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT) answer_draft(f, w, m->draft, r);
+    if (m->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY)
+        answer_verify(f, w, m->verify, r);
+    else if (m->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT)
+        answer_draft(f, w, m->draft, r);
     specd__coordinator_to_worker__free_unpacked(m, NULL);
     return true;
 }
@@ -586,7 +577,8 @@ static void submit(fz *f, reader *r) {
     e.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT;
     e.submit = &s;
     feed_client(f, cl, &e);
-    if (f->sub[f->n_sub - 1].answers != 1) VIOLATION("submit tag %llu not answered at once", (unsigned long long)s.client_tag);
+    if (f->sub[f->n_sub - 1].answers != 1)
+        VIOLATION("submit tag %llu not answered at once", (unsigned long long)s.client_tag);
 }
 
 static void cancel(fz *f, reader *r) {
@@ -680,14 +672,14 @@ static void heal(fz *f) {
     if (!all_done(f)) {
         for (int i = 0; i < f->n_req; i++)
             if (!f->req[i].ended)
-                fprintf(stderr, "fuzz_coord: request %llu never ended (%u tokens)\n",
-                        (unsigned long long)f->req[i].id, f->req[i].generated);
+                fprintf(stderr, "fuzz_coord: request %llu never ended (%u tokens)\n", (unsigned long long)f->req[i].id,
+                        f->req[i].generated);
         VIOLATION("requests lost: %d active, %d queued, verifier %d, drafter %d", f->c.n_active, f->c.n_queued,
                   f->c.verifier, f->c.drafter);
     }
     for (int i = 0; i < f->n_sub; i++)
-        if (f->sub[i].answers != 1) VIOLATION("submit tag %llu answered %d times", (unsigned long long)f->sub[i].tag,
-                                              f->sub[i].answers);
+        if (f->sub[i].answers != 1)
+            VIOLATION("submit tag %llu answered %d times", (unsigned long long)f->sub[i].tag, f->sub[i].answers);
     if (f->c.n_chunks != 0) VIOLATION("%d token chunks never streamed", f->c.n_chunks);
     /* Every request has ended: a worker still registered must have been
      * told to free each sequence it was sent. */
@@ -709,9 +701,11 @@ static void summary(const fz *f, size_t ops_bytes) {
     if (verbosity() < 1) return;
     uint64_t tokens = 0;
     for (int i = 0; i < f->n_req; i++) tokens += f->req[i].generated;
-    fprintf(stderr, "fuzz_coord: %zu bytes: %d submits, %d accepted, %llu tokens streamed, %llu finished, "
-            "%d fresh workers\n", ops_bytes, f->n_sub, f->n_req, (unsigned long long)tokens,
-            (unsigned long long)f->c.finished_requests, f->n_fresh);
+    fprintf(stderr,
+            "fuzz_coord: %zu bytes: %d submits, %d accepted, %llu tokens streamed, %llu finished, "
+            "%d fresh workers\n",
+            ops_bytes, f->n_sub, f->n_req, (unsigned long long)tokens, (unsigned long long)f->c.finished_requests,
+            f->n_fresh);
 }
 
 /* ---------------------------------------------------------------- setup */
@@ -727,8 +721,7 @@ static bool make_model(void) {
     if (!mkdtemp(g_dir)) return false;
     snprintf(g_model, sizeof g_model, "%s/target.gguf", g_dir);
     char cmd[1024];
-    snprintf(cmd, sizeof cmd,
-             "'%s' -o '%s' --layers 1 --dim 32 --ff 64 --vocab %d --ctx %d --seed 3 >/dev/null 2>&1",
+    snprintf(cmd, sizeof cmd, "'%s' -o '%s' --layers 1 --dim 32 --ff 64 --vocab %d --ctx %d --seed 3 >/dev/null 2>&1",
              SPECD_MKMODEL, g_model, VOCAB, CTX);
     atexit(remove_model);
     return system(cmd) == 0;
@@ -767,39 +760,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     reader r = {data, size, 0};
     while (r.at < r.n && f->n_sub < MAX_TRACKED / 2) {
         uint8_t op = rd(&r);
-        if (verbosity() >= 2) fprintf(stderr, "fuzz_coord: op %d at byte %zu, t %llu ms\n", op % 12, r.at - 1,
-                                      (unsigned long long)(f->now / 1000u));
+        if (verbosity() >= 2)
+            fprintf(stderr, "fuzz_coord: op %d at byte %zu, t %llu ms\n", op % 12, r.at - 1,
+                    (unsigned long long)(f->now / 1000u));
         switch (op % 12) {
-        case 0:
-            submit(f, &r);
-            break;
-        case 1:
-            cancel(f, &r);
-            break;
-        case 2:
-            stats(f, &r);
-            break;
+        case 0: submit(f, &r); break;
+        case 1: cancel(f, &r); break;
+        case 2: stats(f, &r); break;
         case 3: {
             uint8_t b = rd(&r);
             hello(f, b % N_FIXED_WORKERS, (b & 4) == 0, &r);
             break;
         }
         case 4:
-        case 5: /* answers are the common case */
-            answer(f, rd(&r) % N_FIXED_WORKERS, &r);
-            break;
-        case 6:
-            answer(f, rd(&r) % N_FIXED_WORKERS, NULL);
-            break;
-        case 7:
-            worker_heartbeat(f, rd(&r) % N_FIXED_WORKERS);
-            break;
-        case 8:
-            raw(f, &r);
-            break;
-        case 9:
-            pass_time(f, (uint64_t)rd(&r) * 5000u);
-            break;
+        case 5: /* answers are the common case */ answer(f, rd(&r) % N_FIXED_WORKERS, &r); break;
+        case 6: answer(f, rd(&r) % N_FIXED_WORKERS, NULL); break;
+        case 7: worker_heartbeat(f, rd(&r) % N_FIXED_WORKERS); break;
+        case 8: raw(f, &r); break;
+        case 9: pass_time(f, (uint64_t)rd(&r) * 5000u); break;
         case 10: {
             uint8_t b = rd(&r);
             f->gone[b % N_FIXED_WORKERS] = (b & 4) != 0;

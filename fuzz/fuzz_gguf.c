@@ -21,7 +21,7 @@
 #include <string.h>
 
 #define MAX_DEQUANT_ELEMS (1u << 16)
-#define MAX_ARRAY_WALK 256
+#define MAX_ARRAY_WALK    256
 
 static void walk_kv(const sd_gguf *g, int64_t i) {
     const char *key = sd_gguf_key(g, i);
@@ -66,8 +66,8 @@ static void walk_tensor(const sd_gguf *g, int64_t i) {
 static void as_model_file(const sd_gguf *g) {
     sd_model_config c;
     if (sd_model_config_from_gguf(g, &c) == SD_OK) {
-        if (c.n_vocab < 1 || c.n_embd < 1 || c.n_layers < 1 || c.n_heads < 1 || c.n_kv_heads < 1 ||
-            c.head_dim < 1 || c.n_heads % c.n_kv_heads != 0)
+        if (c.n_vocab < 1 || c.n_embd < 1 || c.n_layers < 1 || c.n_heads < 1 || c.n_kv_heads < 1 || c.head_dim < 1 ||
+            c.n_heads % c.n_kv_heads != 0)
             abort(); /* an accepted config is a usable one */
     }
     sd_tok *tok = NULL;

@@ -40,11 +40,11 @@ static sd_tok *g_tok;
 static bool g_has_sym[256];
 static char g_dir[64], g_path[128];
 
-#define VIOLATION(...)                                  \
-    do {                                                \
+#define VIOLATION(...)                                   \
+    do {                                                 \
         fprintf(stderr, "fuzz_tokenizer: " __VA_ARGS__); \
-        fputc('\n', stderr);                            \
-        abort();                                        \
+        fputc('\n', stderr);                             \
+        abort();                                         \
     } while (0)
 
 static bool utf8_valid(const char *s, size_t n) { return sd_utf8_valid_len(s, n) == n; }
@@ -177,15 +177,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memcpy(text, data, size);
     text[size] = '\0';
     switch (mode) {
-    case 0:
-        check_text(text, size, false);
-        break;
-    case 1:
-        check_text(text, size, true);
-        break;
-    case 2:
-        check_ids(data, size);
-        break;
+    case 0: check_text(text, size, false); break;
+    case 1: check_text(text, size, true); break;
+    case 2: check_ids(data, size); break;
     case 3:
         /* a NUL ends the C string the chat formatter takes */
         check_chat(text);

@@ -20,21 +20,18 @@
 
 #define MAX_PIECE_WALK 4096
 
-#define VIOLATION(...)                                       \
-    do {                                                     \
+#define VIOLATION(...)                                        \
+    do {                                                      \
         fprintf(stderr, "fuzz_tokenizer_json: " __VA_ARGS__); \
-        fputc('\n', stderr);                                 \
-        abort();                                             \
+        fputc('\n', stderr);                                  \
+        abort();                                              \
     } while (0)
 
 static sd_tok_hf_ids ids_for(uint8_t b) {
     sd_tok_hf_ids ids = sd_tok_hf_ids_default();
     switch (b % 4) {
-    case 0:
-        break;
-    case 1: /* what a config.json may give */
-        ids.bos = 1, ids.eos = 2, ids.pad = 0, ids.add_bos = 1;
-        break;
+    case 0: break;
+    case 1: /* what a config.json may give */ ids.bos = 1, ids.eos = 2, ids.pad = 0, ids.add_bos = 1; break;
     case 2: /* ids past the vocabulary, and padding up to a size */
         ids.bos = 100000, ids.eos = -7, ids.eot = 5, ids.n_vocab = 1000;
         break;

@@ -40,14 +40,14 @@
 #include <string.h>
 #include <unistd.h>
 
-#define VOCAB 300
-#define CTX 64
-#define N_IDS 6          /* request ids 1..N_IDS */
-#define MAX_SEQS 4       /* slots of both workers */
-#define KV_BLOCKS 8
-#define BLOCK 16
-#define MAX_BATCH 4
-#define MAX_DRAFT 4
+#define VOCAB      300
+#define CTX        64
+#define N_IDS      6 /* request ids 1..N_IDS */
+#define MAX_SEQS   4 /* slots of both workers */
+#define KV_BLOCKS  8
+#define BLOCK      16
+#define MAX_BATCH  4
+#define MAX_DRAFT  4
 #define MAX_APPEND 12
 
 static char g_dir[64], g_path[128];
@@ -58,15 +58,13 @@ static sd_model *g_target;
 static int g_verbose;
 
 /* What one input exercised (SPECD_FUZZ_VERBOSE=1 prints it). */
-static struct {
-    int refused, verify_steps, draft_steps, ok, miss, kv_full, other, accepted, replays;
-} g_count;
+static struct { int refused, verify_steps, draft_steps, ok, miss, kv_full, other, accepted, replays; } g_count;
 
-#define VIOLATION(...)                               \
-    do {                                             \
+#define VIOLATION(...)                                \
+    do {                                              \
         fprintf(stderr, "fuzz_worker: " __VA_ARGS__); \
-        fputc('\n', stderr);                         \
-        abort();                                     \
+        fputc('\n', stderr);                          \
+        abort();                                      \
     } while (0)
 
 typedef struct reader {
@@ -102,8 +100,8 @@ static void forget_all(worker_state *ws) {
 
 /* A replayed sequence's expected verdict (replay_op). */
 typedef struct replay_want {
-    uint32_t k;      /* drafts sent, all the target's own greedy tokens: all accepted */
-    int32_t next;    /* the token greedy decoding committed after them, or -1 when not known */
+    uint32_t k;   /* drafts sent, all the target's own greedy tokens: all accepted */
+    int32_t next; /* the token greedy decoding committed after them, or -1 when not known */
 } replay_want;
 
 /* Whether a worker holding h tokens (or none, or unknown) must answer
@@ -118,8 +116,8 @@ static bool must_miss(int32_t h, uint32_t k) {
  * record (held, before the batch) says the worker cannot have keep_len. */
 static void check_miss(const char *what, uint64_t id, uint32_t keep_len, int32_t held, bool miss, Specd__Code code) {
     if (miss && code != SPECD__CODE__CODE_CACHE_MISS)
-        VIOLATION("%s of request %llu: keep_len %u over what it holds (%d), answered %s", what,
-                  (unsigned long long)id, keep_len, held, sd_net_code_name(code));
+        VIOLATION("%s of request %llu: keep_len %u over what it holds (%d), answered %s", what, (unsigned long long)id,
+                  keep_len, held, sd_net_code_name(code));
     if (code == SPECD__CODE__CODE_CACHE_MISS && held != HELD_UNSURE && !miss)
         VIOLATION("%s of request %llu: CACHE_MISS at keep_len %u, holding %d", what, (unsigned long long)id, keep_len,
                   held);
@@ -211,10 +209,14 @@ static void check_answer_decodes(const Specd__WorkerToCoordinator *env, const sd
 }
 
 static void count_code(Specd__Code c) {
-    if (c == SPECD__CODE__CODE_OK) g_count.ok++;
-    else if (c == SPECD__CODE__CODE_CACHE_MISS) g_count.miss++;
-    else if (c == SPECD__CODE__CODE_KV_FULL) g_count.kv_full++;
-    else g_count.other++;
+    if (c == SPECD__CODE__CODE_OK)
+        g_count.ok++;
+    else if (c == SPECD__CODE__CODE_CACHE_MISS)
+        g_count.miss++;
+    else if (c == SPECD__CODE__CODE_KV_FULL)
+        g_count.kv_full++;
+    else
+        g_count.other++;
 }
 
 static void run_verify(sd_verifier *v, worker_state *ws, const Specd__VerifyRequest *vq, const replay_want *want);
@@ -277,12 +279,14 @@ static void run_verify(sd_verifier *v, worker_state *ws, const Specd__VerifyRequ
         count_code(res->code);
         if (res->code == SPECD__CODE__CODE_OK) g_count.accepted += (int)res->n_accepted;
         if (g_verbose >= 2)
-            fprintf(stderr, "fuzz_worker: verify%s%s id %llu keep %u +%zu drafts %zu: %s, %u accepted, %zu committed, "
-                    "holds %u\n", q->prefill_only ? " (prefill)" : "", want && i == 0 ? " (replay)" : "",
+            fprintf(stderr,
+                    "fuzz_worker: verify%s%s id %llu keep %u +%zu drafts %zu: %s, %u accepted, %zu committed, "
+                    "holds %u\n",
+                    q->prefill_only ? " (prefill)" : "", want && i == 0 ? " (replay)" : "",
                     (unsigned long long)s->request_id, s->keep_len, s->n_append, s->n_draft,
                     sd_net_code_name(res->code), res->n_accepted, res->n_commit, res->cached_len);
-        if (res->request_id != s->request_id) VIOLATION("results[%zu] answers request %llu", i,
-                                                        (unsigned long long)res->request_id);
+        if (res->request_id != s->request_id)
+            VIOLATION("results[%zu] answers request %llu", i, (unsigned long long)res->request_id);
         /* A step of the wrong shape is refused before the cache is looked
          * at (verify_serve.c's corner cases); the decoder lets these by. */
         bool bad = (!q->prefill_only && s->n_append == 0) || (q->prefill_only && s->n_draft > 0) ||
@@ -465,8 +469,8 @@ static void draft_op(sd_draft_server *ds, worker_state *ws, reader *r) {
         const Specd__DraftResult *res = resp.results[i];
         int32_t *held = &ws->held[s->request_id];
         count_code(res->code);
-        if (res->request_id != s->request_id) VIOLATION("draft results[%zu] answers request %llu", i,
-                                                        (unsigned long long)res->request_id);
+        if (res->request_id != s->request_id)
+            VIOLATION("draft results[%zu] answers request %llu", i, (unsigned long long)res->request_id);
         check_miss("draft", s->request_id, s->keep_len, *held, miss[i], res->code);
         if (res->code == SPECD__CODE__CODE_CACHE_MISS || res->code == SPECD__CODE__CODE_KV_FULL) {
             if (res->cached_len != 0)
@@ -566,16 +570,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     while (r.at < r.n) {
         uint8_t op = rd(&r);
         switch (op % 9) {
-        case 0: case 1: case 2:
-            verify_op(v, &vs, &r);
-            break;
-        case 3: case 4:
-            draft_op(ds, &dst, &r);
-            break;
-        case 8:
-            replay_op(v, &vs, &r);
-            break;
-        case 5: case 6: {
+        case 0:
+        case 1:
+        case 2: verify_op(v, &vs, &r); break;
+        case 3:
+        case 4: draft_op(ds, &dst, &r); break;
+        case 8: replay_op(v, &vs, &r); break;
+        case 5:
+        case 6: {
             uint64_t ids[3];
             size_t n = 1 + rd(&r) % 3;
             for (size_t i = 0; i < n; i++) ids[i] = rd(&r) % (N_IDS + 2); /* 0 and N_IDS + 1: never used */

@@ -21,19 +21,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define GW_DEFAULT_LISTEN "127.0.0.1:8000"
-#define GW_DEFAULT_MODEL_NAME "specd"
-#define GW_DEFAULT_MAX_BODY (4u << 20)    /* bytes of one request body (413 above) */
-#define GW_DEFAULT_MAX_CONNECTIONS 256    /* open HTTP connections (one thread each) */
-#define GW_DEFAULT_MAX_INFLIGHT 256       /* coordinator requests in flight from this gateway (429 above) */
-#define GW_DEFAULT_TIMEOUT_S 30           /* an HTTP connection idle this long is closed */
-#define GW_MAX_CHOICES 16                 /* n, times the prompts of a batched completion */
-#define GW_MAX_OUTPUT_BYTES (8u << 20)    /* generated text kept per choice */
-#define GW_HEADER_MEMORY (64u << 10)      /* libmicrohttpd's per-connection memory: caps the headers */
-#define GW_POLL_MS 100                    /* how often a waiting handler looks for a gone client */
-#define GW_KEEPALIVE_MS 15000             /* SSE comment sent when a stream is silent this long */
-#define GW_STATS_TIMEOUT_MS 2000          /* /health and /metrics wait this long for the coordinator */
-#define GW_RETRY_AFTER_S 1                /* Retry-After on 429 */
+#define GW_DEFAULT_LISTEN          "127.0.0.1:8000"
+#define GW_DEFAULT_MODEL_NAME      "specd"
+#define GW_DEFAULT_MAX_BODY        (4u << 20)  /* bytes of one request body (413 above) */
+#define GW_DEFAULT_MAX_CONNECTIONS 256         /* open HTTP connections (one thread each) */
+#define GW_DEFAULT_MAX_INFLIGHT    256         /* coordinator requests in flight from this gateway (429 above) */
+#define GW_DEFAULT_TIMEOUT_S       30          /* an HTTP connection idle this long is closed */
+#define GW_MAX_CHOICES             16          /* n, times the prompts of a batched completion */
+#define GW_MAX_OUTPUT_BYTES        (8u << 20)  /* generated text kept per choice */
+#define GW_HEADER_MEMORY           (64u << 10) /* libmicrohttpd's per-connection memory: caps the headers */
+#define GW_POLL_MS                 100         /* how often a waiting handler looks for a gone client */
+#define GW_KEEPALIVE_MS            15000       /* SSE comment sent when a stream is silent this long */
+#define GW_STATS_TIMEOUT_MS        2000        /* /health and /metrics wait this long for the coordinator */
+#define GW_RETRY_AFTER_S           1           /* Retry-After on 429 */
 
 typedef struct gw_metrics gw_metrics;
 typedef struct gw_janitor gw_janitor;
@@ -43,15 +43,15 @@ typedef struct gw_janitor gw_janitor;
 typedef struct gw_server {
     char listen[256];
     const char *coordinator;
-    const char *api_key;      /* NULL: no authentication */
-    const char *model_name;   /* what /v1/models lists and responses carry */
+    const char *api_key;    /* NULL: no authentication */
+    const char *model_name; /* what /v1/models lists and responses carry */
     size_t max_body;
     unsigned max_connections, max_inflight, timeout_s;
     sd_client *client;
     gw_janitor *janitor;
     gw_metrics *metrics;
-    atomic_uint inflight;     /* coordinator requests submitted and not finished */
-    atomic_bool stopping;     /* set on SIGINT/SIGTERM: waiting handlers give up */
+    atomic_uint inflight; /* coordinator requests submitted and not finished */
+    atomic_bool stopping; /* set on SIGINT/SIGTERM: waiting handlers give up */
 } gw_server;
 
 /* ---- openai.c: requests ---- */
@@ -60,10 +60,10 @@ typedef enum gw_endpoint { GW_EP_CHAT, GW_EP_COMPLETIONS } gw_endpoint;
 
 /* One prompt of a request (a completion may batch several). */
 typedef struct gw_prompt {
-    char *text;          /* owned; NULL when ids are given */
-    int32_t *ids;        /* owned */
+    char *text;   /* owned; NULL when ids are given */
+    int32_t *ids; /* owned */
     size_t n_ids;
-    char *system;        /* chat: the system prompt (owned), NULL for the model's default */
+    char *system; /* chat: the system prompt (owned), NULL for the model's default */
 } gw_prompt;
 
 /* A validated generation request. */
@@ -71,22 +71,22 @@ typedef struct gw_gen {
     gw_endpoint endpoint;
     gw_prompt prompts[GW_MAX_CHOICES];
     size_t n_prompts;
-    unsigned n;               /* samples per prompt */
-    uint32_t max_tokens;      /* 0: the coordinator's default */
-    sd_sampling sampling;     /* seed: of choice 0; choice i gets gw_choice_seed() */
-    bool seeded;              /* the request gave a seed */
+    unsigned n;                      /* samples per prompt */
+    uint32_t max_tokens;             /* 0: the coordinator's default */
+    sd_sampling sampling;            /* seed: of choice 0; choice i gets gw_choice_seed() */
+    bool seeded;                     /* the request gave a seed */
     char *stop[SD_MAX_STOP_STRINGS]; /* owned */
     size_t n_stop;
     bool stream, include_usage, ignore_eos;
-    bool echo;                /* completions: the text starts with the prompt */
+    bool echo; /* completions: the text starts with the prompt */
 } gw_gen;
 
 /* An OpenAI error: HTTP status and the error object's fields. */
 typedef struct gw_error {
     int http_status;
-    const char *type;         /* "invalid_request_error", ... (static) */
-    const char *code;         /* static or NULL */
-    char param[64];           /* empty: null */
+    const char *type; /* "invalid_request_error", ... (static) */
+    const char *code; /* static or NULL */
+    char param[64];   /* empty: null */
     char message[512];
 } gw_error;
 
@@ -111,23 +111,23 @@ bool gw_key_equal(const char *presented, const char *key);
 char *gw_error_json(const gw_error *err);
 
 /* Fills err; returns false (for `return gw_fail(...)`). */
-bool gw_fail(gw_error *err, int http_status, const char *type, const char *code, const char *param,
-             const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+bool gw_fail(gw_error *err, int http_status, const char *type, const char *code, const char *param, const char *fmt,
+             ...) __attribute__((format(printf, 6, 7)));
 
 /* ---- jobs.c ---- */
 
 typedef struct gw_choice {
-    struct gw_job *job;       /* the job this choice belongs to (callbacks get the choice) */
+    struct gw_job *job; /* the job this choice belongs to (callbacks get the choice) */
     unsigned index;
-    uint64_t request_id;      /* 0 until accepted */
-    bool submitted;           /* holds a job reference until its final callback */
-    bool submit_returned;     /* sd_client_submit returned for it (see collect_id) */
-    uint64_t collect_id;      /* finished, its record not yet handed to the janitor (0: none) */
-    char *text;               /* everything generated so far (owned, NUL-terminated) */
+    uint64_t request_id;  /* 0 until accepted */
+    bool submitted;       /* holds a job reference until its final callback */
+    bool submit_returned; /* sd_client_submit returned for it (see collect_id) */
+    uint64_t collect_id;  /* finished, its record not yet handed to the janitor (0: none) */
+    char *text;           /* everything generated so far (owned, NUL-terminated) */
     size_t text_len, text_cap;
-    size_t streamed;          /* bytes of text already sent as SSE */
+    size_t streamed; /* bytes of text already sent as SSE */
     uint32_t n_tokens;
-    bool done;                /* the final callback ran */
+    bool done; /* the final callback ran */
     sd_status status;
     Specd__Code code;
     char error[512];
@@ -145,12 +145,12 @@ typedef struct gw_job {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int refs;
-    bool abandoned;           /* the HTTP side is gone: nobody reads */
+    bool abandoned; /* the HTTP side is gone: nobody reads */
     gw_endpoint endpoint;
-    char id[48];              /* "chatcmpl-..." / "cmpl-..." */
-    long long created;        /* unix seconds */
+    char id[48];       /* "chatcmpl-..." / "cmpl-..." */
+    long long created; /* unix seconds */
     double t_start_ms;
-    unsigned n;               /* samples per prompt: choice i belongs to prompt i / n */
+    unsigned n; /* samples per prompt: choice i belongs to prompt i / n */
     size_t n_choices;
     gw_choice choices[GW_MAX_CHOICES];
 } gw_job;
@@ -199,7 +199,12 @@ void gw_choice_error(const gw_choice *c, gw_error *err);
 /* ---- metrics.c ---- */
 
 typedef enum gw_route {
-    GW_ROUTE_CHAT, GW_ROUTE_COMPLETIONS, GW_ROUTE_MODELS, GW_ROUTE_HEALTH, GW_ROUTE_METRICS, GW_ROUTE_OTHER,
+    GW_ROUTE_CHAT,
+    GW_ROUTE_COMPLETIONS,
+    GW_ROUTE_MODELS,
+    GW_ROUTE_HEALTH,
+    GW_ROUTE_METRICS,
+    GW_ROUTE_OTHER,
     GW_ROUTE_COUNT
 } gw_route;
 

@@ -42,9 +42,9 @@ typedef struct gw_conn {
     gw_route route;
     char *body;
     size_t len, cap;
-    size_t seen;         /* body bytes received, kept or not */
+    size_t seen; /* body bytes received, kept or not */
     bool too_large;
-    bool rejected;       /* answer with `reject` once the body has been read (and dropped) */
+    bool rejected; /* answer with `reject` once the body has been read (and dropped) */
     gw_error reject;
 } gw_conn;
 
@@ -66,8 +66,8 @@ static gw_route route_of(const char *url) {
 
 /* ---- responses ---- */
 
-static enum MHD_Result send_body(gw_server *srv, struct MHD_Connection *conn, gw_route route, int status,
-                                 char *body, const char *content_type) {
+static enum MHD_Result send_body(gw_server *srv, struct MHD_Connection *conn, gw_route route, int status, char *body,
+                                 const char *content_type) {
     if (!body) {
         static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
                                   "\"param\":null,\"code\":null}}";
@@ -97,14 +97,15 @@ static enum MHD_Result send_body(gw_server *srv, struct MHD_Connection *conn, gw
     return ret;
 }
 
-static enum MHD_Result send_json(gw_server *srv, struct MHD_Connection *conn, gw_route route, int status,
-                                 char *json) {
+static enum MHD_Result send_json(gw_server *srv, struct MHD_Connection *conn, gw_route route, int status, char *json) {
     return send_body(srv, conn, route, status, json, "application/json");
 }
 
 static enum MHD_Result send_error(gw_server *srv, struct MHD_Connection *conn, gw_route route, const gw_error *err) {
-    if (err->http_status >= 500) SD_WARN("HTTP %d: %s", err->http_status, err->message);
-    else SD_DEBUG("HTTP %d: %s", err->http_status, err->message);
+    if (err->http_status >= 500)
+        SD_WARN("HTTP %d: %s", err->http_status, err->message);
+    else
+        SD_DEBUG("HTTP %d: %s", err->http_status, err->message);
     return send_json(srv, conn, route, err->http_status, gw_error_json(err));
 }
 
@@ -138,12 +139,10 @@ static bool peer_is_loopback(struct MHD_Connection *conn) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
     if (!ci || !ci->client_addr) return false;
     const struct sockaddr *sa = ci->client_addr;
-    if (sa->sa_family == AF_INET)
-        return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+    if (sa->sa_family == AF_INET) return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
     if (sa->sa_family == AF_INET6) {
         const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
-        return IN6_IS_ADDR_LOOPBACK(a) ||
-               (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+        return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
     }
     return false;
 }
@@ -170,9 +169,9 @@ typedef struct gw_stream {
     gw_job *job;
     int fd;
     bool include_usage;
-    char *buf;             /* SSE bytes not yet handed to libmicrohttpd */
+    char *buf; /* SSE bytes not yet handed to libmicrohttpd */
     size_t len, off, cap;
-    bool done_sent;        /* "data: [DONE]" is in buf */
+    bool done_sent; /* "data: [DONE]" is in buf */
     bool usage_sent;
     double last_emit_ms;
 } gw_stream;
@@ -348,8 +347,8 @@ static enum MHD_Result handle_generate(gw_server *srv, struct MHD_Connection *co
     gw_route route = ctx->route;
     gw_gen g;
     gw_error err;
-    if (!gw_gen_parse(route == GW_ROUTE_CHAT ? GW_EP_CHAT : GW_EP_COMPLETIONS, ctx->body ? ctx->body : "", ctx->len,
-                      &g, &err))
+    if (!gw_gen_parse(route == GW_ROUTE_CHAT ? GW_EP_CHAT : GW_EP_COMPLETIONS, ctx->body ? ctx->body : "", ctx->len, &g,
+                      &err))
         return send_error(srv, conn, route, &err);
     gw_job *job = gw_job_create(srv, &g);
     if (!job) {
@@ -367,17 +366,15 @@ static enum MHD_Result handle_generate(gw_server *srv, struct MHD_Connection *co
 
     if (stream) {
         gw_stream *s = calloc(1, sizeof *s);
-        struct MHD_Response *r = s ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, s,
-                                                                       stream_free)
-                                   : NULL;
+        struct MHD_Response *r =
+            s ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, s, stream_free) : NULL;
         if (!r) {
             free(s);
             gw_job_cancel(job);
             gw_job_release(job);
             return send_json(srv, conn, route, 500, NULL);
         }
-        *s = (gw_stream){.srv = srv, .job = job, .fd = fd, .include_usage = include_usage,
-                         .last_emit_ms = gw_now_ms()};
+        *s = (gw_stream){.srv = srv, .job = job, .fd = fd, .include_usage = include_usage, .last_emit_ms = gw_now_ms()};
         MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
         MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
         MHD_add_response_header(r, "X-Accel-Buffering", "no");
@@ -499,11 +496,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         if (!get) break;
         return handle_metrics(srv, conn);
     default:
-        return fail(srv, conn, route, 404, "invalid_request_error", "not_found", "no such endpoint: %s %.200s",
-                    method, url);
+        return fail(srv, conn, route, 404, "invalid_request_error", "not_found", "no such endpoint: %s %.200s", method,
+                    url);
     }
-    return fail(srv, conn, route, 405, "invalid_request_error", "method_not_allowed",
-                "%s is not allowed on %.200s", method, url);
+    return fail(srv, conn, route, 405, "invalid_request_error", "method_not_allowed", "%s is not allowed on %.200s",
+                method, url);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe) {
@@ -572,11 +569,10 @@ void *gw_http_start(gw_server *srv) {
     uint16_t port = v6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port) : ntohs(((struct sockaddr_in *)&ss)->sin_port);
     struct MHD_Daemon *d = MHD_start_daemon(
         flags, port, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv, /* first: see MHD docs */
-        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)srv->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)srv->timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)GW_HEADER_MEMORY,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-        MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT, (unsigned)srv->max_connections,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)srv->timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        (size_t)GW_HEADER_MEMORY, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_LISTENING_ADDRESS_REUSE,
+        (unsigned)1, MHD_OPTION_END);
     if (!d) {
         SD_ERROR("cannot listen on %s: %s", srv->listen, strerror(errno));
         return NULL;

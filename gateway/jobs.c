@@ -72,10 +72,10 @@ static void *janitor_main(void *arg) {
         sd_client_result res;
         memset(&res, 0, sizeof res);
         sd_status st = sd_client_wait(j->client, it->request_id, 10000, &res);
-        if (st == SD_OK) sd_client_result_clear(&res);
+        if (st == SD_OK)
+            sd_client_result_clear(&res);
         else if (st != SD_ERR_NOT_FOUND)
-            SD_WARN("janitor: request %llu not collectable: %s", (unsigned long long)it->request_id,
-                    sd_status_str(st));
+            SD_WARN("janitor: request %llu not collectable: %s", (unsigned long long)it->request_id, sd_status_str(st));
         free(it);
         pthread_mutex_lock(&j->mu);
     }
@@ -112,8 +112,10 @@ static void janitor_push(gw_janitor *j, uint64_t request_id) {
     if (j->stopping) {
         free(it);
     } else {
-        if (j->tail) j->tail->next = it;
-        else j->head = it;
+        if (j->tail)
+            j->tail->next = it;
+        else
+            j->head = it;
         j->tail = it;
         pthread_cond_signal(&j->cv);
     }
@@ -243,8 +245,10 @@ static void on_chunk(const sd_client_chunk *ch, void *user) {
         c->prompt_tokens = f->prompt_tokens;
         c->stats = f->stats;
         if (f->status == SD_OK) c->n_tokens = (uint32_t)f->n_ids;
-        if (c->submit_returned) collect = f->request_id;
-        else c->collect_id = f->request_id; /* gw_job_submit hands it over */
+        if (c->submit_returned)
+            collect = f->request_id;
+        else
+            c->collect_id = f->request_id; /* gw_job_submit hands it over */
         gw_metrics_choice(srv->metrics, c, job->t_start_ms);
         atomic_fetch_sub(&srv->inflight, 1);
     }

@@ -59,14 +59,18 @@ enum { OPT_LISTEN = 256, OPT_COORD, OPT_KEY, OPT_MODEL, OPT_BODY, OPT_CONNS, OPT
 
 /* -1: go on; otherwise the exit status. */
 static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose, const char **curve_server_public) {
-    static const struct option longs[] = {
-        {"listen", required_argument, 0, OPT_LISTEN},     {"coordinator", required_argument, 0, OPT_COORD},
-        {"api-key", required_argument, 0, OPT_KEY},       {"model-name", required_argument, 0, OPT_MODEL},
-        {"max-body", required_argument, 0, OPT_BODY},     {"max-connections", required_argument, 0, OPT_CONNS},
-        {"max-inflight", required_argument, 0, OPT_INFLIGHT}, {"timeout", required_argument, 0, OPT_TIMEOUT},
-        {"curve-server-public", required_argument, 0, OPT_CURVE},
-        {"verbose", no_argument, 0, 'v'},                 {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+    static const struct option longs[] = {{"listen", required_argument, 0, OPT_LISTEN},
+                                          {"coordinator", required_argument, 0, OPT_COORD},
+                                          {"api-key", required_argument, 0, OPT_KEY},
+                                          {"model-name", required_argument, 0, OPT_MODEL},
+                                          {"max-body", required_argument, 0, OPT_BODY},
+                                          {"max-connections", required_argument, 0, OPT_CONNS},
+                                          {"max-inflight", required_argument, 0, OPT_INFLIGHT},
+                                          {"timeout", required_argument, 0, OPT_TIMEOUT},
+                                          {"curve-server-public", required_argument, 0, OPT_CURVE},
+                                          {"verbose", no_argument, 0, 'v'},
+                                          {"help", no_argument, 0, 'h'},
+                                          {0, 0, 0, 0}};
     int c;
     unsigned long v;
     while ((c = getopt_long(argc, argv, "vh", longs, NULL)) != -1) {
@@ -102,8 +106,10 @@ static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose, cons
                         optarg);
                 return 2;
             }
-            if (c == OPT_CONNS) srv->max_connections = (unsigned)v;
-            else srv->max_inflight = (unsigned)v;
+            if (c == OPT_CONNS)
+                srv->max_connections = (unsigned)v;
+            else
+                srv->max_inflight = (unsigned)v;
             break;
         case OPT_TIMEOUT:
             if (!parse_uint(optarg, 1, 86400, &v)) {

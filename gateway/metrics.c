@@ -18,18 +18,16 @@
 
 #define N_CODES 12
 static const int k_codes[N_CODES] = {200, 400, 401, 404, 405, 413, 429, 431, 500, 503, 504, 0 /* other */};
-static const char *const k_routes[GW_ROUTE_COUNT] = {"/v1/chat/completions", "/v1/completions", "/v1/models",
-                                                     "/health", "/metrics", "other"};
+static const char *const k_routes[GW_ROUTE_COUNT] = {
+    "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "other"};
 
 enum { FIN_STOP, FIN_LENGTH, FIN_CANCELLED, FIN_ERROR, FIN_COUNT };
 static const char *const k_finish[FIN_COUNT] = {"stop", "length", "cancelled", "error"};
 
 #define LAT_BUCKETS 14
-static const double k_lat_bounds[LAT_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                                                 1,     2.5,  5,     10,   30,  60,  120};
+static const double k_lat_bounds[LAT_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
 #define ITL_BUCKETS 11
-static const double k_itl_bounds[ITL_BUCKETS] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
-                                                 0.05,   0.1,   0.25,   0.5,   1};
+static const double k_itl_bounds[ITL_BUCKETS] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
 
 typedef struct histo {
     uint64_t counts[LAT_BUCKETS > ITL_BUCKETS ? LAT_BUCKETS : ITL_BUCKETS]; /* per bucket, not cumulative */
@@ -89,8 +87,8 @@ void gw_metrics_tokens(gw_metrics *m, uint32_t n, double gap_ms) {
 void gw_metrics_choice(gw_metrics *m, const gw_choice *c, double t_start_ms) {
     int fin = c->status != SD_OK ? (c->code == SPECD__CODE__CODE_CANCELLED ? FIN_CANCELLED : FIN_ERROR)
               : c->stop_reason == SPECD__STOP_REASON__STOP_REASON_CANCELLED ? FIN_CANCELLED
-              : !strcmp(gw_finish_reason(c), "length")                     ? FIN_LENGTH
-                                                                           : FIN_STOP;
+              : !strcmp(gw_finish_reason(c), "length")                      ? FIN_LENGTH
+                                                                            : FIN_STOP;
     double now = gw_now_ms();
     pthread_mutex_lock(&m->mu);
     m->c.finished[fin]++;
@@ -158,9 +156,12 @@ static void histogram(outbuf *b, const char *name, const char *help, const histo
 static void label_value(char *dst, size_t n, const char *s) {
     size_t o = 0;
     for (; *s && o + 3 < n; s++) {
-        if (*s == '\\' || *s == '"') dst[o++] = '\\', dst[o++] = *s;
-        else if (*s == '\n') dst[o++] = '\\', dst[o++] = 'n';
-        else dst[o++] = *s;
+        if (*s == '\\' || *s == '"')
+            dst[o++] = '\\', dst[o++] = *s;
+        else if (*s == '\n')
+            dst[o++] = '\\', dst[o++] = 'n';
+        else
+            dst[o++] = *s;
     }
     dst[o] = '\0';
 }
@@ -208,10 +209,11 @@ static void coordinator_metrics(outbuf *b, const sd_client_service_stats *st) {
         head(b, kv_names[k], "gauge", kv_help[k]);
         for (size_t i = 0; i < st->n_workers; i++) {
             const sd_client_worker_info *w = &st->workers[i];
-            uint32_t v = k == 0 ? w->kv_blocks_total : k == 1 ? w->kv_blocks_free
-                       : k == 2 ? w->kv_blocks_total - (w->kv_blocks_free < w->kv_blocks_total ? w->kv_blocks_free
-                                                                                               : w->kv_blocks_total)
-                                : w->n_sequences;
+            uint32_t v = k == 0   ? w->kv_blocks_total
+                         : k == 1 ? w->kv_blocks_free
+                         : k == 2 ? w->kv_blocks_total - (w->kv_blocks_free < w->kv_blocks_total ? w->kv_blocks_free
+                                                                                                 : w->kv_blocks_total)
+                                  : w->n_sequences;
             out(b, "%s{role=\"%s\",rank=\"%u\"} %u\n", kv_names[k], role_name(w->role), w->rank, v);
         }
     }
@@ -234,8 +236,10 @@ char *gw_metrics_render(gw_metrics *m, const gw_server *srv, const sd_client_ser
         for (int k = 0; k < N_CODES; k++)
             if (snap.http[r][k]) {
                 char code[16];
-                if (k_codes[k]) snprintf(code, sizeof code, "%d", k_codes[k]);
-                else snprintf(code, sizeof code, "other");
+                if (k_codes[k])
+                    snprintf(code, sizeof code, "%d", k_codes[k]);
+                else
+                    snprintf(code, sizeof code, "other");
                 out(&b, "specd_gateway_http_requests_total{route=\"%s\",code=\"%s\"} %llu\n", k_routes[r], code,
                     (unsigned long long)snap.http[r][k]);
             }
@@ -256,8 +260,8 @@ char *gw_metrics_render(gw_metrics *m, const gw_server *srv, const sd_client_ser
     out(&b, "specd_spec_decode_num_accepted_tokens_total %llu\n", (unsigned long long)snap.accepted);
     histogram(&b, "specd_time_to_first_token_seconds", "Request received to first token, at the gateway.", &snap.ttft,
               k_lat_bounds, LAT_BUCKETS);
-    histogram(&b, "specd_inter_token_latency_seconds", "Time between tokens, at the gateway.", &snap.itl,
-              k_itl_bounds, ITL_BUCKETS);
+    histogram(&b, "specd_inter_token_latency_seconds", "Time between tokens, at the gateway.", &snap.itl, k_itl_bounds,
+              ITL_BUCKETS);
     histogram(&b, "specd_e2e_request_latency_seconds", "Request received to last token, at the gateway.", &snap.e2e,
               k_lat_bounds, LAT_BUCKETS);
 

@@ -26,11 +26,11 @@
 #include <string.h>
 
 #define MAX_TOKENS_LIMIT (1u << 20) /* max_tokens above this is a typo, not a request */
-#define MAX_PROMPT_IDS (1u << 20)
-#define MAX_TOP_K (1 << 20)
+#define MAX_PROMPT_IDS   (1u << 20)
+#define MAX_TOP_K        (1 << 20)
 
-bool gw_fail(gw_error *err, int http_status, const char *type, const char *code, const char *param,
-             const char *fmt, ...) {
+bool gw_fail(gw_error *err, int http_status, const char *type, const char *code, const char *param, const char *fmt,
+             ...) {
     err->http_status = http_status;
     err->type = type;
     err->code = code;
@@ -43,18 +43,22 @@ bool gw_fail(gw_error *err, int http_status, const char *type, const char *code,
 }
 
 #define BAD(err, param, ...) gw_fail((err), 400, "invalid_request_error", NULL, (param), __VA_ARGS__)
-#define UNSUPPORTED(err, param, ...) gw_fail((err), 400, "invalid_request_error", "unsupported_parameter", (param), \
-                                             __VA_ARGS__)
+#define UNSUPPORTED(err, param, ...) \
+    gw_fail((err), 400, "invalid_request_error", "unsupported_parameter", (param), __VA_ARGS__)
 
 char *gw_error_json(const gw_error *err) {
     cJSON *root = cJSON_CreateObject();
     cJSON *e = cJSON_AddObjectToObject(root, "error");
     cJSON_AddStringToObject(e, "message", err->message);
     cJSON_AddStringToObject(e, "type", err->type ? err->type : "invalid_request_error");
-    if (err->param[0]) cJSON_AddStringToObject(e, "param", err->param);
-    else cJSON_AddNullToObject(e, "param");
-    if (err->code) cJSON_AddStringToObject(e, "code", err->code);
-    else cJSON_AddNullToObject(e, "code");
+    if (err->param[0])
+        cJSON_AddStringToObject(e, "param", err->param);
+    else
+        cJSON_AddNullToObject(e, "param");
+    if (err->code)
+        cJSON_AddStringToObject(e, "code", err->code);
+    else
+        cJSON_AddNullToObject(e, "code");
     char *s = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     return s;
@@ -71,10 +75,14 @@ bool gw_utf8_valid(const char *str, size_t len) {
         }
         size_t n;
         unsigned min;
-        if (c >= 0xC2 && c <= 0xDF) n = 1, min = 0x80;
-        else if (c >= 0xE0 && c <= 0xEF) n = 2, min = 0x800;
-        else if (c >= 0xF0 && c <= 0xF4) n = 3, min = 0x10000;
-        else return false;
+        if (c >= 0xC2 && c <= 0xDF)
+            n = 1, min = 0x80;
+        else if (c >= 0xE0 && c <= 0xEF)
+            n = 2, min = 0x800;
+        else if (c >= 0xF0 && c <= 0xF4)
+            n = 3, min = 0x10000;
+        else
+            return false;
         if (len - i <= n) return false;
         unsigned cp = c & (0x3F >> n);
         for (size_t k = 1; k <= n; k++) {
@@ -92,8 +100,7 @@ bool gw_key_equal(const char *presented, const char *key) {
     unsigned char diff = (unsigned char)(kl != pl);
     /* Walk the configured key; read the presented one cyclically so the
      * loop never depends on where they differ or on the presented length. */
-    for (size_t i = 0; i < kl; i++)
-        diff |= (unsigned char)(key[i] ^ (pl ? presented[i % pl] : 0));
+    for (size_t i = 0; i < kl; i++) diff |= (unsigned char)(key[i] ^ (pl ? presented[i % pl] : 0));
     return diff == 0;
 }
 
@@ -166,9 +173,7 @@ static char *dup_str(const char *s) {
     return d;
 }
 
-static bool nomem(gw_error *err) {
-    return gw_fail(err, 500, "server_error", NULL, NULL, "out of memory");
-}
+static bool nomem(gw_error *err) { return gw_fail(err, 500, "server_error", NULL, NULL, "out of memory"); }
 
 /* Fields both endpoints share. */
 static bool parse_common(const cJSON *root, gw_gen *g, gw_error *err) {
@@ -218,15 +223,14 @@ static bool parse_common(const cJSON *root, gw_gen *g, gw_error *err) {
         const cJSON *one = cJSON_IsString(stop) ? stop : NULL;
         if (!one && !cJSON_IsArray(stop)) return BAD(err, "stop", "'stop' must be a string or a list of strings");
         size_t n = one ? 1 : (size_t)cJSON_GetArraySize(stop);
-        if (n > SD_MAX_STOP_STRINGS) return BAD(err, "stop", "'stop' holds %zu strings, at most %d", n,
-                                                SD_MAX_STOP_STRINGS);
+        if (n > SD_MAX_STOP_STRINGS)
+            return BAD(err, "stop", "'stop' holds %zu strings, at most %d", n, SD_MAX_STOP_STRINGS);
         for (size_t i = 0; i < n; i++) {
             const cJSON *s = one ? one : cJSON_GetArrayItem(stop, (int)i);
             if (!string_ok(s)) return BAD(err, "stop", "'stop' must be a string or a list of strings");
             size_t len = strlen(s->valuestring);
             if (len == 0 || len > SD_MAX_STOP_BYTES)
-                return BAD(err, "stop", "each stop string must be 1 to %d bytes long, got %zu", SD_MAX_STOP_BYTES,
-                           len);
+                return BAD(err, "stop", "each stop string must be 1 to %d bytes long, got %zu", SD_MAX_STOP_BYTES, len);
             if (!(g->stop[g->n_stop++] = dup_str(s->valuestring))) return nomem(err);
         }
     }
@@ -340,8 +344,10 @@ static bool parse_messages(const cJSON *root, gw_gen *g, gw_error *err) {
         }
         char *copy = owned ? owned : dup_str(text);
         if (!copy) return nomem(err);
-        if (is_system) p->system = copy;
-        else p->text = copy;
+        if (is_system)
+            p->system = copy;
+        else
+            p->text = copy;
     }
     return true;
 }
@@ -408,8 +414,8 @@ bool gw_gen_parse(gw_endpoint endpoint, const char *body, size_t len, gw_gen *g,
     if (!cJSON_IsObject(root)) {
         ok = BAD(err, NULL, "the request body must be a JSON object");
     } else {
-        ok = parse_common(root, g, err) && (endpoint == GW_EP_CHAT ? parse_messages(root, g, err)
-                                                                    : parse_prompt(root, g, err));
+        ok = parse_common(root, g, err) &&
+             (endpoint == GW_EP_CHAT ? parse_messages(root, g, err) : parse_prompt(root, g, err));
         if (ok && endpoint == GW_EP_COMPLETIONS) {
             ok = get_bool(root, "echo", &g->echo, err);
             for (size_t i = 0; ok && g->echo && i < g->n_prompts; i++)
@@ -439,9 +445,7 @@ const char *gw_finish_reason(const gw_choice *c) {
 void gw_choice_error(const gw_choice *c, gw_error *err) {
     switch (c->code) {
     case SPECD__CODE__CODE_BAD_REQUEST:
-    case SPECD__CODE__CODE_MALFORMED:
-        gw_fail(err, 400, "invalid_request_error", NULL, NULL, "%s", c->error);
-        break;
+    case SPECD__CODE__CODE_MALFORMED: gw_fail(err, 400, "invalid_request_error", NULL, NULL, "%s", c->error); break;
     case SPECD__CODE__CODE_TOO_LARGE:
         gw_fail(err, 400, "invalid_request_error", "context_length_exceeded", NULL, "%s", c->error);
         break;
@@ -556,8 +560,10 @@ char *gw_chunk_json(const gw_job *job, const char *model, size_t ci, bool role, 
         add_text(ch, "text", delta ? delta : "", delta ? delta_len : 0);
     }
     cJSON_AddNullToObject(ch, "logprobs");
-    if (finish) cJSON_AddStringToObject(ch, "finish_reason", gw_finish_reason(c));
-    else cJSON_AddNullToObject(ch, "finish_reason");
+    if (finish)
+        cJSON_AddStringToObject(ch, "finish_reason", gw_finish_reason(c));
+    else
+        cJSON_AddNullToObject(ch, "finish_reason");
     cJSON_AddItemToArray(choices, ch);
     if (include_usage) cJSON_AddNullToObject(root, "usage");
     char *s = cJSON_PrintUnformatted(root);

@@ -63,8 +63,8 @@ Specd__Code sd_slots_admit(sd_slots *m, uint64_t id, int32_t keep_len, bool fits
     if (*slot >= 0) {
         int32_t held = m->held(m->user, *slot);
         if (held < keep_len) {
-            SD_DEBUG("slots: request %llu holds %d tokens, keep_len %d: cache miss", (unsigned long long)id,
-                     (int)held, (int)keep_len);
+            SD_DEBUG("slots: request %llu holds %d tokens, keep_len %d: cache miss", (unsigned long long)id, (int)held,
+                     (int)keep_len);
             sd_slots_release(m, *slot);
             *slot = -1;
             return SPECD__CODE__CODE_CACHE_MISS;

@@ -118,8 +118,8 @@ static sd_status configure(void *sock, const sd_net_socket_params *p) {
     return apply_curve(sock, p);
 }
 
-sd_status sd_net_socket_open(void *zctx, const sd_net_socket_params *p, const char *bind_addr,
-                             const char *connect_addr, void **out) {
+sd_status sd_net_socket_open(void *zctx, const sd_net_socket_params *p, const char *bind_addr, const char *connect_addr,
+                             void **out) {
     if (!out) return SD_ERR_INVALID_ARG;
     *out = NULL;
     if (!zctx || !p || p->max_msg_bytes <= 0 || (!bind_addr == !connect_addr)) {

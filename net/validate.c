@@ -379,8 +379,8 @@ static bool check_draft_response(vctx *v, const Specd__DraftResponse *r) {
         snprintf(path, sizeof path, "draft.results[%zu].code", i);
         if (!check_code(v, path, d->code)) return false;
         if (d->n_tokens > (size_t)v->max_draft)
-            return fail(v, SPECD__CODE__CODE_TOO_LARGE, "draft.results[%zu].tokens: %zu tokens over the limit of %d",
-                        i, d->n_tokens, v->max_draft);
+            return fail(v, SPECD__CODE__CODE_TOO_LARGE, "draft.results[%zu].tokens: %zu tokens over the limit of %d", i,
+                        d->n_tokens, v->max_draft);
         if (d->n_q != d->n_tokens)
             return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "draft.results[%zu].q: %zu distributions for %zu tokens", i,
                         d->n_q, d->n_tokens);
@@ -391,8 +391,8 @@ static bool check_draft_response(vctx *v, const Specd__DraftResponse *r) {
             if (!check_q(v, path, d->q[j], d->tokens[j])) return false;
         }
         if (d->cached_len > (uint32_t)v->max_context)
-            return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "draft.results[%zu].cached_len: %u over the context of %d",
-                        i, d->cached_len, v->max_context);
+            return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "draft.results[%zu].cached_len: %u over the context of %d", i,
+                        d->cached_len, v->max_context);
     }
     return true;
 }
@@ -475,8 +475,8 @@ static bool check_draft_request(vctx *v, const Specd__DraftRequest *r) {
             return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "draft.seqs[%zu].k: %u outside [1, %d]", i, s->k,
                         v->max_draft);
         if (s->top_n > SD_MAX_TOP_N)
-            return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "draft.seqs[%zu].top_n: %u over the limit of %d", i,
-                        s->top_n, SD_MAX_TOP_N);
+            return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "draft.seqs[%zu].top_n: %u over the limit of %d", i, s->top_n,
+                        SD_MAX_TOP_N);
         snprintf(path, sizeof path, "draft.seqs[%zu]", i);
         if (!check_context(v, path, s->keep_len, (uint64_t)s->keep_len + s->n_append)) return false;
         snprintf(path, sizeof path, "draft.seqs[%zu].sampling", i);
@@ -493,8 +493,8 @@ static bool check_verify_request(vctx *v, const Specd__VerifyRequest *r) {
         const Specd__VerifySeq *s = r->seqs[i];
         ids[i] = s->request_id;
         if (s->n_append > (size_t)v->max_context)
-            return fail(v, SPECD__CODE__CODE_TOO_LARGE, "verify.seqs[%zu].append: %zu tokens over the context of %d",
-                        i, s->n_append, v->max_context);
+            return fail(v, SPECD__CODE__CODE_TOO_LARGE, "verify.seqs[%zu].append: %zu tokens over the context of %d", i,
+                        s->n_append, v->max_context);
         snprintf(path, sizeof path, "verify.seqs[%zu].append", i);
         if (!check_tokens(v, path, s->append, s->n_append)) return false;
         if (s->n_draft > (size_t)v->max_draft)
@@ -556,8 +556,8 @@ static bool check_group_join(vctx *v, const Specd__GroupJoin *j) {
         return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "join.group_size: %u outside [2, %d]", j->group_size,
                     SD_MAX_GROUP_SIZE);
     if (j->rank < 1 || j->rank >= j->group_size)
-        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "join.rank: %u outside [1, %u) (rank 0 is the leader)",
-                    j->rank, j->group_size);
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "join.rank: %u outside [1, %u) (rank 0 is the leader)", j->rank,
+                    j->group_size);
     if (j->lm_head > 1) return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "join.lm_head: %u is not 0 or 1", j->lm_head);
     if (!j->model) return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "join.model: missing");
     return check_text(v, "join.host", j->host, NAME_MAX_BYTES) &&
@@ -572,8 +572,7 @@ static bool check_group_setup(vctx *v, const Specd__GroupSetup *s) {
     if ((name_len == 0) == (s->nccl_id.len == 0))
         return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "setup: exactly one of shm_name and nccl_id must be set");
     if (s->nccl_id.len > 1024)
-        return fail(v, SPECD__CODE__CODE_TOO_LARGE, "setup.nccl_id: %zu bytes over the limit of 1024",
-                    s->nccl_id.len);
+        return fail(v, SPECD__CODE__CODE_TOO_LARGE, "setup.nccl_id: %zu bytes over the limit of 1024", s->nccl_id.len);
     if (s->coll_timeout_ms < 1 || s->coll_timeout_ms > 3600000)
         return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "setup.coll_timeout_ms: %u outside [1, 3600000]",
                     s->coll_timeout_ms);
@@ -581,12 +580,16 @@ static bool check_group_setup(vctx *v, const Specd__GroupSetup *s) {
         return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "setup.coll_max_bytes: %llu outside [64, 2^34]",
                     (unsigned long long)s->coll_max_bytes);
     if (s->kv_blocks < 1 || s->kv_blocks > (1u << 28) || s->block_size < 1 || s->block_size > 4096)
-        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "setup: kv_blocks %u outside [1, 2^28] or block_size %u "
-                    "outside [1, 4096]", s->kv_blocks, s->block_size);
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST,
+                    "setup: kv_blocks %u outside [1, 2^28] or block_size %u "
+                    "outside [1, 4096]",
+                    s->kv_blocks, s->block_size);
     if (s->heartbeat_interval_ms < 1 || s->heartbeat_interval_ms > 60000 || s->heartbeat_liveness < 1 ||
         s->heartbeat_liveness > 1000)
-        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "setup: heartbeat interval %u ms outside [1, 60000] or "
-                    "liveness %u outside [1, 1000]", s->heartbeat_interval_ms, s->heartbeat_liveness);
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST,
+                    "setup: heartbeat interval %u ms outside [1, 60000] or "
+                    "liveness %u outside [1, 1000]",
+                    s->heartbeat_interval_ms, s->heartbeat_liveness);
     return true;
 }
 
@@ -604,8 +607,7 @@ static bool check_group_plan(vctx *v, const Specd__GroupPlan *p) {
     return check_tokens(v, "plan.tokens", p->tokens, p->n_tokens);
 }
 
-Specd__RankToLeader *sd_net_decode_rank(const uint8_t *data, size_t len, Specd__Code *code, char *err,
-                                        size_t err_len) {
+Specd__RankToLeader *sd_net_decode_rank(const uint8_t *data, size_t len, Specd__Code *code, char *err, size_t err_len) {
     vctx v = make_ctx(NULL, code, err, err_len);
     Specd__RankToLeader *env = specd__rank_to_leader__unpack(NULL, len, data);
     if (!env) {
@@ -629,8 +631,8 @@ Specd__RankToLeader *sd_net_decode_rank(const uint8_t *data, size_t len, Specd__
     return env;
 }
 
-Specd__LeaderToRank *sd_net_decode_leader(const uint8_t *data, size_t len, const sd_net_limits *lim,
-                                          Specd__Code *code, char *err, size_t err_len) {
+Specd__LeaderToRank *sd_net_decode_leader(const uint8_t *data, size_t len, const sd_net_limits *lim, Specd__Code *code,
+                                          char *err, size_t err_len) {
     vctx v = make_ctx(lim, code, err, err_len);
     Specd__LeaderToRank *env = specd__leader_to_rank__unpack(NULL, len, data);
     if (!env) {

@@ -76,28 +76,28 @@ typedef struct worker_loop {
     void *zctx;
     void *sock;
     bool registered;
-    int refusals;          /* CODE_REFUSED answers to Hello so far */
+    int refusals; /* CODE_REFUSED answers to Hello so far */
     uint64_t worker_id;
-    int interval_ms;       /* heartbeat interval (the Welcome may change it) */
+    int interval_ms; /* heartbeat interval (the Welcome may change it) */
     int liveness;
-    double last_beat;      /* sd_now() of the last heartbeat sent (or of the Hello) */
-    double last_recv;      /* sd_now() of the last message received (or connect) */
+    double last_beat; /* sd_now() of the last heartbeat sent (or of the Hello) */
+    double last_recv; /* sd_now() of the last message received (or connect) */
     char name[128];
     /* The compute thread: runs p->handle while this thread keeps the socket. */
     pthread_t compute;
     bool compute_started;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    bool job_ready, quit;                 /* under mu */
-    Specd__CoordinatorToWorker *job;      /* under mu while job_ready */
-    sd_status job_status;                 /* under mu, written by the compute thread */
-    Specd__WorkerToCoordinator job_reply; /* under mu, written by the compute thread */
-    int done_fd;                          /* eventfd: the compute thread finished a job */
-    bool busy;                            /* a job is out (this thread's view) */
-    Specd__CoordinatorToWorker *current;  /* the job out, freed when it completes */
+    bool job_ready, quit;                            /* under mu */
+    Specd__CoordinatorToWorker *job;                 /* under mu while job_ready */
+    sd_status job_status;                            /* under mu, written by the compute thread */
+    Specd__WorkerToCoordinator job_reply;            /* under mu, written by the compute thread */
+    int done_fd;                                     /* eventfd: the compute thread finished a job */
+    bool busy;                                       /* a job is out (this thread's view) */
+    Specd__CoordinatorToWorker *current;             /* the job out, freed when it completes */
     Specd__CoordinatorToWorker *queue[WORKER_QUEUE]; /* requests and releases waiting for the job */
     int q_head, q_len;
-    Specd__WorkerStats stats;             /* snapshot taken while no job is out */
+    Specd__WorkerStats stats; /* snapshot taken while no job is out */
 } worker_loop;
 
 static sd_status loop_send(worker_loop *w, const Specd__WorkerToCoordinator *env) {
@@ -331,8 +331,8 @@ static loop_next dispatch(worker_loop *w, const sd_net_msg *m) {
         w->worker_id = env->welcome->worker_id;
         if (env->welcome->heartbeat_interval_ms > 0) w->interval_ms = (int)env->welcome->heartbeat_interval_ms;
         if (env->welcome->heartbeat_liveness > 0) w->liveness = (int)env->welcome->heartbeat_liveness;
-        SD_INFO("worker: registered as worker %llu (heartbeat %d ms, liveness %d)",
-                (unsigned long long)w->worker_id, w->interval_ms, w->liveness);
+        SD_INFO("worker: registered as worker %llu (heartbeat %d ms, liveness %d)", (unsigned long long)w->worker_id,
+                w->interval_ms, w->liveness);
         break;
     case SPECD__COORDINATOR_TO_WORKER__BODY_ERROR: {
         const Specd__Error *e = env->error;
@@ -353,12 +353,9 @@ static loop_next dispatch(worker_loop *w, const sd_net_msg *m) {
         }
         break;
     }
-    case SPECD__COORDINATOR_TO_WORKER__BODY_HEARTBEAT:
-        break;
+    case SPECD__COORDINATOR_TO_WORKER__BODY_HEARTBEAT: break;
     case SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT:
-    case SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY:
-        taken = serve_request(w, env);
-        break;
+    case SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY: taken = serve_request(w, env); break;
     case SPECD__COORDINATOR_TO_WORKER__BODY_RELEASE:
         if (!w->registered) {
             send_error(w, SPECD__CODE__CODE_PROTOCOL, 0, "Release before Welcome: this worker is not registered yet");
@@ -413,9 +410,7 @@ static void report_failed(worker_loop *w) {
     send_error(w, SPECD__CODE__CODE_UNAVAILABLE, 0, msg);
 }
 
-static bool stop_requested(int fd, short revents) {
-    return fd >= 0 && (revents & (POLLIN | POLLERR | POLLHUP)) != 0;
-}
+static bool stop_requested(int fd, short revents) { return fd >= 0 && (revents & (POLLIN | POLLERR | POLLHUP)) != 0; }
 
 /* Starts the compute thread and its completion eventfd. */
 static sd_status compute_start(worker_loop *w) {

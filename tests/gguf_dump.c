@@ -15,7 +15,7 @@
 #include <stdlib.h>
 
 static const char *type_name(sd_gguf_type t) {
-    static const char *names[] = {"u8", "i8", "u16", "i16", "u32", "i32", "f32",
+    static const char *names[] = {"u8",   "i8",  "u16", "i16", "u32", "i32", "f32",
                                   "bool", "str", "arr", "u64", "i64", "f64"};
     return t < SD_GGUF_TYPE_COUNT ? names[t] : "?";
 }

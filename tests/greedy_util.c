@@ -18,8 +18,7 @@ int greedy_read_prompts(const char *source_dir, char **prompts, int max) {
     return sd_bench_read_prompts(path, prompts, max);
 }
 
-int greedy_plain(sd_model *m, const int32_t *prompt, int32_t n_prompt, int32_t n_new, int32_t max_ctx,
-                 int32_t *out) {
+int greedy_plain(sd_model *m, const int32_t *prompt, int32_t n_prompt, int32_t n_new, int32_t max_ctx, int32_t *out) {
     if (n_prompt < 1 || n_new < 1 || n_prompt + n_new > max_ctx) return -1;
     sd_kv *kv = NULL;
     int32_t n_vocab = sd_model_config_of(m)->n_vocab;

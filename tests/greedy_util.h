@@ -13,8 +13,7 @@ int greedy_read_prompts(const char *source_dir, char **prompts, int max);
 
 /* Plain greedy decoding of n_new tokens after prompt (one sequence, a
  * max_ctx-token cache). 0 on success. */
-int greedy_plain(sd_model *m, const int32_t *prompt, int32_t n_prompt, int32_t n_new, int32_t max_ctx,
-                 int32_t *out);
+int greedy_plain(sd_model *m, const int32_t *prompt, int32_t n_prompt, int32_t n_new, int32_t max_ctx, int32_t *out);
 
 /* Greedy speculative decoding with drafter d at K = k; adds the drafted and
  * accepted counts to *drafted / *accepted when not NULL. 0 on success. */

@@ -4,8 +4,8 @@
 #include <math.h>
 #include <stdbool.h>
 
-#define GAMMA_EPS 1e-15
-#define GAMMA_TINY 1e-300
+#define GAMMA_EPS      1e-15
+#define GAMMA_TINY     1e-300
 #define GAMMA_MAX_ITER 100000
 
 /* Lower regularized P(a, x) by its power series; converges fast for x < a + 1. */

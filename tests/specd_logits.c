@@ -34,7 +34,8 @@ typedef struct seq_list {
 } seq_list;
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: specd_logits -m MODEL.gguf|HF_DIR --out FILE.bin [--threads N] [--chunk N] [--layers N] --seq 1,2,3 [--seq ...]\n");
+    fprintf(f, "usage: specd_logits -m MODEL.gguf|HF_DIR --out FILE.bin [--threads N] [--chunk N] [--layers N] --seq "
+               "1,2,3 [--seq ...]\n");
 }
 
 /* Parses "1,2,3" into a new array (caller frees). */
@@ -61,7 +62,6 @@ static bool parse_ids(const char *s, int32_t **ids, int32_t *n) {
     *n = k;
     return true;
 }
-
 
 /* Writes n floats little-endian, whatever the host's byte order. */
 static bool write_f32le(FILE *f, const float *x, size_t n) {
@@ -147,8 +147,8 @@ static int run(const char *model_path, const char *out_path, int threads, int ch
     int32_t step = chunk > 0 ? chunk : total;
     for (int32_t start = 0; start < total; start += step) {
         int32_t n = total - start < step ? total - start : step;
-        sd_batch batch = { .n_tokens = n, .tokens = tokens + start, .pos = pos + start,
-                           .seq = seq + start, .logits = want + start };
+        sd_batch batch = {
+            .n_tokens = n, .tokens = tokens + start, .pos = pos + start, .seq = seq + start, .logits = want + start};
         if ((st = sd_model_forward(m, kv, &batch, logits + (size_t)start * (size_t)n_vocab)) != SD_OK) {
             fprintf(stderr, "specd_logits: forward of tokens %d..%d: %s\n", (int)start, (int)(start + n),
                     sd_status_str(st));
@@ -192,15 +192,18 @@ done:
 int main(int argc, char **argv) {
     enum { O_OUT = 256, O_THREADS, O_SEQ, O_CHUNK, O_LAYERS };
     static const struct option opts[] = {
-        { "model", required_argument, NULL, 'm' }, { "out", required_argument, NULL, O_OUT },
-        { "threads", required_argument, NULL, O_THREADS }, { "seq", required_argument, NULL, O_SEQ },
-        { "chunk", required_argument, NULL, O_CHUNK }, { "layers", required_argument, NULL, O_LAYERS },
-        { "help", no_argument, NULL, 'h' },
-        { NULL, 0, NULL, 0 },
+        {"model", required_argument, NULL, 'm'},
+        {"out", required_argument, NULL, O_OUT},
+        {"threads", required_argument, NULL, O_THREADS},
+        {"seq", required_argument, NULL, O_SEQ},
+        {"chunk", required_argument, NULL, O_CHUNK},
+        {"layers", required_argument, NULL, O_LAYERS},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
     const char *model = NULL, *out = NULL;
     int threads = 0, chunk = 0, layers = 0, rc = 2, c;
-    seq_list sl = { 0 };
+    seq_list sl = {0};
     while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
         switch (c) {
         case 'm': model = optarg; break;
@@ -234,7 +237,10 @@ int main(int argc, char **argv) {
             }
             sl.n_seqs++;
             break;
-        case 'h': usage(stdout); rc = 0; goto done;
+        case 'h':
+            usage(stdout);
+            rc = 0;
+            goto done;
         default: usage(stderr); goto done;
         }
     }

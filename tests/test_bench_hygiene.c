@@ -27,7 +27,8 @@
 
 static void sleep_s(double s) {
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-    while (nanosleep(&ts, &ts) != 0) {}
+    while (nanosleep(&ts, &ts) != 0) {
+    }
 }
 
 static pid_t spawn_spinner(void) {

@@ -52,14 +52,14 @@ typedef struct fake {
     void *ctx, *router;
     char endpoint[256];
     pthread_t thread;
-    _Atomic int stop;   /* ends the thread */
-    _Atomic int mute;   /* stops every reply and heartbeat (a hung coordinator) */
+    _Atomic int stop; /* ends the thread */
+    _Atomic int mute; /* stops every reply and heartbeat (a hung coordinator) */
     fake_req reqs[FAKE_MAX];
     size_t n_reqs;
     uint64_t next_id;
     uint8_t peers[8][SD_MAX_IDENTITY_BYTES];
     size_t peer_len[8], n_peers;
-    int cancels_seen;   /* read by tests after the fact */
+    int cancels_seen;                    /* read by tests after the fact */
     _Atomic uint64_t stray_before_stats; /* nonzero: answer a stats query with UNKNOWN_REQUEST for this id first */
 } fake;
 
@@ -426,7 +426,7 @@ typedef struct submitter {
     int n_ok;
 } submitter;
 
-#define N_THREADS 4
+#define N_THREADS  4
 #define PER_THREAD 25
 
 static void *submitter_main(void *arg) {
@@ -451,7 +451,8 @@ static void *submitter_main(void *arg) {
         }
         char want[512];
         expected_text(prompt, rq.max_tokens, want, sizeof want);
-        if (r.status == SD_OK && r.n_ids == rq.max_tokens && strcmp(r.text, want) == 0) s->n_ok++;
+        if (r.status == SD_OK && r.n_ids == rq.max_tokens && strcmp(r.text, want) == 0)
+            s->n_ok++;
         else
             print_error("job %s: status %d n_ids %zu (want %u) text '%s' want '%s' error '%s'\n", prompt, r.status,
                         r.n_ids, rq.max_tokens, r.text, want, r.error);
@@ -507,8 +508,10 @@ static void *collector_main(void *arg) {
         last = id;
         sd_client_result r;
         if (sd_client_wait(k->c, id, 10000, &r) == SD_OK) {
-            if (r.status == SD_OK && r.n_ids == 1) k->n_collected++;
-            else k->n_bad++;
+            if (r.status == SD_OK && r.n_ids == 1)
+                k->n_collected++;
+            else
+                k->n_bad++;
             sd_client_result_clear(&r);
         }
     }
@@ -720,10 +723,13 @@ static void test_close_with_requests_in_flight(void **state) {
 int main(void) {
     sd_log_set(NULL, NULL, getenv("SPECD_TEST_VERBOSE") ? SD_LOG_DEBUG : SD_LOG_OFF, "test_client");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_streaming_order),   cmocka_unit_test(test_cancel),
+        cmocka_unit_test(test_streaming_order),
+        cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_concurrent_submits),
-        cmocka_unit_test(test_wait_while_submit_returns), cmocka_unit_test(test_coordinator_death),
-        cmocka_unit_test(test_unreachable),        cmocka_unit_test(test_error_propagation),
+        cmocka_unit_test(test_wait_while_submit_returns),
+        cmocka_unit_test(test_coordinator_death),
+        cmocka_unit_test(test_unreachable),
+        cmocka_unit_test(test_error_propagation),
         cmocka_unit_test(test_stray_messages),
         cmocka_unit_test(test_close_with_requests_in_flight),
     };

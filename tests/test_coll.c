@@ -40,9 +40,7 @@
 
 static int name_counter;
 
-static void make_name(char *out, size_t cap) {
-    snprintf(out, cap, "specd-test-%d-%d", (int)getpid(), ++name_counter);
-}
+static void make_name(char *out, size_t cap) { snprintf(out, cap, "specd-test-%d-%d", (int)getpid(), ++name_counter); }
 
 static bool shm_exists(const char *name) {
     char path[128];
@@ -74,8 +72,8 @@ typedef struct group_spec {
     sd_coll_params params; /* rank is filled per child */
     rank_fn fn;
     void *arg;
-    int skip_open_rank;    /* a rank that never joins (-1: none) */
-    int rank0_delay_ms;    /* rank 0 starts late (joiners reach a stale segment first) */
+    int skip_open_rank; /* a rank that never joins (-1: none) */
+    int rank0_delay_ms; /* rank 0 starts late (joiners reach a stale segment first) */
 } group_spec;
 
 static int child_main(const group_spec *g, int32_t rank) {
@@ -160,7 +158,7 @@ static void run_ok(int32_t size, size_t max_bytes, rank_fn fn, void *arg) {
 
 /* ---- all-reduce ---- */
 
-static const size_t reduce_sizes[] = { 0, 1, 7, 255, 256, 257, 576, 1001 };
+static const size_t reduce_sizes[] = {0, 1, 7, 255, 256, 257, 576, 1001};
 
 static int check_all_reduce(sd_coll *c, int32_t rank, size_t n) {
     int32_t size = sd_coll_size(c);
@@ -248,7 +246,7 @@ static void test_all_reduce(void **state) {
 
 static int rank_broadcast(sd_coll *c, int32_t rank, void *arg) {
     (void)arg;
-    static const size_t sizes[] = { 0, 1, 13, 1024, 3001 };
+    static const size_t sizes[] = {0, 1, 13, 1024, 3001};
     for (int32_t root = 0; root < sd_coll_size(c); root++) {
         for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
             size_t bytes = sizes[k];
@@ -277,7 +275,7 @@ static void test_broadcast(void **state) {
 
 static int rank_gather(sd_coll *c, int32_t rank, void *arg) {
     (void)arg;
-    static const size_t sizes[] = { 0, 1, 5, 300 };
+    static const size_t sizes[] = {0, 1, 5, 300};
     int32_t size = sd_coll_size(c);
     for (int32_t root = 0; root < size; root++) {
         for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
@@ -344,7 +342,7 @@ static void test_barrier(void **state) {
 
 static int rank_mismatch(sd_coll *c, int32_t rank, void *arg) {
     (void)arg;
-    float buf[8] = { 0 };
+    float buf[8] = {0};
     sd_status st = sd_coll_all_reduce_sum(c, buf, rank == 0 ? 4 : 5);
     if (st == SD_OK) return 60;
     /* the group is failed now: later calls are refused */
@@ -365,7 +363,7 @@ static int rank_one_absent(sd_coll *c, int32_t rank, void *arg) {
         usleep(2500 * 1000); /* joined, but never calls */
         return 0;
     }
-    float buf[4] = { 1, 2, 3, 4 };
+    float buf[4] = {1, 2, 3, 4};
     double t0 = now_s();
     sd_status st = sd_coll_all_reduce_sum(c, buf, 4);
     double dt = now_s() - t0;
@@ -390,7 +388,7 @@ static void test_timeout_in_call(void **state) {
 static int rank_dies(sd_coll *c, int32_t rank, void *arg) {
     (void)arg;
     if (rank == 2) _exit(0); /* joined, then gone without closing (as if killed) */
-    float buf[4] = { 1, 2, 3, 4 };
+    float buf[4] = {1, 2, 3, 4};
     double t0 = now_s();
     sd_status st = sd_coll_all_reduce_sum(c, buf, 4); /* timeout 20 s */
     double dt = now_s() - t0;
@@ -453,7 +451,7 @@ static void *abort_later(void *p) {
 
 static int rank_abort(sd_coll *c, int32_t rank, void *arg) {
     (void)arg;
-    float buf[4] = { 1, 2, 3, 4 };
+    float buf[4] = {1, 2, 3, 4};
     if (rank == 1) {
         /* arrives late: the group is already aborted by rank 0 */
         usleep(400 * 1000);
@@ -465,7 +463,7 @@ static int rank_abort(sd_coll *c, int32_t rank, void *arg) {
         }
         return 0;
     }
-    abort_arg a = { c, 100 };
+    abort_arg a = {c, 100};
     pthread_t th;
     if (pthread_create(&th, NULL, abort_later, &a) != 0) return 81;
     double t0 = now_s();
@@ -558,7 +556,7 @@ static void test_bad_arguments(void **state) {
     assert_null(sd_coll_stream(c));
     assert_int_equal(sd_coll_rank(c), 0);
     assert_int_equal(sd_coll_size(c), 1);
-    float buf[3] = { 1.5f, -2.0f, 3.25f };
+    float buf[3] = {1.5f, -2.0f, 3.25f};
     assert_int_equal(sd_coll_all_reduce_sum(c, buf, 3), SD_OK);
     assert_true(buf[0] == 1.5f && buf[1] == -2.0f && buf[2] == 3.25f);
     assert_int_equal(sd_coll_all_reduce_sum(c, NULL, 3), SD_ERR_INVALID_ARG);

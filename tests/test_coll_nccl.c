@@ -19,12 +19,12 @@
 #include <cuda_runtime.h>
 #endif
 
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
+#define CHECK(cond)                                                                                  \
+    do {                                                                                             \
+        if (!(cond)) {                                                                               \
             fprintf(stderr, "test_coll_nccl: %s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-            return 1;                                                                \
-        }                                                                            \
+            return 1;                                                                                \
+        }                                                                                            \
     } while (0)
 
 #ifndef SPECD_HAVE_CUDA

@@ -20,8 +20,8 @@
 #include "coord.h"
 #include "specd/gguf.h"
 
-#define VOCAB 300
-#define CTX 256
+#define VOCAB  300
+#define CTX    256
 #define MAXMSG 256
 
 static struct {
@@ -49,8 +49,8 @@ typedef struct harness {
      * (appended + drafts) when fwd_token_us is set, else 1000 */
     uint32_t fwd_fixed_us, fwd_token_us;
     uint32_t fwd_step_from, fwd_step_us; /* + fwd_step_us when a step has fwd_step_from tokens or more */
-    uint32_t draft_us; /* draft_us of draft replies (100 when 0) */
-    Specd__StepCost **hello_costs; /* step_costs a verifier's Hello carries */
+    uint32_t draft_us;                   /* draft_us of draft replies (100 when 0) */
+    Specd__StepCost **hello_costs;       /* step_costs a verifier's Hello carries */
     size_t n_hello_costs;
 } harness;
 
@@ -275,8 +275,7 @@ static int setup(void **state) {
     snprintf(env.target, sizeof env.target, "%s/target.gguf", env.dir);
     snprintf(env.other, sizeof env.other, "%s/other.gguf", env.dir);
     char cmd[1024];
-    snprintf(cmd, sizeof cmd,
-             "'%s' -o '%s' --layers 1 --dim 32 --ff 64 --vocab %d --ctx %d --seed 3 >/dev/null 2>&1",
+    snprintf(cmd, sizeof cmd, "'%s' -o '%s' --layers 1 --dim 32 --ff 64 --vocab %d --ctx %d --seed 3 >/dev/null 2>&1",
              SPECD_MKMODEL, env.target, VOCAB, CTX);
     env.ok = system(cmd) == 0;
     return 0;
@@ -290,9 +289,9 @@ static int teardown(void **state) {
     return 0;
 }
 
-#define NEED_MODEL()                                       \
-    do {                                                   \
-        if (!env.ok) skip();                               \
+#define NEED_MODEL()         \
+    do {                     \
+        if (!env.ok) skip(); \
     } while (0)
 
 /* Single-character token ids of the test tokenizer. */
@@ -760,7 +759,7 @@ static void test_speculative_steps_and_drafter_death(void **state) {
     specd__coordinator_to_worker__free_unpacked(vw, NULL);
     vw = expect_verify(h, "v");
     vs = vw->verify->seqs[0];
-    assert_int_equal(vs->keep_len, 0);  /* belief reset: full prefix + same drafts */
+    assert_int_equal(vs->keep_len, 0); /* belief reset: full prefix + same drafts */
     assert_int_equal(vs->n_append, 5);
     assert_int_equal(vs->n_draft, 3);
     vres r1 = {.n_accepted = 2, .n_commit = 3, .commit = {21, 22, 30}, .cached_len = 7};
@@ -938,7 +937,7 @@ static void test_shadow_drafts_share_a_phase(void **state) {
     h->c.cost.draft_token_us = 40;
     h->fwd_fixed_us = 600;
     h->fwd_token_us = 3500;
-    h->draft_us = 120; /* per draft step of the 3: 40 us a token */
+    h->draft_us = 120;      /* per draft step of the 3: 40 us a token */
     h->c.alpha_prior = 0.3; /* K = 0 at this cost (break-even ~0.96) */
     register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
     register_ok(h, "d", SPECD__ROLE__ROLE_DRAFTER);
@@ -1008,11 +1007,13 @@ static void test_next_verify_before_streaming(void **state) {
     int at_verify = -1, at_chunk = -1;
     for (int i = mark; i < h->n; i++) {
         if (h->msgs[i].to_worker) {
-            Specd__CoordinatorToWorker *e = specd__coordinator_to_worker__unpack(NULL, h->msgs[i].len, h->msgs[i].bytes);
+            Specd__CoordinatorToWorker *e =
+                specd__coordinator_to_worker__unpack(NULL, h->msgs[i].len, h->msgs[i].bytes);
             if (e->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY && at_verify < 0) at_verify = i;
             specd__coordinator_to_worker__free_unpacked(e, NULL);
         } else {
-            Specd__CoordinatorToClient *e = specd__coordinator_to_client__unpack(NULL, h->msgs[i].len, h->msgs[i].bytes);
+            Specd__CoordinatorToClient *e =
+                specd__coordinator_to_client__unpack(NULL, h->msgs[i].len, h->msgs[i].bytes);
             if (e->body_case == SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS && at_chunk < 0) {
                 at_chunk = i;
                 assert_int_equal(e->tokens->n_tokens, 1);
@@ -1198,8 +1199,7 @@ static void test_batch_gate_step_sizes(void **state) {
     sd_cost_init(&c);
     c.draft_step_us = 0;
     for (int rep = 0; rep < 20; rep++)
-        for (int32_t n = 1; n <= 12; n++)
-            sd_cost_observe_verify(&c, n, (uint32_t)(1000 + 10 * n + (n >= 9 ? 300 : 0)));
+        for (int32_t n = 1; n <= 12; n++) sd_cost_observe_verify(&c, n, (uint32_t)(1000 + 10 * n + (n >= 9 ? 300 : 0)));
     assert_true(fabs(sd_cost_size_us(&c, 8) - 1080) < 1e-6);
     assert_true(fabs(sd_cost_size_us(&c, 10) - 1400) < 1e-6);
     assert_true(sd_cost_size_us(&c, 13) < 0); /* never seen */
@@ -1288,7 +1288,9 @@ static void run_batch_rounds(harness *h, int rounds, int batch, uint32_t max_tok
                     if (right) last = 299; /* the target's own next token is the guess */
                     break;
                 }
-                res[i] = (vres){.n_accepted = n_acc, .n_commit = n_acc + 1, .cached_len = q->keep_len + (uint32_t)q->n_append + n_acc};
+                res[i] = (vres){.n_accepted = n_acc,
+                                .n_commit = n_acc + 1,
+                                .cached_len = q->keep_len + (uint32_t)q->n_append + n_acc};
                 for (uint32_t j = 0; j < n_acc; j++) res[i].commit[j] = 299;
                 res[i].commit[n_acc] = last;
                 if (!vw->verify->prefill_only) {
@@ -1368,7 +1370,6 @@ static void test_batch_drafts_stop_at_step_cost(void **state) {
     assert_int_equal(later, 0);
     harness_free(h);
 }
-
 
 /* A sampled request's output depends on its K schedule, so its K must not
  * follow the load: on the same batch-bound verifier that keeps a greedy

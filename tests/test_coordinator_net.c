@@ -229,8 +229,8 @@ static void test_service_over_sockets(void **state) {
     for (int i = 0; i < 3; i++) {
         m = recv_client(cli);
         assert_non_null(m);
-        if (m->body_case == SPECD__COORDINATOR_TO_CLIENT__BODY_ACCEPTED) rid[m->accepted->client_tag - 1] =
-            m->accepted->request_id;
+        if (m->body_case == SPECD__COORDINATOR_TO_CLIENT__BODY_ACCEPTED)
+            rid[m->accepted->client_tag - 1] = m->accepted->request_id;
         else if (m->body_case == SPECD__COORDINATOR_TO_CLIENT__BODY_ERROR &&
                  m->error->code == SPECD__CODE__CODE_OVERLOADED && m->error->client_tag == 3)
             overloaded++;

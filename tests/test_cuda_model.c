@@ -40,11 +40,11 @@
 
 static int failures __attribute__((unused)); /* unused when built without CUDA (the test only skips) */
 
-#define FAIL(...)                                                                                     \
-    do {                                                                                              \
-        fprintf(stderr, "test_cuda_model: FAIL: " __VA_ARGS__);                                       \
-        fprintf(stderr, "\n");                                                                        \
-        failures++;                                                                                   \
+#define FAIL(...)                                               \
+    do {                                                        \
+        fprintf(stderr, "test_cuda_model: FAIL: " __VA_ARGS__); \
+        fprintf(stderr, "\n");                                  \
+        failures++;                                             \
     } while (0)
 
 #ifndef SPECD_HAVE_CUDA
@@ -355,7 +355,8 @@ static void spec_sampled_device_vs_host(const char *path) {
             same++;
     }
     printf("  seeded sampled speculation (self-draft, K 4, 3 sampling configs): device == host verification on %d "
-           "of 3\n", same);
+           "of 3\n",
+           same);
 out:
     sd_model_free(&host_v);
     sd_model_free(&dev_v);
@@ -442,7 +443,8 @@ static void demo_model_checks(const char *path) {
         printf("  greedy %d tokens on %d prompts: %d identical (divergence rate %.0f%%), first token equal on %d, "
                "mean common prefix %.1f tokens\n",
                N_NEW, checked, same_all, 100.0 * (checked - same_all) / checked, same_first, prefix_sum / checked);
-        if (same_first * 10 < checked * 9) FAIL("first greedy token differs on %d of %d prompts", checked - same_first, checked);
+        if (same_first * 10 < checked * 9)
+            FAIL("first greedy token differs on %d of %d prompts", checked - same_first, checked);
         if (!(worst_logit <= 5e-2)) FAIL("prompt logits differ by %.3g x max|logit| (> 5e-2)", worst_logit);
     }
     free(lc), free(lg);

@@ -29,13 +29,13 @@
 
 static int failures __attribute__((unused)); /* unused when built without CUDA (the test only skips) */
 
-#define CHECK(cond)                                                                                   \
-    do {                                                                                              \
-        if (!(cond)) {                                                                                \
-            fprintf(stderr, "test_cuda_ops: %s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);   \
-            failures++;                                                                               \
-            return;                                                                                   \
-        }                                                                                             \
+#define CHECK(cond)                                                                                 \
+    do {                                                                                            \
+        if (!(cond)) {                                                                              \
+            fprintf(stderr, "test_cuda_ops: %s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+            failures++;                                                                             \
+            return;                                                                                 \
+        }                                                                                           \
     } while (0)
 
 #ifndef SPECD_HAVE_CUDA
@@ -105,8 +105,8 @@ static float *dev_download(const float *d, size_t n) {
 
 /* Compares got with want: |d| <= atol + rtol * scale[i] (scale NULL: |want|).
  * Prints the first mismatches and the largest error relative to the bound. */
-static bool compare(const char *what, const float *got, const float *want, const double *scale, size_t n,
-                    double atol, double rtol) {
+static bool compare(const char *what, const float *got, const float *want, const double *scale, size_t n, double atol,
+                    double rtol) {
     size_t bad = 0;
     double worst = 0.0;
     for (size_t i = 0; i < n; i++) {
@@ -226,9 +226,11 @@ static void test_elementwise(void) {
 }
 
 static void test_matmul(void) {
-    const struct { int32_t n_in, n_out; } shapes[] = {
-        {1, 1}, {7, 3}, {64, 64}, {576, 576}, {576, 1536}, {1536, 576}, {1000, 777}, {4096, 1024},
-        {8192, 256}, {2048, 49},
+    const struct {
+        int32_t n_in, n_out;
+    } shapes[] = {
+        {1, 1},      {7, 3},      {64, 64},     {576, 576},  {576, 1536},
+        {1536, 576}, {1000, 777}, {4096, 1024}, {8192, 256}, {2048, 49},
     };
     const int32_t toks[] = {1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 40};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -294,14 +296,14 @@ static void test_matmul_fused(void) {
         int32_t n_mats, n_in, n_out[3];
         bool glu, acc;
     } cases[] = {
-        {3, 576, {576, 192, 192}, false, false}, /* SmolLM2 Q/K/V */
+        {3, 576, {576, 192, 192}, false, false},     /* SmolLM2 Q/K/V */
         {3, 4096, {4096, 1024, 1024}, false, false}, /* 8B Q/K/V */
-        {2, 576, {1536, 1536, 0}, false, false}, /* gate/up */
-        {1, 4096, {1000, 0, 0}, false, true},    /* o projection into the residual */
-        {1, 1536, {576, 0, 0}, true, true},      /* down: SwiGLU input, residual */
-        {1, 1536, {576, 0, 0}, true, false},     /* down in a group: SwiGLU, no add */
-        {2, 1000, {77, 333, 0}, false, false},   /* off the tensor cores */
-        {1, 1000, {250, 0, 0}, true, true},      /* off the tensor cores, both fusions */
+        {2, 576, {1536, 1536, 0}, false, false},     /* gate/up */
+        {1, 4096, {1000, 0, 0}, false, true},        /* o projection into the residual */
+        {1, 1536, {576, 0, 0}, true, true},          /* down: SwiGLU input, residual */
+        {1, 1536, {576, 0, 0}, true, false},         /* down in a group: SwiGLU, no add */
+        {2, 1000, {77, 333, 0}, false, false},       /* off the tensor cores */
+        {1, 1000, {250, 0, 0}, true, true},          /* off the tensor cores, both fusions */
     };
     const int32_t toks[] = {1, 3, 8, 9, 16, 20};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
@@ -326,8 +328,8 @@ static void test_matmul_fused(void) {
             /* x is overwritten by a SwiGLU run op by op: a fresh copy per call */
             float *dx = dev_upload(x, nx), *dup = dev_upload(up, nx);
             float *dy[3] = {NULL, NULL, NULL}, *y0[3] = {NULL, NULL, NULL};
-            sd_matmul_job job = {.n_mats = M, .n_in = n_in, .n_tokens = nt, .x = dx, .up = glu ? dup : NULL,
-                                 .accumulate = acc};
+            sd_matmul_job job = {
+                .n_mats = M, .n_in = n_in, .n_tokens = nt, .x = dx, .up = glu ? dup : NULL, .accumulate = acc};
             for (int32_t m = 0; m < M; m++) {
                 size_t ny = (size_t)nt * (size_t)cases[ci].n_out[m];
                 y0[m] = rand_floats(ny, 3.0f);
@@ -439,15 +441,14 @@ static void run_kv_case(const kv_case *c, bool announce) {
     CHECK(gpu.ops->kv_write(gpu.ctx, dv, c->bs, row, dvn, n, pos, bt, bt_off) == SD_OK);
     float *want = malloc((size_t)n * c->H * c->D * sizeof(float));
     cpu.ops->attention(cpu.ctx, q, k_pool, v_pool, n, c->H, c->KV, c->D, c->bs, pos, bt, bt_off, scale, want);
-    CHECK(gpu.ops->attention(gpu.ctx, dq, dk, dv, n, c->H, c->KV, c->D, c->bs, pos, bt, bt_off, scale, dout) ==
-          SD_OK);
+    CHECK(gpu.ops->attention(gpu.ctx, dq, dk, dv, n, c->H, c->KV, c->D, c->bs, pos, bt, bt_off, scale, dout) == SD_OK);
     float *got_k = dev_download(dk, pool_n), *got = dev_download(dout, (size_t)n * c->H * c->D);
     char what[96];
     snprintf(what, sizeof what, "kv_write H%d/KV%d D%d bs%d%s", (int)c->H, (int)c->KV, (int)c->D, (int)c->bs,
              announce ? " announced" : "");
     compare(what, got_k, k_pool, NULL, pool_n, 0.0, 0.0);
-    snprintf(what, sizeof what, "attention H%d/KV%d D%d bs%d ctx<=%d%s", (int)c->H, (int)c->KV, (int)c->D,
-             (int)c->bs, (int)(c->ctx[0] + c->n_new[0]), announce ? " announced" : "");
+    snprintf(what, sizeof what, "attention H%d/KV%d D%d bs%d ctx<=%d%s", (int)c->H, (int)c->KV, (int)c->D, (int)c->bs,
+             (int)(c->ctx[0] + c->n_new[0]), announce ? " announced" : "");
     /* outputs are convex combinations of v in [-1, 1]: absolute tolerance */
     compare(what, got, want, NULL, (size_t)n * c->H * c->D, 2e-6, 2e-5);
 
@@ -469,11 +470,11 @@ static void run_kv_case(const kv_case *c, bool announce) {
     snprintf(what, sizeof what, "rope_kv H%d/KV%d D%d bs%d%s: q", (int)c->H, (int)c->KV, (int)c->D, (int)c->bs,
              announce ? " announced" : "");
     compare(what, got_q, q, NULL, (size_t)n * c->H * c->D, 1e-6, 1e-6);
-    snprintf(what, sizeof what, "rope_kv H%d/KV%d D%d bs%d%s: k pool", (int)c->H, (int)c->KV, (int)c->D,
-             (int)c->bs, announce ? " announced" : "");
+    snprintf(what, sizeof what, "rope_kv H%d/KV%d D%d bs%d%s: k pool", (int)c->H, (int)c->KV, (int)c->D, (int)c->bs,
+             announce ? " announced" : "");
     compare(what, got_k2, k_pool, NULL, pool_n, 1e-6, 1e-6);
-    snprintf(what, sizeof what, "rope_kv H%d/KV%d D%d bs%d%s: v pool", (int)c->H, (int)c->KV, (int)c->D,
-             (int)c->bs, announce ? " announced" : "");
+    snprintf(what, sizeof what, "rope_kv H%d/KV%d D%d bs%d%s: v pool", (int)c->H, (int)c->KV, (int)c->D, (int)c->bs,
+             announce ? " announced" : "");
     compare(what, got_v2, v_pool, NULL, pool_n, 0.0, 0.0);
     free(inv_freq), free(k2), free(v2), free(got_q), free(got_k2), free(got_v2);
     gpu.ops->buf_free(gpu.ctx, d_freq), gpu.ops->buf_free(gpu.ctx, dk2), gpu.ops->buf_free(gpu.ctx, dv2);
@@ -485,14 +486,14 @@ static void run_kv_case(const kv_case *c, bool announce) {
 
 static void test_attention(void) {
     const kv_case cases[] = {
-        {1, 1, 16, 1, 1, {0}, {1}},                             /* the very first token */
-        {4, 2, 16, 3, 3, {0, 5, 2}, {4, 1, 7}},                 /* ragged, block size 3 */
-        {9, 3, 64, 16, 2, {15, 16}, {1, 9}},                    /* SmolLM2 heads, block edges */
-        {32, 8, 128, 16, 2, {700, 40}, {9, 1}},                 /* 8B heads, several chunks, verify 9 */
-        {8, 8, 256, 16, 1, {300}, {3}},                         /* head_dim > 128 */
-        {6, 2, 48, 16, 4, {1, 255, 256, 257}, {2, 2, 2, 2}},    /* head_dim not dividing the block */
-        {2, 1, 6, 3, 2, {5, 300}, {3, 2}},                      /* head_dim 6: the scalar path */
-        {4, 2, 64, 16, 2, {0, 100}, {20, 10}},                  /* 30 tokens: no position splits */
+        {1, 1, 16, 1, 1, {0}, {1}},                          /* the very first token */
+        {4, 2, 16, 3, 3, {0, 5, 2}, {4, 1, 7}},              /* ragged, block size 3 */
+        {9, 3, 64, 16, 2, {15, 16}, {1, 9}},                 /* SmolLM2 heads, block edges */
+        {32, 8, 128, 16, 2, {700, 40}, {9, 1}},              /* 8B heads, several chunks, verify 9 */
+        {8, 8, 256, 16, 1, {300}, {3}},                      /* head_dim > 128 */
+        {6, 2, 48, 16, 4, {1, 255, 256, 257}, {2, 2, 2, 2}}, /* head_dim not dividing the block */
+        {2, 1, 6, 3, 2, {5, 300}, {3, 2}},                   /* head_dim 6: the scalar path */
+        {4, 2, 64, 16, 2, {0, 100}, {20, 10}},               /* 30 tokens: no position splits */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_kv_case(&cases[i], false);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_kv_case(&cases[i], true);

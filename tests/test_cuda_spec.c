@@ -34,8 +34,8 @@ int main(void) {
 #else
 
 #define MAX_SEQS 8
-#define MAX_KK 8
-#define TOP_N 16
+#define MAX_KK   8
+#define TOP_N    16
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
 static uint64_t rng_next(void) {
@@ -88,9 +88,7 @@ static void make_proposal(seq_case *c, int32_t i, const float *logits_row, const
         sd_spec_sparsify(tmp2, V, TOP_N, c->q_ids[i], c->q_probs[i], &n);
         break;
     }
-    case Q_SELF:
-        sd_spec_sparsify(p, V, TOP_N < V ? TOP_N : V, c->q_ids[i], c->q_probs[i], &n);
-        break;
+    case Q_SELF: sd_spec_sparsify(p, V, TOP_N < V ? TOP_N : V, c->q_ids[i], c->q_probs[i], &n); break;
     case Q_ONEHOT:
     case Q_MISSING:
         c->q_ids[i][0] = rng_int(V);
@@ -199,8 +197,8 @@ int main(void) {
                                         &expect_na[si], &expect_info[si]);
                 }
                 expect_st[si] = st;
-                rows[si] = (sd_spec_rows){.row0 = row, .k = c->k, .draft = c->draft, .q = c->q, .sampling = &c->s,
-                                          .pos0 = pos0};
+                rows[si] = (sd_spec_rows){
+                    .row0 = row, .k = c->k, .draft = c->draft, .q = c->q, .sampling = &c->s, .pos0 = pos0};
                 row += c->k + 1;
             }
             if (gpu.ops->buf_upload(gpu.ctx, d_logits, logits, (size_t)row * (size_t)V * sizeof(float)) != SD_OK ||
@@ -257,7 +255,8 @@ int main(void) {
         return 1;
     }
     if (!bonus || !residual || !q_zero || !refused) {
-        fprintf(stderr, "test_cuda_spec: FAIL: a path was never exercised (bonus %ld residual %ld q=0 %ld refused %ld)\n",
+        fprintf(stderr,
+                "test_cuda_spec: FAIL: a path was never exercised (bonus %ld residual %ld q=0 %ld refused %ld)\n",
                 bonus, residual, q_zero, refused);
         return 1;
     }

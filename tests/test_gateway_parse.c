@@ -41,8 +41,10 @@ static void test_chat_defaults(void **state) {
     (void)state;
     gw_gen g;
     gw_error err;
-    assert_true(parse(GW_EP_CHAT, "{\"model\":\"x\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
-                                  "\"unknown_field\":{\"a\":[1]}}", &g, &err));
+    assert_true(parse(GW_EP_CHAT,
+                      "{\"model\":\"x\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                      "\"unknown_field\":{\"a\":[1]}}",
+                      &g, &err));
     assert_int_equal(g.n_prompts, 1);
     assert_string_equal(g.prompts[0].text, "hi");
     assert_null(g.prompts[0].system);
@@ -110,7 +112,8 @@ static void test_bad_fields(void **state) {
     refused(C, "{\"prompt\":\"p\",\"stop\":[1]}", 400, "stop");
     refused(C, "{\"prompt\":\"p\",\"stream\":1}", 400, "stream");
     refused(C, "{\"prompt\":\"p\",\"stream_options\":[]}", 400, "stream_options");
-    refused(C, "{\"prompt\":\"p\",\"stream_options\":{\"include_usage\":\"yes\"}}", 400, "stream_options.include_usage");
+    refused(C, "{\"prompt\":\"p\",\"stream_options\":{\"include_usage\":\"yes\"}}", 400,
+            "stream_options.include_usage");
     refused(C, "{\"prompt\":\"p\",\"frequency_penalty\":0.5}", 400, "frequency_penalty");
     refused(C, "{\"prompt\":\"p\",\"logprobs\":2}", 400, "logprobs");
     refused(C, "{\"prompt\":[1,2],\"echo\":true}", 400, "echo");
@@ -127,9 +130,11 @@ static void test_messages(void **state) {
     const gw_endpoint H = GW_EP_CHAT;
     gw_gen g;
     gw_error err;
-    assert_true(parse(H, "{\"messages\":[{\"role\":\"developer\",\"content\":\"be brief\"},"
-                         "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
-                         "{\"type\":\"text\",\"text\":\"b\"}]}]}", &g, &err));
+    assert_true(parse(H,
+                      "{\"messages\":[{\"role\":\"developer\",\"content\":\"be brief\"},"
+                      "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
+                      "{\"type\":\"text\",\"text\":\"b\"}]}]}",
+                      &g, &err));
     assert_string_equal(g.prompts[0].system, "be brief");
     assert_string_equal(g.prompts[0].text, "ab");
     gw_gen_clear(&g);
@@ -146,8 +151,8 @@ static void test_messages(void **state) {
     refused(H, "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"}]}", 400, "messages[0].role");
     refused(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"user\",\"content\":\"b\"}]}", 400,
             "messages[0].role");
-    refused(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":\"b\"}]}",
-            400, "messages[1].role");
+    refused(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":\"b\"}]}", 400,
+            "messages[1].role");
 }
 
 static void test_prompts(void **state) {
@@ -172,9 +177,9 @@ static void test_utf8(void **state) {
     assert_true(gw_utf8_valid(good, strlen(good)));
     assert_false(gw_utf8_valid(good, strlen(good) - 1)); /* the last character cut */
     assert_false(gw_utf8_valid("\xff", 1));
-    assert_false(gw_utf8_valid("\xc3", 1));          /* truncated */
-    assert_false(gw_utf8_valid("\xc0\xaf", 2));      /* overlong */
-    assert_false(gw_utf8_valid("\xed\xa0\x80", 3));  /* surrogate */
+    assert_false(gw_utf8_valid("\xc3", 1));             /* truncated */
+    assert_false(gw_utf8_valid("\xc0\xaf", 2));         /* overlong */
+    assert_false(gw_utf8_valid("\xed\xa0\x80", 3));     /* surrogate */
     assert_false(gw_utf8_valid("\xf4\x90\x80\x80", 4)); /* above U+10FFFF */
     gw_gen g;
     gw_error err;
@@ -206,9 +211,17 @@ static void test_responses(void **state) {
     job.n = 2;
     job.n_choices = 2;
     char t0[] = {'a', '"', 'b', '\n', 1, 0, 'z', 0}; /* an embedded NUL must survive: text_len counts it */
-    job.choices[0] = (gw_choice){.index = 0, .text = t0, .text_len = 7, .n_tokens = 3, .prompt_tokens = 5,
+    job.choices[0] = (gw_choice){.index = 0,
+                                 .text = t0,
+                                 .text_len = 7,
+                                 .n_tokens = 3,
+                                 .prompt_tokens = 5,
                                  .stop_reason = SPECD__STOP_REASON__STOP_REASON_EOS};
-    job.choices[1] = (gw_choice){.index = 1, .text = NULL, .text_len = 0, .n_tokens = 4, .prompt_tokens = 5,
+    job.choices[1] = (gw_choice){.index = 1,
+                                 .text = NULL,
+                                 .text_len = 0,
+                                 .n_tokens = 4,
+                                 .prompt_tokens = 5,
                                  .stop_reason = SPECD__STOP_REASON__STOP_REASON_LENGTH};
     char *s = gw_response_json(&job, "m");
     assert_non_null(s);
@@ -242,8 +255,8 @@ static void test_responses(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_chat_defaults), cmocka_unit_test(test_fields),   cmocka_unit_test(test_bad_fields),
-        cmocka_unit_test(test_messages),      cmocka_unit_test(test_prompts),  cmocka_unit_test(test_utf8),
+        cmocka_unit_test(test_chat_defaults), cmocka_unit_test(test_fields),    cmocka_unit_test(test_bad_fields),
+        cmocka_unit_test(test_messages),      cmocka_unit_test(test_prompts),   cmocka_unit_test(test_utf8),
         cmocka_unit_test(test_key_and_seed),  cmocka_unit_test(test_responses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

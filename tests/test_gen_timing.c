@@ -30,7 +30,7 @@
 #include "gen_spec.h"
 
 #define N_PREDICT 43
-#define MAX_CTX 256
+#define MAX_CTX   256
 
 static char dir[64], path[128];
 static bool have_model;
@@ -78,8 +78,12 @@ static int32_t check_run(int32_t k, bool adaptive) {
     int32_t prompt[12];
     for (int32_t i = 0; i < 12; i++) prompt[i] = (i * 53 + 9) % 300;
     double now = 100.0;
-    sd_gen_spec_params p = {.n_predict = N_PREDICT, .k = k, .adaptive_k = adaptive, .sampling = sd_sampling_default(),
-                            .user = &now, .clock = fake_clock};
+    sd_gen_spec_params p = {.n_predict = N_PREDICT,
+                            .k = k,
+                            .adaptive_k = adaptive,
+                            .sampling = sd_sampling_default(),
+                            .user = &now,
+                            .clock = fake_clock};
     p.sampling.temperature = 0.0f;
     int32_t ctx[12 + N_PREDICT + SD_MAX_DRAFT + 1], ids[N_PREDICT];
     sd_gen_spec_result r;

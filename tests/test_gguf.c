@@ -51,27 +51,51 @@ static void build_source(tbuf *b) {
     tb_u32(b, 2);
     tb_u64(b, 0);  /* tensors */
     tb_u64(b, 13); /* kv */
-    tb_key(b, "src.u8", SD_GGUF_TYPE_UINT8); tb_u8(b, 200);
-    tb_key(b, "src.i8", SD_GGUF_TYPE_INT8); tb_u8(b, (uint8_t)-100);
-    tb_key(b, "src.u16", SD_GGUF_TYPE_UINT16); tb_u16(b, 60000);
-    tb_key(b, "src.i16", SD_GGUF_TYPE_INT16); tb_u16(b, (uint16_t)-30000);
-    tb_key(b, "src.u64", SD_GGUF_TYPE_UINT64); tb_u64(b, UINT64_MAX);
-    tb_key(b, "src.i64", SD_GGUF_TYPE_INT64); tb_u64(b, (uint64_t)INT64_MIN);
-    tb_key(b, "src.f64", SD_GGUF_TYPE_FLOAT64); tb_f64(b, 2.5e300);
-    tb_key(b, "src.u64small", SD_GGUF_TYPE_UINT64); tb_u64(b, 7);
-    tb_key(b, "src.neg", SD_GGUF_TYPE_INT32); tb_u32(b, (uint32_t)-5);
+    tb_key(b, "src.u8", SD_GGUF_TYPE_UINT8);
+    tb_u8(b, 200);
+    tb_key(b, "src.i8", SD_GGUF_TYPE_INT8);
+    tb_u8(b, (uint8_t)-100);
+    tb_key(b, "src.u16", SD_GGUF_TYPE_UINT16);
+    tb_u16(b, 60000);
+    tb_key(b, "src.i16", SD_GGUF_TYPE_INT16);
+    tb_u16(b, (uint16_t)-30000);
+    tb_key(b, "src.u64", SD_GGUF_TYPE_UINT64);
+    tb_u64(b, UINT64_MAX);
+    tb_key(b, "src.i64", SD_GGUF_TYPE_INT64);
+    tb_u64(b, (uint64_t)INT64_MIN);
+    tb_key(b, "src.f64", SD_GGUF_TYPE_FLOAT64);
+    tb_f64(b, 2.5e300);
+    tb_key(b, "src.u64small", SD_GGUF_TYPE_UINT64);
+    tb_u64(b, 7);
+    tb_key(b, "src.neg", SD_GGUF_TYPE_INT32);
+    tb_u32(b, (uint32_t)-5);
     /* [[1, 2, 3] (u16), [] (str), [["x", ""]] (arr of arr of str)] */
     tb_key(b, "src.nested", SD_GGUF_TYPE_ARRAY);
-    tb_u32(b, SD_GGUF_TYPE_ARRAY); tb_u64(b, 3);
-    tb_u32(b, SD_GGUF_TYPE_UINT16); tb_u64(b, 3); tb_u16(b, 1); tb_u16(b, 2); tb_u16(b, 3);
-    tb_u32(b, SD_GGUF_TYPE_STRING); tb_u64(b, 0);
-    tb_u32(b, SD_GGUF_TYPE_ARRAY); tb_u64(b, 1);
-    tb_u32(b, SD_GGUF_TYPE_STRING); tb_u64(b, 2); tb_str(b, "x"); tb_str(b, "");
+    tb_u32(b, SD_GGUF_TYPE_ARRAY);
+    tb_u64(b, 3);
+    tb_u32(b, SD_GGUF_TYPE_UINT16);
+    tb_u64(b, 3);
+    tb_u16(b, 1);
+    tb_u16(b, 2);
+    tb_u16(b, 3);
+    tb_u32(b, SD_GGUF_TYPE_STRING);
+    tb_u64(b, 0);
+    tb_u32(b, SD_GGUF_TYPE_ARRAY);
+    tb_u64(b, 1);
+    tb_u32(b, SD_GGUF_TYPE_STRING);
+    tb_u64(b, 2);
+    tb_str(b, "x");
+    tb_str(b, "");
     tb_key(b, "src.f64arr", SD_GGUF_TYPE_ARRAY);
-    tb_u32(b, SD_GGUF_TYPE_FLOAT64); tb_u64(b, 2); tb_f64(b, -1.0); tb_f64(b, 0.25);
+    tb_u32(b, SD_GGUF_TYPE_FLOAT64);
+    tb_u64(b, 2);
+    tb_f64(b, -1.0);
+    tb_f64(b, 0.25);
     tb_key(b, "src.emptyarr", SD_GGUF_TYPE_ARRAY);
-    tb_u32(b, SD_GGUF_TYPE_ARRAY); tb_u64(b, 0);
-    tb_key(b, "other.key", SD_GGUF_TYPE_BOOL); tb_u8(b, 1);
+    tb_u32(b, SD_GGUF_TYPE_ARRAY);
+    tb_u64(b, 0);
+    tb_key(b, "other.key", SD_GGUF_TYPE_BOOL);
+    tb_u8(b, 1);
 }
 
 /* ---- metadata ---- */
@@ -110,7 +134,13 @@ static void test_metadata_roundtrip(void **state) {
     const uint64_t u64s[] = {UINT64_MAX, 0};
     const int64_t i64s[] = {INT64_MIN};
     const double f64s[] = {3.25};
-    struct { const char *key; sd_gguf_type t; const void *v; uint64_t n; size_t size; } arrs[] = {
+    struct {
+        const char *key;
+        sd_gguf_type t;
+        const void *v;
+        uint64_t n;
+        size_t size;
+    } arrs[] = {
         {"a.u8", SD_GGUF_TYPE_UINT8, u8s, 2, 1},     {"a.i8", SD_GGUF_TYPE_INT8, i8s, 2, 1},
         {"a.u16", SD_GGUF_TYPE_UINT16, u16s, 1, 2},  {"a.i16", SD_GGUF_TYPE_INT16, i16s, 2, 2},
         {"a.u32", SD_GGUF_TYPE_UINT32, u32s, 3, 4},  {"a.i32", SD_GGUF_TYPE_INT32, i32s, 2, 4},
@@ -137,21 +167,36 @@ static void test_metadata_roundtrip(void **state) {
     float f;
     bool b;
     sd_gguf_str s;
-    assert_int_equal(sd_gguf_get_u64(g, "src.u8", &u64), SD_OK); assert_int_equal(u64, 200);
-    assert_int_equal(sd_gguf_get_i64(g, "src.i8", &i64), SD_OK); assert_int_equal(i64, -100);
-    assert_int_equal(sd_gguf_get_u32(g, "src.u16", &u32), SD_OK); assert_int_equal(u32, 60000);
-    assert_int_equal(sd_gguf_get_i64(g, "src.i16", &i64), SD_OK); assert_int_equal(i64, -30000);
-    assert_int_equal(sd_gguf_get_u64(g, "src.u64", &u64), SD_OK); assert_true(u64 == UINT64_MAX);
-    assert_int_equal(sd_gguf_get_i64(g, "src.i64", &i64), SD_OK); assert_true(i64 == INT64_MIN);
-    assert_int_equal(sd_gguf_get_f32(g, "src.f64", &f), SD_OK); assert_true(isinf(f)); /* 2.5e300 as f32 */
-    assert_int_equal(sd_gguf_get_u32(g, "src.u64small", &u32), SD_OK); assert_int_equal(u32, 7);
-    assert_int_equal(sd_gguf_get_u32(g, "w.u32", &u32), SD_OK); assert_int_equal(u32, 4000000000u);
-    assert_int_equal(sd_gguf_get_i64(g, "w.i32", &i64), SD_OK); assert_int_equal(i64, -123456);
-    assert_int_equal(sd_gguf_get_f32(g, "w.f32", &f), SD_OK); assert_true(f == 1.5e-5f);
-    assert_int_equal(sd_gguf_get_bool(g, "w.bool", &b), SD_OK); assert_true(b);
-    assert_int_equal(sd_gguf_get_str(g, "w.str", &s), SD_OK); str_equal(s, "héllo");
-    assert_int_equal(sd_gguf_get_str(g, "w.empty", &s), SD_OK); str_equal(s, "");
-    assert_int_equal(sd_gguf_get_u32(g, "w.replaced", &u32), SD_OK); assert_int_equal(u32, 9);
+    assert_int_equal(sd_gguf_get_u64(g, "src.u8", &u64), SD_OK);
+    assert_int_equal(u64, 200);
+    assert_int_equal(sd_gguf_get_i64(g, "src.i8", &i64), SD_OK);
+    assert_int_equal(i64, -100);
+    assert_int_equal(sd_gguf_get_u32(g, "src.u16", &u32), SD_OK);
+    assert_int_equal(u32, 60000);
+    assert_int_equal(sd_gguf_get_i64(g, "src.i16", &i64), SD_OK);
+    assert_int_equal(i64, -30000);
+    assert_int_equal(sd_gguf_get_u64(g, "src.u64", &u64), SD_OK);
+    assert_true(u64 == UINT64_MAX);
+    assert_int_equal(sd_gguf_get_i64(g, "src.i64", &i64), SD_OK);
+    assert_true(i64 == INT64_MIN);
+    assert_int_equal(sd_gguf_get_f32(g, "src.f64", &f), SD_OK);
+    assert_true(isinf(f)); /* 2.5e300 as f32 */
+    assert_int_equal(sd_gguf_get_u32(g, "src.u64small", &u32), SD_OK);
+    assert_int_equal(u32, 7);
+    assert_int_equal(sd_gguf_get_u32(g, "w.u32", &u32), SD_OK);
+    assert_int_equal(u32, 4000000000u);
+    assert_int_equal(sd_gguf_get_i64(g, "w.i32", &i64), SD_OK);
+    assert_int_equal(i64, -123456);
+    assert_int_equal(sd_gguf_get_f32(g, "w.f32", &f), SD_OK);
+    assert_true(f == 1.5e-5f);
+    assert_int_equal(sd_gguf_get_bool(g, "w.bool", &b), SD_OK);
+    assert_true(b);
+    assert_int_equal(sd_gguf_get_str(g, "w.str", &s), SD_OK);
+    str_equal(s, "héllo");
+    assert_int_equal(sd_gguf_get_str(g, "w.empty", &s), SD_OK);
+    str_equal(s, "");
+    assert_int_equal(sd_gguf_get_u32(g, "w.replaced", &u32), SD_OK);
+    assert_int_equal(u32, 9);
     int64_t idx = sd_gguf_find_key(g, "w.str");
     assert_true(idx >= 0);
     assert_string_equal(sd_gguf_key(g, idx), "w.str");
@@ -223,11 +268,11 @@ static void test_getter_type_checks(void **state) {
     assert_int_equal(sd_gguf_get_u64(g, "nope", &u64), SD_ERR_NOT_FOUND);
     assert_int_equal(sd_gguf_get_str(g, "nope", &s), SD_ERR_NOT_FOUND);
     assert_int_equal(sd_gguf_get_arr(g, "nope", &et, &len), SD_ERR_NOT_FOUND);
-    assert_int_equal(sd_gguf_get_u32(g, "src.u64", &u32), SD_ERR_FORMAT);  /* does not fit */
-    assert_int_equal(sd_gguf_get_i64(g, "src.u64", &i64), SD_ERR_FORMAT);  /* does not fit */
-    assert_int_equal(sd_gguf_get_u64(g, "src.neg", &u64), SD_ERR_FORMAT);  /* negative */
+    assert_int_equal(sd_gguf_get_u32(g, "src.u64", &u32), SD_ERR_FORMAT); /* does not fit */
+    assert_int_equal(sd_gguf_get_i64(g, "src.u64", &i64), SD_ERR_FORMAT); /* does not fit */
+    assert_int_equal(sd_gguf_get_u64(g, "src.neg", &u64), SD_ERR_FORMAT); /* negative */
     assert_int_equal(sd_gguf_get_u64(g, "src.i64", &u64), SD_ERR_FORMAT);
-    assert_int_equal(sd_gguf_get_u64(g, "src.f64", &u64), SD_ERR_FORMAT);  /* float is not an integer */
+    assert_int_equal(sd_gguf_get_u64(g, "src.f64", &u64), SD_ERR_FORMAT);   /* float is not an integer */
     assert_int_equal(sd_gguf_get_u64(g, "other.key", &u64), SD_ERR_FORMAT); /* bool is not an integer */
     assert_int_equal(sd_gguf_get_f32(g, "src.u8", &f), SD_ERR_FORMAT);
     assert_int_equal(sd_gguf_get_bool(g, "src.u8", &b), SD_ERR_FORMAT);
@@ -329,8 +374,8 @@ static void test_tensors_every_dtype(void **state) {
             double bound = error_bound(types[k], x + b0, 32);
             for (size_t j = b0; j < b0 + 32; j++) {
                 double e = fabs((double)y[j] - (double)x[j]);
-                double lim = types[k] == SD_DTYPE_F16 || types[k] == SD_DTYPE_BF16 ? error_bound(types[k], x + j, 1)
-                                                                                     : bound;
+                double lim =
+                    types[k] == SD_DTYPE_F16 || types[k] == SD_DTYPE_BF16 ? error_bound(types[k], x + j, 1) : bound;
                 if (e > lim) fail_msg("%s element %zu: %g vs %g (error %g > %g)", name, j, y[j], x[j], e, lim);
             }
         }
@@ -370,13 +415,13 @@ static void test_known_encodings(void **state) {
     assert_int_equal(f16_of(0.1f), 0x2e66);
     assert_int_equal(f16_of(65504.0f), 0x7bff);
     assert_int_equal(f16_of(65519.0f), 0x7bff);
-    assert_int_equal(f16_of(65520.0f), 0x7c00);    /* tie rounds to even: infinity */
-    assert_int_equal(f16_of(0x1.0p-24f), 0x0001);  /* smallest subnormal */
-    assert_int_equal(f16_of(0x1.0p-25f), 0x0000);  /* tie to even */
+    assert_int_equal(f16_of(65520.0f), 0x7c00);   /* tie rounds to even: infinity */
+    assert_int_equal(f16_of(0x1.0p-24f), 0x0001); /* smallest subnormal */
+    assert_int_equal(f16_of(0x1.0p-25f), 0x0000); /* tie to even */
     assert_int_equal(f16_of(0x1.8p-25f), 0x0001);
-    assert_int_equal(f16_of(0x1.0p-14f), 0x0400);  /* smallest normal */
-    assert_int_equal(f16_of(0x1.ff8p-15f), 0x03ff); /* largest subnormal */
-    assert_int_equal(f16_of(0x1.ffcp-15f), 0x0400); /* tie to even: smallest normal */
+    assert_int_equal(f16_of(0x1.0p-14f), 0x0400);        /* smallest normal */
+    assert_int_equal(f16_of(0x1.ff8p-15f), 0x03ff);      /* largest subnormal */
+    assert_int_equal(f16_of(0x1.ffcp-15f), 0x0400);      /* tie to even: smallest normal */
     assert_int_equal(f16_of(1.0f + 0x1.0p-11f), 0x3c00); /* tie to even */
     assert_int_equal(f16_of(1.0f + 0x1.8p-10f), 0x3c02); /* tie to even, up */
     assert_int_equal(f16_of(INFINITY), 0x7c00);
@@ -388,8 +433,8 @@ static void test_known_encodings(void **state) {
     assert_true(isinf(from16(SD_DTYPE_F16, 0x7c00)));
     assert_true(isnan(from16(SD_DTYPE_F16, 0x7e00)));
     assert_int_equal(bf16_of(1.0f), 0x3f80);
-    assert_int_equal(bf16_of(1.0f + 0x1.0p-8f), 0x3f80);  /* tie to even */
-    assert_int_equal(bf16_of(1.0f + 0x1.8p-7f), 0x3f82);  /* tie to even, up */
+    assert_int_equal(bf16_of(1.0f + 0x1.0p-8f), 0x3f80); /* tie to even */
+    assert_int_equal(bf16_of(1.0f + 0x1.8p-7f), 0x3f82); /* tie to even, up */
     assert_int_equal(bf16_of(-3.0f), 0xc040);
     assert_true(isnan(from16(SD_DTYPE_BF16, bf16_of(NAN))));
     assert_true(from16(SD_DTYPE_BF16, 0x4049) == 3.140625f);
@@ -447,7 +492,13 @@ static int run_model_test(void) {
     char err[256];
     sd_gguf *g = NULL;
     int bad = 0;
-#define CHECK(c) do { if (!(c)) { fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #c); bad++; } } while (0)
+#define CHECK(c)                                                         \
+    do {                                                                 \
+        if (!(c)) {                                                      \
+            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #c); \
+            bad++;                                                       \
+        }                                                                \
+    } while (0)
     CHECK(sd_gguf_open(path, &g, err, sizeof err) == SD_OK);
     if (!g) return 1;
     CHECK(sd_gguf_version(g) == 3);
@@ -460,8 +511,7 @@ static int run_model_test(void) {
     CHECK(sd_gguf_get_str(g, "general.architecture", &s) == SD_OK && s.len == 5 && memcmp(s.ptr, "llama", 5) == 0);
     sd_gguf_type et;
     uint64_t len = 0;
-    CHECK(sd_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &len) == SD_OK && et == SD_GGUF_TYPE_STRING &&
-          len == 49152);
+    CHECK(sd_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &len) == SD_OK && et == SD_GGUF_TYPE_STRING && len == 49152);
     CHECK(sd_gguf_get_arr_str(g, "tokenizer.ggml.tokens", 2, &s) == SD_OK && s.len == 10 &&
           memcmp(s.ptr, "<|im_end|>", 10) == 0);
     CHECK(sd_gguf_get_arr(g, "tokenizer.ggml.merges", &et, &len) == SD_OK && len == 48900);

@@ -51,17 +51,30 @@ static void build_base(void) {
     L.arr_type = tb_key(b, "test.arr", SD_GGUF_TYPE_ARRAY);
     L.arr_elem_type = tb_u32(b, SD_GGUF_TYPE_UINT32);
     L.arr_len = tb_u64(b, 3);
-    tb_u32(b, 1); tb_u32(b, 2); tb_u32(b, 3);
+    tb_u32(b, 1);
+    tb_u32(b, 2);
+    tb_u32(b, 3);
     L.str_key = tb_str(b, "test.str") + 8;
     tb_u32(b, SD_GGUF_TYPE_STRING);
     L.str_len = tb_str(b, "value");
     tb_key(b, "test.nested", SD_GGUF_TYPE_ARRAY);
     tb_u32(b, SD_GGUF_TYPE_ARRAY);
     L.nested_len = tb_u64(b, 2);
-    tb_u32(b, SD_GGUF_TYPE_UINT8); tb_u64(b, 2); tb_u8(b, 1); tb_u8(b, 2);
-    tb_u32(b, SD_GGUF_TYPE_STRING); tb_u64(b, 1); tb_str(b, "s");
+    tb_u32(b, SD_GGUF_TYPE_UINT8);
+    tb_u64(b, 2);
+    tb_u8(b, 1);
+    tb_u8(b, 2);
+    tb_u32(b, SD_GGUF_TYPE_STRING);
+    tb_u64(b, 1);
+    tb_str(b, "s");
     L.end_of_kv = b->n;
-    static const struct { const char *name; uint32_t n_dims; uint64_t ne[2]; uint32_t type; uint64_t off; } infos[3] = {
+    static const struct {
+        const char *name;
+        uint32_t n_dims;
+        uint64_t ne[2];
+        uint32_t type;
+        uint64_t off;
+    } infos[3] = {
         {"a", 2, {32, 2}, SD_DTYPE_F32, 0},
         {"b", 1, {64, 0}, SD_DTYPE_Q8_0, 256},
         {"c", 1, {32, 0}, SD_DTYPE_Q4_1, 352},
@@ -158,7 +171,11 @@ static void test_header(void **state) {
     b.p[0] = 'X';
     expect(&b, SD_ERR_FORMAT, "bad magic");
     tb_free(&b);
-    const struct { uint32_t v; sd_status s; const char *msg; } versions[] = {
+    const struct {
+        uint32_t v;
+        sd_status s;
+        const char *msg;
+    } versions[] = {
         {1, SD_ERR_UNSUPPORTED, "GGUF version 1 is not supported"},
         {4, SD_ERR_UNSUPPORTED, "GGUF version 4 is newer than supported"},
         {0, SD_ERR_FORMAT, "bad version 0"},
@@ -314,8 +331,8 @@ static void test_tensor_infos(void **state) {
     b = mutant();
     tb_set_u64(&b, L.t[2].offset, 384);
     char msg[128];
-    snprintf(msg, sizeof msg, "tensor 'c': data [%zu, %zu) extends past end of file (size %zu)",
-             L.data_start + 384, L.data_start + 404, base.n);
+    snprintf(msg, sizeof msg, "tensor 'c': data [%zu, %zu) extends past end of file (size %zu)", L.data_start + 384,
+             L.data_start + 404, base.n);
     expect(&b, SD_ERR_FORMAT, msg);
     tb_free(&b);
     b = mutant();
@@ -356,9 +373,9 @@ int main(void) {
     sd_log_set(NULL, NULL, SD_LOG_OFF, NULL);
     build_base();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_base_is_valid),   cmocka_unit_test(test_truncated_everywhere),
-        cmocka_unit_test(test_header),          cmocka_unit_test(test_metadata),
-        cmocka_unit_test(test_nesting_limit),   cmocka_unit_test(test_tensor_infos),
+        cmocka_unit_test(test_base_is_valid), cmocka_unit_test(test_truncated_everywhere),
+        cmocka_unit_test(test_header),        cmocka_unit_test(test_metadata),
+        cmocka_unit_test(test_nesting_limit), cmocka_unit_test(test_tensor_infos),
         cmocka_unit_test(test_open_errors),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

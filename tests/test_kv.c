@@ -94,7 +94,7 @@ static void test_accounting(void **state) {
     assert_int_equal(sd_kv_grow(kv, 0, 20), SD_OK);
     assert_int_equal(sd_kv_grow(kv, 2, 20), SD_OK);
     assert_int_equal(sd_kv_n_free_blocks(kv), 0);
-    int seen[10] = { 0 };
+    int seen[10] = {0};
     for (int32_t s = 0; s < 3; s += 2) {
         table = sd_kv_block_table(kv, s, &nb);
         assert_int_equal(nb, 5);
@@ -201,8 +201,8 @@ static void test_data_survives_and_pointers_follow_table(void **state) {
         int32_t nb = 0;
         const int32_t *table = sd_kv_block_table(kv, s, &nb);
         for (int32_t pos = 0; pos < sd_kv_seq_len(kv, s); pos++) {
-            size_t off = (size_t)table[pos / p->block_size] * block_floats +
-                         (size_t)(pos % p->block_size) * token_floats;
+            size_t off =
+                (size_t)table[pos / p->block_size] * block_floats + (size_t)(pos % p->block_size) * token_floats;
             assert_ptr_equal(sd_kv_k(kv, 1, s, pos), sd_kv_k_pool(kv, 1) + off);
             assert_ptr_equal(sd_kv_v(kv, 0, s, pos), sd_kv_v_pool(kv, 0) + off);
         }
@@ -287,11 +287,11 @@ static void test_invalid_args(void **state) {
     errors = n_error_lines;
     sd_kv_release(kv, 99);
     assert_int_equal(sd_kv_n_free_blocks(kv), 8);
-    assert_null(sd_kv_k(kv, 0, 0, 6));  /* pos == len */
+    assert_null(sd_kv_k(kv, 0, 0, 6)); /* pos == len */
     assert_null(sd_kv_k(kv, 0, 0, -1));
-    assert_null(sd_kv_v(kv, 2, 0, 0));  /* layer */
-    assert_null(sd_kv_v(kv, 0, 3, 0));  /* slot */
-    assert_null(sd_kv_k(kv, 0, 1, 0));  /* empty slot */
+    assert_null(sd_kv_v(kv, 2, 0, 0)); /* layer */
+    assert_null(sd_kv_v(kv, 0, 3, 0)); /* slot */
+    assert_null(sd_kv_k(kv, 0, 1, 0)); /* empty slot */
     assert_null(sd_kv_k_pool(kv, 2));
     assert_null(sd_kv_v_pool(kv, -1));
     int32_t nb = 123;

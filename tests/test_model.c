@@ -32,15 +32,15 @@
 
 typedef struct spec {
     int embd, heads, kv_heads, layers, ff, vocab;
-    int write_layers;      /* layers actually written (0 = layers) */
-    bool untied;           /* write output.weight */
-    const char *arch;      /* NULL = "llama" */
-    int rope_scaling;      /* 0 none, 1 linear, 2 llama3 */
+    int write_layers; /* layers actually written (0 = layers) */
+    bool untied;      /* write output.weight */
+    const char *arch; /* NULL = "llama" */
+    int rope_scaling; /* 0 none, 1 linear, 2 llama3 */
     float rope_factor;
-    int vocab_source;      /* 0 llama.vocab_size, 1 tokenizer tokens, 2 token_embd only */
-    const char *bad_tensor; /* write this tensor with a wrong shape */
-    const char *skip_tensor; /* leave this tensor out */
-    sd_dtype matrix_type;  /* type of 2-D weights (F32 default) */
+    int vocab_source;          /* 0 llama.vocab_size, 1 tokenizer tokens, 2 token_embd only */
+    const char *bad_tensor;    /* write this tensor with a wrong shape */
+    const char *skip_tensor;   /* leave this tensor out */
+    sd_dtype matrix_type;      /* type of 2-D weights (F32 default) */
     const char *poison_tensor; /* write poison_value into this tensor at element poison_at */
     float poison_value;
     uint64_t poison_at;
@@ -58,8 +58,8 @@ static float next_uniform(uint64_t *state) {
     return (float)((double)(*state >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
 }
 
-static void add_tensor(sd_gguf_writer *w, const spec *sp, const char *name, uint64_t ne0, uint64_t ne1,
-                       float center, float amp) {
+static void add_tensor(sd_gguf_writer *w, const spec *sp, const char *name, uint64_t ne0, uint64_t ne1, float center,
+                       float amp) {
     bool bad = sp->bad_tensor && strcmp(sp->bad_tensor, name) == 0;
     if (sp->skip_tensor && strcmp(sp->skip_tensor, name) == 0) return;
     uint64_t ne[2] = {ne0 + (bad ? 8 : 0), ne1};
@@ -101,8 +101,7 @@ static sd_gguf *make_gguf(const spec *sp) {
     assert_int_equal(sd_gguf_writer_set_f32(w, "llama.rope.freq_base", 10000.0f), SD_OK);
     if (sp->rope_scaling) {
         assert_int_equal(
-            sd_gguf_writer_set_str(w, "llama.rope.scaling.type", sp->rope_scaling == 1 ? "linear" : "llama3"),
-            SD_OK);
+            sd_gguf_writer_set_str(w, "llama.rope.scaling.type", sp->rope_scaling == 1 ? "linear" : "llama3"), SD_OK);
         assert_int_equal(sd_gguf_writer_set_f32(w, "llama.rope.scaling.factor", sp->rope_factor), SD_OK);
         if (sp->rope_scaling == 2) {
             assert_int_equal(sd_gguf_writer_set_f32(w, "llama.rope.scaling.low_freq_factor", 1.0f), SD_OK);
@@ -119,9 +118,9 @@ static sd_gguf *make_gguf(const spec *sp) {
             toks[i] = malloc(16);
             snprintf(toks[i], 16, "t%d", i);
         }
-        assert_int_equal(sd_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)toks,
-                                                    (uint64_t)sp->vocab),
-                         SD_OK);
+        assert_int_equal(
+            sd_gguf_writer_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)toks, (uint64_t)sp->vocab),
+            SD_OK);
         for (int i = 0; i < sp->vocab; i++) free(toks[i]);
         free(toks);
     }
@@ -132,8 +131,8 @@ static sd_gguf *make_gguf(const spec *sp) {
     if (sp->untied) add_tensor(w, sp, "output.weight", E, V, 0.0f, 1.0f / sqrtf((float)E));
     char name[64];
     for (int l = 0; l < layers; l++) {
-#define T(suffix, ne0, ne1, c, a)                                       \
-    snprintf(name, sizeof name, "blk.%d." suffix ".weight", l);         \
+#define T(suffix, ne0, ne1, c, a)                               \
+    snprintf(name, sizeof name, "blk.%d." suffix ".weight", l); \
     add_tensor(w, sp, name, ne0, ne1, c, a);
         float se = 1.0f / sqrtf((float)E), sf = 1.0f / sqrtf((float)F);
         T("attn_norm", E, 0, 1.0f, 0.2f)
@@ -177,7 +176,9 @@ static sd_kv *make_kv(const sd_model *m, int max_seqs, int n_blocks, int block_s
     return kv;
 }
 
-static int token_of(int seq, int i, int vocab) { return (int)((unsigned)(seq * 7919 + i * 104729 + 13) % (unsigned)vocab); }
+static int token_of(int seq, int i, int vocab) {
+    return (int)((unsigned)(seq * 7919 + i * 104729 + 13) % (unsigned)vocab);
+}
 
 /* ---------------------------------------------------- batch runner helpers */
 
@@ -290,7 +291,7 @@ static void ref_load(ref_model *r, const sd_gguf *g, const spec *sp) {
     r->embd = deq(g, "token_embd.weight");
     r->onorm = deq(g, "output_norm.weight");
     r->out = sp->untied ? deq(g, "output.weight") : r->embd;
-    static const char *const names[9] = {"attn_norm", "attn_q", "attn_k",  "attn_v",  "attn_output",
+    static const char *const names[9] = {"attn_norm", "attn_q",   "attn_k", "attn_v",  "attn_output",
                                          "ffn_norm",  "ffn_gate", "ffn_up", "ffn_down"};
     char name[64];
     for (int l = 0; l < r->L; l++)
@@ -401,8 +402,7 @@ static float *ref_forward(const ref_model *r, int seq_id, int len) {
         ref_mv(r->out, E, r->V, xn, lg);
         for (int v = 0; v < r->V; v++) out[(size_t)t * r->V + v] = (float)lg[v];
     }
-    free(x), free(xn), free(q), free(att), free(g), free(u), free(tmp), free(K), free(Vc), free(sc),
-        free(lg);
+    free(x), free(xn), free(q), free(att), free(g), free(u), free(tmp), free(K), free(Vc), free(sc), free(lg);
     return out;
 }
 
@@ -436,7 +436,13 @@ static const spec shapes[] = {
     {.embd = 128, .heads = 4, .kv_heads = 2, .layers = 3, .ff = 200, .vocab = 301, .untied = true},
     {.embd = 128, .heads = 8, .kv_heads = 4, .layers = 2, .ff = 96, .vocab = 256},
     {.embd = 64, .heads = 2, .kv_heads = 2, .layers = 2, .ff = 136, .vocab = 130, .untied = true},
-    {.embd = 128, .heads = 8, .kv_heads = 1, .layers = 2, .ff = 256, .vocab = 200, .rope_scaling = 2,
+    {.embd = 128,
+     .heads = 8,
+     .kv_heads = 1,
+     .layers = 2,
+     .ff = 256,
+     .vocab = 200,
+     .rope_scaling = 2,
      .rope_factor = 8.0f},
 };
 
@@ -522,8 +528,7 @@ static void test_stored_formats(void **state) {
     (void)state;
     const sd_dtype types[] = {SD_DTYPE_F16, SD_DTYPE_BF16, SD_DTYPE_Q8_0, SD_DTYPE_Q4_0, SD_DTYPE_Q4_1};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-        spec sp = {.embd = 128, .heads = 4, .kv_heads = 2, .layers = 2, .ff = 96, .vocab = 203,
-                   .untied = ti % 2 == 1};
+        spec sp = {.embd = 128, .heads = 4, .kv_heads = 2, .layers = 2, .ff = 96, .vocab = 203, .untied = ti % 2 == 1};
         sp.matrix_type = types[ti];
         sd_gguf *g = make_gguf(&sp);
         sd_model *m1 = load(g, 1, 0), *m2 = load(g, 2, 0);
@@ -540,8 +545,8 @@ static void test_stored_formats(void **state) {
             max_err = fmax(max_err, fabs((double)exact[i] - (double)ref[2][i]));
             max_mag = fmax(max_mag, fabs((double)exact[i]));
         }
-        double tol = types[ti] == SD_DTYPE_F16 || types[ti] == SD_DTYPE_BF16 ? 2e-4 * (1.0 + max_mag)
-                                                                              : 3e-2 * (1.0 + max_mag);
+        double tol =
+            types[ti] == SD_DTYPE_F16 || types[ti] == SD_DTYPE_BF16 ? 2e-4 * (1.0 + max_mag) : 3e-2 * (1.0 + max_mag);
         if (!(max_err <= tol))
             fail_msg("%s: engine differs from the dequantized reference by %g (logit scale %g)",
                      sd_dtype_name(types[ti]), max_err, max_mag);
@@ -567,8 +572,8 @@ static void test_stored_formats(void **state) {
                          comps[ci].block_size, outs);
                 char what[96];
                 for (int s = 0; s < comps[ci].n_seqs; s++) {
-                    snprintf(what, sizeof what, "%s composition %zu threads %d seq %d", sd_dtype_name(types[ti]),
-                             ci, th + 1, s);
+                    snprintf(what, sizeof what, "%s composition %zu threads %d seq %d", sd_dtype_name(types[ti]), ci,
+                             th + 1, s);
                     assert_bits_equal(ref[s], outs[s], (size_t)lens[s] * (size_t)V, what);
                 }
                 for (int s = 0; s < 3; s++) free(outs[s]);
@@ -739,20 +744,21 @@ static void test_bad_batches(void **state) {
         sd_status want;
     } const cases[] = {
         /* a valid new sequence 1 first, then the bad token */
-        {{1, 2, -1}, {0, 1, 4}, {1, 1, 0}, SD_ERR_RANGE},        /* id < 0 */
+        {{1, 2, -1}, {0, 1, 4}, {1, 1, 0}, SD_ERR_RANGE},         /* id < 0 */
         {{1, 2, (int32_t)V}, {0, 1, 4}, {1, 1, 0}, SD_ERR_RANGE}, /* id == n_vocab */
-        {{1, 2, 3}, {0, 1, 4}, {1, 1, 2}, SD_ERR_RANGE},         /* slot == max_seqs */
-        {{1, 2, 3}, {0, 1, 4}, {1, 1, -1}, SD_ERR_RANGE},        /* slot < 0 */
-        {{1, 2, 3}, {0, 1, 5}, {1, 1, 0}, SD_ERR_INVALID_ARG},   /* gap: 5 instead of 4 */
-        {{1, 2, 3}, {0, 1, 3}, {1, 1, 0}, SD_ERR_INVALID_ARG},   /* rewrites position 3 */
-        {{1, 2, 3}, {0, 2, 4}, {1, 1, 0}, SD_ERR_INVALID_ARG},   /* gap inside seq 1 */
-        {{1, 2, 3}, {1, 2, 4}, {1, 1, 0}, SD_ERR_INVALID_ARG},   /* seq 1 must start at 0 */
-        {{1, 2, 3}, {0, 0, 4}, {1, 1, 0}, SD_ERR_INVALID_ARG},   /* repeated position */
+        {{1, 2, 3}, {0, 1, 4}, {1, 1, 2}, SD_ERR_RANGE},          /* slot == max_seqs */
+        {{1, 2, 3}, {0, 1, 4}, {1, 1, -1}, SD_ERR_RANGE},         /* slot < 0 */
+        {{1, 2, 3}, {0, 1, 5}, {1, 1, 0}, SD_ERR_INVALID_ARG},    /* gap: 5 instead of 4 */
+        {{1, 2, 3}, {0, 1, 3}, {1, 1, 0}, SD_ERR_INVALID_ARG},    /* rewrites position 3 */
+        {{1, 2, 3}, {0, 2, 4}, {1, 1, 0}, SD_ERR_INVALID_ARG},    /* gap inside seq 1 */
+        {{1, 2, 3}, {1, 2, 4}, {1, 1, 0}, SD_ERR_INVALID_ARG},    /* seq 1 must start at 0 */
+        {{1, 2, 3}, {0, 0, 4}, {1, 1, 0}, SD_ERR_INVALID_ARG},    /* repeated position */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int before = n_error_lines;
         sd_status s = run(m, kv, 3, cases[i].tok, cases[i].pos, cases[i].seq, out);
-        if (s != cases[i].want) fail_msg("case %zu: got %s, want %s", i, sd_status_str(s), sd_status_str(cases[i].want));
+        if (s != cases[i].want)
+            fail_msg("case %zu: got %s, want %s", i, sd_status_str(s), sd_status_str(cases[i].want));
         assert_true(n_error_lines > before);
         assert_cache_intact(m, kv, ref4, free0);
     }

@@ -26,7 +26,7 @@
 #include "specd/gguf.h"
 #include "specd/model.h"
 
-#define VOCAB 300
+#define VOCAB  300
 #define LAYERS 4
 
 static struct {

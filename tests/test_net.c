@@ -356,19 +356,19 @@ static void test_utf8_valid_len(void **state) {
     } cases[] = {
         {"", 0, 0},
         {"plain", 5, 5},
-        {"caf\xc3\xa9", 5, 5},                 /* U+00E9 */
-        {"\xe2\x82\xac", 3, 3},                 /* U+20AC */
-        {"\xf0\x9f\x98\x80", 4, 4},             /* U+1F600 */
-        {"\xf4\x8f\xbf\xbf", 4, 4},             /* U+10FFFF */
-        {"a\xc0\x80", 3, 1},                   /* overlong NUL */
-        {"\xe0\x80\x80", 3, 0},                 /* overlong 3-byte */
-        {"\xf0\x80\x80\x80", 4, 0},             /* overlong 4-byte */
-        {"ab\xed\xa0\x80", 5, 2},               /* surrogate U+D800 */
-        {"\xf4\x90\x80\x80", 4, 0},             /* above U+10FFFF */
-        {"ok\xe2\x82", 4, 2},                  /* truncated at the end */
-        {"\x80", 1, 0},                        /* lone continuation */
-        {"x\xf5\x80\x80\x80", 5, 1},            /* 0xF5 never starts one */
-        {"\xc3(", 2, 0},                       /* bad continuation */
+        {"caf\xc3\xa9", 5, 5},       /* U+00E9 */
+        {"\xe2\x82\xac", 3, 3},      /* U+20AC */
+        {"\xf0\x9f\x98\x80", 4, 4},  /* U+1F600 */
+        {"\xf4\x8f\xbf\xbf", 4, 4},  /* U+10FFFF */
+        {"a\xc0\x80", 3, 1},         /* overlong NUL */
+        {"\xe0\x80\x80", 3, 0},      /* overlong 3-byte */
+        {"\xf0\x80\x80\x80", 4, 0},  /* overlong 4-byte */
+        {"ab\xed\xa0\x80", 5, 2},    /* surrogate U+D800 */
+        {"\xf4\x90\x80\x80", 4, 0},  /* above U+10FFFF */
+        {"ok\xe2\x82", 4, 2},        /* truncated at the end */
+        {"\x80", 1, 0},              /* lone continuation */
+        {"x\xf5\x80\x80\x80", 5, 1}, /* 0xF5 never starts one */
+        {"\xc3(", 2, 0},             /* bad continuation */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         size_t got = sd_utf8_valid_len(cases[i].bytes, cases[i].len);
@@ -670,9 +670,12 @@ static void test_validate_worker_messages(void **state) {
     struct {
         const char *want;
         int field;
-    } cases[] = {{"hello.rank: 2 not below group_size 2", 0}, {"hello.group_size: 0, must be >= 1", 1},
-                 {"hello.role: 1 is not ROLE_DRAFTER", 2},     {"hello.max_batch: 300 over the limit of 256", 3},
-                 {"hello.model: missing", 4},                  {"hello.drafter_kind: unspecified", 5},
+    } cases[] = {{"hello.rank: 2 not below group_size 2", 0},
+                 {"hello.group_size: 0, must be >= 1", 1},
+                 {"hello.role: 1 is not ROLE_DRAFTER", 2},
+                 {"hello.max_batch: 300 over the limit of 256", 3},
+                 {"hello.model: missing", 4},
+                 {"hello.drafter_kind: unspecified", 5},
                  {"hello.step_costs[1].tokens: 0 outside [1, 8448]", 6},
                  {"hello.step_costs[0].forward_us: 0", 7},
                  {"hello.step_costs: 257 entries over the limit of 256", 8},

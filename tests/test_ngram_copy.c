@@ -40,10 +40,10 @@
 #include "greedy_util.h"
 
 #define MAX_PROMPTS 32
-#define MAX_TOKENS 256
-#define MAX_CTX 1024
-#define N_K 3
-#define K_MAX 8
+#define MAX_TOKENS  256
+#define MAX_CTX     1024
+#define N_K         3
+#define K_MAX       8
 static const int32_t ks[N_K] = {2, 4, K_MAX};
 
 typedef struct run_stats {
@@ -70,8 +70,8 @@ static int32_t baseline_propose(const int32_t *ctx, int32_t n_ctx, int32_t k, in
 /* Replays greedy speculative decoding of n_new tokens whose plain output is
  * full[0..n_new + K_MAX) after prompt; d == NULL replays the
  * baseline. */
-static int replay(sd_drafter *d, int32_t k, const int32_t *prompt, int32_t n_prompt, const int32_t *full,
-                  int32_t n_new, run_stats *rs) {
+static int replay(sd_drafter *d, int32_t k, const int32_t *prompt, int32_t n_prompt, const int32_t *full, int32_t n_new,
+                  run_stats *rs) {
     static int32_t ctx[MAX_CTX + SD_MAX_DRAFT + 1];
     memcpy(ctx, prompt, (size_t)n_prompt * sizeof *ctx);
     memcpy(ctx + n_prompt, full, (size_t)(n_new + K_MAX) * sizeof *ctx);
@@ -202,8 +202,10 @@ int main(int argc, char **argv) {
                        replay(d_replay, k, ids[p], n_prompt[p], plain[p], n_new, &n) != 0) {
                 fprintf(stderr, "FAIL: replay of prompt %d at K %d\n", p, (int)k);
             } else if (n.drafted != drafted || n.accepted != accepted) {
-                fprintf(stderr, "FAIL: prompt %d, K %d: the replay drafted %ld and accepted %ld, the speculative "
-                        "run %ld and %ld\n", p, (int)k, n.drafted, n.accepted, drafted, accepted);
+                fprintf(stderr,
+                        "FAIL: prompt %d, K %d: the replay drafted %ld and accepted %ld, the speculative "
+                        "run %ld and %ld\n",
+                        p, (int)k, n.drafted, n.accepted, drafted, accepted);
             } else {
                 ok = true;
             }

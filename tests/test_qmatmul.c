@@ -47,8 +47,8 @@ typedef struct shape {
 static const sd_dtype types[] = {SD_DTYPE_F16, SD_DTYPE_BF16, SD_DTYPE_Q8_0, SD_DTYPE_Q4_0, SD_DTYPE_Q4_1};
 
 static const shape shapes[] = {
-    {32, 1, 1},   {64, 5, 3},     {96, 47, 1},   {288, 49, 9},  {576, 97, 17},
-    {160, 130, 70}, {1536, 13, 2}, {224, 96, 8}, {32, 200, 5},  {736, 3, 16},
+    {32, 1, 1},     {64, 5, 3},    {96, 47, 1},  {288, 49, 9}, {576, 97, 17},
+    {160, 130, 70}, {1536, 13, 2}, {224, 96, 8}, {32, 200, 5}, {736, 3, 16},
 };
 
 /* Odd lengths for the float formats (no block constraint). */
@@ -79,9 +79,9 @@ static int teardown(void **state) {
 static void first_mismatch(const char *what, sd_dtype t, shape s, const float *a, const float *b, size_t n) {
     for (size_t i = 0; i < n; i++)
         if (memcmp(&a[i], &b[i], sizeof(float)) != 0) {
-            print_error("%s: %s n_in %d n_out %d n_tokens %d: element %zu (token %zu, row %zu): %.9g vs %.9g\n",
-                        what, sd_dtype_name(t), s.n_in, s.n_out, s.n_tokens, i, i / (size_t)s.n_out,
-                        i % (size_t)s.n_out, (double)a[i], (double)b[i]);
+            print_error("%s: %s n_in %d n_out %d n_tokens %d: element %zu (token %zu, row %zu): %.9g vs %.9g\n", what,
+                        sd_dtype_name(t), s.n_in, s.n_out, s.n_tokens, i, i / (size_t)s.n_out, i % (size_t)s.n_out,
+                        (double)a[i], (double)b[i]);
             fail();
         }
 }
@@ -121,17 +121,15 @@ static void check_one(fixture *f, sd_dtype t, shape s) {
         if (!sd_cpu_qpath_available(paths[p])) continue;
         for (int th = 0; th < 2; th++) {
             memset(y, 0xff, n_y * sizeof(float));
-            assert_int_equal(sd_cpu_qmatmul(th ? b2 : b1, paths[p], t, wq, s.n_in, s.n_out, x, s.n_tokens, y),
-                             SD_OK);
+            assert_int_equal(sd_cpu_qmatmul(th ? b2 : b1, paths[p], t, wq, s.n_in, s.n_out, x, s.n_tokens, y), SD_OK);
             first_mismatch(names[p], t, s, y, y_c, n_y);
         }
     }
     /* batch invariance: each token alone, both thread counts */
     for (int tok = 0; tok < s.n_tokens; tok++)
         for (int th = 0; th < 2; th++) {
-            assert_int_equal(sd_cpu_matmul_stored(th ? b2 : b1, t, wq, s.n_in, s.n_out, x + (size_t)tok * s.n_in, 1,
-                                                  y1),
-                             SD_OK);
+            assert_int_equal(
+                sd_cpu_matmul_stored(th ? b2 : b1, t, wq, s.n_in, s.n_out, x + (size_t)tok * s.n_in, 1, y1), SD_OK);
             shape one = {s.n_in, s.n_out, 1};
             first_mismatch("token alone vs in the batch", t, one, y1, y_c + (size_t)tok * s.n_out, (size_t)s.n_out);
         }
@@ -171,8 +169,8 @@ static void check_one(fixture *f, sd_dtype t, shape s) {
                 fail();
             }
             if (xq && fabs(got - ref_q) > 1e-5 * abs_wqd + 1e-30) {
-                print_error("%s n_in %d n_out %d: token %d row %d: %.9g, exact on quantized x %.9g\n",
-                            sd_dtype_name(t), s.n_in, s.n_out, tok, o, got, ref_q);
+                print_error("%s n_in %d n_out %d: token %d row %d: %.9g, exact on quantized x %.9g\n", sd_dtype_name(t),
+                            s.n_in, s.n_out, tok, o, got, ref_q);
                 fail();
             }
         }

@@ -13,8 +13,8 @@
 #include "specd/model_config.h"
 
 typedef struct fake {
-    const char *type;  /* NULL: no scaling */
-    double num[4];     /* by sd_rope_key; 0 = absent */
+    const char *type; /* NULL: no scaling */
+    double num[4];    /* by sd_rope_key; 0 = absent */
 } fake;
 
 static sd_status fake_type(const void *src, char *out, size_t n) {

@@ -24,7 +24,7 @@
 #include "specd/safetensors.h"
 
 /* a: F32 [2, 3] at [0, 24); b: BF16 [4] at [24, 32). */
-#define BASE_HEADER                                                                                    \
+#define BASE_HEADER                                                                                            \
     "{\"__metadata__\":{\"format\":\"pt\"},\"a\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]}," \
     "\"b\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[24,32]}}"
 
@@ -118,17 +118,19 @@ static void test_valid_corners(void **state) {
         uint64_t data_len;
     } ok[] = {
         {"{}", 0},
-        {"{}      ", 0}, /* trailing spaces: the reference pads the header to 8 bytes */
-        {" \t\r\n{}", 0},  /* leading JSON whitespace: the reference reads it too */
+        {"{}      ", 0},  /* trailing spaces: the reference pads the header to 8 bytes */
+        {" \t\r\n{}", 0}, /* leading JSON whitespace: the reference reads it too */
         {"{\"__metadata__\":null}", 0},
-        {"{\"s\":{\"dtype\":\"F64\",\"shape\":[],\"data_offsets\":[0,8]}}", 8},             /* scalar */
+        {"{\"s\":{\"dtype\":\"F64\",\"shape\":[],\"data_offsets\":[0,8]}}", 8}, /* scalar */
         {"{\"z\":{\"dtype\":\"F32\",\"shape\":[0,4],\"data_offsets\":[0,0]},"
-         "\"y\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}}", 0},                 /* empty tensors */
+         "\"y\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}}",
+         0},                                                                                     /* empty tensors */
         {"{\"a\":{\"shape\":[2],\"data_offsets\":[0,2],\"dtype\":\"I8\",\"extra\":[1,{}]}}", 2}, /* unknown field */
-        {"{\"f\":{\"dtype\":\"F4\",\"shape\":[4],\"data_offsets\":[0,2]}}", 2},               /* sub-byte, whole */
-        {"{\"\\u00e9t\\u00e9\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1},   /* escaped name */
+        {"{\"f\":{\"dtype\":\"F4\",\"shape\":[4],\"data_offsets\":[0,2]}}", 2},                  /* sub-byte, whole */
+        {"{\"\\u00e9t\\u00e9\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1},    /* escaped name */
         {"{\"b\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]},"
-         "\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 2},                 /* any key order */
+         "\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}",
+         2}, /* any key order */
     };
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         tbuf b = make_file(ok[i].header, ok[i].data_len, -1);
@@ -156,7 +158,7 @@ typedef struct rule_case {
     "\"" name "\":{\"dtype\":\"" dtype "\",\"shape\":" shape ",\"data_offsets\":[" #b "," #e "]}"
 
 static const rule_case CASES[] = {
-    {"HeaderTooSmall", "", 0, -2},  /* special: a 7-byte file (see test_rules) */
+    {"HeaderTooSmall", "", 0, -2}, /* special: a 7-byte file (see test_rules) */
     {"HeaderTooLarge", "{}", 0, 100000001},
     {"InvalidHeaderLength", "{}", 0, 3},
     {"InvalidHeaderUtf8", "{" T("a\xff", "U8", "[1]", 0, 1) "}", 1, -1},
@@ -187,7 +189,7 @@ static const rule_case CASES[] = {
     {"DuplicateName", "{\"__metadata__\":{},\"__metadata__\":{}}", 0, -1},
     {"DuplicateName", "{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"}}", 0, -1},
     {"InvalidOffset", "{" T("a", "U8", "[1]", 0, 1) "," T("b", "U8", "[0]", 2, 1) "}", 2, -1}, /* end < begin */
-    {"InvalidOffset", "{" T("a", "U8", "[1]", 1, 2) "}", 2, -1},                             /* hole at 0 */
+    {"InvalidOffset", "{" T("a", "U8", "[1]", 1, 2) "}", 2, -1},                               /* hole at 0 */
     {"InvalidOffset", "{" T("a", "U8", "[1]", 0, 1) "," T("b", "U8", "[1]", 2, 3) "}", 3, -1}, /* hole */
     {"InvalidOffset", "{" T("a", "U8", "[2]", 0, 2) "," T("b", "U8", "[2]", 1, 3) "}", 3, -1}, /* overlap */
     {"ValidationOverflow", "{" T("a", "U8", "[4294967296,4294967296]", 0, 1) "}", 1, -1},
@@ -202,10 +204,9 @@ static const rule_case CASES[] = {
 };
 
 static const char *const RULES[] = {
-    "HeaderTooSmall", "HeaderTooLarge", "InvalidHeaderLength", "InvalidHeaderUtf8", "HeaderTooComplex",
-    "InvalidHeaderJson", "InvalidMetadata", "InvalidTensorInfo", "UnknownDtype",
-    "DuplicateName", "InvalidOffset", "ValidationOverflow", "MisalignedSlice", "TensorInvalidInfo",
-    "MetadataIncompleteBuffer",
+    "HeaderTooSmall",    "HeaderTooLarge",     "InvalidHeaderLength", "InvalidHeaderUtf8", "HeaderTooComplex",
+    "InvalidHeaderJson", "InvalidMetadata",    "InvalidTensorInfo",   "UnknownDtype",      "DuplicateName",
+    "InvalidOffset",     "ValidationOverflow", "MisalignedSlice",     "TensorInvalidInfo", "MetadataIncompleteBuffer",
 };
 
 static void test_rules(void **state) {
@@ -292,8 +293,10 @@ static void test_writer_round_trip(void **state) {
     assert_int_equal(sd_safetensors_writer_add_tensor(w, "model.a", SD_SAFETENSORS_F32, 2, sa, a), SD_OK);
     assert_int_equal(sd_safetensors_writer_add_tensor(w, "b\"\\", SD_SAFETENSORS_BF16, 1, sb, b), SD_OK);
     assert_int_equal(sd_safetensors_writer_add_tensor(w, "model.a", SD_SAFETENSORS_F32, 2, sa, a), SD_ERR_INVALID_ARG);
-    assert_int_equal(sd_safetensors_writer_add_tensor(w, "__metadata__", SD_SAFETENSORS_F32, 2, sa, a), SD_ERR_INVALID_ARG);
-    assert_int_equal(sd_safetensors_writer_add_tensor(w, "f4", SD_SAFETENSORS_F4, 1, sb, b), SD_ERR_INVALID_ARG); /* 12 bits */
+    assert_int_equal(sd_safetensors_writer_add_tensor(w, "__metadata__", SD_SAFETENSORS_F32, 2, sa, a),
+                     SD_ERR_INVALID_ARG);
+    assert_int_equal(sd_safetensors_writer_add_tensor(w, "f4", SD_SAFETENSORS_F4, 1, sb, b),
+                     SD_ERR_INVALID_ARG); /* 12 bits */
     assert_int_equal(sd_safetensors_writer_data_bytes(w), 30);
     assert_int_equal(sd_safetensors_writer_write(w, path), SD_OK);
     sd_safetensors_writer_free(&w);
@@ -338,10 +341,14 @@ int main(void) {
     /* SPECD_TEST_LOG=1 shows each rejection's message */
     sd_log_set(NULL, NULL, getenv("SPECD_TEST_LOG") ? SD_LOG_ERROR : SD_LOG_OFF, NULL);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_base_is_valid),     cmocka_unit_test(test_valid_corners),
-        cmocka_unit_test(test_rules),             cmocka_unit_test(test_rules_are_covered),
-        cmocka_unit_test(test_too_complex),       cmocka_unit_test(test_truncated_everywhere),
-        cmocka_unit_test(test_writer_round_trip), cmocka_unit_test(test_open_errors),
+        cmocka_unit_test(test_base_is_valid),
+        cmocka_unit_test(test_valid_corners),
+        cmocka_unit_test(test_rules),
+        cmocka_unit_test(test_rules_are_covered),
+        cmocka_unit_test(test_too_complex),
+        cmocka_unit_test(test_truncated_everywhere),
+        cmocka_unit_test(test_writer_round_trip),
+        cmocka_unit_test(test_open_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -44,13 +44,13 @@ static void test_philox_kat(void **state) {
         uint32_t key[2];
         uint32_t want[4];
     } kat[] = {
-        { { 0, 0, 0, 0 }, { 0, 0 }, { 0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8 } },
-        { { 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff },
-          { 0xffffffff, 0xffffffff },
-          { 0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd } },
-        { { 0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344 },
-          { 0xa4093822, 0x299f31d0 },
-          { 0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1 } },
+        {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
+        {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
+         {0xffffffff, 0xffffffff},
+         {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
+        {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+         {0xa4093822, 0x299f31d0},
+         {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
     };
     for (size_t i = 0; i < sizeof kat / sizeof kat[0]; i++) {
         uint32_t ctr[4], out[4];
@@ -66,7 +66,7 @@ static void test_uniform_layout(void **state) {
     (void)state;
     /* sd_rng_uniform is Philox of (pos lo, pos hi, purpose, 0), top 53 bits of words 0,1. */
     uint64_t seed = 0x299f31d0a4093822ull, pos = 0x0000000500000007ull;
-    uint32_t ctr[4] = { 7, 5, SD_RNG_ACCEPT, 0 }, out[4];
+    uint32_t ctr[4] = {7, 5, SD_RNG_ACCEPT, 0}, out[4];
     sd_philox4x32(seed, ctr, out);
     uint64_t bits = (((uint64_t)out[0] << 32) | out[1]) >> 11;
     assert_true(sd_rng_uniform(seed, pos, SD_RNG_ACCEPT) == ldexp((double)bits, -53));
@@ -127,7 +127,7 @@ static void test_seeded_determinism_and_purposes(void **state) {
     assert_int_equal(equal, 0);
 
     /* Tokens: a seeded request is reproducible; purposes are not mixed up. */
-    float logits[8] = { 0.1f, 0.5f, -0.3f, 0.9f, 0.0f, 0.2f, 0.4f, -1.0f };
+    float logits[8] = {0.1f, 0.5f, -0.3f, 0.9f, 0.0f, 0.2f, 0.4f, -1.0f};
     sd_sampling s = sd_sampling_default();
     s.temperature = 1.0f; /* sampled (the default is greedy) */
     s.seed = 2024;
@@ -168,7 +168,7 @@ static void assert_probs(const float *got, const double *want, int n) {
 
 static void test_temperature_softmax(void **state) {
     (void)state;
-    const float l[5] = { 1.0f, 2.0f, 3.0f, -INFINITY, 0.5f };
+    const float l[5] = {1.0f, 2.0f, 3.0f, -INFINITY, 0.5f};
     double want[5];
     float got[5];
     sd_sampling s = sd_sampling_default();
@@ -180,7 +180,7 @@ static void test_temperature_softmax(void **state) {
         assert_true(got[3] == 0.0f);
     }
     /* Large logits do not overflow (max subtracted). */
-    const float big[3] = { 10000.0f, 9999.0f, -10000.0f };
+    const float big[3] = {10000.0f, 9999.0f, -10000.0f};
     s.temperature = 1.0f;
     assert_int_equal(sd_sample_probs(big, 3, &s, got), SD_OK);
     assert_true(fabs(got[0] - 1.0 / (1.0 + exp(-1.0))) < 1e-6);
@@ -190,94 +190,94 @@ static void test_temperature_softmax(void **state) {
 static void test_top_k(void **state) {
     (void)state;
     /* logits = log of 0.1 0.4 0.2 0.2 0.1 (two ties). */
-    const float l[5] = { logf(0.1f), logf(0.4f), logf(0.2f), logf(0.2f), logf(0.1f) };
+    const float l[5] = {logf(0.1f), logf(0.4f), logf(0.2f), logf(0.2f), logf(0.1f)};
     sd_sampling s = sd_sampling_default();
     s.temperature = 1.0f; /* sampled (the default is greedy) */
     float got[5];
     s.top_k = 2; /* keeps 1 and the lower-id of the tied 2, 3 */
     assert_int_equal(sd_sample_probs(l, 5, &s, got), SD_OK);
-    assert_probs(got, (const double[5]){ 0, 0.4 / 0.6, 0.2 / 0.6, 0, 0 }, 5);
+    assert_probs(got, (const double[5]){0, 0.4 / 0.6, 0.2 / 0.6, 0, 0}, 5);
     s.top_k = 4; /* keeps 0 over 4 on the tie */
     assert_int_equal(sd_sample_probs(l, 5, &s, got), SD_OK);
-    assert_probs(got, (const double[5]){ 0.1 / 0.9, 0.4 / 0.9, 0.2 / 0.9, 0.2 / 0.9, 0 }, 5);
+    assert_probs(got, (const double[5]){0.1 / 0.9, 0.4 / 0.9, 0.2 / 0.9, 0.2 / 0.9, 0}, 5);
     s.top_k = 1;
     assert_int_equal(sd_sample_probs(l, 5, &s, got), SD_OK);
-    assert_probs(got, (const double[5]){ 0, 1, 0, 0, 0 }, 5);
+    assert_probs(got, (const double[5]){0, 1, 0, 0, 0}, 5);
     s.top_k = 5; /* k >= n: no-op */
     assert_int_equal(sd_sample_probs(l, 5, &s, got), SD_OK);
-    assert_probs(got, (const double[5]){ 0.1, 0.4, 0.2, 0.2, 0.1 }, 5);
+    assert_probs(got, (const double[5]){0.1, 0.4, 0.2, 0.2, 0.1}, 5);
     s.top_k = 1000;
     assert_int_equal(sd_sample_probs(l, 5, &s, got), SD_OK);
-    assert_probs(got, (const double[5]){ 0.1, 0.4, 0.2, 0.2, 0.1 }, 5);
+    assert_probs(got, (const double[5]){0.1, 0.4, 0.2, 0.2, 0.1}, 5);
 }
 
 static void test_top_p(void **state) {
     (void)state;
     /* p = 0.05 0.5 0.25 0.15 0.05 (sorted: 1, 2, 3, then 0 and 4 tied). */
-    const float l[5] = { logf(0.05f), logf(0.5f), logf(0.25f), logf(0.15f), logf(0.05f) };
+    const float l[5] = {logf(0.05f), logf(0.5f), logf(0.25f), logf(0.15f), logf(0.05f)};
     sd_sampling s = sd_sampling_default();
     s.temperature = 1.0f; /* sampled (the default is greedy) */
     float got[5];
     s.top_p = 0.49f; /* token 1 alone reaches 0.49 */
     assert_int_equal(sd_sample_probs(l, 5, &s, got), SD_OK);
-    assert_probs(got, (const double[5]){ 0, 1, 0, 0, 0 }, 5);
+    assert_probs(got, (const double[5]){0, 1, 0, 0, 0}, 5);
     s.top_p = 0.51f; /* it does not reach 0.51 */
     assert_int_equal(sd_sample_probs(l, 5, &s, got), SD_OK);
-    assert_probs(got, (const double[5]){ 0, 0.5 / 0.75, 0.25 / 0.75, 0, 0 }, 5);
+    assert_probs(got, (const double[5]){0, 0.5 / 0.75, 0.25 / 0.75, 0, 0}, 5);
     s.top_p = 0.6f; /* 0.5 < 0.6 <= 0.75 */
     assert_int_equal(sd_sample_probs(l, 5, &s, got), SD_OK);
-    assert_probs(got, (const double[5]){ 0, 0.5 / 0.75, 0.25 / 0.75, 0, 0 }, 5);
+    assert_probs(got, (const double[5]){0, 0.5 / 0.75, 0.25 / 0.75, 0, 0}, 5);
     s.top_p = 0.92f; /* 0.9 < 0.92 <= 0.95: the tie is broken towards id 0 */
     assert_int_equal(sd_sample_probs(l, 5, &s, got), SD_OK);
-    assert_probs(got, (const double[5]){ 0.05 / 0.95, 0.5 / 0.95, 0.25 / 0.95, 0.15 / 0.95, 0 }, 5);
+    assert_probs(got, (const double[5]){0.05 / 0.95, 0.5 / 0.95, 0.25 / 0.95, 0.15 / 0.95, 0}, 5);
     s.top_p = 0.3f;
     assert_int_equal(sd_sample_probs(l, 5, &s, got), SD_OK);
-    assert_probs(got, (const double[5]){ 0, 1, 0, 0, 0 }, 5);
+    assert_probs(got, (const double[5]){0, 1, 0, 0, 0}, 5);
 
     /* top-p after top-k acts on the renormalized top-k mass: top_k 3 keeps
      * 0.5 0.25 0.15 (mass 0.9); top_p 0.8 needs 0.72 of it -> 1, 2 (0.75). */
     s.top_k = 3;
     s.top_p = 0.8f;
     assert_int_equal(sd_sample_probs(l, 5, &s, got), SD_OK);
-    assert_probs(got, (const double[5]){ 0, 0.5 / 0.75, 0.25 / 0.75, 0, 0 }, 5);
+    assert_probs(got, (const double[5]){0, 0.5 / 0.75, 0.25 / 0.75, 0, 0}, 5);
     /* Without top-k, 0.8 of the full mass needs 1, 2, 3 (0.9). */
     s.top_k = 0;
     assert_int_equal(sd_sample_probs(l, 5, &s, got), SD_OK);
-    assert_probs(got, (const double[5]){ 0, 0.5 / 0.9, 0.25 / 0.9, 0.15 / 0.9, 0 }, 5);
+    assert_probs(got, (const double[5]){0, 0.5 / 0.9, 0.25 / 0.9, 0.15 / 0.9, 0}, 5);
 }
 
 static void test_min_p(void **state) {
     (void)state;
-    const float l[5] = { logf(0.05f), logf(0.5f), logf(0.25f), logf(0.15f), logf(0.05f) };
+    const float l[5] = {logf(0.05f), logf(0.5f), logf(0.25f), logf(0.15f), logf(0.05f)};
     sd_sampling s = sd_sampling_default();
     s.temperature = 1.0f; /* sampled (the default is greedy) */
     float got[5];
     s.min_p = 0.4f; /* floor 0.2: keeps 0.5 and 0.25 */
     assert_int_equal(sd_sample_probs(l, 5, &s, got), SD_OK);
-    assert_probs(got, (const double[5]){ 0, 0.5 / 0.75, 0.25 / 0.75, 0, 0 }, 5);
+    assert_probs(got, (const double[5]){0, 0.5 / 0.75, 0.25 / 0.75, 0, 0}, 5);
     s.min_p = 0.2f; /* floor 0.1: keeps 0.5 0.25 0.15 */
     assert_int_equal(sd_sample_probs(l, 5, &s, got), SD_OK);
-    assert_probs(got, (const double[5]){ 0, 0.5 / 0.9, 0.25 / 0.9, 0.15 / 0.9, 0 }, 5);
+    assert_probs(got, (const double[5]){0, 0.5 / 0.9, 0.25 / 0.9, 0.15 / 0.9, 0}, 5);
     s.min_p = 0.05f; /* floor 0.025: keeps all */
     assert_int_equal(sd_sample_probs(l, 5, &s, got), SD_OK);
-    assert_probs(got, (const double[5]){ 0.05, 0.5, 0.25, 0.15, 0.05 }, 5);
+    assert_probs(got, (const double[5]){0.05, 0.5, 0.25, 0.15, 0.05}, 5);
     /* min-p runs last: after top-p 0.6 keeps {1, 2}, min_p 0.6 (floor 0.3) leaves {1}. */
     s.top_p = 0.6f;
     s.min_p = 0.6f;
     assert_int_equal(sd_sample_probs(l, 5, &s, got), SD_OK);
-    assert_probs(got, (const double[5]){ 0, 1, 0, 0, 0 }, 5);
+    assert_probs(got, (const double[5]){0, 1, 0, 0, 0}, 5);
     /* Filters combine with temperature: T = 2 flattens to sqrt(p) before filtering. */
     s = sd_sampling_default();
     s.temperature = 2.0f;
     s.min_p = 0.5f; /* sqrt: .224 .707 .5 .387 .224 (floor .354) -> 1, 2, 3 */
     assert_int_equal(sd_sample_probs(l, 5, &s, got), SD_OK);
     double r1 = sqrt(0.5), r2 = sqrt(0.25), r3 = sqrt(0.15), t = r1 + r2 + r3;
-    assert_probs(got, (const double[5]){ 0, r1 / t, r2 / t, r3 / t, 0 }, 5);
+    assert_probs(got, (const double[5]){0, r1 / t, r2 / t, r3 / t, 0}, 5);
 }
 
 static void test_greedy(void **state) {
     (void)state;
-    const float l[6] = { 1.0f, 3.0f, -2.0f, 3.0f, 2.9999f, -INFINITY };
+    const float l[6] = {1.0f, 3.0f, -2.0f, 3.0f, 2.9999f, -INFINITY};
     assert_int_equal(sd_argmax(l, 6), 1);
     assert_int_equal(sd_argmax(l + 2, 4), 1); /* index 3 of l */
     assert_int_equal(sd_argmax(l, 1), 0);
@@ -287,7 +287,7 @@ static void test_greedy(void **state) {
     s.top_p = 0.1f;
     float got[6];
     assert_int_equal(sd_sample_probs(l, 6, &s, got), SD_OK);
-    assert_probs(got, (const double[6]){ 0, 1, 0, 0, 0, 0 }, 6);
+    assert_probs(got, (const double[6]){0, 1, 0, 0, 0, 0}, 6);
     int32_t tok = -1;
     for (uint64_t pos = 0; pos < 10; pos++) {
         s.seed = pos * 31;
@@ -298,7 +298,7 @@ static void test_greedy(void **state) {
 
 static void test_sample_from(void **state) {
     (void)state;
-    const float p[6] = { 0.0f, 0.25f, 0.0f, 0.5f, 0.25f, 0.0f };
+    const float p[6] = {0.0f, 0.25f, 0.0f, 0.5f, 0.25f, 0.0f};
     assert_int_equal(sd_sample_from(p, 6, 0.0), 1);
     assert_int_equal(sd_sample_from(p, 6, 0.2499), 1);
     assert_int_equal(sd_sample_from(p, 6, 0.25), 3);
@@ -306,18 +306,18 @@ static void test_sample_from(void **state) {
     assert_int_equal(sd_sample_from(p, 6, 0.75), 4);
     assert_int_equal(sd_sample_from(p, 6, 0.9999999999), 4);
     /* Unnormalized input: scaled by the total. */
-    const float q[3] = { 2.0f, 0.0f, 6.0f };
+    const float q[3] = {2.0f, 0.0f, 6.0f};
     assert_int_equal(sd_sample_from(q, 3, 0.2), 0);
     assert_int_equal(sd_sample_from(q, 3, 0.3), 2);
-    const float z[2] = { 0.0f, 0.0f };
+    const float z[2] = {0.0f, 0.0f};
     assert_int_equal(sd_sample_from(z, 2, 0.5), -1);
 
     /* Frequencies follow the distribution: chi-square, df 3, 0.999 quantile 16.27. */
-    const float l[4] = { logf(0.1f), logf(0.2f), logf(0.3f), logf(0.4f) };
+    const float l[4] = {logf(0.1f), logf(0.2f), logf(0.3f), logf(0.4f)};
     sd_sampling s = sd_sampling_default();
     s.temperature = 1.0f; /* sampled (the default is greedy) */
     s.seed = 77;
-    int count[4] = { 0 };
+    int count[4] = {0};
     enum { DRAWS = 20000 };
     for (int pos = 0; pos < DRAWS; pos++) {
         int32_t tok = -1;
@@ -366,7 +366,7 @@ static void test_invalid_params(void **state) {
     }
     assert_int_equal(sd_sampling_validate(NULL), SD_ERR_INVALID_ARG);
 
-    float l[3] = { 0.0f, 1.0f, 2.0f }, probs[3];
+    float l[3] = {0.0f, 1.0f, 2.0f}, probs[3];
     int32_t tok = 0;
     assert_int_equal(sd_sample_probs(l, 3, &bad[4], probs), SD_ERR_INVALID_ARG);
     assert_int_equal(sd_sample_token(l, 3, &bad[9], 0, &tok), SD_ERR_INVALID_ARG);
@@ -376,7 +376,7 @@ static void test_invalid_params(void **state) {
     assert_int_equal(sd_sample_probs(l, 3, &d, probs), SD_ERR_INVALID_ARG);
     l[1] = INFINITY;
     assert_int_equal(sd_sample_token(l, 3, &d, 0, &tok), SD_ERR_INVALID_ARG);
-    float masked[2] = { -INFINITY, -INFINITY };
+    float masked[2] = {-INFINITY, -INFINITY};
     assert_int_equal(sd_sample_probs(masked, 2, &d, probs), SD_ERR_INVALID_ARG);
 }
 

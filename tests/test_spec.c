@@ -176,8 +176,8 @@ static void test_greedy(void **state) {
 /* ---- stochastic: edge cases ---- */
 
 /* One position (k = 1) with p row 0, bonus row 1. */
-static sd_status verify1(const float *p, int32_t n_vocab, int32_t y, const sd_spec_q *q, uint64_t seed,
-                         int32_t out[2], int32_t *n_acc, sd_spec_info *info) {
+static sd_status verify1(const float *p, int32_t n_vocab, int32_t y, const sd_spec_q *q, uint64_t seed, int32_t out[2],
+                         int32_t *n_acc, sd_spec_info *info) {
     double scratch[V_MAX];
     return sd_spec_verify(p, n_vocab, &y, q, 1, seed, 100, scratch, out, n_acc, info);
 }

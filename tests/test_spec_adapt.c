@@ -43,7 +43,7 @@
 #include "specd/spec_decode.h"
 #include "specd/tokenizer.h"
 
-#define N_NEW 128
+#define N_NEW   128
 #define MAX_CTX 512
 
 /* ---- the policy alone ---- */
@@ -131,10 +131,10 @@ static int remove_model(void **state) {
 
 typedef struct run_result {
     int32_t out[N_NEW + SD_MAX_DRAFT + 1];
-    double k_sum_late;   /* K over the steps that produced tokens N_NEW/2 .. N_NEW */
+    double k_sum_late; /* K over the steps that produced tokens N_NEW/2 .. N_NEW */
     int32_t steps_late;
     long drafted_late;
-    double k_sum;        /* over every step */
+    double k_sum; /* over every step */
     int32_t steps;
     long drafted;
 } run_result;
@@ -281,10 +281,8 @@ static void test_decoder_ngram_drafts(void **state) {
 int main(void) {
     sd_log_set(NULL, NULL, SD_LOG_WARN, "test_spec_adapt");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_costly_draft_stops),
-        cmocka_unit_test(test_cheap_draft_goes_up),
-        cmocka_unit_test(test_sampled_ignores_costs),
-        cmocka_unit_test(test_decoder_costly_draft_settles_at_zero),
+        cmocka_unit_test(test_costly_draft_stops),    cmocka_unit_test(test_cheap_draft_goes_up),
+        cmocka_unit_test(test_sampled_ignores_costs), cmocka_unit_test(test_decoder_costly_draft_settles_at_zero),
         cmocka_unit_test(test_decoder_ngram_drafts),
     };
     return cmocka_run_group_tests(tests, make_model, remove_model);

@@ -35,10 +35,10 @@
 #include "specd/spec_batch.h"
 #include "specd/spec_decode.h"
 
-#define VOCAB 300
-#define MAX_CTX 96
-#define N_SEQS 6
-#define N_NEW 14
+#define VOCAB     300
+#define MAX_CTX   96
+#define N_SEQS    6
+#define N_NEW     14
 #define MAX_SLOTS 8
 
 static struct {
@@ -118,7 +118,7 @@ typedef struct seq_spec {
     int32_t prompt[24], n_prompt;
     int32_t k;
     sd_sampling s;
-    int32_t arrive;  /* step of the batched loop at which it joins */
+    int32_t arrive; /* step of the batched loop at which it joins */
     int32_t slot;
 } seq_spec;
 
@@ -195,8 +195,7 @@ typedef struct seq_run {
 static void batched_generate(draft_kind kind, const seq_spec *ss, int32_t out[N_SEQS][N_NEW], int64_t *accepted) {
     sd_drafter *d = make_drafter(kind, MAX_SLOTS);
     sd_kv *kv = NULL;
-    assert_int_equal(sd_model_kv_create(env.target_model, MAX_SLOTS, MAX_SLOTS * (MAX_CTX / 16 + 2), 16, &kv),
-                     SD_OK);
+    assert_int_equal(sd_model_kv_create(env.target_model, MAX_SLOTS, MAX_SLOTS * (MAX_CTX / 16 + 2), 16, &kv), SD_OK);
     sd_spec_scratch *scratch = NULL;
     assert_int_equal(sd_spec_scratch_create(&scratch), SD_OK);
     seq_run *runs = calloc(N_SEQS, sizeof *runs);
@@ -222,8 +221,8 @@ static void batched_generate(draft_kind kind, const seq_spec *ss, int32_t out[N_
             }
             if (!r->active) continue;
             int32_t k = ss[i].k; /* as alone: the sequence may overshoot N_NEW, only the first N_NEW count */
-            dseq[m] = (sd_draft_seq){ss[i].slot, r->drafter_len, r->n - r->drafter_len, r->ctx + r->drafter_len,
-                                     k, ss[i].s};
+            dseq[m] =
+                (sd_draft_seq){ss[i].slot, r->drafter_len, r->n - r->drafter_len, r->ctx + r->drafter_len, k, ss[i].s};
             idx[m++] = i;
         }
         assert_int_equal(sd_draft_batch(d, m, dseq, dres), SD_OK);
@@ -231,9 +230,14 @@ static void batched_generate(draft_kind kind, const seq_spec *ss, int32_t out[N_
             int32_t i = idx[j];
             seq_run *r = &runs[i];
             assert_int_equal(dres[j].outcome, SD_SEQ_OK);
-            vseq[j] = (sd_verify_seq){.slot = ss[i].slot, .keep_len = r->target_len, .n_append = r->n - r->target_len,
-                                      .append = r->ctx + r->target_len, .k = dres[j].n_drafted,
-                                      .draft = dres[j].tokens, .q = dres[j].q, .sampling = ss[i].s};
+            vseq[j] = (sd_verify_seq){.slot = ss[i].slot,
+                                      .keep_len = r->target_len,
+                                      .n_append = r->n - r->target_len,
+                                      .append = r->ctx + r->target_len,
+                                      .k = dres[j].n_drafted,
+                                      .draft = dres[j].tokens,
+                                      .q = dres[j].q,
+                                      .sampling = ss[i].s};
         }
         assert_int_equal(sd_spec_verify_batch(env.target_model, kv, m, vseq, vres, scratch), SD_OK);
         for (int32_t j = 0; j < m; j++) {
@@ -326,9 +330,9 @@ static void test_draft_batch_equals_propose(void **state) {
             sd_drafter *alone = make_drafter((draft_kind)kind, 1);
             int32_t tokens[SD_MAX_DRAFT], nd = 0;
             sd_spec_q q[SD_MAX_DRAFT];
-            assert_int_equal(sd_drafter_propose(alone, 0, ss[i].prompt, ss[i].n_prompt, ss[i].k + 1, &ss[i].s, tokens,
-                                                q, &nd),
-                             SD_OK);
+            assert_int_equal(
+                sd_drafter_propose(alone, 0, ss[i].prompt, ss[i].n_prompt, ss[i].k + 1, &ss[i].s, tokens, q, &nd),
+                SD_OK);
             assert_int_equal(dres[i].outcome, SD_SEQ_OK);
             assert_int_equal(dres[i].n_drafted, nd);
             if (kind != DRAFT_NGRAM) assert_int_equal(nd, ss[i].k + 1);
@@ -374,8 +378,8 @@ static void test_per_sequence_errors(void **state) {
     const int32_t prompt[6] = {3, 4, 5, 6, 7, 8}, draft[3] = {9, 10, 11}, bad_ids[2] = {3, VOCAB};
     sd_sampling greedy = sd_sampling_default(), hot = sd_sampling_default();
     hot.temperature = 1.0f;
-    sd_verify_seq good = {.slot = 1, .keep_len = 0, .n_append = 6, .append = prompt, .k = 3, .draft = draft,
-                          .sampling = greedy};
+    sd_verify_seq good = {
+        .slot = 1, .keep_len = 0, .n_append = 6, .append = prompt, .k = 3, .draft = draft, .sampling = greedy};
     sd_verify_result want;
     verify_alone(&good, &want);
     assert_int_equal(want.outcome, SD_SEQ_OK);
@@ -389,26 +393,27 @@ static void test_per_sequence_errors(void **state) {
     sd_verify_seq seqs[9];
     for (int32_t i = 0; i < 9; i++) seqs[i] = good;
     seqs[0].slot = 2;
-    seqs[0].keep_len = 4;                  /* slot 2 holds nothing: cache miss */
+    seqs[0].keep_len = 4; /* slot 2 holds nothing: cache miss */
     seqs[0].n_append = 2;
-    seqs[1].slot = MAX_SLOTS;              /* out of range */
-    seqs[2] = good;                        /* the good one */
-    seqs[3].slot = 1;                      /* duplicate of the good one's slot */
+    seqs[1].slot = MAX_SLOTS; /* out of range */
+    seqs[2] = good;           /* the good one */
+    seqs[3].slot = 1;         /* duplicate of the good one's slot */
     seqs[4].slot = 3;
-    seqs[4].append = bad_ids;              /* id == VOCAB */
+    seqs[4].append = bad_ids; /* id == VOCAB */
     seqs[4].n_append = 2;
     seqs[5].slot = 4;
-    seqs[5].k = SD_MAX_DRAFT + 1;         /* K over the limit */
+    seqs[5].k = SD_MAX_DRAFT + 1; /* K over the limit */
     seqs[6].slot = 5;
-    seqs[6].sampling = hot;                /* sampling without q */
+    seqs[6].sampling = hot; /* sampling without q */
     seqs[7].slot = 6;
-    seqs[7].n_append = 0;                  /* nothing to feed */
+    seqs[7].n_append = 0; /* nothing to feed */
     seqs[8].slot = 7;
-    seqs[8].k = 0;                         /* valid, but no KV room left after the good one */
+    seqs[8].k = 0; /* valid, but no KV room left after the good one */
     sd_verify_result res[9];
     assert_int_equal(sd_spec_verify_batch(env.target_model, kv, 9, seqs, res, scratch), SD_OK);
-    const sd_seq_outcome expect[9] = {SD_SEQ_CACHE_MISS, SD_SEQ_INVALID, SD_SEQ_OK, SD_SEQ_INVALID, SD_SEQ_INVALID,
-                                      SD_SEQ_INVALID, SD_SEQ_INVALID, SD_SEQ_INVALID, SD_SEQ_OUT_OF_BLOCKS};
+    const sd_seq_outcome expect[9] = {SD_SEQ_CACHE_MISS, SD_SEQ_INVALID, SD_SEQ_OK,
+                                      SD_SEQ_INVALID,    SD_SEQ_INVALID, SD_SEQ_INVALID,
+                                      SD_SEQ_INVALID,    SD_SEQ_INVALID, SD_SEQ_OUT_OF_BLOCKS};
     for (int32_t i = 0; i < 9; i++) {
         if (res[i].outcome != expect[i])
             print_message("sequence %d: outcome %s, expected %s\n", (int)i, sd_seq_outcome_str(res[i].outcome),
@@ -426,8 +431,12 @@ static void test_per_sequence_errors(void **state) {
     memcpy(ctx, prompt, sizeof prompt);
     memcpy(ctx + 6, want.tokens, (size_t)want.n_tokens * sizeof(int32_t));
     int32_t n = 6 + want.n_tokens;
-    sd_verify_seq next = {.slot = 1, .keep_len = want.cache_len, .n_append = n - want.cache_len,
-                          .append = ctx + want.cache_len, .k = 0, .sampling = greedy};
+    sd_verify_seq next = {.slot = 1,
+                          .keep_len = want.cache_len,
+                          .n_append = n - want.cache_len,
+                          .append = ctx + want.cache_len,
+                          .k = 0,
+                          .sampling = greedy};
     sd_kv_release(kv, 7);
     assert_int_equal(sd_spec_verify_batch(env.target_model, kv, 1, &next, res, scratch), SD_OK);
     assert_int_equal(res[0].outcome, SD_SEQ_OK);
@@ -445,10 +454,8 @@ static void test_per_sequence_errors(void **state) {
 int main(void) {
     sd_log_set(NULL, NULL, SD_LOG_OFF, "test");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_draft_batch_equals_propose),
-        cmocka_unit_test(test_per_sequence_errors),
-        cmocka_unit_test(test_alone_equals_batched_ngram),
-        cmocka_unit_test(test_alone_equals_batched_model),
+        cmocka_unit_test(test_draft_batch_equals_propose), cmocka_unit_test(test_per_sequence_errors),
+        cmocka_unit_test(test_alone_equals_batched_ngram), cmocka_unit_test(test_alone_equals_batched_model),
         cmocka_unit_test(test_alone_equals_batched_self),
     };
     return cmocka_run_group_tests(tests, setup_models, teardown_models);

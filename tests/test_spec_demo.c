@@ -34,8 +34,8 @@
 #include "greedy_util.h"
 
 #define MAX_PROMPTS 64
-#define MAX_TOKENS 64
-#define MAX_CTX 512
+#define MAX_TOKENS  64
+#define MAX_CTX     512
 #define SELF_LAYERS 8
 
 static char *model_path(void) {
@@ -114,8 +114,7 @@ int main(int argc, char **argv) {
         int32_t *ids = NULL;
         size_t n_ids = 0;
         if (sd_tok_chat_format(&msg, 1, NULL, true, &text) != SD_OK ||
-            sd_tok_encode(tok, text, strlen(text), true, &ids, &n_ids) != SD_OK ||
-            n_ids + MAX_TOKENS + 80 > MAX_CTX) {
+            sd_tok_encode(tok, text, strlen(text), true, &ids, &n_ids) != SD_OK || n_ids + MAX_TOKENS + 80 > MAX_CTX) {
             fprintf(stderr, "FAIL: cannot encode prompt %d (or it is too long)\n", p);
             free(text);
             free(ids);
@@ -141,8 +140,10 @@ int main(int argc, char **argv) {
             runs++;
             for (int i = 0; i < n_tokens; i++) {
                 if (spec[i] != plain[i]) {
-                    fprintf(stderr, "FAIL: prompt %d (\"%.40s\"), drafter %s, K %d: token %d is %d, plain greedy "
-                            "gives %d\n", p, prompts[p], names[di], (int)k, i, (int)spec[i], (int)plain[i]);
+                    fprintf(stderr,
+                            "FAIL: prompt %d (\"%.40s\"), drafter %s, K %d: token %d is %d, plain greedy "
+                            "gives %d\n",
+                            p, prompts[p], names[di], (int)k, i, (int)spec[i], (int)plain[i]);
                     free(ids);
                     goto out;
                 }

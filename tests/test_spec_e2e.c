@@ -39,8 +39,8 @@
 #include "specd/tokenizer.h"
 
 #define SIGNIFICANCE 1e-4
-#define VOCAB 300
-#define MAX_CTX 128
+#define VOCAB        300
+#define MAX_CTX      128
 
 static struct {
     char dir[64], target[128], draft[128], draft_q4[128];
@@ -91,8 +91,7 @@ static int teardown_models(void **state) {
 }
 
 /* Plain decoding: one forward per token, sd_sample_token at each position. */
-static void plain_generate(const int32_t *prompt, int32_t n_prompt, int32_t n_new, const sd_sampling *s,
-                           int32_t *out) {
+static void plain_generate(const int32_t *prompt, int32_t n_prompt, int32_t n_new, const sd_sampling *s, int32_t *out) {
     sd_kv *kv = NULL;
     assert_int_equal(sd_model_kv_create(env.target_model, 1, MAX_CTX / 16 + 2, 16, &kv), SD_OK);
     float logits[VOCAB];

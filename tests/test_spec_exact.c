@@ -35,17 +35,17 @@
 #include "specd/spec.h"
 
 #define SIGNIFICANCE 1e-4
-#define K 3
-#define V_MAX 24
-#define DEFAULT_N 1000000
+#define K            3
+#define V_MAX        24
+#define DEFAULT_N    1000000
 
 typedef struct spec_case {
     const char *name;
     int32_t n_vocab;
-    float p[K + 1][V_MAX];     /* target rows, position 1..K+1 (padded) */
+    float p[K + 1][V_MAX];         /* target rows, position 1..K+1 (padded) */
     float p_flat[(K + 1) * V_MAX]; /* the same rows packed as [K+1][n_vocab], what the verifier reads */
-    float q_dense[K][V_MAX];   /* proposal rows as a dense vector (test's reference) */
-    int32_t q_ids[K][V_MAX];   /* the sparse q handed to the verifier */
+    float q_dense[K][V_MAX];       /* proposal rows as a dense vector (test's reference) */
+    int32_t q_ids[K][V_MAX];       /* the sparse q handed to the verifier */
     float q_probs[K][V_MAX];
     sd_spec_q q[K];
 } spec_case;
@@ -123,7 +123,8 @@ static void build_case(spec_case *c, case_kind kind, const char *name, int32_t n
             break;
         case KIND_ONE_HOT: {
             int32_t y;
-            do y = (int32_t)(rand01() * V); while (c->p[i][y] == 0.0f);
+            do y = (int32_t)(rand01() * V);
+            while (c->p[i][y] == 0.0f);
             q[y] = 1.0f;
             sparse_from_dense(c, i);
             break;
@@ -168,21 +169,21 @@ static double alpha_of(const spec_case *c, int32_t i) {
 
 /* ---- the harness ---- */
 
-typedef sd_status (*verify_fn)(const spec_case *c, const int32_t *draft, uint64_t seed, uint64_t pos0,
-                               double *scratch, int32_t *out, int32_t *n_acc);
+typedef sd_status (*verify_fn)(const spec_case *c, const int32_t *draft, uint64_t seed, uint64_t pos0, double *scratch,
+                               int32_t *out, int32_t *n_acc);
 
-static sd_status verify_real(const spec_case *c, const int32_t *draft, uint64_t seed, uint64_t pos0,
-                             double *scratch, int32_t *out, int32_t *n_acc) {
+static sd_status verify_real(const spec_case *c, const int32_t *draft, uint64_t seed, uint64_t pos0, double *scratch,
+                             int32_t *out, int32_t *n_acc) {
     return sd_spec_verify(c->p_flat, c->n_vocab, draft, c->q, K, seed, pos0, scratch, out, n_acc, NULL);
 }
 
 /* Wrong on purpose: replaces the residual draw by a draw from p itself. */
-static sd_status verify_wrong(const spec_case *c, const int32_t *draft, uint64_t seed, uint64_t pos0,
-                              double *scratch, int32_t *out, int32_t *n_acc) {
+static sd_status verify_wrong(const spec_case *c, const int32_t *draft, uint64_t seed, uint64_t pos0, double *scratch,
+                              int32_t *out, int32_t *n_acc) {
     sd_status st = verify_real(c, draft, seed, pos0, scratch, out, n_acc);
     if (st == SD_OK && *n_acc < K)
-        out[*n_acc] = sd_sample_from(c->p[*n_acc], c->n_vocab, sd_rng_uniform(seed, pos0 + (uint64_t)*n_acc,
-                                                                              SD_RNG_RESIDUAL));
+        out[*n_acc] =
+            sd_sample_from(c->p[*n_acc], c->n_vocab, sd_rng_uniform(seed, pos0 + (uint64_t)*n_acc, SD_RNG_RESIDUAL));
     return st;
 }
 
@@ -225,8 +226,8 @@ static harness_result run_harness(const spec_case *c, verify_fn fn, uint64_t n_s
     r.p_accepted = spec_chi2_gof(accepted, pn, K + 1, &s3, &d3);
     print_message("  %-10s %s: alpha %.3f %.3f %.3f | first token chi2 %.1f df %d p %.3g | accepted chi2 %.1f "
                   "df %d p %.3g | second p %.3g\n",
-                  c->name, fn == verify_real ? "real " : "WRONG", a[0], a[1], a[2], s1, (int)d1, r.p_first, s3,
-                  (int)d3, r.p_accepted, r.p_second);
+                  c->name, fn == verify_real ? "real " : "WRONG", a[0], a[1], a[2], s1, (int)d1, r.p_first, s3, (int)d3,
+                  r.p_accepted, r.p_second);
     return r;
 }
 
@@ -277,8 +278,8 @@ static void test_exact_one_step(void **state) {
         double lambda = wrong_noncentrality(&cases[c], n_wrong);
         if (lambda >= 200) {
             harness_result w = run_harness(&cases[c], verify_wrong, n_wrong, 1000 + (uint64_t)c);
-            print_message("  %-10s wrong verifier: noncentrality %.0f, rejected with p %.3g\n", cases[c].name,
-                          lambda, w.p_first);
+            print_message("  %-10s wrong verifier: noncentrality %.0f, rejected with p %.3g\n", cases[c].name, lambda,
+                          w.p_first);
             assert_true(w.p_first < SIGNIFICANCE);
             wrong_checked++;
         }

@@ -55,7 +55,7 @@ static uint32_t byte_cp(int b) {
 
 static int32_t fx_tok(fixture *f, const char *text, size_t len, int32_t type) {
     assert_true(f->n < 600);
-    f->toks[f->n] = (sd_tok_text){ pool_add(f, text, len), len };
+    f->toks[f->n] = (sd_tok_text){pool_add(f, text, len), len};
     f->types[f->n] = type;
     return (int32_t)f->n++;
 }
@@ -66,7 +66,8 @@ static void fx_init(fixture *f, const char *pre) {
         uint32_t cp = byte_cp(b);
         char s[3];
         size_t l = 1;
-        if (cp < 0x80) s[0] = (char)cp;
+        if (cp < 0x80)
+            s[0] = (char)cp;
         else {
             s[0] = (char)(0xC0 | (cp >> 6));
             s[1] = (char)(0x80 | (cp & 0x3F));
@@ -75,7 +76,7 @@ static void fx_init(fixture *f, const char *pre) {
         fx_tok(f, s, l, 1);
     }
     f->spec = sd_tok_spec_default();
-    f->spec.pre = (sd_tok_text){ pre, strlen(pre) };
+    f->spec.pre = (sd_tok_text){pre, strlen(pre)};
 }
 
 /* Adds merge "left right" and, when missing, the merged token. */
@@ -90,7 +91,7 @@ static void fx_merge(fixture *f, const char *merge) {
     for (size_t i = 0; i < f->n; i++)
         if (f->toks[i].len == ll + rl && memcmp(f->toks[i].ptr, joined, ll + rl) == 0) have = true;
     if (!have) fx_tok(f, joined, ll + rl, 1);
-    f->merges[f->n_merges++] = (sd_tok_text){ pool_add(f, merge, strlen(merge)), strlen(merge) };
+    f->merges[f->n_merges++] = (sd_tok_text){pool_add(f, merge, strlen(merge)), strlen(merge)};
 }
 
 static sd_status fx_try(fixture *f, sd_tok **t) {
@@ -176,13 +177,13 @@ static void test_bpe_merges(void **state) {
     (void)state;
     fixture *f = std_fixture("gpt2");
     sd_tok *t = fx_build(f);
-    int32_t w1[] = { ID(t, "hello"), ID(t, G "world") };
+    int32_t w1[] = {ID(t, "hello"), ID(t, G "world")};
     expect_ids(t, "hello world", 11, true, w1, 2);
-    int32_t w2[] = { 'a', ID(t, "bc") }; /* lower rank "b c" wins over "a b" */
+    int32_t w2[] = {'a', ID(t, "bc")}; /* lower rank "b c" wins over "a b" */
     expect_ids(t, "abc", 3, true, w2, 2);
-    int32_t w3[] = { ID(t, "aa"), 'a' }; /* leftmost first on equal rank */
+    int32_t w3[] = {ID(t, "aa"), 'a'}; /* leftmost first on equal rank */
     expect_ids(t, "aaa", 3, true, w3, 2);
-    int32_t w4[] = { ID(t, "aaaa"), ID(t, "aa"), 'a' };
+    int32_t w4[] = {ID(t, "aaaa"), ID(t, "aa"), 'a'};
     expect_ids(t, "aaaaaaa", 7, true, w4, 3);
     expect_ids(t, "", 0, true, NULL, 0);
     assert_true(w1[0] > 259 && w1[1] > 259 && w2[1] > 259 && w3[0] > 259 && w4[0] > 259);
@@ -197,15 +198,15 @@ static void test_pretokenizers(void **state) {
      * their last space for the next word. */
     fixture *f = std_fixture("gpt2");
     sd_tok *t = fx_build(f);
-    int32_t d1[] = { ID(t, "12"), ID(t, "12") };
+    int32_t d1[] = {ID(t, "12"), ID(t, "12")};
     expect_ids(t, "1212", 4, true, d1, 2);
-    int32_t c1[] = { 'd', 'o', 'n', '\'', 't' }; /* "n'" never merges across "don" | "'t" */
+    int32_t c1[] = {'d', 'o', 'n', '\'', 't'}; /* "n'" never merges across "don" | "'t" */
     expect_ids(t, "don't", 5, true, c1, 5);
-    int32_t c0[] = { 'D', 'O', 'n', '\'', 'T' }; /* case-sensitive: "'" and "T" apart */
+    int32_t c0[] = {'D', 'O', 'n', '\'', 'T'}; /* case-sensitive: "'" and "T" apart */
     expect_ids(t, "DOn'T", 5, true, c0, 5);
-    int32_t s1[] = { 'a', ID(t, G), ID(t, G "b") };
+    int32_t s1[] = {'a', ID(t, G), ID(t, G "b")};
     expect_ids(t, "a  b", 4, true, s1, 3);
-    int32_t s2[] = { 'a', ID(t, G G) }; /* trailing run stays whole */
+    int32_t s2[] = {'a', ID(t, G G)}; /* trailing run stays whole */
     expect_ids(t, "a  ", 3, true, s2, 2);
     sd_tok_free(&t);
     free(f);
@@ -213,7 +214,7 @@ static void test_pretokenizers(void **state) {
     /* smollm: every digit is its own piece, so "1 2" cannot merge. */
     f = std_fixture("smollm");
     t = fx_build(f);
-    int32_t d2[] = { '1', '2', '1', '2' };
+    int32_t d2[] = {'1', '2', '1', '2'};
     expect_ids(t, "1212", 4, true, d2, 4);
     sd_tok_free(&t);
     free(f);
@@ -222,9 +223,9 @@ static void test_pretokenizers(void **state) {
      * letter run may take one leading non-letter. */
     f = std_fixture("llama-bpe");
     t = fx_build(f);
-    int32_t d3[] = { ID(t, "12"), '1', '2' };
+    int32_t d3[] = {ID(t, "12"), '1', '2'};
     expect_ids(t, "1212", 4, true, d3, 3);
-    int32_t c2[] = { 'D', 'O', 'n', ID(t, "'T") };
+    int32_t c2[] = {'D', 'O', 'n', ID(t, "'T")};
     expect_ids(t, "DOn'T", 5, true, c2, 4);
     sd_tok_free(&t);
     free(f);
@@ -235,7 +236,7 @@ static void test_special_tokens(void **state) {
     fixture *f = std_fixture("gpt2");
     sd_tok *t = fx_build(f);
     const char *s = "x<|im_start|>he<tool>call<tool><|im_end|>";
-    int32_t want[] = { 'x', 256, ID(t, "he"), 259, 258, 257 };
+    int32_t want[] = {'x', 256, ID(t, "he"), 259, 258, 257};
     expect_ids(t, s, strlen(s), true, want, 6);
     /* off: no special id appears, and the text still round-trips */
     int32_t *ids = NULL;
@@ -268,15 +269,16 @@ static void test_invalid_utf8_roundtrip(void **state) {
     (void)state;
     fixture *f = std_fixture("smollm");
     sd_tok *t = fx_build(f);
-    const char bad[] = "\xff\xfe hello \xc3 \xe2\x82 \xed\xa0\x80 \xf0\x9f\x98 \x80\x80 a\0b \xc0\xaf 12\xf4\x90\x80\x80";
+    const char bad[] =
+        "\xff\xfe hello \xc3 \xe2\x82 \xed\xa0\x80 \xf0\x9f\x98 \x80\x80 a\0b \xc0\xaf 12\xf4\x90\x80\x80";
     expect_roundtrip(t, bad, sizeof bad - 1, true);
     char all[512];
     for (int i = 0; i < 512; i++) all[i] = (char)(i * 7 + (i >> 8));
     expect_roundtrip(t, all, sizeof all, true);
     /* a lone invalid byte is encoded as its byte symbol */
-    int32_t want[] = { 0xff };
+    int32_t want[] = {0xff};
     expect_ids(t, "\xff", 1, true, want, 1);
-    int32_t out[2] = { 0, 9999 };
+    int32_t out[2] = {0, 9999};
     char *txt = NULL;
     assert_int_equal(sd_tok_decode(t, out, 2, &txt, NULL), SD_ERR_RANGE);
     assert_null(txt);
@@ -317,7 +319,7 @@ static void test_stream_decoder(void **state) {
     char out[256];
     size_t n;
     /* 😀 = F0 9F 98 80, one byte token each: nothing until the last byte */
-    const unsigned char emoji[] = { 0xF0, 0x9F, 0x98, 0x80 };
+    const unsigned char emoji[] = {0xF0, 0x9F, 0x98, 0x80};
     for (int i = 0; i < 3; i++) {
         assert_int_equal(sd_tok_stream_push(s, emoji[i], out, sizeof out, &n), SD_OK);
         assert_int_equal(n, 0);
@@ -366,7 +368,8 @@ static void test_stream_decoder(void **state) {
 
     /* Streaming any valid text token by token gives back exactly the text,
      * and no chunk ever ends inside a character. */
-    const char *text = "h\xc3\xa9llo w\xc3\xb6rld \xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x92\xbb \xe4\xb8\xad\xe6\x96\x87";
+    const char *text =
+        "h\xc3\xa9llo w\xc3\xb6rld \xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x92\xbb \xe4\xb8\xad\xe6\x96\x87";
     int32_t *ids = NULL;
     size_t n_ids = 0;
     assert_int_equal(sd_tok_encode(t, text, strlen(text), true, &ids, &n_ids), SD_OK);
@@ -397,13 +400,13 @@ static void test_stream_decoder(void **state) {
 static void test_chat_format(void **state) {
     (void)state;
     const char *sys = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
-    sd_chat_msg m1[] = { { "user", "Hi!" } };
+    sd_chat_msg m1[] = {{"user", "Hi!"}};
     char *out = NULL;
     assert_int_equal(sd_tok_chat_format(m1, 1, sys, true, &out), SD_OK);
     assert_string_equal(out, "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
                              "Hugging Face<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n");
     free(out);
-    sd_chat_msg m2[] = { { "system", "Be brief." }, { "user", "2+2?" }, { "assistant", "4" } };
+    sd_chat_msg m2[] = {{"system", "Be brief."}, {"user", "2+2?"}, {"assistant", "4"}};
     assert_int_equal(sd_tok_chat_format(m2, 3, sys, false, &out), SD_OK);
     assert_string_equal(out, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
                              "<|im_start|>assistant\n4<|im_end|>\n");
@@ -414,7 +417,7 @@ static void test_chat_format(void **state) {
     assert_int_equal(sd_tok_chat_format(NULL, 0, sys, false, &out), SD_OK);
     assert_string_equal(out, "");
     free(out);
-    sd_chat_msg bad[] = { { "user", NULL } };
+    sd_chat_msg bad[] = {{"user", NULL}};
     assert_int_equal(sd_tok_chat_format(bad, 1, sys, false, &out), SD_ERR_INVALID_ARG);
     assert_null(out);
 }
@@ -423,12 +426,12 @@ static void test_bad_spec(void **state) {
     (void)state;
     sd_tok *t = NULL;
     fixture *f = std_fixture("gpt2");
-    f->spec.model = (sd_tok_text){ "llama", 5 };
+    f->spec.model = (sd_tok_text){"llama", 5};
     assert_int_equal(fx_try(f, &t), SD_ERR_UNSUPPORTED);
-    f->spec.model = (sd_tok_text){ "gpt2", 4 };
-    f->spec.pre = (sd_tok_text){ "qwen9", 5 };
+    f->spec.model = (sd_tok_text){"gpt2", 4};
+    f->spec.pre = (sd_tok_text){"qwen9", 5};
     assert_int_equal(fx_try(f, &t), SD_ERR_UNSUPPORTED);
-    f->spec.pre = (sd_tok_text){ "gpt2", 4 };
+    f->spec.pre = (sd_tok_text){"gpt2", 4};
     f->spec.eos = (int64_t)f->n;
     assert_int_equal(fx_try(f, &t), SD_ERR_FORMAT);
     f->spec.eos = 2;
@@ -438,9 +441,9 @@ static void test_bad_spec(void **state) {
     assert_int_equal(fx_try(f, &t), SD_OK); /* the fixture itself is fine */
     sd_tok_free(&t);
     size_t good = f->n_merges;
-    const char *bad_merges[] = { "hello", "h ", "q zz", "zz q", "a c" /* "ac" not in vocab */ };
+    const char *bad_merges[] = {"hello", "h ", "q zz", "zz q", "a c" /* "ac" not in vocab */};
     for (size_t i = 0; i < 5; i++) {
-        f->merges[good] = (sd_tok_text){ bad_merges[i], strlen(bad_merges[i]) };
+        f->merges[good] = (sd_tok_text){bad_merges[i], strlen(bad_merges[i])};
         f->n_merges = good;
         f->spec.merges = f->merges;
         f->spec.n_merges = good + 1;
@@ -454,13 +457,16 @@ static void test_bad_spec(void **state) {
     /* a vocabulary lacking a byte symbol cannot encode every input */
     f = malloc(sizeof *f);
     fx_init(f, "gpt2");
-    f->toks[7] = (sd_tok_text){ "XX", 2 };
+    f->toks[7] = (sd_tok_text){"XX", 2};
     assert_int_equal(fx_try(f, &t), SD_ERR_FORMAT);
     /* ... unless it has an unknown token to stand for the missing byte */
     f->spec.unk = 7;
     assert_int_equal(fx_try(f, &t), SD_OK);
-    int32_t want[] = { 'a', 7, 'b', 7 };
-    expect_ids(t, "a\x07" "b\x07", 4, true, want, 4);
+    int32_t want[] = {'a', 7, 'b', 7};
+    expect_ids(t,
+               "a\x07"
+               "b\x07",
+               4, true, want, 4);
     sd_tok_free(&t);
     free(f);
 }
@@ -474,12 +480,12 @@ static void test_vocab_hash(void **state) {
     sd_tok *c = fx_build(f);
     assert_true(sd_tok_vocab_hash(c) != sd_tok_vocab_hash(a));
     f->types[258] = 4;
-    f->toks[258] = (sd_tok_text){ "<tooL>", 6 };
+    f->toks[258] = (sd_tok_text){"<tooL>", 6};
     sd_tok *d = fx_build(f);
     assert_true(sd_tok_vocab_hash(d) != sd_tok_vocab_hash(a));
     /* moving bytes between neighbouring tokens must change it too */
-    f->toks[258] = (sd_tok_text){ "<tool", 5 };
-    f->toks[259] = (sd_tok_text){ "><tool>call", 11 };
+    f->toks[258] = (sd_tok_text){"<tool", 5};
+    f->toks[259] = (sd_tok_text){"><tool>call", 11};
     sd_tok *e = fx_build(f);
     assert_true(sd_tok_vocab_hash(e) != sd_tok_vocab_hash(a));
     sd_tok_free(&a);
@@ -507,8 +513,7 @@ static sd_status tok_from_writer(sd_gguf_writer *w, sd_tok **t) {
     return st;
 }
 
-static sd_gguf_writer *writer_from_fixture(const fixture *f, const char *model, size_t n_types,
-                                          const char *bad_merge) {
+static sd_gguf_writer *writer_from_fixture(const fixture *f, const char *model, size_t n_types, const char *bad_merge) {
     sd_gguf_writer *w = sd_gguf_writer_new();
     assert_non_null(w);
     const char **toks = malloc(f->n * sizeof *toks), **merges = malloc(f->n_merges * sizeof *merges);
@@ -539,7 +544,7 @@ static void test_from_gguf(void **state) {
     assert_true(sd_tok_add_bos(t));
     assert_int_equal(sd_tok_bos(t), -1);
     assert_true(sd_tok_is_eog(t, 257));
-    int32_t want[] = { '1', '2', 256, ID(t, "hello") };
+    int32_t want[] = {'1', '2', 256, ID(t, "hello")};
     expect_ids(t, "12<|im_start|>hello", 19, true, want, 4);
     sd_tok *direct = fx_build(f);
     assert_true(sd_tok_vocab_hash(direct) == sd_tok_vocab_hash(t));
@@ -593,10 +598,11 @@ static void test_demo_model(void **state) {
     sd_gguf_str tmpl;
     assert_int_equal(sd_gguf_get_str(g, "tokenizer.chat_template", &tmpl), SD_OK);
     char *tmpl_z = strndup(tmpl.ptr, (size_t)tmpl.len);
-    sd_chat_msg hi[] = { { "user", "x" } };
+    sd_chat_msg hi[] = {{"user", "x"}};
     char *formatted = NULL;
     assert_int_equal(sd_tok_chat_format(hi, 1, "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
-                                        false, &formatted), SD_OK);
+                                        false, &formatted),
+                     SD_OK);
     *strstr(formatted, "<|im_start|>user") = '\0';
     assert_non_null(strstr(tmpl_z, formatted));
     assert_non_null(strstr(tmpl_z, "'<|im_start|>assistant\n'"));
@@ -608,7 +614,7 @@ static void test_demo_model(void **state) {
     assert_true(im_start >= 0 && im_end >= 0);
     assert_true(sd_tok_is_eog(t, im_end));
     assert_true(sd_tok_is_eog(t, sd_tok_eos(t)));
-    sd_chat_msg m[] = { { "user", "What is 12345 + 678?" } };
+    sd_chat_msg m[] = {{"user", "What is 12345 + 678?"}};
     char *chat = NULL;
     assert_int_equal(sd_tok_chat_format(m, 1, "You are helpful.", true, &chat), SD_OK);
     int32_t *ids = NULL;
@@ -645,16 +651,11 @@ static void test_demo_model(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bpe_merges),
-        cmocka_unit_test(test_pretokenizers),
-        cmocka_unit_test(test_special_tokens),
-        cmocka_unit_test(test_invalid_utf8_roundtrip),
-        cmocka_unit_test(test_long_input_is_fast),
-        cmocka_unit_test(test_stream_decoder),
-        cmocka_unit_test(test_chat_format),
-        cmocka_unit_test(test_bad_spec),
-        cmocka_unit_test(test_vocab_hash),
-        cmocka_unit_test(test_from_gguf),
+        cmocka_unit_test(test_bpe_merges),         cmocka_unit_test(test_pretokenizers),
+        cmocka_unit_test(test_special_tokens),     cmocka_unit_test(test_invalid_utf8_roundtrip),
+        cmocka_unit_test(test_long_input_is_fast), cmocka_unit_test(test_stream_decoder),
+        cmocka_unit_test(test_chat_format),        cmocka_unit_test(test_bad_spec),
+        cmocka_unit_test(test_vocab_hash),         cmocka_unit_test(test_from_gguf),
         cmocka_unit_test(test_demo_model),
     };
     sd_log_set(NULL, NULL, getenv("SPECD_TEST_LOG") ? SD_LOG_DEBUG : SD_LOG_OFF, "test_tokenizer");

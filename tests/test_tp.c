@@ -50,22 +50,22 @@
 #include "specd/model.h"
 #include "specd/weights.h"
 
-#define MAX_TP 4
-#define MAX_SEQS 4
-#define MAX_LEN 16
-#define KV_BLOCKS 64
-#define BLOCK 4
+#define MAX_TP       4
+#define MAX_SEQS     4
+#define MAX_LEN      16
+#define KV_BLOCKS    64
+#define BLOCK        4
 #define GROUP_WAIT_S 600.0
 
 /* ------------------------------------------------------------ models */
 
 static struct {
     char dir[64];
-    char m_gqa[128];   /* dim 64, 4 heads, 2 KV heads, ff 128, vocab 512, untied, f32 */
-    char m_q8[128];    /* dim 128, 8 heads, 8 KV heads, ff 256, vocab 510, tied, q8_0 */
-    char m_odd[128];   /* dim 96, 6 heads, 2 KV heads, ff 192 (refusals) */
-    char m_ff[128];    /* dim 64, 4 heads, ff 130 (refusals) */
-    char m_q8s[128];   /* dim 64, 4 heads, q8_0: 16 columns per rank at tp 4 (refusal) */
+    char m_gqa[128]; /* dim 64, 4 heads, 2 KV heads, ff 128, vocab 512, untied, f32 */
+    char m_q8[128];  /* dim 128, 8 heads, 8 KV heads, ff 256, vocab 510, tied, q8_0 */
+    char m_odd[128]; /* dim 96, 6 heads, 2 KV heads, ff 192 (refusals) */
+    char m_ff[128];  /* dim 64, 4 heads, ff 130 (refusals) */
+    char m_q8s[128]; /* dim 64, 4 heads, q8_0: 16 columns per rank at tp 4 (refusal) */
     bool ok;
 } env;
 
@@ -249,9 +249,9 @@ typedef struct group_case {
     sched sc;
     uint32_t seed;
     char shm_name[64];
-    float *out;               /* shared: [MAX_SEQS*MAX_LEN][V] written by rank 0 */
-    uint64_t *resident;       /* shared: [tp] each rank's sd_model_resident_bytes */
-    sd_model_shard *shards;   /* shared: [tp] */
+    float *out;             /* shared: [MAX_SEQS*MAX_LEN][V] written by rank 0 */
+    uint64_t *resident;     /* shared: [tp] each rank's sd_model_resident_bytes */
+    sd_model_shard *shards; /* shared: [tp] */
 } group_case;
 
 static int rank_main(group_case *gc, int rank) {
@@ -293,8 +293,10 @@ static int rank_main(group_case *gc, int rank) {
                 rc = 21;
                 break;
             }
-            sd_model_plan p = {hdr[0], buf, buf + hdr[0], buf + 2 * hdr[0], hdr[1], buf + 3 * hdr[0], hdr[2],
-                               buf + 3 * hdr[0] + hdr[1]};
+            sd_model_plan p = {hdr[0],       buf,
+                               buf + hdr[0], buf + 2 * hdr[0],
+                               hdr[1],       buf + 3 * hdr[0],
+                               hdr[2],       buf + 3 * hdr[0] + hdr[1]};
             if (sd_model_forward_plan(m, kv, &p) != SD_OK) rc = 22;
         }
     }
@@ -405,8 +407,8 @@ static int32_t argmax(const float *x, int32_t n) {
  * and the bound is 10% (tests/ref/test_forward_oracle.py measures the same
  * spread, ~5%, between the numpy reference and itself with its activations
  * jittered by 1e-6). */
-static void assert_close(const float *a, const float *b, const workload *w, int32_t V, const char *what,
-                         bool int_act, bool deep) {
+static void assert_close(const float *a, const float *b, const workload *w, int32_t V, const char *what, bool int_act,
+                         bool deep) {
     const double loose = deep ? 0.10 : 0.05;
     double worst = 0, top = 0;
     int n_rows = 0, n_tight = 0;
@@ -421,8 +423,8 @@ static void assert_close(const float *a, const float *b, const workload *w, int3
             bool tight = row_worst <= 1e-5 * row_top;
             n_tight += tight;
             if (!tight && (!int_act || row_worst > loose * row_top))
-                fail_msg("%s: seq %d pos %d: max |diff| %.3g > %g x max |logit| %.3g", what, (int)s, (int)p,
-                         row_worst, int_act ? loose : 1e-5, row_top);
+                fail_msg("%s: seq %d pos %d: max |diff| %.3g > %g x max |logit| %.3g", what, (int)s, (int)p, row_worst,
+                         int_act ? loose : 1e-5, row_top);
             int32_t ax = argmax(x, V), ay = argmax(y, V);
             if (ax != ay && (!int_act || x[ax] - x[ay] > 2 * row_worst))
                 fail_msg("%s: seq %d pos %d: argmax %d vs %d", what, (int)s, (int)p, (int)ax, (int)ay);
@@ -430,8 +432,8 @@ static void assert_close(const float *a, const float *b, const workload *w, int3
             if (row_top > top) top = row_top;
             n_rows++;
         }
-    fprintf(stderr, "%s: %d rows, %d within 1e-5, max |diff| / max |logit| = %.3g (max |logit| %.3g)\n", what,
-            n_rows, n_tight, worst, top);
+    fprintf(stderr, "%s: %d rows, %d within 1e-5, max |diff| / max |logit| = %.3g (max |logit| %.3g)\n", what, n_rows,
+            n_tight, worst, top);
     if (int_act && !deep && 2 * n_tight < n_rows) fail_msg("%s: only %d of %d rows within 1e-5", what, n_tight, n_rows);
 }
 
@@ -452,8 +454,7 @@ static int32_t vocab_of(const char *path) {
 }
 
 /* TP = tp (mixed schedule) against TP = 1. */
-static void check_matches(const char *model, int tp, sd_tp_lm_head mode, const char *what, bool int_act,
-                          bool deep) {
+static void check_matches(const char *model, int tp, sd_tp_lm_head mode, const char *what, bool int_act, bool deep) {
     int32_t V = vocab_of(model);
     group_case ref = {.model = model, .tp = 1, .mode = mode, .sc = SCHED_MIXED, .seed = 77};
     group_case tpc = ref;
@@ -543,7 +544,7 @@ static void test_tp_resident_bytes(void **state) {
 }
 
 static void expect_refused(const char *path, int tp, const char *what) {
-    for (int r = 0; r < tp; r += tp - 1 > 0 ? tp - 1 : 1) {
+    for (int r = 0; r<tp; r += tp - 1> 0 ? tp - 1 : 1) {
         sd_model *m = NULL;
         sd_status st = load(path, tp, r, SD_TP_LM_HEAD_SPLIT, &m);
         if (st != SD_ERR_INVALID_ARG) fail_msg("%s (rank %d): %s, expected a refusal", what, r, sd_status_str(st));
@@ -678,7 +679,7 @@ int main(int argc, char **argv) {
         return cmocka_run_group_tests(tests, NULL, NULL);
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tp2_matches_tp1),   cmocka_unit_test(test_tp4_matches_tp1),
+        cmocka_unit_test(test_tp2_matches_tp1),    cmocka_unit_test(test_tp4_matches_tp1),
         cmocka_unit_test(test_tp_batch_invariant), cmocka_unit_test(test_tp_resident_bytes),
         cmocka_unit_test(test_tp_refusals),
     };

@@ -49,10 +49,11 @@ typedef struct pair {
 
 static pair PAIRS[] = {
     {"f32 GQA 4/2 untied", "--dim 64 --heads 4 --kv-heads 2 --ff 96 --seed 3", "", "", ""},
-    {"f16 tied MHA 4/4, 3 shards", "--dtype f16 --tied --dim 64 --heads 4 --kv-heads 4 --ff 64 --seed 4",
-     "--shards 3", "", ""},
-    {"bf16 MQA 2/1, 3 layers, 2 shards", "--dtype bf16 --norm-dtype bf16 --dim 32 --heads 2 --kv-heads 1 --ff 64 "
-                                          "--layers 3 --seed 5",
+    {"f16 tied MHA 4/4, 3 shards", "--dtype f16 --tied --dim 64 --heads 4 --kv-heads 4 --ff 64 --seed 4", "--shards 3",
+     "", ""},
+    {"bf16 MQA 2/1, 3 layers, 2 shards",
+     "--dtype bf16 --norm-dtype bf16 --dim 32 --heads 2 --kv-heads 1 --ff 64 "
+     "--layers 3 --seed 5",
      "--shards 2", "", ""},
 };
 #define N_PAIRS (sizeof PAIRS / sizeof PAIRS[0])
@@ -82,8 +83,8 @@ static int setup(void **state) {
         snprintf(p->gguf, sizeof p->gguf, "%s/m%zu.gguf", env.dir, i);
         snprintf(p->hf, sizeof p->hf, "%s/m%zu-hf", env.dir, i);
         env.ok &= run("'%s' -o '%s' --vocab %d %s >/dev/null 2>&1", SPECD_MKMODEL, p->gguf, VOCAB, p->args) == 0;
-        env.ok &= run("'%s' -o '%s' --vocab %d %s --format hf %s >/dev/null 2>&1", SPECD_MKMODEL, p->hf, VOCAB,
-                      p->args, p->hf_args) == 0;
+        env.ok &= run("'%s' -o '%s' --vocab %d %s --format hf %s >/dev/null 2>&1", SPECD_MKMODEL, p->hf, VOCAB, p->args,
+                      p->hf_args) == 0;
     }
     return 0;
 }
@@ -110,9 +111,22 @@ static sd_weights *open_ok(const char *path) {
 static void expect_same_config(const sd_model_config *a, const sd_model_config *b) {
     assert_string_equal(a->arch, b->arch);
 #define SAME(f) assert_true(a->f == b->f)
-    SAME(n_vocab); SAME(n_ctx_train); SAME(n_embd); SAME(n_layers); SAME(n_ff); SAME(n_heads); SAME(n_kv_heads);
-    SAME(head_dim); SAME(rms_eps); SAME(rope_base); SAME(rope_scaling_type); SAME(rope_scale_factor);
-    SAME(rope_low_freq_factor); SAME(rope_high_freq_factor); SAME(rope_orig_ctx); SAME(tied_output);
+    SAME(n_vocab);
+    SAME(n_ctx_train);
+    SAME(n_embd);
+    SAME(n_layers);
+    SAME(n_ff);
+    SAME(n_heads);
+    SAME(n_kv_heads);
+    SAME(head_dim);
+    SAME(rms_eps);
+    SAME(rope_base);
+    SAME(rope_scaling_type);
+    SAME(rope_scale_factor);
+    SAME(rope_low_freq_factor);
+    SAME(rope_high_freq_factor);
+    SAME(rope_orig_ctx);
+    SAME(tied_output);
 #undef SAME
 }
 
@@ -148,14 +162,16 @@ static void test_same_numbers(void **state) {
         assert_int_equal(sd_weights_config(g, &cg), SD_OK);
         assert_int_equal(sd_weights_config(h, &ch), SD_OK);
         expect_same_config(&cg, &ch);
-        static const char *const parts[] = {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-                                            "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"};
+        static const char *const parts[] = {"attn_norm", "attn_q",   "attn_k", "attn_v",  "attn_output",
+                                            "ffn_norm",  "ffn_gate", "ffn_up", "ffn_down"};
         char name[64];
         for (int32_t l = -1; l < cg.n_layers; l++) {
             for (size_t k = 0; k < (l < 0 ? 3 : 9); k++) {
-                if (l < 0) snprintf(name, sizeof name, "%s", (const char *[]){"token_embd.weight", "output_norm.weight",
-                                                                              "output.weight"}[k]);
-                else snprintf(name, sizeof name, "blk.%d.%s.weight", (int)l, parts[k]);
+                if (l < 0)
+                    snprintf(name, sizeof name, "%s",
+                             (const char *[]){"token_embd.weight", "output_norm.weight", "output.weight"}[k]);
+                else
+                    snprintf(name, sizeof name, "blk.%d.%s.weight", (int)l, parts[k]);
                 sd_weights_tensor tg, th;
                 bool has_g = sd_weights_find(g, name, &tg), has_h = sd_weights_find(h, name, &th);
                 assert_int_equal(has_g, has_h);
@@ -298,10 +314,10 @@ static void set_config(const char *dir, const char *key, const char *json) {
 }
 
 typedef struct rewrite {
-    const char *drop;      /* tensor left out */
-    const char *as_i8;     /* tensor stored as I8 */
-    const char *transpose; /* tensor with its two dims swapped */
-    const char *extra_from;/* a file whose tensor extra is added */
+    const char *drop;       /* tensor left out */
+    const char *as_i8;      /* tensor stored as I8 */
+    const char *transpose;  /* tensor with its two dims swapped */
+    const char *extra_from; /* a file whose tensor extra is added */
     const char *extra;
 } rewrite;
 
@@ -319,7 +335,8 @@ static void rewrite_st(const char *dir, const char *file, rewrite r) {
         uint64_t shape[2] = {t->shape[0], t->n_dims > 1 ? t->shape[1] : 0};
         if (r.transpose && strcmp(t->name, r.transpose) == 0) shape[0] = t->shape[1], shape[1] = t->shape[0];
         if (r.as_i8 && strcmp(t->name, r.as_i8) == 0)
-            assert_int_equal(sd_safetensors_writer_add_tensor(w, t->name, SD_SAFETENSORS_I8, t->n_dims, shape, t->data), SD_OK);
+            assert_int_equal(sd_safetensors_writer_add_tensor(w, t->name, SD_SAFETENSORS_I8, t->n_dims, shape, t->data),
+                             SD_OK);
         else
             assert_int_equal(sd_safetensors_writer_add_tensor(w, t->name, t->dtype, t->n_dims, shape, t->data), SD_OK);
     }

@@ -27,7 +27,7 @@
 #include "specd/net.h"
 #include "specd/worker.h"
 
-#define VOCAB 100
+#define VOCAB   100
 #define WAIT_MS 5000
 
 typedef struct stub {

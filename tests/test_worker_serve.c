@@ -35,10 +35,10 @@
 #include "specd/tokenizer.h"
 #include "verify_serve.h"
 
-#define VOCAB 300
+#define VOCAB   300
 #define MAX_CTX 256
-#define N_SEQS 3
-#define K 4
+#define N_SEQS  3
+#define K       4
 
 static struct {
     char dir[64], target[128], draft[128];
@@ -130,7 +130,8 @@ typedef struct vseq {
     int32_t draft[K];
 } vseq;
 
-static void vseq_init(vseq *s, uint64_t id, uint32_t keep_len, int32_t *append, size_t n_append, const sd_sampling *smp) {
+static void vseq_init(vseq *s, uint64_t id, uint32_t keep_len, int32_t *append, size_t n_append,
+                      const sd_sampling *smp) {
     specd__verify_seq__init(&s->seq);
     specd__sampling__init(&s->sampling);
     sd_net_sampling_to_pb(smp, &s->sampling);

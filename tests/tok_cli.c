@@ -18,12 +18,19 @@ static int read_all(const char *path, unsigned char **data, size_t *len) {
     size_t cap = 1 << 16, n = 0;
     unsigned char *buf = malloc(cap);
     for (;;) {
-        if (!buf) { fclose(f); return -1; }
+        if (!buf) {
+            fclose(f);
+            return -1;
+        }
         n += fread(buf + n, 1, cap - n, f);
         if (n < cap) break;
         cap *= 2;
         unsigned char *nb = realloc(buf, cap);
-        if (!nb) { free(buf); buf = NULL; continue; }
+        if (!nb) {
+            free(buf);
+            buf = NULL;
+            continue;
+        }
         buf = nb;
     }
     fclose(f);
@@ -33,8 +40,8 @@ static int read_all(const char *path, unsigned char **data, size_t *len) {
 }
 
 static void put_u32(FILE *f, uint32_t v) {
-    unsigned char b[4] = { (unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16),
-                           (unsigned char)(v >> 24) };
+    unsigned char b[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16),
+                          (unsigned char)(v >> 24)};
     fwrite(b, 1, 4, f);
 }
 
@@ -69,12 +76,18 @@ int main(int argc, char **argv) {
     double t_enc = 0;
     size_t at = 0, n_bytes = 0;
     while (at < in_len && rc == 0) {
-        if (in_len - at < 5) { rc = 1; break; }
+        if (in_len - at < 5) {
+            rc = 1;
+            break;
+        }
         bool parse_special = in[at] != 0;
-        uint32_t len = (uint32_t)in[at + 1] | (uint32_t)in[at + 2] << 8 | (uint32_t)in[at + 3] << 16 |
-                       (uint32_t)in[at + 4] << 24;
+        uint32_t len =
+            (uint32_t)in[at + 1] | (uint32_t)in[at + 2] << 8 | (uint32_t)in[at + 3] << 16 | (uint32_t)in[at + 4] << 24;
         at += 5;
-        if (in_len - at < len) { rc = 1; break; }
+        if (in_len - at < len) {
+            rc = 1;
+            break;
+        }
         int32_t *ids = NULL;
         size_t n_ids = 0;
         double t0 = sd_now();

@@ -42,7 +42,7 @@
 #endif
 
 #define MAX_BATCHES 8
-#define MAX_K 16
+#define MAX_K       16
 
 typedef struct gpu_opts {
     const char *model_path;
@@ -55,7 +55,7 @@ typedef struct gpu_opts {
     int max_k;
     int n_batches;
     int batches[MAX_BATCHES];
-    double max_other;   /* cores other processes may use during a block before it is marked NOISY */
+    double max_other; /* cores other processes may use during a block before it is marked NOISY */
 } gpu_opts;
 
 /* " NOISY" when other processes used more than the limit during a block. */
@@ -104,8 +104,8 @@ out:
 /* Runs n_seqs sequences x per_seq new tokens each (sequence s at positions
  * start[s]..), logits for every row (all_rows) or each sequence's last row.
  * logits holds as many rows. Seconds, or -1. */
-static double timed_step(sd_model *m, sd_kv *kv, int n_seqs, int per_seq, const int32_t *start,
-                         const int32_t *ids, bool all_rows, float *logits) {
+static double timed_step(sd_model *m, sd_kv *kv, int n_seqs, int per_seq, const int32_t *start, const int32_t *ids,
+                         bool all_rows, float *logits) {
     int n = n_seqs * per_seq;
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)n), *seq = malloc(sizeof(int32_t) * (size_t)n);
     bool *want = malloc(sizeof(bool) * (size_t)n);
@@ -240,8 +240,8 @@ static int run(const gpu_opts *o) {
         h0 = sd_hyg_now(NULL);
         for (int i = -2; i < steps; i++) {
             for (int s = 0; s < B; s++) start[s] = sd_kv_seq_len(kv, s);
-            double dt = timed_step(m, kv, B, 1, start, ids + (size_t)(i + 2) * (size_t)B % (size_t)(n_ids - B), false,
-                                   logits);
+            double dt =
+                timed_step(m, kv, B, 1, start, ids + (size_t)(i + 2) * (size_t)B % (size_t)(n_ids - B), false, logits);
             if (dt < 0) goto done;
             if (i >= 0) t[i] = dt;
         }
@@ -262,8 +262,9 @@ static int run(const gpu_opts *o) {
         char day[32];
         strftime(day, sizeof day, "%Y-%m-%d", gmtime(&now));
         fprintf(f, "# specd-bench gpu — %s\n\n", day);
-        fprintf(f, "- model: %s (%d layers, dim %d, ff %d, heads %d/%d, vocab %d); %.1f MB streamed per step "
-                   "(BF16 matrices); loaded in %.1f s\n",
+        fprintf(f,
+                "- model: %s (%d layers, dim %d, ff %d, heads %d/%d, vocab %d); %.1f MB streamed per step "
+                "(BF16 matrices); loaded in %.1f s\n",
                 o->model_path, cfg->n_layers, cfg->n_embd, cfg->n_ff, cfg->n_heads, cfg->n_kv_heads, cfg->n_vocab,
                 wbytes / 1e6, t_load);
         fprintf(f, "- device: cuda:%d, %s; recorded forwards (CUDA graphs) %s\n", (int)o->device, dev_name,
@@ -275,11 +276,13 @@ static int run(const gpu_opts *o) {
             if (!strncmp(*e, "SPECD_CUDA_", 11) || !strncmp(*e, "SPECD_DEVICE_", 13))
                 fprintf(f, "%s %s", n_sw++ ? "," : "", *e);
         fprintf(f, "%s\n", n_sw ? "" : " none (the defaults)");
-        fprintf(f, "- medians over %d repetitions (%d decode steps); host-timed around sd_model_forward, logits "
-                   "downloaded every call\n\n",
+        fprintf(f,
+                "- medians over %d repetitions (%d decode steps); host-timed around sd_model_forward, logits "
+                "downloaded every call\n\n",
                 o->reps, o->decode_steps);
-        fprintf(f, "- hygiene: other processes' CPU use during each measured block, cores (over %.2f marked "
-                   "NOISY): prompt %.2f%s, decode %.2f%s, k-costs %.2f%s",
+        fprintf(f,
+                "- hygiene: other processes' CPU use during each measured block, cores (over %.2f marked "
+                "NOISY): prompt %.2f%s, decode %.2f%s, k-costs %.2f%s",
                 o->max_other, hyg[HYG_PROMPT], noisy(o, hyg[HYG_PROMPT]), hyg[HYG_DECODE], noisy(o, hyg[HYG_DECODE]),
                 hyg[HYG_K], noisy(o, hyg[HYG_K]));
         for (int bi = 0; bi < o->n_batches; bi++)
@@ -312,38 +315,48 @@ done:
 }
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: specd-bench gpu -m MODEL.gguf [options]\n"
-            "\n"
-            "Decode step against the bandwidth floor, k-token call cost, prompt processing and batch\n"
-            "throughput of one model on a CUDA device. Exits 77 when no GPU is usable.\n"
-            "\n"
-            "  -m, --model FILE      GGUF model (required)\n"
-            "      --device D        cuda or cuda:N (default cuda:0)\n"
-            "  -r, --reps N          repetitions per figure (default 9)\n"
-            "      --max-other-load C  mark a block NOISY when other processes used more than C cores\n"
-            "                        during it (default 0.25)\n"
-            "      --decode-steps N  decode steps timed (default 64)\n"
-            "      --prompt-len N    prompt length (default 512)\n"
-            "      --ctx N           context of each sequence in the batch runs (default 256)\n"
-            "      --batches LIST    batch sizes, comma-separated, at most 256 (default 1,8,64)\n"
-            "      --max-k N         largest k for the k-token call cost (default 16)\n"
-            "  -o, --out FILE        also write the table (markdown) to FILE\n"
-            "  -h, --help            this help\n");
+    fprintf(f, "usage: specd-bench gpu -m MODEL.gguf [options]\n"
+               "\n"
+               "Decode step against the bandwidth floor, k-token call cost, prompt processing and batch\n"
+               "throughput of one model on a CUDA device. Exits 77 when no GPU is usable.\n"
+               "\n"
+               "  -m, --model FILE      GGUF model (required)\n"
+               "      --device D        cuda or cuda:N (default cuda:0)\n"
+               "  -r, --reps N          repetitions per figure (default 9)\n"
+               "      --max-other-load C  mark a block NOISY when other processes used more than C cores\n"
+               "                        during it (default 0.25)\n"
+               "      --decode-steps N  decode steps timed (default 64)\n"
+               "      --prompt-len N    prompt length (default 512)\n"
+               "      --ctx N           context of each sequence in the batch runs (default 256)\n"
+               "      --batches LIST    batch sizes, comma-separated, at most 256 (default 1,8,64)\n"
+               "      --max-k N         largest k for the k-token call cost (default 16)\n"
+               "  -o, --out FILE        also write the table (markdown) to FILE\n"
+               "  -h, --help            this help\n");
 }
-
 
 int bench_gpu_main(int argc, char **argv) {
     enum { O_DEVICE = 256, O_STEPS, O_PROMPT, O_CTX, O_BATCHES, O_MAXK };
-    static const struct option longs[] = {
-        {"model", required_argument, 0, 'm'},       {"device", required_argument, 0, O_DEVICE},
-        {"reps", required_argument, 0, 'r'},        {"decode-steps", required_argument, 0, O_STEPS},
-        {"prompt-len", required_argument, 0, O_PROMPT}, {"ctx", required_argument, 0, O_CTX},
-        {"batches", required_argument, 0, O_BATCHES}, {"max-k", required_argument, 0, O_MAXK},
-        {"out", required_argument, 0, 'o'},         {"help", no_argument, 0, 'h'},
-        {"max-other-load", required_argument, 0, 'X'}, {0, 0, 0, 0}};
-    gpu_opts o = {.device = 0, .reps = 9, .decode_steps = 64, .prompt_len = 512, .ctx = 256, .max_k = MAX_K,
-                  .n_batches = 3, .batches = {1, 8, 64}, .max_other = SD_HYG_DEFAULT_MAX_OTHER};
+    static const struct option longs[] = {{"model", required_argument, 0, 'm'},
+                                          {"device", required_argument, 0, O_DEVICE},
+                                          {"reps", required_argument, 0, 'r'},
+                                          {"decode-steps", required_argument, 0, O_STEPS},
+                                          {"prompt-len", required_argument, 0, O_PROMPT},
+                                          {"ctx", required_argument, 0, O_CTX},
+                                          {"batches", required_argument, 0, O_BATCHES},
+                                          {"max-k", required_argument, 0, O_MAXK},
+                                          {"out", required_argument, 0, 'o'},
+                                          {"help", no_argument, 0, 'h'},
+                                          {"max-other-load", required_argument, 0, 'X'},
+                                          {0, 0, 0, 0}};
+    gpu_opts o = {.device = 0,
+                  .reps = 9,
+                  .decode_steps = 64,
+                  .prompt_len = 512,
+                  .ctx = 256,
+                  .max_k = MAX_K,
+                  .n_batches = 3,
+                  .batches = {1, 8, 64},
+                  .max_other = SD_HYG_DEFAULT_MAX_OTHER};
     int c;
     optind = 2;
     while ((c = getopt_long(argc, argv, "m:r:o:h", longs, NULL)) != -1) {

@@ -65,8 +65,8 @@ static bool read_proc_stat(const char *dir, bool children, uint64_t *ticks, char
     /* after ") ": state(3) ppid(4) pgrp(5) session(6) tty_nr(7) tpgid(8) flags(9) minflt(10) cminflt(11)
      * majflt(12) cmajflt(13) utime(14) stime(15) */
     unsigned long long ut = 0, stime = 0, cut = 0, cst = 0;
-    if (sscanf(close + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %llu %llu", &ut, &stime, &cut,
-               &cst) != 4)
+    if (sscanf(close + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %llu %llu", &ut, &stime, &cut, &cst) !=
+        4)
         return false;
     *ticks = ut + stime + (children ? cut + cst : 0);
     return true;

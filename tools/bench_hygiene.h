@@ -23,8 +23,8 @@
 #define SD_HYG_DEFAULT_MAX_OTHER 0.25 /* cores: a quarter of a core */
 
 typedef struct sd_hyg_params {
-    double max_other_cores;       /* a repetition with more is dirty (default SD_HYG_DEFAULT_MAX_OTHER) */
-    const char *exclude_prefix;   /* processes whose name (comm) starts with this count as ours; NULL: none */
+    double max_other_cores;     /* a repetition with more is dirty (default SD_HYG_DEFAULT_MAX_OTHER) */
+    const char *exclude_prefix; /* processes whose name (comm) starts with this count as ours; NULL: none */
 } sd_hyg_params;
 
 sd_hyg_params sd_hyg_default_params(void);
@@ -34,14 +34,14 @@ sd_hyg_params sd_hyg_default_params(void);
 /* CPU counters at one moment (clock ticks, and the wall clock). */
 typedef struct sd_hyg_mark {
     double wall_s;
-    uint64_t busy_ticks;     /* all CPUs, /proc/stat */
-    uint64_t own_ticks;      /* this process and its reaped children */
-    int n_excluded;          /* running processes matching exclude_prefix, each with its ticks: one that
+    uint64_t busy_ticks; /* all CPUs, /proc/stat */
+    uint64_t own_ticks;  /* this process and its reaped children */
+    int n_excluded;      /* running processes matching exclude_prefix, each with its ticks: one that
                                 exits between two marks must not take ticks it had before out of the
                                 difference, nor one that starts add ticks from before its start */
     int excluded_pid[SD_HYG_MAX_EXCLUDED];
     uint64_t excluded_ticks[SD_HYG_MAX_EXCLUDED];
-    bool ok;                 /* the counters could be read */
+    bool ok; /* the counters could be read */
 } sd_hyg_mark;
 
 /* Reads the counters now. */

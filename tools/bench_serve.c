@@ -55,12 +55,12 @@
 #include <time.h>
 
 #define MAX_PROMPTS 256
-#define MAX_CONC 256
+#define MAX_CONC    256
 
 typedef struct serve_req {
     pthread_mutex_t mu;
-    double t_last;      /* time of the previous chunk, 0 before the first */
-    double *lat;        /* per-token gaps, ms */
+    double t_last; /* time of the previous chunk, 0 before the first */
+    double *lat;   /* per-token gaps, ms */
     size_t n_lat, cap;
 } serve_req;
 
@@ -70,7 +70,7 @@ typedef struct serve_tally {
     double *lat;
     size_t n_lat, cap;
     double tokens, seconds;
-    double round_tps[MAX_ROUNDS]; /* tokens/s of each round */
+    double round_tps[MAX_ROUNDS];   /* tokens/s of each round */
     double round_other[MAX_ROUNDS]; /* CPU cores used by processes outside the service during each round */
     int n_rounds;
     double drafted, accepted, drafting_ms, verifying_ms, busy_ms;
@@ -232,9 +232,7 @@ typedef struct serve_ratios {
  * speculative, 1: target-only) at concurrency conc, from the kept pairs. */
 static void write_mode_row(FILE *out, int conc, int m, const serve_tally *t, const bool *keep, int n_pairs, int n_dirty,
                            const serve_ratios *rt) {
-    double overlap = t->drafting_ms > 0
-                         ? (t->drafting_ms + t->verifying_ms - t->busy_ms) / t->drafting_ms
-                         : 0;
+    double overlap = t->drafting_ms > 0 ? (t->drafting_ms + t->verifying_ms - t->busy_ms) / t->drafting_ms : 0;
     double lo = 0, hi = 0, kept_tps[MAX_ROUNDS], other[MAX_ROUNDS], other_max = 0;
     int n_kept_tps = 0;
     for (int r = 0; r < n_pairs; r++) {
@@ -250,8 +248,10 @@ static void write_mode_row(FILE *out, int conc, int m, const serve_tally *t, con
     char ratio_txt[32] = "", ci_txt[48] = "", model_txt[32] = "";
     if (m == 0) {
         snprintf(ratio_txt, sizeof ratio_txt, "%.2f", rt->median);
-        if (!isnan(rt->ci_lo)) snprintf(ci_txt, sizeof ci_txt, "%.3f [%.3f, %.3f]", rt->gm, rt->ci_lo, rt->ci_hi);
-        else if (!isnan(rt->gm)) snprintf(ci_txt, sizeof ci_txt, "%.3f", rt->gm);
+        if (!isnan(rt->ci_lo))
+            snprintf(ci_txt, sizeof ci_txt, "%.3f [%.3f, %.3f]", rt->gm, rt->ci_lo, rt->ci_hi);
+        else if (!isnan(rt->gm))
+            snprintf(ci_txt, sizeof ci_txt, "%.3f", rt->gm);
         if (!isnan(rt->model)) snprintf(model_txt, sizeof model_txt, "%.3f", rt->model);
     }
     char line[768];
@@ -261,8 +261,8 @@ static void write_mode_row(FILE *out, int conc, int m, const serve_tally *t, con
              conc, m ? "target-only" : "speculative", med, lo, hi, ratio_txt, ci_txt, model_txt,
              t->steps > 0 ? t->tokens / t->steps : 0, t->tokens > 0 ? (t->steps + t->drafted) / t->tokens : 0,
              pct(t->lat, t->n_lat, 0.5), pct(t->lat, t->n_lat, 0.99),
-             t->drafted > 0 ? 100.0 * t->accepted / t->drafted : 0, overlap < 0 ? 0 : 100.0 * overlap,
-             other_med, other_max, n_dirty, n_pairs, n_dirty == n_pairs ? ", all kept: unreliable" : "",
+             t->drafted > 0 ? 100.0 * t->accepted / t->drafted : 0, overlap < 0 ? 0 : 100.0 * overlap, other_med,
+             other_max, n_dirty, n_pairs, n_dirty == n_pairs ? ", all kept: unreliable" : "",
              t->failures ? " (failures!)" : "");
     printf("%s", line);
     fflush(stdout);
@@ -279,8 +279,13 @@ typedef struct serve_opts {
 
 /* -1: run; 0: --help printed; 2: bad options (said on stderr). */
 static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
-    *o = (serve_opts){.addr = "tcp://127.0.0.1:7700", .prompts_path = "bench/prompts/chat.txt", .conc_list = "1,8,64",
-                      .tokens = 64, .rounds = 4, .warmup = 1, .hyg = sd_hyg_default_params()};
+    *o = (serve_opts){.addr = "tcp://127.0.0.1:7700",
+                      .prompts_path = "bench/prompts/chat.txt",
+                      .conc_list = "1,8,64",
+                      .tokens = 64,
+                      .rounds = 4,
+                      .warmup = 1,
+                      .hyg = sd_hyg_default_params()};
     static const struct option longs[] = {{"coordinator", required_argument, 0, 'c'},
                                           {"prompts", required_argument, 0, 'p'},
                                           {"conc", required_argument, 0, 'C'},
@@ -390,7 +395,8 @@ int bench_serve_main(int argc, char **argv) {
             if (keep[r]) ratio[n_ratio++] = tl[1].round_tps[r] > 0 ? tl[0].round_tps[r] / tl[1].round_tps[r] : 0;
         size_t rl = strlen(rounds_txt);
         if (rl < sizeof rounds_txt)
-            rl += (size_t)snprintf(rounds_txt + rl, sizeof rounds_txt - rl, "- concurrency %d, spec / target by round:", conc);
+            rl += (size_t)snprintf(rounds_txt + rl, sizeof rounds_txt - rl,
+                                   "- concurrency %d, spec / target by round:", conc);
         for (int r = 0; r < n_ratio && rl < sizeof rounds_txt; r++)
             rl += (size_t)snprintf(rounds_txt + rl, sizeof rounds_txt - rl, " %.3f", ratio[r]);
         if (rl < sizeof rounds_txt) rl += (size_t)snprintf(rounds_txt + rl, sizeof rounds_txt - rl, "\n");
@@ -430,8 +436,8 @@ int bench_serve_main(int argc, char **argv) {
                  "\ncoordinator step overhead (verify reply, or the draft reply it waited for -> next verify "
                  "request): p50 %.1f us, p99 %.1f us\n"
                  "verify steps held for drafts: %.0f%%, wait per step mean %.1f us, p99 %.1f us\n",
-                 ss.step_overhead_p50_us, ss.step_overhead_p99_us, 100.0 * ss.draft_wait_share,
-                 ss.draft_wait_mean_us, ss.draft_wait_p99_us);
+                 ss.step_overhead_p50_us, ss.step_overhead_p99_us, 100.0 * ss.draft_wait_share, ss.draft_wait_mean_us,
+                 ss.draft_wait_p99_us);
         printf("%s", line);
         if (out) fprintf(out, "%s", line);
     }

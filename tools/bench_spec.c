@@ -55,10 +55,10 @@
 #include "specd/tokenizer.h"
 
 #define MAX_PROMPTS 64
-#define MAX_SETS 8
+#define MAX_SETS    8
 #define MAX_METHODS 16
-#define MAX_CTX 2048
-#define ADAPTIVE (-1)
+#define MAX_CTX     2048
+#define ADAPTIVE    (-1)
 
 typedef struct method {
     char name[32];
@@ -123,8 +123,10 @@ static double calibrate_verify_cost(sd_model *m, double *t1_out) {
             double dt = sd_now() - t0;
             sd_kv_truncate(kv, 0, 32);
             if (st != SD_OK) dt = 0;
-            if (n == 1) t1[r] = dt;
-            else t9[r] = dt;
+            if (n == 1)
+                t1[r] = dt;
+            else
+                t9[r] = dt;
         }
     }
     double a = median_of(t1, 5), b = median_of(t9, 5);
@@ -186,12 +188,13 @@ fail:
 }
 
 /* Top-N study: stochastic (T = 1, seeded) K = 4 with the draft GGUF at top_n. */
-static void top_n_study(FILE *out, sd_model *m, const char *draft_path, uint64_t hash, int32_t n_vocab,
-                        int32_t **ids, int32_t *n_ids, int n_prompts, int32_t n_new) {
+static void top_n_study(FILE *out, sd_model *m, const char *draft_path, uint64_t hash, int32_t n_vocab, int32_t **ids,
+                        int32_t *n_ids, int n_prompts, int32_t n_new) {
     const int32_t tops[3] = {4, 16, 64};
-    fprintf(out, "\nProposal top-N by sampling (draft GGUF, temperature 1, K = 4, seeded; %d prompts x %d tokens):\n\n", n_prompts,
-            (int)n_new);
-    fprintf(out, "| top-N | acceptance | tokens / step | q bytes per drafted token (mean) |\n| --- | --- | --- | --- |\n");
+    fprintf(out, "\nProposal top-N by sampling (draft GGUF, temperature 1, K = 4, seeded; %d prompts x %d tokens):\n\n",
+            n_prompts, (int)n_new);
+    fprintf(out,
+            "| top-N | acceptance | tokens / step | q bytes per drafted token (mean) |\n| --- | --- | --- | --- |\n");
     for (int t = 0; t < 3; t++) {
         sd_drafter_params dp = sd_drafter_default_params();
         dp.max_ctx = MAX_CTX;
@@ -239,7 +242,7 @@ static void top_n_study(FILE *out, sd_model *m, const char *draft_path, uint64_t
 
 /* ---- top-N by exact acceptance ---- */
 
-#define ALPHA_N_TOPS 5
+#define ALPHA_N_TOPS  5
 #define ALPHA_MAX_TOP 256
 static const int32_t alpha_tops[ALPHA_N_TOPS] = {1, 4, 16, 64, ALPHA_MAX_TOP};
 
@@ -329,8 +332,8 @@ out:
  * on a few thousand positions where a sampled study needs far more. Two
  * sampling settings (temperature 1; temperature 0.7 with top-p 0.9), every
  * prompt of the run. Greedy is left out: there only the argmax of q counts. */
-static void top_n_alpha_study(FILE *out, sd_model *target, const char *draft_path, int32_t **ids,
-                              const int32_t *n_ids, int n_prompts, int32_t n_new, int32_t n_threads) {
+static void top_n_alpha_study(FILE *out, sd_model *target, const char *draft_path, int32_t **ids, const int32_t *n_ids,
+                              int n_prompts, int32_t n_new, int32_t n_threads) {
     sd_gguf *g = NULL;
     sd_model *draft = NULL;
     char err[256];
@@ -357,9 +360,10 @@ static void top_n_alpha_study(FILE *out, sd_model *target, const char *draft_pat
                 return;
             }
         }
-    fprintf(out, "\nProposal top-N by exact acceptance (draft GGUF; for each of %d prompts the target samples "
-                 "%d tokens, and at each of those positions the acceptance of a proposal, sum_v min(p(v), "
-                 "q_N(v)), is computed exactly; %ld and %ld positions):\n\n",
+    fprintf(out,
+            "\nProposal top-N by exact acceptance (draft GGUF; for each of %d prompts the target samples "
+            "%d tokens, and at each of those positions the acceptance of a proposal, sum_v min(p(v), "
+            "q_N(v)), is computed exactly; %ld and %ld positions):\n\n",
             n_prompts, (int)n_new, sums[0].positions, sums[1].positions);
     fprintf(out, "| top-N | acceptance, T = 1 | q bytes / drafted token | acceptance, T = 0.7 top-p 0.9 "
                  "| q bytes / drafted token |\n| --- | --- | --- | --- | --- |\n");
@@ -402,11 +406,15 @@ static void write_set_table(FILE *out, const char *set, int np, method *methods,
     double plain_med = median_kept(methods[0].tps, keep, np);
     fprintf(out, "\n### %s (%d prompts)\n\n", set, np);
     if (noisy)
-        fprintf(out, "No prompt ran with other processes using at most %.2f of a core throughout: medians over "
-                     "all %d prompts, and unreliable.\n\n", hyg.max_other_cores, np);
+        fprintf(out,
+                "No prompt ran with other processes using at most %.2f of a core throughout: medians over "
+                "all %d prompts, and unreliable.\n\n",
+                hyg.max_other_cores, np);
     else
-        fprintf(out, "Medians over the %d of %d prompts whose runs all saw other processes use at most %.2f of "
-                     "a core.\n\n", n_keep, np, hyg.max_other_cores);
+        fprintf(out,
+                "Medians over the %d of %d prompts whose runs all saw other processes use at most %.2f of "
+                "a core.\n\n",
+                n_keep, np, hyg.max_other_cores);
     fprintf(out, "| method | tokens/s (median) | vs plain | acceptance | tokens / target step "
                  "| other CPU, cores: median / max | runs over the limit |\n");
     fprintf(out, "| --- | --- | --- | --- | --- | --- | --- |\n");
@@ -417,19 +425,23 @@ static void write_set_table(FILE *out, const char *set, int np, method *methods,
         for (int p = 0; p < np; p++) dirty += !sd_hyg_clean(&hyg, mt->other[p]);
         fprintf(out, "| %s | %.2f | %.2fx | %.3f | %.2f | %.2f / %.2f | %d of %d |\n", mt->name, med,
                 plain_med > 0 ? med / plain_med : 0, mt->drafted ? (double)mt->accepted / mt->drafted : 0.0,
-                mt->steps ? (double)mt->tokens / mt->steps : 1.0, median_of(mt->other, np),
-                max_of(mt->other, np), dirty, np);
+                mt->steps ? (double)mt->tokens / mt->steps : 1.0, median_of(mt->other, np), max_of(mt->other, np),
+                dirty, np);
     }
 }
 
 int bench_spec_main(int argc, char **argv) {
-    static const struct option longs[] = {
-        {"model", required_argument, 0, 'm'},   {"draft", required_argument, 0, 'd'},
-        {"draft-layers", required_argument, 0, 'L'}, {"prompts", required_argument, 0, 'p'},
-        {"tokens", required_argument, 0, 'n'},  {"max-prompts", required_argument, 0, 'M'},
-        {"threads", required_argument, 0, 't'}, {"out", required_argument, 0, 'o'},
-        {"max-other-load", required_argument, 0, 'X'},
-        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+    static const struct option longs[] = {{"model", required_argument, 0, 'm'},
+                                          {"draft", required_argument, 0, 'd'},
+                                          {"draft-layers", required_argument, 0, 'L'},
+                                          {"prompts", required_argument, 0, 'p'},
+                                          {"tokens", required_argument, 0, 'n'},
+                                          {"max-prompts", required_argument, 0, 'M'},
+                                          {"threads", required_argument, 0, 't'},
+                                          {"out", required_argument, 0, 'o'},
+                                          {"max-other-load", required_argument, 0, 'X'},
+                                          {"help", no_argument, 0, 'h'},
+                                          {0, 0, 0, 0}};
     sd_hyg_params hyg = sd_hyg_default_params();
     const char *model_path = NULL, *draft_path = NULL, *out_path = NULL;
     const char *sets[MAX_SETS];
@@ -440,7 +452,9 @@ int bench_spec_main(int argc, char **argv) {
         case 'm': model_path = optarg; break;
         case 'd': draft_path = optarg; break;
         case 'L': layers = atoi(optarg); break;
-        case 'p': if (n_sets < MAX_SETS) sets[n_sets++] = optarg; break;
+        case 'p':
+            if (n_sets < MAX_SETS) sets[n_sets++] = optarg;
+            break;
         case 'n': n_tokens = atoi(optarg); break;
         case 'M': max_prompts = atoi(optarg); break;
         case 't': n_threads = atoi(optarg); break;
@@ -485,9 +499,10 @@ int bench_spec_main(int argc, char **argv) {
     sd_drafter_params dp = sd_drafter_default_params();
     dp.max_ctx = MAX_CTX;
     dp.n_threads = n_threads;
-    if (sd_drafter_ngram_create(&dp, &drafters[0]) != SD_OK || sd_drafter_self_view(m, layers, &dp, &drafters[1]) != SD_OK ||
-        (draft_path && sd_drafter_model_open(draft_path, sd_tok_vocab_hash(tok), sd_tok_n_vocab(tok), &dp,
-                                             &drafters[2]) != SD_OK)) {
+    if (sd_drafter_ngram_create(&dp, &drafters[0]) != SD_OK ||
+        sd_drafter_self_view(m, layers, &dp, &drafters[1]) != SD_OK ||
+        (draft_path &&
+         sd_drafter_model_open(draft_path, sd_tok_vocab_hash(tok), sd_tok_n_vocab(tok), &dp, &drafters[2]) != SD_OK)) {
         fprintf(stderr, "specd-bench: cannot create the drafters\n");
         goto done;
     }
@@ -495,8 +510,9 @@ int bench_spec_main(int argc, char **argv) {
     fprintf(out, "Target %s; %d-token greedy continuations; self-draft = first %d of %d layers%s%s.\n", model_path,
             n_tokens, layers, (int)sd_model_config_of(m)->n_layers, draft_path ? "; draft GGUF " : "",
             draft_path ? draft_path : "");
-    fprintf(out, "Verification cost calibrated at start-up: one-token step %.1f ms, each extra verified token "
-                 "+%.3f of it (adaptive K used to assume 0.05).\n",
+    fprintf(out,
+            "Verification cost calibrated at start-up: one-token step %.1f ms, each extra verified token "
+            "+%.3f of it (adaptive K used to assume 0.05).\n",
             t1 * 1e3, c_verify);
     const int ks[4] = {2, 4, 8, ADAPTIVE};
     snprintf(methods[n_methods].name, sizeof methods[0].name, "plain");
@@ -508,8 +524,10 @@ int bench_spec_main(int argc, char **argv) {
             mt->drafter = di;
             if (di == 0 && sd_drafter_ngram_create(&dp, &mt->own) != SD_OK) goto done;
             mt->k = ks[j];
-            if (ks[j] == ADAPTIVE) snprintf(mt->name, sizeof mt->name, "%s K adaptive", dnames[di]);
-            else snprintf(mt->name, sizeof mt->name, "%s K=%d", dnames[di], ks[j]);
+            if (ks[j] == ADAPTIVE)
+                snprintf(mt->name, sizeof mt->name, "%s K adaptive", dnames[di]);
+            else
+                snprintf(mt->name, sizeof mt->name, "%s K=%d", dnames[di], ks[j]);
         }
     }
     sd_sampling greedy = sd_sampling_default();
@@ -563,8 +581,8 @@ int bench_spec_main(int argc, char **argv) {
         for (int p = 0; p < np; p++) free(prompts[p]);
     }
     if (drafters[2]) {
-        top_n_study(out, m, draft_path, sd_tok_vocab_hash(tok), sd_tok_n_vocab(tok), all_ids,
-                    all_n, n_all < 8 ? n_all : 8, n_tokens);
+        top_n_study(out, m, draft_path, sd_tok_vocab_hash(tok), sd_tok_n_vocab(tok), all_ids, all_n,
+                    n_all < 8 ? n_all : 8, n_tokens);
         top_n_alpha_study(out, m, draft_path, all_ids, all_n, n_all, n_tokens, n_threads);
     }
     rc = 0;

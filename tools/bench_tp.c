@@ -46,17 +46,17 @@
 #include <zmq.h>
 
 #define MAX_CONFIGS 8
-#define MAX_RANKS 16
-#define MAX_BATCH 32
-#define MAX_ROUNDS 9
+#define MAX_RANKS   16
+#define MAX_BATCH   32
+#define MAX_ROUNDS  9
 
 typedef struct tp_opts {
     const char *model_path, *out_path;
     int tps[MAX_CONFIGS], n_tps;
-    int modes[2], n_modes;   /* sd_tp_lm_head */
-    int threads;             /* total over the ranks */
+    int modes[2], n_modes; /* sd_tp_lm_head */
+    int threads;           /* total over the ranks */
     int reps, prompt_len, decode_steps, k, batch, rounds;
-    double max_other;        /* cores other processes may use during a kept round */
+    double max_other; /* cores other processes may use during a kept round */
 } tp_opts;
 
 typedef struct tp_result {
@@ -65,9 +65,9 @@ typedef struct tp_result {
     double ar_us, ar_per_step, gather_us, bare_ar_us, bare_ar_batch_us;
     uint64_t weights[MAX_RANKS];
     long rss_kb[MAX_RANKS], anon_kb[MAX_RANKS];
-    double other;            /* CPU cores other processes used meanwhile (bench_hygiene.h); medians: the max */
-    double other_median;     /* over the rounds */
-    int n_dirty;             /* rounds over the limit, left out of the medians */
+    double other;        /* CPU cores other processes used meanwhile (bench_hygiene.h); medians: the max */
+    double other_median; /* over the rounds */
+    int n_dirty;         /* rounds over the limit, left out of the medians */
 } tp_result;
 
 /* VmRSS and RssAnon of pid (0: this process), in kB. */
@@ -97,8 +97,7 @@ static sd_status load_shard(const char *path, int tp, int rank, int mode, int th
     return st;
 }
 
-static sd_group_params group_params(const char *addr, int tp, int rank, const sd_model_identity *id,
-                                    sd_model *m) {
+static sd_group_params group_params(const char *addr, int tp, int rank, const sd_model_identity *id, sd_model *m) {
     sd_group_params gp = sd_group_default_params();
     gp.addr = addr;
     gp.rank = rank;
@@ -265,8 +264,8 @@ static int run_config_here(const tp_opts *o, int tp, int mode, const sd_model_id
     static int gen;
     snprintf(addr, sizeof addr, "ipc:///tmp/specd-bench-tp-%d-%d.sock", (int)getpid(), ++gen);
     pid_t pids[MAX_RANKS] = {0};
-    uint64_t *weights = mmap(NULL, MAX_RANKS * sizeof *weights, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                             -1, 0);
+    uint64_t *weights =
+        mmap(NULL, MAX_RANKS * sizeof *weights, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (weights == MAP_FAILED) return 1;
     memset(weights, 0, MAX_RANKS * sizeof *weights);
     for (int rank = 1; rank < tp; rank++) {
@@ -287,8 +286,7 @@ static int run_config_here(const tp_opts *o, int tp, int mode, const sd_model_id
         sd_group_params gp = group_params(addr, tp, 0, id, m);
         gp.kv_blocks = blocks;
         gp.block_size = 16;
-        if (sd_group_leader_start(zctx, &gp, &g) != SD_OK || sd_model_set_coll(m, sd_group_coll(g)) != SD_OK)
-            goto done;
+        if (sd_group_leader_start(zctx, &gp, &g) != SD_OK || sd_model_set_coll(m, sd_group_coll(g)) != SD_OK) goto done;
         sd_model_set_plan_sink(m, sd_group_plan, g);
     }
     weights[0] = sd_model_resident_bytes(m);
@@ -353,22 +351,28 @@ static void write_results(FILE *f, const tp_opts *o, const sd_model_config *cfg,
             o->model_path, cfg->n_layers, cfg->n_embd, cfg->n_heads, cfg->n_kv_heads, cfg->n_ff, cfg->n_vocab);
     fprintf(f, "- %ld online cores; %d threads in all, split evenly over the ranks\n", sysconf(_SC_NPROCESSORS_ONLN),
             o->threads);
-    fprintf(f, "- prompt %d tokens; decode = 1 token per step; verify = 1 + %d tokens in one call, logits on every "
-               "row; batch = %d sequences x 1 token per step; medians of %d steps / %d repetitions, then the median of "
-               "%d rounds that run every configuration in turn\n\n",
+    fprintf(f,
+            "- prompt %d tokens; decode = 1 token per step; verify = 1 + %d tokens in one call, logits on every "
+            "row; batch = %d sequences x 1 token per step; medians of %d steps / %d repetitions, then the median of "
+            "%d rounds that run every configuration in turn\n\n",
             o->prompt_len, o->k, o->batch, o->decode_steps, o->reps, o->rounds);
-    fprintf(f, "| TP | LM head | threads/rank | decode ms | decode tok/s | verify ms | verify tok/s | batch-%d ms | "
-               "batch tok/s | all-reduces/step | µs per all-reduce (in forward) | bare all-reduce µs (1 / %d rows) | "
-               "gather µs | other CPU, cores: median / max | rounds over %.2f |\n"
-               "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    fprintf(f,
+            "| TP | LM head | threads/rank | decode ms | decode tok/s | verify ms | verify tok/s | batch-%d ms | "
+            "batch tok/s | all-reduces/step | µs per all-reduce (in forward) | bare all-reduce µs (1 / %d rows) | "
+            "gather µs | other CPU, cores: median / max | rounds over %.2f |\n"
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
             o->batch, o->batch, o->max_other);
     for (int i = 0; i < n; i++) {
         const tp_result *r = &res[i];
-        fprintf(f, "| %d | %s | %d | %.2f | %.1f | %.2f | %.1f | %.2f | %.1f | %.0f | %.1f | %.1f / %.1f | %.1f "
-                   "| %.2f / %.2f | %d of %d%s |\n",
-                r->tp, r->tp == 1 ? "—" : r->mode ? "leader" : "split", r->threads_per_rank, r->decode_ms,
-                1e3 / r->decode_ms, r->verify_ms, (o->k + 1) * 1e3 / r->verify_ms, r->batch_ms,
-                o->batch * 1e3 / r->batch_ms, r->ar_per_step, r->ar_us, r->bare_ar_us, r->bare_ar_batch_us,
+        fprintf(f,
+                "| %d | %s | %d | %.2f | %.1f | %.2f | %.1f | %.2f | %.1f | %.0f | %.1f | %.1f / %.1f | %.1f "
+                "| %.2f / %.2f | %d of %d%s |\n",
+                r->tp,
+                r->tp == 1 ? "—"
+                : r->mode  ? "leader"
+                           : "split",
+                r->threads_per_rank, r->decode_ms, 1e3 / r->decode_ms, r->verify_ms, (o->k + 1) * 1e3 / r->verify_ms,
+                r->batch_ms, o->batch * 1e3 / r->batch_ms, r->ar_per_step, r->ar_us, r->bare_ar_us, r->bare_ar_batch_us,
                 r->gather_us, r->other_median, r->other, r->n_dirty, o->rounds,
                 r->n_dirty == o->rounds ? ", all kept: unreliable" : "");
     }
@@ -378,22 +382,36 @@ static void write_results(FILE *f, const tp_opts *o, const sd_model_config *cfg,
     for (int i = 0; i < n; i++)
         for (int rank = 0; rank < res[i].tp; rank++)
             fprintf(f, "| %d | %s | %d | %.1f | %.1f | %.1f |\n", res[i].tp,
-                    res[i].tp == 1 ? "—" : res[i].mode ? "leader" : "split", rank,
-                    (double)res[i].weights[rank] / 1048576.0, res[i].rss_kb[rank] / 1024.0,
+                    res[i].tp == 1 ? "—"
+                    : res[i].mode  ? "leader"
+                                   : "split",
+                    rank, (double)res[i].weights[rank] / 1048576.0, res[i].rss_kb[rank] / 1024.0,
                     res[i].anon_kb[rank] / 1024.0);
 }
 
 int bench_tp_main(int argc, char **argv) {
-    static const struct option longs[] = {
-        {"model", required_argument, 0, 'm'}, {"tp", required_argument, 0, 'T'},
-        {"lm-head", required_argument, 0, 'L'}, {"threads", required_argument, 0, 't'},
-        {"reps", required_argument, 0, 'r'}, {"prompt-len", required_argument, 0, 'P'},
-        {"decode-steps", required_argument, 0, 'D'}, {"k", required_argument, 0, 'K'},
-        {"batch", required_argument, 0, 'B'}, {"out", required_argument, 0, 'o'},
-        {"rounds", required_argument, 0, 'R'}, {"max-other-load", required_argument, 0, 'X'},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    tp_opts o = {.threads = (int)sysconf(_SC_NPROCESSORS_ONLN), .reps = 9, .prompt_len = 64, .decode_steps = 32,
-                 .k = 4, .batch = 8, .rounds = 3, .max_other = SD_HYG_DEFAULT_MAX_OTHER};
+    static const struct option longs[] = {{"model", required_argument, 0, 'm'},
+                                          {"tp", required_argument, 0, 'T'},
+                                          {"lm-head", required_argument, 0, 'L'},
+                                          {"threads", required_argument, 0, 't'},
+                                          {"reps", required_argument, 0, 'r'},
+                                          {"prompt-len", required_argument, 0, 'P'},
+                                          {"decode-steps", required_argument, 0, 'D'},
+                                          {"k", required_argument, 0, 'K'},
+                                          {"batch", required_argument, 0, 'B'},
+                                          {"out", required_argument, 0, 'o'},
+                                          {"rounds", required_argument, 0, 'R'},
+                                          {"max-other-load", required_argument, 0, 'X'},
+                                          {"help", no_argument, 0, 'h'},
+                                          {0, 0, 0, 0}};
+    tp_opts o = {.threads = (int)sysconf(_SC_NPROCESSORS_ONLN),
+                 .reps = 9,
+                 .prompt_len = 64,
+                 .decode_steps = 32,
+                 .k = 4,
+                 .batch = 8,
+                 .rounds = 3,
+                 .max_other = SD_HYG_DEFAULT_MAX_OTHER};
     const char *tps = "1,2", *modes = "split,leader";
     int c;
     optind = 2;
@@ -432,8 +450,10 @@ int bench_tp_main(int argc, char **argv) {
     if (!o.model_path || !o.n_tps || !o.n_modes || o.threads < 1 || o.reps < 1 || o.reps > 64 || o.prompt_len < 1 ||
         o.prompt_len > 1024 || o.decode_steps < 1 || o.decode_steps > 1024 || o.k < 0 || o.k > 32 || o.batch < 1 ||
         o.batch > MAX_BATCH || o.rounds < 1 || o.rounds > MAX_ROUNDS || !(o.max_other > 0)) {
-        fprintf(stderr, "specd-bench tp: need -m MODEL, --tp sizes in 1..%d; reps 1..64, prompt-len 1..1024, "
-                        "decode-steps 1..1024, k 0..32, batch 1..%d, rounds 1..%d\n", MAX_RANKS, MAX_BATCH, MAX_ROUNDS);
+        fprintf(stderr,
+                "specd-bench tp: need -m MODEL, --tp sizes in 1..%d; reps 1..64, prompt-len 1..1024, "
+                "decode-steps 1..1024, k 0..32, batch 1..%d, rounds 1..%d\n",
+                MAX_RANKS, MAX_BATCH, MAX_ROUNDS);
         return 2;
     }
     sd_log_set(NULL, NULL, SD_LOG_WARN, "bench");
@@ -486,12 +506,12 @@ int bench_tp_main(int argc, char **argv) {
         res[i].n_dirty = o.rounds - n_keep;
         if (n_keep == 0)
             for (int round = 0; round < o.rounds; round++) keep[round] = true;
-#define MEDIAN_OF(field)                                                                    \
-    do {                                                                                    \
-        int n_v = 0;                                                                        \
-        for (int round = 0; round < o.rounds; round++)                                      \
-            if (keep[round]) v[n_v++] = runs[round][i].field;                               \
-        res[i].field = sd_bench_median(v, n_v);                                             \
+#define MEDIAN_OF(field)                                      \
+    do {                                                      \
+        int n_v = 0;                                          \
+        for (int round = 0; round < o.rounds; round++)        \
+            if (keep[round]) v[n_v++] = runs[round][i].field; \
+        res[i].field = sd_bench_median(v, n_v);               \
     } while (0)
         MEDIAN_OF(decode_ms);
         MEDIAN_OF(verify_ms);

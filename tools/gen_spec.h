@@ -18,25 +18,25 @@
 #include "specd/spec_decode.h"
 
 typedef struct sd_gen_spec_params {
-    int32_t n_predict;    /* tokens to generate at most (>= 1) */
-    int32_t k;            /* K, or the most K with adaptive_k */
-    bool adaptive_k;      /* K per step from the shared policy (sd_spec_decoder_step_adaptive) */
+    int32_t n_predict; /* tokens to generate at most (>= 1) */
+    int32_t k;         /* K, or the most K with adaptive_k */
+    bool adaptive_k;   /* K per step from the shared policy (sd_spec_decoder_step_adaptive) */
     sd_sampling sampling;
-    void *user;                                   /* passed to the callbacks */
-    bool (*is_end)(void *user, int32_t token);    /* stop after this token (end of generation); may be NULL */
-    void (*on_token)(void *user, int32_t token);  /* each token as it is committed; may be NULL */
-    double (*clock)(void *user);                  /* seconds; NULL: sd_now */
+    void *user;                                  /* passed to the callbacks */
+    bool (*is_end)(void *user, int32_t token);   /* stop after this token (end of generation); may be NULL */
+    void (*on_token)(void *user, int32_t token); /* each token as it is committed; may be NULL */
+    double (*clock)(void *user);                 /* seconds; NULL: sd_now */
 } sd_gen_spec_params;
 
 typedef struct sd_gen_spec_result {
-    int32_t n_ids;             /* tokens written to ids */
-    bool ended;                /* stopped at a token is_end accepted */
-    double prompt_s;           /* the first step (prefill + its drafts) */
-    int32_t prompt_step_tokens;/* tokens the first step committed */
-    double decode_s;           /* every later step */
-    int32_t decode_tokens;     /* tokens those steps committed */
+    int32_t n_ids;              /* tokens written to ids */
+    bool ended;                 /* stopped at a token is_end accepted */
+    double prompt_s;            /* the first step (prefill + its drafts) */
+    int32_t prompt_step_tokens; /* tokens the first step committed */
+    double decode_s;            /* every later step */
+    int32_t decode_tokens;      /* tokens those steps committed */
     int32_t decode_steps;
-    double k_sum;              /* K asked for, summed over all steps */
+    double k_sum; /* K asked for, summed over all steps */
     int32_t n_steps;
 } sd_gen_spec_result;
 
@@ -44,8 +44,8 @@ typedef struct sd_gen_spec_result {
  * writing the tokens to ids[p->n_predict] (caller's) and the figures to
  * *r. ctx is caller scratch for n_prompt + n_predict + SD_MAX_DRAFT + 1
  * tokens. */
-sd_status sd_gen_spec_run(sd_spec_decoder *dec, const int32_t *prompt, int32_t n_prompt,
-                          const sd_gen_spec_params *p, int32_t *ctx, int32_t *ids, sd_gen_spec_result *r);
+sd_status sd_gen_spec_run(sd_spec_decoder *dec, const int32_t *prompt, int32_t n_prompt, const sd_gen_spec_params *p,
+                          int32_t *ctx, int32_t *ids, sd_gen_spec_result *r);
 
 /* decode_tokens / decode_s, 0 when nothing was timed. */
 double sd_gen_spec_decode_tok_s(const sd_gen_spec_result *r);

@@ -29,9 +29,8 @@
 #include "specd/safetensors.h"
 #include "specd/weights.h"
 
-static const char LLAMA3_RE[] =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
-    "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char LLAMA3_RE[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
+                                "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 /* ------------------------------------------------------------------ files */
 
@@ -65,8 +64,8 @@ static sd_status write_json(const char *dir, const char *name, const cJSON *j) {
 typedef struct tensor_plan {
     const sd_gguf_tensor *t;
     char hf[128];
-    bool rope_rows;     /* q/k: rows to rotate-half order */
-    sd_safetensors_dtype dtype;  /* as stored in the checkpoint */
+    bool rope_rows;             /* q/k: rows to rotate-half order */
+    sd_safetensors_dtype dtype; /* as stored in the checkpoint */
     uint64_t n_bytes;
 } tensor_plan;
 
@@ -78,7 +77,9 @@ static sd_safetensors_dtype st_dtype(sd_dtype t) {
  * permuted for q/k, converted when the stored type differs. */
 static sd_status hf_bytes(const tensor_plan *tp, int32_t head_dim, uint8_t **out) {
     const sd_gguf_tensor *t = tp->t;
-    sd_dtype want = tp->dtype == SD_SAFETENSORS_F16 ? SD_DTYPE_F16 : tp->dtype == SD_SAFETENSORS_BF16 ? SD_DTYPE_BF16 : SD_DTYPE_F32;
+    sd_dtype want = tp->dtype == SD_SAFETENSORS_F16    ? SD_DTYPE_F16
+                    : tp->dtype == SD_SAFETENSORS_BF16 ? SD_DTYPE_BF16
+                                                       : SD_DTYPE_F32;
     uint8_t *conv = NULL;
     const uint8_t *src = t->data;
     if (t->type != want) { /* dequantize, then encode as the stored type */
@@ -156,7 +157,7 @@ static sd_status write_tensors(const sd_gguf *g, const mk_hf_params *p, const sd
             break;
         }
         tp->t = t;
-        sd_dtype stored = p->force_dtype ? p->dtype
+        sd_dtype stored = p->force_dtype                                          ? p->dtype
                           : (t->type == SD_DTYPE_F16 || t->type == SD_DTYPE_BF16) ? t->type
                                                                                   : SD_DTYPE_F32;
         tp->dtype = st_dtype(stored);
@@ -247,7 +248,9 @@ static sd_status write_config(const sd_gguf *g, const mk_hf_params *p, const sd_
     const sd_gguf_tensor *embd = sd_gguf_find_tensor(g, "token_embd.weight");
     sd_dtype t = p->force_dtype ? p->dtype : embd ? embd->type : SD_DTYPE_F32;
     cJSON_AddStringToObject(j, "torch_dtype",
-                            t == SD_DTYPE_F16 ? "float16" : t == SD_DTYPE_BF16 ? "bfloat16" : "float32");
+                            t == SD_DTYPE_F16    ? "float16"
+                            : t == SD_DTYPE_BF16 ? "bfloat16"
+                                                 : "float32");
     sd_status s = write_json(p->dir, "config.json", j);
     cJSON_Delete(j);
     return s;
@@ -390,8 +393,10 @@ static sd_status write_tokenizer(const sd_gguf *g, const mk_hf_params *p, const 
     char unk_text[256] = "";
     if (unk >= 0 && (uint64_t)unk < n_tokens)
         gguf_text(g, "tokenizer.ggml.tokens", (uint64_t)unk, true, unk_text, sizeof unk_text);
-    if (unk_text[0]) cJSON_AddStringToObject(m, "unk_token", unk_text);
-    else cJSON_AddNullToObject(m, "unk_token");
+    if (unk_text[0])
+        cJSON_AddStringToObject(m, "unk_token", unk_text);
+    else
+        cJSON_AddNullToObject(m, "unk_token");
     cJSON_AddNullToObject(m, "continuing_subword_prefix");
     cJSON_AddNullToObject(m, "end_of_word_suffix");
     cJSON_AddBoolToObject(m, "fuse_unk", false);
@@ -423,13 +428,16 @@ static sd_status write_tokenizer(const sd_gguf *g, const mk_hf_params *p, const 
         cJSON_AddNumberToObject(vocab, text, (double)i);
     }
     if (n_lost)
-        fprintf(stderr, "specd-mkmodel: warning: %llu tokens of types other than normal/control/user-defined are "
-                        "written as normal tokens (the vocabulary hash will differ)\n",
+        fprintf(stderr,
+                "specd-mkmodel: warning: %llu tokens of types other than normal/control/user-defined are "
+                "written as normal tokens (the vocabulary hash will differ)\n",
                 (unsigned long long)n_lost);
     for (uint64_t i = 0; s == SD_OK && i < n_merges; i++) {
         const char *text = gguf_text(g, "tokenizer.ggml.merges", i, true, buf, 1 << 16);
-        if (!text) s = SD_ERR_FORMAT;
-        else cJSON_AddItemToArray(merges, cJSON_CreateString(text));
+        if (!text)
+            s = SD_ERR_FORMAT;
+        else
+            cJSON_AddItemToArray(merges, cJSON_CreateString(text));
     }
     if (s == SD_OK) s = write_json(p->dir, "tokenizer.json", j);
     cJSON_Delete(j);

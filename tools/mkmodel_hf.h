@@ -6,9 +6,9 @@
 #include "specd/gguf.h"
 
 typedef struct mk_hf_params {
-    const char *dir;  /* created when missing */
+    const char *dir;   /* created when missing */
     uint32_t n_shards; /* 1: model.safetensors; N > 1: N shards and model.safetensors.index.json */
-    bool force_dtype; /* store every tensor as dtype (f32, f16, bf16) */
+    bool force_dtype;  /* store every tensor as dtype (f32, f16, bf16) */
     sd_dtype dtype;
 } mk_hf_params;
 

@@ -65,9 +65,9 @@
 typedef struct bw_job {
     const float *src;
     float *dst;
-    size_t n;       /* floats in this thread's slice */
-    double sink;    /* keeps the read pass from being optimized away */
-    int copy;       /* 1: memcpy, 0: read-only sum */
+    size_t n;    /* floats in this thread's slice */
+    double sink; /* keeps the read pass from being optimized away */
+    int copy;    /* 1: memcpy, 0: read-only sum */
 } bw_job;
 
 static void *bw_worker(void *arg) {
@@ -109,7 +109,7 @@ static double bw_pass(const float *src, float *dst, size_t n_floats, int n_threa
  * aligned, transparent huge pages asked for) and written before any pass is
  * timed, so the reference pays neither page faults nor 4 KB-page TLB misses
  * that decode does not pay: a weaker reference would flatter decode. */
-#define BW_HUGE_PAGE ((size_t)2 << 20)
+#define BW_HUGE_PAGE  ((size_t)2 << 20)
 #define BW_DEFAULT_MB 1024 /* twice the 480 MiB L3 the development VM reports */
 
 typedef struct bw_buffers {
@@ -191,8 +191,9 @@ static void describe_machine(FILE *f, int n_threads, const char *load_before, co
     read_line("/sys/kernel/mm/transparent_hugepage/enabled", thp, sizeof thp);
     struct utsname u;
     uname(&u);
-    fprintf(f, "- machine: %s, %ld online cores, L2 %s per core, L3 %s (as the kernel reports it), %.1f GiB RAM, "
-               "%s %s\n",
+    fprintf(f,
+            "- machine: %s, %ld online cores, L2 %s per core, L3 %s (as the kernel reports it), %.1f GiB RAM, "
+            "%s %s\n",
             model, sysconf(_SC_NPROCESSORS_ONLN), l2, l3, (double)mem_kb / (1024.0 * 1024.0), u.sysname, u.release);
     fprintf(f, "- transparent huge pages: %s (weights and bandwidth buffers ask for them with madvise)\n", thp);
     fprintf(f, "- load average (1, 5, 15 min) before: %s; after: %s\n", load_before, load_after);
@@ -213,26 +214,26 @@ typedef struct fwd_opts {
     double max_other; /* cores other processes may use during a kept repetition (bench_hygiene.h) */
 } fwd_opts;
 
-#define FWD_MAX_REPS 32
-#define FWD_MAX_K 64
+#define FWD_MAX_REPS   32
+#define FWD_MAX_K      64
 #define FWD_MAX_PROMPT 1024
 #define FWD_MAX_DECODE 4096
 
 /* Targets of the issue that asked for this benchmark. */
 #define TARGET_DECODE_SHARE 0.60 /* decode weight bytes/s >= 60% of copy bandwidth */
-#define TARGET_K8_RATIO 1.6      /* 8 tokens in one call <= 1.6x the cost of 1 */
+#define TARGET_K8_RATIO     1.6  /* 8 tokens in one call <= 1.6x the cost of 1 */
 
 /* Every figure, one value per repetition (medians are taken at the end). */
 typedef struct fwd_samples {
-    double read_bps[FWD_MAX_REPS];            /* read-only pass, bytes read / s */
-    double copied_bps[FWD_MAX_REPS];          /* memcpy, bytes copied / s */
-    double prompt_s[FWD_MAX_REPS];            /* prompt processing, seconds */
-    double other[FWD_MAX_REPS];               /* other processes' CPU use during the repetition, cores */
-    int n_kept;                               /* repetitions [0, n_kept) are the ones the figures use */
-    int n_dirty;                              /* repetitions over the limit (left out unless all were) */
-    double other_median, other_max;           /* over all repetitions */
-    double step_s[FWD_MAX_REPS];              /* decode: median step of this repetition */
-    double k_s[FWD_MAX_K + 1][FWD_MAX_REPS];  /* k tokens in one call after the prompt, seconds */
+    double read_bps[FWD_MAX_REPS];                 /* read-only pass, bytes read / s */
+    double copied_bps[FWD_MAX_REPS];               /* memcpy, bytes copied / s */
+    double prompt_s[FWD_MAX_REPS];                 /* prompt processing, seconds */
+    double other[FWD_MAX_REPS];                    /* other processes' CPU use during the repetition, cores */
+    int n_kept;                                    /* repetitions [0, n_kept) are the ones the figures use */
+    int n_dirty;                                   /* repetitions over the limit (left out unless all were) */
+    double other_median, other_max;                /* over all repetitions */
+    double step_s[FWD_MAX_REPS];                   /* decode: median step of this repetition */
+    double k_s[FWD_MAX_K + 1][FWD_MAX_REPS];       /* k tokens in one call after the prompt, seconds */
     double k_short_s[FWD_MAX_K + 1][FWD_MAX_REPS]; /* the same after a SHORT_PREFIX-token prefix */
 } fwd_samples;
 
@@ -280,8 +281,8 @@ static bool forward_rep(const fwd_opts *o, int r, sd_model *m, sd_kv *kv, const 
     if ((s->prompt_s[r] = timed_forward(m, kv, tokens, o->prompt_len, 0, true, logits)) < 0) return false;
 
     for (int i = 0; i < o->decode_steps; i++)
-        if ((step_scratch[i] = timed_forward(m, kv, tokens + o->prompt_len + i, 1, o->prompt_len + i, true,
-                                             logits)) < 0)
+        if ((step_scratch[i] = timed_forward(m, kv, tokens + o->prompt_len + i, 1, o->prompt_len + i, true, logits)) <
+            0)
             return false;
     s->step_s[r] = sd_bench_median(step_scratch, o->decode_steps);
 
@@ -366,16 +367,19 @@ static void write_forward_table(FILE *f, const fwd_opts *o, const sd_model_confi
     fprintf(f, "- model: %s (%d layers, dim %d, vocab %d), weights as f32: %.1f MB\n", o->model_path, cfg->n_layers,
             cfg->n_embd, cfg->n_vocab, wbytes / 1e6);
     describe_machine(f, threads, load_before, load_after);
-    fprintf(f, "- %d repetitions, each running every measure in turn (bandwidth, %d-token prompt, %d decode steps, "
-               "k = 1..%d); figures are medians over repetitions, ratios are medians of per-repetition ratios\n\n",
+    fprintf(f,
+            "- %d repetitions, each running every measure in turn (bandwidth, %d-token prompt, %d decode steps, "
+            "k = 1..%d); figures are medians over repetitions, ratios are medians of per-repetition ratios\n\n",
             R, o->prompt_len, o->decode_steps, o->max_k);
     if (s->n_dirty == o->reps)
-        fprintf(f, "- hygiene: other processes used more than %.2f of a core during every repetition (median %.2f, "
-                   "max %.2f cores): all kept, and these figures are unreliable\n\n",
+        fprintf(f,
+                "- hygiene: other processes used more than %.2f of a core during every repetition (median %.2f, "
+                "max %.2f cores): all kept, and these figures are unreliable\n\n",
                 o->max_other, s->other_median, s->other_max);
     else
-        fprintf(f, "- hygiene: other processes' CPU use during a repetition, median %.2f, max %.2f cores; %d of %d "
-                   "repetitions over %.2f of a core left out\n\n",
+        fprintf(f,
+                "- hygiene: other processes' CPU use during a repetition, median %.2f, max %.2f cores; %d of %d "
+                "repetitions over %.2f of a core left out\n\n",
                 s->other_median, s->other_max, s->n_dirty, o->reps, o->max_other);
     fprintf(f, "| measure | value |\n| --- | --- |\n");
     fprintf(f, "| memory read bandwidth (read-only pass, %d MiB) | %.2f GB/s |\n", o->bw_mb, read_bps / 1e9);
@@ -389,23 +393,23 @@ static void write_forward_table(FILE *f, const fwd_opts *o, const sd_model_confi
     fprintf(f, "| decode / bytes copied per second | %.0f%% |\n", 100.0 * share_copied);
     fprintf(f, "| decode / read bandwidth | %.0f%% |\n\n", 100.0 * share_read);
     int short_prefix = o->prompt_len < SHORT_PREFIX ? o->prompt_len : SHORT_PREFIX;
-    fprintf(f, "Cost of k new tokens of one sequence in one call (logits for every row), after a %d-token "
-               "prefix and after a %d-token prefix:\n\n"
-               "| k | ms, prefix %d | relative to k = 1 | ms, prefix %d | relative to k = 1 |\n"
-               "| --- | --- | --- | --- | --- |\n",
+    fprintf(f,
+            "Cost of k new tokens of one sequence in one call (logits for every row), after a %d-token "
+            "prefix and after a %d-token prefix:\n\n"
+            "| k | ms, prefix %d | relative to k = 1 | ms, prefix %d | relative to k = 1 |\n"
+            "| --- | --- | --- | --- | --- |\n",
             o->prompt_len, short_prefix, o->prompt_len, short_prefix);
     for (int k = 1; k <= o->max_k; k++)
         fprintf(f, "| %d | %.2f | %.2f | %.2f | %.2f |\n", k, median_of(s->k_s[k], R) * 1e3,
                 median_ratio(s->k_s[k], s->k_s[1], R, 1.0), median_of(s->k_short_s[k], R) * 1e3,
                 median_ratio(s->k_short_s[k], s->k_short_s[1], R, 1.0));
-    fprintf(f, "\nTargets: decode >= %.0f%% of copy bandwidth (read + write): %.0f%%, %s",
-            100.0 * TARGET_DECODE_SHARE, 100.0 * share_copy, share_copy >= TARGET_DECODE_SHARE ? "met" : "MISSED");
+    fprintf(f, "\nTargets: decode >= %.0f%% of copy bandwidth (read + write): %.0f%%, %s", 100.0 * TARGET_DECODE_SHARE,
+            100.0 * share_copy, share_copy >= TARGET_DECODE_SHARE ? "met" : "MISSED");
     if (o->max_k >= 8) {
         double k8 = median_ratio(s->k_s[8], s->k_s[1], R, 1.0);
         double k8_short = median_ratio(s->k_short_s[8], s->k_short_s[1], R, 1.0);
         fprintf(f, "; 8 tokens in one call <= %.1fx the cost of 1: %.2fx after %d tokens, %s (%.2fx after %d)",
-                TARGET_K8_RATIO, k8, o->prompt_len, k8 <= TARGET_K8_RATIO ? "met" : "MISSED", k8_short,
-                short_prefix);
+                TARGET_K8_RATIO, k8, o->prompt_len, k8 <= TARGET_K8_RATIO ? "met" : "MISSED", k8_short, short_prefix);
     }
     fprintf(f, ".\n");
 }
@@ -542,14 +546,22 @@ int main(int argc, char **argv) {
         fprintf(stderr, "specd-bench: unknown mode '%s' (see --help)\n", mode);
         return 2;
     }
-    static const struct option longs[] = {
-        {"model", required_argument, 0, 'm'},       {"threads", required_argument, 0, 't'},
-        {"reps", required_argument, 0, 'r'},        {"prompt-len", required_argument, 0, 'P'},
-        {"max-k", required_argument, 0, 'K'},       {"decode-steps", required_argument, 0, 'D'},
-        {"out", required_argument, 0, 'o'},         {"bw-mb", required_argument, 0, 'B'},
-        {"max-other-load", required_argument, 0, 'X'},
-        {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
-    fwd_opts o = {.reps = 7, .prompt_len = 512, .max_k = 16, .decode_steps = 64, .bw_mb = BW_DEFAULT_MB,
+    static const struct option longs[] = {{"model", required_argument, 0, 'm'},
+                                          {"threads", required_argument, 0, 't'},
+                                          {"reps", required_argument, 0, 'r'},
+                                          {"prompt-len", required_argument, 0, 'P'},
+                                          {"max-k", required_argument, 0, 'K'},
+                                          {"decode-steps", required_argument, 0, 'D'},
+                                          {"out", required_argument, 0, 'o'},
+                                          {"bw-mb", required_argument, 0, 'B'},
+                                          {"max-other-load", required_argument, 0, 'X'},
+                                          {"help", no_argument, 0, 'h'},
+                                          {0, 0, 0, 0}};
+    fwd_opts o = {.reps = 7,
+                  .prompt_len = 512,
+                  .max_k = 16,
+                  .decode_steps = 64,
+                  .bw_mb = BW_DEFAULT_MB,
                   .max_other = SD_HYG_DEFAULT_MAX_OTHER};
     int c;
     bool ok = true;

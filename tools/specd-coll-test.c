@@ -64,10 +64,10 @@ static int host_copy(void *dst, const void *src, size_t bytes) {
     if (bytes) memcpy(dst, src, bytes);
     return 0;
 }
-static const mem_ops host_mem = { host_alloc, host_release, host_copy, host_copy };
+static const mem_ops host_mem = {host_alloc, host_release, host_copy, host_copy};
 
 static const char *op_name(enum op op) {
-    static const char *names[] = { "all_reduce", "broadcast", "gather", "barrier" };
+    static const char *names[] = {"all_reduce", "broadcast", "gather", "barrier"};
     return names[op];
 }
 
@@ -81,12 +81,12 @@ static float value(int32_t rank, size_t i) {
 }
 
 typedef struct sizes {
-    size_t bytes;      /* as reported */
-    size_t count;      /* floats per rank buffer (all-reduce/broadcast) or sent per rank (gather) */
+    size_t bytes; /* as reported */
+    size_t count; /* floats per rank buffer (all-reduce/broadcast) or sent per rank (gather) */
 } sizes;
 
 static sizes size_for(const options *o, size_t bytes, int32_t n) {
-    sizes s = { bytes, bytes / sizeof(float) };
+    sizes s = {bytes, bytes / sizeof(float)};
     if (o->op == OP_GATHER) s.count = bytes / sizeof(float) / (size_t)n;
     if (o->op == OP_BARRIER) s.count = 0;
     s.bytes = o->op == OP_GATHER ? s.count * sizeof(float) * (size_t)n : s.count * sizeof(float);
@@ -160,7 +160,7 @@ static int rank_main(const options *o, sd_coll *c, const mem_ops *mem) {
     int bad = 0;
     float *stats = malloc((size_t)n * sizeof(float));
     size_t last = (size_t)-1;
-    for (size_t bytes = o->min_bytes;; ) {
+    for (size_t bytes = o->min_bytes;;) {
         sizes sz = size_for(o, bytes, n);
         if (sz.bytes != last || o->op == OP_BARRIER) {
             last = sz.bytes;
@@ -183,11 +183,17 @@ static int rank_main(const options *o, sd_coll *c, const mem_ops *mem) {
                 bad = 1;
                 break;
             }
-            if (gather_stat(c, mem, (float)us, stats) != SD_OK) { bad = 1; break; }
+            if (gather_stat(c, mem, (float)us, stats) != SD_OK) {
+                bad = 1;
+                break;
+            }
             double slowest = 0;
             if (rank == 0)
                 for (int32_t r = 0; r < n; r++) slowest = stats[r] > slowest ? stats[r] : slowest;
-            if (gather_stat(c, mem, (float)wrong, stats) != SD_OK) { bad = 1; break; }
+            if (gather_stat(c, mem, (float)wrong, stats) != SD_OK) {
+                bad = 1;
+                break;
+            }
             if (rank == 0) {
                 long all_wrong = 0;
                 for (int32_t r = 0; r < n; r++) all_wrong += (long)stats[r];
@@ -250,7 +256,8 @@ static int run_shm(const options *o) {
     int bad = 0;
     for (int32_t r = 0; r < o->n_ranks; r++) {
         int status = 0;
-        while (waitpid(pids[r], &status, 0) < 0 && errno == EINTR) {}
+        while (waitpid(pids[r], &status, 0) < 0 && errno == EINTR) {
+        }
         if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) bad = 1;
     }
     return bad;
@@ -274,7 +281,7 @@ static int dev_upload(void *dst, const void *src, size_t bytes) {
 static int dev_download(void *dst, const void *src, size_t bytes) {
     return bytes && cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost) != cudaSuccess;
 }
-static const mem_ops dev_mem = { dev_alloc, dev_release, dev_upload, dev_download };
+static const mem_ops dev_mem = {dev_alloc, dev_release, dev_upload, dev_download};
 
 typedef struct nccl_rank {
     const options *o;
@@ -342,11 +349,10 @@ static int run_nccl(const options *o) {
 /* ---- command line ---- */
 
 static int usage(void) {
-    fprintf(stderr,
-            "usage: specd-coll-test --backend shm|nccl -n RANKS -b MINBYTES -e MAXBYTES -f FACTOR\n"
-            "                       --op all_reduce|broadcast|gather|barrier [--iters N] [--warmup N]\n"
-            "                       [--check 0|1] [--timeout-ms MS]\n"
-            "  sizes accept K/M/G suffixes (powers of 1024)\n");
+    fprintf(stderr, "usage: specd-coll-test --backend shm|nccl -n RANKS -b MINBYTES -e MAXBYTES -f FACTOR\n"
+                    "                       --op all_reduce|broadcast|gather|barrier [--iters N] [--warmup N]\n"
+                    "                       [--check 0|1] [--timeout-ms MS]\n"
+                    "  sizes accept K/M/G suffixes (powers of 1024)\n");
     return 2;
 }
 
@@ -356,39 +362,57 @@ static bool parse_size(const char *s, size_t *out) {
     unsigned long long v = strtoull(s, &end, 10);
     if (errno || end == s) return false;
     unsigned long long mul = 1;
-    if (*end == 'K' || *end == 'k') mul = 1024ull, end++;
-    else if (*end == 'M' || *end == 'm') mul = 1024ull * 1024, end++;
-    else if (*end == 'G' || *end == 'g') mul = 1024ull * 1024 * 1024, end++;
+    if (*end == 'K' || *end == 'k')
+        mul = 1024ull, end++;
+    else if (*end == 'M' || *end == 'm')
+        mul = 1024ull * 1024, end++;
+    else if (*end == 'G' || *end == 'g')
+        mul = 1024ull * 1024 * 1024, end++;
     if (*end) return false;
     *out = (size_t)(v * mul);
     return true;
 }
 
-
 int main(int argc, char **argv) {
-    options o = { "shm", 2, 8, 8 << 20, 2.0, OP_ALL_REDUCE, 100, 10, 1, 10000 };
+    options o = {"shm", 2, 8, 8 << 20, 2.0, OP_ALL_REDUCE, 100, 10, 1, 10000};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         int n = 0;
         if (!v) return usage();
-        if (!strcmp(a, "--backend")) o.backend = v;
-        else if (!strcmp(a, "-n")) { if (!sd_cli_parse_int(v, 1, 256, &n)) return usage(); o.n_ranks = n; }
-        else if (!strcmp(a, "-b")) { if (!parse_size(v, &o.min_bytes)) return usage(); }
-        else if (!strcmp(a, "-e")) { if (!parse_size(v, &o.max_bytes)) return usage(); }
-        else if (!strcmp(a, "-f")) { o.factor = atof(v); if (!(o.factor > 1.0)) return usage(); }
-        else if (!strcmp(a, "--op")) {
-            if (!strcmp(v, "all_reduce")) o.op = OP_ALL_REDUCE;
-            else if (!strcmp(v, "broadcast")) o.op = OP_BROADCAST;
-            else if (!strcmp(v, "gather")) o.op = OP_GATHER;
-            else if (!strcmp(v, "barrier")) o.op = OP_BARRIER;
-            else return usage();
-        }
-        else if (!strcmp(a, "--iters")) { if (!sd_cli_parse_int(v, 1, 100000000, &o.iters)) return usage(); }
-        else if (!strcmp(a, "--warmup")) { if (!sd_cli_parse_int(v, 0, 100000000, &o.warmup)) return usage(); }
-        else if (!strcmp(a, "--check")) { if (!sd_cli_parse_int(v, 0, 1, &o.check)) return usage(); }
-        else if (!strcmp(a, "--timeout-ms")) { if (!sd_cli_parse_int(v, 1, 3600000, &o.timeout_ms)) return usage(); }
-        else return usage();
+        if (!strcmp(a, "--backend"))
+            o.backend = v;
+        else if (!strcmp(a, "-n")) {
+            if (!sd_cli_parse_int(v, 1, 256, &n)) return usage();
+            o.n_ranks = n;
+        } else if (!strcmp(a, "-b")) {
+            if (!parse_size(v, &o.min_bytes)) return usage();
+        } else if (!strcmp(a, "-e")) {
+            if (!parse_size(v, &o.max_bytes)) return usage();
+        } else if (!strcmp(a, "-f")) {
+            o.factor = atof(v);
+            if (!(o.factor > 1.0)) return usage();
+        } else if (!strcmp(a, "--op")) {
+            if (!strcmp(v, "all_reduce"))
+                o.op = OP_ALL_REDUCE;
+            else if (!strcmp(v, "broadcast"))
+                o.op = OP_BROADCAST;
+            else if (!strcmp(v, "gather"))
+                o.op = OP_GATHER;
+            else if (!strcmp(v, "barrier"))
+                o.op = OP_BARRIER;
+            else
+                return usage();
+        } else if (!strcmp(a, "--iters")) {
+            if (!sd_cli_parse_int(v, 1, 100000000, &o.iters)) return usage();
+        } else if (!strcmp(a, "--warmup")) {
+            if (!sd_cli_parse_int(v, 0, 100000000, &o.warmup)) return usage();
+        } else if (!strcmp(a, "--check")) {
+            if (!sd_cli_parse_int(v, 0, 1, &o.check)) return usage();
+        } else if (!strcmp(a, "--timeout-ms")) {
+            if (!sd_cli_parse_int(v, 1, 3600000, &o.timeout_ms)) return usage();
+        } else
+            return usage();
         i++;
     }
     if (o.min_bytes > o.max_bytes) return usage();

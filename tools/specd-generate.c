@@ -41,7 +41,7 @@ typedef struct gen_opts {
     const char *system;
     int32_t n_predict;
     int32_t n_threads;
-    int32_t device;       /* -1 CPU, N cuda:N (target and draft model) */
+    int32_t device; /* -1 CPU, N cuda:N (target and draft model) */
     sd_sampling sampling;
     bool chat;
     bool json;
@@ -56,55 +56,74 @@ typedef struct gen_opts {
 } gen_opts;
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: specd-generate -m MODEL [-p PROMPT] [options]\n"
-            "\n"
-            "Generates text from a prompt with a Llama-architecture model on the CPU or a GPU.\n"
-            "Without -p the prompt is read from standard input.\n"
-            "\n"
-            "  -m, --model PATH     GGUF file or Hugging Face checkpoint directory (required)\n"
-            "  -p, --prompt TEXT    prompt text\n"
-            "  -n, --n-predict N    maximum new tokens (default 128)\n"
-            "      --temp T         temperature; 0 = greedy (default 0)\n"
-            "      --top-k K        keep the K most likely tokens (0 = off, default)\n"
-            "      --top-p P        nucleus sampling mass in (0, 1] (default 1)\n"
-            "      --min-p P        drop tokens below P x the top probability (default 0)\n"
-            "      --seed S         random seed for sampling (default 0)\n"
-            "      --chat           format the prompt as a ChatML user turn\n"
-            "      --system TEXT    system prompt with --chat (default: the model's)\n"
-            "  -t, --threads N      worker threads (default: all cores)\n"
-            "      --device D       cpu (default), cuda or cuda:N: where the target and a draft model run\n"
-            "      --ignore-eos     keep generating past end-of-generation tokens\n"
-            "      --draft PATH     speculative decoding with a draft model (same vocabulary)\n"
-            "      --ngram          speculative decoding with the n-gram (prompt lookup) drafter\n"
-            "      --draft-layers L speculative decoding with the target's first L layers (self-draft)\n"
-            "  -k K                 draft tokens per step (default 4, at most 64)\n"
-            "      --adaptive-k     choose K per step (0..K) from the acceptance and measured costs; at K = 0\n"
-            "                       it shadow-drafts now and then to notice when drafting pays again\n"
-            "      --json           print one JSON object at the end instead of streaming\n"
-            "  -v, --verbose        log at DEBUG level\n"
-            "  -h, --help           this help\n");
+    fprintf(f, "usage: specd-generate -m MODEL [-p PROMPT] [options]\n"
+               "\n"
+               "Generates text from a prompt with a Llama-architecture model on the CPU or a GPU.\n"
+               "Without -p the prompt is read from standard input.\n"
+               "\n"
+               "  -m, --model PATH     GGUF file or Hugging Face checkpoint directory (required)\n"
+               "  -p, --prompt TEXT    prompt text\n"
+               "  -n, --n-predict N    maximum new tokens (default 128)\n"
+               "      --temp T         temperature; 0 = greedy (default 0)\n"
+               "      --top-k K        keep the K most likely tokens (0 = off, default)\n"
+               "      --top-p P        nucleus sampling mass in (0, 1] (default 1)\n"
+               "      --min-p P        drop tokens below P x the top probability (default 0)\n"
+               "      --seed S         random seed for sampling (default 0)\n"
+               "      --chat           format the prompt as a ChatML user turn\n"
+               "      --system TEXT    system prompt with --chat (default: the model's)\n"
+               "  -t, --threads N      worker threads (default: all cores)\n"
+               "      --device D       cpu (default), cuda or cuda:N: where the target and a draft model run\n"
+               "      --ignore-eos     keep generating past end-of-generation tokens\n"
+               "      --draft PATH     speculative decoding with a draft model (same vocabulary)\n"
+               "      --ngram          speculative decoding with the n-gram (prompt lookup) drafter\n"
+               "      --draft-layers L speculative decoding with the target's first L layers (self-draft)\n"
+               "  -k K                 draft tokens per step (default 4, at most 64)\n"
+               "      --adaptive-k     choose K per step (0..K) from the acceptance and measured costs; at K = 0\n"
+               "                       it shadow-drafts now and then to notice when drafting pays again\n"
+               "      --json           print one JSON object at the end instead of streaming\n"
+               "  -v, --verbose        log at DEBUG level\n"
+               "  -h, --help           this help\n");
 }
-
-
 
 /* Returns 0 and fills o, 1 after --help, 2 on a usage error (message printed). */
 static int parse_args(int argc, char **argv, gen_opts *o) {
-    enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_SEED, OPT_CHAT, OPT_SYSTEM, OPT_JSON, OPT_NOEOS, OPT_DRAFT,
-           OPT_NGRAM, OPT_DRAFT_LAYERS, OPT_ADAPTIVE, OPT_DEVICE };
-    static const struct option longs[] = {
-        {"model", required_argument, 0, 'm'},   {"prompt", required_argument, 0, 'p'},
-        {"n-predict", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
-        {"temp", required_argument, 0, OPT_TEMP}, {"top-k", required_argument, 0, OPT_TOPK},
-        {"top-p", required_argument, 0, OPT_TOPP}, {"min-p", required_argument, 0, OPT_MINP},
-        {"seed", required_argument, 0, OPT_SEED}, {"chat", no_argument, 0, OPT_CHAT},
-        {"system", required_argument, 0, OPT_SYSTEM}, {"json", no_argument, 0, OPT_JSON},
-        {"ignore-eos", no_argument, 0, OPT_NOEOS},
-        {"draft", required_argument, 0, OPT_DRAFT}, {"ngram", no_argument, 0, OPT_NGRAM},
-        {"draft-layers", required_argument, 0, OPT_DRAFT_LAYERS}, {"adaptive-k", no_argument, 0, OPT_ADAPTIVE},
-        {"device", required_argument, 0, OPT_DEVICE},
-        {"verbose", no_argument, 0, 'v'},         {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+    enum {
+        OPT_TEMP = 256,
+        OPT_TOPK,
+        OPT_TOPP,
+        OPT_MINP,
+        OPT_SEED,
+        OPT_CHAT,
+        OPT_SYSTEM,
+        OPT_JSON,
+        OPT_NOEOS,
+        OPT_DRAFT,
+        OPT_NGRAM,
+        OPT_DRAFT_LAYERS,
+        OPT_ADAPTIVE,
+        OPT_DEVICE
+    };
+    static const struct option longs[] = {{"model", required_argument, 0, 'm'},
+                                          {"prompt", required_argument, 0, 'p'},
+                                          {"n-predict", required_argument, 0, 'n'},
+                                          {"threads", required_argument, 0, 't'},
+                                          {"temp", required_argument, 0, OPT_TEMP},
+                                          {"top-k", required_argument, 0, OPT_TOPK},
+                                          {"top-p", required_argument, 0, OPT_TOPP},
+                                          {"min-p", required_argument, 0, OPT_MINP},
+                                          {"seed", required_argument, 0, OPT_SEED},
+                                          {"chat", no_argument, 0, OPT_CHAT},
+                                          {"system", required_argument, 0, OPT_SYSTEM},
+                                          {"json", no_argument, 0, OPT_JSON},
+                                          {"ignore-eos", no_argument, 0, OPT_NOEOS},
+                                          {"draft", required_argument, 0, OPT_DRAFT},
+                                          {"ngram", no_argument, 0, OPT_NGRAM},
+                                          {"draft-layers", required_argument, 0, OPT_DRAFT_LAYERS},
+                                          {"adaptive-k", no_argument, 0, OPT_ADAPTIVE},
+                                          {"device", required_argument, 0, OPT_DEVICE},
+                                          {"verbose", no_argument, 0, 'v'},
+                                          {"help", no_argument, 0, 'h'},
+                                          {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->n_predict = 128;
     o->k = 4;
@@ -117,12 +136,30 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         switch (c) {
         case 'm': o->model_path = optarg; break;
         case 'p': o->prompt = optarg; break;
-        case 'n': name = "n-predict"; ok = sd_cli_parse_i32(optarg, 0, 1 << 20, &o->n_predict); break;
-        case 't': name = "threads"; ok = sd_cli_parse_i32(optarg, 0, 1024, &o->n_threads); break;
-        case OPT_TEMP: name = "temp"; ok = sd_cli_parse_float(optarg, &o->sampling.temperature); break;
-        case OPT_TOPK: name = "top-k"; ok = sd_cli_parse_i32(optarg, 0, 1 << 30, &o->sampling.top_k); break;
-        case OPT_TOPP: name = "top-p"; ok = sd_cli_parse_float(optarg, &o->sampling.top_p); break;
-        case OPT_MINP: name = "min-p"; ok = sd_cli_parse_float(optarg, &o->sampling.min_p); break;
+        case 'n':
+            name = "n-predict";
+            ok = sd_cli_parse_i32(optarg, 0, 1 << 20, &o->n_predict);
+            break;
+        case 't':
+            name = "threads";
+            ok = sd_cli_parse_i32(optarg, 0, 1024, &o->n_threads);
+            break;
+        case OPT_TEMP:
+            name = "temp";
+            ok = sd_cli_parse_float(optarg, &o->sampling.temperature);
+            break;
+        case OPT_TOPK:
+            name = "top-k";
+            ok = sd_cli_parse_i32(optarg, 0, 1 << 30, &o->sampling.top_k);
+            break;
+        case OPT_TOPP:
+            name = "top-p";
+            ok = sd_cli_parse_float(optarg, &o->sampling.top_p);
+            break;
+        case OPT_MINP:
+            name = "min-p";
+            ok = sd_cli_parse_float(optarg, &o->sampling.min_p);
+            break;
         case OPT_SEED: {
             name = "seed";
             char *end;
@@ -138,10 +175,19 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         case OPT_NOEOS: o->ignore_eos = true; break;
         case OPT_DRAFT: o->draft_path = optarg; break;
         case OPT_NGRAM: o->ngram = true; break;
-        case OPT_DRAFT_LAYERS: name = "draft-layers"; ok = sd_cli_parse_i32(optarg, 1, 1024, &o->draft_layers); break;
-        case 'k': name = "k"; ok = sd_cli_parse_i32(optarg, 1, SD_MAX_DRAFT, &o->k); break;
+        case OPT_DRAFT_LAYERS:
+            name = "draft-layers";
+            ok = sd_cli_parse_i32(optarg, 1, 1024, &o->draft_layers);
+            break;
+        case 'k':
+            name = "k";
+            ok = sd_cli_parse_i32(optarg, 1, SD_MAX_DRAFT, &o->k);
+            break;
         case OPT_ADAPTIVE: o->adaptive_k = true; break;
-        case OPT_DEVICE: name = "device"; ok = sd_device_parse(optarg, &o->device) == SD_OK; break;
+        case OPT_DEVICE:
+            name = "device";
+            ok = sd_device_parse(optarg, &o->device) == SD_OK;
+            break;
         case 'v': o->verbose = true; break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return 2;
@@ -180,7 +226,10 @@ static char *read_stdin(void) {
         len += n;
         if (cap - len < 2) {
             char *bigger = realloc(buf, cap * 2);
-            if (!bigger) { free(buf); return NULL; }
+            if (!bigger) {
+                free(buf);
+                return NULL;
+            }
             buf = bigger;
             cap *= 2;
         }
@@ -192,14 +241,14 @@ static char *read_stdin(void) {
 typedef struct gen_result {
     int32_t *prompt_ids;
     size_t n_prompt;
-    int32_t *ids;          /* generated tokens */
+    int32_t *ids; /* generated tokens */
     size_t n_ids;
     const char *stop_reason;
     double prompt_s, decode_s;
     int64_t decode_tokens; /* tokens produced by the steps decode_s times (prefill's excluded) */
     bool spec;             /* speculative mode: the fields below are set */
     sd_spec_stats spec_stats;
-    double mean_k;         /* mean draft length asked for per step */
+    double mean_k; /* mean draft length asked for per step */
 } gen_result;
 
 /* Tokenizes text (BOS added when the model wants it) into r->prompt_ids and
@@ -341,8 +390,13 @@ static sd_status generate_spec(const gen_opts *o, sd_model *m, sd_spec_decoder *
         goto done;
     }
     sd_gen_spec_params gp = {
-        .n_predict = o->n_predict, .k = o->k, .adaptive_k = o->adaptive_k, .sampling = o->sampling,
-        .user = &ss, .is_end = spec_is_end, .on_token = spec_on_token,
+        .n_predict = o->n_predict,
+        .k = o->k,
+        .adaptive_k = o->adaptive_k,
+        .sampling = o->sampling,
+        .user = &ss,
+        .is_end = spec_is_end,
+        .on_token = spec_on_token,
     };
     sd_gen_spec_result gr;
     st = sd_gen_spec_run(dec, r->prompt_ids, n_prompt, &gp, ctx, r->ids, &gr);
@@ -461,8 +515,7 @@ int main(int argc, char **argv) {
     mp.n_threads = o.n_threads;
     mp.device = o.device;
     if ((st = sd_weights_tokenizer(w, &tok)) != SD_OK || (st = sd_model_load_weights(w, &mp, &m)) != SD_OK) {
-        fprintf(stderr, "specd-generate: cannot load %s: %s (see the log above)\n", o.model_path,
-                sd_status_str(st));
+        fprintf(stderr, "specd-generate: cannot load %s: %s (see the log above)\n", o.model_path, sd_status_str(st));
         goto out;
     }
     sd_weights_close(&w); /* weights were copied out at load */
@@ -481,9 +534,12 @@ int main(int argc, char **argv) {
         dp.max_ctx = sd_model_config_of(m)->n_ctx_train;
         dp.n_threads = o.n_threads;
         dp.device = o.device;
-        if (o.ngram) st = sd_drafter_ngram_create(&dp, &drafter);
-        else if (o.draft_layers > 0) st = sd_drafter_self_view(m, o.draft_layers, &dp, &drafter);
-        else st = sd_drafter_model_open(o.draft_path, sd_tok_vocab_hash(tok), sd_tok_n_vocab(tok), &dp, &drafter);
+        if (o.ngram)
+            st = sd_drafter_ngram_create(&dp, &drafter);
+        else if (o.draft_layers > 0)
+            st = sd_drafter_self_view(m, o.draft_layers, &dp, &drafter);
+        else
+            st = sd_drafter_model_open(o.draft_path, sd_tok_vocab_hash(tok), sd_tok_n_vocab(tok), &dp, &drafter);
         if (st == SD_OK) st = sd_spec_decoder_create(m, drafter, sd_model_config_of(m)->n_ctx_train, &dec);
         if (st != SD_OK) {
             fprintf(stderr, "specd-generate: cannot set up the drafter: %s (see the log above)\n", sd_status_str(st));
@@ -500,16 +556,17 @@ int main(int argc, char **argv) {
     rc = o.json ? print_json(&o, tok, text, &r) : 0;
     if (!o.json) {
         double steps = (double)r.decode_tokens;
-        fprintf(stderr, "[prompt %zu tokens, %.1f tok/s | generated %zu tokens, %.1f tok/s | stop: %s]\n",
-                r.n_prompt, r.prompt_s > 0 ? (double)r.n_prompt / r.prompt_s : 0, r.n_ids,
-                r.decode_s > 0 ? steps / r.decode_s : 0, r.stop_reason);
+        fprintf(stderr, "[prompt %zu tokens, %.1f tok/s | generated %zu tokens, %.1f tok/s | stop: %s]\n", r.n_prompt,
+                r.prompt_s > 0 ? (double)r.n_prompt / r.prompt_s : 0, r.n_ids, r.decode_s > 0 ? steps / r.decode_s : 0,
+                r.stop_reason);
         if (r.spec) {
             double rate, per_step, expected;
             spec_summary(&r, &rate, &per_step, &expected);
-            fprintf(stderr, "[%s drafter, K %s%d: drafted %lld, accepted %lld, acceptance %.3f | %.2f tokens per "
-                            "target step, expected (1-a^(K+1))/(1-a) = %.2f]\n",
-                    sd_drafter_name(drafter), o.adaptive_k ? "<= " : "", (int)o.k,
-                    (long long)r.spec_stats.drafted, (long long)r.spec_stats.accepted, rate, per_step, expected);
+            fprintf(stderr,
+                    "[%s drafter, K %s%d: drafted %lld, accepted %lld, acceptance %.3f | %.2f tokens per "
+                    "target step, expected (1-a^(K+1))/(1-a) = %.2f]\n",
+                    sd_drafter_name(drafter), o.adaptive_k ? "<= " : "", (int)o.k, (long long)r.spec_stats.drafted,
+                    (long long)r.spec_stats.accepted, rate, per_step, expected);
         }
     }
 out:

@@ -51,20 +51,19 @@ typedef struct mk_params {
 } mk_params;
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: specd-mkmodel -o OUT.gguf [--dim 64] [--layers 2] [--heads 4] [--kv-heads 2] [--ff 128]\n"
-            "                     [--vocab 512 | --tokenizer-from MODEL.gguf] [--ctx 2048] [--rope-base 10000]\n"
-            "                     [--dtype f32|f16|bf16|q8_0|q4_0|q4_1] [--norm-dtype f32] [--tied] [--seed S]\n"
-            "                     [--format gguf|hf] [--shards N]\n"
-            "       specd-mkmodel -o OUT.gguf --requant FROM.gguf --dtype q4_0|q8_0|...\n"
-            "       specd-mkmodel -o OUTDIR --format hf --convert FROM.gguf [--dtype f32|f16|bf16] [--shards N]\n"
-            "Writes a random Llama model (llama.cpp tensor names and metadata) for tests, or (--requant) FROM's\n"
-            "model, tokenizer and metadata with every 2-D weight re-quantized to --dtype (a realistic draft\n"
-            "model: same vocabulary, different numerics).\n"
-            "--format hf writes the same model as a Hugging Face checkpoint directory OUT (config.json,\n"
-            "model.safetensors or N shards with model.safetensors.index.json, tokenizer.json): the engine\n"
-            "reads identical numbers from both. --convert does that for an existing GGUF (quantized weights\n"
-            "are stored dequantized, as f32 unless --dtype says f16 or bf16).\n");
+    fprintf(f, "usage: specd-mkmodel -o OUT.gguf [--dim 64] [--layers 2] [--heads 4] [--kv-heads 2] [--ff 128]\n"
+               "                     [--vocab 512 | --tokenizer-from MODEL.gguf] [--ctx 2048] [--rope-base 10000]\n"
+               "                     [--dtype f32|f16|bf16|q8_0|q4_0|q4_1] [--norm-dtype f32] [--tied] [--seed S]\n"
+               "                     [--format gguf|hf] [--shards N]\n"
+               "       specd-mkmodel -o OUT.gguf --requant FROM.gguf --dtype q4_0|q8_0|...\n"
+               "       specd-mkmodel -o OUTDIR --format hf --convert FROM.gguf [--dtype f32|f16|bf16] [--shards N]\n"
+               "Writes a random Llama model (llama.cpp tensor names and metadata) for tests, or (--requant) FROM's\n"
+               "model, tokenizer and metadata with every 2-D weight re-quantized to --dtype (a realistic draft\n"
+               "model: same vocabulary, different numerics).\n"
+               "--format hf writes the same model as a Hugging Face checkpoint directory OUT (config.json,\n"
+               "model.safetensors or N shards with model.safetensors.index.json, tokenizer.json): the engine\n"
+               "reads identical numbers from both. --convert does that for an existing GGUF (quantized weights\n"
+               "are stored dequantized, as f32 unless --dtype says f16 or bf16).\n");
 }
 
 /* ---- PRNG ---- */
@@ -97,9 +96,11 @@ static bool parse_u32(const char *s, const char *flag, uint32_t lo, uint32_t hi,
 }
 
 static bool parse_dtype(const char *s, sd_dtype *out) {
-    static const struct { const char *name; sd_dtype t; } names[] = {
-        {"f32", SD_DTYPE_F32}, {"f16", SD_DTYPE_F16}, {"bf16", SD_DTYPE_BF16},
-        {"q8_0", SD_DTYPE_Q8_0}, {"q4_0", SD_DTYPE_Q4_0}, {"q4_1", SD_DTYPE_Q4_1}};
+    static const struct {
+        const char *name;
+        sd_dtype t;
+    } names[] = {{"f32", SD_DTYPE_F32},   {"f16", SD_DTYPE_F16},   {"bf16", SD_DTYPE_BF16},
+                 {"q8_0", SD_DTYPE_Q8_0}, {"q4_0", SD_DTYPE_Q4_0}, {"q4_1", SD_DTYPE_Q4_1}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(s, names[i].name) == 0) {
             *out = names[i].t;
@@ -111,20 +112,55 @@ static bool parse_dtype(const char *s, sd_dtype *out) {
 
 /* Returns 0 to go on, 1 for --help, -1 on a bad argument. */
 static int parse_args(int argc, char **argv, mk_params *p) {
-    *p = (mk_params){.dim = 64, .layers = 2, .heads = 4, .kv_heads = 2, .ff = 128, .vocab = 512, .ctx = 2048,
-                     .rope_base = 10000.0f, .dtype = SD_DTYPE_F32, .norm_dtype = SD_DTYPE_F32, .seed = 1};
-    enum { O_DIM = 256, O_LAYERS, O_HEADS, O_KV, O_FF, O_VOCAB, O_TOKFROM, O_CTX, O_ROPE, O_DTYPE, O_NDTYPE, O_TIED,
-           O_SEED, O_REQUANT, O_FORMAT, O_SHARDS, O_CONVERT };
-    static const struct option opts[] = {
-        {"dim", required_argument, 0, O_DIM}, {"layers", required_argument, 0, O_LAYERS},
-        {"heads", required_argument, 0, O_HEADS}, {"kv-heads", required_argument, 0, O_KV},
-        {"ff", required_argument, 0, O_FF}, {"vocab", required_argument, 0, O_VOCAB},
-        {"tokenizer-from", required_argument, 0, O_TOKFROM}, {"ctx", required_argument, 0, O_CTX},
-        {"rope-base", required_argument, 0, O_ROPE}, {"dtype", required_argument, 0, O_DTYPE},
-        {"norm-dtype", required_argument, 0, O_NDTYPE}, {"tied", no_argument, 0, O_TIED},
-        {"seed", required_argument, 0, O_SEED}, {"requant", required_argument, 0, O_REQUANT},
-        {"format", required_argument, 0, O_FORMAT}, {"shards", required_argument, 0, O_SHARDS},
-        {"convert", required_argument, 0, O_CONVERT}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    *p = (mk_params){.dim = 64,
+                     .layers = 2,
+                     .heads = 4,
+                     .kv_heads = 2,
+                     .ff = 128,
+                     .vocab = 512,
+                     .ctx = 2048,
+                     .rope_base = 10000.0f,
+                     .dtype = SD_DTYPE_F32,
+                     .norm_dtype = SD_DTYPE_F32,
+                     .seed = 1};
+    enum {
+        O_DIM = 256,
+        O_LAYERS,
+        O_HEADS,
+        O_KV,
+        O_FF,
+        O_VOCAB,
+        O_TOKFROM,
+        O_CTX,
+        O_ROPE,
+        O_DTYPE,
+        O_NDTYPE,
+        O_TIED,
+        O_SEED,
+        O_REQUANT,
+        O_FORMAT,
+        O_SHARDS,
+        O_CONVERT
+    };
+    static const struct option opts[] = {{"dim", required_argument, 0, O_DIM},
+                                         {"layers", required_argument, 0, O_LAYERS},
+                                         {"heads", required_argument, 0, O_HEADS},
+                                         {"kv-heads", required_argument, 0, O_KV},
+                                         {"ff", required_argument, 0, O_FF},
+                                         {"vocab", required_argument, 0, O_VOCAB},
+                                         {"tokenizer-from", required_argument, 0, O_TOKFROM},
+                                         {"ctx", required_argument, 0, O_CTX},
+                                         {"rope-base", required_argument, 0, O_ROPE},
+                                         {"dtype", required_argument, 0, O_DTYPE},
+                                         {"norm-dtype", required_argument, 0, O_NDTYPE},
+                                         {"tied", no_argument, 0, O_TIED},
+                                         {"seed", required_argument, 0, O_SEED},
+                                         {"requant", required_argument, 0, O_REQUANT},
+                                         {"format", required_argument, 0, O_FORMAT},
+                                         {"shards", required_argument, 0, O_SHARDS},
+                                         {"convert", required_argument, 0, O_CONVERT},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     bool vocab_set = false;
     int c;
     while ((c = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
@@ -155,7 +191,10 @@ static int parse_args(int argc, char **argv, mk_params *p) {
             if (!ok) fprintf(stderr, "specd-mkmodel: --rope-base must be a positive number (got '%s')\n", optarg);
             break;
         }
-        case O_DTYPE: ok = parse_dtype(optarg, &p->dtype); p->dtype_set = true; break;
+        case O_DTYPE:
+            ok = parse_dtype(optarg, &p->dtype);
+            p->dtype_set = true;
+            break;
         case O_REQUANT: p->requant_from = optarg; break;
         case O_NDTYPE: ok = parse_dtype(optarg, &p->norm_dtype); break;
         case O_FORMAT:
@@ -393,8 +432,8 @@ static sd_status write_weights(sd_gguf_writer *w, const mk_params *p) {
         char name[96];
 #define BLK(suffix) (snprintf(name, sizeof name, "blk.%u." suffix, l), name)
         SD_TRY(add_random(w, p, index++, BLK("attn_norm.weight"), p->norm_dtype, 1, (uint64_t[]){dim}, 1.0f, 0.1f));
-        SD_TRY(add_random(w, p, index++, BLK("attn_q.weight"), p->dtype, 2, (uint64_t[]){dim, q_dim}, 0.0f,
-                          inv_sqrt_dim));
+        SD_TRY(
+            add_random(w, p, index++, BLK("attn_q.weight"), p->dtype, 2, (uint64_t[]){dim, q_dim}, 0.0f, inv_sqrt_dim));
         SD_TRY(add_random(w, p, index++, BLK("attn_k.weight"), p->dtype, 2, (uint64_t[]){dim, kv_dim}, 0.0f,
                           inv_sqrt_dim));
         SD_TRY(add_random(w, p, index++, BLK("attn_v.weight"), p->dtype, 2, (uint64_t[]){dim, kv_dim}, 0.0f,
@@ -402,10 +441,9 @@ static sd_status write_weights(sd_gguf_writer *w, const mk_params *p) {
         SD_TRY(add_random(w, p, index++, BLK("attn_output.weight"), p->dtype, 2, (uint64_t[]){q_dim, dim}, 0.0f,
                           1.0f / sqrtf((float)q_dim)));
         SD_TRY(add_random(w, p, index++, BLK("ffn_norm.weight"), p->norm_dtype, 1, (uint64_t[]){dim}, 1.0f, 0.1f));
-        SD_TRY(add_random(w, p, index++, BLK("ffn_gate.weight"), p->dtype, 2, (uint64_t[]){dim, ff}, 0.0f,
-                          inv_sqrt_dim));
-        SD_TRY(add_random(w, p, index++, BLK("ffn_up.weight"), p->dtype, 2, (uint64_t[]){dim, ff}, 0.0f,
-                          inv_sqrt_dim));
+        SD_TRY(
+            add_random(w, p, index++, BLK("ffn_gate.weight"), p->dtype, 2, (uint64_t[]){dim, ff}, 0.0f, inv_sqrt_dim));
+        SD_TRY(add_random(w, p, index++, BLK("ffn_up.weight"), p->dtype, 2, (uint64_t[]){dim, ff}, 0.0f, inv_sqrt_dim));
         SD_TRY(add_random(w, p, index++, BLK("ffn_down.weight"), p->dtype, 2, (uint64_t[]){ff, dim}, 0.0f,
                           1.0f / sqrtf((float)ff)));
 #undef BLK
@@ -501,7 +539,9 @@ static sd_status requant(sd_gguf_writer *w, const mk_params *p) {
 /* --format hf: the GGUF goes to a scratch file inside the directory, is
  * rewritten as the checkpoint, and removed. */
 static sd_status write_hf(const sd_gguf_writer *w, const mk_params *p) {
-    mk_hf_params hp = {.dir = p->out, .n_shards = p->shards ? p->shards : 1, .force_dtype = p->convert && p->dtype_set,
+    mk_hf_params hp = {.dir = p->out,
+                       .n_shards = p->shards ? p->shards : 1,
+                       .force_dtype = p->convert && p->dtype_set,
                        .dtype = p->dtype};
     char err[512];
     sd_gguf *g = NULL;

@@ -99,8 +99,6 @@ bool sd_group_pid_gone(int32_t pid) {
 
 bool sd_group_readable(int fd, short revents) { return fd >= 0 && (revents & (POLLIN | POLLERR | POLLHUP)); }
 
-
-
 void sd_group_identity_init(Specd__ModelIdentity *id, const sd_model_identity *m) {
     specd__model_identity__init(id);
     id->architecture = (char *)m->architecture;

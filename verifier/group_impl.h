@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #define SD_GROUP_NCCL_ID_MAX 1024
-#define SD_GROUP_REASON_MAX 512
+#define SD_GROUP_REASON_MAX  512
 
 /* This host's name (for the one-host check of shared-memory collectives). */
 void sd_group_host_name(char *out, size_t n);

@@ -17,7 +17,6 @@
 #include <unistd.h>
 #include <zmq.h>
 
-
 static void eventfd_signal(int fd) {
     uint64_t one = 1;
     if (write(fd, &one, sizeof one) != sizeof one) SD_ERROR("group: cannot signal an eventfd: %s", strerror(errno));
@@ -36,28 +35,28 @@ typedef struct rank_peer {
     bool joined, ready;
     uint8_t ident[SD_MAX_IDENTITY_BYTES];
     size_t ident_len;
-    double last_recv;       /* sd_now() of its last message */
+    double last_recv; /* sd_now() of its last message */
     int32_t pid;
-    bool same_host;         /* its pid means something here (host and pid namespace equal) */
+    bool same_host; /* its pid means something here (host and pid namespace equal) */
 } rank_peer;
 
 struct sd_group {
     sd_group_params p;
     void *zctx;
-    void *router;           /* the ranks' link: the caller's thread during start, then the group thread's */
-    void *plan_in;          /* inproc PAIR: the group thread reads plans here */
-    void *plan_out;         /* inproc PAIR: the forward's thread writes plans here */
+    void *router;   /* the ranks' link: the caller's thread during start, then the group thread's */
+    void *plan_in;  /* inproc PAIR: the group thread reads plans here */
+    void *plan_out; /* inproc PAIR: the forward's thread writes plans here */
     sd_coll *coll;
-    rank_peer *peers;       /* [size]; [0] unused */
+    rank_peer *peers; /* [size]; [0] unused */
     pthread_t thread;
     bool thread_started;
-    int quit_fd;            /* eventfd: sd_group_close ends the group thread */
-    int down_fd;            /* eventfd: readable once down */
+    int quit_fd; /* eventfd: sd_group_close ends the group thread */
+    int down_fd; /* eventfd: readable once down */
     atomic_bool down;
-    pthread_mutex_t mu;     /* guards reason */
+    pthread_mutex_t mu; /* guards reason */
     char reason[SD_GROUP_REASON_MAX];
-    uint64_t steps;         /* plans sent (the forward's thread) */
-    uint8_t *pack;          /* the forward's thread's packing buffer */
+    uint64_t steps; /* plans sent (the forward's thread) */
+    uint8_t *pack;  /* the forward's thread's packing buffer */
     size_t cap_pack;
     char host[64];
     uint64_t pid_ns;
@@ -143,8 +142,8 @@ static bool ranks_alive(sd_group *g, char *why, size_t n) {
             return false;
         }
         if (now - pr->last_recv > dead_after) {
-            snprintf(why, n, "rank %d (pid %d) silent for %.1f s (liveness %.1f s): dead or hung", (int)r,
-                     (int)pr->pid, now - pr->last_recv, dead_after);
+            snprintf(why, n, "rank %d (pid %d) silent for %.1f s (liveness %.1f s): dead or hung", (int)r, (int)pr->pid,
+                     now - pr->last_recv, dead_after);
             return false;
         }
     }
@@ -317,8 +316,8 @@ static sd_status wait_phase(sd_group *g, start_phase ph) {
                 SD_ERROR("group: rank %d (pid %d) died or went silent during set-up", (int)r, (int)pr->pid);
                 return SD_ERR_ABORTED;
             }
-            SD_WARN("group: rank %d (pid %d) died or went silent before the group formed; waiting for another",
-                    (int)r, (int)pr->pid);
+            SD_WARN("group: rank %d (pid %d) died or went silent before the group formed; waiting for another", (int)r,
+                    (int)pr->pid);
             memset(pr, 0, sizeof *pr);
         }
         if (now > deadline) {
@@ -372,8 +371,7 @@ static void *group_main(void *arg) {
             }
             for (int32_t r = 1; r < g->p.size && !down; r++) {
                 const rank_peer *pr = &g->peers[r];
-                if (send_bytes(g->router, pr->ident, pr->ident_len, zmq_msg_data(&msg), zmq_msg_size(&msg)) !=
-                    SD_OK) {
+                if (send_bytes(g->router, pr->ident, pr->ident_len, zmq_msg_data(&msg), zmq_msg_size(&msg)) != SD_OK) {
                     snprintf(why, sizeof why, "the plan could not be sent to rank %d (%s)", (int)r,
                              zmq_strerror(zmq_errno()));
                     sd_group_fail(g, why);

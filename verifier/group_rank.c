@@ -18,8 +18,8 @@ typedef struct rank_state {
     const sd_group_params *p;
     sd_model *m;
     sd_kv *kv;
-    void *to_compute;    /* PAIR, the socket thread's end: plans in (pointers), NULL = quit */
-    void *from_socket;   /* PAIR, the compute thread's end; it answers each plan with its status */
+    void *to_compute;  /* PAIR, the socket thread's end: plans in (pointers), NULL = quit */
+    void *from_socket; /* PAIR, the compute thread's end; it answers each plan with its status */
 } rank_state;
 
 /* The compute thread: runs plans in order. A plan arrives as a pointer to
@@ -33,8 +33,14 @@ static void *rank_compute(void *arg) {
         if (n != (int)sizeof env || !env) break;
         const Specd__GroupPlan *gp = env->plan;
         sd_model_plan plan = {
-            .n_tokens = (int32_t)gp->n_tokens, .tokens = gp->tokens, .pos = gp->pos, .bt_off = gp->bt_off,
-            .n_bt = (int32_t)gp->n_bt, .bt = gp->bt, .n_wanted = (int32_t)gp->n_wanted, .wanted = gp->wanted,
+            .n_tokens = (int32_t)gp->n_tokens,
+            .tokens = gp->tokens,
+            .pos = gp->pos,
+            .bt_off = gp->bt_off,
+            .n_bt = (int32_t)gp->n_bt,
+            .bt = gp->bt,
+            .n_wanted = (int32_t)gp->n_wanted,
+            .wanted = gp->wanted,
         };
         int32_t st = (int32_t)sd_model_forward_plan(rs->m, rs->kv, &plan);
         if (st != SD_OK) SD_ERROR("group: plan %llu failed: %s", (unsigned long long)gp->step, sd_status_str(st));
@@ -98,7 +104,7 @@ typedef struct rank_run {
     const sd_group_params *p;
     sd_model *m;
     sd_net_limits lim;
-    void *sock;            /* DEALER to the leader */
+    void *sock; /* DEALER to the leader */
     char host[64];
     int interval_ms, liveness;
     double last_recv, last_beat;
@@ -221,8 +227,7 @@ typedef struct leader_watch {
 
 /* Phase 2: collectives and KV pool from the setup (which it frees, wiping
  * the NCCL id), then Ready. */
-static sd_status apply_setup(rank_run *r, Specd__LeaderToRank *setup, sd_coll **coll, sd_kv **kv,
-                             leader_watch *lw) {
+static sd_status apply_setup(rank_run *r, Specd__LeaderToRank *setup, sd_coll **coll, sd_kv **kv, leader_watch *lw) {
     const sd_group_params *p = r->p;
     const Specd__GroupSetup *su = setup->setup;
     r->interval_ms = (int)su->heartbeat_interval_ms;
@@ -383,8 +388,8 @@ static sd_status serve_with_compute(void *zctx, rank_run *r, sd_coll *coll, sd_k
         if (s.clean)
             SD_INFO("group: rank %d leaves: %s (%llu plans run)", (int)p->rank, s.reason, (unsigned long long)s.done);
         else
-            SD_ERROR("group: rank %d leaves, the group is down: %s (%llu of %llu plans run)", (int)p->rank,
-                     s.reason, (unsigned long long)s.done, (unsigned long long)s.plans);
+            SD_ERROR("group: rank %d leaves, the group is down: %s (%llu of %llu plans run)", (int)p->rank, s.reason,
+                     (unsigned long long)s.done, (unsigned long long)s.plans);
         /* a forward waiting in a collective returns now; then the compute
          * thread takes the quit marker (after any plans still queued,
          * which fail at once on the aborted group) */

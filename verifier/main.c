@@ -40,10 +40,10 @@ typedef struct verifier_opts {
     int32_t n_threads;
     int32_t device; /* -1 CPU, N cuda:N */
     int32_t max_seqs, kv_blocks, block_size, max_batch, max_draft, tp, rank;
-    const char *group;      /* --group ADDR */
-    int32_t lm_head;        /* sd_tp_lm_head */
+    const char *group; /* --group ADDR */
+    int32_t lm_head;   /* sd_tp_lm_head */
     int32_t coll_timeout_ms, group_heartbeat_ms, join_timeout_s;
-    int32_t warmup;         /* --warmup N; -1 = the device's default */
+    int32_t warmup; /* --warmup N; -1 = the device's default */
     bool verbose;
 } verifier_opts;
 
@@ -94,23 +94,45 @@ static bool parse_int(const char *flag, const char *s, int32_t lo, int32_t hi, i
 /* 0 = run, 1 = --help printed, 2 = bad flags. */
 static int parse_args(int argc, char **argv, verifier_opts *o) {
     enum {
-        O_COORD = 256, O_MAX_SEQS, O_KV_BLOCKS, O_BLOCK, O_MAX_BATCH, O_MAX_DRAFT, O_TP, O_RANK, O_NAME, O_DEVICE,
-        O_GROUP, O_LM_HEAD, O_COLL_TIMEOUT, O_GROUP_HB, O_JOIN_TIMEOUT, O_WARMUP
+        O_COORD = 256,
+        O_MAX_SEQS,
+        O_KV_BLOCKS,
+        O_BLOCK,
+        O_MAX_BATCH,
+        O_MAX_DRAFT,
+        O_TP,
+        O_RANK,
+        O_NAME,
+        O_DEVICE,
+        O_GROUP,
+        O_LM_HEAD,
+        O_COLL_TIMEOUT,
+        O_GROUP_HB,
+        O_JOIN_TIMEOUT,
+        O_WARMUP
     };
     static const struct option longs[] = {
-        {"model", required_argument, 0, 'm'},      {"coordinator", required_argument, 0, O_COORD},
-        {"threads", required_argument, 0, 't'},    {"max-seqs", required_argument, 0, O_MAX_SEQS},
-        {"kv-blocks", required_argument, 0, O_KV_BLOCKS}, {"block-size", required_argument, 0, O_BLOCK},
-        {"max-batch", required_argument, 0, O_MAX_BATCH}, {"max-draft", required_argument, 0, O_MAX_DRAFT},
-        {"tp", required_argument, 0, O_TP},        {"rank", required_argument, 0, O_RANK},
-        {"name", required_argument, 0, O_NAME},    {"verbose", no_argument, 0, 'v'},
+        {"model", required_argument, 0, 'm'},
+        {"coordinator", required_argument, 0, O_COORD},
+        {"threads", required_argument, 0, 't'},
+        {"max-seqs", required_argument, 0, O_MAX_SEQS},
+        {"kv-blocks", required_argument, 0, O_KV_BLOCKS},
+        {"block-size", required_argument, 0, O_BLOCK},
+        {"max-batch", required_argument, 0, O_MAX_BATCH},
+        {"max-draft", required_argument, 0, O_MAX_DRAFT},
+        {"tp", required_argument, 0, O_TP},
+        {"rank", required_argument, 0, O_RANK},
+        {"name", required_argument, 0, O_NAME},
+        {"verbose", no_argument, 0, 'v'},
         {"device", required_argument, 0, O_DEVICE},
-        {"group", required_argument, 0, O_GROUP},  {"lm-head", required_argument, 0, O_LM_HEAD},
+        {"group", required_argument, 0, O_GROUP},
+        {"lm-head", required_argument, 0, O_LM_HEAD},
         {"coll-timeout-ms", required_argument, 0, O_COLL_TIMEOUT},
         {"group-heartbeat-ms", required_argument, 0, O_GROUP_HB},
         {"join-timeout", required_argument, 0, O_JOIN_TIMEOUT},
         {"warmup", required_argument, 0, O_WARMUP},
-        {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
     int c;
     while ((c = getopt_long(argc, argv, "m:t:vh", longs, NULL)) != -1) {
@@ -188,7 +210,9 @@ static sd_status on_request(void *user, const Specd__CoordinatorToWorker *req, S
     reply->verify = &ctx->resp;
     return SD_OK;
 }
-static void on_release(void *user, const uint64_t *ids, size_t n) { sd_verifier_release(((verifier_ctx *)user)->v, ids, n); }
+static void on_release(void *user, const uint64_t *ids, size_t n) {
+    sd_verifier_release(((verifier_ctx *)user)->v, ids, n);
+}
 static void on_reset(void *user) { sd_verifier_reset(((verifier_ctx *)user)->v); }
 static void on_stats(void *user, Specd__WorkerStats *st) { sd_verifier_stats(((verifier_ctx *)user)->v, st); }
 static const char *on_fail_reason(void *user) {
@@ -235,8 +259,16 @@ static int run_rank(const verifier_opts *o, const sd_model_identity *id, sd_mode
 
 int main(int argc, char **argv) {
     verifier_opts o = {
-        .coordinator = "tcp://127.0.0.1:7701", .max_seqs = 64, .block_size = 16, .max_batch = 64,
-        .max_draft = 16, .tp = 1, .rank = 0, .device = -1, .lm_head = SD_TP_LM_HEAD_SPLIT, .warmup = -1,
+        .coordinator = "tcp://127.0.0.1:7701",
+        .max_seqs = 64,
+        .block_size = 16,
+        .max_batch = 64,
+        .max_draft = 16,
+        .tp = 1,
+        .rank = 0,
+        .device = -1,
+        .lm_head = SD_TP_LM_HEAD_SPLIT,
+        .warmup = -1,
     };
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc == 1 ? 0 : 2;
@@ -282,13 +314,13 @@ int main(int argc, char **argv) {
         vp.block_size = o.block_size;
         vp.max_batch = o.max_batch;
         vp.max_draft = o.max_draft;
-        vp.kv_blocks = o.kv_blocks > 0 ? o.kv_blocks
-                                       : sd_verifier_default_kv_blocks(sd_model_config_of(model), o.max_seqs,
-                                                                       o.block_size, 0);
+        vp.kv_blocks = o.kv_blocks > 0
+                           ? o.kv_blocks
+                           : sd_verifier_default_kv_blocks(sd_model_config_of(model), o.max_seqs, o.block_size, 0);
         st = sd_verifier_create(model, &vp, &v);
         if (st == SD_OK)
-            SD_INFO("model %s: %u layers, vocab %u, context %u; KV %d blocks of %d tokens, %d slots",
-                    wp.model.name, wp.model.n_layers, wp.model.vocab_size, wp.model.context_length, (int)vp.kv_blocks,
+            SD_INFO("model %s: %u layers, vocab %u, context %u; KV %d blocks of %d tokens, %d slots", wp.model.name,
+                    wp.model.n_layers, wp.model.vocab_size, wp.model.context_length, (int)vp.kv_blocks,
                     (int)vp.block_size, (int)vp.max_seqs);
     }
     if (st != SD_OK) {
@@ -330,13 +362,13 @@ int main(int argc, char **argv) {
         st = sd_verifier_warmup(v, cpu_default ? SD_WARMUP_TIMES : SD_WARMUP_FULL, n_warm, &wr);
         for (int32_t i = 0; st == SD_OK && i < wr.n_sizes; i++) {
             const double us = wr.steady_s[i] * 1e6;
-            costs[n_costs++] = (sd_step_cost){(uint32_t)wr.tokens[i],
-                                              us < 1.0 ? 1u : us > 4e9 ? 4000000000u : (uint32_t)us};
+            costs[n_costs++] = (sd_step_cost){(uint32_t)wr.tokens[i], us < 1.0   ? 1u
+                                                                      : us > 4e9 ? 4000000000u
+                                                                                 : (uint32_t)us};
         }
         if (st == SD_OK && wr.n_steps > 0 && wr.first_max_at > 0)
             SD_INFO("warm-up: %d step sizes up to %d tokens in %.0f ms (slowest first sighting: %.1f ms at %d tokens)",
-                    (int)wr.n_sizes, (int)wr.max_tokens, wr.seconds * 1e3, wr.first_s_max * 1e3,
-                    (int)wr.first_max_at);
+                    (int)wr.n_sizes, (int)wr.max_tokens, wr.seconds * 1e3, wr.first_s_max * 1e3, (int)wr.first_max_at);
         else if (st == SD_OK && wr.n_steps > 0)
             SD_INFO("warm-up: step times of %d sizes up to %d tokens measured in %.0f ms", (int)wr.n_sizes,
                     (int)wr.max_tokens, wr.seconds * 1e3);

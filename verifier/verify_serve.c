@@ -38,11 +38,11 @@
 
 /* Per sequence of the current batch. */
 typedef struct seq_plan {
-    int32_t slot;        /* -1 when not admitted */
+    int32_t slot; /* -1 when not admitted */
     int32_t keep_len;
     int32_t n_append;
     int32_t n_draft;
-    bool new_slot;       /* the slot was taken by this request */
+    bool new_slot; /* the slot was taken by this request */
     sd_sampling sampling;
 } seq_plan;
 
@@ -52,20 +52,20 @@ struct sd_verifier {
     sd_verifier_params p;
     int32_t n_vocab;
     uint64_t steps;
-    sd_slots slots;                  /* request id -> KV slot (net/slots.c) */
-    seq_plan *plan;                  /* [max_batch] */
+    sd_slots slots; /* request id -> KV slot (net/slots.c) */
+    seq_plan *plan; /* [max_batch] */
     /* response storage, [max_batch] each */
     Specd__VerifyResult *results;
     Specd__VerifyResult **result_ptrs;
-    int32_t *commits;                /* [max_batch][max_draft + 1] */
+    int32_t *commits; /* [max_batch][max_draft + 1] */
     /* batch storage, grown on demand */
-    int32_t *tokens, *pos, *seq;    /* prefill chunks' batch rows */
+    int32_t *tokens, *pos, *seq; /* prefill chunks' batch rows */
     size_t cap_rows;
     /* sd_spec_verify_batch's inputs and outputs, [max_batch] each */
     sd_verify_seq *vseqs;
     sd_verify_result *vresults;
-    sd_spec_q *vq;                   /* [max_batch][max_draft] */
-    int32_t *vindex;                 /* batch index of each vseq */
+    sd_spec_q *vq;   /* [max_batch][max_draft] */
+    int32_t *vindex; /* batch index of each vseq */
     sd_spec_scratch *spec_scratch;
 };
 
@@ -75,7 +75,12 @@ static int32_t slot_held(void *user, int32_t slot) { return sd_kv_seq_len(((sd_v
 
 sd_verifier_params sd_verifier_default_params(void) {
     sd_verifier_params p = {
-        .max_seqs = 64, .kv_blocks = 0, .block_size = 16, .max_batch = 64, .max_draft = 16, .max_ctx = 0,
+        .max_seqs = 64,
+        .kv_blocks = 0,
+        .block_size = 16,
+        .max_batch = 64,
+        .max_draft = 16,
+        .max_ctx = 0,
     };
     return p;
 }
@@ -131,12 +136,11 @@ sd_status sd_verifier_create(sd_model *target, const sd_verifier_params *params,
     const sd_model_config *cfg = sd_model_config_of(target);
     if (p.block_size <= 0) p.block_size = 16;
     if (p.max_ctx <= 0 || p.max_ctx > cfg->n_ctx_train) p.max_ctx = cfg->n_ctx_train;
-    if (p.max_seqs <= 0 || p.max_seqs > 1 << 16 || p.kv_blocks <= 0 || p.max_batch <= 0 ||
-        p.max_batch > SD_MAX_BATCH || p.max_draft < 0 || p.max_draft > SD_MAX_DRAFT ||
-        p.max_draft > SD_MAX_DRAFT) {
+    if (p.max_seqs <= 0 || p.max_seqs > 1 << 16 || p.kv_blocks <= 0 || p.max_batch <= 0 || p.max_batch > SD_MAX_BATCH ||
+        p.max_draft < 0 || p.max_draft > SD_MAX_DRAFT || p.max_draft > SD_MAX_DRAFT) {
         SD_ERROR("verifier: bad parameters (max_seqs %d, kv_blocks %d, max_batch %d in [1, %d], max_draft %d in "
-                 "[0, %d])", (int)p.max_seqs, (int)p.kv_blocks, (int)p.max_batch, SD_MAX_BATCH, (int)p.max_draft,
-                 SD_MAX_DRAFT);
+                 "[0, %d])",
+                 (int)p.max_seqs, (int)p.kv_blocks, (int)p.max_batch, SD_MAX_BATCH, (int)p.max_draft, SD_MAX_DRAFT);
         return SD_ERR_INVALID_ARG;
     }
     sd_verifier *v = calloc(1, sizeof *v);
@@ -155,8 +159,8 @@ sd_status sd_verifier_create(sd_model *target, const sd_verifier_params *params,
     v->vq = calloc(nb * rows, sizeof *v->vq);
     v->vindex = calloc(nb, sizeof *v->vindex);
     sd_status st = SD_ERR_NOMEM;
-    if (sst == SD_OK && v->plan && v->results && v->result_ptrs && v->commits && v->vseqs &&
-        v->vresults && v->vq && v->vindex && sd_spec_scratch_create(&v->spec_scratch) == SD_OK)
+    if (sst == SD_OK && v->plan && v->results && v->result_ptrs && v->commits && v->vseqs && v->vresults && v->vq &&
+        v->vindex && sd_spec_scratch_create(&v->spec_scratch) == SD_OK)
         st = sd_model_kv_create(target, p.max_seqs, p.kv_blocks, p.block_size, &v->kv);
     else
         SD_ERROR("verifier: out of memory");
@@ -172,7 +176,6 @@ sd_net_limits sd_verifier_limits(const sd_verifier *v) {
     sd_net_limits lim = {v->n_vocab, v->p.max_ctx, v->p.max_batch, v->p.max_draft};
     return lim;
 }
-
 
 static sd_status grow_rows(sd_verifier *v, size_t rows) {
     if (rows <= v->cap_rows) return SD_OK;
@@ -190,8 +193,7 @@ static sd_status grow_rows(sd_verifier *v, size_t rows) {
 static int32_t blocks_for(int32_t len, int32_t block_size) { return (len + block_size - 1) / block_size; }
 
 /* Pass 1 for sequence i: sets plan->slot (or -1 with res->code set). */
-static void admit(sd_verifier *v, const Specd__VerifyRequest *req, size_t i, seq_plan *plan,
-                  Specd__VerifyResult *res) {
+static void admit(sd_verifier *v, const Specd__VerifyRequest *req, size_t i, seq_plan *plan, Specd__VerifyResult *res) {
     const Specd__VerifySeq *s = req->seqs[i];
     plan->slot = -1;
     plan->keep_len = (int32_t)s->keep_len;
@@ -215,9 +217,9 @@ static void admit(sd_verifier *v, const Specd__VerifyRequest *req, size_t i, seq
     if (s->n_q != s->n_draft || s->n_draft > (size_t)v->p.max_draft || total > v->p.max_ctx ||
         (req->prefill_only && s->n_draft > 0) || (!req->prefill_only && s->n_append == 0)) {
         SD_WARN("verifier: request %llu: keep_len %u + append %zu + draft %zu (q %zu, max_draft %d) does not fit "
-                "the context %d or is not a valid %s step", (unsigned long long)s->request_id, s->keep_len,
-                s->n_append, s->n_draft, s->n_q, (int)v->p.max_draft, (int)v->p.max_ctx,
-                req->prefill_only ? "prefill" : "verify");
+                "the context %d or is not a valid %s step",
+                (unsigned long long)s->request_id, s->keep_len, s->n_append, s->n_draft, s->n_q, (int)v->p.max_draft,
+                (int)v->p.max_ctx, req->prefill_only ? "prefill" : "verify");
         return;
     }
     int32_t slot;
@@ -254,8 +256,14 @@ static sd_status verify_with_spec_batch(sd_verifier *v, const Specd__VerifyReque
         for (int32_t r = 0; r < pl->n_draft; r++)
             q[r] = (sd_spec_q){(int32_t)s->q[r]->n_ids, s->q[r]->ids, s->q[r]->probs};
         v->vseqs[n_v] = (sd_verify_seq){
-            .slot = pl->slot, .keep_len = pl->keep_len, .n_append = pl->n_append, .append = s->append,
-            .k = pl->n_draft, .draft = s->draft, .q = q, .sampling = pl->sampling,
+            .slot = pl->slot,
+            .keep_len = pl->keep_len,
+            .n_append = pl->n_append,
+            .append = s->append,
+            .k = pl->n_draft,
+            .draft = s->draft,
+            .q = q,
+            .sampling = pl->sampling,
         };
         v->vindex[n_v++] = (int32_t)i;
     }
@@ -278,8 +286,10 @@ static sd_status verify_with_spec_batch(sd_verifier *v, const Specd__VerifyReque
         }
         case SD_SEQ_OUT_OF_BLOCKS:
             res->code = SPECD__CODE__CODE_KV_FULL;
-            if (pl->new_slot) sd_slots_release(&v->slots, pl->slot);
-            else res->cached_len = (uint32_t)sd_kv_seq_len(v->kv, pl->slot);
+            if (pl->new_slot)
+                sd_slots_release(&v->slots, pl->slot);
+            else
+                res->cached_len = (uint32_t)sd_kv_seq_len(v->kv, pl->slot);
             break;
         case SD_SEQ_CACHE_MISS:
             res->code = SPECD__CODE__CODE_CACHE_MISS;
@@ -383,8 +393,14 @@ static sd_status warmup_step(void *user, int32_t n_tokens, const sd_sampling *sa
         const int32_t len = n_tokens - off < per ? n_tokens - off : per;
         sd_spec_q *q = v->vq + (size_t)s * (size_t)v->p.max_draft;
         for (int32_t r = 0; r < len - 1; r++) q[r] = (sd_spec_q){1, toks + off + 1 + r, &one};
-        v->vseqs[s] = (sd_verify_seq){.slot = s, .keep_len = 0, .n_append = 1, .append = toks + off,
-                                      .k = len - 1, .draft = toks + off + 1, .q = q, .sampling = *sampling};
+        v->vseqs[s] = (sd_verify_seq){.slot = s,
+                                      .keep_len = 0,
+                                      .n_append = 1,
+                                      .append = toks + off,
+                                      .k = len - 1,
+                                      .draft = toks + off + 1,
+                                      .q = q,
+                                      .sampling = *sampling};
         off += len;
     }
     sd_status st = sd_spec_verify_batch(v->target, v->kv, n_seqs, v->vseqs, v->vresults, v->spec_scratch);

@@ -14,12 +14,12 @@
 typedef struct sd_verifier sd_verifier;
 
 typedef struct sd_verifier_params {
-    int32_t max_seqs;    /* KV slots = sequences cached at once (default 64) */
-    int32_t kv_blocks;   /* blocks in the KV pool (required, > 0) */
-    int32_t block_size;  /* tokens per block (default 16) */
-    int32_t max_batch;   /* sequences per VerifyRequest (default 64, <= SD_MAX_BATCH) */
-    int32_t max_draft;   /* draft tokens per sequence (default 16, <= SD_MAX_DRAFT) */
-    int32_t max_ctx;     /* tokens per sequence; 0 = the model's context length */
+    int32_t max_seqs;   /* KV slots = sequences cached at once (default 64) */
+    int32_t kv_blocks;  /* blocks in the KV pool (required, > 0) */
+    int32_t block_size; /* tokens per block (default 16) */
+    int32_t max_batch;  /* sequences per VerifyRequest (default 64, <= SD_MAX_BATCH) */
+    int32_t max_draft;  /* draft tokens per sequence (default 16, <= SD_MAX_DRAFT) */
+    int32_t max_ctx;    /* tokens per sequence; 0 = the model's context length */
 } sd_verifier_params;
 
 /* max_seqs 64, kv_blocks 0 (must be set), block_size 16, max_batch 64,

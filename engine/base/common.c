@@ -38,7 +38,7 @@ static struct {
     void *user;
     sd_log_level min_level;
     char prefix[64];
-} logger = { NULL, NULL, SD_LOG_INFO, "specd" };
+} logger = {NULL, NULL, SD_LOG_INFO, "specd"};
 
 void sd_log_set(sd_log_fn fn, void *user, sd_log_level min_level, const char *prefix) {
     logger.fn = fn;
@@ -47,9 +47,7 @@ void sd_log_set(sd_log_fn fn, void *user, sd_log_level min_level, const char *pr
     if (prefix) snprintf(logger.prefix, sizeof logger.prefix, "%s", prefix);
 }
 
-bool sd_log_enabled(sd_log_level level) {
-    return level >= logger.min_level && level < SD_LOG_OFF;
-}
+bool sd_log_enabled(sd_log_level level) { return level >= logger.min_level && level < SD_LOG_OFF; }
 
 static const char *level_name(sd_log_level l) {
     switch (l) {
@@ -80,8 +78,8 @@ void sd_log_write(sd_log_level level, const char *file, int line, const char *fm
     char out[1280];
     int n;
     if (level >= SD_LOG_WARN)
-        n = snprintf(out, sizeof out, "%02d:%02d:%02d.%03ld %s %s: %s (%s:%d)\n", tm.tm_hour, tm.tm_min,
-                     tm.tm_sec, ts.tv_nsec / 1000000, level_name(level), logger.prefix, msg, base, line);
+        n = snprintf(out, sizeof out, "%02d:%02d:%02d.%03ld %s %s: %s (%s:%d)\n", tm.tm_hour, tm.tm_min, tm.tm_sec,
+                     ts.tv_nsec / 1000000, level_name(level), logger.prefix, msg, base, line);
     else
         n = snprintf(out, sizeof out, "%02d:%02d:%02d.%03ld %s %s: %s\n", tm.tm_hour, tm.tm_min, tm.tm_sec,
                      ts.tv_nsec / 1000000, level_name(level), logger.prefix, msg);

@@ -14,10 +14,10 @@ sd_sampling sd_sampling_default(void) {
     return s;
 }
 
-#define FAIL(...)                                                 \
-    do {                                                          \
-        if (err && err_len) snprintf(err, err_len, __VA_ARGS__);  \
-        return SD_ERR_INVALID_ARG;                                \
+#define FAIL(...)                                                \
+    do {                                                         \
+        if (err && err_len) snprintf(err, err_len, __VA_ARGS__); \
+        return SD_ERR_INVALID_ARG;                               \
     } while (0)
 
 sd_status sd_sampling_check(const sd_sampling *s, char *err, size_t err_len) {

@@ -18,8 +18,7 @@ sd_status sd_cpu_kv_write(sd_backend *be, float *pool, int32_t block_size, int32
     for (int32_t t = 0; t < n_tokens; t++) {
         size_t block = (size_t)bt[bt_off[t] + pos[t] / block_size];
         size_t slot = block * (size_t)block_size + (size_t)(pos[t] % block_size);
-        memcpy(pool + slot * (size_t)row_width, src + (size_t)t * (size_t)row_width,
-               (size_t)row_width * sizeof(float));
+        memcpy(pool + slot * (size_t)row_width, src + (size_t)t * (size_t)row_width, (size_t)row_width * sizeof(float));
     }
     return SD_OK;
 }
@@ -34,8 +33,8 @@ typedef struct attn_args {
 } attn_args;
 
 /* Address of kv head kvh's vector at position p of a sequence (table bt). */
-static inline const float *kv_at(const float *pool, const int32_t *bt, size_t p, size_t block_size,
-                                 size_t n_kv_heads, size_t head_dim, size_t kvh) {
+static inline const float *kv_at(const float *pool, const int32_t *bt, size_t p, size_t block_size, size_t n_kv_heads,
+                                 size_t head_dim, size_t kvh) {
     size_t slot = (size_t)bt[p / block_size] * block_size + p % block_size;
     return pool + (slot * n_kv_heads + kvh) * head_dim;
 }
@@ -81,10 +80,9 @@ static void attn_item(void *p, int64_t item, int32_t ith) {
     for (size_t d = 0; d < hd; d++) o[d] = acc[d] / sum;
 }
 
-sd_status sd_cpu_attention(sd_backend *be, const float *q, const float *k_pool, const float *v_pool,
-                           int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                           int32_t block_size, const int32_t *pos, const int32_t *bt, const int32_t *bt_off,
-                           float scale, float *out) {
+sd_status sd_cpu_attention(sd_backend *be, const float *q, const float *k_pool, const float *v_pool, int32_t n_tokens,
+                           int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
+                           const int32_t *pos, const int32_t *bt, const int32_t *bt_off, float scale, float *out) {
     if (n_tokens <= 0) return SD_OK;
     size_t max_pos = 0, work = 0;
     for (int32_t t = 0; t < n_tokens; t++) {

@@ -50,7 +50,7 @@ static void cpu_destroy(sd_backend **pbe) {
 /* Buffers of at least this size are 2 MB aligned and asked to be backed by
  * transparent huge pages: decode streams every weight once per token, and
  * 4 KB pages would cost a TLB miss every 4 KB. */
-#define HUGE_MIN ((size_t)4 << 20)
+#define HUGE_MIN  ((size_t)4 << 20)
 #define HUGE_PAGE ((size_t)2 << 20)
 
 static void *cpu_buf_alloc(sd_backend *be, size_t bytes) {

@@ -62,8 +62,8 @@ static inline float sd_cpu_hsum8(const float l[8]) {
 /* Same tree as sd_cpu_hsum8 on a vector. */
 static inline float sd_cpu_hsum256(__m256 v) {
     __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); /* a0..a3 */
-    __m128 b = _mm_add_ps(a, _mm_movehl_ps(a, a));                                  /* b0=a0+a2, b1=a1+a3 */
-    __m128 c = _mm_add_ss(b, _mm_shuffle_ps(b, b, 1));                              /* b0+b1 */
+    __m128 b = _mm_add_ps(a, _mm_movehl_ps(a, a));                                 /* b0=a0+a2, b1=a1+a3 */
+    __m128 c = _mm_add_ss(b, _mm_shuffle_ps(b, b, 1));                             /* b0+b1 */
     return _mm_cvtss_f32(c);
 }
 #endif
@@ -89,18 +89,17 @@ static inline float sd_cpu_dot(const float *a, const float *b, size_t n) {
 /* ---- ops (signatures as in sd_backend_ops) ---- */
 sd_status sd_cpu_embed(sd_backend *be, const float *table, int32_t dim, const int32_t *ids, int32_t n_tokens,
                        float *out);
-sd_status sd_cpu_matmul(sd_backend *be, const float *w, int32_t n_in, int32_t n_out, const float *x,
-                        int32_t n_tokens, float *y);
-sd_status sd_cpu_rmsnorm(sd_backend *be, const float *x, const float *weight, int32_t n_tokens, int32_t dim,
-                         float eps, float *out);
-sd_status sd_cpu_rope(sd_backend *be, float *x, int32_t n_tokens, int32_t n_heads, int32_t head_dim,
-                      const int32_t *pos, const float *inv_freq);
+sd_status sd_cpu_matmul(sd_backend *be, const float *w, int32_t n_in, int32_t n_out, const float *x, int32_t n_tokens,
+                        float *y);
+sd_status sd_cpu_rmsnorm(sd_backend *be, const float *x, const float *weight, int32_t n_tokens, int32_t dim, float eps,
+                         float *out);
+sd_status sd_cpu_rope(sd_backend *be, float *x, int32_t n_tokens, int32_t n_heads, int32_t head_dim, const int32_t *pos,
+                      const float *inv_freq);
 sd_status sd_cpu_kv_write(sd_backend *be, float *pool, int32_t block_size, int32_t row_width, const float *src,
                           int32_t n_tokens, const int32_t *pos, const int32_t *bt, const int32_t *bt_off);
-sd_status sd_cpu_attention(sd_backend *be, const float *q, const float *k_pool, const float *v_pool,
-                           int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                           int32_t block_size, const int32_t *pos, const int32_t *bt, const int32_t *bt_off,
-                           float scale, float *out);
+sd_status sd_cpu_attention(sd_backend *be, const float *q, const float *k_pool, const float *v_pool, int32_t n_tokens,
+                           int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
+                           const int32_t *pos, const int32_t *bt, const int32_t *bt_off, float scale, float *out);
 sd_status sd_cpu_swiglu(sd_backend *be, const float *gate, const float *up, size_t n, float *out);
 sd_status sd_cpu_add(sd_backend *be, const float *a, const float *b, size_t n, float *out);
 

@@ -81,6 +81,8 @@ static inline __attribute__((always_inline)) void tile(const float *w, const flo
 #endif
 }
 
+/* macro-generated tiles, laid out by hand: clang-format cannot read them */
+// clang-format off
 #define TILE_FN(R, T)                                                                          \
     static void tile_##R##_##T(const float *w, const float *x, float *y, size_t n_in, size_t n_out) { \
         tile(w, x, y, n_in, n_out, R, T);                                                      \
@@ -93,6 +95,7 @@ static const tile_fn tiles[MAX_R][MAX_T] = {
 #define TILE_PTRS(R) {tile_##R##_1, tile_##R##_2, tile_##R##_3, tile_##R##_4, tile_##R##_5, tile_##R##_6, tile_##R##_7, tile_##R##_8}
     TILE_PTRS(1), TILE_PTRS(2), TILE_PTRS(3), TILE_PTRS(4),
 };
+// clang-format on
 
 static void matmul_chunk(void *p, int64_t c, int32_t ith) {
     const matmul_args *a = p;
@@ -125,8 +128,8 @@ static void matmul_chunk(void *p, int64_t c, int32_t ith) {
     }
 }
 
-sd_status sd_cpu_matmul(sd_backend *be, const float *w, int32_t n_in, int32_t n_out, const float *x,
-                        int32_t n_tokens, float *y) {
+sd_status sd_cpu_matmul(sd_backend *be, const float *w, int32_t n_in, int32_t n_out, const float *x, int32_t n_tokens,
+                        float *y) {
     if (n_tokens <= 0 || n_out <= 0) return SD_OK;
     matmul_args a = {w, x, y, (size_t)n_in, (size_t)n_out, (size_t)n_tokens};
     sd_cpu_parallel(be, matmul_chunk, &a, (int64_t)(((size_t)n_out + ROW_CHUNK - 1) / ROW_CHUNK),

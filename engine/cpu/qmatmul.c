@@ -71,9 +71,7 @@ static float bf16_to_float(uint16_t h) {
 
 static int kind_of(sd_dtype t) { return t == SD_DTYPE_Q8_0 ? KIND_Q8_0 : t == SD_DTYPE_Q4_0 ? KIND_Q4_0 : KIND_Q4_1; }
 
-static bool is_integer_type(sd_dtype t) {
-    return t == SD_DTYPE_Q8_0 || t == SD_DTYPE_Q4_0 || t == SD_DTYPE_Q4_1;
-}
+static bool is_integer_type(sd_dtype t) { return t == SD_DTYPE_Q8_0 || t == SD_DTYPE_Q4_0 || t == SD_DTYPE_Q4_1; }
 
 bool sd_cpu_qmatmul_supports(sd_dtype t) { return is_integer_type(t) || t == SD_DTYPE_F16 || t == SD_DTYPE_BF16; }
 
@@ -164,12 +162,12 @@ static float fdot_c(sd_dtype t, const uint8_t *wr, const float *x, size_t n) {
 
 /* ---- SIMD tiles ---- */
 
-typedef void (*qtile_fn)(const uint8_t *w, size_t row_bytes, const uint8_t *xq, size_t xrow_bytes, size_t nb,
-                         float *y, size_t n_out);
+typedef void (*qtile_fn)(const uint8_t *w, size_t row_bytes, const uint8_t *xq, size_t xrow_bytes, size_t nb, float *y,
+                         size_t n_out);
 typedef void (*ftile_fn)(const uint8_t *w, size_t row_bytes, const float *x, float *y, size_t n_in, size_t n_out);
 
 #if SD_CPU_AVX2
-#define QFN(name) name##_avx2
+#define QFN(name)   name##_avx2
 #define QIDOT(u, v) _mm256_madd_epi16(_mm256_maddubs_epi16((u), (v)), _mm256_set1_epi16(1))
 #include "cpu/qmatmul_simd.inc"
 #undef QFN
@@ -179,7 +177,7 @@ typedef void (*ftile_fn)(const uint8_t *w, size_t row_bytes, const float *x, flo
 #define HAVE_VNNI_PATH 1
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
-#define QFN(name) name##_vnni
+#define QFN(name)   name##_vnni
 #define QIDOT(u, v) _mm256_dpbusd_epi32(_mm256_setzero_si256(), (u), (v))
 #include "cpu/qmatmul_simd.inc"
 #undef QFN
@@ -236,6 +234,8 @@ static inline __attribute__((always_inline)) void ftile(const uint8_t *w, size_t
         }
 }
 
+/* macro-generated tiles, laid out by hand: clang-format cannot read them */
+// clang-format off
 #define FTILE_FN(F, R, T)                                                                                  \
     static void ftile_##F##_##R##_##T(const uint8_t *w, size_t rb, const float *x, float *y, size_t n_in, \
                                       size_t n_out) {                                                     \
@@ -253,6 +253,7 @@ static const ftile_fn ftiles[2][MAX_R][MAX_T] = {
     {FTILE_PTRS(0, 1), FTILE_PTRS(0, 2), FTILE_PTRS(0, 3), FTILE_PTRS(0, 4)},
     {FTILE_PTRS(1, 1), FTILE_PTRS(1, 2), FTILE_PTRS(1, 3), FTILE_PTRS(1, 4)},
 };
+// clang-format on
 #else
 #define HAVE_VNNI_PATH 0
 #endif
@@ -294,8 +295,8 @@ typedef struct qmatmul_args {
     sd_dtype type;
     const uint8_t *w;
     size_t row_bytes;
-    const float *x;      /* F16 / BF16 */
-    const uint8_t *xq;   /* integer types: q8 rows */
+    const float *x;    /* F16 / BF16 */
+    const uint8_t *xq; /* integer types: q8 rows */
     size_t xrow_bytes;
     float *y;
     size_t n_in, n_out, n_tokens;
@@ -362,8 +363,8 @@ static void qmatmul_chunk(void *p, int64_t c, int32_t ith) {
 #endif
 }
 
-sd_status sd_cpu_qmatmul(sd_backend *be, sd_cpu_qpath path, sd_dtype type, const void *w, int32_t n_in,
-                         int32_t n_out, const float *x, int32_t n_tokens, float *y) {
+sd_status sd_cpu_qmatmul(sd_backend *be, sd_cpu_qpath path, sd_dtype type, const void *w, int32_t n_in, int32_t n_out,
+                         const float *x, int32_t n_tokens, float *y) {
     if (!be || n_in <= 0 || n_out < 0 || n_tokens < 0) return SD_ERR_INVALID_ARG;
     if (!sd_cpu_qmatmul_supports(type) || !sd_cpu_qpath_available(path)) return SD_ERR_UNSUPPORTED;
     const bool integer = is_integer_type(type);
@@ -372,8 +373,15 @@ sd_status sd_cpu_qmatmul(sd_backend *be, sd_cpu_qpath path, sd_dtype type, const
     if (path == SD_CPU_QPATH_AUTO) path = auto_path();
     size_t be_elems, bb;
     sd_dtype_block(type, &be_elems, &bb);
-    qmatmul_args a = {.path = path, .type = type, .w = w, .row_bytes = (size_t)n_in / be_elems * bb, .x = x,
-                      .y = y, .n_in = (size_t)n_in, .n_out = (size_t)n_out, .n_tokens = (size_t)n_tokens};
+    qmatmul_args a = {.path = path,
+                      .type = type,
+                      .w = w,
+                      .row_bytes = (size_t)n_in / be_elems * bb,
+                      .x = x,
+                      .y = y,
+                      .n_in = (size_t)n_in,
+                      .n_out = (size_t)n_out,
+                      .n_tokens = (size_t)n_tokens};
     if (integer) {
         size_t rb = sd_cpu_q8_row_bytes(n_in), need;
         if (!sd_mul_ok(rb, (size_t)n_tokens, &need)) return SD_ERR_NOMEM;

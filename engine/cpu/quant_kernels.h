@@ -65,8 +65,8 @@ void sd_cpu_q8_quantize_row(const float *x, int32_t n_in, void *dst);
  * buffer (not reentrant on one backend). SD_ERR_UNSUPPORTED when path is not
  * available here or type is not supported; SD_ERR_NOMEM when the activation
  * buffer cannot grow. */
-sd_status sd_cpu_qmatmul(sd_backend *be, sd_cpu_qpath path, sd_dtype type, const void *w, int32_t n_in,
-                         int32_t n_out, const float *x, int32_t n_tokens, float *y);
+sd_status sd_cpu_qmatmul(sd_backend *be, sd_cpu_qpath path, sd_dtype type, const void *w, int32_t n_in, int32_t n_out,
+                         const float *x, int32_t n_tokens, float *y);
 
 /* The backend op: sd_cpu_qmatmul with SD_CPU_QPATH_AUTO. */
 sd_status sd_cpu_matmul_stored(sd_backend *be, sd_dtype type, const void *w, int32_t n_in, int32_t n_out,

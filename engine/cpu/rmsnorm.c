@@ -19,8 +19,8 @@ static void rmsnorm_token(void *p, int64_t t, int32_t ith) {
     for (size_t i = 0; i < a->dim; i++) o[i] = (x[i] * scale) * a->weight[i];
 }
 
-sd_status sd_cpu_rmsnorm(sd_backend *be, const float *x, const float *weight, int32_t n_tokens, int32_t dim,
-                         float eps, float *out) {
+sd_status sd_cpu_rmsnorm(sd_backend *be, const float *x, const float *weight, int32_t n_tokens, int32_t dim, float eps,
+                         float *out) {
     if (n_tokens <= 0) return SD_OK;
     rmsnorm_args a = {x, weight, out, (size_t)n_tokens, (size_t)dim, eps};
     sd_cpu_parallel(be, rmsnorm_token, &a, n_tokens, (size_t)n_tokens * (size_t)dim);

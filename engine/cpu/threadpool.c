@@ -26,8 +26,8 @@
 /* Spin iterations before sleeping (tens of µs of pause instructions). */
 enum { SPIN_ITERS = 2000 };
 
-#define IDX_BITS 20
-#define IDX_MASK ((UINT64_C(1) << IDX_BITS) - 1)
+#define IDX_BITS  20
+#define IDX_MASK  ((UINT64_C(1) << IDX_BITS) - 1)
 #define GEN_SHIFT (2 * IDX_BITS)
 
 static inline uint64_t word_gen(uint64_t w) { return w >> GEN_SHIFT; }

@@ -38,12 +38,12 @@
  * (L2 already serves the repeats). */
 #include "cuda/cuda_impl.h"
 
-#define ATT_THREADS 128
-#define ATT_CHUNK 256
-#define ATT_MAX_HEAD_DIM 1024
+#define ATT_THREADS             128
+#define ATT_CHUNK               256
+#define ATT_MAX_HEAD_DIM        1024
 #define ATT_MAX_DIMS_PER_THREAD (ATT_MAX_HEAD_DIM / ATT_THREADS)
-#define ATT_SPLIT_ALIGN 64  /* positions of a split come in pieces of this many */
-#define ATT_MAX_SPLITS 32
+#define ATT_SPLIT_ALIGN         64 /* positions of a split come in pieces of this many */
+#define ATT_MAX_SPLITS          32
 
 __global__ void kv_write_kernel(float *pool, int block_size, int row_width, const float *__restrict__ src,
                                 const int32_t *__restrict__ pos, const int32_t *__restrict__ bt,
@@ -116,10 +116,10 @@ __device__ __forceinline__ float g_owned_sum(const float *part_sh, int groups, i
 }
 
 __global__ void __launch_bounds__(ATT_THREADS)
-attention_kernel(const float *__restrict__ q, const float *__restrict__ k_pool, const float *__restrict__ v_pool,
-                 int n_heads, int n_kv_heads, int head_dim, int block_size, const int32_t *__restrict__ pos,
-                 const int32_t *__restrict__ bt, const int32_t *__restrict__ bt_off, float scale, float *out,
-                 int n_splits, float *__restrict__ split_ml, float *__restrict__ split_acc) {
+    attention_kernel(const float *__restrict__ q, const float *__restrict__ k_pool, const float *__restrict__ v_pool,
+                     int n_heads, int n_kv_heads, int head_dim, int block_size, const int32_t *__restrict__ pos,
+                     const int32_t *__restrict__ bt, const int32_t *__restrict__ bt_off, float scale, float *out,
+                     int n_splits, float *__restrict__ split_ml, float *__restrict__ split_acc) {
     __shared__ __align__(16) float q_sh[ATT_MAX_HEAD_DIM];
     __shared__ float w_sh[ATT_CHUNK];
     __shared__ float red[ATT_THREADS / 32];
@@ -278,10 +278,9 @@ __global__ void attention_combine_kernel(const float *__restrict__ split_ml, con
     }
 }
 
-sd_status sd_cuda_attention(sd_backend *be, const float *q, const float *k_pool, const float *v_pool,
-                            int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                            int32_t block_size, const int32_t *pos, const int32_t *bt, const int32_t *bt_off,
-                            float scale, float *out) {
+sd_status sd_cuda_attention(sd_backend *be, const float *q, const float *k_pool, const float *v_pool, int32_t n_tokens,
+                            int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
+                            const int32_t *pos, const int32_t *bt, const int32_t *bt_off, float scale, float *out) {
     if (n_tokens <= 0) return SD_OK;
     if (head_dim > ATT_MAX_HEAD_DIM || n_kv_heads <= 0 || n_heads % n_kv_heads != 0) {
         SD_ERROR("cuda: attention supports head_dim <= %d and n_heads a multiple of n_kv_heads (got %d, %d, %d)",
@@ -314,8 +313,8 @@ sd_status sd_cuda_attention(sd_backend *be, const float *q, const float *k_pool,
     }
     dim3 grid((unsigned)(n_tokens * n_heads), (unsigned)n_splits);
     SD_TRY(sd_cuda_launch(be, "attention", attention_kernel, grid, dim3(ATT_THREADS), part_bytes, q, k_pool, v_pool,
-                          n_heads, n_kv_heads, head_dim, block_size, d_pos, d_bt, d_off, scale, out, n_splits,
-                          split_ml, split_acc));
+                          n_heads, n_kv_heads, head_dim, block_size, d_pos, d_bt, d_off, scale, out, n_splits, split_ml,
+                          split_acc));
     if (n_splits > 1)
         SD_TRY(sd_cuda_launch(be, "attention combine", attention_combine_kernel, dim3((unsigned)(n_tokens * n_heads)),
                               dim3(128), 0, split_ml, split_acc, n_splits, head_dim, out));

@@ -38,7 +38,7 @@
 #include <cuda_bf16.h>
 
 /* Weight conversion staging: 64 MB of f32 per piece. */
-#define CONVERT_FLOATS ((size_t)16 << 20)
+#define CONVERT_FLOATS  ((size_t)16 << 20)
 /* cuBLAS workspace, fixed at creation so cuBLAS never allocates mid-forward. */
 #define CUBLAS_WS_BYTES ((size_t)32 << 20)
 
@@ -51,8 +51,8 @@ static void graph_reset(sd_backend *be);
 static void log_oom(sd_backend *be, size_t bytes, const char *what) {
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
-    SD_ERROR("cuda:%d: out of device memory allocating %.1f MiB for %s (%.1f MiB free of %.1f MiB)",
-             (int)be->device, (double)bytes / MIB, what, (double)free_b / MIB, (double)total_b / MIB);
+    SD_ERROR("cuda:%d: out of device memory allocating %.1f MiB for %s (%.1f MiB free of %.1f MiB)", (int)be->device,
+             (double)bytes / MIB, what, (double)free_b / MIB, (double)total_b / MIB);
 }
 
 static void *cuda_buf_alloc(sd_backend *be, size_t bytes) {
@@ -206,8 +206,8 @@ static sd_status cuda_host_arrays(sd_backend *be, const sd_host_array *arrays, i
         if (cnt) {
             be->after_kernel = false;
             memcpy(be->staging + off, arrays[i].data, cnt * sizeof(int32_t));
-            CUDA_TRY(cudaMemcpyAsync(mr->dev, be->staging + off, cnt * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                     be->stream));
+            CUDA_TRY(
+                cudaMemcpyAsync(mr->dev, be->staging + off, cnt * sizeof(int32_t), cudaMemcpyHostToDevice, be->stream));
         }
         off += cnt;
     }
@@ -338,8 +338,7 @@ static sd_status cuda_graph_end(sd_backend *be, bool ok) {
              * ran, the caller runs the ops, and this shape is never
              * recorded again */
             mark_never(be, be->capture_key);
-            SD_DEBUG("cuda: forward %llx cannot be recorded; it runs op by op",
-                     (unsigned long long)be->capture_key);
+            SD_DEBUG("cuda: forward %llx cannot be recorded; it runs op by op", (unsigned long long)be->capture_key);
             return SD_ERR_NOT_FOUND;
         }
         return SD_OK; /* a real failure: the caller reports its own status */
@@ -496,8 +495,8 @@ sd_status sd_cuda_backend_create(int32_t device, sd_backend_handle *out) {
     be->pdl = env_int("SPECD_CUDA_PDL", 0, 0, 1) == 1;
     be->pdl_prefetch = env_int("SPECD_CUDA_PDL_PREFETCH", 4, 0, 64);
     if (be->pdl && prop.major < 9) {
-        SD_WARN("cuda:%d: SPECD_CUDA_PDL=1 needs compute capability 9.0 or later (this GPU is %d.%d); off",
-                (int)device, prop.major, prop.minor);
+        SD_WARN("cuda:%d: SPECD_CUDA_PDL=1 needs compute capability 9.0 or later (this GPU is %d.%d); off", (int)device,
+                prop.major, prop.minor);
         be->pdl = false;
     }
     sd_status s = SD_ERR_CUDA;

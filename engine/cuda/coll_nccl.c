@@ -46,7 +46,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#define POLL_SPIN_NS 200000ll /* poll flat out this long, then sleep between polls */
+#define POLL_SPIN_NS  200000ll /* poll flat out this long, then sleep between polls */
 #define POLL_SLEEP_NS 20000l
 
 typedef struct nccl_coll {
@@ -56,19 +56,19 @@ typedef struct nccl_coll {
     cudaStream_t own_stream; /* the group's; destroyed at close */
     cudaStream_t stream;     /* where calls are enqueued: own_stream or a caller's */
     bool deferred;           /* on a caller's stream: calls return once enqueued */
-    float *scratch;     /* one float on the device, for barrier */
-    bool comm_aborted;  /* ncclCommAbort already called */
+    float *scratch;          /* one float on the device, for barrier */
+    bool comm_aborted;       /* ncclCommAbort already called */
 } nccl_coll;
 
 static const sd_coll_ops nccl_ops;
 
-#define CUDA_TRY(call)                                                                              \
-    do {                                                                                            \
-        cudaError_t cuda_e_ = (call);                                                               \
-        if (cuda_e_ != cudaSuccess) {                                                               \
-            SD_ERROR("coll nccl: %s failed: %s", #call, cudaGetErrorString(cuda_e_));               \
-            return SD_ERR_CUDA;                                                                     \
-        }                                                                                           \
+#define CUDA_TRY(call)                                                                \
+    do {                                                                              \
+        cudaError_t cuda_e_ = (call);                                                 \
+        if (cuda_e_ != cudaSuccess) {                                                 \
+            SD_ERROR("coll nccl: %s failed: %s", #call, cudaGetErrorString(cuda_e_)); \
+            return SD_ERR_CUDA;                                                       \
+        }                                                                             \
     } while (0)
 
 static int64_t now_ns(void) {
@@ -82,7 +82,7 @@ static void pause_poll(int64_t waited_ns) {
         sched_yield();
         return;
     }
-    struct timespec ts = { 0, POLL_SLEEP_NS };
+    struct timespec ts = {0, POLL_SLEEP_NS};
     nanosleep(&ts, NULL);
 }
 
@@ -248,7 +248,8 @@ static void nccl_destroy(sd_coll *base) {
             /* flush and leave cleanly, bounded; abort if a peer never does */
             int64_t deadline = now_ns() + (int64_t)base->params.timeout_ms * 1000000ll;
             ncclResult_t r = ncclCommFinalize(g->comm);
-            if ((r != ncclSuccess && r != ncclInProgress) || wait_comm_ready(g, deadline, "close") != SD_OK) healthy = false;
+            if ((r != ncclSuccess && r != ncclInProgress) || wait_comm_ready(g, deadline, "close") != SD_OK)
+                healthy = false;
         }
         if (healthy)
             ncclCommDestroy(g->comm);
@@ -301,7 +302,8 @@ sd_status sd_coll_nccl_open(const void *id, size_t len, int32_t device, const sd
     sd_coll_init_base(&g->base, &nccl_ops, p);
     g->device = device;
     sd_status st = SD_OK;
-    if ((ce = cudaSetDevice(device)) != cudaSuccess || (ce = cudaStreamCreateWithFlags(&g->own_stream, cudaStreamNonBlocking)) != cudaSuccess ||
+    if ((ce = cudaSetDevice(device)) != cudaSuccess ||
+        (ce = cudaStreamCreateWithFlags(&g->own_stream, cudaStreamNonBlocking)) != cudaSuccess ||
         (ce = cudaMalloc((void **)&g->scratch, sizeof(float))) != cudaSuccess ||
         (ce = cudaMemset(g->scratch, 0, sizeof(float))) != cudaSuccess) {
         SD_ERROR("coll nccl rank %d: CUDA setup on device %d failed: %s", p->rank, device, cudaGetErrorString(ce));

@@ -30,18 +30,18 @@ extern "C" {
 
 /* Host arrays a forward announces (model.c: tokens, pos, bt, bt_off,
  * wanted): one device copy each. */
-#define SD_CUDA_MAX_MIRRORS 8
+#define SD_CUDA_MAX_MIRRORS     8
 /* Host arrays an op copies itself when they were not announced. */
-#define SD_CUDA_MAX_TMP 4
+#define SD_CUDA_MAX_TMP         4
 /* Recorded forwards kept (a key per batch shape and KV cache). */
-#define SD_CUDA_MAX_GRAPHS 64
+#define SD_CUDA_MAX_GRAPHS      64
 /* Keys seen once (recorded the second time they come). */
-#define SD_CUDA_MAX_SEEN 256
+#define SD_CUDA_MAX_SEEN        256
 /* Largest token count the weight-streaming matmul takes in one pass; above
  * it matmul goes through cuBLAS (see matmul.cu). */
 #define SD_CUDA_GEMV_MAX_TOKENS 16
 /* Row tiles of one matrix whose K is split over blocks (matmul.cu). */
-#define SD_CUDA_MM_COUNTERS 4096
+#define SD_CUDA_MM_COUNTERS     4096
 
 typedef struct sd_cuda_mirror {
     const int32_t *host; /* announced host array (identity only, never read after the copy) */
@@ -63,40 +63,40 @@ typedef struct sd_cuda_seen {
 
 struct sd_backend {
     int32_t device;
-    int32_t n_sm;               /* multiprocessors (sizes the matmul's split) */
-    size_t total_mem;           /* bytes of device memory */
+    int32_t n_sm;     /* multiprocessors (sizes the matmul's split) */
+    size_t total_mem; /* bytes of device memory */
     cudaStream_t stream;
     cublasHandle_t cublas;
-    void *cublas_ws;            /* cuBLAS workspace (fixed, so calls are recordable) */
+    void *cublas_ws; /* cuBLAS workspace (fixed, so calls are recordable) */
     size_t cublas_ws_bytes;
 
     sd_cuda_mirror mirrors[SD_CUDA_MAX_MIRRORS];
     int32_t n_mirrors;
-    int32_t *staging;           /* pinned host [staging_cap]: announced arrays back to back */
+    int32_t *staging; /* pinned host [staging_cap]: announced arrays back to back */
     size_t staging_cap;
-    cudaEvent_t staging_done;   /* recorded after the copies out of staging */
-    bool staging_busy;          /* staging_done recorded and not yet waited for */
+    cudaEvent_t staging_done; /* recorded after the copies out of staging */
+    bool staging_busy;        /* staging_done recorded and not yet waited for */
 
     int32_t *tmp[SD_CUDA_MAX_TMP]; /* device copies of unannounced host arrays */
     size_t tmp_cap[SD_CUDA_MAX_TMP];
     int32_t tmp_next;
 
-    void *scratch;              /* split-K partial sums, BF16 activations for cuBLAS */
+    void *scratch; /* split-K partial sums, BF16 activations for cuBLAS */
     size_t scratch_bytes;
-    void *spec_scratch;         /* verification: processed rows, sort buffers (spec.cu) */
+    void *spec_scratch; /* verification: processed rows, sort buffers (spec.cu) */
     size_t spec_scratch_bytes;
-    float *convert_buf;         /* device staging for weight conversion */
+    float *convert_buf; /* device staging for weight conversion */
     size_t convert_floats;
 
     /* recorded forwards */
     bool capturing;
-    bool capture_failed;        /* an op could not be recorded: run the forward op by op */
+    bool capture_failed; /* an op could not be recorded: run the forward op by op */
     uint64_t capture_key;
     sd_cuda_graph graphs[SD_CUDA_MAX_GRAPHS];
     int32_t n_graphs;
     sd_cuda_seen seen[SD_CUDA_MAX_SEEN];
     int32_t n_seen;
-    uint64_t clock;             /* launches, for least-recently-used eviction */
+    uint64_t clock; /* launches, for least-recently-used eviction */
     /* what happened to forwards, logged when the backend closes: replayed,
      * recorded (and the host time recording took), run op by op on a
      * shape's first sighting, run op by op for good (cannot be recorded),
@@ -104,47 +104,47 @@ struct sd_backend {
     uint64_t n_replayed, n_recorded, n_first, n_never, n_evicted;
     double record_s;
     double capture_t0;
-    bool graphs_enabled;        /* SPECD_CUDA_GRAPHS=0 turns recording off */
-    int32_t gemv_max_tokens;    /* SPECD_CUDA_GEMV_MAX (1..16), default SD_CUDA_GEMV_MAX_TOKENS */
-    int32_t mv_rows;            /* SPECD_CUDA_MV_ROWS: rows per warp of the 3..16-token matmul (2 or 4) */
-    bool mma;                   /* SPECD_CUDA_MMA=0 turns the tensor-core streaming matmul off (matmul.cu) */
-    int32_t mma_blocks_per_sm;  /* SPECD_CUDA_MMA_BPS: blocks per multiprocessor the K split aims at */
-    int32_t fuse;               /* SPECD_CUDA_FUSE=0: matmul_fused and rope_kv run op by op (for comparison) */
-    unsigned *mm_counters;      /* [SD_CUDA_MM_COUNTERS] slices finished per row tile, zero between launches */
+    bool graphs_enabled;       /* SPECD_CUDA_GRAPHS=0 turns recording off */
+    int32_t gemv_max_tokens;   /* SPECD_CUDA_GEMV_MAX (1..16), default SD_CUDA_GEMV_MAX_TOKENS */
+    int32_t mv_rows;           /* SPECD_CUDA_MV_ROWS: rows per warp of the 3..16-token matmul (2 or 4) */
+    bool mma;                  /* SPECD_CUDA_MMA=0 turns the tensor-core streaming matmul off (matmul.cu) */
+    int32_t mma_blocks_per_sm; /* SPECD_CUDA_MMA_BPS: blocks per multiprocessor the K split aims at */
+    int32_t fuse;              /* SPECD_CUDA_FUSE=0: matmul_fused and rope_kv run op by op (for comparison) */
+    unsigned *mm_counters;     /* [SD_CUDA_MM_COUNTERS] slices finished per row tile, zero between launches */
     /* programmatic dependent launch (SPECD_CUDA_PDL=1, compute capability
      * 9.0+; see sd_cuda_launch) */
     bool pdl;
-    int32_t pdl_prefetch;       /* SPECD_CUDA_PDL_PREFETCH: weight chunks per warp the matmul prefetches */
-    bool after_kernel;          /* the stream's last operation is a kernel sd_cuda_launch enqueued */
+    int32_t pdl_prefetch; /* SPECD_CUDA_PDL_PREFETCH: weight chunks per warp the matmul prefetches */
+    bool after_kernel;    /* the stream's last operation is a kernel sd_cuda_launch enqueued */
 };
 
 /* Logs "cuda: <call> failed: <error>" with file and line, returns SD_ERR_CUDA. */
-#define CUDA_TRY(call)                                                                             \
-    do {                                                                                           \
-        cudaError_t cuda_e_ = (call);                                                              \
-        if (cuda_e_ != cudaSuccess) {                                                              \
-            SD_ERROR("cuda: %s failed: %s", #call, cudaGetErrorString(cuda_e_));                   \
-            return SD_ERR_CUDA;                                                                    \
-        }                                                                                          \
+#define CUDA_TRY(call)                                                           \
+    do {                                                                         \
+        cudaError_t cuda_e_ = (call);                                            \
+        if (cuda_e_ != cudaSuccess) {                                            \
+            SD_ERROR("cuda: %s failed: %s", #call, cudaGetErrorString(cuda_e_)); \
+            return SD_ERR_CUDA;                                                  \
+        }                                                                        \
     } while (0)
 
 /* After a kernel launch: a bad configuration shows up here. */
-#define CUDA_LAUNCH_CHECK(what)                                                                    \
-    do {                                                                                           \
-        cudaError_t cuda_e_ = cudaGetLastError();                                                  \
-        if (cuda_e_ != cudaSuccess) {                                                              \
-            SD_ERROR("cuda: launching %s failed: %s", (what), cudaGetErrorString(cuda_e_));        \
-            return SD_ERR_CUDA;                                                                    \
-        }                                                                                          \
+#define CUDA_LAUNCH_CHECK(what)                                                             \
+    do {                                                                                    \
+        cudaError_t cuda_e_ = cudaGetLastError();                                           \
+        if (cuda_e_ != cudaSuccess) {                                                       \
+            SD_ERROR("cuda: launching %s failed: %s", (what), cudaGetErrorString(cuda_e_)); \
+            return SD_ERR_CUDA;                                                             \
+        }                                                                                   \
     } while (0)
 
-#define CUBLAS_TRY(call)                                                                           \
-    do {                                                                                           \
-        cublasStatus_t cublas_e_ = (call);                                                         \
-        if (cublas_e_ != CUBLAS_STATUS_SUCCESS) {                                                  \
-            SD_ERROR("cuda: %s failed: %s", #call, cublasGetStatusString(cublas_e_));              \
-            return SD_ERR_CUDA;                                                                    \
-        }                                                                                          \
+#define CUBLAS_TRY(call)                                                              \
+    do {                                                                              \
+        cublasStatus_t cublas_e_ = (call);                                            \
+        if (cublas_e_ != CUBLAS_STATUS_SUCCESS) {                                     \
+            SD_ERROR("cuda: %s failed: %s", #call, cublasGetStatusString(cublas_e_)); \
+            return SD_ERR_CUDA;                                                       \
+        }                                                                             \
     } while (0)
 
 /* The device copy of host array host[n] for an op: the announced mirror
@@ -167,29 +167,26 @@ sd_status sd_cuda_scratch(sd_backend *be, size_t bytes, void **out);
 /* ---- ops (one file each, named like engine/cpu/) ---- */
 sd_status sd_cuda_embed(sd_backend *be, const float *table, int32_t dim, const int32_t *ids, int32_t n_tokens,
                         float *out);
-sd_status sd_cuda_matmul(sd_backend *be, const float *w, int32_t n_in, int32_t n_out, const float *x,
-                         int32_t n_tokens, float *y);
+sd_status sd_cuda_matmul(sd_backend *be, const float *w, int32_t n_in, int32_t n_out, const float *x, int32_t n_tokens,
+                         float *y);
 sd_status sd_cuda_matmul_fused(sd_backend *be, const sd_matmul_job *job);
-sd_status sd_cuda_rmsnorm(sd_backend *be, const float *x, const float *weight, int32_t n_tokens, int32_t dim,
-                          float eps, float *out);
+sd_status sd_cuda_rmsnorm(sd_backend *be, const float *x, const float *weight, int32_t n_tokens, int32_t dim, float eps,
+                          float *out);
 sd_status sd_cuda_rope(sd_backend *be, float *x, int32_t n_tokens, int32_t n_heads, int32_t head_dim,
                        const int32_t *pos, const float *inv_freq);
 sd_status sd_cuda_rope_kv(sd_backend *be, float *q, float *k, const float *v, int32_t n_tokens, int32_t n_heads,
                           int32_t n_kv_heads, int32_t head_dim, const int32_t *pos, const float *inv_freq,
-                          float *k_pool, float *v_pool, int32_t block_size, const int32_t *bt,
-                          const int32_t *bt_off);
+                          float *k_pool, float *v_pool, int32_t block_size, const int32_t *bt, const int32_t *bt_off);
 sd_status sd_cuda_kv_write(sd_backend *be, float *pool, int32_t block_size, int32_t row_width, const float *src,
                            int32_t n_tokens, const int32_t *pos, const int32_t *bt, const int32_t *bt_off);
-sd_status sd_cuda_attention(sd_backend *be, const float *q, const float *k_pool, const float *v_pool,
-                            int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                            int32_t block_size, const int32_t *pos, const int32_t *bt, const int32_t *bt_off,
-                            float scale, float *out);
+sd_status sd_cuda_attention(sd_backend *be, const float *q, const float *k_pool, const float *v_pool, int32_t n_tokens,
+                            int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
+                            const int32_t *pos, const int32_t *bt, const int32_t *bt_off, float scale, float *out);
 sd_status sd_cuda_swiglu(sd_backend *be, const float *gate, const float *up, size_t n, float *out);
 sd_status sd_cuda_add(sd_backend *be, const float *a, const float *b, size_t n, float *out);
 
 /* Speculative verification next to the logits (spec.cu; backend op spec_verify). */
-sd_status sd_cuda_spec_verify(sd_backend *be, const float *logits, int32_t n_vocab, int32_t n_seqs,
-                              sd_spec_rows *seqs);
+sd_status sd_cuda_spec_verify(sd_backend *be, const float *logits, int32_t n_vocab, int32_t n_seqs, sd_spec_rows *seqs);
 
 /* Converts f32 device src[n] to BF16 device dst[n] (round to nearest even). */
 sd_status sd_cuda_f32_to_bf16(sd_backend *be, const float *src, void *dst, size_t n);

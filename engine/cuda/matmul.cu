@@ -49,8 +49,8 @@
 #include <cuda_bf16.h>
 
 #define MV_THREADS 256
-#define MV_WARPS (MV_THREADS / 32)
-#define MV_K_STEP 256 /* elements of a row a warp covers per iteration: 32 lanes x 8 */
+#define MV_WARPS   (MV_THREADS / 32)
+#define MV_K_STEP  256 /* elements of a row a warp covers per iteration: 32 lanes x 8 */
 
 /* 8 BF16 -> 8 f32 (exact: BF16 is the top half of an f32). */
 __device__ __forceinline__ void bf16x8_to_f32(const uint4 v, float *f) {
@@ -83,8 +83,8 @@ __device__ __forceinline__ void fma_step(const float (&wf)[R][8], const float *_
  * sums partial[s - 1] [NT][n_out]. vec: 16-byte rows (n_in % 8 == 0). */
 template <int NT, int R>
 __global__ void __launch_bounds__(MV_THREADS)
-matvec_kernel(const __nv_bfloat16 *__restrict__ w, int n_in, int n_out, const float *__restrict__ x,
-              float *__restrict__ y, float *__restrict__ partial, int slice_len, bool vec) {
+    matvec_kernel(const __nv_bfloat16 *__restrict__ w, int n_in, int n_out, const float *__restrict__ x,
+                  float *__restrict__ y, float *__restrict__ partial, int slice_len, bool vec) {
     sd_pdl_wait();
     sd_pdl_release();
     const int lane = threadIdx.x & 31;
@@ -235,9 +235,8 @@ typedef sd_status (*matvec_launcher)(sd_backend *, const __nv_bfloat16 *, int, i
                                      int, int, bool);
 
 static const matvec_launcher launchers[SD_CUDA_GEMV_MAX_TOKENS] = {
-    launch_matvec<1>,  launch_matvec<2>,  launch_matvec<3>,  launch_matvec<4>,
-    launch_matvec<5>,  launch_matvec<6>,  launch_matvec<7>,  launch_matvec<8>,
-    launch_matvec<9>,  launch_matvec<10>, launch_matvec<11>, launch_matvec<12>,
+    launch_matvec<1>,  launch_matvec<2>,  launch_matvec<3>,  launch_matvec<4>,  launch_matvec<5>,  launch_matvec<6>,
+    launch_matvec<7>,  launch_matvec<8>,  launch_matvec<9>,  launch_matvec<10>, launch_matvec<11>, launch_matvec<12>,
     launch_matvec<13>, launch_matvec<14>, launch_matvec<15>, launch_matvec<16>,
 };
 
@@ -258,16 +257,15 @@ static bool matvec_split(const sd_backend *be, const __nv_bfloat16 *w, int n_in,
 }
 
 /* Floats of scratch the CUDA-core kernel uses for its partial sums. */
-static size_t matvec_scratch_floats(const sd_backend *be, const __nv_bfloat16 *w, int n_in, int n_out,
-                                    const float *x, int nt) {
+static size_t matvec_scratch_floats(const sd_backend *be, const __nv_bfloat16 *w, int n_in, int n_out, const float *x,
+                                    int nt) {
     int n_slices, slice_len;
     matvec_split(be, w, n_in, n_out, x, &n_slices, &slice_len);
     return (size_t)(n_slices - 1) * (size_t)nt * (size_t)n_out;
 }
 
 /* The CUDA-core streaming path for nt <= SD_CUDA_GEMV_MAX_TOKENS tokens. */
-static sd_status matvec(sd_backend *be, const __nv_bfloat16 *w, int n_in, int n_out, const float *x, int nt,
-                        float *y) {
+static sd_status matvec(sd_backend *be, const __nv_bfloat16 *w, int n_in, int n_out, const float *x, int nt, float *y) {
     int n_slices, slice_len;
     const bool vec = matvec_split(be, w, n_in, n_out, x, &n_slices, &slice_len);
     const size_t per_slice = (size_t)nt * (size_t)n_out;
@@ -317,27 +315,23 @@ static sd_status matvec(sd_backend *be, const __nv_bfloat16 *w, int n_in, int n_
  * only, and an MMA's column is computed the same whatever the other columns
  * hold, so a token's row is bit-identical alone or in a 16-token call.
  * Results differ from the CUDA-core kernel's in the order of summation. */
-#define MMA_WARPS 8
+#define MMA_WARPS   8
 #define MMA_THREADS (MMA_WARPS * 32)
-#define MMA_UNROLL 4 /* chunks of loads in flight per warp: 4 x 1 KB of weights */
+#define MMA_UNROLL  4 /* chunks of loads in flight per warp: 4 x 1 KB of weights */
 
 /* Weights are read once: keep them out of L1, which holds the activations. */
 __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
     uint4 v;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
+                 : "l"(p));
     return v;
 }
 
 /* Starts bringing the line at p into L2 (no register is written). */
-__device__ __forceinline__ void prefetch_l2(const void *p) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
+__device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
-__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) {
-    return *reinterpret_cast<uint32_t *>(&v);
-}
+__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t *>(&v); }
 
 /* (a, b) -> three BF16 pairs with a = hi.x + mid.x + lo.x (same for b). */
 __device__ __forceinline__ void split3(float a, float b, uint32_t &hi, uint32_t &mid, uint32_t &lo) {
@@ -350,8 +344,8 @@ __device__ __forceinline__ void split3(float a, float b, uint32_t &hi, uint32_t 
     lo = bf16x2_bits(l);
 }
 
-__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
                  "{%8, %9}, {%0, %1, %2, %3};"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -391,14 +385,14 @@ typedef struct mm_args {
     const __nv_bfloat16 *w[3];
     float *y[3];
     int n_out[3];
-    int tile0[3];      /* first row tile of matrix m; INT_MAX past the last */
+    int tile0[3]; /* first row tile of matrix m; INT_MAX past the last */
     const float *x;
     int n_in, nt, slice_len;
-    int prow;          /* rows of the partial buffer: all tiles x 16 */
-    float *partial;    /* [slices][nt][prow] */
+    int prow;       /* rows of the partial buffer: all tiles x 16 */
+    float *partial; /* [slices][nt][prow] */
     unsigned *counters;
     bool accumulate;
-    int prefetch;      /* chunks per warp to prefetch into L2 before the wait (launched programmatically) */
+    int prefetch; /* chunks per warp to prefetch into L2 before the wait (launched programmatically) */
 } mm_args;
 
 template <int NTILES>
@@ -608,14 +602,14 @@ static sd_status gemm(sd_backend *be, const __nv_bfloat16 *wb, int32_t n_in, int
     be->after_kernel = false; /* cuBLAS's kernels are launched plainly */
     /* column-major view: W is [n_in x n_out] (lda n_in), X [n_in x n_tokens],
      * Y [n_out x n_tokens]: Y = W^T X */
-    CUBLAS_TRY(cublasGemmEx(be->cublas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, n_tokens, n_in, &alpha, wb, CUDA_R_16BF,
-                            n_in, xb, CUDA_R_16BF, n_in, &beta, y, CUDA_R_32F, n_out, CUBLAS_COMPUTE_32F,
+    CUBLAS_TRY(cublasGemmEx(be->cublas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, n_tokens, n_in, &alpha, wb, CUDA_R_16BF, n_in,
+                            xb, CUDA_R_16BF, n_in, &beta, y, CUDA_R_32F, n_out, CUBLAS_COMPUTE_32F,
                             CUBLAS_GEMM_DEFAULT));
     return SD_OK;
 }
 
-sd_status sd_cuda_matmul(sd_backend *be, const float *w, int32_t n_in, int32_t n_out, const float *x,
-                         int32_t n_tokens, float *y) {
+sd_status sd_cuda_matmul(sd_backend *be, const float *w, int32_t n_in, int32_t n_out, const float *x, int32_t n_tokens,
+                         float *y) {
     if (n_tokens <= 0) return SD_OK;
     sd_matmul_job job;
     memset(&job, 0, sizeof job);
@@ -634,8 +628,8 @@ sd_status sd_cuda_matmul(sd_backend *be, const float *w, int32_t n_in, int32_t n
 
 /* y += W x without the tensor cores: cuBLAS adds in place (beta 1); the
  * CUDA-core kernel writes to scratch past its own partial sums, then add. */
-static sd_status matmul_acc(sd_backend *be, const float *w, int32_t n_in, int32_t n_out, const float *x,
-                            int32_t nt, float *y) {
+static sd_status matmul_acc(sd_backend *be, const float *w, int32_t n_in, int32_t n_out, const float *x, int32_t nt,
+                            float *y) {
     const __nv_bfloat16 *wb = (const __nv_bfloat16 *)(const void *)w;
     if (nt > be->gemv_max_tokens) return gemm(be, wb, n_in, n_out, x, nt, y, 1.0f);
     const size_t per = (size_t)nt * (size_t)n_out;

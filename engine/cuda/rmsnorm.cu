@@ -33,9 +33,9 @@ __global__ void rmsnorm_kernel(const float *__restrict__ x, const float *__restr
     for (int i = threadIdx.x; i < dim; i += RMS_THREADS) o[i] = (row[i] * scale) * weight[i];
 }
 
-sd_status sd_cuda_rmsnorm(sd_backend *be, const float *x, const float *weight, int32_t n_tokens, int32_t dim,
-                          float eps, float *out) {
+sd_status sd_cuda_rmsnorm(sd_backend *be, const float *x, const float *weight, int32_t n_tokens, int32_t dim, float eps,
+                          float *out) {
     if (n_tokens <= 0) return SD_OK;
-    return sd_cuda_launch(be, "rmsnorm", rmsnorm_kernel, dim3((unsigned)n_tokens), dim3(RMS_THREADS), 0, x, weight,
-                          dim, eps, out);
+    return sd_cuda_launch(be, "rmsnorm", rmsnorm_kernel, dim3((unsigned)n_tokens), dim3(RMS_THREADS), 0, x, weight, dim,
+                          eps, out);
 }

@@ -74,8 +74,7 @@ __global__ void rope_kv_kernel(float *q, float *k, const float *__restrict__ v, 
 
 sd_status sd_cuda_rope_kv(sd_backend *be, float *q, float *k, const float *v, int32_t n_tokens, int32_t n_heads,
                           int32_t n_kv_heads, int32_t head_dim, const int32_t *pos, const float *inv_freq,
-                          float *k_pool, float *v_pool, int32_t block_size, const int32_t *bt,
-                          const int32_t *bt_off) {
+                          float *k_pool, float *v_pool, int32_t block_size, const int32_t *bt, const int32_t *bt_off) {
     if (n_tokens <= 0) return SD_OK;
     if (be->fuse == 0) { /* op by op, for comparison (SPECD_CUDA_FUSE=0) */
         const int32_t row = n_kv_heads * head_dim;

@@ -43,37 +43,41 @@
 
 #include <cub/cub.cuh>
 
-#define SPEC_THREADS 1024
-#define SPEC_ITEMS 4 /* contiguous entries per thread in a scan chunk */
+#define SPEC_THREADS        1024
+#define SPEC_ITEMS          4 /* contiguous entries per thread in a scan chunk */
 #define SPEC_SCRATCH_BUDGET ((size_t)256 << 20)
-#define SPEC_MAX_Q 2048 /* sparse q entries a draw keeps in shared memory (the protocol allows 1024) */
+#define SPEC_MAX_Q          2048 /* sparse q entries a draw keeps in shared memory (the protocol allows 1024) */
 
 typedef cub::BlockReduce<double, SPEC_THREADS> block_reduce_d;
 typedef cub::BlockScan<double, SPEC_THREADS> block_scan_d;
 typedef cub::BlockReduce<int, SPEC_THREADS> block_reduce_i;
 
 struct max_op {
-    template <typename T> __device__ __forceinline__ T operator()(const T &a, const T &b) const { return a > b ? a : b; }
+    template <typename T> __device__ __forceinline__ T operator()(const T &a, const T &b) const {
+        return a > b ? a : b;
+    }
 };
 struct min_op {
-    template <typename T> __device__ __forceinline__ T operator()(const T &a, const T &b) const { return a < b ? a : b; }
+    template <typename T> __device__ __forceinline__ T operator()(const T &a, const T &b) const {
+        return a < b ? a : b;
+    }
 };
 
 /* A row to process. */
 typedef struct row_desc {
-    int32_t row;      /* logits row */
-    int32_t ranked;   /* index among ranked rows, -1 = no filter */
+    int32_t row;    /* logits row */
+    int32_t ranked; /* index among ranked rows, -1 = no filter */
     int32_t top_k;
     float top_p, min_p;
-    double inv_t;     /* 1 / temperature, as sample.c computes it */
-    int32_t y;        /* draft token of this row, -1 for the bonus row */
+    double inv_t; /* 1 / temperature, as sample.c computes it */
+    int32_t y;    /* draft token of this row, -1 for the bonus row */
 } row_desc;
 
 /* Per row results for the host. */
 typedef struct row_stats {
-    double p_tot;     /* sum of the processed float row */
-    float p_y;        /* processed p of the draft token */
-    int32_t bad;      /* 1: a logit was NaN or +inf, or all were -inf */
+    double p_tot; /* sum of the processed float row */
+    float p_y;    /* processed p of the draft token */
+    int32_t bad;  /* 1: a logit was NaN or +inf, or all were -inf */
 } row_stats;
 
 /* A draw to make. */
@@ -102,7 +106,7 @@ __device__ __forceinline__ bool argmax_better(float v, int i, float bv, int bi) 
 }
 
 __global__ void __launch_bounds__(SPEC_THREADS)
-argmax_kernel(const float *__restrict__ logits, int n_vocab, const int32_t *__restrict__ rows, int32_t *out) {
+    argmax_kernel(const float *__restrict__ logits, int n_vocab, const int32_t *__restrict__ rows, int32_t *out) {
     __shared__ float sv[SPEC_THREADS / 32];
     __shared__ int si[SPEC_THREADS / 32];
     const float *row = logits + (size_t)rows[blockIdx.x] * (size_t)n_vocab;
@@ -129,8 +133,8 @@ argmax_kernel(const float *__restrict__ logits, int n_vocab, const int32_t *__re
 /* ---- processing ---- */
 
 __global__ void __launch_bounds__(SPEC_THREADS)
-probs_kernel(const float *__restrict__ logits, int n_vocab, const row_desc *__restrict__ descs, float *pf,
-             double *pd, int32_t *pid, row_stats *stats) {
+    probs_kernel(const float *__restrict__ logits, int n_vocab, const row_desc *__restrict__ descs, float *pf,
+                 double *pd, int32_t *pid, row_stats *stats) {
     __shared__ typename block_reduce_d::TempStorage red;
     __shared__ double bcast;
     __shared__ int bad_sh;
@@ -229,9 +233,9 @@ __device__ int block_first_reaching(F v, int n, double need, bool at_least, doub
 }
 
 __global__ void __launch_bounds__(SPEC_THREADS)
-filter_kernel(int n_vocab, const row_desc *__restrict__ descs, const int32_t *__restrict__ ranked_rows,
-              const double *__restrict__ sp_all, const int32_t *__restrict__ sid_all, const row_stats *stats,
-              float *pf) {
+    filter_kernel(int n_vocab, const row_desc *__restrict__ descs, const int32_t *__restrict__ ranked_rows,
+                  const double *__restrict__ sp_all, const int32_t *__restrict__ sid_all, const row_stats *stats,
+                  float *pf) {
     __shared__ typename block_reduce_d::TempStorage red;
     __shared__ typename block_reduce_i::TempStorage redi;
     __shared__ double bcast;
@@ -278,7 +282,7 @@ filter_kernel(int n_vocab, const row_desc *__restrict__ descs, const int32_t *__
 }
 
 __global__ void __launch_bounds__(SPEC_THREADS)
-stats_kernel(int n_vocab, const row_desc *__restrict__ descs, const float *__restrict__ pf, row_stats *stats) {
+    stats_kernel(int n_vocab, const row_desc *__restrict__ descs, const float *__restrict__ pf, row_stats *stats) {
     __shared__ typename block_reduce_d::TempStorage red;
     if (stats[blockIdx.x].bad) return;
     const float *row = pf + (size_t)blockIdx.x * (size_t)n_vocab;
@@ -293,8 +297,8 @@ stats_kernel(int n_vocab, const row_desc *__restrict__ descs, const float *__res
 }
 
 __global__ void __launch_bounds__(SPEC_THREADS)
-draw_kernel(int n_vocab, const draw_desc *__restrict__ draws, const float *__restrict__ pf,
-            const int32_t *__restrict__ q_ids, const float *__restrict__ q_probs, draw_out *out) {
+    draw_kernel(int n_vocab, const draw_desc *__restrict__ draws, const float *__restrict__ pf,
+                const int32_t *__restrict__ q_ids, const float *__restrict__ q_probs, draw_out *out) {
     __shared__ int32_t qi[SPEC_MAX_Q];
     __shared__ float qp[SPEC_MAX_Q];
     __shared__ double mass_sh;
@@ -480,7 +484,8 @@ static int32_t decide(int32_t n_vocab, sd_spec_rows *seqs, const int32_t *idx, i
                 accept = sd_rng_uniform(seed, pos, SD_RNG_ACCEPT) * qy < py;
             } else {
                 SD_WARN("spec: draft token %d at position %llu has q = 0: the drafter did not sample from "
-                        "the q it reported; rejecting it", (int)y, (unsigned long long)pos);
+                        "the q it reported; rejecting it",
+                        (int)y, (unsigned long long)pos);
                 v->info.n_q_zero++;
                 accept = false;
             }
@@ -489,15 +494,20 @@ static int32_t decide(int32_t n_vocab, sd_spec_rows *seqs, const int32_t *idx, i
                 qo += v->q[i].n;
                 continue;
             }
-            draws[n_draws] = {row_of[g] + i, 1, sd_rng_uniform(seed, pos, SD_RNG_RESIDUAL), rs[i].p_tot, q_tot,
-                              qo, v->q[i].n};
+            draws[n_draws] = {row_of[g] + i, 1, sd_rng_uniform(seed, pos, SD_RNG_RESIDUAL), rs[i].p_tot, q_tot, qo,
+                              v->q[i].n};
             break;
         }
         if (v->status != SD_OK) continue;
         v->n_accepted = i;
         if (i == v->k) {
-            draws[n_draws] = {row_of[g] + v->k, 0, sd_rng_uniform(seed, v->pos0 + (uint64_t)v->k, SD_RNG_SAMPLE),
-                              rs[v->k].p_tot, 1.0, 0, 0};
+            draws[n_draws] = {row_of[g] + v->k,
+                              0,
+                              sd_rng_uniform(seed, v->pos0 + (uint64_t)v->k, SD_RNG_SAMPLE),
+                              rs[v->k].p_tot,
+                              1.0,
+                              0,
+                              0};
             v->info.bonus = true;
         }
         row_of[g] = -1 - n_draws; /* remember which draw is this sequence's */
@@ -538,10 +548,9 @@ static sd_status verify_group(sd_backend *be, const float *logits, int32_t n_voc
     {
         size_t cub_bytes = 0;
         int32_t *no_off = NULL;
-        cub::DeviceSegmentedRadixSort::SortPairsDescending(NULL, cub_bytes, (const double *)NULL, (double *)NULL,
-                                                           (const int32_t *)NULL, (int32_t *)NULL,
-                                                           (int64_t)n_ranked * (int64_t)V, n_ranked, no_off,
-                                                           no_off, 0, 64, be->stream);
+        cub::DeviceSegmentedRadixSort::SortPairsDescending(
+            NULL, cub_bytes, (const double *)NULL, (double *)NULL, (const int32_t *)NULL, (int32_t *)NULL,
+            (int64_t)n_ranked * (int64_t)V, n_ranked, no_off, no_off, 0, 64, be->stream);
         size_t off_pf = 0, off_pd = align256(off_pf + sizeof(float) * (size_t)n_rows * V);
         size_t off_pd2 = align256(off_pd + sizeof(double) * (size_t)n_ranked * V);
         size_t off_id = align256(off_pd2 + sizeof(double) * (size_t)n_ranked * V);
@@ -642,8 +651,8 @@ sd_status sd_cuda_spec_verify(sd_backend *be, const float *logits, int32_t n_voc
         v->status = SD_OK;
         if (!v->sampling || v->k < 0 || v->k > SD_MAX_DRAFT || (v->k > 0 && !v->draft) ||
             (v->k > 0 && !sd_sampling_is_greedy(v->sampling) && !v->q)) {
-            SD_ERROR("spec: sequence %d: needs sampling, 0 <= k <= %d, drafts and their q (k %d)", (int)i,
-                     SD_MAX_DRAFT, (int)v->k);
+            SD_ERROR("spec: sequence %d: needs sampling, 0 <= k <= %d, drafts and their q (k %d)", (int)i, SD_MAX_DRAFT,
+                     (int)v->k);
             v->status = SD_ERR_INVALID_ARG;
         }
         for (int32_t j = 0; v->status == SD_OK && !sd_sampling_is_greedy(v->sampling) && j < v->k; j++)

@@ -53,8 +53,8 @@ static void add_turn(strbuf *b, const char *role, const char *content) {
     sb_add(b, "<|im_end|>\n");
 }
 
-sd_status sd_tok_chat_format(const sd_chat_msg *msgs, size_t n, const char *default_system,
-                             bool add_generation_prompt, char **out) {
+sd_status sd_tok_chat_format(const sd_chat_msg *msgs, size_t n, const char *default_system, bool add_generation_prompt,
+                             char **out) {
     if ((!msgs && n) || !out) return SD_ERR_INVALID_ARG;
     *out = NULL;
     for (size_t i = 0; i < n; i++) {
@@ -63,7 +63,7 @@ sd_status sd_tok_chat_format(const sd_chat_msg *msgs, size_t n, const char *defa
             return SD_ERR_INVALID_ARG;
         }
     }
-    strbuf b = { NULL, 0, 0, false };
+    strbuf b = {NULL, 0, 0, false};
     sb_add(&b, ""); /* an empty conversation still yields "" */
     if (n > 0 && default_system && strcmp(msgs[0].role, "system") != 0) add_turn(&b, "system", default_system);
     for (size_t i = 0; i < n; i++) add_turn(&b, msgs[i].role, msgs[i].content);

@@ -35,21 +35,21 @@
 #error "gguf.c reads little-endian GGUF files and assumes a little-endian host"
 #endif
 
-#define GGUF_DEFAULT_ALIGNMENT 32u
+#define GGUF_DEFAULT_ALIGNMENT     32u
 /* Smallest encoding of one metadata entry: key length, type id, 1-byte value. */
-#define GGUF_MIN_KV_BYTES 13u
+#define GGUF_MIN_KV_BYTES          13u
 /* Smallest encoding of one tensor info: name length, n_dims, ne[0], type, offset. */
 #define GGUF_MIN_TENSOR_INFO_BYTES 32u
 /* Type ids below this are plausible ggml types we do not handle (UNSUPPORTED);
  * ids at or above it are garbage (FORMAT). */
-#define GGUF_PLAUSIBLE_TYPE_IDS 64u
+#define GGUF_PLAUSIBLE_TYPE_IDS    64u
 
 typedef struct kv_entry {
-    char *key;               /* owned, NUL-terminated */
+    char *key; /* owned, NUL-terminated */
     sd_gguf_type type;
-    const uint8_t *raw;      /* encoded value (after the type id), in the mapping */
+    const uint8_t *raw; /* encoded value (after the type id), in the mapping */
     size_t raw_len;
-    sd_gguf_type arr_type;   /* arrays only */
+    sd_gguf_type arr_type; /* arrays only */
     uint64_t arr_len;
     const uint8_t *arr_data; /* arrays: first element */
     sd_gguf_str *arr_strs;   /* string arrays: [arr_len] element views, owned */
@@ -68,7 +68,7 @@ struct sd_gguf {
     uint64_t alignment;
     size_t data_start;
     int64_t n_kv;
-    kv_entry *kv;            /* [n_kv] */
+    kv_entry *kv; /* [n_kv] */
     int64_t n_tensors;
     sd_gguf_tensor *tensors; /* [n_tensors] */
     uint64_t *tensor_off;    /* [n_tensors] offset relative to data_start */
@@ -86,8 +86,7 @@ typedef struct parser {
 
 /* ---- errors ---- */
 
-__attribute__((format(printf, 3, 4)))
-static sd_status fail(parser *p, sd_status s, const char *fmt, ...) {
+__attribute__((format(printf, 3, 4))) static sd_status fail(parser *p, sd_status s, const char *fmt, ...) {
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
@@ -102,8 +101,8 @@ static size_t remaining(const parser *p) { return p->size - p->pos; }
 
 static sd_status need(parser *p, size_t n, const char *what) {
     if (n > remaining(p))
-        return fail(p, SD_ERR_FORMAT, "truncated file: %s at offset %zu needs %zu bytes, only %zu left", what,
-                    p->pos, n, remaining(p));
+        return fail(p, SD_ERR_FORMAT, "truncated file: %s at offset %zu needs %zu bytes, only %zu left", what, p->pos,
+                    n, remaining(p));
     return SD_OK;
 }
 
@@ -126,8 +125,8 @@ static sd_status read_str(parser *p, sd_gguf_str *out, const char *what) {
     uint64_t len;
     SD_TRY(read_u64(p, &len, what));
     if (len > remaining(p))
-        return fail(p, SD_ERR_FORMAT, "%s: string length %llu at offset %zu extends past end of file (size %zu)",
-                    what, (unsigned long long)len, p->pos - 8, p->size);
+        return fail(p, SD_ERR_FORMAT, "%s: string length %llu at offset %zu extends past end of file (size %zu)", what,
+                    (unsigned long long)len, p->pos - 8, p->size);
     out->ptr = (const char *)(p->base + p->pos);
     out->len = len;
     p->pos += (size_t)len;
@@ -181,10 +180,17 @@ static const char *tensor_name(const sd_gguf *g, int64_t i) { return g->tensors[
 
 size_t sd_gguf_type_size(sd_gguf_type t) {
     switch (t) {
-    case SD_GGUF_TYPE_UINT8: case SD_GGUF_TYPE_INT8: case SD_GGUF_TYPE_BOOL: return 1;
-    case SD_GGUF_TYPE_UINT16: case SD_GGUF_TYPE_INT16: return 2;
-    case SD_GGUF_TYPE_UINT32: case SD_GGUF_TYPE_INT32: case SD_GGUF_TYPE_FLOAT32: return 4;
-    case SD_GGUF_TYPE_UINT64: case SD_GGUF_TYPE_INT64: case SD_GGUF_TYPE_FLOAT64: return 8;
+    case SD_GGUF_TYPE_UINT8:
+    case SD_GGUF_TYPE_INT8:
+    case SD_GGUF_TYPE_BOOL: return 1;
+    case SD_GGUF_TYPE_UINT16:
+    case SD_GGUF_TYPE_INT16: return 2;
+    case SD_GGUF_TYPE_UINT32:
+    case SD_GGUF_TYPE_INT32:
+    case SD_GGUF_TYPE_FLOAT32: return 4;
+    case SD_GGUF_TYPE_UINT64:
+    case SD_GGUF_TYPE_INT64:
+    case SD_GGUF_TYPE_FLOAT64: return 8;
     default: return 0;
     }
 }
@@ -201,8 +207,7 @@ static size_t min_elem_bytes(sd_gguf_type t) {
 static sd_status read_arr_header(parser *p, const char *key, int depth, sd_gguf_type *elem, uint64_t *len) {
     uint32_t t;
     SD_TRY(read_u32(p, &t, "array element type"));
-    if (t >= SD_GGUF_TYPE_COUNT)
-        return fail(p, SD_ERR_FORMAT, "key '%s': bad array element type id %u", key, t);
+    if (t >= SD_GGUF_TYPE_COUNT) return fail(p, SD_ERR_FORMAT, "key '%s': bad array element type id %u", key, t);
     if (t == SD_GGUF_TYPE_ARRAY && depth + 1 > SD_GGUF_MAX_ARRAY_DEPTH)
         return fail(p, SD_ERR_FORMAT, "key '%s': arrays nested deeper than %d", key, SD_GGUF_MAX_ARRAY_DEPTH);
     SD_TRY(read_u64(p, len, "array length"));
@@ -285,8 +290,7 @@ static sd_status parse_alignment(parser *p, sd_gguf *g) {
         return fail(p, SD_ERR_FORMAT, "general.alignment must be a uint32 (got type id %d)", (int)e->type);
     uint32_t a;
     memcpy(&a, e->raw, 4);
-    if (a == 0 || (a & (a - 1)) != 0)
-        return fail(p, SD_ERR_FORMAT, "general.alignment %u is not a power of two", a);
+    if (a == 0 || (a & (a - 1)) != 0) return fail(p, SD_ERR_FORMAT, "general.alignment %u is not a power of two", a);
     g->alignment = a;
     return SD_OK;
 }
@@ -326,8 +330,8 @@ static sd_status parse_tensor_info(parser *p, sd_gguf *g, int64_t idx) {
     }
     t->type = (sd_dtype)type_id;
     if (t->ne[0] % blk_elems != 0)
-        return fail(p, SD_ERR_FORMAT, "tensor '%s': ne[0]=%llu is not a multiple of the %s block size %zu",
-                    t->name, (unsigned long long)t->ne[0], sd_dtype_name(t->type), blk_elems);
+        return fail(p, SD_ERR_FORMAT, "tensor '%s': ne[0]=%llu is not a multiple of the %s block size %zu", t->name,
+                    (unsigned long long)t->ne[0], sd_dtype_name(t->type), blk_elems);
     size_t n = 1;
     for (uint32_t d = 0; d < t->n_dims; d++)
         if (!sd_mul_ok(n, (size_t)t->ne[d], &n))
@@ -396,8 +400,7 @@ static sd_status parse(parser *p, sd_gguf *g) {
                     p->base[2], p->base[3]);
     p->pos = 4;
     SD_TRY(read_u32(p, &g->version, "version"));
-    if (g->version == 1)
-        return fail(p, SD_ERR_UNSUPPORTED, "GGUF version 1 is not supported (convert the file to v3)");
+    if (g->version == 1) return fail(p, SD_ERR_UNSUPPORTED, "GGUF version 1 is not supported (convert the file to v3)");
     if (g->version == 0) return fail(p, SD_ERR_FORMAT, "bad version 0");
     if (g->version > 3) return fail(p, SD_ERR_UNSUPPORTED, "GGUF version %u is newer than supported (3)", g->version);
     uint64_t n_tensors, n_kv;
@@ -440,8 +443,7 @@ static void free_index(sd_gguf *g) {
     free(g->tensor_index.slots);
 }
 
-static sd_status open_buffer(const uint8_t *base, size_t size, bool mapped, sd_gguf **out, char *err,
-                             size_t err_len) {
+static sd_status open_buffer(const uint8_t *base, size_t size, bool mapped, sd_gguf **out, char *err, size_t err_len) {
     sd_gguf *g = calloc(1, sizeof *g);
     parser p = {.base = base, .size = size, .pos = 0, .err = err, .err_len = err_len};
     if (!g) return fail(&p, SD_ERR_NOMEM, "out of memory");
@@ -518,9 +520,7 @@ int64_t sd_gguf_find_key(const sd_gguf *g, const char *key) {
     return e ? e - g->kv : -1;
 }
 
-const char *sd_gguf_key(const sd_gguf *g, int64_t i) {
-    return g && i >= 0 && i < g->n_kv ? g->kv[i].key : NULL;
-}
+const char *sd_gguf_key(const sd_gguf *g, int64_t i) { return g && i >= 0 && i < g->n_kv ? g->kv[i].key : NULL; }
 
 sd_gguf_type sd_gguf_kv_type(const sd_gguf *g, int64_t i) {
     return g && i >= 0 && i < g->n_kv ? g->kv[i].type : SD_GGUF_TYPE_COUNT;
@@ -530,21 +530,53 @@ sd_gguf_type sd_gguf_kv_type(const sd_gguf *g, int64_t i) {
 static bool read_int(const kv_entry *e, bool *neg, uint64_t *u, int64_t *s) {
     uint8_t b[8];
     size_t n = sd_gguf_type_size(e->type);
-    if (n == 0 || e->type == SD_GGUF_TYPE_BOOL || e->type == SD_GGUF_TYPE_FLOAT32 ||
-        e->type == SD_GGUF_TYPE_FLOAT64)
+    if (n == 0 || e->type == SD_GGUF_TYPE_BOOL || e->type == SD_GGUF_TYPE_FLOAT32 || e->type == SD_GGUF_TYPE_FLOAT64)
         return false;
     memcpy(b, e->raw, n);
     int64_t sv = 0;
     uint64_t uv = 0;
     bool is_signed = true;
     switch (e->type) {
-    case SD_GGUF_TYPE_UINT8: uv = b[0]; is_signed = false; break;
-    case SD_GGUF_TYPE_UINT16: { uint16_t v; memcpy(&v, b, 2); uv = v; is_signed = false; break; }
-    case SD_GGUF_TYPE_UINT32: { uint32_t v; memcpy(&v, b, 4); uv = v; is_signed = false; break; }
-    case SD_GGUF_TYPE_UINT64: memcpy(&uv, b, 8); is_signed = false; break;
-    case SD_GGUF_TYPE_INT8: { int8_t v; memcpy(&v, b, 1); sv = v; break; }
-    case SD_GGUF_TYPE_INT16: { int16_t v; memcpy(&v, b, 2); sv = v; break; }
-    case SD_GGUF_TYPE_INT32: { int32_t v; memcpy(&v, b, 4); sv = v; break; }
+    case SD_GGUF_TYPE_UINT8:
+        uv = b[0];
+        is_signed = false;
+        break;
+    case SD_GGUF_TYPE_UINT16: {
+        uint16_t v;
+        memcpy(&v, b, 2);
+        uv = v;
+        is_signed = false;
+        break;
+    }
+    case SD_GGUF_TYPE_UINT32: {
+        uint32_t v;
+        memcpy(&v, b, 4);
+        uv = v;
+        is_signed = false;
+        break;
+    }
+    case SD_GGUF_TYPE_UINT64:
+        memcpy(&uv, b, 8);
+        is_signed = false;
+        break;
+    case SD_GGUF_TYPE_INT8: {
+        int8_t v;
+        memcpy(&v, b, 1);
+        sv = v;
+        break;
+    }
+    case SD_GGUF_TYPE_INT16: {
+        int16_t v;
+        memcpy(&v, b, 2);
+        sv = v;
+        break;
+    }
+    case SD_GGUF_TYPE_INT32: {
+        int32_t v;
+        memcpy(&v, b, 4);
+        sv = v;
+        break;
+    }
     case SD_GGUF_TYPE_INT64: memcpy(&sv, b, 8); break;
     default: return false;
     }

@@ -195,8 +195,8 @@ sd_status sd_gguf_writer_add_tensor(sd_gguf_writer *w, const char *name, sd_dtyp
             SD_ERROR("gguf writer: duplicate tensor name '%s'", name);
             return SD_ERR_INVALID_ARG;
         }
-    writer_tensor t = {.name = strdup(name), .type = type, .n_dims = n_dims, .data = malloc(n_bytes),
-                       .n_bytes = n_bytes};
+    writer_tensor t = {
+        .name = strdup(name), .type = type, .n_dims = n_dims, .data = malloc(n_bytes), .n_bytes = n_bytes};
     if (!t.name || !t.data || !grow((void **)&w->tensors, &w->cap_tensors, w->n_tensors, sizeof *w->tensors)) {
         free(t.name);
         free(t.data);

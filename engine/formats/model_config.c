@@ -63,13 +63,12 @@ static sd_status check_tensor(const sd_gguf *g, const char *name, uint32_t n_dim
         char got[96] = "";
         size_t len = 0;
         for (uint32_t d = 0; d < t->n_dims && d < SD_GGUF_MAX_DIMS && len < sizeof got; d++)
-            len += (size_t)snprintf(got + len, sizeof got - len, "%s%llu", d ? ", " : "",
-                                    (unsigned long long)t->ne[d]);
+            len += (size_t)snprintf(got + len, sizeof got - len, "%s%llu", d ? ", " : "", (unsigned long long)t->ne[d]);
         if (n_dims == 1)
             SD_ERROR("model: tensor %s has shape [%s], expected [%llu]", name, got, (unsigned long long)ne0);
         else
-            SD_ERROR("model: tensor %s has shape [%s], expected [%llu, %llu]", name, got,
-                     (unsigned long long)ne0, (unsigned long long)ne1);
+            SD_ERROR("model: tensor %s has shape [%s], expected [%llu, %llu]", name, got, (unsigned long long)ne0,
+                     (unsigned long long)ne1);
         return SD_ERR_FORMAT;
     }
     size_t be, bb;
@@ -93,9 +92,9 @@ static sd_status check_all_tensors(const sd_gguf *g, const sd_model_config *c) {
             uint32_t n_dims;
             uint64_t ne0, ne1;
         } const want[] = {
-            {"attn_norm", 1, e, 0}, {"attn_q", 2, e, qd},  {"attn_k", 2, e, kd},   {"attn_v", 2, e, kd},
-            {"attn_output", 2, qd, e}, {"ffn_norm", 1, e, 0}, {"ffn_gate", 2, e, f}, {"ffn_up", 2, e, f},
-            {"ffn_down", 2, f, e},
+            {"attn_norm", 1, e, 0}, {"attn_q", 2, e, qd},      {"attn_k", 2, e, kd},
+            {"attn_v", 2, e, kd},   {"attn_output", 2, qd, e}, {"ffn_norm", 1, e, 0},
+            {"ffn_gate", 2, e, f},  {"ffn_up", 2, e, f},       {"ffn_down", 2, f, e},
         };
         for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
             snprintf(name, sizeof name, "blk.%d.%s.weight", (int)l, want[i].suffix);
@@ -181,8 +180,10 @@ static sd_status gguf_rope_number(const void *src, sd_rope_key key, double *out)
     sd_status s;
     switch (key) {
     case SD_ROPE_FACTOR:
-        s = get_pos_f32(g, sd_gguf_find_key(g, "llama.rope.scaling.type") >= 0 ? "llama.rope.scaling.factor"
-                                                                               : "llama.rope.scale_linear", &f);
+        s = get_pos_f32(g,
+                        sd_gguf_find_key(g, "llama.rope.scaling.type") >= 0 ? "llama.rope.scaling.factor"
+                                                                            : "llama.rope.scale_linear",
+                        &f);
         break;
     case SD_ROPE_LOW_FREQ_FACTOR: s = get_pos_f32(g, "llama.rope.scaling.low_freq_factor", &f); break;
     case SD_ROPE_HIGH_FREQ_FACTOR: s = get_pos_f32(g, "llama.rope.scaling.high_freq_factor", &f); break;
@@ -257,8 +258,8 @@ sd_status sd_model_config_from_gguf(const sd_gguf *g, sd_model_config *cfg) {
     c.rope_base = 10000.0f;
     s = get_pos_f32(g, "llama.rope.freq_base", &c.rope_base);
     if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
-    sd_rope_source rope = {.where = "model", .type_none = "none", .type = gguf_rope_type,
-                           .number = gguf_rope_number, .src = g};
+    sd_rope_source rope = {
+        .where = "model", .type_none = "none", .type = gguf_rope_type, .number = gguf_rope_number, .src = g};
     SD_TRY(sd_model_config_rope_scaling(&rope, &c));
 
     /* vocabulary: llama.vocab_size, else the tokenizer's list, else token_embd */
@@ -287,4 +288,3 @@ sd_status sd_model_config_from_gguf(const sd_gguf *g, sd_model_config *cfg) {
     *cfg = c;
     return SD_OK;
 }
-

@@ -37,12 +37,30 @@ const char *sd_dtype_name(sd_dtype t) {
 bool sd_dtype_block(sd_dtype t, size_t *block_elems, size_t *block_bytes) {
     size_t e, b;
     switch (t) {
-    case SD_DTYPE_F32: e = 1; b = 4; break;
-    case SD_DTYPE_F16: e = 1; b = 2; break;
-    case SD_DTYPE_BF16: e = 1; b = 2; break;
-    case SD_DTYPE_Q8_0: e = QK; b = 2 + QK; break;
-    case SD_DTYPE_Q4_0: e = QK; b = 2 + QK / 2; break;
-    case SD_DTYPE_Q4_1: e = QK; b = 4 + QK / 2; break;
+    case SD_DTYPE_F32:
+        e = 1;
+        b = 4;
+        break;
+    case SD_DTYPE_F16:
+        e = 1;
+        b = 2;
+        break;
+    case SD_DTYPE_BF16:
+        e = 1;
+        b = 2;
+        break;
+    case SD_DTYPE_Q8_0:
+        e = QK;
+        b = 2 + QK;
+        break;
+    case SD_DTYPE_Q4_0:
+        e = QK;
+        b = 2 + QK / 2;
+        break;
+    case SD_DTYPE_Q4_1:
+        e = QK;
+        b = 4 + QK / 2;
+        break;
     default: return false;
     }
     if (block_elems) *block_elems = e;
@@ -123,13 +141,10 @@ static uint16_t f32_to_bf16(float f) {
 
 sd_status sd_dequantize(sd_dtype t, const void *data, uint64_t n_elems, float *out) {
     size_t be, bb;
-    if (!sd_dtype_block(t, &be, &bb) || n_elems % be != 0 || (n_elems && (!data || !out)))
-        return SD_ERR_INVALID_ARG;
+    if (!sd_dtype_block(t, &be, &bb) || n_elems % be != 0 || (n_elems && (!data || !out))) return SD_ERR_INVALID_ARG;
     const uint8_t *src = data;
     switch (t) {
-    case SD_DTYPE_F32:
-        memcpy(out, src, (size_t)n_elems * 4);
-        break;
+    case SD_DTYPE_F32: memcpy(out, src, (size_t)n_elems * 4); break;
     case SD_DTYPE_F16:
         for (uint64_t i = 0; i < n_elems; i++) out[i] = f16_to_f32(load_u16(src + 2 * i));
         break;
@@ -179,13 +194,10 @@ static int clamp_trunc(float v, float lo, float hi) {
 
 sd_status sd_quantize(sd_dtype t, const float *in, uint64_t n_elems, void *out) {
     size_t be, bb;
-    if (!sd_dtype_block(t, &be, &bb) || n_elems % be != 0 || (n_elems && (!in || !out)))
-        return SD_ERR_INVALID_ARG;
+    if (!sd_dtype_block(t, &be, &bb) || n_elems % be != 0 || (n_elems && (!in || !out))) return SD_ERR_INVALID_ARG;
     uint8_t *dst = out;
     switch (t) {
-    case SD_DTYPE_F32:
-        memcpy(dst, in, (size_t)n_elems * 4);
-        break;
+    case SD_DTYPE_F32: memcpy(dst, in, (size_t)n_elems * 4); break;
     case SD_DTYPE_F16:
         for (uint64_t i = 0; i < n_elems; i++) store_u16(dst + 2 * i, f32_to_f16(in[i]));
         break;

@@ -62,33 +62,36 @@
 #endif
 
 #define MAX_JSON_VALUES (16u * 1024u * 1024u)
-#define MAX_EXACT_INT 9007199254740992.0 /* 2^53 */
+#define MAX_EXACT_INT   9007199254740992.0 /* 2^53 */
 
 struct sd_safetensors {
     const uint8_t *base;
     size_t size;
     bool mapped;
-    size_t data_start;     /* 8 + N */
+    size_t data_start; /* 8 + N */
     int64_t n_tensors;
     sd_safetensors_tensor *tensors; /* [n_tensors] in data order */
-    int64_t *by_name;      /* [n_tensors] indices sorted by name */
-    uint64_t *dims;        /* every tensor's shape, back to back */
-    char **names;          /* [n_tensors] owned */
+    int64_t *by_name;               /* [n_tensors] indices sorted by name */
+    uint64_t *dims;                 /* every tensor's shape, back to back */
+    char **names;                   /* [n_tensors] owned */
     int64_t n_meta;
-    char **meta_key;       /* [n_meta] owned */
-    char **meta_value;     /* [n_meta] owned */
+    char **meta_key;   /* [n_meta] owned */
+    char **meta_value; /* [n_meta] owned */
 };
 
 static const struct {
     const char *name;
     uint32_t bits;
 } DTYPES[SD_SAFETENSORS_DTYPE_COUNT] = {
-    [SD_SAFETENSORS_BOOL] = {"BOOL", 8},       [SD_SAFETENSORS_U8] = {"U8", 8},           [SD_SAFETENSORS_I8] = {"I8", 8},
-    [SD_SAFETENSORS_F8_E5M2] = {"F8_E5M2", 8}, [SD_SAFETENSORS_F8_E4M3] = {"F8_E4M3", 8}, [SD_SAFETENSORS_F8_E8M0] = {"F8_E8M0", 8},
-    [SD_SAFETENSORS_F4] = {"F4", 4},           [SD_SAFETENSORS_F6_E2M3] = {"F6_E2M3", 6}, [SD_SAFETENSORS_F6_E3M2] = {"F6_E3M2", 6},
-    [SD_SAFETENSORS_I16] = {"I16", 16},        [SD_SAFETENSORS_U16] = {"U16", 16},        [SD_SAFETENSORS_F16] = {"F16", 16},
-    [SD_SAFETENSORS_BF16] = {"BF16", 16},      [SD_SAFETENSORS_I32] = {"I32", 32},        [SD_SAFETENSORS_U32] = {"U32", 32},
-    [SD_SAFETENSORS_F32] = {"F32", 32},        [SD_SAFETENSORS_F64] = {"F64", 64},        [SD_SAFETENSORS_I64] = {"I64", 64},
+    [SD_SAFETENSORS_BOOL] = {"BOOL", 8},       [SD_SAFETENSORS_U8] = {"U8", 8},
+    [SD_SAFETENSORS_I8] = {"I8", 8},           [SD_SAFETENSORS_F8_E5M2] = {"F8_E5M2", 8},
+    [SD_SAFETENSORS_F8_E4M3] = {"F8_E4M3", 8}, [SD_SAFETENSORS_F8_E8M0] = {"F8_E8M0", 8},
+    [SD_SAFETENSORS_F4] = {"F4", 4},           [SD_SAFETENSORS_F6_E2M3] = {"F6_E2M3", 6},
+    [SD_SAFETENSORS_F6_E3M2] = {"F6_E3M2", 6}, [SD_SAFETENSORS_I16] = {"I16", 16},
+    [SD_SAFETENSORS_U16] = {"U16", 16},        [SD_SAFETENSORS_F16] = {"F16", 16},
+    [SD_SAFETENSORS_BF16] = {"BF16", 16},      [SD_SAFETENSORS_I32] = {"I32", 32},
+    [SD_SAFETENSORS_U32] = {"U32", 32},        [SD_SAFETENSORS_F32] = {"F32", 32},
+    [SD_SAFETENSORS_F64] = {"F64", 64},        [SD_SAFETENSORS_I64] = {"I64", 64},
     [SD_SAFETENSORS_U64] = {"U64", 64},
 };
 
@@ -96,7 +99,9 @@ const char *sd_safetensors_dtype_name(sd_safetensors_dtype t) {
     return (unsigned)t < SD_SAFETENSORS_DTYPE_COUNT ? DTYPES[t].name : "?";
 }
 
-uint32_t sd_safetensors_dtype_bits(sd_safetensors_dtype t) { return (unsigned)t < SD_SAFETENSORS_DTYPE_COUNT ? DTYPES[t].bits : 0; }
+uint32_t sd_safetensors_dtype_bits(sd_safetensors_dtype t) {
+    return (unsigned)t < SD_SAFETENSORS_DTYPE_COUNT ? DTYPES[t].bits : 0;
+}
 
 bool sd_safetensors_dtype_to_sd(sd_safetensors_dtype t, sd_dtype *out) {
     switch (t) {
@@ -229,8 +234,7 @@ static sd_status parse_metadata(const parser *p, sd_safetensors *st, const cJSON
 /* Checks the form of one tensor entry e into *out. */
 static sd_status parse_entry(const parser *p, const cJSON *e, entry *out) {
     const char *name = e->string ? e->string : "";
-    if (!cJSON_IsObject(e))
-        return fail(p, SD_ERR_FORMAT, "InvalidTensorInfo", "tensor '%.64s' is not an object", name);
+    if (!cJSON_IsObject(e)) return fail(p, SD_ERR_FORMAT, "InvalidTensorInfo", "tensor '%.64s' is not an object", name);
     const cJSON *jd = NULL, *js = NULL, *jo = NULL;
     for (const cJSON *c = e->child; c; c = c->next) {
         const cJSON **slot = NULL;
@@ -239,8 +243,7 @@ static sd_status parse_entry(const parser *p, const cJSON *e, entry *out) {
         if (c->string && strcmp(c->string, "data_offsets") == 0) slot = &jo;
         if (!slot) continue; /* unknown fields are ignored, as serde does */
         if (*slot)
-            return fail(p, SD_ERR_FORMAT, "InvalidTensorInfo", "tensor '%.64s' has field %s twice", name,
-                        c->string);
+            return fail(p, SD_ERR_FORMAT, "InvalidTensorInfo", "tensor '%.64s' has field %s twice", name, c->string);
         *slot = c;
     }
     if (!cJSON_IsString(jd))
@@ -298,8 +301,8 @@ static sd_status check_layout(const parser *p, sd_safetensors *st, const entry *
         const entry *e = &ents[i];
         if (e->end < e->begin)
             return fail(p, SD_ERR_FORMAT, "InvalidOffset",
-                        "tensor '%.64s': data_offsets [%llu, %llu] end before they begin",
-                        t->name, (unsigned long long)e->begin, (unsigned long long)e->end);
+                        "tensor '%.64s': data_offsets [%llu, %llu] end before they begin", t->name,
+                        (unsigned long long)e->begin, (unsigned long long)e->end);
         if (e->begin > expect)
             return fail(p, SD_ERR_FORMAT, "InvalidOffset",
                         "tensor '%.64s' begins at %llu but the bytes before it end at %llu: a hole in the data",
@@ -324,8 +327,8 @@ static sd_status check_layout(const parser *p, sd_safetensors *st, const entry *
                         (unsigned long long)n, sd_safetensors_dtype_name(t->dtype));
         if (bits / 8 != e->end - e->begin)
             return fail(p, SD_ERR_FORMAT, "TensorInvalidInfo",
-                        "tensor '%.64s': shape %s of %s is %llu bytes but data_offsets [%llu, %llu] span %llu",
-                        t->name, shape_str(t, sh, sizeof sh), sd_safetensors_dtype_name(t->dtype),
+                        "tensor '%.64s': shape %s of %s is %llu bytes but data_offsets [%llu, %llu] span %llu", t->name,
+                        shape_str(t, sh, sizeof sh), sd_safetensors_dtype_name(t->dtype),
                         (unsigned long long)(bits / 8), (unsigned long long)e->begin, (unsigned long long)e->end,
                         (unsigned long long)(e->end - e->begin));
         t->n_elems = n;
@@ -480,7 +483,8 @@ void sd_safetensors_close(sd_safetensors **stp) {
     *stp = NULL;
 }
 
-static sd_status open_buffer(const uint8_t *base, size_t size, bool mapped, sd_safetensors **out, char *err, size_t err_len) {
+static sd_status open_buffer(const uint8_t *base, size_t size, bool mapped, sd_safetensors **out, char *err,
+                             size_t err_len) {
     parser p = {.err = err, .err_len = err_len};
     sd_safetensors *st = calloc(1, sizeof *st);
     if (!st) return fail(&p, SD_ERR_NOMEM, "OutOfMemory", "handle");

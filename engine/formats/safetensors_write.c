@@ -139,8 +139,8 @@ sd_status sd_safetensors_writer_set_metadata(sd_safetensors_writer *w, const cha
     return SD_OK;
 }
 
-sd_status sd_safetensors_writer_add_tensor(sd_safetensors_writer *w, const char *name, sd_safetensors_dtype dtype, uint32_t n_dims,
-                                  const uint64_t *shape, const void *data) {
+sd_status sd_safetensors_writer_add_tensor(sd_safetensors_writer *w, const char *name, sd_safetensors_dtype dtype,
+                                           uint32_t n_dims, const uint64_t *shape, const void *data) {
     if (!w || !name || (unsigned)dtype >= SD_SAFETENSORS_DTYPE_COUNT || (n_dims && !shape)) return SD_ERR_INVALID_ARG;
     if (strcmp(name, "__metadata__") == 0) return SD_ERR_INVALID_ARG;
     for (size_t i = 0; i < w->n_tensors; i++)
@@ -163,9 +163,12 @@ sd_status sd_safetensors_writer_add_tensor(sd_safetensors_writer *w, const char 
         w->tensors = t;
         w->cap_tensors = cap;
     }
-    st_wtensor t = {.name = strdup(name), .dtype = dtype, .n_dims = n_dims,
+    st_wtensor t = {.name = strdup(name),
+                    .dtype = dtype,
+                    .n_dims = n_dims,
                     .shape = malloc((n_dims ? n_dims : 1) * sizeof(uint64_t)),
-                    .data = malloc(n_bytes ? (size_t)n_bytes : 1), .n_bytes = n_bytes};
+                    .data = malloc(n_bytes ? (size_t)n_bytes : 1),
+                    .n_bytes = n_bytes};
     if (!t.name || !t.shape || !t.data) {
         free(t.name);
         free(t.shape);
@@ -237,8 +240,8 @@ sd_status sd_safetensors_writer_write(const sd_safetensors_writer *w, const char
     for (int i = 0; i < 8; i++) len_le[i] = (uint8_t)(n >> (8 * i));
     if (s == SD_OK && (fwrite(len_le, 1, 8, f) != 8 || fwrite(h.p, 1, h.n, f) != h.n)) s = SD_ERR_IO;
     for (size_t i = 0; s == SD_OK && i < w->n_tensors; i++)
-        if (w->tensors[i].n_bytes && fwrite(w->tensors[i].data, 1, (size_t)w->tensors[i].n_bytes, f) !=
-                                         (size_t)w->tensors[i].n_bytes)
+        if (w->tensors[i].n_bytes &&
+            fwrite(w->tensors[i].data, 1, (size_t)w->tensors[i].n_bytes, f) != (size_t)w->tensors[i].n_bytes)
             s = SD_ERR_IO;
     if (f && fclose(f) != 0) s = SD_ERR_IO;
     if (s == SD_OK && rename(tmp, path) != 0) s = SD_ERR_IO;

@@ -27,7 +27,7 @@
 #include <string.h>
 
 #define MAX_PRE_REGEX 2
-#define N_BYTE_CPS 324 /* bytes_to_unicode maps every byte below U+0144 */
+#define N_BYTE_CPS    324 /* bytes_to_unicode maps every byte below U+0144 */
 
 typedef struct merge_slot {
     uint64_t key;   /* (left id << 32) | right id */
@@ -37,13 +37,13 @@ typedef struct merge_slot {
 
 struct sd_tok {
     int32_t n_vocab;
-    char *text_arena;    /* token texts, back to back */
-    size_t *text_off;    /* [n_vocab + 1] */
-    char *piece_arena;   /* decoded bytes of each token, NUL after each */
-    size_t *piece_off;   /* [n_vocab + 1]; piece i ends 1 before piece_off[i+1] */
-    int32_t *types;      /* [n_vocab] */
+    char *text_arena;  /* token texts, back to back */
+    size_t *text_off;  /* [n_vocab + 1] */
+    char *piece_arena; /* decoded bytes of each token, NUL after each */
+    size_t *piece_off; /* [n_vocab + 1]; piece i ends 1 before piece_off[i+1] */
+    int32_t *types;    /* [n_vocab] */
 
-    int32_t *tok_slots;  /* text -> id, -1 empty; capacity tok_mask + 1 */
+    int32_t *tok_slots; /* text -> id, -1 empty; capacity tok_mask + 1 */
     size_t tok_mask;
     merge_slot *merge_slots;
     size_t merge_mask;
@@ -52,7 +52,7 @@ struct sd_tok {
     char byte_sym[256][2];   /* UTF-8 of each byte's symbol (U+0021..U+0143: 1 or 2 bytes) */
     uint8_t byte_sym_len[256];
 
-    int32_t *special_ids;    /* control/user-defined ids, by first byte then longest first */
+    int32_t *special_ids; /* control/user-defined ids, by first byte then longest first */
     size_t n_special;
     size_t special_start[257]; /* bucket of first byte b: [special_start[b], special_start[b+1]) */
 
@@ -84,7 +84,10 @@ static void byte_level_tables(uint32_t cp_of_byte[256], int16_t byte_of_cp[N_BYT
 }
 
 static size_t utf8_put(uint32_t cp, char *out) {
-    if (cp < 0x80) { out[0] = (char)cp; return 1; }
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        return 1;
+    }
     if (cp < 0x800) {
         out[0] = (char)(0xC0 | (cp >> 6));
         out[1] = (char)(0x80 | (cp & 0x3F));
@@ -108,10 +111,14 @@ static size_t utf8_put(uint32_t cp, char *out) {
  * prefix, and -n for an invalid maximal subpart of n >= 1 bytes. */
 static int utf8_scan(const unsigned char *s, size_t len, uint32_t *cp) {
     unsigned b0 = s[0];
-    if (b0 < 0x80) { *cp = b0; return 1; }
+    if (b0 < 0x80) {
+        *cp = b0;
+        return 1;
+    }
     int need;
     unsigned lo = 0x80, hi = 0xBF;
-    if (b0 >= 0xC2 && b0 <= 0xDF) need = 2;
+    if (b0 >= 0xC2 && b0 <= 0xDF)
+        need = 2;
     else if (b0 >= 0xE0 && b0 <= 0xEF) {
         need = 3;
         if (b0 == 0xE0) lo = 0xA0;
@@ -120,7 +127,8 @@ static int utf8_scan(const unsigned char *s, size_t len, uint32_t *cp) {
         need = 4;
         if (b0 == 0xF0) lo = 0x90;
         if (b0 == 0xF4) hi = 0x8F;
-    } else return -1;
+    } else
+        return -1;
     uint32_t v = b0 & (need == 2 ? 0x1Fu : need == 3 ? 0x0Fu : 0x07u);
     for (int i = 1; i < need; i++) {
         if ((size_t)i >= len) return 0;
@@ -190,11 +198,9 @@ static const merge_slot *lookup_merge(const sd_tok *t, int32_t left, int32_t rig
 
 /* ---- pre-tokenizer definitions ---- */
 static const char RE_DIGITS[] = "\\p{N}";
-static const char RE_GPT2[] =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
-static const char RE_LLAMA3[] =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
-    "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char RE_GPT2[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+static const char RE_LLAMA3[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
+                                "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 typedef struct pre_def {
     const char *name;
@@ -204,18 +210,14 @@ typedef struct pre_def {
 } pre_def;
 
 static const pre_def PRE_DEFS[] = {
-    { "default", { RE_GPT2 }, 1, false },
-    { "gpt2", { RE_GPT2 }, 1, false },
-    { "smollm", { RE_DIGITS, RE_GPT2 }, 2, false },
-    { "starcoder", { RE_DIGITS, RE_GPT2 }, 2, false },
-    { "refact", { RE_DIGITS, RE_GPT2 }, 2, false },
-    { "llama-bpe", { RE_LLAMA3 }, 1, true },
-    { "llama3", { RE_LLAMA3 }, 1, true },
+    {"default", {RE_GPT2}, 1, false},           {"gpt2", {RE_GPT2}, 1, false},
+    {"smollm", {RE_DIGITS, RE_GPT2}, 2, false}, {"starcoder", {RE_DIGITS, RE_GPT2}, 2, false},
+    {"refact", {RE_DIGITS, RE_GPT2}, 2, false}, {"llama-bpe", {RE_LLAMA3}, 1, true},
+    {"llama3", {RE_LLAMA3}, 1, true},
 };
 #define N_PRE_DEFS (sizeof PRE_DEFS / sizeof PRE_DEFS[0])
 
-bool sd_tok_pre_def_at(size_t i, const char **name, const char *const **regexes, int *n_regexes,
-                       bool *ignore_merges) {
+bool sd_tok_pre_def_at(size_t i, const char **name, const char *const **regexes, int *n_regexes, bool *ignore_merges) {
     if (i >= N_PRE_DEFS) return false;
     *name = PRE_DEFS[i].name;
     *regexes = PRE_DEFS[i].re;
@@ -233,8 +235,8 @@ static bool text_eq(sd_tok_text a, const char *s) {
 sd_tok_spec sd_tok_spec_default(void) {
     sd_tok_spec s;
     memset(&s, 0, sizeof s);
-    s.model = (sd_tok_text){ "gpt2", 4 };
-    s.pre = (sd_tok_text){ "default", 7 };
+    s.model = (sd_tok_text){"gpt2", 4};
+    s.pre = (sd_tok_text){"default", 7};
     s.bos = s.eos = s.unk = s.pad = s.eot = -1;
     return s;
 }
@@ -289,8 +291,7 @@ static sd_status build_texts(sd_tok *t, const sd_tok_spec *spec) {
         if (tx.len) memcpy(t->text_arena + to, tx.ptr, tx.len);
         to += tx.len;
         t->piece_off[i] = po;
-        bool verbatim = type == SD_TOK_TYPE_CONTROL || type == SD_TOK_TYPE_USER_DEFINED ||
-                        type == SD_TOK_TYPE_UNKNOWN;
+        bool verbatim = type == SD_TOK_TYPE_CONTROL || type == SD_TOK_TYPE_USER_DEFINED || type == SD_TOK_TYPE_UNKNOWN;
         if (verbatim) {
             if (tx.len) memcpy(t->piece_arena + po, tx.ptr, tx.len);
             po += tx.len;
@@ -330,11 +331,16 @@ static sd_status build_texts(sd_tok *t, const sd_tok_spec *spec) {
         while (t->tok_slots[h] >= 0) {
             size_t l2;
             const char *s2 = tok_text(t, t->tok_slots[h], &l2);
-            if (l2 == len && memcmp(s, s2, len) == 0) { dup = true; break; }
+            if (l2 == len && memcmp(s, s2, len) == 0) {
+                dup = true;
+                break;
+            }
             h = (h + 1) & t->tok_mask;
         }
-        if (dup) SD_DEBUG("tokenizer: token %zu duplicates token %d; the first wins", i, t->tok_slots[h]);
-        else t->tok_slots[h] = (int32_t)i;
+        if (dup)
+            SD_DEBUG("tokenizer: token %zu duplicates token %d; the first wins", i, t->tok_slots[h]);
+        else
+            t->tok_slots[h] = (int32_t)i;
     }
 
     /* Real vocabularies lack some bytes (SmolLM2 has no symbol for 0x04 or
@@ -350,7 +356,8 @@ static sd_status build_texts(sd_tok *t, const sd_tok_spec *spec) {
         if (t->byte_token[b] >= 0) continue;
         if (spec->unk < 0) {
             SD_ERROR("tokenizer: byte-level vocabulary lacks the symbol '%.*s' for byte 0x%02x and has no "
-                     "unknown token", (int)l, sym, b);
+                     "unknown token",
+                     (int)l, sym, b);
             return SD_ERR_FORMAT;
         }
         t->byte_token[b] = (int32_t)spec->unk;
@@ -391,7 +398,10 @@ static sd_status build_merges(sd_tok *t, const sd_tok_spec *spec) {
         if (ll + rl > joined_cap) {
             joined_cap = 2 * (ll + rl);
             char *nj = realloc(joined, joined_cap);
-            if (!nj) { st = SD_ERR_NOMEM; break; }
+            if (!nj) {
+                st = SD_ERR_NOMEM;
+                break;
+            }
             joined = nj;
         }
         memcpy(joined, m.ptr, ll);
@@ -407,7 +417,7 @@ static sd_status build_merges(sd_tok *t, const sd_tok_spec *spec) {
         size_t h = (size_t)mix64(key) & t->merge_mask;
         while (t->merge_slots[h].rank >= 0 && t->merge_slots[h].key != key) h = (h + 1) & t->merge_mask;
         if (t->merge_slots[h].rank < 0) /* a repeated pair keeps its first (lowest) rank */
-            t->merge_slots[h] = (merge_slot){ key, (int32_t)r, result };
+            t->merge_slots[h] = (merge_slot){key, (int32_t)r, result};
     }
     free(joined);
     return st;
@@ -464,8 +474,8 @@ static sd_status build_regexes(sd_tok *t, const pre_def *def) {
         if (!t->pre_re[i]) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(err, msg, sizeof msg);
-            SD_ERROR("tokenizer: pre-tokenizer regex %d of '%s' does not compile at %zu: %s", i, def->name,
-                     (size_t)off, (const char *)msg);
+            SD_ERROR("tokenizer: pre-tokenizer regex %d of '%s' does not compile at %zu: %s", i, def->name, (size_t)off,
+                     (const char *)msg);
             return SD_ERR_INTERNAL;
         }
         t->n_pre_re = i + 1;
@@ -498,7 +508,7 @@ static sd_status build(sd_tok *t, const sd_tok_spec *spec) {
         return SD_ERR_UNSUPPORTED;
     }
     const pre_def *def = NULL;
-    sd_tok_text pre = spec->pre.len ? spec->pre : (sd_tok_text){ "default", 7 };
+    sd_tok_text pre = spec->pre.len ? spec->pre : (sd_tok_text){"default", 7};
     for (size_t i = 0; i < N_PRE_DEFS; i++)
         if (text_eq(pre, PRE_DEFS[i].name)) def = &PRE_DEFS[i];
     if (!def) {
@@ -530,8 +540,8 @@ static sd_status build(sd_tok *t, const sd_tok_spec *spec) {
 
     add_eog(t, t->eos);
     add_eog(t, eot);
-    static const char *const eog_texts[] = { "<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|eom_id|>",
-                                             "<|end_of_text|>" };
+    static const char *const eog_texts[] = {"<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|eom_id|>",
+                                            "<|end_of_text|>"};
     for (size_t i = 0; i < sizeof eog_texts / sizeof eog_texts[0]; i++)
         add_eog(t, lookup_text(t, eog_texts[i], strlen(eog_texts[i])));
 
@@ -541,12 +551,12 @@ static sd_status build(sd_tok *t, const sd_tok_spec *spec) {
         size_t len;
         const char *s = tok_text(t, i, &len);
         uint32_t l32 = (uint32_t)len, ty = (uint32_t)t->types[i];
-        unsigned char le[4] = { (unsigned char)l32, (unsigned char)(l32 >> 8), (unsigned char)(l32 >> 16),
-                                (unsigned char)(l32 >> 24) };
+        unsigned char le[4] = {(unsigned char)l32, (unsigned char)(l32 >> 8), (unsigned char)(l32 >> 16),
+                               (unsigned char)(l32 >> 24)};
         h = fnv1a(h, le, 4);
         h = fnv1a(h, s, len);
-        unsigned char tle[4] = { (unsigned char)ty, (unsigned char)(ty >> 8), (unsigned char)(ty >> 16),
-                                 (unsigned char)(ty >> 24) };
+        unsigned char tle[4] = {(unsigned char)ty, (unsigned char)(ty >> 8), (unsigned char)(ty >> 16),
+                                (unsigned char)(ty >> 24)};
         h = fnv1a(h, tle, 4);
     }
     t->vocab_hash = h;
@@ -598,12 +608,12 @@ const char *sd_tok_piece(const sd_tok *t, int32_t id, size_t *len) {
 
 /* ---- encoding ---- */
 typedef struct bpe_sym {
-    int32_t id;   /* -1: merged into its left neighbour */
+    int32_t id; /* -1: merged into its left neighbour */
     int32_t prev, next;
 } bpe_sym;
 
 typedef struct bpe_cand {
-    int32_t rank, pos;   /* heap order: rank, then leftmost */
+    int32_t rank, pos; /* heap order: rank, then leftmost */
     int32_t right_pos;
     int32_t left, right, result;
 } bpe_cand;
@@ -650,7 +660,7 @@ static sd_status heap_push_pair(enc_ctx *c, int32_t l, int32_t r) {
     const merge_slot *m = lookup_merge(c->t, c->syms[l].id, c->syms[r].id);
     if (!m) return SD_OK;
     SD_TRY(grow((void **)&c->heap, &c->cap_heap, c->n_heap + 1, sizeof *c->heap));
-    bpe_cand cand = { m->rank, l, r, c->syms[l].id, c->syms[r].id, m->result };
+    bpe_cand cand = {m->rank, l, r, c->syms[l].id, c->syms[r].id, m->result};
     size_t i = c->n_heap++;
     while (i > 0) {
         size_t parent = (i - 1) / 2;
@@ -695,7 +705,7 @@ static sd_status bpe_piece(enc_ctx *c, const unsigned char *s, size_t len) {
     }
     SD_TRY(grow((void **)&c->syms, &c->cap_syms, len, sizeof *c->syms));
     for (size_t i = 0; i < len; i++)
-        c->syms[i] = (bpe_sym){ t->byte_token[s[i]], (int32_t)i - 1, i + 1 < len ? (int32_t)i + 1 : -1 };
+        c->syms[i] = (bpe_sym){t->byte_token[s[i]], (int32_t)i - 1, i + 1 < len ? (int32_t)i + 1 : -1};
     c->n_heap = 0;
     for (size_t i = 0; i + 1 < len; i++) SD_TRY(heap_push_pair(c, (int32_t)i, (int32_t)i + 1));
     while (c->n_heap) {
@@ -863,7 +873,7 @@ void sd_tok_stream_free(sd_tok_stream **s) {
     *s = NULL;
 }
 
-static const char REPLACEMENT[3] = { (char)0xEF, (char)0xBF, (char)0xBD };
+static const char REPLACEMENT[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
 
 static bool out_put(char *out, size_t cap, size_t *at, const void *p, size_t n) {
     if (n > cap - *at) return false;

@@ -12,8 +12,7 @@
 
 #define KEY_PREFIX "tokenizer.ggml."
 
-static sd_status get_str_array(const sd_gguf *g, const char *key, bool required, sd_tok_text **out,
-                               size_t *n) {
+static sd_status get_str_array(const sd_gguf *g, const char *key, bool required, sd_tok_text **out, size_t *n) {
     *out = NULL;
     *n = 0;
     sd_gguf_type et;
@@ -37,7 +36,7 @@ static sd_status get_str_array(const sd_gguf *g, const char *key, bool required,
             free(v);
             return st;
         }
-        v[i] = (sd_tok_text){ s.ptr, (size_t)s.len };
+        v[i] = (sd_tok_text){s.ptr, (size_t)s.len};
     }
     *out = v;
     *n = (size_t)len;
@@ -54,17 +53,17 @@ static sd_status get_types(const sd_gguf *g, size_t n_tokens, int32_t **out) {
     if (st == SD_ERR_NOT_FOUND) return SD_OK; /* all normal */
     if (st != SD_OK) return st;
     if (len != n_tokens) {
-        SD_ERROR("tokenizer: %s has %llu entries but there are %zu tokens", key, (unsigned long long)len,
-                 n_tokens);
+        SD_ERROR("tokenizer: %s has %llu entries but there are %zu tokens", key, (unsigned long long)len, n_tokens);
         return SD_ERR_FORMAT;
     }
     switch (et) {
-    case SD_GGUF_TYPE_INT32: case SD_GGUF_TYPE_UINT32:
-    case SD_GGUF_TYPE_INT8: case SD_GGUF_TYPE_UINT8:
-    case SD_GGUF_TYPE_INT16: case SD_GGUF_TYPE_UINT16: break;
-    default:
-        SD_ERROR("tokenizer: %s is not an integer array", key);
-        return SD_ERR_FORMAT;
+    case SD_GGUF_TYPE_INT32:
+    case SD_GGUF_TYPE_UINT32:
+    case SD_GGUF_TYPE_INT8:
+    case SD_GGUF_TYPE_UINT8:
+    case SD_GGUF_TYPE_INT16:
+    case SD_GGUF_TYPE_UINT16: break;
+    default: SD_ERROR("tokenizer: %s is not an integer array", key); return SD_ERR_FORMAT;
     }
     const void *data;
     SD_TRY(sd_gguf_get_arr_data(g, key, &data, &len));
@@ -74,10 +73,30 @@ static sd_status get_types(const sd_gguf *g, size_t n_tokens, int32_t **out) {
     for (size_t i = 0; i < n_tokens; i++) {
         int64_t v = 0;
         switch (et) {
-        case SD_GGUF_TYPE_INT32: { int32_t x; memcpy(&x, p + 4 * i, 4); v = x; break; }
-        case SD_GGUF_TYPE_UINT32: { uint32_t x; memcpy(&x, p + 4 * i, 4); v = x; break; }
-        case SD_GGUF_TYPE_INT16: { int16_t x; memcpy(&x, p + 2 * i, 2); v = x; break; }
-        case SD_GGUF_TYPE_UINT16: { uint16_t x; memcpy(&x, p + 2 * i, 2); v = x; break; }
+        case SD_GGUF_TYPE_INT32: {
+            int32_t x;
+            memcpy(&x, p + 4 * i, 4);
+            v = x;
+            break;
+        }
+        case SD_GGUF_TYPE_UINT32: {
+            uint32_t x;
+            memcpy(&x, p + 4 * i, 4);
+            v = x;
+            break;
+        }
+        case SD_GGUF_TYPE_INT16: {
+            int16_t x;
+            memcpy(&x, p + 2 * i, 2);
+            v = x;
+            break;
+        }
+        case SD_GGUF_TYPE_UINT16: {
+            uint16_t x;
+            memcpy(&x, p + 2 * i, 2);
+            v = x;
+            break;
+        }
         case SD_GGUF_TYPE_INT8: v = (int8_t)p[i]; break;
         default: v = p[i]; break;
         }
@@ -104,14 +123,14 @@ static sd_status get_text(const sd_gguf *g, const char *key, bool required, sd_t
     sd_gguf_str s;
     sd_status st = sd_gguf_get_str(g, key, &s);
     if (st == SD_ERR_NOT_FOUND && !required) {
-        *out = (sd_tok_text){ "", 0 };
+        *out = (sd_tok_text){"", 0};
         return SD_OK;
     }
     if (st != SD_OK) {
         SD_ERROR("tokenizer: %s is %s", key, st == SD_ERR_NOT_FOUND ? "missing" : "not a string");
         return st == SD_ERR_NOT_FOUND ? SD_ERR_FORMAT : st;
     }
-    *out = (sd_tok_text){ s.ptr, (size_t)s.len };
+    *out = (sd_tok_text){s.ptr, (size_t)s.len};
     return SD_OK;
 }
 

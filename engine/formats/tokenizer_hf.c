@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_HF_VOCAB (1 << 24)
+#define MAX_HF_VOCAB  (1 << 24)
 #define MAX_PRE_STEPS 4
 
 /* Regex i of the tokenizer's known set name (tokenizer.c holds the only
@@ -233,7 +233,7 @@ typedef struct vocab {
     int32_t *types;     /* [n] */
     size_t n_merges;
     sd_tok_text *merges;
-    char *arena;        /* pair merges and PAD names */
+    char *arena; /* pair merges and PAD names */
     size_t arena_used, arena_cap;
 } vocab;
 
@@ -420,8 +420,8 @@ static sd_status build_from_tree(const cJSON *root, const sd_tok_hf_ids *ids, sd
             bos_buf[v.texts[spec.bos].len] = '\0';
             bos_text = bos_buf;
         }
-        spec.add_bos = ids->add_bos >= 0 ? ids->add_bos != 0
-                                         : template_adds_bos(field(root, "post_processor"), bos_text, 0);
+        spec.add_bos =
+            ids->add_bos >= 0 ? ids->add_bos != 0 : template_adds_bos(field(root, "post_processor"), bos_text, 0);
         st = sd_tok_build(&spec, out);
     }
     vocab_free(&v);

@@ -33,13 +33,13 @@ enum {
 
 /* Everything sd_tok_build needs; all views are borrowed for the call only. */
 typedef struct sd_tok_spec {
-    sd_tok_text model;          /* tokenizer.ggml.model: must be "gpt2" */
-    sd_tok_text pre;            /* tokenizer.ggml.pre: regex set name; empty = "default" */
+    sd_tok_text model; /* tokenizer.ggml.model: must be "gpt2" */
+    sd_tok_text pre;   /* tokenizer.ggml.pre: regex set name; empty = "default" */
     size_t n_tokens;
-    const sd_tok_text *tokens;  /* [n_tokens] byte-level token texts */
-    const int32_t *types;       /* [n_tokens] token types, or NULL (all normal) */
+    const sd_tok_text *tokens; /* [n_tokens] byte-level token texts */
+    const int32_t *types;      /* [n_tokens] token types, or NULL (all normal) */
     size_t n_merges;
-    const sd_tok_text *merges;  /* [n_merges] "left right", rank = index */
+    const sd_tok_text *merges;       /* [n_merges] "left right", rank = index */
     int64_t bos, eos, unk, pad, eot; /* token ids, -1 when absent */
     bool add_bos;
 } sd_tok_spec;
@@ -56,17 +56,16 @@ sd_status sd_tok_build(const sd_tok_spec *spec, sd_tok **out);
  * (applied in order, matches isolated) and whether whole pieces found in the
  * vocabulary skip BPE. For loaders that recognise a pre-tokenizer by its
  * regexes (tokenizer.json). Borrowed static data. */
-bool sd_tok_pre_def_at(size_t i, const char **name, const char *const **regexes, int *n_regexes,
-                       bool *ignore_merges);
+bool sd_tok_pre_def_at(size_t i, const char **name, const char *const **regexes, int *n_regexes, bool *ignore_merges);
 
 /* Special tokens and flags that a Hugging Face checkpoint keeps outside
  * tokenizer.json: texts from tokenizer_config.json win (as in llama.cpp's
  * converter), ids from config.json are the fallback. */
 typedef struct sd_tok_hf_ids {
     const char *bos_text, *eos_text, *pad_text; /* NULL when absent or not in the vocabulary */
-    int64_t bos, eos, eot, pad;            /* ids; -1 when absent */
-    int add_bos;                           /* 1 / 0, or -1: from the post-processor */
-    int32_t n_vocab;                       /* config vocab_size: pad the vocabulary to it (0: don't) */
+    int64_t bos, eos, eot, pad;                 /* ids; -1 when absent */
+    int add_bos;                                /* 1 / 0, or -1: from the post-processor */
+    int32_t n_vocab;                            /* config vocab_size: pad the vocabulary to it (0: don't) */
 } sd_tok_hf_ids;
 
 /* Every id -1, every text NULL, add_bos -1, n_vocab 0. */

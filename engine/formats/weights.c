@@ -39,8 +39,8 @@ static bool gguf_find(void *ctx, const char *name, sd_weights_tensor *info) {
     return true;
 }
 
-sd_status sd_weights_read_rows(sd_dtype t, const void *data, int64_t ne0, int64_t row0, int64_t n_rows,
-                               int64_t col0, int64_t n_cols, float *dst) {
+sd_status sd_weights_read_rows(sd_dtype t, const void *data, int64_t ne0, int64_t row0, int64_t n_rows, int64_t col0,
+                               int64_t n_cols, float *dst) {
     size_t be, bb;
     if (!sd_dtype_block(t, &be, &bb)) return SD_ERR_UNSUPPORTED;
     if (ne0 % (int64_t)be != 0 || col0 % (int64_t)be != 0 || n_cols % (int64_t)be != 0) {
@@ -57,8 +57,8 @@ sd_status sd_weights_read_rows(sd_dtype t, const void *data, int64_t ne0, int64_
     return SD_OK;
 }
 
-sd_status sd_weights_copy_rows(sd_dtype t, const void *data, int64_t ne0, int64_t row0, int64_t n_rows,
-                               int64_t col0, int64_t n_cols, void *dst) {
+sd_status sd_weights_copy_rows(sd_dtype t, const void *data, int64_t ne0, int64_t row0, int64_t n_rows, int64_t col0,
+                               int64_t n_cols, void *dst) {
     size_t be, bb;
     if (!sd_dtype_block(t, &be, &bb)) return SD_ERR_UNSUPPORTED;
     if (ne0 % (int64_t)be != 0 || col0 % (int64_t)be != 0 || n_cols % (int64_t)be != 0) return SD_ERR_UNSUPPORTED;
@@ -170,11 +170,9 @@ static sd_status check_rect(const sd_weights *w, const char *name, int64_t row0,
         SD_ERROR("weights: tensor %s is missing", name);
         return SD_ERR_NOT_FOUND;
     }
-    if (row0 < 0 || n_rows <= 0 || col0 < 0 || n_cols <= 0 || row0 > t->ne[1] - n_rows ||
-        col0 > t->ne[0] - n_cols) {
-        SD_ERROR("weights: rectangle rows [%lld, +%lld) cols [%lld, +%lld) is outside %s [%lld][%lld]",
-                 (long long)row0, (long long)n_rows, (long long)col0, (long long)n_cols, name,
-                 (long long)t->ne[1], (long long)t->ne[0]);
+    if (row0 < 0 || n_rows <= 0 || col0 < 0 || n_cols <= 0 || row0 > t->ne[1] - n_rows || col0 > t->ne[0] - n_cols) {
+        SD_ERROR("weights: rectangle rows [%lld, +%lld) cols [%lld, +%lld) is outside %s [%lld][%lld]", (long long)row0,
+                 (long long)n_rows, (long long)col0, (long long)n_cols, name, (long long)t->ne[1], (long long)t->ne[0]);
         return SD_ERR_RANGE;
     }
     return SD_OK;
@@ -185,8 +183,7 @@ static sd_status check_rect(const sd_weights *w, const char *name, int64_t row0,
  * tests exponent bits (all ones: NaN or infinite) with integer ops the
  * compiler vectorizes; only a hit looks for where. v holds n values of a
  * [.][n_cols] rectangle starting at (row0, col0). */
-static sd_status check_finite(const char *name, int64_t row0, int64_t col0, int64_t n_cols, const float *v,
-                              size_t n) {
+static sd_status check_finite(const char *name, int64_t row0, int64_t col0, int64_t n_cols, const float *v, size_t n) {
     uint32_t any = 0;
     for (size_t i = 0; i < n; i++) {
         uint32_t bits;

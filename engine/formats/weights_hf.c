@@ -51,12 +51,12 @@ enum {
     MAX_CTX = 1 << 30,
 };
 
-#define MAX_CONFIG_BYTES (16u << 20)     /* config.json, tokenizer_config.json, the index */
+#define MAX_CONFIG_BYTES    (16u << 20)  /* config.json, tokenizer_config.json, the index */
 #define MAX_TOKENIZER_BYTES (256u << 20) /* tokenizer.json (Llama 3: 9 MB) */
 
 typedef struct hf_shard {
-    char *file; /* name inside the directory, owned */
-    sd_safetensors *st;  /* owned */
+    char *file;         /* name inside the directory, owned */
+    sd_safetensors *st; /* owned */
 } hf_shard;
 
 typedef struct hf_source {
@@ -274,16 +274,20 @@ static sd_status parse_config(const cJSON *j, hf_source *src) {
     SD_TRY(get_int(j, "num_attention_heads", true, MAX_HEADS, &c.n_heads));
     SD_TRY(get_int(j, "vocab_size", true, MAX_VOCAB, &c.n_vocab));
     sd_status s = get_int(j, "num_key_value_heads", false, MAX_HEADS, &c.n_kv_heads);
-    if (s == SD_ERR_NOT_FOUND) c.n_kv_heads = c.n_heads;
-    else SD_TRY(s);
+    if (s == SD_ERR_NOT_FOUND)
+        c.n_kv_heads = c.n_heads;
+    else
+        SD_TRY(s);
     if (c.n_heads % c.n_kv_heads != 0) {
         SD_ERROR("weights: num_attention_heads %d is not a multiple of num_key_value_heads %d", (int)c.n_heads,
                  (int)c.n_kv_heads);
         return SD_ERR_FORMAT;
     }
     s = get_int(j, "max_position_embeddings", false, MAX_CTX, &c.n_ctx_train);
-    if (s == SD_ERR_NOT_FOUND) c.n_ctx_train = 2048; /* LlamaConfig's default */
-    else SD_TRY(s);
+    if (s == SD_ERR_NOT_FOUND)
+        c.n_ctx_train = 2048; /* LlamaConfig's default */
+    else
+        SD_TRY(s);
     c.head_dim = c.n_embd / c.n_heads;
     int32_t hd = 0;
     s = get_int(j, "head_dim", false, MAX_HEAD_DIM, &hd);
@@ -307,8 +311,11 @@ static sd_status parse_config(const cJSON *j, hf_source *src) {
     c.rope_base = 10000.0f;
     s = get_pos_float(j, "config.json", "rope_theta", &c.rope_base);
     if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
-    sd_rope_source rope = {.where = "weights: config.json", .type_none = "default", .type = hf_rope_type,
-                           .number = hf_rope_number, .src = j};
+    sd_rope_source rope = {.where = "weights: config.json",
+                           .type_none = "default",
+                           .type = hf_rope_type,
+                           .number = hf_rope_number,
+                           .src = j};
     SD_TRY(sd_model_config_rope_scaling(&rope, &c));
     const cJSON *tie = field(j, "tie_word_embeddings");
     if (tie && !cJSON_IsBool(tie)) {
@@ -404,8 +411,8 @@ static sd_status check_tensors(const hf_source *s) {
         const char *part;
         int64_t rows, cols;
     } parts[] = {
-        {"attn_norm", 0, e}, {"attn_q", qd, e},   {"attn_k", kd, e},   {"attn_v", kd, e}, {"attn_output", e, qd},
-        {"ffn_norm", 0, e},  {"ffn_gate", f, e}, {"ffn_up", f, e},   {"ffn_down", e, f},
+        {"attn_norm", 0, e}, {"attn_q", qd, e},  {"attn_k", kd, e}, {"attn_v", kd, e},  {"attn_output", e, qd},
+        {"ffn_norm", 0, e},  {"ffn_gate", f, e}, {"ffn_up", f, e},  {"ffn_down", e, f},
     };
     int64_t n_parts = (int64_t)(sizeof parts / sizeof parts[0]);
     for (int64_t i = -3; i < (int64_t)c->n_layers * n_parts; i++) {
@@ -619,8 +626,8 @@ static sd_status hf_read(void *ctx, const char *name, int64_t row0, int64_t n_ro
 }
 
 /* hf_read's rows, as stored (F32, F16, BF16: elements, no blocks). */
-static sd_status hf_read_stored(void *ctx, const char *name, int64_t row0, int64_t n_rows, int64_t col0,
-                                int64_t n_cols, void *dst) {
+static sd_status hf_read_stored(void *ctx, const char *name, int64_t row0, int64_t n_rows, int64_t col0, int64_t n_cols,
+                                void *dst) {
     const hf_source *s = ctx;
     row_order order;
     const sd_safetensors_tensor *t = find_mapped(s, name, &order);

@@ -22,8 +22,8 @@ typedef struct sd_weights_ops {
      * the same rectangle as stored, rows of n_cols/block elements' blocks,
      * in the same row order read() gives. col0 and n_cols are block-aligned
      * (checked by weights.c). */
-    sd_status (*read_stored)(void *ctx, const char *name, int64_t row0, int64_t n_rows, int64_t col0,
-                             int64_t n_cols, void *dst);
+    sd_status (*read_stored)(void *ctx, const char *name, int64_t row0, int64_t n_rows, int64_t col0, int64_t n_cols,
+                             void *dst);
 } sd_weights_ops;
 
 struct sd_weights {
@@ -37,12 +37,12 @@ sd_status sd_weights_hf_open(const char *dir, sd_weights **out);
 
 /* Reads a rectangle of a row-major [rows][ne0] tensor of type t stored at
  * data into dst [n_rows][n_cols]: the shared dequantizing row reader. */
-sd_status sd_weights_read_rows(sd_dtype t, const void *data, int64_t ne0, int64_t row0, int64_t n_rows,
-                               int64_t col0, int64_t n_cols, float *dst);
+sd_status sd_weights_read_rows(sd_dtype t, const void *data, int64_t ne0, int64_t row0, int64_t n_rows, int64_t col0,
+                               int64_t n_cols, float *dst);
 
 /* The same rectangle as sd_weights_read_rows, copied as stored (col0 and
  * n_cols multiples of the type's block; SD_ERR_UNSUPPORTED otherwise). */
-sd_status sd_weights_copy_rows(sd_dtype t, const void *data, int64_t ne0, int64_t row0, int64_t n_rows,
-                               int64_t col0, int64_t n_cols, void *dst);
+sd_status sd_weights_copy_rows(sd_dtype t, const void *data, int64_t ne0, int64_t row0, int64_t n_rows, int64_t col0,
+                               int64_t n_cols, void *dst);
 
 #endif

@@ -67,8 +67,15 @@
 
 sd_drafter_params sd_drafter_default_params(void) {
     sd_drafter_params p = {
-        .max_seqs = 1, .max_ctx = 4096, .top_n = SD_SPEC_DEFAULT_TOP_N, .ngram_min = 1, .ngram_max = 16,
-        .ngram_min_p = NGRAM_DEFAULT_MIN_P, .ngram_cache_entries = 65536, .n_threads = 0, .device = -1,
+        .max_seqs = 1,
+        .max_ctx = 4096,
+        .top_n = SD_SPEC_DEFAULT_TOP_N,
+        .ngram_min = 1,
+        .ngram_max = 16,
+        .ngram_min_p = NGRAM_DEFAULT_MIN_P,
+        .ngram_cache_entries = 65536,
+        .n_threads = 0,
+        .device = -1,
     };
     return p;
 }
@@ -84,10 +91,11 @@ sd_status drafter_params_check(const sd_drafter_params *in, sd_drafter_params *o
     if (p.ngram_min_p == 0.0f) p.ngram_min_p = def.ngram_min_p;
     if (p.ngram_cache_entries == 0) p.ngram_cache_entries = def.ngram_cache_entries;
     if (p.max_seqs < 0 || p.max_ctx < 0 || p.top_n < 0 || p.ngram_min < 0 || p.ngram_max < p.ngram_min ||
-        !(p.ngram_min_p > 0.0f && p.ngram_min_p <= 1.0f) || p.ngram_cache_entries > 1 << 24 ||
-        p.n_threads < 0 || p.max_seqs > 1 << 16 || p.max_ctx > 1 << 24 || p.top_n > 1 << 16) {
+        !(p.ngram_min_p > 0.0f && p.ngram_min_p <= 1.0f) || p.ngram_cache_entries > 1 << 24 || p.n_threads < 0 ||
+        p.max_seqs > 1 << 16 || p.max_ctx > 1 << 24 || p.top_n > 1 << 16) {
         SD_ERROR("drafter: bad parameters (max_seqs %d, max_ctx %d, top_n %d, ngram %d..%d, ngram_min_p %g, "
-                 "threads %d)", (int)p.max_seqs, (int)p.max_ctx, (int)p.top_n, (int)p.ngram_min, (int)p.ngram_max,
+                 "threads %d)",
+                 (int)p.max_seqs, (int)p.max_ctx, (int)p.top_n, (int)p.ngram_min, (int)p.ngram_max,
                  (double)p.ngram_min_p, (int)p.n_threads);
         return SD_ERR_INVALID_ARG;
     }
@@ -116,7 +124,8 @@ sd_status sd_drafter_propose(sd_drafter *d, int32_t seq, const int32_t *context,
                              const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n_drafted) {
     if (!d || !context || !s || !tokens || !q || !n_drafted || n_context <= 0 || k < 0 || k > SD_MAX_DRAFT) {
         SD_ERROR("drafter: propose needs a drafter, a non-empty context, sampling, outputs and 0 <= k <= %d "
-                 "(n_context %d, k %d)", SD_MAX_DRAFT, (int)n_context, (int)k);
+                 "(n_context %d, k %d)",
+                 SD_MAX_DRAFT, (int)n_context, (int)k);
         return SD_ERR_INVALID_ARG;
     }
     if (seq < 0 || seq >= d->params.max_seqs) {
@@ -154,11 +163,10 @@ sd_status sd_draft_batch(sd_drafter *d, int32_t n_seqs, const sd_draft_seq *seqs
         r->n_drafted = 0;
         bool dup = false;
         for (int32_t j = 0; j < i && !dup; j++) dup = seqs[j].slot == v->slot;
-        if (v->slot < 0 || v->slot >= d->params.max_seqs || dup || v->keep_len < 0 || v->n_append < 1 ||
-            !v->append || v->k < 0 || v->k > SD_MAX_DRAFT ||
-            (int64_t)v->keep_len + v->n_append > d->params.max_ctx) {
-            SD_WARN("drafter: sequence %d: bad request (slot %d%s, keep_len %d, n_append %d, k %d, max_ctx %d)",
-                    (int)i, (int)v->slot, dup ? " repeated" : "", (int)v->keep_len, (int)v->n_append, (int)v->k,
+        if (v->slot < 0 || v->slot >= d->params.max_seqs || dup || v->keep_len < 0 || v->n_append < 1 || !v->append ||
+            v->k < 0 || v->k > SD_MAX_DRAFT || (int64_t)v->keep_len + v->n_append > d->params.max_ctx) {
+            SD_WARN("drafter: sequence %d: bad request (slot %d%s, keep_len %d, n_append %d, k %d, max_ctx %d)", (int)i,
+                    (int)v->slot, dup ? " repeated" : "", (int)v->keep_len, (int)v->n_append, (int)v->k,
                     (int)d->params.max_ctx);
             r->outcome = SD_SEQ_INVALID;
         } else if (sd_sampling_validate(&v->sampling) != SD_OK) {
@@ -172,11 +180,11 @@ sd_status sd_draft_batch(sd_drafter *d, int32_t n_seqs, const sd_draft_seq *seqs
 
 /* Calibration buckets: the match length behind a draft token (1, 2, 3,
  * 4-5, 6-8, 9-15, 16+) times whether the candidates agreed on it. */
-#define NGRAM_LEN_BUCKETS 7
-#define NGRAM_BUCKETS (2 * NGRAM_LEN_BUCKETS)
-#define NGRAM_BUCKET_CACHE 255  /* a draft token from the shared cache: not calibrated */
+#define NGRAM_LEN_BUCKETS    7
+#define NGRAM_BUCKETS        (2 * NGRAM_LEN_BUCKETS)
+#define NGRAM_BUCKET_CACHE   255 /* a draft token from the shared cache: not calibrated */
 #define NGRAM_MAX_CANDIDATES 64  /* most recent earlier matches kept per lookup */
-#define NGRAM_PRIOR_WEIGHT 3.0   /* pseudo-observations of the prior in each bucket */
+#define NGRAM_PRIOR_WEIGHT   3.0 /* pseudo-observations of the prior in each bucket */
 
 /* The cache shared by all sequences of a drafter: what followed each
  * n-gram (n = 1..NGRAM_CACHE_N) in the outputs of requests served so far
@@ -184,20 +192,20 @@ sd_status sd_draft_batch(sd_drafter *d, int32_t n_seqs, const sd_draft_seq *seqs
  * NGRAM_CACHE_WAYS ways a set, the least recently touched way evicted; each
  * entry counts up to NGRAM_CACHE_NEXT continuations, the least seen
  * replaced. A hash collision can only cost a rejected draft. */
-#define NGRAM_CACHE_N 4
-#define NGRAM_CACHE_WAYS 4
-#define NGRAM_CACHE_NEXT 4
-#define NGRAM_CACHE_MIN_SEEN 2   /* times an n-gram was seen before its continuation is drafted */
+#define NGRAM_CACHE_N        4
+#define NGRAM_CACHE_WAYS     4
+#define NGRAM_CACHE_NEXT     4
+#define NGRAM_CACHE_MIN_SEEN 2 /* times an n-gram was seen before its continuation is drafted */
 
 typedef struct ngram_entry {
-    uint64_t key;                        /* hash of (n, tokens); 0 = empty */
-    uint32_t stamp;                      /* last touched */
+    uint64_t key;   /* hash of (n, tokens); 0 = empty */
+    uint32_t stamp; /* last touched */
     int32_t next[NGRAM_CACHE_NEXT];
     uint16_t count[NGRAM_CACHE_NEXT];
 } ngram_entry;
 
 typedef struct ngram_cache {
-    ngram_entry *entries;                /* [n_sets][NGRAM_CACHE_WAYS] */
+    ngram_entry *entries; /* [n_sets][NGRAM_CACHE_WAYS] */
     uint32_t n_sets;
     uint32_t clock;
 } ngram_cache;
@@ -285,21 +293,21 @@ typedef struct ngram_slot {
     int32_t draft[SD_MAX_DRAFT];
     uint8_t bucket[SD_MAX_DRAFT]; /* calibration bucket of each draft token */
     int32_t n_draft;
-    int32_t n_context;             /* context length the draft continued; 0 = none pending */
-    int32_t last_token;            /* context[n_context - 1] then */
-    bool greedy;                   /* drafted for a greedy request (calibration is greedy-only) */
+    int32_t n_context;  /* context length the draft continued; 0 = none pending */
+    int32_t last_token; /* context[n_context - 1] then */
+    bool greedy;        /* drafted for a greedy request (calibration is greedy-only) */
     ngram_calib calib;
-    int32_t out_start;             /* context length at the sequence's first call: its output starts here */
-    int32_t fed;                   /* tokens before this position are in the shared cache */
+    int32_t out_start; /* context length at the sequence's first call: its output starts here */
+    int32_t fed;       /* tokens before this position are in the shared cache */
     bool started;
 } ngram_slot;
 
 typedef struct ngram_state {
-    float one;                 /* 1.0f, what every q.probs points at */
-    ngram_slot *slots;         /* [max_seqs] */
-    ngram_cache cache;         /* entries NULL: no shared cache */
-    int32_t *history;          /* [max_seqs][max_ctx] committed tokens per slot (batched path), lazily */
-    int32_t *history_len;      /* [max_seqs] */
+    float one;            /* 1.0f, what every q.probs points at */
+    ngram_slot *slots;    /* [max_seqs] */
+    ngram_cache cache;    /* entries NULL: no shared cache */
+    int32_t *history;     /* [max_seqs][max_ctx] committed tokens per slot (batched path), lazily */
+    int32_t *history_len; /* [max_seqs] */
 } ngram_state;
 
 static int len_bucket(int32_t len) {
@@ -407,9 +415,8 @@ static sd_status ngram_propose(sd_drafter *d, int32_t seq, const int32_t *contex
     sl->n_draft = 0;
     int32_t next[NGRAM_MAX_CANDIDATES], votes[NGRAM_MAX_CANDIDATES];
     int32_t len = 0;
-    int32_t n_cand = n_context >= 2 ? find_candidates(context, n_context, d->params.ngram_min, d->params.ngram_max,
-                                                      next, &len)
-                                    : 0;
+    int32_t n_cand =
+        n_context >= 2 ? find_candidates(context, n_context, d->params.ngram_min, d->params.ngram_max, next, &len) : 0;
     double p_all = 1.0; /* estimated probability that every token drafted so far is accepted */
     int32_t nd = 0;
     while (nd < k) {
@@ -524,8 +531,12 @@ static void ngram_destroy(sd_drafter *d) {
 }
 
 static const drafter_ops ngram_ops = {
-    .name = "ngram", .propose = ngram_propose, .propose_batch = ngram_propose_batch, .rollback = ngram_rollback,
-    .release = ngram_release, .destroy = ngram_destroy,
+    .name = "ngram",
+    .propose = ngram_propose,
+    .propose_batch = ngram_propose_batch,
+    .rollback = ngram_rollback,
+    .release = ngram_release,
+    .destroy = ngram_destroy,
 };
 
 sd_status sd_drafter_ngram_create(const sd_drafter_params *p, sd_drafter **out) {

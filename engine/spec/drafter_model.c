@@ -28,26 +28,26 @@
 
 typedef struct model_drafter {
     sd_model *model;
-    bool owned;           /* free the model with the drafter */
+    bool owned; /* free the model with the drafter */
     sd_kv *kv;
     int32_t n_vocab;
     int32_t top_n;
     int32_t max_ctx;
-    int32_t *cached;      /* [max_seqs][max_ctx] tokens held in kv per slot */
-    int32_t *q_ids;       /* [max_seqs][SD_MAX_DRAFT][top_n] */
-    float *q_probs;       /* [max_seqs][SD_MAX_DRAFT][top_n] */
-    float *logits;        /* [n_vocab] */
-    float *probs;         /* [n_vocab] processed distribution */
-    int32_t *pos;         /* [max_ctx] batch positions */
-    int32_t *seq;         /* [max_ctx] batch slots */
-    bool *want;           /* [max_ctx] batch rows whose logits are wanted */
+    int32_t *cached; /* [max_seqs][max_ctx] tokens held in kv per slot */
+    int32_t *q_ids;  /* [max_seqs][SD_MAX_DRAFT][top_n] */
+    float *q_probs;  /* [max_seqs][SD_MAX_DRAFT][top_n] */
+    float *logits;   /* [n_vocab] */
+    float *probs;    /* [n_vocab] processed distribution */
+    int32_t *pos;    /* [max_ctx] batch positions */
+    int32_t *seq;    /* [max_ctx] batch slots */
+    bool *want;      /* [max_ctx] batch rows whose logits are wanted */
     /* batched path (sd_draft_batch), grown on demand */
     size_t cap_rows;
     int32_t *b_tokens, *b_pos, *b_seq; /* [cap_rows] */
     bool *b_want;                      /* [cap_rows] */
     size_t cap_seqs;
-    float *b_logits;                   /* [cap_seqs][n_vocab] */
-    int32_t *b_row;                    /* [cap_seqs] logits row of each sequence in the last forward */
+    float *b_logits; /* [cap_seqs][n_vocab] */
+    int32_t *b_row;  /* [cap_seqs] logits row of each sequence in the last forward */
 } model_drafter;
 
 /* Feeds tokens[n] at positions start.. of slot seq, logits of the last row to md->logits. */
@@ -251,11 +251,19 @@ static void model_destroy(sd_drafter *d) {
 }
 
 static const drafter_ops model_ops = {
-    .name = "model", .propose = model_propose, .propose_batch = model_propose_batch, .rollback = model_rollback, .release = model_release,
+    .name = "model",
+    .propose = model_propose,
+    .propose_batch = model_propose_batch,
+    .rollback = model_rollback,
+    .release = model_release,
     .destroy = model_destroy,
 };
 static const drafter_ops self_ops = {
-    .name = "self", .propose = model_propose, .propose_batch = model_propose_batch, .rollback = model_rollback, .release = model_release,
+    .name = "self",
+    .propose = model_propose,
+    .propose_batch = model_propose_batch,
+    .rollback = model_rollback,
+    .release = model_release,
     .destroy = model_destroy,
 };
 
@@ -383,8 +391,7 @@ sd_status sd_drafter_self_open(const char *path, int32_t n_layers, const sd_draf
     return wrap(m, true, SD_DRAFTER_SELF, p, out);
 }
 
-sd_status sd_drafter_self_view(const sd_model *target, int32_t n_layers, const sd_drafter_params *p,
-                               sd_drafter **out) {
+sd_status sd_drafter_self_view(const sd_model *target, int32_t n_layers, const sd_drafter_params *p, sd_drafter **out) {
     if (!target || !out || n_layers <= 0) {
         SD_ERROR("drafter: self-draft view needs the target and n_layers > 0 (got %d)", (int)n_layers);
         return SD_ERR_INVALID_ARG;

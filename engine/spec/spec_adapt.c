@@ -96,15 +96,15 @@
 
 #include <math.h>
 
-#define SPEC_MARGIN 0.02 /* predicted gain below which a greedy sequence stays at K = 0 */
-#define COST_DECAY 0.99 /* ~100 steps of memory: spread over batch sizes for the fit */
-#define SHADOW_BUDGET 0.0025 /* share of the verify time that shadow drafting may add */
-#define SHADOW_MAX 256
-#define SHADOW_WEIGHT 0.15 /* EMA weight of one shadow observation (a 0/1 sample) */
+#define SPEC_MARGIN         0.02   /* predicted gain below which a greedy sequence stays at K = 0 */
+#define COST_DECAY          0.99   /* ~100 steps of memory: spread over batch sizes for the fit */
+#define SHADOW_BUDGET       0.0025 /* share of the verify time that shadow drafting may add */
+#define SHADOW_MAX          256
+#define SHADOW_WEIGHT       0.15 /* EMA weight of one shadow observation (a 0/1 sample) */
 #define SAMPLED_PROBE_EVERY 8
-#define PRIOR_WEIGHT 0.02 /* per observation of any greedy request: ~50 observations of memory */
-#define SIZE_WEIGHT 0.2 /* EMA weight of one step in its size's own time */
-#define SIZE_MIN_OBS 3  /* steps of a size before its own time is used */
+#define PRIOR_WEIGHT        0.02 /* per observation of any greedy request: ~50 observations of memory */
+#define SIZE_WEIGHT         0.2  /* EMA weight of one step in its size's own time */
+#define SIZE_MIN_OBS        3    /* steps of a size before its own time is used */
 
 void sd_cost_init(sd_cost_model *c) {
     *c = (sd_cost_model){0};
@@ -270,8 +270,8 @@ void sd_adapt_observe(sd_adapt *a, int32_t n_drafted, int32_t n_accepted) {
     if (n_drafted <= 0) return;
     /* Per-token rate: a run of n accepted then a rejection estimates
      * a = n / (n + 1); all accepted says at least n / (n + 1) too, nudged up. */
-    double obs = n_accepted >= n_drafted ? (n_drafted + 0.5) / (n_drafted + 1.0)
-                                         : (double)n_accepted / (n_accepted + 1.0);
+    double obs =
+        n_accepted >= n_drafted ? (n_drafted + 0.5) / (n_drafted + 1.0) : (double)n_accepted / (n_accepted + 1.0);
     a->alpha = 0.7 * a->alpha + 0.3 * obs;
 }
 
@@ -281,9 +281,7 @@ void sd_adapt_observe_shadow(sd_adapt *a, bool match) {
     a->alpha = (1.0 - SHADOW_WEIGHT) * a->alpha + SHADOW_WEIGHT * (match ? 1.0 : 0.0);
 }
 
-void sd_adapt_prior_update(double *prior, const sd_adapt *a) {
-    *prior += PRIOR_WEIGHT * (a->alpha - *prior);
-}
+void sd_adapt_prior_update(double *prior, const sd_adapt *a) { *prior += PRIOR_WEIGHT * (a->alpha - *prior); }
 
 int32_t sd_adapt_sampled_k(const sd_adapt *a, int32_t k_cap) {
     sd_cost_model ref;

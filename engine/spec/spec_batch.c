@@ -26,17 +26,17 @@
 
 struct sd_spec_scratch {
     size_t cap_rows;
-    int32_t *tokens;   /* [cap_rows] batch rows */
-    int32_t *pos;      /* [cap_rows] */
-    int32_t *seq;      /* [cap_rows] */
-    bool *want;        /* [cap_rows] */
+    int32_t *tokens; /* [cap_rows] batch rows */
+    int32_t *pos;    /* [cap_rows] */
+    int32_t *seq;    /* [cap_rows] */
+    bool *want;      /* [cap_rows] */
     size_t cap_logits;
-    float *logits;     /* [cap_logits] wanted rows x n_vocab */
+    float *logits; /* [cap_logits] wanted rows x n_vocab */
     size_t cap_vocab;
-    float *p;          /* [(SD_MAX_DRAFT + 1) * cap_vocab] one sequence's processed rows */
-    double *dscratch;  /* [cap_vocab] */
+    float *p;         /* [(SD_MAX_DRAFT + 1) * cap_vocab] one sequence's processed rows */
+    double *dscratch; /* [cap_vocab] */
     size_t cap_seqs;
-    int32_t *row0;     /* [cap_seqs] first logits row of each sequence, -1 = not run */
+    int32_t *row0;      /* [cap_seqs] first logits row of each sequence, -1 = not run */
     sd_spec_rows *rows; /* [cap_seqs] device verification of the sequences run */
     size_t cap_slots;
     uint8_t *slot_used; /* [cap_slots] duplicate-slot check */
@@ -78,8 +78,9 @@ sd_status sd_warmup_run(const char *who, sd_warmup_mode mode, int32_t max_tokens
     sd_status st = SD_OK;
     bool fits = true;
     const bool full = mode == SD_WARMUP_FULL;
-    for (int32_t n = 1; n <= max_tokens && r.n_sizes < SD_WARMUP_MAX_SIZES;
-         n = full ? sd_warmup_next_size(n) : n > INT32_MAX / 2 ? INT32_MAX : 2 * n) {
+    for (int32_t n = 1; n <= max_tokens && r.n_sizes < SD_WARMUP_MAX_SIZES; n = full ? sd_warmup_next_size(n)
+                                                                                : n > INT32_MAX / 2 ? INT32_MAX
+                                                                                                    : 2 * n) {
         const bool exact = full && n <= SD_WARMUP_EXACT_TOKENS;
         double t1 = sd_now();
         st = step(user, n, &greedy, toks, &fits);
@@ -92,8 +93,7 @@ sd_status sd_warmup_run(const char *who, sd_warmup_mode mode, int32_t max_tokens
             steady = sd_now() - t1;
         }
         if (st != SD_OK || !fits) break;
-        SD_DEBUG("%s: warm-up: %d tokens: first step %.2f ms, steady %.2f ms", who, (int)n, first * 1e3,
-                 steady * 1e3);
+        SD_DEBUG("%s: warm-up: %d tokens: first step %.2f ms, steady %.2f ms", who, (int)n, first * 1e3, steady * 1e3);
         r.tokens[r.n_sizes] = n;
         r.steady_s[r.n_sizes] = steady;
         r.n_sizes++;
@@ -230,8 +230,8 @@ static sd_seq_outcome check_seq(const sd_verify_seq *v, int32_t i, const sd_kv *
         return SD_SEQ_INVALID;
     }
     if (sd_kv_seq_len(kv, v->slot) < v->keep_len) {
-        SD_INFO("spec: sequence %d: slot %d holds %d tokens, the request assumes %d: cache miss", (int)i,
-                (int)v->slot, (int)sd_kv_seq_len(kv, v->slot), (int)v->keep_len);
+        SD_INFO("spec: sequence %d: slot %d holds %d tokens, the request assumes %d: cache miss", (int)i, (int)v->slot,
+                (int)sd_kv_seq_len(kv, v->slot), (int)v->keep_len);
         return SD_SEQ_CACHE_MISS;
     }
     return SD_SEQ_OK;
@@ -251,8 +251,8 @@ static sd_status verify_one(const sd_verify_seq *v, const float *logits, int32_t
     } else {
         for (int32_t i = 0; i <= v->k; i++)
             SD_TRY(sd_sample_probs(logits + (size_t)i * V, n_vocab, &v->sampling, s->p + (size_t)i * V));
-        SD_TRY(sd_spec_verify(s->p, n_vocab, v->draft, v->q, v->k, v->sampling.seed, (uint64_t)r->n_ctx,
-                              s->dscratch, r->tokens, &acc, &r->info));
+        SD_TRY(sd_spec_verify(s->p, n_vocab, v->draft, v->q, v->k, v->sampling.seed, (uint64_t)r->n_ctx, s->dscratch,
+                              r->tokens, &acc, &r->info));
     }
     r->n_accepted = acc;
     r->n_tokens = acc + 1;
@@ -262,8 +262,7 @@ static sd_status verify_one(const sd_verify_seq *v, const float *logits, int32_t
 sd_status sd_spec_verify_batch(sd_model *m, sd_kv *kv, int32_t n_seqs, const sd_verify_seq *seqs,
                                sd_verify_result *results, sd_spec_scratch *scratch) {
     if (!m || !kv || n_seqs < 0 || (n_seqs > 0 && (!seqs || !results)) || !scratch) {
-        SD_ERROR("spec: verify_batch needs a model, a cache, sequences, results and scratch (n_seqs %d)",
-                 (int)n_seqs);
+        SD_ERROR("spec: verify_batch needs a model, a cache, sequences, results and scratch (n_seqs %d)", (int)n_seqs);
         return SD_ERR_INVALID_ARG;
     }
     const sd_kv_params *kp = sd_kv_params_of(kv);
@@ -298,11 +297,11 @@ sd_status sd_spec_verify_batch(sd_model *m, sd_kv *kv, int32_t n_seqs, const sd_
     for (int32_t i = 0; i < n_seqs; i++) {
         if (results[i].outcome != SD_SEQ_OK) continue;
         const sd_verify_seq *v = &seqs[i];
-        int32_t need = blocks_for(v->keep_len + v->n_append + v->k, kp->block_size) -
-                       blocks_for(v->keep_len, kp->block_size);
+        int32_t need =
+            blocks_for(v->keep_len + v->n_append + v->k, kp->block_size) - blocks_for(v->keep_len, kp->block_size);
         if (need > free_blocks) {
-            SD_WARN("spec: sequence %d (slot %d) needs %d KV blocks, %d free: not run this step", (int)i,
-                    (int)v->slot, (int)need, (int)free_blocks);
+            SD_WARN("spec: sequence %d (slot %d) needs %d KV blocks, %d free: not run this step", (int)i, (int)v->slot,
+                    (int)need, (int)free_blocks);
             results[i].outcome = SD_SEQ_OUT_OF_BLOCKS;
             results[i].cache_len = v->keep_len;
             continue;
@@ -369,8 +368,7 @@ sd_status sd_spec_verify_batch(sd_model *m, sd_kv *kv, int32_t n_seqs, const sd_
         }
         if (st != SD_OK) {
             /* malformed q (logged by sd_spec_verify): the append is committed, the drafts are not */
-            SD_WARN("spec: sequence %d (slot %d): verification refused: %s", (int)i, (int)v->slot,
-                    sd_status_str(st));
+            SD_WARN("spec: sequence %d (slot %d): verification refused: %s", (int)i, (int)v->slot, sd_status_str(st));
             r->outcome = SD_SEQ_INVALID;
             r->n_accepted = r->n_tokens = 0;
         }

@@ -26,13 +26,13 @@ struct sd_spec_decoder {
     sd_drafter *drafter;
     sd_kv *kv;
     int32_t max_ctx;
-    int32_t *cached;   /* [max_ctx] tokens held in kv */
+    int32_t *cached; /* [max_ctx] tokens held in kv */
     sd_spec_scratch *scratch;
     sd_spec_stats stats;
     /* sd_spec_decoder_step_adaptive: the shared K policy's state */
     sd_cost_model cost;
     sd_adapt adapt;
-    bool draft_cost_seen;  /* the first draft measurement replaces the prior outright */
+    bool draft_cost_seen; /* the first draft measurement replaces the prior outright */
 };
 
 void sd_spec_decoder_free(sd_spec_decoder **pd) {
@@ -88,8 +88,7 @@ typedef struct step_report {
 static sd_status decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t k, bool shadow,
                               const sd_sampling *s, int32_t *out, int32_t *n_out, step_report *rep) {
     if (!d || !ctx || !s || !out || !n_out || n_ctx <= 0 || k < 0 || k > SD_MAX_DRAFT) {
-        SD_ERROR("spec: step needs a decoder, a non-empty context, sampling, outputs and 0 <= k <= %d",
-                 SD_MAX_DRAFT);
+        SD_ERROR("spec: step needs a decoder, a non-empty context, sampling, outputs and 0 <= k <= %d", SD_MAX_DRAFT);
         return SD_ERR_INVALID_ARG;
     }
     if (n_ctx >= d->max_ctx) {
@@ -120,8 +119,14 @@ static sd_status decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n_
     while (keep < n_cached && keep < n_ctx && d->cached[keep] == ctx[keep]) keep++;
     if (keep == n_ctx) keep = n_ctx - 1;
     sd_verify_seq v = {
-        .slot = 0, .keep_len = keep, .n_append = n_ctx - keep, .append = ctx + keep,
-        .k = nd, .draft = draft, .q = q, .sampling = *s,
+        .slot = 0,
+        .keep_len = keep,
+        .n_append = n_ctx - keep,
+        .append = ctx + keep,
+        .k = nd,
+        .draft = draft,
+        .q = q,
+        .sampling = *s,
     };
     sd_verify_result r;
     SD_TRY(sd_spec_verify_batch(d->target, d->kv, 1, &v, &r, d->scratch));
@@ -150,9 +155,8 @@ static sd_status decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n_
     return SD_OK;
 }
 
-sd_status sd_spec_decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t k,
-                               const sd_sampling *s, int32_t *out, int32_t *n_out, int32_t *n_drafted,
-                               int32_t *n_accepted) {
+sd_status sd_spec_decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t k, const sd_sampling *s,
+                               int32_t *out, int32_t *n_out, int32_t *n_drafted, int32_t *n_accepted) {
     step_report rep;
     SD_TRY(decoder_step(d, ctx, n_ctx, k, false, s, out, n_out, &rep));
     if (n_drafted) *n_drafted = rep.n_drafted;

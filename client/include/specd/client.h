@@ -27,7 +27,7 @@ extern "C" {
 #endif
 
 #define SD_CLIENT_DEFAULT_ADDR "tcp://127.0.0.1:7700"
-#define SD_CLIENT_MAX_WORKERS 64 /* workers reported by sd_client_stats */
+#define SD_CLIENT_MAX_WORKERS  64 /* workers reported by sd_client_stats */
 
 typedef struct sd_client sd_client;
 
@@ -47,17 +47,17 @@ sd_client_params sd_client_default_params(void);
 
 /* A generation job. Strings are borrowed for the duration of sd_client_submit. */
 typedef struct sd_client_request {
-    const char *prompt;          /* UTF-8 text (ignored when n_prompt_ids > 0) */
-    const int32_t *prompt_ids;   /* token ids instead of text */
+    const char *prompt;        /* UTF-8 text (ignored when n_prompt_ids > 0) */
+    const int32_t *prompt_ids; /* token ids instead of text */
     size_t n_prompt_ids;
-    bool chat;                   /* format as a ChatML user turn */
-    const char *system;          /* system prompt with chat; NULL = the model's default */
-    uint32_t max_tokens;         /* 0 = coordinator default */
-    sd_sampling sampling;        /* default: greedy */
-    const char *const *stop;     /* stop strings */
+    bool chat;               /* format as a ChatML user turn */
+    const char *system;      /* system prompt with chat; NULL = the model's default */
+    uint32_t max_tokens;     /* 0 = coordinator default */
+    sd_sampling sampling;    /* default: greedy */
+    const char *const *stop; /* stop strings */
     size_t n_stop;
     bool ignore_eos;
-    int32_t max_draft;           /* 0 = default, -1 = no speculation */
+    int32_t max_draft; /* 0 = default, -1 = no speculation */
 } sd_client_request;
 
 /* Greedy, no stop strings, coordinator defaults for the rest. */
@@ -73,14 +73,14 @@ typedef struct sd_client_request_stats {
 /* The final record of a request. */
 typedef struct sd_client_result {
     uint64_t request_id;
-    sd_status status;          /* SD_OK: finished (see stop_reason); otherwise failed */
-    Specd__Code code;          /* CODE_OK, or the coordinator's error code (CODE_UNSPECIFIED: local failure) */
-    char error[512];           /* readable reason when status != SD_OK */
+    sd_status status; /* SD_OK: finished (see stop_reason); otherwise failed */
+    Specd__Code code; /* CODE_OK, or the coordinator's error code (CODE_UNSPECIFIED: local failure) */
+    char error[512];  /* readable reason when status != SD_OK */
     Specd__StopReason stop_reason;
-    uint32_t prompt_tokens;    /* from Accepted */
-    int32_t *ids;              /* generated token ids (owned; sd_client_result_clear) */
+    uint32_t prompt_tokens; /* from Accepted */
+    int32_t *ids;           /* generated token ids (owned; sd_client_result_clear) */
     size_t n_ids;
-    char *text;                /* generated text, NUL-terminated (owned) */
+    char *text; /* generated text, NUL-terminated (owned) */
     size_t text_len;
     sd_client_request_stats stats;
 } sd_client_result;
@@ -94,7 +94,7 @@ typedef struct sd_client_chunk {
     uint64_t request_id;
     const int32_t *ids;
     size_t n_ids;
-    const char *text;          /* complete UTF-8 characters (on the final call: the decoder's tail) */
+    const char *text; /* complete UTF-8 characters (on the final call: the decoder's tail) */
     size_t text_len;
     const sd_client_result *final; /* non-NULL exactly once, on the last call */
 } sd_client_chunk;
@@ -154,7 +154,7 @@ typedef struct sd_client_service_stats {
      * costs verify_fixed_us + verify_token_us * n; a draft token draft_token_us */
     double verify_fixed_us, verify_token_us, draft_token_us;
     double draft_step_us; /* draft round trip per draft step */
-    size_t n_workers; /* at most SD_CLIENT_MAX_WORKERS */
+    size_t n_workers;     /* at most SD_CLIENT_MAX_WORKERS */
     sd_client_worker_info workers[SD_CLIENT_MAX_WORKERS];
 } sd_client_service_stats;
 

@@ -22,9 +22,9 @@ typedef struct sd_kv_params {
     int32_t n_layers;
     int32_t n_kv_heads;
     int32_t head_dim;
-    int32_t block_size;  /* tokens per block (default 16) */
-    int32_t n_blocks;    /* blocks in the pool (shared by all sequences) */
-    int32_t max_seqs;    /* number of sequence slots */
+    int32_t block_size; /* tokens per block (default 16) */
+    int32_t n_blocks;   /* blocks in the pool (shared by all sequences) */
+    int32_t max_seqs;   /* number of sequence slots */
     /* Where the pools live. NULL: host memory (malloc). sd_model_kv_create
      * sets its backend's allocator here for a device-resident cache, which
      * must then be freed before the model. */

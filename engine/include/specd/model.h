@@ -24,7 +24,6 @@ extern "C" {
 
 typedef struct sd_model sd_model;
 
-
 /* Where a tensor-parallel group computes the LM head (docs/DESIGN.md,
  * "Tensor parallelism", says why split is the default). */
 typedef enum sd_tp_lm_head {
@@ -35,10 +34,10 @@ typedef enum sd_tp_lm_head {
 } sd_tp_lm_head;
 
 typedef struct sd_model_params {
-    int32_t n_threads;      /* 0 = every online core */
-    int32_t n_layers_used;  /* 0 = all; L < n_layers runs only the first L
+    int32_t n_threads;     /* 0 = every online core */
+    int32_t n_layers_used; /* 0 = all; L < n_layers runs only the first L
                                layers + final norm + LM head (self-draft) */
-    int32_t device;         /* -1 = CPU (default); N >= 0 = CUDA device N */
+    int32_t device;        /* -1 = CPU (default); N >= 0 = CUDA device N */
     /* Tensor parallelism: this process holds shard tp_rank of tp_size
      * (attention heads, the MLP's inner dimension and the LM head's
      * vocabulary split; see docs/DESIGN.md) and runs every forward in
@@ -46,8 +45,8 @@ typedef struct sd_model_params {
      * head count, the MLP width, and either divide the KV head count or be
      * a multiple of it (then KV heads are replicated); anything else is
      * refused at load with SD_ERR_INVALID_ARG and a line saying why. */
-    int32_t tp_rank;        /* default 0 */
-    int32_t tp_size;        /* default 1 */
+    int32_t tp_rank;          /* default 0 */
+    int32_t tp_size;          /* default 1 */
     sd_tp_lm_head tp_lm_head; /* default SD_TP_LM_HEAD_SPLIT */
     /* The group (borrowed). May be NULL at load and given later with
      * sd_model_set_coll (ranks load their slices before the group exists).
@@ -57,7 +56,6 @@ typedef struct sd_model_params {
 } sd_model_params;
 
 sd_model_params sd_model_default_params(void);
-
 
 /* Loads weights from an open GGUF (dequantized to f32 in this version; g may
  * be closed afterwards). Caller frees with sd_model_free. */
@@ -86,8 +84,7 @@ const sd_model_config *sd_model_config_of(const sd_model *m);
 
 /* Creates a KV cache shaped for m holding max_seqs sequences and n_blocks
  * blocks of block_size tokens (0 = 16). Caller frees with sd_kv_free. */
-sd_status sd_model_kv_create(const sd_model *m, int32_t max_seqs, int32_t n_blocks, int32_t block_size,
-                             sd_kv **out);
+sd_status sd_model_kv_create(const sd_model *m, int32_t max_seqs, int32_t n_blocks, int32_t block_size, sd_kv **out);
 
 /* A ragged batch. For each sequence the tokens present must continue it:
  * the first new token of seq s has pos == sd_kv_seq_len(kv, s) at call time
@@ -95,10 +92,10 @@ sd_status sd_model_kv_create(const sd_model *m, int32_t max_seqs, int32_t n_bloc
  * of different sequences may interleave). */
 typedef struct sd_batch {
     int32_t n_tokens;
-    const int32_t *tokens;  /* [n_tokens] token ids in [0, n_vocab) */
-    const int32_t *pos;     /* [n_tokens] positions */
-    const int32_t *seq;     /* [n_tokens] sequence slots in [0, max_seqs) */
-    const bool *logits;     /* [n_tokens] rows whose logits are wanted; NULL = none */
+    const int32_t *tokens; /* [n_tokens] token ids in [0, n_vocab) */
+    const int32_t *pos;    /* [n_tokens] positions */
+    const int32_t *seq;    /* [n_tokens] sequence slots in [0, max_seqs) */
+    const bool *logits;    /* [n_tokens] rows whose logits are wanted; NULL = none */
 } sd_batch;
 
 /* Runs the batch: appends every token's K/V to kv (growing its sequences;
@@ -121,8 +118,7 @@ bool sd_model_verifies_on_device(const sd_model *m);
  * forward's or the device's failure. Only for models where
  * sd_model_verifies_on_device is true (SD_ERR_UNSUPPORTED otherwise). */
 struct sd_spec_rows;
-sd_status sd_model_forward_verify(sd_model *m, sd_kv *kv, const sd_batch *b, int32_t n_seqs,
-                                  struct sd_spec_rows *seqs);
+sd_status sd_model_forward_verify(sd_model *m, sd_kv *kv, const sd_batch *b, int32_t n_seqs, struct sd_spec_rows *seqs);
 
 /* Bytes of weights the forward pass reads per step (for bandwidth figures). */
 uint64_t sd_model_weight_bytes(const sd_model *m);
@@ -173,13 +169,13 @@ sd_status sd_model_set_coll(sd_model *m, sd_coll *coll);
  * construction), and the rows whose logits are wanted. Arrays borrowed. */
 typedef struct sd_model_plan {
     int32_t n_tokens;
-    const int32_t *tokens;  /* [n_tokens] token ids */
-    const int32_t *pos;     /* [n_tokens] positions */
-    const int32_t *bt_off;  /* [n_tokens] where each token's block table starts in bt */
+    const int32_t *tokens; /* [n_tokens] token ids */
+    const int32_t *pos;    /* [n_tokens] positions */
+    const int32_t *bt_off; /* [n_tokens] where each token's block table starts in bt */
     int32_t n_bt;
-    const int32_t *bt;      /* [n_bt] block ids: the batch's tables one after another */
+    const int32_t *bt; /* [n_bt] block ids: the batch's tables one after another */
     int32_t n_wanted;
-    const int32_t *wanted;  /* [n_wanted] rows (increasing) whose logits are wanted */
+    const int32_t *wanted; /* [n_wanted] rows (increasing) whose logits are wanted */
 } sd_model_plan;
 
 /* Called by the leader's forward once the batch is validated and the cache

@@ -16,7 +16,6 @@
 extern "C" {
 #endif
 
-
 /* Purposes keep independent streams apart for the same (seed, position). */
 typedef enum sd_rng_purpose {
     SD_RNG_SAMPLE = 1,   /* sampling a token from a distribution */
@@ -44,8 +43,7 @@ int32_t sd_sample_from(const float *probs, int32_t n, double u);
 
 /* Processes logits and draws one token with the (seed, position) key:
  * the whole sampling step of plain decoding. */
-sd_status sd_sample_token(const float *logits, int32_t n, const sd_sampling *s, uint64_t position,
-                          int32_t *token);
+sd_status sd_sample_token(const float *logits, int32_t n, const sd_sampling *s, uint64_t position, int32_t *token);
 
 #ifdef __cplusplus
 }

@@ -31,24 +31,24 @@ extern "C" {
 #define SD_SPEC_DEFAULT_TOP_N 16
 /* Below this residual mass the replacement after a rejection is drawn from p
  * (spec.c explains why that is exact to within this much). */
-#define SD_SPEC_RESIDUAL_EPS 1e-9
+#define SD_SPEC_RESIDUAL_EPS  1e-9
 
 /* A sparse proposal distribution q over the vocabulary: entry j gives token
  * ids[j] the mass probs[j] / sum(probs). Ids should be distinct (a repeated
  * id is read as the sum of its entries, consistently in sampling and
  * verification). An n-gram draft is one-hot: n = 1, probs[0] = 1. */
 typedef struct sd_spec_q {
-    int32_t n;            /* entries, >= 1 */
-    const int32_t *ids;   /* [n] token ids in [0, n_vocab) */
-    const float *probs;   /* [n] masses >= 0, finite, positive sum */
+    int32_t n;          /* entries, >= 1 */
+    const int32_t *ids; /* [n] token ids in [0, n_vocab) */
+    const float *probs; /* [n] masses >= 0, finite, positive sum */
 } sd_spec_q;
 
 /* What happened in one stochastic step, beyond the tokens (for tests, stats
  * and logs). */
 typedef struct sd_spec_info {
-    int32_t n_q_zero;          /* draft tokens that had q(y) = 0 (drafter bug; rejected) */
-    bool residual_fallback;    /* residual mass ~0: the replacement was drawn from p */
-    bool bonus;                /* all K accepted: the last token is the bonus from p_{K+1} */
+    int32_t n_q_zero;       /* draft tokens that had q(y) = 0 (drafter bug; rejected) */
+    bool residual_fallback; /* residual mass ~0: the replacement was drawn from p */
+    bool bonus;             /* all K accepted: the last token is the bonus from p_{K+1} */
 } sd_spec_info;
 
 /* One sequence of a verification over a forward's logits rows, made where
@@ -56,14 +56,14 @@ typedef struct sd_spec_info {
  * decisions are those of sd_spec_verify_greedy (temperature 0) or of
  * sd_sample_probs + sd_spec_verify on the same rows and keys. */
 typedef struct sd_spec_rows {
-    int32_t row0;              /* first of its wanted rows (p_1) in the forward */
-    int32_t k;                 /* drafts; its rows are row0 .. row0 + k */
-    const int32_t *draft;      /* [k] */
-    const sd_spec_q *q;        /* [k]; may be NULL when greedy */
+    int32_t row0;         /* first of its wanted rows (p_1) in the forward */
+    int32_t k;            /* drafts; its rows are row0 .. row0 + k */
+    const int32_t *draft; /* [k] */
+    const sd_spec_q *q;   /* [k]; may be NULL when greedy */
     const sd_sampling *sampling;
-    uint64_t pos0;             /* position of draft[0] (the random key) */
+    uint64_t pos0; /* position of draft[0] (the random key) */
     /* out */
-    sd_status status;          /* SD_OK, or why this sequence was refused (logged) */
+    sd_status status; /* SD_OK, or why this sequence was refused (logged) */
     int32_t n_accepted;
     int32_t tokens[SD_MAX_DRAFT + 1]; /* the first n_accepted + 1 are to commit */
     sd_spec_info info;
@@ -96,8 +96,8 @@ sd_status sd_spec_q_check(const sd_spec_q *q, int32_t n_vocab, int32_t index, do
  * draft[k] the proposal. Accepts while draft[i] == target_argmax[i], then
  * emits target_argmax at the first mismatch (or at k when all match). Writes
  * out_tokens[k+1] (the first *n_accepted + 1 are the tokens to commit). */
-sd_status sd_spec_verify_greedy(const int32_t *target_argmax, const int32_t *draft, int32_t k,
-                                int32_t *out_tokens, int32_t *n_accepted);
+sd_status sd_spec_verify_greedy(const int32_t *target_argmax, const int32_t *draft, int32_t k, int32_t *out_tokens,
+                                int32_t *n_accepted);
 
 /* Stochastic verification of one step. p: [k+1][n_vocab] processed target
  * distributions (row i for the token at position pos0 + i; row k is the

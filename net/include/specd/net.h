@@ -25,24 +25,24 @@ extern "C" {
 #endif
 
 /* ---- protocol constants ---- */
-#define SD_PROTOCOL_VERSION 1u
-#define SD_HEARTBEAT_INTERVAL_MS 250     /* send a heartbeat this often when idle */
-#define SD_HEARTBEAT_LIVENESS 8          /* silent intervals before a peer is dead (2 s) */
-#define SD_NET_LINGER_MS 200             /* ZMQ_LINGER on every socket */
+#define SD_PROTOCOL_VERSION      1u
+#define SD_HEARTBEAT_INTERVAL_MS 250 /* send a heartbeat this often when idle */
+#define SD_HEARTBEAT_LIVENESS    8   /* silent intervals before a peer is dead (2 s) */
+#define SD_NET_LINGER_MS         200 /* ZMQ_LINGER on every socket */
 
 /* Size limits, enforced at the socket (ZMQ_MAXMSGSIZE) and by validation. */
 #define SD_MAX_CLIENT_MSG_BYTES (4 << 20)  /* client link: prompts are text */
 #define SD_MAX_WORKER_MSG_BYTES (64 << 20) /* worker link: full prefixes on CACHE_MISS */
-#define SD_MAX_PROMPT_BYTES (1 << 20)      /* prompt text */
-#define SD_MAX_BATCH 256                   /* sequences in one draft/verify batch */
-#define SD_MAX_STEP_COSTS 256              /* Hello.step_costs entries */
-#define SD_MAX_TOP_N 1024                  /* entries of one sparse q */
-#define SD_MAX_STOP_STRINGS 16
-#define SD_MAX_STOP_BYTES 256              /* per stop string */
-#define SD_MAX_IDENTITY_BYTES 255          /* ZeroMQ routing id */
-#define SD_MAX_GROUP_SIZE 1024             /* ranks in a verifier group */
-#define SD_MAX_GROUP_ROWS (1 << 22)        /* batch rows in one GroupPlan */
-#define SD_MAX_GROUP_MSG_BYTES (256 << 20) /* the group link: a plan of SD_MAX_GROUP_ROWS rows fits */
+#define SD_MAX_PROMPT_BYTES     (1 << 20)  /* prompt text */
+#define SD_MAX_BATCH            256        /* sequences in one draft/verify batch */
+#define SD_MAX_STEP_COSTS       256        /* Hello.step_costs entries */
+#define SD_MAX_TOP_N            1024       /* entries of one sparse q */
+#define SD_MAX_STOP_STRINGS     16
+#define SD_MAX_STOP_BYTES       256         /* per stop string */
+#define SD_MAX_IDENTITY_BYTES   255         /* ZeroMQ routing id */
+#define SD_MAX_GROUP_SIZE       1024        /* ranks in a verifier group */
+#define SD_MAX_GROUP_ROWS       (1 << 22)   /* batch rows in one GroupPlan */
+#define SD_MAX_GROUP_MSG_BYTES  (256 << 20) /* the group link: a plan of SD_MAX_GROUP_ROWS rows fits */
 
 /* A verification step's measured time (Hello.step_costs). */
 typedef struct sd_step_cost {
@@ -52,23 +52,23 @@ typedef struct sd_step_cost {
 
 /* What a process knows about the model it validates against. */
 typedef struct sd_net_limits {
-    int32_t n_vocab;      /* token ids must be in [0, n_vocab) */
-    int32_t max_context;  /* tokens in one sequence */
-    int32_t max_batch;    /* sequences per batch (<= SD_MAX_BATCH) */
-    int32_t max_draft;    /* draft tokens per sequence (<= SD_MAX_DRAFT) */
+    int32_t n_vocab;     /* token ids must be in [0, n_vocab) */
+    int32_t max_context; /* tokens in one sequence */
+    int32_t max_batch;   /* sequences per batch (<= SD_MAX_BATCH) */
+    int32_t max_draft;   /* draft tokens per sequence (<= SD_MAX_DRAFT) */
 } sd_net_limits;
 
 /* ---- sockets ---- */
 
 typedef struct sd_net_socket_params {
-    int type;                  /* ZMQ_ROUTER, ZMQ_DEALER, ... */
-    int64_t max_msg_bytes;     /* ZMQ_MAXMSGSIZE (required, > 0) */
-    int linger_ms;             /* ZMQ_LINGER (default SD_NET_LINGER_MS) */
-    int sndhwm, rcvhwm;        /* high-water marks in messages (0 = libzmq default) */
-    const char *identity;      /* ZMQ_ROUTING_ID for DEALER sockets, or NULL */
+    int type;              /* ZMQ_ROUTER, ZMQ_DEALER, ... */
+    int64_t max_msg_bytes; /* ZMQ_MAXMSGSIZE (required, > 0) */
+    int linger_ms;         /* ZMQ_LINGER (default SD_NET_LINGER_MS) */
+    int sndhwm, rcvhwm;    /* high-water marks in messages (0 = libzmq default) */
+    const char *identity;  /* ZMQ_ROUTING_ID for DEALER sockets, or NULL */
     /* CurveZMQ (all NULL = plaintext). Keys are Z85 text (40 chars). */
-    const char *curve_server_secret;  /* set on the binding (server) side */
-    const char *curve_server_public;  /* set on the connecting (client) side */
+    const char *curve_server_secret;         /* set on the binding (server) side */
+    const char *curve_server_public;         /* set on the connecting (client) side */
     const char *curve_public, *curve_secret; /* the connecting side's own keys */
 } sd_net_socket_params;
 
@@ -79,8 +79,8 @@ sd_net_socket_params sd_net_socket_default_params(void);
  * NULL) or connects it to connect_addr. ROUTER sockets get
  * ZMQ_ROUTER_MANDATORY. Caller closes *out with sd_net_close. Errors name the
  * address and zmq_strerror. */
-sd_status sd_net_socket_open(void *zctx, const sd_net_socket_params *p, const char *bind_addr,
-                             const char *connect_addr, void **out);
+sd_status sd_net_socket_open(void *zctx, const sd_net_socket_params *p, const char *bind_addr, const char *connect_addr,
+                             void **out);
 /* zmq_close(*sock), *sock = NULL. NULL-safe. */
 void sd_net_close(void **sock);
 
@@ -91,7 +91,7 @@ void sd_net_close(void **sock);
 typedef struct sd_net_msg {
     uint8_t identity[SD_MAX_IDENTITY_BYTES];
     size_t identity_len;
-    uint8_t *body;        /* malloc'd; owned by the msg, freed by sd_net_msg_clear */
+    uint8_t *body; /* malloc'd; owned by the msg, freed by sd_net_msg_clear */
     size_t body_len;
 } sd_net_msg;
 
@@ -128,10 +128,9 @@ Specd__CoordinatorToWorker *sd_net_decode_to_worker(const uint8_t *data, size_t 
  * (equal array lengths, bounds, text); a rank checks a plan's block ids and
  * positions against its own pool (sd_model_forward_plan). lim gives the
  * vocabulary for the plan's token ids (NULL: only >= 0 checked). */
-Specd__RankToLeader *sd_net_decode_rank(const uint8_t *data, size_t len, Specd__Code *code, char *err,
-                                        size_t err_len);
-Specd__LeaderToRank *sd_net_decode_leader(const uint8_t *data, size_t len, const sd_net_limits *lim,
-                                          Specd__Code *code, char *err, size_t err_len);
+Specd__RankToLeader *sd_net_decode_rank(const uint8_t *data, size_t len, Specd__Code *code, char *err, size_t err_len);
+Specd__LeaderToRank *sd_net_decode_leader(const uint8_t *data, size_t len, const sd_net_limits *lim, Specd__Code *code,
+                                          char *err, size_t err_len);
 
 /* Sampling message -> params, validated by sd_sampling_check (a top_p of 0,
  * proto3's unset value, means off). NULL msg gives the default (greedy).

@@ -26,9 +26,9 @@ typedef void (*sd_slot_release_fn)(void *user, int32_t slot);
 typedef int32_t (*sd_slot_held_fn)(void *user, int32_t slot);
 
 typedef struct sd_slots {
-    int32_t n;             /* slots */
-    bool *used;            /* [n] */
-    uint64_t *request_id;  /* [n] */
+    int32_t n;            /* slots */
+    bool *used;           /* [n] */
+    uint64_t *request_id; /* [n] */
     sd_slot_release_fn release;
     sd_slot_held_fn held;
     void *user;

@@ -65,21 +65,21 @@ typedef const char *(*sd_worker_fail_reason_fn)(void *user);
 sd_status sd_worker_signal_fd(int *fd);
 
 typedef struct sd_worker_params {
-    const char *coordinator;      /* worker address to connect to (required) */
-    Specd__Role role;             /* ROLE_DRAFTER or ROLE_VERIFIER */
-    uint32_t rank, group_size;    /* verifier group position; 0 / 1 for drafters */
+    const char *coordinator;   /* worker address to connect to (required) */
+    Specd__Role role;          /* ROLE_DRAFTER or ROLE_VERIFIER */
+    uint32_t rank, group_size; /* verifier group position; 0 / 1 for drafters */
     Specd__DrafterKind drafter_kind;
-    const char *name;             /* for the coordinator's logs; NULL = host:pid */
-    sd_model_identity model;     /* sent in Hello */
-    sd_net_limits limits;         /* what incoming requests are validated against */
+    const char *name;        /* for the coordinator's logs; NULL = host:pid */
+    sd_model_identity model; /* sent in Hello */
+    sd_net_limits limits;    /* what incoming requests are validated against */
     /* verifiers: steady step times measured before registering, sent in
      * Hello for the coordinator's cost model; borrowed for the loop's
      * lifetime (it says Hello again on reconnect) */
     const sd_step_cost *step_costs;
-    size_t n_step_costs;          /* <= SD_MAX_STEP_COSTS */
-    int heartbeat_interval_ms;    /* default SD_HEARTBEAT_INTERVAL_MS */
-    int liveness;                 /* default SD_HEARTBEAT_LIVENESS */
-    int stop_fd;                  /* readable = stop; -1 = never */
+    size_t n_step_costs;       /* <= SD_MAX_STEP_COSTS */
+    int heartbeat_interval_ms; /* default SD_HEARTBEAT_INTERVAL_MS */
+    int liveness;              /* default SD_HEARTBEAT_LIVENESS */
+    int stop_fd;               /* readable = stop; -1 = never */
     /* readable = this worker can no longer serve (its verifier group went
      * down): the loop tells the coordinator (Error CODE_UNAVAILABLE with
      * fail_reason's text, so the coordinator drops it at once instead of
@@ -87,11 +87,11 @@ typedef struct sd_worker_params {
      * never */
     int fail_fd;
     sd_worker_fail_reason_fn fail_reason; /* optional */
-    sd_worker_handle_fn handle;   /* required */
-    sd_worker_release_fn release; /* required */
-    sd_worker_reset_fn reset;     /* required */
-    sd_worker_stats_fn stats;     /* required */
-    void *user;                   /* passed to every callback */
+    sd_worker_handle_fn handle;           /* required */
+    sd_worker_release_fn release;         /* required */
+    sd_worker_reset_fn reset;             /* required */
+    sd_worker_stats_fn stats;             /* required */
+    void *user;                           /* passed to every callback */
 } sd_worker_params;
 
 /* Defaults: heartbeat constants of net.h, group_size 1, stop_fd and fail_fd -1,
@@ -102,9 +102,9 @@ sd_worker_params sd_worker_default_params(void);
 #define SD_WORKER_REFUSED_RETRIES 3
 
 typedef enum sd_worker_exit {
-    SD_WORKER_STOPPED = 0,  /* stop_fd became readable: clean exit */
-    SD_WORKER_REFUSED = 3,  /* the coordinator answered Hello with an Error */
-    SD_WORKER_FAILED = 4,   /* fail_fd became readable: reported to the coordinator */
+    SD_WORKER_STOPPED = 0, /* stop_fd became readable: clean exit */
+    SD_WORKER_REFUSED = 3, /* the coordinator answered Hello with an Error */
+    SD_WORKER_FAILED = 4,  /* fail_fd became readable: reported to the coordinator */
 } sd_worker_exit;
 
 /* Runs the loop in zctx (caller's ZeroMQ context) until stopped or refused;

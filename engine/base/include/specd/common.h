@@ -39,13 +39,7 @@ typedef enum sd_status {
 /* Returns a static, human-readable name for s ("out of KV blocks"). */
 const char *sd_status_str(sd_status s);
 
-typedef enum sd_log_level {
-    SD_LOG_DEBUG = 0,
-    SD_LOG_INFO,
-    SD_LOG_WARN,
-    SD_LOG_ERROR,
-    SD_LOG_OFF
-} sd_log_level;
+typedef enum sd_log_level { SD_LOG_DEBUG = 0, SD_LOG_INFO, SD_LOG_WARN, SD_LOG_ERROR, SD_LOG_OFF } sd_log_level;
 
 /* A log sink: receives one finished line (no trailing newline). */
 typedef void (*sd_log_fn)(sd_log_level level, const char *line, void *user);
@@ -63,24 +57,25 @@ bool sd_log_enabled(sd_log_level level);
 void sd_log_write(sd_log_level level, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-#define SD_LOG(level, ...) \
-    do { if (sd_log_enabled(level)) sd_log_write((level), __FILE__, __LINE__, __VA_ARGS__); } while (0)
+#define SD_LOG(level, ...)                                                                 \
+    do {                                                                                   \
+        if (sd_log_enabled(level)) sd_log_write((level), __FILE__, __LINE__, __VA_ARGS__); \
+    } while (0)
 #define SD_DEBUG(...) SD_LOG(SD_LOG_DEBUG, __VA_ARGS__)
 #define SD_INFO(...)  SD_LOG(SD_LOG_INFO, __VA_ARGS__)
 #define SD_WARN(...)  SD_LOG(SD_LOG_WARN, __VA_ARGS__)
 #define SD_ERROR(...) SD_LOG(SD_LOG_ERROR, __VA_ARGS__)
 
 /* Evaluates expr (an sd_status); on failure returns it from the caller. */
-#define SD_TRY(expr) \
-    do { sd_status sd_try_s_ = (expr); if (sd_try_s_ != SD_OK) return sd_try_s_; } while (0)
+#define SD_TRY(expr)                              \
+    do {                                          \
+        sd_status sd_try_s_ = (expr);             \
+        if (sd_try_s_ != SD_OK) return sd_try_s_; \
+    } while (0)
 
 /* Overflow-checked size arithmetic: return false on overflow. */
-static inline bool sd_mul_ok(size_t a, size_t b, size_t *out) {
-    return !__builtin_mul_overflow(a, b, out);
-}
-static inline bool sd_add_ok(size_t a, size_t b, size_t *out) {
-    return !__builtin_add_overflow(a, b, out);
-}
+static inline bool sd_mul_ok(size_t a, size_t b, size_t *out) { return !__builtin_mul_overflow(a, b, out); }
+static inline bool sd_add_ok(size_t a, size_t b, size_t *out) { return !__builtin_add_overflow(a, b, out); }
 
 /* Monotonic clock in seconds (for timings in tools and stats). */
 double sd_now(void);

@@ -12,12 +12,12 @@ extern "C" {
 #endif
 
 typedef struct sd_model_identity {
-    char architecture[32];        /* "llama" */
-    char name[128];               /* file or directory name, for logs */
-    uint32_t vocab_size;          /* tokens */
-    uint64_t vocab_hash;          /* sd_tok_vocab_hash */
-    uint32_t context_length;      /* tokens */
-    uint32_t n_layers;            /* layers run */
+    char architecture[32];   /* "llama" */
+    char name[128];          /* file or directory name, for logs */
+    uint32_t vocab_size;     /* tokens */
+    uint64_t vocab_hash;     /* sd_tok_vocab_hash */
+    uint32_t context_length; /* tokens */
+    uint32_t n_layers;       /* layers run */
 } sd_model_identity;
 
 #ifdef __cplusplus

@@ -53,13 +53,13 @@ bool sd_dtype_block(sd_dtype t, size_t *block_elems, size_t *block_bytes);
 #define SD_GGUF_MAX_DIMS 4
 
 typedef struct sd_gguf_tensor {
-    const char *name;             /* borrowed: valid while the sd_gguf is open */
+    const char *name; /* borrowed: valid while the sd_gguf is open */
     sd_dtype type;
     uint32_t n_dims;
     uint64_t ne[SD_GGUF_MAX_DIMS]; /* ne[0] is the fastest-varying (row length) */
     uint64_t n_elems;
     uint64_t n_bytes;
-    const void *data;             /* borrowed: points into the mapping */
+    const void *data; /* borrowed: points into the mapping */
 } sd_gguf_tensor;
 
 /* A string view into the mapping (not NUL-terminated). */
@@ -141,8 +141,7 @@ sd_status sd_gguf_writer_set_str(sd_gguf_writer *w, const char *key, const char 
 /* Array of n strings (copied). */
 sd_status sd_gguf_writer_set_arr_str(sd_gguf_writer *w, const char *key, const char *const *v, uint64_t n);
 /* Array of n fixed-size elements of elem_type (copied). */
-sd_status sd_gguf_writer_set_arr(sd_gguf_writer *w, const char *key, sd_gguf_type elem_type, const void *v,
-                                 uint64_t n);
+sd_status sd_gguf_writer_set_arr(sd_gguf_writer *w, const char *key, sd_gguf_type elem_type, const void *v, uint64_t n);
 /* Copies every metadata entry of src whose key starts with prefix. */
 sd_status sd_gguf_writer_copy_kv(sd_gguf_writer *w, const sd_gguf *src, const char *prefix);
 /* Adds a tensor; data (n_bytes as implied by type and ne) is copied. */

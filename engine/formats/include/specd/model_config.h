@@ -28,24 +28,24 @@ enum {
 
 /* Hyper-parameters read from llama.* metadata. */
 typedef struct sd_model_config {
-    char arch[32];          /* "llama" */
+    char arch[32]; /* "llama" */
     int32_t n_vocab;
-    int32_t n_ctx_train;    /* llama.context_length */
-    int32_t n_embd;         /* llama.embedding_length */
-    int32_t n_layers;       /* llama.block_count */
-    int32_t n_ff;           /* llama.feed_forward_length */
-    int32_t n_heads;        /* llama.attention.head_count */
-    int32_t n_kv_heads;     /* llama.attention.head_count_kv (defaults to n_heads) */
-    int32_t head_dim;       /* n_embd / n_heads (llama.rope.dimension_count when present) */
-    float rms_eps;          /* llama.attention.layer_norm_rms_epsilon */
-    float rope_base;        /* llama.rope.freq_base (default 10000) */
+    int32_t n_ctx_train; /* llama.context_length */
+    int32_t n_embd;      /* llama.embedding_length */
+    int32_t n_layers;    /* llama.block_count */
+    int32_t n_ff;        /* llama.feed_forward_length */
+    int32_t n_heads;     /* llama.attention.head_count */
+    int32_t n_kv_heads;  /* llama.attention.head_count_kv (defaults to n_heads) */
+    int32_t head_dim;    /* n_embd / n_heads (llama.rope.dimension_count when present) */
+    float rms_eps;       /* llama.attention.layer_norm_rms_epsilon */
+    float rope_base;     /* llama.rope.freq_base (default 10000) */
     /* rope scaling (llama.rope.scaling.*): type 0 none, 1 linear, 2 llama3 */
     int32_t rope_scaling_type;
     float rope_scale_factor;
     float rope_low_freq_factor;
     float rope_high_freq_factor;
     int32_t rope_orig_ctx;
-    bool tied_output;       /* output.weight absent: LM head = token_embd */
+    bool tied_output; /* output.weight absent: LM head = token_embd */
 } sd_model_config;
 
 /* Reads the config of g (validating every value: positive, divisible, sane

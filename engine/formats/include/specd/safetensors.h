@@ -62,13 +62,13 @@ bool sd_safetensors_dtype_to_sd(sd_safetensors_dtype t, sd_dtype *out);
 typedef struct sd_safetensors sd_safetensors;
 
 typedef struct sd_safetensors_tensor {
-    const char *name;      /* borrowed: valid while the sd_safetensors is open */
+    const char *name; /* borrowed: valid while the sd_safetensors is open */
     sd_safetensors_dtype dtype;
     uint32_t n_dims;       /* 0 for a scalar */
     const uint64_t *shape; /* [n_dims], outermost first (row-major), borrowed */
     uint64_t n_elems;
     uint64_t n_bytes;
-    const void *data;      /* borrowed: points into the mapping (any alignment) */
+    const void *data; /* borrowed: points into the mapping (any alignment) */
 } sd_safetensors_tensor;
 
 /* Opens and validates path. On success *out owns the mapping; the caller
@@ -112,8 +112,8 @@ sd_status sd_safetensors_writer_set_metadata(sd_safetensors_writer *w, const cha
 /* Adds a tensor of shape [n_dims] (outermost first) whose bytes, as implied
  * by dtype and shape, are copied from data. SD_ERR_INVALID_ARG for a name
  * already added, "__metadata__", or a sub-byte total. */
-sd_status sd_safetensors_writer_add_tensor(sd_safetensors_writer *w, const char *name, sd_safetensors_dtype dtype, uint32_t n_dims,
-                                  const uint64_t *shape, const void *data);
+sd_status sd_safetensors_writer_add_tensor(sd_safetensors_writer *w, const char *name, sd_safetensors_dtype dtype,
+                                           uint32_t n_dims, const uint64_t *shape, const void *data);
 /* Bytes of tensor data added so far. */
 uint64_t sd_safetensors_writer_data_bytes(const sd_safetensors_writer *w);
 /* Writes the file (to PATH.tmp, then renamed). */

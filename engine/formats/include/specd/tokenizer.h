@@ -27,9 +27,9 @@ sd_status sd_tok_from_gguf(const sd_gguf *g, sd_tok **out);
 void sd_tok_free(sd_tok **t);
 
 int32_t sd_tok_n_vocab(const sd_tok *t);
-int32_t sd_tok_bos(const sd_tok *t);   /* -1 when the model has none */
-int32_t sd_tok_eos(const sd_tok *t);   /* -1 when the model has none */
-bool sd_tok_add_bos(const sd_tok *t);  /* tokenizer.ggml.add_bos_token */
+int32_t sd_tok_bos(const sd_tok *t);  /* -1 when the model has none */
+int32_t sd_tok_eos(const sd_tok *t);  /* -1 when the model has none */
+bool sd_tok_add_bos(const sd_tok *t); /* tokenizer.ggml.add_bos_token */
 /* True for tokens that end generation (EOS, <|im_end|>, <|eot_id|>...). */
 bool sd_tok_is_eog(const sd_tok *t, int32_t id);
 /* Id of the token whose text is exactly text, or -1. */
@@ -71,7 +71,7 @@ sd_status sd_tok_stream_flush(sd_tok_stream *s, char *out, size_t cap, size_t *o
 
 /* One chat message for sd_tok_chat_format. */
 typedef struct sd_chat_msg {
-    const char *role;    /* "system", "user", "assistant" */
+    const char *role; /* "system", "user", "assistant" */
     const char *content;
 } sd_chat_msg;
 
@@ -79,8 +79,8 @@ typedef struct sd_chat_msg {
  * adding the default system prompt of the model's template when the first
  * message is not a system one and default_system != NULL, and opening the
  * assistant turn when add_generation_prompt. Result is malloc'd (caller frees). */
-sd_status sd_tok_chat_format(const sd_chat_msg *msgs, size_t n, const char *default_system,
-                             bool add_generation_prompt, char **out);
+sd_status sd_tok_chat_format(const sd_chat_msg *msgs, size_t n, const char *default_system, bool add_generation_prompt,
+                             char **out);
 
 #ifdef __cplusplus
 }

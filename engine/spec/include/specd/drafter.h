@@ -45,17 +45,17 @@ typedef enum sd_drafter_kind {
 } sd_drafter_kind;
 
 typedef struct sd_drafter_params {
-    int32_t max_seqs;   /* sequence slots in [0, max_seqs) (default 1) */
-    int32_t max_ctx;    /* most tokens a sequence holds, context + draft (default 4096) */
-    int32_t top_n;      /* tokens kept of a model drafter's distribution (default SD_SPEC_DEFAULT_TOP_N) */
-    int32_t ngram_min;  /* shortest match (tokens) an n-gram draft may rest on (default 1) */
-    int32_t ngram_max;  /* match lengths are measured up to this many tokens (default 16) */
-    float ngram_min_p;  /* an n-gram draft stops before the estimated probability that all of it is
+    int32_t max_seqs;            /* sequence slots in [0, max_seqs) (default 1) */
+    int32_t max_ctx;             /* most tokens a sequence holds, context + draft (default 4096) */
+    int32_t top_n;               /* tokens kept of a model drafter's distribution (default SD_SPEC_DEFAULT_TOP_N) */
+    int32_t ngram_min;           /* shortest match (tokens) an n-gram draft may rest on (default 1) */
+    int32_t ngram_max;           /* match lengths are measured up to this many tokens (default 16) */
+    float ngram_min_p;           /* an n-gram draft stops before the estimated probability that all of it is
                            accepted falls below this, in (0, 1] (default 0.15) */
     int32_t ngram_cache_entries; /* n-grams of earlier outputs the n-gram drafter keeps for all its
                                     sequences (default 65536, about 2.5 MB); < 0: no shared cache */
-    int32_t n_threads;  /* model drafters' worker threads, 0 = all cores */
-    int32_t device;     /* model drafters loaded from a file: -1 = CPU (default), N = cuda:N */
+    int32_t n_threads;           /* model drafters' worker threads, 0 = all cores */
+    int32_t device;              /* model drafters loaded from a file: -1 = CPU (default), N = cuda:N */
 } sd_drafter_params;
 
 sd_drafter_params sd_drafter_default_params(void);
@@ -80,8 +80,7 @@ sd_status sd_drafter_self_open(const char *path, int32_t n_layers, const sd_draf
 /* The zero-copy self-draft: a view of target's first n_layers
  * (sd_model_view_layers), owned by the drafter; target is borrowed and must
  * outlive the drafter. Caller frees with sd_drafter_free. */
-sd_status sd_drafter_self_view(const sd_model *target, int32_t n_layers, const sd_drafter_params *p,
-                               sd_drafter **out);
+sd_status sd_drafter_self_view(const sd_model *target, int32_t n_layers, const sd_drafter_params *p, sd_drafter **out);
 
 /* A model drafter over an already loaded model (borrowed: it must outlive
  * the drafter; kind says MODEL or SELF for reports). The caller has checked

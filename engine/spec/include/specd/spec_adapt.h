@@ -33,13 +33,13 @@ typedef struct sd_adapt {
  * estimated from responses. */
 typedef struct sd_cost_model {
     double verify_fixed_us, verify_token_us, draft_token_us;
-    double draft_step_us;  /* EMA of draft request -> response, 0 until measured */
-    double row_us_peak;    /* slowest recent verify forward per token, refills included (step timeouts) */
+    double draft_step_us; /* EMA of draft request -> response, 0 until measured */
+    double row_us_peak;   /* slowest recent verify forward per token, refills included (step timeouts) */
     /* decaying sums for the least-squares fit of verify time vs tokens */
     double s_w, s_x, s_y, s_xx, s_xy;
     /* each step size's own time: the verifier's cost is not a line (a GPU
      * kernel's column tile is 8 tokens wide: the 9th token costs a step) */
-    double size_us[SD_COST_SIZES + 1]; /* EMA of forward_us of steps of exactly n tokens */
+    double size_us[SD_COST_SIZES + 1];  /* EMA of forward_us of steps of exactly n tokens */
     uint16_t size_n[SD_COST_SIZES + 1]; /* observations of each (saturating) */
 } sd_cost_model;
 

@@ -48,24 +48,24 @@ const char *sd_seq_outcome_str(sd_seq_outcome o);
 
 /* One sequence of a verification step. Arrays are borrowed for the call. */
 typedef struct sd_verify_seq {
-    int32_t slot;            /* KV slot in [0, max_seqs) */
-    int32_t keep_len;        /* truncate the cached sequence to this many tokens first */
-    int32_t n_append;        /* >= 1: the last committed token is always fed (its row gives p_1) */
-    const int32_t *append;   /* [n_append] committed tokens at positions keep_len.. */
-    int32_t k;               /* draft length, 0..SD_MAX_DRAFT (0 = a plain decoding step) */
-    const int32_t *draft;    /* [k] y_1..y_k at positions n_ctx.. */
-    const sd_spec_q *q;      /* [k] the sparse proposals y_i was drawn from; may be NULL when greedy */
-    sd_sampling sampling;    /* the request's sampling (temperature 0 = greedy) incl. seed */
+    int32_t slot;          /* KV slot in [0, max_seqs) */
+    int32_t keep_len;      /* truncate the cached sequence to this many tokens first */
+    int32_t n_append;      /* >= 1: the last committed token is always fed (its row gives p_1) */
+    const int32_t *append; /* [n_append] committed tokens at positions keep_len.. */
+    int32_t k;             /* draft length, 0..SD_MAX_DRAFT (0 = a plain decoding step) */
+    const int32_t *draft;  /* [k] y_1..y_k at positions n_ctx.. */
+    const sd_spec_q *q;    /* [k] the sparse proposals y_i was drawn from; may be NULL when greedy */
+    sd_sampling sampling;  /* the request's sampling (temperature 0 = greedy) incl. seed */
 } sd_verify_seq;
 
 typedef struct sd_verify_result {
     sd_seq_outcome outcome;
-    int32_t n_ctx;           /* keep_len + n_append: position of tokens[0] */
-    int32_t n_accepted;      /* drafts accepted (0..k) */
-    int32_t n_tokens;        /* tokens to commit: n_accepted + 1 (0 unless outcome is OK) */
+    int32_t n_ctx;      /* keep_len + n_append: position of tokens[0] */
+    int32_t n_accepted; /* drafts accepted (0..k) */
+    int32_t n_tokens;   /* tokens to commit: n_accepted + 1 (0 unless outcome is OK) */
     int32_t tokens[SD_MAX_DRAFT + 1];
-    int32_t cache_len;       /* tokens the slot holds now: n_ctx + n_accepted (the next keep_len) */
-    sd_spec_info info;       /* stochastic verification details (zero when greedy) */
+    int32_t cache_len; /* tokens the slot holds now: n_ctx + n_accepted (the next keep_len) */
+    sd_spec_info info; /* stochastic verification details (zero when greedy) */
 } sd_verify_result;
 
 /* Growable buffers of the batched calls (batch rows, logits, p). */
@@ -89,17 +89,17 @@ sd_status sd_spec_verify_batch(sd_model *m, sd_kv *kv, int32_t n_seqs, const sd_
  * 96, 128, ... (2^k and 3 * 2^(k-1)) for the sizes that run on cuBLAS. The
  * size after n; start from 1. */
 #define SD_WARMUP_EXACT_TOKENS 16
-#define SD_WARMUP_MAX_SIZES 64
+#define SD_WARMUP_MAX_SIZES    64
 int32_t sd_warmup_next_size(int32_t n);
 
 /* What a warm-up ran and measured. */
 typedef struct sd_warmup_report {
-    int32_t n_sizes;      /* distinct step sizes run */
-    int32_t n_steps;      /* steps run */
-    int32_t max_tokens;   /* the largest size run (0: none) */
-    double seconds;       /* the whole warm-up */
-    double first_s_max;   /* the slowest first step of a size up to SD_WARMUP_EXACT_TOKENS */
-    int32_t first_max_at; /* ... and its size */
+    int32_t n_sizes;                      /* distinct step sizes run */
+    int32_t n_steps;                      /* steps run */
+    int32_t max_tokens;                   /* the largest size run (0: none) */
+    double seconds;                       /* the whole warm-up */
+    double first_s_max;                   /* the slowest first step of a size up to SD_WARMUP_EXACT_TOKENS */
+    int32_t first_max_at;                 /* ... and its size */
     int32_t tokens[SD_WARMUP_MAX_SIZES];  /* each size run, ascending */
     double steady_s[SD_WARMUP_MAX_SIZES]; /* the time of its last step */
 } sd_warmup_report;
@@ -107,8 +107,8 @@ typedef struct sd_warmup_report {
 /* One warm-up step of n_tokens over the synthetic tokens toks[0..n_tokens)
  * with the given sampling; leaves nothing behind; *fits false (and SD_OK)
  * when the process cannot hold a step that large. */
-typedef sd_status (*sd_warmup_step_fn)(void *user, int32_t n_tokens, const sd_sampling *sampling,
-                                       const int32_t *toks, bool *fits);
+typedef sd_status (*sd_warmup_step_fn)(void *user, int32_t n_tokens, const sd_sampling *sampling, const int32_t *toks,
+                                       bool *fits);
 
 typedef enum sd_warmup_mode {
     /* every size of sd_warmup_next_size: three steps for sizes up to
@@ -135,19 +135,19 @@ sd_status sd_warmup_outcome(const char *who, int32_t n_tokens, int32_t seq, sd_s
 
 /* One sequence of a drafting step. */
 typedef struct sd_draft_seq {
-    int32_t slot;            /* drafter slot in [0, max_seqs) */
-    int32_t keep_len;        /* truncate what the drafter holds for slot to this first */
-    int32_t n_append;        /* >= 1 committed tokens the drafter has not seen */
-    const int32_t *append;   /* [n_append] at positions keep_len.. */
-    int32_t k;               /* tokens wanted, 0..SD_MAX_DRAFT */
-    sd_sampling sampling;    /* the request's sampling incl. seed (draws use SD_RNG_DRAFT) */
+    int32_t slot;          /* drafter slot in [0, max_seqs) */
+    int32_t keep_len;      /* truncate what the drafter holds for slot to this first */
+    int32_t n_append;      /* >= 1 committed tokens the drafter has not seen */
+    const int32_t *append; /* [n_append] at positions keep_len.. */
+    int32_t k;             /* tokens wanted, 0..SD_MAX_DRAFT */
+    sd_sampling sampling;  /* the request's sampling incl. seed (draws use SD_RNG_DRAFT) */
 } sd_draft_seq;
 
 typedef struct sd_draft_result {
     sd_seq_outcome outcome;
-    int32_t n_drafted;                 /* 0..k (the n-gram drafter may find nothing) */
+    int32_t n_drafted; /* 0..k (the n-gram drafter may find nothing) */
     int32_t tokens[SD_MAX_DRAFT];
-    sd_spec_q q[SD_MAX_DRAFT];        /* ids/probs borrowed from the drafter until its next call for slot */
+    sd_spec_q q[SD_MAX_DRAFT]; /* ids/probs borrowed from the drafter until its next call for slot */
 } sd_draft_result;
 
 /* Drafts for n_seqs sequences. A model drafter runs one ragged forward per

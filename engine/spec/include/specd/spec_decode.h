@@ -27,12 +27,12 @@ typedef struct sd_spec_decoder sd_spec_decoder;
 
 /* Counters over the decoder's life (or since the last reset). */
 typedef struct sd_spec_stats {
-    int64_t steps;      /* target forward calls that produced tokens */
-    int64_t drafted;    /* draft tokens proposed and verified */
-    int64_t accepted;   /* of those, accepted */
-    int64_t committed;  /* tokens committed (accepted + one per step) */
-    double draft_s;     /* seconds in the drafter */
-    double target_s;    /* seconds in the target forward + verification */
+    int64_t steps;     /* target forward calls that produced tokens */
+    int64_t drafted;   /* draft tokens proposed and verified */
+    int64_t accepted;  /* of those, accepted */
+    int64_t committed; /* tokens committed (accepted + one per step) */
+    double draft_s;    /* seconds in the drafter */
+    double target_s;   /* seconds in the target forward + verification */
 } sd_spec_stats;
 
 /* A decoder for one sequence of at most max_ctx tokens over target
@@ -45,9 +45,8 @@ void sd_spec_decoder_free(sd_spec_decoder **d);
  * tokens, verifies them, writes the tokens to commit to out[k+1] and their
  * count (>= 1) to *n_out, and the step's draft length / accepted count to
  * *n_drafted / *n_accepted when not NULL. */
-sd_status sd_spec_decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t k,
-                               const sd_sampling *s, int32_t *out, int32_t *n_out, int32_t *n_drafted,
-                               int32_t *n_accepted);
+sd_status sd_spec_decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t k, const sd_sampling *s,
+                               int32_t *out, int32_t *n_out, int32_t *n_drafted, int32_t *n_accepted);
 
 /* One step like sd_spec_decoder_step with K chosen by the shared policy
  * of spec_adapt.h (sd_adapt_next_k at batch 1, 0..k_cap) from this
