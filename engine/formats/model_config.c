@@ -189,7 +189,7 @@ static sd_status gguf_rope_number(const void *src, sd_rope_key key, double *out)
     case SD_ROPE_HIGH_FREQ_FACTOR: s = get_pos_f32(g, "llama.rope.scaling.high_freq_factor", &f); break;
     case SD_ROPE_ORIG_CTX: {
         int32_t v;
-        s = get_pos_u32(g, "llama.rope.scaling.original_context_length", false, 1u << 30, &v);
+        s = get_pos_u32(g, "llama.rope.scaling.original_context_length", false, (uint32_t)SD_MODEL_MAX_CTX, &v);
         if (s == SD_OK) *out = v;
         return s;
     }
@@ -216,7 +216,7 @@ sd_status sd_model_config_from_gguf(const sd_gguf *g, sd_model_config *cfg) {
     }
     snprintf(c.arch, sizeof c.arch, "llama");
 
-    SD_TRY(get_pos_u32(g, "llama.context_length", true, 1u << 30, &c.n_ctx_train));
+    SD_TRY(get_pos_u32(g, "llama.context_length", true, (uint32_t)SD_MODEL_MAX_CTX, &c.n_ctx_train));
     SD_TRY(get_pos_u32(g, "llama.embedding_length", true, SD_MODEL_MAX_EMBD, &c.n_embd));
     SD_TRY(get_pos_u32(g, "llama.block_count", true, SD_MODEL_MAX_LAYERS, &c.n_layers));
     SD_TRY(get_pos_u32(g, "llama.feed_forward_length", true, SD_MODEL_MAX_FF, &c.n_ff));

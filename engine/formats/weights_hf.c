@@ -40,16 +40,7 @@
 #include "tokenizer_impl.h"
 #include "weights_impl.h"
 
-/* The bounds model.c applies to a GGUF config (far above any real Llama). */
-enum {
-    MAX_EMBD = 1 << 16,
-    MAX_LAYERS = 1024,
-    MAX_FF = 1 << 20,
-    MAX_HEADS = 1024,
-    MAX_HEAD_DIM = 1024,
-    MAX_VOCAB = 1 << 24,
-    MAX_CTX = 1 << 30,
-};
+/* The bounds on a config are the GGUF reader's (SD_MODEL_MAX_*, model_config.h). */
 
 #define MAX_CONFIG_BYTES    (16u << 20)  /* config.json, tokenizer_config.json, the index */
 #define MAX_TOKENIZER_BYTES (256u << 20) /* tokenizer.json (Llama 3: 9 MB) */
@@ -191,7 +182,7 @@ static sd_status get_token_id(const cJSON *cfg, const char *key, bool last, int6
     }
     if (!j || cJSON_IsNull(j)) return SD_OK;
     double d = cJSON_IsNumber(j) ? j->valuedouble : -1.0;
-    if (!(d >= 0.0) || d >= MAX_VOCAB || d != floor(d)) {
+    if (!(d >= 0.0) || d >= SD_MODEL_MAX_VOCAB || d != floor(d)) {
         SD_ERROR("weights: config.json %s is not a token id", key);
         return SD_ERR_FORMAT;
     }
@@ -218,7 +209,7 @@ static sd_status hf_rope_number(const void *src, sd_rope_key key, double *out) {
     static const char *const names[] = {"factor", "low_freq_factor", "high_freq_factor"};
     if (key == SD_ROPE_ORIG_CTX) {
         int32_t v;
-        sd_status s = get_int(rs, "original_max_position_embeddings", false, MAX_CTX, &v);
+        sd_status s = get_int(rs, "original_max_position_embeddings", false, SD_MODEL_MAX_CTX, &v);
         if (s == SD_OK) *out = v;
         return s;
     }
@@ -268,12 +259,12 @@ static sd_status parse_config(const cJSON *j, hf_source *src) {
     }
     SD_TRY(require_false(j, "attention_bias"));
     SD_TRY(require_false(j, "mlp_bias"));
-    SD_TRY(get_int(j, "hidden_size", true, MAX_EMBD, &c.n_embd));
-    SD_TRY(get_int(j, "num_hidden_layers", true, MAX_LAYERS, &c.n_layers));
-    SD_TRY(get_int(j, "intermediate_size", true, MAX_FF, &c.n_ff));
-    SD_TRY(get_int(j, "num_attention_heads", true, MAX_HEADS, &c.n_heads));
-    SD_TRY(get_int(j, "vocab_size", true, MAX_VOCAB, &c.n_vocab));
-    sd_status s = get_int(j, "num_key_value_heads", false, MAX_HEADS, &c.n_kv_heads);
+    SD_TRY(get_int(j, "hidden_size", true, SD_MODEL_MAX_EMBD, &c.n_embd));
+    SD_TRY(get_int(j, "num_hidden_layers", true, SD_MODEL_MAX_LAYERS, &c.n_layers));
+    SD_TRY(get_int(j, "intermediate_size", true, SD_MODEL_MAX_FF, &c.n_ff));
+    SD_TRY(get_int(j, "num_attention_heads", true, SD_MODEL_MAX_HEADS, &c.n_heads));
+    SD_TRY(get_int(j, "vocab_size", true, SD_MODEL_MAX_VOCAB, &c.n_vocab));
+    sd_status s = get_int(j, "num_key_value_heads", false, SD_MODEL_MAX_HEADS, &c.n_kv_heads);
     if (s == SD_ERR_NOT_FOUND)
         c.n_kv_heads = c.n_heads;
     else
@@ -283,22 +274,22 @@ static sd_status parse_config(const cJSON *j, hf_source *src) {
                  (int)c.n_kv_heads);
         return SD_ERR_FORMAT;
     }
-    s = get_int(j, "max_position_embeddings", false, MAX_CTX, &c.n_ctx_train);
+    s = get_int(j, "max_position_embeddings", false, SD_MODEL_MAX_CTX, &c.n_ctx_train);
     if (s == SD_ERR_NOT_FOUND)
         c.n_ctx_train = 2048; /* LlamaConfig's default */
     else
         SD_TRY(s);
     c.head_dim = c.n_embd / c.n_heads;
     int32_t hd = 0;
-    s = get_int(j, "head_dim", false, MAX_HEAD_DIM, &hd);
+    s = get_int(j, "head_dim", false, SD_MODEL_MAX_HEAD_DIM, &hd);
     if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
     if (c.n_heads * c.head_dim != c.n_embd || (hd && hd != c.head_dim)) {
         SD_ERROR("weights: hidden_size %d != num_attention_heads %d * head_dim %d (odd head sizes are not supported)",
                  (int)c.n_embd, (int)c.n_heads, (int)(hd ? hd : c.head_dim));
         return SD_ERR_UNSUPPORTED;
     }
-    if (c.head_dim % 2 != 0 || c.head_dim > MAX_HEAD_DIM) {
-        SD_ERROR("weights: head_dim %d must be even and <= %d", (int)c.head_dim, MAX_HEAD_DIM);
+    if (c.head_dim % 2 != 0 || c.head_dim > SD_MODEL_MAX_HEAD_DIM) {
+        SD_ERROR("weights: head_dim %d must be even and <= %d", (int)c.head_dim, SD_MODEL_MAX_HEAD_DIM);
         return SD_ERR_FORMAT;
     }
     c.rms_eps = 1e-6f; /* LlamaConfig's default */
@@ -360,7 +351,7 @@ bool sd_weights_hf_name(const char *gguf, int32_t n_layers, char *out, size_t ca
     const char *p = gguf + 4;
     int64_t layer = 0;
     if (*p < '0' || *p > '9' || (p[0] == '0' && p[1] != '.')) return false;
-    while (*p >= '0' && *p <= '9' && layer < MAX_LAYERS) layer = layer * 10 + (*p++ - '0');
+    while (*p >= '0' && *p <= '9' && layer < SD_MODEL_MAX_LAYERS) layer = layer * 10 + (*p++ - '0');
     if (*p != '.' || layer >= n_layers) return false;
     p++;
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {

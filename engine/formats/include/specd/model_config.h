@@ -24,6 +24,7 @@ enum {
     SD_MODEL_MAX_HEADS = 1024,
     SD_MODEL_MAX_HEAD_DIM = 1024,
     SD_MODEL_MAX_VOCAB = 1 << 24,
+    SD_MODEL_MAX_CTX = 1 << 30, /* context length, in tokens */
 };
 
 /* Hyper-parameters read from llama.* metadata. */
