@@ -364,8 +364,8 @@ static void write_forward_table(FILE *f, const fwd_opts *o, const sd_model_confi
     double share_read = median_ratio(decode_bps, s->read_bps, R, 1.0);
 
     fprintf(f, "# specd-bench forward — %s\n\n", day);
-    fprintf(f, "- model: %s (%d layers, dim %d, vocab %d), weights as f32: %.1f MB\n", o->model_path, cfg->n_layers,
-            cfg->n_embd, cfg->n_vocab, wbytes / 1e6);
+    fprintf(f, "- model: %s (%d layers, dim %d, vocab %d), weights streamed per token as the CPU holds them: %.1f MB\n",
+            o->model_path, cfg->n_layers, cfg->n_embd, cfg->n_vocab, wbytes / 1e6);
     describe_machine(f, threads, load_before, load_after);
     fprintf(f,
             "- %d repetitions, each running every measure in turn (bandwidth, %d-token prompt, %d decode steps, "
