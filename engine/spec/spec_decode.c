@@ -32,8 +32,16 @@ struct sd_spec_decoder {
     /* sd_spec_decoder_step_adaptive: the shared K policy's state */
     sd_cost_model cost;
     sd_adapt adapt;
-    bool draft_cost_seen; /* the first draft measurement replaces the prior outright */
+    bool draft_cost_seen;    /* the first draft measurement replaces the prior outright */
+    sd_spec_cost_fn cost_fn; /* NULL: the policy learns from measured times */
+    void *cost_user;
 };
+
+void sd_spec_decoder_set_cost_fn(sd_spec_decoder *d, sd_spec_cost_fn fn, void *user) {
+    if (!d) return;
+    d->cost_fn = fn;
+    d->cost_user = user;
+}
 
 void sd_spec_decoder_free(sd_spec_decoder **pd) {
     if (!pd || !*pd) return;
@@ -152,6 +160,8 @@ static sd_status decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n_
     d->stats.committed += acc + 1;
     d->stats.draft_s += t1 - t0;
     d->stats.target_s += t2 - t1;
+    /* what the policy learns from: the measured times, or the cost function's */
+    if (d->cost_fn) d->cost_fn(d->cost_user, rep->n_append + nd, rep->n_proposed, &rep->target_s, &rep->draft_s);
     return SD_OK;
 }
 

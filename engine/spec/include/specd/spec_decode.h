@@ -59,6 +59,15 @@ sd_status sd_spec_decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n
 sd_status sd_spec_decoder_step_adaptive(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t k_cap,
                                         const sd_sampling *s, int32_t *out, int32_t *n_out, int32_t *k_used);
 
+/* Costs the adaptive policy learns from, in place of the wall clock: given
+ * the rows the target computed in a step and the tokens the drafter
+ * proposed, writes the seconds each took. For tests, which need the
+ * policy's decisions not to depend on the machine's speed or load; the
+ * decoder's own timing statistics stay measured. NULL restores the clock. */
+typedef void (*sd_spec_cost_fn)(void *user, int32_t n_target_rows, int32_t n_proposed, double *target_s,
+                                double *draft_s);
+void sd_spec_decoder_set_cost_fn(sd_spec_decoder *d, sd_spec_cost_fn fn, void *user);
+
 /* The policy's state and cost model (borrowed, valid while d lives). */
 const sd_adapt *sd_spec_decoder_adapt(const sd_spec_decoder *d);
 const sd_cost_model *sd_spec_decoder_cost(const sd_spec_decoder *d);
