@@ -657,7 +657,7 @@ sd_status sd_client_submit(sd_client *c, const sd_client_request *rq, sd_client_
     sub.stop = (char **)rq->stop;
     sub.n_stop = rq->stop ? rq->n_stop : 0;
     sub.ignore_eos = rq->ignore_eos;
-    sub.max_draft = rq->max_draft;
+    sub.max_k = rq->max_k;
     Specd__ClientToCoordinator env = SPECD__CLIENT_TO_COORDINATOR__INIT;
     env.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT;
     env.submit = &sub;

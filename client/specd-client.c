@@ -56,12 +56,12 @@ static void usage(FILE *f) {
             "  --chat              format the prompt as a ChatML user turn\n"
             "  --system S          system prompt (with --chat)\n"
             "  --stop S            stop string (repeatable, up to %d)\n"
-            "  --max-draft K       largest draft length (-1: no speculation)\n"
+            "  --max-k K           largest draft length (-1: no speculation)\n"
             "  --ignore-eos        generate past end-of-generation tokens\n"
             "  --json              print one JSON object at the end\n"
             "  --timeout SEC       give up when the coordinator does not answer (default 10)\n"
             "  --jobs FILE         JSON lines: {\"prompt\",\"n\",\"temp\",\"top_p\",\"top_k\",\"min_p\",\"seed\",\n"
-            "                      \"chat\",\"system\",\"stop\",\"max_draft\",\"ignore_eos\",\"id\"}\n"
+            "                      \"chat\",\"system\",\"stop\",\"max_k\",\"ignore_eos\",\"id\"}\n"
             "  --out FILE          write job results here instead of stdout\n"
             "  --concurrency N     jobs in flight at most (default 64)\n"
             "  --stats             print service statistics\n"
@@ -256,7 +256,7 @@ static bool job_request(const cJSON *line, const options *o, sd_client_request *
     NUM_FIELD("top_k", req->sampling.top_k, int32_t);
     NUM_FIELD("min_p", req->sampling.min_p, float);
     NUM_FIELD("seed", req->sampling.seed, uint64_t);
-    NUM_FIELD("max_draft", req->max_draft, int32_t);
+    NUM_FIELD("max_k", req->max_k, int32_t);
 #undef NUM_FIELD
     if ((v = cJSON_GetObjectItemCaseSensitive(line, "chat"))) req->chat = cJSON_IsTrue(v);
     if ((v = cJSON_GetObjectItemCaseSensitive(line, "ignore_eos"))) req->ignore_eos = cJSON_IsTrue(v);
@@ -549,7 +549,7 @@ enum {
     OPT_CHAT,
     OPT_SYSTEM,
     OPT_STOP,
-    OPT_MAX_DRAFT,
+    OPT_MAX_K,
     OPT_IGNORE_EOS,
     OPT_JSON,
     OPT_TIMEOUT,
@@ -572,7 +572,7 @@ static int parse_args(int argc, char **argv, options *o) {
                                           {"chat", no_argument, NULL, OPT_CHAT},
                                           {"system", required_argument, NULL, OPT_SYSTEM},
                                           {"stop", required_argument, NULL, OPT_STOP},
-                                          {"max-draft", required_argument, NULL, OPT_MAX_DRAFT},
+                                          {"max-k", required_argument, NULL, OPT_MAX_K},
                                           {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
                                           {"json", no_argument, NULL, OPT_JSON},
                                           {"timeout", required_argument, NULL, OPT_TIMEOUT},
@@ -619,9 +619,9 @@ static int parse_args(int argc, char **argv, options *o) {
             }
             o->stop[o->n_stop++] = optarg;
             break;
-        case OPT_MAX_DRAFT:
-            if (!parse_num("--max-draft", optarg, -1, SD_MAX_DRAFT, &v)) return 2;
-            o->req.max_draft = (int32_t)v;
+        case OPT_MAX_K:
+            if (!parse_num("--max-k", optarg, -1, SD_MAX_K, &v)) return 2;
+            o->req.max_k = (int32_t)v;
             break;
         case OPT_IGNORE_EOS: o->req.ignore_eos = true; break;
         case OPT_JSON: o->json = true; break;

@@ -117,9 +117,8 @@ static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const
         snprintf(msg, sizeof msg, "submit.max_tokens: %u, the context holds %d", r->max_tokens, c->n_ctx);
         goto refuse;
     }
-    if (r->max_draft < -1 || r->max_draft > SD_MAX_DRAFT) {
-        snprintf(msg, sizeof msg, "submit.max_draft: %d, allowed -1 (off), 0 (default) or 1..%d", r->max_draft,
-                 SD_MAX_DRAFT);
+    if (r->max_k < -1 || r->max_k > SD_MAX_K) {
+        snprintf(msg, sizeof msg, "submit.max_k: %d, allowed -1 (off), 0 (default) or 1..%d", r->max_k, SD_MAX_K);
         goto refuse;
     }
     if (r->n_stop > SD_MAX_STOP_STRINGS) {
@@ -169,7 +168,7 @@ static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const
     s->client_ident_len = ident_len;
     s->sampling = samp;
     s->ignore_eos = r->ignore_eos;
-    s->max_draft = r->max_draft;
+    s->max_k = r->max_k;
     s->t_submit_us = now_us;
     cl->n_active++;
     cl->last_recv_us = now_us;

@@ -41,8 +41,8 @@ typedef struct sd_coord_params {
     int32_t max_queue;             /* waiting requests (256) */
     int32_t max_active;            /* sequences admitted to the verifier at once (64) */
     int32_t max_tokens_default;    /* 256 */
-    int32_t k_default;             /* 4: K with adaptive off, and the starting K */
-    int32_t k_max;                 /* 8 */
+    int32_t default_k;             /* 4: K with adaptive off, and the starting K */
+    int32_t max_k;                 /* 8 */
     bool adaptive_k;               /* on */
     int32_t prefill_chunk;         /* 512 tokens */
     int32_t draft_timeout_ms;      /* 2000 */
@@ -82,7 +82,7 @@ typedef struct sd_session {
     int32_t n_tokens, cap_tokens, n_prompt;
     int32_t max_tokens;  /* new tokens at most */
     int32_t max_context; /* tokens in the sequence at most */
-    int32_t max_draft;   /* request's cap: 0 default, -1 none */
+    int32_t max_k;       /* request's cap: 0 default, -1 none */
     bool ignore_eos;
     sd_sampling sampling;
 
@@ -101,9 +101,9 @@ typedef struct sd_session {
     bool in_verify, in_draft;
     /* drafts ready for verification (valid while n_tokens == draft_base) */
     int32_t draft_base;
-    int32_t n_draft;
-    int32_t draft[SD_MAX_DRAFT];
-    uint32_t *q_off; /* n_draft + 1 offsets into q_ids/q_probs */
+    int32_t k;
+    int32_t draft[SD_MAX_K];
+    uint32_t *q_off; /* k + 1 offsets into q_ids/q_probs */
     int32_t *q_ids;
     float *q_probs;
     size_t q_cap;
@@ -170,7 +170,7 @@ typedef struct sd_coord_worker {
     uint32_t rank;
     char name[64];
     Specd__DrafterKind drafter_kind;
-    int32_t max_batch, max_draft;
+    int32_t max_batch, max_k;
     int32_t n_ctx; /* model context from Hello (0 = not given) */
     uint32_t kv_blocks_total, kv_blocks_free, n_sequences;
     uint64_t steps;
@@ -270,7 +270,7 @@ static inline bool sd_coord_verifier_ok(const sd_coord *c) { return c->verifier 
 
 /* kpolicy.c: the draft length (K) per sequence, from the engine's policy */
 /* Largest K the sequence may use now (0: no speculation possible). */
-int32_t sd_k_cap(const sd_coord *c, const sd_session *s);
+int32_t sd_max_k(const sd_coord *c, const sd_session *s);
 /* The K the sequence asks for in its next draft step (0: a plain step). */
 int32_t sd_k_want(const sd_coord *c, const sd_session *s);
 /* Recomputes c->drafting_pays for the batch (greedy requests draft only while it holds). */
@@ -285,7 +285,7 @@ void sd_k_shadow_settle(sd_coord *c, sd_session *s, const int32_t *tokens, int32
 typedef struct sd_verify_pack {
     Specd__VerifySeq *seqs, **pseqs;    /* [n] */
     Specd__Sampling *samp;              /* [n] */
-    Specd__SparseDist *dists, **pdists; /* [n][SD_MAX_DRAFT] */
+    Specd__SparseDist *dists, **pdists; /* [n][SD_MAX_K] */
 } sd_verify_pack;
 typedef struct sd_draft_pack {
     Specd__DraftSeq *seqs, **pseqs; /* [n] */
@@ -294,9 +294,9 @@ typedef struct sd_draft_pack {
 /* Room for n sequences (SD_ERR_NOMEM); free with sd_pack_*_free. */
 sd_status sd_pack_verify_alloc(sd_verify_pack *pk, int32_t n);
 void sd_pack_verify_free(sd_verify_pack *pk);
-/* Entry m: s's tokens from v_cached (n_append of them) and its first n_draft drafts with their q
+/* Entry m: s's tokens from v_cached (n_append of them) and its first k drafts with their q
  * (borrowed from s, which must not change until the envelope is sent). */
-void sd_pack_verify_seq(sd_verify_pack *pk, int32_t m, sd_session *s, int32_t n_append, int32_t n_draft);
+void sd_pack_verify_seq(sd_verify_pack *pk, int32_t m, sd_session *s, int32_t n_append, int32_t k);
 sd_status sd_pack_draft_alloc(sd_draft_pack *pk, int32_t n);
 void sd_pack_draft_free(sd_draft_pack *pk);
 /* Entry m: what the drafter lacks of s, and k drafts wanted. */

@@ -1,6 +1,6 @@
 /* kpolicy.c — the coordinator's side of the draft-length (K) policy: which
  * K each sequence may use given its request and the workers registered
- * (sd_k_cap), the K it asks for (sd_k_want), whether drafting pays for the
+ * (sd_max_k), the K it asks for (sd_k_want), whether drafting pays for the
  * batch at all (sd_k_update_gate), and the shadow drafts that let a K = 0
  * sequence notice when drafting starts to pay again. The policy's
  * arithmetic (cost model, acceptance estimates, choosing K) is the engine's
@@ -9,13 +9,13 @@
 #include "coord.h"
 
 /* Largest K the sequence may use now. */
-int32_t sd_k_cap(const sd_coord *c, const sd_session *s) {
-    if (!sd_coord_drafter_ok(c) || s->max_draft < 0) return 0;
-    int32_t cap = c->p.k_max;
-    if (s->max_draft > 0) cap = sd_imin(cap, s->max_draft);
-    cap = sd_imin(cap, c->workers[c->drafter].max_draft);
-    if (sd_coord_verifier_ok(c)) cap = sd_imin(cap, c->workers[c->verifier].max_draft);
-    cap = sd_imin(cap, SD_MAX_DRAFT);
+int32_t sd_max_k(const sd_coord *c, const sd_session *s) {
+    if (!sd_coord_drafter_ok(c) || s->max_k < 0) return 0;
+    int32_t cap = c->p.max_k;
+    if (s->max_k > 0) cap = sd_imin(cap, s->max_k);
+    cap = sd_imin(cap, c->workers[c->drafter].max_k);
+    if (sd_coord_verifier_ok(c)) cap = sd_imin(cap, c->workers[c->verifier].max_k);
+    cap = sd_imin(cap, SD_MAX_K);
     cap = sd_imin(cap, s->max_tokens - sd_session_generated(s) - 1); /* the target adds one */
     cap = sd_imin(cap, s->max_context - s->n_tokens - 1);
     int32_t d_ctx = c->workers[c->drafter].n_ctx;
@@ -24,9 +24,9 @@ int32_t sd_k_cap(const sd_coord *c, const sd_session *s) {
 }
 
 int32_t sd_k_want(const sd_coord *c, const sd_session *s) {
-    int32_t cap = sd_k_cap(c, s);
+    int32_t cap = sd_max_k(c, s);
     if (cap == 0) return 0;
-    if (!c->p.adaptive_k) return sd_imin(c->p.k_default, cap);
+    if (!c->p.adaptive_k) return sd_imin(c->p.default_k, cap);
     /* a sampled request's draws depend on its K schedule: sd_adapt_next_k
      * keeps that independent of load and timing (engine/spec/spec_adapt.c) */
     const bool greedy = sd_sampling_is_greedy(&s->sampling);
@@ -51,7 +51,7 @@ void sd_k_update_gate(sd_coord *c) {
     for (int32_t i = 0; i < c->n_sessions; i++) {
         const sd_session *s = c->sessions[i];
         if (s->state != SD_SESSION_ACTIVE || !sd_sampling_is_greedy(&s->sampling)) continue;
-        int32_t cap = sd_k_cap(c, s);
+        int32_t cap = sd_max_k(c, s);
         if (cap == 0) continue;
         int32_t k = sd_adapt_choose_k(s->adapt.alpha, &c->cost, batch, cap);
         if (k == 0) continue;
@@ -71,7 +71,7 @@ void sd_k_update_gate(sd_coord *c) {
 int32_t sd_k_shadow(const sd_coord *c, const sd_session *s) {
     if (!c->p.adaptive_k || !sd_sampling_is_greedy(&s->sampling)) return 0;
     if (!s->in_verify || s->verify_k > 0 || s->shadow_base == s->n_tokens) return 0;
-    if (sd_k_cap(c, s) == 0) return 0;
+    if (sd_max_k(c, s) == 0) return 0;
     int32_t batch = c->n_active;
     if (sd_coord_verifier_ok(c)) batch = sd_imin(batch, c->workers[c->verifier].max_batch);
     int32_t every = sd_adapt_shadow_interval(&c->cost, batch);

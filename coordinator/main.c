@@ -44,8 +44,8 @@ static void usage(FILE *f) {
             "  --max-queue N             waiting requests before OVERLOADED (256)\n"
             "  --max-active N            sequences in the verifier at once (64)\n"
             "  --max-tokens-default N    max_tokens when a request gives 0 (256)\n"
-            "  --k-default K             draft length with --adaptive-k off (4)\n"
-            "  --k-max K                 largest draft length (8, at most %d)\n"
+            "  --default-k K             draft length with --adaptive-k off (4)\n"
+            "  --max-k K                 largest draft length (8, at most %d)\n"
             "  --adaptive-k on|off       adapt K per sequence to its acceptance and the batch (on)\n"
             "  --prefill-chunk N         prompts longer than N tokens are prefilled in chunks (512)\n"
             "  --draft-timeout-ms MS     a draft step unanswered this long kills the drafter (2000)\n"
@@ -54,7 +54,7 @@ static void usage(FILE *f) {
             "  --curve-secret FILE       CurveZMQ server secret key (Z85) for both sockets\n"
             "  -v, --verbose             debug logs\n"
             "  -h, --help                this text\n",
-            SD_MAX_DRAFT);
+            SD_MAX_K);
 }
 
 int main(int argc, char **argv) {
@@ -81,8 +81,8 @@ int main(int argc, char **argv) {
                                          {"max-queue", required_argument, 0, O_QUEUE},
                                          {"max-active", required_argument, 0, O_ACTIVE},
                                          {"max-tokens-default", required_argument, 0, O_MAXTOK},
-                                         {"k-default", required_argument, 0, O_KDEF},
-                                         {"k-max", required_argument, 0, O_KMAX},
+                                         {"default-k", required_argument, 0, O_KDEF},
+                                         {"max-k", required_argument, 0, O_KMAX},
                                          {"adaptive-k", required_argument, 0, O_ADAPT},
                                          {"prefill-chunk", required_argument, 0, O_CHUNK},
                                          {"draft-timeout-ms", required_argument, 0, O_DTO},
@@ -112,12 +112,12 @@ int main(int argc, char **argv) {
             ok = sd_cli_parse_i32(optarg, 1, 1 << 24, &p.max_tokens_default);
             break;
         case O_KDEF:
-            name = "k-default";
-            ok = sd_cli_parse_i32(optarg, 0, SD_MAX_DRAFT, &p.k_default);
+            name = "default-k";
+            ok = sd_cli_parse_i32(optarg, 0, SD_MAX_K, &p.default_k);
             break;
         case O_KMAX:
-            name = "k-max";
-            ok = sd_cli_parse_i32(optarg, 0, SD_MAX_DRAFT, &p.k_max);
+            name = "max-k";
+            ok = sd_cli_parse_i32(optarg, 0, SD_MAX_K, &p.max_k);
             break;
         case O_ADAPT:
             name = "adaptive-k";

@@ -196,8 +196,8 @@ static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
     sd_coord_worker *w = &c->workers[c->verifier];
     int32_t n = 0;
     for (int32_t i = 0; i < c->n_sessions && n < w->max_batch; i++) {
-        cand_kind k = verify_candidate(c, c->sessions[i]);
-        if ((prefill && k == CAND_PREFILL) || (!prefill && k == CAND_STEP)) n++;
+        cand_kind kind = verify_candidate(c, c->sessions[i]);
+        if ((prefill && kind == CAND_PREFILL) || (!prefill && kind == CAND_STEP)) n++;
     }
     if (n == 0 || !step_reserve(w, n)) return;
     sd_verify_pack pk;
@@ -209,27 +209,27 @@ static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
     bool refill = false;
     for (int32_t i = 0; i < c->n_sessions && m < n; i++) {
         sd_session *s = c->sessions[i];
-        cand_kind k = verify_candidate(c, s);
-        if (!((prefill && k == CAND_PREFILL) || (!prefill && k == CAND_STEP))) continue;
+        cand_kind kind = verify_candidate(c, s);
+        if (!((prefill && kind == CAND_PREFILL) || (!prefill && kind == CAND_STEP))) continue;
         int32_t missing = s->n_tokens - s->v_cached;
         int32_t n_append = prefill ? sd_imin(c->p.prefill_chunk, missing - 1) : missing;
-        int32_t n_draft = 0;
+        int32_t k = 0;
         /* A sampled request's refill step carries no drafts: whether its
          * warm-up drafts are back when the step goes depends on timing (a
          * busy verifier), and its draws depend on K (spec_adapt.c). */
         bool sampled_refill = missing > 1 && !sd_sampling_is_greedy(&s->sampling);
         if (!prefill && drafted_now(s) && !sampled_refill) {
-            n_draft = sd_imin(s->n_draft, s->max_context - s->n_tokens - 1);
-            n_draft = sd_imin(n_draft, s->max_tokens - sd_session_generated(s) - 1);
-            if (sd_coord_verifier_ok(c)) n_draft = sd_imin(n_draft, w->max_draft);
-            if (n_draft < 0) n_draft = 0;
+            k = sd_imin(s->k, s->max_context - s->n_tokens - 1);
+            k = sd_imin(k, s->max_tokens - sd_session_generated(s) - 1);
+            if (sd_coord_verifier_ok(c)) k = sd_imin(k, w->max_k);
+            if (k < 0) k = 0;
         }
-        sd_pack_verify_seq(&pk, m, s, n_append, n_draft);
+        sd_pack_verify_seq(&pk, m, s, n_append, k);
         w->step_rids[m] = s->id;
-        w->step_k[m] = n_draft;
-        s->verify_k = n_draft;
+        w->step_k[m] = k;
+        s->verify_k = k;
         w->step_end[m] = s->v_cached + n_append;
-        n_tokens += n_append + n_draft;
+        n_tokens += n_append + k;
         refill |= n_append > 1;
         s->in_verify = true;
         s->v_holds = true;
@@ -271,12 +271,12 @@ static bool hold_for_drafts(const sd_coord *c, uint64_t now_us) {
     int32_t n_ready = 0, n_pending = 0, n_to_draft = 0, ready_tokens = 0;
     for (int32_t i = 0; i < c->n_sessions; i++) {
         const sd_session *s = c->sessions[i];
-        cand_kind k = verify_candidate(c, s);
+        cand_kind kind = verify_candidate(c, s);
         int32_t missing = s->n_tokens - s->v_cached;
-        if (k == CAND_STEP) {
+        if (kind == CAND_STEP) {
             n_ready++;
-            ready_tokens += missing + (drafted_now(s) ? s->n_draft : 0);
-        } else if (k == CAND_NONE && s->state == SD_SESSION_ACTIVE && !s->in_verify && missing == 1) {
+            ready_tokens += missing + (drafted_now(s) ? s->k : 0);
+        } else if (kind == CAND_NONE && s->state == SD_SESSION_ACTIVE && !s->in_verify && missing == 1) {
             n_pending++;
             n_to_draft += !s->in_draft;
         }
@@ -298,9 +298,9 @@ static void dispatch_verify(sd_coord *c, uint64_t now_us) {
     if (!sd_coord_verifier_ok(c) || c->workers[c->verifier].busy) return;
     bool any_prefill = false, any_step = false;
     for (int32_t i = 0; i < c->n_sessions; i++) {
-        cand_kind k = verify_candidate(c, c->sessions[i]);
-        any_prefill |= k == CAND_PREFILL;
-        any_step |= k == CAND_STEP;
+        cand_kind kind = verify_candidate(c, c->sessions[i]);
+        any_prefill |= kind == CAND_PREFILL;
+        any_step |= kind == CAND_STEP;
     }
     /* Prefill chunks alternate with normal steps so a long prompt does not
      * stall the running sequences. */
@@ -484,7 +484,7 @@ void sd_sched_fail_step(sd_coord *c, int32_t wi, const char *why) {
             if (s->shadow_token == SD_SHADOW_PENDING) s->shadow_token = SD_SHADOW_NONE; /* lost with the step */
             /* no drafts at this length: verify with K = 0 rather than retry at once */
             s->draft_base = s->n_tokens;
-            s->n_draft = 0;
+            s->k = 0;
         }
         reap(c, s);
     }
@@ -689,11 +689,11 @@ void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r,
                 sd_adapt_observe(&s->adapt, w->step_k[i], (int32_t)vr->n_accepted);
                 if (sd_sampling_is_greedy(&s->sampling)) sd_adapt_prior_update(&c->alpha_prior, &s->adapt);
                 s->adapt.steps_at_zero = 0;
-            } else if (sd_k_cap(c, s) > 0) {
+            } else if (sd_max_k(c, s) > 0) {
                 s->adapt.steps_at_zero++;
             }
             s->draft_base = -1;
-            s->n_draft = 0;
+            s->k = 0;
             sd_k_shadow_settle(c, s, vr->commit, (int32_t)vr->n_commit);
             commit_step(c, s, vr->commit, (int32_t)vr->n_commit, now_us);
             break;
@@ -730,7 +730,7 @@ static bool copy_drafts(sd_session *s, const Specd__DraftResult *dr) {
     size_t total = 0;
     for (size_t j = 0; j < dr->n_q; j++) total += dr->q[j]->n_ids;
     if (!s->q_off) {
-        s->q_off = malloc((SD_MAX_DRAFT + 1) * sizeof *s->q_off);
+        s->q_off = malloc((SD_MAX_K + 1) * sizeof *s->q_off);
         if (!s->q_off) return false;
     }
     if (total > s->q_cap) {
@@ -751,7 +751,7 @@ static bool copy_drafts(sd_session *s, const Specd__DraftResult *dr) {
         off += dr->q[j]->n_ids;
         s->q_off[j + 1] = (uint32_t)off;
     }
-    s->n_draft = (int32_t)dr->n_tokens;
+    s->k = (int32_t)dr->n_tokens;
     return true;
 }
 
@@ -820,7 +820,7 @@ void sd_sched_on_draft(sd_coord *c, int32_t wi, const Specd__DraftResponse *r, u
             s->d_cached = 0;
             /* no drafts for this length: verify with K = 0 rather than loop */
             s->draft_base = s->n_tokens;
-            s->n_draft = 0;
+            s->k = 0;
         }
     }
     sd_cost_observe_draft(&c->cost, n_drafted, r->draft_us);

@@ -27,8 +27,8 @@ sd_coord_params sd_coord_default_params(void) {
         .max_queue = 256,
         .max_active = 64,
         .max_tokens_default = 256,
-        .k_default = 4,
-        .k_max = 8,
+        .default_k = 4,
+        .max_k = 8,
         .adaptive_k = true,
         .prefill_chunk = 512,
         .draft_timeout_ms = 2000,
@@ -71,11 +71,11 @@ sd_status sd_coord_state_init(sd_coord *c, const sd_coord_params *p, const sd_co
     sd_cost_init(&c->cost);
     c->alpha_prior = 0.6;
     c->drafting_pays = true;
-    if (p->max_queue < 0 || p->max_active < 1 || p->k_default < 0 || p->k_max < 0 || p->k_max > SD_MAX_DRAFT ||
+    if (p->max_queue < 0 || p->max_active < 1 || p->default_k < 0 || p->max_k < 0 || p->max_k > SD_MAX_K ||
         p->prefill_chunk < 1 || p->max_tokens_default < 1 || p->heartbeat_interval_ms < 1 ||
         p->heartbeat_liveness < 1) {
-        SD_ERROR("coordinator parameters out of range (max_active >= 1, 0 <= k_max <= %d, prefill_chunk >= 1...)",
-                 SD_MAX_DRAFT);
+        SD_ERROR("coordinator parameters out of range (max_active >= 1, 0 <= max_k <= %d, prefill_chunk >= 1...)",
+                 SD_MAX_K);
         return SD_ERR_INVALID_ARG;
     }
     /* the target as any weights source: a GGUF file or a Hugging Face
@@ -101,8 +101,8 @@ sd_status sd_coord_state_init(sd_coord *c, const sd_coord_params *p, const sd_co
     c->n_vocab = sd_tok_n_vocab(c->tok);
     c->n_ctx = cfg.n_ctx_train;
     c->vocab_hash = sd_tok_vocab_hash(c->tok);
-    c->lim = (sd_net_limits){
-        .n_vocab = c->n_vocab, .max_context = c->n_ctx, .max_batch = SD_MAX_BATCH, .max_draft = SD_MAX_DRAFT};
+    c->lim =
+        (sd_net_limits){.n_vocab = c->n_vocab, .max_context = c->n_ctx, .max_batch = SD_MAX_BATCH, .max_k = SD_MAX_K};
     SD_INFO("target %s: %s, %d tokens (vocab hash 0x%016llx), context %d%s", p->model_path, c->arch, c->n_vocab,
             (unsigned long long)c->vocab_hash, c->n_ctx, c->default_system ? ", ChatML default system prompt" : "");
     return SD_OK;

@@ -149,7 +149,7 @@ static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
     w->drafter_kind = h->drafter_kind;
     w->n_ctx = (int32_t)(h->model->context_length > INT32_MAX ? INT32_MAX : h->model->context_length);
     w->max_batch = h->max_batch == 0 || h->max_batch > SD_MAX_BATCH ? SD_MAX_BATCH : (int32_t)h->max_batch;
-    w->max_draft = h->max_draft == 0 || h->max_draft > SD_MAX_DRAFT ? SD_MAX_DRAFT : (int32_t)h->max_draft;
+    w->max_k = h->max_k == 0 || h->max_k > SD_MAX_K ? SD_MAX_K : (int32_t)h->max_k;
     if (h->stats) {
         w->kv_blocks_total = h->stats->kv_blocks_total;
         w->kv_blocks_free = h->stats->kv_blocks_free;
@@ -177,9 +177,9 @@ static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
             c->sessions[i]->d_holds = false;
         }
     }
-    SD_INFO("%s %s registered as worker %llu (max_batch %d, max_draft %d, context %d)%s",
-            verifier ? "verifier" : "drafter", name, (unsigned long long)w->worker_id, w->max_batch, w->max_draft,
-            w->n_ctx, !verifier && c->drafter != wi ? " (standby)" : "");
+    SD_INFO("%s %s registered as worker %llu (max_batch %d, max_k %d, context %d)%s", verifier ? "verifier" : "drafter",
+            name, (unsigned long long)w->worker_id, w->max_batch, w->max_k, w->n_ctx,
+            !verifier && c->drafter != wi ? " (standby)" : "");
     Specd__Welcome wel = SPECD__WELCOME__INIT;
     wel.protocol_version = SD_PROTOCOL_VERSION;
     wel.worker_id = w->worker_id;

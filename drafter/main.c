@@ -41,7 +41,7 @@ typedef struct drafter_opts {
     int32_t ngram_min, ngram_max;
     int32_t ngram_cache; /* entries of the n-gram cache shared across requests; 0 = none */
     int32_t draft_layers;
-    int32_t n_threads, max_seqs, kv_blocks, top_n, max_draft, max_batch, max_ctx, index;
+    int32_t n_threads, max_seqs, kv_blocks, top_n, max_k, max_batch, max_ctx, index;
     int32_t device; /* model drafters: -1 CPU, N cuda:N */
     int32_t warmup; /* --warmup N; -1 = the default */
     bool verbose;
@@ -71,7 +71,7 @@ static void usage(FILE *f) {
             "                          (default: max-seqs x context, capped at a quarter of memory)\n"
             "      --max-ctx N         tokens per sequence (default: see above)\n"
             "      --top-n N           entries kept of each proposal distribution (default %d)\n"
-            "      --max-draft N       tokens proposed per sequence (default 16, at most %d)\n"
+            "      --max-k N           tokens proposed per sequence (default 16, at most %d)\n"
             "      --max-batch N       sequences per draft batch (default 64, at most %d)\n"
             "      --index N           drafter number in the logs (default 0)\n"
             "      --name NAME         name in the coordinator's logs (default host:pid)\n"
@@ -82,7 +82,7 @@ static void usage(FILE *f) {
             "                          else 0)\n"
             "  -v, --verbose           log at DEBUG level\n"
             "  -h, --help              this help\n",
-            SD_SPEC_DEFAULT_TOP_N, SD_MAX_DRAFT, SD_MAX_BATCH, SD_WARMUP_EXACT_TOKENS);
+            SD_SPEC_DEFAULT_TOP_N, SD_MAX_K, SD_MAX_BATCH, SD_WARMUP_EXACT_TOKENS);
 }
 
 static bool parse_int(const char *flag, const char *s, int32_t lo, int32_t hi, int32_t *out) {
@@ -126,7 +126,7 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         {"kv-blocks", required_argument, 0, O_KV},
         {"max-ctx", required_argument, 0, O_CTX},
         {"top-n", required_argument, 0, O_TOPN},
-        {"max-draft", required_argument, 0, O_DRAFT},
+        {"max-k", required_argument, 0, O_DRAFT},
         {"max-batch", required_argument, 0, O_BATCH},
         {"index", required_argument, 0, O_INDEX},
         {"name", required_argument, 0, O_NAME},
@@ -153,11 +153,11 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         case O_KV: ok = parse_int("--kv-blocks", optarg, 1, 1 << 28, &o->kv_blocks); break;
         case O_CTX: ok = parse_int("--max-ctx", optarg, 1, 1 << 24, &o->max_ctx); break;
         case O_TOPN: ok = parse_int("--top-n", optarg, 1, SD_MAX_TOP_N, &o->top_n); break;
-        case O_DRAFT: ok = parse_int("--max-draft", optarg, 1, SD_MAX_DRAFT, &o->max_draft); break;
+        case O_DRAFT: ok = parse_int("--max-k", optarg, 1, SD_MAX_K, &o->max_k); break;
         case O_BATCH: ok = parse_int("--max-batch", optarg, 1, SD_MAX_BATCH, &o->max_batch); break;
         case O_INDEX: ok = parse_int("--index", optarg, 0, 1 << 20, &o->index); break;
         case O_NAME: o->name = optarg; break;
-        case O_WARMUP: ok = parse_int("--warmup", optarg, 0, SD_MAX_BATCH * (SD_MAX_DRAFT + 1), &o->warmup); break;
+        case O_WARMUP: ok = parse_int("--warmup", optarg, 0, SD_MAX_BATCH * (SD_MAX_K + 1), &o->warmup); break;
         case O_DEVICE:
             ok = sd_device_parse(optarg, &o->device) == SD_OK;
             if (!ok) fprintf(stderr, "specd-drafter: --device must be cpu, cuda or cuda:N, got '%s'\n", optarg);
@@ -247,7 +247,7 @@ int main(int argc, char **argv) {
         .ngram_cache = 65536,
         .max_seqs = 64,
         .top_n = SD_SPEC_DEFAULT_TOP_N,
-        .max_draft = 16,
+        .max_k = 16,
         .max_batch = 64,
         .device = -1,
         .warmup = -1,
@@ -305,7 +305,7 @@ int main(int argc, char **argv) {
         sp.max_seqs = o.max_seqs;
         sp.max_ctx = dp.max_ctx;
         sp.max_batch = o.max_batch;
-        sp.max_draft = o.max_draft;
+        sp.max_k = o.max_k;
         sp.n_vocab = (int32_t)wp.model.vocab_size;
         sp.top_n = dp.top_n;
         st = sd_draft_server_create(drafter, &sp, &server);
@@ -317,13 +317,13 @@ int main(int argc, char **argv) {
         return 2;
     }
     SD_INFO("%s drafter for %s (vocab %u): %d slots of %d tokens, top-n %d, max draft %d", sd_drafter_name(drafter),
-            wp.model.name, wp.model.vocab_size, (int)o.max_seqs, (int)dp.max_ctx, (int)dp.top_n, (int)o.max_draft);
+            wp.model.name, wp.model.vocab_size, (int)o.max_seqs, (int)dp.max_ctx, (int)dp.top_n, (int)o.max_k);
     /* before the coordinator knows us: no request waits on it */
-    const int32_t n_warm = o.warmup >= 0 ? o.warmup : !o.ngram && o.device >= 0 ? o.max_batch * (o.max_draft + 1) : 0;
+    const int32_t n_warm = o.warmup >= 0 ? o.warmup : !o.ngram && o.device >= 0 ? o.max_batch * (o.max_k + 1) : 0;
     sd_warmup_report wr;
     st = sd_draft_server_warmup(server, n_warm, &wr);
     if (st != SD_OK) {
-        SD_ERROR("the warm-up failed after batches of up to %d tokens (%s): lower --max-batch or --max-draft, or "
+        SD_ERROR("the warm-up failed after batches of up to %d tokens (%s): lower --max-batch or --max-k, or "
                  "pass --warmup with a smaller size (0: none)",
                  (int)wr.max_tokens, sd_status_str(st));
         sd_draft_server_free(&server);

@@ -197,9 +197,8 @@ static sd_status p_row_total(const float *row, int32_t n_vocab, int32_t i, doubl
 
 sd_status sd_spec_verify_greedy(const int32_t *target_argmax, const int32_t *draft, int32_t k, int32_t *out_tokens,
                                 int32_t *n_accepted) {
-    if (!target_argmax || (!draft && k > 0) || !out_tokens || !n_accepted || k < 0 || k > SD_MAX_DRAFT) {
-        SD_ERROR("spec: greedy verify needs target argmax, draft, outputs and 0 <= k <= %d (k = %d)", SD_MAX_DRAFT,
-                 (int)k);
+    if (!target_argmax || (!draft && k > 0) || !out_tokens || !n_accepted || k < 0 || k > SD_MAX_K) {
+        SD_ERROR("spec: greedy verify needs target argmax, draft, outputs and 0 <= k <= %d (k = %d)", SD_MAX_K, (int)k);
         return SD_ERR_INVALID_ARG;
     }
     int32_t i = 0;
@@ -240,11 +239,11 @@ static int32_t draw_residual(const float *p_row, double p_tot, const sd_spec_q *
 sd_status sd_spec_verify(const float *p, int32_t n_vocab, const int32_t *draft, const sd_spec_q *q, int32_t k,
                          uint64_t seed, uint64_t pos0, double *scratch, int32_t *out_tokens, int32_t *n_accepted,
                          sd_spec_info *info) {
-    if (!p || n_vocab <= 0 || k < 0 || k > SD_MAX_DRAFT || (k > 0 && (!draft || !q)) || !scratch || !out_tokens ||
+    if (!p || n_vocab <= 0 || k < 0 || k > SD_MAX_K || (k > 0 && (!draft || !q)) || !scratch || !out_tokens ||
         !n_accepted) {
         SD_ERROR("spec: verify needs p, draft, q, scratch, outputs, n_vocab > 0 and 0 <= k <= %d "
                  "(n_vocab %d, k %d)",
-                 SD_MAX_DRAFT, (int)n_vocab, (int)k);
+                 SD_MAX_K, (int)n_vocab, (int)k);
         return SD_ERR_INVALID_ARG;
     }
     sd_spec_info local = {0};

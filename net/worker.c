@@ -133,7 +133,7 @@ static sd_status send_hello(worker_loop *w) {
     h.name = w->name;
     h.drafter_kind = p->drafter_kind;
     h.max_batch = (uint32_t)p->limits.max_batch;
-    h.max_draft = (uint32_t)p->limits.max_draft;
+    h.max_k = (uint32_t)p->limits.max_k;
     h.stats = &stats;
     Specd__StepCost costs[SD_MAX_STEP_COSTS];
     Specd__StepCost *cost_ptrs[SD_MAX_STEP_COSTS];

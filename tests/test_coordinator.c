@@ -163,7 +163,7 @@ static void hello(harness *h, const char *ident, Specd__Role role, uint64_t hash
     he.model = &id;
     he.name = (char *)ident;
     he.max_batch = 64;
-    he.max_draft = 8;
+    he.max_k = 8;
     he.drafter_kind = role == SPECD__ROLE__ROLE_DRAFTER ? SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM : 0;
     if (role == SPECD__ROLE__ROLE_VERIFIER) he.step_costs = h->hello_costs, he.n_step_costs = h->n_hello_costs;
     Specd__WorkerToCoordinator e = SPECD__WORKER_TO_COORDINATOR__INIT;
@@ -717,7 +717,7 @@ static void test_speculative_steps_and_drafter_death(void **state) {
     NEED_MODEL();
     sd_coord_params p = sd_coord_default_params();
     p.adaptive_k = false;
-    p.k_default = 3;
+    p.default_k = 3;
     harness *h = harness_new(&p);
     register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
     register_ok(h, "d", SPECD__ROLE__ROLE_DRAFTER);
@@ -1456,7 +1456,7 @@ static uint64_t moving_clock(void) { return moving_clock_us += 10; }
 static harness *two_cohorts_setup(double draft_step_us) {
     sd_coord_params p = sd_coord_default_params();
     p.adaptive_k = false;
-    p.k_default = 2;
+    p.default_k = 2;
     harness *h = harness_new(&p);
     h->c.clock_us = moving_clock;
     register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);

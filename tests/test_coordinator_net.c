@@ -119,7 +119,7 @@ static void send_hello(void *sock, Specd__Role role, uint64_t hash, uint32_t voc
     h.model = &id;
     h.name = "fake";
     h.max_batch = 8;
-    h.max_draft = 8;
+    h.max_k = 8;
     if (role == SPECD__ROLE__ROLE_DRAFTER) h.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM;
     Specd__WorkerToCoordinator e = SPECD__WORKER_TO_COORDINATOR__INIT;
     e.body_case = SPECD__WORKER_TO_COORDINATOR__BODY_HELLO;

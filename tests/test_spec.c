@@ -381,7 +381,7 @@ static void test_bad_inputs(void **state) {
     assert_int_equal(verify1(p_nan, V, 1, &q, 1, out, &n_acc, NULL), SD_ERR_INVALID_ARG);
     double scratch[V];
     int32_t draft[1] = {1};
-    assert_int_equal(sd_spec_verify(p, V, draft, &q, SD_MAX_DRAFT + 1, 1, 0, scratch, out, &n_acc, NULL),
+    assert_int_equal(sd_spec_verify(p, V, draft, &q, SD_MAX_K + 1, 1, 0, scratch, out, &n_acc, NULL),
                      SD_ERR_INVALID_ARG);
     assert_int_equal(n_error_lines, 5);
 }

@@ -3,8 +3,8 @@
  *
  * For each concurrency (default 1, 8, 64) it runs rounds of that many
  * concurrent requests (prompts from a file, one per line, cycled), with
- * speculation on (max_draft 0 = the coordinator's default) and off
- * (max_draft -1: target-only), alternating spec/target rounds and which of
+ * speculation on (max_k 0 = the coordinator's default) and off
+ * (max_k -1: target-only), alternating spec/target rounds and which of
  * the two goes first (ABBA), so that drift of the machine hits both alike;
  * both rounds of a pair send the same prompts. Each concurrency starts with
  * --warmup unmeasured pairs: the first round of a run measured 5-6% slower
@@ -114,11 +114,11 @@ static double pct(double *v, size_t n, double p) {
     return v[i < n ? i : n - 1];
 }
 
-/* One round: conc requests at once, all with the same max_draft; the CPU
+/* One round: conc requests at once, all with the same max_k; the CPU
  * that processes other than the service's ("specd-*") and this one used
  * meanwhile goes to round_other. */
 static void round_run(sd_client *c, char **prompts, int n_prompts, int *next_prompt, int conc, int tokens,
-                      int32_t max_draft, const sd_hyg_params *hyg, serve_tally *t) {
+                      int32_t max_k, const sd_hyg_params *hyg, serve_tally *t) {
     serve_req *reqs = calloc((size_t)conc, sizeof *reqs);
     uint64_t *ids = calloc((size_t)conc, sizeof *ids);
     bool *ok = calloc((size_t)conc, sizeof *ok);
@@ -132,7 +132,7 @@ static void round_run(sd_client *c, char **prompts, int n_prompts, int *next_pro
         q.chat = true;
         q.max_tokens = (uint32_t)tokens;
         q.ignore_eos = true;
-        q.max_draft = max_draft;
+        q.max_k = max_k;
         ok[i] = sd_client_submit(c, &q, on_chunk, &reqs[i], &ids[i]) == SD_OK;
         if (!ok[i]) t->failures++;
     }
@@ -211,7 +211,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: specd-bench serve [--coordinator ADDR] [--prompts FILE] [--conc 1,8,64] [-n TOKENS]\n"
                "                        [--rounds R] [--warmup W] [--max-other-load CORES] [-o OUT.md]\n"
                "Start the service first (specd-launch --target ... --ngram). Each concurrency runs R rounds\n"
-               "of speculative and R of target-only (max_draft -1) requests, alternating.\n"
+               "of speculative and R of target-only (max_k -1) requests, alternating.\n"
                "  --coordinator ADDR  client address (default tcp://127.0.0.1:7700)\n"
                "  --prompts FILE      one prompt per line, sent as chat turns (default bench/prompts/chat.txt)\n"
                "  --conc LIST         concurrencies (default 1,8,64)\n"

@@ -181,7 +181,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
             break;
         case 'k':
             name = "k";
-            ok = sd_cli_parse_i32(optarg, 1, SD_MAX_DRAFT, &o->k);
+            ok = sd_cli_parse_i32(optarg, 1, SD_MAX_K, &o->k);
             break;
         case OPT_ADAPTIVE: o->adaptive_k = true; break;
         case OPT_DEVICE:
@@ -381,8 +381,8 @@ static sd_status generate_spec(const gen_opts *o, sd_model *m, sd_spec_decoder *
                                const char *text, gen_result *r) {
     SD_TRY(encode_prompt(o, sd_model_config_of(m), tok, text, r));
     int32_t n_prompt = (int32_t)r->n_prompt;
-    int32_t *ctx = malloc(((size_t)n_prompt + (size_t)o->n_predict + SD_MAX_DRAFT + 1) * sizeof *ctx);
-    r->ids = malloc(((size_t)o->n_predict + SD_MAX_DRAFT + 1) * sizeof *r->ids);
+    int32_t *ctx = malloc(((size_t)n_prompt + (size_t)o->n_predict + SD_MAX_K + 1) * sizeof *ctx);
+    r->ids = malloc(((size_t)o->n_predict + SD_MAX_K + 1) * sizeof *r->ids);
     spec_stream ss = {o, tok, sd_tok_stream_new(tok)};
     sd_status st = SD_OK;
     if (!ctx || !r->ids || !ss.stream) {

@@ -39,7 +39,7 @@ typedef struct verifier_opts {
     const char *name;
     int32_t n_threads;
     int32_t device; /* -1 CPU, N cuda:N */
-    int32_t max_seqs, kv_blocks, block_size, max_batch, max_draft, tp, rank;
+    int32_t max_seqs, kv_blocks, block_size, max_batch, max_k, tp, rank;
     const char *group; /* --group ADDR */
     int32_t lm_head;   /* sd_tp_lm_head */
     int32_t coll_timeout_ms, group_heartbeat_ms, join_timeout_s;
@@ -61,7 +61,7 @@ static void usage(FILE *f) {
             "      --kv-blocks N       KV blocks (default: max-seqs x context/4 tokens, capped by memory)\n"
             "      --block-size N      tokens per KV block (default 16)\n"
             "      --max-batch N       sequences per verify batch (default 64, at most %d)\n"
-            "      --max-draft N       draft tokens per sequence (default 16, at most %d)\n"
+            "      --max-k N           draft tokens per sequence (default 16, at most %d)\n"
             "      --tp N              tensor-parallel group size (default 1); it must divide the attention\n"
             "                          heads and the MLP width, and divide or be a multiple of the KV heads\n"
             "      --rank N            rank in the group (default 0: the leader, which talks to the coordinator)\n"
@@ -82,7 +82,7 @@ static void usage(FILE *f) {
             "      --name NAME         name in the coordinator's logs (default host:pid)\n"
             "  -v, --verbose           log at DEBUG level\n"
             "  -h, --help              this help\n",
-            SD_MAX_BATCH, SD_MAX_DRAFT, SD_GROUP_HEARTBEAT_MS, SD_WARMUP_EXACT_TOKENS);
+            SD_MAX_BATCH, SD_MAX_K, SD_GROUP_HEARTBEAT_MS, SD_WARMUP_EXACT_TOKENS);
 }
 
 static bool parse_int(const char *flag, const char *s, int32_t lo, int32_t hi, int32_t *out) {
@@ -99,7 +99,7 @@ static int parse_args(int argc, char **argv, verifier_opts *o) {
         O_KV_BLOCKS,
         O_BLOCK,
         O_MAX_BATCH,
-        O_MAX_DRAFT,
+        O_MAX_K,
         O_TP,
         O_RANK,
         O_NAME,
@@ -119,7 +119,7 @@ static int parse_args(int argc, char **argv, verifier_opts *o) {
         {"kv-blocks", required_argument, 0, O_KV_BLOCKS},
         {"block-size", required_argument, 0, O_BLOCK},
         {"max-batch", required_argument, 0, O_MAX_BATCH},
-        {"max-draft", required_argument, 0, O_MAX_DRAFT},
+        {"max-k", required_argument, 0, O_MAX_K},
         {"tp", required_argument, 0, O_TP},
         {"rank", required_argument, 0, O_RANK},
         {"name", required_argument, 0, O_NAME},
@@ -145,7 +145,7 @@ static int parse_args(int argc, char **argv, verifier_opts *o) {
         case O_KV_BLOCKS: ok = parse_int("--kv-blocks", optarg, 1, 1 << 28, &o->kv_blocks); break;
         case O_BLOCK: ok = parse_int("--block-size", optarg, 1, 4096, &o->block_size); break;
         case O_MAX_BATCH: ok = parse_int("--max-batch", optarg, 1, SD_MAX_BATCH, &o->max_batch); break;
-        case O_MAX_DRAFT: ok = parse_int("--max-draft", optarg, 0, SD_MAX_DRAFT, &o->max_draft); break;
+        case O_MAX_K: ok = parse_int("--max-k", optarg, 0, SD_MAX_K, &o->max_k); break;
         case O_TP: ok = parse_int("--tp", optarg, 1, SD_MAX_GROUP_SIZE, &o->tp); break;
         case O_RANK: ok = parse_int("--rank", optarg, 0, SD_MAX_GROUP_SIZE - 1, &o->rank); break;
         case O_GROUP: o->group = optarg; break;
@@ -157,7 +157,7 @@ static int parse_args(int argc, char **argv, verifier_opts *o) {
         case O_COLL_TIMEOUT: ok = parse_int("--coll-timeout-ms", optarg, 1, 3600000, &o->coll_timeout_ms); break;
         case O_GROUP_HB: ok = parse_int("--group-heartbeat-ms", optarg, 1, 60000, &o->group_heartbeat_ms); break;
         case O_JOIN_TIMEOUT: ok = parse_int("--join-timeout", optarg, 1, 86400, &o->join_timeout_s); break;
-        case O_WARMUP: ok = parse_int("--warmup", optarg, 0, SD_MAX_BATCH * (SD_MAX_DRAFT + 1), &o->warmup); break;
+        case O_WARMUP: ok = parse_int("--warmup", optarg, 0, SD_MAX_BATCH * (SD_MAX_K + 1), &o->warmup); break;
         case O_NAME: o->name = optarg; break;
         case O_DEVICE:
             ok = sd_device_parse(optarg, &o->device) == SD_OK;
@@ -263,7 +263,7 @@ int main(int argc, char **argv) {
         .max_seqs = 64,
         .block_size = 16,
         .max_batch = 64,
-        .max_draft = 16,
+        .max_k = 16,
         .tp = 1,
         .rank = 0,
         .device = -1,
@@ -313,7 +313,7 @@ int main(int argc, char **argv) {
         vp.max_seqs = o.max_seqs;
         vp.block_size = o.block_size;
         vp.max_batch = o.max_batch;
-        vp.max_draft = o.max_draft;
+        vp.max_k = o.max_k;
         vp.kv_blocks = o.kv_blocks > 0
                            ? o.kv_blocks
                            : sd_verifier_default_kv_blocks(sd_model_config_of(model), o.max_seqs, o.block_size, 0);
@@ -358,7 +358,7 @@ int main(int argc, char **argv) {
     if (st == SD_OK) {
         /* before the coordinator knows us: no request waits on it */
         const bool cpu_default = o.warmup < 0 && o.device < 0;
-        const int32_t n_warm = o.warmup >= 0 ? o.warmup : cpu_default ? 16 : o.max_batch * (o.max_draft + 1);
+        const int32_t n_warm = o.warmup >= 0 ? o.warmup : cpu_default ? 16 : o.max_batch * (o.max_k + 1);
         st = sd_verifier_warmup(v, cpu_default ? SD_WARMUP_TIMES : SD_WARMUP_FULL, n_warm, &wr);
         for (int32_t i = 0; st == SD_OK && i < wr.n_sizes; i++) {
             const double us = wr.steady_s[i] * 1e6;
@@ -375,7 +375,7 @@ int main(int argc, char **argv) {
         if (st != SD_OK) {
             /* a forward that fails here would fail a request later: say so now */
             SD_ERROR("the warm-up failed after steps of up to %d tokens (%s): a step that large cannot run here; "
-                     "lower --max-batch or --max-draft, or pass --warmup with a smaller size (0: none)",
+                     "lower --max-batch or --max-k, or pass --warmup with a smaller size (0: none)",
                      (int)wr.max_tokens, sd_status_str(st));
             exit_code = 1;
         }

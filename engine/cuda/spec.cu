@@ -649,9 +649,9 @@ sd_status sd_cuda_spec_verify(sd_backend *be, const float *logits, int32_t n_voc
         sd_spec_rows *v = &seqs[i];
         v->n_accepted = 0;
         v->status = SD_OK;
-        if (!v->sampling || v->k < 0 || v->k > SD_MAX_DRAFT || (v->k > 0 && !v->draft) ||
+        if (!v->sampling || v->k < 0 || v->k > SD_MAX_K || (v->k > 0 && !v->draft) ||
             (v->k > 0 && !sd_sampling_is_greedy(v->sampling) && !v->q)) {
-            SD_ERROR("spec: sequence %d: needs sampling, 0 <= k <= %d, drafts and their q (k %d)", (int)i, SD_MAX_DRAFT,
+            SD_ERROR("spec: sequence %d: needs sampling, 0 <= k <= %d, drafts and their q (k %d)", (int)i, SD_MAX_K,
                      (int)v->k);
             v->status = SD_ERR_INVALID_ARG;
         }

@@ -50,7 +50,7 @@ BINARIES = {
 # steps), which would leave the drafts, their verification and the
 # drafter's caches untested. The adaptive policy has its own unit tests
 # (test_coordinator) and benchmark (specd-bench serve).
-FIXED_K = ["--adaptive-k", "off", "--k-default", "4"]
+FIXED_K = ["--adaptive-k", "off", "--default-k", "4"]
 
 
 class TestFailure(Exception):

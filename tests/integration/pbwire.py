@@ -187,7 +187,7 @@ HELLO = {"protocol_version": (1, "uint32"), "role": (2, "enum"), "rank": (3, "ui
 SUBMIT = {"client_tag": (1, "uint64"), "prompt": (2, "string"), "prompt_ids": (3, ("rep", "int32")),
           "chat": (4, "bool"), "system": (5, "string"), "max_tokens": (6, "uint32"),
           "sampling": (7, ("msg", SAMPLING)), "stop": (8, ("rep", "string")), "ignore_eos": (9, "bool"),
-          "max_draft": (10, "int32")}
+          "max_k": (10, "int32")}
 CANCEL = {"request_id": (1, "uint64")}
 STATS_QUERY = {"include_workers": (1, "bool")}
 CLIENT_TO_COORD = {"hello": (1, ("msg", HELLO)), "submit": (2, ("msg", SUBMIT)), "cancel": (3, ("msg", CANCEL)),
@@ -223,12 +223,12 @@ STOP_REASON = {1: "EOS", 2: "LENGTH", 3: "STOP_STRING", 4: "CONTEXT", 5: "CANCEL
 
 
 def _selftest():
-    m = {"submit": {"client_tag": 7, "prompt": "hi", "prompt_ids": [1, 300, 0], "max_draft": -1,
+    m = {"submit": {"client_tag": 7, "prompt": "hi", "prompt_ids": [1, 300, 0], "max_k": -1,
                     "sampling": {"temperature": 0.5, "seed": 2 ** 40}, "stop": ["a", "bc"]}}
     b = encode(CLIENT_TO_COORD, m)
     back = decode(CLIENT_TO_COORD, b)
     assert back["submit"]["prompt_ids"] == [1, 300, 0], back
-    assert back["submit"]["max_draft"] == -1, back
+    assert back["submit"]["max_k"] == -1, back
     assert back["submit"]["stop"] == ["a", "bc"], back
     assert abs(back["submit"]["sampling"]["temperature"] - 0.5) < 1e-7
     assert back["submit"]["sampling"]["seed"] == 2 ** 40

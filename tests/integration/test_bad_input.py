@@ -72,8 +72,8 @@ def run(h):
                  "17 stop strings")
     expect_error(c, s(prompt="hi", stop=["y" * 300]), EITHER, ["stop", "256", "300"],
                  "stop string over 256 bytes")
-    expect_error(c, s(prompt="hi", max_draft=SD_MAX_DRAFT + 5), "BAD_REQUEST", ["max_draft", "32", "37"],
-                 "max_draft over SD_MAX_DRAFT")
+    expect_error(c, s(prompt="hi", max_k=SD_MAX_K + 5), "BAD_REQUEST", ["max_k", "32", "37"],
+                 "max_k over SD_MAX_K")
 
     # Oversized message: over ZMQ_MAXMSGSIZE on its own connection.
     big = h.client()
@@ -100,7 +100,7 @@ def run(h):
         H.check(p.alive(), "%s died during the bad-input test (exit %s)" % (p.name, p.popen.returncode))
 
 
-SD_MAX_DRAFT = 32
+SD_MAX_K = 32
 
 if __name__ == "__main__":
     H.main(run)

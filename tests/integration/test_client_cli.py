@@ -8,7 +8,7 @@ the CLI itself is checked):
 - `--stop S` ends the output before the stop string;
 - `--jobs FILE.jsonl` writes one JSON result per input line, in input order,
   echoing each "id": greedy jobs give specd-generate's ids, a seeded
-  target-only job (temp, top_p, seed, max_draft -1) gives the seeded
+  target-only job (temp, top_p, seed, max_k -1) gives the seeded
   specd-generate's ids, a line with a bad field gets its own BAD_JOB line
   and the others still run; a progress bar goes to stderr only when stderr
   is a terminal; against a coordinator that does not answer, the first job
@@ -70,7 +70,7 @@ def check_jobs(h, target, prompts):
     lines = [
         {"id": "first", "prompt": prompts[0], "n": 20, "ignore_eos": True},
         {"id": 2, "prompt": prompts[2], "n": 20, "ignore_eos": True, "temp": 0.8, "top_p": 0.95, "seed": 7,
-         "max_draft": -1},
+         "max_k": -1},
         {"id": "bad", "prompt": prompts[1], "n": "twenty"},
         {"id": "last", "prompt": prompts[1], "n": 20, "ignore_eos": True},
     ]

@@ -65,7 +65,7 @@ typedef struct sd_spec_rows {
     /* out */
     sd_status status; /* SD_OK, or why this sequence was refused (logged) */
     int32_t n_accepted;
-    int32_t tokens[SD_MAX_DRAFT + 1]; /* the first n_accepted + 1 are to commit */
+    int32_t tokens[SD_MAX_K + 1]; /* the first n_accepted + 1 are to commit */
     sd_spec_info info;
 } sd_spec_rows;
 

@@ -55,7 +55,7 @@ typedef struct sd_net_limits {
     int32_t n_vocab;     /* token ids must be in [0, n_vocab) */
     int32_t max_context; /* tokens in one sequence */
     int32_t max_batch;   /* sequences per batch (<= SD_MAX_BATCH) */
-    int32_t max_draft;   /* draft tokens per sequence (<= SD_MAX_DRAFT) */
+    int32_t max_k;       /* draft tokens per sequence (<= SD_MAX_K) */
 } sd_net_limits;
 
 /* ---- sockets ---- */

@@ -97,7 +97,7 @@ const char *sd_drafter_name(const sd_drafter *d);
  * a q must keep this many, or the draft is no longer exact. */
 int32_t sd_drafter_max_q(const sd_drafter *d);
 
-/* Proposes up to k (<= SD_MAX_DRAFT) tokens continuing context[n_context]
+/* Proposes up to k (<= SD_MAX_K) tokens continuing context[n_context]
  * (the sequence's committed tokens) for slot seq, sampled with s (the same
  * processing the target uses; the token at position n_context + i uses the
  * key (s->seed, n_context + i, SD_RNG_DRAFT)). Writes tokens[k], q[k] and
