@@ -2,7 +2,7 @@
 """Side by side: specd's n-gram drafter and llama.cpp's prompt lookup decoding.
 
 Usage: lookup_side_by_side.py MODEL.gguf PROMPTS.txt... [--tokens 48] [--threads 2]
-                              [--max-other-load 0.25] [--specd-generate PATH]
+                              [--cpus 0-1] [--max-other-load 0.25] [--specd-generate PATH]
 
 For every prompt (one a line, "\\n" for a newline, chat-wrapped by each
 program's own chat template), interleaved in one run, greedy, the same
@@ -19,6 +19,13 @@ its calls (one per target step) and the tokens it proposed, so acceptance is
 step commits its accepted drafts and one more token). llama.cpp's figure is
 end-to-end (its prefill included, which the lookup does not change); specd's
 is its decode figure: compare each program's ratio to its own plain run.
+
+Both programs run on the same CPUs (--cpus, default the first --threads
+online CPUs of this process's affinity): this process takes that affinity
+before llama.cpp starts its threads in it, and specd-generate inherits it.
+Neither pins a thread to a single core (specd's pool does not; llama.cpp's
+default does not either), so both are placed the same way; the table
+header names the set.
 
 Hygiene: around every run the CPU time of other processes is sampled
 (/proc/stat busy minus this process and its children, i.e. specd-generate
@@ -62,6 +69,29 @@ class Hyg:
         self.other = max(0.0, other / TICK / wall) if wall > 0 else -1.0
 
 
+def parse_cpus(text):
+    """A Linux CPU list ("0-1", "0,2,4-5") as a set; ValueError otherwise."""
+    cpus = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()) or (_ and not hi):
+            raise ValueError(f"not a CPU list: {text!r}")
+        a, b = int(lo), int(hi or lo)
+        if b < a:
+            raise ValueError(f"not a CPU list: {text!r}")
+        cpus.update(range(a, b + 1))
+    return cpus
+
+
+def pin(cpus_arg, threads):
+    """Keeps this process (and llama.cpp's threads, and every child) to one
+    CPU set, the same for both programs; returns the set as text."""
+    allowed = sorted(os.sched_getaffinity(0))
+    cpus = parse_cpus(cpus_arg) if cpus_arg else set(allowed[:threads])
+    os.sched_setaffinity(0, cpus)
+    return ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+
+
 def read_prompts(path):
     with open(path) as f:
         return [line.rstrip("\n").replace("\\n", "\n") for line in f if line.strip()]
@@ -73,9 +103,11 @@ def main():
     ap.add_argument("prompts", nargs="+")
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cpus", default="", help="CPU list both programs run on (default: the first --threads)")
     ap.add_argument("--max-other-load", type=float, default=0.25)
     ap.add_argument("--specd-generate", default="build/tools/specd-generate")
     a = ap.parse_args()
+    cpus = pin(a.cpus, a.threads)
     from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
@@ -145,6 +177,7 @@ def main():
             keep.append(ok)
             print(f"{path}: prompt {len(keep)} done", file=sys.stderr)
     idx = [i for i, k in enumerate(keep) if k] or list(range(len(keep)))
+    print(f"Both programs on CPUs {cpus} (process affinity, {a.threads} threads each, no thread pinned to one core).\n")
     print(f"{len(idx)} of {len(keep)} prompts kept (other processes at most {a.max_other_load} cores during every "
           f"run){'' if any(keep) else ': NONE was, all kept, unreliable'}.\n")
     print("| method | tokens/s (median) | vs own plain | acceptance | tokens / target step | "

@@ -352,8 +352,12 @@ int bench_serve_main(int argc, char **argv) {
                       "latency p99 ms | acceptance | drafting overlapped | other CPU, cores: median / max | "
                       "pairs over the limit |\n"
                       "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-    printf("%s", hdr);
-    if (out) fprintf(out, "%s", hdr);
+    char cpus[256];
+    sd_hyg_affinity_text(cpus, sizeof cpus);
+    printf("CPUs of specd-bench: %s (the service runs on its own affinity, set where it was started)\n\n%s", cpus, hdr);
+    if (out)
+        fprintf(out, "CPUs of specd-bench: %s (the service runs on its own affinity, set where it was started)\n\n%s",
+                cpus, hdr);
     int next_prompt = 0;
     char rounds_txt[8192] = "";
     for (char *tok = strtok(conc_list, ","); tok; tok = strtok(NULL, ",")) {

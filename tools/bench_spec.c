@@ -415,6 +415,9 @@ static void write_set_table(FILE *out, const char *set, int np, method *methods,
                 "Medians over the %d of %d prompts whose runs all saw other processes use at most %.2f of "
                 "a core.\n\n",
                 n_keep, np, hyg.max_other_cores);
+    char cpus[256];
+    sd_hyg_affinity_text(cpus, sizeof cpus);
+    fprintf(out, "CPUs: %s (process affinity, no thread pinned to one core).\n\n", cpus);
     fprintf(out, "| method | tokens/s (median) | vs plain | acceptance | tokens / target step "
                  "| other CPU, cores: median / max | runs over the limit |\n");
     fprintf(out, "| --- | --- | --- | --- | --- | --- | --- |\n");

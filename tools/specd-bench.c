@@ -197,7 +197,9 @@ static void describe_machine(FILE *f, int n_threads, const char *load_before, co
             model, sysconf(_SC_NPROCESSORS_ONLN), l2, l3, (double)mem_kb / (1024.0 * 1024.0), u.sysname, u.release);
     fprintf(f, "- transparent huge pages: %s (weights and bandwidth buffers ask for them with madvise)\n", thp);
     fprintf(f, "- load average (1, 5, 15 min) before: %s; after: %s\n", load_before, load_after);
-    fprintf(f, "- threads used: %d\n", n_threads);
+    char cpus[256];
+    sd_hyg_affinity_text(cpus, sizeof cpus);
+    fprintf(f, "- threads used: %d, on CPUs %s (process affinity; no thread pinned to one core)\n", n_threads, cpus);
 }
 
 /* ---- forward mode ---- */
@@ -506,6 +508,10 @@ static void usage(FILE *f) {
             "  serve     through the running service: tok/s, latency, spec vs target-only (serve --help)\n"
             "  tp        a CPU tensor-parallel verifier group vs TP = 1: decode, verify, all-reduce cost (tp --help)\n"
             "\n"
+            "every mode:\n"
+            "      --cpus LIST       run on these CPUs only (for example 0-1), with everything specd-bench starts;\n"
+            "                        give a peer the same set (bench/lookup_side_by_side.py --cpus)\n"
+            "\n"
             "forward options:\n"
             "  -m, --model FILE      GGUF model (required)\n"
             "  -t, --threads N       worker threads (default: all cores)\n"
@@ -528,11 +534,40 @@ static bool parse_int(const char *name, const char *text, long lo, long hi, int 
     return false;
 }
 
+/* --cpus LIST, in any mode: keeps specd-bench and everything it starts
+ * (the service's processes, the ranks) to these CPUs, the same set a peer
+ * compared with it is given (bench/lookup_side_by_side.py --cpus). Taken
+ * out of argv before the mode parses its own options. */
+static bool take_cpus_option(int *argc, char **argv) {
+    for (int i = 2; i < *argc; i++) {
+        const char *list = NULL;
+        int used = 1;
+        if (strcmp(argv[i], "--cpus") == 0) {
+            if (i + 1 >= *argc) {
+                fprintf(stderr, "specd-bench: --cpus needs a CPU list (for example 0-1)\n");
+                return false;
+            }
+            list = argv[i + 1];
+            used = 2;
+        } else if (strncmp(argv[i], "--cpus=", 7) == 0) {
+            list = argv[i] + 7;
+        } else {
+            continue;
+        }
+        if (!sd_hyg_pin_cpus(list)) return false;
+        memmove(argv + i, argv + i + used, (size_t)(*argc - i - used + 1) * sizeof *argv);
+        *argc -= used;
+        i--;
+    }
+    return true;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
+    if (!take_cpus_option(&argc, argv)) return 2;
     const char *mode = argv[1];
     if (strcmp(mode, "spec") == 0) return bench_spec_main(argc, argv);
     if (strcmp(mode, "gpu") == 0) return bench_gpu_main(argc, argv);
