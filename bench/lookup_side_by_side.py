@@ -42,54 +42,8 @@ import subprocess
 import sys
 import time
 
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def busy_ticks():
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:9]]
-    return v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
-
-
-def own_ticks():
-    with open("/proc/self/stat") as f:
-        s = f.read()
-    fields = s[s.rindex(")") + 2:].split()
-    return sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
-
-
-class Hyg:
-    def __enter__(self):
-        self.t0, self.b0, self.o0 = time.monotonic(), busy_ticks(), own_ticks()
-        return self
-
-    def __exit__(self, *exc):
-        wall = time.monotonic() - self.t0
-        other = (busy_ticks() - self.b0) - (own_ticks() - self.o0)
-        self.other = max(0.0, other / TICK / wall) if wall > 0 else -1.0
-
-
-def parse_cpus(text):
-    """A Linux CPU list ("0-1", "0,2,4-5") as a set; ValueError otherwise."""
-    cpus = set()
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()) or (_ and not hi):
-            raise ValueError(f"not a CPU list: {text!r}")
-        a, b = int(lo), int(hi or lo)
-        if b < a:
-            raise ValueError(f"not a CPU list: {text!r}")
-        cpus.update(range(a, b + 1))
-    return cpus
-
-
-def pin(cpus_arg, threads):
-    """Keeps this process (and llama.cpp's threads, and every child) to one
-    CPU set, the same for both programs; returns the set as text."""
-    allowed = sorted(os.sched_getaffinity(0))
-    cpus = parse_cpus(cpus_arg) if cpus_arg else set(allowed[:threads])
-    os.sched_setaffinity(0, cpus)
-    return ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_common import Hyg, pin  # noqa: E402
 
 
 def read_prompts(path):

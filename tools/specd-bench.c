@@ -39,6 +39,7 @@
 #include "bench_spec.h"
 #ifdef SPECD_BENCH_SERVE
 #include "bench_serve.h"
+#include "bench_http.h"
 #endif
 #ifdef SPECD_BENCH_TP
 #include "bench_tp.h"
@@ -506,6 +507,7 @@ static void usage(FILE *f) {
             "  spec      plain vs speculative decoding on bench/prompts/ (spec --help)\n"
             "  gpu       one model on a CUDA GPU: decode vs bandwidth floor, k-token cost, batches (gpu --help)\n"
             "  serve     through the running service: tok/s, latency, spec vs target-only (serve --help)\n"
+            "  http      through the HTTP gateway vs libspecd-client: time to first token, gaps (http --help)\n"
             "  tp        a CPU tensor-parallel verifier group vs TP = 1: decode, verify, all-reduce cost (tp --help)\n"
             "\n"
             "every mode:\n"
@@ -573,6 +575,9 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "gpu") == 0) return bench_gpu_main(argc, argv);
 #ifdef SPECD_BENCH_SERVE
     if (strcmp(mode, "serve") == 0) return bench_serve_main(argc, argv);
+#endif
+#ifdef SPECD_BENCH_HTTP
+    if (strcmp(mode, "http") == 0) return bench_http_main(argc, argv);
 #endif
 #ifdef SPECD_BENCH_TP
     if (strcmp(mode, "tp") == 0) return bench_tp_main(argc, argv);

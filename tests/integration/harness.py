@@ -41,6 +41,7 @@ BINARIES = {
     "generate": "tools/specd-generate",
     "mkmodel": "tools/specd-mkmodel",
     "gateway": "gateway/specd-gateway",
+    "bench": "tools/specd-bench",
 }
 
 
