@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "gguf_impl.h"
 #include "weights_impl.h"
 
 typedef struct gguf_source {
@@ -82,6 +83,15 @@ static sd_status gguf_read(void *ctx, const char *name, int64_t row0, int64_t n_
     return sd_weights_read_rows(t->type, t->data, (int64_t)t->ne[0], row0, n_rows, col0, n_cols, dst);
 }
 
+static sd_status gguf_map_stored(void *ctx, const char *name, const void **data, sd_file_map **keep) {
+    const sd_gguf *g = ((gguf_source *)ctx)->g;
+    sd_file_map *m = sd_gguf_file_map(g);
+    if (!m) return SD_ERR_UNSUPPORTED;
+    *data = sd_gguf_find_tensor(g, name)->data;
+    *keep = m;
+    return SD_OK;
+}
+
 static const sd_weights_ops gguf_ops = {
     .format = "gguf",
     .close = gguf_close,
@@ -90,6 +100,7 @@ static const sd_weights_ops gguf_ops = {
     .find = gguf_find,
     .read = gguf_read,
     .read_stored = gguf_read_stored,
+    .map_stored = gguf_map_stored,
 };
 
 static sd_status wrap_gguf(sd_gguf *owned, const sd_gguf *g, sd_weights **out) {
@@ -210,6 +221,21 @@ sd_status sd_weights_read(const sd_weights *w, const char *name, int64_t row0, i
     return check_finite(name, row0, col0, n_cols, dst, (size_t)n_rows * (size_t)n_cols);
 }
 
+/* Dequantizes n_rows stored rows of row_bytes each, one at a time, and
+ * refuses a NaN or an infinity (naming the tensor, row and column). */
+static sd_status scan_stored(const char *name, sd_dtype type, const void *rows, size_t row_bytes, int64_t row0,
+                             int64_t n_rows, int64_t col0, int64_t n_cols) {
+    float *row = malloc((size_t)n_cols * sizeof(float));
+    if (!row) return SD_ERR_NOMEM;
+    sd_status s = SD_OK;
+    for (int64_t r = 0; r < n_rows && s == SD_OK; r++) {
+        s = sd_dequantize(type, (const unsigned char *)rows + (size_t)r * row_bytes, (uint64_t)n_cols, row);
+        if (s == SD_OK) s = check_finite(name, row0 + r, col0, n_cols, row, (size_t)n_cols);
+    }
+    free(row);
+    return s;
+}
+
 sd_status sd_weights_read_stored(const sd_weights *w, const char *name, int64_t row0, int64_t n_rows, int64_t col0,
                                  int64_t n_cols, void *dst, size_t dst_bytes) {
     if (!w || !name || !dst) return SD_ERR_INVALID_ARG;
@@ -221,16 +247,31 @@ sd_status sd_weights_read_stored(const sd_weights *w, const char *name, int64_t 
     size_t row_bytes = (size_t)(n_cols / (int64_t)be) * bb;
     if (!sd_mul_ok(row_bytes, (size_t)n_rows, &need) || need > dst_bytes) return SD_ERR_INVALID_ARG;
     SD_TRY(w->ops->read_stored(w->ctx, name, row0, n_rows, col0, n_cols, dst));
-    /* scan what the values are, one dequantized row at a time */
-    float *row = malloc((size_t)n_cols * sizeof(float));
-    if (!row) return SD_ERR_NOMEM;
-    sd_status s = SD_OK;
-    for (int64_t r = 0; r < n_rows && s == SD_OK; r++) {
-        s = sd_dequantize(t.type, (const unsigned char *)dst + (size_t)r * row_bytes, (uint64_t)n_cols, row);
-        if (s == SD_OK) s = check_finite(name, row0 + r, col0, n_cols, row, (size_t)n_cols);
+    return scan_stored(name, t.type, dst, row_bytes, row0, n_rows, col0, n_cols);
+}
+
+sd_status sd_weights_map_stored(const sd_weights *w, const char *name, int64_t row0, int64_t n_rows, int64_t col0,
+                                int64_t n_cols, const void **ptr, sd_file_map **keep) {
+    if (!w || !name || !ptr || !keep) return SD_ERR_INVALID_ARG;
+    sd_weights_tensor t;
+    SD_TRY(check_rect(w, name, row0, n_rows, col0, n_cols, &t));
+    size_t be, bb;
+    if (!w->ops->map_stored || !sd_dtype_block(t.type, &be, &bb) || col0 != 0 || n_cols != t.ne[0] ||
+        n_cols % (int64_t)be)
+        return SD_ERR_UNSUPPORTED;
+    const void *data = NULL;
+    sd_file_map *m = NULL;
+    SD_TRY(w->ops->map_stored(w->ctx, name, &data, &m));
+    size_t row_bytes = (size_t)(n_cols / (int64_t)be) * bb;
+    const unsigned char *first = (const unsigned char *)data + (size_t)row0 * row_bytes;
+    sd_status s = scan_stored(name, t.type, first, row_bytes, row0, n_rows, col0, n_cols);
+    if (s != SD_OK) {
+        sd_file_map_release(&m);
+        return s;
     }
-    free(row);
-    return s;
+    *ptr = first;
+    *keep = m;
+    return SD_OK;
 }
 
 sd_status sd_weights_identity(const char *path, sd_model_identity *id) {

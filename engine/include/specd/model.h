@@ -128,6 +128,11 @@ uint64_t sd_model_weight_bytes(const sd_model *m);
  * plus the replicated parts (norms, embedding table, its LM head rows). */
 uint64_t sd_model_resident_bytes(const sd_model *m);
 
+/* Of those, the bytes used in place from the model file's mapping (not
+ * copied; shared with every process that maps the same file): matrices
+ * kept as stored whose rows are whole in the file (model_load.c). */
+uint64_t sd_model_mapped_bytes(const sd_model *m);
+
 /* ---- tensor parallelism ---- */
 
 /* This process's shard: which heads, MLP columns and vocabulary rows it
