@@ -67,8 +67,22 @@ sd_model_params sd_model_default_params(void) {
                          .tp_rank = 0,
                          .tp_size = 1,
                          .tp_lm_head = SD_TP_LM_HEAD_SPLIT,
-                         .coll = NULL};
+                         .coll = NULL,
+                         .kv_type = SD_DTYPE_F32};
     return p;
+}
+
+bool sd_kv_type_parse(const char *name, sd_dtype *type) {
+    if (!name || !type) return false;
+    if (strcmp(name, "f32") == 0) {
+        *type = SD_DTYPE_F32;
+        return true;
+    }
+    if (strcmp(name, "f16") == 0) {
+        *type = SD_DTYPE_F16;
+        return true;
+    }
+    return false;
 }
 
 /* rope inverse frequencies [head_dim/2] with linear / llama3 scaling and
@@ -711,7 +725,16 @@ sd_status sd_model_kv_create(const sd_model *m, int32_t max_seqs, int32_t n_bloc
     if (block_size) p.block_size = block_size;
     p.n_blocks = n_blocks;
     p.max_seqs = max_seqs;
+    p.type = m->params.kv_type;
     const sd_backend_ops *ops = m->be.ops;
+    if (p.type == SD_DTYPE_F16 && (!ops->kv_write_f16 || !ops->attention_f16)) {
+        SD_ERROR("model: the %s backend keeps an f32 KV cache only (--kv-type f32)", ops->name);
+        return SD_ERR_UNSUPPORTED;
+    }
+    if (p.type != SD_DTYPE_F32 && p.type != SD_DTYPE_F16) {
+        SD_ERROR("model: a KV cache holds f32 or f16, not %s", sd_dtype_name(p.type));
+        return SD_ERR_INVALID_ARG;
+    }
     if (!ops->host_memory) {
         p.pool_alloc = kv_pool_alloc;
         p.pool_free = kv_pool_free;

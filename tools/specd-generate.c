@@ -42,6 +42,7 @@ typedef struct gen_opts {
     int32_t n_predict;
     int32_t n_threads;
     int32_t device; /* -1 CPU, N cuda:N (target and draft model) */
+    sd_dtype kv_type;
     sd_sampling sampling;
     bool chat;
     bool json;
@@ -74,6 +75,7 @@ static void usage(FILE *f) {
             "      --system TEXT    system prompt with --chat (default: the model's)\n"
             "  -t, --threads N      worker threads (default: all cores)\n"
             "      --device D       cpu (default), cuda or cuda:N: where the target and a draft model run\n"
+            "      --kv-type T      the target's KV cache: f32 (default) or f16 (half the memory; CPU)\n"
             "      --ignore-eos     keep generating past end-of-generation tokens\n"
             "      --draft PATH     speculative decoding with a draft model (same vocabulary)\n"
             "      --ngram          speculative decoding with the n-gram (prompt lookup) drafter\n"
@@ -103,7 +105,8 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         OPT_NGRAM,
         OPT_DRAFT_LAYERS,
         OPT_ADAPTIVE,
-        OPT_DEVICE
+        OPT_DEVICE,
+        OPT_KV_TYPE
     };
     static const struct option longs[] = {{"model", required_argument, 0, 'm'},
                                           {"prompt", required_argument, 0, 'p'},
@@ -123,6 +126,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
                                           {"draft-layers", required_argument, 0, OPT_DRAFT_LAYERS},
                                           {"adaptive-k", no_argument, 0, OPT_ADAPTIVE},
                                           {"device", required_argument, 0, OPT_DEVICE},
+                                          {"kv-type", required_argument, 0, OPT_KV_TYPE},
                                           {"verbose", no_argument, 0, 'v'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
@@ -189,6 +193,10 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         case OPT_DEVICE:
             name = "device";
             ok = sd_device_parse(optarg, &o->device) == SD_OK;
+            break;
+        case OPT_KV_TYPE:
+            name = "kv-type (f32 or f16)";
+            ok = sd_kv_type_parse(optarg, &o->kv_type);
             break;
         case 'v': o->verbose = true; break;
         case 'h': usage(stdout); return 1;
@@ -516,11 +524,12 @@ int main(int argc, char **argv) {
     sd_model_params mp = sd_model_default_params();
     mp.n_threads = o.n_threads;
     mp.device = o.device;
+    mp.kv_type = o.kv_type;
     if ((st = sd_weights_tokenizer(w, &tok)) != SD_OK || (st = sd_model_load_weights(w, &mp, &m)) != SD_OK) {
         fprintf(stderr, "specd-generate: cannot load %s: %s (see the log above)\n", o.model_path, sd_status_str(st));
         goto out;
     }
-    sd_weights_close(&w); /* weights were copied out at load */
+    sd_weights_close(&w); /* the model holds what it uses (copies, or its own reference to the file mapping) */
 
     const char *text = o.prompt;
     if (o.chat) {

@@ -39,6 +39,7 @@ typedef struct verifier_opts {
     const char *name;
     int32_t n_threads;
     int32_t device; /* -1 CPU, N cuda:N */
+    sd_dtype kv_type;
     int32_t max_seqs, kv_blocks, block_size, max_batch, max_k, tp, rank;
     const char *group; /* --group ADDR */
     int32_t lm_head;   /* sd_tp_lm_head */
@@ -57,6 +58,7 @@ static void usage(FILE *f) {
             "      --coordinator ADDR  coordinator worker address (default tcp://127.0.0.1:7701)\n"
             "  -t, --threads N         worker threads (default: all cores)\n"
             "      --device D          cpu (default), cuda or cuda:N: where the target runs\n"
+            "      --kv-type T         KV cache values: f32 (default) or f16 (half the memory; CPU)\n"
             "      --max-seqs N        sequences cached at once (default 64)\n"
             "      --kv-blocks N       KV blocks (default: max-seqs x context/4 tokens, capped by memory)\n"
             "      --block-size N      tokens per KV block (default 16)\n"
@@ -109,7 +111,8 @@ static int parse_args(int argc, char **argv, verifier_opts *o) {
         O_COLL_TIMEOUT,
         O_GROUP_HB,
         O_JOIN_TIMEOUT,
-        O_WARMUP
+        O_WARMUP,
+        O_KV_TYPE
     };
     static const struct option longs[] = {
         {"model", required_argument, 0, 'm'},
@@ -125,6 +128,7 @@ static int parse_args(int argc, char **argv, verifier_opts *o) {
         {"name", required_argument, 0, O_NAME},
         {"verbose", no_argument, 0, 'v'},
         {"device", required_argument, 0, O_DEVICE},
+        {"kv-type", required_argument, 0, O_KV_TYPE},
         {"group", required_argument, 0, O_GROUP},
         {"lm-head", required_argument, 0, O_LM_HEAD},
         {"coll-timeout-ms", required_argument, 0, O_COLL_TIMEOUT},
@@ -162,6 +166,10 @@ static int parse_args(int argc, char **argv, verifier_opts *o) {
         case O_DEVICE:
             ok = sd_device_parse(optarg, &o->device) == SD_OK;
             if (!ok) fprintf(stderr, "specd-verifier: --device must be cpu, cuda or cuda:N, got '%s'\n", optarg);
+            break;
+        case O_KV_TYPE:
+            ok = sd_kv_type_parse(optarg, &o->kv_type);
+            if (!ok) fprintf(stderr, "specd-verifier: --kv-type must be f32 or f16, got '%s'\n", optarg);
             break;
         case 'v': o->verbose = true; break;
         case 'h': usage(stdout); return 1;
@@ -289,6 +297,7 @@ int main(int argc, char **argv) {
         sd_model_params mp = sd_model_default_params();
         mp.n_threads = o.n_threads;
         mp.device = o.device;
+        mp.kv_type = o.kv_type;
         mp.tp_rank = o.rank;
         mp.tp_size = o.tp;
         mp.tp_lm_head = (sd_tp_lm_head)o.lm_head;

@@ -256,3 +256,7 @@ sd_status sd_quantize(sd_dtype t, const float *in, uint64_t n_elems, void *out) 
     }
     return SD_OK;
 }
+
+float sd_f16_to_f32(uint16_t h) { return f16_to_f32(h); }
+
+uint16_t sd_f32_to_f16(float f) { return f32_to_f16(f); }

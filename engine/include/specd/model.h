@@ -53,7 +53,14 @@ typedef struct sd_model_params {
      * With tp_size 1 a one-rank group may be given: the collectives then
      * run, which exercises that path on a single device. */
     sd_coll *coll;
+    /* The KV cache's element type for sd_model_kv_create: SD_DTYPE_F32 (the
+     * default) or SD_DTYPE_F16 (half the memory; on a backend without an
+     * f16 cache, CUDA today, sd_model_kv_create refuses it). */
+    sd_dtype kv_type;
 } sd_model_params;
+
+/* Parses a KV cache type name: "f32" or "f16"; false otherwise. */
+bool sd_kv_type_parse(const char *name, sd_dtype *type);
 
 sd_model_params sd_model_default_params(void);
 

@@ -120,6 +120,12 @@ const sd_gguf_tensor *sd_gguf_find_tensor(const sd_gguf *g, const char *name);
  * n_elems must be a multiple of the type's block size. Thread-safe. */
 sd_status sd_dequantize(sd_dtype t, const void *data, uint64_t n_elems, float *out);
 
+/* One IEEE half to float (exact), and float to half rounded to nearest,
+ * ties to even (overflow to infinity, NaN stays NaN): what F16C's
+ * vcvtph2ps / vcvtps2ph do. */
+float sd_f16_to_f32(uint16_t h);
+uint16_t sd_f32_to_f16(float f);
+
 /* Quantizes n_elems f32 values into out, encoded as type t (the inverse of
  * sd_dequantize; out holds n_elems / block_elems * block_bytes bytes). Rounds
  * to nearest like ggml's reference quantizers; n_elems must be a multiple of
