@@ -334,11 +334,17 @@ def check_container(src, build):
         out = subprocess.run(["objdump", "-p", os.path.join(build, rel)], capture_output=True, text=True).stdout
         needed |= set(re.findall(r"NEEDED\s+(\S+)", out))
     sanitizer = re.compile(r"lib(asan|ubsan|tsan|lsan)\.so")
+    # a build with CUDA (SPECD_CUDA=AUTO finds nvcc) loads the toolkit's
+    # libraries: not Debian packages, and the image is a CPU build
+    cuda = re.compile(r"lib(cuda|cudart|cublas|cublasLt|nccl|nvrtc|nvJitLink|curand|cusparse|cufft)\.so")
     if not shutil.which("dpkg-query") or not (shutil.which("ldconfig") or os.path.exists("/sbin/ldconfig")):
         notes.append(f"{where}: no dpkg-query or ldconfig here (not Debian?): the runtime libraries were not checked")
     else:
         for lib in sorted(needed):
             if sanitizer.match(lib):
+                continue
+            if cuda.match(lib):
+                notes.append(f"{where}: {lib} (CUDA toolkit) not checked: the image is a CPU build (SPECD_CUDA=OFF)")
                 continue
             pkg = debian_package(lib)
             if pkg is None:
