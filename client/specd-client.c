@@ -53,7 +53,7 @@ static void usage(FILE *f) {
             "  -n N                new tokens at most (default: coordinator's)\n"
             "  --temp T            temperature (default 0 = greedy)\n"
             "  --top-p P, --top-k K, --min-p P, --seed S   sampling\n"
-            "  --chat              format the prompt as a ChatML user turn\n"
+            "  --chat              format the prompt as a user turn with the model's chat template\n"
             "  --system S          system prompt (with --chat)\n"
             "  --stop S            stop string (repeatable, up to %d)\n"
             "  --max-k K           largest draft length (-1: no speculation)\n"

@@ -1,6 +1,7 @@
 """Bad input on the client link: malformed bytes, unknown request ids, token
 ids out of range, empty and over-long prompts, max_tokens over the context,
-bad sampling parameters, bad stop strings, oversized messages. Each gets an
+bad sampling parameters, bad stop strings, bad conversations (unknown
+role, messages beside a prompt, too many turns or bytes), oversized messages. Each gets an
 Error with the expected code and a readable message naming the field, the
 limit and the value; meanwhile a long greedy request of another client runs
 to the end with exactly specd-generate's tokens, and the service still
@@ -74,6 +75,19 @@ def run(h):
                  "stop string over 256 bytes")
     expect_error(c, s(prompt="hi", max_k=SD_MAX_K + 5), "BAD_REQUEST", ["max_k", "32", "37"],
                  "max_k over SD_MAX_K")
+
+    # Conversations (SubmitRequest.messages): roles, exclusivity, bounds.
+    user = {"role": 2, "content": "hi"}
+    expect_error(c, s(messages=[user, {"role": 7, "content": "x"}]), "BAD_REQUEST", ["messages[1].role", "7"],
+                 "unknown chat role")
+    expect_error(c, s(messages=[{"role": 0, "content": "x"}]), "BAD_REQUEST", ["messages[0].role"],
+                 "unspecified chat role")
+    expect_error(c, s(messages=[user], prompt="also a prompt"), "BAD_REQUEST", ["messages", "prompt"],
+                 "messages and a prompt")
+    expect_error(c, s(messages=[user] * 1025), "TOO_LARGE", ["messages", "1024", "1025"],
+                 "1025 chat messages")
+    expect_error(c, s(messages=[{"role": 2, "content": "z" * (600 << 10)}] * 2), "TOO_LARGE",
+                 ["messages", str(1 << 20)], "conversation over SD_MAX_PROMPT_BYTES")
 
     # Oversized message: over ZMQ_MAXMSGSIZE on its own connection.
     big = h.client()
