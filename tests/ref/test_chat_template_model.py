@@ -11,8 +11,10 @@ prompt, which must equal jinja2's rendering of the same template
 - with tokenizer.ggml.add_bos_token set, the BOS the template writes is
   left to the tokenizer: the same ids, one BOS;
 - the same model as a Hugging Face directory (specd-mkmodel --convert: the
-  template in tokenizer_config.json) gives the same prompt and ids;
-- an unrecognised template (zephyr's) is refused, naming --chat-template;
+  template in tokenizer_config.json) gives the same prompt and ids, and so
+  do a list of named templates there and a chat_template.jinja file;
+- an unrecognised template (zephyr's) is refused, naming --chat-template,
+  by specd-generate and by specd-coordinator (which does not start);
   --chat-template NAME overrides it;
 - a model with no template is formatted as ChatML, with a warning.
 
@@ -21,9 +23,11 @@ Exit 0: all as expected; 1: a mismatch; 77: skipped.
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 SKIP = 77
 try:
@@ -38,6 +42,7 @@ BUILD = os.environ.get("SPECD_BUILD_DIR", os.path.join(SRC, "build"))
 DATA = os.path.join(SRC, "tests", "data", "chat_templates")
 MKMODEL = os.path.join(BUILD, "tools", "specd-mkmodel")
 GENERATE = os.path.join(BUILD, "tools", "specd-generate")
+COORDINATOR = os.path.join(BUILD, "coordinator", "specd-coordinator")
 
 CONV = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
         {"role": "assistant", "content": " Hello "}, {"role": "user", "content": "Again?"}]
@@ -55,6 +60,34 @@ def generate(model, *extra):
     argv += ["-p", CONV[-1]["content"]] + list(extra)
     p = run(argv)
     return p.returncode, json.loads(p.stdout) if p.returncode == 0 else None, p.stderr
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def coordinator(model, *extra):
+    """Starts specd-coordinator on model: (exit code or None when it is up, its log)."""
+    argv = [COORDINATOR, "--model", model, "--client-addr", "tcp://127.0.0.1:%d" % free_port(),
+            "--worker-addr", "tcp://127.0.0.1:%d" % free_port()] + list(extra)
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace")
+    log = []
+    deadline = time.monotonic() + 120
+    try:
+        for line in p.stderr:  # ends when the process exits
+            log.append(line)
+            if "chat template" in line and " target " in line:
+                return None, "".join(log)
+            if time.monotonic() > deadline:
+                break
+        return p.wait(timeout=30), "".join(log)
+    finally:
+        if p.poll() is None:
+            p.terminate()
+            p.wait(timeout=30)
+        p.stderr.close()
 
 
 def with_template(src, template_file, dst):
@@ -121,6 +154,27 @@ def main():
         rc, out_hf, err = generate(hf)
         check(rc == 0 and out is not None and out_hf["prompt"] == want and out_hf["prompt_ids"] == out["prompt_ids"],
               "Hugging Face directory (tokenizer_config.json): %r" % (out_hf["prompt"] if out_hf else err[-300:]))
+        # the other places a Hugging Face directory keeps it: a list of named
+        # templates ("default" is used), and chat_template.jinja
+        cfg_path = os.path.join(hf, "tokenizer_config.json")
+        with open(cfg_path, encoding="utf-8") as cf:
+            cfg = json.load(cf)
+        template = cfg["chat_template"]
+        cfg["chat_template"] = [{"name": "tool_use", "template": "{{ tools }}"},
+                                {"name": "default", "template": template}]
+        with open(cfg_path, "w", encoding="utf-8") as cf:
+            json.dump(cfg, cf)
+        rc, out_list, err = generate(hf)
+        check(rc == 0 and out_list["prompt"] == want, "tokenizer_config.json with a list of named templates: %r"
+              % (out_list["prompt"] if out_list else err[-300:]))
+        del cfg["chat_template"]
+        with open(cfg_path, "w", encoding="utf-8") as cf:
+            json.dump(cfg, cf)
+        with open(os.path.join(hf, "chat_template.jinja"), "w", encoding="utf-8") as cf:
+            cf.write(template)
+        rc, out_file, err = generate(hf)
+        check(rc == 0 and out_file["prompt"] == want, "chat_template.jinja: %r"
+              % (out_file["prompt"] if out_file else err[-300:]))
         # unrecognised: refused with the hint; the override works
         zephyr = os.path.join(tmp, "zephyr.gguf")
         with_template(base, os.path.join(DATA, "zephyr.jinja"), zephyr)
@@ -132,6 +186,16 @@ def main():
               "--chat-template phi3 overrides it: %r" % (out["prompt"] if out else err[-300:]))
         rc, out, err = generate(zephyr, "--chat-template", "vicuna")
         check(rc != 0 and "chatml, llama3" in err, "--chat-template with an unknown name: %r" % err[-300:])
+        # the coordinator: refuses to start on it, starts with the override
+        if os.path.exists(COORDINATOR):
+            rc, log = coordinator(zephyr)
+            check(rc not in (None, 0) and "--chat-template NAME" in log,
+                  "specd-coordinator refuses zephyr's template naming --chat-template: %s" % log[-400:])
+            rc, log = coordinator(zephyr, "--chat-template", "llama2")
+            check(rc is None and "chat template llama2" in log, "specd-coordinator --chat-template llama2: %s"
+                  % log[-400:])
+            rc, log = coordinator(l3)
+            check(rc is None and "chat template llama3" in log, "specd-coordinator reads Llama 3's: %s" % log[-400:])
         # Gemma refuses a system turn, as its template does
         gemma = os.path.join(tmp, "gemma.gguf")
         with_template(base, os.path.join(DATA, "gemma.jinja"), gemma)
