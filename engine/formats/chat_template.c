@@ -163,21 +163,13 @@ static sd_status check_alternation(fmt *f, const sd_chat_msg *m, size_t index, s
     return SD_OK;
 }
 
+/* ChatML is sd_tok_chat_format (chat.c), the one ChatML formatter. */
 static sd_status format_chatml(fmt *f, const sd_chat_msg *m, size_t n, bool gen) {
-    if (f->t->default_system && !is_role(&m[0], "system")) {
-        sb_add(&f->out, "<|im_start|>system\n");
-        sb_add(&f->out, f->t->default_system);
-        sb_add(&f->out, "<|im_end|>\n");
-    }
-    for (size_t i = 0; i < n; i++) {
-        sb_add(&f->out, "<|im_start|>");
-        sb_add(&f->out, m[i].role);
-        sb_add(&f->out, "\n");
-        sb_add(&f->out, m[i].content);
-        sb_add(&f->out, "<|im_end|>\n");
-    }
-    if (gen) sb_add(&f->out, "<|im_start|>assistant\n");
-    return SD_OK;
+    char *text = NULL;
+    sd_status st = sd_tok_chat_format(m, n, f->t->default_system, gen, &text);
+    if (st == SD_OK) sb_add(&f->out, text);
+    free(text);
+    return st;
 }
 
 static sd_status format_llama3(fmt *f, const sd_chat_msg *m, size_t n, bool gen) {
