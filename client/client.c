@@ -640,11 +640,12 @@ void sd_client_close(sd_client **cp) {
     *cp = NULL;
 }
 
-sd_status sd_client_submit(sd_client *c, const sd_client_request *rq, sd_client_token_cb cb, void *user,
-                           uint64_t *request_id) {
-    if (!c || !rq) return SD_ERR_INVALID_ARG;
-    if (request_id) *request_id = 0;
+/* sd_client_submit with rq's conversation already in protobuf form. */
+static sd_status submit_with(sd_client *c, const sd_client_request *rq, Specd__ChatMessage **messages,
+                             sd_client_token_cb cb, void *user, uint64_t *request_id) {
     Specd__SubmitRequest sub = SPECD__SUBMIT_REQUEST__INIT;
+    sub.messages = messages;
+    sub.n_messages = messages ? rq->n_messages : 0;
     Specd__Sampling smp = SPECD__SAMPLING__INIT;
     sd_net_sampling_to_pb(&rq->sampling, &smp);
     sub.prompt = (char *)(rq->prompt ? rq->prompt : "");
@@ -727,6 +728,42 @@ sd_status sd_client_submit(sd_client *c, const sd_client_request *rq, sd_client_
         *request_id = r->result.request_id;
     }
     pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
+/* The wire role of a chat role name; UNSPECIFIED (refused by validation) otherwise. */
+static Specd__ChatRole chat_role(const char *role) {
+    if (role && strcmp(role, "system") == 0) return SPECD__CHAT_ROLE__CHAT_ROLE_SYSTEM;
+    if (role && strcmp(role, "user") == 0) return SPECD__CHAT_ROLE__CHAT_ROLE_USER;
+    if (role && strcmp(role, "assistant") == 0) return SPECD__CHAT_ROLE__CHAT_ROLE_ASSISTANT;
+    return SPECD__CHAT_ROLE__CHAT_ROLE_UNSPECIFIED;
+}
+
+sd_status sd_client_submit(sd_client *c, const sd_client_request *rq, sd_client_token_cb cb, void *user,
+                           uint64_t *request_id) {
+    if (!c || !rq || (rq->n_messages && !rq->messages)) return SD_ERR_INVALID_ARG;
+    if (request_id) *request_id = 0;
+    /* more turns than the wire allows still go to validation, which names
+     * the limit; only the count copied here is capped */
+    size_t n = rq->n_messages > SD_MAX_CHAT_MESSAGES ? SD_MAX_CHAT_MESSAGES + 1 : rq->n_messages;
+    Specd__ChatMessage *pm = n ? calloc(n, sizeof *pm) : NULL;
+    Specd__ChatMessage **pp = n ? calloc(n, sizeof *pp) : NULL;
+    if (n && (!pm || !pp)) {
+        free(pm);
+        free(pp);
+        return SD_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        specd__chat_message__init(&pm[i]);
+        pm[i].role = chat_role(rq->messages[i].role);
+        pm[i].content = (char *)(rq->messages[i].content ? rq->messages[i].content : "");
+        pp[i] = &pm[i];
+    }
+    sd_client_request capped = *rq;
+    capped.n_messages = n;
+    sd_status st = submit_with(c, &capped, pp, cb, user, request_id);
+    free(pm);
+    free(pp);
     return st;
 }
 

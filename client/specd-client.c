@@ -53,7 +53,7 @@ static void usage(FILE *f) {
             "  -n N                new tokens at most (default: coordinator's)\n"
             "  --temp T            temperature (default 0 = greedy)\n"
             "  --top-p P, --top-k K, --min-p P, --seed S   sampling\n"
-            "  --chat              format the prompt as a ChatML user turn\n"
+            "  --chat              format the prompt as a user turn with the model's chat template\n"
             "  --system S          system prompt (with --chat)\n"
             "  --stop S            stop string (repeatable, up to %d)\n"
             "  --max-k K           largest draft length (-1: no speculation)\n"
@@ -61,7 +61,8 @@ static void usage(FILE *f) {
             "  --json              print one JSON object at the end\n"
             "  --timeout SEC       give up when the coordinator does not answer (default 10)\n"
             "  --jobs FILE         JSON lines: {\"prompt\",\"n\",\"temp\",\"top_p\",\"top_k\",\"min_p\",\"seed\",\n"
-            "                      \"chat\",\"system\",\"stop\",\"max_k\",\"ignore_eos\",\"id\"}\n"
+            "                      \"chat\",\"system\",\"stop\",\"max_k\",\"ignore_eos\",\"id\"}, or \"messages\":\n"
+            "                      [{\"role\",\"content\"}, ...] (a conversation, instead of \"prompt\")\n"
             "  --out FILE          write job results here instead of stdout\n"
             "  --concurrency N     jobs in flight at most (default 64)\n"
             "  --stats             print service statistics\n"
@@ -233,15 +234,41 @@ static const char *json_str(const cJSON *o, const char *k) {
 
 /* Fills req from one job line on top of the command-line defaults. stop
  * pointers borrow from line. false + why on a bad field. */
-static bool job_request(const cJSON *line, const options *o, sd_client_request *req, const char **stops, char *why,
-                        size_t why_len) {
-    *req = o->req;
-    req->prompt = json_str(line, "prompt");
-    if (!req->prompt) {
-        snprintf(why, why_len, "missing string field \"prompt\"");
+/* A job's "messages" ([{"role","content"}, ...], at most SD_MAX_CHAT_MESSAGES)
+ * into turns, borrowing from line; false + why when malformed. */
+static bool job_messages(const cJSON *msgs, sd_client_request *req, sd_client_chat_msg *turns, char *why,
+                         size_t why_len) {
+    size_t n = 0;
+    const cJSON *e;
+    if (!cJSON_IsArray(msgs)) {
+        snprintf(why, why_len, "\"messages\" must be an array of {\"role\",\"content\"}");
         return false;
     }
-    const cJSON *v;
+    cJSON_ArrayForEach(e, msgs) {
+        const char *role = json_str(e, "role"), *content = json_str(e, "content");
+        if (!role || !content || n >= SD_MAX_CHAT_MESSAGES) {
+            snprintf(why, why_len, "\"messages\": at most %d objects with string \"role\" and \"content\"",
+                     SD_MAX_CHAT_MESSAGES);
+            return false;
+        }
+        turns[n++] = (sd_client_chat_msg){role, content};
+    }
+    req->messages = turns;
+    req->n_messages = n;
+    req->chat = false; /* the conversation alone says what the prompt is */
+    return true;
+}
+
+static bool job_request(const cJSON *line, const options *o, sd_client_request *req, const char **stops,
+                        sd_client_chat_msg *turns, char *why, size_t why_len) {
+    *req = o->req;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(line, "messages");
+    if (v && !job_messages(v, req, turns, why, why_len)) return false;
+    req->prompt = json_str(line, "prompt");
+    if (!req->prompt && !req->n_messages) {
+        snprintf(why, why_len, "missing string field \"prompt\" (or \"messages\")");
+        return false;
+    }
 #define NUM_FIELD(key, dst, cast)                                         \
     if ((v = cJSON_GetObjectItemCaseSensitive(line, key))) {              \
         if (!cJSON_IsNumber(v)) {                                         \
@@ -350,12 +377,13 @@ static int run_jobs(sd_client *c, const options *o) {
             char why[256];
             sd_client_request req;
             const char *stops[SD_MAX_STOP_STRINGS];
+            sd_client_chat_msg turns[SD_MAX_CHAT_MESSAGES]; /* borrowed from the line until submitted */
             bool ok = lines[i] && cJSON_IsObject(lines[i]);
             if (!ok)
                 snprintf(why, sizeof why, "line %zu is not a JSON object", i + 1);
             else {
                 j->id = cJSON_GetObjectItemCaseSensitive(lines[i], "id");
-                ok = job_request(lines[i], o, &req, stops, why, sizeof why);
+                ok = job_request(lines[i], o, &req, stops, turns, why, sizeof why);
             }
             sd_status s = SD_OK;
             if (ok) s = sd_client_submit(c, &req, job_cb, &ctx[i], &j->request_id);

@@ -5,15 +5,40 @@
  * tokenized length, stop-string limits) is checked here, and every refusal
  * is an Error naming the field, the limit and the value, sent to that client
  * only. Prompts are tokenized like specd-generate does (special tokens
- * parsed, BOS when the model adds one, ChatML with the model's default
- * system prompt on request) so that the service and the one-shot tool see
- * the same tokens. A client with requests in flight is watched: silent for
+ * parsed, BOS when the model adds one, a chat turn or a whole conversation
+ * in the model's chat template, specd/chat.h) so that the service and the
+ * one-shot tool see the same tokens. A client with requests in flight is watched: silent for
  * the liveness period, its requests are cancelled and released everywhere. */
 #include "coord.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The submit's conversation (messages, or system + prompt with chat) in the
+ * model's chat template, malloc'd in *out; the refusal's reason in msg. */
+static sd_status format_chat(const sd_coord *c, const Specd__SubmitRequest *r, char **out, char *msg, size_t msg_len) {
+    static const char *const ROLES[] = {[SPECD__CHAT_ROLE__CHAT_ROLE_SYSTEM] = "system",
+                                        [SPECD__CHAT_ROLE__CHAT_ROLE_USER] = "user",
+                                        [SPECD__CHAT_ROLE__CHAT_ROLE_ASSISTANT] = "assistant"};
+    sd_chat_msg two[2], *m = two;
+    size_t n = 0;
+    if (r->n_messages > 0) { /* roles were checked by sd_net_decode_client */
+        if (!(m = malloc(r->n_messages * sizeof *m))) return SD_ERR_NOMEM;
+        for (size_t i = 0; i < r->n_messages; i++) {
+            int role = (int)r->messages[i]->role;
+            m[n++] = (sd_chat_msg){role >= 1 && role <= 3 ? ROLES[role] : "", r->messages[i]->content};
+        }
+    } else {
+        if (r->system && r->system[0]) m[n++] = (sd_chat_msg){"system", r->system};
+        m[n++] = (sd_chat_msg){"user", r->prompt};
+    }
+    char why[400];
+    sd_status st = sd_chat_template_format(c->chat, m, n, true, out, why, sizeof why);
+    if (st != SD_OK && st != SD_ERR_NOMEM) snprintf(msg, msg_len, "chat template: %s", why);
+    if (m != two) free(m);
+    return st;
+}
 
 /* Tokenizes the submit's prompt into *ids (malloc'd); false + code/msg on a bad one. */
 static bool tokenize(sd_coord *c, const Specd__SubmitRequest *r, int32_t **ids, size_t *n, Specd__Code *code, char *msg,
@@ -41,7 +66,7 @@ static bool tokenize(sd_coord *c, const Specd__SubmitRequest *r, int32_t **ids, 
         return true;
     }
     size_t plen = r->prompt ? strlen(r->prompt) : 0;
-    if (plen == 0) {
+    if (plen == 0 && r->n_messages == 0) {
         *code = SPECD__CODE__CODE_BAD_REQUEST;
         snprintf(msg, msg_len, "submit.prompt: empty (give prompt text or prompt_ids)");
         return false;
@@ -53,12 +78,13 @@ static bool tokenize(sd_coord *c, const Specd__SubmitRequest *r, int32_t **ids, 
     }
     char *chat = NULL;
     const char *text = r->prompt;
-    if (r->chat) {
-        sd_chat_msg m[2];
-        size_t nm = 0;
-        if (r->system && r->system[0]) m[nm++] = (sd_chat_msg){"system", r->system};
-        m[nm++] = (sd_chat_msg){"user", r->prompt};
-        if (sd_tok_chat_format(m, nm, c->default_system, true, &chat) != SD_OK) goto nomem;
+    if (r->chat || r->n_messages > 0) {
+        sd_status fst = format_chat(c, r, &chat, msg, msg_len);
+        if (fst == SD_ERR_NOMEM) goto nomem;
+        if (fst != SD_OK) {
+            *code = SPECD__CODE__CODE_BAD_REQUEST;
+            return false;
+        }
         text = chat;
     }
     int32_t *enc = NULL;

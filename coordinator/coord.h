@@ -19,6 +19,7 @@
 #include "specd/common.h"
 #include "specd/net.h"
 #include "specd/spec_adapt.h"
+#include "specd/chat.h"
 #include "specd/tokenizer.h"
 
 #define SD_COORD_MAX_WORKERS     32
@@ -38,6 +39,7 @@ typedef struct sd_coord_params {
     const char *client_addr;       /* default tcp://127.0.0.1:7700 */
     const char *worker_addr;       /* default tcp://127.0.0.1:7701 */
     const char *curve_secret_file; /* Z85 server secret key file, or NULL */
+    const char *chat_template;     /* chat format by name (--chat-template), NULL = the model's */
     int32_t max_queue;             /* waiting requests (256) */
     int32_t max_active;            /* sequences admitted to the verifier at once (64) */
     int32_t max_tokens_default;    /* 256 */
@@ -207,7 +209,7 @@ typedef struct sd_coord {
     char arch[32];
     uint64_t vocab_hash;
     int32_t n_vocab, n_ctx;
-    const char *default_system; /* ChatML default system prompt, or NULL */
+    sd_chat_template *chat; /* the target's chat template (immutable, shared) */
 
     /* sessions: active ones first-come order; queue FIFO */
     sd_session **sessions; /* every live session (queued, active, finished-draining) */

@@ -12,8 +12,6 @@
 #include <string.h>
 #include <time.h>
 
-#define SMOLLM_SYSTEM "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-
 uint64_t sd_coord_now_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -36,30 +34,6 @@ sd_coord_params sd_coord_default_params(void) {
         .heartbeat_interval_ms = SD_HEARTBEAT_INTERVAL_MS,
         .heartbeat_liveness = SD_HEARTBEAT_LIVENESS,
     };
-}
-
-/* True when the model's chat template carries SmolLM's default system
- * prompt: tokenizer.chat_template in a GGUF, tokenizer_config.json's
- * "chat_template" in a Hugging Face directory (searched as text: the prompt
- * has no character JSON escapes; the file is read up to 4 MB). */
-static bool template_has_smollm_system(const sd_weights *w, const char *path) {
-    const sd_gguf *g = sd_weights_gguf(w);
-    if (g) {
-        sd_gguf_str tmpl;
-        return sd_gguf_get_str(g, "tokenizer.chat_template", &tmpl) == SD_OK &&
-               memmem(tmpl.ptr, tmpl.len, SMOLLM_SYSTEM, strlen(SMOLLM_SYSTEM)) != NULL;
-    }
-    char name[4096];
-    if ((size_t)snprintf(name, sizeof name, "%s/tokenizer_config.json", path) >= sizeof name) return false;
-    FILE *f = fopen(name, "rb");
-    if (!f) return false;
-    enum { MAX_BYTES = 4 << 20 };
-    char *buf = malloc(MAX_BYTES);
-    size_t n = buf ? fread(buf, 1, MAX_BYTES, f) : 0;
-    fclose(f);
-    bool found = buf && memmem(buf, n, SMOLLM_SYSTEM, strlen(SMOLLM_SYSTEM)) != NULL;
-    free(buf);
-    return found;
 }
 
 sd_status sd_coord_state_init(sd_coord *c, const sd_coord_params *p, const sd_coord_io *io) {
@@ -90,10 +64,10 @@ sd_status sd_coord_state_init(sd_coord *c, const sd_coord_params *p, const sd_co
     sd_model_config cfg;
     st = sd_weights_config(w, &cfg);
     if (st == SD_OK) st = sd_weights_tokenizer(w, &c->tok);
-    if (st == SD_OK && template_has_smollm_system(w, p->model_path)) c->default_system = SMOLLM_SYSTEM;
+    if (st == SD_OK) st = sd_chat_template_from_model(w, p->model_path, c->tok, p->chat_template, &c->chat);
     sd_weights_close(&w);
     if (st != SD_OK) {
-        SD_ERROR("%s: cannot read the target's tokenizer/config: %s", p->model_path, sd_status_str(st));
+        SD_ERROR("%s: cannot read the target's tokenizer/config/chat template: %s", p->model_path, sd_status_str(st));
         sd_coord_state_free(c);
         return st;
     }
@@ -103,8 +77,9 @@ sd_status sd_coord_state_init(sd_coord *c, const sd_coord_params *p, const sd_co
     c->vocab_hash = sd_tok_vocab_hash(c->tok);
     c->lim =
         (sd_net_limits){.n_vocab = c->n_vocab, .max_context = c->n_ctx, .max_batch = SD_MAX_BATCH, .max_k = SD_MAX_K};
-    SD_INFO("target %s: %s, %d tokens (vocab hash 0x%016llx), context %d%s", p->model_path, c->arch, c->n_vocab,
-            (unsigned long long)c->vocab_hash, c->n_ctx, c->default_system ? ", ChatML default system prompt" : "");
+    SD_INFO("target %s: %s, %d tokens (vocab hash 0x%016llx), context %d, chat template %s%s", p->model_path, c->arch,
+            c->n_vocab, (unsigned long long)c->vocab_hash, c->n_ctx, sd_chat_template_name(c->chat),
+            sd_chat_template_default_system(c->chat) ? " with a default system prompt" : "");
     return SD_OK;
 }
 
@@ -125,4 +100,5 @@ void sd_coord_state_free(sd_coord *c) {
         c->workers[i].step_k = c->workers[i].step_end = NULL;
     }
     sd_tok_free(&c->tok);
+    sd_chat_template_free(&c->chat);
 }

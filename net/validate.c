@@ -276,9 +276,39 @@ static bool check_hello(vctx *v, const char *path, const Specd__Hello *h, bool w
 
 /* ---- client link ---- */
 
+/* SubmitRequest.messages: roles known, content UTF-8, bounded in count and
+ * in total size, and nothing else saying what the prompt is. */
+static bool check_messages(vctx *v, const Specd__SubmitRequest *s) {
+    char path[96];
+    if (s->n_messages > SD_MAX_CHAT_MESSAGES)
+        return fail(v, SPECD__CODE__CODE_TOO_LARGE, "submit.messages: %zu messages over the limit of %d", s->n_messages,
+                    SD_MAX_CHAT_MESSAGES);
+    if (s->n_prompt_ids > 0 || s->prompt[0] || s->system[0] || s->chat)
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST,
+                    "submit.messages: give the conversation alone (prompt, prompt_ids, chat and system empty)");
+    size_t total = 0;
+    for (size_t i = 0; i < s->n_messages; i++) {
+        const Specd__ChatMessage *m = s->messages[i];
+        snprintf(path, sizeof path, "submit.messages[%zu].role", i);
+        if (m->role != SPECD__CHAT_ROLE__CHAT_ROLE_SYSTEM && m->role != SPECD__CHAT_ROLE__CHAT_ROLE_USER &&
+            m->role != SPECD__CHAT_ROLE__CHAT_ROLE_ASSISTANT)
+            return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s: %d is not a role (system, user, assistant)", path,
+                        (int)m->role);
+        snprintf(path, sizeof path, "submit.messages[%zu].content", i);
+        if (!check_text(v, path, m->content, SD_MAX_PROMPT_BYTES)) return false;
+        total += strlen(m->content);
+        if (total > SD_MAX_PROMPT_BYTES)
+            return fail(v, SPECD__CODE__CODE_TOO_LARGE, "submit.messages: more than %d bytes of content in all",
+                        SD_MAX_PROMPT_BYTES);
+    }
+    return true;
+}
+
 static bool check_submit(vctx *v, const Specd__SubmitRequest *s) {
     char path[96];
-    if (s->n_prompt_ids > 0) {
+    if (s->n_messages > 0) {
+        if (!check_messages(v, s)) return false;
+    } else if (s->n_prompt_ids > 0) {
         if (s->n_prompt_ids > (size_t)v->max_context)
             return fail(v, SPECD__CODE__CODE_TOO_LARGE, "submit.prompt_ids: %zu tokens over the context of %d",
                         s->n_prompt_ids, v->max_context);

@@ -2,7 +2,8 @@
  * of specd is compared against.
  *
  * Loads a model (a GGUF file or a Hugging Face checkpoint directory),
- * tokenizes the prompt (optionally as a ChatML chat turn), prefills it in one
+ * tokenizes the prompt (optionally as a conversation in the model's chat
+ * template, specd/chat.h), prefills it in one
  * forward call and then decodes one token per call,
  * streaming text as whole UTF-8 characters. --json replaces the stream with
  * one JSON object at the end (ids, text, timings), which is what the tests and
@@ -16,6 +17,7 @@
  * The report gives drafted, accepted, the acceptance rate, tokens per target
  * step and the i.i.d. expectation (1-a^(K+1))/(1-a) beside it. */
 #include "specd/common.h"
+#include "specd/chat.h"
 #include "specd/cli.h"
 #include "specd/drafter.h"
 #include "specd/spec_decode.h"
@@ -33,7 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define DEFAULT_SYSTEM_PROMPT "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+#define MAX_TURNS 256 /* --message turns */
 
 typedef struct gen_opts {
     const char *model_path;
@@ -45,6 +47,9 @@ typedef struct gen_opts {
     sd_dtype kv_type;
     sd_sampling sampling;
     bool chat;
+    const char *chat_template;    /* --chat-template NAME, or NULL: the model's */
+    sd_chat_msg turns[MAX_TURNS]; /* --message ROLE:TEXT, in order */
+    size_t n_turns;
     bool json;
     bool verbose;
     bool ignore_eos;
@@ -71,8 +76,12 @@ static void usage(FILE *f) {
             "      --top-p P        nucleus sampling mass in (0, 1] (default 1)\n"
             "      --min-p P        drop tokens below P x the top probability (default 0)\n"
             "      --seed S         random seed for sampling (default 0)\n"
-            "      --chat           format the prompt as a ChatML user turn\n"
+            "      --chat           format the prompt as a user turn with the model's chat template\n"
             "      --system TEXT    system prompt with --chat (default: the model's)\n"
+            "      --message ROLE:TEXT  a turn of the conversation before the prompt (ROLE system, user or\n"
+            "                       assistant; repeat in order; implies --chat; -p may then be left out)\n"
+            "      --chat-template NAME  chat format when the model's template is not recognised (or to\n"
+            "                       override it): %s\n"
             "  -t, --threads N      worker threads (default: all cores)\n"
             "      --device D       cpu (default), cuda or cuda:N: where the target and a draft model run\n"
             "      --kv-type T      the target's KV cache: f32 (default) or f16 (half the memory; CPU)\n"
@@ -86,7 +95,22 @@ static void usage(FILE *f) {
             "      --json           print one JSON object at the end instead of streaming\n"
             "  -v, --verbose        log at DEBUG level\n"
             "  -h, --help           this help\n",
-            SD_MAX_K);
+            sd_chat_template_names(), SD_MAX_K);
+}
+
+/* --message ROLE:TEXT appended to o->turns (TEXT borrowed from argv). */
+static bool parse_turn(char *arg, gen_opts *o) {
+    char *colon = strchr(arg, ':');
+    if (!colon || o->n_turns >= MAX_TURNS) return false;
+    size_t n = (size_t)(colon - arg);
+    static const char *const roles[] = {"system", "user", "assistant"};
+    for (size_t i = 0; i < 3; i++) {
+        if (strlen(roles[i]) == n && strncmp(arg, roles[i], n) == 0) {
+            o->turns[o->n_turns++] = (sd_chat_msg){roles[i], colon + 1};
+            return true;
+        }
+    }
+    return false;
 }
 
 /* Returns 0 and fills o, 1 after --help, 2 on a usage error (message printed). */
@@ -99,6 +123,8 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         OPT_SEED,
         OPT_CHAT,
         OPT_SYSTEM,
+        OPT_MESSAGE,
+        OPT_CHAT_TEMPLATE,
         OPT_JSON,
         OPT_NOEOS,
         OPT_DRAFT,
@@ -119,6 +145,8 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
                                           {"seed", required_argument, 0, OPT_SEED},
                                           {"chat", no_argument, 0, OPT_CHAT},
                                           {"system", required_argument, 0, OPT_SYSTEM},
+                                          {"message", required_argument, 0, OPT_MESSAGE},
+                                          {"chat-template", required_argument, 0, OPT_CHAT_TEMPLATE},
                                           {"json", no_argument, 0, OPT_JSON},
                                           {"ignore-eos", no_argument, 0, OPT_NOEOS},
                                           {"draft", required_argument, 0, OPT_DRAFT},
@@ -177,6 +205,12 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         }
         case OPT_CHAT: o->chat = true; break;
         case OPT_SYSTEM: o->system = optarg; break;
+        case OPT_MESSAGE:
+            name = "message";
+            ok = parse_turn(optarg, o);
+            o->chat = true;
+            break;
+        case OPT_CHAT_TEMPLATE: o->chat_template = optarg; break;
         case OPT_JSON: o->json = true; break;
         case OPT_NOEOS: o->ignore_eos = true; break;
         case OPT_DRAFT: o->draft_path = optarg; break;
@@ -495,6 +529,24 @@ static int print_json(const gen_opts *o, const sd_tok *tok, const char *prompt_t
     return rc;
 }
 
+/* The conversation of o (--system, --message turns, then -p as the last
+ * user turn) in the chat template, malloc'd in *out. */
+static sd_status format_chat(const gen_opts *o, const sd_chat_template *chat, char **out) {
+    sd_chat_msg msgs[MAX_TURNS + 2];
+    size_t n = 0;
+    if (o->system) msgs[n++] = (sd_chat_msg){"system", o->system};
+    for (size_t i = 0; i < o->n_turns; i++) msgs[n++] = o->turns[i];
+    if (o->prompt) msgs[n++] = (sd_chat_msg){"user", o->prompt};
+    char err[400];
+    sd_status st = sd_chat_template_format(chat, msgs, n, true, out, err, sizeof err);
+    if (st == SD_ERR_INVALID_ARG)
+        fprintf(stderr, "specd-generate: the %s chat template refuses this conversation: %s\n",
+                sd_chat_template_name(chat), err);
+    else if (st != SD_OK)
+        fprintf(stderr, "specd-generate: chat formatting failed: %s\n", sd_status_str(st));
+    return st;
+}
+
 int main(int argc, char **argv) {
     gen_opts o;
     int rc = parse_args(argc, argv, &o);
@@ -502,7 +554,7 @@ int main(int argc, char **argv) {
     sd_log_set(NULL, NULL, o.verbose ? SD_LOG_DEBUG : SD_LOG_WARN, "generate");
 
     char *stdin_prompt = NULL;
-    if (!o.prompt) {
+    if (!o.prompt && o.n_turns == 0) {
         stdin_prompt = read_stdin();
         if (!stdin_prompt) return 1;
         o.prompt = stdin_prompt;
@@ -512,6 +564,7 @@ int main(int argc, char **argv) {
     sd_model *m = NULL;
     sd_tok *tok = NULL;
     char *chat_text = NULL;
+    sd_chat_template *chat = NULL;
     gen_result r = {0};
     sd_drafter *drafter = NULL;
     sd_spec_decoder *dec = NULL;
@@ -529,17 +582,16 @@ int main(int argc, char **argv) {
         fprintf(stderr, "specd-generate: cannot load %s: %s (see the log above)\n", o.model_path, sd_status_str(st));
         goto out;
     }
+    if (o.chat && (st = sd_chat_template_from_model(w, o.model_path, tok, o.chat_template, &chat)) != SD_OK) {
+        fprintf(stderr, "specd-generate: %s: no usable chat template: %s (see the log above)\n", o.model_path,
+                sd_status_str(st));
+        goto out;
+    }
     sd_weights_close(&w); /* the model holds what it uses (copies, or its own reference to the file mapping) */
 
-    const char *text = o.prompt;
-    if (o.chat) {
-        sd_chat_msg msg[2];
-        size_t n = 0;
-        if (o.system) msg[n++] = (sd_chat_msg){"system", o.system};
-        msg[n++] = (sd_chat_msg){"user", o.prompt};
-        if ((st = sd_tok_chat_format(msg, n, DEFAULT_SYSTEM_PROMPT, true, &chat_text)) != SD_OK) goto out;
-        text = chat_text;
-    }
+    const char *text = o.prompt ? o.prompt : "";
+    if (o.chat && (st = format_chat(&o, chat, &chat_text)) != SD_OK) goto out;
+    if (chat_text) text = chat_text;
     if (o.draft_path || o.ngram || o.draft_layers > 0) {
         sd_drafter_params dp = sd_drafter_default_params();
         dp.max_ctx = sd_model_config_of(m)->n_ctx_train;
@@ -586,6 +638,7 @@ out:
     free(r.prompt_ids);
     free(r.ids);
     free(chat_text);
+    sd_chat_template_free(&chat);
     free(stdin_prompt);
     sd_model_free(&m);
     sd_tok_free(&tok);

@@ -350,8 +350,12 @@ class Harness:
         return same[-1] if same else None
 
     # ---- the single-process reference ----
-    def reference(self, model, prompt, n, temp=0.0, seed=0, ignore_eos=False, chat=False, top_p=None):
+    def reference(self, model, prompt, n, temp=0.0, seed=0, ignore_eos=False, chat=False, top_p=None, history=()):
+        """specd-generate's JSON for prompt; history: chat turns before it
+        ({"role", "content"} dicts, passed as --message)."""
         argv = [self.bin("generate"), "-m", model, "-p", prompt, "-n", str(n), "--json", "-t", "1"]
+        for m in history:
+            argv += ["--message", "%s:%s" % (m["role"], m["content"])]
         if temp:
             argv += ["--temp", str(temp), "--seed", str(seed)]
         if top_p is not None:

@@ -146,8 +146,10 @@ def check_bad_input(h):
         (chat, b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 400, None, "lone surrogate"),
         (comp, {"prompt": [999999]}, 400, None, "token id out of range"),
         (chat, {"messages": user, "logprobs": True}, 400, "logprobs", "logprobs"),
-        (chat, {"messages": user + [{"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}]},
-         400, "messages[1].role", "multi-turn"),
+        (chat, {"messages": user + [{"role": "tool", "content": "x"}, {"role": "user", "content": "y"}]},
+         400, "messages[1].role", "a tool turn"),
+        (chat, {"messages": user + [{"role": "assistant", "content": "x"}]}, 400, "messages",
+         "ending with an assistant turn"),
     ]
     for path, body, status, param, what in cases:
         expect_error(h, path, body, status, param, what=what)

@@ -45,13 +45,25 @@ typedef struct sd_client_params {
 /* Defaults as documented on each field. */
 sd_client_params sd_client_default_params(void);
 
+/* One turn of a conversation (sd_client_request.messages). */
+typedef struct sd_client_chat_msg {
+    const char *role; /* "system", "user" or "assistant" */
+    const char *content;
+} sd_client_chat_msg;
+
 /* A generation job. Strings are borrowed for the duration of sd_client_submit. */
 typedef struct sd_client_request {
     const char *prompt;        /* UTF-8 text (ignored when n_prompt_ids > 0) */
     const int32_t *prompt_ids; /* token ids instead of text */
     size_t n_prompt_ids;
-    bool chat;               /* format as a ChatML user turn */
-    const char *system;      /* system prompt with chat; NULL = the model's default */
+    bool chat;          /* format prompt as a user turn with the model's chat template */
+    const char *system; /* system prompt with chat; NULL = the model's default */
+    /* A whole conversation, history included, formatted by the model's chat
+     * template (at most SD_MAX_CHAT_MESSAGES turns, SD_MAX_PROMPT_BYTES of
+     * content); when n_messages > 0, prompt, prompt_ids, chat and system
+     * must be unset. */
+    const sd_client_chat_msg *messages;
+    size_t n_messages;
     uint32_t max_tokens;     /* 0 = coordinator default */
     sd_sampling sampling;    /* default: greedy */
     const char *const *stop; /* stop strings */

@@ -33,7 +33,8 @@ extern "C" {
 /* Size limits, enforced at the socket (ZMQ_MAXMSGSIZE) and by validation. */
 #define SD_MAX_CLIENT_MSG_BYTES (4 << 20)  /* client link: prompts are text */
 #define SD_MAX_WORKER_MSG_BYTES (64 << 20) /* worker link: full prefixes on CACHE_MISS */
-#define SD_MAX_PROMPT_BYTES     (1 << 20)  /* prompt text */
+#define SD_MAX_PROMPT_BYTES     (1 << 20)  /* prompt text; a conversation's content in all */
+#define SD_MAX_CHAT_MESSAGES    1024       /* turns of SubmitRequest.messages */
 #define SD_MAX_BATCH            256        /* sequences in one draft/verify batch */
 #define SD_MAX_STEP_COSTS       256        /* Hello.step_costs entries */
 #define SD_MAX_TOP_N            1024       /* entries of one sparse q */

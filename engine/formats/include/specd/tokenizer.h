@@ -78,7 +78,10 @@ typedef struct sd_chat_msg {
 /* Formats messages as ChatML (<|im_start|>role\ncontent<|im_end|>\n ...),
  * adding the default system prompt of the model's template when the first
  * message is not a system one and default_system != NULL, and opening the
- * assistant turn when add_generation_prompt. Result is malloc'd (caller frees). */
+ * assistant turn when add_generation_prompt. Result is malloc'd (caller frees).
+ * The ChatML family of specd/chat.h, which formats with the model's own
+ * template: use that for anything a user talks to; this one is for tests and
+ * benchmarks that want ChatML whatever the model. */
 sd_status sd_tok_chat_format(const sd_chat_msg *msgs, size_t n, const char *default_system, bool add_generation_prompt,
                              char **out);
 
