@@ -51,9 +51,13 @@ static void test_spinning_child_is_seen(void **state) {
     sd_hyg_params px = p;
     px.exclude_prefix = "sdhygspin";
     sd_hyg_mark a = sd_hyg_now(&p), ax = sd_hyg_now(&px);
-    uint64_t c0 = sd_hyg_process_ticks((int)child);
-    sleep_s(0.6);
-    uint64_t c1 = sd_hyg_process_ticks((int)child);
+    uint64_t c0 = sd_hyg_process_ticks((int)child), c1 = c0;
+    /* at least 0.6 s, longer (up to 6 s) while the child has not had 0.15 s
+     * of CPU: on a machine loaded by other jobs it gets a small share */
+    for (int i = 0; i < 20 && (i < 2 || (double)(c1 - c0) / sd_hyg_tick_hz() < 0.15); i++) {
+        sleep_s(0.3);
+        c1 = sd_hyg_process_ticks((int)child);
+    }
     sd_hyg_mark b = sd_hyg_now(&p), bx = sd_hyg_now(&px);
     kill(child, SIGKILL);
     waitpid(child, NULL, 0);
@@ -64,7 +68,7 @@ static void test_spinning_child_is_seen(void **state) {
     double tol = 2.0 / sd_hyg_tick_hz() / wall + 0.05;
     printf("child %.2f cores; foreign share %.2f cores, %.2f with the child excluded (window %.2f s)\n", child_cores,
            other, other_x, wall);
-    assert_true(child_cores > 0.1); /* it ran */
+    assert_true(child_cores > 0.02); /* it ran */
     assert_true(other >= child_cores - tol);
     p.max_other_cores = child_cores / 2;
     assert_false(sd_hyg_clean(&p, other)); /* the repetition is dropped */
