@@ -37,7 +37,10 @@ typedef struct sd_coord_params {
     const char *model_path;        /* target GGUF (metadata only) */
     const char *client_addr;       /* default tcp://127.0.0.1:7700 */
     const char *worker_addr;       /* default tcp://127.0.0.1:7701 */
-    const char *curve_secret_file; /* Z85 server secret key file, or NULL */
+    const char *curve_secret_file; /* the coordinator's secret key file (curve.h), or NULL: plaintext */
+    const char *client_keys_file;  /* allow-list of client public keys (required with a secret) */
+    const char *worker_keys_file;  /* allow-list of worker public keys (required with a secret) */
+    bool insecure;                 /* allow a non-loopback bind without keys */
     int32_t max_queue;             /* waiting requests (256) */
     int32_t max_active;            /* sequences admitted to the verifier at once (64) */
     int32_t max_tokens_default;    /* 256 */

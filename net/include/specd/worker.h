@@ -33,6 +33,7 @@
 #ifndef SPECD_WORKER_H
 #define SPECD_WORKER_H
 
+#include "specd/curve.h"
 #include "specd/identity.h"
 #include "specd/net.h"
 
@@ -66,6 +67,8 @@ sd_status sd_worker_signal_fd(int *fd);
 
 typedef struct sd_worker_params {
     const char *coordinator;   /* worker address to connect to (required) */
+    const sd_curve_id *curve;  /* CurveZMQ keys (borrowed; NULL or off: plaintext); a handshake the
+                                * coordinator refuses ends the loop with SD_WORKER_REFUSED */
     Specd__Role role;          /* ROLE_DRAFTER or ROLE_VERIFIER */
     uint32_t rank, group_size; /* verifier group position; 0 / 1 for drafters */
     Specd__DrafterKind drafter_kind;
