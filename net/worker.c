@@ -75,7 +75,7 @@ typedef struct worker_loop {
     const sd_worker_params *p;
     void *zctx;
     void *sock;
-    void *monitor;          /* the socket's handshakes (CurveZMQ only) */
+    void *monitor;          /* the socket's handshakes */
     int handshake_failures; /* in a row, without detail */
     bool registered;
     int refusals; /* CODE_REFUSED answers to Hello so far */
@@ -206,7 +206,7 @@ static sd_status connect_and_hello(worker_loop *w) {
         sp.curve_secret = id->secret;
     }
     SD_TRY(sd_net_socket_open(w->zctx, &sp, NULL, w->p->coordinator, &w->sock));
-    if (id && id->on) {
+    { /* always: a plaintext worker of a CURVE coordinator learns it at once too */
         sd_status st = sd_net_monitor_open(w->zctx, w->sock, &w->monitor);
         if (st != SD_OK) {
             sd_net_close(&w->sock);
