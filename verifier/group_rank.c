@@ -105,7 +105,7 @@ typedef struct rank_run {
     sd_model *m;
     sd_net_limits lim;
     void *sock;    /* DEALER to the leader */
-    void *monitor; /* its handshakes (CurveZMQ only) */
+    void *monitor; /* its handshakes, until the group forms */
     int handshake_failures;
     char host[64];
     int interval_ms, liveness;
@@ -440,7 +440,8 @@ sd_status sd_group_rank_run(void *zctx, const sd_group_params *p, sd_model *m, s
         sp.curve_secret = p->curve->secret;
     }
     SD_TRY(sd_net_socket_open(zctx, &sp, NULL, p->addr, &r.sock));
-    if (p->curve && p->curve->on && sd_net_monitor_open(zctx, r.sock, &r.monitor) != SD_OK) {
+    /* always: a plaintext rank of a keyed leader learns it at once too */
+    if (sd_net_monitor_open(zctx, r.sock, &r.monitor) != SD_OK) {
         sd_net_close(&r.sock);
         return SD_ERR_NET;
     }

@@ -279,6 +279,22 @@ class Harness:
         self.key_dir = d
         return self.keys
 
+    def load_keys(self, d):
+        """Uses the key pairs already in directory d (specd-launch --curve d):
+        every NAME.key with its NAME.pub."""
+        self.keys = {}
+        for fn in sorted(os.listdir(d)):
+            if fn.endswith(".key") and os.path.exists(os.path.join(d, fn[:-4] + ".pub")):
+                n = fn[:-4]
+                with open(os.path.join(d, n + ".pub"), "rb") as f:
+                    public = f.read().strip()
+                with open(os.path.join(d, n + ".key"), "rb") as f:
+                    secret = f.read().strip()
+                self.keys[n] = dict(key=os.path.join(d, n + ".key"), pub=os.path.join(d, n + ".pub"),
+                                    public=public, secret=secret)
+        self.key_dir = d
+        return self.keys
+
     def key_args(self, name):
         """--curve-secret/--curve-server for a process holding key `name`
         (None: no keys; [] when CURVE is off)."""
