@@ -946,6 +946,13 @@ static int parse_args(int argc, char **argv, launch_opts *o) {
                         "--no-draft (see --help)\n");
         return 2;
     }
+    if (o->tp > 1 && o->device_base >= 0 && !o->curve_dir) {
+        fprintf(stderr,
+                "specd-launch: GPU ranks (--tp %d) share an NCCL id over the group socket, which travels "
+                "only on an encrypted link: give --curve DIR\n",
+                o->tp);
+        return 2;
+    }
     /* The model id the gateway reports: the target's name without its folder and .gguf. */
     const char *base = strrchr(o->target, '/');
     base = base && base[1] ? base + 1 : o->target;
