@@ -333,6 +333,11 @@ void sd_sched_overhead(const sd_coord *c, double *p50, double *p99);
 void sd_sched_draft_wait(const sd_coord *c, double *mean, double *p99, double *held_share);
 
 /* workers.c */
+/* As sd_workers_on_message, from a peer whose key is restricted to role
+ * peer_role ("verifier", "drafter"; "" or NULL = any): a Hello for another
+ * role is refused. */
+void sd_workers_on_message_as(sd_coord *c, const uint8_t *ident, size_t ident_len, const char *peer_role,
+                              const uint8_t *body, size_t len, uint64_t now_us);
 void sd_workers_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, const uint8_t *body, size_t len,
                            uint64_t now_us);
 /* Heartbeats, liveness and step timeouts. */

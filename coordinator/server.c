@@ -135,7 +135,7 @@ static void drain(sd_coord_server *s, bool workers) {
             break;
         }
         if (workers)
-            sd_workers_on_message(&s->c, m.identity, m.identity_len, m.body, m.body_len, now);
+            sd_workers_on_message_as(&s->c, m.identity, m.identity_len, m.user_id, m.body, m.body_len, now);
         else
             sd_clients_on_message(&s->c, m.identity, m.identity_len, m.body, m.body_len, now);
         sd_net_msg_clear(&m);

@@ -71,9 +71,20 @@ void sd_cost_seed(sd_cost_model *c, const sd_step_cost *costs, size_t n) {
     }
 }
 
-static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const Specd__Hello *h, uint64_t now_us) {
+static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const char *peer_role, const Specd__Hello *h,
+                     uint64_t now_us) {
     char msg[512];
     const char *name = h->name && h->name[0] ? h->name : "?";
+    const char *asked = h->role == SPECD__ROLE__ROLE_VERIFIER  ? "verifier"
+                        : h->role == SPECD__ROLE__ROLE_DRAFTER ? "drafter"
+                                                               : "?";
+    if (peer_role && peer_role[0] && strcmp(peer_role, asked) != 0) {
+        /* the allow-list binds this key to another role (role=...) */
+        SD_WARN("refused %s: its key may register as a %s only, it asked to be a %s", name, peer_role, asked);
+        snprintf(msg, sizeof msg, "this worker's key may not register as a %s", asked);
+        send_error(c, ident, ident_len, SPECD__CODE__CODE_REFUSED, msg);
+        return;
+    }
     if (h->protocol_version != SD_PROTOCOL_VERSION) {
         snprintf(msg, sizeof msg, "hello.protocol_version: %u, the coordinator speaks %u", h->protocol_version,
                  SD_PROTOCOL_VERSION);
@@ -195,6 +206,11 @@ static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
 
 void sd_workers_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, const uint8_t *body, size_t len,
                            uint64_t now_us) {
+    sd_workers_on_message_as(c, ident, ident_len, NULL, body, len, now_us);
+}
+
+void sd_workers_on_message_as(sd_coord *c, const uint8_t *ident, size_t ident_len, const char *peer_role,
+                              const uint8_t *body, size_t len, uint64_t now_us) {
     int32_t wi = find_alive(c, ident, ident_len);
     Specd__Code code = SPECD__CODE__CODE_UNSPECIFIED;
     char err[512];
@@ -211,7 +227,7 @@ void sd_workers_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, 
     }
     if (wi >= 0) c->workers[wi].last_recv_us = now_us;
     switch (env->body_case) {
-    case SPECD__WORKER_TO_COORDINATOR__BODY_HELLO: on_hello(c, ident, ident_len, env->hello, now_us); break;
+    case SPECD__WORKER_TO_COORDINATOR__BODY_HELLO: on_hello(c, ident, ident_len, peer_role, env->hello, now_us); break;
     case SPECD__WORKER_TO_COORDINATOR__BODY_HEARTBEAT:
         if (wi < 0) {
             SD_DEBUG("heartbeat from an unregistered worker; ignored");

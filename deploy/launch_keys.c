@@ -30,7 +30,10 @@ static sd_status write_allow(const launch_keys *k, const char *path, const launc
     for (int i = 0; i < n && st == SD_OK; i++) {
         char pub[SD_CURVE_Z85_LEN + 1];
         st = sd_curve_key_read(k->pub[which[i]], false, pub);
-        if (st == SD_OK) fprintf(f, "%s %s\n", pub, NAMES[which[i]]);
+        /* a worker key takes one role only: a drafter's key cannot become the verifier */
+        bool worker = which[i] == LAUNCH_KEY_VERIFIER || which[i] == LAUNCH_KEY_DRAFTER;
+        if (st == SD_OK)
+            fprintf(f, "%s%s%s %s\n", pub, worker ? " role=" : "", worker ? NAMES[which[i]] : "", NAMES[which[i]]);
     }
     if (fclose(f) != 0 && st == SD_OK) st = SD_ERR_IO;
     if (st == SD_OK && rename(tmp, path) != 0) {

@@ -134,7 +134,21 @@ sd_status sd_curve_id_load(const char *secret_file, const char *server_file, sd_
     return SD_OK;
 }
 
+/* entries start with their key: one comparison serves sort and search */
 static int cmp_key(const void *a, const void *b) { return memcmp(a, b, SD_CURVE_KEY_BYTES); }
+
+/* The optional role=ROLE token after a key: 1..15 lower-case letters. */
+static bool parse_role(const char *tok, size_t len, char role[SD_CURVE_ROLE_MAX]) {
+    role[0] = '\0';
+    if (len < 5 || strncmp(tok, "role=", 5) != 0) return true; /* a label, not a role */
+    size_t n = len - 5;
+    if (n == 0 || n >= SD_CURVE_ROLE_MAX) return false;
+    for (size_t i = 0; i < n; i++)
+        if (tok[5 + i] < 'a' || tok[5 + i] > 'z') return false;
+    memcpy(role, tok + 5, n);
+    role[n] = '\0';
+    return true;
+}
 
 bool sd_curve_allow_parse(const char *text, size_t len, sd_curve_allow *out, char *err, size_t err_len) {
     memset(out, 0, sizeof *out);
@@ -147,6 +161,10 @@ bool sd_curve_allow_parse(const char *text, size_t len, sd_curve_allow *out, cha
         while (a < end && is_space(text[a])) a++;
         size_t b = a;
         while (b < end && !is_space(text[b])) b++;
+        size_t ra = b;
+        while (ra < end && is_space(text[ra])) ra++;
+        size_t rb = ra;
+        while (rb < end && !is_space(text[rb])) rb++;
         i = end + 1;
         if (a == end || text[a] == '#') continue;
         char z85[SD_CURVE_Z85_LEN + 1], why[96];
@@ -158,19 +176,31 @@ bool sd_curve_allow_parse(const char *text, size_t len, sd_curve_allow *out, cha
             snprintf(err, err_len, "line %zu: more than %d keys", line, SD_CURVE_MAX_ALLOW);
             return false;
         }
+        char role[SD_CURVE_ROLE_MAX];
+        if (!parse_role(text + ra, rb - ra, role)) {
+            snprintf(err, err_len, "line %zu: role=ROLE takes 1 to %d lower-case letters", line, SD_CURVE_ROLE_MAX - 1);
+            return false;
+        }
         if (out->n == cap) {
             size_t ncap = cap ? cap * 2 : 16;
-            void *k = realloc(out->keys, ncap * SD_CURVE_KEY_BYTES);
+            void *k = realloc(out->entries, ncap * sizeof *out->entries);
             if (!k) {
                 snprintf(err, err_len, "out of memory");
                 return false;
             }
-            out->keys = k;
+            out->entries = k;
             cap = ncap;
         }
-        zmq_z85_decode(out->keys[out->n++], z85);
+        sd_curve_entry *e = &out->entries[out->n++];
+        zmq_z85_decode(e->key, z85);
+        memcpy(e->role, role, sizeof role);
     }
-    if (out->n > 1) qsort(out->keys, out->n, SD_CURVE_KEY_BYTES, cmp_key);
+    if (out->n > 1) qsort(out->entries, out->n, sizeof *out->entries, cmp_key);
+    for (size_t k = 1; k < out->n; k++)
+        if (cmp_key(&out->entries[k - 1], &out->entries[k]) == 0) {
+            snprintf(err, err_len, "a key is listed twice (one line per key, with its one role)");
+            return false;
+        }
     return true;
 }
 
@@ -192,15 +222,17 @@ sd_status sd_curve_allow_read(const char *path, sd_curve_allow *out) {
     return SD_OK;
 }
 
-bool sd_curve_allow_has(const sd_curve_allow *a, const uint8_t *key) {
-    if (!a || !key || a->n == 0) return false;
-    return bsearch(key, a->keys, a->n, SD_CURVE_KEY_BYTES, cmp_key) != NULL;
+const sd_curve_entry *sd_curve_allow_find(const sd_curve_allow *a, const uint8_t *key) {
+    if (!a || !key || a->n == 0) return NULL;
+    return bsearch(key, a->entries, a->n, sizeof *a->entries, cmp_key);
 }
+
+bool sd_curve_allow_has(const sd_curve_allow *a, const uint8_t *key) { return sd_curve_allow_find(a, key) != NULL; }
 
 void sd_curve_allow_free(sd_curve_allow *a) {
     if (!a) return;
-    free(a->keys);
-    a->keys = NULL;
+    free(a->entries);
+    a->entries = NULL;
     a->n = 0;
 }
 

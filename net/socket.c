@@ -288,6 +288,7 @@ sd_status sd_net_recv(void *sock, bool router, bool dontwait, sd_net_msg *m) {
     m->body = NULL;
     m->body_len = 0;
     m->identity_len = 0;
+    m->user_id[0] = '\0';
 
     zmq_msg_t f;
     zmq_msg_init(&f);
@@ -325,6 +326,8 @@ sd_status sd_net_recv(void *sock, bool router, bool dontwait, sd_net_msg *m) {
         SD_WARN("message with %d extra frame(s) after the body: dropped", extra);
         return SD_ERR_FORMAT;
     }
+    const char *uid = zmq_msg_gets(&f, "User-Id"); /* NULL without ZAP */
+    if (uid) snprintf(m->user_id, sizeof m->user_id, "%s", uid);
     size_t len = zmq_msg_size(&f);
     m->body = malloc(len ? len : 1);
     if (!m->body) {

@@ -36,7 +36,8 @@ struct sd_zap {
 };
 
 bool sd_zap_decide(const sd_zap_domain *domains, size_t n_domains, const char *domain, const char *mechanism,
-                   const uint8_t *key, size_t key_len, char *why, size_t why_len) {
+                   const uint8_t *key, size_t key_len, const sd_curve_entry **who, char *why, size_t why_len) {
+    if (who) *who = NULL;
     if (!mechanism || strcmp(mechanism, "CURVE") != 0) {
         snprintf(why, why_len, "mechanism %s: only CURVE is admitted", mechanism ? mechanism : "(none)");
         return false;
@@ -52,10 +53,12 @@ bool sd_zap_decide(const sd_zap_domain *domains, size_t n_domains, const char *d
         snprintf(why, why_len, "a CURVE credential is %d bytes, got %zu", SD_CURVE_KEY_BYTES, key_len);
         return false;
     }
-    if (!sd_curve_allow_has(d->allow, key)) {
+    const sd_curve_entry *e = sd_curve_allow_find(d->allow, key);
+    if (!e) {
         snprintf(why, why_len, "key not on the %s allow-list", d->name);
         return false;
     }
+    if (who) *who = e;
     snprintf(why, why_len, "OK");
     return true;
 }
@@ -92,6 +95,7 @@ static void serve_one(sd_zap *z) {
     }
     char version[8] = "", domain[256] = "", address[128] = "", mechanism[32] = "", why[160];
     const char *code = "500";
+    const sd_curve_entry *who = NULL;
     if (n >= 6) {
         frame_str(&f[0], version, sizeof version);
         frame_str(&f[2], domain, sizeof domain);
@@ -104,7 +108,7 @@ static void serve_one(sd_zap *z) {
     } else {
         const uint8_t *key = n > 6 ? zmq_msg_data(&f[6]) : NULL;
         size_t key_len = n > 6 ? zmq_msg_size(&f[6]) : 0;
-        bool ok = sd_zap_decide(z->domains, z->n_domains, domain, mechanism, key, key_len, why, sizeof why);
+        bool ok = sd_zap_decide(z->domains, z->n_domains, domain, mechanism, key, key_len, &who, why, sizeof why);
         code = ok ? "200" : "400";
         char z85[SD_CURVE_Z85_LEN + 1] = "(none)";
         if (key && key_len == SD_CURVE_KEY_BYTES) zmq_z85_encode(z85, key, key_len);
@@ -121,8 +125,10 @@ static void serve_one(sd_zap *z) {
         send_str(z->sock, "", 0, true);
     send_str(z->sock, code, 3, true);
     send_str(z->sock, why, strlen(why), true);
-    /* the user id names the domain a peer was admitted on */
-    send_str(z->sock, code[0] == '2' ? domain : "", code[0] == '2' ? strlen(domain) : 0, true);
+    /* the user id is the role the key is restricted to ("" = any): the
+     * socket's messages carry it as "User-Id" (sd_net_msg.user_id) */
+    const char *uid = code[0] == '2' && who ? who->role : "";
+    send_str(z->sock, uid, strlen(uid), true);
     send_str(z->sock, "", 0, false);
     for (int i = 0; i < n; i++) zmq_msg_close(&f[i]);
 }

@@ -120,7 +120,27 @@ static void test_allow_parse(void **state) {
     assert_true(sd_curve_allow_has(&l, kb));
     assert_false(sd_curve_allow_has(&l, kc));
     sd_curve_allow_free(&l);
-    assert_null(l.keys);
+    assert_null(l.entries);
+    /* roles: role=ROLE after the key, before any label */
+    snprintf(text, sizeof text, "%s role=verifier the leader\n%s drafter-label\n", a, b);
+    assert_true(sd_curve_allow_parse(text, strlen(text), &l, err, sizeof err));
+    const sd_curve_entry *ea = sd_curve_allow_find(&l, ka), *eb = sd_curve_allow_find(&l, kb);
+    assert_non_null(ea);
+    assert_non_null(eb);
+    assert_string_equal(ea->role, "verifier");
+    assert_string_equal(eb->role, ""); /* a label is not a role: any */
+    sd_curve_allow_free(&l);
+    snprintf(text, sizeof text, "%s role=Verifier\n", a); /* lower-case letters only */
+    assert_false(sd_curve_allow_parse(text, strlen(text), &l, err, sizeof err));
+    assert_non_null(strstr(err, "role=ROLE"));
+    sd_curve_allow_free(&l);
+    snprintf(text, sizeof text, "%s role=\n", a);
+    assert_false(sd_curve_allow_parse(text, strlen(text), &l, err, sizeof err));
+    sd_curve_allow_free(&l);
+    snprintf(text, sizeof text, "%s role=drafter\n%s role=verifier\n", a, a); /* one key, one line */
+    assert_false(sd_curve_allow_parse(text, strlen(text), &l, err, sizeof err));
+    assert_non_null(strstr(err, "listed twice"));
+    sd_curve_allow_free(&l);
     /* a bad line names its number */
     snprintf(text, sizeof text, "%s\nnot-a-key\n", a);
     assert_false(sd_curve_allow_parse(text, strlen(text), &l, err, sizeof err));
@@ -160,26 +180,31 @@ static void test_zap_decide(void **state) {
     sd_curve_allow clients, workers;
     snprintf(text, sizeof text, "%s\n", cpub);
     assert_true(sd_curve_allow_parse(text, strlen(text), &clients, err, sizeof err));
-    snprintf(text, sizeof text, "%s\n", wpub);
+    snprintf(text, sizeof text, "%s role=drafter\n", wpub);
     assert_true(sd_curve_allow_parse(text, strlen(text), &workers, err, sizeof err));
     sd_zap_domain d[2] = {{SD_ZAP_DOMAIN_CLIENT, &clients}, {SD_ZAP_DOMAIN_WORKER, &workers}};
     uint8_t ck[32], wk[32], other[32];
     zmq_z85_decode(ck, cpub);
     zmq_z85_decode(wk, wpub);
     memset(other, 1, sizeof other);
-    assert_true(sd_zap_decide(d, 2, SD_ZAP_DOMAIN_CLIENT, "CURVE", ck, 32, why, sizeof why));
-    assert_true(sd_zap_decide(d, 2, SD_ZAP_DOMAIN_WORKER, "CURVE", wk, 32, why, sizeof why));
+    assert_true(sd_zap_decide(d, 2, SD_ZAP_DOMAIN_CLIENT, "CURVE", ck, 32, NULL, why, sizeof why));
+    const sd_curve_entry *who = NULL;
+    assert_true(sd_zap_decide(d, 2, SD_ZAP_DOMAIN_WORKER, "CURVE", wk, 32, &who, why, sizeof why));
+    assert_non_null(who);
+    assert_string_equal(who->role, "drafter"); /* handed to the socket as the User-Id */
+    assert_false(sd_zap_decide(d, 2, SD_ZAP_DOMAIN_WORKER, "CURVE", ck, 32, &who, why, sizeof why));
+    assert_null(who);
     /* a client key can never register a worker, nor a worker key submit */
-    assert_false(sd_zap_decide(d, 2, SD_ZAP_DOMAIN_WORKER, "CURVE", ck, 32, why, sizeof why));
+    assert_false(sd_zap_decide(d, 2, SD_ZAP_DOMAIN_WORKER, "CURVE", ck, 32, NULL, why, sizeof why));
     assert_non_null(strstr(why, "specd-worker allow-list"));
-    assert_false(sd_zap_decide(d, 2, SD_ZAP_DOMAIN_CLIENT, "CURVE", wk, 32, why, sizeof why));
-    assert_false(sd_zap_decide(d, 2, SD_ZAP_DOMAIN_CLIENT, "CURVE", other, 32, why, sizeof why));
-    assert_false(sd_zap_decide(d, 2, SD_ZAP_DOMAIN_GROUP, "CURVE", ck, 32, why, sizeof why)); /* no such list */
+    assert_false(sd_zap_decide(d, 2, SD_ZAP_DOMAIN_CLIENT, "CURVE", wk, 32, NULL, why, sizeof why));
+    assert_false(sd_zap_decide(d, 2, SD_ZAP_DOMAIN_CLIENT, "CURVE", other, 32, NULL, why, sizeof why));
+    assert_false(sd_zap_decide(d, 2, SD_ZAP_DOMAIN_GROUP, "CURVE", ck, 32, NULL, why, sizeof why)); /* no such list */
     assert_non_null(strstr(why, "unknown ZAP domain"));
-    assert_false(sd_zap_decide(d, 2, SD_ZAP_DOMAIN_CLIENT, "NULL", NULL, 0, why, sizeof why));
-    assert_false(sd_zap_decide(d, 2, SD_ZAP_DOMAIN_CLIENT, "PLAIN", ck, 32, why, sizeof why));
-    assert_false(sd_zap_decide(d, 2, SD_ZAP_DOMAIN_CLIENT, "CURVE", ck, 31, why, sizeof why));
-    assert_false(sd_zap_decide(d, 2, NULL, "CURVE", ck, 32, why, sizeof why));
+    assert_false(sd_zap_decide(d, 2, SD_ZAP_DOMAIN_CLIENT, "NULL", NULL, 0, NULL, why, sizeof why));
+    assert_false(sd_zap_decide(d, 2, SD_ZAP_DOMAIN_CLIENT, "PLAIN", ck, 32, NULL, why, sizeof why));
+    assert_false(sd_zap_decide(d, 2, SD_ZAP_DOMAIN_CLIENT, "CURVE", ck, 31, NULL, why, sizeof why));
+    assert_false(sd_zap_decide(d, 2, NULL, "CURVE", ck, 32, NULL, why, sizeof why));
     sd_curve_allow_free(&clients);
     sd_curve_allow_free(&workers);
 }

@@ -273,9 +273,10 @@ class Harness:
                 secret = f.read().strip()
             self.keys[n] = dict(key=os.path.join(d, n + ".key"), pub=os.path.join(d, n + ".pub"),
                                 public=public, secret=secret)
-        for lst, members in (("clients.allow", ["client"]), ("workers.allow", ["verifier", "drafter"])):
-            with open(os.path.join(d, lst), "w") as f:
-                f.writelines("%s %s\n" % (self.keys[m]["public"].decode(), m) for m in members)
+        with open(os.path.join(d, "clients.allow"), "w") as f:
+            f.write("%s client\n" % self.keys["client"]["public"].decode())
+        with open(os.path.join(d, "workers.allow"), "w") as f:  # each worker key bound to its role
+            f.writelines("%s role=%s\n" % (self.keys[m]["public"].decode(), m) for m in ("verifier", "drafter"))
         self.key_dir = d
         return self.keys
 

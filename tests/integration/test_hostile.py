@@ -23,7 +23,9 @@ to be refused:
     replayed drafter Hello becomes at most a standby drafter (dropped once
     it goes silent), never the drafter in use;
   - a valid worker key with the wrong vocabulary: refused, and the refusal
-    names neither the target's vocabulary size nor its hash.
+    names neither the target's vocabulary size nor its hash;
+  - the drafter's key (bound to role=drafter in workers.allow) asking to
+    register as the verifier: refused for its role.
 Then the allowed client's requests must equal specd-generate's output, and
 the service must list exactly the real verifier and drafter.
 """
@@ -175,6 +177,12 @@ def run(h, args):
             "a replayed verifier Hello was not refused: %s" % ans)
     H.check(ver.alive(), "the real verifier died")
     H.log("replayed verifier Hello: %s" % ans["error"].get("message"))
+
+    # a drafter's key is bound to its role (role=drafter): never a verifier
+    ans = say_hello(h, "drafter", pb.ROLE_VERIFIER, identity, wait_s=10)
+    H.check(ans is not None and "error" in ans and "may not register as a verifier" in ans["error"].get("message", ""),
+            "a drafter key asking to be the verifier was not refused for its role: %s" % ans)
+    H.log("drafter key as a verifier: %s" % ans["error"].get("message"))
 
     # ... and a drafter Hello: at most a standby, never in place of the live drafter
     ans = say_hello(h, "drafter", pb.ROLE_DRAFTER, identity, wait_s=10)

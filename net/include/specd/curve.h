@@ -9,9 +9,12 @@
  *   NAME.key  the secret key, 40 Z85 characters and a newline, mode 0600
  *   NAME.pub  the public key, 40 Z85 characters and a newline
  *
- * An allow-list file holds one public key per line (40 Z85 characters,
- * optionally followed by whitespace and a label); blank lines and lines
- * starting with '#' are ignored. A key file that is missing, unreadable,
+ * An allow-list file holds one public key per line (40 Z85 characters),
+ * optionally followed by `role=ROLE` (the only role this key may take:
+ * "verifier" or "drafter" on the coordinator's worker list) and a label;
+ * blank lines and lines starting with '#' are ignored. The ZAP handler
+ * hands the role to the socket as the peer's User-Id, and the coordinator
+ * refuses a Hello for another role. A key file that is missing, unreadable,
  * malformed or (for a secret key) readable by group or others is a
  * start-up error: nothing here ever falls back to plaintext.
  *
@@ -50,9 +53,17 @@ typedef struct sd_curve_id {
     char server[SD_CURVE_Z85_LEN + 1]; /* the server's public key; "" where not needed */
 } sd_curve_id;
 
-/* A set of public keys. Caller frees with sd_curve_allow_free. */
+#define SD_CURVE_ROLE_MAX 16 /* role=ROLE: 1..15 lower-case letters */
+
+/* One allowed key and the role it is restricted to ("" = any). */
+typedef struct sd_curve_entry {
+    uint8_t key[SD_CURVE_KEY_BYTES];
+    char role[SD_CURVE_ROLE_MAX];
+} sd_curve_entry;
+
+/* A set of public keys, sorted by key. Caller frees with sd_curve_allow_free. */
 typedef struct sd_curve_allow {
-    uint8_t (*keys)[SD_CURVE_KEY_BYTES];
+    sd_curve_entry *entries;
     size_t n;
 } sd_curve_allow;
 
@@ -74,12 +85,15 @@ sd_status sd_curve_id_load(const char *secret_file, const char *server_file, sd_
 
 /* Parses allow-list text; out is overwritten (free it with
  * sd_curve_allow_free, also after an error). false + err ("line 3: ...")
- * on a bad line or more than SD_CURVE_MAX_ALLOW keys. */
+ * on a bad line or role, a key listed twice, or more than
+ * SD_CURVE_MAX_ALLOW keys. */
 bool sd_curve_allow_parse(const char *text, size_t len, sd_curve_allow *out, char *err, size_t err_len);
 
 /* Reads and parses an allow-list file (errors name the file and line). */
 sd_status sd_curve_allow_read(const char *path, sd_curve_allow *out);
 
+/* The entry of key (32 bytes), borrowed from a; NULL when it is not listed. */
+const sd_curve_entry *sd_curve_allow_find(const sd_curve_allow *a, const uint8_t *key);
 /* true when key (32 bytes) is on the list. */
 bool sd_curve_allow_has(const sd_curve_allow *a, const uint8_t *key);
 
@@ -106,11 +120,12 @@ typedef struct sd_zap_domain {
     const sd_curve_allow *allow;
 } sd_zap_domain;
 
-/* The handler's decision for one request: true = admit. A request is
- * admitted only with mechanism CURVE, a known domain and a key on that
- * domain's list; why says what was refused otherwise. Pure: tests call it. */
+/* The handler's decision for one request: true = admit, with the key's
+ * entry (its role) in *who when who is not NULL. A request is admitted only
+ * with mechanism CURVE, a known domain and a key on that domain's list; why
+ * says what was refused otherwise. Pure: tests call it. */
 bool sd_zap_decide(const sd_zap_domain *domains, size_t n_domains, const char *domain, const char *mechanism,
-                   const uint8_t *key, size_t key_len, char *why, size_t why_len);
+                   const uint8_t *key, size_t key_len, const sd_curve_entry **who, char *why, size_t why_len);
 
 typedef struct sd_zap sd_zap;
 

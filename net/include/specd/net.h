@@ -109,11 +109,16 @@ void sd_net_monitor_close(void *sock, void **mon);
 
 /* ---- envelopes on the wire ---- */
 
+#define SD_NET_USER_ID_MAX 32
+
 /* A received message: the routing id (ROUTER side; empty on DEALER) and the
  * one body frame. */
 typedef struct sd_net_msg {
     uint8_t identity[SD_MAX_IDENTITY_BYTES];
     size_t identity_len;
+    /* the peer's ZAP User-Id (CurveZMQ: the role its key is restricted to,
+     * "" = any or no ZAP) */
+    char user_id[SD_NET_USER_ID_MAX];
     uint8_t *body; /* malloc'd; owned by the msg, freed by sd_net_msg_clear */
     size_t body_len;
 } sd_net_msg;
