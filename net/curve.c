@@ -166,9 +166,13 @@ bool sd_curve_allow_parse(const char *text, size_t len, sd_curve_allow *out, cha
         size_t rb = ra;
         while (rb < end && !is_space(text[rb])) rb++;
         i = end + 1;
-        if (a == end || text[a] == '#') continue;
+        if (a == end) continue;
         char z85[SD_CURVE_Z85_LEN + 1], why[96];
-        if (!sd_curve_key_parse(text + a, b - a, z85, why, sizeof why)) {
+        /* '#' is a Z85 digit, though never a key's first (a group's first
+         * digit is below 83): a '#' line is a comment unless it is a key */
+        bool key = sd_curve_key_parse(text + a, b - a, z85, why, sizeof why);
+        if (!key && text[a] == '#') continue;
+        if (!key) {
             snprintf(err, err_len, "line %zu: %s", line, why);
             return false;
         }
