@@ -27,7 +27,10 @@ to be refused:
   - the drafter's key (bound to role=drafter in workers.allow) asking to
     register as the verifier: refused for its role.
 Then the allowed client's requests must equal specd-generate's output, and
-the service must list exactly the real verifier and drafter.
+the service must list exactly the real verifier and drafter. Before the
+service starts, the start-up rules: a missing or world-readable secret key,
+a key without the allow-lists, and a non-loopback bind without keys stop
+the coordinator; --insecure allows the bind.
 """
 import argparse
 import re
@@ -124,9 +127,50 @@ def expect_refused_key(coord, key_z85, domain, what):
                  "the coordinator to log the refusal of %s (key %s on %s)" % (what, k, domain))
 
 
+def start_up_rules(h, target):
+    """Fail closed at start-up: a missing or world-readable key file, keys
+    without allow-lists, and a bind beyond loopback without keys are
+    refused; --insecure allows the bind."""
+    import os
+    import shutil
+    k = h.keys
+    lists = ["--client-keys", os.path.join(h.key_dir, "clients.allow"),
+             "--worker-keys", os.path.join(h.key_dir, "workers.allow")]
+    open_key = os.path.join(h.tmp, "open.key")
+    shutil.copy(k["coordinator"]["key"], open_key)
+    os.chmod(open_key, 0o644)
+    port = lambda: "tcp://127.0.0.1:%d" % H.free_port()
+    cases = [
+        (["--curve-secret", os.path.join(h.tmp, "missing.key")] + lists, "missing.key"),
+        (["--curve-secret", open_key] + lists, "chmod 600"),
+        (["--curve-secret", k["coordinator"]["key"]], "needs all three"),
+        (["--client-addr", "tcp://0.0.0.0:%d" % H.free_port()], "without CurveZMQ keys is refused"),
+    ]
+    for extra, want in cases:
+        argv = [h.bin("coordinator"), "--model", target, "--client-addr", port(), "--worker-addr", port()] + extra
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        H.check(r.returncode != 0 and want in r.stderr, "coordinator %s: exit %d, expected a refusal with %r:\n%s"
+                % (" ".join(extra), r.returncode, want, r.stderr[-800:]))
+        H.log("start-up refused: %s" % next(l for l in r.stderr.splitlines() if want in l).split(": ", 1)[-1])
+    # a drafter whose key file is missing stops before it loads anything
+    r = subprocess.run([h.bin("drafter"), "--ngram", "--model", target, "--coordinator", port(),
+                        "--curve-secret", os.path.join(h.tmp, "missing.key"), "--curve-server",
+                        k["coordinator"]["pub"]], capture_output=True, text=True, timeout=60)
+    H.check(r.returncode == 2 and "missing.key" in r.stderr, "a drafter without its key file: exit %d: %s"
+            % (r.returncode, r.stderr[-500:]))
+    # --insecure: the same wildcard bind is allowed (the coordinator starts, then stops on SIGTERM)
+    p = h.start("insecure-coordinator", [h.bin("coordinator"), "--model", target, "--client-addr",
+                                         "tcp://0.0.0.0:%d" % H.free_port(), "--worker-addr", port(), "--insecure"])
+    H.wait_until(lambda: "clients on" in p.log_tail(20) or not p.alive(), 60, "the --insecure coordinator to bind")
+    H.check(p.alive(), "the --insecure coordinator exited %s" % p.popen.returncode)
+    H.check(h.stop(p) == 0, "the --insecure coordinator did not stop cleanly")
+    h.procs.remove(p)
+
+
 def run(h, args):
     h.enable_curve(extra_names=["rogue"])
     target, draft = h.tiny_models()
+    start_up_rules(h, target)
     prompts = H.random_prompts(args.n, seed=11)
     refs = [h.reference(target, p, args.tokens, ignore_eos=True) for p in prompts]
     coord, ver, dr = h.start_service(target, drafter="model", draft=draft, coord_extra=H.FIXED_K)
