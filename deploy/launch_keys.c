@@ -44,6 +44,30 @@ static sd_status write_allow(const launch_keys *k, const char *path, const launc
     return st;
 }
 
+int launch_keys_args(const launch_keys *k, launch_key who, int tp, const char *argv[LAUNCH_KEY_MAX_ARGS]) {
+    int n = 0;
+    const char *server = k->pub[LAUNCH_KEY_COORDINATOR];
+    if (who == LAUNCH_KEY_COORDINATOR) {
+        argv[n++] = "--client-keys";
+        argv[n++] = k->clients_allow;
+        argv[n++] = "--worker-keys";
+        argv[n++] = k->workers_allow;
+        server = NULL;
+    } else if (who == LAUNCH_KEY_RANK) {
+        server = k->pub[LAUNCH_KEY_VERIFIER]; /* ranks connect to the leader */
+    } else if (who == LAUNCH_KEY_VERIFIER && tp > 1) {
+        argv[n++] = "--rank-keys";
+        argv[n++] = k->ranks_allow;
+    }
+    argv[n++] = "--curve-secret";
+    argv[n++] = k->secret[who];
+    if (server) {
+        argv[n++] = "--curve-server";
+        argv[n++] = server;
+    }
+    return n;
+}
+
 sd_status launch_keys_make(const char *dir, launch_keys *k) {
     memset(k, 0, sizeof *k);
     if (mkdir(dir, 0700) != 0 && errno != EEXIST) {

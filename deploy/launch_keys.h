@@ -35,4 +35,13 @@ typedef struct launch_keys {
  * missing ones; rewrites the three allow-lists from the public keys. */
 sd_status launch_keys_make(const char *dir, launch_keys *k);
 
+#define LAUNCH_KEY_MAX_ARGS 8
+
+/* The key flags of the child holding key `who` (COORDINATOR, VERIFIER: the
+ * leader, RANK, DRAFTER, GATEWAY) in a service whose verifier group has tp
+ * ranks: its own secret key, the public key of the server it connects to,
+ * the allow-lists of the sockets it binds. Returns how many strings went
+ * into argv (borrowed from k). */
+int launch_keys_args(const launch_keys *k, launch_key who, int tp, const char *argv[LAUNCH_KEY_MAX_ARGS]);
+
 #endif

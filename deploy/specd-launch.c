@@ -204,38 +204,14 @@ static const char *int_arg(child *c, int slot, long v) {
 }
 
 /* --curve: each child's own secret key, the key of the server it connects
- * to, and the allow-lists of the sockets it binds. */
+ * to, and the allow-lists of the sockets it binds (launch_keys.c). */
 static void push_keys(launcher *L, child *c, int *n) {
-    const launch_keys *k = &L->keys;
-    const char *coord_pub = k->pub[LAUNCH_KEY_COORDINATOR];
-    const char *secret = NULL, *server = coord_pub;
-    switch (c->role) {
-    case CHILD_COORDINATOR:
-        push(c, n, "--client-keys");
-        push(c, n, k->clients_allow);
-        push(c, n, "--worker-keys");
-        push(c, n, k->workers_allow);
-        secret = k->secret[LAUNCH_KEY_COORDINATOR];
-        server = NULL;
-        break;
-    case CHILD_VERIFIER:
-        secret = k->secret[c->rank == 0 ? LAUNCH_KEY_VERIFIER : LAUNCH_KEY_RANK];
-        if (c->rank > 0) server = k->pub[LAUNCH_KEY_VERIFIER]; /* ranks connect to the leader */
-        if (c->rank == 0 && L->o.tp > 1) {
-            push(c, n, "--rank-keys");
-            push(c, n, k->ranks_allow);
-        }
-        break;
-    case CHILD_DRAFTER: secret = k->secret[LAUNCH_KEY_DRAFTER]; break;
-    case CHILD_GATEWAY: secret = k->secret[LAUNCH_KEY_GATEWAY]; break;
-    case CHILD_ROLE_COUNT: return;
-    }
-    push(c, n, "--curve-secret");
-    push(c, n, secret);
-    if (server) {
-        push(c, n, "--curve-server");
-        push(c, n, server);
-    }
+    static const launch_key key_of[CHILD_ROLE_COUNT] = {LAUNCH_KEY_COORDINATOR, LAUNCH_KEY_VERIFIER, LAUNCH_KEY_DRAFTER,
+                                                        LAUNCH_KEY_GATEWAY};
+    launch_key who = c->role == CHILD_VERIFIER && c->rank > 0 ? LAUNCH_KEY_RANK : key_of[c->role];
+    const char *args[LAUNCH_KEY_MAX_ARGS];
+    int k = launch_keys_args(&L->keys, who, L->o.tp, args);
+    for (int i = 0; i < k; i++) push(c, n, args[i]);
 }
 
 static void build_argv(launcher *L, child *c) {
