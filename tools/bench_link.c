@@ -31,6 +31,7 @@
 typedef struct link_pair {
     void *router, *dealer;
     pthread_t echo;
+    bool started; /* the echo thread runs */
 } link_pair;
 
 static double now_s(void) {
@@ -74,7 +75,8 @@ static bool pair_open(void *zctx, link_pair *lp, const sd_curve_id *server, cons
         dp.curve_server_public = server->public_key, dp.curve_public = client->public_key,
         dp.curve_secret = client->secret;
     if (sd_net_socket_open(zctx, &dp, NULL, endpoint, &lp->dealer) != SD_OK) return false;
-    return pthread_create(&lp->echo, NULL, echo_main, lp->router) == 0;
+    lp->started = pthread_create(&lp->echo, NULL, echo_main, lp->router) == 0;
+    return lp->started;
 }
 
 static void pair_close(link_pair *lp) {
@@ -192,8 +194,11 @@ int bench_link_main(int argc, char **argv) {
     }
     rc = 0;
 done:
-    if (lp[0].dealer) pair_close(&lp[0]);
-    if (lp[1].dealer) pair_close(&lp[1]);
+    for (int i = 0; i < 2; i++) {
+        if (lp[i].started) pair_close(&lp[i]);
+        sd_net_close(&lp[i].dealer);
+        sd_net_close(&lp[i].router);
+    }
     sd_zap_stop(&zap);
     zmq_ctx_term(zctx);
     sd_curve_allow_free(&allow);
