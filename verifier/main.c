@@ -15,7 +15,8 @@
  * Exit status: 0 on SIGINT/SIGTERM (or a clean stop of the group), 1 on an
  * internal error, 2 for bad flags or a model that cannot be loaded (a TP
  * size that does not divide the heads included), 3 when the coordinator
- * refuses the registration or the leader refuses a rank, 4 when the group
+ * refuses the registration (its model, role or key) or the leader refuses a
+ * rank (its shard or key), 4 when the group
  * went down. */
 #include "group.h"
 #include "specd/cli.h"

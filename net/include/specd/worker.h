@@ -17,7 +17,10 @@
  * with status 3) — except CODE_REFUSED ("a verifier leader is already
  * registered"), which is retried SD_WORKER_REFUSED_RETRIES times one
  * liveness period apart, because a verifier restarted right after a clean
- * stop is refused until the coordinator notices that its predecessor died. Readable input on stop_fd (a signalfd or the read end of a
+ * stop is refused until the coordinator notices that its predecessor died.
+ * A handshake the coordinator refuses (its ZAP handler does not know this
+ * worker's key, or only one side runs CurveZMQ; seen through a socket
+ * monitor) is a refusal too: no Hello could ever get through. Readable input on stop_fd (a signalfd or the read end of a
  * self-pipe written by a signal handler) ends the loop cleanly; readable
  * input on fail_fd (a verifier group that lost a rank) ends it after an
  * Error CODE_UNAVAILABLE, so the coordinator drops the worker at once and
