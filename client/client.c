@@ -58,6 +58,9 @@ struct sd_client {
     sd_client_params params;
     char addr[512];
     void *zctx, *sock;
+    void *monitor;          /* failed handshakes of sock (CurveZMQ only) */
+    char refused[256];      /* set once the coordinator refused our key: every request fails with it */
+    int handshake_failures; /* in a row, without detail (SD_NET_HANDSHAKE_TRIES make a refusal) */
     int wake_fd;
     pthread_t io;
     bool io_started;
@@ -392,6 +395,27 @@ static sd_status send_heartbeat(sd_client *c) {
     return sd_net_send(c->sock, NULL, 0, &env.base);
 }
 
+/* The monitor's news: a refused key (or one failed handshake after another)
+ * fails every request now rather than after the connect timeout, and keeps
+ * failing new ones until a handshake succeeds. I/O thread. */
+static void on_handshake(sd_client *c) {
+    char why[sizeof c->refused];
+    sd_net_handshake h = sd_net_monitor_read(c->monitor, why, sizeof why);
+    if (h == SD_NET_HANDSHAKE_NONE) return;
+    pthread_mutex_lock(&c->mu);
+    if (h == SD_NET_HANDSHAKE_OK) {
+        c->handshake_failures = 0;
+        c->refused[0] = '\0';
+    } else if (h == SD_NET_HANDSHAKE_REFUSED || ++c->handshake_failures >= SD_NET_HANDSHAKE_TRIES) {
+        if (!c->refused[0]) SD_ERROR("coordinator %s: %s", c->addr, why);
+        memcpy(c->refused, why, sizeof why);
+        fail_all_locked(c, c->refused);
+    } else {
+        SD_WARN("coordinator %s: %s; retrying", c->addr, why);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
 static void *io_main(void *arg) {
     sd_client *c = arg;
     const uint64_t interval = (uint64_t)c->params.heartbeat_interval_ms;
@@ -417,6 +441,7 @@ static void *io_main(void *arg) {
             pthread_mutex_lock(&c->mu);
         }
         /* 2. liveness */
+        if (c->refused[0] && in_flight_locked(c) > 0) fail_all_locked(c, c->refused);
         uint64_t now = mono_ms();
         bool busy = in_flight_locked(c) > 0;
         if (busy && !was_busy) {
@@ -453,10 +478,12 @@ static void *io_main(void *arg) {
         pthread_mutex_unlock(&c->mu);
 
         /* 3. wait for the socket or a wake-up */
-        zmq_pollitem_t items[2] = {{c->sock, 0, ZMQ_POLLIN, 0}, {NULL, c->wake_fd, ZMQ_POLLIN, 0}};
+        zmq_pollitem_t items[3] = {
+            {c->sock, 0, ZMQ_POLLIN, 0}, {NULL, c->wake_fd, ZMQ_POLLIN, 0}, {c->monitor, 0, ZMQ_POLLIN, 0}};
         long timeout = busy ? (long)interval / 2 : 1000;
-        int rc = zmq_poll(items, 2, timeout);
+        int rc = zmq_poll(items, c->monitor ? 3 : 2, timeout);
         if (rc < 0 && zmq_errno() != EINTR) SD_ERROR("zmq_poll: %s", zmq_strerror(zmq_errno()));
+        if (rc > 0 && c->monitor && (items[2].revents & ZMQ_POLLIN)) on_handshake(c);
         if (rc > 0 && (items[1].revents & ZMQ_POLLIN)) {
             uint64_t v;
             ssize_t rd = read(c->wake_fd, &v, sizeof v);
@@ -572,6 +599,8 @@ sd_status sd_client_connect(const sd_client_params *p, sd_client **out) {
     sp.curve_secret = p->curve_secret;
     st = sd_net_socket_open(c->zctx, &sp, NULL, c->addr, &c->sock);
     if (st != SD_OK) goto fail;
+    /* always: a plaintext client of a CURVE coordinator learns it at once too */
+    if ((st = sd_net_monitor_open(c->zctx, c->sock, &c->monitor)) != SD_OK) goto fail;
     /* A DEALER without a connected peer blocks on send until one connects,
      * which may be never (a CurveZMQ handshake the coordinator refused):
      * bound every send, so the I/O thread keeps its deadlines and
@@ -620,6 +649,7 @@ void sd_client_close(sd_client **cp) {
         wake(c);
         pthread_join(c->io, NULL);
     }
+    sd_net_monitor_close(c->sock, &c->monitor);
     sd_net_close(&c->sock);
     if (c->zctx) zmq_ctx_term(c->zctx);
     if (c->wake_fd >= 0) close(c->wake_fd);

@@ -12,6 +12,7 @@
  * library's I/O thread (inside the final callback) so the main thread only
  * orders and writes them. */
 #include "specd/client.h"
+#include "specd/curve.h"
 #include "specd/cli.h"
 
 #include <cjson/cJSON.h>
@@ -27,6 +28,7 @@
 
 typedef struct options {
     const char *coordinator, *prompt, *system, *jobs, *out;
+    const char *curve_secret, *curve_server; /* key files (specd-keygen) */
     const char *stop[SD_MAX_STOP_STRINGS];
     size_t n_stop;
     sd_client_request req;
@@ -60,6 +62,10 @@ static void usage(FILE *f) {
             "  --ignore-eos        generate past end-of-generation tokens\n"
             "  --json              print one JSON object at the end\n"
             "  --timeout SEC       give up when the coordinator does not answer (default 10)\n"
+            "  --curve-secret FILE CurveZMQ: this client's secret key (specd-keygen; mode 0600; or\n"
+            "                      $SPECD_CURVE_SECRET); its public key must be on the coordinator's\n"
+            "                      --client-keys list\n"
+            "  --curve-server FILE the coordinator's public key (or $SPECD_CURVE_SERVER)\n"
             "  --jobs FILE         JSON lines: {\"prompt\",\"n\",\"temp\",\"top_p\",\"top_k\",\"min_p\",\"seed\",\n"
             "                      \"chat\",\"system\",\"stop\",\"max_k\",\"ignore_eos\",\"id\"}, or \"messages\":\n"
             "                      [{\"role\",\"content\"}, ...] (a conversation, instead of \"prompt\")\n"
@@ -585,7 +591,9 @@ enum {
     OPT_OUT,
     OPT_CONC,
     OPT_STATS,
-    OPT_WAIT_READY
+    OPT_WAIT_READY,
+    OPT_CSECRET,
+    OPT_CSERVER
 };
 
 /* 0 ok, 2 usage error, -1 help printed */
@@ -609,6 +617,8 @@ static int parse_args(int argc, char **argv, options *o) {
                                           {"concurrency", required_argument, NULL, OPT_CONC},
                                           {"stats", no_argument, NULL, OPT_STATS},
                                           {"wait-ready", required_argument, NULL, OPT_WAIT_READY},
+                                          {"curve-secret", required_argument, NULL, OPT_CSECRET},
+                                          {"curve-server", required_argument, NULL, OPT_CSERVER},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     int ch;
@@ -616,6 +626,8 @@ static int parse_args(int argc, char **argv, options *o) {
     while ((ch = getopt_long(argc, argv, "p:n:vh", longs, NULL)) != -1) {
         switch (ch) {
         case OPT_COORD: o->coordinator = optarg; break;
+        case OPT_CSECRET: o->curve_secret = optarg; break;
+        case OPT_CSERVER: o->curve_server = optarg; break;
         case 'p': o->prompt = optarg; break;
         case 'n':
             if (!parse_num("-n", optarg, 0, 1e9, &v)) return 2;
@@ -707,7 +719,19 @@ int main(int argc, char **argv) {
     sd_client_params p = sd_client_default_params();
     p.coordinator = o.coordinator;
     p.connect_timeout_ms = (int)(o.timeout_s * 1000);
-    p.curve_server_public = getenv("SPECD_CURVE_SERVER_PUBLIC");
+    if (!o.curve_secret) o.curve_secret = getenv("SPECD_CURVE_SECRET");
+    if (!o.curve_server) o.curve_server = getenv("SPECD_CURVE_SERVER");
+    sd_curve_id curve;
+    if (!o.curve_secret != !o.curve_server) {
+        fprintf(stderr, "specd-client: --curve-secret and --curve-server go together\n");
+        return 2;
+    }
+    if (sd_curve_id_load(o.curve_secret, o.curve_server, &curve) != SD_OK) return 2;
+    if (curve.on) {
+        p.curve_server_public = curve.server;
+        p.curve_public = curve.public_key;
+        p.curve_secret = curve.secret;
+    }
     sd_client *c = NULL;
     if (sd_client_connect(&p, &c) != SD_OK) {
         fprintf(stderr, "specd-client: cannot connect to %s\n", o.coordinator);
@@ -722,5 +746,6 @@ int main(int argc, char **argv) {
     else if (rc == 0 && o.jobs)
         rc = run_jobs(c, &o);
     sd_client_close(&c);
+    memset(&curve, 0, sizeof curve);
     return rc;
 }

@@ -38,7 +38,10 @@ typedef struct sd_coord_params {
     const char *model_path;        /* target GGUF (metadata only) */
     const char *client_addr;       /* default tcp://127.0.0.1:7700 */
     const char *worker_addr;       /* default tcp://127.0.0.1:7701 */
-    const char *curve_secret_file; /* Z85 server secret key file, or NULL */
+    const char *curve_secret_file; /* the coordinator's secret key file (curve.h), or NULL: plaintext */
+    const char *client_keys_file;  /* allow-list of client public keys (required with a secret) */
+    const char *worker_keys_file;  /* allow-list of worker public keys (required with a secret) */
+    bool insecure;                 /* allow a non-loopback bind without keys */
     const char *chat_template;     /* chat format by name (--chat-template), NULL = the model's */
     int32_t max_queue;             /* waiting requests (256) */
     int32_t max_active;            /* sequences admitted to the verifier at once (64) */
@@ -332,6 +335,11 @@ void sd_sched_overhead(const sd_coord *c, double *p50, double *p99);
 void sd_sched_draft_wait(const sd_coord *c, double *mean, double *p99, double *held_share);
 
 /* workers.c */
+/* As sd_workers_on_message, from a peer whose key is restricted to role
+ * peer_role ("verifier", "drafter"; "" or NULL = any): a Hello for another
+ * role is refused. */
+void sd_workers_on_message_as(sd_coord *c, const uint8_t *ident, size_t ident_len, const char *peer_role,
+                              const uint8_t *body, size_t len, uint64_t now_us);
 void sd_workers_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, const uint8_t *body, size_t len,
                            uint64_t now_us);
 /* Heartbeats, liveness and step timeouts. */

@@ -51,7 +51,12 @@ static void usage(FILE *f) {
             "  --draft-timeout-ms MS     a draft step unanswered this long kills the drafter (2000)\n"
             "  --verify-timeout-ms MS    a verify step unanswered this long kills the verifier (30000; a\n"
             "                            longer step gets 8x the slowest recent time per token)\n"
-            "  --curve-secret FILE       CurveZMQ server secret key (Z85) for both sockets\n"
+            "  --curve-secret FILE       CurveZMQ: the coordinator's secret key (specd-keygen; mode 0600),\n"
+            "                            for both sockets; needs --client-keys and --worker-keys\n"
+            "  --client-keys FILE        allow-list of client public keys (one per line): clients, gateways\n"
+            "  --worker-keys FILE        allow-list of worker public keys: drafters, verifier leaders\n"
+            "                            (a client key can never register a worker)\n"
+            "  --insecure                allow a non-loopback bind without keys (trusted networks only)\n"
             "  --chat-template NAME      chat format when the model's template is not recognised (or to\n"
             "                            override it): %s\n"
             "  -v, --verbose             debug logs\n"
@@ -76,7 +81,10 @@ int main(int argc, char **argv) {
         O_DTO,
         O_VTO,
         O_CURVE,
-        O_CHAT
+        O_CHAT,
+        O_CKEYS,
+        O_WKEYS,
+        O_INSECURE
     };
     static const struct option opts[] = {{"model", required_argument, 0, O_MODEL},
                                          {"client-addr", required_argument, 0, O_CADDR},
@@ -92,6 +100,9 @@ int main(int argc, char **argv) {
                                          {"verify-timeout-ms", required_argument, 0, O_VTO},
                                          {"curve-secret", required_argument, 0, O_CURVE},
                                          {"chat-template", required_argument, 0, O_CHAT},
+                                         {"client-keys", required_argument, 0, O_CKEYS},
+                                         {"worker-keys", required_argument, 0, O_WKEYS},
+                                         {"insecure", no_argument, 0, O_INSECURE},
                                          {"verbose", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -142,6 +153,9 @@ int main(int argc, char **argv) {
             break;
         case O_CURVE: p.curve_secret_file = optarg; break;
         case O_CHAT: p.chat_template = optarg; break;
+        case O_CKEYS: p.client_keys_file = optarg; break;
+        case O_WKEYS: p.worker_keys_file = optarg; break;
+        case O_INSECURE: p.insecure = true; break;
         case 'v': verbose = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;

@@ -3,7 +3,8 @@
  * A worker is known by its ZeroMQ routing id once its Hello was accepted:
  * protocol version equal to ours (else CODE_PROTOCOL), role drafter or
  * verifier leader (rank 0), a vocabulary identical to the target's (size and
- * sd_tok_vocab_hash; else CODE_VOCAB_MISMATCH naming both), and for a
+ * sd_tok_vocab_hash; else CODE_VOCAB_MISMATCH: the log names both, the
+ * refused peer is told only that its identity was refused), and for a
  * verifier no other live leader (else CODE_REFUSED). A worker silent for
  * liveness intervals, or one that leaves a step unanswered past its timeout,
  * is dead: the scheduler drops its step and its beliefs; so is one that
@@ -70,9 +71,20 @@ void sd_cost_seed(sd_cost_model *c, const sd_step_cost *costs, size_t n) {
     }
 }
 
-static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const Specd__Hello *h, uint64_t now_us) {
+static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const char *peer_role, const Specd__Hello *h,
+                     uint64_t now_us) {
     char msg[512];
     const char *name = h->name && h->name[0] ? h->name : "?";
+    const char *asked = h->role == SPECD__ROLE__ROLE_VERIFIER  ? "verifier"
+                        : h->role == SPECD__ROLE__ROLE_DRAFTER ? "drafter"
+                                                               : "?";
+    if (peer_role && peer_role[0] && strcmp(peer_role, asked) != 0) {
+        /* the allow-list binds this key to another role (role=...) */
+        SD_WARN("refused %s: its key may register as a %s only, it asked to be a %s", name, peer_role, asked);
+        snprintf(msg, sizeof msg, "this worker's key may not register as a %s", asked);
+        send_error(c, ident, ident_len, SPECD__CODE__CODE_REFUSED, msg);
+        return;
+    }
     if (h->protocol_version != SD_PROTOCOL_VERSION) {
         snprintf(msg, sizeof msg, "hello.protocol_version: %u, the coordinator speaks %u", h->protocol_version,
                  SD_PROTOCOL_VERSION);
@@ -92,13 +104,14 @@ static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
         return;
     }
     if (h->model->vocab_hash != c->vocab_hash || (int64_t)h->model->vocab_size != c->n_vocab) {
-        snprintf(msg, sizeof msg,
-                 "vocabulary mismatch: %s model '%s' has %u tokens, vocab hash 0x%016llx; the target has %d tokens, "
-                 "vocab hash 0x%016llx",
-                 verifier ? "verifier" : "drafter", h->model->name ? h->model->name : "?", h->model->vocab_size,
-                 (unsigned long long)h->model->vocab_hash, c->n_vocab, (unsigned long long)c->vocab_hash);
-        SD_WARN("refused %s: %s", name, msg);
-        send_error(c, ident, ident_len, SPECD__CODE__CODE_VOCAB_MISMATCH, msg);
+        /* the details go to our log only: the target's identity is not told
+         * to whoever connects (a peer learns "refused", and nothing more) */
+        SD_WARN("refused %s: vocabulary mismatch: %s model '%s' has %u tokens, vocab hash 0x%016llx; the target has "
+                "%d tokens, vocab hash 0x%016llx",
+                name, verifier ? "verifier" : "drafter", h->model->name ? h->model->name : "?", h->model->vocab_size,
+                (unsigned long long)h->model->vocab_hash, c->n_vocab, (unsigned long long)c->vocab_hash);
+        send_error(c, ident, ident_len, SPECD__CODE__CODE_VOCAB_MISMATCH,
+                   "model identity refused: this worker's vocabulary is not the service's (see the coordinator's log)");
         return;
     }
     int32_t again = find_alive(c, ident, ident_len);
@@ -120,9 +133,9 @@ static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
             if (c->workers[c->verifier].unreachable) mark_dead(c, c->verifier, "disconnected");
         }
         if (c->verifier >= 0 && c->workers[c->verifier].alive) {
-            snprintf(msg, sizeof msg, "a verifier leader (%s) is already registered", c->workers[c->verifier].name);
-            SD_WARN("refused %s: %s", name, msg);
-            send_error(c, ident, ident_len, SPECD__CODE__CODE_REFUSED, msg);
+            SD_WARN("refused %s: a verifier leader (%s) is already registered and alive", name,
+                    c->workers[c->verifier].name);
+            send_error(c, ident, ident_len, SPECD__CODE__CODE_REFUSED, "a verifier leader is already registered");
             return;
         }
     }
@@ -193,6 +206,11 @@ static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
 
 void sd_workers_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, const uint8_t *body, size_t len,
                            uint64_t now_us) {
+    sd_workers_on_message_as(c, ident, ident_len, NULL, body, len, now_us);
+}
+
+void sd_workers_on_message_as(sd_coord *c, const uint8_t *ident, size_t ident_len, const char *peer_role,
+                              const uint8_t *body, size_t len, uint64_t now_us) {
     int32_t wi = find_alive(c, ident, ident_len);
     Specd__Code code = SPECD__CODE__CODE_UNSPECIFIED;
     char err[512];
@@ -209,7 +227,7 @@ void sd_workers_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, 
     }
     if (wi >= 0) c->workers[wi].last_recv_us = now_us;
     switch (env->body_case) {
-    case SPECD__WORKER_TO_COORDINATOR__BODY_HELLO: on_hello(c, ident, ident_len, env->hello, now_us); break;
+    case SPECD__WORKER_TO_COORDINATOR__BODY_HELLO: on_hello(c, ident, ident_len, peer_role, env->hello, now_us); break;
     case SPECD__WORKER_TO_COORDINATOR__BODY_HEARTBEAT:
         if (wi < 0) {
             SD_DEBUG("heartbeat from an unregistered worker; ignored");

@@ -36,6 +36,7 @@
  *   death is retried with back-off instead.)
  * Rejected: a shell script (no PDEATHSIG, racy readiness), restarting the
  * coordinator (it would silently drop every request in flight). */
+#include "launch_keys.h"
 #include "specd/common.h"
 #include "specd/cli.h"
 #include "specd/net.h"
@@ -92,8 +93,9 @@ typedef struct launch_opts {
     int ready_timeout_s, stop_timeout_s;
     bool restart, verbose;
     bool no_gateway;
-    const char *http;     /* the gateway's --listen ADDR:PORT */
-    char model_name[256]; /* the gateway's --model-name: the target's file name without .gguf */
+    const char *http;      /* the gateway's --listen ADDR:PORT */
+    const char *curve_dir; /* --curve DIR: keys for every link, NULL = plaintext on loopback */
+    char model_name[256];  /* the gateway's --model-name: the target's file name without .gguf */
     const char *extra[CHILD_ROLE_COUNT][MAX_EXTRA_ARGS]; /* per child_role: passed through verbatim */
     int n_extra[CHILD_ROLE_COUNT];
 } launch_opts;
@@ -112,6 +114,7 @@ typedef struct child {
 
 typedef struct launcher {
     launch_opts o;
+    launch_keys keys; /* with --curve */
     child kids[MAX_CHILDREN];
     int n_kids;
     int sfd; /* signalfd: SIGINT, SIGTERM, SIGHUP, SIGCHLD */
@@ -200,6 +203,17 @@ static const char *int_arg(child *c, int slot, long v) {
     return c->argbuf[slot];
 }
 
+/* --curve: each child's own secret key, the key of the server it connects
+ * to, and the allow-lists of the sockets it binds (launch_keys.c). */
+static void push_keys(launcher *L, child *c, int *n) {
+    static const launch_key key_of[CHILD_ROLE_COUNT] = {LAUNCH_KEY_COORDINATOR, LAUNCH_KEY_VERIFIER, LAUNCH_KEY_DRAFTER,
+                                                        LAUNCH_KEY_GATEWAY};
+    launch_key who = c->role == CHILD_VERIFIER && c->rank > 0 ? LAUNCH_KEY_RANK : key_of[c->role];
+    const char *args[LAUNCH_KEY_MAX_ARGS];
+    int k = launch_keys_args(&L->keys, who, L->o.tp, args);
+    for (int i = 0; i < k; i++) push(c, n, args[i]);
+}
+
 static void build_argv(launcher *L, child *c) {
     const launch_opts *o = &L->o;
     int n = 0;
@@ -267,6 +281,7 @@ static void build_argv(launcher *L, child *c) {
         }
         break;
     }
+    if (o->curve_dir) push_keys(L, c, &n);
     if (o->verbose) push(c, &n, "-v");
     for (int i = 0; i < o->n_extra[c->role]; i++) push(c, &n, o->extra[c->role][i]);
     c->argv[n] = NULL;
@@ -611,6 +626,11 @@ static int run(launcher *L) {
                                 {"specd-verifier", "verifier"},
                                 {"specd-drafter", "drafter"},
                                 {"specd-gateway", "gateway"}};
+    if (o->curve_dir) {
+        if (launch_keys_make(o->curve_dir, &L->keys) != SD_OK) return 1;
+        SD_INFO("CurveZMQ on every link; keys in %s (a client connects with --curve-secret %s --curve-server %s)",
+                o->curve_dir, L->keys.secret[LAUNCH_KEY_CLIENT], L->keys.pub[LAUNCH_KEY_COORDINATOR]);
+    }
     L->n_kids = 0;
     child_role roles[MAX_CHILDREN];
     int ranks[MAX_CHILDREN];
@@ -646,6 +666,11 @@ static int run(launcher *L) {
     sp.type = ZMQ_DEALER;
     sp.max_msg_bytes = SD_MAX_CLIENT_MSG_BYTES;
     sp.linger_ms = 0;
+    if (L->keys.launch_id.on) {
+        sp.curve_server_public = L->keys.launch_id.server;
+        sp.curve_public = L->keys.launch_id.public_key;
+        sp.curve_secret = L->keys.launch_id.secret;
+    }
     if (sd_net_socket_open(rd.zctx, &sp, NULL, L->client_connect, &rd.sock) != SD_OK) {
         zmq_ctx_term(rd.zctx);
         return 1;
@@ -741,6 +766,10 @@ static void usage(FILE *f) {
            "  --http ADDR:PORT       where specd-gateway serves the OpenAI-compatible HTTP API\n"
            "                         (default 127.0.0.1:8000)\n"
            "  --no-gateway           do not start specd-gateway\n"
+           "  --curve DIR            CurveZMQ on every link: key pairs for each process (kept when already\n"
+           "                         in DIR, else generated; DIR is created 0700), allow-lists, and a client\n"
+           "                         key: specd-client --curve-secret DIR/client.key --curve-server\n"
+           "                         DIR/coordinator.pub\n"
            "  --coordinator-arg ARG  extra argument for specd-coordinator (repeatable)\n"
            "  --verifier-arg ARG     extra argument for specd-verifier (repeatable)\n"
            "  --drafter-arg ARG      extra argument for specd-drafter (repeatable)\n"
@@ -774,7 +803,8 @@ enum {
     OPT_VERIFIER_DEVICE,
     OPT_HTTP,
     OPT_NO_GATEWAY,
-    OPT_GATEWAY_ARG
+    OPT_GATEWAY_ARG,
+    OPT_CURVE
 };
 
 static int parse_args(int argc, char **argv, launch_opts *o) {
@@ -800,6 +830,7 @@ static int parse_args(int argc, char **argv, launch_opts *o) {
                                           {"http", required_argument, 0, OPT_HTTP},
                                           {"no-gateway", no_argument, 0, OPT_NO_GATEWAY},
                                           {"gateway-arg", required_argument, 0, OPT_GATEWAY_ARG},
+                                          {"curve", required_argument, 0, OPT_CURVE},
                                           {"verbose", no_argument, 0, 'v'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
@@ -837,6 +868,7 @@ static int parse_args(int argc, char **argv, launch_opts *o) {
         case OPT_WORKER_ADDR: o->worker_addr = optarg; break;
         case OPT_HTTP: o->http = optarg; break;
         case OPT_NO_GATEWAY: o->no_gateway = true; break;
+        case OPT_CURVE: o->curve_dir = optarg; break;
         case OPT_THREADS_V:
         case OPT_THREADS_D:
             if (!sd_cli_parse_int(optarg, 1, 1024, c == OPT_THREADS_V ? &o->threads_verifier : &o->threads_drafter)) {
@@ -888,6 +920,13 @@ static int parse_args(int argc, char **argv, launch_opts *o) {
     if (!o->target || n_drafters != 1) {
         fprintf(stderr, "specd-launch: need --target and exactly one of --draft, --ngram, --draft-layers, "
                         "--no-draft (see --help)\n");
+        return 2;
+    }
+    if (o->tp > 1 && o->device_base >= 0 && !o->curve_dir) {
+        fprintf(stderr,
+                "specd-launch: GPU ranks (--tp %d) share an NCCL id over the group socket, which travels "
+                "only on an encrypted link: give --curve DIR\n",
+                o->tp);
         return 2;
     }
     /* The model id the gateway reports: the target's name without its folder and .gguf. */

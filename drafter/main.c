@@ -23,6 +23,7 @@
 #include "specd/weights.h"
 #include "specd/model.h"
 #include "specd/net.h"
+#include "specd/curve.h"
 #include "specd/worker.h"
 
 #include <getopt.h>
@@ -37,6 +38,7 @@ typedef struct drafter_opts {
     const char *model_path;
     const char *vocab_from;
     const char *name;
+    const char *curve_secret, *curve_server; /* key files (--curve-secret, --curve-server) */
     bool ngram;
     int32_t ngram_min, ngram_max;
     int32_t ngram_cache; /* entries of the n-gram cache shared across requests; 0 = none */
@@ -55,6 +57,9 @@ static void usage(FILE *f) {
             "Proposes draft tokens for the coordinator's speculative decoding.\n"
             "\n"
             "      --coordinator ADDR  coordinator worker address (default tcp://127.0.0.1:7701)\n"
+            "      --curve-secret FILE this drafter's CurveZMQ secret key (specd-keygen; mode 0600); its\n"
+            "                          public key must be on the coordinator's --worker-keys list\n"
+            "      --curve-server FILE the coordinator's public key (required with --curve-secret)\n"
             "  -m, --model PATH        draft model (GGUF file or Hugging Face checkpoint directory);\n"
             "                          with --ngram or --draft-layers: the target model\n"
             "      --ngram             n-gram (prompt lookup) drafter: no weights are loaded\n"
@@ -110,10 +115,14 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         O_INDEX,
         O_NAME,
         O_DEVICE,
-        O_WARMUP
+        O_WARMUP,
+        O_CSECRET,
+        O_CSERVER
     };
     static const struct option longs[] = {
         {"coordinator", required_argument, 0, O_COORD},
+        {"curve-secret", required_argument, 0, O_CSECRET},
+        {"curve-server", required_argument, 0, O_CSERVER},
         {"model", required_argument, 0, 'm'},
         {"ngram", no_argument, 0, O_NGRAM},
         {"vocab-from", required_argument, 0, O_VOCAB},
@@ -163,6 +172,8 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
             if (!ok) fprintf(stderr, "specd-drafter: --device must be cpu, cuda or cuda:N, got '%s'\n", optarg);
             break;
         case 'v': o->verbose = true; break;
+        case O_CSECRET: o->curve_secret = optarg; break;
+        case O_CSERVER: o->curve_server = optarg; break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return 2;
         }
@@ -257,8 +268,16 @@ int main(int argc, char **argv) {
     sd_net_log_init("drafter", o.index, o.verbose);
     int stop_fd = -1;
     if (sd_worker_signal_fd(&stop_fd) != SD_OK) return 1;
+    /* keys first: a missing key file is a start-up error, before any model loads */
+    sd_curve_id curve;
+    if ((o.curve_secret && !o.curve_server) || sd_curve_id_load(o.curve_secret, o.curve_server, &curve) != SD_OK) {
+        if (o.curve_secret && !o.curve_server) SD_ERROR("--curve-secret needs --curve-server (the coordinator's key)");
+        close(stop_fd);
+        return 2;
+    }
 
     sd_worker_params wp = sd_worker_default_params();
+    wp.curve = &curve;
     const char *id_path = o.ngram && o.vocab_from ? o.vocab_from : o.model_path;
     if (sd_weights_identity(id_path, &wp.model) != SD_OK) {
         close(stop_fd);
@@ -357,6 +376,7 @@ int main(int argc, char **argv) {
     st = zctx ? sd_worker_run(zctx, &wp, &why) : SD_ERR_NET;
 
     if (zctx) zmq_ctx_term(zctx);
+    memset(&curve, 0, sizeof curve);
     sd_draft_server_free(&server);
     sd_drafter_free(&drafter);
     close(stop_fd);

@@ -27,9 +27,12 @@ specd_py_test(it_overload ${_it}test_overload.py LABELS integration)
 specd_py_test(it_netns ${_it}test_netns.py LABELS integration)
 specd_py_test(it_launch ${_it}test_launch.py LABELS integration)
 specd_py_test(it_client_cli ${_it}test_client_cli.py LABELS integration)
+# CurveZMQ: hostile peers against a keyed service (rogue workers and clients, replayed Hellos)
+specd_py_test(it_hostile ${_it}test_hostile.py LABELS integration)
+specd_py_test(it_launch_curve ${_it}test_launch.py ARGS --curve LABELS integration)
 # The integration tests start several processes each: never two at once.
 set_tests_properties(it_greedy_tiny_model it_greedy_tiny_self it_greedy_tiny_ngram it_greedy_tiny_hf
                      it_greedy_tiny_warmup it_greedy_smollm_ngram
                      it_greedy_smollm_self it_greedy_smollm_ngram_64 it_greedy_smollm_self_64 it_seeded
                      it_drafter_kill it_verifier_restart it_cancel it_bad_input it_overload it_netns it_launch
-                     it_client_cli PROPERTIES RESOURCE_LOCK specd_integration)
+                     it_client_cli it_hostile it_launch_curve PROPERTIES RESOURCE_LOCK specd_integration)

@@ -41,6 +41,7 @@ typedef struct captured {
 } captured;
 
 typedef struct harness {
+    const char *peer_role; /* the role the feeding worker's key is bound to (ZAP User-Id); NULL = any */
     sd_coord c;
     captured msgs[MAXMSG];
     int n, next;
@@ -138,7 +139,7 @@ static void feed_worker(harness *h, const char *ident, Specd__WorkerToCoordinato
     size_t n = specd__worker_to_coordinator__get_packed_size(e);
     uint8_t *b = malloc(n + 1);
     specd__worker_to_coordinator__pack(e, b);
-    sd_workers_on_message(&h->c, (const uint8_t *)ident, strlen(ident), b, n, h->now);
+    sd_workers_on_message_as(&h->c, (const uint8_t *)ident, strlen(ident), h->peer_role, b, n, h->now);
     free(b);
 }
 static void feed_client(harness *h, const char *ident, Specd__ClientToCoordinator *e) {
@@ -532,12 +533,24 @@ static void test_registration(void **state) {
     assert_non_null(w);
     assert_int_equal(w->body_case, SPECD__COORDINATOR_TO_WORKER__BODY_ERROR);
     assert_int_equal(w->error->code, SPECD__CODE__CODE_VOCAB_MISMATCH);
-    char want[40];
-    snprintf(want, sizeof want, "0x%016llx", (unsigned long long)h->c.vocab_hash);
-    assert_non_null(strstr(w->error->message, want));
-    snprintf(want, sizeof want, "0x%016llx", (unsigned long long)(h->c.vocab_hash ^ 1));
-    assert_non_null(strstr(w->error->message, want));
+    /* the refused peer is told so, and nothing of the target's identity */
+    char leak[40];
+    snprintf(leak, sizeof leak, "%016llx", (unsigned long long)h->c.vocab_hash);
+    assert_null(strstr(w->error->message, leak));
+    snprintf(leak, sizeof leak, "%d", (int)h->c.n_vocab);
+    assert_null(strstr(w->error->message, leak));
+    assert_non_null(strstr(w->error->message, "refused"));
     specd__coordinator_to_worker__free_unpacked(w, NULL);
+    /* a key bound to the drafter role cannot register a verifier */
+    h->peer_role = "drafter";
+    hello(h, "d-as-v", SPECD__ROLE__ROLE_VERIFIER, h->c.vocab_hash, (uint32_t)h->c.n_vocab);
+    w = pop_worker(h, "d-as-v");
+    assert_non_null(w);
+    assert_int_equal(w->error->code, SPECD__CODE__CODE_REFUSED);
+    assert_non_null(strstr(w->error->message, "may not register as a verifier"));
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    assert_true(h->c.verifier < 0);
+    h->peer_role = "verifier"; /* its own role: fine */
     register_ok(h, "v1", SPECD__ROLE__ROLE_VERIFIER);
     hello(h, "v2", SPECD__ROLE__ROLE_VERIFIER, h->c.vocab_hash, (uint32_t)h->c.n_vocab);
     w = pop_worker(h, "v2");

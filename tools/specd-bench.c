@@ -9,6 +9,7 @@
  *   gpu       one model on a CUDA device (bench_gpu.c).
  *   tp        a CPU tensor-parallel verifier group against TP = 1 (bench_tp.c).
  *   serve     through the running service (bench_serve.c).
+ *   link      one message on a specd link, plaintext and CurveZMQ (bench_link.c).
  *
  * Every figure is a median over repetitions, and ratios are taken between
  * figures measured side by side in one run: the machines are shared and
@@ -37,6 +38,7 @@
 #include "bench_hygiene.h"
 #include "bench_stats.h"
 #include "bench_spec.h"
+#include "bench_link.h"
 #ifdef SPECD_BENCH_SERVE
 #include "bench_serve.h"
 #include "bench_http.h"
@@ -508,6 +510,7 @@ static void usage(FILE *f) {
             "  gpu       one model on a CUDA GPU: decode vs bandwidth floor, k-token cost, batches (gpu --help)\n"
             "  serve     through the running service: tok/s, latency, spec vs target-only (serve --help)\n"
             "  http      through the HTTP gateway vs libspecd-client: time to first token, gaps (http --help)\n"
+            "  link      round trips on a specd link, plaintext and CurveZMQ side by side (link --help)\n"
             "  tp        a CPU tensor-parallel verifier group vs TP = 1: decode, verify, all-reduce cost (tp --help)\n"
             "\n"
             "every mode:\n"
@@ -573,6 +576,7 @@ int main(int argc, char **argv) {
     const char *mode = argv[1];
     if (strcmp(mode, "spec") == 0) return bench_spec_main(argc, argv);
     if (strcmp(mode, "gpu") == 0) return bench_gpu_main(argc, argv);
+    if (strcmp(mode, "link") == 0) return bench_link_main(argc, argv);
 #ifdef SPECD_BENCH_SERVE
     if (strcmp(mode, "serve") == 0) return bench_serve_main(argc, argv);
 #endif

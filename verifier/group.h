@@ -38,6 +38,12 @@ typedef struct sd_group_params {
     size_t coll_max_bytes;         /* shared-memory payload per round (default 1 MiB) */
     int32_t kv_blocks, block_size; /* leader: the KV pool shape every rank allocates (required) */
     int stop_fd;                   /* readable = stop (a signalfd); -1 = never */
+    /* CurveZMQ on the group link (borrowed; NULL or off: plaintext). The
+     * leader binds with its own key and admits the keys of rank_keys; a rank
+     * connects with its own key and curve->server = the leader's key. */
+    const sd_curve_id *curve;
+    const sd_curve_allow *rank_keys; /* leader: required with curve */
+    bool insecure;                   /* leader: plaintext beyond loopback, or an NCCL id in plaintext */
 } sd_group_params;
 
 /* Defaults as above; addr NULL, rank 0, size 0, device -1, stop_fd -1. */

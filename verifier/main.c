@@ -15,7 +15,8 @@
  * Exit status: 0 on SIGINT/SIGTERM (or a clean stop of the group), 1 on an
  * internal error, 2 for bad flags or a model that cannot be loaded (a TP
  * size that does not divide the heads included), 3 when the coordinator
- * refuses the registration or the leader refuses a rank, 4 when the group
+ * refuses the registration (its model, role or key) or the leader refuses a
+ * rank (its shard or key), 4 when the group
  * went down. */
 #include "group.h"
 #include "specd/cli.h"
@@ -41,8 +42,10 @@ typedef struct verifier_opts {
     int32_t device; /* -1 CPU, N cuda:N */
     sd_dtype kv_type;
     int32_t max_seqs, kv_blocks, block_size, max_batch, max_k, tp, rank;
-    const char *group; /* --group ADDR */
-    int32_t lm_head;   /* sd_tp_lm_head */
+    const char *group;                                   /* --group ADDR */
+    const char *curve_secret, *curve_server, *rank_keys; /* key files */
+    bool insecure;
+    int32_t lm_head; /* sd_tp_lm_head */
     int32_t coll_timeout_ms, group_heartbeat_ms, join_timeout_s;
     int32_t warmup; /* --warmup N; -1 = the device's default */
     bool verbose;
@@ -81,6 +84,14 @@ static void usage(FILE *f) {
             "                          sightings; their times seed the coordinator's cost model (default on a\n"
             "                          GPU: the largest step, max-batch x (max-draft + 1); on the CPU one timed\n"
             "                          step of 1, 2, 4, 8 and 16 tokens, for the cost model only; 0: none)\n"
+            "      --curve-secret FILE this process's CurveZMQ secret key (specd-keygen; mode 0600); the\n"
+            "                          leader's public key must be on the coordinator's --worker-keys list,\n"
+            "                          a rank's on the leader's --rank-keys list\n"
+            "      --curve-server FILE the public key of the server this process connects to: the\n"
+            "                          coordinator's (the leader) or the leader's (ranks 1..N-1)\n"
+            "      --rank-keys FILE    leader with --tp > 1 and keys: allow-list of the ranks' public keys\n"
+            "      --insecure          leader: allow a non-loopback --group, or GPU ranks (the NCCL id), without\n"
+            "                          keys (trusted networks only)\n"
             "      --name NAME         name in the coordinator's logs (default host:pid)\n"
             "  -v, --verbose           log at DEBUG level\n"
             "  -h, --help              this help\n",
@@ -112,11 +123,19 @@ static int parse_args(int argc, char **argv, verifier_opts *o) {
         O_GROUP_HB,
         O_JOIN_TIMEOUT,
         O_WARMUP,
-        O_KV_TYPE
+        O_KV_TYPE,
+        O_CSECRET,
+        O_CSERVER,
+        O_RANK_KEYS,
+        O_INSECURE
     };
     static const struct option longs[] = {
         {"model", required_argument, 0, 'm'},
         {"coordinator", required_argument, 0, O_COORD},
+        {"curve-secret", required_argument, 0, O_CSECRET},
+        {"curve-server", required_argument, 0, O_CSERVER},
+        {"rank-keys", required_argument, 0, O_RANK_KEYS},
+        {"insecure", no_argument, 0, O_INSECURE},
         {"threads", required_argument, 0, 't'},
         {"max-seqs", required_argument, 0, O_MAX_SEQS},
         {"kv-blocks", required_argument, 0, O_KV_BLOCKS},
@@ -163,6 +182,10 @@ static int parse_args(int argc, char **argv, verifier_opts *o) {
         case O_JOIN_TIMEOUT: ok = parse_int("--join-timeout", optarg, 1, 86400, &o->join_timeout_s); break;
         case O_WARMUP: ok = parse_int("--warmup", optarg, 0, SD_MAX_BATCH * (SD_MAX_K + 1), &o->warmup); break;
         case O_NAME: o->name = optarg; break;
+        case O_CSECRET: o->curve_secret = optarg; break;
+        case O_CSERVER: o->curve_server = optarg; break;
+        case O_RANK_KEYS: o->rank_keys = optarg; break;
+        case O_INSECURE: o->insecure = true; break;
         case O_DEVICE:
             ok = sd_device_parse(optarg, &o->device) == SD_OK;
             if (!ok) fprintf(stderr, "specd-verifier: --device must be cpu, cuda or cuda:N, got '%s'\n", optarg);
@@ -187,6 +210,18 @@ static int parse_args(int argc, char **argv, verifier_opts *o) {
     }
     if (o->rank >= o->tp) {
         fprintf(stderr, "specd-verifier: --rank %d must be below --tp %d\n", (int)o->rank, (int)o->tp);
+        return 2;
+    }
+    if (!o->curve_secret != !o->curve_server) {
+        fprintf(stderr, "specd-verifier: --curve-secret and --curve-server go together (see --help)\n");
+        return 2;
+    }
+    if (o->rank_keys && (o->rank != 0 || o->tp < 2 || !o->curve_secret)) {
+        fprintf(stderr, "specd-verifier: --rank-keys is for the leader of a --tp group with --curve-secret\n");
+        return 2;
+    }
+    if (o->curve_secret && o->tp > 1 && o->rank == 0 && !o->rank_keys) {
+        fprintf(stderr, "specd-verifier: a keyed leader of a --tp group needs --rank-keys (the ranks' keys)\n");
         return 2;
     }
     if (o->tp > 1 && !o->group) {
@@ -230,8 +265,8 @@ static const char *on_fail_reason(void *user) {
 }
 
 /* Group parameters shared by the leader and the ranks. */
-static sd_group_params group_params(const verifier_opts *o, const sd_model_identity *id, const sd_model *m,
-                                    int stop_fd) {
+static sd_group_params group_params(const verifier_opts *o, const sd_model_identity *id, const sd_model *m, int stop_fd,
+                                    const sd_curve_id *curve, const sd_curve_allow *rank_keys) {
     sd_group_params gp = sd_group_default_params();
     sd_model_shard sh;
     sd_model_shard_of(m, &sh);
@@ -246,14 +281,18 @@ static sd_group_params group_params(const verifier_opts *o, const sd_model_ident
     if (o->coll_timeout_ms > 0) gp.coll_timeout_ms = o->coll_timeout_ms;
     if (o->join_timeout_s > 0) gp.join_timeout_ms = o->join_timeout_s * 1000;
     gp.stop_fd = stop_fd;
+    gp.insecure = o->insecure;
+    gp.curve = curve;
+    gp.rank_keys = rank_keys;
     return gp;
 }
 
 /* Ranks 1..N-1: join the group and run the leader's plans until it ends. */
-static int run_rank(const verifier_opts *o, const sd_model_identity *id, sd_model *model, int stop_fd) {
+static int run_rank(const verifier_opts *o, const sd_model_identity *id, sd_model *model, int stop_fd,
+                    const sd_curve_id *curve) {
     void *zctx = zmq_ctx_new();
     if (!zctx) return 1;
-    sd_group_params gp = group_params(o, id, model, stop_fd);
+    sd_group_params gp = group_params(o, id, model, stop_fd, curve, NULL);
     sd_group_exit why = SD_GROUP_DOWN;
     sd_status st = sd_group_rank_run(zctx, &gp, model, &why);
     zmq_ctx_term(zctx);
@@ -283,9 +322,20 @@ int main(int argc, char **argv) {
     sd_net_log_init("verifier", o.rank, o.verbose);
     int stop_fd = -1;
     if (sd_worker_signal_fd(&stop_fd) != SD_OK) return 1;
+    /* keys first: a missing key file is a start-up error, before the model loads */
+    sd_curve_id curve;
+    sd_curve_allow rank_keys = {0};
+    if (sd_curve_id_load(o.curve_secret, o.curve_server, &curve) != SD_OK ||
+        (o.rank_keys && sd_curve_allow_read(o.rank_keys, &rank_keys) != SD_OK)) {
+        sd_curve_allow_free(&rank_keys);
+        close(stop_fd);
+        return 2;
+    }
 
     sd_worker_params wp = sd_worker_default_params();
+    wp.curve = &curve;
     if (sd_weights_identity(o.model_path, &wp.model) != SD_OK) {
+        sd_curve_allow_free(&rank_keys);
         close(stop_fd);
         return 2;
     }
@@ -312,7 +362,8 @@ int main(int argc, char **argv) {
         SD_ERROR("cannot open %s: %s", o.model_path, sd_status_str(st));
     }
     if (st == SD_OK && o.rank > 0) {
-        rc = run_rank(&o, &wp.model, model, stop_fd);
+        rc = run_rank(&o, &wp.model, model, stop_fd, &curve);
+        memset(&curve, 0, sizeof curve);
         sd_model_free(&model);
         close(stop_fd);
         return rc;
@@ -334,6 +385,7 @@ int main(int argc, char **argv) {
     }
     if (st != SD_OK) {
         SD_ERROR("cannot start the verifier: %s", sd_status_str(st));
+        sd_curve_allow_free(&rank_keys);
         sd_model_free(&model);
         close(stop_fd);
         return 2;
@@ -346,7 +398,7 @@ int main(int argc, char **argv) {
         st = SD_ERR_NET;
     } else if (o.tp > 1) {
         /* the group first: the coordinator sees the leader only once every rank is there */
-        sd_group_params gp = group_params(&o, &wp.model, model, stop_fd);
+        sd_group_params gp = group_params(&o, &wp.model, model, stop_fd, &curve, o.rank_keys ? &rank_keys : NULL);
         gp.kv_blocks = vp.kv_blocks;
         gp.block_size = vp.block_size;
         st = sd_group_leader_start(zctx, &gp, &ctx.group);
@@ -414,6 +466,8 @@ int main(int argc, char **argv) {
     sd_model_set_coll(model, NULL);
     sd_group_close(&ctx.group);
     if (zctx) zmq_ctx_term(zctx);
+    sd_curve_allow_free(&rank_keys);
+    memset(&curve, 0, sizeof curve);
     sd_verifier_free(&v);
     sd_model_free(&model);
     close(stop_fd);

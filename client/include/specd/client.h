@@ -37,8 +37,11 @@ typedef struct sd_client_params {
     int heartbeat_interval_ms; /* default SD_HEARTBEAT_INTERVAL_MS */
     int heartbeat_liveness;    /* silent intervals before the coordinator is dead (default SD_HEARTBEAT_LIVENESS) */
     const char *name;          /* sent in Hello, for the coordinator's logs (default "specd-client") */
-    /* CurveZMQ (Z85 text, 40 chars): the coordinator's public key, and this
-     * client's own pair (both NULL: an ephemeral pair). All NULL: plaintext. */
+    /* CurveZMQ (Z85 text, 40 chars): the coordinator's public key and this
+     * client's own pair, whose public key must be on the coordinator's
+     * --client-keys list (all three, or all NULL: plaintext). A key the
+     * coordinator refuses fails every request at once with the reason.
+     * sd_curve_id_load (specd/curve.h) reads them from specd-keygen files. */
     const char *curve_server_public, *curve_public, *curve_secret;
 } sd_client_params;
 

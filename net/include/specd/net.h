@@ -70,7 +70,8 @@ typedef struct sd_net_socket_params {
     /* CurveZMQ (all NULL = plaintext). Keys are Z85 text (40 chars). */
     const char *curve_server_secret;         /* set on the binding (server) side */
     const char *curve_server_public;         /* set on the connecting (client) side */
-    const char *curve_public, *curve_secret; /* the connecting side's own keys */
+    const char *curve_public, *curve_secret; /* the connecting side's own keys (required with server_public) */
+    const char *zap_domain;                  /* server side: SD_ZAP_DOMAIN_* (required with server_secret) */
 } sd_net_socket_params;
 
 /* Defaults: linger SD_NET_LINGER_MS, everything else 0/NULL. */
@@ -85,13 +86,40 @@ sd_status sd_net_socket_open(void *zctx, const sd_net_socket_params *p, const ch
 /* zmq_close(*sock), *sock = NULL. NULL-safe. */
 void sd_net_close(void **sock);
 
+/* Watches sock's handshakes: *mon is a PAIR socket (poll it for ZMQ_POLLIN)
+ * that receives sock's handshake events, so a peer refused by the server's
+ * ZAP handler (or speaking another mechanism) learns it at once instead of
+ * retrying silently. Close with sd_net_monitor_close before sock. */
+sd_status sd_net_monitor_open(void *zctx, void *sock, void **mon);
+
+typedef enum sd_net_handshake {
+    SD_NET_HANDSHAKE_NONE = 0, /* no handshake event waiting */
+    SD_NET_HANDSHAKE_OK,       /* a handshake succeeded */
+    SD_NET_HANDSHAKE_REFUSED,  /* refused for good: the ZAP handler said no, or another mechanism */
+    SD_NET_HANDSHAKE_FAILED,   /* failed without detail: a wrong server key, or a server going down */
+} sd_net_handshake;
+
+/* Reads every event waiting on mon and returns the last one's kind, with a
+ * line saying what failed (and where) in why. Callers treat REFUSED as
+ * final and FAILED as final only when it repeats (SD_NET_HANDSHAKE_TRIES). */
+sd_net_handshake sd_net_monitor_read(void *mon, char *why, size_t why_len);
+#define SD_NET_HANDSHAKE_TRIES 3
+
+/* Stops monitoring sock and closes *mon. NULL-safe. */
+void sd_net_monitor_close(void *sock, void **mon);
+
 /* ---- envelopes on the wire ---- */
+
+#define SD_NET_USER_ID_MAX 32
 
 /* A received message: the routing id (ROUTER side; empty on DEALER) and the
  * one body frame. */
 typedef struct sd_net_msg {
     uint8_t identity[SD_MAX_IDENTITY_BYTES];
     size_t identity_len;
+    /* the peer's ZAP User-Id (CurveZMQ: the role its key is restricted to,
+     * "" = any or no ZAP) */
+    char user_id[SD_NET_USER_ID_MAX];
     uint8_t *body; /* malloc'd; owned by the msg, freed by sd_net_msg_clear */
     size_t body_len;
 } sd_net_msg;
