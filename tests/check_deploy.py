@@ -21,8 +21,8 @@ Checks, each printing one line per problem:
              build stage are the build tree's, the runtime stage installs the
              Debian package of every shared library the binaries load, and the
              build stage every build package of scripts/setup
-The CurveZMQ options guessed ahead of the trust branch (KEY_OPTIONS_TBC) are
-reported as notes, not failures, while a binary does not list them yet.
+Every option a deploy file passes (the CurveZMQ key options included) must be
+in the binary's --help: anything else is a failure.
 Exit status: 0 all good, 1 a problem.
 """
 import os
@@ -34,10 +34,6 @@ import sys
 
 import yaml
 
-# Guessed names of the key options (to be confirmed when the trust branch
-# lands; the deploy files name them in one marked block each).
-KEY_OPTIONS_TBC = {"--curve-secret", "--curve-client-keys", "--curve-worker-keys",
-                   "--curve-server-public-file"}
 BINARIES = {  # role -> path under the build tree
     "coordinator": "coordinator/specd-coordinator",
     "verifier": "verifier/specd-verifier",
@@ -46,8 +42,9 @@ BINARIES = {  # role -> path under the build tree
     "client": "client/specd-client",
     "launch": "deploy/specd-launch",
 }
-# Options the container entrypoint adds itself (SPECD_RANK, SPECD_GROUP_LEADER).
-ENTRYPOINT_ADDS = {"verifier": {"--rank", "--group"}}
+# Tools the deploy files run besides the service binaries (--help checked only;
+# not in the image).
+TOOLS = {"keygen": "tools/specd-keygen"}
 
 problems = []
 notes = []
@@ -66,7 +63,7 @@ class Helps:
 
     def options(self, role):
         if role not in self.cache:
-            path = os.path.join(self.build, BINARIES[role])
+            path = os.path.join(self.build, {**BINARIES, **TOOLS}[role])
             out = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=30)
             self.cache[role] = set(re.findall(r"--[a-z0-9][a-z0-9-]*", out.stdout + out.stderr))
         return self.cache[role]
@@ -77,11 +74,7 @@ class Helps:
             if not w.startswith("--"):
                 continue
             opt = w.split("=", 1)[0]
-            if opt in known:
-                continue
-            if opt in KEY_OPTIONS_TBC:
-                notes.append(f"{where}: {opt} is not in specd-{role} --help yet (key option to be confirmed at merge)")
-            else:
+            if opt not in known:
                 problem(where, f"specd-{role} has no option {opt} (see its --help)")
 
 
@@ -97,15 +90,21 @@ def read_env(path, env):
 
 
 def unit_execstart(path):
-    """(ExecStart words, EnvironmentFile= paths) of a unit, continuation lines joined."""
+    """(ExecStart words, EnvironmentFile= entries (path, optional), Environment= pairs)
+    of a unit, continuation lines joined."""
     text = re.sub(r"\\\n", " ", open(path).read())
-    exec_line, env_files = None, []
+    exec_line, env_files, env_lines = None, [], []
     for line in text.splitlines():
         if line.startswith("ExecStart="):
             exec_line = line[len("ExecStart="):]
         elif line.startswith("EnvironmentFile="):
-            env_files.append(line[len("EnvironmentFile="):].lstrip("-"))
-    return exec_line, env_files
+            f = line[len("EnvironmentFile="):]
+            env_files.append((f.lstrip("-"), f.startswith("-")))
+        elif line.startswith("Environment="):
+            for assignment in shlex.split(line[len("Environment="):]):
+                k, _, v = assignment.partition("=")
+                env_lines.append((k, v))
+    return exec_line, env_files, env_lines
 
 
 def expand(words, env, instance):
@@ -127,36 +126,52 @@ def check_units(src, helps):
         if not name.endswith(".service"):
             continue
         path = os.path.join(sysd, name)
-        exec_line, env_files = unit_execstart(path)
-        where = f"deploy/systemd/{name}"
+        exec_line, env_files, env_lines = unit_execstart(path)
         if not exec_line:
-            problem(where, "no ExecStart=")
+            problem(f"deploy/systemd/{name}", "no ExecStart=")
             continue
-        env = {}
-        for f in env_files:
-            example = os.path.join(sysd, "env", os.path.basename(f))
-            if "%i" in f:
-                continue  # optional per-instance overrides
-            if not os.path.exists(example):
-                problem(where, f"EnvironmentFile={f} has no example deploy/systemd/env/{os.path.basename(f)}")
-                continue
-            read_env(example, env)
-        env["SPECD_KEY_ARGS"] = ""  # the key block is checked against KEY_OPTIONS_TBC below
-        words = expand(shlex.split(exec_line), env, "0")
-        binary = os.path.basename(words[0])
-        role = binary[len("specd-"):] if binary.startswith("specd-") else None
-        if role not in BINARIES:
-            problem(where, f"ExecStart runs {words[0]}, not a specd binary")
+        # a template is checked for every instance with example per-instance
+        # env files (verifier@0.env, verifier@1.env: rank 0 and the others), or 0
+        instances = ["0"]
+        if name.endswith("@.service"):
+            found = set()
+            for f, _ in env_files:
+                base = os.path.basename(f)
+                if "%i" in base:
+                    pat = re.escape(base).replace("%i", "([0-9]+)")
+                    found |= {m.group(1) for e in os.listdir(os.path.join(sysd, "env"))
+                              if (m := re.fullmatch(pat, e))}
+            instances = sorted(found) or ["0"]
+        for inst in instances:
+            check_unit_instance(sysd, name, inst, exec_line, env_files, env_lines, helps)
+
+
+def check_unit_instance(sysd, name, inst, exec_line, env_files, env_lines, helps):
+    where = f"deploy/systemd/{name}" + (f" (instance {inst})" if name.endswith("@.service") else "")
+    unit = name.replace("@.", f"@{inst}.")
+    # Environment= first (specifiers expanded; %d is the credentials
+    # directory), then the env files in order, as systemd does
+    env = {k: v.replace("%i", inst).replace("%d", f"/run/credentials/{unit}") for k, v in env_lines}
+    for f, optional in env_files:
+        base = os.path.basename(f).replace("%i", inst)
+        example = os.path.join(sysd, "env", base)
+        if not os.path.exists(example):
+            if not optional:
+                problem(where, f"EnvironmentFile={f} has no example deploy/systemd/env/{base}")
             continue
-        if words[0] != f"/opt/specd/bin/{binary}":
-            problem(where, f"ExecStart runs {words[0]}; the units install to /opt/specd/bin")
-        for w in words:
-            if w == "":
-                problem(where, "an ExecStart variable is empty in the example env files")
-        helps.check(where, role, words[1:])
-        key_line = re.search(r'Environment="SPECD_KEY_ARGS=([^"]*)"', open(path).read())
-        if key_line:
-            helps.check(where + " (key block)", role, key_line.group(1).split())
+        read_env(example, env)
+    words = expand(shlex.split(exec_line), env, inst)
+    binary = os.path.basename(words[0])
+    role = binary[len("specd-"):] if binary.startswith("specd-") else None
+    if role not in BINARIES:
+        problem(where, f"ExecStart runs {words[0]}, not a specd binary")
+        return
+    if words[0] != f"/opt/specd/bin/{binary}":
+        problem(where, f"ExecStart runs {words[0]}; the units install to /opt/specd/bin")
+    for w in words:
+        if w == "":
+            problem(where, "an ExecStart variable is empty in the example env files")
+    helps.check(where, role, words[1:])
 
 
 # ---- Slurm ----
@@ -170,18 +185,21 @@ def check_slurm(src, helps):
             continue
         for m in re.finditer(r'"\$bin/specd-([a-z]+)"([^&|;]*)', line):
             role = m.group(1)
-            if role not in BINARIES:
+            if role not in BINARIES and role not in TOOLS:
                 problem(where, f"runs specd-{role}, not a specd binary")
                 continue
             words = re.findall(r"(?<![\w$])--[a-z0-9][a-z0-9-]*", m.group(2))
-            helps.check(where, role, words, {"--rank", "--device"} if role == "verifier" else ())
-    roles = {"coordinator_keys": "coordinator", "worker_keys": "drafter", "gateway_keys": "gateway"}
-    for arr, role in roles.items():
-        m = re.search(rf"^{arr}=\((.*?)\)", text, re.M | re.S)
+            helps.check(where, role, words)
+    # the key arrays, and what each rank adds to the verifier's flags
+    # (rank_script: --rank, --device and the rank's keys)
+    blocks = {"coordinator_keys": "coordinator", "drafter_keys": "drafter", "gateway_keys": "gateway",
+              "rank_script": "verifier"}
+    for var, role in blocks.items():
+        m = re.search(rf"^{var}=(\((.*?)\)|'(.*?)')", text, re.M | re.S)
         if not m:
-            problem(where, f"no {arr}=(...) key block")
+            problem(where, f"no {var}=... block")
             continue
-        helps.check(where + " (key block)", role, re.findall(r"--[a-z0-9-]+", m.group(1)))
+        helps.check(f"{where} ({var})", role, re.findall(r"(?<![\w$])--[a-z0-9][a-z0-9-]*", m.group(1)))
 
 
 # ---- Kubernetes ----
@@ -195,6 +213,12 @@ def check_k8s(src, helps):
                 if d:
                     docs.append((f"deploy/k8s/{name}", d))
     entrypoint = open(os.path.join(src, "deploy/container/specd-entrypoint")).read()
+    # the options the entrypoint adds to the verifier's (SPECD_RANK,
+    # SPECD_GROUP_LEADER, SPECD_GROUP_KEYS): in its rank_flags lines
+    added = set(re.findall(r"(?<![\w$])--[a-z0-9][a-z0-9-]*",
+                           "\n".join(l for l in entrypoint.splitlines() if "rank_flags" in l and "=" in l)))
+    helps.check("deploy/container/specd-entrypoint (rank_flags)", "verifier", sorted(added))
+    entrypoint_adds = {"verifier": added}
     workloads = [(w, d) for w, d in docs if d["kind"] in ("Deployment", "StatefulSet")]
     services = {d["metadata"]["name"]: d for _, d in docs if d["kind"] == "Service"}
     configmaps = {d["metadata"]["name"] for _, d in docs if d["kind"] == "ConfigMap"}
@@ -211,7 +235,7 @@ def check_k8s(src, helps):
                 problem(where, f"container {c['name']}: first argument {args[:1]} is not an entrypoint role")
                 continue
             role = args[0]
-            helps.check(f"{where} ({c['name']})", role, args[1:], ENTRYPOINT_ADDS.get(role, ()))
+            helps.check(f"{where} ({c['name']})", role, args[1:], entrypoint_adds.get(role, ()))
             env_names = {e["name"] for e in c.get("env", [])}
             for ref in c.get("envFrom", []):
                 cm = ref.get("configMapRef", {}).get("name")
