@@ -148,6 +148,12 @@ sd_status sd_session_commit(sd_session *s, const sd_tok *tok, const int32_t *tok
  * malloc'd tail (cancel, or a finish decided outside commit). */
 sd_status sd_session_flush(sd_session *s, char **tail, size_t *tail_len);
 int32_t sd_session_generated(const sd_session *s);
+/* Replays a continuation (SubmitRequest.continuation: tokens the request
+ * generated before a coordinator restart) through commit without streaming
+ * it, so max_tokens, the decoder and the held-back stop-string text stand
+ * where they stood. False, with msg set, when the replay already ends the
+ * request (then it must not be served again). */
+bool sd_session_resume(sd_session *s, const sd_tok *tok, const int32_t *tokens, int32_t n, char *msg, size_t msg_len);
 
 /* The cost model and the K policy (sd_cost_*, sd_adapt_*) are the
  * engine's (specd/spec_adapt.h), shared with single-process decoding. */
