@@ -753,8 +753,8 @@ static void usage(FILE *f) {
            "  -v, --verbose          DEBUG logs here and in every child\n"
            "  -h, --help             this help\n"
            "\n"
-           "Exit status: 0 after a clean stop; 1 when the service could not start or the coordinator died;\n"
-           "2 on a usage error.\n");
+           "Exit status: 0 after a clean stop; 1 when the service could not start or the coordinator died\n"
+           "with --restart off; 2 on a usage error.\n");
 }
 
 enum {
