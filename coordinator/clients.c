@@ -149,10 +149,8 @@ static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const
     if (!tokenize(c, r, &ids, &n_ids, &code, msg, sizeof msg)) goto refuse;
     if ((int64_t)n_ids + (int64_t)r->n_continuation >= c->n_ctx) {
         code = SPECD__CODE__CODE_TOO_LARGE;
-        snprintf(
-            msg, sizeof msg,
-            "submit.prompt: %zu tokens (and %zu of continuation), the context holds %d (and one must be generated)",
-            n_ids, r->n_continuation, c->n_ctx);
+        snprintf(msg, sizeof msg, "submit.prompt: %zu tokens%s, the context holds %d (and one must be generated)",
+                 n_ids + r->n_continuation, r->n_continuation ? " with the continuation" : "", c->n_ctx);
         free(ids);
         goto refuse;
     }

@@ -1688,6 +1688,84 @@ static void test_bad_submits(void **state) {
     harness_free(h);
 }
 
+/* A resubmission after a coordinator restart (SubmitRequest.continuation):
+ * the tokens already generated follow the prompt in the first step, count
+ * in n_generated and max_tokens, are not streamed again, and a stop string
+ * that began before the seam (held back then) still ends the request with
+ * none of it emitted. A continuation that already ends the request is
+ * refused. */
+static void submit_continuation(harness *h, const int32_t *prompt, size_t n, const int32_t *cont, size_t n_cont,
+                                uint32_t max_tokens, const char *stop) {
+    Specd__SubmitRequest sr = SPECD__SUBMIT_REQUEST__INIT;
+    sr.client_tag = 77;
+    sr.prompt_ids = (int32_t *)prompt;
+    sr.n_prompt_ids = n;
+    sr.continuation = (int32_t *)cont;
+    sr.n_continuation = n_cont;
+    sr.max_tokens = max_tokens;
+    char *stops[1] = {(char *)stop};
+    sr.stop = stops;
+    sr.n_stop = 1;
+    Specd__ClientToCoordinator e = SPECD__CLIENT_TO_COORDINATOR__INIT;
+    e.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT;
+    e.submit = &sr;
+    feed_client(h, "c", &e);
+}
+
+static void test_continuation_across_the_seam(void **state) {
+    (void)state;
+    NEED_MODEL();
+    harness *h = harness_new(NULL);
+    const sd_tok *t = h->c.tok;
+    int32_t a = tok1(t, "a"), x = tok1(t, "x"), y = tok1(t, "y"), z = tok1(t, "z");
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    int32_t prompt[1] = {a}, cont[2] = {a, x}; /* the client got "a"; "x" was held (it may start "xyz") */
+    submit_continuation(h, prompt, 1, cont, 2, 10, "xyz");
+    (void)expect_accepted(h, "c");
+    Specd__CoordinatorToWorker *vw = expect_verify(h, "v");
+    assert_int_equal(vw->verify->seqs[0]->keep_len, 0);
+    assert_int_equal(vw->verify->seqs[0]->n_append, 3); /* prompt + continuation */
+    vres r0 = {.n_commit = 1, .commit = {y}, .cached_len = 3};
+    reply_verify(h, "v", vw->verify, &r0);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    Specd__CoordinatorToClient *m = pop_client(h, "c");
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS);
+    assert_int_equal(m->tokens->n_tokens, 1);
+    assert_int_equal(m->tokens->tokens[0], y);
+    assert_int_equal(m->tokens->n_generated, 3); /* the continuation counts */
+    assert_int_equal(m->tokens->text.len, 0);    /* "xy" held */
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    vw = expect_verify(h, "v");
+    vres r1 = {.n_commit = 1, .commit = {z}, .cached_len = 4};
+    reply_verify(h, "v", vw->verify, &r1);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    for (m = pop_client(h, "c"); m && m->body_case == SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS;
+         m = pop_client(h, "c")) {
+        assert_int_equal(m->tokens->text.len, 0);
+        specd__coordinator_to_client__free_unpacked(m, NULL);
+    }
+    assert_non_null(m);
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_FINISHED);
+    assert_int_equal(m->finished->reason, SPECD__STOP_REASON__STOP_REASON_STOP_STRING);
+    assert_int_equal(m->finished->text_tail.len, 0);
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    drain(h);
+    /* a continuation that already holds the stop string, or max_tokens: refused */
+    int32_t done[3] = {x, y, z};
+    submit_continuation(h, prompt, 1, done, 3, 10, "xyz");
+    m = pop_client(h, "c");
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_ERROR);
+    assert_int_equal(m->error->code, SPECD__CODE__CODE_BAD_REQUEST);
+    assert_non_null(strstr(m->error->message, "continuation"));
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    submit_continuation(h, prompt, 1, cont, 2, 2, "xyz");
+    m = pop_client(h, "c");
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_ERROR);
+    assert_non_null(strstr(m->error->message, "continuation"));
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    harness_free(h);
+}
+
 /* ---------------------------------------------------------------- liveness */
 
 /* Moves the fake clock on by us in 250 ms steps, both workers heartbeating
@@ -1852,6 +1930,7 @@ int main(void) {
         cmocka_unit_test(test_chunked_prefill_and_queue),
         cmocka_unit_test(test_bad_submits),
         cmocka_unit_test(test_slow_drafter_backs_off),
+        cmocka_unit_test(test_continuation_across_the_seam),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
