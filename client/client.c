@@ -898,6 +898,7 @@ sd_status sd_client_wait(sd_client *c, uint64_t request_id, int timeout_ms, sd_c
     if (!result->text) { /* always a valid string */
         result->text = calloc(1, 1);
     }
+    free(r->submit);
     free(r);
     return SD_OK;
 }
