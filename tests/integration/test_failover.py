@@ -7,6 +7,7 @@ seeded specd-generate's: coupled verification makes seeded output a
 function of (seed, prompt) alone).
 
   test_failover.py --role coordinator|drafter|verifier|rank [--signal kill|stop] [--n 32] [--tokens 96]
+                   [--repeat R]
 
 Roles: the coordinator (restarted by the launcher on the same ports; the
 client resubmits its requests as continuations, the workers register
@@ -14,7 +15,8 @@ again), the drafter, the verifier (TP = 1), a rank of a TP = 2 group (rank
 1; the launcher restarts the group). For the coordinator the test also
 measures the time from the signal to the first token the restarted (or
 resumed) coordinator commits, printed as "first token after failover:
-X.XX s" (bench/results/chaos-cpu.md collects it).
+X.XX s", and with --repeat R (R disturbed runs) their median
+(bench/results/chaos-cpu.md).
 
 Tiny random models, self-draft drafter, K fixed at 4 so drafts are
 verified. The stopped process gets SIGCONT after STOP_S (liveness is 2 s)."""
@@ -182,11 +184,18 @@ def run(h, args):
             state["first_token_s"] = time.monotonic() - t0
             H.log("first token after failover: %.2f s" % state["first_token_s"])
 
-    res = run_jobs(h, path, os.path.join(h.tmp, "out1.jsonl"), disturb)
-    compare([res[i] for i in greedy], [refs[i] for i in greedy],
-            "greedy jobs across a %s %s vs specd-generate" % (args.role, args.signal))
-    compare(res, [r.get("ids") for r in undisturbed],
-            "jobs across a %s %s vs the undisturbed run" % (args.role, args.signal))
+    times = []
+    for rep in range(args.repeat):
+        res = run_jobs(h, path, os.path.join(h.tmp, "out%d.jsonl" % (rep + 1)), disturb)
+        compare([res[i] for i in greedy], [refs[i] for i in greedy],
+                "greedy jobs across a %s %s vs specd-generate" % (args.role, args.signal))
+        compare(res, [r.get("ids") for r in undisturbed],
+                "jobs across a %s %s vs the undisturbed run" % (args.role, args.signal))
+        if "first_token_s" in state:
+            times.append(state.pop("first_token_s"))
+    if times:
+        H.log("first token after failover over %d runs: median %.2f s (%s)"
+              % (len(times), sorted(times)[len(times) // 2], ", ".join("%.2f" % t for t in times)))
     H.check(launch.alive(), "specd-launch exited (%s)" % launch.popen.returncode)
     if args.role == "coordinator" and args.signal == "kill":
         H.check("coordinator" in launch.log_tail(400) and "restarted" in launch.log_tail(400),
@@ -201,5 +210,6 @@ if __name__ == "__main__":
     ap.add_argument("--signal", choices=("kill", "stop"), default="kill")
     ap.add_argument("--n", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--repeat", type=int, default=1)
     a = ap.parse_args()
     H.main(lambda h: run(h, a))
