@@ -44,6 +44,8 @@ endforeach()
 specd_py_test(it_failover_coordinator_stop ${_it}test_failover.py ARGS --role coordinator --signal stop
               LABELS integration)
 set_tests_properties(it_failover_coordinator_stop PROPERTIES RESOURCE_LOCK specd_integration)
+specd_py_test(it_failover_gateway ${_it}test_failover.py ARGS --role coordinator --gateway LABELS integration)
+set_tests_properties(it_failover_gateway PROPERTIES RESOURCE_LOCK specd_integration)
 # Chaos soak: SPECD_CHAOS_MINUTES (default 10) of 64 streaming requests under
 # specd-launch --tp 2 while a random role is killed or stopped every 2-5 s.
 specd_py_test(it_chaos ${_it}test_chaos.py LABELS integration slow)

@@ -8,6 +8,7 @@ function of (seed, prompt) alone).
 
   test_failover.py --role coordinator|drafter|verifier|rank [--signal kill|stop] [--n 32] [--tokens 96]
                    [--repeat R]
+  test_failover.py --role coordinator --gateway   (a seeded SSE stream through specd-gateway instead)
 
 Roles: the coordinator (restarted by the launcher on the same ports; the
 client resubmits its requests as continuations, the workers register
@@ -73,13 +74,18 @@ def role_pid(launch_pid, role):
     return None
 
 
-def start_launch(h, target, tp):
+def start_launch(h, target, tp, gateway=False):
     cport, wport, gport = H.free_port(), H.free_port(), H.free_port()
     h.client_addr = "tcp://127.0.0.1:%d" % cport
     argv = [h.bin("launch"), "--target", target, "--draft-layers", "1", "--tp", str(tp),
             "--client-addr", h.client_addr, "--worker-addr", "tcp://127.0.0.1:%d" % wport,
             "--group-addr", "tcp://127.0.0.1:%d" % gport, "--threads-verifier", "1", "--threads-drafter", "1",
-            "--ready-timeout", "300", "--no-gateway"]
+            "--ready-timeout", "300"]
+    if gateway:
+        h.http_port = H.free_port()
+        argv += ["--http", "127.0.0.1:%d" % h.http_port]
+    else:
+        argv.append("--no-gateway")
     for a in H.FIXED_K:
         argv += ["--coordinator-arg", a]
     launch = h.start("launch", argv)
@@ -128,7 +134,52 @@ def compare(res, refs, what):
     H.check(not bad, "%s: %d of %d jobs differ:\n  %s" % (what, len(bad), len(refs), "\n  ".join(bad[:10])))
 
 
+def run_gateway(h, args):
+    """A seeded completion streamed (SSE) through specd-gateway while the
+    coordinator is SIGKILLed: the stream goes on (the gateway is a
+    libspecd-client) and its text equals the undisturbed answer."""
+    import threading
+    import test_gateway_http as G
+    target, _ = h.tiny_models(seed=61)
+    launch = start_launch(h, target, 1, gateway=True)
+    H.wait_until(lambda: h.http("GET", "/health")[0] == 200, 60, "/health to say 200")
+    req = {"model": "m", "prompt": "the cat sat on", "max_tokens": 1500, "temperature": 0.8, "top_p": 0.95,
+           "seed": 5, "ignore_eos": True}
+    st, _, body = h.http("POST", "/v1/completions", req)
+    H.check(st == 200, "undisturbed completion: %d %s" % (st, body))
+    plain = json.loads(body)["choices"][0]["text"]
+    got = {}
+
+    def stream():
+        got["raw"] = G.raw_request(h.http_port, "POST", "/v1/completions", json.dumps(dict(req, stream=True)).encode(),
+                                   timeout=300)
+    t = threading.Thread(target=stream)
+    base = committed(h) or 0
+    t.start()
+    H.wait_until(lambda: (committed(h) or 0) - base >= 200, 300, "200 tokens of the stream")
+    pid = role_pid(launch.pid, "coordinator")
+    os.kill(pid, signal.SIGKILL)
+    H.log("SIGKILL sent to the coordinator (pid %d) mid-stream" % pid)
+    t.join(600)
+    H.check("raw" in got, "the stream did not end")
+    head, _, rest = got["raw"].partition(b"\r\n\r\n")
+    H.check(head.startswith(b"HTTP/1.1 200"), "status %r" % head[:40])
+    sse = G.dechunk(rest)
+    H.check(sse.endswith(b"data: [DONE]\n\n"), "the stream does not end with [DONE]: %r" % sse[-200:])
+    chunks = [json.loads(e[len(b"data: "):]) for e in sse.split(b"\n\n")[:-2]]
+    text = "".join(c["choices"][0]["text"] for c in chunks if c.get("choices"))
+    fins = [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices") and c["choices"][0]["finish_reason"]]
+    H.check(fins == ["length"], "finish reasons %s" % fins)
+    H.check(text == plain, "the stream across the coordinator kill differs from the undisturbed answer "
+            "(%d vs %d characters; first difference at %d)" % (len(text), len(plain),
+                                                            next((i for i, (a, b) in enumerate(zip(text, plain))
+                                                                  if a != b), min(len(text), len(plain)))))
+    H.log("gateway stream across a coordinator kill: %d characters, equal to the undisturbed answer" % len(text))
+
+
 def run(h, args):
+    if args.gateway:
+        return run_gateway(h, args)
     tp = 2 if args.role == "rank" else 1
     target, _ = h.tiny_models(seed=61)
     prompts = H.random_prompts(args.n, seed=67)
@@ -164,6 +215,7 @@ def run(h, args):
         H.check(proc.poll() is None, "the jobs finished before the %s could be signalled" % args.role)
         pid = role_pid(launch.pid, args.role)
         H.check(pid, "no running %s under the launcher" % args.role)
+        state["workers"] = (role_pid(launch.pid, "drafter"), role_pid(launch.pid, "verifier"))
         sig = signal.SIGKILL if args.signal == "kill" else signal.SIGSTOP
         before = committed(h) or 0
         t0 = time.monotonic()
@@ -193,6 +245,11 @@ def run(h, args):
                 "jobs across a %s %s vs the undisturbed run" % (args.role, args.signal))
         if "first_token_s" in state:
             times.append(state.pop("first_token_s"))
+        if args.role == "coordinator":
+            # the workers registered with the new coordinator without a restart of their own
+            now = (role_pid(launch.pid, "drafter"), role_pid(launch.pid, "verifier"))
+            H.check(now == state["workers"], "the workers were restarted (pids %s, before %s)"
+                    % (now, state["workers"]))
     if times:
         H.log("first token after failover over %d runs: median %.2f s (%s)"
               % (len(times), sorted(times)[len(times) // 2], ", ".join("%.2f" % t for t in times)))
@@ -211,5 +268,6 @@ if __name__ == "__main__":
     ap.add_argument("--n", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--gateway", action="store_true", help="a stream through specd-gateway (coordinator kill)")
     a = ap.parse_args()
     H.main(lambda h: run(h, a))
