@@ -172,10 +172,10 @@ static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const
     int32_t *ids = NULL;
     size_t n_ids = 0;
     if (!tokenize(c, r, &ids, &n_ids, &code, msg, sizeof msg)) goto refuse;
-    if ((int64_t)n_ids >= c->n_ctx) {
+    if ((int64_t)n_ids + (int64_t)r->n_continuation >= c->n_ctx) {
         code = SPECD__CODE__CODE_TOO_LARGE;
-        snprintf(msg, sizeof msg, "submit.prompt: %zu tokens, the context holds %d (and one must be generated)", n_ids,
-                 c->n_ctx);
+        snprintf(msg, sizeof msg, "submit.prompt: %zu tokens%s, the context holds %d (and one must be generated)",
+                 n_ids + r->n_continuation, r->n_continuation ? " with the continuation" : "", c->n_ctx);
         free(ids);
         goto refuse;
     }
@@ -183,6 +183,12 @@ static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const
     sd_session *s = sd_session_new(c->tok, ++c->next_request_id, ids, (int32_t)n_ids, max_tokens, c->n_ctx,
                                    (const char *const *)r->stop, (int32_t)r->n_stop);
     free(ids);
+    if (s) s->ignore_eos = r->ignore_eos;
+    if (s && r->n_continuation > 0 &&
+        !sd_session_resume(s, c->tok, r->continuation, (int32_t)r->n_continuation, msg, sizeof msg)) {
+        sd_session_free(&s);
+        goto refuse;
+    }
     if (!s || sd_sched_add(c, s) != SD_OK) {
         sd_session_free(&s);
         code = SPECD__CODE__CODE_INTERNAL;
@@ -205,8 +211,8 @@ static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const
     Specd__CoordinatorToClient env = SPECD__COORDINATOR_TO_CLIENT__INIT;
     env.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_ACCEPTED;
     env.accepted = &acc;
-    SD_INFO("request %llu accepted: %d prompt tokens, max_tokens %d, temperature %g", (unsigned long long)s->id,
-            s->n_prompt, s->max_tokens, (double)samp.temperature);
+    SD_INFO("request %llu accepted: %d prompt tokens%s, max_tokens %d, temperature %g", (unsigned long long)s->id,
+            s->n_prompt, r->n_continuation ? " (a continuation)" : "", s->max_tokens, (double)samp.temperature);
     sd_outbox_client(c, ident, ident_len, &env, now_us);
     return;
 refuse:

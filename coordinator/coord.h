@@ -153,6 +153,12 @@ sd_status sd_session_commit(sd_session *s, const sd_tok *tok, const int32_t *tok
  * malloc'd tail (cancel, or a finish decided outside commit). */
 sd_status sd_session_flush(sd_session *s, char **tail, size_t *tail_len);
 int32_t sd_session_generated(const sd_session *s);
+/* Replays a continuation (SubmitRequest.continuation: tokens the request
+ * generated before a coordinator restart) through commit without streaming
+ * it, so max_tokens, the decoder and the held-back stop-string text stand
+ * where they stood. False, with msg set, when the replay already ends the
+ * request (then it must not be served again). */
+bool sd_session_resume(sd_session *s, const sd_tok *tok, const int32_t *tokens, int32_t n, char *msg, size_t msg_len);
 
 /* The cost model and the K policy (sd_cost_*, sd_adapt_*) are the
  * engine's (specd/spec_adapt.h), shared with single-process decoding. */
@@ -163,6 +169,37 @@ int32_t sd_session_generated(const sd_session *s);
 void sd_cost_seed(sd_cost_model *c, const sd_step_cost *costs, size_t n);
 
 /* ---------------------------------------------------------------- workers */
+
+/* A worker's measured step times and misses (liveness.c says why). */
+#define SD_STEP_TIMES_N         64
+#define SD_STEP_TIMEOUT_MULT    4 /* timeout = this x p99, at least the floor */
+#define SD_STEP_TIMEOUT_MAX_US  (120ull * 1000000u)
+#define SD_STEP_BACKOFF_BASE_US (1000000ull) /* no drafts this long after a first miss, doubled per miss */
+#define SD_STEP_BACKOFF_MAX_US  (30ull * 1000000u)
+
+typedef struct sd_step_times {
+    uint32_t unit_us[SD_STEP_TIMES_N]; /* step time / (depth + 1), the last SD_STEP_TIMES_N steps */
+    int32_t n, next;
+    uint32_t p99_unit_us;
+    int32_t misses;            /* steps that overran their timeout since the last one in time */
+    uint64_t backoff_until_us; /* no steps before this */
+    uint64_t late_step_id;     /* the overrun step, still measured when its reply comes (0 = none) */
+    uint64_t late_sent_us;
+    int32_t late_depth;
+} sd_step_times;
+
+/* Records one step of depth (the deepest k asked; 0 for a step with none)
+ * that took step_us. */
+void sd_step_times_add(sd_step_times *t, uint64_t step_us, int32_t depth);
+/* The timeout of a step of depth: max(floor_us, MULT x p99 x (depth + 1)),
+ * doubled per miss, at most SD_STEP_TIMEOUT_MAX_US. */
+uint64_t sd_step_times_timeout_us(const sd_step_times *t, uint64_t floor_us, int32_t depth);
+/* A step overran its timeout: one more miss, back-off from now_us, and the
+ * step remembered so its late reply is still measured. */
+void sd_step_times_missed(sd_step_times *t, uint64_t now_us, uint64_t step_id, uint64_t sent_us, int32_t depth);
+/* True (and the reply measured) when step_id is the overrun step. */
+bool sd_step_times_late_reply(sd_step_times *t, uint64_t step_id, uint64_t now_us);
+bool sd_step_times_backed_off(const sd_step_times *t, uint64_t now_us);
 
 typedef struct sd_coord_worker {
     bool used; /* slot in use (alive or kept for stats) */
@@ -191,6 +228,8 @@ typedef struct sd_coord_worker {
     int32_t n_step, cap_step;
     int32_t step_tokens; /* tokens the step's forward computes (appended + drafts) */
     bool step_refill;    /* some sequence appended more than its last committed token */
+    sd_step_times times; /* drafters: measured draft steps, misses, back-off (liveness.c) */
+    bool backed_off;     /* sd_step_times_backed_off at the last tick: no drafts, K = 0 */
 } sd_coord_worker;
 
 /* ---------------------------------------------------------------- clients */
@@ -267,6 +306,10 @@ void sd_coord_state_free(sd_coord *c);
 
 static inline int32_t sd_imin(int32_t a, int32_t b) { return a < b ? a : b; }
 static inline bool sd_coord_drafter_ok(const sd_coord *c) { return c->drafter >= 0 && c->workers[c->drafter].alive; }
+/* The drafter may be given work: alive and not backed off after a late step. */
+static inline bool sd_coord_drafter_usable(const sd_coord *c) {
+    return sd_coord_drafter_ok(c) && !c->workers[c->drafter].backed_off;
+}
 static inline bool sd_coord_verifier_ok(const sd_coord *c) { return c->verifier >= 0 && c->workers[c->verifier].alive; }
 
 /* sd_session.shadow_token before it is a token */

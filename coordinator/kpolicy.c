@@ -10,7 +10,7 @@
 
 /* Largest K the sequence may use now. */
 int32_t sd_max_k(const sd_coord *c, const sd_session *s) {
-    if (!sd_coord_drafter_ok(c) || s->max_k < 0) return 0;
+    if (!sd_coord_drafter_usable(c) || s->max_k < 0) return 0;
     int32_t cap = c->p.max_k;
     if (s->max_k > 0) cap = sd_imin(cap, s->max_k);
     cap = sd_imin(cap, c->workers[c->drafter].max_k);
@@ -43,7 +43,7 @@ int32_t sd_k_want(const sd_coord *c, const sd_session *s) {
 void sd_k_update_gate(sd_coord *c) {
     c->drafting_dirty = false;
     c->drafting_pays = true;
-    if (!c->p.adaptive_k || !sd_coord_drafter_ok(c)) return;
+    if (!c->p.adaptive_k || !sd_coord_drafter_usable(c)) return;
     int32_t batch = c->n_active;
     if (sd_coord_verifier_ok(c)) batch = sd_imin(batch, c->workers[c->verifier].max_batch);
     double extra_tokens = 0;

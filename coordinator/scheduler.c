@@ -25,7 +25,7 @@
  * from the verify cost model and W from the measured draft round trip (a
  * draft later than expected is expected to take as long again, so a stuck
  * drafter releases the hold within one verify step; the draft timeout
- * still kills it). A fast drafter thus merges the cohorts; a slow one keeps
+ * then drops the step and backs the drafter off, liveness.c). A fast drafter thus merges the cohorts; a slow one keeps
  * them apart and overlapped.
  *
  * Beliefs: v_cached/d_cached say what each worker holds for a sequence; a
@@ -266,7 +266,7 @@ static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
  * file comment). Pending: active sequences that wait only for drafts (their
  * verifier cache is current, they are in a draft step or about to be). */
 static bool hold_for_drafts(const sd_coord *c, uint64_t now_us) {
-    if (!sd_coord_drafter_ok(c)) return false;
+    if (!sd_coord_drafter_usable(c)) return false;
     const sd_coord_worker *v = &c->workers[c->verifier], *d = &c->workers[c->drafter];
     int32_t n_ready = 0, n_pending = 0, n_to_draft = 0, ready_tokens = 0;
     for (int32_t i = 0; i < c->n_sessions; i++) {
@@ -329,7 +329,7 @@ static int32_t draft_candidate(const sd_coord *c, const sd_session *s) {
 }
 
 static void dispatch_draft(sd_coord *c, uint64_t now_us) {
-    if (!sd_coord_drafter_ok(c) || c->workers[c->drafter].busy) return;
+    if (!sd_coord_drafter_usable(c) || c->workers[c->drafter].busy) return;
     sd_coord_worker *w = &c->workers[c->drafter];
     int32_t n = 0;
     for (int32_t i = 0; i < c->n_sessions && n < w->max_batch; i++)

@@ -45,6 +45,12 @@ sd_status sd_coord_state_init(sd_coord *c, const sd_coord_params *p, const sd_co
     sd_cost_init(&c->cost);
     c->alpha_prior = 0.6;
     c->drafting_pays = true;
+    /* Request ids never repeat across restarts (wall-clock seconds << 20:
+     * a million requests a second before the next start could collide, and
+     * below 2^53, so JSON keeps them exact): a client resubmitting after a
+     * coordinator restart keeps its first id for the user, and must not see
+     * it handed to another of its requests. */
+    c->next_request_id = (uint64_t)time(NULL) << 20;
     if (p->max_queue < 0 || p->max_active < 1 || p->default_k < 0 || p->max_k < 0 || p->max_k > SD_MAX_K ||
         p->prefill_chunk < 1 || p->max_tokens_default < 1 || p->heartbeat_interval_ms < 1 ||
         p->heartbeat_liveness < 1) {

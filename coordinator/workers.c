@@ -19,6 +19,14 @@
 #include <stdio.h>
 #include <string.h>
 
+/* The deepest k a drafter's step in flight asked for (0: none). */
+static int32_t step_depth(const sd_coord_worker *w) {
+    int32_t depth = 0;
+    for (int32_t i = 0; i < w->n_step; i++)
+        if (w->step_k[i] > depth) depth = w->step_k[i];
+    return depth;
+}
+
 static void send_error(sd_coord *c, const uint8_t *ident, size_t ident_len, Specd__Code code, const char *msg) {
     Specd__Error e;
     sd_net_error_init(&e, code, 0, 0, msg);
@@ -239,10 +247,20 @@ void sd_workers_on_message_as(sd_coord *c, const uint8_t *ident, size_t ident_le
         }
         break;
     case SPECD__WORKER_TO_COORDINATOR__BODY_DRAFT:
-        if (wi < 0 || wi != c->drafter)
+        if (wi < 0 || wi != c->drafter) {
             SD_INFO("draft response from a worker that is not the drafter in use; dropped");
-        else
+        } else if (sd_step_times_late_reply(&c->workers[wi].times, env->draft->step_id, now_us)) {
+            SD_INFO("drafter %s: the overrun step %llu answered after all; its time is measured (p99 %u us per "
+                    "depth)",
+                    c->workers[wi].name, (unsigned long long)env->draft->step_id, c->workers[wi].times.p99_unit_us);
+        } else {
+            sd_coord_worker *w = &c->workers[wi];
+            if (w->busy && env->draft->step_id == w->step_id) {
+                sd_step_times_add(&w->times, now_us - w->step_sent_us, step_depth(w));
+                w->times.misses = 0;
+            }
             sd_sched_on_draft(c, wi, env->draft, now_us);
+        }
         break;
     case SPECD__WORKER_TO_COORDINATOR__BODY_VERIFY:
         if (wi < 0 || wi != c->verifier)
@@ -276,6 +294,12 @@ void sd_workers_tick(sd_coord *c, uint64_t now_us) {
         bool is_drafter = w->role == SPECD__ROLE__ROLE_DRAFTER;
         uint64_t timeout = (uint64_t)(is_drafter ? c->p.draft_timeout_ms : c->p.verify_timeout_ms) * 1000u;
         if (!is_drafter) timeout = sd_cost_verify_timeout_us(&c->cost, w->step_tokens, timeout);
+        if (is_drafter) {
+            timeout = sd_step_times_timeout_us(&w->times, timeout, step_depth(w));
+            bool backed_off = sd_step_times_backed_off(&w->times, now_us);
+            changed |= w->backed_off && !backed_off; /* drafts may go out again */
+            w->backed_off = backed_off;
+        }
         if (now_us > w->last_recv_us + dead_after || w->unreachable) {
             mark_dead(c, i, w->unreachable ? "disconnected" : "no heartbeat");
             changed = true;
@@ -285,7 +309,17 @@ void sd_workers_tick(sd_coord *c, uint64_t now_us) {
             char why[96];
             snprintf(why, sizeof why, "step %llu (%d tokens) unanswered after %llu ms", (unsigned long long)w->step_id,
                      w->step_tokens, (unsigned long long)(timeout / 1000u));
-            if (!is_drafter) sd_cost_verify_timed_out(&c->cost, w->step_tokens, timeout);
+            if (is_drafter) {
+                /* alive (it heartbeats) but slow: drop the step, not the drafter (liveness.c) */
+                sd_step_times_missed(&w->times, now_us, w->step_id, w->step_sent_us, step_depth(w));
+                w->backed_off = true;
+                SD_WARN("drafter %s: %s; its sequences go on with K = 0, no drafts for %llu ms (miss %d)", w->name, why,
+                        (unsigned long long)((w->times.backoff_until_us - now_us) / 1000u), (int)w->times.misses);
+                sd_sched_fail_step(c, i, why);
+                changed = true;
+                continue;
+            }
+            sd_cost_verify_timed_out(&c->cost, w->step_tokens, timeout);
             mark_dead(c, i, why);
             changed = true;
             continue;

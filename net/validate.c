@@ -319,6 +319,16 @@ static bool check_submit(vctx *v, const Specd__SubmitRequest *s) {
         if (!check_text(v, "submit.prompt", s->prompt, SD_MAX_PROMPT_BYTES)) return false;
     }
     if (!check_text(v, "submit.system", s->system, SD_MAX_PROMPT_BYTES)) return false;
+    if (s->n_continuation > 0) {
+        if (s->n_continuation + s->n_prompt_ids > (size_t)v->max_context)
+            return fail(v, SPECD__CODE__CODE_TOO_LARGE, "submit.continuation: %zu tokens over the context of %d",
+                        s->n_continuation, v->max_context);
+        if (s->max_tokens > 0 && s->n_continuation >= s->max_tokens)
+            return fail(v, SPECD__CODE__CODE_BAD_REQUEST,
+                        "submit.continuation: %zu tokens already reach max_tokens %u: nothing is left to generate",
+                        s->n_continuation, s->max_tokens);
+        if (!check_tokens(v, "submit.continuation", s->continuation, s->n_continuation)) return false;
+    }
     if (v->max_context < INT32_MAX && s->max_tokens > (uint32_t)v->max_context)
         return fail(v, SPECD__CODE__CODE_TOO_LARGE, "submit.max_tokens: %u over the context of %d", s->max_tokens,
                     v->max_context);

@@ -1701,6 +1701,221 @@ static void test_bad_submits(void **state) {
     harness_free(h);
 }
 
+/* A resubmission after a coordinator restart (SubmitRequest.continuation):
+ * the tokens already generated follow the prompt in the first step, count
+ * in n_generated and max_tokens, are not streamed again, and a stop string
+ * that began before the seam (held back then) still ends the request with
+ * none of it emitted. A continuation that already ends the request is
+ * refused. */
+static void submit_continuation(harness *h, const int32_t *prompt, size_t n, const int32_t *cont, size_t n_cont,
+                                uint32_t max_tokens, const char *stop) {
+    Specd__SubmitRequest sr = SPECD__SUBMIT_REQUEST__INIT;
+    sr.client_tag = 77;
+    sr.prompt_ids = (int32_t *)prompt;
+    sr.n_prompt_ids = n;
+    sr.continuation = (int32_t *)cont;
+    sr.n_continuation = n_cont;
+    sr.max_tokens = max_tokens;
+    char *stops[1] = {(char *)stop};
+    sr.stop = stops;
+    sr.n_stop = 1;
+    Specd__ClientToCoordinator e = SPECD__CLIENT_TO_COORDINATOR__INIT;
+    e.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT;
+    e.submit = &sr;
+    feed_client(h, "c", &e);
+}
+
+static void test_continuation_across_the_seam(void **state) {
+    (void)state;
+    NEED_MODEL();
+    harness *h = harness_new(NULL);
+    const sd_tok *t = h->c.tok;
+    int32_t a = tok1(t, "a"), x = tok1(t, "x"), y = tok1(t, "y"), z = tok1(t, "z");
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    int32_t prompt[1] = {a}, cont[2] = {a, x}; /* the client got "a"; "x" was held (it may start "xyz") */
+    submit_continuation(h, prompt, 1, cont, 2, 10, "xyz");
+    (void)expect_accepted(h, "c");
+    Specd__CoordinatorToWorker *vw = expect_verify(h, "v");
+    assert_int_equal(vw->verify->seqs[0]->keep_len, 0);
+    assert_int_equal(vw->verify->seqs[0]->n_append, 3); /* prompt + continuation */
+    vres r0 = {.n_commit = 1, .commit = {y}, .cached_len = 3};
+    reply_verify(h, "v", vw->verify, &r0);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    Specd__CoordinatorToClient *m = pop_client(h, "c");
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS);
+    assert_int_equal(m->tokens->n_tokens, 1);
+    assert_int_equal(m->tokens->tokens[0], y);
+    assert_int_equal(m->tokens->n_generated, 3); /* the continuation counts */
+    assert_int_equal(m->tokens->text.len, 0);    /* "xy" held */
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    vw = expect_verify(h, "v");
+    vres r1 = {.n_commit = 1, .commit = {z}, .cached_len = 4};
+    reply_verify(h, "v", vw->verify, &r1);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    for (m = pop_client(h, "c"); m && m->body_case == SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS;
+         m = pop_client(h, "c")) {
+        assert_int_equal(m->tokens->text.len, 0);
+        specd__coordinator_to_client__free_unpacked(m, NULL);
+    }
+    assert_non_null(m);
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_FINISHED);
+    assert_int_equal(m->finished->reason, SPECD__STOP_REASON__STOP_REASON_STOP_STRING);
+    assert_int_equal(m->finished->text_tail.len, 0);
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    drain(h);
+    /* a continuation that already holds the stop string, or max_tokens: refused */
+    int32_t done[3] = {x, y, z};
+    submit_continuation(h, prompt, 1, done, 3, 10, "xyz");
+    m = pop_client(h, "c");
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_ERROR);
+    assert_int_equal(m->error->code, SPECD__CODE__CODE_BAD_REQUEST);
+    assert_non_null(strstr(m->error->message, "continuation"));
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    submit_continuation(h, prompt, 1, cont, 2, 2, "xyz");
+    m = pop_client(h, "c");
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_ERROR);
+    assert_non_null(strstr(m->error->message, "continuation"));
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    harness_free(h);
+}
+
+/* ---------------------------------------------------------------- liveness */
+
+/* Moves the fake clock on by us in 250 ms steps, both workers heartbeating
+ * (alive, whatever their steps do), the coordinator ticking. */
+static void advance_alive(harness *h, uint64_t us) {
+    for (uint64_t t = 0; t < us; t += 250000) {
+        h->now += us - t < 250000 ? us - t : 250000;
+        heartbeat(h, "v");
+        heartbeat(h, "d");
+        sd_workers_tick(&h->c, h->now);
+        for (int i = h->next; i < h->n; i++) { /* our heartbeats to the workers: seen */
+            captured *c = &h->msgs[i];
+            if (!c->to_worker || c->taken) continue;
+            Specd__CoordinatorToWorker *e = specd__coordinator_to_worker__unpack(NULL, c->len, c->bytes);
+            c->taken = e && e->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_HEARTBEAT;
+            specd__coordinator_to_worker__free_unpacked(e, NULL);
+        }
+        harness_compact(h);
+    }
+}
+
+/* Answers the step waiting for "v", if any (no draft accepted, one token
+ * committed); returns 1 when there was one, adding its drafts to *drafts. */
+static int serve_verifies(harness *h, int32_t *tok, int *drafts) {
+    int n = 0;
+    for (Specd__CoordinatorToWorker *w; n == 0 && (w = pop_worker(h, "v"));) {
+        if (w->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY) {
+            vres r[16];
+            memset(r, 0, sizeof r);
+            for (size_t i = 0; i < w->verify->n_seqs && i < 16; i++) {
+                const Specd__VerifySeq *vs = w->verify->seqs[i];
+                r[i].n_commit = 1;
+                r[i].commit[0] = 50 + (*tok)++ % 200;
+                r[i].cached_len = vs->keep_len + (uint32_t)vs->n_append;
+                if (drafts) *drafts += (int)vs->n_draft;
+            }
+            reply_verify(h, "v", w->verify, r);
+            n++;
+        }
+        specd__coordinator_to_worker__free_unpacked(w, NULL);
+    }
+    harness_compact(h);
+    return n;
+}
+
+/* The next draft request to "d", serving the verifier meanwhile. */
+static Specd__CoordinatorToWorker *next_draft(harness *h, int32_t *tok) {
+    for (int round = 0; round < 20; round++) {
+        for (Specd__CoordinatorToWorker *w; (w = pop_worker(h, "d"));) {
+            if (w->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT) return w;
+            specd__coordinator_to_worker__free_unpacked(w, NULL);
+        }
+        serve_verifies(h, tok, NULL);
+    }
+    fail_msg("no draft request to the drafter");
+    return NULL;
+}
+
+/* A slow drafter that heartbeats (issue 17: a one-thread self-draft was
+ * declared dead 7 times in 35 s by the fixed 2 s draft timeout): its steps
+ * get a timeout from its measured times, a step over that costs the step
+ * and backs the drafter off (K = 0 meanwhile), never its registration, and
+ * drafts resume after the back-off with a doubled timeout. */
+static void test_slow_drafter_backs_off(void **state) {
+    (void)state;
+    NEED_MODEL();
+    sd_coord_params p = sd_coord_default_params();
+    p.adaptive_k = false;
+    p.default_k = 3;
+    const uint64_t floor_us = (uint64_t)p.draft_timeout_ms * 1000u;
+    harness *h = harness_new(&p);
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    register_ok(h, "d", SPECD__ROLE__ROLE_DRAFTER);
+    int32_t prompt[4] = {5, 6, 7, 8}, toks[3] = {1, 2, 3}, tok = 0;
+    submit(h, "c", prompt, 4, 200, NULL);
+    (void)expect_accepted(h, "c");
+    const int32_t di = h->c.drafter;
+    sd_coord_worker *d = &h->c.workers[di];
+
+    /* 1. a step of depth 3 answered after 1.5 s: 375 ms per depth unit,
+     * so its timeout is 4 x 375 ms x 4 = 6 s, over the 2 s floor */
+    Specd__CoordinatorToWorker *dw = next_draft(h, &tok);
+    advance_alive(h, 1500000);
+    serve_verifies(h, &tok, NULL);
+    reply_draft(h, "d", dw->draft, toks, 3);
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    assert_int_equal(d->times.n, 1);
+    assert_int_equal(d->times.p99_unit_us, 375000);
+    assert_int_equal(sd_step_times_timeout_us(&d->times, floor_us, 3), 6000000);
+
+    /* 2. a 3 s step, which the fixed 2 s timeout would have killed: in time */
+    dw = next_draft(h, &tok);
+    advance_alive(h, 3000000);
+    assert_true(d->alive && d->busy && !d->backed_off);
+    assert_int_equal(h->c.drafter, di);
+    reply_draft(h, "d", dw->draft, toks, 3);
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    assert_int_equal(d->times.n, 2);
+    assert_int_equal(d->times.misses, 0);
+
+    /* 3. a step over its measured timeout: dropped, the drafter backed off
+     * but registered */
+    dw = next_draft(h, &tok);
+    uint64_t timeout = sd_step_times_timeout_us(&d->times, floor_us, 3);
+    assert_true(timeout > floor_us);
+    advance_alive(h, timeout + 300000);
+    assert_true(d->alive);
+    assert_int_equal(h->c.drafter, di);
+    assert_true(d->backed_off && !d->busy);
+    assert_int_equal(d->times.misses, 1);
+    /* meanwhile K = 0: verify steps carry no drafts, no draft is asked */
+    int steps = 0, drafts = 0;
+    for (int i = 0; i < 4; i++) steps += serve_verifies(h, &tok, &drafts);
+    assert_true(steps >= 3);
+    assert_int_equal(drafts, 0);
+    for (Specd__CoordinatorToWorker *w; (w = pop_worker(h, "d"));) {
+        assert_int_not_equal(w->body_case, SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT);
+        specd__coordinator_to_worker__free_unpacked(w, NULL);
+    }
+    /* the late reply is measured, not applied */
+    reply_draft(h, "d", dw->draft, toks, 3);
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    assert_int_equal(d->times.n, 3);
+    assert_int_equal(d->times.late_step_id, 0);
+    assert_true(d->alive && d->backed_off);
+
+    /* 4. after the back-off drafts resume, with a doubled timeout */
+    advance_alive(h, SD_STEP_BACKOFF_BASE_US + 250000);
+    assert_false(d->backed_off);
+    dw = next_draft(h, &tok);
+    assert_true(sd_step_times_timeout_us(&d->times, floor_us, 3) >= 2 * timeout);
+    reply_draft(h, "d", dw->draft, toks, 3);
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    assert_int_equal(d->times.misses, 0); /* answered in time */
+    harness_free(h);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stop_string_across_tokens),
@@ -1727,6 +1942,8 @@ int main(void) {
         cmocka_unit_test(test_verifier_death_waits_and_resends),
         cmocka_unit_test(test_chunked_prefill_and_queue),
         cmocka_unit_test(test_bad_submits),
+        cmocka_unit_test(test_slow_drafter_backs_off),
+        cmocka_unit_test(test_continuation_across_the_seam),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -7,7 +7,7 @@
  * rejected roll back by themselves), feeds the rest of the context in one
  * forward call, then drafts autoregressively: processed distribution with
  * the caller's sampling (the same processing the target applies), top_n
- * sparsification, a draw with (seed, position, SD_RNG_DRAFT), feed the
+ * sparsification, a coupled draw (sd_spec_draft_coupled: the race of (seed, position)), feed the
  * token, repeat. The last draft token is never fed: if it is accepted the
  * next call feeds it with the target's correction.
  *
@@ -91,11 +91,10 @@ static sd_status model_propose(sd_drafter *d, int32_t slot, const int32_t *conte
         float *qp_i = qp + (size_t)i * md->top_n;
         int32_t n_q = 0;
         SD_TRY(sd_sample_probs(md->logits, md->n_vocab, s, md->probs));
-        SD_TRY(sd_spec_sparsify(md->probs, md->n_vocab, md->top_n, ids_i, qp_i, &n_q));
-        q[i] = (sd_spec_q){n_q, ids_i, qp_i};
         uint64_t position = (uint64_t)n_context + (uint64_t)i;
-        int32_t y = sd_spec_q_sample(&q[i], sd_rng_uniform(s->seed, position, SD_RNG_DRAFT));
-        if (y < 0) return SD_ERR_INTERNAL;
+        int32_t y;
+        SD_TRY(sd_spec_draft_coupled(md->probs, md->n_vocab, md->top_n, s->seed, position, ids_i, qp_i, &n_q, &y));
+        q[i] = (sd_spec_q){n_q, ids_i, qp_i};
         tokens[i] = y;
         *n_drafted = i + 1;
         if (i + 1 < k) SD_TRY(feed(md, slot, &tokens[i], 1, n_context + i));
@@ -194,11 +193,11 @@ static sd_status model_propose_batch(sd_drafter *d, int32_t n_seqs, const sd_dra
             const float *logits = md->b_logits + (size_t)md->b_row[i] * (size_t)md->n_vocab;
             int32_t n_q = 0;
             SD_TRY(sd_sample_probs(logits, md->n_vocab, &v->sampling, md->probs));
-            SD_TRY(sd_spec_sparsify(md->probs, md->n_vocab, md->top_n, ids, qp, &n_q));
-            r->q[step] = (sd_spec_q){n_q, ids, qp};
             uint64_t position = (uint64_t)n_ctx + (uint64_t)step;
-            int32_t y = sd_spec_q_sample(&r->q[step], sd_rng_uniform(v->sampling.seed, position, SD_RNG_DRAFT));
-            if (y < 0) return SD_ERR_INTERNAL;
+            int32_t y;
+            SD_TRY(sd_spec_draft_coupled(md->probs, md->n_vocab, md->top_n, v->sampling.seed, position, ids, qp, &n_q,
+                                         &y));
+            r->q[step] = (sd_spec_q){n_q, ids, qp};
             r->tokens[step] = y;
             r->n_drafted = step + 1;
             md->b_row[i] = -1;

@@ -250,8 +250,8 @@ static sd_status verify_one(const sd_verify_seq *v, const float *logits, int32_t
     } else {
         for (int32_t i = 0; i <= v->k; i++)
             SD_TRY(sd_sample_probs(logits + (size_t)i * V, n_vocab, &v->sampling, s->p + (size_t)i * V));
-        SD_TRY(sd_spec_verify(s->p, n_vocab, v->draft, v->q, v->k, v->sampling.seed, (uint64_t)r->n_ctx, s->dscratch,
-                              r->tokens, &acc, &r->info));
+        SD_TRY(sd_spec_verify(s->p, n_vocab, v->draft, v->q, v->k, v->sampling.seed, (uint64_t)r->n_ctx, r->tokens,
+                              &acc, &r->info));
     }
     r->n_accepted = acc;
     r->n_tokens = acc + 1;

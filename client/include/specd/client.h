@@ -12,11 +12,16 @@
  * (those wait for the I/O thread); sd_client_cancel is allowed.
  *
  * Liveness: while anything is in flight the I/O thread sends a Heartbeat
- * every heartbeat_interval_ms when it sent nothing else, and fails every
- * pending request (SD_ERR_NET, "coordinator ... silent") when the
- * coordinator has been silent for heartbeat_liveness intervals. Before the
- * coordinator has answered anything, connect_timeout_ms applies instead
- * (it may simply not be up yet). */
+ * every heartbeat_interval_ms when it sent nothing else. When the
+ * coordinator has been silent for heartbeat_liveness intervals it is taken
+ * for dead (or restarting): the client reconnects and resubmits every
+ * request in flight as a continuation of the tokens it received (same
+ * prompt, parameters and seed), so the caller sees one uninterrupted
+ * stream with the same output; a request fails (SD_ERR_NET, "coordinator
+ * ... unreachable") only when no coordinator answers within
+ * reconnect_timeout_ms (0: fail at once, "coordinator ... silent"). Before
+ * the coordinator has answered anything, connect_timeout_ms applies
+ * instead (it may simply not be up yet). */
 #ifndef SPECD_CLIENT_H
 #define SPECD_CLIENT_H
 
@@ -36,6 +41,8 @@ typedef struct sd_client_params {
     int connect_timeout_ms;    /* first answer from the coordinator (default 10000) */
     int heartbeat_interval_ms; /* default SD_HEARTBEAT_INTERVAL_MS */
     int heartbeat_liveness;    /* silent intervals before the coordinator is dead (default SD_HEARTBEAT_LIVENESS) */
+    int reconnect_timeout_ms;  /* after that: wait this long for a coordinator to take the resubmitted requests
+                                  (default 60000; 0 = fail them at once) */
     const char *name;          /* sent in Hello, for the coordinator's logs (default "specd-client") */
     /* CurveZMQ (Z85 text, 40 chars): the coordinator's public key and this
      * client's own pair, whose public key must be on the coordinator's

@@ -140,7 +140,7 @@ typedef struct sd_draft_seq {
     int32_t n_append;      /* >= 1 committed tokens the drafter has not seen */
     const int32_t *append; /* [n_append] at positions keep_len.. */
     int32_t k;             /* tokens wanted, 0..SD_MAX_K */
-    sd_sampling sampling;  /* the request's sampling incl. seed (draws use SD_RNG_DRAFT) */
+    sd_sampling sampling;  /* the request's sampling incl. seed (coupled draws: spec.h) */
 } sd_draft_seq;
 
 typedef struct sd_draft_result {

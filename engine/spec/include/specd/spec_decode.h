@@ -4,9 +4,9 @@
  * A step drafts up to k tokens, runs the target once over the context's
  * uncached tail plus the drafts (one ragged batch, logits for the last
  * context row and every draft row), verifies (greedy at temperature 0,
- * exact rejection sampling otherwise) and rolls the target's KV cache back
- * past the rejected drafts. With no drafter, or k = 0, a step is exactly one
- * plain decoding step (the same SD_RNG_SAMPLE draw at the same position).
+ * the coupled rule of spec.h otherwise) and rolls the target's KV cache
+ * back past the rejected drafts. Whatever the drafter and k, every token is
+ * the one plain decoding draws at its position (the same race, same key).
  * The decoder keeps a copy of the tokens its target cache holds and reuses
  * their longest common prefix with the context it is given, so callers just
  * pass the committed context every time. Not thread-safe. */
