@@ -225,6 +225,17 @@ static float fit_sym(const float *x, int n, int nmax) {
     return best_s;
 }
 
+/* Squared error of n values rounded to ds * L - dm, L in 0..nmax. */
+static float asym_error(const float *x, int n, int nmax, float ds, float dm) {
+    float err = 0;
+    for (int i = 0; i < n; i++) {
+        const int L = ds > 0.0f ? round_clamp((x[i] + dm) / ds, 0, nmax) : 0;
+        const float r = ds * (float)L - dm - x[i];
+        err += r * r;
+    }
+    return err;
+}
+
 static void quant_q45_k(bool five, const float *x, uint8_t *b) {
     const int nmax = five ? 31 : 15;
     float scale[8], min[8], max_scale = 0.0f, max_min = 0.0f;
@@ -237,8 +248,23 @@ static void quant_q45_k(bool five, const float *x, uint8_t *b) {
     const float d = sd_quant_f16_to_f32(dh), dmin = sd_quant_f16_to_f32(mh);
     int sc[8], m[8];
     for (int s = 0; s < 8; s++) {
-        sc[s] = d > 0.0f ? round_clamp(scale[s] / d, 0, 63) : 0;
-        m[s] = dmin > 0.0f ? round_clamp(min[s] / dmin, 0, 63) : 0;
+        /* the 6-bit pair nearest the fit, or a neighbour of it where that
+         * rounds this sub-block's values better (small sub-blocks lose the
+         * most to the integer scales) */
+        const int sc0 = d > 0.0f ? round_clamp(scale[s] / d, 0, 63) : 0;
+        const int m0 = dmin > 0.0f ? round_clamp(min[s] / dmin, 0, 63) : 0;
+        float best = INFINITY;
+        for (int i = -1; i <= 1; i++)
+            for (int j = -1; j <= 1; j++) {
+                const int a = sc0 + i, c = m0 + j;
+                if (a < 0 || a > 63 || c < 0 || c > 63) continue;
+                const float e = asym_error(x + 32 * s, 32, nmax, d * (float)a, dmin * (float)c);
+                if (e < best) {
+                    best = e;
+                    sc[s] = a;
+                    m[s] = c;
+                }
+            }
     }
     store_u16(b, dh);
     store_u16(b + 2, mh);
@@ -258,6 +284,16 @@ static void quant_q45_k(bool five, const float *x, uint8_t *b) {
         }
 }
 
+/* Squared error of n values rounded to ds * (q - 32), q in 0..63. */
+static float sym_error(const float *x, int n, float ds) {
+    float err = 0;
+    for (int i = 0; i < n; i++) {
+        const float r = ds * (float)(ds != 0.0f ? round_clamp(x[i] / ds, -32, 31) : 0) - x[i];
+        err += r * r;
+    }
+    return err;
+}
+
 static void quant_q6_k(const float *x, uint8_t *b) {
     float scale[16], max_abs = 0.0f;
     for (int s = 0; s < 16; s++) {
@@ -269,7 +305,18 @@ static void quant_q6_k(const float *x, uint8_t *b) {
     int8_t *scales = (int8_t *)(b + 192);
     int q[QK_K];
     for (int s = 0; s < 16; s++) {
-        const int sc = d > 0.0f ? round_clamp(scale[s] / d, -127, 127) : 0;
+        /* the int8 scale nearest the fit, or a neighbour that rounds better */
+        const int sc0 = d > 0.0f ? round_clamp(scale[s] / d, -127, 127) : 0;
+        int sc = sc0;
+        float best = INFINITY;
+        for (int i = -1; i <= 1; i++) {
+            if (sc0 + i < -127 || sc0 + i > 127) continue;
+            const float e = sym_error(x + 16 * s, 16, d * (float)(sc0 + i));
+            if (e < best) {
+                best = e;
+                sc = sc0 + i;
+            }
+        }
         scales[s] = (int8_t)sc;
         const float ds = d * (float)sc;
         for (int i = 0; i < 16; i++) q[16 * s + i] = (ds != 0.0f ? round_clamp(x[16 * s + i] / ds, -32, 31) : 0) + 32;
