@@ -18,8 +18,16 @@
  * in two chains, changing the result with the path; the integer half is the
  * part VNNI speeds up. F16 / BF16 use one AVX2 tile on both SIMD paths.
  *
- * Block data is unaligned (18- and 20-byte blocks): every load is unaligned
- * and scalar loads go through memcpy. */
+ * K-quants (Q4_K, Q5_K, Q6_K) reuse the activation blocks of 32: each is
+ * one 32-element sub-block of a 256-element super-block, so only the weight
+ * side differs (kdot_c here, ktile in qmatmul_simd.inc). Rejected: a
+ * Q8_K-style activation block of 256 with per-16 sums, which would be a
+ * second activation format with its own rounding for the same dots. Q6_K's
+ * -32 is taken off the exact integer dot (32 x the lane's sum of q, one
+ * per token and block), so its stored 6 bits are the unsigned operand.
+ *
+ * Block data is unaligned (18-, 20-, 144-, 176- and 210-byte blocks): every
+ * load is unaligned and scalar loads go through memcpy. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -93,7 +101,8 @@ static inline size_t kblock_bytes(int kind) { return kind == KIND_Q4_K ? 144 : k
 
 /* The float scales of one K-quant super-block, in the arithmetic every path
  * shares: Q4_K / Q5_K: dsc[s] = d * sc_s and mneg[s] = -(dmin * m_s) for the
- * 8 sub-blocks of 32; Q6_K: dsc[i] = d * scales[i] for the 16 of 16. */
+ * 8 sub-blocks of 32; Q6_K: dsc[i] = d * scales[i] for the 16 of 16. The C
+ * twin's; the SIMD tiles form the same products 8 at a time (kscales_v). */
 static inline __attribute__((always_inline)) void kscales(int kind, const uint8_t *blk, float dsc[16], float mneg[8]) {
     if (kind == KIND_Q6_K) {
         const float d = half_to_float(load_u16(blk + 208));
