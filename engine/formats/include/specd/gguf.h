@@ -125,7 +125,8 @@ sd_status sd_dequantize(sd_dtype t, const void *data, uint64_t n_elems, float *o
 
 /* Quantizes n_elems f32 values into out, encoded as type t (the inverse of
  * sd_dequantize; out holds n_elems / block_elems * block_bytes bytes). Rounds
- * to nearest like ggml's reference quantizers; n_elems must be a multiple of
+ * to nearest like ggml's reference quantizers (the K-quants: least-squares
+ * scales of this project's own, quant_k.c); n_elems must be a multiple of
  * the type's block size. For tools and tests that write models. Thread-safe. */
 sd_status sd_quantize(sd_dtype t, const float *in, uint64_t n_elems, void *out);
 
