@@ -71,6 +71,22 @@ sd_status sd_weights_copy_rows(sd_dtype t, const void *data, int64_t ne0, int64_
     return SD_OK;
 }
 
+/* A K-quant super-block whose f16 scale (d or dmin) is NaN or infinite
+ * poisons its 256 weights: named as its own corruption before any value is
+ * read. row is the tensor row the blocks at data belong to. */
+static sd_status check_scales(const char *name, sd_dtype t, const void *data, int64_t row, int64_t col0,
+                              int64_t n_cols) {
+    size_t be, bb;
+    if (!sd_dtype_is_k(t) || !sd_dtype_block(t, &be, &bb)) return SD_OK;
+    int64_t bad = sd_dtype_first_bad_scale(t, data, (uint64_t)(n_cols / (int64_t)be));
+    if (bad < 0) return SD_OK;
+    SD_ERROR("weights: %s: the %s super-block at row %lld, columns [%lld, %lld) has a NaN or infinite scale (d or "
+             "dmin): the file is corrupt",
+             name, sd_dtype_name(t), (long long)row, (long long)(col0 + bad * (int64_t)be),
+             (long long)(col0 + (bad + 1) * (int64_t)be));
+    return SD_ERR_FORMAT;
+}
+
 static sd_status gguf_read_stored(void *ctx, const char *name, int64_t row0, int64_t n_rows, int64_t col0,
                                   int64_t n_cols, void *dst) {
     const sd_gguf_tensor *t = sd_gguf_find_tensor(((gguf_source *)ctx)->g, name);
@@ -80,6 +96,14 @@ static sd_status gguf_read_stored(void *ctx, const char *name, int64_t row0, int
 static sd_status gguf_read(void *ctx, const char *name, int64_t row0, int64_t n_rows, int64_t col0, int64_t n_cols,
                            float *dst) {
     const sd_gguf_tensor *t = sd_gguf_find_tensor(((gguf_source *)ctx)->g, name);
+    if (sd_dtype_is_k(t->type)) {
+        size_t be, bb;
+        sd_dtype_block(t->type, &be, &bb);
+        const size_t row_bytes = (size_t)t->ne[0] / be * bb, skip = (size_t)(col0 / (int64_t)be) * bb;
+        for (int64_t r = 0; r < n_rows; r++)
+            SD_TRY(check_scales(name, t->type, (const unsigned char *)t->data + (size_t)(row0 + r) * row_bytes + skip,
+                                row0 + r, col0, n_cols));
+    }
     return sd_weights_read_rows(t->type, t->data, (int64_t)t->ne[0], row0, n_rows, col0, n_cols, dst);
 }
 
@@ -229,7 +253,9 @@ static sd_status scan_stored(const char *name, sd_dtype type, const void *rows, 
     if (!row) return SD_ERR_NOMEM;
     sd_status s = SD_OK;
     for (int64_t r = 0; r < n_rows && s == SD_OK; r++) {
-        s = sd_dequantize(type, (const unsigned char *)rows + (size_t)r * row_bytes, (uint64_t)n_cols, row);
+        const unsigned char *at = (const unsigned char *)rows + (size_t)r * row_bytes;
+        s = check_scales(name, type, at, row0 + r, col0, n_cols);
+        if (s == SD_OK) s = sd_dequantize(type, at, (uint64_t)n_cols, row);
         if (s == SD_OK) s = check_finite(name, row0 + r, col0, n_cols, row, (size_t)n_cols);
     }
     free(row);
