@@ -241,6 +241,14 @@ static void copy_stats(const Specd__ServiceStats *s, sd_client_service_stats *o)
         snprintf(d->name, sizeof d->name, "%s", w->name);
         d->drafter_kind = w->drafter_kind;
         d->alive = w->alive;
+        d->group_id = w->group_id;
+        d->group_size = w->group_size;
+        d->active_requests = w->active_requests;
+        d->served_requests = w->served_requests;
+        d->drafted = w->drafted;
+        d->accepted = w->accepted;
+        d->committed = w->committed;
+        d->step_us = w->step_us;
         if (w->stats) {
             d->kv_blocks_total = w->stats->kv_blocks_total;
             d->kv_blocks_free = w->stats->kv_blocks_free;

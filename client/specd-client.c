@@ -492,6 +492,14 @@ static int run_stats(sd_client *c, const options *o) {
             cJSON_AddNumberToObject(x, "kv_blocks_free", w->kv_blocks_free);
             cJSON_AddNumberToObject(x, "n_sequences", w->n_sequences);
             cJSON_AddNumberToObject(x, "steps", (double)w->steps);
+            cJSON_AddNumberToObject(x, "group_id", w->group_id);
+            cJSON_AddNumberToObject(x, "group_size", w->group_size);
+            cJSON_AddNumberToObject(x, "active_requests", w->active_requests);
+            cJSON_AddNumberToObject(x, "served_requests", (double)w->served_requests);
+            cJSON_AddNumberToObject(x, "drafted", (double)w->drafted);
+            cJSON_AddNumberToObject(x, "accepted", (double)w->accepted);
+            cJSON_AddNumberToObject(x, "committed", (double)w->committed);
+            cJSON_AddNumberToObject(x, "step_us", w->step_us);
             cJSON_AddItemToArray(ws, x);
         }
         char *txt = cJSON_PrintUnformatted(j);
@@ -513,6 +521,16 @@ static int run_stats(sd_client *c, const options *o) {
         printf("  %s[%u] %s%s%s %s: KV blocks %u free of %u, %u sequences, %llu steps\n", role_name(w->role), w->rank,
                w->name, w->drafter_kind ? " " : "", kind_name(w->drafter_kind), w->alive ? "alive" : "DEAD",
                w->kv_blocks_free, w->kv_blocks_total, w->n_sequences, (unsigned long long)w->steps);
+        if (w->role == SPECD__ROLE__ROLE_VERIFIER)
+            printf("    group %u (TP %u): %u requests now, %llu served, %llu tokens committed, %llu/%llu drafts "
+                   "accepted, step(64) %.0f us\n",
+                   w->group_id, w->group_size, w->active_requests, (unsigned long long)w->served_requests,
+                   (unsigned long long)w->committed, (unsigned long long)w->accepted, (unsigned long long)w->drafted,
+                   w->step_us);
+        else
+            printf("    %u requests now, %llu served, %llu/%llu drafts accepted, round trip %.0f us\n",
+                   w->active_requests, (unsigned long long)w->served_requests, (unsigned long long)w->accepted,
+                   (unsigned long long)w->drafted, w->step_us);
     }
     return 0;
 }
