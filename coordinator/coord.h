@@ -26,6 +26,7 @@
 #define SD_COORD_MAX_WORKERS     32
 #define SD_COORD_MAX_CLIENTS     1024
 #define SD_COORD_OVERHEAD_WINDOW 1024
+#define SD_DRAFTER_KINDS         4 /* Specd__DrafterKind values, UNSPECIFIED included */
 
 /* Where the logic sends messages. The envelope is valid only during the call. */
 typedef struct sd_coord_io {
@@ -102,6 +103,17 @@ typedef struct sd_session {
     int32_t group;
     int32_t drafter;
     Specd__DrafterKind pin_kind; /* only drafters of this kind (UNSPECIFIED: any) */
+    /* drafter kind choice (choice.c): the kind it should be drafted by now
+     * (UNSPECIFIED: any), and each kind's record on this request */
+    Specd__DrafterKind want_kind;
+    bool kind_chosen; /* false while kinds are being tried */
+    int32_t steps_since_choice;
+    double chosen_tokens; /* the chosen kind's tokens per step when chosen */
+    struct sd_kind_record {
+        double tokens; /* EMA of tokens committed per verify step while drafted by this kind */
+        double k;      /* EMA of drafts per verify step */
+        int32_t steps; /* verify steps observed since the kind was last (re)tried */
+    } kinds[SD_DRAFTER_KINDS];
     /* scheduling: beliefs about the workers' caches */
     int32_t v_cached;      /* tokens its verifier group holds */
     int32_t d_cached;      /* tokens its drafter holds */
@@ -357,7 +369,7 @@ void sd_sched_draft_wait(const sd_coord *c, double *mean, double *p99, double *h
 /* Places every active request that has no live group on the group where
  * it waits least, and gives every one without a live drafter the least
  * loaded drafter (of its pinned kind). Call before dispatching. */
-void sd_place_pending(sd_coord *c);
+void sd_place_pending(sd_coord *c, uint64_t now_us);
 /* Drafter d (just registered) takes its share of the running requests:
  * they move to it between draft steps (Release sent to the old drafter). */
 void sd_place_share_drafter(sd_coord *c, int32_t d, uint64_t now_us);
@@ -365,6 +377,15 @@ void sd_place_share_drafter(sd_coord *c, int32_t d, uint64_t now_us);
 int32_t sd_place_count(const sd_coord *c, Specd__Role role);
 /* Active requests placed on worker g (a group or a drafter). */
 int32_t sd_place_group_load(const sd_coord *c, int32_t g);
+
+/* choice.c: which drafter kind drafts each request, by measured goodput */
+/* After a verify step of s drafted by its current drafter (n_draft drafts,
+ * n_commit tokens committed): updates that kind's record on s and decides
+ * the kind s should use next (s->want_kind; placement moves it). */
+void sd_choice_observe(sd_coord *c, sd_session *s, int32_t n_draft, int32_t n_commit);
+/* The net goodput of kind k on s: tokens per verify step, discounted by the
+ * drafting time it adds to the step (0 when never observed). */
+double sd_choice_goodput(const sd_coord *c, const sd_session *s, Specd__DrafterKind k);
 
 /* workers.c */
 void sd_workers_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, const uint8_t *body, size_t len,

@@ -98,25 +98,47 @@ static bool drafter_fits(const sd_coord_worker *w, const sd_session *s) {
            (s->pin_kind == SPECD__DRAFTER_KIND__DRAFTER_KIND_UNSPECIFIED || s->pin_kind == w->drafter_kind);
 }
 
+/* The kind s should be drafted by (choice.c) when a drafter of it is alive. */
+static bool wanted_kind_live(const sd_coord *c, const sd_session *s) {
+    if (s->want_kind == SPECD__DRAFTER_KIND__DRAFTER_KIND_UNSPECIFIED) return false;
+    for (int32_t d = 0; d < SD_COORD_MAX_WORKERS; d++)
+        if (drafter_fits(&c->workers[d], s) && c->workers[d].drafter_kind == s->want_kind) return true;
+    return false;
+}
+
 static int32_t best_drafter(const sd_coord *c, const load *l, const sd_session *s) {
     int32_t best = -1;
     double best_score = DBL_MAX;
+    bool by_kind = wanted_kind_live(c, s);
     for (int32_t d = 0; d < SD_COORD_MAX_WORKERS; d++) {
         const sd_coord_worker *w = &c->workers[d];
-        if (!drafter_fits(w, s)) continue;
+        if (!drafter_fits(w, s) || (by_kind && w->drafter_kind != s->want_kind)) continue;
         double sc = (l->n[d] + 1) * drafter_unit_us(w);
         if (sc < best_score) best = d, best_score = sc;
     }
     return best;
 }
 
-void sd_place_pending(sd_coord *c) {
+static void move_drafter(sd_coord *c, sd_session *s, int32_t to, uint64_t now_us);
+
+void sd_place_pending(sd_coord *c, uint64_t now_us) {
     load l;
     bool tallied = false;
     for (int32_t i = 0; i < c->n_sessions; i++) {
         sd_session *s = c->sessions[i];
         if (s->state != SD_SESSION_ACTIVE) continue;
         bool need_group = !sd_coord_group_ok(c, s), need_drafter = !sd_coord_drafter_ok(c, s);
+        if (!need_drafter && !s->in_draft && wanted_kind_live(c, s) &&
+            c->workers[s->drafter].drafter_kind != s->want_kind) {
+            /* its kind was chosen (choice.c): move it between draft steps */
+            if (!tallied) tally(c, &l), tallied = true;
+            int32_t d = best_drafter(c, &l, s);
+            if (d >= 0) {
+                l.n[s->drafter]--;
+                l.n[d]++;
+                move_drafter(c, s, d, now_us);
+            }
+        }
         if (!need_group && !need_drafter) continue;
         if (!tallied) tally(c, &l), tallied = true;
         if (need_group) {

@@ -398,7 +398,7 @@ void sd_sched_pump(sd_coord *c, uint64_t now_us) {
         }
     }
     admit(c);
-    sd_place_pending(c);
+    sd_place_pending(c, now_us);
     if (c->drafting_dirty) sd_k_update_gate(c);
     for (int32_t g = 0; g < SD_COORD_MAX_WORKERS; g++) dispatch_verify(c, g, now_us);
     for (int32_t d = 0; d < SD_COORD_MAX_WORKERS; d++) dispatch_draft(c, d, now_us);
@@ -724,6 +724,7 @@ void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r,
             }
             s->draft_base = -1;
             s->n_draft = 0;
+            sd_choice_observe(c, s, w->step_k[i], (int32_t)vr->n_commit);
             sd_k_shadow_settle(c, s, vr->commit, (int32_t)vr->n_commit);
             commit_step(c, s, vr->commit, (int32_t)vr->n_commit, now_us);
             break;

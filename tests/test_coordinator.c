@@ -1978,6 +1978,86 @@ static void test_drafters_share_failover_pin(void **state) {
     harness_free(h);
 }
 
+/* Drafter choice: two requests, two drafter kinds; the n-gram drafter's
+ * drafts are accepted on the first request only ("repeat this text"), the
+ * model drafter's on the second only (open chat). After trying both, each
+ * request keeps the kind that commits more tokens per step for it, and is
+ * drafted by it; a request whose text changes character (the model's
+ * drafts stop being accepted on the second) tries the kinds again and
+ * moves. */
+static void test_drafter_choice_by_goodput(void **state) {
+    (void)state;
+    NEED_MODEL();
+    sd_coord_params p = sd_coord_default_params();
+    p.adaptive_k = false;
+    p.k_default = 3;
+    harness *h = harness_new(&p);
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    register_ok(h, "dn", SPECD__ROLE__ROLE_DRAFTER); /* NGRAM */
+    h->kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
+    register_ok(h, "dm", SPECD__ROLE__ROLE_DRAFTER);
+    int32_t dn = widx(h, "dn"), dm = widx(h, "dm");
+    int32_t prompt[3] = {5, 6, 7};
+    submit(h, "c", prompt, 3, 250, NULL);
+    uint64_t copy = expect_accepted(h, "c");
+    submit(h, "c", prompt, 3, 250, NULL);
+    uint64_t chat = expect_accepted(h, "c");
+    bool chat_changes = false;
+    const char *who[3] = {"v", "dn", "dm"};
+    int32_t toks[8] = {9, 9, 9, 9, 9, 9, 9, 9};
+    Specd__DrafterKind chat_last = 0;
+    for (int round = 0; round < 400; round++) {
+        if (round == 40) chat_changes = true;
+        harness_compact(h);
+        bool any = false;
+        for (int k = 0; k < 3; k++) {
+            Specd__CoordinatorToWorker *w = pop_worker(h, who[k]);
+            if (!w) continue;
+            any = true;
+            if (w->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT) {
+                reply_draft(h, who[k], w->draft, toks, 8);
+            } else if (w->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY) {
+                vres r[16];
+                memset(r, 0, sizeof r);
+                for (size_t i = 0; i < w->verify->n_seqs; i++) {
+                    const Specd__VerifySeq *q = w->verify->seqs[i];
+                    sd_session *s = sd_sched_find(&h->c, q->request_id);
+                    bool by_ngram = s && s->drafter == dn, by_model = s && s->drafter == dm;
+                    bool good = q->request_id == copy ? by_ngram : (chat_changes ? by_ngram : by_model);
+                    uint32_t acc = good && !w->verify->prefill_only ? (uint32_t)q->n_draft : 0;
+                    for (uint32_t j = 0; j < acc; j++) r[i].commit[j] = 9;
+                    r[i].n_accepted = acc;
+                    r[i].commit[acc] = 10;
+                    r[i].n_commit = w->verify->prefill_only ? 0 : acc + 1;
+                    r[i].cached_len = q->keep_len + (uint32_t)q->n_append + acc;
+                }
+                reply_verify(h, "v", w->verify, r);
+            }
+            specd__coordinator_to_worker__free_unpacked(w, NULL);
+        }
+        if (!any) break;
+        const sd_session *cs = sd_sched_find(&h->c, chat);
+        if (cs && cs->kind_chosen) chat_last = cs->want_kind;
+        if (round == 39) {
+            sd_session *a = sd_sched_find(&h->c, copy), *b = sd_sched_find(&h->c, chat);
+            assert_non_null(a);
+            assert_non_null(b);
+            print_message("copy request: %s, chat request: %s\n",
+                          a->want_kind == SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM ? "ngram" : "model",
+                          b->want_kind == SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM ? "ngram" : "model");
+            assert_true(a->kind_chosen && b->kind_chosen);
+            assert_int_equal(a->want_kind, SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM);
+            assert_int_equal(b->want_kind, SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL);
+            assert_int_equal(a->drafter, dn);
+            assert_int_equal(b->drafter, dm);
+            assert_true(sd_choice_goodput(&h->c, a, SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM) >
+                        sd_choice_goodput(&h->c, a, SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL));
+        }
+    }
+    assert_int_equal(chat_last, SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM); /* it switched */
+    harness_free(h);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stop_string_across_tokens),
@@ -2007,6 +2087,7 @@ int main(void) {
         cmocka_unit_test(test_placement_load_affinity_failover),
         cmocka_unit_test(test_drained_group_hands_over),
         cmocka_unit_test(test_drafters_share_failover_pin),
+        cmocka_unit_test(test_drafter_choice_by_goodput),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
