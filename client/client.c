@@ -666,6 +666,7 @@ sd_status sd_client_submit(sd_client *c, const sd_client_request *rq, sd_client_
     sub.n_stop = rq->stop ? rq->n_stop : 0;
     sub.ignore_eos = rq->ignore_eos;
     sub.max_draft = rq->max_draft;
+    sub.drafter_kind = rq->drafter_kind;
     Specd__ClientToCoordinator env = SPECD__CLIENT_TO_COORDINATOR__INIT;
     env.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT;
     env.submit = &sub;

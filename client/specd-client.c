@@ -57,6 +57,8 @@ static void usage(FILE *f) {
             "  --system S          system prompt (with --chat)\n"
             "  --stop S            stop string (repeatable, up to %d)\n"
             "  --max-draft K       largest draft length (-1: no speculation)\n"
+            "  --drafter KIND      only drafters of this kind draft for the request: ngram, model or self\n"
+            "                      (default: the coordinator chooses per request by measured goodput)\n"
             "  --ignore-eos        generate past end-of-generation tokens\n"
             "  --json              print one JSON object at the end\n"
             "  --timeout SEC       give up when the coordinator does not answer (default 10)\n"
@@ -568,6 +570,7 @@ enum {
     OPT_SYSTEM,
     OPT_STOP,
     OPT_MAX_DRAFT,
+    OPT_DRAFTER,
     OPT_IGNORE_EOS,
     OPT_JSON,
     OPT_TIMEOUT,
@@ -591,6 +594,7 @@ static int parse_args(int argc, char **argv, options *o) {
                                           {"system", required_argument, NULL, OPT_SYSTEM},
                                           {"stop", required_argument, NULL, OPT_STOP},
                                           {"max-draft", required_argument, NULL, OPT_MAX_DRAFT},
+                                          {"drafter", required_argument, NULL, OPT_DRAFTER},
                                           {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
                                           {"json", no_argument, NULL, OPT_JSON},
                                           {"timeout", required_argument, NULL, OPT_TIMEOUT},
@@ -640,6 +644,18 @@ static int parse_args(int argc, char **argv, options *o) {
         case OPT_MAX_DRAFT:
             if (!parse_num("--max-draft", optarg, -1, SD_MAX_DRAFT, &v)) return 2;
             o->req.max_draft = (int32_t)v;
+            break;
+        case OPT_DRAFTER:
+            if (!strcmp(optarg, "ngram"))
+                o->req.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM;
+            else if (!strcmp(optarg, "model"))
+                o->req.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
+            else if (!strcmp(optarg, "self"))
+                o->req.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_SELF;
+            else {
+                fprintf(stderr, "specd-client: --drafter takes ngram, model or self, got '%s'\n", optarg);
+                return 2;
+            }
             break;
         case OPT_IGNORE_EOS: o->req.ignore_eos = true; break;
         case OPT_JSON: o->json = true; break;

@@ -1,7 +1,9 @@
 /* specd-launch — the single-node launcher: starts specd-coordinator, the
- * verifier rank(s) and a drafter as child processes, waits until they have
- * all registered with the coordinator, prints "ready ADDR" and then
- * supervises them until SIGINT/SIGTERM.
+ * verifier group(s) (--groups G of --tp N ranks each) and the drafter(s)
+ * (every --draft/--ngram/--draft-layers given, or --drafters) as child
+ * processes, waits until they have all registered with the coordinator,
+ * prints "ready ADDR" and then supervises them until SIGINT/SIGTERM. Each
+ * group goes down and restarts on its own; the others keep serving.
  *
  * Why this shape:
  * - Every child runs in its own process group, so a Ctrl-C on the terminal

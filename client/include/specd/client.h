@@ -57,7 +57,8 @@ typedef struct sd_client_request {
     const char *const *stop; /* stop strings */
     size_t n_stop;
     bool ignore_eos;
-    int32_t max_draft; /* 0 = default, -1 = no speculation */
+    int32_t max_draft;               /* 0 = default, -1 = no speculation */
+    Specd__DrafterKind drafter_kind; /* only drafters of this kind; UNSPECIFIED = the coordinator chooses */
 } sd_client_request;
 
 /* Greedy, no stop strings, coordinator defaults for the rest. */
