@@ -106,7 +106,8 @@ typedef struct sd_session {
     /* drafter kind choice (choice.c): the kind it should be drafted by now
      * (UNSPECIFIED: any), and each kind's record on this request */
     Specd__DrafterKind want_kind;
-    bool kind_chosen; /* false while kinds are being tried */
+    bool kind_chosen;       /* false while kinds are being tried */
+    uint32_t kind_switches; /* moves to a drafter of another kind */
     int32_t steps_since_choice;
     double chosen_tokens; /* the chosen kind's tokens per step when chosen */
     struct sd_kind_record {

@@ -134,6 +134,7 @@ void sd_place_pending(sd_coord *c, uint64_t now_us) {
             if (!tallied) tally(c, &l), tallied = true;
             int32_t d = best_drafter(c, &l, s);
             if (d >= 0) {
+                s->kind_switches++;
                 l.n[s->drafter]--;
                 l.n[d]++;
                 move_drafter(c, s, d, now_us);

@@ -326,6 +326,9 @@ static void dispatch_verify(sd_coord *c, int32_t g, uint64_t now_us) {
         send_verify(c, g, false, now_us);
     } else {
         v->hold_since_us = 0; /* nothing left to hold for */
+        /* an idle group (its requests all done, others still running) is
+         * not coordinator overhead until its next request arrives */
+        if (sd_place_group_load(c, g) == 0) v->verify_reply_us = 0;
     }
 }
 
@@ -408,7 +411,7 @@ void sd_sched_pump(sd_coord *c, uint64_t now_us) {
 
 /* ---------------------------------------------------------------- finishing */
 
-static void fill_stats(const sd_session *s, Specd__RequestStats *st, uint64_t now_us) {
+static void fill_stats(const sd_coord *c, const sd_session *s, Specd__RequestStats *st, uint64_t now_us) {
     specd__request_stats__init(st);
     st->prompt_tokens = (uint32_t)s->n_prompt;
     st->generated_tokens = (uint32_t)sd_session_generated(s);
@@ -421,6 +424,10 @@ static void fill_stats(const sd_session *s, Specd__RequestStats *st, uint64_t no
     st->verifying_ms = (double)s->verifying_us / 1000.0;
     st->first_token_ms = s->t_first_token_us ? (double)(s->t_first_token_us - s->t_submit_us) / 1000.0 : 0.0;
     st->total_ms = (double)(now_us - s->t_submit_us) / 1000.0;
+    st->drafter_kind = s->want_kind;
+    if (!st->drafter_kind && s->drafter >= 0 && c->workers[s->drafter].used)
+        st->drafter_kind = c->workers[s->drafter].drafter_kind;
+    st->drafter_switches = s->kind_switches;
 }
 
 static void release(sd_coord *c, sd_session *s, uint64_t now_us) {
@@ -452,7 +459,7 @@ void sd_sched_finish(sd_coord *c, sd_session *s, Specd__StopReason reason, const
                      uint64_t now_us) {
     if (s->state == SD_SESSION_FINISHED) return;
     Specd__RequestStats st;
-    fill_stats(s, &st, now_us);
+    fill_stats(c, s, &st, now_us);
     Specd__Finished fin = SPECD__FINISHED__INIT;
     fin.request_id = s->id;
     fin.reason = reason;

@@ -200,7 +200,7 @@ TOKEN_CHUNK = {"request_id": (1, "uint64"), "tokens": (2, ("rep", "int32")), "te
 REQUEST_STATS = {"prompt_tokens": (1, "uint32"), "generated_tokens": (2, "uint32"), "drafted": (3, "uint32"),
                  "accepted": (4, "uint32"), "target_steps": (5, "uint32"), "queued_ms": (6, "double"),
                  "drafting_ms": (7, "double"), "verifying_ms": (8, "double"), "first_token_ms": (9, "double"),
-                 "total_ms": (10, "double")}
+                 "total_ms": (10, "double"), "drafter_kind": (11, "enum"), "drafter_switches": (12, "uint32")}
 FINISHED = {"request_id": (1, "uint64"), "reason": (2, "enum"), "stats": (3, ("msg", REQUEST_STATS)),
             "text_tail": (4, "bytes")}
 WORKER_INFO = {"role": (1, "enum"), "rank": (2, "uint32"), "name": (3, "string"), "drafter_kind": (4, "enum"),
