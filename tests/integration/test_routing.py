@@ -37,6 +37,28 @@ def start_group_tp2(h, target, gid):
     return leader, rank
 
 
+def check_refusals(h, target):
+    """A second leader of a live group is refused by the coordinator; a rank
+    started for another group is refused by the leader. Both exit non-zero
+    and say why."""
+    dup = h.start_verifier(extra=["--group-id", "1", "--threads", "1", "--name", "dup-of-g1"])
+    H.wait_until(lambda: not dup.alive(), 120, "the duplicate leader of group 1 to exit")
+    H.check(dup.popen.returncode == 3, "a second leader of group 1 exited %s, expected 3 (refused)"
+            % dup.popen.returncode)
+    H.check("group 1 already has a live leader (g1)" in dup.log_tail(50),
+            "the duplicate leader's log does not say why:\n" + dup.log_tail(20))
+    gaddr = "tcp://127.0.0.1:%d" % H.free_port()
+    common = ["--tp", "2", "--group", gaddr, "--threads", "1", "--join-timeout", "60"]
+    lead = h.start_verifier(extra=common + ["--rank", "0", "--group-id", "5", "--name", "g5-leader"])
+    stray = h.start_verifier(extra=common + ["--rank", "1", "--group-id", "6", "--name", "g6-rank1"])
+    H.wait_until(lambda: not stray.alive(), 120, "the rank of another group to be refused")
+    H.check(stray.popen.returncode != 0, "a rank of group 6 joining group 5 exited 0")
+    H.check("belongs to group 6, this leader leads group 5" in stray.log_tail(50) + lead.log_tail(50),
+            "neither log says why the stray rank was refused")
+    h.stop(lead, signal.SIGKILL)
+    H.log("refusals: duplicate group leader and a rank of another group, both refused with the reason")
+
+
 def alive_workers(h):
     return [w for w in h.workers() if w.get("alive")]
 
@@ -69,6 +91,8 @@ def run(h, args):
     H.check(sorted(groups) == [1, 2], "group ids %s, expected [1, 2]" % sorted(groups))
     H.check(groups[2].get("group_size") == 2, "group 2 reports TP %s" % groups[2].get("group_size"))
 
+    if not args.fault:
+        check_refusals(h, target)
     c = h.client()
     jobs = [dict(prompt=p, max_tokens=args.tokens, ignore_eos=True) for p in prompts]
     seeded = [dict(prompt=p, max_tokens=args.tokens, ignore_eos=True, max_draft=-1,
