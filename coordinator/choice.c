@@ -17,7 +17,12 @@
  * kind's tokens per step falling below SD_CHOICE_DROP of what they were
  * when it was chosen (a chat turn that starts quoting a document raises
  * another kind's, which the re-trial finds), and every SD_CHOICE_RECHECK
- * steps. Moving a request between drafters changes no token: whatever
+ * steps (doubling each time the same kind wins again, up to
+ * SD_CHOICE_RECHECK_MAX). A kind that commits under SD_CHOICE_USELESS
+ * tokens a step over the service's recent requests is tried on only one
+ * request in SD_CHOICE_SAMPLE (which keeps its record current): on a CPU
+ * under load a trial of a useless draft model cost more than the
+ * choice gained (bench/results/routing-cpu.md). Moving a request between drafters changes no token: whatever
  * drafts, the verifier's rejection sampling decides (exact); it costs the
  * new drafter a prefill of the request's prefix.
  *
@@ -26,10 +31,14 @@
  * (repetition in the prompt predicts copying badly in chat). */
 #include "coord.h"
 
-#define SD_CHOICE_TRIAL   4    /* verify steps per kind when trying */
-#define SD_CHOICE_RECHECK 64   /* steps on the chosen kind before trying the others again */
-#define SD_CHOICE_DROP    0.6  /* re-try when the chosen kind's tokens/step fall below this share */
-#define SD_CHOICE_EMA     0.35 /* weight of a new step in a kind's record */
+#define SD_CHOICE_TRIAL       4    /* verify steps per kind when trying */
+#define SD_CHOICE_RECHECK     64   /* steps on the chosen kind before trying the others again */
+#define SD_CHOICE_DROP        0.6  /* re-try when the chosen kind's tokens/step fall below this share */
+#define SD_CHOICE_EMA         0.35 /* weight of a new step in a kind's record */
+#define SD_CHOICE_RECHECK_MAX 1024
+#define SD_CHOICE_USELESS     1.1 /* tokens per step: a kind no better than target-only */
+#define SD_CHOICE_SAMPLE      8   /* one request in this many still tries a useless kind */
+#define SD_CHOICE_SERVICE_EMA 0.02
 
 /* Kinds with a live drafter, as a bit set over Specd__DrafterKind. */
 static unsigned live_kinds(const sd_coord *c) {
@@ -65,10 +74,18 @@ double sd_choice_goodput(const sd_coord *c, const sd_session *s, Specd__DrafterK
     return r->tokens * verify / (verify + draft);
 }
 
-/* The next kind to try on s (steps < SD_CHOICE_TRIAL), or UNSPECIFIED. */
-static Specd__DrafterKind next_untried(const sd_session *s, unsigned live) {
+/* Whether kind k has been useless over the service's recent requests. */
+static bool useless(const sd_coord *c, int k) {
+    return c->kind_steps[k] >= 4 * SD_CHOICE_TRIAL && c->kind_tokens[k] < SD_CHOICE_USELESS;
+}
+
+/* The next kind to try on s (steps < SD_CHOICE_TRIAL), or UNSPECIFIED;
+ * a useless kind only on one request in SD_CHOICE_SAMPLE. */
+static Specd__DrafterKind next_untried(const sd_coord *c, const sd_session *s, unsigned live) {
     for (int k = 1; k < SD_DRAFTER_KINDS; k++)
-        if ((live & (1u << k)) && s->kinds[k].steps < SD_CHOICE_TRIAL) return (Specd__DrafterKind)k;
+        if ((live & (1u << k)) && s->kinds[k].steps < SD_CHOICE_TRIAL &&
+            (!useless(c, k) || s->id % SD_CHOICE_SAMPLE == 0))
+            return (Specd__DrafterKind)k;
     return SPECD__DRAFTER_KIND__DRAFTER_KIND_UNSPECIFIED;
 }
 
@@ -90,6 +107,9 @@ void sd_choice_observe(sd_coord *c, sd_session *s, int32_t n_draft, int32_t n_co
         r->k += SD_CHOICE_EMA * (n_draft - r->k);
     }
     r->steps++;
+    double w = c->kind_steps[cur] == 0 ? 1.0 : SD_CHOICE_SERVICE_EMA;
+    c->kind_tokens[cur] += w * (n_commit - c->kind_tokens[cur]);
+    if (c->kind_steps[cur] < UINT32_MAX) c->kind_steps[cur]++;
     unsigned live = live_kinds(c);
     if ((live & (live - 1)) == 0) { /* one kind or none: nothing to choose */
         s->want_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_UNSPECIFIED;
@@ -99,8 +119,9 @@ void sd_choice_observe(sd_coord *c, sd_session *s, int32_t n_draft, int32_t n_co
     if (s->want_kind != 0 && s->want_kind != cur && (live & (1u << s->want_kind))) return; /* a move is due */
     if (s->kind_chosen) {
         s->steps_since_choice++;
-        if (cur == s->want_kind && s->steps_since_choice >= SD_CHOICE_TRIAL &&
-            (r->tokens < SD_CHOICE_DROP * s->chosen_tokens || s->steps_since_choice >= SD_CHOICE_RECHECK)) {
+        if (s->recheck_steps < SD_CHOICE_RECHECK) s->recheck_steps = SD_CHOICE_RECHECK;
+        if (cur == s->want_kind && s->steps_since_choice >= 2 * SD_CHOICE_TRIAL &&
+            (r->tokens < SD_CHOICE_DROP * s->chosen_tokens || s->steps_since_choice >= s->recheck_steps)) {
             SD_DEBUG("request %llu: %s drafts now give %.2f tokens a step (%.2f when chosen): trying the kinds again",
                      (unsigned long long)s->id,
                      protobuf_c_enum_descriptor_get_value(&specd__drafter_kind__descriptor, (int)cur)->name, r->tokens,
@@ -115,7 +136,7 @@ void sd_choice_observe(sd_coord *c, sd_session *s, int32_t n_draft, int32_t n_co
         s->want_kind = cur; /* finish this kind's trial */
         return;
     }
-    Specd__DrafterKind next = next_untried(s, live);
+    Specd__DrafterKind next = next_untried(c, s, live);
     if (next != SPECD__DRAFTER_KIND__DRAFTER_KIND_UNSPECIFIED) {
         s->want_kind = next;
         return;
@@ -128,6 +149,9 @@ void sd_choice_observe(sd_coord *c, sd_session *s, int32_t n_draft, int32_t n_co
         double g = sd_choice_goodput(c, s, (Specd__DrafterKind)k);
         if (g > best_g) best = (Specd__DrafterKind)k, best_g = g;
     }
+    if (best == s->last_choice && s->recheck_steps < SD_CHOICE_RECHECK_MAX)
+        s->recheck_steps *= 2; /* the same kind again: look less often */
+    s->last_choice = best;
     s->want_kind = best;
     s->kind_chosen = true;
     s->steps_since_choice = 0;

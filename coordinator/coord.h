@@ -109,7 +109,9 @@ typedef struct sd_session {
     bool kind_chosen;       /* false while kinds are being tried */
     uint32_t kind_switches; /* moves to a drafter of another kind */
     int32_t steps_since_choice;
-    double chosen_tokens; /* the chosen kind's tokens per step when chosen */
+    int32_t recheck_steps;          /* steps on the chosen kind before the next routine re-trial (doubles) */
+    Specd__DrafterKind last_choice; /* the kind chosen last time (0: none yet) */
+    double chosen_tokens;           /* the chosen kind's tokens per step when chosen */
     struct sd_kind_record {
         double tokens; /* EMA of tokens committed per verify step while drafted by this kind */
         double k;      /* EMA of drafts per verify step */
@@ -265,6 +267,10 @@ typedef struct sd_coord {
      * estimates of the greedy requests served (this drafter, this workload),
      * so short requests do not spend their few steps unlearning a guess */
     double alpha_prior;
+    /* per drafter kind, over all requests: EMA of tokens committed per
+     * verify step with its drafts, and how many steps fed it (choice.c) */
+    double kind_tokens[SD_DRAFTER_KINDS];
+    uint32_t kind_steps[SD_DRAFTER_KINDS];
     /* sd_adapt_drafting_pays for the current batch: greedy requests draft
      * only while it holds (recomputed after each verify step) */
     bool drafting_pays, drafting_dirty;

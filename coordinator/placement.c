@@ -198,7 +198,7 @@ void sd_place_share_drafter(sd_coord *c, int32_t d, uint64_t now_us) {
         for (int32_t i = 0; i < c->n_sessions; i++) {
             sd_session *s = c->sessions[i];
             if (s->state != SD_SESSION_ACTIVE || s->in_draft || s->drafter == d || !sd_coord_drafter_ok(c, s) ||
-                !drafter_fits(&c->workers[d], s))
+                !drafter_fits(&c->workers[d], s) || (s->want_kind && s->want_kind != c->workers[d].drafter_kind))
                 continue;
             double sc = l.n[s->drafter] * drafter_unit_us(&c->workers[s->drafter]);
             if (sc > pick_score) pick = s, pick_score = sc;
