@@ -41,6 +41,7 @@
 #include "specd/common.h"
 #include "specd/cli.h"
 #include "specd/net.h"
+#include "launch_ready.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -57,9 +58,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <zmq.h>
 
 #define MAX_TP                 64 /* verifier ranks in all, over every group */
@@ -147,11 +145,13 @@ typedef struct launcher {
     } groups[MAX_GROUPS];
 } launcher;
 
-static double now_ms(void) {
+double launch_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
+
+static double now_ms(void) { return launch_now_ms(); }
 
 /* A wildcard bind address (tcp, host "*" or "0.0.0.0") -> the loopback
  * address of the same port, which a local peer can connect to. Other
@@ -527,100 +527,6 @@ static void stop_all(launcher *L) {
     }
 }
 
-/* ---- readiness: ask the coordinator which workers are registered ---- */
-
-typedef struct readiness {
-    void *zctx, *sock;
-    double last_query_ms;
-    int groups_alive, drafters_alive; /* registered verifier leaders / drafters */
-} readiness;
-
-static void ready_send_query(readiness *r) {
-    Specd__StatsQuery q = SPECD__STATS_QUERY__INIT;
-    q.include_workers = true;
-    Specd__ClientToCoordinator env = SPECD__CLIENT_TO_COORDINATOR__INIT;
-    env.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_STATS;
-    env.stats = &q;
-    if (sd_net_send(r->sock, NULL, 0, &env.base) != SD_OK) SD_DEBUG("stats query not sent (coordinator not up yet)");
-    r->last_query_ms = now_ms();
-}
-
-/* Reads every waiting reply and updates who is alive. */
-static void ready_read(readiness *r) {
-    for (;;) {
-        sd_net_msg m = {0};
-        if (sd_net_recv(r->sock, false, true, &m) != SD_OK) {
-            sd_net_msg_clear(&m);
-            return;
-        }
-        Specd__Code code = SPECD__CODE__CODE_UNSPECIFIED;
-        char err[256];
-        Specd__CoordinatorToClient *env = sd_net_decode_to_client(m.body, m.body_len, &code, err, sizeof err);
-        sd_net_msg_clear(&m);
-        if (!env) {
-            SD_WARN("undecodable reply from the coordinator (%s): %s", sd_net_code_name(code), err);
-            continue;
-        }
-        switch (env->body_case) {
-        case SPECD__COORDINATOR_TO_CLIENT__BODY_STATS: {
-            int v = 0, d = 0;
-            for (size_t i = 0; i < env->stats->n_workers; i++) {
-                const Specd__WorkerInfo *w = env->stats->workers[i];
-                if (!w->alive) continue;
-                if (w->role == SPECD__ROLE__ROLE_VERIFIER && w->rank == 0) v++;
-                if (w->role == SPECD__ROLE__ROLE_DRAFTER) d++;
-            }
-            r->groups_alive = v;
-            r->drafters_alive = d;
-            break;
-        }
-        case SPECD__COORDINATOR_TO_CLIENT__BODY_ERROR:
-            SD_WARN("coordinator answered the stats query with %s: %s", sd_net_code_name(env->error->code),
-                    env->error->message);
-            break;
-        default: SD_DEBUG("ignoring coordinator message %d", (int)env->body_case); break;
-        }
-        specd__coordinator_to_client__free_unpacked(env, NULL);
-    }
-}
-
-/* True when something accepts TCP connections at the gateway's ADDR:PORT
- * (a wildcard host is tried on the loopback). */
-static bool gateway_listening(const char *http) {
-    char host[128];
-    const char *colon = strrchr(http, ':');
-    if (!colon) return false;
-    size_t hl = (size_t)(colon - http);
-    if (http[0] == '[' && hl >= 2) http++, hl -= 2; /* [IPv6] */
-    if (hl >= sizeof host) return false;
-    memcpy(host, http, hl);
-    host[hl] = '\0';
-    int port = atoi(colon + 1);
-    struct sockaddr_storage ss;
-    memset(&ss, 0, sizeof ss);
-    struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
-    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
-    socklen_t len;
-    if (inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
-        if (a4->sin_addr.s_addr == htonl(INADDR_ANY)) a4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        a4->sin_family = AF_INET;
-        a4->sin_port = htons((uint16_t)port);
-        len = sizeof *a4;
-    } else if (inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
-        if (IN6_IS_ADDR_UNSPECIFIED(&a6->sin6_addr)) a6->sin6_addr = in6addr_loopback;
-        a6->sin6_family = AF_INET6;
-        a6->sin6_port = htons((uint16_t)port);
-        len = sizeof *a6;
-    } else {
-        return false;
-    }
-    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return false;
-    bool ok = connect(fd, (struct sockaddr *)&ss, len) == 0;
-    close(fd);
-    return ok;
-}
-
 /* Group g's own socket: --group-addr for the first group; the others get
  * the next ports (tcp://host:PORT + g) or, for other transports, the
  * address with "-g" appended. */
@@ -687,7 +593,7 @@ static int run(launcher *L) {
         build_argv(L, c);
     }
 
-    readiness rd = {0};
+    launch_ready rd = {0};
     rd.zctx = zmq_ctx_new();
     if (!rd.zctx) {
         SD_ERROR("zmq_ctx_new: %s", zmq_strerror(errno));
@@ -731,9 +637,9 @@ static int run(launcher *L) {
         if (L->stopping) break;
         restart_due(L);
         if (!ready) {
-            if (items[1].revents & ZMQ_POLLIN) ready_read(&rd);
+            if (items[1].revents & ZMQ_POLLIN) launch_ready_read(&rd);
             if (rd.groups_alive >= o->groups && rd.drafters_alive >= o->n_drafters &&
-                (o->no_gateway || gateway_listening(o->http))) {
+                (o->no_gateway || launch_gateway_listening(o->http))) {
                 ready = true;
                 SD_INFO("all processes registered (%d running)", n_running(L));
                 printf("ready %s\n", L->client_connect);
@@ -744,13 +650,13 @@ static int run(launcher *L) {
                 SD_ERROR("not ready after %d s: %d of %d verifier groups and %d of %d drafters registered, gateway "
                          "%s; stopping the service",
                          o->ready_timeout_s, rd.groups_alive, o->groups, rd.drafters_alive, o->n_drafters,
-                         o->no_gateway                ? "not asked for"
-                         : gateway_listening(o->http) ? "listening"
-                                                      : "NOT listening");
+                         o->no_gateway                       ? "not asked for"
+                         : launch_gateway_listening(o->http) ? "listening"
+                                                             : "NOT listening");
                 L->exit_code = 1;
                 break;
             } else if (now_ms() - rd.last_query_ms >= STATS_POLL_MS) {
-                ready_send_query(&rd);
+                launch_ready_query(&rd);
             }
         }
     }
