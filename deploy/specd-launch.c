@@ -369,7 +369,8 @@ static void group_down(launcher *L, const child *c, const char *why) {
             signal_child(&L->kids[i], SIGTERM);
             others++;
         }
-    SD_WARN("%s %s unexpectedly: the verifier group %d is down; stopping its %d other rank(s) and restarting all %d "
+    SD_WARN("%s %s unexpectedly: the verifier group is down (group %d); stopping its %d other rank(s) and restarting "
+            "all %d "
             "in %d ms",
             c->name, why, c->group + 1, others, L->o.tp, g->backoff_ms);
     g->backoff_ms = g->backoff_ms * 2 > RESTART_BACKOFF_MAX_MS ? RESTART_BACKOFF_MAX_MS : g->backoff_ms * 2;
