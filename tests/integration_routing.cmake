@@ -3,9 +3,10 @@
 # concurrent greedy requests exactly as specd-generate; faults mid-run
 # (SIGKILL/SIGSTOP of a group leader, a rank, a drafter; SIGTERM drain of a
 # group and a drafter) lose nothing and change no token; specd-launch
-# --groups 2 with two drafters restarting the one that dies. About 20 s each
-# in a Release build; the SIGSTOP variants wait out the coordinator's
-# liveness, so they and the TP 1 kill are slow.
+# --groups 2 with two drafters restarting the one that dies. 5-12 s each in
+# a Release build on the loaded 2-core machine; the SIGSTOP variants (which
+# wait out the coordinator's liveness) and the TP 1 kill go to the slow run
+# only to keep the default run short.
 set(_it integration/)
 specd_py_test(it_routing ${_it}test_routing.py ARGS --n 64 --tokens 24 LABELS integration)
 specd_py_test(it_routing_leader_kill ${_it}test_routing.py ARGS --fault leader-kill LABELS integration)
