@@ -364,6 +364,14 @@ static void copy_stats(const Specd__ServiceStats *s, sd_client_service_stats *o)
         snprintf(d->name, sizeof d->name, "%s", w->name);
         d->drafter_kind = w->drafter_kind;
         d->alive = w->alive;
+        d->group_id = w->group_id;
+        d->group_size = w->group_size;
+        d->active_requests = w->active_requests;
+        d->served_requests = w->served_requests;
+        d->drafted = w->drafted;
+        d->accepted = w->accepted;
+        d->committed = w->committed;
+        d->step_us = w->step_us;
         if (w->stats) {
             d->kv_blocks_total = w->stats->kv_blocks_total;
             d->kv_blocks_free = w->stats->kv_blocks_free;
@@ -810,6 +818,7 @@ static sd_status submit_with(sd_client *c, const sd_client_request *rq, Specd__C
     sub.n_stop = rq->stop ? rq->n_stop : 0;
     sub.ignore_eos = rq->ignore_eos;
     sub.max_k = rq->max_k;
+    sub.drafter_kind = rq->drafter_kind;
     Specd__ClientToCoordinator env = SPECD__CLIENT_TO_COORDINATOR__INIT;
     env.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT;
     env.submit = &sub;

@@ -59,6 +59,8 @@ static void usage(FILE *f) {
             "  --system S          system prompt (with --chat)\n"
             "  --stop S            stop string (repeatable, up to %d)\n"
             "  --max-k K           largest draft length (-1: no speculation)\n"
+            "  --drafter KIND      only drafters of this kind draft for the request: ngram, model or self\n"
+            "                      (default: the coordinator chooses per request by measured goodput)\n"
             "  --ignore-eos        generate past end-of-generation tokens\n"
             "  --json              print one JSON object at the end\n"
             "  --timeout SEC       give up when the coordinator does not answer (default 10)\n"
@@ -526,6 +528,14 @@ static int run_stats(sd_client *c, const options *o) {
             cJSON_AddNumberToObject(x, "kv_blocks_free", w->kv_blocks_free);
             cJSON_AddNumberToObject(x, "n_sequences", w->n_sequences);
             cJSON_AddNumberToObject(x, "steps", (double)w->steps);
+            cJSON_AddNumberToObject(x, "group_id", w->group_id);
+            cJSON_AddNumberToObject(x, "group_size", w->group_size);
+            cJSON_AddNumberToObject(x, "active_requests", w->active_requests);
+            cJSON_AddNumberToObject(x, "served_requests", (double)w->served_requests);
+            cJSON_AddNumberToObject(x, "drafted", (double)w->drafted);
+            cJSON_AddNumberToObject(x, "accepted", (double)w->accepted);
+            cJSON_AddNumberToObject(x, "committed", (double)w->committed);
+            cJSON_AddNumberToObject(x, "step_us", w->step_us);
             cJSON_AddItemToArray(ws, x);
         }
         char *txt = cJSON_PrintUnformatted(j);
@@ -547,6 +557,16 @@ static int run_stats(sd_client *c, const options *o) {
         printf("  %s[%u] %s%s%s %s: KV blocks %u free of %u, %u sequences, %llu steps\n", role_name(w->role), w->rank,
                w->name, w->drafter_kind ? " " : "", kind_name(w->drafter_kind), w->alive ? "alive" : "DEAD",
                w->kv_blocks_free, w->kv_blocks_total, w->n_sequences, (unsigned long long)w->steps);
+        if (w->role == SPECD__ROLE__ROLE_VERIFIER)
+            printf("    group %u (TP %u): %u requests now, %llu served, %llu tokens committed, %llu/%llu drafts "
+                   "accepted, step(64) %.0f us\n",
+                   w->group_id, w->group_size, w->active_requests, (unsigned long long)w->served_requests,
+                   (unsigned long long)w->committed, (unsigned long long)w->accepted, (unsigned long long)w->drafted,
+                   w->step_us);
+        else
+            printf("    %u requests now, %llu served, %llu/%llu drafts accepted, round trip %.0f us\n",
+                   w->active_requests, (unsigned long long)w->served_requests, (unsigned long long)w->accepted,
+                   (unsigned long long)w->drafted, w->step_us);
     }
     return 0;
 }
@@ -584,6 +604,7 @@ enum {
     OPT_SYSTEM,
     OPT_STOP,
     OPT_MAX_K,
+    OPT_DRAFTER,
     OPT_IGNORE_EOS,
     OPT_JSON,
     OPT_TIMEOUT,
@@ -609,6 +630,7 @@ static int parse_args(int argc, char **argv, options *o) {
                                           {"system", required_argument, NULL, OPT_SYSTEM},
                                           {"stop", required_argument, NULL, OPT_STOP},
                                           {"max-k", required_argument, NULL, OPT_MAX_K},
+                                          {"drafter", required_argument, NULL, OPT_DRAFTER},
                                           {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
                                           {"json", no_argument, NULL, OPT_JSON},
                                           {"timeout", required_argument, NULL, OPT_TIMEOUT},
@@ -662,6 +684,18 @@ static int parse_args(int argc, char **argv, options *o) {
         case OPT_MAX_K:
             if (!parse_num("--max-k", optarg, -1, SD_MAX_K, &v)) return 2;
             o->req.max_k = (int32_t)v;
+            break;
+        case OPT_DRAFTER:
+            if (!strcmp(optarg, "ngram"))
+                o->req.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM;
+            else if (!strcmp(optarg, "model"))
+                o->req.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
+            else if (!strcmp(optarg, "self"))
+                o->req.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_SELF;
+            else {
+                fprintf(stderr, "specd-client: --drafter takes ngram, model or self, got '%s'\n", optarg);
+                return 2;
+            }
             break;
         case OPT_IGNORE_EOS: o->req.ignore_eos = true; break;
         case OPT_JSON: o->json = true; break;

@@ -201,6 +201,7 @@ static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const
     s->sampling = samp;
     s->ignore_eos = r->ignore_eos;
     s->max_k = r->max_k;
+    s->pin_kind = r->drafter_kind; /* validated: a known kind */
     s->t_submit_us = now_us;
     cl->n_active++;
     cl->last_recv_us = now_us;
@@ -262,6 +263,15 @@ static void on_stats(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
         infos[n].name = (char *)(uintptr_t)w->name;
         infos[n].drafter_kind = w->drafter_kind;
         infos[n].alive = w->alive;
+        infos[n].group_id = w->group_id;
+        infos[n].group_size = w->group_size;
+        infos[n].active_requests = w->alive ? (uint32_t)sd_place_group_load(c, i) : 0;
+        infos[n].served_requests = w->served_requests;
+        infos[n].drafted = w->drafted;
+        infos[n].accepted = w->accepted;
+        infos[n].committed = w->committed;
+        infos[n].step_us =
+            w->role == SPECD__ROLE__ROLE_VERIFIER ? sd_cost_verify_us(&w->cost, 64) : w->cost.draft_step_us;
         wst[n].kv_blocks_total = w->kv_blocks_total;
         wst[n].kv_blocks_free = w->kv_blocks_free;
         wst[n].n_sequences = w->n_sequences;

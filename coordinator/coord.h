@@ -5,6 +5,8 @@
  *                with text hold-back, stats, adaptive K
  *   scheduler.c  continuous batching, draft/verify requests, the keep_len /
  *                cached_len beliefs, applying results, worker-death recovery
+ *   placement.c  which verifier group and which drafter serve a request
+ *                (measured load; affinity; failover)
  *   workers.c    Hello/Welcome/refusal, heartbeats, liveness
  *   clients.c    Submit validation and tokenization, Cancel, Stats
  * and server.c (sockets and the zmq_poll loop) on top. Everything below the
@@ -25,6 +27,7 @@
 #define SD_COORD_MAX_WORKERS     32
 #define SD_COORD_MAX_CLIENTS     1024
 #define SD_COORD_OVERHEAD_WINDOW 1024
+#define SD_DRAFTER_KINDS         4 /* Specd__DrafterKind values, UNSPECIFIED included */
 
 /* Where the logic sends messages. The envelope is valid only during the call. */
 typedef struct sd_coord_io {
@@ -99,9 +102,29 @@ typedef struct sd_session {
     char *held; /* decoded text held back: a prefix of some stop string */
     size_t held_len, held_cap;
 
+    /* placement (placement.c): worker slots of the verifier group leader
+     * and the drafter serving this request, -1 none yet. A request stays
+     * on its group while that group lives (its KV cache is warm there). */
+    int32_t group;
+    int32_t drafter;
+    Specd__DrafterKind pin_kind; /* only drafters of this kind (UNSPECIFIED: any) */
+    /* drafter kind choice (choice.c): the kind it should be drafted by now
+     * (UNSPECIFIED: any), and each kind's record on this request */
+    Specd__DrafterKind want_kind;
+    bool kind_chosen;       /* false while kinds are being tried */
+    uint32_t kind_switches; /* moves to a drafter of another kind */
+    int32_t steps_since_choice;
+    int32_t recheck_steps;          /* steps on the chosen kind before the next routine re-trial (doubles) */
+    Specd__DrafterKind last_choice; /* the kind chosen last time (0: none yet) */
+    double chosen_tokens;           /* the chosen kind's tokens per step when chosen */
+    struct sd_kind_record {
+        double tokens; /* EMA of tokens committed per verify step while drafted by this kind */
+        double k;      /* EMA of drafts per verify step */
+        int32_t steps; /* verify steps observed since the kind was last (re)tried */
+    } kinds[SD_DRAFTER_KINDS];
     /* scheduling: beliefs about the workers' caches */
-    int32_t v_cached;      /* tokens the verifier holds */
-    int32_t d_cached;      /* tokens the drafter holds */
+    int32_t v_cached;      /* tokens its verifier group holds */
+    int32_t d_cached;      /* tokens its drafter holds */
     bool v_holds, d_holds; /* the worker has an entry (needs a Release) */
     bool in_verify, in_draft;
     /* drafts ready for verification (valid while n_tokens == draft_base) */
@@ -212,6 +235,8 @@ typedef struct sd_coord_worker {
     uint32_t rank;
     char name[64];
     Specd__DrafterKind drafter_kind;
+    uint32_t group_id; /* verifier leaders: the group's id (unique among the live ones) */
+    uint32_t group_size;
     int32_t max_batch, max_k;
     int32_t n_ctx; /* model context from Hello (0 = not given) */
     uint32_t kv_blocks_total, kv_blocks_free, n_sequences;
@@ -230,6 +255,15 @@ typedef struct sd_coord_worker {
     bool step_refill;    /* some sequence appended more than its last committed token */
     sd_step_times times; /* drafters: measured draft steps, misses, back-off (liveness.c) */
     bool backed_off;     /* sd_step_times_backed_off at the last tick: no drafts, K = 0 */
+    /* this worker's own measured costs (placement compares workers by them;
+     * the K policy uses the service-wide sd_coord.cost) */
+    sd_cost_model cost;
+    /* verifier leaders: holding the group for drafts (scheduler.c) */
+    uint64_t hold_since_us;   /* clock when its idle step was first held; 0 = not held */
+    uint64_t verify_reply_us; /* when its last verify reply was handled; 0 = none pending */
+    /* stats: what it served */
+    uint64_t served_requests; /* requests placed on it */
+    uint64_t drafted, accepted, committed;
 } sd_coord_worker;
 
 /* ---------------------------------------------------------------- clients */
@@ -260,12 +294,9 @@ typedef struct sd_coord {
     uint64_t next_request_id;
 
     sd_coord_worker workers[SD_COORD_MAX_WORKERS];
-    int32_t verifier; /* index of the alive verifier leader, -1 none */
-    int32_t drafter;  /* index of the drafter in use, -1 none */
     uint64_t next_worker_id;
     uint64_t next_step_id;
     uint64_t verify_steps; /* verify steps sent that were not prefill-only (shadow draft phase) */
-    bool last_verify_prefill;
 
     sd_coord_client clients[SD_COORD_MAX_CLIENTS];
     int32_t n_clients;
@@ -280,16 +311,17 @@ typedef struct sd_coord {
      * estimates of the greedy requests served (this drafter, this workload),
      * so short requests do not spend their few steps unlearning a guess */
     double alpha_prior;
+    /* per drafter kind, over all requests: EMA of tokens committed per
+     * verify step with its drafts, and how many steps fed it (choice.c) */
+    double kind_tokens[SD_DRAFTER_KINDS];
+    uint32_t kind_steps[SD_DRAFTER_KINDS];
     /* sd_adapt_drafting_pays for the current batch: greedy requests draft
      * only while it holds (recomputed after each verify step) */
     bool drafting_pays, drafting_dirty;
     uint64_t (*clock_us)(void); /* real clock for the overhead metric (tests replace it) */
-    /* holding the verifier for drafts about to arrive (scheduler.c) */
-    uint64_t hold_since_us; /* clock when the idle verifier's step was first held; 0 = not held */
-    uint64_t hold_event_us; /* clock when the event being handled began (a draft reply, a tick) */
+    uint64_t hold_event_us;     /* clock when the event being handled began (a draft reply, a tick) */
     /* service stats */
     uint64_t finished_requests, committed_tokens;
-    uint64_t verify_reply_us; /* when the last verify reply was handled; 0 = none pending */
     /* per verify step, over the last SD_COORD_OVERHEAD_WINDOW steps: the
      * coordinator's own time (the event that let the step go -> sent) and
      * the time the verifier was held waiting for drafts (0 when not held) */
@@ -305,12 +337,24 @@ sd_status sd_coord_state_init(sd_coord *c, const sd_coord_params *p, const sd_co
 void sd_coord_state_free(sd_coord *c);
 
 static inline int32_t sd_imin(int32_t a, int32_t b) { return a < b ? a : b; }
-static inline bool sd_coord_drafter_ok(const sd_coord *c) { return c->drafter >= 0 && c->workers[c->drafter].alive; }
-/* The drafter may be given work: alive and not backed off after a late step. */
-static inline bool sd_coord_drafter_usable(const sd_coord *c) {
-    return sd_coord_drafter_ok(c) && !c->workers[c->drafter].backed_off;
+static inline bool sd_coord_is_group(const sd_coord_worker *w) {
+    return w->used && w->alive && w->role == SPECD__ROLE__ROLE_VERIFIER;
 }
-static inline bool sd_coord_verifier_ok(const sd_coord *c) { return c->verifier >= 0 && c->workers[c->verifier].alive; }
+static inline bool sd_coord_is_drafter(const sd_coord_worker *w) {
+    return w->used && w->alive && w->role == SPECD__ROLE__ROLE_DRAFTER;
+}
+/* The session's drafter / verifier group, when it has a live one. */
+static inline bool sd_coord_drafter_ok(const sd_coord *c, const sd_session *s) {
+    return s->drafter >= 0 && sd_coord_is_drafter(&c->workers[s->drafter]);
+}
+static inline bool sd_coord_group_ok(const sd_coord *c, const sd_session *s) {
+    return s->group >= 0 && sd_coord_is_group(&c->workers[s->group]);
+}
+/* The session's drafter may be given work: alive and not backed off after a
+ * late step (liveness.c). */
+static inline bool sd_coord_drafter_usable(const sd_coord *c, const sd_session *s) {
+    return sd_coord_drafter_ok(c, s) && !c->workers[s->drafter].backed_off;
+}
 
 /* sd_session.shadow_token before it is a token */
 #define SD_SHADOW_PENDING (-1) /* the shadow draft is in flight */
@@ -376,6 +420,28 @@ void sd_sched_overhead(const sd_coord *c, double *p50, double *p99);
 /* Mean and p99 of the time verify steps were held for drafts, and the share
  * of steps held, over the same window (0 when empty). */
 void sd_sched_draft_wait(const sd_coord *c, double *mean, double *p99, double *held_share);
+
+/* placement.c: which group and which drafter serve each request */
+/* Places every active request that has no live group on the group where
+ * it waits least, and gives every one without a live drafter the least
+ * loaded drafter (of its pinned kind). Call before dispatching. */
+void sd_place_pending(sd_coord *c, uint64_t now_us);
+/* Drafter d (just registered) takes its share of the running requests:
+ * they move to it between draft steps (Release sent to the old drafter). */
+void sd_place_share_drafter(sd_coord *c, int32_t d, uint64_t now_us);
+/* Live workers of a role (verifier groups or drafters). */
+int32_t sd_place_count(const sd_coord *c, Specd__Role role);
+/* Active requests placed on worker g (a group or a drafter). */
+int32_t sd_place_group_load(const sd_coord *c, int32_t g);
+
+/* choice.c: which drafter kind drafts each request, by measured goodput */
+/* After a verify step of s drafted by its current drafter (n_draft drafts,
+ * n_commit tokens committed): updates that kind's record on s and decides
+ * the kind s should use next (s->want_kind; placement moves it). */
+void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, int32_t n_commit);
+/* The net goodput of kind k on s: tokens per verify step, discounted by the
+ * drafting time it adds to the step (0 when never observed). */
+double sd_choice_goodput(const sd_coord *c, const sd_session *s, Specd__DrafterKind k);
 
 /* workers.c */
 /* As sd_workers_on_message, from a peer whose key is restricted to role

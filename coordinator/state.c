@@ -40,7 +40,6 @@ sd_status sd_coord_state_init(sd_coord *c, const sd_coord_params *p, const sd_co
     memset(c, 0, sizeof *c);
     c->p = *p;
     c->io = *io;
-    c->verifier = c->drafter = -1;
     c->clock_us = sd_coord_now_us;
     sd_cost_init(&c->cost);
     c->alpha_prior = 0.6;

@@ -656,10 +656,10 @@ static bool worker_alive(const fz *f, int w) {
 static void heal(fz *f) {
     memset(f->gone, 0, sizeof f->gone);
     for (int round = 0; round < HEAL_ROUNDS && !all_done(f); round++) {
-        if (f->c.verifier < 0 && f->n_fresh < N_WORKER_IDENTS - N_FIXED_WORKERS) {
+        if (sd_place_count(&f->c, SPECD__ROLE__ROLE_VERIFIER) == 0 && f->n_fresh < N_WORKER_IDENTS - N_FIXED_WORKERS) {
             int w = N_FIXED_WORKERS + f->n_fresh++;
             hello(f, w, true, NULL);
-            if (f->c.drafter < 0 && f->n_fresh < N_WORKER_IDENTS - N_FIXED_WORKERS)
+            if (sd_place_count(&f->c, SPECD__ROLE__ROLE_DRAFTER) == 0 && f->n_fresh < N_WORKER_IDENTS - N_FIXED_WORKERS)
                 hello(f, N_FIXED_WORKERS + f->n_fresh++, false, NULL);
         }
         bool answered = false;
@@ -674,8 +674,8 @@ static void heal(fz *f) {
             if (!f->req[i].ended)
                 fprintf(stderr, "fuzz_coord: request %llu never ended (%u tokens)\n", (unsigned long long)f->req[i].id,
                         f->req[i].generated);
-        VIOLATION("requests lost: %d active, %d queued, verifier %d, drafter %d", f->c.n_active, f->c.n_queued,
-                  f->c.verifier, f->c.drafter);
+        VIOLATION("requests lost: %d active, %d queued, %d verifier groups, %d drafters", f->c.n_active, f->c.n_queued,
+                  sd_place_count(&f->c, SPECD__ROLE__ROLE_VERIFIER), sd_place_count(&f->c, SPECD__ROLE__ROLE_DRAFTER));
     }
     for (int i = 0; i < f->n_sub; i++)
         if (f->sub[i].answers != 1)

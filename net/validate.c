@@ -249,6 +249,12 @@ static bool check_hello(vctx *v, const char *path, const Specd__Hello *h, bool w
     if (h->drafter_kind > SPECD__DRAFTER_KIND__DRAFTER_KIND_SELF)
         return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s.drafter_kind: %d is not a known kind", path,
                     (int)h->drafter_kind);
+    if (h->group_id > SD_MAX_GROUP_ID)
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s.group_id: %u over the limit of %d", path, h->group_id,
+                    SD_MAX_GROUP_ID);
+    if (h->group_id != 0 && (h->role != SPECD__ROLE__ROLE_VERIFIER || h->rank != 0))
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s.group_id: %u, but only a verifier leader names its group",
+                    path, h->group_id);
     if (h->n_step_costs > SD_MAX_STEP_COSTS)
         return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s.step_costs: %zu entries over the limit of %d", path,
                     h->n_step_costs, SD_MAX_STEP_COSTS);
@@ -343,6 +349,9 @@ static bool check_submit(vctx *v, const Specd__SubmitRequest *s) {
     }
     if (s->max_k < -1 || s->max_k > SD_MAX_K)
         return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "submit.max_k: %d outside [-1, %d]", s->max_k, SD_MAX_K);
+    if (s->drafter_kind > SPECD__DRAFTER_KIND__DRAFTER_KIND_SELF)
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "submit.drafter_kind: %d is not a known kind (0..3)",
+                    (int)s->drafter_kind);
     return true;
 }
 

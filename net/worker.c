@@ -131,6 +131,7 @@ static sd_status send_hello(worker_loop *w) {
     h.role = p->role;
     h.rank = p->rank;
     h.group_size = p->group_size;
+    h.group_id = p->rank == 0 ? p->group_id : 0;
     h.model = &id;
     h.name = w->name;
     h.drafter_kind = p->drafter_kind;
@@ -545,6 +546,13 @@ sd_status sd_worker_run(void *zctx, const sd_worker_params *p, sd_worker_exit *w
             if (p->fail_fd >= 0 && poll(&fp, 1, 0) > 0 && (fp.revents & POLLIN)) {
                 report_failed(w);
                 *why = SD_WORKER_FAILED;
+            } else if (w->registered) {
+                /* a drain: the running step is answered; the coordinator
+                 * hands this worker's requests to the others now rather
+                 * than after the liveness period */
+                char msg[320];
+                snprintf(msg, sizeof msg, "%s is draining (stopped): its requests go to the others", w->name);
+                send_error(w, SPECD__CODE__CODE_UNAVAILABLE, 0, msg);
             }
             break;
         }

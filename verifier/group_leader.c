@@ -163,6 +163,9 @@ static sd_status on_join(sd_group *g, const sd_net_msg *m, const Specd__GroupJoi
     if (j->protocol_version != SD_PROTOCOL_VERSION)
         snprintf(msg, sizeof msg, "rank %u speaks protocol %u, the leader %u", j->rank, j->protocol_version,
                  SD_PROTOCOL_VERSION);
+    else if (j->group_id != g->p.group_id)
+        snprintf(msg, sizeof msg, "rank %u belongs to group %u, this leader leads group %u", j->rank, j->group_id,
+                 g->p.group_id);
     else if ((int32_t)j->group_size != g->p.size)
         snprintf(msg, sizeof msg, "rank %u was started for a group of %u ranks, the leader for %d", j->rank,
                  j->group_size, (int)g->p.size);

@@ -122,6 +122,7 @@ static void rank_join(rank_run *r) {
     j.protocol_version = SD_PROTOCOL_VERSION;
     j.rank = (uint32_t)p->rank;
     j.group_size = (uint32_t)p->size;
+    j.group_id = p->group_id;
     j.model = &id;
     j.lm_head = (uint32_t)p->lm_head;
     j.cuda = p->device >= 0;

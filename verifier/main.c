@@ -42,6 +42,7 @@ typedef struct verifier_opts {
     int32_t device; /* -1 CPU, N cuda:N */
     sd_dtype kv_type;
     int32_t max_seqs, kv_blocks, block_size, max_batch, max_k, tp, rank;
+    int32_t group_id;                                    /* --group-id N, 0 = not named */
     const char *group;                                   /* --group ADDR */
     const char *curve_secret, *curve_server, *rank_keys; /* key files */
     bool insecure;
@@ -72,6 +73,9 @@ static void usage(FILE *f) {
             "      --rank N            rank in the group (default 0: the leader, which talks to the coordinator)\n"
             "      --group ADDR        the group's own socket (required with --tp > 1): the leader binds it,\n"
             "                          ranks 1..N-1 connect to it (e.g. tcp://127.0.0.1:7702)\n"
+            "      --group-id N        the verifier group's id (1..65535), unique among the groups of one\n"
+            "                          coordinator; every rank gets the leader's (a rank started for another\n"
+            "                          group is refused); default: the coordinator numbers the group\n"
             "      --lm-head MODE      split (default: each rank holds vocab/N rows, the leader gathers the\n"
             "                          logits) or leader (the whole head on the leader); the same on every rank\n"
             "      --coll-timeout-ms N bound on every collective wait (default 10000)\n"
@@ -118,6 +122,7 @@ static int parse_args(int argc, char **argv, verifier_opts *o) {
         O_NAME,
         O_DEVICE,
         O_GROUP,
+        O_GROUP_ID,
         O_LM_HEAD,
         O_COLL_TIMEOUT,
         O_GROUP_HB,
@@ -149,6 +154,7 @@ static int parse_args(int argc, char **argv, verifier_opts *o) {
         {"device", required_argument, 0, O_DEVICE},
         {"kv-type", required_argument, 0, O_KV_TYPE},
         {"group", required_argument, 0, O_GROUP},
+        {"group-id", required_argument, 0, O_GROUP_ID},
         {"lm-head", required_argument, 0, O_LM_HEAD},
         {"coll-timeout-ms", required_argument, 0, O_COLL_TIMEOUT},
         {"group-heartbeat-ms", required_argument, 0, O_GROUP_HB},
@@ -172,6 +178,7 @@ static int parse_args(int argc, char **argv, verifier_opts *o) {
         case O_TP: ok = parse_int("--tp", optarg, 1, SD_MAX_GROUP_SIZE, &o->tp); break;
         case O_RANK: ok = parse_int("--rank", optarg, 0, SD_MAX_GROUP_SIZE - 1, &o->rank); break;
         case O_GROUP: o->group = optarg; break;
+        case O_GROUP_ID: ok = parse_int("--group-id", optarg, 1, SD_MAX_GROUP_ID, &o->group_id); break;
         case O_LM_HEAD:
             ok = !strcmp(optarg, "split") || !strcmp(optarg, "leader");
             if (!ok) fprintf(stderr, "specd-verifier: --lm-head must be split or leader, got '%s'\n", optarg);
@@ -273,6 +280,7 @@ static sd_group_params group_params(const verifier_opts *o, const sd_model_ident
     gp.addr = o->group;
     gp.rank = o->rank;
     gp.size = o->tp;
+    gp.group_id = (uint32_t)o->group_id;
     gp.device = o->device;
     gp.model = *id;
     gp.lm_head = (int32_t)sh.lm_head;
@@ -447,6 +455,7 @@ int main(int argc, char **argv) {
         wp.role = SPECD__ROLE__ROLE_VERIFIER;
         wp.rank = (uint32_t)o.rank;
         wp.group_size = (uint32_t)o.tp;
+        wp.group_id = (uint32_t)o.group_id;
         wp.name = o.name;
         wp.limits = sd_verifier_limits(v);
         wp.step_costs = costs;

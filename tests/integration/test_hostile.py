@@ -18,10 +18,12 @@ to be refused:
     with the handshake error (it used to hang in sd_client_close);
   - a real specd-drafter process with an unknown key: exits 3, saying the
     coordinator refused it;
-  - a valid worker key replaying a verifier Hello while the real verifier
-    lives: refused (CODE_REFUSED), the live verifier stays registered; a
-    replayed drafter Hello becomes at most a standby drafter (dropped once
-    it goes silent), never the drafter in use;
+  - a valid worker key replaying a verifier Hello for the live group (its
+    group id) while the real verifier lives: refused (CODE_REFUSED), the
+    live verifier stays registered (a key holder may add a group of its own:
+    that is what a worker key allows); a replayed drafter Hello joins the
+    drafters at most until it goes silent (dropped then), and its drafts can
+    never change greedy output;
   - a valid worker key with the wrong vocabulary: refused, and the refusal
     names neither the target's vocabulary size nor its hash;
   - the drafter's key (bound to role=drafter in workers.allow) asking to
@@ -46,7 +48,8 @@ MODEL_IDENTITY = {"architecture": (1, "string"), "vocab_size": (2, "uint32"), "v
                   "context_length": (4, "uint32"), "name": (5, "string"), "n_layers": (6, "uint32")}
 WORKER_HELLO = {"protocol_version": (1, "uint32"), "role": (2, "enum"), "rank": (3, "uint32"),
                 "group_size": (4, "uint32"), "model": (5, ("msg", MODEL_IDENTITY)), "name": (6, "string"),
-                "drafter_kind": (7, "enum"), "max_batch": (8, "uint32"), "max_k": (9, "uint32")}
+                "drafter_kind": (7, "enum"), "max_batch": (8, "uint32"), "max_k": (9, "uint32"),
+                "group_id": (12, "uint32")}
 WORKER_TO_COORD = {"hello": (1, ("msg", WORKER_HELLO))}
 WELCOME = {"protocol_version": (1, "uint32"), "worker_id": (2, "uint64")}
 COORD_TO_WORKER = {"welcome": (1, ("msg", WELCOME)), "error": (2, ("msg", pb.ERROR)),
@@ -79,14 +82,17 @@ def peer(h, addr, key, server_key=None):
     return s
 
 
-def say_hello(h, key, role, identity, wait_s=REFUSED_S):
-    """A Hello on the worker socket; returns the decoded answer or None."""
+def say_hello(h, key, role, identity, wait_s=REFUSED_S, group_id=0):
+    """A Hello on the worker socket; returns the decoded answer or None.
+    group_id: the verifier group it claims to lead (0: none named)."""
     n_vocab, vhash = identity
     hello = {"protocol_version": 1, "role": role, "rank": 0, "group_size": 1, "name": "rogue",
              "model": {"architecture": "llama", "vocab_size": n_vocab, "vocab_hash": vhash, "context_length": 2048,
                        "name": "rogue.gguf", "n_layers": 1}}
     if role == pb.ROLE_DRAFTER:
         hello["drafter_kind"] = DRAFTER_KIND_NGRAM
+    if group_id:
+        hello["group_id"] = group_id
     s = peer(h, h.worker_addr, key)
     try:
         try:
@@ -215,8 +221,11 @@ def run(h, args):
     H.check(rogue.popen.returncode == 3, "the rogue drafter exited %s, expected 3" % rogue.popen.returncode)
     H.check("refused this worker" in rogue.log_tail(20), "the rogue drafter did not say it was refused")
 
-    # 5. a valid worker key replaying a verifier Hello while the verifier lives
-    ans = say_hello(h, "verifier", pb.ROLE_VERIFIER, identity, wait_s=10)
+    # 5. a valid worker key replaying a verifier Hello while the verifier lives:
+    # the Hello claims the live group's id (several groups may serve at once,
+    # each registering with its own id; a second leader of a live group never)
+    gid = next(w.get("group_id") for w in c.stats()["workers"] if w.get("alive") and w.get("role") == pb.ROLE_VERIFIER)
+    ans = say_hello(h, "verifier", pb.ROLE_VERIFIER, identity, wait_s=10, group_id=gid)
     H.check(ans is not None and "error" in ans and pb.CODE.get(ans["error"].get("code")) == "REFUSED",
             "a replayed verifier Hello was not refused: %s" % ans)
     H.check(ver.alive(), "the real verifier died")

@@ -79,7 +79,8 @@ typedef struct sd_client_request {
     const char *const *stop; /* stop strings */
     size_t n_stop;
     bool ignore_eos;
-    int32_t max_k; /* 0 = default, -1 = no speculation */
+    int32_t max_k;                   /* 0 = default, -1 = no speculation */
+    Specd__DrafterKind drafter_kind; /* only drafters of this kind; UNSPECIFIED = the coordinator chooses */
 } sd_client_request;
 
 /* Greedy, no stop strings, coordinator defaults for the rest. */
@@ -163,6 +164,12 @@ typedef struct sd_client_worker_info {
     bool alive;
     uint32_t kv_blocks_total, kv_blocks_free, n_sequences;
     uint64_t steps;
+    uint32_t group_id, group_size; /* verifier leaders: the group and its TP size */
+    uint32_t active_requests;      /* placed on it now */
+    uint64_t served_requests;      /* placed on it since it registered */
+    uint64_t drafted, accepted;    /* draft tokens verified, and accepted */
+    uint64_t committed;            /* verifier groups: tokens committed */
+    double step_us;                /* groups: modelled 64-token verify step; drafters: draft round trip */
 } sd_client_worker_info;
 
 typedef struct sd_client_service_stats {

@@ -42,6 +42,7 @@ extern "C" {
 #define SD_MAX_STOP_BYTES       256         /* per stop string */
 #define SD_MAX_IDENTITY_BYTES   255         /* ZeroMQ routing id */
 #define SD_MAX_GROUP_SIZE       1024        /* ranks in a verifier group */
+#define SD_MAX_GROUP_ID         65535       /* Hello.group_id */
 #define SD_MAX_GROUP_ROWS       (1 << 22)   /* batch rows in one GroupPlan */
 #define SD_MAX_GROUP_MSG_BYTES  (256 << 20) /* the group link: a plan of SD_MAX_GROUP_ROWS rows fits */
 

@@ -74,6 +74,7 @@ typedef struct sd_worker_params {
                                 * coordinator refuses ends the loop with SD_WORKER_REFUSED */
     Specd__Role role;          /* ROLE_DRAFTER or ROLE_VERIFIER */
     uint32_t rank, group_size; /* verifier group position; 0 / 1 for drafters */
+    uint32_t group_id;         /* verifier leaders: Hello.group_id (0: the coordinator numbers the group) */
     Specd__DrafterKind drafter_kind;
     const char *name;        /* for the coordinator's logs; NULL = host:pid */
     sd_model_identity model; /* sent in Hello */
