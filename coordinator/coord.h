@@ -462,6 +462,8 @@ void sd_clients_tick(sd_coord *c, uint64_t now_us);
 /* outbox.c: every send goes through here (to c->io), with the peer
  * bookkeeping sending implies; nothing in it calls up into the modules above */
 void sd_outbox_worker(sd_coord *c, int32_t w, const Specd__CoordinatorToWorker *env, uint64_t now_us);
+/* Tells worker w to free its cache entry for one request (a Release). */
+void sd_outbox_release(sd_coord *c, int32_t w, uint64_t request_id, uint64_t now_us);
 void sd_outbox_client(sd_coord *c, const uint8_t *ident, size_t ident_len, const Specd__CoordinatorToClient *env,
                       uint64_t now_us);
 void sd_outbox_client_error(sd_coord *c, const uint8_t *ident, size_t ident_len, Specd__Code code, uint64_t request_id,

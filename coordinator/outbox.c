@@ -54,3 +54,13 @@ void sd_coord_client_request_done(sd_coord *c, const uint8_t *ident, size_t iden
     sd_coord_client *cl = sd_coord_client_find(c, ident, ident_len, false);
     if (cl && cl->n_active > 0) cl->n_active--;
 }
+
+void sd_outbox_release(sd_coord *c, int32_t wi, uint64_t request_id, uint64_t now_us) {
+    Specd__Release rel = SPECD__RELEASE__INIT;
+    rel.n_request_ids = 1;
+    rel.request_ids = &request_id;
+    Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
+    env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_RELEASE;
+    env.release = &rel;
+    sd_outbox_worker(c, wi, &env, now_us);
+}

@@ -169,16 +169,7 @@ void sd_place_pending(sd_coord *c, uint64_t now_us) {
 
 /* Moves s off its (live) drafter between steps: the old one releases it. */
 static void move_drafter(sd_coord *c, sd_session *s, int32_t to, uint64_t now_us) {
-    if (s->d_holds && sd_coord_drafter_ok(c, s)) {
-        uint64_t rid = s->id;
-        Specd__Release rel = SPECD__RELEASE__INIT;
-        rel.n_request_ids = 1;
-        rel.request_ids = &rid;
-        Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
-        env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_RELEASE;
-        env.release = &rel;
-        sd_outbox_worker(c, s->drafter, &env, now_us);
-    }
+    if (s->d_holds && sd_coord_drafter_ok(c, s)) sd_outbox_release(c, s->drafter, s->id, now_us);
     s->drafter = to;
     s->d_cached = 0;
     s->d_holds = false;

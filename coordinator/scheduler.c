@@ -431,15 +431,8 @@ static void fill_stats(const sd_coord *c, const sd_session *s, Specd__RequestSta
 }
 
 static void release(sd_coord *c, sd_session *s, uint64_t now_us) {
-    uint64_t rid = s->id;
-    Specd__Release rel = SPECD__RELEASE__INIT;
-    rel.n_request_ids = 1;
-    rel.request_ids = &rid;
-    Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
-    env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_RELEASE;
-    env.release = &rel;
-    if (s->v_holds && sd_coord_group_ok(c, s)) sd_outbox_worker(c, s->group, &env, now_us);
-    if (s->d_holds && sd_coord_drafter_ok(c, s)) sd_outbox_worker(c, s->drafter, &env, now_us);
+    if (s->v_holds && sd_coord_group_ok(c, s)) sd_outbox_release(c, s->group, s->id, now_us);
+    if (s->d_holds && sd_coord_drafter_ok(c, s)) sd_outbox_release(c, s->drafter, s->id, now_us);
     s->v_holds = s->d_holds = false;
 }
 
