@@ -1,0 +1,156 @@
+/* unpack.c — protobuf-c unpacking with a memory budget, and socket caps
+ * fitted to what each link can carry.
+ *
+ * protobuf-c unpacks in two passes: it scans every field of the wire bytes
+ * into 40-byte records, then allocates every repeated array, sub-message and
+ * string before a single validation check can run. Two wire bytes (a tag and
+ * a zero length) become a pointer, a whole sub-message struct and a scan
+ * record: about 50-100 heap bytes per wire byte, and as much time. So every
+ * unpack here goes through a ProtobufCAllocator that charges each allocation
+ * (with malloc's own overhead) against a budget proportional to the wire size
+ * and refuses the first one over it; protobuf-c then frees what it built and
+ * returns NULL, which the decoders report as MALFORMED. The work done before
+ * the refusal is bounded by the budget too.
+ *
+ * The allocator hands out plain malloc'd blocks and frees with free(), so a
+ * message unpacked here is freed with free_unpacked(m, NULL) like any other:
+ * no caller had to change. Its price is that frees are not credited back
+ * (free() does not tell the size), so the budget bounds the total allocated
+ * during one unpack, which is above its peak. Rejected: a header in front of
+ * each block to credit frees (free_unpacked(m, NULL) could no longer free),
+ * and a pre-pass over the wire counting repeated elements (a second parser
+ * of the wire format to keep in step with protobuf-c's). */
+#include "specd/net.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct unpack_budget {
+    size_t left;
+    bool exceeded;
+} unpack_budget;
+
+/* What malloc really takes for a request of size bytes on glibc: a 16-byte
+ * rounded chunk with an 8-byte header, 32 bytes at least. */
+static size_t charge_of(size_t size) {
+    size_t c = (size + 8 + 15) & ~(size_t)15;
+    return c < 32 ? 32 : c;
+}
+
+static void *budget_alloc(void *data, size_t size) {
+    unpack_budget *b = data;
+    size_t charge = charge_of(size);
+    if (size > b->left || charge > b->left) {
+        b->exceeded = true;
+        return NULL;
+    }
+    void *p = malloc(size ? size : 1);
+    if (p) b->left -= charge;
+    return p;
+}
+
+static void budget_free(void *data, void *p) {
+    (void)data;
+    free(p);
+}
+
+size_t sd_net_unpack_budget(size_t len) {
+    size_t scaled;
+    if (len > (SIZE_MAX - SD_NET_UNPACK_BASE_BYTES) / SD_NET_UNPACK_RATIO) return SIZE_MAX;
+    scaled = len * SD_NET_UNPACK_RATIO;
+    return scaled + SD_NET_UNPACK_BASE_BYTES;
+}
+
+ProtobufCMessage *sd_net_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *data, size_t len, size_t budget,
+                                bool *over_budget) {
+    unpack_budget b = {budget, false};
+    ProtobufCAllocator a = {.alloc = budget_alloc, .free = budget_free, .allocator_data = &b};
+    if (over_budget) *over_budget = false;
+    if (!d || (!data && len)) return NULL;
+    ProtobufCMessage *m = protobuf_c_message_unpack(d, &a, len, data);
+    if (!m && over_budget) *over_budget = b.exceeded;
+    return m;
+}
+
+/* ---- NUL bytes in text ----
+ * protobuf-c hands strings over NUL-terminated and drops their length, so a
+ * prompt "a\0b" would arrive as "a": cut silently. The wire bytes still
+ * know, so they are walked once (fields looked up in the descriptor, nested
+ * messages followed) before unpacking. Malformed bytes end the walk quietly:
+ * the unpack reports them. */
+
+#define NUL_WALK_DEPTH 16 /* deeper than any specd message nests */
+
+static bool read_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
+    *v = 0;
+    for (int shift = 0; shift < 64 && *p < end; shift += 7) {
+        uint8_t b = *(*p)++;
+        *v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) return true;
+    }
+    return false;
+}
+
+static const char *nul_field(const ProtobufCMessageDescriptor *d, const uint8_t *p, const uint8_t *end, int depth) {
+    while (p < end) {
+        uint64_t key, v;
+        if (!read_varint(&p, end, &key)) return NULL;
+        switch (key & 7) {
+        case 0:
+            if (!read_varint(&p, end, &v)) return NULL;
+            continue;
+        case 1:
+            if (end - p < 8) return NULL;
+            p += 8;
+            continue;
+        case 5:
+            if (end - p < 4) return NULL;
+            p += 4;
+            continue;
+        case 2: break;
+        default: return NULL;
+        }
+        if (!read_varint(&p, end, &v) || v > (uint64_t)(end - p)) return NULL;
+        const ProtobufCFieldDescriptor *f =
+            key >> 3 <= UINT32_MAX ? protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3)) : NULL;
+        if (f && f->type == PROTOBUF_C_TYPE_STRING && memchr(p, 0, (size_t)v)) return f->name;
+        if (f && f->type == PROTOBUF_C_TYPE_MESSAGE && depth < NUL_WALK_DEPTH) {
+            const char *inner = nul_field(f->descriptor, p, p + v, depth + 1);
+            if (inner) return inner;
+        }
+        p += v;
+    }
+    return NULL;
+}
+
+const char *sd_net_nul_field(const ProtobufCMessageDescriptor *d, const uint8_t *data, size_t len) {
+    if (!d || !data) return NULL;
+    return nul_field(d, data, data + len, 0);
+}
+
+/* Bytes a length-delimited field of n payload bytes takes on the wire, at most. */
+static int64_t field_bytes(int64_t n) { return 1 + 5 + n; }
+
+int64_t sd_net_worker_reply_cap(int32_t max_batch, int32_t max_draft) {
+    if (max_batch < 1 || max_batch > SD_MAX_BATCH) max_batch = SD_MAX_BATCH;
+    if (max_draft < 1 || max_draft > SD_MAX_DRAFT) max_draft = max_draft < 1 ? 1 : SD_MAX_DRAFT;
+    /* One sparse q: ids (a packed varint of at most 5 bytes each) and probs (4 bytes each). */
+    int64_t q = field_bytes(field_bytes(5 * (int64_t)SD_MAX_TOP_N) + field_bytes(4 * (int64_t)SD_MAX_TOP_N));
+    /* One DraftResult: request id, code, cached_len, the tokens and one q per token. */
+    int64_t result = field_bytes(3 * 11 + field_bytes(5 * (int64_t)max_draft) + (int64_t)max_draft * q);
+    int64_t cap = 4096 + field_bytes((int64_t)max_batch * result);
+    if (cap < SD_MIN_MSG_CAP_BYTES) cap = SD_MIN_MSG_CAP_BYTES;
+    if (cap > SD_MAX_WORKER_MSG_BYTES) cap = SD_MAX_WORKER_MSG_BYTES;
+    return cap;
+}
+
+int64_t sd_net_client_msg_cap(int32_t max_context) {
+    if (max_context < 1) max_context = 1 << 20;
+    int64_t text = 2 * field_bytes(SD_MAX_PROMPT_BYTES); /* prompt and system */
+    int64_t ids = field_bytes(5 * (int64_t)max_context);
+    int64_t stop = SD_MAX_STOP_STRINGS * field_bytes(SD_MAX_STOP_BYTES);
+    int64_t cap = 4096 + field_bytes(text + ids + stop);
+    if (cap < SD_MIN_MSG_CAP_BYTES) cap = SD_MIN_MSG_CAP_BYTES;
+    if (cap > SD_MAX_CLIENT_MSG_BYTES) cap = SD_MAX_CLIENT_MSG_BYTES;
+    return cap;
+}
