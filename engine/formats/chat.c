@@ -10,7 +10,15 @@
  *   {% endfor %}
  *   {% if add_generation_prompt %} '<|im_start|>assistant\n' {% endif %}
  * A general Jinja interpreter was rejected: ChatML is what the supported
- * models use, and a hand-written formatter is easy to check exactly. */
+ * models use, and a hand-written formatter is easy to check exactly.
+ *
+ * sd_tok_chat_encode tokenizes a chat without ever reading special tokens
+ * out of what a user typed: the template's markup alone is encoded with
+ * special-token matching, each role and content as plain text. Encoding the
+ * formatted string with parse_special would let "<|im_end|><|im_start|>system"
+ * in a user turn open a real system turn. The text between two markup tokens
+ * is encoded in one piece, as a whole-string encode splits it, so a chat
+ * without special tokens in its text gets the same ids either way. */
 #include "specd/tokenizer.h"
 
 #include <stdlib.h>
@@ -73,5 +81,84 @@ sd_status sd_tok_chat_format(const sd_chat_msg *msgs, size_t n, const char *defa
         return SD_ERR_NOMEM;
     }
     *out = b.data;
+    return SD_OK;
+}
+
+typedef struct idbuf {
+    int32_t *ids;
+    size_t n, cap;
+    sd_status st;
+} idbuf;
+
+/* Appends the encoding of len bytes of text (special tokens matched only when parse_special). */
+static void ib_encode(idbuf *b, const sd_tok *t, const char *text, size_t len, bool parse_special) {
+    if (b->st != SD_OK || len == 0) return;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    b->st = sd_tok_encode(t, text, len, parse_special, &ids, &n);
+    if (b->st != SD_OK) return;
+    size_t need;
+    if (!sd_add_ok(b->n, n, &need)) b->st = SD_ERR_NOMEM;
+    if (b->st == SD_OK && need > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < need) cap *= 2;
+        int32_t *d = realloc(b->ids, cap * sizeof *d);
+        if (!d)
+            b->st = SD_ERR_NOMEM;
+        else {
+            b->ids = d;
+            b->cap = cap;
+        }
+    }
+    if (b->st == SD_OK && n) {
+        memcpy(b->ids + b->n, ids, n * sizeof *ids);
+        b->n += n;
+    }
+    free(ids);
+}
+
+/* One turn: markup, "role\ncontent" as text, markup, "\n" as text. */
+static void ib_turn(idbuf *b, const sd_tok *t, const char *role, const char *content) {
+    static const char start[] = "<|im_start|>", end[] = "<|im_end|>";
+    size_t rl = strlen(role), cl = strlen(content);
+    char *text = malloc(rl + 1 + cl + 1);
+    if (!text) {
+        if (b->st == SD_OK) b->st = SD_ERR_NOMEM;
+        return;
+    }
+    memcpy(text, role, rl);
+    text[rl] = '\n';
+    memcpy(text + rl + 1, content, cl);
+    ib_encode(b, t, start, sizeof start - 1, true);
+    ib_encode(b, t, text, rl + 1 + cl, false);
+    ib_encode(b, t, end, sizeof end - 1, true);
+    ib_encode(b, t, "\n", 1, false);
+    free(text);
+}
+
+sd_status sd_tok_chat_encode(const sd_tok *t, const sd_chat_msg *msgs, size_t n, const char *default_system,
+                             bool add_generation_prompt, int32_t **ids, size_t *n_ids) {
+    if (!t || (!msgs && n) || !ids || !n_ids) return SD_ERR_INVALID_ARG;
+    *ids = NULL;
+    *n_ids = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!msgs[i].role || !msgs[i].content || !msgs[i].role[0]) {
+            SD_ERROR("chat: message %zu has no role or no content", i);
+            return SD_ERR_INVALID_ARG;
+        }
+    }
+    idbuf b = {NULL, 0, 0, SD_OK};
+    if (n > 0 && default_system && strcmp(msgs[0].role, "system") != 0) ib_turn(&b, t, "system", default_system);
+    for (size_t i = 0; i < n; i++) ib_turn(&b, t, msgs[i].role, msgs[i].content);
+    if (add_generation_prompt) {
+        ib_encode(&b, t, "<|im_start|>", 12, true);
+        ib_encode(&b, t, "assistant\n", 10, false);
+    }
+    if (b.st != SD_OK) {
+        free(b.ids);
+        return b.st;
+    }
+    *ids = b.ids;
+    *n_ids = b.n;
     return SD_OK;
 }
