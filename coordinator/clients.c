@@ -4,96 +4,76 @@
  * target's limits; what the decoder cannot know (the queue, the context, the
  * tokenized length, stop-string limits) is checked here, and every refusal
  * is an Error naming the field, the limit and the value, sent to that client
- * only. Prompts are tokenized like specd-generate does (special tokens
- * parsed, BOS when the model adds one, ChatML with the model's default
- * system prompt on request) so that the service and the one-shot tool see
- * the same tokens. A client with requests in flight is watched: silent for
+ * only. Prompts are tokenized like specd-generate does (BOS when the model
+ * adds one, ChatML with the model's default system prompt on request, and
+ * special tokens only where the chat template puts them: typed into a
+ * prompt they are text) so that the service and the one-shot tool see the
+ * same tokens. A client with requests in flight is watched: silent for
  * the liveness period, its requests are cancelled and released everywhere. */
 #include "coord.h"
+#include "tokq.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Tokenizes the submit's prompt into *ids (malloc'd); false + code/msg on a bad one. */
-static bool tokenize(sd_coord *c, const Specd__SubmitRequest *r, int32_t **ids, size_t *n, Specd__Code *code, char *msg,
-                     size_t msg_len) {
-    *ids = NULL;
-    *n = 0;
-    if (r->n_prompt_ids > 0) {
-        if (r->n_prompt_ids > (size_t)c->n_ctx) {
-            *code = SPECD__CODE__CODE_TOO_LARGE;
-            snprintf(msg, msg_len, "submit.prompt_ids: %zu tokens, the context holds %d", r->n_prompt_ids, c->n_ctx);
-            return false;
-        }
-        for (size_t i = 0; i < r->n_prompt_ids; i++) {
-            if (r->prompt_ids[i] < 0 || r->prompt_ids[i] >= c->n_vocab) {
-                *code = SPECD__CODE__CODE_BAD_REQUEST;
-                snprintf(msg, msg_len, "submit.prompt_ids[%zu]: token id %d out of range [0, %d)", i, r->prompt_ids[i],
-                         c->n_vocab);
-                return false;
-            }
-        }
-        *ids = malloc(r->n_prompt_ids * sizeof **ids);
-        if (!*ids) goto nomem;
-        memcpy(*ids, r->prompt_ids, r->n_prompt_ids * sizeof **ids);
-        *n = r->n_prompt_ids;
-        return true;
+/* Turns a tokenized submit into a session and answers Accepted, or
+ * refuses it. Takes ownership of j. */
+static void admit(sd_coord *c, sd_submit_job *j, uint64_t now_us) {
+    char msg[512];
+    Specd__Code code = j->code;
+    const uint8_t *ident = j->ident;
+    size_t ident_len = j->ident_len;
+    sd_coord_client *cl = sd_coord_client_find(c, ident, ident_len, true);
+    if (code != SPECD__CODE__CODE_OK) {
+        snprintf(msg, sizeof msg, "%s", j->msg);
+        goto refuse;
     }
-    size_t plen = r->prompt ? strlen(r->prompt) : 0;
-    if (plen == 0) {
-        *code = SPECD__CODE__CODE_BAD_REQUEST;
-        snprintf(msg, msg_len, "submit.prompt: empty (give prompt text or prompt_ids)");
-        return false;
+    if (!cl) {
+        code = SPECD__CODE__CODE_OVERLOADED;
+        snprintf(msg, sizeof msg, "too many clients connected");
+        goto refuse;
     }
-    if (plen > SD_MAX_PROMPT_BYTES) {
-        *code = SPECD__CODE__CODE_TOO_LARGE;
-        snprintf(msg, msg_len, "submit.prompt: %zu bytes, limit %d", plen, SD_MAX_PROMPT_BYTES);
-        return false;
+    if ((int64_t)j->n_ids >= c->n_ctx) {
+        code = SPECD__CODE__CODE_TOO_LARGE;
+        snprintf(msg, sizeof msg, "submit.prompt: %zu tokens, the context holds %d (and one must be generated)",
+                 j->n_ids, c->n_ctx);
+        goto refuse;
     }
-    char *chat = NULL;
-    const char *text = r->prompt;
-    if (r->chat) {
-        sd_chat_msg m[2];
-        size_t nm = 0;
-        if (r->system && r->system[0]) m[nm++] = (sd_chat_msg){"system", r->system};
-        m[nm++] = (sd_chat_msg){"user", r->prompt};
-        if (sd_tok_chat_format(m, nm, c->default_system, true, &chat) != SD_OK) goto nomem;
-        text = chat;
+    int32_t max_tokens = j->max_tokens ? (int32_t)j->max_tokens : c->p.max_tokens_default;
+    sd_session *s = sd_session_new(c->tok, ++c->next_request_id, j->ids, (int32_t)j->n_ids, max_tokens, c->n_ctx,
+                                   (const char *const *)j->stop, j->n_stop);
+    if (!s || sd_sched_add(c, s) != SD_OK) {
+        sd_session_free(&s);
+        code = SPECD__CODE__CODE_INTERNAL;
+        snprintf(msg, sizeof msg, "out of memory creating the request");
+        goto refuse;
     }
-    int32_t *enc = NULL;
-    size_t n_enc = 0;
-    sd_status st = sd_tok_encode(c->tok, text, strlen(text), true, &enc, &n_enc);
-    free(chat);
-    if (st != SD_OK) {
-        *code = SPECD__CODE__CODE_BAD_REQUEST;
-        snprintf(msg, msg_len, "submit.prompt: tokenization failed (%s)", sd_status_str(st));
-        return false;
-    }
-    bool bos = sd_tok_add_bos(c->tok) && sd_tok_bos(c->tok) >= 0;
-    int32_t *out = malloc((n_enc + 1) * sizeof *out);
-    if (!out) {
-        free(enc);
-        goto nomem;
-    }
-    size_t k = 0;
-    if (bos) out[k++] = sd_tok_bos(c->tok);
-    if (n_enc) memcpy(out + k, enc, n_enc * sizeof *out);
-    free(enc);
-    *ids = out;
-    *n = k + n_enc;
-    if (*n == 0) {
-        *code = SPECD__CODE__CODE_BAD_REQUEST;
-        snprintf(msg, msg_len, "submit.prompt: empty after tokenization");
-        free(out);
-        *ids = NULL;
-        return false;
-    }
-    return true;
-nomem:
-    *code = SPECD__CODE__CODE_INTERNAL;
-    snprintf(msg, msg_len, "out of memory tokenizing the prompt");
-    return false;
+    s->client_tag = j->client_tag;
+    memcpy(s->client_ident, ident, ident_len);
+    s->client_ident_len = ident_len;
+    s->sampling = j->sampling;
+    s->ignore_eos = j->ignore_eos;
+    s->max_draft = j->max_draft;
+    s->t_submit_us = j->t_submit_us;
+    cl->n_active++;
+    cl->last_recv_us = now_us;
+    Specd__Accepted acc = SPECD__ACCEPTED__INIT;
+    acc.client_tag = j->client_tag;
+    acc.request_id = s->id;
+    acc.prompt_tokens = (uint32_t)s->n_prompt;
+    Specd__CoordinatorToClient env = SPECD__COORDINATOR_TO_CLIENT__INIT;
+    env.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_ACCEPTED;
+    env.accepted = &acc;
+    SD_INFO("request %llu accepted: %d prompt tokens, max_tokens %d, temperature %g", (unsigned long long)s->id,
+            s->n_prompt, s->max_tokens, (double)s->sampling.temperature);
+    sd_outbox_client(c, ident, ident_len, &env, now_us);
+    sd_submit_job_free(&j);
+    return;
+refuse:
+    SD_INFO("submit refused (%s): %s", sd_net_code_name(code), msg);
+    sd_outbox_client_error(c, ident, ident_len, code, 0, j->client_tag, msg, now_us);
+    sd_submit_job_free(&j);
 }
 
 static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const Specd__SubmitRequest *r,
@@ -101,9 +81,9 @@ static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const
     char msg[512];
     Specd__Code code = SPECD__CODE__CODE_BAD_REQUEST;
     uint64_t tag = r->client_tag;
-    if (c->n_queued >= c->p.max_queue) {
-        snprintf(msg, sizeof msg, "queue full: %d requests waiting (limit %d); retry later", c->n_queued,
-                 c->p.max_queue);
+    int32_t waiting = c->n_queued + (c->tokq ? sd_tokq_pending(c->tokq) : 0);
+    if (waiting >= c->p.max_queue) {
+        snprintf(msg, sizeof msg, "queue full: %d requests waiting (limit %d); retry later", waiting, c->p.max_queue);
         sd_outbox_client_error(c, ident, ident_len, SPECD__CODE__CODE_OVERLOADED, 0, tag, msg, now_us);
         return;
     }
@@ -144,49 +124,35 @@ static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const
                                now_us);
         return;
     }
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
-    if (!tokenize(c, r, &ids, &n_ids, &code, msg, sizeof msg)) goto refuse;
-    if ((int64_t)n_ids >= c->n_ctx) {
-        code = SPECD__CODE__CODE_TOO_LARGE;
-        snprintf(msg, sizeof msg, "submit.prompt: %zu tokens, the context holds %d (and one must be generated)", n_ids,
-                 c->n_ctx);
-        free(ids);
-        goto refuse;
-    }
-    int32_t max_tokens = r->max_tokens ? (int32_t)r->max_tokens : c->p.max_tokens_default;
-    sd_session *s = sd_session_new(c->tok, ++c->next_request_id, ids, (int32_t)n_ids, max_tokens, c->n_ctx,
-                                   (const char *const *)r->stop, (int32_t)r->n_stop);
-    free(ids);
-    if (!s || sd_sched_add(c, s) != SD_OK) {
-        sd_session_free(&s);
+    sd_submit_job *j = sd_submit_job_new(r, ident, ident_len, &samp, now_us);
+    if (!j) {
         code = SPECD__CODE__CODE_INTERNAL;
-        snprintf(msg, sizeof msg, "out of memory creating the request");
+        snprintf(msg, sizeof msg, "out of memory queueing the request");
         goto refuse;
     }
-    s->client_tag = tag;
-    memcpy(s->client_ident, ident, ident_len);
-    s->client_ident_len = ident_len;
-    s->sampling = samp;
-    s->ignore_eos = r->ignore_eos;
-    s->max_draft = r->max_draft;
-    s->t_submit_us = now_us;
-    cl->n_active++;
-    cl->last_recv_us = now_us;
-    Specd__Accepted acc = SPECD__ACCEPTED__INIT;
-    acc.client_tag = tag;
-    acc.request_id = s->id;
-    acc.prompt_tokens = (uint32_t)s->n_prompt;
-    Specd__CoordinatorToClient env = SPECD__COORDINATOR_TO_CLIENT__INIT;
-    env.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_ACCEPTED;
-    env.accepted = &acc;
-    SD_INFO("request %llu accepted: %d prompt tokens, max_tokens %d, temperature %g", (unsigned long long)s->id,
-            s->n_prompt, s->max_tokens, (double)samp.temperature);
-    sd_outbox_client(c, ident, ident_len, &env, now_us);
+    /* Text is tokenized off the loop (its cost grows with the prompt);
+     * without a queue (unit tests) it is done here. */
+    if (c->tokq && r->n_prompt_ids == 0) {
+        if (!sd_tokq_push(c->tokq, &j)) {
+            sd_submit_job_free(&j);
+            sd_outbox_client_error(c, ident, ident_len, SPECD__CODE__CODE_OVERLOADED, 0, tag,
+                                   "tokenizer queue full; retry later", now_us);
+        }
+        return;
+    }
+    sd_submit_tokenize(c->tok, c->default_system, c->n_ctx, c->n_vocab, j);
+    admit(c, j, now_us);
     return;
 refuse:
     SD_INFO("submit refused (%s): %s", sd_net_code_name(code), msg);
     sd_outbox_client_error(c, ident, ident_len, code, 0, tag, msg, now_us);
+}
+
+void sd_clients_on_tokenized(sd_coord *c, uint64_t now_us) {
+    if (!c->tokq) return;
+    sd_submit_job *j;
+    while ((j = sd_tokq_pop(c->tokq)) != NULL) admit(c, j, now_us);
+    sd_sched_pump(c, now_us);
 }
 
 static void on_cancel(sd_coord *c, const uint8_t *ident, size_t ident_len, const Specd__Cancel *r, uint64_t now_us) {
@@ -228,7 +194,9 @@ static void on_stats(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
         specd__worker_stats__init(&wst[n]);
         infos[n].role = w->role;
         infos[n].rank = w->rank;
-        infos[n].name = (char *)(uintptr_t)w->name;
+        /* A name is host:pid, a map of the deployment: only for an operator
+         * (--stats-names; with CURVE keys this becomes an operator key). */
+        infos[n].name = c->p.stats_names ? (char *)(uintptr_t)w->name : (char *)"";
         infos[n].drafter_kind = w->drafter_kind;
         infos[n].alive = w->alive;
         wst[n].kv_blocks_total = w->kv_blocks_total;
@@ -267,7 +235,8 @@ void sd_clients_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, 
         /* Echo the submit's client_tag when the bytes at least unpack, so the
          * client can match the error to its request. */
         uint64_t tag = 0;
-        Specd__ClientToCoordinator *raw = specd__client_to_coordinator__unpack(NULL, len, body);
+        Specd__ClientToCoordinator *raw = (Specd__ClientToCoordinator *)sd_net_unpack(
+            &specd__client_to_coordinator__descriptor, body, len, sd_net_unpack_budget(len), NULL);
         if (raw && raw->body_case == SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT) tag = raw->submit->client_tag;
         if (raw) specd__client_to_coordinator__free_unpacked(raw, NULL);
         SD_INFO("client message refused (%s): %s", sd_net_code_name(code), err);

@@ -52,6 +52,8 @@ static void usage(FILE *f) {
             "  --verify-timeout-ms MS    a verify step unanswered this long kills the verifier (30000; a\n"
             "                            longer step gets 8x the slowest recent time per token)\n"
             "  --curve-secret FILE       CurveZMQ server secret key (Z85) for both sockets\n"
+            "  --stats-names             list workers' names (host:pid) in every client's stats query; off:\n"
+            "                            names are left empty (only an operator should see them)\n"
             "  -v, --verbose             debug logs\n"
             "  -h, --help                this text\n",
             SD_MAX_DRAFT);
@@ -73,7 +75,8 @@ int main(int argc, char **argv) {
         O_CHUNK,
         O_DTO,
         O_VTO,
-        O_CURVE
+        O_CURVE,
+        O_STATS_NAMES
     };
     static const struct option opts[] = {{"model", required_argument, 0, O_MODEL},
                                          {"client-addr", required_argument, 0, O_CADDR},
@@ -88,6 +91,7 @@ int main(int argc, char **argv) {
                                          {"draft-timeout-ms", required_argument, 0, O_DTO},
                                          {"verify-timeout-ms", required_argument, 0, O_VTO},
                                          {"curve-secret", required_argument, 0, O_CURVE},
+                                         {"stats-names", no_argument, 0, O_STATS_NAMES},
                                          {"verbose", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -137,6 +141,7 @@ int main(int argc, char **argv) {
             ok = sd_cli_parse_i32(optarg, 1, 1 << 30, &p.verify_timeout_ms);
             break;
         case O_CURVE: p.curve_secret_file = optarg; break;
+        case O_STATS_NAMES: p.stats_names = true; break;
         case 'v': verbose = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;

@@ -5,8 +5,11 @@
  * message handled to completion, then the timers run (heartbeats, liveness,
  * step timeouts) at most every few milliseconds. Replies go out from inside
  * the handlers through sd_coord_io, so a verify reply is answered by the
- * next verify request without a trip through the poll. */
+ * next verify request without a trip through the poll. Prompts are
+ * tokenized on a thread of their own (tokq.h); its eventfd is polled beside
+ * the sockets. */
 #include "coord.h"
+#include "tokq.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -23,6 +26,7 @@ struct sd_coord_server {
     void *client_sock, *worker_sock;
     sd_coord c;
     bool state_ok;
+    sd_tokq *tokq;
 };
 
 static bool send_to_worker(void *user, const uint8_t *ident, size_t ident_len, const Specd__CoordinatorToWorker *env) {
@@ -68,6 +72,8 @@ sd_status sd_coord_server_new(const sd_coord_params *p, sd_coord_server **out) {
         return st;
     }
     s->state_ok = true;
+    if ((st = sd_tokq_new(s->c.tok, s->c.default_system, s->c.n_ctx, s->c.n_vocab, &s->tokq)) != SD_OK) goto fail;
+    s->c.tokq = s->tokq;
     char secret[64] = {0};
     if (p->curve_secret_file && (st = read_secret(p->curve_secret_file, secret, sizeof secret)) != SD_OK) goto fail;
     s->zctx = zmq_ctx_new();
@@ -79,12 +85,15 @@ sd_status sd_coord_server_new(const sd_coord_params *p, sd_coord_server **out) {
     sd_net_socket_params sp = sd_net_socket_default_params();
     sp.type = ZMQ_ROUTER;
     sp.curve_server_secret = p->curve_secret_file ? secret : NULL;
-    sp.max_msg_bytes = SD_MAX_CLIENT_MSG_BYTES;
+    /* Each cap is what a peer can legitimately need; libzmq drops a peer
+     * announcing more before allocating anything for it. */
+    sp.max_msg_bytes = sd_net_client_msg_cap(s->c.n_ctx);
     if ((st = sd_net_socket_open(s->zctx, &sp, p->client_addr, NULL, &s->client_sock)) != SD_OK) goto fail;
-    sp.max_msg_bytes = SD_MAX_WORKER_MSG_BYTES;
+    int64_t client_cap = sp.max_msg_bytes;
+    sp.max_msg_bytes = sd_net_worker_reply_cap(p->max_active, p->k_max);
     if ((st = sd_net_socket_open(s->zctx, &sp, p->worker_addr, NULL, &s->worker_sock)) != SD_OK) goto fail;
-    SD_INFO("clients on %s, workers on %s%s", p->client_addr, p->worker_addr,
-            p->curve_secret_file ? " (CurveZMQ)" : "");
+    SD_INFO("clients on %s, workers on %s%s (messages at most %lld and %lld bytes)", p->client_addr, p->worker_addr,
+            p->curve_secret_file ? " (CurveZMQ)" : "", (long long)client_cap, (long long)sp.max_msg_bytes);
     *out = s;
     return SD_OK;
 fail:
@@ -132,8 +141,10 @@ static void drain(sd_coord_server *s, bool workers) {
 sd_status sd_coord_server_run(sd_coord_server *s, atomic_int *stop) {
     uint64_t last_tick = 0;
     while (!atomic_load(stop)) {
-        zmq_pollitem_t items[2] = {{s->worker_sock, 0, ZMQ_POLLIN, 0}, {s->client_sock, 0, ZMQ_POLLIN, 0}};
-        int rc = zmq_poll(items, 2, POLL_MS);
+        zmq_pollitem_t items[3] = {{s->worker_sock, 0, ZMQ_POLLIN, 0},
+                                   {s->client_sock, 0, ZMQ_POLLIN, 0},
+                                   {NULL, sd_tokq_fd(s->tokq), ZMQ_POLLIN, 0}};
+        int rc = zmq_poll(items, 3, POLL_MS);
         if (rc < 0) {
             if (zmq_errno() == EINTR) continue;
             SD_ERROR("zmq_poll: %s", zmq_strerror(zmq_errno()));
@@ -141,6 +152,7 @@ sd_status sd_coord_server_run(sd_coord_server *s, atomic_int *stop) {
         }
         if (items[0].revents & ZMQ_POLLIN) drain(s, true);
         if (items[1].revents & ZMQ_POLLIN) drain(s, false);
+        if (items[2].revents & ZMQ_POLLIN) sd_clients_on_tokenized(&s->c, sd_coord_now_us());
         uint64_t now = sd_coord_now_us();
         if (now >= last_tick + TICK_US) {
             sd_workers_tick(&s->c, now);
@@ -158,6 +170,7 @@ void sd_coord_server_free(sd_coord_server **sp) {
     sd_net_close(&s->client_sock);
     sd_net_close(&s->worker_sock);
     if (s->zctx) zmq_ctx_term(s->zctx);
+    sd_tokq_free(&s->tokq); /* before the state: the thread reads its tokenizer */
     if (s->state_ok) sd_coord_state_free(&s->c);
     free(s);
     *sp = NULL;
