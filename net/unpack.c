@@ -12,6 +12,11 @@
  * returns NULL, which the decoders report as MALFORMED. The work done before
  * the refusal is bounded by the budget too.
  *
+ * A walk over the wire bytes first computes a lower bound of those
+ * allocations and refuses a message whose bound is already over budget, so
+ * the commonest hostile shape (millions of empty entries) costs one pass
+ * over its bytes and no allocation at all.
+ *
  * The allocator hands out plain malloc'd blocks and frees with free(), so a
  * message unpacked here is freed with free_unpacked(m, NULL) like any other:
  * no caller had to change. Its price is that frees are not credited back
@@ -61,25 +66,29 @@ size_t sd_net_unpack_budget(size_t len) {
     return scaled + SD_NET_UNPACK_BASE_BYTES;
 }
 
-ProtobufCMessage *sd_net_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *data, size_t len, size_t budget,
-                                bool *over_budget) {
-    unpack_budget b = {budget, false};
-    ProtobufCAllocator a = {.alloc = budget_alloc, .free = budget_free, .allocator_data = &b};
-    if (over_budget) *over_budget = false;
-    if (!d || (!data && len)) return NULL;
-    ProtobufCMessage *m = protobuf_c_message_unpack(d, &a, len, data);
-    if (!m && over_budget) *over_budget = b.exceeded;
-    return m;
-}
+/* ---- one walk over the wire bytes ----
+ * Before protobuf-c sees a message, its bytes are walked once (fields looked
+ * up in the descriptor, nested messages followed) for two things:
+ *  - a lower bound of what unpacking will allocate: each sub-message's
+ *    struct, each string, a pointer per repeated entry, a 32-byte scan
+ *    record per field past a message's first 16. A message whose bound is
+ *    over its budget is refused before anything is allocated, so a hostile
+ *    message of empty entries costs one pass over its bytes; the allocator
+ *    still enforces the budget for what the bound leaves out.
+ *  - NUL bytes in strings: protobuf-c hands strings over NUL-terminated and
+ *    drops their length, so a prompt "a\0b" would arrive as "a", cut.
+ * Malformed bytes end the walk quietly: the unpack reports them. */
 
-/* ---- NUL bytes in text ----
- * protobuf-c hands strings over NUL-terminated and drops their length, so a
- * prompt "a\0b" would arrive as "a": cut silently. The wire bytes still
- * know, so they are walked once (fields looked up in the descriptor, nested
- * messages followed) before unpacking. Malformed bytes end the walk quietly:
- * the unpack reports them. */
+#define WALK_DEPTH        16 /* deeper than any specd message nests */
+#define SCAN_RECORD_BYTES 32 /* protobuf-c's ScannedMember */
+#define SCAN_ON_STACK     16 /* records protobuf-c keeps on its stack */
 
-#define NUL_WALK_DEPTH 16 /* deeper than any specd message nests */
+typedef struct wire_walk {
+    bool want_nul;    /* stop at the first string holding a NUL */
+    const char *nul;  /* that string's field name */
+    size_t cost;      /* lower bound of the unpack's allocations (saturating) */
+    size_t stop_cost; /* stop once cost passes this */
+} wire_walk;
 
 static bool read_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
     *v = 0;
@@ -91,41 +100,70 @@ static bool read_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
     return false;
 }
 
-static const char *nul_field(const ProtobufCMessageDescriptor *d, const uint8_t *p, const uint8_t *end, int depth) {
-    while (p < end) {
+static void add_cost(wire_walk *w, size_t c) { w->cost = w->cost > SIZE_MAX - c ? SIZE_MAX : w->cost + c; }
+
+static bool walk_done(const wire_walk *w) { return w->nul || w->cost > w->stop_cost; }
+
+static void walk(const ProtobufCMessageDescriptor *d, const uint8_t *p, const uint8_t *end, int depth, wire_walk *w) {
+    size_t n_fields = 0;
+    add_cost(w, charge_of(d->sizeof_message));
+    while (p < end && !walk_done(w)) {
         uint64_t key, v;
-        if (!read_varint(&p, end, &key)) return NULL;
-        switch (key & 7) {
-        case 0:
-            if (!read_varint(&p, end, &v)) return NULL;
+        if (!read_varint(&p, end, &key)) break;
+        n_fields++;
+        if ((key & 7) == 0) {
+            if (!read_varint(&p, end, &v)) break;
             continue;
-        case 1:
-            if (end - p < 8) return NULL;
-            p += 8;
-            continue;
-        case 5:
-            if (end - p < 4) return NULL;
-            p += 4;
-            continue;
-        case 2: break;
-        default: return NULL;
         }
-        if (!read_varint(&p, end, &v) || v > (uint64_t)(end - p)) return NULL;
+        if ((key & 7) == 1 || (key & 7) == 5) {
+            size_t n = (key & 7) == 1 ? 8 : 4;
+            if ((size_t)(end - p) < n) break;
+            p += n;
+            continue;
+        }
+        if ((key & 7) != 2 || !read_varint(&p, end, &v) || v > (uint64_t)(end - p)) break;
         const ProtobufCFieldDescriptor *f =
             key >> 3 <= UINT32_MAX ? protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3)) : NULL;
-        if (f && f->type == PROTOBUF_C_TYPE_STRING && memchr(p, 0, (size_t)v)) return f->name;
-        if (f && f->type == PROTOBUF_C_TYPE_MESSAGE && depth < NUL_WALK_DEPTH) {
-            const char *inner = nul_field(f->descriptor, p, p + v, depth + 1);
-            if (inner) return inner;
+        if (f) {
+            bool text = f->type == PROTOBUF_C_TYPE_STRING || f->type == PROTOBUF_C_TYPE_BYTES;
+            if (f->label == PROTOBUF_C_LABEL_REPEATED && (text || f->type == PROTOBUF_C_TYPE_MESSAGE))
+                add_cost(w, sizeof(void *));
+            if (text) add_cost(w, charge_of((size_t)v + 1));
+            if (w->want_nul && f->type == PROTOBUF_C_TYPE_STRING && memchr(p, 0, (size_t)v)) w->nul = f->name;
+            if (f->type == PROTOBUF_C_TYPE_MESSAGE && depth < WALK_DEPTH) walk(f->descriptor, p, p + v, depth + 1, w);
+        } else {
+            add_cost(w, charge_of((size_t)v)); /* kept as an unknown field's copy */
         }
         p += v;
     }
-    return NULL;
+    if (n_fields > SCAN_ON_STACK) {
+        size_t records = n_fields - SCAN_ON_STACK;
+        add_cost(w, records > SIZE_MAX / SCAN_RECORD_BYTES ? SIZE_MAX : records * SCAN_RECORD_BYTES);
+    }
 }
 
 const char *sd_net_nul_field(const ProtobufCMessageDescriptor *d, const uint8_t *data, size_t len) {
     if (!d || !data) return NULL;
-    return nul_field(d, data, data + len, 0);
+    wire_walk w = {.want_nul = true, .stop_cost = SIZE_MAX};
+    walk(d, data, data + len, 0, &w);
+    return w.nul;
+}
+
+ProtobufCMessage *sd_net_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *data, size_t len, size_t budget,
+                                bool *over_budget) {
+    if (over_budget) *over_budget = false;
+    if (!d || (!data && len)) return NULL;
+    wire_walk w = {.want_nul = false, .stop_cost = budget};
+    walk(d, data, data + len, 0, &w);
+    if (w.cost > budget) {
+        if (over_budget) *over_budget = true;
+        return NULL;
+    }
+    unpack_budget b = {budget, false};
+    ProtobufCAllocator a = {.alloc = budget_alloc, .free = budget_free, .allocator_data = &b};
+    ProtobufCMessage *m = protobuf_c_message_unpack(d, &a, len, data);
+    if (!m && over_budget) *over_budget = b.exceeded;
+    return m;
 }
 
 /* Bytes a length-delimited field of n payload bytes takes on the wire, at most. */
