@@ -27,6 +27,8 @@ specd_py_test(it_overload ${_it}test_overload.py LABELS integration)
 specd_py_test(it_netns ${_it}test_netns.py LABELS integration)
 specd_py_test(it_launch ${_it}test_launch.py LABELS integration)
 specd_py_test(it_client_cli ${_it}test_client_cli.py LABELS integration)
+specd_py_test(it_bounds ${_it}test_bounds.py LABELS integration)
+specd_py_test(it_holes ${_it}test_holes.py LABELS integration)
 # The integration tests start several processes each: never two at once.
 set_tests_properties(it_greedy_tiny_model it_greedy_tiny_self it_greedy_tiny_ngram it_greedy_tiny_hf
                      it_greedy_tiny_warmup it_greedy_smollm_ngram
