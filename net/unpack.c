@@ -182,6 +182,20 @@ int64_t sd_net_worker_reply_cap(int32_t max_batch, int32_t max_draft) {
     return cap;
 }
 
+int64_t sd_net_worker_request_cap(const sd_net_limits *lim) {
+    int64_t batch = lim && lim->max_batch > 0 && lim->max_batch <= SD_MAX_BATCH ? lim->max_batch : SD_MAX_BATCH;
+    int64_t draft = lim && lim->max_draft > 0 && lim->max_draft <= SD_MAX_DRAFT ? lim->max_draft : SD_MAX_DRAFT;
+    int64_t ctx = lim && lim->max_context > 0 ? lim->max_context : INT32_MAX;
+    int64_t q = field_bytes(field_bytes(5 * (int64_t)SD_MAX_TOP_N) + field_bytes(4 * (int64_t)SD_MAX_TOP_N));
+    /* One VerifySeq (the larger of the two kinds): ids and lengths, sampling, the appended tokens, drafts and q's. */
+    int64_t seq = field_bytes(256 + field_bytes(5 * ctx) + field_bytes(5 * draft) + draft * q);
+    if (seq > SD_MAX_WORKER_MSG_BYTES) return SD_MAX_WORKER_MSG_BYTES;
+    int64_t cap = 4096 + field_bytes(batch * seq);
+    if (cap < SD_MIN_MSG_CAP_BYTES) cap = SD_MIN_MSG_CAP_BYTES;
+    if (cap > SD_MAX_WORKER_MSG_BYTES) cap = SD_MAX_WORKER_MSG_BYTES;
+    return cap;
+}
+
 int64_t sd_net_client_msg_cap(int32_t max_context) {
     if (max_context < 1) max_context = 1 << 20;
     int64_t text = 2 * field_bytes(SD_MAX_PROMPT_BYTES); /* prompt and system */

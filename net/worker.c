@@ -175,7 +175,7 @@ static void send_heartbeat(worker_loop *w) {
 static sd_status connect_and_hello(worker_loop *w) {
     sd_net_socket_params sp = sd_net_socket_default_params();
     sp.type = ZMQ_DEALER;
-    sp.max_msg_bytes = SD_MAX_WORKER_MSG_BYTES;
+    sp.max_msg_bytes = sd_net_worker_request_cap(&w->p->limits); /* what our limits let a request hold */
     SD_TRY(sd_net_socket_open(w->zctx, &sp, NULL, w->p->coordinator, &w->sock));
     w->registered = false;
     w->last_recv = sd_now();

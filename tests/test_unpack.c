@@ -220,6 +220,35 @@ static void test_caps(void **state) {
     assert_true(ccap > 2 * SD_MAX_PROMPT_BYTES && ccap <= SD_MAX_CLIENT_MSG_BYTES);
     assert_int_equal(sd_net_client_msg_cap(1 << 30), SD_MAX_CLIENT_MSG_BYTES);
     assert_true(sd_net_unpack_budget(SIZE_MAX) == SIZE_MAX);
+    /* a worker's cap holds a verify batch of full contexts (prefixes resent after CACHE_MISS) */
+    sd_net_limits lim = {.n_vocab = 49152, .max_context = 2048, .max_batch = 64, .max_draft = 16};
+    int64_t wcap = sd_net_worker_request_cap(&lim);
+    Specd__VerifySeq *seqs = calloc(64, sizeof *seqs);
+    Specd__VerifySeq **pseqs = calloc(64, sizeof *pseqs);
+    int32_t *append = calloc(2048, sizeof *append);
+    assert_true(seqs && pseqs && append);
+    for (int i = 0; i < 2048; i++) append[i] = 49151 - i;
+    for (int i = 0; i < 64; i++) {
+        specd__verify_seq__init(&seqs[i]);
+        seqs[i].request_id = (uint64_t)i + 1;
+        seqs[i].n_append = 2048;
+        seqs[i].append = append;
+        pseqs[i] = &seqs[i];
+    }
+    Specd__VerifyRequest vr = SPECD__VERIFY_REQUEST__INIT;
+    vr.n_seqs = 64;
+    vr.seqs = pseqs;
+    Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
+    env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY;
+    env.verify = &vr;
+    size_t vlen = protobuf_c_message_get_packed_size(&env.base);
+    print_message("worker request cap for 64 x 2048: %lld bytes; 64 full prefixes pack to %zu\n", (long long)wcap,
+                  vlen);
+    assert_true((int64_t)vlen <= wcap && wcap < SD_MAX_WORKER_MSG_BYTES);
+    free(seqs);
+    free(pseqs);
+    free(append);
+    assert_int_equal(sd_net_worker_request_cap(NULL), SD_MAX_WORKER_MSG_BYTES);
 }
 
 /* A NUL byte in any text field is refused, not cut (protobuf-c drops the length). */

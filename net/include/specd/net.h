@@ -142,6 +142,11 @@ const char *sd_net_nul_field(const ProtobufCMessageDescriptor *d, const uint8_t 
  * max_draft drafts (a DraftResponse with SD_MAX_TOP_N-entry q's), floored at
  * SD_MIN_MSG_CAP_BYTES and capped at SD_MAX_WORKER_MSG_BYTES. */
 int64_t sd_net_worker_reply_cap(int32_t max_batch, int32_t max_draft);
+/* ZMQ_MAXMSGSIZE for a worker's socket to the coordinator: the largest
+ * request its limits allow (max_batch sequences of a full context of
+ * appended tokens and max_draft drafts with SD_MAX_TOP_N-entry q's), floored
+ * at SD_MIN_MSG_CAP_BYTES and capped at SD_MAX_WORKER_MSG_BYTES. */
+int64_t sd_net_worker_request_cap(const sd_net_limits *lim);
 /* ZMQ_MAXMSGSIZE for the coordinator's client socket: one SubmitRequest with
  * SD_MAX_PROMPT_BYTES of prompt and of system text, or max_context prompt
  * ids, and its stop strings; at most SD_MAX_CLIENT_MSG_BYTES. */
