@@ -24,11 +24,11 @@ static void admit(sd_coord *c, sd_submit_job *j, uint64_t now_us) {
     Specd__Code code = j->code;
     const uint8_t *ident = j->ident;
     size_t ident_len = j->ident_len;
-    sd_coord_client *cl = sd_coord_client_find(c, ident, ident_len, true);
     if (code != SPECD__CODE__CODE_OK) {
         snprintf(msg, sizeof msg, "%s", j->msg);
         goto refuse;
     }
+    sd_coord_client *cl = sd_coord_client_find(c, ident, ident_len, true);
     if (!cl) {
         code = SPECD__CODE__CODE_OVERLOADED;
         snprintf(msg, sizeof msg, "too many clients connected");
@@ -81,7 +81,9 @@ static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const
     char msg[512];
     Specd__Code code = SPECD__CODE__CODE_BAD_REQUEST;
     uint64_t tag = r->client_tag;
-    int32_t waiting = c->n_queued + (c->tokq ? sd_tokq_pending(c->tokq) : 0);
+    /* Submits still being tokenized count as waiting beyond the free active slots. */
+    int32_t pending = c->tokq ? sd_tokq_pending(c->tokq) : 0, free_slots = c->p.max_active - c->n_active;
+    int32_t waiting = c->n_queued + (pending > free_slots ? pending - (free_slots > 0 ? free_slots : 0) : 0);
     if (waiting >= c->p.max_queue) {
         snprintf(msg, sizeof msg, "queue full: %d requests waiting (limit %d); retry later", waiting, c->p.max_queue);
         sd_outbox_client_error(c, ident, ident_len, SPECD__CODE__CODE_OVERLOADED, 0, tag, msg, now_us);

@@ -153,8 +153,9 @@ static size_t repeat_field(uint8_t *data, size_t size, size_t max_size, uint32_t
     size_t room = max_size > size + 16 ? max_size - size - 16 : 0;
     if (flen == 0 || room < flen) return 0;
     size_t max_copies = room / flen;
-    size_t copies = 1 + next_rand(rng) % (max_copies < 4 ? max_copies : max_copies / (1 + next_rand(rng) % 4));
-    if (copies > max_copies) copies = max_copies;
+    /* log-uniform: mostly a few copies (fast runs), now and then up to the size limit */
+    size_t limit = (size_t)1 << (next_rand(rng) % 24);
+    size_t copies = 1 + next_rand(rng) % (max_copies < limit ? max_copies : limit);
     size_t new_body = (size_t)body_len + copies * flen;
     uint8_t lenbuf[10];
     size_t new_l = put_varint(lenbuf, new_body);
