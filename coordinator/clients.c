@@ -237,8 +237,11 @@ void sd_clients_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, 
         /* Echo the submit's client_tag when the bytes at least unpack, so the
          * client can match the error to its request. */
         uint64_t tag = 0;
-        Specd__ClientToCoordinator *raw = (Specd__ClientToCoordinator *)sd_net_unpack(
-            &specd__client_to_coordinator__descriptor, body, len, sd_net_unpack_budget(len), NULL);
+        Specd__ClientToCoordinator *raw =
+            code == SPECD__CODE__CODE_MALFORMED
+                ? NULL /* it did not unpack within its budget */
+                : (Specd__ClientToCoordinator *)sd_net_unpack(&specd__client_to_coordinator__descriptor, body, len,
+                                                              sd_net_unpack_budget(len), NULL, NULL);
         if (raw && raw->body_case == SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT) tag = raw->submit->client_tag;
         if (raw) specd__client_to_coordinator__free_unpacked(raw, NULL);
         SD_INFO("client message refused (%s): %s", sd_net_code_name(code), err);

@@ -20,6 +20,7 @@
 #define POLL_MS   20
 #define TICK_US   5000u
 #define DRAIN_MAX 256
+#define DRAIN_US  20000u /* a drain yields to the timers after this long (a flood of large messages) */
 
 struct sd_coord_server {
     void *zctx;
@@ -101,10 +102,14 @@ fail:
     return st;
 }
 
-/* Handles up to DRAIN_MAX waiting messages of one socket. */
+/* Handles up to DRAIN_MAX waiting messages of one socket, for at most
+ * DRAIN_US: heartbeats and liveness must run between messages that each take
+ * a while (hostile ones at the size cap are refused, but only after a pass
+ * over their bytes). */
 static void drain(sd_coord_server *s, bool workers) {
     void *sock = workers ? s->worker_sock : s->client_sock;
-    for (int i = 0; i < DRAIN_MAX; i++) {
+    uint64_t t_start = sd_coord_now_us();
+    for (int i = 0; i < DRAIN_MAX && sd_coord_now_us() - t_start < DRAIN_US; i++) {
         sd_net_msg m = {0};
         sd_status st = sd_net_recv(sock, true, true, &m);
         uint64_t now = sd_coord_now_us();

@@ -110,7 +110,7 @@ static void walk(const ProtobufCMessageDescriptor *d, const uint8_t *p, const ui
     while (p < end && !walk_done(w)) {
         uint64_t key, v;
         if (!read_varint(&p, end, &key)) break;
-        n_fields++;
+        if (++n_fields > SCAN_ON_STACK) add_cost(w, SCAN_RECORD_BYTES);
         if ((key & 7) == 0) {
             if (!read_varint(&p, end, &v)) break;
             continue;
@@ -130,15 +130,14 @@ static void walk(const ProtobufCMessageDescriptor *d, const uint8_t *p, const ui
                 add_cost(w, sizeof(void *));
             if (text) add_cost(w, charge_of((size_t)v + 1));
             if (w->want_nul && f->type == PROTOBUF_C_TYPE_STRING && memchr(p, 0, (size_t)v)) w->nul = f->name;
-            if (f->type == PROTOBUF_C_TYPE_MESSAGE && depth < WALK_DEPTH) walk(f->descriptor, p, p + v, depth + 1, w);
+            if (f->type == PROTOBUF_C_TYPE_MESSAGE && v == 0) /* the commonest hostile entry: no call */
+                add_cost(w, charge_of(((const ProtobufCMessageDescriptor *)f->descriptor)->sizeof_message));
+            else if (f->type == PROTOBUF_C_TYPE_MESSAGE && depth < WALK_DEPTH)
+                walk(f->descriptor, p, p + v, depth + 1, w);
         } else {
             add_cost(w, charge_of((size_t)v)); /* kept as an unknown field's copy */
         }
         p += v;
-    }
-    if (n_fields > SCAN_ON_STACK) {
-        size_t records = n_fields - SCAN_ON_STACK;
-        add_cost(w, records > SIZE_MAX / SCAN_RECORD_BYTES ? SIZE_MAX : records * SCAN_RECORD_BYTES);
     }
 }
 
@@ -150,11 +149,16 @@ const char *sd_net_nul_field(const ProtobufCMessageDescriptor *d, const uint8_t 
 }
 
 ProtobufCMessage *sd_net_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *data, size_t len, size_t budget,
-                                bool *over_budget) {
+                                bool *over_budget, const char **nul_field) {
     if (over_budget) *over_budget = false;
+    if (nul_field) *nul_field = NULL;
     if (!d || (!data && len)) return NULL;
-    wire_walk w = {.want_nul = false, .stop_cost = budget};
+    wire_walk w = {.want_nul = nul_field != NULL, .stop_cost = budget};
     walk(d, data, data + len, 0, &w);
+    if (w.nul) {
+        *nul_field = w.nul;
+        return NULL;
+    }
     if (w.cost > budget) {
         if (over_budget) *over_budget = true;
         return NULL;

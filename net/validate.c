@@ -68,22 +68,18 @@ static vctx make_ctx(const sd_net_limits *lim, Specd__Code *code, char *err, siz
  * MALFORMED when the bytes do not decode or would need more memory, NULL +
  * BAD_REQUEST when a string holds a NUL byte. */
 static ProtobufCMessage *unpack_env(vctx *v, const ProtobufCMessageDescriptor *d, const uint8_t *data, size_t len) {
-    const char *nul = sd_net_nul_field(d, data, len);
-    if (nul) {
-        fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s: the text holds a NUL byte (refused rather than cut at it)", nul);
-        return NULL;
-    }
     bool over = false;
+    const char *nul = NULL;
     size_t budget = sd_net_unpack_budget(len);
-    ProtobufCMessage *m = sd_net_unpack(d, data, len, budget, &over);
-    if (!m) {
-        if (over)
-            fail(v, SPECD__CODE__CODE_MALFORMED,
-                 "%zu bytes need more than %zu bytes of memory to unpack as a %s envelope (the budget for their size)",
-                 len, budget, d->short_name);
-        else
-            fail(v, SPECD__CODE__CODE_MALFORMED, "%zu bytes do not decode as a %s envelope", len, d->short_name);
-    }
+    ProtobufCMessage *m = sd_net_unpack(d, data, len, budget, &over, &nul);
+    if (nul)
+        fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s: the text holds a NUL byte (refused rather than cut at it)", nul);
+    else if (!m && over)
+        fail(v, SPECD__CODE__CODE_MALFORMED,
+             "%zu bytes need more than %zu bytes of memory to unpack as a %s envelope (the budget for their size)", len,
+             budget, d->short_name);
+    else if (!m)
+        fail(v, SPECD__CODE__CODE_MALFORMED, "%zu bytes do not decode as a %s envelope", len, d->short_name);
     return m;
 }
 

@@ -63,11 +63,11 @@ static void test_client_empty_strings_refused(void **state) {
     expect_over_budget_client(buf, len);
     bool over = false;
     ProtobufCMessage *m =
-        sd_net_unpack(&specd__client_to_coordinator__descriptor, buf, len, sd_net_unpack_budget(len), &over);
+        sd_net_unpack(&specd__client_to_coordinator__descriptor, buf, len, sd_net_unpack_budget(len), &over, NULL);
     assert_null(m);
     assert_true(over);
     /* The same bytes unpack with an unbounded budget: the refusal is the budget's. */
-    m = sd_net_unpack(&specd__client_to_coordinator__descriptor, buf, len, SIZE_MAX, &over);
+    m = sd_net_unpack(&specd__client_to_coordinator__descriptor, buf, len, SIZE_MAX, &over, NULL);
     assert_non_null(m);
     assert_false(over);
     protobuf_c_message_free_unpacked(m, NULL);
@@ -149,7 +149,7 @@ static size_t min_budget(const uint8_t *buf, size_t len) {
     size_t lo = 0, hi = SIZE_MAX / 4;
     while (lo + 1 < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        ProtobufCMessage *m = sd_net_unpack(&specd__worker_to_coordinator__descriptor, buf, len, mid, NULL);
+        ProtobufCMessage *m = sd_net_unpack(&specd__worker_to_coordinator__descriptor, buf, len, mid, NULL, NULL);
         if (m) {
             protobuf_c_message_free_unpacked(m, NULL);
             hi = mid;
@@ -176,7 +176,7 @@ static void expect_decodes(size_t n_results, size_t k, size_t top_n) {
     assert_true(need <= sd_net_unpack_budget(len));
     /* One byte less than needed fails cleanly (and leaks nothing: ASan). */
     bool over = false;
-    assert_null(sd_net_unpack(&specd__worker_to_coordinator__descriptor, buf, len, need - 1, &over));
+    assert_null(sd_net_unpack(&specd__worker_to_coordinator__descriptor, buf, len, need - 1, &over, NULL));
     assert_true(over);
     free(buf);
 }
@@ -200,7 +200,7 @@ static void test_truncated_not_budget(void **state) {
     assert_int_equal(code, SPECD__CODE__CODE_MALFORMED);
     assert_null(strstr(err, "budget"));
     bool over = true;
-    assert_null(sd_net_unpack(&specd__worker_to_coordinator__descriptor, bad, sizeof bad, SIZE_MAX, &over));
+    assert_null(sd_net_unpack(&specd__worker_to_coordinator__descriptor, bad, sizeof bad, SIZE_MAX, &over, NULL));
     assert_false(over);
 }
 

@@ -124,12 +124,15 @@ sd_status sd_net_send(void *sock, const uint8_t *identity, size_t identity_len, 
 /* Bytes an unpack of len wire bytes may allocate (see SD_NET_UNPACK_RATIO). */
 size_t sd_net_unpack_budget(size_t len);
 /* Unpacks len bytes as message type d with allocations capped at budget
- * bytes (pass sd_net_unpack_budget(len)). NULL when the bytes do not decode
- * or the budget runs out (*over_budget then true; may be NULL): the caller
- * answers MALFORMED. The result is freed with protobuf_c_message_free_unpacked
- * (m, NULL) or the type's free_unpacked(m, NULL). Thread-safe. */
+ * bytes (pass sd_net_unpack_budget(len)). One walk over the wire bytes
+ * first refuses a message whose allocations are already over budget (and,
+ * when nul_field != NULL, one whose string fields hold a NUL byte: the
+ * field's name goes to *nul_field). NULL when refused or when the bytes do
+ * not decode; *over_budget (may be NULL) is true when the budget ran out.
+ * The result is freed with protobuf_c_message_free_unpacked(m, NULL) or the
+ * type's free_unpacked(m, NULL). Thread-safe. */
 ProtobufCMessage *sd_net_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *data, size_t len, size_t budget,
-                                bool *over_budget);
+                                bool *over_budget, const char **nul_field);
 
 /* Name of the first string field of a message of type d in the wire bytes
  * that holds a NUL byte ("prompt"), or NULL. protobuf-c would cut such a
