@@ -2,7 +2,7 @@
  * fitted to what each link can carry.
  *
  * protobuf-c unpacks in two passes: it scans every field of the wire bytes
- * into 40-byte records, then allocates every repeated array, sub-message and
+ * into 32-byte records, then allocates every repeated array, sub-message and
  * string before a single validation check can run. Two wire bytes (a tag and
  * a zero length) become a pointer, a whole sub-message struct and a scan
  * record: about 50-100 heap bytes per wire byte, and as much time. So every

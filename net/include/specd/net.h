@@ -46,7 +46,7 @@ extern "C" {
 #define SD_MIN_MSG_CAP_BYTES    (1 << 20)   /* floor of a fitted socket cap (Hello, errors, stats) */
 
 /* Unpack budget: protobuf-c allocates every sub-message, string and repeated
- * array (and 40 bytes of scan state per field) before validation can run, so
+ * array (and 32 bytes of scan state per field) before validation can run, so
  * 2 wire bytes of an empty sub-message cost about 100 bytes of heap. Every
  * unpack may allocate at most SD_NET_UNPACK_BASE_BYTES + SD_NET_UNPACK_RATIO x
  * its wire size (each allocation charged with malloc's overhead). The
