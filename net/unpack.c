@@ -72,14 +72,22 @@ size_t sd_net_unpack_budget(size_t len) {
  *  - a lower bound of what unpacking will allocate: each sub-message's
  *    struct, each string, a pointer per repeated entry, a 32-byte scan
  *    record per field past a message's first 16. A message whose bound is
- *    over its budget is refused before anything is allocated, so a hostile
- *    message of empty entries costs one pass over its bytes; the allocator
- *    still enforces the budget for what the bound leaves out.
+ *    over its budget, or that holds more than WALK_MAX_FIELDS fields, is
+ *    refused before anything is allocated, so a hostile message of small
+ *    entries costs part of one pass over its bytes; the allocator still
+ *    enforces the budget for what the bound leaves out.
  *  - NUL bytes in strings: protobuf-c hands strings over NUL-terminated and
  *    drops their length, so a prompt "a\0b" would arrive as "a", cut.
  * Malformed bytes end the walk quietly: the unpack reports them. */
 
 #define WALK_DEPTH        16 /* deeper than any specd message nests */
+/* Fields in one message, nested ones included. The largest legitimate
+ * messages (a DraftResponse or VerifyRequest of 256 sequences x 32 drafts,
+ * each draft's q a sub-message of two packed fields) hold about 27,000;
+ * every array of numbers is packed, one field. Past this a message is
+ * refused before unpacking: entries of a few bytes each cost protobuf-c
+ * 15x their size or more, and the count, not the size, is what they have. */
+#define WALK_MAX_FIELDS   (1 << 16)
 #define SCAN_RECORD_BYTES 32 /* protobuf-c's ScannedMember */
 #define SCAN_ON_STACK     16 /* records protobuf-c keeps on its stack */
 
@@ -87,6 +95,7 @@ typedef struct wire_walk {
     bool want_nul;    /* stop at the first string holding a NUL */
     const char *nul;  /* that string's field name */
     size_t cost;      /* lower bound of the unpack's allocations (saturating) */
+    size_t n_fields;  /* fields walked, all levels */
     size_t stop_cost; /* stop once cost passes this */
 } wire_walk;
 
@@ -102,7 +111,7 @@ static bool read_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
 
 static void add_cost(wire_walk *w, size_t c) { w->cost = w->cost > SIZE_MAX - c ? SIZE_MAX : w->cost + c; }
 
-static bool walk_done(const wire_walk *w) { return w->nul || w->cost > w->stop_cost; }
+static bool walk_done(const wire_walk *w) { return w->nul || w->cost > w->stop_cost || w->n_fields > WALK_MAX_FIELDS; }
 
 static void walk(const ProtobufCMessageDescriptor *d, const uint8_t *p, const uint8_t *end, int depth, wire_walk *w) {
     size_t n_fields = 0;
@@ -111,6 +120,7 @@ static void walk(const ProtobufCMessageDescriptor *d, const uint8_t *p, const ui
         uint64_t key, v;
         if (!read_varint(&p, end, &key)) break;
         if (++n_fields > SCAN_ON_STACK) add_cost(w, SCAN_RECORD_BYTES);
+        w->n_fields++;
         if ((key & 7) == 0) {
             if (!read_varint(&p, end, &v)) break;
             continue;
@@ -159,7 +169,7 @@ ProtobufCMessage *sd_net_unpack(const ProtobufCMessageDescriptor *d, const uint8
         *nul_field = w.nul;
         return NULL;
     }
-    if (w.cost > budget) {
+    if (w.cost > budget || w.n_fields > WALK_MAX_FIELDS) {
         if (over_budget) *over_budget = true;
         return NULL;
     }

@@ -76,8 +76,9 @@ static ProtobufCMessage *unpack_env(vctx *v, const ProtobufCMessageDescriptor *d
         fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s: the text holds a NUL byte (refused rather than cut at it)", nul);
     else if (!m && over)
         fail(v, SPECD__CODE__CODE_MALFORMED,
-             "%zu bytes need more than %zu bytes of memory to unpack as a %s envelope (the budget for their size)", len,
-             budget, d->short_name);
+             "%zu bytes would take more than their unpack budget (%zu bytes of memory, or too many fields) as a %s "
+             "envelope",
+             len, budget, d->short_name);
     else if (!m)
         fail(v, SPECD__CODE__CODE_MALFORMED, "%zu bytes do not decode as a %s envelope", len, d->short_name);
     return m;

@@ -61,16 +61,53 @@ static void test_client_empty_strings_refused(void **state) {
     size_t len;
     uint8_t *buf = empty_repeats(2 /* submit */, 8 /* stop */, (4u << 20) / 2 - 8, &len);
     expect_over_budget_client(buf, len);
+    free(buf);
+    /* 60,000 of them (under the field cap): the budget refuses, an unbounded one unpacks */
+    buf = empty_repeats(2, 8, 60000, &len);
     bool over = false;
     ProtobufCMessage *m =
         sd_net_unpack(&specd__client_to_coordinator__descriptor, buf, len, sd_net_unpack_budget(len), &over, NULL);
     assert_null(m);
     assert_true(over);
-    /* The same bytes unpack with an unbounded budget: the refusal is the budget's. */
     m = sd_net_unpack(&specd__client_to_coordinator__descriptor, buf, len, SIZE_MAX, &over, NULL);
     assert_non_null(m);
     assert_false(over);
     protobuf_c_message_free_unpacked(m, NULL);
+    free(buf);
+}
+
+/* Entries of 9 bytes cost protobuf-c under 16x their size, so the budget
+ * alone would let a 4.5 MiB message take ~70 MiB; past 65,536 fields the
+ * walk refuses it, even with an unbounded budget. */
+static uint8_t *nine_byte_results(size_t n, size_t *len) {
+    const uint8_t entry[] = {0x12, 0x07, 0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}; /* results { request_id } */
+    uint8_t *buf = malloc(16 + n * sizeof entry);
+    assert_non_null(buf);
+    size_t o = 0;
+    buf[o++] = 0x22; /* WorkerToCoordinator.draft */
+    o += put_varint(buf + o, n * sizeof entry);
+    for (size_t i = 0; i < n; i++, o += sizeof entry) memcpy(buf + o, entry, sizeof entry);
+    *len = o;
+    return buf;
+}
+
+static void test_field_count_cap(void **state) {
+    (void)state;
+    size_t len;
+    uint8_t *buf = nine_byte_results(30000, &len); /* 60,000 fields */
+    bool over = true;
+    ProtobufCMessage *m = sd_net_unpack(&specd__worker_to_coordinator__descriptor, buf, len, SIZE_MAX, &over, NULL);
+    assert_non_null(m);
+    protobuf_c_message_free_unpacked(m, NULL);
+    free(buf);
+    buf = nine_byte_results(524288, &len);
+    assert_null(sd_net_unpack(&specd__worker_to_coordinator__descriptor, buf, len, SIZE_MAX, &over, NULL));
+    assert_true(over);
+    Specd__Code code;
+    char err[256];
+    assert_null(sd_net_decode_worker(buf, len, NULL, &code, err, sizeof err));
+    assert_int_equal(code, SPECD__CODE__CODE_MALFORMED);
+    assert_non_null(strstr(err, "budget"));
     free(buf);
 }
 
@@ -280,6 +317,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_client_empty_strings_refused),
         cmocka_unit_test(test_worker_empty_submessages_refused),
+        cmocka_unit_test(test_field_count_cap),
         cmocka_unit_test(test_legitimate_within_budget),
         cmocka_unit_test(test_truncated_not_budget),
         cmocka_unit_test(test_caps),
