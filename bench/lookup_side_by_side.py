@@ -2,7 +2,7 @@
 """Side by side: specd's n-gram drafter and llama.cpp's prompt lookup decoding.
 
 Usage: lookup_side_by_side.py MODEL.gguf PROMPTS.txt... [--tokens 48] [--threads 2]
-                              [--max-other-load 0.25] [--specd-generate PATH]
+                              [--cpus 0-1] [--max-other-load 0.25] [--specd-generate PATH]
 
 For every prompt (one a line, "\\n" for a newline, chat-wrapped by each
 program's own chat template), interleaved in one run, greedy, the same
@@ -20,6 +20,13 @@ step commits its accepted drafts and one more token). llama.cpp's figure is
 end-to-end (its prefill included, which the lookup does not change); specd's
 is its decode figure: compare each program's ratio to its own plain run.
 
+Both programs run on the same CPUs (--cpus, default the first --threads
+online CPUs of this process's affinity): this process takes that affinity
+before llama.cpp starts its threads in it, and specd-generate inherits it.
+Neither pins a thread to a single core (specd's pool does not; llama.cpp's
+default does not either), so both are placed the same way; the table
+header names the set.
+
 Hygiene: around every run the CPU time of other processes is sampled
 (/proc/stat busy minus this process and its children, i.e. specd-generate
 once reaped), and prompts on which any run saw more than --max-other-load
@@ -35,31 +42,8 @@ import subprocess
 import sys
 import time
 
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def busy_ticks():
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:9]]
-    return v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
-
-
-def own_ticks():
-    with open("/proc/self/stat") as f:
-        s = f.read()
-    fields = s[s.rindex(")") + 2:].split()
-    return sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
-
-
-class Hyg:
-    def __enter__(self):
-        self.t0, self.b0, self.o0 = time.monotonic(), busy_ticks(), own_ticks()
-        return self
-
-    def __exit__(self, *exc):
-        wall = time.monotonic() - self.t0
-        other = (busy_ticks() - self.b0) - (own_ticks() - self.o0)
-        self.other = max(0.0, other / TICK / wall) if wall > 0 else -1.0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_common import Hyg, pin  # noqa: E402
 
 
 def read_prompts(path):
@@ -73,9 +57,11 @@ def main():
     ap.add_argument("prompts", nargs="+")
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cpus", default="", help="CPU list both programs run on (default: the first --threads)")
     ap.add_argument("--max-other-load", type=float, default=0.25)
     ap.add_argument("--specd-generate", default="build/tools/specd-generate")
     a = ap.parse_args()
+    cpus = pin(a.cpus, a.threads)
     from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
@@ -145,6 +131,7 @@ def main():
             keep.append(ok)
             print(f"{path}: prompt {len(keep)} done", file=sys.stderr)
     idx = [i for i, k in enumerate(keep) if k] or list(range(len(keep)))
+    print(f"Both programs on CPUs {cpus} (process affinity, {a.threads} threads each, no thread pinned to one core).\n")
     print(f"{len(idx)} of {len(keep)} prompts kept (other processes at most {a.max_other_load} cores during every "
           f"run){'' if any(keep) else ': NONE was, all kept, unreliable'}.\n")
     print("| method | tokens/s (median) | vs own plain | acceptance | tokens / target step | "

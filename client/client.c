@@ -14,7 +14,20 @@
  * I/O thread only; the lock hand-over at DONE publishes them to the waiter.
  *
  * Replies carry no tag for stats, so every ServiceStats answers all current
- * stats waiters (a snapshot a few ms older is as good). */
+ * stats waiters (a snapshot a few ms older is as good).
+ *
+ * Coordinator restarts. Each record keeps its Submit (packed) and the
+ * tokens received. When the coordinator falls silent for the liveness
+ * period with requests in flight, the I/O thread reopens its DEALER (a
+ * fresh routing id, as net/worker.c does: replies a stopped coordinator
+ * still holds for the old one never arrive) and resubmits every request as
+ * a continuation (SubmitRequest.continuation = the tokens received), with a
+ * new tag; the coordinator's new id is kept in server_id, while the user
+ * keeps the first one (request ids do not repeat across coordinator
+ * starts). Greedy and seeded output then continue as if nothing happened;
+ * the callback sees one stream. Rejected: resubmitting the prompt alone
+ * and skipping what was already received (the text would be decoded twice
+ * and an unseeded request would not reproduce its tokens). */
 #include "specd/client.h"
 
 #include <errno.h>
@@ -32,8 +45,13 @@ enum req_state { REQ_PENDING, REQ_ACTIVE, REQ_FINISHING, REQ_DONE };
 
 typedef struct req {
     uint64_t client_tag;
+    uint64_t server_id; /* the current coordinator's id (result.request_id is the first one); 0 while resubmitted */
     enum req_state state;
-    bool in_submit; /* sd_client_submit still reads it: sd_client_wait must not collect it yet */
+    uint8_t *submit; /* the packed ClientToCoordinator Submit, for resubmission */
+    size_t submit_len;
+    uint32_t max_tokens;   /* as submitted (0 = the coordinator's default) */
+    bool cancel_requested; /* cancelled while resubmitted: sent once the new id is known */
+    bool in_submit;        /* sd_client_submit still reads it: sd_client_wait must not collect it yet */
     sd_client_token_cb cb;
     void *user;
     sd_client_result result;
@@ -57,7 +75,13 @@ typedef struct stats_waiter {
 struct sd_client {
     sd_client_params params;
     char addr[512];
+    char curve_server_public[64], curve_public[64], curve_secret[64]; /* copies, for reopening */
+    char name[128];                                                   /* sent in Hello */
+    uint32_t n_resubmits;                                             /* coordinator restarts lived through */
     void *zctx, *sock;
+    void *monitor;          /* failed handshakes of sock (CurveZMQ only) */
+    char refused[256];      /* set once the coordinator refused our key: every request fails with it */
+    int handshake_failures; /* in a row, without detail (SD_NET_HANDSHAKE_TRIES make a refusal) */
     int wake_fd;
     pthread_t io;
     bool io_started;
@@ -113,9 +137,18 @@ static sd_status enqueue_locked(sd_client *c, const ProtobufCMessage *env) {
     return SD_OK;
 }
 
+/* By the id the user knows (the first coordinator's). */
 static req *find_by_id_locked(sd_client *c, uint64_t request_id) {
     for (req *r = c->reqs; r; r = r->next)
         if (r->state != REQ_PENDING && r->result.request_id == request_id) return r;
+    return NULL;
+}
+
+/* By the current coordinator's id (what its messages carry). */
+static req *find_by_server_id_locked(sd_client *c, uint64_t server_id) {
+    if (server_id == 0) return NULL;
+    for (req *r = c->reqs; r; r = r->next)
+        if (r->state != REQ_PENDING && r->server_id == server_id) return r;
     return NULL;
 }
 
@@ -136,6 +169,7 @@ static void unlink_locked(sd_client *c, req *target) {
 static void req_free(req *r) {
     if (!r) return;
     sd_client_result_clear(&r->result);
+    free(r->submit);
     free(r);
 }
 
@@ -205,6 +239,95 @@ static void fail_all_locked(sd_client *c, const char *why) {
     pthread_cond_broadcast(&c->cv);
 }
 
+/* Opens (or reopens, with a fresh routing id) the DEALER to the
+ * coordinator and says Hello. Only the connecting thread before the I/O
+ * thread starts, or the I/O thread itself, may call it. */
+static sd_status open_socket(sd_client *c) {
+    if (c->sock) sd_net_monitor_close(c->sock, &c->monitor);
+    sd_net_close(&c->sock);
+    sd_net_socket_params sp = sd_net_socket_default_params();
+    sp.type = ZMQ_DEALER;
+    sp.max_msg_bytes = SD_MAX_CLIENT_MSG_BYTES;
+    sp.curve_server_public = c->curve_server_public[0] ? c->curve_server_public : NULL;
+    sp.curve_public = c->curve_public[0] ? c->curve_public : NULL;
+    sp.curve_secret = c->curve_secret[0] ? c->curve_secret : NULL;
+    sd_status st = sd_net_socket_open(c->zctx, &sp, NULL, c->addr, &c->sock);
+    if (st != SD_OK) return st;
+    /* always: a plaintext client of a CURVE coordinator learns it at once too */
+    if ((st = sd_net_monitor_open(c->zctx, c->sock, &c->monitor)) != SD_OK) return st;
+    /* A DEALER without a connected peer blocks on send until one connects,
+     * which may be never (a CurveZMQ handshake the coordinator refused):
+     * bound every send, so the I/O thread keeps its deadlines and
+     * sd_client_close its promise. A send that times out is logged and its
+     * request fails by the connect/liveness deadlines like any other. */
+    int send_timeout_ms = c->params.heartbeat_interval_ms;
+    if (zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &send_timeout_ms, sizeof send_timeout_ms) != 0) {
+        SD_ERROR("sd_client_connect: ZMQ_SNDTIMEO: %s", zmq_strerror(zmq_errno()));
+        return SD_ERR_NET;
+    }
+    /* Say who we are; the coordinator may log it. */
+    Specd__Hello hello = SPECD__HELLO__INIT;
+    hello.protocol_version = SD_PROTOCOL_VERSION;
+    hello.role = SPECD__ROLE__ROLE_CLIENT;
+    hello.name = c->name;
+    Specd__ClientToCoordinator env = SPECD__CLIENT_TO_COORDINATOR__INIT;
+    env.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_HELLO;
+    env.hello = &hello;
+    return sd_net_send(c->sock, NULL, 0, &env.base);
+}
+
+/* Queues r's Submit again as a continuation of the tokens it received,
+ * with a new tag. False when it could not be (then r must be failed). */
+static bool resubmit_locked(sd_client *c, req *r) {
+    Specd__ClientToCoordinator *env = specd__client_to_coordinator__unpack(NULL, r->submit_len, r->submit);
+    if (!env || env->body_case != SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT) {
+        if (env) specd__client_to_coordinator__free_unpacked(env, NULL);
+        return false;
+    }
+    Specd__SubmitRequest *sub = env->submit;
+    int32_t *own = sub->continuation;
+    size_t n_own = sub->n_continuation;
+    r->client_tag = sub->client_tag = c->next_tag++;
+    r->server_id = 0;
+    if (r->state == REQ_ACTIVE) {
+        sub->continuation = r->result.ids;
+        sub->n_continuation = r->result.n_ids;
+    }
+    bool ok = enqueue_locked(c, &env->base) == SD_OK;
+    sub->continuation = own;
+    sub->n_continuation = n_own;
+    specd__client_to_coordinator__free_unpacked(env, NULL);
+    return ok;
+}
+
+/* The coordinator fell silent with requests in flight: reopen the socket
+ * and resubmit them all (see the top of this file). Requests that already
+ * hold max_tokens end here with LENGTH (the coordinator's Finished was
+ * lost). Call with c->mu held. False when the socket cannot be reopened. */
+static bool reconnect_locked(sd_client *c, const char *why) {
+    if (open_socket(c) != SD_OK) return false;
+    c->n_resubmits++;
+    size_t n = 0;
+    for (req *r = c->reqs; r; r = r->next) {
+        if (r->state != REQ_PENDING && r->state != REQ_ACTIVE) continue;
+        if (r->state == REQ_ACTIVE && r->max_tokens > 0 && r->result.n_ids >= r->max_tokens) continue;
+        if (resubmit_locked(c, r)) n++;
+    }
+    SD_WARN("%s: reconnecting and resubmitting %zu request(s) as continuations", why, n);
+    for (;;) { /* the ones that were not resubmitted end now (finish_locked drops the lock) */
+        req *done = NULL;
+        for (req *r = c->reqs; r && !done; r = r->next)
+            if ((r->state == REQ_PENDING || r->state == REQ_ACTIVE) && r->server_id != 0) done = r;
+        if (!done) break;
+        bool full = done->state == REQ_ACTIVE && done->max_tokens > 0 && done->result.n_ids >= done->max_tokens;
+        if (full) done->result.stop_reason = SPECD__STOP_REASON__STOP_REASON_LENGTH;
+        finish_locked(c, done, full ? SD_OK : SD_ERR_NOMEM, full ? SPECD__CODE__CODE_OK : SPECD__CODE__CODE_UNSPECIFIED,
+                      full ? NULL : "out of memory resubmitting the request", NULL, 0);
+    }
+    wake(c);
+    return true;
+}
+
 static sd_status status_for_code(Specd__Code code) {
     switch (code) {
     case SPECD__CODE__CODE_BAD_REQUEST:
@@ -241,6 +364,14 @@ static void copy_stats(const Specd__ServiceStats *s, sd_client_service_stats *o)
         snprintf(d->name, sizeof d->name, "%s", w->name);
         d->drafter_kind = w->drafter_kind;
         d->alive = w->alive;
+        d->group_id = w->group_id;
+        d->group_size = w->group_size;
+        d->active_requests = w->active_requests;
+        d->served_requests = w->served_requests;
+        d->drafted = w->drafted;
+        d->accepted = w->accepted;
+        d->committed = w->committed;
+        d->step_us = w->step_us;
         if (w->stats) {
             d->kv_blocks_total = w->stats->kv_blocks_total;
             d->kv_blocks_free = w->stats->kv_blocks_free;
@@ -279,13 +410,20 @@ static void handle_locked(sd_client *c, const Specd__CoordinatorToClient *env) {
     case SPECD__COORDINATOR_TO_CLIENT__BODY_ACCEPTED: {
         const Specd__Accepted *a = env->accepted;
         r = find_by_tag_locked(c, a->client_tag);
+        if (r && r->state == REQ_ACTIVE && r->server_id == 0) { /* a resubmission, after a coordinator restart */
+            r->server_id = a->request_id;
+            SD_INFO("request %llu continues as the new coordinator's request %llu after %zu tokens",
+                    (unsigned long long)r->result.request_id, (unsigned long long)a->request_id, r->result.n_ids);
+            if (r->cancel_requested) send_cancel_locked(c, r->server_id);
+            break;
+        }
         if (!r || r->state != REQ_PENDING) {
             SD_WARN("Accepted for unknown client_tag %llu (request %llu): cancelling it",
                     (unsigned long long)a->client_tag, (unsigned long long)a->request_id);
             send_cancel_locked(c, a->request_id);
             break;
         }
-        r->result.request_id = a->request_id;
+        r->result.request_id = r->server_id = a->request_id;
         r->result.prompt_tokens = a->prompt_tokens;
         r->state = REQ_ACTIVE;
         pthread_cond_broadcast(&c->cv);
@@ -293,7 +431,7 @@ static void handle_locked(sd_client *c, const Specd__CoordinatorToClient *env) {
     }
     case SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS: {
         const Specd__TokenChunk *t = env->tokens;
-        r = find_by_id_locked(c, t->request_id);
+        r = find_by_server_id_locked(c, t->request_id);
         if (!r || r->state != REQ_ACTIVE) {
             SD_DEBUG("tokens for unknown request %llu", (unsigned long long)t->request_id);
             break;
@@ -304,7 +442,8 @@ static void handle_locked(sd_client *c, const Specd__CoordinatorToClient *env) {
             break;
         }
         if (r->cb) {
-            sd_client_chunk ch = {t->request_id, t->tokens, t->n_tokens, (const char *)t->text.data, t->text.len, NULL};
+            sd_client_chunk ch = {r->result.request_id,       t->tokens,   t->n_tokens,
+                                  (const char *)t->text.data, t->text.len, NULL};
             /* r stays linked: only DONE records are ever removed. */
             pthread_mutex_unlock(&c->mu);
             r->cb(&ch, r->user);
@@ -314,7 +453,7 @@ static void handle_locked(sd_client *c, const Specd__CoordinatorToClient *env) {
     }
     case SPECD__COORDINATOR_TO_CLIENT__BODY_FINISHED: {
         const Specd__Finished *f = env->finished;
-        r = find_by_id_locked(c, f->request_id);
+        r = find_by_server_id_locked(c, f->request_id);
         if (!r || r->state != REQ_ACTIVE) {
             SD_DEBUG("Finished for unknown request %llu", (unsigned long long)f->request_id);
             break;
@@ -331,7 +470,7 @@ static void handle_locked(sd_client *c, const Specd__CoordinatorToClient *env) {
         r = NULL;
         if (e->client_tag) r = find_by_tag_locked(c, e->client_tag);
         if ((!r || (r->state != REQ_PENDING && r->state != REQ_ACTIVE)) && e->request_id)
-            r = find_by_id_locked(c, e->request_id);
+            r = find_by_server_id_locked(c, e->request_id);
         if (!r && !e->client_tag && !e->request_id) {
             /* An untagged error (the coordinator could not decode the submit
              * far enough to read its tag) answers the oldest pending submit:
@@ -392,11 +531,33 @@ static sd_status send_heartbeat(sd_client *c) {
     return sd_net_send(c->sock, NULL, 0, &env.base);
 }
 
+/* The monitor's news: a refused key (or one failed handshake after another)
+ * fails every request now rather than after the connect timeout, and keeps
+ * failing new ones until a handshake succeeds. I/O thread. */
+static void on_handshake(sd_client *c) {
+    char why[sizeof c->refused];
+    sd_net_handshake h = sd_net_monitor_read(c->monitor, why, sizeof why);
+    if (h == SD_NET_HANDSHAKE_NONE) return;
+    pthread_mutex_lock(&c->mu);
+    if (h == SD_NET_HANDSHAKE_OK) {
+        c->handshake_failures = 0;
+        c->refused[0] = '\0';
+    } else if (h == SD_NET_HANDSHAKE_REFUSED || ++c->handshake_failures >= SD_NET_HANDSHAKE_TRIES) {
+        if (!c->refused[0]) SD_ERROR("coordinator %s: %s", c->addr, why);
+        memcpy(c->refused, why, sizeof why);
+        fail_all_locked(c, c->refused);
+    } else {
+        SD_WARN("coordinator %s: %s; retrying", c->addr, why);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
 static void *io_main(void *arg) {
     sd_client *c = arg;
     const uint64_t interval = (uint64_t)c->params.heartbeat_interval_ms;
     const uint64_t dead_after = interval * (uint64_t)c->params.heartbeat_liveness;
-    bool heard = false; /* anything received since the connection started */
+    bool heard = false;        /* anything received since the connection started */
+    bool reconnecting = false; /* resubmitted after the coordinator fell silent; nothing heard since */
     uint64_t last_recv = mono_ms(), last_send = 0, busy_since = 0;
     bool was_busy = false;
 
@@ -417,6 +578,7 @@ static void *io_main(void *arg) {
             pthread_mutex_lock(&c->mu);
         }
         /* 2. liveness */
+        if (c->refused[0] && in_flight_locked(c) > 0) fail_all_locked(c, c->refused);
         uint64_t now = mono_ms();
         bool busy = in_flight_locked(c) > 0;
         if (busy && !was_busy) {
@@ -429,19 +591,27 @@ static void *io_main(void *arg) {
                 char why[600];
                 snprintf(why, sizeof why, "coordinator %s silent for %llu ms (dead?)", c->addr,
                          (unsigned long long)(now - last_recv));
+                heard = false;
+                if (c->params.reconnect_timeout_ms > 0 && reconnect_locked(c, why)) {
+                    reconnecting = true;
+                    busy_since = last_recv = now;
+                    was_busy = in_flight_locked(c) > 0;
+                    continue;
+                }
                 SD_ERROR("%s: failing %zu pending request(s)", why, in_flight_locked(c));
                 fail_all_locked(c, why);
-                heard = false;
                 was_busy = false;
                 continue;
             }
-            if (!heard && now - busy_since > (uint64_t)c->params.connect_timeout_ms) {
+            int first_answer_ms = reconnecting ? c->params.reconnect_timeout_ms : c->params.connect_timeout_ms;
+            if (!heard && now - busy_since > (uint64_t)first_answer_ms) {
                 char why[600];
-                snprintf(why, sizeof why, "coordinator %s unreachable: no answer within %d ms", c->addr,
-                         c->params.connect_timeout_ms);
+                snprintf(why, sizeof why, "coordinator %s unreachable: no answer within %d ms%s", c->addr,
+                         first_answer_ms, reconnecting ? " of resubmitting" : "");
                 SD_ERROR("%s", why);
                 fail_all_locked(c, why);
                 was_busy = false;
+                reconnecting = false;
                 continue;
             }
             if (now - last_send >= interval) {
@@ -453,10 +623,12 @@ static void *io_main(void *arg) {
         pthread_mutex_unlock(&c->mu);
 
         /* 3. wait for the socket or a wake-up */
-        zmq_pollitem_t items[2] = {{c->sock, 0, ZMQ_POLLIN, 0}, {NULL, c->wake_fd, ZMQ_POLLIN, 0}};
+        zmq_pollitem_t items[3] = {
+            {c->sock, 0, ZMQ_POLLIN, 0}, {NULL, c->wake_fd, ZMQ_POLLIN, 0}, {c->monitor, 0, ZMQ_POLLIN, 0}};
         long timeout = busy ? (long)interval / 2 : 1000;
-        int rc = zmq_poll(items, 2, timeout);
+        int rc = zmq_poll(items, c->monitor ? 3 : 2, timeout);
         if (rc < 0 && zmq_errno() != EINTR) SD_ERROR("zmq_poll: %s", zmq_strerror(zmq_errno()));
+        if (rc > 0 && c->monitor && (items[2].revents & ZMQ_POLLIN)) on_handshake(c);
         if (rc > 0 && (items[1].revents & ZMQ_POLLIN)) {
             uint64_t v;
             ssize_t rd = read(c->wake_fd, &v, sizeof v);
@@ -469,6 +641,7 @@ static void *io_main(void *arg) {
             if (st == SD_ERR_NET) break; /* EAGAIN: drained */
             last_recv = mono_ms();
             heard = true;
+            reconnecting = false;
             if (st != SD_OK) continue;
             Specd__Code code;
             char err[256];
@@ -487,9 +660,9 @@ static void *io_main(void *arg) {
     }
     /* Leaving: cancel what is still running (best effort, within linger). */
     for (req *r = c->reqs; r; r = r->next)
-        if (r->state == REQ_ACTIVE) {
+        if (r->state == REQ_ACTIVE && r->server_id) {
             Specd__Cancel cancel = SPECD__CANCEL__INIT;
-            cancel.request_id = r->result.request_id;
+            cancel.request_id = r->server_id;
             Specd__ClientToCoordinator env = SPECD__CLIENT_TO_COORDINATOR__INIT;
             env.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_CANCEL;
             env.cancel = &cancel;
@@ -509,6 +682,7 @@ sd_client_params sd_client_default_params(void) {
     p.connect_timeout_ms = 10000;
     p.heartbeat_interval_ms = SD_HEARTBEAT_INTERVAL_MS;
     p.heartbeat_liveness = SD_HEARTBEAT_LIVENESS;
+    p.reconnect_timeout_ms = 60000;
     p.name = "specd-client";
     return p;
 }
@@ -538,8 +712,10 @@ const char *sd_client_stop_reason_name(Specd__StopReason r) {
 sd_status sd_client_connect(const sd_client_params *p, sd_client **out) {
     if (!p || !out) return SD_ERR_INVALID_ARG;
     *out = NULL;
-    if (p->heartbeat_interval_ms <= 0 || p->heartbeat_liveness <= 0 || p->connect_timeout_ms <= 0) {
-        SD_ERROR("sd_client_connect: heartbeat interval, liveness and connect timeout must be > 0");
+    if (p->heartbeat_interval_ms <= 0 || p->heartbeat_liveness <= 0 || p->connect_timeout_ms <= 0 ||
+        p->reconnect_timeout_ms < 0) {
+        SD_ERROR("sd_client_connect: heartbeat interval, liveness and connect timeout must be > 0, the reconnect "
+                 "timeout >= 0");
         return SD_ERR_INVALID_ARG;
     }
     sd_client *c = calloc(1, sizeof *c);
@@ -547,7 +723,19 @@ sd_status sd_client_connect(const sd_client_params *p, sd_client **out) {
     c->params = *p;
     snprintf(c->addr, sizeof c->addr, "%s", p->coordinator ? p->coordinator : SD_CLIENT_DEFAULT_ADDR);
     c->params.coordinator = c->addr;
-    c->params.name = NULL; /* borrowed strings are not kept */
+    c->params.name = NULL; /* borrowed strings are not kept: copies for reopening the socket */
+    const char *keys[3] = {p->curve_server_public, p->curve_public, p->curve_secret};
+    char *copies[3] = {c->curve_server_public, c->curve_public, c->curve_secret};
+    for (int i = 0; i < 3; i++) {
+        if (keys[i] && strlen(keys[i]) >= sizeof c->curve_public) {
+            SD_ERROR("sd_client_connect: a CurveZMQ key is %zu characters (Z85 keys have 40)", strlen(keys[i]));
+            free(c);
+            return SD_ERR_INVALID_ARG;
+        }
+        snprintf(copies[i], sizeof c->curve_public, "%s", keys[i] ? keys[i] : "");
+    }
+    c->params.curve_server_public = c->params.curve_public = c->params.curve_secret = NULL;
+    snprintf(c->name, sizeof c->name, "%s:%d", p->name ? p->name : "specd-client", (int)getpid());
     c->wake_fd = -1;
     c->next_tag = 1;
     pthread_mutex_init(&c->mu, NULL);
@@ -564,37 +752,7 @@ sd_status sd_client_connect(const sd_client_params *p, sd_client **out) {
         SD_ERROR("sd_client_connect: cannot create the ZeroMQ context or eventfd");
         goto fail;
     }
-    sd_net_socket_params sp = sd_net_socket_default_params();
-    sp.type = ZMQ_DEALER;
-    sp.max_msg_bytes = SD_MAX_CLIENT_MSG_BYTES;
-    sp.curve_server_public = p->curve_server_public;
-    sp.curve_public = p->curve_public;
-    sp.curve_secret = p->curve_secret;
-    st = sd_net_socket_open(c->zctx, &sp, NULL, c->addr, &c->sock);
-    if (st != SD_OK) goto fail;
-    /* A DEALER without a connected peer blocks on send until one connects,
-     * which may be never (a CurveZMQ handshake the coordinator refused):
-     * bound every send, so the I/O thread keeps its deadlines and
-     * sd_client_close its promise. A send that times out is logged and its
-     * request fails by the connect/liveness deadlines like any other. */
-    int send_timeout_ms = c->params.heartbeat_interval_ms;
-    if (zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &send_timeout_ms, sizeof send_timeout_ms) != 0) {
-        SD_ERROR("sd_client_connect: ZMQ_SNDTIMEO: %s", zmq_strerror(zmq_errno()));
-        st = SD_ERR_NET;
-        goto fail;
-    }
-
-    /* Say who we are; the coordinator may log it. */
-    Specd__Hello hello = SPECD__HELLO__INIT;
-    hello.protocol_version = SD_PROTOCOL_VERSION;
-    hello.role = SPECD__ROLE__ROLE_CLIENT;
-    char name[128];
-    snprintf(name, sizeof name, "%s:%d", p->name ? p->name : "specd-client", (int)getpid());
-    hello.name = name;
-    Specd__ClientToCoordinator env = SPECD__CLIENT_TO_COORDINATOR__INIT;
-    env.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_HELLO;
-    env.hello = &hello;
-    st = sd_net_send(c->sock, NULL, 0, &env.base);
+    st = open_socket(c);
     if (st != SD_OK) goto fail;
 
     if (pthread_create(&c->io, NULL, io_main, c) != 0) {
@@ -620,6 +778,7 @@ void sd_client_close(sd_client **cp) {
         wake(c);
         pthread_join(c->io, NULL);
     }
+    sd_net_monitor_close(c->sock, &c->monitor);
     sd_net_close(&c->sock);
     if (c->zctx) zmq_ctx_term(c->zctx);
     if (c->wake_fd >= 0) close(c->wake_fd);
@@ -640,11 +799,12 @@ void sd_client_close(sd_client **cp) {
     *cp = NULL;
 }
 
-sd_status sd_client_submit(sd_client *c, const sd_client_request *rq, sd_client_token_cb cb, void *user,
-                           uint64_t *request_id) {
-    if (!c || !rq) return SD_ERR_INVALID_ARG;
-    if (request_id) *request_id = 0;
+/* sd_client_submit with rq's conversation already in protobuf form. */
+static sd_status submit_with(sd_client *c, const sd_client_request *rq, Specd__ChatMessage **messages,
+                             sd_client_token_cb cb, void *user, uint64_t *request_id) {
     Specd__SubmitRequest sub = SPECD__SUBMIT_REQUEST__INIT;
+    sub.messages = messages;
+    sub.n_messages = messages ? rq->n_messages : 0;
     Specd__Sampling smp = SPECD__SAMPLING__INIT;
     sd_net_sampling_to_pb(&rq->sampling, &smp);
     sub.prompt = (char *)(rq->prompt ? rq->prompt : "");
@@ -657,7 +817,8 @@ sd_status sd_client_submit(sd_client *c, const sd_client_request *rq, sd_client_
     sub.stop = (char **)rq->stop;
     sub.n_stop = rq->stop ? rq->n_stop : 0;
     sub.ignore_eos = rq->ignore_eos;
-    sub.max_draft = rq->max_draft;
+    sub.max_k = rq->max_k;
+    sub.drafter_kind = rq->drafter_kind;
     Specd__ClientToCoordinator env = SPECD__CLIENT_TO_COORDINATOR__INIT;
     env.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT;
     env.submit = &sub;
@@ -677,7 +838,8 @@ sd_status sd_client_submit(sd_client *c, const sd_client_request *rq, sd_client_
         Specd__Code code;
         char why[256];
         Specd__ClientToCoordinator *check = sd_net_decode_client(bytes, len, NULL, &code, why, sizeof why);
-        free(bytes);
+        r->submit = bytes; /* kept for resubmission after a coordinator restart */
+        r->submit_len = len;
         if (!check) {
             r->result.status = status_for_code(code);
             r->result.code = code;
@@ -688,6 +850,7 @@ sd_status sd_client_submit(sd_client *c, const sd_client_request *rq, sd_client_
                 cb(&ch, user);
             }
             sd_status st = r->result.status;
+            free(r->submit);
             free(r);
             return st;
         }
@@ -695,6 +858,7 @@ sd_status sd_client_submit(sd_client *c, const sd_client_request *rq, sd_client_
     }
     r->cb = cb;
     r->user = user;
+    r->max_tokens = rq->max_tokens;
     r->state = REQ_PENDING;
     r->in_submit = true;
 
@@ -703,6 +867,7 @@ sd_status sd_client_submit(sd_client *c, const sd_client_request *rq, sd_client_
     sd_status st = enqueue_locked(c, &env.base);
     if (st != SD_OK) {
         pthread_mutex_unlock(&c->mu);
+        free(r->submit);
         free(r);
         return st;
     }
@@ -730,13 +895,52 @@ sd_status sd_client_submit(sd_client *c, const sd_client_request *rq, sd_client_
     return st;
 }
 
+/* The wire role of a chat role name; UNSPECIFIED (refused by validation) otherwise. */
+static Specd__ChatRole chat_role(const char *role) {
+    if (role && strcmp(role, "system") == 0) return SPECD__CHAT_ROLE__CHAT_ROLE_SYSTEM;
+    if (role && strcmp(role, "user") == 0) return SPECD__CHAT_ROLE__CHAT_ROLE_USER;
+    if (role && strcmp(role, "assistant") == 0) return SPECD__CHAT_ROLE__CHAT_ROLE_ASSISTANT;
+    return SPECD__CHAT_ROLE__CHAT_ROLE_UNSPECIFIED;
+}
+
+sd_status sd_client_submit(sd_client *c, const sd_client_request *rq, sd_client_token_cb cb, void *user,
+                           uint64_t *request_id) {
+    if (!c || !rq || (rq->n_messages && !rq->messages)) return SD_ERR_INVALID_ARG;
+    if (request_id) *request_id = 0;
+    /* more turns than the wire allows still go to validation, which names
+     * the limit; only the count copied here is capped */
+    size_t n = rq->n_messages > SD_MAX_CHAT_MESSAGES ? SD_MAX_CHAT_MESSAGES + 1 : rq->n_messages;
+    Specd__ChatMessage *pm = n ? calloc(n, sizeof *pm) : NULL;
+    Specd__ChatMessage **pp = n ? calloc(n, sizeof *pp) : NULL;
+    if (n && (!pm || !pp)) {
+        free(pm);
+        free(pp);
+        return SD_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        specd__chat_message__init(&pm[i]);
+        pm[i].role = chat_role(rq->messages[i].role);
+        pm[i].content = (char *)(rq->messages[i].content ? rq->messages[i].content : "");
+        pp[i] = &pm[i];
+    }
+    sd_client_request capped = *rq;
+    capped.n_messages = n;
+    sd_status st = submit_with(c, &capped, pp, cb, user, request_id);
+    free(pm);
+    free(pp);
+    return st;
+}
+
 sd_status sd_client_cancel(sd_client *c, uint64_t request_id) {
     if (!c) return SD_ERR_INVALID_ARG;
     pthread_mutex_lock(&c->mu);
     req *r = find_by_id_locked(c, request_id);
     sd_status st = SD_ERR_NOT_FOUND;
     if (r && (r->state == REQ_ACTIVE || r->state == REQ_FINISHING)) {
-        send_cancel_locked(c, request_id);
+        if (r->server_id)
+            send_cancel_locked(c, r->server_id);
+        else
+            r->cancel_requested = true; /* resubmitted: sent when the new coordinator accepts it */
         st = SD_OK;
     }
     pthread_mutex_unlock(&c->mu);
@@ -771,6 +975,7 @@ sd_status sd_client_wait(sd_client *c, uint64_t request_id, int timeout_ms, sd_c
     if (!result->text) { /* always a valid string */
         result->text = calloc(1, 1);
     }
+    free(r->submit);
     free(r);
     return SD_OK;
 }

@@ -12,6 +12,7 @@
  * library's I/O thread (inside the final callback) so the main thread only
  * orders and writes them. */
 #include "specd/client.h"
+#include "specd/curve.h"
 #include "specd/cli.h"
 
 #include <cjson/cJSON.h>
@@ -27,6 +28,7 @@
 
 typedef struct options {
     const char *coordinator, *prompt, *system, *jobs, *out;
+    const char *curve_secret, *curve_server; /* key files (specd-keygen) */
     const char *stop[SD_MAX_STOP_STRINGS];
     size_t n_stop;
     sd_client_request req;
@@ -53,15 +55,22 @@ static void usage(FILE *f) {
             "  -n N                new tokens at most (default: coordinator's)\n"
             "  --temp T            temperature (default 0 = greedy)\n"
             "  --top-p P, --top-k K, --min-p P, --seed S   sampling\n"
-            "  --chat              format the prompt as a ChatML user turn\n"
+            "  --chat              format the prompt as a user turn with the model's chat template\n"
             "  --system S          system prompt (with --chat)\n"
             "  --stop S            stop string (repeatable, up to %d)\n"
-            "  --max-draft K       largest draft length (-1: no speculation)\n"
+            "  --max-k K           largest draft length (-1: no speculation)\n"
+            "  --drafter KIND      only drafters of this kind draft for the request: ngram, model or self\n"
+            "                      (default: the coordinator chooses per request by measured goodput)\n"
             "  --ignore-eos        generate past end-of-generation tokens\n"
             "  --json              print one JSON object at the end\n"
             "  --timeout SEC       give up when the coordinator does not answer (default 10)\n"
+            "  --curve-secret FILE CurveZMQ: this client's secret key (specd-keygen; mode 0600; or\n"
+            "                      $SPECD_CURVE_SECRET); its public key must be on the coordinator's\n"
+            "                      --client-keys list\n"
+            "  --curve-server FILE the coordinator's public key (or $SPECD_CURVE_SERVER)\n"
             "  --jobs FILE         JSON lines: {\"prompt\",\"n\",\"temp\",\"top_p\",\"top_k\",\"min_p\",\"seed\",\n"
-            "                      \"chat\",\"system\",\"stop\",\"max_draft\",\"ignore_eos\",\"id\"}\n"
+            "                      \"chat\",\"system\",\"stop\",\"max_k\",\"ignore_eos\",\"id\"}, or \"messages\":\n"
+            "                      [{\"role\",\"content\"}, ...] (a conversation, instead of \"prompt\")\n"
             "  --out FILE          write job results here instead of stdout\n"
             "  --concurrency N     jobs in flight at most (default 64)\n"
             "  --stats             print service statistics\n"
@@ -241,15 +250,41 @@ static const char *json_str(const cJSON *o, const char *k) {
 
 /* Fills req from one job line on top of the command-line defaults. stop
  * pointers borrow from line. false + why on a bad field. */
-static bool job_request(const cJSON *line, const options *o, sd_client_request *req, const char **stops, char *why,
-                        size_t why_len) {
-    *req = o->req;
-    req->prompt = json_str(line, "prompt");
-    if (!req->prompt) {
-        snprintf(why, why_len, "missing string field \"prompt\"");
+/* A job's "messages" ([{"role","content"}, ...], at most SD_MAX_CHAT_MESSAGES)
+ * into turns, borrowing from line; false + why when malformed. */
+static bool job_messages(const cJSON *msgs, sd_client_request *req, sd_client_chat_msg *turns, char *why,
+                         size_t why_len) {
+    size_t n = 0;
+    const cJSON *e;
+    if (!cJSON_IsArray(msgs)) {
+        snprintf(why, why_len, "\"messages\" must be an array of {\"role\",\"content\"}");
         return false;
     }
-    const cJSON *v;
+    cJSON_ArrayForEach(e, msgs) {
+        const char *role = json_str(e, "role"), *content = json_str(e, "content");
+        if (!role || !content || n >= SD_MAX_CHAT_MESSAGES) {
+            snprintf(why, why_len, "\"messages\": at most %d objects with string \"role\" and \"content\"",
+                     SD_MAX_CHAT_MESSAGES);
+            return false;
+        }
+        turns[n++] = (sd_client_chat_msg){role, content};
+    }
+    req->messages = turns;
+    req->n_messages = n;
+    req->chat = false; /* the conversation alone says what the prompt is */
+    return true;
+}
+
+static bool job_request(const cJSON *line, const options *o, sd_client_request *req, const char **stops,
+                        sd_client_chat_msg *turns, char *why, size_t why_len) {
+    *req = o->req;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(line, "messages");
+    if (v && !job_messages(v, req, turns, why, why_len)) return false;
+    req->prompt = json_str(line, "prompt");
+    if (!req->prompt && !req->n_messages) {
+        snprintf(why, why_len, "missing string field \"prompt\" (or \"messages\")");
+        return false;
+    }
 #define NUM_FIELD(key, dst, cast)                                         \
     if ((v = cJSON_GetObjectItemCaseSensitive(line, key))) {              \
         if (!cJSON_IsNumber(v)) {                                         \
@@ -264,7 +299,7 @@ static bool job_request(const cJSON *line, const options *o, sd_client_request *
     NUM_FIELD("top_k", req->sampling.top_k, int32_t);
     NUM_FIELD("min_p", req->sampling.min_p, float);
     NUM_FIELD("seed", req->sampling.seed, uint64_t);
-    NUM_FIELD("max_draft", req->max_draft, int32_t);
+    NUM_FIELD("max_k", req->max_k, int32_t);
 #undef NUM_FIELD
     if ((v = cJSON_GetObjectItemCaseSensitive(line, "chat"))) req->chat = cJSON_IsTrue(v);
     if ((v = cJSON_GetObjectItemCaseSensitive(line, "ignore_eos"))) req->ignore_eos = cJSON_IsTrue(v);
@@ -363,6 +398,7 @@ static int run_jobs(sd_client *c, const options *o) {
             char why[256];
             sd_client_request req;
             const char *stops[SD_MAX_STOP_STRINGS];
+            sd_client_chat_msg turns[SD_MAX_CHAT_MESSAGES]; /* borrowed from the line until submitted */
             bool ok = lines[i] && cJSON_IsObject(lines[i]) && !nul[i];
             if (!ok && nul[i])
                 snprintf(why, sizeof why, "line %zu holds a NUL character (\\u0000): refused rather than cut at it",
@@ -371,7 +407,7 @@ static int run_jobs(sd_client *c, const options *o) {
                 snprintf(why, sizeof why, "line %zu is not a JSON object", i + 1);
             else {
                 j->id = cJSON_GetObjectItemCaseSensitive(lines[i], "id");
-                ok = job_request(lines[i], o, &req, stops, why, sizeof why);
+                ok = job_request(lines[i], o, &req, stops, turns, why, sizeof why);
             }
             sd_status s = SD_OK;
             if (ok) s = sd_client_submit(c, &req, job_cb, &ctx[i], &j->request_id);
@@ -509,6 +545,14 @@ static int run_stats(sd_client *c, const options *o) {
             cJSON_AddNumberToObject(x, "kv_blocks_free", w->kv_blocks_free);
             cJSON_AddNumberToObject(x, "n_sequences", w->n_sequences);
             cJSON_AddNumberToObject(x, "steps", (double)w->steps);
+            cJSON_AddNumberToObject(x, "group_id", w->group_id);
+            cJSON_AddNumberToObject(x, "group_size", w->group_size);
+            cJSON_AddNumberToObject(x, "active_requests", w->active_requests);
+            cJSON_AddNumberToObject(x, "served_requests", (double)w->served_requests);
+            cJSON_AddNumberToObject(x, "drafted", (double)w->drafted);
+            cJSON_AddNumberToObject(x, "accepted", (double)w->accepted);
+            cJSON_AddNumberToObject(x, "committed", (double)w->committed);
+            cJSON_AddNumberToObject(x, "step_us", w->step_us);
             cJSON_AddItemToArray(ws, x);
         }
         char *txt = cJSON_PrintUnformatted(j);
@@ -530,6 +574,16 @@ static int run_stats(sd_client *c, const options *o) {
         printf("  %s[%u] %s%s%s %s: KV blocks %u free of %u, %u sequences, %llu steps\n", role_name(w->role), w->rank,
                w->name, w->drafter_kind ? " " : "", kind_name(w->drafter_kind), w->alive ? "alive" : "DEAD",
                w->kv_blocks_free, w->kv_blocks_total, w->n_sequences, (unsigned long long)w->steps);
+        if (w->role == SPECD__ROLE__ROLE_VERIFIER)
+            printf("    group %u (TP %u): %u requests now, %llu served, %llu tokens committed, %llu/%llu drafts "
+                   "accepted, step(64) %.0f us\n",
+                   w->group_id, w->group_size, w->active_requests, (unsigned long long)w->served_requests,
+                   (unsigned long long)w->committed, (unsigned long long)w->accepted, (unsigned long long)w->drafted,
+                   w->step_us);
+        else
+            printf("    %u requests now, %llu served, %llu/%llu drafts accepted, round trip %.0f us\n",
+                   w->active_requests, (unsigned long long)w->served_requests, (unsigned long long)w->accepted,
+                   (unsigned long long)w->drafted, w->step_us);
     }
     return 0;
 }
@@ -566,7 +620,8 @@ enum {
     OPT_CHAT,
     OPT_SYSTEM,
     OPT_STOP,
-    OPT_MAX_DRAFT,
+    OPT_MAX_K,
+    OPT_DRAFTER,
     OPT_IGNORE_EOS,
     OPT_JSON,
     OPT_TIMEOUT,
@@ -574,7 +629,9 @@ enum {
     OPT_OUT,
     OPT_CONC,
     OPT_STATS,
-    OPT_WAIT_READY
+    OPT_WAIT_READY,
+    OPT_CSECRET,
+    OPT_CSERVER
 };
 
 /* 0 ok, 2 usage error, -1 help printed */
@@ -589,7 +646,8 @@ static int parse_args(int argc, char **argv, options *o) {
                                           {"chat", no_argument, NULL, OPT_CHAT},
                                           {"system", required_argument, NULL, OPT_SYSTEM},
                                           {"stop", required_argument, NULL, OPT_STOP},
-                                          {"max-draft", required_argument, NULL, OPT_MAX_DRAFT},
+                                          {"max-k", required_argument, NULL, OPT_MAX_K},
+                                          {"drafter", required_argument, NULL, OPT_DRAFTER},
                                           {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
                                           {"json", no_argument, NULL, OPT_JSON},
                                           {"timeout", required_argument, NULL, OPT_TIMEOUT},
@@ -598,6 +656,8 @@ static int parse_args(int argc, char **argv, options *o) {
                                           {"concurrency", required_argument, NULL, OPT_CONC},
                                           {"stats", no_argument, NULL, OPT_STATS},
                                           {"wait-ready", required_argument, NULL, OPT_WAIT_READY},
+                                          {"curve-secret", required_argument, NULL, OPT_CSECRET},
+                                          {"curve-server", required_argument, NULL, OPT_CSERVER},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     int ch;
@@ -605,6 +665,8 @@ static int parse_args(int argc, char **argv, options *o) {
     while ((ch = getopt_long(argc, argv, "p:n:vh", longs, NULL)) != -1) {
         switch (ch) {
         case OPT_COORD: o->coordinator = optarg; break;
+        case OPT_CSECRET: o->curve_secret = optarg; break;
+        case OPT_CSERVER: o->curve_server = optarg; break;
         case 'p': o->prompt = optarg; break;
         case 'n':
             if (!parse_num("-n", optarg, 0, 1e9, &v)) return 2;
@@ -636,9 +698,21 @@ static int parse_args(int argc, char **argv, options *o) {
             }
             o->stop[o->n_stop++] = optarg;
             break;
-        case OPT_MAX_DRAFT:
-            if (!parse_num("--max-draft", optarg, -1, SD_MAX_DRAFT, &v)) return 2;
-            o->req.max_draft = (int32_t)v;
+        case OPT_MAX_K:
+            if (!parse_num("--max-k", optarg, -1, SD_MAX_K, &v)) return 2;
+            o->req.max_k = (int32_t)v;
+            break;
+        case OPT_DRAFTER:
+            if (!strcmp(optarg, "ngram"))
+                o->req.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM;
+            else if (!strcmp(optarg, "model"))
+                o->req.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
+            else if (!strcmp(optarg, "self"))
+                o->req.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_SELF;
+            else {
+                fprintf(stderr, "specd-client: --drafter takes ngram, model or self, got '%s'\n", optarg);
+                return 2;
+            }
             break;
         case OPT_IGNORE_EOS: o->req.ignore_eos = true; break;
         case OPT_JSON: o->json = true; break;
@@ -696,7 +770,19 @@ int main(int argc, char **argv) {
     sd_client_params p = sd_client_default_params();
     p.coordinator = o.coordinator;
     p.connect_timeout_ms = (int)(o.timeout_s * 1000);
-    p.curve_server_public = getenv("SPECD_CURVE_SERVER_PUBLIC");
+    if (!o.curve_secret) o.curve_secret = getenv("SPECD_CURVE_SECRET");
+    if (!o.curve_server) o.curve_server = getenv("SPECD_CURVE_SERVER");
+    sd_curve_id curve;
+    if (!o.curve_secret != !o.curve_server) {
+        fprintf(stderr, "specd-client: --curve-secret and --curve-server go together\n");
+        return 2;
+    }
+    if (sd_curve_id_load(o.curve_secret, o.curve_server, &curve) != SD_OK) return 2;
+    if (curve.on) {
+        p.curve_server_public = curve.server;
+        p.curve_public = curve.public_key;
+        p.curve_secret = curve.secret;
+    }
     sd_client *c = NULL;
     if (sd_client_connect(&p, &c) != SD_OK) {
         fprintf(stderr, "specd-client: cannot connect to %s\n", o.coordinator);
@@ -711,5 +797,6 @@ int main(int argc, char **argv) {
     else if (rc == 0 && o.jobs)
         rc = run_jobs(c, &o);
     sd_client_close(&c);
+    memset(&curve, 0, sizeof curve);
     return rc;
 }

@@ -5,10 +5,11 @@
  * tokenized length, stop-string limits) is checked here, and every refusal
  * is an Error naming the field, the limit and the value, sent to that client
  * only. Prompts are tokenized like specd-generate does (BOS when the model
- * adds one, ChatML with the model's default system prompt on request, and
- * special tokens only where the chat template puts them: typed into a
- * prompt they are text) so that the service and the one-shot tool see the
- * same tokens. A client with requests in flight is watched: silent for
+ * adds one, a chat turn or a whole conversation in the model's chat
+ * template, specd/chat.h, and special tokens only where the template's
+ * markup puts them: typed into a prompt or a message they are text) so that
+ * the service and the one-shot tool see the same tokens. Tokenizing runs on
+ * the tokq thread (tokq.h); admit() turns its result into a session. A client with requests in flight is watched: silent for
  * the liveness period, its requests are cancelled and released everywhere. */
 #include "coord.h"
 #include "tokq.h"
@@ -34,15 +35,22 @@ static void admit(sd_coord *c, sd_submit_job *j, uint64_t now_us) {
         snprintf(msg, sizeof msg, "too many clients connected");
         goto refuse;
     }
-    if ((int64_t)j->n_ids >= c->n_ctx) {
+    if ((int64_t)j->n_ids + (int64_t)j->n_continuation >= c->n_ctx) {
         code = SPECD__CODE__CODE_TOO_LARGE;
-        snprintf(msg, sizeof msg, "submit.prompt: %zu tokens, the context holds %d (and one must be generated)",
-                 j->n_ids, c->n_ctx);
+        snprintf(msg, sizeof msg, "submit.prompt: %zu tokens%s, the context holds %d (and one must be generated)",
+                 j->n_ids + j->n_continuation, j->n_continuation ? " with the continuation" : "", c->n_ctx);
         goto refuse;
     }
     int32_t max_tokens = j->max_tokens ? (int32_t)j->max_tokens : c->p.max_tokens_default;
     sd_session *s = sd_session_new(c->tok, ++c->next_request_id, j->ids, (int32_t)j->n_ids, max_tokens, c->n_ctx,
                                    (const char *const *)j->stop, j->n_stop);
+    if (s) s->ignore_eos = j->ignore_eos;
+    if (s && j->n_continuation > 0 &&
+        !sd_session_resume(s, c->tok, j->continuation, (int32_t)j->n_continuation, msg, sizeof msg)) {
+        sd_session_free(&s);
+        code = SPECD__CODE__CODE_BAD_REQUEST;
+        goto refuse;
+    }
     if (!s || sd_sched_add(c, s) != SD_OK) {
         sd_session_free(&s);
         code = SPECD__CODE__CODE_INTERNAL;
@@ -54,7 +62,8 @@ static void admit(sd_coord *c, sd_submit_job *j, uint64_t now_us) {
     s->client_ident_len = ident_len;
     s->sampling = j->sampling;
     s->ignore_eos = j->ignore_eos;
-    s->max_draft = j->max_draft;
+    s->max_k = j->max_k;
+    s->pin_kind = j->pin_kind; /* validated: a known kind */
     s->t_submit_us = j->t_submit_us;
     cl->n_active++;
     cl->last_recv_us = now_us;
@@ -65,8 +74,8 @@ static void admit(sd_coord *c, sd_submit_job *j, uint64_t now_us) {
     Specd__CoordinatorToClient env = SPECD__COORDINATOR_TO_CLIENT__INIT;
     env.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_ACCEPTED;
     env.accepted = &acc;
-    SD_INFO("request %llu accepted: %d prompt tokens, max_tokens %d, temperature %g", (unsigned long long)s->id,
-            s->n_prompt, s->max_tokens, (double)s->sampling.temperature);
+    SD_INFO("request %llu accepted: %d prompt tokens%s, max_tokens %d, temperature %g", (unsigned long long)s->id,
+            s->n_prompt, j->n_continuation ? " (a continuation)" : "", s->max_tokens, (double)s->sampling.temperature);
     sd_outbox_client(c, ident, ident_len, &env, now_us);
     sd_submit_job_free(&j);
     return;
@@ -99,9 +108,8 @@ static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const
         snprintf(msg, sizeof msg, "submit.max_tokens: %u, the context holds %d", r->max_tokens, c->n_ctx);
         goto refuse;
     }
-    if (r->max_draft < -1 || r->max_draft > SD_MAX_DRAFT) {
-        snprintf(msg, sizeof msg, "submit.max_draft: %d, allowed -1 (off), 0 (default) or 1..%d", r->max_draft,
-                 SD_MAX_DRAFT);
+    if (r->max_k < -1 || r->max_k > SD_MAX_K) {
+        snprintf(msg, sizeof msg, "submit.max_k: %d, allowed -1 (off), 0 (default) or 1..%d", r->max_k, SD_MAX_K);
         goto refuse;
     }
     if (r->n_stop > SD_MAX_STOP_STRINGS) {
@@ -142,7 +150,7 @@ static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const
         }
         return;
     }
-    sd_submit_tokenize(c->tok, c->default_system, c->n_ctx, c->n_vocab, j);
+    sd_submit_tokenize(c->tok, c->chat, c->n_ctx, c->n_vocab, j);
     admit(c, j, now_us);
     return;
 refuse:
@@ -201,6 +209,15 @@ static void on_stats(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
         infos[n].name = c->p.stats_names ? (char *)(uintptr_t)w->name : (char *)"";
         infos[n].drafter_kind = w->drafter_kind;
         infos[n].alive = w->alive;
+        infos[n].group_id = w->group_id;
+        infos[n].group_size = w->group_size;
+        infos[n].active_requests = w->alive ? (uint32_t)sd_place_group_load(c, i) : 0;
+        infos[n].served_requests = w->served_requests;
+        infos[n].drafted = w->drafted;
+        infos[n].accepted = w->accepted;
+        infos[n].committed = w->committed;
+        infos[n].step_us =
+            w->role == SPECD__ROLE__ROLE_VERIFIER ? sd_cost_verify_us(&w->cost, 64) : w->cost.draft_step_us;
         wst[n].kv_blocks_total = w->kv_blocks_total;
         wst[n].kv_blocks_free = w->kv_blocks_free;
         wst[n].n_sequences = w->n_sequences;

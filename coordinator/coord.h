@@ -5,6 +5,8 @@
  *                with text hold-back, stats, adaptive K
  *   scheduler.c  continuous batching, draft/verify requests, the keep_len /
  *                cached_len beliefs, applying results, worker-death recovery
+ *   placement.c  which verifier group and which drafter serve a request
+ *                (measured load; affinity; failover)
  *   workers.c    Hello/Welcome/refusal, heartbeats, liveness
  *   clients.c    Submit validation and tokenization, Cancel, Stats
  * and server.c (sockets and the zmq_poll loop) on top. Everything below the
@@ -19,11 +21,13 @@
 #include "specd/common.h"
 #include "specd/net.h"
 #include "specd/spec_adapt.h"
+#include "specd/chat.h"
 #include "specd/tokenizer.h"
 
 #define SD_COORD_MAX_WORKERS     32
 #define SD_COORD_MAX_CLIENTS     1024
 #define SD_COORD_OVERHEAD_WINDOW 1024
+#define SD_DRAFTER_KINDS         4 /* Specd__DrafterKind values, UNSPECIFIED included */
 
 /* Where the logic sends messages. The envelope is valid only during the call. */
 typedef struct sd_coord_io {
@@ -37,12 +41,16 @@ typedef struct sd_coord_params {
     const char *model_path;        /* target GGUF (metadata only) */
     const char *client_addr;       /* default tcp://127.0.0.1:7700 */
     const char *worker_addr;       /* default tcp://127.0.0.1:7701 */
-    const char *curve_secret_file; /* Z85 server secret key file, or NULL */
+    const char *curve_secret_file; /* the coordinator's secret key file (curve.h), or NULL: plaintext */
+    const char *client_keys_file;  /* allow-list of client public keys (required with a secret) */
+    const char *worker_keys_file;  /* allow-list of worker public keys (required with a secret) */
+    bool insecure;                 /* allow a non-loopback bind without keys */
+    const char *chat_template;     /* chat format by name (--chat-template), NULL = the model's */
     int32_t max_queue;             /* waiting requests (256) */
     int32_t max_active;            /* sequences admitted to the verifier at once (64) */
     int32_t max_tokens_default;    /* 256 */
-    int32_t k_default;             /* 4: K with adaptive off, and the starting K */
-    int32_t k_max;                 /* 8 */
+    int32_t default_k;             /* 4: K with adaptive off, and the starting K */
+    int32_t max_k;                 /* 8 */
     bool adaptive_k;               /* on */
     int32_t prefill_chunk;         /* 512 tokens */
     int32_t draft_timeout_ms;      /* 2000 */
@@ -83,7 +91,7 @@ typedef struct sd_session {
     int32_t n_tokens, cap_tokens, n_prompt;
     int32_t max_tokens;  /* new tokens at most */
     int32_t max_context; /* tokens in the sequence at most */
-    int32_t max_draft;   /* request's cap: 0 default, -1 none */
+    int32_t max_k;       /* request's cap: 0 default, -1 none */
     bool ignore_eos;
     sd_sampling sampling;
 
@@ -95,16 +103,36 @@ typedef struct sd_session {
     char *held; /* decoded text held back: a prefix of some stop string */
     size_t held_len, held_cap;
 
+    /* placement (placement.c): worker slots of the verifier group leader
+     * and the drafter serving this request, -1 none yet. A request stays
+     * on its group while that group lives (its KV cache is warm there). */
+    int32_t group;
+    int32_t drafter;
+    Specd__DrafterKind pin_kind; /* only drafters of this kind (UNSPECIFIED: any) */
+    /* drafter kind choice (choice.c): the kind it should be drafted by now
+     * (UNSPECIFIED: any), and each kind's record on this request */
+    Specd__DrafterKind want_kind;
+    bool kind_chosen;       /* false while kinds are being tried */
+    uint32_t kind_switches; /* moves to a drafter of another kind */
+    int32_t steps_since_choice;
+    int32_t recheck_steps;          /* steps on the chosen kind before the next routine re-trial (doubles) */
+    Specd__DrafterKind last_choice; /* the kind chosen last time (0: none yet) */
+    double chosen_tokens;           /* the chosen kind's tokens per step when chosen */
+    struct sd_kind_record {
+        double tokens; /* EMA of tokens committed per verify step while drafted by this kind */
+        double k;      /* EMA of drafts per verify step */
+        int32_t steps; /* verify steps observed since the kind was last (re)tried */
+    } kinds[SD_DRAFTER_KINDS];
     /* scheduling: beliefs about the workers' caches */
-    int32_t v_cached;      /* tokens the verifier holds */
-    int32_t d_cached;      /* tokens the drafter holds */
+    int32_t v_cached;      /* tokens its verifier group holds */
+    int32_t d_cached;      /* tokens its drafter holds */
     bool v_holds, d_holds; /* the worker has an entry (needs a Release) */
     bool in_verify, in_draft;
     /* drafts ready for verification (valid while n_tokens == draft_base) */
     int32_t draft_base;
-    int32_t n_draft;
-    int32_t draft[SD_MAX_DRAFT];
-    uint32_t *q_off; /* n_draft + 1 offsets into q_ids/q_probs */
+    int32_t k;
+    int32_t draft[SD_MAX_K];
+    uint32_t *q_off; /* k + 1 offsets into q_ids/q_probs */
     int32_t *q_ids;
     float *q_probs;
     size_t q_cap;
@@ -149,6 +177,12 @@ sd_status sd_session_commit(sd_session *s, const sd_tok *tok, const int32_t *tok
  * malloc'd tail (cancel, or a finish decided outside commit). */
 sd_status sd_session_flush(sd_session *s, char **tail, size_t *tail_len);
 int32_t sd_session_generated(const sd_session *s);
+/* Replays a continuation (SubmitRequest.continuation: tokens the request
+ * generated before a coordinator restart) through commit without streaming
+ * it, so max_tokens, the decoder and the held-back stop-string text stand
+ * where they stood. False, with msg set, when the replay already ends the
+ * request (then it must not be served again). */
+bool sd_session_resume(sd_session *s, const sd_tok *tok, const int32_t *tokens, int32_t n, char *msg, size_t msg_len);
 
 /* The cost model and the K policy (sd_cost_*, sd_adapt_*) are the
  * engine's (specd/spec_adapt.h), shared with single-process decoding. */
@@ -159,6 +193,37 @@ int32_t sd_session_generated(const sd_session *s);
 void sd_cost_seed(sd_cost_model *c, const sd_step_cost *costs, size_t n);
 
 /* ---------------------------------------------------------------- workers */
+
+/* A worker's measured step times and misses (liveness.c says why). */
+#define SD_STEP_TIMES_N         64
+#define SD_STEP_TIMEOUT_MULT    4 /* timeout = this x p99, at least the floor */
+#define SD_STEP_TIMEOUT_MAX_US  (120ull * 1000000u)
+#define SD_STEP_BACKOFF_BASE_US (1000000ull) /* no drafts this long after a first miss, doubled per miss */
+#define SD_STEP_BACKOFF_MAX_US  (30ull * 1000000u)
+
+typedef struct sd_step_times {
+    uint32_t unit_us[SD_STEP_TIMES_N]; /* step time / (depth + 1), the last SD_STEP_TIMES_N steps */
+    int32_t n, next;
+    uint32_t p99_unit_us;
+    int32_t misses;            /* steps that overran their timeout since the last one in time */
+    uint64_t backoff_until_us; /* no steps before this */
+    uint64_t late_step_id;     /* the overrun step, still measured when its reply comes (0 = none) */
+    uint64_t late_sent_us;
+    int32_t late_depth;
+} sd_step_times;
+
+/* Records one step of depth (the deepest k asked; 0 for a step with none)
+ * that took step_us. */
+void sd_step_times_add(sd_step_times *t, uint64_t step_us, int32_t depth);
+/* The timeout of a step of depth: max(floor_us, MULT x p99 x (depth + 1)),
+ * doubled per miss, at most SD_STEP_TIMEOUT_MAX_US. */
+uint64_t sd_step_times_timeout_us(const sd_step_times *t, uint64_t floor_us, int32_t depth);
+/* A step overran its timeout: one more miss, back-off from now_us, and the
+ * step remembered so its late reply is still measured. */
+void sd_step_times_missed(sd_step_times *t, uint64_t now_us, uint64_t step_id, uint64_t sent_us, int32_t depth);
+/* True (and the reply measured) when step_id is the overrun step. */
+bool sd_step_times_late_reply(sd_step_times *t, uint64_t step_id, uint64_t now_us);
+bool sd_step_times_backed_off(const sd_step_times *t, uint64_t now_us);
 
 typedef struct sd_coord_worker {
     bool used; /* slot in use (alive or kept for stats) */
@@ -171,7 +236,9 @@ typedef struct sd_coord_worker {
     uint32_t rank;
     char name[64];
     Specd__DrafterKind drafter_kind;
-    int32_t max_batch, max_draft;
+    uint32_t group_id; /* verifier leaders: the group's id (unique among the live ones) */
+    uint32_t group_size;
+    int32_t max_batch, max_k;
     int32_t n_ctx; /* model context from Hello (0 = not given) */
     uint32_t kv_blocks_total, kv_blocks_free, n_sequences;
     uint64_t steps;
@@ -187,6 +254,17 @@ typedef struct sd_coord_worker {
     int32_t n_step, cap_step;
     int32_t step_tokens; /* tokens the step's forward computes (appended + drafts) */
     bool step_refill;    /* some sequence appended more than its last committed token */
+    sd_step_times times; /* drafters: measured draft steps, misses, back-off (liveness.c) */
+    bool backed_off;     /* sd_step_times_backed_off at the last tick: no drafts, K = 0 */
+    /* this worker's own measured costs (placement compares workers by them;
+     * the K policy uses the service-wide sd_coord.cost) */
+    sd_cost_model cost;
+    /* verifier leaders: holding the group for drafts (scheduler.c) */
+    uint64_t hold_since_us;   /* clock when its idle step was first held; 0 = not held */
+    uint64_t verify_reply_us; /* when its last verify reply was handled; 0 = none pending */
+    /* stats: what it served */
+    uint64_t served_requests; /* requests placed on it */
+    uint64_t drafted, accepted, committed;
 } sd_coord_worker;
 
 /* ---------------------------------------------------------------- clients */
@@ -208,7 +286,7 @@ typedef struct sd_coord {
     char arch[32];
     uint64_t vocab_hash;
     int32_t n_vocab, n_ctx;
-    const char *default_system; /* ChatML default system prompt, or NULL */
+    sd_chat_template *chat; /* the target's chat template (immutable, shared) */
 
     /* sessions: active ones first-come order; queue FIFO */
     sd_session **sessions; /* every live session (queued, active, finished-draining) */
@@ -217,12 +295,9 @@ typedef struct sd_coord {
     uint64_t next_request_id;
 
     sd_coord_worker workers[SD_COORD_MAX_WORKERS];
-    int32_t verifier; /* index of the alive verifier leader, -1 none */
-    int32_t drafter;  /* index of the drafter in use, -1 none */
     uint64_t next_worker_id;
     uint64_t next_step_id;
     uint64_t verify_steps; /* verify steps sent that were not prefill-only (shadow draft phase) */
-    bool last_verify_prefill;
 
     sd_coord_client clients[SD_COORD_MAX_CLIENTS];
     int32_t n_clients;
@@ -237,16 +312,17 @@ typedef struct sd_coord {
      * estimates of the greedy requests served (this drafter, this workload),
      * so short requests do not spend their few steps unlearning a guess */
     double alpha_prior;
+    /* per drafter kind, over all requests: EMA of tokens committed per
+     * verify step with its drafts, and how many steps fed it (choice.c) */
+    double kind_tokens[SD_DRAFTER_KINDS];
+    uint32_t kind_steps[SD_DRAFTER_KINDS];
     /* sd_adapt_drafting_pays for the current batch: greedy requests draft
      * only while it holds (recomputed after each verify step) */
     bool drafting_pays, drafting_dirty;
     uint64_t (*clock_us)(void); /* real clock for the overhead metric (tests replace it) */
-    /* holding the verifier for drafts about to arrive (scheduler.c) */
-    uint64_t hold_since_us; /* clock when the idle verifier's step was first held; 0 = not held */
-    uint64_t hold_event_us; /* clock when the event being handled began (a draft reply, a tick) */
+    uint64_t hold_event_us;     /* clock when the event being handled began (a draft reply, a tick) */
     /* service stats */
     uint64_t finished_requests, committed_tokens;
-    uint64_t verify_reply_us; /* when the last verify reply was handled; 0 = none pending */
     /* per verify step, over the last SD_COORD_OVERHEAD_WINDOW steps: the
      * coordinator's own time (the event that let the step go -> sent) and
      * the time the verifier was held waiting for drafts (0 when not held) */
@@ -265,8 +341,24 @@ sd_status sd_coord_state_init(sd_coord *c, const sd_coord_params *p, const sd_co
 void sd_coord_state_free(sd_coord *c);
 
 static inline int32_t sd_imin(int32_t a, int32_t b) { return a < b ? a : b; }
-static inline bool sd_coord_drafter_ok(const sd_coord *c) { return c->drafter >= 0 && c->workers[c->drafter].alive; }
-static inline bool sd_coord_verifier_ok(const sd_coord *c) { return c->verifier >= 0 && c->workers[c->verifier].alive; }
+static inline bool sd_coord_is_group(const sd_coord_worker *w) {
+    return w->used && w->alive && w->role == SPECD__ROLE__ROLE_VERIFIER;
+}
+static inline bool sd_coord_is_drafter(const sd_coord_worker *w) {
+    return w->used && w->alive && w->role == SPECD__ROLE__ROLE_DRAFTER;
+}
+/* The session's drafter / verifier group, when it has a live one. */
+static inline bool sd_coord_drafter_ok(const sd_coord *c, const sd_session *s) {
+    return s->drafter >= 0 && sd_coord_is_drafter(&c->workers[s->drafter]);
+}
+static inline bool sd_coord_group_ok(const sd_coord *c, const sd_session *s) {
+    return s->group >= 0 && sd_coord_is_group(&c->workers[s->group]);
+}
+/* The session's drafter may be given work: alive and not backed off after a
+ * late step (liveness.c). */
+static inline bool sd_coord_drafter_usable(const sd_coord *c, const sd_session *s) {
+    return sd_coord_drafter_ok(c, s) && !c->workers[s->drafter].backed_off;
+}
 
 /* sd_session.shadow_token before it is a token */
 #define SD_SHADOW_PENDING (-1) /* the shadow draft is in flight */
@@ -274,7 +366,7 @@ static inline bool sd_coord_verifier_ok(const sd_coord *c) { return c->verifier 
 
 /* kpolicy.c: the draft length (K) per sequence, from the engine's policy */
 /* Largest K the sequence may use now (0: no speculation possible). */
-int32_t sd_k_cap(const sd_coord *c, const sd_session *s);
+int32_t sd_max_k(const sd_coord *c, const sd_session *s);
 /* The K the sequence asks for in its next draft step (0: a plain step). */
 int32_t sd_k_want(const sd_coord *c, const sd_session *s);
 /* Recomputes c->drafting_pays for the batch (greedy requests draft only while it holds). */
@@ -289,7 +381,7 @@ void sd_k_shadow_settle(sd_coord *c, sd_session *s, const int32_t *tokens, int32
 typedef struct sd_verify_pack {
     Specd__VerifySeq *seqs, **pseqs;    /* [n] */
     Specd__Sampling *samp;              /* [n] */
-    Specd__SparseDist *dists, **pdists; /* [n][SD_MAX_DRAFT] */
+    Specd__SparseDist *dists, **pdists; /* [n][SD_MAX_K] */
 } sd_verify_pack;
 typedef struct sd_draft_pack {
     Specd__DraftSeq *seqs, **pseqs; /* [n] */
@@ -298,9 +390,9 @@ typedef struct sd_draft_pack {
 /* Room for n sequences (SD_ERR_NOMEM); free with sd_pack_*_free. */
 sd_status sd_pack_verify_alloc(sd_verify_pack *pk, int32_t n);
 void sd_pack_verify_free(sd_verify_pack *pk);
-/* Entry m: s's tokens from v_cached (n_append of them) and its first n_draft drafts with their q
+/* Entry m: s's tokens from v_cached (n_append of them) and its first k drafts with their q
  * (borrowed from s, which must not change until the envelope is sent). */
-void sd_pack_verify_seq(sd_verify_pack *pk, int32_t m, sd_session *s, int32_t n_append, int32_t n_draft);
+void sd_pack_verify_seq(sd_verify_pack *pk, int32_t m, sd_session *s, int32_t n_append, int32_t k);
 sd_status sd_pack_draft_alloc(sd_draft_pack *pk, int32_t n);
 void sd_pack_draft_free(sd_draft_pack *pk);
 /* Entry m: what the drafter lacks of s, and k drafts wanted. */
@@ -333,7 +425,34 @@ void sd_sched_overhead(const sd_coord *c, double *p50, double *p99);
  * of steps held, over the same window (0 when empty). */
 void sd_sched_draft_wait(const sd_coord *c, double *mean, double *p99, double *held_share);
 
+/* placement.c: which group and which drafter serve each request */
+/* Places every active request that has no live group on the group where
+ * it waits least, and gives every one without a live drafter the least
+ * loaded drafter (of its pinned kind). Call before dispatching. */
+void sd_place_pending(sd_coord *c, uint64_t now_us);
+/* Drafter d (just registered) takes its share of the running requests:
+ * they move to it between draft steps (Release sent to the old drafter). */
+void sd_place_share_drafter(sd_coord *c, int32_t d, uint64_t now_us);
+/* Live workers of a role (verifier groups or drafters). */
+int32_t sd_place_count(const sd_coord *c, Specd__Role role);
+/* Active requests placed on worker g (a group or a drafter). */
+int32_t sd_place_group_load(const sd_coord *c, int32_t g);
+
+/* choice.c: which drafter kind drafts each request, by measured goodput */
+/* After a verify step of s drafted by its current drafter (n_draft drafts,
+ * n_commit tokens committed): updates that kind's record on s and decides
+ * the kind s should use next (s->want_kind; placement moves it). */
+void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, int32_t n_commit);
+/* The net goodput of kind k on s: tokens per verify step, discounted by the
+ * drafting time it adds to the step (0 when never observed). */
+double sd_choice_goodput(const sd_coord *c, const sd_session *s, Specd__DrafterKind k);
+
 /* workers.c */
+/* As sd_workers_on_message, from a peer whose key is restricted to role
+ * peer_role ("verifier", "drafter"; "" or NULL = any): a Hello for another
+ * role is refused. */
+void sd_workers_on_message_as(sd_coord *c, const uint8_t *ident, size_t ident_len, const char *peer_role,
+                              const uint8_t *body, size_t len, uint64_t now_us);
 void sd_workers_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, const uint8_t *body, size_t len,
                            uint64_t now_us);
 /* Heartbeats, liveness and step timeouts. */

@@ -1,6 +1,6 @@
 /* kpolicy.c — the coordinator's side of the draft-length (K) policy: which
  * K each sequence may use given its request and the workers registered
- * (sd_k_cap), the K it asks for (sd_k_want), whether drafting pays for the
+ * (sd_max_k), the K it asks for (sd_k_want), whether drafting pays for the
  * batch at all (sd_k_update_gate), and the shadow drafts that let a K = 0
  * sequence notice when drafting starts to pay again. The policy's
  * arithmetic (cost model, acceptance estimates, choosing K) is the engine's
@@ -8,33 +8,38 @@
  * scheduler calls these and only sends. */
 #include "coord.h"
 
+/* The batch s will be verified in: the active requests of its group
+ * (hold_for_drafts keeps them together), as far as the group takes. */
+static int32_t group_batch(const sd_coord *c, const sd_session *s) {
+    if (!sd_coord_group_ok(c, s)) return c->n_active;
+    int32_t n = sd_place_group_load(c, s->group);
+    return sd_imin(n > 0 ? n : 1, c->workers[s->group].max_batch);
+}
+
 /* Largest K the sequence may use now. */
-int32_t sd_k_cap(const sd_coord *c, const sd_session *s) {
-    if (!sd_coord_drafter_ok(c) || s->max_draft < 0) return 0;
-    int32_t cap = c->p.k_max;
-    if (s->max_draft > 0) cap = sd_imin(cap, s->max_draft);
-    cap = sd_imin(cap, c->workers[c->drafter].max_draft);
-    if (sd_coord_verifier_ok(c)) cap = sd_imin(cap, c->workers[c->verifier].max_draft);
-    cap = sd_imin(cap, SD_MAX_DRAFT);
+int32_t sd_max_k(const sd_coord *c, const sd_session *s) {
+    if (!sd_coord_drafter_usable(c, s) || s->max_k < 0) return 0;
+    int32_t cap = c->p.max_k;
+    if (s->max_k > 0) cap = sd_imin(cap, s->max_k);
+    cap = sd_imin(cap, c->workers[s->drafter].max_k);
+    if (sd_coord_group_ok(c, s)) cap = sd_imin(cap, c->workers[s->group].max_k);
+    cap = sd_imin(cap, SD_MAX_K);
     cap = sd_imin(cap, s->max_tokens - sd_session_generated(s) - 1); /* the target adds one */
     cap = sd_imin(cap, s->max_context - s->n_tokens - 1);
-    int32_t d_ctx = c->workers[c->drafter].n_ctx;
+    int32_t d_ctx = c->workers[s->drafter].n_ctx;
     if (d_ctx > 0) cap = sd_imin(cap, d_ctx - s->n_tokens - 1); /* the drafter's own context */
     return cap < 0 ? 0 : cap;
 }
 
 int32_t sd_k_want(const sd_coord *c, const sd_session *s) {
-    int32_t cap = sd_k_cap(c, s);
+    int32_t cap = sd_max_k(c, s);
     if (cap == 0) return 0;
-    if (!c->p.adaptive_k) return sd_imin(c->p.k_default, cap);
+    if (!c->p.adaptive_k) return sd_imin(c->p.default_k, cap);
     /* a sampled request's draws depend on its K schedule: sd_adapt_next_k
      * keeps that independent of load and timing (engine/spec/spec_adapt.c) */
     const bool greedy = sd_sampling_is_greedy(&s->sampling);
     if (greedy && !c->drafting_pays) return 0;
-    /* the batch the sequence will be verified in: every active sequence
-     * (hold_for_drafts keeps them together), as far as the verifier takes */
-    int32_t batch = c->n_active;
-    if (sd_coord_verifier_ok(c)) batch = sd_imin(batch, c->workers[c->verifier].max_batch);
+    int32_t batch = group_batch(c, s);
     return sd_adapt_next_k(&s->adapt, &c->cost, greedy, batch, cap);
 }
 
@@ -43,15 +48,21 @@ int32_t sd_k_want(const sd_coord *c, const sd_session *s) {
 void sd_k_update_gate(sd_coord *c) {
     c->drafting_dirty = false;
     c->drafting_pays = true;
-    if (!c->p.adaptive_k || !sd_coord_drafter_ok(c)) return;
-    int32_t batch = c->n_active;
-    if (sd_coord_verifier_ok(c)) batch = sd_imin(batch, c->workers[c->verifier].max_batch);
+    if (!c->p.adaptive_k) return;
+    /* one gate for the service, judged at the largest group's batch */
+    int32_t batch = 0;
+    for (int32_t g = 0; g < SD_COORD_MAX_WORKERS; g++) {
+        if (!sd_coord_is_group(&c->workers[g])) continue;
+        int32_t b = sd_imin(sd_place_group_load(c, g), c->workers[g].max_batch);
+        if (b > batch) batch = b;
+    }
+    if (batch == 0) batch = c->n_active;
     double extra_tokens = 0;
     int32_t extra_rows = 0;
     for (int32_t i = 0; i < c->n_sessions; i++) {
         const sd_session *s = c->sessions[i];
         if (s->state != SD_SESSION_ACTIVE || !sd_sampling_is_greedy(&s->sampling)) continue;
-        int32_t cap = sd_k_cap(c, s);
+        int32_t cap = sd_max_k(c, s);
         if (cap == 0) continue;
         int32_t k = sd_adapt_choose_k(s->adapt.alpha, &c->cost, batch, cap);
         if (k == 0) continue;
@@ -71,9 +82,8 @@ void sd_k_update_gate(sd_coord *c) {
 int32_t sd_k_shadow(const sd_coord *c, const sd_session *s) {
     if (!c->p.adaptive_k || !sd_sampling_is_greedy(&s->sampling)) return 0;
     if (!s->in_verify || s->verify_k > 0 || s->shadow_base == s->n_tokens) return 0;
-    if (sd_k_cap(c, s) == 0) return 0;
-    int32_t batch = c->n_active;
-    if (sd_coord_verifier_ok(c)) batch = sd_imin(batch, c->workers[c->verifier].max_batch);
+    if (sd_max_k(c, s) == 0) return 0;
+    int32_t batch = group_batch(c, s);
     int32_t every = sd_adapt_shadow_interval(&c->cost, batch);
     /* one phase for all: the verify steps in between send no drafts */
     if (every > 1 && c->verify_steps % (uint64_t)every != 0) return 0;

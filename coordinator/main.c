@@ -44,19 +44,27 @@ static void usage(FILE *f) {
             "  --max-queue N             waiting requests before OVERLOADED (256)\n"
             "  --max-active N            sequences in the verifier at once (64)\n"
             "  --max-tokens-default N    max_tokens when a request gives 0 (256)\n"
-            "  --k-default K             draft length with --adaptive-k off (4)\n"
-            "  --k-max K                 largest draft length (8, at most %d)\n"
+            "  --default-k K             draft length with --adaptive-k off (4)\n"
+            "  --max-k K                 largest draft length (8, at most %d)\n"
             "  --adaptive-k on|off       adapt K per sequence to its acceptance and the batch (on)\n"
             "  --prefill-chunk N         prompts longer than N tokens are prefilled in chunks (512)\n"
-            "  --draft-timeout-ms MS     a draft step unanswered this long kills the drafter (2000)\n"
+            "  --draft-timeout-ms MS     floor of a draft step's timeout (2000; else 4x the drafter's p99 per\n"
+            "                            depth; a step over it is dropped and the drafter backed off, K = 0)\n"
             "  --verify-timeout-ms MS    a verify step unanswered this long kills the verifier (30000; a\n"
             "                            longer step gets 8x the slowest recent time per token)\n"
-            "  --curve-secret FILE       CurveZMQ server secret key (Z85) for both sockets\n"
+            "  --curve-secret FILE       CurveZMQ: the coordinator's secret key (specd-keygen; mode 0600),\n"
+            "                            for both sockets; needs --client-keys and --worker-keys\n"
+            "  --client-keys FILE        allow-list of client public keys (one per line): clients, gateways\n"
+            "  --worker-keys FILE        allow-list of worker public keys: drafters, verifier leaders\n"
+            "                            (a client key can never register a worker)\n"
+            "  --insecure                allow a non-loopback bind without keys (trusted networks only)\n"
             "  --stats-names             list workers' names (host:pid) in every client's stats query; off:\n"
             "                            names are left empty (only an operator should see them)\n"
+            "  --chat-template NAME      chat format when the model's template is not recognised (or to\n"
+            "                            override it): %s\n"
             "  -v, --verbose             debug logs\n"
             "  -h, --help                this text\n",
-            SD_MAX_DRAFT);
+            SD_MAX_K, sd_chat_template_names());
 }
 
 int main(int argc, char **argv) {
@@ -76,7 +84,11 @@ int main(int argc, char **argv) {
         O_DTO,
         O_VTO,
         O_CURVE,
-        O_STATS_NAMES
+        O_STATS_NAMES,
+        O_CHAT,
+        O_CKEYS,
+        O_WKEYS,
+        O_INSECURE
     };
     static const struct option opts[] = {{"model", required_argument, 0, O_MODEL},
                                          {"client-addr", required_argument, 0, O_CADDR},
@@ -84,14 +96,18 @@ int main(int argc, char **argv) {
                                          {"max-queue", required_argument, 0, O_QUEUE},
                                          {"max-active", required_argument, 0, O_ACTIVE},
                                          {"max-tokens-default", required_argument, 0, O_MAXTOK},
-                                         {"k-default", required_argument, 0, O_KDEF},
-                                         {"k-max", required_argument, 0, O_KMAX},
+                                         {"default-k", required_argument, 0, O_KDEF},
+                                         {"max-k", required_argument, 0, O_KMAX},
                                          {"adaptive-k", required_argument, 0, O_ADAPT},
                                          {"prefill-chunk", required_argument, 0, O_CHUNK},
                                          {"draft-timeout-ms", required_argument, 0, O_DTO},
                                          {"verify-timeout-ms", required_argument, 0, O_VTO},
                                          {"curve-secret", required_argument, 0, O_CURVE},
                                          {"stats-names", no_argument, 0, O_STATS_NAMES},
+                                         {"chat-template", required_argument, 0, O_CHAT},
+                                         {"client-keys", required_argument, 0, O_CKEYS},
+                                         {"worker-keys", required_argument, 0, O_WKEYS},
+                                         {"insecure", no_argument, 0, O_INSECURE},
                                          {"verbose", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -116,12 +132,12 @@ int main(int argc, char **argv) {
             ok = sd_cli_parse_i32(optarg, 1, 1 << 24, &p.max_tokens_default);
             break;
         case O_KDEF:
-            name = "k-default";
-            ok = sd_cli_parse_i32(optarg, 0, SD_MAX_DRAFT, &p.k_default);
+            name = "default-k";
+            ok = sd_cli_parse_i32(optarg, 0, SD_MAX_K, &p.default_k);
             break;
         case O_KMAX:
-            name = "k-max";
-            ok = sd_cli_parse_i32(optarg, 0, SD_MAX_DRAFT, &p.k_max);
+            name = "max-k";
+            ok = sd_cli_parse_i32(optarg, 0, SD_MAX_K, &p.max_k);
             break;
         case O_ADAPT:
             name = "adaptive-k";
@@ -142,6 +158,10 @@ int main(int argc, char **argv) {
             break;
         case O_CURVE: p.curve_secret_file = optarg; break;
         case O_STATS_NAMES: p.stats_names = true; break;
+        case O_CHAT: p.chat_template = optarg; break;
+        case O_CKEYS: p.client_keys_file = optarg; break;
+        case O_WKEYS: p.worker_keys_file = optarg; break;
+        case O_INSECURE: p.insecure = true; break;
         case 'v': verbose = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;

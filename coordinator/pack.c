@@ -12,8 +12,8 @@ sd_status sd_pack_verify_alloc(sd_verify_pack *pk, int32_t n) {
     pk->seqs = calloc((size_t)n, sizeof *pk->seqs);
     pk->pseqs = calloc((size_t)n, sizeof *pk->pseqs);
     pk->samp = calloc((size_t)n, sizeof *pk->samp);
-    pk->dists = calloc((size_t)n * SD_MAX_DRAFT, sizeof *pk->dists);
-    pk->pdists = calloc((size_t)n * SD_MAX_DRAFT, sizeof *pk->pdists);
+    pk->dists = calloc((size_t)n * SD_MAX_K, sizeof *pk->dists);
+    pk->pdists = calloc((size_t)n * SD_MAX_K, sizeof *pk->pdists);
     if (pk->seqs && pk->pseqs && pk->samp && pk->dists && pk->pdists) return SD_OK;
     sd_pack_verify_free(pk);
     return SD_ERR_NOMEM;
@@ -33,7 +33,7 @@ static void fill_sampling(const sd_session *s, Specd__Sampling *pb) {
     sd_net_sampling_to_pb(&s->sampling, pb);
 }
 
-void sd_pack_verify_seq(sd_verify_pack *pk, int32_t m, sd_session *s, int32_t n_append, int32_t n_draft) {
+void sd_pack_verify_seq(sd_verify_pack *pk, int32_t m, sd_session *s, int32_t n_append, int32_t k) {
     Specd__VerifySeq *vs = &pk->seqs[m];
     specd__verify_seq__init(vs);
     pk->pseqs[m] = vs;
@@ -43,13 +43,13 @@ void sd_pack_verify_seq(sd_verify_pack *pk, int32_t m, sd_session *s, int32_t n_
     vs->append = s->tokens + s->v_cached;
     fill_sampling(s, &pk->samp[m]);
     vs->sampling = &pk->samp[m];
-    if (n_draft <= 0) return;
-    vs->n_draft = (size_t)n_draft;
+    if (k <= 0) return;
+    vs->n_draft = (size_t)k;
     vs->draft = s->draft;
-    vs->n_q = (size_t)n_draft;
-    vs->q = pk->pdists + (size_t)m * SD_MAX_DRAFT;
-    for (int32_t j = 0; j < n_draft; j++) {
-        Specd__SparseDist *d = &pk->dists[(size_t)m * SD_MAX_DRAFT + j];
+    vs->n_q = (size_t)k;
+    vs->q = pk->pdists + (size_t)m * SD_MAX_K;
+    for (int32_t j = 0; j < k; j++) {
+        Specd__SparseDist *d = &pk->dists[(size_t)m * SD_MAX_K + j];
         specd__sparse_dist__init(d);
         d->n_ids = d->n_probs = s->q_off[j + 1] - s->q_off[j];
         d->ids = s->q_ids + s->q_off[j];

@@ -25,7 +25,7 @@
  * from the verify cost model and W from the measured draft round trip (a
  * draft later than expected is expected to take as long again, so a stuck
  * drafter releases the hold within one verify step; the draft timeout
- * still kills it). A fast drafter thus merges the cohorts; a slow one keeps
+ * then drops the step and backs the drafter off, liveness.c). A fast drafter thus merges the cohorts; a slow one keeps
  * them apart and overlapped.
  *
  * Beliefs: v_cached/d_cached say what each worker holds for a sequence; a
@@ -66,6 +66,7 @@ sd_status sd_sched_add(sd_coord *c, sd_session *s) {
     }
     s->state = SD_SESSION_QUEUED;
     s->draft_base = -1;
+    s->group = s->drafter = -1;
     c->sessions[c->n_sessions++] = s;
     c->n_queued++;
     return SD_OK;
@@ -110,12 +111,12 @@ static bool step_reserve(sd_coord_worker *w, int32_t n) {
 /* At a verify send: splits the time since the last verify reply into the
  * time the step was held for drafts (reply -> the event that released it)
  * and the coordinator's own overhead (that event -> now). */
-static void record_overhead(sd_coord *c) {
-    uint64_t held_from = c->hold_since_us, event = c->hold_event_us;
-    c->hold_since_us = 0;
-    if (c->verify_reply_us == 0) return;
+static void record_overhead(sd_coord *c, sd_coord_worker *g) {
+    uint64_t held_from = g->hold_since_us, event = c->hold_event_us;
+    g->hold_since_us = 0;
+    if (g->verify_reply_us == 0) return;
     uint64_t now = c->clock_us();
-    uint64_t from = c->verify_reply_us;
+    uint64_t from = g->verify_reply_us;
     double wait = 0.0;
     if (held_from && event > from) {
         wait = (double)(event - from);
@@ -125,7 +126,7 @@ static void record_overhead(sd_coord *c) {
     c->draft_wait_us[c->overhead_pos] = wait;
     c->overhead_pos = (c->overhead_pos + 1) % SD_COORD_OVERHEAD_WINDOW;
     if (c->n_overhead < SD_COORD_OVERHEAD_WINDOW) c->n_overhead++;
-    c->verify_reply_us = 0;
+    g->verify_reply_us = 0;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -181,8 +182,9 @@ static void admit(sd_coord *c) {
 
 typedef enum { CAND_NONE, CAND_PREFILL, CAND_STEP } cand_kind;
 
-static cand_kind verify_candidate(const sd_coord *c, const sd_session *s) {
-    if (s->state != SD_SESSION_ACTIVE || s->in_verify) return CAND_NONE;
+/* What s wants from group g now. */
+static cand_kind verify_candidate(const sd_coord *c, int32_t g, const sd_session *s) {
+    if (s->state != SD_SESSION_ACTIVE || s->in_verify || s->group != g) return CAND_NONE;
     int32_t missing = s->n_tokens - s->v_cached;
     if (missing < 1) return CAND_NONE; /* cannot happen: the last token has no KV */
     if (missing > c->p.prefill_chunk) return CAND_PREFILL;
@@ -192,12 +194,12 @@ static cand_kind verify_candidate(const sd_coord *c, const sd_session *s) {
     return CAND_NONE;
 }
 
-static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
-    sd_coord_worker *w = &c->workers[c->verifier];
+static void send_verify(sd_coord *c, int32_t g, bool prefill, uint64_t now_us) {
+    sd_coord_worker *w = &c->workers[g];
     int32_t n = 0;
     for (int32_t i = 0; i < c->n_sessions && n < w->max_batch; i++) {
-        cand_kind k = verify_candidate(c, c->sessions[i]);
-        if ((prefill && k == CAND_PREFILL) || (!prefill && k == CAND_STEP)) n++;
+        cand_kind kind = verify_candidate(c, g, c->sessions[i]);
+        if ((prefill && kind == CAND_PREFILL) || (!prefill && kind == CAND_STEP)) n++;
     }
     if (n == 0 || !step_reserve(w, n)) return;
     sd_verify_pack pk;
@@ -209,27 +211,27 @@ static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
     bool refill = false;
     for (int32_t i = 0; i < c->n_sessions && m < n; i++) {
         sd_session *s = c->sessions[i];
-        cand_kind k = verify_candidate(c, s);
-        if (!((prefill && k == CAND_PREFILL) || (!prefill && k == CAND_STEP))) continue;
+        cand_kind kind = verify_candidate(c, g, s);
+        if (!((prefill && kind == CAND_PREFILL) || (!prefill && kind == CAND_STEP))) continue;
         int32_t missing = s->n_tokens - s->v_cached;
         int32_t n_append = prefill ? sd_imin(c->p.prefill_chunk, missing - 1) : missing;
-        int32_t n_draft = 0;
+        int32_t k = 0;
         /* A sampled request's refill step carries no drafts: whether its
          * warm-up drafts are back when the step goes depends on timing (a
          * busy verifier), and its draws depend on K (spec_adapt.c). */
         bool sampled_refill = missing > 1 && !sd_sampling_is_greedy(&s->sampling);
         if (!prefill && drafted_now(s) && !sampled_refill) {
-            n_draft = sd_imin(s->n_draft, s->max_context - s->n_tokens - 1);
-            n_draft = sd_imin(n_draft, s->max_tokens - sd_session_generated(s) - 1);
-            if (sd_coord_verifier_ok(c)) n_draft = sd_imin(n_draft, w->max_draft);
-            if (n_draft < 0) n_draft = 0;
+            k = sd_imin(s->k, s->max_context - s->n_tokens - 1);
+            k = sd_imin(k, s->max_tokens - sd_session_generated(s) - 1);
+            k = sd_imin(k, w->max_k);
+            if (k < 0) k = 0;
         }
-        sd_pack_verify_seq(&pk, m, s, n_append, n_draft);
+        sd_pack_verify_seq(&pk, m, s, n_append, k);
         w->step_rids[m] = s->id;
-        w->step_k[m] = n_draft;
-        s->verify_k = n_draft;
+        w->step_k[m] = k;
+        s->verify_k = k;
         w->step_end[m] = s->v_cached + n_append;
-        n_tokens += n_append + n_draft;
+        n_tokens += n_append + k;
         refill |= n_append > 1;
         s->in_verify = true;
         s->v_holds = true;
@@ -251,13 +253,12 @@ static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
     w->n_step = m;
     w->step_tokens = n_tokens;
     w->step_refill = refill;
-    c->last_verify_prefill = prefill;
     if (!prefill) c->verify_steps++;
-    record_overhead(c);
+    record_overhead(c, w);
     SD_DEBUG("verify step %llu: %d seqs, %d tokens%s (cost model: %.0f us + %.0f us/token, draft step %.0f us)",
              (unsigned long long)req.step_id, m, n_tokens, prefill ? " (prefill only)" : "", c->cost.verify_fixed_us,
              c->cost.verify_token_us, c->cost.draft_step_us);
-    sd_outbox_worker(c, c->verifier, &env, now_us);
+    sd_outbox_worker(c, g, &env, now_us);
     sd_pack_verify_free(&pk);
 }
 
@@ -265,75 +266,89 @@ static void send_verify(sd_coord *c, bool prefill, uint64_t now_us) {
  * arrive instead of verifying the ready sequences without them (see the
  * file comment). Pending: active sequences that wait only for drafts (their
  * verifier cache is current, they are in a draft step or about to be). */
-static bool hold_for_drafts(const sd_coord *c, uint64_t now_us) {
-    if (!sd_coord_drafter_ok(c)) return false;
-    const sd_coord_worker *v = &c->workers[c->verifier], *d = &c->workers[c->drafter];
-    int32_t n_ready = 0, n_pending = 0, n_to_draft = 0, ready_tokens = 0;
+/* W for one pending sequence: until its drafter's step with its drafts is in. */
+static double draft_wait_us(const sd_coord *c, const sd_session *s, uint64_t now_us) {
+    const sd_coord_worker *d = &c->workers[s->drafter];
+    double est = d->cost.draft_step_us > 0.0 ? d->cost.draft_step_us : c->cost.draft_step_us, wait = est;
+    if (d->busy) {
+        double elapsed = now_us > d->step_sent_us ? (double)(now_us - d->step_sent_us) : 0.0;
+        wait = elapsed < est ? est - elapsed : elapsed; /* late: expect as long again */
+        if (!s->in_draft) wait += est;                  /* it goes in the next draft step */
+    }
+    return wait;
+}
+
+static bool hold_for_drafts(const sd_coord *c, int32_t g, uint64_t now_us) {
+    const sd_coord_worker *v = &c->workers[g];
+    int32_t n_ready = 0, n_pending = 0, ready_tokens = 0;
+    double wait = 0.0;
     for (int32_t i = 0; i < c->n_sessions; i++) {
         const sd_session *s = c->sessions[i];
-        cand_kind k = verify_candidate(c, s);
+        cand_kind kind = verify_candidate(c, g, s);
         int32_t missing = s->n_tokens - s->v_cached;
-        if (k == CAND_STEP) {
+        if (kind == CAND_STEP) {
             n_ready++;
-            ready_tokens += missing + (drafted_now(s) ? s->n_draft : 0);
-        } else if (k == CAND_NONE && s->state == SD_SESSION_ACTIVE && !s->in_verify && missing == 1) {
+            ready_tokens += missing + (drafted_now(s) ? s->k : 0);
+        } else if (kind == CAND_NONE && s->group == g && s->state == SD_SESSION_ACTIVE && !s->in_verify &&
+                   missing == 1 && sd_coord_drafter_usable(c, s)) {
             n_pending++;
-            n_to_draft += !s->in_draft;
+            double w = draft_wait_us(c, s, now_us);
+            if (w > wait) wait = w;
         }
     }
     if (n_ready == 0 || n_pending == 0 || n_ready >= v->max_batch) return false;
     if (n_pending > v->max_batch - n_ready) n_pending = v->max_batch - n_ready;
-    /* W: until the pending drafts are in */
-    double est = c->cost.draft_step_us, wait = est;
-    if (d->busy) {
-        double elapsed = now_us > d->step_sent_us ? (double)(now_us - d->step_sent_us) : 0.0;
-        wait = elapsed < est ? est - elapsed : elapsed; /* late: expect as long again */
-        if (n_to_draft > 0) wait += est;                /* they go in the next draft step */
-    }
-    double t_ready = sd_cost_verify_us(&c->cost, ready_tokens);
+    /* W: until the pending drafts are in; T from the group's own cost line
+     * once it has one, else the service's */
+    const sd_cost_model *cm = v->cost.s_w > 0.0 || v->cost.size_n[1] > 0 ? &v->cost : &c->cost;
+    double t_ready = sd_cost_verify_us(cm, ready_tokens);
     return wait * (n_ready + n_pending) < t_ready * n_pending;
 }
 
-static void dispatch_verify(sd_coord *c, uint64_t now_us) {
-    if (!sd_coord_verifier_ok(c) || c->workers[c->verifier].busy) return;
+static void dispatch_verify(sd_coord *c, int32_t g, uint64_t now_us) {
+    sd_coord_worker *v = &c->workers[g];
+    if (!sd_coord_is_group(v) || v->busy) return;
     bool any_prefill = false, any_step = false;
     for (int32_t i = 0; i < c->n_sessions; i++) {
-        cand_kind k = verify_candidate(c, c->sessions[i]);
-        any_prefill |= k == CAND_PREFILL;
-        any_step |= k == CAND_STEP;
+        cand_kind kind = verify_candidate(c, g, c->sessions[i]);
+        any_prefill |= kind == CAND_PREFILL;
+        any_step |= kind == CAND_STEP;
     }
     /* Prefill chunks alternate with normal steps so a long prompt does not
      * stall the running sequences. */
-    if (any_prefill && (!any_step || !c->last_verify_prefill)) {
-        send_verify(c, true, now_us);
+    if (any_prefill && (!any_step || !v->prefill_only)) {
+        send_verify(c, g, true, now_us);
     } else if (any_step) {
-        if (hold_for_drafts(c, now_us)) {
-            if (c->hold_since_us == 0) c->hold_since_us = c->clock_us();
+        if (hold_for_drafts(c, g, now_us)) {
+            if (v->hold_since_us == 0) v->hold_since_us = c->clock_us();
             return;
         }
-        send_verify(c, false, now_us);
+        send_verify(c, g, false, now_us);
     } else {
-        c->hold_since_us = 0; /* nothing left to hold for */
+        v->hold_since_us = 0; /* nothing left to hold for */
+        /* an idle group (its requests all done, others still running) is
+         * not coordinator overhead until its next request arrives */
+        if (sd_place_group_load(c, g) == 0) v->verify_reply_us = 0;
     }
 }
 
 /* Drafts wanted: a normal draft for an idle sequence whose verifier is
  * current, a warm-up of a sequence being refilled, or a shadow draft of a
  * sequence whose K = 0 step is being verified. Returns k or 0. */
-static int32_t draft_candidate(const sd_coord *c, const sd_session *s) {
-    if (s->state != SD_SESSION_ACTIVE || s->in_draft || s->draft_base == s->n_tokens) return 0;
+static int32_t draft_candidate(const sd_coord *c, int32_t d, const sd_session *s) {
+    if (s->state != SD_SESSION_ACTIVE || s->drafter != d || s->in_draft || s->draft_base == s->n_tokens) return 0;
     int32_t missing = s->n_tokens - s->v_cached;
     if (missing == 1 && s->in_verify) return sd_k_shadow(c, s);
     if (missing > 1 && s->d_cached >= s->n_tokens) return 0;
     return sd_k_want(c, s);
 }
 
-static void dispatch_draft(sd_coord *c, uint64_t now_us) {
-    if (!sd_coord_drafter_ok(c) || c->workers[c->drafter].busy) return;
-    sd_coord_worker *w = &c->workers[c->drafter];
+static void dispatch_draft(sd_coord *c, int32_t d, uint64_t now_us) {
+    sd_coord_worker *w = &c->workers[d];
+    if (!sd_coord_is_drafter(w) || w->busy || w->backed_off) return;
     int32_t n = 0;
     for (int32_t i = 0; i < c->n_sessions && n < w->max_batch; i++)
-        if (draft_candidate(c, c->sessions[i]) > 0) n++;
+        if (draft_candidate(c, d, c->sessions[i]) > 0) n++;
     if (n == 0 || !step_reserve(w, n)) return;
     sd_draft_pack pk;
     if (sd_pack_draft_alloc(&pk, n) != SD_OK) {
@@ -343,7 +358,7 @@ static void dispatch_draft(sd_coord *c, uint64_t now_us) {
     int32_t m = 0;
     for (int32_t i = 0; i < c->n_sessions && m < n; i++) {
         sd_session *s = c->sessions[i];
-        int32_t k = draft_candidate(c, s);
+        int32_t k = draft_candidate(c, d, s);
         if (k <= 0) continue;
         sd_pack_draft_seq(&pk, m, s, k);
         w->step_rids[m] = s->id;
@@ -371,24 +386,32 @@ static void dispatch_draft(sd_coord *c, uint64_t now_us) {
     w->step_sent_us = now_us;
     w->n_step = m;
     SD_DEBUG("draft step %llu: %d seqs", (unsigned long long)req.step_id, m);
-    sd_outbox_worker(c, c->drafter, &env, now_us);
+    sd_outbox_worker(c, d, &env, now_us);
     sd_pack_draft_free(&pk);
 }
 
 void sd_sched_pump(sd_coord *c, uint64_t now_us) {
     /* a held verify step released by this event counts its overhead from here */
-    if (c->hold_since_us && !c->hold_event_us) c->hold_event_us = c->clock_us();
+    if (!c->hold_event_us) {
+        for (int32_t g = 0; g < SD_COORD_MAX_WORKERS; g++) {
+            if (c->workers[g].used && c->workers[g].hold_since_us) {
+                c->hold_event_us = c->clock_us();
+                break;
+            }
+        }
+    }
     admit(c);
+    sd_place_pending(c, now_us);
     if (c->drafting_dirty) sd_k_update_gate(c);
-    dispatch_verify(c, now_us);
-    dispatch_draft(c, now_us);
+    for (int32_t g = 0; g < SD_COORD_MAX_WORKERS; g++) dispatch_verify(c, g, now_us);
+    for (int32_t d = 0; d < SD_COORD_MAX_WORKERS; d++) dispatch_draft(c, d, now_us);
     flush_chunks(c, now_us);
     c->hold_event_us = 0;
 }
 
 /* ---------------------------------------------------------------- finishing */
 
-static void fill_stats(const sd_session *s, Specd__RequestStats *st, uint64_t now_us) {
+static void fill_stats(const sd_coord *c, const sd_session *s, Specd__RequestStats *st, uint64_t now_us) {
     specd__request_stats__init(st);
     st->prompt_tokens = (uint32_t)s->n_prompt;
     st->generated_tokens = (uint32_t)sd_session_generated(s);
@@ -401,6 +424,10 @@ static void fill_stats(const sd_session *s, Specd__RequestStats *st, uint64_t no
     st->verifying_ms = (double)s->verifying_us / 1000.0;
     st->first_token_ms = s->t_first_token_us ? (double)(s->t_first_token_us - s->t_submit_us) / 1000.0 : 0.0;
     st->total_ms = (double)(now_us - s->t_submit_us) / 1000.0;
+    st->drafter_kind = s->want_kind;
+    if (!st->drafter_kind && s->drafter >= 0 && c->workers[s->drafter].used)
+        st->drafter_kind = c->workers[s->drafter].drafter_kind;
+    st->drafter_switches = s->kind_switches;
 }
 
 static void release(sd_coord *c, sd_session *s, uint64_t now_us) {
@@ -411,8 +438,8 @@ static void release(sd_coord *c, sd_session *s, uint64_t now_us) {
     Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
     env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_RELEASE;
     env.release = &rel;
-    if (s->v_holds && sd_coord_verifier_ok(c)) sd_outbox_worker(c, c->verifier, &env, now_us);
-    if (s->d_holds && sd_coord_drafter_ok(c)) sd_outbox_worker(c, c->drafter, &env, now_us);
+    if (s->v_holds && sd_coord_group_ok(c, s)) sd_outbox_worker(c, s->group, &env, now_us);
+    if (s->d_holds && sd_coord_drafter_ok(c, s)) sd_outbox_worker(c, s->drafter, &env, now_us);
     s->v_holds = s->d_holds = false;
 }
 
@@ -432,7 +459,7 @@ void sd_sched_finish(sd_coord *c, sd_session *s, Specd__StopReason reason, const
                      uint64_t now_us) {
     if (s->state == SD_SESSION_FINISHED) return;
     Specd__RequestStats st;
-    fill_stats(s, &st, now_us);
+    fill_stats(c, s, &st, now_us);
     Specd__Finished fin = SPECD__FINISHED__INIT;
     fin.request_id = s->id;
     fin.reason = reason;
@@ -462,7 +489,7 @@ void sd_sched_abort(sd_coord *c, sd_session *s, Specd__Code code, const char *ms
 
 void sd_sched_fail_step(sd_coord *c, int32_t wi, const char *why) {
     sd_coord_worker *w = &c->workers[wi];
-    bool verifier = wi == c->verifier;
+    bool verifier = w->role == SPECD__ROLE__ROLE_VERIFIER;
     SD_WARN("%s %s failed step %llu: %s", verifier ? "verifier" : "drafter", w->name, (unsigned long long)w->step_id,
             why);
     if (!w->busy) return;
@@ -484,49 +511,46 @@ void sd_sched_fail_step(sd_coord *c, int32_t wi, const char *why) {
             if (s->shadow_token == SD_SHADOW_PENDING) s->shadow_token = SD_SHADOW_NONE; /* lost with the step */
             /* no drafts at this length: verify with K = 0 rather than retry at once */
             s->draft_base = s->n_tokens;
-            s->n_draft = 0;
+            s->k = 0;
         }
         reap(c, s);
     }
     w->n_step = 0;
-    if (verifier) c->verify_reply_us = c->hold_since_us = 0;
+    if (verifier) w->verify_reply_us = w->hold_since_us = 0;
 }
 
+/* The worker's requests keep their committed tokens and lose it: the next
+ * pump places them on the other groups / drafters (placement.c), where they
+ * are refilled from keep_len 0. */
 void sd_sched_on_worker_lost(sd_coord *c, int32_t wi) {
     sd_coord_worker *w = &c->workers[wi];
-    bool verifier = wi == c->verifier, drafter = wi == c->drafter;
     w->busy = false;
     w->n_step = 0;
-    if (!verifier && !drafter) return;
+    w->verify_reply_us = w->hold_since_us = 0;
+    int32_t moved = 0;
     for (int32_t i = c->n_sessions - 1; i >= 0; i--) {
         sd_session *s = c->sessions[i];
-        if (verifier) {
+        if (s->group == wi) {
             s->in_verify = false;
             s->v_cached = 0;
             s->v_holds = false;
-        } else {
+            s->group = -1;
+            moved += s->state == SD_SESSION_ACTIVE;
+        }
+        if (s->drafter == wi) {
             s->in_draft = false;
             s->d_cached = 0;
             s->d_holds = false;
+            s->drafter = -1;
             if (s->shadow_token == SD_SHADOW_PENDING) s->shadow_token = SD_SHADOW_NONE;
+            moved += s->state == SD_SESSION_ACTIVE;
         }
         reap(c, s);
     }
-    if (verifier) {
-        c->verifier = -1;
-        c->verify_reply_us = c->hold_since_us = 0;
-    }
-    if (drafter) {
-        c->drafter = -1;
-        for (int32_t i = 0; i < SD_COORD_MAX_WORKERS; i++) {
-            if (i != wi && c->workers[i].used && c->workers[i].alive &&
-                c->workers[i].role == SPECD__ROLE__ROLE_DRAFTER) {
-                c->drafter = i;
-                SD_INFO("drafter %s takes over", c->workers[i].name);
-                break;
-            }
-        }
-    }
+    c->drafting_dirty = true;
+    if (moved > 0)
+        SD_INFO("%s %s: %d requests move to the others",
+                w->role == SPECD__ROLE__ROLE_VERIFIER ? "verifier group" : "drafter", w->name, moved);
 }
 
 /* Checks that a response has one result per sequence of the step. */
@@ -606,7 +630,7 @@ void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r,
                 (unsigned long long)(w->busy ? w->step_id : 0));
         return;
     }
-    c->verify_reply_us = c->clock_us();
+    w->verify_reply_us = c->clock_us();
     if (!same_count(w, r->n_results, why, sizeof why)) {
         sd_sched_fail_step(c, wi, why);
         return;
@@ -661,8 +685,12 @@ void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r,
      * 3.5 ms a row on a CPU) and, many times more numerous, they dragged the
      * fit to a large fixed cost and a small per-token cost, which made K > 0
      * look cheap at batch 64. */
-    if (!w->prefill_only && !w->step_refill) sd_cost_observe_verify(&c->cost, w->step_tokens, r->forward_us);
+    if (!w->prefill_only && !w->step_refill) {
+        sd_cost_observe_verify(&c->cost, w->step_tokens, r->forward_us);
+        sd_cost_observe_verify(&w->cost, w->step_tokens, r->forward_us);
+    }
     sd_cost_observe_rows(&c->cost, w->step_tokens, r->forward_us);
+    sd_cost_observe_rows(&w->cost, w->step_tokens, r->forward_us);
     int32_t n_step = w->n_step;
     w->n_step = 0;
     c->defer_chunks = true; /* streamed after the next verify request (sd_sched_pump) */
@@ -685,15 +713,25 @@ void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r,
             s->target_steps++;
             s->drafted += (uint32_t)w->step_k[i];
             s->accepted += vr->n_accepted;
+            w->committed += vr->n_commit;
+            w->drafted += (uint32_t)w->step_k[i];
+            w->accepted += vr->n_accepted;
+            if (s->drafter >= 0) {
+                /* the drafts came from the drafter the request has now:
+                 * a move drops any drafts in hand (placement.c) */
+                c->workers[s->drafter].drafted += (uint32_t)w->step_k[i];
+                c->workers[s->drafter].accepted += vr->n_accepted;
+            }
             if (w->step_k[i] > 0) {
                 sd_adapt_observe(&s->adapt, w->step_k[i], (int32_t)vr->n_accepted);
                 if (sd_sampling_is_greedy(&s->sampling)) sd_adapt_prior_update(&c->alpha_prior, &s->adapt);
                 s->adapt.steps_at_zero = 0;
-            } else if (sd_k_cap(c, s) > 0) {
+            } else if (sd_max_k(c, s) > 0) {
                 s->adapt.steps_at_zero++;
             }
             s->draft_base = -1;
-            s->n_draft = 0;
+            s->k = 0;
+            sd_choice_observe(c, s, w->step_k[i], (int32_t)vr->n_commit);
             sd_k_shadow_settle(c, s, vr->commit, (int32_t)vr->n_commit);
             commit_step(c, s, vr->commit, (int32_t)vr->n_commit, now_us);
             break;
@@ -730,7 +768,7 @@ static bool copy_drafts(sd_session *s, const Specd__DraftResult *dr) {
     size_t total = 0;
     for (size_t j = 0; j < dr->n_q; j++) total += dr->q[j]->n_ids;
     if (!s->q_off) {
-        s->q_off = malloc((SD_MAX_DRAFT + 1) * sizeof *s->q_off);
+        s->q_off = malloc((SD_MAX_K + 1) * sizeof *s->q_off);
         if (!s->q_off) return false;
     }
     if (total > s->q_cap) {
@@ -751,14 +789,14 @@ static bool copy_drafts(sd_session *s, const Specd__DraftResult *dr) {
         off += dr->q[j]->n_ids;
         s->q_off[j + 1] = (uint32_t)off;
     }
-    s->n_draft = (int32_t)dr->n_tokens;
+    s->k = (int32_t)dr->n_tokens;
     return true;
 }
 
 void sd_sched_on_draft(sd_coord *c, int32_t wi, const Specd__DraftResponse *r, uint64_t now_us) {
     sd_coord_worker *w = &c->workers[wi];
     char why[256];
-    if (c->hold_since_us) c->hold_event_us = c->clock_us();
+    if (!c->hold_event_us) c->hold_event_us = c->clock_us();
     if (!w->busy || r->step_id != w->step_id) {
         SD_WARN("drafter %s: response to step %llu, expected %llu; ignored", w->name, (unsigned long long)r->step_id,
                 (unsigned long long)(w->busy ? w->step_id : 0));
@@ -788,6 +826,7 @@ void sd_sched_on_draft(sd_coord *c, int32_t wi, const Specd__DraftResponse *r, u
     w->steps++;
     uint64_t took = now_us > w->step_sent_us ? now_us - w->step_sent_us : 0;
     sd_cost_observe_draft_step(&c->cost, took);
+    sd_cost_observe_draft_step(&w->cost, took);
     int32_t n_drafted = 0;
     int32_t n_step = w->n_step;
     w->n_step = 0;
@@ -820,8 +859,9 @@ void sd_sched_on_draft(sd_coord *c, int32_t wi, const Specd__DraftResponse *r, u
             s->d_cached = 0;
             /* no drafts for this length: verify with K = 0 rather than loop */
             s->draft_base = s->n_tokens;
-            s->n_draft = 0;
+            s->k = 0;
         }
     }
     sd_cost_observe_draft(&c->cost, n_drafted, r->draft_us);
+    sd_cost_observe_draft(&w->cost, n_drafted, r->draft_us);
 }

@@ -9,6 +9,7 @@
  * tokenized on a thread of their own (tokq.h); its eventfd is polled beside
  * the sockets. */
 #include "coord.h"
+#include "specd/curve.h"
 #include "tokq.h"
 
 #include <errno.h>
@@ -28,6 +29,10 @@ struct sd_coord_server {
     sd_coord c;
     bool state_ok;
     sd_tokq *tokq;
+    sd_curve_id id; /* on = CurveZMQ */
+    sd_curve_allow client_keys, worker_keys;
+    sd_zap_domain domains[2];
+    sd_zap *zap; /* the ZAP handler thread (CurveZMQ only) */
 };
 
 static bool send_to_worker(void *user, const uint8_t *ident, size_t ident_len, const Specd__CoordinatorToWorker *env) {
@@ -45,20 +50,27 @@ static void send_to_client(void *user, const uint8_t *ident, size_t ident_len, c
         SD_INFO("send to a client failed (gone?); body case %d", (int)env->body_case);
 }
 
-static sd_status read_secret(const char *path, char *out, size_t cap) {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        SD_ERROR("--curve-secret %s: %s", path, strerror(errno));
-        return SD_ERR_IO;
+/* Loads the keys and allow-lists and starts the ZAP handler: keys are all or
+ * nothing (a secret without both lists, or a list without a secret, is a
+ * start-up error, never plaintext); without keys both binds must be local
+ * unless --insecure. */
+static sd_status setup_curve(sd_coord_server *s, const sd_coord_params *p) {
+    bool any = p->curve_secret_file || p->client_keys_file || p->worker_keys_file;
+    if (any && !(p->curve_secret_file && p->client_keys_file && p->worker_keys_file)) {
+        SD_ERROR("CurveZMQ needs all three of --curve-secret, --client-keys and --worker-keys");
+        return SD_ERR_INVALID_ARG;
     }
-    size_t n = fread(out, 1, cap - 1, f);
-    fclose(f);
-    out[n] = '\0';
-    while (n > 0 && (out[n - 1] == '\n' || out[n - 1] == '\r' || out[n - 1] == ' ')) out[--n] = '\0';
-    if (n != 40) {
-        SD_ERROR("--curve-secret %s: expected a 40-character Z85 key, found %zu characters", path, n);
-        return SD_ERR_FORMAT;
-    }
+    SD_TRY(sd_curve_bind_check(p->client_addr, any, p->insecure, "--client-addr"));
+    SD_TRY(sd_curve_bind_check(p->worker_addr, any, p->insecure, "--worker-addr"));
+    if (!any) return SD_OK;
+    SD_TRY(sd_curve_id_load(p->curve_secret_file, NULL, &s->id));
+    SD_TRY(sd_curve_allow_read(p->client_keys_file, &s->client_keys));
+    SD_TRY(sd_curve_allow_read(p->worker_keys_file, &s->worker_keys));
+    s->domains[0] = (sd_zap_domain){SD_ZAP_DOMAIN_CLIENT, &s->client_keys};
+    s->domains[1] = (sd_zap_domain){SD_ZAP_DOMAIN_WORKER, &s->worker_keys};
+    SD_TRY(sd_zap_start(s->zctx, s->domains, 2, &s->zap));
+    SD_INFO("CurveZMQ on: public key %s, %zu client and %zu worker keys allowed", s->id.public_key, s->client_keys.n,
+            s->worker_keys.n);
     return SD_OK;
 }
 
@@ -73,28 +85,29 @@ sd_status sd_coord_server_new(const sd_coord_params *p, sd_coord_server **out) {
         return st;
     }
     s->state_ok = true;
-    if ((st = sd_tokq_new(s->c.tok, s->c.default_system, s->c.n_ctx, s->c.n_vocab, &s->tokq)) != SD_OK) goto fail;
+    if ((st = sd_tokq_new(s->c.tok, s->c.chat, s->c.n_ctx, s->c.n_vocab, &s->tokq)) != SD_OK) goto fail;
     s->c.tokq = s->tokq;
-    char secret[64] = {0};
-    if (p->curve_secret_file && (st = read_secret(p->curve_secret_file, secret, sizeof secret)) != SD_OK) goto fail;
     s->zctx = zmq_ctx_new();
     if (!s->zctx) {
         SD_ERROR("zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
         st = SD_ERR_NET;
         goto fail;
     }
+    if ((st = setup_curve(s, p)) != SD_OK) goto fail;
     sd_net_socket_params sp = sd_net_socket_default_params();
     sp.type = ZMQ_ROUTER;
-    sp.curve_server_secret = p->curve_secret_file ? secret : NULL;
+    sp.curve_server_secret = s->id.on ? s->id.secret : NULL;
+    sp.zap_domain = s->id.on ? SD_ZAP_DOMAIN_CLIENT : NULL;
     /* Each cap is what a peer can legitimately need; libzmq drops a peer
      * announcing more before allocating anything for it. */
     sp.max_msg_bytes = sd_net_client_msg_cap(s->c.n_ctx);
     if ((st = sd_net_socket_open(s->zctx, &sp, p->client_addr, NULL, &s->client_sock)) != SD_OK) goto fail;
     int64_t client_cap = sp.max_msg_bytes;
-    sp.max_msg_bytes = sd_net_worker_reply_cap(p->max_active, p->k_max);
+    sp.zap_domain = s->id.on ? SD_ZAP_DOMAIN_WORKER : NULL;
+    sp.max_msg_bytes = sd_net_worker_reply_cap(p->max_active, p->max_k);
     if ((st = sd_net_socket_open(s->zctx, &sp, p->worker_addr, NULL, &s->worker_sock)) != SD_OK) goto fail;
     SD_INFO("clients on %s, workers on %s%s (messages at most %lld and %lld bytes)", p->client_addr, p->worker_addr,
-            p->curve_secret_file ? " (CurveZMQ)" : "", (long long)client_cap, (long long)sp.max_msg_bytes);
+            s->id.on ? " (CurveZMQ, allow-lists)" : " (plaintext)", (long long)client_cap, (long long)sp.max_msg_bytes);
     *out = s;
     return SD_OK;
 fail:
@@ -136,7 +149,7 @@ static void drain(sd_coord_server *s, bool workers) {
             break;
         }
         if (workers)
-            sd_workers_on_message(&s->c, m.identity, m.identity_len, m.body, m.body_len, now);
+            sd_workers_on_message_as(&s->c, m.identity, m.identity_len, m.user_id, m.body, m.body_len, now);
         else
             sd_clients_on_message(&s->c, m.identity, m.identity_len, m.body, m.body_len, now);
         sd_net_msg_clear(&m);
@@ -174,8 +187,12 @@ void sd_coord_server_free(sd_coord_server **sp) {
     sd_coord_server *s = *sp;
     sd_net_close(&s->client_sock);
     sd_net_close(&s->worker_sock);
+    sd_zap_stop(&s->zap);
     if (s->zctx) zmq_ctx_term(s->zctx);
     sd_tokq_free(&s->tokq); /* before the state: the thread reads its tokenizer */
+    sd_curve_allow_free(&s->client_keys);
+    sd_curve_allow_free(&s->worker_keys);
+    memset(&s->id, 0, sizeof s->id);
     if (s->state_ok) sd_coord_state_free(&s->c);
     free(s);
     *sp = NULL;

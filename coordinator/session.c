@@ -15,6 +15,7 @@
  * specd-generate. */
 #include "coord.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -180,4 +181,18 @@ sd_status sd_session_commit(sd_session *s, const sd_tok *tok, const int32_t *tok
         SD_TRY(sd_session_flush(s, &out->tail, &out->tail_len));
     }
     return SD_OK;
+}
+
+bool sd_session_resume(sd_session *s, const sd_tok *tok, const int32_t *tokens, int32_t n, char *msg, size_t msg_len) {
+    sd_commit_out out;
+    sd_status st = sd_session_commit(s, tok, tokens, n, &out);
+    bool ok = st == SD_OK && !out.finished && out.n_taken == n;
+    if (st != SD_OK)
+        snprintf(msg, msg_len, "submit.continuation: %s", sd_status_str(st));
+    else if (!ok)
+        snprintf(msg, msg_len, "submit.continuation: the request already ended at its token %d (stop reason %d)",
+                 (int)out.n_taken, (int)out.reason);
+    free(out.text);
+    free(out.tail);
+    return ok;
 }

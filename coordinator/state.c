@@ -12,8 +12,6 @@
 #include <string.h>
 #include <time.h>
 
-#define SMOLLM_SYSTEM "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-
 uint64_t sd_coord_now_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -27,8 +25,8 @@ sd_coord_params sd_coord_default_params(void) {
         .max_queue = 256,
         .max_active = 64,
         .max_tokens_default = 256,
-        .k_default = 4,
-        .k_max = 8,
+        .default_k = 4,
+        .max_k = 8,
         .adaptive_k = true,
         .prefill_chunk = 512,
         .draft_timeout_ms = 2000,
@@ -38,44 +36,25 @@ sd_coord_params sd_coord_default_params(void) {
     };
 }
 
-/* True when the model's chat template carries SmolLM's default system
- * prompt: tokenizer.chat_template in a GGUF, tokenizer_config.json's
- * "chat_template" in a Hugging Face directory (searched as text: the prompt
- * has no character JSON escapes; the file is read up to 4 MB). */
-static bool template_has_smollm_system(const sd_weights *w, const char *path) {
-    const sd_gguf *g = sd_weights_gguf(w);
-    if (g) {
-        sd_gguf_str tmpl;
-        return sd_gguf_get_str(g, "tokenizer.chat_template", &tmpl) == SD_OK &&
-               memmem(tmpl.ptr, tmpl.len, SMOLLM_SYSTEM, strlen(SMOLLM_SYSTEM)) != NULL;
-    }
-    char name[4096];
-    if ((size_t)snprintf(name, sizeof name, "%s/tokenizer_config.json", path) >= sizeof name) return false;
-    FILE *f = fopen(name, "rb");
-    if (!f) return false;
-    enum { MAX_BYTES = 4 << 20 };
-    char *buf = malloc(MAX_BYTES);
-    size_t n = buf ? fread(buf, 1, MAX_BYTES, f) : 0;
-    fclose(f);
-    bool found = buf && memmem(buf, n, SMOLLM_SYSTEM, strlen(SMOLLM_SYSTEM)) != NULL;
-    free(buf);
-    return found;
-}
-
 sd_status sd_coord_state_init(sd_coord *c, const sd_coord_params *p, const sd_coord_io *io) {
     memset(c, 0, sizeof *c);
     c->p = *p;
     c->io = *io;
-    c->verifier = c->drafter = -1;
     c->clock_us = sd_coord_now_us;
     sd_cost_init(&c->cost);
     c->alpha_prior = 0.6;
     c->drafting_pays = true;
-    if (p->max_queue < 0 || p->max_active < 1 || p->k_default < 0 || p->k_max < 0 || p->k_max > SD_MAX_DRAFT ||
+    /* Request ids never repeat across restarts (wall-clock seconds << 20:
+     * a million requests a second before the next start could collide, and
+     * below 2^53, so JSON keeps them exact): a client resubmitting after a
+     * coordinator restart keeps its first id for the user, and must not see
+     * it handed to another of its requests. */
+    c->next_request_id = (uint64_t)time(NULL) << 20;
+    if (p->max_queue < 0 || p->max_active < 1 || p->default_k < 0 || p->max_k < 0 || p->max_k > SD_MAX_K ||
         p->prefill_chunk < 1 || p->max_tokens_default < 1 || p->heartbeat_interval_ms < 1 ||
         p->heartbeat_liveness < 1) {
-        SD_ERROR("coordinator parameters out of range (max_active >= 1, 0 <= k_max <= %d, prefill_chunk >= 1...)",
-                 SD_MAX_DRAFT);
+        SD_ERROR("coordinator parameters out of range (max_active >= 1, 0 <= max_k <= %d, prefill_chunk >= 1...)",
+                 SD_MAX_K);
         return SD_ERR_INVALID_ARG;
     }
     /* the target as any weights source: a GGUF file or a Hugging Face
@@ -90,10 +69,10 @@ sd_status sd_coord_state_init(sd_coord *c, const sd_coord_params *p, const sd_co
     sd_model_config cfg;
     st = sd_weights_config(w, &cfg);
     if (st == SD_OK) st = sd_weights_tokenizer(w, &c->tok);
-    if (st == SD_OK && template_has_smollm_system(w, p->model_path)) c->default_system = SMOLLM_SYSTEM;
+    if (st == SD_OK) st = sd_chat_template_from_model(w, p->model_path, c->tok, p->chat_template, &c->chat);
     sd_weights_close(&w);
     if (st != SD_OK) {
-        SD_ERROR("%s: cannot read the target's tokenizer/config: %s", p->model_path, sd_status_str(st));
+        SD_ERROR("%s: cannot read the target's tokenizer/config/chat template: %s", p->model_path, sd_status_str(st));
         sd_coord_state_free(c);
         return st;
     }
@@ -101,10 +80,11 @@ sd_status sd_coord_state_init(sd_coord *c, const sd_coord_params *p, const sd_co
     c->n_vocab = sd_tok_n_vocab(c->tok);
     c->n_ctx = cfg.n_ctx_train;
     c->vocab_hash = sd_tok_vocab_hash(c->tok);
-    c->lim = (sd_net_limits){
-        .n_vocab = c->n_vocab, .max_context = c->n_ctx, .max_batch = SD_MAX_BATCH, .max_draft = SD_MAX_DRAFT};
-    SD_INFO("target %s: %s, %d tokens (vocab hash 0x%016llx), context %d%s", p->model_path, c->arch, c->n_vocab,
-            (unsigned long long)c->vocab_hash, c->n_ctx, c->default_system ? ", ChatML default system prompt" : "");
+    c->lim =
+        (sd_net_limits){.n_vocab = c->n_vocab, .max_context = c->n_ctx, .max_batch = SD_MAX_BATCH, .max_k = SD_MAX_K};
+    SD_INFO("target %s: %s, %d tokens (vocab hash 0x%016llx), context %d, chat template %s%s", p->model_path, c->arch,
+            c->n_vocab, (unsigned long long)c->vocab_hash, c->n_ctx, sd_chat_template_name(c->chat),
+            sd_chat_template_default_system(c->chat) ? " with a default system prompt" : "");
     return SD_OK;
 }
 
@@ -125,4 +105,5 @@ void sd_coord_state_free(sd_coord *c) {
         c->workers[i].step_k = c->workers[i].step_end = NULL;
     }
     sd_tok_free(&c->tok);
+    sd_chat_template_free(&c->chat);
 }

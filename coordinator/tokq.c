@@ -43,7 +43,8 @@ sd_submit_job *sd_submit_job_new(const Specd__SubmitRequest *r, const uint8_t *i
     j->sampling = *sampling;
     j->max_tokens = r->max_tokens;
     j->ignore_eos = r->ignore_eos;
-    j->max_draft = r->max_draft;
+    j->max_k = r->max_k;
+    j->pin_kind = r->drafter_kind;
     j->chat = r->chat;
     j->code = SPECD__CODE__CODE_OK;
     bool ok = true;
@@ -57,6 +58,28 @@ sd_submit_job *sd_submit_job_new(const Specd__SubmitRequest *r, const uint8_t *i
         j->system = dup_text(r->system);
         ok = j->prompt && j->system;
         if (ok) j->text_bytes = strlen(j->prompt) + strlen(j->system);
+    }
+    if (ok && r->n_messages > 0) { /* roles were checked by sd_net_decode_client */
+        static const char *const ROLES[] = {[SPECD__CHAT_ROLE__CHAT_ROLE_SYSTEM] = "system",
+                                            [SPECD__CHAT_ROLE__CHAT_ROLE_USER] = "user",
+                                            [SPECD__CHAT_ROLE__CHAT_ROLE_ASSISTANT] = "assistant"};
+        j->msg_role = calloc(r->n_messages, sizeof *j->msg_role);
+        j->msg_content = calloc(r->n_messages, sizeof *j->msg_content);
+        ok = j->msg_role && j->msg_content;
+        for (size_t i = 0; ok && i < r->n_messages; i++) {
+            int role = (int)r->messages[i]->role;
+            j->msg_role[i] = role >= 1 && role <= 3 ? ROLES[role] : "";
+            j->msg_content[i] = dup_text(r->messages[i]->content);
+            ok = j->msg_content[i] != NULL;
+            j->n_messages = i + 1;
+            if (ok) j->text_bytes += strlen(j->msg_content[i]);
+        }
+    }
+    if (ok && r->n_continuation > 0) {
+        j->continuation = malloc(r->n_continuation * sizeof *j->continuation);
+        ok = j->continuation != NULL;
+        if (ok) memcpy(j->continuation, r->continuation, r->n_continuation * sizeof *j->continuation);
+        j->n_continuation = ok ? r->n_continuation : 0;
     }
     if (ok && r->n_stop > 0) {
         j->stop = calloc(r->n_stop, sizeof *j->stop);
@@ -79,6 +102,10 @@ void sd_submit_job_free(sd_submit_job **jp) {
     free(j->prompt);
     free(j->system);
     free(j->prompt_ids);
+    for (size_t i = 0; i < j->n_messages; i++) free(j->msg_content[i]);
+    free(j->msg_content);
+    free(j->msg_role);
+    free(j->continuation);
     free(j->ids);
     free(j);
     *jp = NULL;
@@ -89,7 +116,39 @@ static void refuse(sd_submit_job *j, Specd__Code code, const char *what) {
     snprintf(j->msg, sizeof j->msg, "%s", what);
 }
 
-void sd_submit_tokenize(const sd_tok *tok, const char *default_system, int32_t n_ctx, int32_t n_vocab,
+/* The job's conversation in the chat template, tokenized with special
+ * tokens from the markup only; false + j->code/msg on a refusal. */
+static bool encode_chat(const sd_tok *tok, const sd_chat_template *chat, sd_submit_job *j, int32_t **enc,
+                        size_t *n_enc) {
+    sd_chat_msg two[2], *m = two;
+    size_t n = 0;
+    if (j->n_messages > 0) {
+        if (!(m = malloc(j->n_messages * sizeof *m))) {
+            refuse(j, SPECD__CODE__CODE_INTERNAL, "out of memory tokenizing the prompt");
+            return false;
+        }
+        for (size_t i = 0; i < j->n_messages; i++) m[n++] = (sd_chat_msg){j->msg_role[i], j->msg_content[i]};
+    } else {
+        if (j->system[0]) m[n++] = (sd_chat_msg){"system", j->system};
+        m[n++] = (sd_chat_msg){"user", j->prompt};
+    }
+    char why[400];
+    sd_status st = sd_chat_template_encode(chat, tok, m, n, true, enc, n_enc, NULL, why, sizeof why);
+    if (m != two) free(m);
+    if (st == SD_ERR_INVALID_ARG) {
+        j->code = SPECD__CODE__CODE_BAD_REQUEST;
+        snprintf(j->msg, sizeof j->msg, "chat template: %s", why);
+        return false;
+    }
+    if (st != SD_OK) {
+        j->code = st == SD_ERR_NOMEM ? SPECD__CODE__CODE_INTERNAL : SPECD__CODE__CODE_BAD_REQUEST;
+        snprintf(j->msg, sizeof j->msg, "submit.prompt: tokenization failed (%s)", sd_status_str(st));
+        return false;
+    }
+    return true;
+}
+
+void sd_submit_tokenize(const sd_tok *tok, const sd_chat_template *chat, int32_t n_ctx, int32_t n_vocab,
                         sd_submit_job *j) {
     if (j->n_prompt_ids > 0) {
         if (j->n_prompt_ids > (size_t)n_ctx) {
@@ -113,7 +172,7 @@ void sd_submit_tokenize(const sd_tok *tok, const char *default_system, int32_t n
         return;
     }
     size_t plen = strlen(j->prompt);
-    if (plen == 0) {
+    if (plen == 0 && j->n_messages == 0) {
         refuse(j, SPECD__CODE__CODE_BAD_REQUEST, "submit.prompt: empty (give prompt text or prompt_ids)");
         return;
     }
@@ -122,17 +181,13 @@ void sd_submit_tokenize(const sd_tok *tok, const char *default_system, int32_t n
         snprintf(j->msg, sizeof j->msg, "submit.prompt: %zu bytes, limit %d", plen, SD_MAX_PROMPT_BYTES);
         return;
     }
-    /* Special tokens come from the chat template only: text a client sent
-     * is encoded as text, so it cannot forge a turn. */
+    /* Special tokens come from the chat template's markup only: text a
+     * client sent is encoded as text, so it cannot forge a turn. */
     int32_t *enc = NULL;
     size_t n_enc = 0;
-    sd_status st;
-    if (j->chat) {
-        sd_chat_msg m[2];
-        size_t nm = 0;
-        if (j->system[0]) m[nm++] = (sd_chat_msg){"system", j->system};
-        m[nm++] = (sd_chat_msg){"user", j->prompt};
-        st = sd_tok_chat_encode(tok, m, nm, default_system, true, &enc, &n_enc);
+    sd_status st = SD_OK;
+    if (j->chat || j->n_messages > 0) {
+        if (!encode_chat(tok, chat, j, &enc, &n_enc)) return;
     } else {
         st = sd_tok_encode(tok, j->prompt, plen, false, &enc, &n_enc);
     }
@@ -165,7 +220,7 @@ void sd_submit_tokenize(const sd_tok *tok, const char *default_system, int32_t n
 
 struct sd_tokq {
     const sd_tok *tok;
-    const char *default_system;
+    const sd_chat_template *chat;
     int32_t n_ctx, n_vocab;
     int efd;
     pthread_t thread;
@@ -188,7 +243,7 @@ static void *tokq_main(void *arg) {
         if (!q->todo) q->todo_tail = NULL;
         j->next = NULL;
         pthread_mutex_unlock(&q->mu);
-        sd_submit_tokenize(q->tok, q->default_system, q->n_ctx, q->n_vocab, j);
+        sd_submit_tokenize(q->tok, q->chat, q->n_ctx, q->n_vocab, j);
         pthread_mutex_lock(&q->mu);
         if (q->done_tail)
             q->done_tail->next = j;
@@ -202,12 +257,12 @@ static void *tokq_main(void *arg) {
     return NULL;
 }
 
-sd_status sd_tokq_new(const sd_tok *tok, const char *default_system, int32_t n_ctx, int32_t n_vocab, sd_tokq **out) {
+sd_status sd_tokq_new(const sd_tok *tok, const sd_chat_template *chat, int32_t n_ctx, int32_t n_vocab, sd_tokq **out) {
     *out = NULL;
     sd_tokq *q = calloc(1, sizeof *q);
     if (!q) return SD_ERR_NOMEM;
     q->tok = tok;
-    q->default_system = default_system;
+    q->chat = chat;
     q->n_ctx = n_ctx;
     q->n_vocab = n_vocab;
     q->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

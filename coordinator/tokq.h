@@ -13,7 +13,7 @@
 #include "coord.h"
 
 #define SD_TOKQ_MAX_JOBS  256        /* submits waiting for or in tokenization */
-#define SD_TOKQ_MAX_BYTES (32 << 20) /* their prompt + system text, bytes */
+#define SD_TOKQ_MAX_BYTES (32 << 20) /* their prompt, system and message text, bytes */
 
 /* A Submit between its checks on the loop and its admission: what the
  * session needs (copied out of the unpacked message) and the result. */
@@ -25,14 +25,23 @@ typedef struct sd_submit_job {
     sd_sampling sampling;
     uint32_t max_tokens;
     bool ignore_eos;
-    int32_t max_draft;
-    char **stop; /* n_stop owned strings */
+    int32_t max_k;
+    Specd__DrafterKind pin_kind; /* drafter_kind (routing), validated by the decoder */
+    char **stop;                 /* n_stop owned strings */
     int32_t n_stop;
     bool chat;
     char *prompt, *system; /* owned, NUL-terminated */
-    int32_t *prompt_ids;   /* owned; used instead of the text when n_prompt_ids > 0 */
+    /* a whole conversation (messages): n_messages roles ("system", "user",
+     * "assistant"; static strings) and owned contents; used instead of
+     * prompt/system when n_messages > 0 */
+    const char **msg_role;
+    char **msg_content;
+    size_t n_messages;
+    int32_t *prompt_ids; /* owned; used instead of the text when n_prompt_ids > 0 */
     size_t n_prompt_ids;
-    size_t text_bytes; /* strlen(prompt) + strlen(system), for the queue's byte bound */
+    int32_t *continuation; /* owned: tokens already generated (failover), resumed after the prompt */
+    size_t n_continuation;
+    size_t text_bytes; /* the text's bytes (prompt, system, messages), for the queue's byte bound */
     /* result of sd_submit_tokenize */
     int32_t *ids; /* owned, n_ids tokens (BOS first when the model adds one) */
     size_t n_ids;
@@ -47,17 +56,19 @@ sd_submit_job *sd_submit_job_new(const Specd__SubmitRequest *r, const uint8_t *i
                                  const sd_sampling *sampling, uint64_t now_us);
 void sd_submit_job_free(sd_submit_job **j);
 
-/* Tokenizes j's prompt (chat template with sd_tok_chat_encode when j->chat,
- * else the text with special tokens off; BOS when the model adds one) into
- * j->ids, or sets j->code/j->msg. Reads only its arguments: thread-safe. */
-void sd_submit_tokenize(const sd_tok *tok, const char *default_system, int32_t n_ctx, int32_t n_vocab,
+/* Tokenizes j's prompt (a conversation in the chat template with
+ * sd_chat_template_encode when j->chat or j->n_messages, special tokens from
+ * the template's markup only; else the text with special tokens off; BOS
+ * when the model adds one) into j->ids, or sets j->code/j->msg. Reads only
+ * its arguments: thread-safe. */
+void sd_submit_tokenize(const sd_tok *tok, const sd_chat_template *chat, int32_t n_ctx, int32_t n_vocab,
                         sd_submit_job *j);
 
 typedef struct sd_tokq sd_tokq;
 
-/* Starts the tokenizer thread over tok (borrowed; it and default_system
- * must outlive the queue). Caller frees with sd_tokq_free. */
-sd_status sd_tokq_new(const sd_tok *tok, const char *default_system, int32_t n_ctx, int32_t n_vocab, sd_tokq **out);
+/* Starts the tokenizer thread over tok and chat (borrowed; both must
+ * outlive the queue). Caller frees with sd_tokq_free. */
+sd_status sd_tokq_new(const sd_tok *tok, const sd_chat_template *chat, int32_t n_ctx, int32_t n_vocab, sd_tokq **out);
 /* Stops and joins the thread; frees every job still held. NULL-safe. */
 void sd_tokq_free(sd_tokq **q);
 /* File descriptor that is readable while finished jobs wait (for zmq_poll). */

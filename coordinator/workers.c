@@ -3,7 +3,8 @@
  * A worker is known by its ZeroMQ routing id once its Hello was accepted:
  * protocol version equal to ours (else CODE_PROTOCOL), role drafter or
  * verifier leader (rank 0), a vocabulary identical to the target's (size and
- * sd_tok_vocab_hash; else CODE_VOCAB_MISMATCH naming both), and for a
+ * sd_tok_vocab_hash; else CODE_VOCAB_MISMATCH: the log names both, the
+ * refused peer is told only that its identity was refused), and for a
  * verifier no other live leader (else CODE_REFUSED). A worker silent for
  * liveness intervals, or one that leaves a step unanswered past its timeout,
  * is dead: the scheduler drops its step and its beliefs; so is one that
@@ -17,6 +18,14 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+
+/* The deepest k a drafter's step in flight asked for (0: none). */
+static int32_t step_depth(const sd_coord_worker *w) {
+    int32_t depth = 0;
+    for (int32_t i = 0; i < w->n_step; i++)
+        if (w->step_k[i] > depth) depth = w->step_k[i];
+    return depth;
+}
 
 static void send_error(sd_coord *c, const uint8_t *ident, size_t ident_len, Specd__Code code, const char *msg) {
     Specd__Error e;
@@ -59,6 +68,25 @@ static int32_t new_slot(sd_coord *c, const uint8_t *ident, size_t ident_len) {
     return free_slot >= 0 ? free_slot : dead;
 }
 
+static const char *kind_name(Specd__DrafterKind k) {
+    const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(&specd__drafter_kind__descriptor, (int)k);
+    return v ? v->name : "?";
+}
+
+/* The live verifier leader of group id (0: none asked), or -1. */
+static int32_t group_with_id(const sd_coord *c, uint32_t id) {
+    if (id == 0) return -1;
+    for (int32_t i = 0; i < SD_COORD_MAX_WORKERS; i++)
+        if (sd_coord_is_group(&c->workers[i]) && c->workers[i].group_id == id) return i;
+    return -1;
+}
+
+/* The smallest group id no live leader has (for a leader that named none). */
+static uint32_t free_group_id(const sd_coord *c) {
+    for (uint32_t id = 1;; id++)
+        if (group_with_id(c, id) < 0) return id;
+}
+
 /* The line is fitted to the seeded sizes up to SD_COST_SIZES only: those
  * are the steps a service makes most, and a least-squares fit over sizes up
  * to 1088 would be set by the largest steps, where a GPU's cost is no longer
@@ -70,9 +98,20 @@ void sd_cost_seed(sd_cost_model *c, const sd_step_cost *costs, size_t n) {
     }
 }
 
-static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const Specd__Hello *h, uint64_t now_us) {
+static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const char *peer_role, const Specd__Hello *h,
+                     uint64_t now_us) {
     char msg[512];
     const char *name = h->name && h->name[0] ? h->name : "?";
+    const char *asked = h->role == SPECD__ROLE__ROLE_VERIFIER  ? "verifier"
+                        : h->role == SPECD__ROLE__ROLE_DRAFTER ? "drafter"
+                                                               : "?";
+    if (peer_role && peer_role[0] && strcmp(peer_role, asked) != 0) {
+        /* the allow-list binds this key to another role (role=...) */
+        SD_WARN("refused %s: its key may register as a %s only, it asked to be a %s", name, peer_role, asked);
+        snprintf(msg, sizeof msg, "this worker's key may not register as a %s", asked);
+        send_error(c, ident, ident_len, SPECD__CODE__CODE_REFUSED, msg);
+        return;
+    }
     if (h->protocol_version != SD_PROTOCOL_VERSION) {
         snprintf(msg, sizeof msg, "hello.protocol_version: %u, the coordinator speaks %u", h->protocol_version,
                  SD_PROTOCOL_VERSION);
@@ -92,13 +131,14 @@ static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
         return;
     }
     if (h->model->vocab_hash != c->vocab_hash || (int64_t)h->model->vocab_size != c->n_vocab) {
-        snprintf(msg, sizeof msg,
-                 "vocabulary mismatch: %s model '%s' has %u tokens, vocab hash 0x%016llx; the target has %d tokens, "
-                 "vocab hash 0x%016llx",
-                 verifier ? "verifier" : "drafter", h->model->name ? h->model->name : "?", h->model->vocab_size,
-                 (unsigned long long)h->model->vocab_hash, c->n_vocab, (unsigned long long)c->vocab_hash);
-        SD_WARN("refused %s: %s", name, msg);
-        send_error(c, ident, ident_len, SPECD__CODE__CODE_VOCAB_MISMATCH, msg);
+        /* the details go to our log only: the target's identity is not told
+         * to whoever connects (a peer learns "refused", and nothing more) */
+        SD_WARN("refused %s: vocabulary mismatch: %s model '%s' has %u tokens, vocab hash 0x%016llx; the target has "
+                "%d tokens, vocab hash 0x%016llx",
+                name, verifier ? "verifier" : "drafter", h->model->name ? h->model->name : "?", h->model->vocab_size,
+                (unsigned long long)h->model->vocab_hash, c->n_vocab, (unsigned long long)c->vocab_hash);
+        send_error(c, ident, ident_len, SPECD__CODE__CODE_VOCAB_MISMATCH,
+                   "model identity refused: this worker's vocabulary is not the service's (see the coordinator's log)");
         return;
     }
     int32_t again = find_alive(c, ident, ident_len);
@@ -109,19 +149,20 @@ static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
             send_error(c, ident, ident_len, SPECD__CODE__CODE_REFUSED, msg);
             return;
         }
-        if (c->verifier >= 0 && c->workers[c->verifier].alive) {
+        int32_t same = group_with_id(c, h->group_id);
+        if (same >= 0) {
             /* The old leader may be gone without a word (SIGKILL): probe it. */
             Specd__Heartbeat hb = SPECD__HEARTBEAT__INIT;
             hb.sent_us = sd_net_now_us();
             Specd__CoordinatorToWorker probe = SPECD__COORDINATOR_TO_WORKER__INIT;
             probe.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_HEARTBEAT;
             probe.heartbeat = &hb;
-            sd_outbox_worker(c, c->verifier, &probe, now_us);
-            if (c->workers[c->verifier].unreachable) mark_dead(c, c->verifier, "disconnected");
+            sd_outbox_worker(c, same, &probe, now_us);
+            if (c->workers[same].unreachable) mark_dead(c, same, "disconnected");
         }
-        if (c->verifier >= 0 && c->workers[c->verifier].alive) {
-            snprintf(msg, sizeof msg, "a verifier leader (%s) is already registered", c->workers[c->verifier].name);
-            SD_WARN("refused %s: %s", name, msg);
+        if (same >= 0 && c->workers[same].alive) {
+            snprintf(msg, sizeof msg, "hello.group_id: group %u already has a live leader", h->group_id);
+            SD_WARN("refused %s: %s (%s)", name, msg, c->workers[same].name);
             send_error(c, ident, ident_len, SPECD__CODE__CODE_REFUSED, msg);
             return;
         }
@@ -135,6 +176,7 @@ static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
     uint64_t *rids = w->step_rids;
     int32_t *ks = w->step_k, *ends = w->step_end, cap = w->cap_step;
     memset(w, 0, sizeof *w);
+    sd_cost_init(&w->cost);
     w->step_rids = rids;
     w->step_k = ks;
     w->step_end = ends;
@@ -147,9 +189,10 @@ static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
     w->rank = h->rank;
     snprintf(w->name, sizeof w->name, "%s", name);
     w->drafter_kind = h->drafter_kind;
+    w->group_size = h->group_size ? h->group_size : 1;
     w->n_ctx = (int32_t)(h->model->context_length > INT32_MAX ? INT32_MAX : h->model->context_length);
     w->max_batch = h->max_batch == 0 || h->max_batch > SD_MAX_BATCH ? SD_MAX_BATCH : (int32_t)h->max_batch;
-    w->max_draft = h->max_draft == 0 || h->max_draft > SD_MAX_DRAFT ? SD_MAX_DRAFT : (int32_t)h->max_draft;
+    w->max_k = h->max_k == 0 || h->max_k > SD_MAX_K ? SD_MAX_K : (int32_t)h->max_k;
     if (h->stats) {
         w->kv_blocks_total = h->stats->kv_blocks_total;
         w->kv_blocks_free = h->stats->kv_blocks_free;
@@ -157,7 +200,7 @@ static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
     }
     w->last_recv_us = now_us;
     if (verifier) {
-        c->verifier = wi;
+        w->group_id = h->group_id ? h->group_id : free_group_id(c);
         if (h->model->context_length && (int64_t)h->model->context_length < c->n_ctx)
             SD_WARN("verifier %s: context %u < the target's %d", name, h->model->context_length, c->n_ctx);
         if (h->n_step_costs > 0) { /* validated: <= SD_MAX_STEP_COSTS, tokens and times > 0 */
@@ -166,20 +209,19 @@ static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
             for (size_t i = 0; i < h->n_step_costs && n < SD_MAX_STEP_COSTS; i++)
                 costs[n++] = (sd_step_cost){h->step_costs[i]->tokens, h->step_costs[i]->forward_us};
             sd_cost_seed(&c->cost, costs, n);
+            sd_cost_seed(&w->cost, costs, n);
             SD_INFO("verifier %s: cost model seeded from %zu measured step sizes (%u..%u tokens): %.0f us a step + "
                     "%.1f us a token",
                     name, n, costs[0].tokens, costs[n - 1].tokens, c->cost.verify_fixed_us, c->cost.verify_token_us);
         }
-    } else if (c->drafter < 0) {
-        c->drafter = wi;
-        for (int32_t i = 0; i < c->n_sessions; i++) {
-            c->sessions[i]->d_cached = 0;
-            c->sessions[i]->d_holds = false;
-        }
     }
-    SD_INFO("%s %s registered as worker %llu (max_batch %d, max_draft %d, context %d)%s",
-            verifier ? "verifier" : "drafter", name, (unsigned long long)w->worker_id, w->max_batch, w->max_draft,
-            w->n_ctx, !verifier && c->drafter != wi ? " (standby)" : "");
+    if (verifier)
+        SD_INFO("verifier group %u (leader %s, TP %u) registered as worker %llu (max_batch %d, max_k %d, context "
+                "%d)",
+                w->group_id, name, w->group_size, (unsigned long long)w->worker_id, w->max_batch, w->max_k, w->n_ctx);
+    else
+        SD_INFO("drafter %s (%s) registered as worker %llu (max_batch %d, max_k %d, context %d)", name,
+                kind_name(w->drafter_kind), (unsigned long long)w->worker_id, w->max_batch, w->max_k, w->n_ctx);
     Specd__Welcome wel = SPECD__WELCOME__INIT;
     wel.protocol_version = SD_PROTOCOL_VERSION;
     wel.worker_id = w->worker_id;
@@ -189,10 +231,16 @@ static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
     env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_WELCOME;
     env.welcome = &wel;
     sd_outbox_worker(c, wi, &env, now_us);
+    if (!verifier) sd_place_share_drafter(c, wi, now_us);
 }
 
 void sd_workers_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, const uint8_t *body, size_t len,
                            uint64_t now_us) {
+    sd_workers_on_message_as(c, ident, ident_len, NULL, body, len, now_us);
+}
+
+void sd_workers_on_message_as(sd_coord *c, const uint8_t *ident, size_t ident_len, const char *peer_role,
+                              const uint8_t *body, size_t len, uint64_t now_us) {
     int32_t wi = find_alive(c, ident, ident_len);
     Specd__Code code = SPECD__CODE__CODE_UNSPECIFIED;
     char err[512];
@@ -209,7 +257,7 @@ void sd_workers_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, 
     }
     if (wi >= 0) c->workers[wi].last_recv_us = now_us;
     switch (env->body_case) {
-    case SPECD__WORKER_TO_COORDINATOR__BODY_HELLO: on_hello(c, ident, ident_len, env->hello, now_us); break;
+    case SPECD__WORKER_TO_COORDINATOR__BODY_HELLO: on_hello(c, ident, ident_len, peer_role, env->hello, now_us); break;
     case SPECD__WORKER_TO_COORDINATOR__BODY_HEARTBEAT:
         if (wi < 0) {
             SD_DEBUG("heartbeat from an unregistered worker; ignored");
@@ -221,14 +269,24 @@ void sd_workers_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, 
         }
         break;
     case SPECD__WORKER_TO_COORDINATOR__BODY_DRAFT:
-        if (wi < 0 || wi != c->drafter)
-            SD_INFO("draft response from a worker that is not the drafter in use; dropped");
-        else
+        if (wi < 0 || c->workers[wi].role != SPECD__ROLE__ROLE_DRAFTER) {
+            SD_INFO("draft response from a worker that is not a registered drafter; dropped");
+        } else if (sd_step_times_late_reply(&c->workers[wi].times, env->draft->step_id, now_us)) {
+            SD_INFO("drafter %s: the overrun step %llu answered after all; its time is measured (p99 %u us per "
+                    "depth)",
+                    c->workers[wi].name, (unsigned long long)env->draft->step_id, c->workers[wi].times.p99_unit_us);
+        } else {
+            sd_coord_worker *w = &c->workers[wi];
+            if (w->busy && env->draft->step_id == w->step_id) {
+                sd_step_times_add(&w->times, now_us - w->step_sent_us, step_depth(w));
+                w->times.misses = 0;
+            }
             sd_sched_on_draft(c, wi, env->draft, now_us);
+        }
         break;
     case SPECD__WORKER_TO_COORDINATOR__BODY_VERIFY:
-        if (wi < 0 || wi != c->verifier)
-            SD_INFO("verify response from a worker that is not the verifier; dropped");
+        if (wi < 0 || c->workers[wi].role != SPECD__ROLE__ROLE_VERIFIER)
+            SD_INFO("verify response from a worker that is not a registered verifier leader; dropped");
         else
             sd_sched_on_verify(c, wi, env->verify, now_us);
         break;
@@ -257,7 +315,13 @@ void sd_workers_tick(sd_coord *c, uint64_t now_us) {
         if (!w->used || !w->alive) continue;
         bool is_drafter = w->role == SPECD__ROLE__ROLE_DRAFTER;
         uint64_t timeout = (uint64_t)(is_drafter ? c->p.draft_timeout_ms : c->p.verify_timeout_ms) * 1000u;
-        if (!is_drafter) timeout = sd_cost_verify_timeout_us(&c->cost, w->step_tokens, timeout);
+        if (!is_drafter) timeout = sd_cost_verify_timeout_us(&w->cost, w->step_tokens, timeout);
+        if (is_drafter) {
+            timeout = sd_step_times_timeout_us(&w->times, timeout, step_depth(w));
+            bool backed_off = sd_step_times_backed_off(&w->times, now_us);
+            changed |= w->backed_off && !backed_off; /* drafts may go out again */
+            w->backed_off = backed_off;
+        }
         if (now_us > w->last_recv_us + dead_after || w->unreachable) {
             mark_dead(c, i, w->unreachable ? "disconnected" : "no heartbeat");
             changed = true;
@@ -267,7 +331,17 @@ void sd_workers_tick(sd_coord *c, uint64_t now_us) {
             char why[96];
             snprintf(why, sizeof why, "step %llu (%d tokens) unanswered after %llu ms", (unsigned long long)w->step_id,
                      w->step_tokens, (unsigned long long)(timeout / 1000u));
-            if (!is_drafter) sd_cost_verify_timed_out(&c->cost, w->step_tokens, timeout);
+            if (is_drafter) {
+                /* alive (it heartbeats) but slow: drop the step, not the drafter (liveness.c) */
+                sd_step_times_missed(&w->times, now_us, w->step_id, w->step_sent_us, step_depth(w));
+                w->backed_off = true;
+                SD_WARN("drafter %s: %s; its sequences go on with K = 0, no drafts for %llu ms (miss %d)", w->name, why,
+                        (unsigned long long)((w->times.backoff_until_us - now_us) / 1000u), (int)w->times.misses);
+                sd_sched_fail_step(c, i, why);
+                changed = true;
+                continue;
+            }
+            sd_cost_verify_timed_out(&w->cost, w->step_tokens, timeout);
             mark_dead(c, i, why);
             changed = true;
             continue;

@@ -1,7 +1,9 @@
 /* specd-launch — the single-node launcher: starts specd-coordinator, the
- * verifier rank(s) and a drafter as child processes, waits until they have
- * all registered with the coordinator, prints "ready ADDR" and then
- * supervises them until SIGINT/SIGTERM.
+ * verifier group(s) (--groups G of --tp N ranks each) and the drafter(s)
+ * (every --draft/--ngram/--draft-layers given, or --drafters) as child
+ * processes, waits until they have all registered with the coordinator,
+ * prints "ready ADDR" and then supervises them until SIGINT/SIGTERM. Each
+ * group goes down and restarts on its own; the others keep serving.
  *
  * Why this shape:
  * - Every child runs in its own process group, so a Ctrl-C on the terminal
@@ -26,19 +28,26 @@
  *   stopped (SIGTERM and SIGCONT, so a stopped rank hears it; SIGKILL after
  *   GROUP_STOP_GRACE_MS) and all N are started again together, because the
  *   survivors' KV pools no longer match a fresh rank's. A coordinator
- *   that dies takes every request's state with it: the launcher stops the
- *   rest and exits 1 so that the supervisor above it (systemd, Slurm)
- *   decides. A child that, on its first start, exits at once with status
+ *   that dies is restarted the same way, on the same ports: the workers
+ *   notice its silence and register with the new one (net/worker.c), and
+ *   every client of libspecd-client resubmits its requests in flight as
+ *   continuations, so nothing is lost (DESIGN.md, "Failure semantics").
+ *   With --restart off a dead coordinator stops the service (exit 1), for
+ *   the supervisor above (systemd, Slurm) to decide. A child that, on its
+ *   first start, exits at once with status
  *   2 (usage), 3 (registration refused, e.g. vocabulary mismatch) or 127
  *   (cannot exec) is a configuration error that a restart cannot fix:
  *   everything is stopped and the launcher exits 1. (A restarted verifier
  *   refused because the coordinator has not yet noticed its predecessor's
  *   death is retried with back-off instead.)
- * Rejected: a shell script (no PDEATHSIG, racy readiness), restarting the
- * coordinator (it would silently drop every request in flight). */
+ * Rejected: a shell script (no PDEATHSIG, racy readiness); stopping the
+ * service when the coordinator dies (it did before clients could resubmit:
+ * about 3,100 generated tokens were lost per kill in a 32-request run). */
+#include "launch_keys.h"
 #include "specd/common.h"
 #include "specd/cli.h"
 #include "specd/net.h"
+#include "launch_ready.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -55,21 +64,27 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <zmq.h>
 
-#define MAX_TP                 64
-#define MAX_CHILDREN           (MAX_TP + 3)
+#define MAX_TP                 64 /* verifier ranks in all, over every group */
+#define MAX_GROUPS             16
+#define MAX_DRAFTERS           8
+#define MAX_CHILDREN           (MAX_TP + MAX_DRAFTERS + 2)
 #define MAX_EXTRA_ARGS         32
 #define MAX_ARGV               96
 #define RESTART_BACKOFF_MIN_MS 500
 #define RESTART_BACKOFF_MAX_MS 10000
 #define RESTART_STABLE_MS      30000 /* a child that ran this long gets its back-off reset */
-#define EARLY_EXIT_MS          3000  /* exits this soon after start with 2/3/127 are fatal */
-#define STATS_POLL_MS          200   /* readiness query period */
-#define GROUP_STOP_GRACE_MS    3000  /* a group's surviving ranks get this long to stop before SIGKILL */
+/* Every request waits on the coordinator: its back-off stays short and is
+ * reset sooner (a coordinator that dies at start is a configuration error,
+ * caught on the first start). Measured: with the workers' 30 s / 10 s, the
+ * time from a kill to the first token grew from 2.1 s to 10.6 s over seven
+ * kills 10 s apart. */
+#define COORD_BACKOFF_MAX_MS   2000
+#define COORD_STABLE_MS        3000
+#define EARLY_EXIT_MS          3000 /* exits this soon after start with 2/3/127 are fatal */
+#define STATS_POLL_MS          200  /* readiness query period */
+#define GROUP_STOP_GRACE_MS    3000 /* a group's surviving ranks get this long to stop before SIGKILL */
 
 typedef enum child_role {
     CHILD_COORDINATOR,
@@ -79,11 +94,21 @@ typedef enum child_role {
     CHILD_ROLE_COUNT
 } child_role;
 
+/* One drafter to run: --draft FILE, --ngram or --draft-layers L (each
+ * repeatable), or an entry of --drafters. */
+typedef enum drafter_kind { DRAFT_MODEL, DRAFT_NGRAM, DRAFT_LAYERS } drafter_kind;
+typedef struct drafter_spec {
+    drafter_kind kind;
+    const char *model; /* DRAFT_MODEL: the draft model file */
+    int layers;        /* DRAFT_LAYERS */
+} drafter_spec;
+
 typedef struct launch_opts {
-    const char *target, *draft;
-    bool ngram, no_draft;
-    int draft_layers;
-    int tp;
+    const char *target;
+    bool no_draft;
+    drafter_spec drafters[MAX_DRAFTERS];
+    int n_drafters;
+    int tp, groups;
     const char *client_addr, *worker_addr;
     const char *group_addr; /* the verifier group's own socket (--tp > 1) */
     int device_base;        /* -1: verifier ranks on the CPU; N: rank r on cuda:N+r */
@@ -92,8 +117,9 @@ typedef struct launch_opts {
     int ready_timeout_s, stop_timeout_s;
     bool restart, verbose;
     bool no_gateway;
-    const char *http;     /* the gateway's --listen ADDR:PORT */
-    char model_name[256]; /* the gateway's --model-name: the target's file name without .gguf */
+    const char *http;      /* the gateway's --listen ADDR:PORT */
+    const char *curve_dir; /* --curve DIR: keys for every link, NULL = plaintext on loopback */
+    char model_name[256];  /* the gateway's --model-name: the target's file name without .gguf */
     const char *extra[CHILD_ROLE_COUNT][MAX_EXTRA_ARGS]; /* per child_role: passed through verbatim */
     int n_extra[CHILD_ROLE_COUNT];
 } launch_opts;
@@ -101,6 +127,8 @@ typedef struct launch_opts {
 typedef struct child {
     child_role role;
     int rank;
+    int group;            /* verifiers: its group, 0..groups-1 */
+    int drafter;          /* drafters: index into launch_opts.drafters */
     char name[32];        /* "coordinator", "verifier[0]", "drafter" */
     char path[PATH_MAX];  /* resolved binary */
     char *argv[MAX_ARGV]; /* argv[0] = path; strings borrowed or in argbuf */
@@ -112,6 +140,7 @@ typedef struct child {
 
 typedef struct launcher {
     launch_opts o;
+    launch_keys keys; /* with --curve */
     child kids[MAX_CHILDREN];
     int n_kids;
     int sfd; /* signalfd: SIGINT, SIGTERM, SIGHUP, SIGCHLD */
@@ -119,20 +148,25 @@ typedef struct launcher {
     char client_connect[256];
     bool stopping;
     int exit_code;
-    /* the verifier group (--tp > 1) goes down and restarts as a whole */
-    bool group_down;            /* a rank exited: the others are being stopped */
-    bool group_killed;          /* SIGKILL sent to the stragglers */
-    double group_kill_at_ms;    /* SIGKILL the ranks still running after this */
-    double group_restart_at_ms; /* start all ranks again (once none runs) */
-    double group_started_ms;
-    int group_backoff_ms, group_restarts;
+    /* a verifier group (--tp > 1) goes down and restarts as a whole */
+    struct group_state {
+        bool down;            /* a rank exited: the others are being stopped */
+        bool killed;          /* SIGKILL sent to the stragglers */
+        double kill_at_ms;    /* SIGKILL the ranks still running after this */
+        double restart_at_ms; /* start all ranks again (once none runs) */
+        double started_ms;
+        int backoff_ms, restarts;
+        char addr[256]; /* its own socket (--tp > 1) */
+    } groups[MAX_GROUPS];
 } launcher;
 
-static double now_ms(void) {
+double launch_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
+
+static double now_ms(void) { return launch_now_ms(); }
 
 /* A wildcard bind address (tcp, host "*" or "0.0.0.0") -> the loopback
  * address of the same port, which a local peer can connect to. Other
@@ -200,6 +234,17 @@ static const char *int_arg(child *c, int slot, long v) {
     return c->argbuf[slot];
 }
 
+/* --curve: each child's own secret key, the key of the server it connects
+ * to, and the allow-lists of the sockets it binds (launch_keys.c). */
+static void push_keys(launcher *L, child *c, int *n) {
+    static const launch_key key_of[CHILD_ROLE_COUNT] = {LAUNCH_KEY_COORDINATOR, LAUNCH_KEY_VERIFIER, LAUNCH_KEY_DRAFTER,
+                                                        LAUNCH_KEY_GATEWAY};
+    launch_key who = c->role == CHILD_VERIFIER && c->rank > 0 ? LAUNCH_KEY_RANK : key_of[c->role];
+    const char *args[LAUNCH_KEY_MAX_ARGS];
+    int k = launch_keys_args(&L->keys, who, L->o.tp, args);
+    for (int i = 0; i < k; i++) push(c, n, args[i]);
+}
+
 static void build_argv(launcher *L, child *c) {
     const launch_opts *o = &L->o;
     int n = 0;
@@ -224,11 +269,13 @@ static void build_argv(launcher *L, child *c) {
             push(c, &n, "--rank");
             push(c, &n, int_arg(c, 1, c->rank));
             push(c, &n, "--group");
-            push(c, &n, o->group_addr);
+            push(c, &n, L->groups[c->group].addr);
         }
+        push(c, &n, "--group-id");
+        push(c, &n, int_arg(c, 4, c->group + 1));
         if (o->device_base >= 0) {
             push(c, &n, "--device");
-            snprintf(c->argbuf[3], sizeof c->argbuf[3], "cuda:%d", o->device_base + c->rank);
+            snprintf(c->argbuf[3], sizeof c->argbuf[3], "cuda:%d", o->device_base + c->group * o->tp + c->rank);
             push(c, &n, c->argbuf[3]);
         }
         if (o->threads_verifier > 0) {
@@ -245,17 +292,18 @@ static void build_argv(launcher *L, child *c) {
         push(c, &n, o->model_name);
         break;
     case CHILD_ROLE_COUNT: break;
-    case CHILD_DRAFTER:
-        if (o->draft) {
+    case CHILD_DRAFTER: {
+        const drafter_spec *d = &o->drafters[c->drafter];
+        if (d->kind == DRAFT_MODEL) {
             push(c, &n, "--model");
-            push(c, &n, o->draft);
-        } else if (o->ngram) {
+            push(c, &n, d->model);
+        } else if (d->kind == DRAFT_NGRAM) {
             push(c, &n, "--ngram");
             push(c, &n, "--model");
             push(c, &n, o->target); /* metadata only: the vocabulary it registers with */
         } else {
             push(c, &n, "--draft-layers");
-            push(c, &n, int_arg(c, 0, o->draft_layers));
+            push(c, &n, int_arg(c, 0, d->layers));
             push(c, &n, "--model");
             push(c, &n, o->target);
         }
@@ -267,6 +315,8 @@ static void build_argv(launcher *L, child *c) {
         }
         break;
     }
+    }
+    if (o->curve_dir) push_keys(L, c, &n);
     if (o->verbose) push(c, &n, "-v");
     for (int i = 0; i < o->n_extra[c->role]; i++) push(c, &n, o->extra[c->role][i]);
     c->argv[n] = NULL;
@@ -330,26 +380,27 @@ static void signal_child(const child *c, int sig) {
  * ranks and schedules a restart of all of them (restart_due). */
 static void group_down(launcher *L, const child *c, const char *why) {
     double t = now_ms();
-    if (L->group_down) {
+    struct group_state *g = &L->groups[c->group];
+    if (g->down) {
         SD_INFO("%s %s (its group is going down)", c->name, why);
         return;
     }
-    if (t - L->group_started_ms >= RESTART_STABLE_MS) L->group_backoff_ms = RESTART_BACKOFF_MIN_MS;
-    L->group_down = true;
-    L->group_killed = false;
-    L->group_kill_at_ms = t + GROUP_STOP_GRACE_MS;
-    L->group_restart_at_ms = t + L->group_backoff_ms;
+    if (t - g->started_ms >= RESTART_STABLE_MS) g->backoff_ms = RESTART_BACKOFF_MIN_MS;
+    g->down = true;
+    g->killed = false;
+    g->kill_at_ms = t + GROUP_STOP_GRACE_MS;
+    g->restart_at_ms = t + g->backoff_ms;
     int others = 0;
     for (int i = 0; i < L->n_kids; i++)
-        if (L->kids[i].role == CHILD_VERIFIER && L->kids[i].pid) {
+        if (L->kids[i].role == CHILD_VERIFIER && L->kids[i].group == c->group && L->kids[i].pid) {
             signal_child(&L->kids[i], SIGTERM);
             others++;
         }
-    SD_WARN("%s %s unexpectedly: the verifier group is down; stopping its %d other rank(s) and restarting all %d "
+    SD_WARN("%s %s unexpectedly: the verifier group is down (group %d); stopping its %d other rank(s) and restarting "
+            "all %d "
             "in %d ms",
-            c->name, why, others, L->o.tp, L->group_backoff_ms);
-    L->group_backoff_ms =
-        L->group_backoff_ms * 2 > RESTART_BACKOFF_MAX_MS ? RESTART_BACKOFF_MAX_MS : L->group_backoff_ms * 2;
+            c->name, why, c->group + 1, others, L->o.tp, g->backoff_ms);
+    g->backoff_ms = g->backoff_ms * 2 > RESTART_BACKOFF_MAX_MS ? RESTART_BACKOFF_MAX_MS : g->backoff_ms * 2;
 }
 
 /* Reaps every exited child; decides restart / fatal for unexpected exits. */
@@ -371,8 +422,8 @@ static void reap(launcher *L) {
         }
         double ran = now_ms() - c->started_ms;
         int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-        if (c->role == CHILD_COORDINATOR) {
-            SD_ERROR("coordinator %s unexpectedly; stopping the service", why);
+        if (c->role == CHILD_COORDINATOR && !L->o.restart) {
+            SD_ERROR("coordinator %s unexpectedly (--restart off); stopping the service", why);
             L->stopping = true;
             L->exit_code = 1;
             continue;
@@ -398,46 +449,49 @@ static void reap(launcher *L) {
             group_down(L, c, why);
             continue;
         }
-        if (ran >= RESTART_STABLE_MS) c->backoff_ms = RESTART_BACKOFF_MIN_MS;
+        bool coord = c->role == CHILD_COORDINATOR;
+        int max_ms = coord ? COORD_BACKOFF_MAX_MS : RESTART_BACKOFF_MAX_MS;
+        if (ran >= (coord ? COORD_STABLE_MS : RESTART_STABLE_MS)) c->backoff_ms = RESTART_BACKOFF_MIN_MS;
         c->restart_at_ms = now_ms() + c->backoff_ms;
         SD_WARN("%s %s unexpectedly; restarting it in %d ms", c->name, why, c->backoff_ms);
-        c->backoff_ms = c->backoff_ms * 2 > RESTART_BACKOFF_MAX_MS ? RESTART_BACKOFF_MAX_MS : c->backoff_ms * 2;
+        c->backoff_ms = c->backoff_ms * 2 > max_ms ? max_ms : c->backoff_ms * 2;
     }
 }
 
 /* A group that went down: SIGKILL the ranks that outlive the grace, and
  * once none runs and the back-off has passed, start all of them again. */
-static void group_restart_due(launcher *L) {
-    if (!L->group_down) return;
+static void group_restart_due(launcher *L, int gi) {
+    struct group_state *g = &L->groups[gi];
+    if (!g->down) return;
     double t = now_ms();
     bool any = false;
     for (int i = 0; i < L->n_kids; i++) {
         child *c = &L->kids[i];
-        if (c->role != CHILD_VERIFIER || !c->pid) continue;
+        if (c->role != CHILD_VERIFIER || c->group != gi || !c->pid) continue;
         any = true;
-        if (t >= L->group_kill_at_ms && !L->group_killed) {
+        if (t >= g->kill_at_ms && !g->killed) {
             SD_WARN("%s (pid %d) did not stop within %d ms of its group going down: SIGKILL", c->name, (int)c->pid,
                     GROUP_STOP_GRACE_MS);
             signal_child(c, SIGKILL);
         }
     }
-    if (t >= L->group_kill_at_ms) L->group_killed = true;
-    if (any || t < L->group_restart_at_ms) return;
-    L->group_down = false;
-    L->group_restarts++;
-    L->group_started_ms = t;
+    if (t >= g->kill_at_ms) g->killed = true;
+    if (any || t < g->restart_at_ms) return;
+    g->down = false;
+    g->restarts++;
+    g->started_ms = t;
     for (int i = 0; i < L->n_kids; i++) {
         child *c = &L->kids[i];
-        if (c->role != CHILD_VERIFIER) continue;
+        if (c->role != CHILD_VERIFIER || c->group != gi) continue;
         c->restart_at_ms = 0;
         c->restarts++;
         if (spawn(L, c) != SD_OK) SD_ERROR("cannot restart %s", c->name);
     }
-    SD_INFO("verifier group restarted (%d ranks, restart %d)", L->o.tp, L->group_restarts);
+    SD_INFO("verifier group %d restarted (%d ranks, restart %d)", gi + 1, L->o.tp, g->restarts);
 }
 
 static void restart_due(launcher *L) {
-    group_restart_due(L);
+    for (int g = 0; g < L->o.groups; g++) group_restart_due(L, g);
     double t = now_ms();
     for (int i = 0; i < L->n_kids; i++) {
         child *c = &L->kids[i];
@@ -503,98 +557,19 @@ static void stop_all(launcher *L) {
     }
 }
 
-/* ---- readiness: ask the coordinator which workers are registered ---- */
-
-typedef struct readiness {
-    void *zctx, *sock;
-    double last_query_ms;
-    bool verifier_alive, drafter_alive;
-} readiness;
-
-static void ready_send_query(readiness *r) {
-    Specd__StatsQuery q = SPECD__STATS_QUERY__INIT;
-    q.include_workers = true;
-    Specd__ClientToCoordinator env = SPECD__CLIENT_TO_COORDINATOR__INIT;
-    env.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_STATS;
-    env.stats = &q;
-    if (sd_net_send(r->sock, NULL, 0, &env.base) != SD_OK) SD_DEBUG("stats query not sent (coordinator not up yet)");
-    r->last_query_ms = now_ms();
-}
-
-/* Reads every waiting reply and updates who is alive. */
-static void ready_read(readiness *r) {
-    for (;;) {
-        sd_net_msg m = {0};
-        if (sd_net_recv(r->sock, false, true, &m) != SD_OK) {
-            sd_net_msg_clear(&m);
-            return;
-        }
-        Specd__Code code = SPECD__CODE__CODE_UNSPECIFIED;
-        char err[256];
-        Specd__CoordinatorToClient *env = sd_net_decode_to_client(m.body, m.body_len, &code, err, sizeof err);
-        sd_net_msg_clear(&m);
-        if (!env) {
-            SD_WARN("undecodable reply from the coordinator (%s): %s", sd_net_code_name(code), err);
-            continue;
-        }
-        switch (env->body_case) {
-        case SPECD__COORDINATOR_TO_CLIENT__BODY_STATS: {
-            bool v = false, d = false;
-            for (size_t i = 0; i < env->stats->n_workers; i++) {
-                const Specd__WorkerInfo *w = env->stats->workers[i];
-                if (!w->alive) continue;
-                if (w->role == SPECD__ROLE__ROLE_VERIFIER && w->rank == 0) v = true;
-                if (w->role == SPECD__ROLE__ROLE_DRAFTER) d = true;
-            }
-            r->verifier_alive = v;
-            r->drafter_alive = d;
-            break;
-        }
-        case SPECD__COORDINATOR_TO_CLIENT__BODY_ERROR:
-            SD_WARN("coordinator answered the stats query with %s: %s", sd_net_code_name(env->error->code),
-                    env->error->message);
-            break;
-        default: SD_DEBUG("ignoring coordinator message %d", (int)env->body_case); break;
-        }
-        specd__coordinator_to_client__free_unpacked(env, NULL);
-    }
-}
-
-/* True when something accepts TCP connections at the gateway's ADDR:PORT
- * (a wildcard host is tried on the loopback). */
-static bool gateway_listening(const char *http) {
-    char host[128];
-    const char *colon = strrchr(http, ':');
-    if (!colon) return false;
-    size_t hl = (size_t)(colon - http);
-    if (http[0] == '[' && hl >= 2) http++, hl -= 2; /* [IPv6] */
-    if (hl >= sizeof host) return false;
-    memcpy(host, http, hl);
-    host[hl] = '\0';
-    int port = atoi(colon + 1);
-    struct sockaddr_storage ss;
-    memset(&ss, 0, sizeof ss);
-    struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
-    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
-    socklen_t len;
-    if (inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
-        if (a4->sin_addr.s_addr == htonl(INADDR_ANY)) a4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        a4->sin_family = AF_INET;
-        a4->sin_port = htons((uint16_t)port);
-        len = sizeof *a4;
-    } else if (inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
-        if (IN6_IS_ADDR_UNSPECIFIED(&a6->sin6_addr)) a6->sin6_addr = in6addr_loopback;
-        a6->sin6_family = AF_INET6;
-        a6->sin6_port = htons((uint16_t)port);
-        len = sizeof *a6;
+/* Group g's own socket: --group-addr for the first group; the others get
+ * the next ports (tcp://host:PORT + g) or, for other transports, the
+ * address with "-g" appended. */
+static void group_addr_of(const char *base, int g, char *out, size_t n) {
+    const char *colon = strrchr(base, ':');
+    int port = 0;
+    if (g > 0 && !strncmp(base, "tcp://", 6) && colon && sd_cli_parse_int(colon + 1, 1, 65535, &port)) {
+        snprintf(out, n, "%.*s:%d", (int)(colon - base), base, port + g);
+    } else if (g > 0) {
+        snprintf(out, n, "%s-%d", base, g);
     } else {
-        return false;
+        snprintf(out, n, "%s", base);
     }
-    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return false;
-    bool ok = connect(fd, (struct sockaddr *)&ss, len) == 0;
-    close(fd);
-    return ok;
 }
 
 /* ---- main loop ---- */
@@ -611,20 +586,37 @@ static int run(launcher *L) {
                                 {"specd-verifier", "verifier"},
                                 {"specd-drafter", "drafter"},
                                 {"specd-gateway", "gateway"}};
+    if (o->curve_dir) {
+        if (launch_keys_make(o->curve_dir, &L->keys) != SD_OK) return 1;
+        SD_INFO("CurveZMQ on every link; keys in %s (a client connects with --curve-secret %s --curve-server %s)",
+                o->curve_dir, L->keys.secret[LAUNCH_KEY_CLIENT], L->keys.pub[LAUNCH_KEY_COORDINATOR]);
+    }
     L->n_kids = 0;
-    child_role roles[MAX_CHILDREN];
-    int ranks[MAX_CHILDREN];
-    roles[L->n_kids] = CHILD_COORDINATOR, ranks[L->n_kids++] = 0;
-    for (int r = 0; r < o->tp; r++) roles[L->n_kids] = CHILD_VERIFIER, ranks[L->n_kids++] = r;
-    if (!o->no_draft) roles[L->n_kids] = CHILD_DRAFTER, ranks[L->n_kids++] = 0;
-    if (!o->no_gateway) roles[L->n_kids] = CHILD_GATEWAY, ranks[L->n_kids++] = 0;
+    L->kids[L->n_kids++].role = CHILD_COORDINATOR;
+    for (int g = 0; g < o->groups; g++) {
+        for (int r = 0; r < o->tp; r++) {
+            child *c = &L->kids[L->n_kids++];
+            c->role = CHILD_VERIFIER;
+            c->group = g;
+            c->rank = r;
+        }
+    }
+    for (int d = 0; d < o->n_drafters; d++) {
+        child *c = &L->kids[L->n_kids++];
+        c->role = CHILD_DRAFTER;
+        c->drafter = d;
+    }
+    if (!o->no_gateway) L->kids[L->n_kids++].role = CHILD_GATEWAY;
+    for (int g = 0; g < o->groups; g++) group_addr_of(o->group_addr, g, L->groups[g].addr, sizeof L->groups[g].addr);
     for (int i = 0; i < L->n_kids; i++) {
         child *c = &L->kids[i];
-        c->role = roles[i];
-        c->rank = ranks[i];
         c->backoff_ms = RESTART_BACKOFF_MIN_MS;
-        if (c->role == CHILD_VERIFIER)
+        if (c->role == CHILD_VERIFIER && o->groups > 1)
+            snprintf(c->name, sizeof c->name, "verifier[%d.%d]", c->group + 1, c->rank);
+        else if (c->role == CHILD_VERIFIER)
             snprintf(c->name, sizeof c->name, "verifier[%d]", c->rank);
+        else if (c->role == CHILD_DRAFTER && o->n_drafters > 1)
+            snprintf(c->name, sizeof c->name, "drafter[%d]", c->drafter);
         else
             snprintf(c->name, sizeof c->name, "%s", bins[c->role].dir);
         if (!find_binary(o, bins[c->role].bin, bins[c->role].dir, c->path, sizeof c->path)) {
@@ -636,7 +628,7 @@ static int run(launcher *L) {
         build_argv(L, c);
     }
 
-    readiness rd = {0};
+    launch_ready rd = {0};
     rd.zctx = zmq_ctx_new();
     if (!rd.zctx) {
         SD_ERROR("zmq_ctx_new: %s", zmq_strerror(errno));
@@ -646,18 +638,24 @@ static int run(launcher *L) {
     sp.type = ZMQ_DEALER;
     sp.max_msg_bytes = SD_MAX_CLIENT_MSG_BYTES;
     sp.linger_ms = 0;
+    if (L->keys.launch_id.on) {
+        sp.curve_server_public = L->keys.launch_id.server;
+        sp.curve_public = L->keys.launch_id.public_key;
+        sp.curve_secret = L->keys.launch_id.secret;
+    }
     if (sd_net_socket_open(rd.zctx, &sp, NULL, L->client_connect, &rd.sock) != SD_OK) {
         zmq_ctx_term(rd.zctx);
         return 1;
     }
 
     L->exit_code = 0;
-    L->group_backoff_ms = RESTART_BACKOFF_MIN_MS;
-    L->group_started_ms = now_ms();
+    for (int g = 0; g < o->groups; g++) {
+        L->groups[g].backoff_ms = RESTART_BACKOFF_MIN_MS;
+        L->groups[g].started_ms = now_ms();
+    }
     for (int i = 0; i < L->n_kids && !L->stopping; i++)
         if (spawn(L, &L->kids[i]) != SD_OK) L->stopping = true, L->exit_code = 1;
 
-    const bool want_drafter = !o->no_draft;
     const double ready_deadline = now_ms() + 1e3 * o->ready_timeout_s;
     bool ready = false;
     while (!L->stopping) {
@@ -679,9 +677,9 @@ static int run(launcher *L) {
         if (L->stopping) break;
         restart_due(L);
         if (!ready) {
-            if (items[1].revents & ZMQ_POLLIN) ready_read(&rd);
-            if (rd.verifier_alive && (rd.drafter_alive || !want_drafter) &&
-                (o->no_gateway || gateway_listening(o->http))) {
+            if (items[1].revents & ZMQ_POLLIN) launch_ready_read(&rd);
+            if (rd.groups_alive >= o->groups && rd.drafters_alive >= o->n_drafters &&
+                (o->no_gateway || launch_gateway_listening(o->http))) {
                 ready = true;
                 SD_INFO("all processes registered (%d running)", n_running(L));
                 printf("ready %s\n", L->client_connect);
@@ -689,18 +687,16 @@ static int run(launcher *L) {
                 fflush(stdout);
                 sd_net_close(&rd.sock); /* readiness is a start-up question only */
             } else if (now_ms() > ready_deadline) {
-                SD_ERROR("not ready after %d s: verifier %s, drafter %s, gateway %s; stopping the service",
-                         o->ready_timeout_s, rd.verifier_alive ? "registered" : "NOT registered",
-                         !want_drafter      ? "not asked for"
-                         : rd.drafter_alive ? "registered"
-                                            : "NOT registered",
-                         o->no_gateway                ? "not asked for"
-                         : gateway_listening(o->http) ? "listening"
-                                                      : "NOT listening");
+                SD_ERROR("not ready after %d s: %d of %d verifier groups and %d of %d drafters registered, gateway "
+                         "%s; stopping the service",
+                         o->ready_timeout_s, rd.groups_alive, o->groups, rd.drafters_alive, o->n_drafters,
+                         o->no_gateway                       ? "not asked for"
+                         : launch_gateway_listening(o->http) ? "listening"
+                                                             : "NOT listening");
                 L->exit_code = 1;
                 break;
             } else if (now_ms() - rd.last_query_ms >= STATS_POLL_MS) {
-                ready_send_query(&rd);
+                launch_ready_query(&rd);
             }
         }
     }
@@ -713,43 +709,58 @@ static int run(launcher *L) {
 
 static void usage(FILE *f) {
     fprintf(
-        f, "usage: specd-launch --target TARGET.gguf (--draft DRAFT.gguf | --ngram | --draft-layers L | --no-draft)\n"
-           "                    [options]\n"
-           "\n"
-           "Starts specd-coordinator, specd-verifier, specd-drafter and specd-gateway on this machine, waits until\n"
-           "they have registered, prints \"ready ADDR\" (ADDR: where clients connect) and \"http URL\" (the\n"
-           "gateway's OpenAI-compatible API) on stdout and supervises them until SIGINT/SIGTERM, then stops them\n"
-           "all (SIGTERM, a bounded wait, SIGKILL) and exits 0.\n"
-           "\n"
-           "  --target FILE          target model (GGUF) for the coordinator and the verifier (required)\n"
-           "  --draft FILE           drafter: a separate draft model with the target's vocabulary\n"
-           "  --ngram                drafter: n-gram prompt lookup (no model)\n"
-           "  --draft-layers L       drafter: the target's first L layers (self-draft)\n"
-           "  --no-draft             no drafter: target-only decoding\n"
-           "  --tp N                 verifier ranks: a tensor-parallel group (default 1); restarted as a whole\n"
-           "                         when any rank dies\n"
-           "  --group-addr ADDR      the group's own socket, bound by rank 0 (default tcp://127.0.0.1:7702)\n"
-           "  --verifier-device D    cpu (default), cuda (rank r on cuda:r) or cuda:N (rank r on cuda:N+r)\n"
-           "  --client-addr ADDR     coordinator's client socket (default tcp://127.0.0.1:7700)\n"
-           "  --worker-addr ADDR     coordinator's worker socket (default tcp://127.0.0.1:7701)\n"
-           "  --threads-verifier N   verifier threads (default: its own default)\n"
-           "  --threads-drafter N    drafter threads (default: its own default)\n"
-           "  --bin-dir DIR          where the binaries are (default: the build tree next to specd-launch, then PATH)\n"
-           "  --ready-timeout S      give up when not ready after S seconds (default 120)\n"
-           "  --stop-timeout S       SIGTERM -> SIGKILL grace per group (default 10)\n"
-           "  --restart on|off       restart a drafter/verifier that dies (default on)\n"
-           "  --http ADDR:PORT       where specd-gateway serves the OpenAI-compatible HTTP API\n"
-           "                         (default 127.0.0.1:8000)\n"
-           "  --no-gateway           do not start specd-gateway\n"
-           "  --coordinator-arg ARG  extra argument for specd-coordinator (repeatable)\n"
-           "  --verifier-arg ARG     extra argument for specd-verifier (repeatable)\n"
-           "  --drafter-arg ARG      extra argument for specd-drafter (repeatable)\n"
-           "  --gateway-arg ARG      extra argument for specd-gateway (repeatable; e.g. --api-key)\n"
-           "  -v, --verbose          DEBUG logs here and in every child\n"
-           "  -h, --help             this help\n"
-           "\n"
-           "Exit status: 0 after a clean stop; 1 when the service could not start or the coordinator died;\n"
-           "2 on a usage error.\n");
+        f,
+        "usage: specd-launch --target TARGET.gguf (--draft DRAFT.gguf | --ngram | --draft-layers L)... | --no-draft\n"
+        "                    [options]\n"
+        "\n"
+        "Starts specd-coordinator, specd-verifier, specd-drafter and specd-gateway on this machine, waits until\n"
+        "they have registered, prints \"ready ADDR\" (ADDR: where clients connect) and \"http URL\" (the\n"
+        "gateway's OpenAI-compatible API) on stdout and supervises them until SIGINT/SIGTERM, then stops them\n"
+        "all (SIGTERM, a bounded wait, SIGKILL) and exits 0.\n"
+        "\n"
+        "  --target FILE          target model (GGUF) for the coordinator and the verifier (required)\n"
+        "  --draft FILE           drafter: a separate draft model with the target's vocabulary\n"
+        "  --ngram                drafter: n-gram prompt lookup (no model)\n"
+        "  --draft-layers L       drafter: the target's first L layers (self-draft)\n"
+        "                         The three drafter flags may be repeated and mixed: each starts one drafter,\n"
+        "                         all active at once (at most %d); each is restarted when it dies.\n"
+        "  --drafters LIST        drafters as a list: ngram, model:FILE, layers:L, comma-separated\n"
+        "                         (e.g. ngram,model:q4.gguf), added to the flags above\n"
+        "  --no-draft             no drafter: target-only decoding\n"
+        "  --tp N                 verifier ranks per group: a tensor-parallel group (default 1); restarted as\n"
+        "                         a whole when any rank dies\n"
+        "  --groups G             verifier groups (data-parallel replicas, default 1, at most %d; G x N <= %d):\n"
+        "                         group g (1..G) runs with --group-id g; the coordinator places each request\n"
+        "                         on one group by measured load\n"
+        "  --group-addr ADDR      the first group's own socket, bound by its rank 0 (default\n"
+        "                         tcp://127.0.0.1:7702); group g uses the port + g - 1\n"
+        "  --verifier-device D    cpu (default), cuda (rank r of group g on cuda:(g-1)*N+r) or cuda:B (the\n"
+        "                         same from cuda:B)\n"
+        "  --client-addr ADDR     coordinator's client socket (default tcp://127.0.0.1:7700)\n"
+        "  --worker-addr ADDR     coordinator's worker socket (default tcp://127.0.0.1:7701)\n"
+        "  --threads-verifier N   verifier threads (default: its own default)\n"
+        "  --threads-drafter N    drafter threads (default: its own default)\n"
+        "  --bin-dir DIR          where the binaries are (default: the build tree next to specd-launch, then PATH)\n"
+        "  --ready-timeout S      give up when not ready after S seconds (default 120)\n"
+        "  --stop-timeout S       SIGTERM -> SIGKILL grace per group (default 10)\n"
+        "  --restart on|off       restart a coordinator/drafter/verifier that dies (default on)\n"
+        "  --http ADDR:PORT       where specd-gateway serves the OpenAI-compatible HTTP API\n"
+        "                         (default 127.0.0.1:8000)\n"
+        "  --no-gateway           do not start specd-gateway\n"
+        "  --curve DIR            CurveZMQ on every link: key pairs for each process (kept when already\n"
+        "                         in DIR, else generated; DIR is created 0700), allow-lists, and a client\n"
+        "                         key: specd-client --curve-secret DIR/client.key --curve-server\n"
+        "                         DIR/coordinator.pub\n"
+        "  --coordinator-arg ARG  extra argument for specd-coordinator (repeatable)\n"
+        "  --verifier-arg ARG     extra argument for specd-verifier (repeatable)\n"
+        "  --drafter-arg ARG      extra argument for specd-drafter (repeatable)\n"
+        "  --gateway-arg ARG      extra argument for specd-gateway (repeatable; e.g. --api-key)\n"
+        "  -v, --verbose          DEBUG logs here and in every child\n"
+        "  -h, --help             this help\n"
+        "\n"
+        "Exit status: 0 after a clean stop; 1 when the service could not start or the coordinator died\n"
+        "with --restart off; 2 on a usage error.\n",
+        MAX_DRAFTERS, MAX_GROUPS, MAX_TP);
 }
 
 enum {
@@ -774,12 +785,48 @@ enum {
     OPT_VERIFIER_DEVICE,
     OPT_HTTP,
     OPT_NO_GATEWAY,
-    OPT_GATEWAY_ARG
+    OPT_GATEWAY_ARG,
+    OPT_CURVE,
+    OPT_GROUPS,
+    OPT_DRAFTERS
 };
+
+/* Adds one drafter; false (with a message) when there are too many. */
+static bool add_drafter(launch_opts *o, drafter_kind kind, const char *model, int layers) {
+    if (o->n_drafters >= MAX_DRAFTERS) {
+        fprintf(stderr, "specd-launch: at most %d drafters\n", MAX_DRAFTERS);
+        return false;
+    }
+    o->drafters[o->n_drafters++] = (drafter_spec){kind, model, layers};
+    return true;
+}
+
+/* --drafters LIST: comma-separated ngram, model:FILE, layers:L. The list
+ * is kept in place (argv), cut at the commas. */
+static bool parse_drafters(launch_opts *o, char *list) {
+    for (char *item = strtok(list, ","); item; item = strtok(NULL, ",")) {
+        int layers = 0;
+        bool ok;
+        if (!strcmp(item, "ngram"))
+            ok = add_drafter(o, DRAFT_NGRAM, NULL, 0);
+        else if (!strncmp(item, "model:", 6) && item[6])
+            ok = add_drafter(o, DRAFT_MODEL, item + 6, 0);
+        else if (!strncmp(item, "layers:", 7) && sd_cli_parse_int(item + 7, 1, 4096, &layers))
+            ok = add_drafter(o, DRAFT_LAYERS, NULL, layers);
+        else {
+            fprintf(stderr, "specd-launch: --drafters: '%s' is not ngram, model:FILE or layers:L\n", item);
+            return false;
+        }
+        if (!ok) return false;
+    }
+    return true;
+}
 
 static int parse_args(int argc, char **argv, launch_opts *o) {
     static const struct option longs[] = {{"target", required_argument, 0, OPT_TARGET},
                                           {"draft", required_argument, 0, OPT_DRAFT},
+                                          {"drafters", required_argument, 0, OPT_DRAFTERS},
+                                          {"groups", required_argument, 0, OPT_GROUPS},
                                           {"ngram", no_argument, 0, OPT_NGRAM},
                                           {"draft-layers", required_argument, 0, OPT_DRAFT_LAYERS},
                                           {"no-draft", no_argument, 0, OPT_NO_DRAFT},
@@ -800,6 +847,7 @@ static int parse_args(int argc, char **argv, launch_opts *o) {
                                           {"http", required_argument, 0, OPT_HTTP},
                                           {"no-gateway", no_argument, 0, OPT_NO_GATEWAY},
                                           {"gateway-arg", required_argument, 0, OPT_GATEWAY_ARG},
+                                          {"curve", required_argument, 0, OPT_CURVE},
                                           {"verbose", no_argument, 0, 'v'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
@@ -807,11 +855,27 @@ static int parse_args(int argc, char **argv, launch_opts *o) {
     while ((c = getopt_long(argc, argv, "vh", longs, NULL)) != -1) {
         switch (c) {
         case OPT_TARGET: o->target = optarg; break;
-        case OPT_DRAFT: o->draft = optarg; break;
-        case OPT_NGRAM: o->ngram = true; break;
-        case OPT_DRAFT_LAYERS:
-            if (!sd_cli_parse_int(optarg, 1, 4096, &o->draft_layers)) {
+        case OPT_DRAFT:
+            if (!add_drafter(o, DRAFT_MODEL, optarg, 0)) return 2;
+            break;
+        case OPT_NGRAM:
+            if (!add_drafter(o, DRAFT_NGRAM, NULL, 0)) return 2;
+            break;
+        case OPT_DRAFT_LAYERS: {
+            int layers = 0;
+            if (!sd_cli_parse_int(optarg, 1, 4096, &layers)) {
                 fprintf(stderr, "specd-launch: --draft-layers must be an integer in [1, 4096], got '%s'\n", optarg);
+                return 2;
+            }
+            if (!add_drafter(o, DRAFT_LAYERS, NULL, layers)) return 2;
+            break;
+        }
+        case OPT_DRAFTERS:
+            if (!parse_drafters(o, optarg)) return 2;
+            break;
+        case OPT_GROUPS:
+            if (!sd_cli_parse_int(optarg, 1, MAX_GROUPS, &o->groups)) {
+                fprintf(stderr, "specd-launch: --groups must be an integer in [1, %d], got '%s'\n", MAX_GROUPS, optarg);
                 return 2;
             }
             break;
@@ -837,6 +901,7 @@ static int parse_args(int argc, char **argv, launch_opts *o) {
         case OPT_WORKER_ADDR: o->worker_addr = optarg; break;
         case OPT_HTTP: o->http = optarg; break;
         case OPT_NO_GATEWAY: o->no_gateway = true; break;
+        case OPT_CURVE: o->curve_dir = optarg; break;
         case OPT_THREADS_V:
         case OPT_THREADS_D:
             if (!sd_cli_parse_int(optarg, 1, 1024, c == OPT_THREADS_V ? &o->threads_verifier : &o->threads_drafter)) {
@@ -884,10 +949,21 @@ static int parse_args(int argc, char **argv, launch_opts *o) {
         fprintf(stderr, "specd-launch: unexpected argument '%s' (see --help)\n", argv[optind]);
         return 2;
     }
-    int n_drafters = (o->draft != NULL) + o->ngram + (o->draft_layers > 0) + o->no_draft;
-    if (!o->target || n_drafters != 1) {
-        fprintf(stderr, "specd-launch: need --target and exactly one of --draft, --ngram, --draft-layers, "
-                        "--no-draft (see --help)\n");
+    if (!o->target || (o->n_drafters == 0) == !o->no_draft) {
+        fprintf(stderr, "specd-launch: need --target and either drafters (--draft, --ngram, --draft-layers, "
+                        "--drafters) or --no-draft (see --help)\n");
+        return 2;
+    }
+    if (o->groups * o->tp > MAX_TP) {
+        fprintf(stderr, "specd-launch: --groups %d x --tp %d is %d verifier ranks, more than %d\n", o->groups, o->tp,
+                o->groups * o->tp, MAX_TP);
+        return 2;
+    }
+    if (o->tp > 1 && o->device_base >= 0 && !o->curve_dir) {
+        fprintf(stderr,
+                "specd-launch: GPU ranks (--tp %d) share an NCCL id over the group socket, which travels "
+                "only on an encrypted link: give --curve DIR\n",
+                o->tp);
         return 2;
     }
     /* The model id the gateway reports: the target's name without its folder and .gguf. */
@@ -904,6 +980,7 @@ int main(int argc, char **argv) {
     launcher *L = calloc(1, sizeof *L);
     if (!L) return 1;
     L->o = (launch_opts){.tp = 1,
+                         .groups = 1,
                          .client_addr = "tcp://127.0.0.1:7700",
                          .worker_addr = "tcp://127.0.0.1:7701",
                          .group_addr = "tcp://127.0.0.1:7702",

@@ -44,11 +44,11 @@ struct sd_draft_server {
     /* response storage */
     Specd__DraftResult *results;      /* [max_batch] */
     Specd__DraftResult **result_ptrs; /* [max_batch] */
-    int32_t *draft;                   /* [max_batch][max_draft] */
-    Specd__SparseDist *dists;         /* [max_batch][max_draft] */
-    Specd__SparseDist **dist_ptrs;    /* [max_batch][max_draft] */
-    int32_t *q_ids;                   /* [max_batch][max_draft][top_n] */
-    float *q_probs;                   /* [max_batch][max_draft][top_n] */
+    int32_t *draft;                   /* [max_batch][max_k] */
+    Specd__SparseDist *dists;         /* [max_batch][max_k] */
+    Specd__SparseDist **dist_ptrs;    /* [max_batch][max_k] */
+    int32_t *q_ids;                   /* [max_batch][max_k][top_n] */
+    float *q_probs;                   /* [max_batch][max_k][top_n] */
     /* sd_draft_batch's inputs and outputs, [max_batch] each */
     sd_draft_seq *dseqs;
     sd_draft_result *dresults;
@@ -68,7 +68,7 @@ sd_draft_server_params sd_draft_server_default_params(void) {
         .max_seqs = 64,
         .max_ctx = 4096,
         .max_batch = 64,
-        .max_draft = 16,
+        .max_k = 16,
         .n_vocab = 0,
         .top_n = SD_SPEC_DEFAULT_TOP_N,
     };
@@ -100,11 +100,11 @@ sd_status sd_draft_server_create(sd_drafter *drafter, const sd_draft_server_para
     *out = NULL;
     sd_draft_server_params p = params ? *params : sd_draft_server_default_params();
     if (p.max_seqs <= 0 || p.max_seqs > 1 << 16 || p.max_ctx <= 0 || p.max_ctx > 1 << 24 || p.max_batch <= 0 ||
-        p.max_batch > SD_MAX_BATCH || p.max_draft <= 0 || p.max_draft > SD_MAX_DRAFT || p.max_draft > SD_MAX_DRAFT ||
-        p.n_vocab <= 0 || p.top_n <= 0 || p.top_n > SD_MAX_TOP_N) {
-        SD_ERROR("drafter: bad server parameters (max_seqs %d, max_ctx %d, max_batch %d in [1, %d], max_draft %d in "
+        p.max_batch > SD_MAX_BATCH || p.max_k <= 0 || p.max_k > SD_MAX_K || p.max_k > SD_MAX_K || p.n_vocab <= 0 ||
+        p.top_n <= 0 || p.top_n > SD_MAX_TOP_N) {
+        SD_ERROR("drafter: bad server parameters (max_seqs %d, max_ctx %d, max_batch %d in [1, %d], max_k %d in "
                  "[1, %d], n_vocab %d, top_n %d in [1, %d])",
-                 (int)p.max_seqs, (int)p.max_ctx, (int)p.max_batch, SD_MAX_BATCH, (int)p.max_draft, SD_MAX_DRAFT,
+                 (int)p.max_seqs, (int)p.max_ctx, (int)p.max_batch, SD_MAX_BATCH, (int)p.max_k, SD_MAX_K,
                  (int)p.n_vocab, (int)p.top_n, SD_MAX_TOP_N);
         return SD_ERR_INVALID_ARG;
     }
@@ -119,7 +119,7 @@ sd_status sd_draft_server_create(sd_drafter *drafter, const sd_draft_server_para
     if (!s) return SD_ERR_NOMEM;
     s->drafter = drafter;
     s->p = p;
-    size_t nb = (size_t)p.max_batch, nd = (size_t)p.max_draft, nq = nb * nd * (size_t)p.top_n;
+    size_t nb = (size_t)p.max_batch, nd = (size_t)p.max_k, nq = nb * nd * (size_t)p.top_n;
     s->held = calloc((size_t)p.max_seqs, sizeof *s->held);
     sd_status sst = s->held ? sd_slots_init(&s->slots, p.max_seqs, slot_release, slot_held, s) : SD_ERR_NOMEM;
     s->tokens = malloc((size_t)p.max_seqs * (size_t)p.max_ctx * sizeof *s->tokens);
@@ -144,14 +144,14 @@ sd_status sd_draft_server_create(sd_drafter *drafter, const sd_draft_server_para
 }
 
 sd_net_limits sd_draft_server_limits(const sd_draft_server *s) {
-    sd_net_limits lim = {s->p.n_vocab, s->p.max_ctx, s->p.max_batch, s->p.max_draft};
+    sd_net_limits lim = {s->p.n_vocab, s->p.max_ctx, s->p.max_batch, s->p.max_k};
     return lim;
 }
 
 /* Copies a proposal into response storage for batch entry i. */
 static void fill_result(sd_draft_server *s, size_t i, const int32_t *tokens, const sd_spec_q *q, int32_t n,
                         Specd__DraftResult *res) {
-    size_t nd = (size_t)s->p.max_draft, tn = (size_t)s->p.top_n;
+    size_t nd = (size_t)s->p.max_k, tn = (size_t)s->p.top_n;
     int32_t *draft = s->draft + i * nd;
     Specd__SparseDist *dists = s->dists + i * nd;
     Specd__SparseDist **dptr = s->dist_ptrs + i * nd;
@@ -220,7 +220,7 @@ sd_status sd_draft_server_handle(sd_draft_server *s, const Specd__DraftRequest *
         if (sq->n_append > 0) memcpy(held + sq->keep_len, sq->append, sq->n_append * sizeof *held);
         s->held[slot] = (int32_t)len;
         res->cached_len = (uint32_t)len;
-        int32_t k = (int32_t)sq->k < s->p.max_draft ? (int32_t)sq->k : s->p.max_draft;
+        int32_t k = (int32_t)sq->k < s->p.max_k ? (int32_t)sq->k : s->p.max_k;
         if (len == 0) continue; /* nothing to continue from: no drafts */
         /* sd_draft_batch wants at least one new token: with an empty append,
          * feed the last held token again (keep one less). */
@@ -296,7 +296,7 @@ static sd_status warmup_batch(void *user, int32_t n_tokens, const sd_sampling *s
                                      .keep_len = 0,
                                      .n_append = len,
                                      .append = toks + off,
-                                     .k = s->p.max_draft < 2 ? s->p.max_draft : 2,
+                                     .k = s->p.max_k < 2 ? s->p.max_k : 2,
                                      .sampling = *sampling};
         off += len;
     }

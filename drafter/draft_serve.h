@@ -16,12 +16,12 @@ typedef struct sd_draft_server_params {
     int32_t max_seqs;  /* request slots; must equal the drafter's max_seqs (default 64) */
     int32_t max_ctx;   /* tokens per sequence; <= the drafter's max_ctx (default 4096) */
     int32_t max_batch; /* sequences per DraftRequest (default 64, <= SD_MAX_BATCH) */
-    int32_t max_draft; /* tokens proposed per sequence (default 16, <= SD_MAX_DRAFT) */
+    int32_t max_k;     /* tokens proposed per sequence (default 16, <= SD_MAX_K) */
     int32_t n_vocab;   /* token ids must be below this (required) */
     int32_t top_n;     /* entries of each q kept: at least sd_drafter_max_q (create refuses less) */
 } sd_draft_server_params;
 
-/* max_seqs 64, max_ctx 4096, max_batch 64, max_draft 16, n_vocab 0 (must
+/* max_seqs 64, max_ctx 4096, max_batch 64, max_k 16, n_vocab 0 (must
  * be set), top_n SD_SPEC_DEFAULT_TOP_N. */
 sd_draft_server_params sd_draft_server_default_params(void);
 
@@ -35,7 +35,7 @@ sd_net_limits sd_draft_server_limits(const sd_draft_server *s);
 
 /* Serves one batch: per sequence truncate to keep_len (CODE_CACHE_MISS when
  * it holds fewer or the id is unknown and keep_len > 0), append, propose up
- * to min(k, max_draft) tokens with the q each was drawn from; cached_len =
+ * to min(k, max_k) tokens with the q each was drawn from; cached_len =
  * keep_len + |append| (the drafts are not counted as held). No slot or room
  * left: CODE_KV_FULL. Fills *resp (initialized) with memory owned by s,
  * valid until the next call. Errors only for a batch over max_batch or a

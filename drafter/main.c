@@ -23,6 +23,7 @@
 #include "specd/weights.h"
 #include "specd/model.h"
 #include "specd/net.h"
+#include "specd/curve.h"
 #include "specd/worker.h"
 
 #include <getopt.h>
@@ -37,11 +38,12 @@ typedef struct drafter_opts {
     const char *model_path;
     const char *vocab_from;
     const char *name;
+    const char *curve_secret, *curve_server; /* key files (--curve-secret, --curve-server) */
     bool ngram;
     int32_t ngram_min, ngram_max;
     int32_t ngram_cache; /* entries of the n-gram cache shared across requests; 0 = none */
     int32_t draft_layers;
-    int32_t n_threads, max_seqs, kv_blocks, top_n, max_draft, max_batch, max_ctx, index;
+    int32_t n_threads, max_seqs, kv_blocks, top_n, max_k, max_batch, max_ctx, index;
     int32_t device; /* model drafters: -1 CPU, N cuda:N */
     int32_t warmup; /* --warmup N; -1 = the default */
     bool verbose;
@@ -55,6 +57,9 @@ static void usage(FILE *f) {
             "Proposes draft tokens for the coordinator's speculative decoding.\n"
             "\n"
             "      --coordinator ADDR  coordinator worker address (default tcp://127.0.0.1:7701)\n"
+            "      --curve-secret FILE this drafter's CurveZMQ secret key (specd-keygen; mode 0600); its\n"
+            "                          public key must be on the coordinator's --worker-keys list\n"
+            "      --curve-server FILE the coordinator's public key (required with --curve-secret)\n"
             "  -m, --model PATH        draft model (GGUF file or Hugging Face checkpoint directory);\n"
             "                          with --ngram or --draft-layers: the target model\n"
             "      --ngram             n-gram (prompt lookup) drafter: no weights are loaded\n"
@@ -71,7 +76,7 @@ static void usage(FILE *f) {
             "                          (default: max-seqs x context, capped at a quarter of memory)\n"
             "      --max-ctx N         tokens per sequence (default: see above)\n"
             "      --top-n N           entries kept of each proposal distribution (default %d)\n"
-            "      --max-draft N       tokens proposed per sequence (default 16, at most %d)\n"
+            "      --max-k N           tokens proposed per sequence (default 16, at most %d)\n"
             "      --max-batch N       sequences per draft batch (default 64, at most %d)\n"
             "      --index N           drafter number in the logs (default 0)\n"
             "      --name NAME         name in the coordinator's logs (default host:pid)\n"
@@ -82,7 +87,7 @@ static void usage(FILE *f) {
             "                          else 0)\n"
             "  -v, --verbose           log at DEBUG level\n"
             "  -h, --help              this help\n",
-            SD_SPEC_DEFAULT_TOP_N, SD_MAX_DRAFT, SD_MAX_BATCH, SD_WARMUP_EXACT_TOKENS);
+            SD_SPEC_DEFAULT_TOP_N, SD_MAX_K, SD_MAX_BATCH, SD_WARMUP_EXACT_TOKENS);
 }
 
 static bool parse_int(const char *flag, const char *s, int32_t lo, int32_t hi, int32_t *out) {
@@ -110,10 +115,14 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         O_INDEX,
         O_NAME,
         O_DEVICE,
-        O_WARMUP
+        O_WARMUP,
+        O_CSECRET,
+        O_CSERVER
     };
     static const struct option longs[] = {
         {"coordinator", required_argument, 0, O_COORD},
+        {"curve-secret", required_argument, 0, O_CSECRET},
+        {"curve-server", required_argument, 0, O_CSERVER},
         {"model", required_argument, 0, 'm'},
         {"ngram", no_argument, 0, O_NGRAM},
         {"vocab-from", required_argument, 0, O_VOCAB},
@@ -126,7 +135,7 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         {"kv-blocks", required_argument, 0, O_KV},
         {"max-ctx", required_argument, 0, O_CTX},
         {"top-n", required_argument, 0, O_TOPN},
-        {"max-draft", required_argument, 0, O_DRAFT},
+        {"max-k", required_argument, 0, O_DRAFT},
         {"max-batch", required_argument, 0, O_BATCH},
         {"index", required_argument, 0, O_INDEX},
         {"name", required_argument, 0, O_NAME},
@@ -153,16 +162,18 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         case O_KV: ok = parse_int("--kv-blocks", optarg, 1, 1 << 28, &o->kv_blocks); break;
         case O_CTX: ok = parse_int("--max-ctx", optarg, 1, 1 << 24, &o->max_ctx); break;
         case O_TOPN: ok = parse_int("--top-n", optarg, 1, SD_MAX_TOP_N, &o->top_n); break;
-        case O_DRAFT: ok = parse_int("--max-draft", optarg, 1, SD_MAX_DRAFT, &o->max_draft); break;
+        case O_DRAFT: ok = parse_int("--max-k", optarg, 1, SD_MAX_K, &o->max_k); break;
         case O_BATCH: ok = parse_int("--max-batch", optarg, 1, SD_MAX_BATCH, &o->max_batch); break;
         case O_INDEX: ok = parse_int("--index", optarg, 0, 1 << 20, &o->index); break;
         case O_NAME: o->name = optarg; break;
-        case O_WARMUP: ok = parse_int("--warmup", optarg, 0, SD_MAX_BATCH * (SD_MAX_DRAFT + 1), &o->warmup); break;
+        case O_WARMUP: ok = parse_int("--warmup", optarg, 0, SD_MAX_BATCH * (SD_MAX_K + 1), &o->warmup); break;
         case O_DEVICE:
             ok = sd_device_parse(optarg, &o->device) == SD_OK;
             if (!ok) fprintf(stderr, "specd-drafter: --device must be cpu, cuda or cuda:N, got '%s'\n", optarg);
             break;
         case 'v': o->verbose = true; break;
+        case O_CSECRET: o->curve_secret = optarg; break;
+        case O_CSERVER: o->curve_server = optarg; break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return 2;
         }
@@ -247,7 +258,7 @@ int main(int argc, char **argv) {
         .ngram_cache = 65536,
         .max_seqs = 64,
         .top_n = SD_SPEC_DEFAULT_TOP_N,
-        .max_draft = 16,
+        .max_k = 16,
         .max_batch = 64,
         .device = -1,
         .warmup = -1,
@@ -257,8 +268,16 @@ int main(int argc, char **argv) {
     sd_net_log_init("drafter", o.index, o.verbose);
     int stop_fd = -1;
     if (sd_worker_signal_fd(&stop_fd) != SD_OK) return 1;
+    /* keys first: a missing key file is a start-up error, before any model loads */
+    sd_curve_id curve;
+    if ((o.curve_secret && !o.curve_server) || sd_curve_id_load(o.curve_secret, o.curve_server, &curve) != SD_OK) {
+        if (o.curve_secret && !o.curve_server) SD_ERROR("--curve-secret needs --curve-server (the coordinator's key)");
+        close(stop_fd);
+        return 2;
+    }
 
     sd_worker_params wp = sd_worker_default_params();
+    wp.curve = &curve;
     const char *id_path = o.ngram && o.vocab_from ? o.vocab_from : o.model_path;
     if (sd_weights_identity(id_path, &wp.model) != SD_OK) {
         close(stop_fd);
@@ -305,7 +324,7 @@ int main(int argc, char **argv) {
         sp.max_seqs = o.max_seqs;
         sp.max_ctx = dp.max_ctx;
         sp.max_batch = o.max_batch;
-        sp.max_draft = o.max_draft;
+        sp.max_k = o.max_k;
         sp.n_vocab = (int32_t)wp.model.vocab_size;
         sp.top_n = dp.top_n;
         st = sd_draft_server_create(drafter, &sp, &server);
@@ -317,13 +336,13 @@ int main(int argc, char **argv) {
         return 2;
     }
     SD_INFO("%s drafter for %s (vocab %u): %d slots of %d tokens, top-n %d, max draft %d", sd_drafter_name(drafter),
-            wp.model.name, wp.model.vocab_size, (int)o.max_seqs, (int)dp.max_ctx, (int)dp.top_n, (int)o.max_draft);
+            wp.model.name, wp.model.vocab_size, (int)o.max_seqs, (int)dp.max_ctx, (int)dp.top_n, (int)o.max_k);
     /* before the coordinator knows us: no request waits on it */
-    const int32_t n_warm = o.warmup >= 0 ? o.warmup : !o.ngram && o.device >= 0 ? o.max_batch * (o.max_draft + 1) : 0;
+    const int32_t n_warm = o.warmup >= 0 ? o.warmup : !o.ngram && o.device >= 0 ? o.max_batch * (o.max_k + 1) : 0;
     sd_warmup_report wr;
     st = sd_draft_server_warmup(server, n_warm, &wr);
     if (st != SD_OK) {
-        SD_ERROR("the warm-up failed after batches of up to %d tokens (%s): lower --max-batch or --max-draft, or "
+        SD_ERROR("the warm-up failed after batches of up to %d tokens (%s): lower --max-batch or --max-k, or "
                  "pass --warmup with a smaller size (0: none)",
                  (int)wr.max_tokens, sd_status_str(st));
         sd_draft_server_free(&server);
@@ -357,6 +376,7 @@ int main(int argc, char **argv) {
     st = zctx ? sd_worker_run(zctx, &wp, &why) : SD_ERR_NET;
 
     if (zctx) zmq_ctx_term(zctx);
+    memset(&curve, 0, sizeof curve);
     sd_draft_server_free(&server);
     sd_drafter_free(&drafter);
     close(stop_fd);

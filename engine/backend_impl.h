@@ -197,6 +197,17 @@ typedef struct sd_backend_ops {
                            int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                            const int32_t *pos, const int32_t *bt, const int32_t *bt_off, float scale, float *out);
 
+    /* Optional (NULL: the backend keeps an f32 cache only): kv_write and
+     * attention over an f16 cache, pools of uint16_t halves; each value is
+     * rounded once when written (to nearest, ties to even) and widened
+     * exactly when read, the arithmetic otherwise that of the f32 ops. */
+    sd_status (*kv_write_f16)(sd_backend *be, uint16_t *pool, int32_t block_size, int32_t row_width, const float *src,
+                              int32_t n_tokens, const int32_t *pos, const int32_t *bt, const int32_t *bt_off);
+    sd_status (*attention_f16)(sd_backend *be, const float *q, const uint16_t *k_pool, const uint16_t *v_pool,
+                               int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                               int32_t block_size, const int32_t *pos, const int32_t *bt, const int32_t *bt_off,
+                               float scale, float *out);
+
     /* out[i] = silu(gate[i]) * up[i] = gate[i] / (1 + exp(-gate[i])) * up[i].
      * gate, up, out [n] (out may alias gate or up). */
     sd_status (*swiglu)(sd_backend *be, const float *gate, const float *up, size_t n, float *out);

@@ -2,8 +2,9 @@
  * slot, and a stack of free blocks.
  *
  * Layout: for each layer one K pool and one V pool, each
- *   [n_blocks][block_size][n_kv_heads][head_dim] f32,
- * so the n_kv_heads*head_dim floats of one token are contiguous and a block is
+ *   [n_blocks][block_size][n_kv_heads][head_dim] of the cache's type (f32,
+ *   or f16: half the memory, each value rounded once when written),
+ * so the n_kv_heads*head_dim values of one token are contiguous and a block is
  * one contiguous slab (what a paged-attention kernel wants). A sequence slot
  * owns an ordered list of block ids (its block table); token pos of the slot
  * lives in block table[pos / block_size] at row pos % block_size.
@@ -42,11 +43,12 @@ typedef struct kv_slot {
 
 struct sd_kv {
     sd_kv_params p;
-    size_t token_floats; /* n_kv_heads * head_dim */
-    size_t block_floats; /* block_size * token_floats */
-    float **k_pools;     /* [n_layers] -> [n_blocks * block_floats] */
-    float **v_pools;     /* [n_layers] -> [n_blocks * block_floats] */
-    int32_t *free_stack; /* [n_blocks] free block ids; top at n_free-1 */
+    size_t elem_bytes;       /* 4 (f32) or 2 (f16) */
+    size_t token_floats;     /* values per token: n_kv_heads * head_dim */
+    size_t block_floats;     /* block_size * token_floats */
+    unsigned char **k_pools; /* [n_layers] -> [n_blocks * block_floats] values */
+    unsigned char **v_pools; /* [n_layers] -> [n_blocks * block_floats] values */
+    int32_t *free_stack;     /* [n_blocks] free block ids; top at n_free-1 */
     int32_t n_free;
     kv_slot *slots; /* [max_seqs] */
     uint64_t uid;
@@ -83,12 +85,16 @@ sd_status sd_kv_create(const sd_kv_params *p, sd_kv **out) {
     }
     *out = NULL;
     SD_TRY(check_params(p));
+    if (p->type != SD_DTYPE_F32 && p->type != SD_DTYPE_F16) {
+        SD_ERROR("kv: the cache holds f32 or f16, not %s", sd_dtype_name(p->type));
+        return SD_ERR_INVALID_ARG;
+    }
+    size_t elem = p->type == SD_DTYPE_F16 ? 2 : 4;
 
     size_t token_floats, block_floats, pool_floats, pool_bytes;
     if (!sd_mul_ok((size_t)p->n_kv_heads, (size_t)p->head_dim, &token_floats) ||
         !sd_mul_ok(token_floats, (size_t)p->block_size, &block_floats) ||
-        !sd_mul_ok(block_floats, (size_t)p->n_blocks, &pool_floats) ||
-        !sd_mul_ok(pool_floats, sizeof(float), &pool_bytes)) {
+        !sd_mul_ok(block_floats, (size_t)p->n_blocks, &pool_floats) || !sd_mul_ok(pool_floats, elem, &pool_bytes)) {
         SD_ERROR("kv: pool size overflows (n_blocks %d x block_size %d x n_kv_heads %d x head_dim %d floats)",
                  (int)p->n_blocks, (int)p->block_size, (int)p->n_kv_heads, (int)p->head_dim);
         return SD_ERR_RANGE;
@@ -97,6 +103,7 @@ sd_status sd_kv_create(const sd_kv_params *p, sd_kv **out) {
     sd_kv *kv = calloc(1, sizeof *kv);
     if (!kv) return SD_ERR_NOMEM;
     kv->p = *p;
+    kv->elem_bytes = elem;
     kv->token_floats = token_floats;
     kv->block_floats = block_floats;
     kv->k_pools = calloc((size_t)p->n_layers, sizeof *kv->k_pools);
@@ -133,7 +140,7 @@ void sd_kv_free(sd_kv **kvp) {
     if (!kvp || !*kvp) return;
     sd_kv *kv = *kvp;
     for (int32_t l = 0; l < kv->p.n_layers; l++) {
-        float *pools[2] = {kv->k_pools ? kv->k_pools[l] : NULL, kv->v_pools ? kv->v_pools[l] : NULL};
+        unsigned char *pools[2] = {kv->k_pools ? kv->k_pools[l] : NULL, kv->v_pools ? kv->v_pools[l] : NULL};
         for (int i = 0; i < 2; i++) {
             if (!pools[i]) continue;
             if (kv->p.pool_free)
@@ -238,7 +245,7 @@ void sd_kv_release(sd_kv *kv, int32_t seq) {
     sl->len = 0;
 }
 
-static float *entry(sd_kv *kv, float **pools, int32_t layer, int32_t seq, int32_t pos, const char *what) {
+static void *entry(sd_kv *kv, unsigned char **pools, int32_t layer, int32_t seq, int32_t pos, const char *what) {
     if (layer < 0 || layer >= kv->p.n_layers) {
         SD_ERROR("kv: %s: layer %d outside [0, %d)", what, (int)layer, (int)kv->p.n_layers);
         return NULL;
@@ -251,14 +258,14 @@ static float *entry(sd_kv *kv, float **pools, int32_t layer, int32_t seq, int32_
     }
     int32_t block = sl->table[pos / kv->p.block_size];
     size_t row = (size_t)(pos % kv->p.block_size);
-    return pools[layer] + (size_t)block * kv->block_floats + row * kv->token_floats;
+    return pools[layer] + ((size_t)block * kv->block_floats + row * kv->token_floats) * kv->elem_bytes;
 }
 
-float *sd_kv_k(sd_kv *kv, int32_t layer, int32_t seq, int32_t pos) {
+void *sd_kv_k(sd_kv *kv, int32_t layer, int32_t seq, int32_t pos) {
     return entry(kv, kv->k_pools, layer, seq, pos, "k");
 }
 
-float *sd_kv_v(sd_kv *kv, int32_t layer, int32_t seq, int32_t pos) {
+void *sd_kv_v(sd_kv *kv, int32_t layer, int32_t seq, int32_t pos) {
     return entry(kv, kv->v_pools, layer, seq, pos, "v");
 }
 
@@ -271,7 +278,7 @@ const int32_t *sd_kv_block_table(const sd_kv *kv, int32_t seq, int32_t *n_blocks
     return kv->slots[seq].table;
 }
 
-static float *pool_of(sd_kv *kv, float **pools, int32_t layer) {
+static void *pool_of(sd_kv *kv, unsigned char **pools, int32_t layer) {
     if (layer < 0 || layer >= kv->p.n_layers) {
         SD_ERROR("kv: pool: layer %d outside [0, %d)", (int)layer, (int)kv->p.n_layers);
         return NULL;
@@ -279,5 +286,5 @@ static float *pool_of(sd_kv *kv, float **pools, int32_t layer) {
     return pools[layer];
 }
 
-float *sd_kv_k_pool(sd_kv *kv, int32_t layer) { return pool_of(kv, kv->k_pools, layer); }
-float *sd_kv_v_pool(sd_kv *kv, int32_t layer) { return pool_of(kv, kv->v_pools, layer); }
+void *sd_kv_k_pool(sd_kv *kv, int32_t layer) { return pool_of(kv, kv->k_pools, layer); }
+void *sd_kv_v_pool(sd_kv *kv, int32_t layer) { return pool_of(kv, kv->v_pools, layer); }

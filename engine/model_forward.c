@@ -238,6 +238,7 @@ static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_model_plan *b) 
     const int32_t QD = H * D, KD = KV * D;
     const size_t nE = (size_t)n * (size_t)E;
     const int32_t bs = sd_kv_params_of(kv)->block_size;
+    const bool kv_f16 = sd_kv_params_of(kv)->type == SD_DTYPE_F16; /* checked by sd_model_kv_create */
     const float scale = 1.0f / sqrtf((float)D);
     const int32_t *bt = b->bt, *bt_off = b->bt_off;
     /* a backend with matmul_fused gets Q/K/V and gate/up in one job each,
@@ -265,18 +266,27 @@ static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_model_plan *b) 
             SD_TRY(mat_mul(m, &L->wk, E, KD, a->xb, n, a->k)); /* k [n][KV*D] */
             SD_TRY(mat_mul(m, &L->wv, E, KD, a->xb, n, a->v)); /* v [n][KV*D] */
         }
-        if (op->rope_kv) {
-            SD_TRY(op->rope_kv(be, a->q, a->k, a->v, n, H, KV, D, b->pos, m->inv_freq, sd_kv_k_pool(kv, l),
-                               sd_kv_v_pool(kv, l), bs, bt, bt_off));
-        } else {
+        if (kv_f16) {
             SD_TRY(op->rope(be, a->q, n, H, D, b->pos, m->inv_freq));
             SD_TRY(op->rope(be, a->k, n, KV, D, b->pos, m->inv_freq));
-            SD_TRY(op->kv_write(be, sd_kv_k_pool(kv, l), bs, KD, a->k, n, b->pos, bt, bt_off));
-            SD_TRY(op->kv_write(be, sd_kv_v_pool(kv, l), bs, KD, a->v, n, b->pos, bt, bt_off));
+            SD_TRY(op->kv_write_f16(be, sd_kv_k_pool(kv, l), bs, KD, a->k, n, b->pos, bt, bt_off));
+            SD_TRY(op->kv_write_f16(be, sd_kv_v_pool(kv, l), bs, KD, a->v, n, b->pos, bt, bt_off));
+            SD_TRY(op->attention_f16(be, a->q, sd_kv_k_pool(kv, l), sd_kv_v_pool(kv, l), n, H, KV, D, bs, b->pos, bt,
+                                     bt_off, scale, a->att));
+        } else {
+            if (op->rope_kv) {
+                SD_TRY(op->rope_kv(be, a->q, a->k, a->v, n, H, KV, D, b->pos, m->inv_freq, sd_kv_k_pool(kv, l),
+                                   sd_kv_v_pool(kv, l), bs, bt, bt_off));
+            } else {
+                SD_TRY(op->rope(be, a->q, n, H, D, b->pos, m->inv_freq));
+                SD_TRY(op->rope(be, a->k, n, KV, D, b->pos, m->inv_freq));
+                SD_TRY(op->kv_write(be, sd_kv_k_pool(kv, l), bs, KD, a->k, n, b->pos, bt, bt_off));
+                SD_TRY(op->kv_write(be, sd_kv_v_pool(kv, l), bs, KD, a->v, n, b->pos, bt, bt_off));
+            }
+            SD_TRY(op->attention(be, a->q, sd_kv_k_pool(kv, l), sd_kv_v_pool(kv, l), n, H, KV, D, bs, b->pos, bt,
+                                 bt_off, scale, a->att)); /* att [n][H*D] */
         }
-        SD_TRY(op->attention(be, a->q, sd_kv_k_pool(kv, l), sd_kv_v_pool(kv, l), n, H, KV, D, bs, b->pos, bt, bt_off,
-                             scale, a->att)); /* att [n][H*D] */
-        if (fused && !m->coll) {              /* x += wo att */
+        if (fused && !m->coll) { /* x += wo att */
             const sd_matmul_job o = {.n_mats = 1,
                                      .w = {L->wo.w},
                                      .n_out = {E},

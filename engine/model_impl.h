@@ -6,6 +6,7 @@
 #define SPECD_MODEL_IMPL_H
 
 #include "specd/model.h"
+#include "specd/weights.h"
 #include "backend_impl.h"
 
 /* A weight matrix [n_out][n_in] as matmul reads it. type F32: w is what
@@ -15,7 +16,10 @@
 typedef struct sd_mat {
     void *w;
     sd_dtype type;
+    bool mapped; /* w points into the model file's mapping (m->maps): not freed */
 } sd_mat;
+
+#define SD_MODEL_MAX_MAPS 8 /* file mappings one model points into (one per GGUF file) */
 
 /* Per rank (tp_size 1: the whole model): H, KV, F = this rank's heads, KV
  * heads and MLP columns. */
@@ -78,6 +82,10 @@ struct sd_model {
     const sd_model *parent; /* non-NULL for a view: every weight above is borrowed from it */
     bool host_verify;       /* SPECD_DEVICE_VERIFY=0: verification on the host even on a device */
     bool f32_matrices;      /* SPECD_CPU_WEIGHTS=f32: every matrix read as f32 (see model_load.c) */
+    bool copy_matrices;     /* SPECD_CPU_WEIGHTS=copy: stored matrices copied, not mapped (see model_load.c) */
+    sd_file_map *maps[SD_MODEL_MAX_MAPS]; /* mappings the matrices point into, one reference each */
+    int n_maps;
+    uint64_t mapped_bytes; /* of weight_bytes, those read from the file mapping in place */
     uint64_t weight_bytes;
     uint64_t resident_bytes;
     activations act;

@@ -22,6 +22,15 @@
  * earlier behaviour, 4 bytes per weight): TP then equals TP = 1 as before,
  * which the TP integration tests on SmolLM2 rely on.
  *
+ * Matrices kept as stored are not copied where they can be used in place:
+ * whole rows of a tensor in a mapped GGUF file (every matrix at TP = 1, the
+ * row-split ones of a TP rank) point into the file's mapping, which the
+ * model holds a reference to (sd_weights_map_stored). Resident memory is
+ * then about the file, and processes mapping one file (a verifier and a
+ * drafter on one model) share its pages. The mapping has no huge pages
+ * (file pages are 4 KiB), unlike the copies; SPECD_CPU_WEIGHTS=copy copies
+ * the stored matrices as before, for comparison (bench/results/quant-cpu.md).
+ *
  * Tensor shapes follow llama.cpp's GGUF layout: a weight with ne = [n_in,
  * n_out] is n_out rows of n_in floats.
  *
@@ -43,9 +52,11 @@
 #include "model_impl.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "specd/weights.h"
 
@@ -56,8 +67,22 @@ sd_model_params sd_model_default_params(void) {
                          .tp_rank = 0,
                          .tp_size = 1,
                          .tp_lm_head = SD_TP_LM_HEAD_SPLIT,
-                         .coll = NULL};
+                         .coll = NULL,
+                         .kv_type = SD_DTYPE_F32};
     return p;
+}
+
+bool sd_kv_type_parse(const char *name, sd_dtype *type) {
+    if (!name || !type) return false;
+    if (strcmp(name, "f32") == 0) {
+        *type = SD_DTYPE_F32;
+        return true;
+    }
+    if (strcmp(name, "f16") == 0) {
+        *type = SD_DTYPE_F16;
+        return true;
+    }
+    return false;
 }
 
 /* rope inverse frequencies [head_dim/2] with linear / llama3 scaling and
@@ -203,6 +228,38 @@ static bool keeps_stored(const sd_model *m, sd_dtype type) {
            ops->stored_supports(type);
 }
 
+/* Points out at the slice r of name inside the file mapping (whole rows
+ * only); SD_ERR_UNSUPPORTED when the source cannot, and the caller copies. */
+static sd_status map_matrix(sd_model *m, const sd_weights *w, const char *name, slice r, sd_dtype type, size_t bytes,
+                            sd_mat *out) {
+    const void *ptr = NULL;
+    sd_file_map *keep = NULL;
+    sd_status s = sd_weights_map_stored(w, name, r.row0, r.n_rows, r.col0, r.n_cols, &ptr, &keep);
+    if (s != SD_OK) {
+        if (s != SD_ERR_UNSUPPORTED)
+            SD_ERROR("model: cannot read %s (%s, %s)", name, sd_dtype_name(type), sd_status_str(s));
+        return s;
+    }
+    int i = 0;
+    while (i < m->n_maps && m->maps[i] != keep) i++;
+    if (i < m->n_maps) {
+        sd_file_map_release(&keep); /* held already */
+    } else if (m->n_maps == SD_MODEL_MAX_MAPS) {
+        sd_file_map_release(&keep);
+        return SD_ERR_UNSUPPORTED;
+    } else {
+        m->maps[m->n_maps++] = keep;
+    }
+    madvise((void *)((uintptr_t)ptr & ~(uintptr_t)4095), bytes + ((uintptr_t)ptr & 4095), MADV_WILLNEED);
+    out->w = (void *)ptr;
+    out->type = type;
+    out->mapped = true;
+    m->weight_bytes += bytes;
+    m->resident_bytes += bytes;
+    m->mapped_bytes += bytes;
+    return SD_OK;
+}
+
 /* The slice r of matrix name [rows][cols]: as stored when keeps_stored
  * (r's columns are whole blocks: find_slice refuses anything else), else as
  * f32 / the backend's weight_upload format (load_slice). */
@@ -213,6 +270,8 @@ static sd_status load_matrix(sd_model *m, const sd_weights *w, const char *name,
     size_t be, bb, bytes;
     if (keeps_stored(m, t.type) && sd_dtype_block(t.type, &be, &bb)) {
         if (!sd_mul_ok((size_t)r.n_rows, (size_t)r.n_cols / be * bb, &bytes)) return SD_ERR_NOMEM;
+        sd_status ms = m->copy_matrices ? SD_ERR_UNSUPPORTED : map_matrix(m, w, name, r, t.type, bytes, out);
+        if (ms != SD_ERR_UNSUPPORTED) return ms;
         void *buf = m->be.ops->buf_alloc(m->be.ctx, bytes);
         if (!buf) {
             SD_ERROR("model: cannot allocate %zu bytes for %s (%s)", bytes, name, sd_dtype_name(t.type));
@@ -241,7 +300,9 @@ static sd_status load_matrix(sd_model *m, const sd_weights *w, const char *name,
 }
 
 static void free_matrix(sd_model *m, sd_mat *mat) {
-    if (mat->type == SD_DTYPE_F32)
+    if (mat->mapped)
+        ; /* the mapping is released with the model */
+    else if (mat->type == SD_DTYPE_F32)
         free_tensor(m, mat->w, true);
     else if (mat->w)
         m->be.ops->buf_free(m->be.ctx, mat->w);
@@ -456,6 +517,7 @@ sd_status sd_model_load_weights(const sd_weights *w, const sd_model_params *p, s
     }
     const char *cw = getenv("SPECD_CPU_WEIGHTS");
     m->f32_matrices = cw && strcmp(cw, "f32") == 0;
+    m->copy_matrices = cw && strcmp(cw, "copy") == 0;
     const char *dv = getenv("SPECD_DEVICE_VERIFY");
     m->host_verify = dv && strcmp(dv, "0") == 0;
     if (s == SD_OK) s = check_memory(m);
@@ -498,7 +560,9 @@ void sd_model_free(sd_model **pm) {
         const sd_backend_ops *ops = m->be.ops;
         sd_model_free_activations(m);
         if (!m->output_borrowed) free_matrix(m, &m->output);
-        if (m->tok_embd.type == SD_DTYPE_F32 && m->tok_embd.w)
+        if (m->tok_embd.mapped)
+            ; /* in the mapping */
+        else if (m->tok_embd.type == SD_DTYPE_F32 && m->tok_embd.w)
             ops->buf_free(m->be.ctx, m->tok_embd.w);
         else
             free_matrix(m, &m->tok_embd);
@@ -514,6 +578,7 @@ void sd_model_free(sd_model **pm) {
         ops->destroy(&m->be.ctx);
     }
     if (!m->parent) free(m->layers);
+    for (int i = 0; !m->parent && i < m->n_maps; i++) sd_file_map_release(&m->maps[i]);
     batch_plan *pl = &m->plan;
     free(pl->seq_start);
     free(pl->seq_next);
@@ -584,6 +649,8 @@ const sd_model_config *sd_model_config_of(const sd_model *m) { return m ? &m->cf
 uint64_t sd_model_weight_bytes(const sd_model *m) { return m ? m->weight_bytes : 0; }
 
 uint64_t sd_model_resident_bytes(const sd_model *m) { return m ? m->resident_bytes : 0; }
+
+uint64_t sd_model_mapped_bytes(const sd_model *m) { return m ? (m->parent ? m->parent : m)->mapped_bytes : 0; }
 
 void sd_model_shard_of(const sd_model *m, sd_model_shard *out) {
     if (!out) return;
@@ -658,7 +725,16 @@ sd_status sd_model_kv_create(const sd_model *m, int32_t max_seqs, int32_t n_bloc
     if (block_size) p.block_size = block_size;
     p.n_blocks = n_blocks;
     p.max_seqs = max_seqs;
+    p.type = m->params.kv_type;
     const sd_backend_ops *ops = m->be.ops;
+    if (p.type == SD_DTYPE_F16 && (!ops->kv_write_f16 || !ops->attention_f16)) {
+        SD_ERROR("model: the %s backend keeps an f32 KV cache only (--kv-type f32)", ops->name);
+        return SD_ERR_UNSUPPORTED;
+    }
+    if (p.type != SD_DTYPE_F32 && p.type != SD_DTYPE_F16) {
+        SD_ERROR("model: a KV cache holds f32 or f16, not %s", sd_dtype_name(p.type));
+        return SD_ERR_INVALID_ARG;
+    }
     if (!ops->host_memory) {
         p.pool_alloc = kv_pool_alloc;
         p.pool_free = kv_pool_free;

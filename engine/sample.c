@@ -73,6 +73,40 @@ double sd_rng_uniform(uint64_t seed, uint64_t position, sd_rng_purpose purpose) 
     return (double)bits * 0x1.0p-53;
 }
 
+/* ---- the exponential race ---- */
+
+/* The uniform of vocabulary entry v in (0, 1): 32 bits of the Philox block
+ * (position, SD_RNG_RACE, v / 4), word v % 4, centred in its cell so that
+ * -log never sees 0. */
+static double race_uniform(const uint32_t words[4], int32_t v) { return ((double)words[v & 3] + 0.5) * 0x1.0p-32; }
+
+int32_t sd_sample_race(const float *probs, int32_t n, uint64_t seed, uint64_t position) {
+    /* The winner minimizes E_v / p_v with E_v = -log U_v. As -log U >= 1 - U,
+     * an entry with (1 - U_v) >= best * p_v cannot win: the log is taken
+     * only for the few that might (a bound, never an approximation). */
+    int32_t best_v = -1;
+    double best = INFINITY;
+    uint32_t ctr[4] = {(uint32_t)position, (uint32_t)(position >> 32), (uint32_t)SD_RNG_RACE, 0};
+    uint32_t words[4];
+    int32_t block = -1;
+    for (int32_t v = 0; v < n; v++) {
+        if (!(probs[v] > 0.0f)) continue;
+        if ((v >> 2) != block) {
+            block = v >> 2;
+            ctr[3] = (uint32_t)block;
+            sd_philox4x32(seed, ctr, words);
+        }
+        double u = race_uniform(words, v), p = (double)probs[v];
+        if (best_v >= 0 && 1.0 - u >= best * p) continue;
+        double key = -log(u) / p;
+        if (key < best) { /* ties keep the lower id */
+            best = key;
+            best_v = v;
+        }
+    }
+    return best_v;
+}
+
 /* ---- processing ---- */
 
 int32_t sd_argmax(const float *logits, int32_t n) {
@@ -227,7 +261,7 @@ sd_status sd_sample_token(const float *logits, int32_t n, const sd_sampling *s, 
     }
     sd_status st = sd_sample_probs(logits, n, s, probs);
     if (st == SD_OK) {
-        *token = sd_sample_from(probs, n, sd_rng_uniform(s->seed, position, SD_RNG_SAMPLE));
+        *token = sd_sample_race(probs, n, s->seed, position);
         if (*token < 0) st = SD_ERR_INTERNAL;
     }
     free(probs);

@@ -1,42 +1,39 @@
 /* spec.c — the verifier math of speculative decoding (see spec.h).
  *
- * Why the rules are exact. For one position with target p and proposal q,
- * a token drawn from q and accepted with probability min(1, p/q) is emitted
- * with probability min(p(v), q(v)); a rejection happens with probability
- * 1 - alpha = sum_v max(0, p(v) - q(v)) and is followed by a draw from the
- * residual r = max(0, p - q) / (1 - alpha), emitting v with probability
- * max(0, p(v) - q(v)). The two add up to p(v). Later positions are only
- * reached after an acceptance, so the argument chains; the bonus token is an
- * ordinary draw from p_{K+1}.
+ * The rule (sampled requests): the target's token at position t is the draw
+ * plain decoding makes there, x_t = sd_sample_race(p_t, seed, t) (the
+ * exponential race, i.e. the Gumbel-max trick, over uniforms fixed by
+ * (seed, t) alone). A draft token y_t is accepted when y_t == x_t; at the
+ * first mismatch x_t is committed and the rest is discarded; when all K
+ * match, x_{K+1} (the bonus) is committed. Exactness is immediate: every
+ * committed token is x_t, a draw from the target's own processed
+ * distribution with fresh randomness, so the output is plain seeded
+ * decoding token for token. The drafter races its own distribution with
+ * the same uniforms (sd_spec_draft_coupled), so where q is close to p its
+ * draft lands on x_t: with probability >= (1 - TV)/(1 + TV) (Daliri et al.
+ * 2024, "Coupling without communication and drafter-invariant speculative
+ * decoding"), against 1 - TV for rejection sampling. An inverse-CDF draw
+ * in vocabulary order shared by both sides, tried first, is also drafter-
+ * invariant but misaligns wherever the cumulative sums drift: acceptance
+ * at temperature 1 on the test models fell to 0.12.
  *
- * Edge cases, each handled here and tested in tests/test_spec.c:
- *   - q(y) = 0 for the proposed y: the drafter cannot have drawn y from q,
- *     so this is a drafter bug. The ratio is undefined; we reject (logged as
- *     a WARN and counted in sd_spec_info.n_q_zero) and draw the replacement
- *     from the residual. Exactness cannot be promised once the drafter broke
- *     its contract, but this choice never commits a token with p = 0 and
- *     never trusts the bad draft; the same holds for a y absent from q.
- *   - p = q: the ratio is 1 at every proposed token; u < 1 always holds, so
- *     every token is accepted (the residual is never needed).
- *   - disjoint supports: p(y) = 0 for every y drawn from q, so u < 0 never
- *     holds and the first token is always rejected; the residual is then
- *     max(0, p - q) = p, and the emitted token is a draw from p.
- *   - one-hot q (n-gram drafts): q(y) = 1, acceptance probability p(y); the
- *     residual is p with y removed, renormalized.
- *   - residual mass ~0: the mass is sum_v max(0, p(v) - q(v)) = 1 - alpha.
- *     If it is exactly 0 then p <= q everywhere, and since both sum to 1,
- *     p = q, so acceptance is certain and this branch has probability 0:
- *     any choice there is exact. Numerically (float p and q, rounding in the
- *     normalizations) the mass can be a tiny positive number made of noise;
- *     below SD_SPEC_RESIDUAL_EPS we draw from p instead. The branch is taken
- *     with probability 1 - alpha < SD_SPEC_RESIDUAL_EPS, so the deviation from
- *     p is at most that much in total variation, far below anything that
- *     can be observed; drawing from a noise-shaped residual would be worse.
+ * Why not rejection sampling (accept y with probability min(1, p/q), the
+ * replacement from norm(max(0, p - q)), Leviathan et al. 2023), which this
+ * file did before: it is exact in distribution but the token committed at
+ * a position is a function of the draft (y and q) and of whether the
+ * position was drafted at all (a K = 0 step draws from p directly). Every
+ * failover changes the drafts — a dead drafter means K = 0 steps, a
+ * re-prefill after a verifier or coordinator restart drops a step's drafts,
+ * the K policy restarts — so the same seed gave different text (measured:
+ * a seeded 1,500-token request diverged at token 627 after a drafter kill).
+ * Under the coupled rule the drafts decide only how many positions a step
+ * covers, never which token a position gets. The price: acceptance is
+ * P(x_t == y_t), somewhat below the optimal sum min(p, q) of rejection
+ * sampling where q differs from p (the same for one-hot n-gram drafts:
+ * p(y) either way), and one Philox block per 4 vocabulary entries per
+ * verified row.
  *
- * Sums for normalization are taken in double and in index order, so a
- * result depends only on the inputs, never on threads. Rejected: computing
- * the residual mass as 1 - alpha (cancellation when alpha ~ 1) — we sum the
- * positive parts directly. */
+ * A result depends only on the inputs, never on threads. */
 #include "specd/spec.h"
 
 #include "specd/sample.h"
@@ -197,9 +194,8 @@ static sd_status p_row_total(const float *row, int32_t n_vocab, int32_t i, doubl
 
 sd_status sd_spec_verify_greedy(const int32_t *target_argmax, const int32_t *draft, int32_t k, int32_t *out_tokens,
                                 int32_t *n_accepted) {
-    if (!target_argmax || (!draft && k > 0) || !out_tokens || !n_accepted || k < 0 || k > SD_MAX_DRAFT) {
-        SD_ERROR("spec: greedy verify needs target argmax, draft, outputs and 0 <= k <= %d (k = %d)", SD_MAX_DRAFT,
-                 (int)k);
+    if (!target_argmax || (!draft && k > 0) || !out_tokens || !n_accepted || k < 0 || k > SD_MAX_K) {
+        SD_ERROR("spec: greedy verify needs target argmax, draft, outputs and 0 <= k <= %d (k = %d)", SD_MAX_K, (int)k);
         return SD_ERR_INVALID_ARG;
     }
     int32_t i = 0;
@@ -212,88 +208,60 @@ sd_status sd_spec_verify_greedy(const int32_t *target_argmax, const int32_t *dra
     return SD_OK;
 }
 
-/* Draws the replacement at a rejected position from norm(max(0, p - q)),
- * falling back to p when that mass is ~0. scratch[n_vocab] holds p/P - q/Q
- * in double; the clipped positive parts are the residual. */
-static int32_t draw_residual(const float *p_row, double p_tot, const sd_spec_q *q, double q_tot, int32_t n_vocab,
-                             double u, double *scratch, bool *fallback) {
-    for (int32_t v = 0; v < n_vocab; v++) scratch[v] = (double)p_row[v] / p_tot;
-    for (int32_t j = 0; j < q->n; j++) scratch[q->ids[j]] -= (double)q->probs[j] / q_tot;
-    double mass = 0.0;
-    for (int32_t v = 0; v < n_vocab; v++)
-        if (scratch[v] > 0.0) mass += scratch[v];
-    if (!(mass > SD_SPEC_RESIDUAL_EPS)) {
-        *fallback = true;
-        return sd_sample_from(p_row, n_vocab, u);
-    }
-    double target = u * mass, cum = 0.0;
-    int32_t last = -1;
-    for (int32_t v = 0; v < n_vocab; v++) {
-        if (!(scratch[v] > 0.0)) continue;
-        cum += scratch[v];
-        last = v;
-        if (cum > target) return v;
-    }
-    return last; /* u * mass rounded up to the mass */
-}
-
 sd_status sd_spec_verify(const float *p, int32_t n_vocab, const int32_t *draft, const sd_spec_q *q, int32_t k,
-                         uint64_t seed, uint64_t pos0, double *scratch, int32_t *out_tokens, int32_t *n_accepted,
-                         sd_spec_info *info) {
-    if (!p || n_vocab <= 0 || k < 0 || k > SD_MAX_DRAFT || (k > 0 && (!draft || !q)) || !scratch || !out_tokens ||
-        !n_accepted) {
-        SD_ERROR("spec: verify needs p, draft, q, scratch, outputs, n_vocab > 0 and 0 <= k <= %d "
-                 "(n_vocab %d, k %d)",
-                 SD_MAX_DRAFT, (int)n_vocab, (int)k);
+                         uint64_t seed, uint64_t pos0, int32_t *out_tokens, int32_t *n_accepted, sd_spec_info *info) {
+    if (!p || n_vocab <= 0 || k < 0 || k > SD_MAX_K || (k > 0 && (!draft || !q)) || !out_tokens || !n_accepted) {
+        SD_ERROR("spec: verify needs p, draft, q, outputs, n_vocab > 0 and 0 <= k <= %d (n_vocab %d, k %d)", SD_MAX_K,
+                 (int)n_vocab, (int)k);
         return SD_ERR_INVALID_ARG;
     }
-    sd_spec_info local = {0};
+    /* Every draft and q is checked before any decision, so a malformed
+     * step is refused whole whatever the target says. */
     for (int32_t i = 0; i < k; i++) {
-        const float *p_row = p + (size_t)i * (size_t)n_vocab;
-        int32_t y = draft[i];
-        if (y < 0 || y >= n_vocab) {
-            SD_ERROR("spec: draft token %d at index %d is outside [0, %d)", (int)y, (int)i, (int)n_vocab);
+        if (draft[i] < 0 || draft[i] >= n_vocab) {
+            SD_ERROR("spec: draft token %d at index %d is outside [0, %d)", (int)draft[i], (int)i, (int)n_vocab);
             return SD_ERR_RANGE;
         }
-        double p_tot, q_tot;
-        SD_TRY(p_row_total(p_row, n_vocab, i, &p_tot));
+        double q_tot;
         SD_TRY(sd_spec_q_check(&q[i], n_vocab, i, &q_tot));
-        double py = (double)p_row[y] / p_tot;
-        double qy = sd_spec_q_prob(&q[i], y);
-        uint64_t pos = pos0 + (uint64_t)i;
-        bool accept;
-        if (qy > 0.0) {
-            /* u < p/q, written without the division; ratio >= 1 always accepts. */
-            double u = sd_rng_uniform(seed, pos, SD_RNG_ACCEPT);
-            accept = u * qy < py;
-        } else {
-            SD_WARN("spec: draft token %d at position %llu has q = 0: the drafter did not sample from the q "
-                    "it reported; rejecting it",
-                    (int)y, (unsigned long long)pos);
-            local.n_q_zero++;
-            accept = false;
-        }
-        if (accept) {
-            out_tokens[i] = y;
-            continue;
-        }
-        double u = sd_rng_uniform(seed, pos, SD_RNG_RESIDUAL);
-        int32_t t = draw_residual(p_row, p_tot, &q[i], q_tot, n_vocab, u, scratch, &local.residual_fallback);
-        if (t < 0) return SD_ERR_INTERNAL;
-        out_tokens[i] = t;
+    }
+    for (int32_t i = 0; i <= k; i++) {
+        const float *p_row = p + (size_t)i * (size_t)n_vocab;
+        double p_tot;
+        SD_TRY(p_row_total(p_row, n_vocab, i, &p_tot));
+        int32_t x = sd_sample_race(p_row, n_vocab, seed, pos0 + (uint64_t)i);
+        if (x < 0) return SD_ERR_INTERNAL;
+        out_tokens[i] = x;
+        if (i < k && draft[i] == x) continue;
         *n_accepted = i;
-        if (info) *info = local;
+        if (info) *info = (sd_spec_info){.bonus = i == k};
         return SD_OK;
     }
-    const float *bonus_row = p + (size_t)k * (size_t)n_vocab;
-    double bonus_tot;
-    SD_TRY(p_row_total(bonus_row, n_vocab, k, &bonus_tot));
-    int32_t t = sd_sample_from(bonus_row, n_vocab, sd_rng_uniform(seed, pos0 + (uint64_t)k, SD_RNG_SAMPLE));
-    if (t < 0) return SD_ERR_INTERNAL;
-    out_tokens[k] = t;
-    *n_accepted = k;
-    local.bonus = true;
-    if (info) *info = local;
+    return SD_ERR_INTERNAL; /* unreachable: row k always returns */
+}
+
+sd_status sd_spec_draft_coupled(const float *probs, int32_t n_vocab, int32_t top_n, uint64_t seed, uint64_t position,
+                                int32_t *ids, float *q_probs, int32_t *n_out, int32_t *token) {
+    if (!token) return SD_ERR_INVALID_ARG;
+    SD_TRY(sd_spec_sparsify(probs, n_vocab, top_n, ids, q_probs, n_out));
+    int32_t y = sd_sample_race(probs, n_vocab, seed, position);
+    if (y < 0) return SD_ERR_INTERNAL;
+    int32_t j = 0;
+    while (j < *n_out && ids[j] != y) j++;
+    if (j == *n_out) {
+        /* y lies outside the top_n: it takes the last (least) entry's place
+         * with its own mass, so the q sent still contains the draft */
+        if (*n_out == top_n)
+            j = *n_out - 1;
+        else
+            (*n_out)++;
+        ids[j] = y;
+        q_probs[j] = probs[y];
+        double kept = 0.0;
+        for (int32_t e = 0; e < *n_out; e++) kept += q_probs[e];
+        for (int32_t e = 0; e < *n_out; e++) q_probs[e] = (float)((double)q_probs[e] / kept);
+    }
+    *token = y;
     return SD_OK;
 }
 

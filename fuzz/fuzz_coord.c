@@ -288,13 +288,13 @@ static void hello(fz *f, int w, bool verifier, reader *r) {
     h.model = (flags & 32) ? NULL : &id;
     h.name = f->worker_ident[w];
     h.max_batch = 16;
-    h.max_draft = 8;
+    h.max_k = 8;
     h.drafter_kind = verifier ? SPECD__DRAFTER_KIND__DRAFTER_KIND_UNSPECIFIED : SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM;
     if ((flags & 64) && r) {
         h.group_size = 1u + rd(r) % 4u;
         h.rank = rd(r) % 4u;
         h.max_batch = rd(r) % 20u;
-        h.max_draft = rd(r) % 12u;
+        h.max_k = rd(r) % 12u;
         h.drafter_kind = rd(r) % 4u;
     }
     if ((flags & 128) && r) {
@@ -355,7 +355,7 @@ static void answer_verify(fz *f, int w, const Specd__VerifyRequest *q, reader *r
     size_t n = q->n_seqs > MAX_SEQS ? MAX_SEQS : q->n_seqs;
     static Specd__VerifyResult res[MAX_SEQS];
     static Specd__VerifyResult *pres[MAX_SEQS];
-    static int32_t commit[MAX_SEQS][SD_MAX_DRAFT + 2];
+    static int32_t commit[MAX_SEQS][SD_MAX_K + 2];
     for (size_t i = 0; i < n; i++) {
         const Specd__VerifySeq *s = q->seqs[i];
         specd__verify_result__init(&res[i]);
@@ -396,7 +396,7 @@ static void answer_verify(fz *f, int w, const Specd__VerifyRequest *q, reader *r
         }
         break;
     case BEND_TOO_MANY_ACCEPTED:
-        if (n && res[at].n_commit > 0 && res[at].n_commit <= SD_MAX_DRAFT) {
+        if (n && res[at].n_commit > 0 && res[at].n_commit <= SD_MAX_K) {
             res[at].n_accepted++;
             res[at].commit[res[at].n_commit++] = 1;
             res[at].cached_len++;
@@ -427,18 +427,18 @@ static void answer_draft(fz *f, int w, const Specd__DraftRequest *q, reader *r) 
     size_t n = q->n_seqs > MAX_SEQS ? MAX_SEQS : q->n_seqs;
     static Specd__DraftResult res[MAX_SEQS];
     static Specd__DraftResult *pres[MAX_SEQS];
-    static int32_t toks[MAX_SEQS][SD_MAX_DRAFT + 1];
-    static Specd__SparseDist dist[MAX_SEQS][SD_MAX_DRAFT + 1];
-    static Specd__SparseDist *pdist[MAX_SEQS][SD_MAX_DRAFT + 1];
-    static int32_t dist_ids[MAX_SEQS][SD_MAX_DRAFT + 1][2];
-    static float dist_p[MAX_SEQS][SD_MAX_DRAFT + 1][2];
+    static int32_t toks[MAX_SEQS][SD_MAX_K + 1];
+    static Specd__SparseDist dist[MAX_SEQS][SD_MAX_K + 1];
+    static Specd__SparseDist *pdist[MAX_SEQS][SD_MAX_K + 1];
+    static int32_t dist_ids[MAX_SEQS][SD_MAX_K + 1][2];
+    static float dist_p[MAX_SEQS][SD_MAX_K + 1][2];
     for (size_t i = 0; i < n; i++) {
         const Specd__DraftSeq *s = q->seqs[i];
         specd__draft_result__init(&res[i]);
         res[i].request_id = s->request_id;
         res[i].code = SPECD__CODE__CODE_OK;
         res[i].cached_len = s->keep_len + (uint32_t)s->n_append;
-        uint32_t k = s->k > SD_MAX_DRAFT ? SD_MAX_DRAFT : s->k;
+        uint32_t k = s->k > SD_MAX_K ? SD_MAX_K : s->k;
         uint32_t m = r ? rd(r) % (k + 1) : (k < 2 ? k : 2);
         for (uint32_t j = 0; j < m; j++) {
             toks[i][j] = r ? (int32_t)(rd16(r) % VOCAB) : 5;
@@ -478,7 +478,7 @@ static void answer_draft(fz *f, int w, const Specd__DraftRequest *q, reader *r) 
         }
         break;
     case BEND_TOO_MANY_ACCEPTED: /* more tokens than k */
-        if (n && res[at].n_tokens < SD_MAX_DRAFT) {
+        if (n && res[at].n_tokens < SD_MAX_K) {
             uint32_t j = (uint32_t)res[at].n_tokens;
             toks[at][j] = 3;
             dist_ids[at][j][0] = 3;
@@ -570,7 +570,7 @@ static void submit(fz *f, reader *r) {
         s.n_stop = ns;
     }
     s.ignore_eos = (flags & 32) != 0;
-    if (flags & 64) s.max_draft = (int32_t)(rd(r) % 12) - 2;
+    if (flags & 64) s.max_k = (int32_t)(rd(r) % 12) - 2;
     int32_t max_tokens = s.max_tokens ? (int32_t)s.max_tokens : f->c.p.max_tokens_default;
     f->sub[f->n_sub++] = (submitted){.tag = s.client_tag, .client = cl, .max_tokens = max_tokens};
     Specd__ClientToCoordinator e = SPECD__CLIENT_TO_COORDINATOR__INIT;
@@ -656,10 +656,10 @@ static bool worker_alive(const fz *f, int w) {
 static void heal(fz *f) {
     memset(f->gone, 0, sizeof f->gone);
     for (int round = 0; round < HEAL_ROUNDS && !all_done(f); round++) {
-        if (f->c.verifier < 0 && f->n_fresh < N_WORKER_IDENTS - N_FIXED_WORKERS) {
+        if (sd_place_count(&f->c, SPECD__ROLE__ROLE_VERIFIER) == 0 && f->n_fresh < N_WORKER_IDENTS - N_FIXED_WORKERS) {
             int w = N_FIXED_WORKERS + f->n_fresh++;
             hello(f, w, true, NULL);
-            if (f->c.drafter < 0 && f->n_fresh < N_WORKER_IDENTS - N_FIXED_WORKERS)
+            if (sd_place_count(&f->c, SPECD__ROLE__ROLE_DRAFTER) == 0 && f->n_fresh < N_WORKER_IDENTS - N_FIXED_WORKERS)
                 hello(f, N_FIXED_WORKERS + f->n_fresh++, false, NULL);
         }
         bool answered = false;
@@ -674,8 +674,8 @@ static void heal(fz *f) {
             if (!f->req[i].ended)
                 fprintf(stderr, "fuzz_coord: request %llu never ended (%u tokens)\n", (unsigned long long)f->req[i].id,
                         f->req[i].generated);
-        VIOLATION("requests lost: %d active, %d queued, verifier %d, drafter %d", f->c.n_active, f->c.n_queued,
-                  f->c.verifier, f->c.drafter);
+        VIOLATION("requests lost: %d active, %d queued, %d verifier groups, %d drafters", f->c.n_active, f->c.n_queued,
+                  sd_place_count(&f->c, SPECD__ROLE__ROLE_VERIFIER), sd_place_count(&f->c, SPECD__ROLE__ROLE_DRAFTER));
     }
     for (int i = 0; i < f->n_sub; i++)
         if (f->sub[i].answers != 1)

@@ -43,7 +43,7 @@ static const ProtobufCMessageDescriptor *descriptor_of(int which) {
 }
 
 static ProtobufCMessage *decode(int which, const uint8_t *d, size_t n, Specd__Code *code, char *err, size_t len) {
-    const sd_net_limits lim = {.n_vocab = 49152, .max_context = 8192, .max_batch = 64, .max_draft = 8};
+    const sd_net_limits lim = {.n_vocab = 49152, .max_context = 8192, .max_batch = 64, .max_k = 8};
     switch (which) {
     case DEC_CLIENT: return (ProtobufCMessage *)sd_net_decode_client(d, n, &lim, code, err, len);
     case DEC_TO_CLIENT: return (ProtobufCMessage *)sd_net_decode_to_client(d, n, code, err, len);

@@ -47,7 +47,7 @@
 #define KV_BLOCKS  8
 #define BLOCK      16
 #define MAX_BATCH  4
-#define MAX_DRAFT  4
+#define MAX_K      4
 #define MAX_APPEND 12
 
 static char g_dir[64], g_path[128];
@@ -77,7 +77,7 @@ static uint8_t rd(reader *r) { return r->at < r->n ? r->p[r->at++] : 0; }
 /* What the harness knows a worker holds for an id. */
 enum { HELD_NONE = -1, HELD_UNSURE = -2 };
 
-#define HIST (CTX + MAX_DRAFT + 2)
+#define HIST (CTX + MAX_K + 2)
 
 typedef struct worker_state {
     int32_t held[N_IDS + 1];
@@ -128,11 +128,11 @@ static void check_miss(const char *what, uint64_t id, uint32_t keep_len, int32_t
 /* One sequence's arrays, owned by the op that builds it. */
 typedef struct seq_buf {
     int32_t append[MAX_APPEND + 2];
-    int32_t draft[MAX_DRAFT + 2];
-    Specd__SparseDist dist[MAX_DRAFT + 2];
-    Specd__SparseDist *pdist[MAX_DRAFT + 2];
-    int32_t dist_ids[MAX_DRAFT + 2][2];
-    float dist_p[MAX_DRAFT + 2][2];
+    int32_t draft[MAX_K + 2];
+    Specd__SparseDist dist[MAX_K + 2];
+    Specd__SparseDist *pdist[MAX_K + 2];
+    int32_t dist_ids[MAX_K + 2][2];
+    float dist_p[MAX_K + 2][2];
     Specd__Sampling sampling;
     bool one_hot;
 } seq_buf;
@@ -157,7 +157,7 @@ static Specd__Sampling *fill_sampling(reader *r, seq_buf *b, uint8_t flags) {
 
 /* The drafts of one sequence, with one-hot or two-point q (flags & 16). */
 static size_t fill_drafts(reader *r, seq_buf *b, uint8_t flags, bool wild) {
-    size_t nd = rd(r) % (MAX_DRAFT + 2);
+    size_t nd = rd(r) % (MAX_K + 2);
     b->one_hot = !(flags & 16);
     for (size_t j = 0; j < nd; j++) {
         b->draft[j] = token(r, wild);
@@ -377,7 +377,7 @@ static void replay_op(sd_verifier *v, worker_state *ws, reader *r) {
     if (n_cand == 0) return;
     int32_t p = cand[rd(r) % n_cand];
     uint32_t run = 0;
-    while (p + 1 + (int32_t)run < hlen && det[p + 1 + run] && run < MAX_DRAFT && p + 2 + (int32_t)run <= CTX) run++;
+    while (p + 1 + (int32_t)run < hlen && det[p + 1 + run] && run < MAX_K && p + 2 + (int32_t)run <= CTX) run++;
     uint32_t k = 1 + rd(r) % run;
     static seq_buf bufs[3];
     Specd__VerifySeq seqs[3], *pseqs[3];
@@ -438,7 +438,7 @@ static void draft_op(sd_draft_server *ds, worker_state *ws, reader *r) {
         seqs[i].keep_len = rd(r) % (CTX + 6);
         seqs[i].append = bufs[i].append;
         seqs[i].n_append = fill_append(r, &bufs[i], wild);
-        seqs[i].k = rd(r) % (MAX_DRAFT + 2);
+        seqs[i].k = rd(r) % (MAX_K + 2);
         seqs[i].sampling = fill_sampling(r, &bufs[i], flags);
         seqs[i].top_n = rd(r) % 4u;
         pseqs[i] = &seqs[i];
@@ -543,12 +543,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     vp.kv_blocks = KV_BLOCKS;
     vp.block_size = BLOCK;
     vp.max_batch = MAX_BATCH;
-    vp.max_draft = MAX_DRAFT;
+    vp.max_k = MAX_K;
     sd_verifier *v = NULL;
     if (sd_verifier_create(g_target, &vp, &v) != SD_OK) abort();
     sd_drafter_params dp = sd_drafter_default_params();
     dp.max_seqs = MAX_SEQS;
-    dp.max_ctx = CTX + MAX_DRAFT + 1;
+    dp.max_ctx = CTX + MAX_K + 1;
     dp.n_threads = 1;
     dp.top_n = model_drafter ? 4 : 1; /* as specd-drafter: the server keeps what the drafter makes */
     sd_drafter *d = NULL;
@@ -558,7 +558,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     sp.max_seqs = MAX_SEQS;
     sp.max_ctx = CTX;
     sp.max_batch = MAX_BATCH;
-    sp.max_draft = MAX_DRAFT;
+    sp.max_k = MAX_K;
     sp.n_vocab = VOCAB;
     sp.top_n = dp.top_n;
     sd_draft_server *ds = NULL;

@@ -63,7 +63,10 @@ typedef struct gw_prompt {
     char *text;   /* owned; NULL when ids are given */
     int32_t *ids; /* owned */
     size_t n_ids;
-    char *system; /* chat: the system prompt (owned), NULL for the model's default */
+    /* chat: the conversation (content owned, roles static), formatted by
+     * the model's chat template on the coordinator */
+    sd_client_chat_msg *turns;
+    size_t n_turns;
 } gw_prompt;
 
 /* A validated generation request. */

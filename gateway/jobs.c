@@ -275,8 +275,8 @@ bool gw_job_submit(gw_job *job, const gw_gen *g, gw_error *err) {
         } else {
             rq.prompt = p->text;
         }
-        rq.chat = g->endpoint == GW_EP_CHAT;
-        rq.system = p->system;
+        rq.messages = p->turns;
+        rq.n_messages = p->n_turns;
         rq.max_tokens = g->max_tokens;
         rq.sampling = g->sampling;
         rq.sampling.seed = gw_choice_seed(base_seed, (unsigned)(ci % g->n));

@@ -12,6 +12,7 @@
  * connection thread ends; their streams cancel what is unfinished), then
  * the janitor, then the client connection. */
 #include "gateway_impl.h"
+#include "specd/curve.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -29,8 +30,10 @@ static void usage(FILE *f) {
             "\n"
             "  --listen ADDR:PORT      where to serve HTTP (default %s; [IPv6]:PORT works too)\n"
             "  --coordinator ADDR      the coordinator's client socket (default %s)\n"
-            "  --curve-server-public K the coordinator's CurveZMQ public key (Z85, 40 characters; default:\n"
-            "                          $SPECD_CURVE_SERVER_PUBLIC); the gateway uses an ephemeral key pair\n"
+            "  --curve-secret FILE     CurveZMQ: the gateway's secret key (specd-keygen; mode 0600; default\n"
+            "                          $SPECD_CURVE_SECRET); its public key must be on the coordinator's\n"
+            "                          --client-keys list\n"
+            "  --curve-server FILE     the coordinator's public key (default $SPECD_CURVE_SERVER)\n"
             "  --api-key KEY           require 'Authorization: Bearer KEY' on /v1/* (default: $SPECD_API_KEY;\n"
             "                          /health and /metrics need it only from off the loopback)\n"
             "  --model-name NAME       the model id /v1/models lists and responses carry (default %s)\n"
@@ -55,10 +58,22 @@ static bool parse_uint(const char *s, unsigned long lo, unsigned long hi, unsign
     return true;
 }
 
-enum { OPT_LISTEN = 256, OPT_COORD, OPT_KEY, OPT_MODEL, OPT_BODY, OPT_CONNS, OPT_INFLIGHT, OPT_TIMEOUT, OPT_CURVE };
+enum {
+    OPT_LISTEN = 256,
+    OPT_COORD,
+    OPT_KEY,
+    OPT_MODEL,
+    OPT_BODY,
+    OPT_CONNS,
+    OPT_INFLIGHT,
+    OPT_TIMEOUT,
+    OPT_CSECRET,
+    OPT_CSERVER
+};
 
 /* -1: go on; otherwise the exit status. */
-static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose, const char **curve_server_public) {
+/* curve_files: [0] the gateway's secret key file, [1] the coordinator's public key file. */
+static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose, const char *curve_files[2]) {
     static const struct option longs[] = {{"listen", required_argument, 0, OPT_LISTEN},
                                           {"coordinator", required_argument, 0, OPT_COORD},
                                           {"api-key", required_argument, 0, OPT_KEY},
@@ -67,7 +82,8 @@ static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose, cons
                                           {"max-connections", required_argument, 0, OPT_CONNS},
                                           {"max-inflight", required_argument, 0, OPT_INFLIGHT},
                                           {"timeout", required_argument, 0, OPT_TIMEOUT},
-                                          {"curve-server-public", required_argument, 0, OPT_CURVE},
+                                          {"curve-secret", required_argument, 0, OPT_CSECRET},
+                                          {"curve-server", required_argument, 0, OPT_CSERVER},
                                           {"verbose", no_argument, 0, 'v'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
@@ -83,7 +99,8 @@ static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose, cons
             snprintf(srv->listen, sizeof srv->listen, "%s", optarg);
             break;
         case OPT_COORD: srv->coordinator = optarg; break;
-        case OPT_CURVE: *curve_server_public = optarg; break;
+        case OPT_CSECRET: curve_files[0] = optarg; break;
+        case OPT_CSERVER: curve_files[1] = optarg; break;
         case OPT_KEY: srv->api_key = optarg; break;
         case OPT_MODEL:
             if (!optarg[0] || strlen(optarg) > 200) {
@@ -132,9 +149,10 @@ static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose, cons
         if (env && env[0]) srv->api_key = env;
     }
     if (srv->api_key && !srv->api_key[0]) srv->api_key = NULL;
-    if (!*curve_server_public) *curve_server_public = getenv("SPECD_CURVE_SERVER_PUBLIC");
-    if (*curve_server_public && strlen(*curve_server_public) != 40) {
-        fprintf(stderr, "specd-gateway: the coordinator's CurveZMQ public key must be 40 Z85 characters\n");
+    if (!curve_files[0]) curve_files[0] = getenv("SPECD_CURVE_SECRET");
+    if (!curve_files[1]) curve_files[1] = getenv("SPECD_CURVE_SERVER");
+    if (!curve_files[0] != !curve_files[1]) {
+        fprintf(stderr, "specd-gateway: --curve-secret and --curve-server go together\n");
         return 2;
     }
     return -1;
@@ -151,13 +169,18 @@ int main(int argc, char **argv) {
     srv->max_inflight = GW_DEFAULT_MAX_INFLIGHT;
     srv->timeout_s = GW_DEFAULT_TIMEOUT_S;
     bool verbose = false;
-    const char *curve_server_public = NULL;
-    int rc = parse_args(argc, argv, srv, &verbose, &curve_server_public);
+    const char *curve_files[2] = {NULL, NULL};
+    int rc = parse_args(argc, argv, srv, &verbose, curve_files);
     if (rc >= 0) {
         free(srv);
         return rc;
     }
     sd_net_log_init("gateway", 0, verbose);
+    sd_curve_id curve;
+    if (sd_curve_id_load(curve_files[0], curve_files[1], &curve) != SD_OK) {
+        free(srv);
+        return 2;
+    }
 
     /* Before any thread: every thread inherits the blocked mask and only
      * the main thread takes these signals (sigwait). */
@@ -175,7 +198,11 @@ int main(int argc, char **argv) {
     cp.coordinator = srv->coordinator;
     cp.name = "specd-gateway";
     cp.connect_timeout_ms = 5000;
-    cp.curve_server_public = curve_server_public;
+    if (curve.on) {
+        cp.curve_server_public = curve.server;
+        cp.curve_public = curve.public_key;
+        cp.curve_secret = curve.secret;
+    }
     if (sd_client_connect(&cp, &srv->client) != SD_OK) {
         SD_ERROR("cannot set up the connection to the coordinator %s", srv->coordinator);
         goto out;
@@ -206,6 +233,7 @@ out:
     gw_janitor_stop(&srv->janitor);
     sd_client_close(&srv->client);
     gw_metrics_destroy(&srv->metrics);
+    memset(&curve, 0, sizeof curve);
     free(srv);
     return rc;
 }

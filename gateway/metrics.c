@@ -221,6 +221,32 @@ static void coordinator_metrics(outbuf *b, const sd_client_service_stats *st) {
     for (size_t i = 0; i < st->n_workers; i++)
         out(b, "specd_worker_steps_total{role=\"%s\",rank=\"%u\"} %llu\n", role_name(st->workers[i].role),
             st->workers[i].rank, (unsigned long long)st->workers[i].steps);
+    /* routing: per verifier group and per drafter, labelled by name (the
+     * series above are by role and rank, which several groups share) */
+    static const char *const r_names[5] = {"specd_worker_active_requests", "specd_worker_served_requests_total",
+                                           "specd_worker_drafted_total", "specd_worker_accepted_total",
+                                           "specd_worker_step_us"};
+    static const char *const r_types[5] = {"gauge", "counter", "counter", "counter", "gauge"};
+    static const char *const r_help[5] = {
+        "Requests placed on the verifier group or drafter now.",
+        "Requests placed on the verifier group or drafter since it registered.",
+        "Draft tokens verified (a drafter's own, or all a group verified).", "Of those, accepted.",
+        "Verifier group: modelled 64-token verify step; drafter: draft round trip (microseconds)."};
+    for (int k = 0; k < 5; k++) {
+        head(b, r_names[k], r_types[k], r_help[k]);
+        for (size_t i = 0; i < st->n_workers; i++) {
+            const sd_client_worker_info *w = &st->workers[i];
+            char name[300];
+            label_value(name, sizeof name, w->name);
+            double v = k == 0   ? w->active_requests
+                       : k == 1 ? (double)w->served_requests
+                       : k == 2 ? (double)w->drafted
+                       : k == 3 ? (double)w->accepted
+                                : w->step_us;
+            out(b, "%s{role=\"%s\",name=\"%s\",group=\"%u\"} %.17g\n", r_names[k], role_name(w->role), name,
+                w->group_id, v);
+        }
+    }
 }
 
 char *gw_metrics_render(gw_metrics *m, const gw_server *srv, const sd_client_service_stats *st) {

@@ -7,12 +7,13 @@
  * 400 when set to anything but their neutral value, rather than silently
  * ignored: a client asking for them would otherwise get a wrong answer.
  *
- * Chat: libspecd-client submits one user turn with an optional system
- * prompt and the coordinator applies the model's chat format, exactly as
- * `specd-generate --chat` does. A conversation with assistant turns or
- * several user turns is refused with a clear 400: formatting it here would
- * hard-code one chat template in the gateway (rejected; see issue 16 item 6,
- * templates read from the model).
+ * Chat: the whole conversation (system/developer, user and assistant turns)
+ * goes to the coordinator as SubmitRequest.messages, and the coordinator
+ * formats it with the model's chat template (specd/chat.h), exactly as
+ * `specd-generate --chat --message ...` does. Formatting here was rejected:
+ * the gateway holds no model. Roles are checked here (an unknown one is a
+ * 400 naming it), the order of turns by the template (a refusal comes back
+ * as a 400 with the template's reason).
  *
  * Responses are built with cJSON in OpenAI's shapes (chat.completion,
  * chat.completion.chunk, text_completion). */
@@ -117,7 +118,8 @@ void gw_gen_clear(gw_gen *g) {
     for (size_t i = 0; i < g->n_prompts; i++) {
         free(g->prompts[i].text);
         free(g->prompts[i].ids);
-        free(g->prompts[i].system);
+        for (size_t k = 0; k < g->prompts[i].n_turns; k++) free((char *)g->prompts[i].turns[k].content);
+        free(g->prompts[i].turns);
     }
     for (size_t i = 0; i < g->n_stop; i++) free(g->stop[i]);
     memset(g, 0, sizeof *g);
@@ -290,32 +292,41 @@ static bool content_text(const cJSON *content, const char *param, char **owned, 
     return true;
 }
 
+/* The wire role of an OpenAI role ("developer" is a system turn); NULL for
+ * roles specd has no turn for. */
+static const char *chat_role(const char *r) {
+    if (!strcmp(r, "system") || !strcmp(r, "developer")) return "system";
+    if (!strcmp(r, "user")) return "user";
+    if (!strcmp(r, "assistant")) return "assistant";
+    return NULL;
+}
+
 static bool parse_messages(const cJSON *root, gw_gen *g, gw_error *err) {
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
     if (!present(msgs)) return BAD(err, "messages", "'messages' is required");
     if (!cJSON_IsArray(msgs)) return BAD(err, "messages", "'messages' must be a list of messages");
     int n = cJSON_GetArraySize(msgs);
-    if (n == 0) return BAD(err, "messages", "'messages' must not be empty");
+    if (n <= 0) return BAD(err, "messages", "'messages' must not be empty");
+    if (n > SD_MAX_CHAT_MESSAGES)
+        return BAD(err, "messages", "'messages' holds %d messages, at most %d", n, SD_MAX_CHAT_MESSAGES);
     gw_prompt *p = &g->prompts[0];
     g->n_prompts = 1;
     char param[64];
     /* Roles first: an unknown one, or a turn kind not supported yet, is
-     * named before any complaint about the order of turns. */
+     * named before any complaint about a message's content. */
     for (int i = 0; i < n; i++) {
         const cJSON *m = cJSON_GetArrayItem(msgs, i);
         const cJSON *role = cJSON_IsObject(m) ? cJSON_GetObjectItemCaseSensitive(m, "role") : NULL;
         if (!string_ok(role)) continue; /* reported below */
         const char *r = role->valuestring;
         snprintf(param, sizeof param, "messages[%d].role", i);
-        bool known = !strcmp(r, "system") || !strcmp(r, "developer") || !strcmp(r, "user");
-        if (!known && strcmp(r, "assistant") && strcmp(r, "tool") && strcmp(r, "function"))
+        if (!strcmp(r, "tool") || !strcmp(r, "function"))
+            return UNSUPPORTED(err, param, "'%s': '%s' turns are not supported by specd (no tool calls)", param, r);
+        if (!chat_role(r))
             return BAD(err, param, "'%s': unknown role '%s' (system, developer, user, assistant)", param, r);
-        if (!known)
-            return UNSUPPORTED(err, param,
-                               "'%s': a conversation with '%s' turns is not supported yet: specd takes an optional "
-                               "system message followed by one user message",
-                               param, r);
     }
+    if (!(p->turns = calloc((size_t)n, sizeof *p->turns))) return nomem(err);
+    size_t total = 0;
     for (int i = 0; i < n; i++) {
         const cJSON *m = cJSON_GetArrayItem(msgs, i);
         snprintf(param, sizeof param, "messages[%d]", i);
@@ -323,32 +334,22 @@ static bool parse_messages(const cJSON *root, gw_gen *g, gw_error *err) {
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
         snprintf(param, sizeof param, "messages[%d].role", i);
         if (!string_ok(role)) return BAD(err, param, "'%s' must be a string", param);
-        const char *r = role->valuestring;
-        bool is_system = !strcmp(r, "system") || !strcmp(r, "developer");
-        bool is_user = !strcmp(r, "user");
-        if (is_user && i != n - 1)
-            return UNSUPPORTED(err, param,
-                               "'%s': several user turns are not supported yet: specd takes an optional system "
-                               "message followed by one user message",
-                               param);
-        if (is_system && (i == n - 1 || p->system))
-            return BAD(err, param, "'%s': the system message must come once, before the user message", param);
         snprintf(param, sizeof param, "messages[%d].content", i);
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
         char *owned = NULL;
         const char *text = "";
         if (!content_text(content, param, &owned, &text, err)) return false;
-        if (is_user && !text[0]) {
-            free(owned);
-            return BAD(err, param, "'%s': the user message is empty", param);
-        }
         char *copy = owned ? owned : dup_str(text);
         if (!copy) return nomem(err);
-        if (is_system)
-            p->system = copy;
-        else
-            p->text = copy;
+        p->turns[p->n_turns++] = (sd_client_chat_msg){chat_role(role->valuestring), copy};
+        total += strlen(copy);
+        if (total > SD_MAX_PROMPT_BYTES)
+            return BAD(err, "messages", "'messages' holds more than %d bytes of content", SD_MAX_PROMPT_BYTES);
     }
+    const char *last = p->turns[p->n_turns - 1].role;
+    if (strcmp(last, "user") != 0)
+        return BAD(err, "messages",
+                   "'messages' must end with a user message (the answer is the assistant's next turn), not %s", last);
     return true;
 }
 

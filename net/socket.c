@@ -5,7 +5,8 @@
  * more, before anything is allocated for it), a finite linger (a process
  * that exits never hangs on unsent messages), ROUTER_MANDATORY on ROUTER
  * sockets (a reply to a vanished peer is an error we log, not a silent
- * drop) and optional CurveZMQ.
+ * drop) and optional CurveZMQ (a server socket always names its ZAP domain,
+ * a client socket always brings its own key pair: see curve.h).
  *
  * A message is the routing id (ROUTER only) and exactly one body frame.
  * Receiving keeps the body frame's zmq_msg_t (behind an opaque pointer in
@@ -73,6 +74,15 @@ static sd_status apply_curve(void *sock, const sd_net_socket_params *p) {
         return SD_ERR_UNSUPPORTED;
     }
     if (server) {
+        /* the ZAP handler (zap.c) picks the allow-list by this domain */
+        if (!p->zap_domain) {
+            SD_ERROR("a CurveZMQ server socket needs a ZAP domain (its allow-list)");
+            return SD_ERR_INVALID_ARG;
+        }
+        if (zmq_setsockopt(sock, ZMQ_ZAP_DOMAIN, p->zap_domain, strlen(p->zap_domain)) != 0) {
+            SD_ERROR("zmq_setsockopt(ZMQ_ZAP_DOMAIN=%s): %s", p->zap_domain, zmq_strerror(zmq_errno()));
+            return SD_ERR_NET;
+        }
         SD_TRY(set_int(sock, ZMQ_CURVE_SERVER, 1, "ZMQ_CURVE_SERVER"));
         return set_curve_key(sock, ZMQ_CURVE_SECRETKEY, p->curve_server_secret, "curve_server_secret");
     }
@@ -81,18 +91,13 @@ static sd_status apply_curve(void *sock, const sd_net_socket_params *p) {
         SD_ERROR("curve_public and curve_secret go together");
         return SD_ERR_INVALID_ARG;
     }
-    if (p->curve_public) {
-        SD_TRY(set_curve_key(sock, ZMQ_CURVE_PUBLICKEY, p->curve_public, "curve_public"));
-        return set_curve_key(sock, ZMQ_CURVE_SECRETKEY, p->curve_secret, "curve_secret");
+    if (!p->curve_public) {
+        /* an ephemeral pair would be refused by every allow-list: fail now */
+        SD_ERROR("curve_server_public needs this side's own key pair (curve_public, curve_secret)");
+        return SD_ERR_INVALID_ARG;
     }
-    /* No client keys: an ephemeral pair authenticates the server only. */
-    char pub[41], sec[41];
-    if (zmq_curve_keypair(pub, sec) != 0) {
-        SD_ERROR("zmq_curve_keypair: %s", zmq_strerror(zmq_errno()));
-        return SD_ERR_NET;
-    }
-    SD_TRY(set_curve_key(sock, ZMQ_CURVE_PUBLICKEY, pub, "ephemeral public key"));
-    return set_curve_key(sock, ZMQ_CURVE_SECRETKEY, sec, "ephemeral secret key");
+    SD_TRY(set_curve_key(sock, ZMQ_CURVE_PUBLICKEY, p->curve_public, "curve_public"));
+    return set_curve_key(sock, ZMQ_CURVE_SECRETKEY, p->curve_secret, "curve_secret");
 }
 
 static sd_status configure(void *sock, const sd_net_socket_params *p) {
@@ -157,6 +162,96 @@ void sd_net_close(void **sock) {
     *sock = NULL;
 }
 
+/* ---- handshake monitor ---- */
+
+#define HANDSHAKE_EVENTS                                                                                          \
+    (ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | \
+     ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+
+sd_status sd_net_monitor_open(void *zctx, void *sock, void **mon) {
+    if (!zctx || !sock || !mon) return SD_ERR_INVALID_ARG;
+    *mon = NULL;
+    char addr[64];
+    snprintf(addr, sizeof addr, "inproc://specd-monitor-%p", sock);
+    if (zmq_socket_monitor(sock, addr, HANDSHAKE_EVENTS) != 0) {
+        SD_ERROR("zmq_socket_monitor: %s", zmq_strerror(zmq_errno()));
+        return SD_ERR_NET;
+    }
+    void *m = zmq_socket(zctx, ZMQ_PAIR);
+    int zero = 0;
+    if (!m || zmq_setsockopt(m, ZMQ_LINGER, &zero, sizeof zero) != 0 || zmq_connect(m, addr) != 0) {
+        SD_ERROR("monitor %s: %s", addr, zmq_strerror(zmq_errno()));
+        if (m) zmq_close(m);
+        zmq_socket_monitor(sock, NULL, 0);
+        return SD_ERR_NET;
+    }
+    *mon = m;
+    return SD_OK;
+}
+
+/* One event: [6 bytes: uint16 event, uint32 value][endpoint]. */
+static sd_net_handshake classify(uint16_t event, uint32_t value, const char *endpoint, char *why, size_t why_len) {
+    const char *kind;
+    sd_net_handshake h;
+    switch (event) {
+    case ZMQ_EVENT_HANDSHAKE_SUCCEEDED: return SD_NET_HANDSHAKE_OK;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
+        kind = "the server refused this key";
+        h = SD_NET_HANDSHAKE_REFUSED;
+        break;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        kind = "security handshake failed (the server speaks another mechanism: CurveZMQ on one side only?)";
+        h = SD_NET_HANDSHAKE_REFUSED;
+        break;
+    case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        kind = "security handshake failed (a wrong server public key?)";
+        h = SD_NET_HANDSHAKE_FAILED;
+        break;
+    default: return SD_NET_HANDSHAKE_NONE;
+    }
+    /* value: the ZAP status code (AUTH), a ZMQ_PROTOCOL_ERROR_* code, or an errno */
+    snprintf(why, why_len, "connection to %s: %s (code %u)", endpoint[0] ? endpoint : "the server", kind,
+             (unsigned)value);
+    return h;
+}
+
+sd_net_handshake sd_net_monitor_read(void *mon, char *why, size_t why_len) {
+    sd_net_handshake last = SD_NET_HANDSHAKE_NONE;
+    for (;;) {
+        zmq_msg_t ev, ep;
+        zmq_msg_init(&ev);
+        if (zmq_msg_recv(&ev, mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&ev);
+            return last;
+        }
+        zmq_msg_init(&ep);
+        bool have_ep = zmq_msg_more(&ev) && zmq_msg_recv(&ep, mon, 0) >= 0;
+        if (zmq_msg_size(&ev) >= 6) {
+            uint16_t event;
+            uint32_t value;
+            memcpy(&event, zmq_msg_data(&ev), 2);
+            memcpy(&value, (uint8_t *)zmq_msg_data(&ev) + 2, 4);
+            char endpoint[128] = "";
+            if (have_ep) {
+                size_t n = zmq_msg_size(&ep) < sizeof endpoint - 1 ? zmq_msg_size(&ep) : sizeof endpoint - 1;
+                memcpy(endpoint, zmq_msg_data(&ep), n);
+                endpoint[n] = '\0';
+            }
+            sd_net_handshake h = classify(event, value, endpoint, why, why_len);
+            if (h != SD_NET_HANDSHAKE_NONE) last = h;
+        }
+        zmq_msg_close(&ep);
+        zmq_msg_close(&ev);
+    }
+}
+
+void sd_net_monitor_close(void *sock, void **mon) {
+    if (!mon || !*mon) return;
+    if (sock) zmq_socket_monitor(sock, NULL, 0);
+    zmq_close(*mon);
+    *mon = NULL;
+}
+
 /* ---- receive ---- */
 
 static bool more_frames(void *sock) {
@@ -201,6 +296,7 @@ sd_status sd_net_recv(void *sock, bool router, bool dontwait, sd_net_msg *m) {
     m->body_len = 0;
     m->identity_len = 0;
     m->frame = NULL;
+    m->user_id[0] = '\0';
 
     zmq_msg_t f;
     zmq_msg_init(&f);
@@ -238,6 +334,8 @@ sd_status sd_net_recv(void *sock, bool router, bool dontwait, sd_net_msg *m) {
         SD_WARN("message with %d extra frame(s) after the body: dropped", extra);
         return SD_ERR_FORMAT;
     }
+    const char *uid = zmq_msg_gets(&f, "User-Id"); /* NULL without ZAP */
+    if (uid) snprintf(m->user_id, sizeof m->user_id, "%s", uid);
     zmq_msg_t *frame = malloc(sizeof *frame);
     if (!frame) {
         zmq_msg_close(&f);

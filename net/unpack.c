@@ -183,13 +183,13 @@ ProtobufCMessage *sd_net_unpack(const ProtobufCMessageDescriptor *d, const uint8
 /* Bytes a length-delimited field of n payload bytes takes on the wire, at most. */
 static int64_t field_bytes(int64_t n) { return 1 + 5 + n; }
 
-int64_t sd_net_worker_reply_cap(int32_t max_batch, int32_t max_draft) {
+int64_t sd_net_worker_reply_cap(int32_t max_batch, int32_t max_k) {
     if (max_batch < 1 || max_batch > SD_MAX_BATCH) max_batch = SD_MAX_BATCH;
-    if (max_draft < 1 || max_draft > SD_MAX_DRAFT) max_draft = max_draft < 1 ? 1 : SD_MAX_DRAFT;
+    if (max_k < 1 || max_k > SD_MAX_K) max_k = max_k < 1 ? 1 : SD_MAX_K;
     /* One sparse q: ids (a packed varint of at most 5 bytes each) and probs (4 bytes each). */
     int64_t q = field_bytes(field_bytes(5 * (int64_t)SD_MAX_TOP_N) + field_bytes(4 * (int64_t)SD_MAX_TOP_N));
     /* One DraftResult: request id, code, cached_len, the tokens and one q per token. */
-    int64_t result = field_bytes(3 * 11 + field_bytes(5 * (int64_t)max_draft) + (int64_t)max_draft * q);
+    int64_t result = field_bytes(3 * 11 + field_bytes(5 * (int64_t)max_k) + (int64_t)max_k * q);
     int64_t cap = 4096 + field_bytes((int64_t)max_batch * result);
     if (cap < SD_MIN_MSG_CAP_BYTES) cap = SD_MIN_MSG_CAP_BYTES;
     if (cap > SD_MAX_WORKER_MSG_BYTES) cap = SD_MAX_WORKER_MSG_BYTES;
@@ -198,7 +198,7 @@ int64_t sd_net_worker_reply_cap(int32_t max_batch, int32_t max_draft) {
 
 int64_t sd_net_worker_request_cap(const sd_net_limits *lim) {
     int64_t batch = lim && lim->max_batch > 0 && lim->max_batch <= SD_MAX_BATCH ? lim->max_batch : SD_MAX_BATCH;
-    int64_t draft = lim && lim->max_draft > 0 && lim->max_draft <= SD_MAX_DRAFT ? lim->max_draft : SD_MAX_DRAFT;
+    int64_t draft = lim && lim->max_k > 0 && lim->max_k <= SD_MAX_K ? lim->max_k : SD_MAX_K;
     int64_t ctx = lim && lim->max_context > 0 ? lim->max_context : INT32_MAX;
     int64_t q = field_bytes(field_bytes(5 * (int64_t)SD_MAX_TOP_N) + field_bytes(4 * (int64_t)SD_MAX_TOP_N));
     /* One VerifySeq (the larger of the two kinds): ids and lengths, sampling, the appended tokens, drafts and q's. */
@@ -212,7 +212,10 @@ int64_t sd_net_worker_request_cap(const sd_net_limits *lim) {
 
 int64_t sd_net_client_msg_cap(int32_t max_context) {
     if (max_context < 1) max_context = 1 << 20;
-    int64_t text = 2 * field_bytes(SD_MAX_PROMPT_BYTES); /* prompt and system */
+    /* prompt and system, or a conversation (its content in all is bounded
+     * as a prompt; each message adds a role and two headers) */
+    int64_t text = 2 * field_bytes(SD_MAX_PROMPT_BYTES) + 16 * (int64_t)SD_MAX_CHAT_MESSAGES;
+    /* prompt_ids and the continuation (failover) fill one context together */
     int64_t ids = field_bytes(5 * (int64_t)max_context);
     int64_t stop = SD_MAX_STOP_STRINGS * field_bytes(SD_MAX_STOP_BYTES);
     int64_t cap = 4096 + field_bytes(text + ids + stop);

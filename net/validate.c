@@ -32,7 +32,7 @@ typedef struct vctx {
     int32_t n_vocab;     /* 0 = token ranges unknown (only >= 0 checked) */
     int32_t max_context; /* INT32_MAX when unknown */
     int32_t max_batch;
-    int32_t max_draft;
+    int32_t max_k;
     Specd__Code *code;
     char *err;
     size_t err_len;
@@ -50,12 +50,12 @@ __attribute__((format(printf, 3, 4))) static bool fail(vctx *v, Specd__Code code
 }
 
 static vctx make_ctx(const sd_net_limits *lim, Specd__Code *code, char *err, size_t err_len) {
-    vctx v = {0, INT32_MAX, SD_MAX_BATCH, SD_MAX_DRAFT, code, err, err_len};
+    vctx v = {0, INT32_MAX, SD_MAX_BATCH, SD_MAX_K, code, err, err_len};
     if (lim) {
         if (lim->n_vocab > 0) v.n_vocab = lim->n_vocab;
         if (lim->max_context > 0) v.max_context = lim->max_context;
         if (lim->max_batch > 0 && lim->max_batch < SD_MAX_BATCH) v.max_batch = lim->max_batch;
-        if (lim->max_draft > 0 && lim->max_draft < SD_MAX_DRAFT) v.max_draft = lim->max_draft;
+        if (lim->max_k > 0 && lim->max_k < SD_MAX_K) v.max_k = lim->max_k;
     }
     if (code) *code = SPECD__CODE__CODE_OK;
     if (err && err_len) err[0] = '\0';
@@ -264,12 +264,17 @@ static bool check_hello(vctx *v, const char *path, const Specd__Hello *h, bool w
     if (h->max_batch > SD_MAX_BATCH)
         return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s.max_batch: %u over the limit of %d", path, h->max_batch,
                     SD_MAX_BATCH);
-    if (h->max_draft > SD_MAX_DRAFT)
-        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s.max_draft: %u over the limit of %d", path, h->max_draft,
-                    SD_MAX_DRAFT);
+    if (h->max_k > SD_MAX_K)
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s.max_k: %u over the limit of %d", path, h->max_k, SD_MAX_K);
     if (h->drafter_kind > SPECD__DRAFTER_KIND__DRAFTER_KIND_SELF)
         return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s.drafter_kind: %d is not a known kind", path,
                     (int)h->drafter_kind);
+    if (h->group_id > SD_MAX_GROUP_ID)
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s.group_id: %u over the limit of %d", path, h->group_id,
+                    SD_MAX_GROUP_ID);
+    if (h->group_id != 0 && (h->role != SPECD__ROLE__ROLE_VERIFIER || h->rank != 0))
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s.group_id: %u, but only a verifier leader names its group",
+                    path, h->group_id);
     if (h->n_step_costs > SD_MAX_STEP_COSTS)
         return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s.step_costs: %zu entries over the limit of %d", path,
                     h->n_step_costs, SD_MAX_STEP_COSTS);
@@ -278,9 +283,9 @@ static bool check_hello(vctx *v, const char *path, const Specd__Hello *h, bool w
     for (size_t i = 0; i < h->n_step_costs; i++) {
         const Specd__StepCost *sc = h->step_costs[i];
         if (!sc) return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s.step_costs[%zu]: missing", path, i);
-        if (sc->tokens < 1 || sc->tokens > (uint32_t)SD_MAX_BATCH * (SD_MAX_DRAFT + 1))
+        if (sc->tokens < 1 || sc->tokens > (uint32_t)SD_MAX_BATCH * (SD_MAX_K + 1))
             return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s.step_costs[%zu].tokens: %u outside [1, %d]", path, i,
-                        sc->tokens, SD_MAX_BATCH * (SD_MAX_DRAFT + 1));
+                        sc->tokens, SD_MAX_BATCH * (SD_MAX_K + 1));
         if (sc->forward_us < 1)
             return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s.step_costs[%zu].forward_us: 0", path, i);
     }
@@ -297,9 +302,39 @@ static bool check_hello(vctx *v, const char *path, const Specd__Hello *h, bool w
 
 /* ---- client link ---- */
 
+/* SubmitRequest.messages: roles known, content UTF-8, bounded in count and
+ * in total size, and nothing else saying what the prompt is. */
+static bool check_messages(vctx *v, const Specd__SubmitRequest *s) {
+    char path[96];
+    if (s->n_messages > SD_MAX_CHAT_MESSAGES)
+        return fail(v, SPECD__CODE__CODE_TOO_LARGE, "submit.messages: %zu messages over the limit of %d", s->n_messages,
+                    SD_MAX_CHAT_MESSAGES);
+    if (s->n_prompt_ids > 0 || s->prompt[0] || s->system[0] || s->chat)
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST,
+                    "submit.messages: give the conversation alone (prompt, prompt_ids, chat and system empty)");
+    size_t total = 0;
+    for (size_t i = 0; i < s->n_messages; i++) {
+        const Specd__ChatMessage *m = s->messages[i];
+        snprintf(path, sizeof path, "submit.messages[%zu].role", i);
+        if (m->role != SPECD__CHAT_ROLE__CHAT_ROLE_SYSTEM && m->role != SPECD__CHAT_ROLE__CHAT_ROLE_USER &&
+            m->role != SPECD__CHAT_ROLE__CHAT_ROLE_ASSISTANT)
+            return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s: %d is not a role (system, user, assistant)", path,
+                        (int)m->role);
+        snprintf(path, sizeof path, "submit.messages[%zu].content", i);
+        if (!check_text(v, path, m->content, SD_MAX_PROMPT_BYTES)) return false;
+        total += strlen(m->content);
+        if (total > SD_MAX_PROMPT_BYTES)
+            return fail(v, SPECD__CODE__CODE_TOO_LARGE, "submit.messages: more than %d bytes of content in all",
+                        SD_MAX_PROMPT_BYTES);
+    }
+    return true;
+}
+
 static bool check_submit(vctx *v, const Specd__SubmitRequest *s) {
     char path[96];
-    if (s->n_prompt_ids > 0) {
+    if (s->n_messages > 0) {
+        if (!check_messages(v, s)) return false;
+    } else if (s->n_prompt_ids > 0) {
         if (s->n_prompt_ids > (size_t)v->max_context)
             return fail(v, SPECD__CODE__CODE_TOO_LARGE, "submit.prompt_ids: %zu tokens over the context of %d",
                         s->n_prompt_ids, v->max_context);
@@ -310,6 +345,16 @@ static bool check_submit(vctx *v, const Specd__SubmitRequest *s) {
         if (!check_text(v, "submit.prompt", s->prompt, SD_MAX_PROMPT_BYTES)) return false;
     }
     if (!check_text(v, "submit.system", s->system, SD_MAX_PROMPT_BYTES)) return false;
+    if (s->n_continuation > 0) {
+        if (s->n_continuation + s->n_prompt_ids > (size_t)v->max_context)
+            return fail(v, SPECD__CODE__CODE_TOO_LARGE, "submit.continuation: %zu tokens over the context of %d",
+                        s->n_continuation, v->max_context);
+        if (s->max_tokens > 0 && s->n_continuation >= s->max_tokens)
+            return fail(v, SPECD__CODE__CODE_BAD_REQUEST,
+                        "submit.continuation: %zu tokens already reach max_tokens %u: nothing is left to generate",
+                        s->n_continuation, s->max_tokens);
+        if (!check_tokens(v, "submit.continuation", s->continuation, s->n_continuation)) return false;
+    }
     if (v->max_context < INT32_MAX && s->max_tokens > (uint32_t)v->max_context)
         return fail(v, SPECD__CODE__CODE_TOO_LARGE, "submit.max_tokens: %u over the context of %d", s->max_tokens,
                     v->max_context);
@@ -322,9 +367,11 @@ static bool check_submit(vctx *v, const Specd__SubmitRequest *s) {
         if (s->stop[i][0] == '\0') return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s: empty stop string", path);
         if (!check_text(v, path, s->stop[i], SD_MAX_STOP_BYTES)) return false;
     }
-    if (s->max_draft < -1 || s->max_draft > SD_MAX_DRAFT)
-        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "submit.max_draft: %d outside [-1, %d]", s->max_draft,
-                    SD_MAX_DRAFT);
+    if (s->max_k < -1 || s->max_k > SD_MAX_K)
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "submit.max_k: %d outside [-1, %d]", s->max_k, SD_MAX_K);
+    if (s->drafter_kind > SPECD__DRAFTER_KIND__DRAFTER_KIND_SELF)
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "submit.drafter_kind: %d is not a known kind (0..3)",
+                    (int)s->drafter_kind);
     return true;
 }
 
@@ -394,9 +441,9 @@ static bool check_draft_response(vctx *v, const Specd__DraftResponse *r) {
         const Specd__DraftResult *d = r->results[i];
         snprintf(path, sizeof path, "draft.results[%zu].code", i);
         if (!check_code(v, path, d->code)) return false;
-        if (d->n_tokens > (size_t)v->max_draft)
+        if (d->n_tokens > (size_t)v->max_k)
             return fail(v, SPECD__CODE__CODE_TOO_LARGE, "draft.results[%zu].tokens: %zu tokens over the limit of %d", i,
-                        d->n_tokens, v->max_draft);
+                        d->n_tokens, v->max_k);
         if (d->n_q != d->n_tokens)
             return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "draft.results[%zu].q: %zu distributions for %zu tokens", i,
                         d->n_q, d->n_tokens);
@@ -422,12 +469,12 @@ static bool check_verify_response(vctx *v, const Specd__VerifyResponse *r) {
         const Specd__VerifyResult *d = r->results[i];
         snprintf(path, sizeof path, "verify.results[%zu].code", i);
         if (!check_code(v, path, d->code)) return false;
-        if (d->n_commit > (size_t)v->max_draft + 1)
+        if (d->n_commit > (size_t)v->max_k + 1)
             return fail(v, SPECD__CODE__CODE_TOO_LARGE, "verify.results[%zu].commit: %zu tokens over the limit of %d",
-                        i, d->n_commit, v->max_draft + 1);
-        if (d->n_accepted > (uint32_t)v->max_draft)
+                        i, d->n_commit, v->max_k + 1);
+        if (d->n_accepted > (uint32_t)v->max_k)
             return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "verify.results[%zu].n_accepted: %u over the limit of %d", i,
-                        d->n_accepted, v->max_draft);
+                        d->n_accepted, v->max_k);
         if (d->n_commit > 0 && d->n_accepted + 1 != d->n_commit)
             return fail(v, SPECD__CODE__CODE_BAD_REQUEST,
                         "verify.results[%zu].commit: %zu tokens, expected n_accepted + 1 = %u", i, d->n_commit,
@@ -485,9 +532,8 @@ static bool check_draft_request(vctx *v, const Specd__DraftRequest *r) {
                         s->n_append, v->max_context);
         snprintf(path, sizeof path, "draft.seqs[%zu].append", i);
         if (!check_tokens(v, path, s->append, s->n_append)) return false;
-        if (s->k < 1 || s->k > (uint32_t)v->max_draft)
-            return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "draft.seqs[%zu].k: %u outside [1, %d]", i, s->k,
-                        v->max_draft);
+        if (s->k < 1 || s->k > (uint32_t)v->max_k)
+            return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "draft.seqs[%zu].k: %u outside [1, %d]", i, s->k, v->max_k);
         if (s->top_n > SD_MAX_TOP_N)
             return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "draft.seqs[%zu].top_n: %u over the limit of %d", i, s->top_n,
                         SD_MAX_TOP_N);
@@ -511,9 +557,9 @@ static bool check_verify_request(vctx *v, const Specd__VerifyRequest *r) {
                         s->n_append, v->max_context);
         snprintf(path, sizeof path, "verify.seqs[%zu].append", i);
         if (!check_tokens(v, path, s->append, s->n_append)) return false;
-        if (s->n_draft > (size_t)v->max_draft)
+        if (s->n_draft > (size_t)v->max_k)
             return fail(v, SPECD__CODE__CODE_TOO_LARGE, "verify.seqs[%zu].draft: %zu tokens over the limit of %d", i,
-                        s->n_draft, v->max_draft);
+                        s->n_draft, v->max_k);
         if (r->prefill_only && s->n_draft > 0)
             return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "verify.seqs[%zu].draft: %zu drafts in a prefill_only batch",
                         i, s->n_draft);

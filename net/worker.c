@@ -75,6 +75,8 @@ typedef struct worker_loop {
     const sd_worker_params *p;
     void *zctx;
     void *sock;
+    void *monitor;          /* the socket's handshakes */
+    int handshake_failures; /* in a row, without detail */
     bool registered;
     int refusals; /* CODE_REFUSED answers to Hello so far */
     uint64_t worker_id;
@@ -129,11 +131,12 @@ static sd_status send_hello(worker_loop *w) {
     h.role = p->role;
     h.rank = p->rank;
     h.group_size = p->group_size;
+    h.group_id = p->rank == 0 ? p->group_id : 0;
     h.model = &id;
     h.name = w->name;
     h.drafter_kind = p->drafter_kind;
     h.max_batch = (uint32_t)p->limits.max_batch;
-    h.max_draft = (uint32_t)p->limits.max_draft;
+    h.max_k = (uint32_t)p->limits.max_k;
     h.stats = &stats;
     Specd__StepCost costs[SD_MAX_STEP_COSTS];
     Specd__StepCost *cost_ptrs[SD_MAX_STEP_COSTS];
@@ -172,17 +175,51 @@ static void send_heartbeat(worker_loop *w) {
     if (loop_send(w, &env) != SD_OK) SD_WARN("worker: could not send a heartbeat");
 }
 
+/* The monitor's news; true when the coordinator refused this worker's key
+ * (or handshakes failed SD_NET_HANDSHAKE_TRIES times in a row): a wrong key
+ * never becomes right by retrying, so the loop leaves, loudly. */
+static bool handshake_refused(worker_loop *w) {
+    char why[256];
+    sd_net_handshake h = sd_net_monitor_read(w->monitor, why, sizeof why);
+    if (h == SD_NET_HANDSHAKE_OK) w->handshake_failures = 0;
+    if (h == SD_NET_HANDSHAKE_REFUSED ||
+        (h == SD_NET_HANDSHAKE_FAILED && ++w->handshake_failures >= SD_NET_HANDSHAKE_TRIES)) {
+        SD_ERROR("worker: the coordinator refused this worker: %s", why);
+        return true;
+    }
+    if (h == SD_NET_HANDSHAKE_FAILED) SD_WARN("worker: %s; retrying", why);
+    return false;
+}
+
+static void close_socket(worker_loop *w) {
+    sd_net_monitor_close(w->sock, &w->monitor);
+    sd_net_close(&w->sock);
+}
+
 static sd_status connect_and_hello(worker_loop *w) {
     sd_net_socket_params sp = sd_net_socket_default_params();
     sp.type = ZMQ_DEALER;
     sp.max_msg_bytes = sd_net_worker_request_cap(&w->p->limits); /* what our limits let a request hold */
+    const sd_curve_id *id = w->p->curve;
+    if (id && id->on) {
+        sp.curve_server_public = id->server;
+        sp.curve_public = id->public_key;
+        sp.curve_secret = id->secret;
+    }
     SD_TRY(sd_net_socket_open(w->zctx, &sp, NULL, w->p->coordinator, &w->sock));
+    { /* always: a plaintext worker of a CURVE coordinator learns it at once too */
+        sd_status st = sd_net_monitor_open(w->zctx, w->sock, &w->monitor);
+        if (st != SD_OK) {
+            sd_net_close(&w->sock);
+            return st;
+        }
+    }
     w->registered = false;
     w->last_recv = sd_now();
     w->last_beat = w->last_recv;
     SD_INFO("worker: connecting to %s, sending Hello", w->p->coordinator);
     sd_status st = send_hello(w);
-    if (st != SD_OK) sd_net_close(&w->sock);
+    if (st != SD_OK) close_socket(w);
     return st;
 }
 
@@ -475,15 +512,14 @@ sd_status sd_worker_run(void *zctx, const sd_worker_params *p, sd_worker_exit *w
         long timeout_ms = until_beat > 0 ? (long)(until_beat * 1e3) + 1 : 0;
         if (!w->registered) timeout_ms = w->interval_ms; /* only the liveness check is due */
         /* the stop and fail fds, when given, follow the socket and the eventfd */
-        zmq_pollitem_t items[4] = {
-            {w->sock, 0, ZMQ_POLLIN, 0},
-            {NULL, w->done_fd, ZMQ_POLLIN, 0},
-            {NULL, -1, ZMQ_POLLIN, 0},
-            {NULL, -1, ZMQ_POLLIN, 0},
+        zmq_pollitem_t items[5] = {
+            {w->sock, 0, ZMQ_POLLIN, 0}, {NULL, w->done_fd, ZMQ_POLLIN, 0}, {NULL, -1, ZMQ_POLLIN, 0},
+            {NULL, -1, ZMQ_POLLIN, 0},   {NULL, -1, ZMQ_POLLIN, 0},
         };
-        int n_items = 2, stop_i = -1, fail_i = -1;
+        int n_items = 2, stop_i = -1, fail_i = -1, mon_i = -1;
         if (p->stop_fd >= 0) items[stop_i = n_items++].fd = p->stop_fd;
         if (p->fail_fd >= 0) items[fail_i = n_items++].fd = p->fail_fd;
+        if (w->monitor) items[mon_i = n_items++].socket = w->monitor;
         int rc = zmq_poll(items, n_items, timeout_ms);
         if (rc < 0) {
             if (zmq_errno() == EINTR) continue;
@@ -510,7 +546,20 @@ sd_status sd_worker_run(void *zctx, const sd_worker_params *p, sd_worker_exit *w
             if (p->fail_fd >= 0 && poll(&fp, 1, 0) > 0 && (fp.revents & POLLIN)) {
                 report_failed(w);
                 *why = SD_WORKER_FAILED;
+            } else if (w->registered) {
+                /* a drain: the running step is answered; the coordinator
+                 * hands this worker's requests to the others now rather
+                 * than after the liveness period */
+                char msg[320];
+                snprintf(msg, sizeof msg, "%s is draining (stopped): its requests go to the others", w->name);
+                send_error(w, SPECD__CODE__CODE_UNAVAILABLE, 0, msg);
             }
+            break;
+        }
+        if (mon_i >= 0 && (items[mon_i].revents & ZMQ_POLLIN) && handshake_refused(w)) {
+            finish_job(w, false);
+            clear_queue(w);
+            *why = SD_WORKER_REFUSED;
             break;
         }
         if (items[1].revents & ZMQ_POLLIN) {
@@ -536,14 +585,14 @@ sd_status sd_worker_run(void *zctx, const sd_worker_params *p, sd_worker_exit *w
             clear_queue(w);
             p->reset(p->user);
             refresh_stats(w);
-            sd_net_close(&w->sock);
+            close_socket(w);
             st = connect_and_hello(w);
             continue;
         }
         if (w->registered && now - w->last_beat >= w->interval_ms / 1e3) send_heartbeat(w);
     }
     compute_stop(w);
-    sd_net_close(&w->sock);
+    close_socket(w);
     free(wp);
     return st;
 }

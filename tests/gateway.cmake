@@ -10,3 +10,8 @@ specd_py_test(it_gateway_load ${_it}test_gateway_load.py LABELS integration mode
 set_tests_properties(it_gateway_load PROPERTIES RESOURCE_LOCK specd_integration)
 specd_unit_test(test_gateway_parse test_gateway_parse.c)
 target_link_libraries(test_gateway_parse PRIVATE specd_gateway_openai)
+# specd-bench http (tools/bench_http.c, built where libcurl is) against a live gateway.
+if(TARGET specd-bench AND CURL_FOUND)
+  specd_py_test(it_bench_http ${_it}test_bench_http.py LABELS integration)
+  set_tests_properties(it_bench_http PROPERTIES RESOURCE_LOCK specd_integration)
+endif()

@@ -53,7 +53,7 @@ int greedy_spec(sd_model *m, sd_drafter *d, int32_t k, const int32_t *prompt, in
                 int32_t max_ctx, int32_t *out, long *drafted, long *accepted) {
     if (n_prompt < 1 || n_new < 1 || n_prompt + n_new > max_ctx) return -1;
     sd_spec_decoder *dec = NULL;
-    int32_t *ctx = malloc(((size_t)max_ctx + SD_MAX_DRAFT + 1) * sizeof *ctx);
+    int32_t *ctx = malloc(((size_t)max_ctx + SD_MAX_K + 1) * sizeof *ctx);
     if (!ctx || sd_spec_decoder_create(m, d, max_ctx, &dec) != SD_OK) {
         free(ctx);
         return -1;
@@ -64,7 +64,7 @@ int greedy_spec(sd_model *m, sd_drafter *d, int32_t k, const int32_t *prompt, in
     s.temperature = 0.0f;
     int rc = 0;
     while (n < n_prompt + n_new) {
-        int32_t step[SD_MAX_DRAFT + 1], n_step, nd, na;
+        int32_t step[SD_MAX_K + 1], n_step, nd, na;
         if (sd_spec_decoder_step(dec, ctx, n, k, &s, step, &n_step, &nd, &na) != SD_OK) {
             rc = -1;
             break;

@@ -29,9 +29,29 @@ specd_py_test(it_launch ${_it}test_launch.py LABELS integration)
 specd_py_test(it_client_cli ${_it}test_client_cli.py LABELS integration)
 specd_py_test(it_bounds ${_it}test_bounds.py LABELS integration)
 specd_py_test(it_holes ${_it}test_holes.py LABELS integration)
+# CurveZMQ: hostile peers against a keyed service (rogue workers and clients, replayed Hellos)
+specd_py_test(it_hostile ${_it}test_hostile.py LABELS integration)
+specd_py_test(it_launch_curve ${_it}test_launch.py ARGS --curve LABELS integration)
 # The integration tests start several processes each: never two at once.
 set_tests_properties(it_greedy_tiny_model it_greedy_tiny_self it_greedy_tiny_ngram it_greedy_tiny_hf
                      it_greedy_tiny_warmup it_greedy_smollm_ngram
                      it_greedy_smollm_self it_greedy_smollm_ngram_64 it_greedy_smollm_self_64 it_seeded
                      it_drafter_kill it_verifier_restart it_cancel it_bad_input it_overload it_netns it_launch
-                     it_client_cli PROPERTIES RESOURCE_LOCK specd_integration)
+                     it_client_cli it_hostile it_launch_curve PROPERTIES RESOURCE_LOCK specd_integration)
+# Failover through specd-launch and specd-client --jobs (libspecd-client):
+# a role killed or stopped mid-generation with 32 requests in flight; greedy
+# jobs equal specd-generate, seeded jobs the undisturbed run (and seeded
+# specd-generate at TP = 1). it_failover_rank runs a TP = 2 group.
+foreach(_role coordinator drafter verifier rank)
+  specd_py_test(it_failover_${_role} ${_it}test_failover.py ARGS --role ${_role} LABELS integration)
+  set_tests_properties(it_failover_${_role} PROPERTIES RESOURCE_LOCK specd_integration)
+endforeach()
+specd_py_test(it_failover_coordinator_stop ${_it}test_failover.py ARGS --role coordinator --signal stop
+              LABELS integration)
+set_tests_properties(it_failover_coordinator_stop PROPERTIES RESOURCE_LOCK specd_integration)
+specd_py_test(it_failover_gateway ${_it}test_failover.py ARGS --role coordinator --gateway LABELS integration)
+set_tests_properties(it_failover_gateway PROPERTIES RESOURCE_LOCK specd_integration)
+# Chaos soak: SPECD_CHAOS_MINUTES (default 10) of 64 streaming requests under
+# specd-launch --tp 2 while a random role is killed or stopped every 2-5 s.
+specd_py_test(it_chaos ${_it}test_chaos.py LABELS integration slow)
+set_tests_properties(it_chaos PROPERTIES RESOURCE_LOCK specd_integration TIMEOUT 3600)

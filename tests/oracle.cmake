@@ -8,3 +8,10 @@ if(EXISTS ${CMAKE_SOURCE_DIR}/engine/model_forward.c)
   specd_py_test(forward_oracle_random ref/test_forward_oracle.py ARGS --random LABELS oracle)
   specd_py_test(forward_oracle_smollm2 ref/test_forward_oracle.py ARGS --smollm2 LABELS "oracle;model")
 endif()
+# llama.cpp as an independent oracle (llama-cpp-python; scripts/setup --llama
+# builds it from source once): tokenization, teacher-forced argmax and logits,
+# greedy agreement on the demo model in F16, Q8_0, Q4_0, Q4_1 (and Q4_K_M
+# written by llama.cpp's quantizer when specd reads K-quants). Slow tier.
+if(EXISTS ${CMAKE_SOURCE_DIR}/engine/model_forward.c)
+  specd_py_test(llama_oracle ref/test_llama_oracle.py LABELS "oracle;model;slow")
+endif()

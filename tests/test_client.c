@@ -42,7 +42,7 @@ typedef struct fake_req {
     uint64_t request_id;
     char prompt[64];
     uint32_t max_tokens, sent;
-    bool slow, active;
+    bool slow, paced, active; /* slow: 40 ms a token, never ends; paced: 40 ms a token, ends at max_tokens */
     double next_at;
 } fake_req;
 
@@ -52,14 +52,17 @@ typedef struct fake {
     void *ctx, *router;
     char endpoint[256];
     pthread_t thread;
-    _Atomic int stop; /* ends the thread */
-    _Atomic int mute; /* stops every reply and heartbeat (a hung coordinator) */
+    _Atomic int stop;       /* ends the thread */
+    _Atomic int mute;       /* stops every reply and heartbeat (a hung coordinator) */
+    _Atomic int restart_ms; /* nonzero: close the socket, stay down this long, rebind with no state (a restart) */
+    _Atomic int restarts;   /* done */
+    _Atomic uint64_t last_continuation; /* tokens of continuation in the last Submit */
     fake_req reqs[FAKE_MAX];
     size_t n_reqs;
     uint64_t next_id;
     uint8_t peers[8][SD_MAX_IDENTITY_BYTES];
     size_t peer_len[8], n_peers;
-    int cancels_seen;                    /* read by tests after the fact */
+    _Atomic int cancels_seen;            /* read by tests while the fake runs */
     _Atomic uint64_t stray_before_stats; /* nonzero: answer a stats query with UNKNOWN_REQUEST for this id first */
 } fake;
 
@@ -156,6 +159,11 @@ static void fake_handle(fake *f, const sd_net_msg *m) {
         snprintf(r->prompt, sizeof r->prompt, "%s", s->prompt);
         r->max_tokens = s->max_tokens ? s->max_tokens : 5;
         r->slow = strncmp(s->prompt, "slow", 4) == 0;
+        r->paced = strncmp(s->prompt, "paced", 5) == 0;
+        r->sent = (uint32_t)s->n_continuation; /* tokens are numbered by position: a continuation goes on */
+        f->last_continuation = s->n_continuation;
+        for (size_t i = 0; i < s->n_continuation; i++)
+            if (s->continuation[i] != (int32_t)i) r->sent = 0; /* not what this fake sent: start over (visible) */
         r->active = true;
         Specd__Accepted a = SPECD__ACCEPTED__INIT;
         a.client_tag = s->client_tag, a.request_id = r->request_id, a.prompt_tokens = (uint32_t)strlen(s->prompt);
@@ -227,7 +235,7 @@ static void fake_step(fake *f) {
         env.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS;
         env.tokens = &tc;
         fake_send(f, r->identity, r->identity_len, &env);
-        r->next_at = now + (r->slow ? 0.040 : 0.0);
+        r->next_at = now + (r->slow || r->paced ? 0.040 : 0.0);
     }
 }
 
@@ -245,6 +253,19 @@ static void *fake_main(void *arg) {
             sd_net_msg_clear(&m);
         }
         fake_step(f);
+        if (f->restart_ms) { /* the coordinator dies, and a new one binds the same port later */
+            sd_net_close(&f->router);
+            usleep((useconds_t)f->restart_ms * 1000);
+            sd_net_socket_params p = sd_net_socket_default_params();
+            p.type = ZMQ_ROUTER;
+            p.max_msg_bytes = SD_MAX_CLIENT_MSG_BYTES;
+            if (sd_net_socket_open(f->ctx, &p, f->endpoint, NULL, &f->router) != SD_OK) break;
+            f->n_reqs = 0;
+            f->n_peers = 0;
+            f->next_id += 1000; /* ids do not repeat across starts */
+            f->restarts++;
+            f->restart_ms = 0;
+        }
         if (sd_now() >= next_hb) {
             Specd__Heartbeat hb = SPECD__HEARTBEAT__INIT;
             Specd__CoordinatorToClient env = SPECD__COORDINATOR_TO_CLIENT__INIT;
@@ -280,15 +301,20 @@ static void fake_stop(fake **fp) {
     *fp = NULL;
 }
 
-static sd_client *client_for(const fake *f, int hb_ms, int liveness) {
+static sd_client *client_for_reconnect(const fake *f, int hb_ms, int liveness, int reconnect_timeout_ms) {
     sd_client_params p = sd_client_default_params();
     p.coordinator = f->endpoint;
     p.heartbeat_interval_ms = hb_ms;
     p.heartbeat_liveness = liveness;
     p.connect_timeout_ms = 2000;
+    p.reconnect_timeout_ms = reconnect_timeout_ms;
     sd_client *c = NULL;
     assert_int_equal(sd_client_connect(&p, &c), SD_OK);
     return c;
+}
+
+static sd_client *client_for(const fake *f, int hb_ms, int liveness) {
+    return client_for_reconnect(f, hb_ms, liveness, 60000);
 }
 
 /* ---- a callback that records what it sees ---- */
@@ -563,7 +589,7 @@ static void test_wait_while_submit_returns(void **state) {
 static void test_coordinator_death(void **state) {
     (void)state;
     fake *f = fake_start();
-    sd_client *c = client_for(f, 40, 5); /* dead after 200 ms of silence */
+    sd_client *c = client_for_reconnect(f, 40, 5, 0); /* dead after 200 ms of silence; no reconnecting */
     record rec;
     record_init(&rec);
     sd_client_request rq = sd_client_default_request();
@@ -581,6 +607,55 @@ static void test_coordinator_death(void **state) {
     assert_true(waited < 2.0);
     assert_int_equal(rec.finals, 1);
     assert_int_equal(rec.final_status, SD_ERR_NET);
+    sd_client_result_clear(&r);
+    sd_client_close(&c);
+    fake_stop(&f);
+}
+
+static void test_coordinator_restart(void **state) {
+    (void)state;
+    /* The coordinator dies mid-stream and a new one (no state) binds the
+     * same port 600 ms later: the client resubmits the request as a
+     * continuation, and the caller sees one stream, no token twice or
+     * missing, under the id it was first given. */
+    fake *f = fake_start();
+    sd_client *c = client_for(f, 40, 5); /* dead after 200 ms of silence */
+    record rec;
+    record_init(&rec);
+    sd_client_request rq = sd_client_default_request();
+    rq.prompt = "paced";
+    rq.max_tokens = 30;
+    uint64_t id;
+    assert_int_equal(sd_client_submit(c, &rq, record_cb, &rec, &id), SD_OK);
+    for (int i = 0; i < 200; i++) { /* a few tokens first */
+        pthread_mutex_lock(&rec.mu);
+        size_t n = rec.n_ids;
+        pthread_mutex_unlock(&rec.mu);
+        if (n >= 5) break;
+        usleep(20 * 1000);
+    }
+    f->restart_ms = 600;
+    sd_client_result r;
+    assert_int_equal(sd_client_wait(c, id, 20000, &r), SD_OK);
+    assert_int_equal(f->restarts, 1);
+    assert_true(f->last_continuation >= 5 && f->last_continuation < 30);
+    assert_int_equal(r.status, SD_OK);
+    assert_int_equal(r.request_id, id);
+    assert_int_equal(r.stop_reason, SPECD__STOP_REASON__STOP_REASON_LENGTH);
+    assert_int_equal(r.n_ids, 30);
+    char expect[1024];
+    size_t len = 0;
+    for (int32_t i = 0; i < 30; i++) {
+        assert_int_equal(r.ids[i], i);
+        len += (size_t)snprintf(expect + len, sizeof expect - len, "paced:%d;", (int)i);
+    }
+    snprintf(expect + len, sizeof expect - len, "END");
+    assert_string_equal(r.text, expect);
+    pthread_mutex_lock(&rec.mu);
+    assert_int_equal(rec.n_ids, 30);
+    for (int32_t i = 0; i < 30; i++) assert_int_equal(rec.ids[i], i);
+    assert_int_equal(rec.finals, 1);
+    pthread_mutex_unlock(&rec.mu);
     sd_client_result_clear(&r);
     sd_client_close(&c);
     fake_stop(&f);
@@ -672,7 +747,9 @@ static void test_error_propagation(void **state) {
 static void test_stray_messages(void **state) {
     (void)state;
     fake *f = fake_start();
-    sd_client *c = client_for(f, 50, 20);
+    /* liveness 5 s: a fake starved on a loaded machine must not look dead
+     * (the client would resubmit, and the fake answer with strays again) */
+    sd_client *c = client_for(f, 50, 100);
     record rec;
     record_init(&rec);
     sd_client_request rq = sd_client_default_request();
@@ -723,15 +800,11 @@ static void test_close_with_requests_in_flight(void **state) {
 int main(void) {
     sd_log_set(NULL, NULL, getenv("SPECD_TEST_VERBOSE") ? SD_LOG_DEBUG : SD_LOG_OFF, "test_client");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_streaming_order),
-        cmocka_unit_test(test_cancel),
-        cmocka_unit_test(test_concurrent_submits),
-        cmocka_unit_test(test_wait_while_submit_returns),
-        cmocka_unit_test(test_coordinator_death),
-        cmocka_unit_test(test_unreachable),
-        cmocka_unit_test(test_error_propagation),
-        cmocka_unit_test(test_stray_messages),
-        cmocka_unit_test(test_close_with_requests_in_flight),
+        cmocka_unit_test(test_streaming_order),    cmocka_unit_test(test_cancel),
+        cmocka_unit_test(test_concurrent_submits), cmocka_unit_test(test_wait_while_submit_returns),
+        cmocka_unit_test(test_coordinator_death),  cmocka_unit_test(test_coordinator_restart),
+        cmocka_unit_test(test_unreachable),        cmocka_unit_test(test_error_propagation),
+        cmocka_unit_test(test_stray_messages),     cmocka_unit_test(test_close_with_requests_in_flight),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

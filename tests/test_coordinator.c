@@ -41,6 +41,7 @@ typedef struct captured {
 } captured;
 
 typedef struct harness {
+    const char *peer_role; /* the role the feeding worker's key is bound to (ZAP User-Id); NULL = any */
     sd_coord c;
     captured msgs[MAXMSG];
     int n, next;
@@ -52,6 +53,8 @@ typedef struct harness {
     uint32_t draft_us;                   /* draft_us of draft replies (100 when 0) */
     Specd__StepCost **hello_costs;       /* step_costs a verifier's Hello carries */
     size_t n_hello_costs;
+    uint32_t hello_group_id; /* Hello.group_id a verifier sends (0: let the coordinator number it) */
+    Specd__DrafterKind kind; /* a drafter's Hello.drafter_kind (NGRAM when 0) */
 } harness;
 
 static void cap(harness *h, bool w, const uint8_t *ident, size_t ident_len, const ProtobufCMessage *m) {
@@ -138,7 +141,7 @@ static void feed_worker(harness *h, const char *ident, Specd__WorkerToCoordinato
     size_t n = specd__worker_to_coordinator__get_packed_size(e);
     uint8_t *b = malloc(n + 1);
     specd__worker_to_coordinator__pack(e, b);
-    sd_workers_on_message(&h->c, (const uint8_t *)ident, strlen(ident), b, n, h->now);
+    sd_workers_on_message_as(&h->c, (const uint8_t *)ident, strlen(ident), h->peer_role, b, n, h->now);
     free(b);
 }
 static void feed_client(harness *h, const char *ident, Specd__ClientToCoordinator *e) {
@@ -163,8 +166,10 @@ static void hello(harness *h, const char *ident, Specd__Role role, uint64_t hash
     he.model = &id;
     he.name = (char *)ident;
     he.max_batch = 64;
-    he.max_draft = 8;
-    he.drafter_kind = role == SPECD__ROLE__ROLE_DRAFTER ? SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM : 0;
+    he.max_k = 8;
+    he.drafter_kind =
+        role == SPECD__ROLE__ROLE_DRAFTER ? (h->kind ? h->kind : SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM) : 0;
+    if (role == SPECD__ROLE__ROLE_VERIFIER) he.group_id = h->hello_group_id;
     if (role == SPECD__ROLE__ROLE_VERIFIER) he.step_costs = h->hello_costs, he.n_step_costs = h->n_hello_costs;
     Specd__WorkerToCoordinator e = SPECD__WORKER_TO_COORDINATOR__INIT;
     e.body_case = SPECD__WORKER_TO_COORDINATOR__BODY_HELLO;
@@ -532,24 +537,65 @@ static void test_registration(void **state) {
     assert_non_null(w);
     assert_int_equal(w->body_case, SPECD__COORDINATOR_TO_WORKER__BODY_ERROR);
     assert_int_equal(w->error->code, SPECD__CODE__CODE_VOCAB_MISMATCH);
-    char want[40];
-    snprintf(want, sizeof want, "0x%016llx", (unsigned long long)h->c.vocab_hash);
-    assert_non_null(strstr(w->error->message, want));
-    snprintf(want, sizeof want, "0x%016llx", (unsigned long long)(h->c.vocab_hash ^ 1));
-    assert_non_null(strstr(w->error->message, want));
+    /* the refused peer is told so, and nothing of the target's identity */
+    char leak[40];
+    snprintf(leak, sizeof leak, "%016llx", (unsigned long long)h->c.vocab_hash);
+    assert_null(strstr(w->error->message, leak));
+    snprintf(leak, sizeof leak, "%d", (int)h->c.n_vocab);
+    assert_null(strstr(w->error->message, leak));
+    assert_non_null(strstr(w->error->message, "refused"));
     specd__coordinator_to_worker__free_unpacked(w, NULL);
-    register_ok(h, "v1", SPECD__ROLE__ROLE_VERIFIER);
-    hello(h, "v2", SPECD__ROLE__ROLE_VERIFIER, h->c.vocab_hash, (uint32_t)h->c.n_vocab);
-    w = pop_worker(h, "v2");
+    /* a key bound to the drafter role cannot register a verifier */
+    h->peer_role = "drafter";
+    hello(h, "d-as-v", SPECD__ROLE__ROLE_VERIFIER, h->c.vocab_hash, (uint32_t)h->c.n_vocab);
+    w = pop_worker(h, "d-as-v");
+    assert_non_null(w);
     assert_int_equal(w->error->code, SPECD__CODE__CODE_REFUSED);
+    assert_non_null(strstr(w->error->message, "may not register as a verifier"));
     specd__coordinator_to_worker__free_unpacked(w, NULL);
+    assert_int_equal(sd_place_count(&h->c, SPECD__ROLE__ROLE_VERIFIER), 0);
+    h->peer_role = "verifier"; /* its own role: fine */
+    /* verifier groups: a named group once; unnamed ones are numbered */
+    h->hello_group_id = 7;
+    register_ok(h, "v1", SPECD__ROLE__ROLE_VERIFIER);
+    hello(h, "v1b", SPECD__ROLE__ROLE_VERIFIER, h->c.vocab_hash, (uint32_t)h->c.n_vocab);
+    w = pop_worker(h, "v1b");
+    assert_int_equal(w->error->code, SPECD__CODE__CODE_REFUSED);
+    assert_non_null(strstr(w->error->message, "group 7 already has a live leader"));
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    h->hello_group_id = 0;
+    register_ok(h, "v2", SPECD__ROLE__ROLE_VERIFIER);
+    /* a drafter naming a group is a malformed Hello */
+    Specd__ModelIdentity id = SPECD__MODEL_IDENTITY__INIT;
+    id.architecture = "llama";
+    id.vocab_size = (uint32_t)h->c.n_vocab;
+    id.vocab_hash = h->c.vocab_hash;
+    Specd__Hello he = SPECD__HELLO__INIT;
+    he.protocol_version = SD_PROTOCOL_VERSION;
+    he.role = SPECD__ROLE__ROLE_DRAFTER;
+    he.group_size = 1;
+    he.model = &id;
+    he.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM;
+    he.group_id = 3;
+    Specd__WorkerToCoordinator he_env = SPECD__WORKER_TO_COORDINATOR__INIT;
+    he_env.body_case = SPECD__WORKER_TO_COORDINATOR__BODY_HELLO;
+    he_env.hello = &he;
+    feed_worker(h, "d-bad", &he_env);
+    w = pop_worker(h, "d-bad");
+    assert_int_equal(w->error->code, SPECD__CODE__CODE_BAD_REQUEST);
+    assert_non_null(strstr(w->error->message, "group_id"));
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    uint32_t ids[2] = {0, 0};
+    for (int32_t i = 0, n = 0; i < SD_COORD_MAX_WORKERS; i++)
+        if (sd_coord_is_group(&h->c.workers[i])) ids[n++] = h->c.workers[i].group_id;
+    assert_true((ids[0] == 7 && ids[1] == 1) || (ids[0] == 1 && ids[1] == 7));
     /* a request from nobody registered is dropped, the service carries on */
     Specd__VerifyResponse vr = SPECD__VERIFY_RESPONSE__INIT;
     Specd__WorkerToCoordinator e = SPECD__WORKER_TO_COORDINATOR__INIT;
     e.body_case = SPECD__WORKER_TO_COORDINATOR__BODY_VERIFY;
     e.verify = &vr;
     feed_worker(h, "stranger", &e);
-    assert_int_equal(h->c.verifier >= 0, 1);
+    assert_int_equal(sd_place_count(&h->c, SPECD__ROLE__ROLE_VERIFIER), 2); /* a second group is welcome */
     harness_free(h);
 }
 
@@ -717,7 +763,7 @@ static void test_speculative_steps_and_drafter_death(void **state) {
     NEED_MODEL();
     sd_coord_params p = sd_coord_default_params();
     p.adaptive_k = false;
-    p.k_default = 3;
+    p.default_k = 3;
     harness *h = harness_new(&p);
     register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
     register_ok(h, "d", SPECD__ROLE__ROLE_DRAFTER);
@@ -786,7 +832,7 @@ static void test_speculative_steps_and_drafter_death(void **state) {
     h->now += dead / 2 + 1000;
     heartbeat(h, "v");
     sd_workers_tick(&h->c, h->now);
-    assert_true(h->c.drafter < 0);
+    assert_int_equal(sd_place_count(&h->c, SPECD__ROLE__ROLE_DRAFTER), 0);
     /* K = 0 steps continue on the verifier */
     vw = expect_verify(h, "v");
     assert_int_equal(vw->verify->seqs[0]->n_draft, 0);
@@ -1456,7 +1502,7 @@ static uint64_t moving_clock(void) { return moving_clock_us += 10; }
 static harness *two_cohorts_setup(double draft_step_us) {
     sd_coord_params p = sd_coord_default_params();
     p.adaptive_k = false;
-    p.k_default = 2;
+    p.default_k = 2;
     harness *h = harness_new(&p);
     h->c.clock_us = moving_clock;
     register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
@@ -1572,7 +1618,7 @@ static void test_verifier_death_waits_and_resends(void **state) {
     ch.heartbeat = &hb;
     feed_client(h, "c", &ch);
     sd_workers_tick(&h->c, h->now);
-    assert_true(h->c.verifier < 0);
+    assert_int_equal(sd_place_count(&h->c, SPECD__ROLE__ROLE_VERIFIER), 0);
     assert_int_equal(h->c.n_active, 1);
     drain(h);
     sd_sched_pump(&h->c, h->now);
@@ -1688,6 +1734,565 @@ static void test_bad_submits(void **state) {
     harness_free(h);
 }
 
+/* A resubmission after a coordinator restart (SubmitRequest.continuation):
+ * the tokens already generated follow the prompt in the first step, count
+ * in n_generated and max_tokens, are not streamed again, and a stop string
+ * that began before the seam (held back then) still ends the request with
+ * none of it emitted. A continuation that already ends the request is
+ * refused. */
+static void submit_continuation(harness *h, const int32_t *prompt, size_t n, const int32_t *cont, size_t n_cont,
+                                uint32_t max_tokens, const char *stop) {
+    Specd__SubmitRequest sr = SPECD__SUBMIT_REQUEST__INIT;
+    sr.client_tag = 77;
+    sr.prompt_ids = (int32_t *)prompt;
+    sr.n_prompt_ids = n;
+    sr.continuation = (int32_t *)cont;
+    sr.n_continuation = n_cont;
+    sr.max_tokens = max_tokens;
+    char *stops[1] = {(char *)stop};
+    sr.stop = stops;
+    sr.n_stop = 1;
+    Specd__ClientToCoordinator e = SPECD__CLIENT_TO_COORDINATOR__INIT;
+    e.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT;
+    e.submit = &sr;
+    feed_client(h, "c", &e);
+}
+
+static void test_continuation_across_the_seam(void **state) {
+    (void)state;
+    NEED_MODEL();
+    harness *h = harness_new(NULL);
+    const sd_tok *t = h->c.tok;
+    int32_t a = tok1(t, "a"), x = tok1(t, "x"), y = tok1(t, "y"), z = tok1(t, "z");
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    int32_t prompt[1] = {a}, cont[2] = {a, x}; /* the client got "a"; "x" was held (it may start "xyz") */
+    submit_continuation(h, prompt, 1, cont, 2, 10, "xyz");
+    (void)expect_accepted(h, "c");
+    Specd__CoordinatorToWorker *vw = expect_verify(h, "v");
+    assert_int_equal(vw->verify->seqs[0]->keep_len, 0);
+    assert_int_equal(vw->verify->seqs[0]->n_append, 3); /* prompt + continuation */
+    vres r0 = {.n_commit = 1, .commit = {y}, .cached_len = 3};
+    reply_verify(h, "v", vw->verify, &r0);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    Specd__CoordinatorToClient *m = pop_client(h, "c");
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS);
+    assert_int_equal(m->tokens->n_tokens, 1);
+    assert_int_equal(m->tokens->tokens[0], y);
+    assert_int_equal(m->tokens->n_generated, 3); /* the continuation counts */
+    assert_int_equal(m->tokens->text.len, 0);    /* "xy" held */
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    vw = expect_verify(h, "v");
+    vres r1 = {.n_commit = 1, .commit = {z}, .cached_len = 4};
+    reply_verify(h, "v", vw->verify, &r1);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    for (m = pop_client(h, "c"); m && m->body_case == SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS;
+         m = pop_client(h, "c")) {
+        assert_int_equal(m->tokens->text.len, 0);
+        specd__coordinator_to_client__free_unpacked(m, NULL);
+    }
+    assert_non_null(m);
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_FINISHED);
+    assert_int_equal(m->finished->reason, SPECD__STOP_REASON__STOP_REASON_STOP_STRING);
+    assert_int_equal(m->finished->text_tail.len, 0);
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    drain(h);
+    /* a continuation that already holds the stop string, or max_tokens: refused */
+    int32_t done[3] = {x, y, z};
+    submit_continuation(h, prompt, 1, done, 3, 10, "xyz");
+    m = pop_client(h, "c");
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_ERROR);
+    assert_int_equal(m->error->code, SPECD__CODE__CODE_BAD_REQUEST);
+    assert_non_null(strstr(m->error->message, "continuation"));
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    submit_continuation(h, prompt, 1, cont, 2, 2, "xyz");
+    m = pop_client(h, "c");
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_ERROR);
+    assert_non_null(strstr(m->error->message, "continuation"));
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    harness_free(h);
+}
+
+/* ---------------------------------------------------------------- liveness */
+
+/* Moves the fake clock on by us in 250 ms steps, both workers heartbeating
+ * (alive, whatever their steps do), the coordinator ticking. */
+static void advance_alive(harness *h, uint64_t us) {
+    for (uint64_t t = 0; t < us; t += 250000) {
+        h->now += us - t < 250000 ? us - t : 250000;
+        heartbeat(h, "v");
+        heartbeat(h, "d");
+        sd_workers_tick(&h->c, h->now);
+        for (int i = h->next; i < h->n; i++) { /* our heartbeats to the workers: seen */
+            captured *c = &h->msgs[i];
+            if (!c->to_worker || c->taken) continue;
+            Specd__CoordinatorToWorker *e = specd__coordinator_to_worker__unpack(NULL, c->len, c->bytes);
+            c->taken = e && e->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_HEARTBEAT;
+            specd__coordinator_to_worker__free_unpacked(e, NULL);
+        }
+        harness_compact(h);
+    }
+}
+
+/* Answers the step waiting for "v", if any (no draft accepted, one token
+ * committed); returns 1 when there was one, adding its drafts to *drafts. */
+static int serve_verifies(harness *h, int32_t *tok, int *drafts) {
+    int n = 0;
+    for (Specd__CoordinatorToWorker *w; n == 0 && (w = pop_worker(h, "v"));) {
+        if (w->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY) {
+            vres r[16];
+            memset(r, 0, sizeof r);
+            for (size_t i = 0; i < w->verify->n_seqs && i < 16; i++) {
+                const Specd__VerifySeq *vs = w->verify->seqs[i];
+                r[i].n_commit = 1;
+                r[i].commit[0] = 50 + (*tok)++ % 200;
+                r[i].cached_len = vs->keep_len + (uint32_t)vs->n_append;
+                if (drafts) *drafts += (int)vs->n_draft;
+            }
+            reply_verify(h, "v", w->verify, r);
+            n++;
+        }
+        specd__coordinator_to_worker__free_unpacked(w, NULL);
+    }
+    harness_compact(h);
+    return n;
+}
+
+/* The next draft request to "d", serving the verifier meanwhile. */
+static Specd__CoordinatorToWorker *next_draft(harness *h, int32_t *tok) {
+    for (int round = 0; round < 20; round++) {
+        for (Specd__CoordinatorToWorker *w; (w = pop_worker(h, "d"));) {
+            if (w->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT) return w;
+            specd__coordinator_to_worker__free_unpacked(w, NULL);
+        }
+        serve_verifies(h, tok, NULL);
+    }
+    fail_msg("no draft request to the drafter");
+    return NULL;
+}
+
+/* A slow drafter that heartbeats (issue 17: a one-thread self-draft was
+ * declared dead 7 times in 35 s by the fixed 2 s draft timeout): its steps
+ * get a timeout from its measured times, a step over that costs the step
+ * and backs the drafter off (K = 0 meanwhile), never its registration, and
+ * drafts resume after the back-off with a doubled timeout. */
+/* The slot of the one live drafter (-1: none). */
+static int32_t drafter_slot(const harness *h) {
+    for (int32_t i = 0; i < SD_COORD_MAX_WORKERS; i++)
+        if (sd_coord_is_drafter(&h->c.workers[i])) return i;
+    return -1;
+}
+
+static void test_slow_drafter_backs_off(void **state) {
+    (void)state;
+    NEED_MODEL();
+    sd_coord_params p = sd_coord_default_params();
+    p.adaptive_k = false;
+    p.default_k = 3;
+    const uint64_t floor_us = (uint64_t)p.draft_timeout_ms * 1000u;
+    harness *h = harness_new(&p);
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    register_ok(h, "d", SPECD__ROLE__ROLE_DRAFTER);
+    int32_t prompt[4] = {5, 6, 7, 8}, toks[3] = {1, 2, 3}, tok = 0;
+    submit(h, "c", prompt, 4, 200, NULL);
+    (void)expect_accepted(h, "c");
+    const int32_t di = drafter_slot(h);
+    sd_coord_worker *d = &h->c.workers[di];
+
+    /* 1. a step of depth 3 answered after 1.5 s: 375 ms per depth unit,
+     * so its timeout is 4 x 375 ms x 4 = 6 s, over the 2 s floor */
+    Specd__CoordinatorToWorker *dw = next_draft(h, &tok);
+    advance_alive(h, 1500000);
+    serve_verifies(h, &tok, NULL);
+    reply_draft(h, "d", dw->draft, toks, 3);
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    assert_int_equal(d->times.n, 1);
+    assert_int_equal(d->times.p99_unit_us, 375000);
+    assert_int_equal(sd_step_times_timeout_us(&d->times, floor_us, 3), 6000000);
+
+    /* 2. a 3 s step, which the fixed 2 s timeout would have killed: in time */
+    dw = next_draft(h, &tok);
+    advance_alive(h, 3000000);
+    assert_true(d->alive && d->busy && !d->backed_off);
+    assert_int_equal(drafter_slot(h), di);
+    reply_draft(h, "d", dw->draft, toks, 3);
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    assert_int_equal(d->times.n, 2);
+    assert_int_equal(d->times.misses, 0);
+
+    /* 3. a step over its measured timeout: dropped, the drafter backed off
+     * but registered */
+    dw = next_draft(h, &tok);
+    uint64_t timeout = sd_step_times_timeout_us(&d->times, floor_us, 3);
+    assert_true(timeout > floor_us);
+    advance_alive(h, timeout + 300000);
+    assert_true(d->alive);
+    assert_int_equal(drafter_slot(h), di);
+    assert_true(d->backed_off && !d->busy);
+    assert_int_equal(d->times.misses, 1);
+    /* meanwhile K = 0: verify steps carry no drafts, no draft is asked */
+    int steps = 0, drafts = 0;
+    for (int i = 0; i < 4; i++) steps += serve_verifies(h, &tok, &drafts);
+    assert_true(steps >= 3);
+    assert_int_equal(drafts, 0);
+    for (Specd__CoordinatorToWorker *w; (w = pop_worker(h, "d"));) {
+        assert_int_not_equal(w->body_case, SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT);
+        specd__coordinator_to_worker__free_unpacked(w, NULL);
+    }
+    /* the late reply is measured, not applied */
+    reply_draft(h, "d", dw->draft, toks, 3);
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    assert_int_equal(d->times.n, 3);
+    assert_int_equal(d->times.late_step_id, 0);
+    assert_true(d->alive && d->backed_off);
+
+    /* 4. after the back-off drafts resume, with a doubled timeout */
+    advance_alive(h, SD_STEP_BACKOFF_BASE_US + 250000);
+    assert_false(d->backed_off);
+    dw = next_draft(h, &tok);
+    assert_true(sd_step_times_timeout_us(&d->times, floor_us, 3) >= 2 * timeout);
+    reply_draft(h, "d", dw->draft, toks, 3);
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    assert_int_equal(d->times.misses, 0); /* answered in time */
+    harness_free(h);
+}
+
+/* ---------------------------------------------------------------- routing */
+
+/* The worker slot of the worker registered as ident (-1 none alive). */
+static int32_t widx(const harness *h, const char *ident) {
+    for (int32_t i = 0; i < SD_COORD_MAX_WORKERS; i++) {
+        const sd_coord_worker *w = &h->c.workers[i];
+        if (w->used && w->alive && w->ident_len == strlen(ident) && memcmp(w->ident, ident, w->ident_len) == 0)
+            return i;
+    }
+    return -1;
+}
+
+/* Active requests whose group (drafters: false) or drafter (true) is slot wi. */
+static int32_t n_on(const harness *h, int32_t wi, bool drafter) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < h->c.n_sessions; i++) {
+        const sd_session *s = h->c.sessions[i];
+        if (s->state == SD_SESSION_ACTIVE && (drafter ? s->drafter : s->group) == wi) n++;
+    }
+    return n;
+}
+
+/* Registers a verifier group whose Hello says a step of t tokens takes
+ * fixed + per_token * t microseconds (t = 1..16). */
+static void register_group(harness *h, const char *ident, uint32_t fixed, uint32_t per_token) {
+    Specd__StepCost costs[16], *pcosts[16];
+    for (uint32_t t = 1; t <= 16; t++) {
+        specd__step_cost__init(&costs[t - 1]);
+        costs[t - 1].tokens = t;
+        costs[t - 1].forward_us = fixed + per_token * t;
+        pcosts[t - 1] = &costs[t - 1];
+    }
+    h->hello_costs = pcosts;
+    h->n_hello_costs = 16;
+    register_ok(h, ident, SPECD__ROLE__ROLE_VERIFIER);
+    h->hello_costs = NULL;
+    h->n_hello_costs = 0;
+}
+
+/* Answers the verify step in w with one committed token per sequence. */
+static void answer_plain(harness *h, const char *ident, Specd__CoordinatorToWorker *w, int32_t token) {
+    vres r[16];
+    memset(r, 0, sizeof r);
+    for (size_t i = 0; i < w->verify->n_seqs && i < 16; i++) {
+        r[i].n_commit = 1;
+        r[i].commit[0] = token;
+        r[i].cached_len = w->verify->seqs[i]->keep_len + (uint32_t)w->verify->seqs[i]->n_append;
+    }
+    reply_verify(h, ident, w->verify, r);
+}
+
+/* Placement: a request goes to the group where it waits least by that
+ * group's measured step cost (the faster group takes more, the slower one
+ * some); it stays there while the group lives (affinity: its next steps
+ * go to the same group with its cache kept); a group that dies hands its
+ * requests to the other, which refills them from their committed tokens. */
+static void test_placement_load_affinity_failover(void **state) {
+    (void)state;
+    NEED_MODEL();
+    harness *h = harness_new(NULL);
+    register_group(h, "fast", 1000, 100);
+    register_group(h, "slow", 1000, 300);
+    int32_t gf = widx(h, "fast"), gs = widx(h, "slow");
+    assert_true(gf >= 0 && gs >= 0);
+    for (int i = 0; i < 8; i++) {
+        int32_t prompt[2] = {5 + i, 6};
+        submit(h, "c", prompt, 2, 20, NULL);
+        (void)expect_accepted(h, "c");
+    }
+    int32_t nf = n_on(h, gf, false), ns = n_on(h, gs, false);
+    print_message("placed: fast %d, slow %d\n", nf, ns);
+    assert_int_equal(nf + ns, 8);
+    assert_true(ns >= 1 && nf >= 2 * ns); /* 3x slower per token: a third of the share or less */
+    uint64_t on_fast[8];
+    int32_t n_fast = 0;
+    for (int32_t i = 0; i < h->c.n_sessions; i++)
+        if (h->c.sessions[i]->group == gf) on_fast[n_fast++] = h->c.sessions[i]->id;
+    /* every step of a request goes to its group, its cache kept there */
+    for (int round = 0; round < 3; round++) {
+        const char *g[2] = {"fast", "slow"};
+        for (int k = 0; k < 2; k++) {
+            Specd__CoordinatorToWorker *w = pop_worker(h, g[k]); /* its one step in flight */
+            if (w) {
+                assert_int_equal(w->body_case, SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY);
+                for (size_t i = 0; i < w->verify->n_seqs; i++) {
+                    bool fast_req = false;
+                    for (int32_t j = 0; j < n_fast; j++) fast_req |= on_fast[j] == w->verify->seqs[i]->request_id;
+                    assert_int_equal(fast_req, k == 0);
+                    if (round > 0 && w->verify->seqs[i]->keep_len > 0)
+                        assert_int_equal(w->verify->seqs[i]->n_append, 1);
+                }
+                answer_plain(h, g[k], w, 40 + round);
+                specd__coordinator_to_worker__free_unpacked(w, NULL);
+            }
+        }
+    }
+    assert_int_equal(n_on(h, gf, false), nf);
+    assert_int_equal(n_on(h, gs, false), ns);
+    /* the fast group dies (silent); the slow one lives */
+    uint64_t dead = (uint64_t)h->c.p.heartbeat_interval_ms * 1000u * (uint64_t)(h->c.p.heartbeat_liveness + 1);
+    h->now += dead / 2;
+    heartbeat(h, "slow");
+    h->now += dead / 2 + 1000;
+    heartbeat(h, "slow");
+    sd_workers_tick(&h->c, h->now);
+    assert_int_equal(widx(h, "fast"), -1);
+    assert_int_equal(n_on(h, gs, false), 8);
+    /* the slow group's step in flight comes back; its next step carries
+     * all eight, the moved ones refilled from keep_len 0 */
+    Specd__CoordinatorToWorker *w = pop_worker(h, "slow");
+    if (w && w->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY) {
+        answer_plain(h, "slow", w, 50);
+        specd__coordinator_to_worker__free_unpacked(w, NULL);
+        w = pop_worker(h, "slow");
+    }
+    assert_non_null(w);
+    assert_int_equal(w->body_case, SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY);
+    assert_int_equal(w->verify->n_seqs, 8);
+    int32_t refilled = 0;
+    for (size_t i = 0; i < w->verify->n_seqs; i++) {
+        const Specd__VerifySeq *q = w->verify->seqs[i];
+        if (q->keep_len == 0) {
+            refilled++;
+            assert_true(q->n_append >= 4); /* 2 prompt tokens + at least 2 committed on the fast group */
+        }
+    }
+    assert_int_equal(refilled, nf);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    harness_free(h);
+}
+
+/* A group that drains (UNAVAILABLE after its last step) hands its
+ * requests over at once, without waiting out the liveness period. */
+static void test_drained_group_hands_over(void **state) {
+    (void)state;
+    NEED_MODEL();
+    harness *h = harness_new(NULL);
+    register_ok(h, "g1", SPECD__ROLE__ROLE_VERIFIER);
+    register_ok(h, "g2", SPECD__ROLE__ROLE_VERIFIER);
+    for (int i = 0; i < 4; i++) {
+        int32_t prompt[2] = {5 + i, 6};
+        submit(h, "c", prompt, 2, 20, NULL);
+        (void)expect_accepted(h, "c");
+    }
+    int32_t g1 = widx(h, "g1"), g2 = widx(h, "g2");
+    assert_int_equal(n_on(h, g1, false), 2); /* equal groups: an even split */
+    assert_int_equal(n_on(h, g2, false), 2);
+    Specd__Error e = SPECD__ERROR__INIT;
+    e.code = SPECD__CODE__CODE_UNAVAILABLE;
+    e.message = "g1 is draining (stopped): its requests go to the others";
+    Specd__WorkerToCoordinator wenv = SPECD__WORKER_TO_COORDINATOR__INIT;
+    wenv.body_case = SPECD__WORKER_TO_COORDINATOR__BODY_ERROR;
+    wenv.error = &e;
+    feed_worker(h, "g1", &wenv);
+    assert_int_equal(widx(h, "g1"), -1);
+    assert_int_equal(n_on(h, g2, false), 4);
+    assert_int_equal(h->c.n_active, 4);
+    harness_free(h);
+}
+
+/* Drafters: requests are spread over the live drafters; one that
+ * registers takes its share of the running requests (Release on the old
+ * drafter); one that dies hands its requests to the others, and with none
+ * left they run with K = 0. A request pinned to a drafter kind waits for
+ * a drafter of that kind (K = 0 meanwhile). */
+static void test_drafters_share_failover_pin(void **state) {
+    (void)state;
+    NEED_MODEL();
+    sd_coord_params p = sd_coord_default_params();
+    p.adaptive_k = false;
+    p.default_k = 2;
+    harness *h = harness_new(&p);
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    register_ok(h, "d1", SPECD__ROLE__ROLE_DRAFTER);
+    for (int i = 0; i < 4; i++) {
+        int32_t prompt[3] = {5 + i, 6, 7};
+        submit(h, "c", prompt, 3, 30, NULL);
+        (void)expect_accepted(h, "c");
+    }
+    int32_t d1 = widx(h, "d1");
+    assert_int_equal(n_on(h, d1, true), 4);
+    /* d1 answers its warm-up drafts: the requests are between draft steps */
+    Specd__CoordinatorToWorker *w;
+    int32_t toks[2] = {9, 9};
+    while ((w = pop_worker(h, "d1")) != NULL) {
+        if (w->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT) reply_draft(h, "d1", w->draft, toks, 2);
+        specd__coordinator_to_worker__free_unpacked(w, NULL);
+    }
+    drain(h);
+    register_ok(h, "d2", SPECD__ROLE__ROLE_DRAFTER);
+    int32_t d2 = widx(h, "d2");
+    int32_t moved = n_on(h, d2, true);
+    print_message("d2 took %d of 4\n", moved);
+    assert_int_equal(moved + n_on(h, d1, true), 4);
+    assert_true(moved >= 1);
+    int32_t released = 0;
+    while ((w = pop_worker(h, "d1")) != NULL) {
+        if (w->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_RELEASE) released += (int32_t)w->release->n_request_ids;
+        specd__coordinator_to_worker__free_unpacked(w, NULL);
+    }
+    assert_true(released >= 1 && released <= moved);
+    /* d1 dies: its requests go to d2 */
+    uint64_t dead = (uint64_t)p.heartbeat_interval_ms * 1000u * (uint64_t)(p.heartbeat_liveness + 1);
+    h->now += dead / 2;
+    heartbeat(h, "v");
+    heartbeat(h, "d2");
+    h->now += dead / 2 + 1000;
+    heartbeat(h, "v");
+    heartbeat(h, "d2");
+    sd_workers_tick(&h->c, h->now);
+    assert_int_equal(widx(h, "d1"), -1);
+    assert_int_equal(n_on(h, d2, true), 4);
+    /* d2 goes too: K = 0 for everyone */
+    h->now += dead + 1000;
+    heartbeat(h, "v");
+    sd_workers_tick(&h->c, h->now);
+    assert_int_equal(sd_place_count(&h->c, SPECD__ROLE__ROLE_DRAFTER), 0);
+    for (int32_t i = 0; i < h->c.n_sessions; i++) {
+        assert_int_equal(h->c.sessions[i]->drafter, -1);
+        assert_int_equal(sd_max_k(&h->c, h->c.sessions[i]), 0);
+    }
+    /* a request pinned to the model drafter kind: not the n-gram drafter */
+    register_ok(h, "dn", SPECD__ROLE__ROLE_DRAFTER);
+    Specd__SubmitRequest sr = SPECD__SUBMIT_REQUEST__INIT;
+    sr.client_tag = 77;
+    int32_t prompt[3] = {11, 12, 13};
+    sr.prompt_ids = prompt;
+    sr.n_prompt_ids = 3;
+    sr.max_tokens = 10;
+    sr.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
+    Specd__ClientToCoordinator ce = SPECD__CLIENT_TO_COORDINATOR__INIT;
+    ce.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT;
+    ce.submit = &sr;
+    feed_client(h, "c", &ce);
+    uint64_t pinned = expect_accepted(h, "c");
+    sd_session *s = sd_sched_find(&h->c, pinned);
+    assert_non_null(s);
+    assert_int_equal(s->drafter, -1);
+    assert_int_equal(n_on(h, widx(h, "dn"), true), 4); /* the others took the n-gram drafter */
+    h->kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
+    register_ok(h, "dm", SPECD__ROLE__ROLE_DRAFTER);
+    sd_sched_pump(&h->c, h->now);
+    assert_int_equal(s->drafter, widx(h, "dm"));
+    /* an unknown kind is refused at the door */
+    sr.drafter_kind = 9;
+    feed_client(h, "c", &ce);
+    Specd__CoordinatorToClient *m = pop_client(h, "c");
+    while (m && m->body_case != SPECD__COORDINATOR_TO_CLIENT__BODY_ERROR) {
+        specd__coordinator_to_client__free_unpacked(m, NULL);
+        m = pop_client(h, "c");
+    }
+    assert_non_null(m);
+    assert_non_null(strstr(m->error->message, "drafter_kind"));
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    harness_free(h);
+}
+
+/* Drafter choice: two requests, two drafter kinds; the n-gram drafter's
+ * drafts are accepted on the first request only ("repeat this text"), the
+ * model drafter's on the second only (open chat). After trying both, each
+ * request keeps the kind that commits more tokens per step for it, and is
+ * drafted by it; a request whose text changes character (the model's
+ * drafts stop being accepted on the second) tries the kinds again and
+ * moves. */
+static void test_drafter_choice_by_goodput(void **state) {
+    (void)state;
+    NEED_MODEL();
+    sd_coord_params p = sd_coord_default_params();
+    p.adaptive_k = false;
+    p.default_k = 3;
+    harness *h = harness_new(&p);
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    register_ok(h, "dn", SPECD__ROLE__ROLE_DRAFTER); /* NGRAM */
+    h->kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
+    register_ok(h, "dm", SPECD__ROLE__ROLE_DRAFTER);
+    int32_t dn = widx(h, "dn"), dm = widx(h, "dm");
+    int32_t prompt[3] = {5, 6, 7};
+    submit(h, "c", prompt, 3, 250, NULL);
+    uint64_t copy = expect_accepted(h, "c");
+    submit(h, "c", prompt, 3, 250, NULL);
+    uint64_t chat = expect_accepted(h, "c");
+    bool chat_changes = false;
+    const char *who[3] = {"v", "dn", "dm"};
+    int32_t toks[8] = {9, 9, 9, 9, 9, 9, 9, 9};
+    Specd__DrafterKind chat_last = 0;
+    for (int round = 0; round < 400; round++) {
+        if (round == 40) chat_changes = true;
+        harness_compact(h);
+        bool any = false;
+        for (int k = 0; k < 3; k++) {
+            Specd__CoordinatorToWorker *w = pop_worker(h, who[k]);
+            if (!w) continue;
+            any = true;
+            if (w->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT) {
+                reply_draft(h, who[k], w->draft, toks, 8);
+            } else if (w->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY) {
+                vres r[16];
+                memset(r, 0, sizeof r);
+                for (size_t i = 0; i < w->verify->n_seqs; i++) {
+                    const Specd__VerifySeq *q = w->verify->seqs[i];
+                    sd_session *s = sd_sched_find(&h->c, q->request_id);
+                    bool by_ngram = s && s->drafter == dn, by_model = s && s->drafter == dm;
+                    bool good = q->request_id == copy ? by_ngram : (chat_changes ? by_ngram : by_model);
+                    uint32_t acc = good && !w->verify->prefill_only ? (uint32_t)q->n_draft : 0;
+                    for (uint32_t j = 0; j < acc; j++) r[i].commit[j] = 9;
+                    r[i].n_accepted = acc;
+                    r[i].commit[acc] = 10;
+                    r[i].n_commit = w->verify->prefill_only ? 0 : acc + 1;
+                    r[i].cached_len = q->keep_len + (uint32_t)q->n_append + acc;
+                }
+                reply_verify(h, "v", w->verify, r);
+            }
+            specd__coordinator_to_worker__free_unpacked(w, NULL);
+        }
+        if (!any) break;
+        const sd_session *cs = sd_sched_find(&h->c, chat);
+        if (cs && cs->kind_chosen) chat_last = cs->want_kind;
+        if (round == 39) {
+            sd_session *a = sd_sched_find(&h->c, copy), *b = sd_sched_find(&h->c, chat);
+            assert_non_null(a);
+            assert_non_null(b);
+            print_message("copy request: %s, chat request: %s\n",
+                          a->want_kind == SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM ? "ngram" : "model",
+                          b->want_kind == SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM ? "ngram" : "model");
+            assert_true(a->kind_chosen && b->kind_chosen);
+            assert_int_equal(a->want_kind, SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM);
+            assert_int_equal(b->want_kind, SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL);
+            assert_int_equal(a->drafter, dn);
+            assert_int_equal(b->drafter, dm);
+            assert_true(sd_choice_goodput(&h->c, a, SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM) >
+                        sd_choice_goodput(&h->c, a, SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL));
+        }
+    }
+    assert_int_equal(chat_last, SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM); /* it switched */
+    harness_free(h);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stop_string_across_tokens),
@@ -1714,6 +2319,12 @@ int main(void) {
         cmocka_unit_test(test_verifier_death_waits_and_resends),
         cmocka_unit_test(test_chunked_prefill_and_queue),
         cmocka_unit_test(test_bad_submits),
+        cmocka_unit_test(test_slow_drafter_backs_off),
+        cmocka_unit_test(test_continuation_across_the_seam),
+        cmocka_unit_test(test_placement_load_affinity_failover),
+        cmocka_unit_test(test_drained_group_hands_over),
+        cmocka_unit_test(test_drafters_share_failover_pin),
+        cmocka_unit_test(test_drafter_choice_by_goodput),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

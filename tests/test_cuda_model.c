@@ -337,7 +337,7 @@ static void spec_sampled_device_vs_host(const char *path) {
             memcpy(ctx, prompt, sizeof prompt);
             int32_t n = 24;
             while (n < 64) {
-                int32_t step[SD_MAX_DRAFT + 1], n_step, nd, na;
+                int32_t step[SD_MAX_K + 1], n_step, nd, na;
                 if (sd_spec_decoder_step(dec, ctx, n, 4, &cfgs[ci], step, &n_step, &nd, &na) != SD_OK) {
                     FAIL("sampled speculative step on the GPU");
                     break;

@@ -46,8 +46,9 @@ static void test_chat_defaults(void **state) {
                       "\"unknown_field\":{\"a\":[1]}}",
                       &g, &err));
     assert_int_equal(g.n_prompts, 1);
-    assert_string_equal(g.prompts[0].text, "hi");
-    assert_null(g.prompts[0].system);
+    assert_int_equal(g.prompts[0].n_turns, 1);
+    assert_string_equal(g.prompts[0].turns[0].role, "user");
+    assert_string_equal(g.prompts[0].turns[0].content, "hi");
     assert_int_equal(g.n, 1);
     assert_int_equal(g.max_tokens, 0);
     assert_true(g.sampling.temperature == 1.0f && g.sampling.top_p == 1.0f && g.sampling.top_k == 0);
@@ -135,8 +136,22 @@ static void test_messages(void **state) {
                       "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
                       "{\"type\":\"text\",\"text\":\"b\"}]}]}",
                       &g, &err));
-    assert_string_equal(g.prompts[0].system, "be brief");
-    assert_string_equal(g.prompts[0].text, "ab");
+    assert_int_equal(g.prompts[0].n_turns, 2);
+    assert_string_equal(g.prompts[0].turns[0].role, "system");
+    assert_string_equal(g.prompts[0].turns[0].content, "be brief");
+    assert_string_equal(g.prompts[0].turns[1].role, "user");
+    assert_string_equal(g.prompts[0].turns[1].content, "ab");
+    assert_null(g.prompts[0].text);
+    gw_gen_clear(&g);
+    /* a history goes through whole, in order; the template judges the order */
+    assert_true(parse(H,
+                      "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":\"b\"},"
+                      "{\"role\":\"user\",\"content\":\"\"}]}",
+                      &g, &err));
+    assert_int_equal(g.prompts[0].n_turns, 3);
+    assert_string_equal(g.prompts[0].turns[1].role, "assistant");
+    assert_string_equal(g.prompts[0].turns[1].content, "b");
+    assert_string_equal(g.prompts[0].turns[2].content, "");
     gw_gen_clear(&g);
     refused(H, "{\"messages\":{}}", 400, "messages");
     refused(H, "{\"messages\":[]}", 400, "messages");
@@ -144,15 +159,26 @@ static void test_messages(void **state) {
     refused(H, "{\"messages\":[5]}", 400, "messages[0]");
     refused(H, "{\"messages\":[{\"content\":\"x\"}]}", 400, "messages[0].role");
     refused(H, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", 400, "messages[0].role");
-    refused(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"\"}]}", 400, "messages[0].content");
     refused(H, "{\"messages\":[{\"role\":\"user\",\"content\":7}]}", 400, "messages[0].content");
     refused(H, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", 400,
             "messages[0].content");
-    refused(H, "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"}]}", 400, "messages[0].role");
-    refused(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"user\",\"content\":\"b\"}]}", 400,
-            "messages[0].role");
+    refused(H, "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"}]}", 400, "messages");
     refused(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":\"b\"}]}", 400,
+            "messages");
+    refused(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"tool\",\"content\":\"b\"}]}", 400,
             "messages[1].role");
+    refused(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":null}]}", 400,
+            "messages[1].content");
+    /* more turns than the wire allows */
+    size_t cap = 32 + (size_t)(SD_MAX_CHAT_MESSAGES + 1) * 32, len = 0;
+    char *many = malloc(cap);
+    assert_non_null(many);
+    len += (size_t)snprintf(many + len, cap - len, "{\"messages\":[");
+    for (int i = 0; i <= SD_MAX_CHAT_MESSAGES; i++)
+        len += (size_t)snprintf(many + len, cap - len, "%s{\"role\":\"user\",\"content\":\"x\"}", i ? "," : "");
+    snprintf(many + len, cap - len, "]}");
+    refused(H, many, 400, "messages");
+    free(many);
 }
 
 static void test_prompts(void **state) {

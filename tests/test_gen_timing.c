@@ -69,7 +69,7 @@ static int32_t check_run(int32_t k, bool adaptive) {
     assert_int_equal(sd_gguf_open(path, &g, err, sizeof err), SD_OK);
     assert_int_equal(sd_model_load(g, &mp, &m), SD_OK);
     sd_drafter_params dp = sd_drafter_default_params();
-    dp.max_ctx = MAX_CTX + SD_MAX_DRAFT + 1;
+    dp.max_ctx = MAX_CTX + SD_MAX_K + 1;
     dp.n_threads = 1;
     sd_drafter *d = NULL;
     assert_int_equal(sd_drafter_self_view(m, sd_model_config_of(m)->n_layers, &dp, &d), SD_OK);
@@ -85,7 +85,7 @@ static int32_t check_run(int32_t k, bool adaptive) {
                             .user = &now,
                             .clock = fake_clock};
     p.sampling.temperature = 0.0f;
-    int32_t ctx[12 + N_PREDICT + SD_MAX_DRAFT + 1], ids[N_PREDICT];
+    int32_t ctx[12 + N_PREDICT + SD_MAX_K + 1], ids[N_PREDICT];
     sd_gen_spec_result r;
     assert_int_equal(sd_gen_spec_run(dec, prompt, 12, &p, ctx, ids, &r), SD_OK);
     const sd_spec_stats *st = sd_spec_decoder_stats(dec);

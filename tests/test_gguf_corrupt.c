@@ -6,7 +6,9 @@
  * that sd_gguf_open_memory fails with the expected status and a message
  * containing the expected text — never a crash, a leak or a bogus success.
  * Truncation is tried at every byte. The valid file is checked to open first,
- * so a reader that rejected everything would fail here. */
+ * so a reader that rejected everything would fail here. K-quant files: a
+ * row that is not whole super-blocks, a super-block cut off by the end of the
+ * file, and a NaN or infinite super-block scale (refused at load). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,10 +16,13 @@
 #include <cmocka.h>
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gguf_testbuf.h"
 #include "specd/gguf.h"
+#include "specd/weights.h"
 
 /* Where the fields of the base file lie. */
 typedef struct layout {
@@ -321,9 +326,32 @@ static void test_tensor_infos(void **state) {
     expect(&b, SD_ERR_FORMAT, "tensor 'c': bad tensor type id 65535");
     tb_free(&b);
     b = mutant();
-    tb_set_u32(&b, L.t[2].type, 12); /* Q4_K: real, but not ours */
-    expect(&b, SD_ERR_UNSUPPORTED, "tensor 'c': tensor type id 12 is not supported");
+    tb_set_u32(&b, L.t[2].type, 10); /* Q2_K: real, but not ours */
+    expect(&b, SD_ERR_UNSUPPORTED, "tensor 'c': tensor type id 10 is not supported");
     tb_free(&b);
+    /* K-quants: rows of whole 256-element super-blocks, all of them in the file */
+    b = mutant();
+    tb_set_u32(&b, L.t[2].type, SD_DTYPE_Q4_K);
+    expect(&b, SD_ERR_FORMAT, "tensor 'c': ne[0]=32 is not a multiple of the Q4_K block size 256");
+    tb_free(&b);
+    b = mutant();
+    tb_set_u32(&b, L.t[0].type, SD_DTYPE_Q6_K);
+    expect(&b, SD_ERR_FORMAT, "tensor 'a': ne[0]=32 is not a multiple of the Q6_K block size 256");
+    tb_free(&b);
+    const struct {
+        sd_dtype type;
+        size_t bytes;
+    } ks[] = {{SD_DTYPE_Q4_K, 144}, {SD_DTYPE_Q5_K, 176}, {SD_DTYPE_Q6_K, 210}};
+    for (int k = 0; k < 3; k++) { /* c as one super-block: it runs past the end of the file */
+        b = mutant();
+        tb_set_u32(&b, L.t[2].type, ks[k].type);
+        tb_set_u64(&b, L.t[2].ne[0], 256);
+        char kmsg[128];
+        snprintf(kmsg, sizeof kmsg, "tensor 'c': data [%zu, %zu) extends past end of file (size %zu)",
+                 L.data_start + 352, L.data_start + 352 + ks[k].bytes, base.n);
+        expect(&b, SD_ERR_FORMAT, kmsg);
+        tb_free(&b);
+    }
     b = mutant();
     tb_set_u64(&b, L.t[1].offset, 260);
     expect(&b, SD_ERR_FORMAT, "tensor 'b': offset 260 is not a multiple of the alignment 32");
@@ -357,6 +385,76 @@ static void test_tensor_infos(void **state) {
     tb_free(&b);
 }
 
+typedef struct log_capture {
+    char text[1024];
+} log_capture;
+
+static void capture(sd_log_level level, const char *line, void *user) {
+    (void)level;
+    log_capture *c = user;
+    size_t n = strlen(c->text);
+    snprintf(c->text + n, sizeof c->text - n, "%s\n", line);
+}
+
+/* A K-quant super-block whose f16 scale d or dmin is NaN or infinite is
+ * refused at load with its own message, by the f32 read and the stored read,
+ * naming the row and the super-block's columns. */
+static void test_k_bad_scales(void **state) {
+    (void)state;
+    const struct {
+        sd_dtype type;
+        size_t scale_off; /* bytes into the super-block */
+        uint16_t bits;
+    } cases[] = {
+        {SD_DTYPE_Q4_K, 0, 0x7e00},   /* d NaN */
+        {SD_DTYPE_Q4_K, 2, 0x7c00},   /* dmin +inf */
+        {SD_DTYPE_Q5_K, 2, 0xfc00},   /* dmin -inf */
+        {SD_DTYPE_Q6_K, 208, 0x7e01}, /* d NaN */
+    };
+    float x[512 * 3];
+    for (size_t i = 0; i < 512 * 3; i++) x[i] = (float)((int)(i * 37 % 101) - 50) / 64.0f;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        size_t be, bb;
+        assert_true(sd_dtype_block(cases[c].type, &be, &bb));
+        uint8_t q[6 * 210];
+        assert_int_equal(sd_quantize(cases[c].type, x, 512 * 3, q), SD_OK);
+        assert_int_equal(sd_dtype_first_bad_scale(cases[c].type, q, 6), -1);
+        memcpy(q + 3 * bb + cases[c].scale_off, &cases[c].bits, 2); /* row 1, second super-block */
+        assert_int_equal(sd_dtype_first_bad_scale(cases[c].type, q, 6), 3);
+        sd_gguf_writer *w = sd_gguf_writer_new();
+        assert_non_null(w);
+        assert_int_equal(sd_gguf_writer_set_str(w, "general.architecture", "llama"), SD_OK);
+        const uint64_t ne[2] = {512, 3};
+        assert_int_equal(sd_gguf_writer_add_tensor(w, "m.weight", cases[c].type, 2, ne, q), SD_OK);
+        char path[] = "/tmp/specd-kscale-XXXXXX";
+        int fd = mkstemp(path);
+        assert_true(fd >= 0);
+        close(fd);
+        assert_int_equal(sd_gguf_writer_write(w, path), SD_OK);
+        sd_gguf_writer_free(&w);
+        char err[256];
+        sd_gguf *g = NULL;
+        assert_int_equal(sd_gguf_open(path, &g, err, sizeof err), SD_OK); /* the reader does not read data */
+        sd_weights *src = NULL;
+        assert_int_equal(sd_weights_from_gguf(g, &src), SD_OK);
+        float out[512 * 3];
+        uint8_t stored[6 * 210];
+        log_capture cap = {{0}};
+        sd_log_set(capture, &cap, SD_LOG_ERROR, NULL);
+        assert_int_equal(sd_weights_read(src, "m.weight", 0, 1, 0, 512, out), SD_OK); /* row 0 is sound */
+        assert_int_equal(sd_weights_read(src, "m.weight", 0, 3, 0, 512, out), SD_ERR_FORMAT);
+        assert_int_equal(sd_weights_read_stored(src, "m.weight", 1, 2, 0, 512, stored, sizeof stored), SD_ERR_FORMAT);
+        sd_log_set(NULL, NULL, SD_LOG_OFF, NULL);
+        char want[160];
+        snprintf(want, sizeof want, "m.weight: the %s super-block at row 1, columns [256, 512) has a NaN or infinite",
+                 sd_dtype_name(cases[c].type));
+        if (!strstr(cap.text, want)) fail_msg("log '%s' lacks '%s'", cap.text, want);
+        sd_weights_close(&src);
+        sd_gguf_close(&g);
+        unlink(path);
+    }
+}
+
 static void test_open_errors(void **state) {
     (void)state;
     char err[256];
@@ -376,7 +474,7 @@ int main(void) {
         cmocka_unit_test(test_base_is_valid), cmocka_unit_test(test_truncated_everywhere),
         cmocka_unit_test(test_header),        cmocka_unit_test(test_metadata),
         cmocka_unit_test(test_nesting_limit), cmocka_unit_test(test_tensor_infos),
-        cmocka_unit_test(test_open_errors),
+        cmocka_unit_test(test_open_errors),   cmocka_unit_test(test_k_bad_scales),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     tb_free(&base);

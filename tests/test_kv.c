@@ -203,8 +203,8 @@ static void test_data_survives_and_pointers_follow_table(void **state) {
         for (int32_t pos = 0; pos < sd_kv_seq_len(kv, s); pos++) {
             size_t off =
                 (size_t)table[pos / p->block_size] * block_floats + (size_t)(pos % p->block_size) * token_floats;
-            assert_ptr_equal(sd_kv_k(kv, 1, s, pos), sd_kv_k_pool(kv, 1) + off);
-            assert_ptr_equal(sd_kv_v(kv, 0, s, pos), sd_kv_v_pool(kv, 0) + off);
+            assert_ptr_equal(sd_kv_k(kv, 1, s, pos), (float *)sd_kv_k_pool(kv, 1) + off);
+            assert_ptr_equal(sd_kv_v(kv, 0, s, pos), (float *)sd_kv_v_pool(kv, 0) + off);
         }
     }
     /* Truncating and releasing others leaves slot 1's data intact. */
@@ -302,6 +302,47 @@ static void test_invalid_args(void **state) {
     sd_kv_free(&kv);
 }
 
+/* An f16 cache: two bytes a value, the same table walk; only f32 and f16
+ * are accepted; the half conversions round to nearest even and widen
+ * exactly (every half round-trips; ties go to the even neighbour). */
+static void test_f16_cache(void **state) {
+    (void)state;
+    sd_kv_params p = sd_kv_default_params();
+    p.n_layers = 2;
+    p.n_kv_heads = 2;
+    p.head_dim = 3;
+    p.block_size = 4;
+    p.n_blocks = 10;
+    p.max_seqs = 3;
+    p.type = SD_DTYPE_F16;
+    sd_kv *kv = NULL;
+    assert_int_equal(sd_kv_create(&p, &kv), SD_OK);
+    assert_int_equal(sd_kv_grow(kv, 1, 9), SD_OK);
+    int32_t nb = 0;
+    const int32_t *table = sd_kv_block_table(kv, 1, &nb);
+    size_t token = 6, block = token * 4;
+    for (int32_t pos = 0; pos < 9; pos++) {
+        size_t off = (size_t)table[pos / 4] * block + (size_t)(pos % 4) * token;
+        assert_ptr_equal(sd_kv_k(kv, 1, 1, pos), (uint16_t *)sd_kv_k_pool(kv, 1) + off);
+        assert_ptr_equal(sd_kv_v(kv, 0, 1, pos), (uint16_t *)sd_kv_v_pool(kv, 0) + off);
+    }
+    sd_kv_free(&kv);
+    p.type = SD_DTYPE_Q8_0;
+    assert_int_equal(sd_kv_create(&p, &kv), SD_ERR_INVALID_ARG);
+    assert_null(kv);
+    assert_true(n_error_lines >= 1);
+    for (uint32_t h = 0; h < 0x10000u; h++) {
+        if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu)) continue; /* NaN payloads */
+        assert_int_equal(sd_f32_to_f16(sd_f16_to_f32((uint16_t)h)), h);
+    }
+    assert_int_equal(sd_f32_to_f16(1.0f + 0x1p-11f), 0x3c00u);     /* tie: to even (1.0) */
+    assert_int_equal(sd_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02u); /* tie: to even (up) */
+    assert_int_equal(sd_f32_to_f16(65520.0f), 0x7c00u);            /* overflow */
+    assert_int_equal(sd_f32_to_f16(0x1p-25f), 0x0000u);            /* half the smallest: even (0) */
+    assert_int_equal(sd_f32_to_f16(0x1p-25f + 0x1p-40f), 0x0001u); /* just above: up */
+    assert_true(sd_f16_to_f32(sd_f32_to_f16(__builtin_nanf(""))) != sd_f16_to_f32(sd_f32_to_f16(__builtin_nanf(""))));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_accounting, setup, teardown),
@@ -309,6 +350,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_data_survives_and_pointers_follow_table, setup, teardown),
         cmocka_unit_test_setup_teardown(test_truncate_regrow_reuses_blocks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_invalid_args, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_f16_cache, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -517,7 +517,7 @@ static void test_batch_invariance(void **state) {
     }
 }
 
-/* Matrices kept as stored (F16, BF16, Q8_0, Q4_0, Q4_1; the CPU computes on
+/* Matrices kept as stored (F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K; the CPU computes on
  * the blocks, integer formats on 8-bit activations): a sequence's logits are
  * bit-identical alone, token by token, chunked, beside other sequences, with
  * 1 and 2 threads; KV rollback re-appends to the same bits; and the logits
@@ -526,9 +526,17 @@ static void test_batch_invariance(void **state) {
  * rounding through 2 layers). Tied and untied heads. */
 static void test_stored_formats(void **state) {
     (void)state;
-    const sd_dtype types[] = {SD_DTYPE_F16, SD_DTYPE_BF16, SD_DTYPE_Q8_0, SD_DTYPE_Q4_0, SD_DTYPE_Q4_1};
+    const sd_dtype types[] = {SD_DTYPE_F16,  SD_DTYPE_BF16, SD_DTYPE_Q8_0, SD_DTYPE_Q4_0,
+                              SD_DTYPE_Q4_1, SD_DTYPE_Q4_K, SD_DTYPE_Q5_K, SD_DTYPE_Q6_K};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-        spec sp = {.embd = 128, .heads = 4, .kv_heads = 2, .layers = 2, .ff = 96, .vocab = 203, .untied = ti % 2 == 1};
+        const bool k = sd_dtype_is_k(types[ti]); /* rows of whole 256-element super-blocks */
+        spec sp = {.embd = k ? 256 : 128,
+                   .heads = 4,
+                   .kv_heads = 2,
+                   .layers = 2,
+                   .ff = k ? 512 : 96,
+                   .vocab = 203,
+                   .untied = ti % 2 == 1};
         sp.matrix_type = types[ti];
         sd_gguf *g = make_gguf(&sp);
         sd_model *m1 = load(g, 1, 0), *m2 = load(g, 2, 0);
@@ -600,6 +608,75 @@ static void test_stored_formats(void **state) {
         sd_model_free(&m2);
         sd_gguf_close(&g);
     }
+}
+
+/* An f16 KV cache (--kv-type f16): a sequence's logits are bit-identical
+ * alone, token by token, chunked and beside other sequences, with 1 and 2
+ * threads, and after a KV rollback; they stay within 1% of the logit scale
+ * of the f32 cache's (each K/V value rounded once to 11 significant bits);
+ * and they differ from them somewhere (the cache really is f16). */
+static void test_kv_f16(void **state) {
+    (void)state;
+    spec sp = {.embd = 128, .heads = 4, .kv_heads = 2, .layers = 2, .ff = 96, .vocab = 203};
+    sp.matrix_type = SD_DTYPE_Q8_0;
+    sd_gguf *g = make_gguf(&sp);
+    sd_model_params p = sd_model_default_params();
+    sd_model *m32 = NULL, *m1 = NULL, *m2 = NULL;
+    p.n_threads = 1;
+    assert_int_equal(sd_model_load(g, &p, &m32), SD_OK);
+    p.kv_type = SD_DTYPE_F16;
+    assert_int_equal(sd_model_load(g, &p, &m1), SD_OK);
+    p.n_threads = 2;
+    assert_int_equal(sd_model_load(g, &p, &m2), SD_OK);
+    const int V = sp.vocab;
+    const int ids[3] = {0, 1, 2}, lens[3] = {8, 5, 11};
+    float *ref[3];
+    for (int s = 0; s < 3; s++) ref[s] = alone(m1, ids[s], lens[s]);
+    float *f32 = alone(m32, ids[2], lens[2]);
+    double max_err = 0, max_mag = 0;
+    for (size_t i = 0; i < (size_t)lens[2] * (size_t)V; i++) {
+        max_err = fmax(max_err, fabs((double)f32[i] - (double)ref[2][i]));
+        max_mag = fmax(max_mag, fabs((double)f32[i]));
+    }
+    print_message("f16 KV vs f32 KV: max |diff| %g, logit scale %g\n", max_err, max_mag);
+    assert_true(max_err > 0);
+    assert_true(max_err <= 1e-2 * max_mag);
+    free(f32);
+    const int chunks[2][4] = {{1, 4, 3, 3}, {8, 8}};
+    const int n_chunks[2] = {4, 2};
+    for (int ci = 0; ci < 2; ci++)
+        for (int th = 0; th < 2; th++) {
+            float *outs[3];
+            for (int s = 0; s < 3; s++) outs[s] = calloc((size_t)lens[s] * (size_t)V, sizeof(float));
+            composed(th ? m2 : m1, 3, ids, lens, chunks[ci], n_chunks[ci], 4, outs);
+            for (int s = 0; s < 3; s++) {
+                char what[64];
+                snprintf(what, sizeof what, "f16 KV composition %d threads %d seq %d", ci, th + 1, s);
+                assert_bits_equal(ref[s], outs[s], (size_t)lens[s] * (size_t)V, what);
+                free(outs[s]);
+            }
+        }
+    int32_t tok[8], alt[8], pos[8], seq[8] = {0};
+    for (int i = 0; i < 8; i++) {
+        tok[i] = token_of(0, i, V);
+        alt[i] = i < 5 ? tok[i] : token_of(7, i, V);
+        pos[i] = i;
+    }
+    float *got = malloc(8 * (size_t)V * sizeof(float));
+    assert_non_null(got);
+    sd_kv *kv = make_kv(m2, 1, 8, 4);
+    assert_int_equal(run(m2, kv, 5, tok, pos, seq, got), SD_OK);
+    assert_int_equal(run(m2, kv, 3, alt + 5, pos + 5, seq, got + 5 * (size_t)V), SD_OK);
+    assert_int_equal(sd_kv_truncate(kv, 0, 5), SD_OK);
+    assert_int_equal(run(m2, kv, 3, tok + 5, pos + 5, seq, got + 5 * (size_t)V), SD_OK);
+    assert_bits_equal(ref[0], got, 8 * (size_t)V, "f16 KV: rollback + re-append");
+    free(got);
+    sd_kv_free(&kv);
+    for (int s = 0; s < 3; s++) free(ref[s]);
+    sd_model_free(&m32);
+    sd_model_free(&m1);
+    sd_model_free(&m2);
+    sd_gguf_close(&g);
 }
 
 /* Logits are wanted only for some rows: the rows come back in batch order
@@ -1025,6 +1102,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_batch_invariance, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stored_formats, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_kv_f16, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wanted_rows, setup, teardown),
         cmocka_unit_test_setup_teardown(test_kv_rollback, setup, teardown),
         cmocka_unit_test_setup_teardown(test_self_draft, setup, teardown),

@@ -17,7 +17,7 @@
 
 #include "specd/net.h"
 
-static const sd_net_limits LIM = {.n_vocab = 1000, .max_context = 512, .max_batch = 8, .max_draft = 4};
+static const sd_net_limits LIM = {.n_vocab = 1000, .max_context = 512, .max_batch = 8, .max_k = 4};
 
 /* ---- helpers ---- */
 
@@ -105,7 +105,7 @@ static void test_round_trip_client_link(void **state) {
     sub.n_stop = 2;
     sub.stop = stops;
     sub.ignore_eos = 1;
-    sub.max_draft = -1;
+    sub.max_k = -1;
     env.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT;
     env.submit = &sub;
     dealer_to_router(&p, &env.base, &m);
@@ -117,7 +117,7 @@ static void test_round_trip_client_link(void **state) {
     assert_string_equal(got->submit->prompt, sub.prompt);
     assert_int_equal(got->submit->n_stop, 2);
     assert_string_equal(got->submit->stop[1], "END");
-    assert_int_equal(got->submit->max_draft, -1);
+    assert_int_equal(got->submit->max_k, -1);
     sd_sampling back;
     assert_true(sd_net_sampling_from_pb(got->submit->sampling, &back, err, sizeof err));
     assert_true(back.temperature == s.temperature && back.top_k == 40 && back.top_p == s.top_p &&
@@ -306,7 +306,7 @@ static void test_round_trip_worker_link(void **state) {
     Specd__Hello hello = SPECD__HELLO__INIT;
     hello.protocol_version = SD_PROTOCOL_VERSION, hello.role = SPECD__ROLE__ROLE_DRAFTER, hello.group_size = 1;
     hello.model = &mid, hello.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM, hello.max_batch = 8;
-    hello.max_draft = 4;
+    hello.max_k = 4;
     Specd__DraftResult dres = SPECD__DRAFT_RESULT__INIT;
     dres.request_id = 4, dres.code = SPECD__CODE__CODE_OK, dres.n_tokens = 2, dres.tokens = vb.draft;
     dres.n_q = 2, dres.q = vb.qs, dres.cached_len = 4;
@@ -644,11 +644,11 @@ static void test_validate_submit(void **state) {
     longstop[sizeof longstop - 1] = '\0';
     stops[1] = longstop;
     expect_submit(&s, BIG, "submit.stop[1]: 257 bytes over the limit of 256");
-    s.n_stop = 0, s.max_draft = 33;
-    expect_submit(&s, BAD, "submit.max_draft: 33 outside [-1, 32]");
-    s.max_draft = -2;
-    expect_submit(&s, BAD, "submit.max_draft: -2");
-    s.max_draft = 0;
+    s.n_stop = 0, s.max_k = 33;
+    expect_submit(&s, BAD, "submit.max_k: 33 outside [-1, 32]");
+    s.max_k = -2;
+    expect_submit(&s, BAD, "submit.max_k: -2");
+    s.max_k = 0;
     Specd__Sampling smp = SPECD__SAMPLING__INIT;
     smp.temperature = INFINITY;
     s.sampling = &smp;
@@ -884,6 +884,7 @@ static bool curve_exchange(const char *server_pub_for_client, const char *server
     rp.type = ZMQ_ROUTER;
     rp.max_msg_bytes = 4096;
     rp.curve_server_secret = server_sec;
+    rp.zap_domain = "test"; /* no ZAP handler in ctx: every client key is admitted (see test_curve.c) */
     void *router, *dealer;
     assert_int_equal(sd_net_socket_open(ctx, &rp, "tcp://127.0.0.1:*", NULL, &router), SD_OK);
     char endpoint[256];

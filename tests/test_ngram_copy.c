@@ -72,15 +72,15 @@ static int32_t baseline_propose(const int32_t *ctx, int32_t n_ctx, int32_t k, in
  * baseline. */
 static int replay(sd_drafter *d, int32_t k, const int32_t *prompt, int32_t n_prompt, const int32_t *full, int32_t n_new,
                   run_stats *rs) {
-    static int32_t ctx[MAX_CTX + SD_MAX_DRAFT + 1];
+    static int32_t ctx[MAX_CTX + SD_MAX_K + 1];
     memcpy(ctx, prompt, (size_t)n_prompt * sizeof *ctx);
     memcpy(ctx + n_prompt, full, (size_t)(n_new + K_MAX) * sizeof *ctx);
     sd_sampling s = sd_sampling_default();
     s.temperature = 0.0f;
     int32_t i = 0;
     while (i < n_new) {
-        int32_t draft[SD_MAX_DRAFT], nd = 0;
-        sd_spec_q q[SD_MAX_DRAFT];
+        int32_t draft[SD_MAX_K], nd = 0;
+        sd_spec_q q[SD_MAX_K];
         if (d) {
             if (sd_drafter_propose(d, 0, ctx, n_prompt + i, k, &s, draft, q, &nd) != SD_OK) return -1;
         } else {
@@ -152,7 +152,7 @@ int main(int argc, char **argv) {
         goto out;
     }
     sd_drafter_params dp = sd_drafter_default_params();
-    dp.max_ctx = MAX_CTX + SD_MAX_DRAFT + 1;
+    dp.max_ctx = MAX_CTX + SD_MAX_K + 1;
     /* Every prompt's plain output first. */
     for (int p = 0; p < got; p++) {
         char *text = NULL;

@@ -1,8 +1,9 @@
 /* test_qmatmul.c — the stored-weight matmul kernels (engine/cpu/qmatmul.c).
  *
- * For F16, BF16, Q8_0, Q4_0 and Q4_1 weights on random shapes (n_in not a
+ * For F16, BF16, Q8_0, Q4_0, Q4_1 weights on random shapes (n_in not a
  * multiple of 256, n_out across chunk boundaries, 1 token, odd token counts,
- * more tokens than a tile or a token block):
+ * more tokens than a tile or a token block), and Q4_K, Q5_K, Q6_K on shapes
+ * with n_in a multiple of 256 (their super-block):
  *   - every SIMD path this CPU has (AVX2, AVX-512 VNNI) equals the plain C
  *     twin bit for bit;
  *   - batch invariance: each token's row of a batched call equals the same
@@ -17,8 +18,10 @@
  *       F16 / BF16: bit-identical to the f32 matmul on the widened matrix
  *         (the kernel's stated arithmetic), and within n_in * 2^-23 * sum |w x|
  *         of the double product;
- *   - refusals: an integer type with n_in not a multiple of 32, an
- *     unsupported type. */
+ *     (the K-quants' weights being their dequantized values, the same bounds
+ *     hold: their arithmetic is the same integer block dots);
+ *   - refusals: an integer type with n_in not a multiple of 32 (a K-quant
+ *     with n_in not a multiple of 256), an unsupported type. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -44,17 +47,27 @@ typedef struct shape {
     int n_in, n_out, n_tokens;
 } shape;
 
-static const sd_dtype types[] = {SD_DTYPE_F16, SD_DTYPE_BF16, SD_DTYPE_Q8_0, SD_DTYPE_Q4_0, SD_DTYPE_Q4_1};
+static const sd_dtype types[] = {SD_DTYPE_F16,  SD_DTYPE_BF16, SD_DTYPE_Q8_0, SD_DTYPE_Q4_0,
+                                 SD_DTYPE_Q4_1, SD_DTYPE_Q4_K, SD_DTYPE_Q5_K, SD_DTYPE_Q6_K};
+enum { N_TYPES = sizeof types / sizeof types[0] };
 
 static const shape shapes[] = {
     {32, 1, 1},     {64, 5, 3},    {96, 47, 1},  {288, 49, 9}, {576, 97, 17},
     {160, 130, 70}, {1536, 13, 2}, {224, 96, 8}, {32, 200, 5}, {736, 3, 16},
 };
 
+/* The K-quants: n_in whole super-blocks of 256. */
+static const shape k_shapes[] = {
+    {256, 1, 1},    {256, 5, 3},   {512, 47, 1}, {768, 49, 9},  {1536, 97, 17},
+    {256, 130, 70}, {1536, 13, 2}, {512, 96, 8}, {256, 200, 5}, {1024, 3, 16},
+};
+
 /* Odd lengths for the float formats (no block constraint). */
 static const shape float_shapes[] = {{37, 9, 3}, {7, 4, 1}, {131, 50, 11}};
 
-static bool is_int_type(sd_dtype t) { return t == SD_DTYPE_Q8_0 || t == SD_DTYPE_Q4_0 || t == SD_DTYPE_Q4_1; }
+static bool is_int_type(sd_dtype t) {
+    return t == SD_DTYPE_Q8_0 || t == SD_DTYPE_Q4_0 || t == SD_DTYPE_Q4_1 || sd_dtype_is_k(t);
+}
 
 typedef struct fixture {
     sd_backend_handle be1, be2; /* 1 and 2 threads */
@@ -187,7 +200,11 @@ static void check_one(fixture *f, sd_dtype t, shape s) {
 
 static void test_all_types_shapes(void **state) {
     fixture *f = *state;
-    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        if (sd_dtype_is_k(types[ti])) {
+            for (size_t si = 0; si < sizeof k_shapes / sizeof k_shapes[0]; si++) check_one(f, types[ti], k_shapes[si]);
+            continue;
+        }
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) check_one(f, types[ti], shapes[si]);
         if (!is_int_type(types[ti]))
             for (size_t si = 0; si < sizeof float_shapes / sizeof float_shapes[0]; si++)
@@ -198,12 +215,13 @@ static void test_all_types_shapes(void **state) {
 /* Random shapes on top of the fixed ones. */
 static void test_random_shapes(void **state) {
     fixture *f = *state;
-    for (int it = 0; it < 40; it++) {
-        sd_dtype t = types[it % 5];
+    for (int it = 0; it < 64; it++) {
+        sd_dtype t = types[it % N_TYPES];
         rng_state += 0x1234567ull * (uint64_t)(it + 1);
         shape s;
         s.n_in = 32 * (1 + (int)((uniform() + 1.0f) * 20.0f));
         if (!is_int_type(t) && it % 2) s.n_in += it % 7;
+        if (sd_dtype_is_k(t)) s.n_in = 256 * (1 + s.n_in / 256 % 6);
         s.n_out = 1 + (int)((uniform() + 1.0f) * 80.0f);
         s.n_tokens = 1 + (int)((uniform() + 1.0f) * 12.0f);
         check_one(f, t, s);
@@ -251,6 +269,13 @@ static void test_refusals(void **state) {
                      SD_ERR_INVALID_ARG);
     assert_int_equal(sd_cpu_qmatmul(f->be1.ctx, SD_CPU_QPATH_AUTO, SD_DTYPE_F32, w, 32, 1, x, 1, y),
                      SD_ERR_UNSUPPORTED);
+    const sd_dtype k_types[] = {SD_DTYPE_Q4_K, SD_DTYPE_Q5_K, SD_DTYPE_Q6_K};
+    for (int i = 0; i < 3; i++) {
+        float xk[288] = {0};
+        assert_true(sd_cpu_qmatmul_supports(k_types[i]));
+        assert_int_equal(sd_cpu_qmatmul(f->be1.ctx, SD_CPU_QPATH_C, k_types[i], w, 288, 0, xk, 1, y),
+                         SD_ERR_INVALID_ARG); /* 288 = 9 blocks of 32, not whole super-blocks */
+    }
     assert_false(sd_cpu_qmatmul_supports(SD_DTYPE_F32));
     assert_true(sd_cpu_qmatmul_supports(SD_DTYPE_Q4_1));
     print_message("qmatmul: this CPU's path: %s\n", sd_cpu_qpath_name());

@@ -141,11 +141,10 @@ static void test_seeded_determinism_and_purposes(void **state) {
         assert_int_equal(sd_sample_token(logits, 8, &s, (uint64_t)pos, &again[pos]), SD_OK);
     assert_memory_equal(first, again, sizeof first);
     assert_true(__builtin_popcount((unsigned)distinct) >= 6);
-    /* sd_sample_token draws with purpose SAMPLE: the same as doing it by hand. */
+    /* sd_sample_token draws by the race: the same as doing it by hand. */
     float probs[8];
     assert_int_equal(sd_sample_probs(logits, 8, &s, probs), SD_OK);
-    for (int pos = 0; pos < 64; pos++)
-        assert_int_equal(first[pos], sd_sample_from(probs, 8, sd_rng_uniform(2024, (uint64_t)pos, SD_RNG_SAMPLE)));
+    for (int pos = 0; pos < 64; pos++) assert_int_equal(first[pos], sd_sample_race(probs, 8, 2024, (uint64_t)pos));
 }
 
 /* softmax(l / t) computed here independently, for comparison. */
@@ -334,6 +333,40 @@ static void test_sample_from(void **state) {
     assert_true(chi2 < 16.27);
 }
 
+static void test_race(void **state) {
+    (void)state;
+    /* The race draws from p (unnormalized, zeros never drawn), and two
+     * distributions raced at one key agree as often as the closed form
+     * sum_v 1 / sum_w max(p_w/p_v, q_w/q_v) says (spec.c's coupling). */
+    enum { V = 6, N = 200000 };
+    const float p[V] = {2.0f, 0.0f, 1.0f, 4.0f, 0.5f, 0.5f}; /* sums to 8 */
+    const float q[V] = {0.3f, 0.1f, 0.1f, 0.3f, 0.0f, 0.2f};
+    long count[V] = {0}, agree = 0;
+    for (uint64_t pos = 0; pos < N; pos++) {
+        int32_t x = sd_sample_race(p, V, 77, pos);
+        assert_true(x >= 0 && x < V);
+        count[x]++;
+        agree += x == sd_sample_race(q, V, 77, pos);
+    }
+    assert_int_equal(count[1], 0);
+    for (int v = 0; v < V; v++) {
+        double e = (double)p[v] / 8.0, sd = sqrt(e * (1 - e) / N);
+        assert_true(fabs((double)count[v] / N - e) <= 5 * sd + 1e-12);
+    }
+    double expect = 0.0;
+    for (int v = 0; v < V; v++) {
+        if (p[v] <= 0 || q[v] <= 0) continue;
+        double den = 0.0;
+        for (int w = 0; w < V; w++) den += fmax(p[w] / 8.0 / (p[v] / 8.0), q[w] / q[v]);
+        expect += 1.0 / den;
+    }
+    double sd = sqrt(expect * (1 - expect) / N);
+    print_message("race agreement %.4f, closed form %.4f\n", (double)agree / N, expect);
+    assert_true(fabs((double)agree / N - expect) <= 5 * sd);
+    const float none[3] = {0, 0, 0};
+    assert_int_equal(sd_sample_race(none, 3, 1, 1), -1);
+}
+
 static void test_invalid_params(void **state) {
     (void)state;
     sd_sampling d = sd_sampling_default();
@@ -392,6 +425,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_min_p, setup, teardown),
         cmocka_unit_test_setup_teardown(test_greedy, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sample_from, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_race, setup, teardown),
         cmocka_unit_test_setup_teardown(test_invalid_params, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

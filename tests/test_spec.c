@@ -173,30 +173,34 @@ static void test_greedy(void **state) {
     assert_int_equal(sd_spec_verify_greedy(target, all, -1, out, &n_acc), SD_ERR_INVALID_ARG);
 }
 
-/* ---- stochastic: edge cases ---- */
+/* ---- stochastic (coupled): edge cases ---- */
 
 /* One position (k = 1) with p row 0, bonus row 1. */
 static sd_status verify1(const float *p, int32_t n_vocab, int32_t y, const sd_spec_q *q, uint64_t seed, int32_t out[2],
                          int32_t *n_acc, sd_spec_info *info) {
-    double scratch[V_MAX];
-    return sd_spec_verify(p, n_vocab, &y, q, 1, seed, 100, scratch, out, n_acc, info);
+    return sd_spec_verify(p, n_vocab, &y, q, 1, seed, 100, out, n_acc, info);
 }
 
 static void test_p_equals_q_always_accepts(void **state) {
     (void)state;
+    /* The drafter draws with the verifier's uniform over the same
+     * distribution, so its draft is the target's draw at every position. */
     enum { V = 5, K = 3 };
     const float dist[V] = {0.1f, 0.4f, 0.2f, 0.25f, 0.05f};
     float p[(K + 1) * V];
     for (int32_t i = 0; i <= K; i++) memcpy(p + i * V, dist, sizeof dist);
-    const int32_t ids[V] = {0, 1, 2, 3, 4};
+    int32_t ids[K][V];
+    float qp[K][V];
     sd_spec_q q[K];
-    for (int32_t i = 0; i < K; i++) q[i] = (sd_spec_q){V, ids, dist};
-    double scratch[V];
     for (uint64_t seed = 0; seed < 2000; seed++) {
-        int32_t draft[K], out[K + 1], n_acc;
-        for (int32_t i = 0; i < K; i++) draft[i] = sd_spec_q_sample(&q[i], sd_rng_uniform(seed, 50 + i, SD_RNG_DRAFT));
+        int32_t draft[K], out[K + 1], n_acc, n_q;
+        for (int32_t i = 0; i < K; i++) {
+            assert_int_equal(sd_spec_draft_coupled(dist, V, V, seed, 50 + (uint64_t)i, ids[i], qp[i], &n_q, &draft[i]),
+                             SD_OK);
+            q[i] = (sd_spec_q){n_q, ids[i], qp[i]};
+        }
         sd_spec_info info;
-        assert_int_equal(sd_spec_verify(p, V, draft, q, K, seed, 50, scratch, out, &n_acc, &info), SD_OK);
+        assert_int_equal(sd_spec_verify(p, V, draft, q, K, seed, 50, out, &n_acc, &info), SD_OK);
         assert_int_equal(n_acc, K);
         assert_true(info.bonus);
         assert_memory_equal(out, draft, sizeof draft);
@@ -210,7 +214,6 @@ static void test_disjoint_supports_always_reject(void **state) {
     const int32_t ids[3] = {1, 3, 5};
     const float qp[3] = {0.2f, 0.3f, 0.5f};
     sd_spec_q q = {3, ids, qp};
-    assert_true(sd_spec_alpha(p, V, &q) == 0.0);
     uint64_t counts[V] = {0};
     for (uint64_t seed = 0; seed < 3000; seed++) {
         int32_t y = sd_spec_q_sample(&q, sd_rng_uniform(seed, 100, SD_RNG_DRAFT));
@@ -219,60 +222,51 @@ static void test_disjoint_supports_always_reject(void **state) {
         assert_int_equal(verify1(p, V, y, &q, seed, out, &n_acc, &info), SD_OK);
         assert_int_equal(n_acc, 0);
         assert_false(info.bonus);
-        assert_int_equal(info.n_q_zero, 0);
+        assert_int_equal(out[0], sd_sample_race(p, V, seed, 100));
         counts[out[0]]++;
     }
-    /* The residual is p itself: only even ids, in proportion. */
     assert_true(counts[1] == 0 && counts[3] == 0 && counts[5] == 0);
     assert_true(counts[0] > counts[2] && counts[2] > counts[4] && counts[4] > 0);
 }
 
-static void test_q_zero_is_rejected_and_reported(void **state) {
-    (void)state;
-    enum { V = 4 };
-    const float p[2 * V] = {0.25f, 0.25f, 0.25f, 0.25f, 0.25f, 0.25f, 0.25f, 0.25f};
-    const int32_t ids[3] = {0, 1, 2};
-    const float qp[3] = {0.5f, 0.5f, 0.0f}; /* token 2 listed with q = 0 */
-    sd_spec_q q = {3, ids, qp};
-    for (uint64_t seed = 0; seed < 200; seed++) {
-        int32_t out[2], n_acc;
-        sd_spec_info info;
-        n_warn_lines = 0;
-        assert_int_equal(verify1(p, V, 2, &q, seed, out, &n_acc, &info), SD_OK);
-        assert_int_equal(n_acc, 0);
-        assert_int_equal(info.n_q_zero, 1);
-        assert_int_equal(n_warn_lines, 1);
-        /* Residual max(0, p - q) lives on {2, 3}. */
-        assert_true(out[0] == 2 || out[0] == 3);
-        /* Token 3 is absent from q altogether: the same treatment. */
-        assert_int_equal(verify1(p, V, 3, &q, seed, out, &n_acc, &info), SD_OK);
-        assert_int_equal(n_acc, 0);
-        assert_int_equal(info.n_q_zero, 1);
+/* Fills p[rows][V] with random distributions, some entries zero. */
+static void random_rows(float *p, int32_t rows, int32_t V, uint64_t seed) {
+    for (int32_t r = 0; r < rows; r++) {
+        double tot = 0.0;
+        for (int32_t v = 0; v < V; v++) {
+            double u = sd_rng_uniform(seed, (uint64_t)(r * V + v), SD_RNG_DRAFT);
+            p[r * V + v] = u < 0.3 ? 0.0f : (float)u;
+            tot += p[r * V + v];
+        }
+        if (!(tot > 0.0)) p[r * V] = 1.0f;
     }
 }
 
-static void test_residual_mass_zero_falls_back_to_p(void **state) {
+static void test_committed_tokens_do_not_depend_on_drafts(void **state) {
     (void)state;
-    enum { V = 4 };
-    /* p = q with token 3 at zero in both: a (buggy) draft of 3 is rejected and
-     * max(0, p - q) = 0 everywhere, so the replacement comes from p. */
-    const float p[2 * V] = {0.5f, 0.3f, 0.2f, 0.0f, 1, 0, 0, 0};
-    const int32_t ids[3] = {0, 1, 2};
-    const float qp[3] = {0.5f, 0.3f, 0.2f};
-    sd_spec_q q = {3, ids, qp};
-    uint64_t counts[V] = {0};
-    for (uint64_t seed = 0; seed < 2000; seed++) {
-        int32_t out[2], n_acc;
-        sd_spec_info info;
-        assert_int_equal(verify1(p, V, 3, &q, seed, out, &n_acc, &info), SD_OK);
-        assert_int_equal(n_acc, 0);
-        assert_true(info.residual_fallback);
-        /* Exactly the draw plain decoding would make from p with the residual's uniform. */
-        assert_int_equal(out[0], sd_sample_from(p, V, sd_rng_uniform(seed, 100, SD_RNG_RESIDUAL)));
-        counts[out[0]]++;
+    /* The property failover needs: whatever was drafted and however many
+     * positions a step covers, the token committed at position t is the
+     * draw plain decoding makes at t. Rejection sampling (accept with
+     * min(1, p/q), replacement from the residual) fails this. */
+    enum { V = 7, K = 5 };
+    float p[(K + 1) * V];
+    const int32_t all_ids[V] = {0, 1, 2, 3, 4, 5, 6};
+    const float flat[V] = {1, 1, 1, 1, 1, 1, 1};
+    sd_spec_q q[K];
+    for (int32_t i = 0; i < K; i++) q[i] = (sd_spec_q){V, all_ids, flat};
+    for (uint64_t seed = 0; seed < 3000; seed++) {
+        random_rows(p, K + 1, V, seed * 7919u);
+        int32_t plain[K + 1];
+        for (int32_t i = 0; i <= K; i++) plain[i] = sd_sample_race(p + i * V, V, seed, 200 + (uint64_t)i);
+        int32_t k = (int32_t)(seed % (K + 1)), draft[K], out[K + 1], n_acc;
+        /* drafts that match the plain draws for a while, then anything */
+        int32_t n_match = (int32_t)((seed / 7) % (K + 1));
+        for (int32_t i = 0; i < k; i++)
+            draft[i] = i < n_match ? plain[i] : (int32_t)(sd_rng_uniform(seed, (uint64_t)i, SD_RNG_RESIDUAL) * V);
+        assert_int_equal(sd_spec_verify(p, V, draft, q, k, seed, 200, out, &n_acc, NULL), SD_OK);
+        assert_true(n_acc >= (n_match < k ? n_match : k));
+        for (int32_t i = 0; i <= n_acc; i++) assert_int_equal(out[i], plain[i]);
     }
-    assert_int_equal(counts[3], 0);
-    assert_true(counts[0] > counts[1] && counts[1] > counts[2] && counts[2] > 0);
 }
 
 static void test_one_hot_q(void **state) {
@@ -282,66 +276,53 @@ static void test_one_hot_q(void **state) {
     const int32_t id = 0;
     const float one = 1.0f;
     sd_spec_q q = {1, &id, &one};
-    assert_true(fabs(sd_spec_alpha(p, V, &q) - 0.5) < 1e-7);
     int32_t accepted = 0;
     for (uint64_t seed = 0; seed < N; seed++) {
         int32_t out[2], n_acc;
         sd_spec_info info;
         assert_int_equal(verify1(p, V, 0, &q, seed, out, &n_acc, &info), SD_OK);
-        /* Acceptance is the test u < p(y) with the ACCEPT uniform, nothing else. */
-        bool expect = sd_rng_uniform(seed, 100, SD_RNG_ACCEPT) < (double)p[0];
-        assert_int_equal(n_acc, expect ? 1 : 0);
-        if (n_acc == 1) {
-            accepted++;
-            assert_int_equal(out[0], 0);
-        } else {
-            /* Residual = p without token 0: 0.3/0.5 on 1, 0.2/0.5 on 2. */
-            double u = sd_rng_uniform(seed, 100, SD_RNG_RESIDUAL);
-            assert_int_equal(out[0], u < 0.6 ? 1 : 2);
-        }
+        int32_t x = sd_sample_race(p, V, seed, 100);
+        assert_int_equal(n_acc, x == 0 ? 1 : 0);
+        assert_int_equal(out[0], x);
+        accepted += n_acc;
     }
-    /* 0.5 within 5 standard deviations (sd = 0.0025). */
+    /* An n-gram draft is accepted with probability p(y) = 0.5, as under
+     * rejection sampling; within 5 standard deviations (sd = 0.0025). */
     assert_true(fabs((double)accepted / N - 0.5) < 5 * 0.0025);
 }
 
-static void test_accept_ratio_keying(void **state) {
+static void test_draft_coupled(void **state) {
     (void)state;
-    enum { V = 3 };
-    const float p[2 * V] = {0.3f, 0.3f, 0.4f, 0.1f, 0.2f, 0.7f};
-    const int32_t ids[2] = {0, 2};
-    const float qp[2] = {0.6f, 0.4f};
-    sd_spec_q q = {2, ids, qp};
-    for (uint64_t seed = 0; seed < 5000; seed++) {
-        int32_t out[2], n_acc;
-        sd_spec_info info;
-        assert_int_equal(verify1(p, V, 0, &q, seed, out, &n_acc, &info), SD_OK);
-        /* p/q = 0.5 at token 0. */
-        bool expect = sd_rng_uniform(seed, 100, SD_RNG_ACCEPT) < 0.5;
-        assert_int_equal(n_acc, expect ? 1 : 0);
-        if (expect) {
-            /* Bonus: the draw plain decoding makes at position 101. */
-            assert_true(info.bonus);
-            assert_int_equal(out[1], sd_sample_from(p + V, V, sd_rng_uniform(seed, 101, SD_RNG_SAMPLE)));
-        } else {
-            /* Residual max(0, p - q) = {0, 0.3, 0}: always token 1. */
-            assert_int_equal(out[0], 1);
+    enum { V = 6, TOP = 2 };
+    const float probs[V] = {0.05f, 0.4f, 0.1f, 0.3f, 0.1f, 0.05f};
+    int32_t n_tail = 0;
+    for (uint64_t seed = 0; seed < 3000; seed++) {
+        int32_t ids[TOP], n_q, y;
+        float qp[TOP];
+        assert_int_equal(sd_spec_draft_coupled(probs, V, TOP, seed, 9, ids, qp, &n_q, &y), SD_OK);
+        assert_int_equal(y, sd_sample_race(probs, V, seed, 9));
+        assert_int_equal(n_q, TOP);
+        sd_spec_q q = {n_q, ids, qp};
+        assert_true(sd_spec_q_prob(&q, y) > 0.0); /* the draft is always in the q sent */
+        assert_true(fabs((double)qp[0] + (double)qp[1] - 1.0) < 1e-6);
+        if (y != 1 && y != 3) {
+            n_tail++;
+            assert_int_equal(ids[0], 1); /* the best entry stays, the least gave way */
+            assert_int_equal(ids[1], y);
         }
-        /* Token 2 has p/q = 1: always accepted. */
-        assert_int_equal(verify1(p, V, 2, &q, seed, out, &n_acc, &info), SD_OK);
-        assert_int_equal(n_acc, 1);
     }
+    assert_true(n_tail > 0);
 }
 
 static void test_k0_is_plain_sampling(void **state) {
     (void)state;
     enum { V = 5 };
     const float p[V] = {0.1f, 0.2f, 0.3f, 0.15f, 0.25f};
-    double scratch[V];
     for (uint64_t seed = 0; seed < 1000; seed++) {
         int32_t out[1], n_acc = -1;
-        assert_int_equal(sd_spec_verify(p, V, NULL, NULL, 0, seed, 7, scratch, out, &n_acc, NULL), SD_OK);
+        assert_int_equal(sd_spec_verify(p, V, NULL, NULL, 0, seed, 7, out, &n_acc, NULL), SD_OK);
         assert_int_equal(n_acc, 0);
-        assert_int_equal(out[0], sd_sample_from(p, V, sd_rng_uniform(seed, 7, SD_RNG_SAMPLE)));
+        assert_int_equal(out[0], sd_sample_race(p, V, seed, 7));
     }
 }
 
@@ -355,11 +336,10 @@ static void test_one_hot_p_is_greedy(void **state) {
     const int32_t all_ids[V] = {0, 1, 2, 3};
     const float flat[V] = {0.25f, 0.25f, 0.25f, 0.25f};
     sd_spec_q q[K] = {{V, all_ids, flat}, {V, all_ids, flat}, {V, all_ids, flat}};
-    double scratch[V];
     for (uint64_t seed = 0; seed < 500; seed++) {
         int32_t draft[K], out[K + 1], n_acc, g_out[K + 1], g_acc;
         for (int32_t i = 0; i < K; i++) draft[i] = sd_spec_q_sample(&q[i], sd_rng_uniform(seed, 10 + i, SD_RNG_DRAFT));
-        assert_int_equal(sd_spec_verify(p, V, draft, q, K, seed, 10, scratch, out, &n_acc, NULL), SD_OK);
+        assert_int_equal(sd_spec_verify(p, V, draft, q, K, seed, 10, out, &n_acc, NULL), SD_OK);
         assert_int_equal(sd_spec_verify_greedy(target, draft, K, g_out, &g_acc), SD_OK);
         assert_int_equal(n_acc, g_acc);
         assert_memory_equal(out, g_out, (size_t)(n_acc + 1) * sizeof *out);
@@ -379,10 +359,8 @@ static void test_bad_inputs(void **state) {
     assert_int_equal(verify1(p, V, 1, &q_neg, 1, out, &n_acc, NULL), SD_ERR_INVALID_ARG);
     const float p_nan[2 * V] = {NAN, 0.5f, 0.5f, 0.3f, 0.3f, 0.4f};
     assert_int_equal(verify1(p_nan, V, 1, &q, 1, out, &n_acc, NULL), SD_ERR_INVALID_ARG);
-    double scratch[V];
     int32_t draft[1] = {1};
-    assert_int_equal(sd_spec_verify(p, V, draft, &q, SD_MAX_DRAFT + 1, 1, 0, scratch, out, &n_acc, NULL),
-                     SD_ERR_INVALID_ARG);
+    assert_int_equal(sd_spec_verify(p, V, draft, &q, SD_MAX_K + 1, 1, 0, out, &n_acc, NULL), SD_ERR_INVALID_ARG);
     assert_int_equal(n_error_lines, 5);
 }
 
@@ -409,10 +387,9 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_greedy, setup, teardown),
         cmocka_unit_test_setup_teardown(test_p_equals_q_always_accepts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_disjoint_supports_always_reject, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_q_zero_is_rejected_and_reported, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_residual_mass_zero_falls_back_to_p, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_committed_tokens_do_not_depend_on_drafts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_one_hot_q, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_accept_ratio_keying, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_draft_coupled, setup, teardown),
         cmocka_unit_test(test_k0_is_plain_sampling),
         cmocka_unit_test(test_one_hot_p_is_greedy),
         cmocka_unit_test_setup_teardown(test_bad_inputs, setup, teardown),

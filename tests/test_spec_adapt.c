@@ -130,7 +130,7 @@ static int remove_model(void **state) {
 }
 
 typedef struct run_result {
-    int32_t out[N_NEW + SD_MAX_DRAFT + 1];
+    int32_t out[N_NEW + SD_MAX_K + 1];
     double k_sum_late; /* K over the steps that produced tokens N_NEW/2 .. N_NEW */
     int32_t steps_late;
     long drafted_late;
@@ -147,7 +147,7 @@ static void plain_greedy(sd_model *m, const int32_t *prompt, int32_t n_prompt, i
     sd_sampling s = sd_sampling_default();
     s.temperature = 0.0f;
     for (int32_t i = 0; i < N_NEW; i++) {
-        int32_t step[SD_MAX_DRAFT + 1], n_step;
+        int32_t step[SD_MAX_K + 1], n_step;
         assert_int_equal(sd_spec_decoder_step(dec, ctx, n_prompt + i, 0, &s, step, &n_step, NULL, NULL), SD_OK);
         assert_int_equal(n_step, 1);
         ctx[n_prompt + i] = out[i] = step[0];
@@ -178,7 +178,7 @@ static void adaptive_run_costs(sd_model *m, sd_drafter *d, const int32_t *prompt
     int32_t n = 0;
     memset(r, 0, sizeof *r);
     while (n < N_NEW) {
-        int32_t step[SD_MAX_DRAFT + 1], n_step, k = -1;
+        int32_t step[SD_MAX_K + 1], n_step, k = -1;
         long drafted0 = (long)sd_spec_decoder_stats(dec)->drafted;
         assert_int_equal(sd_spec_decoder_step_adaptive(dec, ctx, n_prompt + n, 8, &s, step, &n_step, &k), SD_OK);
         assert_true(k >= 0 && k <= 8);
@@ -218,7 +218,7 @@ static void test_decoder_costly_draft_settles_at_zero(void **state) {
     sd_gguf *g = NULL;
     sd_model *m = load(&g);
     sd_drafter_params dp = sd_drafter_default_params();
-    dp.max_ctx = MAX_CTX + SD_MAX_DRAFT + 1;
+    dp.max_ctx = MAX_CTX + SD_MAX_K + 1;
     dp.n_threads = 1;
     sd_drafter *d = NULL;
     /* the target drafting for itself: a draft token costs a target step */
@@ -268,11 +268,11 @@ static void test_decoder_ngram_drafts(void **state) {
     size_t n_ids = 0;
     assert_int_equal(sd_tok_chat_format(&msg, 1, NULL, true, &text), SD_OK);
     assert_int_equal(sd_tok_encode(tok, text, strlen(text), true, &ids, &n_ids), SD_OK);
-    assert_true(n_ids + N_NEW + SD_MAX_DRAFT < MAX_CTX);
+    assert_true(n_ids + N_NEW + SD_MAX_K < MAX_CTX);
     static int32_t plain[N_NEW];
     plain_greedy(m, ids, (int32_t)n_ids, plain);
     sd_drafter_params dp = sd_drafter_default_params();
-    dp.max_ctx = MAX_CTX + SD_MAX_DRAFT + 1;
+    dp.max_ctx = MAX_CTX + SD_MAX_K + 1;
     sd_drafter *d = NULL;
     assert_int_equal(sd_drafter_ngram_create(&dp, &d), SD_OK);
     static run_result r;

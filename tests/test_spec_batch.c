@@ -170,11 +170,11 @@ static void alone_generate(draft_kind kind, const seq_spec *q, int32_t *out) {
     sd_drafter *d = make_drafter(kind, 1);
     sd_spec_decoder *dec = NULL;
     assert_int_equal(sd_spec_decoder_create(env.target_model, d, MAX_CTX, &dec), SD_OK);
-    int32_t ctx[MAX_CTX + SD_MAX_DRAFT + 1];
+    int32_t ctx[MAX_CTX + SD_MAX_K + 1];
     memcpy(ctx, q->prompt, (size_t)q->n_prompt * sizeof *ctx);
     int32_t n = q->n_prompt;
     while (n < q->n_prompt + N_NEW) {
-        int32_t step[SD_MAX_DRAFT + 1], n_step;
+        int32_t step[SD_MAX_K + 1], n_step;
         assert_int_equal(sd_spec_decoder_step(dec, ctx, n, q->k, &q->s, step, &n_step, NULL, NULL), SD_OK);
         memcpy(ctx + n, step, (size_t)n_step * sizeof *step);
         n += n_step;
@@ -186,7 +186,7 @@ static void alone_generate(draft_kind kind, const seq_spec *q, int32_t *out) {
 
 /* Coordinator-side state of one sequence in the batched loop. */
 typedef struct seq_run {
-    int32_t ctx[MAX_CTX + SD_MAX_DRAFT + 1], n;
+    int32_t ctx[MAX_CTX + SD_MAX_K + 1], n;
     int32_t target_len;  /* tokens the verifier's cache holds (its last cache_len) */
     int32_t drafter_len; /* tokens the drafter is known to hold */
     bool active, done;
@@ -328,8 +328,8 @@ static void test_draft_batch_equals_propose(void **state) {
         assert_int_equal(sd_draft_batch(batch, N_SEQS, dseq, dres), SD_OK);
         for (int32_t i = 0; i < N_SEQS; i++) {
             sd_drafter *alone = make_drafter((draft_kind)kind, 1);
-            int32_t tokens[SD_MAX_DRAFT], nd = 0;
-            sd_spec_q q[SD_MAX_DRAFT];
+            int32_t tokens[SD_MAX_K], nd = 0;
+            sd_spec_q q[SD_MAX_K];
             assert_int_equal(
                 sd_drafter_propose(alone, 0, ss[i].prompt, ss[i].n_prompt, ss[i].k + 1, &ss[i].s, tokens, q, &nd),
                 SD_OK);
@@ -402,7 +402,7 @@ static void test_per_sequence_errors(void **state) {
     seqs[4].append = bad_ids; /* id == VOCAB */
     seqs[4].n_append = 2;
     seqs[5].slot = 4;
-    seqs[5].k = SD_MAX_DRAFT + 1; /* K over the limit */
+    seqs[5].k = SD_MAX_K + 1; /* K over the limit */
     seqs[6].slot = 5;
     seqs[6].sampling = hot; /* sampling without q */
     seqs[7].slot = 6;

@@ -238,7 +238,7 @@ static void test_ngram_bad_args(void **state) {
     s.temperature = 1.0f; /* sampled (the default is greedy) */
     assert_int_equal(sd_drafter_propose(d, 1, ctx, 2, 2, &s, tokens, q, &n), SD_ERR_RANGE);
     assert_int_equal(sd_drafter_propose(d, 0, ctx, 0, 2, &s, tokens, q, &n), SD_ERR_INVALID_ARG);
-    assert_int_equal(sd_drafter_propose(d, 0, ctx, 2, SD_MAX_DRAFT + 1, &s, tokens, q, &n), SD_ERR_INVALID_ARG);
+    assert_int_equal(sd_drafter_propose(d, 0, ctx, 2, SD_MAX_K + 1, &s, tokens, q, &n), SD_ERR_INVALID_ARG);
     s.top_p = 0;
     assert_int_equal(sd_drafter_propose(d, 0, ctx, 2, 2, &s, tokens, q, &n), SD_ERR_INVALID_ARG);
     sd_drafter_free(&d);

@@ -115,11 +115,11 @@ static void plain_generate(const int32_t *prompt, int32_t n_prompt, int32_t n_ne
 /* Speculative decoding of n_new tokens after prompt with decoder dec. */
 static void spec_generate(sd_spec_decoder *dec, const int32_t *prompt, int32_t n_prompt, int32_t n_new, int32_t k,
                           const sd_sampling *s, int32_t *out) {
-    int32_t ctx[MAX_CTX + SD_MAX_DRAFT + 1];
+    int32_t ctx[MAX_CTX + SD_MAX_K + 1];
     memcpy(ctx, prompt, (size_t)n_prompt * sizeof *prompt);
     int32_t n = n_prompt;
     while (n < n_prompt + n_new) {
-        int32_t step[SD_MAX_DRAFT + 1], n_step;
+        int32_t step[SD_MAX_K + 1], n_step;
         assert_int_equal(sd_spec_decoder_step(dec, ctx, n, k, s, step, &n_step, NULL, NULL), SD_OK);
         assert_true(n_step >= 1 && n_step <= k + 1);
         memcpy(ctx + n, step, (size_t)n_step * sizeof *step);

@@ -4,16 +4,21 @@
  * zeros, one-hot q as n-gram drafts give, q sparsified to its top 5, p = q)
  * it simulates N = 10^6 steps of K = 3 drafted tokens with independent
  * per-position p_1..p_4 and q_1..q_3: the drafter draws y_i from q_i with
- * SD_RNG_DRAFT, sd_spec_verify decides. Three chi-square goodness-of-fit
+ * the verifier's race (sd_sample_race: the coupled rule of spec.h),
+ * sd_spec_verify decides. Three chi-square goodness-of-fit
  * tests per case, each at significance 1e-4:
  *   - the first emitted token follows p_1;
  *   - the second emitted token, when the first was accepted, follows p_2;
  *   - the number accepted follows theory: P(n = j) = a_1..a_j (1 - a_{j+1}),
- *     P(n = K) = a_1..a_K with a_i = sum_v min(p_i(v), q_i(v)), computed here
- *     from the dense distributions, independently of the library.
+ *     P(n = K) = a_1..a_K with a_i = sum_v 1 / sum_w max(p_w/p_v, q_w/q_v),
+ *     the agreement of two exponential races over shared uniforms (the
+ *     integral over E_v of prod_w P(E_w > E_v max(p_w/p_v, q_w/q_v))),
+ *     computed here from the dense distributions, independently of the
+ *     library.
  * Seeds are fixed, so the outcome is deterministic. The same harness is then
  * run against a deliberately wrong verifier (the real one, except that after
- * a rejection the replacement is drawn from p instead of norm(max(0, p - q)))
+ * a rejection the replacement is a fresh draw from p instead of the
+ * target's own coupled draw)
  * over N/4 steps, and the suite asserts the test rejects it wherever the
  * bias is large enough to be seen (noncentrality >= 200, where a chi-square
  * test at 1e-4 misses with negligible probability) and that this covers at
@@ -159,28 +164,37 @@ static void row_probs(const float *row, int32_t n, double *out) {
     for (int32_t v = 0; v < n; v++) out[v] = row[v] / t;
 }
 
-static double alpha_of(const spec_case *c, int32_t i) {
-    double p[V_MAX], q[V_MAX], a = 0;
+/* P(x == y == v) for the coupled races at one position:
+ * 1 / sum_w max(p_w/p_v, q_w/q_v) (0 unless both give v mass). */
+static double overlap_of(const spec_case *c, int32_t i, int32_t v) {
+    double p[V_MAX] = {0}, q[V_MAX] = {0}, den = 0;
     row_probs(c->p[i], c->n_vocab, p);
     row_probs(c->q_dense[i], c->n_vocab, q);
-    for (int32_t v = 0; v < c->n_vocab; v++) a += fmin(p[v], q[v]);
+    if (!(p[v] > 0) || !(q[v] > 0)) return 0.0;
+    for (int32_t w = 0; w < c->n_vocab; w++) den += fmax(p[w] / p[v], q[w] / q[v]);
+    return 1.0 / den;
+}
+
+static double alpha_of(const spec_case *c, int32_t i) {
+    double a = 0;
+    for (int32_t v = 0; v < c->n_vocab; v++) a += overlap_of(c, i, v);
     return a;
 }
 
 /* ---- the harness ---- */
 
-typedef sd_status (*verify_fn)(const spec_case *c, const int32_t *draft, uint64_t seed, uint64_t pos0, double *scratch,
-                               int32_t *out, int32_t *n_acc);
+typedef sd_status (*verify_fn)(const spec_case *c, const int32_t *draft, uint64_t seed, uint64_t pos0, int32_t *out,
+                               int32_t *n_acc);
 
-static sd_status verify_real(const spec_case *c, const int32_t *draft, uint64_t seed, uint64_t pos0, double *scratch,
-                             int32_t *out, int32_t *n_acc) {
-    return sd_spec_verify(c->p_flat, c->n_vocab, draft, c->q, K, seed, pos0, scratch, out, n_acc, NULL);
+static sd_status verify_real(const spec_case *c, const int32_t *draft, uint64_t seed, uint64_t pos0, int32_t *out,
+                             int32_t *n_acc) {
+    return sd_spec_verify(c->p_flat, c->n_vocab, draft, c->q, K, seed, pos0, out, n_acc, NULL);
 }
 
-/* Wrong on purpose: replaces the residual draw by a draw from p itself. */
-static sd_status verify_wrong(const spec_case *c, const int32_t *draft, uint64_t seed, uint64_t pos0, double *scratch,
-                              int32_t *out, int32_t *n_acc) {
-    sd_status st = verify_real(c, draft, seed, pos0, scratch, out, n_acc);
+/* Wrong on purpose: replaces the draw at a rejection by a fresh draw from p. */
+static sd_status verify_wrong(const spec_case *c, const int32_t *draft, uint64_t seed, uint64_t pos0, int32_t *out,
+                              int32_t *n_acc) {
+    sd_status st = verify_real(c, draft, seed, pos0, out, n_acc);
     if (st == SD_OK && *n_acc < K)
         out[*n_acc] =
             sd_sample_from(c->p[*n_acc], c->n_vocab, sd_rng_uniform(seed, pos0 + (uint64_t)*n_acc, SD_RNG_RESIDUAL));
@@ -193,16 +207,15 @@ typedef struct harness_result {
 
 static harness_result run_harness(const spec_case *c, verify_fn fn, uint64_t n_steps, uint64_t base_seed) {
     uint64_t first[V_MAX] = {0}, second[V_MAX] = {0}, accepted[K + 1] = {0};
-    double scratch[V_MAX];
     for (uint64_t t = 0; t < n_steps; t++) {
         uint64_t seed = base_seed * 0x100000001B3ull + t;
         uint64_t pos0 = 17 + (t & 1023);
         int32_t draft[K], out[K + 1], n_acc = -1;
         for (int32_t i = 0; i < K; i++) {
-            draft[i] = sd_spec_q_sample(&c->q[i], sd_rng_uniform(seed, pos0 + (uint64_t)i, SD_RNG_DRAFT));
+            draft[i] = sd_sample_race(c->q_dense[i], c->n_vocab, seed, pos0 + (uint64_t)i);
             assert_true(draft[i] >= 0);
         }
-        assert_int_equal(fn(c, draft, seed, pos0, scratch, out, &n_acc), SD_OK);
+        assert_int_equal(fn(c, draft, seed, pos0, out, &n_acc), SD_OK);
         assert_true(n_acc >= 0 && n_acc <= K);
         first[out[0]]++;
         if (n_acc >= 1) second[out[1]]++;
@@ -241,14 +254,13 @@ static uint64_t steps_from_env(void) {
 }
 
 /* Noncentrality of the wrong verifier's first-token distribution against
- * p_1: N * sum (w - p)^2 / p with w = min(p, q) + (1 - alpha) p. */
+ * p_1: N * sum (w - p)^2 / p with w = overlap(v) + (1 - alpha) p. */
 static double wrong_noncentrality(const spec_case *c, uint64_t n_steps) {
-    double p[V_MAX], q[V_MAX], a = alpha_of(c, 0), lambda = 0;
+    double p[V_MAX], a = alpha_of(c, 0), lambda = 0;
     row_probs(c->p[0], c->n_vocab, p);
-    row_probs(c->q_dense[0], c->n_vocab, q);
     for (int32_t v = 0; v < c->n_vocab; v++) {
         if (p[v] <= 0) continue;
-        double w = fmin(p[v], q[v]) + (1 - a) * p[v];
+        double w = overlap_of(c, 0, v) + (1 - a) * p[v];
         lambda += (double)n_steps * (w - p[v]) * (w - p[v]) / p[v];
     }
     return lambda;

@@ -200,7 +200,7 @@ static size_t min_budget(const uint8_t *buf, size_t len) {
 static void expect_decodes(size_t n_results, size_t k, size_t top_n) {
     size_t len;
     uint8_t *buf = pack_draft_response(n_results, k, top_n, &len);
-    sd_net_limits lim = {.n_vocab = 49152, .max_context = 8192, .max_batch = SD_MAX_BATCH, .max_draft = SD_MAX_DRAFT};
+    sd_net_limits lim = {.n_vocab = 49152, .max_context = 8192, .max_batch = SD_MAX_BATCH, .max_k = SD_MAX_K};
     Specd__Code code;
     char err[256];
     Specd__WorkerToCoordinator *env = sd_net_decode_worker(buf, len, &lim, &code, err, sizeof err);
@@ -222,7 +222,7 @@ static void expect_decodes(size_t n_results, size_t k, size_t top_n) {
 static void test_legitimate_within_budget(void **state) {
     (void)state;
     expect_decodes(1, 1, 1);
-    expect_decodes(SD_MAX_BATCH, SD_MAX_DRAFT, 1); /* n-gram drafter: one-entry q's */
+    expect_decodes(SD_MAX_BATCH, SD_MAX_K, 1); /* n-gram drafter: one-entry q's */
     expect_decodes(64, 8, 64);
     expect_decodes(64, 8, SD_MAX_TOP_N);
 }
@@ -252,13 +252,13 @@ static void test_caps(void **state) {
     assert_true(cap < SD_MAX_WORKER_MSG_BYTES);
     free(buf);
     assert_int_equal(sd_net_worker_reply_cap(1, 0), SD_MIN_MSG_CAP_BYTES);
-    assert_int_equal(sd_net_worker_reply_cap(SD_MAX_BATCH, SD_MAX_DRAFT), SD_MAX_WORKER_MSG_BYTES);
+    assert_int_equal(sd_net_worker_reply_cap(SD_MAX_BATCH, SD_MAX_K), SD_MAX_WORKER_MSG_BYTES);
     int64_t ccap = sd_net_client_msg_cap(8192);
     assert_true(ccap > 2 * SD_MAX_PROMPT_BYTES && ccap <= SD_MAX_CLIENT_MSG_BYTES);
     assert_int_equal(sd_net_client_msg_cap(1 << 30), SD_MAX_CLIENT_MSG_BYTES);
     assert_true(sd_net_unpack_budget(SIZE_MAX) == SIZE_MAX);
     /* a worker's cap holds a verify batch of full contexts (prefixes resent after CACHE_MISS) */
-    sd_net_limits lim = {.n_vocab = 49152, .max_context = 2048, .max_batch = 64, .max_draft = 16};
+    sd_net_limits lim = {.n_vocab = 49152, .max_context = 2048, .max_batch = 64, .max_k = 16};
     int64_t wcap = sd_net_worker_request_cap(&lim);
     Specd__VerifySeq *seqs = calloc(64, sizeof *seqs);
     Specd__VerifySeq **pseqs = calloc(64, sizeof *pseqs);

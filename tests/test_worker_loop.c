@@ -242,7 +242,7 @@ static void test_register_serve_heartbeat_stop(void **state) {
     assert_int_equal(h->model->context_length, 512);
     assert_string_equal(h->model->architecture, "llama");
     assert_int_equal(h->max_batch, 8);
-    assert_int_equal(h->max_draft, 4);
+    assert_int_equal(h->max_k, 4);
     assert_non_null(h->stats);
     assert_int_equal(h->n_step_costs, 2);
     assert_int_equal(h->step_costs[1]->tokens, 8);

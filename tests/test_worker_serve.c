@@ -108,7 +108,7 @@ static sd_verifier *new_verifier(int32_t max_seqs, int32_t kv_blocks) {
     vp.max_seqs = max_seqs;
     vp.kv_blocks = kv_blocks;
     vp.max_batch = 8;
-    vp.max_draft = 8;
+    vp.max_k = 8;
     sd_verifier *v = NULL;
     assert_int_equal(sd_verifier_create(env.target_model, &vp, &v), SD_OK);
     return v;
@@ -368,7 +368,7 @@ static void test_verify_warmup(void **state) {
     SKIP_WITHOUT_MODELS();
     sd_verifier *warm = new_verifier(4, 64), *cold = new_verifier(4, 64);
     sd_warmup_report rep;
-    /* max_draft 8: 9 tokens a sequence, so 32 tokens are 4 sequences */
+    /* max_k 8: 9 tokens a sequence, so 32 tokens are 4 sequences */
     assert_int_equal(sd_verifier_warmup(warm, SD_WARMUP_FULL, 40, &rep), SD_OK);
     assert_int_equal(rep.n_sizes, 18); /* 1..16, 24, 32 */
     assert_int_equal(rep.n_steps, 16 * 3 + 2 * 2);
@@ -537,7 +537,7 @@ static sd_draft_server *new_draft_server(sd_drafter *d, int32_t max_seqs, int32_
     sp.max_seqs = max_seqs;
     sp.max_ctx = max_ctx;
     sp.max_batch = 8;
-    sp.max_draft = K;
+    sp.max_k = K;
     sp.n_vocab = VOCAB;
     sd_draft_server *srv = NULL;
     assert_int_equal(sd_draft_server_create(d, &sp, &srv), SD_OK);
@@ -686,7 +686,7 @@ static void test_draft_ngram(void **state) {
     sp.max_seqs = 2;
     sp.max_ctx = 64;
     sp.max_batch = 4;
-    sp.max_draft = 3;
+    sp.max_k = 3;
     sp.n_vocab = 50;
     sp.top_n = 1;
     sd_draft_server *srv = NULL;
@@ -696,7 +696,7 @@ static void test_draft_ngram(void **state) {
     greedy.temperature = 0.0f;
     dseq s[3];
     Specd__DraftResponse resp;
-    dseq_init(&s[0], 40, 0, ctx, 8, 8, &greedy); /* k 8 is capped at max_draft 3 */
+    dseq_init(&s[0], 40, 0, ctx, 8, 8, &greedy); /* k 8 is capped at max_k 3 */
     dseq_init(&s[1], 41, 0, ctx, 3, 2, &greedy);
     dseq_init(&s[2], 42, 0, ctx, 3, 2, &greedy); /* no third slot */
     run_draft(srv, s, 3, &resp);

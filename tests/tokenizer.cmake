@@ -8,3 +8,12 @@ target_link_libraries(tok_cli PRIVATE specd_engine)
 target_compile_definitions(tok_cli PRIVATE _GNU_SOURCE)
 
 specd_py_test(test_tokenizer_hf ref/test_tokenizer_hf.py LABELS "oracle;model")
+
+# Chat templates: specd's formatter (driven through chat_cli) against jinja2
+# rendering the real templates in tests/data/chat_templates/, and the
+# template read from a GGUF / Hugging Face directory by specd-generate.
+add_executable(chat_cli ${CMAKE_CURRENT_SOURCE_DIR}/chat_cli.c)
+target_link_libraries(chat_cli PRIVATE specd_engine)
+target_compile_definitions(chat_cli PRIVATE _GNU_SOURCE)
+specd_py_test(test_chat_templates ref/test_chat_templates.py LABELS "oracle;unit")
+specd_py_test(test_chat_template_model ref/test_chat_template_model.py LABELS "oracle;unit")

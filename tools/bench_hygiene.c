@@ -12,9 +12,14 @@
  * (microseconds, but no way to read the same for excluded processes, and
  * mixing two clocks would add their rounding errors); a load average (a
  * one-minute average cannot say which repetition was disturbed). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* sched_setaffinity, CPU_SET */
+#endif
 #include "bench_hygiene.h"
 
 #include <ctype.h>
+#include <errno.h>
+#include <sched.h>
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -129,4 +134,65 @@ double sd_hyg_other_cores(const sd_hyg_mark *a, const sd_hyg_mark *b) {
 bool sd_hyg_clean(const sd_hyg_params *p, double other_cores) {
     double max = p && p->max_other_cores > 0 ? p->max_other_cores : SD_HYG_DEFAULT_MAX_OTHER;
     return other_cores < 0 || other_cores <= max;
+}
+
+bool sd_hyg_parse_cpus(const char *list, unsigned char set[SD_HYG_CPUS_MAX / 8]) {
+    unsigned char out[SD_HYG_CPUS_MAX / 8] = {0};
+    const char *c = list;
+    if (!c || !*c) return false;
+    for (;;) {
+        if (!isdigit((unsigned char)*c)) return false;
+        char *end;
+        long lo = strtol(c, &end, 10), hi = lo;
+        c = end;
+        if (*c == '-') {
+            if (!isdigit((unsigned char)c[1])) return false;
+            hi = strtol(c + 1, &end, 10);
+            c = end;
+        }
+        if (lo < 0 || hi < lo || hi >= SD_HYG_CPUS_MAX) return false;
+        for (long i = lo; i <= hi; i++) out[i / 8] |= (unsigned char)(1u << (i % 8));
+        if (*c == 0) break;
+        if (*c++ != ',') return false;
+    }
+    memcpy(set, out, sizeof out);
+    return true;
+}
+
+bool sd_hyg_pin_cpus(const char *list) {
+    unsigned char bits[SD_HYG_CPUS_MAX / 8];
+    if (!sd_hyg_parse_cpus(list, bits)) {
+        fprintf(stderr, "--cpus '%s': not a CPU list (for example 0-1 or 0,2)\n", list ? list : "");
+        return false;
+    }
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int i = 0; i < SD_HYG_CPUS_MAX && i < CPU_SETSIZE; i++)
+        if (bits[i / 8] & (1u << (i % 8))) CPU_SET(i, &set);
+    if (sched_setaffinity(0, sizeof set, &set) != 0) {
+        fprintf(stderr, "--cpus %s: sched_setaffinity: %s\n", list, strerror(errno));
+        return false;
+    }
+    return true;
+}
+
+void sd_hyg_affinity_text(char *buf, size_t size) {
+    cpu_set_t set;
+    size_t at = 0;
+    if (size == 0) return;
+    buf[0] = 0;
+    if (sched_getaffinity(0, sizeof set, &set) != 0) {
+        snprintf(buf, size, "unknown");
+        return;
+    }
+    for (int i = 0; i < CPU_SETSIZE; i++) {
+        if (!CPU_ISSET(i, &set)) continue;
+        int j = i;
+        while (j + 1 < CPU_SETSIZE && CPU_ISSET(j + 1, &set)) j++;
+        int n = j > i ? snprintf(buf + at, size - at, "%s%d-%d", at ? "," : "", i, j)
+                      : snprintf(buf + at, size - at, "%s%d", at ? "," : "", i);
+        if (n < 0 || (size_t)n >= size - at) break;
+        at += (size_t)n;
+        i = j;
+    }
 }

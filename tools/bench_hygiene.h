@@ -18,6 +18,7 @@
 #define SPECD_BENCH_HYGIENE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define SD_HYG_DEFAULT_MAX_OTHER 0.25 /* cores: a quarter of a core */
@@ -60,5 +61,24 @@ uint64_t sd_hyg_process_ticks(int pid);
 
 /* Ticks per second of the counters above. */
 double sd_hyg_tick_hz(void);
+
+/* CPU affinity, so that specd and a peer it is compared with run on the
+ * same CPUs. Neither pins a thread to a single core (specd's thread pool
+ * does not, and neither do llama.cpp's defaults): the whole process, and
+ * every process it starts, is kept to one set.
+ *
+ * Parses a Linux CPU list ("0-1", "0,2,4-5") into *set; false (and *set
+ * untouched) for anything else: empty, junk, a CPU >= CPU_SETSIZE, a
+ * reversed range. */
+#define SD_HYG_CPUS_MAX 1024
+bool sd_hyg_parse_cpus(const char *list, unsigned char set[SD_HYG_CPUS_MAX / 8]);
+
+/* Keeps this process (and what it starts later) to the CPUs in list;
+ * false, with a message on stderr, when the list is bad or the kernel
+ * refuses it (a CPU that is offline or outside a cgroup's set). */
+bool sd_hyg_pin_cpus(const char *list);
+
+/* This process's CPU affinity as a CPU list ("0-1"), into buf. */
+void sd_hyg_affinity_text(char *buf, size_t size);
 
 #endif

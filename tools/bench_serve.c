@@ -3,8 +3,8 @@
  *
  * For each concurrency (default 1, 8, 64) it runs rounds of that many
  * concurrent requests (prompts from a file, one per line, cycled), with
- * speculation on (max_draft 0 = the coordinator's default) and off
- * (max_draft -1: target-only), alternating spec/target rounds and which of
+ * speculation on (max_k 0 = the coordinator's default) and off
+ * (max_k -1: target-only), alternating spec/target rounds and which of
  * the two goes first (ABBA), so that drift of the machine hits both alike;
  * both rounds of a pair send the same prompts. Each concurrency starts with
  * --warmup unmeasured pairs: the first round of a run measured 5-6% slower
@@ -36,6 +36,11 @@
  * a pair with a round over --max-other-load cores is left out of the
  * medians, the range and the ratios, and the table gives the share and
  * the pairs left out.
+ * --versus ADDR compares two services instead of two modes: the one at
+ * --coordinator (keyed with --curve-secret/--curve-server: CurveZMQ) and
+ * the one at ADDR (plaintext), both speculative, in the same ABBA pairs;
+ * the ratio columns are then CURVE / plaintext and the cost-model column is
+ * empty. Start both with the same model and flags.
  * Rejected: starting the service here (the launcher does that, and a bench
  * that owns processes hides their start-up failures). */
 #include "bench_serve.h"
@@ -45,6 +50,7 @@
 #include "bench_prompts.h"
 
 #include "specd/client.h"
+#include "specd/curve.h"
 
 #include <getopt.h>
 #include <math.h>
@@ -114,11 +120,11 @@ static double pct(double *v, size_t n, double p) {
     return v[i < n ? i : n - 1];
 }
 
-/* One round: conc requests at once, all with the same max_draft; the CPU
+/* One round: conc requests at once, all with the same max_k; the CPU
  * that processes other than the service's ("specd-*") and this one used
  * meanwhile goes to round_other. */
 static void round_run(sd_client *c, char **prompts, int n_prompts, int *next_prompt, int conc, int tokens,
-                      int32_t max_draft, const sd_hyg_params *hyg, serve_tally *t) {
+                      int32_t max_k, const sd_hyg_params *hyg, serve_tally *t) {
     serve_req *reqs = calloc((size_t)conc, sizeof *reqs);
     uint64_t *ids = calloc((size_t)conc, sizeof *ids);
     bool *ok = calloc((size_t)conc, sizeof *ok);
@@ -132,7 +138,7 @@ static void round_run(sd_client *c, char **prompts, int n_prompts, int *next_pro
         q.chat = true;
         q.max_tokens = (uint32_t)tokens;
         q.ignore_eos = true;
-        q.max_draft = max_draft;
+        q.max_k = max_k;
         ok[i] = sd_client_submit(c, &q, on_chunk, &reqs[i], &ids[i]) == SD_OK;
         if (!ok[i]) t->failures++;
     }
@@ -211,7 +217,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: specd-bench serve [--coordinator ADDR] [--prompts FILE] [--conc 1,8,64] [-n TOKENS]\n"
                "                        [--rounds R] [--warmup W] [--max-other-load CORES] [-o OUT.md]\n"
                "Start the service first (specd-launch --target ... --ngram). Each concurrency runs R rounds\n"
-               "of speculative and R of target-only (max_draft -1) requests, alternating.\n"
+               "of speculative and R of target-only (max_k -1) requests, alternating.\n"
                "  --coordinator ADDR  client address (default tcp://127.0.0.1:7700)\n"
                "  --prompts FILE      one prompt per line, sent as chat turns (default bench/prompts/chat.txt)\n"
                "  --conc LIST         concurrencies (default 1,8,64)\n"
@@ -220,7 +226,12 @@ static void usage(FILE *f) {
                "  --warmup W          unmeasured rounds per mode before them (default 1)\n"
                "  --max-other-load C  leave out pairs of rounds during which processes other than the\n"
                "                      service's (specd-*) used more than C cores (default 0.25)\n"
-               "  -o FILE             also write the markdown table to FILE\n");
+               "  -o FILE             also write the markdown table to FILE\n"
+               "  --curve-secret FILE, --curve-server FILE\n"
+               "                      CurveZMQ keys for the service at --coordinator (specd-keygen files)\n"
+               "  --versus ADDR       compare the service at --coordinator (keyed) with a plaintext one at ADDR\n"
+               "                      (same model and flags) instead of speculative with target-only; both\n"
+               "                      speculative, rounds alternating between the two\n");
 }
 
 /* One concurrency's spec / target comparison (the first row's columns). */
@@ -230,8 +241,8 @@ typedef struct serve_ratios {
 
 /* Prints (and writes to out, when set) the table row of mode m (0:
  * speculative, 1: target-only) at concurrency conc, from the kept pairs. */
-static void write_mode_row(FILE *out, int conc, int m, const serve_tally *t, const bool *keep, int n_pairs, int n_dirty,
-                           const serve_ratios *rt) {
+static void write_mode_row(FILE *out, int conc, int m, const char *label, const serve_tally *t, const bool *keep,
+                           int n_pairs, int n_dirty, const serve_ratios *rt) {
     double overlap = t->drafting_ms > 0 ? (t->drafting_ms + t->verifying_ms - t->busy_ms) / t->drafting_ms : 0;
     double lo = 0, hi = 0, kept_tps[MAX_ROUNDS], other[MAX_ROUNDS], other_max = 0;
     int n_kept_tps = 0;
@@ -258,12 +269,11 @@ static void write_mode_row(FILE *out, int conc, int m, const serve_tally *t, con
     snprintf(line, sizeof line,
              "| %d | %s | %.1f | %.1f-%.1f | %s | %s | %s | %.3f | %.3f | %.2f | %.2f | %.0f%% | %.0f%% "
              "| %.2f / %.2f | %d of %d%s |%s\n",
-             conc, m ? "target-only" : "speculative", med, lo, hi, ratio_txt, ci_txt, model_txt,
-             t->steps > 0 ? t->tokens / t->steps : 0, t->tokens > 0 ? (t->steps + t->drafted) / t->tokens : 0,
-             pct(t->lat, t->n_lat, 0.5), pct(t->lat, t->n_lat, 0.99),
-             t->drafted > 0 ? 100.0 * t->accepted / t->drafted : 0, overlap < 0 ? 0 : 100.0 * overlap, other_med,
-             other_max, n_dirty, n_pairs, n_dirty == n_pairs ? ", all kept: unreliable" : "",
-             t->failures ? " (failures!)" : "");
+             conc, label, med, lo, hi, ratio_txt, ci_txt, model_txt, t->steps > 0 ? t->tokens / t->steps : 0,
+             t->tokens > 0 ? (t->steps + t->drafted) / t->tokens : 0, pct(t->lat, t->n_lat, 0.5),
+             pct(t->lat, t->n_lat, 0.99), t->drafted > 0 ? 100.0 * t->accepted / t->drafted : 0,
+             overlap < 0 ? 0 : 100.0 * overlap, other_med, other_max, n_dirty, n_pairs,
+             n_dirty == n_pairs ? ", all kept: unreliable" : "", t->failures ? " (failures!)" : "");
     printf("%s", line);
     fflush(stdout);
     if (out) fprintf(out, "%s", line);
@@ -272,6 +282,8 @@ static void write_mode_row(FILE *out, int conc, int m, const serve_tally *t, con
 /* specd-bench serve's options. */
 typedef struct serve_opts {
     const char *addr, *prompts_path, *out_path;
+    const char *curve_secret, *curve_server; /* keys for the service at addr */
+    const char *versus;                      /* a second (plaintext) service to compare with */
     char conc_list[128];
     int tokens, rounds, warmup;
     sd_hyg_params hyg;
@@ -293,6 +305,9 @@ static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
                                           {"warmup", required_argument, 0, 'w'},
                                           {"out", required_argument, 0, 'o'},
                                           {"max-other-load", required_argument, 0, 'X'},
+                                          {"curve-secret", required_argument, 0, 'S'},
+                                          {"curve-server", required_argument, 0, 'K'},
+                                          {"versus", required_argument, 0, 'V'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     o->hyg.exclude_prefix = "specd-"; /* the service's processes do the work measured */
@@ -308,6 +323,9 @@ static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
         case 'n': o->tokens = atoi(optarg); break;
         case 'o': o->out_path = optarg; break;
         case 'X': o->hyg.max_other_cores = atof(optarg); break;
+        case 'S': o->curve_secret = optarg; break;
+        case 'K': o->curve_server = optarg; break;
+        case 'V': o->versus = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -336,24 +354,47 @@ int bench_serve_main(int argc, char **argv) {
         return 1;
     }
     int rc = 1;
-    sd_client *c = NULL;
+    sd_client *c = NULL, *cv = NULL; /* cv: the --versus service */
     sd_client_params cp = sd_client_default_params();
     cp.coordinator = addr;
     cp.name = "specd-bench";
     FILE *out = out_path ? fopen(out_path, "w") : NULL;
+    sd_curve_id curve;
+    if (sd_curve_id_load(o.curve_secret, o.curve_server, &curve) != SD_OK) goto done;
+    if (curve.on)
+        cp.curve_server_public = curve.server, cp.curve_public = curve.public_key, cp.curve_secret = curve.secret;
     if (sd_client_connect(&cp, &c) != SD_OK) goto done;
+    if (o.versus) {
+        sd_client_params vp = sd_client_default_params();
+        vp.coordinator = o.versus;
+        vp.name = "specd-bench";
+        if (sd_client_connect(&vp, &cv) != SD_OK) goto done;
+    }
+    /* mode m: which service and max_k; versus: both speculative */
+    sd_client *mode_client[2] = {c, cv ? cv : c};
+    const int32_t mode_draft[2] = {0, cv ? 0 : -1};
+    const char *mode_label[2] = {cv ? "speculative, CurveZMQ" : "speculative",
+                                 cv ? "speculative, plaintext" : "target-only"};
+    const char *ratio_name = cv ? "CURVE / plaintext" : "spec / target";
     sd_client_service_stats ss;
     if (sd_client_stats(c, 10000, &ss) != SD_OK) {
         fprintf(stderr, "specd-bench serve: no answer from %s (is the service running?)\n", addr);
         goto done;
     }
-    const char *hdr = "| concurrency | mode | tokens/s (median of rounds) | range | spec / target: median of rounds | "
-                      "geometric mean [95% CI] | by the cost model | tokens / step | rows / token | latency p50 ms | "
-                      "latency p99 ms | acceptance | drafting overlapped | other CPU, cores: median / max | "
-                      "pairs over the limit |\n"
-                      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-    printf("%s", hdr);
-    if (out) fprintf(out, "%s", hdr);
+    char hdr[1024];
+    snprintf(hdr, sizeof hdr,
+             "| concurrency | mode | tokens/s (median of rounds) | range | %s: median of rounds | "
+             "geometric mean [95%% CI] | by the cost model | tokens / step | rows / token | latency p50 ms | "
+             "latency p99 ms | acceptance | drafting overlapped | other CPU, cores: median / max | "
+             "pairs over the limit |\n"
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+             ratio_name);
+    char cpus[256];
+    sd_hyg_affinity_text(cpus, sizeof cpus);
+    printf("CPUs of specd-bench: %s (the service runs on its own affinity, set where it was started)\n\n%s", cpus, hdr);
+    if (out)
+        fprintf(out, "CPUs of specd-bench: %s (the service runs on its own affinity, set where it was started)\n\n%s",
+                cpus, hdr);
     int next_prompt = 0;
     char rounds_txt[8192] = "";
     for (char *tok = strtok(conc_list, ","); tok; tok = strtok(NULL, ",")) {
@@ -364,7 +405,7 @@ int bench_serve_main(int argc, char **argv) {
             for (int m = 0; m < 2; m++) {
                 serve_tally w = {0};
                 int first_prompt = next_prompt;
-                round_run(c, prompts, n_prompts, &next_prompt, conc, tokens, m ? -1 : 0, &hyg, &w);
+                round_run(mode_client[m], prompts, n_prompts, &next_prompt, conc, tokens, mode_draft[m], &hyg, &w);
                 if (m == 0) next_prompt = first_prompt;
                 free(w.lat);
             }
@@ -374,7 +415,7 @@ int bench_serve_main(int argc, char **argv) {
             for (int i = 0; i < 2; i++) { /* m 0: speculative, 1: target-only; ABBA order */
                 int m = (r % 2) ? 1 - i : i;
                 next_prompt = first_prompt; /* the pair sends the same prompts */
-                round_run(c, prompts, n_prompts, &next_prompt, conc, tokens, m ? -1 : 0, &hyg, &tl[m]);
+                round_run(mode_client[m], prompts, n_prompts, &next_prompt, conc, tokens, mode_draft[m], &hyg, &tl[m]);
             }
         }
         /* hygiene: a pair is kept when both its rounds were clean; with no
@@ -395,8 +436,8 @@ int bench_serve_main(int argc, char **argv) {
             if (keep[r]) ratio[n_ratio++] = tl[1].round_tps[r] > 0 ? tl[0].round_tps[r] / tl[1].round_tps[r] : 0;
         size_t rl = strlen(rounds_txt);
         if (rl < sizeof rounds_txt)
-            rl += (size_t)snprintf(rounds_txt + rl, sizeof rounds_txt - rl,
-                                   "- concurrency %d, spec / target by round:", conc);
+            rl += (size_t)snprintf(rounds_txt + rl, sizeof rounds_txt - rl, "- concurrency %d, %s by round:", conc,
+                                   ratio_name);
         for (int r = 0; r < n_ratio && rl < sizeof rounds_txt; r++)
             rl += (size_t)snprintf(rounds_txt + rl, sizeof rounds_txt - rl, " %.3f", ratio[r]);
         if (rl < sizeof rounds_txt) rl += (size_t)snprintf(rounds_txt + rl, sizeof rounds_txt - rl, "\n");
@@ -409,7 +450,7 @@ int bench_serve_main(int argc, char **argv) {
          * token) of verifier time at batch B. Drafting is not in it. */
         double model = NAN;
         sd_client_service_stats cs;
-        if (sd_client_stats(c, 10000, &cs) == SD_OK && tl[0].tokens > 0 && tl[1].tokens > 0 && tl[0].steps > 0 &&
+        if (!cv && sd_client_stats(c, 10000, &cs) == SD_OK && tl[0].tokens > 0 && tl[1].tokens > 0 && tl[0].steps > 0 &&
             tl[1].steps > 0) {
             double fb = cs.verify_fixed_us / conc, tk = cs.verify_token_us;
             double per_spec = fb * tl[0].steps / tl[0].tokens + tk * (tl[0].steps + tl[0].drafted) / tl[0].tokens;
@@ -423,7 +464,7 @@ int bench_serve_main(int argc, char **argv) {
         }
         serve_ratios sr = {ratio_med, gm, ci_lo, ci_hi, model};
         for (int m = 0; m < 2; m++) {
-            write_mode_row(out, conc, m, &tl[m], keep, n_pairs, n_dirty, &sr);
+            write_mode_row(out, conc, m, mode_label[m], &tl[m], keep, n_pairs, n_dirty, &sr);
             serve_tally *t = &tl[m];
             free(t->lat);
         }
@@ -444,6 +485,8 @@ int bench_serve_main(int argc, char **argv) {
     rc = 0;
 done:
     sd_client_close(&c);
+    sd_client_close(&cv);
+    memset(&curve, 0, sizeof curve);
     if (out) fclose(out);
     for (int i = 0; i < n_prompts; i++) free(prompts[i]);
     return rc;

@@ -149,7 +149,7 @@ static int run_one(sd_model *m, sd_drafter *d, int k_fixed, double c_verify, con
     }
     memcpy(ctx, ids, (size_t)n_ids * sizeof *ctx);
     int32_t n = n_ids;
-    int32_t step[SD_MAX_DRAFT + 1], n_step, nd = 0, na = 0;
+    int32_t step[SD_MAX_K + 1], n_step, nd = 0, na = 0;
     /* prefill + first token, untimed */
     if (sd_spec_decoder_step(dec, ctx, n, 0, s, step, &n_step, NULL, NULL) != SD_OK) goto fail;
     ctx[n++] = step[0];
@@ -216,9 +216,9 @@ static void top_n_study(FILE *out, sd_model *m, const char *draft_path, uint64_t
             s.temperature = 1.0f; /* sampled (the default is greedy) */
             s.seed = 100 + (uint64_t)p;
             while (n < n_ids[p] + n_new) {
-                int32_t step[SD_MAX_DRAFT + 1], n_step, nd = 0, na = 0;
-                int32_t drafts[SD_MAX_DRAFT];
-                sd_spec_q q[SD_MAX_DRAFT];
+                int32_t step[SD_MAX_K + 1], n_step, nd = 0, na = 0;
+                int32_t drafts[SD_MAX_K];
+                sd_spec_q q[SD_MAX_K];
                 int32_t nq = 0;
                 /* the message size: what the drafter reports for this context */
                 if (sd_drafter_propose(d, 0, ctx, n, 4, &s, drafts, q, &nq) == SD_OK)
@@ -415,6 +415,9 @@ static void write_set_table(FILE *out, const char *set, int np, method *methods,
                 "Medians over the %d of %d prompts whose runs all saw other processes use at most %.2f of "
                 "a core.\n\n",
                 n_keep, np, hyg.max_other_cores);
+    char cpus[256];
+    sd_hyg_affinity_text(cpus, sizeof cpus);
+    fprintf(out, "CPUs: %s (process affinity, no thread pinned to one core).\n\n", cpus);
     fprintf(out, "| method | tokens/s (median) | vs plain | acceptance | tokens / target step "
                  "| other CPU, cores: median / max | runs over the limit |\n");
     fprintf(out, "| --- | --- | --- | --- | --- | --- | --- |\n");

@@ -349,6 +349,9 @@ static void write_results(FILE *f, const tp_opts *o, const sd_model_config *cfg,
     fprintf(f, "# specd-bench tp — %s\n\n", day);
     fprintf(f, "- model: %s (%d layers, dim %d, %d heads / %d KV heads, MLP %d, vocab %d), weights as f32\n",
             o->model_path, cfg->n_layers, cfg->n_embd, cfg->n_heads, cfg->n_kv_heads, cfg->n_ff, cfg->n_vocab);
+    char cpus[256];
+    sd_hyg_affinity_text(cpus, sizeof cpus);
+    fprintf(f, "- CPUs: %s (process affinity of the bench and its ranks, no thread pinned to one core)\n", cpus);
     fprintf(f, "- %ld online cores; %d threads in all, split evenly over the ranks\n", sysconf(_SC_NPROCESSORS_ONLN),
             o->threads);
     fprintf(f,

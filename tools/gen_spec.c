@@ -19,10 +19,9 @@ static double default_clock(void *user) {
 
 sd_status sd_gen_spec_run(sd_spec_decoder *dec, const int32_t *prompt, int32_t n_prompt, const sd_gen_spec_params *p,
                           int32_t *ctx, int32_t *ids, sd_gen_spec_result *r) {
-    if (!dec || !prompt || n_prompt < 1 || !p || p->n_predict < 1 || p->k < 0 || p->k > SD_MAX_DRAFT || !ctx || !ids ||
+    if (!dec || !prompt || n_prompt < 1 || !p || p->n_predict < 1 || p->k < 0 || p->k > SD_MAX_K || !ctx || !ids ||
         !r) {
-        SD_ERROR("generate: the speculative loop needs a decoder, a prompt, 1 <= n_predict and 0 <= k <= %d",
-                 SD_MAX_DRAFT);
+        SD_ERROR("generate: the speculative loop needs a decoder, a prompt, 1 <= n_predict and 0 <= k <= %d", SD_MAX_K);
         return SD_ERR_INVALID_ARG;
     }
     double (*clock)(void *) = p->clock ? p->clock : default_clock;
@@ -33,7 +32,7 @@ sd_status sd_gen_spec_run(sd_spec_decoder *dec, const int32_t *prompt, int32_t n
         /* the target adds one token to the drafts: leave room for it */
         int32_t left = p->n_predict - r->n_ids - 1;
         int32_t k = p->k < left ? p->k : left;
-        int32_t step[SD_MAX_DRAFT + 1], n_step = 0;
+        int32_t step[SD_MAX_K + 1], n_step = 0;
         sd_status st =
             p->adaptive_k
                 ? sd_spec_decoder_step_adaptive(dec, ctx, n_prompt + r->n_ids, k, &p->sampling, step, &n_step, &k)

@@ -42,7 +42,7 @@ typedef struct sd_gen_spec_result {
 
 /* Generates after prompt[n_prompt] with dec (whose context starts empty),
  * writing the tokens to ids[p->n_predict] (caller's) and the figures to
- * *r. ctx is caller scratch for n_prompt + n_predict + SD_MAX_DRAFT + 1
+ * *r. ctx is caller scratch for n_prompt + n_predict + SD_MAX_K + 1
  * tokens. */
 sd_status sd_gen_spec_run(sd_spec_decoder *dec, const int32_t *prompt, int32_t n_prompt, const sd_gen_spec_params *p,
                           int32_t *ctx, int32_t *ids, sd_gen_spec_result *r);

@@ -9,6 +9,7 @@
  *   gpu       one model on a CUDA device (bench_gpu.c).
  *   tp        a CPU tensor-parallel verifier group against TP = 1 (bench_tp.c).
  *   serve     through the running service (bench_serve.c).
+ *   link      one message on a specd link, plaintext and CurveZMQ (bench_link.c).
  *
  * Every figure is a median over repetitions, and ratios are taken between
  * figures measured side by side in one run: the machines are shared and
@@ -37,8 +38,10 @@
 #include "bench_hygiene.h"
 #include "bench_stats.h"
 #include "bench_spec.h"
+#include "bench_link.h"
 #ifdef SPECD_BENCH_SERVE
 #include "bench_serve.h"
+#include "bench_http.h"
 #endif
 #ifdef SPECD_BENCH_TP
 #include "bench_tp.h"
@@ -197,7 +200,9 @@ static void describe_machine(FILE *f, int n_threads, const char *load_before, co
             model, sysconf(_SC_NPROCESSORS_ONLN), l2, l3, (double)mem_kb / (1024.0 * 1024.0), u.sysname, u.release);
     fprintf(f, "- transparent huge pages: %s (weights and bandwidth buffers ask for them with madvise)\n", thp);
     fprintf(f, "- load average (1, 5, 15 min) before: %s; after: %s\n", load_before, load_after);
-    fprintf(f, "- threads used: %d\n", n_threads);
+    char cpus[256];
+    sd_hyg_affinity_text(cpus, sizeof cpus);
+    fprintf(f, "- threads used: %d, on CPUs %s (process affinity; no thread pinned to one core)\n", n_threads, cpus);
 }
 
 /* ---- forward mode ---- */
@@ -504,7 +509,13 @@ static void usage(FILE *f) {
             "  spec      plain vs speculative decoding on bench/prompts/ (spec --help)\n"
             "  gpu       one model on a CUDA GPU: decode vs bandwidth floor, k-token cost, batches (gpu --help)\n"
             "  serve     through the running service: tok/s, latency, spec vs target-only (serve --help)\n"
+            "  http      through the HTTP gateway vs libspecd-client: time to first token, gaps (http --help)\n"
+            "  link      round trips on a specd link, plaintext and CurveZMQ side by side (link --help)\n"
             "  tp        a CPU tensor-parallel verifier group vs TP = 1: decode, verify, all-reduce cost (tp --help)\n"
+            "\n"
+            "every mode:\n"
+            "      --cpus LIST       run on these CPUs only (for example 0-1), with everything specd-bench starts;\n"
+            "                        give a peer the same set (bench/lookup_side_by_side.py --cpus)\n"
             "\n"
             "forward options:\n"
             "  -m, --model FILE      GGUF model (required)\n"
@@ -528,16 +539,49 @@ static bool parse_int(const char *name, const char *text, long lo, long hi, int 
     return false;
 }
 
+/* --cpus LIST, in any mode: keeps specd-bench and everything it starts
+ * (the service's processes, the ranks) to these CPUs, the same set a peer
+ * compared with it is given (bench/lookup_side_by_side.py --cpus). Taken
+ * out of argv before the mode parses its own options. */
+static bool take_cpus_option(int *argc, char **argv) {
+    for (int i = 2; i < *argc; i++) {
+        const char *list = NULL;
+        int used = 1;
+        if (strcmp(argv[i], "--cpus") == 0) {
+            if (i + 1 >= *argc) {
+                fprintf(stderr, "specd-bench: --cpus needs a CPU list (for example 0-1)\n");
+                return false;
+            }
+            list = argv[i + 1];
+            used = 2;
+        } else if (strncmp(argv[i], "--cpus=", 7) == 0) {
+            list = argv[i] + 7;
+        } else {
+            continue;
+        }
+        if (!sd_hyg_pin_cpus(list)) return false;
+        memmove(argv + i, argv + i + used, (size_t)(*argc - i - used + 1) * sizeof *argv);
+        *argc -= used;
+        i--;
+    }
+    return true;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
+    if (!take_cpus_option(&argc, argv)) return 2;
     const char *mode = argv[1];
     if (strcmp(mode, "spec") == 0) return bench_spec_main(argc, argv);
     if (strcmp(mode, "gpu") == 0) return bench_gpu_main(argc, argv);
+    if (strcmp(mode, "link") == 0) return bench_link_main(argc, argv);
 #ifdef SPECD_BENCH_SERVE
     if (strcmp(mode, "serve") == 0) return bench_serve_main(argc, argv);
+#endif
+#ifdef SPECD_BENCH_HTTP
+    if (strcmp(mode, "http") == 0) return bench_http_main(argc, argv);
 #endif
 #ifdef SPECD_BENCH_TP
     if (strcmp(mode, "tp") == 0) return bench_tp_main(argc, argv);

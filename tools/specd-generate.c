@@ -2,7 +2,8 @@
  * of specd is compared against.
  *
  * Loads a model (a GGUF file or a Hugging Face checkpoint directory),
- * tokenizes the prompt (optionally as a ChatML chat turn), prefills it in one
+ * tokenizes the prompt (optionally as a conversation in the model's chat
+ * template, specd/chat.h), prefills it in one
  * forward call and then decodes one token per call,
  * streaming text as whole UTF-8 characters. --json replaces the stream with
  * one JSON object at the end (ids, text, timings), which is what the tests and
@@ -16,6 +17,7 @@
  * The report gives drafted, accepted, the acceptance rate, tokens per target
  * step and the i.i.d. expectation (1-a^(K+1))/(1-a) beside it. */
 #include "specd/common.h"
+#include "specd/chat.h"
 #include "specd/cli.h"
 #include "specd/drafter.h"
 #include "specd/spec_decode.h"
@@ -33,7 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define DEFAULT_SYSTEM_PROMPT "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+#define MAX_TURNS 256 /* --message turns */
 
 typedef struct gen_opts {
     const char *model_path;
@@ -42,8 +44,12 @@ typedef struct gen_opts {
     int32_t n_predict;
     int32_t n_threads;
     int32_t device; /* -1 CPU, N cuda:N (target and draft model) */
+    sd_dtype kv_type;
     sd_sampling sampling;
     bool chat;
+    const char *chat_template;    /* --chat-template NAME, or NULL: the model's */
+    sd_chat_msg turns[MAX_TURNS]; /* --message ROLE:TEXT, in order */
+    size_t n_turns;
     bool json;
     bool verbose;
     bool ignore_eos;
@@ -56,33 +62,55 @@ typedef struct gen_opts {
 } gen_opts;
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: specd-generate -m MODEL [-p PROMPT] [options]\n"
-               "\n"
-               "Generates text from a prompt with a Llama-architecture model on the CPU or a GPU.\n"
-               "Without -p the prompt is read from standard input.\n"
-               "\n"
-               "  -m, --model PATH     GGUF file or Hugging Face checkpoint directory (required)\n"
-               "  -p, --prompt TEXT    prompt text\n"
-               "  -n, --n-predict N    maximum new tokens (default 128)\n"
-               "      --temp T         temperature; 0 = greedy (default 0)\n"
-               "      --top-k K        keep the K most likely tokens (0 = off, default)\n"
-               "      --top-p P        nucleus sampling mass in (0, 1] (default 1)\n"
-               "      --min-p P        drop tokens below P x the top probability (default 0)\n"
-               "      --seed S         random seed for sampling (default 0)\n"
-               "      --chat           format the prompt as a ChatML user turn\n"
-               "      --system TEXT    system prompt with --chat (default: the model's)\n"
-               "  -t, --threads N      worker threads (default: all cores)\n"
-               "      --device D       cpu (default), cuda or cuda:N: where the target and a draft model run\n"
-               "      --ignore-eos     keep generating past end-of-generation tokens\n"
-               "      --draft PATH     speculative decoding with a draft model (same vocabulary)\n"
-               "      --ngram          speculative decoding with the n-gram (prompt lookup) drafter\n"
-               "      --draft-layers L speculative decoding with the target's first L layers (self-draft)\n"
-               "  -k K                 draft tokens per step (default 4, at most 64)\n"
-               "      --adaptive-k     choose K per step (0..K) from the acceptance and measured costs; at K = 0\n"
-               "                       it shadow-drafts now and then to notice when drafting pays again\n"
-               "      --json           print one JSON object at the end instead of streaming\n"
-               "  -v, --verbose        log at DEBUG level\n"
-               "  -h, --help           this help\n");
+    fprintf(f,
+            "usage: specd-generate -m MODEL [-p PROMPT] [options]\n"
+            "\n"
+            "Generates text from a prompt with a Llama-architecture model on the CPU or a GPU.\n"
+            "Without -p the prompt is read from standard input.\n"
+            "\n"
+            "  -m, --model PATH     GGUF file or Hugging Face checkpoint directory (required)\n"
+            "  -p, --prompt TEXT    prompt text\n"
+            "  -n, --n-predict N    maximum new tokens (default 128)\n"
+            "      --temp T         temperature; 0 = greedy (default 0)\n"
+            "      --top-k K        keep the K most likely tokens (0 = off, default)\n"
+            "      --top-p P        nucleus sampling mass in (0, 1] (default 1)\n"
+            "      --min-p P        drop tokens below P x the top probability (default 0)\n"
+            "      --seed S         random seed for sampling (default 0)\n"
+            "      --chat           format the prompt as a user turn with the model's chat template\n"
+            "      --system TEXT    system prompt with --chat (default: the model's)\n"
+            "      --message ROLE:TEXT  a turn of the conversation before the prompt (ROLE system, user or\n"
+            "                       assistant; repeat in order; implies --chat; -p may then be left out)\n"
+            "      --chat-template NAME  chat format when the model's template is not recognised (or to\n"
+            "                       override it): %s\n"
+            "  -t, --threads N      worker threads (default: all cores)\n"
+            "      --device D       cpu (default), cuda or cuda:N: where the target and a draft model run\n"
+            "      --kv-type T      the target's KV cache: f32 (default) or f16 (half the memory; CPU)\n"
+            "      --ignore-eos     keep generating past end-of-generation tokens\n"
+            "      --draft PATH     speculative decoding with a draft model (same vocabulary)\n"
+            "      --ngram          speculative decoding with the n-gram (prompt lookup) drafter\n"
+            "      --draft-layers L speculative decoding with the target's first L layers (self-draft)\n"
+            "  -k K                 draft tokens per step (default 4, at most %d)\n"
+            "      --adaptive-k     choose K per step (0..K) from the acceptance and measured costs; at K = 0\n"
+            "                       it shadow-drafts now and then to notice when drafting pays again\n"
+            "      --json           print one JSON object at the end instead of streaming\n"
+            "  -v, --verbose        log at DEBUG level\n"
+            "  -h, --help           this help\n",
+            sd_chat_template_names(), SD_MAX_K);
+}
+
+/* --message ROLE:TEXT appended to o->turns (TEXT borrowed from argv). */
+static bool parse_turn(char *arg, gen_opts *o) {
+    char *colon = strchr(arg, ':');
+    if (!colon || o->n_turns >= MAX_TURNS) return false;
+    size_t n = (size_t)(colon - arg);
+    static const char *const roles[] = {"system", "user", "assistant"};
+    for (size_t i = 0; i < 3; i++) {
+        if (strlen(roles[i]) == n && strncmp(arg, roles[i], n) == 0) {
+            o->turns[o->n_turns++] = (sd_chat_msg){roles[i], colon + 1};
+            return true;
+        }
+    }
+    return false;
 }
 
 /* Returns 0 and fills o, 1 after --help, 2 on a usage error (message printed). */
@@ -95,13 +123,16 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         OPT_SEED,
         OPT_CHAT,
         OPT_SYSTEM,
+        OPT_MESSAGE,
+        OPT_CHAT_TEMPLATE,
         OPT_JSON,
         OPT_NOEOS,
         OPT_DRAFT,
         OPT_NGRAM,
         OPT_DRAFT_LAYERS,
         OPT_ADAPTIVE,
-        OPT_DEVICE
+        OPT_DEVICE,
+        OPT_KV_TYPE
     };
     static const struct option longs[] = {{"model", required_argument, 0, 'm'},
                                           {"prompt", required_argument, 0, 'p'},
@@ -114,6 +145,8 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
                                           {"seed", required_argument, 0, OPT_SEED},
                                           {"chat", no_argument, 0, OPT_CHAT},
                                           {"system", required_argument, 0, OPT_SYSTEM},
+                                          {"message", required_argument, 0, OPT_MESSAGE},
+                                          {"chat-template", required_argument, 0, OPT_CHAT_TEMPLATE},
                                           {"json", no_argument, 0, OPT_JSON},
                                           {"ignore-eos", no_argument, 0, OPT_NOEOS},
                                           {"draft", required_argument, 0, OPT_DRAFT},
@@ -121,6 +154,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
                                           {"draft-layers", required_argument, 0, OPT_DRAFT_LAYERS},
                                           {"adaptive-k", no_argument, 0, OPT_ADAPTIVE},
                                           {"device", required_argument, 0, OPT_DEVICE},
+                                          {"kv-type", required_argument, 0, OPT_KV_TYPE},
                                           {"verbose", no_argument, 0, 'v'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
@@ -171,6 +205,12 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         }
         case OPT_CHAT: o->chat = true; break;
         case OPT_SYSTEM: o->system = optarg; break;
+        case OPT_MESSAGE:
+            name = "message";
+            ok = parse_turn(optarg, o);
+            o->chat = true;
+            break;
+        case OPT_CHAT_TEMPLATE: o->chat_template = optarg; break;
         case OPT_JSON: o->json = true; break;
         case OPT_NOEOS: o->ignore_eos = true; break;
         case OPT_DRAFT: o->draft_path = optarg; break;
@@ -181,12 +221,16 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
             break;
         case 'k':
             name = "k";
-            ok = sd_cli_parse_i32(optarg, 1, SD_MAX_DRAFT, &o->k);
+            ok = sd_cli_parse_i32(optarg, 1, SD_MAX_K, &o->k);
             break;
         case OPT_ADAPTIVE: o->adaptive_k = true; break;
         case OPT_DEVICE:
             name = "device";
             ok = sd_device_parse(optarg, &o->device) == SD_OK;
+            break;
+        case OPT_KV_TYPE:
+            name = "kv-type (f32 or f16)";
+            ok = sd_kv_type_parse(optarg, &o->kv_type);
             break;
         case 'v': o->verbose = true; break;
         case 'h': usage(stdout); return 1;
@@ -380,8 +424,8 @@ static sd_status generate_spec(const gen_opts *o, sd_model *m, sd_spec_decoder *
                                const char *text, gen_result *r) {
     SD_TRY(encode_prompt(o, sd_model_config_of(m), tok, r));
     int32_t n_prompt = (int32_t)r->n_prompt;
-    int32_t *ctx = malloc(((size_t)n_prompt + (size_t)o->n_predict + SD_MAX_DRAFT + 1) * sizeof *ctx);
-    r->ids = malloc(((size_t)o->n_predict + SD_MAX_DRAFT + 1) * sizeof *r->ids);
+    int32_t *ctx = malloc(((size_t)n_prompt + (size_t)o->n_predict + SD_MAX_K + 1) * sizeof *ctx);
+    r->ids = malloc(((size_t)o->n_predict + SD_MAX_K + 1) * sizeof *r->ids);
     spec_stream ss = {o, tok, sd_tok_stream_new(tok)};
     sd_status st = SD_OK;
     if (!ctx || !r->ids || !ss.stream) {
@@ -492,6 +536,29 @@ static int print_json(const gen_opts *o, const sd_tok *tok, const char *prompt_t
     return rc;
 }
 
+/* The conversation of o (--system, --message turns, then -p as the last
+ * user turn) in the chat template, malloc'd in *out. */
+/* Formats the conversation (--system, --message turns, the prompt) with the
+ * model's template and tokenizes it, special tokens matched in the
+ * template's markup only. *out gets the text (for --json), r the ids. */
+static sd_status encode_chat(const gen_opts *o, const sd_chat_template *chat, const sd_tok *tok, char **out,
+                             gen_result *r) {
+    sd_chat_msg msgs[MAX_TURNS + 2];
+    size_t n = 0;
+    if (o->system) msgs[n++] = (sd_chat_msg){"system", o->system};
+    for (size_t i = 0; i < o->n_turns; i++) msgs[n++] = o->turns[i];
+    if (o->prompt) msgs[n++] = (sd_chat_msg){"user", o->prompt};
+    char err[400];
+    sd_status st =
+        sd_chat_template_encode(chat, tok, msgs, n, true, &r->prompt_ids, &r->n_prompt, out, err, sizeof err);
+    if (st == SD_ERR_INVALID_ARG)
+        fprintf(stderr, "specd-generate: the %s chat template refuses this conversation: %s\n",
+                sd_chat_template_name(chat), err);
+    else if (st != SD_OK)
+        fprintf(stderr, "specd-generate: chat formatting failed: %s\n", sd_status_str(st));
+    return st;
+}
+
 int main(int argc, char **argv) {
     gen_opts o;
     int rc = parse_args(argc, argv, &o);
@@ -499,7 +566,7 @@ int main(int argc, char **argv) {
     sd_log_set(NULL, NULL, o.verbose ? SD_LOG_DEBUG : SD_LOG_WARN, "generate");
 
     char *stdin_prompt = NULL;
-    if (!o.prompt) {
+    if (!o.prompt && o.n_turns == 0) {
         size_t n_read = 0;
         stdin_prompt = read_stdin(&n_read);
         if (!stdin_prompt) return 1;
@@ -518,6 +585,7 @@ int main(int argc, char **argv) {
     sd_model *m = NULL;
     sd_tok *tok = NULL;
     char *chat_text = NULL;
+    sd_chat_template *chat = NULL;
     gen_result r = {0};
     sd_drafter *drafter = NULL;
     sd_spec_decoder *dec = NULL;
@@ -530,25 +598,24 @@ int main(int argc, char **argv) {
     sd_model_params mp = sd_model_default_params();
     mp.n_threads = o.n_threads;
     mp.device = o.device;
+    mp.kv_type = o.kv_type;
     if ((st = sd_weights_tokenizer(w, &tok)) != SD_OK || (st = sd_model_load_weights(w, &mp, &m)) != SD_OK) {
         fprintf(stderr, "specd-generate: cannot load %s: %s (see the log above)\n", o.model_path, sd_status_str(st));
         goto out;
     }
-    sd_weights_close(&w); /* weights were copied out at load */
-
-    const char *text = o.prompt;
-    if (o.chat) {
-        sd_chat_msg msg[2];
-        size_t n = 0;
-        if (o.system) msg[n++] = (sd_chat_msg){"system", o.system};
-        msg[n++] = (sd_chat_msg){"user", o.prompt};
-        /* The text is for --json's "prompt"; the ids come from sd_tok_chat_encode. */
-        if ((st = sd_tok_chat_format(msg, n, DEFAULT_SYSTEM_PROMPT, true, &chat_text)) != SD_OK) goto out;
-        if ((st = sd_tok_chat_encode(tok, msg, n, DEFAULT_SYSTEM_PROMPT, true, &r.prompt_ids, &r.n_prompt)) != SD_OK)
-            goto out;
-        text = chat_text;
-    } else if ((st = sd_tok_encode(tok, o.prompt, strlen(o.prompt), false, &r.prompt_ids, &r.n_prompt)) != SD_OK) {
+    if (o.chat && (st = sd_chat_template_from_model(w, o.model_path, tok, o.chat_template, &chat)) != SD_OK) {
+        fprintf(stderr, "specd-generate: %s: no usable chat template: %s (see the log above)\n", o.model_path,
+                sd_status_str(st));
         goto out;
+    }
+    sd_weights_close(&w); /* the model holds what it uses (copies, or its own reference to the file mapping) */
+
+    const char *text = o.prompt ? o.prompt : "";
+    if (o.chat) {
+        if ((st = encode_chat(&o, chat, tok, &chat_text, &r)) != SD_OK) goto out;
+        text = chat_text;
+    } else if ((st = sd_tok_encode(tok, text, strlen(text), false, &r.prompt_ids, &r.n_prompt)) != SD_OK) {
+        goto out; /* a plain prompt is text: special-token text in it is not read as control tokens */
     }
     if (o.draft_path || o.ngram || o.draft_layers > 0) {
         sd_drafter_params dp = sd_drafter_default_params();
@@ -596,6 +663,7 @@ out:
     free(r.prompt_ids);
     free(r.ids);
     free(chat_text);
+    sd_chat_template_free(&chat);
     free(stdin_prompt);
     sd_model_free(&m);
     sd_tok_free(&tok);

@@ -25,19 +25,26 @@ typedef struct sd_group sd_group;
 #define SD_GROUP_LIVENESS     10
 
 typedef struct sd_group_params {
-    const char *addr;              /* the group's socket: the leader binds it, ranks connect (required) */
-    int32_t rank, size;            /* this process's rank; ranks in the group (>= 2) */
-    int32_t device;                /* -1: CPU ranks, shared-memory collectives; N: CUDA device N, NCCL */
-    sd_model_identity model;       /* every rank's must equal the leader's */
-    int32_t lm_head;               /* sd_tp_lm_head in effect here (sd_model_shard_of): must match */
-    uint64_t weight_bytes;         /* this rank's resident weights, for the leader's log */
-    int heartbeat_interval_ms;     /* default SD_GROUP_HEARTBEAT_MS */
-    int liveness;                  /* default SD_GROUP_LIVENESS intervals */
-    int join_timeout_ms;           /* leader: until every rank joined; rank: until the leader answers (default 600 s) */
-    int coll_timeout_ms;           /* bound on every collective wait (default 10000) */
-    size_t coll_max_bytes;         /* shared-memory payload per round (default 1 MiB) */
+    const char *addr;          /* the group's socket: the leader binds it, ranks connect (required) */
+    int32_t rank, size;        /* this process's rank; ranks in the group (>= 2) */
+    uint32_t group_id;         /* the group's id (--group-id; 0 = not named): every rank's must equal the leader's */
+    int32_t device;            /* -1: CPU ranks, shared-memory collectives; N: CUDA device N, NCCL */
+    sd_model_identity model;   /* every rank's must equal the leader's */
+    int32_t lm_head;           /* sd_tp_lm_head in effect here (sd_model_shard_of): must match */
+    uint64_t weight_bytes;     /* this rank's resident weights, for the leader's log */
+    int heartbeat_interval_ms; /* default SD_GROUP_HEARTBEAT_MS */
+    int liveness;              /* default SD_GROUP_LIVENESS intervals */
+    int join_timeout_ms;       /* leader: until every rank joined; rank: until the leader answers (default 600 s) */
+    int coll_timeout_ms;       /* bound on every collective wait (default 10000) */
+    size_t coll_max_bytes;     /* shared-memory payload per round (default 1 MiB) */
     int32_t kv_blocks, block_size; /* leader: the KV pool shape every rank allocates (required) */
     int stop_fd;                   /* readable = stop (a signalfd); -1 = never */
+    /* CurveZMQ on the group link (borrowed; NULL or off: plaintext). The
+     * leader binds with its own key and admits the keys of rank_keys; a rank
+     * connects with its own key and curve->server = the leader's key. */
+    const sd_curve_id *curve;
+    const sd_curve_allow *rank_keys; /* leader: required with curve */
+    bool insecure;                   /* leader: plaintext beyond loopback, or an NCCL id in plaintext */
 } sd_group_params;
 
 /* Defaults as above; addr NULL, rank 0, size 0, device -1, stop_fd -1. */

@@ -43,7 +43,9 @@ typedef struct rank_peer {
 struct sd_group {
     sd_group_params p;
     void *zctx;
-    void *router;   /* the ranks' link: the caller's thread during start, then the group thread's */
+    void *router; /* the ranks' link: the caller's thread during start, then the group thread's */
+    sd_zap *zap;  /* the ZAP handler of the ranks' link (CurveZMQ only) */
+    sd_zap_domain zap_domain;
     void *plan_in;  /* inproc PAIR: the group thread reads plans here */
     void *plan_out; /* inproc PAIR: the forward's thread writes plans here */
     sd_coll *coll;
@@ -161,6 +163,9 @@ static sd_status on_join(sd_group *g, const sd_net_msg *m, const Specd__GroupJoi
     if (j->protocol_version != SD_PROTOCOL_VERSION)
         snprintf(msg, sizeof msg, "rank %u speaks protocol %u, the leader %u", j->rank, j->protocol_version,
                  SD_PROTOCOL_VERSION);
+    else if (j->group_id != g->p.group_id)
+        snprintf(msg, sizeof msg, "rank %u belongs to group %u, this leader leads group %u", j->rank, j->group_id,
+                 g->p.group_id);
     else if ((int32_t)j->group_size != g->p.size)
         snprintf(msg, sizeof msg, "rank %u was started for a group of %u ranks, the leader for %d", j->rank,
                  j->group_size, (int)g->p.size);
@@ -430,6 +435,7 @@ static void leader_free(sd_group *g) {
     sd_net_close(&g->plan_out);
     sd_net_close(&g->plan_in);
     sd_net_close(&g->router);
+    sd_zap_stop(&g->zap);
     if (g->coll) {
         if (atomic_load(&g->down)) sd_coll_abort(g->coll);
         sd_coll_close(&g->coll);
@@ -446,6 +452,33 @@ void sd_group_close(sd_group **pg) {
     if (!pg || !*pg) return;
     leader_free(*pg);
     *pg = NULL;
+}
+
+/* The security of the ranks' link: with keys, a ZAP handler admitting the
+ * rank keys only; without, a loopback address, and never an NCCL id (a
+ * secret of the group: whoever holds it can join the communicator) unless
+ * --insecure says the network is trusted. */
+static sd_status group_curve(sd_group *g, sd_net_socket_params *sp) {
+    const sd_group_params *p = &g->p;
+    bool keyed = p->curve && p->curve->on;
+    if (!keyed) {
+        SD_TRY(sd_curve_bind_check(p->addr, false, p->insecure, "--group"));
+        if (p->device >= 0 && !p->insecure) {
+            SD_ERROR("group: the NCCL id travels only on an encrypted link: give the group keys (--curve-secret, "
+                     "--rank-keys on the leader) or --insecure");
+            return SD_ERR_INVALID_ARG;
+        }
+        return SD_OK;
+    }
+    if (!p->rank_keys) {
+        SD_ERROR("group: CurveZMQ on the group link needs the ranks' allow-list (--rank-keys)");
+        return SD_ERR_INVALID_ARG;
+    }
+    g->zap_domain = (sd_zap_domain){SD_ZAP_DOMAIN_GROUP, p->rank_keys};
+    SD_TRY(sd_zap_start(g->zctx, &g->zap_domain, 1, &g->zap));
+    sp->curve_server_secret = p->curve->secret;
+    sp->zap_domain = SD_ZAP_DOMAIN_GROUP;
+    return SD_OK;
 }
 
 /* The rendezvous of the collectives, sent to every rank, then this end. */
@@ -511,6 +544,7 @@ sd_status sd_group_leader_start(void *zctx, const sd_group_params *p, sd_group *
     sd_net_socket_params sp = sd_net_socket_default_params();
     sp.type = ZMQ_ROUTER;
     sp.max_msg_bytes = SD_MIN_MSG_CAP_BYTES; /* ranks send Join, Ready, heartbeats and errors: small */
+    if (st == SD_OK) st = group_curve(g, &sp);
     if (st == SD_OK) st = sd_net_socket_open(zctx, &sp, p->addr, NULL, &g->router);
     if (st == SD_OK) {
         SD_INFO("group: leader of %d ranks at %s, waiting for ranks 1..%d to join", (int)p->size, p->addr,

@@ -104,7 +104,9 @@ typedef struct rank_run {
     const sd_group_params *p;
     sd_model *m;
     sd_net_limits lim;
-    void *sock; /* DEALER to the leader */
+    void *sock;    /* DEALER to the leader */
+    void *monitor; /* its handshakes, until the group forms */
+    int handshake_failures;
     char host[64];
     int interval_ms, liveness;
     double last_recv, last_beat;
@@ -120,6 +122,7 @@ static void rank_join(rank_run *r) {
     j.protocol_version = SD_PROTOCOL_VERSION;
     j.rank = (uint32_t)p->rank;
     j.group_size = (uint32_t)p->size;
+    j.group_id = p->group_id;
     j.model = &id;
     j.lm_head = (uint32_t)p->lm_head;
     j.cuda = p->device >= 0;
@@ -187,13 +190,32 @@ static Specd__LeaderToRank *wait_setup(rank_run *r, sd_status *st) {
     r->last_beat = sd_now();
     *st = SD_OK;
     while (!setup && *st == SD_OK) {
-        zmq_pollitem_t items[2] = {{r->sock, 0, ZMQ_POLLIN, 0}, {NULL, p->stop_fd, ZMQ_POLLIN, 0}};
-        int rc = zmq_poll(items, p->stop_fd >= 0 ? 2 : 1, r->interval_ms);
+        zmq_pollitem_t items[3] = {
+            {r->sock, 0, ZMQ_POLLIN, 0}, {r->monitor, 0, ZMQ_POLLIN, 0}, {NULL, p->stop_fd, ZMQ_POLLIN, 0}};
+        int n_items = r->monitor ? 2 : 1;
+        if (p->stop_fd >= 0) {
+            if (!r->monitor) items[1] = items[2];
+            n_items++;
+        }
+        int rc = zmq_poll(items, n_items, r->interval_ms);
         if (rc < 0 && zmq_errno() != EINTR) {
             *st = SD_ERR_NET;
             break;
         }
-        if (p->stop_fd >= 0 && sd_group_readable(p->stop_fd, items[1].revents)) {
+        char refused[256];
+        sd_net_handshake hs = r->monitor && (items[1].revents & ZMQ_POLLIN)
+                                  ? sd_net_monitor_read(r->monitor, refused, sizeof refused)
+                                  : SD_NET_HANDSHAKE_NONE;
+        if (hs == SD_NET_HANDSHAKE_OK) r->handshake_failures = 0;
+        if (hs == SD_NET_HANDSHAKE_REFUSED ||
+            (hs == SD_NET_HANDSHAKE_FAILED && ++r->handshake_failures >= SD_NET_HANDSHAKE_TRIES)) {
+            SD_ERROR("group: the leader refused this rank: %s", refused);
+            *r->why = SD_GROUP_REFUSED;
+            *st = SD_ERR_ABORTED;
+            break;
+        }
+        if (!r->monitor) items[2] = items[1];
+        if (p->stop_fd >= 0 && sd_group_readable(p->stop_fd, items[2].revents)) {
             *r->why = SD_GROUP_STOPPED;
             *st = SD_ERR_ABORTED;
             break;
@@ -413,12 +435,23 @@ sd_status sd_group_rank_run(void *zctx, const sd_group_params *p, sd_model *m, s
     sd_net_socket_params sp = sd_net_socket_default_params();
     sp.type = ZMQ_DEALER;
     sp.max_msg_bytes = SD_MAX_GROUP_MSG_BYTES;
+    if (p->curve && p->curve->on) {
+        sp.curve_server_public = p->curve->server;
+        sp.curve_public = p->curve->public_key;
+        sp.curve_secret = p->curve->secret;
+    }
     SD_TRY(sd_net_socket_open(zctx, &sp, NULL, p->addr, &r.sock));
+    /* always: a plaintext rank of a keyed leader learns it at once too */
+    if (sd_net_monitor_open(zctx, r.sock, &r.monitor) != SD_OK) {
+        sd_net_close(&r.sock);
+        return SD_ERR_NET;
+    }
     sd_group_host_name(r.host, sizeof r.host);
     rank_join(&r);
 
     sd_status st;
     Specd__LeaderToRank *setup = wait_setup(&r, &st);
+    sd_net_monitor_close(r.sock, &r.monitor); /* the handshake is over */
     if (!setup) {
         sd_net_close(&r.sock);
         return st == SD_ERR_ABORTED ? SD_OK : st; /* refused / stopped / down: said in *why */

@@ -15,7 +15,8 @@
  * Exit status: 0 on SIGINT/SIGTERM (or a clean stop of the group), 1 on an
  * internal error, 2 for bad flags or a model that cannot be loaded (a TP
  * size that does not divide the heads included), 3 when the coordinator
- * refuses the registration or the leader refuses a rank, 4 when the group
+ * refuses the registration (its model, role or key) or the leader refuses a
+ * rank (its shard or key), 4 when the group
  * went down. */
 #include "group.h"
 #include "specd/cli.h"
@@ -39,9 +40,13 @@ typedef struct verifier_opts {
     const char *name;
     int32_t n_threads;
     int32_t device; /* -1 CPU, N cuda:N */
-    int32_t max_seqs, kv_blocks, block_size, max_batch, max_draft, tp, rank;
-    const char *group; /* --group ADDR */
-    int32_t lm_head;   /* sd_tp_lm_head */
+    sd_dtype kv_type;
+    int32_t max_seqs, kv_blocks, block_size, max_batch, max_k, tp, rank;
+    int32_t group_id;                                    /* --group-id N, 0 = not named */
+    const char *group;                                   /* --group ADDR */
+    const char *curve_secret, *curve_server, *rank_keys; /* key files */
+    bool insecure;
+    int32_t lm_head; /* sd_tp_lm_head */
     int32_t coll_timeout_ms, group_heartbeat_ms, join_timeout_s;
     int32_t warmup; /* --warmup N; -1 = the device's default */
     bool verbose;
@@ -57,16 +62,20 @@ static void usage(FILE *f) {
             "      --coordinator ADDR  coordinator worker address (default tcp://127.0.0.1:7701)\n"
             "  -t, --threads N         worker threads (default: all cores)\n"
             "      --device D          cpu (default), cuda or cuda:N: where the target runs\n"
+            "      --kv-type T         KV cache values: f32 (default) or f16 (half the memory; CPU)\n"
             "      --max-seqs N        sequences cached at once (default 64)\n"
             "      --kv-blocks N       KV blocks (default: max-seqs x context/4 tokens, capped by memory)\n"
             "      --block-size N      tokens per KV block (default 16)\n"
             "      --max-batch N       sequences per verify batch (default 64, at most %d)\n"
-            "      --max-draft N       draft tokens per sequence (default 16, at most %d)\n"
+            "      --max-k N           draft tokens per sequence (default 16, at most %d)\n"
             "      --tp N              tensor-parallel group size (default 1); it must divide the attention\n"
             "                          heads and the MLP width, and divide or be a multiple of the KV heads\n"
             "      --rank N            rank in the group (default 0: the leader, which talks to the coordinator)\n"
             "      --group ADDR        the group's own socket (required with --tp > 1): the leader binds it,\n"
             "                          ranks 1..N-1 connect to it (e.g. tcp://127.0.0.1:7702)\n"
+            "      --group-id N        the verifier group's id (1..65535), unique among the groups of one\n"
+            "                          coordinator; every rank gets the leader's (a rank started for another\n"
+            "                          group is refused); default: the coordinator numbers the group\n"
             "      --lm-head MODE      split (default: each rank holds vocab/N rows, the leader gathers the\n"
             "                          logits) or leader (the whole head on the leader); the same on every rank\n"
             "      --coll-timeout-ms N bound on every collective wait (default 10000)\n"
@@ -79,10 +88,18 @@ static void usage(FILE *f) {
             "                          sightings; their times seed the coordinator's cost model (default on a\n"
             "                          GPU: the largest step, max-batch x (max-draft + 1); on the CPU one timed\n"
             "                          step of 1, 2, 4, 8 and 16 tokens, for the cost model only; 0: none)\n"
+            "      --curve-secret FILE this process's CurveZMQ secret key (specd-keygen; mode 0600); the\n"
+            "                          leader's public key must be on the coordinator's --worker-keys list,\n"
+            "                          a rank's on the leader's --rank-keys list\n"
+            "      --curve-server FILE the public key of the server this process connects to: the\n"
+            "                          coordinator's (the leader) or the leader's (ranks 1..N-1)\n"
+            "      --rank-keys FILE    leader with --tp > 1 and keys: allow-list of the ranks' public keys\n"
+            "      --insecure          leader: allow a non-loopback --group, or GPU ranks (the NCCL id), without\n"
+            "                          keys (trusted networks only)\n"
             "      --name NAME         name in the coordinator's logs (default host:pid)\n"
             "  -v, --verbose           log at DEBUG level\n"
             "  -h, --help              this help\n",
-            SD_MAX_BATCH, SD_MAX_DRAFT, SD_GROUP_HEARTBEAT_MS, SD_WARMUP_EXACT_TOKENS);
+            SD_MAX_BATCH, SD_MAX_K, SD_GROUP_HEARTBEAT_MS, SD_WARMUP_EXACT_TOKENS);
 }
 
 static bool parse_int(const char *flag, const char *s, int32_t lo, int32_t hi, int32_t *out) {
@@ -99,33 +116,45 @@ static int parse_args(int argc, char **argv, verifier_opts *o) {
         O_KV_BLOCKS,
         O_BLOCK,
         O_MAX_BATCH,
-        O_MAX_DRAFT,
+        O_MAX_K,
         O_TP,
         O_RANK,
         O_NAME,
         O_DEVICE,
         O_GROUP,
+        O_GROUP_ID,
         O_LM_HEAD,
         O_COLL_TIMEOUT,
         O_GROUP_HB,
         O_JOIN_TIMEOUT,
-        O_WARMUP
+        O_WARMUP,
+        O_KV_TYPE,
+        O_CSECRET,
+        O_CSERVER,
+        O_RANK_KEYS,
+        O_INSECURE
     };
     static const struct option longs[] = {
         {"model", required_argument, 0, 'm'},
         {"coordinator", required_argument, 0, O_COORD},
+        {"curve-secret", required_argument, 0, O_CSECRET},
+        {"curve-server", required_argument, 0, O_CSERVER},
+        {"rank-keys", required_argument, 0, O_RANK_KEYS},
+        {"insecure", no_argument, 0, O_INSECURE},
         {"threads", required_argument, 0, 't'},
         {"max-seqs", required_argument, 0, O_MAX_SEQS},
         {"kv-blocks", required_argument, 0, O_KV_BLOCKS},
         {"block-size", required_argument, 0, O_BLOCK},
         {"max-batch", required_argument, 0, O_MAX_BATCH},
-        {"max-draft", required_argument, 0, O_MAX_DRAFT},
+        {"max-k", required_argument, 0, O_MAX_K},
         {"tp", required_argument, 0, O_TP},
         {"rank", required_argument, 0, O_RANK},
         {"name", required_argument, 0, O_NAME},
         {"verbose", no_argument, 0, 'v'},
         {"device", required_argument, 0, O_DEVICE},
+        {"kv-type", required_argument, 0, O_KV_TYPE},
         {"group", required_argument, 0, O_GROUP},
+        {"group-id", required_argument, 0, O_GROUP_ID},
         {"lm-head", required_argument, 0, O_LM_HEAD},
         {"coll-timeout-ms", required_argument, 0, O_COLL_TIMEOUT},
         {"group-heartbeat-ms", required_argument, 0, O_GROUP_HB},
@@ -145,10 +174,11 @@ static int parse_args(int argc, char **argv, verifier_opts *o) {
         case O_KV_BLOCKS: ok = parse_int("--kv-blocks", optarg, 1, 1 << 28, &o->kv_blocks); break;
         case O_BLOCK: ok = parse_int("--block-size", optarg, 1, 4096, &o->block_size); break;
         case O_MAX_BATCH: ok = parse_int("--max-batch", optarg, 1, SD_MAX_BATCH, &o->max_batch); break;
-        case O_MAX_DRAFT: ok = parse_int("--max-draft", optarg, 0, SD_MAX_DRAFT, &o->max_draft); break;
+        case O_MAX_K: ok = parse_int("--max-k", optarg, 0, SD_MAX_K, &o->max_k); break;
         case O_TP: ok = parse_int("--tp", optarg, 1, SD_MAX_GROUP_SIZE, &o->tp); break;
         case O_RANK: ok = parse_int("--rank", optarg, 0, SD_MAX_GROUP_SIZE - 1, &o->rank); break;
         case O_GROUP: o->group = optarg; break;
+        case O_GROUP_ID: ok = parse_int("--group-id", optarg, 1, SD_MAX_GROUP_ID, &o->group_id); break;
         case O_LM_HEAD:
             ok = !strcmp(optarg, "split") || !strcmp(optarg, "leader");
             if (!ok) fprintf(stderr, "specd-verifier: --lm-head must be split or leader, got '%s'\n", optarg);
@@ -157,11 +187,19 @@ static int parse_args(int argc, char **argv, verifier_opts *o) {
         case O_COLL_TIMEOUT: ok = parse_int("--coll-timeout-ms", optarg, 1, 3600000, &o->coll_timeout_ms); break;
         case O_GROUP_HB: ok = parse_int("--group-heartbeat-ms", optarg, 1, 60000, &o->group_heartbeat_ms); break;
         case O_JOIN_TIMEOUT: ok = parse_int("--join-timeout", optarg, 1, 86400, &o->join_timeout_s); break;
-        case O_WARMUP: ok = parse_int("--warmup", optarg, 0, SD_MAX_BATCH * (SD_MAX_DRAFT + 1), &o->warmup); break;
+        case O_WARMUP: ok = parse_int("--warmup", optarg, 0, SD_MAX_BATCH * (SD_MAX_K + 1), &o->warmup); break;
         case O_NAME: o->name = optarg; break;
+        case O_CSECRET: o->curve_secret = optarg; break;
+        case O_CSERVER: o->curve_server = optarg; break;
+        case O_RANK_KEYS: o->rank_keys = optarg; break;
+        case O_INSECURE: o->insecure = true; break;
         case O_DEVICE:
             ok = sd_device_parse(optarg, &o->device) == SD_OK;
             if (!ok) fprintf(stderr, "specd-verifier: --device must be cpu, cuda or cuda:N, got '%s'\n", optarg);
+            break;
+        case O_KV_TYPE:
+            ok = sd_kv_type_parse(optarg, &o->kv_type);
+            if (!ok) fprintf(stderr, "specd-verifier: --kv-type must be f32 or f16, got '%s'\n", optarg);
             break;
         case 'v': o->verbose = true; break;
         case 'h': usage(stdout); return 1;
@@ -179,6 +217,18 @@ static int parse_args(int argc, char **argv, verifier_opts *o) {
     }
     if (o->rank >= o->tp) {
         fprintf(stderr, "specd-verifier: --rank %d must be below --tp %d\n", (int)o->rank, (int)o->tp);
+        return 2;
+    }
+    if (!o->curve_secret != !o->curve_server) {
+        fprintf(stderr, "specd-verifier: --curve-secret and --curve-server go together (see --help)\n");
+        return 2;
+    }
+    if (o->rank_keys && (o->rank != 0 || o->tp < 2 || !o->curve_secret)) {
+        fprintf(stderr, "specd-verifier: --rank-keys is for the leader of a --tp group with --curve-secret\n");
+        return 2;
+    }
+    if (o->curve_secret && o->tp > 1 && o->rank == 0 && !o->rank_keys) {
+        fprintf(stderr, "specd-verifier: a keyed leader of a --tp group needs --rank-keys (the ranks' keys)\n");
         return 2;
     }
     if (o->tp > 1 && !o->group) {
@@ -222,14 +272,15 @@ static const char *on_fail_reason(void *user) {
 }
 
 /* Group parameters shared by the leader and the ranks. */
-static sd_group_params group_params(const verifier_opts *o, const sd_model_identity *id, const sd_model *m,
-                                    int stop_fd) {
+static sd_group_params group_params(const verifier_opts *o, const sd_model_identity *id, const sd_model *m, int stop_fd,
+                                    const sd_curve_id *curve, const sd_curve_allow *rank_keys) {
     sd_group_params gp = sd_group_default_params();
     sd_model_shard sh;
     sd_model_shard_of(m, &sh);
     gp.addr = o->group;
     gp.rank = o->rank;
     gp.size = o->tp;
+    gp.group_id = (uint32_t)o->group_id;
     gp.device = o->device;
     gp.model = *id;
     gp.lm_head = (int32_t)sh.lm_head;
@@ -238,14 +289,18 @@ static sd_group_params group_params(const verifier_opts *o, const sd_model_ident
     if (o->coll_timeout_ms > 0) gp.coll_timeout_ms = o->coll_timeout_ms;
     if (o->join_timeout_s > 0) gp.join_timeout_ms = o->join_timeout_s * 1000;
     gp.stop_fd = stop_fd;
+    gp.insecure = o->insecure;
+    gp.curve = curve;
+    gp.rank_keys = rank_keys;
     return gp;
 }
 
 /* Ranks 1..N-1: join the group and run the leader's plans until it ends. */
-static int run_rank(const verifier_opts *o, const sd_model_identity *id, sd_model *model, int stop_fd) {
+static int run_rank(const verifier_opts *o, const sd_model_identity *id, sd_model *model, int stop_fd,
+                    const sd_curve_id *curve) {
     void *zctx = zmq_ctx_new();
     if (!zctx) return 1;
-    sd_group_params gp = group_params(o, id, model, stop_fd);
+    sd_group_params gp = group_params(o, id, model, stop_fd, curve, NULL);
     sd_group_exit why = SD_GROUP_DOWN;
     sd_status st = sd_group_rank_run(zctx, &gp, model, &why);
     zmq_ctx_term(zctx);
@@ -263,7 +318,7 @@ int main(int argc, char **argv) {
         .max_seqs = 64,
         .block_size = 16,
         .max_batch = 64,
-        .max_draft = 16,
+        .max_k = 16,
         .tp = 1,
         .rank = 0,
         .device = -1,
@@ -275,9 +330,20 @@ int main(int argc, char **argv) {
     sd_net_log_init("verifier", o.rank, o.verbose);
     int stop_fd = -1;
     if (sd_worker_signal_fd(&stop_fd) != SD_OK) return 1;
+    /* keys first: a missing key file is a start-up error, before the model loads */
+    sd_curve_id curve;
+    sd_curve_allow rank_keys = {0};
+    if (sd_curve_id_load(o.curve_secret, o.curve_server, &curve) != SD_OK ||
+        (o.rank_keys && sd_curve_allow_read(o.rank_keys, &rank_keys) != SD_OK)) {
+        sd_curve_allow_free(&rank_keys);
+        close(stop_fd);
+        return 2;
+    }
 
     sd_worker_params wp = sd_worker_default_params();
+    wp.curve = &curve;
     if (sd_weights_identity(o.model_path, &wp.model) != SD_OK) {
+        sd_curve_allow_free(&rank_keys);
         close(stop_fd);
         return 2;
     }
@@ -289,6 +355,7 @@ int main(int argc, char **argv) {
         sd_model_params mp = sd_model_default_params();
         mp.n_threads = o.n_threads;
         mp.device = o.device;
+        mp.kv_type = o.kv_type;
         mp.tp_rank = o.rank;
         mp.tp_size = o.tp;
         mp.tp_lm_head = (sd_tp_lm_head)o.lm_head;
@@ -303,7 +370,8 @@ int main(int argc, char **argv) {
         SD_ERROR("cannot open %s: %s", o.model_path, sd_status_str(st));
     }
     if (st == SD_OK && o.rank > 0) {
-        rc = run_rank(&o, &wp.model, model, stop_fd);
+        rc = run_rank(&o, &wp.model, model, stop_fd, &curve);
+        memset(&curve, 0, sizeof curve);
         sd_model_free(&model);
         close(stop_fd);
         return rc;
@@ -313,7 +381,7 @@ int main(int argc, char **argv) {
         vp.max_seqs = o.max_seqs;
         vp.block_size = o.block_size;
         vp.max_batch = o.max_batch;
-        vp.max_draft = o.max_draft;
+        vp.max_k = o.max_k;
         vp.kv_blocks = o.kv_blocks > 0
                            ? o.kv_blocks
                            : sd_verifier_default_kv_blocks(sd_model_config_of(model), o.max_seqs, o.block_size, 0);
@@ -325,6 +393,7 @@ int main(int argc, char **argv) {
     }
     if (st != SD_OK) {
         SD_ERROR("cannot start the verifier: %s", sd_status_str(st));
+        sd_curve_allow_free(&rank_keys);
         sd_model_free(&model);
         close(stop_fd);
         return 2;
@@ -337,7 +406,7 @@ int main(int argc, char **argv) {
         st = SD_ERR_NET;
     } else if (o.tp > 1) {
         /* the group first: the coordinator sees the leader only once every rank is there */
-        sd_group_params gp = group_params(&o, &wp.model, model, stop_fd);
+        sd_group_params gp = group_params(&o, &wp.model, model, stop_fd, &curve, o.rank_keys ? &rank_keys : NULL);
         gp.kv_blocks = vp.kv_blocks;
         gp.block_size = vp.block_size;
         st = sd_group_leader_start(zctx, &gp, &ctx.group);
@@ -358,7 +427,7 @@ int main(int argc, char **argv) {
     if (st == SD_OK) {
         /* before the coordinator knows us: no request waits on it */
         const bool cpu_default = o.warmup < 0 && o.device < 0;
-        const int32_t n_warm = o.warmup >= 0 ? o.warmup : cpu_default ? 16 : o.max_batch * (o.max_draft + 1);
+        const int32_t n_warm = o.warmup >= 0 ? o.warmup : cpu_default ? 16 : o.max_batch * (o.max_k + 1);
         st = sd_verifier_warmup(v, cpu_default ? SD_WARMUP_TIMES : SD_WARMUP_FULL, n_warm, &wr);
         for (int32_t i = 0; st == SD_OK && i < wr.n_sizes; i++) {
             const double us = wr.steady_s[i] * 1e6;
@@ -375,7 +444,7 @@ int main(int argc, char **argv) {
         if (st != SD_OK) {
             /* a forward that fails here would fail a request later: say so now */
             SD_ERROR("the warm-up failed after steps of up to %d tokens (%s): a step that large cannot run here; "
-                     "lower --max-batch or --max-draft, or pass --warmup with a smaller size (0: none)",
+                     "lower --max-batch or --max-k, or pass --warmup with a smaller size (0: none)",
                      (int)wr.max_tokens, sd_status_str(st));
             exit_code = 1;
         }
@@ -386,6 +455,7 @@ int main(int argc, char **argv) {
         wp.role = SPECD__ROLE__ROLE_VERIFIER;
         wp.rank = (uint32_t)o.rank;
         wp.group_size = (uint32_t)o.tp;
+        wp.group_id = (uint32_t)o.group_id;
         wp.name = o.name;
         wp.limits = sd_verifier_limits(v);
         wp.step_costs = costs;
@@ -405,6 +475,8 @@ int main(int argc, char **argv) {
     sd_model_set_coll(model, NULL);
     sd_group_close(&ctx.group);
     if (zctx) zmq_ctx_term(zctx);
+    sd_curve_allow_free(&rank_keys);
+    memset(&curve, 0, sizeof curve);
     sd_verifier_free(&v);
     sd_model_free(&model);
     close(stop_fd);

@@ -41,7 +41,7 @@ typedef struct seq_plan {
     int32_t slot; /* -1 when not admitted */
     int32_t keep_len;
     int32_t n_append;
-    int32_t n_draft;
+    int32_t k;
     bool new_slot; /* the slot was taken by this request */
     sd_sampling sampling;
 } seq_plan;
@@ -57,14 +57,14 @@ struct sd_verifier {
     /* response storage, [max_batch] each */
     Specd__VerifyResult *results;
     Specd__VerifyResult **result_ptrs;
-    int32_t *commits; /* [max_batch][max_draft + 1] */
+    int32_t *commits; /* [max_batch][max_k + 1] */
     /* batch storage, grown on demand */
     int32_t *tokens, *pos, *seq; /* prefill chunks' batch rows */
     size_t cap_rows;
     /* sd_spec_verify_batch's inputs and outputs, [max_batch] each */
     sd_verify_seq *vseqs;
     sd_verify_result *vresults;
-    sd_spec_q *vq;   /* [max_batch][max_draft] */
+    sd_spec_q *vq;   /* [max_batch][max_k] */
     int32_t *vindex; /* batch index of each vseq */
     sd_spec_scratch *spec_scratch;
 };
@@ -79,7 +79,7 @@ sd_verifier_params sd_verifier_default_params(void) {
         .kv_blocks = 0,
         .block_size = 16,
         .max_batch = 64,
-        .max_draft = 16,
+        .max_k = 16,
         .max_ctx = 0,
     };
     return p;
@@ -137,10 +137,10 @@ sd_status sd_verifier_create(sd_model *target, const sd_verifier_params *params,
     if (p.block_size <= 0) p.block_size = 16;
     if (p.max_ctx <= 0 || p.max_ctx > cfg->n_ctx_train) p.max_ctx = cfg->n_ctx_train;
     if (p.max_seqs <= 0 || p.max_seqs > 1 << 16 || p.kv_blocks <= 0 || p.max_batch <= 0 || p.max_batch > SD_MAX_BATCH ||
-        p.max_draft < 0 || p.max_draft > SD_MAX_DRAFT || p.max_draft > SD_MAX_DRAFT) {
-        SD_ERROR("verifier: bad parameters (max_seqs %d, kv_blocks %d, max_batch %d in [1, %d], max_draft %d in "
+        p.max_k < 0 || p.max_k > SD_MAX_K || p.max_k > SD_MAX_K) {
+        SD_ERROR("verifier: bad parameters (max_seqs %d, kv_blocks %d, max_batch %d in [1, %d], max_k %d in "
                  "[0, %d])",
-                 (int)p.max_seqs, (int)p.kv_blocks, (int)p.max_batch, SD_MAX_BATCH, (int)p.max_draft, SD_MAX_DRAFT);
+                 (int)p.max_seqs, (int)p.kv_blocks, (int)p.max_batch, SD_MAX_BATCH, (int)p.max_k, SD_MAX_K);
         return SD_ERR_INVALID_ARG;
     }
     sd_verifier *v = calloc(1, sizeof *v);
@@ -148,7 +148,7 @@ sd_status sd_verifier_create(sd_model *target, const sd_verifier_params *params,
     v->target = target;
     v->p = p;
     v->n_vocab = cfg->n_vocab;
-    size_t nb = (size_t)p.max_batch, rows = (size_t)p.max_draft + 1;
+    size_t nb = (size_t)p.max_batch, rows = (size_t)p.max_k + 1;
     sd_status sst = sd_slots_init(&v->slots, p.max_seqs, slot_release, slot_held, v);
     v->plan = calloc(nb, sizeof *v->plan);
     v->results = calloc(nb, sizeof *v->results);
@@ -173,7 +173,7 @@ sd_status sd_verifier_create(sd_model *target, const sd_verifier_params *params,
 }
 
 sd_net_limits sd_verifier_limits(const sd_verifier *v) {
-    sd_net_limits lim = {v->n_vocab, v->p.max_ctx, v->p.max_batch, v->p.max_draft};
+    sd_net_limits lim = {v->n_vocab, v->p.max_ctx, v->p.max_batch, v->p.max_k};
     return lim;
 }
 
@@ -198,7 +198,7 @@ static void admit(sd_verifier *v, const Specd__VerifyRequest *req, size_t i, seq
     plan->slot = -1;
     plan->keep_len = (int32_t)s->keep_len;
     plan->n_append = (int32_t)s->n_append;
-    plan->n_draft = (int32_t)s->n_draft;
+    plan->k = (int32_t)s->n_draft;
     plan->new_slot = false;
     res->code = SPECD__CODE__CODE_BAD_REQUEST;
     for (size_t j = 0; j < i; j++) {
@@ -214,11 +214,11 @@ static void admit(sd_verifier *v, const Specd__VerifyRequest *req, size_t i, seq
         return;
     }
     int64_t total = (int64_t)s->keep_len + (int64_t)s->n_append + (int64_t)s->n_draft;
-    if (s->n_q != s->n_draft || s->n_draft > (size_t)v->p.max_draft || total > v->p.max_ctx ||
+    if (s->n_q != s->n_draft || s->n_draft > (size_t)v->p.max_k || total > v->p.max_ctx ||
         (req->prefill_only && s->n_draft > 0) || (!req->prefill_only && s->n_append == 0)) {
-        SD_WARN("verifier: request %llu: keep_len %u + append %zu + draft %zu (q %zu, max_draft %d) does not fit "
+        SD_WARN("verifier: request %llu: keep_len %u + append %zu + draft %zu (q %zu, max_k %d) does not fit "
                 "the context %d or is not a valid %s step",
-                (unsigned long long)s->request_id, s->keep_len, s->n_append, s->n_draft, s->n_q, (int)v->p.max_draft,
+                (unsigned long long)s->request_id, s->keep_len, s->n_append, s->n_draft, s->n_q, (int)v->p.max_k,
                 (int)v->p.max_ctx, req->prefill_only ? "prefill" : "verify");
         return;
     }
@@ -246,21 +246,20 @@ static sd_status finish(sd_verifier *v, const Specd__VerifyRequest *req, Specd__
 /* Passes 2-4 of a normal step through spec2's sd_spec_verify_batch: one
  * ragged forward, verification, rollback, per-sequence outcomes. */
 static sd_status verify_with_spec_batch(sd_verifier *v, const Specd__VerifyRequest *req) {
-    const size_t stride = (size_t)v->p.max_draft + 1;
+    const size_t stride = (size_t)v->p.max_k + 1;
     int32_t n_v = 0;
     for (size_t i = 0; i < req->n_seqs; i++) {
         const seq_plan *pl = &v->plan[i];
         if (pl->slot < 0) continue;
         const Specd__VerifySeq *s = req->seqs[i];
-        sd_spec_q *q = v->vq + i * (size_t)v->p.max_draft;
-        for (int32_t r = 0; r < pl->n_draft; r++)
-            q[r] = (sd_spec_q){(int32_t)s->q[r]->n_ids, s->q[r]->ids, s->q[r]->probs};
+        sd_spec_q *q = v->vq + i * (size_t)v->p.max_k;
+        for (int32_t r = 0; r < pl->k; r++) q[r] = (sd_spec_q){(int32_t)s->q[r]->n_ids, s->q[r]->ids, s->q[r]->probs};
         v->vseqs[n_v] = (sd_verify_seq){
             .slot = pl->slot,
             .keep_len = pl->keep_len,
             .n_append = pl->n_append,
             .append = s->append,
-            .k = pl->n_draft,
+            .k = pl->k,
             .draft = s->draft,
             .q = q,
             .sampling = pl->sampling,
@@ -378,12 +377,12 @@ sd_status sd_verifier_handle(sd_verifier *v, const Specd__VerifyRequest *req, Sp
 }
 
 /* One warm-up step (sd_warmup_step_fn) of n_tokens tokens over slots 0..:
- * each sequence one appended token and up to max_draft drafts. */
+ * each sequence one appended token and up to max_k drafts. */
 static sd_status warmup_step(void *user, int32_t n_tokens, const sd_sampling *sampling, const int32_t *toks,
                              bool *fits) {
     static const float one = 1.0f;
     sd_verifier *v = user;
-    int32_t per = v->p.max_draft + 1;
+    int32_t per = v->p.max_k + 1;
     if (per > v->p.max_ctx) per = v->p.max_ctx;
     const int32_t n_seqs = (n_tokens + per - 1) / per;
     *fits = n_seqs <= v->p.max_batch && n_seqs <= v->p.max_seqs;
@@ -391,7 +390,7 @@ static sd_status warmup_step(void *user, int32_t n_tokens, const sd_sampling *sa
     int32_t off = 0;
     for (int32_t s = 0; s < n_seqs; s++) {
         const int32_t len = n_tokens - off < per ? n_tokens - off : per;
-        sd_spec_q *q = v->vq + (size_t)s * (size_t)v->p.max_draft;
+        sd_spec_q *q = v->vq + (size_t)s * (size_t)v->p.max_k;
         for (int32_t r = 0; r < len - 1; r++) q[r] = (sd_spec_q){1, toks + off + 1 + r, &one};
         v->vseqs[s] = (sd_verify_seq){.slot = s,
                                       .keep_len = 0,

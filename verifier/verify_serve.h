@@ -18,12 +18,12 @@ typedef struct sd_verifier_params {
     int32_t kv_blocks;  /* blocks in the KV pool (required, > 0) */
     int32_t block_size; /* tokens per block (default 16) */
     int32_t max_batch;  /* sequences per VerifyRequest (default 64, <= SD_MAX_BATCH) */
-    int32_t max_draft;  /* draft tokens per sequence (default 16, <= SD_MAX_DRAFT) */
+    int32_t max_k;      /* draft tokens per sequence (default 16, <= SD_MAX_K) */
     int32_t max_ctx;    /* tokens per sequence; 0 = the model's context length */
 } sd_verifier_params;
 
 /* max_seqs 64, kv_blocks 0 (must be set), block_size 16, max_batch 64,
- * max_draft 16, max_ctx 0. */
+ * max_k 16, max_ctx 0. */
 sd_verifier_params sd_verifier_default_params(void);
 
 /* KV blocks for max_seqs sequences of ctx/4 tokens each, capped so the pool
@@ -58,7 +58,7 @@ sd_status sd_verifier_handle(sd_verifier *v, const Specd__VerifyRequest *req, Sp
  * step size's first sighting: a CUDA verifier runs a new size op by op,
  * records it as a graph the second time (sizes up to
  * SD_WARMUP_EXACT_TOKENS) and loads a kernel module the first time a kernel
- * runs. Every step verifies one sequence per max_draft + 1 tokens, with as
+ * runs. Every step verifies one sequence per max_k + 1 tokens, with as
  * many drafts as fit (one-hot q, as an n-gram drafter sends), so the logits
  * are wanted for every row. rep's steady times are what the coordinator's
  * cost model starts from (Hello.step_costs). Nothing stays behind: every

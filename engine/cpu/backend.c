@@ -97,6 +97,8 @@ static const sd_backend_ops cpu_ops = {
     .rope = sd_cpu_rope,
     .kv_write = sd_cpu_kv_write,
     .attention = sd_cpu_attention,
+    .kv_write_f16 = sd_cpu_kv_write_f16,
+    .attention_f16 = sd_cpu_attention_f16,
     .swiglu = sd_cpu_swiglu,
     .add = sd_cpu_add,
 };

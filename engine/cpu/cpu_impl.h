@@ -100,6 +100,12 @@ sd_status sd_cpu_kv_write(sd_backend *be, float *pool, int32_t block_size, int32
 sd_status sd_cpu_attention(sd_backend *be, const float *q, const float *k_pool, const float *v_pool, int32_t n_tokens,
                            int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                            const int32_t *pos, const int32_t *bt, const int32_t *bt_off, float scale, float *out);
+sd_status sd_cpu_kv_write_f16(sd_backend *be, uint16_t *pool, int32_t block_size, int32_t row_width, const float *src,
+                              int32_t n_tokens, const int32_t *pos, const int32_t *bt, const int32_t *bt_off);
+sd_status sd_cpu_attention_f16(sd_backend *be, const float *q, const uint16_t *k_pool, const uint16_t *v_pool,
+                               int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                               int32_t block_size, const int32_t *pos, const int32_t *bt, const int32_t *bt_off,
+                               float scale, float *out);
 sd_status sd_cpu_swiglu(sd_backend *be, const float *gate, const float *up, size_t n, float *out);
 sd_status sd_cpu_add(sd_backend *be, const float *a, const float *b, size_t n, float *out);
 

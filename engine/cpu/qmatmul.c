@@ -18,8 +18,16 @@
  * in two chains, changing the result with the path; the integer half is the
  * part VNNI speeds up. F16 / BF16 use one AVX2 tile on both SIMD paths.
  *
- * Block data is unaligned (18- and 20-byte blocks): every load is unaligned
- * and scalar loads go through memcpy. */
+ * K-quants (Q4_K, Q5_K, Q6_K) reuse the activation blocks of 32: each is
+ * one 32-element sub-block of a 256-element super-block, so only the weight
+ * side differs (kdot_c here, ktile in qmatmul_simd.inc). Rejected: a
+ * Q8_K-style activation block of 256 with per-16 sums, which would be a
+ * second activation format with its own rounding for the same dots. Q6_K's
+ * -32 is taken off the exact integer dot (32 x the lane's sum of q, one
+ * per token and block), so its stored 6 bits are the unsigned operand.
+ *
+ * Block data is unaligned (18-, 20-, 144-, 176- and 210-byte blocks): every
+ * load is unaligned and scalar loads go through memcpy. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,7 +38,8 @@
 /* MAX_R x MAX_T tiles; ROW_CHUNK output rows per pool chunk (a multiple of
  * 3 and 4); weights prefetched PREFETCH_BYTES ahead in each row. */
 enum { MAX_R = 4, MAX_T = 8, TOK_BLOCK = 64, ROW_CHUNK = 48, PREFETCH_BYTES = 1024 };
-enum { KIND_Q8_0 = 0, KIND_Q4_0 = 1, KIND_Q4_1 = 2 };
+enum { KIND_Q8_0 = 0, KIND_Q4_0 = 1, KIND_Q4_1 = 2, KIND_Q4_K = 3, KIND_Q5_K = 4, KIND_Q6_K = 5, N_KINDS = 6 };
+#define QK_K 256 /* elements per K-quant super-block: 8 activation blocks */
 
 static inline uint16_t load_u16(const uint8_t *p) {
     uint16_t v;
@@ -69,9 +78,52 @@ static float bf16_to_float(uint16_t h) {
     return f;
 }
 
-static int kind_of(sd_dtype t) { return t == SD_DTYPE_Q8_0 ? KIND_Q8_0 : t == SD_DTYPE_Q4_0 ? KIND_Q4_0 : KIND_Q4_1; }
+static int kind_of(sd_dtype t) {
+    switch (t) {
+    case SD_DTYPE_Q8_0: return KIND_Q8_0;
+    case SD_DTYPE_Q4_0: return KIND_Q4_0;
+    case SD_DTYPE_Q4_K: return KIND_Q4_K;
+    case SD_DTYPE_Q5_K: return KIND_Q5_K;
+    case SD_DTYPE_Q6_K: return KIND_Q6_K;
+    default: return KIND_Q4_1;
+    }
+}
 
-static bool is_integer_type(sd_dtype t) { return t == SD_DTYPE_Q8_0 || t == SD_DTYPE_Q4_0 || t == SD_DTYPE_Q4_1; }
+static bool is_integer_type(sd_dtype t) {
+    return t == SD_DTYPE_Q8_0 || t == SD_DTYPE_Q4_0 || t == SD_DTYPE_Q4_1 || sd_dtype_is_k(t);
+}
+
+/* Elements per weight block of an integer type (what n_in must divide by). */
+static int32_t int_block(sd_dtype t) { return sd_dtype_is_k(t) ? QK_K : QK; }
+
+/* Bytes of one K-quant super-block. */
+static inline size_t kblock_bytes(int kind) { return kind == KIND_Q4_K ? 144 : kind == KIND_Q5_K ? 176 : 210; }
+
+/* The float scales of one K-quant super-block, in the arithmetic every path
+ * shares: Q4_K / Q5_K: dsc[s] = d * sc_s and mneg[s] = -(dmin * m_s) for the
+ * 8 sub-blocks of 32; Q6_K: dsc[i] = d * scales[i] for the 16 of 16. The C
+ * twin's; the SIMD tiles form the same products 8 at a time (kscales_v). */
+static inline __attribute__((always_inline)) void kscales(int kind, const uint8_t *blk, float dsc[16], float mneg[8]) {
+    if (kind == KIND_Q6_K) {
+        const float d = half_to_float(load_u16(blk + 208));
+        for (int i = 0; i < 16; i++) dsc[i] = d * (float)(int8_t)blk[192 + i];
+        return;
+    }
+    const float d = half_to_float(load_u16(blk)), dmin = half_to_float(load_u16(blk + 2));
+    const uint8_t *q = blk + 4;
+    for (int s = 0; s < 8; s++) {
+        int sc, m;
+        if (s < 4) {
+            sc = q[s] & 63;
+            m = q[s + 4] & 63;
+        } else {
+            sc = (q[s + 4] & 0x0f) | ((q[s - 4] >> 6) << 4);
+            m = (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
+        }
+        dsc[s] = d * (float)sc;
+        mneg[s] = -(dmin * (float)m);
+    }
+}
 
 bool sd_cpu_qmatmul_supports(sd_dtype t) { return is_integer_type(t) || t == SD_DTYPE_F16 || t == SD_DTYPE_BF16; }
 
@@ -137,6 +189,54 @@ static float qdot_c(int kind, const uint8_t *wr, const uint8_t *xr, size_t nb) {
             for (int j = 4 * k; j < 4 * k + 4; j++) p += w[j] * q[b * QK + (size_t)j];
             acc[k] = fmaf((float)p, scale, acc[k]);
             if (kind == KIND_Q4_1) acc[k] = fmaf(lane_sum[k], mscale, acc[k]);
+        }
+    }
+    return sd_cpu_hsum8(acc);
+}
+
+/* The 32 integer weights of sub-block s of a K-quant super-block: Q4_K
+ * nibbles 0..15, Q5_K 0..31, Q6_K q - 32 in -32..31 (quant_k.c: layouts). */
+static void kweights_c(int kind, const uint8_t *blk, int s, int w[32]) {
+    if (kind == KIND_Q6_K) {
+        const int h = s / 4, k = s % 4;
+        const uint8_t *ql = blk + 64 * h + 32 * (k & 1), *qh = blk + 128 + 32 * h;
+        for (int l = 0; l < 32; l++) {
+            int lo = k < 2 ? ql[l] & 0x0f : ql[l] >> 4;
+            w[l] = (lo | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
+        }
+        return;
+    }
+    const uint8_t *qs = blk + (kind == KIND_Q5_K ? 48 : 16) + 32 * (s / 2), *qh = blk + 16;
+    for (int l = 0; l < 32; l++) {
+        w[l] = s & 1 ? qs[l] >> 4 : qs[l] & 0x0f;
+        if (kind == KIND_Q5_K) w[l] |= ((qh[l] >> s) & 1) << 4;
+    }
+}
+
+/* One output element of a K-quant type: activation block b = 8 * sb + s is
+ * sub-block s of super-block sb; the lane arithmetic of quant_kernels.h. */
+static float kdot_c(int kind, const uint8_t *wr, const uint8_t *xr, size_t nb) {
+    const size_t bb = kblock_bytes(kind);
+    const int8_t *q = (const int8_t *)xr;
+    float acc[8] = {0};
+    for (size_t sb = 0; sb < nb / 8; sb++) {
+        const uint8_t *blk = wr + sb * bb;
+        float dsc[16], mneg[8];
+        kscales(kind, blk, dsc, mneg);
+        for (int s = 0; s < 8; s++) {
+            const size_t b = sb * 8 + (size_t)s;
+            int w[32];
+            kweights_c(kind, blk, s, w);
+            float dx, lane_sum[8];
+            memcpy(&dx, xr + nb * QK + b * 4, 4);
+            memcpy(lane_sum, xr + nb * (QK + 4) + b * 32, 32);
+            for (int k = 0; k < 8; k++) {
+                int32_t p = 0;
+                for (int j = 4 * k; j < 4 * k + 4; j++) p += w[j] * q[b * QK + (size_t)j];
+                const float scale = kind == KIND_Q6_K ? dsc[2 * s + k / 4] : dsc[s];
+                acc[k] = fmaf((float)p, scale * dx, acc[k]);
+                if (kind != KIND_Q6_K) acc[k] = fmaf(lane_sum[k], mneg[s] * dx, acc[k]);
+            }
         }
     }
     return sd_cpu_hsum8(acc);
@@ -307,9 +407,10 @@ static void chunk_c(const qmatmul_args *a, size_t r_begin, size_t r_end) {
     for (size_t t = 0; t < a->n_tokens; t++)
         for (size_t r = r_begin; r < r_end; r++) {
             const uint8_t *wr = a->w + r * a->row_bytes;
-            a->y[t * a->n_out + r] = is_integer_type(a->type)
-                                         ? qdot_c(kind_of(a->type), wr, a->xq + t * a->xrow_bytes, nb)
-                                         : fdot_c(a->type, wr, a->x + t * a->n_in, a->n_in);
+            const uint8_t *xr = a->xq ? a->xq + t * a->xrow_bytes : NULL;
+            a->y[t * a->n_out + r] = sd_dtype_is_k(a->type)     ? kdot_c(kind_of(a->type), wr, xr, nb)
+                                     : is_integer_type(a->type) ? qdot_c(kind_of(a->type), wr, xr, nb)
+                                                                : fdot_c(a->type, wr, a->x + t * a->n_in, a->n_in);
         }
 }
 
@@ -368,7 +469,7 @@ sd_status sd_cpu_qmatmul(sd_backend *be, sd_cpu_qpath path, sd_dtype type, const
     if (!be || n_in <= 0 || n_out < 0 || n_tokens < 0) return SD_ERR_INVALID_ARG;
     if (!sd_cpu_qmatmul_supports(type) || !sd_cpu_qpath_available(path)) return SD_ERR_UNSUPPORTED;
     const bool integer = is_integer_type(type);
-    if (integer && n_in % QK != 0) return SD_ERR_INVALID_ARG;
+    if (integer && n_in % int_block(type) != 0) return SD_ERR_INVALID_ARG;
     if (n_tokens == 0 || n_out == 0) return SD_OK;
     if (path == SD_CPU_QPATH_AUTO) path = auto_path();
     size_t be_elems, bb;

@@ -1,4 +1,5 @@
-/* quant_kernels.h — matmul on weights as stored (F16, BF16, Q8_0, Q4_0, Q4_1).
+/* quant_kernels.h — matmul on weights as stored (F16, BF16, Q8_0, Q4_0, Q4_1,
+ * Q4_K, Q5_K, Q6_K).
  *
  * y[t][o] = sum_i W[o][i] * x[t][i] where W stays in its GGUF layout: rows of
  * n_in elements, a Q row being n_in/32 blocks (quant.c has the layouts). The
@@ -17,6 +18,15 @@
  *         acc[k] = fmaf((float)S_bk, m_b * dx_b, acc[k])
  *     with S_bk the sum of q_j over the same 4 elements (the block minimum's
  *     share); the result is the fixed lane tree sd_cpu_hsum8(acc).
+ *   - K-quants (256-element super-blocks, n_in a multiple of 256): the same
+ *     8-bit activation blocks of 32, each being one 32-element sub-block s of
+ *     a super-block (Q4_K / Q5_K), in the same block order, and
+ *         acc[k] = fmaf((float)P_bk, (d * sc_s) * dx_b, acc[k])
+ *         acc[k] = fmaf((float)S_bk, (-(dmin * m_s)) * dx_b, acc[k])
+ *     with w_j the 4- or 5-bit value; for Q6_K (16-element sub-blocks, w_j
+ *     = q - 32) only the first, with scale d * scales[2s + k/4] (lanes 0-3
+ *     take the block's first 16 elements). d * sc is exact in f32 (an f16
+ *     times an integer below 2^8).
  *   - F16 / BF16: the weights are widened to f32 (exact) and the dot product
  *     is sd_cpu_dot's (8 lanes over i, lane tree, fused tail): the same bits
  *     as the f32 matmul on the widened matrix.
@@ -49,7 +59,7 @@ bool sd_cpu_qpath_available(sd_cpu_qpath path);
 const char *sd_cpu_qpath_name(void);
 
 /* Bytes of one token row of quantized activations for n_in (a multiple of
- * 32): q int8 [nb*32], then dx f32 [nb], then S f32 [nb][8] (per-lane sums
+ * 32; the K-quants use the same rows): q int8 [nb*32], then dx f32 [nb], then S f32 [nb][8] (per-lane sums
  * of q, see the file comment). */
 size_t sd_cpu_q8_row_bytes(int32_t n_in);
 
@@ -61,7 +71,7 @@ void sd_cpu_q8_quantize_row(const float *x, int32_t n_in, void *dst);
 
 /* y [n_tokens][n_out] = W x with W of type (one of sd_cpu_qmatmul_supports)
  * stored at w as n_out rows, x [n_tokens][n_in]. For the integer types n_in
- * must be a multiple of 32. Uses the backend's pool and its activation
+ * must be a multiple of 32 (256 for the K-quants). Uses the backend's pool and its activation
  * buffer (not reentrant on one backend). SD_ERR_UNSUPPORTED when path is not
  * available here or type is not supported; SD_ERR_NOMEM when the activation
  * buffer cannot grow. */

@@ -445,6 +445,8 @@ static const sd_backend_ops cuda_ops = {
     .kv_write = sd_cuda_kv_write,
     .rope_kv = sd_cuda_rope_kv,
     .attention = sd_cuda_attention,
+    .kv_write_f16 = NULL, /* f32 cache only: sd_model_kv_create refuses --kv-type f16 */
+    .attention_f16 = NULL,
     .swiglu = sd_cuda_swiglu,
     .add = sd_cuda_add,
 };

@@ -15,17 +15,13 @@
  *                sorted masses, min-p against the largest; the kept masses
  *                are renormalized into the float row, as sd_sample_probs
  *                writes it.
- *             2. stats_kernel: each row's total (the normalization
- *                sd_spec_verify applies) and p(y) of its draft token; these
- *                go to the host, which makes the acceptance decisions with
- *                the same Philox keys, q checks and formulas as sd_spec_verify
- *                (u * q(y) < p(y)).
- *             3. draw_kernel: the one draw each sequence still needs — from
- *                the residual norm(max(0, p/P - q/Q)) at the first rejection
- *                (falling back to p below SD_SPEC_RESIDUAL_EPS of mass), or
- *                the bonus token from the last row — by inverse CDF in index
- *                order: the first id whose running sum exceeds u times the
- *                total, as sd_sample_from and the residual draw do.
+ *             2. stats_kernel: each row's total, and whether it is bad.
+ *             3. draw_kernel: every row's draw by the coupled rule (spec.h):
+ *                sd_sample_race, the exponential race over the uniforms of
+ *                (seed, position) — Philox twin below, one block per 4
+ *                entries, keys -log(u)/p in double, the least key and then
+ *                the lowest id winning. The host accepts drafts while they
+ *                equal the draws (sd_spec_verify's decisions).
  * Sums are taken in double by fixed block trees (CUB BlockReduce/BlockScan)
  * instead of the CPU's left-to-right loops; the results differ in the last
  * bits of a double, so a decision could differ only when a uniform lands
@@ -82,17 +78,12 @@ typedef struct row_stats {
 
 /* A draw to make. */
 typedef struct draw_desc {
-    int32_t prow;     /* processed row (index into the group's rows) */
-    int32_t residual; /* 1: residual after a rejection, 0: from p */
-    double u;
-    double p_tot;
-    double q_tot;
-    int32_t q_off, q_n; /* its q entries in the uploaded q arrays */
+    int32_t prow; /* processed row (index into the group's rows) */
+    uint64_t seed, position;
 } draw_desc;
 
 typedef struct draw_out {
     int32_t token;
-    int32_t fallback; /* residual mass ~0: drawn from p */
 } draw_out;
 
 /* ---- greedy ---- */
@@ -296,50 +287,66 @@ __global__ void __launch_bounds__(SPEC_THREADS)
     }
 }
 
+/* sd_philox4x32 (engine/sample.c), the same constants and rounds. */
+__device__ void philox4x32(uint64_t seed, const uint32_t ctr[4], uint32_t out[4]) {
+    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+    uint32_t x0 = ctr[0], x1 = ctr[1], x2 = ctr[2], x3 = ctr[3];
+    for (int r = 0; r < 10; r++) {
+        if (r > 0) {
+            k0 += 0x9E3779B9u;
+            k1 += 0xBB67AE85u;
+        }
+        uint64_t p0 = (uint64_t)0xD2511F53u * x0;
+        uint64_t p1 = (uint64_t)0xCD9E8D57u * x2;
+        uint32_t y0 = (uint32_t)(p1 >> 32) ^ x1 ^ k0;
+        uint32_t y1 = (uint32_t)p1;
+        uint32_t y2 = (uint32_t)(p0 >> 32) ^ x3 ^ k1;
+        uint32_t y3 = (uint32_t)p0;
+        x0 = y0, x1 = y1, x2 = y2, x3 = y3;
+    }
+    out[0] = x0, out[1] = x1, out[2] = x2, out[3] = x3;
+}
+
+/* (key, id) beats (bk, bi): a smaller key, or the same and a lower id. */
+__device__ __forceinline__ bool race_better(double k, int i, double bk, int bi) {
+    return k < bk || (k == bk && i < bi);
+}
+
+/* sd_sample_race over one processed row. */
 __global__ void __launch_bounds__(SPEC_THREADS)
-    draw_kernel(int n_vocab, const draw_desc *__restrict__ draws, const float *__restrict__ pf,
-                const int32_t *__restrict__ q_ids, const float *__restrict__ q_probs, draw_out *out) {
-    __shared__ int32_t qi[SPEC_MAX_Q];
-    __shared__ float qp[SPEC_MAX_Q];
-    __shared__ double mass_sh;
+    draw_kernel(int n_vocab, const draw_desc *__restrict__ draws, const float *__restrict__ pf, draw_out *out) {
+    __shared__ double sk[SPEC_THREADS / 32];
+    __shared__ int si[SPEC_THREADS / 32];
     const draw_desc d = draws[blockIdx.x];
     const float *row = pf + (size_t)d.prow * (size_t)n_vocab;
-    const int qn = d.residual ? min(d.q_n, SPEC_MAX_Q) : 0;
-    for (int j = threadIdx.x; j < qn; j += SPEC_THREADS) qi[j] = q_ids[d.q_off + j], qp[j] = q_probs[d.q_off + j];
-    __syncthreads();
-    const double u = d.u >= 0.0 ? d.u : 0.0;
-    if (d.residual) {
-        /* r(v) = p(v)/P - sum of q's entries for v / Q, subtracted in entry
-         * order like draw_residual; its positive part is the residual */
-        auto resid = [&](int v) {
-            double r = (double)row[v] / d.p_tot;
-            for (int j = 0; j < qn; j++)
-                if (qi[j] == v) r -= (double)qp[j] / d.q_tot;
-            return r > 0.0 ? r : 0.0;
-        };
-        double mass;
-        int last;
-        block_first_reaching(resid, n_vocab, INFINITY, false, &mass, &last);
-        if (threadIdx.x == 0) mass_sh = mass;
-        __syncthreads();
-        mass = mass_sh;
-        if (mass > SD_SPEC_RESIDUAL_EPS) {
-            int t = block_first_reaching(resid, n_vocab, u * mass, false, NULL, &last);
-            if (threadIdx.x == 0) out[blockIdx.x] = {t >= 0 ? t : last, 0};
-            return;
+    double bk = INFINITY;
+    int bi = 0x7fffffff;
+    uint32_t ctr[4] = {(uint32_t)d.position, (uint32_t)(d.position >> 32), (uint32_t)SD_RNG_RACE, 0}, words[4];
+    for (int blk = threadIdx.x; blk * 4 < n_vocab; blk += SPEC_THREADS) {
+        ctr[3] = (uint32_t)blk;
+        philox4x32(d.seed, ctr, words);
+        for (int j = 0; j < 4 && blk * 4 + j < n_vocab; j++) {
+            const int v = blk * 4 + j;
+            if (!(row[v] > 0.0f)) continue;
+            const double u = ((double)words[j] + 0.5) * 0x1.0p-32;
+            const double key = -log(u) / (double)row[v];
+            if (race_better(key, v, bk, bi)) bk = key, bi = v;
         }
-        if (threadIdx.x == 0) out[blockIdx.x].fallback = 1;
-    } else if (threadIdx.x == 0) {
-        out[blockIdx.x].fallback = 0;
     }
-    /* from p (sd_sample_from): positive float entries, summed in double */
-    auto pos_p = [&](int v) { return row[v] > 0.0f ? (double)row[v] : 0.0; };
-    double total;
-    int last;
-    block_first_reaching(pos_p, n_vocab, INFINITY, false, &total, &last);
+    for (int off = 16; off > 0; off >>= 1) {
+        double ok = __shfl_xor_sync(0xffffffffu, bk, off);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+        if (race_better(ok, oi, bk, bi)) bk = ok, bi = oi;
+    }
+    if ((threadIdx.x & 31) == 0) sk[threadIdx.x >> 5] = bk, si[threadIdx.x >> 5] = bi;
     __syncthreads();
-    int t = block_first_reaching(pos_p, n_vocab, u * total, false, NULL, NULL);
-    if (threadIdx.x == 0) out[blockIdx.x].token = t >= 0 ? t : last;
+    if (threadIdx.x == 0) {
+        double k0 = sk[0];
+        int i0 = si[0];
+        for (int w = 1; w < SPEC_THREADS / 32; w++)
+            if (race_better(sk[w], si[w], k0, i0)) k0 = sk[w], i0 = si[w];
+        out[blockIdx.x].token = i0 == 0x7fffffff ? -1 : i0;
+    }
 }
 
 /* ---- host side ---- */
@@ -442,78 +449,56 @@ static void stage_rows(int32_t n_vocab, const sd_spec_rows *seqs, const int32_t 
     }
 }
 
-/* The host's decisions for sampled seqs (idx[0..n_idx)) from their rows'
- * stats, exactly as sd_spec_verify makes them: each draft token accepted or
- * not, and one draw per sequence (the residual at the first rejection, or the
- * bonus token) written to draws. Sets each sequence's n_accepted, accepted
- * tokens, info and status; row_of[g] becomes -1 - (its draw's index).
- * Returns the number of draws. */
-static int32_t decide(int32_t n_vocab, sd_spec_rows *seqs, const int32_t *idx, int32_t n_idx, const row_stats *stats,
-                      int32_t *row_of, const int32_t *q_off_of, draw_desc *draws) {
-    int32_t n_draws = 0;
+/* The draws for sampled seqs (idx[0..n_idx)): one per processed row, in
+ * row order, with the coupled rule's key (spec.h). Checks each sequence's
+ * rows, drafts and q first, as sd_spec_verify, and sets its status. */
+static void plan_draws(int32_t n_vocab, sd_spec_rows *seqs, const int32_t *idx, int32_t n_idx, const row_stats *stats,
+                       const int32_t *row_of, draw_desc *draws) {
     for (int32_t g = 0; g < n_idx; g++) {
         sd_spec_rows *v = &seqs[idx[g]];
         memset(&v->info, 0, sizeof v->info);
         const row_stats *rs = stats + row_of[g];
-        const uint64_t seed = v->sampling->seed;
-        int32_t qo = q_off_of[g];
-        for (int32_t j = 0; j <= v->k; j++)
+        for (int32_t j = 0; j <= v->k; j++) {
+            draws[row_of[g] + j] = {row_of[g] + j, v->sampling->seed, v->pos0 + (uint64_t)j};
             if (rs[j].bad) {
                 SD_ERROR("spec: sequence row %d: logits with NaN or +inf, or all -inf", (int)(v->row0 + j));
                 v->status = SD_ERR_INVALID_ARG;
             }
-        if (v->status != SD_OK) continue;
-        int32_t i = 0;
-        for (; i < v->k; i++) {
+        }
+        for (int32_t i = 0; v->status == SD_OK && i < v->k; i++) {
             const int32_t y = v->draft[i];
+            double q_tot;
             if (y < 0 || y >= n_vocab) {
                 SD_ERROR("spec: draft token %d at index %d is outside [0, %d)", (int)y, (int)i, (int)n_vocab);
                 v->status = SD_ERR_RANGE;
-                break;
-            }
-            double q_tot;
-            sd_status qs = sd_spec_q_check(&v->q[i], n_vocab, i, &q_tot);
-            if (qs != SD_OK) {
-                v->status = qs;
-                break;
-            }
-            const double py = (double)rs[i].p_y / rs[i].p_tot, qy = sd_spec_q_prob(&v->q[i], y);
-            const uint64_t pos = v->pos0 + (uint64_t)i;
-            bool accept;
-            if (qy > 0.0) {
-                accept = sd_rng_uniform(seed, pos, SD_RNG_ACCEPT) * qy < py;
             } else {
-                SD_WARN("spec: draft token %d at position %llu has q = 0: the drafter did not sample from "
-                        "the q it reported; rejecting it",
-                        (int)y, (unsigned long long)pos);
-                v->info.n_q_zero++;
-                accept = false;
+                v->status = sd_spec_q_check(&v->q[i], n_vocab, i, &q_tot);
             }
-            if (accept) {
-                v->tokens[i] = y;
-                qo += v->q[i].n;
-                continue;
-            }
-            draws[n_draws] = {row_of[g] + i, 1, sd_rng_uniform(seed, pos, SD_RNG_RESIDUAL), rs[i].p_tot, q_tot, qo,
-                              v->q[i].n};
-            break;
         }
-        if (v->status != SD_OK) continue;
-        v->n_accepted = i;
-        if (i == v->k) {
-            draws[n_draws] = {row_of[g] + v->k,
-                              0,
-                              sd_rng_uniform(seed, v->pos0 + (uint64_t)v->k, SD_RNG_SAMPLE),
-                              rs[v->k].p_tot,
-                              1.0,
-                              0,
-                              0};
-            v->info.bonus = true;
-        }
-        row_of[g] = -1 - n_draws; /* remember which draw is this sequence's */
-        n_draws++;
     }
-    return n_draws;
+}
+
+/* The decisions from the draws: drafts accepted while they equal the
+ * draws, then the draw at the first mismatch (or the bonus row's). */
+static void decide(int32_t n_vocab, sd_spec_rows *seqs, const int32_t *idx, int32_t n_idx, const int32_t *row_of,
+                   const draw_out *outs) {
+    for (int32_t g = 0; g < n_idx; g++) {
+        sd_spec_rows *v = &seqs[idx[g]];
+        if (v->status != SD_OK) continue;
+        const draw_out *o = outs + row_of[g];
+        int32_t i = 0;
+        while (i < v->k && v->draft[i] == o[i].token) {
+            v->tokens[i] = v->draft[i];
+            i++;
+        }
+        if (o[i].token < 0 || o[i].token >= n_vocab) {
+            v->status = SD_ERR_INTERNAL;
+            continue;
+        }
+        v->tokens[i] = o[i].token;
+        v->n_accepted = i;
+        v->info.bonus = i == v->k;
+    }
 }
 
 /* Sampled verification of seqs[first..last) (all stochastic and OK). */
@@ -531,8 +516,8 @@ static sd_status verify_group(sd_backend *be, const float *logits, int32_t n_voc
     row_desc *descs = (row_desc *)calloc((size_t)n_rows, sizeof *descs);
     row_stats *stats = (row_stats *)calloc((size_t)n_rows, sizeof *stats);
     int32_t *ranked_rows = (int32_t *)calloc((size_t)n_ranked + 1, sizeof(int32_t));
-    draw_desc *draws = (draw_desc *)calloc((size_t)n_idx, sizeof *draws);
-    draw_out *outs = (draw_out *)calloc((size_t)n_idx, sizeof *outs);
+    draw_desc *draws = (draw_desc *)calloc((size_t)n_rows, sizeof *draws);
+    draw_out *outs = (draw_out *)calloc((size_t)n_rows, sizeof *outs);
     int32_t *q_ids = (int32_t *)malloc(sizeof(int32_t) * ((size_t)n_q + 1));
     float *q_probs = (float *)malloc(sizeof(float) * ((size_t)n_q + 1));
     int32_t *row_of = (int32_t *)malloc(sizeof(int32_t) * (size_t)n_idx); /* first processed row of a seq */
@@ -560,8 +545,8 @@ static sd_status verify_group(sd_backend *be, const float *logits, int32_t n_voc
         size_t off_rr = align256(off_desc + sizeof(row_desc) * (size_t)n_rows);
         size_t off_st = align256(off_rr + sizeof(int32_t) * ((size_t)n_ranked + 1));
         size_t off_dr = align256(off_st + sizeof(row_stats) * (size_t)n_rows);
-        size_t off_do = align256(off_dr + sizeof(draw_desc) * (size_t)n_idx);
-        size_t off_qi = align256(off_do + sizeof(draw_out) * (size_t)n_idx);
+        size_t off_do = align256(off_dr + sizeof(draw_desc) * (size_t)n_rows);
+        size_t off_qi = align256(off_do + sizeof(draw_out) * (size_t)n_rows);
         size_t off_qp = align256(off_qi + sizeof(int32_t) * ((size_t)n_q + 1));
         size_t off_cub = align256(off_qp + sizeof(float) * ((size_t)n_q + 1));
         s = spec_scratch(be, off_cub + cub_bytes + 256, &scr);
@@ -609,30 +594,18 @@ static sd_status verify_group(sd_backend *be, const float *logits, int32_t n_voc
             goto done;
         }
 
-        /* the decisions, exactly as sd_spec_verify makes them */
-        int32_t n_draws = decide(n_vocab, seqs, idx, n_idx, stats, row_of, q_off_of, draws);
-        if (n_draws) {
-            cudaMemcpyAsync(d_dr, draws, sizeof(draw_desc) * (size_t)n_draws, cudaMemcpyHostToDevice, st);
-            draw_kernel<<<n_draws, SPEC_THREADS, 0, st>>>(n_vocab, d_dr, d_pf, d_qi, d_qp, d_do);
-            cudaMemcpyAsync(outs, d_do, sizeof(draw_out) * (size_t)n_draws, cudaMemcpyDeviceToHost, st);
-            e = cudaStreamSynchronize(st);
-            if (e != cudaSuccess || (e = cudaGetLastError()) != cudaSuccess) {
-                SD_ERROR("cuda: drawing verified tokens failed: %s", cudaGetErrorString(e));
-                s = SD_ERR_CUDA;
-                goto done;
-            }
+        /* every row's draw, then the decisions, as sd_spec_verify makes them */
+        plan_draws(n_vocab, seqs, idx, n_idx, stats, row_of, draws);
+        cudaMemcpyAsync(d_dr, draws, sizeof(draw_desc) * (size_t)n_rows, cudaMemcpyHostToDevice, st);
+        draw_kernel<<<n_rows, SPEC_THREADS, 0, st>>>(n_vocab, d_dr, d_pf, d_do);
+        cudaMemcpyAsync(outs, d_do, sizeof(draw_out) * (size_t)n_rows, cudaMemcpyDeviceToHost, st);
+        e = cudaStreamSynchronize(st);
+        if (e != cudaSuccess || (e = cudaGetLastError()) != cudaSuccess) {
+            SD_ERROR("cuda: drawing verified tokens failed: %s", cudaGetErrorString(e));
+            s = SD_ERR_CUDA;
+            goto done;
         }
-        for (int32_t g = 0; g < n_idx; g++) {
-            sd_spec_rows *v = &seqs[idx[g]];
-            if (v->status != SD_OK || row_of[g] >= 0) continue;
-            const draw_out *o = &outs[-1 - row_of[g]];
-            if (o->token < 0 || o->token >= n_vocab) {
-                v->status = SD_ERR_INTERNAL;
-                continue;
-            }
-            v->tokens[v->n_accepted] = o->token;
-            if (o->fallback) v->info.residual_fallback = true;
-        }
+        decide(n_vocab, seqs, idx, n_idx, row_of, outs);
     }
 done:
     free(descs), free(stats), free(ranked_rows), free(draws), free(outs), free(q_ids), free(q_probs), free(row_of),
@@ -649,9 +622,9 @@ sd_status sd_cuda_spec_verify(sd_backend *be, const float *logits, int32_t n_voc
         sd_spec_rows *v = &seqs[i];
         v->n_accepted = 0;
         v->status = SD_OK;
-        if (!v->sampling || v->k < 0 || v->k > SD_MAX_DRAFT || (v->k > 0 && !v->draft) ||
+        if (!v->sampling || v->k < 0 || v->k > SD_MAX_K || (v->k > 0 && !v->draft) ||
             (v->k > 0 && !sd_sampling_is_greedy(v->sampling) && !v->q)) {
-            SD_ERROR("spec: sequence %d: needs sampling, 0 <= k <= %d, drafts and their q (k %d)", (int)i, SD_MAX_DRAFT,
+            SD_ERROR("spec: sequence %d: needs sampling, 0 <= k <= %d, drafts and their q (k %d)", (int)i, SD_MAX_K,
                      (int)v->k);
             v->status = SD_ERR_INVALID_ARG;
         }

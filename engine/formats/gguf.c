@@ -20,6 +20,7 @@
  * copying tensor data (a 70B model does not fit twice). Only little-endian
  * files on little-endian hosts are handled. */
 #include "gguf_impl.h"
+#include "specd/weights.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -63,7 +64,7 @@ typedef struct name_index {
 struct sd_gguf {
     const uint8_t *base;
     size_t size;
-    bool mapped; /* base was mmap'ed by us */
+    sd_file_map *map; /* base was mmap'ed by us: its mapping, shared with models (NULL: a caller's buffer) */
     uint32_t version;
     uint64_t alignment;
     size_t data_start;
@@ -443,16 +444,16 @@ static void free_index(sd_gguf *g) {
     free(g->tensor_index.slots);
 }
 
-static sd_status open_buffer(const uint8_t *base, size_t size, bool mapped, sd_gguf **out, char *err, size_t err_len) {
+/* Parses [base, base + size); the caller sets g->map afterwards when it
+ * mapped the file (and unmaps on failure). */
+static sd_status open_buffer(const uint8_t *base, size_t size, sd_gguf **out, char *err, size_t err_len) {
     sd_gguf *g = calloc(1, sizeof *g);
     parser p = {.base = base, .size = size, .pos = 0, .err = err, .err_len = err_len};
     if (!g) return fail(&p, SD_ERR_NOMEM, "out of memory");
     g->base = base;
     g->size = size;
-    g->mapped = mapped;
     sd_status s = parse(&p, g);
     if (s != SD_OK) {
-        g->mapped = false; /* the caller unmaps on failure */
         sd_gguf_close(&g);
         return s;
     }
@@ -465,7 +466,7 @@ sd_status sd_gguf_open_memory(const void *data, size_t size, sd_gguf **out, char
     if (!out || (!data && size)) return SD_ERR_INVALID_ARG;
     *out = NULL;
     static const uint8_t empty[1] = {0};
-    return open_buffer(data ? data : empty, size, false, out, err, err_len);
+    return open_buffer(data ? data : empty, size, out, err, err_len);
 }
 
 sd_status sd_gguf_open(const char *path, sd_gguf **out, char *err, size_t err_len) {
@@ -489,15 +490,26 @@ sd_status sd_gguf_open(const char *path, sd_gguf **out, char *err, size_t err_le
     int map_errno = errno;
     close(fd);
     if (map == MAP_FAILED) return fail(&p, SD_ERR_IO, "cannot map %s: %s", path, strerror(map_errno));
-    sd_status s = open_buffer(map, size, true, out, err, err_len);
-    if (s != SD_OK) munmap(map, size);
+    sd_file_map *fm = sd_file_map_adopt(map, size);
+    if (!fm) {
+        munmap(map, size);
+        return fail(&p, SD_ERR_NOMEM, "out of memory opening %s", path);
+    }
+    sd_status s = open_buffer(map, size, out, err, err_len);
+    if (s != SD_OK) {
+        sd_file_map_release(&fm);
+        return s;
+    }
+    (*out)->map = fm;
     return s;
 }
+
+sd_file_map *sd_gguf_file_map(const sd_gguf *g) { return g ? sd_file_map_retain(g->map) : NULL; }
 
 void sd_gguf_close(sd_gguf **g) {
     if (!g || !*g) return;
     free_index(*g);
-    if ((*g)->mapped) munmap((void *)(*g)->base, (*g)->size);
+    sd_file_map_release(&(*g)->map);
     free(*g);
     *g = NULL;
 }

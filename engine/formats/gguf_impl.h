@@ -20,4 +20,9 @@ bool sd_gguf_kv_raw(const sd_gguf *g, int64_t i, const uint8_t **bytes, size_t *
  * array and unknown ids. */
 size_t sd_gguf_type_size(sd_gguf_type t);
 
+/* The file mapping behind g with a new reference (sd_file_map_release it);
+ * NULL when g reads a caller's buffer (sd_gguf_open_buffer). */
+struct sd_file_map;
+struct sd_file_map *sd_gguf_file_map(const sd_gguf *g);
+
 #endif

@@ -5,6 +5,7 @@
  *   Q8_0 (34 B): f16 d, int8 q[32];                 x = q * d
  *   Q4_0 (18 B): f16 d, uint8 qs[16];               x = (nibble - 8) * d
  *   Q4_1 (20 B): f16 d, f16 m, uint8 qs[16];        x = nibble * d + m
+ * and the K-quants Q4_K, Q5_K, Q6_K in super-blocks of 256 (quant_k.c),
  * where element j < 16 is the low nibble of qs[j] and element j + 16 the
  * high nibble. Dequantization is written as the same float32 expressions the
  * reference implementations use (and the build uses -ffp-contract=off), so
@@ -15,12 +16,13 @@
  * and values are rounded to nearest. It exists for tools and tests that write
  * models; it is not tuned for speed. Block data may be unaligned: every
  * multi-byte load and store goes through memcpy. */
-#include "specd/gguf.h"
+#include "quant_impl.h"
 
 #include <math.h>
 #include <string.h>
 
-#define QK 32 /* elements per quantized block */
+#define QK   32  /* elements per quantized block */
+#define QK_K 256 /* elements per K-quant super-block */
 
 const char *sd_dtype_name(sd_dtype t) {
     switch (t) {
@@ -30,6 +32,9 @@ const char *sd_dtype_name(sd_dtype t) {
     case SD_DTYPE_Q4_1: return "Q4_1";
     case SD_DTYPE_Q8_0: return "Q8_0";
     case SD_DTYPE_BF16: return "BF16";
+    case SD_DTYPE_Q4_K: return "Q4_K";
+    case SD_DTYPE_Q5_K: return "Q5_K";
+    case SD_DTYPE_Q6_K: return "Q6_K";
     }
     return "?";
 }
@@ -60,6 +65,18 @@ bool sd_dtype_block(sd_dtype t, size_t *block_elems, size_t *block_bytes) {
     case SD_DTYPE_Q4_1:
         e = QK;
         b = 4 + QK / 2;
+        break;
+    case SD_DTYPE_Q4_K: /* d, dmin, 12 bytes of 6-bit scales, 4-bit q */
+        e = QK_K;
+        b = 4 + 12 + QK_K / 2;
+        break;
+    case SD_DTYPE_Q5_K: /* as Q4_K plus a high bit per element */
+        e = QK_K;
+        b = 4 + 12 + QK_K / 8 + QK_K / 2;
+        break;
+    case SD_DTYPE_Q6_K: /* low 4 bits, high 2 bits, 16 int8 scales, d */
+        e = QK_K;
+        b = QK_K / 2 + QK_K / 4 + QK_K / 16 + 2;
         break;
     default: return false;
     }
@@ -129,6 +146,12 @@ static uint16_t f32_to_f16(float f) {
     return (uint16_t)(sign | h);
 }
 
+float sd_quant_f16_to_f32(uint16_t h) { return f16_to_f32(h); }
+
+uint16_t sd_quant_f32_to_f16(float f) { return f32_to_f16(f); }
+
+bool sd_dtype_is_k(sd_dtype t) { return t == SD_DTYPE_Q4_K || t == SD_DTYPE_Q5_K || t == SD_DTYPE_Q6_K; }
+
 static float bf16_to_f32(uint16_t h) { return bits_to_f32((uint32_t)h << 16); }
 
 static uint16_t f32_to_bf16(float f) {
@@ -143,6 +166,10 @@ sd_status sd_dequantize(sd_dtype t, const void *data, uint64_t n_elems, float *o
     size_t be, bb;
     if (!sd_dtype_block(t, &be, &bb) || n_elems % be != 0 || (n_elems && (!data || !out))) return SD_ERR_INVALID_ARG;
     const uint8_t *src = data;
+    if (sd_dtype_is_k(t)) {
+        sd_quant_k_dequantize(t, src, n_elems / QK_K, out);
+        return SD_OK;
+    }
     switch (t) {
     case SD_DTYPE_F32: memcpy(out, src, (size_t)n_elems * 4); break;
     case SD_DTYPE_F16:
@@ -179,6 +206,7 @@ sd_status sd_dequantize(sd_dtype t, const void *data, uint64_t n_elems, float *o
             }
         }
         break;
+    default: break; /* the K types returned above */
     }
     return SD_OK;
 }
@@ -196,6 +224,10 @@ sd_status sd_quantize(sd_dtype t, const float *in, uint64_t n_elems, void *out) 
     size_t be, bb;
     if (!sd_dtype_block(t, &be, &bb) || n_elems % be != 0 || (n_elems && (!in || !out))) return SD_ERR_INVALID_ARG;
     uint8_t *dst = out;
+    if (sd_dtype_is_k(t)) {
+        sd_quant_k_quantize(t, in, n_elems / QK_K, dst);
+        return SD_OK;
+    }
     switch (t) {
     case SD_DTYPE_F32: memcpy(dst, in, (size_t)n_elems * 4); break;
     case SD_DTYPE_F16:
@@ -253,6 +285,11 @@ sd_status sd_quantize(sd_dtype t, const float *in, uint64_t n_elems, void *out) 
             }
         }
         break;
+    default: break; /* the K types returned above */
     }
     return SD_OK;
 }
+
+float sd_f16_to_f32(uint16_t h) { return f16_to_f32(h); }
+
+uint16_t sd_f32_to_f16(float f) { return f32_to_f16(f); }

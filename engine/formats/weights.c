@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "gguf_impl.h"
 #include "weights_impl.h"
 
 typedef struct gguf_source {
@@ -70,6 +71,22 @@ sd_status sd_weights_copy_rows(sd_dtype t, const void *data, int64_t ne0, int64_
     return SD_OK;
 }
 
+/* A K-quant super-block whose f16 scale (d or dmin) is NaN or infinite
+ * poisons its 256 weights: named as its own corruption before any value is
+ * read. row is the tensor row the blocks at data belong to. */
+static sd_status check_scales(const char *name, sd_dtype t, const void *data, int64_t row, int64_t col0,
+                              int64_t n_cols) {
+    size_t be, bb;
+    if (!sd_dtype_is_k(t) || !sd_dtype_block(t, &be, &bb)) return SD_OK;
+    int64_t bad = sd_dtype_first_bad_scale(t, data, (uint64_t)(n_cols / (int64_t)be));
+    if (bad < 0) return SD_OK;
+    SD_ERROR("weights: %s: the %s super-block at row %lld, columns [%lld, %lld) has a NaN or infinite scale (d or "
+             "dmin): the file is corrupt",
+             name, sd_dtype_name(t), (long long)row, (long long)(col0 + bad * (int64_t)be),
+             (long long)(col0 + (bad + 1) * (int64_t)be));
+    return SD_ERR_FORMAT;
+}
+
 static sd_status gguf_read_stored(void *ctx, const char *name, int64_t row0, int64_t n_rows, int64_t col0,
                                   int64_t n_cols, void *dst) {
     const sd_gguf_tensor *t = sd_gguf_find_tensor(((gguf_source *)ctx)->g, name);
@@ -79,7 +96,24 @@ static sd_status gguf_read_stored(void *ctx, const char *name, int64_t row0, int
 static sd_status gguf_read(void *ctx, const char *name, int64_t row0, int64_t n_rows, int64_t col0, int64_t n_cols,
                            float *dst) {
     const sd_gguf_tensor *t = sd_gguf_find_tensor(((gguf_source *)ctx)->g, name);
+    if (sd_dtype_is_k(t->type)) {
+        size_t be, bb;
+        sd_dtype_block(t->type, &be, &bb);
+        const size_t row_bytes = (size_t)t->ne[0] / be * bb, skip = (size_t)(col0 / (int64_t)be) * bb;
+        for (int64_t r = 0; r < n_rows; r++)
+            SD_TRY(check_scales(name, t->type, (const unsigned char *)t->data + (size_t)(row0 + r) * row_bytes + skip,
+                                row0 + r, col0, n_cols));
+    }
     return sd_weights_read_rows(t->type, t->data, (int64_t)t->ne[0], row0, n_rows, col0, n_cols, dst);
+}
+
+static sd_status gguf_map_stored(void *ctx, const char *name, const void **data, sd_file_map **keep) {
+    const sd_gguf *g = ((gguf_source *)ctx)->g;
+    sd_file_map *m = sd_gguf_file_map(g);
+    if (!m) return SD_ERR_UNSUPPORTED;
+    *data = sd_gguf_find_tensor(g, name)->data;
+    *keep = m;
+    return SD_OK;
 }
 
 static const sd_weights_ops gguf_ops = {
@@ -90,6 +124,7 @@ static const sd_weights_ops gguf_ops = {
     .find = gguf_find,
     .read = gguf_read,
     .read_stored = gguf_read_stored,
+    .map_stored = gguf_map_stored,
 };
 
 static sd_status wrap_gguf(sd_gguf *owned, const sd_gguf *g, sd_weights **out) {
@@ -210,6 +245,23 @@ sd_status sd_weights_read(const sd_weights *w, const char *name, int64_t row0, i
     return check_finite(name, row0, col0, n_cols, dst, (size_t)n_rows * (size_t)n_cols);
 }
 
+/* Dequantizes n_rows stored rows of row_bytes each, one at a time, and
+ * refuses a NaN or an infinity (naming the tensor, row and column). */
+static sd_status scan_stored(const char *name, sd_dtype type, const void *rows, size_t row_bytes, int64_t row0,
+                             int64_t n_rows, int64_t col0, int64_t n_cols) {
+    float *row = malloc((size_t)n_cols * sizeof(float));
+    if (!row) return SD_ERR_NOMEM;
+    sd_status s = SD_OK;
+    for (int64_t r = 0; r < n_rows && s == SD_OK; r++) {
+        const unsigned char *at = (const unsigned char *)rows + (size_t)r * row_bytes;
+        s = check_scales(name, type, at, row0 + r, col0, n_cols);
+        if (s == SD_OK) s = sd_dequantize(type, at, (uint64_t)n_cols, row);
+        if (s == SD_OK) s = check_finite(name, row0 + r, col0, n_cols, row, (size_t)n_cols);
+    }
+    free(row);
+    return s;
+}
+
 sd_status sd_weights_read_stored(const sd_weights *w, const char *name, int64_t row0, int64_t n_rows, int64_t col0,
                                  int64_t n_cols, void *dst, size_t dst_bytes) {
     if (!w || !name || !dst) return SD_ERR_INVALID_ARG;
@@ -221,16 +273,31 @@ sd_status sd_weights_read_stored(const sd_weights *w, const char *name, int64_t 
     size_t row_bytes = (size_t)(n_cols / (int64_t)be) * bb;
     if (!sd_mul_ok(row_bytes, (size_t)n_rows, &need) || need > dst_bytes) return SD_ERR_INVALID_ARG;
     SD_TRY(w->ops->read_stored(w->ctx, name, row0, n_rows, col0, n_cols, dst));
-    /* scan what the values are, one dequantized row at a time */
-    float *row = malloc((size_t)n_cols * sizeof(float));
-    if (!row) return SD_ERR_NOMEM;
-    sd_status s = SD_OK;
-    for (int64_t r = 0; r < n_rows && s == SD_OK; r++) {
-        s = sd_dequantize(t.type, (const unsigned char *)dst + (size_t)r * row_bytes, (uint64_t)n_cols, row);
-        if (s == SD_OK) s = check_finite(name, row0 + r, col0, n_cols, row, (size_t)n_cols);
+    return scan_stored(name, t.type, dst, row_bytes, row0, n_rows, col0, n_cols);
+}
+
+sd_status sd_weights_map_stored(const sd_weights *w, const char *name, int64_t row0, int64_t n_rows, int64_t col0,
+                                int64_t n_cols, const void **ptr, sd_file_map **keep) {
+    if (!w || !name || !ptr || !keep) return SD_ERR_INVALID_ARG;
+    sd_weights_tensor t;
+    SD_TRY(check_rect(w, name, row0, n_rows, col0, n_cols, &t));
+    size_t be, bb;
+    if (!w->ops->map_stored || !sd_dtype_block(t.type, &be, &bb) || col0 != 0 || n_cols != t.ne[0] ||
+        n_cols % (int64_t)be)
+        return SD_ERR_UNSUPPORTED;
+    const void *data = NULL;
+    sd_file_map *m = NULL;
+    SD_TRY(w->ops->map_stored(w->ctx, name, &data, &m));
+    size_t row_bytes = (size_t)(n_cols / (int64_t)be) * bb;
+    const unsigned char *first = (const unsigned char *)data + (size_t)row0 * row_bytes;
+    sd_status s = scan_stored(name, t.type, first, row_bytes, row0, n_rows, col0, n_cols);
+    if (s != SD_OK) {
+        sd_file_map_release(&m);
+        return s;
     }
-    free(row);
-    return s;
+    *ptr = first;
+    *keep = m;
+    return SD_OK;
 }
 
 sd_status sd_weights_identity(const char *path, sd_model_identity *id) {

@@ -24,6 +24,9 @@ typedef struct sd_weights_ops {
      * (checked by weights.c). */
     sd_status (*read_stored)(void *ctx, const char *name, int64_t row0, int64_t n_rows, int64_t col0, int64_t n_cols,
                              void *dst);
+    /* Optional (NULL: SD_ERR_UNSUPPORTED): where the tensor's stored bytes
+     * lie in a file mapping the source can share, and a new reference to it. */
+    sd_status (*map_stored)(void *ctx, const char *name, const void **data, sd_file_map **keep);
 } sd_weights_ops;
 
 struct sd_weights {

@@ -122,10 +122,10 @@ int32_t sd_drafter_max_q(const sd_drafter *d) {
 
 sd_status sd_drafter_propose(sd_drafter *d, int32_t seq, const int32_t *context, int32_t n_context, int32_t k,
                              const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n_drafted) {
-    if (!d || !context || !s || !tokens || !q || !n_drafted || n_context <= 0 || k < 0 || k > SD_MAX_DRAFT) {
+    if (!d || !context || !s || !tokens || !q || !n_drafted || n_context <= 0 || k < 0 || k > SD_MAX_K) {
         SD_ERROR("drafter: propose needs a drafter, a non-empty context, sampling, outputs and 0 <= k <= %d "
                  "(n_context %d, k %d)",
-                 SD_MAX_DRAFT, (int)n_context, (int)k);
+                 SD_MAX_K, (int)n_context, (int)k);
         return SD_ERR_INVALID_ARG;
     }
     if (seq < 0 || seq >= d->params.max_seqs) {
@@ -164,7 +164,7 @@ sd_status sd_draft_batch(sd_drafter *d, int32_t n_seqs, const sd_draft_seq *seqs
         bool dup = false;
         for (int32_t j = 0; j < i && !dup; j++) dup = seqs[j].slot == v->slot;
         if (v->slot < 0 || v->slot >= d->params.max_seqs || dup || v->keep_len < 0 || v->n_append < 1 || !v->append ||
-            v->k < 0 || v->k > SD_MAX_DRAFT || (int64_t)v->keep_len + v->n_append > d->params.max_ctx) {
+            v->k < 0 || v->k > SD_MAX_K || (int64_t)v->keep_len + v->n_append > d->params.max_ctx) {
             SD_WARN("drafter: sequence %d: bad request (slot %d%s, keep_len %d, n_append %d, k %d, max_ctx %d)", (int)i,
                     (int)v->slot, dup ? " repeated" : "", (int)v->keep_len, (int)v->n_append, (int)v->k,
                     (int)d->params.max_ctx);
@@ -259,10 +259,10 @@ static void cache_add(ngram_cache *c, const int32_t *tokens, int32_t from, int32
 /* The continuation of the longest n-gram ending the virtual context that
  * the cache has seen at least NGRAM_CACHE_MIN_SEEN times, if one
  * continuation holds most of its count; *p gets its share, discounted. */
-static int32_t cache_lookup(ngram_cache *c, const int32_t *context, int32_t n_context, const int32_t *draft,
-                            int32_t n_draft, double *p) {
+static int32_t cache_lookup(ngram_cache *c, const int32_t *context, int32_t n_context, const int32_t *draft, int32_t k,
+                            double *p) {
     int32_t gram[NGRAM_CACHE_N];
-    int32_t len = n_context + n_draft;
+    int32_t len = n_context + k;
     for (int32_t n = NGRAM_CACHE_N < len ? NGRAM_CACHE_N : len; n >= 1; n--) {
         for (int32_t i = 0; i < n; i++) {
             int32_t at = len - n + i;
@@ -290,9 +290,9 @@ typedef struct ngram_calib {
 
 /* Per sequence slot: the last draft (what q points into) and what it rested on. */
 typedef struct ngram_slot {
-    int32_t draft[SD_MAX_DRAFT];
-    uint8_t bucket[SD_MAX_DRAFT]; /* calibration bucket of each draft token */
-    int32_t n_draft;
+    int32_t draft[SD_MAX_K];
+    uint8_t bucket[SD_MAX_K]; /* calibration bucket of each draft token */
+    int32_t k;
     int32_t n_context;  /* context length the draft continued; 0 = none pending */
     int32_t last_token; /* context[n_context - 1] then */
     bool greedy;        /* drafted for a greedy request (calibration is greedy-only) */
@@ -349,7 +349,7 @@ static void ngram_observe(ngram_slot *sl, const int32_t *context, int32_t n_cont
         if (n_context != from) sl->n_context = 0;
         return;
     }
-    for (int32_t i = 0; i < sl->n_draft && from + i < n_context; i++) {
+    for (int32_t i = 0; i < sl->k && from + i < n_context; i++) {
         bool ok = context[from + i] == sl->draft[i];
         int b = sl->bucket[i];
         if (b < NGRAM_BUCKETS && sl->calib.drafted[b] < UINT32_MAX / 2) {
@@ -412,7 +412,7 @@ static sd_status ngram_propose(sd_drafter *d, int32_t seq, const int32_t *contex
         sl->fed = n_context;
     }
     *n_drafted = 0;
-    sl->n_draft = 0;
+    sl->k = 0;
     int32_t next[NGRAM_MAX_CANDIDATES], votes[NGRAM_MAX_CANDIDATES];
     int32_t len = 0;
     int32_t n_cand =
@@ -464,7 +464,7 @@ static sd_status ngram_propose(sd_drafter *d, int32_t seq, const int32_t *contex
         tokens[i] = sl->draft[i];
         q[i] = (sd_spec_q){1, &sl->draft[i], &st->one};
     }
-    sl->n_draft = nd;
+    sl->k = nd;
     sl->n_context = nd > 0 ? n_context : 0;
     sl->last_token = context[n_context - 1];
     sl->greedy = greedy;

@@ -7,7 +7,7 @@
  * rejected roll back by themselves), feeds the rest of the context in one
  * forward call, then drafts autoregressively: processed distribution with
  * the caller's sampling (the same processing the target applies), top_n
- * sparsification, a draw with (seed, position, SD_RNG_DRAFT), feed the
+ * sparsification, a coupled draw (sd_spec_draft_coupled: the race of (seed, position)), feed the
  * token, repeat. The last draft token is never fed: if it is accepted the
  * next call feeds it with the target's correction.
  *
@@ -34,8 +34,8 @@ typedef struct model_drafter {
     int32_t top_n;
     int32_t max_ctx;
     int32_t *cached; /* [max_seqs][max_ctx] tokens held in kv per slot */
-    int32_t *q_ids;  /* [max_seqs][SD_MAX_DRAFT][top_n] */
-    float *q_probs;  /* [max_seqs][SD_MAX_DRAFT][top_n] */
+    int32_t *q_ids;  /* [max_seqs][SD_MAX_K][top_n] */
+    float *q_probs;  /* [max_seqs][SD_MAX_K][top_n] */
     float *logits;   /* [n_vocab] */
     float *probs;    /* [n_vocab] processed distribution */
     int32_t *pos;    /* [max_ctx] batch positions */
@@ -84,18 +84,17 @@ static sd_status model_propose(sd_drafter *d, int32_t slot, const int32_t *conte
     SD_TRY(sd_kv_truncate(md->kv, slot, keep));
     SD_TRY(feed(md, slot, context + keep, n_context - keep, keep));
 
-    int32_t *ids = md->q_ids + (size_t)slot * SD_MAX_DRAFT * md->top_n;
-    float *qp = md->q_probs + (size_t)slot * SD_MAX_DRAFT * md->top_n;
+    int32_t *ids = md->q_ids + (size_t)slot * SD_MAX_K * md->top_n;
+    float *qp = md->q_probs + (size_t)slot * SD_MAX_K * md->top_n;
     for (int32_t i = 0; i < k; i++) {
         int32_t *ids_i = ids + (size_t)i * md->top_n;
         float *qp_i = qp + (size_t)i * md->top_n;
         int32_t n_q = 0;
         SD_TRY(sd_sample_probs(md->logits, md->n_vocab, s, md->probs));
-        SD_TRY(sd_spec_sparsify(md->probs, md->n_vocab, md->top_n, ids_i, qp_i, &n_q));
-        q[i] = (sd_spec_q){n_q, ids_i, qp_i};
         uint64_t position = (uint64_t)n_context + (uint64_t)i;
-        int32_t y = sd_spec_q_sample(&q[i], sd_rng_uniform(s->seed, position, SD_RNG_DRAFT));
-        if (y < 0) return SD_ERR_INTERNAL;
+        int32_t y;
+        SD_TRY(sd_spec_draft_coupled(md->probs, md->n_vocab, md->top_n, s->seed, position, ids_i, qp_i, &n_q, &y));
+        q[i] = (sd_spec_q){n_q, ids_i, qp_i};
         tokens[i] = y;
         *n_drafted = i + 1;
         if (i + 1 < k) SD_TRY(feed(md, slot, &tokens[i], 1, n_context + i));
@@ -145,7 +144,7 @@ static sd_status model_propose_batch(sd_drafter *d, int32_t n_seqs, const sd_dra
                                      sd_draft_result *results) {
     model_drafter *md = d->impl;
     size_t rows = 0;
-    int32_t k_max = 0;
+    int32_t max_k = 0;
     for (int32_t i = 0; i < n_seqs; i++) {
         const sd_draft_seq *v = &seqs[i];
         sd_draft_result *r = &results[i];
@@ -161,7 +160,7 @@ static sd_status model_propose_batch(sd_drafter *d, int32_t n_seqs, const sd_dra
             rows += (size_t)v->n_append;
             int32_t k = v->k, n_ctx = v->keep_len + v->n_append;
             if (n_ctx + k - 1 > md->max_ctx) k = md->max_ctx - n_ctx + 1; /* the last draft is not fed */
-            k_max = k > k_max ? k : k_max;
+            max_k = k > max_k ? k : max_k;
         }
     }
     SD_TRY(reserve_batch(md, rows > (size_t)n_seqs ? rows : (size_t)n_seqs, (size_t)n_seqs));
@@ -180,7 +179,7 @@ static sd_status model_propose_batch(sd_drafter *d, int32_t n_seqs, const sd_dra
         if (v->k > 0) md->b_row[i] = n_rows++;
     }
     SD_TRY(feed_batch(md, n));
-    for (int32_t step = 0; step < k_max; step++) {
+    for (int32_t step = 0; step < max_k; step++) {
         n = 0;
         n_rows = 0;
         for (int32_t i = 0; i < n_seqs; i++) {
@@ -189,16 +188,16 @@ static sd_status model_propose_batch(sd_drafter *d, int32_t n_seqs, const sd_dra
             if (md->b_row[i] < 0) continue;
             int32_t n_ctx = v->keep_len + v->n_append;
             int32_t k = n_ctx + v->k - 1 > md->max_ctx ? md->max_ctx - n_ctx + 1 : v->k;
-            int32_t *ids = md->q_ids + ((size_t)v->slot * SD_MAX_DRAFT + (size_t)step) * (size_t)md->top_n;
-            float *qp = md->q_probs + ((size_t)v->slot * SD_MAX_DRAFT + (size_t)step) * (size_t)md->top_n;
+            int32_t *ids = md->q_ids + ((size_t)v->slot * SD_MAX_K + (size_t)step) * (size_t)md->top_n;
+            float *qp = md->q_probs + ((size_t)v->slot * SD_MAX_K + (size_t)step) * (size_t)md->top_n;
             const float *logits = md->b_logits + (size_t)md->b_row[i] * (size_t)md->n_vocab;
             int32_t n_q = 0;
             SD_TRY(sd_sample_probs(logits, md->n_vocab, &v->sampling, md->probs));
-            SD_TRY(sd_spec_sparsify(md->probs, md->n_vocab, md->top_n, ids, qp, &n_q));
-            r->q[step] = (sd_spec_q){n_q, ids, qp};
             uint64_t position = (uint64_t)n_ctx + (uint64_t)step;
-            int32_t y = sd_spec_q_sample(&r->q[step], sd_rng_uniform(v->sampling.seed, position, SD_RNG_DRAFT));
-            if (y < 0) return SD_ERR_INTERNAL;
+            int32_t y;
+            SD_TRY(sd_spec_draft_coupled(md->probs, md->n_vocab, md->top_n, v->sampling.seed, position, ids, qp, &n_q,
+                                         &y));
+            r->q[step] = (sd_spec_q){n_q, ids, qp};
             r->tokens[step] = y;
             r->n_drafted = step + 1;
             md->b_row[i] = -1;
@@ -285,7 +284,7 @@ static sd_status wrap(sd_model *m, bool owned, sd_drafter_kind kind, const sd_dr
     md->top_n = params.top_n < md->n_vocab ? params.top_n : md->n_vocab;
     md->max_ctx = params.max_ctx;
     size_t seqs = (size_t)params.max_seqs, ctx = (size_t)params.max_ctx;
-    size_t q_entries = seqs * SD_MAX_DRAFT * (size_t)md->top_n;
+    size_t q_entries = seqs * SD_MAX_K * (size_t)md->top_n;
     md->cached = malloc(seqs * ctx * sizeof *md->cached);
     md->q_ids = malloc(q_entries * sizeof *md->q_ids);
     md->q_probs = malloc(q_entries * sizeof *md->q_probs);

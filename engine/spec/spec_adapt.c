@@ -207,8 +207,8 @@ double sd_cost_verify_us(const sd_cost_model *c, int32_t n_tokens) {
     return c->verify_fixed_us + c->verify_token_us * (n_tokens > 0 ? n_tokens : 0);
 }
 
-int32_t sd_adapt_choose_k(double alpha, const sd_cost_model *c, int32_t batch, int32_t k_cap) {
-    if (k_cap <= 0) return 0;
+int32_t sd_adapt_choose_k(double alpha, const sd_cost_model *c, int32_t batch, int32_t max_k) {
+    if (max_k <= 0) return 0;
     if (batch < 1) batch = 1;
     if (alpha < 0) alpha = 0;
     if (alpha > 1) alpha = 1;
@@ -221,7 +221,7 @@ int32_t sd_adapt_choose_k(double alpha, const sd_cost_model *c, int32_t batch, i
      * pow() here cost ~20 us between a verify reply and the next request
      * at 64 sequences) */
     double term = 1.0, tokens = 1.0;
-    for (int32_t k = 1; k <= k_cap; k++) {
+    for (int32_t k = 1; k <= max_k; k++) {
         term *= alpha;
         tokens += term;
         double cost = c->draft_token_us * k + share + c->verify_token_us * (1 + k);
@@ -283,11 +283,11 @@ void sd_adapt_observe_shadow(sd_adapt *a, bool match) {
 
 void sd_adapt_prior_update(double *prior, const sd_adapt *a) { *prior += PRIOR_WEIGHT * (a->alpha - *prior); }
 
-int32_t sd_adapt_sampled_k(const sd_adapt *a, int32_t k_cap) {
+int32_t sd_adapt_sampled_k(const sd_adapt *a, int32_t max_k) {
     sd_cost_model ref;
     sd_cost_init(&ref);
-    int32_t k = sd_adapt_choose_k(a->alpha, &ref, 1, k_cap);
-    if (k == 0 && k_cap > 0 && a->steps_at_zero >= SAMPLED_PROBE_EVERY) k = 1;
+    int32_t k = sd_adapt_choose_k(a->alpha, &ref, 1, max_k);
+    if (k == 0 && max_k > 0 && a->steps_at_zero >= SAMPLED_PROBE_EVERY) k = 1;
     return k;
 }
 
@@ -304,10 +304,10 @@ int32_t sd_adapt_shadow_interval(const sd_cost_model *c, int32_t batch) {
     return (int32_t)steps;
 }
 
-int32_t sd_adapt_next_k(const sd_adapt *a, const sd_cost_model *c, bool greedy, int32_t batch, int32_t k_cap) {
-    if (k_cap <= 0) return 0;
-    if (!greedy) return sd_adapt_sampled_k(a, k_cap);
-    return sd_adapt_choose_k(a->alpha, c, batch, k_cap);
+int32_t sd_adapt_next_k(const sd_adapt *a, const sd_cost_model *c, bool greedy, int32_t batch, int32_t max_k) {
+    if (max_k <= 0) return 0;
+    if (!greedy) return sd_adapt_sampled_k(a, max_k);
+    return sd_adapt_choose_k(a->alpha, c, batch, max_k);
 }
 
 bool sd_adapt_shadow_due(const sd_adapt *a, const sd_cost_model *c, int32_t batch) {

@@ -33,7 +33,7 @@ struct sd_spec_scratch {
     size_t cap_logits;
     float *logits; /* [cap_logits] wanted rows x n_vocab */
     size_t cap_vocab;
-    float *p;         /* [(SD_MAX_DRAFT + 1) * cap_vocab] one sequence's processed rows */
+    float *p;         /* [(SD_MAX_K + 1) * cap_vocab] one sequence's processed rows */
     double *dscratch; /* [cap_vocab] */
     size_t cap_seqs;
     int32_t *row0;      /* [cap_seqs] first logits row of each sequence, -1 = not run */
@@ -171,7 +171,7 @@ static sd_status reserve(sd_spec_scratch *s, size_t rows, size_t logits, size_t 
         cap = 0;
         free(s->p);
         s->p = NULL;
-        SD_TRY(grow((void **)&s->p, &cap, (SD_MAX_DRAFT + 1) * n_vocab, sizeof *s->p));
+        SD_TRY(grow((void **)&s->p, &cap, (SD_MAX_K + 1) * n_vocab, sizeof *s->p));
         cap = 0;
         free(s->dscratch);
         s->dscratch = NULL;
@@ -204,11 +204,10 @@ static sd_seq_outcome check_seq(const sd_verify_seq *v, int32_t i, const sd_kv *
         return SD_SEQ_INVALID;
     }
     slot_used[v->slot] = 1;
-    if (v->keep_len < 0 || v->n_append < 1 || !v->append || v->k < 0 || v->k > SD_MAX_DRAFT ||
-        (v->k > 0 && !v->draft)) {
+    if (v->keep_len < 0 || v->n_append < 1 || !v->append || v->k < 0 || v->k > SD_MAX_K || (v->k > 0 && !v->draft)) {
         SD_WARN("spec: sequence %d: needs keep_len >= 0 (%d), n_append >= 1 (%d) with tokens, 0 <= k <= %d (%d) "
                 "with draft tokens",
-                (int)i, (int)v->keep_len, (int)v->n_append, SD_MAX_DRAFT, (int)v->k);
+                (int)i, (int)v->keep_len, (int)v->n_append, SD_MAX_K, (int)v->k);
         return SD_SEQ_INVALID;
     }
     int64_t end = (int64_t)v->keep_len + v->n_append + v->k;
@@ -245,14 +244,14 @@ static sd_status verify_one(const sd_verify_seq *v, const float *logits, int32_t
     size_t V = (size_t)n_vocab;
     int32_t acc = 0;
     if (sd_sampling_is_greedy(&v->sampling)) {
-        int32_t target_argmax[SD_MAX_DRAFT + 1];
+        int32_t target_argmax[SD_MAX_K + 1];
         for (int32_t i = 0; i <= v->k; i++) target_argmax[i] = sd_argmax(logits + (size_t)i * V, n_vocab);
         SD_TRY(sd_spec_verify_greedy(target_argmax, v->draft, v->k, r->tokens, &acc));
     } else {
         for (int32_t i = 0; i <= v->k; i++)
             SD_TRY(sd_sample_probs(logits + (size_t)i * V, n_vocab, &v->sampling, s->p + (size_t)i * V));
-        SD_TRY(sd_spec_verify(s->p, n_vocab, v->draft, v->q, v->k, v->sampling.seed, (uint64_t)r->n_ctx, s->dscratch,
-                              r->tokens, &acc, &r->info));
+        SD_TRY(sd_spec_verify(s->p, n_vocab, v->draft, v->q, v->k, v->sampling.seed, (uint64_t)r->n_ctx, r->tokens,
+                              &acc, &r->info));
     }
     r->n_accepted = acc;
     r->n_tokens = acc + 1;
@@ -272,7 +271,7 @@ sd_status sd_spec_verify_batch(sd_model *m, sd_kv *kv, int32_t n_seqs, const sd_
     size_t rows = 0, wanted = 0;
     for (int32_t i = 0; i < n_seqs; i++) {
         int32_t na = seqs[i].n_append > 0 ? seqs[i].n_append : 0;
-        int32_t k = seqs[i].k > 0 && seqs[i].k <= SD_MAX_DRAFT ? seqs[i].k : 0;
+        int32_t k = seqs[i].k > 0 && seqs[i].k <= SD_MAX_K ? seqs[i].k : 0;
         rows += (size_t)na + (size_t)k;
         wanted += (size_t)k + 1;
     }

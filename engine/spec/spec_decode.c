@@ -70,7 +70,7 @@ sd_status sd_spec_decoder_create(sd_model *target, sd_drafter *drafter, int32_t 
     sd_status st = d->cached ? sd_spec_scratch_create(&d->scratch) : SD_ERR_NOMEM;
     if (st == SD_OK) {
         const int32_t block = 16;
-        st = sd_model_kv_create(target, 1, (max_ctx + SD_MAX_DRAFT + block - 1) / block + 1, block, &d->kv);
+        st = sd_model_kv_create(target, 1, (max_ctx + SD_MAX_K + block - 1) / block + 1, block, &d->kv);
     } else {
         SD_ERROR("spec: out of memory creating a decoder");
     }
@@ -95,8 +95,8 @@ typedef struct step_report {
  * is not verified, only reported. */
 static sd_status decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t k, bool shadow,
                               const sd_sampling *s, int32_t *out, int32_t *n_out, step_report *rep) {
-    if (!d || !ctx || !s || !out || !n_out || n_ctx <= 0 || k < 0 || k > SD_MAX_DRAFT) {
-        SD_ERROR("spec: step needs a decoder, a non-empty context, sampling, outputs and 0 <= k <= %d", SD_MAX_DRAFT);
+    if (!d || !ctx || !s || !out || !n_out || n_ctx <= 0 || k < 0 || k > SD_MAX_K) {
+        SD_ERROR("spec: step needs a decoder, a non-empty context, sampling, outputs and 0 <= k <= %d", SD_MAX_K);
         return SD_ERR_INVALID_ARG;
     }
     if (n_ctx >= d->max_ctx) {
@@ -106,8 +106,8 @@ static sd_status decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n_
     SD_TRY(sd_sampling_validate(s));
     if (k > d->max_ctx - n_ctx) k = d->max_ctx - n_ctx;
     /* Draft. */
-    int32_t draft[SD_MAX_DRAFT];
-    sd_spec_q q[SD_MAX_DRAFT];
+    int32_t draft[SD_MAX_K];
+    sd_spec_q q[SD_MAX_K];
     int32_t nd = 0;
     rep->shadow_token = -1;
     double t0 = sd_now();
@@ -202,17 +202,17 @@ static void adapt_learn(sd_spec_decoder *d, const step_report *rep, bool greedy,
     }
 }
 
-sd_status sd_spec_decoder_step_adaptive(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t k_cap,
+sd_status sd_spec_decoder_step_adaptive(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t max_k,
                                         const sd_sampling *s, int32_t *out, int32_t *n_out, int32_t *k_used) {
-    if (!d || !s || k_cap < 0 || k_cap > SD_MAX_DRAFT) {
-        SD_ERROR("spec: adaptive step needs a decoder, sampling and 0 <= k_cap <= %d", SD_MAX_DRAFT);
+    if (!d || !s || max_k < 0 || max_k > SD_MAX_K) {
+        SD_ERROR("spec: adaptive step needs a decoder, sampling and 0 <= max_k <= %d", SD_MAX_K);
         return SD_ERR_INVALID_ARG;
     }
     SD_TRY(sd_sampling_validate(s));
     const bool greedy = sd_sampling_is_greedy(s);
-    if (!d->drafter) k_cap = 0;
-    int32_t k = sd_adapt_next_k(&d->adapt, &d->cost, greedy, 1, k_cap);
-    bool shadow = k == 0 && k_cap > 0 && greedy && sd_adapt_shadow_due(&d->adapt, &d->cost, 1);
+    if (!d->drafter) max_k = 0;
+    int32_t k = sd_adapt_next_k(&d->adapt, &d->cost, greedy, 1, max_k);
+    bool shadow = k == 0 && max_k > 0 && greedy && sd_adapt_shadow_due(&d->adapt, &d->cost, 1);
     step_report rep;
     SD_TRY(decoder_step(d, ctx, n_ctx, k, shadow, s, out, n_out, &rep));
     adapt_learn(d, &rep, greedy, out[0]);

@@ -41,6 +41,8 @@ BINARIES = {
     "generate": "tools/specd-generate",
     "mkmodel": "tools/specd-mkmodel",
     "gateway": "gateway/specd-gateway",
+    "bench": "tools/specd-bench",
+    "keygen": "tools/specd-keygen",
 }
 
 
@@ -50,7 +52,7 @@ BINARIES = {
 # steps), which would leave the drafts, their verification and the
 # drafter's caches untested. The adaptive policy has its own unit tests
 # (test_coordinator) and benchmark (specd-bench serve).
-FIXED_K = ["--adaptive-k", "off", "--k-default", "4"]
+FIXED_K = ["--adaptive-k", "off", "--default-k", "4"]
 
 
 class TestFailure(Exception):
@@ -254,21 +256,76 @@ class Harness:
             sys.exit(1)
         return False
 
+    # ---- CurveZMQ keys (specd-keygen; net/include/specd/curve.h) ----
+    def enable_curve(self, extra_names=()):
+        """Makes key pairs with specd-keygen (coordinator, verifier, drafter,
+        client, and extra_names, which are on no allow-list) and the
+        allow-lists (clients: client; workers: verifier, drafter). From then on
+        every start_* and client() of this harness uses its role's key."""
+        d = os.path.join(self.tmp, "keys")
+        names = ["coordinator", "verifier", "drafter", "client"] + list(extra_names)
+        r = subprocess.run([self.bin("keygen"), "--dir", d] + names, capture_output=True, text=True, timeout=60)
+        check(r.returncode == 0, "specd-keygen failed (%d): %s" % (r.returncode, r.stderr[-1000:]))
+        self.keys = {}
+        for n in names:
+            with open(os.path.join(d, n + ".pub"), "rb") as f:
+                public = f.read().strip()
+            with open(os.path.join(d, n + ".key"), "rb") as f:
+                secret = f.read().strip()
+            self.keys[n] = dict(key=os.path.join(d, n + ".key"), pub=os.path.join(d, n + ".pub"),
+                                public=public, secret=secret)
+        with open(os.path.join(d, "clients.allow"), "w") as f:
+            f.write("%s client\n" % self.keys["client"]["public"].decode())
+        with open(os.path.join(d, "workers.allow"), "w") as f:  # each worker key bound to its role
+            f.writelines("%s role=%s\n" % (self.keys[m]["public"].decode(), m) for m in ("verifier", "drafter"))
+        self.key_dir = d
+        return self.keys
+
+    def load_keys(self, d):
+        """Uses the key pairs already in directory d (specd-launch --curve d):
+        every NAME.key with its NAME.pub."""
+        self.keys = {}
+        for fn in sorted(os.listdir(d)):
+            if fn.endswith(".key") and os.path.exists(os.path.join(d, fn[:-4] + ".pub")):
+                n = fn[:-4]
+                with open(os.path.join(d, n + ".pub"), "rb") as f:
+                    public = f.read().strip()
+                with open(os.path.join(d, n + ".key"), "rb") as f:
+                    secret = f.read().strip()
+                self.keys[n] = dict(key=os.path.join(d, n + ".key"), pub=os.path.join(d, n + ".pub"),
+                                    public=public, secret=secret)
+        self.key_dir = d
+        return self.keys
+
+    def key_args(self, name):
+        """--curve-secret/--curve-server for a process holding key `name`
+        (None: no keys; [] when CURVE is off)."""
+        if not getattr(self, "keys", None) or name is None:
+            return []
+        return ["--curve-secret", self.keys[name]["key"], "--curve-server", self.keys["coordinator"]["pub"]]
+
     # ---- the service, one process per role ----
     def start_coordinator(self, target, extra=(), netns=None, client_host="127.0.0.1", worker_host="127.0.0.1"):
         cport, wport = free_port(), free_port()
         self.client_addr = "tcp://%s:%d" % (client_host, cport)
         self.worker_addr = "tcp://%s:%d" % (worker_host, wport)
         self.target = target
+        keys = []
+        if getattr(self, "keys", None):
+            keys = ["--curve-secret", self.keys["coordinator"]["key"],
+                    "--client-keys", os.path.join(self.key_dir, "clients.allow"),
+                    "--worker-keys", os.path.join(self.key_dir, "workers.allow")]
         return self.start("coordinator", [self.bin("coordinator"), "--model", target,
                                           "--client-addr", self.client_addr, "--worker-addr", self.worker_addr]
-                          + list(extra), netns=netns)
+                          + keys + list(extra), netns=netns)
 
-    def start_verifier(self, target=None, extra=(), netns=None, coordinator=None):
+    def start_verifier(self, target=None, extra=(), netns=None, coordinator=None, key="verifier"):
         return self.start("verifier", [self.bin("verifier"), "--model", target or self.target,
-                                       "--coordinator", coordinator or self.worker_addr] + list(extra), netns=netns)
+                                       "--coordinator", coordinator or self.worker_addr]
+                          + self.key_args(key) + list(extra), netns=netns)
 
-    def start_drafter(self, kind, target=None, draft=None, layers=1, extra=(), netns=None, coordinator=None):
+    def start_drafter(self, kind, target=None, draft=None, layers=1, extra=(), netns=None, coordinator=None,
+                      key="drafter"):
         """kind: 'ngram', 'model' (draft file) or 'layers' (self-draft)."""
         target = target or self.target
         if kind == "ngram":
@@ -278,7 +335,8 @@ class Harness:
         else:
             how = ["--draft-layers", str(layers), "--model", target]
         return self.start("drafter", [self.bin("drafter")] + how +
-                          ["--coordinator", coordinator or self.worker_addr] + list(extra), netns=netns)
+                          ["--coordinator", coordinator or self.worker_addr] + self.key_args(key) + list(extra),
+                          netns=netns)
 
     def start_service(self, target, drafter="layers", draft=None, coord_extra=(), verifier_extra=(),
                       drafter_extra=()):
@@ -288,8 +346,9 @@ class Harness:
         self.wait_registered(verifier=True, drafter=bool(drafter))
         return coord, ver, dr
 
-    def client(self, addr=None):
-        return Client(self, addr or self.client_addr)
+    def client(self, addr=None, key="client"):
+        """A wire client; with enable_curve it holds key `key` (None: plaintext)."""
+        return Client(self, addr or self.client_addr, key=key)
 
     def start_gateway(self, extra=(), env=None):
         """specd-gateway on a free loopback port in front of the coordinator;
@@ -298,7 +357,8 @@ class Harness:
         self.http_port = free_port()
         self.http_url = "http://127.0.0.1:%d" % self.http_port
         p = self.start("gateway", [self.bin("gateway"), "--listen", "127.0.0.1:%d" % self.http_port,
-                                   "--coordinator", self.client_addr] + list(extra), env=env)
+                                   "--coordinator", self.client_addr] + self.key_args("client") + list(extra),
+                       env=env)
         wait_until(lambda: "listening http://" in p.log_tail(20) or not p.alive(), 60, "specd-gateway to listen")
         check(p.alive(), "specd-gateway exited with status %s" % p.popen.returncode)
         return p
@@ -349,8 +409,12 @@ class Harness:
         return same[-1] if same else None
 
     # ---- the single-process reference ----
-    def reference(self, model, prompt, n, temp=0.0, seed=0, ignore_eos=False, chat=False, top_p=None):
+    def reference(self, model, prompt, n, temp=0.0, seed=0, ignore_eos=False, chat=False, top_p=None, history=()):
+        """specd-generate's JSON for prompt; history: chat turns before it
+        ({"role", "content"} dicts, passed as --message)."""
         argv = [self.bin("generate"), "-m", model, "-p", prompt, "-n", str(n), "--json", "-t", "1"]
+        for m in history:
+            argv += ["--message", "%s:%s" % (m["role"], m["content"])]
         if temp:
             argv += ["--temp", str(temp), "--seed", str(seed)]
         if top_p is not None:
@@ -370,7 +434,8 @@ class Harness:
     def cli_stats(self, addr=None, pump=None):
         """`specd-client --stats --json`, parsed. pump() is called while it
         runs (clients of the test must keep heartbeating meanwhile)."""
-        p = subprocess.Popen([self.bin("client"), "--coordinator", addr or self.client_addr, "--stats", "--json"],
+        p = subprocess.Popen([self.bin("client"), "--coordinator", addr or self.client_addr, "--stats", "--json"]
+                             + self.key_args("client"),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 30
         while p.poll() is None and time.monotonic() < deadline:
@@ -393,10 +458,15 @@ class Client:
 
     HEARTBEAT_S = 0.25
 
-    def __init__(self, h, addr):
+    def __init__(self, h, addr, key="client"):
         self.h = h
         self.sock = h.zctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        keys = getattr(h, "keys", None)
+        if keys and key is not None:
+            self.sock.curve_secretkey = keys[key]["secret"]
+            self.sock.curve_publickey = keys[key]["public"]
+            self.sock.curve_serverkey = keys["coordinator"]["public"]
         self.sock.connect(addr)
         self.last_send = 0.0
         self.tag = 0

@@ -184,10 +184,11 @@ WORKER_STATS = {"kv_blocks_total": (1, "uint32"), "kv_blocks_free": (2, "uint32"
 HEARTBEAT = {"sent_us": (1, "uint64"), "stats": (2, ("msg", WORKER_STATS))}
 HELLO = {"protocol_version": (1, "uint32"), "role": (2, "enum"), "rank": (3, "uint32"),
          "group_size": (4, "uint32"), "name": (6, "string")}
+CHAT_MESSAGE = {"role": (1, "enum"), "content": (2, "string")}
 SUBMIT = {"client_tag": (1, "uint64"), "prompt": (2, "string"), "prompt_ids": (3, ("rep", "int32")),
           "chat": (4, "bool"), "system": (5, "string"), "max_tokens": (6, "uint32"),
           "sampling": (7, ("msg", SAMPLING)), "stop": (8, ("rep", "string")), "ignore_eos": (9, "bool"),
-          "max_draft": (10, "int32")}
+          "max_k": (10, "int32"), "messages": (11, ("rep", ("msg", CHAT_MESSAGE))), "drafter_kind": (13, "enum")}
 CANCEL = {"request_id": (1, "uint64")}
 STATS_QUERY = {"include_workers": (1, "bool")}
 CLIENT_TO_COORD = {"hello": (1, ("msg", HELLO)), "submit": (2, ("msg", SUBMIT)), "cancel": (3, ("msg", CANCEL)),
@@ -200,11 +201,14 @@ TOKEN_CHUNK = {"request_id": (1, "uint64"), "tokens": (2, ("rep", "int32")), "te
 REQUEST_STATS = {"prompt_tokens": (1, "uint32"), "generated_tokens": (2, "uint32"), "drafted": (3, "uint32"),
                  "accepted": (4, "uint32"), "target_steps": (5, "uint32"), "queued_ms": (6, "double"),
                  "drafting_ms": (7, "double"), "verifying_ms": (8, "double"), "first_token_ms": (9, "double"),
-                 "total_ms": (10, "double")}
+                 "total_ms": (10, "double"), "drafter_kind": (11, "enum"), "drafter_switches": (12, "uint32")}
 FINISHED = {"request_id": (1, "uint64"), "reason": (2, "enum"), "stats": (3, ("msg", REQUEST_STATS)),
             "text_tail": (4, "bytes")}
 WORKER_INFO = {"role": (1, "enum"), "rank": (2, "uint32"), "name": (3, "string"), "drafter_kind": (4, "enum"),
-               "alive": (5, "bool"), "stats": (6, ("msg", WORKER_STATS))}
+               "alive": (5, "bool"), "stats": (6, ("msg", WORKER_STATS)), "group_id": (7, "uint32"),
+               "group_size": (8, "uint32"), "active_requests": (9, "uint32"), "served_requests": (10, "uint64"),
+               "drafted": (11, "uint64"), "accepted": (12, "uint64"), "committed": (13, "uint64"),
+               "step_us": (14, "double")}
 SERVICE_STATS = {"active_requests": (1, "uint32"), "queued_requests": (2, "uint32"),
                  "finished_requests": (3, "uint64"), "committed_tokens": (4, "uint64"),
                  "workers": (5, ("rep", ("msg", WORKER_INFO))), "step_overhead_p50_us": (6, "double"),
@@ -216,6 +220,7 @@ COORD_TO_CLIENT = {"accepted": (1, ("msg", ACCEPTED)), "tokens": (2, ("msg", TOK
 
 # enum values
 ROLE_DRAFTER, ROLE_VERIFIER = 2, 3
+DRAFTER_KIND_MODEL, DRAFTER_KIND_NGRAM, DRAFTER_KIND_SELF = 1, 2, 3
 CODE = {1: "OK", 2: "BAD_REQUEST", 3: "MALFORMED", 4: "TOO_LARGE", 5: "UNKNOWN_REQUEST", 6: "CACHE_MISS",
         7: "OVERLOADED", 8: "KV_FULL", 9: "VOCAB_MISMATCH", 10: "PROTOCOL", 11: "UNAVAILABLE", 12: "CANCELLED",
         13: "INTERNAL", 14: "REFUSED"}
@@ -223,12 +228,12 @@ STOP_REASON = {1: "EOS", 2: "LENGTH", 3: "STOP_STRING", 4: "CONTEXT", 5: "CANCEL
 
 
 def _selftest():
-    m = {"submit": {"client_tag": 7, "prompt": "hi", "prompt_ids": [1, 300, 0], "max_draft": -1,
+    m = {"submit": {"client_tag": 7, "prompt": "hi", "prompt_ids": [1, 300, 0], "max_k": -1,
                     "sampling": {"temperature": 0.5, "seed": 2 ** 40}, "stop": ["a", "bc"]}}
     b = encode(CLIENT_TO_COORD, m)
     back = decode(CLIENT_TO_COORD, b)
     assert back["submit"]["prompt_ids"] == [1, 300, 0], back
-    assert back["submit"]["max_draft"] == -1, back
+    assert back["submit"]["max_k"] == -1, back
     assert back["submit"]["stop"] == ["a", "bc"], back
     assert abs(back["submit"]["sampling"]["temperature"] - 0.5) < 1e-7
     assert back["submit"]["sampling"]["seed"] == 2 ** 40

@@ -1,6 +1,9 @@
 """Bad input on the client link: malformed bytes, unknown request ids, token
 ids out of range, empty and over-long prompts, max_tokens over the context,
-bad sampling parameters, bad stop strings, oversized messages. Each gets an
+bad sampling parameters, bad stop strings, bad conversations (unknown
+role, messages beside a prompt, too many turns or bytes, turns the model's
+chat template refuses: the service's target carries Gemma's), oversized
+messages. Each gets an
 Error with the expected code and a readable message naming the field, the
 limit and the value; meanwhile a long greedy request of another client runs
 to the end with exactly specd-generate's tokens, and the service still
@@ -9,6 +12,10 @@ cannot be answered (libzmq drops that connection): the test checks that the
 service carries on and that a fresh connection is served.
 
 Tiny random models (vocabulary 512, context 2048)."""
+import os
+import subprocess
+import sys
+
 import harness as H
 import pbwire as pb
 
@@ -41,7 +48,15 @@ def expect_error(c, env_or_bytes, code, words, what):
 def run(h):
     target, _ = h.tiny_models(seed=17)
     ref = h.reference(target, "a long and steady request", 400, ignore_eos=True)
-    h.start_service(target, drafter="layers")
+    # The service's copy of the target carries Gemma's chat template (no
+    # system role, alternating turns), so that the template's refusals are
+    # seen on the wire too; the weights and tokens are the target's.
+    gemma = os.path.join(h.tmp, "target-gemma.gguf")
+    tmpl = os.path.join(H.SOURCE, "tests", "data", "chat_templates", "gemma.jinja")
+    p = subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", "--chat-template-file", tmpl, target,
+                        gemma, "--force"], capture_output=True, text=True)
+    H.check(p.returncode == 0, "gguf_new_metadata: %s" % p.stderr[-500:])
+    h.start_service(gemma, drafter="layers")
     good = h.client()
     good.submit(prompt="a long and steady request", max_tokens=400, ignore_eos=True)
 
@@ -72,8 +87,29 @@ def run(h):
                  "17 stop strings")
     expect_error(c, s(prompt="hi", stop=["y" * 300]), EITHER, ["stop", "256", "300"],
                  "stop string over 256 bytes")
-    expect_error(c, s(prompt="hi", max_draft=SD_MAX_DRAFT + 5), "BAD_REQUEST", ["max_draft", "32", "37"],
-                 "max_draft over SD_MAX_DRAFT")
+    expect_error(c, s(prompt="hi", max_k=SD_MAX_K + 5), "BAD_REQUEST", ["max_k", "32", "37"],
+                 "max_k over SD_MAX_K")
+
+    # Conversations (SubmitRequest.messages): roles, exclusivity, bounds.
+    user = {"role": 2, "content": "hi"}
+    expect_error(c, s(messages=[user, {"role": 7, "content": "x"}]), "BAD_REQUEST", ["messages[1].role", "7"],
+                 "unknown chat role")
+    expect_error(c, s(messages=[{"role": 0, "content": "x"}]), "BAD_REQUEST", ["messages[0].role"],
+                 "unspecified chat role")
+    expect_error(c, s(messages=[user], prompt="also a prompt"), "BAD_REQUEST", ["messages", "prompt"],
+                 "messages and a prompt")
+    expect_error(c, s(messages=[user] * 1025), "TOO_LARGE", ["messages", "1024", "1025"],
+                 "1025 chat messages")
+    expect_error(c, s(messages=[{"role": 2, "content": "z" * (600 << 10)}] * 2), "TOO_LARGE",
+                 ["messages", str(1 << 20)], "conversation over SD_MAX_PROMPT_BYTES")
+
+    # ... and what the model's template (Gemma's) refuses
+    expect_error(c, s(messages=[{"role": 1, "content": "be brief"}, user]), "BAD_REQUEST",
+                 ["chat template", "gemma", "system"], "a system turn for Gemma")
+    expect_error(c, s(messages=[user, user]), "BAD_REQUEST", ["messages[1]", "alternate"],
+                 "two user turns for Gemma")
+    expect_error(c, s(prompt="hi", chat=True, system="be brief"), "BAD_REQUEST", ["gemma", "system"],
+                 "chat with a system prompt for Gemma")
 
     # Oversized message: over ZMQ_MAXMSGSIZE on its own connection.
     big = h.client()
@@ -100,7 +136,7 @@ def run(h):
         H.check(p.alive(), "%s died during the bad-input test (exit %s)" % (p.name, p.popen.returncode))
 
 
-SD_MAX_DRAFT = 32
+SD_MAX_K = 32
 
 if __name__ == "__main__":
     H.main(run)

@@ -8,8 +8,9 @@ the CLI itself is checked):
 - `--stop S` ends the output before the stop string;
 - `--jobs FILE.jsonl` writes one JSON result per input line, in input order,
   echoing each "id": greedy jobs give specd-generate's ids, a seeded
-  target-only job (temp, top_p, seed, max_draft -1) gives the seeded
-  specd-generate's ids, a line with a bad field gets its own BAD_JOB line
+  target-only job (temp, top_p, seed, max_k -1) gives the seeded
+  specd-generate's ids, a conversation ("messages") gives specd-generate
+  --chat --message ...'s ids and prompt length, a line with a bad field gets its own BAD_JOB line
   and the others still run; a progress bar goes to stderr only when stderr
   is a terminal; against a coordinator that does not answer, the first job
   fails after --timeout and the rest are reported UNAVAILABLE without being
@@ -67,12 +68,15 @@ def check_streaming(h, prompt):
 def check_jobs(h, target, prompts):
     ref_greedy = [h.reference(target, p, 20, ignore_eos=True) for p in prompts[:2]]
     ref_seeded = h.reference(target, prompts[2], 20, temp=0.8, seed=7, top_p=0.95, ignore_eos=True)
+    history = [{"role": "user", "content": prompts[0]}, {"role": "assistant", "content": "ok"}]
+    ref_conv = h.reference(target, prompts[1], 20, ignore_eos=True, chat=True, history=history)
     lines = [
         {"id": "first", "prompt": prompts[0], "n": 20, "ignore_eos": True},
         {"id": 2, "prompt": prompts[2], "n": 20, "ignore_eos": True, "temp": 0.8, "top_p": 0.95, "seed": 7,
-         "max_draft": -1},
+         "max_k": -1},
         {"id": "bad", "prompt": prompts[1], "n": "twenty"},
         {"id": "last", "prompt": prompts[1], "n": 20, "ignore_eos": True},
+        {"id": "conv", "messages": history + [{"role": "user", "content": prompts[1]}], "n": 20, "ignore_eos": True},
     ]
     path = os.path.join(h.tmp, "jobs.jsonl")
     with open(path, "w") as f:
@@ -81,10 +85,12 @@ def check_jobs(h, target, prompts):
     r = cli(h, "--jobs", path)
     H.check(r.returncode != 0, "--jobs with a bad line exited 0")
     out = [json.loads(l) for l in r.stdout.decode().splitlines() if l.strip()]
-    H.check([o.get("id") for o in out] == ["first", 2, "bad", "last"],
+    H.check([o.get("id") for o in out] == ["first", 2, "bad", "last", "conv"],
             "--jobs results out of order or ids not echoed: %s" % [o.get("id") for o in out])
     H.check(out[0].get("ids") == ref_greedy[0]["ids"], "job 'first' differs from specd-generate")
     H.check(out[3].get("ids") == ref_greedy[1]["ids"], "job 'last' differs from specd-generate")
+    H.check(out[4].get("ids") == ref_conv["ids"] and out[4].get("prompt_tokens") == len(ref_conv["prompt_ids"]), "job 'conv' (messages) differs from specd-generate --chat --message: %s"
+            % out[4])
     H.check(out[1].get("ids") == ref_seeded["ids"], "seeded target-only job differs from specd-generate "
             "--temp 0.8 --top-p 0.95 --seed 7: %s vs %s" % (out[1].get("ids"), ref_seeded["ids"]))
     H.check(out[2].get("error", {}).get("code") == "BAD_JOB" and "n" in out[2]["error"].get("message", ""),

@@ -20,9 +20,10 @@
 - overload: past --max-inflight, and when the coordinator's queue is full
   (--max-active 1 --max-queue 1), a request gets 429 with Retry-After at
   once; once the long requests' clients leave, requests pass again;
-- CurveZMQ: with the coordinator's public key (--curve-server-public) the
-  gateway reaches a coordinator that runs --curve-secret (/health says no
-  verifier is registered), without it the coordinator does not answer."""
+- CurveZMQ: with a key on the coordinator's --client-keys list (and the
+  coordinator's public key) the gateway reaches a keyed coordinator
+  (/health says no verifier is registered); with a key on no list, or
+  without keys, the coordinator does not answer it."""
 import json
 import math
 import os
@@ -146,8 +147,10 @@ def check_bad_input(h):
         (chat, b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 400, None, "lone surrogate"),
         (comp, {"prompt": [999999]}, 400, None, "token id out of range"),
         (chat, {"messages": user, "logprobs": True}, 400, "logprobs", "logprobs"),
-        (chat, {"messages": user + [{"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}]},
-         400, "messages[1].role", "multi-turn"),
+        (chat, {"messages": user + [{"role": "tool", "content": "x"}, {"role": "user", "content": "y"}]},
+         400, "messages[1].role", "a tool turn"),
+        (chat, {"messages": user + [{"role": "assistant", "content": "x"}]}, 400, "messages",
+         "ending with an assistant turn"),
     ]
     for path, body, status, param, what in cases:
         expect_error(h, path, body, status, param, what=what)
@@ -260,21 +263,23 @@ def check_overload(h, target):
 
 
 def check_curve(h, target):
-    import zmq
-    public, secret = zmq.curve_keypair()
-    path = os.path.join(h.tmp, "coordinator.secret")
-    with open(path, "wb") as f:
-        f.write(secret + b"\n")
-    h.start_coordinator(target, ["--curve-secret", path])
-    h.start_gateway(["--curve-server-public", public.decode()])
+    keys = h.enable_curve(extra_names=["rogue"])  # from here on every process holds its key
+    h.start_coordinator(target)
+    h.start_gateway()  # the client key, on the coordinator's --client-keys list
     st, _, out = h.http("GET", "/health")
     H.check(st == 503 and json.loads(out).get("reason") == "no verifier is registered",
-            "with the coordinator's key: %d %s" % (st, out))
+            "with an allowed key: %d %s" % (st, out))
+    h.start_gateway(["--curve-secret", keys["rogue"]["key"]])  # a key on no list
+    st, _, out = h.http("GET", "/health")
+    H.check(st == 503 and json.loads(out).get("reason") != "no verifier is registered",
+            "with a key on no list: %d %s" % (st, out))
+    h.keys = {}  # no keys at all: plaintext against a CURVE coordinator
     h.start_gateway()
     st, _, out = h.http("GET", "/health")
-    H.check(st == 503 and json.loads(out).get("reason") == "the coordinator does not answer",
-            "without the coordinator's key: %d %s" % (st, out))
-    H.log("CurveZMQ: answered with the key, not without")
+    H.check(st == 503 and json.loads(out).get("reason") != "no verifier is registered",
+            "without keys: %d %s" % (st, out))
+    h.keys = keys
+    H.log("CurveZMQ: answered with an allowed key, not with another key or none")
 
 
 def run(h):

@@ -14,6 +14,9 @@ with the n-gram drafter (K fixed at 4, so drafts are verified):
   call, and the three samples are not all equal (a control: the seeds
   differ);
 - streaming with include_usage ends with a usage-only chunk;
+- a multi-turn conversation (system, user, assistant, user) gives the text
+  and prompt token count of specd-generate --chat --system ... --message
+  ROLE:TEXT ... with the same history (both use the model's chat template);
 - /v1/models lists the served model."""
 import concurrent.futures
 import json
@@ -31,10 +34,13 @@ TEXT_P = "The three primary colors are"
 TOKENS = 8
 
 
-def generate_system(h, model, system, prompt, n):
-    """specd-generate --chat --system: the reference for a system message."""
+def generate_system(h, model, system, prompt, n, history=()):
+    """specd-generate --chat --system [--message ROLE:TEXT ...]: the reference
+    for a system message and a conversation's history."""
     argv = [h.bin("generate"), "-m", model, "-p", prompt, "-n", str(n), "--json", "-t", "1", "--chat", "--system",
             system]
+    for m in history:
+        argv += ["--message", "%s:%s" % (m["role"], m["content"])]
     out = subprocess.run(argv, capture_output=True, timeout=600)
     H.check(out.returncode == 0, "specd-generate --system failed: %s" % out.stderr[-500:])
     return json.loads(out.stdout)
@@ -48,6 +54,9 @@ def run(h):
     ref_text = h.reference(model, TEXT_P, TOKENS)
     sysmsg = "You are a pirate."
     ref_sys = generate_system(h, model, sysmsg, CHAT_Q, TOKENS)
+    history = [{"role": "user", "content": CHAT_Q}, {"role": "assistant", "content": "Paris."}]
+    follow_up = "And the capital of Italy?"
+    ref_multi = generate_system(h, model, sysmsg, follow_up, TOKENS, history)
     H.log("references: chat %r (%s), completion %r (%s)" % (ref_chat["text"], ref_chat["stop_reason"],
                                                           ref_text["text"], ref_text["stop_reason"]))
     words = ref_text["text"].split()
@@ -87,6 +96,8 @@ def run(h):
                                                                {"role": "user",
                                                                 "content": [{"type": "text", "text": CHAT_Q}]}],
                                                      **greedy),
+        "multi": lambda: cl.chat.completions.create(messages=[{"role": "system", "content": sysmsg}] + history +
+                                                    [{"role": "user", "content": follow_up}], **greedy),
         "models": lambda: cl.models.list(),
     }
     with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
@@ -185,6 +196,14 @@ def run(h):
     r = res["system"]
     H.check(r.choices[0].message.content == ref_sys["text"], "with a system message: %r vs specd-generate --system %r"
             % (r.choices[0].message.content, ref_sys["text"]))
+
+    # ---- a multi-turn conversation: equals specd-generate --chat --message ...
+    r = res["multi"]
+    H.check(r.choices[0].message.content == ref_multi["text"] and
+            r.usage.prompt_tokens == len(ref_multi["prompt_ids"]),
+            "multi-turn: %r (%d prompt tokens) vs specd-generate --message %r (%d)"
+            % (r.choices[0].message.content, r.usage.prompt_tokens, ref_multi["text"], len(ref_multi["prompt_ids"])))
+    H.log("multi-turn: %r, as specd-generate --chat with the same history" % r.choices[0].message.content)
 
     # ---- models
     H.check([m.id for m in res["models"].data] == ["smollm"], "models: %s" % res["models"])

@@ -2,8 +2,9 @@
 run in their own network namespace, joined by veth pairs to a bridge in a
 fifth (hub) namespace, with 1 ms of netem delay on every process's link;
 addresses are in a private subnet (10.213.77.0/24) that exists only inside
-those namespaces. 16 concurrent greedy requests must give specd-generate's
-tokens. Needs root, `ip netns` and `tc`; skipped with a message otherwise.
+those namespaces. Every link is keyed with CurveZMQ (a coordinator binds
+beyond loopback only with keys). 16 concurrent greedy requests must give
+specd-generate's tokens. Needs root, `ip netns` and `tc`; skipped with a message otherwise.
 If the kernel lacks sch_netem the test still runs across namespaces and
 says that the delay is missing. Namespaces are always deleted, also the
 ones a killed earlier run left behind."""
@@ -76,6 +77,8 @@ def run(h):
     else:
         H.log("1 ms netem delay on every link")
 
+    # beyond loopback nothing binds without keys (or --insecure): key every link
+    h.enable_curve()
     caddr = "%s.%d" % (SUBNET, roles["coordinator"])
     h.start_coordinator(target, H.FIXED_K, netns=ns["coordinator"], client_host=caddr, worker_host=caddr)
     h.start_verifier(netns=ns["verifier"])

@@ -23,14 +23,14 @@ def run(h):
     alone = [c.run([j], timeout=300)[0] for j in jobs]
     for i, r in enumerate(alone):
         H.check(not r["error"] and len(r["ids"]) == TOKENS, "lone request %d: %s" % (i, r["error"] or r["ids"]))
-    # Target-only copies (max_draft -1) too: when they hold and the
+    # Target-only copies (max_k -1) too: when they hold and the
     # speculative ones do not, the draws depend on the draft schedule (K).
-    plain = [dict(j, max_draft=-1) for j in jobs]
+    plain = [dict(j, max_k=-1) for j in jobs]
     alone_plain = [c.run([j], timeout=300)[0] for j in plain]
     greedy = [dict(prompt=p, max_tokens=TOKENS, ignore_eos=True) for p in H.random_prompts(N, seed=12)]
     load = jobs + greedy + jobs + plain
     res = c.run(load, timeout=600)
-    H.expect_equal_ids(res[3 * N:], alone_plain, "seeded target-only requests (max_draft -1) under load")
+    H.expect_equal_ids(res[3 * N:], alone_plain, "seeded target-only requests (max_k -1) under load")
     H.expect_equal_ids(res[:N], alone, "seeded speculative requests under load (first copies)")
     H.expect_equal_ids(res[2 * N:3 * N], alone, "seeded speculative requests under load (second copies)")
     # Adaptive K (the coordinator's default) must have speculated on them, or

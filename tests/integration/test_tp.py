@@ -3,7 +3,10 @@ ADDR) through the whole service: N concurrent greedy requests produce exactly
 the tokens specd-generate (TP = 1) gives each prompt alone.
 
   test_tp.py --tp N --model tiny|smollm [--lm-head split|leader]
-             [--drafter layers|ngram|model|none] [--n 6] [--tokens 32]
+             [--drafter layers|ngram|model|none] [--n 6] [--tokens 32] [--curve]
+
+--curve: every link keyed, the group's too (the leader admits only the rank
+key: a rank with another key is refused and exits 3 while the leader waits).
 
 Also checked: the leader registers with the coordinator only once every rank
 has joined (it is started first and must stay unregistered until the ranks
@@ -17,6 +20,7 @@ the KV heads replicated), requests ignore EOS. smollm: SmolLM2-135M-Instruct
 (9 heads, 3 KV heads: TP 3) with chat prompts, stopping at EOS as
 specd-generate does."""
 import argparse
+import os
 import signal
 import subprocess
 import time
@@ -25,14 +29,25 @@ import harness as H
 import pbwire as pb
 
 
-def start_ranks(h, target, tp, lm_head, ranks, extra=()):
+def rank_keys(h, r, key=None):
+    """With --curve: the leader holds the verifier key (a worker to the
+    coordinator, the server of the group) and the ranks' allow-list; ranks
+    hold the rank key (or `key`) and trust the leader's public key."""
+    if not getattr(h, "keys", None):
+        return []
+    if r == 0:
+        return h.key_args("verifier") + ["--rank-keys", os.path.join(h.key_dir, "ranks.allow")]
+    return ["--curve-secret", h.keys[key or "rank"]["key"], "--curve-server", h.keys["verifier"]["pub"]]
+
+
+def start_ranks(h, target, tp, lm_head, ranks, extra=(), key=None):
     """Starts the given ranks of a group at h.group_addr."""
     procs = []
     for r in ranks:
         procs.append(h.start("verifier" if r == 0 else "rank%d" % r,
                              [h.bin("verifier"), "--model", target, "--coordinator", h.worker_addr,
                               "--tp", str(tp), "--rank", str(r), "--group", h.group_addr, "--lm-head", lm_head,
-                              "-t", "1"] + list(extra)))
+                              "-t", "1"] + rank_keys(h, r, key) + list(extra)))
     return procs
 
 
@@ -42,6 +57,10 @@ def verifier_registered(c):
 
 
 def run(h, args):
+    if args.curve:
+        h.enable_curve(extra_names=["rank", "rogue"])
+        with open(os.path.join(h.key_dir, "ranks.allow"), "w") as f:
+            f.write("%s rank\n" % h.keys["rank"]["public"].decode())
     if args.model == "tiny":
         target, draft = h.tiny_models()
         prompts = H.random_prompts(args.n, seed=17)
@@ -91,6 +110,17 @@ def run(h, args):
     t_end = time.monotonic() + 1.5
     while time.monotonic() < t_end:
         H.check(not verifier_registered(c), "the leader registered before its ranks joined")
+    if args.curve:
+        # a rank with a key off the leader's list is refused at the handshake
+        # (exit 3, saying so); so is one without keys; the leader waits on
+        for key in ("rogue", "client"):
+            rogue = start_ranks(h, target, args.tp, args.lm_head, [1], key=key)[0]
+            H.wait_until(lambda: not rogue.alive(), 60, "the rank with the %s key to exit" % key)
+            H.check(rogue.popen.returncode == 3 and "refused this rank" in rogue.log_tail(20),
+                    "a rank with the %s key exited %s" % (key, rogue.popen.returncode))
+            h.procs.remove(rogue)
+        H.check(leader.alive() and not verifier_registered(c), "a refused rank disturbed the leader")
+        H.log("ranks with unknown keys refused; the leader waits on")
     ranks = start_ranks(h, target, args.tp, args.lm_head, range(1, args.tp))
     if args.drafter != "none":
         h.start_drafter(args.drafter, draft=draft, extra=["-t", "1"])
@@ -124,5 +154,6 @@ if __name__ == "__main__":
     ap.add_argument("--n", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--curve", action="store_true", help="CurveZMQ on every link, the group's included")
     a = ap.parse_args()
     H.main(lambda h: run(h, a))

@@ -20,7 +20,7 @@ Conventions (those of llama.cpp for the llama architecture):
     frequency's angle by its factor, as llama.cpp does.
 
 Weights as the engine computes on them (act_quant=True, the default): the
-CPU engine multiplies Q8_0 / Q4_0 / Q4_1 weights with activations quantized
+CPU engine multiplies Q8_0 / Q4_0 / Q4_1 / K-quant weights with activations quantized
 per row into blocks of 32 (engine/cpu/quant_kernels.h), so before each such
 matmul the reference rounds its input the same way, written here in numpy:
 per block, d = float32(amax) / 127 in float32, q = rint(x * float32(1 / d))
@@ -55,7 +55,8 @@ def _field(reader, key, default=None):
 _INT_TYPES = ()
 try:
     _INT_TYPES = (gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0,
-                  gguf.GGMLQuantizationType.Q4_1)
+                  gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q4_K,
+                  gguf.GGMLQuantizationType.Q5_K, gguf.GGMLQuantizationType.Q6_K)
 except AttributeError:  # pragma: no cover
     pass
 

@@ -1,7 +1,9 @@
 """Oracle: specd's GGUF reader and sd_dequantize against the gguf Python package.
 
-For the demo model (SmolLM2-135M Q4_1: Q4_1, Q8_0 and F32 tensors) and for a
-model written by specd-mkmodel in each --dtype, compares
+For the demo model (SmolLM2-135M Q4_1: Q4_1, Q8_0 and F32 tensors), for a
+model written by specd-mkmodel in each --dtype (the K-quants Q4_K, Q5_K and
+Q6_K with 256-wide rows) and for that model's f32 file rewritten by
+specd-quantize as q4_k_m and q5_k_m (Q4_K / Q5_K with Q6_K mixed in), compares
   * the key list and the tensor list (name, type, shape) printed by
     tests/gguf_dump with gguf.GGUFReader's, and
   * the f32 values that gguf_dump writes (sd_dequantize) with
@@ -26,6 +28,7 @@ BUILD = os.environ.get("SPECD_BUILD_DIR", "")
 SOURCE = os.environ.get("SPECD_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 DUMP = os.path.join(BUILD, "tests", "gguf_dump")
 MKMODEL = os.path.join(BUILD, "tools", "specd-mkmodel")
+QUANTIZE = os.path.join(BUILD, "tools", "specd-quantize")
 
 SMOL_TENSORS = [
     "token_embd.weight",        # Q8_0
@@ -104,8 +107,8 @@ def check_file(path, names, tmpdir):
 
 
 def main():
-    if not (os.access(DUMP, os.X_OK) and os.access(MKMODEL, os.X_OK)):
-        print(f"skipped: {DUMP} or {MKMODEL} not built (SPECD_BUILD_DIR={BUILD!r})")
+    if not all(os.access(p, os.X_OK) for p in (DUMP, MKMODEL, QUANTIZE)):
+        print(f"skipped: {DUMP}, {MKMODEL} or {QUANTIZE} not built (SPECD_BUILD_DIR={BUILD!r})")
         return 77
     model = model_path()
     if model is None:
@@ -123,6 +126,22 @@ def main():
             f, types = check_file(path, None, tmpdir)
             failures += f
             assert dtype.upper() in types, (dtype, types)
+        # the K-quants: rows of whole 256-element super-blocks
+        k_shape = ["--dim", "256", "--ff", "512", "--heads", "4", "--kv-heads", "2", "--layers", "8", "--vocab", "300"]
+        for dtype in ["q4_k", "q5_k", "q6_k"]:
+            path = os.path.join(tmpdir, f"mk_{dtype}.gguf")
+            subprocess.run([MKMODEL, "-o", path, "--dtype", dtype, "--seed", "12"] + k_shape, check=True)
+            f, types = check_file(path, None, tmpdir)
+            failures += f
+            assert dtype.upper() in types, (dtype, types)
+        src = os.path.join(tmpdir, "mk_k_f32.gguf")
+        subprocess.run([MKMODEL, "-o", src, "--dtype", "f32", "--seed", "13"] + k_shape, check=True)
+        for mix, want in [("q4_k_m", {"Q4_K", "Q6_K"}), ("q5_k_m", {"Q5_K", "Q6_K"})]:
+            path = os.path.join(tmpdir, f"{mix}.gguf")
+            subprocess.run([QUANTIZE, src, path, mix], check=True, capture_output=True)
+            f, types = check_file(path, None, tmpdir)
+            failures += f
+            assert want <= types, (mix, types)
     for f in failures:
         print("FAIL", f)
     return 1 if failures else 0

@@ -1,12 +1,13 @@
 """test_forward_oracle.py — the engine's forward pass against the numpy oracle.
 
   --random   random models from build/tools/specd-mkmodel: several shapes and
-             dtypes (f32, f16, bf16, q8_0, q4_0, q4_1), tied and untied LM
+             dtypes (f32, f16, bf16, q8_0, q4_0, q4_1, q4_k, q5_k, q6_k), tied and untied LM
              head, GQA and MHA; ragged multi-sequence batches, one of them
              also cut into chunks (attention over K/V from earlier calls).
              Two more f32 models rewritten with llama3 and linear rope scaling.
              An f32 model rewritten by specd-quantize as f16, bf16, q8_0,
-             q4_0 and q4_1 (tensor types checked with gguf's reader).
+             q4_0 and q4_1, and one with 256-wide rows as q4_k_m and q5_k_m
+             (tensor types checked with gguf's reader).
   --smollm2  SmolLM2-135M-Instruct (Q4_1): the golden chat prompt plus three
              shorter prompts as one ragged batch, ~50 tokens.
 
@@ -16,7 +17,7 @@ each sequence alone with tests/ref/llama_ref.py in float64. Pass: max abs
 error <= 1e-4 * max |logit| over the run. On failure the worst row is printed
 (sequence, position, token, error, both argmaxes, and the largest entries).
 
-Q8_0 / Q4_0 / Q4_1 models: the engine rounds each matmul's input to 8-bit
+Q8_0 / Q4_0 / Q4_1 / K-quant models: the engine rounds each matmul's input to 8-bit
 blocks, and the reference does the same in numpy (llama_ref.py). That
 function is discontinuous: an activation that the engine computes in f32 and
 the reference in f64 (they differ by ~1e-7 relative) can round to the other
@@ -133,9 +134,10 @@ def reference_rows(ref, seqs):
 
 def int_activations(path):
     """True when the model has matrices the engine multiplies with 8-bit
-    activations (Q8_0 / Q4_0 / Q4_1)."""
+    activations (Q8_0 / Q4_0 / Q4_1 / K-quants)."""
     import gguf
-    kinds = {gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1}
+    q = gguf.GGMLQuantizationType
+    kinds = {q.Q8_0, q.Q4_0, q.Q4_1, q.Q4_K, q.Q5_K, q.Q6_K}
     return any(t.tensor_type in kinds for t in gguf.GGUFReader(path).tensors)
 
 
@@ -160,6 +162,11 @@ RANDOM_MODELS = [
                            "--tied"]),
     ("q4_1 tied MQA 4/1", ["--dtype", "q4_1", "--dim", "64", "--heads", "4", "--kv-heads", "1", "--ff", "128",
                            "--tied", "--layers", "3"]),
+    ("q4_k untied GQA 8/2", ["--dtype", "q4_k", "--dim", "256", "--heads", "8", "--kv-heads", "2", "--ff", "512"]),
+    ("q5_k tied GQA 4/2", ["--dtype", "q5_k", "--dim", "256", "--heads", "4", "--kv-heads", "2", "--ff", "256",
+                           "--tied"]),
+    ("q6_k untied MHA 4/4", ["--dtype", "q6_k", "--dim", "256", "--heads", "4", "--kv-heads", "4", "--ff", "768",
+                             "--layers", "3"]),
 ]
 
 
@@ -228,7 +235,7 @@ def run_random():
             jit = jittered_rows(path, seqs)
             got = engine_logits(path, seqs, tmp, ref.n_vocab)
             all_ok &= compare(f"{label} lens {lens}", got, want, seqs, jit)
-            if i in (0, 5):
+            if i in (0, 5, 6):
                 got = engine_logits(path, seqs, tmp, ref.n_vocab, chunk=5, threads=1)
                 all_ok &= compare(f"{label} lens {lens} chunks of 5", got, want, seqs, jit)
         all_ok &= check_quantizer(tmp, rng)
@@ -273,6 +280,22 @@ def check_quantizer(tmp, rng):
         bad = [n for n, k in kinds.items() if k != ("F32" if n.endswith("norm.weight") else gtype)]
         if bad:
             print(f"FAIL specd-quantize {name}: tensors of the wrong type: {[(n, kinds[n]) for n in bad[:4]]}")
+            ok = False
+            continue
+        ref = LlamaRef(path, np.float64)
+        got = engine_logits(path, seqs, tmp, ref.n_vocab)
+        ok &= compare(f"specd-quantize {name}", got, reference_rows(ref, seqs), seqs, jittered_rows(path, seqs))
+    # the K mixes, on a model whose rows are whole 256-element super-blocks
+    src = os.path.join(tmp, "quant_src_k.gguf")
+    subprocess.run([binary("specd-mkmodel", "tools"), "-o", src, "--vocab", "300", "--seed", "22", "--dtype", "f32",
+                    "--dim", "256", "--heads", "4", "--kv-heads", "2", "--ff", "512", "--layers", "8"],
+                   check=True, capture_output=True)
+    for name, want in (("q4_k_m", {"Q4_K", "Q6_K", "F32"}), ("q5_k_m", {"Q5_K", "Q6_K", "F32"})):
+        path = os.path.join(tmp, f"quant_{name}.gguf")
+        r = subprocess.run([q, src, path, name], capture_output=True, text=True)
+        kinds = {t.tensor_type.name for t in gguf.GGUFReader(path).tensors} if r.returncode == 0 else set()
+        if kinds != want:
+            print(f"FAIL specd-quantize {name}: tensor types {sorted(kinds)}, want {sorted(want)}: {r.stderr}")
             ok = False
             continue
         ref = LlamaRef(path, np.float64)

@@ -12,11 +12,16 @@
  * (those wait for the I/O thread); sd_client_cancel is allowed.
  *
  * Liveness: while anything is in flight the I/O thread sends a Heartbeat
- * every heartbeat_interval_ms when it sent nothing else, and fails every
- * pending request (SD_ERR_NET, "coordinator ... silent") when the
- * coordinator has been silent for heartbeat_liveness intervals. Before the
- * coordinator has answered anything, connect_timeout_ms applies instead
- * (it may simply not be up yet). */
+ * every heartbeat_interval_ms when it sent nothing else. When the
+ * coordinator has been silent for heartbeat_liveness intervals it is taken
+ * for dead (or restarting): the client reconnects and resubmits every
+ * request in flight as a continuation of the tokens it received (same
+ * prompt, parameters and seed), so the caller sees one uninterrupted
+ * stream with the same output; a request fails (SD_ERR_NET, "coordinator
+ * ... unreachable") only when no coordinator answers within
+ * reconnect_timeout_ms (0: fail at once, "coordinator ... silent"). Before
+ * the coordinator has answered anything, connect_timeout_ms applies
+ * instead (it may simply not be up yet). */
 #ifndef SPECD_CLIENT_H
 #define SPECD_CLIENT_H
 
@@ -36,14 +41,25 @@ typedef struct sd_client_params {
     int connect_timeout_ms;    /* first answer from the coordinator (default 10000) */
     int heartbeat_interval_ms; /* default SD_HEARTBEAT_INTERVAL_MS */
     int heartbeat_liveness;    /* silent intervals before the coordinator is dead (default SD_HEARTBEAT_LIVENESS) */
+    int reconnect_timeout_ms;  /* after that: wait this long for a coordinator to take the resubmitted requests
+                                  (default 60000; 0 = fail them at once) */
     const char *name;          /* sent in Hello, for the coordinator's logs (default "specd-client") */
-    /* CurveZMQ (Z85 text, 40 chars): the coordinator's public key, and this
-     * client's own pair (both NULL: an ephemeral pair). All NULL: plaintext. */
+    /* CurveZMQ (Z85 text, 40 chars): the coordinator's public key and this
+     * client's own pair, whose public key must be on the coordinator's
+     * --client-keys list (all three, or all NULL: plaintext). A key the
+     * coordinator refuses fails every request at once with the reason.
+     * sd_curve_id_load (specd/curve.h) reads them from specd-keygen files. */
     const char *curve_server_public, *curve_public, *curve_secret;
 } sd_client_params;
 
 /* Defaults as documented on each field. */
 sd_client_params sd_client_default_params(void);
+
+/* One turn of a conversation (sd_client_request.messages). */
+typedef struct sd_client_chat_msg {
+    const char *role; /* "system", "user" or "assistant" */
+    const char *content;
+} sd_client_chat_msg;
 
 /* A generation job. Strings are borrowed for the duration of sd_client_submit. */
 typedef struct sd_client_request {
@@ -53,14 +69,21 @@ typedef struct sd_client_request {
                                   n_prompt_ids > 0 */
     const int32_t *prompt_ids; /* token ids instead of text */
     size_t n_prompt_ids;
-    bool chat;               /* format as a ChatML user turn */
-    const char *system;      /* system prompt with chat; NULL = the model's default */
+    bool chat;          /* format prompt as a user turn with the model's chat template */
+    const char *system; /* system prompt with chat; NULL = the model's default */
+    /* A whole conversation, history included, formatted by the model's chat
+     * template (at most SD_MAX_CHAT_MESSAGES turns, SD_MAX_PROMPT_BYTES of
+     * content); when n_messages > 0, prompt, prompt_ids, chat and system
+     * must be unset. */
+    const sd_client_chat_msg *messages;
+    size_t n_messages;
     uint32_t max_tokens;     /* 0 = coordinator default */
     sd_sampling sampling;    /* default: greedy */
     const char *const *stop; /* stop strings */
     size_t n_stop;
     bool ignore_eos;
-    int32_t max_draft; /* 0 = default, -1 = no speculation */
+    int32_t max_k;                   /* 0 = default, -1 = no speculation */
+    Specd__DrafterKind drafter_kind; /* only drafters of this kind; UNSPECIFIED = the coordinator chooses */
 } sd_client_request;
 
 /* Greedy, no stop strings, coordinator defaults for the rest. */
@@ -144,6 +167,12 @@ typedef struct sd_client_worker_info {
     bool alive;
     uint32_t kv_blocks_total, kv_blocks_free, n_sequences;
     uint64_t steps;
+    uint32_t group_id, group_size; /* verifier leaders: the group and its TP size */
+    uint32_t active_requests;      /* placed on it now */
+    uint64_t served_requests;      /* placed on it since it registered */
+    uint64_t drafted, accepted;    /* draft tokens verified, and accepted */
+    uint64_t committed;            /* verifier groups: tokens committed */
+    double step_us;                /* groups: modelled 64-token verify step; drafters: draft round trip */
 } sd_client_worker_info;
 
 typedef struct sd_client_service_stats {

@@ -1,7 +1,10 @@
 /* kv.h — paged KV cache: fixed-size blocks, a block table per sequence.
  *
  * Storage is one pool per layer for K and one for V, laid out
- * [n_blocks][block_size][n_kv_heads][head_dim] (f32). A sequence is a slot id
+ * [n_blocks][block_size][n_kv_heads][head_dim] of the cache's type: f32, or
+ * f16 (half the memory; every value rounded once, when written, so a
+ * token's K/V and everything computed from them stay independent of the
+ * batch). A sequence is a slot id
  * in [0, max_seqs) with a length and a block table; appending grows the table
  * from a free list, truncating to a shorter length is O(1) bookkeeping plus
  * returning whole blocks no longer needed (how rejected draft tokens roll
@@ -11,6 +14,7 @@
 #define SPECD_KV_H
 
 #include "specd/common.h"
+#include "specd/gguf.h" /* sd_dtype */
 
 #ifdef __cplusplus
 extern "C" {
@@ -25,6 +29,7 @@ typedef struct sd_kv_params {
     int32_t block_size; /* tokens per block (default 16) */
     int32_t n_blocks;   /* blocks in the pool (shared by all sequences) */
     int32_t max_seqs;   /* number of sequence slots */
+    sd_dtype type;      /* SD_DTYPE_F32 (the default, 0) or SD_DTYPE_F16 */
     /* Where the pools live. NULL: host memory (malloc). sd_model_kv_create
      * sets its backend's allocator here for a device-resident cache, which
      * must then be freed before the model. */
@@ -58,15 +63,16 @@ sd_status sd_kv_truncate(sd_kv *kv, int32_t seq, int32_t len);
 void sd_kv_release(sd_kv *kv, int32_t seq);
 
 /* Pointer to the K (or V) vector of kv head 0 at (layer, seq, pos): the
- * n_kv_heads*head_dim floats of that token are contiguous. pos < length.
- * Borrowed; valid until the next grow/truncate/release of seq. */
-float *sd_kv_k(sd_kv *kv, int32_t layer, int32_t seq, int32_t pos);
-float *sd_kv_v(sd_kv *kv, int32_t layer, int32_t seq, int32_t pos);
+ * n_kv_heads*head_dim values (float or uint16_t f16, per the type) of that
+ * token are contiguous. pos < length. Borrowed; valid until the next
+ * grow/truncate/release of seq. */
+void *sd_kv_k(sd_kv *kv, int32_t layer, int32_t seq, int32_t pos);
+void *sd_kv_v(sd_kv *kv, int32_t layer, int32_t seq, int32_t pos);
 /* Block table of seq (borrowed) and its length in blocks. */
 const int32_t *sd_kv_block_table(const sd_kv *kv, int32_t seq, int32_t *n_blocks);
-/* Base of layer's K/V pool (block b starts at b*block_size*n_kv_heads*head_dim). */
-float *sd_kv_k_pool(sd_kv *kv, int32_t layer);
-float *sd_kv_v_pool(sd_kv *kv, int32_t layer);
+/* Base of layer's K/V pool (block b starts at value b*block_size*n_kv_heads*head_dim). */
+void *sd_kv_k_pool(sd_kv *kv, int32_t layer);
+void *sd_kv_v_pool(sd_kv *kv, int32_t layer);
 
 #ifdef __cplusplus
 }

@@ -53,7 +53,14 @@ typedef struct sd_model_params {
      * With tp_size 1 a one-rank group may be given: the collectives then
      * run, which exercises that path on a single device. */
     sd_coll *coll;
+    /* The KV cache's element type for sd_model_kv_create: SD_DTYPE_F32 (the
+     * default) or SD_DTYPE_F16 (half the memory; on a backend without an
+     * f16 cache, CUDA today, sd_model_kv_create refuses it). */
+    sd_dtype kv_type;
 } sd_model_params;
+
+/* Parses a KV cache type name: "f32" or "f16"; false otherwise. */
+bool sd_kv_type_parse(const char *name, sd_dtype *type);
 
 sd_model_params sd_model_default_params(void);
 
@@ -127,6 +134,11 @@ uint64_t sd_model_weight_bytes(const sd_model *m);
  * embedding table included: on a tensor-parallel rank 1/tp of the layers
  * plus the replicated parts (norms, embedding table, its LM head rows). */
 uint64_t sd_model_resident_bytes(const sd_model *m);
+
+/* Of those, the bytes used in place from the model file's mapping (not
+ * copied; shared with every process that maps the same file): matrices
+ * kept as stored whose rows are whole in the file (model_load.c). */
+uint64_t sd_model_mapped_bytes(const sd_model *m);
 
 /* ---- tensor parallelism ---- */
 

@@ -18,10 +18,11 @@ extern "C" {
 
 /* Purposes keep independent streams apart for the same (seed, position). */
 typedef enum sd_rng_purpose {
-    SD_RNG_SAMPLE = 1,   /* sampling a token from a distribution */
-    SD_RNG_DRAFT = 2,    /* drafter's proposal sampling */
-    SD_RNG_ACCEPT = 3,   /* acceptance test of a draft token */
-    SD_RNG_RESIDUAL = 4, /* sampling from the residual after a rejection */
+    SD_RNG_SAMPLE = 1,   /* a uniform for an inverse-CDF draw (sd_sample_from) */
+    SD_RNG_DRAFT = 2,    /* independent draft draws (tests and benchmarks; the service couples its drafts) */
+    SD_RNG_ACCEPT = 3,   /* acceptance uniforms (tests; the service's rule needs none) */
+    SD_RNG_RESIDUAL = 4, /* residual draws (tests; the service's rule needs none) */
+    SD_RNG_RACE = 5,     /* the exponential race: one uniform per vocabulary entry (sd_sample_race) */
 } sd_rng_purpose;
 
 /* Philox4x32-10 of counter (position, purpose, sub, 0) under key seed. */
@@ -41,8 +42,19 @@ sd_status sd_sample_probs(const float *logits, int32_t n, const sd_sampling *s, 
  * whose cumulative sum exceeds u*total, skipping zero-probability entries. */
 int32_t sd_sample_from(const float *probs, int32_t n, double u);
 
-/* Processes logits and draws one token with the (seed, position) key:
- * the whole sampling step of plain decoding. */
+/* The exponential race (the Gumbel-max trick): the token minimizing
+ * E_v / probs[v] over entries with probs[v] > 0, E_v = -log U_v, U_v the
+ * uniform of entry v for (seed, position, SD_RNG_RACE) (32 bits, from
+ * Philox block v / 4). Token v wins with probability probs[v] / sum(probs)
+ * (no normalization needed), ties to the lower id. Every token's U is fixed
+ * by (seed, position) alone, so two distributions raced at the same key
+ * pick the same token with probability sum_v 1 / sum_w max(p_w/p_v, q_w/q_v)
+ * >= (1 - TV)/(1 + TV) whatever the vocabulary order: the coupling of
+ * speculative sampling (spec.h). -1 when no entry is positive. Pure. */
+int32_t sd_sample_race(const float *probs, int32_t n, uint64_t seed, uint64_t position);
+
+/* Processes logits and draws one token with the (seed, position) key
+ * (sd_sample_race): the whole sampling step of plain decoding. */
 sd_status sd_sample_token(const float *logits, int32_t n, const sd_sampling *s, uint64_t position, int32_t *token);
 
 #ifdef __cplusplus

@@ -33,7 +33,8 @@ extern "C" {
 /* Size limits, enforced at the socket (ZMQ_MAXMSGSIZE) and by validation. */
 #define SD_MAX_CLIENT_MSG_BYTES (4 << 20)  /* client link: prompts are text */
 #define SD_MAX_WORKER_MSG_BYTES (64 << 20) /* worker link: full prefixes on CACHE_MISS */
-#define SD_MAX_PROMPT_BYTES     (1 << 20)  /* prompt text */
+#define SD_MAX_PROMPT_BYTES     (1 << 20)  /* prompt text; a conversation's content in all */
+#define SD_MAX_CHAT_MESSAGES    1024       /* turns of SubmitRequest.messages */
 #define SD_MAX_BATCH            256        /* sequences in one draft/verify batch */
 #define SD_MAX_STEP_COSTS       256        /* Hello.step_costs entries */
 #define SD_MAX_TOP_N            1024       /* entries of one sparse q */
@@ -41,6 +42,7 @@ extern "C" {
 #define SD_MAX_STOP_BYTES       256         /* per stop string */
 #define SD_MAX_IDENTITY_BYTES   255         /* ZeroMQ routing id */
 #define SD_MAX_GROUP_SIZE       1024        /* ranks in a verifier group */
+#define SD_MAX_GROUP_ID         65535       /* Hello.group_id */
 #define SD_MAX_GROUP_ROWS       (1 << 22)   /* batch rows in one GroupPlan */
 #define SD_MAX_GROUP_MSG_BYTES  (256 << 20) /* the group link: a plan of SD_MAX_GROUP_ROWS rows fits */
 #define SD_MIN_MSG_CAP_BYTES    (1 << 20)   /* floor of a fitted socket cap (Hello, errors, stats) */
@@ -67,7 +69,7 @@ typedef struct sd_net_limits {
     int32_t n_vocab;     /* token ids must be in [0, n_vocab) */
     int32_t max_context; /* tokens in one sequence */
     int32_t max_batch;   /* sequences per batch (<= SD_MAX_BATCH) */
-    int32_t max_draft;   /* draft tokens per sequence (<= SD_MAX_DRAFT) */
+    int32_t max_k;       /* draft tokens per sequence (<= SD_MAX_K) */
 } sd_net_limits;
 
 /* ---- sockets ---- */
@@ -81,7 +83,8 @@ typedef struct sd_net_socket_params {
     /* CurveZMQ (all NULL = plaintext). Keys are Z85 text (40 chars). */
     const char *curve_server_secret;         /* set on the binding (server) side */
     const char *curve_server_public;         /* set on the connecting (client) side */
-    const char *curve_public, *curve_secret; /* the connecting side's own keys */
+    const char *curve_public, *curve_secret; /* the connecting side's own keys (required with server_public) */
+    const char *zap_domain;                  /* server side: SD_ZAP_DOMAIN_* (required with server_secret) */
 } sd_net_socket_params;
 
 /* Defaults: linger SD_NET_LINGER_MS, everything else 0/NULL. */
@@ -96,13 +99,40 @@ sd_status sd_net_socket_open(void *zctx, const sd_net_socket_params *p, const ch
 /* zmq_close(*sock), *sock = NULL. NULL-safe. */
 void sd_net_close(void **sock);
 
+/* Watches sock's handshakes: *mon is a PAIR socket (poll it for ZMQ_POLLIN)
+ * that receives sock's handshake events, so a peer refused by the server's
+ * ZAP handler (or speaking another mechanism) learns it at once instead of
+ * retrying silently. Close with sd_net_monitor_close before sock. */
+sd_status sd_net_monitor_open(void *zctx, void *sock, void **mon);
+
+typedef enum sd_net_handshake {
+    SD_NET_HANDSHAKE_NONE = 0, /* no handshake event waiting */
+    SD_NET_HANDSHAKE_OK,       /* a handshake succeeded */
+    SD_NET_HANDSHAKE_REFUSED,  /* refused for good: the ZAP handler said no, or another mechanism */
+    SD_NET_HANDSHAKE_FAILED,   /* failed without detail: a wrong server key, or a server going down */
+} sd_net_handshake;
+
+/* Reads every event waiting on mon and returns the last one's kind, with a
+ * line saying what failed (and where) in why. Callers treat REFUSED as
+ * final and FAILED as final only when it repeats (SD_NET_HANDSHAKE_TRIES). */
+sd_net_handshake sd_net_monitor_read(void *mon, char *why, size_t why_len);
+#define SD_NET_HANDSHAKE_TRIES 3
+
+/* Stops monitoring sock and closes *mon. NULL-safe. */
+void sd_net_monitor_close(void *sock, void **mon);
+
 /* ---- envelopes on the wire ---- */
+
+#define SD_NET_USER_ID_MAX 32
 
 /* A received message: the routing id (ROUTER side; empty on DEALER) and the
  * one body frame. */
 typedef struct sd_net_msg {
     uint8_t identity[SD_MAX_IDENTITY_BYTES];
     size_t identity_len;
+    /* the peer's ZAP User-Id (CurveZMQ: the role its key is restricted to,
+     * "" = any or no ZAP) */
+    char user_id[SD_NET_USER_ID_MAX];
     uint8_t *body; /* owned by the msg (frame's data, or malloc'd), freed by sd_net_msg_clear */
     size_t body_len;
     void *frame; /* the received zmq_msg_t that body points into (no copy), or NULL */
@@ -142,12 +172,12 @@ const char *sd_net_nul_field(const ProtobufCMessageDescriptor *d, const uint8_t 
 
 /* ZMQ_MAXMSGSIZE for the coordinator's worker socket: the largest reply a
  * drafter or verifier can owe to batches of at most max_batch sequences and
- * max_draft drafts (a DraftResponse with SD_MAX_TOP_N-entry q's), floored at
+ * max_k drafts (a DraftResponse with SD_MAX_TOP_N-entry q's), floored at
  * SD_MIN_MSG_CAP_BYTES and capped at SD_MAX_WORKER_MSG_BYTES. */
-int64_t sd_net_worker_reply_cap(int32_t max_batch, int32_t max_draft);
+int64_t sd_net_worker_reply_cap(int32_t max_batch, int32_t max_k);
 /* ZMQ_MAXMSGSIZE for a worker's socket to the coordinator: the largest
  * request its limits allow (max_batch sequences of a full context of
- * appended tokens and max_draft drafts with SD_MAX_TOP_N-entry q's), floored
+ * appended tokens and max_k drafts with SD_MAX_TOP_N-entry q's), floored
  * at SD_MIN_MSG_CAP_BYTES and capped at SD_MAX_WORKER_MSG_BYTES. */
 int64_t sd_net_worker_request_cap(const sd_net_limits *lim);
 /* ZMQ_MAXMSGSIZE for the coordinator's client socket: one SubmitRequest with

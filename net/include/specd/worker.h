@@ -17,7 +17,10 @@
  * with status 3) — except CODE_REFUSED ("a verifier leader is already
  * registered"), which is retried SD_WORKER_REFUSED_RETRIES times one
  * liveness period apart, because a verifier restarted right after a clean
- * stop is refused until the coordinator notices that its predecessor died. Readable input on stop_fd (a signalfd or the read end of a
+ * stop is refused until the coordinator notices that its predecessor died.
+ * A handshake the coordinator refuses (its ZAP handler does not know this
+ * worker's key, or only one side runs CurveZMQ; seen through a socket
+ * monitor) is a refusal too: no Hello could ever get through. Readable input on stop_fd (a signalfd or the read end of a
  * self-pipe written by a signal handler) ends the loop cleanly; readable
  * input on fail_fd (a verifier group that lost a rank) ends it after an
  * Error CODE_UNAVAILABLE, so the coordinator drops the worker at once and
@@ -33,6 +36,7 @@
 #ifndef SPECD_WORKER_H
 #define SPECD_WORKER_H
 
+#include "specd/curve.h"
 #include "specd/identity.h"
 #include "specd/net.h"
 
@@ -66,8 +70,11 @@ sd_status sd_worker_signal_fd(int *fd);
 
 typedef struct sd_worker_params {
     const char *coordinator;   /* worker address to connect to (required) */
+    const sd_curve_id *curve;  /* CurveZMQ keys (borrowed; NULL or off: plaintext); a handshake the
+                                * coordinator refuses ends the loop with SD_WORKER_REFUSED */
     Specd__Role role;          /* ROLE_DRAFTER or ROLE_VERIFIER */
     uint32_t rank, group_size; /* verifier group position; 0 / 1 for drafters */
+    uint32_t group_id;         /* verifier leaders: Hello.group_id (0: the coordinator numbers the group) */
     Specd__DrafterKind drafter_kind;
     const char *name;        /* for the coordinator's logs; NULL = host:pid */
     sd_model_identity model; /* sent in Hello */

@@ -15,7 +15,7 @@ extern "C" {
 
 /* The largest draft length (draft tokens verified per sequence per step),
  * for every process and the wire. */
-#define SD_MAX_DRAFT                32
+#define SD_MAX_K                    32
 /* The largest temperature accepted (beyond it the distribution is uniform to
  * float precision; the bound keeps 1/T finite and meaningful). */
 #define SD_SAMPLING_MAX_TEMPERATURE 1000.0f

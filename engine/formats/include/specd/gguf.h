@@ -42,6 +42,9 @@ typedef enum sd_dtype {
     SD_DTYPE_Q4_0 = 2,
     SD_DTYPE_Q4_1 = 3,
     SD_DTYPE_Q8_0 = 8,
+    SD_DTYPE_Q4_K = 12, /* super-blocks of 256 (quant_k.c has the layouts) */
+    SD_DTYPE_Q5_K = 13,
+    SD_DTYPE_Q6_K = 14,
     SD_DTYPE_BF16 = 30,
 } sd_dtype;
 
@@ -120,11 +123,26 @@ const sd_gguf_tensor *sd_gguf_find_tensor(const sd_gguf *g, const char *name);
  * n_elems must be a multiple of the type's block size. Thread-safe. */
 sd_status sd_dequantize(sd_dtype t, const void *data, uint64_t n_elems, float *out);
 
+/* One IEEE half to float (exact), and float to half rounded to nearest,
+ * ties to even (overflow to infinity, NaN stays NaN): what F16C's
+ * vcvtph2ps / vcvtps2ph do. */
+float sd_f16_to_f32(uint16_t h);
+uint16_t sd_f32_to_f16(float f);
+
 /* Quantizes n_elems f32 values into out, encoded as type t (the inverse of
  * sd_dequantize; out holds n_elems / block_elems * block_bytes bytes). Rounds
- * to nearest like ggml's reference quantizers; n_elems must be a multiple of
+ * to nearest like ggml's reference quantizers (the K-quants: least-squares
+ * scales of this project's own, quant_k.c); n_elems must be a multiple of
  * the type's block size. For tools and tests that write models. Thread-safe. */
 sd_status sd_quantize(sd_dtype t, const float *in, uint64_t n_elems, void *out);
+
+/* True for the K-quant types (Q4_K, Q5_K, Q6_K: 256-element super-blocks). */
+bool sd_dtype_is_k(sd_dtype t);
+
+/* Index of the first of n_blocks blocks of type t at data whose f16 scale
+ * (d, and dmin where the type has one) is NaN or infinite, or -1 when all are
+ * finite (always -1 for types without such scales). Thread-safe. */
+int64_t sd_dtype_first_bad_scale(sd_dtype t, const void *data, uint64_t n_blocks);
 
 /* ---- writer (tools and tests) ----
  * Accumulates metadata and tensors in memory and writes a GGUF v3 file. */

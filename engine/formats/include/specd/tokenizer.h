@@ -41,11 +41,20 @@ uint64_t sd_tok_vocab_hash(const sd_tok *t);
 /* Encodes len bytes of text. parse_special: match control/user-defined
  * tokens like <|im_start|> in the text as single tokens (off: they are
  * encoded as plain text; always off for text a user supplied, see
- * sd_tok_chat_encode). Does not add BOS. On success *ids is a malloc'd
+ * sd_tok_encode_masked). Does not add BOS. On success *ids is a malloc'd
  * array (caller frees with free()) of *n_ids tokens. Invalid UTF-8 is encoded
  * byte-wise, as the byte-level model allows. */
 sd_status sd_tok_encode(const sd_tok *t, const char *text, size_t len, bool parse_special, int32_t **ids,
                         size_t *n_ids);
+
+/* Encodes len bytes of text with special tokens matched only outside user
+ * content: no_special (len bytes; NULL = none) is nonzero on each byte a
+ * user supplied, and a special-token match may neither start on nor overlap
+ * such a byte. The text between special tokens is split as sd_tok_encode
+ * splits it, so when the content holds no special-token text the ids equal
+ * sd_tok_encode(text, parse_special = true). *ids as sd_tok_encode. */
+sd_status sd_tok_encode_masked(const sd_tok *t, const char *text, size_t len, const uint8_t *no_special, int32_t **ids,
+                               size_t *n_ids);
 
 /* Raw bytes of token id (byte-level decoding applied; control tokens give
  * their text). Borrowed, valid while t lives; *len set. NULL when out of range. */
@@ -79,7 +88,10 @@ typedef struct sd_chat_msg {
 /* Formats messages as ChatML (<|im_start|>role\ncontent<|im_end|>\n ...),
  * adding the default system prompt of the model's template when the first
  * message is not a system one and default_system != NULL, and opening the
- * assistant turn when add_generation_prompt. Result is malloc'd (caller frees). */
+ * assistant turn when add_generation_prompt. Result is malloc'd (caller frees).
+ * The ChatML family of specd/chat.h, which formats with the model's own
+ * template: use that for anything a user talks to; this one is for tests and
+ * benchmarks that want ChatML whatever the model. */
 sd_status sd_tok_chat_format(const sd_chat_msg *msgs, size_t n, const char *default_system, bool add_generation_prompt,
                              char **out);
 

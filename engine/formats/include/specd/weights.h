@@ -83,6 +83,29 @@ sd_status sd_weights_read(const sd_weights *w, const char *name, int64_t row0, i
 sd_status sd_weights_read_stored(const sd_weights *w, const char *name, int64_t row0, int64_t n_rows, int64_t col0,
                                  int64_t n_cols, void *dst, size_t dst_bytes);
 
+/* A read-only file mapping with a count of references (file_map.c): the
+ * weights source holds one, and whoever points into it takes one more, so
+ * the mapping outlives the source. The last release unmaps. */
+typedef struct sd_file_map sd_file_map;
+
+/* Takes ownership of an mmap'ed [base, base + size) with one reference;
+ * NULL when out of memory (the mapping is then still the caller's). */
+sd_file_map *sd_file_map_adopt(const void *base, size_t size);
+sd_file_map *sd_file_map_retain(sd_file_map *m);
+void sd_file_map_release(sd_file_map **m);
+size_t sd_file_map_size(const sd_file_map *m);
+
+/* Points *ptr at the same rectangle as sd_weights_read_stored, inside the
+ * source's file mapping, without copying, and gives *keep a reference to
+ * that mapping (release it with sd_file_map_release after the last use of
+ * *ptr). Only whole rows are contiguous in the file: col0 must be 0 and
+ * n_cols the tensor's row length. Values are checked as
+ * sd_weights_read_stored checks them. SD_ERR_UNSUPPORTED (nothing taken)
+ * when the source is not a mapped file or the rectangle is not whole rows:
+ * the caller then copies with sd_weights_read_stored. */
+sd_status sd_weights_map_stored(const sd_weights *w, const char *name, int64_t row0, int64_t n_rows, int64_t col0,
+                                int64_t n_cols, const void **ptr, sd_file_map **keep);
+
 /* Reads the identity of the model at path (a GGUF file or a Hugging Face
  * checkpoint directory) from its config and tokenizer only (no weights are
  * read): what a worker reports in Hello. Errors are logged with the path. */

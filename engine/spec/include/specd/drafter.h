@@ -11,8 +11,9 @@
  *   - model: a small GGUF model whose vocabulary equals the target's
  *     (checked with sd_tok_vocab_hash; a mismatch is a clear error). It keeps
  *     a KV cache per sequence and draws each token from its processed
- *     distribution sparsified to the top_n tokens (sd_spec_sparsify) with
- *     sd_rng_uniform(seed, position, SD_RNG_DRAFT).
+ *     distribution (sd_spec_draft_coupled: the exponential race with the
+ *     verifier's uniforms for (seed, position)), sending it sparsified to
+ *     the top_n tokens.
  *   - self-draft: the model drafter over the target's first L layers + final
  *     norm + LM head (a view of the loaded target sharing its weights, or
  *     sd_model_params.n_layers_used = L when loaded from the file).
@@ -97,10 +98,10 @@ const char *sd_drafter_name(const sd_drafter *d);
  * a q must keep this many, or the draft is no longer exact. */
 int32_t sd_drafter_max_q(const sd_drafter *d);
 
-/* Proposes up to k (<= SD_MAX_DRAFT) tokens continuing context[n_context]
+/* Proposes up to k (<= SD_MAX_K) tokens continuing context[n_context]
  * (the sequence's committed tokens) for slot seq, sampled with s (the same
  * processing the target uses; the token at position n_context + i uses the
- * key (s->seed, n_context + i, SD_RNG_DRAFT)). Writes tokens[k], q[k] and
+ * coupled race of (s->seed, n_context + i): spec.h). Writes tokens[k], q[k] and
  * *n_drafted (0..k; the n-gram drafter may find nothing). q[i].ids/probs are
  * borrowed from the drafter, valid until the next call for seq. */
 sd_status sd_drafter_propose(sd_drafter *d, int32_t seq, const int32_t *context, int32_t n_context, int32_t k,

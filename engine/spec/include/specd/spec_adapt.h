@@ -66,10 +66,10 @@ double sd_cost_verify_us(const sd_cost_model *c, int32_t n_tokens);
  * times; -1 otherwise. */
 double sd_cost_size_us(const sd_cost_model *c, int32_t n_tokens);
 
-/* K in [0, k_cap] maximizing expected committed tokens per unit cost,
+/* K in [0, max_k] maximizing expected committed tokens per unit cost,
  * (1 - a^(K+1)) / (1 - a) / (c_draft*K + fixed/batch + per_token*(1+K)),
  * for acceptance a and batch sequences sharing the fixed cost. */
-int32_t sd_adapt_choose_k(double alpha, const sd_cost_model *c, int32_t batch, int32_t k_cap);
+int32_t sd_adapt_choose_k(double alpha, const sd_cost_model *c, int32_t batch, int32_t max_k);
 /* Expected committed tokens of a step with k drafts at acceptance alpha. */
 double sd_adapt_expected_tokens(double alpha, int32_t k);
 /* Whether drafting pays for a batch of `batch` sequences as a whole: with
@@ -90,7 +90,7 @@ void sd_adapt_prior_update(double *prior, const sd_adapt *a);
  * and measured costs would make its seeded output depend on load), against
  * the fixed reference costs of sd_cost_init at batch 1; at K = 0 for 8
  * steps it probes K = 1. */
-int32_t sd_adapt_sampled_k(const sd_adapt *a, int32_t k_cap);
+int32_t sd_adapt_sampled_k(const sd_adapt *a, int32_t max_k);
 /* K = 0 steps between shadow drafts of a (greedy) sequence: a shadow draft costs
  * drafting one token (it overlaps verification and adds nothing to it), so
  * it happens as often as keeps that under ~2% of the sequence's share of a
@@ -103,11 +103,11 @@ int32_t sd_adapt_shadow_interval(const sd_cost_model *c, int32_t batch);
  * it is fed to the line's fit and the step timeout as if observed. */
 void sd_cost_seed_size(sd_cost_model *c, int32_t n_tokens, uint32_t forward_us);
 
-/* The K for a sequence's next step, 0..k_cap: for a greedy request the
+/* The K for a sequence's next step, 0..max_k: for a greedy request the
  * cost-optimal K of sd_adapt_choose_k at this batch; for a sampled request
  * sd_adapt_sampled_k (its own history only). The caller counts
  * a->steps_at_zero (K = 0 steps since the last probe or shadow). */
-int32_t sd_adapt_next_k(const sd_adapt *a, const sd_cost_model *c, bool greedy, int32_t batch, int32_t k_cap);
+int32_t sd_adapt_next_k(const sd_adapt *a, const sd_cost_model *c, bool greedy, int32_t batch, int32_t max_k);
 
 /* Whether a greedy sequence at K = 0 should shadow-draft one token at this
  * step: its K = 0 steps have reached sd_adapt_shadow_interval. */

@@ -52,7 +52,7 @@ typedef struct sd_verify_seq {
     int32_t keep_len;      /* truncate the cached sequence to this many tokens first */
     int32_t n_append;      /* >= 1: the last committed token is always fed (its row gives p_1) */
     const int32_t *append; /* [n_append] committed tokens at positions keep_len.. */
-    int32_t k;             /* draft length, 0..SD_MAX_DRAFT (0 = a plain decoding step) */
+    int32_t k;             /* draft length, 0..SD_MAX_K (0 = a plain decoding step) */
     const int32_t *draft;  /* [k] y_1..y_k at positions n_ctx.. */
     const sd_spec_q *q;    /* [k] the sparse proposals y_i was drawn from; may be NULL when greedy */
     sd_sampling sampling;  /* the request's sampling (temperature 0 = greedy) incl. seed */
@@ -63,7 +63,7 @@ typedef struct sd_verify_result {
     int32_t n_ctx;      /* keep_len + n_append: position of tokens[0] */
     int32_t n_accepted; /* drafts accepted (0..k) */
     int32_t n_tokens;   /* tokens to commit: n_accepted + 1 (0 unless outcome is OK) */
-    int32_t tokens[SD_MAX_DRAFT + 1];
+    int32_t tokens[SD_MAX_K + 1];
     int32_t cache_len; /* tokens the slot holds now: n_ctx + n_accepted (the next keep_len) */
     sd_spec_info info; /* stochastic verification details (zero when greedy) */
 } sd_verify_result;
@@ -139,15 +139,15 @@ typedef struct sd_draft_seq {
     int32_t keep_len;      /* truncate what the drafter holds for slot to this first */
     int32_t n_append;      /* >= 1 committed tokens the drafter has not seen */
     const int32_t *append; /* [n_append] at positions keep_len.. */
-    int32_t k;             /* tokens wanted, 0..SD_MAX_DRAFT */
-    sd_sampling sampling;  /* the request's sampling incl. seed (draws use SD_RNG_DRAFT) */
+    int32_t k;             /* tokens wanted, 0..SD_MAX_K */
+    sd_sampling sampling;  /* the request's sampling incl. seed (coupled draws: spec.h) */
 } sd_draft_seq;
 
 typedef struct sd_draft_result {
     sd_seq_outcome outcome;
     int32_t n_drafted; /* 0..k (the n-gram drafter may find nothing) */
-    int32_t tokens[SD_MAX_DRAFT];
-    sd_spec_q q[SD_MAX_DRAFT]; /* ids/probs borrowed from the drafter until its next call for slot */
+    int32_t tokens[SD_MAX_K];
+    sd_spec_q q[SD_MAX_K]; /* ids/probs borrowed from the drafter until its next call for slot */
 } sd_draft_result;
 
 /* Drafts for n_seqs sequences. A model drafter runs one ragged forward per

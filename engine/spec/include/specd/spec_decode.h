@@ -4,9 +4,9 @@
  * A step drafts up to k tokens, runs the target once over the context's
  * uncached tail plus the drafts (one ragged batch, logits for the last
  * context row and every draft row), verifies (greedy at temperature 0,
- * exact rejection sampling otherwise) and rolls the target's KV cache back
- * past the rejected drafts. With no drafter, or k = 0, a step is exactly one
- * plain decoding step (the same SD_RNG_SAMPLE draw at the same position).
+ * the coupled rule of spec.h otherwise) and rolls the target's KV cache
+ * back past the rejected drafts. Whatever the drafter and k, every token is
+ * the one plain decoding draws at its position (the same race, same key).
  * The decoder keeps a copy of the tokens its target cache holds and reuses
  * their longest common prefix with the context it is given, so callers just
  * pass the committed context every time. Not thread-safe. */
@@ -49,14 +49,14 @@ sd_status sd_spec_decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n
                                int32_t *out, int32_t *n_out, int32_t *n_drafted, int32_t *n_accepted);
 
 /* One step like sd_spec_decoder_step with K chosen by the shared policy
- * of spec_adapt.h (sd_adapt_next_k at batch 1, 0..k_cap) from this
+ * of spec_adapt.h (sd_adapt_next_k at batch 1, 0..max_k) from this
  * decoder's acceptance history and its own timings of the drafter and the
  * target; at K = 0 a greedy request shadow-drafts one token now and then
  * (sd_adapt_shadow_due) to notice when drafting starts to pay, a sampled
  * one probes K = 1 (sd_adapt_sampled_k). Writes the K used to *k_used when
  * not NULL (0 for a shadow step: nothing is verified). Greedy output is
  * plain greedy output whatever K is. */
-sd_status sd_spec_decoder_step_adaptive(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t k_cap,
+sd_status sd_spec_decoder_step_adaptive(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t max_k,
                                         const sd_sampling *s, int32_t *out, int32_t *n_out, int32_t *k_used);
 
 /* Costs the adaptive policy learns from, in place of the wall clock: given

@@ -1,0 +1,25 @@
+/* launch_ready.h — specd-launch's readiness questions: which workers the
+ * coordinator has registered (a StatsQuery over the client link), and
+ * whether the gateway accepts connections. */
+#ifndef SPECD_LAUNCH_READY_H
+#define SPECD_LAUNCH_READY_H
+
+#include <stdbool.h>
+
+typedef struct launch_ready {
+    void *zctx, *sock; /* a DEALER on the coordinator's client link */
+    double last_query_ms;
+    int groups_alive, drafters_alive; /* registered verifier leaders / drafters */
+} launch_ready;
+
+/* Sends a StatsQuery (a failed send is logged at DEBUG: the coordinator may not be up yet). */
+void launch_ready_query(launch_ready *r);
+/* Reads every waiting reply and updates who is alive. */
+void launch_ready_read(launch_ready *r);
+/* True when something accepts TCP connections at the gateway's ADDR:PORT
+ * (a wildcard host is tried on the loopback). */
+bool launch_gateway_listening(const char *http);
+/* Monotonic milliseconds (specd-launch.c). */
+double launch_now_ms(void);
+
+#endif
