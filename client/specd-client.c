@@ -82,13 +82,21 @@ static void usage(FILE *f) {
 
 /* ---- results as JSON ---- */
 
+/* A string member that is valid JSON whatever the bytes (sd_json_quote):
+ * model text can be invalid UTF-8, which cJSON would write as is. */
+static void add_text(cJSON *obj, const char *name, const char *s, size_t len) {
+    char *quoted = sd_json_quote(s, len);
+    if (quoted) cJSON_AddRawToObject(obj, name, quoted);
+    free(quoted);
+}
+
 static cJSON *result_json(const sd_client_result *r) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "request_id", (double)r->request_id);
     cJSON_AddNumberToObject(o, "prompt_tokens", r->prompt_tokens);
     cJSON *ids = cJSON_AddArrayToObject(o, "ids");
     for (size_t i = 0; i < r->n_ids; i++) cJSON_AddItemToArray(ids, cJSON_CreateNumber(r->ids[i]));
-    cJSON_AddStringToObject(o, "text", r->text ? r->text : "");
+    add_text(o, "text", r->text ? r->text : "", r->text ? r->text_len : 0);
     if (r->status == SD_OK) {
         cJSON_AddStringToObject(o, "stop_reason", sd_client_stop_reason_name(r->stop_reason));
     } else {
@@ -96,7 +104,7 @@ static cJSON *result_json(const sd_client_result *r) {
         cJSON *e = cJSON_AddObjectToObject(o, "error");
         cJSON_AddStringToObject(e, "code",
                                 r->code == SPECD__CODE__CODE_UNSPECIFIED ? "CLIENT" : sd_net_code_name(r->code));
-        cJSON_AddStringToObject(e, "message", r->error);
+        add_text(e, "message", r->error, strlen(r->error));
     }
     const sd_client_request_stats *s = &r->stats;
     cJSON *st = cJSON_AddObjectToObject(o, "stats");
@@ -344,6 +352,7 @@ static int run_jobs(sd_client *c, const options *o) {
     /* read every line first: results go out in input order */
     size_t n = 0, cap = 0;
     cJSON **lines = NULL;
+    bool *nul = NULL; /* the line holds a NUL (\u0000): refused, cJSON would cut the text there */
     char *buf = NULL;
     size_t buf_cap = 0;
     ssize_t len;
@@ -355,7 +364,11 @@ static int run_jobs(sd_client *c, const options *o) {
             cJSON **p = realloc(lines, cap * sizeof *p);
             if (!p) break;
             lines = p;
+            bool *q = realloc(nul, cap * sizeof *q);
+            if (!q) break;
+            nul = q;
         }
+        nul[n] = sd_json_has_nul(buf, (size_t)len);
         lines[n++] = cJSON_Parse(buf); /* NULL: reported as that job's error */
     }
     free(buf);
@@ -386,8 +399,11 @@ static int run_jobs(sd_client *c, const options *o) {
             sd_client_request req;
             const char *stops[SD_MAX_STOP_STRINGS];
             sd_client_chat_msg turns[SD_MAX_CHAT_MESSAGES]; /* borrowed from the line until submitted */
-            bool ok = lines[i] && cJSON_IsObject(lines[i]);
-            if (!ok)
+            bool ok = lines[i] && cJSON_IsObject(lines[i]) && !nul[i];
+            if (!ok && nul[i])
+                snprintf(why, sizeof why, "line %zu holds a NUL character (\\u0000): refused rather than cut at it",
+                         i + 1);
+            else if (!ok)
                 snprintf(why, sizeof why, "line %zu is not a JSON object", i + 1);
             else {
                 j->id = cJSON_GetObjectItemCaseSensitive(lines[i], "id");
@@ -461,6 +477,7 @@ static int run_jobs(sd_client *c, const options *o) {
         pthread_mutex_unlock(&run.mu);
     }
     for (size_t i = 0; i < n; i++) cJSON_Delete(lines[i]);
+    free(nul);
     free(lines);
     free(jobs);
     free(ctx);

@@ -4,122 +4,85 @@
  * target's limits; what the decoder cannot know (the queue, the context, the
  * tokenized length, stop-string limits) is checked here, and every refusal
  * is an Error naming the field, the limit and the value, sent to that client
- * only. Prompts are tokenized like specd-generate does (special tokens
- * parsed, BOS when the model adds one, a chat turn or a whole conversation
- * in the model's chat template, specd/chat.h) so that the service and the
- * one-shot tool see the same tokens. A client with requests in flight is watched: silent for
+ * only. Prompts are tokenized like specd-generate does (BOS when the model
+ * adds one, a chat turn or a whole conversation in the model's chat
+ * template, specd/chat.h, and special tokens only where the template's
+ * markup puts them: typed into a prompt or a message they are text) so that
+ * the service and the one-shot tool see the same tokens. Tokenizing runs on
+ * the tokq thread (tokq.h); admit() turns its result into a session. A client with requests in flight is watched: silent for
  * the liveness period, its requests are cancelled and released everywhere. */
 #include "coord.h"
+#include "tokq.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* The submit's conversation (messages, or system + prompt with chat) in the
- * model's chat template, malloc'd in *out; the refusal's reason in msg. */
-static sd_status format_chat(const sd_coord *c, const Specd__SubmitRequest *r, char **out, char *msg, size_t msg_len) {
-    static const char *const ROLES[] = {[SPECD__CHAT_ROLE__CHAT_ROLE_SYSTEM] = "system",
-                                        [SPECD__CHAT_ROLE__CHAT_ROLE_USER] = "user",
-                                        [SPECD__CHAT_ROLE__CHAT_ROLE_ASSISTANT] = "assistant"};
-    sd_chat_msg two[2], *m = two;
-    size_t n = 0;
-    if (r->n_messages > 0) { /* roles were checked by sd_net_decode_client */
-        if (!(m = malloc(r->n_messages * sizeof *m))) return SD_ERR_NOMEM;
-        for (size_t i = 0; i < r->n_messages; i++) {
-            int role = (int)r->messages[i]->role;
-            m[n++] = (sd_chat_msg){role >= 1 && role <= 3 ? ROLES[role] : "", r->messages[i]->content};
-        }
-    } else {
-        if (r->system && r->system[0]) m[n++] = (sd_chat_msg){"system", r->system};
-        m[n++] = (sd_chat_msg){"user", r->prompt};
+/* Turns a tokenized submit into a session and answers Accepted, or
+ * refuses it. Takes ownership of j. */
+static void admit(sd_coord *c, sd_submit_job *j, uint64_t now_us) {
+    char msg[512];
+    Specd__Code code = j->code;
+    const uint8_t *ident = j->ident;
+    size_t ident_len = j->ident_len;
+    if (code != SPECD__CODE__CODE_OK) {
+        snprintf(msg, sizeof msg, "%s", j->msg);
+        goto refuse;
     }
-    char why[400];
-    sd_status st = sd_chat_template_format(c->chat, m, n, true, out, why, sizeof why);
-    if (st != SD_OK && st != SD_ERR_NOMEM) snprintf(msg, msg_len, "chat template: %s", why);
-    if (m != two) free(m);
-    return st;
-}
-
-/* Tokenizes the submit's prompt into *ids (malloc'd); false + code/msg on a bad one. */
-static bool tokenize(sd_coord *c, const Specd__SubmitRequest *r, int32_t **ids, size_t *n, Specd__Code *code, char *msg,
-                     size_t msg_len) {
-    *ids = NULL;
-    *n = 0;
-    if (r->n_prompt_ids > 0) {
-        if (r->n_prompt_ids > (size_t)c->n_ctx) {
-            *code = SPECD__CODE__CODE_TOO_LARGE;
-            snprintf(msg, msg_len, "submit.prompt_ids: %zu tokens, the context holds %d", r->n_prompt_ids, c->n_ctx);
-            return false;
-        }
-        for (size_t i = 0; i < r->n_prompt_ids; i++) {
-            if (r->prompt_ids[i] < 0 || r->prompt_ids[i] >= c->n_vocab) {
-                *code = SPECD__CODE__CODE_BAD_REQUEST;
-                snprintf(msg, msg_len, "submit.prompt_ids[%zu]: token id %d out of range [0, %d)", i, r->prompt_ids[i],
-                         c->n_vocab);
-                return false;
-            }
-        }
-        *ids = malloc(r->n_prompt_ids * sizeof **ids);
-        if (!*ids) goto nomem;
-        memcpy(*ids, r->prompt_ids, r->n_prompt_ids * sizeof **ids);
-        *n = r->n_prompt_ids;
-        return true;
+    sd_coord_client *cl = sd_coord_client_find(c, ident, ident_len, true);
+    if (!cl) {
+        code = SPECD__CODE__CODE_OVERLOADED;
+        snprintf(msg, sizeof msg, "too many clients connected");
+        goto refuse;
     }
-    size_t plen = r->prompt ? strlen(r->prompt) : 0;
-    if (plen == 0 && r->n_messages == 0) {
-        *code = SPECD__CODE__CODE_BAD_REQUEST;
-        snprintf(msg, msg_len, "submit.prompt: empty (give prompt text or prompt_ids)");
-        return false;
+    if ((int64_t)j->n_ids + (int64_t)j->n_continuation >= c->n_ctx) {
+        code = SPECD__CODE__CODE_TOO_LARGE;
+        snprintf(msg, sizeof msg, "submit.prompt: %zu tokens%s, the context holds %d (and one must be generated)",
+                 j->n_ids + j->n_continuation, j->n_continuation ? " with the continuation" : "", c->n_ctx);
+        goto refuse;
     }
-    if (plen > SD_MAX_PROMPT_BYTES) {
-        *code = SPECD__CODE__CODE_TOO_LARGE;
-        snprintf(msg, msg_len, "submit.prompt: %zu bytes, limit %d", plen, SD_MAX_PROMPT_BYTES);
-        return false;
+    int32_t max_tokens = j->max_tokens ? (int32_t)j->max_tokens : c->p.max_tokens_default;
+    sd_session *s = sd_session_new(c->tok, ++c->next_request_id, j->ids, (int32_t)j->n_ids, max_tokens, c->n_ctx,
+                                   (const char *const *)j->stop, j->n_stop);
+    if (s) s->ignore_eos = j->ignore_eos;
+    if (s && j->n_continuation > 0 &&
+        !sd_session_resume(s, c->tok, j->continuation, (int32_t)j->n_continuation, msg, sizeof msg)) {
+        sd_session_free(&s);
+        code = SPECD__CODE__CODE_BAD_REQUEST;
+        goto refuse;
     }
-    char *chat = NULL;
-    const char *text = r->prompt;
-    if (r->chat || r->n_messages > 0) {
-        sd_status fst = format_chat(c, r, &chat, msg, msg_len);
-        if (fst == SD_ERR_NOMEM) goto nomem;
-        if (fst != SD_OK) {
-            *code = SPECD__CODE__CODE_BAD_REQUEST;
-            return false;
-        }
-        text = chat;
+    if (!s || sd_sched_add(c, s) != SD_OK) {
+        sd_session_free(&s);
+        code = SPECD__CODE__CODE_INTERNAL;
+        snprintf(msg, sizeof msg, "out of memory creating the request");
+        goto refuse;
     }
-    int32_t *enc = NULL;
-    size_t n_enc = 0;
-    sd_status st = sd_tok_encode(c->tok, text, strlen(text), true, &enc, &n_enc);
-    free(chat);
-    if (st != SD_OK) {
-        *code = SPECD__CODE__CODE_BAD_REQUEST;
-        snprintf(msg, msg_len, "submit.prompt: tokenization failed (%s)", sd_status_str(st));
-        return false;
-    }
-    bool bos = sd_tok_add_bos(c->tok) && sd_tok_bos(c->tok) >= 0;
-    int32_t *out = malloc((n_enc + 1) * sizeof *out);
-    if (!out) {
-        free(enc);
-        goto nomem;
-    }
-    size_t k = 0;
-    if (bos) out[k++] = sd_tok_bos(c->tok);
-    if (n_enc) memcpy(out + k, enc, n_enc * sizeof *out);
-    free(enc);
-    *ids = out;
-    *n = k + n_enc;
-    if (*n == 0) {
-        *code = SPECD__CODE__CODE_BAD_REQUEST;
-        snprintf(msg, msg_len, "submit.prompt: empty after tokenization");
-        free(out);
-        *ids = NULL;
-        return false;
-    }
-    return true;
-nomem:
-    *code = SPECD__CODE__CODE_INTERNAL;
-    snprintf(msg, msg_len, "out of memory tokenizing the prompt");
-    return false;
+    s->client_tag = j->client_tag;
+    memcpy(s->client_ident, ident, ident_len);
+    s->client_ident_len = ident_len;
+    s->sampling = j->sampling;
+    s->ignore_eos = j->ignore_eos;
+    s->max_k = j->max_k;
+    s->pin_kind = j->pin_kind; /* validated: a known kind */
+    s->t_submit_us = j->t_submit_us;
+    cl->n_active++;
+    cl->last_recv_us = now_us;
+    Specd__Accepted acc = SPECD__ACCEPTED__INIT;
+    acc.client_tag = j->client_tag;
+    acc.request_id = s->id;
+    acc.prompt_tokens = (uint32_t)s->n_prompt;
+    Specd__CoordinatorToClient env = SPECD__COORDINATOR_TO_CLIENT__INIT;
+    env.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_ACCEPTED;
+    env.accepted = &acc;
+    SD_INFO("request %llu accepted: %d prompt tokens%s, max_tokens %d, temperature %g", (unsigned long long)s->id,
+            s->n_prompt, j->n_continuation ? " (a continuation)" : "", s->max_tokens, (double)s->sampling.temperature);
+    sd_outbox_client(c, ident, ident_len, &env, now_us);
+    sd_submit_job_free(&j);
+    return;
+refuse:
+    SD_INFO("submit refused (%s): %s", sd_net_code_name(code), msg);
+    sd_outbox_client_error(c, ident, ident_len, code, 0, j->client_tag, msg, now_us);
+    sd_submit_job_free(&j);
 }
 
 static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const Specd__SubmitRequest *r,
@@ -127,9 +90,11 @@ static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const
     char msg[512];
     Specd__Code code = SPECD__CODE__CODE_BAD_REQUEST;
     uint64_t tag = r->client_tag;
-    if (c->n_queued >= c->p.max_queue) {
-        snprintf(msg, sizeof msg, "queue full: %d requests waiting (limit %d); retry later", c->n_queued,
-                 c->p.max_queue);
+    /* Submits still being tokenized count as waiting beyond the free active slots. */
+    int32_t pending = c->tokq ? sd_tokq_pending(c->tokq) : 0, free_slots = c->p.max_active - c->n_active;
+    int32_t waiting = c->n_queued + (pending > free_slots ? pending - (free_slots > 0 ? free_slots : 0) : 0);
+    if (waiting >= c->p.max_queue) {
+        snprintf(msg, sizeof msg, "queue full: %d requests waiting (limit %d); retry later", waiting, c->p.max_queue);
         sd_outbox_client_error(c, ident, ident_len, SPECD__CODE__CODE_OVERLOADED, 0, tag, msg, now_us);
         return;
     }
@@ -169,56 +134,35 @@ static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const
                                now_us);
         return;
     }
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
-    if (!tokenize(c, r, &ids, &n_ids, &code, msg, sizeof msg)) goto refuse;
-    if ((int64_t)n_ids + (int64_t)r->n_continuation >= c->n_ctx) {
-        code = SPECD__CODE__CODE_TOO_LARGE;
-        snprintf(msg, sizeof msg, "submit.prompt: %zu tokens%s, the context holds %d (and one must be generated)",
-                 n_ids + r->n_continuation, r->n_continuation ? " with the continuation" : "", c->n_ctx);
-        free(ids);
-        goto refuse;
-    }
-    int32_t max_tokens = r->max_tokens ? (int32_t)r->max_tokens : c->p.max_tokens_default;
-    sd_session *s = sd_session_new(c->tok, ++c->next_request_id, ids, (int32_t)n_ids, max_tokens, c->n_ctx,
-                                   (const char *const *)r->stop, (int32_t)r->n_stop);
-    free(ids);
-    if (s) s->ignore_eos = r->ignore_eos;
-    if (s && r->n_continuation > 0 &&
-        !sd_session_resume(s, c->tok, r->continuation, (int32_t)r->n_continuation, msg, sizeof msg)) {
-        sd_session_free(&s);
-        goto refuse;
-    }
-    if (!s || sd_sched_add(c, s) != SD_OK) {
-        sd_session_free(&s);
+    sd_submit_job *j = sd_submit_job_new(r, ident, ident_len, &samp, now_us);
+    if (!j) {
         code = SPECD__CODE__CODE_INTERNAL;
-        snprintf(msg, sizeof msg, "out of memory creating the request");
+        snprintf(msg, sizeof msg, "out of memory queueing the request");
         goto refuse;
     }
-    s->client_tag = tag;
-    memcpy(s->client_ident, ident, ident_len);
-    s->client_ident_len = ident_len;
-    s->sampling = samp;
-    s->ignore_eos = r->ignore_eos;
-    s->max_k = r->max_k;
-    s->pin_kind = r->drafter_kind; /* validated: a known kind */
-    s->t_submit_us = now_us;
-    cl->n_active++;
-    cl->last_recv_us = now_us;
-    Specd__Accepted acc = SPECD__ACCEPTED__INIT;
-    acc.client_tag = tag;
-    acc.request_id = s->id;
-    acc.prompt_tokens = (uint32_t)s->n_prompt;
-    Specd__CoordinatorToClient env = SPECD__COORDINATOR_TO_CLIENT__INIT;
-    env.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_ACCEPTED;
-    env.accepted = &acc;
-    SD_INFO("request %llu accepted: %d prompt tokens%s, max_tokens %d, temperature %g", (unsigned long long)s->id,
-            s->n_prompt, r->n_continuation ? " (a continuation)" : "", s->max_tokens, (double)samp.temperature);
-    sd_outbox_client(c, ident, ident_len, &env, now_us);
+    /* Text is tokenized off the loop (its cost grows with the prompt);
+     * without a queue (unit tests) it is done here. */
+    if (c->tokq && r->n_prompt_ids == 0) {
+        if (!sd_tokq_push(c->tokq, &j)) {
+            sd_submit_job_free(&j);
+            sd_outbox_client_error(c, ident, ident_len, SPECD__CODE__CODE_OVERLOADED, 0, tag,
+                                   "tokenizer queue full; retry later", now_us);
+        }
+        return;
+    }
+    sd_submit_tokenize(c->tok, c->chat, c->n_ctx, c->n_vocab, j);
+    admit(c, j, now_us);
     return;
 refuse:
     SD_INFO("submit refused (%s): %s", sd_net_code_name(code), msg);
     sd_outbox_client_error(c, ident, ident_len, code, 0, tag, msg, now_us);
+}
+
+void sd_clients_on_tokenized(sd_coord *c, uint64_t now_us) {
+    if (!c->tokq) return;
+    sd_submit_job *j;
+    while ((j = sd_tokq_pop(c->tokq)) != NULL) admit(c, j, now_us);
+    sd_sched_pump(c, now_us);
 }
 
 static void on_cancel(sd_coord *c, const uint8_t *ident, size_t ident_len, const Specd__Cancel *r, uint64_t now_us) {
@@ -260,7 +204,9 @@ static void on_stats(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
         specd__worker_stats__init(&wst[n]);
         infos[n].role = w->role;
         infos[n].rank = w->rank;
-        infos[n].name = (char *)(uintptr_t)w->name;
+        /* A name is host:pid, a map of the deployment: only for an operator
+         * (--stats-names; with CURVE keys this becomes an operator key). */
+        infos[n].name = c->p.stats_names ? (char *)(uintptr_t)w->name : (char *)"";
         infos[n].drafter_kind = w->drafter_kind;
         infos[n].alive = w->alive;
         infos[n].group_id = w->group_id;
@@ -308,7 +254,11 @@ void sd_clients_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, 
         /* Echo the submit's client_tag when the bytes at least unpack, so the
          * client can match the error to its request. */
         uint64_t tag = 0;
-        Specd__ClientToCoordinator *raw = specd__client_to_coordinator__unpack(NULL, len, body);
+        Specd__ClientToCoordinator *raw =
+            code == SPECD__CODE__CODE_MALFORMED
+                ? NULL /* it did not unpack within its budget */
+                : (Specd__ClientToCoordinator *)sd_net_unpack(&specd__client_to_coordinator__descriptor, body, len,
+                                                              sd_net_unpack_budget(len), NULL, NULL);
         if (raw && raw->body_case == SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT) tag = raw->submit->client_tag;
         if (raw) specd__client_to_coordinator__free_unpacked(raw, NULL);
         SD_INFO("client message refused (%s): %s", sd_net_code_name(code), err);

@@ -57,6 +57,7 @@ typedef struct sd_coord_params {
     int32_t verify_timeout_ms;     /* 30000 */
     int32_t heartbeat_interval_ms; /* SD_HEARTBEAT_INTERVAL_MS (tests shorten it) */
     int32_t heartbeat_liveness;    /* SD_HEARTBEAT_LIVENESS */
+    bool stats_names;              /* workers' names (host:pid) in stats replies: off */
 } sd_coord_params;
 
 sd_coord_params sd_coord_default_params(void);
@@ -328,6 +329,9 @@ typedef struct sd_coord {
     double overhead_us[SD_COORD_OVERHEAD_WINDOW];
     double draft_wait_us[SD_COORD_OVERHEAD_WINDOW];
     int32_t n_overhead, overhead_pos;
+    /* prompts being tokenized off the loop (tokq.h; owned by server.c);
+     * NULL: tokenized inline, as the unit tests drive the logic */
+    struct sd_tokq *tokq;
 } sd_coord;
 
 /* Reads the target's metadata (tokenizer, config: no weights) and sets up
@@ -458,6 +462,8 @@ void sd_workers_tick(sd_coord *c, uint64_t now_us);
 void sd_clients_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, const uint8_t *body, size_t len,
                            uint64_t now_us);
 void sd_clients_tick(sd_coord *c, uint64_t now_us);
+/* Admits (or refuses) every submit the tokenizer thread has finished (c->tokq). */
+void sd_clients_on_tokenized(sd_coord *c, uint64_t now_us);
 
 /* outbox.c: every send goes through here (to c->io), with the peer
  * bookkeeping sending implies; nothing in it calls up into the modules above */

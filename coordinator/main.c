@@ -58,6 +58,8 @@ static void usage(FILE *f) {
             "  --worker-keys FILE        allow-list of worker public keys: drafters, verifier leaders\n"
             "                            (a client key can never register a worker)\n"
             "  --insecure                allow a non-loopback bind without keys (trusted networks only)\n"
+            "  --stats-names             list workers' names (host:pid) in every client's stats query; off:\n"
+            "                            names are left empty (only an operator should see them)\n"
             "  --chat-template NAME      chat format when the model's template is not recognised (or to\n"
             "                            override it): %s\n"
             "  -v, --verbose             debug logs\n"
@@ -82,6 +84,7 @@ int main(int argc, char **argv) {
         O_DTO,
         O_VTO,
         O_CURVE,
+        O_STATS_NAMES,
         O_CHAT,
         O_CKEYS,
         O_WKEYS,
@@ -100,6 +103,7 @@ int main(int argc, char **argv) {
                                          {"draft-timeout-ms", required_argument, 0, O_DTO},
                                          {"verify-timeout-ms", required_argument, 0, O_VTO},
                                          {"curve-secret", required_argument, 0, O_CURVE},
+                                         {"stats-names", no_argument, 0, O_STATS_NAMES},
                                          {"chat-template", required_argument, 0, O_CHAT},
                                          {"client-keys", required_argument, 0, O_CKEYS},
                                          {"worker-keys", required_argument, 0, O_WKEYS},
@@ -153,6 +157,7 @@ int main(int argc, char **argv) {
             ok = sd_cli_parse_i32(optarg, 1, 1 << 30, &p.verify_timeout_ms);
             break;
         case O_CURVE: p.curve_secret_file = optarg; break;
+        case O_STATS_NAMES: p.stats_names = true; break;
         case O_CHAT: p.chat_template = optarg; break;
         case O_CKEYS: p.client_keys_file = optarg; break;
         case O_WKEYS: p.worker_keys_file = optarg; break;

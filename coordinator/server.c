@@ -5,9 +5,12 @@
  * message handled to completion, then the timers run (heartbeats, liveness,
  * step timeouts) at most every few milliseconds. Replies go out from inside
  * the handlers through sd_coord_io, so a verify reply is answered by the
- * next verify request without a trip through the poll. */
+ * next verify request without a trip through the poll. Prompts are
+ * tokenized on a thread of their own (tokq.h); its eventfd is polled beside
+ * the sockets. */
 #include "coord.h"
 #include "specd/curve.h"
+#include "tokq.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -18,12 +21,14 @@
 #define POLL_MS   20
 #define TICK_US   5000u
 #define DRAIN_MAX 256
+#define DRAIN_US  20000u /* a drain yields to the timers after this long (a flood of large messages) */
 
 struct sd_coord_server {
     void *zctx;
     void *client_sock, *worker_sock;
     sd_coord c;
     bool state_ok;
+    sd_tokq *tokq;
     sd_curve_id id; /* on = CurveZMQ */
     sd_curve_allow client_keys, worker_keys;
     sd_zap_domain domains[2];
@@ -80,6 +85,8 @@ sd_status sd_coord_server_new(const sd_coord_params *p, sd_coord_server **out) {
         return st;
     }
     s->state_ok = true;
+    if ((st = sd_tokq_new(s->c.tok, s->c.chat, s->c.n_ctx, s->c.n_vocab, &s->tokq)) != SD_OK) goto fail;
+    s->c.tokq = s->tokq;
     s->zctx = zmq_ctx_new();
     if (!s->zctx) {
         SD_ERROR("zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
@@ -91,13 +98,16 @@ sd_status sd_coord_server_new(const sd_coord_params *p, sd_coord_server **out) {
     sp.type = ZMQ_ROUTER;
     sp.curve_server_secret = s->id.on ? s->id.secret : NULL;
     sp.zap_domain = s->id.on ? SD_ZAP_DOMAIN_CLIENT : NULL;
-    sp.max_msg_bytes = SD_MAX_CLIENT_MSG_BYTES;
+    /* Each cap is what a peer can legitimately need; libzmq drops a peer
+     * announcing more before allocating anything for it. */
+    sp.max_msg_bytes = sd_net_client_msg_cap(s->c.n_ctx);
     if ((st = sd_net_socket_open(s->zctx, &sp, p->client_addr, NULL, &s->client_sock)) != SD_OK) goto fail;
+    int64_t client_cap = sp.max_msg_bytes;
     sp.zap_domain = s->id.on ? SD_ZAP_DOMAIN_WORKER : NULL;
-    sp.max_msg_bytes = SD_MAX_WORKER_MSG_BYTES;
+    sp.max_msg_bytes = sd_net_worker_reply_cap(p->max_active, p->max_k);
     if ((st = sd_net_socket_open(s->zctx, &sp, p->worker_addr, NULL, &s->worker_sock)) != SD_OK) goto fail;
-    SD_INFO("clients on %s, workers on %s%s", p->client_addr, p->worker_addr,
-            s->id.on ? " (CurveZMQ, allow-lists)" : " (plaintext)");
+    SD_INFO("clients on %s, workers on %s%s (messages at most %lld and %lld bytes)", p->client_addr, p->worker_addr,
+            s->id.on ? " (CurveZMQ, allow-lists)" : " (plaintext)", (long long)client_cap, (long long)sp.max_msg_bytes);
     *out = s;
     return SD_OK;
 fail:
@@ -105,10 +115,14 @@ fail:
     return st;
 }
 
-/* Handles up to DRAIN_MAX waiting messages of one socket. */
+/* Handles up to DRAIN_MAX waiting messages of one socket, for at most
+ * DRAIN_US: heartbeats and liveness must run between messages that each take
+ * a while (hostile ones at the size cap are refused, but only after a pass
+ * over their bytes). */
 static void drain(sd_coord_server *s, bool workers) {
     void *sock = workers ? s->worker_sock : s->client_sock;
-    for (int i = 0; i < DRAIN_MAX; i++) {
+    uint64_t t_start = sd_coord_now_us();
+    for (int i = 0; i < DRAIN_MAX && sd_coord_now_us() - t_start < DRAIN_US; i++) {
         sd_net_msg m = {0};
         sd_status st = sd_net_recv(sock, true, true, &m);
         uint64_t now = sd_coord_now_us();
@@ -145,8 +159,10 @@ static void drain(sd_coord_server *s, bool workers) {
 sd_status sd_coord_server_run(sd_coord_server *s, atomic_int *stop) {
     uint64_t last_tick = 0;
     while (!atomic_load(stop)) {
-        zmq_pollitem_t items[2] = {{s->worker_sock, 0, ZMQ_POLLIN, 0}, {s->client_sock, 0, ZMQ_POLLIN, 0}};
-        int rc = zmq_poll(items, 2, POLL_MS);
+        zmq_pollitem_t items[3] = {{s->worker_sock, 0, ZMQ_POLLIN, 0},
+                                   {s->client_sock, 0, ZMQ_POLLIN, 0},
+                                   {NULL, sd_tokq_fd(s->tokq), ZMQ_POLLIN, 0}};
+        int rc = zmq_poll(items, 3, POLL_MS);
         if (rc < 0) {
             if (zmq_errno() == EINTR) continue;
             SD_ERROR("zmq_poll: %s", zmq_strerror(zmq_errno()));
@@ -154,6 +170,7 @@ sd_status sd_coord_server_run(sd_coord_server *s, atomic_int *stop) {
         }
         if (items[0].revents & ZMQ_POLLIN) drain(s, true);
         if (items[1].revents & ZMQ_POLLIN) drain(s, false);
+        if (items[2].revents & ZMQ_POLLIN) sd_clients_on_tokenized(&s->c, sd_coord_now_us());
         uint64_t now = sd_coord_now_us();
         if (now >= last_tick + TICK_US) {
             sd_workers_tick(&s->c, now);
@@ -172,6 +189,7 @@ void sd_coord_server_free(sd_coord_server **sp) {
     sd_net_close(&s->worker_sock);
     sd_zap_stop(&s->zap);
     if (s->zctx) zmq_ctx_term(s->zctx);
+    sd_tokq_free(&s->tokq); /* before the state: the thread reads its tokenizer */
     sd_curve_allow_free(&s->client_keys);
     sd_curve_allow_free(&s->worker_keys);
     memset(&s->id, 0, sizeof s->id);

@@ -409,6 +409,9 @@ bool gw_gen_parse(gw_endpoint endpoint, const char *body, size_t len, gw_gen *g,
     memset(g, 0, sizeof *g);
     g->endpoint = endpoint;
     if (!gw_utf8_valid(body, len)) return BAD(err, NULL, "the request body is not valid UTF-8");
+    if (sd_json_has_nul(body, len))
+        return BAD(err, NULL,
+                   "the request body holds a NUL character (\\u0000): refused rather than cut the text at it");
     cJSON *root = cJSON_ParseWithLength(body, len);
     if (!root) return BAD(err, NULL, "the request body is not valid JSON");
     bool ok;
@@ -483,33 +486,13 @@ static void add_usage(cJSON *root, const gw_job *job) {
     cJSON_AddNumberToObject(u, "total_tokens", prompt + completion);
 }
 
-/* A string value of exactly len bytes, escaped here: cJSON's strings end
- * at the first NUL byte, and generated text may hold U+0000. */
+/* A string value of exactly len bytes, quoted by sd_json_quote: cJSON's
+ * strings end at the first NUL byte (generated text may hold U+0000) and
+ * cJSON writes invalid UTF-8 as it is (byte-level tokens can produce it),
+ * which would make the response invalid JSON. */
 static cJSON *add_text(cJSON *obj, const char *name, const char *s, size_t len) {
-    char *buf = malloc(len * 6 + 3);
+    char *buf = sd_json_quote(s, len);
     if (!buf) return NULL;
-    static const char hex[] = "0123456789abcdef";
-    size_t o = 0;
-    buf[o++] = '"';
-    for (size_t i = 0; i < len; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        if (ch == '"' || ch == '\\') {
-            buf[o++] = '\\';
-            buf[o++] = (char)ch;
-        } else if (ch && strchr("\b\f\n\r\t", ch)) { /* the short escapes, as JSON encoders write them */
-            buf[o++] = '\\';
-            buf[o++] = "btnvfr"[ch - '\b'];
-        } else if (ch < 0x20) {
-            memcpy(buf + o, "\\u00", 4);
-            buf[o + 4] = hex[ch >> 4];
-            buf[o + 5] = hex[ch & 15];
-            o += 6;
-        } else {
-            buf[o++] = (char)ch;
-        }
-    }
-    buf[o++] = '"';
-    buf[o] = '\0';
     cJSON *v = cJSON_AddRawToObject(obj, name, buf);
     free(buf);
     return v;

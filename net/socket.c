@@ -9,9 +9,10 @@
  * a client socket always brings its own key pair: see curve.h).
  *
  * A message is the routing id (ROUTER only) and exactly one body frame.
- * Receiving copies the body into a malloc'd buffer owned by sd_net_msg: one
- * copy per message is cheap next to a decode, and it keeps zmq_msg_t out of
- * every caller. Sending packs straight into the zmq_msg_t's own buffer.
+ * Receiving keeps the body frame's zmq_msg_t (behind an opaque pointer in
+ * sd_net_msg) and points body into it: no copy, so a message at the cap
+ * costs its size once, not twice. Sending packs straight into the
+ * zmq_msg_t's own buffer.
  *
  * ROUTER sends use ZMQ_DONTWAIT: with ROUTER_MANDATORY a full peer queue
  * would otherwise block the whole coordinator on one slow client; instead
@@ -277,7 +278,13 @@ static int drain(void *sock) {
 
 void sd_net_msg_clear(sd_net_msg *m) {
     if (!m) return;
-    free(m->body);
+    if (m->frame) {
+        zmq_msg_close(m->frame);
+        free(m->frame);
+        m->frame = NULL;
+    } else {
+        free(m->body);
+    }
     m->body = NULL;
     m->body_len = 0;
     m->identity_len = 0;
@@ -288,6 +295,7 @@ sd_status sd_net_recv(void *sock, bool router, bool dontwait, sd_net_msg *m) {
     m->body = NULL;
     m->body_len = 0;
     m->identity_len = 0;
+    m->frame = NULL;
     m->user_id[0] = '\0';
 
     zmq_msg_t f;
@@ -328,15 +336,17 @@ sd_status sd_net_recv(void *sock, bool router, bool dontwait, sd_net_msg *m) {
     }
     const char *uid = zmq_msg_gets(&f, "User-Id"); /* NULL without ZAP */
     if (uid) snprintf(m->user_id, sizeof m->user_id, "%s", uid);
-    size_t len = zmq_msg_size(&f);
-    m->body = malloc(len ? len : 1);
-    if (!m->body) {
+    zmq_msg_t *frame = malloc(sizeof *frame);
+    if (!frame) {
         zmq_msg_close(&f);
         return SD_ERR_NOMEM;
     }
-    memcpy(m->body, zmq_msg_data(&f), len);
-    m->body_len = len;
+    zmq_msg_init(frame);
+    zmq_msg_move(frame, &f);
     zmq_msg_close(&f);
+    m->frame = frame;
+    m->body = zmq_msg_data(frame);
+    m->body_len = zmq_msg_size(frame);
     return SD_OK;
 }
 

@@ -64,6 +64,26 @@ static vctx make_ctx(const sd_net_limits *lim, Specd__Code *code, char *err, siz
 
 /* ---- generic pieces ---- */
 
+/* Unpacks an envelope of type d within sd_net_unpack_budget(len); NULL +
+ * MALFORMED when the bytes do not decode or would need more memory, NULL +
+ * BAD_REQUEST when a string holds a NUL byte. */
+static ProtobufCMessage *unpack_env(vctx *v, const ProtobufCMessageDescriptor *d, const uint8_t *data, size_t len) {
+    bool over = false;
+    const char *nul = NULL;
+    size_t budget = sd_net_unpack_budget(len);
+    ProtobufCMessage *m = sd_net_unpack(d, data, len, budget, &over, &nul);
+    if (nul)
+        fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s: the text holds a NUL byte (refused rather than cut at it)", nul);
+    else if (!m && over)
+        fail(v, SPECD__CODE__CODE_MALFORMED,
+             "%zu bytes would take more than their unpack budget (%zu bytes of memory, or too many fields) as a %s "
+             "envelope",
+             len, budget, d->short_name);
+    else if (!m)
+        fail(v, SPECD__CODE__CODE_MALFORMED, "%zu bytes do not decode as a %s envelope", len, d->short_name);
+    return m;
+}
+
 /* Any unknown field in the tree means the bytes are not this envelope. */
 static bool no_unknown_fields(vctx *v, const ProtobufCMessage *m) {
     if (m->n_unknown_fields > 0)
@@ -358,11 +378,9 @@ static bool check_submit(vctx *v, const Specd__SubmitRequest *s) {
 Specd__ClientToCoordinator *sd_net_decode_client(const uint8_t *data, size_t len, const sd_net_limits *lim,
                                                  Specd__Code *code, char *err, size_t err_len) {
     vctx v = make_ctx(lim, code, err, err_len);
-    Specd__ClientToCoordinator *env = specd__client_to_coordinator__unpack(NULL, len, data);
-    if (!env) {
-        fail(&v, SPECD__CODE__CODE_MALFORMED, "%zu bytes do not decode as a ClientToCoordinator envelope", len);
-        return NULL;
-    }
+    Specd__ClientToCoordinator *env =
+        (Specd__ClientToCoordinator *)unpack_env(&v, &specd__client_to_coordinator__descriptor, data, len);
+    if (!env) return NULL;
     bool ok = no_unknown_fields(&v, &env->base);
     if (ok) {
         switch (env->body_case) {
@@ -384,11 +402,9 @@ Specd__ClientToCoordinator *sd_net_decode_client(const uint8_t *data, size_t len
 Specd__CoordinatorToClient *sd_net_decode_to_client(const uint8_t *data, size_t len, Specd__Code *code, char *err,
                                                     size_t err_len) {
     vctx v = make_ctx(NULL, code, err, err_len);
-    Specd__CoordinatorToClient *env = specd__coordinator_to_client__unpack(NULL, len, data);
-    if (!env) {
-        fail(&v, SPECD__CODE__CODE_MALFORMED, "%zu bytes do not decode as a CoordinatorToClient envelope", len);
-        return NULL;
-    }
+    Specd__CoordinatorToClient *env =
+        (Specd__CoordinatorToClient *)unpack_env(&v, &specd__coordinator_to_client__descriptor, data, len);
+    if (!env) return NULL;
     bool ok = no_unknown_fields(&v, &env->base);
     if (ok) {
         switch (env->body_case) {
@@ -475,11 +491,9 @@ static bool check_verify_response(vctx *v, const Specd__VerifyResponse *r) {
 Specd__WorkerToCoordinator *sd_net_decode_worker(const uint8_t *data, size_t len, const sd_net_limits *lim,
                                                  Specd__Code *code, char *err, size_t err_len) {
     vctx v = make_ctx(lim, code, err, err_len);
-    Specd__WorkerToCoordinator *env = specd__worker_to_coordinator__unpack(NULL, len, data);
-    if (!env) {
-        fail(&v, SPECD__CODE__CODE_MALFORMED, "%zu bytes do not decode as a WorkerToCoordinator envelope", len);
-        return NULL;
-    }
+    Specd__WorkerToCoordinator *env =
+        (Specd__WorkerToCoordinator *)unpack_env(&v, &specd__worker_to_coordinator__descriptor, data, len);
+    if (!env) return NULL;
     bool ok = no_unknown_fields(&v, &env->base);
     if (ok) {
         switch (env->body_case) {
@@ -571,11 +585,9 @@ static bool check_verify_request(vctx *v, const Specd__VerifyRequest *r) {
 Specd__CoordinatorToWorker *sd_net_decode_to_worker(const uint8_t *data, size_t len, const sd_net_limits *lim,
                                                     Specd__Code *code, char *err, size_t err_len) {
     vctx v = make_ctx(lim, code, err, err_len);
-    Specd__CoordinatorToWorker *env = specd__coordinator_to_worker__unpack(NULL, len, data);
-    if (!env) {
-        fail(&v, SPECD__CODE__CODE_MALFORMED, "%zu bytes do not decode as a CoordinatorToWorker envelope", len);
-        return NULL;
-    }
+    Specd__CoordinatorToWorker *env =
+        (Specd__CoordinatorToWorker *)unpack_env(&v, &specd__coordinator_to_worker__descriptor, data, len);
+    if (!env) return NULL;
     bool ok = no_unknown_fields(&v, &env->base);
     if (ok) {
         switch (env->body_case) {
@@ -655,11 +667,8 @@ static bool check_group_plan(vctx *v, const Specd__GroupPlan *p) {
 
 Specd__RankToLeader *sd_net_decode_rank(const uint8_t *data, size_t len, Specd__Code *code, char *err, size_t err_len) {
     vctx v = make_ctx(NULL, code, err, err_len);
-    Specd__RankToLeader *env = specd__rank_to_leader__unpack(NULL, len, data);
-    if (!env) {
-        fail(&v, SPECD__CODE__CODE_MALFORMED, "%zu bytes do not decode as a RankToLeader envelope", len);
-        return NULL;
-    }
+    Specd__RankToLeader *env = (Specd__RankToLeader *)unpack_env(&v, &specd__rank_to_leader__descriptor, data, len);
+    if (!env) return NULL;
     bool ok = no_unknown_fields(&v, &env->base);
     if (ok) {
         switch (env->body_case) {
@@ -680,11 +689,8 @@ Specd__RankToLeader *sd_net_decode_rank(const uint8_t *data, size_t len, Specd__
 Specd__LeaderToRank *sd_net_decode_leader(const uint8_t *data, size_t len, const sd_net_limits *lim, Specd__Code *code,
                                           char *err, size_t err_len) {
     vctx v = make_ctx(lim, code, err, err_len);
-    Specd__LeaderToRank *env = specd__leader_to_rank__unpack(NULL, len, data);
-    if (!env) {
-        fail(&v, SPECD__CODE__CODE_MALFORMED, "%zu bytes do not decode as a LeaderToRank envelope", len);
-        return NULL;
-    }
+    Specd__LeaderToRank *env = (Specd__LeaderToRank *)unpack_env(&v, &specd__leader_to_rank__descriptor, data, len);
+    if (!env) return NULL;
     bool ok = no_unknown_fields(&v, &env->base);
     if (ok) {
         switch (env->body_case) {

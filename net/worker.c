@@ -199,7 +199,7 @@ static void close_socket(worker_loop *w) {
 static sd_status connect_and_hello(worker_loop *w) {
     sd_net_socket_params sp = sd_net_socket_default_params();
     sp.type = ZMQ_DEALER;
-    sp.max_msg_bytes = SD_MAX_WORKER_MSG_BYTES;
+    sp.max_msg_bytes = sd_net_worker_request_cap(&w->p->limits); /* what our limits let a request hold */
     const sd_curve_id *id = w->p->curve;
     if (id && id->on) {
         sp.curve_server_public = id->server;

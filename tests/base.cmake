@@ -4,3 +4,5 @@
 # client_deps.cmake.
 specd_unit_test(test_cli ${CMAKE_CURRENT_SOURCE_DIR}/test_cli.c)
 specd_unit_test(test_rope_scaling ${CMAKE_CURRENT_SOURCE_DIR}/test_rope_scaling.c)
+# engine/base: model text into JSON (sd_json_quote) and NULs in JSON input.
+specd_unit_test(test_json_text ${CMAKE_CURRENT_SOURCE_DIR}/test_json_text.c)

@@ -260,8 +260,9 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
     return 0;
 }
 
-/* Reads all of stdin into a malloc'd NUL-terminated string (caller frees). */
-static char *read_stdin(void) {
+/* Reads all of stdin into a malloc'd NUL-terminated string (caller frees);
+ * *len gets the bytes read (more than strlen when the input holds a NUL). */
+static char *read_stdin(size_t *n_read) {
     size_t cap = 4096, len = 0;
     char *buf = malloc(cap);
     if (!buf) return NULL;
@@ -279,6 +280,7 @@ static char *read_stdin(void) {
         }
     }
     buf[len] = 0;
+    *n_read = len;
     return buf;
 }
 
@@ -295,12 +297,9 @@ typedef struct gen_result {
     double mean_k; /* mean draft length asked for per step */
 } gen_result;
 
-/* Tokenizes text (BOS added when the model wants it) into r->prompt_ids and
+/* Adds BOS to the tokenized prompt in r->prompt_ids when the model wants it and
  * checks that prompt + n_predict fits the model's context. */
-static sd_status encode_prompt(const gen_opts *o, const sd_model_config *cfg, const sd_tok *tok, const char *text,
-                               gen_result *r) {
-    sd_status st = sd_tok_encode(tok, text, strlen(text), true, &r->prompt_ids, &r->n_prompt);
-    if (st != SD_OK) return st;
+static sd_status encode_prompt(const gen_opts *o, const sd_model_config *cfg, const sd_tok *tok, gen_result *r) {
     if (sd_tok_add_bos(tok) && sd_tok_bos(tok) >= 0) {
         int32_t *with_bos = malloc((r->n_prompt + 1) * sizeof *with_bos);
         if (!with_bos) return SD_ERR_NOMEM;
@@ -327,7 +326,7 @@ static sd_status encode_prompt(const gen_opts *o, const sd_model_config *cfg, co
 static sd_status generate(const gen_opts *o, sd_model *m, const sd_tok *tok, const char *text, gen_result *r) {
     const sd_model_config *cfg = sd_model_config_of(m);
     int32_t n_vocab = cfg->n_vocab;
-    sd_status st = encode_prompt(o, cfg, tok, text, r);
+    sd_status st = encode_prompt(o, cfg, tok, r);
     if (st != SD_OK) return st;
     int64_t n_ctx = (int64_t)r->n_prompt + o->n_predict;
     const int32_t block = 16;
@@ -423,7 +422,7 @@ static void spec_on_token(void *user, int32_t token) {
 /* Speculative decode loop over decoder dec (tools/gen_spec.c). Streams unless o->json. */
 static sd_status generate_spec(const gen_opts *o, sd_model *m, sd_spec_decoder *dec, const sd_tok *tok,
                                const char *text, gen_result *r) {
-    SD_TRY(encode_prompt(o, sd_model_config_of(m), tok, text, r));
+    SD_TRY(encode_prompt(o, sd_model_config_of(m), tok, r));
     int32_t n_prompt = (int32_t)r->n_prompt;
     int32_t *ctx = malloc(((size_t)n_prompt + (size_t)o->n_predict + SD_MAX_K + 1) * sizeof *ctx);
     r->ids = malloc(((size_t)o->n_predict + SD_MAX_K + 1) * sizeof *r->ids);
@@ -481,6 +480,14 @@ static cJSON *ids_array(const int32_t *ids, size_t n) {
     return a;
 }
 
+/* A string member that is valid JSON whatever the bytes (sd_json_quote):
+ * byte-level tokens can decode to invalid UTF-8, which cJSON writes as is. */
+static void add_text(cJSON *obj, const char *name, const char *s, size_t len) {
+    char *quoted = sd_json_quote(s, len);
+    if (quoted) cJSON_AddRawToObject(obj, name, quoted);
+    free(quoted);
+}
+
 static int print_json(const gen_opts *o, const sd_tok *tok, const char *prompt_text, const gen_result *r) {
     char *text = NULL;
     size_t text_len = 0;
@@ -490,10 +497,10 @@ static int print_json(const gen_opts *o, const sd_tok *tok, const char *prompt_t
     if (sd_tok_decode(tok, r->ids, n_text, &text, &text_len) != SD_OK) return 1;
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "model", o->model_path);
-    cJSON_AddStringToObject(root, "prompt", prompt_text);
+    add_text(root, "prompt", prompt_text, strlen(prompt_text));
     cJSON_AddItemToObject(root, "prompt_ids", ids_array(r->prompt_ids, r->n_prompt));
     cJSON_AddItemToObject(root, "ids", ids_array(r->ids, r->n_ids));
-    cJSON_AddStringToObject(root, "text", text);
+    add_text(root, "text", text, text_len);
     cJSON_AddStringToObject(root, "stop_reason", r->stop_reason);
     cJSON *t = cJSON_AddObjectToObject(root, "timings");
     cJSON_AddNumberToObject(t, "prompt_tokens", (double)r->n_prompt);
@@ -531,14 +538,19 @@ static int print_json(const gen_opts *o, const sd_tok *tok, const char *prompt_t
 
 /* The conversation of o (--system, --message turns, then -p as the last
  * user turn) in the chat template, malloc'd in *out. */
-static sd_status format_chat(const gen_opts *o, const sd_chat_template *chat, char **out) {
+/* Formats the conversation (--system, --message turns, the prompt) with the
+ * model's template and tokenizes it, special tokens matched in the
+ * template's markup only. *out gets the text (for --json), r the ids. */
+static sd_status encode_chat(const gen_opts *o, const sd_chat_template *chat, const sd_tok *tok, char **out,
+                             gen_result *r) {
     sd_chat_msg msgs[MAX_TURNS + 2];
     size_t n = 0;
     if (o->system) msgs[n++] = (sd_chat_msg){"system", o->system};
     for (size_t i = 0; i < o->n_turns; i++) msgs[n++] = o->turns[i];
     if (o->prompt) msgs[n++] = (sd_chat_msg){"user", o->prompt};
     char err[400];
-    sd_status st = sd_chat_template_format(chat, msgs, n, true, out, err, sizeof err);
+    sd_status st =
+        sd_chat_template_encode(chat, tok, msgs, n, true, &r->prompt_ids, &r->n_prompt, out, err, sizeof err);
     if (st == SD_ERR_INVALID_ARG)
         fprintf(stderr, "specd-generate: the %s chat template refuses this conversation: %s\n",
                 sd_chat_template_name(chat), err);
@@ -555,8 +567,17 @@ int main(int argc, char **argv) {
 
     char *stdin_prompt = NULL;
     if (!o.prompt && o.n_turns == 0) {
-        stdin_prompt = read_stdin();
+        size_t n_read = 0;
+        stdin_prompt = read_stdin(&n_read);
         if (!stdin_prompt) return 1;
+        if (strlen(stdin_prompt) != n_read) {
+            fprintf(stderr,
+                    "specd-generate: the prompt on stdin holds a NUL byte at offset %zu: refused rather "
+                    "than cut there\n",
+                    strlen(stdin_prompt));
+            free(stdin_prompt);
+            return 2;
+        }
         o.prompt = stdin_prompt;
     }
 
@@ -590,8 +611,12 @@ int main(int argc, char **argv) {
     sd_weights_close(&w); /* the model holds what it uses (copies, or its own reference to the file mapping) */
 
     const char *text = o.prompt ? o.prompt : "";
-    if (o.chat && (st = format_chat(&o, chat, &chat_text)) != SD_OK) goto out;
-    if (chat_text) text = chat_text;
+    if (o.chat) {
+        if ((st = encode_chat(&o, chat, tok, &chat_text, &r)) != SD_OK) goto out;
+        text = chat_text;
+    } else if ((st = sd_tok_encode(tok, text, strlen(text), false, &r.prompt_ids, &r.n_prompt)) != SD_OK) {
+        goto out; /* a plain prompt is text: special-token text in it is not read as control tokens */
+    }
     if (o.draft_path || o.ngram || o.draft_layers > 0) {
         sd_drafter_params dp = sd_drafter_default_params();
         dp.max_ctx = sd_model_config_of(m)->n_ctx_train;

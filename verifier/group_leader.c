@@ -543,7 +543,7 @@ sd_status sd_group_leader_start(void *zctx, const sd_group_params *p, sd_group *
     sd_status st = g->quit_fd >= 0 && g->down_fd >= 0 && g->peers ? SD_OK : SD_ERR_NOMEM;
     sd_net_socket_params sp = sd_net_socket_default_params();
     sp.type = ZMQ_ROUTER;
-    sp.max_msg_bytes = SD_MAX_WORKER_MSG_BYTES;
+    sp.max_msg_bytes = SD_MIN_MSG_CAP_BYTES; /* ranks send Join, Ready, heartbeats and errors: small */
     if (st == SD_OK) st = group_curve(g, &sp);
     if (st == SD_OK) st = sd_net_socket_open(zctx, &sp, p->addr, NULL, &g->router);
     if (st == SD_OK) {

@@ -8,6 +8,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -124,4 +125,80 @@ size_t sd_utf8_valid_len(const void *text, size_t len) {
         i += need + 1;
     }
     return len;
+}
+
+/* Appends byte ch of valid UTF-8 text to a JSON string body at out + o. */
+static size_t json_byte(char *out, size_t o, uint8_t ch) {
+    static const char hex[] = "0123456789abcdef";
+    if (ch == '"' || ch == '\\') {
+        out[o++] = '\\';
+        out[o++] = (char)ch;
+    } else if (ch && strchr("\b\f\n\r\t", ch)) { /* the short escapes, as JSON encoders write them */
+        out[o++] = '\\';
+        out[o++] = "btnvfr"[ch - '\b'];
+    } else if (ch < 0x20) {
+        memcpy(out + o, "\\u00", 4);
+        out[o + 4] = hex[ch >> 4];
+        out[o + 5] = hex[ch & 15];
+        o += 6;
+    } else {
+        out[o++] = (char)ch;
+    }
+    return o;
+}
+
+/* Bytes of the ill-formed sequence at s (n >= 1 bytes left) that one U+FFFD
+ * replaces: the longest prefix of a well-formed character there, or the one
+ * byte that cannot start one (Unicode's "maximal subpart", as Python's and
+ * browsers' decoders count). */
+static size_t maximal_subpart(const uint8_t *s, size_t n) {
+    uint8_t b = s[0], lo = 0x80, hi = 0xBF;
+    size_t need;
+    if (b >= 0xC2 && b <= 0xDF) {
+        need = 1;
+    } else if (b >= 0xE0 && b <= 0xEF) {
+        need = 2;
+        if (b == 0xE0) lo = 0xA0;
+        if (b == 0xED) hi = 0x9F;
+    } else if (b >= 0xF0 && b <= 0xF4) {
+        need = 3;
+        if (b == 0xF0) lo = 0x90;
+        if (b == 0xF4) hi = 0x8F;
+    } else {
+        return 1;
+    }
+    size_t k = 1;
+    while (k <= need && k < n && s[k] >= (k == 1 ? lo : 0x80) && s[k] <= (k == 1 ? hi : 0xBF)) k++;
+    return k;
+}
+
+char *sd_json_quote(const void *text, size_t len) {
+    static const char replacement[3] = {(char)0xEF, (char)0xBF, (char)0xBD}; /* U+FFFD */
+    const uint8_t *s = text;
+    if (len > (SIZE_MAX - 3) / 6) return NULL;
+    char *out = malloc(6 * len + 3); /* worst case: every byte a \u00XX escape */
+    if (!out) return NULL;
+    size_t i = 0, o = 0;
+    out[o++] = '"';
+    while (i < len) {
+        size_t valid = sd_utf8_valid_len(s + i, len - i);
+        for (size_t k = 0; k < valid; k++) o = json_byte(out, o, s[i++]);
+        if (i == len) break;
+        memcpy(out + o, replacement, 3);
+        o += 3;
+        i += maximal_subpart(s + i, len - i);
+    }
+    out[o++] = '"';
+    out[o] = '\0';
+    return out;
+}
+
+bool sd_json_has_nul(const char *json, size_t len) {
+    if (memchr(json, 0, len)) return true;
+    for (size_t i = 0; i + 1 < len; i++) {
+        if (json[i] != '\\') continue;
+        if (json[i + 1] == 'u' && len - i >= 6 && memcmp(json + i + 2, "0000", 4) == 0) return true;
+        i++; /* the escaped character: in JSON "\\u0000" is a backslash and text */
+    }
+    return false;
 }

@@ -54,10 +54,15 @@ const char *sd_chat_template_names(void) { return "chatml, llama3, llama2, mistr
 
 /* ---- output buffer ---- */
 
+/* The formatted text and, when mask is tracked, one byte per text byte: 1
+ * where the byte is user content (a message's content, the system prompt),
+ * 0 in the template's markup. sd_tok_encode_masked matches special tokens in
+ * the markup only, so special-token text a user typed stays text. */
 typedef struct strbuf {
     char *data;
+    uint8_t *mask; /* NULL unless tracking */
     size_t len, cap;
-    bool failed;
+    bool track, content, failed;
 } strbuf;
 
 static void sb_addn(strbuf *b, const char *s, size_t n) {
@@ -82,14 +87,31 @@ static void sb_addn(strbuf *b, const char *s, size_t n) {
             return;
         }
         b->data = d;
+        if (b->track) {
+            uint8_t *mk = realloc(b->mask, cap);
+            if (!mk) {
+                b->failed = true;
+                return;
+            }
+            b->mask = mk;
+        }
         b->cap = cap;
     }
     if (n) memcpy(b->data + b->len, s, n);
+    if (n && b->track) memset(b->mask + b->len, b->content ? 1 : 0, n);
     b->len += n;
     b->data[b->len] = '\0';
 }
 
 static void sb_add(strbuf *b, const char *s) { sb_addn(b, s, strlen(s)); }
+
+/* Appends user content (marked in the mask). */
+static void sb_content(strbuf *b, const char *s, size_t n) {
+    bool was = b->content;
+    b->content = true;
+    sb_addn(b, s, n);
+    b->content = was;
+}
 
 /* ---- Python's str.strip() (Jinja's trim filter): Unicode whitespace ---- */
 
@@ -115,13 +137,13 @@ static size_t ws_before(const unsigned char *s, size_t n) {
     return 0;
 }
 
-/* Appends s (n bytes) with leading and trailing whitespace removed. */
-static void sb_add_stripped(strbuf *b, const char *s, size_t n) {
+/* Appends user content s (n bytes) with leading and trailing whitespace removed. */
+static void sb_content_stripped(strbuf *b, const char *s, size_t n) {
     const unsigned char *u = (const unsigned char *)s;
     size_t k;
     while (n > 0 && (k = ws_at(u, n)) > 0) u += k, n -= k;
     while (n > 0 && (k = ws_before(u, n)) > 0) n -= k;
-    sb_addn(b, (const char *)u, n);
+    sb_content(b, (const char *)u, n);
 }
 
 /* ---- formatting ---- */
@@ -163,13 +185,21 @@ static sd_status check_alternation(fmt *f, const sd_chat_msg *m, size_t index, s
     return SD_OK;
 }
 
-/* ChatML is sd_tok_chat_format (chat.c), the one ChatML formatter. */
+/* ChatML, as sd_tok_chat_format (chat.c) writes it byte for byte (tests
+ * compare the two), with the content marked. */
+static void chatml_turn(fmt *f, const char *role, const char *content) {
+    sb_add(&f->out, "<|im_start|>");
+    sb_add(&f->out, role);
+    sb_add(&f->out, "\n");
+    sb_content(&f->out, content, strlen(content));
+    sb_add(&f->out, "<|im_end|>\n");
+}
+
 static sd_status format_chatml(fmt *f, const sd_chat_msg *m, size_t n, bool gen) {
-    char *text = NULL;
-    sd_status st = sd_tok_chat_format(m, n, f->t->default_system, gen, &text);
-    if (st == SD_OK) sb_add(&f->out, text);
-    free(text);
-    return st;
+    if (f->t->default_system && !is_role(&m[0], "system")) chatml_turn(f, "system", f->t->default_system);
+    for (size_t i = 0; i < n; i++) chatml_turn(f, m[i].role, m[i].content);
+    if (gen) sb_add(&f->out, "<|im_start|>assistant\n");
+    return SD_OK;
 }
 
 static sd_status format_llama3(fmt *f, const sd_chat_msg *m, size_t n, bool gen) {
@@ -178,7 +208,7 @@ static sd_status format_llama3(fmt *f, const sd_chat_msg *m, size_t n, bool gen)
         sb_add(&f->out, "<|start_header_id|>");
         sb_add(&f->out, m[i].role);
         sb_add(&f->out, "<|end_header_id|>\n\n");
-        sb_add_stripped(&f->out, m[i].content, strlen(m[i].content));
+        sb_content_stripped(&f->out, m[i].content, strlen(m[i].content));
         sb_add(&f->out, "<|eot_id|>");
     }
     if (gen || (f->t->variant & VARIANT_ALWAYS_OPEN))
@@ -195,7 +225,7 @@ static sd_status format_llama2(fmt *f, const sd_chat_msg *m, size_t n) {
         system = m[0].content;
         start = 1;
     }
-    strbuf content = {NULL, 0, 0, false};
+    strbuf content = {0}; /* all of it goes out as content: <<SYS>> is plain text, no special token */
     sd_status st = SD_OK;
     for (size_t i = start; i < n && st == SD_OK; i++) {
         size_t index = i - start;
@@ -211,11 +241,11 @@ static sd_status format_llama2(fmt *f, const sd_chat_msg *m, size_t n) {
         if (is_role(&m[i], "user")) {
             add_bos(f);
             sb_add(&f->out, "[INST] ");
-            sb_add_stripped(&f->out, content.data, content.len);
+            sb_content_stripped(&f->out, content.data, content.len);
             sb_add(&f->out, " [/INST]");
         } else if (is_role(&m[i], "assistant")) {
             sb_add(&f->out, " ");
-            sb_add_stripped(&f->out, content.data, content.len);
+            sb_content_stripped(&f->out, content.data, content.len);
             sb_add(&f->out, " ");
             sb_add(&f->out, f->t->eos);
         } /* a later system turn in an assistant slot: the template writes nothing */
@@ -232,10 +262,10 @@ static sd_status format_mistral(fmt *f, const sd_chat_msg *m, size_t n) {
         if (st != SD_OK) return st;
         if (is_role(&m[i], "user")) {
             sb_add(&f->out, "[INST] ");
-            sb_add(&f->out, m[i].content);
+            sb_content(&f->out, m[i].content, strlen(m[i].content));
             sb_add(&f->out, " [/INST]");
         } else if (is_role(&m[i], "assistant")) {
-            sb_add(&f->out, m[i].content);
+            sb_content(&f->out, m[i].content, strlen(m[i].content));
             sb_add(&f->out, f->t->eos);
             if (f->t->variant & VARIANT_EOS_SPACE) sb_add(&f->out, " ");
         } else {
@@ -257,7 +287,7 @@ static sd_status format_gemma(fmt *f, const sd_chat_msg *m, size_t n, bool gen) 
         sb_add(&f->out, "<start_of_turn>");
         sb_add(&f->out, is_role(&m[i], "assistant") ? "model" : m[i].role);
         sb_add(&f->out, "\n");
-        sb_add_stripped(&f->out, m[i].content, strlen(m[i].content));
+        sb_content_stripped(&f->out, m[i].content, strlen(m[i].content));
         sb_add(&f->out, "<end_of_turn>\n");
     }
     if (gen) sb_add(&f->out, "<start_of_turn>model\n");
@@ -275,18 +305,23 @@ static sd_status format_phi3(fmt *f, const sd_chat_msg *m, size_t n, bool gen) {
         } else {
             continue;
         }
-        sb_add(&f->out, m[i].content);
+        sb_content(&f->out, m[i].content, strlen(m[i].content));
         sb_add(&f->out, "<|end|>\n");
     }
     sb_add(&f->out, gen ? "<|assistant|>\n" : f->t->eos);
     return SD_OK;
 }
 
-sd_status sd_chat_template_format(const sd_chat_template *t, const sd_chat_msg *msgs, size_t n,
-                                  bool add_generation_prompt, char **out, char *err, size_t err_cap) {
+/* Formats as sd_chat_template_format; *mask (when mask != NULL) is malloc'd,
+ * one byte per byte of *out (1 = user content). */
+static sd_status format_conversation(const sd_chat_template *t, const sd_chat_msg *msgs, size_t n,
+                                     bool add_generation_prompt, char **out, uint8_t **mask, char *err,
+                                     size_t err_cap) {
     if (!t || !out || (!msgs && n) || (!err && err_cap)) return SD_ERR_INVALID_ARG;
     *out = NULL;
-    fmt f = {t, {NULL, 0, 0, false}, err, err_cap};
+    if (mask) *mask = NULL;
+    fmt f = {t, {0}, err, err_cap};
+    f.out.track = mask != NULL;
     if (err_cap) err[0] = '\0';
     if (n == 0) return refuse(&f, "messages: the conversation is empty");
     for (size_t i = 0; i < n; i++) {
@@ -311,10 +346,46 @@ sd_status sd_chat_template_format(const sd_chat_template *t, const sd_chat_msg *
     }
     if (st != SD_OK) {
         free(f.out.data);
+        free(f.out.mask);
         return st;
     }
     *out = f.out.data;
+    if (mask) *mask = f.out.mask;
     return SD_OK;
+}
+
+sd_status sd_chat_template_format(const sd_chat_template *t, const sd_chat_msg *msgs, size_t n,
+                                  bool add_generation_prompt, char **out, char *err, size_t err_cap) {
+    return format_conversation(t, msgs, n, add_generation_prompt, out, NULL, err, err_cap);
+}
+
+sd_status sd_chat_template_format_masked(const sd_chat_template *t, const sd_chat_msg *msgs, size_t n,
+                                         bool add_generation_prompt, char **out, uint8_t **content, char *err,
+                                         size_t err_cap) {
+    if (!content) return SD_ERR_INVALID_ARG;
+    return format_conversation(t, msgs, n, add_generation_prompt, out, content, err, err_cap);
+}
+
+sd_status sd_chat_template_encode(const sd_chat_template *t, const sd_tok *tok, const sd_chat_msg *msgs, size_t n,
+                                  bool add_generation_prompt, int32_t **ids, size_t *n_ids, char **text, char *err,
+                                  size_t err_cap) {
+    if (!tok || !ids || !n_ids) return SD_ERR_INVALID_ARG;
+    *ids = NULL;
+    *n_ids = 0;
+    if (text) *text = NULL;
+    char *out = NULL;
+    uint8_t *content = NULL;
+    sd_status st = format_conversation(t, msgs, n, add_generation_prompt, &out, &content, err, err_cap);
+    if (st != SD_OK) return st;
+    size_t len = strlen(out);
+    /* an empty rendering tracked no bytes: nothing to mask */
+    st = sd_tok_encode_masked(tok, out, len, len ? content : NULL, ids, n_ids);
+    free(content);
+    if (st == SD_OK && text)
+        *text = out;
+    else
+        free(out);
+    return st;
 }
 
 /* ---- recognition ---- */

@@ -773,16 +773,27 @@ static int32_t match_special(const sd_tok *t, const unsigned char *s, size_t len
     return -1;
 }
 
-static sd_status encode(enc_ctx *c, const char *text, size_t len, bool parse_special) {
+/* Encodes text: with parse_special, special tokens are matched wherever a
+ * whole match lies in bytes where no_special is 0 (no_special NULL: all). */
+static sd_status encode(enc_ctx *c, const char *text, size_t len, bool parse_special, const uint8_t *no_special) {
     for (int i = 0; i < c->t->n_pre_re; i++) {
         c->md[i] = pcre2_match_data_create_from_pattern(c->t->pre_re[i], NULL);
         if (!c->md[i]) return SD_ERR_NOMEM;
     }
     size_t seg = 0;
     if (parse_special && c->t->n_special) {
+        size_t markup_end = 0; /* markup (no_special 0) runs from pos to markup_end */
         for (size_t pos = 0; pos < len;) {
+            if (no_special && no_special[pos]) {
+                pos++;
+                continue;
+            }
+            if (markup_end <= pos) {
+                markup_end = pos;
+                while (markup_end < len && !(no_special && no_special[markup_end])) markup_end++;
+            }
             size_t ml = 0;
-            int32_t id = match_special(c->t, (const unsigned char *)text + pos, len - pos, &ml);
+            int32_t id = match_special(c->t, (const unsigned char *)text + pos, markup_end - pos, &ml);
             if (id < 0) {
                 pos++;
                 continue;
@@ -796,15 +807,15 @@ static sd_status encode(enc_ctx *c, const char *text, size_t len, bool parse_spe
     return pre_split(c, 0, text + seg, len - seg);
 }
 
-sd_status sd_tok_encode(const sd_tok *t, const char *text, size_t len, bool parse_special, int32_t **ids,
-                        size_t *n_ids) {
+static sd_status encode_text(const sd_tok *t, const char *text, size_t len, bool parse_special,
+                             const uint8_t *no_special, int32_t **ids, size_t *n_ids) {
     if (!t || (!text && len) || !ids || !n_ids) return SD_ERR_INVALID_ARG;
     *ids = NULL;
     *n_ids = 0;
     enc_ctx c;
     memset(&c, 0, sizeof c);
     c.t = t;
-    sd_status st = encode(&c, text ? text : "", len, parse_special);
+    sd_status st = encode(&c, text ? text : "", len, parse_special, no_special);
     for (int i = 0; i < t->n_pre_re; i++) pcre2_match_data_free(c.md[i]);
     free(c.syms);
     free(c.heap);
@@ -820,6 +831,16 @@ sd_status sd_tok_encode(const sd_tok *t, const char *text, size_t len, bool pars
     *ids = c.ids;
     *n_ids = c.n_ids;
     return SD_OK;
+}
+
+sd_status sd_tok_encode(const sd_tok *t, const char *text, size_t len, bool parse_special, int32_t **ids,
+                        size_t *n_ids) {
+    return encode_text(t, text, len, parse_special, NULL, ids, n_ids);
+}
+
+sd_status sd_tok_encode_masked(const sd_tok *t, const char *text, size_t len, const uint8_t *no_special, int32_t **ids,
+                               size_t *n_ids) {
+    return encode_text(t, text, len, true, no_special, ids, n_ids);
 }
 
 /* ---- decoding ---- */

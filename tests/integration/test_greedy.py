@@ -68,9 +68,9 @@ def run(h, args):
                 % (i, r.get("prompt_tokens"), len(ref["prompt_ids"])))
     H.expect_equal_ids(res, refs, "%d concurrent greedy requests (%s, drafter %s)" % (args.n, args.model,
                                                                                       args.drafter))
-    # Text too, on the real model (random models emit NUL bytes, which
-    # specd-generate's JSON string ends at, and invalid UTF-8, which reaches
-    # clients as U+FFFD: decode with replacement on both sides).
+    # Text too, on the real model (random models emit invalid UTF-8, which
+    # reaches clients as U+FFFD and specd-generate's JSON as U+FFFD per
+    # maximal subpart: decode with replacement on both sides).
     u = lambda b: b.decode("utf-8", "replace")
     bad_text = [(i, u(r["text"]), u(ref["text_bytes"])) for i, (r, ref) in enumerate(zip(res, refs))
                 if args.model == "smollm" and u(r["text"]) != u(ref["text_bytes"])]

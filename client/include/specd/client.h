@@ -63,7 +63,10 @@ typedef struct sd_client_chat_msg {
 
 /* A generation job. Strings are borrowed for the duration of sd_client_submit. */
 typedef struct sd_client_request {
-    const char *prompt;        /* UTF-8 text (ignored when n_prompt_ids > 0) */
+    const char *prompt;        /* UTF-8 text, NUL-terminated: it cannot hold a NUL byte (callers refuse
+                                  input that does, as specd-client and the gateway do, rather than
+                                  cut it); special-token text in it stays text. Ignored when
+                                  n_prompt_ids > 0 */
     const int32_t *prompt_ids; /* token ids instead of text */
     size_t n_prompt_ids;
     bool chat;          /* format prompt as a user turn with the model's chat template */

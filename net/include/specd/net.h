@@ -45,6 +45,18 @@ extern "C" {
 #define SD_MAX_GROUP_ID         65535       /* Hello.group_id */
 #define SD_MAX_GROUP_ROWS       (1 << 22)   /* batch rows in one GroupPlan */
 #define SD_MAX_GROUP_MSG_BYTES  (256 << 20) /* the group link: a plan of SD_MAX_GROUP_ROWS rows fits */
+#define SD_MIN_MSG_CAP_BYTES    (1 << 20)   /* floor of a fitted socket cap (Hello, errors, stats) */
+
+/* Unpack budget: protobuf-c allocates every sub-message, string and repeated
+ * array (and 32 bytes of scan state per field) before validation can run, so
+ * 2 wire bytes of an empty sub-message cost about 100 bytes of heap. Every
+ * unpack may allocate at most SD_NET_UNPACK_BASE_BYTES + SD_NET_UNPACK_RATIO x
+ * its wire size (each allocation charged with malloc's overhead). The
+ * densest legitimate message, a DraftResponse of 256 x 32 one-entry sparse
+ * q's (the n-gram drafter), needs 14.5x (test_unpack prints the ratios);
+ * packed token arrays need under 2x. */
+#define SD_NET_UNPACK_BASE_BYTES (256 << 10)
+#define SD_NET_UNPACK_RATIO      16
 
 /* A verification step's measured time (Hello.step_costs). */
 typedef struct sd_step_cost {
@@ -121,8 +133,9 @@ typedef struct sd_net_msg {
     /* the peer's ZAP User-Id (CurveZMQ: the role its key is restricted to,
      * "" = any or no ZAP) */
     char user_id[SD_NET_USER_ID_MAX];
-    uint8_t *body; /* malloc'd; owned by the msg, freed by sd_net_msg_clear */
+    uint8_t *body; /* owned by the msg (frame's data, or malloc'd), freed by sd_net_msg_clear */
     size_t body_len;
+    void *frame; /* the received zmq_msg_t that body points into (no copy), or NULL */
 } sd_net_msg;
 
 /* Receives one message (non-blocking when dontwait). A ROUTER socket expects
@@ -136,12 +149,49 @@ void sd_net_msg_clear(sd_net_msg *m);
  * id when identity != NULL. Thread-compatible (one thread per socket). */
 sd_status sd_net_send(void *sock, const uint8_t *identity, size_t identity_len, const ProtobufCMessage *env);
 
+/* ---- bounded unpack ---- */
+
+/* Bytes an unpack of len wire bytes may allocate (see SD_NET_UNPACK_RATIO). */
+size_t sd_net_unpack_budget(size_t len);
+/* Unpacks len bytes as message type d with allocations capped at budget
+ * bytes (pass sd_net_unpack_budget(len)). One walk over the wire bytes
+ * first refuses a message whose allocations are already over budget (and,
+ * when nul_field != NULL, one whose string fields hold a NUL byte: the
+ * field's name goes to *nul_field). NULL when refused or when the bytes do
+ * not decode; *over_budget (may be NULL) is true when the budget ran out.
+ * The result is freed with protobuf_c_message_free_unpacked(m, NULL) or the
+ * type's free_unpacked(m, NULL). Thread-safe. */
+ProtobufCMessage *sd_net_unpack(const ProtobufCMessageDescriptor *d, const uint8_t *data, size_t len, size_t budget,
+                                bool *over_budget, const char **nul_field);
+
+/* Name of the first string field of a message of type d in the wire bytes
+ * that holds a NUL byte ("prompt"), or NULL. protobuf-c would cut such a
+ * string at the NUL; the decoders refuse it instead (CODE_BAD_REQUEST).
+ * Returns a static string; thread-safe; O(len). */
+const char *sd_net_nul_field(const ProtobufCMessageDescriptor *d, const uint8_t *data, size_t len);
+
+/* ZMQ_MAXMSGSIZE for the coordinator's worker socket: the largest reply a
+ * drafter or verifier can owe to batches of at most max_batch sequences and
+ * max_k drafts (a DraftResponse with SD_MAX_TOP_N-entry q's), floored at
+ * SD_MIN_MSG_CAP_BYTES and capped at SD_MAX_WORKER_MSG_BYTES. */
+int64_t sd_net_worker_reply_cap(int32_t max_batch, int32_t max_k);
+/* ZMQ_MAXMSGSIZE for a worker's socket to the coordinator: the largest
+ * request its limits allow (max_batch sequences of a full context of
+ * appended tokens and max_k drafts with SD_MAX_TOP_N-entry q's), floored
+ * at SD_MIN_MSG_CAP_BYTES and capped at SD_MAX_WORKER_MSG_BYTES. */
+int64_t sd_net_worker_request_cap(const sd_net_limits *lim);
+/* ZMQ_MAXMSGSIZE for the coordinator's client socket: one SubmitRequest with
+ * SD_MAX_PROMPT_BYTES of prompt and of system text, or max_context prompt
+ * ids, and its stop strings; at most SD_MAX_CLIENT_MSG_BYTES. */
+int64_t sd_net_client_msg_cap(int32_t max_context);
+
 /* ---- decode + validate ----
  * Each decoder unpacks bytes into an envelope and validates every field that
  * is present against lim. On failure it returns NULL and writes a readable
  * reason ("verify.seqs[3].draft[1]: token id 70000 out of range [0, 49152)")
  * into err and the matching code into *code (CODE_MALFORMED when the bytes do
- * not decode, CODE_BAD_REQUEST/CODE_TOO_LARGE for bad fields). The result is
+ * not decode or need more than sd_net_unpack_budget(len) bytes to unpack,
+ * CODE_BAD_REQUEST/CODE_TOO_LARGE for bad fields). The result is
  * freed with the matching specd__*__free_unpacked(env, NULL). lim may be NULL
  * where the receiver cannot know the vocabulary yet (a coordinator before any
  * verifier registered); token ranges are then not checked. */

@@ -86,6 +86,19 @@ double sd_now(void);
  * sequence at the end). */
 size_t sd_utf8_valid_len(const void *s, size_t len);
 
+/* s[0..len) as a JSON string literal, quotes included, that is valid JSON
+ * whatever the bytes: each ill-formed UTF-8 sequence becomes U+FFFD (one
+ * per maximal subpart, as Python's decoder with errors="replace" does),
+ * control characters and NUL are escaped (\u0000: nothing is cut), '"' and
+ * '\\' too. For model text, which byte-level tokens can leave invalid.
+ * Malloc'd and NUL-terminated (caller frees); NULL when out of memory. Add it
+ * to a cJSON tree with cJSON_AddRawToObject. */
+char *sd_json_quote(const void *s, size_t len);
+/* True when JSON text json[0..len) holds a NUL byte or a \u0000 escape.
+ * cJSON decodes \u0000 into a NUL inside its C string, so a prompt would be
+ * cut there; callers refuse such input instead. */
+bool sd_json_has_nul(const char *json, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

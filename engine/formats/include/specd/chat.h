@@ -77,6 +77,27 @@ const char *sd_chat_template_default_system(const sd_chat_template *t);
 sd_status sd_chat_template_format(const sd_chat_template *t, const sd_chat_msg *msgs, size_t n,
                                   bool add_generation_prompt, char **out, char *err, size_t err_cap);
 
+/* sd_chat_template_format that also marks user text: *content (malloc'd,
+ * caller frees; strlen(*out) bytes, NULL when *out is "") holds 1 for each
+ * byte of *out that came from a message's content or the system prompt, 0
+ * for the template's markup (Llama 2's <<SYS>> lines, plain text, count as
+ * content). */
+sd_status sd_chat_template_format_masked(const sd_chat_template *t, const sd_chat_msg *msgs, size_t n,
+                                         bool add_generation_prompt, char **out, uint8_t **content, char *err,
+                                         size_t err_cap);
+
+/* Formats the conversation and tokenizes it in one pass with special tokens
+ * matched in the template's markup only (sd_tok_encode_masked): a
+ * "<|eot_id|>" or "<|im_start|>" typed in a message stays text, so a user
+ * cannot open a turn of another role. For messages without special-token
+ * text the ids equal sd_tok_encode(formatted, parse_special). Does not add
+ * BOS beyond what the template writes. *ids is malloc'd (caller frees);
+ * *text (when text != NULL) gets the formatted string (caller frees). Errors
+ * as sd_chat_template_format. Thread-safe. */
+sd_status sd_chat_template_encode(const sd_chat_template *t, const sd_tok *tok, const sd_chat_msg *msgs, size_t n,
+                                  bool add_generation_prompt, int32_t **ids, size_t *n_ids, char **text, char *err,
+                                  size_t err_cap);
+
 void sd_chat_template_free(sd_chat_template **t);
 
 #ifdef __cplusplus

@@ -40,11 +40,21 @@ uint64_t sd_tok_vocab_hash(const sd_tok *t);
 
 /* Encodes len bytes of text. parse_special: match control/user-defined
  * tokens like <|im_start|> in the text as single tokens (off: they are
- * encoded as plain text). Does not add BOS. On success *ids is a malloc'd
+ * encoded as plain text; always off for text a user supplied, see
+ * sd_tok_encode_masked). Does not add BOS. On success *ids is a malloc'd
  * array (caller frees with free()) of *n_ids tokens. Invalid UTF-8 is encoded
  * byte-wise, as the byte-level model allows. */
 sd_status sd_tok_encode(const sd_tok *t, const char *text, size_t len, bool parse_special, int32_t **ids,
                         size_t *n_ids);
+
+/* Encodes len bytes of text with special tokens matched only outside user
+ * content: no_special (len bytes; NULL = none) is nonzero on each byte a
+ * user supplied, and a special-token match may neither start on nor overlap
+ * such a byte. The text between special tokens is split as sd_tok_encode
+ * splits it, so when the content holds no special-token text the ids equal
+ * sd_tok_encode(text, parse_special = true). *ids as sd_tok_encode. */
+sd_status sd_tok_encode_masked(const sd_tok *t, const char *text, size_t len, const uint8_t *no_special, int32_t **ids,
+                               size_t *n_ids);
 
 /* Raw bytes of token id (byte-level decoding applied; control tokens give
  * their text). Borrowed, valid while t lives; *len set. NULL when out of range. */
@@ -84,6 +94,15 @@ typedef struct sd_chat_msg {
  * benchmarks that want ChatML whatever the model. */
 sd_status sd_tok_chat_format(const sd_chat_msg *msgs, size_t n, const char *default_system, bool add_generation_prompt,
                              char **out);
+
+/* Tokenizes the chat sd_tok_chat_format would format, with the special
+ * tokens placed by the template only: the markup is matched as control
+ * tokens, every role and content is encoded as plain text (parse_special
+ * off), so "<|im_start|>" typed in a message stays text. For messages
+ * without special-token text the ids equal encoding the formatted string
+ * with parse_special. Does not add BOS. *ids is malloc'd (caller frees). */
+sd_status sd_tok_chat_encode(const sd_tok *t, const sd_chat_msg *msgs, size_t n, const char *default_system,
+                             bool add_generation_prompt, int32_t **ids, size_t *n_ids);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,86 @@
+/* tokq.h — tokenizing submitted prompts off the coordinator's event loop.
+ *
+ * A Submit is checked on the loop (cheap, bounded checks), then its text
+ * goes to one tokenizer thread through a bounded queue; the finished job
+ * comes back through a second queue and an eventfd the loop polls next to
+ * its sockets, and the loop admits it (clients.c). Tokenizing costs time in
+ * proportion to the prompt (0.5 s for a 1 MiB word) and must never delay
+ * heartbeats or steps. The tokenizer is immutable and thread-safe; the
+ * thread touches nothing else of the coordinator. */
+#ifndef SPECD_COORD_TOKQ_H
+#define SPECD_COORD_TOKQ_H
+
+#include "coord.h"
+
+#define SD_TOKQ_MAX_JOBS  256        /* submits waiting for or in tokenization */
+#define SD_TOKQ_MAX_BYTES (32 << 20) /* their prompt, system and message text, bytes */
+
+/* A Submit between its checks on the loop and its admission: what the
+ * session needs (copied out of the unpacked message) and the result. */
+typedef struct sd_submit_job {
+    uint8_t ident[SD_MAX_IDENTITY_BYTES];
+    size_t ident_len;
+    uint64_t client_tag;
+    uint64_t t_submit_us;
+    sd_sampling sampling;
+    uint32_t max_tokens;
+    bool ignore_eos;
+    int32_t max_k;
+    Specd__DrafterKind pin_kind; /* drafter_kind (routing), validated by the decoder */
+    char **stop;                 /* n_stop owned strings */
+    int32_t n_stop;
+    bool chat;
+    char *prompt, *system; /* owned, NUL-terminated */
+    /* a whole conversation (messages): n_messages roles ("system", "user",
+     * "assistant"; static strings) and owned contents; used instead of
+     * prompt/system when n_messages > 0 */
+    const char **msg_role;
+    char **msg_content;
+    size_t n_messages;
+    int32_t *prompt_ids; /* owned; used instead of the text when n_prompt_ids > 0 */
+    size_t n_prompt_ids;
+    int32_t *continuation; /* owned: tokens already generated (failover), resumed after the prompt */
+    size_t n_continuation;
+    size_t text_bytes; /* the text's bytes (prompt, system, messages), for the queue's byte bound */
+    /* result of sd_submit_tokenize */
+    int32_t *ids; /* owned, n_ids tokens (BOS first when the model adds one) */
+    size_t n_ids;
+    Specd__Code code; /* CODE_OK, or why the prompt is refused (msg) */
+    char msg[512];
+    struct sd_submit_job *next;
+} sd_submit_job;
+
+/* Copies what admission needs out of r; NULL when out of memory. Caller
+ * frees with sd_submit_job_free. */
+sd_submit_job *sd_submit_job_new(const Specd__SubmitRequest *r, const uint8_t *ident, size_t ident_len,
+                                 const sd_sampling *sampling, uint64_t now_us);
+void sd_submit_job_free(sd_submit_job **j);
+
+/* Tokenizes j's prompt (a conversation in the chat template with
+ * sd_chat_template_encode when j->chat or j->n_messages, special tokens from
+ * the template's markup only; else the text with special tokens off; BOS
+ * when the model adds one) into j->ids, or sets j->code/j->msg. Reads only
+ * its arguments: thread-safe. */
+void sd_submit_tokenize(const sd_tok *tok, const sd_chat_template *chat, int32_t n_ctx, int32_t n_vocab,
+                        sd_submit_job *j);
+
+typedef struct sd_tokq sd_tokq;
+
+/* Starts the tokenizer thread over tok and chat (borrowed; both must
+ * outlive the queue). Caller frees with sd_tokq_free. */
+sd_status sd_tokq_new(const sd_tok *tok, const sd_chat_template *chat, int32_t n_ctx, int32_t n_vocab, sd_tokq **out);
+/* Stops and joins the thread; frees every job still held. NULL-safe. */
+void sd_tokq_free(sd_tokq **q);
+/* File descriptor that is readable while finished jobs wait (for zmq_poll). */
+int sd_tokq_fd(const sd_tokq *q);
+/* Queues *j (ownership moves to the queue, *j = NULL). false when the
+ * queue is at SD_TOKQ_MAX_JOBS or SD_TOKQ_MAX_BYTES (the caller keeps *j and
+ * answers OVERLOADED). Loop thread only. */
+bool sd_tokq_push(sd_tokq *q, sd_submit_job **j);
+/* A finished job (caller owns it, frees with sd_submit_job_free), or NULL
+ * when none waits. Loop thread only. */
+sd_submit_job *sd_tokq_pop(sd_tokq *q);
+/* Jobs queued, in tokenization or finished but not popped. */
+int32_t sd_tokq_pending(const sd_tokq *q);
+
+#endif
