@@ -68,6 +68,14 @@ PROMPTS = [
 ]
 
 
+PROBE = """
+import sys
+from llama_cpp import Llama
+llm = Llama(model_path=sys.argv[1], n_threads=2, n_ctx=256, verbose=False)
+llm.eval(llm.tokenize(b"The capital of France is", add_bos=False))
+"""
+
+
 def binary(name, sub):
     path = os.path.join(BUILD_DIR, sub, name)
     return path if os.path.exists(path) else None
@@ -196,6 +204,13 @@ def main():
     for b, sub in (("specd-generate", "tools"), ("specd-quantize", "tools"), ("specd_logits", "tests")):
         if not binary(b, sub):
             skip(f"{b} is not built")
+    # llama.cpp built from source has crashed in its first decode on some VMs
+    # (SIGSEGV in llama_decode with llama-cpp-python 0.3.36 here): probe it
+    # in a child, and skip with the reason rather than die with it
+    probe = subprocess.run([sys.executable, "-c", PROBE, demo], capture_output=True, text=True, timeout=300)
+    if probe.returncode != 0:
+        skip(f"llama-cpp-python {llama_cpp.__version__} cannot decode the demo model on this machine "
+             f"(exit {probe.returncode}; a negative exit is the signal that killed it): {probe.stderr.strip()[-300:]}")
     print(f"llama-cpp-python {llama_cpp.__version__}; {len(PROMPTS)} prompts, {N_GEN} greedy tokens each\n")
     print("| file | tokenization identical | argmax agrees, teacher-forced | first position max |diff| / max "
           "|logit| | llama.cpp greedy matches specd's: mean share before the first difference | result |")
