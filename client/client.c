@@ -251,10 +251,9 @@ static sd_status open_socket(sd_client *c) {
     sp.curve_server_public = c->curve_server_public[0] ? c->curve_server_public : NULL;
     sp.curve_public = c->curve_public[0] ? c->curve_public : NULL;
     sp.curve_secret = c->curve_secret[0] ? c->curve_secret : NULL;
+    sp.monitor = &c->monitor; /* always: a plaintext client of a CURVE coordinator learns it at once too */
     sd_status st = sd_net_socket_open(c->zctx, &sp, NULL, c->addr, &c->sock);
     if (st != SD_OK) return st;
-    /* always: a plaintext client of a CURVE coordinator learns it at once too */
-    if ((st = sd_net_monitor_open(c->zctx, c->sock, &c->monitor)) != SD_OK) return st;
     /* A DEALER without a connected peer blocks on send until one connects,
      * which may be never (a CurveZMQ handshake the coordinator refused):
      * bound every send, so the I/O thread keeps its deadlines and

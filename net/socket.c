@@ -138,6 +138,7 @@ sd_status sd_net_socket_open(void *zctx, const sd_net_socket_params *p, const ch
         return SD_ERR_NET;
     }
     sd_status st = configure(sock, p);
+    if (st == SD_OK && p->monitor) st = sd_net_monitor_open(zctx, sock, p->monitor);
     if (st == SD_OK) {
         int rc = bind_addr ? zmq_bind(sock, bind_addr) : zmq_connect(sock, connect_addr);
         if (rc != 0) {
@@ -147,6 +148,7 @@ sd_status sd_net_socket_open(void *zctx, const sd_net_socket_params *p, const ch
         }
     }
     if (st != SD_OK) {
+        if (p->monitor) sd_net_monitor_close(sock, p->monitor);
         int zero = 0;
         zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
         zmq_close(sock);

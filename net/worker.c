@@ -206,14 +206,8 @@ static sd_status connect_and_hello(worker_loop *w) {
         sp.curve_public = id->public_key;
         sp.curve_secret = id->secret;
     }
+    sp.monitor = &w->monitor; /* always: a plaintext worker of a CURVE coordinator learns it at once too */
     SD_TRY(sd_net_socket_open(w->zctx, &sp, NULL, w->p->coordinator, &w->sock));
-    { /* always: a plaintext worker of a CURVE coordinator learns it at once too */
-        sd_status st = sd_net_monitor_open(w->zctx, w->sock, &w->monitor);
-        if (st != SD_OK) {
-            sd_net_close(&w->sock);
-            return st;
-        }
-    }
     w->registered = false;
     w->last_recv = sd_now();
     w->last_beat = w->last_recv;

@@ -440,12 +440,8 @@ sd_status sd_group_rank_run(void *zctx, const sd_group_params *p, sd_model *m, s
         sp.curve_public = p->curve->public_key;
         sp.curve_secret = p->curve->secret;
     }
+    sp.monitor = &r.monitor; /* always: a plaintext rank of a keyed leader learns it at once too */
     SD_TRY(sd_net_socket_open(zctx, &sp, NULL, p->addr, &r.sock));
-    /* always: a plaintext rank of a keyed leader learns it at once too */
-    if (sd_net_monitor_open(zctx, r.sock, &r.monitor) != SD_OK) {
-        sd_net_close(&r.sock);
-        return SD_ERR_NET;
-    }
     sd_group_host_name(r.host, sizeof r.host);
     rank_join(&r);
 

@@ -85,6 +85,11 @@ typedef struct sd_net_socket_params {
     const char *curve_server_public;         /* set on the connecting (client) side */
     const char *curve_public, *curve_secret; /* the connecting side's own keys (required with server_public) */
     const char *zap_domain;                  /* server side: SD_ZAP_DOMAIN_* (required with server_secret) */
+    /* When not NULL, a handshake monitor (sd_net_monitor_open) is attached
+     * before the socket connects and returned here: a handshake that fails
+     * on a mechanism mismatch is never retried by libzmq, so a monitor
+     * attached after connecting could miss the one event there will be. */
+    void **monitor;
 } sd_net_socket_params;
 
 /* Defaults: linger SD_NET_LINGER_MS, everything else 0/NULL. */
@@ -92,8 +97,9 @@ sd_net_socket_params sd_net_socket_default_params(void);
 
 /* Creates a socket in zctx with p applied and binds it to bind_addr (when not
  * NULL) or connects it to connect_addr. ROUTER sockets get
- * ZMQ_ROUTER_MANDATORY. Caller closes *out with sd_net_close. Errors name the
- * address and zmq_strerror. */
+ * ZMQ_ROUTER_MANDATORY. Caller closes *out with sd_net_close (and a monitor
+ * asked for with p->monitor with sd_net_monitor_close, first). Errors name
+ * the address and zmq_strerror. */
 sd_status sd_net_socket_open(void *zctx, const sd_net_socket_params *p, const char *bind_addr, const char *connect_addr,
                              void **out);
 /* zmq_close(*sock), *sock = NULL. NULL-safe. */
