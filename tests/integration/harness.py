@@ -59,6 +59,36 @@ class TestFailure(Exception):
     pass
 
 
+
+# ---- processes, read from /proc (the launcher's children and their state) ----
+
+def children(pid):
+    """The pids of pid's children (empty once pid is gone)."""
+    try:
+        with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def cmdline(pid):
+    """pid's argv as bytes (empty once pid is gone)."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def running(pid):
+    """Whether pid exists and is not a zombie."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().split(") ")[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
 def check(cond, msg):
     if not cond:
         raise TestFailure(msg)

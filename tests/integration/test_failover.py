@@ -29,34 +29,11 @@ import subprocess
 import time
 
 import harness as H
+from harness import children, cmdline, running  # noqa: F401 (test_chaos uses them through test_failover)
 
 STOP_S = 5.0
 BINARY = {"coordinator": b"specd-coordinator", "drafter": b"specd-drafter", "verifier": b"specd-verifier",
           "rank": b"specd-verifier"}
-
-
-def children(pid):
-    try:
-        with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        return []
-
-
-def cmdline(pid):
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            return f.read().split(b"\0")
-    except OSError:
-        return []
-
-
-def running(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().split(") ")[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def role_pid(launch_pid, role):

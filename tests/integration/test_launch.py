@@ -20,14 +20,7 @@ import time
 import urllib.request
 
 import harness as H
-
-
-def children(pid):
-    try:
-        with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        return []
+from harness import children, running
 
 
 def comm(pid):
@@ -39,13 +32,7 @@ def comm(pid):
 
 
 def gone(pids):
-    def dead(p):
-        try:
-            with open("/proc/%d/stat" % p) as f:
-                return f.read().split(") ")[1].split()[0] in ("Z", "X")
-        except OSError:
-            return True
-    return all(dead(p) for p in pids)
+    return not any(running(p) for p in pids)
 
 
 def start_launcher(h, target, curve=False):

@@ -19,32 +19,9 @@ import threading
 import time
 
 import harness as H
+from harness import children, cmdline, running
 
 DETECT_BOUND_S = 10.0
-
-
-def children(pid):
-    try:
-        with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        return []
-
-
-def cmdline(pid):
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            return f.read().split(b"\0")
-    except OSError:
-        return []
-
-
-def dead(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().split(") ")[1].split()[0] in ("Z", "X")
-    except OSError:
-        return True
 
 
 def ranks_of(launcher_pid):
@@ -52,7 +29,7 @@ def ranks_of(launcher_pid):
     out = {}
     for k in children(launcher_pid):
         argv = cmdline(k)
-        if not argv or not argv[0].endswith(b"specd-verifier") or dead(k):
+        if not argv or not argv[0].endswith(b"specd-verifier") or not running(k):
             continue
         r = argv.index(b"--rank") if b"--rank" in argv else -1
         out[int(argv[r + 1]) if r >= 0 else 0] = k
@@ -88,7 +65,7 @@ def run(h, args):
             # Times the group's fall and return while the client keeps reading.
             try:
                 t_kill = state["t_kill"]
-                H.wait_until(lambda: all(dead(p) for p in old.values()), 60,
+                H.wait_until(lambda: all(not running(p) for p in old.values()), 60,
                              "every rank of the old group to be gone")
                 state["gone_s"] = time.monotonic() - t_kill
                 new = H.wait_until(lambda: (lambda r: r if len(r) == args.tp and not set(r.values()) & set(old.values())
@@ -127,7 +104,7 @@ def run(h, args):
     # Nothing left behind: a clean stop takes every process we saw with it.
     rc = h.stop(launch, signal.SIGTERM, timeout=60)
     H.check(rc == 0, "specd-launch exited %s on SIGTERM, expected 0" % rc)
-    H.wait_until(lambda: all(dead(p) for p in every_pid), 15, "every process of the service to be gone")
+    H.wait_until(lambda: all(not running(p) for p in every_pid), 15, "every process of the service to be gone")
     H.log("no process left of %d started" % len(every_pid))
 
 
