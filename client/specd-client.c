@@ -516,8 +516,8 @@ static void print_spec_stats(const sd_client_service_stats *s) {
     printf("speculation: %llu sequence verify steps in %llu verify batches, %llu with drafts; %llu/%llu draft "
            "tokens accepted; mean accepted length %.2f per drafted step; goodput %.2f tokens per step\n",
            (unsigned long long)s->seq_verify_steps, (unsigned long long)s->verify_batches,
-           (unsigned long long)s->drafts, (unsigned long long)s->accepted_tokens,
-           (unsigned long long)s->draft_tokens, drafts > 0 ? (double)s->accepted_tokens / drafts : 0.0,
+           (unsigned long long)s->drafts, (unsigned long long)s->accepted_tokens, (unsigned long long)s->draft_tokens,
+           drafts > 0 ? (double)s->accepted_tokens / drafts : 0.0,
            steps > 0 ? (double)s->committed_tokens / steps : 0.0);
     if (s->n_positions == 0) return;
     printf("acceptance by draft position:");

@@ -282,12 +282,12 @@ typedef struct sd_coord_client {
  * part in a verify step after its prefill), since the coordinator started;
  * reported in ServiceStats, where Prometheus-style rates are taken. */
 typedef struct sd_spec_counts {
-    uint64_t seq_steps;                 /* sequence verify steps */
-    uint64_t drafts;                    /* of those, with k >= 1 drafts */
-    uint64_t draft_tokens, accepted;    /* drafts verified, and accepted */
-    uint64_t draft_per_pos[SD_MAX_K];   /* [i]: drafts verified at position i */
+    uint64_t seq_steps;                  /* sequence verify steps */
+    uint64_t drafts;                     /* of those, with k >= 1 drafts */
+    uint64_t draft_tokens, accepted;     /* drafts verified, and accepted */
+    uint64_t draft_per_pos[SD_MAX_K];    /* [i]: drafts verified at position i */
     uint64_t accepted_per_pos[SD_MAX_K]; /* [i]: of those, accepted (non-increasing in i) */
-    int32_t deepest;                    /* positions with a draft counted: 0..deepest-1 */
+    int32_t deepest;                     /* positions with a draft counted: 0..deepest-1 */
 } sd_spec_counts;
 
 /* Counts one sequence verify step that verified k drafts and accepted the

@@ -586,7 +586,8 @@ static void flush_chunks(sd_coord *c, uint64_t now_us) {
 }
 
 void sd_spec_counts_add(sd_spec_counts *t, int32_t k, int32_t n_accepted) {
-    if (k < 0 || k > SD_MAX_K || n_accepted < 0 || n_accepted > k) return; /* the caller checked it against what was sent */
+    if (k < 0 || k > SD_MAX_K || n_accepted < 0 || n_accepted > k)
+        return; /* the caller checked it against what was sent */
     t->seq_steps++;
     if (k == 0) return;
     t->drafts++;

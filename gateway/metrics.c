@@ -293,8 +293,8 @@ static void coordinator_metrics(outbuf *b, const sd_client_service_stats *st) {
                        : k == 2 ? (double)w->drafted
                        : k == 3 ? (double)w->accepted
                                 : w->step_us;
-            out(b, "%s{role=\"%s\",name=\"%s\",group=\"%u\",worker=\"%llu\"} %.17g\n", r_names[k],
-                role_name(w->role), name, w->group_id, (unsigned long long)w->worker_id, v);
+            out(b, "%s{role=\"%s\",name=\"%s\",group=\"%u\",worker=\"%llu\"} %.17g\n", r_names[k], role_name(w->role),
+                name, w->group_id, (unsigned long long)w->worker_id, v);
         }
     }
 }

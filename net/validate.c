@@ -403,12 +403,13 @@ Specd__ClientToCoordinator *sd_net_decode_client(const uint8_t *data, size_t len
  * two arrays as long as each other. */
 static bool check_service_stats(vctx *v, const Specd__ServiceStats *s) {
     if (s->n_draft_tokens_per_pos > SD_MAX_K || s->n_accepted_tokens_per_pos > SD_MAX_K)
-        return fail(v, SPECD__CODE__CODE_TOO_LARGE, "stats: %zu/%zu per-position counters, at most %d",
+        return fail(v, SPECD__CODE__CODE_TOO_LARGE,
+                    "stats.draft_tokens_per_pos / accepted_tokens_per_pos: %zu / %zu entries, over the limit of %d",
                     s->n_draft_tokens_per_pos, s->n_accepted_tokens_per_pos, SD_MAX_K);
     if (s->n_draft_tokens_per_pos != s->n_accepted_tokens_per_pos)
         return fail(v, SPECD__CODE__CODE_BAD_REQUEST,
-                    "stats: %zu draft_tokens_per_pos but %zu accepted_tokens_per_pos", s->n_draft_tokens_per_pos,
-                    s->n_accepted_tokens_per_pos);
+                    "stats.draft_tokens_per_pos: %zu entries but accepted_tokens_per_pos %zu",
+                    s->n_draft_tokens_per_pos, s->n_accepted_tokens_per_pos);
     return true;
 }
 

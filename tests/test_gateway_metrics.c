@@ -40,8 +40,11 @@ static sd_client_service_stats *snapshot(void) {
     memcpy(st->draft_tokens_per_pos, d, sizeof d);
     memcpy(st->accepted_tokens_per_pos, a, sizeof a);
     st->n_workers = 3;
-    st->workers[0] = (sd_client_worker_info){.role = SPECD__ROLE__ROLE_VERIFIER, .alive = true, .worker_id = 2,
-                                             .kv_blocks_total = 100, .kv_blocks_free = 60};
+    st->workers[0] = (sd_client_worker_info){.role = SPECD__ROLE__ROLE_VERIFIER,
+                                             .alive = true,
+                                             .worker_id = 2,
+                                             .kv_blocks_total = 100,
+                                             .kv_blocks_free = 60};
     /* the killed drafter (kept for stats) and the one that replaced it */
     st->workers[1] = (sd_client_worker_info){.role = SPECD__ROLE__ROLE_DRAFTER, .alive = false, .worker_id = 1};
     st->workers[2] = (sd_client_worker_info){.role = SPECD__ROLE__ROLE_DRAFTER, .alive = true, .worker_id = 3};

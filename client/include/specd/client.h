@@ -189,14 +189,14 @@ typedef struct sd_client_service_stats {
     double draft_step_us; /* draft round trip per draft step */
     /* speculative decoding since the coordinator started, per sequence
      * verify step (one sequence's part in a verify step after prefill) */
-    uint64_t seq_verify_steps;           /* each commits 1 + accepted tokens (fewer at the request's end) */
-    uint64_t drafts;                     /* of those, with at least one draft */
+    uint64_t seq_verify_steps; /* each commits 1 + accepted tokens (fewer at the request's end) */
+    uint64_t drafts;           /* of those, with at least one draft */
     uint64_t draft_tokens, accepted_tokens;
-    size_t n_positions;                  /* draft positions counted below (the coordinator's max K) */
+    size_t n_positions;                         /* draft positions counted below (the coordinator's max K) */
     uint64_t draft_tokens_per_pos[SD_MAX_K];    /* [i]: drafts verified at draft position i */
     uint64_t accepted_tokens_per_pos[SD_MAX_K]; /* [i]: of those, accepted (non-increasing in i) */
-    uint64_t verify_batches;             /* verify steps sent (prefill-only ones left out) */
-    size_t n_workers;                    /* at most SD_CLIENT_MAX_WORKERS */
+    uint64_t verify_batches;                    /* verify steps sent (prefill-only ones left out) */
+    size_t n_workers;                           /* at most SD_CLIENT_MAX_WORKERS */
     sd_client_worker_info workers[SD_CLIENT_MAX_WORKERS];
 } sd_client_service_stats;
 
