@@ -1,6 +1,6 @@
 """64 concurrent streaming clients through specd-gateway, under
 specd-launch on SmolLM2 with a self-draft drafter (its first layer) and K
-fixed at 4, so every step drafts:
+fixed (4 by default), so every step drafts:
 
 - every stream (the official openai client, one thread each) ends with
   exactly specd-generate's greedy text for its prompt (each distinct
@@ -15,7 +15,7 @@ fixed at 4, so every step drafts:
   speculation series consistent (test_gateway_load.check_spec_metrics,
   drafts required).
 
-  test_gateway_streams.py [--kill-drafter] [--clients 64] [--tokens 12]
+  test_gateway_streams.py [--kill-drafter] [--clients 64] [--tokens 12] [--k 4] [--prompts 8]
 
 Prompts and max_tokens are short (ignore_eos, so each stream generates
 exactly max_tokens): under ASan a prompt token costs about what a generated
@@ -41,7 +41,7 @@ except ImportError:
 
 PROMPTS = ["The capital of France is", "Three colors:", "1, 2, 3,", "The sea is", "My favourite food is",
            "Once upon a time", "Water boils at", "The best way to learn is"]
-MAX_K = 8  # the coordinator's default --max-k (K is fixed at 4 below it)
+MAX_K = 8  # the coordinator's default --max-k (K is fixed below it)
 
 
 def drafters_up(m):
@@ -54,10 +54,12 @@ def run(h, args):
     if openai is None or text_string_to_metric_families is None:
         H.skip("openai or prometheus_client is not installed in the test venv (tests/ref/requirements.txt)")
     model = h.smollm()
+    prompts = PROMPTS[:args.prompts]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        refs = list(pool.map(lambda p: h.reference(model, p, args.tokens, ignore_eos=True), PROMPTS))
+        refs = list(pool.map(lambda p: h.reference(model, p, args.tokens, ignore_eos=True), prompts))
     H.log("computed %d references" % len(refs))
-    launch = start_launch(h, model, 1, gateway=True)
+    launch = start_launch(h, model, 1, gateway=True,
+                          extra=["--coordinator-arg", "--default-k", "--coordinator-arg", str(args.k)])
     h.http_url = "http://127.0.0.1:%d" % h.http_port
     H.wait_until(lambda: h.http("GET", "/health")[0] == 200, 60, "/health to say 200")
     before = metrics(h)
@@ -67,7 +69,7 @@ def run(h, args):
 
     def stream(i):
         chunks = list(cl.completions.create(
-            model="specd", prompt=PROMPTS[i % len(PROMPTS)], temperature=0, max_tokens=args.tokens, stream=True,
+            model="specd", prompt=prompts[i % len(prompts)], temperature=0, max_tokens=args.tokens, stream=True,
             stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
         text = "".join(c.choices[0].text for c in chunks if c.choices)
         fins = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
@@ -92,7 +94,7 @@ def run(h, args):
 
     bad = []
     for i, (text, fins, usage) in enumerate(res):
-        ref = refs[i % len(PROMPTS)]
+        ref = refs[i % len(prompts)]
         if text != ref["text"] or fins != ["length"] or usage is None or \
                 usage.completion_tokens != len(ref["ids"]) or usage.prompt_tokens != len(ref["prompt_ids"]) or \
                 usage.total_tokens != len(ref["ids"]) + len(ref["prompt_ids"]):
@@ -133,5 +135,8 @@ if __name__ == "__main__":
     ap.add_argument("--kill-drafter", action="store_true")
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=12)
+    ap.add_argument("--k", type=int, default=4, choices=range(1, MAX_K + 1), help="the coordinator's fixed K")
+    ap.add_argument("--prompts", type=int, default=len(PROMPTS), choices=range(1, len(PROMPTS) + 1),
+                    help="distinct prompts")
     a = ap.parse_args()
     H.main(lambda h: run(h, a))
