@@ -355,6 +355,17 @@ static void copy_stats(const Specd__ServiceStats *s, sd_client_service_stats *o)
     o->verify_token_us = s->verify_token_us;
     o->draft_token_us = s->draft_token_us;
     o->draft_step_us = s->draft_step_us;
+    o->seq_verify_steps = s->seq_verify_steps;
+    o->drafts = s->drafts;
+    o->draft_tokens = s->draft_tokens;
+    o->accepted_tokens = s->accepted_tokens;
+    o->verify_batches = s->verify_batches;
+    /* sd_net_decode_to_client checked both arrays: equal lengths, at most SD_MAX_K */
+    for (size_t i = 0; i < s->n_draft_tokens_per_pos && i < s->n_accepted_tokens_per_pos && i < SD_MAX_K; i++) {
+        o->draft_tokens_per_pos[i] = s->draft_tokens_per_pos[i];
+        o->accepted_tokens_per_pos[i] = s->accepted_tokens_per_pos[i];
+        o->n_positions = i + 1;
+    }
     for (size_t i = 0; i < s->n_workers && o->n_workers < SD_CLIENT_MAX_WORKERS; i++) {
         const Specd__WorkerInfo *w = s->workers[i];
         sd_client_worker_info *d = &o->workers[o->n_workers++];
@@ -371,6 +382,7 @@ static void copy_stats(const Specd__ServiceStats *s, sd_client_service_stats *o)
         d->accepted = w->accepted;
         d->committed = w->committed;
         d->step_us = w->step_us;
+        d->worker_id = w->worker_id;
         if (w->stats) {
             d->kv_blocks_total = w->stats->kv_blocks_total;
             d->kv_blocks_free = w->stats->kv_blocks_free;

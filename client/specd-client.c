@@ -509,6 +509,24 @@ static const char *kind_name(Specd__DrafterKind k) {
     }
 }
 
+/* Speculative decoding: verify steps, drafts, acceptance per draft
+ * position, mean accepted length and goodput (as /metrics has them). */
+static void print_spec_stats(const sd_client_service_stats *s) {
+    double steps = (double)s->seq_verify_steps, drafts = (double)s->drafts;
+    printf("speculation: %llu sequence verify steps in %llu verify batches, %llu with drafts; %llu/%llu draft "
+           "tokens accepted; mean accepted length %.2f per drafted step; goodput %.2f tokens per step\n",
+           (unsigned long long)s->seq_verify_steps, (unsigned long long)s->verify_batches,
+           (unsigned long long)s->drafts, (unsigned long long)s->accepted_tokens, (unsigned long long)s->draft_tokens,
+           drafts > 0 ? (double)s->accepted_tokens / drafts : 0.0,
+           steps > 0 ? (double)s->committed_tokens / steps : 0.0);
+    if (s->n_positions == 0) return;
+    printf("acceptance by draft position:");
+    for (size_t i = 0; i < s->n_positions; i++)
+        printf(" %zu:%llu/%llu", i, (unsigned long long)s->accepted_tokens_per_pos[i],
+               (unsigned long long)s->draft_tokens_per_pos[i]);
+    printf("\n");
+}
+
 static int run_stats(sd_client *c, const options *o) {
     sd_client_service_stats s;
     sd_status st = sd_client_stats(c, (int)(o->timeout_s * 1000), &s);
@@ -532,6 +550,17 @@ static int run_stats(sd_client *c, const options *o) {
         cJSON_AddNumberToObject(j, "verify_token_us", s.verify_token_us);
         cJSON_AddNumberToObject(j, "draft_token_us", s.draft_token_us);
         cJSON_AddNumberToObject(j, "draft_step_us", s.draft_step_us);
+        cJSON_AddNumberToObject(j, "seq_verify_steps", (double)s.seq_verify_steps);
+        cJSON_AddNumberToObject(j, "drafts", (double)s.drafts);
+        cJSON_AddNumberToObject(j, "draft_tokens", (double)s.draft_tokens);
+        cJSON_AddNumberToObject(j, "accepted_tokens", (double)s.accepted_tokens);
+        cJSON_AddNumberToObject(j, "verify_batches", (double)s.verify_batches);
+        cJSON *dp = cJSON_AddArrayToObject(j, "draft_tokens_per_pos");
+        cJSON *ap = cJSON_AddArrayToObject(j, "accepted_tokens_per_pos");
+        for (size_t i = 0; i < s.n_positions; i++) {
+            cJSON_AddItemToArray(dp, cJSON_CreateNumber((double)s.draft_tokens_per_pos[i]));
+            cJSON_AddItemToArray(ap, cJSON_CreateNumber((double)s.accepted_tokens_per_pos[i]));
+        }
         cJSON *ws = cJSON_AddArrayToObject(j, "workers");
         for (size_t i = 0; i < s.n_workers; i++) {
             const sd_client_worker_info *w = &s.workers[i];
@@ -553,6 +582,7 @@ static int run_stats(sd_client *c, const options *o) {
             cJSON_AddNumberToObject(x, "accepted", (double)w->accepted);
             cJSON_AddNumberToObject(x, "committed", (double)w->committed);
             cJSON_AddNumberToObject(x, "step_us", w->step_us);
+            cJSON_AddNumberToObject(x, "worker_id", (double)w->worker_id);
             cJSON_AddItemToArray(ws, x);
         }
         char *txt = cJSON_PrintUnformatted(j);
@@ -569,6 +599,7 @@ static int run_stats(sd_client *c, const options *o) {
     printf("cost model: verify step %.0f us + %.0f us per token; drafting %.0f us per token; draft round trip "
            "%.0f us\n",
            s.verify_fixed_us, s.verify_token_us, s.draft_token_us, s.draft_step_us);
+    print_spec_stats(&s);
     for (size_t i = 0; i < s.n_workers; i++) {
         const sd_client_worker_info *w = &s.workers[i];
         printf("  %s[%u] %s%s%s %s: KV blocks %u free of %u, %u sequences, %llu steps\n", role_name(w->role), w->rank,

@@ -194,6 +194,14 @@ static void on_stats(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
     st.verify_token_us = c->cost.verify_token_us;
     st.draft_token_us = c->cost.draft_token_us;
     st.draft_step_us = c->cost.draft_step_us;
+    st.seq_verify_steps = c->spec.seq_steps;
+    st.drafts = c->spec.drafts;
+    st.draft_tokens = c->spec.draft_tokens;
+    st.accepted_tokens = c->spec.accepted;
+    st.n_draft_tokens_per_pos = st.n_accepted_tokens_per_pos = (size_t)sd_spec_counts_positions(&c->spec, c->p.max_k);
+    st.draft_tokens_per_pos = (uint64_t *)(uintptr_t)c->spec.draft_per_pos;
+    st.accepted_tokens_per_pos = (uint64_t *)(uintptr_t)c->spec.accepted_per_pos;
+    st.verify_batches = c->verify_steps;
     Specd__WorkerInfo infos[SD_COORD_MAX_WORKERS], *pinfos[SD_COORD_MAX_WORKERS];
     Specd__WorkerStats wst[SD_COORD_MAX_WORKERS];
     size_t n = 0;
@@ -209,6 +217,7 @@ static void on_stats(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
         infos[n].name = c->p.stats_names ? (char *)(uintptr_t)w->name : (char *)"";
         infos[n].drafter_kind = w->drafter_kind;
         infos[n].alive = w->alive;
+        infos[n].worker_id = w->worker_id;
         infos[n].group_id = w->group_id;
         infos[n].group_size = w->group_size;
         infos[n].active_requests = w->alive ? (uint32_t)sd_place_group_load(c, i) : 0;

@@ -278,6 +278,25 @@ typedef struct sd_coord_client {
 
 /* ---------------------------------------------------------------- the whole */
 
+/* Speculative decoding counted over sequence verify steps (one sequence's
+ * part in a verify step after its prefill), since the coordinator started;
+ * reported in ServiceStats, where Prometheus-style rates are taken. */
+typedef struct sd_spec_counts {
+    uint64_t seq_steps;                  /* sequence verify steps */
+    uint64_t drafts;                     /* of those, with k >= 1 drafts */
+    uint64_t draft_tokens, accepted;     /* drafts verified, and accepted */
+    uint64_t draft_per_pos[SD_MAX_K];    /* [i]: drafts verified at position i */
+    uint64_t accepted_per_pos[SD_MAX_K]; /* [i]: of those, accepted (non-increasing in i) */
+    int32_t deepest;                     /* positions with a draft counted: 0..deepest-1 */
+} sd_spec_counts;
+
+/* Counts one sequence verify step that verified k drafts and accepted the
+ * first n_accepted of them (0 <= n_accepted <= k <= SD_MAX_K, checked by
+ * the caller against what was sent). */
+void sd_spec_counts_add(sd_spec_counts *t, int32_t k, int32_t n_accepted);
+/* Per-position entries to report: max_k, or deeper when a step drafted deeper. */
+int32_t sd_spec_counts_positions(const sd_spec_counts *t, int32_t max_k);
+
 typedef struct sd_coord {
     sd_coord_params p;
     sd_coord_io io;
@@ -323,6 +342,7 @@ typedef struct sd_coord {
     uint64_t hold_event_us;     /* clock when the event being handled began (a draft reply, a tick) */
     /* service stats */
     uint64_t finished_requests, committed_tokens;
+    sd_spec_counts spec; /* speculative decoding, per sequence verify step (scheduler.c) */
     /* per verify step, over the last SD_COORD_OVERHEAD_WINDOW steps: the
      * coordinator's own time (the event that let the step go -> sent) and
      * the time the verifier was held waiting for drafts (0 when not held) */

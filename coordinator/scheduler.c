@@ -585,6 +585,24 @@ static void flush_chunks(sd_coord *c, uint64_t now_us) {
     c->n_chunks = 0;
 }
 
+void sd_spec_counts_add(sd_spec_counts *t, int32_t k, int32_t n_accepted) {
+    if (k < 0 || k > SD_MAX_K || n_accepted < 0 || n_accepted > k)
+        return; /* the caller checked it against what was sent */
+    t->seq_steps++;
+    if (k == 0) return;
+    t->drafts++;
+    t->draft_tokens += (uint64_t)k;
+    t->accepted += (uint64_t)n_accepted;
+    for (int32_t i = 0; i < k; i++) t->draft_per_pos[i]++;
+    for (int32_t i = 0; i < n_accepted; i++) t->accepted_per_pos[i]++;
+    if (k > t->deepest) t->deepest = k;
+}
+
+int32_t sd_spec_counts_positions(const sd_spec_counts *t, int32_t max_k) {
+    int32_t n = max_k > t->deepest ? max_k : t->deepest;
+    return n < SD_MAX_K ? n : SD_MAX_K;
+}
+
 static void commit_step(sd_coord *c, sd_session *s, const int32_t *tokens, int32_t n, uint64_t now_us) {
     sd_commit_out out;
     sd_status st = sd_session_commit(s, c->tok, tokens, n, &out);
@@ -706,6 +724,7 @@ void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r,
             s->target_steps++;
             s->drafted += (uint32_t)w->step_k[i];
             s->accepted += vr->n_accepted;
+            sd_spec_counts_add(&c->spec, w->step_k[i], (int32_t)vr->n_accepted);
             w->committed += vr->n_commit;
             w->drafted += (uint32_t)w->step_k[i];
             w->accepted += vr->n_accepted;

@@ -4,8 +4,9 @@
  * status, finished requests by reason, tokens, drafted/accepted from each
  * request's final stats, latency histograms measured at the gateway), and
  * a ServiceStats snapshot from the coordinator, queried per scrape
- * (running/queued requests, committed tokens, step overhead, draft wait,
- * and per worker: up, KV blocks, sequences, steps). Counters of the
+ * (running/queued requests, committed tokens, verify steps, drafted and
+ * accepted tokens overall and per draft position, step overhead, draft
+ * wait, and per worker: up, KV blocks, sequences, steps). Counters of the
  * gateway are since this gateway started; the coordinator's since it did.
  * One mutex guards the counters: updates are a few additions. */
 #include "gateway_impl.h"
@@ -175,6 +176,46 @@ static const char *role_name(Specd__Role r) {
     }
 }
 
+/* Speculative decoding as the coordinator counts it (vLLM's names where it
+ * has one: vllm:spec_decode_num_drafts, _num_draft_tokens,
+ * _num_accepted_tokens, _num_accepted_tokens_per_pos). Rates come from the
+ * counters: acceptance at position i = accepted_per_pos / draft_per_pos,
+ * mean accepted length = accepted / drafts, goodput = committed tokens /
+ * verify steps; the two gauges are those ratios since the coordinator
+ * started. */
+static void spec_decode_metrics(outbuf *b, const sd_client_service_stats *st) {
+    head(b, "specd_spec_decode_verify_steps_total", "counter",
+         "Sequence verify steps: one sequence's part in a verify step after its prefill (commits 1 + accepted "
+         "tokens).");
+    out(b, "specd_spec_decode_verify_steps_total %llu\n", (unsigned long long)st->seq_verify_steps);
+    head(b, "specd_verify_batches_total", "counter", "Verify steps sent to verifier groups (prefill-only left out).");
+    out(b, "specd_verify_batches_total %llu\n", (unsigned long long)st->verify_batches);
+    head(b, "specd_spec_decode_num_drafts_total", "counter", "Sequence verify steps with at least one draft token.");
+    out(b, "specd_spec_decode_num_drafts_total %llu\n", (unsigned long long)st->drafts);
+    head(b, "specd_spec_decode_num_draft_tokens_total", "counter", "Draft tokens verified.");
+    out(b, "specd_spec_decode_num_draft_tokens_total %llu\n", (unsigned long long)st->draft_tokens);
+    head(b, "specd_spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.");
+    out(b, "specd_spec_decode_num_accepted_tokens_total %llu\n", (unsigned long long)st->accepted_tokens);
+    head(b, "specd_spec_decode_num_draft_tokens_per_pos_total", "counter",
+         "Draft tokens verified at each draft position (0-based).");
+    for (size_t i = 0; i < st->n_positions; i++)
+        out(b, "specd_spec_decode_num_draft_tokens_per_pos_total{position=\"%zu\"} %llu\n", i,
+            (unsigned long long)st->draft_tokens_per_pos[i]);
+    head(b, "specd_spec_decode_num_accepted_tokens_per_pos_total", "counter",
+         "Draft tokens accepted at each draft position (0-based; non-increasing in the position).");
+    for (size_t i = 0; i < st->n_positions; i++)
+        out(b, "specd_spec_decode_num_accepted_tokens_per_pos_total{position=\"%zu\"} %llu\n", i,
+            (unsigned long long)st->accepted_tokens_per_pos[i]);
+    head(b, "specd_spec_decode_mean_accepted_length", "gauge",
+         "Accepted draft tokens per sequence verify step with drafts, since the coordinator started.");
+    out(b, "specd_spec_decode_mean_accepted_length %.9g\n",
+        st->drafts ? (double)st->accepted_tokens / (double)st->drafts : 0.0);
+    head(b, "specd_spec_decode_goodput", "gauge",
+         "Committed tokens per sequence verify step, since the coordinator started.");
+    out(b, "specd_spec_decode_goodput %.9g\n",
+        st->seq_verify_steps ? (double)st->committed_tokens / (double)st->seq_verify_steps : 0.0);
+}
+
 static void coordinator_metrics(outbuf *b, const sd_client_service_stats *st) {
     head(b, "specd_num_requests_running", "gauge", "Requests admitted by the coordinator and not finished.");
     out(b, "specd_num_requests_running %u\n", st->active_requests);
@@ -194,12 +235,19 @@ static void coordinator_metrics(outbuf *b, const sd_client_service_stats *st) {
     head(b, "specd_draft_wait_share", "gauge", "Share of verify steps held for drafts (0..1).");
     out(b, "specd_draft_wait_share %.9g\n", st->draft_wait_share);
 
+    spec_decode_metrics(b, st);
+
+    /* Every per-worker series carries worker="ID", the coordinator's id of
+     * the registration: a dead worker stays listed (up 0) beside the one
+     * that replaced it, with the same role, rank and (without
+     * --stats-names) name, and two series may not share all their labels. */
     head(b, "specd_worker_up", "gauge", "1 while the worker is registered and alive.");
     for (size_t i = 0; i < st->n_workers; i++) {
         char name[300];
         label_value(name, sizeof name, st->workers[i].name);
-        out(b, "specd_worker_up{role=\"%s\",rank=\"%u\",name=\"%s\"} %d\n", role_name(st->workers[i].role),
-            st->workers[i].rank, name, st->workers[i].alive ? 1 : 0);
+        out(b, "specd_worker_up{role=\"%s\",rank=\"%u\",name=\"%s\",worker=\"%llu\"} %d\n",
+            role_name(st->workers[i].role), st->workers[i].rank, name, (unsigned long long)st->workers[i].worker_id,
+            st->workers[i].alive ? 1 : 0);
     }
     static const char *const kv_names[4] = {"specd_worker_kv_blocks_total", "specd_worker_kv_blocks_free",
                                             "specd_worker_kv_blocks_used", "specd_worker_sequences"};
@@ -214,13 +262,15 @@ static void coordinator_metrics(outbuf *b, const sd_client_service_stats *st) {
                          : k == 2 ? w->kv_blocks_total - (w->kv_blocks_free < w->kv_blocks_total ? w->kv_blocks_free
                                                                                                  : w->kv_blocks_total)
                                   : w->n_sequences;
-            out(b, "%s{role=\"%s\",rank=\"%u\"} %u\n", kv_names[k], role_name(w->role), w->rank, v);
+            out(b, "%s{role=\"%s\",rank=\"%u\",worker=\"%llu\"} %u\n", kv_names[k], role_name(w->role), w->rank,
+                (unsigned long long)w->worker_id, v);
         }
     }
     head(b, "specd_worker_steps_total", "counter", "Forward steps the worker ran.");
     for (size_t i = 0; i < st->n_workers; i++)
-        out(b, "specd_worker_steps_total{role=\"%s\",rank=\"%u\"} %llu\n", role_name(st->workers[i].role),
-            st->workers[i].rank, (unsigned long long)st->workers[i].steps);
+        out(b, "specd_worker_steps_total{role=\"%s\",rank=\"%u\",worker=\"%llu\"} %llu\n",
+            role_name(st->workers[i].role), st->workers[i].rank, (unsigned long long)st->workers[i].worker_id,
+            (unsigned long long)st->workers[i].steps);
     /* routing: per verifier group and per drafter, labelled by name (the
      * series above are by role and rank, which several groups share) */
     static const char *const r_names[5] = {"specd_worker_active_requests", "specd_worker_served_requests_total",
@@ -243,8 +293,8 @@ static void coordinator_metrics(outbuf *b, const sd_client_service_stats *st) {
                        : k == 2 ? (double)w->drafted
                        : k == 3 ? (double)w->accepted
                                 : w->step_us;
-            out(b, "%s{role=\"%s\",name=\"%s\",group=\"%u\"} %.17g\n", r_names[k], role_name(w->role), name,
-                w->group_id, v);
+            out(b, "%s{role=\"%s\",name=\"%s\",group=\"%u\",worker=\"%llu\"} %.17g\n", r_names[k], role_name(w->role),
+                name, w->group_id, (unsigned long long)w->worker_id, v);
         }
     }
 }
@@ -280,10 +330,12 @@ char *gw_metrics_render(gw_metrics *m, const gw_server *srv, const sd_client_ser
     out(&b, "specd_prompt_tokens_total %llu\n", (unsigned long long)snap.prompt_tokens);
     head(&b, "specd_generation_tokens_total", "counter", "Generated tokens of finished requests.");
     out(&b, "specd_generation_tokens_total %llu\n", (unsigned long long)snap.generation_tokens);
-    head(&b, "specd_spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed for finished requests.");
-    out(&b, "specd_spec_decode_num_draft_tokens_total %llu\n", (unsigned long long)snap.drafted);
-    head(&b, "specd_spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted for finished requests.");
-    out(&b, "specd_spec_decode_num_accepted_tokens_total %llu\n", (unsigned long long)snap.accepted);
+    head(&b, "specd_gateway_draft_tokens_total", "counter",
+         "Draft tokens verified for requests this gateway finished.");
+    out(&b, "specd_gateway_draft_tokens_total %llu\n", (unsigned long long)snap.drafted);
+    head(&b, "specd_gateway_accepted_tokens_total", "counter",
+         "Draft tokens accepted for requests this gateway finished.");
+    out(&b, "specd_gateway_accepted_tokens_total %llu\n", (unsigned long long)snap.accepted);
     histogram(&b, "specd_time_to_first_token_seconds", "Request received to first token, at the gateway.", &snap.ttft,
               k_lat_bounds, LAT_BUCKETS);
     histogram(&b, "specd_inter_token_latency_seconds", "Time between tokens, at the gateway.", &snap.itl, k_itl_bounds,

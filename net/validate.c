@@ -399,6 +399,20 @@ Specd__ClientToCoordinator *sd_net_decode_client(const uint8_t *data, size_t len
     return env;
 }
 
+/* The per-position counters: one entry per draft position at most, the
+ * two arrays as long as each other. */
+static bool check_service_stats(vctx *v, const Specd__ServiceStats *s) {
+    if (s->n_draft_tokens_per_pos > SD_MAX_K || s->n_accepted_tokens_per_pos > SD_MAX_K)
+        return fail(v, SPECD__CODE__CODE_TOO_LARGE,
+                    "stats.draft_tokens_per_pos / accepted_tokens_per_pos: %zu / %zu entries, over the limit of %d",
+                    s->n_draft_tokens_per_pos, s->n_accepted_tokens_per_pos, SD_MAX_K);
+    if (s->n_draft_tokens_per_pos != s->n_accepted_tokens_per_pos)
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST,
+                    "stats.draft_tokens_per_pos: %zu entries but accepted_tokens_per_pos %zu",
+                    s->n_draft_tokens_per_pos, s->n_accepted_tokens_per_pos);
+    return true;
+}
+
 Specd__CoordinatorToClient *sd_net_decode_to_client(const uint8_t *data, size_t len, Specd__Code *code, char *err,
                                                     size_t err_len) {
     vctx v = make_ctx(NULL, code, err, err_len);
@@ -417,8 +431,8 @@ Specd__CoordinatorToClient *sd_net_decode_to_client(const uint8_t *data, size_t 
                           (int)env->finished->reason);
             break;
         case SPECD__COORDINATOR_TO_CLIENT__BODY_ERROR: ok = check_error(&v, "error", env->error); break;
+        case SPECD__COORDINATOR_TO_CLIENT__BODY_STATS: ok = check_service_stats(&v, env->stats); break;
         case SPECD__COORDINATOR_TO_CLIENT__BODY_ACCEPTED:
-        case SPECD__COORDINATOR_TO_CLIENT__BODY_STATS:
         case SPECD__COORDINATOR_TO_CLIENT__BODY_HEARTBEAT: break;
         default: ok = fail(&v, SPECD__CODE__CODE_MALFORMED, "CoordinatorToClient: empty envelope"); break;
         }

@@ -8,8 +8,23 @@ specd_py_test(it_gateway_http ${_it}test_gateway_http.py LABELS integration)
 set_tests_properties(it_gateway_http PROPERTIES RESOURCE_LOCK specd_integration)
 specd_py_test(it_gateway_load ${_it}test_gateway_load.py LABELS integration model)
 set_tests_properties(it_gateway_load PROPERTIES RESOURCE_LOCK specd_integration)
+# 64 concurrent streams under specd-launch (K fixed): greedy text and usage
+# equal specd-generate's, the speculation metrics consistent (6 tokens at
+# K = 2: ~10 s in a Release build, ~70 s under ASan at load 6 on the 2-core
+# machine, lighter than it_greedy_smollm_self_64); with the drafter
+# SIGKILLed mid-run, nothing lost and /metrics shows the killed drafter
+# down and its replacement up (slow: 12 tokens at K = 4, ~20 s Release,
+# ~4 min under ASan at load 7).
+specd_py_test(it_gateway_streams ${_it}test_gateway_streams.py ARGS --tokens 6 --k 2 --prompts 4
+              LABELS integration model)
+specd_py_test(it_gateway_streams_drafter_kill ${_it}test_gateway_streams.py ARGS --kill-drafter --tokens 12
+              LABELS integration model slow)
+set_tests_properties(it_gateway_streams it_gateway_streams_drafter_kill PROPERTIES RESOURCE_LOCK specd_integration)
 specd_unit_test(test_gateway_parse test_gateway_parse.c)
 target_link_libraries(test_gateway_parse PRIVATE specd_gateway_openai)
+# /metrics text from a made-up coordinator snapshot (gateway/metrics.c, compiled in).
+specd_unit_test(test_gateway_metrics test_gateway_metrics.c ${CMAKE_SOURCE_DIR}/gateway/metrics.c)
+target_link_libraries(test_gateway_metrics PRIVATE specd_gateway_openai)
 # specd-bench http (tools/bench_http.c, built where libcurl is) against a live gateway.
 if(TARGET specd-bench AND CURL_FOUND)
   specd_py_test(it_bench_http ${_it}test_bench_http.py LABELS integration)

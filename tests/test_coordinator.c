@@ -880,6 +880,116 @@ static void test_speculative_steps_and_drafter_death(void **state) {
     harness_free(h);
 }
 
+/* ServiceStats as a client gets it (through the client's own decoder,
+ * which checks the per-position arrays); caller frees. */
+static Specd__CoordinatorToClient *query_stats(harness *h) {
+    Specd__StatsQuery q = SPECD__STATS_QUERY__INIT;
+    Specd__ClientToCoordinator e = SPECD__CLIENT_TO_COORDINATOR__INIT;
+    e.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_STATS;
+    e.stats = &q;
+    feed_client(h, "stats", &e);
+    captured *c = next_to(h, "stats");
+    assert_non_null(c);
+    Specd__Code code;
+    char err[256];
+    Specd__CoordinatorToClient *m = sd_net_decode_to_client(c->bytes, c->len, &code, err, sizeof err);
+    assert_non_null(m);
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_STATS);
+    return m;
+}
+
+/* The speculative-decoding counters of ServiceStats: per sequence verify
+ * step (k = 0 steps too), draft tokens and acceptance per draft position,
+ * from the results the verifier gave; a bent result is not counted. */
+static void test_spec_counters_per_position(void **state) {
+    (void)state;
+    NEED_MODEL();
+    sd_coord_params p = sd_coord_default_params();
+    p.adaptive_k = false;
+    p.default_k = 3;
+    p.max_k = 5;
+    harness *h = harness_new(&p);
+    Specd__CoordinatorToClient *m = query_stats(h);
+    assert_int_equal(m->stats->seq_verify_steps, 0);
+    assert_int_equal(m->stats->n_draft_tokens_per_pos, 5); /* max_k entries from the start */
+    assert_int_equal(m->stats->n_accepted_tokens_per_pos, 5);
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    register_ok(h, "d", SPECD__ROLE__ROLE_DRAFTER);
+    int32_t prompt[4] = {5, 6, 7, 8};
+    submit(h, "c", prompt, 4, 50, NULL);
+    expect_accepted(h, "c");
+    /* step 1: the prompt and no drafts (K = 0), one token committed */
+    Specd__CoordinatorToWorker *vw = expect_verify(h, "v"), *dw = expect_draft(h, "d");
+    vres r0 = {.n_commit = 1, .commit = {20}, .cached_len = 4};
+    reply_verify(h, "v", vw->verify, &r0);
+    int32_t stale[3] = {1, 2, 3};
+    reply_draft(h, "d", dw->draft, stale, 3);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    /* step 2: three drafts, the first two accepted */
+    dw = expect_draft(h, "d");
+    int32_t drafts[3] = {21, 22, 23};
+    reply_draft(h, "d", dw->draft, drafts, 3);
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    vw = expect_verify(h, "v");
+    assert_int_equal(vw->verify->seqs[0]->n_draft, 3);
+    /* a result that claims an accepted draft that was not sent fails the
+     * step and counts nothing; the step is sent again */
+    vres liar = {.n_accepted = 2, .n_commit = 3, .commit = {21, 99, 5}, .cached_len = 7};
+    reply_verify(h, "v", vw->verify, &liar);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    vw = expect_verify(h, "v");
+    vres r1 = {.n_accepted = 2, .n_commit = 3, .commit = {21, 22, 30}, .cached_len = 7};
+    reply_verify(h, "v", vw->verify, &r1);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    /* step 3: three drafts, none accepted */
+    dw = expect_draft(h, "d");
+    int32_t drafts2[3] = {40, 41, 42};
+    reply_draft(h, "d", dw->draft, drafts2, 3);
+    specd__coordinator_to_worker__free_unpacked(dw, NULL);
+    vw = expect_verify(h, "v");
+    Specd__VerifySeq *vs = vw->verify->seqs[0];
+    assert_int_equal(vs->n_draft, 3);
+    vres r2 = {.n_accepted = 0, .n_commit = 1, .commit = {50}, .cached_len = vs->keep_len + (uint32_t)vs->n_append};
+    reply_verify(h, "v", vw->verify, &r2);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+
+    m = query_stats(h);
+    const Specd__ServiceStats *st = m->stats;
+    assert_int_equal(st->seq_verify_steps, 3);
+    assert_int_equal(st->drafts, 2);
+    assert_int_equal(st->draft_tokens, 6);
+    assert_int_equal(st->accepted_tokens, 2);
+    assert_int_equal(st->committed_tokens, 5); /* goodput 5 / 3 */
+    assert_int_equal(st->verify_batches, 4);   /* the failed step was sent too */
+    assert_int_equal(st->n_draft_tokens_per_pos, 5);
+    const uint64_t want_d[5] = {2, 2, 2, 0, 0}, want_a[5] = {1, 1, 0, 0, 0};
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(st->draft_tokens_per_pos[i], want_d[i]);
+        assert_int_equal(st->accepted_tokens_per_pos[i], want_a[i]);
+    }
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    harness_free(h);
+
+    /* the counting itself: positions past max_k widen the report, and
+     * arguments out of range are not counted */
+    sd_spec_counts t = {0};
+    sd_spec_counts_add(&t, 0, 0);
+    sd_spec_counts_add(&t, SD_MAX_K, SD_MAX_K);
+    sd_spec_counts_add(&t, 2, 3);
+    sd_spec_counts_add(&t, SD_MAX_K + 1, 0);
+    sd_spec_counts_add(&t, -1, 0);
+    assert_int_equal(t.seq_steps, 2);
+    assert_int_equal(t.drafts, 1);
+    assert_int_equal(t.accepted_per_pos[SD_MAX_K - 1], 1);
+    assert_int_equal(sd_spec_counts_positions(&t, 4), SD_MAX_K);
+    sd_spec_counts u = {0};
+    sd_spec_counts_add(&u, 6, 1);
+    assert_int_equal(sd_spec_counts_positions(&u, 4), 6);
+    assert_int_equal(sd_spec_counts_positions(&u, 8), 8);
+}
+
 /* K = 0 costs the verifier nothing: a sequence whose acceptance does not
  * pay for drafts at this cost is verified with no drafts, step after step
  * (no K = 1 probes in the verify batch), while the drafter proposes one
@@ -2303,6 +2413,7 @@ int main(void) {
         cmocka_unit_test(test_plain_steps_commit_and_cache_miss),
         cmocka_unit_test(test_verifier_result_codes),
         cmocka_unit_test(test_speculative_steps_and_drafter_death),
+        cmocka_unit_test(test_spec_counters_per_position),
         cmocka_unit_test(test_k0_steps_shadow_draft),
         cmocka_unit_test(test_shadow_drafts_share_a_phase),
         cmocka_unit_test(test_next_verify_before_streaming),

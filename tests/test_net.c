@@ -437,6 +437,30 @@ static void test_malformed(void **state) {
     assert_null(sd_net_decode_worker(bytes, len, &LIM, &code, err, sizeof err));
     assert_int_equal(code, SPECD__CODE__CODE_MALFORMED);
     free(bytes);
+    /* ServiceStats: the per-position counters, as long as each other and
+     * at most SD_MAX_K entries */
+    uint64_t pos[SD_MAX_K + 1] = {0};
+    Specd__ServiceStats ss = SPECD__SERVICE_STATS__INIT;
+    ss.draft_tokens_per_pos = ss.accepted_tokens_per_pos = pos;
+    Specd__CoordinatorToClient se = SPECD__COORDINATOR_TO_CLIENT__INIT;
+    se.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_STATS, se.stats = &ss;
+    const size_t n_pos[3][2] = {{SD_MAX_K, SD_MAX_K}, {SD_MAX_K + 1, SD_MAX_K + 1}, {4, 3}};
+    const Specd__Code want_code[3] = {SPECD__CODE__CODE_OK, SPECD__CODE__CODE_TOO_LARGE, SPECD__CODE__CODE_BAD_REQUEST};
+    for (int i = 0; i < 3; i++) {
+        ss.n_draft_tokens_per_pos = n_pos[i][0], ss.n_accepted_tokens_per_pos = n_pos[i][1];
+        bytes = pack(&se.base, &len);
+        Specd__CoordinatorToClient *g = sd_net_decode_to_client(bytes, len, &code, err, sizeof err);
+        free(bytes);
+        if (want_code[i] == SPECD__CODE__CODE_OK) {
+            assert_non_null(g);
+            assert_int_equal(g->stats->n_accepted_tokens_per_pos, SD_MAX_K);
+            specd__coordinator_to_client__free_unpacked(g, NULL);
+        } else {
+            assert_null(g);
+            assert_int_equal(code, want_code[i]);
+            assert_non_null(strstr(err, "per_pos"));
+        }
+    }
     /* empty envelopes on every link */
     assert_null(sd_net_decode_client((const uint8_t *)"", 0, NULL, &code, err, sizeof err));
     assert_int_equal(code, SPECD__CODE__CODE_MALFORMED);

@@ -208,12 +208,17 @@ WORKER_INFO = {"role": (1, "enum"), "rank": (2, "uint32"), "name": (3, "string")
                "alive": (5, "bool"), "stats": (6, ("msg", WORKER_STATS)), "group_id": (7, "uint32"),
                "group_size": (8, "uint32"), "active_requests": (9, "uint32"), "served_requests": (10, "uint64"),
                "drafted": (11, "uint64"), "accepted": (12, "uint64"), "committed": (13, "uint64"),
-               "step_us": (14, "double")}
+               "step_us": (14, "double"), "worker_id": (15, "uint64")}
 SERVICE_STATS = {"active_requests": (1, "uint32"), "queued_requests": (2, "uint32"),
                  "finished_requests": (3, "uint64"), "committed_tokens": (4, "uint64"),
                  "workers": (5, ("rep", ("msg", WORKER_INFO))), "step_overhead_p50_us": (6, "double"),
                  "step_overhead_p99_us": (7, "double"), "draft_wait_mean_us": (8, "double"),
-                 "draft_wait_p99_us": (9, "double"), "draft_wait_share": (10, "double")}
+                 "draft_wait_p99_us": (9, "double"), "draft_wait_share": (10, "double"),
+                 "verify_fixed_us": (11, "double"), "verify_token_us": (12, "double"),
+                 "draft_token_us": (13, "double"), "draft_step_us": (14, "double"),
+                 "seq_verify_steps": (15, "uint64"), "drafts": (16, "uint64"), "draft_tokens": (17, "uint64"),
+                 "accepted_tokens": (18, "uint64"), "draft_tokens_per_pos": (19, ("rep", "uint64")),
+                 "accepted_tokens_per_pos": (20, ("rep", "uint64")), "verify_batches": (21, "uint64")}
 COORD_TO_CLIENT = {"accepted": (1, ("msg", ACCEPTED)), "tokens": (2, ("msg", TOKEN_CHUNK)),
                    "finished": (3, ("msg", FINISHED)), "error": (4, ("msg", ERROR)),
                    "stats": (5, ("msg", SERVICE_STATS)), "heartbeat": (6, ("msg", HEARTBEAT))}

@@ -51,7 +51,9 @@ def role_pid(launch_pid, role):
     return None
 
 
-def start_launch(h, target, tp, gateway=False):
+def start_launch(h, target, tp, gateway=False, extra=()):
+    """specd-launch of target with a 1-layer self-draft drafter and K fixed
+    at 4; extra: more specd-launch arguments (later ones win)."""
     cport, wport, gport = H.free_port(), H.free_port(), H.free_port()
     h.client_addr = "tcp://127.0.0.1:%d" % cport
     argv = [h.bin("launch"), "--target", target, "--draft-layers", "1", "--tp", str(tp),
@@ -65,6 +67,7 @@ def start_launch(h, target, tp, gateway=False):
         argv.append("--no-gateway")
     for a in H.FIXED_K:
         argv += ["--coordinator-arg", a]
+    argv += list(extra)
     launch = h.start("launch", argv)
     H.wait_until(lambda: ("ready %s" % h.client_addr) in launch.log_tail(400) or not launch.alive(), 300,
                  "specd-launch to print ready")

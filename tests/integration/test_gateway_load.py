@@ -7,8 +7,12 @@ n-gram drafter (the coordinator's adaptive K):
   one, and chat prompts carry a 30-token system prompt);
 - /metrics parses with prometheus_client's text parser, and its counters
   moved by what the 16 requests did: generation and prompt tokens equal the
-  sum of their usage, drafted >= accepted,
+  sum of their usage, drafted >= accepted (the gateway's sums over its
+  finished requests equal the coordinator's counters),
   16 HTTP 200s on the completions route, the verifier and the drafter up;
+  the coordinator's speculation series agree with each other and with
+  specd-client --stats (check_spec_metrics: per-position acceptance
+  non-increasing and adding up to the totals, goodput in [1, K + 1]);
 - a client that disconnects mid-stream, and one that disconnects while
   waiting for a non-streamed answer, have their requests cancelled: the
   coordinator shows no request active and every KV block free again on
@@ -34,6 +38,7 @@ except ImportError:
 PROMPTS = ["The capital of France is", "Three colors:", "1, 2, 3,", "The sea is"]
 CLIENTS = 16
 TOKENS = 8
+MAX_K = 8  # the coordinator's default --max-k
 
 
 def metrics(h):
@@ -49,6 +54,57 @@ def metrics(h):
 
 def value(m, name, **labels):
     return m.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def labelled(m, name, label):
+    """{label value: sample value} of the series of name."""
+    return {dict(k[1]).get(label): v for k, v in m.items() if k[0] == name}
+
+
+def check_spec_metrics(h, m, max_k, need_drafts):
+    """The coordinator's speculative-decoding series on one scrape m (counted
+    since it started, so they must agree with each other exactly):
+    per-position accepted counts are non-increasing and at most the drafts
+    at that position, they add up to the totals, every drafted step offers
+    position 0, committed tokens per verify step lie in [1, max_k + 1], the
+    two gauges are the ratios of the counters, and specd-client --stats
+    shows the same numbers. need_drafts: some drafts must have been made."""
+    pd = labelled(m, "specd_spec_decode_num_draft_tokens_per_pos_total", "position")
+    pa = labelled(m, "specd_spec_decode_num_accepted_tokens_per_pos_total", "position")
+    want = {str(i) for i in range(max_k)}
+    H.check(set(pd) == want and set(pa) == want, "metrics: positions %s / %s, expected 0..%d"
+            % (sorted(pd), sorted(pa), max_k - 1))
+    pd = [pd[str(i)] for i in range(max_k)]
+    pa = [pa[str(i)] for i in range(max_k)]
+    drafted = value(m, "specd_spec_decode_num_draft_tokens_total")
+    accepted = value(m, "specd_spec_decode_num_accepted_tokens_total")
+    drafts = value(m, "specd_spec_decode_num_drafts_total")
+    steps = value(m, "specd_spec_decode_verify_steps_total")
+    batches = value(m, "specd_verify_batches_total")
+    committed = value(m, "specd_coordinator_committed_tokens_total")
+    what = ("drafted %s accepted %s per position, totals %s / %s, %s drafted steps of %s verify steps in %s batches, "
+            "%s tokens committed" % (pd, pa, drafted, accepted, drafts, steps, batches, committed))
+    H.check(all(pa[i] >= pa[i + 1] for i in range(max_k - 1)), "metrics: accepted per position increases: " + what)
+    H.check(all(a <= d for a, d in zip(pa, pd)), "metrics: more accepted than drafted at a position: " + what)
+    H.check(sum(pa) == accepted and sum(pd) == drafted, "metrics: positions do not add up to the totals: " + what)
+    H.check(drafted >= accepted and pd[0] == drafts <= steps and drafted <= drafts * max_k,
+            "metrics: drafts inconsistent: " + what)
+    H.check(steps > 0 and 0 < batches <= steps and 1 <= committed / steps <= max_k + 1,
+            "metrics: committed tokens per verify step out of [1, %d]: %s" % (max_k + 1, what))
+    if need_drafts:
+        H.check(drafted > 0 and drafts > 0, "metrics: no drafts were verified: " + what)
+    near = lambda a, b: abs(a - b) <= 1e-6 * max(1.0, abs(b))
+    H.check(near(value(m, "specd_spec_decode_goodput"), committed / steps) and
+            near(value(m, "specd_spec_decode_mean_accepted_length"), accepted / drafts if drafts else 0.0),
+            "metrics: gauges goodput %s, mean accepted length %s for %s"
+            % (value(m, "specd_spec_decode_goodput"), value(m, "specd_spec_decode_mean_accepted_length"), what))
+    st = h.cli_stats()
+    cli = (st.get("draft_tokens_per_pos"), st.get("accepted_tokens_per_pos"), st.get("draft_tokens"),
+           st.get("accepted_tokens"), st.get("drafts"), st.get("seq_verify_steps"), st.get("committed_tokens"))
+    H.check(cli == (pd, pa, drafted, accepted, drafts, steps, committed),
+            "specd-client --stats says %s, /metrics %s" % (cli, what))
+    H.log("speculation metrics consistent: " + what)
+    return drafted, accepted
 
 
 def open_stream(h, body):
@@ -103,8 +159,13 @@ def run(h):
     H.check(d("specd_generation_tokens_total") == gen and d("specd_prompt_tokens_total") == prompt,
             "metrics: generation %s / prompt %s tokens, the responses say %d / %d"
             % (d("specd_generation_tokens_total"), d("specd_prompt_tokens_total"), gen, prompt))
-    drafted, accepted = d("specd_spec_decode_num_draft_tokens_total"), d("specd_spec_decode_num_accepted_tokens_total")
+    drafted, accepted = d("specd_gateway_draft_tokens_total"), d("specd_gateway_accepted_tokens_total")
     H.check(drafted >= accepted >= 0, "metrics: drafted %s, accepted %s" % (drafted, accepted))
+    H.check(drafted == d("specd_spec_decode_num_draft_tokens_total") and
+            accepted == d("specd_spec_decode_num_accepted_tokens_total"),
+            "metrics: the gateway's finished requests drafted %s, accepted %s; the coordinator counted %s, %s"
+            % (drafted, accepted, d("specd_spec_decode_num_draft_tokens_total"),
+               d("specd_spec_decode_num_accepted_tokens_total")))
     H.check(d("specd_gateway_http_requests_total", route="/v1/completions", code="200") == CLIENTS,
             "metrics: completions 200s %s" % d("specd_gateway_http_requests_total", route="/v1/completions",
                                                code="200"))
@@ -115,6 +176,7 @@ def run(h):
     H.check(sorted(dict(l)["role"] for l, v in up.items() if v == 1) == ["drafter", "verifier"],
             "metrics: workers up %s" % up)
     H.check(value(after, "specd_coordinator_up") == 1, "metrics: coordinator not up")
+    check_spec_metrics(h, after, MAX_K, need_drafts=False)  # adaptive K may choose not to draft at all
     H.log("metrics moved as expected: %d generated tokens, drafted %d, accepted %d" % (gen, drafted, accepted))
 
     # ---- clients that leave: a stream, and a non-streamed request

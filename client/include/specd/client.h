@@ -173,6 +173,7 @@ typedef struct sd_client_worker_info {
     uint64_t drafted, accepted;    /* draft tokens verified, and accepted */
     uint64_t committed;            /* verifier groups: tokens committed */
     double step_us;                /* groups: modelled 64-token verify step; drafters: draft round trip */
+    uint64_t worker_id;            /* the coordinator's id of this registration (a restarted worker gets a new one) */
 } sd_client_worker_info;
 
 typedef struct sd_client_service_stats {
@@ -186,7 +187,16 @@ typedef struct sd_client_service_stats {
      * costs verify_fixed_us + verify_token_us * n; a draft token draft_token_us */
     double verify_fixed_us, verify_token_us, draft_token_us;
     double draft_step_us; /* draft round trip per draft step */
-    size_t n_workers;     /* at most SD_CLIENT_MAX_WORKERS */
+    /* speculative decoding since the coordinator started, per sequence
+     * verify step (one sequence's part in a verify step after prefill) */
+    uint64_t seq_verify_steps; /* each commits 1 + accepted tokens (fewer at the request's end) */
+    uint64_t drafts;           /* of those, with at least one draft */
+    uint64_t draft_tokens, accepted_tokens;
+    size_t n_positions;                         /* draft positions counted below (the coordinator's max K) */
+    uint64_t draft_tokens_per_pos[SD_MAX_K];    /* [i]: drafts verified at draft position i */
+    uint64_t accepted_tokens_per_pos[SD_MAX_K]; /* [i]: of those, accepted (non-increasing in i) */
+    uint64_t verify_batches;                    /* verify steps sent (prefill-only ones left out) */
+    size_t n_workers;                           /* at most SD_CLIENT_MAX_WORKERS */
     sd_client_worker_info workers[SD_CLIENT_MAX_WORKERS];
 } sd_client_service_stats;
 
