@@ -27,7 +27,11 @@
  * starts). Greedy and seeded output then continue as if nothing happened;
  * the callback sees one stream. Rejected: resubmitting the prompt alone
  * and skipping what was already received (the text would be decoded twice
- * and an unseeded request would not reproduce its tokens). */
+ * and an unseeded request would not reproduce its tokens).
+ *
+ * The field-by-field mapping between the protocol's messages and the API's
+ * structs (Submit, stats, error codes) is client_wire.c's. */
+#include "client_wire.h"
 #include "specd/client.h"
 
 #include <errno.h>
@@ -327,84 +331,6 @@ static bool reconnect_locked(sd_client *c, const char *why) {
     return true;
 }
 
-static sd_status status_for_code(Specd__Code code) {
-    switch (code) {
-    case SPECD__CODE__CODE_BAD_REQUEST:
-    case SPECD__CODE__CODE_MALFORMED:
-    case SPECD__CODE__CODE_TOO_LARGE:
-    case SPECD__CODE__CODE_PROTOCOL: return SD_ERR_INVALID_ARG;
-    case SPECD__CODE__CODE_OVERLOADED:
-    case SPECD__CODE__CODE_KV_FULL: return SD_ERR_OUT_OF_BLOCKS;
-    case SPECD__CODE__CODE_UNKNOWN_REQUEST: return SD_ERR_NOT_FOUND;
-    default: return SD_ERR_NET;
-    }
-}
-
-static void copy_stats(const Specd__ServiceStats *s, sd_client_service_stats *o) {
-    memset(o, 0, sizeof *o);
-    o->active_requests = s->active_requests;
-    o->queued_requests = s->queued_requests;
-    o->finished_requests = s->finished_requests;
-    o->committed_tokens = s->committed_tokens;
-    o->step_overhead_p50_us = s->step_overhead_p50_us;
-    o->step_overhead_p99_us = s->step_overhead_p99_us;
-    o->draft_wait_mean_us = s->draft_wait_mean_us;
-    o->draft_wait_p99_us = s->draft_wait_p99_us;
-    o->draft_wait_share = s->draft_wait_share;
-    o->verify_fixed_us = s->verify_fixed_us;
-    o->verify_token_us = s->verify_token_us;
-    o->draft_token_us = s->draft_token_us;
-    o->draft_step_us = s->draft_step_us;
-    o->seq_verify_steps = s->seq_verify_steps;
-    o->drafts = s->drafts;
-    o->draft_tokens = s->draft_tokens;
-    o->accepted_tokens = s->accepted_tokens;
-    o->verify_batches = s->verify_batches;
-    /* sd_net_decode_to_client checked both arrays: equal lengths, at most SD_MAX_K */
-    for (size_t i = 0; i < s->n_draft_tokens_per_pos && i < s->n_accepted_tokens_per_pos && i < SD_MAX_K; i++) {
-        o->draft_tokens_per_pos[i] = s->draft_tokens_per_pos[i];
-        o->accepted_tokens_per_pos[i] = s->accepted_tokens_per_pos[i];
-        o->n_positions = i + 1;
-    }
-    for (size_t i = 0; i < s->n_workers && o->n_workers < SD_CLIENT_MAX_WORKERS; i++) {
-        const Specd__WorkerInfo *w = s->workers[i];
-        sd_client_worker_info *d = &o->workers[o->n_workers++];
-        d->role = w->role;
-        d->rank = w->rank;
-        snprintf(d->name, sizeof d->name, "%s", w->name);
-        d->drafter_kind = w->drafter_kind;
-        d->alive = w->alive;
-        d->group_id = w->group_id;
-        d->group_size = w->group_size;
-        d->active_requests = w->active_requests;
-        d->served_requests = w->served_requests;
-        d->drafted = w->drafted;
-        d->accepted = w->accepted;
-        d->committed = w->committed;
-        d->step_us = w->step_us;
-        d->worker_id = w->worker_id;
-        if (w->stats) {
-            d->kv_blocks_total = w->stats->kv_blocks_total;
-            d->kv_blocks_free = w->stats->kv_blocks_free;
-            d->n_sequences = w->stats->n_sequences;
-            d->steps = w->stats->steps;
-        }
-    }
-}
-
-static void copy_request_stats(const Specd__RequestStats *s, sd_client_request_stats *o) {
-    o->prompt_tokens = s->prompt_tokens;
-    o->generated_tokens = s->generated_tokens;
-    o->drafted = s->drafted;
-    o->accepted = s->accepted;
-    o->target_steps = s->target_steps;
-    o->queued_ms = s->queued_ms;
-    o->drafting_ms = s->drafting_ms;
-    o->verifying_ms = s->verifying_ms;
-    o->first_token_ms = s->first_token_ms;
-    o->total_ms = s->total_ms;
-}
-
 static void send_cancel_locked(sd_client *c, uint64_t request_id) {
     Specd__Cancel cancel = SPECD__CANCEL__INIT;
     cancel.request_id = request_id;
@@ -470,7 +396,7 @@ static void handle_locked(sd_client *c, const Specd__CoordinatorToClient *env) {
             break;
         }
         r->result.stop_reason = f->reason;
-        if (f->stats) copy_request_stats(f->stats, &r->result.stats);
+        if (f->stats) sd_client_wire_request_stats(f->stats, &r->result.stats);
         finish_locked(c, r, SD_OK, SPECD__CODE__CODE_OK, NULL, f->text_tail.data, f->text_tail.len);
         break;
     }
@@ -492,7 +418,7 @@ static void handle_locked(sd_client *c, const Specd__CoordinatorToClient *env) {
         if (r && (r->state == REQ_PENDING || r->state == REQ_ACTIVE)) {
             if (e->code == SPECD__CODE__CODE_CANCELLED)
                 r->result.stop_reason = SPECD__STOP_REASON__STOP_REASON_CANCELLED;
-            finish_locked(c, r, status_for_code(e->code), e->code, why, NULL, 0);
+            finish_locked(c, r, sd_client_wire_status(e->code), e->code, why, NULL, 0);
             break;
         }
         if (e->request_id || e->client_tag) {
@@ -508,14 +434,14 @@ static void handle_locked(sd_client *c, const Specd__CoordinatorToClient *env) {
         SD_WARN("coordinator error %s: %s", sd_net_code_name(e->code), why);
         bool any = false;
         for (stats_waiter *w = c->stats_waiters; w; w = w->next)
-            if (!w->done) w->done = true, w->status = status_for_code(e->code), any = true;
+            if (!w->done) w->done = true, w->status = sd_client_wire_status(e->code), any = true;
         if (any) pthread_cond_broadcast(&c->cv);
         break;
     }
     case SPECD__COORDINATOR_TO_CLIENT__BODY_STATS:
         for (stats_waiter *w = c->stats_waiters; w; w = w->next)
             if (!w->done) {
-                copy_stats(env->stats, w->out);
+                sd_client_wire_service_stats(env->stats, w->out);
                 w->done = true;
                 w->status = SD_OK;
             }
@@ -813,23 +739,9 @@ void sd_client_close(sd_client **cp) {
 /* sd_client_submit with rq's conversation already in protobuf form. */
 static sd_status submit_with(sd_client *c, const sd_client_request *rq, Specd__ChatMessage **messages,
                              sd_client_token_cb cb, void *user, uint64_t *request_id) {
-    Specd__SubmitRequest sub = SPECD__SUBMIT_REQUEST__INIT;
-    sub.messages = messages;
-    sub.n_messages = messages ? rq->n_messages : 0;
-    Specd__Sampling smp = SPECD__SAMPLING__INIT;
-    sd_net_sampling_to_pb(&rq->sampling, &smp);
-    sub.prompt = (char *)(rq->prompt ? rq->prompt : "");
-    sub.prompt_ids = (int32_t *)rq->prompt_ids;
-    sub.n_prompt_ids = rq->prompt_ids ? rq->n_prompt_ids : 0;
-    sub.chat = rq->chat;
-    sub.system = (char *)(rq->system ? rq->system : "");
-    sub.max_tokens = rq->max_tokens;
-    sub.sampling = &smp;
-    sub.stop = (char **)rq->stop;
-    sub.n_stop = rq->stop ? rq->n_stop : 0;
-    sub.ignore_eos = rq->ignore_eos;
-    sub.max_k = rq->max_k;
-    sub.drafter_kind = rq->drafter_kind;
+    Specd__SubmitRequest sub;
+    Specd__Sampling smp;
+    sd_client_wire_submit(rq, messages, rq->n_messages, &smp, &sub);
     Specd__ClientToCoordinator env = SPECD__CLIENT_TO_COORDINATOR__INIT;
     env.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT;
     env.submit = &sub;
@@ -852,7 +764,7 @@ static sd_status submit_with(sd_client *c, const sd_client_request *rq, Specd__C
         r->submit = bytes; /* kept for resubmission after a coordinator restart */
         r->submit_len = len;
         if (!check) {
-            r->result.status = status_for_code(code);
+            r->result.status = sd_client_wire_status(code);
             r->result.code = code;
             snprintf(r->result.error, sizeof r->result.error, "%s", why);
             SD_DEBUG("submit rejected locally: %s", r->result.error);
@@ -906,35 +818,14 @@ static sd_status submit_with(sd_client *c, const sd_client_request *rq, Specd__C
     return st;
 }
 
-/* The wire role of a chat role name; UNSPECIFIED (refused by validation) otherwise. */
-static Specd__ChatRole chat_role(const char *role) {
-    if (role && strcmp(role, "system") == 0) return SPECD__CHAT_ROLE__CHAT_ROLE_SYSTEM;
-    if (role && strcmp(role, "user") == 0) return SPECD__CHAT_ROLE__CHAT_ROLE_USER;
-    if (role && strcmp(role, "assistant") == 0) return SPECD__CHAT_ROLE__CHAT_ROLE_ASSISTANT;
-    return SPECD__CHAT_ROLE__CHAT_ROLE_UNSPECIFIED;
-}
-
 sd_status sd_client_submit(sd_client *c, const sd_client_request *rq, sd_client_token_cb cb, void *user,
                            uint64_t *request_id) {
     if (!c || !rq || (rq->n_messages && !rq->messages)) return SD_ERR_INVALID_ARG;
     if (request_id) *request_id = 0;
-    /* more turns than the wire allows still go to validation, which names
-     * the limit; only the count copied here is capped */
-    size_t n = rq->n_messages > SD_MAX_CHAT_MESSAGES ? SD_MAX_CHAT_MESSAGES + 1 : rq->n_messages;
-    Specd__ChatMessage *pm = n ? calloc(n, sizeof *pm) : NULL;
-    Specd__ChatMessage **pp = n ? calloc(n, sizeof *pp) : NULL;
-    if (n && (!pm || !pp)) {
-        free(pm);
-        free(pp);
-        return SD_ERR_NOMEM;
-    }
-    for (size_t i = 0; i < n; i++) {
-        specd__chat_message__init(&pm[i]);
-        pm[i].role = chat_role(rq->messages[i].role);
-        pm[i].content = (char *)(rq->messages[i].content ? rq->messages[i].content : "");
-        pp[i] = &pm[i];
-    }
-    sd_client_request capped = *rq;
+    Specd__ChatMessage **pp, *pm;
+    size_t n;
+    if (sd_client_wire_messages(rq, &pp, &pm, &n) != SD_OK) return SD_ERR_NOMEM;
+    sd_client_request capped = *rq; /* only the count copied is capped */
     capped.n_messages = n;
     sd_status st = submit_with(c, &capped, pp, cb, user, request_id);
     free(pm);

@@ -337,22 +337,15 @@ static void progress(size_t done, size_t total) {
     fflush(stderr);
 }
 
-static int run_jobs(sd_client *c, const options *o) {
-    FILE *in = strcmp(o->jobs, "-") == 0 ? stdin : fopen(o->jobs, "r");
-    if (!in) {
-        fprintf(stderr, "specd-client: cannot open %s: %s\n", o->jobs, strerror(errno));
-        return 1;
-    }
-    FILE *out = stdout;
-    if (o->out && !(out = fopen(o->out, "w"))) {
-        fprintf(stderr, "specd-client: cannot write %s: %s\n", o->out, strerror(errno));
-        if (in != stdin) fclose(in);
-        return 1;
-    }
-    /* read every line first: results go out in input order */
+/* Reads every non-empty line of in (results go out in input order): the
+ * parsed lines (NULL where a line is not JSON; reported as that job's
+ * error) and whether each holds a NUL (\u0000: refused, cJSON would cut the
+ * text there). Returns the count; the caller frees both arrays and the
+ * lines. Stops early when memory runs out. */
+static size_t read_job_lines(FILE *in, cJSON ***lines_out, bool **nul_out) {
     size_t n = 0, cap = 0;
     cJSON **lines = NULL;
-    bool *nul = NULL; /* the line holds a NUL (\u0000): refused, cJSON would cut the text there */
+    bool *nul = NULL;
     char *buf = NULL;
     size_t buf_cap = 0;
     ssize_t len;
@@ -369,122 +362,180 @@ static int run_jobs(sd_client *c, const options *o) {
             nul = q;
         }
         nul[n] = sd_json_has_nul(buf, (size_t)len);
-        lines[n++] = cJSON_Parse(buf); /* NULL: reported as that job's error */
+        lines[n++] = cJSON_Parse(buf);
     }
     free(buf);
-    if (in != stdin) fclose(in);
+    *lines_out = lines;
+    *nul_out = nul;
+    return n;
+}
 
-    job *jobs = calloc(n ? n : 1, sizeof *jobs);
-    job_ctx *ctx = calloc(n ? n : 1, sizeof *ctx);
-    jobs_run run = {.n_done = 0, .in_flight = 0};
-    pthread_mutex_init(&run.mu, NULL);
-    pthread_cond_init(&run.cv, NULL);
-    size_t next_out = 0, failures = 0;
-    /* a submit that failed for the network (coordinator unreachable or
-     * gone) ends submitting: the rest would each wait out --timeout too */
-    bool net_down = false;
-    const int cap_in_flight = o->concurrency > 0 ? o->concurrency : 64;
+/* The jobs of one --jobs run: the parsed lines, their records and the
+ * submission state shared with the callbacks (run). */
+typedef struct jobs_state {
+    sd_client *c;
+    const options *o;
+    cJSON **lines;
+    bool *nul;
+    size_t n;
+    job *jobs;
+    job_ctx *ctx;
+    jobs_run run;
+    size_t cap_in_flight;
+    bool net_down; /* a submit failed for the network: the rest would each wait out --timeout too */
+} jobs_state;
 
-    for (size_t i = 0; i < n || next_out < n;) {
-        /* submit while under the cap */
-        while (i < n && !g_interrupted && !net_down) {
-            pthread_mutex_lock(&run.mu);
-            bool room = run.in_flight < (size_t)cap_in_flight;
-            if (room) run.in_flight++;
-            pthread_mutex_unlock(&run.mu);
-            if (!room) break;
-            job *j = &jobs[i];
-            ctx[i] = (job_ctx){&run, j};
-            char why[256];
-            sd_client_request req;
-            const char *stops[SD_MAX_STOP_STRINGS];
-            sd_client_chat_msg turns[SD_MAX_CHAT_MESSAGES]; /* borrowed from the line until submitted */
-            bool ok = lines[i] && cJSON_IsObject(lines[i]) && !nul[i];
-            if (!ok && nul[i])
-                snprintf(why, sizeof why, "line %zu holds a NUL character (\\u0000): refused rather than cut at it",
-                         i + 1);
-            else if (!ok)
-                snprintf(why, sizeof why, "line %zu is not a JSON object", i + 1);
-            else {
-                j->id = cJSON_GetObjectItemCaseSensitive(lines[i], "id");
-                ok = job_request(lines[i], o, &req, stops, turns, why, sizeof why);
-            }
-            sd_status s = SD_OK;
-            if (ok) s = sd_client_submit(c, &req, job_cb, &ctx[i], &j->request_id);
-            if (!ok) {
-                cJSON *e = cJSON_CreateObject();
-                cJSON *err = cJSON_AddObjectToObject(e, "error");
-                cJSON_AddStringToObject(err, "code", "BAD_JOB");
-                cJSON_AddStringToObject(err, "message", why);
-                char *line = job_line(e, j->id);
-                pthread_mutex_lock(&run.mu);
-                j->out = line, j->failed = j->done = true;
-                run.n_done++, run.in_flight--;
-                pthread_mutex_unlock(&run.mu);
-            } else if (s == SD_ERR_NET) {
-                /* the final callback recorded this job's error */
-                net_down = true;
-                fprintf(stderr, "specd-client: no answer from %s: the jobs after line %zu are not submitted\n",
-                        o->coordinator, i + 1);
-            }
-            i++;
+/* Records job j as failed without running, with an error {code, message};
+ * in_flight: it held a slot under the cap, given back here. */
+static void job_fail_unrun(jobs_run *run, job *j, const char *code, const char *message, bool in_flight) {
+    cJSON *e = cJSON_CreateObject();
+    cJSON *err = cJSON_AddObjectToObject(e, "error");
+    cJSON_AddStringToObject(err, "code", code);
+    cJSON_AddStringToObject(err, "message", message);
+    char *line = job_line(e, j->id);
+    pthread_mutex_lock(&run->mu);
+    j->out = line, j->failed = j->done = true;
+    if (in_flight) run->n_done++, run->in_flight--;
+    pthread_mutex_unlock(&run->mu);
+}
+
+/* Submits job i (its slot under the cap already taken): a bad line is
+ * recorded as a BAD_JOB error at once; a network failure ends submitting. */
+static void submit_job(jobs_state *st, size_t i) {
+    job *j = &st->jobs[i];
+    st->ctx[i] = (job_ctx){&st->run, j};
+    char why[256];
+    sd_client_request req;
+    const char *stops[SD_MAX_STOP_STRINGS];
+    sd_client_chat_msg turns[SD_MAX_CHAT_MESSAGES]; /* borrowed from the line until submitted */
+    bool ok = st->lines[i] && cJSON_IsObject(st->lines[i]) && !st->nul[i];
+    if (!ok && st->nul[i])
+        snprintf(why, sizeof why, "line %zu holds a NUL character (\\u0000): refused rather than cut at it", i + 1);
+    else if (!ok)
+        snprintf(why, sizeof why, "line %zu is not a JSON object", i + 1);
+    else {
+        j->id = cJSON_GetObjectItemCaseSensitive(st->lines[i], "id");
+        ok = job_request(st->lines[i], st->o, &req, stops, turns, why, sizeof why);
+    }
+    if (!ok) {
+        job_fail_unrun(&st->run, j, "BAD_JOB", why, true);
+    } else if (sd_client_submit(st->c, &req, job_cb, &st->ctx[i], &j->request_id) == SD_ERR_NET) {
+        /* the final callback recorded this job's error */
+        st->net_down = true;
+        fprintf(stderr, "specd-client: no answer from %s: the jobs after line %zu are not submitted\n",
+                st->o->coordinator, i + 1);
+    }
+}
+
+/* Submits jobs from *next while there is room under the cap. */
+static void submit_jobs(jobs_state *st, size_t *next) {
+    while (*next < st->n && !g_interrupted && !st->net_down) {
+        pthread_mutex_lock(&st->run.mu);
+        bool room = st->run.in_flight < st->cap_in_flight;
+        if (room) st->run.in_flight++;
+        pthread_mutex_unlock(&st->run.mu);
+        if (!room) break;
+        submit_job(st, (*next)++);
+    }
+}
+
+/* Writes the finished jobs from *next_out on, in order, and collects their
+ * records; called and returns with run.mu held. */
+static void write_finished_locked(jobs_state *st, FILE *out, size_t *next_out, size_t *failures) {
+    while (*next_out < st->n && st->jobs[*next_out].done) {
+        job *j = &st->jobs[*next_out];
+        pthread_mutex_unlock(&st->run.mu);
+        fprintf(out, "%s\n", j->out);
+        fflush(out);
+        *failures += j->failed;
+        if (j->request_id) {
+            sd_client_result r;
+            if (sd_client_wait(st->c, j->request_id, 1000, &r) == SD_OK) sd_client_result_clear(&r);
         }
-        /* write what is finished, in order; collect the records */
-        pthread_mutex_lock(&run.mu);
-        while (next_out < n && jobs[next_out].done) {
-            job *j = &jobs[next_out];
-            pthread_mutex_unlock(&run.mu);
-            fprintf(out, "%s\n", j->out);
-            fflush(out);
-            failures += j->failed;
-            if (j->request_id) {
-                sd_client_result r;
-                if (sd_client_wait(c, j->request_id, 1000, &r) == SD_OK) sd_client_result_clear(&r);
+        free(j->out);
+        j->out = NULL;
+        (*next_out)++;
+        progress(*next_out, st->n);
+        pthread_mutex_lock(&st->run.mu);
+    }
+}
+
+/* After an interrupt or a network failure: jobs *next.. are reported as
+ * not run. */
+static void fail_unsubmitted(jobs_state *st, size_t *next) {
+    for (; *next < st->n; (*next)++) {
+        job *j = &st->jobs[*next];
+        j->id = st->lines[*next] ? cJSON_GetObjectItemCaseSensitive(st->lines[*next], "id") : NULL;
+        job_fail_unrun(&st->run, j, g_interrupted ? "INTERRUPTED" : "UNAVAILABLE",
+                       g_interrupted ? "not submitted: interrupted" : "not submitted: the coordinator did not answer",
+                       false);
+    }
+}
+
+/* Runs the jobs, at most the cap in flight, writing each result line in
+ * input order as soon as it and those before it are done. Returns how many
+ * failed. */
+static size_t run_all_jobs(jobs_state *st, FILE *out) {
+    size_t next = 0, next_out = 0, failures = 0;
+    while (next < st->n || next_out < st->n) {
+        submit_jobs(st, &next);
+        pthread_mutex_lock(&st->run.mu);
+        write_finished_locked(st, out, &next_out, &failures);
+        if (next_out < st->n) {
+            if ((g_interrupted || st->net_down) && next < st->n) { /* stop submitting; report the rest as not run */
+                pthread_mutex_unlock(&st->run.mu);
+                fail_unsubmitted(st, &next);
+                pthread_mutex_lock(&st->run.mu);
             }
-            free(j->out);
-            j->out = NULL;
-            next_out++;
-            progress(next_out, n);
-            pthread_mutex_lock(&run.mu);
-        }
-        if (next_out < n) {
-            if ((g_interrupted || net_down) && i < n) { /* stop submitting; report the rest as not run */
-                pthread_mutex_unlock(&run.mu);
-                for (; i < n; i++) {
-                    cJSON *e = cJSON_CreateObject();
-                    cJSON *err = cJSON_AddObjectToObject(e, "error");
-                    cJSON_AddStringToObject(err, "code", g_interrupted ? "INTERRUPTED" : "UNAVAILABLE");
-                    cJSON_AddStringToObject(err, "message",
-                                            g_interrupted ? "not submitted: interrupted"
-                                                          : "not submitted: the coordinator did not answer");
-                    jobs[i].id = lines[i] ? cJSON_GetObjectItemCaseSensitive(lines[i], "id") : NULL;
-                    char *line = job_line(e, jobs[i].id);
-                    pthread_mutex_lock(&run.mu);
-                    jobs[i].out = line, jobs[i].failed = jobs[i].done = true;
-                    pthread_mutex_unlock(&run.mu);
-                }
-                pthread_mutex_lock(&run.mu);
-            }
-            bool can_submit = i < n && run.in_flight < (size_t)cap_in_flight;
-            if (!can_submit && !jobs[next_out].done) {
+            bool can_submit = next < st->n && st->run.in_flight < st->cap_in_flight;
+            if (!can_submit && !st->jobs[next_out].done) {
                 struct timespec ts;
                 clock_gettime(CLOCK_REALTIME, &ts);
                 ts.tv_nsec += 200 * 1000000L;
                 if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-                pthread_cond_timedwait(&run.cv, &run.mu, &ts);
+                pthread_cond_timedwait(&st->run.cv, &st->run.mu, &ts);
             }
         }
-        pthread_mutex_unlock(&run.mu);
+        pthread_mutex_unlock(&st->run.mu);
     }
-    for (size_t i = 0; i < n; i++) cJSON_Delete(lines[i]);
-    free(nul);
-    free(lines);
-    free(jobs);
-    free(ctx);
-    pthread_cond_destroy(&run.cv);
-    pthread_mutex_destroy(&run.mu);
+    return failures;
+}
+
+static int run_jobs(sd_client *c, const options *o) {
+    FILE *in = strcmp(o->jobs, "-") == 0 ? stdin : fopen(o->jobs, "r");
+    if (!in) {
+        fprintf(stderr, "specd-client: cannot open %s: %s\n", o->jobs, strerror(errno));
+        return 1;
+    }
+    FILE *out = stdout;
+    if (o->out && !(out = fopen(o->out, "w"))) {
+        fprintf(stderr, "specd-client: cannot write %s: %s\n", o->out, strerror(errno));
+        if (in != stdin) fclose(in);
+        return 1;
+    }
+    jobs_state st = {.c = c, .o = o, .cap_in_flight = o->concurrency > 0 ? (size_t)o->concurrency : 64};
+    st.n = read_job_lines(in, &st.lines, &st.nul);
+    if (in != stdin) fclose(in);
+    st.jobs = calloc(st.n ? st.n : 1, sizeof *st.jobs);
+    st.ctx = calloc(st.n ? st.n : 1, sizeof *st.ctx);
+    pthread_mutex_init(&st.run.mu, NULL);
+    pthread_cond_init(&st.run.cv, NULL);
+    size_t failures = 0;
+    if (st.jobs && st.ctx) {
+        failures = run_all_jobs(&st, out);
+    } else {
+        fprintf(stderr, "specd-client: out of memory for %zu jobs\n", st.n);
+        failures = st.n ? st.n : 1;
+    }
+    for (size_t i = 0; i < st.n; i++) cJSON_Delete(st.lines[i]);
+    free(st.nul);
+    free(st.lines);
+    free(st.jobs);
+    free(st.ctx);
+    pthread_cond_destroy(&st.run.cv);
+    pthread_mutex_destroy(&st.run.mu);
     if (out != stdout) fclose(out);
-    if (failures) fprintf(stderr, "specd-client: %zu of %zu jobs failed\n", failures, n);
+    if (failures) fprintf(stderr, "specd-client: %zu of %zu jobs failed\n", failures, st.n);
     return failures ? 1 : 0;
 }
 

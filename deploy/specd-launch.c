@@ -3,7 +3,8 @@
  * (every --draft/--ngram/--draft-layers given, or --drafters) as child
  * processes, waits until they have all registered with the coordinator,
  * prints "ready ADDR" and then supervises them until SIGINT/SIGTERM. Each
- * group goes down and restarts on its own; the others keep serving.
+ * group goes down and restarts on its own; the others keep serving. The
+ * command line (options, defaults, rules, --help) is launch_args.c's.
  *
  * Why this shape:
  * - Every child runs in its own process group, so a Ctrl-C on the terminal
@@ -43,6 +44,7 @@
  * Rejected: a shell script (no PDEATHSIG, racy readiness); stopping the
  * service when the coordinator dies (it did before clients could resubmit:
  * about 3,100 generated tokens were lost per kill in a 32-request run). */
+#include "launch_args.h"
 #include "launch_keys.h"
 #include "specd/common.h"
 #include "specd/cli.h"
@@ -50,7 +52,6 @@
 #include "launch_ready.h"
 
 #include <errno.h>
-#include <getopt.h>
 #include <libgen.h>
 #include <limits.h>
 #include <poll.h>
@@ -66,11 +67,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#define MAX_TP                 64 /* verifier ranks in all, over every group */
-#define MAX_GROUPS             16
-#define MAX_DRAFTERS           8
 #define MAX_CHILDREN           (MAX_TP + MAX_DRAFTERS + 2)
-#define MAX_EXTRA_ARGS         32
 #define MAX_ARGV               96
 #define RESTART_BACKOFF_MIN_MS 500
 #define RESTART_BACKOFF_MAX_MS 10000
@@ -85,44 +82,6 @@
 #define EARLY_EXIT_MS          3000 /* exits this soon after start with 2/3/127 are fatal */
 #define STATS_POLL_MS          200  /* readiness query period */
 #define GROUP_STOP_GRACE_MS    3000 /* a group's surviving ranks get this long to stop before SIGKILL */
-
-typedef enum child_role {
-    CHILD_COORDINATOR,
-    CHILD_VERIFIER,
-    CHILD_DRAFTER,
-    CHILD_GATEWAY,
-    CHILD_ROLE_COUNT
-} child_role;
-
-/* One drafter to run: --draft FILE, --ngram or --draft-layers L (each
- * repeatable), or an entry of --drafters. */
-typedef enum drafter_kind { DRAFT_MODEL, DRAFT_NGRAM, DRAFT_LAYERS } drafter_kind;
-typedef struct drafter_spec {
-    drafter_kind kind;
-    const char *model; /* DRAFT_MODEL: the draft model file */
-    int layers;        /* DRAFT_LAYERS */
-} drafter_spec;
-
-typedef struct launch_opts {
-    const char *target;
-    bool no_draft;
-    drafter_spec drafters[MAX_DRAFTERS];
-    int n_drafters;
-    int tp, groups;
-    const char *client_addr, *worker_addr;
-    const char *group_addr; /* the verifier group's own socket (--tp > 1) */
-    int device_base;        /* -1: verifier ranks on the CPU; N: rank r on cuda:N+r */
-    int threads_verifier, threads_drafter;
-    const char *bin_dir;
-    int ready_timeout_s, stop_timeout_s;
-    bool restart, verbose;
-    bool no_gateway;
-    const char *http;      /* the gateway's --listen ADDR:PORT */
-    const char *curve_dir; /* --curve DIR: keys for every link, NULL = plaintext on loopback */
-    char model_name[256];  /* the gateway's --model-name: the target's file name without .gguf */
-    const char *extra[CHILD_ROLE_COUNT][MAX_EXTRA_ARGS]; /* per child_role: passed through verbatim */
-    int n_extra[CHILD_ROLE_COUNT];
-} launch_opts;
 
 typedef struct child {
     child_role role;
@@ -574,23 +533,16 @@ static void group_addr_of(const char *base, int g, char *out, size_t n) {
 
 /* ---- main loop ---- */
 
-static int run(launcher *L) {
+/* The children to run (coordinator, verifier ranks, drafters, gateway):
+ * names, binaries and argv. False (logged) when a binary is missing. */
+static bool plan_children(launcher *L) {
     const launch_opts *o = &L->o;
-    connect_addr_of(o->worker_addr, L->worker_connect, sizeof L->worker_connect);
-    connect_addr_of(o->client_addr, L->client_connect, sizeof L->client_connect);
-
-    /* The children: coordinator, verifier ranks, drafter. */
     static const struct {
         const char *bin, *dir;
     } bins[CHILD_ROLE_COUNT] = {{"specd-coordinator", "coordinator"},
                                 {"specd-verifier", "verifier"},
                                 {"specd-drafter", "drafter"},
                                 {"specd-gateway", "gateway"}};
-    if (o->curve_dir) {
-        if (launch_keys_make(o->curve_dir, &L->keys) != SD_OK) return 1;
-        SD_INFO("CurveZMQ on every link; keys in %s (a client connects with --curve-secret %s --curve-server %s)",
-                o->curve_dir, L->keys.secret[LAUNCH_KEY_CLIENT], L->keys.pub[LAUNCH_KEY_COORDINATOR]);
-    }
     L->n_kids = 0;
     L->kids[L->n_kids++].role = CHILD_COORDINATOR;
     for (int g = 0; g < o->groups; g++) {
@@ -623,16 +575,20 @@ static int run(launcher *L) {
             SD_ERROR("cannot find %s (looked in %s, next to specd-launch and on PATH); build it or pass --bin-dir%s",
                      bins[c->role].bin, o->bin_dir ? o->bin_dir : "the build tree",
                      c->role == CHILD_GATEWAY ? " (or --no-gateway)" : "");
-            return 1;
+            return false;
         }
         build_argv(L, c);
     }
+    return true;
+}
 
-    launch_ready rd = {0};
-    rd.zctx = zmq_ctx_new();
-    if (!rd.zctx) {
+/* The readiness query's context and socket to the coordinator's client
+ * address (with the launcher's keys). False (logged) on failure. */
+static bool open_ready_socket(launcher *L, launch_ready *rd) {
+    rd->zctx = zmq_ctx_new();
+    if (!rd->zctx) {
         SD_ERROR("zmq_ctx_new: %s", zmq_strerror(errno));
-        return 1;
+        return false;
     }
     sd_net_socket_params sp = sd_net_socket_default_params();
     sp.type = ZMQ_DEALER;
@@ -643,10 +599,52 @@ static int run(launcher *L) {
         sp.curve_public = L->keys.launch_id.public_key;
         sp.curve_secret = L->keys.launch_id.secret;
     }
-    if (sd_net_socket_open(rd.zctx, &sp, NULL, L->client_connect, &rd.sock) != SD_OK) {
-        zmq_ctx_term(rd.zctx);
-        return 1;
+    if (sd_net_socket_open(rd->zctx, &sp, NULL, L->client_connect, &rd->sock) != SD_OK) {
+        zmq_ctx_term(rd->zctx);
+        return false;
     }
+    return true;
+}
+
+/* Before "ready": reads the coordinator's answer (sock_readable), prints
+ * "ready" once every group, drafter and the gateway are there, else asks
+ * again every STATS_POLL_MS. False when the deadline passed (logged). */
+static bool check_ready(launcher *L, launch_ready *rd, bool sock_readable, double deadline, bool *ready) {
+    const launch_opts *o = &L->o;
+    if (sock_readable) launch_ready_read(rd);
+    if (rd->groups_alive >= o->groups && rd->drafters_alive >= o->n_drafters &&
+        (o->no_gateway || launch_gateway_listening(o->http))) {
+        *ready = true;
+        SD_INFO("all processes registered (%d running)", n_running(L));
+        printf("ready %s\n", L->client_connect);
+        if (!o->no_gateway) printf("http http://%s\n", o->http);
+        fflush(stdout);
+        sd_net_close(&rd->sock); /* readiness is a start-up question only */
+    } else if (now_ms() > deadline) {
+        SD_ERROR("not ready after %d s: %d of %d verifier groups and %d of %d drafters registered, gateway "
+                 "%s; stopping the service",
+                 o->ready_timeout_s, rd->groups_alive, o->groups, rd->drafters_alive, o->n_drafters,
+                 o->no_gateway                       ? "not asked for"
+                 : launch_gateway_listening(o->http) ? "listening"
+                                                     : "NOT listening");
+        return false;
+    } else if (now_ms() - rd->last_query_ms >= STATS_POLL_MS) {
+        launch_ready_query(rd);
+    }
+    return true;
+}
+
+static int run(launcher *L) {
+    const launch_opts *o = &L->o;
+    connect_addr_of(o->worker_addr, L->worker_connect, sizeof L->worker_connect);
+    connect_addr_of(o->client_addr, L->client_connect, sizeof L->client_connect);
+    if (o->curve_dir) {
+        if (launch_keys_make(o->curve_dir, &L->keys) != SD_OK) return 1;
+        SD_INFO("CurveZMQ on every link; keys in %s (a client connects with --curve-secret %s --curve-server %s)",
+                o->curve_dir, L->keys.secret[LAUNCH_KEY_CLIENT], L->keys.pub[LAUNCH_KEY_COORDINATOR]);
+    }
+    launch_ready rd = {0};
+    if (!plan_children(L) || !open_ready_socket(L, &rd)) return 1;
 
     L->exit_code = 0;
     for (int g = 0; g < o->groups; g++) {
@@ -676,28 +674,9 @@ static int run(launcher *L) {
         reap(L);
         if (L->stopping) break;
         restart_due(L);
-        if (!ready) {
-            if (items[1].revents & ZMQ_POLLIN) launch_ready_read(&rd);
-            if (rd.groups_alive >= o->groups && rd.drafters_alive >= o->n_drafters &&
-                (o->no_gateway || launch_gateway_listening(o->http))) {
-                ready = true;
-                SD_INFO("all processes registered (%d running)", n_running(L));
-                printf("ready %s\n", L->client_connect);
-                if (!o->no_gateway) printf("http http://%s\n", o->http);
-                fflush(stdout);
-                sd_net_close(&rd.sock); /* readiness is a start-up question only */
-            } else if (now_ms() > ready_deadline) {
-                SD_ERROR("not ready after %d s: %d of %d verifier groups and %d of %d drafters registered, gateway "
-                         "%s; stopping the service",
-                         o->ready_timeout_s, rd.groups_alive, o->groups, rd.drafters_alive, o->n_drafters,
-                         o->no_gateway                       ? "not asked for"
-                         : launch_gateway_listening(o->http) ? "listening"
-                                                             : "NOT listening");
-                L->exit_code = 1;
-                break;
-            } else if (now_ms() - rd.last_query_ms >= STATS_POLL_MS) {
-                launch_ready_query(&rd);
-            }
+        if (!ready && !check_ready(L, &rd, items[1].revents & ZMQ_POLLIN, ready_deadline, &ready)) {
+            L->exit_code = 1;
+            break;
         }
     }
     sd_net_close(&rd.sock);
@@ -707,289 +686,10 @@ static int run(launcher *L) {
     return L->exit_code;
 }
 
-static void usage(FILE *f) {
-    fprintf(
-        f,
-        "usage: specd-launch --target TARGET.gguf (--draft DRAFT.gguf | --ngram | --draft-layers L)... | --no-draft\n"
-        "                    [options]\n"
-        "\n"
-        "Starts specd-coordinator, specd-verifier, specd-drafter and specd-gateway on this machine, waits until\n"
-        "they have registered, prints \"ready ADDR\" (ADDR: where clients connect) and \"http URL\" (the\n"
-        "gateway's OpenAI-compatible API) on stdout and supervises them until SIGINT/SIGTERM, then stops them\n"
-        "all (SIGTERM, a bounded wait, SIGKILL) and exits 0.\n"
-        "\n"
-        "  --target FILE          target model (GGUF) for the coordinator and the verifier (required)\n"
-        "  --draft FILE           drafter: a separate draft model with the target's vocabulary\n"
-        "  --ngram                drafter: n-gram prompt lookup (no model)\n"
-        "  --draft-layers L       drafter: the target's first L layers (self-draft)\n"
-        "                         The three drafter flags may be repeated and mixed: each starts one drafter,\n"
-        "                         all active at once (at most %d); each is restarted when it dies.\n"
-        "  --drafters LIST        drafters as a list: ngram, model:FILE, layers:L, comma-separated\n"
-        "                         (e.g. ngram,model:q4.gguf), added to the flags above\n"
-        "  --no-draft             no drafter: target-only decoding\n"
-        "  --tp N                 verifier ranks per group: a tensor-parallel group (default 1); restarted as\n"
-        "                         a whole when any rank dies\n"
-        "  --groups G             verifier groups (data-parallel replicas, default 1, at most %d; G x N <= %d):\n"
-        "                         group g (1..G) runs with --group-id g; the coordinator places each request\n"
-        "                         on one group by measured load\n"
-        "  --group-addr ADDR      the first group's own socket, bound by its rank 0 (default\n"
-        "                         tcp://127.0.0.1:7702); group g uses the port + g - 1\n"
-        "  --verifier-device D    cpu (default), cuda (rank r of group g on cuda:(g-1)*N+r) or cuda:B (the\n"
-        "                         same from cuda:B)\n"
-        "  --client-addr ADDR     coordinator's client socket (default tcp://127.0.0.1:7700)\n"
-        "  --worker-addr ADDR     coordinator's worker socket (default tcp://127.0.0.1:7701)\n"
-        "  --threads-verifier N   verifier threads (default: its own default)\n"
-        "  --threads-drafter N    drafter threads (default: its own default)\n"
-        "  --bin-dir DIR          where the binaries are (default: the build tree next to specd-launch, then PATH)\n"
-        "  --ready-timeout S      give up when not ready after S seconds (default 120)\n"
-        "  --stop-timeout S       SIGTERM -> SIGKILL grace per group (default 10)\n"
-        "  --restart on|off       restart a coordinator/drafter/verifier that dies (default on)\n"
-        "  --http ADDR:PORT       where specd-gateway serves the OpenAI-compatible HTTP API\n"
-        "                         (default 127.0.0.1:8000)\n"
-        "  --no-gateway           do not start specd-gateway\n"
-        "  --curve DIR            CurveZMQ on every link: key pairs for each process (kept when already\n"
-        "                         in DIR, else generated; DIR is created 0700), allow-lists, and a client\n"
-        "                         key: specd-client --curve-secret DIR/client.key --curve-server\n"
-        "                         DIR/coordinator.pub\n"
-        "  --coordinator-arg ARG  extra argument for specd-coordinator (repeatable)\n"
-        "  --verifier-arg ARG     extra argument for specd-verifier (repeatable)\n"
-        "  --drafter-arg ARG      extra argument for specd-drafter (repeatable)\n"
-        "  --gateway-arg ARG      extra argument for specd-gateway (repeatable; e.g. --api-key)\n"
-        "  -v, --verbose          DEBUG logs here and in every child\n"
-        "  -h, --help             this help\n"
-        "\n"
-        "Exit status: 0 after a clean stop; 1 when the service could not start or the coordinator died\n"
-        "with --restart off; 2 on a usage error.\n",
-        MAX_DRAFTERS, MAX_GROUPS, MAX_TP);
-}
-
-enum {
-    OPT_TARGET = 256,
-    OPT_DRAFT,
-    OPT_NGRAM,
-    OPT_DRAFT_LAYERS,
-    OPT_NO_DRAFT,
-    OPT_TP,
-    OPT_CLIENT_ADDR,
-    OPT_WORKER_ADDR,
-    OPT_THREADS_V,
-    OPT_THREADS_D,
-    OPT_BIN_DIR,
-    OPT_READY_TIMEOUT,
-    OPT_STOP_TIMEOUT,
-    OPT_RESTART,
-    OPT_COORD_ARG,
-    OPT_VERIFIER_ARG,
-    OPT_DRAFTER_ARG,
-    OPT_GROUP_ADDR,
-    OPT_VERIFIER_DEVICE,
-    OPT_HTTP,
-    OPT_NO_GATEWAY,
-    OPT_GATEWAY_ARG,
-    OPT_CURVE,
-    OPT_GROUPS,
-    OPT_DRAFTERS
-};
-
-/* Adds one drafter; false (with a message) when there are too many. */
-static bool add_drafter(launch_opts *o, drafter_kind kind, const char *model, int layers) {
-    if (o->n_drafters >= MAX_DRAFTERS) {
-        fprintf(stderr, "specd-launch: at most %d drafters\n", MAX_DRAFTERS);
-        return false;
-    }
-    o->drafters[o->n_drafters++] = (drafter_spec){kind, model, layers};
-    return true;
-}
-
-/* --drafters LIST: comma-separated ngram, model:FILE, layers:L. The list
- * is kept in place (argv), cut at the commas. */
-static bool parse_drafters(launch_opts *o, char *list) {
-    for (char *item = strtok(list, ","); item; item = strtok(NULL, ",")) {
-        int layers = 0;
-        bool ok;
-        if (!strcmp(item, "ngram"))
-            ok = add_drafter(o, DRAFT_NGRAM, NULL, 0);
-        else if (!strncmp(item, "model:", 6) && item[6])
-            ok = add_drafter(o, DRAFT_MODEL, item + 6, 0);
-        else if (!strncmp(item, "layers:", 7) && sd_cli_parse_int(item + 7, 1, 4096, &layers))
-            ok = add_drafter(o, DRAFT_LAYERS, NULL, layers);
-        else {
-            fprintf(stderr, "specd-launch: --drafters: '%s' is not ngram, model:FILE or layers:L\n", item);
-            return false;
-        }
-        if (!ok) return false;
-    }
-    return true;
-}
-
-static int parse_args(int argc, char **argv, launch_opts *o) {
-    static const struct option longs[] = {{"target", required_argument, 0, OPT_TARGET},
-                                          {"draft", required_argument, 0, OPT_DRAFT},
-                                          {"drafters", required_argument, 0, OPT_DRAFTERS},
-                                          {"groups", required_argument, 0, OPT_GROUPS},
-                                          {"ngram", no_argument, 0, OPT_NGRAM},
-                                          {"draft-layers", required_argument, 0, OPT_DRAFT_LAYERS},
-                                          {"no-draft", no_argument, 0, OPT_NO_DRAFT},
-                                          {"tp", required_argument, 0, OPT_TP},
-                                          {"client-addr", required_argument, 0, OPT_CLIENT_ADDR},
-                                          {"worker-addr", required_argument, 0, OPT_WORKER_ADDR},
-                                          {"threads-verifier", required_argument, 0, OPT_THREADS_V},
-                                          {"threads-drafter", required_argument, 0, OPT_THREADS_D},
-                                          {"bin-dir", required_argument, 0, OPT_BIN_DIR},
-                                          {"ready-timeout", required_argument, 0, OPT_READY_TIMEOUT},
-                                          {"stop-timeout", required_argument, 0, OPT_STOP_TIMEOUT},
-                                          {"restart", required_argument, 0, OPT_RESTART},
-                                          {"coordinator-arg", required_argument, 0, OPT_COORD_ARG},
-                                          {"verifier-arg", required_argument, 0, OPT_VERIFIER_ARG},
-                                          {"drafter-arg", required_argument, 0, OPT_DRAFTER_ARG},
-                                          {"group-addr", required_argument, 0, OPT_GROUP_ADDR},
-                                          {"verifier-device", required_argument, 0, OPT_VERIFIER_DEVICE},
-                                          {"http", required_argument, 0, OPT_HTTP},
-                                          {"no-gateway", no_argument, 0, OPT_NO_GATEWAY},
-                                          {"gateway-arg", required_argument, 0, OPT_GATEWAY_ARG},
-                                          {"curve", required_argument, 0, OPT_CURVE},
-                                          {"verbose", no_argument, 0, 'v'},
-                                          {"help", no_argument, 0, 'h'},
-                                          {0, 0, 0, 0}};
-    int c;
-    while ((c = getopt_long(argc, argv, "vh", longs, NULL)) != -1) {
-        switch (c) {
-        case OPT_TARGET: o->target = optarg; break;
-        case OPT_DRAFT:
-            if (!add_drafter(o, DRAFT_MODEL, optarg, 0)) return 2;
-            break;
-        case OPT_NGRAM:
-            if (!add_drafter(o, DRAFT_NGRAM, NULL, 0)) return 2;
-            break;
-        case OPT_DRAFT_LAYERS: {
-            int layers = 0;
-            if (!sd_cli_parse_int(optarg, 1, 4096, &layers)) {
-                fprintf(stderr, "specd-launch: --draft-layers must be an integer in [1, 4096], got '%s'\n", optarg);
-                return 2;
-            }
-            if (!add_drafter(o, DRAFT_LAYERS, NULL, layers)) return 2;
-            break;
-        }
-        case OPT_DRAFTERS:
-            if (!parse_drafters(o, optarg)) return 2;
-            break;
-        case OPT_GROUPS:
-            if (!sd_cli_parse_int(optarg, 1, MAX_GROUPS, &o->groups)) {
-                fprintf(stderr, "specd-launch: --groups must be an integer in [1, %d], got '%s'\n", MAX_GROUPS, optarg);
-                return 2;
-            }
-            break;
-        case OPT_NO_DRAFT: o->no_draft = true; break;
-        case OPT_TP:
-            if (!sd_cli_parse_int(optarg, 1, MAX_TP, &o->tp)) {
-                fprintf(stderr, "specd-launch: --tp must be an integer in [1, %d], got '%s'\n", MAX_TP, optarg);
-                return 2;
-            }
-            break;
-        case OPT_CLIENT_ADDR: o->client_addr = optarg; break;
-        case OPT_GROUP_ADDR: o->group_addr = optarg; break;
-        case OPT_VERIFIER_DEVICE:
-            if (!strcmp(optarg, "cpu")) {
-                o->device_base = -1;
-            } else if (!strcmp(optarg, "cuda")) {
-                o->device_base = 0;
-            } else if (strncmp(optarg, "cuda:", 5) || !sd_cli_parse_int(optarg + 5, 0, 1023, &o->device_base)) {
-                fprintf(stderr, "specd-launch: --verifier-device takes cpu, cuda or cuda:N, got '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        case OPT_WORKER_ADDR: o->worker_addr = optarg; break;
-        case OPT_HTTP: o->http = optarg; break;
-        case OPT_NO_GATEWAY: o->no_gateway = true; break;
-        case OPT_CURVE: o->curve_dir = optarg; break;
-        case OPT_THREADS_V:
-        case OPT_THREADS_D:
-            if (!sd_cli_parse_int(optarg, 1, 1024, c == OPT_THREADS_V ? &o->threads_verifier : &o->threads_drafter)) {
-                fprintf(stderr, "specd-launch: --threads-* must be an integer in [1, 1024], got '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        case OPT_BIN_DIR: o->bin_dir = optarg; break;
-        case OPT_READY_TIMEOUT:
-        case OPT_STOP_TIMEOUT:
-            if (!sd_cli_parse_int(optarg, 1, 86400,
-                                  c == OPT_READY_TIMEOUT ? &o->ready_timeout_s : &o->stop_timeout_s)) {
-                fprintf(stderr, "specd-launch: timeouts are integers in [1, 86400] seconds, got '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        case OPT_RESTART:
-            if (strcmp(optarg, "on") && strcmp(optarg, "off")) {
-                fprintf(stderr, "specd-launch: --restart takes on or off, got '%s'\n", optarg);
-                return 2;
-            }
-            o->restart = !strcmp(optarg, "on");
-            break;
-        case OPT_COORD_ARG:
-        case OPT_VERIFIER_ARG:
-        case OPT_DRAFTER_ARG:
-        case OPT_GATEWAY_ARG: {
-            int r = c == OPT_COORD_ARG      ? CHILD_COORDINATOR
-                    : c == OPT_VERIFIER_ARG ? CHILD_VERIFIER
-                    : c == OPT_DRAFTER_ARG  ? CHILD_DRAFTER
-                                            : CHILD_GATEWAY;
-            if (o->n_extra[r] >= MAX_EXTRA_ARGS) {
-                fprintf(stderr, "specd-launch: at most %d extra arguments per process\n", MAX_EXTRA_ARGS);
-                return 2;
-            }
-            o->extra[r][o->n_extra[r]++] = optarg;
-            break;
-        }
-        case 'v': o->verbose = true; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "specd-launch: unexpected argument '%s' (see --help)\n", argv[optind]);
-        return 2;
-    }
-    if (!o->target || (o->n_drafters == 0) == !o->no_draft) {
-        fprintf(stderr, "specd-launch: need --target and either drafters (--draft, --ngram, --draft-layers, "
-                        "--drafters) or --no-draft (see --help)\n");
-        return 2;
-    }
-    if (o->groups * o->tp > MAX_TP) {
-        fprintf(stderr, "specd-launch: --groups %d x --tp %d is %d verifier ranks, more than %d\n", o->groups, o->tp,
-                o->groups * o->tp, MAX_TP);
-        return 2;
-    }
-    if (o->tp > 1 && o->device_base >= 0 && !o->curve_dir) {
-        fprintf(stderr,
-                "specd-launch: GPU ranks (--tp %d) share an NCCL id over the group socket, which travels "
-                "only on an encrypted link: give --curve DIR\n",
-                o->tp);
-        return 2;
-    }
-    /* The model id the gateway reports: the target's name without its folder and .gguf. */
-    const char *base = strrchr(o->target, '/');
-    base = base && base[1] ? base + 1 : o->target;
-    snprintf(o->model_name, sizeof o->model_name, "%s", base);
-    size_t ml = strlen(o->model_name);
-    while (ml > 1 && o->model_name[ml - 1] == '/') o->model_name[--ml] = '\0';
-    if (ml > 5 && !strcmp(o->model_name + ml - 5, ".gguf")) o->model_name[ml - 5] = '\0';
-    return -1;
-}
-
 int main(int argc, char **argv) {
     launcher *L = calloc(1, sizeof *L);
     if (!L) return 1;
-    L->o = (launch_opts){.tp = 1,
-                         .groups = 1,
-                         .client_addr = "tcp://127.0.0.1:7700",
-                         .worker_addr = "tcp://127.0.0.1:7701",
-                         .group_addr = "tcp://127.0.0.1:7702",
-                         .http = "127.0.0.1:8000",
-                         .device_base = -1,
-                         .ready_timeout_s = 120,
-                         .stop_timeout_s = 10,
-                         .restart = true};
-    int rc = parse_args(argc, argv, &L->o);
+    int rc = launch_args_parse(argc, argv, &L->o);
     if (rc >= 0) {
         free(L);
         return rc;

@@ -33,6 +33,7 @@
 
 #include <cmocka.h>
 
+#include "cpu/qmatmul_impl.h"
 #include "cpu/quant_kernels.h"
 #include "specd/gguf.h"
 
@@ -281,12 +282,41 @@ static void test_refusals(void **state) {
     print_message("qmatmul: this CPU's path: %s\n", sd_cpu_qpath_name());
 }
 
+/* Every tile the dispatch can call exists: for calls of 1 .. 2 x TOK_BLOCK
+ * + 1 tokens, qtile_shape's R x T and every smaller R x T (the edges of a
+ * chunk or token block), in each table this build has. The tables hold
+ * only SD_QTILE_SHAPES; this fails when the shape rule and the list part. */
+static void test_tile_tables_cover_dispatch(void **state) {
+    (void)state;
+#if SD_CPU_AVX2
+    for (size_t n = 1; n <= 2 * TOK_BLOCK + 1; n++) {
+        size_t rb = 0, tb = 0;
+        qtile_shape(n, &rb, &tb);
+        assert_true(rb >= 1 && rb <= MAX_R && tb >= 1 && tb <= MAX_T);
+        for (size_t r = 0; r < rb; r++)
+            for (size_t t = 0; t < tb; t++) {
+                assert_non_null(sd_cpu_ftiles[0][r][t]);
+                assert_non_null(sd_cpu_ftiles[1][r][t]);
+                for (int k = 0; k < N_KINDS; k++) {
+                    assert_non_null(sd_cpu_qtiles_avx2[k][r][t]);
+#if HAVE_VNNI_PATH
+                    assert_non_null(sd_cpu_qtiles_vnni[k][r][t]);
+#endif
+                }
+            }
+    }
+#else
+    skip();
+#endif
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_quantize_row),
         cmocka_unit_test_setup_teardown(test_all_types_shapes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_random_shapes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
+        cmocka_unit_test(test_tile_tables_cover_dispatch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

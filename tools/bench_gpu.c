@@ -126,191 +126,275 @@ static double timed_step(sd_model *m, sd_kv *kv, int n_seqs, int per_seq, const 
     return dt;
 }
 
-static int run(const gpu_opts *o) {
-    char err[512] = "", dev_name[256] = "no CUDA device";
-    sd_gguf *g = NULL;
-    sd_model *m = NULL;
-    sd_kv *kv = NULL;
-    int rc = 1;
-    double copy_bps = -1;
-#ifdef SPECD_HAVE_CUDA
-    copy_bps = copy_bandwidth(o->device, o->reps, dev_name, sizeof dev_name);
-#endif
-    if (copy_bps <= 0) {
-        fprintf(stderr, "specd-bench gpu: cuda:%d is not usable here (no CUDA build or no GPU)\n", (int)o->device);
-        return 77;
+/* The blocks whose other-process CPU use is sampled (hygiene). */
+enum { HYG_PROMPT, HYG_DECODE, HYG_K, HYG_BATCH0, N_HYG = HYG_BATCH0 + MAX_BATCHES };
+
+/* What one run measured: the report's figures. */
+typedef struct gpu_results {
+    char dev_name[256];
+    double copy_bps; /* device copy bandwidth, bytes/s (read + write) */
+    double t_load;   /* seconds to load the model */
+    double prompt_s, step_s;
+    double k_cost[MAX_K + 1];
+    double batch_tps[MAX_BATCHES];
+    double hyg[N_HYG]; /* other processes' cores during each block */
+} gpu_results;
+
+/* The loaded model with its cache and the buffers every block shares. */
+typedef struct gpu_bench {
+    const gpu_opts *o;
+    sd_model *m;
+    sd_kv *kv;
+    const sd_model_config *cfg;
+    int max_b;     /* the largest batch */
+    int n_ids;     /* pseudo-random token ids in ids */
+    int32_t *ids;  /* owned */
+    float *logits; /* owned: max(max_b, max_k) rows */
+    double *t;     /* owned: max(reps, decode_steps) step times */
+    int32_t start[256];
+} gpu_bench;
+
+/* Sizes the buffers and the KV cache for every block of the run and fills
+ * the token ids. False when an allocation fails (the caller frees). */
+static bool bench_setup(gpu_bench *b) {
+    const gpu_opts *o = b->o;
+    b->max_b = 1;
+    for (int i = 0; i < o->n_batches; i++)
+        if (o->batches[i] > b->max_b) b->max_b = o->batches[i];
+    const int rows = b->max_b > o->max_k ? b->max_b : o->max_k;
+    int seq_len = (o->prompt_len > o->ctx ? o->prompt_len : o->ctx) + o->decode_steps + o->max_k + 16;
+    b->n_ids = seq_len * rows + o->prompt_len;
+    b->ids = malloc(sizeof(int32_t) * (size_t)b->n_ids);
+    b->logits = malloc(sizeof(float) * (size_t)b->cfg->n_vocab * (size_t)rows);
+    int n_t = o->reps > o->decode_steps ? o->reps : o->decode_steps;
+    b->t = malloc(sizeof(double) * (size_t)n_t);
+    if (!b->ids || !b->logits || !b->t || b->max_b > 256) return false;
+    uint32_t x = 12345;
+    for (int i = 0; i < b->n_ids; i++) {
+        x = x * 1664525u + 1013904223u;
+        b->ids[i] = (int32_t)(x % (uint32_t)b->cfg->n_vocab);
     }
+    int blocks_per_seq = seq_len / 16 + 2;
+    return sd_model_kv_create(b->m, b->max_b, blocks_per_seq * b->max_b, 16, &b->kv) == SD_OK;
+}
+
+/* Prompt processing, then decode at batch 1 continuing it; *h0 is the
+ * hygiene mark the prompt block starts at, moved to the end of decode. */
+static bool measure_prompt_decode(gpu_bench *b, gpu_results *res, sd_hyg_mark *h0) {
+    const gpu_opts *o = b->o;
+    fprintf(stderr, "specd-bench gpu: prompt processing (%d tokens)...\n", o->prompt_len);
+    b->start[0] = 0;
+    for (int r = 0; r < o->reps + 1; r++) { /* the first run warms up */
+        sd_kv_release(b->kv, 0);
+        double dt = timed_step(b->m, b->kv, 1, o->prompt_len, b->start, b->ids, false, b->logits);
+        if (dt < 0) return false;
+        if (r) b->t[r - 1] = dt;
+    }
+    res->prompt_s = sd_bench_median(b->t, o->reps);
+    sd_hyg_mark h1 = sd_hyg_now(NULL);
+    res->hyg[HYG_PROMPT] = sd_hyg_other_cores(h0, &h1);
+    *h0 = h1;
+    fprintf(stderr, "specd-bench gpu: decode (%d steps)...\n", o->decode_steps);
+    for (int i = -2; i < o->decode_steps; i++) { /* 2 warm-up steps (the recording) */
+        b->start[0] = sd_kv_seq_len(b->kv, 0);
+        double dt = timed_step(b->m, b->kv, 1, 1, b->start, b->ids + o->prompt_len + i + 2, false, b->logits);
+        if (dt < 0) return false;
+        if (i >= 0) b->t[i] = dt;
+    }
+    res->step_s = sd_bench_median(b->t, o->decode_steps);
+    h1 = sd_hyg_now(NULL);
+    res->hyg[HYG_DECODE] = sd_hyg_other_cores(h0, &h1);
+    *h0 = h1;
+    return true;
+}
+
+/* The cost of k = 1..max_k new tokens of sequence 0 in one call, each
+ * from the same cached prefix; the hygiene block runs from *h0. */
+static bool measure_k_costs(gpu_bench *b, gpu_results *res, const sd_hyg_mark *h0) {
+    const gpu_opts *o = b->o;
+    fprintf(stderr, "specd-bench gpu: k tokens in one call (k = 1..%d)...\n", o->max_k);
+    int base = sd_kv_seq_len(b->kv, 0);
+    for (int k = 1; k <= o->max_k; k++) {
+        for (int r = -2; r < o->reps; r++) {
+            if (sd_kv_truncate(b->kv, 0, base) != SD_OK) return false;
+            b->start[0] = base;
+            double dt = timed_step(b->m, b->kv, 1, k, b->start, b->ids + base, true, b->logits);
+            if (dt < 0) return false;
+            if (r >= 0) b->t[r] = dt;
+        }
+        res->k_cost[k] = sd_bench_median(b->t, o->reps);
+    }
+    sd_hyg_mark h1 = sd_hyg_now(NULL);
+    res->hyg[HYG_K] = sd_hyg_other_cores(h0, &h1);
+    return true;
+}
+
+/* Gives sequences 0..B-1 a ctx-token prefix each, in calls of at most 256
+ * tokens (untimed). */
+static bool prefill_batch(gpu_bench *b, int B) {
+    const int ctx = b->o->ctx;
+    for (int s = 0; s < B; s++)
+        for (int done_tok = 0; done_tok < ctx; done_tok += 256) {
+            int n = ctx - done_tok < 256 ? ctx - done_tok : 256;
+            int32_t *pos = malloc(sizeof(int32_t) * (size_t)n), *sq = malloc(sizeof(int32_t) * (size_t)n);
+            bool *want = calloc((size_t)n, sizeof(bool));
+            sd_status fst = SD_ERR_NOMEM;
+            if (pos && sq && want) {
+                for (int i = 0; i < n; i++) pos[i] = done_tok + i, sq[i] = s;
+                want[n - 1] = true;
+                sd_batch batch = {n, b->ids + (size_t)s * 7 + (size_t)done_tok, pos, sq, want};
+                fst = sd_model_forward(b->m, b->kv, &batch, b->logits);
+            }
+            free(pos), free(sq), free(want);
+            if (fst != SD_OK) return false;
+        }
+    return true;
+}
+
+/* Throughput at each batch size: B sequences advancing one token a call. */
+static bool measure_batches(gpu_bench *b, gpu_results *res) {
+    const gpu_opts *o = b->o;
+    for (int bi = 0; bi < o->n_batches; bi++) {
+        int B = o->batches[bi];
+        fprintf(stderr, "specd-bench gpu: batch %d (context %d)...\n", B, o->ctx);
+        for (int s = 0; s < b->max_b; s++) sd_kv_release(b->kv, s);
+        if (!prefill_batch(b, B)) return false;
+        int steps = o->decode_steps;
+        sd_hyg_mark h0 = sd_hyg_now(NULL);
+        for (int i = -2; i < steps; i++) {
+            for (int s = 0; s < B; s++) b->start[s] = sd_kv_seq_len(b->kv, s);
+            const int32_t *ids = b->ids + (size_t)(i + 2) * (size_t)B % (size_t)(b->n_ids - B);
+            double dt = timed_step(b->m, b->kv, B, 1, b->start, ids, false, b->logits);
+            if (dt < 0) return false;
+            if (i >= 0) b->t[i] = dt;
+        }
+        res->batch_tps[bi] = B / sd_bench_median(b->t, steps);
+        sd_hyg_mark h1 = sd_hyg_now(NULL);
+        res->hyg[HYG_BATCH0 + bi] = sd_hyg_other_cores(&h0, &h1);
+    }
+    return true;
+}
+
+/* The report's header lines: model, device, switches, method, hygiene. */
+static void write_report_header(FILE *f, const gpu_opts *o, const sd_model_config *cfg, const gpu_results *res,
+                                double wbytes) {
+    time_t now = time(NULL);
+    char day[32];
+    strftime(day, sizeof day, "%Y-%m-%d", gmtime(&now));
+    fprintf(f, "# specd-bench gpu — %s\n\n", day);
+    fprintf(f,
+            "- model: %s (%d layers, dim %d, ff %d, heads %d/%d, vocab %d); %.1f MB streamed per step "
+            "(BF16 matrices); loaded in %.1f s\n",
+            o->model_path, cfg->n_layers, cfg->n_embd, cfg->n_ff, cfg->n_heads, cfg->n_kv_heads, cfg->n_vocab,
+            wbytes / 1e6, res->t_load);
+    fprintf(f, "- device: cuda:%d, %s; recorded forwards (CUDA graphs) %s\n", (int)o->device, res->dev_name,
+            getenv("SPECD_CUDA_GRAPHS") && !strcmp(getenv("SPECD_CUDA_GRAPHS"), "0") ? "off" : "on");
+    /* the backend's switches as set for this run, so a table says what it measured */
+    fprintf(f, "- switches:");
+    int n_sw = 0;
+    for (char **e = environ; *e; e++)
+        if (!strncmp(*e, "SPECD_CUDA_", 11) || !strncmp(*e, "SPECD_DEVICE_", 13))
+            fprintf(f, "%s %s", n_sw++ ? "," : "", *e);
+    fprintf(f, "%s\n", n_sw ? "" : " none (the defaults)");
+    fprintf(f,
+            "- medians over %d repetitions (%d decode steps); host-timed around sd_model_forward, logits "
+            "downloaded every call\n\n",
+            o->reps, o->decode_steps);
+    const double *hyg = res->hyg;
+    fprintf(f,
+            "- hygiene: other processes' CPU use during each measured block, cores (over %.2f marked "
+            "NOISY): prompt %.2f%s, decode %.2f%s, k-costs %.2f%s",
+            o->max_other, hyg[HYG_PROMPT], noisy(o, hyg[HYG_PROMPT]), hyg[HYG_DECODE], noisy(o, hyg[HYG_DECODE]),
+            hyg[HYG_K], noisy(o, hyg[HYG_K]));
+    for (int bi = 0; bi < o->n_batches; bi++)
+        fprintf(f, ", batch %d %.2f%s", o->batches[bi], hyg[HYG_BATCH0 + bi], noisy(o, hyg[HYG_BATCH0 + bi]));
+    fprintf(f, "\n\n");
+}
+
+/* The report's tables: the measures, then the k-token costs. */
+static void write_report_tables(FILE *f, const gpu_opts *o, const gpu_results *res, double floor_s) {
+    const double *hyg = res->hyg;
+    fprintf(f, "| measure | value |\n| --- | --- |\n");
+    fprintf(f, "| device copy bandwidth (read + write) | %.0f GB/s |\n", res->copy_bps / 1e9);
+    fprintf(f, "| decode floor (weight bytes / copy bandwidth) | %.3f ms |\n", floor_s * 1e3);
+    fprintf(f, "| decode at batch 1 | %.3f ms/token (%.1f tok/s)%s |\n", res->step_s * 1e3, 1.0 / res->step_s,
+            noisy(o, hyg[HYG_DECODE]));
+    fprintf(f, "| decode step / floor | %.2fx |\n", res->step_s / floor_s);
+    fprintf(f, "| prompt processing, %d tokens | %.0f tok/s%s |\n", o->prompt_len, o->prompt_len / res->prompt_s,
+            noisy(o, hyg[HYG_PROMPT]));
+    for (int bi = 0; bi < o->n_batches; bi++)
+        fprintf(f, "| throughput at batch %d (context %d) | %.0f tok/s%s |\n", o->batches[bi], o->ctx,
+                res->batch_tps[bi], noisy(o, hyg[HYG_BATCH0 + bi]));
+    fprintf(f, "\nCost of k new tokens of one sequence in one call (logits for every row):\n\n"
+               "| k | ms | relative to k = 1 |\n| --- | --- | --- |\n");
+    for (int k = 1; k <= o->max_k; k++)
+        fprintf(f, "| %d | %.3f | %.2f |\n", k, res->k_cost[k] * 1e3, res->k_cost[k] / res->k_cost[1]);
+}
+
+/* Writes the report to stdout and, with --out, to that file. */
+static bool write_report(const gpu_opts *o, const sd_model *m, const gpu_results *res) {
+    double wbytes = (double)sd_model_weight_bytes(m), floor_s = wbytes / res->copy_bps;
+    FILE *outs[2] = {stdout, NULL};
+    if (o->out_path && !(outs[1] = fopen(o->out_path, "w"))) {
+        fprintf(stderr, "specd-bench gpu: cannot write %s: %s\n", o->out_path, strerror(errno));
+        return false;
+    }
+    for (int i = 0; i < 2 && outs[i]; i++) {
+        write_report_header(outs[i], o, sd_model_config_of(m), res, wbytes);
+        write_report_tables(outs[i], o, res, floor_s);
+        if (outs[i] != stdout) fclose(outs[i]);
+    }
+    return true;
+}
+
+/* Loads the model on the device; *t_load its seconds. 0 or 1 (said). */
+static int load_model(const gpu_opts *o, sd_model **m, double *t_load) {
+    char err[512] = "";
+    sd_gguf *g = NULL;
     if (sd_gguf_open(o->model_path, &g, err, sizeof err) != SD_OK) {
         fprintf(stderr, "specd-bench gpu: cannot open %s: %s\n", o->model_path, err);
         return 1;
     }
     sd_model_params mp = sd_model_default_params();
     mp.device = o->device;
-    double t_load = sd_now();
-    if (sd_model_load(g, &mp, &m) != SD_OK) {
+    *t_load = sd_now();
+    sd_status st = sd_model_load(g, &mp, m);
+    sd_gguf_close(&g);
+    if (st != SD_OK) {
         fprintf(stderr, "specd-bench gpu: cannot load %s (see the log above)\n", o->model_path);
-        sd_gguf_close(&g);
         return 1;
     }
-    t_load = sd_now() - t_load;
-    sd_gguf_close(&g);
-    const sd_model_config *cfg = sd_model_config_of(m);
-    int max_b = 1;
-    for (int i = 0; i < o->n_batches; i++)
-        if (o->batches[i] > max_b) max_b = o->batches[i];
-    int seq_len = (o->prompt_len > o->ctx ? o->prompt_len : o->ctx) + o->decode_steps + o->max_k + 16;
-    int n_ids = seq_len * (max_b > o->max_k ? max_b : o->max_k) + o->prompt_len;
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n_ids), start[256];
-    float *logits = malloc(sizeof(float) * (size_t)cfg->n_vocab * (size_t)(max_b > o->max_k ? max_b : o->max_k));
-    int n_t = o->reps > o->decode_steps ? o->reps : o->decode_steps;
-    double *t = malloc(sizeof(double) * (size_t)n_t), k_cost[MAX_K + 1] = {0}, batch_tps[MAX_BATCHES] = {0};
-    if (!ids || !logits || !t || max_b > 256) goto done;
-    uint32_t x = 12345;
-    for (int i = 0; i < n_ids; i++) {
-        x = x * 1664525u + 1013904223u;
-        ids[i] = (int32_t)(x % (uint32_t)cfg->n_vocab);
-    }
-    int blocks_per_seq = seq_len / 16 + 2;
-    if (sd_model_kv_create(m, max_b, blocks_per_seq * max_b, 16, &kv) != SD_OK) goto done;
+    *t_load = sd_now() - *t_load;
+    return 0;
+}
 
-    /* prompt processing, then decode at batch 1 continuing it */
-    fprintf(stderr, "specd-bench gpu: prompt processing (%d tokens)...\n", o->prompt_len);
-    start[0] = 0;
+/* The whole run: 0, 1 on a failure, 77 without a usable GPU. */
+static int run(const gpu_opts *o) {
+    gpu_results res = {.dev_name = "no CUDA device", .copy_bps = -1};
+#ifdef SPECD_HAVE_CUDA
+    res.copy_bps = copy_bandwidth(o->device, o->reps, res.dev_name, sizeof res.dev_name);
+#endif
+    if (res.copy_bps <= 0) {
+        fprintf(stderr, "specd-bench gpu: cuda:%d is not usable here (no CUDA build or no GPU)\n", (int)o->device);
+        return 77;
+    }
+    gpu_bench b = {.o = o};
+    if (load_model(o, &b.m, &res.t_load)) return 1;
+    b.cfg = sd_model_config_of(b.m);
+    int rc = 1;
+    if (!bench_setup(&b)) goto done;
     /* hygiene: other processes' CPU use over each measured block (one
      * forward is shorter than the counters' 10 ms tick) */
-    enum { HYG_PROMPT, HYG_DECODE, HYG_K, HYG_BATCH0 };
-    double hyg[HYG_BATCH0 + MAX_BATCHES];
-    sd_hyg_mark h0 = sd_hyg_now(NULL), h1;
-    for (int r = 0; r < o->reps + 1; r++) { /* the first run warms up */
-        sd_kv_release(kv, 0);
-        double dt = timed_step(m, kv, 1, o->prompt_len, start, ids, false, logits);
-        if (dt < 0) goto done;
-        if (r) t[r - 1] = dt;
-    }
-    double prompt_s = sd_bench_median(t, o->reps);
-    h1 = sd_hyg_now(NULL);
-    hyg[HYG_PROMPT] = sd_hyg_other_cores(&h0, &h1);
-    h0 = h1;
-    fprintf(stderr, "specd-bench gpu: decode (%d steps)...\n", o->decode_steps);
-    for (int i = -2; i < o->decode_steps; i++) { /* 2 warm-up steps (the recording) */
-        start[0] = sd_kv_seq_len(kv, 0);
-        double dt = timed_step(m, kv, 1, 1, start, ids + o->prompt_len + i + 2, false, logits);
-        if (dt < 0) goto done;
-        if (i >= 0) t[i] = dt;
-    }
-    double step_s = sd_bench_median(t, o->decode_steps);
-    h1 = sd_hyg_now(NULL);
-    hyg[HYG_DECODE] = sd_hyg_other_cores(&h0, &h1);
-    h0 = h1;
-
-    fprintf(stderr, "specd-bench gpu: k tokens in one call (k = 1..%d)...\n", o->max_k);
-    int base = sd_kv_seq_len(kv, 0);
-    for (int k = 1; k <= o->max_k; k++) {
-        for (int r = -2; r < o->reps; r++) {
-            if (sd_kv_truncate(kv, 0, base) != SD_OK) goto done;
-            start[0] = base;
-            double dt = timed_step(m, kv, 1, k, start, ids + base, true, logits);
-            if (dt < 0) goto done;
-            if (r >= 0) t[r] = dt;
-        }
-        k_cost[k] = sd_bench_median(t, o->reps);
-    }
-    h1 = sd_hyg_now(NULL);
-    hyg[HYG_K] = sd_hyg_other_cores(&h0, &h1);
-
-    for (int bi = 0; bi < o->n_batches; bi++) {
-        int B = o->batches[bi];
-        fprintf(stderr, "specd-bench gpu: batch %d (context %d)...\n", B, o->ctx);
-        for (int s = 0; s < max_b; s++) sd_kv_release(kv, s);
-        /* prefix each sequence (chunks of at most 256 tokens) */
-        for (int s = 0; s < B; s++)
-            for (int done_tok = 0; done_tok < o->ctx; done_tok += 256) {
-                int n = o->ctx - done_tok < 256 ? o->ctx - done_tok : 256;
-                int32_t st = done_tok, one = s;
-                int32_t *pos = malloc(sizeof(int32_t) * (size_t)n), *sq = malloc(sizeof(int32_t) * (size_t)n);
-                bool *want = calloc((size_t)n, sizeof(bool));
-                for (int i = 0; i < n; i++) pos[i] = st + i, sq[i] = one;
-                want[n - 1] = true;
-                sd_batch b = {n, ids + (size_t)s * 7 + (size_t)done_tok, pos, sq, want};
-                sd_status fst = sd_model_forward(m, kv, &b, logits);
-                free(pos), free(sq), free(want);
-                if (fst != SD_OK) goto done;
-            }
-        int steps = o->decode_steps;
-        h0 = sd_hyg_now(NULL);
-        for (int i = -2; i < steps; i++) {
-            for (int s = 0; s < B; s++) start[s] = sd_kv_seq_len(kv, s);
-            double dt =
-                timed_step(m, kv, B, 1, start, ids + (size_t)(i + 2) * (size_t)B % (size_t)(n_ids - B), false, logits);
-            if (dt < 0) goto done;
-            if (i >= 0) t[i] = dt;
-        }
-        batch_tps[bi] = B / sd_bench_median(t, steps);
-        h1 = sd_hyg_now(NULL);
-        hyg[HYG_BATCH0 + bi] = sd_hyg_other_cores(&h0, &h1);
-    }
-
-    double wbytes = (double)sd_model_weight_bytes(m), floor_s = wbytes / copy_bps;
-    FILE *outs[2] = {stdout, NULL};
-    if (o->out_path && !(outs[1] = fopen(o->out_path, "w"))) {
-        fprintf(stderr, "specd-bench gpu: cannot write %s: %s\n", o->out_path, strerror(errno));
+    sd_hyg_mark h0 = sd_hyg_now(NULL);
+    if (!measure_prompt_decode(&b, &res, &h0) || !measure_k_costs(&b, &res, &h0) || !measure_batches(&b, &res) ||
+        !write_report(o, b.m, &res))
         goto done;
-    }
-    for (int i = 0; i < 2 && outs[i]; i++) {
-        FILE *f = outs[i];
-        time_t now = time(NULL);
-        char day[32];
-        strftime(day, sizeof day, "%Y-%m-%d", gmtime(&now));
-        fprintf(f, "# specd-bench gpu — %s\n\n", day);
-        fprintf(f,
-                "- model: %s (%d layers, dim %d, ff %d, heads %d/%d, vocab %d); %.1f MB streamed per step "
-                "(BF16 matrices); loaded in %.1f s\n",
-                o->model_path, cfg->n_layers, cfg->n_embd, cfg->n_ff, cfg->n_heads, cfg->n_kv_heads, cfg->n_vocab,
-                wbytes / 1e6, t_load);
-        fprintf(f, "- device: cuda:%d, %s; recorded forwards (CUDA graphs) %s\n", (int)o->device, dev_name,
-                getenv("SPECD_CUDA_GRAPHS") && !strcmp(getenv("SPECD_CUDA_GRAPHS"), "0") ? "off" : "on");
-        /* the backend's switches as set for this run, so a table says what it measured */
-        fprintf(f, "- switches:");
-        int n_sw = 0;
-        for (char **e = environ; *e; e++)
-            if (!strncmp(*e, "SPECD_CUDA_", 11) || !strncmp(*e, "SPECD_DEVICE_", 13))
-                fprintf(f, "%s %s", n_sw++ ? "," : "", *e);
-        fprintf(f, "%s\n", n_sw ? "" : " none (the defaults)");
-        fprintf(f,
-                "- medians over %d repetitions (%d decode steps); host-timed around sd_model_forward, logits "
-                "downloaded every call\n\n",
-                o->reps, o->decode_steps);
-        fprintf(f,
-                "- hygiene: other processes' CPU use during each measured block, cores (over %.2f marked "
-                "NOISY): prompt %.2f%s, decode %.2f%s, k-costs %.2f%s",
-                o->max_other, hyg[HYG_PROMPT], noisy(o, hyg[HYG_PROMPT]), hyg[HYG_DECODE], noisy(o, hyg[HYG_DECODE]),
-                hyg[HYG_K], noisy(o, hyg[HYG_K]));
-        for (int bi = 0; bi < o->n_batches; bi++)
-            fprintf(f, ", batch %d %.2f%s", o->batches[bi], hyg[HYG_BATCH0 + bi], noisy(o, hyg[HYG_BATCH0 + bi]));
-        fprintf(f, "\n\n");
-        fprintf(f, "| measure | value |\n| --- | --- |\n");
-        fprintf(f, "| device copy bandwidth (read + write) | %.0f GB/s |\n", copy_bps / 1e9);
-        fprintf(f, "| decode floor (weight bytes / copy bandwidth) | %.3f ms |\n", floor_s * 1e3);
-        fprintf(f, "| decode at batch 1 | %.3f ms/token (%.1f tok/s)%s |\n", step_s * 1e3, 1.0 / step_s,
-                noisy(o, hyg[HYG_DECODE]));
-        fprintf(f, "| decode step / floor | %.2fx |\n", step_s / floor_s);
-        fprintf(f, "| prompt processing, %d tokens | %.0f tok/s%s |\n", o->prompt_len, o->prompt_len / prompt_s,
-                noisy(o, hyg[HYG_PROMPT]));
-        for (int bi = 0; bi < o->n_batches; bi++)
-            fprintf(f, "| throughput at batch %d (context %d) | %.0f tok/s%s |\n", o->batches[bi], o->ctx,
-                    batch_tps[bi], noisy(o, hyg[HYG_BATCH0 + bi]));
-        fprintf(f, "\nCost of k new tokens of one sequence in one call (logits for every row):\n\n"
-                   "| k | ms | relative to k = 1 |\n| --- | --- | --- |\n");
-        for (int k = 1; k <= o->max_k; k++)
-            fprintf(f, "| %d | %.3f | %.2f |\n", k, k_cost[k] * 1e3, k_cost[k] / k_cost[1]);
-        if (f != stdout) fclose(f);
-    }
     rc = 0;
 done:
     if (rc) fprintf(stderr, "specd-bench gpu: failed (see the log above)\n");
-    sd_kv_free(&kv);
-    sd_model_free(&m);
-    free(ids), free(logits), free(t);
+    sd_kv_free(&b.kv);
+    sd_model_free(&b.m);
+    free(b.ids), free(b.logits), free(b.t);
     return rc;
 }
 

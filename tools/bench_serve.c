@@ -55,6 +55,7 @@
 #include <getopt.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -339,48 +340,54 @@ static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
     return -1;
 }
 
-int bench_serve_main(int argc, char **argv) {
-    serve_opts o;
-    int prc = parse_serve_opts(argc, argv, &o);
-    if (prc >= 0) return prc;
-    const char *addr = o.addr, *prompts_path = o.prompts_path, *out_path = o.out_path;
-    char *conc_list = o.conc_list; /* strtok writes into it */
-    int tokens = o.tokens, rounds = o.rounds, warmup = o.warmup;
-    sd_hyg_params hyg = o.hyg;
-    char *prompts[MAX_PROMPTS];
-    int n_prompts = sd_bench_read_prompts(prompts_path, prompts, MAX_PROMPTS);
-    if (n_prompts <= 0) {
-        if (n_prompts == 0) fprintf(stderr, "specd-bench serve: no prompts in %s\n", prompts_path);
-        return 1;
-    }
-    int rc = 1;
-    sd_client *c = NULL, *cv = NULL; /* cv: the --versus service */
+/* The services compared: mode m's client and max_k (versus: both
+ * speculative), with the labels of the table. */
+typedef struct serve_modes {
+    sd_client *client[2];
+    int32_t draft[2];
+    const char *label[2];
+    const char *ratio_name;
+    bool versus; /* client[1] is the --versus service: no cost-model column */
+} serve_modes;
+
+/* Appends to the per-round notes, a bounded buffer (cut when full). */
+static void notes_add(char *notes, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void notes_add(char *notes, size_t cap, const char *fmt, ...) {
+    size_t len = strlen(notes);
+    if (len + 1 >= cap) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(notes + len, cap - len, fmt, ap);
+    va_end(ap);
+}
+
+/* Prints a line to stdout and, when set, to out. */
+static void emit(FILE *out, const char *text) {
+    printf("%s", text);
+    if (out) fprintf(out, "%s", text);
+}
+
+/* Connects to the service at o->addr (with its keys) and, with --versus,
+ * to the plaintext one. False when either cannot be reached. */
+static bool connect_services(const serve_opts *o, sd_curve_id *curve, sd_client **c, sd_client **cv) {
     sd_client_params cp = sd_client_default_params();
-    cp.coordinator = addr;
+    cp.coordinator = o->addr;
     cp.name = "specd-bench";
-    FILE *out = out_path ? fopen(out_path, "w") : NULL;
-    sd_curve_id curve;
-    if (sd_curve_id_load(o.curve_secret, o.curve_server, &curve) != SD_OK) goto done;
-    if (curve.on)
-        cp.curve_server_public = curve.server, cp.curve_public = curve.public_key, cp.curve_secret = curve.secret;
-    if (sd_client_connect(&cp, &c) != SD_OK) goto done;
-    if (o.versus) {
+    if (sd_curve_id_load(o->curve_secret, o->curve_server, curve) != SD_OK) return false;
+    if (curve->on)
+        cp.curve_server_public = curve->server, cp.curve_public = curve->public_key, cp.curve_secret = curve->secret;
+    if (sd_client_connect(&cp, c) != SD_OK) return false;
+    if (o->versus) {
         sd_client_params vp = sd_client_default_params();
-        vp.coordinator = o.versus;
+        vp.coordinator = o->versus;
         vp.name = "specd-bench";
-        if (sd_client_connect(&vp, &cv) != SD_OK) goto done;
+        if (sd_client_connect(&vp, cv) != SD_OK) return false;
     }
-    /* mode m: which service and max_k; versus: both speculative */
-    sd_client *mode_client[2] = {c, cv ? cv : c};
-    const int32_t mode_draft[2] = {0, cv ? 0 : -1};
-    const char *mode_label[2] = {cv ? "speculative, CurveZMQ" : "speculative",
-                                 cv ? "speculative, plaintext" : "target-only"};
-    const char *ratio_name = cv ? "CURVE / plaintext" : "spec / target";
-    sd_client_service_stats ss;
-    if (sd_client_stats(c, 10000, &ss) != SD_OK) {
-        fprintf(stderr, "specd-bench serve: no answer from %s (is the service running?)\n", addr);
-        goto done;
-    }
+    return true;
+}
+
+/* The table's header row with the CPUs this process may use above it. */
+static void write_header(FILE *out, const serve_modes *md) {
     char hdr[1024];
     snprintf(hdr, sizeof hdr,
              "| concurrency | mode | tokens/s (median of rounds) | range | %s: median of rounds | "
@@ -388,100 +395,153 @@ int bench_serve_main(int argc, char **argv) {
              "latency p99 ms | acceptance | drafting overlapped | other CPU, cores: median / max | "
              "pairs over the limit |\n"
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-             ratio_name);
+             md->ratio_name);
     char cpus[256];
     sd_hyg_affinity_text(cpus, sizeof cpus);
     printf("CPUs of specd-bench: %s (the service runs on its own affinity, set where it was started)\n\n%s", cpus, hdr);
     if (out)
         fprintf(out, "CPUs of specd-bench: %s (the service runs on its own affinity, set where it was started)\n\n%s",
                 cpus, hdr);
+}
+
+/* The rounds at one concurrency: o->warmup unmeasured ones, then o->rounds
+ * pairs of measured ones (ABBA order, both modes on the same prompts). */
+static void run_rounds(const serve_opts *o, const serve_modes *md, char **prompts, int n_prompts, int *next_prompt,
+                       int conc, serve_tally tl[2]) {
+    for (int r = 0; r < o->warmup; r++) { /* unmeasured: first-touch costs, the cost model's fit at this batch */
+        for (int m = 0; m < 2; m++) {
+            serve_tally w = {0};
+            int first_prompt = *next_prompt;
+            round_run(md->client[m], prompts, n_prompts, next_prompt, conc, o->tokens, md->draft[m], &o->hyg, &w);
+            if (m == 0) *next_prompt = first_prompt;
+            free(w.lat);
+        }
+    }
+    for (int r = 0; r < o->rounds; r++) {
+        int first_prompt = *next_prompt;
+        for (int i = 0; i < 2; i++) { /* m 0: speculative, 1: target-only; ABBA order */
+            int m = (r % 2) ? 1 - i : i;
+            *next_prompt = first_prompt; /* the pair sends the same prompts */
+            round_run(md->client[m], prompts, n_prompts, next_prompt, conc, o->tokens, md->draft[m], &o->hyg, &tl[m]);
+        }
+    }
+}
+
+/* Hygiene: a pair is kept when both its rounds were clean; with no clean
+ * pair all are kept (and the rows say so). keep[0..*n_pairs); returns the
+ * number of pairs over the limit. */
+static int keep_clean_pairs(const sd_hyg_params *hyg, const serve_tally tl[2], bool keep[MAX_ROUNDS], int *n_pairs) {
+    *n_pairs = tl[0].n_rounds < tl[1].n_rounds ? tl[0].n_rounds : tl[1].n_rounds;
+    int n_keep = 0;
+    for (int r = 0; r < *n_pairs; r++) {
+        keep[r] = sd_hyg_clean(hyg, tl[0].round_other[r]) && sd_hyg_clean(hyg, tl[1].round_other[r]);
+        n_keep += keep[r];
+    }
+    if (n_keep == 0)
+        for (int r = 0; r < *n_pairs; r++) keep[r] = true;
+    return *n_pairs - n_keep;
+}
+
+/* What the load-independent counts imply for a verify step costing
+ * F + t * rows (the coordinator's fit, read after these rounds): a
+ * committed token costs F / B / (tokens per step) + t * (rows per token)
+ * of verifier time at batch B. Drafting is not in it. NAN when the fit or
+ * the counts are missing; the fit goes to the notes. */
+static double cost_model_ratio(sd_client *c, int conc, const serve_tally tl[2], char *notes, size_t notes_cap) {
+    sd_client_service_stats cs;
+    if (sd_client_stats(c, 10000, &cs) != SD_OK || !(tl[0].tokens > 0) || !(tl[1].tokens > 0) || !(tl[0].steps > 0) ||
+        !(tl[1].steps > 0))
+        return NAN;
+    double model = NAN;
+    double fb = cs.verify_fixed_us / conc, tk = cs.verify_token_us;
+    double per_spec = fb * tl[0].steps / tl[0].tokens + tk * (tl[0].steps + tl[0].drafted) / tl[0].tokens;
+    double per_tgt = fb * tl[1].steps / tl[1].tokens + tk * (tl[1].steps + tl[1].drafted) / tl[1].tokens;
+    if (per_spec > 0) model = per_tgt / per_spec;
+    notes_add(notes, notes_cap,
+              "  cost model after these rounds: verify step %.0f us + %.0f us per token; "
+              "draft round trip %.0f us\n",
+              cs.verify_fixed_us, cs.verify_token_us, cs.draft_step_us);
+    return model;
+}
+
+/* One concurrency: its rounds, the ratios of the kept pairs (into the
+ * notes, by round) and the table's two rows. */
+static void run_concurrency(const serve_opts *o, const serve_modes *md, FILE *out, char **prompts, int n_prompts,
+                            int *next_prompt, int conc, char *notes, size_t notes_cap) {
+    serve_tally tl[2] = {{0}};
+    run_rounds(o, md, prompts, n_prompts, next_prompt, conc, tl);
+    bool keep[MAX_ROUNDS];
+    int n_pairs;
+    int n_dirty = keep_clean_pairs(&o->hyg, tl, keep, &n_pairs);
+    double ratio[MAX_ROUNDS];
+    int n_ratio = 0;
+    for (int r = 0; r < n_pairs; r++)
+        if (keep[r]) ratio[n_ratio++] = tl[1].round_tps[r] > 0 ? tl[0].round_tps[r] / tl[1].round_tps[r] : 0;
+    notes_add(notes, notes_cap, "- concurrency %d, %s by round:", conc, md->ratio_name);
+    for (int r = 0; r < n_ratio; r++) notes_add(notes, notes_cap, " %.3f", ratio[r]);
+    notes_add(notes, notes_cap, "\n");
+    serve_ratios sr;
+    ratio_ci(ratio, n_ratio, &sr.gm, &sr.ci_lo, &sr.ci_hi);
+    sr.median = sd_bench_median(ratio, n_ratio);
+    sr.model = md->versus ? NAN : cost_model_ratio(md->client[0], conc, tl, notes, notes_cap);
+    for (int m = 0; m < 2; m++) {
+        write_mode_row(out, conc, m, md->label[m], &tl[m], keep, n_pairs, n_dirty, &sr);
+        free(tl[m].lat);
+    }
+}
+
+/* The coordinator's own step figures after the run, when it answers. */
+static void write_step_overhead(FILE *out, sd_client *c) {
+    sd_client_service_stats ss;
+    if (sd_client_stats(c, 10000, &ss) != SD_OK) return;
+    char line[512];
+    snprintf(line, sizeof line,
+             "\ncoordinator step overhead (verify reply, or the draft reply it waited for -> next verify "
+             "request): p50 %.1f us, p99 %.1f us\n"
+             "verify steps held for drafts: %.0f%%, wait per step mean %.1f us, p99 %.1f us\n",
+             ss.step_overhead_p50_us, ss.step_overhead_p99_us, 100.0 * ss.draft_wait_share, ss.draft_wait_mean_us,
+             ss.draft_wait_p99_us);
+    emit(out, line);
+}
+
+int bench_serve_main(int argc, char **argv) {
+    serve_opts o;
+    int prc = parse_serve_opts(argc, argv, &o);
+    if (prc >= 0) return prc;
+    char *prompts[MAX_PROMPTS];
+    int n_prompts = sd_bench_read_prompts(o.prompts_path, prompts, MAX_PROMPTS);
+    if (n_prompts <= 0) {
+        if (n_prompts == 0) fprintf(stderr, "specd-bench serve: no prompts in %s\n", o.prompts_path);
+        return 1;
+    }
+    int rc = 1;
+    sd_client *c = NULL, *cv = NULL; /* cv: the --versus service */
+    FILE *out = o.out_path ? fopen(o.out_path, "w") : NULL;
+    sd_curve_id curve;
+    memset(&curve, 0, sizeof curve);
+    if (!connect_services(&o, &curve, &c, &cv)) goto done;
+    const serve_modes md = {
+        .client = {c, cv ? cv : c},
+        .draft = {0, cv ? 0 : -1},
+        .label = {cv ? "speculative, CurveZMQ" : "speculative", cv ? "speculative, plaintext" : "target-only"},
+        .ratio_name = cv ? "CURVE / plaintext" : "spec / target",
+        .versus = cv != NULL};
+    sd_client_service_stats ss;
+    if (sd_client_stats(c, 10000, &ss) != SD_OK) {
+        fprintf(stderr, "specd-bench serve: no answer from %s (is the service running?)\n", o.addr);
+        goto done;
+    }
+    write_header(out, &md);
     int next_prompt = 0;
-    char rounds_txt[8192] = "";
-    for (char *tok = strtok(conc_list, ","); tok; tok = strtok(NULL, ",")) {
+    char notes[8192] = ""; /* the ratios by round and the cost model's fit, under the table */
+    for (char *tok = strtok(o.conc_list, ","); tok; tok = strtok(NULL, ",")) {
         int conc = atoi(tok);
         if (conc < 1 || conc > MAX_CONC) continue;
-        serve_tally tl[2] = {{0}};
-        for (int r = 0; r < warmup; r++) { /* unmeasured: first-touch costs, the cost model's fit at this batch */
-            for (int m = 0; m < 2; m++) {
-                serve_tally w = {0};
-                int first_prompt = next_prompt;
-                round_run(mode_client[m], prompts, n_prompts, &next_prompt, conc, tokens, mode_draft[m], &hyg, &w);
-                if (m == 0) next_prompt = first_prompt;
-                free(w.lat);
-            }
-        }
-        for (int r = 0; r < rounds; r++) {
-            int first_prompt = next_prompt;
-            for (int i = 0; i < 2; i++) { /* m 0: speculative, 1: target-only; ABBA order */
-                int m = (r % 2) ? 1 - i : i;
-                next_prompt = first_prompt; /* the pair sends the same prompts */
-                round_run(mode_client[m], prompts, n_prompts, &next_prompt, conc, tokens, mode_draft[m], &hyg, &tl[m]);
-            }
-        }
-        /* hygiene: a pair is kept when both its rounds were clean; with no
-         * clean pair all are kept and the rows say so */
-        int n_pairs = tl[0].n_rounds < tl[1].n_rounds ? tl[0].n_rounds : tl[1].n_rounds;
-        bool keep[MAX_ROUNDS];
-        int n_keep = 0;
-        for (int r = 0; r < n_pairs; r++) {
-            keep[r] = sd_hyg_clean(&hyg, tl[0].round_other[r]) && sd_hyg_clean(&hyg, tl[1].round_other[r]);
-            n_keep += keep[r];
-        }
-        int n_dirty = n_pairs - n_keep;
-        if (n_keep == 0)
-            for (int r = 0; r < n_pairs; r++) keep[r] = true;
-        double ratio[MAX_ROUNDS];
-        int n_ratio = 0;
-        for (int r = 0; r < n_pairs; r++)
-            if (keep[r]) ratio[n_ratio++] = tl[1].round_tps[r] > 0 ? tl[0].round_tps[r] / tl[1].round_tps[r] : 0;
-        size_t rl = strlen(rounds_txt);
-        if (rl < sizeof rounds_txt)
-            rl += (size_t)snprintf(rounds_txt + rl, sizeof rounds_txt - rl, "- concurrency %d, %s by round:", conc,
-                                   ratio_name);
-        for (int r = 0; r < n_ratio && rl < sizeof rounds_txt; r++)
-            rl += (size_t)snprintf(rounds_txt + rl, sizeof rounds_txt - rl, " %.3f", ratio[r]);
-        if (rl < sizeof rounds_txt) rl += (size_t)snprintf(rounds_txt + rl, sizeof rounds_txt - rl, "\n");
-        double gm, ci_lo, ci_hi;
-        ratio_ci(ratio, n_ratio, &gm, &ci_lo, &ci_hi);
-        double ratio_med = sd_bench_median(ratio, n_ratio);
-        /* What the load-independent counts imply for a verify step costing
-         * F + t * rows (the coordinator's fit, read after these rounds):
-         * a committed token costs F / B / (tokens per step) + t * (rows per
-         * token) of verifier time at batch B. Drafting is not in it. */
-        double model = NAN;
-        sd_client_service_stats cs;
-        if (!cv && sd_client_stats(c, 10000, &cs) == SD_OK && tl[0].tokens > 0 && tl[1].tokens > 0 && tl[0].steps > 0 &&
-            tl[1].steps > 0) {
-            double fb = cs.verify_fixed_us / conc, tk = cs.verify_token_us;
-            double per_spec = fb * tl[0].steps / tl[0].tokens + tk * (tl[0].steps + tl[0].drafted) / tl[0].tokens;
-            double per_tgt = fb * tl[1].steps / tl[1].tokens + tk * (tl[1].steps + tl[1].drafted) / tl[1].tokens;
-            if (per_spec > 0) model = per_tgt / per_spec;
-            if (rl < sizeof rounds_txt)
-                rl += (size_t)snprintf(rounds_txt + rl, sizeof rounds_txt - rl,
-                                       "  cost model after these rounds: verify step %.0f us + %.0f us per token; "
-                                       "draft round trip %.0f us\n",
-                                       cs.verify_fixed_us, cs.verify_token_us, cs.draft_step_us);
-        }
-        serve_ratios sr = {ratio_med, gm, ci_lo, ci_hi, model};
-        for (int m = 0; m < 2; m++) {
-            write_mode_row(out, conc, m, mode_label[m], &tl[m], keep, n_pairs, n_dirty, &sr);
-            serve_tally *t = &tl[m];
-            free(t->lat);
-        }
+        run_concurrency(&o, &md, out, prompts, n_prompts, &next_prompt, conc, notes, sizeof notes);
     }
-    printf("\n%s", rounds_txt);
-    if (out) fprintf(out, "\n%s", rounds_txt);
-    if (sd_client_stats(c, 10000, &ss) == SD_OK) {
-        char line[512];
-        snprintf(line, sizeof line,
-                 "\ncoordinator step overhead (verify reply, or the draft reply it waited for -> next verify "
-                 "request): p50 %.1f us, p99 %.1f us\n"
-                 "verify steps held for drafts: %.0f%%, wait per step mean %.1f us, p99 %.1f us\n",
-                 ss.step_overhead_p50_us, ss.step_overhead_p99_us, 100.0 * ss.draft_wait_share, ss.draft_wait_mean_us,
-                 ss.draft_wait_p99_us);
-        printf("%s", line);
-        if (out) fprintf(out, "%s", line);
-    }
+    printf("\n%s", notes);
+    if (out) fprintf(out, "\n%s", notes);
+    write_step_overhead(out, c);
     rc = 0;
 done:
     sd_client_close(&c);

@@ -433,7 +433,18 @@ static void write_set_table(FILE *out, const char *set, int np, method *methods,
     }
 }
 
-int bench_spec_main(int argc, char **argv) {
+/* specd-bench spec's options. */
+typedef struct spec_opts {
+    const char *model_path, *draft_path, *out_path;
+    const char *sets[MAX_SETS]; /* prompt files: --prompts, else those in bench/prompts */
+    int n_sets, n_tokens, layers, n_threads, max_prompts;
+    sd_hyg_params hyg;
+} spec_opts;
+
+/* -1: run; 0: --help printed; 2: bad options (usage on stderr). *gl holds
+ * the default prompt files' names (o->sets borrows them): the caller frees
+ * it with globfree whatever this returns. */
+static int parse_spec_opts(int argc, char **argv, spec_opts *o, glob_t *gl) {
     static const struct option longs[] = {{"model", required_argument, 0, 'm'},
                                           {"draft", required_argument, 0, 'd'},
                                           {"draft-layers", required_argument, 0, 'L'},
@@ -445,157 +456,203 @@ int bench_spec_main(int argc, char **argv) {
                                           {"max-other-load", required_argument, 0, 'X'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
-    sd_hyg_params hyg = sd_hyg_default_params();
-    const char *model_path = NULL, *draft_path = NULL, *out_path = NULL;
-    const char *sets[MAX_SETS];
-    int n_sets = 0, n_tokens = 48, layers = 8, n_threads = 0, max_prompts = MAX_PROMPTS, c;
+    *o = (spec_opts){.n_tokens = 48, .layers = 8, .max_prompts = MAX_PROMPTS, .hyg = sd_hyg_default_params()};
+    int c;
     optind = 2;
     while ((c = getopt_long(argc, argv, "m:t:o:h", longs, NULL)) != -1) {
         switch (c) {
-        case 'm': model_path = optarg; break;
-        case 'd': draft_path = optarg; break;
-        case 'L': layers = atoi(optarg); break;
+        case 'm': o->model_path = optarg; break;
+        case 'd': o->draft_path = optarg; break;
+        case 'L': o->layers = atoi(optarg); break;
         case 'p':
-            if (n_sets < MAX_SETS) sets[n_sets++] = optarg;
+            if (o->n_sets < MAX_SETS) o->sets[o->n_sets++] = optarg;
             break;
-        case 'n': n_tokens = atoi(optarg); break;
-        case 'M': max_prompts = atoi(optarg); break;
-        case 't': n_threads = atoi(optarg); break;
-        case 'o': out_path = optarg; break;
-        case 'X': hyg.max_other_cores = atof(optarg); break;
+        case 'n': o->n_tokens = atoi(optarg); break;
+        case 'M': o->max_prompts = atoi(optarg); break;
+        case 't': o->n_threads = atoi(optarg); break;
+        case 'o': o->out_path = optarg; break;
+        case 'X': o->hyg.max_other_cores = atof(optarg); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
-    glob_t gl = {0};
-    if (n_sets == 0 && glob("bench/prompts/*.txt", 0, NULL, &gl) == 0)
-        for (size_t i = 0; i < gl.gl_pathc && n_sets < MAX_SETS; i++) sets[n_sets++] = gl.gl_pathv[i];
-    if (!model_path || n_sets == 0 || n_tokens < 2 || n_tokens > 512 || layers < 1 || max_prompts < 1 ||
-        !(hyg.max_other_cores > 0)) {
+    if (o->n_sets == 0 && glob("bench/prompts/*.txt", 0, NULL, gl) == 0)
+        for (size_t i = 0; i < gl->gl_pathc && o->n_sets < MAX_SETS; i++) o->sets[o->n_sets++] = gl->gl_pathv[i];
+    if (!o->model_path || o->n_sets == 0 || o->n_tokens < 2 || o->n_tokens > 512 || o->layers < 1 ||
+        o->max_prompts < 1 || !(o->hyg.max_other_cores > 0)) {
         usage(stderr);
-        globfree(&gl);
         return 2;
     }
-    sd_log_set(NULL, NULL, SD_LOG_WARN, "bench");
-    int rc = 1;
-    sd_gguf *g = NULL;
-    sd_tok *tok = NULL;
-    sd_model *m = NULL;
-    sd_drafter *drafters[3] = {NULL, NULL, NULL};
-    const char *dnames[3] = {"ngram", "self", "draft"};
-    char err[256];
+    return -1;
+}
+
+/* The target, its tokenizer, the drafters and the methods compared; the
+ * prompts' token ids kept for the top-N studies. All owned. */
+typedef struct spec_bench {
+    sd_gguf *g;
+    sd_tok *tok;
+    sd_model *m;
+    sd_drafter_params dp;
+    sd_drafter *drafters[3]; /* n-gram, self-draft, draft model (NULL without --draft) */
+    method *methods;         /* MAX_METHODS */
+    int n_methods;
+    double c_verify; /* an extra verified token's cost relative to a one-token step */
     int32_t *all_ids[MAX_PROMPTS];
     int32_t all_n[MAX_PROMPTS];
-    int n_all = 0;
-    static method methods[MAX_METHODS];
-    int n_methods = 0;
-    memset(methods, 0, sizeof methods);
-    FILE *out = out_path ? fopen(out_path, "w") : stdout;
-    if (!out) goto done;
+    int n_all;
+} spec_bench;
+
+static const char *const drafter_names[3] = {"ngram", "self", "draft"};
+
+/* Loads the target and creates the drafters; false (said) on failure. */
+static bool load_models(const spec_opts *o, spec_bench *b) {
+    char err[256];
     sd_model_params mp = sd_model_default_params();
-    mp.n_threads = n_threads;
-    if (sd_gguf_open(model_path, &g, err, sizeof err) != SD_OK || sd_tok_from_gguf(g, &tok) != SD_OK ||
-        sd_model_load(g, &mp, &m) != SD_OK) {
-        fprintf(stderr, "specd-bench: cannot load %s\n", model_path);
-        goto done;
+    mp.n_threads = o->n_threads;
+    if (sd_gguf_open(o->model_path, &b->g, err, sizeof err) != SD_OK || sd_tok_from_gguf(b->g, &b->tok) != SD_OK ||
+        sd_model_load(b->g, &mp, &b->m) != SD_OK) {
+        fprintf(stderr, "specd-bench: cannot load %s\n", o->model_path);
+        return false;
     }
-    sd_drafter_params dp = sd_drafter_default_params();
-    dp.max_ctx = MAX_CTX;
-    dp.n_threads = n_threads;
-    if (sd_drafter_ngram_create(&dp, &drafters[0]) != SD_OK ||
-        sd_drafter_self_view(m, layers, &dp, &drafters[1]) != SD_OK ||
-        (draft_path &&
-         sd_drafter_model_open(draft_path, sd_tok_vocab_hash(tok), sd_tok_n_vocab(tok), &dp, &drafters[2]) != SD_OK)) {
+    b->dp = sd_drafter_default_params();
+    b->dp.max_ctx = MAX_CTX;
+    b->dp.n_threads = o->n_threads;
+    if (sd_drafter_ngram_create(&b->dp, &b->drafters[0]) != SD_OK ||
+        sd_drafter_self_view(b->m, o->layers, &b->dp, &b->drafters[1]) != SD_OK ||
+        (o->draft_path && sd_drafter_model_open(o->draft_path, sd_tok_vocab_hash(b->tok), sd_tok_n_vocab(b->tok),
+                                                &b->dp, &b->drafters[2]) != SD_OK)) {
         fprintf(stderr, "specd-bench: cannot create the drafters\n");
-        goto done;
+        return false;
     }
-    double t1 = 0, c_verify = calibrate_verify_cost(m, &t1);
-    fprintf(out, "Target %s; %d-token greedy continuations; self-draft = first %d of %d layers%s%s.\n", model_path,
-            n_tokens, layers, (int)sd_model_config_of(m)->n_layers, draft_path ? "; draft GGUF " : "",
-            draft_path ? draft_path : "");
+    return true;
+}
+
+/* The methods: plain, then each drafter at K = 2, 4, 8 and adaptive. */
+static bool add_methods(spec_bench *b) {
+    const int ks[4] = {2, 4, 8, ADAPTIVE};
+    method *methods = b->methods;
+    snprintf(methods[b->n_methods].name, sizeof methods[0].name, "plain");
+    methods[b->n_methods++].drafter = -1;
+    for (int di = 0; di < 3; di++) {
+        if (!b->drafters[di]) continue;
+        for (int j = 0; j < 4; j++) {
+            method *mt = &methods[b->n_methods++];
+            mt->drafter = di;
+            if (di == 0 && sd_drafter_ngram_create(&b->dp, &mt->own) != SD_OK) return false;
+            mt->k = ks[j];
+            if (ks[j] == ADAPTIVE)
+                snprintf(mt->name, sizeof mt->name, "%s K adaptive", drafter_names[di]);
+            else
+                snprintf(mt->name, sizeof mt->name, "%s K=%d", drafter_names[di], ks[j]);
+        }
+    }
+    return true;
+}
+
+/* Runs every method on prompt p of a set (its chat-formatted text), each
+ * run's tokens/s and hygiene into the method; keeps the ids for the
+ * studies. False on a failure. */
+static bool run_prompt(const spec_opts *o, spec_bench *b, const char *prompt, int p) {
+    char *text = NULL;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    sd_chat_msg msg = {"user", prompt};
+    if (sd_tok_chat_format(&msg, 1, NULL, true, &text) != SD_OK ||
+        sd_tok_encode(b->tok, text, strlen(text), true, &ids, &n_ids) != SD_OK || n_ids + 600 > MAX_CTX) {
+        free(text);
+        free(ids);
+        return false;
+    }
+    free(text);
+    sd_sampling greedy = sd_sampling_default();
+    greedy.temperature = 0.0f;
+    for (int mi = 0; mi < b->n_methods; mi++) {
+        method *mt = &b->methods[mi];
+        double secs = 0;
+        sd_drafter *d = mt->own ? mt->own : mt->drafter >= 0 ? b->drafters[mt->drafter] : NULL;
+        sd_hyg_mark h0 = sd_hyg_now(&o->hyg);
+        int got = run_one(b->m, d, mt->k, b->c_verify, ids, (int32_t)n_ids, o->n_tokens, &greedy, mt, &secs, NULL);
+        sd_hyg_mark h1 = sd_hyg_now(&o->hyg);
+        mt->other[p] = sd_hyg_other_cores(&h0, &h1);
+        if (got < 0) {
+            free(ids);
+            return false;
+        }
+        mt->tps[p] = secs > 0 ? got / secs : 0;
+    }
+    if (b->n_all < MAX_PROMPTS) {
+        b->all_ids[b->n_all] = ids;
+        b->all_n[b->n_all++] = (int32_t)n_ids;
+    } else {
+        free(ids);
+    }
+    return true;
+}
+
+/* One prompt set: every method on every prompt, then its table. */
+static bool run_set(const spec_opts *o, spec_bench *b, const char *set, FILE *out) {
+    char *prompts[MAX_PROMPTS];
+    int np = sd_bench_read_prompts(set, prompts, o->max_prompts < MAX_PROMPTS ? o->max_prompts : MAX_PROMPTS);
+    if (np <= 0) {
+        if (np == 0) fprintf(stderr, "specd-bench: no prompts in %s\n", set);
+        return false;
+    }
+    for (int mi = 0; mi < b->n_methods; mi++) {
+        b->methods[mi].drafted = b->methods[mi].accepted = b->methods[mi].steps = b->methods[mi].tokens = 0;
+    }
+    bool ok = true;
+    for (int p = 0; p < np && ok; p++) {
+        ok = run_prompt(o, b, prompts[p], p);
+        if (ok) fprintf(stderr, "%s: prompt %d/%d done\n", set, p + 1, np);
+    }
+    if (ok) {
+        write_set_table(out, set, np, b->methods, b->n_methods, &o->hyg);
+        fflush(out);
+    }
+    for (int p = 0; p < np; p++) free(prompts[p]);
+    return ok;
+}
+
+int bench_spec_main(int argc, char **argv) {
+    spec_opts o;
+    glob_t gl = {0};
+    int rc = parse_spec_opts(argc, argv, &o, &gl);
+    if (rc >= 0) {
+        globfree(&gl);
+        return rc;
+    }
+    sd_log_set(NULL, NULL, SD_LOG_WARN, "bench");
+    rc = 1;
+    static method methods[MAX_METHODS];
+    memset(methods, 0, sizeof methods);
+    spec_bench b = {.methods = methods};
+    FILE *out = o.out_path ? fopen(o.out_path, "w") : stdout;
+    if (!out || !load_models(&o, &b)) goto done;
+    double t1 = 0;
+    b.c_verify = calibrate_verify_cost(b.m, &t1);
+    fprintf(out, "Target %s; %d-token greedy continuations; self-draft = first %d of %d layers%s%s.\n", o.model_path,
+            o.n_tokens, o.layers, (int)sd_model_config_of(b.m)->n_layers, o.draft_path ? "; draft GGUF " : "",
+            o.draft_path ? o.draft_path : "");
     fprintf(out,
             "Verification cost calibrated at start-up: one-token step %.1f ms, each extra verified token "
             "+%.3f of it (adaptive K used to assume 0.05).\n",
-            t1 * 1e3, c_verify);
-    const int ks[4] = {2, 4, 8, ADAPTIVE};
-    snprintf(methods[n_methods].name, sizeof methods[0].name, "plain");
-    methods[n_methods++].drafter = -1;
-    for (int di = 0; di < 3; di++) {
-        if (!drafters[di]) continue;
-        for (int j = 0; j < 4; j++) {
-            method *mt = &methods[n_methods++];
-            mt->drafter = di;
-            if (di == 0 && sd_drafter_ngram_create(&dp, &mt->own) != SD_OK) goto done;
-            mt->k = ks[j];
-            if (ks[j] == ADAPTIVE)
-                snprintf(mt->name, sizeof mt->name, "%s K adaptive", dnames[di]);
-            else
-                snprintf(mt->name, sizeof mt->name, "%s K=%d", dnames[di], ks[j]);
-        }
-    }
-    sd_sampling greedy = sd_sampling_default();
-    greedy.temperature = 0.0f;
-    for (int si = 0; si < n_sets; si++) {
-        char *prompts[MAX_PROMPTS];
-        int np = sd_bench_read_prompts(sets[si], prompts, max_prompts < MAX_PROMPTS ? max_prompts : MAX_PROMPTS);
-        if (np <= 0) {
-            if (np == 0) fprintf(stderr, "specd-bench: no prompts in %s\n", sets[si]);
-            goto done;
-        }
-        for (int mi = 0; mi < n_methods; mi++) {
-            methods[mi].drafted = methods[mi].accepted = methods[mi].steps = methods[mi].tokens = 0;
-        }
-        for (int p = 0; p < np; p++) {
-            char *text = NULL;
-            int32_t *ids = NULL;
-            size_t n_ids = 0;
-            sd_chat_msg msg = {"user", prompts[p]};
-            if (sd_tok_chat_format(&msg, 1, NULL, true, &text) != SD_OK ||
-                sd_tok_encode(tok, text, strlen(text), true, &ids, &n_ids) != SD_OK || n_ids + 600 > MAX_CTX) {
-                free(text);
-                free(ids);
-                goto done;
-            }
-            free(text);
-            for (int mi = 0; mi < n_methods; mi++) {
-                method *mt = &methods[mi];
-                double secs = 0;
-                sd_drafter *d = mt->own ? mt->own : mt->drafter >= 0 ? drafters[mt->drafter] : NULL;
-                sd_hyg_mark h0 = sd_hyg_now(&hyg);
-                int got = run_one(m, d, mt->k, c_verify, ids, (int32_t)n_ids, n_tokens, &greedy, mt, &secs, NULL);
-                sd_hyg_mark h1 = sd_hyg_now(&hyg);
-                mt->other[p] = sd_hyg_other_cores(&h0, &h1);
-                if (got < 0) {
-                    free(ids);
-                    goto done;
-                }
-                mt->tps[p] = secs > 0 ? got / secs : 0;
-            }
-            if (n_all < MAX_PROMPTS) {
-                all_ids[n_all] = ids;
-                all_n[n_all++] = (int32_t)n_ids;
-            } else {
-                free(ids);
-            }
-            fprintf(stderr, "%s: prompt %d/%d done\n", sets[si], p + 1, np);
-        }
-        write_set_table(out, sets[si], np, methods, n_methods, &hyg);
-        fflush(out);
-        for (int p = 0; p < np; p++) free(prompts[p]);
-    }
-    if (drafters[2]) {
-        top_n_study(out, m, draft_path, sd_tok_vocab_hash(tok), sd_tok_n_vocab(tok), all_ids, all_n,
-                    n_all < 8 ? n_all : 8, n_tokens);
-        top_n_alpha_study(out, m, draft_path, all_ids, all_n, n_all, n_tokens, n_threads);
+            t1 * 1e3, b.c_verify);
+    if (!add_methods(&b)) goto done;
+    for (int si = 0; si < o.n_sets; si++)
+        if (!run_set(&o, &b, o.sets[si], out)) goto done;
+    if (b.drafters[2]) {
+        top_n_study(out, b.m, o.draft_path, sd_tok_vocab_hash(b.tok), sd_tok_n_vocab(b.tok), b.all_ids, b.all_n,
+                    b.n_all < 8 ? b.n_all : 8, o.n_tokens);
+        top_n_alpha_study(out, b.m, o.draft_path, b.all_ids, b.all_n, b.n_all, o.n_tokens, o.n_threads);
     }
     rc = 0;
 done:
-    for (int i = 0; i < n_all; i++) free(all_ids[i]);
-    for (int i = 0; i < 3; i++) sd_drafter_free(&drafters[i]);
-    for (int i = 0; i < n_methods; i++) sd_drafter_free(&methods[i].own);
-    sd_model_free(&m);
-    sd_tok_free(&tok);
-    sd_gguf_close(&g);
+    for (int i = 0; i < b.n_all; i++) free(b.all_ids[i]);
+    for (int i = 0; i < 3; i++) sd_drafter_free(&b.drafters[i]);
+    for (int i = 0; i < b.n_methods; i++) sd_drafter_free(&methods[i].own);
+    sd_model_free(&b.m);
+    sd_tok_free(&b.tok);
+    sd_gguf_close(&b.g);
     if (out && out != stdout) fclose(out);
     globfree(&gl);
     return rc;

@@ -112,39 +112,27 @@ static bool parse_dtype(const char *s, sd_dtype *out) {
     return false;
 }
 
-/* Returns 0 to go on, 1 for --help, -1 on a bad argument. */
-static int parse_args(int argc, char **argv, mk_params *p) {
-    *p = (mk_params){.dim = 64,
-                     .layers = 2,
-                     .heads = 4,
-                     .kv_heads = 2,
-                     .ff = 128,
-                     .vocab = 512,
-                     .ctx = 2048,
-                     .rope_base = 10000.0f,
-                     .dtype = SD_DTYPE_F32,
-                     .norm_dtype = SD_DTYPE_F32,
-                     .seed = 1};
-    enum {
-        O_DIM = 256,
-        O_LAYERS,
-        O_HEADS,
-        O_KV,
-        O_FF,
-        O_VOCAB,
-        O_TOKFROM,
-        O_CTX,
-        O_ROPE,
-        O_DTYPE,
-        O_NDTYPE,
-        O_TIED,
-        O_SEED,
-        O_REQUANT,
-        O_FORMAT,
-        O_SHARDS,
-        O_CONVERT
-    };
-    static const struct option opts[] = {{"dim", required_argument, 0, O_DIM},
+/* The long options' codes past the short ones. */
+enum {
+    O_DIM = 256,
+    O_LAYERS,
+    O_HEADS,
+    O_KV,
+    O_FF,
+    O_VOCAB,
+    O_TOKFROM,
+    O_CTX,
+    O_ROPE,
+    O_DTYPE,
+    O_NDTYPE,
+    O_TIED,
+    O_SEED,
+    O_REQUANT,
+    O_FORMAT,
+    O_SHARDS,
+    O_CONVERT
+};
+static const struct option mk_longs[] = {{"dim", required_argument, 0, O_DIM},
                                          {"layers", required_argument, 0, O_LAYERS},
                                          {"heads", required_argument, 0, O_HEADS},
                                          {"kv-heads", required_argument, 0, O_KV},
@@ -163,66 +151,64 @@ static int parse_args(int argc, char **argv, mk_params *p) {
                                          {"convert", required_argument, 0, O_CONVERT},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    bool vocab_set = false;
-    int c;
-    while ((c = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
-        bool ok = true;
-        switch (c) {
-        case 'o': p->out = optarg; break;
-        case 'h': usage(stdout); return 1;
-        case O_DIM: ok = parse_u32(optarg, "--dim", 1, 65536, &p->dim); break;
-        case O_LAYERS: ok = parse_u32(optarg, "--layers", 1, 1024, &p->layers); break;
-        case O_HEADS: ok = parse_u32(optarg, "--heads", 1, 1024, &p->heads); break;
-        case O_KV: ok = parse_u32(optarg, "--kv-heads", 1, 1024, &p->kv_heads); break;
-        case O_FF: ok = parse_u32(optarg, "--ff", 1, 1 << 20, &p->ff); break;
-        case O_VOCAB:
-            ok = parse_u32(optarg, "--vocab", 0, UINT32_MAX, &p->vocab);
-            if (ok && (p->vocab < 259 || p->vocab > MAX_VOCAB)) {
-                fprintf(stderr, "specd-mkmodel: --vocab must be in 259..%d (3 control tokens + 256 bytes)\n",
-                        MAX_VOCAB);
-                ok = false;
-            }
-            vocab_set = true;
-            break;
-        case O_TOKFROM: p->tokenizer_from = optarg; break;
-        case O_CTX: ok = parse_u32(optarg, "--ctx", 1, 1u << 24, &p->ctx); break;
-        case O_ROPE: {
-            char *end;
-            p->rope_base = strtof(optarg, &end);
-            ok = *end == '\0' && end != optarg && p->rope_base > 0.0f && isfinite(p->rope_base);
-            if (!ok) fprintf(stderr, "specd-mkmodel: --rope-base must be a positive number (got '%s')\n", optarg);
-            break;
+
+/* Applies one option (arg: its value); *vocab_set notes --vocab. False,
+ * said on stderr, for a bad value or an unknown option. */
+static bool apply_option(int c, const char *arg, mk_params *p, bool *vocab_set) {
+    bool ok = true;
+    switch (c) {
+    case 'o': p->out = arg; break;
+    case O_DIM: ok = parse_u32(arg, "--dim", 1, 65536, &p->dim); break;
+    case O_LAYERS: ok = parse_u32(arg, "--layers", 1, 1024, &p->layers); break;
+    case O_HEADS: ok = parse_u32(arg, "--heads", 1, 1024, &p->heads); break;
+    case O_KV: ok = parse_u32(arg, "--kv-heads", 1, 1024, &p->kv_heads); break;
+    case O_FF: ok = parse_u32(arg, "--ff", 1, 1 << 20, &p->ff); break;
+    case O_VOCAB:
+        ok = parse_u32(arg, "--vocab", 0, UINT32_MAX, &p->vocab);
+        if (ok && (p->vocab < 259 || p->vocab > MAX_VOCAB)) {
+            fprintf(stderr, "specd-mkmodel: --vocab must be in 259..%d (3 control tokens + 256 bytes)\n", MAX_VOCAB);
+            ok = false;
         }
-        case O_DTYPE:
-            ok = parse_dtype(optarg, &p->dtype);
-            p->dtype_set = true;
-            break;
-        case O_REQUANT: p->requant_from = optarg; break;
-        case O_NDTYPE: ok = parse_dtype(optarg, &p->norm_dtype); break;
-        case O_FORMAT:
-            ok = strcmp(optarg, "gguf") == 0 || strcmp(optarg, "hf") == 0;
-            p->hf = strcmp(optarg, "hf") == 0;
-            if (!ok) fprintf(stderr, "specd-mkmodel: --format is gguf or hf (got '%s')\n", optarg);
-            break;
-        case O_SHARDS: ok = parse_u32(optarg, "--shards", 1, 99999, &p->shards); break;
-        case O_CONVERT: p->convert = optarg; break;
-        case O_TIED: p->tied = true; break;
-        case O_SEED: {
-            char *end;
-            errno = 0;
-            p->seed = strtoull(optarg, &end, 0);
-            ok = !errno && *end == '\0' && end != optarg;
-            if (!ok) fprintf(stderr, "specd-mkmodel: bad --seed '%s'\n", optarg);
-            break;
-        }
-        default: usage(stderr); return -1;
-        }
-        if (!ok) return -1;
+        *vocab_set = true;
+        break;
+    case O_TOKFROM: p->tokenizer_from = arg; break;
+    case O_CTX: ok = parse_u32(arg, "--ctx", 1, 1u << 24, &p->ctx); break;
+    case O_ROPE: {
+        char *end;
+        p->rope_base = strtof(arg, &end);
+        ok = *end == '\0' && end != arg && p->rope_base > 0.0f && isfinite(p->rope_base);
+        if (!ok) fprintf(stderr, "specd-mkmodel: --rope-base must be a positive number (got '%s')\n", arg);
+        break;
     }
-    if (optind < argc) {
-        fprintf(stderr, "specd-mkmodel: unexpected argument '%s'\n", argv[optind]);
-        return -1;
+    case O_DTYPE:
+        ok = parse_dtype(arg, &p->dtype);
+        p->dtype_set = true;
+        break;
+    case O_REQUANT: p->requant_from = arg; break;
+    case O_NDTYPE: ok = parse_dtype(arg, &p->norm_dtype); break;
+    case O_FORMAT:
+        ok = strcmp(arg, "gguf") == 0 || strcmp(arg, "hf") == 0;
+        p->hf = strcmp(arg, "hf") == 0;
+        if (!ok) fprintf(stderr, "specd-mkmodel: --format is gguf or hf (got '%s')\n", arg);
+        break;
+    case O_SHARDS: ok = parse_u32(arg, "--shards", 1, 99999, &p->shards); break;
+    case O_CONVERT: p->convert = arg; break;
+    case O_TIED: p->tied = true; break;
+    case O_SEED: {
+        char *end;
+        errno = 0;
+        p->seed = strtoull(arg, &end, 0);
+        ok = !errno && *end == '\0' && end != arg;
+        if (!ok) fprintf(stderr, "specd-mkmodel: bad --seed '%s'\n", arg);
+        break;
     }
+    default: usage(stderr); return false;
+    }
+    return ok;
+}
+
+/* The rules of the output's format: 0, or -1 with the reason on stderr. */
+static int check_format(const mk_params *p) {
     if (!p->out) {
         fprintf(stderr, "specd-mkmodel: -o OUT.gguf is required\n");
         usage(stderr);
@@ -241,7 +227,12 @@ static int parse_args(int argc, char **argv, mk_params *p) {
         fprintf(stderr, "specd-mkmodel: --format hf stores f32, f16 or bf16 only\n");
         return -1;
     }
-    if (p->convert) return 0; /* the model's shape comes from FROM */
+    return 0;
+}
+
+/* The rules for a model written here (not --convert): its source flags and
+ * its shape. 0, or -1 with the reason on stderr. */
+static int check_shape(const mk_params *p, bool vocab_set) {
     if (p->requant_from && (vocab_set || p->tokenizer_from || !p->dtype_set)) {
         fprintf(stderr, "specd-mkmodel: --requant takes --dtype and excludes --vocab/--tokenizer-from\n");
         return -1;
@@ -276,6 +267,37 @@ static int parse_args(int argc, char **argv, mk_params *p) {
         return -1;
     }
     return 0;
+}
+
+/* Returns 0 to go on, 1 for --help, -1 on a bad argument. */
+static int parse_args(int argc, char **argv, mk_params *p) {
+    *p = (mk_params){.dim = 64,
+                     .layers = 2,
+                     .heads = 4,
+                     .kv_heads = 2,
+                     .ff = 128,
+                     .vocab = 512,
+                     .ctx = 2048,
+                     .rope_base = 10000.0f,
+                     .dtype = SD_DTYPE_F32,
+                     .norm_dtype = SD_DTYPE_F32,
+                     .seed = 1};
+    bool vocab_set = false;
+    int c;
+    while ((c = getopt_long(argc, argv, "o:h", mk_longs, NULL)) != -1) {
+        if (c == 'h') {
+            usage(stdout);
+            return 1;
+        }
+        if (!apply_option(c, optarg, p, &vocab_set)) return -1;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "specd-mkmodel: unexpected argument '%s'\n", argv[optind]);
+        return -1;
+    }
+    if (check_format(p)) return -1;
+    if (p->convert) return 0; /* the model's shape comes from FROM */
+    return check_shape(p, vocab_set);
 }
 
 /* ---- tokenizer ---- */

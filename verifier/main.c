@@ -108,109 +108,108 @@ static bool parse_int(const char *flag, const char *s, int32_t lo, int32_t hi, i
     return false;
 }
 
-/* 0 = run, 1 = --help printed, 2 = bad flags. */
-static int parse_args(int argc, char **argv, verifier_opts *o) {
-    enum {
-        O_COORD = 256,
-        O_MAX_SEQS,
-        O_KV_BLOCKS,
-        O_BLOCK,
-        O_MAX_BATCH,
-        O_MAX_K,
-        O_TP,
-        O_RANK,
-        O_NAME,
-        O_DEVICE,
-        O_GROUP,
-        O_GROUP_ID,
-        O_LM_HEAD,
-        O_COLL_TIMEOUT,
-        O_GROUP_HB,
-        O_JOIN_TIMEOUT,
-        O_WARMUP,
-        O_KV_TYPE,
-        O_CSECRET,
-        O_CSERVER,
-        O_RANK_KEYS,
-        O_INSECURE
-    };
-    static const struct option longs[] = {
-        {"model", required_argument, 0, 'm'},
-        {"coordinator", required_argument, 0, O_COORD},
-        {"curve-secret", required_argument, 0, O_CSECRET},
-        {"curve-server", required_argument, 0, O_CSERVER},
-        {"rank-keys", required_argument, 0, O_RANK_KEYS},
-        {"insecure", no_argument, 0, O_INSECURE},
-        {"threads", required_argument, 0, 't'},
-        {"max-seqs", required_argument, 0, O_MAX_SEQS},
-        {"kv-blocks", required_argument, 0, O_KV_BLOCKS},
-        {"block-size", required_argument, 0, O_BLOCK},
-        {"max-batch", required_argument, 0, O_MAX_BATCH},
-        {"max-k", required_argument, 0, O_MAX_K},
-        {"tp", required_argument, 0, O_TP},
-        {"rank", required_argument, 0, O_RANK},
-        {"name", required_argument, 0, O_NAME},
-        {"verbose", no_argument, 0, 'v'},
-        {"device", required_argument, 0, O_DEVICE},
-        {"kv-type", required_argument, 0, O_KV_TYPE},
-        {"group", required_argument, 0, O_GROUP},
-        {"group-id", required_argument, 0, O_GROUP_ID},
-        {"lm-head", required_argument, 0, O_LM_HEAD},
-        {"coll-timeout-ms", required_argument, 0, O_COLL_TIMEOUT},
-        {"group-heartbeat-ms", required_argument, 0, O_GROUP_HB},
-        {"join-timeout", required_argument, 0, O_JOIN_TIMEOUT},
-        {"warmup", required_argument, 0, O_WARMUP},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
-    int c;
-    while ((c = getopt_long(argc, argv, "m:t:vh", longs, NULL)) != -1) {
-        bool ok = true;
-        switch (c) {
-        case 'm': o->model_path = optarg; break;
-        case O_COORD: o->coordinator = optarg; break;
-        case 't': ok = parse_int("--threads", optarg, 0, 1024, &o->n_threads); break;
-        case O_MAX_SEQS: ok = parse_int("--max-seqs", optarg, 1, 65536, &o->max_seqs); break;
-        case O_KV_BLOCKS: ok = parse_int("--kv-blocks", optarg, 1, 1 << 28, &o->kv_blocks); break;
-        case O_BLOCK: ok = parse_int("--block-size", optarg, 1, 4096, &o->block_size); break;
-        case O_MAX_BATCH: ok = parse_int("--max-batch", optarg, 1, SD_MAX_BATCH, &o->max_batch); break;
-        case O_MAX_K: ok = parse_int("--max-k", optarg, 0, SD_MAX_K, &o->max_k); break;
-        case O_TP: ok = parse_int("--tp", optarg, 1, SD_MAX_GROUP_SIZE, &o->tp); break;
-        case O_RANK: ok = parse_int("--rank", optarg, 0, SD_MAX_GROUP_SIZE - 1, &o->rank); break;
-        case O_GROUP: o->group = optarg; break;
-        case O_GROUP_ID: ok = parse_int("--group-id", optarg, 1, SD_MAX_GROUP_ID, &o->group_id); break;
-        case O_LM_HEAD:
-            ok = !strcmp(optarg, "split") || !strcmp(optarg, "leader");
-            if (!ok) fprintf(stderr, "specd-verifier: --lm-head must be split or leader, got '%s'\n", optarg);
-            o->lm_head = !strcmp(optarg, "leader") ? SD_TP_LM_HEAD_LEADER : SD_TP_LM_HEAD_SPLIT;
-            break;
-        case O_COLL_TIMEOUT: ok = parse_int("--coll-timeout-ms", optarg, 1, 3600000, &o->coll_timeout_ms); break;
-        case O_GROUP_HB: ok = parse_int("--group-heartbeat-ms", optarg, 1, 60000, &o->group_heartbeat_ms); break;
-        case O_JOIN_TIMEOUT: ok = parse_int("--join-timeout", optarg, 1, 86400, &o->join_timeout_s); break;
-        case O_WARMUP: ok = parse_int("--warmup", optarg, 0, SD_MAX_BATCH * (SD_MAX_K + 1), &o->warmup); break;
-        case O_NAME: o->name = optarg; break;
-        case O_CSECRET: o->curve_secret = optarg; break;
-        case O_CSERVER: o->curve_server = optarg; break;
-        case O_RANK_KEYS: o->rank_keys = optarg; break;
-        case O_INSECURE: o->insecure = true; break;
-        case O_DEVICE:
-            ok = sd_device_parse(optarg, &o->device) == SD_OK;
-            if (!ok) fprintf(stderr, "specd-verifier: --device must be cpu, cuda or cuda:N, got '%s'\n", optarg);
-            break;
-        case O_KV_TYPE:
-            ok = sd_kv_type_parse(optarg, &o->kv_type);
-            if (!ok) fprintf(stderr, "specd-verifier: --kv-type must be f32 or f16, got '%s'\n", optarg);
-            break;
-        case 'v': o->verbose = true; break;
-        case 'h': usage(stdout); return 1;
-        default: usage(stderr); return 2;
-        }
-        if (!ok) return 2;
+/* The long options' codes past the short ones. */
+enum {
+    O_COORD = 256,
+    O_MAX_SEQS,
+    O_KV_BLOCKS,
+    O_BLOCK,
+    O_MAX_BATCH,
+    O_MAX_K,
+    O_TP,
+    O_RANK,
+    O_NAME,
+    O_DEVICE,
+    O_GROUP,
+    O_GROUP_ID,
+    O_LM_HEAD,
+    O_COLL_TIMEOUT,
+    O_GROUP_HB,
+    O_JOIN_TIMEOUT,
+    O_WARMUP,
+    O_KV_TYPE,
+    O_CSECRET,
+    O_CSERVER,
+    O_RANK_KEYS,
+    O_INSECURE
+};
+static const struct option verifier_longs[] = {
+    {"model", required_argument, 0, 'm'},
+    {"coordinator", required_argument, 0, O_COORD},
+    {"curve-secret", required_argument, 0, O_CSECRET},
+    {"curve-server", required_argument, 0, O_CSERVER},
+    {"rank-keys", required_argument, 0, O_RANK_KEYS},
+    {"insecure", no_argument, 0, O_INSECURE},
+    {"threads", required_argument, 0, 't'},
+    {"max-seqs", required_argument, 0, O_MAX_SEQS},
+    {"kv-blocks", required_argument, 0, O_KV_BLOCKS},
+    {"block-size", required_argument, 0, O_BLOCK},
+    {"max-batch", required_argument, 0, O_MAX_BATCH},
+    {"max-k", required_argument, 0, O_MAX_K},
+    {"tp", required_argument, 0, O_TP},
+    {"rank", required_argument, 0, O_RANK},
+    {"name", required_argument, 0, O_NAME},
+    {"verbose", no_argument, 0, 'v'},
+    {"device", required_argument, 0, O_DEVICE},
+    {"kv-type", required_argument, 0, O_KV_TYPE},
+    {"group", required_argument, 0, O_GROUP},
+    {"group-id", required_argument, 0, O_GROUP_ID},
+    {"lm-head", required_argument, 0, O_LM_HEAD},
+    {"coll-timeout-ms", required_argument, 0, O_COLL_TIMEOUT},
+    {"group-heartbeat-ms", required_argument, 0, O_GROUP_HB},
+    {"join-timeout", required_argument, 0, O_JOIN_TIMEOUT},
+    {"warmup", required_argument, 0, O_WARMUP},
+    {"help", no_argument, 0, 'h'},
+    {0, 0, 0, 0},
+};
+
+/* Applies one option (arg: its value, NULL for a flag): false, said on
+ * stderr, for a bad value or an unknown option. */
+static bool apply_option(int c, const char *arg, verifier_opts *o) {
+    bool ok = true;
+    switch (c) {
+    case 'm': o->model_path = arg; break;
+    case O_COORD: o->coordinator = arg; break;
+    case 't': ok = parse_int("--threads", arg, 0, 1024, &o->n_threads); break;
+    case O_MAX_SEQS: ok = parse_int("--max-seqs", arg, 1, 65536, &o->max_seqs); break;
+    case O_KV_BLOCKS: ok = parse_int("--kv-blocks", arg, 1, 1 << 28, &o->kv_blocks); break;
+    case O_BLOCK: ok = parse_int("--block-size", arg, 1, 4096, &o->block_size); break;
+    case O_MAX_BATCH: ok = parse_int("--max-batch", arg, 1, SD_MAX_BATCH, &o->max_batch); break;
+    case O_MAX_K: ok = parse_int("--max-k", arg, 0, SD_MAX_K, &o->max_k); break;
+    case O_TP: ok = parse_int("--tp", arg, 1, SD_MAX_GROUP_SIZE, &o->tp); break;
+    case O_RANK: ok = parse_int("--rank", arg, 0, SD_MAX_GROUP_SIZE - 1, &o->rank); break;
+    case O_GROUP: o->group = arg; break;
+    case O_GROUP_ID: ok = parse_int("--group-id", arg, 1, SD_MAX_GROUP_ID, &o->group_id); break;
+    case O_LM_HEAD:
+        ok = !strcmp(arg, "split") || !strcmp(arg, "leader");
+        if (!ok) fprintf(stderr, "specd-verifier: --lm-head must be split or leader, got '%s'\n", arg);
+        o->lm_head = !strcmp(arg, "leader") ? SD_TP_LM_HEAD_LEADER : SD_TP_LM_HEAD_SPLIT;
+        break;
+    case O_COLL_TIMEOUT: ok = parse_int("--coll-timeout-ms", arg, 1, 3600000, &o->coll_timeout_ms); break;
+    case O_GROUP_HB: ok = parse_int("--group-heartbeat-ms", arg, 1, 60000, &o->group_heartbeat_ms); break;
+    case O_JOIN_TIMEOUT: ok = parse_int("--join-timeout", arg, 1, 86400, &o->join_timeout_s); break;
+    case O_WARMUP: ok = parse_int("--warmup", arg, 0, SD_MAX_BATCH * (SD_MAX_K + 1), &o->warmup); break;
+    case O_NAME: o->name = arg; break;
+    case O_CSECRET: o->curve_secret = arg; break;
+    case O_CSERVER: o->curve_server = arg; break;
+    case O_RANK_KEYS: o->rank_keys = arg; break;
+    case O_INSECURE: o->insecure = true; break;
+    case O_DEVICE:
+        ok = sd_device_parse(arg, &o->device) == SD_OK;
+        if (!ok) fprintf(stderr, "specd-verifier: --device must be cpu, cuda or cuda:N, got '%s'\n", arg);
+        break;
+    case O_KV_TYPE:
+        ok = sd_kv_type_parse(arg, &o->kv_type);
+        if (!ok) fprintf(stderr, "specd-verifier: --kv-type must be f32 or f16, got '%s'\n", arg);
+        break;
+    case 'v': o->verbose = true; break;
+    default: usage(stderr); return false;
     }
-    if (optind < argc) {
-        fprintf(stderr, "specd-verifier: unexpected argument '%s'\n", argv[optind]);
-        return 2;
-    }
+    return ok;
+}
+
+/* The rules between flags: 0, or 2 with the reason on stderr. */
+static int check_opts(const verifier_opts *o) {
     if (!o->model_path) {
         fprintf(stderr, "specd-verifier: --model TARGET is required (see --help)\n");
         return 2;
@@ -237,6 +236,23 @@ static int parse_args(int argc, char **argv, verifier_opts *o) {
         return 2;
     }
     return 0;
+}
+
+/* 0 = run, 1 = --help printed, 2 = bad flags. */
+static int parse_args(int argc, char **argv, verifier_opts *o) {
+    int c;
+    while ((c = getopt_long(argc, argv, "m:t:vh", verifier_longs, NULL)) != -1) {
+        if (c == 'h') {
+            usage(stdout);
+            return 1;
+        }
+        if (!apply_option(c, optarg, o)) return 2;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "specd-verifier: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    return check_opts(o);
 }
 
 /* Worker-loop callbacks over the verifier; the response lives here until the next request. */
@@ -312,6 +328,165 @@ static int run_rank(const verifier_opts *o, const sd_model_identity *id, sd_mode
     return (int)why;
 }
 
+/* Opens the model and loads this rank's part of it: *model, or an error
+ * (logged). */
+static sd_status load_model(const verifier_opts *o, sd_model **model) {
+    sd_weights *w = NULL;
+    sd_status st = sd_weights_open(o->model_path, &w);
+    if (st != SD_OK) {
+        SD_ERROR("cannot open %s: %s", o->model_path, sd_status_str(st));
+        return st;
+    }
+    sd_model_params mp = sd_model_default_params();
+    mp.n_threads = o->n_threads;
+    mp.device = o->device;
+    mp.kv_type = o->kv_type;
+    mp.tp_rank = o->rank;
+    mp.tp_size = o->tp;
+    mp.tp_lm_head = (sd_tp_lm_head)o->lm_head;
+    if (o->tp > 1)
+        SD_INFO("loading shard %d of %d of %s on %s", (int)o->rank, (int)o->tp, o->model_path,
+                o->device < 0 ? "the CPU" : "a CUDA GPU");
+    else
+        SD_INFO("loading %s on %s", o->model_path, o->device < 0 ? "the CPU" : "a CUDA GPU");
+    st = sd_model_load_weights(w, &mp, model);
+    sd_weights_close(&w); /* the shard is copied out: the mapping goes */
+    return st;
+}
+
+/* The leader's verifier over model, its parameters in *vp (logged). */
+static sd_status create_verifier(const verifier_opts *o, sd_model *model, const sd_model_identity *id,
+                                 sd_verifier_params *vp, sd_verifier **v) {
+    *vp = sd_verifier_default_params();
+    vp->max_seqs = o->max_seqs;
+    vp->block_size = o->block_size;
+    vp->max_batch = o->max_batch;
+    vp->max_k = o->max_k;
+    vp->kv_blocks = o->kv_blocks > 0
+                        ? o->kv_blocks
+                        : sd_verifier_default_kv_blocks(sd_model_config_of(model), o->max_seqs, o->block_size, 0);
+    sd_status st = sd_verifier_create(model, vp, v);
+    if (st == SD_OK)
+        SD_INFO("model %s: %u layers, vocab %u, context %u; KV %d blocks of %d tokens, %d slots", id->name,
+                id->n_layers, id->vocab_size, id->context_length, (int)vp->kv_blocks, (int)vp->block_size,
+                (int)vp->max_seqs);
+    return st;
+}
+
+/* --tp > 1: forms the group (the coordinator sees the leader only once
+ * every rank is there) and wires the model's collectives and plans to it
+ * and its failure to the worker loop. On failure *exit_code is set. */
+static sd_status form_group(const verifier_opts *o, void *zctx, sd_model *model, const sd_verifier_params *vp,
+                            const sd_curve_id *curve, const sd_curve_allow *rank_keys, sd_worker_params *wp,
+                            verifier_ctx *ctx, int *exit_code) {
+    sd_group_params gp = group_params(o, &wp->model, model, wp->stop_fd, curve, rank_keys);
+    gp.kv_blocks = vp->kv_blocks;
+    gp.block_size = vp->block_size;
+    sd_status st = sd_group_leader_start(zctx, &gp, &ctx->group);
+    if (st == SD_OK) st = sd_model_set_coll(model, sd_group_coll(ctx->group));
+    if (st == SD_OK) {
+        sd_model_set_plan_sink(model, sd_group_plan, ctx->group);
+        wp->fail_fd = sd_group_down_fd(ctx->group);
+        wp->fail_reason = on_fail_reason;
+    } else {
+        *exit_code = st == SD_ERR_ABORTED ? 0 : st == SD_ERR_INVALID_ARG ? 3 : 4;
+        SD_ERROR("the group could not be formed: %s", sd_status_str(st));
+    }
+    return st;
+}
+
+/* Before the coordinator knows us (no request waits on it): the warm-up
+ * steps, their steady times into costs[*n_costs] (sent in every Hello).
+ * On failure *exit_code is 1. */
+static sd_status warm_up(const verifier_opts *o, sd_verifier *v, sd_step_cost costs[SD_WARMUP_MAX_SIZES],
+                         size_t *n_costs, int *exit_code) {
+    sd_warmup_report wr;
+    memset(&wr, 0, sizeof wr);
+    const bool cpu_default = o->warmup < 0 && o->device < 0;
+    const int32_t n_warm = o->warmup >= 0 ? o->warmup : cpu_default ? 16 : o->max_batch * (o->max_k + 1);
+    sd_status st = sd_verifier_warmup(v, cpu_default ? SD_WARMUP_TIMES : SD_WARMUP_FULL, n_warm, &wr);
+    for (int32_t i = 0; st == SD_OK && i < wr.n_sizes; i++) {
+        const double us = wr.steady_s[i] * 1e6;
+        costs[(*n_costs)++] = (sd_step_cost){(uint32_t)wr.tokens[i], us < 1.0   ? 1u
+                                                                     : us > 4e9 ? 4000000000u
+                                                                                : (uint32_t)us};
+    }
+    if (st == SD_OK && wr.n_steps > 0 && wr.first_max_at > 0)
+        SD_INFO("warm-up: %d step sizes up to %d tokens in %.0f ms (slowest first sighting: %.1f ms at %d tokens)",
+                (int)wr.n_sizes, (int)wr.max_tokens, wr.seconds * 1e3, wr.first_s_max * 1e3, (int)wr.first_max_at);
+    else if (st == SD_OK && wr.n_steps > 0)
+        SD_INFO("warm-up: step times of %d sizes up to %d tokens measured in %.0f ms", (int)wr.n_sizes,
+                (int)wr.max_tokens, wr.seconds * 1e3);
+    if (st != SD_OK) {
+        /* a forward that fails here would fail a request later: say so now */
+        SD_ERROR("the warm-up failed after steps of up to %d tokens (%s): a step that large cannot run here; "
+                 "lower --max-batch or --max-k, or pass --warmup with a smaller size (0: none)",
+                 (int)wr.max_tokens, sd_status_str(st));
+        *exit_code = 1;
+    }
+    return st;
+}
+
+/* Registers with the coordinator and serves it until stopped: the exit
+ * status (0 stopped, 1 error, 3 refused, 4 group down). */
+static int serve(const verifier_opts *o, void *zctx, sd_worker_params *wp, sd_verifier *v, verifier_ctx *ctx,
+                 const sd_step_cost *costs, size_t n_costs) {
+    wp->coordinator = o->coordinator;
+    wp->role = SPECD__ROLE__ROLE_VERIFIER;
+    wp->rank = (uint32_t)o->rank;
+    wp->group_size = (uint32_t)o->tp;
+    wp->group_id = (uint32_t)o->group_id;
+    wp->name = o->name;
+    wp->limits = sd_verifier_limits(v);
+    wp->step_costs = costs;
+    wp->n_step_costs = n_costs;
+    wp->handle = on_request;
+    wp->release = on_release;
+    wp->reset = on_reset;
+    wp->stats = on_stats;
+    wp->user = ctx;
+    sd_worker_exit why = SD_WORKER_STOPPED;
+    sd_status st = sd_worker_run(zctx, wp, &why);
+    return st != SD_OK ? 1 : why == SD_WORKER_REFUSED ? 3 : why == SD_WORKER_FAILED ? 4 : 0;
+}
+
+/* The leader (rank 0) from its loaded model on: the verifier, the group
+ * with --tp > 1, the warm-up, then the coordinator's requests until
+ * stopped. Frees model. The exit status. */
+static int run_leader(const verifier_opts *o, sd_worker_params *wp, sd_model *model, sd_curve_id *curve,
+                      sd_curve_allow *rank_keys) {
+    sd_verifier *v = NULL;
+    sd_verifier_params vp;
+    sd_status st = create_verifier(o, model, &wp->model, &vp, &v);
+    if (st != SD_OK) {
+        SD_ERROR("cannot start the verifier: %s", sd_status_str(st));
+        sd_model_free(&model);
+        return 2;
+    }
+    void *zctx = zmq_ctx_new();
+    verifier_ctx ctx = {.v = v};
+    int exit_code = 0;
+    if (!zctx)
+        st = SD_ERR_NET;
+    else if (o->tp > 1)
+        st = form_group(o, zctx, model, &vp, curve, o->rank_keys ? rank_keys : NULL, wp, &ctx, &exit_code);
+    sd_step_cost costs[SD_WARMUP_MAX_SIZES]; /* the warm-up's step times, sent in every Hello */
+    size_t n_costs = 0;
+    if (st == SD_OK) st = warm_up(o, v, costs, &n_costs, &exit_code);
+    if (st == SD_OK)
+        exit_code = serve(o, zctx, wp, v, &ctx, costs, n_costs);
+    else if (!exit_code)
+        exit_code = st == SD_ERR_ABORTED ? 0 : 1;
+    sd_model_set_plan_sink(model, NULL, NULL);
+    sd_model_set_coll(model, NULL);
+    sd_group_close(&ctx.group);
+    if (zctx) zmq_ctx_term(zctx);
+    sd_verifier_free(&v);
+    sd_model_free(&model);
+    SD_INFO("stopped (exit %d)", exit_code);
+    return exit_code;
+}
+
 int main(int argc, char **argv) {
     verifier_opts o = {
         .coordinator = "tcp://127.0.0.1:7701",
@@ -333,153 +508,26 @@ int main(int argc, char **argv) {
     /* keys first: a missing key file is a start-up error, before the model loads */
     sd_curve_id curve;
     sd_curve_allow rank_keys = {0};
-    if (sd_curve_id_load(o.curve_secret, o.curve_server, &curve) != SD_OK ||
-        (o.rank_keys && sd_curve_allow_read(o.rank_keys, &rank_keys) != SD_OK)) {
-        sd_curve_allow_free(&rank_keys);
-        close(stop_fd);
-        return 2;
-    }
-
     sd_worker_params wp = sd_worker_default_params();
     wp.curve = &curve;
-    if (sd_weights_identity(o.model_path, &wp.model) != SD_OK) {
-        sd_curve_allow_free(&rank_keys);
-        close(stop_fd);
-        return 2;
-    }
-    sd_weights *w = NULL;
+    wp.stop_fd = stop_fd;
     sd_model *model = NULL;
-    sd_verifier *v = NULL;
-    sd_status st = sd_weights_open(o.model_path, &w);
-    if (st == SD_OK) {
-        sd_model_params mp = sd_model_default_params();
-        mp.n_threads = o.n_threads;
-        mp.device = o.device;
-        mp.kv_type = o.kv_type;
-        mp.tp_rank = o.rank;
-        mp.tp_size = o.tp;
-        mp.tp_lm_head = (sd_tp_lm_head)o.lm_head;
-        if (o.tp > 1)
-            SD_INFO("loading shard %d of %d of %s on %s", (int)o.rank, (int)o.tp, o.model_path,
-                    o.device < 0 ? "the CPU" : "a CUDA GPU");
-        else
-            SD_INFO("loading %s on %s", o.model_path, o.device < 0 ? "the CPU" : "a CUDA GPU");
-        st = sd_model_load_weights(w, &mp, &model);
-        sd_weights_close(&w); /* the shard is copied out: the mapping goes */
-    } else {
-        SD_ERROR("cannot open %s: %s", o.model_path, sd_status_str(st));
-    }
-    if (st == SD_OK && o.rank > 0) {
-        rc = run_rank(&o, &wp.model, model, stop_fd, &curve);
-        memset(&curve, 0, sizeof curve);
-        sd_model_free(&model);
-        close(stop_fd);
-        return rc;
-    }
-    sd_verifier_params vp = sd_verifier_default_params();
-    if (st == SD_OK) {
-        vp.max_seqs = o.max_seqs;
-        vp.block_size = o.block_size;
-        vp.max_batch = o.max_batch;
-        vp.max_k = o.max_k;
-        vp.kv_blocks = o.kv_blocks > 0
-                           ? o.kv_blocks
-                           : sd_verifier_default_kv_blocks(sd_model_config_of(model), o.max_seqs, o.block_size, 0);
-        st = sd_verifier_create(model, &vp, &v);
-        if (st == SD_OK)
-            SD_INFO("model %s: %u layers, vocab %u, context %u; KV %d blocks of %d tokens, %d slots", wp.model.name,
-                    wp.model.n_layers, wp.model.vocab_size, wp.model.context_length, (int)vp.kv_blocks,
-                    (int)vp.block_size, (int)vp.max_seqs);
-    }
-    if (st != SD_OK) {
+    sd_status st;
+    if (sd_curve_id_load(o.curve_secret, o.curve_server, &curve) != SD_OK ||
+        (o.rank_keys && sd_curve_allow_read(o.rank_keys, &rank_keys) != SD_OK) ||
+        sd_weights_identity(o.model_path, &wp.model) != SD_OK) {
+        rc = 2;
+    } else if ((st = load_model(&o, &model)) != SD_OK) {
         SD_ERROR("cannot start the verifier: %s", sd_status_str(st));
-        sd_curve_allow_free(&rank_keys);
+        rc = 2;
+    } else if (o.rank > 0) {
+        rc = run_rank(&o, &wp.model, model, stop_fd, &curve);
         sd_model_free(&model);
-        close(stop_fd);
-        return 2;
+    } else {
+        rc = run_leader(&o, &wp, model, &curve, &rank_keys);
     }
-
-    void *zctx = zmq_ctx_new();
-    verifier_ctx ctx = {.v = v};
-    int exit_code = 0;
-    if (!zctx) {
-        st = SD_ERR_NET;
-    } else if (o.tp > 1) {
-        /* the group first: the coordinator sees the leader only once every rank is there */
-        sd_group_params gp = group_params(&o, &wp.model, model, stop_fd, &curve, o.rank_keys ? &rank_keys : NULL);
-        gp.kv_blocks = vp.kv_blocks;
-        gp.block_size = vp.block_size;
-        st = sd_group_leader_start(zctx, &gp, &ctx.group);
-        if (st == SD_OK) st = sd_model_set_coll(model, sd_group_coll(ctx.group));
-        if (st == SD_OK) {
-            sd_model_set_plan_sink(model, sd_group_plan, ctx.group);
-            wp.fail_fd = sd_group_down_fd(ctx.group);
-            wp.fail_reason = on_fail_reason;
-        } else {
-            exit_code = st == SD_ERR_ABORTED ? 0 : st == SD_ERR_INVALID_ARG ? 3 : 4;
-            SD_ERROR("the group could not be formed: %s", sd_status_str(st));
-        }
-    }
-    sd_warmup_report wr;
-    sd_step_cost costs[SD_WARMUP_MAX_SIZES]; /* the warm-up's step times, sent in every Hello */
-    size_t n_costs = 0;
-    memset(&wr, 0, sizeof wr);
-    if (st == SD_OK) {
-        /* before the coordinator knows us: no request waits on it */
-        const bool cpu_default = o.warmup < 0 && o.device < 0;
-        const int32_t n_warm = o.warmup >= 0 ? o.warmup : cpu_default ? 16 : o.max_batch * (o.max_k + 1);
-        st = sd_verifier_warmup(v, cpu_default ? SD_WARMUP_TIMES : SD_WARMUP_FULL, n_warm, &wr);
-        for (int32_t i = 0; st == SD_OK && i < wr.n_sizes; i++) {
-            const double us = wr.steady_s[i] * 1e6;
-            costs[n_costs++] = (sd_step_cost){(uint32_t)wr.tokens[i], us < 1.0   ? 1u
-                                                                      : us > 4e9 ? 4000000000u
-                                                                                 : (uint32_t)us};
-        }
-        if (st == SD_OK && wr.n_steps > 0 && wr.first_max_at > 0)
-            SD_INFO("warm-up: %d step sizes up to %d tokens in %.0f ms (slowest first sighting: %.1f ms at %d tokens)",
-                    (int)wr.n_sizes, (int)wr.max_tokens, wr.seconds * 1e3, wr.first_s_max * 1e3, (int)wr.first_max_at);
-        else if (st == SD_OK && wr.n_steps > 0)
-            SD_INFO("warm-up: step times of %d sizes up to %d tokens measured in %.0f ms", (int)wr.n_sizes,
-                    (int)wr.max_tokens, wr.seconds * 1e3);
-        if (st != SD_OK) {
-            /* a forward that fails here would fail a request later: say so now */
-            SD_ERROR("the warm-up failed after steps of up to %d tokens (%s): a step that large cannot run here; "
-                     "lower --max-batch or --max-k, or pass --warmup with a smaller size (0: none)",
-                     (int)wr.max_tokens, sd_status_str(st));
-            exit_code = 1;
-        }
-    }
-    sd_worker_exit why = SD_WORKER_STOPPED;
-    if (st == SD_OK) {
-        wp.coordinator = o.coordinator;
-        wp.role = SPECD__ROLE__ROLE_VERIFIER;
-        wp.rank = (uint32_t)o.rank;
-        wp.group_size = (uint32_t)o.tp;
-        wp.group_id = (uint32_t)o.group_id;
-        wp.name = o.name;
-        wp.limits = sd_verifier_limits(v);
-        wp.step_costs = costs;
-        wp.n_step_costs = n_costs;
-        wp.stop_fd = stop_fd;
-        wp.handle = on_request;
-        wp.release = on_release;
-        wp.reset = on_reset;
-        wp.stats = on_stats;
-        wp.user = &ctx;
-        st = sd_worker_run(zctx, &wp, &why);
-        exit_code = st != SD_OK ? 1 : why == SD_WORKER_REFUSED ? 3 : why == SD_WORKER_FAILED ? 4 : 0;
-    } else if (!exit_code) {
-        exit_code = st == SD_ERR_ABORTED ? 0 : 1;
-    }
-    sd_model_set_plan_sink(model, NULL, NULL);
-    sd_model_set_coll(model, NULL);
-    sd_group_close(&ctx.group);
-    if (zctx) zmq_ctx_term(zctx);
     sd_curve_allow_free(&rank_keys);
     memset(&curve, 0, sizeof curve);
-    sd_verifier_free(&v);
-    sd_model_free(&model);
     close(stop_fd);
-    SD_INFO("stopped (exit %d)", exit_code);
-    return exit_code;
+    return rc;
 }

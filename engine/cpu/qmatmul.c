@@ -17,6 +17,8 @@
  * accumulation (two blocks per instruction) — it would sum a lane's blocks
  * in two chains, changing the result with the path; the integer half is the
  * part VNNI speeds up. F16 / BF16 use one AVX2 tile on both SIMD paths.
+ * The tiles are in qmatmul_avx2.c and qmatmul_vnni.c, only in the shapes
+ * this dispatch picks (qmatmul_impl.h: why their own files).
  *
  * K-quants (Q4_K, Q5_K, Q6_K) reuse the activation blocks of 32: each is
  * one 32-element sub-block of a 256-element super-block, so only the weight
@@ -31,21 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu/quant_kernels.h"
-
-#define QK 32
-
-/* MAX_R x MAX_T tiles; ROW_CHUNK output rows per pool chunk (a multiple of
- * 3 and 4); weights prefetched PREFETCH_BYTES ahead in each row. */
-enum { MAX_R = 4, MAX_T = 8, TOK_BLOCK = 64, ROW_CHUNK = 48, PREFETCH_BYTES = 1024 };
-enum { KIND_Q8_0 = 0, KIND_Q4_0 = 1, KIND_Q4_1 = 2, KIND_Q4_K = 3, KIND_Q5_K = 4, KIND_Q6_K = 5, N_KINDS = 6 };
-#define QK_K 256 /* elements per K-quant super-block: 8 activation blocks */
-
-static inline uint16_t load_u16(const uint8_t *p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
+#include "cpu/qmatmul_impl.h"
 
 /* f16 -> f32, exact (the software twin of F16C's vcvtph2ps). */
 static float half_to_float(uint16_t h) {
@@ -71,13 +59,6 @@ static float half_to_float(uint16_t h) {
     return f;
 }
 
-static float bf16_to_float(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
 static int kind_of(sd_dtype t) {
     switch (t) {
     case SD_DTYPE_Q8_0: return KIND_Q8_0;
@@ -95,9 +76,6 @@ static bool is_integer_type(sd_dtype t) {
 
 /* Elements per weight block of an integer type (what n_in must divide by). */
 static int32_t int_block(sd_dtype t) { return sd_dtype_is_k(t) ? QK_K : QK; }
-
-/* Bytes of one K-quant super-block. */
-static inline size_t kblock_bytes(int kind) { return kind == KIND_Q4_K ? 144 : kind == KIND_Q5_K ? 176 : 210; }
 
 /* The float scales of one K-quant super-block, in the arithmetic every path
  * shares: Q4_K / Q5_K: dsc[s] = d * sc_s and mneg[s] = -(dmin * m_s) for the
@@ -260,108 +238,10 @@ static float fdot_c(sd_dtype t, const uint8_t *wr, const float *x, size_t n) {
     return s;
 }
 
-/* ---- SIMD tiles ---- */
-
-typedef void (*qtile_fn)(const uint8_t *w, size_t row_bytes, const uint8_t *xq, size_t xrow_bytes, size_t nb, float *y,
-                         size_t n_out);
-typedef void (*ftile_fn)(const uint8_t *w, size_t row_bytes, const float *x, float *y, size_t n_in, size_t n_out);
-
-#if SD_CPU_AVX2
-#define QFN(name)   name##_avx2
-#define QIDOT(u, v) _mm256_madd_epi16(_mm256_maddubs_epi16((u), (v)), _mm256_set1_epi16(1))
-#include "cpu/qmatmul_simd.inc"
-#undef QFN
-#undef QIDOT
-
-#if defined(__GNUC__) && !defined(__clang__)
-#define HAVE_VNNI_PATH 1
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
-#define QFN(name)   name##_vnni
-#define QIDOT(u, v) _mm256_dpbusd_epi32(_mm256_setzero_si256(), (u), (v))
-#include "cpu/qmatmul_simd.inc"
-#undef QFN
-#undef QIDOT
-#pragma GCC pop_options
-#else
-#define HAVE_VNNI_PATH 0
-#endif
-
-/* 8 weights of row w from element i, widened to f32 (exact). */
-static inline __attribute__((always_inline)) __m256 widen8(const uint8_t *w, size_t i, const int f16) {
-    __m128i h = _mm_loadu_si128((const __m128i *)(w + 2 * i));
-    if (f16) return _mm256_cvtph_ps(h);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-/* One R x T tile of F16 (f16 = 1) or BF16: sd_cpu_dot's arithmetic. */
-static inline __attribute__((always_inline)) void ftile(const uint8_t *w, size_t row_bytes, const float *x, float *y,
-                                                        size_t n_in, size_t n_out, const int R, const int T,
-                                                        const int f16) {
-    size_t n8 = n_in & ~(size_t)7;
-    __m256 acc[MAX_R][MAX_T];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
-    for (size_t i = 0; i < n8; i += 8) {
-        __m256 wv[MAX_R];
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            if ((i & 31) == 0) _mm_prefetch((const char *)(w + (size_t)r * row_bytes + 2 * i + 4096), _MM_HINT_T0);
-            wv[r] = widen8(w + (size_t)r * row_bytes, i, f16);
-        }
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) {
-            __m256 xv = _mm256_loadu_ps(x + (size_t)t * n_in + i);
-            __asm__("" : "+x"(xv));
-#pragma GCC unroll 8
-            for (int r = 0; r < R; r++) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
-        }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) {
-            const uint8_t *wr = w + (size_t)r * row_bytes;
-            const float *xt = x + (size_t)t * n_in;
-            float s = sd_cpu_hsum256(acc[r][t]);
-            for (size_t i = n8; i < n_in; i++) {
-                uint16_t h = load_u16(wr + 2 * i);
-                s = fmaf(f16 ? _cvtsh_ss(h) : bf16_to_float(h), xt[i], s);
-            }
-            y[(size_t)t * n_out + (size_t)r] = s;
-        }
-}
-
-/* macro-generated tiles, laid out by hand: clang-format cannot read them */
-// clang-format off
-#define FTILE_FN(F, R, T)                                                                                  \
-    static void ftile_##F##_##R##_##T(const uint8_t *w, size_t rb, const float *x, float *y, size_t n_in, \
-                                      size_t n_out) {                                                     \
-        ftile(w, rb, x, y, n_in, n_out, R, T, F);                                                         \
-    }
-#define FTILE_ROW(F, R)                                                                                       \
-    FTILE_FN(F, R, 1) FTILE_FN(F, R, 2) FTILE_FN(F, R, 3) FTILE_FN(F, R, 4) FTILE_FN(F, R, 5) FTILE_FN(F, R, 6) \
-    FTILE_FN(F, R, 7) FTILE_FN(F, R, 8)
-FTILE_ROW(0, 1) FTILE_ROW(0, 2) FTILE_ROW(0, 3) FTILE_ROW(0, 4)
-FTILE_ROW(1, 1) FTILE_ROW(1, 2) FTILE_ROW(1, 3) FTILE_ROW(1, 4)
-#define FTILE_PTRS(F, R)                                                                                   \
-    {ftile_##F##_##R##_1, ftile_##F##_##R##_2, ftile_##F##_##R##_3, ftile_##F##_##R##_4, ftile_##F##_##R##_5, \
-     ftile_##F##_##R##_6, ftile_##F##_##R##_7, ftile_##F##_##R##_8}
-static const ftile_fn ftiles[2][MAX_R][MAX_T] = {
-    {FTILE_PTRS(0, 1), FTILE_PTRS(0, 2), FTILE_PTRS(0, 3), FTILE_PTRS(0, 4)},
-    {FTILE_PTRS(1, 1), FTILE_PTRS(1, 2), FTILE_PTRS(1, 3), FTILE_PTRS(1, 4)},
-};
-// clang-format on
-#else
-#define HAVE_VNNI_PATH 0
-#endif
-
 /* ---- dispatch ---- */
 
 static bool cpu_has_vnni(void) {
-#if SD_CPU_AVX2 && HAVE_VNNI_PATH
+#if HAVE_VNNI_PATH
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
@@ -424,25 +304,16 @@ static void qmatmul_chunk(void *p, int64_t c, int32_t ith) {
         return;
     }
 #if SD_CPU_AVX2
-    /* Tile shape: up to 8 tokens share one pass over the weight rows (fewer
-     * tokens leave registers for more rows); longer calls use 2 x 4 tiles
-     * over blocks of TOK_BLOCK tokens, rereading a chunk's rows from cache. */
     size_t n = a->n_tokens, rb, tb;
-    if (n <= 8) {
-        tb = n;
-        rb = n <= 1 ? 4 : n <= 2 ? 2 : 1;
-    } else {
-        tb = 4;
-        rb = 2;
-    }
+    qtile_shape(n, &rb, &tb);
     const bool integer = is_integer_type(a->type);
     const int kind = integer ? kind_of(a->type) : 0;
     const qtile_fn(*qt)[MAX_T] =
 #if HAVE_VNNI_PATH
-        a->path == SD_CPU_QPATH_VNNI ? qtiles_vnni[kind] :
+        a->path == SD_CPU_QPATH_VNNI ? sd_cpu_qtiles_vnni[kind] :
 #endif
-                                     qtiles_avx2[kind];
-    const ftile_fn(*ft)[MAX_T] = ftiles[a->type == SD_DTYPE_F16 ? 1 : 0];
+                                     sd_cpu_qtiles_avx2[kind];
+    const ftile_fn(*ft)[MAX_T] = sd_cpu_ftiles[a->type == SD_DTYPE_F16 ? 1 : 0];
     for (size_t t0 = 0; t0 < n; t0 += TOK_BLOCK) {
         size_t t_end = t0 + TOK_BLOCK < n ? t0 + TOK_BLOCK : n;
         for (size_t r = r_begin; r < r_end; r += rb) {

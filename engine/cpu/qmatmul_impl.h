@@ -1,0 +1,85 @@
+/* qmatmul_impl.h — what qmatmul.c (the C twins, activations, dispatch) and
+ * its SIMD tile files (qmatmul_avx2.c, qmatmul_vnni.c) share: block
+ * constants, the tile shapes the dispatch picks and the tables of tiles.
+ *
+ * The tiles live in their own translation units, one per instruction set,
+ * because they are many instantiations of a few always-inline kernels
+ * (formats x shapes): split, the build compiles them in parallel, and each
+ * unit stays small enough for the sanitizer build (ASan instruments every
+ * copy). Only the shapes the dispatch can pick are instantiated (see
+ * SD_QTILE_SHAPES); a table entry of any other shape is NULL. */
+#ifndef SPECD_CPU_QMATMUL_IMPL_H
+#define SPECD_CPU_QMATMUL_IMPL_H
+
+#include <string.h>
+
+#include "cpu/quant_kernels.h"
+
+#define QK   32  /* elements per activation block (and Q8_0 / Q4_0 / Q4_1 block) */
+#define QK_K 256 /* elements per K-quant super-block: 8 activation blocks */
+
+/* MAX_R x MAX_T tiles; ROW_CHUNK output rows per pool chunk (a multiple of
+ * 3 and 4); weights prefetched PREFETCH_BYTES ahead in each row. */
+enum { MAX_R = 4, MAX_T = 8, TOK_BLOCK = 64, ROW_CHUNK = 48, PREFETCH_BYTES = 1024 };
+enum { KIND_Q8_0 = 0, KIND_Q4_0 = 1, KIND_Q4_1 = 2, KIND_Q4_K = 3, KIND_Q5_K = 4, KIND_Q6_K = 5, N_KINDS = 6 };
+
+/* The AVX-512 VNNI copy of the tiles needs GCC's target pragma. */
+#if SD_CPU_AVX2 && defined(__GNUC__) && !defined(__clang__)
+#define HAVE_VNNI_PATH 1
+#else
+#define HAVE_VNNI_PATH 0
+#endif
+
+static inline uint16_t load_u16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+static inline float bf16_to_float(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* Bytes of one K-quant super-block. */
+static inline size_t kblock_bytes(int kind) { return kind == KIND_Q4_K ? 144 : kind == KIND_Q5_K ? 176 : 210; }
+
+/* The tile of a call with n_tokens token rows: up to *rows weight rows x
+ * *toks token rows, smaller at the edges of a chunk or token block. Up to 8
+ * tokens share one pass over the weight rows (fewer tokens leave registers
+ * for more rows); longer calls use 2 x 4 tiles over blocks of TOK_BLOCK
+ * tokens, rereading a chunk's rows from cache. */
+static inline void qtile_shape(size_t n_tokens, size_t *rows, size_t *toks) {
+    if (n_tokens <= 8) {
+        *toks = n_tokens;
+        *rows = n_tokens <= 1 ? 4 : n_tokens <= 2 ? 2 : 1;
+    } else {
+        *toks = 4;
+        *rows = 2;
+    }
+}
+
+/* Every (R, T) that qtile_shape and the edges can give: R <= rows and
+ * T <= toks of some call. X(R, T) for each. */
+#define SD_QTILE_SHAPES(X) \
+    X(1, 1) X(2, 1) X(3, 1) X(4, 1) X(1, 2) X(2, 2) X(1, 3) X(2, 3) X(1, 4) X(2, 4) X(1, 5) X(1, 6) X(1, 7) X(1, 8)
+
+typedef void (*qtile_fn)(const uint8_t *w, size_t row_bytes, const uint8_t *xq, size_t xrow_bytes, size_t nb, float *y,
+                         size_t n_out);
+typedef void (*ftile_fn)(const uint8_t *w, size_t row_bytes, const float *x, float *y, size_t n_in, size_t n_out);
+
+#if SD_CPU_AVX2
+/* [kind][R - 1][T - 1]: one R x T tile of an integer format; NULL for a
+ * shape not in SD_QTILE_SHAPES. qmatmul_avx2.c. */
+extern const qtile_fn sd_cpu_qtiles_avx2[N_KINDS][MAX_R][MAX_T];
+/* [f16][R - 1][T - 1]: F16 (1) / BF16 (0) tiles, both SIMD paths. qmatmul_avx2.c. */
+extern const ftile_fn sd_cpu_ftiles[2][MAX_R][MAX_T];
+#endif
+#if HAVE_VNNI_PATH
+/* As sd_cpu_qtiles_avx2, with VNNI integer dots. qmatmul_vnni.c. */
+extern const qtile_fn sd_cpu_qtiles_vnni[N_KINDS][MAX_R][MAX_T];
+#endif
+
+#endif
