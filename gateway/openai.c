@@ -581,13 +581,13 @@ static cJSON *top_dict(const gw_choice *c, const gw_lp *e) {
     char *quoted[SD_MAX_TOP_LOGPROBS];
     for (uint32_t j = 0; j < e->n_top; j++) {
         quoted[j] = sd_json_quote(c->lp_bytes ? c->lp_bytes + e->top[j].off : "", e->top[j].len);
-        cap += (quoted[j] ? strlen(quoted[j]) : 2) + 32;
+        cap += (quoted[j] ? strlen(quoted[j]) : 2) + 40; /* "," ":" and a %.17g number */
     }
     char *buf = malloc(cap + 1);
     if (buf) {
         buf[len++] = '{';
         for (uint32_t j = 0; j < e->n_top; j++)
-            len += (size_t)snprintf(buf + len, cap + 1 - len, "%s%s:%.9g", j ? "," : "",
+            len += (size_t)snprintf(buf + len, cap + 1 - len, "%s%s:%.17g", j ? "," : "",
                                     quoted[j] ? quoted[j] : "\"\"", lp_value(e->top[j].logprob));
         buf[len++] = '}';
         buf[len] = '\0';
