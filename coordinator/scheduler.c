@@ -706,15 +706,14 @@ void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r,
             return;
         }
         /* logprobs exactly when asked, each with the alternatives asked for */
-        bool lp_bad = s && (s->logprobs ? vr->n_logprobs != vr->n_commit : vr->n_logprobs != 0);
-        for (size_t j = 0; s && !lp_bad && j < vr->n_logprobs; j++) {
-            const Specd__TokenLogprob *lp = vr->logprobs[j];
-            lp_bad = lp->n_top_ids != (size_t)s->top_logprobs;
-            for (size_t e = 0; !lp_bad && e < lp->n_top_ids; e++) lp_bad = lp->top_ids[e] >= c->n_vocab;
-        }
+        bool lp_bad = s && (s->logprobs ? vr->n_logprobs != vr->n_commit ||
+                                              vr->n_top_ids != vr->n_commit * (size_t)s->top_logprobs
+                                        : vr->n_logprobs != 0);
+        for (size_t e = 0; s && !lp_bad && e < vr->n_top_ids; e++) lp_bad = vr->top_ids[e] >= c->n_vocab;
         if (lp_bad) {
-            snprintf(why, sizeof why, "results[%zu]: %zu logprobs for %zu tokens, or not the %d alternatives asked for",
-                     i, vr->n_logprobs, vr->n_commit, s->top_logprobs);
+            snprintf(why, sizeof why,
+                     "results[%zu]: %zu logprobs and %zu alternatives for %zu tokens (asked: %s, %d each)", i,
+                     vr->n_logprobs, vr->n_top_ids, vr->n_commit, s->logprobs ? "yes" : "no", s->top_logprobs);
             sd_sched_fail_step(c, wi, why);
             return;
         }
@@ -790,12 +789,12 @@ void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r,
             {
                 sd_token_logprob lps[SD_MAX_K + 1];
                 bool with_lp = s->logprobs && vr->n_logprobs == vr->n_commit && vr->n_commit <= SD_MAX_K + 1;
+                const size_t per = (size_t)s->top_logprobs; /* checked above, <= SD_MAX_TOP_LOGPROBS */
                 for (size_t t = 0; with_lp && t < vr->n_commit; t++) {
-                    const Specd__TokenLogprob *lp = vr->logprobs[t];
-                    lps[t].logprob = lp->logprob;
-                    lps[t].n_top = (int32_t)lp->n_top_ids; /* checked above: top_logprobs <= SD_MAX_TOP_LOGPROBS */
-                    memcpy(lps[t].top_ids, lp->top_ids, lp->n_top_ids * sizeof *lp->top_ids);
-                    memcpy(lps[t].top_logprobs, lp->top_logprobs, lp->n_top_ids * sizeof *lp->top_logprobs);
+                    lps[t].logprob = vr->logprobs[t];
+                    lps[t].n_top = (int32_t)per;
+                    memcpy(lps[t].top_ids, vr->top_ids + t * per, per * sizeof *vr->top_ids);
+                    memcpy(lps[t].top_logprobs, vr->top_logprobs + t * per, per * sizeof *vr->top_logprobs);
                 }
                 commit_step(c, s, vr->commit, (int32_t)vr->n_commit, with_lp ? lps : NULL, now_us);
             }

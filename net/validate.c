@@ -135,22 +135,21 @@ static bool check_tokens(vctx *v, const char *path, const int32_t *ids, size_t n
     return true;
 }
 
-/* A list of TokenLogprob, one per token: n entries, each with top_n
- * alternatives (top_n < 0: any count up to SD_MAX_TOP_LOGPROBS), ids in
- * range, log-probabilities <= 0 and not NaN; bytes only where with_bytes
- * (then one per top id, each at most SD_MAX_TOKEN_BYTES). */
-static bool check_logprobs(vctx *v, const char *path, Specd__TokenLogprob *const *lps, size_t n, int64_t top_n,
-                           bool with_bytes) {
+/* TokenChunk.logprobs: each entry with at most SD_MAX_TOP_LOGPROBS
+ * alternatives (ids in range, one log-probability and one byte string
+ * each), log-probabilities <= 0 and not NaN, token bytes at most
+ * SD_MAX_TOKEN_BYTES. */
+static bool check_logprobs(vctx *v, const char *path, Specd__TokenLogprob *const *lps, size_t n) {
     for (size_t i = 0; i < n; i++) {
         const Specd__TokenLogprob *lp = lps[i];
         if (!(lp->logprob <= 0.0f))
             return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s[%zu].logprob: %g is not a log-probability", path, i,
                         (double)lp->logprob);
-        if (lp->n_top_ids > SD_MAX_TOP_LOGPROBS || (top_n >= 0 && lp->n_top_ids != (size_t)top_n) ||
-            lp->n_top_logprobs != lp->n_top_ids)
+        if (lp->n_top_ids > SD_MAX_TOP_LOGPROBS || lp->n_top_logprobs != lp->n_top_ids ||
+            lp->n_top_tokens != lp->n_top_ids)
             return fail(v, SPECD__CODE__CODE_BAD_REQUEST,
-                        "%s[%zu]: %zu top ids and %zu top logprobs (expected %lld, at most %d)", path, i, lp->n_top_ids,
-                        lp->n_top_logprobs, (long long)top_n, SD_MAX_TOP_LOGPROBS);
+                        "%s[%zu]: %zu top ids, %zu top logprobs and %zu top tokens (equal, at most %d)", path, i,
+                        lp->n_top_ids, lp->n_top_logprobs, lp->n_top_tokens, SD_MAX_TOP_LOGPROBS);
         char sub[128];
         snprintf(sub, sizeof sub, "%s[%zu].top_ids", path, i);
         if (!check_tokens(v, sub, lp->top_ids, lp->n_top_ids)) return false;
@@ -158,10 +157,6 @@ static bool check_logprobs(vctx *v, const char *path, Specd__TokenLogprob *const
             if (!(lp->top_logprobs[j] <= 0.0f))
                 return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s[%zu].top_logprobs[%zu]: %g is not a log-probability",
                             path, i, j, (double)lp->top_logprobs[j]);
-        size_t want_bytes = with_bytes ? lp->n_top_ids : 0;
-        if (lp->n_top_tokens != want_bytes || (!with_bytes && lp->token.len > 0))
-            return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s[%zu]: %zu top tokens' bytes, expected %zu", path, i,
-                        lp->n_top_tokens, want_bytes);
         if (lp->token.len > SD_MAX_TOKEN_BYTES)
             return fail(v, SPECD__CODE__CODE_TOO_LARGE, "%s[%zu].token: %zu bytes over the limit of %d", path, i,
                         lp->token.len, SD_MAX_TOKEN_BYTES);
@@ -463,7 +458,7 @@ Specd__CoordinatorToClient *sd_net_decode_to_client(const uint8_t *data, size_t 
                 ok = fail(&v, SPECD__CODE__CODE_BAD_REQUEST, "tokens.logprobs: %zu entries for %zu tokens",
                           env->tokens->n_logprobs, env->tokens->n_tokens);
             if (ok)
-                ok = check_logprobs(&v, "tokens.logprobs", env->tokens->logprobs, env->tokens->n_logprobs, -1, true);
+                ok = check_logprobs(&v, "tokens.logprobs", env->tokens->logprobs, env->tokens->n_logprobs);
             break;
         case SPECD__COORDINATOR_TO_CLIENT__BODY_FINISHED:
             if (env->finished->reason > SPECD__STOP_REASON__STOP_REASON_CANCELLED)
@@ -535,11 +530,22 @@ static bool check_verify_response(vctx *v, const Specd__VerifyResponse *r) {
                         d->n_accepted + 1);
         snprintf(path, sizeof path, "verify.results[%zu].commit", i);
         if (!check_tokens(v, path, d->commit, d->n_commit)) return false;
-        if (d->n_logprobs != 0 && d->n_logprobs != d->n_commit)
-            return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "verify.results[%zu].logprobs: %zu entries for %zu tokens",
-                        i, d->n_logprobs, d->n_commit);
-        snprintf(path, sizeof path, "verify.results[%zu].logprobs", i);
-        if (!check_logprobs(v, path, d->logprobs, d->n_logprobs, -1, false)) return false;
+        if ((d->n_logprobs != 0 && d->n_logprobs != d->n_commit) || d->n_top_ids != d->n_top_logprobs ||
+            (d->n_logprobs == 0 ? d->n_top_ids != 0
+                                : d->n_top_ids % d->n_logprobs != 0 ||
+                                      d->n_top_ids / d->n_logprobs > SD_MAX_TOP_LOGPROBS))
+            return fail(v, SPECD__CODE__CODE_BAD_REQUEST,
+                        "verify.results[%zu]: %zu logprobs, %zu top ids and %zu top logprobs for %zu tokens "
+                        "(one logprob per token, at most %d alternatives each)",
+                        i, d->n_logprobs, d->n_top_ids, d->n_top_logprobs, d->n_commit, SD_MAX_TOP_LOGPROBS);
+        snprintf(path, sizeof path, "verify.results[%zu].top_ids", i);
+        if (!check_tokens(v, path, d->top_ids, d->n_top_ids)) return false;
+        for (size_t j = 0; j < d->n_logprobs + d->n_top_logprobs; j++) {
+            float x = j < d->n_logprobs ? d->logprobs[j] : d->top_logprobs[j - d->n_logprobs];
+            if (!(x <= 0.0f))
+                return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "verify.results[%zu]: %g is not a log-probability", i,
+                            (double)x);
+        }
         if (d->cached_len > (uint32_t)v->max_context)
             return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "verify.results[%zu].cached_len: %u over the context of %d",
                         i, d->cached_len, v->max_context);

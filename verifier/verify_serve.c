@@ -77,9 +77,11 @@ struct sd_verifier {
     /* per slot, [max_seqs]: the token ids its KV cache holds */
     int32_t **hist;
     int32_t *hist_len, *hist_cap;
-    /* VerifyResult.logprobs storage, [max_batch][max_k + 1] */
-    Specd__TokenLogprob *lp_msgs;
-    Specd__TokenLogprob **lp_ptrs;
+    /* VerifyResult.logprobs / top_ids / top_logprobs storage: [max_batch]
+     * x (max_k + 1) x (1, SD_MAX_TOP_LOGPROBS, SD_MAX_TOP_LOGPROBS) */
+    float *lp_values;
+    int32_t *lp_top_ids;
+    float *lp_top_values;
 };
 
 static void slot_release(void *user, int32_t slot) {
@@ -167,8 +169,9 @@ void sd_verifier_free(sd_verifier **pv) {
     free(v->hist);
     free(v->hist_len);
     free(v->hist_cap);
-    free(v->lp_msgs);
-    free(v->lp_ptrs);
+    free(v->lp_values);
+    free(v->lp_top_ids);
+    free(v->lp_top_values);
     sd_spec_scratch_free(&v->spec_scratch);
     free(v);
     *pv = NULL;
@@ -206,11 +209,12 @@ sd_status sd_verifier_create(sd_model *target, const sd_verifier_params *params,
     v->hist = calloc((size_t)p.max_seqs, sizeof *v->hist);
     v->hist_len = calloc((size_t)p.max_seqs, sizeof *v->hist_len);
     v->hist_cap = calloc((size_t)p.max_seqs, sizeof *v->hist_cap);
-    v->lp_msgs = calloc(nb * rows, sizeof *v->lp_msgs);
-    v->lp_ptrs = calloc(nb * rows, sizeof *v->lp_ptrs);
+    v->lp_values = calloc(nb * rows, sizeof *v->lp_values);
+    v->lp_top_ids = calloc(nb * rows * SD_MAX_TOP_LOGPROBS, sizeof *v->lp_top_ids);
+    v->lp_top_values = calloc(nb * rows * SD_MAX_TOP_LOGPROBS, sizeof *v->lp_top_values);
     sd_status st = SD_ERR_NOMEM;
     if (sst == SD_OK && v->plan && v->results && v->result_ptrs && v->commits && v->vseqs && v->vresults && v->vq &&
-        v->vindex && v->hist && v->hist_len && v->hist_cap && v->lp_msgs && v->lp_ptrs &&
+        v->vindex && v->hist && v->hist_len && v->hist_cap && v->lp_values && v->lp_top_ids && v->lp_top_values &&
         sd_spec_scratch_create(&v->spec_scratch) == SD_OK)
         st = sd_model_kv_create(target, p.max_seqs, p.kv_blocks, p.block_size, &v->kv);
     else
@@ -348,19 +352,22 @@ static sd_status verify_with_spec_batch(sd_verifier *v, const Specd__VerifyReque
                 break;
             }
             if (req->seqs[i]->logprobs) {
-                Specd__TokenLogprob *lm = v->lp_msgs + i * stride;
-                Specd__TokenLogprob **lpp = v->lp_ptrs + i * stride;
+                float *values = v->lp_values + i * stride;
+                int32_t *top_ids = v->lp_top_ids + i * stride * SD_MAX_TOP_LOGPROBS;
+                float *top_values = v->lp_top_values + i * stride * SD_MAX_TOP_LOGPROBS;
+                size_t n_top = 0;
                 for (int32_t t = 0; t < vr->n_tokens; t++) {
                     const sd_token_logprob *lp = &vr->logprobs[t];
-                    specd__token_logprob__init(&lm[t]);
-                    lm[t].logprob = lp->logprob;
-                    lm[t].n_top_ids = lm[t].n_top_logprobs = (size_t)lp->n_top;
-                    lm[t].top_ids = (int32_t *)lp->top_ids;
-                    lm[t].top_logprobs = (float *)lp->top_logprobs;
-                    lpp[t] = &lm[t];
+                    values[t] = lp->logprob;
+                    memcpy(top_ids + n_top, lp->top_ids, (size_t)lp->n_top * sizeof *top_ids);
+                    memcpy(top_values + n_top, lp->top_logprobs, (size_t)lp->n_top * sizeof *top_values);
+                    n_top += (size_t)lp->n_top;
                 }
                 res->n_logprobs = (size_t)vr->n_tokens;
-                res->logprobs = lpp;
+                res->logprobs = values;
+                res->n_top_ids = res->n_top_logprobs = n_top;
+                res->top_ids = top_ids;
+                res->top_logprobs = top_values;
             }
             break;
         }
