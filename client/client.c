@@ -446,18 +446,17 @@ static void handle_locked(sd_client *c, const Specd__CoordinatorToClient *env) {
             if (t->n_logprobs > 0 && t->n_logprobs == t->n_tokens) lps = calloc(t->n_logprobs, sizeof *lps);
             for (size_t i = 0; lps && i < t->n_logprobs; i++) {
                 const Specd__TokenLogprob *lp = t->logprobs[i];
-                lps[i].token = (sd_client_token_lp){t->tokens[i], lp->logprob, (const char *)lp->token.data,
-                                                    lp->token.len};
+                lps[i].token =
+                    (sd_client_token_lp){t->tokens[i], lp->logprob, (const char *)lp->token.data, lp->token.len};
                 lps[i].n_top = lp->n_top_ids;
                 for (size_t j = 0; j < lp->n_top_ids && j < SD_MAX_TOP_LOGPROBS; j++)
                     lps[i].top[j] = (sd_client_token_lp){lp->top_ids[j], lp->top_logprobs[j],
                                                          (const char *)lp->top_tokens[j].data, lp->top_tokens[j].len};
             }
-            if (t->n_logprobs > 0 && !lps) SD_WARN("request %llu: out of memory for logprobs: left out",
-                                                   (unsigned long long)r->result.request_id);
-            sd_client_chunk ch = {r->result.request_id,       t->tokens,   t->n_tokens,
-                                  (const char *)t->text.data, t->text.len, NULL,
-                                  lps};
+            if (t->n_logprobs > 0 && !lps)
+                SD_WARN("request %llu: out of memory for logprobs: left out", (unsigned long long)r->result.request_id);
+            sd_client_chunk ch = {r->result.request_id, t->tokens, t->n_tokens, (const char *)t->text.data,
+                                  t->text.len,          NULL,      lps};
             /* r stays linked: only DONE records are ever removed. */
             pthread_mutex_unlock(&c->mu);
             r->cb(&ch, r->user);

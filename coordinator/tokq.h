@@ -29,7 +29,7 @@ typedef struct sd_submit_job {
     Specd__DrafterKind pin_kind; /* drafter_kind (routing), validated by the decoder */
     bool logprobs;               /* stream the target's logprobs, top_logprobs alternatives each */
     int32_t top_logprobs;
-    char **stop;                 /* n_stop owned strings */
+    char **stop; /* n_stop owned strings */
     int32_t n_stop;
     bool chat;
     char *prompt, *system; /* owned, NUL-terminated */

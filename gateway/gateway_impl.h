@@ -159,10 +159,10 @@ typedef struct gw_choice {
     double t_first_ms, t_last_ms; /* monotonic, 0 = none yet */
     gw_lp *lps;                   /* [n_lps] each token's logprob, when the request asked (owned) */
     size_t n_lps, lps_cap;
-    size_t lps_streamed;          /* entries already sent as SSE */
-    char *lp_bytes;               /* the tokens' bytes gw_tok_lp point into (owned) */
+    size_t lps_streamed; /* entries already sent as SSE */
+    char *lp_bytes;      /* the tokens' bytes gw_tok_lp point into (owned) */
     size_t lp_bytes_len, lp_bytes_cap;
-    bool role_sent, finish_sent;  /* streaming bookkeeping */
+    bool role_sent, finish_sent; /* streaming bookkeeping */
 } gw_choice;
 
 /* One HTTP generation request. Reference-counted: the HTTP side holds one
@@ -177,7 +177,7 @@ typedef struct gw_job {
     char id[48];       /* "chatcmpl-..." / "cmpl-..." */
     long long created; /* unix seconds */
     double t_start_ms;
-    unsigned n; /* samples per prompt: choice i belongs to prompt i / n */
+    unsigned n;    /* samples per prompt: choice i belongs to prompt i / n */
     bool logprobs; /* the choices collect logprobs (gw_gen.logprobs) */
     size_t n_choices;
     gw_choice choices[GW_MAX_CHOICES];

@@ -196,8 +196,7 @@ static bool parse_logprobs(const cJSON *root, gw_gen *g, gw_error *err) {
     if (g->endpoint == GW_EP_CHAT) {
         if (!get_bool(root, "logprobs", &g->logprobs, err)) return false;
         if (!get_int(root, "top_logprobs", 0, SD_MAX_TOP_LOGPROBS, &d, &given, err)) return false;
-        if (given && !g->logprobs)
-            return BAD(err, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+        if (given && !g->logprobs) return BAD(err, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
         g->top_logprobs = given ? (uint32_t)d : 0;
         return true;
     }

@@ -457,8 +457,7 @@ Specd__CoordinatorToClient *sd_net_decode_to_client(const uint8_t *data, size_t 
             if (ok && env->tokens->n_logprobs != 0 && env->tokens->n_logprobs != env->tokens->n_tokens)
                 ok = fail(&v, SPECD__CODE__CODE_BAD_REQUEST, "tokens.logprobs: %zu entries for %zu tokens",
                           env->tokens->n_logprobs, env->tokens->n_tokens);
-            if (ok)
-                ok = check_logprobs(&v, "tokens.logprobs", env->tokens->logprobs, env->tokens->n_logprobs);
+            if (ok) ok = check_logprobs(&v, "tokens.logprobs", env->tokens->logprobs, env->tokens->n_logprobs);
             break;
         case SPECD__COORDINATOR_TO_CLIENT__BODY_FINISHED:
             if (env->finished->reason > SPECD__STOP_REASON__STOP_REASON_CANCELLED)
@@ -531,9 +530,9 @@ static bool check_verify_response(vctx *v, const Specd__VerifyResponse *r) {
         snprintf(path, sizeof path, "verify.results[%zu].commit", i);
         if (!check_tokens(v, path, d->commit, d->n_commit)) return false;
         if ((d->n_logprobs != 0 && d->n_logprobs != d->n_commit) || d->n_top_ids != d->n_top_logprobs ||
-            (d->n_logprobs == 0 ? d->n_top_ids != 0
-                                : d->n_top_ids % d->n_logprobs != 0 ||
-                                      d->n_top_ids / d->n_logprobs > SD_MAX_TOP_LOGPROBS))
+            (d->n_logprobs == 0
+                 ? d->n_top_ids != 0
+                 : d->n_top_ids % d->n_logprobs != 0 || d->n_top_ids / d->n_logprobs > SD_MAX_TOP_LOGPROBS))
             return fail(v, SPECD__CODE__CODE_BAD_REQUEST,
                         "verify.results[%zu]: %zu logprobs, %zu top ids and %zu top logprobs for %zu tokens "
                         "(one logprob per token, at most %d alternatives each)",

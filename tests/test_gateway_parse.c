@@ -280,8 +280,8 @@ static void test_logprob_responses(void **state) {
         {{7, -0.25f, 0, 2}, 2, {{7, -0.25f, 0, 2}, {9, -2.0f, 3, 3}}},
         {{9, -INFINITY, 2, 1}, 2, {{7, -0.5f, 0, 2}, {9, -1.5f, 3, 3}}},
     };
-    job.choices[0] = (gw_choice){.text = bytes, .text_len = 3, .n_tokens = 2, .lps = lps, .n_lps = 2,
-                                 .lp_bytes = bytes, .lp_bytes_len = 6};
+    job.choices[0] = (gw_choice){
+        .text = bytes, .text_len = 3, .n_tokens = 2, .lps = lps, .n_lps = 2, .lp_bytes = bytes, .lp_bytes_len = 6};
     char *s = gw_response_json(&job, "m");
     cJSON *r = cJSON_Parse(s);
     assert_non_null(r);
@@ -294,7 +294,7 @@ static void test_logprob_responses(void **state) {
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(e0, "bytes")), 2);
     assert_int_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(e1, "bytes"), 0)->valueint, 0xe2);
     assert_string_equal(cJSON_GetObjectItem(e1, "token")->valuestring, "\xef\xbf\xbd"); /* U+FFFD */
-    assert_true(cJSON_GetObjectItem(e1, "logprob")->valuedouble == -9999.0);          /* -inf */
+    assert_true(cJSON_GetObjectItem(e1, "logprob")->valuedouble == -9999.0);            /* -inf */
     const cJSON *top = cJSON_GetObjectItem(e1, "top_logprobs");
     assert_int_equal(cJSON_GetArraySize(top), 2);
     assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(top, 1), "token")->valuestring, " yo");
@@ -377,10 +377,16 @@ static void test_responses(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_chat_defaults), cmocka_unit_test(test_fields),    cmocka_unit_test(test_bad_fields),
-        cmocka_unit_test(test_messages),      cmocka_unit_test(test_prompts),   cmocka_unit_test(test_utf8),
-        cmocka_unit_test(test_key_and_seed),  cmocka_unit_test(test_responses),
-        cmocka_unit_test(test_logprobs_penalties), cmocka_unit_test(test_logprob_responses),
+        cmocka_unit_test(test_chat_defaults),
+        cmocka_unit_test(test_fields),
+        cmocka_unit_test(test_bad_fields),
+        cmocka_unit_test(test_messages),
+        cmocka_unit_test(test_prompts),
+        cmocka_unit_test(test_utf8),
+        cmocka_unit_test(test_key_and_seed),
+        cmocka_unit_test(test_responses),
+        cmocka_unit_test(test_logprobs_penalties),
+        cmocka_unit_test(test_logprob_responses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -367,8 +367,7 @@ static void test_verify_penalties_logprobs(void **state) {
                 assert_int_equal(resp.results[0]->code, SPECD__CODE__CODE_CACHE_MISS);
                 continue;
             }
-            check_penalized_step(resp.results[i], i == 0, ref[i], ref_n[i], committed[i], &n_committed[i],
-                                 &cached[i]);
+            check_penalized_step(resp.results[i], i == 0, ref[i], ref_n[i], committed[i], &n_committed[i], &cached[i]);
         }
         if (step == 4) {
             seqs[0].seq.keep_len = 0;

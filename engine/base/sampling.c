@@ -10,8 +10,13 @@
 #include <stdio.h>
 
 sd_sampling sd_sampling_default(void) {
-    sd_sampling s = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 0,
-                     .presence_penalty = 0.0f, .frequency_penalty = 0.0f};
+    sd_sampling s = {.temperature = 0.0f,
+                     .top_k = 0,
+                     .top_p = 1.0f,
+                     .min_p = 0.0f,
+                     .seed = 0,
+                     .presence_penalty = 0.0f,
+                     .frequency_penalty = 0.0f};
     return s;
 }
 

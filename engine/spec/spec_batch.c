@@ -301,8 +301,7 @@ static sd_status verify_one(const sd_verify_seq *v, float *logits, int32_t n_voc
 /* True when some sequence needs what only the host path does. */
 static bool needs_host(int32_t n_seqs, const sd_verify_seq *seqs, const sd_verify_result *results) {
     for (int32_t i = 0; i < n_seqs; i++)
-        if (results[i].outcome == SD_SEQ_OK &&
-            (sd_sampling_has_penalties(&seqs[i].sampling) || seqs[i].logprobs))
+        if (results[i].outcome == SD_SEQ_OK && (sd_sampling_has_penalties(&seqs[i].sampling) || seqs[i].logprobs))
             return true;
     return false;
 }

@@ -144,7 +144,7 @@ typedef struct sd_client_chunk {
     size_t n_ids;
     const char *text; /* complete UTF-8 characters (on the final call: the decoder's tail) */
     size_t text_len;
-    const sd_client_result *final;       /* non-NULL exactly once, on the last call */
+    const sd_client_result *final;     /* non-NULL exactly once, on the last call */
     const sd_client_logprob *logprobs; /* [n_ids] when the request asked for logprobs, else NULL */
 } sd_client_chunk;
 

@@ -21,9 +21,9 @@ extern "C" {
 #define SD_SAMPLING_MAX_TEMPERATURE 1000.0f
 /* presence_penalty and frequency_penalty lie in [-SD_SAMPLING_MAX_PENALTY,
  * SD_SAMPLING_MAX_PENALTY] (OpenAI's range). */
-#define SD_SAMPLING_MAX_PENALTY 2.0f
+#define SD_SAMPLING_MAX_PENALTY     2.0f
 /* The most alternatives a request may ask to see per token (top_logprobs). */
-#define SD_MAX_TOP_LOGPROBS 20
+#define SD_MAX_TOP_LOGPROBS         20
 
 typedef struct sd_sampling {
     float temperature; /* 0 = greedy (argmax); otherwise in (0, SD_SAMPLING_MAX_TEMPERATURE] */
