@@ -218,7 +218,7 @@ static void finish_locked(sd_client *c, req *r, sd_status status, Specd__Code co
     }
     r->state = REQ_FINISHING;
     if (r->cb) {
-        sd_client_chunk ch = {r->result.request_id, NULL, 0, (const char *)tail, tail_len, &r->result};
+        sd_client_chunk ch = {r->result.request_id, NULL, 0, (const char *)tail, tail_len, &r->result, NULL};
         pthread_mutex_unlock(&c->mu);
         r->cb(&ch, r->user);
         pthread_mutex_lock(&c->mu);
@@ -379,12 +379,27 @@ static void handle_locked(sd_client *c, const Specd__CoordinatorToClient *env) {
             break;
         }
         if (r->cb) {
-            sd_client_chunk ch = {r->result.request_id,       t->tokens,   t->n_tokens,
-                                  (const char *)t->text.data, t->text.len, NULL};
+            /* validated: none, or one per token with at most SD_MAX_TOP_LOGPROBS alternatives */
+            sd_client_logprob *lps = NULL;
+            if (t->n_logprobs > 0 && t->n_logprobs == t->n_tokens) lps = calloc(t->n_logprobs, sizeof *lps);
+            for (size_t i = 0; lps && i < t->n_logprobs; i++) {
+                const Specd__TokenLogprob *lp = t->logprobs[i];
+                lps[i].token =
+                    (sd_client_token_lp){t->tokens[i], lp->logprob, (const char *)lp->token.data, lp->token.len};
+                lps[i].n_top = lp->n_top_ids;
+                for (size_t j = 0; j < lp->n_top_ids && j < SD_MAX_TOP_LOGPROBS; j++)
+                    lps[i].top[j] = (sd_client_token_lp){lp->top_ids[j], lp->top_logprobs[j],
+                                                         (const char *)lp->top_tokens[j].data, lp->top_tokens[j].len};
+            }
+            if (t->n_logprobs > 0 && !lps)
+                SD_WARN("request %llu: out of memory for logprobs: left out", (unsigned long long)r->result.request_id);
+            sd_client_chunk ch = {r->result.request_id, t->tokens, t->n_tokens, (const char *)t->text.data,
+                                  t->text.len,          NULL,      lps};
             /* r stays linked: only DONE records are ever removed. */
             pthread_mutex_unlock(&c->mu);
             r->cb(&ch, r->user);
             pthread_mutex_lock(&c->mu);
+            free(lps);
         }
         break;
     }
@@ -769,7 +784,7 @@ static sd_status submit_with(sd_client *c, const sd_client_request *rq, Specd__C
             snprintf(r->result.error, sizeof r->result.error, "%s", why);
             SD_DEBUG("submit rejected locally: %s", r->result.error);
             if (cb) {
-                sd_client_chunk ch = {0, NULL, 0, NULL, 0, &r->result};
+                sd_client_chunk ch = {0, NULL, 0, NULL, 0, &r->result, NULL};
                 cb(&ch, user);
             }
             sd_status st = r->result.status;

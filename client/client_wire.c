@@ -135,4 +135,6 @@ void sd_client_wire_submit(const sd_client_request *rq, Specd__ChatMessage **mes
     sub->ignore_eos = rq->ignore_eos;
     sub->max_k = rq->max_k;
     sub->drafter_kind = rq->drafter_kind;
+    sub->logprobs = rq->logprobs;
+    sub->top_logprobs = rq->top_logprobs;
 }

@@ -64,6 +64,8 @@ static void admit(sd_coord *c, sd_submit_job *j, uint64_t now_us) {
     s->ignore_eos = j->ignore_eos;
     s->max_k = j->max_k;
     s->pin_kind = j->pin_kind; /* validated: a known kind */
+    s->logprobs = j->logprobs;
+    s->top_logprobs = j->top_logprobs;
     s->t_submit_us = j->t_submit_us;
     cl->n_active++;
     cl->last_recv_us = now_us;

@@ -77,6 +77,7 @@ typedef struct sd_pending_chunk {
     int32_t n_generated;
     char *text; /* owned */
     size_t text_len;
+    sd_token_logprob *logprobs; /* owned, [n] when the request wants logprobs, else NULL */
 } sd_pending_chunk;
 
 typedef struct sd_session {
@@ -94,6 +95,8 @@ typedef struct sd_session {
     int32_t max_k;       /* request's cap: 0 default, -1 none */
     bool ignore_eos;
     sd_sampling sampling;
+    bool logprobs;        /* stream each token's target logprob (TokenChunk.logprobs) */
+    int32_t top_logprobs; /* ... with this many alternatives */
 
     /* output text */
     sd_tok_stream *stream;

@@ -43,6 +43,9 @@ void sd_pack_verify_seq(sd_verify_pack *pk, int32_t m, sd_session *s, int32_t n_
     vs->append = s->tokens + s->v_cached;
     fill_sampling(s, &pk->samp[m]);
     vs->sampling = &pk->samp[m];
+    vs->prompt_len = (uint32_t)s->n_prompt;
+    vs->logprobs = s->logprobs;
+    vs->top_logprobs = (uint32_t)s->top_logprobs;
     if (k <= 0) return;
     vs->n_draft = (size_t)k;
     vs->draft = s->draft;

@@ -555,12 +555,51 @@ static bool same_count(const sd_coord_worker *w, size_t n, char *why, size_t why
     return true;
 }
 
+/* A step's chunk holds at most SD_MAX_K + 1 tokens, so its logprobs are
+ * laid out on the stack. */
+typedef struct chunk_logprobs {
+    Specd__TokenLogprob msgs[SD_MAX_K + 1];
+    Specd__TokenLogprob *ptrs[SD_MAX_K + 1];
+    ProtobufCBinaryData tops[SD_MAX_K + 1][SD_MAX_TOP_LOGPROBS];
+} chunk_logprobs;
+
+/* TokenChunk.logprobs for ids[n] from lps[n], with each token's bytes from
+ * the tokenizer (the client has none); pointers into lps and the
+ * tokenizer, valid while both are. */
+static void fill_chunk_logprobs(const sd_tok *tok, const int32_t *ids, const sd_token_logprob *lps, int32_t n,
+                                chunk_logprobs *out, Specd__TokenChunk *chunk) {
+    for (int32_t t = 0; t < n; t++) {
+        Specd__TokenLogprob *m = &out->msgs[t];
+        const sd_token_logprob *lp = &lps[t];
+        specd__token_logprob__init(m);
+        size_t len = 0;
+        const char *piece = sd_tok_piece(tok, ids[t], &len);
+        m->token.data = (uint8_t *)(uintptr_t)(piece ? piece : "");
+        m->token.len = piece && len <= SD_MAX_TOKEN_BYTES ? len : 0;
+        m->logprob = lp->logprob;
+        m->n_top_ids = m->n_top_logprobs = m->n_top_tokens = (size_t)lp->n_top;
+        m->top_ids = (int32_t *)(uintptr_t)lp->top_ids;
+        m->top_logprobs = (float *)(uintptr_t)lp->top_logprobs;
+        m->top_tokens = out->tops[t];
+        for (int32_t j = 0; j < lp->n_top; j++) {
+            piece = sd_tok_piece(tok, lp->top_ids[j], &len);
+            out->tops[t][j].data = (uint8_t *)(uintptr_t)(piece ? piece : "");
+            out->tops[t][j].len = piece && len <= SD_MAX_TOKEN_BYTES ? len : 0;
+        }
+        out->ptrs[t] = m;
+    }
+    chunk->n_logprobs = (size_t)n;
+    chunk->logprobs = out->ptrs;
+}
+
 static void send_chunk(sd_coord *c, const sd_session *s, int32_t from, int32_t n, int32_t n_generated, const char *text,
-                       size_t text_len, uint64_t now_us) {
+                       size_t text_len, const sd_token_logprob *lps, uint64_t now_us) {
     Specd__TokenChunk chunk = SPECD__TOKEN_CHUNK__INIT;
     chunk.request_id = s->id;
     chunk.n_tokens = (size_t)n;
     chunk.tokens = (int32_t *)(uintptr_t)(s->tokens + from);
+    chunk_logprobs clp;
+    if (lps && n <= SD_MAX_K + 1) fill_chunk_logprobs(c->tok, chunk.tokens, lps, n, &clp, &chunk);
     chunk.text.data = (uint8_t *)(uintptr_t)text;
     chunk.text.len = text_len;
     chunk.n_generated = (uint32_t)n_generated;
@@ -579,8 +618,9 @@ static void flush_chunks(sd_coord *c, uint64_t now_us) {
         sd_pending_chunk *p = &c->chunks[i];
         const sd_session *s = sd_sched_find(c, p->request_id);
         if (s && s->state != SD_SESSION_FINISHED && p->from + p->n <= s->n_tokens)
-            send_chunk(c, s, p->from, p->n, p->n_generated, p->text, p->text_len, now_us);
+            send_chunk(c, s, p->from, p->n, p->n_generated, p->text, p->text_len, p->logprobs, now_us);
         free(p->text);
+        free(p->logprobs);
     }
     c->n_chunks = 0;
 }
@@ -603,7 +643,10 @@ int32_t sd_spec_counts_positions(const sd_spec_counts *t, int32_t max_k) {
     return n < SD_MAX_K ? n : SD_MAX_K;
 }
 
-static void commit_step(sd_coord *c, sd_session *s, const int32_t *tokens, int32_t n, uint64_t now_us) {
+/* Commits a verify step's tokens[n]; lps[n] their logprobs when the
+ * request asked for them, else NULL. */
+static void commit_step(sd_coord *c, sd_session *s, const int32_t *tokens, int32_t n, const sd_token_logprob *lps,
+                        uint64_t now_us) {
     sd_commit_out out;
     sd_status st = sd_session_commit(s, c->tok, tokens, n, &out);
     if (st != SD_OK) {
@@ -621,13 +664,18 @@ static void commit_step(sd_coord *c, sd_session *s, const int32_t *tokens, int32
             sd_pending_chunk *p = realloc(c->chunks, (size_t)cap * sizeof *p);
             if (p) c->chunks = p, c->cap_chunks = cap;
         }
-        if (c->n_chunks < c->cap_chunks) {
-            c->chunks[c->n_chunks++] = (sd_pending_chunk){s->id, from, out.n_taken, n_gen, out.text, out.text_len};
-            return; /* the text is the chunk's now */
+        sd_token_logprob *kept = NULL;
+        if (lps && (kept = malloc((size_t)out.n_taken * sizeof *kept)))
+            memcpy(kept, lps, (size_t)out.n_taken * sizeof *kept);
+        if (c->n_chunks < c->cap_chunks && (!lps || kept)) {
+            c->chunks[c->n_chunks++] =
+                (sd_pending_chunk){s->id, from, out.n_taken, n_gen, out.text, out.text_len, kept};
+            return; /* the text and logprobs are the chunk's now */
         }
+        free(kept);
     }
     /* now: not deferring, no room to defer, or the last chunk before Finished */
-    if (out.n_taken > 0) send_chunk(c, s, from, out.n_taken, n_gen, out.text, out.text_len, now_us);
+    if (out.n_taken > 0) send_chunk(c, s, from, out.n_taken, n_gen, out.text, out.text_len, lps, now_us);
     if (out.finished) sd_sched_finish(c, s, out.reason, out.tail, out.tail_len, now_us);
     free(out.text);
     free(out.tail);
@@ -672,6 +720,18 @@ void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r,
                      "results[%zu]: n_accepted %u of %d drafts, %zu tokens committed, cached_len %u (expected %lld)", i,
                      vr->n_accepted, w->step_k[i], vr->n_commit, vr->cached_len,
                      (long long)w->step_end[i] + vr->n_accepted);
+            sd_sched_fail_step(c, wi, why);
+            return;
+        }
+        /* logprobs exactly when asked, each with the alternatives asked for */
+        bool lp_bad = s && (s->logprobs ? vr->n_logprobs != vr->n_commit ||
+                                              vr->n_top_ids != vr->n_commit * (size_t)s->top_logprobs
+                                        : vr->n_logprobs != 0);
+        for (size_t e = 0; s && !lp_bad && e < vr->n_top_ids; e++) lp_bad = vr->top_ids[e] >= c->n_vocab;
+        if (lp_bad) {
+            snprintf(why, sizeof why,
+                     "results[%zu]: %zu logprobs and %zu alternatives for %zu tokens (asked: %s, %d each)", i,
+                     vr->n_logprobs, vr->n_top_ids, vr->n_commit, s->logprobs ? "yes" : "no", s->top_logprobs);
             sd_sched_fail_step(c, wi, why);
             return;
         }
@@ -745,7 +805,18 @@ void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r,
             s->k = 0;
             sd_choice_observe(c, s, w->step_k[i], (int32_t)vr->n_commit);
             sd_k_shadow_settle(c, s, vr->commit, (int32_t)vr->n_commit);
-            commit_step(c, s, vr->commit, (int32_t)vr->n_commit, now_us);
+            {
+                sd_token_logprob lps[SD_MAX_K + 1];
+                bool with_lp = s->logprobs && vr->n_logprobs == vr->n_commit && vr->n_commit <= SD_MAX_K + 1;
+                const size_t per = (size_t)s->top_logprobs; /* checked above, <= SD_MAX_TOP_LOGPROBS */
+                for (size_t t = 0; with_lp && t < vr->n_commit; t++) {
+                    lps[t].logprob = vr->logprobs[t];
+                    lps[t].n_top = (int32_t)per;
+                    memcpy(lps[t].top_ids, vr->top_ids + t * per, per * sizeof *vr->top_ids);
+                    memcpy(lps[t].top_logprobs, vr->top_logprobs + t * per, per * sizeof *vr->top_logprobs);
+                }
+                commit_step(c, s, vr->commit, (int32_t)vr->n_commit, with_lp ? lps : NULL, now_us);
+            }
             break;
         case SPECD__CODE__CODE_CACHE_MISS:
             SD_INFO("request %llu: verifier cache miss at keep_len %d; resending the prefix", (unsigned long long)s->id,

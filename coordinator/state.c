@@ -89,7 +89,10 @@ sd_status sd_coord_state_init(sd_coord *c, const sd_coord_params *p, const sd_co
 }
 
 void sd_coord_state_free(sd_coord *c) {
-    for (int32_t i = 0; i < c->n_chunks; i++) free(c->chunks[i].text);
+    for (int32_t i = 0; i < c->n_chunks; i++) {
+        free(c->chunks[i].text);
+        free(c->chunks[i].logprobs);
+    }
     free(c->chunks);
     c->chunks = NULL;
     c->n_chunks = c->cap_chunks = 0;

@@ -45,6 +45,8 @@ sd_submit_job *sd_submit_job_new(const Specd__SubmitRequest *r, const uint8_t *i
     j->ignore_eos = r->ignore_eos;
     j->max_k = r->max_k;
     j->pin_kind = r->drafter_kind;
+    j->logprobs = r->logprobs;
+    j->top_logprobs = (int32_t)r->top_logprobs; /* validated: <= SD_MAX_TOP_LOGPROBS */
     j->chat = r->chat;
     j->code = SPECD__CODE__CODE_OK;
     bool ok = true;

@@ -27,7 +27,9 @@ typedef struct sd_submit_job {
     bool ignore_eos;
     int32_t max_k;
     Specd__DrafterKind pin_kind; /* drafter_kind (routing), validated by the decoder */
-    char **stop;                 /* n_stop owned strings */
+    bool logprobs;               /* stream the target's logprobs, top_logprobs alternatives each */
+    int32_t top_logprobs;
+    char **stop; /* n_stop owned strings */
     int32_t n_stop;
     bool chat;
     char *prompt, *system; /* owned, NUL-terminated */

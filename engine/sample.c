@@ -227,6 +227,69 @@ sd_status sd_sample_probs(const float *logits, int32_t n, const sd_sampling *s, 
     return SD_OK;
 }
 
+/* ---- penalties and log-probabilities ---- */
+
+sd_status sd_sample_penalize(float *logits, int32_t n_vocab, const sd_sampling *s, const int32_t *generated,
+                             int32_t n_generated, int32_t *counts) {
+    if (!logits || !s || n_vocab <= 0 || n_generated < 0 || (n_generated > 0 && (!generated || !counts)))
+        return SD_ERR_INVALID_ARG;
+    if (!sd_sampling_has_penalties(s) || n_generated == 0) return SD_OK;
+    for (int32_t j = 0; j < n_generated; j++)
+        if (generated[j] < 0 || generated[j] >= n_vocab) {
+            SD_ERROR("sampling: penalized token %d at %d outside [0, %d)", (int)generated[j], (int)j, (int)n_vocab);
+            return SD_ERR_RANGE;
+        }
+    for (int32_t j = 0; j < n_generated; j++) counts[generated[j]]++;
+    /* each distinct token once: the first visit applies and clears its count */
+    for (int32_t j = 0; j < n_generated; j++) {
+        int32_t t = generated[j];
+        if (counts[t] == 0) continue;
+        double pen = (double)s->frequency_penalty * counts[t] + (double)s->presence_penalty;
+        logits[t] = (float)((double)logits[t] - pen);
+        counts[t] = 0;
+    }
+    return SD_OK;
+}
+
+sd_status sd_sample_logprobs(const float *logits, int32_t n, int32_t token, int32_t top_n, sd_token_logprob *out) {
+    if (!logits || !out || n <= 0 || token < 0 || token >= n || top_n < 0 || top_n > SD_MAX_TOP_LOGPROBS) {
+        SD_ERROR("sampling: logprobs need logits, token %d in [0, %d) and top_n %d in [0, %d]", (int)token, (int)n,
+                 (int)top_n, SD_MAX_TOP_LOGPROBS);
+        return SD_ERR_INVALID_ARG;
+    }
+    double z_max = -INFINITY;
+    for (int32_t i = 0; i < n; i++) {
+        if (isnan(logits[i]) || logits[i] == INFINITY) {
+            SD_ERROR("sampling: logit %d is %g", (int)i, (double)logits[i]);
+            return SD_ERR_INVALID_ARG;
+        }
+        if (logits[i] > z_max) z_max = logits[i];
+    }
+    if (z_max == -INFINITY) {
+        SD_ERROR("sampling: all %d logits are -inf", (int)n);
+        return SD_ERR_INVALID_ARG;
+    }
+    double total = 0.0;
+    for (int32_t i = 0; i < n; i++) total += exp((double)logits[i] - z_max);
+    const double log_z = z_max + log(total);
+    out->logprob = (float)((double)logits[token] - log_z);
+    /* top_n by insertion into a sorted list: top_n <= 20, one pass */
+    int32_t k = 0;
+    for (int32_t i = 0; i < n && top_n > 0; i++) {
+        float z = logits[i];
+        if (k == top_n && !(z > logits[out->top_ids[k - 1]])) continue;
+        int32_t at = k < top_n ? k++ : k - 1;
+        while (at > 0 && z > logits[out->top_ids[at - 1]]) {
+            out->top_ids[at] = out->top_ids[at - 1];
+            at--;
+        }
+        out->top_ids[at] = i;
+    }
+    out->n_top = k;
+    for (int32_t j = 0; j < k; j++) out->top_logprobs[j] = (float)((double)logits[out->top_ids[j]] - log_z);
+    return SD_OK;
+}
+
 int32_t sd_sample_from(const float *probs, int32_t n, double u) {
     if (!probs || n <= 0) return -1;
     double total = 0.0;

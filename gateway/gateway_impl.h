@@ -82,6 +82,10 @@ typedef struct gw_gen {
     size_t n_stop;
     bool stream, include_usage, ignore_eos;
     bool echo; /* completions: the text starts with the prompt */
+    /* the target's logprobs per token (chat: logprobs + top_logprobs;
+     * completions: logprobs = N alternatives) */
+    bool logprobs;
+    uint32_t top_logprobs; /* 0..SD_MAX_TOP_LOGPROBS */
 } gw_gen;
 
 /* An OpenAI error: HTTP status and the error object's fields. */
@@ -119,6 +123,21 @@ bool gw_fail(gw_error *err, int http_status, const char *type, const char *code,
 
 /* ---- jobs.c ---- */
 
+/* A token with its logprob; its bytes are lp_bytes[off, off + len) of the
+ * choice that holds it. */
+typedef struct gw_tok_lp {
+    int32_t id;
+    float logprob;
+    uint32_t off, len;
+} gw_tok_lp;
+
+/* One generated token's logprob and its alternatives. */
+typedef struct gw_lp {
+    gw_tok_lp token;
+    uint32_t n_top;
+    gw_tok_lp top[SD_MAX_TOP_LOGPROBS];
+} gw_lp;
+
 typedef struct gw_choice {
     struct gw_job *job; /* the job this choice belongs to (callbacks get the choice) */
     unsigned index;
@@ -138,7 +157,12 @@ typedef struct gw_choice {
     uint32_t prompt_tokens;
     sd_client_request_stats stats;
     double t_first_ms, t_last_ms; /* monotonic, 0 = none yet */
-    bool role_sent, finish_sent;  /* streaming bookkeeping */
+    gw_lp *lps;                   /* [n_lps] each token's logprob, when the request asked (owned) */
+    size_t n_lps, lps_cap;
+    size_t lps_streamed; /* entries already sent as SSE */
+    char *lp_bytes;      /* the tokens' bytes gw_tok_lp point into (owned) */
+    size_t lp_bytes_len, lp_bytes_cap;
+    bool role_sent, finish_sent; /* streaming bookkeeping */
 } gw_choice;
 
 /* One HTTP generation request. Reference-counted: the HTTP side holds one
@@ -153,7 +177,8 @@ typedef struct gw_job {
     char id[48];       /* "chatcmpl-..." / "cmpl-..." */
     long long created; /* unix seconds */
     double t_start_ms;
-    unsigned n; /* samples per prompt: choice i belongs to prompt i / n */
+    unsigned n;    /* samples per prompt: choice i belongs to prompt i / n */
+    bool logprobs; /* the choices collect logprobs (gw_gen.logprobs) */
     size_t n_choices;
     gw_choice choices[GW_MAX_CHOICES];
 } gw_job;
@@ -187,11 +212,12 @@ void gw_janitor_stop(gw_janitor **j);
 /* The whole non-streaming response body for a finished job. Caller frees. */
 char *gw_response_json(const gw_job *job, const char *model);
 /* One streaming chunk for choice ci: the assistant role (role, chat only),
- * a text delta (delta, delta_len bytes), or the finish_reason (finish).
+ * a text delta (delta, delta_len bytes) with the logprobs of the choice's
+ * tokens [lp_from, lp_to) (none when equal), or the finish_reason (finish).
  * include_usage adds "usage": null, as OpenAI does before the usage chunk.
  * Caller frees. */
 char *gw_chunk_json(const gw_job *job, const char *model, size_t ci, bool role, const char *delta, size_t delta_len,
-                    bool finish, bool include_usage);
+                    size_t lp_from, size_t lp_to, bool finish, bool include_usage);
 /* The final usage-only chunk (stream_options.include_usage). Caller frees. */
 char *gw_usage_chunk_json(const gw_job *job, const char *model);
 /* "stop" / "length" for a finished choice. */

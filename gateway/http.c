@@ -206,18 +206,23 @@ static bool emit_locked(gw_stream *s) {
     for (size_t i = 0; i < job->n_choices; i++) {
         gw_choice *c = &job->choices[i];
         if (job->endpoint == GW_EP_CHAT && !c->role_sent) {
-            if (!buf_event(s, gw_chunk_json(job, model, i, true, NULL, 0, false, s->include_usage))) return false;
+            if (!buf_event(s, gw_chunk_json(job, model, i, true, NULL, 0, 0, 0, false, s->include_usage))) return false;
             c->role_sent = true;
         }
-        if (c->text_len > c->streamed) {
-            if (!buf_event(s, gw_chunk_json(job, model, i, false, c->text + c->streamed, c->text_len - c->streamed,
-                                            false, s->include_usage)))
+        /* a delta carries the logprobs of the tokens that arrived with it
+         * (text held back for a stop string or a split character comes later) */
+        if (c->text_len > c->streamed || c->n_lps > c->lps_streamed) {
+            if (!buf_event(s, gw_chunk_json(job, model, i, false, c->text ? c->text + c->streamed : "",
+                                            c->text_len - c->streamed, c->lps_streamed, c->n_lps, false,
+                                            s->include_usage)))
                 return false;
             c->streamed = c->text_len;
+            c->lps_streamed = c->n_lps;
         }
         if (c->done && !c->finish_sent) {
             if (c->status == SD_OK) {
-                if (!buf_event(s, gw_chunk_json(job, model, i, false, NULL, 0, true, s->include_usage))) return false;
+                if (!buf_event(s, gw_chunk_json(job, model, i, false, NULL, 0, 0, 0, true, s->include_usage)))
+                    return false;
             } else {
                 gw_error err;
                 gw_choice_error(c, &err);

@@ -162,6 +162,7 @@ gw_job *gw_job_create(gw_server *srv, const gw_gen *g) {
     job->created = (long long)time(NULL);
     job->t_start_ms = gw_now_ms();
     job->n = g->n;
+    job->logprobs = g->logprobs;
     job->n_choices = g->n_prompts * g->n;
     for (size_t i = 0; i < job->n_choices; i++) {
         gw_choice *c = &job->choices[i];
@@ -183,7 +184,11 @@ void gw_job_release(gw_job *job) {
     int left = --job->refs;
     pthread_mutex_unlock(&job->mu);
     if (left > 0) return;
-    for (size_t i = 0; i < job->n_choices; i++) free(job->choices[i].text);
+    for (size_t i = 0; i < job->n_choices; i++) {
+        free(job->choices[i].text);
+        free(job->choices[i].lps);
+        free(job->choices[i].lp_bytes);
+    }
     pthread_cond_destroy(&job->cv);
     pthread_mutex_destroy(&job->mu);
     free(job);
@@ -213,6 +218,50 @@ static bool append_text(gw_choice *c, const char *s, size_t n) {
     return true;
 }
 
+/* Keeps bytes[n] in c's logprob byte store as *t's; false past the cap or
+ * out of memory. Call with the job's mutex held. */
+static bool keep_lp_token(gw_choice *c, const sd_client_token_lp *src, gw_tok_lp *t) {
+    size_t n = src->bytes ? src->n_bytes : 0;
+    if (c->lp_bytes_len + n > GW_MAX_OUTPUT_BYTES) return false;
+    if (c->lp_bytes_len + n > c->lp_bytes_cap) {
+        size_t cap = c->lp_bytes_cap ? c->lp_bytes_cap : 1024;
+        while (cap < c->lp_bytes_len + n) cap *= 2;
+        char *p = realloc(c->lp_bytes, cap);
+        if (!p) return false;
+        c->lp_bytes = p;
+        c->lp_bytes_cap = cap;
+    }
+    if (n) memcpy(c->lp_bytes + c->lp_bytes_len, src->bytes, n);
+    *t = (gw_tok_lp){src->id, src->logprob, (uint32_t)c->lp_bytes_len, (uint32_t)n};
+    c->lp_bytes_len += n;
+    return true;
+}
+
+/* Appends a chunk's logprobs to c; false past the caps or out of memory.
+ * Call with the job's mutex held. */
+static bool append_logprobs(gw_choice *c, const sd_client_logprob *lps, size_t n) {
+    if (c->n_lps + n > GW_MAX_OUTPUT_BYTES / 64) return false; /* tokens: bounded like the text */
+    if (c->n_lps + n > c->lps_cap) {
+        size_t cap = c->lps_cap ? c->lps_cap : 64;
+        while (cap < c->n_lps + n) cap *= 2;
+        gw_lp *p = realloc(c->lps, cap * sizeof *p);
+        if (!p) return false;
+        c->lps = p;
+        c->lps_cap = cap;
+    }
+    for (size_t i = 0; i < n; i++) {
+        gw_lp *e = &c->lps[c->n_lps];
+        memset(e, 0, sizeof *e);
+        if (!keep_lp_token(c, &lps[i].token, &e->token)) return false;
+        for (size_t j = 0; j < lps[i].n_top && j < SD_MAX_TOP_LOGPROBS; j++) {
+            if (!keep_lp_token(c, &lps[i].top[j], &e->top[j])) return false;
+            e->n_top++;
+        }
+        c->n_lps++;
+    }
+    return true;
+}
+
 /* libspecd-client's callback, on its I/O thread (or, for a submit refused
  * locally, on the submitting thread). Quick: append and signal. */
 static void on_chunk(const sd_client_chunk *ch, void *user) {
@@ -227,6 +276,17 @@ static void on_chunk(const sd_client_chunk *ch, void *user) {
         SD_WARN("request %llu: output over %u bytes kept: cancelling it", (unsigned long long)c->request_id,
                 GW_MAX_OUTPUT_BYTES);
         cancel = !ch->final;
+    }
+    if (job->logprobs && ch->n_ids && !c->done && !cancel) {
+        if (!ch->logprobs) {
+            SD_WARN("request %llu: tokens came without the logprobs asked for: cancelling it",
+                    (unsigned long long)c->request_id);
+            cancel = !ch->final;
+        } else if (!append_logprobs(c, ch->logprobs, ch->n_ids)) {
+            SD_WARN("request %llu: logprobs over the output limit kept: cancelling it",
+                    (unsigned long long)c->request_id);
+            cancel = !ch->final;
+        }
     }
     if (ch->n_ids) {
         c->n_tokens += (uint32_t)ch->n_ids;
@@ -283,6 +343,8 @@ bool gw_job_submit(gw_job *job, const gw_gen *g, gw_error *err) {
         rq.stop = (const char *const *)g->stop;
         rq.n_stop = g->n_stop;
         rq.ignore_eos = g->ignore_eos;
+        rq.logprobs = g->logprobs;
+        rq.top_logprobs = g->top_logprobs;
 
         if (atomic_fetch_add(&srv->inflight, 1) >= srv->max_inflight) {
             atomic_fetch_sub(&srv->inflight, 1);

@@ -3,9 +3,19 @@
  * Parsing is strict about what it honours and lenient about the rest, as
  * OpenAI is: unknown fields are ignored, a known field of the wrong type or
  * out of range is a 400 naming the field (`param`). Fields whose meaning
- * specd cannot honour yet (logprobs, penalties) are refused with a
- * 400 when set to anything but their neutral value, rather than silently
- * ignored: a client asking for them would otherwise get a wrong answer.
+ * specd cannot honour yet (logit_bias) are refused with a 400 when set to
+ * anything but their neutral value, rather than silently ignored: a client
+ * asking for them would otherwise get a wrong answer.
+ *
+ * Penalties go to the coordinator in the sampling parameters and are
+ * applied to the target's logits on the verifier. Logprobs are the
+ * target's, computed on the verifier from its logits after the penalties
+ * and before temperature / top-k / top-p / min-p (what vLLM returns by
+ * default); each token comes with its bytes from the coordinator's
+ * tokenizer. Chat takes `logprobs: true` and `top_logprobs` (0..20) and
+ * answers in `choices[].logprobs.content[]`; completions take `logprobs: N`
+ * (0..20 alternatives) and answer in the legacy shape (tokens,
+ * token_logprobs, top_logprobs as dicts, text_offset in bytes).
  *
  * Chat: the whole conversation (system/developer, user and assistant turns)
  * goes to the coordinator as SubmitRequest.messages, and the coordinator
@@ -177,6 +187,25 @@ static char *dup_str(const char *s) {
 
 static bool nomem(gw_error *err) { return gw_fail(err, 500, "server_error", NULL, NULL, "out of memory"); }
 
+/* Chat: logprobs (a boolean) and top_logprobs (0..20, only with logprobs
+ * true). Completions: logprobs = the number of alternatives (0..20; OpenAI
+ * caps it at 5), no echo with it. */
+static bool parse_logprobs(const cJSON *root, gw_gen *g, gw_error *err) {
+    double d;
+    bool given;
+    if (g->endpoint == GW_EP_CHAT) {
+        if (!get_bool(root, "logprobs", &g->logprobs, err)) return false;
+        if (!get_int(root, "top_logprobs", 0, SD_MAX_TOP_LOGPROBS, &d, &given, err)) return false;
+        if (given && !g->logprobs) return BAD(err, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+        g->top_logprobs = given ? (uint32_t)d : 0;
+        return true;
+    }
+    if (!get_int(root, "logprobs", 0, SD_MAX_TOP_LOGPROBS, &d, &given, err)) return false;
+    g->logprobs = given;
+    g->top_logprobs = given ? (uint32_t)d : 0;
+    return true;
+}
+
 /* Fields both endpoints share. */
 static bool parse_common(const cJSON *root, gw_gen *g, gw_error *err) {
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
@@ -237,18 +266,16 @@ static bool parse_common(const cJSON *root, gw_gen *g, gw_error *err) {
         }
     }
 
+    if (!get_number(root, "presence_penalty", -SD_SAMPLING_MAX_PENALTY, SD_SAMPLING_MAX_PENALTY, false, &d, &given,
+                    err))
+        return false;
+    if (given) g->sampling.presence_penalty = (float)d;
+    if (!get_number(root, "frequency_penalty", -SD_SAMPLING_MAX_PENALTY, SD_SAMPLING_MAX_PENALTY, false, &d, &given,
+                    err))
+        return false;
+    if (given) g->sampling.frequency_penalty = (float)d;
+    if (!parse_logprobs(root, g, err)) return false;
     /* Known, but not honoured yet: refuse anything but the neutral value. */
-    static const char *const penalties[] = {"presence_penalty", "frequency_penalty"};
-    for (size_t i = 0; i < 2; i++) {
-        if (!get_number(root, penalties[i], -2, 2, false, &d, &given, err)) return false;
-        if (given && d != 0) return UNSUPPORTED(err, penalties[i], "'%s' is not supported by specd yet", penalties[i]);
-    }
-    const cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
-    if (present(lp) && !cJSON_IsFalse(lp) && !(cJSON_IsNumber(lp) && lp->valuedouble == 0))
-        return UNSUPPORTED(err, "logprobs", "'logprobs' is not supported by specd yet");
-    const cJSON *tlp = cJSON_GetObjectItemCaseSensitive(root, "top_logprobs");
-    if (present(tlp) && !(cJSON_IsNumber(tlp) && tlp->valuedouble == 0))
-        return UNSUPPORTED(err, "top_logprobs", "'top_logprobs' is not supported by specd yet");
     const cJSON *lb = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
     if (present(lb) && !(cJSON_IsObject(lb) && !lb->child))
         return UNSUPPORTED(err, "logit_bias", "'logit_bias' is not supported by specd yet");
@@ -425,6 +452,9 @@ bool gw_gen_parse(gw_endpoint endpoint, const char *body, size_t len, gw_gen *g,
             for (size_t i = 0; ok && g->echo && i < g->n_prompts; i++)
                 if (g->prompts[i].ids)
                     ok = UNSUPPORTED(err, "echo", "'echo' with a prompt of token ids is not supported (text only)");
+            if (ok && g->echo && g->logprobs)
+                ok = UNSUPPORTED(err, "logprobs",
+                                 "'logprobs' with 'echo' is not supported (no logprobs for the prompt's tokens)");
             /* OpenAI's default for completions: 16 tokens. */
             if (ok && g->max_tokens == 0) g->max_tokens = 16;
         }
@@ -498,6 +528,97 @@ static cJSON *add_text(cJSON *obj, const char *name, const char *s, size_t len) 
     return v;
 }
 
+/* ---- logprobs ---- */
+
+/* A log-probability as JSON: -inf (a token the target rules out) is
+ * OpenAI's -9999. */
+static double lp_value(float lp) { return isfinite(lp) ? (double)lp : -9999.0; }
+
+static cJSON *bytes_array(const char *b, size_t n) {
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)(unsigned char)b[i]));
+    return a;
+}
+
+/* A quoted JSON string of a token's bytes (invalid UTF-8 becomes U+FFFD:
+ * sd_json_quote), as a raw cJSON item. */
+static cJSON *token_string(const gw_choice *c, const gw_tok_lp *t) {
+    char *q = sd_json_quote(c->lp_bytes ? c->lp_bytes + t->off : "", t->len);
+    cJSON *v = q ? cJSON_CreateRaw(q) : cJSON_CreateNull();
+    free(q);
+    return v;
+}
+
+/* Chat: {"token", "logprob", "bytes"} and, for a generated token (full),
+ * its "top_logprobs". */
+static cJSON *chat_lp_entry(const gw_choice *c, const gw_tok_lp *t, const gw_lp *full) {
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddItemToObject(e, "token", token_string(c, t));
+    cJSON_AddNumberToObject(e, "logprob", lp_value(t->logprob));
+    cJSON_AddItemToObject(e, "bytes", bytes_array(c->lp_bytes ? c->lp_bytes + t->off : "", t->len));
+    if (full) {
+        cJSON *top = cJSON_AddArrayToObject(e, "top_logprobs");
+        for (uint32_t j = 0; j < full->n_top; j++) cJSON_AddItemToArray(top, chat_lp_entry(c, &full->top[j], NULL));
+    }
+    return e;
+}
+
+/* Chat: {"content": [entry per token [from, to)], "refusal": null}. */
+static cJSON *chat_logprobs(const gw_choice *c, size_t from, size_t to) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON *content = cJSON_AddArrayToObject(o, "content");
+    for (size_t i = from; i < to; i++) cJSON_AddItemToArray(content, chat_lp_entry(c, &c->lps[i].token, &c->lps[i]));
+    cJSON_AddNullToObject(o, "refusal");
+    return o;
+}
+
+/* {token: logprob, ...} over e's alternatives as a raw cJSON item: keys
+ * are token bytes, quoted by sd_json_quote (cJSON would write invalid
+ * UTF-8 in a key as it is). */
+static cJSON *top_dict(const gw_choice *c, const gw_lp *e) {
+    size_t cap = 2, len = 0;
+    char *quoted[SD_MAX_TOP_LOGPROBS];
+    for (uint32_t j = 0; j < e->n_top; j++) {
+        quoted[j] = sd_json_quote(c->lp_bytes ? c->lp_bytes + e->top[j].off : "", e->top[j].len);
+        cap += (quoted[j] ? strlen(quoted[j]) : 2) + 40; /* "," ":" and a %.17g number */
+    }
+    char *buf = malloc(cap + 1);
+    if (buf) {
+        buf[len++] = '{';
+        for (uint32_t j = 0; j < e->n_top; j++)
+            len += (size_t)snprintf(buf + len, cap + 1 - len, "%s%s:%.17g", j ? "," : "",
+                                    quoted[j] ? quoted[j] : "\"\"", lp_value(e->top[j].logprob));
+        buf[len++] = '}';
+        buf[len] = '\0';
+    }
+    for (uint32_t j = 0; j < e->n_top; j++) free(quoted[j]);
+    cJSON *v = buf ? cJSON_CreateRaw(buf) : cJSON_CreateObject();
+    free(buf);
+    return v;
+}
+
+/* Completions (legacy shape) for tokens [from, to): tokens, token_logprobs,
+ * top_logprobs (one {token: logprob} dict per token; tokens with the same
+ * text share a key), text_offset (byte offsets into the generated text). */
+static cJSON *completion_logprobs(const gw_choice *c, size_t from, size_t to) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON *tokens = cJSON_AddArrayToObject(o, "tokens");
+    cJSON *lps = cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs");
+    cJSON *offs = cJSON_AddArrayToObject(o, "text_offset");
+    size_t offset = 0;
+    for (size_t i = 0; i < from; i++) offset += c->lps[i].token.len;
+    for (size_t i = from; i < to; i++) {
+        const gw_lp *e = &c->lps[i];
+        cJSON_AddItemToArray(tokens, token_string(c, &e->token));
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(lp_value(e->token.logprob)));
+        cJSON_AddItemToArray(tops, top_dict(c, e));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)offset));
+        offset += e->token.len;
+    }
+    return o;
+}
+
 char *gw_response_json(const gw_job *job, const char *model) {
     bool chat = job->endpoint == GW_EP_CHAT;
     cJSON *root = envelope(job, model, chat ? "chat.completion" : "text_completion");
@@ -514,7 +635,11 @@ char *gw_response_json(const gw_job *job, const char *model) {
         } else {
             add_text(ch, "text", text, c->text_len);
         }
-        cJSON_AddNullToObject(ch, "logprobs");
+        if (job->logprobs)
+            cJSON_AddItemToObject(ch, "logprobs",
+                                  chat ? chat_logprobs(c, 0, c->n_lps) : completion_logprobs(c, 0, c->n_lps));
+        else
+            cJSON_AddNullToObject(ch, "logprobs");
         cJSON_AddStringToObject(ch, "finish_reason", gw_finish_reason(c));
         cJSON_AddItemToArray(choices, ch);
     }
@@ -525,7 +650,7 @@ char *gw_response_json(const gw_job *job, const char *model) {
 }
 
 char *gw_chunk_json(const gw_job *job, const char *model, size_t ci, bool role, const char *delta, size_t delta_len,
-                    bool finish, bool include_usage) {
+                    size_t lp_from, size_t lp_to, bool finish, bool include_usage) {
     bool chat = job->endpoint == GW_EP_CHAT;
     const gw_choice *c = &job->choices[ci];
     cJSON *root = envelope(job, model, chat ? "chat.completion.chunk" : "text_completion");
@@ -543,7 +668,11 @@ char *gw_chunk_json(const gw_job *job, const char *model, size_t ci, bool role, 
     } else {
         add_text(ch, "text", delta ? delta : "", delta ? delta_len : 0);
     }
-    cJSON_AddNullToObject(ch, "logprobs");
+    if (lp_to > lp_from && lp_to <= c->n_lps)
+        cJSON_AddItemToObject(ch, "logprobs",
+                              chat ? chat_logprobs(c, lp_from, lp_to) : completion_logprobs(c, lp_from, lp_to));
+    else
+        cJSON_AddNullToObject(ch, "logprobs");
     if (finish)
         cJSON_AddStringToObject(ch, "finish_reason", gw_finish_reason(c));
     else

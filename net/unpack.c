@@ -190,6 +190,9 @@ int64_t sd_net_worker_reply_cap(int32_t max_batch, int32_t max_k) {
     int64_t q = field_bytes(field_bytes(5 * (int64_t)SD_MAX_TOP_N) + field_bytes(4 * (int64_t)SD_MAX_TOP_N));
     /* One DraftResult: request id, code, cached_len, the tokens and one q per token. */
     int64_t result = field_bytes(3 * 11 + field_bytes(5 * (int64_t)max_k) + (int64_t)max_k * q);
+    /* A VerifyResult, with logprobs of SD_MAX_TOP_LOGPROBS alternatives per
+     * token, takes under 200 bytes per token of its max_k + 1: less than the
+     * one q (> 9 KiB) a DraftResult carries per token, so drafts size the cap. */
     int64_t cap = 4096 + field_bytes((int64_t)max_batch * result);
     if (cap < SD_MIN_MSG_CAP_BYTES) cap = SD_MIN_MSG_CAP_BYTES;
     if (cap > SD_MAX_WORKER_MSG_BYTES) cap = SD_MAX_WORKER_MSG_BYTES;

@@ -135,6 +135,49 @@ static bool check_tokens(vctx *v, const char *path, const int32_t *ids, size_t n
     return true;
 }
 
+/* TokenChunk.logprobs: each entry with at most SD_MAX_TOP_LOGPROBS
+ * alternatives (ids in range, one log-probability and one byte string
+ * each), log-probabilities <= 0 and not NaN, token bytes at most
+ * SD_MAX_TOKEN_BYTES. */
+static bool check_logprobs(vctx *v, const char *path, Specd__TokenLogprob *const *lps, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const Specd__TokenLogprob *lp = lps[i];
+        if (!(lp->logprob <= 0.0f))
+            return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s[%zu].logprob: %g is not a log-probability", path, i,
+                        (double)lp->logprob);
+        if (lp->n_top_ids > SD_MAX_TOP_LOGPROBS || lp->n_top_logprobs != lp->n_top_ids ||
+            lp->n_top_tokens != lp->n_top_ids)
+            return fail(v, SPECD__CODE__CODE_BAD_REQUEST,
+                        "%s[%zu]: %zu top ids, %zu top logprobs and %zu top tokens (equal, at most %d)", path, i,
+                        lp->n_top_ids, lp->n_top_logprobs, lp->n_top_tokens, SD_MAX_TOP_LOGPROBS);
+        char sub[128];
+        snprintf(sub, sizeof sub, "%s[%zu].top_ids", path, i);
+        if (!check_tokens(v, sub, lp->top_ids, lp->n_top_ids)) return false;
+        for (size_t j = 0; j < lp->n_top_logprobs; j++)
+            if (!(lp->top_logprobs[j] <= 0.0f))
+                return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s[%zu].top_logprobs[%zu]: %g is not a log-probability",
+                            path, i, j, (double)lp->top_logprobs[j]);
+        if (lp->token.len > SD_MAX_TOKEN_BYTES)
+            return fail(v, SPECD__CODE__CODE_TOO_LARGE, "%s[%zu].token: %zu bytes over the limit of %d", path, i,
+                        lp->token.len, SD_MAX_TOKEN_BYTES);
+        for (size_t j = 0; j < lp->n_top_tokens; j++)
+            if (lp->top_tokens[j].len > SD_MAX_TOKEN_BYTES)
+                return fail(v, SPECD__CODE__CODE_TOO_LARGE, "%s[%zu].top_tokens[%zu]: %zu bytes over the limit of %d",
+                            path, i, j, lp->top_tokens[j].len, SD_MAX_TOKEN_BYTES);
+    }
+    return true;
+}
+
+/* logprobs / top_logprobs of a Submit or a VerifySeq. */
+static bool check_logprob_request(vctx *v, const char *path, bool logprobs, uint32_t top_logprobs) {
+    if (top_logprobs > SD_MAX_TOP_LOGPROBS)
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s.top_logprobs: %u over the limit of %d", path, top_logprobs,
+                    SD_MAX_TOP_LOGPROBS);
+    if (top_logprobs > 0 && !logprobs)
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s.top_logprobs: %u without logprobs", path, top_logprobs);
+    return true;
+}
+
 static int cmp_i32(const void *a, const void *b) {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
     return (x > y) - (x < y);
@@ -359,6 +402,7 @@ static bool check_submit(vctx *v, const Specd__SubmitRequest *s) {
         return fail(v, SPECD__CODE__CODE_TOO_LARGE, "submit.max_tokens: %u over the context of %d", s->max_tokens,
                     v->max_context);
     if (!check_sampling(v, "submit.sampling", s->sampling)) return false;
+    if (!check_logprob_request(v, "submit", s->logprobs, s->top_logprobs)) return false;
     if (s->n_stop > SD_MAX_STOP_STRINGS)
         return fail(v, SPECD__CODE__CODE_TOO_LARGE, "submit.stop: %zu strings over the limit of %d", s->n_stop,
                     SD_MAX_STOP_STRINGS);
@@ -424,6 +468,10 @@ Specd__CoordinatorToClient *sd_net_decode_to_client(const uint8_t *data, size_t 
         switch (env->body_case) {
         case SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS:
             ok = check_tokens(&v, "tokens.tokens", env->tokens->tokens, env->tokens->n_tokens);
+            if (ok && env->tokens->n_logprobs != 0 && env->tokens->n_logprobs != env->tokens->n_tokens)
+                ok = fail(&v, SPECD__CODE__CODE_BAD_REQUEST, "tokens.logprobs: %zu entries for %zu tokens",
+                          env->tokens->n_logprobs, env->tokens->n_tokens);
+            if (ok) ok = check_logprobs(&v, "tokens.logprobs", env->tokens->logprobs, env->tokens->n_logprobs);
             break;
         case SPECD__COORDINATOR_TO_CLIENT__BODY_FINISHED:
             if (env->finished->reason > SPECD__STOP_REASON__STOP_REASON_CANCELLED)
@@ -495,6 +543,22 @@ static bool check_verify_response(vctx *v, const Specd__VerifyResponse *r) {
                         d->n_accepted + 1);
         snprintf(path, sizeof path, "verify.results[%zu].commit", i);
         if (!check_tokens(v, path, d->commit, d->n_commit)) return false;
+        if ((d->n_logprobs != 0 && d->n_logprobs != d->n_commit) || d->n_top_ids != d->n_top_logprobs ||
+            (d->n_logprobs == 0
+                 ? d->n_top_ids != 0
+                 : d->n_top_ids % d->n_logprobs != 0 || d->n_top_ids / d->n_logprobs > SD_MAX_TOP_LOGPROBS))
+            return fail(v, SPECD__CODE__CODE_BAD_REQUEST,
+                        "verify.results[%zu]: %zu logprobs, %zu top ids and %zu top logprobs for %zu tokens "
+                        "(one logprob per token, at most %d alternatives each)",
+                        i, d->n_logprobs, d->n_top_ids, d->n_top_logprobs, d->n_commit, SD_MAX_TOP_LOGPROBS);
+        snprintf(path, sizeof path, "verify.results[%zu].top_ids", i);
+        if (!check_tokens(v, path, d->top_ids, d->n_top_ids)) return false;
+        for (size_t j = 0; j < d->n_logprobs + d->n_top_logprobs; j++) {
+            float x = j < d->n_logprobs ? d->logprobs[j] : d->top_logprobs[j - d->n_logprobs];
+            if (!(x <= 0.0f))
+                return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "verify.results[%zu]: %g is not a log-probability", i,
+                            (double)x);
+        }
         if (d->cached_len > (uint32_t)v->max_context)
             return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "verify.results[%zu].cached_len: %u over the context of %d",
                         i, d->cached_len, v->max_context);
@@ -592,6 +656,8 @@ static bool check_verify_request(vctx *v, const Specd__VerifyRequest *r) {
         if (!check_context(v, path, s->keep_len, (uint64_t)s->keep_len + s->n_append + s->n_draft)) return false;
         snprintf(path, sizeof path, "verify.seqs[%zu].sampling", i);
         if (!check_sampling(v, path, s->sampling)) return false;
+        snprintf(path, sizeof path, "verify.seqs[%zu]", i);
+        if (!check_logprob_request(v, path, s->logprobs, s->top_logprobs)) return false;
     }
     return check_distinct_ids(v, "verify.seqs", ids, r->n_seqs);
 }
@@ -738,6 +804,8 @@ bool sd_net_sampling_from_pb(const Specd__Sampling *msg, sd_sampling *out, char 
         s.top_p = msg->top_p == 0.0f ? 1.0f : msg->top_p; /* proto3's unset 0 is "off" */
         s.min_p = msg->min_p;
         s.seed = msg->seed;
+        s.presence_penalty = msg->presence_penalty;
+        s.frequency_penalty = msg->frequency_penalty;
     }
     if (sd_sampling_check(&s, err, err_len) != SD_OK) return false;
     *out = s;
@@ -750,4 +818,6 @@ void sd_net_sampling_to_pb(const sd_sampling *s, Specd__Sampling *msg) {
     msg->top_p = s->top_p >= 1.0f ? 0.0f : s->top_p;
     msg->min_p = s->min_p;
     msg->seed = s->seed;
+    msg->presence_penalty = s->presence_penalty;
+    msg->frequency_penalty = s->frequency_penalty;
 }

@@ -4,6 +4,8 @@
 set(_it integration/)
 specd_py_test(it_gateway_openai ${_it}test_gateway_openai.py LABELS integration model)
 set_tests_properties(it_gateway_openai PROPERTIES RESOURCE_LOCK specd_integration)
+specd_py_test(it_gateway_logprobs ${_it}test_gateway_logprobs.py LABELS integration model)
+set_tests_properties(it_gateway_logprobs PROPERTIES RESOURCE_LOCK specd_integration)
 specd_py_test(it_gateway_http ${_it}test_gateway_http.py LABELS integration)
 set_tests_properties(it_gateway_http PROPERTIES RESOURCE_LOCK specd_integration)
 specd_py_test(it_gateway_load ${_it}test_gateway_load.py LABELS integration model)

@@ -220,6 +220,12 @@ typedef struct vres {
     int32_t commit[16];
     size_t n_commit;
     uint32_t cached_len;
+    /* VerifyResult.logprobs / top_ids / top_logprobs (borrowed) */
+    const float *lps;
+    size_t n_lps;
+    const int32_t *top_ids;
+    const float *top_lps;
+    size_t n_top;
 } vres;
 
 /* Sends a verify response answering req with the given per-sequence results. */
@@ -233,6 +239,11 @@ static void reply_verify(harness *h, const char *ident, const Specd__VerifyReque
         res[i].commit = (int32_t *)r[i].commit;
         res[i].n_commit = r[i].n_commit;
         res[i].cached_len = r[i].cached_len;
+        res[i].logprobs = (float *)r[i].lps;
+        res[i].n_logprobs = r[i].n_lps;
+        res[i].top_ids = (int32_t *)r[i].top_ids;
+        res[i].top_logprobs = (float *)r[i].top_lps;
+        res[i].n_top_ids = res[i].n_top_logprobs = r[i].n_top;
         pres[i] = &res[i];
     }
     Specd__VerifyResponse vr = SPECD__VERIFY_RESPONSE__INIT;
@@ -675,6 +686,89 @@ static void test_plain_steps_commit_and_cache_miss(void **state) {
     specd__coordinator_to_worker__free_unpacked(w, NULL);
     assert_int_equal(h->c.n_sessions, 0);
     assert_int_equal(h->c.committed_tokens, 3);
+    harness_free(h);
+}
+
+/* Penalties and logprobs: the verify step carries the penalties, the prompt
+ * length and the logprobs asked for; a result without the logprobs asked
+ * for (or with other alternatives) fails the step, which is resent; the
+ * logprobs that come back reach the client in the TokenChunk with each
+ * token's bytes from the tokenizer. */
+static void test_logprobs_and_penalties(void **state) {
+    (void)state;
+    NEED_MODEL();
+    harness *h = harness_new(NULL);
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    int32_t prompt[3] = {5, 6, 7};
+    Specd__Sampling smp = SPECD__SAMPLING__INIT;
+    smp.presence_penalty = 0.5f;
+    smp.frequency_penalty = -1.0f;
+    Specd__SubmitRequest sub = SPECD__SUBMIT_REQUEST__INIT;
+    sub.client_tag = 77;
+    sub.prompt_ids = prompt;
+    sub.n_prompt_ids = 3;
+    sub.max_tokens = 2;
+    sub.sampling = &smp;
+    sub.logprobs = true;
+    sub.top_logprobs = 2;
+    Specd__ClientToCoordinator e = SPECD__CLIENT_TO_COORDINATOR__INIT;
+    e.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT;
+    e.submit = &sub;
+    feed_client(h, "c", &e);
+    expect_accepted(h, "c");
+    Specd__CoordinatorToWorker *w = expect_verify(h, "v");
+    const Specd__VerifySeq *vs = w->verify->seqs[0];
+    assert_true(vs->logprobs);
+    assert_int_equal(vs->top_logprobs, 2);
+    assert_int_equal(vs->prompt_len, 3);
+    assert_true(vs->sampling->presence_penalty == 0.5f && vs->sampling->frequency_penalty == -1.0f);
+    /* no logprobs, then the wrong number of alternatives: the step fails */
+    vres none = {.n_commit = 1, .commit = {9}, .cached_len = 3};
+    reply_verify(h, "v", w->verify, &none);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    w = expect_verify(h, "v"); /* the step failed: resent whole */
+    assert_int_equal(w->verify->seqs[0]->keep_len, 0);
+    const float lp[1] = {-0.25f}, top3[3] = {-0.25f, -1.5f, -2.0f};
+    const int32_t ids3[3] = {9, 4, 3};
+    vres three = {.n_commit = 1,
+                  .commit = {9},
+                  .cached_len = 3,
+                  .lps = lp,
+                  .n_lps = 1,
+                  .top_ids = ids3,
+                  .top_lps = top3,
+                  .n_top = 3};
+    reply_verify(h, "v", w->verify, &three);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    w = expect_verify(h, "v"); /* the step failed: resent whole */
+    assert_int_equal(w->verify->seqs[0]->keep_len, 0);
+    vres ok = {.n_commit = 1,
+               .commit = {9},
+               .cached_len = 3,
+               .lps = lp,
+               .n_lps = 1,
+               .top_ids = ids3,
+               .top_lps = top3,
+               .n_top = 2};
+    reply_verify(h, "v", w->verify, &ok);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    Specd__CoordinatorToClient *m = pop_client(h, "c");
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS);
+    assert_int_equal(m->tokens->n_logprobs, 1);
+    const Specd__TokenLogprob *tl = m->tokens->logprobs[0];
+    assert_true(tl->logprob == -0.25f);
+    assert_int_equal(tl->n_top_ids, 2);
+    assert_int_equal(tl->top_ids[1], 4);
+    assert_true(tl->top_logprobs[1] == -1.5f);
+    size_t len = 0;
+    const char *piece = sd_tok_piece(h->c.tok, 9, &len);
+    assert_int_equal(tl->token.len, len);
+    assert_memory_equal(tl->token.data, piece, len);
+    assert_int_equal(tl->n_top_tokens, 2);
+    piece = sd_tok_piece(h->c.tok, 4, &len);
+    assert_int_equal(tl->top_tokens[1].len, len);
+    assert_memory_equal(tl->top_tokens[1].data, piece, len);
+    specd__coordinator_to_client__free_unpacked(m, NULL);
     harness_free(h);
 }
 
@@ -2412,6 +2506,7 @@ int main(void) {
         cmocka_unit_test(test_registration),
         cmocka_unit_test(test_plain_steps_commit_and_cache_miss),
         cmocka_unit_test(test_verifier_result_codes),
+        cmocka_unit_test(test_logprobs_and_penalties),
         cmocka_unit_test(test_speculative_steps_and_drafter_death),
         cmocka_unit_test(test_spec_counters_per_position),
         cmocka_unit_test(test_k0_steps_shadow_draft),

@@ -115,8 +115,13 @@ static void test_bad_fields(void **state) {
     refused(C, "{\"prompt\":\"p\",\"stream_options\":[]}", 400, "stream_options");
     refused(C, "{\"prompt\":\"p\",\"stream_options\":{\"include_usage\":\"yes\"}}", 400,
             "stream_options.include_usage");
-    refused(C, "{\"prompt\":\"p\",\"frequency_penalty\":0.5}", 400, "frequency_penalty");
-    refused(C, "{\"prompt\":\"p\",\"logprobs\":2}", 400, "logprobs");
+    refused(C, "{\"prompt\":\"p\",\"frequency_penalty\":2.5}", 400, "frequency_penalty");
+    refused(C, "{\"prompt\":\"p\",\"presence_penalty\":-2.01}", 400, "presence_penalty");
+    refused(C, "{\"prompt\":\"p\",\"presence_penalty\":\"1\"}", 400, "presence_penalty");
+    refused(C, "{\"prompt\":\"p\",\"logprobs\":21}", 400, "logprobs");
+    refused(C, "{\"prompt\":\"p\",\"logprobs\":-1}", 400, "logprobs");
+    refused(C, "{\"prompt\":\"p\",\"logprobs\":true}", 400, "logprobs"); /* completions: a count */
+    refused(C, "{\"prompt\":\"p\",\"logprobs\":2,\"echo\":true}", 400, "logprobs");
     refused(C, "{\"prompt\":[1,2],\"echo\":true}", 400, "echo");
     refused(C, "{\"prompt\":\"p\",\"logit_bias\":{\"1\":5}}", 400, "logit_bias");
     /* 17 stop strings */
@@ -227,6 +232,97 @@ static void test_key_and_seed(void **state) {
     assert_true(gw_choice_seed(42, 1) != gw_choice_seed(43, 1));
 }
 
+#define MSGS "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]"
+
+static void test_logprobs_penalties(void **state) {
+    (void)state;
+    gw_gen g;
+    gw_error err;
+    assert_true(parse(GW_EP_CHAT,
+                      "{" MSGS ",\"logprobs\":true,\"top_logprobs\":5,\"presence_penalty\":0.5,"
+                      "\"frequency_penalty\":-2}",
+                      &g, &err));
+    assert_true(g.logprobs);
+    assert_int_equal(g.top_logprobs, 5);
+    assert_true(g.sampling.presence_penalty == 0.5f && g.sampling.frequency_penalty == -2.0f);
+    gw_gen_clear(&g);
+    assert_true(parse(GW_EP_CHAT, "{" MSGS ",\"logprobs\":false}", &g, &err));
+    assert_false(g.logprobs);
+    gw_gen_clear(&g);
+    assert_true(parse(GW_EP_COMPLETIONS, "{\"prompt\":\"p\",\"logprobs\":0}", &g, &err));
+    assert_true(g.logprobs);
+    assert_int_equal(g.top_logprobs, 0);
+    gw_gen_clear(&g);
+    assert_true(parse(GW_EP_COMPLETIONS, "{\"prompt\":\"p\",\"logprobs\":20}", &g, &err));
+    assert_int_equal(g.top_logprobs, 20);
+    gw_gen_clear(&g);
+    refused(GW_EP_CHAT, "{" MSGS ",\"top_logprobs\":3}", 400, "top_logprobs");
+    refused(GW_EP_CHAT, "{" MSGS ",\"logprobs\":false,\"top_logprobs\":3}", 400, "top_logprobs");
+    refused(GW_EP_CHAT, "{" MSGS ",\"logprobs\":true,\"top_logprobs\":21}", 400, "top_logprobs");
+    refused(GW_EP_CHAT, "{" MSGS ",\"logprobs\":true,\"top_logprobs\":-1}", 400, "top_logprobs");
+    refused(GW_EP_CHAT, "{" MSGS ",\"logprobs\":true,\"top_logprobs\":1.5}", 400, "top_logprobs");
+    refused(GW_EP_CHAT, "{" MSGS ",\"logprobs\":1}", 400, "logprobs");
+    refused(GW_EP_CHAT, "{" MSGS ",\"frequency_penalty\":3}", 400, "frequency_penalty");
+}
+
+/* Both response shapes of logprobs, from one choice with two tokens (one
+ * of them not valid UTF-8 on its own) and two alternatives each. */
+static void test_logprob_responses(void **state) {
+    (void)state;
+    gw_job job;
+    memset(&job, 0, sizeof job);
+    job.endpoint = GW_EP_CHAT;
+    job.logprobs = true;
+    job.n = 1;
+    job.n_choices = 1;
+    char bytes[] = "Hi\xe2 yo";
+    gw_lp lps[2] = {
+        {{7, -0.25f, 0, 2}, 2, {{7, -0.25f, 0, 2}, {9, -2.0f, 3, 3}}},
+        {{9, -INFINITY, 2, 1}, 2, {{7, -0.5f, 0, 2}, {9, -1.5f, 3, 3}}},
+    };
+    job.choices[0] = (gw_choice){
+        .text = bytes, .text_len = 3, .n_tokens = 2, .lps = lps, .n_lps = 2, .lp_bytes = bytes, .lp_bytes_len = 6};
+    char *s = gw_response_json(&job, "m");
+    cJSON *r = cJSON_Parse(s);
+    assert_non_null(r);
+    const cJSON *lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0), "logprobs");
+    const cJSON *content = cJSON_GetObjectItem(lp, "content");
+    assert_int_equal(cJSON_GetArraySize(content), 2);
+    const cJSON *e0 = cJSON_GetArrayItem(content, 0), *e1 = cJSON_GetArrayItem(content, 1);
+    assert_string_equal(cJSON_GetObjectItem(e0, "token")->valuestring, "Hi");
+    assert_true(cJSON_GetObjectItem(e0, "logprob")->valuedouble == -0.25);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(e0, "bytes")), 2);
+    assert_int_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(e1, "bytes"), 0)->valueint, 0xe2);
+    assert_string_equal(cJSON_GetObjectItem(e1, "token")->valuestring, "\xef\xbf\xbd"); /* U+FFFD */
+    assert_true(cJSON_GetObjectItem(e1, "logprob")->valuedouble == -9999.0);            /* -inf */
+    const cJSON *top = cJSON_GetObjectItem(e1, "top_logprobs");
+    assert_int_equal(cJSON_GetArraySize(top), 2);
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(top, 1), "token")->valuestring, " yo");
+    cJSON_Delete(r);
+    free(s);
+    /* streaming: only the tokens asked for */
+    s = gw_chunk_json(&job, "m", 0, false, "x", 1, 1, 2, false, false);
+    r = cJSON_Parse(s);
+    lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0), "logprobs");
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(lp, "content")), 1);
+    cJSON_Delete(r);
+    free(s);
+    /* completions: the legacy shape */
+    job.endpoint = GW_EP_COMPLETIONS;
+    s = gw_response_json(&job, "m");
+    r = cJSON_Parse(s);
+    assert_non_null(r);
+    lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0), "logprobs");
+    assert_string_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "tokens"), 0)->valuestring, "Hi");
+    assert_true(cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "token_logprobs"), 1)->valuedouble == -9999.0);
+    assert_int_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "text_offset"), 1)->valueint, 2);
+    const cJSON *d0 = cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "top_logprobs"), 0);
+    assert_true(cJSON_GetObjectItem(d0, "Hi")->valuedouble == -0.25);
+    assert_true(cJSON_GetObjectItem(d0, " yo")->valuedouble == -2.0);
+    cJSON_Delete(r);
+    free(s);
+}
+
 static void test_responses(void **state) {
     (void)state;
     gw_job job;
@@ -266,7 +362,7 @@ static void test_responses(void **state) {
     cJSON_Delete(r);
     assert_non_null(strstr(s, "\"content\":\"a\\\"b\\n\\u0001\\u0000z\""));
     free(s);
-    s = gw_chunk_json(&job, "m", 1, true, NULL, 0, false, true);
+    s = gw_chunk_json(&job, "m", 1, true, NULL, 0, 0, 0, false, true);
     assert_string_equal(s, "{\"id\":\"chatcmpl-x\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,"
                            "\"model\":\"m\",\"choices\":[{\"index\":1,\"delta\":{\"role\":\"assistant\","
                            "\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}],\"usage\":null}");
@@ -281,9 +377,16 @@ static void test_responses(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_chat_defaults), cmocka_unit_test(test_fields),    cmocka_unit_test(test_bad_fields),
-        cmocka_unit_test(test_messages),      cmocka_unit_test(test_prompts),   cmocka_unit_test(test_utf8),
-        cmocka_unit_test(test_key_and_seed),  cmocka_unit_test(test_responses),
+        cmocka_unit_test(test_chat_defaults),
+        cmocka_unit_test(test_fields),
+        cmocka_unit_test(test_bad_fields),
+        cmocka_unit_test(test_messages),
+        cmocka_unit_test(test_prompts),
+        cmocka_unit_test(test_utf8),
+        cmocka_unit_test(test_key_and_seed),
+        cmocka_unit_test(test_responses),
+        cmocka_unit_test(test_logprobs_penalties),
+        cmocka_unit_test(test_logprob_responses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

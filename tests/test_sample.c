@@ -413,6 +413,70 @@ static void test_invalid_params(void **state) {
     assert_int_equal(sd_sample_probs(masked, 2, &d, probs), SD_ERR_INVALID_ARG);
 }
 
+/* OpenAI's penalties: frequency x count + presence once, over the generated
+ * tokens only; the counts scratch comes back zeroed; bad ids and ranges are
+ * refused. */
+static void test_penalties(void **state) {
+    (void)state;
+    float logits[6] = {1, 2, 3, 4, 5, -INFINITY};
+    int32_t counts[6] = {0};
+    sd_sampling s = sd_sampling_default();
+    s.presence_penalty = 0.5f;
+    s.frequency_penalty = 0.25f;
+    const int32_t gen[] = {4, 1, 4, 4, 5};
+    assert_int_equal(sd_sample_penalize(logits, 6, &s, gen, 5, counts), SD_OK);
+    assert_true(logits[0] == 1.0f && logits[2] == 3.0f && logits[3] == 4.0f);
+    assert_true(logits[4] == 5.0f - 0.5f - 3 * 0.25f);
+    assert_true(logits[1] == 2.0f - 0.5f - 0.25f);
+    assert_true(logits[5] == -INFINITY);
+    for (int i = 0; i < 6; i++) assert_int_equal(counts[i], 0);
+    /* greedy changes: 4 was the argmax, now 3 is */
+    assert_int_equal(sd_argmax(logits, 6), 3);
+    /* no penalties: untouched */
+    sd_sampling off = sd_sampling_default();
+    float before = logits[4];
+    assert_int_equal(sd_sample_penalize(logits, 6, &off, gen, 5, counts), SD_OK);
+    assert_true(logits[4] == before);
+    const int32_t bad[] = {6};
+    assert_int_equal(sd_sample_penalize(logits, 6, &s, bad, 1, counts), SD_ERR_RANGE);
+    s.presence_penalty = 2.5f;
+    assert_int_equal(sd_sampling_check(&s, NULL, 0), SD_ERR_INVALID_ARG);
+    s.presence_penalty = NAN;
+    assert_int_equal(sd_sampling_check(&s, NULL, 0), SD_ERR_INVALID_ARG);
+    s.presence_penalty = -2.0f;
+    s.frequency_penalty = 2.0f;
+    assert_int_equal(sd_sampling_check(&s, NULL, 0), SD_OK);
+    s.frequency_penalty = -2.001f;
+    assert_int_equal(sd_sampling_check(&s, NULL, 0), SD_ERR_INVALID_ARG);
+}
+
+/* log-softmax at a token and the top-n, against a direct computation. */
+static void test_logprobs(void **state) {
+    (void)state;
+    const float logits[5] = {0.5f, 2.0f, -1.0f, 2.0f, 1.0f};
+    double z = 0;
+    for (int i = 0; i < 5; i++) z += exp((double)logits[i]);
+    sd_token_logprob lp;
+    assert_int_equal(sd_sample_logprobs(logits, 5, 4, 3, &lp), SD_OK);
+    assert_true(fabs(lp.logprob - (1.0 - log(z))) < 1e-6);
+    assert_int_equal(lp.n_top, 3);
+    /* ties: lower id first */
+    assert_int_equal(lp.top_ids[0], 1);
+    assert_int_equal(lp.top_ids[1], 3);
+    assert_int_equal(lp.top_ids[2], 4);
+    assert_true(fabs(lp.top_logprobs[0] - (2.0 - log(z))) < 1e-6);
+    assert_true(lp.top_logprobs[2] == lp.logprob);
+    double mass = 0;
+    assert_int_equal(sd_sample_logprobs(logits, 5, 0, 5, &lp), SD_OK);
+    for (int j = 0; j < 5; j++) mass += exp(lp.top_logprobs[j]);
+    assert_true(fabs(mass - 1.0) < 1e-6);
+    assert_int_equal(lp.top_ids[4], 2);
+    assert_int_equal(sd_sample_logprobs(logits, 5, 0, 0, &lp), SD_OK);
+    assert_int_equal(lp.n_top, 0);
+    assert_int_equal(sd_sample_logprobs(logits, 5, 5, 0, &lp), SD_ERR_INVALID_ARG);
+    assert_int_equal(sd_sample_logprobs(logits, 5, 0, SD_MAX_TOP_LOGPROBS + 1, &lp), SD_ERR_INVALID_ARG);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_philox_kat, setup, teardown),
@@ -427,6 +491,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_sample_from, setup, teardown),
         cmocka_unit_test_setup_teardown(test_race, setup, teardown),
         cmocka_unit_test_setup_teardown(test_invalid_params, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_penalties, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_logprobs, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

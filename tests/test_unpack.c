@@ -227,6 +227,166 @@ static void test_legitimate_within_budget(void **state) {
     expect_decodes(64, 8, SD_MAX_TOP_N);
 }
 
+/* A VerifyResponse of n_results results of n_commit tokens each with
+ * logprobs (all 0: proto3 leaves each out, the cheapest wire) and top
+ * alternatives per token; bad picks one defect. Caller frees. */
+enum lp_defect { LP_OK, LP_COUNT, LP_UNEVEN, LP_TOO_MANY, LP_POSITIVE, LP_VOCAB };
+
+static uint8_t *pack_verify_logprobs(size_t n_results, size_t n_commit, size_t top, enum lp_defect bad, size_t *len) {
+    Specd__VerifyResult *res = calloc(n_results, sizeof *res);
+    Specd__VerifyResult **pres = calloc(n_results, sizeof *pres);
+    int32_t *commit = calloc(n_commit, sizeof *commit);
+    float *lps = calloc(n_commit, sizeof *lps);
+    size_t n_top = n_commit * top + (bad == LP_UNEVEN);
+    int32_t *top_ids = calloc(n_top + 1, sizeof *top_ids);
+    float *top_lps = calloc(n_top + 1, sizeof *top_lps);
+    assert_true(res && pres && commit && lps && top_ids && top_lps);
+    if (bad == LP_POSITIVE) lps[0] = 0.5f;
+    if (bad == LP_VOCAB) top_ids[0] = 49152;
+    for (size_t i = 0; i < n_results; i++) {
+        specd__verify_result__init(&res[i]);
+        res[i].request_id = i + 1;
+        res[i].code = SPECD__CODE__CODE_OK;
+        res[i].n_accepted = (uint32_t)n_commit - 1;
+        res[i].n_commit = n_commit;
+        res[i].commit = commit;
+        res[i].n_logprobs = n_commit - (bad == LP_COUNT);
+        res[i].logprobs = lps;
+        res[i].n_top_ids = res[i].n_top_logprobs = n_top;
+        res[i].top_ids = top_ids;
+        res[i].top_logprobs = top_lps;
+        pres[i] = &res[i];
+    }
+    Specd__VerifyResponse vr = SPECD__VERIFY_RESPONSE__INIT;
+    vr.n_results = n_results;
+    vr.results = pres;
+    Specd__WorkerToCoordinator env = SPECD__WORKER_TO_COORDINATOR__INIT;
+    env.body_case = SPECD__WORKER_TO_COORDINATOR__BODY_VERIFY;
+    env.verify = &vr;
+    *len = protobuf_c_message_get_packed_size(&env.base);
+    uint8_t *buf = malloc(*len);
+    assert_non_null(buf);
+    assert_int_equal(protobuf_c_message_pack(&env.base, buf), *len);
+    free(res);
+    free(pres);
+    free(commit);
+    free(lps);
+    free(top_ids);
+    free(top_lps);
+    return buf;
+}
+
+/* A TokenChunk of n tokens with a TokenLogprob each, top alternatives with
+ * their bytes; bad picks one defect. Caller frees. */
+enum chunk_defect { CH_OK, CH_COUNT, CH_TOO_MANY, CH_BYTES_COUNT, CH_LONG_TOKEN };
+
+static uint8_t *pack_chunk_logprobs(size_t n, size_t top, enum chunk_defect bad, size_t *len) {
+    static char long_token[SD_MAX_TOKEN_BYTES + 1];
+    memset(long_token, 'x', sizeof long_token);
+    Specd__TokenLogprob *lp = calloc(n, sizeof *lp);
+    Specd__TokenLogprob **plp = calloc(n, sizeof *plp);
+    int32_t *tokens = calloc(n, sizeof *tokens);
+    int32_t ids[SD_MAX_TOP_LOGPROBS + 1] = {0};
+    float vals[SD_MAX_TOP_LOGPROBS + 1] = {0};
+    ProtobufCBinaryData bytes[SD_MAX_TOP_LOGPROBS + 1];
+    for (size_t j = 0; j <= SD_MAX_TOP_LOGPROBS; j++) bytes[j] = (ProtobufCBinaryData){2, (uint8_t *)"ab"};
+    assert_true(lp && plp && tokens);
+    for (size_t i = 0; i < n; i++) {
+        specd__token_logprob__init(&lp[i]);
+        lp[i].logprob = -1.0f;
+        lp[i].token = (ProtobufCBinaryData){bad == CH_LONG_TOKEN ? sizeof long_token : 2,
+                                            bad == CH_LONG_TOKEN ? (uint8_t *)long_token : (uint8_t *)"ab"};
+        lp[i].n_top_ids = lp[i].n_top_logprobs = top;
+        lp[i].n_top_tokens = top - (bad == CH_BYTES_COUNT);
+        lp[i].top_ids = ids;
+        lp[i].top_logprobs = vals;
+        lp[i].top_tokens = bytes;
+        plp[i] = &lp[i];
+    }
+    Specd__TokenChunk ch = SPECD__TOKEN_CHUNK__INIT;
+    ch.request_id = 5;
+    ch.n_tokens = n;
+    ch.tokens = tokens;
+    ch.n_logprobs = n - (bad == CH_COUNT);
+    ch.logprobs = plp;
+    Specd__CoordinatorToClient env = SPECD__COORDINATOR_TO_CLIENT__INIT;
+    env.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS;
+    env.tokens = &ch;
+    *len = protobuf_c_message_get_packed_size(&env.base);
+    uint8_t *buf = malloc(*len);
+    assert_non_null(buf);
+    assert_int_equal(protobuf_c_message_pack(&env.base, buf), *len);
+    free(lp);
+    free(plp);
+    free(tokens);
+    return buf;
+}
+
+/* Logprobs on the worker and client links: the largest legitimate ones fit
+ * their budget; a count that does not match its tokens, more than
+ * SD_MAX_TOP_LOGPROBS alternatives, a positive log-probability, an id out
+ * of the vocabulary, missing bytes or an over-long token are refused with a
+ * reason. */
+static void test_logprob_bounds(void **state) {
+    (void)state;
+    sd_net_limits lim = {.n_vocab = 49152, .max_context = 8192, .max_batch = SD_MAX_BATCH, .max_k = SD_MAX_K};
+    Specd__Code code;
+    char err[256];
+    static const size_t tops[] = {0, SD_MAX_TOP_LOGPROBS};
+    for (size_t t = 0; t < 2; t++) {
+        size_t len;
+        uint8_t *buf = pack_verify_logprobs(SD_MAX_BATCH, SD_MAX_K + 1, tops[t], LP_OK, &len);
+        Specd__WorkerToCoordinator *env = sd_net_decode_worker(buf, len, &lim, &code, err, sizeof err);
+        if (!env) fail_msg("verify logprobs, top %zu: %s", tops[t], err);
+        assert_int_equal(env->verify->results[0]->n_top_ids, (SD_MAX_K + 1) * tops[t]);
+        specd__worker_to_coordinator__free_unpacked(env, NULL);
+        size_t need = min_budget(buf, len);
+        print_message("VerifyResponse %d x %d tokens x top-%zu: %zu wire bytes need %zu (budget %zu)\n", SD_MAX_BATCH,
+                      SD_MAX_K + 1, tops[t], len, need, sd_net_unpack_budget(len));
+        assert_true(need <= sd_net_unpack_budget(len));
+        free(buf);
+    }
+    static const struct {
+        enum lp_defect bad;
+        size_t top;
+        const char *word;
+    } vbad[] = {{LP_COUNT, 2, "logprobs"},
+                {LP_UNEVEN, 2, "alternatives"},
+                {LP_TOO_MANY, SD_MAX_TOP_LOGPROBS + 1, "alternatives"},
+                {LP_POSITIVE, 2, "log-probability"},
+                {LP_VOCAB, 2, "top_ids"}};
+    for (size_t i = 0; i < sizeof vbad / sizeof vbad[0]; i++) {
+        size_t len;
+        uint8_t *buf = pack_verify_logprobs(2, 3, vbad[i].top, vbad[i].bad, &len);
+        assert_null(sd_net_decode_worker(buf, len, &lim, &code, err, sizeof err));
+        assert_int_equal(code, SPECD__CODE__CODE_BAD_REQUEST);
+        if (!strstr(err, vbad[i].word)) fail_msg("defect %d: '%s' lacks '%s'", (int)vbad[i].bad, err, vbad[i].word);
+        free(buf);
+    }
+    size_t len;
+    uint8_t *buf = pack_chunk_logprobs(SD_MAX_K + 1, SD_MAX_TOP_LOGPROBS, CH_OK, &len);
+    Specd__CoordinatorToClient *cenv = sd_net_decode_to_client(buf, len, &code, err, sizeof err);
+    if (!cenv) fail_msg("chunk logprobs: %s", err);
+    assert_int_equal(cenv->tokens->n_logprobs, SD_MAX_K + 1);
+    specd__coordinator_to_client__free_unpacked(cenv, NULL);
+    free(buf);
+    static const struct {
+        enum chunk_defect bad;
+        size_t top;
+        Specd__Code code;
+    } cbad[] = {{CH_COUNT, 2, SPECD__CODE__CODE_BAD_REQUEST},
+                {CH_TOO_MANY, SD_MAX_TOP_LOGPROBS + 1, SPECD__CODE__CODE_BAD_REQUEST},
+                {CH_BYTES_COUNT, 2, SPECD__CODE__CODE_BAD_REQUEST},
+                {CH_LONG_TOKEN, 2, SPECD__CODE__CODE_TOO_LARGE}};
+    for (size_t i = 0; i < sizeof cbad / sizeof cbad[0]; i++) {
+        buf = pack_chunk_logprobs(3, cbad[i].top, cbad[i].bad, &len);
+        assert_null(sd_net_decode_to_client(buf, len, &code, err, sizeof err));
+        assert_int_equal(code, cbad[i].code);
+        assert_non_null(strstr(err, "tokens.logprobs"));
+        free(buf);
+    }
+}
+
 /* Truncated bytes are MALFORMED without the budget word. */
 static void test_truncated_not_budget(void **state) {
     (void)state;
@@ -322,6 +482,7 @@ int main(void) {
         cmocka_unit_test(test_truncated_not_budget),
         cmocka_unit_test(test_caps),
         cmocka_unit_test(test_nul_in_text),
+        cmocka_unit_test(test_logprob_bounds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -261,6 +261,126 @@ static void test_verify_batch_matches_spec_decode(void **state) {
     sd_verifier_free(&v);
 }
 
+/* One sequence's result of a penalized step with 3 alternatives per token:
+ * the reference's next tokens, one logprob each, alternatives in order,
+ * under greedy led by the token itself; appended to committed. */
+static void check_penalized_step(const Specd__VerifyResult *r, bool greedy, const int32_t *ref, int32_t ref_n,
+                                 int32_t *committed, int32_t *n_committed, uint32_t *cached) {
+    enum { TOP = 3 };
+    assert_int_equal(r->code, SPECD__CODE__CODE_OK);
+    assert_true(*n_committed + (int32_t)r->n_commit <= ref_n);
+    assert_memory_equal(r->commit, ref + *n_committed, r->n_commit * sizeof(int32_t));
+    assert_int_equal(r->n_logprobs, r->n_commit);
+    assert_int_equal(r->n_top_ids, r->n_commit * TOP);
+    assert_int_equal(r->n_top_logprobs, r->n_commit * TOP);
+    for (size_t t = 0; t < r->n_commit; t++) {
+        assert_true(r->logprobs[t] <= 0.0f);
+        assert_true(r->top_logprobs[t * TOP] >= r->top_logprobs[t * TOP + 1]);
+        if (greedy) {
+            assert_int_equal(r->top_ids[t * TOP], r->commit[t]);
+            assert_true(r->top_logprobs[t * TOP] == r->logprobs[t]);
+        }
+    }
+    memcpy(committed + *n_committed, r->commit, r->n_commit * sizeof(int32_t));
+    *n_committed += (int32_t)r->n_commit;
+    *cached = r->cached_len;
+}
+
+/* Penalties and logprobs through the verifier: with prompt_len set, every
+ * step commits what sd_spec_decoder commits alone with the same penalties
+ * (greedy and seeded), also after the verifier lost a sequence (Release,
+ * CACHE_MISS, the whole prefix resent: the token history is rebuilt); the
+ * penalties change the output (a control); each commit token comes with
+ * its logprob and 3 alternatives, under greedy the first of them. */
+static void test_verify_penalties_logprobs(void **state) {
+    (void)state;
+    SKIP_WITHOUT_MODELS();
+    enum { STEPS = 8, PROMPT = 12, TOP = 3 };
+    int32_t prompt[N_SEQS][PROMPT];
+    int32_t ref[N_SEQS][MAX_CTX], ref_n[N_SEQS] = {0};
+    bool penalties_matter = false;
+    for (int i = 0; i < N_SEQS; i++) {
+        make_prompt(prompt[i], PROMPT, 200u + (uint32_t)i);
+        for (int pass = 0; pass < 2; pass++) {
+            sd_drafter *d = open_draft(1);
+            sd_spec_decoder *dec = NULL;
+            assert_int_equal(sd_spec_decoder_create(env.target_model, d, MAX_CTX, &dec), SD_OK);
+            sd_spec_decoder_set_prompt_len(dec, PROMPT);
+            int32_t ctx[MAX_CTX];
+            memcpy(ctx, prompt[i], sizeof prompt[i]);
+            int32_t n_ctx = PROMPT;
+            sd_sampling s = sampling_of(i);
+            if (pass == 0) s.presence_penalty = 0.7f, s.frequency_penalty = 0.9f;
+            for (int step = 0; step < STEPS; step++) {
+                int32_t out[K + 1], n_out = 0;
+                assert_int_equal(sd_spec_decoder_step(dec, ctx, n_ctx, K, &s, out, &n_out, NULL, NULL), SD_OK);
+                memcpy(ctx + n_ctx, out, (size_t)n_out * sizeof *ctx);
+                n_ctx += n_out;
+            }
+            if (pass == 0) {
+                ref_n[i] = n_ctx;
+                memcpy(ref[i], ctx, (size_t)n_ctx * sizeof *ctx);
+            } else {
+                int32_t n = n_ctx < ref_n[i] ? n_ctx : ref_n[i];
+                penalties_matter |= memcmp(ctx, ref[i], (size_t)n * sizeof *ctx) != 0;
+            }
+            sd_spec_decoder_free(&dec);
+            sd_drafter_free(&d);
+        }
+    }
+    assert_true(penalties_matter);
+
+    sd_verifier *v = new_verifier(8, 64);
+    sd_drafter *d = open_draft(N_SEQS);
+    int32_t committed[N_SEQS][MAX_CTX], n_committed[N_SEQS];
+    uint32_t cached[N_SEQS] = {0};
+    for (int i = 0; i < N_SEQS; i++) {
+        memcpy(committed[i], prompt[i], sizeof prompt[i]);
+        n_committed[i] = PROMPT;
+    }
+    for (int step = 0; step < STEPS; step++) {
+        if (step == 4) {
+            /* the verifier loses sequence 0: a miss, then the whole prefix */
+            uint64_t id = 2000;
+            sd_verifier_release(v, &id, 1);
+        }
+        vseq seqs[N_SEQS];
+        for (int i = 0; i < N_SEQS; i++) {
+            sd_sampling s = sampling_of(i);
+            s.presence_penalty = 0.7f;
+            s.frequency_penalty = 0.9f;
+            vseq_init(&seqs[i], 2000u + (uint64_t)i, cached[i], committed[i] + cached[i],
+                      (size_t)(n_committed[i] - (int32_t)cached[i]), &s);
+            seqs[i].seq.prompt_len = PROMPT;
+            seqs[i].seq.logprobs = true;
+            seqs[i].seq.top_logprobs = TOP;
+            int32_t tokens[K];
+            sd_spec_q q[K];
+            int32_t nd = 0;
+            assert_int_equal(sd_drafter_propose(d, i, committed[i], n_committed[i], K, &s, tokens, q, &nd), SD_OK);
+            vseq_drafts(&seqs[i], tokens, q, nd);
+        }
+        Specd__VerifyResponse resp;
+        run_verify(v, seqs, N_SEQS, false, &resp);
+        for (int i = 0; i < N_SEQS; i++) {
+            if (step == 4 && i == 0) {
+                assert_int_equal(resp.results[0]->code, SPECD__CODE__CODE_CACHE_MISS);
+                continue;
+            }
+            check_penalized_step(resp.results[i], i == 0, ref[i], ref_n[i], committed[i], &n_committed[i], &cached[i]);
+        }
+        if (step == 4) {
+            seqs[0].seq.keep_len = 0;
+            seqs[0].seq.append = committed[0];
+            seqs[0].seq.n_append = (size_t)n_committed[0];
+            run_verify(v, seqs, 1, false, &resp);
+            check_penalized_step(resp.results[0], true, ref[0], ref_n[0], committed[0], &n_committed[0], &cached[0]);
+        }
+    }
+    sd_drafter_free(&d);
+    sd_verifier_free(&v);
+}
+
 /* keep_len beyond the cache and unknown ids: CACHE_MISS; resending the prefix gives the same token. */
 static void test_verify_cache_miss(void **state) {
     (void)state;
@@ -728,6 +848,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_verify_batch_matches_spec_decode),
         cmocka_unit_test(test_verify_cache_miss),
+        cmocka_unit_test(test_verify_penalties_logprobs),
         cmocka_unit_test(test_verify_kv_full_and_release),
         cmocka_unit_test(test_verify_prefill_only),
         cmocka_unit_test(test_verify_warmup),

@@ -27,6 +27,7 @@ sd_status sd_gen_spec_run(sd_spec_decoder *dec, const int32_t *prompt, int32_t n
     double (*clock)(void *) = p->clock ? p->clock : default_clock;
     memset(r, 0, sizeof *r);
     memcpy(ctx, prompt, (size_t)n_prompt * sizeof *ctx);
+    sd_spec_decoder_set_prompt_len(dec, n_prompt);
     double t_prev = clock(p->user);
     while (r->n_ids < p->n_predict) {
         /* the target adds one token to the drafts: leave room for it */

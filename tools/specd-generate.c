@@ -59,6 +59,8 @@ typedef struct gen_opts {
     int32_t draft_layers;
     int32_t k;
     bool adaptive_k;
+    bool logprobs;        /* --logprobs N: each token's logprob and top N (plain decoding) */
+    int32_t top_logprobs; /* N */
 } gen_opts;
 
 static void usage(FILE *f) {
@@ -76,6 +78,13 @@ static void usage(FILE *f) {
             "      --top-p P        nucleus sampling mass in (0, 1] (default 1)\n"
             "      --min-p P        drop tokens below P x the top probability (default 0)\n"
             "      --seed S         random seed for sampling (default 0)\n"
+            "      --presence-penalty P   subtract P from the logit of every token generated so far, in\n"
+            "                       [-2, 2] (default 0)\n"
+            "      --frequency-penalty F  subtract F x (times generated so far) from a token's logit, in\n"
+            "                       [-2, 2] (default 0)\n"
+            "      --logprobs N     with --json: each generated token's log-probability and the N (0..%d) most\n"
+            "                       likely tokens at its position (log-softmax after the penalties, before\n"
+            "                       temperature and the filters; plain decoding only)\n"
             "      --chat           format the prompt as a user turn with the model's chat template\n"
             "      --system TEXT    system prompt with --chat (default: the model's)\n"
             "      --message ROLE:TEXT  a turn of the conversation before the prompt (ROLE system, user or\n"
@@ -95,7 +104,7 @@ static void usage(FILE *f) {
             "      --json           print one JSON object at the end instead of streaming\n"
             "  -v, --verbose        log at DEBUG level\n"
             "  -h, --help           this help\n",
-            sd_chat_template_names(), SD_MAX_K);
+            SD_MAX_TOP_LOGPROBS, sd_chat_template_names(), SD_MAX_K);
 }
 
 /* --message ROLE:TEXT appended to o->turns (TEXT borrowed from argv). */
@@ -132,7 +141,10 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         OPT_DRAFT_LAYERS,
         OPT_ADAPTIVE,
         OPT_DEVICE,
-        OPT_KV_TYPE
+        OPT_KV_TYPE,
+        OPT_PRESENCE,
+        OPT_FREQUENCY,
+        OPT_LOGPROBS
     };
     static const struct option longs[] = {{"model", required_argument, 0, 'm'},
                                           {"prompt", required_argument, 0, 'p'},
@@ -155,6 +167,9 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
                                           {"adaptive-k", no_argument, 0, OPT_ADAPTIVE},
                                           {"device", required_argument, 0, OPT_DEVICE},
                                           {"kv-type", required_argument, 0, OPT_KV_TYPE},
+                                          {"presence-penalty", required_argument, 0, OPT_PRESENCE},
+                                          {"frequency-penalty", required_argument, 0, OPT_FREQUENCY},
+                                          {"logprobs", required_argument, 0, OPT_LOGPROBS},
                                           {"verbose", no_argument, 0, 'v'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
@@ -203,6 +218,19 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
             o->sampling.seed = v;
             break;
         }
+        case OPT_PRESENCE:
+            name = "presence-penalty";
+            ok = sd_cli_parse_float(optarg, &o->sampling.presence_penalty);
+            break;
+        case OPT_FREQUENCY:
+            name = "frequency-penalty";
+            ok = sd_cli_parse_float(optarg, &o->sampling.frequency_penalty);
+            break;
+        case OPT_LOGPROBS:
+            name = "logprobs";
+            ok = sd_cli_parse_i32(optarg, 0, SD_MAX_TOP_LOGPROBS, &o->top_logprobs);
+            o->logprobs = true;
+            break;
         case OPT_CHAT: o->chat = true; break;
         case OPT_SYSTEM: o->system = optarg; break;
         case OPT_MESSAGE:
@@ -249,6 +277,10 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         fprintf(stderr, "specd-generate: --draft, --ngram and --draft-layers exclude each other\n");
         return 2;
     }
+    if (o->logprobs && (o->draft_path || o->ngram || o->draft_layers > 0 || !o->json)) {
+        fprintf(stderr, "specd-generate: --logprobs is for plain decoding with --json\n");
+        return 2;
+    }
     if (!o->model_path) {
         fprintf(stderr, "specd-generate: -m MODEL is required (see --help)\n");
         return 2;
@@ -289,6 +321,7 @@ typedef struct gen_result {
     size_t n_prompt;
     int32_t *ids; /* generated tokens */
     size_t n_ids;
+    sd_token_logprob *logprobs; /* [n_ids] with --logprobs */
     const char *stop_reason;
     double prompt_s, decode_s;
     int64_t decode_tokens; /* tokens produced by the steps decode_s times (prefill's excluded) */
@@ -339,7 +372,9 @@ static sd_status generate(const gen_opts *o, sd_model *m, const sd_tok *tok, con
     bool *want = calloc(r->n_prompt, sizeof *want);
     r->ids = malloc(((size_t)o->n_predict + 1) * sizeof *r->ids);
     sd_tok_stream *stream = sd_tok_stream_new(tok);
-    if (!logits || !pos || !seq || !want || !r->ids || !stream) {
+    int32_t *counts = calloc((size_t)n_vocab, sizeof *counts); /* sd_sample_penalize's scratch */
+    if (o->logprobs) r->logprobs = calloc((size_t)o->n_predict + 1, sizeof *r->logprobs);
+    if (!logits || !pos || !seq || !want || !r->ids || !stream || !counts || (o->logprobs && !r->logprobs)) {
         st = SD_ERR_NOMEM;
         goto done;
     }
@@ -357,7 +392,10 @@ static sd_status generate(const gen_opts *o, sd_model *m, const sd_tok *tok, con
     int32_t cur_pos = (int32_t)r->n_prompt;
     for (int32_t i = 0; i < o->n_predict; i++) {
         int32_t next;
-        st = sd_sample_token(logits, n_vocab, &o->sampling, (uint64_t)cur_pos, &next);
+        st = sd_sample_penalize(logits, n_vocab, &o->sampling, r->ids, (int32_t)r->n_ids, counts);
+        if (st == SD_OK) st = sd_sample_token(logits, n_vocab, &o->sampling, (uint64_t)cur_pos, &next);
+        if (st == SD_OK && o->logprobs)
+            st = sd_sample_logprobs(logits, n_vocab, next, o->top_logprobs, &r->logprobs[r->n_ids]);
         if (st != SD_OK) goto done;
         r->ids[r->n_ids++] = next;
         if (!o->ignore_eos && sd_tok_is_eog(tok, next)) {
@@ -389,6 +427,7 @@ static sd_status generate(const gen_opts *o, sd_model *m, const sd_tok *tok, con
     }
 done:
     sd_tok_stream_free(&stream);
+    free(counts);
     free(want);
     free(seq);
     free(pos);
@@ -502,6 +541,23 @@ static int print_json(const gen_opts *o, const sd_tok *tok, const char *prompt_t
     cJSON_AddItemToObject(root, "ids", ids_array(r->ids, r->n_ids));
     add_text(root, "text", text, text_len);
     cJSON_AddStringToObject(root, "stop_reason", r->stop_reason);
+    if (r->logprobs) {
+        cJSON *lps = cJSON_AddArrayToObject(root, "logprobs");
+        for (size_t i = 0; i < r->n_ids; i++) {
+            const sd_token_logprob *lp = &r->logprobs[i];
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "id", r->ids[i]);
+            cJSON_AddNumberToObject(e, "logprob", lp->logprob);
+            cJSON *top = cJSON_AddArrayToObject(e, "top");
+            for (int32_t j = 0; j < lp->n_top; j++) {
+                cJSON *pair = cJSON_CreateArray();
+                cJSON_AddItemToArray(pair, cJSON_CreateNumber(lp->top_ids[j]));
+                cJSON_AddItemToArray(pair, cJSON_CreateNumber(lp->top_logprobs[j]));
+                cJSON_AddItemToArray(top, pair);
+            }
+            cJSON_AddItemToArray(lps, e);
+        }
+    }
     cJSON *t = cJSON_AddObjectToObject(root, "timings");
     cJSON_AddNumberToObject(t, "prompt_tokens", (double)r->n_prompt);
     cJSON_AddNumberToObject(t, "prompt_ms", r->prompt_s * 1e3);
@@ -662,6 +718,7 @@ out:
     sd_drafter_free(&drafter);
     free(r.prompt_ids);
     free(r.ids);
+    free(r.logprobs);
     free(chat_text);
     sd_chat_template_free(&chat);
     free(stdin_prompt);

@@ -22,7 +22,14 @@
  *     says so in cached_len; a new id refused with KV_FULL takes no slot.
  *   - A normal step needs append >= 1 (the last committed token has no K/V
  *     yet, its logits give p for the first draft): BAD_REQUEST otherwise.
- *   - keep_len + |append| + |draft| over the context: BAD_REQUEST. */
+ *   - keep_len + |append| + |draft| over the context: BAD_REQUEST.
+ *
+ * Penalties count the generated tokens, which the KV cache does not keep:
+ * each slot also holds the token ids its cache holds (hist), truncated and
+ * appended with it, so row i of a verify step is penalized over
+ * hist[prompt_len .. n_ctx) and the drafts before it (spec_batch.h).
+ * Logprobs (VerifySeq.logprobs) come back per commit token, computed on the
+ * host from the target's logits (spec_batch.c). */
 #include "verify_serve.h"
 
 #include "specd/slots.h"
@@ -67,9 +74,43 @@ struct sd_verifier {
     sd_spec_q *vq;   /* [max_batch][max_k] */
     int32_t *vindex; /* batch index of each vseq */
     sd_spec_scratch *spec_scratch;
+    /* per slot, [max_seqs]: the token ids its KV cache holds */
+    int32_t **hist;
+    int32_t *hist_len, *hist_cap;
+    /* VerifyResult.logprobs / top_ids / top_logprobs storage: [max_batch]
+     * x (max_k + 1) x (1, SD_MAX_TOP_LOGPROBS, SD_MAX_TOP_LOGPROBS) */
+    float *lp_values;
+    int32_t *lp_top_ids;
+    float *lp_top_values;
 };
 
-static void slot_release(void *user, int32_t slot) { sd_kv_release(((sd_verifier *)user)->kv, slot); }
+static void slot_release(void *user, int32_t slot) {
+    sd_verifier *v = user;
+    sd_kv_release(v->kv, slot);
+    v->hist_len[slot] = 0;
+}
+
+/* Truncates slot's token history to keep (it holds at least that many)
+ * and appends add[n]. */
+static sd_status hist_put(sd_verifier *v, int32_t slot, int32_t keep, const int32_t *add, int32_t n) {
+    if (v->hist_len[slot] < keep) {
+        SD_ERROR("verifier: slot %d's token history holds %d tokens, its cache %d", (int)slot, (int)v->hist_len[slot],
+                 (int)keep);
+        return SD_ERR_INTERNAL;
+    }
+    int64_t need = (int64_t)keep + n;
+    if (need > v->hist_cap[slot]) {
+        int64_t cap = v->hist_cap[slot] ? v->hist_cap[slot] : 256;
+        while (cap < need) cap *= 2;
+        int32_t *h = realloc(v->hist[slot], (size_t)cap * sizeof *h);
+        if (!h) return SD_ERR_NOMEM;
+        v->hist[slot] = h;
+        v->hist_cap[slot] = (int32_t)cap;
+    }
+    if (n > 0) memcpy(v->hist[slot] + keep, add, (size_t)n * sizeof *add);
+    v->hist_len[slot] = (int32_t)need;
+    return SD_OK;
+}
 
 static int32_t slot_held(void *user, int32_t slot) { return sd_kv_seq_len(((sd_verifier *)user)->kv, slot); }
 
@@ -124,6 +165,13 @@ void sd_verifier_free(sd_verifier **pv) {
     free(v->vresults);
     free(v->vq);
     free(v->vindex);
+    for (int32_t i = 0; v->hist && i < v->p.max_seqs; i++) free(v->hist[i]);
+    free(v->hist);
+    free(v->hist_len);
+    free(v->hist_cap);
+    free(v->lp_values);
+    free(v->lp_top_ids);
+    free(v->lp_top_values);
     sd_spec_scratch_free(&v->spec_scratch);
     free(v);
     *pv = NULL;
@@ -158,9 +206,16 @@ sd_status sd_verifier_create(sd_model *target, const sd_verifier_params *params,
     v->vresults = calloc(nb, sizeof *v->vresults);
     v->vq = calloc(nb * rows, sizeof *v->vq);
     v->vindex = calloc(nb, sizeof *v->vindex);
+    v->hist = calloc((size_t)p.max_seqs, sizeof *v->hist);
+    v->hist_len = calloc((size_t)p.max_seqs, sizeof *v->hist_len);
+    v->hist_cap = calloc((size_t)p.max_seqs, sizeof *v->hist_cap);
+    v->lp_values = calloc(nb * rows, sizeof *v->lp_values);
+    v->lp_top_ids = calloc(nb * rows * SD_MAX_TOP_LOGPROBS, sizeof *v->lp_top_ids);
+    v->lp_top_values = calloc(nb * rows * SD_MAX_TOP_LOGPROBS, sizeof *v->lp_top_values);
     sd_status st = SD_ERR_NOMEM;
     if (sst == SD_OK && v->plan && v->results && v->result_ptrs && v->commits && v->vseqs && v->vresults && v->vq &&
-        v->vindex && sd_spec_scratch_create(&v->spec_scratch) == SD_OK)
+        v->vindex && v->hist && v->hist_len && v->hist_cap && v->lp_values && v->lp_top_ids && v->lp_top_values &&
+        sd_spec_scratch_create(&v->spec_scratch) == SD_OK)
         st = sd_model_kv_create(target, p.max_seqs, p.kv_blocks, p.block_size, &v->kv);
     else
         SD_ERROR("verifier: out of memory");
@@ -225,8 +280,10 @@ static void admit(sd_verifier *v, const Specd__VerifyRequest *req, size_t i, seq
     int32_t slot;
     res->code = sd_slots_admit(&v->slots, s->request_id, plan->keep_len, true, &slot, &plan->new_slot);
     if (res->code != SPECD__CODE__CODE_OK) return;
-    if (sd_kv_truncate(v->kv, slot, plan->keep_len) != SD_OK) {
+    if (sd_kv_truncate(v->kv, slot, plan->keep_len) != SD_OK ||
+        hist_put(v, slot, plan->keep_len, s->append, plan->n_append) != SD_OK) {
         res->code = SPECD__CODE__CODE_INTERNAL;
+        if (plan->new_slot) sd_slots_release(&v->slots, slot);
         return;
     }
     res->code = SPECD__CODE__CODE_OK;
@@ -263,7 +320,14 @@ static sd_status verify_with_spec_batch(sd_verifier *v, const Specd__VerifyReque
             .draft = s->draft,
             .q = q,
             .sampling = pl->sampling,
+            .logprobs = s->logprobs,
+            .top_logprobs = (int32_t)s->top_logprobs,
         };
+        int32_t n_ctx = pl->keep_len + pl->n_append;
+        if (sd_sampling_has_penalties(&pl->sampling) && (int64_t)s->prompt_len < n_ctx) {
+            v->vseqs[n_v].generated = v->hist[pl->slot] + s->prompt_len;
+            v->vseqs[n_v].n_generated = n_ctx - (int32_t)s->prompt_len;
+        }
         v->vindex[n_v++] = (int32_t)i;
     }
     if (n_v > 0) SD_TRY(sd_spec_verify_batch(v->target, v->kv, n_v, v->vseqs, v->vresults, v->spec_scratch));
@@ -281,14 +345,40 @@ static sd_status verify_with_spec_batch(sd_verifier *v, const Specd__VerifyReque
             res->n_commit = (size_t)vr->n_tokens;
             res->commit = commit;
             res->cached_len = (uint32_t)vr->cache_len;
+            /* the accepted drafts stay cached: the history follows */
+            if (hist_put(v, pl->slot, pl->keep_len + pl->n_append, req->seqs[i]->draft, vr->n_accepted) != SD_OK) {
+                res->code = SPECD__CODE__CODE_INTERNAL;
+                sd_slots_release(&v->slots, pl->slot);
+                break;
+            }
+            if (req->seqs[i]->logprobs) {
+                float *values = v->lp_values + i * stride;
+                int32_t *top_ids = v->lp_top_ids + i * stride * SD_MAX_TOP_LOGPROBS;
+                float *top_values = v->lp_top_values + i * stride * SD_MAX_TOP_LOGPROBS;
+                size_t n_top = 0;
+                for (int32_t t = 0; t < vr->n_tokens; t++) {
+                    const sd_token_logprob *lp = &vr->logprobs[t];
+                    values[t] = lp->logprob;
+                    memcpy(top_ids + n_top, lp->top_ids, (size_t)lp->n_top * sizeof *top_ids);
+                    memcpy(top_values + n_top, lp->top_logprobs, (size_t)lp->n_top * sizeof *top_values);
+                    n_top += (size_t)lp->n_top;
+                }
+                res->n_logprobs = (size_t)vr->n_tokens;
+                res->logprobs = values;
+                res->n_top_ids = res->n_top_logprobs = n_top;
+                res->top_ids = top_ids;
+                res->top_logprobs = top_values;
+            }
             break;
         }
         case SD_SEQ_OUT_OF_BLOCKS:
             res->code = SPECD__CODE__CODE_KV_FULL;
-            if (pl->new_slot)
+            if (pl->new_slot) {
                 sd_slots_release(&v->slots, pl->slot);
-            else
+            } else {
                 res->cached_len = (uint32_t)sd_kv_seq_len(v->kv, pl->slot);
+                v->hist_len[pl->slot] = (int32_t)res->cached_len;
+            }
             break;
         case SD_SEQ_CACHE_MISS:
             res->code = SPECD__CODE__CODE_CACHE_MISS;
@@ -338,6 +428,7 @@ sd_status sd_verifier_handle(sd_verifier *v, const Specd__VerifyRequest *req, Sp
         if (need > free_blocks) {
             v->results[i].code = SPECD__CODE__CODE_KV_FULL;
             v->results[i].cached_len = pl->new_slot ? 0 : (uint32_t)pl->keep_len;
+            v->hist_len[pl->slot] = pl->keep_len;
             if (pl->new_slot) sd_slots_release(&v->slots, pl->slot);
             pl->slot = -1;
             continue;

@@ -10,7 +10,13 @@
 #include <stdio.h>
 
 sd_sampling sd_sampling_default(void) {
-    sd_sampling s = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 0};
+    sd_sampling s = {.temperature = 0.0f,
+                     .top_k = 0,
+                     .top_p = 1.0f,
+                     .min_p = 0.0f,
+                     .seed = 0,
+                     .presence_penalty = 0.0f,
+                     .frequency_penalty = 0.0f};
     return s;
 }
 
@@ -30,6 +36,12 @@ sd_status sd_sampling_check(const sd_sampling *s, char *err, size_t err_len) {
     if (s->top_k < 0) FAIL("top_k: %d, must be >= 0 (0 = off)", (int)s->top_k);
     if (!(s->top_p > 0.0f && s->top_p <= 1.0f)) FAIL("top_p: %g outside (0, 1] (1 = off)", (double)s->top_p);
     if (!(s->min_p >= 0.0f && s->min_p < 1.0f)) FAIL("min_p: %g outside [0, 1) (0 = off)", (double)s->min_p);
+    if (!(fabsf(s->presence_penalty) <= SD_SAMPLING_MAX_PENALTY))
+        FAIL("presence_penalty: %g outside [%g, %g]", (double)s->presence_penalty, -(double)SD_SAMPLING_MAX_PENALTY,
+             (double)SD_SAMPLING_MAX_PENALTY);
+    if (!(fabsf(s->frequency_penalty) <= SD_SAMPLING_MAX_PENALTY))
+        FAIL("frequency_penalty: %g outside [%g, %g]", (double)s->frequency_penalty, -(double)SD_SAMPLING_MAX_PENALTY,
+             (double)SD_SAMPLING_MAX_PENALTY);
     return SD_OK;
 }
 #undef FAIL

@@ -35,6 +35,9 @@ struct sd_spec_scratch {
     size_t cap_vocab;
     float *p;         /* [(SD_MAX_K + 1) * cap_vocab] one sequence's processed rows */
     double *dscratch; /* [cap_vocab] */
+    int32_t *counts;  /* [cap_vocab] zeros: sd_sample_penalize's scratch */
+    int32_t *hist;    /* [cap_hist] one sequence's generated tokens + drafts (penalties) */
+    size_t cap_hist;
     size_t cap_seqs;
     int32_t *row0;      /* [cap_seqs] first logits row of each sequence, -1 = not run */
     sd_spec_rows *rows; /* [cap_seqs] device verification of the sequences run */
@@ -135,6 +138,8 @@ void sd_spec_scratch_free(sd_spec_scratch **ps) {
     free(s->logits);
     free(s->p);
     free(s->dscratch);
+    free(s->counts);
+    free(s->hist);
     free(s->row0);
     free(s->rows);
     free(s->slot_used);
@@ -176,6 +181,9 @@ static sd_status reserve(sd_spec_scratch *s, size_t rows, size_t logits, size_t 
         free(s->dscratch);
         s->dscratch = NULL;
         SD_TRY(grow((void **)&s->dscratch, &cap, n_vocab, sizeof *s->dscratch));
+        free(s->counts);
+        s->counts = calloc(n_vocab, sizeof *s->counts);
+        if (!s->counts) return SD_ERR_NOMEM;
         s->cap_vocab = n_vocab;
     }
     cap = s->cap_seqs;
@@ -224,6 +232,14 @@ static sd_seq_outcome check_seq(const sd_verify_seq *v, int32_t i, const sd_kv *
         SD_WARN("spec: sequence %d: bad sampling parameters", (int)i);
         return SD_SEQ_INVALID;
     }
+    if (v->top_logprobs < 0 || v->top_logprobs > SD_MAX_TOP_LOGPROBS ||
+        (sd_sampling_has_penalties(&v->sampling) &&
+         (v->n_generated < 0 || (v->n_generated > 0 && !v->generated) || v->n_generated > v->keep_len + v->n_append ||
+          !ids_ok(v->generated, v->n_generated, n_vocab)))) {
+        SD_WARN("spec: sequence %d: top_logprobs %d outside [0, %d] or bad generated tokens (%d)", (int)i,
+                (int)v->top_logprobs, SD_MAX_TOP_LOGPROBS, (int)v->n_generated);
+        return SD_SEQ_INVALID;
+    }
     if (v->k > 0 && !sd_sampling_is_greedy(&v->sampling) && !v->q) {
         SD_WARN("spec: sequence %d: stochastic verification of %d drafts needs their q", (int)i, (int)v->k);
         return SD_SEQ_INVALID;
@@ -238,11 +254,33 @@ static sd_seq_outcome check_seq(const sd_verify_seq *v, int32_t i, const sd_kv *
 
 static int32_t blocks_for(int32_t len, int32_t block_size) { return (len + block_size - 1) / block_size; }
 
-/* Pass 4 for one sequence whose logits rows start at row0. */
-static sd_status verify_one(const sd_verify_seq *v, const float *logits, int32_t n_vocab, sd_spec_scratch *s,
+/* Penalizes the k + 1 rows of one sequence in place: row i over the
+ * generated tokens and draft[0..i) (accepted if row i is reached). */
+static sd_status penalize_rows(const sd_verify_seq *v, float *logits, int32_t n_vocab, sd_spec_scratch *s) {
+    size_t need = (size_t)v->n_generated + (size_t)v->k;
+    size_t cap = s->cap_hist;
+    if (need > cap) {
+        free(s->hist);
+        s->hist = NULL;
+        cap = 0;
+        SD_TRY(grow((void **)&s->hist, &cap, need, sizeof *s->hist));
+        s->cap_hist = cap;
+    }
+    if (v->n_generated > 0) memcpy(s->hist, v->generated, (size_t)v->n_generated * sizeof *s->hist);
+    if (v->k > 0) memcpy(s->hist + v->n_generated, v->draft, (size_t)v->k * sizeof *s->hist);
+    for (int32_t i = 0; i <= v->k; i++)
+        SD_TRY(sd_sample_penalize(logits + (size_t)i * (size_t)n_vocab, n_vocab, &v->sampling, s->hist,
+                                  v->n_generated + i, s->counts));
+    return SD_OK;
+}
+
+/* Pass 4 for one sequence whose logits rows start at row0 (penalized here
+ * in place). */
+static sd_status verify_one(const sd_verify_seq *v, float *logits, int32_t n_vocab, sd_spec_scratch *s,
                             sd_verify_result *r) {
     size_t V = (size_t)n_vocab;
     int32_t acc = 0;
+    if (sd_sampling_has_penalties(&v->sampling)) SD_TRY(penalize_rows(v, logits, n_vocab, s));
     if (sd_sampling_is_greedy(&v->sampling)) {
         int32_t target_argmax[SD_MAX_K + 1];
         for (int32_t i = 0; i <= v->k; i++) target_argmax[i] = sd_argmax(logits + (size_t)i * V, n_vocab);
@@ -255,7 +293,17 @@ static sd_status verify_one(const sd_verify_seq *v, const float *logits, int32_t
     }
     r->n_accepted = acc;
     r->n_tokens = acc + 1;
+    for (int32_t i = 0; v->logprobs && i < r->n_tokens; i++)
+        SD_TRY(sd_sample_logprobs(logits + (size_t)i * V, n_vocab, r->tokens[i], v->top_logprobs, &r->logprobs[i]));
     return SD_OK;
+}
+
+/* True when some sequence needs what only the host path does. */
+static bool needs_host(int32_t n_seqs, const sd_verify_seq *seqs, const sd_verify_result *results) {
+    for (int32_t i = 0; i < n_seqs; i++)
+        if (results[i].outcome == SD_SEQ_OK && (sd_sampling_has_penalties(&seqs[i].sampling) || seqs[i].logprobs))
+            return true;
+    return false;
 }
 
 sd_status sd_spec_verify_batch(sd_model *m, sd_kv *kv, int32_t n_seqs, const sd_verify_seq *seqs,
@@ -324,7 +372,7 @@ sd_status sd_spec_verify_batch(sd_model *m, sd_kv *kv, int32_t n_seqs, const sd_
         n_rows += n;
         n_wanted += v->k + 1;
     }
-    bool on_device = n_rows > 0 && sd_model_verifies_on_device(m);
+    bool on_device = n_rows > 0 && sd_model_verifies_on_device(m) && !needs_host(n_seqs, seqs, results);
     if (on_device) {
         /* 3+4 on the device: p never leaves it */
         int32_t n_run = 0;
@@ -362,7 +410,7 @@ sd_status sd_spec_verify_batch(sd_model *m, sd_kv *kv, int32_t n_seqs, const sd_
                 r->info = sr->info;
             }
         } else {
-            const float *logits = scratch->logits + (size_t)scratch->row0[i] * (size_t)n_vocab;
+            float *logits = scratch->logits + (size_t)scratch->row0[i] * (size_t)n_vocab;
             st = verify_one(v, logits, n_vocab, scratch, r);
         }
         if (st != SD_OK) {

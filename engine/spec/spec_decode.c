@@ -35,7 +35,12 @@ struct sd_spec_decoder {
     bool draft_cost_seen;    /* the first draft measurement replaces the prior outright */
     sd_spec_cost_fn cost_fn; /* NULL: the policy learns from measured times */
     void *cost_user;
+    int32_t n_prompt; /* penalties count the context from here on */
 };
+
+void sd_spec_decoder_set_prompt_len(sd_spec_decoder *d, int32_t n_prompt) {
+    if (d) d->n_prompt = n_prompt > 0 ? n_prompt : 0;
+}
 
 void sd_spec_decoder_set_cost_fn(sd_spec_decoder *d, sd_spec_cost_fn fn, void *user) {
     if (!d) return;
@@ -136,6 +141,10 @@ static sd_status decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n_
         .q = q,
         .sampling = *s,
     };
+    if (sd_sampling_has_penalties(s) && n_ctx > d->n_prompt) {
+        v.generated = ctx + d->n_prompt;
+        v.n_generated = n_ctx - d->n_prompt;
+    }
     sd_verify_result r;
     SD_TRY(sd_spec_verify_batch(d->target, d->kv, 1, &v, &r, d->scratch));
     if (r.outcome != SD_SEQ_OK) {

@@ -178,7 +178,8 @@ def decode(schema, buf):
 # ---- proto/specd.proto, the client link (tags must match the .proto) ----
 
 SAMPLING = {"temperature": (1, "float"), "top_k": (2, "uint32"), "top_p": (3, "float"),
-            "min_p": (4, "float"), "seed": (5, "uint64")}
+            "min_p": (4, "float"), "seed": (5, "uint64"), "presence_penalty": (6, "float"),
+            "frequency_penalty": (7, "float")}
 WORKER_STATS = {"kv_blocks_total": (1, "uint32"), "kv_blocks_free": (2, "uint32"),
                 "n_sequences": (3, "uint32"), "steps": (4, "uint64")}
 HEARTBEAT = {"sent_us": (1, "uint64"), "stats": (2, ("msg", WORKER_STATS))}
@@ -188,7 +189,8 @@ CHAT_MESSAGE = {"role": (1, "enum"), "content": (2, "string")}
 SUBMIT = {"client_tag": (1, "uint64"), "prompt": (2, "string"), "prompt_ids": (3, ("rep", "int32")),
           "chat": (4, "bool"), "system": (5, "string"), "max_tokens": (6, "uint32"),
           "sampling": (7, ("msg", SAMPLING)), "stop": (8, ("rep", "string")), "ignore_eos": (9, "bool"),
-          "max_k": (10, "int32"), "messages": (11, ("rep", ("msg", CHAT_MESSAGE))), "drafter_kind": (13, "enum")}
+          "max_k": (10, "int32"), "messages": (11, ("rep", ("msg", CHAT_MESSAGE))), "drafter_kind": (13, "enum"),
+          "logprobs": (14, "bool"), "top_logprobs": (15, "uint32")}
 CANCEL = {"request_id": (1, "uint64")}
 STATS_QUERY = {"include_workers": (1, "bool")}
 CLIENT_TO_COORD = {"hello": (1, ("msg", HELLO)), "submit": (2, ("msg", SUBMIT)), "cancel": (3, ("msg", CANCEL)),

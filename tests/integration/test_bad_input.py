@@ -83,6 +83,14 @@ def run(h):
                  ["top_p", "1.5"], "top_p over 1")
     expect_error(c, s(prompt="hi", sampling={"temperature": 1.0, "min_p": 1.0}), "BAD_REQUEST", ["min_p"],
                  "min_p = 1")
+    expect_error(c, s(prompt="hi", sampling={"presence_penalty": 2.5}), "BAD_REQUEST", ["presence_penalty", "2.5"],
+                 "presence_penalty over 2")
+    expect_error(c, s(prompt="hi", sampling={"frequency_penalty": float("nan")}), "BAD_REQUEST",
+                 ["frequency_penalty"], "NaN frequency_penalty")
+    expect_error(c, s(prompt="hi", logprobs=True, top_logprobs=21), "BAD_REQUEST", ["top_logprobs", "21", "20"],
+                 "top_logprobs over 20")
+    expect_error(c, s(prompt="hi", top_logprobs=3), "BAD_REQUEST", ["top_logprobs", "without logprobs"],
+                 "top_logprobs without logprobs")
     expect_error(c, s(prompt="hi", stop=["s%d" % i for i in range(17)]), EITHER, ["stop", "16", "17"],
                  "17 stop strings")
     expect_error(c, s(prompt="hi", stop=["y" * 300]), EITHER, ["stop", "256", "300"],

@@ -9,7 +9,9 @@
 - bad input: each of malformed JSON, a body that is not an object, an
   oversized body (413), wrong field types, negative max_tokens, temperature
   NaN / negative, top_p > 1, empty messages, an unknown role, invalid UTF-8,
-  a lone surrogate, an out-of-vocabulary token id, unsupported logprobs, a
+  a lone surrogate, an out-of-vocabulary token id, top_logprobs out of
+  [0, 20] or without logprobs, logprobs with echo, penalties outside
+  [-2, 2], NaN or not numbers, a
   header over the cap (431), a wrong method (405), an unknown path (404)
   gets its own status and an
   OpenAI error object with a message (and the param where there is one),
@@ -146,7 +148,16 @@ def check_bad_input(h):
         (chat, b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', 400, None, "invalid UTF-8"),
         (chat, b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 400, None, "lone surrogate"),
         (comp, {"prompt": [999999]}, 400, None, "token id out of range"),
-        (chat, {"messages": user, "logprobs": True}, 400, "logprobs", "logprobs"),
+        (chat, {"messages": user, "top_logprobs": 2}, 400, "top_logprobs", "top_logprobs without logprobs"),
+        (chat, {"messages": user, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs", "top_logprobs 21"),
+        (chat, {"messages": user, "logprobs": 1}, 400, "logprobs", "chat logprobs a number"),
+        (comp, {"prompt": "x", "logprobs": 21}, 400, "logprobs", "completion logprobs 21"),
+        (comp, {"prompt": "x", "logprobs": 2, "echo": True}, 400, "logprobs", "logprobs with echo"),
+        (chat, {"messages": user, "presence_penalty": 2.5}, 400, "presence_penalty", "presence_penalty > 2"),
+        (comp, {"prompt": "x", "frequency_penalty": -3}, 400, "frequency_penalty", "frequency_penalty < -2"),
+        (comp, {"prompt": "x", "frequency_penalty": "1"}, 400, "frequency_penalty", "frequency_penalty a string"),
+        (chat, b'{"messages": [{"role": "user", "content": "hi"}], "presence_penalty": NaN}', 400, None,
+         "presence_penalty NaN"),
         (chat, {"messages": user + [{"role": "tool", "content": "x"}, {"role": "user", "content": "y"}]},
          400, "messages[1].role", "a tool turn"),
         (chat, {"messages": user + [{"role": "assistant", "content": "x"}]}, 400, "messages",

@@ -84,6 +84,12 @@ typedef struct sd_client_request {
     bool ignore_eos;
     int32_t max_k;                   /* 0 = default, -1 = no speculation */
     Specd__DrafterKind drafter_kind; /* only drafters of this kind; UNSPECIFIED = the coordinator chooses */
+    /* The target model's log-probability of each generated token and the
+     * top_logprobs (0..SD_MAX_TOP_LOGPROBS) most likely tokens at its
+     * position (log-softmax after the penalties, before temperature and the
+     * filters), in each chunk's logprobs. */
+    bool logprobs;
+    uint32_t top_logprobs;
 } sd_client_request;
 
 /* Greedy, no stop strings, coordinator defaults for the rest. */
@@ -114,6 +120,22 @@ typedef struct sd_client_result {
 /* Frees ids and text; NULL-safe. */
 void sd_client_result_clear(sd_client_result *r);
 
+/* One token with its log-probability and bytes (a token may hold part of a
+ * UTF-8 character). */
+typedef struct sd_client_token_lp {
+    int32_t id;
+    float logprob;
+    const char *bytes;
+    size_t n_bytes;
+} sd_client_token_lp;
+
+/* A generated token's logprob and the most likely tokens at its position. */
+typedef struct sd_client_logprob {
+    sd_client_token_lp token;
+    size_t n_top;
+    sd_client_token_lp top[SD_MAX_TOP_LOGPROBS]; /* descending */
+} sd_client_logprob;
+
 /* What a callback sees: new tokens and their text, and on the last call of a
  * request the final record. All pointers are borrowed for the call only. */
 typedef struct sd_client_chunk {
@@ -122,7 +144,8 @@ typedef struct sd_client_chunk {
     size_t n_ids;
     const char *text; /* complete UTF-8 characters (on the final call: the decoder's tail) */
     size_t text_len;
-    const sd_client_result *final; /* non-NULL exactly once, on the last call */
+    const sd_client_result *final;     /* non-NULL exactly once, on the last call */
+    const sd_client_logprob *logprobs; /* [n_ids] when the request asked for logprobs, else NULL */
 } sd_client_chunk;
 
 /* Called on the I/O thread (see the top of this file). */

@@ -53,6 +53,23 @@ int32_t sd_sample_from(const float *probs, int32_t n, double u);
  * speculative sampling (spec.h). -1 when no entry is positive. Pure. */
 int32_t sd_sample_race(const float *probs, int32_t n, uint64_t seed, uint64_t position);
 
+/* OpenAI's repetition penalties, in place: logits[t] -= frequency_penalty *
+ * count(t) + presence_penalty * (count(t) > 0), count(t) the occurrences of
+ * t in generated[0..n_generated) (the tokens generated so far, never the
+ * prompt). counts is caller scratch of n_vocab zeros, left zeroed. Applied
+ * before sd_sample_probs / sd_argmax / sd_sample_logprobs, so penalties come
+ * before temperature and the filters. No-op without penalties. Ids outside
+ * [0, n_vocab) are SD_ERR_RANGE (logits untouched). O(n_generated). */
+sd_status sd_sample_penalize(float *logits, int32_t n_vocab, const sd_sampling *s, const int32_t *generated,
+                             int32_t n_generated, int32_t *counts);
+
+/* The log-softmax of logits[n] (in double, maximum subtracted, summed in
+ * index order) at token, and its top_n entries (log-probability
+ * descending, lower id first on ties; 0 <= top_n <= SD_MAX_TOP_LOGPROBS)
+ * into *out. This is what a request's logprobs report: the distribution
+ * the logits give before temperature and the filters. Pure; no allocation. */
+sd_status sd_sample_logprobs(const float *logits, int32_t n, int32_t token, int32_t top_n, sd_token_logprob *out);
+
 /* Processes logits and draws one token with the (seed, position) key
  * (sd_sample_race): the whole sampling step of plain decoding. */
 sd_status sd_sample_token(const float *logits, int32_t n, const sd_sampling *s, uint64_t position, int32_t *token);

@@ -19,6 +19,11 @@ extern "C" {
 /* The largest temperature accepted (beyond it the distribution is uniform to
  * float precision; the bound keeps 1/T finite and meaningful). */
 #define SD_SAMPLING_MAX_TEMPERATURE 1000.0f
+/* presence_penalty and frequency_penalty lie in [-SD_SAMPLING_MAX_PENALTY,
+ * SD_SAMPLING_MAX_PENALTY] (OpenAI's range). */
+#define SD_SAMPLING_MAX_PENALTY     2.0f
+/* The most alternatives a request may ask to see per token (top_logprobs). */
+#define SD_MAX_TOP_LOGPROBS         20
 
 typedef struct sd_sampling {
     float temperature; /* 0 = greedy (argmax); otherwise in (0, SD_SAMPLING_MAX_TEMPERATURE] */
@@ -26,14 +31,34 @@ typedef struct sd_sampling {
     float top_p;       /* in (0, 1]; 1 = off */
     float min_p;       /* in [0, 1); 0 = off */
     uint64_t seed;
+    /* OpenAI's penalties, on the logits before temperature: logit[t] -=
+     * frequency_penalty * count(t) + presence_penalty * (count(t) > 0), count
+     * over the tokens generated so far (not the prompt). 0 = off. */
+    float presence_penalty;
+    float frequency_penalty;
 } sd_sampling;
 
-/* Greedy: temperature 0, top_k 0, top_p 1, min_p 0, seed 0. */
+/* The target's log-probability of one generated token and its most likely
+ * alternatives at that position (log-softmax of the logits after penalties,
+ * before temperature and the filters). */
+typedef struct sd_token_logprob {
+    float logprob; /* log p(token), <= 0 */
+    int32_t n_top; /* 0..SD_MAX_TOP_LOGPROBS */
+    int32_t top_ids[SD_MAX_TOP_LOGPROBS];
+    float top_logprobs[SD_MAX_TOP_LOGPROBS]; /* descending (ties: lower id first) */
+} sd_token_logprob;
+
+/* Greedy: temperature 0, top_k 0, top_p 1, min_p 0, seed 0, no penalties. */
 sd_sampling sd_sampling_default(void);
 
 /* True when s picks the argmax (temperature 0); the filters then do not
  * matter. */
 static inline bool sd_sampling_is_greedy(const sd_sampling *s) { return s->temperature == 0.0f; }
+
+/* True when s penalizes repeated tokens (the generated tokens matter). */
+static inline bool sd_sampling_has_penalties(const sd_sampling *s) {
+    return s->presence_penalty != 0.0f || s->frequency_penalty != 0.0f;
+}
 
 /* The one rule set: SD_OK, or SD_ERR_INVALID_ARG with a sentence naming the
  * field and its range written to err (when err_len > 0). Logs nothing. */

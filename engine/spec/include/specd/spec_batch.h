@@ -15,11 +15,16 @@
  *
  * Verification runs ONE ragged forward over every sequence's append + draft
  * rows, with logits only for the last append row and each draft row (K + 1
- * rows per sequence). p is processed with sd_sample_probs and the draft is
+ * rows per sequence). Penalties (over the generated tokens and the drafts
+ * before each row) are applied to the logits first, then p is processed
+ * with sd_sample_probs and the draft is
  * verified greedily (temperature 0) or by exact rejection sampling keyed by
  * (seed, position); the cache is then truncated to n_ctx + n_accepted. On
  * the CPU backend a sequence's logits do not depend on the rest of the
- * batch, so its tokens are the same alone or batched. Not thread-safe: one
+ * batch, so its tokens are the same alone or batched. A batch in which a
+ * sequence has penalties or wants logprobs is verified on the host even on
+ * a device backend (the logits are copied out; the device kernels apply
+ * neither). Not thread-safe: one
  * call at a time per model / drafter. */
 #ifndef SPECD_SPEC_BATCH_H
 #define SPECD_SPEC_BATCH_H
@@ -56,6 +61,16 @@ typedef struct sd_verify_seq {
     const int32_t *draft;  /* [k] y_1..y_k at positions n_ctx.. */
     const sd_spec_q *q;    /* [k] the sparse proposals y_i was drawn from; may be NULL when greedy */
     sd_sampling sampling;  /* the request's sampling (temperature 0 = greedy) incl. seed */
+    /* With penalties (sd_sampling_has_penalties): the committed tokens
+     * generated so far, i.e. the sequence's tokens from the end of its
+     * prompt up to n_ctx; row i is penalized over them and draft[0..i).
+     * Borrowed; ignored without penalties. */
+    const int32_t *generated;
+    int32_t n_generated;
+    /* each committed token's logprob and top_logprobs
+     * (0..SD_MAX_TOP_LOGPROBS) alternatives in result.logprobs */
+    bool logprobs;
+    int32_t top_logprobs;
 } sd_verify_seq;
 
 typedef struct sd_verify_result {
@@ -66,6 +81,10 @@ typedef struct sd_verify_result {
     int32_t tokens[SD_MAX_K + 1];
     int32_t cache_len; /* tokens the slot holds now: n_ctx + n_accepted (the next keep_len) */
     sd_spec_info info; /* stochastic verification details (zero when greedy) */
+    /* [n_tokens] when the sequence asked for logprobs:
+     * the target's log-softmax at each committed token's position, after
+     * penalties, before temperature and the filters */
+    sd_token_logprob logprobs[SD_MAX_K + 1];
 } sd_verify_result;
 
 /* Growable buffers of the batched calls (batch rows, logits, p). */

@@ -68,6 +68,12 @@ typedef void (*sd_spec_cost_fn)(void *user, int32_t n_target_rows, int32_t n_pro
                                 double *draft_s);
 void sd_spec_decoder_set_cost_fn(sd_spec_decoder *d, sd_spec_cost_fn fn, void *user);
 
+/* Where the prompt ends in the contexts the steps get: tokens from
+ * n_prompt on are the generated ones that penalties count
+ * (sd_sampling.presence_penalty / frequency_penalty). Default 0 (every
+ * token counts); set it before the first step of each generation. */
+void sd_spec_decoder_set_prompt_len(sd_spec_decoder *d, int32_t n_prompt);
+
 /* The policy's state and cost model (borrowed, valid while d lives). */
 const sd_adapt *sd_spec_decoder_adapt(const sd_spec_decoder *d);
 const sd_cost_model *sd_spec_decoder_cost(const sd_spec_decoder *d);
