@@ -681,6 +681,101 @@ static void commit_step(sd_coord *c, sd_session *s, const int32_t *tokens, int32
     free(out.tail);
 }
 
+/* Checks results[i] of a verify response against what step i sent: false,
+ * with why, when the verifier answered something it was not asked. */
+static bool check_result(sd_coord *c, const sd_coord_worker *w, size_t i, const Specd__VerifyResult *vr, char *why,
+                         size_t why_len) {
+    if (vr->request_id != w->step_rids[i]) {
+        snprintf(why, why_len, "results[%zu].request_id %llu, sent %llu", i, (unsigned long long)vr->request_id,
+                 (unsigned long long)w->step_rids[i]);
+        return false;
+    }
+    if (vr->code != SPECD__CODE__CODE_OK) return true;
+    sd_session *s = sd_sched_find(c, vr->request_id);
+    if (w->prefill_only) {
+        if (vr->n_commit != 0 || (int64_t)vr->cached_len != w->step_end[i]) {
+            snprintf(why, why_len, "prefill results[%zu]: %zu tokens committed, cached_len %u (expected 0, %d)", i,
+                     vr->n_commit, vr->cached_len, w->step_end[i]);
+            return false;
+        }
+        return true;
+    }
+    if ((int32_t)vr->n_accepted > w->step_k[i] || vr->n_commit != (size_t)vr->n_accepted + 1 ||
+        (int64_t)vr->cached_len != (int64_t)w->step_end[i] + vr->n_accepted) {
+        snprintf(why, why_len,
+                 "results[%zu]: n_accepted %u of %d drafts, %zu tokens committed, cached_len %u (expected %lld)", i,
+                 vr->n_accepted, w->step_k[i], vr->n_commit, vr->cached_len,
+                 (long long)w->step_end[i] + vr->n_accepted);
+        return false;
+    }
+    /* logprobs exactly when asked, each with the alternatives asked for */
+    bool lp_bad =
+        s && (s->logprobs ? vr->n_logprobs != vr->n_commit || vr->n_top_ids != vr->n_commit * (size_t)s->top_logprobs
+                          : vr->n_logprobs != 0);
+    for (size_t e = 0; s && !lp_bad && e < vr->n_top_ids; e++) lp_bad = vr->top_ids[e] >= c->n_vocab;
+    if (lp_bad) {
+        snprintf(why, why_len, "results[%zu]: %zu logprobs and %zu alternatives for %zu tokens (asked: %s, %d each)", i,
+                 vr->n_logprobs, vr->n_top_ids, vr->n_commit, s->logprobs ? "yes" : "no", s->top_logprobs);
+        return false;
+    }
+    for (size_t j = 0; s && j < vr->n_commit; j++) {
+        bool bad =
+            vr->commit[j] < 0 || vr->commit[j] >= c->n_vocab || (j < vr->n_accepted && vr->commit[j] != s->draft[j]);
+        if (bad) {
+            snprintf(why, why_len, "results[%zu].commit[%zu] = %d is not the draft or not a token", i, j,
+                     vr->commit[j]);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Applies a checked OK result of a verify step to its request: counters,
+ * the K policy's and the drafter choice's observations, and the commit. k:
+ * the drafts the step carried for it. */
+static void apply_ok(sd_coord *c, sd_coord_worker *w, sd_session *s, int32_t k, const Specd__VerifyResult *vr,
+                     uint64_t now_us) {
+    s->verify_failures = 0;
+    s->v_cached = (int32_t)vr->cached_len;
+    if (w->prefill_only) return;
+    s->target_steps++;
+    s->drafted += (uint32_t)k;
+    s->accepted += vr->n_accepted;
+    sd_spec_counts_add(&c->spec, k, (int32_t)vr->n_accepted);
+    w->committed += vr->n_commit;
+    w->drafted += (uint32_t)k;
+    w->accepted += vr->n_accepted;
+    if (s->drafter >= 0) {
+        /* the drafts came from the drafter the request has now:
+         * a move drops any drafts in hand (placement.c) */
+        c->workers[s->drafter].drafted += (uint32_t)k;
+        c->workers[s->drafter].accepted += vr->n_accepted;
+    }
+    if (k > 0) {
+        sd_adapt_observe(&s->adapt, k, (int32_t)vr->n_accepted);
+        if (sd_sampling_is_greedy(&s->sampling)) sd_adapt_prior_update(&c->alpha_prior, &s->adapt);
+        s->adapt.steps_at_zero = 0;
+    } else if (sd_max_k(c, s) > 0) {
+        s->adapt.steps_at_zero++;
+    }
+    s->draft_base = -1;
+    s->k = 0;
+    sd_choice_observe(c, s, k, (int32_t)vr->n_commit);
+    sd_k_shadow_settle(c, s, vr->commit, (int32_t)vr->n_commit);
+    {
+        sd_token_logprob lps[SD_MAX_K + 1];
+        bool with_lp = s->logprobs && vr->n_logprobs == vr->n_commit && vr->n_commit <= SD_MAX_K + 1;
+        const size_t per = (size_t)s->top_logprobs; /* checked by check_result, <= SD_MAX_TOP_LOGPROBS */
+        for (size_t t = 0; with_lp && t < vr->n_commit; t++) {
+            lps[t].logprob = vr->logprobs[t];
+            lps[t].n_top = (int32_t)per;
+            memcpy(lps[t].top_ids, vr->top_ids + t * per, per * sizeof *vr->top_ids);
+            memcpy(lps[t].top_logprobs, vr->top_logprobs + t * per, per * sizeof *vr->top_logprobs);
+        }
+        commit_step(c, s, vr->commit, (int32_t)vr->n_commit, with_lp ? lps : NULL, now_us);
+    }
+}
+
 void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r, uint64_t now_us) {
     sd_coord_worker *w = &c->workers[wi];
     char why[256];
@@ -696,54 +791,9 @@ void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r,
     }
     /* Pass 1: check every result against what was sent. */
     for (size_t i = 0; i < r->n_results; i++) {
-        const Specd__VerifyResult *vr = r->results[i];
-        if (vr->request_id != w->step_rids[i]) {
-            snprintf(why, sizeof why, "results[%zu].request_id %llu, sent %llu", i, (unsigned long long)vr->request_id,
-                     (unsigned long long)w->step_rids[i]);
+        if (!check_result(c, w, i, r->results[i], why, sizeof why)) {
             sd_sched_fail_step(c, wi, why);
             return;
-        }
-        if (vr->code != SPECD__CODE__CODE_OK) continue;
-        sd_session *s = sd_sched_find(c, vr->request_id);
-        if (w->prefill_only) {
-            if (vr->n_commit != 0 || (int64_t)vr->cached_len != w->step_end[i]) {
-                snprintf(why, sizeof why, "prefill results[%zu]: %zu tokens committed, cached_len %u (expected 0, %d)",
-                         i, vr->n_commit, vr->cached_len, w->step_end[i]);
-                sd_sched_fail_step(c, wi, why);
-                return;
-            }
-            continue;
-        }
-        if ((int32_t)vr->n_accepted > w->step_k[i] || vr->n_commit != (size_t)vr->n_accepted + 1 ||
-            (int64_t)vr->cached_len != (int64_t)w->step_end[i] + vr->n_accepted) {
-            snprintf(why, sizeof why,
-                     "results[%zu]: n_accepted %u of %d drafts, %zu tokens committed, cached_len %u (expected %lld)", i,
-                     vr->n_accepted, w->step_k[i], vr->n_commit, vr->cached_len,
-                     (long long)w->step_end[i] + vr->n_accepted);
-            sd_sched_fail_step(c, wi, why);
-            return;
-        }
-        /* logprobs exactly when asked, each with the alternatives asked for */
-        bool lp_bad = s && (s->logprobs ? vr->n_logprobs != vr->n_commit ||
-                                              vr->n_top_ids != vr->n_commit * (size_t)s->top_logprobs
-                                        : vr->n_logprobs != 0);
-        for (size_t e = 0; s && !lp_bad && e < vr->n_top_ids; e++) lp_bad = vr->top_ids[e] >= c->n_vocab;
-        if (lp_bad) {
-            snprintf(why, sizeof why,
-                     "results[%zu]: %zu logprobs and %zu alternatives for %zu tokens (asked: %s, %d each)", i,
-                     vr->n_logprobs, vr->n_top_ids, vr->n_commit, s->logprobs ? "yes" : "no", s->top_logprobs);
-            sd_sched_fail_step(c, wi, why);
-            return;
-        }
-        for (size_t j = 0; s && j < vr->n_commit; j++) {
-            bool bad = vr->commit[j] < 0 || vr->commit[j] >= c->n_vocab ||
-                       (j < vr->n_accepted && vr->commit[j] != s->draft[j]);
-            if (bad) {
-                snprintf(why, sizeof why, "results[%zu].commit[%zu] = %d is not the draft or not a token", i, j,
-                         vr->commit[j]);
-                sd_sched_fail_step(c, wi, why);
-                return;
-            }
         }
     }
     /* Pass 2: apply. */
@@ -777,47 +827,7 @@ void sd_sched_on_verify(sd_coord *c, int32_t wi, const Specd__VerifyResponse *r,
             continue;
         }
         switch (vr->code) {
-        case SPECD__CODE__CODE_OK:
-            s->verify_failures = 0;
-            s->v_cached = (int32_t)vr->cached_len;
-            if (w->prefill_only) break;
-            s->target_steps++;
-            s->drafted += (uint32_t)w->step_k[i];
-            s->accepted += vr->n_accepted;
-            sd_spec_counts_add(&c->spec, w->step_k[i], (int32_t)vr->n_accepted);
-            w->committed += vr->n_commit;
-            w->drafted += (uint32_t)w->step_k[i];
-            w->accepted += vr->n_accepted;
-            if (s->drafter >= 0) {
-                /* the drafts came from the drafter the request has now:
-                 * a move drops any drafts in hand (placement.c) */
-                c->workers[s->drafter].drafted += (uint32_t)w->step_k[i];
-                c->workers[s->drafter].accepted += vr->n_accepted;
-            }
-            if (w->step_k[i] > 0) {
-                sd_adapt_observe(&s->adapt, w->step_k[i], (int32_t)vr->n_accepted);
-                if (sd_sampling_is_greedy(&s->sampling)) sd_adapt_prior_update(&c->alpha_prior, &s->adapt);
-                s->adapt.steps_at_zero = 0;
-            } else if (sd_max_k(c, s) > 0) {
-                s->adapt.steps_at_zero++;
-            }
-            s->draft_base = -1;
-            s->k = 0;
-            sd_choice_observe(c, s, w->step_k[i], (int32_t)vr->n_commit);
-            sd_k_shadow_settle(c, s, vr->commit, (int32_t)vr->n_commit);
-            {
-                sd_token_logprob lps[SD_MAX_K + 1];
-                bool with_lp = s->logprobs && vr->n_logprobs == vr->n_commit && vr->n_commit <= SD_MAX_K + 1;
-                const size_t per = (size_t)s->top_logprobs; /* checked above, <= SD_MAX_TOP_LOGPROBS */
-                for (size_t t = 0; with_lp && t < vr->n_commit; t++) {
-                    lps[t].logprob = vr->logprobs[t];
-                    lps[t].n_top = (int32_t)per;
-                    memcpy(lps[t].top_ids, vr->top_ids + t * per, per * sizeof *vr->top_ids);
-                    memcpy(lps[t].top_logprobs, vr->top_logprobs + t * per, per * sizeof *vr->top_logprobs);
-                }
-                commit_step(c, s, vr->commit, (int32_t)vr->n_commit, with_lp ? lps : NULL, now_us);
-            }
-            break;
+        case SPECD__CODE__CODE_OK: apply_ok(c, w, s, w->step_k[i], vr, now_us); break;
         case SPECD__CODE__CODE_CACHE_MISS:
             SD_INFO("request %llu: verifier cache miss at keep_len %d; resending the prefix", (unsigned long long)s->id,
                     s->v_cached);

@@ -123,156 +123,149 @@ static bool parse_turn(char *arg, gen_opts *o) {
 }
 
 /* Returns 0 and fills o, 1 after --help, 2 on a usage error (message printed). */
-static int parse_args(int argc, char **argv, gen_opts *o) {
-    enum {
-        OPT_TEMP = 256,
-        OPT_TOPK,
-        OPT_TOPP,
-        OPT_MINP,
-        OPT_SEED,
-        OPT_CHAT,
-        OPT_SYSTEM,
-        OPT_MESSAGE,
-        OPT_CHAT_TEMPLATE,
-        OPT_JSON,
-        OPT_NOEOS,
-        OPT_DRAFT,
-        OPT_NGRAM,
-        OPT_DRAFT_LAYERS,
-        OPT_ADAPTIVE,
-        OPT_DEVICE,
-        OPT_KV_TYPE,
-        OPT_PRESENCE,
-        OPT_FREQUENCY,
-        OPT_LOGPROBS
-    };
-    static const struct option longs[] = {{"model", required_argument, 0, 'm'},
-                                          {"prompt", required_argument, 0, 'p'},
-                                          {"n-predict", required_argument, 0, 'n'},
-                                          {"threads", required_argument, 0, 't'},
-                                          {"temp", required_argument, 0, OPT_TEMP},
-                                          {"top-k", required_argument, 0, OPT_TOPK},
-                                          {"top-p", required_argument, 0, OPT_TOPP},
-                                          {"min-p", required_argument, 0, OPT_MINP},
-                                          {"seed", required_argument, 0, OPT_SEED},
-                                          {"chat", no_argument, 0, OPT_CHAT},
-                                          {"system", required_argument, 0, OPT_SYSTEM},
-                                          {"message", required_argument, 0, OPT_MESSAGE},
-                                          {"chat-template", required_argument, 0, OPT_CHAT_TEMPLATE},
-                                          {"json", no_argument, 0, OPT_JSON},
-                                          {"ignore-eos", no_argument, 0, OPT_NOEOS},
-                                          {"draft", required_argument, 0, OPT_DRAFT},
-                                          {"ngram", no_argument, 0, OPT_NGRAM},
-                                          {"draft-layers", required_argument, 0, OPT_DRAFT_LAYERS},
-                                          {"adaptive-k", no_argument, 0, OPT_ADAPTIVE},
-                                          {"device", required_argument, 0, OPT_DEVICE},
-                                          {"kv-type", required_argument, 0, OPT_KV_TYPE},
-                                          {"presence-penalty", required_argument, 0, OPT_PRESENCE},
-                                          {"frequency-penalty", required_argument, 0, OPT_FREQUENCY},
-                                          {"logprobs", required_argument, 0, OPT_LOGPROBS},
-                                          {"verbose", no_argument, 0, 'v'},
-                                          {"help", no_argument, 0, 'h'},
-                                          {0, 0, 0, 0}};
-    memset(o, 0, sizeof *o);
-    o->n_predict = 128;
-    o->k = 4;
-    o->device = -1;
-    o->sampling = sd_sampling_default();
-    int c;
-    while ((c = getopt_long(argc, argv, "m:p:n:t:k:vh", longs, NULL)) != -1) {
-        bool ok = true;
-        const char *name = "";
-        switch (c) {
-        case 'm': o->model_path = optarg; break;
-        case 'p': o->prompt = optarg; break;
-        case 'n':
-            name = "n-predict";
-            ok = sd_cli_parse_i32(optarg, 0, 1 << 20, &o->n_predict);
-            break;
-        case 't':
-            name = "threads";
-            ok = sd_cli_parse_i32(optarg, 0, 1024, &o->n_threads);
-            break;
-        case OPT_TEMP:
-            name = "temp";
-            ok = sd_cli_parse_float(optarg, &o->sampling.temperature);
-            break;
-        case OPT_TOPK:
-            name = "top-k";
-            ok = sd_cli_parse_i32(optarg, 0, 1 << 30, &o->sampling.top_k);
-            break;
-        case OPT_TOPP:
-            name = "top-p";
-            ok = sd_cli_parse_float(optarg, &o->sampling.top_p);
-            break;
-        case OPT_MINP:
-            name = "min-p";
-            ok = sd_cli_parse_float(optarg, &o->sampling.min_p);
-            break;
-        case OPT_SEED: {
-            name = "seed";
-            char *end;
-            errno = 0;
-            unsigned long long v = strtoull(optarg, &end, 10);
-            ok = !errno && end != optarg && !*end && optarg[0] != '-';
-            o->sampling.seed = v;
-            break;
-        }
-        case OPT_PRESENCE:
-            name = "presence-penalty";
-            ok = sd_cli_parse_float(optarg, &o->sampling.presence_penalty);
-            break;
-        case OPT_FREQUENCY:
-            name = "frequency-penalty";
-            ok = sd_cli_parse_float(optarg, &o->sampling.frequency_penalty);
-            break;
-        case OPT_LOGPROBS:
-            name = "logprobs";
-            ok = sd_cli_parse_i32(optarg, 0, SD_MAX_TOP_LOGPROBS, &o->top_logprobs);
-            o->logprobs = true;
-            break;
-        case OPT_CHAT: o->chat = true; break;
-        case OPT_SYSTEM: o->system = optarg; break;
-        case OPT_MESSAGE:
-            name = "message";
-            ok = parse_turn(optarg, o);
-            o->chat = true;
-            break;
-        case OPT_CHAT_TEMPLATE: o->chat_template = optarg; break;
-        case OPT_JSON: o->json = true; break;
-        case OPT_NOEOS: o->ignore_eos = true; break;
-        case OPT_DRAFT: o->draft_path = optarg; break;
-        case OPT_NGRAM: o->ngram = true; break;
-        case OPT_DRAFT_LAYERS:
-            name = "draft-layers";
-            ok = sd_cli_parse_i32(optarg, 1, 1024, &o->draft_layers);
-            break;
-        case 'k':
-            name = "k";
-            ok = sd_cli_parse_i32(optarg, 1, SD_MAX_K, &o->k);
-            break;
-        case OPT_ADAPTIVE: o->adaptive_k = true; break;
-        case OPT_DEVICE:
-            name = "device";
-            ok = sd_device_parse(optarg, &o->device) == SD_OK;
-            break;
-        case OPT_KV_TYPE:
-            name = "kv-type (f32 or f16)";
-            ok = sd_kv_type_parse(optarg, &o->kv_type);
-            break;
-        case 'v': o->verbose = true; break;
-        case 'h': usage(stdout); return 1;
-        default: usage(stderr); return 2;
-        }
-        if (!ok) {
-            fprintf(stderr, "specd-generate: invalid value '%s' for --%s\n", optarg, name);
-            return 2;
-        }
+enum {
+    OPT_TEMP = 256,
+    OPT_TOPK,
+    OPT_TOPP,
+    OPT_MINP,
+    OPT_SEED,
+    OPT_CHAT,
+    OPT_SYSTEM,
+    OPT_MESSAGE,
+    OPT_CHAT_TEMPLATE,
+    OPT_JSON,
+    OPT_NOEOS,
+    OPT_DRAFT,
+    OPT_NGRAM,
+    OPT_DRAFT_LAYERS,
+    OPT_ADAPTIVE,
+    OPT_DEVICE,
+    OPT_KV_TYPE,
+    OPT_PRESENCE,
+    OPT_FREQUENCY,
+    OPT_LOGPROBS
+};
+
+static const struct option longs[] = {{"model", required_argument, 0, 'm'},
+                                      {"prompt", required_argument, 0, 'p'},
+                                      {"n-predict", required_argument, 0, 'n'},
+                                      {"threads", required_argument, 0, 't'},
+                                      {"temp", required_argument, 0, OPT_TEMP},
+                                      {"top-k", required_argument, 0, OPT_TOPK},
+                                      {"top-p", required_argument, 0, OPT_TOPP},
+                                      {"min-p", required_argument, 0, OPT_MINP},
+                                      {"seed", required_argument, 0, OPT_SEED},
+                                      {"chat", no_argument, 0, OPT_CHAT},
+                                      {"system", required_argument, 0, OPT_SYSTEM},
+                                      {"message", required_argument, 0, OPT_MESSAGE},
+                                      {"chat-template", required_argument, 0, OPT_CHAT_TEMPLATE},
+                                      {"json", no_argument, 0, OPT_JSON},
+                                      {"ignore-eos", no_argument, 0, OPT_NOEOS},
+                                      {"draft", required_argument, 0, OPT_DRAFT},
+                                      {"ngram", no_argument, 0, OPT_NGRAM},
+                                      {"draft-layers", required_argument, 0, OPT_DRAFT_LAYERS},
+                                      {"adaptive-k", no_argument, 0, OPT_ADAPTIVE},
+                                      {"device", required_argument, 0, OPT_DEVICE},
+                                      {"kv-type", required_argument, 0, OPT_KV_TYPE},
+                                      {"presence-penalty", required_argument, 0, OPT_PRESENCE},
+                                      {"frequency-penalty", required_argument, 0, OPT_FREQUENCY},
+                                      {"logprobs", required_argument, 0, OPT_LOGPROBS},
+                                      {"verbose", no_argument, 0, 'v'},
+                                      {"help", no_argument, 0, 'h'},
+                                      {0, 0, 0, 0}};
+
+/* Applies option c (with optarg) to o. False on a bad value, with *name the
+ * option's name for the message; *unknown when c is no option of ours. */
+static bool apply_opt(int c, gen_opts *o, const char **name, bool *unknown) {
+    bool ok = true;
+    *name = "";
+    *unknown = false;
+    switch (c) {
+    case 'm': o->model_path = optarg; break;
+    case 'p': o->prompt = optarg; break;
+    case 'n':
+        *name = "n-predict";
+        ok = sd_cli_parse_i32(optarg, 0, 1 << 20, &o->n_predict);
+        break;
+    case 't':
+        *name = "threads";
+        ok = sd_cli_parse_i32(optarg, 0, 1024, &o->n_threads);
+        break;
+    case OPT_TEMP:
+        *name = "temp";
+        ok = sd_cli_parse_float(optarg, &o->sampling.temperature);
+        break;
+    case OPT_TOPK:
+        *name = "top-k";
+        ok = sd_cli_parse_i32(optarg, 0, 1 << 30, &o->sampling.top_k);
+        break;
+    case OPT_TOPP:
+        *name = "top-p";
+        ok = sd_cli_parse_float(optarg, &o->sampling.top_p);
+        break;
+    case OPT_MINP:
+        *name = "min-p";
+        ok = sd_cli_parse_float(optarg, &o->sampling.min_p);
+        break;
+    case OPT_SEED: {
+        *name = "seed";
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(optarg, &end, 10);
+        ok = !errno && end != optarg && !*end && optarg[0] != '-';
+        o->sampling.seed = v;
+        break;
     }
-    if (optind < argc) {
-        fprintf(stderr, "specd-generate: unexpected argument '%s'\n", argv[optind]);
-        return 2;
+    case OPT_PRESENCE:
+        *name = "presence-penalty";
+        ok = sd_cli_parse_float(optarg, &o->sampling.presence_penalty);
+        break;
+    case OPT_FREQUENCY:
+        *name = "frequency-penalty";
+        ok = sd_cli_parse_float(optarg, &o->sampling.frequency_penalty);
+        break;
+    case OPT_LOGPROBS:
+        *name = "logprobs";
+        ok = sd_cli_parse_i32(optarg, 0, SD_MAX_TOP_LOGPROBS, &o->top_logprobs);
+        o->logprobs = true;
+        break;
+    case OPT_CHAT: o->chat = true; break;
+    case OPT_SYSTEM: o->system = optarg; break;
+    case OPT_MESSAGE:
+        *name = "message";
+        ok = parse_turn(optarg, o);
+        o->chat = true;
+        break;
+    case OPT_CHAT_TEMPLATE: o->chat_template = optarg; break;
+    case OPT_JSON: o->json = true; break;
+    case OPT_NOEOS: o->ignore_eos = true; break;
+    case OPT_DRAFT: o->draft_path = optarg; break;
+    case OPT_NGRAM: o->ngram = true; break;
+    case OPT_DRAFT_LAYERS:
+        *name = "draft-layers";
+        ok = sd_cli_parse_i32(optarg, 1, 1024, &o->draft_layers);
+        break;
+    case 'k':
+        *name = "k";
+        ok = sd_cli_parse_i32(optarg, 1, SD_MAX_K, &o->k);
+        break;
+    case OPT_ADAPTIVE: o->adaptive_k = true; break;
+    case OPT_DEVICE:
+        *name = "device";
+        ok = sd_device_parse(optarg, &o->device) == SD_OK;
+        break;
+    case OPT_KV_TYPE:
+        *name = "kv-type (f32 or f16)";
+        ok = sd_kv_type_parse(optarg, &o->kv_type);
+        break;
+    case 'v': o->verbose = true; break;
+    default: *unknown = true; break;
     }
+    return ok;
+}
+
+/* The checks across options, once all are read: 0, or 2 with a message. */
+static int check_opts(const gen_opts *o) {
     if ((o->draft_path != NULL) + o->ngram + (o->draft_layers > 0) > 1) {
         fprintf(stderr, "specd-generate: --draft, --ngram and --draft-layers exclude each other\n");
         return 2;
@@ -290,6 +283,37 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         return 2;
     }
     return 0;
+}
+
+static int parse_args(int argc, char **argv, gen_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->n_predict = 128;
+    o->k = 4;
+    o->device = -1;
+    o->sampling = sd_sampling_default();
+    int c;
+    while ((c = getopt_long(argc, argv, "m:p:n:t:k:vh", longs, NULL)) != -1) {
+        const char *name;
+        bool unknown;
+        if (c == 'h') {
+            usage(stdout);
+            return 1;
+        }
+        bool ok = apply_opt(c, o, &name, &unknown);
+        if (unknown) {
+            usage(stderr);
+            return 2;
+        }
+        if (!ok) {
+            fprintf(stderr, "specd-generate: invalid value '%s' for --%s\n", optarg, name);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "specd-generate: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    return check_opts(o);
 }
 
 /* Reads all of stdin into a malloc'd NUL-terminated string (caller frees);
