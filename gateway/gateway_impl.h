@@ -157,7 +157,11 @@ typedef struct gw_choice {
     uint32_t prompt_tokens;
     sd_client_request_stats stats;
     double t_first_ms, t_last_ms; /* monotonic, 0 = none yet */
-    gw_lp *lps;                   /* [n_lps] each token's logprob, when the request asked (owned) */
+    /* monotonic arrival of the oldest chunk whose text or logprobs are not
+     * streamed yet (0: none), and of the final callback (0: not yet): the
+     * start of the forwarding time (gw_metrics_forward) */
+    double t_pending_ms, t_final_ms;
+    gw_lp *lps; /* [n_lps] each token's logprob, when the request asked (owned) */
     size_t n_lps, lps_cap;
     size_t lps_streamed; /* entries already sent as SSE */
     char *lp_bytes;      /* the tokens' bytes gw_tok_lp point into (owned) */
@@ -245,6 +249,15 @@ void gw_metrics_http(gw_metrics *m, gw_route route, int status);
 void gw_metrics_choice(gw_metrics *m, const gw_choice *c, double t_start_ms);
 /* A chunk of n tokens arrived gap_ms after the previous one. Thread-safe. */
 void gw_metrics_tokens(gw_metrics *m, uint32_t n, double gap_ms);
+/* How a response left the gateway, for gw_metrics_forward. */
+typedef enum gw_forward_kind {
+    GW_FORWARD_STREAM, /* an SSE event: oldest chunk in it arrived -> its bytes handed to libmicrohttpd */
+    GW_FORWARD_WHOLE,  /* a non-streamed response: last final callback -> the response queued */
+    GW_FORWARD_COUNT
+} gw_forward_kind;
+/* One forwarding of kind took seconds inside the gateway
+ * (specd_gateway_forward_seconds). Thread-safe; allocates nothing. */
+void gw_metrics_forward(gw_metrics *m, gw_forward_kind kind, double seconds);
 /* The /metrics body: gateway counters and, when st is non-NULL, the
  * coordinator's. Caller frees. */
 char *gw_metrics_render(gw_metrics *m, const gw_server *srv, const sd_client_service_stats *st);

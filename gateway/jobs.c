@@ -263,7 +263,9 @@ static bool append_logprobs(gw_choice *c, const sd_client_logprob *lps, size_t n
 }
 
 /* libspecd-client's callback, on its I/O thread (or, for a submit refused
- * locally, on the submitting thread). Quick: append and signal. */
+ * locally, on the submitting thread). Quick: append and signal. The
+ * arrival time is taken before the job's mutex, so waiting for it counts
+ * as forwarding time (the SSE side may hold the mutex while formatting). */
 static void on_chunk(const sd_client_chunk *ch, void *user) {
     gw_choice *c = user;
     gw_job *job = c->job;
@@ -272,6 +274,7 @@ static void on_chunk(const sd_client_chunk *ch, void *user) {
     double now = gw_now_ms();
     pthread_mutex_lock(&job->mu);
     if (ch->request_id && !c->request_id) c->request_id = ch->request_id;
+    size_t text_was = c->text_len, lps_was = c->n_lps;
     if (ch->text_len && !c->done && !append_text(c, ch->text, ch->text_len)) {
         SD_WARN("request %llu: output over %u bytes kept: cancelling it", (unsigned long long)c->request_id,
                 GW_MAX_OUTPUT_BYTES);
@@ -288,6 +291,8 @@ static void on_chunk(const sd_client_chunk *ch, void *user) {
             cancel = !ch->final;
         }
     }
+    /* something for the next SSE delta: its forwarding time starts here */
+    if ((c->text_len > text_was || c->n_lps > lps_was) && c->t_pending_ms == 0) c->t_pending_ms = now;
     if (ch->n_ids) {
         c->n_tokens += (uint32_t)ch->n_ids;
         gw_metrics_tokens(srv->metrics, (uint32_t)ch->n_ids, c->t_last_ms > 0 ? now - c->t_last_ms : -1);
@@ -298,6 +303,7 @@ static void on_chunk(const sd_client_chunk *ch, void *user) {
     uint64_t collect = 0;
     if (f) {
         c->done = true;
+        c->t_final_ms = now;
         c->status = f->status;
         c->code = f->code;
         snprintf(c->error, sizeof c->error, "%s", f->error);

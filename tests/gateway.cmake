@@ -25,8 +25,11 @@ set_tests_properties(it_gateway_streams it_gateway_streams_drafter_kill PROPERTI
 specd_unit_test(test_gateway_parse test_gateway_parse.c)
 target_link_libraries(test_gateway_parse PRIVATE specd_gateway_openai)
 # /metrics text from a made-up coordinator snapshot (gateway/metrics.c, compiled in).
-specd_unit_test(test_gateway_metrics test_gateway_metrics.c ${CMAKE_SOURCE_DIR}/gateway/metrics.c)
-target_link_libraries(test_gateway_metrics PRIVATE specd_gateway_openai)
+# The forwarding histogram is read back with specd-bench's reader (tools/bench_prom.c).
+specd_unit_test(test_gateway_metrics test_gateway_metrics.c ${CMAKE_SOURCE_DIR}/gateway/metrics.c
+                ${CMAKE_SOURCE_DIR}/tools/bench_prom.c)
+target_include_directories(test_gateway_metrics PRIVATE ${CMAKE_SOURCE_DIR}/tools)
+target_link_libraries(test_gateway_metrics PRIVATE specd_gateway_openai m)
 # specd-bench http (tools/bench_http.c, built where libcurl is) against a live gateway.
 if(TARGET specd-bench AND CURL_FOUND)
   specd_py_test(it_bench_http ${_it}test_bench_http.py LABELS integration)

@@ -4,7 +4,8 @@
  * drafter listed beside the one that replaced it (same role, rank and
  * name) as two distinct series, every sample's name and labels unique,
  * every sample under a family declared before it, and the coordinator's
- * series left out when it did not answer. The integration tests
+ * series left out when it did not answer; the forwarding histogram's
+ * buckets, read back with specd-bench's reader (tools/bench_prom.c). The integration tests
  * (test_gateway_load.py, test_gateway_streams.py) parse the live output
  * with prometheus_client. */
 #include <setjmp.h>
@@ -13,11 +14,13 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "bench_prom.h"
 #include "gateway_impl.h"
 
 /* metrics.c's one outside need from jobs.c */
@@ -153,6 +156,61 @@ static void test_workers_distinct(void **state) {
     free(st);
 }
 
+/* The forwarding histogram: a value on a bound counts in that bucket (le
+ * is inclusive), one above 50 ms only in +Inf, the two kinds apart; read
+ * back with specd-bench's reader, two renders apart give what was observed
+ * between them and the quantiles of that. */
+static void test_forward_histogram(void **state) {
+    (void)state;
+    gw_metrics *m = gw_metrics_create();
+    assert_non_null(m);
+    gw_server srv;
+    memset(&srv, 0, sizeof srv);
+    char *before = gw_metrics_render(m, &srv, NULL);
+    assert_non_null(before);
+    has_line(before, "specd_gateway_forward_seconds_count{response=\"stream\"} 0");
+    gw_metrics_forward(m, GW_FORWARD_STREAM, 3e-6);
+    gw_metrics_forward(m, GW_FORWARD_STREAM, 5e-6);
+    gw_metrics_forward(m, GW_FORWARD_STREAM, 7e-5);
+    gw_metrics_forward(m, GW_FORWARD_STREAM, 0.2);
+    gw_metrics_forward(m, GW_FORWARD_WHOLE, 1e-3);
+    char *text = gw_metrics_render(m, &srv, NULL);
+    gw_metrics_destroy(&m);
+    assert_non_null(text);
+    check_exposition(text);
+    has_line(text, "# TYPE specd_gateway_forward_seconds histogram");
+    has_line(text, "specd_gateway_forward_seconds_bucket{response=\"stream\",le=\"5e-06\"} 2");
+    has_line(text, "specd_gateway_forward_seconds_bucket{response=\"stream\",le=\"5e-05\"} 2");
+    has_line(text, "specd_gateway_forward_seconds_bucket{response=\"stream\",le=\"0.0001\"} 3");
+    has_line(text, "specd_gateway_forward_seconds_bucket{response=\"stream\",le=\"0.05\"} 3");
+    has_line(text, "specd_gateway_forward_seconds_bucket{response=\"stream\",le=\"+Inf\"} 4");
+    has_line(text, "specd_gateway_forward_seconds_count{response=\"stream\"} 4");
+    has_line(text, "specd_gateway_forward_seconds_bucket{response=\"whole\",le=\"0.0005\"} 0");
+    has_line(text, "specd_gateway_forward_seconds_bucket{response=\"whole\",le=\"0.001\"} 1");
+    has_line(text, "specd_gateway_forward_seconds_count{response=\"whole\"} 1");
+
+    sd_prom_histo h0, h1, d;
+    char err[256];
+    assert_true(
+        sd_prom_histo_parse(before, "specd_gateway_forward_seconds", "response=\"stream\"", &h0, err, sizeof err));
+    assert_true(
+        sd_prom_histo_parse(text, "specd_gateway_forward_seconds", "response=\"stream\"", &h1, err, sizeof err));
+    assert_int_equal(h1.n, 13);
+    assert_true(sd_prom_histo_diff(&h1, &h0, &d));
+    assert_true(d.count == 4 && fabs(d.sum - (3e-6 + 5e-6 + 7e-5 + 0.2)) < 1e-12);
+    bool beyond = true;
+    /* rank 2 of 4: the top of the first bucket, (0, 5 µs] holding 2 */
+    assert_true(fabs(sd_prom_histo_quantile(&d, 0.5, &beyond) - 5e-6) < 1e-15);
+    assert_false(beyond);
+    /* rank 2.6: 0.6 into the one in (50, 100] µs */
+    assert_true(fabs(sd_prom_histo_quantile(&d, 0.65, NULL) - 8e-5) < 1e-12);
+    /* rank 3.96: in +Inf */
+    assert_true(sd_prom_histo_quantile(&d, 0.99, &beyond) == 0.05);
+    assert_true(beyond);
+    free(before);
+    free(text);
+}
+
 static void test_coordinator_down(void **state) {
     (void)state;
     char *text = render(NULL);
@@ -168,6 +226,7 @@ int main(void) {
         cmocka_unit_test(test_speculation_series),
         cmocka_unit_test(test_workers_distinct),
         cmocka_unit_test(test_coordinator_down),
+        cmocka_unit_test(test_forward_histogram),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

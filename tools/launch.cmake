@@ -19,7 +19,7 @@ endif()
 # libcurl beside the same load through libspecd-client.
 pkg_check_modules(CURL IMPORTED_TARGET libcurl)
 if(TARGET specd_client AND TARGET specd-bench AND CURL_FOUND)
-  target_sources(specd-bench PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/bench_http.c)
+  target_sources(specd-bench PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/bench_http.c ${CMAKE_CURRENT_SOURCE_DIR}/bench_prom.c)
   target_link_libraries(specd-bench PRIVATE PkgConfig::CURL PkgConfig::CJSON)
   target_compile_definitions(specd-bench PRIVATE SPECD_BENCH_HTTP=1)
 elseif(TARGET specd-bench)
