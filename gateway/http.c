@@ -21,6 +21,9 @@
  * oldest chunk it carries (on_chunk's clock) to the return of the
  * stream_read call that hands its last byte to libmicrohttpd; a whole
  * response from the last choice's final callback to MHD_queue_response.
+ * (With logprobs, a delta that carries only the logprobs of tokens whose
+ * text is held back counts as well; the role, finish and [DONE] events
+ * carry no chunk and are not timed.)
  * What libmicrohttpd and the kernel do with the bytes after that is left
  * out: it is the same for any HTTP server, and measured end to end by
  * `specd-bench http`. Rejected: timing from the client side only, whose

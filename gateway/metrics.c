@@ -375,7 +375,7 @@ char *gw_metrics_render(gw_metrics *m, const gw_server *srv, const sd_client_ser
     histogram(&b, "specd_e2e_request_latency_seconds", "Request received to last token, at the gateway.", &snap.e2e,
               k_lat_bounds, LAT_BUCKETS);
     head(&b, "specd_gateway_forward_seconds", "histogram",
-         "Time inside the gateway: response=\"stream\": from the arrival of the oldest token chunk an SSE text "
+         "Time inside the gateway: response=\"stream\": from the arrival of the oldest token chunk an SSE delta "
          "event carries to its bytes handed to the HTTP library; response=\"whole\": from a request's last "
          "chunk to its response queued.");
     for (int k = 0; k < GW_FORWARD_COUNT; k++) {
