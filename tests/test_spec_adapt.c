@@ -25,6 +25,7 @@
  *     the n-gram drafter's acceptance is too low and too variable for a
  *     test that must not flake: under load it drafted from 8 to 27 tokens.)
  * Asserts on what the policy chose from measured times, never on speed. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -68,6 +69,28 @@ static void test_costly_draft_stops(void **state) {
     assert_false(sd_adapt_shadow_due(&ad, &c, 1));
     ad.steps_at_zero = 255;
     assert_true(sd_adapt_shadow_due(&ad, &c, 1));
+}
+
+/* The shadow budget follows what drafting could gain: an n-gram drafter in
+ * its own process (a 256 us round trip) at batch 1, where an acceptance of
+ * 0.2 already pays, is shadowed every other step or so; the same drafter at
+ * batch 64 on a batch-bound CPU verifier, where only ~0.9 would pay, keeps
+ * the 0.25% floor (the round trip against 0.25% of the step). */
+static void test_shadow_budget_follows_the_gain(void **state) {
+    (void)state;
+    sd_cost_model c;
+    fit(&c, 8000.0, 1900.0);
+    c.draft_token_us = 5.0;
+    sd_cost_observe_draft_step(&c, 256);
+    assert_true(sd_adapt_choose_k(0.3, &c, 1, 4) >= 1);
+    int32_t at1 = sd_adapt_shadow_interval(&c, 1);
+    assert_true(at1 >= 1 && at1 <= 2);
+    fit(&c, 19000.0, 2200.0); /* a step of 64 sequences: ~160 ms */
+    c.draft_token_us = 5.0;
+    sd_cost_observe_draft_step(&c, 3200);
+    assert_int_equal(sd_adapt_choose_k(0.85, &c, 64, 4), 0);
+    double step = sd_cost_verify_us(&c, 64), shadow = 3200.0 + 5.0 * 64;
+    assert_int_equal(sd_adapt_shadow_interval(&c, 64), (int32_t)ceil(shadow / (0.0025 * step)));
 }
 
 static void test_cheap_draft_goes_up(void **state) {
@@ -300,7 +323,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_costly_draft_stops),    cmocka_unit_test(test_cheap_draft_goes_up),
         cmocka_unit_test(test_sampled_ignores_costs), cmocka_unit_test(test_decoder_costly_draft_settles_at_zero),
-        cmocka_unit_test(test_decoder_ngram_drafts),
+        cmocka_unit_test(test_decoder_ngram_drafts),  cmocka_unit_test(test_shadow_budget_follows_the_gain),
     };
     return cmocka_run_group_tests(tests, make_model, remove_model);
 }

@@ -44,7 +44,8 @@
  * bound, which errs toward K = 0. The scheduler shadows every sequence due
  * at the same verify steps, one draft step for the batch every N verify
  * steps, the steps between carrying no draft traffic at all; N holds the
- * shadow steps to SHADOW_BUDGET of the verify time, a shadow step priced at
+ * shadow steps to a budget of the verify time (0.25%, up to 2% where
+ * drafting would pay at a low acceptance), a shadow step priced at
  * the measured draft round trip plus the drafter's own time per sequence.
  * The round trip is the right price where drafter and verifier share a
  * machine: on the 2-core CPU at 64 sequences a shadow of every sequence at
@@ -98,7 +99,8 @@
 
 #define SPEC_MARGIN         0.02   /* predicted gain below which a greedy sequence stays at K = 0 */
 #define COST_DECAY          0.99   /* ~100 steps of memory: spread over batch sizes for the fit */
-#define SHADOW_BUDGET       0.0025 /* share of the verify time that shadow drafting may add */
+#define SHADOW_BUDGET       0.0025 /* share of the verify time that shadow drafting may add, at least */
+#define SHADOW_BUDGET_MAX   0.02   /* ... and at most, where drafting pays at any acceptance */
 #define SHADOW_MAX          256
 #define SHADOW_WEIGHT       0.15 /* EMA weight of one shadow observation (a 0/1 sample) */
 #define SAMPLED_PROBE_EVERY 8
@@ -291,14 +293,36 @@ int32_t sd_adapt_sampled_k(const sd_adapt *a, int32_t max_k) {
     return k;
 }
 
+/* The acceptance rate at which one draft token starts to pay for a
+ * sequence in a batch of `batch` (sd_adapt_choose_k's test for K = 1), in
+ * [0, 1]: 1 where no acceptance makes it pay. */
+static double break_even_alpha(const sd_cost_model *c, int32_t batch) {
+    double share = c->verify_fixed_us / batch, tok = c->verify_token_us;
+    if (!(share + tok > 0)) return 1.0;
+    double a = (1.0 + SPEC_MARGIN) * (c->draft_token_us + share + 2.0 * tok) / (share + tok) - 1.0;
+    return a < 0 ? 0.0 : a > 1 ? 1.0 : a;
+}
+
 int32_t sd_adapt_shadow_interval(const sd_cost_model *c, int32_t batch) {
     if (batch < 1) batch = 1;
     /* a shadow step for the whole batch: its round trip (messages, both
      * processes waking up) and the drafter's time per sequence, against
-     * one verify step of the batch */
+     * one verify step of the batch. The budget is worth more where a
+     * drafter needs less to pay: from SHADOW_BUDGET_MAX where any
+     * acceptance pays down to SHADOW_BUDGET where only a drafter that is
+     * nearly always right would (a CPU at 64 sequences, where a shadow of
+     * every sequence at every step measured 0.8% of the throughput). At
+     * batch 1 on the CPU with the n-gram drafter in its own process, the
+     * fixed 0.25% allowed a shadow every ~11 steps: a request that had
+     * dropped to K = 0 in a stretch of new text noticed a copied stretch
+     * late, and the service committed 1.28 tokens a step on the
+     * copy-heavy prompts where one process, shadowing every step,
+     * committed 1.90 (bench/results/ngram-cpu.md). */
+    double budget = SHADOW_BUDGET_MAX * (1.0 - break_even_alpha(c, batch));
+    if (budget < SHADOW_BUDGET) budget = SHADOW_BUDGET;
     double shadow = c->draft_step_us + c->draft_token_us * batch;
     double step = sd_cost_verify_us(c, batch);
-    double steps = step > 0 ? ceil(shadow / (SHADOW_BUDGET * step)) : SHADOW_MAX;
+    double steps = step > 0 ? ceil(shadow / (budget * step)) : SHADOW_MAX;
     if (!(steps >= 1)) steps = 1; /* also NaN */
     if (steps > SHADOW_MAX) steps = SHADOW_MAX;
     return (int32_t)steps;
