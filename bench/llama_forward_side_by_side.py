@@ -60,16 +60,24 @@ def llama_run(llm, ids, n_decode):
     returns (prompt tok/s, decode tok/s, other-CPU share)."""
     import numpy as np
 
+    n_vocab = llm.n_vocab()
+
+    def last():
+        # the last evaluated token's logits, straight from the context
+        # (llama-cpp-python >= 0.3 keeps Llama.scores only with logits_all,
+        # which would put the LM head on every prompt row)
+        return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))))
+
     llm.reset()
     with Hyg() as h:
         t0 = time.perf_counter()
         llm.eval(ids)
         t1 = time.perf_counter()
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        tok = last()
         t2 = time.perf_counter()
         for _ in range(n_decode):
             llm.eval([tok])
-            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            tok = last()
         t3 = time.perf_counter()
     return len(ids) / (t1 - t0), n_decode / (t3 - t2), h.other
 
