@@ -93,6 +93,27 @@ double sd_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* The continuation bytes a UTF-8 lead byte b needs (0: b starts no
+ * well-formed character), and the range [*lo, *hi] its first continuation
+ * byte must be in (the rest: 0x80..0xBF), per Unicode's table of
+ * well-formed sequences: no overlongs, surrogates or code points past
+ * U+10FFFF. */
+static size_t utf8_lead(uint8_t b, uint8_t *lo, uint8_t *hi) {
+    *lo = 0x80, *hi = 0xBF;
+    if (b >= 0xC2 && b <= 0xDF) return 1;
+    if (b >= 0xE0 && b <= 0xEF) {
+        if (b == 0xE0) *lo = 0xA0;
+        if (b == 0xED) *hi = 0x9F;
+        return 2;
+    }
+    if (b >= 0xF0 && b <= 0xF4) {
+        if (b == 0xF0) *lo = 0x90;
+        if (b == 0xF4) *hi = 0x8F;
+        return 3;
+    }
+    return 0;
+}
+
 size_t sd_utf8_valid_len(const void *text, size_t len) {
     const uint8_t *s = text;
     size_t i = 0;
@@ -102,21 +123,9 @@ size_t sd_utf8_valid_len(const void *text, size_t len) {
             i++;
             continue;
         }
-        size_t need;
-        uint8_t lo = 0x80, hi = 0xBF;
-        if (b >= 0xC2 && b <= 0xDF) {
-            need = 1;
-        } else if (b >= 0xE0 && b <= 0xEF) {
-            need = 2;
-            if (b == 0xE0) lo = 0xA0;
-            if (b == 0xED) hi = 0x9F;
-        } else if (b >= 0xF0 && b <= 0xF4) {
-            need = 3;
-            if (b == 0xF0) lo = 0x90;
-            if (b == 0xF4) hi = 0x8F;
-        } else {
-            return i;
-        }
+        uint8_t lo, hi;
+        size_t need = utf8_lead(b, &lo, &hi);
+        if (need == 0) return i;
         if (len - i - 1 < need) return i;
         for (size_t k = 1; k <= need; k++) {
             uint8_t c = s[i + k];
@@ -152,21 +161,9 @@ static size_t json_byte(char *out, size_t o, uint8_t ch) {
  * byte that cannot start one (Unicode's "maximal subpart", as Python's and
  * browsers' decoders count). */
 static size_t maximal_subpart(const uint8_t *s, size_t n) {
-    uint8_t b = s[0], lo = 0x80, hi = 0xBF;
-    size_t need;
-    if (b >= 0xC2 && b <= 0xDF) {
-        need = 1;
-    } else if (b >= 0xE0 && b <= 0xEF) {
-        need = 2;
-        if (b == 0xE0) lo = 0xA0;
-        if (b == 0xED) hi = 0x9F;
-    } else if (b >= 0xF0 && b <= 0xF4) {
-        need = 3;
-        if (b == 0xF0) lo = 0x90;
-        if (b == 0xF4) hi = 0x8F;
-    } else {
-        return 1;
-    }
+    uint8_t lo, hi;
+    size_t need = utf8_lead(s[0], &lo, &hi);
+    if (need == 0) return 1;
     size_t k = 1;
     while (k <= need && k < n && s[k] >= (k == 1 ? lo : 0x80) && s[k] <= (k == 1 ? hi : 0xBF)) k++;
     return k;
