@@ -58,6 +58,7 @@ typedef struct sd_coord_params {
     int32_t heartbeat_interval_ms; /* SD_HEARTBEAT_INTERVAL_MS (tests shorten it) */
     int32_t heartbeat_liveness;    /* SD_HEARTBEAT_LIVENESS */
     bool stats_names;              /* workers' names (host:pid) in stats replies: off */
+    bool local_ngram;              /* an n-gram drafter inside the coordinator (local_draft.c): off */
 } sd_coord_params;
 
 sd_coord_params sd_coord_default_params(void);
@@ -506,6 +507,20 @@ void sd_coord_client_request_done(sd_coord *c, const uint8_t *ident, size_t iden
 /* server.c: sockets and the loop */
 typedef struct sd_coord_server sd_coord_server;
 /* Opens the sockets and the state. Caller frees with sd_coord_server_free. */
+/* ---- local_draft.c: the n-gram drafter inside the coordinator ---- */
+typedef struct sd_local_drafter sd_local_drafter;
+/* Creates the drafter, wraps c->io so that what is sent to it is answered
+ * in-process, and registers it (Hello) as a worker at now_us. */
+sd_status sd_local_drafter_new(sd_coord *c, uint64_t now_us, sd_local_drafter **out);
+/* Delivers the drafter's queued replies to the coordinator (each may queue
+ * the next); call after every handler that may have sent it something. */
+void sd_local_drafter_pump(sd_local_drafter *ld, uint64_t now_us);
+bool sd_local_drafter_pending(const sd_local_drafter *ld);
+/* Its routing id: no ZeroMQ peer can have it (local_draft.c). */
+bool sd_local_drafter_is_ident(const uint8_t *ident, size_t ident_len);
+/* Restores c->io and frees everything. */
+void sd_local_drafter_free(sd_local_drafter **ld);
+
 sd_status sd_coord_server_new(const sd_coord_params *p, sd_coord_server **out);
 /* Runs the loop until *stop becomes nonzero (checked at least every 50 ms). */
 sd_status sd_coord_server_run(sd_coord_server *s, atomic_int *stop);

@@ -58,6 +58,9 @@ static void usage(FILE *f) {
             "  --worker-keys FILE        allow-list of worker public keys: drafters, verifier leaders\n"
             "                            (a client key can never register a worker)\n"
             "  --insecure                allow a non-loopback bind without keys (trusted networks only)\n"
+            "  --local-ngram             run an n-gram (prompt lookup) drafter inside the coordinator: no\n"
+            "                            drafter process and no draft round trip (other drafters may still\n"
+            "                            register beside it)\n"
             "  --stats-names             list workers' names (host:pid) in every client's stats query; off:\n"
             "                            names are left empty (only an operator should see them)\n"
             "  --chat-template NAME      chat format when the model's template is not recognised (or to\n"
@@ -88,7 +91,8 @@ int main(int argc, char **argv) {
         O_CHAT,
         O_CKEYS,
         O_WKEYS,
-        O_INSECURE
+        O_INSECURE,
+        O_LOCAL_NGRAM
     };
     static const struct option opts[] = {{"model", required_argument, 0, O_MODEL},
                                          {"client-addr", required_argument, 0, O_CADDR},
@@ -108,6 +112,7 @@ int main(int argc, char **argv) {
                                          {"client-keys", required_argument, 0, O_CKEYS},
                                          {"worker-keys", required_argument, 0, O_WKEYS},
                                          {"insecure", no_argument, 0, O_INSECURE},
+                                         {"local-ngram", no_argument, 0, O_LOCAL_NGRAM},
                                          {"verbose", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -162,6 +167,7 @@ int main(int argc, char **argv) {
         case O_CKEYS: p.client_keys_file = optarg; break;
         case O_WKEYS: p.worker_keys_file = optarg; break;
         case O_INSECURE: p.insecure = true; break;
+        case O_LOCAL_NGRAM: p.local_ngram = true; break;
         case 'v': verbose = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;

@@ -33,6 +33,7 @@ struct sd_coord_server {
     sd_curve_allow client_keys, worker_keys;
     sd_zap_domain domains[2];
     sd_zap *zap; /* the ZAP handler thread (CurveZMQ only) */
+    sd_local_drafter *local; /* --local-ngram, or NULL */
 };
 
 static bool send_to_worker(void *user, const uint8_t *ident, size_t ident_len, const Specd__CoordinatorToWorker *env) {
@@ -108,6 +109,7 @@ sd_status sd_coord_server_new(const sd_coord_params *p, sd_coord_server **out) {
     if ((st = sd_net_socket_open(s->zctx, &sp, p->worker_addr, NULL, &s->worker_sock)) != SD_OK) goto fail;
     SD_INFO("clients on %s, workers on %s%s (messages at most %lld and %lld bytes)", p->client_addr, p->worker_addr,
             s->id.on ? " (CurveZMQ, allow-lists)" : " (plaintext)", (long long)client_cap, (long long)sp.max_msg_bytes);
+    if (p->local_ngram && (st = sd_local_drafter_new(&s->c, sd_coord_now_us(), &s->local)) != SD_OK) goto fail;
     *out = s;
     return SD_OK;
 fail:
@@ -148,11 +150,14 @@ static void drain(sd_coord_server *s, bool workers) {
             sd_net_msg_clear(&m);
             break;
         }
-        if (workers)
+        if (workers && sd_local_drafter_is_ident(m.identity, m.identity_len))
+            SD_WARN("a worker message from a peer with the in-coordinator drafter's routing id; dropped");
+        else if (workers)
             sd_workers_on_message_as(&s->c, m.identity, m.identity_len, m.user_id, m.body, m.body_len, now);
         else
             sd_clients_on_message(&s->c, m.identity, m.identity_len, m.body, m.body_len, now);
         sd_net_msg_clear(&m);
+        sd_local_drafter_pump(s->local, sd_coord_now_us());
     }
 }
 
@@ -162,7 +167,7 @@ sd_status sd_coord_server_run(sd_coord_server *s, atomic_int *stop) {
         zmq_pollitem_t items[3] = {{s->worker_sock, 0, ZMQ_POLLIN, 0},
                                    {s->client_sock, 0, ZMQ_POLLIN, 0},
                                    {NULL, sd_tokq_fd(s->tokq), ZMQ_POLLIN, 0}};
-        int rc = zmq_poll(items, 3, POLL_MS);
+        int rc = zmq_poll(items, 3, sd_local_drafter_pending(s->local) ? 0 : POLL_MS);
         if (rc < 0) {
             if (zmq_errno() == EINTR) continue;
             SD_ERROR("zmq_poll: %s", zmq_strerror(zmq_errno()));
@@ -171,12 +176,14 @@ sd_status sd_coord_server_run(sd_coord_server *s, atomic_int *stop) {
         if (items[0].revents & ZMQ_POLLIN) drain(s, true);
         if (items[1].revents & ZMQ_POLLIN) drain(s, false);
         if (items[2].revents & ZMQ_POLLIN) sd_clients_on_tokenized(&s->c, sd_coord_now_us());
+        sd_local_drafter_pump(s->local, sd_coord_now_us());
         uint64_t now = sd_coord_now_us();
         if (now >= last_tick + TICK_US) {
             sd_workers_tick(&s->c, now);
             sd_clients_tick(&s->c, now);
             last_tick = now;
         }
+        sd_local_drafter_pump(s->local, sd_coord_now_us());
     }
     SD_INFO("stopping");
     return SD_OK;
@@ -190,6 +197,7 @@ void sd_coord_server_free(sd_coord_server **sp) {
     sd_zap_stop(&s->zap);
     if (s->zctx) zmq_ctx_term(s->zctx);
     sd_tokq_free(&s->tokq); /* before the state: the thread reads its tokenizer */
+    sd_local_drafter_free(&s->local);
     sd_curve_allow_free(&s->client_keys);
     sd_curve_allow_free(&s->worker_keys);
     memset(&s->id, 0, sizeof s->id);

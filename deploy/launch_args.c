@@ -23,7 +23,9 @@ static void usage(FILE *f) {
         "\n"
         "  --target FILE          target model (GGUF) for the coordinator and the verifier (required)\n"
         "  --draft FILE           drafter: a separate draft model with the target's vocabulary\n"
-        "  --ngram                drafter: n-gram prompt lookup (no model)\n"
+        "  --ngram                drafter: n-gram prompt lookup (no model), in its own process\n"
+        "  --local-ngram          drafter: n-gram prompt lookup inside the coordinator (no process, no draft\n"
+        "                         round trip; the fastest lookup decoding)\n"
         "  --draft-layers L       drafter: the target's first L layers (self-draft)\n"
         "                         The three drafter flags may be repeated and mixed: each starts one drafter,\n"
         "                         all active at once (at most %d); each is restarted when it dies.\n"
@@ -74,6 +76,7 @@ enum {
     OPT_DRAFT_LAYERS,
     OPT_DRAFTERS,
     OPT_NO_DRAFT,
+    OPT_LOCAL_NGRAM,
     OPT_GROUPS,
     OPT_TP,
     OPT_VERIFIER_DEVICE,
@@ -171,6 +174,7 @@ static bool apply_worker_option(launch_opts *o, int opt, char *arg) {
         return add_drafter(o, DRAFT_LAYERS, NULL, layers);
     case OPT_DRAFTERS: return parse_drafters(o, arg);
     case OPT_NO_DRAFT: o->no_draft = true; return true;
+    case OPT_LOCAL_NGRAM: o->local_ngram = true; return true;
     case OPT_GROUPS:
         if (!sd_cli_parse_int(arg, 1, MAX_GROUPS, &o->groups)) {
             fprintf(stderr, "specd-launch: --groups must be an integer in [1, %d], got '%s'\n", MAX_GROUPS, arg);
@@ -232,9 +236,9 @@ static bool apply_service_option(launch_opts *o, int opt, char *arg) {
 
 /* The rules between flags: 0, or 2 with the reason on stderr. */
 static int check_opts(const launch_opts *o) {
-    if (!o->target || (o->n_drafters == 0) == !o->no_draft) {
-        fprintf(stderr, "specd-launch: need --target and either drafters (--draft, --ngram, --draft-layers, "
-                        "--drafters) or --no-draft (see --help)\n");
+    if (!o->target || (o->n_drafters == 0 && !o->local_ngram) == !o->no_draft) {
+        fprintf(stderr, "specd-launch: need --target and either drafters (--draft, --ngram, --local-ngram, "
+                        "--draft-layers, --drafters) or --no-draft (see --help)\n");
         return 2;
     }
     if (o->groups * o->tp > MAX_TP) {
@@ -270,6 +274,7 @@ static const struct option launch_longs[] = {{"target", required_argument, 0, OP
                                              {"ngram", no_argument, 0, OPT_NGRAM},
                                              {"draft-layers", required_argument, 0, OPT_DRAFT_LAYERS},
                                              {"no-draft", no_argument, 0, OPT_NO_DRAFT},
+                                             {"local-ngram", no_argument, 0, OPT_LOCAL_NGRAM},
                                              {"tp", required_argument, 0, OPT_TP},
                                              {"client-addr", required_argument, 0, OPT_CLIENT_ADDR},
                                              {"worker-addr", required_argument, 0, OPT_WORKER_ADDR},

@@ -33,6 +33,7 @@ typedef struct drafter_spec {
 typedef struct launch_opts {
     const char *target;
     bool no_draft;
+    bool local_ngram; /* --local-ngram: the coordinator's own n-gram drafter */
     drafter_spec drafters[MAX_DRAFTERS];
     int n_drafters;
     int tp, groups;

@@ -216,6 +216,7 @@ static void build_argv(launcher *L, child *c) {
         push(c, &n, o->client_addr);
         push(c, &n, "--worker-addr");
         push(c, &n, o->worker_addr);
+        if (o->local_ngram) push(c, &n, "--local-ngram");
         break;
     case CHILD_VERIFIER:
         push(c, &n, "--model");
@@ -612,7 +613,8 @@ static bool open_ready_socket(launcher *L, launch_ready *rd) {
 static bool check_ready(launcher *L, launch_ready *rd, bool sock_readable, double deadline, bool *ready) {
     const launch_opts *o = &L->o;
     if (sock_readable) launch_ready_read(rd);
-    if (rd->groups_alive >= o->groups && rd->drafters_alive >= o->n_drafters &&
+    const int drafters = o->n_drafters + (o->local_ngram ? 1 : 0); /* the coordinator's own counts */
+    if (rd->groups_alive >= o->groups && rd->drafters_alive >= drafters &&
         (o->no_gateway || launch_gateway_listening(o->http))) {
         *ready = true;
         SD_INFO("all processes registered (%d running)", n_running(L));
@@ -623,7 +625,7 @@ static bool check_ready(launcher *L, launch_ready *rd, bool sock_readable, doubl
     } else if (now_ms() > deadline) {
         SD_ERROR("not ready after %d s: %d of %d verifier groups and %d of %d drafters registered, gateway "
                  "%s; stopping the service",
-                 o->ready_timeout_s, rd->groups_alive, o->groups, rd->drafters_alive, o->n_drafters,
+                 o->ready_timeout_s, rd->groups_alive, o->groups, rd->drafters_alive, drafters,
                  o->no_gateway                       ? "not asked for"
                  : launch_gateway_listening(o->http) ? "listening"
                                                      : "NOT listening");

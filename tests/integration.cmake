@@ -7,6 +7,10 @@ set(_it integration/)
 specd_py_test(it_greedy_tiny_model ${_it}test_greedy.py ARGS --model tiny --drafter model --n 64 LABELS integration)
 specd_py_test(it_greedy_tiny_self ${_it}test_greedy.py ARGS --model tiny --drafter layers --n 64 LABELS integration)
 specd_py_test(it_greedy_tiny_ngram ${_it}test_greedy.py ARGS --model tiny --drafter ngram --n 64 LABELS integration)
+specd_py_test(it_greedy_tiny_local_ngram ${_it}test_greedy.py ARGS --model tiny --drafter local-ngram --n 64
+              LABELS integration)
+specd_py_test(it_greedy_smollm_local_ngram ${_it}test_greedy.py ARGS --model smollm --drafter local-ngram --n 3
+              --tokens 16 LABELS integration model)
 specd_py_test(it_greedy_tiny_hf ${_it}test_greedy.py ARGS --model tiny --drafter layers --n 8 --hf LABELS integration)
 specd_py_test(it_greedy_tiny_warmup ${_it}test_greedy.py ARGS --model tiny --drafter model --n 16 --warmup 40
               LABELS integration)
@@ -34,6 +38,7 @@ specd_py_test(it_hostile ${_it}test_hostile.py LABELS integration)
 specd_py_test(it_launch_curve ${_it}test_launch.py ARGS --curve LABELS integration)
 # The integration tests start several processes each: never two at once.
 set_tests_properties(it_greedy_tiny_model it_greedy_tiny_self it_greedy_tiny_ngram it_greedy_tiny_hf
+                     it_greedy_tiny_local_ngram it_greedy_smollm_local_ngram
                      it_greedy_tiny_warmup it_greedy_smollm_ngram
                      it_greedy_smollm_self it_greedy_smollm_ngram_64 it_greedy_smollm_self_64 it_seeded
                      it_drafter_kill it_verifier_restart it_cancel it_bad_input it_overload it_netns it_launch

@@ -2497,6 +2497,66 @@ static void test_drafter_choice_by_goodput(void **state) {
     harness_free(h);
 }
 
+/* The n-gram drafter inside the coordinator (--local-ngram): it registers
+ * as a drafter without a socket, its drafts come back within the same pump
+ * (no verify step waits on a process), they continue what the context
+ * repeats, and it answers heartbeats, so it stays alive. */
+static void test_local_ngram_drafter(void **state) {
+    (void)state;
+    NEED_MODEL();
+    sd_coord_params p = sd_coord_default_params();
+    p.adaptive_k = false;
+    p.default_k = 4;
+    harness *h = harness_new(&p);
+    sd_local_drafter *ld = NULL;
+    assert_int_equal(sd_local_drafter_new(&h->c, h->now, &ld), SD_OK);
+    assert_int_equal(sd_place_count(&h->c, SPECD__ROLE__ROLE_DRAFTER), 1);
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    const int32_t pat[6] = {5, 6, 7, 8, 9, 10};
+    int32_t prompt[14];
+    for (int i = 0; i < 14; i++) prompt[i] = pat[i % 6];
+    submit(h, "c", prompt, 14, 40, NULL);
+    uint64_t rid = expect_accepted(h, "c");
+    sd_local_drafter_pump(ld, h->now); /* the prefill's draft step (its drafts are dropped) */
+    Specd__CoordinatorToWorker *vw = expect_verify(h, "v");
+    assert_int_equal(vw->verify->seqs[0]->n_append, 14);
+    vres r0 = {.n_commit = 1, .commit = {7}, .cached_len = 14};
+    reply_verify(h, "v", vw->verify, &r0);
+    specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    int32_t n_ctx = 15; /* committed so far: the prompt and 7 */
+    for (int round = 0; round < 2; round++) {
+        assert_null(pop_worker(h, "v")); /* the verify step waits for the drafts ... */
+        sd_local_drafter_pump(ld, h->now); /* ... which arrive in this pump */
+        vw = expect_verify(h, "v");
+        Specd__VerifySeq *vs = vw->verify->seqs[0];
+        assert_int_equal(vs->n_draft, 4);
+        for (size_t j = 0; j < vs->n_draft; j++) assert_int_equal(vs->draft[j], pat[(n_ctx + (int32_t)j) % 6]);
+        assert_int_equal(vs->n_q, 4);
+        vres r = {.n_accepted = 4, .n_commit = 5, .cached_len = (uint32_t)(n_ctx + 4)};
+        for (int j = 0; j < 5; j++) r.commit[j] = pat[(n_ctx + j) % 6];
+        reply_verify(h, "v", vw->verify, &r);
+        specd__coordinator_to_worker__free_unpacked(vw, NULL);
+        n_ctx += 5;
+    }
+    sd_session *s = sd_sched_find(&h->c, rid);
+    assert_non_null(s);
+    assert_int_equal(s->drafted, 8);
+    assert_int_equal(s->accepted, 8);
+    /* heartbeats answered: alive past the liveness period */
+    uint64_t dead = (uint64_t)p.heartbeat_interval_ms * 1000u * (uint64_t)(p.heartbeat_liveness + 2);
+    for (uint64_t t = 0; t < dead; t += (uint64_t)p.heartbeat_interval_ms * 500u) {
+        h->now += (uint64_t)p.heartbeat_interval_ms * 500u;
+        heartbeat(h, "v");
+        sd_workers_tick(&h->c, h->now);
+        sd_local_drafter_pump(ld, h->now);
+    }
+    assert_int_equal(sd_place_count(&h->c, SPECD__ROLE__ROLE_DRAFTER), 1);
+    assert_int_equal(sd_place_count(&h->c, SPECD__ROLE__ROLE_VERIFIER), 1);
+    sd_local_drafter_free(&ld);
+    assert_null(ld);
+    harness_free(h);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stop_string_across_tokens),
@@ -2531,6 +2591,7 @@ int main(void) {
         cmocka_unit_test(test_drained_group_hands_over),
         cmocka_unit_test(test_drafters_share_failover_pin),
         cmocka_unit_test(test_drafter_choice_by_goodput),
+        cmocka_unit_test(test_local_ngram_drafter),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,7 +1,7 @@
 """N concurrent greedy requests through the service produce exactly the tokens
 specd-generate gives each prompt alone.
 
-  test_greedy.py --model tiny|smollm --drafter model|ngram|layers|none [--n 64] [--tokens 24] [--adaptive] [--hf]
+  test_greedy.py --model tiny|smollm --drafter model|ngram|local-ngram|layers|none [--n 64] [--tokens 24] [--adaptive] [--hf]
                  [--warmup N]
 
 tiny: a random 2-layer target (specd-mkmodel) with a random 1-layer draft
@@ -19,7 +19,9 @@ target as a Hugging Face directory converted from the GGUF (specd-mkmodel
 the same numbers, so the tokens must be equal. --warmup N: verifier and
 model drafter warm up to N tokens before registering (as they do by default
 on a GPU); the coordinator must say it seeded its cost model from the
-verifier's step times, and the tokens must still be equal."""
+verifier's step times, and the tokens must still be equal. --drafter
+local-ngram: no drafter process; the coordinator's own n-gram drafter
+(specd-coordinator --local-ngram) drafts, and must have registered."""
 import os
 import subprocess
 import argparse
@@ -51,9 +53,15 @@ def run(h, args):
     # load; adaptive K may rightly choose K = 0 for a drafter that does not
     # pay (the tiny models; SmolLM2's 1-layer self-draft under ASan)
     warm = ("--warmup", str(args.warmup)) if args.warmup else ()
-    coord, _, _ = h.start_service(target, drafter=None if args.drafter == "none" else args.drafter, draft=draft,
-                                  coord_extra=() if args.adaptive else H.FIXED_K, verifier_extra=warm,
+    local = args.drafter == "local-ngram"
+    coord, _, _ = h.start_service(target, drafter=None if args.drafter in ("none", "local-ngram") else args.drafter,
+                                  draft=draft, coord_extra=list(() if args.adaptive else H.FIXED_K)
+                                  + (["--local-ngram"] if local else []), verifier_extra=warm,
                                   drafter_extra=warm if args.drafter in ("model", "layers") else ())
+    if local:
+        with open(coord.logpath, errors="replace") as f:
+            H.check(any("drafter in-coordinator (DRAFTER_KIND_NGRAM) registered" in l for l in f),
+                    "the coordinator's own n-gram drafter did not register")
     if args.warmup:
         with open(coord.logpath, errors="replace") as f:
             seeded = [l for l in f if "cost model seeded" in l]
@@ -87,7 +95,7 @@ def run(h, args):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", choices=["tiny", "smollm"], default="tiny")
-    ap.add_argument("--drafter", choices=["model", "ngram", "layers", "none"], default="model")
+    ap.add_argument("--drafter", choices=["model", "ngram", "local-ngram", "layers", "none"], default="model")
     ap.add_argument("--n", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--timeout", type=float, default=600)
