@@ -133,8 +133,7 @@ static void deliver(sd_local_drafter *ld, const Specd__CoordinatorToWorker *env)
 
 static bool to_worker(void *user, const uint8_t *ident, size_t ident_len, const Specd__CoordinatorToWorker *env) {
     sd_local_drafter *ld = user;
-    if (!sd_local_drafter_is_ident(ident, ident_len))
-        return ld->inner.to_worker(ld->inner.user, ident, ident_len, env);
+    if (!sd_local_drafter_is_ident(ident, ident_len)) return ld->inner.to_worker(ld->inner.user, ident, ident_len, env);
     deliver(ld, env);
     return true;
 }

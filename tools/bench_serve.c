@@ -121,11 +121,12 @@ static double pct(double *v, size_t n, double p) {
     return v[i < n ? i : n - 1];
 }
 
-/* One round: conc requests at once, all with the same max_k; the CPU
+/* One round: conc requests at once, all with the same max_k, each ending
+ * at `tokens` or (stop_at_eos) at the model's end of generation; the CPU
  * that processes other than the service's ("specd-*") and this one used
  * meanwhile goes to round_other. */
 static void round_run(sd_client *c, char **prompts, int n_prompts, int *next_prompt, int conc, int tokens,
-                      int32_t max_k, const sd_hyg_params *hyg, serve_tally *t) {
+                      bool stop_at_eos, int32_t max_k, const sd_hyg_params *hyg, serve_tally *t) {
     serve_req *reqs = calloc((size_t)conc, sizeof *reqs);
     uint64_t *ids = calloc((size_t)conc, sizeof *ids);
     bool *ok = calloc((size_t)conc, sizeof *ok);
@@ -138,7 +139,7 @@ static void round_run(sd_client *c, char **prompts, int n_prompts, int *next_pro
         q.prompt = prompts[(*next_prompt)++ % n_prompts];
         q.chat = true;
         q.max_tokens = (uint32_t)tokens;
-        q.ignore_eos = true;
+        q.ignore_eos = !stop_at_eos;
         q.max_k = max_k;
         ok[i] = sd_client_submit(c, &q, on_chunk, &reqs[i], &ids[i]) == SD_OK;
         if (!ok[i]) t->failures++;
@@ -216,13 +217,15 @@ static void ratio_ci(const double *r, int n, double *gm, double *lo, double *hi)
 
 static void usage(FILE *f) {
     fprintf(f, "usage: specd-bench serve [--coordinator ADDR] [--prompts FILE] [--conc 1,8,64] [-n TOKENS]\n"
-               "                        [--rounds R] [--warmup W] [--max-other-load CORES] [-o OUT.md]\n"
+               "                        [--rounds R] [--warmup W] [--eos] [--max-other-load CORES] [-o OUT.md]\n"
                "Start the service first (specd-launch --target ... --ngram). Each concurrency runs R rounds\n"
                "of speculative and R of target-only (max_k -1) requests, alternating.\n"
                "  --coordinator ADDR  client address (default tcp://127.0.0.1:7700)\n"
                "  --prompts FILE      one prompt per line, sent as chat turns (default bench/prompts/chat.txt)\n"
                "  --conc LIST         concurrencies (default 1,8,64)\n"
                "  -n TOKENS           new tokens per request (default 64; EOS ignored)\n"
+               "  --eos               a request also ends at the model's end of generation, as users'\n"
+               "                      requests do (tokens/s counts the tokens generated)\n"
                "  --rounds R          rounds per mode and concurrency (default 4)\n"
                "  --warmup W          unmeasured rounds per mode before them (default 1)\n"
                "  --max-other-load C  leave out pairs of rounds during which processes other than the\n"
@@ -287,6 +290,7 @@ typedef struct serve_opts {
     const char *versus;                      /* a second (plaintext) service to compare with */
     char conc_list[128];
     int tokens, rounds, warmup;
+    bool eos; /* --eos: requests end at EOS too */
     sd_hyg_params hyg;
 } serve_opts;
 
@@ -309,6 +313,7 @@ static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
                                           {"curve-secret", required_argument, 0, 'S'},
                                           {"curve-server", required_argument, 0, 'K'},
                                           {"versus", required_argument, 0, 'V'},
+                                          {"eos", no_argument, 0, 'E'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     o->hyg.exclude_prefix = "specd-"; /* the service's processes do the work measured */
@@ -327,6 +332,7 @@ static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
         case 'S': o->curve_secret = optarg; break;
         case 'K': o->curve_server = optarg; break;
         case 'V': o->versus = optarg; break;
+        case 'E': o->eos = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -412,7 +418,8 @@ static void run_rounds(const serve_opts *o, const serve_modes *md, char **prompt
         for (int m = 0; m < 2; m++) {
             serve_tally w = {0};
             int first_prompt = *next_prompt;
-            round_run(md->client[m], prompts, n_prompts, next_prompt, conc, o->tokens, md->draft[m], &o->hyg, &w);
+            round_run(md->client[m], prompts, n_prompts, next_prompt, conc, o->tokens, o->eos, md->draft[m], &o->hyg,
+                      &w);
             if (m == 0) *next_prompt = first_prompt;
             free(w.lat);
         }
@@ -422,7 +429,8 @@ static void run_rounds(const serve_opts *o, const serve_modes *md, char **prompt
         for (int i = 0; i < 2; i++) { /* m 0: speculative, 1: target-only; ABBA order */
             int m = (r % 2) ? 1 - i : i;
             *next_prompt = first_prompt; /* the pair sends the same prompts */
-            round_run(md->client[m], prompts, n_prompts, next_prompt, conc, o->tokens, md->draft[m], &o->hyg, &tl[m]);
+            round_run(md->client[m], prompts, n_prompts, next_prompt, conc, o->tokens, o->eos, md->draft[m], &o->hyg,
+                      &tl[m]);
         }
     }
 }
