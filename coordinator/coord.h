@@ -59,6 +59,7 @@ typedef struct sd_coord_params {
     int32_t heartbeat_liveness;    /* SD_HEARTBEAT_LIVENESS */
     bool stats_names;              /* workers' names (host:pid) in stats replies: off */
     bool local_ngram;              /* an n-gram drafter inside the coordinator (local_draft.c): off */
+    int32_t local_ngram_cache;     /* its cache shared across requests, entries (65536; 0 = none) */
 } sd_coord_params;
 
 sd_coord_params sd_coord_default_params(void);

@@ -181,6 +181,7 @@ sd_status sd_local_drafter_new(sd_coord *c, uint64_t now_us, sd_local_drafter **
     dp.max_seqs = c->p.max_active;
     dp.max_ctx = c->n_ctx;
     dp.top_n = 1; /* q is a point mass on the proposal */
+    dp.ngram_cache_entries = c->p.local_ngram_cache > 0 ? c->p.local_ngram_cache : -1;
     sd_draft_server_params sp = sd_draft_server_default_params();
     sp.max_seqs = dp.max_seqs;
     sp.max_ctx = dp.max_ctx;

@@ -61,6 +61,8 @@ static void usage(FILE *f) {
             "  --local-ngram             run an n-gram (prompt lookup) drafter inside the coordinator: no\n"
             "                            drafter process and no draft round trip (other drafters may still\n"
             "                            register beside it)\n"
+            "  --ngram-cache N           its n-grams of earlier outputs kept for all requests (65536; 0: none,\n"
+            "                            e.g. for benchmarks that repeat their prompts)\n"
             "  --stats-names             list workers' names (host:pid) in every client's stats query; off:\n"
             "                            names are left empty (only an operator should see them)\n"
             "  --chat-template NAME      chat format when the model's template is not recognised (or to\n"
@@ -92,7 +94,8 @@ int main(int argc, char **argv) {
         O_CKEYS,
         O_WKEYS,
         O_INSECURE,
-        O_LOCAL_NGRAM
+        O_LOCAL_NGRAM,
+        O_NGRAM_CACHE
     };
     static const struct option opts[] = {{"model", required_argument, 0, O_MODEL},
                                          {"client-addr", required_argument, 0, O_CADDR},
@@ -113,6 +116,7 @@ int main(int argc, char **argv) {
                                          {"worker-keys", required_argument, 0, O_WKEYS},
                                          {"insecure", no_argument, 0, O_INSECURE},
                                          {"local-ngram", no_argument, 0, O_LOCAL_NGRAM},
+                                         {"ngram-cache", required_argument, 0, O_NGRAM_CACHE},
                                          {"verbose", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -168,6 +172,10 @@ int main(int argc, char **argv) {
         case O_WKEYS: p.worker_keys_file = optarg; break;
         case O_INSECURE: p.insecure = true; break;
         case O_LOCAL_NGRAM: p.local_ngram = true; break;
+        case O_NGRAM_CACHE:
+            name = "ngram-cache";
+            ok = sd_cli_parse_i32(optarg, 0, 1 << 24, &p.local_ngram_cache);
+            break;
         case 'v': verbose = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;

@@ -33,6 +33,7 @@ sd_coord_params sd_coord_default_params(void) {
         .verify_timeout_ms = 30000,
         .heartbeat_interval_ms = SD_HEARTBEAT_INTERVAL_MS,
         .heartbeat_liveness = SD_HEARTBEAT_LIVENESS,
+        .local_ngram_cache = 65536,
     };
 }
 

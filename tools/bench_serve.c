@@ -79,6 +79,9 @@ typedef struct serve_tally {
     double tokens, seconds;
     double round_tps[MAX_ROUNDS];   /* tokens/s of each round */
     double round_other[MAX_ROUNDS]; /* CPU cores used by processes outside the service during each round */
+    /* decode only: tokens after each request's first and the time they took
+     * (its total minus its time to the first token), per round */
+    double round_dec_tokens[MAX_ROUNDS], round_dec_ms[MAX_ROUNDS];
     int n_rounds;
     double drafted, accepted, drafting_ms, verifying_ms, busy_ms;
     double steps; /* target steps summed over requests */
@@ -144,7 +147,7 @@ static void round_run(sd_client *c, char **prompts, int n_prompts, int *next_pro
         ok[i] = sd_client_submit(c, &q, on_chunk, &reqs[i], &ids[i]) == SD_OK;
         if (!ok[i]) t->failures++;
     }
-    double gen = 0;
+    double gen = 0, dec_tokens = 0, dec_ms = 0;
     for (int i = 0; i < conc; i++) {
         if (!ok[i]) continue;
         sd_client_result res = {0};
@@ -154,6 +157,10 @@ static void round_run(sd_client *c, char **prompts, int n_prompts, int *next_pro
             continue;
         }
         gen += (double)res.n_ids;
+        if (res.n_ids > 1 && res.stats.total_ms > res.stats.first_token_ms) {
+            dec_tokens += (double)(res.n_ids - 1);
+            dec_ms += res.stats.total_ms - res.stats.first_token_ms;
+        }
         t->drafted += res.stats.drafted;
         t->steps += res.stats.target_steps;
         t->accepted += res.stats.accepted;
@@ -168,6 +175,8 @@ static void round_run(sd_client *c, char **prompts, int n_prompts, int *next_pro
     t->seconds += t1 - t0;
     if (t->n_rounds < MAX_ROUNDS) {
         t->round_other[t->n_rounds] = sd_hyg_other_cores(&h0, &h1);
+        t->round_dec_tokens[t->n_rounds] = dec_tokens;
+        t->round_dec_ms[t->n_rounds] = dec_ms;
         t->round_tps[t->n_rounds++] = t1 > t0 ? gen / (t1 - t0) : 0;
     }
     for (int i = 0; i < conc; i++) {
@@ -488,6 +497,20 @@ static void run_concurrency(const serve_opts *o, const serve_modes *md, FILE *ou
     notes_add(notes, notes_cap, "- concurrency %d, %s by round:", conc, md->ratio_name);
     for (int r = 0; r < n_ratio; r++) notes_add(notes, notes_cap, " %.3f", ratio[r]);
     notes_add(notes, notes_cap, "\n");
+    /* decode only, over the kept pairs: how specd-generate and llama.cpp
+     * report decode speed (prefill and the first token left out) */
+    double dec[2] = {0, 0};
+    for (int m = 0; m < 2; m++) {
+        double tok = 0, ms = 0;
+        for (int r = 0; r < n_pairs; r++)
+            if (keep[r]) tok += tl[m].round_dec_tokens[r], ms += tl[m].round_dec_ms[r];
+        dec[m] = ms > 0 ? tok * 1e3 / ms : 0;
+    }
+    if (dec[0] > 0 && dec[1] > 0)
+        notes_add(notes, notes_cap,
+                  "  decode only (each request's tokens after its first, over its time after the first; prefill "
+                  "left out): %s %.1f tok/s, %s %.1f tok/s per request: %.2fx\n",
+                  md->label[0], dec[0], md->label[1], dec[1], dec[0] / dec[1]);
     serve_ratios sr;
     ratio_ci(ratio, n_ratio, &sr.gm, &sr.ci_lo, &sr.ci_hi);
     sr.median = sd_bench_median(ratio, n_ratio);
