@@ -32,7 +32,7 @@ struct sd_coord_server {
     sd_curve_id id; /* on = CurveZMQ */
     sd_curve_allow client_keys, worker_keys;
     sd_zap_domain domains[2];
-    sd_zap *zap; /* the ZAP handler thread (CurveZMQ only) */
+    sd_zap *zap;             /* the ZAP handler thread (CurveZMQ only) */
     sd_local_drafter *local; /* --local-ngram, or NULL */
 };
 
