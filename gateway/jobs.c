@@ -3,8 +3,9 @@
  * One HTTP request becomes a gw_job with one choice per (prompt, sample);
  * each choice is one libspecd-client request. Tokens arrive on the
  * client's I/O thread (on_chunk) and are appended to the choice under the
- * job's mutex; the HTTP thread that owns the connection waits on the job's
- * condition variable and turns them into JSON or SSE. The job is
+ * job's mutex; on_chunk then resumes the suspended HTTP connection that
+ * waits for them (gw_http_wake_locked), and libmicrohttpd's event thread
+ * turns them into JSON or SSE. The job is
  * reference-counted because either side may end first: a client that
  * disconnects drops the HTTP side's reference (after cancelling), and the
  * final callback of each choice drops that choice's.
@@ -122,14 +123,20 @@ static void janitor_push(gw_janitor *j, uint64_t request_id) {
     pthread_mutex_unlock(&j->mu);
 }
 
-void gw_janitor_stop(gw_janitor **jp) {
-    if (!jp || !*jp) return;
-    gw_janitor *j = *jp;
+void gw_janitor_stop(gw_janitor *j) {
+    if (!j) return;
     pthread_mutex_lock(&j->mu);
+    bool running = !j->stopping;
     j->stopping = true;
     pthread_cond_signal(&j->cv);
     pthread_mutex_unlock(&j->mu);
-    pthread_join(j->thread, NULL);
+    if (running) pthread_join(j->thread, NULL);
+}
+
+void gw_janitor_free(gw_janitor **jp) {
+    if (!jp || !*jp) return;
+    gw_janitor *j = *jp;
+    gw_janitor_stop(j);
     while (j->head) {
         jan_item *it = j->head;
         j->head = it->next;
@@ -150,12 +157,8 @@ gw_job *gw_job_create(gw_server *srv, const gw_gen *g) {
     if (!job) return NULL;
     job->srv = srv;
     pthread_mutex_init(&job->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&job->cv, &ca);
-    pthread_condattr_destroy(&ca);
     job->refs = 1;
+    job->wait.fd = -1;
     job->endpoint = g->endpoint;
     snprintf(job->id, sizeof job->id, "%s-%016llx%08llx", g->endpoint == GW_EP_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)random_u64(), (unsigned long long)(random_u64() & 0xffffffffu));
@@ -189,7 +192,6 @@ void gw_job_release(gw_job *job) {
         free(job->choices[i].lps);
         free(job->choices[i].lp_bytes);
     }
-    pthread_cond_destroy(&job->cv);
     pthread_mutex_destroy(&job->mu);
     free(job);
 }
@@ -263,7 +265,8 @@ static bool append_logprobs(gw_choice *c, const sd_client_logprob *lps, size_t n
 }
 
 /* libspecd-client's callback, on its I/O thread (or, for a submit refused
- * locally, on the submitting thread). Quick: append and signal. The
+ * locally, on the submitting thread). Quick: append and wake the waiting
+ * connection. The
  * arrival time is taken before the job's mutex, so waiting for it counts
  * as forwarding time (the SSE side may hold the mutex while formatting). */
 static void on_chunk(const sd_client_chunk *ch, void *user) {
@@ -318,7 +321,7 @@ static void on_chunk(const sd_client_chunk *ch, void *user) {
         gw_metrics_choice(srv->metrics, c, job->t_start_ms);
         atomic_fetch_sub(&srv->inflight, 1);
     }
-    pthread_cond_broadcast(&job->cv);
+    gw_http_wake_locked(job);
     uint64_t rid = c->request_id;
     pthread_mutex_unlock(&job->mu);
     if (cancel && rid) sd_client_cancel(srv->client, rid);
