@@ -24,21 +24,19 @@
 #define GW_DEFAULT_LISTEN          "127.0.0.1:8000"
 #define GW_DEFAULT_MODEL_NAME      "specd"
 #define GW_DEFAULT_MAX_BODY        (4u << 20)  /* bytes of one request body (413 above) */
-#define GW_DEFAULT_MAX_CONNECTIONS 256         /* open HTTP connections (served by one event thread) */
+#define GW_DEFAULT_MAX_CONNECTIONS 256         /* open HTTP connections (one thread each) */
 #define GW_DEFAULT_MAX_INFLIGHT    256         /* coordinator requests in flight from this gateway (429 above) */
 #define GW_DEFAULT_TIMEOUT_S       30          /* an HTTP connection idle this long is closed */
 #define GW_MAX_CHOICES             16          /* n, times the prompts of a batched completion */
 #define GW_MAX_OUTPUT_BYTES        (8u << 20)  /* generated text kept per choice */
 #define GW_HEADER_MEMORY           (64u << 10) /* libmicrohttpd's per-connection memory: caps the headers */
-#define GW_POLL_MS                 100         /* how often the waiting connections are looked at for a gone client */
-#define GW_WORKERS                 4           /* threads that run the blocking calls (submit, stats) off the event thread */
+#define GW_POLL_MS                 100         /* how often a waiting handler looks for a gone client */
 #define GW_KEEPALIVE_MS            15000       /* SSE comment sent when a stream is silent this long */
 #define GW_STATS_TIMEOUT_MS        2000        /* /health and /metrics wait this long for the coordinator */
 #define GW_RETRY_AFTER_S           1           /* Retry-After on 429 */
 
 typedef struct gw_metrics gw_metrics;
 typedef struct gw_janitor gw_janitor;
-typedef struct gw_http gw_http;
 
 /* Process-wide configuration and shared objects (one per process, passed
  * around as a context; no globals). */
@@ -52,7 +50,6 @@ typedef struct gw_server {
     sd_client *client;
     gw_janitor *janitor;
     gw_metrics *metrics;
-    gw_http *http;        /* http.c's state (gw_http_start) */
     atomic_uint inflight; /* coordinator requests submitted and not finished */
     atomic_bool stopping; /* set on SIGINT/SIGTERM: waiting handlers give up */
 } gw_server;
@@ -177,6 +174,7 @@ typedef struct gw_choice {
 typedef struct gw_job {
     gw_server *srv;
     pthread_mutex_t mu;
+    pthread_cond_t cv;
     int refs;
     bool abandoned; /* the HTTP side is gone: nobody reads */
     gw_endpoint endpoint;
@@ -187,17 +185,6 @@ typedef struct gw_job {
     bool logprobs; /* the choices collect logprobs (gw_gen.logprobs) */
     size_t n_choices;
     gw_choice choices[GW_MAX_CHOICES];
-    /* http.c: the suspended HTTP connection that waits for this job, if any
-     * (guarded by the HTTP side's wait mutex; see gw_http_wake_locked) */
-    struct {
-        void *conn; /* struct MHD_Connection * while suspended */
-        int fd;
-        bool stream;    /* an SSE stream: woken by every chunk (else only when the job is done) */
-        bool suspended; /* in the wait list, conn suspended */
-        bool gone;      /* the client hung up, or the gateway is stopping */
-        double last_emit_ms;
-        struct gw_job *prev, *next;
-    } wait;
 } gw_job;
 
 /* Creates a job for g (n_prompts * n choices); the caller holds the one
@@ -281,18 +268,9 @@ char *gw_metrics_render(gw_metrics *m, const gw_server *srv, const sd_client_ser
 
 /* ---- http.c ---- */
 
-/* Starts the HTTP daemon on srv->listen with its worker threads and the
- * ticker that watches waiting connections; sets srv->http. False on
- * failure (logged). */
-bool gw_http_start(gw_server *srv);
-/* Stops it: blocking work finishes, every waiting connection is resumed
- * and closed (set srv->stopping first). */
-void gw_http_stop(gw_server *srv);
-/* Frees what gw_http_start made; after sd_client_close, since on_chunk
- * (gw_http_wake_locked) may run until then. */
-void gw_http_free(gw_server *srv);
-/* A job changed (on_chunk): resumes the connection waiting for it, if it
- * is suspended and has something to do. Call with job->mu held. */
-void gw_http_wake_locked(gw_job *job);
+/* Starts the HTTP daemon on srv->listen; returns an opaque handle (NULL on
+ * failure, logged). */
+void *gw_http_start(gw_server *srv);
+void gw_http_stop(void **daemon);
 
 #endif

@@ -5,9 +5,16 @@
  * request waits on its job's condition variable, a streaming response's
  * content reader blocks until tokens arrive and returns them as SSE
  * events. Connections are capped (MHD_OPTION_CONNECTION_LIMIT), and so are
- * the threads. Rejected: suspend/resume with one polling thread — less
- * code on our side to get wrong matters more here than thousands of idle
- * streams.
+ * the threads. Rejected, by measurement (bench/results/http-cpu.md,
+ * 2026-11-25, the forwarding histogram below): libmicrohttpd's epoll
+ * thread with every waiting connection suspended and resumed from
+ * on_chunk, the blocking calls on 4 workers (built in commit df0cd06). A
+ * step then wakes one thread instead of 8, but that thread formats and
+ * writes the step's events one after the other: p50 about the same at 8
+ * streams (95-98 against 86-117 µs), 10 µs worse at 1, and 3-4x worse at
+ * 64 (315-363 against 77-112 µs). Spreading the connections over 2 event
+ * threads (MHD_OPTION_THREAD_POOL_SIZE), with epoll or poll, is measured
+ * there too.
  *
  * While it waits, a handler looks every GW_POLL_MS at its socket: a peer
  * that hung up (POLLRDHUP) has its requests cancelled at once, which frees
@@ -50,60 +57,16 @@
 
 #include <cjson/cJSON.h>
 
-/* Where a generation request stands between the calls of the access handler. */
-typedef enum gw_phase {
-    GW_PHASE_NEW,     /* the whole request is here, nothing done yet */
-    GW_PHASE_WORKING, /* suspended: a worker runs the blocking part */
-    GW_PHASE_WORKED,  /* the worker's result is in the gw_conn */
-} gw_phase;
-
 /* Per-request state between the calls of the access handler. */
 typedef struct gw_conn {
     gw_route route;
-    struct MHD_Connection *conn;
     char *body;
     size_t len, cap;
     size_t seen; /* body bytes received, kept or not */
     bool too_large;
     bool rejected; /* answer with `reject` once the body has been read (and dropped) */
     gw_error reject;
-    gw_phase phase;
-    struct gw_conn *next_work; /* in the worker queue */
-    /* the worker's result: an error to send (failed), a body to send
-     * (out, out_status; /health and /metrics), or a submitted job */
-    bool failed;
-    gw_error err;
-    char *out;
-    int out_status;
-    gw_job *job; /* held (one reference) until handed to the stream or answered */
-    bool stream, include_usage;
 } gw_conn;
-
-/* The event loop's helpers: the worker threads that run what blocks, the
- * list of suspended connections waiting for a job, and the ticker that
- * looks at those for a gone client or a due keep-alive. */
-struct gw_http {
-    gw_server *srv;
-    struct MHD_Daemon *daemon;
-    /* the wait list (every job's `wait` fields) */
-    pthread_mutex_t mu;
-    gw_job *waiting;
-    size_t n_waiting;
-    bool closed; /* stopping: nothing is suspended any more */
-    pthread_cond_t tick_cv;
-    bool tick_stop;
-    pthread_t ticker;
-    bool ticker_started;
-    struct pollfd *pfds; /* [max_connections] the ticker's */
-    gw_job **pjobs;
-    /* the workers */
-    pthread_mutex_t work_mu;
-    pthread_cond_t work_cv;
-    gw_conn *work_head, *work_tail;
-    bool work_stop;
-    pthread_t workers[GW_WORKERS];
-    size_t n_workers;
-};
 
 /* A body announced larger than this is refused before it is read (the
  * client may then see the connection close while it still sends); smaller
@@ -219,124 +182,10 @@ static const char *auth_problem(gw_server *srv, struct MHD_Connection *conn, gw_
     return gw_key_equal(h, srv->api_key) ? NULL : "incorrect API key";
 }
 
-/* ---- waiting for a job without a thread ---- */
-
-static void unlink_wait_locked(gw_http *h, gw_job *job) {
-    if (job->wait.prev)
-        job->wait.prev->wait.next = job->wait.next;
-    else
-        h->waiting = job->wait.next;
-    if (job->wait.next) job->wait.next->wait.prev = job->wait.prev;
-    job->wait.prev = job->wait.next = NULL;
-    job->wait.suspended = false;
-    h->n_waiting--;
-}
-
-/* Resumes the connection waiting for job. Call with h->mu held. */
-static void resume_locked(gw_http *h, gw_job *job) {
-    struct MHD_Connection *conn = job->wait.conn;
-    unlink_wait_locked(h, job);
-    job->wait.conn = NULL;
-    MHD_resume_connection(conn);
-}
-
-typedef enum gw_wait_result { GW_WAIT_SUSPENDED, GW_WAIT_GONE } gw_wait_result;
-
-/* Suspends conn until job has something for it (gw_http_wake_locked), its
- * client hangs up or a keep-alive is due (the ticker). GW_WAIT_GONE, and
- * nothing suspended, when the client is gone (seen by the ticker before,
- * or now) or the gateway is stopping. Call with job->mu held, from the
- * access handler or the content reader. */
-static gw_wait_result wait_for_job_locked(gw_http *h, gw_job *job, struct MHD_Connection *conn, int fd, bool stream,
-                                          double last_emit_ms) {
-    if (client_gone(fd)) return GW_WAIT_GONE;
-    pthread_mutex_lock(&h->mu);
-    if (h->closed || job->wait.gone || atomic_load(&h->srv->stopping)) {
-        pthread_mutex_unlock(&h->mu);
-        return GW_WAIT_GONE;
-    }
-    job->wait.conn = conn;
-    job->wait.fd = fd;
-    job->wait.stream = stream;
-    job->wait.last_emit_ms = last_emit_ms;
-    job->wait.suspended = true;
-    job->wait.prev = NULL;
-    job->wait.next = h->waiting;
-    if (h->waiting) h->waiting->wait.prev = job;
-    h->waiting = job;
-    h->n_waiting++;
-    MHD_suspend_connection(conn);
-    pthread_mutex_unlock(&h->mu);
-    return GW_WAIT_SUSPENDED;
-}
-
-/* True when the ticker saw the client of job's connection hang up (or the
- * gateway stopping) and resumed it for that. */
-static bool wait_gone(gw_http *h, gw_job *job) {
-    pthread_mutex_lock(&h->mu);
-    bool gone = job->wait.gone;
-    pthread_mutex_unlock(&h->mu);
-    return gone;
-}
-
-/* Takes job out of the wait list if it is there (a connection that ends
- * while suspended: only when the daemon stops). */
-static void wait_forget(gw_http *h, gw_job *job) {
-    pthread_mutex_lock(&h->mu);
-    if (job->wait.suspended) unlink_wait_locked(h, job);
-    job->wait.conn = NULL;
-    pthread_mutex_unlock(&h->mu);
-}
-
-void gw_http_wake_locked(gw_job *job) {
-    gw_http *h = job->srv->http;
-    if (!h) return;
-    pthread_mutex_lock(&h->mu);
-    if (job->wait.suspended && (job->wait.stream || gw_job_done_locked(job))) resume_locked(h, job);
-    pthread_mutex_unlock(&h->mu);
-}
-
-/* Every GW_POLL_MS: one poll() over the suspended connections' sockets;
- * those whose client hung up are resumed to be closed (their requests
- * cancelled), and streams silent for GW_KEEPALIVE_MS to send a comment. */
-static void *ticker_main(void *arg) {
-    gw_http *h = arg;
-    pthread_mutex_lock(&h->mu);
-    while (!h->tick_stop) {
-        struct timespec until;
-        clock_gettime(CLOCK_MONOTONIC, &until);
-        until.tv_nsec += GW_POLL_MS * 1000000L;
-        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
-        pthread_cond_timedwait(&h->tick_cv, &h->mu, &until);
-        if (h->tick_stop) break;
-        size_t n = 0;
-        for (gw_job *j = h->waiting; j && n < h->srv->max_connections; j = j->wait.next) {
-            h->pfds[n] = (struct pollfd){.fd = j->wait.fd, .events = POLLRDHUP};
-            h->pjobs[n++] = j;
-        }
-        if (!n) continue;
-        if (poll(h->pfds, n, 0) < 0)
-            for (size_t i = 0; i < n; i++) h->pfds[i].revents = 0;
-        bool stopping = atomic_load(&h->srv->stopping);
-        double now = gw_now_ms();
-        for (size_t i = 0; i < n; i++) {
-            gw_job *j = h->pjobs[i];
-            bool gone = stopping || (h->pfds[i].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
-            bool keepalive = j->wait.stream && now - j->wait.last_emit_ms >= GW_KEEPALIVE_MS;
-            if (gone) j->wait.gone = true;
-            if (gone || keepalive) resume_locked(h, j);
-        }
-    }
-    pthread_mutex_unlock(&h->mu);
-    return NULL;
-}
-
 /* ---- streaming ---- */
 
 typedef struct gw_stream {
     gw_server *srv;
-    gw_http *h;
-    struct MHD_Connection *conn;
     gw_job *job;
     int fd;
     bool include_usage;
@@ -420,36 +269,39 @@ static bool emit_locked(gw_stream *s) {
     return true;
 }
 
-/* libmicrohttpd's content reader, on its event thread: hands over what is
- * buffered, else formats what the job has that was not sent yet, else
- * suspends the connection until on_chunk (or the ticker) resumes it. */
 static ssize_t stream_read(void *cls, uint64_t pos, char *out, size_t max) {
     gw_stream *s = cls;
     gw_job *job = s->job;
     if (s->off == s->len) {
         s->off = s->len = 0;
         if (s->done_sent) return MHD_CONTENT_READER_END_OF_STREAM;
-        bool gone = wait_gone(s->h, job);
         pthread_mutex_lock(&job->mu);
-        if (!gone && !emit_locked(s)) {
-            pthread_mutex_unlock(&job->mu);
-            SD_ERROR("stream %s: out of memory", job->id);
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-        }
-        if (!gone && s->len == 0 && gw_now_ms() - s->last_emit_ms >= GW_KEEPALIVE_MS &&
-            !buf_add(s, ": keep-alive\n\n", 14)) {
-            pthread_mutex_unlock(&job->mu);
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-        }
-        if (s->len == 0) {
-            if (!gone && wait_for_job_locked(s->h, job, s->conn, s->fd, true, s->last_emit_ms) == GW_WAIT_SUSPENDED) {
+        for (;;) {
+            if (!emit_locked(s)) {
                 pthread_mutex_unlock(&job->mu);
-                return 0; /* called again once resumed */
+                SD_ERROR("stream %s: out of memory", job->id);
+                return MHD_CONTENT_READER_END_WITH_ERROR;
             }
+            if (s->len > 0) break;
+            struct timespec until;
+            clock_gettime(CLOCK_MONOTONIC, &until);
+            until.tv_nsec += GW_POLL_MS * 1000000L;
+            if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+            pthread_cond_timedwait(&job->cv, &job->mu, &until);
+            /* The checks run without the lock. */
             pthread_mutex_unlock(&job->mu);
-            SD_INFO("stream %s: %s: cancelling", job->id,
-                    atomic_load(&s->srv->stopping) ? "shutting down" : "the client hung up");
-            return MHD_CONTENT_READER_END_WITH_ERROR; /* stream_free cancels */
+            if (atomic_load(&s->srv->stopping) || client_gone(s->fd)) {
+                SD_INFO("stream %s: %s: cancelling", job->id,
+                        atomic_load(&s->srv->stopping) ? "shutting down" : "the client hung up");
+                return MHD_CONTENT_READER_END_WITH_ERROR; /* stream_free cancels */
+            }
+            bool keepalive = gw_now_ms() - s->last_emit_ms >= GW_KEEPALIVE_MS;
+            pthread_mutex_lock(&job->mu);
+            if (keepalive && !buf_add(s, ": keep-alive\n\n", 14)) {
+                pthread_mutex_unlock(&job->mu);
+                return MHD_CONTENT_READER_END_WITH_ERROR;
+            }
+            if (s->len > 0) break;
         }
         pthread_mutex_unlock(&job->mu);
         s->last_emit_ms = gw_now_ms();
@@ -468,7 +320,6 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *out, size_t max) {
 
 static void stream_free(void *cls) {
     gw_stream *s = cls;
-    wait_forget(s->h, s->job);
     pthread_mutex_lock(&s->job->mu);
     bool finished = gw_job_done_locked(s->job);
     pthread_mutex_unlock(&s->job->mu);
@@ -501,14 +352,9 @@ static enum MHD_Result handle_models(gw_server *srv, struct MHD_Connection *conn
     return send_json(srv, conn, GW_ROUTE_MODELS, 200, s);
 }
 
-/* ---- the blocking part, on a worker thread ---- */
-
-static void work_health(gw_server *srv, gw_conn *ctx) {
+static enum MHD_Result handle_health(gw_server *srv, struct MHD_Connection *conn) {
     sd_client_service_stats *st = malloc(sizeof *st);
-    if (!st) {
-        ctx->out_status = 500; /* out = NULL: send_body's out-of-memory answer */
-        return;
-    }
+    if (!st) return send_json(srv, conn, GW_ROUTE_HEALTH, 500, NULL);
     sd_status rc = sd_client_stats(srv->client, GW_STATS_TIMEOUT_MS, st);
     bool verifier = false;
     for (size_t i = 0; rc == SD_OK && i < st->n_workers; i++)
@@ -518,177 +364,82 @@ static void work_health(gw_server *srv, gw_conn *ctx) {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "status", why ? "unavailable" : "ok");
     if (why) cJSON_AddStringToObject(root, "reason", why);
-    ctx->out = cJSON_PrintUnformatted(root);
+    char *s = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
-    ctx->out_status = why ? 503 : 200;
+    return send_json(srv, conn, GW_ROUTE_HEALTH, why ? 503 : 200, s);
 }
 
-static void work_metrics(gw_server *srv, gw_conn *ctx) {
+static enum MHD_Result handle_metrics(gw_server *srv, struct MHD_Connection *conn) {
     sd_client_service_stats *st = malloc(sizeof *st);
     if (st && sd_client_stats(srv->client, GW_STATS_TIMEOUT_MS, st) != SD_OK) {
         free(st);
         st = NULL;
     }
-    ctx->out = gw_metrics_render(srv->metrics, srv, st);
-    ctx->out_status = 200;
+    char *text = gw_metrics_render(srv->metrics, srv, st);
     free(st);
+    return send_body(srv, conn, GW_ROUTE_METRICS, 200, text, "text/plain; version=0.0.4; charset=utf-8");
 }
 
-/* Parses the body and submits the job (waits for the coordinator's yes or
- * no). */
-static void work_generate(gw_server *srv, gw_conn *ctx) {
+static enum MHD_Result handle_generate(gw_server *srv, struct MHD_Connection *conn, gw_conn *ctx) {
+    gw_route route = ctx->route;
     gw_gen g;
-    if (atomic_load(&srv->stopping)) {
-        gw_fail(&ctx->err, 503, "server_error", NULL, NULL, "the gateway is shutting down");
-        ctx->failed = true;
-        return;
-    }
-    if (!gw_gen_parse(ctx->route == GW_ROUTE_CHAT ? GW_EP_CHAT : GW_EP_COMPLETIONS, ctx->body ? ctx->body : "",
-                      ctx->len, &g, &ctx->err)) {
-        ctx->failed = true;
-        return;
-    }
+    gw_error err;
+    if (!gw_gen_parse(route == GW_ROUTE_CHAT ? GW_EP_CHAT : GW_EP_COMPLETIONS, ctx->body ? ctx->body : "", ctx->len, &g,
+                      &err))
+        return send_error(srv, conn, route, &err);
     gw_job *job = gw_job_create(srv, &g);
     if (!job) {
         gw_gen_clear(&g);
-        ctx->out_status = 500; /* out = NULL: out of memory */
-        return;
+        return send_json(srv, conn, route, 500, NULL);
     }
-    if (!gw_job_submit(job, &g, &ctx->err)) {
+    if (!gw_job_submit(job, &g, &err)) {
         gw_gen_clear(&g);
         gw_job_release(job);
-        ctx->failed = true;
-        return;
+        return send_error(srv, conn, route, &err);
     }
-    ctx->stream = g.stream;
-    ctx->include_usage = g.include_usage;
-    ctx->job = job;
+    bool stream = g.stream, include_usage = g.include_usage;
     gw_gen_clear(&g);
-}
-
-static void *worker_main(void *arg) {
-    gw_http *h = arg;
-    pthread_mutex_lock(&h->work_mu);
-    for (;;) {
-        while (!h->work_head && !h->work_stop) pthread_cond_wait(&h->work_cv, &h->work_mu);
-        gw_conn *ctx = h->work_head;
-        if (!ctx) break; /* stopping, and the queue is empty */
-        h->work_head = ctx->next_work;
-        if (!h->work_head) h->work_tail = NULL;
-        pthread_mutex_unlock(&h->work_mu);
-        if (ctx->route == GW_ROUTE_HEALTH)
-            work_health(h->srv, ctx);
-        else if (ctx->route == GW_ROUTE_METRICS)
-            work_metrics(h->srv, ctx);
-        else
-            work_generate(h->srv, ctx);
-        ctx->phase = GW_PHASE_WORKED;
-        MHD_resume_connection(ctx->conn); /* ctx may be gone after this */
-        pthread_mutex_lock(&h->work_mu);
-    }
-    pthread_mutex_unlock(&h->work_mu);
-    return NULL;
-}
-
-/* Suspends ctx's connection and queues its blocking part for a worker,
- * which resumes it when done (the access handler then runs again). False
- * when the gateway is stopping. Called from the access handler. */
-static bool work_queue(gw_http *h, gw_conn *ctx) {
-    pthread_mutex_lock(&h->work_mu);
-    if (h->work_stop) {
-        pthread_mutex_unlock(&h->work_mu);
-        return false;
-    }
-    ctx->phase = GW_PHASE_WORKING;
-    ctx->next_work = NULL;
-    MHD_suspend_connection(ctx->conn);
-    if (h->work_tail)
-        h->work_tail->next_work = ctx;
-    else
-        h->work_head = ctx;
-    h->work_tail = ctx;
-    pthread_cond_signal(&h->work_cv);
-    pthread_mutex_unlock(&h->work_mu);
-    return true;
-}
-
-/* ---- handlers, on the event thread ---- */
-
-/* /health, /metrics and the generation endpoints: the first call queues the
- * blocking part (true: answered for now); after it, false. */
-static bool queued_work(gw_http *h, gw_conn *ctx, enum MHD_Result *ret) {
-    if (ctx->phase == GW_PHASE_WORKED) return false;
-    *ret = MHD_YES;
-    if (ctx->phase == GW_PHASE_WORKING) return true; /* not expected: the connection is suspended */
-    if (!work_queue(h, ctx))
-        *ret = fail(h->srv, ctx->conn, ctx->route, 503, "server_error", NULL, "the gateway is shutting down");
-    return true;
-}
-
-static enum MHD_Result handle_stats(gw_http *h, struct MHD_Connection *conn, gw_conn *ctx) {
-    enum MHD_Result ret;
-    if (queued_work(h, ctx, &ret)) return ret;
-    char *out = ctx->out;
-    ctx->out = NULL;
-    if (ctx->route == GW_ROUTE_METRICS && out)
-        return send_body(h->srv, conn, ctx->route, ctx->out_status, out, "text/plain; version=0.0.4; charset=utf-8");
-    return send_json(h->srv, conn, ctx->route, ctx->out_status, out);
-}
-
-static enum MHD_Result handle_generate(gw_http *h, struct MHD_Connection *conn, gw_conn *ctx) {
-    gw_server *srv = h->srv;
-    gw_route route = ctx->route;
-    enum MHD_Result ret;
-    if (queued_work(h, ctx, &ret)) return ret;
-    if (ctx->failed) return send_error(srv, conn, route, &ctx->err);
-    if (!ctx->job) return send_json(srv, conn, route, ctx->out_status, NULL);
-    gw_job *job = ctx->job;
     int fd = connection_fd(conn);
 
-    if (ctx->stream) {
+    if (stream) {
         gw_stream *s = calloc(1, sizeof *s);
         struct MHD_Response *r =
             s ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, s, stream_free) : NULL;
         if (!r) {
             free(s);
-            return send_json(srv, conn, route, 500, NULL); /* on_completed cancels the job */
+            gw_job_cancel(job);
+            gw_job_release(job);
+            return send_json(srv, conn, route, 500, NULL);
         }
-        ctx->job = NULL; /* the stream's now */
-        *s = (gw_stream){.srv = srv,
-                         .h = h,
-                         .conn = conn,
-                         .job = job,
-                         .fd = fd,
-                         .include_usage = ctx->include_usage,
-                         .last_emit_ms = gw_now_ms()};
+        *s = (gw_stream){.srv = srv, .job = job, .fd = fd, .include_usage = include_usage, .last_emit_ms = gw_now_ms()};
         MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
         MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
         MHD_add_response_header(r, "X-Accel-Buffering", "no");
-        ret = MHD_queue_response(conn, MHD_HTTP_OK, r);
+        enum MHD_Result ret = MHD_queue_response(conn, MHD_HTTP_OK, r);
         MHD_destroy_response(r); /* stream_free runs when libmicrohttpd is done with it */
         gw_metrics_http(srv->metrics, route, 200);
         return ret;
     }
 
-    /* Not streaming: suspended until every choice is done, the client
-     * hangs up or the gateway stops. */
+    /* Not streaming: wait for every choice, watching the client. */
     pthread_mutex_lock(&job->mu);
-    if (!gw_job_done_locked(job)) {
-        if (wait_for_job_locked(h, job, conn, fd, false, 0) == GW_WAIT_SUSPENDED) {
-            pthread_mutex_unlock(&job->mu);
-            return MHD_YES; /* called again once resumed */
-        }
+    while (!gw_job_done_locked(job)) {
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_nsec += GW_POLL_MS * 1000000L;
+        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&job->cv, &job->mu, &until);
         pthread_mutex_unlock(&job->mu);
         bool stopping = atomic_load(&srv->stopping);
-        SD_INFO("request %s: %s: cancelling", job->id, stopping ? "shutting down" : "the client hung up");
-        gw_job_cancel(job);
-        gw_job_release(job);
-        ctx->job = NULL;
-        gw_metrics_http(srv->metrics, route, 499 /* counted as "other" */);
-        return MHD_NO; /* closes the connection */
+        if (stopping || client_gone(fd)) {
+            SD_INFO("request %s: %s: cancelling", job->id, stopping ? "shutting down" : "the client hung up");
+            gw_job_cancel(job);
+            gw_job_release(job);
+            gw_metrics_http(srv->metrics, route, 499 /* counted as "other" */);
+            return MHD_NO; /* closes the connection */
+        }
+        pthread_mutex_lock(&job->mu);
     }
-    ctx->job = NULL;
-    gw_error err;
     const gw_choice *bad = NULL;
     for (size_t i = 0; i < job->n_choices && !bad; i++)
         if (job->choices[i].status != SD_OK) bad = &job->choices[i];
@@ -704,7 +455,7 @@ static enum MHD_Result handle_generate(gw_http *h, struct MHD_Connection *conn, 
         if (job->choices[i].t_final_ms > t_final_ms) t_final_ms = job->choices[i].t_final_ms;
     pthread_mutex_unlock(&job->mu);
     gw_job_release(job);
-    ret = send_json(srv, conn, route, 200, body);
+    enum MHD_Result ret = send_json(srv, conn, route, 200, body);
     if (t_final_ms > 0) gw_metrics_forward(srv->metrics, GW_FORWARD_WHOLE, (gw_now_ms() - t_final_ms) / 1e3);
     return ret;
 }
@@ -712,15 +463,13 @@ static enum MHD_Result handle_generate(gw_http *h, struct MHD_Connection *conn, 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_data_size,
                                   void **con_cls) {
-    gw_http *h = cls;
-    gw_server *srv = h->srv;
+    gw_server *srv = cls;
     gw_conn *ctx = *con_cls;
     if (!ctx) {
         /* First call: headers only. Decide what can be decided before the body. */
         ctx = calloc(1, sizeof *ctx);
         if (!ctx) return MHD_NO;
         *con_cls = ctx;
-        ctx->conn = conn;
         ctx->route = route_of(url);
         const char *why = auth_problem(srv, conn, ctx->route, url);
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -778,14 +527,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     case GW_ROUTE_CHAT:
     case GW_ROUTE_COMPLETIONS:
         if (!post) break;
-        return handle_generate(h, conn, ctx);
+        return handle_generate(srv, conn, ctx);
     case GW_ROUTE_MODELS:
         if (!get) break;
         return handle_models(srv, conn, url);
     case GW_ROUTE_HEALTH:
+        if (!get) break;
+        return handle_health(srv, conn);
     case GW_ROUTE_METRICS:
         if (!get) break;
-        return handle_stats(h, conn, ctx);
+        return handle_metrics(srv, conn);
     default:
         return fail(srv, conn, route, 404, "invalid_request_error", "not_found", "no such endpoint: %s %.200s", method,
                     url);
@@ -795,18 +546,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    gw_http *h = cls;
     gw_conn *ctx = *con_cls;
     if (!ctx) return;
-    if (ctx->job) { /* submitted, never answered */
-        wait_forget(h, ctx->job);
-        pthread_mutex_lock(&ctx->job->mu);
-        bool finished = gw_job_done_locked(ctx->job);
-        pthread_mutex_unlock(&ctx->job->mu);
-        if (!finished) gw_job_cancel(ctx->job);
-        gw_job_release(ctx->job);
-    }
-    free(ctx->out);
     free(ctx->body);
     free(ctx);
     *con_cls = NULL;
@@ -858,110 +599,31 @@ static bool parse_listen(const char *s, struct sockaddr_storage *ss, bool *v6) {
     return false;
 }
 
-static void http_free(gw_http *h) {
-    pthread_cond_destroy(&h->work_cv);
-    pthread_mutex_destroy(&h->work_mu);
-    pthread_cond_destroy(&h->tick_cv);
-    pthread_mutex_destroy(&h->mu);
-    free(h->pfds);
-    free(h->pjobs);
-    free(h);
-}
-
-/* Stops the workers (each finishes the queue, resuming its connections) and
- * the ticker, then resumes every waiting connection, which then closes. */
-static void http_quiesce(gw_http *h) {
-    pthread_mutex_lock(&h->work_mu);
-    h->work_stop = true;
-    pthread_cond_broadcast(&h->work_cv);
-    pthread_mutex_unlock(&h->work_mu);
-    for (size_t i = 0; i < h->n_workers; i++) pthread_join(h->workers[i], NULL);
-    h->n_workers = 0;
-    pthread_mutex_lock(&h->mu);
-    h->tick_stop = true;
-    pthread_cond_signal(&h->tick_cv);
-    pthread_mutex_unlock(&h->mu);
-    if (h->ticker_started) pthread_join(h->ticker, NULL);
-    h->ticker_started = false;
-    pthread_mutex_lock(&h->mu);
-    h->closed = true;
-    while (h->waiting) {
-        h->waiting->wait.gone = true;
-        resume_locked(h, h->waiting);
-    }
-    pthread_mutex_unlock(&h->mu);
-}
-
-bool gw_http_start(gw_server *srv) {
+void *gw_http_start(gw_server *srv) {
     struct sockaddr_storage ss;
     bool v6;
     if (!parse_listen(srv->listen, &ss, &v6)) {
         SD_ERROR("--listen '%s': expected ADDR:PORT with a numeric IPv4 address or [IPv6]:PORT", srv->listen);
-        return false;
+        return NULL;
     }
-    gw_http *h = calloc(1, sizeof *h);
-    if (!h) return false;
-    h->srv = srv;
-    pthread_mutex_init(&h->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&h->tick_cv, &ca);
-    pthread_condattr_destroy(&ca);
-    pthread_mutex_init(&h->work_mu, NULL);
-    pthread_cond_init(&h->work_cv, NULL);
-    size_t cap = srv->max_connections ? srv->max_connections : 1;
-    h->pfds = calloc(cap, sizeof *h->pfds);
-    h->pjobs = calloc(cap, sizeof *h->pjobs);
-    if (!h->pfds || !h->pjobs) {
-        http_free(h);
-        return false;
-    }
-    for (size_t i = 0; i < GW_WORKERS; i++) {
-        if (pthread_create(&h->workers[i], NULL, worker_main, h) != 0) break;
-        h->n_workers++;
-    }
-    h->ticker_started = pthread_create(&h->ticker, NULL, ticker_main, h) == 0;
-    if (!h->n_workers || !h->ticker_started) {
-        SD_ERROR("cannot start the gateway's threads");
-        http_quiesce(h);
-        http_free(h);
-        return false;
-    }
-    srv->http = h;
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
-                     (v6 ? MHD_USE_IPv6 : 0);
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_AUTO |
+                     MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
     uint16_t port = v6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port) : ntohs(((struct sockaddr_in *)&ss)->sin_port);
-    h->daemon = MHD_start_daemon(
-        flags, port, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv, /* first: see MHD docs */
+    struct MHD_Daemon *d = MHD_start_daemon(
+        flags, port, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv, /* first: see MHD docs */
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT, (unsigned)srv->max_connections,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)srv->timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-        (size_t)GW_HEADER_MEMORY, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_LISTENING_ADDRESS_REUSE,
+        (size_t)GW_HEADER_MEMORY, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_LISTENING_ADDRESS_REUSE,
         (unsigned)1, MHD_OPTION_END);
-    if (!h->daemon) {
-        int e = errno;
-        SD_ERROR("cannot listen on %s: %s", srv->listen, strerror(e));
-        srv->http = NULL;
-        http_quiesce(h);
-        http_free(h);
-        return false;
+    if (!d) {
+        SD_ERROR("cannot listen on %s: %s", srv->listen, strerror(errno));
+        return NULL;
     }
-    return true;
+    return d;
 }
 
-void gw_http_stop(gw_server *srv) {
-    gw_http *h = srv ? srv->http : NULL;
-    if (!h) return;
-    atomic_store(&srv->stopping, true);
-    http_quiesce(h);
-    /* A connection resumed by http_quiesce is taken back by the event
-     * thread before it closes (libmicrohttpd resumes pending ones first). */
-    MHD_stop_daemon(h->daemon);
-    h->daemon = NULL;
-}
-
-void gw_http_free(gw_server *srv) {
-    if (!srv || !srv->http) return;
-    http_free(srv->http);
-    srv->http = NULL;
+void gw_http_stop(void **daemon) {
+    if (!daemon || !*daemon) return;
+    MHD_stop_daemon(*daemon);
+    *daemon = NULL;
 }

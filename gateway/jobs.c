@@ -3,9 +3,8 @@
  * One HTTP request becomes a gw_job with one choice per (prompt, sample);
  * each choice is one libspecd-client request. Tokens arrive on the
  * client's I/O thread (on_chunk) and are appended to the choice under the
- * job's mutex; on_chunk then resumes the suspended HTTP connection that
- * waits for them (gw_http_wake_locked), and libmicrohttpd's event thread
- * turns them into JSON or SSE. The job is
+ * job's mutex; the HTTP thread that owns the connection waits on the job's
+ * condition variable and turns them into JSON or SSE. The job is
  * reference-counted because either side may end first: a client that
  * disconnects drops the HTTP side's reference (after cancelling), and the
  * final callback of each choice drops that choice's.
@@ -157,8 +156,12 @@ gw_job *gw_job_create(gw_server *srv, const gw_gen *g) {
     if (!job) return NULL;
     job->srv = srv;
     pthread_mutex_init(&job->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&job->cv, &ca);
+    pthread_condattr_destroy(&ca);
     job->refs = 1;
-    job->wait.fd = -1;
     job->endpoint = g->endpoint;
     snprintf(job->id, sizeof job->id, "%s-%016llx%08llx", g->endpoint == GW_EP_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)random_u64(), (unsigned long long)(random_u64() & 0xffffffffu));
@@ -192,6 +195,7 @@ void gw_job_release(gw_job *job) {
         free(job->choices[i].lps);
         free(job->choices[i].lp_bytes);
     }
+    pthread_cond_destroy(&job->cv);
     pthread_mutex_destroy(&job->mu);
     free(job);
 }
@@ -265,8 +269,7 @@ static bool append_logprobs(gw_choice *c, const sd_client_logprob *lps, size_t n
 }
 
 /* libspecd-client's callback, on its I/O thread (or, for a submit refused
- * locally, on the submitting thread). Quick: append and wake the waiting
- * connection. The
+ * locally, on the submitting thread). Quick: append and signal. The
  * arrival time is taken before the job's mutex, so waiting for it counts
  * as forwarding time (the SSE side may hold the mutex while formatting). */
 static void on_chunk(const sd_client_chunk *ch, void *user) {
@@ -321,7 +324,7 @@ static void on_chunk(const sd_client_chunk *ch, void *user) {
         gw_metrics_choice(srv->metrics, c, job->t_start_ms);
         atomic_fetch_sub(&srv->inflight, 1);
     }
-    gw_http_wake_locked(job);
+    pthread_cond_broadcast(&job->cv);
     uint64_t rid = c->request_id;
     pthread_mutex_unlock(&job->mu);
     if (cancel && rid) sd_client_cancel(srv->client, rid);

@@ -193,6 +193,7 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
 
     rc = 1;
+    void *http = NULL;
     sd_client_params cp = sd_client_default_params();
     cp.coordinator = srv->coordinator;
     cp.name = "specd-gateway";
@@ -212,7 +213,8 @@ int main(int argc, char **argv) {
         SD_ERROR("out of memory or threads at start-up");
         goto out;
     }
-    if (!gw_http_start(srv)) goto out;
+    http = gw_http_start(srv);
+    if (!http) goto out;
     if (srv->api_key == NULL && strncmp(srv->listen, "127.", 4) != 0 && strncmp(srv->listen, "[::1]", 5) != 0)
         SD_WARN("listening on %s without --api-key: anyone who can reach it can use the service", srv->listen);
     SD_INFO("serving %s on http://%s for coordinator %s%s", srv->model_name, srv->listen, srv->coordinator,
@@ -227,10 +229,9 @@ int main(int argc, char **argv) {
     rc = 0;
 out:
     atomic_store(&srv->stopping, true);
-    gw_http_stop(srv);
+    gw_http_stop(&http);
     gw_janitor_stop(srv->janitor);
     sd_client_close(&srv->client); /* runs the final callbacks of what is still in flight */
-    gw_http_free(srv);
     gw_janitor_free(&srv->janitor);
     gw_metrics_destroy(&srv->metrics);
     memset(&curve, 0, sizeof curve);
