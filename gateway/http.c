@@ -13,8 +13,8 @@
  * writes the step's events one after the other: p50 about the same at 8
  * streams (95-98 against 86-117 µs), 10 µs worse at 1, and 3-4x worse at
  * 64 (315-363 against 77-112 µs). Spreading the connections over 2 event
- * threads (MHD_OPTION_THREAD_POOL_SIZE) was no better at 64 (336-384 µs,
- * on a busier machine).
+ * threads (MHD_OPTION_THREAD_POOL_SIZE), with epoll or poll, was no
+ * better (301-322 µs at 64).
  *
  * While it waits, a handler looks every GW_POLL_MS at its socket: a peer
  * that hung up (POLLRDHUP) has its requests cancelled at once, which frees
