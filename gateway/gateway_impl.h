@@ -209,7 +209,11 @@ double gw_now_ms(void);
 /* The janitor collects the record libspecd-client keeps for every accepted
  * request (sd_client_wait), on its own thread, since callbacks may not. */
 gw_janitor *gw_janitor_start(sd_client *c);
-void gw_janitor_stop(gw_janitor **j);
+/* Stops its thread; what is pushed after that is dropped (sd_client_close
+ * frees those records). The final callbacks that sd_client_close runs
+ * still push, so the janitor is freed only after it. */
+void gw_janitor_stop(gw_janitor *j);
+void gw_janitor_free(gw_janitor **j);
 
 /* ---- openai.c: responses ---- */
 

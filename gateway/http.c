@@ -5,9 +5,16 @@
  * request waits on its job's condition variable, a streaming response's
  * content reader blocks until tokens arrive and returns them as SSE
  * events. Connections are capped (MHD_OPTION_CONNECTION_LIMIT), and so are
- * the threads. Rejected: suspend/resume with one polling thread — less
- * code on our side to get wrong matters more here than thousands of idle
- * streams.
+ * the threads. Rejected, by measurement (bench/results/http-cpu.md,
+ * 2026-11-25, the forwarding histogram below): libmicrohttpd's epoll
+ * thread with every waiting connection suspended and resumed from
+ * on_chunk, the blocking calls on 4 workers (built in commit df0cd06). A
+ * step then wakes one thread instead of 8, but that thread formats and
+ * writes the step's events one after the other: p50 about the same at 8
+ * streams (95-98 against 86-117 µs), 10 µs worse at 1, and 3-4x worse at
+ * 64 (315-363 against 77-112 µs). Spreading the connections over 2 event
+ * threads (MHD_OPTION_THREAD_POOL_SIZE), with epoll or poll, was no
+ * better (301-322 µs at 64).
  *
  * While it waits, a handler looks every GW_POLL_MS at its socket: a peer
  * that hung up (POLLRDHUP) has its requests cancelled at once, which frees

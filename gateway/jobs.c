@@ -122,14 +122,20 @@ static void janitor_push(gw_janitor *j, uint64_t request_id) {
     pthread_mutex_unlock(&j->mu);
 }
 
-void gw_janitor_stop(gw_janitor **jp) {
-    if (!jp || !*jp) return;
-    gw_janitor *j = *jp;
+void gw_janitor_stop(gw_janitor *j) {
+    if (!j) return;
     pthread_mutex_lock(&j->mu);
+    bool running = !j->stopping;
     j->stopping = true;
     pthread_cond_signal(&j->cv);
     pthread_mutex_unlock(&j->mu);
-    pthread_join(j->thread, NULL);
+    if (running) pthread_join(j->thread, NULL);
+}
+
+void gw_janitor_free(gw_janitor **jp) {
+    if (!jp || !*jp) return;
+    gw_janitor *j = *jp;
+    gw_janitor_stop(j);
     while (j->head) {
         jan_item *it = j->head;
         j->head = it->next;

@@ -230,8 +230,9 @@ int main(int argc, char **argv) {
 out:
     atomic_store(&srv->stopping, true);
     gw_http_stop(&http);
-    gw_janitor_stop(&srv->janitor);
-    sd_client_close(&srv->client);
+    gw_janitor_stop(srv->janitor);
+    sd_client_close(&srv->client); /* runs the final callbacks of what is still in flight */
+    gw_janitor_free(&srv->janitor);
     gw_metrics_destroy(&srv->metrics);
     memset(&curve, 0, sizeof curve);
     free(srv);

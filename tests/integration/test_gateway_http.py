@@ -19,6 +19,7 @@
 - --api-key and SPECD_API_KEY: missing or wrong keys get 401 on /v1/,
   the right one passes, /health stays open on the loopback;
 - --timeout: a client that sends half a request is disconnected;
+- SIGTERM with requests in flight: exit status 0;
 - overload: past --max-inflight, and when the coordinator's queue is full
   (--max-active 1 --max-queue 1), a request gets 429 with Retry-After at
   once; once the long requests' clients leave, requests pass again;
@@ -239,6 +240,25 @@ def open_stream(port, body):
     return s
 
 
+def check_stop_in_flight(h, gw):
+    """SIGTERM while a stream and a non-streamed request are in flight: the
+    gateway cancels them, and exits 0 (the final callbacks that
+    sd_client_close runs for them once used the freed janitor: SIGSEGV)."""
+    long_req = {"prompt": "a long one", "max_tokens": 4000, "temperature": 0, "ignore_eos": True}
+    s = open_stream(h.http_port, long_req)
+    w = socket.create_connection(("127.0.0.1", h.http_port), timeout=60)
+    data = json.dumps(long_req).encode()
+    w.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               "Content-Length: %d\r\n\r\n" % len(data)).encode() + data)
+    time.sleep(0.5)  # the second one submitted and waiting
+    H.check(gw.alive(), "the gateway died with two requests in flight")
+    rc = h.stop(gw)
+    H.check(rc == 0, "specd-gateway exited %s on SIGTERM with requests in flight" % rc)
+    s.close()
+    w.close()
+    H.log("SIGTERM with a stream and a non-streamed request in flight: exit 0")
+
+
 def expect_429(h, what):
     t0 = time.monotonic()
     hdrs = expect_error(h, "/v1/completions", {"prompt": "one more", "max_tokens": 2}, 429, what=what)
@@ -308,6 +328,8 @@ def run(h):
     check_bad_input(h)
     gw = next(p for p in h.procs if p.name == "gateway")
     H.check(gw.alive(), "the gateway died")
+    check_stop_in_flight(h, gw)
+    h.start_gateway(["--max-body", str(1 << 20)])
     check_api_key(h)
     check_stalled_client(h)
     check_overload(h, target)
