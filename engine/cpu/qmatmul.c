@@ -118,6 +118,37 @@ void sd_cpu_q8_quantize_row(const float *x, int32_t n_in, void *dst) {
     uint8_t *dxs = (uint8_t *)dst + nb * QK, *sums = dxs + nb * 4;
     for (size_t b = 0; b < nb; b++) {
         const float *xb = x + b * QK;
+#if SD_CPU_AVX2
+        /* The same operations 8 at a time: max_ps(|x|, amax) keeps amax
+         * when x is NaN, as fmaxf does; round_ps is nearbyintf's rounding
+         * to nearest even; max_ps(v, -127) gives -127 for NaN, as the
+         * scalar clamp does. Lane sums by an exact integer dot with 1s. */
+        const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        __m256 xv[4], m = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            xv[k] = _mm256_loadu_ps(xb + 8 * k);
+            m = _mm256_max_ps(_mm256_and_ps(xv[k], abs_mask), m);
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        const float amax = _mm_cvtss_f32(m4);
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        __m256i qi[4];
+        for (int k = 0; k < 4; k++) {
+            __m256 v = _mm256_round_ps(_mm256_mul_ps(xv[k], _mm256_set1_ps(id)),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+            qi[k] = _mm256_cvtps_epi32(v);
+        }
+        __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+        q8 = _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(q + b * QK), q8);
+        const __m256i lane = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q8), _mm256_set1_epi16(1));
+        memcpy(dxs + b * 4, &d, 4);
+        _mm256_storeu_ps((float *)(sums + b * 32), _mm256_cvtepi32_ps(lane));
+#else
         float amax = 0.0f;
         for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
         const float d = amax / 127.0f;
@@ -134,6 +165,7 @@ void sd_cpu_q8_quantize_row(const float *x, int32_t n_in, void *dst) {
             float s = (float)lane[k];
             memcpy(sums + b * 32 + (size_t)k * 4, &s, 4);
         }
+#endif
     }
 }
 
@@ -305,8 +337,8 @@ static void qmatmul_chunk(void *p, int64_t c, int32_t ith) {
     }
 #if SD_CPU_AVX2
     size_t n = a->n_tokens, rb, tb;
-    qtile_shape(n, &rb, &tb);
     const bool integer = is_integer_type(a->type);
+    qtile_shape(n, integer && a->path == SD_CPU_QPATH_VNNI, &rb, &tb);
     const int kind = integer ? kind_of(a->type) : 0;
     const qtile_fn(*qt)[MAX_T] =
 #if HAVE_VNNI_PATH
