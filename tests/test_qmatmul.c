@@ -213,6 +213,18 @@ static void test_all_types_shapes(void **state) {
     }
 }
 
+/* Every token count 1 .. 17 (all the tile widths and their edges: the
+ * verify calls) on an odd row count, n_in not a multiple of 256 where the
+ * format allows. */
+static void test_token_counts(void **state) {
+    fixture *f = *state;
+    for (size_t ti = 0; ti < N_TYPES; ti++)
+        for (int n = 1; n <= 17; n++) {
+            shape s = {sd_dtype_is_k(types[ti]) ? 512 : is_int_type(types[ti]) ? 160 : 101, 53, n};
+            check_one(f, types[ti], s);
+        }
+}
+
 /* Random shapes on top of the fixed ones. */
 static void test_random_shapes(void **state) {
     fixture *f = *state;
@@ -336,11 +348,44 @@ static void test_refusals(void **state) {
     print_message("qmatmul: this CPU's path: %s\n", sd_cpu_qpath_name());
 }
 
+/* SPECD_CPU_QPATH picks a backend's path at creation (a path this CPU
+ * lacks, or a wrong name, falls back to AUTO), and the backend op runs it:
+ * same bits as the C twin either way. */
+static void test_qpath_env(void **state) {
+    (void)state;
+    const struct {
+        const char *value;
+        sd_cpu_qpath want;
+    } cases[] = {{"c", SD_CPU_QPATH_C},
+                 {"avx2", sd_cpu_qpath_available(SD_CPU_QPATH_AVX2) ? SD_CPU_QPATH_AVX2 : SD_CPU_QPATH_AUTO},
+                 {"avx512-vnni", sd_cpu_qpath_available(SD_CPU_QPATH_VNNI) ? SD_CPU_QPATH_VNNI : SD_CPU_QPATH_AUTO},
+                 {"sse9", SD_CPU_QPATH_AUTO},
+                 {"", SD_CPU_QPATH_AUTO}};
+    enum { N_IN = 96, N_OUT = 7, N_TOK = 5 };
+    float wf[N_IN * N_OUT], x[N_IN * N_TOK], y[N_OUT * N_TOK], y_c[N_OUT * N_TOK];
+    uint8_t wq[N_IN * N_OUT]; /* Q4_1: 20 bytes per 32 */
+    for (int i = 0; i < N_IN * N_OUT; i++) wf[i] = uniform();
+    for (int i = 0; i < N_IN * N_TOK; i++) x[i] = uniform();
+    assert_int_equal(sd_quantize(SD_DTYPE_Q4_1, wf, N_IN * N_OUT, wq), SD_OK);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        assert_int_equal(setenv("SPECD_CPU_QPATH", cases[i].value, 1), 0);
+        assert_int_equal(sd_cpu_qpath_from_env(), cases[i].want);
+        sd_backend_handle be;
+        assert_int_equal(sd_cpu_backend_create(2, &be), SD_OK);
+        assert_int_equal(be.ctx->qpath, cases[i].want);
+        assert_int_equal(sd_cpu_qmatmul(be.ctx, SD_CPU_QPATH_C, SD_DTYPE_Q4_1, wq, N_IN, N_OUT, x, N_TOK, y_c), SD_OK);
+        assert_int_equal(sd_cpu_matmul_stored(be.ctx, SD_DTYPE_Q4_1, wq, N_IN, N_OUT, x, N_TOK, y), SD_OK);
+        assert_memory_equal(y, y_c, sizeof y);
+        be.ops->destroy(&be.ctx);
+    }
+    assert_int_equal(unsetenv("SPECD_CPU_QPATH"), 0);
+    assert_int_equal(sd_cpu_qpath_from_env(), SD_CPU_QPATH_AUTO);
+}
+
 /* Every tile the dispatch can call exists: for calls of 1 .. 2 x TOK_BLOCK
  * + 1 tokens, qtile_shape's R x T and every smaller R x T (the edges of a
  * chunk or token block), in each table this build has: the narrow rule for
- * the F16 / BF16 and AVX2 integer tiles, the wide one for the VNNI integer
- * tiles. The tables hold only their shape lists; this fails when a shape
+ * the AVX2 tiles, the wide one for the VNNI tiles. The tables hold only their shape lists; this fails when a shape
  * rule and its list part. */
 static void test_tile_tables_cover_dispatch(void **state) {
     (void)state;
@@ -359,8 +404,11 @@ static void test_tile_tables_cover_dispatch(void **state) {
         qtile_shape(n, true, &rb, &tb);
         assert_true(rb >= 1 && rb <= MAX_R && tb >= 1 && tb <= MAX_T);
         for (size_t r = 0; r < rb; r++)
-            for (size_t t = 0; t < tb; t++)
+            for (size_t t = 0; t < tb; t++) {
+                assert_non_null(sd_cpu_ftiles_vnni[0][r][t]);
+                assert_non_null(sd_cpu_ftiles_vnni[1][r][t]);
                 for (int k = 0; k < N_KINDS; k++) assert_non_null(sd_cpu_qtiles_vnni[k][r][t]);
+            }
 #endif
     }
 #else
@@ -373,9 +421,11 @@ int main(void) {
         cmocka_unit_test(test_quantize_row),
         cmocka_unit_test(test_quantize_row_matches_scalar),
         cmocka_unit_test_setup_teardown(test_all_types_shapes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_token_counts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_random_shapes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
         cmocka_unit_test(test_tile_tables_cover_dispatch),
+        cmocka_unit_test(test_qpath_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

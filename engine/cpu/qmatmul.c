@@ -297,9 +297,24 @@ static sd_cpu_qpath auto_path(void) {
     return SD_CPU_AVX2 ? SD_CPU_QPATH_AVX2 : SD_CPU_QPATH_C;
 }
 
-const char *sd_cpu_qpath_name(void) {
-    sd_cpu_qpath p = auto_path();
+static const char *path_name(sd_cpu_qpath p) {
     return p == SD_CPU_QPATH_VNNI ? "avx512-vnni" : p == SD_CPU_QPATH_AVX2 ? "avx2" : "c";
+}
+
+const char *sd_cpu_qpath_name(void) { return path_name(auto_path()); }
+
+sd_cpu_qpath sd_cpu_qpath_from_env(void) {
+    const char *v = getenv("SPECD_CPU_QPATH");
+    if (!v || !*v) return SD_CPU_QPATH_AUTO;
+    const sd_cpu_qpath named[] = {SD_CPU_QPATH_C, SD_CPU_QPATH_AVX2, SD_CPU_QPATH_VNNI};
+    for (size_t i = 0; i < sizeof named / sizeof named[0]; i++)
+        if (strcmp(v, path_name(named[i])) == 0) {
+            if (sd_cpu_qpath_available(named[i])) return named[i];
+            SD_WARN("SPECD_CPU_QPATH=%s: this CPU or build has no such path; using %s", v, sd_cpu_qpath_name());
+            return SD_CPU_QPATH_AUTO;
+        }
+    SD_WARN("SPECD_CPU_QPATH=%s: not one of c, avx2, avx512-vnni; using %s", v, sd_cpu_qpath_name());
+    return SD_CPU_QPATH_AUTO;
 }
 
 typedef struct qmatmul_args {
@@ -338,14 +353,18 @@ static void qmatmul_chunk(void *p, int64_t c, int32_t ith) {
 #if SD_CPU_AVX2
     size_t n = a->n_tokens, rb, tb;
     const bool integer = is_integer_type(a->type);
-    qtile_shape(n, integer && a->path == SD_CPU_QPATH_VNNI, &rb, &tb);
+    qtile_shape(n, a->path == SD_CPU_QPATH_VNNI, &rb, &tb);
     const int kind = integer ? kind_of(a->type) : 0;
     const qtile_fn(*qt)[MAX_T] =
 #if HAVE_VNNI_PATH
         a->path == SD_CPU_QPATH_VNNI ? sd_cpu_qtiles_vnni[kind] :
 #endif
                                      sd_cpu_qtiles_avx2[kind];
-    const ftile_fn(*ft)[MAX_T] = sd_cpu_ftiles[a->type == SD_DTYPE_F16 ? 1 : 0];
+    const ftile_fn(*ft)[MAX_T] =
+#if HAVE_VNNI_PATH
+        a->path == SD_CPU_QPATH_VNNI ? sd_cpu_ftiles_vnni[a->type == SD_DTYPE_F16 ? 1 : 0] :
+#endif
+                                     sd_cpu_ftiles[a->type == SD_DTYPE_F16 ? 1 : 0];
     for (size_t t0 = 0; t0 < n; t0 += TOK_BLOCK) {
         size_t t_end = t0 + TOK_BLOCK < n ? t0 + TOK_BLOCK : n;
         for (size_t r = r_begin; r < r_end; r += rb) {
@@ -411,5 +430,5 @@ sd_status sd_cpu_qmatmul(sd_backend *be, sd_cpu_qpath path, sd_dtype type, const
 
 sd_status sd_cpu_matmul_stored(sd_backend *be, sd_dtype type, const void *w, int32_t n_in, int32_t n_out,
                                const float *x, int32_t n_tokens, float *y) {
-    return sd_cpu_qmatmul(be, SD_CPU_QPATH_AUTO, type, w, n_in, n_out, x, n_tokens, y);
+    return sd_cpu_qmatmul(be, be ? (sd_cpu_qpath)be->qpath : SD_CPU_QPATH_AUTO, type, w, n_in, n_out, x, n_tokens, y);
 }
