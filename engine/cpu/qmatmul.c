@@ -3,7 +3,7 @@
  *
  * Layout of the work, as in matmul.c: threads claim chunks of ROW_CHUNK
  * output rows; inside a chunk an R x T tile keeps R weight rows' blocks in
- * registers and applies them to T (up to 8) token rows, so a decode or
+ * registers and applies them to T (up to 8) token rows (qtile_shape), so a decode or
  * verify call (1-16 tokens) streams each weight row from memory once and the
  * other token groups reread it from L1/L2. The activations are quantized
  * once per call by the calling thread before the pool runs (O(n_tokens *
@@ -13,12 +13,13 @@
  * (maddubs + madd for the integer dots) and AVX-512 VNNI (dpbusd for the
  * same integer dots, picked at run time with __builtin_cpu_supports). The
  * integer products are exact and the float steps are the same operations in
- * the same order, so the three agree bit for bit. Rejected: a 512-bit float
- * accumulation (two blocks per instruction) — it would sum a lane's blocks
- * in two chains, changing the result with the path; the integer half is the
- * part VNNI speeds up. F16 / BF16 use one AVX2 tile on both SIMD paths.
- * The tiles are in qmatmul_avx2.c and qmatmul_vnni.c, only in the shapes
- * this dispatch picks (qmatmul_impl.h: why their own files).
+ * the same order, so the three agree bit for bit. The VNNI path computes
+ * Q8_0 / Q4_0 / Q4_1 and F16 / BF16 in 512-bit registers holding two weight
+ * rows' 8 lanes each, so every lane keeps its one chain. Rejected: a 512-bit
+ * float accumulation of two blocks per instruction — it would sum a lane's
+ * blocks in two chains, changing the result with the path. The tiles are in
+ * qmatmul_avx2.c and qmatmul_vnni.c, only in the shapes this dispatch picks
+ * (qmatmul_impl.h: why their own files).
  *
  * K-quants (Q4_K, Q5_K, Q6_K) reuse the activation blocks of 32: each is
  * one 32-element sub-block of a 256-element super-block, so only the weight
