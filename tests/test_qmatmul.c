@@ -315,7 +315,7 @@ static void test_quantize_row_matches_scalar(void **state) {
         if (it % 13 == 0) x[70] = INFINITY; /* block 2: dx inf, 1/dx 0 */
         if (it % 17 == 0)
             for (int j = 96; j < 128; j++) x[j] = 0.0f; /* block 3: dx 0 */
-        if (it % 3 == 0) x[200] = -x[201];             /* ties of |x| */
+        if (it % 3 == 0) x[200] = -x[201];              /* ties of |x| */
         memset(got, 0xa5, sizeof got);
         memset(want, 0x5a, sizeof want);
         sd_cpu_q8_quantize_row(x, N, got);

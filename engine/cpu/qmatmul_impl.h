@@ -71,10 +71,11 @@ static inline void qtile_shape(size_t n_tokens, bool wide, size_t *rows, size_t 
  * rule, SD_QTILE_SHAPES_WIDE for the wide one. */
 #define SD_QTILE_SHAPES(X) \
     X(1, 1) X(2, 1) X(3, 1) X(4, 1) X(1, 2) X(2, 2) X(1, 3) X(2, 3) X(1, 4) X(2, 4) X(1, 5) X(1, 6) X(1, 7) X(1, 8)
-#define SD_QTILE_SHAPES_WIDE(X)                                                                                    \
-    X(1, 1) X(2, 1) X(3, 1) X(4, 1) X(1, 2) X(2, 2) X(3, 2) X(4, 2) X(1, 3) X(2, 3) X(3, 3) X(4, 3) X(1, 4) X(2, 4) \
-        X(3, 4) X(4, 4) X(1, 5) X(2, 5) X(3, 5) X(4, 5) X(1, 6) X(2, 6) X(3, 6) X(4, 6) X(1, 7) X(2, 7) X(3, 7)    \
-            X(4, 7) X(1, 8) X(2, 8) X(3, 8) X(4, 8)
+#define SD_QTILE_SHAPES_WIDE(X)                                                                                     \
+    X(1, 1)                                                                                                         \
+    X(2, 1) X(3, 1) X(4, 1) X(1, 2) X(2, 2) X(3, 2) X(4, 2) X(1, 3) X(2, 3) X(3, 3) X(4, 3) X(1, 4) X(2, 4) X(3, 4) \
+        X(4, 4) X(1, 5) X(2, 5) X(3, 5) X(4, 5) X(1, 6) X(2, 6) X(3, 6) X(4, 6) X(1, 7) X(2, 7) X(3, 7) X(4, 7)     \
+            X(1, 8) X(2, 8) X(3, 8) X(4, 8)
 
 typedef void (*qtile_fn)(const uint8_t *w, size_t row_bytes, const uint8_t *xq, size_t xrow_bytes, size_t nb, float *y,
                          size_t n_out);

@@ -9,12 +9,12 @@
 #if HAVE_VNNI_PATH
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
-#define QFN(name)   name##_vnni
-#define QIDOT(u, v)         _mm256_dpbusd_epi32(_mm256_setzero_si256(), (u), (v))
-#define QIDOT_ACC(a, u, v)  _mm256_dpbusd_epi32((a), (u), (v))
-#define QOFFSET8            1
-#define QZMM                1
-#define QSHAPES(X)          SD_QTILE_SHAPES_WIDE(X)
+#define QFN(name)          name##_vnni
+#define QIDOT(u, v)        _mm256_dpbusd_epi32(_mm256_setzero_si256(), (u), (v))
+#define QIDOT_ACC(a, u, v) _mm256_dpbusd_epi32((a), (u), (v))
+#define QOFFSET8           1
+#define QZMM               1
+#define QSHAPES(X)         SD_QTILE_SHAPES_WIDE(X)
 #include "cpu/qmatmul_simd.inc"
 #undef QFN
 #undef QIDOT
@@ -26,7 +26,7 @@
 /* 8 weights of each of rows w0 and w1 from element i, widened to f32
  * (exact): row w0 in lanes 0-7, w1 in 8-15. */
 static inline __attribute__((always_inline)) __m512 widen8x2(const uint8_t *w0, const uint8_t *w1, size_t i,
-                                                           const int f16) {
+                                                             const int f16) {
     __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(w0 + 2 * i))),
                                         _mm_loadu_si128((const __m128i *)(w1 + 2 * i)), 1);
     if (f16) return _mm512_cvtph_ps(h);
@@ -39,9 +39,9 @@ static inline __attribute__((always_inline)) __m512 widen8x2(const uint8_t *w0, 
  * add does two (row, token) pairs; each half is sd_cpu_dot's 8 lanes in
  * sd_cpu_dot's order, summed by its lane tree, then the fused tail. An odd
  * R pairs its last row with itself, the copy discarded. */
-static inline __attribute__((always_inline)) void ftile_z(const uint8_t *w, size_t row_bytes, const float *x,
-                                                          float *y, size_t n_in, size_t n_out, const int R,
-                                                          const int T, const int f16) {
+static inline __attribute__((always_inline)) void ftile_z(const uint8_t *w, size_t row_bytes, const float *x, float *y,
+                                                          size_t n_in, size_t n_out, const int R, const int T,
+                                                          const int f16) {
     enum { MAX_P = MAX_R / 2 };
     const int P = (R + 1) / 2;
     size_t n8 = n_in & ~(size_t)7;
@@ -104,7 +104,8 @@ SD_QTILE_SHAPES_WIDE(FTILE_FN_0)
 SD_QTILE_SHAPES_WIDE(FTILE_FN_1)
 #define FTILE_AT_0(R, T) [0][R - 1][T - 1] = ftile_z_0_##R##_##T,
 #define FTILE_AT_1(R, T) [1][R - 1][T - 1] = ftile_z_1_##R##_##T,
-const ftile_fn sd_cpu_ftiles_vnni[2][MAX_R][MAX_T] = {SD_QTILE_SHAPES_WIDE(FTILE_AT_0) SD_QTILE_SHAPES_WIDE(FTILE_AT_1)};
+const ftile_fn sd_cpu_ftiles_vnni[2][MAX_R][MAX_T] = {SD_QTILE_SHAPES_WIDE(FTILE_AT_0)
+                                                          SD_QTILE_SHAPES_WIDE(FTILE_AT_1)};
 // clang-format on
 #pragma GCC pop_options
 #else
