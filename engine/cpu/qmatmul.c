@@ -354,7 +354,10 @@ static void qmatmul_chunk(void *p, int64_t c, int32_t ith) {
 #if SD_CPU_AVX2
     size_t n = a->n_tokens, rb, tb;
     const bool integer = is_integer_type(a->type);
-    qtile_shape(n, a->path == SD_CPU_QPATH_VNNI, &rb, &tb);
+    /* one F16 / BF16 token streams the weights: the 512-bit tile measured
+     * ~10% slower there than the AVX2 one (bench/results/quant-cpu.md) */
+    const bool wide = a->path == SD_CPU_QPATH_VNNI && (integer || n > 1);
+    qtile_shape(n, wide, &rb, &tb);
     const int kind = integer ? kind_of(a->type) : 0;
     const qtile_fn(*qt)[MAX_T] =
 #if HAVE_VNNI_PATH
@@ -363,9 +366,9 @@ static void qmatmul_chunk(void *p, int64_t c, int32_t ith) {
                                      sd_cpu_qtiles_avx2[kind];
     const ftile_fn(*ft)[MAX_T] =
 #if HAVE_VNNI_PATH
-        a->path == SD_CPU_QPATH_VNNI ? sd_cpu_ftiles_vnni[a->type == SD_DTYPE_F16 ? 1 : 0] :
+        wide ? sd_cpu_ftiles_vnni[a->type == SD_DTYPE_F16 ? 1 : 0] :
 #endif
-                                     sd_cpu_ftiles[a->type == SD_DTYPE_F16 ? 1 : 0];
+             sd_cpu_ftiles[a->type == SD_DTYPE_F16 ? 1 : 0];
     for (size_t t0 = 0; t0 < n; t0 += TOK_BLOCK) {
         size_t t_end = t0 + TOK_BLOCK < n ? t0 + TOK_BLOCK : n;
         for (size_t r = r_begin; r < r_end; r += rb) {
