@@ -213,6 +213,18 @@ static void test_all_types_shapes(void **state) {
     }
 }
 
+/* Every token count 1 .. 17 (all the tile widths and their edges: the
+ * verify calls) on an odd row count, n_in not a multiple of 256 where the
+ * format allows. */
+static void test_token_counts(void **state) {
+    fixture *f = *state;
+    for (size_t ti = 0; ti < N_TYPES; ti++)
+        for (int n = 1; n <= 17; n++) {
+            shape s = {sd_dtype_is_k(types[ti]) ? 512 : is_int_type(types[ti]) ? 160 : 101, 53, n};
+            check_one(f, types[ti], s);
+        }
+}
+
 /* Random shapes on top of the fixed ones. */
 static void test_random_shapes(void **state) {
     fixture *f = *state;
@@ -262,6 +274,60 @@ static void test_quantize_row(void **state) {
     assert_int_equal((int8_t)q[3], -2);
 }
 
+/* The activation rounding as quant_kernels.h states it, written out here
+ * once more in scalar C: the backend's quantizer (vectorized where the
+ * build has AVX2, so the C twin shares it) must give the same bytes. */
+static void quantize_row_ref(const float *x, int n_in, uint8_t *dst) {
+    int nb = n_in / 32;
+    for (int b = 0; b < nb; b++) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[b * 32 + j]));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        int lane[8] = {0};
+        for (int j = 0; j < 32; j++) {
+            float v = nearbyintf(x[b * 32 + j] * id);
+            int iv = !(v >= -127.0f) ? -127 : v > 127.0f ? 127 : (int)v;
+            dst[b * 32 + j] = (uint8_t)(int8_t)iv;
+            lane[j / 4] += iv;
+        }
+        memcpy(dst + nb * 32 + b * 4, &d, 4);
+        for (int k = 0; k < 8; k++) {
+            float l = (float)lane[k];
+            memcpy(dst + nb * 36 + b * 32 + k * 4, &l, 4);
+        }
+    }
+}
+
+static void test_quantize_row_matches_scalar(void **state) {
+    (void)state;
+    enum { N = 32 * 9 };
+    float x[N];
+    uint8_t got[N * 3], want[N * 3];
+    assert_true(sd_cpu_q8_row_bytes(N) <= sizeof got);
+    for (int it = 0; it < 200; it++) {
+        for (int i = 0; i < N; i++) x[i] = uniform() * (it % 5 == 0 ? 1e-30f : it % 5 == 1 ? 3e4f : 1.0f);
+        if (it % 7 == 0) {
+            /* exact halves after scaling: amax 127 gives dx 1 */
+            x[0] = 127.0f;
+            for (int j = 1; j < 32; j++) x[j] = (float)(j - 16) + 0.5f;
+        }
+        if (it % 11 == 0) x[40] = NAN;      /* block 1: NaN ignored by the max, -127 itself */
+        if (it % 13 == 0) x[70] = INFINITY; /* block 2: dx inf, 1/dx 0 */
+        if (it % 17 == 0)
+            for (int j = 96; j < 128; j++) x[j] = 0.0f; /* block 3: dx 0 */
+        if (it % 3 == 0) x[200] = -x[201];              /* ties of |x| */
+        memset(got, 0xa5, sizeof got);
+        memset(want, 0x5a, sizeof want);
+        sd_cpu_q8_quantize_row(x, N, got);
+        quantize_row_ref(x, N, want);
+        for (size_t i = 0; i < sd_cpu_q8_row_bytes(N); i++)
+            if (got[i] != want[i]) {
+                print_error("iteration %d: byte %zu: %02x, scalar reference %02x\n", it, i, got[i], want[i]);
+                fail();
+            }
+    }
+}
+
 static void test_refusals(void **state) {
     fixture *f = *state;
     float x[48] = {0}, y[4];
@@ -282,28 +348,68 @@ static void test_refusals(void **state) {
     print_message("qmatmul: this CPU's path: %s\n", sd_cpu_qpath_name());
 }
 
+/* SPECD_CPU_QPATH picks a backend's path at creation (a path this CPU
+ * lacks, or a wrong name, falls back to AUTO), and the backend op runs it:
+ * same bits as the C twin either way. */
+static void test_qpath_env(void **state) {
+    (void)state;
+    const struct {
+        const char *value;
+        sd_cpu_qpath want;
+    } cases[] = {{"c", SD_CPU_QPATH_C},
+                 {"avx2", sd_cpu_qpath_available(SD_CPU_QPATH_AVX2) ? SD_CPU_QPATH_AVX2 : SD_CPU_QPATH_AUTO},
+                 {"avx512-vnni", sd_cpu_qpath_available(SD_CPU_QPATH_VNNI) ? SD_CPU_QPATH_VNNI : SD_CPU_QPATH_AUTO},
+                 {"sse9", SD_CPU_QPATH_AUTO},
+                 {"", SD_CPU_QPATH_AUTO}};
+    enum { N_IN = 96, N_OUT = 7, N_TOK = 5 };
+    float wf[N_IN * N_OUT], x[N_IN * N_TOK], y[N_OUT * N_TOK], y_c[N_OUT * N_TOK];
+    uint8_t wq[N_IN * N_OUT]; /* Q4_1: 20 bytes per 32 */
+    for (int i = 0; i < N_IN * N_OUT; i++) wf[i] = uniform();
+    for (int i = 0; i < N_IN * N_TOK; i++) x[i] = uniform();
+    assert_int_equal(sd_quantize(SD_DTYPE_Q4_1, wf, N_IN * N_OUT, wq), SD_OK);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        assert_int_equal(setenv("SPECD_CPU_QPATH", cases[i].value, 1), 0);
+        assert_int_equal(sd_cpu_qpath_from_env(), cases[i].want);
+        sd_backend_handle be;
+        assert_int_equal(sd_cpu_backend_create(2, &be), SD_OK);
+        assert_int_equal(be.ctx->qpath, cases[i].want);
+        assert_int_equal(sd_cpu_qmatmul(be.ctx, SD_CPU_QPATH_C, SD_DTYPE_Q4_1, wq, N_IN, N_OUT, x, N_TOK, y_c), SD_OK);
+        assert_int_equal(sd_cpu_matmul_stored(be.ctx, SD_DTYPE_Q4_1, wq, N_IN, N_OUT, x, N_TOK, y), SD_OK);
+        assert_memory_equal(y, y_c, sizeof y);
+        be.ops->destroy(&be.ctx);
+    }
+    assert_int_equal(unsetenv("SPECD_CPU_QPATH"), 0);
+    assert_int_equal(sd_cpu_qpath_from_env(), SD_CPU_QPATH_AUTO);
+}
+
 /* Every tile the dispatch can call exists: for calls of 1 .. 2 x TOK_BLOCK
  * + 1 tokens, qtile_shape's R x T and every smaller R x T (the edges of a
- * chunk or token block), in each table this build has. The tables hold
- * only SD_QTILE_SHAPES; this fails when the shape rule and the list part. */
+ * chunk or token block), in each table this build has: the narrow rule for
+ * the AVX2 tiles, the wide one for the VNNI tiles. The tables hold only their shape lists; this fails when a shape
+ * rule and its list part. */
 static void test_tile_tables_cover_dispatch(void **state) {
     (void)state;
 #if SD_CPU_AVX2
     for (size_t n = 1; n <= 2 * TOK_BLOCK + 1; n++) {
         size_t rb = 0, tb = 0;
-        qtile_shape(n, &rb, &tb);
+        qtile_shape(n, false, &rb, &tb);
         assert_true(rb >= 1 && rb <= MAX_R && tb >= 1 && tb <= MAX_T);
         for (size_t r = 0; r < rb; r++)
             for (size_t t = 0; t < tb; t++) {
                 assert_non_null(sd_cpu_ftiles[0][r][t]);
                 assert_non_null(sd_cpu_ftiles[1][r][t]);
-                for (int k = 0; k < N_KINDS; k++) {
-                    assert_non_null(sd_cpu_qtiles_avx2[k][r][t]);
-#if HAVE_VNNI_PATH
-                    assert_non_null(sd_cpu_qtiles_vnni[k][r][t]);
-#endif
-                }
+                for (int k = 0; k < N_KINDS; k++) assert_non_null(sd_cpu_qtiles_avx2[k][r][t]);
             }
+#if HAVE_VNNI_PATH
+        qtile_shape(n, true, &rb, &tb);
+        assert_true(rb >= 1 && rb <= MAX_R && tb >= 1 && tb <= MAX_T);
+        for (size_t r = 0; r < rb; r++)
+            for (size_t t = 0; t < tb; t++) {
+                assert_non_null(sd_cpu_ftiles_vnni[0][r][t]);
+                assert_non_null(sd_cpu_ftiles_vnni[1][r][t]);
+                for (int k = 0; k < N_KINDS; k++) assert_non_null(sd_cpu_qtiles_vnni[k][r][t]);
+            }
+#endif
     }
 #else
     skip();
@@ -313,10 +419,13 @@ static void test_tile_tables_cover_dispatch(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_quantize_row),
+        cmocka_unit_test(test_quantize_row_matches_scalar),
         cmocka_unit_test_setup_teardown(test_all_types_shapes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_token_counts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_random_shapes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
         cmocka_unit_test(test_tile_tables_cover_dispatch),
+        cmocka_unit_test(test_qpath_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

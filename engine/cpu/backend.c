@@ -114,6 +114,7 @@ sd_status sd_cpu_backend_create(int32_t n_threads, sd_backend_handle *out) {
     sd_backend *be = calloc(1, sizeof *be);
     if (!be) return SD_ERR_NOMEM;
     be->n_threads = n_threads;
+    be->qpath = sd_cpu_qpath_from_env();
     sd_status s = sd_threadpool_create(n_threads, &be->tp);
     if (s != SD_OK) {
         free(be);

@@ -33,6 +33,8 @@ struct sd_backend {
     size_t scratch_per_thread; /* floats */
     void *qbuf;                /* quantized activations of the current stored-weight matmul (qmatmul.c) */
     size_t qbuf_bytes;
+    int qpath; /* sd_cpu_qpath the stored-weight matmul runs (SD_CPU_QPATH_AUTO unless
+                                  SPECD_CPU_QPATH named one at creation) */
 };
 
 /* Runs fn on chunks [0, n_chunks) on the pool, or on the caller alone when

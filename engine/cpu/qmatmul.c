@@ -3,7 +3,7 @@
  *
  * Layout of the work, as in matmul.c: threads claim chunks of ROW_CHUNK
  * output rows; inside a chunk an R x T tile keeps R weight rows' blocks in
- * registers and applies them to T (up to 8) token rows, so a decode or
+ * registers and applies them to T (up to 8) token rows (qtile_shape), so a decode or
  * verify call (1-16 tokens) streams each weight row from memory once and the
  * other token groups reread it from L1/L2. The activations are quantized
  * once per call by the calling thread before the pool runs (O(n_tokens *
@@ -13,12 +13,13 @@
  * (maddubs + madd for the integer dots) and AVX-512 VNNI (dpbusd for the
  * same integer dots, picked at run time with __builtin_cpu_supports). The
  * integer products are exact and the float steps are the same operations in
- * the same order, so the three agree bit for bit. Rejected: a 512-bit float
- * accumulation (two blocks per instruction) — it would sum a lane's blocks
- * in two chains, changing the result with the path; the integer half is the
- * part VNNI speeds up. F16 / BF16 use one AVX2 tile on both SIMD paths.
- * The tiles are in qmatmul_avx2.c and qmatmul_vnni.c, only in the shapes
- * this dispatch picks (qmatmul_impl.h: why their own files).
+ * the same order, so the three agree bit for bit. The VNNI path computes
+ * Q8_0 / Q4_0 / Q4_1 and F16 / BF16 in 512-bit registers holding two weight
+ * rows' 8 lanes each, so every lane keeps its one chain. Rejected: a 512-bit
+ * float accumulation of two blocks per instruction — it would sum a lane's
+ * blocks in two chains, changing the result with the path. The tiles are in
+ * qmatmul_avx2.c and qmatmul_vnni.c, only in the shapes this dispatch picks
+ * (qmatmul_impl.h: why their own files).
  *
  * K-quants (Q4_K, Q5_K, Q6_K) reuse the activation blocks of 32: each is
  * one 32-element sub-block of a 256-element super-block, so only the weight
@@ -118,6 +119,37 @@ void sd_cpu_q8_quantize_row(const float *x, int32_t n_in, void *dst) {
     uint8_t *dxs = (uint8_t *)dst + nb * QK, *sums = dxs + nb * 4;
     for (size_t b = 0; b < nb; b++) {
         const float *xb = x + b * QK;
+#if SD_CPU_AVX2
+        /* The same operations 8 at a time: max_ps(|x|, amax) keeps amax
+         * when x is NaN, as fmaxf does; round_ps is nearbyintf's rounding
+         * to nearest even; max_ps(v, -127) gives -127 for NaN, as the
+         * scalar clamp does. Lane sums by an exact integer dot with 1s. */
+        const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        __m256 xv[4], m = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            xv[k] = _mm256_loadu_ps(xb + 8 * k);
+            m = _mm256_max_ps(_mm256_and_ps(xv[k], abs_mask), m);
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        const float amax = _mm_cvtss_f32(m4);
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        __m256i qi[4];
+        for (int k = 0; k < 4; k++) {
+            __m256 v = _mm256_round_ps(_mm256_mul_ps(xv[k], _mm256_set1_ps(id)),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+            qi[k] = _mm256_cvtps_epi32(v);
+        }
+        __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+        q8 = _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(q + b * QK), q8);
+        const __m256i lane = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q8), _mm256_set1_epi16(1));
+        memcpy(dxs + b * 4, &d, 4);
+        _mm256_storeu_ps((float *)(sums + b * 32), _mm256_cvtepi32_ps(lane));
+#else
         float amax = 0.0f;
         for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
         const float d = amax / 127.0f;
@@ -134,6 +166,7 @@ void sd_cpu_q8_quantize_row(const float *x, int32_t n_in, void *dst) {
             float s = (float)lane[k];
             memcpy(sums + b * 32 + (size_t)k * 4, &s, 4);
         }
+#endif
     }
 }
 
@@ -265,9 +298,24 @@ static sd_cpu_qpath auto_path(void) {
     return SD_CPU_AVX2 ? SD_CPU_QPATH_AVX2 : SD_CPU_QPATH_C;
 }
 
-const char *sd_cpu_qpath_name(void) {
-    sd_cpu_qpath p = auto_path();
+static const char *path_name(sd_cpu_qpath p) {
     return p == SD_CPU_QPATH_VNNI ? "avx512-vnni" : p == SD_CPU_QPATH_AVX2 ? "avx2" : "c";
+}
+
+const char *sd_cpu_qpath_name(void) { return path_name(auto_path()); }
+
+sd_cpu_qpath sd_cpu_qpath_from_env(void) {
+    const char *v = getenv("SPECD_CPU_QPATH");
+    if (!v || !*v) return SD_CPU_QPATH_AUTO;
+    const sd_cpu_qpath named[] = {SD_CPU_QPATH_C, SD_CPU_QPATH_AVX2, SD_CPU_QPATH_VNNI};
+    for (size_t i = 0; i < sizeof named / sizeof named[0]; i++)
+        if (strcmp(v, path_name(named[i])) == 0) {
+            if (sd_cpu_qpath_available(named[i])) return named[i];
+            SD_WARN("SPECD_CPU_QPATH=%s: this CPU or build has no such path; using %s", v, sd_cpu_qpath_name());
+            return SD_CPU_QPATH_AUTO;
+        }
+    SD_WARN("SPECD_CPU_QPATH=%s: not one of c, avx2, avx512-vnni; using %s", v, sd_cpu_qpath_name());
+    return SD_CPU_QPATH_AUTO;
 }
 
 typedef struct qmatmul_args {
@@ -305,15 +353,22 @@ static void qmatmul_chunk(void *p, int64_t c, int32_t ith) {
     }
 #if SD_CPU_AVX2
     size_t n = a->n_tokens, rb, tb;
-    qtile_shape(n, &rb, &tb);
     const bool integer = is_integer_type(a->type);
+    /* one F16 / BF16 token streams the weights: the 512-bit tile measured
+     * ~10% slower there than the AVX2 one (bench/results/quant-cpu.md) */
+    const bool wide = a->path == SD_CPU_QPATH_VNNI && (integer || n > 1);
+    qtile_shape(n, wide, &rb, &tb);
     const int kind = integer ? kind_of(a->type) : 0;
     const qtile_fn(*qt)[MAX_T] =
 #if HAVE_VNNI_PATH
         a->path == SD_CPU_QPATH_VNNI ? sd_cpu_qtiles_vnni[kind] :
 #endif
                                      sd_cpu_qtiles_avx2[kind];
-    const ftile_fn(*ft)[MAX_T] = sd_cpu_ftiles[a->type == SD_DTYPE_F16 ? 1 : 0];
+    const ftile_fn(*ft)[MAX_T] =
+#if HAVE_VNNI_PATH
+        wide ? sd_cpu_ftiles_vnni[a->type == SD_DTYPE_F16 ? 1 : 0] :
+#endif
+             sd_cpu_ftiles[a->type == SD_DTYPE_F16 ? 1 : 0];
     for (size_t t0 = 0; t0 < n; t0 += TOK_BLOCK) {
         size_t t_end = t0 + TOK_BLOCK < n ? t0 + TOK_BLOCK : n;
         for (size_t r = r_begin; r < r_end; r += rb) {
@@ -379,5 +434,5 @@ sd_status sd_cpu_qmatmul(sd_backend *be, sd_cpu_qpath path, sd_dtype type, const
 
 sd_status sd_cpu_matmul_stored(sd_backend *be, sd_dtype type, const void *w, int32_t n_in, int32_t n_out,
                                const float *x, int32_t n_tokens, float *y) {
-    return sd_cpu_qmatmul(be, SD_CPU_QPATH_AUTO, type, w, n_in, n_out, x, n_tokens, y);
+    return sd_cpu_qmatmul(be, be ? (sd_cpu_qpath)be->qpath : SD_CPU_QPATH_AUTO, type, w, n_in, n_out, x, n_tokens, y);
 }

@@ -7,11 +7,19 @@
 #include "cpu/qmatmul_impl.h"
 
 #if SD_CPU_AVX2
-#define QFN(name)   name##_avx2
-#define QIDOT(u, v) _mm256_madd_epi16(_mm256_maddubs_epi16((u), (v)), _mm256_set1_epi16(1))
+#define QFN(name)          name##_avx2
+#define QIDOT(u, v)        _mm256_madd_epi16(_mm256_maddubs_epi16((u), (v)), _mm256_set1_epi16(1))
+#define QIDOT_ACC(a, u, v) _mm256_add_epi32((a), QIDOT(u, v))
+#define QOFFSET8           0
+#define QZMM               0
+#define QSHAPES(X)         SD_QTILE_SHAPES(X)
 #include "cpu/qmatmul_simd.inc"
 #undef QFN
 #undef QIDOT
+#undef QIDOT_ACC
+#undef QOFFSET8
+#undef QZMM
+#undef QSHAPES
 
 /* 8 weights of row w from element i, widened to f32 (exact). */
 static inline __attribute__((always_inline)) __m256 widen8(const uint8_t *w, size_t i, const int f16) {

@@ -48,11 +48,16 @@ static inline size_t kblock_bytes(int kind) { return kind == KIND_Q4_K ? 144 : k
 
 /* The tile of a call with n_tokens token rows: up to *rows weight rows x
  * *toks token rows, smaller at the edges of a chunk or token block. Up to 8
- * tokens share one pass over the weight rows (fewer tokens leave registers
- * for more rows); longer calls use 2 x 4 tiles over blocks of TOK_BLOCK
- * tokens, rereading a chunk's rows from cache. */
-static inline void qtile_shape(size_t n_tokens, size_t *rows, size_t *toks) {
-    if (n_tokens <= 8) {
+ * tokens share one pass over the weight rows; longer calls use tiles over
+ * blocks of TOK_BLOCK tokens, rereading a chunk's rows from cache. wide:
+ * the tiles of the AVX-512 VNNI path, 512-bit registers that each hold two
+ * weight rows for one token, 16 accumulators (4 rows x 8 tokens) of its
+ * 32 registers; otherwise (AVX2's 16 registers) up to 8 accumulators. */
+static inline void qtile_shape(size_t n_tokens, bool wide, size_t *rows, size_t *toks) {
+    if (wide) {
+        *toks = n_tokens <= 8 ? n_tokens : 8;
+        *rows = 4;
+    } else if (n_tokens <= 8) {
         *toks = n_tokens;
         *rows = n_tokens <= 1 ? 4 : n_tokens <= 2 ? 2 : 1;
     } else {
@@ -62,9 +67,15 @@ static inline void qtile_shape(size_t n_tokens, size_t *rows, size_t *toks) {
 }
 
 /* Every (R, T) that qtile_shape and the edges can give: R <= rows and
- * T <= toks of some call. X(R, T) for each. */
+ * T <= toks of some call. X(R, T) for each: SD_QTILE_SHAPES for the narrow
+ * rule, SD_QTILE_SHAPES_WIDE for the wide one. */
 #define SD_QTILE_SHAPES(X) \
     X(1, 1) X(2, 1) X(3, 1) X(4, 1) X(1, 2) X(2, 2) X(1, 3) X(2, 3) X(1, 4) X(2, 4) X(1, 5) X(1, 6) X(1, 7) X(1, 8)
+#define SD_QTILE_SHAPES_WIDE(X)                                                                                     \
+    X(1, 1)                                                                                                         \
+    X(2, 1) X(3, 1) X(4, 1) X(1, 2) X(2, 2) X(3, 2) X(4, 2) X(1, 3) X(2, 3) X(3, 3) X(4, 3) X(1, 4) X(2, 4) X(3, 4) \
+        X(4, 4) X(1, 5) X(2, 5) X(3, 5) X(4, 5) X(1, 6) X(2, 6) X(3, 6) X(4, 6) X(1, 7) X(2, 7) X(3, 7) X(4, 7)     \
+            X(1, 8) X(2, 8) X(3, 8) X(4, 8)
 
 typedef void (*qtile_fn)(const uint8_t *w, size_t row_bytes, const uint8_t *xq, size_t xrow_bytes, size_t nb, float *y,
                          size_t n_out);
@@ -78,8 +89,11 @@ extern const qtile_fn sd_cpu_qtiles_avx2[N_KINDS][MAX_R][MAX_T];
 extern const ftile_fn sd_cpu_ftiles[2][MAX_R][MAX_T];
 #endif
 #if HAVE_VNNI_PATH
-/* As sd_cpu_qtiles_avx2, with VNNI integer dots. qmatmul_vnni.c. */
+/* As sd_cpu_qtiles_avx2, with VNNI integer dots, in the wide shapes
+ * (SD_QTILE_SHAPES_WIDE). qmatmul_vnni.c. */
 extern const qtile_fn sd_cpu_qtiles_vnni[N_KINDS][MAX_R][MAX_T];
+/* As sd_cpu_ftiles, in 512-bit registers, in the wide shapes. qmatmul_vnni.c. */
+extern const ftile_fn sd_cpu_ftiles_vnni[2][MAX_R][MAX_T];
 #endif
 
 #endif

@@ -78,7 +78,14 @@ void sd_cpu_q8_quantize_row(const float *x, int32_t n_in, void *dst);
 sd_status sd_cpu_qmatmul(sd_backend *be, sd_cpu_qpath path, sd_dtype type, const void *w, int32_t n_in, int32_t n_out,
                          const float *x, int32_t n_tokens, float *y);
 
-/* The backend op: sd_cpu_qmatmul with SD_CPU_QPATH_AUTO. */
+/* The path named by the environment variable SPECD_CPU_QPATH ("c", "avx2",
+ * "avx512-vnni"; for measuring and testing one path inside a whole model),
+ * read once when a backend is created; SD_CPU_QPATH_AUTO when it is unset,
+ * or (with a warning) names a path this CPU or build does not have. */
+sd_cpu_qpath sd_cpu_qpath_from_env(void);
+
+/* The backend op: sd_cpu_qmatmul with the backend's path (AUTO unless
+ * SPECD_CPU_QPATH named one). */
 sd_status sd_cpu_matmul_stored(sd_backend *be, sd_dtype type, const void *w, int32_t n_in, int32_t n_out,
                                const float *x, int32_t n_tokens, float *y);
 
