@@ -36,30 +36,6 @@
 
 #include "cpu/qmatmul_impl.h"
 
-/* f16 -> f32, exact (the software twin of F16C's vcvtph2ps). */
-static float half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
-    if (exp == 0) {
-        if (mant == 0) {
-            bits = sign;
-        } else {
-            exp = 113;
-            while (!(mant & 0x400u)) {
-                mant <<= 1;
-                exp--;
-            }
-            bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
-        }
-    } else if (exp == 31) {
-        bits = sign | 0x7f800000u | (mant << 13);
-    } else {
-        bits = sign | ((exp + 112) << 23) | (mant << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
 static int kind_of(sd_dtype t) {
     switch (t) {
     case SD_DTYPE_Q8_0: return KIND_Q8_0;
@@ -84,11 +60,11 @@ static int32_t int_block(sd_dtype t) { return sd_dtype_is_k(t) ? QK_K : QK; }
  * twin's; the SIMD tiles form the same products 8 at a time (kscales_v). */
 static inline __attribute__((always_inline)) void kscales(int kind, const uint8_t *blk, float dsc[16], float mneg[8]) {
     if (kind == KIND_Q6_K) {
-        const float d = half_to_float(load_u16(blk + 208));
+        const float d = sd_f16_to_f32(load_u16(blk + 208));
         for (int i = 0; i < 16; i++) dsc[i] = d * (float)(int8_t)blk[192 + i];
         return;
     }
-    const float d = half_to_float(load_u16(blk)), dmin = half_to_float(load_u16(blk + 2));
+    const float d = sd_f16_to_f32(load_u16(blk)), dmin = sd_f16_to_f32(load_u16(blk + 2));
     const uint8_t *q = blk + 4;
     for (int s = 0; s < 8; s++) {
         int sc, m;
@@ -193,8 +169,8 @@ static float qdot_c(int kind, const uint8_t *wr, const uint8_t *xr, size_t nb) {
         float dx, lane_sum[8];
         memcpy(&dx, xr + nb * QK + b * 4, 4);
         memcpy(lane_sum, xr + nb * (QK + 4) + b * 32, 32);
-        const float scale = half_to_float(load_u16(blk)) * dx;
-        const float mscale = kind == KIND_Q4_1 ? half_to_float(load_u16(blk + 2)) * dx : 0.0f;
+        const float scale = sd_f16_to_f32(load_u16(blk)) * dx;
+        const float mscale = kind == KIND_Q4_1 ? sd_f16_to_f32(load_u16(blk + 2)) * dx : 0.0f;
         for (int k = 0; k < 8; k++) {
             int32_t p = 0;
             for (int j = 4 * k; j < 4 * k + 4; j++) p += w[j] * q[b * QK + (size_t)j];
@@ -260,15 +236,10 @@ static float fdot_c(sd_dtype t, const uint8_t *wr, const float *x, size_t n) {
     for (size_t i = 0; i < n8; i += 8)
         for (int j = 0; j < 8; j++) {
             uint16_t h = load_u16(wr + 2 * (i + (size_t)j));
-            float wv = t == SD_DTYPE_F16 ? half_to_float(h) : bf16_to_float(h);
+            float wv = t == SD_DTYPE_F16 ? sd_f16_to_f32(h) : bf16_to_float(h);
             l[j] = fmaf(wv, x[i + (size_t)j], l[j]);
         }
-    float s = sd_cpu_hsum8(l);
-    for (size_t i = n8; i < n; i++) {
-        uint16_t h = load_u16(wr + 2 * i);
-        s = fmaf(t == SD_DTYPE_F16 ? half_to_float(h) : bf16_to_float(h), x[i], s);
-    }
-    return s;
+    return f16_row_tail(wr, x, n8, n, t == SD_DTYPE_F16, sd_cpu_hsum8(l));
 }
 
 /* ---- dispatch ---- */

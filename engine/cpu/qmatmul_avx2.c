@@ -59,12 +59,7 @@ static inline __attribute__((always_inline)) void ftile(const uint8_t *w, size_t
         for (int t = 0; t < T; t++) {
             const uint8_t *wr = w + (size_t)r * row_bytes;
             const float *xt = x + (size_t)t * n_in;
-            float s = sd_cpu_hsum256(acc[r][t]);
-            for (size_t i = n8; i < n_in; i++) {
-                uint16_t h = load_u16(wr + 2 * i);
-                s = fmaf(f16 ? _cvtsh_ss(h) : bf16_to_float(h), xt[i], s);
-            }
-            y[(size_t)t * n_out + (size_t)r] = s;
+            y[(size_t)t * n_out + (size_t)r] = f16_row_tail(wr, xt, n8, n_in, f16, sd_cpu_hsum256(acc[r][t]));
         }
 }
 

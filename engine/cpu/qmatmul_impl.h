@@ -11,9 +11,12 @@
 #ifndef SPECD_CPU_QMATMUL_IMPL_H
 #define SPECD_CPU_QMATMUL_IMPL_H
 
+#include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "cpu/quant_kernels.h"
+#include "specd/gguf.h" /* sd_f16_to_f32: exact, the software twin of F16C's vcvtph2ps */
 
 #define QK   32  /* elements per activation block (and Q8_0 / Q4_0 / Q4_1 block) */
 #define QK_K 256 /* elements per K-quant super-block: 8 activation blocks */
@@ -41,6 +44,17 @@ static inline float bf16_to_float(uint16_t h) {
     float f;
     memcpy(&f, &bits, 4);
     return f;
+}
+
+/* An F16 / BF16 row's elements past its last whole 8 (from n8 to n),
+ * added to s one at a time in order: the one tail of the C twin and of
+ * every SIMD tile, so all paths end a row the same way. */
+static inline float f16_row_tail(const uint8_t *wr, const float *x, size_t n8, size_t n, bool f16, float s) {
+    for (size_t i = n8; i < n; i++) {
+        uint16_t h = load_u16(wr + 2 * i);
+        s = fmaf(f16 ? sd_f16_to_f32(h) : bf16_to_float(h), x[i], s);
+    }
+    return s;
 }
 
 /* Bytes of one K-quant super-block. */
@@ -73,9 +87,10 @@ static inline void qtile_shape(size_t n_tokens, bool wide, size_t *rows, size_t 
     X(1, 1) X(2, 1) X(3, 1) X(4, 1) X(1, 2) X(2, 2) X(1, 3) X(2, 3) X(1, 4) X(2, 4) X(1, 5) X(1, 6) X(1, 7) X(1, 8)
 #define SD_QTILE_SHAPES_WIDE(X)                                                                                     \
     X(1, 1)                                                                                                         \
-    X(2, 1) X(3, 1) X(4, 1) X(1, 2) X(2, 2) X(3, 2) X(4, 2) X(1, 3) X(2, 3) X(3, 3) X(4, 3) X(1, 4) X(2, 4) X(3, 4) \
-        X(4, 4) X(1, 5) X(2, 5) X(3, 5) X(4, 5) X(1, 6) X(2, 6) X(3, 6) X(4, 6) X(1, 7) X(2, 7) X(3, 7) X(4, 7)     \
-            X(1, 8) X(2, 8) X(3, 8) X(4, 8)
+    X(2, 1)                                                                                                         \
+    X(3, 1) X(4, 1) X(1, 2) X(2, 2) X(3, 2) X(4, 2) X(1, 3) X(2, 3) X(3, 3) X(4, 3) X(1, 4) X(2, 4) X(3, 4) X(4, 4) \
+        X(1, 5) X(2, 5) X(3, 5) X(4, 5) X(1, 6) X(2, 6) X(3, 6) X(4, 6) X(1, 7) X(2, 7) X(3, 7) X(4, 7) X(1, 8)     \
+            X(2, 8) X(3, 8) X(4, 8)
 
 typedef void (*qtile_fn)(const uint8_t *w, size_t row_bytes, const uint8_t *xq, size_t xrow_bytes, size_t nb, float *y,
                          size_t n_out);

@@ -82,12 +82,7 @@ static inline __attribute__((always_inline)) void ftile_z(const uint8_t *w, size
                 const float *xt = x + (size_t)t * n_in;
                 __m256 half = i ? _mm512_castps512_ps256(_mm512_shuffle_f32x4(acc[p][t], acc[p][t], 0xee))
                                 : _mm512_castps512_ps256(acc[p][t]);
-                float s = sd_cpu_hsum256(half);
-                for (size_t k = n8; k < n_in; k++) {
-                    uint16_t h = load_u16(wr + 2 * k);
-                    s = fmaf(f16 ? _cvtsh_ss(h) : bf16_to_float(h), xt[k], s);
-                }
-                y[(size_t)t * n_out + (size_t)r] = s;
+                y[(size_t)t * n_out + (size_t)r] = f16_row_tail(wr, xt, n8, n_in, f16, sd_cpu_hsum256(half));
             }
 }
 
