@@ -85,6 +85,8 @@ void sd_client_wire_request_stats(const Specd__RequestStats *s, sd_client_reques
     o->verifying_ms = s->verifying_ms;
     o->first_token_ms = s->first_token_ms;
     o->total_ms = s->total_ms;
+    o->drafter_kind = s->drafter_kind;
+    o->drafter_switches = s->drafter_switches;
 }
 
 /* The wire role of a chat role name; UNSPECIFIED (refused by validation) otherwise. */

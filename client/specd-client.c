@@ -82,6 +82,15 @@ static void usage(FILE *f) {
 
 /* ---- results as JSON ---- */
 
+static const char *kind_name(Specd__DrafterKind k) {
+    switch (k) {
+    case SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL: return "model";
+    case SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM: return "ngram";
+    case SPECD__DRAFTER_KIND__DRAFTER_KIND_SELF: return "self";
+    default: return "";
+    }
+}
+
 /* A string member that is valid JSON whatever the bytes (sd_json_quote):
  * model text can be invalid UTF-8, which cJSON would write as is. */
 static void add_text(cJSON *obj, const char *name, const char *s, size_t len) {
@@ -120,6 +129,9 @@ static cJSON *result_json(const sd_client_result *r) {
     cJSON_AddNumberToObject(st, "verifying_ms", s->verifying_ms);
     cJSON_AddNumberToObject(st, "first_token_ms", s->first_token_ms);
     cJSON_AddNumberToObject(st, "total_ms", s->total_ms);
+    if (s->drafter_kind != SPECD__DRAFTER_KIND__DRAFTER_KIND_UNSPECIFIED)
+        cJSON_AddStringToObject(st, "drafter_kind", kind_name(s->drafter_kind));
+    cJSON_AddNumberToObject(st, "drafter_switches", s->drafter_switches);
     return o;
 }
 
@@ -551,14 +563,6 @@ static const char *role_name(Specd__Role r) {
     }
 }
 
-static const char *kind_name(Specd__DrafterKind k) {
-    switch (k) {
-    case SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL: return "model";
-    case SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM: return "ngram";
-    case SPECD__DRAFTER_KIND__DRAFTER_KIND_SELF: return "self";
-    default: return "";
-    }
-}
 
 /* Speculative decoding: verify steps, drafts, acceptance per draft
  * position, mean accepted length and goodput (as /metrics has them). */

@@ -36,6 +36,12 @@
  * a pair with a round over --max-other-load cores is left out of the
  * medians, the range and the ratios, and the table gives the share and
  * the pairs left out.
+ * --modes A,B compares two ways of serving the same service instead:
+ * "choice" (speculative, the coordinator picks each request's drafter kind),
+ * "target" (max_k -1), or "ngram" / "model" / "self" (speculative with the
+ * drafter kind pinned); e.g. --modes choice,ngram measures the per-request
+ * choice against a fixed n-gram drafter in the same ABBA pairs. The notes
+ * then list, per prompt, the kind each mode's requests were drafted by.
  * --versus ADDR compares two services instead of two modes: the one at
  * --coordinator (keyed with --curve-secret/--curve-server: CurveZMQ) and
  * the one at ADDR (plaintext), both speculative, in the same ABBA pairs;
@@ -83,6 +89,8 @@ typedef struct serve_tally {
      * (its total minus its time to the first token), per round */
     double round_dec_tokens[MAX_ROUNDS], round_dec_ms[MAX_ROUNDS];
     int n_rounds;
+    /* the drafter kind of each prompt's latest request (Specd__DrafterKind) */
+    unsigned char kind_by_prompt[MAX_PROMPTS];
     double drafted, accepted, drafting_ms, verifying_ms, busy_ms;
     double steps; /* target steps summed over requests */
     int failures;
@@ -129,21 +137,25 @@ static double pct(double *v, size_t n, double p) {
  * that processes other than the service's ("specd-*") and this one used
  * meanwhile goes to round_other. */
 static void round_run(sd_client *c, char **prompts, int n_prompts, int *next_prompt, int conc, int tokens,
-                      bool stop_at_eos, int32_t max_k, const sd_hyg_params *hyg, serve_tally *t) {
+                      bool stop_at_eos, int32_t max_k, Specd__DrafterKind kind, const sd_hyg_params *hyg,
+                      serve_tally *t) {
     serve_req *reqs = calloc((size_t)conc, sizeof *reqs);
     uint64_t *ids = calloc((size_t)conc, sizeof *ids);
     bool *ok = calloc((size_t)conc, sizeof *ok);
-    if (!reqs || !ids || !ok) goto done;
+    int *prompt_of = calloc((size_t)conc, sizeof *prompt_of);
+    if (!reqs || !ids || !ok || !prompt_of) goto done;
     sd_hyg_mark h0 = sd_hyg_now(hyg);
     double t0 = now_s();
     for (int i = 0; i < conc; i++) {
         pthread_mutex_init(&reqs[i].mu, NULL);
         sd_client_request q = sd_client_default_request();
-        q.prompt = prompts[(*next_prompt)++ % n_prompts];
+        prompt_of[i] = (*next_prompt)++ % n_prompts;
+        q.prompt = prompts[prompt_of[i]];
         q.chat = true;
         q.max_tokens = (uint32_t)tokens;
         q.ignore_eos = !stop_at_eos;
         q.max_k = max_k;
+        q.drafter_kind = kind;
         ok[i] = sd_client_submit(c, &q, on_chunk, &reqs[i], &ids[i]) == SD_OK;
         if (!ok[i]) t->failures++;
     }
@@ -167,6 +179,7 @@ static void round_run(sd_client *c, char **prompts, int n_prompts, int *next_pro
         t->drafting_ms += res.stats.drafting_ms;
         t->verifying_ms += res.stats.verifying_ms;
         t->busy_ms += res.stats.total_ms - res.stats.queued_ms;
+        t->kind_by_prompt[prompt_of[i]] = (unsigned char)res.stats.drafter_kind;
         sd_client_result_clear(&res);
     }
     double t1 = now_s();
@@ -190,6 +203,7 @@ done:
     free(reqs);
     free(ids);
     free(ok);
+    free(prompt_of);
 }
 
 /* Two-sided 95% quantile of Student's t with df degrees of freedom. */
@@ -242,6 +256,10 @@ static void usage(FILE *f) {
                "  -o FILE             also write the markdown table to FILE\n"
                "  --curve-secret FILE, --curve-server FILE\n"
                "                      CurveZMQ keys for the service at --coordinator (specd-keygen files)\n"
+               "  --modes A,B         compare two modes of the one service (default choice,target): choice\n"
+               "                      (speculative, the coordinator picks each request's drafter kind),\n"
+               "                      target (no speculation), or ngram / model / self (speculative with\n"
+               "                      that drafter kind pinned); the notes list each prompt's drafter kind\n"
                "  --versus ADDR       compare the service at --coordinator (keyed) with a plaintext one at ADDR\n"
                "                      (same model and flags) instead of speculative with target-only; both\n"
                "                      speculative, rounds alternating between the two\n");
@@ -297,11 +315,43 @@ typedef struct serve_opts {
     const char *addr, *prompts_path, *out_path;
     const char *curve_secret, *curve_server; /* keys for the service at addr */
     const char *versus;                      /* a second (plaintext) service to compare with */
+    int mode[2];                             /* --modes: indices into serve_mode_names */
     char conc_list[128];
     int tokens, rounds, warmup;
     bool eos; /* --eos: requests end at EOS too */
     sd_hyg_params hyg;
 } serve_opts;
+
+/* --modes: what each name sends (max_k, drafter kind). */
+static const struct {
+    const char *name, *label;
+    int32_t max_k;
+    Specd__DrafterKind kind;
+} serve_mode_names[] = {
+    {"choice", "speculative", 0, SPECD__DRAFTER_KIND__DRAFTER_KIND_UNSPECIFIED},
+    {"target", "target-only", -1, SPECD__DRAFTER_KIND__DRAFTER_KIND_UNSPECIFIED},
+    {"ngram", "n-gram drafter", 0, SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM},
+    {"model", "model drafter", 0, SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL},
+    {"self", "self-draft", 0, SPECD__DRAFTER_KIND__DRAFTER_KIND_SELF},
+};
+#define N_SERVE_MODES ((int)(sizeof serve_mode_names / sizeof serve_mode_names[0]))
+
+/* "A,B" into two mode indices; false when either name is unknown or they are equal. */
+static bool parse_modes(const char *arg, int mode[2]) {
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", arg);
+    char *comma = strchr(buf, ',');
+    if (!comma) return false;
+    *comma = '\0';
+    const char *names[2] = {buf, comma + 1};
+    for (int m = 0; m < 2; m++) {
+        mode[m] = -1;
+        for (int i = 0; i < N_SERVE_MODES; i++)
+            if (strcmp(names[m], serve_mode_names[i].name) == 0) mode[m] = i;
+        if (mode[m] < 0) return false;
+    }
+    return mode[0] != mode[1];
+}
 
 /* -1: run; 0: --help printed; 2: bad options (said on stderr). */
 static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
@@ -311,6 +361,7 @@ static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
                       .tokens = 64,
                       .rounds = 4,
                       .warmup = 1,
+                      .mode = {0, 1},
                       .hyg = sd_hyg_default_params()};
     static const struct option longs[] = {{"coordinator", required_argument, 0, 'c'},
                                           {"prompts", required_argument, 0, 'p'},
@@ -322,6 +373,7 @@ static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
                                           {"curve-secret", required_argument, 0, 'S'},
                                           {"curve-server", required_argument, 0, 'K'},
                                           {"versus", required_argument, 0, 'V'},
+                                          {"modes", required_argument, 0, 'M'},
                                           {"eos", no_argument, 0, 'E'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
@@ -341,10 +393,21 @@ static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
         case 'S': o->curve_secret = optarg; break;
         case 'K': o->curve_server = optarg; break;
         case 'V': o->versus = optarg; break;
+        case 'M':
+            if (!parse_modes(optarg, o->mode)) {
+                fprintf(stderr, "specd-bench serve: --modes takes two different names of choice, target, ngram, "
+                                "model, self (e.g. choice,ngram), not '%s'\n", optarg);
+                return 2;
+            }
+            break;
         case 'E': o->eos = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
+    }
+    if (o->versus && (o->mode[0] != 0 || o->mode[1] != 1)) {
+        fprintf(stderr, "specd-bench serve: --versus compares two services, --modes two modes of one: not both\n");
+        return 2;
     }
     if (o->tokens < 1 || o->tokens > 4096 || o->rounds < 1 || o->rounds > MAX_ROUNDS || o->warmup < 0 ||
         o->warmup > 10 || !(o->hyg.max_other_cores > 0)) {
@@ -360,9 +423,12 @@ static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
 typedef struct serve_modes {
     sd_client *client[2];
     int32_t draft[2];
+    Specd__DrafterKind kind[2];
     const char *label[2];
     const char *ratio_name;
-    bool versus; /* client[1] is the --versus service: no cost-model column */
+    bool versus;      /* client[1] is the --versus service: no cost-model column */
+    bool vs_target;   /* mode 1 is target-only: the cost-model column applies */
+    bool list_kinds;  /* --modes given: the notes list each prompt's drafter kind */
 } serve_modes;
 
 /* Appends to the per-round notes, a bounded buffer (cut when full). */
@@ -427,7 +493,8 @@ static void run_rounds(const serve_opts *o, const serve_modes *md, char **prompt
         for (int m = 0; m < 2; m++) {
             serve_tally w = {0};
             int first_prompt = *next_prompt;
-            round_run(md->client[m], prompts, n_prompts, next_prompt, conc, o->tokens, o->eos, md->draft[m], &o->hyg,
+            round_run(md->client[m], prompts, n_prompts, next_prompt, conc, o->tokens, o->eos, md->draft[m], md->kind[m],
+                      &o->hyg,
                       &w);
             if (m == 0) *next_prompt = first_prompt;
             free(w.lat);
@@ -438,7 +505,8 @@ static void run_rounds(const serve_opts *o, const serve_modes *md, char **prompt
         for (int i = 0; i < 2; i++) { /* m 0: speculative, 1: target-only; ABBA order */
             int m = (r % 2) ? 1 - i : i;
             *next_prompt = first_prompt; /* the pair sends the same prompts */
-            round_run(md->client[m], prompts, n_prompts, next_prompt, conc, o->tokens, o->eos, md->draft[m], &o->hyg,
+            round_run(md->client[m], prompts, n_prompts, next_prompt, conc, o->tokens, o->eos, md->draft[m], md->kind[m],
+                      &o->hyg,
                       &tl[m]);
         }
     }
@@ -483,6 +551,23 @@ static double cost_model_ratio(sd_client *c, int conc, const serve_tally tl[2], 
 
 /* One concurrency: its rounds, the ratios of the kept pairs (into the
  * notes, by round) and the table's two rows. */
+/* Per mode, the drafter kind of each prompt's latest request, as one
+ * letter a prompt: n(gram), m(odel), s(elf), - (none drafted). */
+static void notes_kinds(const serve_modes *md, const serve_tally tl[2], int n_prompts, char *notes, size_t cap) {
+    for (int m = 0; m < 2; m++) {
+        notes_add(notes, cap, "  drafter kind by prompt, %s: ", md->label[m]);
+        for (int i = 0; i < n_prompts; i++) {
+            switch (tl[m].kind_by_prompt[i]) {
+            case SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM: notes_add(notes, cap, "n"); break;
+            case SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL: notes_add(notes, cap, "m"); break;
+            case SPECD__DRAFTER_KIND__DRAFTER_KIND_SELF: notes_add(notes, cap, "s"); break;
+            default: notes_add(notes, cap, "-"); break;
+            }
+        }
+        notes_add(notes, cap, "\n");
+    }
+}
+
 static void run_concurrency(const serve_opts *o, const serve_modes *md, FILE *out, char **prompts, int n_prompts,
                             int *next_prompt, int conc, char *notes, size_t notes_cap) {
     serve_tally tl[2] = {{0}};
@@ -514,7 +599,8 @@ static void run_concurrency(const serve_opts *o, const serve_modes *md, FILE *ou
     serve_ratios sr;
     ratio_ci(ratio, n_ratio, &sr.gm, &sr.ci_lo, &sr.ci_hi);
     sr.median = sd_bench_median(ratio, n_ratio);
-    sr.model = md->versus ? NAN : cost_model_ratio(md->client[0], conc, tl, notes, notes_cap);
+    sr.model = md->vs_target ? cost_model_ratio(md->client[0], conc, tl, notes, notes_cap) : NAN;
+    if (md->list_kinds) notes_kinds(md, tl, n_prompts, notes, notes_cap);
     for (int m = 0; m < 2; m++) {
         write_mode_row(out, conc, m, md->label[m], &tl[m], keep, n_pairs, n_dirty, &sr);
         free(tl[m].lat);
@@ -551,12 +637,20 @@ int bench_serve_main(int argc, char **argv) {
     sd_curve_id curve;
     memset(&curve, 0, sizeof curve);
     if (!connect_services(&o, &curve, &c, &cv)) goto done;
+    char ratio_name[80];
+    snprintf(ratio_name, sizeof ratio_name, "%s / %s", serve_mode_names[o.mode[0]].name,
+             serve_mode_names[o.mode[1]].name);
+    const bool modes_given = o.mode[0] != 0 || o.mode[1] != 1;
     const serve_modes md = {
         .client = {c, cv ? cv : c},
-        .draft = {0, cv ? 0 : -1},
-        .label = {cv ? "speculative, CurveZMQ" : "speculative", cv ? "speculative, plaintext" : "target-only"},
-        .ratio_name = cv ? "CURVE / plaintext" : "spec / target",
-        .versus = cv != NULL};
+        .draft = {cv ? 0 : serve_mode_names[o.mode[0]].max_k, cv ? 0 : serve_mode_names[o.mode[1]].max_k},
+        .kind = {cv ? 0 : serve_mode_names[o.mode[0]].kind, cv ? 0 : serve_mode_names[o.mode[1]].kind},
+        .label = {cv ? "speculative, CurveZMQ" : serve_mode_names[o.mode[0]].label,
+                  cv ? "speculative, plaintext" : serve_mode_names[o.mode[1]].label},
+        .ratio_name = cv ? "CURVE / plaintext" : modes_given ? ratio_name : "spec / target",
+        .versus = cv != NULL,
+        .vs_target = cv == NULL && serve_mode_names[o.mode[1]].max_k < 0,
+        .list_kinds = cv == NULL && modes_given};
     sd_client_service_stats ss;
     if (sd_client_stats(c, 10000, &ss) != SD_OK) {
         fprintf(stderr, "specd-bench serve: no answer from %s (is the service running?)\n", o.addr);

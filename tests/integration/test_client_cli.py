@@ -4,7 +4,8 @@ the CLI itself is checked):
 
 - `-p PROMPT` streams: the first text reaches stdout while the request is
   still running (the process has not exited), statistics go to stderr;
-- `-p PROMPT --json` gives exactly specd-generate's token ids;
+- `-p PROMPT --json` gives exactly specd-generate's token ids, and its
+  stats name the drafter kind that drafted it;
 - `--stop S` ends the output before the stop string;
 - `--jobs FILE.jsonl` writes one JSON result per input line, in input order,
   echoing each "id": greedy jobs give specd-generate's ids, a seeded
@@ -150,7 +151,7 @@ def run(h):
     target, _ = h.tiny_models(seed=23)
     prompts = H.random_prompts(3, seed=41)
     ref = h.reference(target, prompts[0], 24, ignore_eos=True)
-    h.start_service(target, drafter="layers")
+    h.start_service(target, drafter="layers", coord_extra=list(H.FIXED_K))
 
     r = cli(h, "-p", prompts[0], "-n", "24", "--ignore-eos", "--json")
     H.check(r.returncode == 0, "specd-client --json exited %d: %s" % (r.returncode, r.stderr[-500:]))
@@ -158,6 +159,12 @@ def run(h):
     H.check(res.get("ids") == ref["ids"], "specd-client --json: %s vs specd-generate %s" % (res.get("ids"),
                                                                                           ref["ids"]))
     H.check(res.get("stop_reason") == "LENGTH", "stop_reason %s" % res.get("stop_reason"))
+    st = res.get("stats", {})
+    H.check(st.get("drafted", 0) > 0 and st.get("drafter_kind") == "self",
+            "specd-client --json: drafted %s tokens with the self-draft drafter, but drafter_kind %r"
+            % (st.get("drafted"), st.get("drafter_kind")))
+    H.log("specd-client --json: drafted %s, drafter_kind %r" % (st.get("drafted"), st.get("drafter_kind")))
+    H.check(st.get("drafter_switches") == 0, "one drafter kind, yet drafter_switches %r" % st.get("drafter_switches"))
 
     # --stop: a stop string taken from the reference's own text ends the output before it
     text = ref["text_bytes"]

@@ -100,6 +100,8 @@ typedef struct sd_client_request_stats {
     uint32_t prompt_tokens, generated_tokens;
     uint32_t drafted, accepted, target_steps;
     double queued_ms, drafting_ms, verifying_ms, first_token_ms, total_ms;
+    Specd__DrafterKind drafter_kind; /* the kind that drafted it at the end (choice or pin); UNSPECIFIED: none */
+    uint32_t drafter_switches;       /* times the coordinator moved it to a drafter of another kind */
 } sd_client_request_stats;
 
 /* The final record of a request. */
