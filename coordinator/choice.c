@@ -26,10 +26,27 @@
  * drafts, the verifier's rejection sampling decides (exact); it costs the
  * new drafter a prefill of the request's prefix.
  *
+ * The n-gram kind is also priced without drafting: while another kind
+ * drafts a request, a shadow lookup (the same n-gram drafter as
+ * engine/spec/drafter.c, private to this file, no shared cache) proposes
+ * what an n-gram drafter would have proposed at each step, and the step's
+ * committed tokens say how many of those the verifier would have taken
+ * (the matching prefix, plus the token the step commits after it; exactly
+ * greedy verification, and for a sampled request one sample of the
+ * acceptance). That is the n-gram kind's record on the request, so it is
+ * never tried at a verify step's expense, and a request drafted by a model
+ * that starts quoting its prompt moves to n-gram drafting as soon as the
+ * shadow's goodput passes the model's by SD_CHOICE_SWITCH, without waiting
+ * for the model's own acceptance to drop (a good draft model keeps
+ * drafting a quotation well, only at a price n-gram lookup does not pay).
+ *
  * Rejected: a bandit over all requests together (the point is that the
  * best kind differs per request), and choosing from the prompt's text
  * (repetition in the prompt predicts copying badly in chat). */
 #include "coord.h"
+#include "specd/drafter.h"
+
+#include <stdlib.h>
 
 #define SD_CHOICE_TRIAL       4    /* verify steps per kind when trying */
 #define SD_CHOICE_RECHECK     64   /* steps on the chosen kind before trying the others again */
@@ -39,6 +56,7 @@
 #define SD_CHOICE_USELESS     1.1 /* tokens per step: a kind no better than target-only */
 #define SD_CHOICE_SAMPLE      8   /* one request in this many still tries a useless kind */
 #define SD_CHOICE_SERVICE_EMA 0.02
+#define SD_CHOICE_SWITCH      1.15 /* the shadow n-gram's goodput over the chosen kind's that moves a request */
 
 /* Kinds with a live drafter, as a bit set over Specd__DrafterKind. */
 static unsigned live_kinds(const sd_coord *c) {
@@ -74,6 +92,75 @@ double sd_choice_goodput(const sd_coord *c, const sd_session *s, Specd__DrafterK
     return r->tokens * verify / (verify + draft);
 }
 
+/* ---- the shadow n-gram lookup ---- */
+
+/* s's slot in the shadow drafter, created (and the slot taken) on first
+ * use; -1 when it cannot be had (no memory, every slot taken). */
+static int32_t shadow_slot(sd_coord *c, sd_session *s) {
+    if (s->shadow_slot >= 0) return s->shadow_slot;
+    if (!c->shadow) {
+        sd_drafter_params dp = sd_drafter_default_params();
+        dp.max_seqs = c->p.max_active > 0 ? c->p.max_active : 1;
+        dp.max_ctx = c->n_ctx;
+        dp.top_n = 1;
+        dp.ngram_cache_entries = -1; /* none: the request's own text only (a lower bound) */
+        c->shadow_used = calloc((size_t)dp.max_seqs, 1);
+        if (!c->shadow_used || sd_drafter_ngram_create(&dp, &c->shadow) != SD_OK) {
+            sd_choice_free(c);
+            return -1;
+        }
+        c->n_shadow_slots = dp.max_seqs;
+    }
+    for (int32_t i = 0; i < c->n_shadow_slots; i++) {
+        if (!c->shadow_used[i]) {
+            c->shadow_used[i] = 1;
+            return s->shadow_slot = i;
+        }
+    }
+    return -1;
+}
+
+void sd_choice_forget(sd_coord *c, sd_session *s) {
+    if (s->shadow_slot < 0 || !c->shadow || s->shadow_slot >= c->n_shadow_slots) return;
+    sd_drafter_release(c->shadow, s->shadow_slot);
+    c->shadow_used[s->shadow_slot] = 0;
+    s->shadow_slot = -1;
+}
+
+void sd_choice_free(sd_coord *c) {
+    sd_drafter_free(&c->shadow);
+    free(c->shadow_used);
+    c->shadow_used = NULL;
+    c->n_shadow_slots = 0;
+}
+
+/* What n-gram drafting would have given the step that is about to commit
+ * commit[0..n_commit) after s's context: proposes up to k tokens from the
+ * context and records the tokens it would have committed (the prefix of the
+ * proposal that matches, plus one; at most n_commit, what the step shows)
+ * in s's n-gram record. */
+static void shadow_ngram(sd_coord *c, sd_session *s, int32_t k, const int32_t *commit, int32_t n_commit) {
+    int32_t slot = shadow_slot(c, s);
+    if (slot < 0 || n_commit < 1 || s->n_tokens < 1) return;
+    int32_t prop[SD_MAX_K], nd = 0;
+    sd_spec_q q[SD_MAX_K];
+    if (sd_drafter_propose(c->shadow, slot, s->tokens, s->n_tokens, sd_imin(k, SD_MAX_K), &s->sampling, prop, q,
+                           &nd) != SD_OK)
+        return;
+    int32_t match = 0;
+    while (match < nd && match < n_commit && prop[match] == commit[match]) match++;
+    int32_t tokens = match < n_commit ? match + 1 : n_commit;
+    struct sd_kind_record *r = &s->kinds[SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM];
+    if (r->steps == 0) {
+        r->tokens = tokens;
+        r->k = nd;
+    } else {
+        r->tokens += SD_CHOICE_EMA * (tokens - r->tokens);
+        r->k += SD_CHOICE_EMA * (nd - r->k);
+    }
+    r->steps++;
+}
+
 /* Whether kind k has been useless over the service's recent requests. */
 static bool useless(const sd_coord *c, int k) {
     return c->kind_steps[k] >= 4 * SD_CHOICE_TRIAL && c->kind_tokens[k] < SD_CHOICE_USELESS;
@@ -94,7 +181,20 @@ static void start_trial(sd_session *s) {
     for (int k = 0; k < SD_DRAFTER_KINDS; k++) s->kinds[k].steps = 0;
 }
 
-void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, int32_t n_commit) {
+/* Chooses kind best for s now (after trials, or the shadow's verdict). */
+static void choose(sd_session *s, Specd__DrafterKind best, double best_g) {
+    if (best == s->last_choice && s->recheck_steps < SD_CHOICE_RECHECK_MAX)
+        s->recheck_steps *= 2; /* the same kind again: look less often */
+    s->last_choice = best;
+    s->want_kind = best;
+    s->kind_chosen = true;
+    s->steps_since_choice = 0;
+    s->chosen_tokens = s->kinds[best].tokens;
+    SD_DEBUG("request %llu: drafted by %s (%.2f tokens a step net)", (unsigned long long)s->id,
+             protobuf_c_enum_descriptor_get_value(&specd__drafter_kind__descriptor, (int)best)->name, best_g);
+}
+
+void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, const int32_t *commit, int32_t n_commit) {
     if (s->pin_kind != SPECD__DRAFTER_KIND__DRAFTER_KIND_UNSPECIFIED || !sd_coord_drafter_ok(c, s)) return;
     Specd__DrafterKind cur = c->workers[s->drafter].drafter_kind;
     if (cur <= 0 || cur >= SD_DRAFTER_KINDS) return;
@@ -115,8 +215,20 @@ void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, int32_t n_commit) 
         s->want_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_UNSPECIFIED;
         return;
     }
+    const Specd__DrafterKind ngram = SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM;
+    if (cur != ngram && k > 0 && (live & (1u << ngram))) shadow_ngram(c, s, k, commit, n_commit);
     if (s->want_kind != 0 && !(live & (1u << s->want_kind))) start_trial(s);               /* its kind is gone */
     if (s->want_kind != 0 && s->want_kind != cur && (live & (1u << s->want_kind))) return; /* a move is due */
+    if (s->kind_chosen && cur != ngram && cur == s->want_kind && s->kinds[ngram].steps >= SD_CHOICE_TRIAL &&
+        (live & (1u << ngram))) {
+        double g_cur = sd_choice_goodput(c, s, cur), g_ng = sd_choice_goodput(c, s, ngram);
+        if (g_ng > SD_CHOICE_SWITCH * g_cur) {
+            SD_DEBUG("request %llu: the shadow n-gram lookup would commit %.2f tokens a step net, its drafter %.2f",
+                     (unsigned long long)s->id, g_ng, g_cur);
+            choose(s, ngram, g_ng);
+            return;
+        }
+    }
     if (s->kind_chosen) {
         s->steps_since_choice++;
         if (s->recheck_steps < SD_CHOICE_RECHECK) s->recheck_steps = SD_CHOICE_RECHECK;
@@ -149,13 +261,5 @@ void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, int32_t n_commit) 
         double g = sd_choice_goodput(c, s, (Specd__DrafterKind)kd);
         if (g > best_g) best = (Specd__DrafterKind)kd, best_g = g;
     }
-    if (best == s->last_choice && s->recheck_steps < SD_CHOICE_RECHECK_MAX)
-        s->recheck_steps *= 2; /* the same kind again: look less often */
-    s->last_choice = best;
-    s->want_kind = best;
-    s->kind_chosen = true;
-    s->steps_since_choice = 0;
-    s->chosen_tokens = s->kinds[best].tokens;
-    SD_DEBUG("request %llu: drafted by %s (%.2f tokens a step net)", (unsigned long long)s->id,
-             protobuf_c_enum_descriptor_get_value(&specd__drafter_kind__descriptor, (int)best)->name, best_g);
+    choose(s, best, best_g);
 }

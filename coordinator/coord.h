@@ -123,6 +123,7 @@ typedef struct sd_session {
     int32_t recheck_steps;          /* steps on the chosen kind before the next routine re-trial (doubles) */
     Specd__DrafterKind last_choice; /* the kind chosen last time (0: none yet) */
     double chosen_tokens;           /* the chosen kind's tokens per step when chosen */
+    int32_t shadow_slot;            /* its slot in the shadow n-gram drafter (choice.c), -1 none */
     struct sd_kind_record {
         double tokens; /* EMA of tokens committed per verify step while drafted by this kind */
         double k;      /* EMA of drafts per verify step */
@@ -340,6 +341,12 @@ typedef struct sd_coord {
      * verify step with its drafts, and how many steps fed it (choice.c) */
     double kind_tokens[SD_DRAFTER_KINDS];
     uint32_t kind_steps[SD_DRAFTER_KINDS];
+    /* the shadow n-gram lookup that prices n-gram drafts for requests
+     * another kind drafts (choice.c): created on first use, one slot per
+     * active request (shadow_used[slot]), NULL when never needed */
+    struct sd_drafter *shadow;
+    uint8_t *shadow_used;
+    int32_t n_shadow_slots;
     /* sd_adapt_drafting_pays for the current batch: greedy requests draft
      * only while it holds (recomputed after each verify step) */
     bool drafting_pays, drafting_dirty;
@@ -464,10 +471,16 @@ int32_t sd_place_count(const sd_coord *c, Specd__Role role);
 int32_t sd_place_group_load(const sd_coord *c, int32_t g);
 
 /* choice.c: which drafter kind drafts each request, by measured goodput */
-/* After a verify step of s drafted by its current drafter (n_draft drafts,
- * n_commit tokens committed): updates that kind's record on s and decides
- * the kind s should use next (s->want_kind; placement moves it). */
-void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, int32_t n_commit);
+/* After a verify step of s drafted by its current drafter (k drafts, the
+ * n_commit tokens commit about to be committed; s->tokens is still the
+ * context the step verified): updates that kind's record on s (and the
+ * n-gram kind's from the shadow lookup) and decides the kind s should use
+ * next (s->want_kind; placement moves it). */
+void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, const int32_t *commit, int32_t n_commit);
+/* A session leaves: its shadow slot is freed. */
+void sd_choice_forget(sd_coord *c, sd_session *s);
+/* The shadow drafter and its slots are freed (coordinator teardown). */
+void sd_choice_free(sd_coord *c);
 /* The net goodput of kind k on s: tokens per verify step, discounted by the
  * drafting time it adds to the step (0 when never observed). */
 double sd_choice_goodput(const sd_coord *c, const sd_session *s, Specd__DrafterKind k);

@@ -67,12 +67,14 @@ sd_status sd_sched_add(sd_coord *c, sd_session *s) {
     s->state = SD_SESSION_QUEUED;
     s->draft_base = -1;
     s->group = s->drafter = -1;
+    s->shadow_slot = -1;
     c->sessions[c->n_sessions++] = s;
     c->n_queued++;
     return SD_OK;
 }
 
 static void remove_session(sd_coord *c, sd_session *s) {
+    sd_choice_forget(c, s);
     for (int32_t i = 0; i < c->n_sessions; i++) {
         if (c->sessions[i] == s) {
             memmove(c->sessions + i, c->sessions + i + 1, (size_t)(c->n_sessions - i - 1) * sizeof *c->sessions);
@@ -760,7 +762,7 @@ static void apply_ok(sd_coord *c, sd_coord_worker *w, sd_session *s, int32_t k, 
     }
     s->draft_base = -1;
     s->k = 0;
-    sd_choice_observe(c, s, k, (int32_t)vr->n_commit);
+    sd_choice_observe(c, s, k, vr->commit, (int32_t)vr->n_commit);
     sd_k_shadow_settle(c, s, vr->commit, (int32_t)vr->n_commit);
     {
         sd_token_logprob lps[SD_MAX_K + 1];

@@ -2466,7 +2466,9 @@ static void test_drafter_choice_by_goodput(void **state) {
                     uint32_t acc = good && !w->verify->prefill_only ? (uint32_t)q->n_draft : 0;
                     for (uint32_t j = 0; j < acc; j++) r[i].commit[j] = 9;
                     r[i].n_accepted = acc;
-                    r[i].commit[acc] = 10;
+                    /* the chat request's text does not repeat itself (the
+                     * shadow n-gram lookup finds nothing to copy in it) */
+                    r[i].commit[acc] = q->request_id == chat && !chat_changes ? 20 + (round * 37) % 250 : 10;
                     r[i].n_commit = w->verify->prefill_only ? 0 : acc + 1;
                     r[i].cached_len = q->keep_len + (uint32_t)q->n_append + acc;
                 }
@@ -2494,6 +2496,111 @@ static void test_drafter_choice_by_goodput(void **state) {
         }
     }
     assert_int_equal(chat_last, SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM); /* it switched */
+    harness_free(h);
+}
+
+/* The "chat turn that starts quoting" of the choice, seen by the shadow
+ * n-gram lookup: a good draft model drafts the request throughout (all of
+ * its drafts are accepted, at 1 ms a draft token), the n-gram drafter is
+ * not tried on it while the text is chat (it does not repeat itself), and once
+ * the text quotes the prompt the shadow lookup's goodput (all 3 of its
+ * proposals taken, at no drafting cost) passes the model's, so the request
+ * moves to the n-gram drafter although the model's own acceptance never
+ * dropped. The text is the test's "target": each verify step commits the
+ * drafts that match it and its next token. */
+#define SHADOW_PROMPT 40
+#define SHADOW_CHAT   60
+static int32_t shadow_truth(const int32_t *prompt, int32_t pos) {
+    if (pos < SHADOW_PROMPT) return prompt[pos];
+    int32_t g = pos - SHADOW_PROMPT;
+    if (g < SHADOW_CHAT) return 20 + (int32_t)((uint32_t)(g + 1) * 2654435761u % 271u); /* no repeats nearby */
+    return prompt[(g - SHADOW_CHAT) % SHADOW_PROMPT];                               /* the quotation */
+}
+
+static void test_drafter_choice_shadow_ngram(void **state) {
+    (void)state;
+    NEED_MODEL();
+    sd_coord_params p = sd_coord_default_params();
+    p.adaptive_k = false;
+    p.default_k = 3;
+    harness *h = harness_new(&p);
+    h->fwd_fixed_us = 5000; /* a verify step: 5 ms + 1 ms a row */
+    h->fwd_token_us = 1000;
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    h->kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
+    register_ok(h, "dm", SPECD__ROLE__ROLE_DRAFTER);
+    h->kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM;
+    register_ok(h, "dn", SPECD__ROLE__ROLE_DRAFTER);
+    int32_t prompt[SHADOW_PROMPT];
+    for (int32_t i = 0; i < SHADOW_PROMPT; i++) prompt[i] = 20 + (int32_t)((uint32_t)(i + 7) * 40503u % 263u);
+    submit(h, "c", prompt, SHADOW_PROMPT, SHADOW_CHAT + 2 * SHADOW_PROMPT, NULL);
+    uint64_t rid = expect_accepted(h, "c");
+    const char *who[3] = {"v", "dn", "dm"};
+    int32_t chose_model_at = -1, moved_at = -1, ngram_drafts_in_chat = 0, ngram_drafts_in_quote = 0;
+    double model_tokens_when_moved = 0;
+    for (int round = 0; round < 400; round++) {
+        harness_compact(h);
+        bool any = false;
+        for (int k = 0; k < 3; k++) {
+            Specd__CoordinatorToWorker *w = pop_worker(h, who[k]);
+            if (!w) continue;
+            any = true;
+            sd_session *s = sd_sched_find(&h->c, rid);
+            if (w->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT && s) {
+                /* the model drafts the text; the n-gram drafter only a quotation */
+                int32_t toks[8];
+                for (int32_t j = 0; j < 8; j++) {
+                    int32_t t = shadow_truth(prompt, s->n_tokens + j);
+                    bool quoting = s->n_tokens + j >= SHADOW_PROMPT + SHADOW_CHAT;
+                    toks[j] = k == 2 || quoting ? t : 7;
+                }
+                if (k == 1 && s->n_tokens < SHADOW_PROMPT + SHADOW_CHAT && w->draft->n_seqs > 0 && w->draft->seqs[0]->k > 0)
+                    ngram_drafts_in_chat++;
+                if (k == 1 && s->n_tokens >= SHADOW_PROMPT + SHADOW_CHAT) ngram_drafts_in_quote++;
+                h->draft_us = k == 2 ? 3000 : 10; /* per step of 3: 1 ms a model draft token */
+                reply_draft(h, who[k], w->draft, toks, 8);
+            } else if (w->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY) {
+                vres r[16];
+                memset(r, 0, sizeof r);
+                for (size_t i = 0; i < w->verify->n_seqs; i++) {
+                    const Specd__VerifySeq *q = w->verify->seqs[i];
+                    sd_session *x = sd_sched_find(&h->c, q->request_id);
+                    assert_non_null(x);
+                    uint32_t acc = 0;
+                    int32_t at = x->n_tokens;
+                    while (!w->verify->prefill_only && acc < q->n_draft &&
+                           q->draft[acc] == shadow_truth(prompt, at + (int32_t)acc))
+                        acc++;
+                    for (uint32_t j = 0; j <= acc; j++) r[i].commit[j] = shadow_truth(prompt, at + (int32_t)j);
+                    r[i].n_accepted = acc;
+                    r[i].n_commit = w->verify->prefill_only ? 0 : acc + 1;
+                    r[i].cached_len = q->keep_len + (uint32_t)q->n_append + acc;
+                }
+                reply_verify(h, "v", w->verify, r);
+            }
+            specd__coordinator_to_worker__free_unpacked(w, NULL);
+        }
+        if (!any) break;
+        const sd_session *s = sd_sched_find(&h->c, rid);
+        if (!s) break;
+        if (chose_model_at < 0 && s->kind_chosen && s->want_kind == SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL)
+            chose_model_at = s->n_tokens;
+        if (moved_at < 0 && s->kind_chosen && s->want_kind == SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM) {
+            moved_at = s->n_tokens;
+            model_tokens_when_moved = s->kinds[SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL].tokens;
+        }
+    }
+    print_message("model chosen at %d tokens, moved to n-gram at %d (quotation from %d), model's tokens a step "
+                  "then %.2f, n-gram drafts during the chat %d\n",
+                  chose_model_at, moved_at, SHADOW_PROMPT + SHADOW_CHAT, model_tokens_when_moved,
+                  ngram_drafts_in_chat);
+    assert_true(chose_model_at > 0 && chose_model_at < SHADOW_PROMPT + SHADOW_CHAT);
+    /* priced by the shadow: a trial would be 4 steps of n-gram drafts (one
+     * may complete it, as a step without drafts shadows nothing) */
+    assert_true(ngram_drafts_in_chat < 4);
+    assert_true(moved_at >= SHADOW_PROMPT + SHADOW_CHAT && moved_at < SHADOW_PROMPT + SHADOW_CHAT + 32);
+    assert_true(model_tokens_when_moved > 3.5); /* not a drop in the model's acceptance */
+    assert_true(ngram_drafts_in_quote > 0); /* and it drafted the quotation */
     harness_free(h);
 }
 
@@ -2591,6 +2698,7 @@ int main(void) {
         cmocka_unit_test(test_drained_group_hands_over),
         cmocka_unit_test(test_drafters_share_failover_pin),
         cmocka_unit_test(test_drafter_choice_by_goodput),
+        cmocka_unit_test(test_drafter_choice_shadow_ngram),
         cmocka_unit_test(test_local_ngram_drafter),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
