@@ -39,6 +39,11 @@
  * shadow's goodput passes the model's by SD_CHOICE_SWITCH, without waiting
  * for the model's own acceptance to drop (a good draft model keeps
  * drafting a quotation well, only at a price n-gram lookup does not pay).
+ * That verdict takes the mean of n-gram's tokens a step over its last
+ * SD_CHOICE_WINDOW steps (shadowed or its own), not the EMA, and so does
+ * the drop rule while n-gram drafts: n-gram hits come in bursts (1, 1, 5,
+ * 1 tokens a step), and judging one burst made requests flap between the
+ * kinds.
  *
  * Rejected: a bandit over all requests together (the point is that the
  * best kind differs per request), and choosing from the prompt's text
@@ -57,6 +62,7 @@
 #define SD_CHOICE_SAMPLE      8   /* one request in this many still tries a useless kind */
 #define SD_CHOICE_SERVICE_EMA 0.02
 #define SD_CHOICE_SWITCH      1.15 /* the shadow n-gram's goodput over the chosen kind's that moves a request */
+#define SD_CHOICE_WINDOW      8    /* shadow steps the move is judged on (sd_session.shadow_ring) */
 
 /* Kinds with a live drafter, as a bit set over Specd__DrafterKind. */
 static unsigned live_kinds(const sd_coord *c) {
@@ -80,16 +86,20 @@ static double kind_token_us(const sd_coord *c, Specd__DrafterKind k) {
     return best;
 }
 
-double sd_choice_goodput(const sd_coord *c, const sd_session *s, Specd__DrafterKind k) {
-    if (k <= 0 || k >= SD_DRAFTER_KINDS || s->kinds[k].steps == 0) return 0.0;
-    const struct sd_kind_record *r = &s->kinds[k];
+/* Net goodput of kind k on s at `tokens` committed per step with k_draft drafts. */
+static double goodput_at(const sd_coord *c, const sd_session *s, Specd__DrafterKind k, double tokens, double k_draft) {
     const sd_cost_model *v = sd_coord_group_ok(c, s) ? &c->workers[s->group].cost : &c->cost;
     int32_t batch = sd_coord_group_ok(c, s) ? sd_place_group_load(c, s->group) : c->n_active;
     if (batch < 1) batch = 1;
-    double verify = v->verify_fixed_us / batch + v->verify_token_us * (1.0 + r->k);
+    double verify = v->verify_fixed_us / batch + v->verify_token_us * (1.0 + k_draft);
     double token_us = kind_token_us(c, k);
-    double draft = (token_us > 0 ? token_us : 0.0) * r->k;
-    return r->tokens * verify / (verify + draft);
+    double draft = (token_us > 0 ? token_us : 0.0) * k_draft;
+    return tokens * verify / (verify + draft);
+}
+
+double sd_choice_goodput(const sd_coord *c, const sd_session *s, Specd__DrafterKind k) {
+    if (k <= 0 || k >= SD_DRAFTER_KINDS || s->kinds[k].steps == 0) return 0.0;
+    return goodput_at(c, s, k, s->kinds[k].tokens, s->kinds[k].k);
 }
 
 /* ---- the shadow n-gram lookup ---- */
@@ -159,6 +169,16 @@ static void shadow_ngram(sd_coord *c, sd_session *s, int32_t k, const int32_t *c
         r->k += SD_CHOICE_EMA * (nd - r->k);
     }
     r->steps++;
+    s->shadow_ring[s->shadow_steps++ % SD_CHOICE_WINDOW] = (uint8_t)tokens;
+}
+
+/* The shadow's mean tokens a step over its last SD_CHOICE_WINDOW steps
+ * (-1 before it has that many). */
+static double shadow_mean(const sd_session *s) {
+    if (s->shadow_steps < SD_CHOICE_WINDOW) return -1.0;
+    double sum = 0;
+    for (int i = 0; i < SD_CHOICE_WINDOW; i++) sum += s->shadow_ring[i];
+    return sum / SD_CHOICE_WINDOW;
 }
 
 /* Whether kind k has been useless over the service's recent requests. */
@@ -207,6 +227,8 @@ void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, const int32_t *com
         r->k += SD_CHOICE_EMA * (k - r->k);
     }
     r->steps++;
+    if (cur == SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM && k > 0) /* the window of n-gram steps, real ones too */
+        s->shadow_ring[s->shadow_steps++ % SD_CHOICE_WINDOW] = (uint8_t)sd_imin(n_commit, 255);
     double w = c->kind_steps[cur] == 0 ? 1.0 : SD_CHOICE_SERVICE_EMA;
     c->kind_tokens[cur] += w * (n_commit - c->kind_tokens[cur]);
     if (c->kind_steps[cur] < UINT32_MAX) c->kind_steps[cur]++;
@@ -219,24 +241,28 @@ void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, const int32_t *com
     if (cur != ngram && k > 0 && (live & (1u << ngram))) shadow_ngram(c, s, k, commit, n_commit);
     if (s->want_kind != 0 && !(live & (1u << s->want_kind))) start_trial(s);               /* its kind is gone */
     if (s->want_kind != 0 && s->want_kind != cur && (live & (1u << s->want_kind))) return; /* a move is due */
-    if (s->kind_chosen && cur != ngram && cur == s->want_kind && s->kinds[ngram].steps >= SD_CHOICE_TRIAL &&
-        (live & (1u << ngram))) {
-        double g_cur = sd_choice_goodput(c, s, cur), g_ng = sd_choice_goodput(c, s, ngram);
+    double mean = shadow_mean(s);
+    if (s->kind_chosen && cur != ngram && cur == s->want_kind && mean > 0 && (live & (1u << ngram))) {
+        double g_cur = sd_choice_goodput(c, s, cur), g_ng = goodput_at(c, s, ngram, mean, s->kinds[ngram].k);
         if (g_ng > SD_CHOICE_SWITCH * g_cur) {
             SD_DEBUG("request %llu: the shadow n-gram lookup would commit %.2f tokens a step net, its drafter %.2f",
                      (unsigned long long)s->id, g_ng, g_cur);
             choose(s, ngram, g_ng);
+            s->chosen_tokens = mean; /* what the drop rule compares with: not one burst */
+            s->shadow_steps = 0;
             return;
         }
     }
     if (s->kind_chosen) {
         s->steps_since_choice++;
         if (s->recheck_steps < SD_CHOICE_RECHECK) s->recheck_steps = SD_CHOICE_RECHECK;
+        /* n-gram's own tokens a step judged over the window too (bursts) */
+        double now = cur == ngram && mean > 0 ? mean : r->tokens;
         if (cur == s->want_kind && s->steps_since_choice >= 2 * SD_CHOICE_TRIAL &&
-            (r->tokens < SD_CHOICE_DROP * s->chosen_tokens || s->steps_since_choice >= s->recheck_steps)) {
+            (now < SD_CHOICE_DROP * s->chosen_tokens || s->steps_since_choice >= s->recheck_steps)) {
             SD_DEBUG("request %llu: %s drafts now give %.2f tokens a step (%.2f when chosen): trying the kinds again",
                      (unsigned long long)s->id,
-                     protobuf_c_enum_descriptor_get_value(&specd__drafter_kind__descriptor, (int)cur)->name, r->tokens,
+                     protobuf_c_enum_descriptor_get_value(&specd__drafter_kind__descriptor, (int)cur)->name, now,
                      s->chosen_tokens);
             start_trial(s);
             s->kinds[cur].steps = SD_CHOICE_TRIAL; /* just measured: try the others first */
@@ -258,7 +284,9 @@ void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, const int32_t *com
     double best_g = -1.0;
     for (int kd = 1; kd < SD_DRAFTER_KINDS; kd++) {
         if (!(live & (1u << kd))) continue;
-        double g = sd_choice_goodput(c, s, (Specd__DrafterKind)kd);
+        double g = kd == (int)ngram && mean > 0 && s->kinds[ngram].steps > 0
+                       ? goodput_at(c, s, ngram, mean, s->kinds[ngram].k)
+                       : sd_choice_goodput(c, s, (Specd__DrafterKind)kd);
         if (g > best_g) best = (Specd__DrafterKind)kd, best_g = g;
     }
     choose(s, best, best_g);

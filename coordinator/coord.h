@@ -124,6 +124,8 @@ typedef struct sd_session {
     Specd__DrafterKind last_choice; /* the kind chosen last time (0: none yet) */
     double chosen_tokens;           /* the chosen kind's tokens per step when chosen */
     int32_t shadow_slot;            /* its slot in the shadow n-gram drafter (choice.c), -1 none */
+    uint8_t shadow_ring[8];         /* the shadow's tokens a step over its last 8 steps (ring) */
+    int32_t shadow_steps;           /* steps the shadow has priced (ring index: mod 8) */
     struct sd_kind_record {
         double tokens; /* EMA of tokens committed per verify step while drafted by this kind */
         double k;      /* EMA of drafts per verify step */

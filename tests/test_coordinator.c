@@ -2598,7 +2598,7 @@ static void test_drafter_choice_shadow_ngram(void **state) {
     /* priced by the shadow: a trial would be 4 steps of n-gram drafts (one
      * may complete it, as a step without drafts shadows nothing) */
     assert_true(ngram_drafts_in_chat < 4);
-    assert_true(moved_at >= SHADOW_PROMPT + SHADOW_CHAT && moved_at < SHADOW_PROMPT + SHADOW_CHAT + 32);
+    assert_true(moved_at >= SHADOW_PROMPT + SHADOW_CHAT && moved_at < SHADOW_PROMPT + SHADOW_CHAT + 48);
     assert_true(model_tokens_when_moved > 3.5); /* not a drop in the model's acceptance */
     assert_true(ngram_drafts_in_quote > 0); /* and it drafted the quotation */
     harness_free(h);
