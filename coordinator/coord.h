@@ -261,7 +261,10 @@ typedef struct sd_coord_worker {
     int32_t *step_end;   /* keep_len + len(append) per sequence (what it holds before drafting/sampling) */
     int32_t n_step, cap_step;
     int32_t step_tokens; /* tokens the step's forward computes (appended + drafts) */
-    bool step_refill;    /* some sequence appended more than its last committed token */
+    /* verify: some sequence appended more than its last committed token;
+     * draft: some sequence appended more than a step commits (a prompt, a
+     * moved request's prefix), so the step's time is not a draft's cost */
+    bool step_refill;
     sd_step_times times; /* drafters: measured draft steps, misses, back-off (liveness.c) */
     bool backed_off;     /* sd_step_times_backed_off at the last tick: no drafts, K = 0 */
     /* this worker's own measured costs (placement compares workers by them;

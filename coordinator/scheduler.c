@@ -358,11 +358,13 @@ static void dispatch_draft(sd_coord *c, int32_t d, uint64_t now_us) {
         return;
     }
     int32_t m = 0;
+    w->step_refill = false;
     for (int32_t i = 0; i < c->n_sessions && m < n; i++) {
         sd_session *s = c->sessions[i];
         int32_t k = draft_candidate(c, d, s);
         if (k <= 0) continue;
         sd_pack_draft_seq(&pk, m, s, k);
+        if ((int64_t)pk.seqs[m].n_append > (int64_t)(c->p.max_k > 1 ? c->p.max_k : 1) + 1) w->step_refill = true;
         w->step_rids[m] = s->id;
         w->step_k[m] = k;
         w->step_end[m] = s->n_tokens;
@@ -957,6 +959,8 @@ void sd_sched_on_draft(sd_coord *c, int32_t wi, const Specd__DraftResponse *r, u
             s->k = 0;
         }
     }
-    sd_cost_observe_draft(&c->cost, n_drafted, r->draft_us);
-    sd_cost_observe_draft(&w->cost, n_drafted, r->draft_us);
+    if (!w->step_refill) { /* a prefill's time is not what a draft token costs */
+        sd_cost_observe_draft(&c->cost, n_drafted, r->draft_us);
+        sd_cost_observe_draft(&w->cost, n_drafted, r->draft_us);
+    }
 }

@@ -60,3 +60,7 @@ set_tests_properties(it_failover_gateway PROPERTIES RESOURCE_LOCK specd_integrat
 # specd-launch --tp 2 while a random role is killed or stopped every 2-5 s.
 specd_py_test(it_chaos ${_it}test_chaos.py LABELS integration slow)
 set_tests_properties(it_chaos PROPERTIES RESOURCE_LOCK specd_integration TIMEOUT 3600)
+# Per-request drafter choice on SmolLM2 (F16 target, n-gram in the coordinator and the Q4_1 file as a
+# draft model): ~15 s in Release.
+specd_py_test(it_choice_smollm ${_it}test_choice.py LABELS integration model)
+set_tests_properties(it_choice_smollm PROPERTIES RESOURCE_LOCK specd_integration)

@@ -43,6 +43,7 @@ BINARIES = {
     "gateway": "gateway/specd-gateway",
     "bench": "tools/specd-bench",
     "keygen": "tools/specd-keygen",
+    "quantize": "tools/specd-quantize",
 }
 
 

@@ -1,0 +1,62 @@
+"""Per-request drafter choice on the real model: the demo model's F16
+conversion as the target, two drafter kinds at once -- the n-gram drafter
+inside the coordinator (--local-ngram) and the demo Q4_1 file as a draft
+model in its own process -- K fixed at 4, requests of two kinds at once:
+
+- "repeat this text exactly" prompts, whose answers copy the prompt: n-gram
+  lookup drafts them as well as the draft model (every draft accepted) and
+  costs nothing, so the choice must end on n-gram for them;
+- open chat, where n-gram lookup finds little to copy and the draft model
+  (the target's own 4-bit copy) is accepted most of the time: the choice
+  must end on the model for them.
+
+Every request's tokens must equal specd-generate's greedy tokens on the F16
+target (exact whatever drafts), and each request's final kind is read from
+Finished.stats.drafter_kind. Which kind pays is a cost question (draft
+tokens against verify rows, both measured by the coordinator while it
+runs); the prompts are chosen so that the answer does not hinge on the
+machine: copying gives n-gram about K + 1 tokens a step at no drafting
+cost, chat gives it about 1 against the model's 4."""
+import os
+import subprocess
+
+import harness as H
+
+COPY_TEXT = ("The quick brown fox jumps over the lazy dog near the river bank, while three small birds sing "
+             "in the old oak tree and a farmer walks slowly home along the dusty road.")
+PROMPTS = [
+    ("copy", "Repeat the following text exactly, word for word, and nothing else:\n\n" + COPY_TEXT),
+    ("chat", "Can you explain how a rainbow forms?"),
+    ("copy", "Copy this sentence exactly as it is written: " + COPY_TEXT),
+    ("chat", "Why is exercise good for mental health?"),
+]
+
+
+def run(h):
+    demo = h.smollm()
+    target = os.path.join(h.tmp, "smol-f16.gguf")
+    subprocess.run([h.bin("quantize"), demo, target, "f16"], check=True, capture_output=True, timeout=600)
+    tokens = 40
+    refs = [h.reference(target, p, tokens, chat=True) for _, p in PROMPTS]
+    H.log("computed %d references on the F16 target" % len(refs))
+    h.start_service(target, drafter="model", draft=demo, coord_extra=list(H.FIXED_K) + ["--local-ngram"])
+    c = h.client()
+    jobs = [dict(prompt=p, max_tokens=tokens, chat=True) for _, p in PROMPTS]
+    res = c.run(jobs, timeout=900)
+    H.expect_equal_ids(res, refs, "requests drafted by the kind chosen for each (n-gram or model)")
+    kinds = []
+    for (kind, p), r in zip(PROMPTS, res):
+        st = r["finished"]["stats"]
+        got = st.get("drafter_kind", 0)
+        kinds.append(got)
+        H.log("%-4s request: drafted by %s, %d switches, %d of %d drafts accepted, %d steps for %d tokens: %r"
+              % (kind, {1: "model", 2: "ngram"}.get(got, got), st.get("drafter_switches", 0), st.get("accepted", 0),
+                 st.get("drafted", 0), st.get("target_steps", 0), st.get("generated_tokens", 0), p[:40]))
+    for (kind, _), got in zip(PROMPTS, kinds):
+        want = 2 if kind == "copy" else 1
+        H.check(got == want, "a %s request ended drafted by kind %s, not %s (kinds by request: %s)"
+                % (kind, got, want, kinds))
+
+
+if __name__ == "__main__":
+    H.main(run)
