@@ -185,13 +185,16 @@ sd_status sd_spec_decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n
 
 /* The decoder's timings fed to the shared policy as a batch of one: the
  * target forward over its rows as a verify step (not when it carried a
- * prefill: that is no step a K decides), the drafter's time per token. */
+ * prefill: that is no step a K decides), the drafter's time per token (not
+ * when the step carried a prefill: the prompt's prefill in a draft model
+ * costs as much as drafting twenty tokens, and as the first observation it
+ * set the price of a draft token outright). */
 static void adapt_learn(sd_spec_decoder *d, const step_report *rep, bool greedy, int32_t first_out) {
     if (rep->n_append == 1) {
         double us = rep->target_s * 1e6;
         sd_cost_observe_verify(&d->cost, 1 + rep->n_drafted, us >= 1.0 ? (uint32_t)(us < 4e9 ? us : 4e9) : 1u);
     }
-    if (rep->n_proposed > 0) {
+    if (rep->n_proposed > 0 && rep->n_append <= rep->n_proposed + 1) {
         double us = rep->draft_s * 1e6;
         if (!d->draft_cost_seen) {
             d->cost.draft_token_us = us / rep->n_proposed;
