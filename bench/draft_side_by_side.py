@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""A quantized copy of the target as its draft model, in one process:
+specd-generate plain against specd-generate --draft, interleaved.
+
+Usage: draft_side_by_side.py TARGET.gguf DRAFT.gguf PROMPTS.txt... [--tokens 96] [--threads 2]
+                             [--max-prompts 4] [--k 4] [--cpus 0-1] [--max-other-load 0.25]
+                             [--specd-generate PATH]
+
+For every prompt (one a line, chat-wrapped by the model's template, greedy,
+requests end at the model's end of generation), in one run and in turn:
+plain decoding of TARGET, speculative decoding with DRAFT at K fixed (--k),
+and with adaptive K (up to 2 --k). Each row's tokens/s is specd-generate's
+decode rate (tokens after the first over the time of the steps that made
+them, prefill left out), so the ratio is what speculation does to decoding;
+acceptance and tokens per target step come from its --json. Medians per
+prompt file over the prompts whose runs all saw other processes use at most
+--max-other-load cores (Hyg); the ratio is the median of the per-prompt
+ratios (each pair ran back to back).
+
+Prints a markdown table; the CPU is named in its header."""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_common import Hyg, cpu_name, pin  # noqa: E402
+
+
+def run(gen, target, prompt, tokens, threads, extra):
+    argv = [gen, "-m", target, "--chat", "-p", prompt, "-n", str(tokens), "-t", str(threads), "--json"] + extra
+    with Hyg() as h:
+        r = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900)
+    if r.returncode != 0:
+        sys.exit("specd-generate failed (%d): %s" % (r.returncode, r.stderr[-500:]))
+    d = json.loads(r.stdout)
+    sp = d.get("spec", {})
+    return {"tps": d["timings"]["decode_tok_s"], "acc": sp.get("acceptance_rate", 0.0),
+            "tps_step": sp.get("tokens_per_step", 1.0), "k": sp.get("mean_k", 0.0), "other": h.other,
+            "gen": d["timings"]["generated_tokens"]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("target")
+    ap.add_argument("draft")
+    ap.add_argument("prompts", nargs="+")
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-prompts", type=int, default=4)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--cpus")
+    ap.add_argument("--max-other-load", type=float, default=0.25)
+    ap.add_argument("--specd-generate", default=os.path.join(os.path.dirname(__file__), "..", "build", "tools",
+                                                             "specd-generate"))
+    a = ap.parse_args()
+    cpus = pin(a.cpus, a.threads)
+    methods = [("plain", []), ("draft K=%d" % a.k, ["--draft", a.draft, "-k", str(a.k)]),
+               ("draft K adaptive (<= %d)" % (2 * a.k), ["--draft", a.draft, "-k", str(2 * a.k), "--adaptive-k"])]
+    print("CPU: %s; CPUs %s (process affinity, no thread pinned); target %s, draft %s; greedy, at most %d tokens "
+          "ending at EOS, %d threads\n" % (cpu_name(), cpus, os.path.basename(a.target), os.path.basename(a.draft),
+                                           a.tokens, a.threads))
+    print("| prompts | method | decode tokens/s (median) | vs plain (median of per-prompt ratios) | acceptance | "
+          "tokens / target step | mean K | other CPU, cores: median / max | prompts left out |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for path in a.prompts:
+        with open(path) as f:
+            prompts = [l.rstrip("\n").replace("\\n", "\n") for l in f if l.strip()][:a.max_prompts]
+        rows = {m: [] for m, _ in methods}
+        for p in prompts:
+            for m, extra in methods:
+                rows[m].append(run(a.specd_generate, a.target, p, a.tokens, a.threads, extra))
+            print("  %s: %s" % (os.path.basename(path), " | ".join("%s %.1f" % (m, rows[m][-1]["tps"])
+                                                                 for m, _ in methods)), file=sys.stderr)
+        n = len(prompts)
+        clean = [i for i in range(n) if all(rows[m][i]["other"] <= a.max_other_load for m, _ in methods)]
+        keep = clean or list(range(n))
+        others = [r["other"] for m, _ in methods for r in rows[m]]
+        for m, _ in methods:
+            rs = [rows[m][i] for i in keep]
+            ratio = statistics.median(rows[m][i]["tps"] / rows["plain"][i]["tps"] for i in keep)
+            print("| %s | %s | %.1f | %.2fx | %.3f | %.2f | %.2f | %.2f / %.2f | %d of %d%s |"
+                  % (os.path.basename(path), m, statistics.median(r["tps"] for r in rs), ratio,
+                     statistics.median(r["acc"] for r in rs), statistics.median(r["tps_step"] for r in rs),
+                     statistics.median(r["k"] for r in rs), statistics.median(others), max(others), n - len(keep),
+                     n, "" if clean else " (none clean: all kept)"))
+
+
+if __name__ == "__main__":
+    main()
