@@ -563,7 +563,6 @@ static const char *role_name(Specd__Role r) {
     }
 }
 
-
 /* Speculative decoding: verify steps, drafts, acceptance per draft
  * position, mean accepted length and goodput (as /metrics has them). */
 static void print_spec_stats(const sd_client_service_stats *s) {

@@ -2514,7 +2514,7 @@ static int32_t shadow_truth(const int32_t *prompt, int32_t pos) {
     if (pos < SHADOW_PROMPT) return prompt[pos];
     int32_t g = pos - SHADOW_PROMPT;
     if (g < SHADOW_CHAT) return 20 + (int32_t)((uint32_t)(g + 1) * 2654435761u % 271u); /* no repeats nearby */
-    return prompt[(g - SHADOW_CHAT) % SHADOW_PROMPT];                               /* the quotation */
+    return prompt[(g - SHADOW_CHAT) % SHADOW_PROMPT];                                   /* the quotation */
 }
 
 static void test_drafter_choice_shadow_ngram(void **state) {
@@ -2554,7 +2554,8 @@ static void test_drafter_choice_shadow_ngram(void **state) {
                     bool quoting = s->n_tokens + j >= SHADOW_PROMPT + SHADOW_CHAT;
                     toks[j] = k == 2 || quoting ? t : 7;
                 }
-                if (k == 1 && s->n_tokens < SHADOW_PROMPT + SHADOW_CHAT && w->draft->n_seqs > 0 && w->draft->seqs[0]->k > 0)
+                if (k == 1 && s->n_tokens < SHADOW_PROMPT + SHADOW_CHAT && w->draft->n_seqs > 0 &&
+                    w->draft->seqs[0]->k > 0)
                     ngram_drafts_in_chat++;
                 if (k == 1 && s->n_tokens >= SHADOW_PROMPT + SHADOW_CHAT) ngram_drafts_in_quote++;
                 h->draft_us = k == 2 ? 3000 : 10; /* per step of 3: 1 ms a model draft token */
@@ -2592,15 +2593,14 @@ static void test_drafter_choice_shadow_ngram(void **state) {
     }
     print_message("model chosen at %d tokens, moved to n-gram at %d (quotation from %d), model's tokens a step "
                   "then %.2f, n-gram drafts during the chat %d\n",
-                  chose_model_at, moved_at, SHADOW_PROMPT + SHADOW_CHAT, model_tokens_when_moved,
-                  ngram_drafts_in_chat);
+                  chose_model_at, moved_at, SHADOW_PROMPT + SHADOW_CHAT, model_tokens_when_moved, ngram_drafts_in_chat);
     assert_true(chose_model_at > 0 && chose_model_at < SHADOW_PROMPT + SHADOW_CHAT);
     /* priced by the shadow: a trial would be 4 steps of n-gram drafts (one
      * may complete it, as a step without drafts shadows nothing) */
     assert_true(ngram_drafts_in_chat < 4);
     assert_true(moved_at >= SHADOW_PROMPT + SHADOW_CHAT && moved_at < SHADOW_PROMPT + SHADOW_CHAT + 48);
     assert_true(model_tokens_when_moved > 3.5); /* not a drop in the model's acceptance */
-    assert_true(ngram_drafts_in_quote > 0); /* and it drafted the quotation */
+    assert_true(ngram_drafts_in_quote > 0);     /* and it drafted the quotation */
     harness_free(h);
 }
 
@@ -2632,7 +2632,7 @@ static void test_local_ngram_drafter(void **state) {
     specd__coordinator_to_worker__free_unpacked(vw, NULL);
     int32_t n_ctx = 15; /* committed so far: the prompt and 7 */
     for (int round = 0; round < 2; round++) {
-        assert_null(pop_worker(h, "v")); /* the verify step waits for the drafts ... */
+        assert_null(pop_worker(h, "v"));   /* the verify step waits for the drafts ... */
         sd_local_drafter_pump(ld, h->now); /* ... which arrive in this pump */
         vw = expect_verify(h, "v");
         Specd__VerifySeq *vs = vw->verify->seqs[0];

@@ -114,6 +114,28 @@ static void test_cheap_draft_goes_up(void **state) {
     assert_int_equal(sd_adapt_next_k(&ad, &c, true, 1, 8), 0);
 }
 
+/* The acceptance estimate counts verified draft tokens as Bernoulli trials:
+ * one-token drafts that are always accepted read as near 1 (the run-length
+ * estimate they replace stopped at 0.75 for K = 1), a rejection first in
+ * line is one failure whatever K was, and 3 of 4 accepted then rejected is
+ * 3 successes and 1 failure. */
+static void test_acceptance_counts_trials(void **state) {
+    (void)state;
+    sd_adapt ad = {.alpha = 0.6};
+    for (int i = 0; i < 30; i++) sd_adapt_observe(&ad, 1, 1);
+    assert_true(ad.alpha > 0.95);
+    sd_adapt one = {.alpha = 0.5}, eight = {.alpha = 0.5};
+    sd_adapt_observe(&one, 1, 0);
+    sd_adapt_observe(&eight, 8, 0);
+    assert_true(one.alpha == eight.alpha && one.alpha < 0.5);
+    sd_adapt mix = {.alpha = 0.5};
+    for (int i = 0; i < 200; i++) sd_adapt_observe(&mix, 4, 3);
+    assert_true(fabs(mix.alpha - 0.75) < 0.02);
+    sd_adapt all = {.alpha = 0.5};
+    sd_adapt_observe(&all, 4, 9); /* more accepted than drafted reads as all */
+    assert_true(all.alpha > 0.5 && all.alpha <= 1.0);
+}
+
 static void test_sampled_ignores_costs(void **state) {
     (void)state;
     sd_cost_model c;
@@ -321,9 +343,13 @@ static void test_decoder_ngram_drafts(void **state) {
 int main(void) {
     sd_log_set(NULL, NULL, SD_LOG_WARN, "test_spec_adapt");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_costly_draft_stops),    cmocka_unit_test(test_cheap_draft_goes_up),
-        cmocka_unit_test(test_sampled_ignores_costs), cmocka_unit_test(test_decoder_costly_draft_settles_at_zero),
-        cmocka_unit_test(test_decoder_ngram_drafts),  cmocka_unit_test(test_shadow_budget_follows_the_gain),
+        cmocka_unit_test(test_costly_draft_stops),
+        cmocka_unit_test(test_cheap_draft_goes_up),
+        cmocka_unit_test(test_sampled_ignores_costs),
+        cmocka_unit_test(test_acceptance_counts_trials),
+        cmocka_unit_test(test_decoder_costly_draft_settles_at_zero),
+        cmocka_unit_test(test_decoder_ngram_drafts),
+        cmocka_unit_test(test_shadow_budget_follows_the_gain),
     };
     return cmocka_run_group_tests(tests, make_model, remove_model);
 }

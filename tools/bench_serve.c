@@ -395,8 +395,10 @@ static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
         case 'V': o->versus = optarg; break;
         case 'M':
             if (!parse_modes(optarg, o->mode)) {
-                fprintf(stderr, "specd-bench serve: --modes takes two different names of choice, target, ngram, "
-                                "model, self (e.g. choice,ngram), not '%s'\n", optarg);
+                fprintf(stderr,
+                        "specd-bench serve: --modes takes two different names of choice, target, ngram, "
+                        "model, self (e.g. choice,ngram), not '%s'\n",
+                        optarg);
                 return 2;
             }
             break;
@@ -426,9 +428,9 @@ typedef struct serve_modes {
     Specd__DrafterKind kind[2];
     const char *label[2];
     const char *ratio_name;
-    bool versus;      /* client[1] is the --versus service: no cost-model column */
-    bool vs_target;   /* mode 1 is target-only: the cost-model column applies */
-    bool list_kinds;  /* --modes given: the notes list each prompt's drafter kind */
+    bool versus;     /* client[1] is the --versus service: no cost-model column */
+    bool vs_target;  /* mode 1 is target-only: the cost-model column applies */
+    bool list_kinds; /* --modes given: the notes list each prompt's drafter kind */
 } serve_modes;
 
 /* Appends to the per-round notes, a bounded buffer (cut when full). */
@@ -493,9 +495,8 @@ static void run_rounds(const serve_opts *o, const serve_modes *md, char **prompt
         for (int m = 0; m < 2; m++) {
             serve_tally w = {0};
             int first_prompt = *next_prompt;
-            round_run(md->client[m], prompts, n_prompts, next_prompt, conc, o->tokens, o->eos, md->draft[m], md->kind[m],
-                      &o->hyg,
-                      &w);
+            round_run(md->client[m], prompts, n_prompts, next_prompt, conc, o->tokens, o->eos, md->draft[m],
+                      md->kind[m], &o->hyg, &w);
             if (m == 0) *next_prompt = first_prompt;
             free(w.lat);
         }
@@ -505,9 +506,8 @@ static void run_rounds(const serve_opts *o, const serve_modes *md, char **prompt
         for (int i = 0; i < 2; i++) { /* m 0: speculative, 1: target-only; ABBA order */
             int m = (r % 2) ? 1 - i : i;
             *next_prompt = first_prompt; /* the pair sends the same prompts */
-            round_run(md->client[m], prompts, n_prompts, next_prompt, conc, o->tokens, o->eos, md->draft[m], md->kind[m],
-                      &o->hyg,
-                      &tl[m]);
+            round_run(md->client[m], prompts, n_prompts, next_prompt, conc, o->tokens, o->eos, md->draft[m],
+                      md->kind[m], &o->hyg, &tl[m]);
         }
     }
 }
@@ -647,7 +647,9 @@ int bench_serve_main(int argc, char **argv) {
         .kind = {cv ? 0 : serve_mode_names[o.mode[0]].kind, cv ? 0 : serve_mode_names[o.mode[1]].kind},
         .label = {cv ? "speculative, CurveZMQ" : serve_mode_names[o.mode[0]].label,
                   cv ? "speculative, plaintext" : serve_mode_names[o.mode[1]].label},
-        .ratio_name = cv ? "CURVE / plaintext" : modes_given ? ratio_name : "spec / target",
+        .ratio_name = cv            ? "CURVE / plaintext"
+                      : modes_given ? ratio_name
+                                    : "spec / target",
         .versus = cv != NULL,
         .vs_target = cv == NULL && serve_mode_names[o.mode[1]].max_k < 0,
         .list_kinds = cv == NULL && modes_given};

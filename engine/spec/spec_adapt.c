@@ -270,16 +270,23 @@ bool sd_adapt_drafting_pays(const sd_cost_model *c, int32_t batch, double extra_
 
 void sd_adapt_observe(sd_adapt *a, int32_t n_drafted, int32_t n_accepted) {
     if (n_drafted <= 0) return;
-    /* Per-token rate: a run of n accepted then a rejection estimates
-     * a = n / (n + 1); all accepted says at least n / (n + 1) too, nudged up. */
-    double obs =
-        n_accepted >= n_drafted ? (n_drafted + 0.5) / (n_drafted + 1.0) : (double)n_accepted / (n_accepted + 1.0);
-    a->alpha = 0.7 * a->alpha + 0.3 * obs;
+    /* Each draft token verified is a Bernoulli trial of the per-token rate
+     * until the first rejection (the tokens after it say nothing): n
+     * accepted of k is n successes and, when n < k, one failure. The
+     * estimate moves by SHADOW_WEIGHT per trial, as for a shadow draft.
+     * Rejected: reading a run as n / (n + 1), nudged up when all were
+     * accepted. It capped the estimate at (k + 0.5) / (k + 1): at K = 1 a
+     * draft model accepted 95% of the time read as 0.75, too low for K to
+     * grow, so K stayed small however often its drafts were taken. */
+    if (n_accepted > n_drafted) n_accepted = n_drafted;
+    int32_t trials = n_accepted + (n_accepted < n_drafted);
+    double rate = (double)n_accepted / trials;
+    double w = 1.0 - pow(1.0 - SHADOW_WEIGHT, trials);
+    a->alpha += w * (rate - a->alpha);
 }
 
 void sd_adapt_observe_shadow(sd_adapt *a, bool match) {
-    /* a Bernoulli sample of the acceptance rate itself (the run-length
-     * estimate above would read a lone acceptance as 0.75) */
+    /* one Bernoulli sample of the acceptance rate, as each draft token is */
     a->alpha = (1.0 - SHADOW_WEIGHT) * a->alpha + SHADOW_WEIGHT * (match ? 1.0 : 0.0);
 }
 

@@ -33,6 +33,7 @@ struct sd_spec_decoder {
     sd_cost_model cost;
     sd_adapt adapt;
     bool draft_cost_seen;    /* the first draft measurement replaces the prior outright */
+    bool after_prefill;      /* the last step carried a prefill: the next draft time is a cold one */
     sd_spec_cost_fn cost_fn; /* NULL: the policy learns from measured times */
     void *cost_user;
     int32_t n_prompt; /* penalties count the context from here on */
@@ -186,15 +187,20 @@ sd_status sd_spec_decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n
 /* The decoder's timings fed to the shared policy as a batch of one: the
  * target forward over its rows as a verify step (not when it carried a
  * prefill: that is no step a K decides), the drafter's time per token (not
- * when the step carried a prefill: the prompt's prefill in a draft model
- * costs as much as drafting twenty tokens, and as the first observation it
- * set the price of a draft token outright). */
+ * when the step carried a prefill, nor in the step after it: the prompt's
+ * prefill in a draft model costs as much as drafting twenty tokens, and its
+ * first step of one token after the prefill measured twice its later ones;
+ * as the first observation either set the price of a draft token outright,
+ * adaptive K fell to 0 with a draft model accepted 90% of the time, and at
+ * K = 0 the price was never measured again). */
 static void adapt_learn(sd_spec_decoder *d, const step_report *rep, bool greedy, int32_t first_out) {
     if (rep->n_append == 1) {
         double us = rep->target_s * 1e6;
         sd_cost_observe_verify(&d->cost, 1 + rep->n_drafted, us >= 1.0 ? (uint32_t)(us < 4e9 ? us : 4e9) : 1u);
     }
-    if (rep->n_proposed > 0 && rep->n_append <= rep->n_proposed + 1) {
+    const bool cold = d->after_prefill;
+    d->after_prefill = rep->n_append > 1;
+    if (rep->n_proposed > 0 && rep->n_append <= rep->n_proposed + 1 && !cold) {
         double us = rep->draft_s * 1e6;
         if (!d->draft_cost_seen) {
             d->cost.draft_token_us = us / rep->n_proposed;
