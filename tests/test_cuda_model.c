@@ -453,6 +453,31 @@ static void demo_model_checks(const char *path) {
     sd_model_free(&gpu);
 }
 
+/* Every stored format of the demo model on the GPU (dequantized to BF16 at
+ * upload) against the CPU reading the same file's values as f32: the
+ * demo's Q4_1 file rewritten by specd-quantize. */
+static void format_checks(const char *demo) {
+    static const char *const types[] = {"f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k"};
+    char dir[64] = "/tmp/specd-cuda-fmt-XXXXXX";
+    if (!mkdtemp(dir)) {
+        FAIL("mkdtemp for the format files");
+        return;
+    }
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        char out[128], cmd[1024];
+        snprintf(out, sizeof out, "%s/smol-%s.gguf", dir, types[i]);
+        snprintf(cmd, sizeof cmd, "'%s' '%s' '%s' %s >/dev/null 2>&1", SPECD_QUANTIZE, demo, out, types[i]);
+        if (system(cmd) != 0) {
+            FAIL("specd-quantize to %s failed: %s", types[i], cmd);
+            continue;
+        }
+        printf("format %s: ", types[i]);
+        demo_model_checks(out);
+        unlink(out);
+    }
+    rmdir(dir);
+}
+
 int main(void) {
     sd_log_set(NULL, NULL, SD_LOG_WARN, "test_cuda_model");
     char dir[64] = "/tmp/specd-cuda-XXXXXX";
@@ -497,10 +522,12 @@ int main(void) {
     spec_sampled_device_vs_host(b);
     unlink(a), unlink(b), rmdir(dir);
     const char *demo = getenv("SPECD_MODEL");
-    if (demo && *demo && access(demo, R_OK) == 0)
+    if (demo && *demo && access(demo, R_OK) == 0) {
         demo_model_checks(demo);
-    else
+        format_checks(demo);
+    } else {
         printf("SmolLM2 checks skipped: SPECD_MODEL is not set to a readable file\n");
+    }
     if (failures) {
         fprintf(stderr, "test_cuda_model: %d failure(s)\n", failures);
         return 1;
