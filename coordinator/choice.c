@@ -102,6 +102,18 @@ double sd_choice_goodput(const sd_coord *c, const sd_session *s, Specd__DrafterK
     return goodput_at(c, s, k, s->kinds[k].tokens, s->kinds[k].k);
 }
 
+/* A verify step's tokens committed and drafts in a kind's record on a request. */
+static void record(struct sd_kind_record *r, int32_t tokens, int32_t k) {
+    if (r->steps == 0) {
+        r->tokens = tokens;
+        r->k = k;
+    } else {
+        r->tokens += SD_CHOICE_EMA * (tokens - r->tokens);
+        r->k += SD_CHOICE_EMA * (k - r->k);
+    }
+    r->steps++;
+}
+
 /* ---- the shadow n-gram lookup ---- */
 
 /* s's slot in the shadow drafter, created (and the slot taken) on first
@@ -160,15 +172,7 @@ static void shadow_ngram(sd_coord *c, sd_session *s, int32_t k, const int32_t *c
     int32_t match = 0;
     while (match < nd && match < n_commit && prop[match] == commit[match]) match++;
     int32_t tokens = match < n_commit ? match + 1 : n_commit;
-    struct sd_kind_record *r = &s->kinds[SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM];
-    if (r->steps == 0) {
-        r->tokens = tokens;
-        r->k = nd;
-    } else {
-        r->tokens += SD_CHOICE_EMA * (tokens - r->tokens);
-        r->k += SD_CHOICE_EMA * (nd - r->k);
-    }
-    r->steps++;
+    record(&s->kinds[SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM], tokens, nd);
     s->shadow_ring[s->shadow_steps++ % SD_CHOICE_WINDOW] = (uint8_t)tokens;
 }
 
@@ -219,14 +223,7 @@ void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, const int32_t *com
     Specd__DrafterKind cur = c->workers[s->drafter].drafter_kind;
     if (cur <= 0 || cur >= SD_DRAFTER_KINDS) return;
     struct sd_kind_record *r = &s->kinds[cur];
-    if (r->steps == 0) {
-        r->tokens = n_commit;
-        r->k = k;
-    } else {
-        r->tokens += SD_CHOICE_EMA * (n_commit - r->tokens);
-        r->k += SD_CHOICE_EMA * (k - r->k);
-    }
-    r->steps++;
+    record(r, n_commit, k);
     if (cur == SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM && k > 0) /* the window of n-gram steps, real ones too */
         s->shadow_ring[s->shadow_steps++ % SD_CHOICE_WINDOW] = (uint8_t)sd_imin(n_commit, 255);
     double w = c->kind_steps[cur] == 0 ? 1.0 : SD_CHOICE_SERVICE_EMA;
