@@ -15,7 +15,10 @@
  * tokenizer. Chat takes `logprobs: true` and `top_logprobs` (0..20) and
  * answers in `choices[].logprobs.content[]`; completions take `logprobs: N`
  * (0..20 alternatives) and answer in the legacy shape (tokens,
- * token_logprobs, top_logprobs as dicts, text_offset in bytes).
+ * token_logprobs, top_logprobs as dicts, text_offset in bytes). With echo
+ * those start with the prompt's tokens (the target's prefill logprobs; the
+ * first null), and max_tokens 0 asks for the prompt alone ("score this
+ * text"); a prompt of ids is echoed as the coordinator detokenizes it.
  *
  * Chat: the whole conversation (system/developer, user and assistant turns)
  * goes to the coordinator as SubmitRequest.messages, and the coordinator
