@@ -218,10 +218,8 @@ static void finish_locked(sd_client *c, req *r, sd_status status, Specd__Code co
     }
     r->state = REQ_FINISHING;
     if (r->cb) {
-        sd_client_chunk ch = {.request_id = r->result.request_id,
-                              .text = (const char *)tail,
-                              .text_len = tail_len,
-                              .final = &r->result};
+        sd_client_chunk ch = {
+            .request_id = r->result.request_id, .text = (const char *)tail, .text_len = tail_len, .final = &r->result};
         pthread_mutex_unlock(&c->mu);
         r->cb(&ch, r->user);
         pthread_mutex_lock(&c->mu);

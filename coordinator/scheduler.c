@@ -192,8 +192,10 @@ static cand_kind verify_candidate(const sd_coord *c, int32_t g, const sd_session
     int32_t missing = s->n_tokens - s->v_cached;
     if (missing < 1) return CAND_NONE; /* cannot happen: the last token has no KV */
     if (missing > c->p.prefill_chunk) return CAND_PREFILL;
-    if (s->prompt_lp_next < s->n_prompt) return CAND_PREFILL; /* prompt logprobs owed: prefill scores them */
-    if (s->prompt_only) return CAND_NONE;                     /* scored: it finishes (apply_ok) */
+    /* prompt logprobs owed: prefill scores them; a prompt-only request
+     * ends once scored (prompt_logprobs_applied) */
+    if (s->prompt_lp_next < s->n_prompt && missing > 1) return CAND_PREFILL;
+    if (s->prompt_only) return CAND_NONE;
     if (drafted_now(s)) return CAND_STEP;
     if (missing > 1) return CAND_STEP; /* refill now; the drafter warms up meanwhile */
     if (!s->in_draft && sd_k_want(c, s) == 0) return CAND_STEP;
@@ -226,8 +228,8 @@ static void send_verify(sd_coord *c, int32_t g, bool prefill, uint64_t now_us) {
          * one prompt_next); a refill of what was scored already stops
          * there. Every prompt token but the last goes through prefill. */
         bool prompt_lp = prefill && s->prompt_lp_next < s->n_prompt && s->v_cached + 1 == s->prompt_lp_next;
-        if (prompt_lp)
-            n_append = sd_imin(n_append, SD_MAX_PROMPT_LP_ROWS);
+        if (prompt_lp) /* the prompt only: a resubmission's continuation follows it */
+            n_append = sd_imin(sd_imin(n_append, SD_MAX_PROMPT_LP_ROWS), s->n_prompt - 1 - s->v_cached);
         else if (prefill && s->prompt_lp_next < s->n_prompt)
             n_append = sd_imin(n_append, s->prompt_lp_next - 1 - s->v_cached);
         int32_t k = 0;
@@ -783,8 +785,9 @@ static bool check_result(sd_coord *c, const sd_coord_worker *w, size_t i, const 
         bool lp_bad = s && (vr->n_logprobs != n_lp || vr->n_top_ids != n_lp * (size_t)s->top_logprobs);
         for (size_t e = 0; s && !lp_bad && e < vr->n_top_ids; e++) lp_bad = vr->top_ids[e] >= c->n_vocab;
         if (lp_bad) {
-            snprintf(why, why_len, "prefill results[%zu]: %zu prompt logprobs and %zu alternatives (expected %zu, %d each)",
-                     i, vr->n_logprobs, vr->n_top_ids, n_lp, s->top_logprobs);
+            snprintf(why, why_len,
+                     "prefill results[%zu]: %zu prompt logprobs and %zu alternatives (expected %zu, %d each)", i,
+                     vr->n_logprobs, vr->n_top_ids, n_lp, s->top_logprobs);
             return false;
         }
         return true;

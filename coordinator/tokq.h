@@ -32,7 +32,7 @@ typedef struct sd_submit_job {
     bool prompt_logprobs; /* the target's logprob of each prompt token (PromptLogprobs) */
     bool echo;            /* Accepted.prompt_text */
     bool prompt_only;     /* generate nothing */
-    char **stop; /* n_stop owned strings */
+    char **stop;          /* n_stop owned strings */
     int32_t n_stop;
     bool chat;
     char *prompt, *system; /* owned, NUL-terminated */

@@ -162,7 +162,7 @@ typedef struct gw_choice {
      * streamed yet (0: none), and of the final callback (0: not yet): the
      * start of the forwarding time (gw_metrics_forward) */
     double t_pending_ms, t_final_ms;
-    gw_lp *lps; /* [n_lps] each token's logprob, when the request asked (owned); with echo the
+    gw_lp *lps;          /* [n_lps] each token's logprob, when the request asked (owned); with echo the
                    prompt's tokens first (the first with a NaN logprob: it has none) */
     size_t n_prompt_lps; /* of those, the prompt's (echo) */
     size_t n_lps, lps_cap;

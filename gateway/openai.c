@@ -456,16 +456,17 @@ bool gw_gen_parse(gw_endpoint endpoint, const char *body, size_t len, gw_gen *g,
             ok = get_bool(root, "echo", &g->echo, err);
             /* max_tokens 0 with echo: the prompt (and its logprobs) only */
             if (ok && g->prompt_only && !g->echo)
-                ok = BAD(err, present(cJSON_GetObjectItemCaseSensitive(root, "max_completion_tokens"))
-                                  ? "max_completion_tokens"
-                                  : "max_tokens",
+                ok = BAD(err,
+                         present(cJSON_GetObjectItemCaseSensitive(root, "max_completion_tokens"))
+                             ? "max_completion_tokens"
+                             : "max_tokens",
                          "'max_tokens' 0 generates nothing: it needs 'echo': true (to score the prompt)");
             /* OpenAI's default for completions: 16 tokens. */
             if (ok && g->max_tokens == 0 && !g->prompt_only) g->max_tokens = 16;
         } else if (ok && g->prompt_only) {
-            ok = BAD(err, present(cJSON_GetObjectItemCaseSensitive(root, "max_completion_tokens"))
-                              ? "max_completion_tokens"
-                              : "max_tokens",
+            ok = BAD(err,
+                     present(cJSON_GetObjectItemCaseSensitive(root, "max_completion_tokens")) ? "max_completion_tokens"
+                                                                                              : "max_tokens",
                      "'max_tokens' must be at least 1");
         }
         if (ok && g->n_prompts * g->n > GW_MAX_CHOICES)

@@ -135,8 +135,7 @@ static bool check_tokens(vctx *v, const char *path, const int32_t *ids, size_t n
     return true;
 }
 
-static bool check_logprobs_from(vctx *v, const char *path, Specd__TokenLogprob *const *lps, size_t n,
-                                bool first_none);
+static bool check_logprobs_from(vctx *v, const char *path, Specd__TokenLogprob *const *lps, size_t n, bool first_none);
 
 /* TokenChunk.logprobs: each entry with at most SD_MAX_TOP_LOGPROBS
  * alternatives (ids in range, one log-probability and one byte string
@@ -148,8 +147,7 @@ static bool check_logprobs(vctx *v, const char *path, Specd__TokenLogprob *const
 
 /* As check_logprobs; with first_none, entry 0 is prompt position 0, which
  * has no logprob: NaN and no alternatives (PromptLogprobs). */
-static bool check_logprobs_from(vctx *v, const char *path, Specd__TokenLogprob *const *lps, size_t n,
-                                bool first_none) {
+static bool check_logprobs_from(vctx *v, const char *path, Specd__TokenLogprob *const *lps, size_t n, bool first_none) {
     for (size_t i = 0; i < n; i++) {
         const Specd__TokenLogprob *lp = lps[i];
         if (i == 0 && first_none) {
@@ -703,9 +701,10 @@ static bool check_verify_request(vctx *v, const Specd__VerifyRequest *r) {
         snprintf(path, sizeof path, "verify.seqs[%zu]", i);
         if (!check_logprob_request(v, path, s->logprobs || s->prompt_logprobs, s->top_logprobs)) return false;
         if (s->prompt_logprobs && (!r->prefill_only || s->n_append > SD_MAX_PROMPT_LP_ROWS))
-            return fail(v, SPECD__CODE__CODE_BAD_REQUEST,
-                        "verify.seqs[%zu].prompt_logprobs: %s with %zu appended tokens (prefill_only steps, at most %d)",
-                        i, r->prefill_only ? "prefill" : "a normal step", s->n_append, SD_MAX_PROMPT_LP_ROWS);
+            return fail(
+                v, SPECD__CODE__CODE_BAD_REQUEST,
+                "verify.seqs[%zu].prompt_logprobs: %s with %zu appended tokens (prefill_only steps, at most %d)", i,
+                r->prefill_only ? "prefill" : "a normal step", s->n_append, SD_MAX_PROMPT_LP_ROWS);
         if (s->prompt_logprobs) {
             snprintf(path, sizeof path, "verify.seqs[%zu].prompt_next", i);
             if (!check_tokens(v, path, &s->prompt_next, 1)) return false;

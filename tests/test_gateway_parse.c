@@ -342,8 +342,7 @@ static void test_echo(void **state) {
     assert_true(parse(C, "{\"prompt\":[\"a\",[3]],\"echo\":true,\"max_completion_tokens\":0}", &g, &err));
     assert_true(g.prompt_only && g.n_prompts == 2);
     gw_gen_clear(&g);
-    refused(GW_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":0}", 400,
-            "max_tokens");
+    refused(GW_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":0}", 400, "max_tokens");
 }
 
 /* echo with logprobs in the legacy shape: the prompt's first token has a
@@ -364,8 +363,15 @@ static void test_echo_logprob_responses(void **state) {
         {{9, -1.5f, 2, 3}, 1, {{9, -1.5f, 2, 3}}},
         {{4, -0.5f, 5, 1}, 1, {{4, -0.5f, 5, 1}}},
     };
-    job.choices[0] = (gw_choice){.text = text, .text_len = 6, .n_tokens = 1, .prompt_tokens = 2, .lps = lps,
-                                 .n_lps = 3, .n_prompt_lps = 2, .lp_bytes = bytes, .lp_bytes_len = 6,
+    job.choices[0] = (gw_choice){.text = text,
+                                 .text_len = 6,
+                                 .n_tokens = 1,
+                                 .prompt_tokens = 2,
+                                 .lps = lps,
+                                 .n_lps = 3,
+                                 .n_prompt_lps = 2,
+                                 .lp_bytes = bytes,
+                                 .lp_bytes_len = 6,
                                  .stop_reason = SPECD__STOP_REASON__STOP_REASON_LENGTH};
     char *s = gw_response_json(&job, "m");
     cJSON *r = cJSON_Parse(s);

@@ -631,9 +631,9 @@ static void test_verify_prompt_logprobs(void **state) {
     sd_kv_free(&kv);
     sd_token_logprob ref[N];
     for (int32_t j = 0; j + 1 < N; j++)
-        assert_int_equal(sd_sample_logprobs(logits + (size_t)j * (size_t)env.n_vocab, env.n_vocab, prompt[j + 1], TOP,
-                                            &ref[j]),
-                         SD_OK);
+        assert_int_equal(
+            sd_sample_logprobs(logits + (size_t)j * (size_t)env.n_vocab, env.n_vocab, prompt[j + 1], TOP, &ref[j]),
+            SD_OK);
     free(logits);
 
     sd_verifier *v = new_verifier(4, 32);

@@ -544,8 +544,7 @@ sd_status sd_verifier_handle(sd_verifier *v, const Specd__VerifyRequest *req, Sp
         st = prefill_prompt_logprobs(v, req, i);
         if (st != SD_OK) {
             SD_ERROR("verifier: prefill step %llu (prompt logprobs of request %llu) failed: %s",
-                     (unsigned long long)req->step_id, (unsigned long long)req->seqs[i]->request_id,
-                     sd_status_str(st));
+                     (unsigned long long)req->step_id, (unsigned long long)req->seqs[i]->request_id, sd_status_str(st));
             return st;
         }
     }
