@@ -8,7 +8,9 @@
  * adds one, a chat turn or a whole conversation in the model's chat
  * template, specd/chat.h, and special tokens only where the template's
  * markup puts them: typed into a prompt or a message they are text) so that
- * the service and the one-shot tool see the same tokens. Tokenizing runs on
+ * the service and the one-shot tool see the same tokens. With echo, Accepted
+ * carries the prompt's tokens detokenized (the gateway has no tokenizer).
+ * Tokenizing runs on
  * the tokq thread (tokq.h); admit() turns its result into a session. A client with requests in flight is watched: silent for
  * the liveness period, its requests are cancelled and released everywhere. */
 #include "coord.h"

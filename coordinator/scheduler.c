@@ -36,6 +36,10 @@
  * goes to the drafter at once ("warm" draft: k = the first K; its drafts are
  * stale once the verifier commits and are dropped). Drafts are valid only
  * while the committed length equals the one they were drafted from.
+ * A request that wants prompt logprobs (echo) sends every prompt token but
+ * the last through prefill chunks of at most SD_MAX_PROMPT_LP_ROWS that ask
+ * the verifier to score them (VerifySeq.prompt_logprobs), each answer
+ * streamed at once as a PromptLogprobs; a prompt-only request then ends.
  *
  * Results are checked against the step that was sent (same request ids in
  * the same order, n_accepted <= drafts sent, the accepted drafts equal to
