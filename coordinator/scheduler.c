@@ -680,13 +680,10 @@ void sd_sched_prompt_logprobs(sd_coord *c, const sd_session *s, int32_t from, in
                               uint64_t now_us) {
     if (n < 1 || n > SD_MAX_PROMPT_LP_ROWS || from < 0 || from + n > s->n_prompt || (!lps && (from != 0 || n != 1)))
         return; /* the callers' invariants */
+    /* on the stack (about 30 KiB): nothing here can fail, so the session
+     * outlives the call for the callers */
     Specd__TokenLogprob msgs[SD_MAX_PROMPT_LP_ROWS], *ptrs[SD_MAX_PROMPT_LP_ROWS];
-    ProtobufCBinaryData(*tops)[SD_MAX_TOP_LOGPROBS] = malloc((size_t)n * sizeof *tops);
-    if (!tops) {
-        sd_sched_abort(c, (sd_session *)(uintptr_t)s, SPECD__CODE__CODE_INTERNAL,
-                       "out of memory sending prompt logprobs", true, now_us);
-        return;
-    }
+    ProtobufCBinaryData tops[SD_MAX_PROMPT_LP_ROWS][SD_MAX_TOP_LOGPROBS];
     sd_token_logprob none = {.logprob = NAN, .n_top = 0};
     for (int32_t t = 0; t < n; t++) {
         fill_logprob_msg(c->tok, s->tokens[from + t], lps ? &lps[t] : &none, &msgs[t], tops[t]);
@@ -703,7 +700,6 @@ void sd_sched_prompt_logprobs(sd_coord *c, const sd_session *s, int32_t from, in
     env.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_PROMPT_LOGPROBS;
     env.prompt_logprobs = &pl;
     sd_outbox_client(c, s->client_ident, s->client_ident_len, &env, now_us);
-    free(tops);
 }
 
 /* A checked prefill result with prompt logprobs: the scored positions go
@@ -711,11 +707,7 @@ void sd_sched_prompt_logprobs(sd_coord *c, const sd_session *s, int32_t from, in
 static void prompt_logprobs_applied(sd_coord *c, sd_session *s, const Specd__VerifyResult *vr, uint64_t now_us) {
     const int32_t n = (int32_t)vr->n_logprobs, from = s->prompt_lp_next; /* checked: n <= SD_MAX_PROMPT_LP_ROWS */
     const size_t per = (size_t)s->top_logprobs;
-    sd_token_logprob *lps = malloc((size_t)n * sizeof *lps);
-    if (!lps) {
-        sd_sched_abort(c, s, SPECD__CODE__CODE_INTERNAL, "out of memory for prompt logprobs", true, now_us);
-        return;
-    }
+    sd_token_logprob lps[SD_MAX_PROMPT_LP_ROWS];
     for (int32_t t = 0; t < n; t++) {
         lps[t].logprob = vr->logprobs[t];
         lps[t].n_top = (int32_t)per;
@@ -723,7 +715,6 @@ static void prompt_logprobs_applied(sd_coord *c, sd_session *s, const Specd__Ver
         memcpy(lps[t].top_logprobs, vr->top_logprobs + (size_t)t * per, per * sizeof *vr->top_logprobs);
     }
     sd_sched_prompt_logprobs(c, s, from, n, lps, now_us);
-    free(lps);
     s->prompt_lp_next = from + n;
     if (s->prompt_only && s->prompt_lp_next >= s->n_prompt && s->state != SD_SESSION_FINISHED)
         sd_sched_finish(c, s, SPECD__STOP_REASON__STOP_REASON_LENGTH, NULL, 0, now_us);
