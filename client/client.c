@@ -218,7 +218,8 @@ static void finish_locked(sd_client *c, req *r, sd_status status, Specd__Code co
     }
     r->state = REQ_FINISHING;
     if (r->cb) {
-        sd_client_chunk ch = {r->result.request_id, NULL, 0, (const char *)tail, tail_len, &r->result, NULL};
+        sd_client_chunk ch = {
+            .request_id = r->result.request_id, .text = (const char *)tail, .text_len = tail_len, .final = &r->result};
         pthread_mutex_unlock(&c->mu);
         r->cb(&ch, r->user);
         pthread_mutex_lock(&c->mu);
@@ -364,6 +365,43 @@ static void handle_locked(sd_client *c, const Specd__CoordinatorToClient *env) {
         r->result.prompt_tokens = a->prompt_tokens;
         r->state = REQ_ACTIVE;
         pthread_cond_broadcast(&c->cv);
+        if (r->cb && a->prompt_text.len > 0) {
+            sd_client_chunk ch = {.request_id = r->result.request_id,
+                                  .prompt_text = (const char *)a->prompt_text.data,
+                                  .prompt_text_len = a->prompt_text.len};
+            pthread_mutex_unlock(&c->mu); /* r stays linked: only DONE records are ever removed */
+            r->cb(&ch, r->user);
+            pthread_mutex_lock(&c->mu);
+        }
+        break;
+    }
+    case SPECD__COORDINATOR_TO_CLIENT__BODY_PROMPT_LOGPROBS: {
+        const Specd__PromptLogprobs *p = env->prompt_logprobs;
+        r = find_by_server_id_locked(c, p->request_id);
+        if (!r || r->state != REQ_ACTIVE || !r->cb) break;
+        /* validated: 1..SD_MAX_PROMPT_LP_ROWS entries, one per token */
+        sd_client_logprob *lps = calloc(p->n_logprobs, sizeof *lps);
+        if (!lps) {
+            finish_locked(c, r, SD_ERR_NOMEM, SPECD__CODE__CODE_UNSPECIFIED, "out of memory for prompt logprobs", NULL,
+                          0);
+            break;
+        }
+        for (size_t i = 0; i < p->n_logprobs; i++) {
+            const Specd__TokenLogprob *lp = p->logprobs[i];
+            lps[i].token = (sd_client_token_lp){p->tokens[i], lp->logprob, (const char *)lp->token.data, lp->token.len};
+            lps[i].n_top = lp->n_top_ids;
+            for (size_t j = 0; j < lp->n_top_ids && j < SD_MAX_TOP_LOGPROBS; j++)
+                lps[i].top[j] = (sd_client_token_lp){lp->top_ids[j], lp->top_logprobs[j],
+                                                     (const char *)lp->top_tokens[j].data, lp->top_tokens[j].len};
+        }
+        sd_client_chunk ch = {.request_id = r->result.request_id,
+                              .prompt_logprobs = lps,
+                              .n_prompt_logprobs = p->n_logprobs,
+                              .prompt_from = p->from};
+        pthread_mutex_unlock(&c->mu);
+        r->cb(&ch, r->user);
+        pthread_mutex_lock(&c->mu);
+        free(lps);
         break;
     }
     case SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS: {
@@ -393,8 +431,12 @@ static void handle_locked(sd_client *c, const Specd__CoordinatorToClient *env) {
             }
             if (t->n_logprobs > 0 && !lps)
                 SD_WARN("request %llu: out of memory for logprobs: left out", (unsigned long long)r->result.request_id);
-            sd_client_chunk ch = {r->result.request_id, t->tokens, t->n_tokens, (const char *)t->text.data,
-                                  t->text.len,          NULL,      lps};
+            sd_client_chunk ch = {.request_id = r->result.request_id,
+                                  .ids = t->tokens,
+                                  .n_ids = t->n_tokens,
+                                  .text = (const char *)t->text.data,
+                                  .text_len = t->text.len,
+                                  .logprobs = lps};
             /* r stays linked: only DONE records are ever removed. */
             pthread_mutex_unlock(&c->mu);
             r->cb(&ch, r->user);
@@ -784,7 +826,7 @@ static sd_status submit_with(sd_client *c, const sd_client_request *rq, Specd__C
             snprintf(r->result.error, sizeof r->result.error, "%s", why);
             SD_DEBUG("submit rejected locally: %s", r->result.error);
             if (cb) {
-                sd_client_chunk ch = {0, NULL, 0, NULL, 0, &r->result, NULL};
+                sd_client_chunk ch = {.final = &r->result};
                 cb(&ch, user);
             }
             sd_status st = r->result.status;

@@ -139,4 +139,7 @@ void sd_client_wire_submit(const sd_client_request *rq, Specd__ChatMessage **mes
     sub->drafter_kind = rq->drafter_kind;
     sub->logprobs = rq->logprobs;
     sub->top_logprobs = rq->top_logprobs;
+    sub->prompt_logprobs = rq->prompt_logprobs;
+    sub->echo = rq->echo;
+    sub->prompt_only = rq->prompt_only;
 }

@@ -8,7 +8,9 @@
  * adds one, a chat turn or a whole conversation in the model's chat
  * template, specd/chat.h, and special tokens only where the template's
  * markup puts them: typed into a prompt or a message they are text) so that
- * the service and the one-shot tool see the same tokens. Tokenizing runs on
+ * the service and the one-shot tool see the same tokens. With echo, Accepted
+ * carries the prompt's tokens detokenized (the gateway has no tokenizer).
+ * Tokenizing runs on
  * the tokq thread (tokq.h); admit() turns its result into a session. A client with requests in flight is watched: silent for
  * the liveness period, its requests are cancelled and released everywhere. */
 #include "coord.h"
@@ -41,6 +43,22 @@ static void admit(sd_coord *c, sd_submit_job *j, uint64_t now_us) {
                  j->n_ids + j->n_continuation, j->n_continuation ? " with the continuation" : "", c->n_ctx);
         goto refuse;
     }
+    /* echo: the prompt's tokens detokenized, exact bytes (the gateway has
+     * no tokenizer; a prompt of ids has no text of its own) */
+    char *echo_text = NULL;
+    size_t echo_len = 0;
+    if (j->echo && sd_tok_decode(c->tok, j->ids, j->n_ids, &echo_text, &echo_len) != SD_OK) {
+        code = SPECD__CODE__CODE_INTERNAL;
+        snprintf(msg, sizeof msg, "submit.echo: the prompt's tokens could not be detokenized");
+        goto refuse;
+    }
+    if (echo_len > SD_MAX_PROMPT_BYTES) {
+        free(echo_text);
+        code = SPECD__CODE__CODE_TOO_LARGE;
+        snprintf(msg, sizeof msg, "submit.echo: the prompt's text is %zu bytes, over the limit of %d", echo_len,
+                 SD_MAX_PROMPT_BYTES);
+        goto refuse;
+    }
     int32_t max_tokens = j->max_tokens ? (int32_t)j->max_tokens : c->p.max_tokens_default;
     sd_session *s = sd_session_new(c->tok, ++c->next_request_id, j->ids, (int32_t)j->n_ids, max_tokens, c->n_ctx,
                                    (const char *const *)j->stop, j->n_stop);
@@ -48,11 +66,13 @@ static void admit(sd_coord *c, sd_submit_job *j, uint64_t now_us) {
     if (s && j->n_continuation > 0 &&
         !sd_session_resume(s, c->tok, j->continuation, (int32_t)j->n_continuation, msg, sizeof msg)) {
         sd_session_free(&s);
+        free(echo_text);
         code = SPECD__CODE__CODE_BAD_REQUEST;
         goto refuse;
     }
     if (!s || sd_sched_add(c, s) != SD_OK) {
         sd_session_free(&s);
+        free(echo_text);
         code = SPECD__CODE__CODE_INTERNAL;
         snprintf(msg, sizeof msg, "out of memory creating the request");
         goto refuse;
@@ -66,6 +86,10 @@ static void admit(sd_coord *c, sd_submit_job *j, uint64_t now_us) {
     s->pin_kind = j->pin_kind; /* validated: a known kind */
     s->logprobs = j->logprobs;
     s->top_logprobs = j->top_logprobs;
+    s->prompt_logprobs = j->prompt_logprobs;
+    s->prompt_lp_next = j->prompt_logprobs ? 1 : s->n_prompt;
+    s->prompt_only = j->prompt_only;
+    if (s->prompt_only) s->max_k = -1; /* nothing to draft for */
     s->t_submit_us = j->t_submit_us;
     cl->n_active++;
     cl->last_recv_us = now_us;
@@ -73,13 +97,22 @@ static void admit(sd_coord *c, sd_submit_job *j, uint64_t now_us) {
     acc.client_tag = j->client_tag;
     acc.request_id = s->id;
     acc.prompt_tokens = (uint32_t)s->n_prompt;
+    acc.prompt_text.data = (uint8_t *)echo_text;
+    acc.prompt_text.len = echo_text ? echo_len : 0;
     Specd__CoordinatorToClient env = SPECD__COORDINATOR_TO_CLIENT__INIT;
     env.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_ACCEPTED;
     env.accepted = &acc;
-    SD_INFO("request %llu accepted: %d prompt tokens%s, max_tokens %d, temperature %g", (unsigned long long)s->id,
-            s->n_prompt, j->n_continuation ? " (a continuation)" : "", s->max_tokens, (double)s->sampling.temperature);
+    SD_INFO("request %llu accepted: %d prompt tokens%s, max_tokens %d%s, temperature %g", (unsigned long long)s->id,
+            s->n_prompt, j->n_continuation ? " (a continuation)" : "", s->max_tokens,
+            s->prompt_only ? " (prompt only)" : "", (double)s->sampling.temperature);
     sd_outbox_client(c, ident, ident_len, &env, now_us);
+    free(echo_text);
     sd_submit_job_free(&j);
+    /* prompt position 0 has no logprob: its entry goes out at once; the
+     * rest come from the prefill chunks (scheduler.c) */
+    if (s->prompt_logprobs) sd_sched_prompt_logprobs(c, s, 0, 1, NULL, now_us);
+    if (s->prompt_only && s->prompt_lp_next >= s->n_prompt)
+        sd_sched_finish(c, s, SPECD__STOP_REASON__STOP_REASON_LENGTH, NULL, 0, now_us);
     return;
 refuse:
     SD_INFO("submit refused (%s): %s", sd_net_code_name(code), msg);

@@ -99,6 +99,12 @@ typedef struct sd_session {
     sd_sampling sampling;
     bool logprobs;        /* stream each token's target logprob (TokenChunk.logprobs) */
     int32_t top_logprobs; /* ... with this many alternatives */
+    /* echo with logprobs: the target's logprob of each prompt token, from
+     * prefill chunks (scheduler.c); prompt_lp_next is the next prompt
+     * position owed to the client (n_prompt: all sent) */
+    bool prompt_logprobs;
+    int32_t prompt_lp_next;
+    bool prompt_only; /* generate nothing: finish once the prompt is scored */
 
     /* output text */
     sd_tok_stream *stream;
@@ -259,6 +265,7 @@ typedef struct sd_coord_worker {
     uint64_t *step_rids; /* request ids of the step's sequences, in order */
     int32_t *step_k;     /* drafts sent per sequence (verify) or k asked (draft) */
     int32_t *step_end;   /* keep_len + len(append) per sequence (what it holds before drafting/sampling) */
+    bool *step_lp;       /* per sequence: its prefill chunk asked for prompt logprobs */
     int32_t n_step, cap_step;
     int32_t step_tokens; /* tokens the step's forward computes (appended + drafts) */
     /* verify: some sequence appended more than its last committed token;
@@ -448,6 +455,11 @@ void sd_sched_on_worker_lost(sd_coord *c, int32_t w);
 void sd_sched_fail_step(sd_coord *c, int32_t w, const char *why);
 /* Ends session s: Finished (reason, stats, tail) to its client, Release to
  * the workers holding it; s is removed (freed now, or when no step holds it). */
+/* Sends s's client PromptLogprobs for prompt tokens [from, from + n) (n <=
+ * SD_MAX_PROMPT_LP_ROWS) with lps[n] their logprobs; from 0 (n 1, lps
+ * NULL): position 0, which has none. Each token's bytes from the tokenizer. */
+void sd_sched_prompt_logprobs(sd_coord *c, const sd_session *s, int32_t from, int32_t n, const sd_token_logprob *lps,
+                              uint64_t now_us);
 void sd_sched_finish(sd_coord *c, sd_session *s, Specd__StopReason reason, const char *tail, size_t tail_len,
                      uint64_t now_us);
 /* Ends session s with an Error to its client (when notify) instead of

@@ -45,7 +45,7 @@ void sd_pack_verify_seq(sd_verify_pack *pk, int32_t m, sd_session *s, int32_t n_
     vs->sampling = &pk->samp[m];
     vs->prompt_len = (uint32_t)s->n_prompt;
     vs->logprobs = s->logprobs;
-    vs->top_logprobs = (uint32_t)s->top_logprobs;
+    vs->top_logprobs = s->logprobs ? (uint32_t)s->top_logprobs : 0; /* prompt logprobs: set by the scheduler */
     if (k <= 0) return;
     vs->n_draft = (size_t)k;
     vs->draft = s->draft;

@@ -36,6 +36,10 @@
  * goes to the drafter at once ("warm" draft: k = the first K; its drafts are
  * stale once the verifier commits and are dropped). Drafts are valid only
  * while the committed length equals the one they were drafted from.
+ * A request that wants prompt logprobs (echo) sends every prompt token but
+ * the last through prefill chunks of at most SD_MAX_PROMPT_LP_ROWS that ask
+ * the verifier to score them (VerifySeq.prompt_logprobs), each answer
+ * streamed at once as a PromptLogprobs; a prompt-only request then ends.
  *
  * Results are checked against the step that was sent (same request ids in
  * the same order, n_accepted <= drafts sent, the accepted drafts equal to
@@ -44,6 +48,7 @@
  * beliefs for it reset to 0 and they are resent in full. */
 #include "coord.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,6 +110,9 @@ static bool step_reserve(sd_coord_worker *w, int32_t n) {
         int32_t *e = realloc(w->step_end, (size_t)n * sizeof *e);
         if (!e) return false;
         w->step_end = e;
+        bool *lp = realloc(w->step_lp, (size_t)n * sizeof *lp);
+        if (!lp) return false;
+        w->step_lp = lp;
         w->cap_step = n;
     }
     return true;
@@ -190,6 +198,10 @@ static cand_kind verify_candidate(const sd_coord *c, int32_t g, const sd_session
     int32_t missing = s->n_tokens - s->v_cached;
     if (missing < 1) return CAND_NONE; /* cannot happen: the last token has no KV */
     if (missing > c->p.prefill_chunk) return CAND_PREFILL;
+    /* prompt logprobs owed: prefill scores them; a prompt-only request
+     * ends once scored (prompt_logprobs_applied) */
+    if (s->prompt_lp_next < s->n_prompt && missing > 1) return CAND_PREFILL;
+    if (s->prompt_only) return CAND_NONE;
     if (drafted_now(s)) return CAND_STEP;
     if (missing > 1) return CAND_STEP; /* refill now; the drafter warms up meanwhile */
     if (!s->in_draft && sd_k_want(c, s) == 0) return CAND_STEP;
@@ -217,6 +229,15 @@ static void send_verify(sd_coord *c, int32_t g, bool prefill, uint64_t now_us) {
         if (!((prefill && kind == CAND_PREFILL) || (!prefill && kind == CAND_STEP))) continue;
         int32_t missing = s->n_tokens - s->v_cached;
         int32_t n_append = prefill ? sd_imin(c->p.prefill_chunk, missing - 1) : missing;
+        /* Prompt logprobs: a chunk that starts where they are owed scores
+         * its tokens' successors (at most SD_MAX_PROMPT_LP_ROWS, the last
+         * one prompt_next); a refill of what was scored already stops
+         * there. Every prompt token but the last goes through prefill. */
+        bool prompt_lp = prefill && s->prompt_lp_next < s->n_prompt && s->v_cached + 1 == s->prompt_lp_next;
+        if (prompt_lp) /* the prompt only: a resubmission's continuation follows it */
+            n_append = sd_imin(sd_imin(n_append, SD_MAX_PROMPT_LP_ROWS), s->n_prompt - 1 - s->v_cached);
+        else if (prefill && s->prompt_lp_next < s->n_prompt)
+            n_append = sd_imin(n_append, s->prompt_lp_next - 1 - s->v_cached);
         int32_t k = 0;
         /* A sampled request's refill step carries no drafts: whether its
          * warm-up drafts are back when the step goes depends on timing (a
@@ -229,6 +250,12 @@ static void send_verify(sd_coord *c, int32_t g, bool prefill, uint64_t now_us) {
             if (k < 0) k = 0;
         }
         sd_pack_verify_seq(&pk, m, s, n_append, k);
+        if (prompt_lp) {
+            pk.seqs[m].prompt_logprobs = true;
+            pk.seqs[m].prompt_next = s->tokens[s->v_cached + n_append];
+            pk.seqs[m].top_logprobs = (uint32_t)s->top_logprobs;
+        }
+        w->step_lp[m] = prompt_lp;
         w->step_rids[m] = s->id;
         w->step_k[m] = k;
         s->verify_k = k;
@@ -570,27 +597,33 @@ typedef struct chunk_logprobs {
 /* TokenChunk.logprobs for ids[n] from lps[n], with each token's bytes from
  * the tokenizer (the client has none); pointers into lps and the
  * tokenizer, valid while both are. */
+/* One TokenLogprob for token id from *lp, with the bytes of the token and
+ * its alternatives (tops[lp->n_top]) from the tokenizer (the client has
+ * none); pointers into lp and the tokenizer, valid while both are. */
+static void fill_logprob_msg(const sd_tok *tok, int32_t id, const sd_token_logprob *lp, Specd__TokenLogprob *m,
+                             ProtobufCBinaryData *tops) {
+    specd__token_logprob__init(m);
+    size_t len = 0;
+    const char *piece = sd_tok_piece(tok, id, &len);
+    m->token.data = (uint8_t *)(uintptr_t)(piece ? piece : "");
+    m->token.len = piece && len <= SD_MAX_TOKEN_BYTES ? len : 0;
+    m->logprob = lp->logprob;
+    m->n_top_ids = m->n_top_logprobs = m->n_top_tokens = (size_t)lp->n_top;
+    m->top_ids = (int32_t *)(uintptr_t)lp->top_ids;
+    m->top_logprobs = (float *)(uintptr_t)lp->top_logprobs;
+    m->top_tokens = tops;
+    for (int32_t j = 0; j < lp->n_top; j++) {
+        piece = sd_tok_piece(tok, lp->top_ids[j], &len);
+        tops[j].data = (uint8_t *)(uintptr_t)(piece ? piece : "");
+        tops[j].len = piece && len <= SD_MAX_TOKEN_BYTES ? len : 0;
+    }
+}
+
 static void fill_chunk_logprobs(const sd_tok *tok, const int32_t *ids, const sd_token_logprob *lps, int32_t n,
                                 chunk_logprobs *out, Specd__TokenChunk *chunk) {
     for (int32_t t = 0; t < n; t++) {
-        Specd__TokenLogprob *m = &out->msgs[t];
-        const sd_token_logprob *lp = &lps[t];
-        specd__token_logprob__init(m);
-        size_t len = 0;
-        const char *piece = sd_tok_piece(tok, ids[t], &len);
-        m->token.data = (uint8_t *)(uintptr_t)(piece ? piece : "");
-        m->token.len = piece && len <= SD_MAX_TOKEN_BYTES ? len : 0;
-        m->logprob = lp->logprob;
-        m->n_top_ids = m->n_top_logprobs = m->n_top_tokens = (size_t)lp->n_top;
-        m->top_ids = (int32_t *)(uintptr_t)lp->top_ids;
-        m->top_logprobs = (float *)(uintptr_t)lp->top_logprobs;
-        m->top_tokens = out->tops[t];
-        for (int32_t j = 0; j < lp->n_top; j++) {
-            piece = sd_tok_piece(tok, lp->top_ids[j], &len);
-            out->tops[t][j].data = (uint8_t *)(uintptr_t)(piece ? piece : "");
-            out->tops[t][j].len = piece && len <= SD_MAX_TOKEN_BYTES ? len : 0;
-        }
-        out->ptrs[t] = m;
+        fill_logprob_msg(tok, ids[t], &lps[t], &out->msgs[t], out->tops[t]);
+        out->ptrs[t] = &out->msgs[t];
     }
     chunk->n_logprobs = (size_t)n;
     chunk->logprobs = out->ptrs;
@@ -645,6 +678,50 @@ void sd_spec_counts_add(sd_spec_counts *t, int32_t k, int32_t n_accepted) {
 int32_t sd_spec_counts_positions(const sd_spec_counts *t, int32_t max_k) {
     int32_t n = max_k > t->deepest ? max_k : t->deepest;
     return n < SD_MAX_K ? n : SD_MAX_K;
+}
+
+void sd_sched_prompt_logprobs(sd_coord *c, const sd_session *s, int32_t from, int32_t n, const sd_token_logprob *lps,
+                              uint64_t now_us) {
+    if (n < 1 || n > SD_MAX_PROMPT_LP_ROWS || from < 0 || from + n > s->n_prompt || (!lps && (from != 0 || n != 1)))
+        return; /* the callers' invariants */
+    /* on the stack (about 30 KiB): nothing here can fail, so the session
+     * outlives the call for the callers */
+    Specd__TokenLogprob msgs[SD_MAX_PROMPT_LP_ROWS], *ptrs[SD_MAX_PROMPT_LP_ROWS];
+    ProtobufCBinaryData tops[SD_MAX_PROMPT_LP_ROWS][SD_MAX_TOP_LOGPROBS];
+    sd_token_logprob none = {.logprob = NAN, .n_top = 0};
+    for (int32_t t = 0; t < n; t++) {
+        fill_logprob_msg(c->tok, s->tokens[from + t], lps ? &lps[t] : &none, &msgs[t], tops[t]);
+        ptrs[t] = &msgs[t];
+    }
+    Specd__PromptLogprobs pl = SPECD__PROMPT_LOGPROBS__INIT;
+    pl.request_id = s->id;
+    pl.from = (uint32_t)from;
+    pl.n_tokens = (size_t)n;
+    pl.tokens = s->tokens + from;
+    pl.n_logprobs = (size_t)n;
+    pl.logprobs = ptrs;
+    Specd__CoordinatorToClient env = SPECD__COORDINATOR_TO_CLIENT__INIT;
+    env.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_PROMPT_LOGPROBS;
+    env.prompt_logprobs = &pl;
+    sd_outbox_client(c, s->client_ident, s->client_ident_len, &env, now_us);
+}
+
+/* A checked prefill result with prompt logprobs: the scored positions go
+ * to the client; a prompt-only request whose prompt is all scored ends. */
+static void prompt_logprobs_applied(sd_coord *c, sd_session *s, const Specd__VerifyResult *vr, uint64_t now_us) {
+    const int32_t n = (int32_t)vr->n_logprobs, from = s->prompt_lp_next; /* checked: n <= SD_MAX_PROMPT_LP_ROWS */
+    const size_t per = (size_t)s->top_logprobs;
+    sd_token_logprob lps[SD_MAX_PROMPT_LP_ROWS];
+    for (int32_t t = 0; t < n; t++) {
+        lps[t].logprob = vr->logprobs[t];
+        lps[t].n_top = (int32_t)per;
+        memcpy(lps[t].top_ids, vr->top_ids + (size_t)t * per, per * sizeof *vr->top_ids);
+        memcpy(lps[t].top_logprobs, vr->top_logprobs + (size_t)t * per, per * sizeof *vr->top_logprobs);
+    }
+    sd_sched_prompt_logprobs(c, s, from, n, lps, now_us);
+    s->prompt_lp_next = from + n;
+    if (s->prompt_only && s->prompt_lp_next >= s->n_prompt && s->state != SD_SESSION_FINISHED)
+        sd_sched_finish(c, s, SPECD__STOP_REASON__STOP_REASON_LENGTH, NULL, 0, now_us);
 }
 
 /* Commits a verify step's tokens[n]; lps[n] their logprobs when the
@@ -702,6 +779,16 @@ static bool check_result(sd_coord *c, const sd_coord_worker *w, size_t i, const 
                      vr->n_commit, vr->cached_len, w->step_end[i]);
             return false;
         }
+        /* prompt logprobs exactly when asked: one per appended token */
+        size_t n_lp = w->step_lp[i] && s ? (size_t)(w->step_end[i] - (s->prompt_lp_next - 1)) : 0;
+        bool lp_bad = s && (vr->n_logprobs != n_lp || vr->n_top_ids != n_lp * (size_t)s->top_logprobs);
+        for (size_t e = 0; s && !lp_bad && e < vr->n_top_ids; e++) lp_bad = vr->top_ids[e] >= c->n_vocab;
+        if (lp_bad) {
+            snprintf(why, why_len,
+                     "prefill results[%zu]: %zu prompt logprobs and %zu alternatives (expected %zu, %d each)", i,
+                     vr->n_logprobs, vr->n_top_ids, n_lp, s->top_logprobs);
+            return false;
+        }
         return true;
     }
     if ((int32_t)vr->n_accepted > w->step_k[i] || vr->n_commit != (size_t)vr->n_accepted + 1 ||
@@ -741,7 +828,10 @@ static void apply_ok(sd_coord *c, sd_coord_worker *w, sd_session *s, int32_t k, 
                      uint64_t now_us) {
     s->verify_failures = 0;
     s->v_cached = (int32_t)vr->cached_len;
-    if (w->prefill_only) return;
+    if (w->prefill_only) {
+        if (vr->n_logprobs > 0) prompt_logprobs_applied(c, s, vr, now_us);
+        return;
+    }
     s->target_steps++;
     s->drafted += (uint32_t)k;
     s->accepted += vr->n_accepted;

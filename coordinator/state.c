@@ -106,6 +106,8 @@ void sd_coord_state_free(sd_coord *c) {
         free(c->workers[i].step_rids);
         free(c->workers[i].step_k);
         free(c->workers[i].step_end);
+        free(c->workers[i].step_lp);
+        c->workers[i].step_lp = NULL;
         c->workers[i].step_rids = NULL;
         c->workers[i].step_k = c->workers[i].step_end = NULL;
     }

@@ -47,6 +47,9 @@ sd_submit_job *sd_submit_job_new(const Specd__SubmitRequest *r, const uint8_t *i
     j->pin_kind = r->drafter_kind;
     j->logprobs = r->logprobs;
     j->top_logprobs = (int32_t)r->top_logprobs; /* validated: <= SD_MAX_TOP_LOGPROBS */
+    j->prompt_logprobs = r->prompt_logprobs;
+    j->echo = r->echo;
+    j->prompt_only = r->prompt_only; /* validated: max_tokens 0, no continuation */
     j->chat = r->chat;
     j->code = SPECD__CODE__CODE_OK;
     bool ok = true;

@@ -29,7 +29,10 @@ typedef struct sd_submit_job {
     Specd__DrafterKind pin_kind; /* drafter_kind (routing), validated by the decoder */
     bool logprobs;               /* stream the target's logprobs, top_logprobs alternatives each */
     int32_t top_logprobs;
-    char **stop; /* n_stop owned strings */
+    bool prompt_logprobs; /* the target's logprob of each prompt token (PromptLogprobs) */
+    bool echo;            /* Accepted.prompt_text */
+    bool prompt_only;     /* generate nothing */
+    char **stop;          /* n_stop owned strings */
     int32_t n_stop;
     bool chat;
     char *prompt, *system; /* owned, NUL-terminated */

@@ -175,7 +175,9 @@ static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
     sd_coord_worker *w = &c->workers[wi];
     uint64_t *rids = w->step_rids;
     int32_t *ks = w->step_k, *ends = w->step_end, cap = w->cap_step;
+    bool *lps = w->step_lp;
     memset(w, 0, sizeof *w);
+    w->step_lp = lps;
     sd_cost_init(&w->cost);
     w->step_rids = rids;
     w->step_k = ks;

@@ -81,7 +81,8 @@ typedef struct gw_gen {
     char *stop[SD_MAX_STOP_STRINGS]; /* owned */
     size_t n_stop;
     bool stream, include_usage, ignore_eos;
-    bool echo; /* completions: the text starts with the prompt */
+    bool echo;        /* completions: the text starts with the prompt (and logprobs with its tokens') */
+    bool prompt_only; /* completions: max_tokens 0 with echo: the prompt only, nothing generated */
     /* the target's logprobs per token (chat: logprobs + top_logprobs;
      * completions: logprobs = N alternatives) */
     bool logprobs;
@@ -161,7 +162,9 @@ typedef struct gw_choice {
      * streamed yet (0: none), and of the final callback (0: not yet): the
      * start of the forwarding time (gw_metrics_forward) */
     double t_pending_ms, t_final_ms;
-    gw_lp *lps; /* [n_lps] each token's logprob, when the request asked (owned) */
+    gw_lp *lps;          /* [n_lps] each token's logprob, when the request asked (owned); with echo the
+                   prompt's tokens first (the first with a NaN logprob: it has none) */
+    size_t n_prompt_lps; /* of those, the prompt's (echo) */
     size_t n_lps, lps_cap;
     size_t lps_streamed; /* entries already sent as SSE */
     char *lp_bytes;      /* the tokens' bytes gw_tok_lp point into (owned) */
@@ -183,6 +186,7 @@ typedef struct gw_job {
     double t_start_ms;
     unsigned n;    /* samples per prompt: choice i belongs to prompt i / n */
     bool logprobs; /* the choices collect logprobs (gw_gen.logprobs) */
+    bool echo;     /* gw_gen.echo: the prompt's text (ids: from the coordinator) and logprobs come first */
     size_t n_choices;
     gw_choice choices[GW_MAX_CHOICES];
 } gw_job;

@@ -169,12 +169,14 @@ gw_job *gw_job_create(gw_server *srv, const gw_gen *g) {
     job->t_start_ms = gw_now_ms();
     job->n = g->n;
     job->logprobs = g->logprobs;
+    job->echo = g->echo;
     job->n_choices = g->n_prompts * g->n;
     for (size_t i = 0; i < job->n_choices; i++) {
         gw_choice *c = &job->choices[i];
         c->job = job;
         c->index = (unsigned)i;
-        /* echo: the choice's text starts with its prompt, streamed first. */
+        /* echo: the choice's text starts with its prompt, streamed first
+         * (a prompt of ids: its text comes from the coordinator, on_chunk). */
         const char *prompt = g->prompts[i / g->n].text;
         if (g->echo && prompt && !append_text(c, prompt, strlen(prompt))) {
             gw_job_release(job);
@@ -281,6 +283,24 @@ static void on_chunk(const sd_client_chunk *ch, void *user) {
     pthread_mutex_lock(&job->mu);
     if (ch->request_id && !c->request_id) c->request_id = ch->request_id;
     size_t text_was = c->text_len, lps_was = c->n_lps;
+    /* echo of a prompt of ids: its text, before any token */
+    if (ch->prompt_text_len && job->echo && !c->done && c->n_tokens == 0 &&
+        !append_text(c, ch->prompt_text, ch->prompt_text_len)) {
+        SD_WARN("request %llu: echoed prompt over %u bytes: cancelling it", (unsigned long long)c->request_id,
+                GW_MAX_OUTPUT_BYTES);
+        cancel = true;
+    }
+    /* echo with logprobs: the prompt's, in order, before any token's; a
+     * resubmission (coordinator failover) sends them again: kept once */
+    if (ch->n_prompt_logprobs && job->echo && job->logprobs && !c->done && !cancel && c->n_tokens == 0 &&
+        ch->prompt_from == c->n_prompt_lps && c->n_prompt_lps == c->n_lps) {
+        if (!append_logprobs(c, ch->prompt_logprobs, ch->n_prompt_logprobs)) {
+            SD_WARN("request %llu: prompt logprobs over the output limit kept: cancelling it",
+                    (unsigned long long)c->request_id);
+            cancel = true;
+        }
+        c->n_prompt_lps = c->n_lps;
+    }
     if (ch->text_len && !c->done && !append_text(c, ch->text, ch->text_len)) {
         SD_WARN("request %llu: output over %u bytes kept: cancelling it", (unsigned long long)c->request_id,
                 GW_MAX_OUTPUT_BYTES);
@@ -357,6 +377,10 @@ bool gw_job_submit(gw_job *job, const gw_gen *g, gw_error *err) {
         rq.ignore_eos = g->ignore_eos;
         rq.logprobs = g->logprobs;
         rq.top_logprobs = g->top_logprobs;
+        rq.prompt_logprobs = g->echo && g->logprobs;
+        rq.echo = g->echo && p->ids; /* a text prompt is echoed as sent */
+        rq.prompt_only = g->prompt_only;
+        if (g->prompt_only) rq.max_tokens = 0;
 
         if (atomic_fetch_add(&srv->inflight, 1) >= srv->max_inflight) {
             atomic_fetch_sub(&srv->inflight, 1);

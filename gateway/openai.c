@@ -15,7 +15,10 @@
  * tokenizer. Chat takes `logprobs: true` and `top_logprobs` (0..20) and
  * answers in `choices[].logprobs.content[]`; completions take `logprobs: N`
  * (0..20 alternatives) and answer in the legacy shape (tokens,
- * token_logprobs, top_logprobs as dicts, text_offset in bytes).
+ * token_logprobs, top_logprobs as dicts, text_offset in bytes). With echo
+ * those start with the prompt's tokens (the target's prefill logprobs; the
+ * first null), and max_tokens 0 asks for the prompt alone ("score this
+ * text"); a prompt of ids is echoed as the coordinator detokenizes it.
  *
  * Chat: the whole conversation (system/developer, user and assistant turns)
  * goes to the coordinator as SubmitRequest.messages, and the coordinator
@@ -189,7 +192,7 @@ static bool nomem(gw_error *err) { return gw_fail(err, 500, "server_error", NULL
 
 /* Chat: logprobs (a boolean) and top_logprobs (0..20, only with logprobs
  * true). Completions: logprobs = the number of alternatives (0..20; OpenAI
- * caps it at 5), no echo with it. */
+ * caps it at 5); with echo the prompt's tokens come first. */
 static bool parse_logprobs(const cJSON *root, gw_gen *g, gw_error *err) {
     double d;
     bool given;
@@ -217,7 +220,9 @@ static bool parse_common(const cJSON *root, gw_gen *g, gw_error *err) {
     const char *mt_name = present(cJSON_GetObjectItemCaseSensitive(root, "max_completion_tokens"))
                               ? "max_completion_tokens"
                               : "max_tokens";
-    if (!get_int(root, mt_name, 1, MAX_TOKENS_LIMIT, &d, &given, err)) return false;
+    /* 0 only for a completion with echo ("score this text"): checked once echo is read */
+    if (!get_int(root, mt_name, 0, MAX_TOKENS_LIMIT, &d, &given, err)) return false;
+    if (given && d == 0) g->prompt_only = true;
     if (given) g->max_tokens = (uint32_t)d;
 
     g->sampling = sd_sampling_default(); /* specd's default is greedy; OpenAI's is temperature 1, top_p 1 */
@@ -449,14 +454,20 @@ bool gw_gen_parse(gw_endpoint endpoint, const char *body, size_t len, gw_gen *g,
              (endpoint == GW_EP_CHAT ? parse_messages(root, g, err) : parse_prompt(root, g, err));
         if (ok && endpoint == GW_EP_COMPLETIONS) {
             ok = get_bool(root, "echo", &g->echo, err);
-            for (size_t i = 0; ok && g->echo && i < g->n_prompts; i++)
-                if (g->prompts[i].ids)
-                    ok = UNSUPPORTED(err, "echo", "'echo' with a prompt of token ids is not supported (text only)");
-            if (ok && g->echo && g->logprobs)
-                ok = UNSUPPORTED(err, "logprobs",
-                                 "'logprobs' with 'echo' is not supported (no logprobs for the prompt's tokens)");
+            /* max_tokens 0 with echo: the prompt (and its logprobs) only */
+            if (ok && g->prompt_only && !g->echo)
+                ok = BAD(err,
+                         present(cJSON_GetObjectItemCaseSensitive(root, "max_completion_tokens"))
+                             ? "max_completion_tokens"
+                             : "max_tokens",
+                         "'max_tokens' 0 generates nothing: it needs 'echo': true (to score the prompt)");
             /* OpenAI's default for completions: 16 tokens. */
-            if (ok && g->max_tokens == 0) g->max_tokens = 16;
+            if (ok && g->max_tokens == 0 && !g->prompt_only) g->max_tokens = 16;
+        } else if (ok && g->prompt_only) {
+            ok = BAD(err,
+                     present(cJSON_GetObjectItemCaseSensitive(root, "max_completion_tokens")) ? "max_completion_tokens"
+                                                                                              : "max_tokens",
+                     "'max_tokens' must be at least 1");
         }
         if (ok && g->n_prompts * g->n > GW_MAX_CHOICES)
             ok = BAD(err, "n", "%zu prompts x n = %u choices, at most %d", g->n_prompts, g->n, GW_MAX_CHOICES);
@@ -599,7 +610,9 @@ static cJSON *top_dict(const gw_choice *c, const gw_lp *e) {
 
 /* Completions (legacy shape) for tokens [from, to): tokens, token_logprobs,
  * top_logprobs (one {token: logprob} dict per token; tokens with the same
- * text share a key), text_offset (byte offsets into the generated text). */
+ * text share a key), text_offset (byte offsets: the tokens' bytes one after
+ * another). With echo the prompt's tokens come first, the first with a
+ * null logprob and null alternatives (OpenAI's and vLLM's shape). */
 static cJSON *completion_logprobs(const gw_choice *c, size_t from, size_t to) {
     cJSON *o = cJSON_CreateObject();
     cJSON *tokens = cJSON_AddArrayToObject(o, "tokens");
@@ -611,8 +624,13 @@ static cJSON *completion_logprobs(const gw_choice *c, size_t from, size_t to) {
     for (size_t i = from; i < to; i++) {
         const gw_lp *e = &c->lps[i];
         cJSON_AddItemToArray(tokens, token_string(c, &e->token));
-        cJSON_AddItemToArray(lps, cJSON_CreateNumber(lp_value(e->token.logprob)));
-        cJSON_AddItemToArray(tops, top_dict(c, e));
+        if (isnan(e->token.logprob)) { /* the prompt's first token (echo): nothing precedes it */
+            cJSON_AddItemToArray(lps, cJSON_CreateNull());
+            cJSON_AddItemToArray(tops, cJSON_CreateNull());
+        } else {
+            cJSON_AddItemToArray(lps, cJSON_CreateNumber(lp_value(e->token.logprob)));
+            cJSON_AddItemToArray(tops, top_dict(c, e));
+        }
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)offset));
         offset += e->token.len;
     }

@@ -192,7 +192,11 @@ int64_t sd_net_worker_reply_cap(int32_t max_batch, int32_t max_k) {
     int64_t result = field_bytes(3 * 11 + field_bytes(5 * (int64_t)max_k) + (int64_t)max_k * q);
     /* A VerifyResult, with logprobs of SD_MAX_TOP_LOGPROBS alternatives per
      * token, takes under 200 bytes per token of its max_k + 1: less than the
-     * one q (> 9 KiB) a DraftResult carries per token, so drafts size the cap. */
+     * one q (> 9 KiB) a DraftResult carries per token, so drafts size the cap.
+     * A prefill result with prompt logprobs carries SD_MAX_PROMPT_LP_ROWS
+     * such entries, which can outgrow a DraftResult of a small max_k. */
+    int64_t prompt_lp = field_bytes(3 * 11 + 200 * (int64_t)SD_MAX_PROMPT_LP_ROWS);
+    if (prompt_lp > result) result = prompt_lp;
     int64_t cap = 4096 + field_bytes((int64_t)max_batch * result);
     if (cap < SD_MIN_MSG_CAP_BYTES) cap = SD_MIN_MSG_CAP_BYTES;
     if (cap > SD_MAX_WORKER_MSG_BYTES) cap = SD_MAX_WORKER_MSG_BYTES;

@@ -135,13 +135,31 @@ static bool check_tokens(vctx *v, const char *path, const int32_t *ids, size_t n
     return true;
 }
 
+static bool check_logprobs_from(vctx *v, const char *path, Specd__TokenLogprob *const *lps, size_t n, bool first_none);
+
 /* TokenChunk.logprobs: each entry with at most SD_MAX_TOP_LOGPROBS
  * alternatives (ids in range, one log-probability and one byte string
  * each), log-probabilities <= 0 and not NaN, token bytes at most
  * SD_MAX_TOKEN_BYTES. */
 static bool check_logprobs(vctx *v, const char *path, Specd__TokenLogprob *const *lps, size_t n) {
+    return check_logprobs_from(v, path, lps, n, false);
+}
+
+/* As check_logprobs; with first_none, entry 0 is prompt position 0, which
+ * has no logprob: NaN and no alternatives (PromptLogprobs). */
+static bool check_logprobs_from(vctx *v, const char *path, Specd__TokenLogprob *const *lps, size_t n, bool first_none) {
     for (size_t i = 0; i < n; i++) {
         const Specd__TokenLogprob *lp = lps[i];
+        if (i == 0 && first_none) {
+            if (!isnan(lp->logprob) || lp->n_top_ids || lp->n_top_logprobs || lp->n_top_tokens)
+                return fail(v, SPECD__CODE__CODE_BAD_REQUEST,
+                            "%s[0]: prompt position 0 has no logprob (NaN, no alternatives), got %g and %zu", path,
+                            (double)lp->logprob, lp->n_top_ids);
+            if (lp->token.len > SD_MAX_TOKEN_BYTES)
+                return fail(v, SPECD__CODE__CODE_TOO_LARGE, "%s[0].token: %zu bytes over the limit of %d", path,
+                            lp->token.len, SD_MAX_TOKEN_BYTES);
+            continue;
+        }
         if (!(lp->logprob <= 0.0f))
             return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s[%zu].logprob: %g is not a log-probability", path, i,
                         (double)lp->logprob);
@@ -402,7 +420,12 @@ static bool check_submit(vctx *v, const Specd__SubmitRequest *s) {
         return fail(v, SPECD__CODE__CODE_TOO_LARGE, "submit.max_tokens: %u over the context of %d", s->max_tokens,
                     v->max_context);
     if (!check_sampling(v, "submit.sampling", s->sampling)) return false;
-    if (!check_logprob_request(v, "submit", s->logprobs, s->top_logprobs)) return false;
+    if (!check_logprob_request(v, "submit", s->logprobs || s->prompt_logprobs, s->top_logprobs)) return false;
+    if (s->prompt_only && s->max_tokens != 0)
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "submit.prompt_only: with max_tokens %u (must be 0)",
+                    s->max_tokens);
+    if (s->prompt_only && s->n_continuation > 0)
+        return fail(v, SPECD__CODE__CODE_BAD_REQUEST, "submit.prompt_only: with a continuation (nothing is generated)");
     if (s->n_stop > SD_MAX_STOP_STRINGS)
         return fail(v, SPECD__CODE__CODE_TOO_LARGE, "submit.stop: %zu strings over the limit of %d", s->n_stop,
                     SD_MAX_STOP_STRINGS);
@@ -473,6 +496,17 @@ Specd__CoordinatorToClient *sd_net_decode_to_client(const uint8_t *data, size_t 
                           env->tokens->n_logprobs, env->tokens->n_tokens);
             if (ok) ok = check_logprobs(&v, "tokens.logprobs", env->tokens->logprobs, env->tokens->n_logprobs);
             break;
+        case SPECD__COORDINATOR_TO_CLIENT__BODY_PROMPT_LOGPROBS: {
+            const Specd__PromptLogprobs *p = env->prompt_logprobs;
+            ok = check_tokens(&v, "prompt_logprobs.tokens", p->tokens, p->n_tokens);
+            if (ok && (p->n_logprobs != p->n_tokens || p->n_tokens == 0 || p->n_tokens > SD_MAX_PROMPT_LP_ROWS ||
+                       (p->from == 0 && p->n_tokens != 1)))
+                ok = fail(&v, SPECD__CODE__CODE_BAD_REQUEST,
+                          "prompt_logprobs: %zu entries for %zu tokens from %u (1..%d, one for position 0)",
+                          p->n_logprobs, p->n_tokens, p->from, SD_MAX_PROMPT_LP_ROWS);
+            if (ok) ok = check_logprobs_from(&v, "prompt_logprobs.logprobs", p->logprobs, p->n_logprobs, p->from == 0);
+            break;
+        }
         case SPECD__COORDINATOR_TO_CLIENT__BODY_FINISHED:
             if (env->finished->reason > SPECD__STOP_REASON__STOP_REASON_CANCELLED)
                 ok = fail(&v, SPECD__CODE__CODE_BAD_REQUEST, "finished.reason: %d is not a stop reason",
@@ -481,6 +515,10 @@ Specd__CoordinatorToClient *sd_net_decode_to_client(const uint8_t *data, size_t 
         case SPECD__COORDINATOR_TO_CLIENT__BODY_ERROR: ok = check_error(&v, "error", env->error); break;
         case SPECD__COORDINATOR_TO_CLIENT__BODY_STATS: ok = check_service_stats(&v, env->stats); break;
         case SPECD__COORDINATOR_TO_CLIENT__BODY_ACCEPTED:
+            if (env->accepted->prompt_text.len > SD_MAX_PROMPT_BYTES)
+                ok = fail(&v, SPECD__CODE__CODE_TOO_LARGE, "accepted.prompt_text: %zu bytes over the limit of %d",
+                          env->accepted->prompt_text.len, SD_MAX_PROMPT_BYTES);
+            break;
         case SPECD__COORDINATOR_TO_CLIENT__BODY_HEARTBEAT: break;
         default: ok = fail(&v, SPECD__CODE__CODE_MALFORMED, "CoordinatorToClient: empty envelope"); break;
         }
@@ -543,7 +581,11 @@ static bool check_verify_response(vctx *v, const Specd__VerifyResponse *r) {
                         d->n_accepted + 1);
         snprintf(path, sizeof path, "verify.results[%zu].commit", i);
         if (!check_tokens(v, path, d->commit, d->n_commit)) return false;
-        if ((d->n_logprobs != 0 && d->n_logprobs != d->n_commit) || d->n_top_ids != d->n_top_logprobs ||
+        /* logprobs: one per commit token, or (nothing committed: a
+         * prefill chunk's prompt logprobs) one per appended token */
+        if ((d->n_logprobs != 0 && d->n_logprobs != d->n_commit &&
+             !(d->n_commit == 0 && d->n_logprobs <= SD_MAX_PROMPT_LP_ROWS)) ||
+            d->n_top_ids != d->n_top_logprobs ||
             (d->n_logprobs == 0
                  ? d->n_top_ids != 0
                  : d->n_top_ids % d->n_logprobs != 0 || d->n_top_ids / d->n_logprobs > SD_MAX_TOP_LOGPROBS))
@@ -657,7 +699,20 @@ static bool check_verify_request(vctx *v, const Specd__VerifyRequest *r) {
         snprintf(path, sizeof path, "verify.seqs[%zu].sampling", i);
         if (!check_sampling(v, path, s->sampling)) return false;
         snprintf(path, sizeof path, "verify.seqs[%zu]", i);
-        if (!check_logprob_request(v, path, s->logprobs, s->top_logprobs)) return false;
+        if (!check_logprob_request(v, path, s->logprobs || s->prompt_logprobs, s->top_logprobs)) return false;
+        if (s->prompt_logprobs && (!r->prefill_only || s->n_append > SD_MAX_PROMPT_LP_ROWS))
+            return fail(
+                v, SPECD__CODE__CODE_BAD_REQUEST,
+                "verify.seqs[%zu].prompt_logprobs: %s with %zu appended tokens (prefill_only steps, at most %d)", i,
+                r->prefill_only ? "prefill" : "a normal step", s->n_append, SD_MAX_PROMPT_LP_ROWS);
+        if (s->prompt_logprobs) {
+            snprintf(path, sizeof path, "verify.seqs[%zu].prompt_next", i);
+            if (!check_tokens(v, path, &s->prompt_next, 1)) return false;
+            if ((uint64_t)s->keep_len + s->n_append + 1 > (uint64_t)v->max_context)
+                return fail(v, SPECD__CODE__CODE_BAD_REQUEST,
+                            "verify.seqs[%zu].prompt_next: position %zu past the context of %d", i,
+                            (size_t)s->keep_len + s->n_append, v->max_context);
+        }
     }
     return check_distinct_ids(v, "verify.seqs", ids, r->n_seqs);
 }

@@ -35,3 +35,6 @@ if(TARGET specd-bench AND CURL_FOUND)
   specd_py_test(it_bench_http ${_it}test_bench_http.py LABELS integration)
   set_tests_properties(it_bench_http PROPERTIES RESOURCE_LOCK specd_integration)
 endif()
+# echo for completions: prompt logprobs (prefill) and prompts of ids
+specd_py_test(it_gateway_echo ${_it}test_gateway_echo.py LABELS integration model)
+set_tests_properties(it_gateway_echo PROPERTIES RESOURCE_LOCK specd_integration)

@@ -772,6 +772,166 @@ static void test_logprobs_and_penalties(void **state) {
     harness_free(h);
 }
 
+/* Submits prompt[n] with prompt logprobs (top 2 alternatives), echo, and
+ * max_tokens (0: prompt_only). */
+static void submit_echo(harness *h, const int32_t *prompt, size_t n, uint32_t max_tokens, bool prompt_lp) {
+    Specd__SubmitRequest sub = SPECD__SUBMIT_REQUEST__INIT;
+    sub.client_tag = 77;
+    sub.prompt_ids = (int32_t *)prompt;
+    sub.n_prompt_ids = n;
+    sub.max_tokens = max_tokens;
+    sub.prompt_only = max_tokens == 0;
+    sub.prompt_logprobs = prompt_lp;
+    sub.top_logprobs = prompt_lp ? 2 : 0;
+    sub.echo = true;
+    Specd__ClientToCoordinator e = SPECD__CLIENT_TO_COORDINATOR__INIT;
+    e.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT;
+    e.submit = &sub;
+    feed_client(h, "c", &e);
+}
+
+/* Expects a prefill chunk [keep, keep + n) of prompt, with prompt logprobs
+ * (and prompt_next) or without; answers it: with lp, entry j's logprob is
+ * -(keep + j + 1) / 1000 and its alternatives ids 1, 2. */
+static void prefill_chunk(harness *h, const int32_t *prompt, uint32_t keep, size_t n, bool lp, Specd__Code code) {
+    Specd__CoordinatorToWorker *w = expect_verify(h, "v");
+    const Specd__VerifySeq *vs = w->verify->seqs[0];
+    assert_true(w->verify->prefill_only);
+    assert_int_equal(vs->keep_len, keep);
+    assert_int_equal(vs->n_append, n);
+    assert_memory_equal(vs->append, prompt + keep, n * sizeof *prompt);
+    assert_int_equal(vs->prompt_logprobs, lp);
+    assert_false(vs->logprobs); /* the generated tokens' were not asked for */
+    if (lp) {
+        assert_int_equal(vs->prompt_next, prompt[keep + n]);
+        assert_int_equal(vs->top_logprobs, 2);
+    }
+    float lps[SD_MAX_PROMPT_LP_ROWS], tops[2 * SD_MAX_PROMPT_LP_ROWS];
+    int32_t ids[2 * SD_MAX_PROMPT_LP_ROWS];
+    for (size_t j = 0; lp && j < n; j++) {
+        lps[j] = -(float)(keep + j + 1) / 1000.0f;
+        ids[2 * j] = 1, ids[2 * j + 1] = 2;
+        tops[2 * j] = -0.1f, tops[2 * j + 1] = -0.2f;
+    }
+    vres r = {.code = code, .cached_len = code ? 0 : keep + (uint32_t)n};
+    if (lp && !code) r.lps = lps, r.n_lps = n, r.top_ids = ids, r.top_lps = tops, r.n_top = 2 * n;
+    reply_verify(h, "v", w->verify, &r);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+}
+
+/* Expects PromptLogprobs for prompt tokens [from, from + n) as
+ * prefill_chunk answered them (position 0: NaN, no alternatives). */
+static void expect_prompt_lps(harness *h, const int32_t *prompt, uint32_t from, size_t n) {
+    Specd__CoordinatorToClient *m = pop_client(h, "c");
+    assert_non_null(m);
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_PROMPT_LOGPROBS);
+    const Specd__PromptLogprobs *p = m->prompt_logprobs;
+    assert_int_equal(p->from, from);
+    assert_int_equal(p->n_tokens, n);
+    assert_int_equal(p->n_logprobs, n);
+    for (size_t j = 0; j < n; j++) {
+        const Specd__TokenLogprob *t = p->logprobs[j];
+        assert_int_equal(p->tokens[j], prompt[from + j]);
+        size_t len = 0;
+        const char *piece = sd_tok_piece(h->c.tok, prompt[from + j], &len);
+        assert_int_equal(t->token.len, len);
+        assert_memory_equal(t->token.data, piece, len);
+        if (from + j == 0) {
+            assert_true(isnan(t->logprob));
+            assert_int_equal(t->n_top_ids, 0);
+        } else {
+            assert_true(t->logprob == -(float)(from + j) / 1000.0f);
+            assert_int_equal(t->n_top_ids, 2);
+            assert_int_equal(t->top_ids[1], 2);
+            assert_int_equal(t->n_top_tokens, 2);
+        }
+    }
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+}
+
+/* Echo with prompt logprobs: Accepted carries the ids' text, position 0's
+ * entry follows at once, every prompt token but the last goes through
+ * prefill chunks of at most SD_MAX_PROMPT_LP_ROWS that start where the
+ * logprobs are owed (prompt_next the token after), each answer becomes one
+ * PromptLogprobs; a wrong count fails the step; a CACHE_MISS refill stops
+ * where they are owed and scores nothing twice; then a normal step without
+ * them. prompt_only ends with LENGTH once scored, or at once without them. */
+static void test_prompt_logprobs(void **state) {
+    (void)state;
+    NEED_MODEL();
+    harness *h = harness_new(NULL);
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    enum { N = 150 };
+    int32_t prompt[N];
+    for (int i = 0; i < N; i++) prompt[i] = 3 + (i * 7) % 250;
+    submit_echo(h, prompt, N, 1, true);
+    Specd__CoordinatorToClient *m = pop_client(h, "c");
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_ACCEPTED);
+    char *text = NULL;
+    size_t text_len = 0;
+    assert_int_equal(sd_tok_decode(h->c.tok, prompt, N, &text, &text_len), SD_OK);
+    assert_int_equal(m->accepted->prompt_text.len, text_len);
+    assert_memory_equal(m->accepted->prompt_text.data, text, text_len);
+    free(text);
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    expect_prompt_lps(h, prompt, 0, 1);
+
+    /* a reply without the logprobs asked for fails the step: sent again */
+    Specd__CoordinatorToWorker *w = expect_verify(h, "v");
+    assert_true(w->verify->seqs[0]->prompt_logprobs);
+    vres none = {.cached_len = 64};
+    reply_verify(h, "v", w->verify, &none);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    prefill_chunk(h, prompt, 0, 64, true, 0);
+    expect_prompt_lps(h, prompt, 1, 64);
+    /* the next chunk's cache is lost: the refill stops where logprobs are owed */
+    prefill_chunk(h, prompt, 64, 64, true, SPECD__CODE__CODE_CACHE_MISS);
+    prefill_chunk(h, prompt, 0, 64, false, 0);
+    prefill_chunk(h, prompt, 64, 64, true, 0);
+    expect_prompt_lps(h, prompt, 65, 64);
+    prefill_chunk(h, prompt, 128, 21, true, 0);
+    expect_prompt_lps(h, prompt, 129, 21);
+    /* scored: the last prompt token in a normal step, no prompt logprobs */
+    w = expect_verify(h, "v");
+    assert_false(w->verify->prefill_only);
+    assert_int_equal(w->verify->seqs[0]->keep_len, N - 1);
+    assert_int_equal(w->verify->seqs[0]->n_append, 1);
+    assert_false(w->verify->seqs[0]->prompt_logprobs);
+    vres one = {.n_commit = 1, .commit = {9}, .cached_len = N};
+    reply_verify(h, "v", w->verify, &one);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    m = pop_client(h, "c");
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_TOKENS);
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    m = pop_client(h, "c");
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_FINISHED);
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    drain(h);
+
+    /* prompt_only: scored, then LENGTH with nothing generated */
+    submit_echo(h, prompt, 3, 0, true);
+    (void)expect_accepted(h, "c");
+    expect_prompt_lps(h, prompt, 0, 1);
+    prefill_chunk(h, prompt, 0, 2, true, 0);
+    expect_prompt_lps(h, prompt, 1, 2);
+    m = pop_client(h, "c");
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_FINISHED);
+    assert_int_equal(m->finished->reason, SPECD__STOP_REASON__STOP_REASON_LENGTH);
+    assert_int_equal(m->finished->stats->generated_tokens, 0);
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    /* prompt_only without prompt logprobs (echo of ids): Accepted, Finished, no step */
+    submit_echo(h, prompt, 5, 0, false);
+    (void)expect_accepted(h, "c");
+    m = pop_client(h, "c");
+    assert_int_equal(m->body_case, SPECD__COORDINATOR_TO_CLIENT__BODY_FINISHED);
+    assert_int_equal(m->finished->reason, SPECD__STOP_REASON__STOP_REASON_LENGTH);
+    specd__coordinator_to_client__free_unpacked(m, NULL);
+    Specd__CoordinatorToWorker *rel = pop_worker(h, "v");
+    assert_true(!rel || rel->body_case != SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY);
+    specd__coordinator_to_worker__free_unpacked(rel, NULL);
+    harness_free(h);
+}
+
 /* A verifier's per-request code other than OK / CACHE_MISS / KV_FULL ends the
  * request with an Error naming it: BAD_REQUEST and TOO_LARGE pass through,
  * any other (UNKNOWN_REQUEST here, which would tell the client its own
@@ -2674,6 +2834,7 @@ int main(void) {
         cmocka_unit_test(test_plain_steps_commit_and_cache_miss),
         cmocka_unit_test(test_verifier_result_codes),
         cmocka_unit_test(test_logprobs_and_penalties),
+        cmocka_unit_test(test_prompt_logprobs),
         cmocka_unit_test(test_speculative_steps_and_drafter_death),
         cmocka_unit_test(test_spec_counters_per_position),
         cmocka_unit_test(test_k0_steps_shadow_draft),

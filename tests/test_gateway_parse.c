@@ -121,8 +121,10 @@ static void test_bad_fields(void **state) {
     refused(C, "{\"prompt\":\"p\",\"logprobs\":21}", 400, "logprobs");
     refused(C, "{\"prompt\":\"p\",\"logprobs\":-1}", 400, "logprobs");
     refused(C, "{\"prompt\":\"p\",\"logprobs\":true}", 400, "logprobs"); /* completions: a count */
-    refused(C, "{\"prompt\":\"p\",\"logprobs\":2,\"echo\":true}", 400, "logprobs");
-    refused(C, "{\"prompt\":[1,2],\"echo\":true}", 400, "echo");
+    refused(C, "{\"prompt\":\"p\",\"echo\":1}", 400, "echo");
+    refused(C, "{\"prompt\":\"p\",\"max_tokens\":0}", 400, "max_tokens"); /* generates nothing: needs echo */
+    refused(C, "{\"prompt\":\"p\",\"max_completion_tokens\":0,\"echo\":false}", 400, "max_completion_tokens");
+    refused(C, "{\"prompt\":\"p\",\"max_tokens\":-1,\"echo\":true}", 400, "max_tokens");
     refused(C, "{\"prompt\":\"p\",\"logit_bias\":{\"1\":5}}", 400, "logit_bias");
     /* 17 stop strings */
     char body[512] = "{\"prompt\":\"p\",\"stop\":[";
@@ -323,6 +325,81 @@ static void test_logprob_responses(void **state) {
     free(s);
 }
 
+/* echo: with logprobs, with a prompt of ids, and max_tokens 0 (the prompt
+ * only); chat never takes max_tokens 0. */
+static void test_echo(void **state) {
+    (void)state;
+    const gw_endpoint C = GW_EP_COMPLETIONS;
+    gw_gen g;
+    gw_error err;
+    assert_true(parse(C, "{\"prompt\":\"p\",\"logprobs\":2,\"echo\":true}", &g, &err));
+    assert_true(g.echo && g.logprobs && g.top_logprobs == 2 && !g.prompt_only && g.max_tokens == 16);
+    gw_gen_clear(&g);
+    assert_true(parse(C, "{\"prompt\":[1,2],\"echo\":true,\"max_tokens\":0,\"logprobs\":0}", &g, &err));
+    assert_true(g.echo && g.prompt_only && g.max_tokens == 0 && g.logprobs && g.top_logprobs == 0);
+    assert_int_equal(g.prompts[0].n_ids, 2);
+    gw_gen_clear(&g);
+    assert_true(parse(C, "{\"prompt\":[\"a\",[3]],\"echo\":true,\"max_completion_tokens\":0}", &g, &err));
+    assert_true(g.prompt_only && g.n_prompts == 2);
+    gw_gen_clear(&g);
+    refused(GW_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":0}", 400, "max_tokens");
+}
+
+/* echo with logprobs in the legacy shape: the prompt's first token has a
+ * null logprob and null alternatives (its entry holds NaN); text_offset
+ * runs over the prompt's tokens into the generated ones. */
+static void test_echo_logprob_responses(void **state) {
+    (void)state;
+    gw_job job;
+    memset(&job, 0, sizeof job);
+    job.endpoint = GW_EP_COMPLETIONS;
+    job.logprobs = job.echo = true;
+    job.n = 1;
+    job.n_choices = 1;
+    char text[] = "Hi yo!";
+    char bytes[] = "Hi yo!";
+    gw_lp lps[3] = {
+        {{7, NAN, 0, 2}, 0, {{0}}},
+        {{9, -1.5f, 2, 3}, 1, {{9, -1.5f, 2, 3}}},
+        {{4, -0.5f, 5, 1}, 1, {{4, -0.5f, 5, 1}}},
+    };
+    job.choices[0] = (gw_choice){.text = text,
+                                 .text_len = 6,
+                                 .n_tokens = 1,
+                                 .prompt_tokens = 2,
+                                 .lps = lps,
+                                 .n_lps = 3,
+                                 .n_prompt_lps = 2,
+                                 .lp_bytes = bytes,
+                                 .lp_bytes_len = 6,
+                                 .stop_reason = SPECD__STOP_REASON__STOP_REASON_LENGTH};
+    char *s = gw_response_json(&job, "m");
+    cJSON *r = cJSON_Parse(s);
+    assert_non_null(r);
+    const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0);
+    assert_string_equal(cJSON_GetObjectItem(ch, "text")->valuestring, "Hi yo!");
+    const cJSON *lp = cJSON_GetObjectItem(ch, "logprobs");
+    const cJSON *v = cJSON_GetObjectItem(lp, "token_logprobs"), *t = cJSON_GetObjectItem(lp, "top_logprobs");
+    assert_int_equal(cJSON_GetArraySize(v), 3);
+    assert_true(cJSON_IsNull(cJSON_GetArrayItem(v, 0)) && cJSON_IsNull(cJSON_GetArrayItem(t, 0)));
+    assert_true(cJSON_GetArrayItem(v, 1)->valuedouble == -1.5 && cJSON_GetArrayItem(v, 2)->valuedouble == -0.5);
+    assert_true(cJSON_GetObjectItem(cJSON_GetArrayItem(t, 1), " yo")->valuedouble == -1.5);
+    const cJSON *off = cJSON_GetObjectItem(lp, "text_offset");
+    assert_true(cJSON_GetArrayItem(off, 0)->valueint == 0 && cJSON_GetArrayItem(off, 1)->valueint == 2 &&
+                cJSON_GetArrayItem(off, 2)->valueint == 5);
+    assert_string_equal(cJSON_GetObjectItem(ch, "finish_reason")->valuestring, "length");
+    cJSON_Delete(r);
+    free(s);
+    /* streamed: the first token's entry alone is still null */
+    s = gw_chunk_json(&job, "m", 0, false, "Hi", 2, 0, 1, false, false);
+    r = cJSON_Parse(s);
+    assert_non_null(r);
+    lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(r, "choices"), 0), "logprobs");
+    assert_true(cJSON_IsNull(cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "token_logprobs"), 0)));
+    cJSON_Delete(r);
+    free(s);
+}
+
 static void test_responses(void **state) {
     (void)state;
     gw_job job;
@@ -387,6 +464,8 @@ int main(void) {
         cmocka_unit_test(test_responses),
         cmocka_unit_test(test_logprobs_penalties),
         cmocka_unit_test(test_logprob_responses),
+        cmocka_unit_test(test_echo),
+        cmocka_unit_test(test_echo_logprob_responses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

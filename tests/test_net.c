@@ -430,7 +430,9 @@ static void test_malformed(void **state) {
     bytes = pack(&we.base, &len);
     assert_null(sd_net_decode_to_client(bytes, len, &code, err, sizeof err));
     assert_int_equal(code, SPECD__CODE__CODE_MALFORMED);
-    assert_non_null(strstr(err, "unknown field"));
+    /* Hello's group_size (a varint) lands on Accepted.prompt_text (bytes):
+     * the bytes do not decode at all, which is as MALFORMED */
+    if (!strstr(err, "unknown field") && !strstr(err, "do not decode")) fail_msg("wrong envelope: '%s'", err);
     free(bytes);
     /* a verify batch handed to the worker->coordinator decoder */
     bytes = pack(&vb.env.base, &len);
@@ -679,6 +681,191 @@ static void test_validate_submit(void **state) {
     expect_submit(&s, BAD, "submit.sampling.temperature: inf, must be finite and >= 0");
     smp.temperature = 0.5f, smp.top_p = -0.1f;
     expect_submit(&s, BAD, "submit.sampling.top_p: -0.1");
+}
+
+/* A decoded message must pass: frees it, or fails naming why not. */
+static void accept_decoded(void *g, void (*free_fn)(void *), const char *err, const char *what) {
+    if (!g) fail_msg("%s rejected: %s", what, err);
+    free_fn(g);
+}
+
+static void free_to_worker(void *g) { specd__coordinator_to_worker__free_unpacked(g, NULL); }
+static void free_from_worker(void *g) { specd__worker_to_coordinator__free_unpacked(g, NULL); }
+static void free_to_client(void *g) { specd__coordinator_to_client__free_unpacked(g, NULL); }
+
+/* Expects the client-side decoder to reject env with code and want. */
+static void expect_to_client(const Specd__CoordinatorToClient *env, Specd__Code want_code, const char *want) {
+    size_t len;
+    uint8_t *bytes = pack(&env->base, &len);
+    Specd__Code code;
+    char err[256];
+    Specd__CoordinatorToClient *g = sd_net_decode_to_client(bytes, len, &code, err, sizeof err);
+    free(bytes);
+    if (g) {
+        specd__coordinator_to_client__free_unpacked(g, NULL);
+        fail_msg("accepted, expected an error containing '%s'", want);
+    }
+    if (code != want_code || !strstr(err, want))
+        fail_msg("got code %s '%s', expected %s '%s'", sd_net_code_name(code), err, sd_net_code_name(want_code), want);
+}
+
+/* Prompt logprobs (echo): VerifySeq.prompt_logprobs only in prefill steps,
+ * at most SD_MAX_PROMPT_LP_ROWS appended tokens, prompt_next a token inside
+ * the context; a prefill result with one logprob per appended token at
+ * most; SubmitRequest.prompt_only only with max_tokens 0; PromptLogprobs
+ * one entry per token, position 0 without a logprob, the others with one;
+ * Accepted.prompt_text bounded. */
+static void test_validate_prompt_logprobs(void **state) {
+    (void)state;
+    const Specd__Code BAD = SPECD__CODE__CODE_BAD_REQUEST, BIG = SPECD__CODE__CODE_TOO_LARGE;
+    Specd__Code code;
+    char err[256];
+    size_t len;
+    uint8_t *bytes;
+
+    /* ---- VerifySeq */
+    verify_batch vb;
+    verify_batch_init(&vb);
+    vb.req.n_seqs = 1, vb.req.prefill_only = 1;
+    vb.seq[0].prompt_logprobs = 1, vb.seq[0].prompt_next = 8, vb.seq[0].top_logprobs = 3;
+    bytes = pack(&vb.env.base, &len);
+    accept_decoded(sd_net_decode_to_worker(bytes, len, &LIM, &code, err, sizeof err), free_to_worker, err,
+                   "a prefill chunk with prompt logprobs");
+    free(bytes);
+    vb.req.prefill_only = 0;
+    expect_to_worker(&vb.env, BAD, "verify.seqs[0].prompt_logprobs: a normal step");
+    vb.req.prefill_only = 1, vb.seq[0].prompt_next = 1000;
+    expect_to_worker(&vb.env, BAD, "verify.seqs[0].prompt_next[0]: token id 1000 out of range");
+    vb.seq[0].prompt_next = -1;
+    expect_to_worker(&vb.env, BAD, "verify.seqs[0].prompt_next[0]: token id -1");
+    vb.seq[0].prompt_next = 8, vb.seq[0].keep_len = 509; /* 509 + 3 = 512 fits, the next token does not */
+    expect_to_worker(&vb.env, BAD, "verify.seqs[0].prompt_next: position 512 past the context of 512");
+    vb.seq[0].keep_len = 0, vb.seq[0].top_logprobs = SD_MAX_TOP_LOGPROBS + 1;
+    expect_to_worker(&vb.env, BAD, "verify.seqs[0].top_logprobs: 21 over the limit of 20");
+    int32_t rows[SD_MAX_PROMPT_LP_ROWS + 1] = {0};
+    vb.seq[0].top_logprobs = 3, vb.seq[0].append = rows, vb.seq[0].n_append = SD_MAX_PROMPT_LP_ROWS + 1;
+    expect_to_worker(&vb.env, BAD, "verify.seqs[0].prompt_logprobs: prefill with 65 appended tokens");
+    vb.seq[0].n_append = SD_MAX_PROMPT_LP_ROWS;
+    bytes = pack(&vb.env.base, &len);
+    accept_decoded(sd_net_decode_to_worker(bytes, len, &LIM, &code, err, sizeof err), free_to_worker, err,
+                   "a 64-token chunk with prompt logprobs");
+    free(bytes);
+
+    /* ---- VerifyResult of a prefill chunk: up to SD_MAX_PROMPT_LP_ROWS logprobs, nothing committed */
+    float lps[SD_MAX_PROMPT_LP_ROWS + 1], tops[2 * (SD_MAX_PROMPT_LP_ROWS + 1)];
+    int32_t top_ids[2 * (SD_MAX_PROMPT_LP_ROWS + 1)];
+    for (int i = 0; i <= SD_MAX_PROMPT_LP_ROWS; i++) lps[i] = -1.0f;
+    for (int i = 0; i < 2 * (SD_MAX_PROMPT_LP_ROWS + 1); i++) tops[i] = -0.5f, top_ids[i] = i % 1000;
+    Specd__VerifyResult vres = SPECD__VERIFY_RESULT__INIT;
+    vres.request_id = 1, vres.code = SPECD__CODE__CODE_OK, vres.cached_len = 3;
+    vres.n_logprobs = 3, vres.logprobs = lps;
+    vres.n_top_ids = vres.n_top_logprobs = 6, vres.top_ids = top_ids, vres.top_logprobs = tops;
+    Specd__VerifyResult *vress[] = {&vres};
+    Specd__VerifyResponse vresp = SPECD__VERIFY_RESPONSE__INIT;
+    vresp.n_results = 1, vresp.results = vress;
+    Specd__WorkerToCoordinator we = SPECD__WORKER_TO_COORDINATOR__INIT;
+    we.body_case = SPECD__WORKER_TO_COORDINATOR__BODY_VERIFY, we.verify = &vresp;
+    bytes = pack(&we.base, &len);
+    accept_decoded(sd_net_decode_worker(bytes, len, &LIM, &code, err, sizeof err), free_from_worker, err,
+                   "a prefill result with 3 prompt logprobs");
+    free(bytes);
+    struct {
+        size_t n_lp, n_top;
+        float first;
+        const char *want;
+    } bad_results[] = {
+        {SD_MAX_PROMPT_LP_ROWS + 1, 2 * (SD_MAX_PROMPT_LP_ROWS + 1), -1.0f, "65 logprobs, 130 top ids"},
+        {3, 7, -1.0f, "3 logprobs, 7 top ids"},
+        {3, 6, 0.5f, "0.5 is not a log-probability"},
+        {3, 6, NAN, "nan is not a log-probability"},
+    };
+    for (size_t c = 0; c < sizeof bad_results / sizeof bad_results[0]; c++) {
+        vres.n_logprobs = bad_results[c].n_lp;
+        vres.n_top_ids = vres.n_top_logprobs = bad_results[c].n_top;
+        lps[0] = bad_results[c].first;
+        bytes = pack(&we.base, &len);
+        Specd__WorkerToCoordinator *g = sd_net_decode_worker(bytes, len, &LIM, &code, err, sizeof err);
+        free(bytes);
+        if (g) specd__worker_to_coordinator__free_unpacked(g, NULL);
+        if (g || !strstr(err, bad_results[c].want)) fail_msg("case %zu: '%s' lacks '%s'", c, err, bad_results[c].want);
+    }
+
+    /* ---- SubmitRequest */
+    Specd__SubmitRequest s = SPECD__SUBMIT_REQUEST__INIT;
+    s.prompt = "hello", s.prompt_only = 1, s.max_tokens = 5;
+    expect_submit(&s, BAD, "submit.prompt_only: with max_tokens 5 (must be 0)");
+    s.max_tokens = 0, s.top_logprobs = 21, s.prompt_logprobs = 1;
+    expect_submit(&s, BAD, "submit.top_logprobs: 21 over the limit of 20");
+    s.top_logprobs = 3, s.prompt_logprobs = 0;
+    expect_submit(&s, BAD, "submit.top_logprobs: 3 without logprobs");
+    int32_t cont[] = {4};
+    s.prompt_logprobs = 1, s.continuation = cont, s.n_continuation = 1;
+    expect_submit(&s, BAD, "submit.prompt_only: with a continuation");
+
+    /* ---- PromptLogprobs */
+    Specd__TokenLogprob tl[SD_MAX_PROMPT_LP_ROWS + 1], *tlp[SD_MAX_PROMPT_LP_ROWS + 1];
+    int32_t ptoks[SD_MAX_PROMPT_LP_ROWS + 1];
+    for (int i = 0; i <= SD_MAX_PROMPT_LP_ROWS; i++) {
+        specd__token_logprob__init(&tl[i]);
+        tl[i].logprob = -2.0f;
+        tlp[i] = &tl[i];
+        ptoks[i] = i;
+    }
+    Specd__PromptLogprobs pl = SPECD__PROMPT_LOGPROBS__INIT;
+    pl.request_id = 7, pl.from = 1, pl.n_tokens = pl.n_logprobs = 4, pl.tokens = ptoks, pl.logprobs = tlp;
+    Specd__CoordinatorToClient ce = SPECD__COORDINATOR_TO_CLIENT__INIT;
+    ce.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_PROMPT_LOGPROBS, ce.prompt_logprobs = &pl;
+    bytes = pack(&ce.base, &len);
+    accept_decoded(sd_net_decode_to_client(bytes, len, &code, err, sizeof err), free_to_client, err,
+                   "prompt logprobs of positions 1..4");
+    free(bytes);
+    pl.n_logprobs = 3;
+    expect_to_client(&ce, BAD, "prompt_logprobs: 3 entries for 4 tokens from 1");
+    pl.n_tokens = pl.n_logprobs = SD_MAX_PROMPT_LP_ROWS + 1;
+    expect_to_client(&ce, BAD, "prompt_logprobs: 65 entries for 65 tokens");
+    pl.n_tokens = pl.n_logprobs = 0;
+    expect_to_client(&ce, BAD, "prompt_logprobs: 0 entries");
+    pl.n_tokens = pl.n_logprobs = 2, pl.from = 0;
+    expect_to_client(&ce, BAD, "prompt_logprobs: 2 entries for 2 tokens from 0");
+    pl.n_tokens = pl.n_logprobs = 1;
+    expect_to_client(&ce, BAD, "prompt_logprobs.logprobs[0]: prompt position 0 has no logprob");
+    tl[0].logprob = NAN;
+    bytes = pack(&ce.base, &len);
+    accept_decoded(sd_net_decode_to_client(bytes, len, &code, err, sizeof err), free_to_client, err,
+                   "prompt position 0");
+    free(bytes);
+    int32_t one_id[] = {3};
+    float one_lp[] = {-1.0f};
+    ProtobufCBinaryData one_tok[] = {{1, (uint8_t *)"x"}};
+    tl[0].n_top_ids = tl[0].n_top_logprobs = tl[0].n_top_tokens = 1;
+    tl[0].top_ids = one_id, tl[0].top_logprobs = one_lp, tl[0].top_tokens = one_tok;
+    expect_to_client(&ce, BAD, "prompt_logprobs.logprobs[0]: prompt position 0 has no logprob");
+    pl.from = 5, pl.n_tokens = pl.n_logprobs = 2; /* NaN past position 0 */
+    expect_to_client(&ce, BAD, "prompt_logprobs.logprobs[0].logprob: nan is not a log-probability");
+    tl[0].logprob = -1.0f, ptoks[1] = -5; /* the client knows no vocabulary: ids only >= 0 */
+    expect_to_client(&ce, BAD, "prompt_logprobs.tokens[1]: token id -5 is negative");
+    int32_t two_ids[] = {1, 2};
+    ptoks[1] = 1, tl[1].n_top_ids = 2, tl[1].top_ids = two_ids;
+    expect_to_client(&ce, BAD, "prompt_logprobs.logprobs[1]: 2 top ids, 0 top logprobs and 0 top tokens");
+    tl[1].n_top_ids = 0;
+    bytes = pack(&ce.base, &len);
+    accept_decoded(sd_net_decode_to_client(bytes, len, &code, err, sizeof err), free_to_client, err,
+                   "prompt logprobs of positions 5..6");
+    free(bytes);
+
+    /* ---- Accepted.prompt_text */
+    Specd__Accepted acc = SPECD__ACCEPTED__INIT;
+    uint8_t *text = calloc(SD_MAX_PROMPT_BYTES + 1, 1);
+    assert_non_null(text);
+    acc.prompt_text.data = text, acc.prompt_text.len = SD_MAX_PROMPT_BYTES + 1;
+    ce.body_case = SPECD__COORDINATOR_TO_CLIENT__BODY_ACCEPTED, ce.accepted = &acc;
+    expect_to_client(&ce, BIG, "accepted.prompt_text: 1048577 bytes over the limit of 1048576");
+    acc.prompt_text.len = 16;
+    bytes = pack(&ce.base, &len);
+    accept_decoded(sd_net_decode_to_client(bytes, len, &code, err, sizeof err), free_to_client, err,
+                   "an Accepted with the prompt's text");
+    free(bytes);
+    free(text);
 }
 
 static void test_validate_worker_messages(void **state) {
@@ -977,6 +1164,7 @@ int main(void) {
         cmocka_unit_test(test_validate_verify),
         cmocka_unit_test(test_validate_draft_request),
         cmocka_unit_test(test_validate_submit),
+        cmocka_unit_test(test_validate_prompt_logprobs),
         cmocka_unit_test(test_validate_worker_messages),
         cmocka_unit_test(test_sampling_and_names),
         cmocka_unit_test(test_oversized_message_dropped),

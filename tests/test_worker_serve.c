@@ -9,7 +9,8 @@
  * CACHE_MISS for a short cache and an unknown id (and the same token after
  * the prefix is resent); KV_FULL when slots or blocks run out, without
  * taking a slot; Release returns the blocks (stats); prefill_only chunks
- * give the same next token as a whole-prompt step; a warm-up before serving
+ * give the same next token as a whole-prompt step, and with prompt_logprobs
+ * the whole prompt's log-softmax at every position; a warm-up before serving
  * runs the sizes it says and leaves nothing behind.
  * Drafter: a batch with keep_len truncation proposes exactly what
  * sd_drafter_propose gives on the same context (tokens and q); CACHE_MISS;
@@ -31,6 +32,7 @@
 #include "specd/drafter.h"
 #include "specd/gguf.h"
 #include "specd/model.h"
+#include "specd/sample.h"
 #include "specd/spec_decode.h"
 #include "specd/tokenizer.h"
 #include "verify_serve.h"
@@ -603,6 +605,108 @@ static void test_verify_prefill_only(void **state) {
     sd_verifier_free(&v);
 }
 
+/* Prompt logprobs (echo): prefill chunks with prompt_logprobs score every
+ * appended token's successor (the last against prompt_next) exactly as the
+ * log-softmax of the target's logits over the whole prompt in one forward
+ * (a separate cache) does, next to a plain prefill sequence in the same
+ * step; the cache they leave gives the whole-prompt step's next token; a
+ * normal step or a chunk over SD_MAX_PROMPT_LP_ROWS asking for them is
+ * refused. */
+static void test_verify_prompt_logprobs(void **state) {
+    (void)state;
+    SKIP_WITHOUT_MODELS();
+    enum { N = 40, SPLIT = 16, TOP = 3 };
+    int32_t prompt[N];
+    make_prompt(prompt, N, 91);
+    /* reference: one forward over the whole prompt, logits at every row */
+    sd_kv *kv = NULL;
+    assert_int_equal(sd_model_kv_create(env.target_model, 1, 8, 16, &kv), SD_OK);
+    int32_t pos[N], seq[N];
+    bool wanted[N];
+    for (int32_t j = 0; j < N; j++) pos[j] = j, seq[j] = 0, wanted[j] = true;
+    float *logits = malloc((size_t)N * (size_t)env.n_vocab * sizeof *logits);
+    assert_non_null(logits);
+    sd_batch b = {N, prompt, pos, seq, wanted};
+    assert_int_equal(sd_model_forward(env.target_model, kv, &b, logits), SD_OK);
+    sd_kv_free(&kv);
+    sd_token_logprob ref[N];
+    for (int32_t j = 0; j + 1 < N; j++)
+        assert_int_equal(
+            sd_sample_logprobs(logits + (size_t)j * (size_t)env.n_vocab, env.n_vocab, prompt[j + 1], TOP, &ref[j]),
+            SD_OK);
+    free(logits);
+
+    sd_verifier *v = new_verifier(4, 32);
+    sd_sampling s = sd_sampling_default();
+    vseq q[2];
+    Specd__VerifyResponse resp;
+    vseq_init(&q[0], 5, 0, prompt, N, &s);
+    const Specd__VerifyResult *r = run_verify(v, q, 1, false, &resp);
+    int32_t whole = r->commit[0];
+
+    /* chunk 1 [0, 16) with prompt logprobs, beside a plain prefill */
+    vseq_init(&q[0], 8, 0, prompt, SPLIT, &s);
+    q[0].seq.prompt_logprobs = true, q[0].seq.prompt_next = prompt[SPLIT], q[0].seq.top_logprobs = TOP;
+    vseq_init(&q[1], 9, 0, prompt, 20, &s);
+    run_verify(v, q, 2, true, &resp);
+    const Specd__VerifyResult *r0 = resp.results[0], *r1 = resp.results[1];
+    assert_int_equal(r0->code, SPECD__CODE__CODE_OK);
+    assert_int_equal(r0->n_commit, 0);
+    assert_int_equal(r0->cached_len, SPLIT);
+    assert_int_equal(r1->cached_len, 20);
+    assert_int_equal(r1->n_logprobs, 0);
+    int32_t checked = 0;
+    for (int chunk = 0; chunk < 2; chunk++) {
+        int32_t from = chunk ? SPLIT : 0, n = chunk ? N - 1 - SPLIT : SPLIT;
+        if (chunk) {
+            vseq_init(&q[0], 8, SPLIT, prompt + SPLIT, (size_t)n, &s);
+            q[0].seq.prompt_logprobs = true, q[0].seq.prompt_next = prompt[N - 1], q[0].seq.top_logprobs = TOP;
+            run_verify(v, q, 1, true, &resp);
+            r0 = resp.results[0];
+            assert_int_equal(r0->code, SPECD__CODE__CODE_OK);
+            assert_int_equal(r0->cached_len, N - 1);
+        }
+        assert_int_equal(r0->n_logprobs, n);
+        assert_int_equal(r0->n_top_ids, (size_t)n * TOP);
+        assert_int_equal(r0->n_top_logprobs, (size_t)n * TOP);
+        for (int32_t j = 0; j < n; j++, checked++) {
+            const sd_token_logprob *e = &ref[from + j];
+            if (fabsf(r0->logprobs[j] - e->logprob) > 1e-5f)
+                fail_msg("position %d: logprob %.7f, the whole prompt's %.7f", (int)(from + j + 1),
+                         (double)r0->logprobs[j], (double)e->logprob);
+            for (int t = 0; t < TOP; t++) {
+                assert_int_equal(r0->top_ids[j * TOP + t], e->top_ids[t]);
+                assert_true(fabsf(r0->top_logprobs[j * TOP + t] - e->top_logprobs[t]) <= 1e-5f);
+            }
+        }
+    }
+    assert_int_equal(checked, N - 1);
+    /* the last prompt token in a normal step: the whole prompt's next token */
+    vseq_init(&q[0], 8, N - 1, prompt + N - 1, 1, &s);
+    r = run_verify(v, q, 1, false, &resp);
+    assert_int_equal(r->code, SPECD__CODE__CODE_OK);
+    assert_int_equal(r->commit[0], whole);
+    assert_int_equal(r->n_logprobs, 0);
+
+    /* refused: in a normal step, and over SD_MAX_PROMPT_LP_ROWS tokens */
+    vseq_init(&q[0], 10, 0, prompt, 4, &s);
+    q[0].seq.prompt_logprobs = true, q[0].seq.prompt_next = prompt[4];
+    r = run_verify(v, q, 1, false, &resp);
+    assert_int_equal(r->code, SPECD__CODE__CODE_BAD_REQUEST);
+    int32_t longer[SD_MAX_PROMPT_LP_ROWS + 1];
+    make_prompt(longer, SD_MAX_PROMPT_LP_ROWS + 1, 5);
+    vseq_init(&q[0], 11, 0, longer, SD_MAX_PROMPT_LP_ROWS + 1, &s);
+    q[0].seq.prompt_logprobs = true, q[0].seq.prompt_next = prompt[0];
+    r = run_verify(v, q, 1, true, &resp);
+    assert_int_equal(r->code, SPECD__CODE__CODE_BAD_REQUEST);
+    vseq_init(&q[0], 11, 0, longer, SD_MAX_PROMPT_LP_ROWS, &s);
+    q[0].seq.prompt_logprobs = true, q[0].seq.prompt_next = longer[SD_MAX_PROMPT_LP_ROWS];
+    r = run_verify(v, q, 1, true, &resp);
+    assert_int_equal(r->code, SPECD__CODE__CODE_OK);
+    assert_int_equal(r->n_logprobs, SD_MAX_PROMPT_LP_ROWS);
+    sd_verifier_free(&v);
+}
+
 /* ---- drafter ---- */
 
 typedef struct dseq {
@@ -851,6 +955,7 @@ int main(void) {
         cmocka_unit_test(test_verify_penalties_logprobs),
         cmocka_unit_test(test_verify_kv_full_and_release),
         cmocka_unit_test(test_verify_prefill_only),
+        cmocka_unit_test(test_verify_prompt_logprobs),
         cmocka_unit_test(test_verify_warmup),
         cmocka_unit_test(test_draft_server_keeps_whole_q),
         cmocka_unit_test(test_draft_batch),

@@ -29,7 +29,12 @@
  * appended with it, so row i of a verify step is penalized over
  * hist[prompt_len .. n_ctx) and the drafts before it (spec_batch.h).
  * Logprobs (VerifySeq.logprobs) come back per commit token, computed on the
- * host from the target's logits (spec_batch.c). */
+ * host from the target's logits (spec_batch.c). Prompt logprobs
+ * (VerifySeq.prompt_logprobs, echo with logprobs) come from prefill chunks
+ * only: such a sequence gets its own forward with logits at every row
+ * (at most SD_MAX_PROMPT_LP_ROWS), scored on the host; other sequences'
+ * prefill keeps running without the LM head. Any backend whose forward
+ * returns logits serves it (the CUDA one copies those rows to the host). */
 #include "verify_serve.h"
 
 #include "specd/slots.h"
@@ -82,6 +87,15 @@ struct sd_verifier {
     float *lp_values;
     int32_t *lp_top_ids;
     float *lp_top_values;
+    /* prompt logprobs of a prefill step (VerifySeq.prompt_logprobs),
+     * allocated on first use: [max_batch] x SD_MAX_PROMPT_LP_ROWS x (1,
+     * SD_MAX_TOP_LOGPROBS, SD_MAX_TOP_LOGPROBS), and one sequence's logits,
+     * [SD_MAX_PROMPT_LP_ROWS][n_vocab] (the LM head runs over those rows) */
+    float *pl_values;
+    int32_t *pl_top_ids;
+    float *pl_top_values;
+    float *pl_logits;
+    bool *pl_wanted; /* [SD_MAX_PROMPT_LP_ROWS], all true */
 };
 
 static void slot_release(void *user, int32_t slot) {
@@ -172,6 +186,11 @@ void sd_verifier_free(sd_verifier **pv) {
     free(v->lp_values);
     free(v->lp_top_ids);
     free(v->lp_top_values);
+    free(v->pl_values);
+    free(v->pl_top_ids);
+    free(v->pl_top_values);
+    free(v->pl_logits);
+    free(v->pl_wanted);
     sd_spec_scratch_free(&v->spec_scratch);
     free(v);
     *pv = NULL;
@@ -270,11 +289,13 @@ static void admit(sd_verifier *v, const Specd__VerifyRequest *req, size_t i, seq
     }
     int64_t total = (int64_t)s->keep_len + (int64_t)s->n_append + (int64_t)s->n_draft;
     if (s->n_q != s->n_draft || s->n_draft > (size_t)v->p.max_k || total > v->p.max_ctx ||
-        (req->prefill_only && s->n_draft > 0) || (!req->prefill_only && s->n_append == 0)) {
+        (req->prefill_only && s->n_draft > 0) || (!req->prefill_only && s->n_append == 0) ||
+        (s->prompt_logprobs && (!req->prefill_only || s->n_append > SD_MAX_PROMPT_LP_ROWS || total >= v->p.max_ctx ||
+                                s->prompt_next < 0 || s->prompt_next >= v->n_vocab))) {
         SD_WARN("verifier: request %llu: keep_len %u + append %zu + draft %zu (q %zu, max_k %d) does not fit "
-                "the context %d or is not a valid %s step",
+                "the context %d or is not a valid %s step (prompt logprobs: prefill only, at most %d tokens)",
                 (unsigned long long)s->request_id, s->keep_len, s->n_append, s->n_draft, s->n_q, (int)v->p.max_k,
-                (int)v->p.max_ctx, req->prefill_only ? "prefill" : "verify");
+                (int)v->p.max_ctx, req->prefill_only ? "prefill" : "verify", SD_MAX_PROMPT_LP_ROWS);
         return;
     }
     int32_t slot;
@@ -394,6 +415,63 @@ static sd_status verify_with_spec_batch(sd_verifier *v, const Specd__VerifyReque
     return SD_OK;
 }
 
+/* The prompt-logprob buffers, on first use. */
+static sd_status prompt_lp_alloc(sd_verifier *v) {
+    if (v->pl_logits) return SD_OK;
+    size_t rows = (size_t)v->p.max_batch * SD_MAX_PROMPT_LP_ROWS;
+    v->pl_values = malloc(rows * sizeof *v->pl_values);
+    v->pl_top_ids = malloc(rows * SD_MAX_TOP_LOGPROBS * sizeof *v->pl_top_ids);
+    v->pl_top_values = malloc(rows * SD_MAX_TOP_LOGPROBS * sizeof *v->pl_top_values);
+    v->pl_wanted = malloc(SD_MAX_PROMPT_LP_ROWS * sizeof *v->pl_wanted);
+    float *logits = malloc((size_t)SD_MAX_PROMPT_LP_ROWS * (size_t)v->n_vocab * sizeof *logits);
+    if (!v->pl_values || !v->pl_top_ids || !v->pl_top_values || !v->pl_wanted || !logits) {
+        free(logits);
+        return SD_ERR_NOMEM;
+    }
+    for (int32_t j = 0; j < SD_MAX_PROMPT_LP_ROWS; j++) v->pl_wanted[j] = true;
+    v->pl_logits = logits;
+    return SD_OK;
+}
+
+/* Prefill chunk i (admitted, its blocks counted) with the target's logits
+ * at every appended row: row j scores the prompt token after it (append[j
+ * + 1], the last row prompt_next) into results[i].logprobs / top_ids /
+ * top_logprobs. The raw model's log-softmax: no penalties (they count
+ * generated tokens, and a prompt has none), no temperature. One forward of
+ * at most SD_MAX_PROMPT_LP_ROWS rows: the LM head runs over every row only
+ * here, for the sequences that asked. */
+static sd_status prefill_prompt_logprobs(sd_verifier *v, const Specd__VerifyRequest *req, size_t i) {
+    const Specd__VerifySeq *s = req->seqs[i];
+    const seq_plan *pl = &v->plan[i];
+    const int32_t n = pl->n_append, top = (int32_t)s->top_logprobs;
+    SD_TRY(prompt_lp_alloc(v));
+    for (int32_t j = 0; j < n; j++) {
+        v->pos[j] = pl->keep_len + j;
+        v->seq[j] = pl->slot;
+    }
+    sd_batch b = {n, s->append, v->pos, v->seq, v->pl_wanted};
+    SD_TRY(sd_model_forward(v->target, v->kv, &b, v->pl_logits));
+    size_t base = i * SD_MAX_PROMPT_LP_ROWS;
+    float *values = v->pl_values + base;
+    int32_t *top_ids = v->pl_top_ids + base * SD_MAX_TOP_LOGPROBS;
+    float *top_values = v->pl_top_values + base * SD_MAX_TOP_LOGPROBS;
+    for (int32_t j = 0; j < n; j++) {
+        int32_t next = j + 1 < n ? s->append[j + 1] : s->prompt_next;
+        sd_token_logprob lp;
+        SD_TRY(sd_sample_logprobs(v->pl_logits + (size_t)j * (size_t)v->n_vocab, v->n_vocab, next, top, &lp));
+        values[j] = lp.logprob;
+        memcpy(top_ids + (size_t)j * top, lp.top_ids, (size_t)top * sizeof *top_ids);
+        memcpy(top_values + (size_t)j * top, lp.top_logprobs, (size_t)top * sizeof *top_values);
+    }
+    Specd__VerifyResult *res = &v->results[i];
+    res->n_logprobs = (size_t)n;
+    res->logprobs = values;
+    res->n_top_ids = res->n_top_logprobs = (size_t)n * (size_t)top;
+    res->top_ids = top_ids;
+    res->top_logprobs = top_values;
+    return SD_OK;
+}
+
 sd_status sd_verifier_handle(sd_verifier *v, const Specd__VerifyRequest *req, Specd__VerifyResponse *resp) {
     if (!v || !req || !resp) return SD_ERR_INVALID_ARG;
     if (req->n_seqs > (size_t)v->p.max_batch) {
@@ -436,7 +514,7 @@ sd_status sd_verifier_handle(sd_verifier *v, const Specd__VerifyRequest *req, Sp
         free_blocks -= need;
         n_rows += (size_t)pl->n_append;
     }
-    sd_status st = grow_rows(v, n_rows > 0 ? n_rows : 1);
+    sd_status st = grow_rows(v, n_rows > SD_MAX_PROMPT_LP_ROWS ? n_rows : SD_MAX_PROMPT_LP_ROWS);
     if (st != SD_OK) {
         SD_ERROR("verifier: out of memory for a batch of %zu rows", n_rows);
         return st;
@@ -444,19 +522,29 @@ sd_status sd_verifier_handle(sd_verifier *v, const Specd__VerifyRequest *req, Sp
     size_t r = 0;
     for (size_t i = 0; i < n; i++) {
         const seq_plan *pl = &v->plan[i];
-        if (pl->slot < 0) continue;
+        if (pl->slot < 0 || req->seqs[i]->prompt_logprobs) continue;
         for (int32_t j = 0; j < pl->n_append; j++, r++) {
             v->tokens[r] = req->seqs[i]->append[j];
             v->pos[r] = pl->keep_len + j;
             v->seq[r] = pl->slot;
         }
     }
+    n_rows = r; /* the sequences that want prompt logprobs run below, one forward each */
     if (n_rows > 0) {
         sd_batch b = {(int32_t)n_rows, v->tokens, v->pos, v->seq, NULL};
         float unused = 0;
         st = sd_model_forward(v->target, v->kv, &b, &unused);
         if (st != SD_OK) {
             SD_ERROR("verifier: prefill step %llu failed: %s", (unsigned long long)req->step_id, sd_status_str(st));
+            return st;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (v->plan[i].slot < 0 || !req->seqs[i]->prompt_logprobs) continue;
+        st = prefill_prompt_logprobs(v, req, i);
+        if (st != SD_OK) {
+            SD_ERROR("verifier: prefill step %llu (prompt logprobs of request %llu) failed: %s",
+                     (unsigned long long)req->step_id, (unsigned long long)req->seqs[i]->request_id, sd_status_str(st));
             return st;
         }
     }

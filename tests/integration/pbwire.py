@@ -190,14 +190,20 @@ SUBMIT = {"client_tag": (1, "uint64"), "prompt": (2, "string"), "prompt_ids": (3
           "chat": (4, "bool"), "system": (5, "string"), "max_tokens": (6, "uint32"),
           "sampling": (7, ("msg", SAMPLING)), "stop": (8, ("rep", "string")), "ignore_eos": (9, "bool"),
           "max_k": (10, "int32"), "messages": (11, ("rep", ("msg", CHAT_MESSAGE))), "drafter_kind": (13, "enum"),
-          "logprobs": (14, "bool"), "top_logprobs": (15, "uint32")}
+          "logprobs": (14, "bool"), "top_logprobs": (15, "uint32"), "prompt_logprobs": (16, "bool"),
+          "echo": (17, "bool"), "prompt_only": (18, "bool")}
 CANCEL = {"request_id": (1, "uint64")}
 STATS_QUERY = {"include_workers": (1, "bool")}
 CLIENT_TO_COORD = {"hello": (1, ("msg", HELLO)), "submit": (2, ("msg", SUBMIT)), "cancel": (3, ("msg", CANCEL)),
                    "stats": (4, ("msg", STATS_QUERY)), "heartbeat": (5, ("msg", HEARTBEAT))}
 
 ERROR = {"code": (1, "enum"), "message": (2, "string"), "request_id": (3, "uint64"), "client_tag": (4, "uint64")}
-ACCEPTED = {"client_tag": (1, "uint64"), "request_id": (2, "uint64"), "prompt_tokens": (3, "uint32")}
+ACCEPTED = {"client_tag": (1, "uint64"), "request_id": (2, "uint64"), "prompt_tokens": (3, "uint32"),
+            "prompt_text": (4, "bytes")}
+TOKEN_LOGPROB = {"logprob": (1, "float"), "top_ids": (2, ("rep", "int32")), "top_logprobs": (3, ("rep", "float")),
+                 "token": (4, "bytes"), "top_tokens": (5, ("rep", "bytes"))}
+PROMPT_LOGPROBS = {"request_id": (1, "uint64"), "from": (2, "uint32"), "tokens": (3, ("rep", "int32")),
+                   "logprobs": (4, ("rep", ("msg", TOKEN_LOGPROB)))}
 TOKEN_CHUNK = {"request_id": (1, "uint64"), "tokens": (2, ("rep", "int32")), "text": (3, "bytes"),
                "n_generated": (4, "uint32")}
 REQUEST_STATS = {"prompt_tokens": (1, "uint32"), "generated_tokens": (2, "uint32"), "drafted": (3, "uint32"),
@@ -223,7 +229,8 @@ SERVICE_STATS = {"active_requests": (1, "uint32"), "queued_requests": (2, "uint3
                  "accepted_tokens_per_pos": (20, ("rep", "uint64")), "verify_batches": (21, "uint64")}
 COORD_TO_CLIENT = {"accepted": (1, ("msg", ACCEPTED)), "tokens": (2, ("msg", TOKEN_CHUNK)),
                    "finished": (3, ("msg", FINISHED)), "error": (4, ("msg", ERROR)),
-                   "stats": (5, ("msg", SERVICE_STATS)), "heartbeat": (6, ("msg", HEARTBEAT))}
+                   "stats": (5, ("msg", SERVICE_STATS)), "heartbeat": (6, ("msg", HEARTBEAT)),
+                   "prompt_logprobs": (7, ("msg", PROMPT_LOGPROBS))}
 
 # enum values
 ROLE_DRAFTER, ROLE_VERIFIER = 2, 3

@@ -10,7 +10,8 @@
   oversized body (413), wrong field types, negative max_tokens, temperature
   NaN / negative, top_p > 1, empty messages, an unknown role, invalid UTF-8,
   a lone surrogate, an out-of-vocabulary token id, top_logprobs out of
-  [0, 20] or without logprobs, logprobs with echo, penalties outside
+  [0, 20] or without logprobs, max_tokens 0 without echo (or on chat),
+  penalties outside
   [-2, 2], NaN or not numbers, a
   header over the cap (431), a wrong method (405), an unknown path (404)
   gets its own status and an
@@ -153,7 +154,8 @@ def check_bad_input(h):
         (chat, {"messages": user, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs", "top_logprobs 21"),
         (chat, {"messages": user, "logprobs": 1}, 400, "logprobs", "chat logprobs a number"),
         (comp, {"prompt": "x", "logprobs": 21}, 400, "logprobs", "completion logprobs 21"),
-        (comp, {"prompt": "x", "logprobs": 2, "echo": True}, 400, "logprobs", "logprobs with echo"),
+        (comp, {"prompt": "x", "max_tokens": 0}, 400, "max_tokens", "max_tokens 0 without echo"),
+        (chat, {"messages": user, "max_tokens": 0}, 400, "max_tokens", "chat max_tokens 0"),
         (chat, {"messages": user, "presence_penalty": 2.5}, 400, "presence_penalty", "presence_penalty > 2"),
         (comp, {"prompt": "x", "frequency_penalty": -3}, 400, "frequency_penalty", "frequency_penalty < -2"),
         (comp, {"prompt": "x", "frequency_penalty": "1"}, 400, "frequency_penalty", "frequency_penalty a string"),

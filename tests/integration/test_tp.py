@@ -18,8 +18,12 @@ the leader (another LM head mode) is refused and both exit 3; every rank stops c
 tiny: a random 2-layer target with 4 heads and 2 KV heads (TP 2, and TP 4 with
 the KV heads replicated), requests ignore EOS. smollm: SmolLM2-135M-Instruct
 (9 heads, 3 KV heads: TP 3) with chat prompts, stopping at EOS as
-specd-generate does."""
+specd-generate does.
+
+Prompt logprobs (echo) on the group: a prompt_only request's entries equal
+the TP = 1 engine's log-softmax within TP_LP_TOL."""
 import argparse
+import math
 import os
 import signal
 import subprocess
@@ -27,6 +31,9 @@ import time
 
 import harness as H
 import pbwire as pb
+
+PROMPT_LP_TOKENS = 80
+TP_LP_TOL = 2e-4  # measured worst: 2e-6 (tiny, TP 2), 2e-5 (SmolLM2 f32, TP 3)
 
 
 def rank_keys(h, r, key=None):
@@ -54,6 +61,47 @@ def start_ranks(h, target, tp, lm_head, ranks, extra=(), key=None):
 def verifier_registered(c):
     st = c.stats(timeout=1.0) or {}
     return any(w.get("alive") and w.get("role") == pb.ROLE_VERIFIER for w in st.get("workers", []))
+
+
+def check_prompt_logprobs(h, c, target, refs, args):
+    """Prompt logprobs (echo) from the group's prefill: a prompt_only
+    request over PROMPT_LP_TOKENS ids (two 64-row chunks) gets one entry
+    per token, the first without a logprob, the others within TP_LP_TOL of
+    numpy's log-softmax of the TP = 1 engine's logits (tests/specd_logits):
+    the group's partial sums and gathered LM head add their rounding."""
+    from test_gateway_logprobs import engine_logits, log_softmax
+    ids = []
+    for r in refs:
+        ids += list(r["prompt_ids"]) + list(r["ids"])
+    while len(ids) < PROMPT_LP_TOKENS:
+        ids += ids
+    ids = ids[:PROMPT_LP_TOKENS]
+    got = []
+    res = c.run([dict(prompt_ids=ids, max_tokens=0, prompt_only=True, prompt_logprobs=True, top_logprobs=2)],
+                timeout=args.timeout,
+                on_event=lambda m, _: got.append(m["prompt_logprobs"]) if "prompt_logprobs" in m else None)
+    H.check(res[0]["error"] is None and res[0]["finished"]["reason"] == 2 and not res[0]["ids"],
+            "prompt_only on the group: %s" % res[0])
+    entries = []
+    for m in got:
+        H.check(m.get("from", 0) == len(entries) and m["tokens"] == ids[len(entries):len(entries) + len(m["tokens"])],
+                "PromptLogprobs out of order: from %s after %d entries" % (m.get("from", 0), len(entries)))
+        entries += m["logprobs"]
+    H.check(len(entries) == len(ids) and math.isnan(entries[0].get("logprob", 0.0)),
+            "%d prompt entries for %d tokens, the first %s" % (len(entries), len(ids), entries[:1]))
+    logits = engine_logits(h, target, ids, -1)
+    H.check(logits is not None, "tests/specd_logits is not built")
+    worst = 0.0
+    for i in range(1, len(ids)):
+        row = log_softmax(logits[i - 1].astype("float64"))
+        e = entries[i]
+        d = max(abs(e.get("logprob", 0.0) - row[ids[i]]),
+                max(abs(a - b) for a, b in zip(e.get("top_logprobs", []), sorted(row, reverse=True)[:2])))
+        worst = max(worst, d)
+        H.check(len(e.get("top_ids", [])) == 2 and d <= TP_LP_TOL,
+                "position %d: %s vs TP = 1 %.6f (limit %g)" % (i, e, row[ids[i]], TP_LP_TOL))
+    H.log("prompt logprobs on the TP %d group: %d positions within %.2g of TP = 1 (worst %.2g)" %
+          (args.tp, len(ids) - 1, TP_LP_TOL, worst))
 
 
 def run(h, args):
@@ -134,6 +182,7 @@ def run(h, args):
                        % (args.tp, args.lm_head, args.n, args.model, args.drafter))
     drafted = sum(x["finished"]["stats"].get("drafted", 0) for x in res)
     H.log("all %d equal to TP = 1; drafted %d" % (len(res), drafted))
+    check_prompt_logprobs(h, c, target, refs, args)
 
     # A clean stop of the leader stops every rank cleanly.
     rc = h.stop(leader, signal.SIGTERM)

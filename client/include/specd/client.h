@@ -90,6 +90,13 @@ typedef struct sd_client_request {
      * filters), in each chunk's logprobs. */
     bool logprobs;
     uint32_t top_logprobs;
+    /* echo (OpenAI completions): the target's logprob of every prompt token
+     * given the ones before it, top_logprobs alternatives each, from the
+     * target's prefill (no speculation, no penalties), delivered in the
+     * chunks' prompt_logprobs before any token */
+    bool prompt_logprobs;
+    bool echo;        /* one chunk's prompt_text: the prompt's tokens detokenized, before any token */
+    bool prompt_only; /* generate nothing (max_tokens must be 0): ends with LENGTH once the prompt is scored */
 } sd_client_request;
 
 /* Greedy, no stop strings, coordinator defaults for the rest. */
@@ -148,6 +155,17 @@ typedef struct sd_client_chunk {
     size_t text_len;
     const sd_client_result *final;     /* non-NULL exactly once, on the last call */
     const sd_client_logprob *logprobs; /* [n_ids] when the request asked for logprobs, else NULL */
+    /* With prompt_logprobs: prompt tokens [prompt_from, prompt_from +
+     * n_prompt_logprobs), each with its id, bytes and the target's logprob
+     * given the prompt before it; position 0 has none (logprob NaN, no
+     * alternatives). Chunks carrying them have no ids and no text. */
+    const sd_client_logprob *prompt_logprobs;
+    size_t n_prompt_logprobs;
+    size_t prompt_from;
+    /* With echo: the prompt's text (its tokens' bytes as they are, which
+     * need not be whole UTF-8 characters), in one chunk before any token. */
+    const char *prompt_text;
+    size_t prompt_text_len;
 } sd_client_chunk;
 
 /* Called on the I/O thread (see the top of this file). */

@@ -41,6 +41,7 @@ extern "C" {
 #define SD_MAX_STOP_STRINGS     16
 #define SD_MAX_STOP_BYTES       256         /* per stop string */
 #define SD_MAX_TOKEN_BYTES      1024        /* TokenLogprob.token / top_tokens: one token's bytes */
+#define SD_MAX_PROMPT_LP_ROWS   64          /* prompt tokens scored per prefill chunk (VerifySeq.prompt_logprobs) */
 #define SD_MAX_IDENTITY_BYTES   255         /* ZeroMQ routing id */
 #define SD_MAX_GROUP_SIZE       1024        /* ranks in a verifier group */
 #define SD_MAX_GROUP_ID         65535       /* Hello.group_id */
