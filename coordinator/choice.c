@@ -53,6 +53,17 @@
  * 1 tokens a step), and judging one burst made requests flap between the
  * kinds.
  *
+ * A kind's trial costs the request a move (the kind's drafter prefills its
+ * prefix) and steps at that kind's price. So a kind is tried only where it
+ * may pay: its net goodput on the requests that tried it (an EMA over their
+ * decisions) must beat what the request already gets from the kinds it
+ * has seen (n-gram's shadow record included); otherwise one request in
+ * SD_CHOICE_SAMPLE tries it, which keeps that record current. On the demo
+ * model with both models on two threads, a 4-bit draft of the target costs
+ * 0.74 of a target step a token and ties with n-gram lookup on chat: trying
+ * it on every request made the choice 0.78x of fixed n-gram
+ * (bench/results/routing-cpu.md).
+ *
  * Rejected: a bandit over all requests together (the point is that the
  * best kind differs per request), and choosing from the prompt's text
  * (repetition in the prompt predicts copying badly in chat). */
@@ -71,6 +82,7 @@
 #define SD_CHOICE_SERVICE_EMA 0.02
 #define SD_CHOICE_SWITCH      1.15 /* the shadow n-gram's goodput over the chosen kind's that moves a request */
 #define SD_CHOICE_WINDOW      8    /* shadow steps the move is judged on (sd_session.shadow_ring) */
+#define SD_CHOICE_KIND_EMA    0.2  /* weight of one request's decision in a kind's service-wide goodput */
 
 /* Kinds with a live drafter, as a bit set over Specd__DrafterKind. */
 static unsigned live_kinds(const sd_coord *c) {
@@ -199,12 +211,29 @@ static bool useless(const sd_coord *c, int k) {
     return c->kind_steps[k] >= 4 * SD_CHOICE_TRIAL && c->kind_tokens[k] < SD_CHOICE_USELESS;
 }
 
-/* The next kind to try on s (steps < SD_CHOICE_TRIAL), or UNSPECIFIED;
- * a useless kind only on one request in SD_CHOICE_SAMPLE. */
+/* The best net goodput s has shown so far with any kind (0: none yet). */
+static double best_known(const sd_coord *c, const sd_session *s) {
+    double best = 0.0;
+    for (int k = 1; k < SD_DRAFTER_KINDS; k++) {
+        double g = sd_choice_goodput(c, s, (Specd__DrafterKind)k);
+        if (g > best) best = g;
+    }
+    return best;
+}
+
+/* Whether kind k, on the requests that tried it, gave no more than s
+ * already gets: its trial would cost s its drafting and its move (the
+ * kind's drafter prefills the prefix) for no expected gain. */
+static bool unpromising(const sd_coord *c, const sd_session *s, int k) {
+    return c->kind_decisions[k] >= SD_CHOICE_TRIAL && c->kind_goodput[k] <= best_known(c, s);
+}
+
+/* The next kind to try on s (steps < SD_CHOICE_TRIAL), or UNSPECIFIED; a
+ * useless or unpromising kind only on one request in SD_CHOICE_SAMPLE. */
 static Specd__DrafterKind next_untried(const sd_coord *c, const sd_session *s, unsigned live) {
     for (int k = 1; k < SD_DRAFTER_KINDS; k++)
         if ((live & (1u << k)) && s->kinds[k].steps < SD_CHOICE_TRIAL &&
-            (!useless(c, k) || s->id % SD_CHOICE_SAMPLE == 0))
+            ((!useless(c, k) && !unpromising(c, s, k)) || s->id % SD_CHOICE_SAMPLE == 0))
             return (Specd__DrafterKind)k;
     return SPECD__DRAFTER_KIND__DRAFTER_KIND_UNSPECIFIED;
 }
@@ -285,7 +314,7 @@ void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, const int32_t *com
         s->want_kind = next;
         return;
     }
-    /* every live kind tried: keep the best */
+    /* every live kind tried (or passed over): keep the best */
     Specd__DrafterKind best = cur;
     double best_g = -1.0;
     for (int kd = 1; kd < SD_DRAFTER_KINDS; kd++) {
@@ -293,6 +322,11 @@ void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, const int32_t *com
         double g = kd == (int)ngram && mean > 0 && s->kinds[ngram].steps > 0
                        ? goodput_at(c, s, ngram, mean, s->kinds[ngram].k)
                        : sd_choice_goodput(c, s, (Specd__DrafterKind)kd);
+        if (s->kinds[kd].steps >= SD_CHOICE_TRIAL) { /* what the kind gives where it is tried */
+            double wt = c->kind_decisions[kd] == 0 ? 1.0 : SD_CHOICE_KIND_EMA;
+            c->kind_goodput[kd] += wt * (g - c->kind_goodput[kd]);
+            if (c->kind_decisions[kd] < UINT32_MAX) c->kind_decisions[kd]++;
+        }
         if (g > best_g) best = (Specd__DrafterKind)kd, best_g = g;
     }
     choose(s, best, best_g);

@@ -353,6 +353,10 @@ typedef struct sd_coord {
      * verify step with its drafts, and how many steps fed it (choice.c) */
     double kind_tokens[SD_DRAFTER_KINDS];
     uint32_t kind_steps[SD_DRAFTER_KINDS];
+    /* per kind, over the requests that tried it: EMA of its net goodput on
+     * them when their choice was made, and how many choices fed it */
+    double kind_goodput[SD_DRAFTER_KINDS];
+    uint32_t kind_decisions[SD_DRAFTER_KINDS];
     /* the shadow n-gram lookup that prices n-gram drafts for requests
      * another kind drafts (choice.c): created on first use, one slot per
      * active request (shadow_used[slot]), NULL when never needed */

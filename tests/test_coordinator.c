@@ -2764,6 +2764,82 @@ static void test_drafter_choice_shadow_ngram(void **state) {
     harness_free(h);
 }
 
+/* A costly kind is not tried where it cannot pay: after requests on which
+ * the model drafter committed 2 tokens a step (1 of its 3 drafts) at 1 ms a
+ * draft token while n-gram committed 4 for nothing, a new request that
+ * n-gram serves as well is not moved to the model drafter for a trial
+ * (which would cost it the model's prefill of its prefix and its steps),
+ * except the one request in 8 that keeps the model's record current. */
+static void test_drafter_choice_skips_unpromising(void **state) {
+    (void)state;
+    NEED_MODEL();
+    sd_coord_params p = sd_coord_default_params();
+    p.adaptive_k = false;
+    p.default_k = 3;
+    harness *h = harness_new(&p);
+    h->fwd_fixed_us = 5000;
+    h->fwd_token_us = 1000;
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    register_ok(h, "dn", SPECD__ROLE__ROLE_DRAFTER); /* NGRAM */
+    h->kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
+    register_ok(h, "dm", SPECD__ROLE__ROLE_DRAFTER);
+    int32_t dn = widx(h, "dn"), dm = widx(h, "dm");
+    const char *who[3] = {"v", "dn", "dm"};
+    int32_t toks[8] = {9, 9, 9, 9, 9, 9, 9, 9};
+    int32_t model_trials_late = 0, late_requests = 0;
+    for (int r = 0; r < 12; r++) {
+        int32_t prompt[3] = {5, 6, 7};
+        submit(h, "c", prompt, 3, 60, NULL);
+        uint64_t rid = expect_accepted(h, "c");
+        bool tried_model = false;
+        for (int round = 0; round < 200; round++) {
+            harness_compact(h);
+            bool any = false;
+            for (int k = 0; k < 3; k++) {
+                Specd__CoordinatorToWorker *w = pop_worker(h, who[k]);
+                if (!w) continue;
+                any = true;
+                if (w->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT) {
+                    if (k == 2) tried_model = true;
+                    h->draft_us = k == 2 ? 3000 : 10;
+                    reply_draft(h, who[k], w->draft, toks, 8);
+                } else if (w->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY) {
+                    vres res[16];
+                    memset(res, 0, sizeof res);
+                    for (size_t i = 0; i < w->verify->n_seqs; i++) {
+                        const Specd__VerifySeq *q = w->verify->seqs[i];
+                        sd_session *s = sd_sched_find(&h->c, q->request_id);
+                        uint32_t acc = 0;
+                        if (s && !w->verify->prefill_only && q->n_draft > 0)
+                            acc = s->drafter == dn ? (uint32_t)q->n_draft : s->drafter == dm ? 1u : 0u;
+                        for (uint32_t j = 0; j < acc; j++) res[i].commit[j] = 9;
+                        res[i].commit[acc] = 10;
+                        res[i].n_accepted = acc;
+                        res[i].n_commit = w->verify->prefill_only ? 0 : acc + 1;
+                        res[i].cached_len = q->keep_len + (uint32_t)q->n_append + acc;
+                    }
+                    reply_verify(h, "v", w->verify, res);
+                }
+                specd__coordinator_to_worker__free_unpacked(w, NULL);
+            }
+            if (!any) break;
+        }
+        assert_null(sd_sched_find(&h->c, rid)); /* finished */
+        if (r >= 6 && rid % 8 != 0) {
+            late_requests++;
+            model_trials_late += tried_model;
+        }
+    }
+    print_message("model kind: goodput %.2f over %u choices, n-gram %.2f; tried on %d of %d later requests\n",
+                  h->c.kind_goodput[SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL],
+                  h->c.kind_decisions[SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL],
+                  h->c.kind_goodput[SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM], model_trials_late, late_requests);
+    assert_true(h->c.kind_decisions[SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL] >= 4);
+    assert_true(late_requests >= 4);
+    assert_int_equal(model_trials_late, 0);
+    harness_free(h);
+}
+
 /* The n-gram drafter inside the coordinator (--local-ngram): it registers
  * as a drafter without a socket, its drafts come back within the same pump
  * (no verify step waits on a process), they continue what the context
@@ -2860,6 +2936,7 @@ int main(void) {
         cmocka_unit_test(test_drafters_share_failover_pin),
         cmocka_unit_test(test_drafter_choice_by_goodput),
         cmocka_unit_test(test_drafter_choice_shadow_ngram),
+        cmocka_unit_test(test_drafter_choice_skips_unpromising),
         cmocka_unit_test(test_local_ngram_drafter),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
