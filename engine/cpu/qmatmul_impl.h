@@ -60,6 +60,14 @@ static inline float f16_row_tail(const uint8_t *wr, const float *x, size_t n8, s
 /* Bytes of one K-quant super-block. */
 static inline size_t kblock_bytes(int kind) { return kind == KIND_Q4_K ? 144 : kind == KIND_Q5_K ? 176 : 210; }
 
+/* How far ahead of a K-quant super-block its tile of R rows prefetches:
+ * the same place R rows down, in the rows the chunk's next tile reads. A
+ * distance inside the row (PREFETCH_BYTES) misses most of a short row:
+ * a 2048-wide Q4_K row is 1152 bytes, so 1 KiB ahead lands in the rows this
+ * tile is already reading, and each new tile started on cold lines (decode
+ * stalled on its weight loads). */
+static inline size_t kprefetch_ahead(size_t row_bytes, int R) { return (size_t)R * row_bytes; }
+
 /* The tile of a call with n_tokens token rows: up to *rows weight rows x
  * *toks token rows, smaller at the edges of a chunk or token block. Up to 8
  * tokens share one pass over the weight rows; longer calls use tiles over
