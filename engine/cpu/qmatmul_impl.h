@@ -61,12 +61,18 @@ static inline float f16_row_tail(const uint8_t *wr, const float *x, size_t n8, s
 static inline size_t kblock_bytes(int kind) { return kind == KIND_Q4_K ? 144 : kind == KIND_Q5_K ? 176 : 210; }
 
 /* How far ahead of a K-quant super-block its tile of R rows prefetches:
- * the same place R rows down, in the rows the chunk's next tile reads. A
- * distance inside the row (PREFETCH_BYTES) misses most of a short row:
- * a 2048-wide Q4_K row is 1152 bytes, so 1 KiB ahead lands in the rows this
- * tile is already reading, and each new tile started on cold lines (decode
- * stalled on its weight loads). */
-static inline size_t kprefetch_ahead(size_t row_bytes, int R) { return (size_t)R * row_bytes; }
+ * the same place in the rows the chunk's next tiles read, one tile of R rows
+ * down (Q6_K: two). A distance inside the row (PREFETCH_BYTES, as the other
+ * formats) misses most of a short row: a 2048-wide Q4_K row is 1152 bytes,
+ * so 1 KiB ahead lands in the rows this tile is already reading and each
+ * new tile started on cold lines (one-token calls stalled on their weight
+ * loads). Measured on 75 MB matrices, 1 token, 2 threads (ns per row and
+ * block, in-row / one tile / two tiles): Q4_K 1.38 / 0.58 / 1.04 (2048
+ * wide), 0.89 / 0.53 / 0.88 (8192 wide); Q6_K 1.35 / 1.76 / 0.98 and
+ * 1.43 / 1.63 / 0.90 (bench/results/quant-cpu.md). */
+static inline size_t kprefetch_ahead(size_t row_bytes, int R, int kind) {
+    return (size_t)(kind == KIND_Q6_K ? 2 * R : R) * row_bytes;
+}
 
 /* The tile of a call with n_tokens token rows: up to *rows weight rows x
  * *toks token rows, smaller at the edges of a chunk or token block. Up to 8
