@@ -262,14 +262,6 @@ static void test_quantize_row(void **state) {
     assert_int_equal((int8_t)q[41], 0);
     int lane0 = (int8_t)q[0] + (int8_t)q[1] + (int8_t)q[2] + (int8_t)q[3];
     assert_true(s0[0] == (float)lane0);
-    /* the block sums after the lane sums: block 0 is -16..15 (x 4 / 127 * 127 / 4) */
-    float bs0, bs1;
-    memcpy(&bs0, q + 136, 4);
-    memcpy(&bs1, q + 140, 4);
-    int sum0 = 0;
-    for (int j = 0; j < 32; j++) sum0 += (int8_t)q[j];
-    assert_true(bs0 == (float)sum0);
-    assert_true(bs1 == -127.0f);
     /* rounding to nearest even on exact halves: x = 2.5 dx -> 2 */
     float y[32] = {127.0f};
     y[1] = 2.5f;
@@ -299,14 +291,10 @@ static void quantize_row_ref(const float *x, int n_in, uint8_t *dst) {
             lane[j / 4] += iv;
         }
         memcpy(dst + nb * 32 + b * 4, &d, 4);
-        int block_sum = 0;
         for (int k = 0; k < 8; k++) {
             float l = (float)lane[k];
             memcpy(dst + nb * 36 + b * 32 + k * 4, &l, 4);
-            block_sum += lane[k];
         }
-        float bs = (float)block_sum;
-        memcpy(dst + nb * 68 + b * 4, &bs, 4);
     }
 }
 

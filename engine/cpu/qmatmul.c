@@ -23,15 +23,12 @@
  *
  * K-quants (Q4_K, Q5_K, Q6_K) reuse the activation blocks of 32: each is
  * one 32-element sub-block of a 256-element super-block, so only the weight
- * side differs (kdot_c here, ktile and, on the VNNI path for 3 or more
- * tokens, the 512-bit kztile in qmatmul_simd.inc). Rejected: a Q8_K-style
- * activation block of 256 with per-16 sums, which would be a second
- * activation format with its own rounding for the same dots. Q6_K's -32 is
- * taken off the exact integer dot (32 x the lane's sum of q, one per token
- * and block), so its stored 6 bits are the unsigned operand. Q4_K / Q5_K's
- * minimum is accumulated per sub-block position, one fused add of 8 lanes
- * per super-block from the activation's block sums (quant_kernels.h), not
- * one per block and lane as Q4_1's.
+ * side differs (kdot_c here; ktile in qmatmul_simd.inc, and on the VNNI
+ * path for 3 or more tokens the 512-bit kztile). Rejected: a
+ * Q8_K-style activation block of 256 with per-16 sums, which would be a
+ * second activation format with its own rounding for the same dots. Q6_K's
+ * -32 is taken off the exact integer dot (32 x the lane's sum of q, one
+ * per token and block), so its stored 6 bits are the unsigned operand.
  *
  * Block data is unaligned (18-, 20-, 144-, 176- and 210-byte blocks): every
  * load is unaligned and scalar loads go through memcpy. */
@@ -90,13 +87,13 @@ bool sd_cpu_qmatmul_supports(sd_dtype t) { return is_integer_type(t) || t == SD_
 
 size_t sd_cpu_q8_row_bytes(int32_t n_in) {
     size_t nb = (size_t)(n_in > 0 ? n_in : 0) / QK;
-    return nb * (QK + 4 + 32 + 4);
+    return nb * (QK + 4 + 32);
 }
 
 void sd_cpu_q8_quantize_row(const float *x, int32_t n_in, void *dst) {
     size_t nb = (size_t)n_in / QK;
     int8_t *q = dst;
-    uint8_t *dxs = (uint8_t *)dst + nb * QK, *sums = dxs + nb * 4, *bsums = sums + nb * 32;
+    uint8_t *dxs = (uint8_t *)dst + nb * QK, *sums = dxs + nb * 4;
     for (size_t b = 0; b < nb; b++) {
         const float *xb = x + b * QK;
 #if SD_CPU_AVX2
@@ -129,10 +126,6 @@ void sd_cpu_q8_quantize_row(const float *x, int32_t n_in, void *dst) {
         const __m256i lane = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q8), _mm256_set1_epi16(1));
         memcpy(dxs + b * 4, &d, 4);
         _mm256_storeu_ps((float *)(sums + b * 32), _mm256_cvtepi32_ps(lane));
-        __m128i l4 = _mm_add_epi32(_mm256_castsi256_si128(lane), _mm256_extracti128_si256(lane, 1));
-        l4 = _mm_add_epi32(l4, _mm_unpackhi_epi64(l4, l4));
-        const float bsum = (float)(_mm_cvtsi128_si32(l4) + _mm_extract_epi32(l4, 1));
-        memcpy(bsums + b * 4, &bsum, 4);
 #else
         float amax = 0.0f;
         for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
@@ -146,14 +139,10 @@ void sd_cpu_q8_quantize_row(const float *x, int32_t n_in, void *dst) {
             lane[j / 4] += iv;
         }
         memcpy(dxs + b * 4, &d, 4);
-        int32_t block_sum = 0;
         for (int k = 0; k < 8; k++) {
             float s = (float)lane[k];
             memcpy(sums + b * 32 + (size_t)k * 4, &s, 4);
-            block_sum += lane[k];
         }
-        const float bsum = (float)block_sum;
-        memcpy(bsums + b * 4, &bsum, 4);
 #endif
     }
 }
@@ -213,12 +202,11 @@ static void kweights_c(int kind, const uint8_t *blk, int s, int w[32]) {
 }
 
 /* One output element of a K-quant type: activation block b = 8 * sb + s is
- * sub-block s of super-block sb; the lane arithmetic of quant_kernels.h
- * (acc: the scaled dots, lane k; mins: Q4_K / Q5_K's minimum, lane s). */
+ * sub-block s of super-block sb; the lane arithmetic of quant_kernels.h. */
 static float kdot_c(int kind, const uint8_t *wr, const uint8_t *xr, size_t nb) {
     const size_t bb = kblock_bytes(kind);
     const int8_t *q = (const int8_t *)xr;
-    float acc[8] = {0}, mins[8] = {0};
+    float acc[8] = {0};
     for (size_t sb = 0; sb < nb / 8; sb++) {
         const uint8_t *blk = wr + sb * bb;
         float dsc[16], mneg[8];
@@ -227,20 +215,18 @@ static float kdot_c(int kind, const uint8_t *wr, const uint8_t *xr, size_t nb) {
             const size_t b = sb * 8 + (size_t)s;
             int w[32];
             kweights_c(kind, blk, s, w);
-            float dx, block_sum;
+            float dx, lane_sum[8];
             memcpy(&dx, xr + nb * QK + b * 4, 4);
-            memcpy(&block_sum, xr + nb * (QK + 4 + 32) + b * 4, 4);
+            memcpy(lane_sum, xr + nb * (QK + 4) + b * 32, 32);
             for (int k = 0; k < 8; k++) {
                 int32_t p = 0;
                 for (int j = 4 * k; j < 4 * k + 4; j++) p += w[j] * q[b * QK + (size_t)j];
                 const float scale = kind == KIND_Q6_K ? dsc[2 * s + k / 4] : dsc[s];
                 acc[k] = fmaf((float)p, scale * dx, acc[k]);
+                if (kind != KIND_Q6_K) acc[k] = fmaf(lane_sum[k], mneg[s] * dx, acc[k]);
             }
-            if (kind != KIND_Q6_K) mins[s] = fmaf(block_sum, mneg[s] * dx, mins[s]);
         }
     }
-    if (kind != KIND_Q6_K)
-        for (int k = 0; k < 8; k++) acc[k] += mins[k];
     return sd_cpu_hsum8(acc);
 }
 

@@ -22,15 +22,11 @@
  *     8-bit activation blocks of 32, each being one 32-element sub-block s of
  *     a super-block (Q4_K / Q5_K), in the same block order, and
  *         acc[k] = fmaf((float)P_bk, (d * sc_s) * dx_b, acc[k])
- *     with w_j the 4- or 5-bit value; the minimum's share in 8 lanes of its
- *     own, lane s taking sub-block s of each super-block in order,
- *         mins[s] = fmaf((float)B_b, (-(dmin * m_s)) * dx_b, mins[s])
- *     with B_b the sum of q over the whole block, and the result
- *     sd_cpu_hsum8(acc[k] + mins[k]) (one float add per lane, then the lane
- *     tree): one fused add per super-block for the minimum instead of one
- *     per block. For Q6_K (16-element sub-blocks, w_j = q - 32) only acc,
- *     with scale d * scales[2s + k/4] (lanes 0-3 take the block's first 16
- *     elements). d * sc is exact in f32 (an f16 times an integer below 2^8).
+ *         acc[k] = fmaf((float)S_bk, (-(dmin * m_s)) * dx_b, acc[k])
+ *     with w_j the 4- or 5-bit value; for Q6_K (16-element sub-blocks, w_j
+ *     = q - 32) only the first, with scale d * scales[2s + k/4] (lanes 0-3
+ *     take the block's first 16 elements). d * sc is exact in f32 (an f16
+ *     times an integer below 2^8).
  *   - F16 / BF16: the weights are widened to f32 (exact) and the dot product
  *     is sd_cpu_dot's (8 lanes over i, lane tree, fused tail): the same bits
  *     as the f32 matmul on the widened matrix.
@@ -63,9 +59,8 @@ bool sd_cpu_qpath_available(sd_cpu_qpath path);
 const char *sd_cpu_qpath_name(void);
 
 /* Bytes of one token row of quantized activations for n_in (a multiple of
- * 32; the K-quants use the same rows): q int8 [nb*32], then dx f32 [nb],
- * then S f32 [nb][8] (per-lane sums of q, Q4_1's), then B f32 [nb] (per-block
- * sums of q, the K-quants'; see the file comment). */
+ * 32; the K-quants use the same rows): q int8 [nb*32], then dx f32 [nb], then S f32 [nb][8] (per-lane sums
+ * of q, see the file comment). */
 size_t sd_cpu_q8_row_bytes(int32_t n_in);
 
 /* Quantizes one activation row x [n_in] (n_in a multiple of 32) into dst
