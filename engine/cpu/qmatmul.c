@@ -14,8 +14,9 @@
  * same integer dots, picked at run time with __builtin_cpu_supports). The
  * integer products are exact and the float steps are the same operations in
  * the same order, so the three agree bit for bit. The VNNI path computes
- * Q8_0 / Q4_0 / Q4_1 and F16 / BF16 in 512-bit registers holding two weight
- * rows' 8 lanes each, so every lane keeps its one chain. Rejected: a 512-bit
+ * Q8_0 / Q4_0 / Q4_1, F16 / BF16 and (3 or more tokens) the K-quants in
+ * 512-bit registers holding two weight rows' 8 lanes each, so every lane
+ * keeps its one chain. Rejected: a 512-bit
  * float accumulation of two blocks per instruction — it would sum a lane's
  * blocks in two chains, changing the result with the path. The tiles are in
  * qmatmul_avx2.c and qmatmul_vnni.c, only in the shapes this dispatch picks

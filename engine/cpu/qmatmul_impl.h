@@ -22,7 +22,8 @@
 #define QK_K 256 /* elements per K-quant super-block: 8 activation blocks */
 
 /* MAX_R x MAX_T tiles; ROW_CHUNK output rows per pool chunk (a multiple of
- * 3 and 4); weights prefetched PREFETCH_BYTES ahead in each row. */
+ * 3 and 4); weights prefetched PREFETCH_BYTES ahead in each row (the
+ * K-quants: kprefetch_ahead). */
 enum { MAX_R = 4, MAX_T = 8, TOK_BLOCK = 64, ROW_CHUNK = 48, PREFETCH_BYTES = 1024 };
 enum { KIND_Q8_0 = 0, KIND_Q4_0 = 1, KIND_Q4_1 = 2, KIND_Q4_K = 3, KIND_Q5_K = 4, KIND_Q6_K = 5, N_KINDS = 6 };
 
