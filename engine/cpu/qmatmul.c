@@ -14,8 +14,9 @@
  * same integer dots, picked at run time with __builtin_cpu_supports). The
  * integer products are exact and the float steps are the same operations in
  * the same order, so the three agree bit for bit. The VNNI path computes
- * Q8_0 / Q4_0 / Q4_1 and F16 / BF16 in 512-bit registers holding two weight
- * rows' 8 lanes each, so every lane keeps its one chain. Rejected: a 512-bit
+ * Q8_0 / Q4_0 / Q4_1, F16 / BF16 and (3 or more tokens) the K-quants in
+ * 512-bit registers holding two weight rows' 8 lanes each, so every lane
+ * keeps its one chain. Rejected: a 512-bit
  * float accumulation of two blocks per instruction — it would sum a lane's
  * blocks in two chains, changing the result with the path. The tiles are in
  * qmatmul_avx2.c and qmatmul_vnni.c, only in the shapes this dispatch picks
@@ -23,7 +24,8 @@
  *
  * K-quants (Q4_K, Q5_K, Q6_K) reuse the activation blocks of 32: each is
  * one 32-element sub-block of a 256-element super-block, so only the weight
- * side differs (kdot_c here, ktile in qmatmul_simd.inc). Rejected: a
+ * side differs (kdot_c here; ktile in qmatmul_simd.inc, and on the VNNI
+ * path for 3 or more tokens the 512-bit kztile). Rejected: a
  * Q8_K-style activation block of 256 with per-16 sums, which would be a
  * second activation format with its own rounding for the same dots. Q6_K's
  * -32 is taken off the exact integer dot (32 x the lane's sum of q, one
