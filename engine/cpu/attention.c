@@ -1,24 +1,52 @@
 /* attention.c — causal attention over the paged KV cache, and the cache write.
  *
- * One work item is (token, query head); items are dealt round-robin to
- * threads so long and short contexts mix. For an item the scores over
- * positions 0..pos are sd_cpu_dot(q, k) * scale, the softmax subtracts the
- * maximum and sums the exponentials in position order, and the output
- * accumulates weight * v in position order with fused multiply-adds before
- * one division by the sum. Everything depends only on the token's own
- * sequence and position, never on the rest of the batch. Keys and values are
- * read through the sequence's block table (bt + bt_off[t]).
+ * Work items. A call's tokens are cut into runs: consecutive tokens of one
+ * sequence (same block table, positions p, p+1, ...: a verify call, or a
+ * prompt chunk), at most RUN_MAX long. One work item is (run, query head),
+ * claimed dynamically by the pool's threads, so a verify call of one sequence
+ * still has n_heads items for 2+ threads. Inside an item every K row is read
+ * once for all the run's queries (8 positions at a time, 8 scores per token),
+ * and every V row once per GROUP tokens; single tokens are runs of one.
+ *
+ * The arithmetic of one (token, head), fixed whatever the run, the batch,
+ * the thread or the path (so a token's output depends only on its sequence
+ * and position, bit for bit):
+ *   - score s_j = dot(q, k_j) * scale, dot as sd_cpu_dot (cpu_impl.h: 8 lanes
+ *     of fused multiply-adds, one fixed tree, the head_dim % 8 tail added
+ *     one by one). The AVX2 path computes 8 positions' dots side by side and
+ *     sums their lanes with one transposing tree that performs exactly
+ *     sd_cpu_hsum8's additions for each position (no horizontal sum per dot);
+ *   - m = max_j s_j; e_j = attn_exp(s_j - m), a polynomial exp (Cody-Waite
+ *     reduction, Cephes' degree-5 minimax polynomial, fused multiply-adds)
+ *     with a plain-C twin doing the same operations; within 2 ulp of exp for
+ *     arguments in [-87, 0], 0 below -87 (test_attention bounds it);
+ *   - sum = the e_j added in 8 lanes (lane l: positions l, l+8, ...) and the
+ *     sd_cpu_hsum8 tree;
+ *   - out[d] = (sum_j e_j * v_j[d], fused multiply-adds in position order from
+ *     0) / sum.
+ * The AVX2 path (compiled where the build targets x86-64-v3) and the C twin
+ * (always compiled; the only path elsewhere) give the same bits; test_attention
+ * checks that, and each path against the same attention in double. Rejected:
+ * an online (running-max) softmax over tiles: it rescales partial sums, so a
+ * token's bits would depend on the tiling; 16-lane (AVX-512) dots: they would
+ * change the canonical dot every other reduction shares, for the score part
+ * of attention only.
  *
  * An f16 cache (sd_cpu_kv_write_f16 / sd_cpu_attention_f16) rounds each
- * value once when it is written (to nearest, ties to even); attention
- * widens a position's K or V row to f32 (exact) and then does the very
- * arithmetic of the f32 cache, so batch invariance holds as it does there.
- * The widening uses F16C where the build has AVX2 (every x86-64-v3 CPU has
- * F16C), else the bit-exact software conversion (sd_f16_to_f32). */
+ * value once when it is written (to nearest, ties to even); attention widens
+ * the item's K and V rows to f32 (exact) and then does the very arithmetic of
+ * the f32 cache, so batch invariance holds as it does there. The widening
+ * uses F16C where the build has AVX2 (every x86-64-v3 CPU has F16C), else the
+ * bit-exact software conversion (sd_f16_to_f32). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu/cpu_impl.h"
 #include "specd/gguf.h"
+
+/* Most tokens in a run (the scores kept per item are RUN_MAX x positions),
+ * and tokens sharing each pass over V (4 x 16 accumulator lanes in registers). */
+enum { RUN_MAX = 16, GROUP = 4 };
 
 sd_status sd_cpu_kv_write(sd_backend *be, float *pool, int32_t block_size, int32_t row_width, const float *src,
                           int32_t n_tokens, const int32_t *pos, const int32_t *bt, const int32_t *bt_off) {
@@ -52,81 +80,335 @@ static inline void widen(const uint16_t *h, size_t n, float *out) {
     for (; i < n; i++) out[i] = sd_f16_to_f32(h[i]);
 }
 
+/* ---- the exp (both paths: the same operations in the same order) ---- */
+
+#define EXP_LO     (-87.0f) /* below: 0 (2^n stays a normal number down to here) */
+#define EXP_HI     88.0f
+#define EXP_LOG2E  1.44269504088896341f
+#define EXP_LN2_HI 0.693359375f /* ln 2 = HI + LO; HI has 9 bits, so n * HI is exact */
+#define EXP_LN2_LO (-2.12194440e-4f)
+#define EXP_P0     1.9875691500e-4f /* Cephes expf: exp(r) ~ 1 + r + r^2 (P5 + P4 r + ... + P0 r^5) */
+#define EXP_P1     1.3981999507e-3f
+#define EXP_P2     8.3334519073e-3f
+#define EXP_P3     4.1665795894e-2f
+#define EXP_P4     1.6666665459e-1f
+#define EXP_P5     5.0000001201e-1f
+
+static inline float attn_exp(float x) {
+    float xc = x < EXP_HI ? x : EXP_HI; /* NaN -> HI, as _mm256_min_ps */
+    xc = xc > EXP_LO ? xc : EXP_LO;
+    float n = rintf(xc * EXP_LOG2E);
+    float r = fmaf(n, -EXP_LN2_HI, xc);
+    r = fmaf(n, -EXP_LN2_LO, r);
+    float p = EXP_P0;
+    p = fmaf(p, r, EXP_P1);
+    p = fmaf(p, r, EXP_P2);
+    p = fmaf(p, r, EXP_P3);
+    p = fmaf(p, r, EXP_P4);
+    p = fmaf(p, r, EXP_P5);
+    float y = fmaf(p, r * r, r) + 1.0f;
+    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return x >= EXP_LO ? y * scale : 0.0f;
+}
+
+float sd_cpu_attn_exp(float x) { return attn_exp(x); }
+
+#if SD_CPU_AVX2
+static inline __m256 attn_exp8(__m256 x) {
+    __m256 xc = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(EXP_HI)), _mm256_set1_ps(EXP_LO));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_LN2_HI), xc);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(EXP_P0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P5));
+    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256 e = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+    return _mm256_and_ps(e, _mm256_cmp_ps(x, _mm256_set1_ps(EXP_LO), _CMP_GE_OQ));
+}
+#endif
+
+/* ---- one item ---- */
+
 typedef struct attn_args {
     sd_backend *be;
+    sd_cpu_attn_path path;
     const float *q;
     const void *k_pool, *v_pool; /* float or uint16_t (f16) */
     bool f16;
     float *out;
     const int32_t *pos, *bt, *bt_off;
-    size_t n_tokens, n_heads, n_kv_heads, head_dim, block_size;
+    const int32_t *run_start; /* [n_runs + 1]: run r is tokens run_start[r] .. run_start[r + 1] - 1 */
+    size_t n_runs, n_heads, n_kv_heads, head_dim, block_size;
+    size_t n_pad; /* the longest token's position count, rounded up to 8 */
     float scale;
 } attn_args;
 
-/* Kv head kvh's vector at position p of a sequence (table bt) as floats:
- * in the pool (f32), or widened into buf (f16). */
-static inline const float *kv_at(const attn_args *a, const void *pool, const int32_t *bt, size_t p, size_t kvh,
-                                 float *buf) {
-    size_t slot = (size_t)bt[p / a->block_size] * a->block_size + p % a->block_size;
-    size_t at = (slot * a->n_kv_heads + kvh) * a->head_dim;
-    if (!a->f16) return (const float *)pool + at;
-    widen((const uint16_t *)pool + at, a->head_dim, buf);
-    return buf;
+/* Floats of scratch one thread needs: see the layout in attn_item. */
+static size_t round16(size_t n) { return (n + 15) & ~(size_t)15; }
+static size_t scratch_floats(size_t n_pad, size_t hd, bool f16) {
+    size_t ptr_floats = (sizeof(const float *) + sizeof(float) - 1) / sizeof(float);
+    return round16(2 * n_pad * ptr_floats) + 2 * round16(hd) + round16(RUN_MAX * n_pad) + (f16 ? 2 * n_pad * hd : 0);
+}
+
+/* s[p] = dot(q, k[p]) * scale for the 8 rows k[0..7], the C twin: sd_cpu_dot's operations. */
+static void scores8_c(const float *q, const float *const *k, size_t hd, float scale, float *s) {
+    size_t n8 = hd & ~(size_t)7;
+    for (int p = 0; p < 8; p++) {
+        float l[8] = {0};
+        for (size_t i = 0; i < n8; i += 8)
+            for (int j = 0; j < 8; j++) l[j] = fmaf(q[i + j], k[p][i + j], l[j]);
+        float d = sd_cpu_hsum8(l);
+        for (size_t i = n8; i < hd; i++) d = fmaf(q[i], k[p][i], d);
+        s[p] = d * scale;
+    }
+}
+
+#if SD_CPU_AVX2
+/* lane p = sd_cpu_hsum8 of a[p], for 8 vectors at once: the same additions
+ * ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), transposed. */
+static inline __m256 hsum8x8(const __m256 a[8]) {
+    __m256 s[4]; /* s[i]: [a_{2i} lanes 0-3 + 4-7 | a_{2i+1} lanes 0-3 + 4-7] */
+    for (int i = 0; i < 4; i++)
+        s[i] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x20),
+                             _mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x31));
+    /* w0: [x0+x2, x1+x3 of a0, of a2 | of a1, of a3]; w1 the same for a4..a7 */
+    __m256 w0 = _mm256_add_ps(_mm256_shuffle_ps(s[0], s[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm256_shuffle_ps(s[0], s[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m256 w1 = _mm256_add_ps(_mm256_shuffle_ps(s[2], s[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm256_shuffle_ps(s[2], s[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* [a0, a2, a4, a6 | a1, a3, a5, a7] */
+    __m256 t = _mm256_add_ps(_mm256_shuffle_ps(w0, w1, _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm256_shuffle_ps(w0, w1, _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm256_permutevar8x32_ps(t, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+static void scores8_avx2(const float *q, const float *const *k, size_t hd, float scale, float *s) {
+    size_t n8 = hd & ~(size_t)7;
+    __m256 a[8];
+    for (int p = 0; p < 8; p++) a[p] = _mm256_setzero_ps();
+    for (size_t i = 0; i < n8; i += 8) {
+        __m256 qi = _mm256_loadu_ps(q + i);
+        for (int p = 0; p < 8; p++) a[p] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k[p] + i), a[p]);
+    }
+    __m256 d = hsum8x8(a);
+    if (n8 < hd) {
+        float l[8];
+        _mm256_storeu_ps(l, d);
+        for (int p = 0; p < 8; p++)
+            for (size_t i = n8; i < hd; i++) l[p] = fmaf(q[i], k[p][i], l[p]);
+        d = _mm256_loadu_ps(l);
+    }
+    _mm256_storeu_ps(s, _mm256_mul_ps(d, _mm256_set1_ps(scale)));
+}
+#endif
+
+/* s[0..n) -> e_j = exp(s_j - max), s[n..round8(n)) = 0; returns the lane sum. */
+static float softmax_weights(sd_cpu_attn_path path, float *s, size_t n) {
+    size_t n8 = (n + 7) & ~(size_t)7;
+    float max = -INFINITY;
+    for (size_t j = 0; j < n; j++)
+        if (s[j] > max) max = s[j];
+#if SD_CPU_AVX2
+    if (path == SD_CPU_ATTN_AVX2) {
+        __m256 m = _mm256_set1_ps(max), sum = _mm256_setzero_ps();
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        for (size_t j = 0; j < n8; j += 8) {
+            __m256 e = attn_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), m));
+            if (j + 8 > n) /* the last block: lanes at n and beyond weigh 0 */
+                e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - j)), lane)));
+            _mm256_storeu_ps(s + j, e);
+            sum = _mm256_add_ps(sum, e);
+        }
+        return sd_cpu_hsum256(sum);
+    }
+#endif
+    (void)path;
+    float l[8] = {0};
+    for (size_t j = 0; j < n8; j++) {
+        float e = j < n ? attn_exp(s[j] - max) : 0.0f;
+        s[j] = e;
+        l[j % 8] += e;
+    }
+    return sd_cpu_hsum8(l);
+}
+
+#if SD_CPU_AVX2
+/* Columns d .. d + 8*NC - 1 of the outputs of G tokens (G <= GROUP), tokens
+ * sorted by position: acc += e_j * v_j in position order, then / sum. */
+static inline __attribute__((always_inline)) void v_pass_avx2(const float *const *vp, float *const *e,
+                                                              const size_t *n_pos, const float *sum, float *const *o,
+                                                              size_t d, const int G, const int NC) {
+    __m256 acc[GROUP][2];
+    for (int g = 0; g < G; g++)
+        for (int c = 0; c < NC; c++) acc[g][c] = _mm256_setzero_ps();
+    for (size_t j = 0; j < n_pos[0]; j++) {
+        __m256 v[2];
+        for (int c = 0; c < NC; c++) v[c] = _mm256_loadu_ps(vp[j] + d + 8 * c);
+        for (int g = 0; g < G; g++) {
+            __m256 w = _mm256_broadcast_ss(e[g] + j);
+            for (int c = 0; c < NC; c++) acc[g][c] = _mm256_fmadd_ps(w, v[c], acc[g][c]);
+        }
+    }
+    for (int g = 1; g < G; g++)
+        for (size_t j = n_pos[0]; j < n_pos[g]; j++) {
+            __m256 w = _mm256_broadcast_ss(e[g] + j);
+            for (int c = 0; c < NC; c++)
+                acc[g][c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vp[j] + d + 8 * c), acc[g][c]);
+        }
+    for (int g = 0; g < G; g++)
+        for (int c = 0; c < NC; c++)
+            _mm256_storeu_ps(o[g] + d + 8 * c, _mm256_div_ps(acc[g][c], _mm256_set1_ps(sum[g])));
+}
+
+static void v_group_avx2(const float *const *vp, float *const *e, const size_t *n_pos, const float *sum,
+                         float *const *o, size_t hd, int G) {
+    size_t d = 0;
+    for (; d + 16 <= hd; d += 16) switch (G) {
+        case 1: v_pass_avx2(vp, e, n_pos, sum, o, d, 1, 2); break;
+        case 2: v_pass_avx2(vp, e, n_pos, sum, o, d, 2, 2); break;
+        case 3: v_pass_avx2(vp, e, n_pos, sum, o, d, 3, 2); break;
+        default: v_pass_avx2(vp, e, n_pos, sum, o, d, 4, 2); break;
+        }
+    if (d + 8 <= hd) {
+        switch (G) {
+        case 1: v_pass_avx2(vp, e, n_pos, sum, o, d, 1, 1); break;
+        case 2: v_pass_avx2(vp, e, n_pos, sum, o, d, 2, 1); break;
+        case 3: v_pass_avx2(vp, e, n_pos, sum, o, d, 3, 1); break;
+        default: v_pass_avx2(vp, e, n_pos, sum, o, d, 4, 1); break;
+        }
+        d += 8;
+    }
+    for (int g = 0; g < G; g++) /* the head_dim % 8 tail */
+        for (size_t dd = d; dd < hd; dd++) {
+            float acc = 0.0f;
+            for (size_t j = 0; j < n_pos[g]; j++) acc = fmaf(e[g][j], vp[j][dd], acc);
+            o[g][dd] = acc / sum[g];
+        }
+}
+#endif
+
+/* One token's output, the C twin: acc[hd] is scratch. */
+static void v_token_c(const float *const *vp, const float *e, size_t n_pos, float sum, float *o, size_t hd,
+                      float *acc) {
+    for (size_t d = 0; d < hd; d++) acc[d] = 0.0f;
+    for (size_t j = 0; j < n_pos; j++)
+        for (size_t d = 0; d < hd; d++) acc[d] = fmaf(e[j], vp[j][d], acc[d]);
+    for (size_t d = 0; d < hd; d++) o[d] = acc[d] / sum;
 }
 
 static void attn_item(void *p, int64_t item, int32_t ith) {
     const attn_args *a = p;
+    const size_t hd = a->head_dim, n_pad = a->n_pad, group = a->n_heads / a->n_kv_heads;
+    const size_t run = (size_t)item / a->n_heads, h = (size_t)item % a->n_heads, kvh = h / group;
+    const size_t t0 = (size_t)a->run_start[run], n_run = (size_t)a->run_start[run + 1] - t0;
+    const size_t n_max = (size_t)a->pos[t0 + n_run - 1] + 1; /* the run's positions are increasing */
+    const size_t n_blocks8 = (n_max + 7) / 8;
+    const int32_t *bt = a->bt + a->bt_off[t0];
+
+    /* scratch: K and V row pointers [n_pad] each, a zero row, acc [hd],
+     * scores [RUN_MAX][n_pad], and (f16) the widened K and V rows [n_pad][hd] */
     float *scratch = a->be->scratch + (size_t)ith * a->be->scratch_per_thread;
-    float *acc = scratch;                      /* [head_dim] */
-    float *row = scratch + a->head_dim;        /* [head_dim]: a widened f16 row */
-    float *scores = scratch + 2 * a->head_dim; /* [pos + 1] */
-    size_t group = a->n_heads / a->n_kv_heads, hd = a->head_dim;
-    size_t t = (size_t)item / a->n_heads, h = (size_t)item % a->n_heads, kvh = h / group;
-    size_t n_pos = (size_t)a->pos[t] + 1;
-    const int32_t *bt = a->bt + a->bt_off[t];
-    const float *q = a->q + (t * a->n_heads + h) * hd;
+    const float **kp = (const float **)(void *)scratch, **vp = kp + n_pad;
+    size_t ptr_floats = (sizeof(const float *) + sizeof(float) - 1) / sizeof(float);
+    float *zero = scratch + round16(2 * n_pad * ptr_floats);
+    float *acc = zero + round16(hd);
+    float *scores = acc + round16(hd);
+    float *wk = scores + round16(RUN_MAX * n_pad), *wv = wk + n_pad * hd;
 
-    float max = -INFINITY;
-    for (size_t j = 0; j < n_pos; j++) {
-        const float *k = kv_at(a, a->k_pool, bt, j, kvh, row);
-        float s = sd_cpu_dot(q, k, hd) * a->scale;
-        scores[j] = s;
-        if (s > max) max = s;
+    for (size_t d = 0; d < hd; d++) zero[d] = 0.0f;
+    size_t j = 0;
+    for (size_t b = 0; j < n_max; b++) {
+        size_t slot = (size_t)bt[b] * a->block_size;
+        for (size_t off = 0; off < a->block_size && j < n_max; off++, j++) {
+            size_t at = ((slot + off) * a->n_kv_heads + kvh) * hd;
+            if (a->f16) {
+                widen((const uint16_t *)a->k_pool + at, hd, wk + j * hd);
+                widen((const uint16_t *)a->v_pool + at, hd, wv + j * hd);
+                kp[j] = wk + j * hd;
+                vp[j] = wv + j * hd;
+            } else {
+                kp[j] = (const float *)a->k_pool + at;
+                vp[j] = (const float *)a->v_pool + at;
+            }
+        }
     }
-    float sum = 0.0f;
-    for (size_t j = 0; j < n_pos; j++) {
-        float e = expf(scores[j] - max);
-        scores[j] = e;
-        sum += e;
-    }
+    for (; j < n_blocks8 * 8; j++) kp[j] = vp[j] = zero; /* lanes past the last position, never used */
 
-    for (size_t d = 0; d < hd; d++) acc[d] = 0.0f;
-    for (size_t j = 0; j < n_pos; j++) {
-        const float *v = kv_at(a, a->v_pool, bt, j, kvh, row);
-        float w = scores[j];
-        size_t d = 0;
+    /* scores: each block of 8 K rows once for all the run's tokens */
+    for (size_t b = 0; b < n_blocks8; b++)
+        for (size_t r = 0; r < n_run; r++) {
+            if (8 * b > (size_t)a->pos[t0 + r]) continue;
+            const float *q = a->q + ((t0 + r) * a->n_heads + h) * hd;
+            float *s = scores + r * n_pad + 8 * b;
 #if SD_CPU_AVX2
-        __m256 wv = _mm256_set1_ps(w);
-        for (; d + 8 <= hd; d += 8)
-            _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(wv, _mm256_loadu_ps(v + d), _mm256_loadu_ps(acc + d)));
+            if (a->path == SD_CPU_ATTN_AVX2) {
+                scores8_avx2(q, kp + 8 * b, hd, a->scale, s);
+                continue;
+            }
 #endif
-        for (; d < hd; d++) acc[d] = fmaf(w, v[d], acc[d]);
+            scores8_c(q, kp + 8 * b, hd, a->scale, s);
+        }
+
+    /* softmax weights and sums, then the outputs, GROUP tokens per pass over V */
+    float sum[RUN_MAX];
+    size_t n_pos[RUN_MAX];
+    float *e[RUN_MAX], *o[RUN_MAX];
+    for (size_t r = 0; r < n_run; r++) {
+        n_pos[r] = (size_t)a->pos[t0 + r] + 1;
+        e[r] = scores + r * n_pad;
+        o[r] = a->out + ((t0 + r) * a->n_heads + h) * hd;
+        sum[r] = softmax_weights(a->path, e[r], n_pos[r]);
     }
-    float *o = a->out + (t * a->n_heads + h) * hd;
-    for (size_t d = 0; d < hd; d++) o[d] = acc[d] / sum;
+#if SD_CPU_AVX2
+    if (a->path == SD_CPU_ATTN_AVX2) {
+        for (size_t g = 0; g < n_run; g += GROUP)
+            v_group_avx2(vp, e + g, n_pos + g, sum + g, o + g, hd, (int)(n_run - g < GROUP ? n_run - g : GROUP));
+        return;
+    }
+#endif
+    for (size_t r = 0; r < n_run; r++) v_token_c(vp, e[r], n_pos[r], sum[r], o[r], hd, acc);
 }
 
-static sd_status attention(sd_backend *be, const float *q, const void *k_pool, const void *v_pool, bool f16,
-                           int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
-                           const int32_t *pos, const int32_t *bt, const int32_t *bt_off, float scale, float *out) {
+bool sd_cpu_attn_path_available(sd_cpu_attn_path path) {
+    return path == SD_CPU_ATTN_C || (path == SD_CPU_ATTN_AVX2 && SD_CPU_AVX2);
+}
+
+sd_status sd_cpu_attention_path(sd_backend *be, sd_cpu_attn_path path, const float *q, const void *k_pool,
+                                const void *v_pool, bool f16, int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
+                                int32_t head_dim, int32_t block_size, const int32_t *pos, const int32_t *bt,
+                                const int32_t *bt_off, float scale, float *out) {
     if (n_tokens <= 0) return SD_OK;
-    size_t max_pos = 0, work = 0;
+    if (!sd_cpu_attn_path_available(path)) return SD_ERR_UNSUPPORTED;
+    if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0 || head_dim <= 0 || block_size <= 0)
+        return SD_ERR_INVALID_ARG;
+    size_t max_pos = 0, work = 0, n_runs = 0;
+    if ((size_t)n_tokens + 1 > be->attn_runs_cap) {
+        int32_t *runs = realloc(be->attn_runs, ((size_t)n_tokens + 1) * sizeof *runs);
+        if (!runs) return SD_ERR_NOMEM;
+        be->attn_runs = runs;
+        be->attn_runs_cap = (size_t)n_tokens + 1;
+    }
     for (int32_t t = 0; t < n_tokens; t++) {
+        if (pos[t] < 0) return SD_ERR_INVALID_ARG;
         if ((size_t)pos[t] > max_pos) max_pos = (size_t)pos[t];
         work += (size_t)pos[t] + 1;
+        bool joins = t > 0 && bt_off[t] == bt_off[t - 1] && pos[t] == pos[t - 1] + 1 &&
+                     t - be->attn_runs[n_runs - 1] < RUN_MAX;
+        if (!joins) be->attn_runs[n_runs++] = t;
     }
-    SD_TRY(sd_cpu_scratch_reserve(be, 2 * (size_t)head_dim + max_pos + 1));
+    be->attn_runs[n_runs] = n_tokens;
+    size_t n_pad = (max_pos + 1 + 7) & ~(size_t)7, floats;
+    if (!sd_mul_ok(n_pad, 2 * (size_t)head_dim, &floats)) return SD_ERR_NOMEM;
+    SD_TRY(sd_cpu_scratch_reserve(be, scratch_floats(n_pad, (size_t)head_dim, f16)));
     attn_args a = {.be = be,
+                   .path = path,
                    .q = q,
                    .k_pool = k_pool,
                    .v_pool = v_pool,
@@ -135,27 +417,31 @@ static sd_status attention(sd_backend *be, const float *q, const void *k_pool, c
                    .pos = pos,
                    .bt = bt,
                    .bt_off = bt_off,
-                   .n_tokens = (size_t)n_tokens,
+                   .run_start = be->attn_runs,
+                   .n_runs = n_runs,
                    .n_heads = (size_t)n_heads,
                    .n_kv_heads = (size_t)n_kv_heads,
                    .head_dim = (size_t)head_dim,
                    .block_size = (size_t)block_size,
+                   .n_pad = n_pad,
                    .scale = scale};
-    sd_cpu_parallel(be, attn_item, &a, (int64_t)n_tokens * n_heads, work * (size_t)n_heads * (size_t)head_dim * 2);
+    sd_cpu_parallel(be, attn_item, &a, (int64_t)n_runs * n_heads, work * (size_t)n_heads * (size_t)head_dim * 2);
     return SD_OK;
 }
+
+static sd_cpu_attn_path best_path(void) { return SD_CPU_AVX2 ? SD_CPU_ATTN_AVX2 : SD_CPU_ATTN_C; }
 
 sd_status sd_cpu_attention(sd_backend *be, const float *q, const float *k_pool, const float *v_pool, int32_t n_tokens,
                            int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                            const int32_t *pos, const int32_t *bt, const int32_t *bt_off, float scale, float *out) {
-    return attention(be, q, k_pool, v_pool, false, n_tokens, n_heads, n_kv_heads, head_dim, block_size, pos, bt, bt_off,
-                     scale, out);
+    return sd_cpu_attention_path(be, best_path(), q, k_pool, v_pool, false, n_tokens, n_heads, n_kv_heads, head_dim,
+                                 block_size, pos, bt, bt_off, scale, out);
 }
 
 sd_status sd_cpu_attention_f16(sd_backend *be, const float *q, const uint16_t *k_pool, const uint16_t *v_pool,
                                int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                                int32_t block_size, const int32_t *pos, const int32_t *bt, const int32_t *bt_off,
                                float scale, float *out) {
-    return attention(be, q, k_pool, v_pool, true, n_tokens, n_heads, n_kv_heads, head_dim, block_size, pos, bt, bt_off,
-                     scale, out);
+    return sd_cpu_attention_path(be, best_path(), q, k_pool, v_pool, true, n_tokens, n_heads, n_kv_heads, head_dim,
+                                 block_size, pos, bt, bt_off, scale, out);
 }
