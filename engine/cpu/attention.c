@@ -193,6 +193,21 @@ static void scores8_avx2(const float *q, const float *const *k, size_t hd, float
     size_t n8 = hd & ~(size_t)7;
     __m256 a[8];
     for (int p = 0; p < 8; p++) a[p] = _mm256_setzero_ps();
+    if (hd % 64 == 0) {
+        /* 64 columns of q held in registers, one row at a time: each row's
+         * pointer is read once (8 rows' pointers do not fit in registers
+         * beside 8 accumulators); the same fused adds in the same order */
+        for (size_t i0 = 0; i0 < hd; i0 += 64) {
+            __m256 qc[8];
+            for (int c = 0; c < 8; c++) qc[c] = _mm256_loadu_ps(q + i0 + 8 * c);
+            for (int p = 0; p < 8; p++) {
+                const float *kr = k[p] + i0;
+                for (int c = 0; c < 8; c++) a[p] = _mm256_fmadd_ps(qc[c], _mm256_loadu_ps(kr + 8 * c), a[p]);
+            }
+        }
+        _mm256_storeu_ps(s, _mm256_mul_ps(hsum8x8(a), _mm256_set1_ps(scale)));
+        return;
+    }
     for (size_t i = 0; i < n8; i += 8) {
         __m256 qi = _mm256_loadu_ps(q + i);
         for (int p = 0; p < 8; p++) a[p] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k[p] + i), a[p]);
@@ -212,14 +227,18 @@ static void scores8_avx2(const float *q, const float *const *k, size_t hd, float
 /* s[0..n) -> e_j = exp(s_j - max), s[n..round8(n)) = 0; returns the lane sum. */
 static float softmax_weights(sd_cpu_attn_path path, float *s, size_t n) {
     size_t n8 = (n + 7) & ~(size_t)7;
-    float max = -INFINITY;
-    for (size_t j = 0; j < n; j++)
-        if (s[j] > max) max = s[j];
 #if SD_CPU_AVX2
     if (path == SD_CPU_ATTN_AVX2) {
+        __m256 mv = _mm256_set1_ps(-INFINITY);
+        size_t j = 0;
+        for (; j + 8 <= n; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + j));
+        float lanes[8], max = -INFINITY;
+        _mm256_storeu_ps(lanes, mv);
+        for (int l = 0; l < 8; l++) max = lanes[l] > max ? lanes[l] : max;
+        for (; j < n; j++) max = s[j] > max ? s[j] : max;
         __m256 m = _mm256_set1_ps(max), sum = _mm256_setzero_ps();
         const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        for (size_t j = 0; j < n8; j += 8) {
+        for (j = 0; j < n8; j += 8) {
             __m256 e = attn_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), m));
             if (j + 8 > n) /* the last block: lanes at n and beyond weigh 0 */
                 e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - j)), lane)));
@@ -230,6 +249,8 @@ static float softmax_weights(sd_cpu_attn_path path, float *s, size_t n) {
     }
 #endif
     (void)path;
+    float max = -INFINITY; /* the same value in any order (finite scores) */
+    for (size_t j = 0; j < n; j++) max = s[j] > max ? s[j] : max;
     float l[8] = {0};
     for (size_t j = 0; j < n8; j++) {
         float e = j < n ? attn_exp(s[j] - max) : 0.0f;
@@ -241,50 +262,64 @@ static float softmax_weights(sd_cpu_attn_path path, float *s, size_t n) {
 
 #if SD_CPU_AVX2
 /* Columns d .. d + 8*NC - 1 of the outputs of G tokens (G <= GROUP), tokens
- * sorted by position: acc += e_j * v_j in position order, then / sum. */
+ * sorted by position: acc += e_j * v_j in position order, then / sum. The
+ * positions all G tokens attend to go in one pass with the accumulators in
+ * registers; each later token's few more positions continue from its partial
+ * sums parked in its output row (stored and reloaded exactly). */
 static inline __attribute__((always_inline)) void v_pass_avx2(const float *const *vp, float *const *e,
                                                               const size_t *n_pos, const float *sum, float *const *o,
                                                               size_t d, const int G, const int NC) {
-    __m256 acc[GROUP][2];
+    __m256 acc[GROUP][8];
     for (int g = 0; g < G; g++)
         for (int c = 0; c < NC; c++) acc[g][c] = _mm256_setzero_ps();
     for (size_t j = 0; j < n_pos[0]; j++) {
-        __m256 v[2];
+        __m256 v[8];
         for (int c = 0; c < NC; c++) v[c] = _mm256_loadu_ps(vp[j] + d + 8 * c);
         for (int g = 0; g < G; g++) {
             __m256 w = _mm256_broadcast_ss(e[g] + j);
             for (int c = 0; c < NC; c++) acc[g][c] = _mm256_fmadd_ps(w, v[c], acc[g][c]);
         }
     }
-    for (int g = 1; g < G; g++)
-        for (size_t j = n_pos[0]; j < n_pos[g]; j++) {
-            __m256 w = _mm256_broadcast_ss(e[g] + j);
-            for (int c = 0; c < NC; c++)
-                acc[g][c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vp[j] + d + 8 * c), acc[g][c]);
-        }
     for (int g = 0; g < G; g++)
-        for (int c = 0; c < NC; c++)
-            _mm256_storeu_ps(o[g] + d + 8 * c, _mm256_div_ps(acc[g][c], _mm256_set1_ps(sum[g])));
+        for (int c = 0; c < NC; c++) _mm256_storeu_ps(o[g] + d + 8 * c, acc[g][c]);
+    for (int g = 1; g < G; g++)
+        for (int c = 0; c < NC; c++) {
+            __m256 a = _mm256_loadu_ps(o[g] + d + 8 * c);
+            for (size_t j = n_pos[0]; j < n_pos[g]; j++)
+                a = _mm256_fmadd_ps(_mm256_broadcast_ss(e[g] + j), _mm256_loadu_ps(vp[j] + d + 8 * c), a);
+            _mm256_storeu_ps(o[g] + d + 8 * c, _mm256_div_ps(a, _mm256_set1_ps(sum[g])));
+        }
+    for (int c = 0; c < NC; c++)
+        _mm256_storeu_ps(o[0] + d + 8 * c, _mm256_div_ps(_mm256_loadu_ps(o[0] + d + 8 * c), _mm256_set1_ps(sum[0])));
 }
 
+/* G tokens' whole rows: 8 chunks of 8 columns per pass for one token (8
+ * independent fused-add chains keep both FMA units busy), 4 for two, 2 for
+ * three or four; then single chunks, then the head_dim % 8 tail. */
 static void v_group_avx2(const float *const *vp, float *const *e, const size_t *n_pos, const float *sum,
                          float *const *o, size_t hd, int G) {
     size_t d = 0;
-    for (; d + 16 <= hd; d += 16) switch (G) {
-        case 1: v_pass_avx2(vp, e, n_pos, sum, o, d, 1, 2); break;
-        case 2: v_pass_avx2(vp, e, n_pos, sum, o, d, 2, 2); break;
-        case 3: v_pass_avx2(vp, e, n_pos, sum, o, d, 3, 2); break;
-        default: v_pass_avx2(vp, e, n_pos, sum, o, d, 4, 2); break;
-        }
-    if (d + 8 <= hd) {
-        switch (G) {
+    switch (G) {
+    case 1:
+        for (; d + 64 <= hd; d += 64) v_pass_avx2(vp, e, n_pos, sum, o, d, 1, 8);
+        for (; d + 32 <= hd; d += 32) v_pass_avx2(vp, e, n_pos, sum, o, d, 1, 4);
+        break;
+    case 2:
+        for (; d + 32 <= hd; d += 32) v_pass_avx2(vp, e, n_pos, sum, o, d, 2, 4);
+        break;
+    case 3:
+        for (; d + 16 <= hd; d += 16) v_pass_avx2(vp, e, n_pos, sum, o, d, 3, 2);
+        break;
+    default:
+        for (; d + 16 <= hd; d += 16) v_pass_avx2(vp, e, n_pos, sum, o, d, 4, 2);
+        break;
+    }
+    for (; d + 8 <= hd; d += 8) switch (G) {
         case 1: v_pass_avx2(vp, e, n_pos, sum, o, d, 1, 1); break;
         case 2: v_pass_avx2(vp, e, n_pos, sum, o, d, 2, 1); break;
         case 3: v_pass_avx2(vp, e, n_pos, sum, o, d, 3, 1); break;
         default: v_pass_avx2(vp, e, n_pos, sum, o, d, 4, 1); break;
         }
-        d += 8;
-    }
     for (int g = 0; g < G; g++) /* the head_dim % 8 tail */
         for (size_t dd = d; dd < hd; dd++) {
             float acc = 0.0f;
