@@ -1,6 +1,6 @@
 /* test_attention.c — the CPU attention over the paged KV cache (engine/cpu/attention.c).
  *
- * On random shapes (GQA groups 1, 3, 4; head_dim 64 and 128, and 40 and 36
+ * On random shapes (GQA groups 1, 3, 4, 8; head_dim 64 and 128, and 40 and 36
  * for the 8-column and scalar tails; block sizes 7, 16, 32; f32 and f16
  * caches) a call mixes several sequences (1..600 positions): runs of 1..16
  * tokens, a run longer than one work item's run (it is split), single tokens,
@@ -289,6 +289,7 @@ static const shape shapes[] = {
     {8, 2, 128, 32}, /* group 4, head_dim 128 */
     {6, 2, 64, 7},   /* an odd block size */
     {4, 1, 128, 16}, /* group 4, one KV head */
+    {8, 1, 64, 16},  /* group 8: more than one item per KV head */
     {3, 3, 40, 16},  /* 16 + 16 + 8 columns */
     {2, 1, 36, 8},   /* a scalar tail of 4 */
 };

@@ -2,11 +2,16 @@
  *
  * Work items. A call's tokens are cut into runs: consecutive tokens of one
  * sequence (same block table, positions p, p+1, ...: a verify call, or a
- * prompt chunk), at most RUN_MAX long. One work item is (run, query head),
- * claimed dynamically by the pool's threads, so a verify call of one sequence
- * still has n_heads items for 2+ threads. Inside an item every K row is read
- * once for all the run's queries (8 positions at a time, 8 scores per token),
- * and every V row once per GROUP tokens; single tokens are runs of one.
+ * prompt chunk), at most RUN_MAX long; a single token is a run of one. One
+ * work item is (run, KV head, part of that KV head's query heads): its rows
+ * are every (token, query head) pair of the run and the part, and every K and
+ * V row of the KV head is read once for all of them (K 8 positions at a time,
+ * 8 scores per row; V once per GROUP rows, from L1/L2). The parts (at most
+ * HEADS_MAX query heads each) are as few as give every thread an item, or
+ * two when the call has runs longer than one token: decode is bound by
+ * reading the cache (each part re-reads the KV head), verification and
+ * prompts by arithmetic (balance matters). Items are claimed dynamically by
+ * the pool's threads.
  *
  * The arithmetic of one (token, head), fixed whatever the run, the batch,
  * the thread or the path (so a token's output depends only on its sequence
@@ -29,8 +34,9 @@
  * checks that, and each path against the same attention in double. Rejected:
  * an online (running-max) softmax over tiles: it rescales partial sums, so a
  * token's bits would depend on the tiling; 16-lane (AVX-512) dots: they would
- * change the canonical dot every other reduction shares, for the score part
- * of attention only.
+ * change the canonical dot every other reduction shares. No AVX-512 path yet:
+ * the V accumulation could take 512-bit registers without changing a bit
+ * (its order is per element), not tried.
  *
  * An f16 cache (sd_cpu_kv_write_f16 / sd_cpu_attention_f16) rounds each
  * value once when it is written (to nearest, ties to even); attention widens
@@ -46,7 +52,7 @@
 
 /* Most tokens in a run (the scores kept per item are RUN_MAX x positions),
  * and tokens sharing each pass over V (4 x 16 accumulator lanes in registers). */
-enum { RUN_MAX = 16, GROUP = 4 };
+enum { RUN_MAX = 16, HEADS_MAX = 4, ROWS_MAX = RUN_MAX * HEADS_MAX, GROUP = 4 };
 
 sd_status sd_cpu_kv_write(sd_backend *be, float *pool, int32_t block_size, int32_t row_width, const float *src,
                           int32_t n_tokens, const int32_t *pos, const int32_t *bt, const int32_t *bt_off) {
@@ -146,6 +152,7 @@ typedef struct attn_args {
     const int32_t *pos, *bt, *bt_off;
     const int32_t *run_start; /* [n_runs + 1]: run r is tokens run_start[r] .. run_start[r + 1] - 1 */
     size_t n_runs, n_heads, n_kv_heads, head_dim, block_size;
+    size_t n_sub; /* items per (run, KV head): its query heads cut into n_sub parts */
     size_t n_pad; /* the longest token's position count, rounded up to 8 */
     float scale;
 } attn_args;
@@ -154,7 +161,7 @@ typedef struct attn_args {
 static size_t round16(size_t n) { return (n + 15) & ~(size_t)15; }
 static size_t scratch_floats(size_t n_pad, size_t hd, bool f16) {
     size_t ptr_floats = (sizeof(const float *) + sizeof(float) - 1) / sizeof(float);
-    return round16(2 * n_pad * ptr_floats) + 2 * round16(hd) + round16(RUN_MAX * n_pad) + (f16 ? 2 * n_pad * hd : 0);
+    return round16(2 * n_pad * ptr_floats) + 2 * round16(hd) + round16(ROWS_MAX * n_pad) + (f16 ? 2 * n_pad * hd : 0);
 }
 
 /* s[p] = dot(q, k[p]) * scale for the 8 rows k[0..7], the C twin: sd_cpu_dot's operations. */
@@ -341,21 +348,24 @@ static void v_token_c(const float *const *vp, const float *e, size_t n_pos, floa
 static void attn_item(void *p, int64_t item, int32_t ith) {
     const attn_args *a = p;
     const size_t hd = a->head_dim, n_pad = a->n_pad, group = a->n_heads / a->n_kv_heads;
-    const size_t run = (size_t)item / a->n_heads, h = (size_t)item % a->n_heads, kvh = h / group;
+    const size_t per_run = a->n_kv_heads * a->n_sub, run = (size_t)item / per_run;
+    const size_t kvh = (size_t)item % per_run / a->n_sub, sub = (size_t)item % a->n_sub;
+    const size_t h0 = kvh * group + sub * group / a->n_sub, n_h = kvh * group + (sub + 1) * group / a->n_sub - h0;
     const size_t t0 = (size_t)a->run_start[run], n_run = (size_t)a->run_start[run + 1] - t0;
+    const size_t n_rows = n_run * n_h; /* row i: token t0 + i / n_h, head h0 + i % n_h */
     const size_t n_max = (size_t)a->pos[t0 + n_run - 1] + 1; /* the run's positions are increasing */
     const size_t n_blocks8 = (n_max + 7) / 8;
     const int32_t *bt = a->bt + a->bt_off[t0];
 
     /* scratch: K and V row pointers [n_pad] each, a zero row, acc [hd],
-     * scores [RUN_MAX][n_pad], and (f16) the widened K and V rows [n_pad][hd] */
+     * scores [ROWS_MAX][n_pad], and (f16) the widened K and V rows [n_pad][hd] */
     float *scratch = a->be->scratch + (size_t)ith * a->be->scratch_per_thread;
     const float **kp = (const float **)(void *)scratch, **vp = kp + n_pad;
     size_t ptr_floats = (sizeof(const float *) + sizeof(float) - 1) / sizeof(float);
     float *zero = scratch + round16(2 * n_pad * ptr_floats);
     float *acc = zero + round16(hd);
     float *scores = acc + round16(hd);
-    float *wk = scores + round16(RUN_MAX * n_pad), *wv = wk + n_pad * hd;
+    float *wk = scores + round16(ROWS_MAX * n_pad), *wv = wk + n_pad * hd;
 
     for (size_t d = 0; d < hd; d++) zero[d] = 0.0f;
     size_t j = 0;
@@ -376,39 +386,41 @@ static void attn_item(void *p, int64_t item, int32_t ith) {
     }
     for (; j < n_blocks8 * 8; j++) kp[j] = vp[j] = zero; /* lanes past the last position, never used */
 
-    /* scores: each block of 8 K rows once for all the run's tokens */
+    float sum[ROWS_MAX];
+    size_t n_pos[ROWS_MAX];
+    float *e[ROWS_MAX], *o[ROWS_MAX];
+    const float *q[ROWS_MAX];
+    for (size_t i = 0; i < n_rows; i++) { /* sorted by position: V passes need that */
+        size_t t = t0 + i / n_h, h = h0 + i % n_h;
+        n_pos[i] = (size_t)a->pos[t] + 1;
+        e[i] = scores + i * n_pad;
+        q[i] = a->q + (t * a->n_heads + h) * hd;
+        o[i] = a->out + (t * a->n_heads + h) * hd;
+    }
+
+    /* scores: each block of 8 K rows once for all the item's (token, head) rows */
     for (size_t b = 0; b < n_blocks8; b++)
-        for (size_t r = 0; r < n_run; r++) {
-            if (8 * b > (size_t)a->pos[t0 + r]) continue;
-            const float *q = a->q + ((t0 + r) * a->n_heads + h) * hd;
-            float *s = scores + r * n_pad + 8 * b;
+        for (size_t i = 0; i < n_rows; i++) {
+            if (8 * b >= n_pos[i]) continue;
 #if SD_CPU_AVX2
             if (a->path == SD_CPU_ATTN_AVX2) {
-                scores8_avx2(q, kp + 8 * b, hd, a->scale, s);
+                scores8_avx2(q[i], kp + 8 * b, hd, a->scale, e[i] + 8 * b);
                 continue;
             }
 #endif
-            scores8_c(q, kp + 8 * b, hd, a->scale, s);
+            scores8_c(q[i], kp + 8 * b, hd, a->scale, e[i] + 8 * b);
         }
 
-    /* softmax weights and sums, then the outputs, GROUP tokens per pass over V */
-    float sum[RUN_MAX];
-    size_t n_pos[RUN_MAX];
-    float *e[RUN_MAX], *o[RUN_MAX];
-    for (size_t r = 0; r < n_run; r++) {
-        n_pos[r] = (size_t)a->pos[t0 + r] + 1;
-        e[r] = scores + r * n_pad;
-        o[r] = a->out + ((t0 + r) * a->n_heads + h) * hd;
-        sum[r] = softmax_weights(a->path, e[r], n_pos[r]);
-    }
+    /* softmax weights and sums, then the outputs, GROUP rows per pass over V */
+    for (size_t i = 0; i < n_rows; i++) sum[i] = softmax_weights(a->path, e[i], n_pos[i]);
 #if SD_CPU_AVX2
     if (a->path == SD_CPU_ATTN_AVX2) {
-        for (size_t g = 0; g < n_run; g += GROUP)
-            v_group_avx2(vp, e + g, n_pos + g, sum + g, o + g, hd, (int)(n_run - g < GROUP ? n_run - g : GROUP));
+        for (size_t g = 0; g < n_rows; g += GROUP)
+            v_group_avx2(vp, e + g, n_pos + g, sum + g, o + g, hd, (int)(n_rows - g < GROUP ? n_rows - g : GROUP));
         return;
     }
 #endif
-    for (size_t r = 0; r < n_run; r++) v_token_c(vp, e[r], n_pos[r], sum[r], o[r], hd, acc);
+    for (size_t i = 0; i < n_rows; i++) v_token_c(vp, e[i], n_pos[i], sum[i], o[i], hd, acc);
 }
 
 bool sd_cpu_attn_path_available(sd_cpu_attn_path path) {
@@ -440,6 +452,14 @@ sd_status sd_cpu_attention_path(sd_backend *be, sd_cpu_attn_path path, const flo
     }
     be->attn_runs[n_runs] = n_tokens;
     size_t n_pad = (max_pos + 1 + 7) & ~(size_t)7, floats;
+    /* The fewest parts (at most HEADS_MAX query heads each) that give every
+     * thread an item, two when runs are longer than one token. Single tokens
+     * (decode) are bound by reading the cache: each part re-reads its KV
+     * head's rows, so fewer parts; runs are bound by arithmetic, so
+     * balance. (Measured on SmolLM2's 3 KV heads and 2 threads.) */
+    size_t group = (size_t)(n_heads / n_kv_heads), n_sub = (group + HEADS_MAX - 1) / HEADS_MAX;
+    size_t want = (size_t)be->n_threads * (n_runs < (size_t)n_tokens ? 2 : 1);
+    while (n_sub < group && n_runs * (size_t)n_kv_heads * n_sub < want) n_sub++;
     if (!sd_mul_ok(n_pad, 2 * (size_t)head_dim, &floats)) return SD_ERR_NOMEM;
     SD_TRY(sd_cpu_scratch_reserve(be, scratch_floats(n_pad, (size_t)head_dim, f16)));
     attn_args a = {.be = be,
@@ -459,8 +479,9 @@ sd_status sd_cpu_attention_path(sd_backend *be, sd_cpu_attn_path path, const flo
                    .head_dim = (size_t)head_dim,
                    .block_size = (size_t)block_size,
                    .n_pad = n_pad,
+                   .n_sub = n_sub,
                    .scale = scale};
-    sd_cpu_parallel(be, attn_item, &a, (int64_t)n_runs * n_heads, work * (size_t)n_heads * (size_t)head_dim * 2);
+    sd_cpu_parallel(be, attn_item, &a, (int64_t)(n_runs * (size_t)n_kv_heads * n_sub), work * (size_t)n_heads * (size_t)head_dim * 2);
     return SD_OK;
 }
 
