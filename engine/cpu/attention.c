@@ -446,7 +446,7 @@ sd_status sd_cpu_attention_path(sd_backend *be, sd_cpu_attn_path path, const flo
         if (pos[t] < 0) return SD_ERR_INVALID_ARG;
         if ((size_t)pos[t] > max_pos) max_pos = (size_t)pos[t];
         work += (size_t)pos[t] + 1;
-        bool joins = t > 0 && bt_off[t] == bt_off[t - 1] && pos[t] == pos[t - 1] + 1 &&
+        bool joins = t > 0 && bt_off[t] == bt_off[t - 1] && (int64_t)pos[t] == (int64_t)pos[t - 1] + 1 &&
                      t - be->attn_runs[n_runs - 1] < RUN_MAX;
         if (!joins) be->attn_runs[n_runs++] = t;
     }
