@@ -43,6 +43,7 @@ static void cpu_destroy(sd_backend **pbe) {
     sd_threadpool_free(&be->tp);
     free(be->scratch);
     free(be->qbuf);
+    free(be->attn_runs);
     free(be);
     *pbe = NULL;
 }

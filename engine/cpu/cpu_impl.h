@@ -35,6 +35,8 @@ struct sd_backend {
     size_t qbuf_bytes;
     int qpath; /* sd_cpu_qpath the stored-weight matmul runs (SD_CPU_QPATH_AUTO unless
                                   SPECD_CPU_QPATH named one at creation) */
+    int32_t *attn_runs; /* attention.c: where each run of the current call starts [attn_runs_cap] */
+    size_t attn_runs_cap;
 };
 
 /* Runs fn on chunks [0, n_chunks) on the pool, or on the caller alone when
@@ -108,6 +110,24 @@ sd_status sd_cpu_attention_f16(sd_backend *be, const float *q, const uint16_t *k
                                int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                                int32_t block_size, const int32_t *pos, const int32_t *bt, const int32_t *bt_off,
                                float scale, float *out);
+
+/* Attention's arithmetic paths (attention.c); both give the same bits. */
+typedef enum sd_cpu_attn_path {
+    SD_CPU_ATTN_C,    /* the plain C twin, always compiled */
+    SD_CPU_ATTN_AVX2, /* where the build targets AVX2 + FMA */
+} sd_cpu_attn_path;
+/* Whether this build has path. */
+bool sd_cpu_attn_path_available(sd_cpu_attn_path path);
+/* sd_cpu_attention / sd_cpu_attention_f16 (k_pool and v_pool are uint16_t
+ * when f16) on a named path, for the tests; SD_ERR_UNSUPPORTED where the
+ * build lacks it, SD_ERR_INVALID_ARG for a negative position or a head
+ * count that the KV heads do not divide. Not thread-safe (uses be's scratch). */
+sd_status sd_cpu_attention_path(sd_backend *be, sd_cpu_attn_path path, const float *q, const void *k_pool,
+                                const void *v_pool, bool f16, int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
+                                int32_t head_dim, int32_t block_size, const int32_t *pos, const int32_t *bt,
+                                const int32_t *bt_off, float scale, float *out);
+/* The exp attention's softmax uses (attention.c), the C twin, for the tests. */
+float sd_cpu_attn_exp(float x);
 sd_status sd_cpu_swiglu(sd_backend *be, const float *gate, const float *up, size_t n, float *out);
 sd_status sd_cpu_add(sd_backend *be, const float *a, const float *b, size_t n, float *out);
 

@@ -28,7 +28,11 @@ with every activation jittered by a relative 1e-6 before rounding (what an
 f32 computation could have produced), and the engine must be no farther
 from the reference than that jittered reference is: max |err| <= max(1e-4 x
 max |logit|, 2 x the jittered reference's max |diff|), at least as many rows
-as the jittered reference within 1e-4 x max |logit|, and no argmax flip.
+as the jittered reference within 1e-4 x max |logit| (on the random models
+the median count over JITTER_SEEDS jitters: one jitter's count is a single
+draw of where the first flip lands — on the q5_k_m quantizer model seeds 1..7
+gave 5, 1, 1, 1, 0, 1, 0 rows — and a change of the engine's f32 rounding
+that is no less accurate can fail against a lucky draw), and no argmax flip.
 Measured: on the random models most rows still agree to ~1e-6, while a
 reference without the activation rounding is off by 1-3% of max |logit| on
 every row (it fails); on SmolLM2 the engine's error is about the jittered
@@ -80,8 +84,9 @@ def engine_logits(model, seqs, tmp, n_vocab, chunk=0, threads=2):
 
 def compare(label, got, ref_rows, seqs, jitter_rows=None):
     """got [total, V] (f32), ref_rows [total, V]; True when within tolerance.
-    jitter_rows: the reference with jittered activations (8-bit activation
-    models, see the module comment), which sets the limit."""
+    jitter_rows: the references with jittered activations (8-bit activation
+    models, see the module comment): the first sets the limit, the median of
+    their counts of rows within tolerance the count to reach."""
     ref = np.asarray(ref_rows, dtype=np.float64)
     err = np.abs(got.astype(np.float64) - ref)
     scale = float(np.abs(ref).max())
@@ -90,13 +95,16 @@ def compare(label, got, ref_rows, seqs, jitter_rows=None):
     limit = REL_TOL * scale
     ok = True
     if jitter_rows is not None:
-        jit = np.abs(np.asarray(jitter_rows, dtype=np.float64) - ref).max(axis=1)
+        jits = [np.abs(np.asarray(j, dtype=np.float64) - ref).max(axis=1) for j in jitter_rows]
+        jit = jits[0]
         limit = max(limit, 2.0 * float(jit.max()))
         rows_engine = int((err.max(axis=1) <= REL_TOL * scale).sum())
-        rows_jitter = int((jit <= REL_TOL * scale).sum())
+        counts = sorted(int((j <= REL_TOL * scale).sum()) for j in jits)
+        rows_jitter = counts[(len(counts) - 1) // 2]
         ok = rows_engine >= rows_jitter
         print(f"     {label}: rows within {REL_TOL:g} x max|logit|: engine {rows_engine}, jittered reference "
-              f"{rows_jitter} of {ref.shape[0]}; jittered reference max|diff| {float(jit.max()):.3g}")
+              f"{rows_jitter} (median of {counts}) of {ref.shape[0]}; jittered reference max|diff| "
+              f"{float(jit.max()):.3g}")
     ok = ok and bool(np.isfinite(got).all()) and max_err <= limit
     # same argmax everywhere unless the reference's top two are within the error
     flips = 0
@@ -141,12 +149,16 @@ def int_activations(path):
     return any(t.tensor_type in kinds for t in gguf.GGUFReader(path).tensors)
 
 
-def jittered_rows(path, seqs, **kw):
-    """The reference with activations jittered before rounding, or None for
-    models without 8-bit activations."""
+# Jitter seeds of the random models (SmolLM2: seed 1 alone, for time).
+JITTER_SEEDS = (1, 2, 3)
+
+
+def jittered_rows(path, seqs, seeds=(1,), **kw):
+    """The reference with activations jittered before rounding, one per seed
+    (a list), or None for models without 8-bit activations."""
     if not int_activations(path):
         return None
-    return reference_rows(LlamaRef(path, np.float64, act_jitter=1e-6, seed=1, **kw), seqs)
+    return [reference_rows(LlamaRef(path, np.float64, act_jitter=1e-6, seed=s, **kw), seqs) for s in seeds]
 
 
 RANDOM_MODELS = [
@@ -232,7 +244,7 @@ def run_random():
             lens = [int(x) for x in rng.choice([1, 3, 9, 17, 33], size=3, replace=True)] + [20]
             seqs = [[int(t) for t in rng.integers(0, ref.n_vocab, size=n)] for n in lens]
             want = reference_rows(ref, seqs)
-            jit = jittered_rows(path, seqs)
+            jit = jittered_rows(path, seqs, JITTER_SEEDS)
             got = engine_logits(path, seqs, tmp, ref.n_vocab)
             all_ok &= compare(f"{label} lens {lens}", got, want, seqs, jit)
             if i in (0, 5, 6):
@@ -284,7 +296,8 @@ def check_quantizer(tmp, rng):
             continue
         ref = LlamaRef(path, np.float64)
         got = engine_logits(path, seqs, tmp, ref.n_vocab)
-        ok &= compare(f"specd-quantize {name}", got, reference_rows(ref, seqs), seqs, jittered_rows(path, seqs))
+        ok &= compare(f"specd-quantize {name}", got, reference_rows(ref, seqs), seqs,
+                      jittered_rows(path, seqs, JITTER_SEEDS))
     # the K mixes, on a model whose rows are whole 256-element super-blocks
     src = os.path.join(tmp, "quant_src_k.gguf")
     subprocess.run([binary("specd-mkmodel", "tools"), "-o", src, "--vocab", "300", "--seed", "22", "--dtype", "f32",
@@ -300,7 +313,8 @@ def check_quantizer(tmp, rng):
             continue
         ref = LlamaRef(path, np.float64)
         got = engine_logits(path, seqs, tmp, ref.n_vocab)
-        ok &= compare(f"specd-quantize {name}", got, reference_rows(ref, seqs), seqs, jittered_rows(path, seqs))
+        ok &= compare(f"specd-quantize {name}", got, reference_rows(ref, seqs), seqs,
+                      jittered_rows(path, seqs, JITTER_SEEDS))
     return ok
 
 
