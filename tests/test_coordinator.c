@@ -1259,6 +1259,7 @@ static void test_k0_steps_shadow_draft(void **state) {
     h->c.cost.verify_fixed_us = 600;
     h->c.cost.verify_token_us = 3500;
     h->c.cost.draft_token_us = 5;
+    h->c.cost.n_draft_obs = 1; /* as measured: not the prior */
     h->fwd_fixed_us = 600;
     h->fwd_token_us = 3500;
     h->draft_us = 5; /* an n-gram drafter: shadow drafts every step */
@@ -1345,6 +1346,7 @@ static void test_shadow_drafts_share_a_phase(void **state) {
     h->c.cost.verify_fixed_us = 600;
     h->c.cost.verify_token_us = 3500;
     h->c.cost.draft_token_us = 40;
+    h->c.cost.n_draft_obs = 1; /* as measured: not the prior */
     h->fwd_fixed_us = 600;
     h->fwd_token_us = 3500;
     h->draft_us = 120;      /* per draft step of the 3: 40 us a token */
@@ -1463,6 +1465,7 @@ static void gate_case(double alpha, bool expect_drafts) {
     h->c.cost.verify_fixed_us = 3000;
     h->c.cost.verify_token_us = 10;
     h->c.cost.draft_token_us = 5;
+    h->c.cost.n_draft_obs = 1; /* as measured: not the prior */
     h->c.cost.draft_step_us = 1000;
     h->fwd_fixed_us = 3000;
     h->fwd_token_us = 10;
@@ -1725,6 +1728,7 @@ static harness *launch_bound_harness(uint32_t step_from, uint32_t step_us) {
     h->c.cost.verify_fixed_us = 1200;
     h->c.cost.verify_token_us = 25;
     h->c.cost.draft_token_us = 5;
+    h->c.cost.n_draft_obs = 1; /* as measured: not the prior */
     h->fwd_fixed_us = 1200;
     h->fwd_token_us = 25;
     h->fwd_step_from = step_from;
@@ -1792,7 +1796,8 @@ static void test_sampled_k_ignores_load(void **state) {
     h->c.cost.verify_fixed_us = 600;
     h->c.cost.verify_token_us = 3500;
     h->c.cost.draft_token_us = 5;
-    h->c.alpha_prior = 0.05; /* what greedy requests taught: ignored by a sampled one */
+    h->c.cost.n_draft_obs = 1; /* as measured: not the prior */
+    h->c.alpha_prior = 0.05;   /* what greedy requests taught: ignored by a sampled one */
     register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
     register_ok(h, "d", SPECD__ROLE__ROLE_DRAFTER);
     int32_t prompt[4] = {5, 6, 7, 8};

@@ -169,7 +169,14 @@ double sd_cost_size_us(const sd_cost_model *c, int32_t n_tokens) {
 void sd_cost_observe_draft(sd_cost_model *c, int32_t n_draft_tokens, uint32_t draft_us) {
     if (n_draft_tokens <= 0) return;
     double per = (double)draft_us / n_draft_tokens;
-    c->draft_token_us = 0.8 * c->draft_token_us + 0.2 * per;
+    /* the first measurement replaces the prior (100 us) outright: moved
+     * toward it by a fifth a step, a draft model 100x dearer than the prior
+     * looked half its price after three steps, and the drafter choice kept
+     * it for a request that n-gram lookup copied for nothing */
+    if (c->n_draft_obs++ == 0)
+        c->draft_token_us = per;
+    else
+        c->draft_token_us = 0.8 * c->draft_token_us + 0.2 * per;
 }
 
 /* Step timeouts. A fixed one (30 s) turned a slow machine into a livelock:

@@ -32,7 +32,6 @@ struct sd_spec_decoder {
     /* sd_spec_decoder_step_adaptive: the shared K policy's state */
     sd_cost_model cost;
     sd_adapt adapt;
-    bool draft_cost_seen;    /* the first draft measurement replaces the prior outright */
     bool after_prefill;      /* the last step carried a prefill: the next draft time is a cold one */
     sd_spec_cost_fn cost_fn; /* NULL: the policy learns from measured times */
     void *cost_user;
@@ -202,12 +201,7 @@ static void adapt_learn(sd_spec_decoder *d, const step_report *rep, bool greedy,
     d->after_prefill = rep->n_append > 1;
     if (rep->n_proposed > 0 && rep->n_append <= rep->n_proposed + 1 && !cold) {
         double us = rep->draft_s * 1e6;
-        if (!d->draft_cost_seen) {
-            d->cost.draft_token_us = us / rep->n_proposed;
-            d->draft_cost_seen = true;
-        } else {
-            sd_cost_observe_draft(&d->cost, rep->n_proposed, us < 4e9 ? (uint32_t)us : UINT32_MAX);
-        }
+        sd_cost_observe_draft(&d->cost, rep->n_proposed, us < 4e9 ? (uint32_t)us : UINT32_MAX);
     }
     if (rep->n_drafted > 0) {
         sd_adapt_observe(&d->adapt, rep->n_drafted, rep->n_accepted);

@@ -34,6 +34,7 @@ typedef struct sd_adapt {
 typedef struct sd_cost_model {
     double verify_fixed_us, verify_token_us, draft_token_us;
     double draft_step_us; /* EMA of draft request -> response, 0 until measured */
+    uint32_t n_draft_obs; /* draft-token measurements taken (the first replaces the prior) */
     double row_us_peak;   /* slowest recent verify forward per token, refills included (step timeouts) */
     /* decaying sums for the least-squares fit of verify time vs tokens */
     double s_w, s_x, s_y, s_xx, s_xy;
