@@ -33,6 +33,7 @@
 
 #include "cpu/cpu_impl.h"
 #include "specd/gguf.h"
+#include "cpu_fixture.h"
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 
@@ -42,26 +43,6 @@ static uint32_t next_u32(void) {
 }
 static float uniform(void) { return (float)((double)(next_u32() >> 8) / (double)(1u << 24) * 2.0 - 1.0); } /* [-1,1) */
 static int below(int n) { return (int)(next_u32() % (uint32_t)n); }
-
-typedef struct fixture {
-    sd_backend_handle be1, be2; /* 1 and 2 threads */
-} fixture;
-
-static int setup(void **state) {
-    fixture *f = calloc(1, sizeof *f);
-    if (!f) return -1;
-    if (sd_cpu_backend_create(1, &f->be1) != SD_OK || sd_cpu_backend_create(2, &f->be2) != SD_OK) return -1;
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state) {
-    fixture *f = *state;
-    f->be1.ops->destroy(&f->be1.ctx);
-    f->be2.ops->destroy(&f->be2.ctx);
-    free(f);
-    return 0;
-}
 
 typedef struct shape {
     int heads, kv_heads, head_dim, block_size;
@@ -354,13 +335,13 @@ static void test_refusals(void **state) {
     fixture *f = *state;
     float q[4 * 8] = {0}, kv[64] = {0}, out[4 * 8];
     int32_t pos[1] = {0}, bt[1] = {0}, bt_off[1] = {0};
-    assert_int_equal(sd_cpu_attention_path(f->be1.ctx, SD_CPU_ATTN_C, q, kv, kv, false, 1, 4, 3, 8, 4, pos, bt, bt_off,
-                                           1.0f, out),
-                     SD_ERR_INVALID_ARG);
+    assert_int_equal(
+        sd_cpu_attention_path(f->be1.ctx, SD_CPU_ATTN_C, q, kv, kv, false, 1, 4, 3, 8, 4, pos, bt, bt_off, 1.0f, out),
+        SD_ERR_INVALID_ARG);
     pos[0] = -1;
-    assert_int_equal(sd_cpu_attention_path(f->be1.ctx, SD_CPU_ATTN_C, q, kv, kv, false, 1, 4, 2, 8, 4, pos, bt, bt_off,
-                                           1.0f, out),
-                     SD_ERR_INVALID_ARG);
+    assert_int_equal(
+        sd_cpu_attention_path(f->be1.ctx, SD_CPU_ATTN_C, q, kv, kv, false, 1, 4, 2, 8, 4, pos, bt, bt_off, 1.0f, out),
+        SD_ERR_INVALID_ARG);
     if (!sd_cpu_attn_path_available(SD_CPU_ATTN_AVX2)) {
         pos[0] = 0;
         assert_int_equal(sd_cpu_attention_path(f->be1.ctx, SD_CPU_ATTN_AVX2, q, kv, kv, false, 1, 4, 2, 8, 4, pos, bt,

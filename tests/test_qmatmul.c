@@ -36,6 +36,7 @@
 #include "cpu/qmatmul_impl.h"
 #include "cpu/quant_kernels.h"
 #include "specd/gguf.h"
+#include "cpu_fixture.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
@@ -68,26 +69,6 @@ static const shape float_shapes[] = {{37, 9, 3}, {7, 4, 1}, {131, 50, 11}};
 
 static bool is_int_type(sd_dtype t) {
     return t == SD_DTYPE_Q8_0 || t == SD_DTYPE_Q4_0 || t == SD_DTYPE_Q4_1 || sd_dtype_is_k(t);
-}
-
-typedef struct fixture {
-    sd_backend_handle be1, be2; /* 1 and 2 threads */
-} fixture;
-
-static int setup(void **state) {
-    fixture *f = calloc(1, sizeof *f);
-    if (!f) return -1;
-    if (sd_cpu_backend_create(1, &f->be1) != SD_OK || sd_cpu_backend_create(2, &f->be2) != SD_OK) return -1;
-    *state = f;
-    return 0;
-}
-
-static int teardown(void **state) {
-    fixture *f = *state;
-    f->be1.ops->destroy(&f->be1.ctx);
-    f->be2.ops->destroy(&f->be2.ctx);
-    free(f);
-    return 0;
 }
 
 static void first_mismatch(const char *what, sd_dtype t, shape s, const float *a, const float *b, size_t n) {
