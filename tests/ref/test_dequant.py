@@ -71,9 +71,7 @@ def check_listing(path, reader):
     return len(keys), len(tensors)
 
 
-def compare_tensor(path, t, tmpdir):
-    out_file = os.path.join(tmpdir, "t.f32")
-    subprocess.run([DUMP, path, t.name, out_file], check=True)
+def compare_tensor(t, out_file):
     mine = np.fromfile(out_file, dtype=np.float32)
     ref = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(-1)
     if mine.shape != ref.shape:
@@ -95,10 +93,16 @@ def check_file(path, names, tmpdir):
     n_keys, n_tensors = check_listing(path, reader)
     failures = []
     types = set()
-    for t in reader.tensors:
+    dump_dir = os.path.join(tmpdir, "dump")
+    os.makedirs(dump_dir, exist_ok=True)
+    for old in os.listdir(dump_dir):
+        os.unlink(os.path.join(dump_dir, old))
+    # the i-th tensor of the file to dump_dir/i.f32
+    subprocess.run([DUMP, path, "--to", dump_dir] + (sorted(names) if names else []), check=True)
+    for i, t in enumerate(reader.tensors):
         if names is None or t.name in names:
             types.add(t.tensor_type.name)
-            err = compare_tensor(path, t, tmpdir)
+            err = compare_tensor(t, os.path.join(dump_dir, f"{i}.f32"))
             if err:
                 failures.append(err)
     print(f"{os.path.basename(path)}: {n_keys} keys, {n_tensors} tensors, compared types {sorted(types)}, "
