@@ -143,7 +143,7 @@ void sd_cpu_zprep_row_vnni(const uint8_t *xr, size_t nb, uint8_t *dst);
  * nb): 72 bytes per block against a q8 row's 68. Such calls take
  * ZPREP_TOK_BLOCK tokens per pass over a chunk's rows (64 prepared rows of
  * an 8192-wide matrix are 1.2 MB, most of an L2 beside the weights):
- * measured 2-7% faster than 64 on 576-, 2048- and 8192-wide matrices, one
+ * measured 1-6% faster than 64 on 576-, 2048- and 8192-wide matrices, one
  * thread (bench/results/quant-cpu.md). */
 enum { ZPREP_BLOCK_BYTES = 64, ZPREP_TOK_BLOCK = 16 };
 
