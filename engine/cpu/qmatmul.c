@@ -20,7 +20,10 @@
  * float accumulation of two blocks per instruction — it would sum a lane's
  * blocks in two chains, changing the result with the path. The tiles are in
  * qmatmul_avx2.c and qmatmul_vnni.c, only in the shapes this dispatch picks
- * (qmatmul_impl.h: why their own files).
+ * (qmatmul_impl.h: why their own files). On the VNNI path a Q4_0 call
+ * also prepares its activation rows once (q + 128, each dword twice:
+ * qmatmul_impl.h's zprep) for tiles that take the offset from the weights
+ * instead (qmatmul_vnni.c), same arithmetic.
  *
  * K-quants (Q4_K, Q5_K, Q6_K) reuse the activation blocks of 32: each is
  * one 32-element sub-block of a 256-element super-block, so only the weight
@@ -33,6 +36,7 @@
  *
  * Block data is unaligned (18-, 20-, 144-, 176- and 210-byte blocks): every
  * load is unaligned and scalar loads go through memcpy. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -297,8 +301,9 @@ typedef struct qmatmul_args {
     const uint8_t *w;
     size_t row_bytes;
     const float *x;    /* F16 / BF16 */
-    const uint8_t *xq; /* integer types: q8 rows */
+    const uint8_t *xq; /* integer types: q8 rows, or the prepared rows (zprep) when zprep */
     size_t xrow_bytes;
+    bool zprep;
     float *y;
     size_t n_in, n_out, n_tokens;
 } qmatmul_args;
@@ -332,18 +337,18 @@ static void qmatmul_chunk(void *p, int64_t c, int32_t ith) {
     const bool wide = a->path == SD_CPU_QPATH_VNNI && (integer || n > 1);
     qtile_shape(n, wide, &rb, &tb);
     const int kind = integer ? kind_of(a->type) : 0;
-    const qtile_fn(*qt)[MAX_T] =
+    const qtile_fn(*qt)[MAX_T] = sd_cpu_qtiles_avx2[kind];
 #if HAVE_VNNI_PATH
-        a->path == SD_CPU_QPATH_VNNI ? sd_cpu_qtiles_vnni[kind] :
+    if (a->path == SD_CPU_QPATH_VNNI) qt = a->zprep ? sd_cpu_q40_ptiles_vnni : sd_cpu_qtiles_vnni[kind];
 #endif
-                                     sd_cpu_qtiles_avx2[kind];
     const ftile_fn(*ft)[MAX_T] =
 #if HAVE_VNNI_PATH
         wide ? sd_cpu_ftiles_vnni[a->type == SD_DTYPE_F16 ? 1 : 0] :
 #endif
              sd_cpu_ftiles[a->type == SD_DTYPE_F16 ? 1 : 0];
-    for (size_t t0 = 0; t0 < n; t0 += TOK_BLOCK) {
-        size_t t_end = t0 + TOK_BLOCK < n ? t0 + TOK_BLOCK : n;
+    const size_t tok_block = a->zprep ? ZPREP_TOK_BLOCK : TOK_BLOCK;
+    for (size_t t0 = 0; t0 < n; t0 += tok_block) {
+        size_t t_end = t0 + tok_block < n ? t0 + tok_block : n;
         for (size_t r = r_begin; r < r_end; r += rb) {
             size_t nr = r_end - r < rb ? r_end - r : rb;
             const uint8_t *w = a->w + r * a->row_bytes;
@@ -383,8 +388,16 @@ sd_status sd_cpu_qmatmul(sd_backend *be, sd_cpu_qpath path, sd_dtype type, const
                       .n_out = (size_t)n_out,
                       .n_tokens = (size_t)n_tokens};
     if (integer) {
-        size_t rb = sd_cpu_q8_row_bytes(n_in), need;
-        if (!sd_mul_ok(rb, (size_t)n_tokens, &need)) return SD_ERR_NOMEM;
+        const size_t rb = sd_cpu_q8_row_bytes(n_in), nb = (size_t)n_in / QK;
+#if HAVE_VNNI_PATH
+        a.zprep = path == SD_CPU_QPATH_VNNI && type == SD_DTYPE_Q4_0;
+#endif
+        /* the q8 rows, then (zprep) the prepared rows from a 64-byte boundary */
+        const size_t q8_bytes = ((size_t)n_tokens * rb + 63) & ~(size_t)63;
+        const size_t prow = a.zprep ? zprep_row_bytes(nb) : 0;
+        size_t need;
+        if (!sd_mul_ok(rb + prow, (size_t)n_tokens, &need) || need > SIZE_MAX - 64) return SD_ERR_NOMEM;
+        need = q8_bytes + (size_t)n_tokens * prow;
         if (need > be->qbuf_bytes) {
             void *q = aligned_alloc(64, (need + 63) & ~(size_t)63);
             if (!q) {
@@ -395,10 +408,15 @@ sd_status sd_cpu_qmatmul(sd_backend *be, sd_cpu_qpath path, sd_dtype type, const
             be->qbuf = q;
             be->qbuf_bytes = need;
         }
-        for (int32_t t = 0; t < n_tokens; t++)
-            sd_cpu_q8_quantize_row(x + (size_t)t * (size_t)n_in, n_in, (uint8_t *)be->qbuf + (size_t)t * rb);
-        a.xq = be->qbuf;
-        a.xrow_bytes = rb;
+        uint8_t *q8 = be->qbuf, *prep = q8 + q8_bytes;
+        for (int32_t t = 0; t < n_tokens; t++) {
+            sd_cpu_q8_quantize_row(x + (size_t)t * (size_t)n_in, n_in, q8 + (size_t)t * rb);
+#if HAVE_VNNI_PATH
+            if (a.zprep) sd_cpu_zprep_row_vnni(q8 + (size_t)t * rb, nb, prep + (size_t)t * prow);
+#endif
+        }
+        a.xq = a.zprep ? prep : q8;
+        a.xrow_bytes = a.zprep ? prow : rb;
     }
     sd_cpu_parallel(be, qmatmul_chunk, &a, (int64_t)(((size_t)n_out + ROW_CHUNK - 1) / ROW_CHUNK),
                     (size_t)n_in * (size_t)n_out);

@@ -120,10 +120,37 @@ extern const ftile_fn sd_cpu_ftiles[2][MAX_R][MAX_T];
 #endif
 #if HAVE_VNNI_PATH
 /* As sd_cpu_qtiles_avx2, with VNNI integer dots, in the wide shapes
- * (SD_QTILE_SHAPES_WIDE). qmatmul_vnni.c. */
+ * (SD_QTILE_SHAPES_WIDE), but for Q4_0 (all NULL: sd_cpu_q40_ptiles_vnni).
+ * qmatmul_vnni.c. */
 extern const qtile_fn sd_cpu_qtiles_vnni[N_KINDS][MAX_R][MAX_T];
 /* As sd_cpu_ftiles, in 512-bit registers, in the wide shapes. qmatmul_vnni.c. */
 extern const ftile_fn sd_cpu_ftiles_vnni[2][MAX_R][MAX_T];
+/* [R - 1][T - 1]: Q4_0 tiles on prepared activation rows (zprep below) in
+ * the wide shapes; the xq and xrow_bytes they take are the prepared rows
+ * and zprep_row_bytes. qmatmul_vnni.c. */
+extern const qtile_fn sd_cpu_q40_ptiles_vnni[MAX_R][MAX_T];
+/* Prepares one quantized activation row xr (sd_cpu_q8_row_bytes, nb
+ * blocks) for sd_cpu_q40_ptiles_vnni into dst (zprep_row_bytes(nb) bytes,
+ * 64-byte aligned). qmatmul_vnni.c. */
+void sd_cpu_zprep_row_vnni(const uint8_t *xr, size_t nb, uint8_t *dst);
 #endif
+
+/* Prepared activations (zprep), for the VNNI path's Q4_0 tiles
+ * (qmatmul_vnni.c says why): per token, a
+ * row holding per block b, at b * ZPREP_BLOCK_BYTES, q + 128 as unsigned
+ * bytes with each dword twice (dword 2k + i = dword k), then dx_b twice
+ * ([2b + i], f32) for the blocks padded to a multiple of 8 (zeros past
+ * nb): 72 bytes per block against a q8 row's 68. Such calls take
+ * ZPREP_TOK_BLOCK tokens per pass over a chunk's rows (64 prepared rows of
+ * an 8192-wide matrix are 1.2 MB, most of an L2 beside the weights):
+ * measured 1-6% faster than 64 on 576-, 2048- and 8192-wide matrices, one
+ * thread (bench/results/quant-cpu.md). */
+enum { ZPREP_BLOCK_BYTES = 64, ZPREP_TOK_BLOCK = 16 };
+
+static inline size_t zprep_padded_blocks(size_t nb) { return (nb + 7) & ~(size_t)7; }
+
+static inline size_t zprep_row_bytes(size_t nb) {
+    return (nb * ZPREP_BLOCK_BYTES + zprep_padded_blocks(nb) * 8 + 63) & ~(size_t)63;
+}
 
 #endif

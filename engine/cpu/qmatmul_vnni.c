@@ -23,6 +23,157 @@
 #undef QZMM
 #undef QSHAPES
 
+/* ---- Q4_0 on prepared activations (qmatmul_impl.h: zprep) ----
+ *
+ * The 512-bit tile of qmatmul_simd.inc (ztile) spends, per token and
+ * block, a permute (each dword of q twice) and a dpbusd and a subtraction
+ * (Q4_0's -8 sum q, the dot's start): with 4 rows, one more instruction
+ * per (row, token, block) on top of the dpbusd, conversion and fused add
+ * per (row pair, token, block); and 7 to unpack a row pair's nibbles per
+ * block. Here the activation side is done once per call
+ * (sd_cpu_zprep_row_vnni: q + 128, doubled) and the offset moves to the
+ * weights, where it is paid per (row pair, block) and shared by the tile's
+ * tokens (one-token calls included: measured as fast or faster, the 2048 x
+ * 8192 kernel 1.25x):
+ *     sum (q + 128)(n - 8) = P + 128 sum (n - 8)   (per lane, exact in int32)
+ * so the dot starts from -128 sum (n - 8) = 4096 - 128 sum n, one dpbusd of
+ * the nibbles with -128. Per (row pair, block): a two-source permute of
+ * both rows' 16 bytes, a masked shift (the high nibbles), an and, the - 8
+ * and that dpbusd; per (row pair, token, block) only the dot, its
+ * conversion and the fused add. The lanes are ztile's (dword 2k + i: row
+ * r_i's lane k) and each lane's operations and their order are the C
+ * twin's: the same P_bk, the same products dw_b * dx_b, the same fused
+ * adds, the same lane tree. Tried and not kept: -8 sum q per token and
+ * block stored with the prepared rows as the dot's start (twice the bytes
+ * per block read by every tile; slower on 2048- and 8192-wide matrices). */
+
+void sd_cpu_zprep_row_vnni(const uint8_t *xr, size_t nb, uint8_t *dst) {
+    const __m512i twice = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const float *dx = (const float *)(xr + nb * QK);
+    float *dxd = (float *)(dst + nb * ZPREP_BLOCK_BYTES);
+    for (size_t b = 0; b < nb; b++) {
+        const __m512i qz =
+            _mm512_permutexvar_epi32(twice, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(xr + b * QK))));
+        _mm512_store_si512((void *)(dst + b * ZPREP_BLOCK_BYTES), _mm512_xor_si512(qz, _mm512_set1_epi8((char)0x80)));
+        dxd[2 * b] = dxd[2 * b + 1] = dx[b];
+    }
+    for (size_t b = nb; b < zprep_padded_blocks(nb); b++) dxd[2 * b] = dxd[2 * b + 1] = 0.0f;
+}
+
+/* One R x T Q4_0 tile on prepared activation rows xp (prow_bytes apart):
+ * lanes as in ztile (dword 2k + i: row r_i's lane k), so the output is
+ * taken apart the same way. The scale products of 8 blocks per row pair
+ * come from both rows' f16 d gathered by word permutes (d_j at byte 18 j of
+ * the group; masked loads read no byte past the group's last d), widened,
+ * and multiplied by the doubled dx of each token. */
+static inline __attribute__((always_inline)) void q40_ptile(const uint8_t *w, size_t row_bytes, const uint8_t *xp,
+                                                            size_t prow_bytes, size_t nb, float *y, size_t n_out,
+                                                            const int R, const int T) {
+    enum { MAX_P = MAX_R / 2, BB = 18 };
+    const int P = (R + 1) / 2;
+    /* both rows' 16 bytes of nibbles: dword 2k + i = row i's dword k % 4 */
+    const __m512i wlanes = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 0, 16, 1, 17, 2, 18, 3, 19);
+#define WORDS(lo, hi) ((lo) | (hi) << 16)
+    /* word 9 j (byte 18 j) of 128 bytes: block j's d */
+    const __m512i dwords =
+        _mm512_setr_epi32(WORDS(0, 9), WORDS(18, 27), WORDS(36, 45), WORDS(54, 63), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    /* word 2 j + i: word j of d[i] */
+    const __m512i dpair = _mm512_setr_epi32(WORDS(0, 32), WORDS(1, 33), WORDS(2, 34), WORDS(3, 35), WORDS(4, 36),
+                                            WORDS(5, 37), WORDS(6, 38), WORDS(7, 39), 0, 0, 0, 0, 0, 0, 0, 0);
+#undef WORDS
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    __m512 acc[MAX_P][MAX_T];
+    /* per row pair and token, blocks b0 .. b0 + 7: [2j + i] = dw_{r_i, b0 + j} * dx */
+    float prod[MAX_P][MAX_T][16] __attribute__((aligned(64)));
+#pragma GCC unroll 4
+    for (int p = 0; p < P; p++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) acc[p][t] = _mm512_setzero_ps();
+    for (size_t b0 = 0; b0 < nb; b0 += 8) {
+        const size_t n_group = nb - b0 < 8 ? nb - b0 : 8;
+        const size_t d_end = (n_group - 1) * BB + 2; /* bytes up to the group's last d */
+        const __mmask64 m_lo = d_end >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << d_end) - 1;
+        const __mmask64 m_hi = d_end <= 64 ? 0 : d_end >= 128 ? ~(__mmask64)0 : ((__mmask64)1 << (d_end - 64)) - 1;
+#pragma GCC unroll 4
+        for (int p = 0; p < P; p++) {
+            __m512i d[2];
+#pragma GCC unroll 2
+            for (int i = 0; i < 2; i++) {
+                const int r = 2 * p + i < R ? 2 * p + i : R - 1;
+                const uint8_t *g = w + (size_t)r * row_bytes + b0 * BB;
+                d[i] = _mm512_permutex2var_epi16(_mm512_maskz_loadu_epi8(m_lo, g), dwords,
+                                                 _mm512_maskz_loadu_epi8(m_hi, g + 64));
+            }
+            const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(d[0], dpair, d[1])));
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                const float *dxd = (const float *)(xp + (size_t)t * prow_bytes + nb * ZPREP_BLOCK_BYTES) + 2 * b0;
+                _mm512_store_ps(prod[p][t], _mm512_mul_ps(dw, _mm512_loadu_ps(dxd)));
+            }
+        }
+        for (size_t j = 0; j < n_group; j++) {
+            const size_t b = b0 + j;
+            __m512i ws[MAX_P], start[MAX_P];
+#pragma GCC unroll 4
+            for (int p = 0; p < P; p++) {
+                const int r1 = 2 * p + 1 < R ? 2 * p + 1 : R - 1;
+                const uint8_t *blk0 = w + (size_t)(2 * p) * row_bytes + b * BB,
+                              *blk1 = w + (size_t)r1 * row_bytes + b * BB;
+                if ((b & 3) == 0) {
+                    _mm_prefetch((const char *)(blk0 + PREFETCH_BYTES), _MM_HINT_T0);
+                    if (2 * p + 1 < R) _mm_prefetch((const char *)(blk1 + PREFETCH_BYTES), _MM_HINT_T0);
+                }
+                __m512i z = _mm512_permutex2var_epi32(
+                    _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(blk0 + 2))), wlanes,
+                    _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(blk1 + 2))));
+                z = _mm512_mask_srli_epi16(z, (__mmask32)0xffff0000u, z, 4); /* lanes 4-7: the high nibbles */
+                const __m512i n = _mm512_and_si512(z, low4);
+                ws[p] = _mm512_sub_epi8(n, _mm512_set1_epi8(8));
+                /* -128 * sum (n - 8) = 4096 - 128 * sum n per lane */
+                start[p] = _mm512_dpbusd_epi32(_mm512_set1_epi32(4096), n, _mm512_set1_epi8(-128));
+            }
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                const __m512i qu =
+                    _mm512_load_si512((const void *)(xp + (size_t)t * prow_bytes + b * ZPREP_BLOCK_BYTES));
+#pragma GCC unroll 4
+                for (int p = 0; p < P; p++) {
+                    const __m512i dot = _mm512_dpbusd_epi32(start[p], qu, ws[p]); /* P_bk, exact */
+                    double s2;
+                    memcpy(&s2, &prod[p][t][2 * j], 8);
+                    acc[p][t] =
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_castpd_ps(_mm512_set1_pd(s2)), acc[p][t]);
+                }
+            }
+        }
+    }
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 0, 0, 0, 0, 0, 0, 0, 0);
+#pragma GCC unroll 4
+    for (int p = 0; p < P; p++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            y[(size_t)t * n_out + (size_t)(2 * p)] =
+                sd_cpu_hsum256(_mm512_castps512_ps256(_mm512_permutexvar_ps(even, acc[p][t])));
+            if (2 * p + 1 < R)
+                y[(size_t)t * n_out + (size_t)(2 * p + 1)] =
+                    sd_cpu_hsum256(_mm512_castps512_ps256(_mm512_permutexvar_ps(odd, acc[p][t])));
+        }
+}
+
+// clang-format off
+#define PTILE_FN(R, T)                                                                                            \
+    static void q40_ptile_##R##_##T(const uint8_t *w, size_t rb, const uint8_t *xp, size_t prb, size_t nb, float *y, \
+                                    size_t n_out) {                                                               \
+        q40_ptile(w, rb, xp, prb, nb, y, n_out, R, T);                                                            \
+    }
+SD_QTILE_SHAPES_WIDE(PTILE_FN)
+#define PTILE_AT(R, T) [R - 1][T - 1] = q40_ptile_##R##_##T,
+const qtile_fn sd_cpu_q40_ptiles_vnni[MAX_R][MAX_T] = {SD_QTILE_SHAPES_WIDE(PTILE_AT)};
+// clang-format on
+#undef PTILE_FN
+#undef PTILE_AT
+
 /* 8 weights of each of rows w0 and w1 from element i, widened to f32
  * (exact): row w0 in lanes 0-7, w1 in 8-15. */
 static inline __attribute__((always_inline)) __m512 widen8x2(const uint8_t *w0, const uint8_t *w1, size_t i,
