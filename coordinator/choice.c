@@ -58,11 +58,24 @@
  * may pay: its net goodput on the requests that tried it (an EMA over their
  * decisions) must beat what the request already gets from the kinds it
  * has seen (n-gram's shadow record included); otherwise one request in
- * SD_CHOICE_SAMPLE tries it, which keeps that record current. On the demo
- * model with both models on two threads, a 4-bit draft of the target costs
- * 0.74 of a target step a token and ties with n-gram lookup on chat: trying
- * it on every request made the choice 0.78x of fixed n-gram
- * (bench/results/routing-cpu.md).
+ * SD_CHOICE_SAMPLE of those asked (counted here: by request id, pinned
+ * requests in between made it one in 4 or none) tries it, which keeps that
+ * record current. On the demo model with both models on two threads, a
+ * 4-bit draft of the target costs 0.74 of a target step a token and ties
+ * with n-gram lookup on chat: trying it on every request made the choice
+ * 0.78x of fixed n-gram (bench/results/routing-cpu.md). And a kind that
+ * cannot pay on the request is not tried at all, not even to sample it:
+ * with every draft accepted, at its measured drafting cost, over all the
+ * tokens the request may still generate, it would save less time than
+ * the move costs (the drafter's measured time to take in a prefix token,
+ * times the prefix; what a summary that n-gram already copies would pay);
+ * on a cold service the kind's first trial (admitted at a guessed price)
+ * ends as soon as its measured cost shows it cannot pay.
+ * The trials are judged without the step that carried the prompt (no
+ * drafts yet: its 1 token sank the first kind's record), and a kind other
+ * than the one drafting the request must beat it by SD_CHOICE_SWITCH to
+ * take it over, as the shadow must (4 steps are a small sample, and a
+ * wrong move to n-gram costs a move back: the model's prefill again).
  *
  * Rejected: a bandit over all requests together (the point is that the
  * best kind differs per request), and choosing from the prompt's text
@@ -80,7 +93,7 @@
 #define SD_CHOICE_USELESS     1.1 /* tokens per step: a kind no better than target-only */
 #define SD_CHOICE_SAMPLE      8   /* one request in this many still tries a useless kind */
 #define SD_CHOICE_SERVICE_EMA 0.02
-#define SD_CHOICE_SWITCH      1.15 /* the shadow n-gram's goodput over the chosen kind's that moves a request */
+#define SD_CHOICE_SWITCH      1.15 /* another kind's goodput over the drafting kind's that moves a request */
 #define SD_CHOICE_WINDOW      8    /* shadow steps the move is judged on (sd_session.shadow_ring) */
 #define SD_CHOICE_KIND_EMA    0.2  /* weight of one request's decision in a kind's service-wide goodput */
 
@@ -106,12 +119,20 @@ static double kind_token_us(const sd_coord *c, Specd__DrafterKind k) {
     return best;
 }
 
-/* Net goodput of kind k on s at `tokens` committed per step with k_draft drafts. */
-static double goodput_at(const sd_coord *c, const sd_session *s, Specd__DrafterKind k, double tokens, double k_draft) {
+/* s's verifier cost line and its time per sequence of a step without
+ * drafts (its share of the step's fixed cost at the group's batch). */
+static const sd_cost_model *verify_cost(const sd_coord *c, const sd_session *s, double *v0) {
     const sd_cost_model *v = sd_coord_group_ok(c, s) ? &c->workers[s->group].cost : &c->cost;
     int32_t batch = sd_coord_group_ok(c, s) ? sd_place_group_load(c, s->group) : c->n_active;
     if (batch < 1) batch = 1;
-    double v0 = v->verify_fixed_us / batch + v->verify_token_us;
+    *v0 = v->verify_fixed_us / batch + v->verify_token_us;
+    return v;
+}
+
+/* Net goodput of kind k on s at `tokens` committed per step with k_draft drafts. */
+static double goodput_at(const sd_coord *c, const sd_session *s, Specd__DrafterKind k, double tokens, double k_draft) {
+    double v0;
+    const sd_cost_model *v = verify_cost(c, s, &v0);
     double verify = v0 + v->verify_token_us * k_draft;
     double token_us = kind_token_us(c, k);
     double draft = (token_us > 0 ? token_us : 0.0) * k_draft;
@@ -206,6 +227,59 @@ static double shadow_mean(const sd_session *s) {
     return sum / SD_CHOICE_WINDOW;
 }
 
+/* What moving s to a drafter of kind k costs, microseconds: the cheapest
+ * live one's measured time to take in s's prefix (0 until measured). */
+static double move_us(const sd_coord *c, const sd_session *s, int k) {
+    double best = -1.0;
+    for (int32_t i = 0; i < SD_COORD_MAX_WORKERS; i++) {
+        const sd_coord_worker *w = &c->workers[i];
+        if (sd_coord_is_drafter(w) && (int)w->drafter_kind == k && (best < 0 || w->refill_token_us < best))
+            best = w->refill_token_us;
+    }
+    return best > 0 ? best * s->n_tokens : 0.0;
+}
+
+/* Kind k's net goodput on s with every draft accepted, at the K that
+ * suits its measured drafting cost best. */
+static double ceiling_of(const sd_coord *c, const sd_session *s, int k) {
+    int32_t k_max = sd_max_k(c, s);
+    if (k_max < 1) k_max = 1;
+    if (k_max > SD_MAX_K) k_max = SD_MAX_K;
+    double ceiling = 0.0;
+    for (int32_t kd = 1; kd <= k_max; kd++) {
+        double g = goodput_at(c, s, (Specd__DrafterKind)k, kd + 1, kd);
+        if (g > ceiling) ceiling = g;
+    }
+    return ceiling;
+}
+
+/* Whether kind k could pay on s at all: at its ceiling, over every token s
+ * may still generate, it would save more time than moving s to it costs,
+ * against the best s already gets (best_g, net goodput; 0: nothing yet).
+ * A trial of a kind that cannot pay is pure cost: its move, then steps at
+ * its price, for a request that keeps what it had. */
+static bool can_pay(const sd_coord *c, const sd_session *s, int k, double best_g) {
+    if (best_g <= 0) return true;
+    double ceiling = ceiling_of(c, s, k);
+    if (ceiling <= best_g) return false;
+    double v0;
+    (void)verify_cost(c, s, &v0);
+    int32_t left = s->max_tokens - sd_session_generated(s);
+    if (left < 1) return false;
+    double saved = left * v0 * (1.0 / best_g - 1.0 / ceiling); /* time for `left` tokens: left * v0 / goodput */
+    return saved > move_us(c, s, k);
+}
+
+/* Whether kind k's drafting cost has been measured (its first trial
+ * measures it: until then its ceiling is a guess). */
+static bool cost_known(const sd_coord *c, int k) {
+    for (int32_t i = 0; i < SD_COORD_MAX_WORKERS; i++) {
+        const sd_coord_worker *w = &c->workers[i];
+        if (sd_coord_is_drafter(w) && (int)w->drafter_kind == k && w->cost.n_draft_obs > 0) return true;
+    }
+    return false;
+}
+
 /* Whether kind k has been useless over the service's recent requests. */
 static bool useless(const sd_coord *c, int k) {
     return c->kind_steps[k] >= 4 * SD_CHOICE_TRIAL && c->kind_tokens[k] < SD_CHOICE_USELESS;
@@ -228,12 +302,21 @@ static bool unpromising(const sd_coord *c, const sd_session *s, int k) {
     return c->kind_decisions[k] >= SD_CHOICE_TRIAL && c->kind_goodput[k] <= best_known(c, s);
 }
 
-/* The next kind to try on s (steps < SD_CHOICE_TRIAL), or UNSPECIFIED; a
- * useless or unpromising kind only on one request in SD_CHOICE_SAMPLE. */
-static Specd__DrafterKind next_untried(const sd_coord *c, const sd_session *s, unsigned live) {
+/* Whether s is one of the requests that try kinds that look unpromising
+ * (one in SD_CHOICE_SAMPLE of those asked; decided once per request). */
+static bool explores(sd_coord *c, sd_session *s) {
+    if (s->explore == 0) s->explore = c->explore_asked++ % SD_CHOICE_SAMPLE == 0 ? 1 : -1;
+    return s->explore > 0;
+}
+
+/* The next kind to try on s (steps < SD_CHOICE_TRIAL), or UNSPECIFIED:
+ * never one that cannot pay on s; a useless or unpromising kind only on
+ * one request in SD_CHOICE_SAMPLE. */
+static Specd__DrafterKind next_untried(sd_coord *c, sd_session *s, unsigned live) {
+    double best_g = best_known(c, s);
     for (int k = 1; k < SD_DRAFTER_KINDS; k++)
-        if ((live & (1u << k)) && s->kinds[k].steps < SD_CHOICE_TRIAL &&
-            ((!useless(c, k) && !unpromising(c, s, k)) || s->id % SD_CHOICE_SAMPLE == 0))
+        if ((live & (1u << k)) && s->kinds[k].steps < SD_CHOICE_TRIAL && can_pay(c, s, k, best_g) &&
+            ((!useless(c, k) && !unpromising(c, s, k)) || explores(c, s)))
             return (Specd__DrafterKind)k;
     return SPECD__DRAFTER_KIND__DRAFTER_KIND_UNSPECIFIED;
 }
@@ -256,13 +339,21 @@ static void choose(sd_session *s, Specd__DrafterKind best, double best_g) {
              protobuf_c_enum_descriptor_get_value(&specd__drafter_kind__descriptor, (int)best)->name, best_g);
 }
 
-void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, const int32_t *commit, int32_t n_commit) {
+void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, bool refill, const int32_t *commit, int32_t n_commit) {
     if (s->pin_kind != SPECD__DRAFTER_KIND__DRAFTER_KIND_UNSPECIFIED || !sd_coord_drafter_ok(c, s)) return;
+    /* a refill without drafts (the prompt's step: its drafts were not
+     * there yet) says nothing of the drafter; counted, its 1 token sank
+     * the first kind's 4-step trial record by a quarter */
+    if (refill && k == 0) return;
     Specd__DrafterKind cur = c->workers[s->drafter].drafter_kind;
     if (cur <= 0 || cur >= SD_DRAFTER_KINDS) return;
     struct sd_kind_record *r = &s->kinds[cur];
     record(r, n_commit, k);
-    if (cur == SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM && k > 0) /* the window of n-gram steps, real ones too */
+    /* the window of n-gram steps, real ones too, also those it proposed
+     * nothing for (1 token, as the shadow counts them): left out, a
+     * request whose lookup found nothing for 30 steps was judged on the
+     * burst before them */
+    if (cur == SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM)
         s->shadow_ring[s->shadow_steps++ % SD_CHOICE_WINDOW] = (uint8_t)sd_imin(n_commit, 255);
     double w = c->kind_steps[cur] == 0 ? 1.0 : SD_CHOICE_SERVICE_EMA;
     c->kind_tokens[cur] += w * (n_commit - c->kind_tokens[cur]);
@@ -305,6 +396,20 @@ void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, const int32_t *com
             return;
         }
     }
+    if (!s->kind_chosen && r->steps < SD_CHOICE_TRIAL && s->want_kind == cur && c->kind_decisions[cur] == 0 &&
+        cost_known(c, cur)) {
+        /* the kind's first trial on a cold service (it was tried at a
+         * guessed price): once its cost is measured, a trial that cannot
+         * pay ends at once. Only then: later trials were admitted at the
+         * measured price, and ending them on a record of a few noisy
+         * steps sent chat requests back to n-gram (3-4% on chat) */
+        double others = 0.0;
+        for (int kd = 1; kd < SD_DRAFTER_KINDS; kd++) {
+            double g = kd == (int)cur ? 0.0 : sd_choice_goodput(c, s, (Specd__DrafterKind)kd);
+            if (g > others) others = g;
+        }
+        if (others > 0 && ceiling_of(c, s, cur) <= others) r->steps = SD_CHOICE_TRIAL;
+    }
     if (r->steps < SD_CHOICE_TRIAL && (s->want_kind == cur || s->want_kind == 0)) {
         s->want_kind = cur; /* finish this kind's trial */
         return;
@@ -314,9 +419,12 @@ void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, const int32_t *com
         s->want_kind = next;
         return;
     }
-    /* every live kind tried (or passed over): keep the best */
+    /* every live kind tried (or passed over): keep the best; another kind
+     * than the one drafting s must beat it by SD_CHOICE_SWITCH, as the
+     * shadow must (a 4-step trial is noisy, and a wrong move costs a move
+     * back: the model's prefill of the whole prefix) */
     Specd__DrafterKind best = cur;
-    double best_g = -1.0;
+    double best_g = -1.0, best_score = -1.0;
     for (int kd = 1; kd < SD_DRAFTER_KINDS; kd++) {
         if (!(live & (1u << kd))) continue;
         double g = kd == (int)ngram && mean > 0 && s->kinds[ngram].steps > 0
@@ -327,7 +435,8 @@ void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, const int32_t *com
             c->kind_goodput[kd] += wt * (g - c->kind_goodput[kd]);
             if (c->kind_decisions[kd] < UINT32_MAX) c->kind_decisions[kd]++;
         }
-        if (g > best_g) best = (Specd__DrafterKind)kd, best_g = g;
+        double score = kd == (int)cur ? SD_CHOICE_SWITCH * g : g;
+        if (score > best_score) best = (Specd__DrafterKind)kd, best_g = g, best_score = score;
     }
     choose(s, best, best_g);
 }

@@ -132,6 +132,9 @@ typedef struct sd_session {
     int32_t shadow_slot;            /* its slot in the shadow n-gram drafter (choice.c), -1 none */
     uint8_t shadow_ring[8];         /* the shadow's tokens a step over its last 8 steps (ring) */
     int32_t shadow_steps;           /* steps the shadow has priced (ring index: mod 8) */
+    /* whether it tries kinds that look unpromising (choice.c): 0 not yet
+     * asked, 1 yes (one such request in SD_CHOICE_SAMPLE), -1 no */
+    int8_t explore;
     struct sd_kind_record {
         double tokens; /* EMA of tokens committed per verify step while drafted by this kind */
         double k;      /* EMA of drafts per verify step */
@@ -267,7 +270,8 @@ typedef struct sd_coord_worker {
     int32_t *step_end;   /* keep_len + len(append) per sequence (what it holds before drafting/sampling) */
     bool *step_lp;       /* per sequence: its prefill chunk asked for prompt logprobs */
     int32_t n_step, cap_step;
-    int32_t step_tokens; /* tokens the step's forward computes (appended + drafts) */
+    int32_t step_tokens;   /* tokens the step's forward computes (appended + drafts) */
+    int32_t step_appended; /* drafters: prefix tokens the step's sequences appended */
     /* verify: some sequence appended more than its last committed token;
      * draft: some sequence appended more than a step commits (a prompt, a
      * moved request's prefix), so the step's time is not a draft's cost */
@@ -277,6 +281,10 @@ typedef struct sd_coord_worker {
     /* this worker's own measured costs (placement compares workers by them;
      * the K policy uses the service-wide sd_coord.cost) */
     sd_cost_model cost;
+    /* drafters: EMA of the time a prefix token costs it to take in (a
+     * refill step's time less its drafts, per appended token; what moving
+     * a request to it costs, choice.c), 0 until measured */
+    double refill_token_us;
     /* verifier leaders: holding the group for drafts (scheduler.c) */
     uint64_t hold_since_us;   /* clock when its idle step was first held; 0 = not held */
     uint64_t verify_reply_us; /* when its last verify reply was handled; 0 = none pending */
@@ -357,6 +365,10 @@ typedef struct sd_coord {
      * them when their choice was made, and how many choices fed it */
     double kind_goodput[SD_DRAFTER_KINDS];
     uint32_t kind_decisions[SD_DRAFTER_KINDS];
+    /* requests asked whether they try a kind that looks unpromising (one
+     * in SD_CHOICE_SAMPLE does; counted here, not by request id, so that
+     * pinned requests between them do not skew the share) */
+    uint32_t explore_asked;
     /* the shadow n-gram lookup that prices n-gram drafts for requests
      * another kind drafts (choice.c): created on first use, one slot per
      * active request (shadow_used[slot]), NULL when never needed */
@@ -494,10 +506,11 @@ int32_t sd_place_group_load(const sd_coord *c, int32_t g);
 /* choice.c: which drafter kind drafts each request, by measured goodput */
 /* After a verify step of s drafted by its current drafter (k drafts, the
  * n_commit tokens commit about to be committed; s->tokens is still the
- * context the step verified): updates that kind's record on s (and the
- * n-gram kind's from the shadow lookup) and decides the kind s should use
- * next (s->want_kind; placement moves it). */
-void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, const int32_t *commit, int32_t n_commit);
+ * context the step verified; refill: the step sent the verifier more of
+ * s's prefix than its last token, e.g. its prompt): updates that kind's
+ * record on s (and the n-gram kind's from the shadow lookup) and decides
+ * the kind s should use next (s->want_kind; placement moves it). */
+void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, bool refill, const int32_t *commit, int32_t n_commit);
 /* A session leaves: its shadow slot is freed. */
 void sd_choice_forget(sd_coord *c, sd_session *s);
 /* The shadow drafter and its slots are freed (coordinator teardown). */

@@ -386,12 +386,14 @@ static void dispatch_draft(sd_coord *c, int32_t d, uint64_t now_us) {
     }
     int32_t m = 0;
     w->step_refill = false;
+    w->step_appended = 0;
     for (int32_t i = 0; i < c->n_sessions && m < n; i++) {
         sd_session *s = c->sessions[i];
         int32_t k = draft_candidate(c, d, s);
         if (k <= 0) continue;
         sd_pack_draft_seq(&pk, m, s, k);
         if ((int64_t)pk.seqs[m].n_append > (int64_t)(c->p.max_k > 1 ? c->p.max_k : 1) + 1) w->step_refill = true;
+        w->step_appended += (int32_t)pk.seqs[m].n_append;
         w->step_rids[m] = s->id;
         w->step_k[m] = k;
         w->step_end[m] = s->n_tokens;
@@ -827,6 +829,7 @@ static bool check_result(sd_coord *c, const sd_coord_worker *w, size_t i, const 
 static void apply_ok(sd_coord *c, sd_coord_worker *w, sd_session *s, int32_t k, const Specd__VerifyResult *vr,
                      uint64_t now_us) {
     s->verify_failures = 0;
+    bool refill = s->n_tokens - s->v_cached > 1; /* the step appended more than the last token */
     s->v_cached = (int32_t)vr->cached_len;
     if (w->prefill_only) {
         if (vr->n_logprobs > 0) prompt_logprobs_applied(c, s, vr, now_us);
@@ -854,7 +857,7 @@ static void apply_ok(sd_coord *c, sd_coord_worker *w, sd_session *s, int32_t k, 
     }
     s->draft_base = -1;
     s->k = 0;
-    sd_choice_observe(c, s, k, vr->commit, (int32_t)vr->n_commit);
+    sd_choice_observe(c, s, k, refill, vr->commit, (int32_t)vr->n_commit);
     sd_k_shadow_settle(c, s, vr->commit, (int32_t)vr->n_commit);
     {
         sd_token_logprob lps[SD_MAX_K + 1];
@@ -1052,5 +1055,11 @@ void sd_sched_on_draft(sd_coord *c, int32_t wi, const Specd__DraftResponse *r, u
     if (!w->step_refill) { /* a prefill's time is not what a draft token costs */
         sd_cost_observe_draft(&c->cost, n_drafted, r->draft_us);
         sd_cost_observe_draft(&w->cost, n_drafted, r->draft_us);
+    } else if (w->step_appended > 0 && w->cost.n_draft_obs > 0) {
+        /* what taking in a prefix token costs it (moving a request to it:
+         * choice.c), its drafts' measured cost taken off */
+        double per = ((double)r->draft_us - n_drafted * w->cost.draft_token_us) / w->step_appended;
+        if (per < 0) per = 0;
+        w->refill_token_us = w->refill_token_us > 0 ? 0.8 * w->refill_token_us + 0.2 * per : per;
     }
 }

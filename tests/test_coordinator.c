@@ -2769,12 +2769,15 @@ static void test_drafter_choice_shadow_ngram(void **state) {
     harness_free(h);
 }
 
-/* A costly kind is not tried where it cannot pay: after requests on which
- * the model drafter committed 2 tokens a step (1 of its 3 drafts) at 1 ms a
- * draft token while n-gram committed 4 for nothing, a new request that
- * n-gram serves as well is not moved to the model drafter for a trial
- * (which would cost it the model's prefill of its prefix and its steps),
- * except the one request in 8 that keeps the model's record current. */
+/* A costly kind is not tried where it has not paid: after requests on
+ * which the model drafter committed 2 tokens a step (1 of its 3 drafts) at
+ * 0.2 ms a draft token while n-gram committed 3 (2 of 3) for nothing, a new
+ * request that n-gram serves as well is not moved to the model drafter for
+ * a trial (which would cost it the model's prefill of its prefix and its
+ * steps), except the one request in 8 of those asked that keeps the
+ * model's record current. (The model is cheap enough here that it could
+ * pay with every draft accepted: test_drafter_choice_cannot_pay covers a
+ * kind that could not.) */
 static void test_drafter_choice_skips_unpromising(void **state) {
     (void)state;
     NEED_MODEL();
@@ -2791,12 +2794,13 @@ static void test_drafter_choice_skips_unpromising(void **state) {
     int32_t dn = widx(h, "dn"), dm = widx(h, "dm");
     const char *who[3] = {"v", "dn", "dm"};
     int32_t toks[8] = {9, 9, 9, 9, 9, 9, 9, 9};
-    int32_t model_trials_late = 0, late_requests = 0;
+    int32_t model_trials_late = 0, late_requests = 0, explorers = 0, explorer_trials = 0;
     for (int r = 0; r < 12; r++) {
         int32_t prompt[3] = {5, 6, 7};
         submit(h, "c", prompt, 3, 60, NULL);
         uint64_t rid = expect_accepted(h, "c");
         bool tried_model = false;
+        int8_t explore = 0;
         for (int round = 0; round < 200; round++) {
             harness_compact(h);
             bool any = false;
@@ -2806,7 +2810,7 @@ static void test_drafter_choice_skips_unpromising(void **state) {
                 any = true;
                 if (w->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT) {
                     if (k == 2) tried_model = true;
-                    h->draft_us = k == 2 ? 3000 : 10;
+                    h->draft_us = k == 2 ? 600 : 10;
                     reply_draft(h, who[k], w->draft, toks, 8);
                 } else if (w->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY) {
                     vres res[16];
@@ -2816,7 +2820,7 @@ static void test_drafter_choice_skips_unpromising(void **state) {
                         sd_session *s = sd_sched_find(&h->c, q->request_id);
                         uint32_t acc = 0;
                         if (s && !w->verify->prefill_only && q->n_draft > 0)
-                            acc = s->drafter == dn ? (uint32_t)q->n_draft : s->drafter == dm ? 1u : 0u;
+                            acc = s->drafter == dn ? (uint32_t)q->n_draft - 1 : s->drafter == dm ? 1u : 0u;
                         for (uint32_t j = 0; j < acc; j++) res[i].commit[j] = 9;
                         res[i].commit[acc] = 10;
                         res[i].n_accepted = acc;
@@ -2828,20 +2832,144 @@ static void test_drafter_choice_skips_unpromising(void **state) {
                 specd__coordinator_to_worker__free_unpacked(w, NULL);
             }
             if (!any) break;
+            const sd_session *s = sd_sched_find(&h->c, rid);
+            if (s && s->explore) explore = s->explore;
         }
         assert_null(sd_sched_find(&h->c, rid)); /* finished */
-        if (r >= 6 && rid % 8 != 0) {
+        if (explore > 0) {
+            explorers++;
+            explorer_trials += tried_model;
+        } else if (r >= 6) {
             late_requests++;
             model_trials_late += tried_model;
         }
     }
-    print_message("model kind: goodput %.2f over %u choices, n-gram %.2f; tried on %d of %d later requests\n",
+    print_message("model kind: goodput %.2f over %u choices, n-gram %.2f; tried on %d of %d later requests, "
+                  "%d of %d exploring ones\n",
                   h->c.kind_goodput[SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL],
                   h->c.kind_decisions[SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL],
-                  h->c.kind_goodput[SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM], model_trials_late, late_requests);
+                  h->c.kind_goodput[SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM], model_trials_late, late_requests,
+                  explorer_trials, explorers);
     assert_true(h->c.kind_decisions[SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL] >= 4);
     assert_true(late_requests >= 4);
     assert_int_equal(model_trials_late, 0);
+    /* the first request asked explores (one in 8 of those asked, counted
+     * by the coordinator, not by request id), and it does try the model */
+    assert_int_equal(explorers, 1);
+    assert_int_equal(explorer_trials, 1);
+    harness_free(h);
+}
+
+/* One request of n_prompt tokens through test_drafter_choice_cannot_pay's
+ * service: the n-gram drafter's drafts accepted ng_acc of 3 at a step, the
+ * model's model_acc; the model drafts at 1 ms a token and takes in a
+ * prefix at 0.2 ms a token. Returns whether the model drafted for it; with
+ * ngram_record, the request's n-gram record (tokens a step) as last seen
+ * goes there; model_steps counts the model's draft steps for it. */
+static bool cannot_pay_request(harness *h, int32_t n_prompt, uint32_t max_tokens, uint32_t ng_acc, uint32_t model_acc,
+                               double *ngram_record, int32_t *model_steps) {
+    int32_t dn = widx(h, "dn"), dm = widx(h, "dm");
+    const char *who[3] = {"v", "dn", "dm"};
+    int32_t toks[8] = {9, 9, 9, 9, 9, 9, 9, 9};
+    int32_t prompt[128];
+    for (int32_t i = 0; i < n_prompt && i < 128; i++) prompt[i] = 20 + (i * 37) % 200;
+    submit(h, "c", prompt, (size_t)n_prompt, max_tokens, NULL);
+    uint64_t rid = expect_accepted(h, "c");
+    bool tried_model = false;
+    for (int round = 0; round < 400; round++) {
+        harness_compact(h);
+        bool any = false;
+        for (int k = 0; k < 3; k++) {
+            Specd__CoordinatorToWorker *w = pop_worker(h, who[k]);
+            if (!w) continue;
+            any = true;
+            if (w->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT) {
+                uint32_t appended = w->draft->n_seqs > 0 ? (uint32_t)w->draft->seqs[0]->n_append : 0;
+                if (k == 2) tried_model = true;
+                if (k == 2 && model_steps) ++*model_steps;
+                h->draft_us = k == 2 ? 3000 + (appended > 4 ? 200 * appended : 0) : 10;
+                reply_draft(h, who[k], w->draft, toks, 8);
+            } else if (w->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY) {
+                vres res[16];
+                memset(res, 0, sizeof res);
+                for (size_t i = 0; i < w->verify->n_seqs; i++) {
+                    const Specd__VerifySeq *q = w->verify->seqs[i];
+                    sd_session *x = sd_sched_find(&h->c, q->request_id);
+                    uint32_t acc = 0;
+                    if (x && !w->verify->prefill_only && q->n_draft > 0)
+                        acc = x->drafter == dn ? ng_acc : x->drafter == dm ? model_acc : 0u;
+                    if (acc > q->n_draft) acc = (uint32_t)q->n_draft;
+                    for (uint32_t j = 0; j < acc; j++) res[i].commit[j] = 9;
+                    res[i].commit[acc] = 10;
+                    res[i].n_accepted = acc;
+                    res[i].n_commit = w->verify->prefill_only ? 0 : acc + 1;
+                    res[i].cached_len = q->keep_len + (uint32_t)q->n_append + acc;
+                }
+                reply_verify(h, "v", w->verify, res);
+            }
+            specd__coordinator_to_worker__free_unpacked(w, NULL);
+        }
+        if (!any) break;
+        const sd_session *s = sd_sched_find(&h->c, rid);
+        if (ngram_record && s && s->kinds[SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM].steps > 0)
+            *ngram_record = s->kinds[SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM].tokens;
+    }
+    assert_null(sd_sched_find(&h->c, rid)); /* finished */
+    return tried_model;
+}
+
+/* A kind that cannot pay on a request is not tried on it, not even by the
+ * requests that sample unpromising kinds: on a chat request (n-gram's
+ * drafts all rejected) the model drafter (all accepted, 1 ms a draft token
+ * against a 6 ms step) is tried and kept, which measures its costs; on
+ * requests that n-gram copies (all 3 drafts accepted: 4 tokens a step for
+ * nothing) even a model whose every draft were accepted would commit less
+ * per unit of time, so none tries it. With n-gram taking 1 of 3 the model
+ * could pay per step, but moving a request costs the model's intake of its
+ * prefix (0.2 ms a token): on a 100-token prompt that leaves room for 16
+ * tokens it costs more than the model could save, and the request stays
+ * on n-gram; with room for 140 it is tried. Also: the step of the prompt,
+ * which carries no drafts, is not in the first kind's trial record (n-gram
+ * committing 4 a step is recorded as 4, not pulled down by that 1), and on
+ * a cold service a trial that turns out unable to pay ends as soon as the
+ * kind's cost is measured. */
+static void test_drafter_choice_cannot_pay(void **state) {
+    (void)state;
+    NEED_MODEL();
+    sd_coord_params p = sd_coord_default_params();
+    p.adaptive_k = false;
+    p.default_k = 3;
+    harness *h = harness_new(&p);
+    h->fwd_fixed_us = 5000;
+    h->fwd_token_us = 1000;
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    register_ok(h, "dn", SPECD__ROLE__ROLE_DRAFTER); /* NGRAM */
+    h->kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
+    register_ok(h, "dm", SPECD__ROLE__ROLE_DRAFTER);
+    int32_t dm = widx(h, "dm");
+    /* a cold service (the model's cost not measured yet): its first request,
+     * a copy, tries the model, and ends the trial once the model's cost
+     * is known (its first draft step takes in the prompt, the second is
+     * measured), not after 4 steps, and ends on n-gram */
+    int32_t model_steps = 0;
+    assert_true(cannot_pay_request(h, 3, 60, 3, 3, NULL, &model_steps));
+    print_message("cold copy request: %d model draft steps\n", model_steps);
+    assert_true(model_steps >= 2 && model_steps <= 3);
+    assert_true(cannot_pay_request(h, 3, 60, 0, 3, NULL, NULL)); /* chat: the model is tried (and kept) */
+    print_message("model: %.0f us a draft token, %.0f us a prefix token\n", h->c.workers[dm].cost.draft_token_us,
+                  h->c.workers[dm].refill_token_us);
+    assert_true(h->c.workers[dm].refill_token_us > 100 && h->c.workers[dm].refill_token_us < 300);
+    int32_t copy_trials = 0;
+    for (int r = 0; r < 10; r++) {
+        double rec = 0;
+        copy_trials += cannot_pay_request(h, 3, 60, 3, 3, &rec, NULL);
+        assert_true(rec > 3.999 && rec < 4.001);
+    }
+    print_message("copy requests that tried the model: %d of 10 (%u asked whether to explore)\n", copy_trials,
+                  h->c.explore_asked);
+    assert_int_equal(copy_trials, 0);
+    assert_false(cannot_pay_request(h, 100, 16, 1, 3, NULL, NULL)); /* the move costs more than it could save */
+    assert_true(cannot_pay_request(h, 100, 140, 1, 3, NULL, NULL)); /* room enough: tried */
     harness_free(h);
 }
 
@@ -2942,6 +3070,7 @@ int main(void) {
         cmocka_unit_test(test_drafter_choice_by_goodput),
         cmocka_unit_test(test_drafter_choice_shadow_ngram),
         cmocka_unit_test(test_drafter_choice_skips_unpromising),
+        cmocka_unit_test(test_drafter_choice_cannot_pay),
         cmocka_unit_test(test_local_ngram_drafter),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
