@@ -375,7 +375,7 @@ static void qmatmul_chunk(void *p, int64_t c, int32_t ith) {
                     qt[nr - 1][nt - 1](w, a->row_bytes, a->xq + t * a->xrow_bytes, a->xrow_bytes, a->n_in / QK, y,
                                        a->n_out, pf_ahead);
                 else
-                    ft[nr - 1][nt - 1](w, a->row_bytes, a->x + t * a->n_in, y, a->n_in, a->n_out);
+                    ft[nr - 1][nt - 1](w, a->row_bytes, a->x + t * a->n_in, y, a->n_in, a->n_out, pf_ahead);
             }
         }
     }

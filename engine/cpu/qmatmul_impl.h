@@ -115,7 +115,9 @@ static inline void qtile_shape(size_t n_tokens, bool wide, size_t *rows, size_t 
  * own distance (kprefetch_ahead) and ignore it. */
 typedef void (*qtile_fn)(const uint8_t *w, size_t row_bytes, const uint8_t *xq, size_t xrow_bytes, size_t nb, float *y,
                          size_t n_out, size_t pf_ahead);
-typedef void (*ftile_fn)(const uint8_t *w, size_t row_bytes, const float *x, float *y, size_t n_in, size_t n_out);
+/* One R x T tile of F16 / BF16; pf_ahead as for qtile_fn. */
+typedef void (*ftile_fn)(const uint8_t *w, size_t row_bytes, const float *x, float *y, size_t n_in, size_t n_out,
+                         size_t pf_ahead);
 
 #if SD_CPU_AVX2
 /* [kind][R - 1][T - 1]: one R x T tile of an integer format; NULL for a
