@@ -63,7 +63,7 @@ static const shape shapes[] = {
 static const shape k_shapes[] = {
     {256, 1, 1},    {256, 5, 3},   {512, 47, 1}, {768, 49, 9},  {1536, 97, 17},
     {256, 130, 70}, {1536, 13, 2}, {512, 96, 8}, {256, 200, 5}, {1024, 3, 16},
-    {256, 1001, 1}, {256, 1000, 3},
+    {256, 1001, 1}, {256, 1000, 3}, /* many chunks and tiles, partial ones at the end */
 };
 
 /* Odd lengths for the float formats (no block constraint). */

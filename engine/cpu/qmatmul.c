@@ -313,10 +313,12 @@ typedef struct qmatmul_args {
  * together. Measured, Q8_0 at 1 token on 2 threads (2048-wide rows, 2 KiB
  * each): 48-row chunks 23-24 GB/s, 144-192 rows 25-26 GB/s
  * (bench/results/quant-cpu.md). Longer calls (prompts) compute far more per
- * byte and keep ROW_CHUNK, the finer balance. Any split gives the same
+ * byte and keep ROW_CHUNK, the finer balance; so do the K-quants, whose
+ * tiles prefetch past their chunk (kprefetch_ahead) and which were not
+ * measured with longer chunks. Any split gives the same
  * results: an element's arithmetic does not depend on its chunk. */
-static size_t chunk_rows(const sd_backend *be, size_t n_out, size_t row_bytes, size_t n_tokens) {
-    if (n_tokens > MAX_T || be->n_threads <= 1) return ROW_CHUNK;
+static size_t chunk_rows(const sd_backend *be, sd_dtype type, size_t n_out, size_t row_bytes, size_t n_tokens) {
+    if (n_tokens > MAX_T || be->n_threads <= 1 || sd_dtype_is_k(type)) return ROW_CHUNK;
     size_t by_bytes = STREAM_CHUNK_BYTES / (ROW_CHUNK * row_bytes);
     size_t by_balance = n_out / ((size_t)ROW_CHUNK * 4 * (size_t)be->n_threads);
     size_t m = by_bytes < by_balance ? by_bytes : by_balance;
@@ -403,7 +405,7 @@ sd_status sd_cpu_qmatmul(sd_backend *be, sd_cpu_qpath path, sd_dtype type, const
                       .n_in = (size_t)n_in,
                       .n_out = (size_t)n_out,
                       .n_tokens = (size_t)n_tokens};
-    a.chunk_rows = chunk_rows(be, a.n_out, a.row_bytes, a.n_tokens);
+    a.chunk_rows = chunk_rows(be, type, a.n_out, a.row_bytes, a.n_tokens);
     if (integer) {
         size_t rb = sd_cpu_q8_row_bytes(n_in), need;
         if (!sd_mul_ok(rb, (size_t)n_tokens, &need)) return SD_ERR_NOMEM;
