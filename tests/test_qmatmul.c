@@ -56,15 +56,18 @@ static const sd_dtype types[] = {SD_DTYPE_F16,  SD_DTYPE_BF16, SD_DTYPE_Q8_0, SD
                                  SD_DTYPE_Q4_1, SD_DTYPE_Q4_K, SD_DTYPE_Q5_K, SD_DTYPE_Q6_K};
 enum { N_TYPES = sizeof types / sizeof types[0] };
 
+/* The last two of each list: many chunks and tiles, partial ones at the end
+ * (the integer formats: calls of <= 8 tokens in chunks of 2 x ROW_CHUNK rows
+ * on 2 threads, see chunk_rows in qmatmul.c). */
 static const shape shapes[] = {
-    {32, 1, 1},     {64, 5, 3},    {96, 47, 1},  {288, 49, 9}, {576, 97, 17},
-    {160, 130, 70}, {1536, 13, 2}, {224, 96, 8}, {32, 200, 5}, {736, 3, 16},
+    {32, 1, 1},    {64, 5, 3},   {96, 47, 1},  {288, 49, 9}, {576, 97, 17}, {160, 130, 70},
+    {1536, 13, 2}, {224, 96, 8}, {32, 200, 5}, {736, 3, 16}, {64, 1001, 1}, {96, 1000, 3},
 };
 
 /* The K-quants: n_in whole super-blocks of 256. */
 static const shape k_shapes[] = {
-    {256, 1, 1},    {256, 5, 3},   {512, 47, 1}, {768, 49, 9},  {1536, 97, 17},
-    {256, 130, 70}, {1536, 13, 2}, {512, 96, 8}, {256, 200, 5}, {1024, 3, 16},
+    {256, 1, 1},   {256, 5, 3},  {512, 47, 1},  {768, 49, 9},  {1536, 97, 17}, {256, 130, 70},
+    {1536, 13, 2}, {512, 96, 8}, {256, 200, 5}, {1024, 3, 16}, {256, 1001, 1}, {256, 1000, 3},
 };
 
 /* Odd lengths for the float formats (no block constraint). */

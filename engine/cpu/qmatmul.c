@@ -2,7 +2,8 @@
  * arithmetic every path shares).
  *
  * Layout of the work, as in matmul.c: threads claim chunks of ROW_CHUNK
- * output rows; inside a chunk an R x T tile keeps R weight rows' blocks in
+ * output rows (a multiple of it when a call streams its weights:
+ * chunk_rows); inside a chunk an R x T tile keeps R weight rows' blocks in
  * registers and applies them to T (up to 8) token rows (qtile_shape), so a decode or
  * verify call (1-16 tokens) streams each weight row from memory once and the
  * other token groups reread it from L1/L2. The activations are quantized
@@ -306,7 +307,28 @@ typedef struct qmatmul_args {
     bool zprep;
     float *y;
     size_t n_in, n_out, n_tokens;
+    size_t chunk_rows; /* output rows per pool chunk (chunk_rows()) */
 } qmatmul_args;
+
+/* Output rows per pool chunk. A call of up to MAX_T tokens streams its
+ * weights once, and each chunk a thread claims starts its rows cold (the
+ * tiles prefetch only inside their chunk, see qtile_fn), so such a call
+ * takes chunks of up to STREAM_CHUNK_BYTES of weights: ROW_CHUNK rows times
+ * what fits, but at least 4 chunks per thread so the threads still finish
+ * together. Measured, Q8_0 at 1 token on 2 threads (2048-wide rows, 2 KiB
+ * each): 48-row chunks 23-24 GB/s, 144-192 rows 25-26 GB/s
+ * (bench/results/quant-cpu.md). Longer calls (prompts) compute far more per
+ * byte and keep ROW_CHUNK, the finer balance; so do the K-quants, whose
+ * tiles prefetch past their chunk (kprefetch_ahead) and which were not
+ * measured with longer chunks. Any split gives the same
+ * results: an element's arithmetic does not depend on its chunk. */
+static size_t chunk_rows(const sd_backend *be, sd_dtype type, size_t n_out, size_t row_bytes, size_t n_tokens) {
+    if (n_tokens > MAX_T || be->n_threads <= 1 || sd_dtype_is_k(type)) return ROW_CHUNK;
+    size_t by_bytes = STREAM_CHUNK_BYTES / (ROW_CHUNK * row_bytes);
+    size_t by_balance = n_out / ((size_t)ROW_CHUNK * 4 * (size_t)be->n_threads);
+    size_t m = by_bytes < by_balance ? by_bytes : by_balance;
+    return ROW_CHUNK * (m > 1 ? m : 1);
+}
 
 static void chunk_c(const qmatmul_args *a, size_t r_begin, size_t r_end) {
     size_t nb = a->n_in / QK;
@@ -324,7 +346,7 @@ static void qmatmul_chunk(void *p, int64_t c, int32_t ith) {
     (void)ith;
     const qmatmul_args *a = p;
     size_t r_begin, r_end;
-    sd_cpu_chunk(a->n_out, ROW_CHUNK, c, &r_begin, &r_end);
+    sd_cpu_chunk(a->n_out, a->chunk_rows, c, &r_begin, &r_end);
     if (a->path == SD_CPU_QPATH_C) {
         chunk_c(a, r_begin, r_end);
         return;
@@ -352,14 +374,15 @@ static void qmatmul_chunk(void *p, int64_t c, int32_t ith) {
         for (size_t r = r_begin; r < r_end; r += rb) {
             size_t nr = r_end - r < rb ? r_end - r : rb;
             const uint8_t *w = a->w + r * a->row_bytes;
+            const size_t pf_ahead = r + rb < r_end ? rb * a->row_bytes : 0; /* the chunk's next tile */
             for (size_t t = t0; t < t_end; t += tb) {
                 size_t nt = t_end - t < tb ? t_end - t : tb;
                 float *y = a->y + t * a->n_out + r;
                 if (integer)
                     qt[nr - 1][nt - 1](w, a->row_bytes, a->xq + t * a->xrow_bytes, a->xrow_bytes, a->n_in / QK, y,
-                                       a->n_out);
+                                       a->n_out, pf_ahead);
                 else
-                    ft[nr - 1][nt - 1](w, a->row_bytes, a->x + t * a->n_in, y, a->n_in, a->n_out);
+                    ft[nr - 1][nt - 1](w, a->row_bytes, a->x + t * a->n_in, y, a->n_in, a->n_out, pf_ahead);
             }
         }
     }
@@ -387,6 +410,7 @@ sd_status sd_cpu_qmatmul(sd_backend *be, sd_cpu_qpath path, sd_dtype type, const
                       .n_in = (size_t)n_in,
                       .n_out = (size_t)n_out,
                       .n_tokens = (size_t)n_tokens};
+    a.chunk_rows = chunk_rows(be, type, a.n_out, a.row_bytes, a.n_tokens);
     if (integer) {
         const size_t rb = sd_cpu_q8_row_bytes(n_in), nb = (size_t)n_in / QK;
 #if HAVE_VNNI_PATH
@@ -418,7 +442,7 @@ sd_status sd_cpu_qmatmul(sd_backend *be, sd_cpu_qpath path, sd_dtype type, const
         a.xq = a.zprep ? prep : q8;
         a.xrow_bytes = a.zprep ? prow : rb;
     }
-    sd_cpu_parallel(be, qmatmul_chunk, &a, (int64_t)(((size_t)n_out + ROW_CHUNK - 1) / ROW_CHUNK),
+    sd_cpu_parallel(be, qmatmul_chunk, &a, (int64_t)(((size_t)n_out + a.chunk_rows - 1) / a.chunk_rows),
                     (size_t)n_in * (size_t)n_out);
     return SD_OK;
 }

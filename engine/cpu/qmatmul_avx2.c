@@ -30,8 +30,8 @@ static inline __attribute__((always_inline)) __m256 widen8(const uint8_t *w, siz
 
 /* One R x T tile of F16 (f16 = 1) or BF16: sd_cpu_dot's arithmetic. */
 static inline __attribute__((always_inline)) void ftile(const uint8_t *w, size_t row_bytes, const float *x, float *y,
-                                                        size_t n_in, size_t n_out, const int R, const int T,
-                                                        const int f16) {
+                                                        size_t n_in, size_t n_out, size_t pf_ahead, const int R,
+                                                        const int T, const int f16) {
     size_t n8 = n_in & ~(size_t)7;
     __m256 acc[MAX_R][MAX_T];
 #pragma GCC unroll 8
@@ -42,7 +42,8 @@ static inline __attribute__((always_inline)) void ftile(const uint8_t *w, size_t
         __m256 wv[MAX_R];
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
-            if ((i & 31) == 0) _mm_prefetch((const char *)(w + (size_t)r * row_bytes + 2 * i + 4096), _MM_HINT_T0);
+            if ((i & 31) == 0 && pf_ahead) /* one cache line per 32 weights */
+                _mm_prefetch((const char *)(w + (size_t)r * row_bytes + 2 * i + pf_ahead), _MM_HINT_T1);
             wv[r] = widen8(w + (size_t)r * row_bytes, i, f16);
         }
 #pragma GCC unroll 8
@@ -67,8 +68,8 @@ static inline __attribute__((always_inline)) void ftile(const uint8_t *w, size_t
 // clang-format off
 #define FTILE_FN(F, R, T)                                                                                  \
     static void ftile_##F##_##R##_##T(const uint8_t *w, size_t rb, const float *x, float *y, size_t n_in, \
-                                      size_t n_out) {                                                     \
-        ftile(w, rb, x, y, n_in, n_out, R, T, F);                                                         \
+                                      size_t n_out, size_t pf_ahead) {                                    \
+        ftile(w, rb, x, y, n_in, n_out, pf_ahead, R, T, F);                                               \
     }
 #define FTILE_FN_0(R, T) FTILE_FN(0, R, T)
 #define FTILE_FN_1(R, T) FTILE_FN(1, R, T)

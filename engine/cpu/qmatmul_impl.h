@@ -21,10 +21,10 @@
 #define QK   32  /* elements per activation block (and Q8_0 / Q4_0 / Q4_1 block) */
 #define QK_K 256 /* elements per K-quant super-block: 8 activation blocks */
 
-/* MAX_R x MAX_T tiles; ROW_CHUNK output rows per pool chunk (a multiple of
- * 3 and 4); weights prefetched PREFETCH_BYTES ahead in each row (the
- * K-quants: kprefetch_ahead). */
-enum { MAX_R = 4, MAX_T = 8, TOK_BLOCK = 64, ROW_CHUNK = 48, PREFETCH_BYTES = 1024 };
+/* MAX_R x MAX_T tiles; pool chunks of ROW_CHUNK output rows (a multiple of
+ * 3 and 4), or a multiple of it for calls that stream their weights
+ * (qmatmul.c: chunk_rows, up to STREAM_CHUNK_BYTES of weights a chunk). */
+enum { MAX_R = 4, MAX_T = 8, TOK_BLOCK = 64, ROW_CHUNK = 48, STREAM_CHUNK_BYTES = 384 << 10 };
 enum { KIND_Q8_0 = 0, KIND_Q4_0 = 1, KIND_Q4_1 = 2, KIND_Q4_K = 3, KIND_Q5_K = 4, KIND_Q6_K = 5, N_KINDS = 6 };
 
 /* The AVX-512 VNNI copy of the tiles needs GCC's target pragma. */
@@ -63,8 +63,8 @@ static inline size_t kblock_bytes(int kind) { return kind == KIND_Q4_K ? 144 : k
 
 /* How far ahead of a K-quant super-block its tile of R rows prefetches:
  * the same place in the rows the chunk's next tiles read, one tile of R rows
- * down (Q6_K: two). A distance inside the row (PREFETCH_BYTES, as the other
- * formats) misses most of a short row: a 2048-wide Q4_K row is 1152 bytes,
+ * down (Q6_K: two). A distance inside the row (1 KiB, as the other
+ * formats had) misses most of a short row: a 2048-wide Q4_K row is 1152 bytes,
  * so 1 KiB ahead lands in the rows this tile is already reading and each
  * new tile started on cold lines (one-token calls stalled on their weight
  * loads). Measured on 75 MB matrices, 1 token, 2 threads (ns per row and
@@ -107,9 +107,17 @@ static inline void qtile_shape(size_t n_tokens, bool wide, size_t *rows, size_t 
         X(1, 5) X(2, 5) X(3, 5) X(4, 5) X(1, 6) X(2, 6) X(3, 6) X(4, 6) X(1, 7) X(2, 7) X(3, 7) X(4, 7) X(1, 8)     \
             X(2, 8) X(3, 8) X(4, 8)
 
+/* One R x T tile of an integer format (qmatmul_simd.inc: QFN(qtile)).
+ * pf_ahead: Q8_0 / Q4_0 / Q4_1 prefetch (into L2) the weights pf_ahead bytes
+ * past those they read, the same place in the chunk's next tile of rows; 0
+ * when this is the chunk's last tile (the thread's next chunk is not known,
+ * and the rows past this one are another chunk's). The K-quants keep their
+ * own distance (kprefetch_ahead) and ignore it. */
 typedef void (*qtile_fn)(const uint8_t *w, size_t row_bytes, const uint8_t *xq, size_t xrow_bytes, size_t nb, float *y,
-                         size_t n_out);
-typedef void (*ftile_fn)(const uint8_t *w, size_t row_bytes, const float *x, float *y, size_t n_in, size_t n_out);
+                         size_t n_out, size_t pf_ahead);
+/* One R x T tile of F16 / BF16; pf_ahead as for qtile_fn. */
+typedef void (*ftile_fn)(const uint8_t *w, size_t row_bytes, const float *x, float *y, size_t n_in, size_t n_out,
+                         size_t pf_ahead);
 
 #if SD_CPU_AVX2
 /* [kind][R - 1][T - 1]: one R x T tile of an integer format; NULL for a

@@ -191,8 +191,8 @@ static inline __attribute__((always_inline)) __m512 widen8x2(const uint8_t *w0, 
  * sd_cpu_dot's order, summed by its lane tree, then the fused tail. An odd
  * R pairs its last row with itself, the copy discarded. */
 static inline __attribute__((always_inline)) void ftile_z(const uint8_t *w, size_t row_bytes, const float *x, float *y,
-                                                          size_t n_in, size_t n_out, const int R, const int T,
-                                                          const int f16) {
+                                                          size_t n_in, size_t n_out, size_t pf_ahead, const int R,
+                                                          const int T, const int f16) {
     enum { MAX_P = MAX_R / 2 };
     const int P = (R + 1) / 2;
     size_t n8 = n_in & ~(size_t)7;
@@ -207,9 +207,9 @@ static inline __attribute__((always_inline)) void ftile_z(const uint8_t *w, size
         for (int p = 0; p < P; p++) {
             const uint8_t *w0 = w + (size_t)(2 * p) * row_bytes;
             const uint8_t *w1 = 2 * p + 1 < R ? w0 + row_bytes : w0;
-            if ((i & 31) == 0) {
-                _mm_prefetch((const char *)(w0 + 2 * i + 4096), _MM_HINT_T0);
-                if (2 * p + 1 < R) _mm_prefetch((const char *)(w1 + 2 * i + 4096), _MM_HINT_T0);
+            if ((i & 31) == 0 && pf_ahead) { /* one cache line per 32 weights */
+                _mm_prefetch((const char *)(w0 + 2 * i + pf_ahead), _MM_HINT_T1);
+                if (2 * p + 1 < R) _mm_prefetch((const char *)(w1 + 2 * i + pf_ahead), _MM_HINT_T1);
             }
             wv[p] = widen8x2(w0, w1, i, f16);
         }
@@ -241,8 +241,8 @@ static inline __attribute__((always_inline)) void ftile_z(const uint8_t *w, size
 // clang-format off
 #define FTILE_FN(F, R, T)                                                                                    \
     static void ftile_z_##F##_##R##_##T(const uint8_t *w, size_t rb, const float *x, float *y, size_t n_in, \
-                                        size_t n_out) {                                                     \
-        ftile_z(w, rb, x, y, n_in, n_out, R, T, F);                                                         \
+                                        size_t n_out, size_t pf_ahead) {                                    \
+        ftile_z(w, rb, x, y, n_in, n_out, pf_ahead, R, T, F);                                               \
     }
 #define FTILE_FN_0(R, T) FTILE_FN(0, R, T)
 #define FTILE_FN_1(R, T) FTILE_FN(1, R, T)
