@@ -68,7 +68,7 @@ void sd_cpu_zprep_row_vnni(const uint8_t *xr, size_t nb, uint8_t *dst) {
  * and multiplied by the doubled dx of each token. */
 static inline __attribute__((always_inline)) void q40_ptile(const uint8_t *w, size_t row_bytes, const uint8_t *xp,
                                                             size_t prow_bytes, size_t nb, float *y, size_t n_out,
-                                                            const int R, const int T) {
+                                                            size_t pf_ahead, const int R, const int T) {
     enum { MAX_P = MAX_R / 2, BB = 18 };
     const int P = (R + 1) / 2;
     /* both rows' 16 bytes of nibbles: dword 2k + i = row i's dword k % 4 */
@@ -101,6 +101,11 @@ static inline __attribute__((always_inline)) void q40_ptile(const uint8_t *w, si
             for (int i = 0; i < 2; i++) {
                 const int r = 2 * p + i < R ? 2 * p + i : R - 1;
                 const uint8_t *g = w + (size_t)r * row_bytes + b0 * BB;
+                /* the group's blocks in the chunk's next tile, into L2, as
+                 * the other integer tiles (qmatmul_simd.inc: prefetch_group) */
+                if (pf_ahead && 2 * p + i < R)
+                    for (size_t off = 0; off < n_group * BB; off += 64)
+                        _mm_prefetch((const char *)(g + pf_ahead + off), _MM_HINT_T1);
                 d[i] = _mm512_permutex2var_epi16(_mm512_maskz_loadu_epi8(m_lo, g), dwords,
                                                  _mm512_maskz_loadu_epi8(m_hi, g + 64));
             }
@@ -119,10 +124,6 @@ static inline __attribute__((always_inline)) void q40_ptile(const uint8_t *w, si
                 const int r1 = 2 * p + 1 < R ? 2 * p + 1 : R - 1;
                 const uint8_t *blk0 = w + (size_t)(2 * p) * row_bytes + b * BB,
                               *blk1 = w + (size_t)r1 * row_bytes + b * BB;
-                if ((b & 3) == 0) {
-                    _mm_prefetch((const char *)(blk0 + PREFETCH_BYTES), _MM_HINT_T0);
-                    if (2 * p + 1 < R) _mm_prefetch((const char *)(blk1 + PREFETCH_BYTES), _MM_HINT_T0);
-                }
                 __m512i z = _mm512_permutex2var_epi32(
                     _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(blk0 + 2))), wlanes,
                     _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(blk1 + 2))));
@@ -164,8 +165,8 @@ static inline __attribute__((always_inline)) void q40_ptile(const uint8_t *w, si
 // clang-format off
 #define PTILE_FN(R, T)                                                                                            \
     static void q40_ptile_##R##_##T(const uint8_t *w, size_t rb, const uint8_t *xp, size_t prb, size_t nb, float *y, \
-                                    size_t n_out) {                                                               \
-        q40_ptile(w, rb, xp, prb, nb, y, n_out, R, T);                                                            \
+                                    size_t n_out, size_t pf_ahead) {                                              \
+        q40_ptile(w, rb, xp, prb, nb, y, n_out, pf_ahead, R, T);                                                  \
     }
 SD_QTILE_SHAPES_WIDE(PTILE_FN)
 #define PTILE_AT(R, T) [R - 1][T - 1] = q40_ptile_##R##_##T,
