@@ -8,7 +8,7 @@
  * kind whose net goodput on it is best:
  *
  *   goodput(k) = tokens committed per verify step with k's drafts
- *                x V(0) / (V(drafts) + k's drafting time)
+ *                x V(0) / (V(drafts) + k's drafting time + k's overhead)
  *
  * V(n) the verify time per sequence of a step with n drafts: tokens per
  * unit of time, in units of a step without drafts (so 1 is target-only).
@@ -20,7 +20,8 @@
  *
  * the tokens an EMA over the request's own steps, the times from the
  * cost models (the group's verify line at the request's share of the
- * batch, the drafter's measured time per draft token). The choice is
+ * batch, the drafter's measured time per draft token), and the overhead
+ * what k's steps measured beyond those on the wall clock. The choice is
  * revisited when the request's text changes character, seen as the chosen
  * kind's tokens per step falling below SD_CHOICE_DROP of what they were
  * when it was chosen (a chat turn that starts quoting a document raises
@@ -57,7 +58,8 @@
  * prefix) and steps at that kind's price. So a kind is tried only where it
  * may pay: its net goodput on the requests that tried it (an EMA over their
  * decisions) must beat what the request already gets from the kinds it
- * has seen (n-gram's shadow record included); otherwise one request in
+ * has seen (n-gram's shadow record included) by SD_CHOICE_PROMISE;
+ * otherwise one request in
  * SD_CHOICE_SAMPLE of those asked (counted here: by request id, pinned
  * requests in between made it one in 4 or none) tries it, which keeps that
  * record current. On the demo model with both models on two threads, a
