@@ -100,6 +100,7 @@
 #define SD_CHOICE_KIND_EMA     0.2  /* weight of one request's decision in a kind's service-wide goodput */
 #define SD_CHOICE_OVERHEAD_EMA 0.1  /* weight of one step in a kind's measured overhead */
 #define SD_CHOICE_PROMISE      1.3  /* a kind's record over the request's best that makes it worth a trial */
+#define SD_CHOICE_SAMPLED_EMA  0.83 /* a sampling request's weight: 1 - (1 - SD_CHOICE_KIND_EMA)^SD_CHOICE_SAMPLE */
 
 /* Kinds with a live drafter, as a bit set over Specd__DrafterKind. */
 static unsigned live_kinds(const sd_coord *c) {
@@ -366,13 +367,17 @@ static bool explores(sd_coord *c, sd_session *s) {
 
 /* The next kind to try on s (steps < SD_CHOICE_TRIAL), or UNSPECIFIED:
  * never one that cannot pay on s; a useless or unpromising kind only on
- * one request in SD_CHOICE_SAMPLE. */
+ * one request in SD_CHOICE_SAMPLE (marked in s->sampled_kinds). */
 static Specd__DrafterKind next_untried(sd_coord *c, sd_session *s, unsigned live) {
     double best_g = best_known(c, s);
-    for (int k = 1; k < SD_DRAFTER_KINDS; k++)
-        if ((live & (1u << k)) && s->kinds[k].steps < SD_CHOICE_TRIAL && can_pay(c, s, k, best_g) &&
-            ((!useless(c, k) && !unpromising(c, s, k)) || explores(c, s)))
+    for (int k = 1; k < SD_DRAFTER_KINDS; k++) {
+        if (!(live & (1u << k)) || s->kinds[k].steps >= SD_CHOICE_TRIAL || !can_pay(c, s, k, best_g)) continue;
+        if (!useless(c, k) && !unpromising(c, s, k)) return (Specd__DrafterKind)k;
+        if (explores(c, s)) {
+            s->sampled_kinds |= 1u << k;
             return (Specd__DrafterKind)k;
+        }
+    }
     return SPECD__DRAFTER_KIND__DRAFTER_KIND_UNSPECIFIED;
 }
 
@@ -494,7 +499,13 @@ void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, bool refill, const
                        ? goodput_at(c, s, ngram, mean, s->kinds[ngram].k)
                        : sd_choice_goodput(c, s, (Specd__DrafterKind)kd);
         if (s->kinds[kd].steps >= SD_CHOICE_TRIAL) { /* what the kind gives where it is tried */
-            double wt = c->kind_decisions[kd] == 0 ? 1.0 : SD_CHOICE_KIND_EMA;
+            /* a sample stands for the SD_CHOICE_SAMPLE requests asked: at
+             * the weight of one, a draft model's record depressed under
+             * outside load took ~40 requests to recover once the load
+             * was gone, the choice meanwhile keeping chat on n-gram */
+            double wt = c->kind_decisions[kd] == 0             ? 1.0
+                        : (s->sampled_kinds & (1u << kd)) != 0 ? SD_CHOICE_SAMPLED_EMA
+                                                               : SD_CHOICE_KIND_EMA;
             c->kind_goodput[kd] += wt * (g - c->kind_goodput[kd]);
             if (c->kind_decisions[kd] < UINT32_MAX) c->kind_decisions[kd]++;
         }

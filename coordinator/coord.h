@@ -135,6 +135,7 @@ typedef struct sd_session {
     /* whether it tries kinds that look unpromising (choice.c): 0 not yet
      * asked, 1 yes (one such request in SD_CHOICE_SAMPLE), -1 no */
     int8_t explore;
+    unsigned sampled_kinds; /* kinds it tried as such a sample (bits by Specd__DrafterKind) */
     /* the wall time of its steps (choice.c): when its last step committed
      * (0: none yet) and the drafter it had then; draft_refill: the drafts
      * of its step in flight came from a step that took in a prefix (a

@@ -3051,6 +3051,54 @@ static void test_drafter_choice_promising_margin(void **state) {
     harness_free(h);
 }
 
+/* A request that samples an unpromising kind stands for the 8 asked: its
+ * decision moves the kind's record by 0.83 (1 - 0.8^8), not the 0.2 of one
+ * request. The model drafter is unpromising after requests where it
+ * committed 3 tokens a step against n-gram's 3 (no drafting cost); then
+ * the text changes (the model now commits 4, n-gram 2): the requests
+ * before the sample do not try it, the sample does, and the very next
+ * request tries it too (at 0.2 the record would need 4 more samples, 32
+ * requests, to pass the 1.3x margin: what happened on the demo model after
+ * a spell of outside load had depressed the draft model's record). */
+static void test_drafter_choice_sample_weight(void **state) {
+    (void)state;
+    NEED_MODEL();
+    sd_coord_params p = sd_coord_default_params();
+    p.adaptive_k = false;
+    p.default_k = 3;
+    harness *h = harness_new(&p);
+    h->fwd_fixed_us = 5000;
+    h->fwd_token_us = 1000;
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    register_ok(h, "dn", SPECD__ROLE__ROLE_DRAFTER); /* NGRAM */
+    h->kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
+    register_ok(h, "dm", SPECD__ROLE__ROLE_DRAFTER);
+    h->model_draft_us = 2000;
+    h->text_unrepeated = true;
+    const Specd__DrafterKind model = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
+    for (int r = 0; r < 6; r++) cannot_pay_request(h, 3, 60, 2, 2, NULL, NULL);
+    double before = h->c.kind_goodput[model];
+    print_message("the model's record %.2f over %u choices\n", before, h->c.kind_decisions[model]);
+    assert_true(h->c.kind_decisions[model] >= 4);
+    int32_t sampled_at = -1;
+    for (int r = 0; r < 12 && sampled_at < 0; r++) {
+        uint32_t asked = h->c.explore_asked;
+        bool tried = cannot_pay_request(h, 3, 60, 1, 3, NULL, NULL);
+        bool sample = h->c.explore_asked > asked && asked % 8 == 0;
+        assert_true(tried == sample);
+        if (sample) sampled_at = r;
+    }
+    double after = h->c.kind_goodput[model];
+    uint32_t asked = h->c.explore_asked;
+    bool next_tried = cannot_pay_request(h, 3, 60, 1, 3, NULL, NULL);
+    print_message("sampled at request %d: the record %.2f -> %.2f; the next request tried it: %d (asked %u -> %u)\n",
+                  sampled_at, before, after, next_tried, asked, h->c.explore_asked);
+    assert_true(sampled_at >= 0);
+    assert_true(next_tried);
+    assert_int_equal(h->c.explore_asked, asked); /* promising again: not a sample */
+    harness_free(h);
+}
+
 /* A kind's goodput counts what its steps take on the clock beyond the cost
  * models: here each model step takes 30 ms more than its drafter's and the
  * verifier's own times (3 ms of drafting, a 9 ms verify step) say. The
@@ -3204,6 +3252,7 @@ int main(void) {
         cmocka_unit_test(test_drafter_choice_skips_unpromising),
         cmocka_unit_test(test_drafter_choice_cannot_pay),
         cmocka_unit_test(test_drafter_choice_promising_margin),
+        cmocka_unit_test(test_drafter_choice_sample_weight),
         cmocka_unit_test(test_drafter_choice_step_overhead),
         cmocka_unit_test(test_local_ngram_drafter),
     };
