@@ -163,9 +163,9 @@ static double goodput_at(const sd_coord *c, const sd_session *s, Specd__DrafterK
  * (a batch's wall time is no one kind's), whose drafts and verify took in
  * no prefix (a prompt, a move: priced by refill_token_us), with the same
  * drafter as the step before. On the demo model (bench/results/routing-cpu.md) the
- * excess was 2-6 ms on a draft-model step of 45-60 ms (its round trip, its
+ * excess was 1-6 ms on a draft-model step of 45-60 ms (its round trip, its
  * threads waking), about none on an n-gram step: left out, the model's
- * goodput read 5-10% high against n-gram lookup's. */
+ * goodput read 2-10% high against n-gram lookup's. */
 static void observe_wall(sd_coord *c, sd_session *s, int32_t k, bool refill, uint64_t now_us) {
     uint64_t from = s->wall_from_us;
     int32_t was = s->wall_drafter;
@@ -351,7 +351,7 @@ static double best_known(const sd_coord *c, const sd_session *s) {
  * on two threads the draft model's record on chat was 1.0-1.3x n-gram's
  * on the request, and its trials there lost 8-13% of the request's time
  * where the request moved back (half of them: n-gram's hits come in
- * bursts) and gained 0-9% where it stayed, so the choice was 0.95x fixed
+ * bursts) and changed it by -4% to +12% where it stayed, so the choice was 0.95x fixed
  * n-gram; with the verifier on one thread its record is 1.3-1.75x and
  * its trials pay (bench/results/routing-cpu.md). */
 static bool unpromising(const sd_coord *c, const sd_session *s, int k) {
@@ -501,8 +501,9 @@ void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, bool refill, const
         if (s->kinds[kd].steps >= SD_CHOICE_TRIAL) { /* what the kind gives where it is tried */
             /* a sample stands for the SD_CHOICE_SAMPLE requests asked: at
              * the weight of one, a draft model's record depressed under
-             * outside load took ~40 requests to recover once the load
-             * was gone, the choice meanwhile keeping chat on n-gram */
+             * outside load needs ~5 samples (~40 requests) to pass the
+             * promise margin again once the load is gone; meanwhile the
+             * choice kept chat on n-gram (routing-cpu.md) */
             double wt = c->kind_decisions[kd] == 0             ? 1.0
                         : (s->sampled_kinds & (1u << kd)) != 0 ? SD_CHOICE_SAMPLED_EMA
                                                                : SD_CHOICE_KIND_EMA;
