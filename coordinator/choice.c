@@ -8,7 +8,7 @@
  * kind whose net goodput on it is best:
  *
  *   goodput(k) = tokens committed per verify step with k's drafts
- *                x V(0) / (V(drafts) + k's drafting time)
+ *                x V(0) / (V(drafts) + k's drafting time + k's overhead)
  *
  * V(n) the verify time per sequence of a step with n drafts: tokens per
  * unit of time, in units of a step without drafts (so 1 is target-only).
@@ -20,7 +20,8 @@
  *
  * the tokens an EMA over the request's own steps, the times from the
  * cost models (the group's verify line at the request's share of the
- * batch, the drafter's measured time per draft token). The choice is
+ * batch, the drafter's measured time per draft token), and the overhead
+ * what k's steps measured beyond those on the wall clock. The choice is
  * revisited when the request's text changes character, seen as the chosen
  * kind's tokens per step falling below SD_CHOICE_DROP of what they were
  * when it was chosen (a chat turn that starts quoting a document raises
@@ -57,7 +58,8 @@
  * prefix) and steps at that kind's price. So a kind is tried only where it
  * may pay: its net goodput on the requests that tried it (an EMA over their
  * decisions) must beat what the request already gets from the kinds it
- * has seen (n-gram's shadow record included); otherwise one request in
+ * has seen (n-gram's shadow record included) by SD_CHOICE_PROMISE;
+ * otherwise one request in
  * SD_CHOICE_SAMPLE of those asked (counted here: by request id, pinned
  * requests in between made it one in 4 or none) tries it, which keeps that
  * record current. On the demo model with both models on two threads, a
@@ -85,17 +87,20 @@
 
 #include <stdlib.h>
 
-#define SD_CHOICE_TRIAL       4    /* verify steps per kind when trying */
-#define SD_CHOICE_RECHECK     64   /* steps on the chosen kind before trying the others again */
-#define SD_CHOICE_DROP        0.6  /* re-try when the chosen kind's tokens/step fall below this share */
-#define SD_CHOICE_EMA         0.35 /* weight of a new step in a kind's record */
-#define SD_CHOICE_RECHECK_MAX 1024
-#define SD_CHOICE_USELESS     1.1 /* tokens per step: a kind no better than target-only */
-#define SD_CHOICE_SAMPLE      8   /* one request in this many still tries a useless kind */
-#define SD_CHOICE_SERVICE_EMA 0.02
-#define SD_CHOICE_SWITCH      1.15 /* another kind's goodput over the drafting kind's that moves a request */
-#define SD_CHOICE_WINDOW      8    /* shadow steps the move is judged on (sd_session.shadow_ring) */
-#define SD_CHOICE_KIND_EMA    0.2  /* weight of one request's decision in a kind's service-wide goodput */
+#define SD_CHOICE_TRIAL        4    /* verify steps per kind when trying */
+#define SD_CHOICE_RECHECK      64   /* steps on the chosen kind before trying the others again */
+#define SD_CHOICE_DROP         0.6  /* re-try when the chosen kind's tokens/step fall below this share */
+#define SD_CHOICE_EMA          0.35 /* weight of a new step in a kind's record */
+#define SD_CHOICE_RECHECK_MAX  1024
+#define SD_CHOICE_USELESS      1.1 /* tokens per step: a kind no better than target-only */
+#define SD_CHOICE_SAMPLE       8   /* one request in this many still tries a useless kind */
+#define SD_CHOICE_SERVICE_EMA  0.02
+#define SD_CHOICE_SWITCH       1.15 /* another kind's goodput over the drafting kind's that moves a request */
+#define SD_CHOICE_WINDOW       8    /* shadow steps the move is judged on (sd_session.shadow_ring) */
+#define SD_CHOICE_KIND_EMA     0.2  /* weight of one request's decision in a kind's service-wide goodput */
+#define SD_CHOICE_OVERHEAD_EMA 0.1  /* weight of one step in a kind's measured overhead */
+#define SD_CHOICE_PROMISE      1.3  /* a kind's record over the request's best that makes it worth a trial */
+#define SD_CHOICE_SAMPLED_EMA  0.83 /* a sampling request's weight: 1 - (1 - SD_CHOICE_KIND_EMA)^SD_CHOICE_SAMPLE */
 
 /* Kinds with a live drafter, as a bit set over Specd__DrafterKind. */
 static unsigned live_kinds(const sd_coord *c) {
@@ -119,24 +124,68 @@ static double kind_token_us(const sd_coord *c, Specd__DrafterKind k) {
     return best;
 }
 
+/* The requests on s's verifier group (at least 1): the batch its steps share. */
+static int32_t batch_of(const sd_coord *c, const sd_session *s) {
+    int32_t batch = sd_coord_group_ok(c, s) ? sd_place_group_load(c, s->group) : c->n_active;
+    return batch < 1 ? 1 : batch;
+}
+
 /* s's verifier cost line and its time per sequence of a step without
  * drafts (its share of the step's fixed cost at the group's batch). */
 static const sd_cost_model *verify_cost(const sd_coord *c, const sd_session *s, double *v0) {
     const sd_cost_model *v = sd_coord_group_ok(c, s) ? &c->workers[s->group].cost : &c->cost;
-    int32_t batch = sd_coord_group_ok(c, s) ? sd_place_group_load(c, s->group) : c->n_active;
-    if (batch < 1) batch = 1;
-    *v0 = v->verify_fixed_us / batch + v->verify_token_us;
+    *v0 = v->verify_fixed_us / batch_of(c, s) + v->verify_token_us;
     return v;
 }
 
-/* Net goodput of kind k on s at `tokens` committed per step with k_draft drafts. */
-static double goodput_at(const sd_coord *c, const sd_session *s, Specd__DrafterKind k, double tokens, double k_draft) {
+/* What a step of s with k_draft drafts of kind k costs by the cost models
+ * alone (its verify share and the drafting), us. */
+static double modelled_step_us(const sd_coord *c, const sd_session *s, Specd__DrafterKind k, double k_draft) {
     double v0;
     const sd_cost_model *v = verify_cost(c, s, &v0);
-    double verify = v0 + v->verify_token_us * k_draft;
     double token_us = kind_token_us(c, k);
-    double draft = (token_us > 0 ? token_us : 0.0) * k_draft;
-    return verify + draft > 0 ? tokens * v0 / (verify + draft) : tokens;
+    return v0 + v->verify_token_us * k_draft + (token_us > 0 ? token_us : 0.0) * k_draft;
+}
+
+/* Net goodput of kind k on s at `tokens` committed per step with k_draft
+ * drafts: the step's modelled time plus the kind's measured overhead (a
+ * step's, shared by the batch). */
+static double goodput_at(const sd_coord *c, const sd_session *s, Specd__DrafterKind k, double tokens, double k_draft) {
+    double v0;
+    (void)verify_cost(c, s, &v0);
+    double step = modelled_step_us(c, s, k, k_draft) + c->kind_overhead_us[k] / batch_of(c, s);
+    return step > 0 ? tokens * v0 / step : tokens;
+}
+
+/* Measures the wall time of s's step that just committed (drafted by k
+ * drafts of its drafter) against what the cost models make of it: the
+ * excess feeds its kind's overhead. Only a step that verified s alone
+ * (a batch's wall time is no one kind's), whose drafts and verify took in
+ * no prefix (a prompt, a move: priced by refill_token_us), with the same
+ * drafter as the step before. On the demo model (bench/results/routing-cpu.md) the
+ * excess was 1-6 ms on a draft-model step of 45-60 ms (its round trip, its
+ * threads waking), about none on an n-gram step: left out, the model's
+ * goodput read 2-10% high against n-gram lookup's. */
+static void observe_wall(sd_coord *c, sd_session *s, int32_t k, bool refill, uint64_t now_us) {
+    uint64_t from = s->wall_from_us;
+    int32_t was = s->wall_drafter;
+    bool draft_refill = s->draft_refill;
+    s->wall_from_us = now_us;
+    s->wall_drafter = s->drafter;
+    s->draft_refill = false;
+    if (refill || draft_refill || from == 0 || now_us <= from || was != s->drafter || !sd_coord_drafter_ok(c, s) ||
+        batch_of(c, s) != 1)
+        return;
+    Specd__DrafterKind kind = c->workers[s->drafter].drafter_kind;
+    if (kind <= 0 || kind >= SD_DRAFTER_KINDS) return;
+    double over = (double)(now_us - from) - modelled_step_us(c, s, kind, k);
+    if (over < 0) over = 0;
+    double w = c->kind_overhead_steps[kind] == 0 ? 1.0 : SD_CHOICE_OVERHEAD_EMA;
+    c->kind_overhead_us[kind] += w * (over - c->kind_overhead_us[kind]);
+    if (c->kind_overhead_steps[kind] < UINT32_MAX) c->kind_overhead_steps[kind]++;
+    SD_DEBUG("request %llu: a %s step of %d drafts took %.0f us, %.0f modelled", (unsigned long long)s->id,
+             protobuf_c_enum_descriptor_get_value(&specd__drafter_kind__descriptor, (int)kind)->name, k,
+             (double)(now_us - from), modelled_step_us(c, s, kind, k));
 }
 
 double sd_choice_goodput(const sd_coord *c, const sd_session *s, Specd__DrafterKind k) {
@@ -295,11 +344,18 @@ static double best_known(const sd_coord *c, const sd_session *s) {
     return best;
 }
 
-/* Whether kind k, on the requests that tried it, gave no more than s
- * already gets: its trial would cost s its drafting and its move (the
- * kind's drafter prefills the prefix) for no expected gain. */
+/* Whether kind k, on the requests that tried it, gave less than
+ * SD_CHOICE_PROMISE times what s already gets: its trial would cost s
+ * its move (the kind's drafter prefills the prefix) and steps at its price
+ * for too little expected gain. The margin is measured: with both models
+ * on two threads the draft model's record on chat was 1.0-1.3x n-gram's
+ * on the request, and its trials there lost 8-13% of the request's time
+ * where the request moved back (half of them: n-gram's hits come in
+ * bursts) and changed it by -4% to +12% where it stayed, so the choice was 0.95x fixed
+ * n-gram; with the verifier on one thread its record is 1.3-1.75x and
+ * its trials pay (bench/results/routing-cpu.md). */
 static bool unpromising(const sd_coord *c, const sd_session *s, int k) {
-    return c->kind_decisions[k] >= SD_CHOICE_TRIAL && c->kind_goodput[k] <= best_known(c, s);
+    return c->kind_decisions[k] >= SD_CHOICE_TRIAL && c->kind_goodput[k] < SD_CHOICE_PROMISE * best_known(c, s);
 }
 
 /* Whether s is one of the requests that try kinds that look unpromising
@@ -311,13 +367,17 @@ static bool explores(sd_coord *c, sd_session *s) {
 
 /* The next kind to try on s (steps < SD_CHOICE_TRIAL), or UNSPECIFIED:
  * never one that cannot pay on s; a useless or unpromising kind only on
- * one request in SD_CHOICE_SAMPLE. */
+ * one request in SD_CHOICE_SAMPLE (marked in s->sampled_kinds). */
 static Specd__DrafterKind next_untried(sd_coord *c, sd_session *s, unsigned live) {
     double best_g = best_known(c, s);
-    for (int k = 1; k < SD_DRAFTER_KINDS; k++)
-        if ((live & (1u << k)) && s->kinds[k].steps < SD_CHOICE_TRIAL && can_pay(c, s, k, best_g) &&
-            ((!useless(c, k) && !unpromising(c, s, k)) || explores(c, s)))
+    for (int k = 1; k < SD_DRAFTER_KINDS; k++) {
+        if (!(live & (1u << k)) || s->kinds[k].steps >= SD_CHOICE_TRIAL || !can_pay(c, s, k, best_g)) continue;
+        if (!useless(c, k) && !unpromising(c, s, k)) return (Specd__DrafterKind)k;
+        if (explores(c, s)) {
+            s->sampled_kinds |= 1u << k;
             return (Specd__DrafterKind)k;
+        }
+    }
     return SPECD__DRAFTER_KIND__DRAFTER_KIND_UNSPECIFIED;
 }
 
@@ -339,7 +399,9 @@ static void choose(sd_session *s, Specd__DrafterKind best, double best_g) {
              protobuf_c_enum_descriptor_get_value(&specd__drafter_kind__descriptor, (int)best)->name, best_g);
 }
 
-void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, bool refill, const int32_t *commit, int32_t n_commit) {
+void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, bool refill, const int32_t *commit, int32_t n_commit,
+                       uint64_t now_us) {
+    observe_wall(c, s, k, refill, now_us); /* pinned requests' steps price their kind too */
     if (s->pin_kind != SPECD__DRAFTER_KIND__DRAFTER_KIND_UNSPECIFIED || !sd_coord_drafter_ok(c, s)) return;
     /* a refill without drafts (the prompt's step: its drafts were not
      * there yet) says nothing of the drafter; counted, its 1 token sank
@@ -416,6 +478,12 @@ void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, bool refill, const
     }
     Specd__DrafterKind next = next_untried(c, s, live);
     if (next != SPECD__DRAFTER_KIND__DRAFTER_KIND_UNSPECIFIED) {
+        if (next != cur)
+            SD_DEBUG("request %llu: trying %s (%.2f tokens a step net where tried, %u decisions, %.0f us a step "
+                     "overhead; the request's best %.2f)",
+                     (unsigned long long)s->id,
+                     protobuf_c_enum_descriptor_get_value(&specd__drafter_kind__descriptor, (int)next)->name,
+                     c->kind_goodput[next], c->kind_decisions[next], c->kind_overhead_us[next], best_known(c, s));
         s->want_kind = next;
         return;
     }
@@ -431,7 +499,14 @@ void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, bool refill, const
                        ? goodput_at(c, s, ngram, mean, s->kinds[ngram].k)
                        : sd_choice_goodput(c, s, (Specd__DrafterKind)kd);
         if (s->kinds[kd].steps >= SD_CHOICE_TRIAL) { /* what the kind gives where it is tried */
-            double wt = c->kind_decisions[kd] == 0 ? 1.0 : SD_CHOICE_KIND_EMA;
+            /* a sample stands for the SD_CHOICE_SAMPLE requests asked: at
+             * the weight of one, a draft model's record depressed under
+             * outside load needs ~5 samples (~40 requests) to pass the
+             * promise margin again once the load is gone; meanwhile the
+             * choice kept chat on n-gram (routing-cpu.md) */
+            double wt = c->kind_decisions[kd] == 0             ? 1.0
+                        : (s->sampled_kinds & (1u << kd)) != 0 ? SD_CHOICE_SAMPLED_EMA
+                                                               : SD_CHOICE_KIND_EMA;
             c->kind_goodput[kd] += wt * (g - c->kind_goodput[kd]);
             if (c->kind_decisions[kd] < UINT32_MAX) c->kind_decisions[kd]++;
         }

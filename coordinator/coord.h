@@ -135,6 +135,14 @@ typedef struct sd_session {
     /* whether it tries kinds that look unpromising (choice.c): 0 not yet
      * asked, 1 yes (one such request in SD_CHOICE_SAMPLE), -1 no */
     int8_t explore;
+    unsigned sampled_kinds; /* kinds it tried as such a sample (bits by Specd__DrafterKind) */
+    /* the wall time of its steps (choice.c): when its last step committed
+     * (0: none yet) and the drafter it had then; draft_refill: the drafts
+     * of its step in flight came from a step that took in a prefix (a
+     * prompt, a move), so that step's time is not a drafting kind's */
+    uint64_t wall_from_us;
+    int32_t wall_drafter;
+    bool draft_refill;
     struct sd_kind_record {
         double tokens; /* EMA of tokens committed per verify step while drafted by this kind */
         double k;      /* EMA of drafts per verify step */
@@ -365,6 +373,13 @@ typedef struct sd_coord {
      * them when their choice was made, and how many choices fed it */
     double kind_goodput[SD_DRAFTER_KINDS];
     uint32_t kind_decisions[SD_DRAFTER_KINDS];
+    /* per kind: EMA of what a step of a request drafted by it takes on the
+     * wall clock beyond its cost models' verify and drafting time (round
+     * trips, wake-ups, the drafter's threads against the verifier's), us,
+     * measured on steps that verified the request alone; and how many
+     * steps fed it (choice.c) */
+    double kind_overhead_us[SD_DRAFTER_KINDS];
+    uint32_t kind_overhead_steps[SD_DRAFTER_KINDS];
     /* requests asked whether they try a kind that looks unpromising (one
      * in SD_CHOICE_SAMPLE does; counted here, not by request id, so that
      * pinned requests between them do not skew the share) */
@@ -509,8 +524,10 @@ int32_t sd_place_group_load(const sd_coord *c, int32_t g);
  * context the step verified; refill: the step sent the verifier more of
  * s's prefix than its last token, e.g. its prompt): updates that kind's
  * record on s (and the n-gram kind's from the shadow lookup) and decides
- * the kind s should use next (s->want_kind; placement moves it). */
-void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, bool refill, const int32_t *commit, int32_t n_commit);
+ * the kind s should use next (s->want_kind; placement moves it). now_us:
+ * the clock at the step's reply (the step's wall time prices the kind). */
+void sd_choice_observe(sd_coord *c, sd_session *s, int32_t k, bool refill, const int32_t *commit, int32_t n_commit,
+                       uint64_t now_us);
 /* A session leaves: its shadow slot is freed. */
 void sd_choice_forget(sd_coord *c, sd_session *s);
 /* The shadow drafter and its slots are freed (coordinator teardown). */

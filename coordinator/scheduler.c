@@ -857,7 +857,7 @@ static void apply_ok(sd_coord *c, sd_coord_worker *w, sd_session *s, int32_t k, 
     }
     s->draft_base = -1;
     s->k = 0;
-    sd_choice_observe(c, s, k, refill, vr->commit, (int32_t)vr->n_commit);
+    sd_choice_observe(c, s, k, refill, vr->commit, (int32_t)vr->n_commit, now_us);
     sd_k_shadow_settle(c, s, vr->commit, (int32_t)vr->n_commit);
     {
         sd_token_logprob lps[SD_MAX_K + 1];
@@ -1026,6 +1026,7 @@ void sd_sched_on_draft(sd_coord *c, int32_t wi, const Specd__DraftResponse *r, u
         if (!s) continue;
         s->in_draft = false;
         s->drafting_us += took;
+        s->draft_refill = w->step_refill;
         if (s->state == SD_SESSION_FINISHED) {
             reap(c, s);
             continue;

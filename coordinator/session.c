@@ -33,6 +33,7 @@ sd_session *sd_session_new(const sd_tok *tok, uint64_t id, const int32_t *prompt
     s->adapt.alpha = 0.6;
     s->shadow_base = -1;
     s->shadow_slot = -1;
+    s->wall_drafter = -1;
     s->sampling = sd_sampling_default();
     if (!s->tokens || !s->stream) goto fail;
     memcpy(s->tokens, prompt, (size_t)n_prompt * sizeof *prompt);
