@@ -238,8 +238,9 @@ static void describe_machine(FILE *f, int n_threads, const char *load_before, co
  * mapping, and the page cache's folio size is not the program's choice: a
  * file read from disk is cached in 2 MiB folios (ext4, Linux 6.18), one
  * written recently (a fresh quantizer output, a copy) or read back through
- * MADV_WILLNEED's readahead in 4 KiB ones, and the two stream at different
- * rates (bench/results/quant-cpu.md, bw2), so the table says which it got. */
+ * MADV_WILLNEED's readahead in 4 KiB ones, and a plain read of the two
+ * runs at different rates (bench/results/quant-cpu.md, bw2), so the table
+ * says which it got. */
 static bool model_map_pages(const char *path, double *rss_kb, double *pmd_kb) {
     char want[4096];
     if (!realpath(path, want)) return false;
