@@ -27,8 +27,11 @@
  * row-split ones of a TP rank) point into the file's mapping, which the
  * model holds a reference to (sd_weights_map_stored). Resident memory is
  * then about the file, and processes mapping one file (a verifier and a
- * drafter on one model) share its pages. The mapping has no huge pages
- * (file pages are 4 KiB), unlike the copies; SPECD_CPU_WEIGHTS=copy copies
+ * drafter on one model) share its pages. The mapping's page size is the
+ * page cache's: 2 MiB folios for a file read from disk (ext4, Linux 6.18),
+ * 4 KiB for one written recently or read ahead by the MADV_WILLNEED below
+ * (bench/results/quant-cpu.md, bw2); the copies ask for huge pages
+ * (cpu/backend.c). SPECD_CPU_WEIGHTS=copy copies
  * the stored matrices as before, for comparison (bench/results/quant-cpu.md).
  *
  * Tensor shapes follow llama.cpp's GGUF layout: a weight with ne = [n_in,

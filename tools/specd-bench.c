@@ -118,6 +118,8 @@ static double bw_pass(const float *src, float *dst, size_t n_floats, int n_threa
 typedef struct bw_buffers {
     float *src, *dst;
     size_t bytes, n_floats;
+    const float *file;  /* the model file mapped a second time, read-only (NULL: not mapped) */
+    size_t file_floats; /* whole floats of it the pass reads */
 } bw_buffers;
 
 /* Two buffers of mb MiB each, rounded up to whole huge pages. */
@@ -139,7 +141,29 @@ static bool bw_alloc(bw_buffers *b, size_t mb) {
 static void bw_free(bw_buffers *b) {
     free(b->src);
     free(b->dst);
+    if (b->file) munmap((void *)b->file, b->file_floats * sizeof(float));
     b->src = b->dst = NULL;
+    b->file = NULL;
+}
+
+/* Maps the model file again for a second read-only pass, over the page
+ * cache's own pages: the weights stream from those, which may be 4 KiB
+ * pages (model_map_pages), while the buffers above get 2 MiB ones when the
+ * kernel grants them. The first figure stays the machine's read bandwidth;
+ * this one says what a plain read of the same file's pages reaches. */
+static void bw_map_file(bw_buffers *b, const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return;
+    long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (size >= (long)(64 * sizeof(float))) {
+        size_t n = (size_t)size / sizeof(float);
+        void *p = mmap(NULL, n * sizeof(float), PROT_READ, MAP_PRIVATE, fileno(f), 0);
+        if (p != MAP_FAILED) {
+            b->file = p;
+            b->file_floats = n;
+        }
+    }
+    fclose(f);
 }
 
 /* ---- machine description ---- */
@@ -205,6 +229,43 @@ static void describe_machine(FILE *f, int n_threads, const char *load_before, co
     fprintf(f, "- threads used: %d, on CPUs %s (process affinity; no thread pinned to one core)\n", n_threads, cpus);
 }
 
+/* ---- the model file's pages ---- */
+
+/* Resident kB of the mappings of path in this process (the model's and
+ * bw_map_file's: the same page cache folios), and how many of them the
+ * kernel maps in 2 MiB pages (FilePmdMapped in /proc/self/smaps);
+ * false when smaps cannot be read. Decode streams the weights from that
+ * mapping, and the page cache's folio size is not the program's choice: a
+ * file read from disk is cached in 2 MiB folios (ext4, Linux 6.18), one
+ * written recently (a fresh quantizer output, a copy) or read back through
+ * MADV_WILLNEED's readahead in 4 KiB ones, and a plain read of the two
+ * runs at different rates (bench/results/quant-cpu.md, bw2), so the table
+ * says which it got. */
+static bool model_map_pages(const char *path, double *rss_kb, double *pmd_kb) {
+    char want[4096];
+    if (!realpath(path, want)) return false;
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return false;
+    char line[4352];
+    bool in_map = false;
+    *rss_kb = *pmd_kb = 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        unsigned long lo, hi;
+        int name_at = 0;
+        if (sscanf(line, "%lx-%lx %*s %*s %*s %*s %n", &lo, &hi, &name_at) == 2) {
+            in_map = name_at > 0 && strcmp(line + name_at, want) == 0;
+            continue;
+        }
+        double kb;
+        if (!in_map) continue;
+        if (sscanf(line, "Rss: %lf kB", &kb) == 1) *rss_kb += kb;
+        if (sscanf(line, "FilePmdMapped: %lf kB", &kb) == 1) *pmd_kb += kb;
+    }
+    fclose(f);
+    return true;
+}
+
 /* ---- forward mode ---- */
 
 typedef struct fwd_opts {
@@ -231,12 +292,14 @@ typedef struct fwd_opts {
 /* Every figure, one value per repetition (medians are taken at the end). */
 typedef struct fwd_samples {
     double read_bps[FWD_MAX_REPS];                 /* read-only pass, bytes read / s */
+    double file_bps[FWD_MAX_REPS];                 /* the same pass over the model file's mapping (0: none) */
     double copied_bps[FWD_MAX_REPS];               /* memcpy, bytes copied / s */
     double prompt_s[FWD_MAX_REPS];                 /* prompt processing, seconds */
     double other[FWD_MAX_REPS];                    /* other processes' CPU use during the repetition, cores */
     int n_kept;                                    /* repetitions [0, n_kept) are the ones the figures use */
     int n_dirty;                                   /* repetitions over the limit (left out unless all were) */
     double other_median, other_max;                /* over all repetitions */
+    double map_rss_kb, map_pmd_kb;                 /* the model file's mapping after the run (model_map_pages) */
     double step_s[FWD_MAX_REPS];                   /* decode: median step of this repetition */
     double k_s[FWD_MAX_K + 1][FWD_MAX_REPS];       /* k tokens in one call after the prompt, seconds */
     double k_short_s[FWD_MAX_K + 1][FWD_MAX_REPS]; /* the same after a SHORT_PREFIX-token prefix */
@@ -280,6 +343,12 @@ static bool forward_rep(const fwd_opts *o, int r, sd_model *m, sd_kv *kv, const 
     double tc = bw_pass(bw->src, bw->dst, bw->n_floats, bw_threads, 1);
     if (tr <= 0 || tc <= 0) return false;
     s->read_bps[r] = covered / tr;
+    s->file_bps[r] = 0;
+    if (bw->file) {
+        double tf = bw_pass(bw->file, bw->dst, bw->file_floats, bw_threads, 0); /* dst unused */
+        if (tf > 0)
+            s->file_bps[r] = (double)(bw->file_floats / (size_t)bw_threads * (size_t)bw_threads * sizeof(float)) / tf;
+    }
     s->copied_bps[r] = covered / tc;
 
     sd_kv_release(kv, 0);
@@ -336,6 +405,7 @@ static void keep_clean_reps(const fwd_opts *o, fwd_samples *s) {
         if (!sd_hyg_clean(&hp, s->other[r])) continue;
         if (kept != r) {
             s->read_bps[kept] = s->read_bps[r];
+            s->file_bps[kept] = s->file_bps[r];
             s->copied_bps[kept] = s->copied_bps[r];
             s->prompt_s[kept] = s->prompt_s[r];
             s->step_s[kept] = s->step_s[r];
@@ -367,11 +437,17 @@ static void write_forward_table(FILE *f, const fwd_opts *o, const sd_model_confi
     double share_copy = median_ratio(decode_bps, stream_bps, R, 1.0);
     double share_copied = median_ratio(decode_bps, s->copied_bps, R, 1.0);
     double share_read = median_ratio(decode_bps, s->read_bps, R, 1.0);
+    double share_file = median_ratio(decode_bps, s->file_bps, R, 1.0), file_bps = median_of(s->file_bps, R);
 
     fprintf(f, "# specd-bench forward — %s\n\n", day);
     fprintf(f, "- model: %s (%d layers, dim %d, vocab %d), weights streamed per token as the CPU holds them: %.1f MB\n",
             o->model_path, cfg->n_layers, cfg->n_embd, cfg->n_vocab, wbytes / 1e6);
     describe_machine(f, threads, load_before, load_after);
+    if (s->map_rss_kb > 0)
+        fprintf(f,
+                "- model file's pages after the run: %.0f%% of the resident ones mapped in 2 MiB pages (the page "
+                "cache's folios; the rest in 4 KiB pages)\n",
+                100.0 * s->map_pmd_kb / s->map_rss_kb);
     fprintf(f,
             "- %d repetitions, each running every measure in turn (bandwidth, %d-token prompt, %d decode steps, "
             "k = 1..%d); figures are medians over repetitions, ratios are medians of per-repetition ratios\n\n",
@@ -396,7 +472,13 @@ static void write_forward_table(FILE *f, const fwd_opts *o, const sd_model_confi
     fprintf(f, "| decode weight streaming | %.2f GB/s |\n", wbytes / step_s / 1e9);
     fprintf(f, "| decode / copy bandwidth (read + write) | %.0f%% |\n", 100.0 * share_copy);
     fprintf(f, "| decode / bytes copied per second | %.0f%% |\n", 100.0 * share_copied);
-    fprintf(f, "| decode / read bandwidth | %.0f%% |\n\n", 100.0 * share_read);
+    fprintf(f, "| decode / read bandwidth | %.0f%% |\n", 100.0 * share_read);
+    if (file_bps > 0)
+        fprintf(f,
+                "| read-only pass over the model file's own pages (its page cache, as mapped) | %.2f GB/s |\n"
+                "| decode / that pass | %.0f%% |\n",
+                file_bps / 1e9, 100.0 * share_file);
+    fprintf(f, "\n");
     int short_prefix = o->prompt_len < SHORT_PREFIX ? o->prompt_len : SHORT_PREFIX;
     fprintf(f,
             "Cost of k new tokens of one sequence in one call (logits for every row), after a %d-token "
@@ -452,6 +534,7 @@ static int bench_forward(const fwd_opts *o) {
         fprintf(stderr, "specd-bench: cannot allocate two %d MiB bandwidth buffers\n", o->bw_mb);
         goto done;
     }
+    bw_map_file(&bw, o->model_path);
     if (sd_model_kv_create(m, 1, ctx / 16 + 2, 16, &kv) != SD_OK) goto done;
     /* Deterministic pseudo-random token ids stand in for text: the cost of a
      * forward pass does not depend on which ids they are. */
@@ -472,6 +555,7 @@ static int bench_forward(const fwd_opts *o) {
     }
     keep_clean_reps(o, s);
     read_loadavg(load_after, sizeof load_after);
+    if (!model_map_pages(o->model_path, &s->map_rss_kb, &s->map_pmd_kb)) s->map_rss_kb = 0;
 
     double wbytes = (double)sd_model_weight_bytes(m);
     write_forward_table(stdout, o, cfg, wbytes, threads, load_before, load_after, s);
