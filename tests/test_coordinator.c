@@ -94,6 +94,14 @@ static harness *harness_new(sd_coord_params *pp) {
     return h;
 }
 
+/* A harness whose coordinator drafts a fixed K (adaptive K off). */
+static harness *harness_fixed_k(int32_t k) {
+    sd_coord_params p = sd_coord_default_params();
+    p.adaptive_k = false;
+    p.default_k = k;
+    return harness_new(&p);
+}
+
 static void harness_free(harness *h) {
     for (int i = 0; i < h->n; i++) free(h->msgs[i].bytes);
     sd_coord_state_free(&h->c);
@@ -1022,10 +1030,7 @@ static Specd__CoordinatorToWorker *expect_draft(harness *h, const char *ident) {
 static void test_speculative_steps_and_drafter_death(void **state) {
     (void)state;
     NEED_MODEL();
-    sd_coord_params p = sd_coord_default_params();
-    p.adaptive_k = false;
-    p.default_k = 3;
-    harness *h = harness_new(&p);
+    harness *h = harness_fixed_k(3);
     register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
     register_ok(h, "d", SPECD__ROLE__ROLE_DRAFTER);
     int32_t prompt[4] = {5, 6, 7, 8};
@@ -1087,7 +1092,7 @@ static void test_speculative_steps_and_drafter_death(void **state) {
     assert_int_equal(dw->draft->seqs[0]->keep_len, 5);
     assert_int_equal(dw->draft->seqs[0]->n_append, 3);
     specd__coordinator_to_worker__free_unpacked(dw, NULL);
-    uint64_t dead = (uint64_t)p.heartbeat_interval_ms * 1000u * (uint64_t)(p.heartbeat_liveness + 1);
+    uint64_t dead = (uint64_t)h->c.p.heartbeat_interval_ms * 1000u * (uint64_t)(h->c.p.heartbeat_liveness + 1);
     h->now += dead / 2;
     heartbeat(h, "v");
     h->now += dead / 2 + 1000;
@@ -1876,10 +1881,7 @@ static uint64_t moving_clock(void) { return moving_clock_us += 10; }
 /* Starts request A (its verify answered, its warm-up draft still out) and
  * then submits B (a prompt to refill): B is ready, A waits only for drafts. */
 static harness *two_cohorts_setup(double draft_step_us) {
-    sd_coord_params p = sd_coord_default_params();
-    p.adaptive_k = false;
-    p.default_k = 2;
-    harness *h = harness_new(&p);
+    harness *h = harness_fixed_k(2);
     h->c.clock_us = moving_clock;
     register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
     register_ok(h, "d", SPECD__ROLE__ROLE_DRAFTER);
@@ -2500,10 +2502,7 @@ static void test_drained_group_hands_over(void **state) {
 static void test_drafters_share_failover_pin(void **state) {
     (void)state;
     NEED_MODEL();
-    sd_coord_params p = sd_coord_default_params();
-    p.adaptive_k = false;
-    p.default_k = 2;
-    harness *h = harness_new(&p);
+    harness *h = harness_fixed_k(2);
     register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
     register_ok(h, "d1", SPECD__ROLE__ROLE_DRAFTER);
     for (int i = 0; i < 4; i++) {
@@ -2534,7 +2533,7 @@ static void test_drafters_share_failover_pin(void **state) {
     }
     assert_true(released >= 1 && released <= moved);
     /* d1 dies: its requests go to d2 */
-    uint64_t dead = (uint64_t)p.heartbeat_interval_ms * 1000u * (uint64_t)(p.heartbeat_liveness + 1);
+    uint64_t dead = (uint64_t)h->c.p.heartbeat_interval_ms * 1000u * (uint64_t)(h->c.p.heartbeat_liveness + 1);
     h->now += dead / 2;
     heartbeat(h, "v");
     heartbeat(h, "d2");
@@ -2599,10 +2598,7 @@ static void test_drafters_share_failover_pin(void **state) {
 static void test_drafter_choice_by_goodput(void **state) {
     (void)state;
     NEED_MODEL();
-    sd_coord_params p = sd_coord_default_params();
-    p.adaptive_k = false;
-    p.default_k = 3;
-    harness *h = harness_new(&p);
+    harness *h = harness_fixed_k(3);
     register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
     register_ok(h, "dn", SPECD__ROLE__ROLE_DRAFTER); /* NGRAM */
     h->kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
@@ -2692,10 +2688,7 @@ static int32_t shadow_truth(const int32_t *prompt, int32_t pos) {
 static void test_drafter_choice_shadow_ngram(void **state) {
     (void)state;
     NEED_MODEL();
-    sd_coord_params p = sd_coord_default_params();
-    p.adaptive_k = false;
-    p.default_k = 3;
-    harness *h = harness_new(&p);
+    harness *h = harness_fixed_k(3);
     h->fwd_fixed_us = 5000; /* a verify step: 5 ms + 1 ms a row */
     h->fwd_token_us = 1000;
     register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
@@ -2788,10 +2781,7 @@ static void test_drafter_choice_shadow_ngram(void **state) {
 static void test_drafter_choice_skips_unpromising(void **state) {
     (void)state;
     NEED_MODEL();
-    sd_coord_params p = sd_coord_default_params();
-    p.adaptive_k = false;
-    p.default_k = 3;
-    harness *h = harness_new(&p);
+    harness *h = harness_fixed_k(3);
     h->fwd_fixed_us = 5000;
     h->fwd_token_us = 1000;
     register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
@@ -2953,10 +2943,7 @@ static bool cannot_pay_request(harness *h, int32_t n_prompt, uint32_t max_tokens
 static void test_drafter_choice_cannot_pay(void **state) {
     (void)state;
     NEED_MODEL();
-    sd_coord_params p = sd_coord_default_params();
-    p.adaptive_k = false;
-    p.default_k = 3;
-    harness *h = harness_new(&p);
+    harness *h = harness_fixed_k(3);
     h->fwd_fixed_us = 5000;
     h->fwd_token_us = 1000;
     register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
@@ -3002,10 +2989,7 @@ static void test_drafter_choice_cannot_pay(void **state) {
 static void test_drafter_choice_promising_margin(void **state) {
     (void)state;
     NEED_MODEL();
-    sd_coord_params p = sd_coord_default_params();
-    p.adaptive_k = false;
-    p.default_k = 3;
-    harness *h = harness_new(&p);
+    harness *h = harness_fixed_k(3);
     h->fwd_fixed_us = 5000;
     h->fwd_token_us = 1000;
     register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
@@ -3063,10 +3047,7 @@ static void test_drafter_choice_promising_margin(void **state) {
 static void test_drafter_choice_sample_weight(void **state) {
     (void)state;
     NEED_MODEL();
-    sd_coord_params p = sd_coord_default_params();
-    p.adaptive_k = false;
-    p.default_k = 3;
-    harness *h = harness_new(&p);
+    harness *h = harness_fixed_k(3);
     h->fwd_fixed_us = 5000;
     h->fwd_token_us = 1000;
     register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
@@ -3109,10 +3090,7 @@ static void test_drafter_choice_sample_weight(void **state) {
 static void test_drafter_choice_step_overhead(void **state) {
     (void)state;
     NEED_MODEL();
-    sd_coord_params p = sd_coord_default_params();
-    p.adaptive_k = false;
-    p.default_k = 3;
-    harness *h = harness_new(&p);
+    harness *h = harness_fixed_k(3);
     h->fwd_fixed_us = 5000;
     h->fwd_token_us = 1000;
     h->clock_runs = true;
@@ -3160,10 +3138,7 @@ static void test_drafter_choice_step_overhead(void **state) {
 static void test_local_ngram_drafter(void **state) {
     (void)state;
     NEED_MODEL();
-    sd_coord_params p = sd_coord_default_params();
-    p.adaptive_k = false;
-    p.default_k = 4;
-    harness *h = harness_new(&p);
+    harness *h = harness_fixed_k(4);
     sd_local_drafter *ld = NULL;
     assert_int_equal(sd_local_drafter_new(&h->c, h->now, &ld), SD_OK);
     assert_int_equal(sd_place_count(&h->c, SPECD__ROLE__ROLE_DRAFTER), 1);
@@ -3199,9 +3174,9 @@ static void test_local_ngram_drafter(void **state) {
     assert_int_equal(s->drafted, 8);
     assert_int_equal(s->accepted, 8);
     /* heartbeats answered: alive past the liveness period */
-    uint64_t dead = (uint64_t)p.heartbeat_interval_ms * 1000u * (uint64_t)(p.heartbeat_liveness + 2);
-    for (uint64_t t = 0; t < dead; t += (uint64_t)p.heartbeat_interval_ms * 500u) {
-        h->now += (uint64_t)p.heartbeat_interval_ms * 500u;
+    uint64_t dead = (uint64_t)h->c.p.heartbeat_interval_ms * 1000u * (uint64_t)(h->c.p.heartbeat_liveness + 2);
+    for (uint64_t t = 0; t < dead; t += (uint64_t)h->c.p.heartbeat_interval_ms * 500u) {
+        h->now += (uint64_t)h->c.p.heartbeat_interval_ms * 500u;
         heartbeat(h, "v");
         sd_workers_tick(&h->c, h->now);
         sd_local_drafter_pump(ld, h->now);
