@@ -64,12 +64,15 @@
  * requests in between made it one in 4 or none) tries it, which keeps that
  * record current; its decision weighs as the SD_CHOICE_SAMPLE requests it
  * stands for. One in 16, not 8: with both models on two threads each
- * sample of the draft model cost its request 8-35% (the move, then steps
- * at the model's price; most on a short answer) and the samples were
- * what kept the choice 2.7% under fixed n-gram (routing-cpu.md). Only a
- * request that passes the can-pay rule below is asked, so the sample has
- * room to repay the move by the rule's measure (tokens left at the kind's
- * ceiling); a request that ends early on EOS cannot be told apart. On the demo model with both models on two threads, a
+ * sample of the draft model cost its request 8-43% (the move, then steps
+ * at the model's price; most on a summary: a long prefix to move, a short
+ * answer), the rounds it landed on were most of what kept the choice
+ * 2.7% under fixed n-gram, and halving them gave 0.994x (the old rule
+ * 0.991x beside it: not told apart; routing-cpu.md). Only a request that
+ * passes the can-pay rule below is asked, so the sample has room to repay
+ * the move by that rule's measure (tokens left at the kind's ceiling); a
+ * request that will end early on EOS cannot be told apart.
+ * On the demo model with both models on two threads, a
  * 4-bit draft of the target costs 0.74 of a target step a token and ties
  * with n-gram lookup on chat: trying it on every request made the choice
  * 0.78x of fixed n-gram (bench/results/routing-cpu.md). And a kind that

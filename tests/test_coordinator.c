@@ -3101,7 +3101,7 @@ static void test_drafter_choice_sample_weight(void **state) {
 
 /* One in 16 of the requests asked samples an unpromising kind, not one in
  * 8: with both models on two threads each sample of the draft model cost
- * its request 8-35% (routing-cpu.md). The model drafter is unpromising
+ * its request 8-43% (routing-cpu.md). The model drafter is unpromising
  * (3 tokens a step at 2 ms of drafting against n-gram's 3 for nothing);
  * over the next 32 requests asked exactly 2 try it (4 at one in 8), the
  * 1st and the 17th asked, and each of those moves the model's record
