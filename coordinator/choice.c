@@ -62,7 +62,17 @@
  * otherwise one request in
  * SD_CHOICE_SAMPLE of those asked (counted here: by request id, pinned
  * requests in between made it one in 4 or none) tries it, which keeps that
- * record current. On the demo model with both models on two threads, a
+ * record current; its decision weighs as the SD_CHOICE_SAMPLE requests it
+ * stands for. One in 16, not 8: with both models on two threads each
+ * sample of the draft model cost its request 8-43% (the move, then steps
+ * at the model's price; most on a summary: a long prefix to move, a short
+ * answer), the rounds it landed on were most of what kept the choice
+ * 2.7% under fixed n-gram, and halving them gave 0.994x (the old rule
+ * 0.991x beside it: not told apart; routing-cpu.md). Only a request that
+ * passes the can-pay rule below is asked, so the sample has room to repay
+ * the move by that rule's measure (tokens left at the kind's ceiling); a
+ * request that will end early on EOS cannot be told apart.
+ * On the demo model with both models on two threads, a
  * 4-bit draft of the target costs 0.74 of a target step a token and ties
  * with n-gram lookup on chat: trying it on every request made the choice
  * 0.78x of fixed n-gram (bench/results/routing-cpu.md). And a kind that
@@ -93,14 +103,14 @@
 #define SD_CHOICE_EMA          0.35 /* weight of a new step in a kind's record */
 #define SD_CHOICE_RECHECK_MAX  1024
 #define SD_CHOICE_USELESS      1.1 /* tokens per step: a kind no better than target-only */
-#define SD_CHOICE_SAMPLE       8   /* one request in this many still tries a useless kind */
+#define SD_CHOICE_SAMPLE       16  /* one request in this many still tries a useless kind */
 #define SD_CHOICE_SERVICE_EMA  0.02
 #define SD_CHOICE_SWITCH       1.15 /* another kind's goodput over the drafting kind's that moves a request */
 #define SD_CHOICE_WINDOW       8    /* shadow steps the move is judged on (sd_session.shadow_ring) */
 #define SD_CHOICE_KIND_EMA     0.2  /* weight of one request's decision in a kind's service-wide goodput */
 #define SD_CHOICE_OVERHEAD_EMA 0.1  /* weight of one step in a kind's measured overhead */
 #define SD_CHOICE_PROMISE      1.3  /* a kind's record over the request's best that makes it worth a trial */
-#define SD_CHOICE_SAMPLED_EMA  0.83 /* a sampling request's weight: 1 - (1 - SD_CHOICE_KIND_EMA)^SD_CHOICE_SAMPLE */
+#define SD_CHOICE_SAMPLED_EMA  0.97 /* a sampling request's weight: 1 - (1 - SD_CHOICE_KIND_EMA)^SD_CHOICE_SAMPLE */
 
 /* Kinds with a live drafter, as a bit set over Specd__DrafterKind. */
 static unsigned live_kinds(const sd_coord *c) {
