@@ -2588,6 +2588,20 @@ static void test_drafters_share_failover_pin(void **state) {
     harness_free(h);
 }
 
+/* The drafter-choice tests' service: K fixed at 3, a verifier "v" with a
+ * 5 ms + 1 ms a token step, an n-gram drafter "dn" and a model drafter
+ * "dm" (h->kind stays MODEL for drafters registered after). */
+static harness *choice_harness(void) {
+    harness *h = harness_fixed_k(3);
+    h->fwd_fixed_us = 5000;
+    h->fwd_token_us = 1000;
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    register_ok(h, "dn", SPECD__ROLE__ROLE_DRAFTER); /* NGRAM */
+    h->kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
+    register_ok(h, "dm", SPECD__ROLE__ROLE_DRAFTER);
+    return h;
+}
+
 /* Drafter choice: two requests, two drafter kinds; the n-gram drafter's
  * drafts are accepted on the first request only ("repeat this text"), the
  * model drafter's on the second only (open chat). After trying both, each
@@ -2781,13 +2795,7 @@ static void test_drafter_choice_shadow_ngram(void **state) {
 static void test_drafter_choice_skips_unpromising(void **state) {
     (void)state;
     NEED_MODEL();
-    harness *h = harness_fixed_k(3);
-    h->fwd_fixed_us = 5000;
-    h->fwd_token_us = 1000;
-    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
-    register_ok(h, "dn", SPECD__ROLE__ROLE_DRAFTER); /* NGRAM */
-    h->kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
-    register_ok(h, "dm", SPECD__ROLE__ROLE_DRAFTER);
+    harness *h = choice_harness();
     int32_t dn = widx(h, "dn"), dm = widx(h, "dm");
     const char *who[3] = {"v", "dn", "dm"};
     int32_t toks[8] = {9, 9, 9, 9, 9, 9, 9, 9};
@@ -2943,13 +2951,7 @@ static bool cannot_pay_request(harness *h, int32_t n_prompt, uint32_t max_tokens
 static void test_drafter_choice_cannot_pay(void **state) {
     (void)state;
     NEED_MODEL();
-    harness *h = harness_fixed_k(3);
-    h->fwd_fixed_us = 5000;
-    h->fwd_token_us = 1000;
-    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
-    register_ok(h, "dn", SPECD__ROLE__ROLE_DRAFTER); /* NGRAM */
-    h->kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
-    register_ok(h, "dm", SPECD__ROLE__ROLE_DRAFTER);
+    harness *h = choice_harness();
     int32_t dm = widx(h, "dm");
     /* a cold service (the model's cost not measured yet): its first request,
      * a copy, tries the model, and ends the trial once the model's cost
@@ -2989,13 +2991,7 @@ static void test_drafter_choice_cannot_pay(void **state) {
 static void test_drafter_choice_promising_margin(void **state) {
     (void)state;
     NEED_MODEL();
-    harness *h = harness_fixed_k(3);
-    h->fwd_fixed_us = 5000;
-    h->fwd_token_us = 1000;
-    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
-    register_ok(h, "dn", SPECD__ROLE__ROLE_DRAFTER); /* NGRAM */
-    h->kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
-    register_ok(h, "dm", SPECD__ROLE__ROLE_DRAFTER);
+    harness *h = choice_harness();
     h->model_draft_us = 2000;
     h->text_unrepeated = true;
     const Specd__DrafterKind model = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
@@ -3047,13 +3043,7 @@ static void test_drafter_choice_promising_margin(void **state) {
 static void test_drafter_choice_sample_weight(void **state) {
     (void)state;
     NEED_MODEL();
-    harness *h = harness_fixed_k(3);
-    h->fwd_fixed_us = 5000;
-    h->fwd_token_us = 1000;
-    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
-    register_ok(h, "dn", SPECD__ROLE__ROLE_DRAFTER); /* NGRAM */
-    h->kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
-    register_ok(h, "dm", SPECD__ROLE__ROLE_DRAFTER);
+    harness *h = choice_harness();
     h->model_draft_us = 2000;
     h->text_unrepeated = true;
     const Specd__DrafterKind model = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
