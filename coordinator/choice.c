@@ -141,29 +141,30 @@ static int32_t batch_of(const sd_coord *c, const sd_session *s) {
 }
 
 /* s's verifier cost line and its time per sequence of a step without
- * drafts (its share of the step's fixed cost at the group's batch). */
-static const sd_cost_model *verify_cost(const sd_coord *c, const sd_session *s, double *v0) {
+ * drafts (its share of the step's fixed cost at `batch`, batch_of(c, s):
+ * a count over every session, so callers take it once). */
+static const sd_cost_model *verify_cost(const sd_coord *c, const sd_session *s, int32_t batch, double *v0) {
     const sd_cost_model *v = sd_coord_group_ok(c, s) ? &c->workers[s->group].cost : &c->cost;
-    *v0 = v->verify_fixed_us / batch_of(c, s) + v->verify_token_us;
+    *v0 = v->verify_fixed_us / batch + v->verify_token_us;
     return v;
 }
 
 /* What a step of s with k_draft drafts of kind k costs by the cost models
- * alone (its verify share and the drafting), us. */
-static double modelled_step_us(const sd_coord *c, const sd_session *s, Specd__DrafterKind k, double k_draft) {
-    double v0;
-    const sd_cost_model *v = verify_cost(c, s, &v0);
+ * alone (its verify share and the drafting), us; *v0 as verify_cost's. */
+static double modelled_step_us(const sd_coord *c, const sd_session *s, Specd__DrafterKind k, double k_draft,
+                               int32_t batch, double *v0) {
+    const sd_cost_model *v = verify_cost(c, s, batch, v0);
     double token_us = kind_token_us(c, k);
-    return v0 + v->verify_token_us * k_draft + (token_us > 0 ? token_us : 0.0) * k_draft;
+    return *v0 + v->verify_token_us * k_draft + (token_us > 0 ? token_us : 0.0) * k_draft;
 }
 
 /* Net goodput of kind k on s at `tokens` committed per step with k_draft
  * drafts: the step's modelled time plus the kind's measured overhead (a
  * step's, shared by the batch). */
 static double goodput_at(const sd_coord *c, const sd_session *s, Specd__DrafterKind k, double tokens, double k_draft) {
+    int32_t batch = batch_of(c, s);
     double v0;
-    (void)verify_cost(c, s, &v0);
-    double step = modelled_step_us(c, s, k, k_draft) + c->kind_overhead_us[k] / batch_of(c, s);
+    double step = modelled_step_us(c, s, k, k_draft, batch, &v0) + c->kind_overhead_us[k] / batch;
     return step > 0 ? tokens * v0 / step : tokens;
 }
 
@@ -188,14 +189,15 @@ static void observe_wall(sd_coord *c, sd_session *s, int32_t k, bool refill, uin
         return;
     Specd__DrafterKind kind = c->workers[s->drafter].drafter_kind;
     if (kind <= 0 || kind >= SD_DRAFTER_KINDS) return;
-    double over = (double)(now_us - from) - modelled_step_us(c, s, kind, k);
+    double v0, modelled = modelled_step_us(c, s, kind, k, 1, &v0);
+    double over = (double)(now_us - from) - modelled;
     if (over < 0) over = 0;
     double w = c->kind_overhead_steps[kind] == 0 ? 1.0 : SD_CHOICE_OVERHEAD_EMA;
     c->kind_overhead_us[kind] += w * (over - c->kind_overhead_us[kind]);
     if (c->kind_overhead_steps[kind] < UINT32_MAX) c->kind_overhead_steps[kind]++;
     SD_DEBUG("request %llu: a %s step of %d drafts took %.0f us, %.0f modelled", (unsigned long long)s->id,
              protobuf_c_enum_descriptor_get_value(&specd__drafter_kind__descriptor, (int)kind)->name, k,
-             (double)(now_us - from), modelled_step_us(c, s, kind, k));
+             (double)(now_us - from), modelled);
 }
 
 double sd_choice_goodput(const sd_coord *c, const sd_session *s, Specd__DrafterKind k) {
@@ -322,7 +324,7 @@ static bool can_pay(const sd_coord *c, const sd_session *s, int k, double best_g
     double ceiling = ceiling_of(c, s, k);
     if (ceiling <= best_g) return false;
     double v0;
-    (void)verify_cost(c, s, &v0);
+    (void)verify_cost(c, s, batch_of(c, s), &v0);
     int32_t left = s->max_tokens - sd_session_generated(s);
     if (left < 1) return false;
     double saved = left * v0 * (1.0 / best_g - 1.0 / ceiling); /* time for `left` tokens: left * v0 / goodput */
