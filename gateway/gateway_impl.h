@@ -30,7 +30,6 @@
 #define GW_MAX_CHOICES             16          /* n, times the prompts of a batched completion */
 #define GW_MAX_OUTPUT_BYTES        (8u << 20)  /* generated text kept per choice */
 #define GW_HEADER_MEMORY           (64u << 10) /* libmicrohttpd's per-connection memory: caps the headers */
-#define GW_POLL_MS                 100         /* how often a waiting handler looks for a gone client */
 #define GW_KEEPALIVE_MS            15000       /* SSE comment sent when a stream is silent this long */
 #define GW_STATS_TIMEOUT_MS        2000        /* /health and /metrics wait this long for the coordinator */
 #define GW_RETRY_AFTER_S           1           /* Retry-After on 429 */
@@ -52,6 +51,7 @@ typedef struct gw_server {
     gw_metrics *metrics;
     atomic_uint inflight; /* coordinator requests submitted and not finished */
     atomic_bool stopping; /* set on SIGINT/SIGTERM: waiting handlers give up */
+    int stop_fd;          /* eventfd, readable once stopping is set (gw_http_start / gw_http_stop) */
 } gw_server;
 
 /* ---- openai.c: requests ---- */
@@ -177,7 +177,10 @@ typedef struct gw_choice {
 typedef struct gw_job {
     gw_server *srv;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    /* eventfd the HTTP side polls, beside its socket, while it waits for
+     * on_chunk: written when a chunk arrives and `waiting` was set */
+    int wake_fd;
+    bool waiting;
     int refs;
     bool abandoned; /* the HTTP side is gone: nobody reads */
     gw_endpoint endpoint;
@@ -275,6 +278,7 @@ char *gw_metrics_render(gw_metrics *m, const gw_server *srv, const sd_client_ser
 /* Starts the HTTP daemon on srv->listen; returns an opaque handle (NULL on
  * failure, logged). */
 void *gw_http_start(gw_server *srv);
-void gw_http_stop(void **daemon);
+/* Sets srv->stopping, wakes every waiting handler, stops the daemon. */
+void gw_http_stop(gw_server *srv, void **daemon);
 
 #endif

@@ -16,10 +16,15 @@
  * threads (MHD_OPTION_THREAD_POOL_SIZE), with epoll or poll, was no
  * better (301-322 µs at 64).
  *
- * While it waits, a handler looks every GW_POLL_MS at its socket: a peer
- * that hung up (POLLRDHUP) has its requests cancelled at once, which frees
- * their KV blocks everywhere; writes that fail end the stream the same way
- * (the response's free callback cancels what is unfinished). A client
+ * A waiting handler sleeps in one poll (wait_locked) on its job's eventfd,
+ * which on_chunk writes, on its socket (POLLRDHUP) and on the gateway's
+ * stop eventfd, so it wakes only for news: a peer that hung up has its
+ * requests cancelled at once, which frees their KV blocks everywhere;
+ * writes that fail end the stream the same way (the response's free
+ * callback cancels what is unfinished). Replaced, by measurement
+ * (bench/results/http-cpu.md, 2026-11-25 "no polling"): a condition
+ * variable with a 100 ms timeout and a look at the socket on each wake,
+ * whose idle wake-ups were most of the gateway's CPU at 64 streams. A client
  * that half-closes its socket after sending the request (shutdown(SHUT_WR))
  * looks the same as one that left, and is treated so.
  *
@@ -53,7 +58,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/eventfd.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -143,11 +150,32 @@ static enum MHD_Result fail(gw_server *srv, struct MHD_Connection *conn, gw_rout
 
 /* ---- connection checks ---- */
 
-/* True when the peer hung up or the socket failed. */
-static bool client_gone(int fd) {
-    if (fd < 0) return false;
-    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
-    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+/* Why a handler stopped waiting for its job. */
+typedef enum wait_end { WAIT_NEWS, WAIT_GONE, WAIT_STOPPING } wait_end;
+
+/* Called with job->mu held, which it releases while it sleeps and holds
+ * again on return: sleeps until on_chunk has something for the job (or
+ * timeout_ms passes: WAIT_NEWS too, the caller looks again), the client
+ * on socket fd hangs up or its socket fails (WAIT_GONE), or the gateway
+ * stops (WAIT_STOPPING). One poll on three descriptors, so a quiet stream
+ * costs nothing until one of them moves. */
+static wait_end wait_locked(gw_server *srv, gw_job *job, int fd, int timeout_ms) {
+    job->waiting = true;
+    pthread_mutex_unlock(&job->mu);
+    struct pollfd p[3] = {{.fd = job->wake_fd, .events = POLLIN},
+                          {.fd = srv->stop_fd, .events = POLLIN},
+                          {.fd = fd, .events = POLLRDHUP}};
+    int r = poll(p, fd >= 0 ? 3 : 2, timeout_ms);
+    eventfd_t drained;
+    if (r > 0 && (p[0].revents & POLLIN)) eventfd_read(job->wake_fd, &drained);
+    wait_end end = WAIT_NEWS;
+    if (atomic_load(&srv->stopping))
+        end = WAIT_STOPPING;
+    else if (r > 0 && fd >= 0 && (p[2].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)))
+        end = WAIT_GONE;
+    pthread_mutex_lock(&job->mu);
+    job->waiting = false;
+    return end;
 }
 
 static int connection_fd(struct MHD_Connection *conn) {
@@ -283,25 +311,21 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *out, size_t max) {
                 return MHD_CONTENT_READER_END_WITH_ERROR;
             }
             if (s->len > 0) break;
-            struct timespec until;
-            clock_gettime(CLOCK_MONOTONIC, &until);
-            until.tv_nsec += GW_POLL_MS * 1000000L;
-            if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
-            pthread_cond_timedwait(&job->cv, &job->mu, &until);
-            /* The checks run without the lock. */
-            pthread_mutex_unlock(&job->mu);
-            if (atomic_load(&s->srv->stopping) || client_gone(s->fd)) {
+            double quiet_ms = gw_now_ms() - s->last_emit_ms;
+            if (quiet_ms >= GW_KEEPALIVE_MS) {
+                if (!buf_add(s, ": keep-alive\n\n", 14)) {
+                    pthread_mutex_unlock(&job->mu);
+                    return MHD_CONTENT_READER_END_WITH_ERROR;
+                }
+                break;
+            }
+            wait_end end = wait_locked(s->srv, job, s->fd, GW_KEEPALIVE_MS - (int)quiet_ms);
+            if (end != WAIT_NEWS) {
+                pthread_mutex_unlock(&job->mu);
                 SD_INFO("stream %s: %s: cancelling", job->id,
-                        atomic_load(&s->srv->stopping) ? "shutting down" : "the client hung up");
+                        end == WAIT_STOPPING ? "shutting down" : "the client hung up");
                 return MHD_CONTENT_READER_END_WITH_ERROR; /* stream_free cancels */
             }
-            bool keepalive = gw_now_ms() - s->last_emit_ms >= GW_KEEPALIVE_MS;
-            pthread_mutex_lock(&job->mu);
-            if (keepalive && !buf_add(s, ": keep-alive\n\n", 14)) {
-                pthread_mutex_unlock(&job->mu);
-                return MHD_CONTENT_READER_END_WITH_ERROR;
-            }
-            if (s->len > 0) break;
         }
         pthread_mutex_unlock(&job->mu);
         s->last_emit_ms = gw_now_ms();
@@ -424,21 +448,16 @@ static enum MHD_Result handle_generate(gw_server *srv, struct MHD_Connection *co
     /* Not streaming: wait for every choice, watching the client. */
     pthread_mutex_lock(&job->mu);
     while (!gw_job_done_locked(job)) {
-        struct timespec until;
-        clock_gettime(CLOCK_MONOTONIC, &until);
-        until.tv_nsec += GW_POLL_MS * 1000000L;
-        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
-        pthread_cond_timedwait(&job->cv, &job->mu, &until);
-        pthread_mutex_unlock(&job->mu);
-        bool stopping = atomic_load(&srv->stopping);
-        if (stopping || client_gone(fd)) {
-            SD_INFO("request %s: %s: cancelling", job->id, stopping ? "shutting down" : "the client hung up");
+        wait_end end = wait_locked(srv, job, fd, -1);
+        if (end != WAIT_NEWS) {
+            pthread_mutex_unlock(&job->mu);
+            SD_INFO("request %s: %s: cancelling", job->id,
+                    end == WAIT_STOPPING ? "shutting down" : "the client hung up");
             gw_job_cancel(job);
             gw_job_release(job);
             gw_metrics_http(srv->metrics, route, 499 /* counted as "other" */);
             return MHD_NO; /* closes the connection */
         }
-        pthread_mutex_lock(&job->mu);
     }
     const gw_choice *bad = NULL;
     for (size_t i = 0; i < job->n_choices && !bad; i++)
@@ -606,6 +625,11 @@ void *gw_http_start(gw_server *srv) {
         SD_ERROR("--listen '%s': expected ADDR:PORT with a numeric IPv4 address or [IPv6]:PORT", srv->listen);
         return NULL;
     }
+    srv->stop_fd = eventfd(0, EFD_CLOEXEC);
+    if (srv->stop_fd < 0) {
+        SD_ERROR("eventfd: %s", strerror(errno));
+        return NULL;
+    }
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_AUTO |
                      MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
     uint16_t port = v6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port) : ntohs(((struct sockaddr_in *)&ss)->sin_port);
@@ -617,13 +641,20 @@ void *gw_http_start(gw_server *srv) {
         (unsigned)1, MHD_OPTION_END);
     if (!d) {
         SD_ERROR("cannot listen on %s: %s", srv->listen, strerror(errno));
+        close(srv->stop_fd);
+        srv->stop_fd = -1;
         return NULL;
     }
     return d;
 }
 
-void gw_http_stop(void **daemon) {
+void gw_http_stop(gw_server *srv, void **daemon) {
     if (!daemon || !*daemon) return;
+    /* every waiting handler wakes and gives up (the count is never read back) */
+    atomic_store(&srv->stopping, true);
+    eventfd_write(srv->stop_fd, 1);
     MHD_stop_daemon(*daemon);
     *daemon = NULL;
+    close(srv->stop_fd);
+    srv->stop_fd = -1;
 }

@@ -23,8 +23,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 double gw_now_ms(void) {
     struct timespec ts;
@@ -155,12 +157,13 @@ gw_job *gw_job_create(gw_server *srv, const gw_gen *g) {
     gw_job *job = calloc(1, sizeof *job);
     if (!job) return NULL;
     job->srv = srv;
+    job->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (job->wake_fd < 0) {
+        SD_ERROR("eventfd: %s", strerror(errno));
+        free(job);
+        return NULL;
+    }
     pthread_mutex_init(&job->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&job->cv, &ca);
-    pthread_condattr_destroy(&ca);
     job->refs = 1;
     job->endpoint = g->endpoint;
     snprintf(job->id, sizeof job->id, "%s-%016llx%08llx", g->endpoint == GW_EP_CHAT ? "chatcmpl" : "cmpl",
@@ -197,7 +200,7 @@ void gw_job_release(gw_job *job) {
         free(job->choices[i].lps);
         free(job->choices[i].lp_bytes);
     }
-    pthread_cond_destroy(&job->cv);
+    close(job->wake_fd);
     pthread_mutex_destroy(&job->mu);
     free(job);
 }
@@ -344,9 +347,11 @@ static void on_chunk(const sd_client_chunk *ch, void *user) {
         gw_metrics_choice(srv->metrics, c, job->t_start_ms);
         atomic_fetch_sub(&srv->inflight, 1);
     }
-    pthread_cond_broadcast(&job->cv);
+    bool wake = job->waiting;
+    job->waiting = false; /* one write per wait is enough: the count stays until read */
     uint64_t rid = c->request_id;
     pthread_mutex_unlock(&job->mu);
+    if (wake) eventfd_write(job->wake_fd, 1);
     if (cancel && rid) sd_client_cancel(srv->client, rid);
     if (f) {
         if (collect) janitor_push(srv->janitor, collect);

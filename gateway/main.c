@@ -229,7 +229,7 @@ int main(int argc, char **argv) {
     rc = 0;
 out:
     atomic_store(&srv->stopping, true);
-    gw_http_stop(&http);
+    gw_http_stop(srv, &http);
     gw_janitor_stop(srv->janitor);
     sd_client_close(&srv->client); /* runs the final callbacks of what is still in flight */
     gw_janitor_free(&srv->janitor);
