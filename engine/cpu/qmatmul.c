@@ -31,7 +31,7 @@
  * elements the int16 sum of q (sd_cpu_q8k_quantize_row). Each (row, token,
  * super-block) is then integer sums across the super-block, the sub-block
  * scales (and Q4_K / Q5_K's minimums, Q6_K's -32) multiplied in as
- * integers, and one or two fused adds per lane (kdot_c here; ktile in
+ * integers, and a few float steps per lane (kdot_c here; ktile in
  * qmatmul_simd.inc, and on the VNNI path for 3 or more tokens the 512-bit
  * kztile). This was first rejected as a second activation format for the
  * same dots; it was taken up (branch kq8k) because the activations of 32
@@ -281,7 +281,7 @@ static void kweights_c(int kind, const uint8_t *blk, int s, int w[32]) {
 
 /* One output element of a K-quant type on a K-quant activation row xr
  * (nsb super-blocks): the integer lane sums of quant_kernels.h, then per
- * super-block one or two fused adds per lane. */
+ * super-block and lane t_k and one fused add. */
 static float kdot_c(int kind, const uint8_t *wr, const uint8_t *xr, size_t nsb) {
     const size_t bb = kblock_bytes(kind);
     const int8_t *q = (const int8_t *)xr;

@@ -29,12 +29,13 @@
  *         I_k = sum_s sc_{s,k} * P_{s,k}     (P_{s,k}: sum of w_j q_j)
  *         M_k = sum_s c_{s,k} * S_{s,k}      (S_{s,k}: sum of q_j)
  *     Q4_K / Q5_K: sc_{s,k} = sc_s, c_{s,k} = m_s (6 bits), and
- *         acc[k] = fmaf((float)I_k, d * dx_B, acc[k])
- *         acc[k] = fmaf((float)M_k, -(dmin * dx_B), acc[k])
+ *         t_k = fmaf((float)M_k, -dmin, (float)I_k * d)
  *     Q6_K (16-element sub-blocks: lanes 0-3 take a 32-block's first half):
  *     sc_{s,k} = c_{s,k} = scales[2s + k/4] (int8), and
- *         acc[k] = fmaf((float)(I_k - 32 * M_k), d * dx_B, acc[k])
- *     then the lane tree sd_cpu_hsum8(acc). The integers cannot overflow
+ *         t_k = (float)(I_k - 32 * M_k) * d
+ *     then acc[k] = fmaf(t_k, dx_B, acc[k]), and at the end the lane tree
+ *     sd_cpu_hsum8(acc). The dot and the minimum of the same elements meet
+ *     in t_k, per super-block and lane. The integers cannot overflow
  *     (|I_k - 32 M_k| < 2^26).
  *   - F16 / BF16: the weights are widened to f32 (exact) and the dot product
  *     is sd_cpu_dot's (8 lanes over i, lane tree, fused tail): the same bits
