@@ -22,7 +22,8 @@
  *         (the kernel's stated arithmetic), and within n_in * 2^-23 * sum |w x|
  *         of the double product;
  *     (the K-quants' weights being their dequantized values, the same bounds
- *     hold: their arithmetic is the same integer block dots);
+ *     hold with dx the scale of the element's 256-element activation block:
+ *     their arithmetic is exact integer sums per super-block);
  *   - refusals: an integer type with n_in not a multiple of 32 (a K-quant
  *     with n_in not a multiple of 256), an unsupported type. */
 #include <math.h>
@@ -67,7 +68,7 @@ static const shape shapes[] = {
 /* The K-quants: n_in whole super-blocks of 256. */
 static const shape k_shapes[] = {
     {256, 1, 1},   {256, 5, 3},  {512, 47, 1},  {768, 49, 9},  {1536, 97, 17}, {256, 130, 70},
-    {1536, 13, 2}, {512, 96, 8}, {256, 200, 5}, {1024, 3, 16}, {256, 1001, 1}, {256, 1000, 3},
+    {1536, 13, 2}, {512, 96, 8}, {512, 33, 64}, {256, 200, 5}, {1024, 3, 16}, {256, 1001, 1}, {256, 1000, 3},
 };
 
 /* Odd lengths for the float formats (no block constraint). */
@@ -135,8 +136,11 @@ static void check_one(fixture *f, sd_dtype t, shape s) {
             first_mismatch("token alone vs in the batch", t, one, y1, y_c + (size_t)tok * s.n_out, (size_t)s.n_out);
         }
 
-    /* against the exact products */
-    size_t rb = sd_cpu_q8_row_bytes(s.n_in);
+    /* against the exact products; the K-quants' activations have one scale
+     * per 256 elements (their own rows), the others one per 32 */
+    const bool k = sd_dtype_is_k(t);
+    const int xblock = k ? 256 : 32;
+    size_t rb = k ? sd_cpu_q8k_row_bytes(s.n_in) : sd_cpu_q8_row_bytes(s.n_in);
     uint8_t *xq = is_int_type(t) ? malloc(rb) : NULL;
     if (!is_int_type(t)) {
         /* the stated arithmetic: the f32 matmul on the widened matrix */
@@ -145,7 +149,10 @@ static void check_one(fixture *f, sd_dtype t, shape s) {
     }
     for (int tok = 0; tok < s.n_tokens; tok++) {
         const float *xt = x + (size_t)tok * s.n_in;
-        if (xq) sd_cpu_q8_quantize_row(xt, s.n_in, xq);
+        if (xq && k)
+            sd_cpu_q8k_quantize_row(xt, s.n_in, xq);
+        else if (xq)
+            sd_cpu_q8_quantize_row(xt, s.n_in, xq);
         for (int o = 0; o < s.n_out; o++) {
             const float *wr = wd + (size_t)o * s.n_in;
             double ref = 0, ref_q = 0, abs_wx = 0, abs_wqd = 0, quant_err = 0, abs_w_xd = 0;
@@ -154,7 +161,7 @@ static void check_one(fixture *f, sd_dtype t, shape s) {
                 abs_wx += fabs((double)wr[i] * xt[i]);
                 if (xq) {
                     float dx;
-                    memcpy(&dx, xq + (size_t)(s.n_in / 32) * 32 + (size_t)(i / 32) * 4, 4);
+                    memcpy(&dx, xq + (size_t)s.n_in + (size_t)(i / xblock) * 4, 4);
                     double xqd = (double)(int8_t)xq[i] * dx;
                     ref_q += (double)wr[i] * xqd;
                     abs_wqd += fabs((double)wr[i] * xqd);
@@ -315,6 +322,63 @@ static void test_quantize_row_matches_scalar(void **state) {
     }
 }
 
+/* The K-quant activation rows as quant_kernels.h states them, in scalar C:
+ * the backend's quantizer (vectorized with AVX2) must give the same bytes. */
+static void quantize_row_k_ref(const float *x, int n_in, uint8_t *dst) {
+    int nsb = n_in / 256;
+    for (int sb = 0; sb < nsb; sb++) {
+        float amax = 0.0f;
+        for (int j = 0; j < 256; j++) amax = fmaxf(amax, fabsf(x[sb * 256 + j]));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        int lane[8][8] = {{0}}; /* [sub-block][lane] */
+        for (int j = 0; j < 256; j++) {
+            float v = nearbyintf(x[sb * 256 + j] * id);
+            int iv = !(v >= -127.0f) ? -127 : v > 127.0f ? 127 : (int)v;
+            dst[sb * 256 + j] = (uint8_t)(int8_t)iv;
+            lane[j / 32][j % 32 / 4] += iv;
+        }
+        memcpy(dst + nsb * 256 + sb * 4, &d, 4);
+        for (int u = 0; u < 4; u++)
+            for (int k = 0; k < 8; k++)
+                for (int h = 0; h < 2; h++) {
+                    int16_t v = (int16_t)lane[2 * u + h][k];
+                    memcpy(dst + nsb * 260 + sb * 128 + (16 * u + 2 * k + h) * 2, &v, 2);
+                }
+    }
+}
+
+static void test_quantize_row_k_matches_scalar(void **state) {
+    (void)state;
+    enum { N = 256 * 3 };
+    float x[N];
+    uint8_t got[N * 2], want[N * 2];
+    assert_true(sd_cpu_q8k_row_bytes(N) <= sizeof got);
+    assert_int_equal(sd_cpu_q8k_row_bytes(N), 3 * (256 + 4 + 128));
+    for (int it = 0; it < 200; it++) {
+        for (int i = 0; i < N; i++) x[i] = uniform() * (it % 5 == 0 ? 1e-30f : it % 5 == 1 ? 3e4f : 1.0f);
+        if (it % 7 == 0) {
+            x[0] = 127.0f; /* amax 127: dx 1, exact halves below */
+            for (int j = 1; j < 256; j++) x[j] = (float)(j % 64 - 32) + 0.5f;
+        }
+        if (it % 11 == 0) x[300] = NAN;     /* block 1: NaN ignored by the max, -127 itself */
+        if (it % 13 == 0) x[600] = INFINITY; /* block 2: dx inf, 1/dx 0 */
+        if (it % 17 == 0)
+            for (int j = 256; j < 512; j++) x[j] = 0.0f; /* block 1: dx 0 */
+        if (it % 19 == 0)
+            for (int j = 512; j < 768; j++) x[j] = j / 4 % 2 ? 1.0f : -1.0f; /* full lanes: sums +-508 */
+        if (it % 3 == 0) x[200] = -x[201];                                 /* ties of |x| */
+        memset(got, 0xa5, sizeof got);
+        memset(want, 0x5a, sizeof want);
+        sd_cpu_q8k_quantize_row(x, N, got);
+        quantize_row_k_ref(x, N, want);
+        for (size_t i = 0; i < sd_cpu_q8k_row_bytes(N); i++)
+            if (got[i] != want[i]) {
+                print_error("iteration %d: byte %zu: %02x, scalar reference %02x\n", it, i, got[i], want[i]);
+                fail();
+            }
+    }
+}
+
 static void test_refusals(void **state) {
     fixture *f = *state;
     float x[48] = {0}, y[4];
@@ -408,6 +472,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_quantize_row),
         cmocka_unit_test(test_quantize_row_matches_scalar),
+        cmocka_unit_test(test_quantize_row_k_matches_scalar),
         cmocka_unit_test_setup_teardown(test_all_types_shapes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_token_counts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_random_shapes, setup, teardown),

@@ -26,14 +26,22 @@
  * qmatmul_impl.h's zprep) for tiles that take the offset from the weights
  * instead (qmatmul_vnni.c), same arithmetic.
  *
- * K-quants (Q4_K, Q5_K, Q6_K) reuse the activation blocks of 32: each is
- * one 32-element sub-block of a 256-element super-block, so only the weight
- * side differs (kdot_c here; ktile in qmatmul_simd.inc, and on the VNNI
- * path for 3 or more tokens the 512-bit kztile). Rejected: a
- * Q8_K-style activation block of 256 with per-16 sums, which would be a
- * second activation format with its own rounding for the same dots. Q6_K's
- * -32 is taken off the exact integer dot (32 x the lane's sum of q, one
- * per token and block), so its stored 6 bits are the unsigned operand.
+ * K-quants (Q4_K, Q5_K, Q6_K) take activations of their own, llama.cpp's
+ * Q8_K size: one f32 scale per 256 elements (a super-block), and per 4
+ * elements the int16 sum of q (sd_cpu_q8k_quantize_row). Each (row, token,
+ * super-block) is then integer sums across the super-block, the sub-block
+ * scales (and Q4_K / Q5_K's minimums, Q6_K's -32) multiplied in as
+ * integers, and a few float steps per lane (kdot_c here; ktile in
+ * qmatmul_simd.inc, and on the VNNI path for 3 or more tokens the 512-bit
+ * kztile). This was first rejected as a second activation format for the
+ * same dots; it was taken up (branch kq8k) because the activations of 32
+ * left two fused adds per lane for every (row, token, 32 elements), what
+ * bound the 1B Q4_K_M prompt at 0.74x llama.cpp (bench/results/quant-cpu.md:
+ * q4kp), and because with exact integer sums per super-block the minimum's
+ * cancellation happens per super-block in the same lanes as the dots (the
+ * per-super-block minimum tried on scales of 32 kept it apart until the end
+ * and failed the float64 oracle). The price is the coarser activation
+ * rounding (a scale per 256), which tests/ref/llama_ref.py models.
  *
  * Block data is unaligned (18-, 20-, 144-, 176- and 210-byte blocks): every
  * load is unaligned and scalar loads go through memcpy. */
@@ -61,29 +69,28 @@ static bool is_integer_type(sd_dtype t) {
 /* Elements per weight block of an integer type (what n_in must divide by). */
 static int32_t int_block(sd_dtype t) { return sd_dtype_is_k(t) ? QK_K : QK; }
 
-/* The float scales of one K-quant super-block, in the arithmetic every path
- * shares: Q4_K / Q5_K: dsc[s] = d * sc_s and mneg[s] = -(dmin * m_s) for the
- * 8 sub-blocks of 32; Q6_K: dsc[i] = d * scales[i] for the 16 of 16. The C
- * twin's; the SIMD tiles form the same products 8 at a time (kscales_v). */
-static inline __attribute__((always_inline)) void kscales(int kind, const uint8_t *blk, float dsc[16], float mneg[8]) {
+/* The integer scales of one K-quant super-block and its f16 factors as f32:
+ * Q4_K / Q5_K: sc[s], mins[s] (6 bits) for the 8 sub-blocks of 32, *d, *dmin;
+ * Q6_K: sc[i] (int8) for the 16 of 16, *d (*dmin unused). The C twin's; the
+ * SIMD tiles unpack the same fields as int16 vectors (kscw). */
+static void kscales_c(int kind, const uint8_t *blk, int sc[16], int mins[8], float *d, float *dmin) {
     if (kind == KIND_Q6_K) {
-        const float d = sd_f16_to_f32(load_u16(blk + 208));
-        for (int i = 0; i < 16; i++) dsc[i] = d * (float)(int8_t)blk[192 + i];
+        *d = sd_f16_to_f32(load_u16(blk + 208));
+        *dmin = 0.0f;
+        for (int i = 0; i < 16; i++) sc[i] = (int8_t)blk[192 + i];
         return;
     }
-    const float d = sd_f16_to_f32(load_u16(blk)), dmin = sd_f16_to_f32(load_u16(blk + 2));
+    *d = sd_f16_to_f32(load_u16(blk));
+    *dmin = sd_f16_to_f32(load_u16(blk + 2));
     const uint8_t *q = blk + 4;
     for (int s = 0; s < 8; s++) {
-        int sc, m;
         if (s < 4) {
-            sc = q[s] & 63;
-            m = q[s + 4] & 63;
+            sc[s] = q[s] & 63;
+            mins[s] = q[s + 4] & 63;
         } else {
-            sc = (q[s + 4] & 0x0f) | ((q[s - 4] >> 6) << 4);
-            m = (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
+            sc[s] = (q[s + 4] & 0x0f) | ((q[s - 4] >> 6) << 4);
+            mins[s] = (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
         }
-        dsc[s] = d * (float)sc;
-        mneg[s] = -(dmin * (float)m);
     }
 }
 
@@ -153,6 +160,70 @@ void sd_cpu_q8_quantize_row(const float *x, int32_t n_in, void *dst) {
     }
 }
 
+size_t sd_cpu_q8k_row_bytes(int32_t n_in) {
+    size_t nsb = (size_t)(n_in > 0 ? n_in : 0) / QK_K;
+    return nsb * Q8K_SB_BYTES;
+}
+
+void sd_cpu_q8k_quantize_row(const float *x, int32_t n_in, void *dst) {
+    const size_t nsb = (size_t)n_in / QK_K;
+    int8_t *q = dst;
+    for (size_t sb = 0; sb < nsb; sb++) {
+        const float *xb = x + sb * QK_K;
+        int8_t *qb = q + sb * QK_K;
+        uint8_t *ls = (uint8_t *)dst + nsb * (QK_K + 4) + sb * 128;
+#if SD_CPU_AVX2
+        /* sd_cpu_q8_quantize_row's operations (see there: NaN, rounding,
+         * clamp) over 256 elements; the lane sums of sub-blocks 2u and
+         * 2u + 1 interleaved as int16 words (values within +-508) */
+        const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        __m256 m = _mm256_setzero_ps();
+        for (int k = 0; k < QK_K / 8; k++) m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(xb + 8 * k), abs_mask), m);
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        const float amax = _mm_cvtss_f32(m4);
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        __m256i lane[2];
+        for (int s = 0; s < 8; s++) {
+            __m256i qi[4];
+            for (int k = 0; k < 4; k++) {
+                __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + 32 * s + 8 * k), _mm256_set1_ps(id)),
+                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+                qi[k] = _mm256_cvtps_epi32(v);
+            }
+            __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+            q8 = _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)(qb + 32 * s), q8);
+            lane[s & 1] =
+                _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q8), _mm256_set1_epi16(1));
+            if (s & 1)
+                _mm256_storeu_si256((__m256i *)(ls + 32 * (s / 2)),
+                                    _mm256_or_si256(_mm256_and_si256(lane[0], _mm256_set1_epi32(0xffff)),
+                                                    _mm256_slli_epi32(lane[1], 16)));
+        }
+        memcpy((uint8_t *)dst + nsb * QK_K + sb * 4, &d, 4);
+#else
+        float amax = 0.0f;
+        for (int j = 0; j < QK_K; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int16_t lsum[64] = {0};
+        for (int j = 0; j < QK_K; j++) {
+            float v = nearbyintf(xb[j] * id);
+            int iv = !(v >= -127.0f) ? -127 : v > 127.0f ? 127 : (int)v; /* NaN -> -127, never UB */
+            qb[j] = (int8_t)iv;
+            const int s = j / 32, k = j % 32 / 4;
+            lsum[16 * (s / 2) + 2 * k + (s & 1)] = (int16_t)(lsum[16 * (s / 2) + 2 * k + (s & 1)] + iv);
+        }
+        memcpy((uint8_t *)dst + nsb * QK_K + sb * 4, &d, 4);
+        memcpy(ls, lsum, sizeof lsum);
+#endif
+    }
+}
+
 /* ---- the C twins ---- */
 
 /* One output element of an integer format (weight row wr, q8 row xr). */
@@ -188,15 +259,16 @@ static float qdot_c(int kind, const uint8_t *wr, const uint8_t *xr, size_t nb) {
     return sd_cpu_hsum8(acc);
 }
 
-/* The 32 integer weights of sub-block s of a K-quant super-block: Q4_K
- * nibbles 0..15, Q5_K 0..31, Q6_K q - 32 in -32..31 (quant_k.c: layouts). */
+/* The 32 unsigned integer weights of sub-block s of a K-quant super-block:
+ * Q4_K nibbles 0..15, Q5_K 0..31, Q6_K the stored q 0..63 (its -32 is taken
+ * off with the lane sums; quant_k.c: layouts). */
 static void kweights_c(int kind, const uint8_t *blk, int s, int w[32]) {
     if (kind == KIND_Q6_K) {
         const int h = s / 4, k = s % 4;
         const uint8_t *ql = blk + 64 * h + 32 * (k & 1), *qh = blk + 128 + 32 * h;
         for (int l = 0; l < 32; l++) {
             int lo = k < 2 ? ql[l] & 0x0f : ql[l] >> 4;
-            w[l] = (lo | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
+            w[l] = lo | (((qh[l] >> (2 * k)) & 3) << 4);
         }
         return;
     }
@@ -207,30 +279,39 @@ static void kweights_c(int kind, const uint8_t *blk, int s, int w[32]) {
     }
 }
 
-/* One output element of a K-quant type: activation block b = 8 * sb + s is
- * sub-block s of super-block sb; the lane arithmetic of quant_kernels.h. */
-static float kdot_c(int kind, const uint8_t *wr, const uint8_t *xr, size_t nb) {
+/* One output element of a K-quant type on a K-quant activation row xr
+ * (nsb super-blocks): the integer lane sums of quant_kernels.h, then per
+ * super-block and lane t_k and one fused add. */
+static float kdot_c(int kind, const uint8_t *wr, const uint8_t *xr, size_t nsb) {
     const size_t bb = kblock_bytes(kind);
     const int8_t *q = (const int8_t *)xr;
     float acc[8] = {0};
-    for (size_t sb = 0; sb < nb / 8; sb++) {
+    for (size_t sb = 0; sb < nsb; sb++) {
         const uint8_t *blk = wr + sb * bb;
-        float dsc[16], mneg[8];
-        kscales(kind, blk, dsc, mneg);
+        int sc[16], mins[8];
+        float d, dmin;
+        kscales_c(kind, blk, sc, mins, &d, &dmin);
+        int16_t lsum[64];
+        memcpy(lsum, q8k_lsums(xr, nsb, sb), sizeof lsum);
+        int32_t isum[8] = {0}, msum[8] = {0};
         for (int s = 0; s < 8; s++) {
-            const size_t b = sb * 8 + (size_t)s;
             int w[32];
             kweights_c(kind, blk, s, w);
-            float dx, lane_sum[8];
-            memcpy(&dx, xr + nb * QK + b * 4, 4);
-            memcpy(lane_sum, xr + nb * (QK + 4) + b * 32, 32);
+            const int8_t *qs = q + sb * QK_K + 32 * (size_t)s;
             for (int k = 0; k < 8; k++) {
                 int32_t p = 0;
-                for (int j = 4 * k; j < 4 * k + 4; j++) p += w[j] * q[b * QK + (size_t)j];
-                const float scale = kind == KIND_Q6_K ? dsc[2 * s + k / 4] : dsc[s];
-                acc[k] = fmaf((float)p, scale * dx, acc[k]);
-                if (kind != KIND_Q6_K) acc[k] = fmaf(lane_sum[k], mneg[s] * dx, acc[k]);
+                for (int j = 4 * k; j < 4 * k + 4; j++) p += w[j] * qs[j];
+                const int scale = kind == KIND_Q6_K ? sc[2 * s + k / 4] : sc[s];
+                const int coef = kind == KIND_Q6_K ? sc[2 * s + k / 4] : mins[s];
+                isum[k] += scale * p;
+                msum[k] += coef * lsum[16 * (s / 2) + 2 * k + (s & 1)];
             }
+        }
+        const float dx = q8k_d(xr, nsb, sb);
+        for (int k = 0; k < 8; k++) {
+            const float t = kind == KIND_Q6_K ? (float)(isum[k] - 32 * msum[k]) * d
+                                              : fmaf((float)msum[k], -dmin, (float)isum[k] * d);
+            acc[k] = fmaf(t, dx, acc[k]);
         }
     }
     return sd_cpu_hsum8(acc);
@@ -336,7 +417,7 @@ static void chunk_c(const qmatmul_args *a, size_t r_begin, size_t r_end) {
         for (size_t r = r_begin; r < r_end; r++) {
             const uint8_t *wr = a->w + r * a->row_bytes;
             const uint8_t *xr = a->xq ? a->xq + t * a->xrow_bytes : NULL;
-            a->y[t * a->n_out + r] = sd_dtype_is_k(a->type)     ? kdot_c(kind_of(a->type), wr, xr, nb)
+            a->y[t * a->n_out + r] = sd_dtype_is_k(a->type)     ? kdot_c(kind_of(a->type), wr, xr, a->n_in / QK_K)
                                      : is_integer_type(a->type) ? qdot_c(kind_of(a->type), wr, xr, nb)
                                                                 : fdot_c(a->type, wr, a->x + t * a->n_in, a->n_in);
         }
@@ -412,7 +493,8 @@ sd_status sd_cpu_qmatmul(sd_backend *be, sd_cpu_qpath path, sd_dtype type, const
                       .n_tokens = (size_t)n_tokens};
     a.chunk_rows = chunk_rows(be, type, a.n_out, a.row_bytes, a.n_tokens);
     if (integer) {
-        const size_t rb = sd_cpu_q8_row_bytes(n_in), nb = (size_t)n_in / QK;
+        const bool k = sd_dtype_is_k(type);
+        const size_t rb = k ? sd_cpu_q8k_row_bytes(n_in) : sd_cpu_q8_row_bytes(n_in), nb = (size_t)n_in / QK;
 #if HAVE_VNNI_PATH
         a.zprep = path == SD_CPU_QPATH_VNNI && type == SD_DTYPE_Q4_0;
 #endif
@@ -434,7 +516,10 @@ sd_status sd_cpu_qmatmul(sd_backend *be, sd_cpu_qpath path, sd_dtype type, const
         }
         uint8_t *q8 = be->qbuf, *prep = q8 + q8_bytes;
         for (int32_t t = 0; t < n_tokens; t++) {
-            sd_cpu_q8_quantize_row(x + (size_t)t * (size_t)n_in, n_in, q8 + (size_t)t * rb);
+            if (k)
+                sd_cpu_q8k_quantize_row(x + (size_t)t * (size_t)n_in, n_in, q8 + (size_t)t * rb);
+            else
+                sd_cpu_q8_quantize_row(x + (size_t)t * (size_t)n_in, n_in, q8 + (size_t)t * rb);
 #if HAVE_VNNI_PATH
             if (a.zprep) sd_cpu_zprep_row_vnni(q8 + (size_t)t * rb, nb, prep + (size_t)t * prow);
 #endif

@@ -10,6 +10,7 @@
 #define QFN(name)          name##_avx2
 #define QIDOT(u, v)        _mm256_madd_epi16(_mm256_maddubs_epi16((u), (v)), _mm256_set1_epi16(1))
 #define QIDOT_ACC(a, u, v) _mm256_add_epi32((a), QIDOT(u, v))
+#define QWDOT_ACC(a, u, v) _mm256_add_epi32((a), _mm256_madd_epi16((u), (v)))
 #define QOFFSET8           0
 #define QZMM               0
 #define QSHAPES(X)         SD_QTILE_SHAPES(X)
@@ -17,6 +18,7 @@
 #undef QFN
 #undef QIDOT
 #undef QIDOT_ACC
+#undef QWDOT_ACC
 #undef QOFFSET8
 #undef QZMM
 #undef QSHAPES

@@ -19,7 +19,10 @@
 #include "specd/gguf.h" /* sd_f16_to_f32: exact, the software twin of F16C's vcvtph2ps */
 
 #define QK   32  /* elements per activation block (and Q8_0 / Q4_0 / Q4_1 block) */
-#define QK_K 256 /* elements per K-quant super-block: 8 activation blocks */
+#define QK_K 256 /* elements per K-quant super-block (and K-quant activation block) */
+/* Bytes per super-block of a K-quant activation row (sd_cpu_q8k_row_bytes):
+ * 256 int8, the f32 scale, 64 int16 lane sums. */
+#define Q8K_SB_BYTES (QK_K + 4 + 128)
 
 /* MAX_R x MAX_T tiles; pool chunks of ROW_CHUNK output rows (a multiple of
  * 3 and 4), or a multiple of it for calls that stream their weights
@@ -56,6 +59,21 @@ static inline float f16_row_tail(const uint8_t *wr, const float *x, size_t n8, s
         s = fmaf(f16 ? sd_f16_to_f32(h) : bf16_to_float(h), x[i], s);
     }
     return s;
+}
+
+/* K-quant activation rows (quant_kernels.h: sd_cpu_q8k_row_bytes), nsb
+ * super-blocks: q [nsb][256] int8 from byte 0, d [nsb] f32 from nsb * 256,
+ * the lane sums [nsb][64] int16 from nsb * 260: for super-block sb, u = 0..3,
+ * k = 0..7, h = 0..1, word 16u + 2k + h = S_{2u+h, k}, the sum of q over
+ * elements 4k..4k+3 of the 32-element sub-block 2u + h. A row is nsb * 388
+ * bytes, so the f32 scales are 4-byte aligned in a 4-aligned row. */
+static inline float q8k_d(const uint8_t *xr, size_t nsb, size_t sb) {
+    float d;
+    memcpy(&d, xr + nsb * QK_K + sb * 4, 4);
+    return d;
+}
+static inline const uint8_t *q8k_lsums(const uint8_t *xr, size_t nsb, size_t sb) {
+    return xr + nsb * (QK_K + 4) + sb * 128;
 }
 
 /* Bytes of one K-quant super-block. */

@@ -12,6 +12,7 @@
 #define QFN(name)          name##_vnni
 #define QIDOT(u, v)        _mm256_dpbusd_epi32(_mm256_setzero_si256(), (u), (v))
 #define QIDOT_ACC(a, u, v) _mm256_dpbusd_epi32((a), (u), (v))
+#define QWDOT_ACC(a, u, v) _mm256_dpwssd_epi32((a), (u), (v))
 #define QOFFSET8           1
 #define QZMM               1
 #define QSHAPES(X)         SD_QTILE_SHAPES_WIDE(X)
@@ -19,6 +20,7 @@
 #undef QFN
 #undef QIDOT
 #undef QIDOT_ACC
+#undef QWDOT_ACC
 #undef QOFFSET8
 #undef QZMM
 #undef QSHAPES

@@ -21,10 +21,12 @@ Conventions (those of llama.cpp for the llama architecture):
 
 Weights as the engine computes on them (act_quant=True, the default): the
 CPU engine multiplies Q8_0 / Q4_0 / Q4_1 / K-quant weights with activations quantized
-per row into blocks of 32 (engine/cpu/quant_kernels.h), so before each such
-matmul the reference rounds its input the same way, written here in numpy:
-per block, d = float32(amax) / 127 in float32, q = rint(x * float32(1 / d))
-(round half to even) clipped to [-127, 127], and the input becomes q * d.
+per row into blocks of 32 (the K-quants: of 256, llama.cpp's Q8_K size;
+engine/cpu/quant_kernels.h), so before each such matmul the reference
+rounds its input the same way, written here in numpy: per block, d =
+float32(amax) / 127 in float32, q = rint(x * float32(1 / d)) (round half to
+even) clipped to [-127, 127], and the input becomes q * d. (The engine's
+integer sums are exact; only its f32 steps are not modelled.)
 The weights themselves are dequantized by gguf's own dequantizer; the
 products and sums are float64. act_quant=False gives the plain
 dequantized-weight model (what the engine computed before it kept weights
@@ -61,18 +63,25 @@ except AttributeError:  # pragma: no cover
     pass
 
 QK = 32
+QK_K = 256
+# the K-quants' matmuls take activations with one scale per 256 elements
+_K_TYPES = ()
+try:
+    _K_TYPES = (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q5_K, gguf.GGMLQuantizationType.Q6_K)
+except AttributeError:  # pragma: no cover
+    pass
 
 
-def quantize_rows_q8(x):
-    """x [..., n] (n a multiple of 32) -> the activations as the engine's
-    integer kernels see them: per block of 32, d = amax / 127 (float32),
-    q = clip(rint(x * (1 / d)), -127, 127) in float32, returned as q * d in
-    float64."""
+def quantize_rows_q8(x, block=QK):
+    """x [..., n] (n a multiple of block) -> the activations as the engine's
+    integer kernels see them: per block of `block` elements (32; 256 for the
+    K-quants), d = amax / 127 (float32), q = clip(rint(x * (1 / d)), -127,
+    127) in float32, returned as q * d in float64."""
     x32 = np.asarray(x, dtype=np.float32)
     shape = x32.shape
-    if shape[-1] % QK:
-        raise ValueError(f"row length {shape[-1]} is not a multiple of {QK}")
-    b = x32.reshape(-1, shape[-1] // QK, QK)
+    if shape[-1] % block:
+        raise ValueError(f"row length {shape[-1]} is not a multiple of {block}")
+    b = x32.reshape(-1, shape[-1] // block, block)
     amax = np.abs(b).max(axis=-1, keepdims=True)
     d = (amax / np.float32(127.0)).astype(np.float32)
     with np.errstate(divide="ignore"):
@@ -139,7 +148,8 @@ class LlamaRef:
         if getattr(self, "act_quant", False) and t is not None and getattr(t, "tensor_type", None) in _INT_TYPES:
             if self.act_jitter:
                 x = x * (1.0 + self.act_jitter * self.rng.standard_normal(x.shape))
-            x = quantize_rows_q8(x).astype(self.dtype)
+            block = QK_K if t.tensor_type in _K_TYPES else QK
+            x = quantize_rows_q8(x, block).astype(self.dtype)
         return x @ w.T
 
     def _load(self, name):
