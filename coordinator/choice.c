@@ -123,8 +123,8 @@
  * move may take for it to take a due sample. Measured (coordinator DEBUG
  * log, both models on two threads, bench/prompts/mixed.txt): 0.064-0.106
  * on chat, 0.150-0.175 on the summaries asked (a prefix twice as long, on
- * the same 64 tokens of room); between them */
-#define SD_CHOICE_MOVE_SHARE 0.125
+ * the same 64 tokens of room); between them (routing-cpu.md) */
+#define SD_CHOICE_MOVE_SHARE   0.125
 
 /* Kinds with a live drafter, as a bit set over Specd__DrafterKind. */
 static unsigned live_kinds(const sd_coord *c) {
@@ -408,9 +408,12 @@ static bool explores(sd_coord *c, sd_session *s, int k, double best_g) {
     if (c->explore_asked++ % SD_CHOICE_SAMPLE == 0 && c->sample_due == 0) c->sample_due = 1;
     double share = move_share(c, s, k, best_g);
     bool take = c->sample_due > 0 && (share <= SD_CHOICE_MOVE_SHARE || c->sample_due > SD_CHOICE_SAMPLE);
-    SD_DEBUG("request %llu: asked to sample %s (%s): its move %.0f us, %.3f of its remaining time", (unsigned long long)s->id,
-             protobuf_c_enum_descriptor_get_value(&specd__drafter_kind__descriptor, k)->name,
-             take ? "samples" : c->sample_due > 0 ? "a sample is due, put off" : "no sample due", move_us(c, s, k), share);
+    SD_DEBUG("request %llu: asked to sample %s (%s): its move %.0f us, %.3f of its remaining time",
+             (unsigned long long)s->id, protobuf_c_enum_descriptor_get_value(&specd__drafter_kind__descriptor, k)->name,
+             take                ? "samples"
+             : c->sample_due > 0 ? "a sample is due, put off"
+                                 : "no sample due",
+             move_us(c, s, k), share);
     if (c->sample_due > 0) c->sample_due = take ? 0 : c->sample_due + 1;
     s->explore = take ? 1 : -1;
     return take;
