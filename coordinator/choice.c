@@ -71,7 +71,15 @@
  * 0.991x beside it: not told apart; routing-cpu.md). Only a request that
  * passes the can-pay rule below is asked, so the sample has room to repay
  * the move by that rule's measure (tokens left at the kind's ceiling); a
- * request that will end early on EOS cannot be told apart.
+ * request that will end early on EOS cannot be told apart. And a due
+ * sample is taken only by a request whose move is at most
+ * SD_CHOICE_MOVE_SHARE of its remaining time (its tokens left at its
+ * current time a token), else put off to the next such request: the
+ * samples that landed on a summary (a prefix twice a chat prompt's to
+ * move, a short answer) cost their rounds 0.57-0.68 of fixed n-gram, on
+ * chat less. After SD_CHOICE_SAMPLE requests that passed it over the next
+ * one takes it whatever its move, so a service of long prompts still
+ * samples (a kind's record must recover after outside load).
  * On the demo model with both models on two threads, a
  * 4-bit draft of the target costs 0.74 of a target step a token and ties
  * with n-gram lookup on chat: trying it on every request made the choice
@@ -111,6 +119,12 @@
 #define SD_CHOICE_OVERHEAD_EMA 0.1  /* weight of one step in a kind's measured overhead */
 #define SD_CHOICE_PROMISE      1.3  /* a kind's record over the request's best that makes it worth a trial */
 #define SD_CHOICE_SAMPLED_EMA  0.97 /* a sampling request's weight: 1 - (1 - SD_CHOICE_KIND_EMA)^SD_CHOICE_SAMPLE */
+/* the most of a request's remaining time (at what it gets now) that its
+ * move may take for it to take a due sample. Measured (coordinator DEBUG
+ * log, both models on two threads, bench/prompts/mixed.txt): 0.064-0.106
+ * on chat, 0.150-0.175 on the summaries asked (a prefix twice as long, on
+ * the same 64 tokens of room); between them (routing-cpu.md) */
+#define SD_CHOICE_MOVE_SHARE   0.125
 
 /* Kinds with a live drafter, as a bit set over Specd__DrafterKind. */
 static unsigned live_kinds(const sd_coord *c) {
@@ -370,11 +384,39 @@ static bool unpromising(const sd_coord *c, const sd_session *s, int k) {
     return c->kind_decisions[k] >= SD_CHOICE_TRIAL && c->kind_goodput[k] < SD_CHOICE_PROMISE * best_known(c, s);
 }
 
-/* Whether s is one of the requests that try kinds that look unpromising
- * (one in SD_CHOICE_SAMPLE of those asked; decided once per request). */
-static bool explores(sd_coord *c, sd_session *s) {
-    if (s->explore == 0) s->explore = c->explore_asked++ % SD_CHOICE_SAMPLE == 0 ? 1 : -1;
-    return s->explore > 0;
+/* What moving s to kind k would cost as a share of the time s still needs
+ * at what it gets now (best_g, net goodput, > 0): the time of its tokens
+ * left is left x V(0) / best_g. */
+static double move_share(const sd_coord *c, const sd_session *s, int k, double best_g) {
+    double v0;
+    (void)verify_cost(c, s, batch_of(c, s), &v0);
+    int32_t left = s->max_tokens - sd_session_generated(s);
+    double rest_us = left > 0 && best_g > 0 ? left * v0 / best_g : 0.0;
+    double move = move_us(c, s, k);
+    return rest_us > 0 ? move / rest_us : move > 0 ? 1e9 : 0.0;
+}
+
+/* Whether s is one of the requests that try kinds that look unpromising,
+ * kind k the first it is asked about (decided once per request). Every
+ * SD_CHOICE_SAMPLE-th request asked makes a sample due; the first request
+ * from then on whose move to k is at most SD_CHOICE_MOVE_SHARE of its
+ * remaining time takes it, or, after SD_CHOICE_SAMPLE requests that
+ * passed it over, the next one whatever its move costs (a service of
+ * long prompts keeps sampling, one in 2 x SD_CHOICE_SAMPLE at the least). */
+static bool explores(sd_coord *c, sd_session *s, int k, double best_g) {
+    if (s->explore != 0) return s->explore > 0;
+    if (c->explore_asked++ % SD_CHOICE_SAMPLE == 0 && c->sample_due == 0) c->sample_due = 1;
+    double share = move_share(c, s, k, best_g);
+    bool take = c->sample_due > 0 && (share <= SD_CHOICE_MOVE_SHARE || c->sample_due > SD_CHOICE_SAMPLE);
+    SD_DEBUG("request %llu: asked to sample %s (%s): its move %.0f us, %.3f of its remaining time",
+             (unsigned long long)s->id, protobuf_c_enum_descriptor_get_value(&specd__drafter_kind__descriptor, k)->name,
+             take                ? "samples"
+             : c->sample_due > 0 ? "a sample is due, put off"
+                                 : "no sample due",
+             move_us(c, s, k), share);
+    if (c->sample_due > 0) c->sample_due = take ? 0 : c->sample_due + 1;
+    s->explore = take ? 1 : -1;
+    return take;
 }
 
 /* The next kind to try on s (steps < SD_CHOICE_TRIAL), or UNSPECIFIED:
@@ -385,7 +427,7 @@ static Specd__DrafterKind next_untried(sd_coord *c, sd_session *s, unsigned live
     for (int k = 1; k < SD_DRAFTER_KINDS; k++) {
         if (!(live & (1u << k)) || s->kinds[k].steps >= SD_CHOICE_TRIAL || !can_pay(c, s, k, best_g)) continue;
         if (!useless(c, k) && !unpromising(c, s, k)) return (Specd__DrafterKind)k;
-        if (explores(c, s)) {
+        if (explores(c, s, k, best_g)) {
             s->sampled_kinds |= 1u << k;
             return (Specd__DrafterKind)k;
         }

@@ -384,6 +384,10 @@ typedef struct sd_coord {
      * in SD_CHOICE_SAMPLE does; counted here, not by request id, so that
      * pinned requests between them do not skew the share) */
     uint32_t explore_asked;
+    /* a sample that fell due (every SD_CHOICE_SAMPLE-th request asked) and
+     * waits for a request whose move is cheap: 0 none, else 1 + the
+     * requests asked since that passed it over (choice.c) */
+    uint32_t sample_due;
     /* the shadow n-gram lookup that prices n-gram drafts for requests
      * another kind drafts (choice.c): created on first use, one slot per
      * active request (shadow_used[slot]), NULL when never needed */

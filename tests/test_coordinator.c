@@ -3135,6 +3135,52 @@ static void test_drafter_choice_sample_rate(void **state) {
     harness_free(h);
 }
 
+/* A due sample goes to a request whose move is cheap: where the model
+ * drafter is unpromising, the request at the sample's turn has a
+ * 100-token prompt and room for 24 tokens (the model could pay there, but
+ * its intake of the prefix, 0.2 ms a token, is over SD_CHOICE_MOVE_SHARE
+ * of the request's remaining time), so it does not sample; the next
+ * request, a 3-token prompt, does. With both models on two threads the
+ * samples that landed on a summary (a long prefix, a short answer) cost
+ * their rounds 0.57-0.68 of fixed n-gram (routing-cpu.md). A service of
+ * long prompts still samples: after SD_CHOICE_SAMPLE requests that passed
+ * a due sample over, the next one takes it. (Fails on the old rule, which
+ * sampled the long request at its turn.) */
+static void test_drafter_choice_sample_move(void **state) {
+    (void)state;
+    NEED_MODEL();
+    harness *h = choice_harness();
+    h->model_draft_us = 2000;
+    h->text_unrepeated = true;
+    const Specd__DrafterKind model = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
+    for (int r = 0; r < 6; r++) cannot_pay_request(h, 3, 60, 2, 2, NULL, NULL);
+    assert_true(h->c.kind_decisions[model] >= 4);
+    while (h->c.explore_asked % 16 != 0) assert_false(cannot_pay_request(h, 3, 60, 2, 2, NULL, NULL));
+    /* the sample's turn: a long prompt with a short answer */
+    uint32_t asked = h->c.explore_asked;
+    assert_false(cannot_pay_request(h, 100, 24, 1, 2, NULL, NULL));
+    assert_int_equal(h->c.explore_asked, asked + 1); /* asked (the model is unpromising), put off */
+    assert_int_equal(h->c.sample_due, 2);
+    assert_false(cannot_pay_request(h, 100, 24, 1, 2, NULL, NULL)); /* again */
+    assert_int_equal(h->c.explore_asked, asked + 2);
+    assert_true(cannot_pay_request(h, 3, 60, 1, 2, NULL, NULL)); /* a short prompt takes it */
+    assert_int_equal(h->c.explore_asked, asked + 3);
+    assert_int_equal(h->c.sample_due, 0);
+    /* then only long prompts: the next sample falls due at the 16th asked
+     * and is taken 16 requests later */
+    int32_t samples = 0, at = -1;
+    for (int r = 0; r < 40; r++) {
+        uint32_t before = h->c.explore_asked;
+        bool tried = cannot_pay_request(h, 100, 24, 1, 2, NULL, NULL);
+        assert_int_equal(h->c.explore_asked, before + 1);
+        if (tried) samples++, at = (int32_t)(before - asked);
+    }
+    print_message("long prompts only: %d samples in 40 asked, at %d (the sample due at 16)\n", samples, at);
+    assert_int_equal(samples, 1);
+    assert_int_equal(at, 32);
+    harness_free(h);
+}
+
 /* A kind's goodput counts what its steps take on the clock beyond the cost
  * models: here each model step takes 30 ms more than its drafter's and the
  * verifier's own times (3 ms of drafting, a 9 ms verify step) say. The
@@ -3284,6 +3330,7 @@ int main(void) {
         cmocka_unit_test(test_drafter_choice_promising_margin),
         cmocka_unit_test(test_drafter_choice_sample_weight),
         cmocka_unit_test(test_drafter_choice_sample_rate),
+        cmocka_unit_test(test_drafter_choice_sample_move),
         cmocka_unit_test(test_drafter_choice_step_overhead),
         cmocka_unit_test(test_local_ngram_drafter),
     };
