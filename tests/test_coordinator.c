@@ -2933,6 +2933,19 @@ static bool cannot_pay_request(harness *h, int32_t n_prompt, uint32_t max_tokens
     return tried_model;
 }
 
+/* choice_harness() where the model drafter (2 ms of drafting a step) has
+ * a record from 6 requests on which it commits what n-gram does (2 of 3
+ * drafts each, at a cost): from then on it is an unpromising kind for
+ * such requests, tried only by the request that samples. */
+static harness *unpromising_model_harness(void) {
+    harness *h = choice_harness();
+    h->model_draft_us = 2000;
+    h->text_unrepeated = true;
+    for (int r = 0; r < 6; r++) cannot_pay_request(h, 3, 60, 2, 2, NULL, NULL);
+    assert_true(h->c.kind_decisions[SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL] >= 4);
+    return h;
+}
+
 /* A kind that cannot pay on a request is not tried on it, not even by the
  * requests that sample unpromising kinds: on a chat request (n-gram's
  * drafts all rejected) the model drafter (all accepted, 1 ms a draft token
@@ -3043,14 +3056,10 @@ static void test_drafter_choice_promising_margin(void **state) {
 static void test_drafter_choice_sample_weight(void **state) {
     (void)state;
     NEED_MODEL();
-    harness *h = choice_harness();
-    h->model_draft_us = 2000;
-    h->text_unrepeated = true;
+    harness *h = unpromising_model_harness();
     const Specd__DrafterKind model = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
-    for (int r = 0; r < 6; r++) cannot_pay_request(h, 3, 60, 2, 2, NULL, NULL);
     double before = h->c.kind_goodput[model];
     print_message("the model's record %.2f over %u choices\n", before, h->c.kind_decisions[model]);
-    assert_true(h->c.kind_decisions[model] >= 4);
     int32_t sampled_at = -1;
     for (int r = 0; r < 20 && sampled_at < 0; r++) {
         uint32_t asked = h->c.explore_asked;
@@ -3080,21 +3089,8 @@ static void test_drafter_choice_sample_weight(void **state) {
 static void test_drafter_choice_sample_rate(void **state) {
     (void)state;
     NEED_MODEL();
-    sd_coord_params p = sd_coord_default_params();
-    p.adaptive_k = false;
-    p.default_k = 3;
-    harness *h = harness_new(&p);
-    h->fwd_fixed_us = 5000;
-    h->fwd_token_us = 1000;
-    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
-    register_ok(h, "dn", SPECD__ROLE__ROLE_DRAFTER); /* NGRAM */
-    h->kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
-    register_ok(h, "dm", SPECD__ROLE__ROLE_DRAFTER);
-    h->model_draft_us = 2000;
-    h->text_unrepeated = true;
+    harness *h = unpromising_model_harness();
     const Specd__DrafterKind model = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
-    for (int r = 0; r < 6; r++) cannot_pay_request(h, 3, 60, 2, 2, NULL, NULL);
-    assert_true(h->c.kind_decisions[model] >= 4);
     /* start the count at a sample's turn */
     while (h->c.explore_asked % 16 != 0) {
         uint32_t asked = h->c.explore_asked;
@@ -3149,12 +3145,7 @@ static void test_drafter_choice_sample_rate(void **state) {
 static void test_drafter_choice_sample_move(void **state) {
     (void)state;
     NEED_MODEL();
-    harness *h = choice_harness();
-    h->model_draft_us = 2000;
-    h->text_unrepeated = true;
-    const Specd__DrafterKind model = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
-    for (int r = 0; r < 6; r++) cannot_pay_request(h, 3, 60, 2, 2, NULL, NULL);
-    assert_true(h->c.kind_decisions[model] >= 4);
+    harness *h = unpromising_model_harness();
     while (h->c.explore_asked % 16 != 0) assert_false(cannot_pay_request(h, 3, 60, 2, 2, NULL, NULL));
     /* the sample's turn: a long prompt with a short answer */
     uint32_t asked = h->c.explore_asked;

@@ -67,8 +67,8 @@ static const shape shapes[] = {
 
 /* The K-quants: n_in whole super-blocks of 256. */
 static const shape k_shapes[] = {
-    {256, 1, 1},   {256, 5, 3},  {512, 47, 1},  {768, 49, 9},  {1536, 97, 17}, {256, 130, 70},
-    {1536, 13, 2}, {512, 96, 8}, {512, 33, 64}, {256, 200, 5}, {1024, 3, 16}, {256, 1001, 1}, {256, 1000, 3},
+    {256, 1, 1},  {256, 5, 3},   {512, 47, 1},  {768, 49, 9},  {1536, 97, 17}, {256, 130, 70}, {1536, 13, 2},
+    {512, 96, 8}, {512, 33, 64}, {256, 200, 5}, {1024, 3, 16}, {256, 1001, 1}, {256, 1000, 3},
 };
 
 /* Odd lengths for the float formats (no block constraint). */
@@ -268,6 +268,15 @@ static void test_quantize_row(void **state) {
     assert_int_equal((int8_t)q[3], -2);
 }
 
+/* A quantizer's bytes against its scalar reference's, in iteration it. */
+static void expect_same_bytes(const uint8_t *got, const uint8_t *want, size_t n, int it) {
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != want[i]) {
+            print_error("iteration %d: byte %zu: %02x, scalar reference %02x\n", it, i, got[i], want[i]);
+            fail();
+        }
+}
+
 /* The activation rounding as quant_kernels.h states it, written out here
  * once more in scalar C: the backend's quantizer (vectorized where the
  * build has AVX2, so the C twin shares it) must give the same bytes. */
@@ -314,11 +323,7 @@ static void test_quantize_row_matches_scalar(void **state) {
         memset(want, 0x5a, sizeof want);
         sd_cpu_q8_quantize_row(x, N, got);
         quantize_row_ref(x, N, want);
-        for (size_t i = 0; i < sd_cpu_q8_row_bytes(N); i++)
-            if (got[i] != want[i]) {
-                print_error("iteration %d: byte %zu: %02x, scalar reference %02x\n", it, i, got[i], want[i]);
-                fail();
-            }
+        expect_same_bytes(got, want, sd_cpu_q8_row_bytes(N), it);
     }
 }
 
@@ -360,22 +365,18 @@ static void test_quantize_row_k_matches_scalar(void **state) {
             x[0] = 127.0f; /* amax 127: dx 1, exact halves below */
             for (int j = 1; j < 256; j++) x[j] = (float)(j % 64 - 32) + 0.5f;
         }
-        if (it % 11 == 0) x[300] = NAN;     /* block 1: NaN ignored by the max, -127 itself */
+        if (it % 11 == 0) x[300] = NAN;      /* block 1: NaN ignored by the max, -127 itself */
         if (it % 13 == 0) x[600] = INFINITY; /* block 2: dx inf, 1/dx 0 */
         if (it % 17 == 0)
             for (int j = 256; j < 512; j++) x[j] = 0.0f; /* block 1: dx 0 */
         if (it % 19 == 0)
             for (int j = 512; j < 768; j++) x[j] = j / 4 % 2 ? 1.0f : -1.0f; /* full lanes: sums +-508 */
-        if (it % 3 == 0) x[200] = -x[201];                                 /* ties of |x| */
+        if (it % 3 == 0) x[200] = -x[201];                                   /* ties of |x| */
         memset(got, 0xa5, sizeof got);
         memset(want, 0x5a, sizeof want);
         sd_cpu_q8k_quantize_row(x, N, got);
         quantize_row_k_ref(x, N, want);
-        for (size_t i = 0; i < sd_cpu_q8k_row_bytes(N); i++)
-            if (got[i] != want[i]) {
-                print_error("iteration %d: byte %zu: %02x, scalar reference %02x\n", it, i, got[i], want[i]);
-                fail();
-            }
+        expect_same_bytes(got, want, sd_cpu_q8k_row_bytes(N), it);
     }
 }
 

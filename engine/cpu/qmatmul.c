@@ -103,51 +103,79 @@ size_t sd_cpu_q8_row_bytes(int32_t n_in) {
     return nb * (QK + 4 + 32);
 }
 
+/* The activation rounding both formats share: x * id to nearest even,
+ * clamped to +-127, NaN -> -127 (never UB). */
+static inline int q8_round(float x, float id) {
+    float v = nearbyintf(x * id);
+    return !(v >= -127.0f) ? -127 : v > 127.0f ? 127 : (int)v;
+}
+
+#if SD_CPU_AVX2
+/* The same operations 8 at a time: max_ps(|x|, amax) keeps amax when x is
+ * NaN, as fmaxf does; round_ps is nearbyintf's rounding to nearest even;
+ * max_ps(v, -127) gives -127 for NaN, as q8_round's clamp does. */
+
+/* max |x[i]| over n (a multiple of 8) floats */
+static inline float amax_avx2(const float *x, int n) {
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 m = _mm256_setzero_ps();
+    for (int k = 0; k < n; k += 8) m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + k), abs_mask), m);
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    return _mm_cvtss_f32(m4);
+}
+
+/* q8_round of 32 floats, as 32 int8 in order */
+static inline __m256i q8_round32_avx2(const float *x, float id) {
+    __m256i qi[4];
+    for (int k = 0; k < 4; k++) {
+        __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * k), _mm256_set1_ps(id)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+        qi[k] = _mm256_cvtps_epi32(v);
+    }
+    __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+    return _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* the 8 sums of 4 consecutive int8 of q8, as int32 (an exact dot with 1s) */
+static inline __m256i lane_sums_avx2(__m256i q8) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q8), _mm256_set1_epi16(1));
+}
+#endif
+
+/* The scale of n activations (d = max |x| / 127) and its inverse (0 for
+ * d = 0), which q8_round takes. */
+static inline float q8_scale(const float *x, int n, float *id) {
+#if SD_CPU_AVX2
+    const float amax = amax_avx2(x, n);
+#else
+    float amax = 0.0f;
+    for (int j = 0; j < n; j++) amax = fmaxf(amax, fabsf(x[j]));
+#endif
+    const float d = amax / 127.0f;
+    *id = d != 0.0f ? 1.0f / d : 0.0f;
+    return d;
+}
+
 void sd_cpu_q8_quantize_row(const float *x, int32_t n_in, void *dst) {
     size_t nb = (size_t)n_in / QK;
     int8_t *q = dst;
     uint8_t *dxs = (uint8_t *)dst + nb * QK, *sums = dxs + nb * 4;
     for (size_t b = 0; b < nb; b++) {
         const float *xb = x + b * QK;
+        float id;
+        const float d = q8_scale(xb, QK, &id);
 #if SD_CPU_AVX2
-        /* The same operations 8 at a time: max_ps(|x|, amax) keeps amax
-         * when x is NaN, as fmaxf does; round_ps is nearbyintf's rounding
-         * to nearest even; max_ps(v, -127) gives -127 for NaN, as the
-         * scalar clamp does. Lane sums by an exact integer dot with 1s. */
-        const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-        __m256 xv[4], m = _mm256_setzero_ps();
-        for (int k = 0; k < 4; k++) {
-            xv[k] = _mm256_loadu_ps(xb + 8 * k);
-            m = _mm256_max_ps(_mm256_and_ps(xv[k], abs_mask), m);
-        }
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
-        const float amax = _mm_cvtss_f32(m4);
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        __m256i qi[4];
-        for (int k = 0; k < 4; k++) {
-            __m256 v = _mm256_round_ps(_mm256_mul_ps(xv[k], _mm256_set1_ps(id)),
-                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
-            qi[k] = _mm256_cvtps_epi32(v);
-        }
-        __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
-        q8 = _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        const __m256i q8 = q8_round32_avx2(xb, id);
         _mm256_storeu_si256((__m256i *)(q + b * QK), q8);
-        const __m256i lane = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q8), _mm256_set1_epi16(1));
         memcpy(dxs + b * 4, &d, 4);
-        _mm256_storeu_ps((float *)(sums + b * 32), _mm256_cvtepi32_ps(lane));
+        _mm256_storeu_ps((float *)(sums + b * 32), _mm256_cvtepi32_ps(lane_sums_avx2(q8)));
 #else
-        float amax = 0.0f;
-        for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
         int32_t lane[8] = {0};
         for (int j = 0; j < QK; j++) {
-            float v = nearbyintf(xb[j] * id);
-            int iv = !(v >= -127.0f) ? -127 : v > 127.0f ? 127 : (int)v; /* NaN -> -127, never UB */
+            const int iv = q8_round(xb[j], id);
             q[b * QK + (size_t)j] = (int8_t)iv;
             lane[j / 4] += iv;
         }
@@ -172,33 +200,17 @@ void sd_cpu_q8k_quantize_row(const float *x, int32_t n_in, void *dst) {
         const float *xb = x + sb * QK_K;
         int8_t *qb = q + sb * QK_K;
         uint8_t *ls = (uint8_t *)dst + nsb * (QK_K + 4) + sb * 128;
+        float id;
+        const float d = q8_scale(xb, QK_K, &id);
 #if SD_CPU_AVX2
-        /* sd_cpu_q8_quantize_row's operations (see there: NaN, rounding,
-         * clamp) over 256 elements; the lane sums of sub-blocks 2u and
-         * 2u + 1 interleaved as int16 words (values within +-508) */
-        const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-        __m256 m = _mm256_setzero_ps();
-        for (int k = 0; k < QK_K / 8; k++) m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(xb + 8 * k), abs_mask), m);
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
-        const float amax = _mm_cvtss_f32(m4);
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        /* sd_cpu_q8_quantize_row's operations over 256 elements; the lane
+         * sums of sub-blocks 2u and 2u + 1 interleaved as int16 words
+         * (values within +-508) */
         __m256i lane[2];
         for (int s = 0; s < 8; s++) {
-            __m256i qi[4];
-            for (int k = 0; k < 4; k++) {
-                __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + 32 * s + 8 * k), _mm256_set1_ps(id)),
-                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-                v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
-                qi[k] = _mm256_cvtps_epi32(v);
-            }
-            __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
-            q8 = _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            const __m256i q8 = q8_round32_avx2(xb + 32 * s, id);
             _mm256_storeu_si256((__m256i *)(qb + 32 * s), q8);
-            lane[s & 1] =
-                _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q8), _mm256_set1_epi16(1));
+            lane[s & 1] = lane_sums_avx2(q8);
             if (s & 1)
                 _mm256_storeu_si256((__m256i *)(ls + 32 * (s / 2)),
                                     _mm256_or_si256(_mm256_and_si256(lane[0], _mm256_set1_epi32(0xffff)),
@@ -206,14 +218,9 @@ void sd_cpu_q8k_quantize_row(const float *x, int32_t n_in, void *dst) {
         }
         memcpy((uint8_t *)dst + nsb * QK_K + sb * 4, &d, 4);
 #else
-        float amax = 0.0f;
-        for (int j = 0; j < QK_K; j++) amax = fmaxf(amax, fabsf(xb[j]));
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
         int16_t lsum[64] = {0};
         for (int j = 0; j < QK_K; j++) {
-            float v = nearbyintf(xb[j] * id);
-            int iv = !(v >= -127.0f) ? -127 : v > 127.0f ? 127 : (int)v; /* NaN -> -127, never UB */
+            const int iv = q8_round(xb[j], id);
             qb[j] = (int8_t)iv;
             const int s = j / 32, k = j % 32 / 4;
             lsum[16 * (s / 2) + 2 * k + (s & 1)] = (int16_t)(lsum[16 * (s / 2) + 2 * k + (s & 1)] + iv);
