@@ -1,6 +1,6 @@
 /* specd-quantize — rewrite a GGUF model with its matrices in another type.
  *
- *   specd-quantize IN.gguf OUT.gguf TYPE
+ *   specd-quantize [--pure] IN.gguf OUT.gguf TYPE
  *       TYPE: f32 f16 bf16 q8_0 q4_0 q4_1 q4_k q5_k q6_k q4_k_m q5_k_m
  *
  * Every metadata entry is copied (general.file_type is set to TYPE's ggml
@@ -11,12 +11,22 @@
  * model it makes an F16 or Q8_0 target and a Q4_0 draft (re-quantizing an
  * already quantized file adds the new format's rounding to the old one's).
  *
+ * The output matrix (the token embedding when it is tied) decides every
+ * next token, and 4-bit rounding there moves a small model's argmax: the
+ * demo model with a Q4_1 head answers "Der Spiess, der Spißfunk" to the
+ * capital of Germany, with the file's own Q8_0 head "Berlin". So, as
+ * llama.cpp's quantize does for its quantized types, every type below 8 bits
+ * writes that matrix as Q6_K (then Q8_0 where rows are not whole
+ * super-blocks, as in SmolLM2); f32, f16, bf16 and q8_0 keep it in TYPE.
+ * `--pure` writes every matrix as TYPE (the tests use it to cover a 4-bit
+ * LM head).
+ *
  * K-quants store rows of whole 256-element super-blocks. A matrix whose rows
  * are not (e.g. SmolLM2-135M's 576-wide ones) takes a fallback in its place,
  * as llama.cpp's quantize does (it has Q5_0 / Q5_1, specd does not): Q4_K ->
  * Q4_1, Q5_K and Q6_K -> Q8_0. The mixes q4_k_m / q5_k_m follow llama.cpp's
- * recipe for Q4_K_M / Q5_K_M: the output matrix (the token embedding when it
- * is tied) at Q6_K, attn_v and ffn_down at Q6_K in the layers where
+ * recipe for Q4_K_M / Q5_K_M: the output matrix at Q6_K (above), attn_v and
+ * ffn_down at Q6_K in the layers where
  * more_bits() says (the first and last eighth and every third in between),
  * everything else at Q4_K / Q5_K.
  *
@@ -42,11 +52,13 @@ static const struct {
 };
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: specd-quantize IN.gguf OUT.gguf TYPE\n"
+    fprintf(f, "usage: specd-quantize [--pure] IN.gguf OUT.gguf TYPE\n"
                "  TYPE: f32, f16, bf16, q8_0, q4_0, q4_1, q4_k, q5_k, q6_k (the matrices; norms stay f32),\n"
-               "        q4_k_m or q5_k_m (Q4_K / Q5_K with the output, and attn_v and ffn_down of some layers,\n"
-               "        at Q6_K, llama.cpp's recipe). K-quant matrices whose rows are not whole 256-element\n"
-               "        super-blocks fall back: Q4_K to Q4_1, Q5_K and Q6_K to Q8_0.\n");
+               "        q4_k_m or q5_k_m (Q4_K / Q5_K with attn_v and ffn_down of some layers at Q6_K,\n"
+               "        llama.cpp's recipe). Below 8 bits the output matrix (the token embedding when\n"
+               "        tied) is written as Q6_K, as llama.cpp does. K-quant matrices whose rows are not\n"
+               "        whole 256-element super-blocks fall back: Q4_K to Q4_1, Q5_K and Q6_K to Q8_0.\n"
+               "  --pure  every matrix as TYPE, the output matrix too (not for the _m mixes)\n");
 }
 
 /* llama.cpp's use_more_bits: layer i of n gets more bits in the _M mixes. */
@@ -65,21 +77,27 @@ static bool ends_with(const char *s, const char *suffix) {
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-/* The type tensor t of g is written as: base, or Q6_K where the mix says,
- * then the K fallback when its rows are not whole super-blocks, F32 for
- * 1-D tensors and rows that are not whole blocks (see the file comment). */
-static sd_dtype target_type(const sd_gguf *g, const sd_gguf_tensor *t, sd_dtype base, bool mix, int n_layers) {
+/* Below 8 bits per weight: the types whose output matrix goes to Q6_K. */
+static bool below_8_bits(sd_dtype t) {
+    return t == SD_DTYPE_Q4_0 || t == SD_DTYPE_Q4_1 || t == SD_DTYPE_Q4_K || t == SD_DTYPE_Q5_K;
+}
+
+/* The type tensor t of g is written as: base, or Q6_K for the output matrix
+ * below 8 bits and where the mix says, then the K fallback when its rows are
+ * not whole super-blocks, F32 for 1-D tensors and rows that are not whole
+ * blocks (see the file comment). */
+static sd_dtype target_type(const sd_gguf *g, const sd_gguf_tensor *t, sd_dtype base, bool mix, bool pure,
+                            int n_layers) {
     if (t->n_dims != 2) return SD_DTYPE_F32;
     sd_dtype type = base;
-    if (mix) {
-        const bool tied = sd_gguf_find_tensor(g, "output.weight") == NULL;
-        const int layer = layer_of(t->name);
-        if (!strcmp(t->name, "output.weight") || (tied && !strcmp(t->name, "token_embd.weight")))
-            type = SD_DTYPE_Q6_K;
-        else if (layer >= 0 && (ends_with(t->name, ".attn_v.weight") || ends_with(t->name, ".ffn_down.weight")) &&
-                 more_bits(layer, n_layers))
-            type = SD_DTYPE_Q6_K;
-    }
+    const bool tied = sd_gguf_find_tensor(g, "output.weight") == NULL;
+    const bool output = !strcmp(t->name, "output.weight") || (tied && !strcmp(t->name, "token_embd.weight"));
+    const int layer = layer_of(t->name);
+    if (!pure && output && below_8_bits(base))
+        type = SD_DTYPE_Q6_K;
+    else if (mix && layer >= 0 && (ends_with(t->name, ".attn_v.weight") || ends_with(t->name, ".ffn_down.weight")) &&
+             more_bits(layer, n_layers))
+        type = SD_DTYPE_Q6_K;
     size_t be, bb;
     if (sd_dtype_is_k(type) && t->ne[0] % 256 != 0) type = type == SD_DTYPE_Q4_K ? SD_DTYPE_Q4_1 : SD_DTYPE_Q8_0;
     if (!sd_dtype_block(type, &be, &bb) || t->ne[0] % be != 0) return SD_DTYPE_F32;
@@ -112,6 +130,11 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
+    const bool pure = argc > 1 && !strcmp(argv[1], "--pure");
+    if (pure) {
+        argv++;
+        argc--;
+    }
     if (argc != 4) {
         usage(stderr);
         return 2;
@@ -122,6 +145,11 @@ int main(int argc, char **argv) {
     if (ti < 0) {
         fprintf(stderr, "specd-quantize: unknown type '%s'\n", argv[3]);
         usage(stderr);
+        return 2;
+    }
+    if (pure && types[ti].mix) {
+        fprintf(stderr, "specd-quantize: --pure and the mix %s exclude each other (use %.4s)\n", types[ti].name,
+                types[ti].name);
         return 2;
     }
     char err[256];
@@ -143,7 +171,7 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; s == SD_OK && i < sd_gguf_n_tensors(g); i++) {
         const sd_gguf_tensor *t = sd_gguf_tensor_at(g, i);
         size_t bytes = 0;
-        sd_dtype out = target_type(g, t, types[ti].type, types[ti].mix, n_layers);
+        sd_dtype out = target_type(g, t, types[ti].type, types[ti].mix, pure, n_layers);
         s = convert_tensor(w, t, out, &bytes);
         if (s != SD_OK)
             fprintf(stderr, "specd-quantize: %s (%s): %s\n", t->name, sd_dtype_name(t->type), sd_status_str(s));

@@ -283,7 +283,8 @@ def check_quantizer(tmp, rng):
     ok = True
     for name, gtype in (("f16", "F16"), ("bf16", "BF16"), ("q8_0", "Q8_0"), ("q4_0", "Q4_0"), ("q4_1", "Q4_1")):
         path = os.path.join(tmp, f"quant_{name}.gguf")
-        r = subprocess.run([q, src, path, name], capture_output=True, text=True)
+        # --pure: the LM head in the 4-bit types too (by default it is Q6_K / Q8_0)
+        r = subprocess.run([q, "--pure", src, path, name], capture_output=True, text=True)
         if r.returncode != 0:
             print(f"FAIL specd-quantize {name}: {r.stderr}")
             ok = False
