@@ -199,6 +199,7 @@ static int run_single(sd_client *c, const options *o) {
     } else {
         printf("\n");
     }
+    fflush(stdout); /* the text before the stats line on stderr, also when both go to one file */
     if (r.status != SD_OK) {
         print_error(&r);
     } else if (!o->json) {

@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -455,6 +456,54 @@ static void test_k_bad_scales(void **state) {
     }
 }
 
+/* sd_dtype_first_non_finite, the load scan, against its oracle: dequantize
+ * and look for the first value that is not finite. Random bytes, with
+ * exponent bits forced full now and then, for every stored type; the scan
+ * must give the first such element (block types: the start of its block). */
+static void test_first_non_finite(void **state) {
+    (void)state;
+    const sd_dtype types[] = {SD_DTYPE_F32,  SD_DTYPE_F16,  SD_DTYPE_BF16, SD_DTYPE_Q8_0, SD_DTYPE_Q4_0,
+                              SD_DTYPE_Q4_1, SD_DTYPE_Q4_K, SD_DTYPE_Q5_K, SD_DTYPE_Q6_K};
+    enum { N = 1024 };
+    static uint8_t raw[N * 4];
+    static float out[N];
+    uint64_t rng = 0x9e3779b97f4a7c15u;
+    int hits = 0;
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        size_t be, bb;
+        assert_true(sd_dtype_block(types[ti], &be, &bb));
+        const size_t bytes = N / be * bb;
+        for (int trial = 0; trial < 200; trial++) {
+            for (size_t i = 0; i < bytes; i++) {
+                rng = rng * 6364136223846793005u + 1442695040888963407u;
+                raw[i] = (uint8_t)(rng >> 56);
+            }
+            /* random bytes are mostly finite for the 16-bit types' low
+             * exponents, and mostly not for scales: clear the top exponent
+             * bit of every 16-bit field, then set one in a random place */
+            for (size_t i = 1; i < bytes; i += 2) raw[i] &= 0xbf;
+            if (types[ti] == SD_DTYPE_F32)
+                for (size_t i = 3; i < bytes; i += 4) raw[i] &= 0xbf;
+            if (trial % 3) {
+                rng = rng * 6364136223846793005u + 1442695040888963407u;
+                size_t at = (size_t)(rng >> 33) % bytes;
+                raw[at | 1] |= 0x7f; /* a 16-bit field's high byte: exponent full */
+                if (types[ti] == SD_DTYPE_F32) raw[(at & ~(size_t)3) + 3] |= 0x7f, raw[(at & ~(size_t)3) + 2] |= 0x80;
+                if (types[ti] == SD_DTYPE_BF16) raw[(at | 1) - 1] |= 0x80;
+            }
+            assert_int_equal(sd_dequantize(types[ti], raw, N, out), SD_OK);
+            int64_t want = -1;
+            for (int64_t i = 0; i < N && want < 0; i++)
+                if (!isfinite(out[i])) want = i / (int64_t)be * (int64_t)be;
+            const int64_t got = sd_dtype_first_non_finite(types[ti], raw, N);
+            if (got != want) fail_msg("%s trial %d: first non-finite %lld, dequantized %lld", sd_dtype_name(types[ti]),
+                                      trial, (long long)got, (long long)want);
+            hits += want >= 0;
+        }
+    }
+    assert_true(hits > 300); /* the poisoned trials were found (2 of 3 of 1800) */
+}
+
 static void test_open_errors(void **state) {
     (void)state;
     char err[256];
@@ -475,6 +524,7 @@ int main(void) {
         cmocka_unit_test(test_header),        cmocka_unit_test(test_metadata),
         cmocka_unit_test(test_nesting_limit), cmocka_unit_test(test_tensor_infos),
         cmocka_unit_test(test_open_errors),   cmocka_unit_test(test_k_bad_scales),
+        cmocka_unit_test(test_first_non_finite),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     tb_free(&base);

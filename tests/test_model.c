@@ -1029,8 +1029,9 @@ static void test_config_errors(void **state) {
 
 /* A NaN or an infinity anywhere in the weights refuses the model at load,
  * with a line naming the tensor (sd_weights_read): found late, it would
- * poison the logits of whatever step first read that row. F32, F16, Q8_0,
- * Q4_1 (matrices and the embedding table kept as stored) and a norm vector;
+ * poison the logits of whatever step first read that row. F32, F16, BF16,
+ * Q8_0, Q4_0, Q4_1 (matrices and the embedding table kept as stored) and a
+ * norm vector;
  * the config itself is fine. */
 static void test_non_finite_weights(void **state) {
     (void)state;
@@ -1049,6 +1050,9 @@ static void test_non_finite_weights(void **state) {
          * stored matrix is scanned row by row */
         {"blk.0.ffn_up.weight", INFINITY, SD_DTYPE_Q8_0, "NaN"},
         {"token_embd.weight", INFINITY, SD_DTYPE_Q4_1, "NaN"},
+        {"blk.1.attn_v.weight", NAN, SD_DTYPE_BF16, "NaN"},
+        {"blk.0.ffn_gate.weight", -INFINITY, SD_DTYPE_Q4_0, "NaN"},
+        {"blk.1.attn_output.weight", NAN, SD_DTYPE_F16, "NaN"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         spec sp = shapes[0];

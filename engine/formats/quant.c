@@ -160,6 +160,65 @@ static uint16_t f32_to_bf16(float f) {
     return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 
+/* ---- validation ---- */
+
+/* True when any of n 16-bit values at src has all of mask's bits set: for
+ * mask 0x7c00 an f16 that is NaN or infinite, for 0x7f80 such a bf16. One
+ * OR-reduction the compiler vectorizes; the caller looks for where only on a
+ * hit. */
+static bool any_exponent_full(const uint8_t *src, uint64_t n, uint16_t mask) {
+    uint32_t any = 0;
+    for (uint64_t i = 0; i < n; i++) any |= (uint32_t)((load_u16(src + 2 * i) & mask) == mask);
+    return any != 0;
+}
+
+int64_t sd_dtype_first_non_finite(sd_dtype t, const void *data, uint64_t n_elems) {
+    size_t be, bb;
+    if (!sd_dtype_block(t, &be, &bb) || n_elems % be != 0 || !data) return -1;
+    const uint8_t *src = data;
+    if (sd_dtype_is_k(t)) {
+        int64_t b = sd_dtype_first_bad_scale(t, src, n_elems / be);
+        return b < 0 ? -1 : b * (int64_t)be;
+    }
+    switch (t) {
+    case SD_DTYPE_F32: {
+        uint32_t any = 0;
+        for (uint64_t i = 0; i < n_elems; i++) {
+            uint32_t bits;
+            memcpy(&bits, src + 4 * i, 4);
+            any |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u);
+        }
+        for (uint64_t i = 0; any && i < n_elems; i++) {
+            uint32_t bits;
+            memcpy(&bits, src + 4 * i, 4);
+            if ((bits & 0x7f800000u) == 0x7f800000u) return (int64_t)i;
+        }
+        return -1;
+    }
+    case SD_DTYPE_F16:
+    case SD_DTYPE_BF16: {
+        const uint16_t mask = t == SD_DTYPE_F16 ? 0x7c00u : 0x7f80u;
+        if (!any_exponent_full(src, n_elems, mask)) return -1;
+        for (uint64_t i = 0; i < n_elems; i++)
+            if ((load_u16(src + 2 * i) & mask) == mask) return (int64_t)i;
+        return -1;
+    }
+    case SD_DTYPE_Q8_0:
+    case SD_DTYPE_Q4_0:
+    case SD_DTYPE_Q4_1:
+        /* d (and Q4_1's m) lead the block; with them finite every value is
+         * (|d| <= 65504 times at most 128, plus m) */
+        for (uint64_t b = 0; b < n_elems / be; b++) {
+            const uint8_t *blk = src + b * bb;
+            if ((load_u16(blk) & 0x7c00u) == 0x7c00u ||
+                (t == SD_DTYPE_Q4_1 && (load_u16(blk + 2) & 0x7c00u) == 0x7c00u))
+                return (int64_t)(b * be);
+        }
+        return -1;
+    default: return -1;
+    }
+}
+
 /* ---- dequantize ---- */
 
 sd_status sd_dequantize(sd_dtype t, const void *data, uint64_t n_elems, float *out) {

@@ -144,6 +144,14 @@ bool sd_dtype_is_k(sd_dtype t);
  * finite (always -1 for types without such scales). Thread-safe. */
 int64_t sd_dtype_first_bad_scale(sd_dtype t, const void *data, uint64_t n_blocks);
 
+/* The first of n_elems stored values of type t at data (a multiple of the
+ * block size) that is or dequantizes to NaN or an infinity, as an element
+ * index (for the block types: the first element of the block whose f16 scale
+ * d, dmin or m is NaN or infinite: with finite scales every value of those
+ * formats is finite), or -1. Reads the raw bits only, no dequantization.
+ * Thread-safe. */
+int64_t sd_dtype_first_non_finite(sd_dtype t, const void *data, uint64_t n_elems);
+
 /* ---- writer (tools and tests) ----
  * Accumulates metadata and tensors in memory and writes a GGUF v3 file. */
 typedef struct sd_gguf_writer sd_gguf_writer;
