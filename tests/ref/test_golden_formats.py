@@ -68,8 +68,6 @@ def main() -> int:
         return SKIP
     exe = os.path.join(build, "tools", "specd-generate")
     quantize = os.path.join(build, "tools", "specd-quantize")
-    with open(os.path.join(src, "tests", "data", "golden_france.json")) as f:
-        n_golden = len(json.load(f)["generated_ids"])
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         for fmt, want, head in FORMATS:
@@ -87,23 +85,17 @@ def main() -> int:
             if kinds.get("token_embd.weight") != head:
                 print(f"{fmt}: the tied LM head is {kinds.get('token_embd.weight')}, want {head}")
                 ok = False
-            out = generate(exe, path, "What is the capital of France?", n_golden, {"SPECD_CPU_WEIGHTS": "f32"})
-            if out is None or "Paris" not in out["text"]:
-                print(f"{fmt}: France (f32 path): the answer does not mention Paris:", out and repr(out["text"]))
-                ok = False
-            else:
-                print(f"{fmt}: France (f32 path):", repr(out["text"]))
-            out = generate(exe, path, "What is the capital of Germany?", 16, {})
-            if out is None or "Berlin" not in out["text"]:
-                print(f"{fmt}: Germany (as stored): the answer does not mention Berlin:", out and repr(out["text"]))
-                ok = False
-            else:
-                print(f"{fmt}: Germany (as stored):", repr(out["text"]))
-            out = generate(exe, path, "What is the capital of France?", 16, {})
-            if out is None:
-                ok = False
-            else:
-                print(f"{fmt}: France (as stored, near-tie first token, not checked):", repr(out["text"]))
+            # (question, tokens, environment, the word the answer must hold or None, what is run)
+            for q_text, n, env, word, what in (
+                    ("What is the capital of France?", 12, {"SPECD_CPU_WEIGHTS": "f32"}, "Paris", "f32 path"),
+                    ("What is the capital of Germany?", 12, {}, "Berlin", "as stored"),
+                    ("What is the capital of France?", 12, {}, None, "as stored, near-tie first token, not checked")):
+                out = generate(exe, path, q_text, n, env)
+                if out is None or (word and word not in out["text"]):
+                    print(f"{fmt}: {q_text} ({what}): the answer does not hold {word}:", out and repr(out["text"]))
+                    ok = False
+                else:
+                    print(f"{fmt}: {q_text} ({what}):", repr(out["text"]))
     return 0 if ok else 1
 
 
