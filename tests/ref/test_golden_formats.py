@@ -18,7 +18,6 @@ answer:
     llama.cpp picks the same on those files (llama-cpp-python 0.3.36,
     checked 2026-11-25). That path's logits are checked against a
     rounding-aware reference by tests/ref/test_forward_oracle.py, not here;
-    the answer is printed;
   * "What is the capital of Germany?" with "Berlin" with the weights as
     stored (each format's own kernels), where there is no such tie.
 """
@@ -85,13 +84,12 @@ def main() -> int:
             if kinds.get("token_embd.weight") != head:
                 print(f"{fmt}: the tied LM head is {kinds.get('token_embd.weight')}, want {head}")
                 ok = False
-            # (question, tokens, environment, the word the answer must hold or None, what is run)
+            # (question, tokens, environment, the word the answer must hold, what is run)
             for q_text, n, env, word, what in (
                     ("What is the capital of France?", 12, {"SPECD_CPU_WEIGHTS": "f32"}, "Paris", "f32 path"),
-                    ("What is the capital of Germany?", 12, {}, "Berlin", "as stored"),
-                    ("What is the capital of France?", 12, {}, None, "as stored, near-tie first token, not checked")):
+                    ("What is the capital of Germany?", 12, {}, "Berlin", "as stored")):
                 out = generate(exe, path, q_text, n, env)
-                if out is None or (word and word not in out["text"]):
+                if out is None or word not in out["text"]:
                     print(f"{fmt}: {q_text} ({what}): the answer does not hold {word}:", out and repr(out["text"]))
                     ok = False
                 else:
