@@ -43,7 +43,7 @@ typedef struct drafter_opts {
     int32_t ngram_min, ngram_max;
     int32_t ngram_cache; /* entries of the n-gram cache shared across requests; 0 = none */
     int32_t draft_layers;
-    int32_t draft_vocab; /* model drafters' vocabulary cut (sd_drafter_params.draft_vocab) */
+    int32_t draft_vocab; /* --draft-vocab (sd_drafter_params.draft_vocab); -1 = not given */
     int32_t n_threads, max_seqs, kv_blocks, top_n, max_k, max_batch, max_ctx, index;
     int32_t device; /* model drafters: -1 CPU, N cuda:N */
     int32_t warmup; /* --warmup N; -1 = the default */
@@ -71,8 +71,8 @@ static void usage(FILE *f) {
             "                          0: none, e.g. for benchmarks that repeat their prompts)\n"
             "      --draft-layers L    self-draft: the target's first L layers\n"
             "      --draft-vocab N     model drafters: draft among token ids < N only, computing only\n"
-            "                          those rows of the LM head (exact at any N; 0 = the whole\n"
-            "                          vocabulary; default %d)\n"
+            "                          those rows of the LM head (exact at any N, at most the\n"
+            "                          vocabulary's size; 0 = the whole vocabulary; default %d)\n"
             "  -t, --threads N         worker threads (default: all cores)\n"
             "      --device D          cpu (default), cuda or cuda:N: where a draft model runs\n"
             "      --max-seqs N        sequences held at once (default 64)\n"
@@ -194,7 +194,7 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         fprintf(stderr, "specd-drafter: choose one of --ngram and --draft-layers\n");
         return 2;
     }
-    if (o->ngram && o->draft_vocab > 0) {
+    if (o->ngram && o->draft_vocab >= 0) {
         fprintf(stderr, "specd-drafter: --draft-vocab goes with a model drafter (--model DRAFT or --draft-layers)\n");
         return 2;
     }
@@ -273,7 +273,7 @@ int main(int argc, char **argv) {
         .max_batch = 64,
         .device = -1,
         .warmup = -1,
-        .draft_vocab = SD_DRAFTER_DEFAULT_VOCAB,
+        .draft_vocab = -1,
     };
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc == 1 ? 0 : 2;
@@ -303,7 +303,13 @@ int main(int argc, char **argv) {
     dp.ngram_cache_entries = o.ngram_cache > 0 ? o.ngram_cache : -1;
     dp.n_threads = o.n_threads;
     dp.device = o.device;
-    dp.draft_vocab = o.draft_vocab;
+    if (o.draft_vocab >= 0) dp.draft_vocab = o.draft_vocab;
+    if (o.draft_vocab > 0 && (uint32_t)o.draft_vocab > wp.model.vocab_size) {
+        SD_ERROR("--draft-vocab %d is more than the %u tokens of the vocabulary of %s", (int)o.draft_vocab,
+                 wp.model.vocab_size, id_path);
+        close(stop_fd);
+        return 2;
+    }
     sd_drafter *drafter = NULL;
     sd_status st;
     if (o.ngram) {

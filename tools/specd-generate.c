@@ -100,8 +100,8 @@ static void usage(FILE *f) {
             "      --ngram          speculative decoding with the n-gram (prompt lookup) drafter\n"
             "      --draft-layers L speculative decoding with the target's first L layers (self-draft)\n"
             "      --draft-vocab N  with --draft or --draft-layers: draft among token ids < N only, computing\n"
-            "                       only those rows of the draft's LM head (exact at any N; 0 = the whole\n"
-            "                       vocabulary; default %d)\n"
+            "                       only those rows of the draft's LM head (exact at any N, at most the\n"
+            "                       vocabulary's size; 0 = the whole vocabulary; default %d)\n"
             "  -k K                 draft tokens per step (default 4, at most %d)\n"
             "      --adaptive-k     choose K per step (0..K) from the acceptance and measured costs; at K = 0\n"
             "                       it shadow-drafts now and then to notice when drafting pays again\n"
@@ -717,6 +717,12 @@ int main(int argc, char **argv) {
         dp.max_ctx = sd_model_config_of(m)->n_ctx_train;
         dp.n_threads = o.n_threads;
         dp.device = o.device;
+        if (o.draft_vocab > sd_tok_n_vocab(tok)) {
+            fprintf(stderr, "specd-generate: --draft-vocab %d is more than the %d tokens of the vocabulary\n",
+                    (int)o.draft_vocab, (int)sd_tok_n_vocab(tok));
+            rc = 2;
+            goto out;
+        }
         if (o.draft_vocab >= 0) dp.draft_vocab = o.draft_vocab;
         if (o.ngram)
             st = sd_drafter_ngram_create(&dp, &drafter);
