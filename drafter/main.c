@@ -43,6 +43,7 @@ typedef struct drafter_opts {
     int32_t ngram_min, ngram_max;
     int32_t ngram_cache; /* entries of the n-gram cache shared across requests; 0 = none */
     int32_t draft_layers;
+    int32_t draft_vocab; /* --draft-vocab (sd_drafter_params.draft_vocab); -1 = not given */
     int32_t n_threads, max_seqs, kv_blocks, top_n, max_k, max_batch, max_ctx, index;
     int32_t device; /* model drafters: -1 CPU, N cuda:N */
     int32_t warmup; /* --warmup N; -1 = the default */
@@ -69,6 +70,9 @@ static void usage(FILE *f) {
             "      --ngram-cache N     n-grams of earlier outputs kept for all requests (default 65536;\n"
             "                          0: none, e.g. for benchmarks that repeat their prompts)\n"
             "      --draft-layers L    self-draft: the target's first L layers\n"
+            "      --draft-vocab N     model drafters: draft among token ids < N only, computing only\n"
+            "                          those rows of the LM head (exact at any N, at most the\n"
+            "                          vocabulary's size; 0 = the whole vocabulary; default %d)\n"
             "  -t, --threads N         worker threads (default: all cores)\n"
             "      --device D          cpu (default), cuda or cuda:N: where a draft model runs\n"
             "      --max-seqs N        sequences held at once (default 64)\n"
@@ -87,7 +91,7 @@ static void usage(FILE *f) {
             "                          else 0)\n"
             "  -v, --verbose           log at DEBUG level\n"
             "  -h, --help              this help\n",
-            SD_SPEC_DEFAULT_TOP_N, SD_MAX_K, SD_MAX_BATCH, SD_WARMUP_EXACT_TOKENS);
+            SD_DRAFTER_DEFAULT_VOCAB, SD_SPEC_DEFAULT_TOP_N, SD_MAX_K, SD_MAX_BATCH, SD_WARMUP_EXACT_TOKENS);
 }
 
 static bool parse_int(const char *flag, const char *s, int32_t lo, int32_t hi, int32_t *out) {
@@ -106,6 +110,7 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         O_NMAX,
         O_NCACHE,
         O_LAYERS,
+        O_DVOCAB,
         O_SEQS,
         O_KV,
         O_CTX,
@@ -130,6 +135,7 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         {"ngram-max", required_argument, 0, O_NMAX},
         {"ngram-cache", required_argument, 0, O_NCACHE},
         {"draft-layers", required_argument, 0, O_LAYERS},
+        {"draft-vocab", required_argument, 0, O_DVOCAB},
         {"threads", required_argument, 0, 't'},
         {"max-seqs", required_argument, 0, O_SEQS},
         {"kv-blocks", required_argument, 0, O_KV},
@@ -157,6 +163,7 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         case O_NMAX: ok = parse_int("--ngram-max", optarg, 1, 64, &o->ngram_max); break;
         case O_NCACHE: ok = parse_int("--ngram-cache", optarg, 0, 1 << 24, &o->ngram_cache); break;
         case O_LAYERS: ok = parse_int("--draft-layers", optarg, 1, 4096, &o->draft_layers); break;
+        case O_DVOCAB: ok = parse_int("--draft-vocab", optarg, 0, 1 << 24, &o->draft_vocab); break;
         case 't': ok = parse_int("--threads", optarg, 0, 1024, &o->n_threads); break;
         case O_SEQS: ok = parse_int("--max-seqs", optarg, 1, 65536, &o->max_seqs); break;
         case O_KV: ok = parse_int("--kv-blocks", optarg, 1, 1 << 28, &o->kv_blocks); break;
@@ -185,6 +192,10 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
     }
     if (o->ngram && o->draft_layers > 0) {
         fprintf(stderr, "specd-drafter: choose one of --ngram and --draft-layers\n");
+        return 2;
+    }
+    if (o->ngram && o->draft_vocab >= 0) {
+        fprintf(stderr, "specd-drafter: --draft-vocab goes with a model drafter (--model DRAFT or --draft-layers)\n");
         return 2;
     }
     if (o->ngram && !o->model_path && !o->vocab_from) {
@@ -262,6 +273,7 @@ int main(int argc, char **argv) {
         .max_batch = 64,
         .device = -1,
         .warmup = -1,
+        .draft_vocab = -1,
     };
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc == 1 ? 0 : 2;
@@ -291,6 +303,13 @@ int main(int argc, char **argv) {
     dp.ngram_cache_entries = o.ngram_cache > 0 ? o.ngram_cache : -1;
     dp.n_threads = o.n_threads;
     dp.device = o.device;
+    if (o.draft_vocab >= 0) dp.draft_vocab = o.draft_vocab;
+    if (o.draft_vocab > 0 && (uint32_t)o.draft_vocab > wp.model.vocab_size) {
+        SD_ERROR("--draft-vocab %d is more than the %u tokens of the vocabulary of %s", (int)o.draft_vocab,
+                 wp.model.vocab_size, id_path);
+        close(stop_fd);
+        return 2;
+    }
     sd_drafter *drafter = NULL;
     sd_status st;
     if (o.ngram) {

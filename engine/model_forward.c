@@ -393,11 +393,13 @@ static sd_status split_head(sd_model *m, int32_t n_wanted, float *dst) {
  * blocking in a download. */
 static sd_status settle_coll(sd_model *m) { return m->coll_on_stream ? sd_coll_wait(m->coll) : SD_OK; }
 
-/* Final norm and LM head for the n_wanted rows listed in wanted; out NULL
+/* Final norm and LM head for the n_wanted rows listed in wanted, logits of
+ * the first n_head token ids ([n_wanted][n_head]; n_head < n_vocab only
+ * without a group: the head's rows are a prefix of its matrix); out NULL
  * keeps them in the activations (a->logits on a device backend). In a
  * group every rank with LM head rows takes part; only the leader ends up
  * with logits. */
-static sd_status forward_logits(sd_model *m, const int32_t *wanted, int32_t n_wanted, float *out) {
+static sd_status forward_logits(sd_model *m, const int32_t *wanted, int32_t n_wanted, int32_t n_head, float *out) {
     const sd_backend_ops *op = m->be.ops;
     sd_backend *be = m->be.ctx;
     const sd_model_config *c = &m->cfg;
@@ -408,21 +410,21 @@ static sd_status forward_logits(sd_model *m, const int32_t *wanted, int32_t n_wa
     /* gather wanted rows of x into xb [n_wanted][E], norm in place */
     SD_TRY(op->embed(be, a->x, c->n_embd, wanted, n_wanted, a->xb));
     SD_TRY(op->rmsnorm(be, a->xb, m->output_norm, n_wanted, c->n_embd, c->rms_eps, a->xb));
-    float *dst = op->host_memory ? out : a->logits; /* [n_wanted][n_vocab] */
+    float *dst = op->host_memory ? out : a->logits; /* [n_wanted][n_head] */
     if (split)
         SD_TRY(split_head(m, n_wanted, dst));
     else
-        SD_TRY(mat_mul(m, &m->output, c->n_embd, c->n_vocab, a->xb, n_wanted, dst));
+        SD_TRY(mat_mul(m, &m->output, c->n_embd, n_head, a->xb, n_wanted, dst));
     if (sh->tp_rank == 0 && !op->host_memory && out) {
         SD_TRY(settle_coll(m)); /* bounded, before a download that would wait without a bound */
-        SD_TRY(op->buf_download(be, out, a->logits, (size_t)n_wanted * (size_t)c->n_vocab * sizeof(float)));
+        SD_TRY(op->buf_download(be, out, a->logits, (size_t)n_wanted * (size_t)n_head * sizeof(float)));
     }
     return SD_OK;
 }
 
 /* Everything after the batch was planned: the arrays to the device, the
  * layers, the LM head. */
-static sd_status run_plan(sd_model *m, sd_kv *kv, const sd_model_plan *p, float *out) {
+static sd_status run_plan(sd_model *m, sd_kv *kv, const sd_model_plan *p, int32_t n_head, float *out) {
     sd_status s = SD_OK;
     if (m->be.ops->host_arrays) {
         /* the order is fixed: a recorded forward reads the same slots */
@@ -433,15 +435,30 @@ static sd_status run_plan(sd_model *m, sd_kv *kv, const sd_model_plan *p, float 
         s = m->be.ops->host_arrays(m->be.ctx, arrays, (int32_t)(sizeof arrays / sizeof arrays[0]));
     }
     if (s == SD_OK) s = run_layers(m, kv, p);
-    if (s == SD_OK && p->n_wanted > 0) s = forward_logits(m, p->wanted, p->n_wanted, out);
+    if (s == SD_OK && p->n_wanted > 0) s = forward_logits(m, p->wanted, p->n_wanted, n_head, out);
     if (s == SD_OK) s = settle_coll(m);
     return s;
 }
 
-static sd_status forward(sd_model *m, sd_kv *kv, const sd_batch *b, float *out, bool keep);
+static sd_status forward(sd_model *m, sd_kv *kv, const sd_batch *b, int32_t n_head, float *out, bool keep);
 
 sd_status sd_model_forward(sd_model *m, sd_kv *kv, const sd_batch *b, float *out) {
-    return forward(m, kv, b, out, false);
+    return forward(m, kv, b, m ? m->cfg.n_vocab : 0, out, false);
+}
+
+sd_status sd_model_forward_head(sd_model *m, sd_kv *kv, const sd_batch *b, int32_t n_head, float *out) {
+    if (!m) return SD_ERR_INVALID_ARG;
+    if (n_head < 1 || n_head > m->cfg.n_vocab) {
+        SD_ERROR("model: logits for the first %d token ids asked, the vocabulary has %d", (int)n_head,
+                 (int)m->cfg.n_vocab);
+        return SD_ERR_RANGE;
+    }
+    if (n_head < m->cfg.n_vocab && (m->coll || m->shard.tp_size > 1)) {
+        SD_ERROR("model: a cut LM head (%d of %d ids) is not supported in a tensor-parallel group", (int)n_head,
+                 (int)m->cfg.n_vocab);
+        return SD_ERR_UNSUPPORTED;
+    }
+    return forward(m, kv, b, n_head, out, false);
 }
 
 bool sd_model_verifies_on_device(const sd_model *m) { return m && m->be.ops->spec_verify && !m->host_verify; }
@@ -452,7 +469,7 @@ sd_status sd_model_forward_verify(sd_model *m, sd_kv *kv, const sd_batch *b, int
         return SD_ERR_UNSUPPORTED;
     }
     if (n_seqs < 0 || (n_seqs > 0 && !seqs)) return SD_ERR_INVALID_ARG;
-    SD_TRY(forward(m, kv, b, NULL, true));
+    SD_TRY(forward(m, kv, b, m->cfg.n_vocab, NULL, true));
     int32_t n_wanted = 0;
     for (int32_t t = 0; b->logits && t < b->n_tokens; t++) n_wanted += b->logits[t];
     for (int32_t i = 0; i < n_seqs; i++)
@@ -464,9 +481,9 @@ sd_status sd_model_forward_verify(sd_model *m, sd_kv *kv, const sd_batch *b, int
     return m->be.ops->spec_verify(m->be.ctx, m->act.logits, m->cfg.n_vocab, n_seqs, seqs);
 }
 
-/* The forward: out receives the wanted rows (host), or with keep they stay
- * in the activations for spec_verify. */
-static sd_status forward(sd_model *m, sd_kv *kv, const sd_batch *b, float *out, bool keep) {
+/* The forward: out receives the wanted rows' logits of the first n_head
+ * ids (host), or with keep they stay in the activations for spec_verify. */
+static sd_status forward(sd_model *m, sd_kv *kv, const sd_batch *b, int32_t n_head, float *out, bool keep) {
     if (!m || !kv || !b || b->n_tokens < 0) return SD_ERR_INVALID_ARG;
     if (b->n_tokens == 0) return SD_OK;
     if (!b->tokens || !b->pos || !b->seq) {
@@ -514,7 +531,7 @@ static sd_status forward(sd_model *m, sd_kv *kv, const sd_batch *b, float *out, 
     };
     /* the other ranks run the same plan at the same time */
     if (s == SD_OK && m->plan_sink) s = m->plan_sink(m->plan_user, &plan);
-    if (s == SD_OK) s = run_plan(m, kv, &plan, keep ? NULL : out);
+    if (s == SD_OK) s = run_plan(m, kv, &plan, n_head, keep ? NULL : out);
     if (s != SD_OK) {
         /* the cache holds partial entries: give the new positions back */
         for (int32_t i = 0; i < n_seqs; i++) {
@@ -577,7 +594,7 @@ sd_status sd_model_forward_plan(sd_model *m, sd_kv *kv, const sd_model_plan *pla
     }
     SD_TRY(check_plan(m, kv, plan));
     SD_TRY(reserve_activations(m, plan->n_tokens));
-    sd_status s = run_plan(m, kv, plan, NULL);
+    sd_status s = run_plan(m, kv, plan, m->cfg.n_vocab, NULL);
     if (s != SD_OK)
         SD_ERROR("model: rank %d: forward of the leader's plan failed: %s", (int)m->shard.tp_rank, sd_status_str(s));
     return s;

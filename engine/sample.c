@@ -149,6 +149,27 @@ static sd_status check_inputs(const float *logits, int32_t n, const sd_sampling 
     return SD_OK;
 }
 
+sd_status sd_sample_greedy(const float *logits, int32_t n, int32_t *token) {
+    if (!logits || !token || n <= 0) {
+        SD_ERROR("sampling: need logits, an output and n > 0 (n = %d)", (int)n);
+        return SD_ERR_INVALID_ARG;
+    }
+    int32_t best = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (isnan(logits[i]) || logits[i] == INFINITY) {
+            SD_ERROR("sampling: logit %d is %g", (int)i, (double)logits[i]);
+            return SD_ERR_INVALID_ARG;
+        }
+        if (logits[i] > logits[best]) best = i;
+    }
+    if (logits[best] == -INFINITY) {
+        SD_ERROR("sampling: all %d logits are -inf", (int)n);
+        return SD_ERR_INVALID_ARG;
+    }
+    *token = best;
+    return SD_OK;
+}
+
 sd_status sd_sample_probs(const float *logits, int32_t n, const sd_sampling *s, float *probs) {
     SD_TRY(check_inputs(logits, n, s, probs));
     if (sd_sampling_is_greedy(s)) {

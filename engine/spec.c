@@ -265,6 +265,28 @@ sd_status sd_spec_draft_coupled(const float *probs, int32_t n_vocab, int32_t top
     return SD_OK;
 }
 
+sd_status sd_spec_draft_step(const float *logits, int32_t n_vocab, const sd_sampling *s, int32_t top_n,
+                             uint64_t position, float *probs, int32_t *ids, float *q_probs, int32_t *n_out,
+                             int32_t *token) {
+    if (!s || !ids || !q_probs || !n_out || !token || top_n <= 0) {
+        SD_ERROR("spec: draft step needs sampling, outputs and top_n > 0 (top_n %d)", (int)top_n);
+        return SD_ERR_INVALID_ARG;
+    }
+    SD_TRY(sd_sampling_validate(s));
+    if (sd_sampling_is_greedy(s)) {
+        /* the one-hot's sparsification is itself and its race its one entry */
+        int32_t y;
+        SD_TRY(sd_sample_greedy(logits, n_vocab, &y));
+        ids[0] = y;
+        q_probs[0] = 1.0f;
+        *n_out = 1;
+        *token = y;
+        return SD_OK;
+    }
+    SD_TRY(sd_sample_probs(logits, n_vocab, s, probs));
+    return sd_spec_draft_coupled(probs, n_vocab, top_n, s->seed, position, ids, q_probs, n_out, token);
+}
+
 /* ---- expectations ---- */
 
 double sd_spec_alpha(const float *p, int32_t n_vocab, const sd_spec_q *q) {

@@ -517,6 +517,38 @@ static void test_batch_invariance(void **state) {
     }
 }
 
+/* The cut LM head (sd_model_forward_head): seq 0's len rows with logits of
+ * the first n_head ids only, token by token then all at once, equal the
+ * first n_head logits of ref (the full head's rows) bit for bit. */
+static void check_head_cut(sd_model *m, const float *ref, int len, int n_head, const char *what) {
+    const int V = sd_model_config_of(m)->n_vocab;
+    int32_t tok[64], pos[64], seq[64] = {0};
+    bool want[64];
+    for (int i = 0; i < len; i++) {
+        tok[i] = token_of(0, i, V);
+        pos[i] = i;
+        want[i] = true;
+    }
+    float *got = malloc((size_t)len * (size_t)n_head * sizeof(float));
+    assert_non_null(got);
+    for (int whole = 0; whole < 2; whole++) {
+        sd_kv *kv = make_kv(m, 1, 16, 16);
+        for (int i = 0; i < len; i += whole ? len : 1) {
+            int n = whole ? len : 1;
+            sd_batch b = {.n_tokens = n, .tokens = tok + i, .pos = pos + i, .seq = seq, .logits = want};
+            assert_int_equal(sd_model_forward_head(m, kv, &b, n_head, got + (size_t)i * (size_t)n_head), SD_OK);
+        }
+        char row_what[128];
+        for (int i = 0; i < len; i++) {
+            snprintf(row_what, sizeof row_what, "%s: head of %d, row %d (%s)", what, n_head, i,
+                     whole ? "one batch" : "token by token");
+            assert_bits_equal(ref + (size_t)i * (size_t)V, got + (size_t)i * (size_t)n_head, (size_t)n_head, row_what);
+        }
+        sd_kv_free(&kv);
+    }
+    free(got);
+}
+
 /* Matrices kept as stored (F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K; the CPU computes on
  * the blocks, integer formats on 8-bit activations): a sequence's logits are
  * bit-identical alone, token by token, chunked, beside other sequences, with
@@ -586,6 +618,10 @@ static void test_stored_formats(void **state) {
                 }
                 for (int s = 0; s < 3; s++) free(outs[s]);
             }
+        /* a cut head gives the full head's first rows, at sizes on and off the tiles' widths */
+        const int heads[] = {1, 3, 64, 101, V};
+        for (size_t hi = 0; hi < sizeof heads / sizeof heads[0]; hi++)
+            check_head_cut(hi % 2 ? m1 : m2, ref[0], lens[0], heads[hi], sd_dtype_name(types[ti]));
         /* KV rollback: 5 tokens + 3 others, truncate to 5, re-append the first 3 */
         int32_t tok[8], alt[8], pos[8], seq[8] = {0};
         for (int i = 0; i < 8; i++) {
@@ -849,6 +885,16 @@ static void test_bad_batches(void **state) {
     nb.n_tokens = -1;
     assert_int_equal(sd_model_forward(m, kv, &nb, out), SD_ERR_INVALID_ARG);
     assert_cache_intact(m, kv, ref4, free0);
+    /* a cut LM head outside [1, n_vocab] */
+    bool one = true;
+    sd_batch hb = {.n_tokens = 1, .tokens = &t4, .pos = &p4, .seq = seq, .logits = &one};
+    const int32_t bad_heads[] = {0, -1, V + 1};
+    for (size_t i = 0; i < sizeof bad_heads / sizeof bad_heads[0]; i++) {
+        int before = n_error_lines;
+        assert_int_equal(sd_model_forward_head(m, kv, &hb, bad_heads[i], out), SD_ERR_RANGE);
+        assert_true(n_error_lines > before);
+        assert_cache_intact(m, kv, ref4, free0);
+    }
     /* a KV cache shaped for another model */
     sd_kv_params kp = sd_kv_default_params();
     kp.n_layers = 2, kp.n_kv_heads = 2, kp.head_dim = 16, kp.n_blocks = 4, kp.max_seqs = 1;

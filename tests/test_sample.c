@@ -295,6 +295,44 @@ static void test_greedy(void **state) {
     }
 }
 
+/* sd_sample_greedy is the index of sd_sample_probs' greedy one-hot, with
+ * its input checks. */
+static void test_sample_greedy(void **state) {
+    (void)state;
+    const float l[6] = {1.0f, 3.0f, -2.0f, 3.0f, 2.9999f, -INFINITY};
+    int32_t tok = -1;
+    assert_int_equal(sd_sample_greedy(l, 6, &tok), SD_OK);
+    assert_int_equal(tok, 1); /* the lower of two equal maxima */
+    assert_int_equal(sd_sample_greedy(l + 2, 4, &tok), SD_OK);
+    assert_int_equal(tok, 1);
+    const float tail[3] = {-INFINITY, -INFINITY, 0.5f};
+    assert_int_equal(sd_sample_greedy(tail, 3, &tok), SD_OK);
+    assert_int_equal(tok, 2);
+    sd_sampling s = sd_sampling_default();
+    s.temperature = 0.0f;
+    uint64_t rng = 12345;
+    float r[97], probs[97];
+    for (int trial = 0; trial < 200; trial++) {
+        for (int i = 0; i < 97; i++) {
+            rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+            r[i] = (float)((rng >> 40) % 64) / 8.0f - 4.0f; /* coarse values: ties happen */
+        }
+        assert_int_equal(sd_sample_greedy(r, 97, &tok), SD_OK);
+        assert_int_equal(sd_sample_probs(r, 97, &s, probs), SD_OK);
+        assert_true(probs[tok] == 1.0f);
+        assert_int_equal(tok, sd_argmax(r, 97));
+    }
+    const float nan_l[3] = {0.0f, NAN, 1.0f}, inf_l[2] = {0.0f, INFINITY}, none[2] = {-INFINITY, -INFINITY};
+    const int before = n_error_lines;
+    assert_int_equal(sd_sample_greedy(nan_l, 3, &tok), SD_ERR_INVALID_ARG);
+    assert_int_equal(sd_sample_greedy(inf_l, 2, &tok), SD_ERR_INVALID_ARG);
+    assert_int_equal(sd_sample_greedy(none, 2, &tok), SD_ERR_INVALID_ARG);
+    assert_int_equal(sd_sample_greedy(l, 0, &tok), SD_ERR_INVALID_ARG);
+    assert_int_equal(sd_sample_greedy(NULL, 3, &tok), SD_ERR_INVALID_ARG);
+    assert_int_equal(sd_sample_greedy(l, 3, NULL), SD_ERR_INVALID_ARG);
+    assert_int_equal(n_error_lines, before + 6);
+}
+
 static void test_sample_from(void **state) {
     (void)state;
     const float p[6] = {0.0f, 0.25f, 0.0f, 0.5f, 0.25f, 0.0f};
@@ -488,6 +526,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_top_p, setup, teardown),
         cmocka_unit_test_setup_teardown(test_min_p, setup, teardown),
         cmocka_unit_test_setup_teardown(test_greedy, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sample_greedy, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sample_from, setup, teardown),
         cmocka_unit_test_setup_teardown(test_race, setup, teardown),
         cmocka_unit_test_setup_teardown(test_invalid_params, setup, teardown),

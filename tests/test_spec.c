@@ -314,6 +314,45 @@ static void test_draft_coupled(void **state) {
     assert_true(n_tail > 0);
 }
 
+/* sd_spec_draft_step: sd_sample_probs + sd_spec_draft_coupled, and for a
+ * greedy request the same one-hot from its shortcut. */
+static void test_draft_step(void **state) {
+    (void)state;
+    enum { V = 40, TOP = 4 };
+    float logits[V], probs[V], probs2[V];
+    uint64_t rng = 7;
+    for (int trial = 0; trial < 300; trial++) {
+        for (int v = 0; v < V; v++) {
+            rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+            logits[v] = (float)((rng >> 40) % 32) / 4.0f - 3.0f; /* coarse: equal maxima happen */
+        }
+        if (trial % 5 == 0) logits[trial % V] = -INFINITY;
+        sd_sampling s = sd_sampling_default();
+        s.temperature = trial % 3 == 0 ? 0.0f : trial % 3 == 1 ? 1.0f : 0.7f;
+        s.top_p = trial % 2 ? 0.9f : 1.0f;
+        s.seed = (uint64_t)trial;
+        int32_t ids[TOP], ids2[TOP], n, n2, y, y2;
+        float qp[TOP], qp2[TOP];
+        assert_int_equal(sd_spec_draft_step(logits, V, &s, TOP, 11, probs, ids, qp, &n, &y), SD_OK);
+        assert_int_equal(sd_sample_probs(logits, V, &s, probs2), SD_OK);
+        assert_int_equal(sd_spec_draft_coupled(probs2, V, TOP, s.seed, 11, ids2, qp2, &n2, &y2), SD_OK);
+        assert_int_equal(y, y2);
+        assert_int_equal(n, n2);
+        assert_memory_equal(ids, ids2, (size_t)n * sizeof *ids);
+        assert_memory_equal(qp, qp2, (size_t)n * sizeof *qp);
+    }
+    const float bad[3] = {0.0f, NAN, 1.0f};
+    sd_sampling g = sd_sampling_default();
+    g.temperature = 0.0f;
+    int32_t ids[TOP], n, y;
+    float qp[TOP];
+    const int before = n_error_lines;
+    assert_int_equal(sd_spec_draft_step(bad, 3, &g, TOP, 0, probs, ids, qp, &n, &y), SD_ERR_INVALID_ARG);
+    assert_int_equal(sd_spec_draft_step(logits, V, &g, 0, 0, probs, ids, qp, &n, &y), SD_ERR_INVALID_ARG);
+    assert_int_equal(sd_spec_draft_step(logits, V, NULL, TOP, 0, probs, ids, qp, &n, &y), SD_ERR_INVALID_ARG);
+    assert_int_equal(n_error_lines, before + 3);
+}
+
 static void test_k0_is_plain_sampling(void **state) {
     (void)state;
     enum { V = 5 };
@@ -390,6 +429,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_committed_tokens_do_not_depend_on_drafts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_one_hot_q, setup, teardown),
         cmocka_unit_test_setup_teardown(test_draft_coupled, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_draft_step, setup, teardown),
         cmocka_unit_test(test_k0_is_plain_sampling),
         cmocka_unit_test(test_one_hot_p_is_greedy),
         cmocka_unit_test_setup_teardown(test_bad_inputs, setup, teardown),

@@ -30,6 +30,7 @@
 #include "specd/drafter.h"
 #include "specd/gguf.h"
 #include "specd/model.h"
+#include "specd/spec_batch.h"
 #include "specd/tokenizer.h"
 
 /* ---- n-gram ---- */
@@ -301,7 +302,8 @@ static void target_vocab(uint64_t *hash, int32_t *n_vocab) {
     sd_gguf_close(&g);
 }
 
-static sd_drafter *open_draft(int32_t top_n) {
+/* The draft model with a vocabulary cut (0 = the whole vocabulary). */
+static sd_drafter *open_draft_cut(int32_t top_n, int32_t draft_vocab) {
     uint64_t hash;
     int32_t n_vocab;
     target_vocab(&hash, &n_vocab);
@@ -309,15 +311,19 @@ static sd_drafter *open_draft(int32_t top_n) {
     p.max_ctx = 128;
     p.top_n = top_n;
     p.n_threads = 1;
+    p.draft_vocab = draft_vocab;
     sd_drafter *d = NULL;
     assert_int_equal(sd_drafter_model_open(files.draft, hash, n_vocab, &p, &d), SD_OK);
     assert_int_equal(sd_drafter_kind_of(d), SD_DRAFTER_MODEL);
     return d;
 }
 
-/* Plain greedy continuation of ctx by the model in path (n_layers_used L). */
-static void greedy_continuation(const char *path, int32_t n_layers_used, const int32_t *ctx, int32_t n, int32_t k,
-                                int32_t *out) {
+static sd_drafter *open_draft(int32_t top_n) { return open_draft_cut(top_n, 0); }
+
+/* Plain greedy continuation of ctx by the model in path (n_layers_used L),
+ * each token the argmax of the first n_head logits (0 = all). */
+static void greedy_continuation_cut(const char *path, int32_t n_layers_used, int32_t n_head, const int32_t *ctx,
+                                    int32_t n, int32_t k, int32_t *out) {
     sd_gguf *g = NULL;
     char err[128];
     assert_int_equal(sd_gguf_open(path, &g, err, sizeof err), SD_OK);
@@ -330,6 +336,7 @@ static void greedy_continuation(const char *path, int32_t n_layers_used, const i
     sd_kv *kv = NULL;
     assert_int_equal(sd_model_kv_create(m, 1, 16, 16, &kv), SD_OK);
     int32_t n_vocab = sd_model_config_of(m)->n_vocab;
+    if (n_head == 0) n_head = n_vocab;
     float *logits = malloc((size_t)n_vocab * sizeof *logits);
     int32_t seq[64] = {0}, pos[64];
     bool want[64] = {false};
@@ -338,7 +345,7 @@ static void greedy_continuation(const char *path, int32_t n_layers_used, const i
     sd_batch b = {n, ctx, pos, seq, want};
     assert_int_equal(sd_model_forward(m, kv, &b, logits), SD_OK);
     for (int32_t i = 0; i < k; i++) {
-        out[i] = sd_argmax(logits, n_vocab);
+        out[i] = sd_argmax(logits, n_head);
         int32_t p = n + i;
         bool one = true;
         sd_batch step = {1, &out[i], &p, seq, &one};
@@ -347,6 +354,11 @@ static void greedy_continuation(const char *path, int32_t n_layers_used, const i
     free(logits);
     sd_kv_free(&kv);
     sd_model_free(&m);
+}
+
+static void greedy_continuation(const char *path, int32_t n_layers_used, const int32_t *ctx, int32_t n, int32_t k,
+                                int32_t *out) {
+    greedy_continuation_cut(path, n_layers_used, 0, ctx, n, k, out);
 }
 
 static void test_model_vocab_mismatch(void **state) {
@@ -436,6 +448,93 @@ static void test_model_sampled_q(void **state) {
     sd_drafter_free(&d2);
 }
 
+/* The vocabulary cut (draft_vocab): greedy drafts are the argmax of the
+ * first N logits, sampled drafts and every q entry lie below N, the batched
+ * path drafts what the single one does, N >= n_vocab is no cut, and
+ * negative values are refused. */
+static void test_model_vocab_cut(void **state) {
+    (void)state;
+    need_models();
+    enum { CUT = 150 };
+    sd_drafter *d = open_draft_cut(8, CUT);
+    const int32_t ctx[] = {1, 240, 241, 242, 100, 7, 250, 3, 3, 9};
+    int32_t tokens[6], expect[6], n_drafted;
+    sd_spec_q q[6];
+    sd_sampling greedy = sd_sampling_default();
+    greedy.temperature = 0;
+    assert_int_equal(sd_drafter_propose(d, 0, ctx, 10, 6, &greedy, tokens, q, &n_drafted), SD_OK);
+    assert_int_equal(n_drafted, 6);
+    greedy_continuation_cut(files.draft, 0, CUT, ctx, 10, 6, expect);
+    assert_memory_equal(tokens, expect, sizeof expect);
+    int32_t full[6];
+    greedy_continuation(files.draft, 0, ctx, 10, 6, full);
+    bool differs = false; /* the cut is real on this context: the full argmax lies above it somewhere */
+    for (int i = 0; i < 6; i++) differs |= full[i] >= CUT;
+    assert_true(differs);
+    for (int i = 0; i < 6; i++) {
+        assert_int_equal(q[i].n, 1);
+        assert_true(tokens[i] < CUT);
+    }
+    /* the batched draft from a fresh drafter */
+    sd_drafter *b = open_draft_cut(8, CUT);
+    sd_draft_seq seq = {.slot = 0, .keep_len = 0, .n_append = 10, .append = ctx, .k = 6, .sampling = greedy};
+    sd_draft_result res;
+    assert_int_equal(sd_draft_batch(b, 1, &seq, &res), SD_OK);
+    assert_int_equal(res.outcome, SD_SEQ_OK);
+    assert_int_equal(res.n_drafted, 6);
+    assert_memory_equal(res.tokens, expect, sizeof expect);
+    sd_drafter_free(&b);
+
+    sd_sampling s = sd_sampling_default();
+    s.temperature = 1.5f;
+    int distinct_first = 0, seen[300] = {0};
+    for (uint64_t seed = 0; seed < 40; seed++) {
+        s.seed = seed;
+        assert_int_equal(sd_drafter_propose(d, 0, ctx, 4, 4, &s, tokens, q, &n_drafted), SD_OK);
+        assert_int_equal(n_drafted, 4);
+        for (int i = 0; i < 4; i++) {
+            assert_true(tokens[i] >= 0 && tokens[i] < CUT);
+            double total = 0;
+            for (int j = 0; j < q[i].n; j++) {
+                assert_true(q[i].ids[j] >= 0 && q[i].ids[j] < CUT);
+                total += q[i].probs[j];
+            }
+            assert_true(total > 0.999999 && total < 1.000001);
+            assert_true(sd_spec_q_prob(&q[i], tokens[i]) > 0);
+        }
+        if (!seen[tokens[0]]++) distinct_first++;
+    }
+    assert_true(distinct_first >= 2);
+    sd_drafter_free(&d);
+
+    /* N = n_vocab and above (the default, 32768, on this 300-token model) is the whole vocabulary */
+    const int32_t wholes[] = {300, 301, SD_DRAFTER_DEFAULT_VOCAB};
+    for (int i = 0; i < 3; i++) {
+        sd_drafter *whole = open_draft_cut(8, wholes[i]);
+        assert_int_equal(sd_drafter_propose(whole, 0, ctx, 10, 6, &greedy, tokens, q, &n_drafted), SD_OK);
+        assert_memory_equal(tokens, full, sizeof full);
+        sd_drafter_free(&whole);
+    }
+
+    uint64_t hash;
+    int32_t n_vocab;
+    target_vocab(&hash, &n_vocab);
+    sd_drafter_params p = sd_drafter_default_params();
+    p.max_ctx = 128;
+    p.n_threads = 1;
+    sd_log_set(NULL, NULL, SD_LOG_OFF, "test_spec_drafter");
+    const int32_t bad[] = {-1, -300, INT32_MIN};
+    for (int i = 0; i < 3; i++) {
+        p.draft_vocab = bad[i];
+        sd_drafter *x = NULL;
+        assert_int_equal(sd_drafter_model_open(files.draft, hash, n_vocab, &p, &x), SD_ERR_INVALID_ARG);
+        assert_null(x);
+        assert_int_equal(sd_drafter_self_open(files.target, 1, &p, &x), SD_ERR_INVALID_ARG);
+        assert_null(x);
+    }
+    sd_log_set(NULL, NULL, SD_LOG_WARN, "test_spec_drafter");
+}
+
 static void test_self_draft(void **state) {
     (void)state;
     need_models();
@@ -473,6 +572,7 @@ int main(void) {
         cmocka_unit_test(test_model_vocab_mismatch),
         cmocka_unit_test(test_model_greedy_and_rollback),
         cmocka_unit_test(test_model_sampled_q),
+        cmocka_unit_test(test_model_vocab_cut),
         cmocka_unit_test(test_self_draft),
     };
     return cmocka_run_group_tests_name("spec_drafter", tests, make_models, remove_models);

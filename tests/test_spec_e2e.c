@@ -8,7 +8,9 @@
  * sd_model_forward per token).
  *
  * (and the target's own weights quantized to Q4_0, a draft that agrees
- * often, so long accepted runs are exercised too).
+ * often, so long accepted runs are exercised too; that draft and the
+ * self-draft again with a vocabulary cut, draft_vocab, so a draft misses
+ * wherever the target's token lies above the cut).
  *
  * Exactness (argument "exact", label slow): a 3-layer target and as draft
  * the same random weights quantized to Q4_0 (close to the target but not
@@ -19,7 +21,9 @@
  * each of the 4 positions and for the joint of the first two, a two-sample
  * chi-square test of homogeneity must not reject at significance 1e-4. The
  * acceptance rate is printed and must be strictly between 0 and 1, so both
- * the accept and the residual paths are exercised. */
+ * the accept and the residual paths are exercised. The same at temperature
+ * 1.0 with the draft's vocabulary cut to its first CUT_VOCAB ids (its q is 0
+ * above). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -41,6 +45,7 @@
 #define SIGNIFICANCE 1e-4
 #define VOCAB        300
 #define MAX_CTX      128
+#define CUT_VOCAB    200 /* the draft vocabulary cut of the cut-draft runs */
 
 static struct {
     char dir[64], target[128], draft[128], draft_q4[128];
@@ -142,15 +147,21 @@ static void test_greedy_equality(void **state) {
     sd_drafter_params dp = sd_drafter_default_params();
     dp.max_ctx = MAX_CTX;
     dp.n_threads = 1;
-    sd_drafter *drafters[4] = {NULL, NULL, NULL, NULL};
+    enum { N_DRAFTERS = 6 };
+    sd_drafter *drafters[N_DRAFTERS] = {NULL};
     assert_int_equal(sd_drafter_ngram_create(&dp, &drafters[0]), SD_OK);
     assert_int_equal(sd_drafter_self_open(env.target, 1, &dp, &drafters[1]), SD_OK);
     assert_int_equal(sd_drafter_model_open(env.draft, env.hash, env.n_vocab, &dp, &drafters[2]), SD_OK);
     assert_int_equal(sd_drafter_model_open(env.draft_q4, env.hash, env.n_vocab, &dp, &drafters[3]), SD_OK);
+    sd_drafter_params cut = dp;
+    cut.draft_vocab = CUT_VOCAB;
+    assert_int_equal(sd_drafter_model_open(env.draft_q4, env.hash, env.n_vocab, &cut, &drafters[4]), SD_OK);
+    cut.draft_vocab = CUT_VOCAB / 2;
+    assert_int_equal(sd_drafter_self_open(env.target, 1, &cut, &drafters[5]), SD_OK);
     sd_sampling greedy = sd_sampling_default();
     greedy.temperature = 0;
     const int32_t ks[3] = {1, 4, 8};
-    for (int32_t di = 0; di < 4; di++) {
+    for (int32_t di = 0; di < N_DRAFTERS; di++) {
         int64_t drafted = 0, accepted = 0;
         for (int32_t ki = 0; ki < 3; ki++) {
             sd_spec_decoder *dec = NULL;
@@ -166,14 +177,15 @@ static void test_greedy_equality(void **state) {
             accepted += sd_spec_decoder_stats(dec)->accepted;
             sd_spec_decoder_free(&dec);
         }
-        print_message("  greedy equality with %-5s drafter: %lld drafted, %lld accepted\n",
-                      sd_drafter_name(drafters[di]), (long long)drafted, (long long)accepted);
+        print_message("  greedy equality with %-5s drafter%s: %lld drafted, %lld accepted\n",
+                      sd_drafter_name(drafters[di]), di >= 4 ? " (vocabulary cut)" : "", (long long)drafted,
+                      (long long)accepted);
         assert_true(drafted > 0);
         sd_drafter_free(&drafters[di]);
     }
 }
 
-static void exactness_at(const sd_sampling *base, const char *label) {
+static void exactness_at(const sd_sampling *base, int32_t draft_vocab, const char *label) {
     enum { N_RUNS = 20000, N_NEW = 4, K = 3 };
     const int32_t prompt[5] = {1, 77, 78, 150, 9};
     static uint64_t plain_pos[N_NEW][VOCAB], spec_pos[N_NEW][VOCAB];
@@ -185,6 +197,7 @@ static void exactness_at(const sd_sampling *base, const char *label) {
     sd_drafter_params dp = sd_drafter_default_params();
     dp.max_ctx = MAX_CTX;
     dp.n_threads = 1;
+    dp.draft_vocab = draft_vocab;
     sd_drafter *drafter = NULL;
     assert_int_equal(sd_drafter_model_open(env.draft_q4, env.hash, env.n_vocab, &dp, &drafter), SD_OK);
     sd_spec_decoder *dec = NULL;
@@ -229,7 +242,7 @@ static void test_exact_temperature_1(void **state) {
     if (!env.ok) skip();
     sd_sampling s = sd_sampling_default();
     s.temperature = 1.0f; /* sampled (the default is greedy) */
-    exactness_at(&s, "temperature 1.0");
+    exactness_at(&s, 0, "temperature 1.0");
 }
 
 static void test_exact_temperature_07_top_p(void **state) {
@@ -238,7 +251,15 @@ static void test_exact_temperature_07_top_p(void **state) {
     sd_sampling s = sd_sampling_default();
     s.temperature = 0.7f;
     s.top_p = 0.9f;
-    exactness_at(&s, "temperature 0.7, top-p 0.9");
+    exactness_at(&s, 0, "temperature 0.7, top-p 0.9");
+}
+
+static void test_exact_temperature_1_vocab_cut(void **state) {
+    (void)state;
+    if (!env.ok) skip();
+    sd_sampling s = sd_sampling_default();
+    s.temperature = 1.0f;
+    exactness_at(&s, CUT_VOCAB, "temperature 1.0, draft vocabulary cut to 200 of 300");
 }
 
 int main(int argc, char **argv) {
@@ -247,6 +268,7 @@ int main(int argc, char **argv) {
         const struct CMUnitTest exact[] = {
             cmocka_unit_test(test_exact_temperature_1),
             cmocka_unit_test(test_exact_temperature_07_top_p),
+            cmocka_unit_test(test_exact_temperature_1_vocab_cut),
         };
         return cmocka_run_group_tests_name("spec_e2e_exact", exact, setup_models, teardown_models);
     }

@@ -57,6 +57,7 @@ typedef struct gen_opts {
     const char *draft_path;
     bool ngram;
     int32_t draft_layers;
+    int32_t draft_vocab; /* --draft-vocab N: a model drafter's vocabulary cut (-1 = not given) */
     int32_t k;
     bool adaptive_k;
     bool logprobs;        /* --logprobs N: each token's logprob and top N (plain decoding) */
@@ -98,13 +99,16 @@ static void usage(FILE *f) {
             "      --draft PATH     speculative decoding with a draft model (same vocabulary)\n"
             "      --ngram          speculative decoding with the n-gram (prompt lookup) drafter\n"
             "      --draft-layers L speculative decoding with the target's first L layers (self-draft)\n"
+            "      --draft-vocab N  with --draft or --draft-layers: draft among token ids < N only, computing\n"
+            "                       only those rows of the draft's LM head (exact at any N, at most the\n"
+            "                       vocabulary's size; 0 = the whole vocabulary; default %d)\n"
             "  -k K                 draft tokens per step (default 4, at most %d)\n"
             "      --adaptive-k     choose K per step (0..K) from the acceptance and measured costs; at K = 0\n"
             "                       it shadow-drafts now and then to notice when drafting pays again\n"
             "      --json           print one JSON object at the end instead of streaming\n"
             "  -v, --verbose        log at DEBUG level\n"
             "  -h, --help           this help\n",
-            SD_MAX_TOP_LOGPROBS, sd_chat_template_names(), SD_MAX_K);
+            SD_MAX_TOP_LOGPROBS, sd_chat_template_names(), SD_DRAFTER_DEFAULT_VOCAB, SD_MAX_K);
 }
 
 /* --message ROLE:TEXT appended to o->turns (TEXT borrowed from argv). */
@@ -138,6 +142,7 @@ enum {
     OPT_DRAFT,
     OPT_NGRAM,
     OPT_DRAFT_LAYERS,
+    OPT_DRAFT_VOCAB,
     OPT_ADAPTIVE,
     OPT_DEVICE,
     OPT_KV_TYPE,
@@ -164,6 +169,7 @@ static const struct option longs[] = {{"model", required_argument, 0, 'm'},
                                       {"draft", required_argument, 0, OPT_DRAFT},
                                       {"ngram", no_argument, 0, OPT_NGRAM},
                                       {"draft-layers", required_argument, 0, OPT_DRAFT_LAYERS},
+                                      {"draft-vocab", required_argument, 0, OPT_DRAFT_VOCAB},
                                       {"adaptive-k", no_argument, 0, OPT_ADAPTIVE},
                                       {"device", required_argument, 0, OPT_DEVICE},
                                       {"kv-type", required_argument, 0, OPT_KV_TYPE},
@@ -245,6 +251,10 @@ static bool apply_opt(int c, gen_opts *o, const char **name, bool *unknown) {
         *name = "draft-layers";
         ok = sd_cli_parse_i32(optarg, 1, 1024, &o->draft_layers);
         break;
+    case OPT_DRAFT_VOCAB:
+        *name = "draft-vocab";
+        ok = sd_cli_parse_i32(optarg, 0, 1 << 24, &o->draft_vocab);
+        break;
     case 'k':
         *name = "k";
         ok = sd_cli_parse_i32(optarg, 1, SD_MAX_K, &o->k);
@@ -270,6 +280,10 @@ static int check_opts(const gen_opts *o) {
         fprintf(stderr, "specd-generate: --draft, --ngram and --draft-layers exclude each other\n");
         return 2;
     }
+    if (o->draft_vocab >= 0 && !o->draft_path && o->draft_layers <= 0) {
+        fprintf(stderr, "specd-generate: --draft-vocab goes with --draft or --draft-layers\n");
+        return 2;
+    }
     if (o->logprobs && (o->draft_path || o->ngram || o->draft_layers > 0 || !o->json)) {
         fprintf(stderr, "specd-generate: --logprobs is for plain decoding with --json\n");
         return 2;
@@ -290,6 +304,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
     o->n_predict = 128;
     o->k = 4;
     o->device = -1;
+    o->draft_vocab = -1;
     o->sampling = sd_sampling_default();
     int c;
     while ((c = getopt_long(argc, argv, "m:p:n:t:k:vh", longs, NULL)) != -1) {
@@ -702,6 +717,13 @@ int main(int argc, char **argv) {
         dp.max_ctx = sd_model_config_of(m)->n_ctx_train;
         dp.n_threads = o.n_threads;
         dp.device = o.device;
+        if (o.draft_vocab > sd_tok_n_vocab(tok)) {
+            fprintf(stderr, "specd-generate: --draft-vocab %d is more than the %d tokens of the vocabulary\n",
+                    (int)o.draft_vocab, (int)sd_tok_n_vocab(tok));
+            rc = 2;
+            goto out;
+        }
+        if (o.draft_vocab >= 0) dp.draft_vocab = o.draft_vocab;
         if (o.ngram)
             st = sd_drafter_ngram_create(&dp, &drafter);
         else if (o.draft_layers > 0)

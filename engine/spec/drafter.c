@@ -76,6 +76,7 @@ sd_drafter_params sd_drafter_default_params(void) {
         .ngram_cache_entries = 65536,
         .n_threads = 0,
         .device = -1,
+        .draft_vocab = SD_DRAFTER_DEFAULT_VOCAB,
     };
     return p;
 }
@@ -92,11 +93,11 @@ sd_status drafter_params_check(const sd_drafter_params *in, sd_drafter_params *o
     if (p.ngram_cache_entries == 0) p.ngram_cache_entries = def.ngram_cache_entries;
     if (p.max_seqs < 0 || p.max_ctx < 0 || p.top_n < 0 || p.ngram_min < 0 || p.ngram_max < p.ngram_min ||
         !(p.ngram_min_p > 0.0f && p.ngram_min_p <= 1.0f) || p.ngram_cache_entries > 1 << 24 || p.n_threads < 0 ||
-        p.max_seqs > 1 << 16 || p.max_ctx > 1 << 24 || p.top_n > 1 << 16) {
+        p.max_seqs > 1 << 16 || p.max_ctx > 1 << 24 || p.top_n > 1 << 16 || p.draft_vocab < 0) {
         SD_ERROR("drafter: bad parameters (max_seqs %d, max_ctx %d, top_n %d, ngram %d..%d, ngram_min_p %g, "
-                 "threads %d)",
+                 "threads %d, draft vocabulary %d)",
                  (int)p.max_seqs, (int)p.max_ctx, (int)p.top_n, (int)p.ngram_min, (int)p.ngram_max,
-                 (double)p.ngram_min_p, (int)p.n_threads);
+                 (double)p.ngram_min_p, (int)p.n_threads, (int)p.draft_vocab);
         return SD_ERR_INVALID_ARG;
     }
     *out = p;

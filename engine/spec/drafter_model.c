@@ -9,7 +9,18 @@
  * the caller's sampling (the same processing the target applies), top_n
  * sparsification, a coupled draw (sd_spec_draft_coupled: the race of (seed, position)), feed the
  * token, repeat. The last draft token is never fed: if it is accepted the
- * next call feeds it with the target's correction.
+ * next call feeds it with the target's correction. A greedy request skips
+ * the distribution: its q is the one-hot of the argmax (sd_spec_draft_step).
+ *
+ * Vocabulary cut (sd_drafter_params.draft_vocab = N): the draft computes
+ * only the first N rows of its LM head (sd_model_forward_head; BPE ids are
+ * roughly ranked by merge frequency, so the frequent tokens come first) and
+ * drafts among ids < N, its q being 0 above. Nothing else changes: the
+ * target's own draw decides every committed token (spec.h), so the output
+ * is exact at any N and only acceptance can drop, where the target's token
+ * lies above N. On SmolLM2's 49,152 x 576 Q8_0 head (30 of the Q4_K_M
+ * draft's 101 MB) the default N = 32,768 leaves 10 MB a token unread for
+ * 1% of chat's acceptance; 16,384 lost a fifth of it (bench/results/spec-cpu.md).
  *
  * A draft model or target path is a GGUF file or a Hugging Face checkpoint
  * directory (weights.h).
@@ -31,13 +42,14 @@ typedef struct model_drafter {
     bool owned; /* free the model with the drafter */
     sd_kv *kv;
     int32_t n_vocab;
+    int32_t n_head; /* draft_vocab: logits of ids [0, n_head) are computed, the others never drafted */
     int32_t top_n;
     int32_t max_ctx;
     int32_t *cached; /* [max_seqs][max_ctx] tokens held in kv per slot */
     int32_t *q_ids;  /* [max_seqs][SD_MAX_K][top_n] */
     float *q_probs;  /* [max_seqs][SD_MAX_K][top_n] */
-    float *logits;   /* [n_vocab] */
-    float *probs;    /* [n_vocab] processed distribution */
+    float *logits;   /* [n_head] */
+    float *probs;    /* [n_head] processed distribution */
     int32_t *pos;    /* [max_ctx] batch positions */
     int32_t *seq;    /* [max_ctx] batch slots */
     bool *want;      /* [max_ctx] batch rows whose logits are wanted */
@@ -46,7 +58,7 @@ typedef struct model_drafter {
     int32_t *b_tokens, *b_pos, *b_seq; /* [cap_rows] */
     bool *b_want;                      /* [cap_rows] */
     size_t cap_seqs;
-    float *b_logits; /* [cap_seqs][n_vocab] */
+    float *b_logits; /* [cap_seqs][n_head] */
     int32_t *b_row;  /* [cap_seqs] logits row of each sequence in the last forward */
 } model_drafter;
 
@@ -58,7 +70,7 @@ static sd_status feed(model_drafter *md, int32_t slot, const int32_t *tokens, in
         md->want[i] = i == n - 1;
     }
     sd_batch b = {n, tokens, md->pos, md->seq, md->want};
-    SD_TRY(sd_model_forward(md->model, md->kv, &b, md->logits));
+    SD_TRY(sd_model_forward_head(md->model, md->kv, &b, md->n_head, md->logits));
     memcpy(md->cached + (size_t)slot * md->max_ctx + start, tokens, (size_t)n * sizeof *tokens);
     return SD_OK;
 }
@@ -90,10 +102,9 @@ static sd_status model_propose(sd_drafter *d, int32_t slot, const int32_t *conte
         int32_t *ids_i = ids + (size_t)i * md->top_n;
         float *qp_i = qp + (size_t)i * md->top_n;
         int32_t n_q = 0;
-        SD_TRY(sd_sample_probs(md->logits, md->n_vocab, s, md->probs));
         uint64_t position = (uint64_t)n_context + (uint64_t)i;
         int32_t y;
-        SD_TRY(sd_spec_draft_coupled(md->probs, md->n_vocab, md->top_n, s->seed, position, ids_i, qp_i, &n_q, &y));
+        SD_TRY(sd_spec_draft_step(md->logits, md->n_head, s, md->top_n, position, md->probs, ids_i, qp_i, &n_q, &y));
         q[i] = (sd_spec_q){n_q, ids_i, qp_i};
         tokens[i] = y;
         *n_drafted = i + 1;
@@ -116,7 +127,7 @@ static sd_status reserve_batch(model_drafter *md, size_t rows, size_t n_seqs) {
         md->cap_rows = rows;
     }
     if (n_seqs > md->cap_seqs) {
-        float *l = realloc(md->b_logits, n_seqs * (size_t)md->n_vocab * sizeof *l);
+        float *l = realloc(md->b_logits, n_seqs * (size_t)md->n_head * sizeof *l);
         if (l) md->b_logits = l;
         int32_t *r = realloc(md->b_row, n_seqs * sizeof *r);
         if (r) md->b_row = r;
@@ -130,7 +141,7 @@ static sd_status reserve_batch(model_drafter *md, size_t rows, size_t n_seqs) {
 static sd_status feed_batch(model_drafter *md, int32_t n) {
     if (n == 0) return SD_OK;
     sd_batch b = {n, md->b_tokens, md->b_pos, md->b_seq, md->b_want};
-    SD_TRY(sd_model_forward(md->model, md->kv, &b, md->b_logits));
+    SD_TRY(sd_model_forward_head(md->model, md->kv, &b, md->n_head, md->b_logits));
     for (int32_t i = 0; i < n; i++) md->cached[(size_t)md->b_seq[i] * md->max_ctx + md->b_pos[i]] = md->b_tokens[i];
     return SD_OK;
 }
@@ -190,13 +201,12 @@ static sd_status model_propose_batch(sd_drafter *d, int32_t n_seqs, const sd_dra
             int32_t k = n_ctx + v->k - 1 > md->max_ctx ? md->max_ctx - n_ctx + 1 : v->k;
             int32_t *ids = md->q_ids + ((size_t)v->slot * SD_MAX_K + (size_t)step) * (size_t)md->top_n;
             float *qp = md->q_probs + ((size_t)v->slot * SD_MAX_K + (size_t)step) * (size_t)md->top_n;
-            const float *logits = md->b_logits + (size_t)md->b_row[i] * (size_t)md->n_vocab;
+            const float *logits = md->b_logits + (size_t)md->b_row[i] * (size_t)md->n_head;
             int32_t n_q = 0;
-            SD_TRY(sd_sample_probs(logits, md->n_vocab, &v->sampling, md->probs));
             uint64_t position = (uint64_t)n_ctx + (uint64_t)step;
             int32_t y;
-            SD_TRY(sd_spec_draft_coupled(md->probs, md->n_vocab, md->top_n, v->sampling.seed, position, ids, qp, &n_q,
-                                         &y));
+            SD_TRY(sd_spec_draft_step(logits, md->n_head, &v->sampling, md->top_n, position, md->probs, ids, qp, &n_q,
+                                      &y));
             r->q[step] = (sd_spec_q){n_q, ids, qp};
             r->tokens[step] = y;
             r->n_drafted = step + 1;
@@ -281,15 +291,16 @@ static sd_status wrap(sd_model *m, bool owned, sd_drafter_kind kind, const sd_dr
     md->model = m;
     md->owned = owned;
     md->n_vocab = sd_model_config_of(m)->n_vocab;
-    md->top_n = params.top_n < md->n_vocab ? params.top_n : md->n_vocab;
+    md->n_head = params.draft_vocab > 0 && params.draft_vocab < md->n_vocab ? params.draft_vocab : md->n_vocab;
+    md->top_n = params.top_n < md->n_head ? params.top_n : md->n_head;
     md->max_ctx = params.max_ctx;
     size_t seqs = (size_t)params.max_seqs, ctx = (size_t)params.max_ctx;
     size_t q_entries = seqs * SD_MAX_K * (size_t)md->top_n;
     md->cached = malloc(seqs * ctx * sizeof *md->cached);
     md->q_ids = malloc(q_entries * sizeof *md->q_ids);
     md->q_probs = malloc(q_entries * sizeof *md->q_probs);
-    md->logits = malloc((size_t)md->n_vocab * sizeof *md->logits);
-    md->probs = malloc((size_t)md->n_vocab * sizeof *md->probs);
+    md->logits = malloc((size_t)md->n_head * sizeof *md->logits);
+    md->probs = malloc((size_t)md->n_head * sizeof *md->probs);
     md->pos = malloc(ctx * sizeof *md->pos);
     md->seq = malloc(ctx * sizeof *md->seq);
     md->want = malloc(ctx * sizeof *md->want);

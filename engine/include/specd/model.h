@@ -113,6 +113,14 @@ typedef struct sd_batch {
  * model's own worker threads. */
 sd_status sd_model_forward(sd_model *m, sd_kv *kv, const sd_batch *b, float *out);
 
+/* sd_model_forward with logits for the first n_head token ids only, out
+ * [n_wanted * n_head]: the LM head's other rows are not computed (a draft
+ * model's vocabulary cut, drafter.h). Each logit equals sd_model_forward's
+ * bit for bit on the CPU backend. n_head outside [1, n_vocab] is
+ * SD_ERR_RANGE; n_head < n_vocab in a tensor-parallel group is
+ * SD_ERR_UNSUPPORTED. */
+sd_status sd_model_forward_head(sd_model *m, sd_kv *kv, const sd_batch *b, int32_t n_head, float *out);
+
 /* True when the model's backend verifies drafts next to the logits (a GPU):
  * sd_model_forward_verify then never copies the target distributions out.
  * SPECD_DEVICE_VERIFY=0 in the environment at load turns it off. */

@@ -38,6 +38,12 @@ int32_t sd_argmax(const float *logits, int32_t n);
  * argmax. Thread-safe; allocates a scratch index array. */
 sd_status sd_sample_probs(const float *logits, int32_t n, const sd_sampling *s, float *probs);
 
+/* The token greedy sampling picks from logits[n] (the one-hot's index of
+ * sd_sample_probs at temperature 0: the largest logit, lowest index on
+ * ties), with sd_sample_probs' input checks, in one pass and without a
+ * probs row. Pure; no allocation. */
+sd_status sd_sample_greedy(const float *logits, int32_t n, int32_t *token);
+
 /* Inverse-CDF draw from probs[n] with uniform u in [0,1): the first index
  * whose cumulative sum exceeds u*total, skipping zero-probability entries. */
 int32_t sd_sample_from(const float *probs, int32_t n, double u);

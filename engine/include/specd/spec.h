@@ -84,6 +84,15 @@ int32_t sd_spec_q_sample(const sd_spec_q *q, double u);
 sd_status sd_spec_draft_coupled(const float *probs, int32_t n_vocab, int32_t top_n, uint64_t seed, uint64_t position,
                                 int32_t *ids, float *q_probs, int32_t *n_out, int32_t *token);
 
+/* The whole drafter step at one position from its logits[n_vocab]:
+ * sd_sample_probs with s into probs[n_vocab] (caller scratch), then
+ * sd_spec_draft_coupled at (s->seed, position). A greedy s gives the same
+ * result (the one-hot q {argmax: 1}) from one pass over the logits, probs
+ * untouched. */
+sd_status sd_spec_draft_step(const float *logits, int32_t n_vocab, const sd_sampling *s, int32_t top_n,
+                             uint64_t position, float *probs, int32_t *ids, float *q_probs, int32_t *n_out,
+                             int32_t *token);
+
 /* q(token) after normalization: the sum of token's entries over sum(probs);
  * 0 when token is not in q. */
 double sd_spec_q_prob(const sd_spec_q *q, int32_t token);

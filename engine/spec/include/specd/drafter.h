@@ -45,6 +45,12 @@ typedef enum sd_drafter_kind {
     SD_DRAFTER_SELF = 3,
 } sd_drafter_kind;
 
+/* The default draft vocabulary cut (sd_drafter_params.draft_vocab): the
+ * best of 8192, 16384, 24576, 32768 and the whole vocabulary measured with
+ * SmolLM2's 49,152-token BPE (bench/results/spec-cpu.md); a vocabulary of
+ * at most this many tokens is not cut. */
+#define SD_DRAFTER_DEFAULT_VOCAB 32768
+
 typedef struct sd_drafter_params {
     int32_t max_seqs;            /* sequence slots in [0, max_seqs) (default 1) */
     int32_t max_ctx;             /* most tokens a sequence holds, context + draft (default 4096) */
@@ -57,6 +63,11 @@ typedef struct sd_drafter_params {
                                     sequences (default 65536, about 2.5 MB); < 0: no shared cache */
     int32_t n_threads;           /* model drafters' worker threads, 0 = all cores */
     int32_t device;              /* model drafters loaded from a file: -1 = CPU (default), N = cuda:N */
+    int32_t draft_vocab;         /* a model drafter's vocabulary cut: it computes logits for token ids
+                                    [0, draft_vocab) only and never drafts the others (q is 0 there); 0,
+                                    or n_vocab and above = the whole vocabulary; < 0 refused (default
+                                    SD_DRAFTER_DEFAULT_VOCAB). Exact at any value: the target decides
+                                    every committed token (spec.h) */
 } sd_drafter_params;
 
 sd_drafter_params sd_drafter_default_params(void);
