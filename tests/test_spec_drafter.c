@@ -507,7 +507,7 @@ static void test_model_vocab_cut(void **state) {
     assert_true(distinct_first >= 2);
     sd_drafter_free(&d);
 
-    /* N = n_vocab and above (the default, 32768, on this 300-token model) is the whole vocabulary */
+    /* N = n_vocab and above, and the default (0), is the whole vocabulary */
     const int32_t wholes[] = {300, 301, SD_DRAFTER_DEFAULT_VOCAB};
     for (int i = 0; i < 3; i++) {
         sd_drafter *whole = open_draft_cut(8, wholes[i]);
