@@ -275,6 +275,22 @@ bool sd_adapt_drafting_pays(const sd_cost_model *c, int32_t batch, double extra_
     return (batch + extra_tokens) / t1 >= batch / t0 * (1.0 + SPEC_MARGIN);
 }
 
+/* Folds `trials` Bernoulli trials whose mean is `rate` into the estimate:
+ * each moves it by SHADOW_WEIGHT, or more while the start value has not
+ * yet been outweighed (sd_adapt.start_trials). With start_trials 0 this is
+ * alpha += (1 - (1 - w)^trials) (rate - alpha). */
+static void fold_trials(sd_adapt *a, int32_t trials, double rate) {
+    for (int32_t i = 0; i < trials; i++) {
+        double w = SHADOW_WEIGHT;
+        if (a->start_trials > 0) {
+            double mean_w = 1.0 / (a->start_trials + a->n_trials + 1.0);
+            if (mean_w > w) w = mean_w;
+        }
+        a->alpha += w * (rate - a->alpha);
+        if (a->n_trials < UINT32_MAX) a->n_trials++;
+    }
+}
+
 void sd_adapt_observe(sd_adapt *a, int32_t n_drafted, int32_t n_accepted) {
     if (n_drafted <= 0) return;
     /* Each draft token verified is a Bernoulli trial of the per-token rate
@@ -287,14 +303,12 @@ void sd_adapt_observe(sd_adapt *a, int32_t n_drafted, int32_t n_accepted) {
      * grow, so K stayed small however often its drafts were taken. */
     if (n_accepted > n_drafted) n_accepted = n_drafted;
     int32_t trials = n_accepted + (n_accepted < n_drafted);
-    double rate = (double)n_accepted / trials;
-    double w = 1.0 - pow(1.0 - SHADOW_WEIGHT, trials);
-    a->alpha += w * (rate - a->alpha);
+    fold_trials(a, trials, (double)n_accepted / trials);
 }
 
 void sd_adapt_observe_shadow(sd_adapt *a, bool match) {
     /* one Bernoulli sample of the acceptance rate, as each draft token is */
-    a->alpha = (1.0 - SHADOW_WEIGHT) * a->alpha + SHADOW_WEIGHT * (match ? 1.0 : 0.0);
+    fold_trials(a, 1, match ? 1.0 : 0.0);
 }
 
 void sd_adapt_prior_update(double *prior, const sd_adapt *a) { *prior += PRIOR_WEIGHT * (a->alpha - *prior); }
@@ -337,6 +351,42 @@ int32_t sd_adapt_shadow_interval(const sd_cost_model *c, int32_t batch) {
     double shadow = c->draft_step_us + c->draft_token_us * batch;
     double step = sd_cost_verify_us(c, batch);
     double steps = step > 0 ? ceil(shadow / (budget * step)) : SHADOW_MAX;
+    if (!(steps >= 1)) steps = 1; /* also NaN */
+    if (steps > SHADOW_MAX) steps = SHADOW_MAX;
+    return (int32_t)steps;
+}
+
+/* In one process nothing overlaps a shadow draft: it costs a draft token
+ * on the critical path, as much as the draft of a K = 1 probe, which also
+ * verifies a row and saves a step when its draft is accepted. So a probe
+ * is the cheaper way to re-measure wherever the estimate says a draft is
+ * accepted more often than a verified row costs a step (~0.15-0.2 on the
+ * CPU), and a shadow only below that, which with a costly draft model is
+ * rare and with the n-gram drafter (microseconds a token) is every step.
+ * The interval keeps the expected cost, net of the expected gain, under
+ * EXPLORE_BUDGET of a step: the nearer the estimate to break-even, the
+ * cheaper a probe and the sooner it comes, which is what pulls a sequence
+ * out of K = 0 when one unlucky rejection pushed an EMA at 0.9 below a
+ * break-even of 0.8. With the old rule (shadows only, priced at a whole
+ * draft token against 0.25% of a step) a Q4 copy of SmolLM2 drafting for
+ * its F16 target was re-measured every ~220 steps and adaptive K
+ * decoded chat at 1.02x plain where K = 4 gave 1.16x
+ * (bench/results/spec-cpu.md). Where no acceptance makes a draft pay (a
+ * draft token as dear as a target step) there is nothing to find out and
+ * the interval is SHADOW_MAX. */
+#define EXPLORE_BUDGET 0.02
+
+int32_t sd_adapt_inline_interval(const sd_adapt *a, const sd_cost_model *c, bool *probe) {
+    if (probe) *probe = false;
+    double step = sd_cost_verify_us(c, 1);
+    if (!(step > 0) || break_even_alpha(c, 1) >= 1.0) return SHADOW_MAX;
+    double alpha = a->alpha < 0 ? 0 : a->alpha > 1 ? 1 : a->alpha;
+    double shadow_us = c->draft_token_us;
+    double probe_us = c->draft_token_us + c->verify_token_us - alpha * step;
+    if (probe_us < 0) probe_us = 0;
+    const bool use_probe = probe_us < shadow_us;
+    if (probe) *probe = use_probe;
+    double steps = ceil((use_probe ? probe_us : shadow_us) / (EXPLORE_BUDGET * step));
     if (!(steps >= 1)) steps = 1; /* also NaN */
     if (steps > SHADOW_MAX) steps = SHADOW_MAX;
     return (int32_t)steps;

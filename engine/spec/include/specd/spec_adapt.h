@@ -22,7 +22,14 @@ extern "C" {
 /* Acceptance history and the K it leads to. */
 typedef struct sd_adapt {
     double alpha;          /* EMA of the per-token acceptance rate */
-    int32_t steps_at_zero; /* K = 0 steps since the last shadow draft (greedy) or probe (sampled) */
+    int32_t steps_at_zero; /* K = 0 steps since the last shadow draft or probe */
+    /* What the start value of alpha is worth, in trials: while fewer than
+     * that many more trials have been seen, each moves alpha as a running
+     * mean would (weight 1 / (start_trials + n_trials + 1)) rather than
+     * by the EMA's smaller weight. 0 (the default): the EMA from the first
+     * trial. */
+    double start_trials;
+    uint32_t n_trials; /* trials folded in so far (saturating) */
 } sd_adapt;
 
 /* Steps of up to this many tokens also keep their own measured time. */
@@ -103,6 +110,17 @@ int32_t sd_adapt_shadow_interval(const sd_cost_model *c, int32_t batch);
  * observed (a verifier's own measurement): its size is trusted at once and
  * it is fed to the line's fit and the step timeout as if observed. */
 void sd_cost_seed_size(sd_cost_model *c, int32_t n_tokens, uint32_t forward_us);
+
+/* Exploration in one process, where a drafter runs on the critical path
+ * (sd_spec_decoder_step_adaptive), for a greedy sequence at K = 0: every
+ * how many K = 0 steps it re-measures the acceptance, and how. A shadow
+ * draft costs a whole draft token there (nothing overlaps it); a K = 1
+ * probe costs a draft token and a verified row but saves a step when its
+ * draft is accepted: the cheaper of the two by the current estimate, as
+ * often as keeps its expected cost under 2% of a step, and at most every
+ * 256 steps where no acceptance would make a draft pay. *probe (may be
+ * NULL): true for a K = 1 probe, false for a shadow draft. */
+int32_t sd_adapt_inline_interval(const sd_adapt *a, const sd_cost_model *c, bool *probe);
 
 /* The K for a sequence's next step, 0..max_k: for a greedy request the
  * cost-optimal K of sd_adapt_choose_k at this batch; for a sampled request
