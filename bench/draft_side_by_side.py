@@ -4,12 +4,14 @@ specd-generate plain against specd-generate --draft, interleaved.
 
 Usage: draft_side_by_side.py TARGET.gguf DRAFT.gguf PROMPTS.txt... [--tokens 96] [--threads 2]
                              [--max-prompts 4] [--k 4] [--cpus 0-1] [--max-other-load 0.25]
-                             [--specd-generate PATH]
+                             [--specd-generate PATH] [--old-specd-generate PATH]
 
 For every prompt (one a line, chat-wrapped by the model's template, greedy,
 requests end at the model's end of generation), in one run and in turn:
 plain decoding of TARGET, speculative decoding with DRAFT at K fixed (--k),
-and with adaptive K (up to 2 --k). Each row's tokens/s is specd-generate's
+and with adaptive K (up to 2 --k); with --old-specd-generate also
+adaptive K by that (older) build, old and new adaptive runs in turn ABBA
+(old first for even prompts, new first for odd ones). Each row's tokens/s is specd-generate's
 decode rate (tokens after the first over the time of the steps that made
 them, prefill left out), so the ratio is what speculation does to decoding;
 acceptance and tokens per target step come from its --json. Medians per
@@ -55,10 +57,15 @@ def main():
     ap.add_argument("--max-other-load", type=float, default=0.25)
     ap.add_argument("--specd-generate", default=os.path.join(os.path.dirname(__file__), "..", "build", "tools",
                                                              "specd-generate"))
+    ap.add_argument("--old-specd-generate", help="an older build's specd-generate: its adaptive K as one more row")
     a = ap.parse_args()
     cpus = pin(a.cpus, a.threads)
-    methods = [("plain", []), ("draft K=%d" % a.k, ["--draft", a.draft, "-k", str(a.k)]),
-               ("draft K adaptive (<= %d)" % (2 * a.k), ["--draft", a.draft, "-k", str(2 * a.k), "--adaptive-k"])]
+    adaptive = ["--draft", a.draft, "-k", str(2 * a.k), "--adaptive-k"]
+    methods = [("plain", [], a.specd_generate), ("draft K=%d" % a.k, ["--draft", a.draft, "-k", str(a.k)],
+                                                 a.specd_generate),
+               ("draft K adaptive (<= %d)" % (2 * a.k), adaptive, a.specd_generate)]
+    if a.old_specd_generate:
+        methods.append(("draft K adaptive (<= %d), old build" % (2 * a.k), adaptive, a.old_specd_generate))
     print("CPU: %s; CPUs %s (process affinity, no thread pinned); target %s, draft %s; greedy, at most %d tokens "
           "ending at EOS, %d threads\n" % (cpu_name(), cpus, os.path.basename(a.target), os.path.basename(a.draft),
                                            a.tokens, a.threads))
@@ -68,17 +75,20 @@ def main():
     for path in a.prompts:
         with open(path) as f:
             prompts = [l.rstrip("\n").replace("\\n", "\n") for l in f if l.strip()][:a.max_prompts]
-        rows = {m: [] for m, _ in methods}
-        for p in prompts:
-            for m, extra in methods:
-                rows[m].append(run(a.specd_generate, a.target, p, a.tokens, a.threads, extra))
+        rows = {m: [] for m, _, _ in methods}
+        for i, p in enumerate(prompts):
+            order = list(methods)
+            if a.old_specd_generate and i % 2 == 0:  # ABBA: the old build's adaptive run first
+                order[-2], order[-1] = order[-1], order[-2]
+            for m, extra, gen in order:
+                rows[m].append(run(gen, a.target, p, a.tokens, a.threads, extra))
             print("  %s: %s" % (os.path.basename(path), " | ".join("%s %.1f" % (m, rows[m][-1]["tps"])
-                                                                 for m, _ in methods)), file=sys.stderr)
+                                                                 for m, _, _ in methods)), file=sys.stderr)
         n = len(prompts)
-        clean = [i for i in range(n) if all(rows[m][i]["other"] <= a.max_other_load for m, _ in methods)]
+        clean = [i for i in range(n) if all(rows[m][i]["other"] <= a.max_other_load for m, _, _ in methods)]
         keep = clean or list(range(n))
-        others = [r["other"] for m, _ in methods for r in rows[m]]
-        for m, _ in methods:
+        others = [r["other"] for m, _, _ in methods for r in rows[m]]
+        for m, _, _ in methods:
             rs = [rows[m][i] for i in keep]
             ratio = statistics.median(rows[m][i]["tps"] / rows["plain"][i]["tps"] for i in keep)
             print("| %s | %s | %.1f | %.2fx | %.3f | %.2f | %.2f | %.2f / %.2f | %d of %d%s |"

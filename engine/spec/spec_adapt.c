@@ -6,14 +6,16 @@
  *
  * In one process (sd_spec_decoder_step_adaptive) the same model is fed from
  * the decoder's own timings: a step's target forward over its rows as a
- * verify step of batch 1 (steps that carry a prefill are left out), the
- * drafter's time per draft token, and no round trip (draft_step_us stays
- * 0). A draft model as costly as the target then prices a draft token at a
- * whole target step, no K > 0 beats K = 0 at any acceptance, and the
- * shadow interval (SHADOW_BUDGET of a step for one drafted token) grows to
- * its maximum: a probe costs at most one draft token per SHADOW_MAX steps.
- * The n-gram drafter costs microseconds a token, so it is shadowed every
- * step and drafting resumes as soon as the text starts repeating.
+ * verify step of batch 1 (steps that carry a prefill are left out), seeded
+ * once by timing the target at a few step sizes and the drafter (see
+ * spec_decode.c), the drafter's time per draft token, and no round trip
+ * (draft_step_us stays 0). A K = 0 sequence there re-measures by a K = 1
+ * probe or a shadow, the cheaper (sd_adapt_inline_interval): nothing
+ * overlaps a shadow in one process. A draft model as costly as the target
+ * then prices a draft token at a whole target step, no K > 0 beats K = 0
+ * at any acceptance, and the interval is at its maximum (SHADOW_MAX). The
+ * n-gram drafter costs microseconds a token, so it is shadowed every step
+ * and drafting resumes as soon as the text starts repeating.
  *
  * From the coordinator:  *
  * Each sequence keeps an EMA of its per-token acceptance rate a. With K
@@ -277,11 +279,12 @@ bool sd_adapt_drafting_pays(const sd_cost_model *c, int32_t batch, double extra_
 
 /* Folds `trials` Bernoulli trials whose mean is `rate` into the estimate:
  * each moves it by SHADOW_WEIGHT, or more while the start value has not
- * yet been outweighed (sd_adapt.start_trials). With start_trials 0 this is
+ * yet been outweighed (sd_adapt.start_trials); sd_adapt.trial_weight in
+ * place of SHADOW_WEIGHT where set. With start_trials 0 this is
  * alpha += (1 - (1 - w)^trials) (rate - alpha). */
 static void fold_trials(sd_adapt *a, int32_t trials, double rate) {
     for (int32_t i = 0; i < trials; i++) {
-        double w = SHADOW_WEIGHT;
+        double w = a->trial_weight > 0 && a->trial_weight <= 1 ? a->trial_weight : SHADOW_WEIGHT;
         if (a->start_trials > 0) {
             double mean_w = 1.0 / (a->start_trials + a->n_trials + 1.0);
             if (mean_w > w) w = mean_w;

@@ -21,6 +21,7 @@
 
 #define ADAPT_START_ALPHA  0.6 /* acceptance assumed before a sequence has shown any */
 #define ADAPT_START_TRIALS 2.0 /* ... worth two trials: the first drafts move it as a running mean */
+#define ADAPT_MODEL_WEIGHT 0.05 /* a model drafter's trial weight: ~20 trials of memory (adapt_weight) */
 
 struct sd_spec_decoder {
     sd_model *target;
@@ -60,6 +61,19 @@ void sd_spec_decoder_free(sd_spec_decoder **pd) {
     *pd = NULL;
 }
 
+/* The acceptance estimate's memory. The shared 0.15 a trial (~7 trials)
+ * follows the n-gram drafter, whose acceptance switches between ~0 and ~1
+ * as the text stops and starts copying. A draft model's drifts: a Q4 copy
+ * of SmolLM2 on chat accepted ~93% of its drafts, and at 0.15 one rejection
+ * took the estimate from 0.93 to 0.8, K from 3-4 to 1, and five to eight
+ * accepted steps brought it back: a third of the steps ran at K = 1 (1.05x
+ * plain by their own times) where K = 4 makes 1.15x. At 0.05 a rejection
+ * moves it by 0.05. */
+static double adapt_weight(const sd_drafter *drafter) {
+    if (!drafter || sd_drafter_kind_of(drafter) == SD_DRAFTER_NGRAM) return 0.0;
+    return ADAPT_MODEL_WEIGHT;
+}
+
 sd_status sd_spec_decoder_create(sd_model *target, sd_drafter *drafter, int32_t max_ctx, sd_spec_decoder **out) {
     if (!target || !out || max_ctx <= 0) {
         SD_ERROR("spec: decoder needs a target, an output and max_ctx > 0 (got %d)", (int)max_ctx);
@@ -74,6 +88,8 @@ sd_status sd_spec_decoder_create(sd_model *target, sd_drafter *drafter, int32_t 
     sd_cost_init(&d->cost);
     d->adapt.alpha = ADAPT_START_ALPHA;
     d->adapt.start_trials = ADAPT_START_TRIALS;
+    d->adapt.trial_weight = adapt_weight(drafter);
+    d->adapt.steps_at_zero = 1 << 20; /* nothing measured yet: the first K = 0 step explores */
     d->cached = malloc((size_t)max_ctx * sizeof *d->cached);
     sd_status st = d->cached ? sd_spec_scratch_create(&d->scratch) : SD_ERR_NOMEM;
     if (st == SD_OK) {
@@ -226,17 +242,25 @@ static void adapt_learn(sd_spec_decoder *d, const step_report *rep, bool greedy,
  * third of a step where it costs about a seventh, put break-even above an
  * acceptance of 0.9 and kept a Q4 draft accepted 87% of the time at K = 0.
  * So once, after the decoder's first step (threads warm, the prompt in the
- * cache), the target runs steps of 1 + K rows for K = 0, 1, 2, 4, 8, ..
- * and max_k at the end of the cached context, twice each (the faster
- * kept), and those times seed the cost model as a verifier's warm-up
- * seeds the coordinator's (sd_cost_seed_size); the cache is then
- * truncated back, so no committed token sees them. ~0.17 s for SmolLM2 F16
- * at max_k 8, once per decoder. Rejected: learning the split from the
- * first drafted steps, one noisy sample per size, which is what the runs
- * that never drafted had. With a cost function (tests) its times are
- * used and nothing runs. */
-#define CALIBRATE_SIZES 8
-
+ * cache), the target runs steps of 1, 2 and 1 + max_k rows at the end of
+ * the cached context, twice each (the faster kept: on a shared machine a
+ * preempted sample is the usual error), and those times seed the cost
+ * model as a verifier's warm-up seeds the coordinator's
+ * (sd_cost_seed_size); the cache is then truncated back, so no committed
+ * token sees them. Three sizes: 1 and 2 rows are the choice at the margin
+ * (K = 0 or a probe), the largest sets the slope: on SmolLM2 F16's step
+ * times of 1, 2, 3, 5 and 9 rows a line through all five is 10.8 ms + 1.63
+ * ms a row, through these three 11.2 + 1.64, and timing five sizes cost
+ * 0.17 s instead of 0.11.
+ * The drafter then drafts two tokens after the context, twice (the faster
+ * kept), which prices a draft token before the first drafted step does:
+ * at the prior (100 us) a Q4 draft model was asked for 8 tokens in its
+ * second step. ~0.14 s for SmolLM2 F16 and its Q4 draft at max_k 8, once
+ * per decoder, inside its first step (specd-generate counts it in the
+ * prompt's time, not the decode rate).
+ * Rejected: learning the split from the first drafted steps, one noisy
+ * sample per size, which is what the runs that never drafted had. With a
+ * cost function (tests) its times are used and nothing runs. */
 static sd_status calibrate_forward(sd_spec_decoder *d, int32_t n_cached, int32_t n_rows, double *seconds) {
     static const float one = 1.0f;
     int32_t toks[SD_MAX_K + 1];
@@ -262,15 +286,28 @@ static sd_status calibrate_forward(sd_spec_decoder *d, int32_t n_cached, int32_t
     return r.outcome == SD_SEQ_OK ? SD_OK : SD_ERR_INTERNAL;
 }
 
-static void calibrate(sd_spec_decoder *d, int32_t max_k) {
+/* Times the drafter proposing n_draft tokens after ctx[n_ctx] (its cache
+ * keeps them; the next step's proposal keeps what matches). */
+static sd_status calibrate_draft(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t n_draft,
+                                 double *seconds) {
+    int32_t draft[SD_MAX_K];
+    sd_spec_q q[SD_MAX_K];
+    int32_t nd = 0;
+    sd_sampling s = sd_sampling_default();
+    s.temperature = 0.0f;
+    double t0 = sd_now();
+    SD_TRY(sd_drafter_propose(d->drafter, 0, ctx, n_ctx, n_draft, &s, draft, q, &nd));
+    *seconds = sd_now() - t0;
+    return nd == n_draft ? SD_OK : SD_ERR_RANGE;
+}
+
+static void calibrate(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t max_k) {
     d->calibrated = true;
     const int32_t n_cached = sd_kv_seq_len(d->kv, 0);
     const int32_t top = max_k + 1;
     if (max_k < 1 || n_cached < 1 || n_cached + top > d->max_ctx) return; /* no room: the steps teach it */
-    int32_t sizes[CALIBRATE_SIZES], n_sizes = 0;
-    for (int32_t n = 1; n < top && n_sizes < CALIBRATE_SIZES - 1; n = n == 1 ? 2 : 2 * n - 1) sizes[n_sizes++] = n;
-    sizes[n_sizes++] = top;
-    double best[CALIBRATE_SIZES];
+    int32_t sizes[3] = {1, 2, top}, n_sizes = top > 2 ? 3 : 2;
+    double best[3];
     for (int32_t pass = 0; pass < 2; pass++) {
         for (int32_t i = 0; i < n_sizes; i++) {
             double s = 0, draft_s = 0;
@@ -288,6 +325,22 @@ static void calibrate(sd_spec_decoder *d, int32_t max_k) {
         sd_cost_seed_size(&d->cost, sizes[i], us >= 1.0 ? (uint32_t)(us < 4e9 ? us : 4e9) : 1u);
         SD_DEBUG("spec: calibration: a step of %d rows %.2f ms", (int)sizes[i], best[i] * 1e3);
     }
+    const int32_t n_draft = 2;
+    if (!d->drafter || n_ctx + n_draft > d->max_ctx) return;
+    double draft_best = 0;
+    for (int32_t pass = 0; pass < 2; pass++) {
+        double s = 0, target_s = 0;
+        if (d->cost_fn) {
+            d->cost_fn(d->cost_user, 0, n_draft, &target_s, &s);
+        } else if (calibrate_draft(d, ctx, n_ctx, n_draft, &s) != SD_OK) {
+            SD_WARN("spec: timing the drafter failed; adaptive K prices a draft token from its steps");
+            return;
+        }
+        if (pass == 0 || s < draft_best) draft_best = s;
+    }
+    double us = draft_best * 1e6;
+    sd_cost_observe_draft(&d->cost, n_draft, us < 4e9 ? (uint32_t)us : UINT32_MAX);
+    SD_DEBUG("spec: calibration: %d draft tokens %.2f ms", (int)n_draft, draft_best * 1e3);
 }
 
 sd_status sd_spec_decoder_step_adaptive(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t max_k,
@@ -313,7 +366,7 @@ sd_status sd_spec_decoder_step_adaptive(sd_spec_decoder *d, const int32_t *ctx, 
     step_report rep;
     SD_TRY(decoder_step(d, ctx, n_ctx, k, shadow, s, out, n_out, &rep));
     adapt_learn(d, &rep, greedy, out[0]);
-    if (!d->calibrated && max_k > 0) calibrate(d, max_k);
+    if (!d->calibrated && max_k > 0) calibrate(d, ctx, n_ctx, max_k);
     SD_DEBUG("spec: adaptive step: K %d%s, %d of %d accepted, %d rows %.2f ms, %d proposed %.2f ms; alpha %.3f, "
              "verify %.0f + %.0f us a row, draft %.0f us a token",
              (int)k, shadow ? " (shadow)" : "", (int)rep.n_accepted, (int)rep.n_drafted, (int)(rep.n_append + rep.n_drafted),

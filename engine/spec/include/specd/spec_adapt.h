@@ -30,6 +30,8 @@ typedef struct sd_adapt {
      * trial. */
     double start_trials;
     uint32_t n_trials; /* trials folded in so far (saturating) */
+    /* EMA weight of one trial; 0 (the default): 0.15, ~7 trials of memory */
+    double trial_weight;
 } sd_adapt;
 
 /* Steps of up to this many tokens also keep their own measured time. */
