@@ -286,19 +286,19 @@ static sd_status calibrate_forward(sd_spec_decoder *d, int32_t n_cached, int32_t
     return r.outcome == SD_SEQ_OK ? SD_OK : SD_ERR_INTERNAL;
 }
 
-/* Times the drafter proposing n_draft tokens after ctx[n_ctx] (its cache
- * keeps them; the next step's proposal keeps what matches). */
+/* Times the drafter proposing up to n_draft tokens after ctx[n_ctx] (its
+ * cache keeps them; the next step's proposal keeps what matches); *n_out:
+ * how many it proposed (the n-gram drafter may find none). */
 static sd_status calibrate_draft(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t n_draft,
-                                 double *seconds) {
+                                 double *seconds, int32_t *n_out) {
     int32_t draft[SD_MAX_K];
     sd_spec_q q[SD_MAX_K];
-    int32_t nd = 0;
     sd_sampling s = sd_sampling_default();
     s.temperature = 0.0f;
     double t0 = sd_now();
-    SD_TRY(sd_drafter_propose(d->drafter, 0, ctx, n_ctx, n_draft, &s, draft, q, &nd));
+    SD_TRY(sd_drafter_propose(d->drafter, 0, ctx, n_ctx, n_draft, &s, draft, q, n_out));
     *seconds = sd_now() - t0;
-    return nd == n_draft ? SD_OK : SD_ERR_RANGE;
+    return SD_OK;
 }
 
 static void calibrate(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t max_k) {
@@ -325,22 +325,23 @@ static void calibrate(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int
         sd_cost_seed_size(&d->cost, sizes[i], us >= 1.0 ? (uint32_t)(us < 4e9 ? us : 4e9) : 1u);
         SD_DEBUG("spec: calibration: a step of %d rows %.2f ms", (int)sizes[i], best[i] * 1e3);
     }
-    const int32_t n_draft = 2;
-    if (!d->drafter || n_ctx + n_draft > d->max_ctx) return;
-    double draft_best = 0;
+    if (!d->drafter || n_ctx + 2 > d->max_ctx) return;
+    double per_best = 0; /* seconds per proposed token */
     for (int32_t pass = 0; pass < 2; pass++) {
         double s = 0, target_s = 0;
+        int32_t nd = 2;
         if (d->cost_fn) {
-            d->cost_fn(d->cost_user, 0, n_draft, &target_s, &s);
-        } else if (calibrate_draft(d, ctx, n_ctx, n_draft, &s) != SD_OK) {
+            d->cost_fn(d->cost_user, 0, nd, &target_s, &s);
+        } else if (calibrate_draft(d, ctx, n_ctx, 2, &s, &nd) != SD_OK) {
             SD_WARN("spec: timing the drafter failed; adaptive K prices a draft token from its steps");
             return;
         }
-        if (pass == 0 || s < draft_best) draft_best = s;
+        if (nd < 1) return; /* nothing proposed here (n-gram): its steps price it */
+        if (pass == 0 || s / nd < per_best) per_best = s / nd;
     }
-    double us = draft_best * 1e6;
-    sd_cost_observe_draft(&d->cost, n_draft, us < 4e9 ? (uint32_t)us : UINT32_MAX);
-    SD_DEBUG("spec: calibration: %d draft tokens %.2f ms", (int)n_draft, draft_best * 1e3);
+    double us = per_best * 1e6;
+    sd_cost_observe_draft(&d->cost, 1, us < 4e9 ? (uint32_t)us : UINT32_MAX);
+    SD_DEBUG("spec: calibration: a draft token %.3f ms", per_best * 1e3);
 }
 
 sd_status sd_spec_decoder_step_adaptive(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t max_k,
