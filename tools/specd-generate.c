@@ -619,6 +619,7 @@ static int print_json(const gen_opts *o, const sd_tok *tok, const char *prompt_t
             cJSON_AddNumberToObject(po, "verify_fixed_us", r->cost.verify_fixed_us);
             cJSON_AddNumberToObject(po, "verify_token_us", r->cost.verify_token_us);
             cJSON_AddNumberToObject(po, "draft_token_us", r->cost.draft_token_us);
+            cJSON_AddNumberToObject(po, "draft_fixed_us", r->cost.draft_fixed_us);
             cJSON_AddNumberToObject(po, "alpha", r->adapt.alpha);
         }
     }

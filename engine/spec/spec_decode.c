@@ -222,7 +222,7 @@ static void adapt_learn(sd_spec_decoder *d, const step_report *rep, bool greedy,
     d->drafter_warm = rep->n_proposed > 0 && rep->n_append == 1;
     if (rep->n_proposed > 0 && rep->n_append == 1 && warm) {
         double us = rep->draft_s * 1e6;
-        sd_cost_observe_draft(&d->cost, rep->n_proposed, us < 4e9 ? (uint32_t)us : UINT32_MAX);
+        sd_cost_observe_draft_fit(&d->cost, rep->n_proposed, us < 4e9 ? (uint32_t)us : UINT32_MAX);
     }
     if (rep->n_drafted > 0) {
         sd_adapt_observe(&d->adapt, rep->n_drafted, rep->n_accepted);
@@ -340,7 +340,7 @@ static void calibrate(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int
         if (pass == 0 || s / nd < per_best) per_best = s / nd;
     }
     double us = per_best * 1e6;
-    sd_cost_observe_draft(&d->cost, 1, us < 4e9 ? (uint32_t)us : UINT32_MAX);
+    sd_cost_observe_draft_fit(&d->cost, 1, us < 4e9 ? (uint32_t)us : UINT32_MAX);
     SD_DEBUG("spec: calibration: a draft token %.3f ms", per_best * 1e3);
 }
 

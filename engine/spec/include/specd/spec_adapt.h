@@ -42,6 +42,11 @@ typedef struct sd_adapt {
  * estimated from responses. */
 typedef struct sd_cost_model {
     double verify_fixed_us, verify_token_us, draft_token_us;
+    /* a drafting step's own cost besides its tokens' (0 unless fitted by
+     * sd_cost_observe_draft_fit: one process, where a draft model's first
+     * forward of a step also takes in the committed tokens) */
+    double draft_fixed_us;
+    double d_w, d_x, d_y, d_xx, d_xy; /* decaying sums of that fit */
     double draft_step_us; /* EMA of draft request -> response, 0 until measured */
     uint32_t n_draft_obs; /* draft-token measurements taken (the first replaces the prior) */
     double row_us_peak;   /* slowest recent verify forward per token, refills included (step timeouts) */
@@ -58,6 +63,11 @@ void sd_cost_init(sd_cost_model *c);
  * sequence + drafts; steps that refill a prefix are not observed). */
 void sd_cost_observe_verify(sd_cost_model *c, int32_t n_tokens, uint32_t forward_us);
 void sd_cost_observe_draft(sd_cost_model *c, int32_t n_draft_tokens, uint32_t draft_us);
+/* One drafting step of one sequence in one process (n_draft_tokens, its
+ * time): fits draft_fixed_us + draft_token_us * tokens over the recent
+ * steps; with too little spread in their sizes, keeps the fixed part and
+ * rescales the per-token one. The first one sets the per-token price. */
+void sd_cost_observe_draft_fit(sd_cost_model *c, int32_t n_draft_tokens, uint32_t draft_us);
 /* Any verify step's forward (refills and prefill chunks included), for
  * the step timeout. */
 void sd_cost_observe_rows(sd_cost_model *c, int32_t n_tokens, uint32_t forward_us);
