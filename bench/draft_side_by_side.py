@@ -4,14 +4,15 @@ specd-generate plain against specd-generate --draft, interleaved.
 
 Usage: draft_side_by_side.py TARGET.gguf DRAFT.gguf PROMPTS.txt... [--tokens 96] [--threads 2]
                              [--max-prompts 4] [--k 4] [--cpus 0-1] [--max-other-load 0.25]
-                             [--specd-generate PATH] [--old-specd-generate PATH]
+                             [--specd-generate PATH] [--old-specd-generate PATH] [--rounds 1]
 
 For every prompt (one a line, chat-wrapped by the model's template, greedy,
 requests end at the model's end of generation), in one run and in turn:
 plain decoding of TARGET, speculative decoding with DRAFT at K fixed (--k),
 and with adaptive K (up to 2 --k); with --old-specd-generate also
 adaptive K by that (older) build, old and new adaptive runs in turn ABBA
-(old first for even prompts, new first for odd ones). Each row's tokens/s is specd-generate's
+(old first for even prompts, new first for odd ones); --rounds N runs the
+prompt list N times over, every (prompt, round) a pair of its own. Each row's tokens/s is specd-generate's
 decode rate (tokens after the first over the time of the steps that made
 them, prefill left out), so the ratio is what speculation does to decoding;
 acceptance and tokens per target step come from its --json. Medians per
@@ -58,6 +59,7 @@ def main():
     ap.add_argument("--specd-generate", default=os.path.join(os.path.dirname(__file__), "..", "build", "tools",
                                                              "specd-generate"))
     ap.add_argument("--old-specd-generate", help="an older build's specd-generate: its adaptive K as one more row")
+    ap.add_argument("--rounds", type=int, default=1, help="run the prompt list this many times over")
     a = ap.parse_args()
     cpus = pin(a.cpus, a.threads)
     adaptive = ["--draft", a.draft, "-k", str(2 * a.k), "--adaptive-k"]
@@ -74,7 +76,7 @@ def main():
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for path in a.prompts:
         with open(path) as f:
-            prompts = [l.rstrip("\n").replace("\\n", "\n") for l in f if l.strip()][:a.max_prompts]
+            prompts = [l.rstrip("\n").replace("\\n", "\n") for l in f if l.strip()][:a.max_prompts] * a.rounds
         rows = {m: [] for m, _, _ in methods}
         for i, p in enumerate(prompts):
             order = list(methods)
