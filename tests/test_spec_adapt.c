@@ -249,7 +249,7 @@ typedef struct run_result {
     int32_t first_at_k; /* the first step whose K reached run_costs.k_goal, -1 if none */
     int32_t explored;   /* K = 0 steps turned into a probe or a shadow (greedy runs with run_costs) */
     int32_t misplaced;  /* ... where sd_adapt_inline_interval said otherwise, or K = 0 steps it said to explore */
-    double k_sum_late; /* K over the steps that produced tokens N_NEW/2 .. N_NEW */
+    double k_sum_late;  /* K over the steps that produced tokens N_NEW/2 .. N_NEW */
     int32_t steps_late;
     long drafted_late;
     double k_sum; /* over every step */
@@ -348,7 +348,6 @@ static void adaptive_run_costs(sd_model *m, sd_drafter *d, const int32_t *prompt
     }
     sd_spec_decoder_free(&dec);
 }
-
 
 static sd_model *load(sd_gguf **g) {
     char err[256];

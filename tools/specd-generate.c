@@ -351,10 +351,10 @@ typedef struct gen_result {
     int64_t decode_tokens; /* tokens produced by the steps decode_s times (prefill's excluded) */
     bool spec;             /* speculative mode: the fields below are set */
     sd_spec_stats spec_stats;
-    double mean_k; /* mean draft length asked for per step */
-    bool adaptive;         /* --adaptive-k: the policy's state below is set */
-    sd_cost_model cost;    /* the adaptive policy's cost model at the end */
-    sd_adapt adapt;        /* ... and its acceptance estimate */
+    double mean_k;      /* mean draft length asked for per step */
+    bool adaptive;      /* --adaptive-k: the policy's state below is set */
+    sd_cost_model cost; /* the adaptive policy's cost model at the end */
+    sd_adapt adapt;     /* ... and its acceptance estimate */
 } gen_result;
 
 /* Adds BOS to the tokenized prompt in r->prompt_ids when the model wants it and

@@ -19,8 +19,8 @@
 
 #include "specd/spec_batch.h"
 
-#define ADAPT_START_ALPHA  0.6 /* acceptance assumed before a sequence has shown any */
-#define ADAPT_START_TRIALS 2.0 /* ... worth two trials: the first drafts move it as a running mean */
+#define ADAPT_START_ALPHA  0.6  /* acceptance assumed before a sequence has shown any */
+#define ADAPT_START_TRIALS 2.0  /* ... worth two trials: the first drafts move it as a running mean */
 #define ADAPT_MODEL_WEIGHT 0.05 /* a model drafter's trial weight: ~20 trials of memory (adapt_weight) */
 
 struct sd_spec_decoder {
@@ -370,9 +370,9 @@ sd_status sd_spec_decoder_step_adaptive(sd_spec_decoder *d, const int32_t *ctx, 
     if (!d->calibrated && max_k > 0) calibrate(d, ctx, n_ctx, max_k);
     SD_DEBUG("spec: adaptive step: K %d%s, %d of %d accepted, %d rows %.2f ms, %d proposed %.2f ms; alpha %.3f, "
              "verify %.0f + %.0f us a row, draft %.0f us a token",
-             (int)k, shadow ? " (shadow)" : "", (int)rep.n_accepted, (int)rep.n_drafted, (int)(rep.n_append + rep.n_drafted),
-             rep.target_s * 1e3, (int)rep.n_proposed, rep.draft_s * 1e3, d->adapt.alpha, d->cost.verify_fixed_us,
-             d->cost.verify_token_us, d->cost.draft_token_us);
+             (int)k, shadow ? " (shadow)" : "", (int)rep.n_accepted, (int)rep.n_drafted,
+             (int)(rep.n_append + rep.n_drafted), rep.target_s * 1e3, (int)rep.n_proposed, rep.draft_s * 1e3,
+             d->adapt.alpha, d->cost.verify_fixed_us, d->cost.verify_token_us, d->cost.draft_token_us);
     if (k_used) *k_used = k;
     return SD_OK;
 }

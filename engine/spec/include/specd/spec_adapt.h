@@ -47,9 +47,9 @@ typedef struct sd_cost_model {
      * forward of a step also takes in the committed tokens) */
     double draft_fixed_us;
     double d_w, d_x, d_y, d_xx, d_xy; /* decaying sums of that fit */
-    double draft_step_us; /* EMA of draft request -> response, 0 until measured */
-    uint32_t n_draft_obs; /* draft-token measurements taken (the first replaces the prior) */
-    double row_us_peak;   /* slowest recent verify forward per token, refills included (step timeouts) */
+    double draft_step_us;             /* EMA of draft request -> response, 0 until measured */
+    uint32_t n_draft_obs;             /* draft-token measurements taken (the first replaces the prior) */
+    double row_us_peak;               /* slowest recent verify forward per token, refills included (step timeouts) */
     /* decaying sums for the least-squares fit of verify time vs tokens */
     double s_w, s_x, s_y, s_xx, s_xy;
     /* each step size's own time: the verifier's cost is not a line (a GPU
