@@ -5,16 +5,17 @@ specd-generate plain against specd-generate --draft, interleaved.
 Usage: draft_side_by_side.py TARGET.gguf DRAFT.gguf PROMPTS.txt... [--tokens 96] [--threads 2]
                              [--max-prompts 4] [--k 4] [--cpus 0-1] [--max-other-load 0.25]
                              [--specd-generate PATH] [--draft-vocab N,N,...] [--old-generate PATH]
-                             [--no-adaptive]
+                             [--no-adaptive] [--old-specd-generate PATH] [--rounds 1]
 
 For every prompt (one a line, chat-wrapped by the model's template, greedy,
 requests end at the model's end of generation), in one run and in turn:
 plain decoding of TARGET, speculative decoding with DRAFT at K fixed (--k),
 and with adaptive K (up to 2 --k; left out with --no-adaptive); with
 --draft-vocab, K fixed again at each draft vocabulary cut listed (0 = the
-whole vocabulary), and with --old-generate, K fixed with that other build
-(its defaults). The order of the runs is reversed every other prompt
-(ABBA). Each row's tokens/s is specd-generate's
+whole vocabulary); with --old-generate, K fixed with that other build (its
+defaults); with --old-specd-generate, adaptive K by that (older) build.
+The order of the runs is reversed every other prompt (ABBA); --rounds N
+runs the prompt list N times over. Each row's tokens/s is specd-generate's
 decode rate (tokens after the first over the time of the steps that made
 them, prefill left out), so the ratio is what speculation does to decoding;
 acceptance and tokens per target step come from its --json. Medians per
@@ -63,19 +64,23 @@ def main():
                                                              "specd-generate"))
     ap.add_argument("--draft-vocab", help="comma-separated draft vocabulary cuts, each a K fixed row")
     ap.add_argument("--old-generate", help="another specd-generate build, run at K fixed beside the others")
+    ap.add_argument("--old-specd-generate", help="an older build's specd-generate: its adaptive K as one more row")
     ap.add_argument("--no-adaptive", action="store_true")
+    ap.add_argument("--rounds", type=int, default=1, help="run the prompt list this many times over")
     a = ap.parse_args()
     cpus = pin(a.cpus, a.threads)
     gen = a.specd_generate
     draft = ["--draft", a.draft, "-k", str(a.k)]
+    adaptive = ["--draft", a.draft, "-k", str(2 * a.k), "--adaptive-k"]
     methods = [("plain", gen, []), ("draft K=%d" % a.k, gen, draft)]
     if a.old_generate:
         methods.append(("draft K=%d, old build" % a.k, a.old_generate, draft))
     for n in (a.draft_vocab.split(",") if a.draft_vocab else []):
         methods.append(("draft K=%d, vocab %s" % (a.k, n), gen, draft + ["--draft-vocab", n]))
     if not a.no_adaptive:
-        methods.append(("draft K adaptive (<= %d)" % (2 * a.k), gen,
-                        ["--draft", a.draft, "-k", str(2 * a.k), "--adaptive-k"]))
+        methods.append(("draft K adaptive (<= %d)" % (2 * a.k), gen, adaptive))
+    if a.old_specd_generate:
+        methods.append(("draft K adaptive (<= %d), old build" % (2 * a.k), a.old_specd_generate, adaptive))
     print("CPU: %s; CPUs %s (process affinity, no thread pinned); target %s, draft %s; greedy, at most %d tokens "
           "ending at EOS, %d threads\n" % (cpu_name(), cpus, os.path.basename(a.target), os.path.basename(a.draft),
                                            a.tokens, a.threads))
@@ -84,7 +89,7 @@ def main():
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for path in a.prompts:
         with open(path) as f:
-            prompts = [l.rstrip("\n").replace("\\n", "\n") for l in f if l.strip()][:a.max_prompts]
+            prompts = [l.rstrip("\n").replace("\\n", "\n") for l in f if l.strip()][:a.max_prompts] * a.rounds
         rows = {m: [] for m, _, _ in methods}
         for pi, p in enumerate(prompts):
             for m, g, extra in (methods if pi % 2 == 0 else methods[::-1]):

@@ -4,7 +4,7 @@
 Usage: lookup_side_by_side.py MODEL.gguf PROMPTS.txt... [--tokens 48] [--threads 2]
                               [--cpus 0-1] [--max-other-load 0.25] [--specd-generate PATH]
                               [--llama-lookup PATH | --no-llama-lookup] [--no-python-lookup]
-                              [--draft-max 4]
+                              [--draft-max 4] [--old-specd-generate PATH]
 
 For every prompt (one a line, "\\n" for a newline, chat-wrapped by the model's
 own chat template), interleaved in one run, greedy, the same thread count:
@@ -24,7 +24,8 @@ own chat template), interleaved in one run, greedy, the same thread count:
     included);
   - specd-generate plain and with --ngram --adaptive-k (K <= --draft-max),
     from its --json timings (decode tokens over the time of the steps that
-    made them).
+    made them); with --old-specd-generate also --ngram --adaptive-k by that
+    (older) build, old and new in turn ABBA (old first on even prompts).
 The chat wrapping is the GGUF's tokenizer.chat_template rendered by jinja2
 for llama-lookup (which takes raw text and parses special tokens), the same
 template through llama-cpp-python's own renderer, and specd's --chat.
@@ -74,6 +75,7 @@ def main():
     ap.add_argument("--no-llama-lookup", action="store_true")
     ap.add_argument("--no-python-lookup", action="store_true", help="leave llama-cpp-python's rows out")
     ap.add_argument("--draft-max", type=int, default=4)
+    ap.add_argument("--old-specd-generate", default="", help="an older build's specd-generate: one more row")
     a = ap.parse_args()
     cpus = pin(a.cpus, a.threads)
     lookup_bin = None if a.no_llama_lookup else (a.llama_lookup or find_llama_lookup())
@@ -86,6 +88,8 @@ def main():
     if not a.no_python_lookup:
         methods += ["llama-cpp-python plain", "llama-cpp-python lookup"]
     methods += ["specd plain", "specd ngram adaptive"]
+    if a.old_specd_generate:
+        methods += ["specd ngram adaptive, old build"]
     if a.no_python_lookup:
         return run(a, cpus, methods, lookup_bin, template if lookup_bin else None, None, None, None)
     from llama_cpp import Llama
@@ -156,8 +160,8 @@ def run(a, cpus, methods, lookup_bin, template, lookup, plain_llm, spec_llm):
         dt = time.monotonic() - t0
         return r["usage"]["completion_tokens"], dt
 
-    def specd_run(text, spec):
-        cmd = [a.specd_generate, "-m", a.model, "-p", text, "--chat", "-n", str(a.tokens), "-t", str(a.threads),
+    def specd_run(text, spec, gen):
+        cmd = [gen, "-m", a.model, "-p", text, "--chat", "-n", str(a.tokens), "-t", str(a.threads),
                "--json", "--temp", "0"]
         if spec:
             cmd += ["--ngram", "--adaptive-k", "-k", str(a.draft_max)]
@@ -170,7 +174,10 @@ def run(a, cpus, methods, lookup_bin, template, lookup, plain_llm, spec_llm):
     for path in a.prompts:
         for text in read_prompts(path):
             ok = True
-            for m in rows:
+            order = list(rows)
+            if a.old_specd_generate and len(keep) % 2 == 0:  # ABBA: the old build's adaptive run first
+                order[-2], order[-1] = order[-1], order[-2]
+            for m in order:
                 with Hyg() as h:
                     if m.startswith("llama-lookup"):
                         prompt = template.render(messages=[{"role": "user", "content": text}],
@@ -195,7 +202,8 @@ def run(a, cpus, methods, lookup_bin, template, lookup, plain_llm, spec_llm):
                             rows[m]["tok"] += n
                             rows[m]["steps"] += steps
                     else:
-                        t, sp = specd_run(text, m.endswith("adaptive"))
+                        old = m.endswith("old build")
+                        t, sp = specd_run(text, "adaptive" in m, a.old_specd_generate if old else a.specd_generate)
                         tps = t["decode_tok_s"]
                         if sp:
                             rows[m]["acc_num"] += sp["accepted"]

@@ -9,15 +9,29 @@
  *     K = 0 at a low one, shadows every step;
  *   - a sampled request's K ignores measured costs and probes K = 1 after
  *     a run of K = 0 steps.
- * Decoder, with real timings on a random model written by specd-mkmodel
- * (SPECD_MKMODEL; skipped when it cannot run), 64 MB of f32 weights so
- * that a step costs mostly its weight reads, as a real model's does (on a
- * tiny model a verified row costs about a whole step and drafting rightly
- * never pays):
- *   - the target drafting for itself (a model drafter over the same file,
- *     as costly per token as a target step): over a 128-token greedy run
- *     the mean K of the steps that produce the last 64 tokens is below 0.5,
- *     and the output equals plain greedy decoding;
+ *   - one-process exploration (sd_adapt_inline_interval): a K = 1 probe
+ *     or a shadow, whichever costs less, at the interval its expected cost
+ *     allows; none to speak of where no acceptance makes a draft pay;
+ *   - the start estimate worth start_trials trials: the first drafts move
+ *     it as a running mean, later ones as the EMA.
+ * Decoder, on a random model written by specd-mkmodel (SPECD_MKMODEL;
+ * skipped when it cannot run), with its costs from a cost function
+ * (sd_spec_decoder_set_cost_fn: a target step of 10 ms + 1.5 ms a row,
+ * like SmolLM2's F16 on 2 CPU cores, and a set price per draft token), so
+ * that what the policy chooses does not depend on this machine's load:
+ *   - the target drafting for itself (always accepted) with a draft token
+ *     as costly as a target step: over a 128-token greedy run the mean K
+ *     of the steps that produce the last 64 tokens is below 0.5, and the
+ *     output equals plain greedy decoding. (This test used the wall clock
+ *     until the decoder timed its step sizes: with the real split of a
+ *     step's cost a draft token that costs a step is a hair from
+ *     break-even, and on a loaded machine 1-row steps that took 4 or 8 ms
+ *     at random decided it.)
+ *   - the same drafter at 15% of a step: K reaches the best fixed K within
+ *     a few steps of the start estimate and stays there;
+ *   - the target's first layer as its drafter (rarely right) at 30% of a
+ *     step: K stays low, and it re-measures by shadow drafts at the
+ *     interval sd_adapt_inline_interval states, no more often;
  * and on the demo model (SPECD_MODEL; skipped without it):
  *   - the n-gram drafter asked to repeat a paragraph: it drafts (mean K over
  *     the run at least 0.25, at least 16 tokens drafted), output equal to
@@ -136,6 +150,62 @@ static void test_acceptance_counts_trials(void **state) {
     assert_true(all.alpha > 0.5 && all.alpha <= 1.0);
 }
 
+/* One process: exploring a K = 0 sequence costs a shadow's draft token or a
+ * probe's draft token and verified row less what an accepted probe saves,
+ * the cheaper, at most 2% of a step on average. A target step of 10 ms +
+ * 1.5 ms a row, a draft token of 7 ms (a Q4 copy of SmolLM2 drafting for
+ * its F16 self). */
+static void test_inline_exploration_interval(void **state) {
+    (void)state;
+    sd_cost_model c;
+    fit(&c, 10000.0, 1500.0);
+    c.draft_token_us = 7000.0;
+    const double step = 11500.0;
+    bool probe = false;
+    sd_adapt ad = {.alpha = 0.6};
+    /* a probe: 7000 + 1500 - 0.6 * 11500 = 1600 us expected, every 7 steps */
+    assert_int_equal(sd_adapt_inline_interval(&ad, &c, &probe), (int32_t)ceil(1600.0 / (0.02 * step)));
+    assert_true(probe);
+    /* nearer break-even (~0.75 here) a probe costs nothing and comes every step */
+    ad.alpha = 0.74;
+    assert_int_equal(sd_adapt_next_k(&ad, &c, true, 1, 8), 0);
+    assert_int_equal(sd_adapt_inline_interval(&ad, &c, &probe), 1);
+    assert_true(probe);
+    /* a drafter rarely right: a shadow (7000 us) is cheaper than a probe (8500 - 575) */
+    ad.alpha = 0.05;
+    assert_int_equal(sd_adapt_inline_interval(&ad, &c, &probe), (int32_t)ceil(7000.0 / (0.02 * step)));
+    assert_false(probe);
+    /* a draft token dearer than a step: nothing to find out */
+    c.draft_token_us = 12000.0;
+    ad.alpha = 0.99;
+    assert_int_equal(sd_adapt_inline_interval(&ad, &c, &probe), 256);
+    assert_false(probe);
+    /* the n-gram drafter (20 us a token): a shadow every step */
+    c.draft_token_us = 20.0;
+    ad.alpha = 0.05;
+    assert_int_equal(sd_adapt_inline_interval(&ad, &c, &probe), 1);
+    assert_false(probe);
+}
+
+/* start_trials: the start value counts as that many trials, so the first
+ * trials move the estimate as a running mean (0.6 worth 2, then three
+ * accepted: (1.2 + 3) / 5 = 0.84) and later ones by the EMA's 0.15; 0
+ * keeps the EMA from the first. */
+static void test_start_trials(void **state) {
+    (void)state;
+    sd_adapt ad = {.alpha = 0.6, .start_trials = 2.0};
+    sd_adapt_observe(&ad, 3, 3);
+    assert_true(fabs(ad.alpha - 0.84) < 1e-12);
+    assert_int_equal(ad.n_trials, 3);
+    for (int i = 0; i < 10; i++) sd_adapt_observe(&ad, 1, 1);
+    double before = ad.alpha;
+    sd_adapt_observe_shadow(&ad, false);
+    assert_true(fabs(ad.alpha - 0.85 * before) < 1e-12);
+    sd_adapt ema = {.alpha = 0.6};
+    sd_adapt_observe(&ema, 3, 3);
+    assert_true(fabs(ema.alpha - (1.0 - 0.4 * pow(0.85, 3))) < 1e-12);
+}
+
 static void test_sampled_ignores_costs(void **state) {
     (void)state;
     sd_cost_model c;
@@ -176,7 +246,10 @@ static int remove_model(void **state) {
 
 typedef struct run_result {
     int32_t out[N_NEW + SD_MAX_K + 1];
-    double k_sum_late; /* K over the steps that produced tokens N_NEW/2 .. N_NEW */
+    int32_t first_at_k; /* the first step whose K reached run_costs.k_goal, -1 if none */
+    int32_t explored;   /* K = 0 steps turned into a probe or a shadow (greedy runs with run_costs) */
+    int32_t misplaced;  /* ... where sd_adapt_inline_interval said otherwise, or K = 0 steps it said to explore */
+    double k_sum_late;  /* K over the steps that produced tokens N_NEW/2 .. N_NEW */
     int32_t steps_late;
     long drafted_late;
     double k_sum; /* over every step */
@@ -200,6 +273,25 @@ static void plain_greedy(sd_model *m, const int32_t *prompt, int32_t n_prompt, i
     sd_spec_decoder_free(&dec);
 }
 
+/* Costs for a run on the random model (sd_spec_decoder_set_cost_fn): a
+ * target step of 10 ms + 1.5 ms a row and draft_step of a 1-row step per
+ * draft token; counts the shadow drafts (one token proposed, one row
+ * verified) of the steps after the decoder's first. */
+typedef struct run_costs {
+    double draft_step; /* a draft token's price in 1-row target steps */
+    int32_t k_goal;    /* run_result.first_at_k: the first step with K >= this */
+    int32_t calls;     /* steps seen (the calibration's calls, with no draft, aside) */
+    int32_t shadows;   /* steps with one token proposed and none verified */
+} run_costs;
+
+static void random_model_costs(void *user, int32_t n_rows, int32_t n_proposed, double *target_s, double *draft_s) {
+    run_costs *rc = user;
+    *target_s = 10e-3 + 1.5e-3 * n_rows;
+    *draft_s = rc->draft_step * 11.5e-3 * n_proposed;
+    if (n_proposed > 0 || n_rows > 1 || rc->calls > 0) rc->calls++; /* the first step is the prompt's */
+    if (n_rows == 1 && n_proposed == 1) rc->shadows++;
+}
+
 /* A fixed cost model for the n-gram run (sd_spec_decoder_set_cost_fn), so
  * the policy's decisions do not depend on this machine's speed or load (an
  * ASan build on a busy machine drafted too little to pass with measured
@@ -212,22 +304,36 @@ static void fixed_costs(void *user, int32_t n_rows, int32_t n_proposed, double *
 }
 
 static void adaptive_run_costs(sd_model *m, sd_drafter *d, const int32_t *prompt, int32_t n_prompt, run_result *r,
-                               sd_spec_cost_fn costs) {
+                               sd_spec_cost_fn costs, run_costs *rc) {
     sd_spec_decoder *dec = NULL;
     assert_int_equal(sd_spec_decoder_create(m, d, MAX_CTX, &dec), SD_OK);
-    sd_spec_decoder_set_cost_fn(dec, costs, NULL);
+    sd_spec_decoder_set_cost_fn(dec, costs, rc);
     int32_t ctx[MAX_CTX];
     memcpy(ctx, prompt, (size_t)n_prompt * sizeof *ctx);
     sd_sampling s = sd_sampling_default();
     s.temperature = 0.0f;
     int32_t n = 0;
     memset(r, 0, sizeof *r);
+    r->first_at_k = -1;
     while (n < N_NEW) {
         int32_t step[SD_MAX_K + 1], n_step, k = -1;
         long drafted0 = (long)sd_spec_decoder_stats(dec)->drafted;
+        /* what the policy says this step should be, from the decoder's state */
+        const sd_adapt *ad = sd_spec_decoder_adapt(dec);
+        const sd_cost_model *cm = sd_spec_decoder_cost(dec);
+        bool probe = false;
+        const bool at_zero = sd_adapt_next_k(ad, cm, true, 1, 8) == 0;
+        const bool due = at_zero && ad->steps_at_zero + 1 >= sd_adapt_inline_interval(ad, cm, &probe);
+        const int32_t shadows0 = rc ? rc->shadows : 0;
         assert_int_equal(sd_spec_decoder_step_adaptive(dec, ctx, n_prompt + n, 8, &s, step, &n_step, &k), SD_OK);
+        if (rc && at_zero) {
+            const bool shadowed = rc->shadows > shadows0, probed = k == 1;
+            r->explored += shadowed || probed;
+            if (due ? (probe ? !probed : !shadowed) : (shadowed || probed)) r->misplaced++;
+        }
         assert_true(k >= 0 && k <= 8);
         long drafted = (long)sd_spec_decoder_stats(dec)->drafted - drafted0;
+        if (rc && r->first_at_k < 0 && k >= rc->k_goal) r->first_at_k = r->steps;
         r->k_sum += k;
         r->steps++;
         r->drafted += drafted;
@@ -243,10 +349,6 @@ static void adaptive_run_costs(sd_model *m, sd_drafter *d, const int32_t *prompt
     sd_spec_decoder_free(&dec);
 }
 
-static void adaptive_run(sd_model *m, sd_drafter *d, const int32_t *prompt, int32_t n_prompt, run_result *r) {
-    adaptive_run_costs(m, d, prompt, n_prompt, r, NULL);
-}
-
 static sd_model *load(sd_gguf **g) {
     char err[256];
     sd_model *m = NULL;
@@ -257,33 +359,87 @@ static sd_model *load(sd_gguf **g) {
     return m;
 }
 
-static void test_decoder_costly_draft_settles_at_zero(void **state) {
-    (void)state;
-    if (!have_model) skip();
-    sd_gguf *g = NULL;
-    sd_model *m = load(&g);
+/* The target as its own drafter (always accepted) or its first layer
+ * (self-draft, rarely right); caller frees with sd_drafter_free. */
+static sd_drafter *open_drafter(sd_gguf *g, sd_model *m, bool self_layer) {
     sd_drafter_params dp = sd_drafter_default_params();
     dp.max_ctx = MAX_CTX + SD_MAX_K + 1;
     dp.n_threads = 1;
     sd_drafter *d = NULL;
-    /* the target drafting for itself: a draft token costs a target step */
+    if (self_layer) {
+        assert_int_equal(sd_drafter_self_view(m, 1, &dp, &d), SD_OK);
+        return d;
+    }
     sd_tok *tok = NULL;
     assert_int_equal(sd_tok_from_gguf(g, &tok), SD_OK);
     assert_int_equal(sd_drafter_model_open(target_path, sd_tok_vocab_hash(tok), sd_tok_n_vocab(tok), &dp, &d), SD_OK);
     sd_tok_free(&tok);
+    return d;
+}
+
+/* One greedy 128-token run on the random model with drafter kind
+ * self_layer and costs rc; checks the output against plain decoding. */
+static void random_model_run(bool self_layer, run_costs *rc, run_result *r) {
+    sd_gguf *g = NULL;
+    sd_model *m = load(&g);
+    sd_drafter *d = open_drafter(g, m, self_layer);
     int32_t prompt[16];
     for (int32_t i = 0; i < 16; i++) prompt[i] = (i * 37 + 5) % 300;
     static int32_t plain[N_NEW];
     plain_greedy(m, prompt, 16, plain);
-    static run_result r;
-    adaptive_run(m, d, prompt, 16, &r);
-    assert_memory_equal(r.out, plain, sizeof plain);
-    double mean_k = r.steps_late ? r.k_sum_late / r.steps_late : 99.0;
-    printf("costly draft: mean K over the last %d tokens %.3f (%d steps)\n", N_NEW / 2, mean_k, (int)r.steps_late);
-    assert_true(mean_k < 0.5);
+    adaptive_run_costs(m, d, prompt, 16, r, random_model_costs, rc);
+    assert_memory_equal(r->out, plain, sizeof plain);
     sd_drafter_free(&d);
     sd_model_free(&m);
     sd_gguf_close(&g);
+}
+
+static void test_decoder_costly_draft_settles_at_zero(void **state) {
+    (void)state;
+    if (!have_model) skip();
+    run_costs rc = {.draft_step = 1.0, .k_goal = 1};
+    static run_result r;
+    random_model_run(false, &rc, &r);
+    double mean_k = r.steps_late ? r.k_sum_late / r.steps_late : 99.0;
+    printf("costly draft: mean K over the last %d tokens %.3f (%d steps)\n", N_NEW / 2, mean_k, (int)r.steps_late);
+    assert_true(mean_k < 0.5);
+}
+
+/* A draft token at 15% of a step, always accepted: the best fixed K is
+ * the largest, (K + 1) / (0.15 * 11.5 K + 10 + 1.5 (K + 1)) grows with K,
+ * and adaptive K gets there from its start estimate of 0.6 in a few
+ * steps, then stays. */
+static void test_decoder_cheap_draft_rises(void **state) {
+    (void)state;
+    if (!have_model) skip();
+    run_costs rc = {.draft_step = 0.15, .k_goal = 8};
+    static run_result r;
+    random_model_run(false, &rc, &r);
+    double mean_k = r.steps_late ? r.k_sum_late / r.steps_late : 0.0;
+    printf("cheap draft: K = 8 first at step %d, mean K over the last %d tokens %.3f (%d steps)\n", (int)r.first_at_k,
+           N_NEW / 2, mean_k, (int)r.steps_late);
+    assert_true(r.first_at_k >= 0 && r.first_at_k <= 6);
+    assert_true(mean_k >= 7.5);
+}
+
+/* The first layer drafting (rarely right) at 30% of a step: K stays low,
+ * and the decoder re-measures exactly when sd_adapt_inline_interval says
+ * (K = 1 probes while the estimate says a hit saves more than a verified
+ * row costs, shadows below that, every ceil(0.3 / 0.02) = 15 K = 0 steps
+ * once the estimate is near 0), not only every ~150 steps. */
+static void test_decoder_exploration_rate(void **state) {
+    (void)state;
+    if (!have_model) skip();
+    run_costs rc = {.draft_step = 0.3, .k_goal = 1};
+    static run_result r;
+    random_model_run(true, &rc, &r);
+    printf("rarely right: mean K %.3f over %d steps, %ld drafted, %d probes or shadows (%d shadows), %d misplaced\n",
+           r.steps ? r.k_sum / r.steps : 0.0, (int)r.steps, r.drafted, (int)r.explored, (int)rc.shadows,
+           (int)r.misplaced);
+    assert_true(r.steps_late > 0 && r.k_sum_late / r.steps_late < 0.2);
+    assert_int_equal(r.misplaced, 0);
+    assert_true(rc.shadows >= 3);
+    assert_true(r.explored >= r.steps / 15);
 }
 
 /* The demo model (SPECD_MODEL, as scripts/test sets it) asked to repeat a
@@ -321,7 +477,7 @@ static void test_decoder_ngram_drafts(void **state) {
     sd_drafter *d = NULL;
     assert_int_equal(sd_drafter_ngram_create(&dp, &d), SD_OK);
     static run_result r;
-    adaptive_run_costs(m, d, ids, (int32_t)n_ids, &r, fixed_costs);
+    adaptive_run_costs(m, d, ids, (int32_t)n_ids, &r, fixed_costs, NULL);
     assert_memory_equal(r.out, plain, sizeof plain);
     /* over the whole run: the model copies the paragraph in its first ~70
      * tokens, then (no stop at end of turn here) writes new text */
@@ -341,13 +497,17 @@ static void test_decoder_ngram_drafts(void **state) {
 }
 
 int main(void) {
-    sd_log_set(NULL, NULL, SD_LOG_WARN, "test_spec_adapt");
+    sd_log_set(NULL, NULL, getenv("ADAPT_DEBUG") ? SD_LOG_DEBUG : SD_LOG_WARN, "test_spec_adapt");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_costly_draft_stops),
         cmocka_unit_test(test_cheap_draft_goes_up),
         cmocka_unit_test(test_sampled_ignores_costs),
         cmocka_unit_test(test_acceptance_counts_trials),
+        cmocka_unit_test(test_inline_exploration_interval),
+        cmocka_unit_test(test_start_trials),
         cmocka_unit_test(test_decoder_costly_draft_settles_at_zero),
+        cmocka_unit_test(test_decoder_cheap_draft_rises),
+        cmocka_unit_test(test_decoder_exploration_rate),
         cmocka_unit_test(test_decoder_ngram_drafts),
         cmocka_unit_test(test_shadow_budget_follows_the_gain),
     };

@@ -367,7 +367,10 @@ typedef struct gen_result {
     int64_t decode_tokens; /* tokens produced by the steps decode_s times (prefill's excluded) */
     bool spec;             /* speculative mode: the fields below are set */
     sd_spec_stats spec_stats;
-    double mean_k; /* mean draft length asked for per step */
+    double mean_k;      /* mean draft length asked for per step */
+    bool adaptive;      /* --adaptive-k: the policy's state below is set */
+    sd_cost_model cost; /* the adaptive policy's cost model at the end */
+    sd_adapt adapt;     /* ... and its acceptance estimate */
 } gen_result;
 
 /* Adds BOS to the tokenized prompt in r->prompt_ids when the model wants it and
@@ -531,6 +534,11 @@ static sd_status generate_spec(const gen_opts *o, sd_model *m, sd_spec_decoder *
     r->decode_tokens = gr.decode_tokens;
     r->spec_stats = *sd_spec_decoder_stats(dec);
     r->mean_k = gr.n_steps ? gr.k_sum / (double)gr.n_steps : 0;
+    if (o->adaptive_k) {
+        r->adaptive = true;
+        r->cost = *sd_spec_decoder_cost(dec);
+        r->adapt = *sd_spec_decoder_adapt(dec);
+    }
     if (!o->json) {
         char tail[512];
         size_t n;
@@ -622,6 +630,14 @@ static int print_json(const gen_opts *o, const sd_tok *tok, const char *prompt_t
         cJSON_AddNumberToObject(sp, "mean_k", r->mean_k);
         cJSON_AddNumberToObject(sp, "draft_ms", r->spec_stats.draft_s * 1e3);
         cJSON_AddNumberToObject(sp, "target_ms", r->spec_stats.target_s * 1e3);
+        if (r->adaptive) { /* what the adaptive policy ended with (specd/spec_adapt.h) */
+            cJSON *po = cJSON_AddObjectToObject(sp, "policy");
+            cJSON_AddNumberToObject(po, "verify_fixed_us", r->cost.verify_fixed_us);
+            cJSON_AddNumberToObject(po, "verify_token_us", r->cost.verify_token_us);
+            cJSON_AddNumberToObject(po, "draft_token_us", r->cost.draft_token_us);
+            cJSON_AddNumberToObject(po, "draft_fixed_us", r->cost.draft_fixed_us);
+            cJSON_AddNumberToObject(po, "alpha", r->adapt.alpha);
+        }
     }
     char *out = cJSON_PrintUnformatted(root);
     int rc = out ? 0 : 1;

@@ -6,14 +6,16 @@
  *
  * In one process (sd_spec_decoder_step_adaptive) the same model is fed from
  * the decoder's own timings: a step's target forward over its rows as a
- * verify step of batch 1 (steps that carry a prefill are left out), the
- * drafter's time per draft token, and no round trip (draft_step_us stays
- * 0). A draft model as costly as the target then prices a draft token at a
- * whole target step, no K > 0 beats K = 0 at any acceptance, and the
- * shadow interval (SHADOW_BUDGET of a step for one drafted token) grows to
- * its maximum: a probe costs at most one draft token per SHADOW_MAX steps.
- * The n-gram drafter costs microseconds a token, so it is shadowed every
- * step and drafting resumes as soon as the text starts repeating.
+ * verify step of batch 1 (steps that carry a prefill are left out), seeded
+ * once by timing the target at a few step sizes and the drafter (see
+ * spec_decode.c), the drafter's time per draft token, and no round trip
+ * (draft_step_us stays 0). A K = 0 sequence there re-measures by a K = 1
+ * probe or a shadow, the cheaper (sd_adapt_inline_interval): nothing
+ * overlaps a shadow in one process. A draft model as costly as the target
+ * then prices a draft token at a whole target step, no K > 0 beats K = 0
+ * at any acceptance, and the interval is at its maximum (SHADOW_MAX). The
+ * n-gram drafter costs microseconds a token, so it is shadowed every step
+ * and drafting resumes as soon as the text starts repeating.
  *
  * From the coordinator:  *
  * Each sequence keeps an EMA of its per-token acceptance rate a. With K
@@ -179,6 +181,47 @@ void sd_cost_observe_draft(sd_cost_model *c, int32_t n_draft_tokens, uint32_t dr
         c->draft_token_us = 0.8 * c->draft_token_us + 0.2 * per;
 }
 
+/* In one process a draft model's step costs about one forward per draft
+ * token, and its first forward also takes in what was committed since
+ * the last step (the correction, and the last accepted draft, which a
+ * draft never feeds): a Q4 copy of SmolLM2 measured 8.1 ms for one draft
+ * token and 7.1-7.4 ms a token for two to six. Priced per token only, a
+ * K = 1 step looked ~1 ms (5%) cheaper than it was and won over K = 2
+ * wherever the estimate sat at 0.8-0.9, where by its real cost it makes
+ * 1.08x plain against 1.17x. So the decoder fits a line, as for verify
+ * steps, over ~20 steps of memory. */
+#define DRAFT_FIT_DECAY 0.95
+
+void sd_cost_observe_draft_fit(sd_cost_model *c, int32_t n_draft_tokens, uint32_t draft_us) {
+    if (n_draft_tokens <= 0) return;
+    double x = n_draft_tokens, y = draft_us;
+    if (c->n_draft_obs++ == 0) { /* the first replaces the prior outright (sd_cost_observe_draft) */
+        c->draft_fixed_us = 0;
+        c->draft_token_us = y / x;
+        c->d_w = c->d_x = c->d_y = c->d_xx = c->d_xy = 0;
+    }
+    c->d_w = c->d_w * DRAFT_FIT_DECAY + 1.0;
+    c->d_x = c->d_x * DRAFT_FIT_DECAY + x;
+    c->d_y = c->d_y * DRAFT_FIT_DECAY + y;
+    c->d_xx = c->d_xx * DRAFT_FIT_DECAY + x * x;
+    c->d_xy = c->d_xy * DRAFT_FIT_DECAY + x * y;
+    double mx = c->d_x / c->d_w, my = c->d_y / c->d_w;
+    double var = c->d_xx / c->d_w - mx * mx, cov = c->d_xy / c->d_w - mx * my;
+    double a = c->draft_fixed_us, b;
+    if (var > 0.1 && cov > 0) {
+        b = cov / var;
+        a = my - b * mx;
+        if (a < 0) a = 0;
+        if (a > my) a = my;
+        b = (my - a) / mx;
+    } else {
+        if (a > my) a = my;
+        b = (my - a) / mx;
+    }
+    c->draft_fixed_us = a;
+    c->draft_token_us = b > 0 ? b : 0;
+}
+
 /* Step timeouts. A fixed one (30 s) turned a slow machine into a livelock:
  * under ASan on 2 cores, 64 SmolLM2 prompts arriving together made a
  * ~3,600-row refill step that took longer, the verifier was declared dead,
@@ -233,7 +276,7 @@ int32_t sd_adapt_choose_k(double alpha, const sd_cost_model *c, int32_t batch, i
     for (int32_t k = 1; k <= max_k; k++) {
         term *= alpha;
         tokens += term;
-        double cost = c->draft_token_us * k + share + c->verify_token_us * (1 + k);
+        double cost = c->draft_fixed_us + c->draft_token_us * k + share + c->verify_token_us * (1 + k);
         double rate = tokens / cost;
         if (rate > best * (1.0 + 1e-9)) {
             best = rate;
@@ -275,6 +318,23 @@ bool sd_adapt_drafting_pays(const sd_cost_model *c, int32_t batch, double extra_
     return (batch + extra_tokens) / t1 >= batch / t0 * (1.0 + SPEC_MARGIN);
 }
 
+/* Folds `trials` Bernoulli trials whose mean is `rate` into the estimate:
+ * each moves it by SHADOW_WEIGHT, or more while the start value has not
+ * yet been outweighed (sd_adapt.start_trials); sd_adapt.trial_weight in
+ * place of SHADOW_WEIGHT where set. With start_trials 0 this is
+ * alpha += (1 - (1 - w)^trials) (rate - alpha). */
+static void fold_trials(sd_adapt *a, int32_t trials, double rate) {
+    for (int32_t i = 0; i < trials; i++) {
+        double w = a->trial_weight > 0 && a->trial_weight <= 1 ? a->trial_weight : SHADOW_WEIGHT;
+        if (a->start_trials > 0) {
+            double mean_w = 1.0 / (a->start_trials + a->n_trials + 1.0);
+            if (mean_w > w) w = mean_w;
+        }
+        a->alpha += w * (rate - a->alpha);
+        if (a->n_trials < UINT32_MAX) a->n_trials++;
+    }
+}
+
 void sd_adapt_observe(sd_adapt *a, int32_t n_drafted, int32_t n_accepted) {
     if (n_drafted <= 0) return;
     /* Each draft token verified is a Bernoulli trial of the per-token rate
@@ -287,14 +347,12 @@ void sd_adapt_observe(sd_adapt *a, int32_t n_drafted, int32_t n_accepted) {
      * grow, so K stayed small however often its drafts were taken. */
     if (n_accepted > n_drafted) n_accepted = n_drafted;
     int32_t trials = n_accepted + (n_accepted < n_drafted);
-    double rate = (double)n_accepted / trials;
-    double w = 1.0 - pow(1.0 - SHADOW_WEIGHT, trials);
-    a->alpha += w * (rate - a->alpha);
+    fold_trials(a, trials, (double)n_accepted / trials);
 }
 
 void sd_adapt_observe_shadow(sd_adapt *a, bool match) {
     /* one Bernoulli sample of the acceptance rate, as each draft token is */
-    a->alpha = (1.0 - SHADOW_WEIGHT) * a->alpha + SHADOW_WEIGHT * (match ? 1.0 : 0.0);
+    fold_trials(a, 1, match ? 1.0 : 0.0);
 }
 
 void sd_adapt_prior_update(double *prior, const sd_adapt *a) { *prior += PRIOR_WEIGHT * (a->alpha - *prior); }
@@ -313,7 +371,7 @@ int32_t sd_adapt_sampled_k(const sd_adapt *a, int32_t max_k) {
 static double break_even_alpha(const sd_cost_model *c, int32_t batch) {
     double share = c->verify_fixed_us / batch, tok = c->verify_token_us;
     if (!(share + tok > 0)) return 1.0;
-    double a = (1.0 + SPEC_MARGIN) * (c->draft_token_us + share + 2.0 * tok) / (share + tok) - 1.0;
+    double a = (1.0 + SPEC_MARGIN) * (c->draft_fixed_us + c->draft_token_us + share + 2.0 * tok) / (share + tok) - 1.0;
     return a < 0 ? 0.0 : a > 1 ? 1.0 : a;
 }
 
@@ -337,6 +395,42 @@ int32_t sd_adapt_shadow_interval(const sd_cost_model *c, int32_t batch) {
     double shadow = c->draft_step_us + c->draft_token_us * batch;
     double step = sd_cost_verify_us(c, batch);
     double steps = step > 0 ? ceil(shadow / (budget * step)) : SHADOW_MAX;
+    if (!(steps >= 1)) steps = 1; /* also NaN */
+    if (steps > SHADOW_MAX) steps = SHADOW_MAX;
+    return (int32_t)steps;
+}
+
+/* In one process nothing overlaps a shadow draft: it costs a draft token
+ * on the critical path, as much as the draft of a K = 1 probe, which also
+ * verifies a row and saves a step when its draft is accepted. So a probe
+ * is the cheaper way to re-measure wherever the estimate says a draft is
+ * accepted more often than a verified row costs a step (~0.15-0.2 on the
+ * CPU), and a shadow only below that, which with a costly draft model is
+ * rare and with the n-gram drafter (microseconds a token) is every step.
+ * The interval keeps the expected cost, net of the expected gain, under
+ * EXPLORE_BUDGET of a step: the nearer the estimate to break-even, the
+ * cheaper a probe and the sooner it comes, which is what pulls a sequence
+ * out of K = 0 when one unlucky rejection pushed an EMA at 0.9 below a
+ * break-even of 0.8. With the old rule (shadows only, priced at a whole
+ * draft token against 0.25% of a step) a Q4 copy of SmolLM2 drafting for
+ * its F16 target was re-measured every ~220 steps and adaptive K
+ * decoded chat at 1.02x plain where K = 4 gave 1.16x
+ * (bench/results/spec-cpu.md). Where no acceptance makes a draft pay (a
+ * draft token as dear as a target step) there is nothing to find out and
+ * the interval is SHADOW_MAX. */
+#define EXPLORE_BUDGET 0.02
+
+int32_t sd_adapt_inline_interval(const sd_adapt *a, const sd_cost_model *c, bool *probe) {
+    if (probe) *probe = false;
+    double step = sd_cost_verify_us(c, 1);
+    if (!(step > 0) || break_even_alpha(c, 1) >= 1.0) return SHADOW_MAX;
+    double alpha = a->alpha < 0 ? 0 : a->alpha > 1 ? 1 : a->alpha;
+    double shadow_us = c->draft_fixed_us + c->draft_token_us;
+    double probe_us = shadow_us + c->verify_token_us - alpha * step;
+    if (probe_us < 0) probe_us = 0;
+    const bool use_probe = probe_us < shadow_us;
+    if (probe) *probe = use_probe;
+    double steps = ceil((use_probe ? probe_us : shadow_us) / (EXPLORE_BUDGET * step));
     if (!(steps >= 1)) steps = 1; /* also NaN */
     if (steps > SHADOW_MAX) steps = SHADOW_MAX;
     return (int32_t)steps;

@@ -19,7 +19,9 @@
 
 #include "specd/spec_batch.h"
 
-#define ADAPT_START_ALPHA 0.6 /* acceptance assumed before a sequence has shown any */
+#define ADAPT_START_ALPHA  0.6  /* acceptance assumed before a sequence has shown any */
+#define ADAPT_START_TRIALS 2.0  /* ... worth two trials: the first drafts move it as a running mean */
+#define ADAPT_MODEL_WEIGHT 0.05 /* a model drafter's trial weight: ~20 trials of memory (adapt_weight) */
 
 struct sd_spec_decoder {
     sd_model *target;
@@ -32,7 +34,8 @@ struct sd_spec_decoder {
     /* sd_spec_decoder_step_adaptive: the shared K policy's state */
     sd_cost_model cost;
     sd_adapt adapt;
-    bool after_prefill;      /* the last step carried a prefill: the next draft time is a cold one */
+    bool drafter_warm;       /* the last step drafted and carried no prefill: this step's draft time is a price */
+    bool calibrated;         /* the target's step sizes have been timed (calibrate) */
     sd_spec_cost_fn cost_fn; /* NULL: the policy learns from measured times */
     void *cost_user;
     int32_t n_prompt; /* penalties count the context from here on */
@@ -58,6 +61,19 @@ void sd_spec_decoder_free(sd_spec_decoder **pd) {
     *pd = NULL;
 }
 
+/* The acceptance estimate's memory. The shared 0.15 a trial (~7 trials)
+ * follows the n-gram drafter, whose acceptance switches between ~0 and ~1
+ * as the text stops and starts copying. A draft model's drifts: a Q4 copy
+ * of SmolLM2 on chat accepted ~93% of its drafts, and at 0.15 one rejection
+ * took the estimate from 0.93 to 0.8, K from 3-4 to 1, and five to eight
+ * accepted steps brought it back: a third of the steps ran at K = 1 (1.05x
+ * plain by their own times) where K = 4 makes 1.15x. At 0.05 a rejection
+ * moves it by 0.05. */
+static double adapt_weight(const sd_drafter *drafter) {
+    if (!drafter || sd_drafter_kind_of(drafter) == SD_DRAFTER_NGRAM) return 0.0;
+    return ADAPT_MODEL_WEIGHT;
+}
+
 sd_status sd_spec_decoder_create(sd_model *target, sd_drafter *drafter, int32_t max_ctx, sd_spec_decoder **out) {
     if (!target || !out || max_ctx <= 0) {
         SD_ERROR("spec: decoder needs a target, an output and max_ctx > 0 (got %d)", (int)max_ctx);
@@ -71,6 +87,9 @@ sd_status sd_spec_decoder_create(sd_model *target, sd_drafter *drafter, int32_t 
     d->max_ctx = max_ctx;
     sd_cost_init(&d->cost);
     d->adapt.alpha = ADAPT_START_ALPHA;
+    d->adapt.start_trials = ADAPT_START_TRIALS;
+    d->adapt.trial_weight = adapt_weight(drafter);
+    d->adapt.steps_at_zero = 1 << 20; /* nothing measured yet: the first K = 0 step explores */
     d->cached = malloc((size_t)max_ctx * sizeof *d->cached);
     sd_status st = d->cached ? sd_spec_scratch_create(&d->scratch) : SD_ERR_NOMEM;
     if (st == SD_OK) {
@@ -185,23 +204,25 @@ sd_status sd_spec_decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n
 
 /* The decoder's timings fed to the shared policy as a batch of one: the
  * target forward over its rows as a verify step (not when it carried a
- * prefill: that is no step a K decides), the drafter's time per token (not
- * when the step carried a prefill, nor in the step after it: the prompt's
- * prefill in a draft model costs as much as drafting twenty tokens, and its
- * first step of one token after the prefill measured twice its later ones;
- * as the first observation either set the price of a draft token outright,
- * adaptive K fell to 0 with a draft model accepted 90% of the time, and at
- * K = 0 the price was never measured again). */
+ * prefill: that is no step a K decides), the drafter's time per token only
+ * when the drafter also drafted in the step before, which carried no
+ * prefill. Otherwise the draft time holds a catch-up: the draft model
+ * takes in every token committed since it last drafted (the prompt after a
+ * prefill, a stretch of K = 0 steps before a probe) in one forward, and
+ * even its first one-token step after the prompt measured twice its later
+ * ones. Priced as drafting, the prompt's prefill made a draft token cost
+ * 2-10x its price, and as the first observation sets that price outright,
+ * adaptive K fell to 0 with a draft model accepted 90% of the time. */
 static void adapt_learn(sd_spec_decoder *d, const step_report *rep, bool greedy, int32_t first_out) {
     if (rep->n_append == 1) {
         double us = rep->target_s * 1e6;
         sd_cost_observe_verify(&d->cost, 1 + rep->n_drafted, us >= 1.0 ? (uint32_t)(us < 4e9 ? us : 4e9) : 1u);
     }
-    const bool cold = d->after_prefill;
-    d->after_prefill = rep->n_append > 1;
-    if (rep->n_proposed > 0 && rep->n_append <= rep->n_proposed + 1 && !cold) {
+    const bool warm = d->drafter_warm;
+    d->drafter_warm = rep->n_proposed > 0 && rep->n_append == 1;
+    if (rep->n_proposed > 0 && rep->n_append == 1 && warm) {
         double us = rep->draft_s * 1e6;
-        sd_cost_observe_draft(&d->cost, rep->n_proposed, us < 4e9 ? (uint32_t)us : UINT32_MAX);
+        sd_cost_observe_draft_fit(&d->cost, rep->n_proposed, us < 4e9 ? (uint32_t)us : UINT32_MAX);
     }
     if (rep->n_drafted > 0) {
         sd_adapt_observe(&d->adapt, rep->n_drafted, rep->n_accepted);
@@ -214,6 +235,115 @@ static void adapt_learn(sd_spec_decoder *d, const step_report *rep, bool greedy,
     }
 }
 
+/* The verify cost's split between a step's fixed part and each row's is
+ * what decides K at batch 1, and a decoder that mostly runs steps of one
+ * row cannot learn it from its own steps: the fit kept the priors' split
+ * (two thirds fixed), which priced a verified row of the F16 SmolLM2 at a
+ * third of a step where it costs about a seventh, put break-even above an
+ * acceptance of 0.9 and kept a Q4 draft accepted 87% of the time at K = 0.
+ * So once, after the decoder's first step (threads warm, the prompt in the
+ * cache), the target runs steps of 1, 2 and 1 + max_k rows at the end of
+ * the cached context, twice each (the faster kept: on a shared machine a
+ * preempted sample is the usual error), and those times seed the cost
+ * model as a verifier's warm-up seeds the coordinator's
+ * (sd_cost_seed_size); the cache is then truncated back, so no committed
+ * token sees them. Three sizes: 1 and 2 rows are the choice at the margin
+ * (K = 0 or a probe), the largest sets the slope: on SmolLM2 F16's step
+ * times of 1, 2, 3, 5 and 9 rows a line through all five is 10.8 ms + 1.63
+ * ms a row, through these three 11.2 + 1.64, and timing five sizes cost
+ * 0.17 s instead of 0.11.
+ * The drafter then drafts two tokens after the context, twice (the faster
+ * kept), which prices a draft token before the first drafted step does:
+ * at the prior (100 us) a Q4 draft model was asked for 8 tokens in its
+ * second step. ~0.14 s for SmolLM2 F16 and its Q4 draft at max_k 8, once
+ * per decoder, inside its first step (specd-generate counts it in the
+ * prompt's time, not the decode rate).
+ * Rejected: learning the split from the first drafted steps, one noisy
+ * sample per size, which is what the runs that never drafted had. With a
+ * cost function (tests) its times are used and nothing runs. */
+static sd_status calibrate_forward(sd_spec_decoder *d, int32_t n_cached, int32_t n_rows, double *seconds) {
+    static const float one = 1.0f;
+    int32_t toks[SD_MAX_K + 1];
+    sd_spec_q q[SD_MAX_K];
+    for (int32_t i = 0; i < n_rows; i++) toks[i] = d->cached[(n_cached - 1 - i % n_cached)];
+    for (int32_t i = 0; i + 1 < n_rows; i++) q[i] = (sd_spec_q){1, &toks[1 + i], &one};
+    sd_verify_seq v = {.slot = 0,
+                       .keep_len = n_cached,
+                       .n_append = 1,
+                       .append = toks,
+                       .k = n_rows - 1,
+                       .draft = toks + 1,
+                       .q = q,
+                       .sampling = sd_sampling_default()};
+    v.sampling.temperature = 0.0f;
+    sd_verify_result r;
+    double t0 = sd_now();
+    sd_status st = sd_spec_verify_batch(d->target, d->kv, 1, &v, &r, d->scratch);
+    *seconds = sd_now() - t0;
+    sd_status tr = sd_kv_truncate(d->kv, 0, n_cached);
+    SD_TRY(st);
+    SD_TRY(tr);
+    return r.outcome == SD_SEQ_OK ? SD_OK : SD_ERR_INTERNAL;
+}
+
+/* Times the drafter proposing up to n_draft tokens after ctx[n_ctx] (its
+ * cache keeps them; the next step's proposal keeps what matches); *n_out:
+ * how many it proposed (the n-gram drafter may find none). */
+static sd_status calibrate_draft(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t n_draft,
+                                 double *seconds, int32_t *n_out) {
+    int32_t draft[SD_MAX_K];
+    sd_spec_q q[SD_MAX_K];
+    sd_sampling s = sd_sampling_default();
+    s.temperature = 0.0f;
+    double t0 = sd_now();
+    SD_TRY(sd_drafter_propose(d->drafter, 0, ctx, n_ctx, n_draft, &s, draft, q, n_out));
+    *seconds = sd_now() - t0;
+    return SD_OK;
+}
+
+static void calibrate(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t max_k) {
+    d->calibrated = true;
+    const int32_t n_cached = sd_kv_seq_len(d->kv, 0);
+    const int32_t top = max_k + 1;
+    if (max_k < 1 || n_cached < 1 || n_cached + top > d->max_ctx) return; /* no room: the steps teach it */
+    int32_t sizes[3] = {1, 2, top}, n_sizes = top > 2 ? 3 : 2;
+    double best[3];
+    for (int32_t pass = 0; pass < 2; pass++) {
+        for (int32_t i = 0; i < n_sizes; i++) {
+            double s = 0, draft_s = 0;
+            if (d->cost_fn) {
+                d->cost_fn(d->cost_user, sizes[i], 0, &s, &draft_s);
+            } else if (calibrate_forward(d, n_cached, sizes[i], &s) != SD_OK) {
+                SD_WARN("spec: timing a %d-row step failed; adaptive K learns the costs from its steps", (int)sizes[i]);
+                return;
+            }
+            if (pass == 0 || s < best[i]) best[i] = s;
+        }
+    }
+    for (int32_t i = 0; i < n_sizes; i++) {
+        double us = best[i] * 1e6;
+        sd_cost_seed_size(&d->cost, sizes[i], us >= 1.0 ? (uint32_t)(us < 4e9 ? us : 4e9) : 1u);
+        SD_DEBUG("spec: calibration: a step of %d rows %.2f ms", (int)sizes[i], best[i] * 1e3);
+    }
+    if (!d->drafter || n_ctx + 2 > d->max_ctx) return;
+    double per_best = 0; /* seconds per proposed token */
+    for (int32_t pass = 0; pass < 2; pass++) {
+        double s = 0, target_s = 0;
+        int32_t nd = 2;
+        if (d->cost_fn) {
+            d->cost_fn(d->cost_user, 0, nd, &target_s, &s);
+        } else if (calibrate_draft(d, ctx, n_ctx, 2, &s, &nd) != SD_OK) {
+            SD_WARN("spec: timing the drafter failed; adaptive K prices a draft token from its steps");
+            return;
+        }
+        if (nd < 1) return; /* nothing proposed here (n-gram): its steps price it */
+        if (pass == 0 || s / nd < per_best) per_best = s / nd;
+    }
+    double us = per_best * 1e6;
+    sd_cost_observe_draft_fit(&d->cost, 1, us < 4e9 ? (uint32_t)us : UINT32_MAX);
+    SD_DEBUG("spec: calibration: a draft token %.3f ms", per_best * 1e3);
+}
+
 sd_status sd_spec_decoder_step_adaptive(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t max_k,
                                         const sd_sampling *s, int32_t *out, int32_t *n_out, int32_t *k_used) {
     if (!d || !s || max_k < 0 || max_k > SD_MAX_K) {
@@ -224,10 +354,25 @@ sd_status sd_spec_decoder_step_adaptive(sd_spec_decoder *d, const int32_t *ctx, 
     const bool greedy = sd_sampling_is_greedy(s);
     if (!d->drafter) max_k = 0;
     int32_t k = sd_adapt_next_k(&d->adapt, &d->cost, greedy, 1, max_k);
-    bool shadow = k == 0 && max_k > 0 && greedy && sd_adapt_shadow_due(&d->adapt, &d->cost, 1);
+    bool shadow = false;
+    if (k == 0 && max_k > 0 && greedy) { /* re-measure the acceptance now and then (sd_adapt_inline_interval) */
+        bool probe = false;
+        if (d->adapt.steps_at_zero + 1 >= sd_adapt_inline_interval(&d->adapt, &d->cost, &probe)) {
+            if (probe)
+                k = 1;
+            else
+                shadow = true;
+        }
+    }
     step_report rep;
     SD_TRY(decoder_step(d, ctx, n_ctx, k, shadow, s, out, n_out, &rep));
     adapt_learn(d, &rep, greedy, out[0]);
+    if (!d->calibrated && max_k > 0) calibrate(d, ctx, n_ctx, max_k);
+    SD_DEBUG("spec: adaptive step: K %d%s, %d of %d accepted, %d rows %.2f ms, %d proposed %.2f ms; alpha %.3f, "
+             "verify %.0f + %.0f us a row, draft %.0f us a token",
+             (int)k, shadow ? " (shadow)" : "", (int)rep.n_accepted, (int)rep.n_drafted,
+             (int)(rep.n_append + rep.n_drafted), rep.target_s * 1e3, (int)rep.n_proposed, rep.draft_s * 1e3,
+             d->adapt.alpha, d->cost.verify_fixed_us, d->cost.verify_token_us, d->cost.draft_token_us);
     if (k_used) *k_used = k;
     return SD_OK;
 }

@@ -22,7 +22,16 @@ extern "C" {
 /* Acceptance history and the K it leads to. */
 typedef struct sd_adapt {
     double alpha;          /* EMA of the per-token acceptance rate */
-    int32_t steps_at_zero; /* K = 0 steps since the last shadow draft (greedy) or probe (sampled) */
+    int32_t steps_at_zero; /* K = 0 steps since the last shadow draft or probe */
+    /* What the start value of alpha is worth, in trials: while fewer than
+     * that many more trials have been seen, each moves alpha as a running
+     * mean would (weight 1 / (start_trials + n_trials + 1)) rather than
+     * by the EMA's smaller weight. 0 (the default): the EMA from the first
+     * trial. */
+    double start_trials;
+    uint32_t n_trials; /* trials folded in so far (saturating) */
+    /* EMA weight of one trial; 0 (the default): 0.15, ~7 trials of memory */
+    double trial_weight;
 } sd_adapt;
 
 /* Steps of up to this many tokens also keep their own measured time. */
@@ -33,9 +42,14 @@ typedef struct sd_adapt {
  * estimated from responses. */
 typedef struct sd_cost_model {
     double verify_fixed_us, verify_token_us, draft_token_us;
-    double draft_step_us; /* EMA of draft request -> response, 0 until measured */
-    uint32_t n_draft_obs; /* draft-token measurements taken (the first replaces the prior) */
-    double row_us_peak;   /* slowest recent verify forward per token, refills included (step timeouts) */
+    /* a drafting step's own cost besides its tokens' (0 unless fitted by
+     * sd_cost_observe_draft_fit: one process, where a draft model's first
+     * forward of a step also takes in the committed tokens) */
+    double draft_fixed_us;
+    double d_w, d_x, d_y, d_xx, d_xy; /* decaying sums of that fit */
+    double draft_step_us;             /* EMA of draft request -> response, 0 until measured */
+    uint32_t n_draft_obs;             /* draft-token measurements taken (the first replaces the prior) */
+    double row_us_peak;               /* slowest recent verify forward per token, refills included (step timeouts) */
     /* decaying sums for the least-squares fit of verify time vs tokens */
     double s_w, s_x, s_y, s_xx, s_xy;
     /* each step size's own time: the verifier's cost is not a line (a GPU
@@ -49,6 +63,11 @@ void sd_cost_init(sd_cost_model *c);
  * sequence + drafts; steps that refill a prefix are not observed). */
 void sd_cost_observe_verify(sd_cost_model *c, int32_t n_tokens, uint32_t forward_us);
 void sd_cost_observe_draft(sd_cost_model *c, int32_t n_draft_tokens, uint32_t draft_us);
+/* One drafting step of one sequence in one process (n_draft_tokens, its
+ * time): fits draft_fixed_us + draft_token_us * tokens over the recent
+ * steps; with too little spread in their sizes, keeps the fixed part and
+ * rescales the per-token one. The first one sets the per-token price. */
+void sd_cost_observe_draft_fit(sd_cost_model *c, int32_t n_draft_tokens, uint32_t draft_us);
 /* Any verify step's forward (refills and prefill chunks included), for
  * the step timeout. */
 void sd_cost_observe_rows(sd_cost_model *c, int32_t n_tokens, uint32_t forward_us);
@@ -103,6 +122,17 @@ int32_t sd_adapt_shadow_interval(const sd_cost_model *c, int32_t batch);
  * observed (a verifier's own measurement): its size is trusted at once and
  * it is fed to the line's fit and the step timeout as if observed. */
 void sd_cost_seed_size(sd_cost_model *c, int32_t n_tokens, uint32_t forward_us);
+
+/* Exploration in one process, where a drafter runs on the critical path
+ * (sd_spec_decoder_step_adaptive), for a greedy sequence at K = 0: every
+ * how many K = 0 steps it re-measures the acceptance, and how. A shadow
+ * draft costs a whole draft token there (nothing overlaps it); a K = 1
+ * probe costs a draft token and a verified row but saves a step when its
+ * draft is accepted: the cheaper of the two by the current estimate, as
+ * often as keeps its expected cost under 2% of a step, and at most every
+ * 256 steps where no acceptance would make a draft pay. *probe (may be
+ * NULL): true for a K = 1 probe, false for a shadow draft. */
+int32_t sd_adapt_inline_interval(const sd_adapt *a, const sd_cost_model *c, bool *probe);
 
 /* The K for a sequence's next step, 0..max_k: for a greedy request the
  * cost-optimal K of sd_adapt_choose_k at this batch; for a sampled request

@@ -51,11 +51,14 @@ sd_status sd_spec_decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n
 /* One step like sd_spec_decoder_step with K chosen by the shared policy
  * of spec_adapt.h (sd_adapt_next_k at batch 1, 0..max_k) from this
  * decoder's acceptance history and its own timings of the drafter and the
- * target; at K = 0 a greedy request shadow-drafts one token now and then
- * (sd_adapt_shadow_due) to notice when drafting starts to pay, a sampled
- * one probes K = 1 (sd_adapt_sampled_k). Writes the K used to *k_used when
- * not NULL (0 for a shadow step: nothing is verified). Greedy output is
- * plain greedy output whatever K is. */
+ * target; after the decoder's first step it also times the target at a
+ * few step sizes and the drafter once, which seeds those costs (some 0.2 s
+ * for a 135M model, inside that first call). At K = 0 a greedy request
+ * re-measures now and then by a K = 1 probe or a shadow draft of one token
+ * (sd_adapt_inline_interval) to notice when drafting starts to pay, a
+ * sampled one probes K = 1 (sd_adapt_sampled_k). Writes the K used to
+ * *k_used when not NULL (1 for a probe, 0 for a shadow step: nothing is
+ * verified). Greedy output is plain greedy output whatever K is. */
 sd_status sd_spec_decoder_step_adaptive(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t max_k,
                                         const sd_sampling *s, int32_t *out, int32_t *n_out, int32_t *k_used);
 
