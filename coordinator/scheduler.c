@@ -329,7 +329,7 @@ static bool hold_for_drafts(const sd_coord *c, int32_t g, uint64_t now_us) {
     if (n_pending > v->max_batch - n_ready) n_pending = v->max_batch - n_ready;
     /* W: until the pending drafts are in; T from the group's own cost line
      * once it has one, else the service's */
-    const sd_cost_model *cm = v->cost.s_w > 0.0 || v->cost.size_n[1] > 0 ? &v->cost : &c->cost;
+    const sd_cost_model *cm = v->cost.verify_fit.w > 0.0 || v->cost.size_n[1] > 0 ? &v->cost : &c->cost;
     double t_ready = sd_cost_verify_us(cm, ready_tokens);
     return wait * (n_ready + n_pending) < t_ready * n_pending;
 }

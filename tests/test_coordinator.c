@@ -1288,7 +1288,7 @@ static void test_k0_steps_shadow_draft(void **state) {
     vres r = {.n_commit = 1, .commit = {30}, .cached_len = 4};
     reply_verify(h, "v", vw->verify, &r);
     specd__coordinator_to_worker__free_unpacked(vw, NULL);
-    assert_true(h->c.cost.s_w == 0.0); /* the refill step is not a verify-cost sample */
+    assert_true(h->c.cost.verify_fit.w == 0.0); /* the refill step is not a verify-cost sample */
     int32_t len = 5, shadows = 0;
     for (;;) {
         vw = pop_worker(h, "v");
@@ -1305,7 +1305,7 @@ static void test_k0_steps_shadow_draft(void **state) {
         vres step = {.n_commit = 1, .commit = {next}, .cached_len = (uint32_t)len};
         reply_verify(h, "v", vw->verify, &step); /* ...and matches the committed token */
         specd__coordinator_to_worker__free_unpacked(vw, NULL);
-        if (shadows == 0) assert_true(h->c.cost.s_w > 0.0);
+        if (shadows == 0) assert_true(h->c.cost.verify_fit.w > 0.0);
         len++;
         shadows++;
         assert_true(shadows < 20);

@@ -119,17 +119,26 @@ void sd_cost_init(sd_cost_model *c) {
     c->draft_token_us = 100.0;
 }
 
+/* Adds the point (x, y) to s, the older points' weight decayed by decay;
+ * *mx, *my: the weighted means, *var: x's variance, *cov: the covariance. */
+static void line_add(sd_line_sums *s, double decay, double x, double y, double *mx, double *my, double *var,
+                     double *cov) {
+    s->w = s->w * decay + 1.0;
+    s->x = s->x * decay + x;
+    s->y = s->y * decay + y;
+    s->xx = s->xx * decay + x * x;
+    s->xy = s->xy * decay + x * y;
+    *mx = s->x / s->w;
+    *my = s->y / s->w;
+    *var = s->xx / s->w - *mx * *mx;
+    *cov = s->xy / s->w - *mx * *my;
+}
+
 void sd_cost_observe_verify(sd_cost_model *c, int32_t n_tokens, uint32_t forward_us) {
     if (n_tokens <= 0 || forward_us == 0) return;
-    double x = n_tokens, y = forward_us;
-    c->s_w = c->s_w * COST_DECAY + 1.0;
-    c->s_x = c->s_x * COST_DECAY + x;
-    c->s_y = c->s_y * COST_DECAY + y;
-    c->s_xx = c->s_xx * COST_DECAY + x * x;
-    c->s_xy = c->s_xy * COST_DECAY + x * y;
-    double mx = c->s_x / c->s_w, my = c->s_y / c->s_w;
-    double var = c->s_xx / c->s_w - mx * mx;
-    double cov = c->s_xy / c->s_w - mx * my;
+    const double y = forward_us;
+    double mx, my, var, cov;
+    line_add(&c->verify_fit, COST_DECAY, n_tokens, y, &mx, &my, &var, &cov);
     double b, a;
     if (var > 0.25 && var > (0.1 * mx) * (0.1 * mx) && cov > 0) {
         b = cov / var;
@@ -198,15 +207,10 @@ void sd_cost_observe_draft_fit(sd_cost_model *c, int32_t n_draft_tokens, uint32_
     if (c->n_draft_obs++ == 0) { /* the first replaces the prior outright (sd_cost_observe_draft) */
         c->draft_fixed_us = 0;
         c->draft_token_us = y / x;
-        c->d_w = c->d_x = c->d_y = c->d_xx = c->d_xy = 0;
+        c->draft_fit = (sd_line_sums){0};
     }
-    c->d_w = c->d_w * DRAFT_FIT_DECAY + 1.0;
-    c->d_x = c->d_x * DRAFT_FIT_DECAY + x;
-    c->d_y = c->d_y * DRAFT_FIT_DECAY + y;
-    c->d_xx = c->d_xx * DRAFT_FIT_DECAY + x * x;
-    c->d_xy = c->d_xy * DRAFT_FIT_DECAY + x * y;
-    double mx = c->d_x / c->d_w, my = c->d_y / c->d_w;
-    double var = c->d_xx / c->d_w - mx * mx, cov = c->d_xy / c->d_w - mx * my;
+    double mx, my, var, cov;
+    line_add(&c->draft_fit, DRAFT_FIT_DECAY, x, y, &mx, &my, &var, &cov);
     double a = c->draft_fixed_us, b;
     if (var > 0.1 && cov > 0) {
         b = cov / var;

@@ -37,6 +37,11 @@ typedef struct sd_adapt {
 /* Steps of up to this many tokens also keep their own measured time. */
 #define SD_COST_SIZES 128
 
+/* Decaying sums of a weighted least-squares line y = a + b x. */
+typedef struct sd_line_sums {
+    double w, x, y, xx, xy;
+} sd_line_sums;
+
 /* Cost model of one step: verify time = fixed + per_token * tokens; draft
  * time per draft token; the round trip of a whole draft step. Microseconds,
  * estimated from responses. */
@@ -46,12 +51,12 @@ typedef struct sd_cost_model {
      * sd_cost_observe_draft_fit: one process, where a draft model's first
      * forward of a step also takes in the committed tokens) */
     double draft_fixed_us;
-    double d_w, d_x, d_y, d_xx, d_xy; /* decaying sums of that fit */
+    sd_line_sums draft_fit;           /* decaying sums of that fit */
     double draft_step_us;             /* EMA of draft request -> response, 0 until measured */
     uint32_t n_draft_obs;             /* draft-token measurements taken (the first replaces the prior) */
     double row_us_peak;               /* slowest recent verify forward per token, refills included (step timeouts) */
     /* decaying sums for the least-squares fit of verify time vs tokens */
-    double s_w, s_x, s_y, s_xx, s_xy;
+    sd_line_sums verify_fit;
     /* each step size's own time: the verifier's cost is not a line (a GPU
      * kernel's column tile is 8 tokens wide: the 9th token costs a step) */
     double size_us[SD_COST_SIZES + 1];  /* EMA of forward_us of steps of exactly n tokens */
