@@ -117,9 +117,9 @@ static void check_one(fixture *f, sd_dtype t, shape s) {
     /* the C twin, then every SIMD path, then the other thread count */
     sd_backend *b1 = f->be1.ctx, *b2 = f->be2.ctx;
     assert_int_equal(sd_cpu_qmatmul(b1, SD_CPU_QPATH_C, t, wq, s.n_in, s.n_out, x, s.n_tokens, y_c), SD_OK);
-    const sd_cpu_qpath paths[] = {SD_CPU_QPATH_AVX2, SD_CPU_QPATH_VNNI, SD_CPU_QPATH_AUTO};
-    const char *names[] = {"avx2 vs C", "vnni vs C", "auto vs C"};
-    for (size_t p = 0; p < 3; p++) {
+    const sd_cpu_qpath paths[] = {SD_CPU_QPATH_AVX2, SD_CPU_QPATH_VNNI, SD_CPU_QPATH_AMX, SD_CPU_QPATH_AUTO};
+    const char *names[] = {"avx2 vs C", "vnni vs C", "amx vs C", "auto vs C"};
+    for (size_t p = 0; p < 4; p++) {
         if (!sd_cpu_qpath_available(paths[p])) continue;
         for (int th = 0; th < 2; th++) {
             memset(y, 0xff, n_y * sizeof(float));

@@ -355,32 +355,40 @@ bool sd_cpu_qpath_available(sd_cpu_qpath p) {
     case SD_CPU_QPATH_C: return true;
     case SD_CPU_QPATH_AVX2: return SD_CPU_AVX2;
     case SD_CPU_QPATH_VNNI: return cpu_has_vnni();
+    case SD_CPU_QPATH_AMX: return HAVE_AMX_PATH && cpu_has_vnni() && sd_cpu_amx_usable();
     }
     return false;
 }
 
 static sd_cpu_qpath auto_path(void) {
+    if (sd_cpu_qpath_available(SD_CPU_QPATH_AMX)) return SD_CPU_QPATH_AMX;
     if (cpu_has_vnni()) return SD_CPU_QPATH_VNNI;
     return SD_CPU_AVX2 ? SD_CPU_QPATH_AVX2 : SD_CPU_QPATH_C;
 }
 
 static const char *path_name(sd_cpu_qpath p) {
-    return p == SD_CPU_QPATH_VNNI ? "avx512-vnni" : p == SD_CPU_QPATH_AVX2 ? "avx2" : "c";
+    return p == SD_CPU_QPATH_AMX    ? "avx512-amx"
+           : p == SD_CPU_QPATH_VNNI ? "avx512-vnni"
+           : p == SD_CPU_QPATH_AVX2 ? "avx2"
+                                    : "c";
 }
+
+/* The AMX path runs the VNNI tiles wherever it does not use its own. */
+static bool vnni_tiles(sd_cpu_qpath p) { return p == SD_CPU_QPATH_VNNI || p == SD_CPU_QPATH_AMX; }
 
 const char *sd_cpu_qpath_name(void) { return path_name(auto_path()); }
 
 sd_cpu_qpath sd_cpu_qpath_from_env(void) {
     const char *v = getenv("SPECD_CPU_QPATH");
     if (!v || !*v) return SD_CPU_QPATH_AUTO;
-    const sd_cpu_qpath named[] = {SD_CPU_QPATH_C, SD_CPU_QPATH_AVX2, SD_CPU_QPATH_VNNI};
+    const sd_cpu_qpath named[] = {SD_CPU_QPATH_C, SD_CPU_QPATH_AVX2, SD_CPU_QPATH_VNNI, SD_CPU_QPATH_AMX};
     for (size_t i = 0; i < sizeof named / sizeof named[0]; i++)
         if (strcmp(v, path_name(named[i])) == 0) {
             if (sd_cpu_qpath_available(named[i])) return named[i];
             SD_WARN("SPECD_CPU_QPATH=%s: this CPU or build has no such path; using %s", v, sd_cpu_qpath_name());
             return SD_CPU_QPATH_AUTO;
         }
-    SD_WARN("SPECD_CPU_QPATH=%s: not one of c, avx2, avx512-vnni; using %s", v, sd_cpu_qpath_name());
+    SD_WARN("SPECD_CPU_QPATH=%s: not one of c, avx2, avx512-vnni, avx512-amx; using %s", v, sd_cpu_qpath_name());
     return SD_CPU_QPATH_AUTO;
 }
 
@@ -393,6 +401,12 @@ typedef struct qmatmul_args {
     const uint8_t *xq; /* integer types: q8 rows, or the prepared rows (zprep) when zprep */
     size_t xrow_bytes;
     bool zprep;
+    /* K-quants on AMX tiles: xq is the activations laid out as B tiles
+     * (sd_cpu_kamx_prep_x), kscratch thread ith's weight strip at
+     * kscratch + ith * kscratch_bytes */
+    bool kamx;
+    uint8_t *kscratch;
+    size_t kscratch_bytes;
     float *y;
     size_t n_in, n_out, n_tokens;
     size_t chunk_rows; /* output rows per pool chunk (chunk_rows()) */
@@ -431,7 +445,6 @@ static void chunk_c(const qmatmul_args *a, size_t r_begin, size_t r_end) {
 }
 
 static void qmatmul_chunk(void *p, int64_t c, int32_t ith) {
-    (void)ith;
     const qmatmul_args *a = p;
     size_t r_begin, r_end;
     sd_cpu_chunk(a->n_out, a->chunk_rows, c, &r_begin, &r_end);
@@ -439,17 +452,24 @@ static void qmatmul_chunk(void *p, int64_t c, int32_t ith) {
         chunk_c(a, r_begin, r_end);
         return;
     }
+#if HAVE_AMX_PATH
+    if (a->kamx) {
+        sd_cpu_kamx_rows(kind_of(a->type), a->w, a->row_bytes, r_begin, r_end, a->xq, a->n_in, a->n_tokens, a->y,
+                         a->n_out, a->kscratch + (size_t)ith * a->kscratch_bytes);
+        return;
+    }
+#endif
 #if SD_CPU_AVX2
     size_t n = a->n_tokens, rb, tb;
     const bool integer = is_integer_type(a->type);
     /* one F16 / BF16 token streams the weights: the 512-bit tile measured
      * ~10% slower there than the AVX2 one (bench/results/quant-cpu.md) */
-    const bool wide = a->path == SD_CPU_QPATH_VNNI && (integer || n > 1);
+    const bool wide = vnni_tiles(a->path) && (integer || n > 1);
     qtile_shape(n, wide, &rb, &tb);
     const int kind = integer ? kind_of(a->type) : 0;
     const qtile_fn(*qt)[MAX_T] = sd_cpu_qtiles_avx2[kind];
 #if HAVE_VNNI_PATH
-    if (a->path == SD_CPU_QPATH_VNNI) qt = a->zprep ? sd_cpu_q40_ptiles_vnni : sd_cpu_qtiles_vnni[kind];
+    if (vnni_tiles(a->path)) qt = a->zprep ? sd_cpu_q40_ptiles_vnni : sd_cpu_qtiles_vnni[kind];
 #endif
     const ftile_fn(*ft)[MAX_T] =
 #if HAVE_VNNI_PATH
@@ -503,14 +523,26 @@ sd_status sd_cpu_qmatmul(sd_backend *be, sd_cpu_qpath path, sd_dtype type, const
         const bool k = sd_dtype_is_k(type);
         const size_t rb = k ? sd_cpu_q8k_row_bytes(n_in) : sd_cpu_q8_row_bytes(n_in), nb = (size_t)n_in / QK;
 #if HAVE_VNNI_PATH
-        a.zprep = path == SD_CPU_QPATH_VNNI && type == SD_DTYPE_Q4_0;
+        a.zprep = vnni_tiles(path) && type == SD_DTYPE_Q4_0;
 #endif
-        /* the q8 rows, then (zprep) the prepared rows from a 64-byte boundary */
+#if HAVE_AMX_PATH
+        a.kamx = path == SD_CPU_QPATH_AMX && k && n_tokens >= SD_AMX_MIN_TOKENS;
+#endif
+        /* the q8 rows, then (zprep) the prepared rows from a 64-byte
+         * boundary, or (kamx) the B tiles and each thread's weight strip */
         const size_t q8_bytes = ((size_t)n_tokens * rb + 63) & ~(size_t)63;
         const size_t prow = a.zprep ? zprep_row_bytes(nb) : 0;
         size_t need;
         if (!sd_mul_ok(rb + prow, (size_t)n_tokens, &need) || need > SIZE_MAX - 64) return SD_ERR_NOMEM;
         need = q8_bytes + (size_t)n_tokens * prow;
+        size_t xprep_bytes = 0;
+#if HAVE_AMX_PATH
+        if (a.kamx) {
+            xprep_bytes = (sd_cpu_kamx_xprep_bytes(a.n_in, a.n_tokens) + 63) & ~(size_t)63;
+            a.kscratch_bytes = (sd_cpu_kamx_scratch_bytes(a.n_in) + 63) & ~(size_t)63;
+            need = q8_bytes + xprep_bytes + (size_t)be->n_threads * a.kscratch_bytes;
+        }
+#endif
         if (need > be->qbuf_bytes) {
             void *q = aligned_alloc(64, (need + 63) & ~(size_t)63);
             if (!q) {
@@ -533,6 +565,15 @@ sd_status sd_cpu_qmatmul(sd_backend *be, sd_cpu_qpath path, sd_dtype type, const
         }
         a.xq = a.zprep ? prep : q8;
         a.xrow_bytes = a.zprep ? prow : rb;
+#if HAVE_AMX_PATH
+        if (a.kamx) {
+            sd_cpu_kamx_prep_x(q8, rb, a.n_in, a.n_tokens, prep);
+            a.xq = prep;
+            a.kscratch = prep + xprep_bytes;
+        }
+#else
+        (void)xprep_bytes;
+#endif
     }
     sd_cpu_parallel(be, qmatmul_chunk, &a, (int64_t)(((size_t)n_out + a.chunk_rows - 1) / a.chunk_rows),
                     (size_t)n_in * (size_t)n_out);

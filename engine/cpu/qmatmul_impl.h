@@ -37,6 +37,31 @@ enum { KIND_Q8_0 = 0, KIND_Q4_0 = 1, KIND_Q4_1 = 2, KIND_Q4_K = 3, KIND_Q5_K = 4
 #define HAVE_VNNI_PATH 0
 #endif
 
+/* The AMX-INT8 path (qmatmul_amx.c) for K-quant calls of at least
+ * SD_AMX_MIN_TOKENS tokens; the VNNI path does the rest of its calls.
+ * GCC 11 has the tile intrinsics. */
+#if HAVE_VNNI_PATH && defined(__linux__) && __GNUC__ >= 11
+#define HAVE_AMX_PATH 1
+#else
+#define HAVE_AMX_PATH 0
+#endif
+#define SD_AMX_MIN_TOKENS 16
+
+/* True when this CPU has AMX-INT8 and the kernel let this process use the
+ * tile state (asked for once). */
+bool sd_cpu_amx_usable(void);
+/* Bytes of a call's activations laid out as B tiles, and of one thread's
+ * weight strip (qmatmul_amx.c). */
+size_t sd_cpu_kamx_xprep_bytes(size_t n_in, size_t n_tokens);
+size_t sd_cpu_kamx_scratch_bytes(size_t n_in);
+/* Lays out n_tokens K-quant activation rows (xrow_bytes apart) as B tiles
+ * into dst (sd_cpu_kamx_xprep_bytes, 64-byte aligned). */
+void sd_cpu_kamx_prep_x(const uint8_t *xq, size_t xrow_bytes, size_t n_in, size_t n_tokens, uint8_t *dst);
+/* y[t * n_out + r] for rows [r_begin, r_end) and every token, on the laid
+ * out activations xp; scratch: sd_cpu_kamx_scratch_bytes, 64-byte aligned. */
+void sd_cpu_kamx_rows(int kind, const uint8_t *w, size_t row_bytes, size_t r_begin, size_t r_end, const uint8_t *xp,
+                      size_t n_in, size_t n_tokens, float *y, size_t n_out, uint8_t *scratch);
+
 static inline uint16_t load_u16(const uint8_t *p) {
     uint16_t v;
     memcpy(&v, p, 2);

@@ -58,6 +58,8 @@ typedef enum sd_cpu_qpath {
     SD_CPU_QPATH_C,    /* the plain C twin */
     SD_CPU_QPATH_AVX2, /* AVX2 + FMA + F16C (x86-64-v3, the build's baseline) */
     SD_CPU_QPATH_VNNI, /* AVX-512 VNNI integer dots (run-time checked) */
+    SD_CPU_QPATH_AMX,  /* the VNNI path, with AMX-INT8 tile products for K-quant calls of
+                          16 or more tokens (run-time checked, with the kernel's permission) */
 } sd_cpu_qpath;
 
 /* True for the stored types sd_cpu_qmatmul computes on. */
@@ -66,7 +68,8 @@ bool sd_cpu_qmatmul_supports(sd_dtype type);
 /* True when path can run on this CPU (C and AUTO always). */
 bool sd_cpu_qpath_available(sd_cpu_qpath path);
 
-/* Name of the path AUTO picks on this CPU ("c", "avx2", "avx512-vnni"). */
+/* Name of the path AUTO picks on this CPU ("c", "avx2", "avx512-vnni",
+ * "avx512-amx"). */
 const char *sd_cpu_qpath_name(void);
 
 /* Bytes of one token row of quantized activations for n_in (a multiple of
@@ -101,7 +104,7 @@ sd_status sd_cpu_qmatmul(sd_backend *be, sd_cpu_qpath path, sd_dtype type, const
                          const float *x, int32_t n_tokens, float *y);
 
 /* The path named by the environment variable SPECD_CPU_QPATH ("c", "avx2",
- * "avx512-vnni"; for measuring and testing one path inside a whole model),
+ * "avx512-vnni", "avx512-amx"; for measuring and testing one path inside a whole model),
  * read once when a backend is created; SD_CPU_QPATH_AUTO when it is unset,
  * or (with a warning) names a path this CPU or build does not have. */
 sd_cpu_qpath sd_cpu_qpath_from_env(void);
