@@ -235,6 +235,70 @@ static void test_random_shapes(void **state) {
     }
 }
 
+/* K-quant blocks of random bytes (every scale, minimum and weight value
+ * the formats can hold, Q6_K's scales down to -128) with finite f16
+ * factors, against activations at the int8 limits: every path equals the
+ * C twin, on token counts on both sides of the AMX path's threshold
+ * (SD_AMX_MIN_TOKENS), with partial 16-token and 16-row tiles. */
+static void test_kquant_raw_blocks(void **state) {
+    fixture *f = *state;
+    const sd_dtype kt[] = {SD_DTYPE_Q4_K, SD_DTYPE_Q5_K, SD_DTYPE_Q6_K};
+    const int tokens[] = {1, 8, SD_AMX_MIN_TOKENS - 1, SD_AMX_MIN_TOKENS, SD_AMX_MIN_TOKENS + 17, 130};
+    enum { N_IN = 768, N_OUT = 37 };
+    for (size_t ti = 0; ti < 3; ti++) {
+        size_t be_elems, bb;
+        assert_true(sd_dtype_block(kt[ti], &be_elems, &bb));
+        const size_t w_bytes = (size_t)N_OUT * N_IN / be_elems * bb;
+        uint8_t *w = malloc(w_bytes);
+        float *x = malloc(sizeof(float) * N_IN * 130), *y_c = malloc(sizeof(float) * N_OUT * 130),
+              *y = malloc(sizeof(float) * N_OUT * 130);
+        assert_non_null(w);
+        assert_non_null(x);
+        assert_non_null(y_c);
+        assert_non_null(y);
+        for (size_t i = 0; i < w_bytes; i++) w[i] = (uint8_t)(uniform() * 128.0f + 128.0f);
+        for (size_t b = 0; b < w_bytes / bb; b++) {
+            const uint16_t d = sd_f32_to_f16(0.01f + 0.01f * fabsf(uniform())), dm = sd_f32_to_f16(0.02f * fabsf(uniform()));
+            if (kt[ti] == SD_DTYPE_Q6_K) {
+                memcpy(w + b * bb + 208, &d, 2);
+                if (b % 5 == 0) w[b * bb + 192] = 0x80; /* a scale of -128 */
+            } else {
+                memcpy(w + b * bb, &d, 2);
+                memcpy(w + b * bb + 2, &dm, 2);
+                if (b % 5 == 0) memset(w + b * bb + 4, 0xff, 12); /* every scale and minimum 63 */
+                if (b % 7 == 0) memset(w + b * bb + 16, 0xff, bb - 16); /* every weight at its largest */
+            }
+        }
+        for (size_t i = 0; i < (size_t)N_IN * 130; i++) x[i] = i % 3 == 0 ? (i % 2 ? 1.0f : -1.0f) : uniform();
+        for (size_t n = 0; n < sizeof tokens / sizeof tokens[0]; n++) {
+            const int nt = tokens[n];
+            assert_int_equal(sd_cpu_qmatmul(f->be1.ctx, SD_CPU_QPATH_C, kt[ti], w, N_IN, N_OUT, x, nt, y_c), SD_OK);
+            const sd_cpu_qpath paths[] = {SD_CPU_QPATH_AVX2, SD_CPU_QPATH_VNNI, SD_CPU_QPATH_AMX};
+            for (size_t p = 0; p < 3; p++) {
+                if (!sd_cpu_qpath_available(paths[p])) continue;
+                for (int th = 0; th < 2; th++) {
+                    memset(y, 0xff, sizeof(float) * N_OUT * (size_t)nt);
+                    assert_int_equal(
+                        sd_cpu_qmatmul(th ? f->be2.ctx : f->be1.ctx, paths[p], kt[ti], w, N_IN, N_OUT, x, nt, y),
+                        SD_OK);
+                    shape s = {N_IN, N_OUT, nt};
+                    first_mismatch(paths[p] == SD_CPU_QPATH_AMX    ? "raw blocks, amx vs C"
+                                   : paths[p] == SD_CPU_QPATH_VNNI ? "raw blocks, vnni vs C"
+                                                                   : "raw blocks, avx2 vs C",
+                                   kt[ti], s, y, y_c, (size_t)N_OUT * (size_t)nt);
+                }
+            }
+        }
+        free(w);
+        free(x);
+        free(y_c);
+        free(y);
+    }
+    if (!sd_cpu_qpath_available(SD_CPU_QPATH_AMX))
+        print_message("test_kquant_raw_blocks: no AMX-INT8 on this CPU (or no permission): the AMX path was "
+                      "not run\n");
+}
+
 static void test_quantize_row(void **state) {
     (void)state;
     float x[64];
@@ -477,6 +541,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_all_types_shapes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_token_counts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_random_shapes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_kquant_raw_blocks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
         cmocka_unit_test(test_tile_tables_cover_dispatch),
         cmocka_unit_test(test_qpath_env),

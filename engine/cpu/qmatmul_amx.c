@@ -151,9 +151,20 @@ static inline __attribute__((always_inline)) void transpose8(__m256i v[8]) {
     }
 }
 
+/* Each of the 8 bytes of v (bytes 0-7, or with odd 1, 3, .. 15 / even 0, 2,
+ * .. 14 of 16) four times: byte 4s + i of the result is byte s (2s + odd,
+ * 2s) of v, the lane-major layout's per-dword scale. */
+static inline __attribute__((always_inline)) __m256i rep4(__m128i v, int stride, int odd) {
+    const __m256i b = _mm256_broadcastsi128_si256(v);
+    char idx[32];
+    for (int j = 0; j < 32; j++) idx[j] = (char)(stride * ((j % 16) / 4 + 4 * (j / 16)) + odd);
+    return _mm256_shuffle_epi8(b, _mm256_loadu_si256((const __m256i *)idx));
+}
+
 /* Lays out one weight row's super-block for the tiles: row r of lo[k],
  * hi[k] (k = 0..7) and of the minimum's tile, d and -dmin. NULL blk: a
- * padding row (zeros). */
+ * padding row (zeros). The scales are kscales_c's fields (qmatmul.c),
+ * unpacked four at a time as kscw does. */
 static inline __attribute__((always_inline)) void prep_row(const uint8_t *blk, int r, uint8_t *sbuf,
                                                            const int kind) {
     float *dv = (float *)(sbuf + 17 * A_BYTES), *ndv = dv + 16;
@@ -163,41 +174,31 @@ static inline __attribute__((always_inline)) void prep_row(const uint8_t *blk, i
         ndv[r] = 0.0f;
         return;
     }
-    int16_t scw[2][32] __attribute__((aligned(64)));
+    __m512i sc0, sc1;
     if (kind == KIND_Q6_K) {
         dv[r] = _cvtsh_ss(load_u16(blk + 208));
         ndv[r] = 0.0f;
         /* lane k, dword s uses sc[2s + k / 4] */
-        for (int s = 0; s < 8; s++)
-            for (int i = 0; i < 4; i++) {
-                scw[0][4 * s + i] = (int8_t)blk[192 + 2 * s];
-                scw[1][4 * s + i] = (int8_t)blk[192 + 2 * s + 1];
-            }
+        const __m128i sc = _mm_loadu_si128((const __m128i *)(blk + 192));
+        sc0 = _mm512_cvtepi8_epi16(rep4(sc, 2, 0));
+        sc1 = _mm512_cvtepi8_epi16(rep4(sc, 2, 1));
     } else {
         dv[r] = _cvtsh_ss(load_u16(blk));
         ndv[r] = -_cvtsh_ss(load_u16(blk + 2));
-        const uint8_t *q = blk + 4;
-        uint8_t mins[32];
-        for (int s = 0; s < 8; s++) {
-            int sc, m;
-            if (s < 4) {
-                sc = q[s] & 63;
-                m = q[s + 4] & 63;
-            } else {
-                sc = (q[s + 4] & 0x0f) | ((q[s - 4] >> 6) << 4);
-                m = (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
-            }
-            for (int i = 0; i < 4; i++) {
-                scw[0][4 * s + i] = scw[1][4 * s + i] = (int16_t)sc;
-                mins[4 * s + i] = (uint8_t)m;
-            }
-        }
-        memcpy(sbuf + 16 * A_BYTES + r * 32, mins, 32);
+        uint32_t w0, w1, w2;
+        memcpy(&w0, blk + 4, 4);
+        memcpy(&w1, blk + 8, 4);
+        memcpy(&w2, blk + 12, 4);
+        const uint32_t sc_lo = w0 & 0x3f3f3f3fu, m_lo = w1 & 0x3f3f3f3fu;
+        const uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | ((w0 >> 2) & 0x30303030u);
+        const uint32_t m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 2) & 0x30303030u);
+        const __m128i scm = _mm_set_epi32((int)m_hi, (int)m_lo, (int)sc_hi, (int)sc_lo);
+        sc0 = sc1 = _mm512_cvtepu8_epi16(rep4(scm, 1, 0));
+        _mm256_storeu_si256((__m256i *)(sbuf + 16 * A_BYTES + r * 32), rep4(_mm_srli_si128(scm, 8), 1, 0));
     }
     __m256i v[8];
     for (int s = 0; s < 8; s++) v[s] = kw32(blk, s, kind);
     transpose8(v);
-    const __m512i sc0 = _mm512_load_si512(scw[0]), sc1 = _mm512_load_si512(scw[1]);
     for (int k = 0; k < 8; k++) {
         __m512i x = _mm512_cvtepu8_epi16(v[k]);
         if (kind == KIND_Q6_K) x = _mm512_sub_epi16(x, _mm512_set1_epi16(32));
@@ -233,21 +234,30 @@ static void tile_config(void) {
 }
 
 /* One strip (its weights laid out in sbuf) against token tile tt: out[r][t]
- * for its 16 rows and 16 tokens. */
+ * for its 16 rows and 16 tokens. Steps (lane k, super-block sb) run in
+ * that order, software-pipelined: step i's tile products are issued before
+ * the float steps of step i - 1 (read from cbuf, where step i - 1's tiles
+ * were stored), and stored after them, so the AMX unit and the vector units
+ * work at the same time (storing right after the products waited for them:
+ * perf had a fifth of the kernel on the first tile store). Each lane's
+ * accumulators stay in 16 registers over its super-blocks. */
 static inline __attribute__((always_inline)) void strip_tile(const uint8_t *sbuf, const uint8_t *xp, size_t nsb,
                                                              size_t ntt, size_t tt, float out[TR][TT],
                                                              const int kind) {
     const int q6 = kind == KIND_Q6_K;
     int32_t cbuf[3][TR][TT] __attribute__((aligned(64)));
     float lane[8][TR][TT] __attribute__((aligned(64)));
-    const float *dxv = (const float *)(xp + ntt * nsb * 8 * (size_t)B_BYTES);
-    for (int k = 0; k < 8; k++) {
-        __m512 acc[TR];
+    const float *dxv = (const float *)(xp + ntt * nsb * 8 * (size_t)B_BYTES) + tt * nsb * TT;
+    const uint8_t *xt = xp + tt * nsb * 8 * (size_t)B_BYTES;
+    const size_t steps = 8 * nsb;
+    __m512 acc[TR];
 #pragma GCC unroll 16
-        for (int r = 0; r < TR; r++) acc[r] = _mm512_setzero_ps();
-        for (size_t sb = 0; sb < nsb; sb++) {
+    for (int r = 0; r < TR; r++) acc[r] = _mm512_setzero_ps();
+    for (size_t i = 0; i <= steps; i++) {
+        if (i < steps) {
+            const size_t k = i / nsb, sb = i % nsb;
             const uint8_t *s = sbuf + sb * SB_BYTES;
-            _tile_loadd(0, xp + ((tt * nsb + sb) * 8 + (size_t)k) * B_BYTES, 64);
+            _tile_loadd(0, xt + (sb * 8 + k) * B_BYTES, 64);
             _tile_loadd(1, s + k * A_BYTES, 32);
             _tile_loadd(2, s + (8 + k) * A_BYTES, 32);
             _tile_zero(4);
@@ -261,12 +271,21 @@ static inline __attribute__((always_inline)) void strip_tile(const uint8_t *sbuf
                 _tile_loadd(3, s + 16 * A_BYTES, 32);
                 _tile_zero(6);
                 _tile_dpbusd(6, 3, 0);
-                _tile_stored(6, cbuf[2], 64);
             }
-            _tile_stored(4, cbuf[0], 64);
-            _tile_stored(5, cbuf[1], 64);
-            const float *dv = (const float *)(s + 17 * A_BYTES), *ndv = dv + 16;
-            const __m512 dx = _mm512_loadu_ps(dxv + (tt * nsb + sb) * TT);
+            if (i + 1 < steps) { /* the next step's B and A tiles */
+                const size_t k1 = (i + 1) / nsb, sb1 = (i + 1) % nsb;
+                const uint8_t *b1 = xt + (sb1 * 8 + k1) * B_BYTES, *s1 = sbuf + sb1 * SB_BYTES;
+                for (int l = 0; l < B_BYTES; l += 64) {
+                    _mm_prefetch((const char *)(b1 + l), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(s1 + k1 * A_BYTES + l), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(s1 + (8 + k1) * A_BYTES + l), _MM_HINT_T0);
+                }
+            }
+        }
+        if (i > 0) { /* the float steps of step i - 1 */
+            const size_t k = (i - 1) / nsb, sb = (i - 1) % nsb;
+            const float *dv = (const float *)(sbuf + sb * SB_BYTES + 17 * A_BYTES), *ndv = dv + 16;
+            const __m512 dx = _mm512_loadu_ps(dxv + sb * TT);
 #pragma GCC unroll 16
             for (int r = 0; r < TR; r++) {
                 const __m512i iv = _mm512_add_epi32(_mm512_load_si512(cbuf[0][r]),
@@ -276,9 +295,19 @@ static inline __attribute__((always_inline)) void strip_tile(const uint8_t *sbuf
                     q6 ? p : _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf[2][r])), _mm512_set1_ps(ndv[r]), p);
                 acc[r] = _mm512_fmadd_ps(v, dx, acc[r]);
             }
-        }
+            if (sb == nsb - 1) {
 #pragma GCC unroll 16
-        for (int r = 0; r < TR; r++) _mm512_store_ps(lane[k][r], acc[r]);
+                for (int r = 0; r < TR; r++) {
+                    _mm512_store_ps(lane[k][r], acc[r]);
+                    acc[r] = _mm512_setzero_ps();
+                }
+            }
+        }
+        if (i < steps) {
+            _tile_stored(4, cbuf[0], 64);
+            _tile_stored(5, cbuf[1], 64);
+            if (!q6) _tile_stored(6, cbuf[2], 64);
+        }
     }
     /* the lane tree of sd_cpu_hsum8, 16 tokens at a time */
     for (int r = 0; r < TR; r++) {
