@@ -82,11 +82,14 @@ def llama_run(llm, ids, n_decode):
     return len(ids) / (t1 - t0), n_decode / (t3 - t2), h.other
 
 
-def specd_run(exe, model, text, n_decode, threads):
+def specd_run(exe, model, text, n_decode, threads, qpath=""):
     cmd = [exe, "-m", model, "-p", text, "-n", str(n_decode + 1), "-t", str(threads), "--json", "--temp", "0",
            "--ignore-eos"]
+    env = dict(os.environ)
+    if qpath:
+        env["SPECD_CPU_QPATH"] = qpath
     with Hyg() as h:
-        r = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        r = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
     t = json.loads(r.stdout)["timings"]
     return t["prompt_tok_s"], t["decode_tok_s"], h.other, t["prompt_tokens"], t["decode_tokens"]
 
@@ -103,18 +106,24 @@ def bench_file(a, model, out):
     bos = llm.token_bos()
     if llm.metadata.get("tokenizer.ggml.add_bos_token", "false") == "true" and bos >= 0:
         ids = [bos] + ids
+    qpaths = a.specd_qpath.split(",") if a.specd_qpath else [""]
     rounds = []
     for r in range(a.rounds):
         res = {}
-        order = ("llama", "specd") if r % 2 == 0 else ("specd", "llama")
+        order = ["llama"] + qpaths if r % 2 == 0 else qpaths[::-1] + ["llama"]
         for who in order:
             if who == "llama":
                 res["llama"] = llama_run(llm, ids, a.decode)
             else:
-                res["specd"] = specd_run(a.specd_generate, model, text, a.decode, a.threads)
+                res[who] = specd_run(a.specd_generate, model, text, a.decode, a.threads, who)
         rounds.append(res)
         print(f"{os.path.basename(model)}: round {r + 1} of {a.rounds}", file=sys.stderr)
     del llm
+    for q in qpaths:
+        file_line(a, model, ids, [{"llama": x["llama"], "specd": x[q]} for x in rounds], q, out)
+
+
+def file_line(a, model, ids, rounds, qpath, out):
     clean = [x for x in rounds if max(x["llama"][2], x["specd"][2]) <= a.max_other_load]
     used = clean or rounds
     med = lambda v: statistics.median(v)  # noqa: E731
@@ -125,7 +134,8 @@ def bench_file(a, model, out):
     others = [x["llama"][2] for x in rounds] + [x["specd"][2] for x in rounds]
     n_specd = rounds[0]["specd"][3]
     mb = os.path.getsize(model) / 1e6
-    line = (f"| {os.path.basename(model)} | {mb:.0f} | {len(ids)} / {n_specd} | {lp:.1f} | {sp:.1f} | **{rp:.2f}x** | "
+    name = os.path.basename(model) + (f" ({qpath})" if qpath else "")
+    line = (f"| {name} | {mb:.0f} | {len(ids)} / {n_specd} | {lp:.1f} | {sp:.1f} | **{rp:.2f}x** | "
             f"{ld:.1f} | {sd:.1f} | **{rd:.2f}x** | {med(others):.2f} / {max(others):.2f} | "
             f"{len(rounds) - len(clean)} of {len(rounds)}{'' if clean else ' (all kept: none clean, unreliable)'} |")
     print(line)
@@ -144,6 +154,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--max-other-load", type=float, default=0.25)
     ap.add_argument("--specd-generate", default="build/tools/specd-generate")
+    ap.add_argument("--specd-qpath", default="", help="comma-separated SPECD_CPU_QPATH values: one specd row "
+                    "each, run in the same rounds (default: the path this CPU picks)")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     cpus = pin(a.cpus, a.threads)

@@ -58,6 +58,7 @@ static void amx_probe(void) {
     uint32_t xlo, xhi;
     __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
     if (((xlo >> 17) & 3) != 3) return; /* XTILECFG and XTILEDATA enabled by the OS */
+    if (!((c >> 1) & 1)) return;        /* AVX512_VBMI (the weight layout's byte permutes) */
     amx_ok = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
 }
 
@@ -67,15 +68,18 @@ bool sd_cpu_amx_usable(void) {
 }
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,amx-tile,amx-int8")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vbmi,amx-tile,amx-int8")
 #include <immintrin.h>
 
 enum {
     TT = 16,                          /* tokens per tile */
     TR = 16,                          /* weight rows per strip */
     B_BYTES = 8 * 64,                 /* one B tile: 8 rows (sub-blocks) x 16 tokens x 4 bytes */
-    A_BYTES = TR * 32,                /* one A tile: 16 rows x one lane's 32 bytes */
-    SB_BYTES = 17 * A_BYTES + 2 * 64, /* per super-block: lo[8], hi[8], min, d[16], -dmin[16] */
+    A_BYTES = TR * 32,  /* one A tile: 16 rows x one lane's 32 bytes */
+    L_BYTES = TR * 64,  /* one lane's lo and hi tiles, interleaved by row: 16 x (32 lo, 32 hi) */
+    MIN_OFF = 8 * L_BYTES,
+    D_OFF = MIN_OFF + A_BYTES,
+    SB_BYTES = D_OFF + 2 * 64, /* per super-block: lanes 0-7, the minimum's tile, d[16], -dmin[16] */
 };
 
 size_t sd_cpu_kamx_xprep_bytes(size_t n_in, size_t n_tokens) {
@@ -167,9 +171,10 @@ static inline __attribute__((always_inline)) __m256i rep4(__m128i v, int stride,
  * unpacked four at a time as kscw does. */
 static inline __attribute__((always_inline)) void prep_row(const uint8_t *blk, int r, uint8_t *sbuf,
                                                            const int kind) {
-    float *dv = (float *)(sbuf + 17 * A_BYTES), *ndv = dv + 16;
+    float *dv = (float *)(sbuf + D_OFF), *ndv = dv + 16;
     if (!blk) {
-        for (int k = 0; k < 17; k++) memset(sbuf + k * A_BYTES + r * 32, 0, 32);
+        for (int k = 0; k < 8; k++) memset(sbuf + k * L_BYTES + r * 64, 0, 64);
+        memset(sbuf + MIN_OFF + r * 32, 0, 32);
         dv[r] = 0.0f;
         ndv[r] = 0.0f;
         return;
@@ -194,18 +199,20 @@ static inline __attribute__((always_inline)) void prep_row(const uint8_t *blk, i
         const uint32_t m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 2) & 0x30303030u);
         const __m128i scm = _mm_set_epi32((int)m_hi, (int)m_lo, (int)sc_hi, (int)sc_lo);
         sc0 = sc1 = _mm512_cvtepu8_epi16(rep4(scm, 1, 0));
-        _mm256_storeu_si256((__m256i *)(sbuf + 16 * A_BYTES + r * 32), rep4(_mm_srli_si128(scm, 8), 1, 0));
+        _mm256_storeu_si256((__m256i *)(sbuf + MIN_OFF + r * 32), rep4(_mm_srli_si128(scm, 8), 1, 0));
     }
     __m256i v[8];
     for (int s = 0; s < 8; s++) v[s] = kw32(blk, s, kind);
     transpose8(v);
+    char si[64];
+    for (int j = 0; j < 64; j++) si[j] = (char)(j < 32 ? 2 * j : 2 * (j - 32) + 1);
+    const __m512i split = _mm512_loadu_si512(si);
     for (int k = 0; k < 8; k++) {
         __m512i x = _mm512_cvtepu8_epi16(v[k]);
         if (kind == KIND_Q6_K) x = _mm512_sub_epi16(x, _mm512_set1_epi16(32));
         const __m512i wp = _mm512_mullo_epi16(x, k < 4 ? sc0 : sc1);
-        _mm256_storeu_si256((__m256i *)(sbuf + k * A_BYTES + r * 32), _mm512_cvtepi16_epi8(wp));
-        _mm256_storeu_si256((__m256i *)(sbuf + (8 + k) * A_BYTES + r * 32),
-                            _mm512_cvtepi16_epi8(_mm512_srai_epi16(wp, 8)));
+        /* the low bytes (lo) to bytes 0-31, the high ones (hi) to 32-63 */
+        _mm512_storeu_si512(sbuf + k * L_BYTES + r * 64, _mm512_permutexvar_epi8(split, wp));
     }
 }
 
@@ -258,8 +265,8 @@ static inline __attribute__((always_inline)) void strip_tile(const uint8_t *sbuf
             const size_t k = i / nsb, sb = i % nsb;
             const uint8_t *s = sbuf + sb * SB_BYTES;
             _tile_loadd(0, xt + (sb * 8 + k) * B_BYTES, 64);
-            _tile_loadd(1, s + k * A_BYTES, 32);
-            _tile_loadd(2, s + (8 + k) * A_BYTES, 32);
+            _tile_loadd(1, s + k * L_BYTES, 64);
+            _tile_loadd(2, s + k * L_BYTES + 32, 64);
             _tile_zero(4);
             _tile_zero(5);
             _tile_dpbusd(4, 1, 0);
@@ -268,23 +275,21 @@ static inline __attribute__((always_inline)) void strip_tile(const uint8_t *sbuf
             else
                 _tile_dpbusd(5, 2, 0);
             if (!q6) {
-                _tile_loadd(3, s + 16 * A_BYTES, 32);
+                _tile_loadd(3, s + MIN_OFF, 32);
                 _tile_zero(6);
                 _tile_dpbusd(6, 3, 0);
             }
             if (i + 1 < steps) { /* the next step's B and A tiles */
                 const size_t k1 = (i + 1) / nsb, sb1 = (i + 1) % nsb;
                 const uint8_t *b1 = xt + (sb1 * 8 + k1) * B_BYTES, *s1 = sbuf + sb1 * SB_BYTES;
-                for (int l = 0; l < B_BYTES; l += 64) {
-                    _mm_prefetch((const char *)(b1 + l), _MM_HINT_T0);
-                    _mm_prefetch((const char *)(s1 + k1 * A_BYTES + l), _MM_HINT_T0);
-                    _mm_prefetch((const char *)(s1 + (8 + k1) * A_BYTES + l), _MM_HINT_T0);
-                }
+                for (int l = 0; l < B_BYTES; l += 64) _mm_prefetch((const char *)(b1 + l), _MM_HINT_T0);
+                for (int l = 0; l < L_BYTES; l += 64)
+                    _mm_prefetch((const char *)(s1 + k1 * L_BYTES + l), _MM_HINT_T0);
             }
         }
         if (i > 0) { /* the float steps of step i - 1 */
             const size_t k = (i - 1) / nsb, sb = (i - 1) % nsb;
-            const float *dv = (const float *)(sbuf + sb * SB_BYTES + 17 * A_BYTES), *ndv = dv + 16;
+            const float *dv = (const float *)(sbuf + sb * SB_BYTES + D_OFF), *ndv = dv + 16;
             const __m512 dx = _mm512_loadu_ps(dxv + sb * TT);
 #pragma GCC unroll 16
             for (int r = 0; r < TR; r++) {
