@@ -28,10 +28,13 @@
  * Per call, the activations are laid out once as B tiles (16 tokens x one
  * lane of one super-block, 512 bytes; the same bytes as the q8 rows,
  * permuted, padded with zero tokens). Per 16-row strip, each thread lays out
- * its weights (lo, hi and the minimum's bytes for every super-block and
- * lane) in its scratch, then runs every token tile over them. The strip
- * layout costs about a tile's work per super-block, so the path pays from
- * about 16 tokens (SD_AMX_MIN_TOKENS in qmatmul_impl.h). Linux hands out the
+ * its weights (lo and hi of each lane interleaved by row, the minimum's
+ * bytes, d and -dmin for every super-block) in its scratch, then runs every
+ * token tile over them. The layout costs about one and a half token tiles'
+ * work, so the path pays from about 28 tokens (SD_AMX_MIN_TOKENS in
+ * qmatmul_impl.h; measured on the 1B Q4_K_M model, 2 threads: 16 tokens
+ * 150-160 ms against the VNNI tiles' 130, 24: 200-212 against 186, 32:
+ * 207-222 against 247-253, bench/results/quant-cpu.md "amx"). Linux hands out the
  * tile state only after arch_prctl(ARCH_REQ_XCOMP_PERM); without it, or
  * without AMX-INT8, the path is not available and the VNNI tiles run. */
 #include "cpu/qmatmul_impl.h"

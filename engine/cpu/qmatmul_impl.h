@@ -45,7 +45,7 @@ enum { KIND_Q8_0 = 0, KIND_Q4_0 = 1, KIND_Q4_1 = 2, KIND_Q4_K = 3, KIND_Q5_K = 4
 #else
 #define HAVE_AMX_PATH 0
 #endif
-#define SD_AMX_MIN_TOKENS 16
+#define SD_AMX_MIN_TOKENS 28 /* the measured crossover (qmatmul_amx.c) */
 
 /* True when this CPU has AMX-INT8 and the kernel let this process use the
  * tile state (asked for once). */
