@@ -223,6 +223,7 @@ static void describe_machine(FILE *f, int n_threads, const char *load_before, co
             "%s %s\n",
             model, sysconf(_SC_NPROCESSORS_ONLN), l2, l3, (double)mem_kb / (1024.0 * 1024.0), u.sysname, u.release);
     fprintf(f, "- transparent huge pages: %s (weights and bandwidth buffers ask for them with madvise)\n", thp);
+    fprintf(f, "- CPU kernels for stored weights: %s (SPECD_CPU_QPATH, else the fastest this CPU has)\n", sd_cpu_kernel_path());
     fprintf(f, "- load average (1, 5, 15 min) before: %s; after: %s\n", load_before, load_after);
     char cpus[256];
     sd_hyg_affinity_text(cpus, sizeof cpus);

@@ -50,6 +50,7 @@
 #include <string.h>
 
 #include "cpu/qmatmul_impl.h"
+#include "specd/model.h"
 
 static int kind_of(sd_dtype t) {
     switch (t) {
@@ -377,6 +378,11 @@ static const char *path_name(sd_cpu_qpath p) {
 static bool vnni_tiles(sd_cpu_qpath p) { return p == SD_CPU_QPATH_VNNI || p == SD_CPU_QPATH_AMX; }
 
 const char *sd_cpu_qpath_name(void) { return path_name(auto_path()); }
+
+const char *sd_cpu_kernel_path(void) {
+    const sd_cpu_qpath p = sd_cpu_qpath_from_env();
+    return p == SD_CPU_QPATH_AUTO ? sd_cpu_qpath_name() : path_name(p);
+}
 
 sd_cpu_qpath sd_cpu_qpath_from_env(void) {
     const char *v = getenv("SPECD_CPU_QPATH");

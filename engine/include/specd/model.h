@@ -74,6 +74,11 @@ sd_status sd_model_load(const sd_gguf *g, const sd_model_params *p, sd_model **o
 typedef struct sd_weights sd_weights;
 sd_status sd_model_load_weights(const sd_weights *w, const sd_model_params *p, sd_model **out);
 
+/* The kernel path the CPU backend computes stored weights on in this
+ * process: "avx512-amx", "avx512-vnni", "avx2" or "c" (SPECD_CPU_QPATH, or
+ * the fastest this CPU has); for benchmark tables. */
+const char *sd_cpu_kernel_path(void);
+
 /* Parses a device name: "cpu" -> -1, "cuda" -> 0, "cuda:N" -> N. */
 sd_status sd_device_parse(const char *name, int32_t *device);
 
