@@ -40,6 +40,7 @@
 #include "cpu/qmatmul_impl.h"
 #include "cpu/quant_kernels.h"
 #include "specd/gguf.h"
+#include "specd/model.h"
 #include "cpu_fixture.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -475,6 +476,7 @@ static void test_qpath_env(void **state) {
     } cases[] = {{"c", SD_CPU_QPATH_C},
                  {"avx2", sd_cpu_qpath_available(SD_CPU_QPATH_AVX2) ? SD_CPU_QPATH_AVX2 : SD_CPU_QPATH_AUTO},
                  {"avx512-vnni", sd_cpu_qpath_available(SD_CPU_QPATH_VNNI) ? SD_CPU_QPATH_VNNI : SD_CPU_QPATH_AUTO},
+                 {"avx512-amx", sd_cpu_qpath_available(SD_CPU_QPATH_AMX) ? SD_CPU_QPATH_AMX : SD_CPU_QPATH_AUTO},
                  {"sse9", SD_CPU_QPATH_AUTO},
                  {"", SD_CPU_QPATH_AUTO}};
     enum { N_IN = 96, N_OUT = 7, N_TOK = 5 };
@@ -496,6 +498,16 @@ static void test_qpath_env(void **state) {
     }
     assert_int_equal(unsetenv("SPECD_CPU_QPATH"), 0);
     assert_int_equal(sd_cpu_qpath_from_env(), SD_CPU_QPATH_AUTO);
+    /* the default is the fastest path this CPU has, and the tools report it */
+    const char *want = sd_cpu_qpath_available(SD_CPU_QPATH_AMX)    ? "avx512-amx"
+                       : sd_cpu_qpath_available(SD_CPU_QPATH_VNNI) ? "avx512-vnni"
+                       : sd_cpu_qpath_available(SD_CPU_QPATH_AVX2) ? "avx2"
+                                                                   : "c";
+    assert_string_equal(sd_cpu_qpath_name(), want);
+    assert_string_equal(sd_cpu_kernel_path(), want);
+    assert_int_equal(setenv("SPECD_CPU_QPATH", "c", 1), 0);
+    assert_string_equal(sd_cpu_kernel_path(), "c");
+    assert_int_equal(unsetenv("SPECD_CPU_QPATH"), 0);
 }
 
 /* Every tile the dispatch can call exists: for calls of 1 .. 2 x TOK_BLOCK
