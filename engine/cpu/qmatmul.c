@@ -544,6 +544,12 @@ sd_status sd_cpu_qmatmul(sd_backend *be, sd_cpu_qpath path, sd_dtype type, const
         size_t xprep_bytes = 0;
 #if HAVE_AMX_PATH
         if (a.kamx) {
+            /* the B tiles are ~1.02 x n_in x (n_tokens + 15) bytes, a
+             * thread's strip ~34.5 x n_in: both under this bound */
+            size_t bound;
+            if (!sd_mul_ok((size_t)n_in * 40, a.n_tokens + 15 + (size_t)be->n_threads, &bound) ||
+                bound > SIZE_MAX / 2 - q8_bytes)
+                return SD_ERR_NOMEM;
             xprep_bytes = (sd_cpu_kamx_xprep_bytes(a.n_in, a.n_tokens) + 63) & ~(size_t)63;
             a.kscratch_bytes = (sd_cpu_kamx_scratch_bytes(a.n_in) + 63) & ~(size_t)63;
             need = q8_bytes + xprep_bytes + (size_t)be->n_threads * a.kscratch_bytes;

@@ -115,29 +115,6 @@ void sd_cpu_kamx_prep_x(const uint8_t *xq, size_t xrow_bytes, size_t n_in, size_
         }
 }
 
-/* The 32 unsigned weights of sub-block s (Q4_K nibbles, Q5_K 5 bits, Q6_K
- * the stored 6 bits), as in quant_k.c's layouts. */
-static inline __attribute__((always_inline)) __m256i kw32(const uint8_t *blk, int s, const int kind) {
-    const __m256i low4 = _mm256_set1_epi8(0x0f);
-    if (kind == KIND_Q6_K) {
-        const int h = s / 4, k = s % 4;
-        const __m256i lo = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32 * (k & 1)));
-        const __m256i top = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
-        const __m256i nib = _mm256_and_si256(k < 2 ? lo : _mm256_srli_epi16(lo, 4), low4);
-        const __m256i two = k < 2 ? _mm256_slli_epi16(top, 4 - 2 * k) : _mm256_srli_epi16(top, 2 * k - 4);
-        return _mm256_or_si256(nib, _mm256_and_si256(two, _mm256_set1_epi8(0x30)));
-    }
-    const __m256i qs = _mm256_loadu_si256((const __m256i *)(blk + (kind == KIND_Q5_K ? 48 : 16) + 32 * (s / 2)));
-    __m256i n = _mm256_and_si256(s & 1 ? _mm256_srli_epi16(qs, 4) : qs, low4);
-    if (kind == KIND_Q5_K) {
-        const __m256i bit = _mm256_set1_epi8((char)(1 << s));
-        const __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16));
-        n = _mm256_or_si256(n, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit),
-                                                _mm256_set1_epi8(16)));
-    }
-    return n;
-}
-
 /* In place: v[s] dword k -> v[k] dword s (8 x 8 dwords). */
 static inline __attribute__((always_inline)) void transpose8(__m256i v[8]) {
     __m256i t[8], u[8];
@@ -170,8 +147,7 @@ static inline __attribute__((always_inline)) __m256i rep4(__m128i v, int stride,
 
 /* Lays out one weight row's super-block for the tiles: row r of lo[k],
  * hi[k] (k = 0..7) and of the minimum's tile, d and -dmin. NULL blk: a
- * padding row (zeros). The scales are kscales_c's fields (qmatmul.c),
- * unpacked four at a time as kscw does. */
+ * padding row (zeros). The scales: sd_kscale_bytes (qmatmul_impl.h). */
 static inline __attribute__((always_inline)) void prep_row(const uint8_t *blk, int r, uint8_t *sbuf,
                                                            const int kind) {
     float *dv = (float *)(sbuf + D_OFF), *ndv = dv + 16;
@@ -193,19 +169,12 @@ static inline __attribute__((always_inline)) void prep_row(const uint8_t *blk, i
     } else {
         dv[r] = _cvtsh_ss(load_u16(blk));
         ndv[r] = -_cvtsh_ss(load_u16(blk + 2));
-        uint32_t w0, w1, w2;
-        memcpy(&w0, blk + 4, 4);
-        memcpy(&w1, blk + 8, 4);
-        memcpy(&w2, blk + 12, 4);
-        const uint32_t sc_lo = w0 & 0x3f3f3f3fu, m_lo = w1 & 0x3f3f3f3fu;
-        const uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | ((w0 >> 2) & 0x30303030u);
-        const uint32_t m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 2) & 0x30303030u);
-        const __m128i scm = _mm_set_epi32((int)m_hi, (int)m_lo, (int)sc_hi, (int)sc_lo);
+        const __m128i scm = sd_kscale_bytes(blk);
         sc0 = sc1 = _mm512_cvtepu8_epi16(rep4(scm, 1, 0));
         _mm256_storeu_si256((__m256i *)(sbuf + MIN_OFF + r * 32), rep4(_mm_srli_si128(scm, 8), 1, 0));
     }
     __m256i v[8];
-    for (int s = 0; s < 8; s++) v[s] = kw32(blk, s, kind);
+    for (int s = 0; s < 8; s++) v[s] = sd_kweights32(blk, s, kind);
     transpose8(v);
     char si[64];
     for (int j = 0; j < 64; j++) si[j] = (char)(j < 32 ? 2 * j : 2 * (j - 32) + 1);

@@ -86,6 +86,48 @@ static inline float f16_row_tail(const uint8_t *wr, const float *x, size_t n8, s
     return s;
 }
 
+#if SD_CPU_AVX2
+/* (qmatmul_simd.inc's tiles and qmatmul_amx.c) The 32 weights of sub-block s of the K-quant super-block blk as unsigned
+ * bytes, the first operand of maddubs: Q4_K nibbles, Q5_K 5-bit values, Q6_K
+ * the stored 6-bit q (its -32 is taken off with the lane sums). */
+static inline __attribute__((always_inline)) __m256i sd_kweights32(const uint8_t *blk, int s, const int kind) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    if (kind == KIND_Q6_K) {
+        const int h = s / 4, k = s % 4;
+        __m256i lo = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32 * (k & 1)));
+        __m256i top = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+        __m256i nib = _mm256_and_si256(k < 2 ? lo : _mm256_srli_epi16(lo, 4), low4);
+        /* bits 2k, 2k+1 of each byte to bits 4-5: no bit crosses a byte */
+        __m256i two = k < 2 ? _mm256_slli_epi16(top, 4 - 2 * k) : _mm256_srli_epi16(top, 2 * k - 4);
+        return _mm256_or_si256(nib, _mm256_and_si256(two, _mm256_set1_epi8(0x30)));
+    }
+    __m256i qs = _mm256_loadu_si256((const __m256i *)(blk + (kind == KIND_Q5_K ? 48 : 16) + 32 * (s / 2)));
+    __m256i n = _mm256_and_si256(s & 1 ? _mm256_srli_epi16(qs, 4) : qs, low4);
+    if (kind == KIND_Q5_K) {
+        const __m256i bit = _mm256_set1_epi8((char)(1 << s));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16));
+        __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+        n = _mm256_or_si256(n, _mm256_and_si256(set, _mm256_set1_epi8(16)));
+    }
+    return n;
+}
+
+/* The 6-bit scales and minimums of a Q4_K / Q5_K super-block as bytes:
+ * sc_0..7, then m_0..7 (kscales_c's fields in qmatmul.c). Bytes s < 4: the
+ * low 6 bits; s >= 4: a nibble of the third word plus the top 2 bits of
+ * the first (sc) or second (m) moved to bits 4-5 of the same byte. */
+static inline __m128i sd_kscale_bytes(const uint8_t *blk) {
+    uint32_t w0, w1, w2;
+    memcpy(&w0, blk + 4, 4);
+    memcpy(&w1, blk + 8, 4);
+    memcpy(&w2, blk + 12, 4);
+    const uint32_t sc_lo = w0 & 0x3f3f3f3fu, m_lo = w1 & 0x3f3f3f3fu;
+    const uint32_t sc_hi = (w2 & 0x0f0f0f0fu) | ((w0 >> 2) & 0x30303030u);
+    const uint32_t m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 2) & 0x30303030u);
+    return _mm_set_epi32((int)m_hi, (int)m_lo, (int)sc_hi, (int)sc_lo);
+}
+#endif
+
 /* K-quant activation rows (quant_kernels.h: sd_cpu_q8k_row_bytes), nsb
  * super-blocks: q [nsb][256] int8 from byte 0, d [nsb] f32 from nsb * 256,
  * the lane sums [nsb][64] int16 from nsb * 260: for super-block sb, u = 0..3,
