@@ -334,7 +334,6 @@ typedef struct path_tally {
     lat_set ttft[MAX_ROUNDS], gaps[MAX_ROUNDS]; /* per measured round, pooled over the kept ones */
     double events[MAX_ROUNDS], requests[MAX_ROUNDS];
     double other[MAX_ROUNDS];
-    int failures;
     /* HTTP only: the gateway's forwarding histogram over each round */
     sd_prom_histo fwd[MAX_ROUNDS];
     bool fwd_ok[MAX_ROUNDS];
@@ -390,10 +389,7 @@ static bool run_round(int path, const http_opts *o, sd_client *c, char **prompts
         free(reqs[i].buf);
     }
     free(reqs);
-    if (measured) {
-        if (round < MAX_ROUNDS) t->other[round] = sd_hyg_other_cores(&h0, &h1);
-        if (!ok) t->failures++;
-    }
+    if (measured && round < MAX_ROUNDS) t->other[round] = sd_hyg_other_cores(&h0, &h1);
     return ok;
 }
 
@@ -475,20 +471,41 @@ static void write_row(FILE *out, const char *line) {
     if (out) fprintf(out, "%s", line);
 }
 
-/* One concurrency: warm-up, then rounds pairs in ABBA order; one row per path. */
-static void run_conc(const http_opts *o, sd_client *c, char **prompts, int n_prompts, int conc, FILE *out) {
+static const char *const PATH_NAME[2] = {"HTTP (gateway)", "libspecd-client"};
+
+/* One concurrency: warm-up, then rounds pairs in ABBA order; one row per
+ * path. False, with nothing printed, when a round failed: a service that
+ * stopped answering gives no figures worth a row, and every later round
+ * would only wait for it again. */
+static bool run_conc(const http_opts *o, sd_client *c, char **prompts, int n_prompts, int conc, FILE *out) {
     path_tally *t = calloc(2, sizeof *t);
-    if (!t) return;
+    if (!t) return false;
     int next = 0;
-    for (int w = 0; w < o->warmup; w++)
-        for (int p = 0; p < 2; p++) run_round(p, o, c, prompts, n_prompts, next, conc, &t[p], 0, false);
-    for (int r = 0; r < o->rounds; r++) {
+    bool ok = true;
+    for (int w = 0; ok && w < o->warmup; w++)
+        for (int p = 0; ok && p < 2; p++) {
+            ok = run_round(p, o, c, prompts, n_prompts, next, conc, &t[p], 0, false);
+            if (!ok) fprintf(stderr, "specd-bench http: concurrency %d: a warm-up round through %s failed\n", conc,
+                             PATH_NAME[p]);
+        }
+    for (int r = 0; ok && r < o->rounds; r++) {
         int first = r % 4 == 0 || r % 4 == 3 ? 0 : 1; /* ABBA */
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; ok && k < 2; k++) {
             int p = k == 0 ? first : 1 - first;
-            run_round(p, o, c, prompts, n_prompts, next, conc, &t[p], r, true);
+            ok = run_round(p, o, c, prompts, n_prompts, next, conc, &t[p], r, true);
+            if (!ok) fprintf(stderr, "specd-bench http: concurrency %d: round %d through %s failed\n", conc, r + 1,
+                             PATH_NAME[p]);
         }
         next += conc;
+    }
+    if (!ok) {
+        for (int p = 0; p < 2; p++)
+            for (int r = 0; r < MAX_ROUNDS; r++) {
+                free(t[p].ttft[r].v);
+                free(t[p].gaps[r].v);
+            }
+        free(t);
+        return false;
     }
     bool keep[MAX_ROUNDS];
     int dirty = 0;
@@ -527,16 +544,17 @@ static void run_conc(const http_opts *o, sd_client *c, char **prompts, int n_pro
         if (p == 0) forward_cell(forward, sizeof forward, &fwd, fwd_ok);
         char line[640];
         snprintf(line, sizeof line,
-                 "| %d | %s | %.2f | %.2f | %.3f | %.3f | %.1f | %s | %s | %.2f / %.2f | %d of %d%s |%s\n", conc,
-                 p == 0 ? "HTTP (gateway)" : "libspecd-client", lat_pct(&ttft, 0.5), lat_pct(&ttft, 0.99), p50[p],
+                 "| %d | %s | %.2f | %.2f | %.3f | %.3f | %.1f | %s | %s | %.2f / %.2f | %d of %d%s |\n", conc,
+                 PATH_NAME[p], lat_pct(&ttft, 0.5), lat_pct(&ttft, 0.99), p50[p],
                  lat_pct(&gaps, 0.99), requests > 0 ? events / requests : 0, added, forward,
                  sd_bench_median(other, o->rounds), other_max, dirty, o->rounds,
-                 dirty == o->rounds ? ", all kept: unreliable" : "", t[p].failures ? " (failures!)" : "");
+                 dirty == o->rounds ? ", all kept: unreliable" : "");
         write_row(out, line);
         free(ttft.v);
         free(gaps.v);
     }
     free(t);
+    return true;
 }
 
 int bench_http_main(int argc, char **argv) {
@@ -581,7 +599,12 @@ int bench_http_main(int argc, char **argv) {
             fprintf(stderr, "specd-bench http: concurrency %s outside [1, %d]\n", tok, MAX_CONC);
             goto done;
         }
-        run_conc(&o, c, prompts, n_prompts, conc, out);
+        if (!run_conc(&o, c, prompts, n_prompts, conc, out)) {
+            fprintf(stderr, "specd-bench http: stopped: the service did not answer every request (is it still "
+                            "running? the gateway at %s, the coordinator at %s)\n",
+                    o.gateway, o.addr);
+            goto done;
+        }
     }
     rc = 0;
 done:
