@@ -52,7 +52,7 @@ typedef struct sd_coord_params {
     int32_t default_k;             /* 4: K with adaptive off, and the starting K */
     int32_t max_k;                 /* 8 */
     bool adaptive_k;               /* on */
-    int32_t prefill_chunk;         /* 512 tokens */
+    int32_t prefill_chunk;         /* prompt tokens per verify step, all sequences together (512) */
     int32_t draft_timeout_ms;      /* 2000 */
     int32_t verify_timeout_ms;     /* 30000 */
     int32_t heartbeat_interval_ms; /* SD_HEARTBEAT_INTERVAL_MS (tests shorten it) */

@@ -32,7 +32,8 @@
  * request appends committed[cached ..] after keep_len = cached. A verifier
  * that must be refilled (new request, CACHE_MISS, new verifier) gets the
  * whole missing prefix: in prefill_only chunks of --prefill-chunk tokens
- * while more than a chunk is missing, then a normal step; a new prompt also
+ * while more than a chunk is missing, then a normal step (--prefill-chunk
+ * is the budget of prompt tokens of a whole step: append_len); a new prompt also
  * goes to the drafter at once ("warm" draft: k = the first K; its drafts are
  * stale once the verifier commits and are dropped). Drafts are valid only
  * while the committed length equals the one they were drafted from.
@@ -208,13 +209,48 @@ static cand_kind verify_candidate(const sd_coord *c, int32_t g, const sd_session
     return CAND_NONE;
 }
 
+/* Whether s's prefill chunk starts where its prompt logprobs are owed. */
+static bool prompt_lp_chunk(const sd_session *s, bool prefill) {
+    return prefill && s->prompt_lp_next < s->n_prompt && s->v_cached + 1 == s->prompt_lp_next;
+}
+
+/* Tokens s appends to the verifier's cache in the step being built, or 0
+ * when s stays out of it: every prompt token a step carries (new prompts,
+ * refills, prefill chunks) comes out of *budget, the step's share of
+ * --prefill-chunk, so a burst of new prompts cannot turn one step into
+ * seconds of prefill while running sequences wait for their next token
+ * (bench/results/http-cpu.md). A running sequence (one token to append)
+ * always goes. In a normal step a prompt goes whole or waits for a later
+ * step (it is never more than the chunk, verify_candidate); a prefill-only
+ * step cuts its chunks to what is left. */
+static int32_t append_len(const sd_session *s, bool prefill, int32_t *budget) {
+    int32_t missing = s->n_tokens - s->v_cached;
+    if (!prefill) {
+        if (missing == 1) return 1;
+        if (missing > *budget) return 0;
+        *budget -= missing;
+        return missing;
+    }
+    int32_t n_append = sd_imin(*budget, missing - 1);
+    /* Prompt logprobs: a chunk that starts where they are owed scores its
+     * tokens' successors (at most SD_MAX_PROMPT_LP_ROWS, the last one
+     * prompt_next); a refill of what was scored already stops there. Every
+     * prompt token but the last goes through prefill. */
+    if (prompt_lp_chunk(s, prefill)) /* the prompt only: a resubmission's continuation follows it */
+        n_append = sd_imin(sd_imin(n_append, SD_MAX_PROMPT_LP_ROWS), s->n_prompt - 1 - s->v_cached);
+    else if (s->prompt_lp_next < s->n_prompt)
+        n_append = sd_imin(n_append, s->prompt_lp_next - 1 - s->v_cached);
+    if (n_append < 1) return 0;
+    *budget -= n_append;
+    return n_append;
+}
+
 static void send_verify(sd_coord *c, int32_t g, bool prefill, uint64_t now_us) {
     sd_coord_worker *w = &c->workers[g];
-    int32_t n = 0;
-    for (int32_t i = 0; i < c->n_sessions && n < w->max_batch; i++) {
-        cand_kind kind = verify_candidate(c, g, c->sessions[i]);
-        if ((prefill && kind == CAND_PREFILL) || (!prefill && kind == CAND_STEP)) n++;
-    }
+    const cand_kind want = prefill ? CAND_PREFILL : CAND_STEP;
+    int32_t n = 0, budget = c->p.prefill_chunk;
+    for (int32_t i = 0; i < c->n_sessions && n < w->max_batch; i++)
+        if (verify_candidate(c, g, c->sessions[i]) == want && append_len(c->sessions[i], prefill, &budget) > 0) n++;
     if (n == 0 || !step_reserve(w, n)) return;
     sd_verify_pack pk;
     if (sd_pack_verify_alloc(&pk, n) != SD_OK) {
@@ -223,21 +259,14 @@ static void send_verify(sd_coord *c, int32_t g, bool prefill, uint64_t now_us) {
     }
     int32_t m = 0, n_tokens = 0;
     bool refill = false;
+    budget = c->p.prefill_chunk;
     for (int32_t i = 0; i < c->n_sessions && m < n; i++) {
         sd_session *s = c->sessions[i];
-        cand_kind kind = verify_candidate(c, g, s);
-        if (!((prefill && kind == CAND_PREFILL) || (!prefill && kind == CAND_STEP))) continue;
+        if (verify_candidate(c, g, s) != want) continue;
         int32_t missing = s->n_tokens - s->v_cached;
-        int32_t n_append = prefill ? sd_imin(c->p.prefill_chunk, missing - 1) : missing;
-        /* Prompt logprobs: a chunk that starts where they are owed scores
-         * its tokens' successors (at most SD_MAX_PROMPT_LP_ROWS, the last
-         * one prompt_next); a refill of what was scored already stops
-         * there. Every prompt token but the last goes through prefill. */
-        bool prompt_lp = prefill && s->prompt_lp_next < s->n_prompt && s->v_cached + 1 == s->prompt_lp_next;
-        if (prompt_lp) /* the prompt only: a resubmission's continuation follows it */
-            n_append = sd_imin(sd_imin(n_append, SD_MAX_PROMPT_LP_ROWS), s->n_prompt - 1 - s->v_cached);
-        else if (prefill && s->prompt_lp_next < s->n_prompt)
-            n_append = sd_imin(n_append, s->prompt_lp_next - 1 - s->v_cached);
+        int32_t n_append = append_len(s, prefill, &budget);
+        if (n_append == 0) continue;
+        bool prompt_lp = prompt_lp_chunk(s, prefill);
         int32_t k = 0;
         /* A sampled request's refill step carries no drafts: whether its
          * warm-up drafts are back when the step goes depends on timing (a
@@ -309,15 +338,17 @@ static double draft_wait_us(const sd_coord *c, const sd_session *s, uint64_t now
 
 static bool hold_for_drafts(const sd_coord *c, int32_t g, uint64_t now_us) {
     const sd_coord_worker *v = &c->workers[g];
-    int32_t n_ready = 0, n_pending = 0, ready_tokens = 0;
+    int32_t n_ready = 0, n_pending = 0, ready_tokens = 0, budget = c->p.prefill_chunk;
     double wait = 0.0;
     for (int32_t i = 0; i < c->n_sessions; i++) {
         const sd_session *s = c->sessions[i];
         cand_kind kind = verify_candidate(c, g, s);
-        int32_t missing = s->n_tokens - s->v_cached;
+        int32_t missing = s->n_tokens - s->v_cached, n_append;
         if (kind == CAND_STEP) {
-            n_ready++;
-            ready_tokens += missing + (drafted_now(s) ? s->k : 0);
+            if ((n_append = append_len(s, false, &budget)) > 0) { /* what the step would carry */
+                n_ready++;
+                ready_tokens += n_append + (drafted_now(s) ? s->k : 0);
+            }
         } else if (kind == CAND_NONE && s->group == g && s->state == SD_SESSION_ACTIVE && !s->in_verify &&
                    missing == 1 && sd_coord_drafter_usable(c, s)) {
             n_pending++;

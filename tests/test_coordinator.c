@@ -2053,6 +2053,104 @@ static void test_chunked_prefill_and_queue(void **state) {
     harness_free(h);
 }
 
+/* Answers every sequence of a normal step with one committed token (100 +
+ * its position in the step) and the cache the protocol says. */
+static void commit_one_each(harness *h, const Specd__VerifyRequest *req) {
+    vres r[16] = {0};
+    assert_true(req->n_seqs <= 16);
+    for (size_t i = 0; i < req->n_seqs; i++) {
+        r[i].commit[0] = 100 + (int32_t)i;
+        r[i].n_commit = 1;
+        r[i].cached_len = req->seqs[i]->keep_len + (uint32_t)req->seqs[i]->n_append;
+    }
+    reply_verify(h, "v", req, r);
+}
+
+/* --prefill-chunk is a budget of prompt tokens per step, all sequences
+ * together: a burst of new prompts joins the running sequences a budget's
+ * worth at a time (a running sequence always goes), and a prefill-only step
+ * carries one prompt's chunk. */
+static void test_step_prompt_budget(void **state) {
+    (void)state;
+    NEED_MODEL();
+    sd_coord_params p = sd_coord_default_params();
+    p.prefill_chunk = 8;
+    harness *h = harness_new(&p);
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    int32_t prompt[20];
+    for (int i = 0; i < 20; i++) prompt[i] = 10 + i;
+    submit(h, "c", prompt, 6, 10, NULL);
+    (void)expect_accepted(h, "c");
+    Specd__CoordinatorToWorker *w = expect_verify(h, "v");
+    assert_false(w->verify->prefill_only);
+    assert_int_equal(w->verify->n_seqs, 1);
+    assert_int_equal(w->verify->seqs[0]->n_append, 6);
+    /* three 5-token prompts arrive while the first step runs */
+    for (int i = 0; i < 3; i++) {
+        submit(h, "c", prompt + 1 + i, 5, 10, NULL);
+        (void)expect_accepted(h, "c");
+    }
+    assert_null(pop_worker(h, "v")); /* one step in flight */
+    commit_one_each(h, w->verify);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    /* each step: the running sequences (1 token each) and one new prompt
+     * (5 of the 8; the next would need 10) */
+    for (size_t step = 0; step < 3; step++) {
+        w = expect_verify(h, "v");
+        assert_false(w->verify->prefill_only);
+        assert_int_equal(w->verify->n_seqs, step + 2);
+        size_t prompt_tokens = 0;
+        for (size_t i = 0; i < w->verify->n_seqs; i++) {
+            size_t n = w->verify->seqs[i]->n_append;
+            assert_true(n == 1 || n == 5);
+            if (n > 1) prompt_tokens += n;
+        }
+        assert_int_equal(prompt_tokens, 5);
+        assert_int_equal(w->verify->seqs[step + 1]->n_append, 5); /* the prompts in arrival order */
+        commit_one_each(h, w->verify);
+        specd__coordinator_to_worker__free_unpacked(w, NULL);
+    }
+    w = expect_verify(h, "v"); /* all four running */
+    assert_int_equal(w->verify->n_seqs, 4);
+    for (size_t i = 0; i < 4; i++) assert_int_equal(w->verify->seqs[i]->n_append, 1);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    harness_free(h);
+
+    /* two long prompts waiting together: a prefill-only step carries 8
+     * tokens in all (it used to carry a chunk of each) */
+    h = harness_new(&p);
+    submit(h, "c", prompt, 20, 5, NULL);
+    (void)expect_accepted(h, "c");
+    submit(h, "c", prompt, 20, 5, NULL);
+    (void)expect_accepted(h, "c");
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    for (uint32_t chunk = 0; chunk < 2; chunk++) {
+        w = expect_verify(h, "v");
+        assert_true(w->verify->prefill_only);
+        assert_int_equal(w->verify->n_seqs, 1);
+        assert_int_equal(w->verify->seqs[0]->keep_len, 8 * chunk);
+        assert_int_equal(w->verify->seqs[0]->n_append, 8);
+        vres r = {.cached_len = 8 * (chunk + 1)};
+        reply_verify(h, "v", w->verify, &r);
+        specd__coordinator_to_worker__free_unpacked(w, NULL);
+    }
+    /* the first's last 4 go in a normal step, which takes turns with the
+     * second's prefill */
+    w = expect_verify(h, "v");
+    assert_false(w->verify->prefill_only);
+    assert_int_equal(w->verify->n_seqs, 1);
+    assert_int_equal(w->verify->seqs[0]->n_append, 4);
+    commit_one_each(h, w->verify);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    w = expect_verify(h, "v");
+    assert_true(w->verify->prefill_only);
+    assert_int_equal(w->verify->n_seqs, 1);
+    assert_int_equal(w->verify->seqs[0]->keep_len, 0);
+    assert_int_equal(w->verify->seqs[0]->n_append, 8);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    harness_free(h);
+}
+
 static void test_bad_submits(void **state) {
     (void)state;
     NEED_MODEL();
@@ -3308,6 +3406,7 @@ int main(void) {
         cmocka_unit_test(test_late_drafter_releases_hold),
         cmocka_unit_test(test_verifier_death_waits_and_resends),
         cmocka_unit_test(test_chunked_prefill_and_queue),
+        cmocka_unit_test(test_step_prompt_budget),
         cmocka_unit_test(test_bad_submits),
         cmocka_unit_test(test_slow_drafter_backs_off),
         cmocka_unit_test(test_continuation_across_the_seam),
