@@ -403,12 +403,28 @@ static int32_t draft_candidate(const sd_coord *c, int32_t d, const sd_session *s
     return sd_k_want(c, s);
 }
 
+/* Whether a draft candidate goes in the draft step being built. What the
+ * drafter lacks beyond a running sequence's 1 + max_k tokens (a new
+ * prompt's warm-up, a refill) comes out of *budget, the verify step's
+ * budget (append_len): a burst of new prompts joins a budget's worth at a
+ * time instead of holding every running sequence's drafts for the length of
+ * all their prefills. The first such sequence always goes (the drafter
+ * takes a prefix in one step, however long). */
+static bool draft_fits(const sd_coord *c, const sd_session *s, int32_t *budget) {
+    int32_t keep = s->d_cached < s->n_tokens ? s->d_cached : s->n_tokens - 1; /* sd_pack_draft_seq's */
+    int32_t n_append = s->n_tokens - keep;
+    if (n_append <= (c->p.max_k > 1 ? c->p.max_k : 1) + 1) return true;
+    if (n_append > *budget && *budget < c->p.prefill_chunk) return false;
+    *budget -= n_append;
+    return true;
+}
+
 static void dispatch_draft(sd_coord *c, int32_t d, uint64_t now_us) {
     sd_coord_worker *w = &c->workers[d];
     if (!sd_coord_is_drafter(w) || w->busy || w->backed_off) return;
-    int32_t n = 0;
+    int32_t n = 0, budget = c->p.prefill_chunk;
     for (int32_t i = 0; i < c->n_sessions && n < w->max_batch; i++)
-        if (draft_candidate(c, d, c->sessions[i]) > 0) n++;
+        if (draft_candidate(c, d, c->sessions[i]) > 0 && draft_fits(c, c->sessions[i], &budget)) n++;
     if (n == 0 || !step_reserve(w, n)) return;
     sd_draft_pack pk;
     if (sd_pack_draft_alloc(&pk, n) != SD_OK) {
@@ -418,10 +434,11 @@ static void dispatch_draft(sd_coord *c, int32_t d, uint64_t now_us) {
     int32_t m = 0;
     w->step_refill = false;
     w->step_appended = 0;
+    budget = c->p.prefill_chunk;
     for (int32_t i = 0; i < c->n_sessions && m < n; i++) {
         sd_session *s = c->sessions[i];
         int32_t k = draft_candidate(c, d, s);
-        if (k <= 0) continue;
+        if (k <= 0 || !draft_fits(c, s, &budget)) continue;
         sd_pack_draft_seq(&pk, m, s, k);
         if ((int64_t)pk.seqs[m].n_append > (int64_t)(c->p.max_k > 1 ? c->p.max_k : 1) + 1) w->step_refill = true;
         w->step_appended += (int32_t)pk.seqs[m].n_append;

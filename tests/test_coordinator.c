@@ -2151,6 +2151,43 @@ static void test_step_prompt_budget(void **state) {
     harness_free(h);
 }
 
+/* The drafter's side of the budget: a burst of new prompts warms the
+ * drafter up a budget's worth at a time, as it prefills the verifier; the
+ * first always goes. */
+static void test_draft_prompt_budget(void **state) {
+    (void)state;
+    NEED_MODEL();
+    sd_coord_params p = sd_coord_default_params();
+    p.adaptive_k = false;
+    p.default_k = 2;
+    p.max_k = 2; /* a running sequence appends at most 3 tokens to the drafter */
+    p.prefill_chunk = 8;
+    harness *h = harness_new(&p);
+    int32_t prompt[20];
+    for (int i = 0; i < 20; i++) prompt[i] = 10 + i;
+    for (int i = 0; i < 3; i++) { /* 5, 5 and 12 tokens, before any worker */
+        submit(h, "c", prompt + i, i < 2 ? 5 : 12, 10, NULL);
+        (void)expect_accepted(h, "c");
+    }
+    register_ok(h, "d", SPECD__ROLE__ROLE_DRAFTER);
+    Specd__CoordinatorToWorker *w = expect_draft(h, "d");
+    assert_int_equal(w->draft->n_seqs, 1); /* 5 of 8; the next 5 would not fit */
+    assert_int_equal(w->draft->seqs[0]->n_append, 5);
+    int32_t toks[2] = {7, 8};
+    reply_draft(h, "d", w->draft, toks, 2);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    w = expect_draft(h, "d");
+    assert_int_equal(w->draft->n_seqs, 1);
+    assert_int_equal(w->draft->seqs[0]->n_append, 5);
+    reply_draft(h, "d", w->draft, toks, 2);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    w = expect_draft(h, "d"); /* over the budget, but the first of its step */
+    assert_int_equal(w->draft->n_seqs, 1);
+    assert_int_equal(w->draft->seqs[0]->n_append, 12);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    harness_free(h);
+}
+
 static void test_bad_submits(void **state) {
     (void)state;
     NEED_MODEL();
@@ -3407,6 +3444,7 @@ int main(void) {
         cmocka_unit_test(test_verifier_death_waits_and_resends),
         cmocka_unit_test(test_chunked_prefill_and_queue),
         cmocka_unit_test(test_step_prompt_budget),
+        cmocka_unit_test(test_draft_prompt_budget),
         cmocka_unit_test(test_bad_submits),
         cmocka_unit_test(test_slow_drafter_backs_off),
         cmocka_unit_test(test_continuation_across_the_seam),
