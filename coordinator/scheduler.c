@@ -410,10 +410,14 @@ static int32_t draft_candidate(const sd_coord *c, int32_t d, const sd_session *s
  * time instead of holding every running sequence's drafts for the length of
  * all their prefills. The first such sequence always goes (the drafter
  * takes a prefix in one step, however long). */
+/* Most tokens a running sequence's drafter lacks: the accepted drafts and
+ * the target's token; more is a refill. */
+static int32_t draft_running_append(const sd_coord *c) { return (c->p.max_k > 1 ? c->p.max_k : 1) + 1; }
+
 static bool draft_fits(const sd_coord *c, const sd_session *s, int32_t *budget) {
     int32_t keep = s->d_cached < s->n_tokens ? s->d_cached : s->n_tokens - 1; /* sd_pack_draft_seq's */
     int32_t n_append = s->n_tokens - keep;
-    if (n_append <= (c->p.max_k > 1 ? c->p.max_k : 1) + 1) return true;
+    if (n_append <= draft_running_append(c)) return true;
     if (n_append > *budget && *budget < c->p.prefill_chunk) return false;
     *budget -= n_append;
     return true;
@@ -440,7 +444,7 @@ static void dispatch_draft(sd_coord *c, int32_t d, uint64_t now_us) {
         int32_t k = draft_candidate(c, d, s);
         if (k <= 0 || !draft_fits(c, s, &budget)) continue;
         sd_pack_draft_seq(&pk, m, s, k);
-        if ((int64_t)pk.seqs[m].n_append > (int64_t)(c->p.max_k > 1 ? c->p.max_k : 1) + 1) w->step_refill = true;
+        if ((int64_t)pk.seqs[m].n_append > draft_running_append(c)) w->step_refill = true;
         w->step_appended += (int32_t)pk.seqs[m].n_append;
         w->step_rids[m] = s->id;
         w->step_k[m] = k;
