@@ -473,6 +473,15 @@ static void write_row(FILE *out, const char *line) {
 
 static const char *const PATH_NAME[2] = {"HTTP (gateway)", "libspecd-client"};
 
+static void tally_free(path_tally *t) {
+    for (int p = 0; p < 2; p++)
+        for (int r = 0; r < MAX_ROUNDS; r++) {
+            free(t[p].ttft[r].v);
+            free(t[p].gaps[r].v);
+        }
+    free(t);
+}
+
 /* One concurrency: warm-up, then rounds pairs in ABBA order; one row per
  * path. False, with nothing printed, when a round failed: a service that
  * stopped answering gives no figures worth a row, and every later round
@@ -481,31 +490,18 @@ static bool run_conc(const http_opts *o, sd_client *c, char **prompts, int n_pro
     path_tally *t = calloc(2, sizeof *t);
     if (!t) return false;
     int next = 0;
-    bool ok = true;
-    for (int w = 0; ok && w < o->warmup; w++)
-        for (int p = 0; ok && p < 2; p++) {
-            ok = run_round(p, o, c, prompts, n_prompts, next, conc, &t[p], 0, false);
-            if (!ok) fprintf(stderr, "specd-bench http: concurrency %d: a warm-up round through %s failed\n", conc,
-                             PATH_NAME[p]);
-        }
-    for (int r = 0; ok && r < o->rounds; r++) {
-        int first = r % 4 == 0 || r % 4 == 3 ? 0 : 1; /* ABBA */
-        for (int k = 0; ok && k < 2; k++) {
+    for (int r = -o->warmup; r < o->rounds; r++) { /* r < 0: warm-up rounds, not measured */
+        int first = r < 0 || r % 4 == 0 || r % 4 == 3 ? 0 : 1; /* ABBA */
+        for (int k = 0; k < 2; k++) {
             int p = k == 0 ? first : 1 - first;
-            ok = run_round(p, o, c, prompts, n_prompts, next, conc, &t[p], r, true);
-            if (!ok) fprintf(stderr, "specd-bench http: concurrency %d: round %d through %s failed\n", conc, r + 1,
-                             PATH_NAME[p]);
-        }
-        next += conc;
-    }
-    if (!ok) {
-        for (int p = 0; p < 2; p++)
-            for (int r = 0; r < MAX_ROUNDS; r++) {
-                free(t[p].ttft[r].v);
-                free(t[p].gaps[r].v);
+            if (!run_round(p, o, c, prompts, n_prompts, next, conc, &t[p], r < 0 ? 0 : r, r >= 0)) {
+                fprintf(stderr, "specd-bench http: concurrency %d: %s round %d through %s failed\n", conc,
+                        r < 0 ? "warm-up" : "measured", r < 0 ? r + o->warmup + 1 : r + 1, PATH_NAME[p]);
+                tally_free(t);
+                return false;
             }
-        free(t);
-        return false;
+        }
+        if (r >= 0) next += conc;
     }
     bool keep[MAX_ROUNDS];
     int dirty = 0;
@@ -535,8 +531,6 @@ static bool run_conc(const http_opts *o, sd_client *c, char **prompts, int n_pro
                 events += t[p].events[r];
                 requests += t[p].requests[r];
             }
-            free(t[p].ttft[r].v);
-            free(t[p].gaps[r].v);
         }
         p50[p] = lat_pct(&gaps, 0.5);
         char added[64] = "", forward[96] = "";
@@ -553,7 +547,7 @@ static bool run_conc(const http_opts *o, sd_client *c, char **prompts, int n_pro
         free(ttft.v);
         free(gaps.v);
     }
-    free(t);
+    tally_free(t);
     return true;
 }
 

@@ -145,7 +145,7 @@ def main():
         H.check(all("µs" in r for r in rows if "libspecd-client" in r), "no added-latency figure")
         bad, err = run_bench(h, "http://127.0.0.1:%d" % H.free_port(), prompts, want_rc=1)
         H.check(not bad, "rows from a run whose HTTP rounds failed: %s" % bad)
-        H.check("concurrency 1: round 1 through HTTP (gateway) failed" in err and "stopped" in err,
+        H.check("concurrency 1: measured round 1 through HTTP (gateway) failed" in err and "stopped" in err,
                 "the failed round is not named: %s" % err[-500:])
 
 
