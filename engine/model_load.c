@@ -1,7 +1,8 @@
 /* model_load.c — a Llama model: loading, tensor-parallel sharding, views,
  * and the KV pools sized for it (the forward pass is model_forward.c).
  *
- * Matrices stay as the file stores them (F16, BF16, Q8_0, Q4_0, Q4_1) on a
+ * Matrices stay as the file stores them (F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
+ * Q5_1 and the K-quants) on a
  * backend that computes on them (the CPU: ops->matmul_stored, see
  * cpu/quant_kernels.h), so a step streams the file's bytes, not their f32
  * expansion; the embedding table too, its looked-up rows dequantized on the

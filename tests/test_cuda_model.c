@@ -457,7 +457,7 @@ static void demo_model_checks(const char *path) {
  * upload) against the CPU reading the same file's values as f32: the
  * demo's Q4_1 file rewritten by specd-quantize. */
 static void format_checks(const char *demo) {
-    static const char *const types[] = {"f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k"};
+    static const char *const types[] = {"f16", "bf16", "q8_0", "q4_0", "q5_0", "q5_1", "q4_k_m", "q5_k_m", "q6_k"};
     char dir[64] = "/tmp/specd-cuda-fmt-XXXXXX";
     if (!mkdtemp(dir)) {
         FAIL("mkdtemp for the format files");

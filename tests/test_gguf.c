@@ -314,6 +314,8 @@ static double error_bound(sd_dtype t, const float *x, size_t n) {
     case SD_DTYPE_Q8_0: return amax / 127.0 * (0.5 + 127 * 0x1.0p-11) + 1e-7;
     case SD_DTYPE_Q4_0: return amax / 8.0 * (1.0 + 8 * 0x1.0p-11) + 1e-7;
     case SD_DTYPE_Q4_1: return (max - min) / 15.0 * (0.5 + 15 * 0x1.0p-11) + fabsf(min) * 0x1.0p-11 + 1e-7;
+    case SD_DTYPE_Q5_0: return amax / 16.0 * (1.0 + 16 * 0x1.0p-11) + 1e-7;
+    case SD_DTYPE_Q5_1: return (max - min) / 31.0 * (0.5 + 31 * 0x1.0p-11) + fabsf(min) * 0x1.0p-11 + 1e-7;
     default: break; /* the K-quants: test_k_quant_error */
     }
     return -1;
@@ -321,12 +323,13 @@ static double error_bound(sd_dtype t, const float *x, size_t n) {
 
 static void test_tensors_every_dtype(void **state) {
     (void)state;
-    const sd_dtype types[] = {SD_DTYPE_F32, SD_DTYPE_F16, SD_DTYPE_BF16, SD_DTYPE_Q8_0, SD_DTYPE_Q4_0, SD_DTYPE_Q4_1};
+    const sd_dtype types[] = {SD_DTYPE_F32,  SD_DTYPE_F16,  SD_DTYPE_BF16, SD_DTYPE_Q8_0,
+                              SD_DTYPE_Q4_0, SD_DTYPE_Q4_1, SD_DTYPE_Q5_0, SD_DTYPE_Q5_1};
     const size_t n_types = sizeof types / sizeof types[0];
     const uint64_t ne[3] = {64, 3, 2};
     const size_t n = 64 * 3 * 2;
     float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
-    void *enc[6];
+    void *enc[sizeof types / sizeof types[0]];
     uint64_t st = 42;
     for (size_t i = 0; i < n; i++) x[i] = rand_normal(&st) * (i % 64 < 32 ? 1.0f : 0.01f) + (i % 7 == 0 ? 0.3f : 0);
     sd_gguf_writer *w = sd_gguf_writer_new();
@@ -343,7 +346,7 @@ static void test_tensors_every_dtype(void **state) {
     const uint64_t bad_ne[1] = {48};
     assert_int_equal(sd_gguf_writer_add_tensor(w, "t.bad", SD_DTYPE_Q8_0, 1, bad_ne, enc[3]), SD_ERR_INVALID_ARG);
     assert_int_equal(sd_gguf_writer_add_tensor(w, "t.bad", SD_DTYPE_F32, 0, bad_ne, enc[0]), SD_ERR_INVALID_ARG);
-    assert_int_equal(sd_gguf_writer_add_tensor(w, "t.bad", (sd_dtype)7, 1, bad_ne, enc[0]), SD_ERR_INVALID_ARG);
+    assert_int_equal(sd_gguf_writer_add_tensor(w, "t.bad", (sd_dtype)9, 1, bad_ne, enc[0]), SD_ERR_INVALID_ARG);
 
     char path[128];
     sd_gguf *g = write_and_open(w, path, sizeof path);
@@ -383,7 +386,7 @@ static void test_tensors_every_dtype(void **state) {
         free(enc[k]);
     }
     assert_int_equal(sd_dequantize(SD_DTYPE_Q4_0, enc[0], 31, y), SD_ERR_INVALID_ARG);
-    assert_int_equal(sd_quantize((sd_dtype)7, x, 32, y), SD_ERR_INVALID_ARG);
+    assert_int_equal(sd_quantize((sd_dtype)9, x, 32, y), SD_ERR_INVALID_ARG); /* Q8_1: not a stored type */
     sd_gguf_close(&g);
     unlink(path);
     sd_gguf_writer_free(&w);
@@ -522,6 +525,29 @@ static void test_known_encodings(void **state) {
         assert_true(y[j] == 2.0f * (float)j - 1.0f);
         assert_true(y[16 + j] == 2.0f * (float)(15 - j) - 1.0f);
     }
+    /* Q5_0 block of the integers -16..15: d = 1, v = x + 16; elements 0..15
+     * (v < 16) have no fifth bit, 16..31 have it (qh = 0xffff0000). */
+    uint8_t q5[22];
+    for (int j = 0; j < 32; j++) x[j] = (float)(j - 16);
+    assert_int_equal(sd_quantize(SD_DTYPE_Q5_0, x, 32, q5), SD_OK);
+    assert_int_equal(q5[0] | q5[1] << 8, 0x3c00);
+    assert_int_equal((uint32_t)q5[2] | (uint32_t)q5[3] << 8 | (uint32_t)q5[4] << 16 | (uint32_t)q5[5] << 24,
+                     0xffff0000u);
+    for (int j = 0; j < 16; j++) assert_int_equal(q5[6 + j], j | j << 4);
+    assert_int_equal(sd_dequantize(SD_DTYPE_Q5_0, q5, 32, y), SD_OK);
+    assert_memory_equal(x, y, sizeof x);
+    /* Q5_1: x = v d + m with v's fifth bit from qh (bit j for element j). */
+    uint8_t q51[24] = {0x00, 0x40, 0x00, 0xbc, 0x0f, 0xf0, 0x00, 0x80}; /* d = 2, m = -1, qh = 0x8000f00f */
+    for (int j = 0; j < 16; j++) q51[8 + j] = (uint8_t)(j | (15 - j) << 4);
+    assert_int_equal(sd_dequantize(SD_DTYPE_Q5_1, q51, 32, y), SD_OK);
+    const uint32_t qh51 = 0x8000f00fu;
+    for (int j = 0; j < 16; j++) {
+        assert_true(y[j] == 2.0f * (float)(j | (int)((qh51 >> j) & 1) << 4) - 1.0f);
+        assert_true(y[16 + j] == 2.0f * (float)((15 - j) | (int)((qh51 >> (16 + j)) & 1) << 4) - 1.0f);
+    }
+    assert_true(y[0] == 31.0f && y[4] == 7.0f && y[31] == 31.0f && y[30] == 1.0f);
+    assert_string_equal(sd_dtype_name(SD_DTYPE_Q5_0), "Q5_0");
+    assert_string_equal(sd_dtype_name(SD_DTYPE_Q5_1), "Q5_1");
     /* Q8_0: x = q * d. */
     uint8_t q8[34] = {0x00, 0x38}; /* d = 0.5 */
     for (int j = 0; j < 32; j++) q8[2 + j] = (uint8_t)(int8_t)(j * 8 - 127);

@@ -462,8 +462,8 @@ static void test_k_bad_scales(void **state) {
  * must give the first such element (block types: the start of its block). */
 static void test_first_non_finite(void **state) {
     (void)state;
-    const sd_dtype types[] = {SD_DTYPE_F32,  SD_DTYPE_F16,  SD_DTYPE_BF16, SD_DTYPE_Q8_0, SD_DTYPE_Q4_0,
-                              SD_DTYPE_Q4_1, SD_DTYPE_Q4_K, SD_DTYPE_Q5_K, SD_DTYPE_Q6_K};
+    const sd_dtype types[] = {SD_DTYPE_F32,  SD_DTYPE_F16,  SD_DTYPE_BF16, SD_DTYPE_Q8_0, SD_DTYPE_Q4_0, SD_DTYPE_Q4_1,
+                              SD_DTYPE_Q5_0, SD_DTYPE_Q5_1, SD_DTYPE_Q4_K, SD_DTYPE_Q5_K, SD_DTYPE_Q6_K};
     enum { N = 1024 };
     static uint8_t raw[N * 4];
     static float out[N];
@@ -501,7 +501,7 @@ static void test_first_non_finite(void **state) {
             hits += want >= 0;
         }
     }
-    assert_true(hits > 300); /* the poisoned trials were found (2 of 3 of 1800) */
+    assert_true(hits > 400); /* the poisoned trials were found (2 of 3 of 2200) */
 }
 
 static void test_open_errors(void **state) {

@@ -549,7 +549,7 @@ static void check_head_cut(sd_model *m, const float *ref, int len, int n_head, c
     free(got);
 }
 
-/* Matrices kept as stored (F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K; the CPU computes on
+/* Matrices kept as stored (F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; the CPU computes on
  * the blocks, integer formats on 8-bit activations): a sequence's logits are
  * bit-identical alone, token by token, chunked, beside other sequences, with
  * 1 and 2 threads; KV rollback re-appends to the same bits; and the logits
@@ -558,8 +558,8 @@ static void check_head_cut(sd_model *m, const float *ref, int len, int n_head, c
  * rounding through 2 layers). Tied and untied heads. */
 static void test_stored_formats(void **state) {
     (void)state;
-    const sd_dtype types[] = {SD_DTYPE_F16,  SD_DTYPE_BF16, SD_DTYPE_Q8_0, SD_DTYPE_Q4_0,
-                              SD_DTYPE_Q4_1, SD_DTYPE_Q4_K, SD_DTYPE_Q5_K, SD_DTYPE_Q6_K};
+    const sd_dtype types[] = {SD_DTYPE_F16,  SD_DTYPE_BF16, SD_DTYPE_Q8_0, SD_DTYPE_Q4_0, SD_DTYPE_Q4_1,
+                              SD_DTYPE_Q5_0, SD_DTYPE_Q5_1, SD_DTYPE_Q4_K, SD_DTYPE_Q5_K, SD_DTYPE_Q6_K};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const bool k = sd_dtype_is_k(types[ti]); /* rows of whole 256-element super-blocks */
         spec sp = {.embd = k ? 256 : 128,

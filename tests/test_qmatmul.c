@@ -1,6 +1,6 @@
 /* test_qmatmul.c — the stored-weight matmul kernels (engine/cpu/qmatmul.c).
  *
- * For F16, BF16, Q8_0, Q4_0, Q4_1 weights on random shapes (n_in not a
+ * For F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 weights on random shapes (n_in not a
  * multiple of 256, n_out across chunk boundaries, 1 token, odd token counts,
  * more tokens than a tile or a token block), and Q4_K, Q5_K, Q6_K on shapes
  * with n_in a multiple of 256 (their super-block):
@@ -54,8 +54,8 @@ typedef struct shape {
     int n_in, n_out, n_tokens;
 } shape;
 
-static const sd_dtype types[] = {SD_DTYPE_F16,  SD_DTYPE_BF16, SD_DTYPE_Q8_0, SD_DTYPE_Q4_0,
-                                 SD_DTYPE_Q4_1, SD_DTYPE_Q4_K, SD_DTYPE_Q5_K, SD_DTYPE_Q6_K};
+static const sd_dtype types[] = {SD_DTYPE_F16,  SD_DTYPE_BF16, SD_DTYPE_Q8_0, SD_DTYPE_Q4_0, SD_DTYPE_Q4_1,
+                                 SD_DTYPE_Q5_0, SD_DTYPE_Q5_1, SD_DTYPE_Q4_K, SD_DTYPE_Q5_K, SD_DTYPE_Q6_K};
 enum { N_TYPES = sizeof types / sizeof types[0] };
 
 /* The last two of each list: many chunks and tiles, partial ones at the end
@@ -76,7 +76,8 @@ static const shape k_shapes[] = {
 static const shape float_shapes[] = {{37, 9, 3}, {7, 4, 1}, {131, 50, 11}};
 
 static bool is_int_type(sd_dtype t) {
-    return t == SD_DTYPE_Q8_0 || t == SD_DTYPE_Q4_0 || t == SD_DTYPE_Q4_1 || sd_dtype_is_k(t);
+    return t == SD_DTYPE_Q8_0 || t == SD_DTYPE_Q4_0 || t == SD_DTYPE_Q4_1 || t == SD_DTYPE_Q5_0 || t == SD_DTYPE_Q5_1 ||
+           sd_dtype_is_k(t);
 }
 
 static void first_mismatch(const char *what, sd_dtype t, shape s, const float *a, const float *b, size_t n) {

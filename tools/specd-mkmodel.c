@@ -53,7 +53,8 @@ typedef struct mk_params {
 static void usage(FILE *f) {
     fprintf(f, "usage: specd-mkmodel -o OUT.gguf [--dim 64] [--layers 2] [--heads 4] [--kv-heads 2] [--ff 128]\n"
                "                     [--vocab 512 | --tokenizer-from MODEL.gguf] [--ctx 2048] [--rope-base 10000]\n"
-               "                     [--dtype f32|f16|bf16|q8_0|q4_0|q4_1|q4_k|q5_k|q6_k] [--norm-dtype f32] [--tied] "
+               "                     [--dtype f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k] [--norm-dtype f32] "
+               "[--tied] "
                "[--seed S]\n"
                "                     [--format gguf|hf] [--shards N]\n"
                "       specd-mkmodel -o OUT.gguf --requant FROM.gguf --dtype q4_0|q8_0|...\n"
@@ -100,15 +101,15 @@ static bool parse_dtype(const char *s, sd_dtype *out) {
     static const struct {
         const char *name;
         sd_dtype t;
-    } names[] = {{"f32", SD_DTYPE_F32},   {"f16", SD_DTYPE_F16},   {"bf16", SD_DTYPE_BF16},
-                 {"q8_0", SD_DTYPE_Q8_0}, {"q4_0", SD_DTYPE_Q4_0}, {"q4_1", SD_DTYPE_Q4_1},
+    } names[] = {{"f32", SD_DTYPE_F32},   {"f16", SD_DTYPE_F16},   {"bf16", SD_DTYPE_BF16}, {"q8_0", SD_DTYPE_Q8_0},
+                 {"q4_0", SD_DTYPE_Q4_0}, {"q4_1", SD_DTYPE_Q4_1}, {"q5_0", SD_DTYPE_Q5_0}, {"q5_1", SD_DTYPE_Q5_1},
                  {"q4_k", SD_DTYPE_Q4_K}, {"q5_k", SD_DTYPE_Q5_K}, {"q6_k", SD_DTYPE_Q6_K}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(s, names[i].name) == 0) {
             *out = names[i].t;
             return true;
         }
-    fprintf(stderr, "specd-mkmodel: unknown dtype '%s' (f32|f16|bf16|q8_0|q4_0|q4_1|q4_k|q5_k|q6_k)\n", s);
+    fprintf(stderr, "specd-mkmodel: unknown dtype '%s' (f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k)\n", s);
     return false;
 }
 
@@ -481,6 +482,8 @@ static uint32_t file_type(sd_dtype t) { /* llama.cpp's general.file_type (LLAMA_
     case SD_DTYPE_F16: return 1;
     case SD_DTYPE_Q4_0: return 2;
     case SD_DTYPE_Q4_1: return 3;
+    case SD_DTYPE_Q5_0: return 8;
+    case SD_DTYPE_Q5_1: return 9;
     case SD_DTYPE_Q8_0: return 7;
     case SD_DTYPE_BF16: return 32;
     case SD_DTYPE_Q4_K: return 14; /* MOSTLY_Q4_K_S: every matrix Q4_K */

@@ -1,7 +1,7 @@
 /* specd-quantize — rewrite a GGUF model with its matrices in another type.
  *
  *   specd-quantize [--pure] IN.gguf OUT.gguf TYPE
- *       TYPE: f32 f16 bf16 q8_0 q4_0 q4_1 q4_k q5_k q6_k q4_k_m q5_k_m
+ *       TYPE: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q5_k q6_k q4_k_m q5_k_m
  *
  * Every metadata entry is copied (general.file_type is set to TYPE's ggml
  * file type). Each 2-D tensor whose rows are whole blocks of TYPE is
@@ -23,8 +23,10 @@
  *
  * K-quants store rows of whole 256-element super-blocks. A matrix whose rows
  * are not (e.g. SmolLM2-135M's 576-wide ones) takes a fallback in its place,
- * as llama.cpp's quantize does (it has Q5_0 / Q5_1, specd does not): Q4_K ->
- * Q4_1, Q5_K and Q6_K -> Q8_0. The mixes q4_k_m / q5_k_m follow llama.cpp's
+ * as llama.cpp's quantize does: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, so
+ * a Q4_K_M of SmolLM2 has the same type in every tensor as llama.cpp's. (Up
+ * to 2026-11-29 specd had no Q5_0 / Q5_1 and fell back from Q4_K to Q4_1.)
+ * The mixes q4_k_m / q5_k_m follow llama.cpp's
  * recipe for Q4_K_M / Q5_K_M: the output matrix at Q6_K (above), attn_v and
  * ffn_down at Q6_K in the layers where
  * more_bits() says (the first and last eighth and every third in between),
@@ -45,19 +47,22 @@ static const struct {
     bool mix;           /* the _m recipe: some matrices at Q6_K */
     uint32_t file_type; /* ggml's general.file_type (llama_ftype) */
 } types[] = {
-    {"f32", SD_DTYPE_F32, false, 0},     {"f16", SD_DTYPE_F16, false, 1},     {"bf16", SD_DTYPE_BF16, false, 32},
-    {"q8_0", SD_DTYPE_Q8_0, false, 7},   {"q4_0", SD_DTYPE_Q4_0, false, 2},   {"q4_1", SD_DTYPE_Q4_1, false, 3},
-    {"q4_k", SD_DTYPE_Q4_K, false, 14},  {"q5_k", SD_DTYPE_Q5_K, false, 16},  {"q6_k", SD_DTYPE_Q6_K, false, 18},
-    {"q4_k_m", SD_DTYPE_Q4_K, true, 15}, {"q5_k_m", SD_DTYPE_Q5_K, true, 17},
+    {"f32", SD_DTYPE_F32, false, 0},     {"f16", SD_DTYPE_F16, false, 1},    {"bf16", SD_DTYPE_BF16, false, 32},
+    {"q8_0", SD_DTYPE_Q8_0, false, 7},   {"q4_0", SD_DTYPE_Q4_0, false, 2},  {"q4_1", SD_DTYPE_Q4_1, false, 3},
+    {"q5_0", SD_DTYPE_Q5_0, false, 8},   {"q5_1", SD_DTYPE_Q5_1, false, 9},  {"q4_k", SD_DTYPE_Q4_K, false, 14},
+    {"q5_k", SD_DTYPE_Q5_K, false, 16},  {"q6_k", SD_DTYPE_Q6_K, false, 18}, {"q4_k_m", SD_DTYPE_Q4_K, true, 15},
+    {"q5_k_m", SD_DTYPE_Q5_K, true, 17},
 };
 
 static void usage(FILE *f) {
     fprintf(f, "usage: specd-quantize [--pure] IN.gguf OUT.gguf TYPE\n"
-               "  TYPE: f32, f16, bf16, q8_0, q4_0, q4_1, q4_k, q5_k, q6_k (the matrices; norms stay f32),\n"
+               "  TYPE: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k (the matrices; norms\n"
+               "        stay f32),\n"
                "        q4_k_m or q5_k_m (Q4_K / Q5_K with attn_v and ffn_down of some layers at Q6_K,\n"
                "        llama.cpp's recipe). Below 8 bits the output matrix (the token embedding when\n"
                "        tied) is written as Q6_K, as llama.cpp does. K-quant matrices whose rows are not\n"
-               "        whole 256-element super-blocks fall back: Q4_K to Q4_1, Q5_K and Q6_K to Q8_0.\n"
+               "        whole 256-element super-blocks fall back as llama.cpp's do: Q4_K to Q5_0, Q5_K to\n"
+               "        Q5_1, Q6_K to Q8_0.\n"
                "  --pure  every matrix as TYPE, the output matrix too (not for the _m mixes)\n");
 }
 
@@ -79,7 +84,8 @@ static bool ends_with(const char *s, const char *suffix) {
 
 /* Below 8 bits per weight: the types whose output matrix goes to Q6_K. */
 static bool below_8_bits(sd_dtype t) {
-    return t == SD_DTYPE_Q4_0 || t == SD_DTYPE_Q4_1 || t == SD_DTYPE_Q4_K || t == SD_DTYPE_Q5_K;
+    return t == SD_DTYPE_Q4_0 || t == SD_DTYPE_Q4_1 || t == SD_DTYPE_Q5_0 || t == SD_DTYPE_Q5_1 || t == SD_DTYPE_Q4_K ||
+           t == SD_DTYPE_Q5_K;
 }
 
 /* The type tensor t of g is written as: base, or Q6_K for the output matrix
@@ -99,7 +105,8 @@ static sd_dtype target_type(const sd_gguf *g, const sd_gguf_tensor *t, sd_dtype 
              more_bits(layer, n_layers))
         type = SD_DTYPE_Q6_K;
     size_t be, bb;
-    if (sd_dtype_is_k(type) && t->ne[0] % 256 != 0) type = type == SD_DTYPE_Q4_K ? SD_DTYPE_Q4_1 : SD_DTYPE_Q8_0;
+    if (sd_dtype_is_k(type) && t->ne[0] % 256 != 0)
+        type = type == SD_DTYPE_Q4_K ? SD_DTYPE_Q5_0 : type == SD_DTYPE_Q5_K ? SD_DTYPE_Q5_1 : SD_DTYPE_Q8_0;
     if (!sd_dtype_block(type, &be, &bb) || t->ne[0] % be != 0) return SD_DTYPE_F32;
     return type;
 }

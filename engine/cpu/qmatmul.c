@@ -15,7 +15,8 @@
  * same integer dots, picked at run time with __builtin_cpu_supports). The
  * integer products are exact and the float steps are the same operations in
  * the same order, so the three agree bit for bit. The VNNI path computes
- * Q8_0 / Q4_0 / Q4_1, F16 / BF16 and (3 or more tokens) the K-quants in
+ * the blocks of 32 (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), F16 / BF16 and (3 or
+ * more tokens) the K-quants in
  * 512-bit registers holding two weight rows' 8 lanes each, so every lane
  * keeps its one chain. Rejected: a 512-bit
  * float accumulation of two blocks per instruction — it would sum a lane's
@@ -43,7 +44,7 @@
  * and failed the float64 oracle). The price is the coarser activation
  * rounding (a scale per 256), which tests/ref/llama_ref.py models.
  *
- * Block data is unaligned (18-, 20-, 144-, 176- and 210-byte blocks): every
+ * Block data is unaligned (18-, 20-, 22-, 24-, 144-, 176- and 210-byte blocks): every
  * load is unaligned and scalar loads go through memcpy. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -56,6 +57,8 @@ static int kind_of(sd_dtype t) {
     switch (t) {
     case SD_DTYPE_Q8_0: return KIND_Q8_0;
     case SD_DTYPE_Q4_0: return KIND_Q4_0;
+    case SD_DTYPE_Q5_0: return KIND_Q5_0;
+    case SD_DTYPE_Q5_1: return KIND_Q5_1;
     case SD_DTYPE_Q4_K: return KIND_Q4_K;
     case SD_DTYPE_Q5_K: return KIND_Q5_K;
     case SD_DTYPE_Q6_K: return KIND_Q6_K;
@@ -64,7 +67,8 @@ static int kind_of(sd_dtype t) {
 }
 
 static bool is_integer_type(sd_dtype t) {
-    return t == SD_DTYPE_Q8_0 || t == SD_DTYPE_Q4_0 || t == SD_DTYPE_Q4_1 || sd_dtype_is_k(t);
+    return t == SD_DTYPE_Q8_0 || t == SD_DTYPE_Q4_0 || t == SD_DTYPE_Q4_1 || t == SD_DTYPE_Q5_0 || t == SD_DTYPE_Q5_1 ||
+           sd_dtype_is_k(t);
 }
 
 /* Elements per weight block of an integer type (what n_in must divide by). */
@@ -236,7 +240,8 @@ void sd_cpu_q8k_quantize_row(const float *x, int32_t n_in, void *dst) {
 
 /* One output element of an integer format (weight row wr, q8 row xr). */
 static float qdot_c(int kind, const uint8_t *wr, const uint8_t *xr, size_t nb) {
-    const size_t bb = kind == KIND_Q8_0 ? 34 : kind == KIND_Q4_0 ? 18 : 20;
+    const size_t bb = qblock_bytes(kind);
+    const bool has_min = kind_has_min(kind);
     const int8_t *q = (const int8_t *)xr;
     float acc[8] = {0};
     for (size_t b = 0; b < nb; b++) {
@@ -245,23 +250,27 @@ static float qdot_c(int kind, const uint8_t *wr, const uint8_t *xr, size_t nb) {
         if (kind == KIND_Q8_0) {
             for (int j = 0; j < QK; j++) w[j] = (int8_t)blk[2 + j];
         } else {
-            const uint8_t *qs = blk + (kind == KIND_Q4_0 ? 2 : 4);
-            const int bias = kind == KIND_Q4_0 ? 8 : 0;
+            /* the nibbles follow d (and m), Q5's after its 4 bytes of fifth bits */
+            const bool q5 = kind == KIND_Q5_0 || kind == KIND_Q5_1;
+            const uint8_t *qs = blk + (has_min ? 4 : 2) + (q5 ? 4 : 0);
+            uint32_t qh = 0;
+            if (q5) memcpy(&qh, qs - 4, 4);
+            const int bias = kind == KIND_Q4_0 ? 8 : kind == KIND_Q5_0 ? 16 : 0;
             for (int j = 0; j < QK / 2; j++) {
-                w[j] = (qs[j] & 0x0f) - bias;
-                w[j + QK / 2] = (qs[j] >> 4) - bias;
+                w[j] = ((qs[j] & 0x0f) | (int)(((qh >> j) & 1u) << 4)) - bias;
+                w[j + QK / 2] = ((qs[j] >> 4) | (int)(((qh >> (j + QK / 2)) & 1u) << 4)) - bias;
             }
         }
         float dx, lane_sum[8];
         memcpy(&dx, xr + nb * QK + b * 4, 4);
         memcpy(lane_sum, xr + nb * (QK + 4) + b * 32, 32);
         const float scale = sd_f16_to_f32(load_u16(blk)) * dx;
-        const float mscale = kind == KIND_Q4_1 ? sd_f16_to_f32(load_u16(blk + 2)) * dx : 0.0f;
+        const float mscale = has_min ? sd_f16_to_f32(load_u16(blk + 2)) * dx : 0.0f;
         for (int k = 0; k < 8; k++) {
             int32_t p = 0;
             for (int j = 4 * k; j < 4 * k + 4; j++) p += w[j] * q[b * QK + (size_t)j];
             acc[k] = fmaf((float)p, scale, acc[k]);
-            if (kind == KIND_Q4_1) acc[k] = fmaf(lane_sum[k], mscale, acc[k]);
+            if (has_min) acc[k] = fmaf(lane_sum[k], mscale, acc[k]);
         }
     }
     return sd_cpu_hsum8(acc);

@@ -18,7 +18,7 @@
 #include "cpu/quant_kernels.h"
 #include "specd/gguf.h" /* sd_f16_to_f32: exact, the software twin of F16C's vcvtph2ps */
 
-#define QK   32  /* elements per activation block (and Q8_0 / Q4_0 / Q4_1 block) */
+#define QK   32  /* elements per activation block (and Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 block) */
 #define QK_K 256 /* elements per K-quant super-block (and K-quant activation block) */
 /* Bytes per super-block of a K-quant activation row (sd_cpu_q8k_row_bytes):
  * 256 int8, the f32 scale, 64 int16 lane sums. */
@@ -28,7 +28,27 @@
  * 3 and 4), or a multiple of it for calls that stream their weights
  * (qmatmul.c: chunk_rows, up to STREAM_CHUNK_BYTES of weights a chunk). */
 enum { MAX_R = 4, MAX_T = 8, TOK_BLOCK = 64, ROW_CHUNK = 48, STREAM_CHUNK_BYTES = 384 << 10 };
-enum { KIND_Q8_0 = 0, KIND_Q4_0 = 1, KIND_Q4_1 = 2, KIND_Q4_K = 3, KIND_Q5_K = 4, KIND_Q6_K = 5, N_KINDS = 6 };
+/* The integer formats: blocks of 32 first, then the K-quants (kind >=
+ * KIND_Q4_K), whose tiles are their own. */
+enum {
+    KIND_Q8_0 = 0,
+    KIND_Q4_0 = 1,
+    KIND_Q4_1 = 2,
+    KIND_Q5_0 = 3,
+    KIND_Q5_1 = 4,
+    KIND_Q4_K = 5,
+    KIND_Q5_K = 6,
+    KIND_Q6_K = 7,
+    N_KINDS = 8
+};
+
+/* Bytes of one block of 32 of kind (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1). */
+static inline size_t qblock_bytes(int kind) {
+    return kind == KIND_Q8_0 ? 34 : kind == KIND_Q4_0 ? 18 : kind == KIND_Q4_1 ? 20 : kind == KIND_Q5_0 ? 22 : 24;
+}
+
+/* True for the blocks of 32 with a minimum m (x = v d + m): Q4_1, Q5_1. */
+static inline bool kind_has_min(int kind) { return kind == KIND_Q4_1 || kind == KIND_Q5_1; }
 
 /* The AVX-512 VNNI copy of the tiles needs GCC's target pragma. */
 #if SD_CPU_AVX2 && defined(__GNUC__) && !defined(__clang__)
@@ -193,7 +213,7 @@ static inline void qtile_shape(size_t n_tokens, bool wide, size_t *rows, size_t 
             X(2, 8) X(3, 8) X(4, 8)
 
 /* One R x T tile of an integer format (qmatmul_simd.inc: QFN(qtile)).
- * pf_ahead: Q8_0 / Q4_0 / Q4_1 prefetch (into L2) the weights pf_ahead bytes
+ * pf_ahead: the blocks of 32 prefetch (into L2) the weights pf_ahead bytes
  * past those they read, the same place in the chunk's next tile of rows; 0
  * when this is the chunk's last tile (the thread's next chunk is not known,
  * and the rows past this one are another chunk's). The K-quants keep their

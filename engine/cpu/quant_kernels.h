@@ -1,5 +1,5 @@
 /* quant_kernels.h — matmul on weights as stored (F16, BF16, Q8_0, Q4_0, Q4_1,
- * Q4_K, Q5_K, Q6_K).
+ * Q5_0, Q5_1, Q4_K, Q5_K, Q6_K).
  *
  * y[t][o] = sum_i W[o][i] * x[t][i] where W stays in its GGUF layout: rows of
  * n_in elements, a Q row being n_in/32 blocks (quant.c has the layouts). The
@@ -15,7 +15,8 @@
  *     k (elements 4k..4k+3 of the block) takes
  *         acc[k] = fmaf((float)P_bk, dw_b * dx_b, acc[k])
  *     with P_bk the exact integer sum of w_j * q_j over its 4 elements (w_j
- *     = q for Q8_0, nibble - 8 for Q4_0, nibble for Q4_1), and for Q4_1 then
+ *     = q for Q8_0, nibble - 8 for Q4_0, nibble for Q4_1, v - 16 for Q5_0
+ *     and v for Q5_1, v the 5-bit value), and for Q4_1 and Q5_1 then
  *         acc[k] = fmaf((float)S_bk, m_b * dx_b, acc[k])
  *     with S_bk the sum of q_j over the same 4 elements (the block minimum's
  *     share); the result is the fixed lane tree sd_cpu_hsum8(acc).

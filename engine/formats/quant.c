@@ -5,6 +5,10 @@
  *   Q8_0 (34 B): f16 d, int8 q[32];                 x = q * d
  *   Q4_0 (18 B): f16 d, uint8 qs[16];               x = (nibble - 8) * d
  *   Q4_1 (20 B): f16 d, f16 m, uint8 qs[16];        x = nibble * d + m
+ *   Q5_0 (22 B): f16 d, uint8 qh[4], uint8 qs[16];  x = (v - 16) * d
+ *   Q5_1 (24 B): f16 d, f16 m, uint8 qh[4], qs[16]; x = v * d + m
+ * where a Q5 value v is a nibble of qs plus bit j of the little-endian
+ * 32-bit qh (element j's) as its fifth bit,
  * and the K-quants Q4_K, Q5_K, Q6_K in super-blocks of 256 (quant_k.c),
  * where element j < 16 is the low nibble of qs[j] and element j + 16 the
  * high nibble. Dequantization is written as the same float32 expressions the
@@ -12,7 +16,8 @@
  * results are bit-identical to ggml's and the gguf Python package's.
  *
  * Quantization follows the reference (non-SIMD) ggml quantizers: the scale
- * comes from the block's absolute maximum (Q8_0, Q4_0) or its range (Q4_1),
+ * comes from the block's absolute maximum (Q8_0, Q4_0, Q5_0) or its range
+ * (Q4_1, Q5_1),
  * and values are rounded to nearest. It exists for tools and tests that write
  * models; it is not tuned for speed. Block data may be unaligned: every
  * multi-byte load and store goes through memcpy. */
@@ -30,6 +35,8 @@ const char *sd_dtype_name(sd_dtype t) {
     case SD_DTYPE_F16: return "F16";
     case SD_DTYPE_Q4_0: return "Q4_0";
     case SD_DTYPE_Q4_1: return "Q4_1";
+    case SD_DTYPE_Q5_0: return "Q5_0";
+    case SD_DTYPE_Q5_1: return "Q5_1";
     case SD_DTYPE_Q8_0: return "Q8_0";
     case SD_DTYPE_BF16: return "BF16";
     case SD_DTYPE_Q4_K: return "Q4_K";
@@ -65,6 +72,14 @@ bool sd_dtype_block(sd_dtype t, size_t *block_elems, size_t *block_bytes) {
     case SD_DTYPE_Q4_1:
         e = QK;
         b = 4 + QK / 2;
+        break;
+    case SD_DTYPE_Q5_0: /* d, the fifth bits, the nibbles */
+        e = QK;
+        b = 2 + 4 + QK / 2;
+        break;
+    case SD_DTYPE_Q5_1: /* d, m, the fifth bits, the nibbles */
+        e = QK;
+        b = 4 + 4 + QK / 2;
         break;
     case SD_DTYPE_Q4_K: /* d, dmin, 12 bytes of 6-bit scales, 4-bit q */
         e = QK_K;
@@ -106,6 +121,12 @@ static uint16_t load_u16(const uint8_t *p) {
 }
 
 static void store_u16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+
+static uint32_t load_u32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
 
 static float f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
@@ -206,15 +227,18 @@ int64_t sd_dtype_first_non_finite(sd_dtype t, const void *data, uint64_t n_elems
     case SD_DTYPE_Q8_0:
     case SD_DTYPE_Q4_0:
     case SD_DTYPE_Q4_1:
-        /* d (and Q4_1's m) lead the block; with them finite every value is
-         * (|d| <= 65504 times at most 128, plus m) */
+    case SD_DTYPE_Q5_0:
+    case SD_DTYPE_Q5_1: {
+        /* d (and Q4_1's and Q5_1's m) lead the block; with them finite every
+         * value is (|d| <= 65504 times at most 128, plus m) */
+        const bool has_m = t == SD_DTYPE_Q4_1 || t == SD_DTYPE_Q5_1;
         for (uint64_t b = 0; b < n_elems / be; b++) {
             const uint8_t *blk = src + b * bb;
-            if ((load_u16(blk) & 0x7c00u) == 0x7c00u ||
-                (t == SD_DTYPE_Q4_1 && (load_u16(blk + 2) & 0x7c00u) == 0x7c00u))
+            if ((load_u16(blk) & 0x7c00u) == 0x7c00u || (has_m && (load_u16(blk + 2) & 0x7c00u) == 0x7c00u))
                 return (int64_t)(b * be);
         }
         return -1;
+    }
     default: return -1;
     }
 }
@@ -265,6 +289,28 @@ sd_status sd_dequantize(sd_dtype t, const void *data, uint64_t n_elems, float *o
             }
         }
         break;
+    case SD_DTYPE_Q5_0:
+    case SD_DTYPE_Q5_1: {
+        const bool has_m = t == SD_DTYPE_Q5_1;
+        for (uint64_t b = 0; b < n_elems / QK; b++, src += bb, out += QK) {
+            const float d = f16_to_f32(load_u16(src));
+            const float m = has_m ? f16_to_f32(load_u16(src + 2)) : 0.0f;
+            const uint8_t *qh = src + (has_m ? 4 : 2), *qs = qh + 4;
+            const uint32_t h = load_u32(qh);
+            for (int j = 0; j < QK / 2; j++) {
+                const int v0 = (qs[j] & 0x0f) | (int)(((h >> j) & 1u) << 4);
+                const int v1 = (qs[j] >> 4) | (int)(((h >> (j + QK / 2)) & 1u) << 4);
+                if (has_m) {
+                    out[j] = (float)v0 * d + m;
+                    out[j + QK / 2] = (float)v1 * d + m;
+                } else {
+                    out[j] = (float)(v0 - 16) * d;
+                    out[j + QK / 2] = (float)(v1 - 16) * d;
+                }
+            }
+        }
+        break;
+    }
     default: break; /* the K types returned above */
     }
     return SD_OK;
@@ -342,6 +388,48 @@ sd_status sd_quantize(sd_dtype t, const float *in, uint64_t n_elems, void *out) 
                 int hi = clamp_trunc((in[j + QK / 2] - min) * id + 0.5f, 0.0f, 15.0f);
                 dst[4 + j] = (uint8_t)(lo | (hi << 4));
             }
+        }
+        break;
+    case SD_DTYPE_Q5_0:
+        for (uint64_t b = 0; b < n_elems / QK; b++, in += QK, dst += bb) {
+            float amax = 0.0f, max = 0.0f; /* as Q4_0, on 32 levels */
+            for (int j = 0; j < QK; j++)
+                if (amax < fabsf(in[j])) {
+                    amax = fabsf(in[j]);
+                    max = in[j];
+                }
+            const float d = max / -16.0f;
+            const float id = d != 0.0f ? 1.0f / d : 0.0f;
+            store_u16(dst, f32_to_f16(d));
+            uint32_t h = 0;
+            for (int j = 0; j < QK / 2; j++) {
+                int lo = clamp_trunc(in[j] * id + 16.5f, 0.0f, 31.0f);
+                int hi = clamp_trunc(in[j + QK / 2] * id + 16.5f, 0.0f, 31.0f);
+                dst[6 + j] = (uint8_t)((lo & 0x0f) | ((hi & 0x0f) << 4));
+                h |= (uint32_t)(lo >> 4) << j | (uint32_t)(hi >> 4) << (j + QK / 2);
+            }
+            memcpy(dst + 2, &h, 4);
+        }
+        break;
+    case SD_DTYPE_Q5_1:
+        for (uint64_t b = 0; b < n_elems / QK; b++, in += QK, dst += bb) {
+            float min = in[0], max = in[0];
+            for (int j = 1; j < QK; j++) {
+                min = fminf(min, in[j]);
+                max = fmaxf(max, in[j]);
+            }
+            const float d = (max - min) / 31.0f;
+            const float id = d != 0.0f ? 1.0f / d : 0.0f;
+            store_u16(dst, f32_to_f16(d));
+            store_u16(dst + 2, f32_to_f16(min));
+            uint32_t h = 0;
+            for (int j = 0; j < QK / 2; j++) {
+                int lo = clamp_trunc((in[j] - min) * id + 0.5f, 0.0f, 31.0f);
+                int hi = clamp_trunc((in[j + QK / 2] - min) * id + 0.5f, 0.0f, 31.0f);
+                dst[8 + j] = (uint8_t)((lo & 0x0f) | ((hi & 0x0f) << 4));
+                h |= (uint32_t)(lo >> 4) << j | (uint32_t)(hi >> 4) << (j + QK / 2);
+            }
+            memcpy(dst + 4, &h, 4);
         }
         break;
     default: break; /* the K types returned above */

