@@ -328,7 +328,7 @@ static void test_tensor_infos(void **state) {
     tb_free(&b);
     b = mutant();
     tb_set_u32(&b, L.t[2].type, 10); /* Q2_K: real, but not ours */
-    expect(&b, SD_ERR_UNSUPPORTED, "tensor 'c': tensor type id 10 is not supported");
+    expect(&b, SD_ERR_UNSUPPORTED, "tensor 'c': tensor type id 10 (Q2_K) is not supported; specd reads F32");
     tb_free(&b);
     /* K-quants: rows of whole 256-element super-blocks, all of them in the file */
     b = mutant();

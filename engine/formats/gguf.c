@@ -85,6 +85,17 @@ typedef struct parser {
     size_t err_len;
 } parser;
 
+/* ggml's name of a tensor type id, for the message that refuses one specd
+ * does not read ("?" for ids ggml never used or no longer uses). */
+static const char *ggml_type_name(uint32_t id) {
+    static const char *const names[] = {"F32",     "F16",    "Q4_0",    "Q4_1",  "?",      "?",     "Q5_0",  "Q5_1",
+                                        "Q8_0",    "Q8_1",   "Q2_K",    "Q3_K",  "Q4_K",   "Q5_K",  "Q6_K",  "Q8_K",
+                                        "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS",
+                                        "I8",      "I16",    "I32",     "I64",   "F64",    "IQ1_M", "BF16",  "?",
+                                        "?",       "?",      "TQ1_0",   "TQ2_0", "?",      "?",     "?",     "MXFP4"};
+    return id < sizeof names / sizeof names[0] ? names[id] : "?";
+}
+
 /* ---- errors ---- */
 
 __attribute__((format(printf, 3, 4))) static sd_status fail(parser *p, sd_status s, const char *fmt, ...) {
@@ -326,7 +337,10 @@ static sd_status parse_tensor_info(parser *p, sd_gguf *g, int64_t idx) {
     size_t blk_elems, blk_bytes;
     if (!sd_dtype_block((sd_dtype)type_id, &blk_elems, &blk_bytes)) {
         if (type_id < GGUF_PLAUSIBLE_TYPE_IDS)
-            return fail(p, SD_ERR_UNSUPPORTED, "tensor '%s': tensor type id %u is not supported", t->name, type_id);
+            return fail(p, SD_ERR_UNSUPPORTED,
+                        "tensor '%s': tensor type id %u (%s) is not supported; specd reads F32, F16, BF16, Q8_0, "
+                        "Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K",
+                        t->name, type_id, ggml_type_name(type_id));
         return fail(p, SD_ERR_FORMAT, "tensor '%s': bad tensor type id %u", t->name, type_id);
     }
     t->type = (sd_dtype)type_id;
