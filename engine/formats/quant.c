@@ -325,6 +325,18 @@ static int clamp_trunc(float v, float lo, float hi) {
     return (int)v;
 }
 
+/* A Q5 block's 32 values v (0..31) as its 4 bytes of fifth bits (bit j of
+ * the little-endian word: v_j >= 16) and its 16 bytes of nibbles (element j
+ * low, j + 16 high), from qh on. */
+static void pack_q5(const int v[QK], uint8_t *qh) {
+    uint32_t h = 0;
+    for (int j = 0; j < QK / 2; j++) {
+        qh[4 + j] = (uint8_t)((v[j] & 0x0f) | ((v[j + QK / 2] & 0x0f) << 4));
+        h |= (uint32_t)(v[j] >> 4) << j | (uint32_t)(v[j + QK / 2] >> 4) << (j + QK / 2);
+    }
+    memcpy(qh, &h, 4);
+}
+
 sd_status sd_quantize(sd_dtype t, const float *in, uint64_t n_elems, void *out) {
     size_t be, bb;
     if (!sd_dtype_block(t, &be, &bb) || n_elems % be != 0 || (n_elems && (!in || !out))) return SD_ERR_INVALID_ARG;
@@ -401,14 +413,9 @@ sd_status sd_quantize(sd_dtype t, const float *in, uint64_t n_elems, void *out) 
             const float d = max / -16.0f;
             const float id = d != 0.0f ? 1.0f / d : 0.0f;
             store_u16(dst, f32_to_f16(d));
-            uint32_t h = 0;
-            for (int j = 0; j < QK / 2; j++) {
-                int lo = clamp_trunc(in[j] * id + 16.5f, 0.0f, 31.0f);
-                int hi = clamp_trunc(in[j + QK / 2] * id + 16.5f, 0.0f, 31.0f);
-                dst[6 + j] = (uint8_t)((lo & 0x0f) | ((hi & 0x0f) << 4));
-                h |= (uint32_t)(lo >> 4) << j | (uint32_t)(hi >> 4) << (j + QK / 2);
-            }
-            memcpy(dst + 2, &h, 4);
+            int v[QK];
+            for (int j = 0; j < QK; j++) v[j] = clamp_trunc(in[j] * id + 16.5f, 0.0f, 31.0f);
+            pack_q5(v, dst + 2);
         }
         break;
     case SD_DTYPE_Q5_1:
@@ -422,14 +429,9 @@ sd_status sd_quantize(sd_dtype t, const float *in, uint64_t n_elems, void *out) 
             const float id = d != 0.0f ? 1.0f / d : 0.0f;
             store_u16(dst, f32_to_f16(d));
             store_u16(dst + 2, f32_to_f16(min));
-            uint32_t h = 0;
-            for (int j = 0; j < QK / 2; j++) {
-                int lo = clamp_trunc((in[j] - min) * id + 0.5f, 0.0f, 31.0f);
-                int hi = clamp_trunc((in[j + QK / 2] - min) * id + 0.5f, 0.0f, 31.0f);
-                dst[8 + j] = (uint8_t)((lo & 0x0f) | ((hi & 0x0f) << 4));
-                h |= (uint32_t)(lo >> 4) << j | (uint32_t)(hi >> 4) << (j + QK / 2);
-            }
-            memcpy(dst + 4, &h, 4);
+            int v[QK];
+            for (int j = 0; j < QK; j++) v[j] = clamp_trunc((in[j] - min) * id + 0.5f, 0.0f, 31.0f);
+            pack_q5(v, dst + 4);
         }
         break;
     default: break; /* the K types returned above */

@@ -139,22 +139,18 @@ def main():
             f, types = check_file(path, None, tmpdir)
             failures += f
             assert dtype.upper() in types, (dtype, types)
-        src = os.path.join(tmpdir, "mk_k_f32.gguf")
-        subprocess.run([MKMODEL, "-o", src, "--dtype", "f32", "--seed", "13"] + k_shape, check=True)
-        for mix, want in [("q4_k_m", {"Q4_K", "Q6_K"}), ("q5_k_m", {"Q5_K", "Q6_K"})]:
-            path = os.path.join(tmpdir, f"{mix}.gguf")
+        src_k = os.path.join(tmpdir, "mk_k_f32.gguf")
+        subprocess.run([MKMODEL, "-o", src_k, "--dtype", "f32", "--seed", "13"] + k_shape, check=True)
+        # 256-wide rows: the mixes' K types; 64-wide rows (mk_f32.gguf above):
+        # llama.cpp's fallbacks for rows that are not whole super-blocks
+        for src, mix, want in [(src_k, "q4_k_m", {"Q4_K", "Q6_K"}), (src_k, "q5_k_m", {"Q5_K", "Q6_K"}),
+                               (os.path.join(tmpdir, "mk_f32.gguf"), "q4_k_m", {"Q5_0", "Q8_0"}),
+                               (os.path.join(tmpdir, "mk_f32.gguf"), "q5_k_m", {"Q5_1", "Q8_0"})]:
+            path = os.path.join(tmpdir, f"{mix}_{os.path.basename(src)}")
             subprocess.run([QUANTIZE, src, path, mix], check=True, capture_output=True)
             f, types = check_file(path, None, tmpdir)
             failures += f
-            assert want <= types, (mix, types)
-        # rows that are not whole super-blocks take llama.cpp's fallbacks
-        src = os.path.join(tmpdir, "mk_f32.gguf")
-        for mix, want in [("q4_k_m", {"Q5_0", "Q8_0"}), ("q5_k_m", {"Q5_1", "Q8_0"})]:
-            path = os.path.join(tmpdir, f"{mix}_fallback.gguf")
-            subprocess.run([QUANTIZE, src, path, mix], check=True, capture_output=True)
-            f, types = check_file(path, None, tmpdir)
-            failures += f
-            assert want <= types, (mix, types)
+            assert want <= types, (mix, src, types)
     for f in failures:
         print("FAIL", f)
     return 1 if failures else 0

@@ -274,6 +274,27 @@ def run_random():
     return 0 if all_ok else 1
 
 
+def check_mixes(q, src, seqs, tmp, mixes, label):
+    """specd-quantize src as each (mix, tensor types wanted): the file holds
+    exactly those types (gguf's reader) and the engine's logits on it agree
+    with the reference's."""
+    import gguf
+    ok = True
+    for name, want in mixes:
+        path = os.path.join(tmp, f"quant_{name}{label.strip(' ()')}.gguf")
+        r = subprocess.run([q, src, path, name], capture_output=True, text=True)
+        kinds = {t.tensor_type.name for t in gguf.GGUFReader(path).tensors} if r.returncode == 0 else set()
+        if kinds != want:
+            print(f"FAIL specd-quantize {name}{label}: tensor types {sorted(kinds)}, want {sorted(want)}: {r.stderr}")
+            ok = False
+            continue
+        ref = LlamaRef(path, np.float64)
+        got = engine_logits(path, seqs, tmp, ref.n_vocab)
+        ok &= compare(f"specd-quantize {name}{label}", got, reference_rows(ref, seqs), seqs,
+                      jittered_rows(path, seqs, JITTER_SEEDS))
+    return ok
+
+
 def check_quantizer(tmp, rng):
     """specd-quantize: an f32 random model rewritten as each type holds its
     matrices in that type (norms f32), as read by gguf's own reader, and the
@@ -308,36 +329,15 @@ def check_quantizer(tmp, rng):
         ok &= compare(f"specd-quantize {name}", got, reference_rows(ref, seqs), seqs,
                       jittered_rows(path, seqs, JITTER_SEEDS))
     # the K mixes on 64-wide rows: llama.cpp's fallbacks (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0)
-    for name, want in (("q4_k_m", {"Q5_0", "Q8_0", "F32"}), ("q5_k_m", {"Q5_1", "Q8_0", "F32"})):
-        path = os.path.join(tmp, f"quant_{name}_fallback.gguf")
-        r = subprocess.run([q, src, path, name], capture_output=True, text=True)
-        kinds = {t.tensor_type.name for t in gguf.GGUFReader(path).tensors} if r.returncode == 0 else set()
-        if kinds != want:
-            print(f"FAIL specd-quantize {name} (fallbacks): tensor types {sorted(kinds)}, want {sorted(want)}: "
-                  f"{r.stderr}")
-            ok = False
-            continue
-        ref = LlamaRef(path, np.float64)
-        got = engine_logits(path, seqs, tmp, ref.n_vocab)
-        ok &= compare(f"specd-quantize {name} (fallbacks)", got, reference_rows(ref, seqs), seqs,
-                      jittered_rows(path, seqs, JITTER_SEEDS))
+    ok &= check_mixes(q, src, seqs, tmp, (("q4_k_m", {"Q5_0", "Q8_0", "F32"}), ("q5_k_m", {"Q5_1", "Q8_0", "F32"})),
+                      " (fallbacks)")
     # the K mixes, on a model whose rows are whole 256-element super-blocks
     src = os.path.join(tmp, "quant_src_k.gguf")
     subprocess.run([binary("specd-mkmodel", "tools"), "-o", src, "--vocab", "300", "--seed", "22", "--dtype", "f32",
                     "--dim", "256", "--heads", "4", "--kv-heads", "2", "--ff", "512", "--layers", "8"],
                    check=True, capture_output=True)
-    for name, want in (("q4_k_m", {"Q4_K", "Q6_K", "F32"}), ("q5_k_m", {"Q5_K", "Q6_K", "F32"})):
-        path = os.path.join(tmp, f"quant_{name}.gguf")
-        r = subprocess.run([q, src, path, name], capture_output=True, text=True)
-        kinds = {t.tensor_type.name for t in gguf.GGUFReader(path).tensors} if r.returncode == 0 else set()
-        if kinds != want:
-            print(f"FAIL specd-quantize {name}: tensor types {sorted(kinds)}, want {sorted(want)}: {r.stderr}")
-            ok = False
-            continue
-        ref = LlamaRef(path, np.float64)
-        got = engine_logits(path, seqs, tmp, ref.n_vocab)
-        ok &= compare(f"specd-quantize {name}", got, reference_rows(ref, seqs), seqs,
-                      jittered_rows(path, seqs, JITTER_SEEDS))
+    ok &= check_mixes(q, src, seqs, tmp, (("q4_k_m", {"Q4_K", "Q6_K", "F32"}), ("q5_k_m", {"Q5_K", "Q6_K", "F32"})),
+                      "")
     return ok
 
 
