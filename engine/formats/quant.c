@@ -325,6 +325,27 @@ static int clamp_trunc(float v, float lo, float hi) {
     return (int)v;
 }
 
+/* The value of largest magnitude among x[0..QK), with its sign (the
+ * symmetric formats' scale: Q4_0, Q5_0). */
+static float signed_absmax(const float *x) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < QK; j++)
+        if (amax < fabsf(x[j])) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    return max;
+}
+
+/* The range of x[0..QK) (the formats with a minimum: Q4_1, Q5_1). */
+static void block_range(const float *x, float *min, float *max) {
+    *min = *max = x[0];
+    for (int j = 1; j < QK; j++) {
+        *min = fminf(*min, x[j]);
+        *max = fmaxf(*max, x[j]);
+    }
+}
+
 /* A Q5 block's 32 values v (0..31) as its 4 bytes of fifth bits (bit j of
  * the little-endian word: v_j >= 16) and its 16 bytes of nibbles (element j
  * low, j + 16 high), from qh on. */
@@ -368,13 +389,7 @@ sd_status sd_quantize(sd_dtype t, const float *in, uint64_t n_elems, void *out) 
         break;
     case SD_DTYPE_Q4_0:
         for (uint64_t b = 0; b < n_elems / QK; b++, in += QK, dst += bb) {
-            float amax = 0.0f, max = 0.0f; /* max: the signed value of largest magnitude */
-            for (int j = 0; j < QK; j++)
-                if (amax < fabsf(in[j])) {
-                    amax = fabsf(in[j]);
-                    max = in[j];
-                }
-            const float d = max / -8.0f;
+            const float d = signed_absmax(in) / -8.0f;
             const float id = d != 0.0f ? 1.0f / d : 0.0f;
             store_u16(dst, f32_to_f16(d));
             for (int j = 0; j < QK / 2; j++) {
@@ -386,11 +401,8 @@ sd_status sd_quantize(sd_dtype t, const float *in, uint64_t n_elems, void *out) 
         break;
     case SD_DTYPE_Q4_1:
         for (uint64_t b = 0; b < n_elems / QK; b++, in += QK, dst += bb) {
-            float min = in[0], max = in[0];
-            for (int j = 1; j < QK; j++) {
-                min = fminf(min, in[j]);
-                max = fmaxf(max, in[j]);
-            }
+            float min, max;
+            block_range(in, &min, &max);
             const float d = (max - min) / 15.0f;
             const float id = d != 0.0f ? 1.0f / d : 0.0f;
             store_u16(dst, f32_to_f16(d));
@@ -404,13 +416,7 @@ sd_status sd_quantize(sd_dtype t, const float *in, uint64_t n_elems, void *out) 
         break;
     case SD_DTYPE_Q5_0:
         for (uint64_t b = 0; b < n_elems / QK; b++, in += QK, dst += bb) {
-            float amax = 0.0f, max = 0.0f; /* as Q4_0, on 32 levels */
-            for (int j = 0; j < QK; j++)
-                if (amax < fabsf(in[j])) {
-                    amax = fabsf(in[j]);
-                    max = in[j];
-                }
-            const float d = max / -16.0f;
+            const float d = signed_absmax(in) / -16.0f; /* as Q4_0, on 32 levels */
             const float id = d != 0.0f ? 1.0f / d : 0.0f;
             store_u16(dst, f32_to_f16(d));
             int v[QK];
@@ -420,11 +426,8 @@ sd_status sd_quantize(sd_dtype t, const float *in, uint64_t n_elems, void *out) 
         break;
     case SD_DTYPE_Q5_1:
         for (uint64_t b = 0; b < n_elems / QK; b++, in += QK, dst += bb) {
-            float min = in[0], max = in[0];
-            for (int j = 1; j < QK; j++) {
-                min = fminf(min, in[j]);
-                max = fmaxf(max, in[j]);
-            }
+            float min, max;
+            block_range(in, &min, &max);
             const float d = (max - min) / 31.0f;
             const float id = d != 0.0f ? 1.0f / d : 0.0f;
             store_u16(dst, f32_to_f16(d));

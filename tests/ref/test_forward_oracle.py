@@ -288,11 +288,16 @@ def check_mixes(q, src, seqs, tmp, mixes, label):
             print(f"FAIL specd-quantize {name}{label}: tensor types {sorted(kinds)}, want {sorted(want)}: {r.stderr}")
             ok = False
             continue
-        ref = LlamaRef(path, np.float64)
-        got = engine_logits(path, seqs, tmp, ref.n_vocab)
-        ok &= compare(f"specd-quantize {name}{label}", got, reference_rows(ref, seqs), seqs,
-                      jittered_rows(path, seqs, JITTER_SEEDS))
+        ok &= engine_vs_reference(path, seqs, tmp, f"specd-quantize {name}{label}")
     return ok
+
+
+def engine_vs_reference(path, seqs, tmp, label):
+    """The engine's logits on path against the reference's (and its jittered
+    copies: compare())."""
+    ref = LlamaRef(path, np.float64)
+    got = engine_logits(path, seqs, tmp, ref.n_vocab)
+    return compare(label, got, reference_rows(ref, seqs), seqs, jittered_rows(path, seqs, JITTER_SEEDS))
 
 
 def check_quantizer(tmp, rng):
@@ -324,10 +329,7 @@ def check_quantizer(tmp, rng):
             print(f"FAIL specd-quantize {name}: tensors of the wrong type: {[(n, kinds[n]) for n in bad[:4]]}")
             ok = False
             continue
-        ref = LlamaRef(path, np.float64)
-        got = engine_logits(path, seqs, tmp, ref.n_vocab)
-        ok &= compare(f"specd-quantize {name}", got, reference_rows(ref, seqs), seqs,
-                      jittered_rows(path, seqs, JITTER_SEEDS))
+        ok &= engine_vs_reference(path, seqs, tmp, f"specd-quantize {name}")
     # the K mixes on 64-wide rows: llama.cpp's fallbacks (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0)
     ok &= check_mixes(q, src, seqs, tmp, (("q4_k_m", {"Q5_0", "Q8_0", "F32"}), ("q5_k_m", {"Q5_1", "Q8_0", "F32"})),
                       " (fallbacks)")
