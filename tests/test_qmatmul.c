@@ -537,7 +537,7 @@ static void test_tile_tables_cover_dispatch(void **state) {
                 assert_non_null(sd_cpu_ftiles_vnni[0][r][t]);
                 assert_non_null(sd_cpu_ftiles_vnni[1][r][t]);
                 for (int k = 0; k < N_KINDS; k++) /* Q4_0: the tiles on prepared rows */
-                    assert_non_null(k == KIND_Q4_0 ? sd_cpu_q40_ptiles_vnni[r][t] : sd_cpu_qtiles_vnni[k][r][t]);
+                    assert_non_null(k == KIND_Q4_0 ? sd_cpu_q40_ptiles_vnni[r][t] : sd_cpu_vnni_qtiles(k)[r][t]);
             }
 #endif
     }

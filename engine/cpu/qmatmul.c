@@ -21,7 +21,7 @@
  * keeps its one chain. Rejected: a 512-bit
  * float accumulation of two blocks per instruction — it would sum a lane's
  * blocks in two chains, changing the result with the path. The tiles are in
- * qmatmul_avx2.c and qmatmul_vnni.c, only in the shapes this dispatch picks
+ * qmatmul_avx2.c, qmatmul_vnni.c and qmatmul_vnni_k.c, only in the shapes this dispatch picks
  * (qmatmul_impl.h: why their own files). On the VNNI path a Q4_0 call
  * also prepares its activation rows once (q + 128, each dword twice:
  * qmatmul_impl.h's zprep) for tiles that take the offset from the weights
@@ -484,7 +484,7 @@ static void qmatmul_chunk(void *p, int64_t c, int32_t ith) {
     const int kind = integer ? kind_of(a->type) : 0;
     const qtile_fn(*qt)[MAX_T] = sd_cpu_qtiles_avx2[kind];
 #if HAVE_VNNI_PATH
-    if (vnni_tiles(a->path)) qt = a->zprep ? sd_cpu_q40_ptiles_vnni : sd_cpu_qtiles_vnni[kind];
+    if (vnni_tiles(a->path)) qt = a->zprep ? sd_cpu_q40_ptiles_vnni : sd_cpu_vnni_qtiles(kind);
 #endif
     const ftile_fn(*ft)[MAX_T] =
 #if HAVE_VNNI_PATH

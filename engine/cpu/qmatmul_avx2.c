@@ -14,7 +14,11 @@
 #define QOFFSET8           0
 #define QZMM               0
 #define QSHAPES(X)         SD_QTILE_SHAPES(X)
+#define QBLOCK32           1
+#define QKQUANT            1
 #include "cpu/qmatmul_simd.inc"
+#undef QBLOCK32
+#undef QKQUANT
 #undef QFN
 #undef QIDOT
 #undef QIDOT_ACC

@@ -1,5 +1,5 @@
 /* qmatmul_impl.h — what qmatmul.c (the C twins, activations, dispatch) and
- * its SIMD tile files (qmatmul_avx2.c, qmatmul_vnni.c) share: block
+ * its SIMD tile files (qmatmul_avx2.c, qmatmul_vnni.c, qmatmul_vnni_k.c) share: block
  * constants, the tile shapes the dispatch picks and the tables of tiles.
  *
  * The tiles live in their own translation units, one per instruction set,
@@ -233,9 +233,16 @@ extern const ftile_fn sd_cpu_ftiles[2][MAX_R][MAX_T];
 #endif
 #if HAVE_VNNI_PATH
 /* As sd_cpu_qtiles_avx2, with VNNI integer dots, in the wide shapes
- * (SD_QTILE_SHAPES_WIDE), but for Q4_0 (all NULL: sd_cpu_q40_ptiles_vnni).
- * qmatmul_vnni.c. */
+ * (SD_QTILE_SHAPES_WIDE), for the blocks of 32 but Q4_0 (all NULL:
+ * sd_cpu_q40_ptiles_vnni). qmatmul_vnni.c. */
 extern const qtile_fn sd_cpu_qtiles_vnni[N_KINDS][MAX_R][MAX_T];
+/* The K-quants' VNNI tiles (qmatmul_vnni_k.c; the entries of the blocks of 32
+ * are NULL there, and the K-quants' in sd_cpu_qtiles_vnni). */
+extern const qtile_fn sd_cpu_qtiles_vnni_k[N_KINDS][MAX_R][MAX_T];
+/* The VNNI tiles of kind (not Q4_0: sd_cpu_q40_ptiles_vnni), [R - 1][T - 1]. */
+static inline const qtile_fn (*sd_cpu_vnni_qtiles(int kind))[MAX_T] {
+    return kind >= KIND_Q4_K ? sd_cpu_qtiles_vnni_k[kind] : sd_cpu_qtiles_vnni[kind];
+}
 /* As sd_cpu_ftiles, in 512-bit registers, in the wide shapes. qmatmul_vnni.c. */
 extern const ftile_fn sd_cpu_ftiles_vnni[2][MAX_R][MAX_T];
 /* [R - 1][T - 1]: Q4_0 tiles on prepared activation rows (zprep below) in

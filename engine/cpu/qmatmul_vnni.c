@@ -1,7 +1,8 @@
 /* qmatmul_vnni.c — the AVX-512 VNNI tiles of qmatmul.c: qmatmul_simd.inc
  * with dpbusd for the integer dots, compiled for that instruction set
- * (GCC's target pragma) and picked at run time when the CPU has it. The
- * F16 / BF16 tiles here are 512-bit ones of their own (ftile_z).
+ * (GCC's target pragma) and picked at run time when the CPU has it; the
+ * blocks of 32 here, the K-quants in qmatmul_vnni_k.c. The F16 / BF16
+ * tiles here are 512-bit ones of their own (ftile_z).
  *
  * A file of its own, as qmatmul_avx2.c is: qmatmul_impl.h says why. */
 #include "cpu/qmatmul_impl.h"
@@ -16,7 +17,11 @@
 #define QOFFSET8           1
 #define QZMM               1
 #define QSHAPES(X)         SD_QTILE_SHAPES_WIDE(X)
+#define QBLOCK32           1
+#define QKQUANT            0 /* qmatmul_vnni_k.c */
 #include "cpu/qmatmul_simd.inc"
+#undef QBLOCK32
+#undef QKQUANT
 #undef QFN
 #undef QIDOT
 #undef QIDOT_ACC

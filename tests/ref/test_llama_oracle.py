@@ -7,7 +7,11 @@ and Q4_0 (every matrix in that type), the Q4_1 file itself, and a Q4_K_M file
 written by llama.cpp's own quantizer (llama_model_quantize, from the F16 file:
 its 576-wide matrices are not whole 256-element super-blocks, so llama.cpp
 writes 166 of them as Q5_0 and 15 as Q8_0 beside 16 Q4_K and 14 Q6_K; specd
-must load it). (specd-quantize's default q4_0 keeps the LM head at
+must load it), and its Q5_K_M (Q5_1 in place of Q5_0). Then every other
+llama.cpp file type whose tensors specd reads is written by llama.cpp and
+must load (LOADS; Q2_K, whose Q2_K / Q3_K tensors specd does not read, must
+be refused with the type named), its greedy continuation compared with
+llama.cpp's and reported. (specd-quantize's default q4_0 keeps the LM head at
 Q8_0, as llama.cpp's quantizer does. On that file, 2026-11-25, the first
 generated position of 'The capital of France is' was 0.128 of max |logit|
 from the exact forward in specd and 0.084 in llama.cpp: 2% over the 1.5x
@@ -67,11 +71,16 @@ BUILD_DIR = os.environ.get("SPECD_BUILD_DIR", os.path.join(SOURCE_DIR, "build"))
 SKIP = 77
 N_GEN = 24
 # near-ties: llama.cpp's logit for specd's argmax within 2 x LOGIT_TOL x max |logit| of its own
-LOGIT_TOL = {"F16": 0.01, "Q8_0": 0.03, "Q4_0": 0.06, "Q4_1": 0.06, "Q4_K_M": 0.06}
+LOGIT_TOL = {"F16": 0.01, "Q8_0": 0.03, "Q4_0": 0.06, "Q4_1": 0.06, "Q4_K_M": 0.06, "Q5_K_M": 0.06}
 # first generated position, both programs against the exact forward (llama_ref.py: dequantized weights, f64,
 # activations unrounded), in max |logit| of it: specd's distance <= max(EXACT_SLACK x llama.cpp's, the floor)
 EXACT_SLACK = 1.5
-EXACT_FLOOR = {"F16": 0.01, "Q8_0": 0.04, "Q4_0": 0.08, "Q4_1": 0.05, "Q4_K_M": 0.08}
+EXACT_FLOOR = {"F16": 0.01, "Q8_0": 0.04, "Q4_0": 0.08, "Q4_1": 0.05, "Q4_K_M": 0.08, "Q5_K_M": 0.08}
+# llama.cpp's quantizer, every file type whose tensors specd reads (on SmolLM2 its fallbacks for 576-wide rows
+# are Q5_0 / Q5_1 / Q8_0 / Q4_0): each must load in specd; the greedy agreement with llama.cpp is reported.
+# Q2_K holds Q2_K / Q3_K tensors, which specd does not read: it must be refused, naming the type.
+LOADS = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K_S", "Q5_K_S", "Q6_K", "Q3_K_M"]
+REFUSED = {"Q2_K": "(Q2_K) is not supported"}
 
 
 
@@ -140,20 +149,70 @@ def make_files(tmp, demo, llama_cpp):
         if r.returncode != 0:
             raise RuntimeError(f"specd-quantize {t} failed: {r.stderr[-2000:]}")
         files[name] = path
-    # Q4_K_M by llama.cpp's own quantizer (Q5_0 / Q8_0 where rows are not whole super-blocks)
-    kq = os.path.join(tmp, "smollm2-q4_k_m.gguf")
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
-    rc = llama_cpp.llama_model_quantize(files["F16"].encode(), kq.encode(), params)
-    if rc != 0:
-        raise RuntimeError(f"llama_model_quantize Q4_K_M failed ({rc})")
-    probe = subprocess.run([binary("specd-generate", "tools"), "-m", kq, "-p", "Hi", "-n", "1", "-t", "2"],
-                           capture_output=True, text=True)
-    if probe.returncode != 0:
-        last = probe.stderr.strip().splitlines()[-1:] or ["?"]
-        raise RuntimeError(f"specd does not load llama.cpp's Q4_K_M file: {last[0]}")
-    files["Q4_K_M"] = kq
+    # Q4_K_M and Q5_K_M by llama.cpp's own quantizer (Q5_0 / Q5_1 / Q8_0 where rows are not whole super-blocks)
+    for name in ("Q4_K_M", "Q5_K_M"):
+        path = llama_quantize(llama_cpp, files["F16"], tmp, name)
+        probe = subprocess.run([binary("specd-generate", "tools"), "-m", path, "-p", "Hi", "-n", "1", "-t", "2"],
+                               capture_output=True, text=True)
+        if probe.returncode != 0:
+            last = probe.stderr.strip().splitlines()[-1:] or ["?"]
+            raise RuntimeError(f"specd does not load llama.cpp's {name} file: {last[0]}")
+        files[name] = path
     return files
+
+
+def llama_quantize(llama_cpp, f16, tmp, ftype):
+    """f16 rewritten by llama.cpp's quantizer as LLAMA_FTYPE_MOSTLY_<ftype>; the new file's path."""
+    path = os.path.join(tmp, f"smollm2-llama-{ftype.lower()}.gguf")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    rc = llama_cpp.llama_model_quantize(f16.encode(), path.encode(), params)
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize {ftype} failed ({rc})")
+    return path
+
+
+def check_llama_ftypes(llama_cpp, Llama, f16, tmp):
+    """Every llama.cpp file type in LOADS loads in specd (and its greedy
+    continuation of PROMPTS[0] is compared with llama.cpp's, reported); the
+    ones in REFUSED are refused with their type named."""
+    import gguf
+    ok = True
+    print("\n| llama.cpp file type | tensor types | specd | greedy tokens equal to llama.cpp's before the first "
+          "difference |")
+    print("|---|---|---|---|")
+    for ftype in LOADS + list(REFUSED):
+        path = llama_quantize(llama_cpp, f16, tmp, ftype)
+        kinds = {}
+        for t in gguf.GGUFReader(path).tensors:
+            kinds[t.tensor_type.name] = kinds.get(t.tensor_type.name, 0) + 1
+        inventory = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+        r = subprocess.run([binary("specd-generate", "tools"), "-m", path, "-p", PROMPTS[0], "-n", str(N_GEN),
+                            "-t", "2", "--json", "--temp", "0", "--ignore-eos"], capture_output=True, text=True)
+        if ftype in REFUSED:
+            good = r.returncode != 0 and REFUSED[ftype] in r.stderr
+            print(f"| {ftype} | {inventory} | {'refused, type named' if good else 'FAIL: ' + r.stderr[-200:]} | |")
+            ok &= good
+            os.unlink(path)
+            continue
+        if r.returncode != 0:
+            print(f"| {ftype} | {inventory} | FAIL: {r.stderr.strip()[-200:]} | |")
+            ok = False
+            os.unlink(path)
+            continue
+        ids = json.loads(r.stdout)["ids"]
+        llm = Llama(model_path=path, n_threads=2, n_ctx=256, verbose=False)
+        llm.eval(llm.tokenize(PROMPTS[0].encode(), add_bos=False, special=False))
+        theirs = []
+        for _ in range(N_GEN):
+            t = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            theirs.append(t)
+            llm.eval([t])
+        del llm
+        same = next((i for i, (a, b) in enumerate(zip(theirs, ids)) if a != b), N_GEN)
+        print(f"| {ftype} | {inventory} | loads | {same} / {N_GEN} |")
+        os.unlink(path)
+    return ok
 
 
 def check_file(name, path, tmp, Llama):
@@ -254,6 +313,7 @@ def main():
         files = make_files(tmp, demo, llama_cpp)
         for name, path in files.items():
             ok &= check_file(name, path, tmp, Llama)
+        ok &= check_llama_ftypes(llama_cpp, Llama, files["F16"], tmp)
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 
