@@ -78,9 +78,10 @@ EXACT_SLACK = 1.5
 EXACT_FLOOR = {"F16": 0.01, "Q8_0": 0.04, "Q4_0": 0.08, "Q4_1": 0.05, "Q4_K_M": 0.08, "Q5_K_M": 0.08}
 # llama.cpp's quantizer, every file type whose tensors specd reads (on SmolLM2 its fallbacks for 576-wide rows
 # are Q5_0 / Q5_1 / Q8_0 / Q4_0): each must load in specd; the greedy agreement with llama.cpp is reported.
-# Q2_K holds Q2_K / Q3_K tensors, which specd does not read: it must be refused, naming the type.
+# Q2_K holds Q3_K tensors here (its Q2_K ones fall back to Q4_0 on 576-wide rows), which specd does not read:
+# it must be refused, naming the type.
 LOADS = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K_S", "Q5_K_S", "Q6_K", "Q3_K_M"]
-REFUSED = {"Q2_K": "(Q2_K) is not supported"}
+REFUSED = {"Q2_K": ("(Q2_K) is not supported", "(Q3_K) is not supported")}
 
 
 
@@ -190,7 +191,7 @@ def check_llama_ftypes(llama_cpp, Llama, f16, tmp):
         r = subprocess.run([binary("specd-generate", "tools"), "-m", path, "-p", PROMPTS[0], "-n", str(N_GEN),
                             "-t", "2", "--json", "--temp", "0", "--ignore-eos"], capture_output=True, text=True)
         if ftype in REFUSED:
-            good = r.returncode != 0 and REFUSED[ftype] in r.stderr
+            good = r.returncode != 0 and any(m in r.stderr for m in REFUSED[ftype])
             print(f"| {ftype} | {inventory} | {'refused, type named' if good else 'FAIL: ' + r.stderr[-200:]} | |")
             ok &= good
             os.unlink(path)
@@ -201,7 +202,7 @@ def check_llama_ftypes(llama_cpp, Llama, f16, tmp):
             os.unlink(path)
             continue
         ids = json.loads(r.stdout)["ids"]
-        llm = Llama(model_path=path, n_threads=2, n_ctx=256, verbose=False)
+        llm = Llama(model_path=path, n_threads=2, n_ctx=256, logits_all=True, verbose=False)
         llm.eval(llm.tokenize(PROMPTS[0].encode(), add_bos=False, special=False))
         theirs = []
         for _ in range(N_GEN):
