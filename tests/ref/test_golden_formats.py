@@ -1,7 +1,7 @@
 """Every stored format of the demo model loads and answers.
 
 tools/specd-quantize rewrites SmolLM2-135M-Instruct (Q4_1) as f16, bf16,
-q8_0, q4_0, q4_1, q5_0, q4_k_m and q5_k_m. For q4_k_m and q5_k_m the 576-wide
+q8_0, q4_0, q4_1, q5_0, q4_k_m, q5_k_m and q6_k. For q4_k_m and q5_k_m the 576-wide
 matrices are not whole 256-element super-blocks, so they fall back as
 llama.cpp's do (Q5_0 / Q5_1, Q8_0 where the recipe says Q6_K); the 1536-wide
 ffn_down matrices are Q4_K / Q5_K and Q6_K, and those run on the K-quant
@@ -44,7 +44,8 @@ SKIP = 77
 # type: Q6_K below 8 bits, Q8_0 in its place as the rows are 576 wide)
 FORMATS = [("f16", {"F16"}, "F16"), ("bf16", {"BF16"}, "BF16"), ("q8_0", {"Q8_0"}, "Q8_0"),
            ("q4_0", {"Q4_0"}, "Q8_0"), ("q4_1", {"Q4_1"}, "Q8_0"), ("q5_0", {"Q5_0"}, "Q8_0"),
-           ("q4_k_m", {"Q4_K", "Q6_K", "Q5_0"}, "Q8_0"), ("q5_k_m", {"Q5_K", "Q6_K", "Q5_1"}, "Q8_0")]
+           ("q4_k_m", {"Q4_K", "Q6_K", "Q5_0"}, "Q8_0"), ("q5_k_m", {"Q5_K", "Q6_K", "Q5_1"}, "Q8_0"),
+           ("q6_k", {"Q6_K"}, "Q8_0")]
 
 
 def generate(exe, model, prompt, n, env_extra):
