@@ -17,15 +17,6 @@
 #define QBLOCK32           1
 #define QKQUANT            1
 #include "cpu/qmatmul_simd.inc"
-#undef QBLOCK32
-#undef QKQUANT
-#undef QFN
-#undef QIDOT
-#undef QIDOT_ACC
-#undef QWDOT_ACC
-#undef QOFFSET8
-#undef QZMM
-#undef QSHAPES
 
 /* 8 weights of row w from element i, widened to f32 (exact). */
 static inline __attribute__((always_inline)) __m256 widen8(const uint8_t *w, size_t i, const int f16) {

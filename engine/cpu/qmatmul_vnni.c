@@ -10,25 +10,11 @@
 #if HAVE_VNNI_PATH
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
-#define QFN(name)          name##_vnni
-#define QIDOT(u, v)        _mm256_dpbusd_epi32(_mm256_setzero_si256(), (u), (v))
-#define QIDOT_ACC(a, u, v) _mm256_dpbusd_epi32((a), (u), (v))
-#define QWDOT_ACC(a, u, v) _mm256_dpwssd_epi32((a), (u), (v))
-#define QOFFSET8           1
-#define QZMM               1
-#define QSHAPES(X)         SD_QTILE_SHAPES_WIDE(X)
-#define QBLOCK32           1
-#define QKQUANT            0 /* qmatmul_vnni_k.c */
+#include "cpu/qmatmul_vnni_defs.h"
+#define QFN(name) name##_vnni
+#define QBLOCK32  1
+#define QKQUANT   0 /* qmatmul_vnni_k.c */
 #include "cpu/qmatmul_simd.inc"
-#undef QBLOCK32
-#undef QKQUANT
-#undef QFN
-#undef QIDOT
-#undef QIDOT_ACC
-#undef QWDOT_ACC
-#undef QOFFSET8
-#undef QZMM
-#undef QSHAPES
 
 /* ---- Q4_0 on prepared activations (qmatmul_impl.h: zprep) ----
  *
