@@ -10,7 +10,7 @@ from bench_common import Hyg, pin, cpu_name
 cpus = pin("0-1", 2)
 M = subprocess.run(["/work/main/tools/fetch-model"], capture_output=True, text=True).stdout.strip()
 bins = {"before": "/tmp/ab-3293dcc/build/tools/specd-bench", "after": "/tmp/ab-43ab741/build/tools/specd-bench"}
-env = dict(os.environ, SPECD_CPU_WEIGHTS="f32")
+env = dict(os.environ, SPECD_CPU_WEIGHTS="f32")  # both builds predate --cpu-weights f32: they read this
 rows = []
 for r in range(4):
     order = ["before", "after"] if r % 2 == 0 else ["after", "before"]

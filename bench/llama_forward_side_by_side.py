@@ -84,12 +84,9 @@ def llama_run(llm, ids, n_decode):
 
 def specd_run(exe, model, text, n_decode, threads, qpath=""):
     cmd = [exe, "-m", model, "-p", text, "-n", str(n_decode + 1), "-t", str(threads), "--json", "--temp", "0",
-           "--ignore-eos"]
-    env = dict(os.environ)
-    if qpath:
-        env["SPECD_CPU_QPATH"] = qpath
+           "--ignore-eos"] + (["--cpu-qpath", qpath] if qpath else [])
     with Hyg() as h:
-        r = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+        r = subprocess.run(cmd, capture_output=True, text=True, check=True)
     t = json.loads(r.stdout)["timings"]
     return t["prompt_tok_s"], t["decode_tok_s"], h.other, t["prompt_tokens"], t["decode_tokens"]
 
@@ -154,7 +151,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--max-other-load", type=float, default=0.25)
     ap.add_argument("--specd-generate", default="build/tools/specd-generate")
-    ap.add_argument("--specd-qpath", default="", help="comma-separated SPECD_CPU_QPATH values: one specd row "
+    ap.add_argument("--specd-qpath", default="", help="comma-separated --cpu-qpath values: one specd row "
                     "each, run in the same rounds (default: the path this CPU picks)")
     ap.add_argument("--out", default="")
     a = ap.parse_args()

@@ -22,6 +22,7 @@
 #include "specd/drafter.h"
 #include "specd/weights.h"
 #include "specd/model.h"
+#include "specd/backend_opts.h"
 #include "specd/net.h"
 #include "specd/curve.h"
 #include "specd/worker.h"
@@ -45,8 +46,9 @@ typedef struct drafter_opts {
     int32_t draft_layers;
     int32_t draft_vocab; /* --draft-vocab (sd_drafter_params.draft_vocab); -1 = not given */
     int32_t n_threads, max_seqs, kv_blocks, top_n, max_k, max_batch, max_ctx, index;
-    int32_t device; /* model drafters: -1 CPU, N cuda:N */
-    int32_t warmup; /* --warmup N; -1 = the default */
+    int32_t device;          /* model drafters: -1 CPU, N cuda:N */
+    int32_t warmup;          /* --warmup N; -1 = the default */
+    sd_backend_opts backend; /* model drafters: --cpu-weights, --cuda-graphs, ... (specd/backend_opts.h) */
     bool verbose;
 } drafter_opts;
 
@@ -91,7 +93,8 @@ static void usage(FILE *f) {
             "                          (default: max-batch x (max-draft + 1) for a model drafter on a GPU,\n"
             "                          else 0)\n"
             "  -v, --verbose           log at DEBUG level\n"
-            "  -h, --help              this help\n",
+            "  -h, --help              this help\n"
+            "\n" SD_BACKEND_OPTIONS_USAGE,
             SD_SPEC_DEFAULT_TOP_N, SD_MAX_K, SD_MAX_BATCH, SD_WARMUP_EXACT_TOKENS);
 }
 
@@ -150,12 +153,14 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         {"warmup", required_argument, 0, O_WARMUP},
         {"verbose", no_argument, 0, 'v'},
         {"help", no_argument, 0, 'h'},
+        SD_BACKEND_LONG_OPTIONS,
         {0, 0, 0, 0},
     };
-    int c;
-    while ((c = getopt_long(argc, argv, "m:t:vh", longs, NULL)) != -1) {
+    int c, li = 0;
+    while ((c = getopt_long(argc, argv, "m:t:vh", longs, &li)) != -1) {
         bool ok = true;
         switch (c) {
+        case SD_BACKEND_OPTION: ok = sd_backend_opts_parse(&o->backend, longs[li].name, optarg, "specd-drafter"); break;
         case O_COORD: o->coordinator = optarg; break;
         case 'm': o->model_path = optarg; break;
         case O_NGRAM: o->ngram = true; break;
@@ -273,6 +278,7 @@ int main(int argc, char **argv) {
         .max_k = 16,
         .max_batch = 64,
         .device = -1,
+        .backend = sd_backend_default_opts(),
         .warmup = -1,
         .draft_vocab = -1,
     };
@@ -304,6 +310,7 @@ int main(int argc, char **argv) {
     dp.ngram_cache_entries = o.ngram_cache > 0 ? o.ngram_cache : -1;
     dp.n_threads = o.n_threads;
     dp.device = o.device;
+    dp.backend = &o.backend;
     if (o.draft_vocab >= 0) dp.draft_vocab = o.draft_vocab;
     if (o.draft_vocab > 0 && (uint32_t)o.draft_vocab > wp.model.vocab_size) {
         SD_ERROR("--draft-vocab %d is more than the %u tokens of the vocabulary of %s", (int)o.draft_vocab,

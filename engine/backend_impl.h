@@ -30,6 +30,7 @@
 #include "specd/gguf.h"
 #include "specd/sample.h"
 #include "specd/spec.h"
+#include "specd/model.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -224,15 +225,20 @@ typedef struct sd_backend_handle {
 
 /* Creates the backend for device (-1 = CPU with n_threads workers, N >= 0 =
  * CUDA device N; SD_ERR_UNSUPPORTED with a log line in a build without
- * CUDA, SD_ERR_CUDA when the device cannot be used). */
-sd_status sd_backend_create(int32_t device, int32_t n_threads, sd_backend_handle *out);
+ * CUDA, SD_ERR_CUDA when the device cannot be used) with the switches in
+ * *opts (NULL = sd_backend_default_opts()). */
+sd_status sd_backend_create(int32_t device, int32_t n_threads, const sd_backend_opts *opts, sd_backend_handle *out);
 
-/* Creates the CUDA backend on device (engine/cuda/, built when nvcc is found). */
+/* Creates the CUDA backend on device (engine/cuda/, built when nvcc is
+ * found): with the default switches, or with *opts. */
 sd_status sd_cuda_backend_create(int32_t device, sd_backend_handle *out);
+sd_status sd_cuda_backend_create_opts(int32_t device, const sd_backend_opts *opts, sd_backend_handle *out);
 
-/* Creates the CPU backend with n_threads workers (0 = every online core).
+/* Creates the CPU backend with n_threads workers (0 = every online core):
+ * with the default switches, or with *opts (cpu_qpath).
  * On success fills *out; the caller destroys it with out->ops->destroy(&out->ctx). */
 sd_status sd_cpu_backend_create(int32_t n_threads, sd_backend_handle *out);
+sd_status sd_cpu_backend_create_opts(int32_t n_threads, const sd_backend_opts *opts, sd_backend_handle *out);
 
 #ifdef __cplusplus
 }

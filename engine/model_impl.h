@@ -80,9 +80,9 @@ struct sd_model {
     float *inv_freq;        /* [head_dim/2] rope frequencies, scaling applied */
     layer_weights *layers;  /* [n_layers_used] */
     const sd_model *parent; /* non-NULL for a view: every weight above is borrowed from it */
-    bool host_verify;       /* SPECD_DEVICE_VERIFY=0: verification on the host even on a device */
-    bool f32_matrices;      /* SPECD_CPU_WEIGHTS=f32: every matrix read as f32 (see model_load.c) */
-    bool copy_matrices;     /* SPECD_CPU_WEIGHTS=copy: stored matrices copied, not mapped (see model_load.c) */
+    bool host_verify;       /* --host-verify: verification on the host even on a device */
+    bool f32_matrices;      /* --cpu-weights f32: every matrix read as f32 (see model_load.c) */
+    bool copy_matrices;     /* --cpu-weights copy: stored matrices copied, not mapped (see model_load.c) */
     sd_file_map *maps[SD_MODEL_MAX_MAPS]; /* mappings the matrices point into, one reference each */
     int n_maps;
     uint64_t mapped_bytes; /* of weight_bytes, those read from the file mapping in place */

@@ -18,8 +18,8 @@
  * step: a tensor-parallel group, whose all-reduce sums partial results in
  * another order than one rank does (~1e-7 apart), can round an activation
  * to the other side and drift from TP = 1 by a quantum, so on those formats
- * TP is close to TP = 1, not equal to it (greedy text can part). The
- * environment variable SPECD_CPU_WEIGHTS=f32 reads every matrix as f32 (the
+ * TP is close to TP = 1, not equal to it (greedy text can part).
+ * SD_CPU_WEIGHTS_F32 (--cpu-weights f32) reads every matrix as f32 (the
  * earlier behaviour, 4 bytes per weight): TP then equals TP = 1 as before,
  * which the TP integration tests on SmolLM2 rely on.
  *
@@ -32,7 +32,7 @@
  * page cache's: 2 MiB folios for a file read from disk (ext4, Linux 6.18),
  * 4 KiB for one written recently or read ahead by the MADV_WILLNEED below
  * (bench/results/quant-cpu.md, bw2); the copies ask for huge pages
- * (cpu/backend.c). SPECD_CPU_WEIGHTS=copy copies
+ * (cpu/backend.c). SD_CPU_WEIGHTS_COPY (--cpu-weights copy) copies
  * the stored matrices as before, for comparison (bench/results/quant-cpu.md).
  *
  * Tensor shapes follow llama.cpp's GGUF layout: a weight with ne = [n_in,
@@ -72,7 +72,8 @@ sd_model_params sd_model_default_params(void) {
                          .tp_size = 1,
                          .tp_lm_head = SD_TP_LM_HEAD_SPLIT,
                          .coll = NULL,
-                         .kv_type = SD_DTYPE_F32};
+                         .kv_type = SD_DTYPE_F32,
+                         .backend = sd_backend_default_opts()};
     return p;
 }
 
@@ -517,13 +518,11 @@ sd_status sd_model_load_weights(const sd_weights *w, const sd_model_params *p, s
     if (s == SD_OK) {
         m->n_layers_used = params.n_layers_used ? params.n_layers_used : m->cfg.n_layers;
         m->layers = calloc((size_t)m->n_layers_used, sizeof *m->layers);
-        s = m->layers ? sd_backend_create(params.device, params.n_threads, &m->be) : SD_ERR_NOMEM;
+        s = m->layers ? sd_backend_create(params.device, params.n_threads, &params.backend, &m->be) : SD_ERR_NOMEM;
     }
-    const char *cw = getenv("SPECD_CPU_WEIGHTS");
-    m->f32_matrices = cw && strcmp(cw, "f32") == 0;
-    m->copy_matrices = cw && strcmp(cw, "copy") == 0;
-    const char *dv = getenv("SPECD_DEVICE_VERIFY");
-    m->host_verify = dv && strcmp(dv, "0") == 0;
+    m->f32_matrices = params.backend.cpu_weights == SD_CPU_WEIGHTS_F32;
+    m->copy_matrices = params.backend.cpu_weights == SD_CPU_WEIGHTS_COPY;
+    m->host_verify = params.backend.host_verify;
     if (s == SD_OK) s = check_memory(m);
     if (s == SD_OK) s = load_weights(m, w);
     if (s == SD_OK && params.coll) s = sd_model_set_coll(m, params.coll);
@@ -639,7 +638,7 @@ sd_status sd_model_view_layers(const sd_model *m, int32_t n_layers, sd_model **o
     for (int32_t l = 0; l < n_layers; l++) v->weight_bytes += m->layers[l].bytes;
     /* a backend instance of its own on the same device: device buffers are
      * shared by every stream of the process */
-    sd_status s = sd_backend_create(m->params.device, m->params.n_threads, &v->be);
+    sd_status s = sd_backend_create(m->params.device, m->params.n_threads, &m->params.backend, &v->be);
     if (s != SD_OK) {
         free(v);
         return s;

@@ -9,9 +9,9 @@ specd_py_test(it_tp2_tiny ${_it}test_tp.py ARGS --tp 2 --model tiny --drafter la
 specd_py_test(it_tp4_tiny_leader_head ${_it}test_tp.py ARGS --tp 4 --model tiny --lm-head leader --drafter model
               LABELS integration)
 specd_py_test(it_tp3_smollm ${_it}test_tp.py ARGS --tp 3 --model smollm --drafter ngram --n 3 --tokens 16
-              LABELS integration model)
+              --cpu-weights f32 LABELS integration model)
 specd_py_test(it_tp3_smollm_16 ${_it}test_tp.py ARGS --tp 3 --model smollm --drafter layers --n 16 --tokens 48
-              LABELS integration model slow)
+              --cpu-weights f32 LABELS integration model slow)
 specd_py_test(it_tp2_tiny_curve ${_it}test_tp.py ARGS --tp 2 --model tiny --drafter layers --n 4 --curve
               LABELS integration)
 specd_py_test(it_tp_kill ${_it}test_tp_kill.py ARGS --tp 2 --rank 1 LABELS integration)
@@ -21,7 +21,7 @@ set_tests_properties(it_tp2_tiny it_tp2_tiny_curve it_tp4_tiny_leader_head it_tp
 # SmolLM2 is Q4_1: with its matrices as stored, activations are rounded to 8
 # bits and a TP group's differently ordered sums can round one the other way,
 # so its text may part from TP = 1 (engine/model_load.c). These tests check
-# that TP equals TP = 1 exactly, so every process reads the matrices as f32.
-set_property(TEST it_tp3_smollm it_tp3_smollm_16 APPEND PROPERTY ENVIRONMENT "SPECD_CPU_WEIGHTS=f32")
+# that TP equals TP = 1 exactly, so every process reads the matrices as f32
+# (--cpu-weights f32, passed to each: the tests above).
 specd_py_test(it_tp_kill_leader ${_it}test_tp_kill.py ARGS --tp 2 --rank 0 LABELS integration slow)
 set_tests_properties(it_tp_kill_leader PROPERTIES RESOURCE_LOCK specd_integration)

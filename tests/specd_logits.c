@@ -23,6 +23,7 @@
 #include "specd/cli.h"
 #include "specd/kv.h"
 #include "specd/model.h"
+#include "specd/backend_opts.h"
 #include "specd/weights.h"
 
 #define MAX_SEQS 64
@@ -35,7 +36,7 @@ typedef struct seq_list {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: specd_logits -m MODEL.gguf|HF_DIR --out FILE.bin [--threads N] [--chunk N] [--layers N] --seq "
-               "1,2,3 [--seq ...]\n");
+               "1,2,3 [--seq ...] [backend switches]\n\n" SD_BACKEND_OPTIONS_USAGE);
 }
 
 /* Parses "1,2,3" into a new array (caller frees). */
@@ -82,7 +83,8 @@ static bool write_f32le(FILE *f, const float *x, size_t n) {
     return true;
 }
 
-static int run(const char *model_path, const char *out_path, int threads, int chunk, int layers, const seq_list *sl) {
+static int run(const char *model_path, const char *out_path, int threads, int chunk, int layers, const seq_list *sl,
+               const sd_backend_opts *backend) {
     int rc = 1;
     sd_weights *w = NULL;
     sd_model *m = NULL;
@@ -98,6 +100,7 @@ static int run(const char *model_path, const char *out_path, int threads, int ch
         goto done;
     }
     sd_model_params mp = sd_model_default_params();
+    mp.backend = *backend;
     mp.n_threads = threads;
     mp.n_layers_used = layers;
     if ((st = sd_model_load_weights(w, &mp, &m)) != SD_OK) {
@@ -199,13 +202,19 @@ int main(int argc, char **argv) {
         {"chunk", required_argument, NULL, O_CHUNK},
         {"layers", required_argument, NULL, O_LAYERS},
         {"help", no_argument, NULL, 'h'},
+        SD_BACKEND_LONG_OPTIONS,
         {NULL, 0, NULL, 0},
     };
     const char *model = NULL, *out = NULL;
     int threads = 0, chunk = 0, layers = 0, rc = 2, c;
     seq_list sl = {0};
-    while ((c = getopt_long(argc, argv, "m:h", opts, NULL)) != -1) {
+    sd_backend_opts backend = sd_backend_default_opts();
+    int li = 0;
+    while ((c = getopt_long(argc, argv, "m:h", opts, &li)) != -1) {
         switch (c) {
+        case SD_BACKEND_OPTION:
+            if (!sd_backend_opts_parse(&backend, opts[li].name, optarg, "specd_logits")) goto done;
+            break;
         case 'm': model = optarg; break;
         case O_OUT: out = optarg; break;
         case O_THREADS:
@@ -248,7 +257,7 @@ int main(int argc, char **argv) {
         usage(stderr);
         goto done;
     }
-    rc = run(model, out, threads, chunk, layers, &sl);
+    rc = run(model, out, threads, chunk, layers, &sl, &backend);
 done:
     for (int32_t s = 0; s < sl.n_seqs; s++) free(sl.ids[s]);
     return rc;

@@ -9,8 +9,8 @@
  *   - batch invariance on the GPU: a sequence's logits are bit-identical
  *     alone and in the ragged batch;
  *   - recorded forwards (CUDA graphs) replay bit-identically to op-by-op
- *     runs (a second model with SPECD_CUDA_GRAPHS=0), and so do a third
- *     model's with programmatic launches (SPECD_CUDA_PDL=1: the kernels of
+ *     runs (a second model with --cuda-graphs 0), and so do a third
+ *     model's with programmatic launches (--cuda-pdl 1: the kernels of
  *     a forward overlap their neighbours' launch and tail, which must not
  *     change a bit);
  *   - KV rollback: truncate + re-append gives the fresh computation's
@@ -56,7 +56,8 @@ int main(void) {
 
 #define MAX_CTX 512
 
-static sd_model *load(const char *path, int32_t device, int32_t n_layers_used) {
+/* Loads path on device with the backend switches *opts (NULL: the defaults). */
+static sd_model *load_with(const char *path, int32_t device, int32_t n_layers_used, const sd_backend_opts *opts) {
     sd_gguf *g = NULL;
     char err[256];
     if (sd_gguf_open(path, &g, err, sizeof err) != SD_OK) {
@@ -67,10 +68,15 @@ static sd_model *load(const char *path, int32_t device, int32_t n_layers_used) {
     mp.device = device;
     mp.n_threads = 0;
     mp.n_layers_used = n_layers_used;
+    if (opts) mp.backend = *opts;
     sd_model *m = NULL;
     if (sd_model_load(g, &mp, &m) != SD_OK) FAIL("cannot load %s on device %d", path, (int)device);
     sd_gguf_close(&g);
     return m;
+}
+
+static sd_model *load(const char *path, int32_t device, int32_t n_layers_used) {
+    return load_with(path, device, n_layers_used, NULL);
 }
 
 /* max |a - b| / max |b| */
@@ -197,12 +203,11 @@ static void random_model_checks(const char *path, const char *name) {
      * graphs (recorded the 2nd time a shape comes, replayed after) vs a
      * model that runs op by op */
     {
-        setenv("SPECD_CUDA_GRAPHS", "0", 1);
-        sd_model *eager = load(path, 0, 0);
-        unsetenv("SPECD_CUDA_GRAPHS");
-        setenv("SPECD_CUDA_PDL", "1", 1);
-        sd_model *pdl = load(path, 0, 0);
-        unsetenv("SPECD_CUDA_PDL");
+        sd_backend_opts no_graphs = sd_backend_default_opts(), with_pdl = sd_backend_default_opts();
+        no_graphs.cuda_graphs = false;
+        with_pdl.cuda_pdl = true;
+        sd_model *eager = load_with(path, 0, 0, &no_graphs);
+        sd_model *pdl = load_with(path, 0, 0, &with_pdl);
         sd_kv *ka = NULL, *kb = NULL, *kp = NULL;
         bool ok = eager && pdl && sd_model_kv_create(gpu, 1, 16, 16, &ka) == SD_OK &&
                   sd_model_kv_create(eager, 1, 16, 16, &kb) == SD_OK &&
@@ -302,13 +307,13 @@ static void spec_equality(const char *path) {
  * leaves the device) and on the host (logits downloaded, sd_spec_verify)
  * commit the same tokens. */
 static void spec_sampled_device_vs_host(const char *path) {
-    setenv("SPECD_DEVICE_VERIFY", "0", 1);
-    sd_model *host_v = load(path, 0, 0);
-    unsetenv("SPECD_DEVICE_VERIFY");
+    sd_backend_opts host = sd_backend_default_opts();
+    host.host_verify = true;
+    sd_model *host_v = load_with(path, 0, 0, &host);
     sd_model *dev_v = load(path, 0, 0);
     if (!host_v || !dev_v) goto out;
     if (!sd_model_verifies_on_device(dev_v) || sd_model_verifies_on_device(host_v)) {
-        FAIL("SPECD_DEVICE_VERIFY did not select the verification path");
+        FAIL("--host-verify (sd_backend_opts.host_verify) did not select the verification path");
         goto out;
     }
     const int32_t V = sd_model_config_of(dev_v)->n_vocab;
@@ -375,13 +380,13 @@ static void demo_model_checks(const char *path) {
         return;
     }
     sd_gguf_close(&g);
-    /* the CPU side reads the matrices as f32 (SPECD_CPU_WEIGHTS=f32), as the
+    /* the CPU side reads the matrices as f32 (--cpu-weights f32), as the
      * GPU does before its BF16 conversion: kept as stored, the CPU would
      * round activations to 8 bits (Q4_1) and differ from the GPU by that,
      * not by the GPU's arithmetic */
-    setenv("SPECD_CPU_WEIGHTS", "f32", 1);
-    sd_model *cpu = load(path, -1, 0);
-    unsetenv("SPECD_CPU_WEIGHTS");
+    sd_backend_opts f32 = sd_backend_default_opts();
+    f32.cpu_weights = SD_CPU_WEIGHTS_F32;
+    sd_model *cpu = load_with(path, -1, 0, &f32);
     sd_model *gpu = load(path, 0, 0);
     enum { N_PROMPTS = 20, N_NEW = 32 };
     char *prompts[N_PROMPTS];

@@ -11,8 +11,8 @@
  * sum_i |w_i x_i|. The streaming matmul is also checked for batch
  * invariance (a token's row is bit-identical computed alone or with 15
  * others), on the tensor cores (the default for n_in % 32 == 0) and again
- * on the CUDA cores (SPECD_CUDA_MMA=0); matmuls and attention run once more
- * with programmatic launches (SPECD_CUDA_PDL=1). attention/kv_write run
+ * on the CUDA cores (--cuda-mma 0); matmuls and attention run once more
+ * with programmatic launches (--cuda-pdl 1). attention/kv_write run
  * ragged batches over shuffled block tables, block sizes 1, 3 and 16, contexts that span several of the
  * kernel's chunks, positions at block edges, head_dim above 128 and GQA
  * groups of 1 to 4. Finally the ops are run with their host arrays
@@ -500,17 +500,15 @@ static void test_attention(void) {
 }
 
 /* Runs tests (NULL-terminated) on a fresh GPU backend made with var=value. */
-static void rerun_with(const char *var, const char *value, const char *what, void (*const *tests)(void)) {
-    setenv(var, value, 1);
-    if (sd_cuda_backend_create(0, &gpu) != SD_OK) {
-        fprintf(stderr, "test_cuda_ops: cuda:0 could not be opened again (%s=%s)\n", var, value);
+static void rerun_with(const sd_backend_opts *opts, const char *switch_, const char *what, void (*const *tests)(void)) {
+    if (sd_cuda_backend_create_opts(0, opts, &gpu) != SD_OK) {
+        fprintf(stderr, "test_cuda_ops: cuda:0 could not be opened again (%s)\n", switch_);
         failures++;
     } else {
-        printf("with %s=%s (%s):\n", var, value, what);
+        printf("with %s (%s):\n", switch_, what);
         for (int i = 0; tests[i]; i++) tests[i]();
         gpu.ops->destroy(&gpu.ctx);
     }
-    unsetenv(var);
 }
 
 int main(void) {
@@ -531,12 +529,16 @@ int main(void) {
     /* the same matmuls with the tensor-core kernel off: the CUDA-core
      * streaming kernel then takes every shape */
     static void (*const mm_tests[])(void) = {test_matmul, test_matmul_fused, NULL};
-    rerun_with("SPECD_CUDA_MMA", "0", "CUDA cores", mm_tests);
+    sd_backend_opts no_mma = sd_backend_default_opts();
+    no_mma.cuda_mma = false;
+    rerun_with(&no_mma, "--cuda-mma 0", "CUDA cores", mm_tests);
     /* programmatic launches (Hopper and later; elsewhere the backend turns
      * them off): the ops whose kernels follow one another within the op
      * (SwiGLU -> matmul, attention -> its join, matvec -> slice sum) */
     static void (*const pdl_tests[])(void) = {test_matmul, test_matmul_fused, test_attention, NULL};
-    rerun_with("SPECD_CUDA_PDL", "1", "programmatic launches", pdl_tests);
+    sd_backend_opts pdl = sd_backend_default_opts();
+    pdl.cuda_pdl = true;
+    rerun_with(&pdl, "--cuda-pdl 1", "programmatic launches", pdl_tests);
     cpu.ops->destroy(&cpu.ctx);
     if (failures) {
         fprintf(stderr, "test_cuda_ops: %d failure(s)\n", failures);

@@ -5,7 +5,7 @@
  *   - every matrix and the embedding table are used from the mapping, and
  *     the model keeps working after its weights source is closed;
  *   - the logits are bit-identical to those of a model whose matrices were
- *     copied (SPECD_CPU_WEIGHTS=copy), alone and with 2 threads;
+ *     copied (--cpu-weights copy, SD_CPU_WEIGHTS_COPY), alone and with 2 threads;
  *   - a second process loading the same file shares the pages: in the
  *     child, the file's mapping is mostly Shared_Clean (/proc/self/smaps)
  *     while the parent's model, which touched them, is alive;
@@ -34,18 +34,14 @@ static const char *model_path(void) {
 }
 
 static sd_model *load(const char *path, int threads, bool copy) {
-    if (copy)
-        setenv("SPECD_CPU_WEIGHTS", "copy", 1);
-    else
-        unsetenv("SPECD_CPU_WEIGHTS");
     sd_weights *w = NULL;
     assert_int_equal(sd_weights_open(path, &w), SD_OK);
     sd_model_params p = sd_model_default_params();
     p.n_threads = threads;
+    if (copy) p.backend.cpu_weights = SD_CPU_WEIGHTS_COPY;
     sd_model *m = NULL;
     assert_int_equal(sd_model_load_weights(w, &p, &m), SD_OK);
     sd_weights_close(&w); /* the mapping must outlive the source */
-    unsetenv("SPECD_CPU_WEIGHTS");
     return m;
 }
 

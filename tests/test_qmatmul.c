@@ -260,14 +260,15 @@ static void test_kquant_raw_blocks(void **state) {
         assert_non_null(y);
         for (size_t i = 0; i < w_bytes; i++) w[i] = (uint8_t)(uniform() * 128.0f + 128.0f);
         for (size_t b = 0; b < w_bytes / bb; b++) {
-            const uint16_t d = sd_f32_to_f16(0.01f + 0.01f * fabsf(uniform())), dm = sd_f32_to_f16(0.02f * fabsf(uniform()));
+            const uint16_t d = sd_f32_to_f16(0.01f + 0.01f * fabsf(uniform())),
+                           dm = sd_f32_to_f16(0.02f * fabsf(uniform()));
             if (kt[ti] == SD_DTYPE_Q6_K) {
                 memcpy(w + b * bb + 208, &d, 2);
                 if (b % 5 == 0) w[b * bb + 192] = 0x80; /* a scale of -128 */
             } else {
                 memcpy(w + b * bb, &d, 2);
                 memcpy(w + b * bb + 2, &dm, 2);
-                if (b % 5 == 0) memset(w + b * bb + 4, 0xff, 12); /* every scale and minimum 63 */
+                if (b % 5 == 0) memset(w + b * bb + 4, 0xff, 12);       /* every scale and minimum 63 */
                 if (b % 7 == 0) memset(w + b * bb + 16, 0xff, bb - 16); /* every weight at its largest */
             }
         }
@@ -466,10 +467,10 @@ static void test_refusals(void **state) {
     print_message("qmatmul: this CPU's path: %s\n", sd_cpu_qpath_name());
 }
 
-/* SPECD_CPU_QPATH picks a backend's path at creation (a path this CPU
- * lacks, or a wrong name, falls back to AUTO), and the backend op runs it:
- * same bits as the C twin either way. */
-static void test_qpath_env(void **state) {
+/* sd_backend_opts.cpu_qpath (--cpu-qpath) picks a backend's path at
+ * creation (a path this CPU lacks, or a wrong name, falls back to AUTO), and
+ * the backend op runs it: same bits as the C twin either way. */
+static void test_qpath_named(void **state) {
     (void)state;
     const struct {
         const char *value;
@@ -487,28 +488,26 @@ static void test_qpath_env(void **state) {
     for (int i = 0; i < N_IN * N_TOK; i++) x[i] = uniform();
     assert_int_equal(sd_quantize(SD_DTYPE_Q4_1, wf, N_IN * N_OUT, wq), SD_OK);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        assert_int_equal(setenv("SPECD_CPU_QPATH", cases[i].value, 1), 0);
-        assert_int_equal(sd_cpu_qpath_from_env(), cases[i].want);
+        assert_int_equal(sd_cpu_qpath_named(cases[i].value), cases[i].want);
+        sd_backend_opts opts = sd_backend_default_opts();
+        opts.cpu_qpath = cases[i].value;
         sd_backend_handle be;
-        assert_int_equal(sd_cpu_backend_create(2, &be), SD_OK);
+        assert_int_equal(sd_cpu_backend_create_opts(2, &opts, &be), SD_OK);
         assert_int_equal(be.ctx->qpath, cases[i].want);
         assert_int_equal(sd_cpu_qmatmul(be.ctx, SD_CPU_QPATH_C, SD_DTYPE_Q4_1, wq, N_IN, N_OUT, x, N_TOK, y_c), SD_OK);
         assert_int_equal(sd_cpu_matmul_stored(be.ctx, SD_DTYPE_Q4_1, wq, N_IN, N_OUT, x, N_TOK, y), SD_OK);
         assert_memory_equal(y, y_c, sizeof y);
         be.ops->destroy(&be.ctx);
     }
-    assert_int_equal(unsetenv("SPECD_CPU_QPATH"), 0);
-    assert_int_equal(sd_cpu_qpath_from_env(), SD_CPU_QPATH_AUTO);
+    assert_int_equal(sd_cpu_qpath_named(NULL), SD_CPU_QPATH_AUTO);
     /* the default is the fastest path this CPU has, and the tools report it */
     const char *want = sd_cpu_qpath_available(SD_CPU_QPATH_AMX)    ? "avx512-amx"
                        : sd_cpu_qpath_available(SD_CPU_QPATH_VNNI) ? "avx512-vnni"
                        : sd_cpu_qpath_available(SD_CPU_QPATH_AVX2) ? "avx2"
                                                                    : "c";
     assert_string_equal(sd_cpu_qpath_name(), want);
-    assert_string_equal(sd_cpu_kernel_path(), want);
-    assert_int_equal(setenv("SPECD_CPU_QPATH", "c", 1), 0);
-    assert_string_equal(sd_cpu_kernel_path(), "c");
-    assert_int_equal(unsetenv("SPECD_CPU_QPATH"), 0);
+    assert_string_equal(sd_cpu_kernel_path(NULL), want);
+    assert_string_equal(sd_cpu_kernel_path("c"), "c");
 }
 
 /* Every tile the dispatch can call exists: for calls of 1 .. 2 x TOK_BLOCK
@@ -557,7 +556,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_kquant_raw_blocks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
         cmocka_unit_test(test_tile_tables_cover_dispatch),
-        cmocka_unit_test(test_qpath_env),
+        cmocka_unit_test(test_qpath_named),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -731,7 +731,7 @@ static void test_llama3_tokenizer_json(void **state) {
 /* --model: the demo model (SmolLM2-135M, Q4_1) converted by specd-mkmodel
  * --convert into a 2-shard f32 checkpoint: the dequantized weights are
  * exact in f32, so logits must be bit-identical with the GGUF's matrices
- * read as f32 (SPECD_CPU_WEIGHTS=f32); the tokenizer.json written
+ * read as f32 (SD_CPU_WEIGHTS_F32, --cpu-weights f32); the tokenizer.json written
  * from the GGUF's vocabulary must give the same vocabulary hash (the
  * coordinator's compatibility check), special ids and encodings. */
 static void test_demo_model(void **state) {
@@ -766,9 +766,9 @@ static void test_demo_model(void **state) {
     /* the GGUF's matrices read as f32, like the checkpoint's: kept as stored
      * (Q4_1) the CPU would round activations to 8 bits, which the f32
      * checkpoint's matmuls do not */
-    setenv("SPECD_CPU_WEIGHTS", "f32", 1);
-    assert_int_equal(sd_model_load_weights(g, &mp, &mg), SD_OK);
-    unsetenv("SPECD_CPU_WEIGHTS");
+    sd_model_params mp_f32 = mp;
+    mp_f32.backend.cpu_weights = SD_CPU_WEIGHTS_F32;
+    assert_int_equal(sd_model_load_weights(g, &mp_f32, &mg), SD_OK);
     assert_int_equal(sd_model_load_weights(h, &mp, &mh), SD_OK);
     int32_t n = (int32_t)na, V = sd_model_config_of(mg)->n_vocab;
     int32_t *pos = malloc((size_t)n * sizeof *pos), *seq = calloc((size_t)n, sizeof *seq);

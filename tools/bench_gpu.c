@@ -36,6 +36,7 @@
 
 #include "specd/gguf.h"
 #include "specd/model.h"
+#include "specd/backend_opts.h"
 
 #ifdef SPECD_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -55,7 +56,8 @@ typedef struct gpu_opts {
     int max_k;
     int n_batches;
     int batches[MAX_BATCHES];
-    double max_other; /* cores other processes may use during a block before it is marked NOISY */
+    double max_other;        /* cores other processes may use during a block before it is marked NOISY */
+    sd_backend_opts backend; /* --cuda-graphs, --cuda-mma, ... (specd/backend_opts.h) */
 } gpu_opts;
 
 /* " NOISY" when other processes used more than the limit during a block. */
@@ -288,14 +290,11 @@ static void write_report_header(FILE *f, const gpu_opts *o, const sd_model_confi
             o->model_path, cfg->n_layers, cfg->n_embd, cfg->n_ff, cfg->n_heads, cfg->n_kv_heads, cfg->n_vocab,
             wbytes / 1e6, res->t_load);
     fprintf(f, "- device: cuda:%d, %s; recorded forwards (CUDA graphs) %s\n", (int)o->device, res->dev_name,
-            getenv("SPECD_CUDA_GRAPHS") && !strcmp(getenv("SPECD_CUDA_GRAPHS"), "0") ? "off" : "on");
+            o->backend.cuda_graphs ? "on" : "off");
     /* the backend's switches as set for this run, so a table says what it measured */
-    fprintf(f, "- switches:");
-    int n_sw = 0;
-    for (char **e = environ; *e; e++)
-        if (!strncmp(*e, "SPECD_CUDA_", 11) || !strncmp(*e, "SPECD_DEVICE_", 13))
-            fprintf(f, "%s %s", n_sw++ ? "," : "", *e);
-    fprintf(f, "%s\n", n_sw ? "" : " none (the defaults)");
+    char sw[256];
+    sd_backend_opts_describe(&o->backend, sw, sizeof sw);
+    fprintf(f, "- switches: %s\n", sw[0] ? sw : "none (the defaults)");
     fprintf(f,
             "- medians over %d repetitions (%d decode steps); host-timed around sd_model_forward, logits "
             "downloaded every call\n\n",
@@ -357,6 +356,7 @@ static int load_model(const gpu_opts *o, sd_model **m, double *t_load) {
     }
     sd_model_params mp = sd_model_default_params();
     mp.device = o->device;
+    mp.backend = o->backend;
     *t_load = sd_now();
     sd_status st = sd_model_load(g, &mp, m);
     sd_gguf_close(&g);
@@ -415,7 +415,8 @@ static void usage(FILE *f) {
                "      --batches LIST    batch sizes, comma-separated, at most 256 (default 1,8,64)\n"
                "      --max-k N         largest k for the k-token call cost (default 16)\n"
                "  -o, --out FILE        also write the table (markdown) to FILE\n"
-               "  -h, --help            this help\n");
+               "  -h, --help            this help\n"
+               "\n" SD_BACKEND_OPTIONS_USAGE);
 }
 
 int bench_gpu_main(int argc, char **argv) {
@@ -431,6 +432,7 @@ int bench_gpu_main(int argc, char **argv) {
                                           {"out", required_argument, 0, 'o'},
                                           {"help", no_argument, 0, 'h'},
                                           {"max-other-load", required_argument, 0, 'X'},
+                                          SD_BACKEND_LONG_OPTIONS,
                                           {0, 0, 0, 0}};
     gpu_opts o = {.device = 0,
                   .reps = 9,
@@ -440,12 +442,16 @@ int bench_gpu_main(int argc, char **argv) {
                   .max_k = MAX_K,
                   .n_batches = 3,
                   .batches = {1, 8, 64},
-                  .max_other = SD_HYG_DEFAULT_MAX_OTHER};
-    int c;
+                  .max_other = SD_HYG_DEFAULT_MAX_OTHER,
+                  .backend = sd_backend_default_opts()};
+    int c, li = 0;
     optind = 2;
-    while ((c = getopt_long(argc, argv, "m:r:o:h", longs, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:r:o:h", longs, &li)) != -1) {
         bool ok = true;
         switch (c) {
+        case SD_BACKEND_OPTION:
+            if (!sd_backend_opts_parse(&o.backend, longs[li].name, optarg, "specd-bench gpu")) return 2;
+            break;
         case 'm': o.model_path = optarg; break;
         case O_DEVICE: ok = sd_device_parse(optarg, &o.device) == SD_OK && o.device >= 0; break;
         case 'r': ok = sd_cli_parse_int(optarg, 1, 64, &o.reps); break;

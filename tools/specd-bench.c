@@ -49,6 +49,7 @@
 #include "specd/common.h"
 #include "specd/gguf.h"
 #include "specd/model.h"
+#include "specd/backend_opts.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -190,7 +191,8 @@ static void read_loadavg(char *buf, size_t size) {
         }
 }
 
-static void describe_machine(FILE *f, int n_threads, const char *load_before, const char *load_after) {
+static void describe_machine(FILE *f, int n_threads, const sd_backend_opts *backend, const char *load_before,
+                             const char *load_after) {
     char model[256] = "unknown CPU";
     FILE *ci = fopen("/proc/cpuinfo", "r");
     if (ci) {
@@ -223,7 +225,11 @@ static void describe_machine(FILE *f, int n_threads, const char *load_before, co
             "%s %s\n",
             model, sysconf(_SC_NPROCESSORS_ONLN), l2, l3, (double)mem_kb / (1024.0 * 1024.0), u.sysname, u.release);
     fprintf(f, "- transparent huge pages: %s (weights and bandwidth buffers ask for them with madvise)\n", thp);
-    fprintf(f, "- CPU kernels for stored weights: %s (SPECD_CPU_QPATH, else the fastest this CPU has)\n", sd_cpu_kernel_path());
+    char sw[256];
+    sd_backend_opts_describe(backend, sw, sizeof sw);
+    fprintf(f,
+            "- CPU kernels for stored weights: %s (--cpu-qpath, else the fastest this CPU has); backend switches: %s\n",
+            sd_cpu_kernel_path(backend->cpu_qpath), sw[0] ? sw : "the defaults");
     fprintf(f, "- load average (1, 5, 15 min) before: %s; after: %s\n", load_before, load_after);
     char cpus[256];
     sd_hyg_affinity_text(cpus, sizeof cpus);
@@ -277,8 +283,9 @@ typedef struct fwd_opts {
     int prompt_len;
     int max_k;
     int decode_steps;
-    int bw_mb;        /* size of each bandwidth buffer, MiB */
-    double max_other; /* cores other processes may use during a kept repetition (bench_hygiene.h) */
+    int bw_mb;               /* size of each bandwidth buffer, MiB */
+    double max_other;        /* cores other processes may use during a kept repetition (bench_hygiene.h) */
+    sd_backend_opts backend; /* --cpu-weights, --cpu-qpath, ... (specd/backend_opts.h) */
 } fwd_opts;
 
 #define FWD_MAX_REPS   32
@@ -443,7 +450,7 @@ static void write_forward_table(FILE *f, const fwd_opts *o, const sd_model_confi
     fprintf(f, "# specd-bench forward — %s\n\n", day);
     fprintf(f, "- model: %s (%d layers, dim %d, vocab %d), weights streamed per token as the CPU holds them: %.1f MB\n",
             o->model_path, cfg->n_layers, cfg->n_embd, cfg->n_vocab, wbytes / 1e6);
-    describe_machine(f, threads, load_before, load_after);
+    describe_machine(f, threads, &o->backend, load_before, load_after);
     if (s->map_rss_kb > 0)
         fprintf(f,
                 "- model file's pages after the run: %.0f%% of the resident ones mapped in 2 MiB pages (the page "
@@ -517,6 +524,7 @@ static int bench_forward(const fwd_opts *o) {
     }
     sd_model_params mp = sd_model_default_params();
     mp.n_threads = o->n_threads;
+    mp.backend = o->backend;
     if (sd_model_load(g, &mp, &m) != SD_OK) {
         fprintf(stderr, "specd-bench: cannot load %s (see the log above)\n", o->model_path);
         sd_gguf_close(&g);
@@ -613,7 +621,8 @@ static void usage(FILE *f) {
             "      --decode-steps N  decode steps timed (default 64)\n"
             "      --bw-mb N         size of each bandwidth buffer in MiB (default %d; far above the L3)\n"
             "  -o, --out FILE        also write the table (markdown) to FILE\n"
-            "  -h, --help            this help\n",
+            "  -h, --help            this help\n"
+            "\nforward and gpu: " SD_BACKEND_OPTIONS_USAGE,
             BW_DEFAULT_MB);
 }
 
@@ -685,18 +694,21 @@ int main(int argc, char **argv) {
                                           {"bw-mb", required_argument, 0, 'B'},
                                           {"max-other-load", required_argument, 0, 'X'},
                                           {"help", no_argument, 0, 'h'},
+                                          SD_BACKEND_LONG_OPTIONS,
                                           {0, 0, 0, 0}};
     fwd_opts o = {.reps = 7,
                   .prompt_len = 512,
                   .max_k = 16,
                   .decode_steps = 64,
                   .bw_mb = BW_DEFAULT_MB,
-                  .max_other = SD_HYG_DEFAULT_MAX_OTHER};
-    int c;
+                  .max_other = SD_HYG_DEFAULT_MAX_OTHER,
+                  .backend = sd_backend_default_opts()};
+    int c, li = 0;
     bool ok = true;
     optind = 2;
-    while (ok && (c = getopt_long(argc, argv, "m:t:r:o:h", longs, NULL)) != -1) {
+    while (ok && (c = getopt_long(argc, argv, "m:t:r:o:h", longs, &li)) != -1) {
         switch (c) {
+        case SD_BACKEND_OPTION: ok = sd_backend_opts_parse(&o.backend, longs[li].name, optarg, "specd-bench"); break;
         case 'm': o.model_path = optarg; break;
         case 't': ok = parse_int("--threads", optarg, 0, 256, &o.n_threads); break;
         case 'r': ok = parse_int("--reps", optarg, 1, FWD_MAX_REPS, &o.reps); break;

@@ -3,9 +3,8 @@
  *
  * Loads a model (a GGUF file or a Hugging Face checkpoint directory),
  * tokenizes the prompt (optionally as a conversation in the model's chat
- * template, specd/chat.h), prefills it in one
- * forward call and then decodes one token per call,
- * streaming text as whole UTF-8 characters. --json replaces the stream with
+ * template, specd/chat.h), prefills it in one forward call and then decodes
+ * one token per call, streaming text as whole UTF-8 characters. --json replaces the stream with
  * one JSON object at the end (ids, text, timings), which is what the tests and
  * benchmarks read. Sampling uses the counter-based generator keyed by (seed,
  * position), so a seeded run is reproducible anywhere.
@@ -23,6 +22,7 @@
 #include "specd/spec_decode.h"
 #include "specd/weights.h"
 #include "specd/model.h"
+#include "specd/backend_opts.h"
 #include "specd/sample.h"
 #include "specd/tokenizer.h"
 
@@ -60,8 +60,9 @@ typedef struct gen_opts {
     int32_t draft_vocab; /* --draft-vocab N: a model drafter's vocabulary cut (-1 = not given) */
     int32_t k;
     bool adaptive_k;
-    bool logprobs;        /* --logprobs N: each token's logprob and top N (plain decoding) */
-    int32_t top_logprobs; /* N */
+    bool logprobs;           /* --logprobs N: each token's logprob and top N (plain decoding) */
+    int32_t top_logprobs;    /* N */
+    sd_backend_opts backend; /* --cpu-weights, --cuda-graphs, ... (specd/backend_opts.h) */
 } gen_opts;
 
 static void usage(FILE *f) {
@@ -108,7 +109,8 @@ static void usage(FILE *f) {
             "                       it shadow-drafts now and then to notice when drafting pays again\n"
             "      --json           print one JSON object at the end instead of streaming\n"
             "  -v, --verbose        log at DEBUG level\n"
-            "  -h, --help           this help\n",
+            "  -h, --help           this help\n"
+            "\n" SD_BACKEND_OPTIONS_USAGE,
             SD_MAX_TOP_LOGPROBS, sd_chat_template_names(), SD_MAX_K);
 }
 
@@ -179,6 +181,7 @@ static const struct option longs[] = {{"model", required_argument, 0, 'm'},
                                       {"logprobs", required_argument, 0, OPT_LOGPROBS},
                                       {"verbose", no_argument, 0, 'v'},
                                       {"help", no_argument, 0, 'h'},
+                                      SD_BACKEND_LONG_OPTIONS,
                                       {0, 0, 0, 0}};
 
 /* Applies option c (with optarg) to o. False on a bad value, with *name the
@@ -190,10 +193,7 @@ static bool apply_opt(int c, gen_opts *o, const char **name, bool *unknown) {
     switch (c) {
     case 'm': o->model_path = optarg; break;
     case 'p': o->prompt = optarg; break;
-    case 'n':
-        *name = "n-predict";
-        ok = sd_cli_parse_i32(optarg, 0, 1 << 20, &o->n_predict);
-        break;
+    case 'n': ok = sd_cli_parse_i32(optarg, 0, 1 << 20, &o->n_predict), *name = "n-predict"; break;
     case 't':
         *name = "threads";
         ok = sd_cli_parse_i32(optarg, 0, 1024, &o->n_threads);
@@ -307,14 +307,18 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
     o->device = -1;
     o->draft_vocab = -1;
     o->sampling = sd_sampling_default();
-    int c;
-    while ((c = getopt_long(argc, argv, "m:p:n:t:k:vh", longs, NULL)) != -1) {
+    o->backend = sd_backend_default_opts();
+    int c, li = 0;
+    while ((c = getopt_long(argc, argv, "m:p:n:t:k:vh", longs, &li)) != -1) {
         const char *name;
         bool unknown;
         if (c == 'h') {
             usage(stdout);
             return 1;
         }
+        if (c == SD_BACKEND_OPTION && !sd_backend_opts_parse(&o->backend, longs[li].name, optarg, "specd-generate"))
+            return 2;
+        if (c == SD_BACKEND_OPTION) continue;
         bool ok = apply_opt(c, o, &name, &unknown);
         if (unknown) {
             usage(stderr);
@@ -710,6 +714,7 @@ int main(int argc, char **argv) {
     sd_model_params mp = sd_model_default_params();
     mp.n_threads = o.n_threads;
     mp.device = o.device;
+    mp.backend = o.backend;
     mp.kv_type = o.kv_type;
     if ((st = sd_weights_tokenizer(w, &tok)) != SD_OK || (st = sd_model_load_weights(w, &mp, &m)) != SD_OK) {
         fprintf(stderr, "specd-generate: cannot load %s: %s (see the log above)\n", o.model_path, sd_status_str(st));
@@ -734,6 +739,7 @@ int main(int argc, char **argv) {
         dp.max_ctx = sd_model_config_of(m)->n_ctx_train;
         dp.n_threads = o.n_threads;
         dp.device = o.device;
+        dp.backend = &o.backend;
         if (o.draft_vocab > sd_tok_n_vocab(tok)) {
             fprintf(stderr, "specd-generate: --draft-vocab %d is more than the %d tokens of the vocabulary\n",
                     (int)o.draft_vocab, (int)sd_tok_n_vocab(tok));

@@ -24,6 +24,7 @@
 
 #include "specd/weights.h"
 #include "specd/model.h"
+#include "specd/backend_opts.h"
 #include "specd/net.h"
 #include "specd/worker.h"
 
@@ -48,7 +49,8 @@ typedef struct verifier_opts {
     bool insecure;
     int32_t lm_head; /* sd_tp_lm_head */
     int32_t coll_timeout_ms, group_heartbeat_ms, join_timeout_s;
-    int32_t warmup; /* --warmup N; -1 = the device's default */
+    int32_t warmup;          /* --warmup N; -1 = the device's default */
+    sd_backend_opts backend; /* --cpu-weights, --cuda-graphs, ... (specd/backend_opts.h) */
     bool verbose;
 } verifier_opts;
 
@@ -98,7 +100,8 @@ static void usage(FILE *f) {
             "                          keys (trusted networks only)\n"
             "      --name NAME         name in the coordinator's logs (default host:pid)\n"
             "  -v, --verbose           log at DEBUG level\n"
-            "  -h, --help              this help\n",
+            "  -h, --help              this help\n"
+            "\n" SD_BACKEND_OPTIONS_USAGE,
             SD_MAX_BATCH, SD_MAX_K, SD_GROUP_HEARTBEAT_MS, SD_WARMUP_EXACT_TOKENS);
 }
 
@@ -160,14 +163,16 @@ static const struct option verifier_longs[] = {
     {"join-timeout", required_argument, 0, O_JOIN_TIMEOUT},
     {"warmup", required_argument, 0, O_WARMUP},
     {"help", no_argument, 0, 'h'},
+    SD_BACKEND_LONG_OPTIONS,
     {0, 0, 0, 0},
 };
 
-/* Applies one option (arg: its value, NULL for a flag): false, said on
- * stderr, for a bad value or an unknown option. */
-static bool apply_option(int c, const char *arg, verifier_opts *o) {
+/* Applies one option (name: its long name, arg: its value, NULL for a
+ * flag): false, said on stderr, for a bad value or an unknown option. */
+static bool apply_option(int c, const char *name, const char *arg, verifier_opts *o) {
     bool ok = true;
     switch (c) {
+    case SD_BACKEND_OPTION: ok = sd_backend_opts_parse(&o->backend, name, arg, "specd-verifier"); break;
     case 'm': o->model_path = arg; break;
     case O_COORD: o->coordinator = arg; break;
     case 't': ok = parse_int("--threads", arg, 0, 1024, &o->n_threads); break;
@@ -240,13 +245,13 @@ static int check_opts(const verifier_opts *o) {
 
 /* 0 = run, 1 = --help printed, 2 = bad flags. */
 static int parse_args(int argc, char **argv, verifier_opts *o) {
-    int c;
-    while ((c = getopt_long(argc, argv, "m:t:vh", verifier_longs, NULL)) != -1) {
+    int c, li = 0;
+    while ((c = getopt_long(argc, argv, "m:t:vh", verifier_longs, &li)) != -1) {
         if (c == 'h') {
             usage(stdout);
             return 1;
         }
-        if (!apply_option(c, optarg, o)) return 2;
+        if (!apply_option(c, verifier_longs[li].name, optarg, o)) return 2;
     }
     if (optind < argc) {
         fprintf(stderr, "specd-verifier: unexpected argument '%s'\n", argv[optind]);
@@ -340,6 +345,7 @@ static sd_status load_model(const verifier_opts *o, sd_model **model) {
     sd_model_params mp = sd_model_default_params();
     mp.n_threads = o->n_threads;
     mp.device = o->device;
+    mp.backend = o->backend;
     mp.kv_type = o->kv_type;
     mp.tp_rank = o->rank;
     mp.tp_size = o->tp;
@@ -497,6 +503,7 @@ int main(int argc, char **argv) {
         .tp = 1,
         .rank = 0,
         .device = -1,
+        .backend = sd_backend_default_opts(),
         .lm_head = SD_TP_LM_HEAD_SPLIT,
         .warmup = -1,
     };

@@ -105,7 +105,12 @@ static const sd_backend_ops cpu_ops = {
 };
 
 sd_status sd_cpu_backend_create(int32_t n_threads, sd_backend_handle *out) {
-    if (!out || n_threads < 0) return SD_ERR_INVALID_ARG;
+    const sd_backend_opts def = sd_backend_default_opts();
+    return sd_cpu_backend_create_opts(n_threads, &def, out);
+}
+
+sd_status sd_cpu_backend_create_opts(int32_t n_threads, const sd_backend_opts *opts, sd_backend_handle *out) {
+    if (!out || !opts || n_threads < 0) return SD_ERR_INVALID_ARG;
     out->ops = NULL;
     out->ctx = NULL;
     if (n_threads == 0) {
@@ -115,7 +120,7 @@ sd_status sd_cpu_backend_create(int32_t n_threads, sd_backend_handle *out) {
     sd_backend *be = calloc(1, sizeof *be);
     if (!be) return SD_ERR_NOMEM;
     be->n_threads = n_threads;
-    be->qpath = sd_cpu_qpath_from_env();
+    be->qpath = sd_cpu_qpath_named(opts->cpu_qpath);
     sd_status s = sd_threadpool_create(n_threads, &be->tp);
     if (s != SD_OK) {
         free(be);

@@ -33,8 +33,8 @@ struct sd_backend {
     size_t scratch_per_thread; /* floats */
     void *qbuf;                /* quantized activations of the current stored-weight matmul (qmatmul.c) */
     size_t qbuf_bytes;
-    int qpath; /* sd_cpu_qpath the stored-weight matmul runs (SD_CPU_QPATH_AUTO unless
-                                  SPECD_CPU_QPATH named one at creation) */
+    int qpath;          /* sd_cpu_qpath the stored-weight matmul runs (SD_CPU_QPATH_AUTO unless
+                  sd_backend_opts.cpu_qpath named one at creation) */
     int32_t *attn_runs; /* attention.c: where each run of the current call starts [attn_runs_cap] */
     size_t attn_runs_cap;
 };

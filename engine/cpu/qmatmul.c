@@ -388,22 +388,21 @@ static bool vnni_tiles(sd_cpu_qpath p) { return p == SD_CPU_QPATH_VNNI || p == S
 
 const char *sd_cpu_qpath_name(void) { return path_name(auto_path()); }
 
-const char *sd_cpu_kernel_path(void) {
-    const sd_cpu_qpath p = sd_cpu_qpath_from_env();
+const char *sd_cpu_kernel_path(const char *qpath) {
+    const sd_cpu_qpath p = sd_cpu_qpath_named(qpath);
     return p == SD_CPU_QPATH_AUTO ? sd_cpu_qpath_name() : path_name(p);
 }
 
-sd_cpu_qpath sd_cpu_qpath_from_env(void) {
-    const char *v = getenv("SPECD_CPU_QPATH");
+sd_cpu_qpath sd_cpu_qpath_named(const char *v) {
     if (!v || !*v) return SD_CPU_QPATH_AUTO;
     const sd_cpu_qpath named[] = {SD_CPU_QPATH_C, SD_CPU_QPATH_AVX2, SD_CPU_QPATH_VNNI, SD_CPU_QPATH_AMX};
     for (size_t i = 0; i < sizeof named / sizeof named[0]; i++)
         if (strcmp(v, path_name(named[i])) == 0) {
             if (sd_cpu_qpath_available(named[i])) return named[i];
-            SD_WARN("SPECD_CPU_QPATH=%s: this CPU or build has no such path; using %s", v, sd_cpu_qpath_name());
+            SD_WARN("cpu kernel path %s: this CPU or build has no such path; using %s", v, sd_cpu_qpath_name());
             return SD_CPU_QPATH_AUTO;
         }
-    SD_WARN("SPECD_CPU_QPATH=%s: not one of c, avx2, avx512-vnni, avx512-amx; using %s", v, sd_cpu_qpath_name());
+    SD_WARN("cpu kernel path %s: not one of c, avx2, avx512-vnni, avx512-amx; using %s", v, sd_cpu_qpath_name());
     return SD_CPU_QPATH_AUTO;
 }
 

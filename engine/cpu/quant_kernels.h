@@ -104,14 +104,15 @@ void sd_cpu_q8k_quantize_row(const float *x, int32_t n_in, void *dst);
 sd_status sd_cpu_qmatmul(sd_backend *be, sd_cpu_qpath path, sd_dtype type, const void *w, int32_t n_in, int32_t n_out,
                          const float *x, int32_t n_tokens, float *y);
 
-/* The path named by the environment variable SPECD_CPU_QPATH ("c", "avx2",
- * "avx512-vnni", "avx512-amx"; for measuring and testing one path inside a whole model),
- * read once when a backend is created; SD_CPU_QPATH_AUTO when it is unset,
- * or (with a warning) names a path this CPU or build does not have. */
-sd_cpu_qpath sd_cpu_qpath_from_env(void);
+/* The path named ("c", "avx2", "avx512-vnni", "avx512-amx"; for measuring
+ * and testing one path inside a whole model: --cpu-qpath,
+ * sd_backend_opts.cpu_qpath), taken when a backend is created;
+ * SD_CPU_QPATH_AUTO when name is NULL or empty, or (with a warning) names a
+ * path this CPU or build does not have. */
+sd_cpu_qpath sd_cpu_qpath_named(const char *name);
 
 /* The backend op: sd_cpu_qmatmul with the backend's path (AUTO unless
- * SPECD_CPU_QPATH named one). */
+ * sd_backend_opts.cpu_qpath named one). */
 sd_status sd_cpu_matmul_stored(sd_backend *be, sd_dtype type, const void *w, int32_t n_in, int32_t n_out,
                                const float *x, int32_t n_tokens, float *y);
 

@@ -25,7 +25,7 @@
  * arguments, so a replay is exact. If an op cannot be recorded (a host
  * array that was not announced, scratch that would have to grow, the cuBLAS
  * path) the recording is dropped, the forward runs op by op, and the key is
- * never recorded again. SPECD_CUDA_GRAPHS=0 turns recording off.
+ * never recorded again. --cuda-graphs 0 (sd_backend_opts) turns recording off.
  *
  * Rejected: cudaMallocManaged (page faults in the hot path, and
  * oversubscribing managed memory can hang the GPU); one stream per op kind
@@ -451,20 +451,14 @@ static const sd_backend_ops cuda_ops = {
     .add = sd_cuda_add,
 };
 
-static int env_int(const char *name, int def, int lo, int hi) {
-    const char *v = getenv(name);
-    if (!v || !*v) return def;
-    char *end;
-    long x = strtol(v, &end, 10);
-    if (*end || x < lo || x > hi) {
-        SD_WARN("cuda: ignoring %s=%s (want %d..%d)", name, v, lo, hi);
-        return def;
-    }
-    return (int)x;
+sd_status sd_cuda_backend_create(int32_t device, sd_backend_handle *out) {
+    const sd_backend_opts def = sd_backend_default_opts();
+    return sd_cuda_backend_create_opts(device, &def, out);
 }
 
-sd_status sd_cuda_backend_create(int32_t device, sd_backend_handle *out) {
-    if (!out || device < 0) return SD_ERR_INVALID_ARG;
+sd_status sd_cuda_backend_create_opts(int32_t device, const sd_backend_opts *opts, sd_backend_handle *out) {
+    if (!out || !opts || device < 0 || opts->cuda_pdl_prefetch < 0 || opts->cuda_pdl_prefetch > 64)
+        return SD_ERR_INVALID_ARG;
     out->ops = NULL;
     out->ctx = NULL;
     int n_dev = 0;
@@ -488,16 +482,13 @@ sd_status sd_cuda_backend_create(int32_t device, sd_backend_handle *out) {
     be->device = device;
     be->n_sm = prop.multiProcessorCount;
     be->total_mem = prop.totalGlobalMem;
-    be->graphs_enabled = env_int("SPECD_CUDA_GRAPHS", 1, 0, 1) == 1;
-    be->gemv_max_tokens = env_int("SPECD_CUDA_GEMV_MAX", SD_CUDA_GEMV_MAX_TOKENS, 1, SD_CUDA_GEMV_MAX_TOKENS);
-    be->mv_rows = env_int("SPECD_CUDA_MV_ROWS", 4, 2, 4) == 2 ? 2 : 4;
-    be->mma = env_int("SPECD_CUDA_MMA", 1, 0, 1) == 1;
-    be->fuse = env_int("SPECD_CUDA_FUSE", 1, 0, 1);
-    be->mma_blocks_per_sm = env_int("SPECD_CUDA_MMA_BPS", 2, 1, 64);
-    be->pdl = env_int("SPECD_CUDA_PDL", 0, 0, 1) == 1;
-    be->pdl_prefetch = env_int("SPECD_CUDA_PDL_PREFETCH", 4, 0, 64);
+    be->graphs_enabled = opts->cuda_graphs;
+    be->mma = opts->cuda_mma;
+    be->fuse = opts->cuda_fuse ? 1 : 0;
+    be->pdl = opts->cuda_pdl;
+    be->pdl_prefetch = opts->cuda_pdl_prefetch;
     if (be->pdl && prop.major < 9) {
-        SD_WARN("cuda:%d: SPECD_CUDA_PDL=1 needs compute capability 9.0 or later (this GPU is %d.%d); off", (int)device,
+        SD_WARN("cuda:%d: --cuda-pdl 1 needs compute capability 9.0 or later (this GPU is %d.%d); off", (int)device,
                 prop.major, prop.minor);
         be->pdl = false;
     }

@@ -40,6 +40,9 @@ extern "C" {
 /* Largest token count the weight-streaming matmul takes in one pass; above
  * it matmul goes through cuBLAS (see matmul.cu). */
 #define SD_CUDA_GEMV_MAX_TOKENS 16
+/* Blocks per multiprocessor the tensor-core matmul's K split aims at
+ * (matmul.cu: 2 measured best of 1, 2, 4, 8 on the 8B shape). */
+#define SD_CUDA_MMA_SM_BLOCKS   2
 /* Row tiles of one matrix whose K is split over blocks (matmul.cu). */
 #define SD_CUDA_MM_COUNTERS     4096
 
@@ -104,17 +107,15 @@ struct sd_backend {
     uint64_t n_replayed, n_recorded, n_first, n_never, n_evicted;
     double record_s;
     double capture_t0;
-    bool graphs_enabled;       /* SPECD_CUDA_GRAPHS=0 turns recording off */
-    int32_t gemv_max_tokens;   /* SPECD_CUDA_GEMV_MAX (1..16), default SD_CUDA_GEMV_MAX_TOKENS */
-    int32_t mv_rows;           /* SPECD_CUDA_MV_ROWS: rows per warp of the 3..16-token matmul (2 or 4) */
-    bool mma;                  /* SPECD_CUDA_MMA=0 turns the tensor-core streaming matmul off (matmul.cu) */
-    int32_t mma_blocks_per_sm; /* SPECD_CUDA_MMA_BPS: blocks per multiprocessor the K split aims at */
-    int32_t fuse;              /* SPECD_CUDA_FUSE=0: matmul_fused and rope_kv run op by op (for comparison) */
-    unsigned *mm_counters;     /* [SD_CUDA_MM_COUNTERS] slices finished per row tile, zero between launches */
-    /* programmatic dependent launch (SPECD_CUDA_PDL=1, compute capability
+    /* The switches (sd_backend_opts, from the command line) */
+    bool graphs_enabled;   /* --cuda-graphs 0 turns recording off */
+    bool mma;              /* --cuda-mma 0 turns the tensor-core streaming matmul off (matmul.cu) */
+    int32_t fuse;          /* --cuda-fuse 0: matmul_fused and rope_kv run op by op (for comparison) */
+    unsigned *mm_counters; /* [SD_CUDA_MM_COUNTERS] slices finished per row tile, zero between launches */
+    /* programmatic dependent launch (--cuda-pdl 1, compute capability
      * 9.0+; see sd_cuda_launch) */
     bool pdl;
-    int32_t pdl_prefetch; /* SPECD_CUDA_PDL_PREFETCH: weight chunks per warp the matmul prefetches */
+    int32_t pdl_prefetch; /* --cuda-pdl-prefetch: weight chunks per warp the matmul prefetches */
     bool after_kernel;    /* the stream's last operation is a kernel sd_cuda_launch enqueued */
 };
 
@@ -198,7 +199,7 @@ sd_status sd_cuda_f32_to_bf16(sd_backend *be, const float *src, void *dst, size_
 #ifdef __CUDACC__
 #include <utility>
 
-/* Programmatic dependent launch (Hopper and later; SPECD_CUDA_PDL=1).
+/* Programmatic dependent launch (Hopper and later; --cuda-pdl 1).
  *
  * A forward is a chain of ~11 short kernels per layer, and between two of
  * them the GPU idles: the next grid is launched only once the previous one

@@ -14,7 +14,7 @@
  *    the fused jobs (sd_cuda_matmul_fused: Q/K/V and gate/up in one launch
  *    each, the residual add in the epilogue), and with them a step takes
  *    7.04-7.07 ms.
- *  - CUDA cores (other shapes, or SPECD_CUDA_MMA=0): each warp owns R rows;
+ *  - CUDA cores (other shapes, or --cuda-mma 0): each warp owns R rows;
  *    each lane loads 8 BF16 weights (16 bytes) per row at a time and applies
  *    them to all NT tokens with f32 fused multiply-adds, so from ~4 tokens
  *    it is bound by instructions, not bytes. R grows with NT so activation
@@ -220,14 +220,11 @@ static sd_status launch_rows(sd_backend *be, const __nv_bfloat16 *w, int n_in, i
 }
 
 /* Rows per warp only changes which rows a warp takes, never an element's
- * arithmetic: SPECD_CUDA_MV_ROWS=2 (be->mv_rows) runs the 5..16-token
- * kernels with two rows too (fewer registers, more warps per SM, twice the
- * activation loads), to compare the two on a GPU (scripts/gpu-run rows-8b). */
+ * arithmetic (two rows against four for 5..16 tokens was measured on the 8B
+ * shape, 68ff6c8: four stay better at 8 and 16). */
 template <int NT>
 static sd_status launch_matvec(sd_backend *be, const __nv_bfloat16 *w, int n_in, int n_out, const float *x, float *y,
                                float *partial, int slice_len, int n_slices, bool vec) {
-    if (NT >= 3 && be->mv_rows == 2)
-        return launch_rows<NT, 2>(be, w, n_in, n_out, x, y, partial, slice_len, n_slices, vec);
     return launch_rows<NT, rows_for(NT)>(be, w, n_in, n_out, x, y, partial, slice_len, n_slices, vec);
 }
 
@@ -532,13 +529,13 @@ __global__ void __launch_bounds__(MMA_THREADS, MMA_MIN_BLOCKS(NTILES)) mma_matve
 }
 
 /* Slices of i for the tensor-core path: enough blocks for
- * mma_blocks_per_sm per multiprocessor (default 2: on the 8B shape 1, 2, 4
+ * SD_CUDA_MMA_SM_BLOCKS per multiprocessor (2: on the 8B shape 1, 2, 4
  * and 8 gave decode steps of 8.14, 7.75, 8.16 and 8.33 ms), each warp at
  * least MMA_UNROLL chunks. Depends on the matrices and the GPU only (batch
  * invariance). */
 static int mma_slices(const sd_backend *be, int n_in, long tiles) {
     if (tiles > SD_CUDA_MM_COUNTERS) return 1;
-    long want = ((long)be->n_sm * be->mma_blocks_per_sm + tiles - 1) / tiles;
+    long want = ((long)be->n_sm * SD_CUDA_MMA_SM_BLOCKS + tiles - 1) / tiles;
     const long max_slices = n_in / (32 * MMA_WARPS * MMA_UNROLL);
     if (want > max_slices) want = max_slices;
     return want < 1 ? 1 : (int)want;
@@ -546,7 +543,7 @@ static int mma_slices(const sd_backend *be, int n_in, long tiles) {
 
 /* Whether a job can take the tensor-core path (16-byte rows and inputs). */
 static bool mma_fits(const sd_backend *be, const sd_matmul_job *job) {
-    if (!be->mma || job->n_tokens > be->gemv_max_tokens || job->n_in % 32 != 0) return false;
+    if (!be->mma || job->n_tokens > SD_CUDA_GEMV_MAX_TOKENS || job->n_in % 32 != 0) return false;
     if ((uintptr_t)job->x % 16 != 0) return false;
     for (int m = 0; m < job->n_mats; m++)
         if ((uintptr_t)job->w[m] % 16 != 0) return false;
@@ -622,7 +619,7 @@ sd_status sd_cuda_matmul(sd_backend *be, const float *w, int32_t n_in, int32_t n
     job.x = x;
     if (mma_fits(be, &job)) return mma_matvec(be, &job);
     const __nv_bfloat16 *wb = (const __nv_bfloat16 *)(const void *)w;
-    if (n_tokens <= be->gemv_max_tokens) return matvec(be, wb, n_in, n_out, x, n_tokens, y);
+    if (n_tokens <= SD_CUDA_GEMV_MAX_TOKENS) return matvec(be, wb, n_in, n_out, x, n_tokens, y);
     return gemm(be, wb, n_in, n_out, x, n_tokens, y, 0.0f);
 }
 
@@ -631,7 +628,7 @@ sd_status sd_cuda_matmul(sd_backend *be, const float *w, int32_t n_in, int32_t n
 static sd_status matmul_acc(sd_backend *be, const float *w, int32_t n_in, int32_t n_out, const float *x, int32_t nt,
                             float *y) {
     const __nv_bfloat16 *wb = (const __nv_bfloat16 *)(const void *)w;
-    if (nt > be->gemv_max_tokens) return gemm(be, wb, n_in, n_out, x, nt, y, 1.0f);
+    if (nt > SD_CUDA_GEMV_MAX_TOKENS) return gemm(be, wb, n_in, n_out, x, nt, y, 1.0f);
     const size_t per = (size_t)nt * (size_t)n_out;
     const size_t own = matvec_scratch_floats(be, wb, n_in, n_out, x, nt);
     void *scratch;
@@ -643,7 +640,7 @@ static sd_status matmul_acc(sd_backend *be, const float *w, int32_t n_in, int32_
 
 /* The SwiGLU (into the gate) as its own kernel, then one launch on the
  * tensor cores where the job fits them; otherwise op by op (also with
- * SPECD_CUDA_FUSE=0, for comparison). */
+ * --cuda-fuse 0, for comparison). */
 sd_status sd_cuda_matmul_fused(sd_backend *be, const sd_matmul_job *job) {
     if (!job || job->n_mats < 1 || job->n_mats > 3 || !job->x) return SD_ERR_INVALID_ARG;
     if (job->n_tokens <= 0) return SD_OK;

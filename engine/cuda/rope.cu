@@ -76,7 +76,7 @@ sd_status sd_cuda_rope_kv(sd_backend *be, float *q, float *k, const float *v, in
                           int32_t n_kv_heads, int32_t head_dim, const int32_t *pos, const float *inv_freq,
                           float *k_pool, float *v_pool, int32_t block_size, const int32_t *bt, const int32_t *bt_off) {
     if (n_tokens <= 0) return SD_OK;
-    if (be->fuse == 0) { /* op by op, for comparison (SPECD_CUDA_FUSE=0) */
+    if (be->fuse == 0) { /* op by op, for comparison (--cuda-fuse 0) */
         const int32_t row = n_kv_heads * head_dim;
         SD_TRY(sd_cuda_rope(be, q, n_tokens, n_heads, head_dim, pos, inv_freq));
         SD_TRY(sd_cuda_rope(be, k, n_tokens, n_kv_heads, head_dim, pos, inv_freq));

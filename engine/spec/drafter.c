@@ -76,6 +76,7 @@ sd_drafter_params sd_drafter_default_params(void) {
         .ngram_cache_entries = 65536,
         .n_threads = 0,
         .device = -1,
+        .backend = NULL,
         .draft_vocab = SD_DRAFTER_DEFAULT_VOCAB,
     };
     return p;

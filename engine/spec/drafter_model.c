@@ -338,10 +338,10 @@ sd_status sd_drafter_model_wrap(sd_model *m, sd_drafter_kind kind, const sd_draf
 }
 
 /* Opens path (a GGUF file or a Hugging Face checkpoint directory) and loads
- * it with n_layers_used (0 = all) on device; hash/n_vocab of its vocabulary
- * when asked. */
-static sd_status load_model(const char *path, int32_t n_layers_used, int32_t n_threads, int32_t device,
-                            uint64_t *vocab_hash, int32_t *n_vocab, sd_model **out) {
+ * it with n_layers_used (0 = all) on p's device with p's backend switches;
+ * hash/n_vocab of its vocabulary when asked. */
+static sd_status load_model(const char *path, int32_t n_layers_used, const sd_drafter_params *p, uint64_t *vocab_hash,
+                            int32_t *n_vocab, sd_model **out) {
     sd_weights *w = NULL;
     sd_status st = sd_weights_open(path, &w);
     if (st != SD_OK) {
@@ -361,9 +361,10 @@ static sd_status load_model(const char *path, int32_t n_layers_used, int32_t n_t
         sd_tok_free(&tok);
     }
     sd_model_params mp = sd_model_default_params();
-    mp.n_threads = n_threads;
+    mp.n_threads = p ? p->n_threads : 0;
     mp.n_layers_used = n_layers_used;
-    mp.device = device;
+    mp.device = p ? p->device : -1;
+    if (p && p->backend) mp.backend = *p->backend;
     st = sd_model_load_weights(w, &mp, out);
     sd_weights_close(&w);
     if (st != SD_OK) SD_ERROR("drafter: cannot load the model in %s: %s", path, sd_status_str(st));
@@ -377,8 +378,7 @@ sd_status sd_drafter_model_open(const char *path, uint64_t target_vocab_hash, in
     uint64_t hash = 0;
     int32_t n_vocab = 0;
     sd_model *m = NULL;
-    int32_t n_threads = p ? p->n_threads : 0;
-    SD_TRY(load_model(path, 0, n_threads, p ? p->device : -1, &hash, &n_vocab, &m));
+    SD_TRY(load_model(path, 0, p, &hash, &n_vocab, &m));
     if (hash != target_vocab_hash || n_vocab != target_n_vocab || sd_model_config_of(m)->n_vocab != target_n_vocab) {
         SD_ERROR("drafter: the vocabulary of %s (%d tokens, hash %016llx) differs from the target's (%d tokens, "
                  "hash %016llx): a draft model must share the target's tokenizer exactly",
@@ -397,7 +397,7 @@ sd_status sd_drafter_self_open(const char *path, int32_t n_layers, const sd_draf
     }
     *out = NULL;
     sd_model *m = NULL;
-    SD_TRY(load_model(path, n_layers, p ? p->n_threads : 0, p ? p->device : -1, NULL, NULL, &m));
+    SD_TRY(load_model(path, n_layers, p, NULL, NULL, &m));
     return wrap(m, true, SD_DRAFTER_SELF, p, out);
 }
 

@@ -174,6 +174,10 @@ class Harness:
         self.procs = []
         self.cleanups = []
         self.zctx = zmq.Context() if zmq else None
+        # backend switches (e.g. ["--cpu-weights", "f32"]) for every process
+        # that loads a model: verifiers, model drafters, specd-generate,
+        # tests/specd_logits
+        self.engine_args = []
 
     # ---- binaries and models ----
     def bin(self, what):
@@ -353,7 +357,7 @@ class Harness:
     def start_verifier(self, target=None, extra=(), netns=None, coordinator=None, key="verifier"):
         return self.start("verifier", [self.bin("verifier"), "--model", target or self.target,
                                        "--coordinator", coordinator or self.worker_addr]
-                          + self.key_args(key) + list(extra), netns=netns)
+                          + self.key_args(key) + self.engine_args + list(extra), netns=netns)
 
     def start_drafter(self, kind, target=None, draft=None, layers=1, extra=(), netns=None, coordinator=None,
                       key="drafter"):
@@ -365,6 +369,8 @@ class Harness:
             how = ["--model", draft]
         else:
             how = ["--draft-layers", str(layers), "--model", target]
+        if kind != "ngram":
+            how += self.engine_args
         return self.start("drafter", [self.bin("drafter")] + how +
                           ["--coordinator", coordinator or self.worker_addr] + self.key_args(key) + list(extra),
                           netns=netns)
@@ -443,7 +449,7 @@ class Harness:
     def reference(self, model, prompt, n, temp=0.0, seed=0, ignore_eos=False, chat=False, top_p=None, history=()):
         """specd-generate's JSON for prompt; history: chat turns before it
         ({"role", "content"} dicts, passed as --message)."""
-        argv = [self.bin("generate"), "-m", model, "-p", prompt, "-n", str(n), "--json", "-t", "1"]
+        argv = [self.bin("generate"), "-m", model, "-p", prompt, "-n", str(n), "--json", "-t", "1"] + self.engine_args
         for m in history:
             argv += ["--message", "%s:%s" % (m["role"], m["content"])]
         if temp:

@@ -86,8 +86,8 @@ def engine_logits(h, model, seq, n_vocab):
     if not os.access(exe, os.X_OK):
         return None
     out = os.path.join(h.tmp, "logits.bin")
-    r = subprocess.run([exe, "-m", model, "--out", out, "--threads", "1", "--seq", ",".join(map(str, seq))],
-                       capture_output=True, timeout=600)
+    r = subprocess.run([exe, "-m", model, "--out", out, "--threads", "1", "--seq", ",".join(map(str, seq))]
+                       + h.engine_args, capture_output=True, timeout=600)
     H.check(r.returncode == 0, "specd_logits failed: %s" % r.stderr[-500:])
     return np.fromfile(out, dtype="<f4").reshape(len(seq), n_vocab)
 

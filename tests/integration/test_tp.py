@@ -4,6 +4,7 @@ the tokens specd-generate (TP = 1) gives each prompt alone.
 
   test_tp.py --tp N --model tiny|smollm [--lm-head split|leader]
              [--drafter layers|ngram|model|none] [--n 6] [--tokens 32] [--curve]
+             [--cpu-weights stored|f32|copy]
 
 --curve: every link keyed, the group's too (the leader admits only the rank
 key: a rank with another key is refused and exits 3 while the leader waits).
@@ -54,7 +55,7 @@ def start_ranks(h, target, tp, lm_head, ranks, extra=(), key=None):
         procs.append(h.start("verifier" if r == 0 else "rank%d" % r,
                              [h.bin("verifier"), "--model", target, "--coordinator", h.worker_addr,
                               "--tp", str(tp), "--rank", str(r), "--group", h.group_addr, "--lm-head", lm_head,
-                              "-t", "1"] + rank_keys(h, r, key) + list(extra)))
+                              "-t", "1"] + rank_keys(h, r, key) + h.engine_args + list(extra)))
     return procs
 
 
@@ -105,6 +106,8 @@ def check_prompt_logprobs(h, c, target, refs, args):
 
 
 def run(h, args):
+    if args.cpu_weights:
+        h.engine_args = ["--cpu-weights", args.cpu_weights]
     if args.curve:
         h.enable_curve(extra_names=["rank", "rogue"])
         with open(os.path.join(h.key_dir, "ranks.allow"), "w") as f:
@@ -203,6 +206,9 @@ if __name__ == "__main__":
     ap.add_argument("--n", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--cpu-weights", choices=["stored", "f32", "copy"], default=None,
+                    help="passed to every process that loads a model (verifier ranks, model drafters, "
+                         "specd-generate, specd_logits)")
     ap.add_argument("--curve", action="store_true", help="CurveZMQ on every link, the group's included")
     a = ap.parse_args()
     H.main(lambda h: run(h, a))

@@ -7,7 +7,7 @@ independent numpy reference (tests/ref/llama_ref.py) with the prompt
 tokenized by Hugging Face `tokenizers` (tests/ref/make_golden.py). The text
 must plainly answer Paris.
 
-specd-generate runs with SPECD_CPU_WEIGHTS=f32 (the Q4_1 matrices read as
+specd-generate runs with --cpu-weights f32 (the Q4_1 matrices read as
 f32): the reference computes on the dequantized weights with unrounded
 activations, which is that path's function. With the matrices kept as stored
 the CPU rounds activations to 8 bits, and this prompt's first token is a
@@ -45,9 +45,8 @@ def main() -> int:
     # The golden prompt is this question in the model's ChatML template with
     # its default system prompt; 32 tokens are compared, past EOS.
     cmd = [exe, "-m", model, "--chat", "-p", "What is the capital of France?", "-n",
-           str(len(golden["generated_ids"])), "--temp", "0", "--ignore-eos", "--json"]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                         env=dict(os.environ, SPECD_CPU_WEIGHTS="f32"))
+           str(len(golden["generated_ids"])), "--temp", "0", "--ignore-eos", "--json", "--cpu-weights", "f32"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if run.returncode != 0:
         print("specd-generate failed:", run.returncode, run.stderr)
         return 1

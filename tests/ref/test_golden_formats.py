@@ -14,7 +14,7 @@ the quantizer's rule gives (gguf's reader), and greedy specd-generate must
 answer:
 
   * the golden France question (tests/data/golden_france.json's prompt) with
-    "Paris", on the f32 path (SPECD_CPU_WEIGHTS=f32) as test_golden.py runs
+    "Paris", on the f32 path (--cpu-weights f32) as test_golden.py runs
     it. This prompt's first token is a near-tie ("The" vs "L", 0.08 apart in
     f32 on the Q4_1 file, 0.013 with the 8-bit activations), so with the
     weights as stored the 8-bit activation rounding decides it: on the q8_0
@@ -48,10 +48,9 @@ FORMATS = [("f16", {"F16"}, "F16"), ("bf16", {"BF16"}, "BF16"), ("q8_0", {"Q8_0"
            ("q6_k", {"Q6_K"}, "Q8_0")]
 
 
-def generate(exe, model, prompt, n, env_extra):
-    cmd = [exe, "-m", model, "--chat", "-p", prompt, "-n", str(n), "--temp", "0", "--json"]
-    env = {k: v for k, v in os.environ.items() if k != "SPECD_CPU_WEIGHTS"}
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(env, **env_extra))
+def generate(exe, model, prompt, n, extra_args):
+    cmd = [exe, "-m", model, "--chat", "-p", prompt, "-n", str(n), "--temp", "0", "--json"] + list(extra_args)
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if run.returncode != 0:
         print("specd-generate failed:", run.returncode, run.stderr)
         return None
@@ -96,13 +95,13 @@ def main() -> int:
             if kinds.get("token_embd.weight") != head:
                 print(f"{fmt}: the tied LM head is {kinds.get('token_embd.weight')}, want {head}")
                 ok = False
-            # (question, tokens, environment, the word the answer must hold, what is run)
-            questions = [("What is the capital of Germany?", 12, {}, "Berlin", "as stored")]
+            # (question, tokens, specd-generate's extra options, the word the answer must hold, what is run)
+            questions = [("What is the capital of Germany?", 12, [], "Berlin", "as stored")]
             if fmt != "q4_k_m":  # the near-tie of the file comment
-                questions.insert(0, ("What is the capital of France?", 12, {"SPECD_CPU_WEIGHTS": "f32"}, "Paris",
+                questions.insert(0, ("What is the capital of France?", 12, ["--cpu-weights", "f32"], "Paris",
                                      "f32 path"))
-            for q_text, n, env, word, what in questions:
-                out = generate(exe, path, q_text, n, env)
+            for q_text, n, extra, word, what in questions:
+                out = generate(exe, path, q_text, n, extra)
                 if out is None or word not in out["text"]:
                     print(f"{fmt}: {q_text} ({what}): the answer does not hold {word}:", out and repr(out["text"]))
                     ok = False

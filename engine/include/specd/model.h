@@ -33,6 +33,38 @@ typedef enum sd_tp_lm_head {
                                  ranks hold none (a replica there would never be read) */
 } sd_tp_lm_head;
 
+/* How the CPU backend holds the matrices a file stores quantized or in
+ * 16 bits (model_load.c): as stored, mapped in place where they can be (the
+ * default); read as f32 (4 bytes a weight: what a tensor-parallel group
+ * needs to equal TP = 1 on the integer formats); or as stored but copied. */
+typedef enum sd_cpu_weights {
+    SD_CPU_WEIGHTS_STORED = 0,
+    SD_CPU_WEIGHTS_F32 = 1,
+    SD_CPU_WEIGHTS_COPY = 2,
+} sd_cpu_weights;
+
+/* Backend switches. The defaults are what a run wants; the other values
+ * exist to compare paths and to test them, and reach a process only from
+ * its command line (specd/backend_opts.h parses them; library code reads no
+ * environment). */
+typedef struct sd_backend_opts {
+    sd_cpu_weights cpu_weights; /* --cpu-weights stored|f32|copy */
+    /* --cpu-qpath c|avx2|avx512-vnni|avx512-amx: the CPU kernel path for
+     * stored matrices (a path this CPU or build lacks: a warning, then the
+     * fastest it has); NULL = the fastest. Borrowed, a static string. */
+    const char *cpu_qpath;
+    bool host_verify;          /* --host-verify: verify on the host even on a GPU */
+    bool cuda_graphs;          /* --cuda-graphs 0|1 (default 1): record and replay CUDA graphs */
+    bool cuda_mma;             /* --cuda-mma 0|1 (default 1): the tensor-core streaming matmul */
+    bool cuda_fuse;            /* --cuda-fuse 0|1 (default 1): fused launches (0: op by op) */
+    bool cuda_pdl;             /* --cuda-pdl 0|1 (default 0): programmatic dependent launch */
+    int32_t cuda_pdl_prefetch; /* --cuda-pdl-prefetch N (0..64, default 4): weight chunks per warp
+                                  the matmul prefetches into L2 under PDL */
+} sd_backend_opts;
+
+/* The defaults above. */
+sd_backend_opts sd_backend_default_opts(void);
+
 typedef struct sd_model_params {
     int32_t n_threads;     /* 0 = every online core */
     int32_t n_layers_used; /* 0 = all; L < n_layers runs only the first L
@@ -57,6 +89,7 @@ typedef struct sd_model_params {
      * default) or SD_DTYPE_F16 (half the memory; on a backend without an
      * f16 cache, CUDA today, sd_model_kv_create refuses it). */
     sd_dtype kv_type;
+    sd_backend_opts backend; /* default sd_backend_default_opts() */
 } sd_model_params;
 
 /* Parses a KV cache type name: "f32" or "f16"; false otherwise. */
@@ -74,10 +107,11 @@ sd_status sd_model_load(const sd_gguf *g, const sd_model_params *p, sd_model **o
 typedef struct sd_weights sd_weights;
 sd_status sd_model_load_weights(const sd_weights *w, const sd_model_params *p, sd_model **out);
 
-/* The kernel path the CPU backend computes stored weights on in this
- * process: "avx512-amx", "avx512-vnni", "avx2" or "c" (SPECD_CPU_QPATH, or
- * the fastest this CPU has); for benchmark tables. */
-const char *sd_cpu_kernel_path(void);
+/* The kernel path a CPU backend created with sd_backend_opts.cpu_qpath =
+ * qpath computes stored weights on: "avx512-amx", "avx512-vnni", "avx2" or
+ * "c" (qpath when this CPU has it, else the fastest it has); for benchmark
+ * tables. */
+const char *sd_cpu_kernel_path(const char *qpath);
 
 /* Parses a device name: "cpu" -> -1, "cuda" -> 0, "cuda:N" -> N. */
 sd_status sd_device_parse(const char *name, int32_t *device);
@@ -128,7 +162,7 @@ sd_status sd_model_forward_head(sd_model *m, sd_kv *kv, const sd_batch *b, int32
 
 /* True when the model's backend verifies drafts next to the logits (a GPU):
  * sd_model_forward_verify then never copies the target distributions out.
- * SPECD_DEVICE_VERIFY=0 in the environment at load turns it off. */
+ * sd_backend_opts.host_verify at load turns it off. */
 bool sd_model_verifies_on_device(const sd_model *m);
 
 /* Runs b like sd_model_forward, keeps the wanted rows' logits where they

@@ -54,18 +54,20 @@ typedef enum sd_drafter_kind {
 #define SD_DRAFTER_DEFAULT_VOCAB 0
 
 typedef struct sd_drafter_params {
-    int32_t max_seqs;            /* sequence slots in [0, max_seqs) (default 1) */
-    int32_t max_ctx;             /* most tokens a sequence holds, context + draft (default 4096) */
-    int32_t top_n;               /* tokens kept of a model drafter's distribution (default SD_SPEC_DEFAULT_TOP_N) */
-    int32_t ngram_min;           /* shortest match (tokens) an n-gram draft may rest on (default 1) */
-    int32_t ngram_max;           /* match lengths are measured up to this many tokens (default 16) */
-    float ngram_min_p;           /* an n-gram draft stops before the estimated probability that all of it is
+    int32_t max_seqs;               /* sequence slots in [0, max_seqs) (default 1) */
+    int32_t max_ctx;                /* most tokens a sequence holds, context + draft (default 4096) */
+    int32_t top_n;                  /* tokens kept of a model drafter's distribution (default SD_SPEC_DEFAULT_TOP_N) */
+    int32_t ngram_min;              /* shortest match (tokens) an n-gram draft may rest on (default 1) */
+    int32_t ngram_max;              /* match lengths are measured up to this many tokens (default 16) */
+    float ngram_min_p;              /* an n-gram draft stops before the estimated probability that all of it is
                            accepted falls below this, in (0, 1] (default 0.15) */
-    int32_t ngram_cache_entries; /* n-grams of earlier outputs the n-gram drafter keeps for all its
+    int32_t ngram_cache_entries;    /* n-grams of earlier outputs the n-gram drafter keeps for all its
                                     sequences (default 65536, about 2.5 MB); < 0: no shared cache */
-    int32_t n_threads;           /* model drafters' worker threads, 0 = all cores */
-    int32_t device;              /* model drafters loaded from a file: -1 = CPU (default), N = cuda:N */
-    int32_t draft_vocab;         /* a model drafter's vocabulary cut: it computes logits for token ids
+    int32_t n_threads;              /* model drafters' worker threads, 0 = all cores */
+    int32_t device;                 /* model drafters loaded from a file: -1 = CPU (default), N = cuda:N */
+    const sd_backend_opts *backend; /* model drafters loaded from a file: the backend switches (borrowed,
+                                       read at open); NULL = sd_backend_default_opts() (default) */
+    int32_t draft_vocab;            /* a model drafter's vocabulary cut: it computes logits for token ids
                                     [0, draft_vocab) only and never drafts the others (q is 0 there); 0,
                                     or n_vocab and above = the whole vocabulary; < 0 refused (default
                                     SD_DRAFTER_DEFAULT_VOCAB). Exact at any value: the target decides
