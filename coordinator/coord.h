@@ -449,6 +449,12 @@ static inline bool sd_coord_drafter_usable(const sd_coord *c, const sd_session *
 /* kpolicy.c: the draft length (K) per sequence, from the engine's policy */
 /* Largest K the sequence may use now (0: no speculation possible). */
 int32_t sd_max_k(const sd_coord *c, const sd_session *s);
+/* The one draft-length cap every K obeys, for the K policy (sd_max_k) and
+ * the drafts a verify step carries (sched_dispatch.c): what s's request
+ * still has room for (the target adds a token after the drafts, within
+ * max_tokens and the context) and, for g >= 0, verifier group g's max_k;
+ * never below 0. */
+int32_t sd_k_cap(const sd_coord *c, const sd_session *s, int32_t g);
 /* The K the sequence asks for in its next draft step (0: a plain step). */
 int32_t sd_k_want(const sd_coord *c, const sd_session *s);
 /* Recomputes c->drafting_pays for the batch (greedy requests draft only while it holds). */

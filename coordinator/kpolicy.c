@@ -1,11 +1,12 @@
 /* kpolicy.c — the coordinator's side of the draft-length (K) policy: which
  * K each sequence may use given its request and the workers registered
- * (sd_max_k), the K it asks for (sd_k_want), whether drafting pays for the
- * batch at all (sd_k_update_gate), and the shadow drafts that let a K = 0
- * sequence notice when drafting starts to pay again. The policy's
- * arithmetic (cost model, acceptance estimates, choosing K) is the engine's
- * (engine/spec/spec_adapt.c), shared with single-process decoding; the
- * scheduler calls these and only sends. */
+ * (sd_max_k, within sd_k_cap: the one cap, which the scheduler also puts on
+ * the drafts a verify step carries), the K it asks for (sd_k_want), whether
+ * drafting pays for the batch at all (sd_k_update_gate), and the shadow
+ * drafts that let a K = 0 sequence notice when drafting starts to pay
+ * again. The policy's arithmetic (cost model, acceptance estimates,
+ * choosing K) is the engine's (engine/spec/spec_adapt.c), shared with
+ * single-process decoding; the scheduler calls these and only sends. */
 #include "coord.h"
 
 /* The batch s will be verified in: the active requests of its group
@@ -16,16 +17,22 @@ static int32_t group_batch(const sd_coord *c, const sd_session *s) {
     return sd_imin(n > 0 ? n : 1, c->workers[s->group].max_batch);
 }
 
-/* Largest K the sequence may use now. */
+int32_t sd_k_cap(const sd_coord *c, const sd_session *s, int32_t g) {
+    int32_t cap = sd_imin(s->max_tokens - sd_session_generated(s) - 1, /* the target adds one */
+                          s->max_context - s->n_tokens - 1);
+    if (g >= 0) cap = sd_imin(cap, c->workers[g].max_k);
+    return cap < 0 ? 0 : cap;
+}
+
+/* Largest K the sequence may use now: the request's and the service's
+ * --max-k, its drafter's max_k and context, and sd_k_cap. */
 int32_t sd_max_k(const sd_coord *c, const sd_session *s) {
     if (!sd_coord_drafter_usable(c, s) || s->max_k < 0) return 0;
     int32_t cap = c->p.max_k;
     if (s->max_k > 0) cap = sd_imin(cap, s->max_k);
     cap = sd_imin(cap, c->workers[s->drafter].max_k);
-    if (sd_coord_group_ok(c, s)) cap = sd_imin(cap, c->workers[s->group].max_k);
     cap = sd_imin(cap, SD_MAX_K);
-    cap = sd_imin(cap, s->max_tokens - sd_session_generated(s) - 1); /* the target adds one */
-    cap = sd_imin(cap, s->max_context - s->n_tokens - 1);
+    cap = sd_imin(cap, sd_k_cap(c, s, sd_coord_group_ok(c, s) ? s->group : -1));
     int32_t d_ctx = c->workers[s->drafter].n_ctx;
     if (d_ctx > 0) cap = sd_imin(cap, d_ctx - s->n_tokens - 1); /* the drafter's own context */
     return cap < 0 ? 0 : cap;

@@ -274,10 +274,7 @@ static void send_verify(sd_coord *c, int32_t g, bool prefill, uint64_t now_us) {
          * busy verifier), and its draws depend on K (spec_adapt.c). */
         bool sampled_refill = missing > 1 && !sd_sampling_is_greedy(&s->sampling);
         if (!prefill && drafted_now(s) && !sampled_refill) {
-            k = sd_imin(s->k, s->max_context - s->n_tokens - 1);
-            k = sd_imin(k, s->max_tokens - sd_session_generated(s) - 1);
-            k = sd_imin(k, w->max_k);
-            if (k < 0) k = 0;
+            k = sd_imin(s->k, sd_k_cap(c, s, g)); /* the cap the K policy drafted under, now */
         }
         sd_pack_verify_seq(&pk, m, s, n_append, k);
         if (prompt_lp) {
