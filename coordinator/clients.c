@@ -133,36 +133,9 @@ static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const
         sd_outbox_client_error(c, ident, ident_len, SPECD__CODE__CODE_OVERLOADED, 0, tag, msg, now_us);
         return;
     }
-    sd_sampling samp;
-    char serr[256];
-    if (!sd_net_sampling_from_pb(r->sampling, &samp, serr, sizeof serr)) {
-        snprintf(msg, sizeof msg, "submit.sampling: %s", serr);
-        goto refuse;
-    }
-    if (r->max_tokens > (uint32_t)c->n_ctx) {
-        snprintf(msg, sizeof msg, "submit.max_tokens: %u, the context holds %d", r->max_tokens, c->n_ctx);
-        goto refuse;
-    }
-    if (r->max_k < -1 || r->max_k > SD_MAX_K) {
-        snprintf(msg, sizeof msg, "submit.max_k: %d, allowed -1 (off), 0 (default) or 1..%d", r->max_k, SD_MAX_K);
-        goto refuse;
-    }
-    if (r->n_stop > SD_MAX_STOP_STRINGS) {
-        snprintf(msg, sizeof msg, "submit.stop: %zu stop strings, limit %d", r->n_stop, SD_MAX_STOP_STRINGS);
-        goto refuse;
-    }
-    for (size_t i = 0; i < r->n_stop; i++) {
-        size_t l = r->stop[i] ? strlen(r->stop[i]) : 0;
-        if (l == 0) {
-            snprintf(msg, sizeof msg, "submit.stop[%zu]: empty", i);
-            goto refuse;
-        }
-        if (l > SD_MAX_STOP_BYTES) {
-            code = SPECD__CODE__CODE_TOO_LARGE;
-            snprintf(msg, sizeof msg, "submit.stop[%zu]: %zu bytes, limit %d", i, l, SD_MAX_STOP_BYTES);
-            goto refuse;
-        }
-    }
+    /* sampling, max_tokens, max_k and the stop strings were checked by
+     * sd_net_decode_client against c->lim (the context), once */
+    const sd_sampling samp = sd_net_sampling_of(r->sampling);
     sd_coord_client *cl = sd_coord_client_find(c, ident, ident_len, true);
     if (!cl) {
         sd_outbox_client_error(c, ident, ident_len, SPECD__CODE__CODE_OVERLOADED, 0, tag, "too many clients connected",

@@ -200,13 +200,11 @@ sd_status sd_draft_server_handle(sd_draft_server *s, const Specd__DraftRequest *
         s->result_ptrs[i] = res;
         bool dup = false;
         for (size_t j = 0; j < i; j++) dup = dup || req->seqs[j]->request_id == sq->request_id;
-        sd_sampling sampling;
-        char err[256];
-        if (dup || !sd_net_sampling_from_pb(sq->sampling, &sampling, err, sizeof err)) {
-            SD_WARN("drafter: request %llu: %s", (unsigned long long)sq->request_id,
-                    dup ? "appears twice in the batch" : err);
+        if (dup) {
+            SD_WARN("drafter: request %llu: appears twice in the batch", (unsigned long long)sq->request_id);
             continue;
         }
+        const sd_sampling sampling = sd_net_sampling_of(sq->sampling); /* checked by sd_net_decode_to_worker */
         int64_t len = (int64_t)sq->keep_len + (int64_t)sq->n_append;
         int32_t slot;
         bool taken;

@@ -527,22 +527,27 @@ Specd__LeaderToRank *sd_net_decode_leader(const uint8_t *data, size_t len, const
 
 /* ---- sampling ---- */
 
-bool sd_net_sampling_from_pb(const Specd__Sampling *msg, sd_sampling *out, char *err, size_t err_len) {
+sd_sampling sd_net_sampling_of(const Specd__Sampling *msg) {
     sd_sampling s = sd_sampling_default(); /* no sampling message: greedy */
-    if (err && err_len) err[0] = '\0';
     if (msg) {
-        if (msg->top_k > (uint32_t)INT32_MAX) {
-            if (err && err_len) snprintf(err, err_len, "top_k: %u over the limit of %d", msg->top_k, INT32_MAX);
-            return false;
-        }
         s.temperature = msg->temperature;
-        s.top_k = (int32_t)msg->top_k;
+        s.top_k = msg->top_k > (uint32_t)INT32_MAX ? INT32_MAX : (int32_t)msg->top_k;
         s.top_p = msg->top_p == 0.0f ? 1.0f : msg->top_p; /* proto3's unset 0 is "off" */
         s.min_p = msg->min_p;
         s.seed = msg->seed;
         s.presence_penalty = msg->presence_penalty;
         s.frequency_penalty = msg->frequency_penalty;
     }
+    return s;
+}
+
+bool sd_net_sampling_from_pb(const Specd__Sampling *msg, sd_sampling *out, char *err, size_t err_len) {
+    if (err && err_len) err[0] = '\0';
+    if (msg && msg->top_k > (uint32_t)INT32_MAX) {
+        if (err && err_len) snprintf(err, err_len, "top_k: %u over the limit of %d", msg->top_k, INT32_MAX);
+        return false;
+    }
+    sd_sampling s = sd_net_sampling_of(msg);
     if (sd_sampling_check(&s, err, err_len) != SD_OK) return false;
     *out = s;
     return true;

@@ -282,11 +282,7 @@ static void admit(sd_verifier *v, const Specd__VerifyRequest *req, size_t i, seq
             return;
         }
     }
-    char err[256];
-    if (!sd_net_sampling_from_pb(s->sampling, &plan->sampling, err, sizeof err)) {
-        SD_WARN("verifier: request %llu: %s", (unsigned long long)s->request_id, err);
-        return;
-    }
+    plan->sampling = sd_net_sampling_of(s->sampling); /* checked by sd_net_decode_to_worker */
     int64_t total = (int64_t)s->keep_len + (int64_t)s->n_append + (int64_t)s->n_draft;
     if (s->n_q != s->n_draft || s->n_draft > (size_t)v->p.max_k || total > v->p.max_ctx ||
         (req->prefill_only && s->n_draft > 0) || (!req->prefill_only && s->n_append == 0) ||

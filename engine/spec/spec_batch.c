@@ -151,10 +151,6 @@ static sd_seq_outcome check_seq(const sd_verify_seq *v, int32_t i, const sd_kv *
         SD_WARN("spec: sequence %d: a token id is outside [0, %d)", (int)i, (int)n_vocab);
         return SD_SEQ_INVALID;
     }
-    if (sd_sampling_validate(&v->sampling) != SD_OK) {
-        SD_WARN("spec: sequence %d: bad sampling parameters", (int)i);
-        return SD_SEQ_INVALID;
-    }
     if (v->top_logprobs < 0 || v->top_logprobs > SD_MAX_TOP_LOGPROBS ||
         (sd_sampling_has_penalties(&v->sampling) &&
          (v->n_generated < 0 || (v->n_generated > 0 && !v->generated) || v->n_generated > v->keep_len + v->n_append ||

@@ -222,8 +222,14 @@ Specd__LeaderToRank *sd_net_decode_leader(const uint8_t *data, size_t len, const
 
 /* Sampling message -> params, validated by sd_sampling_check (a top_p of 0,
  * proto3's unset value, means off). NULL msg gives the default (greedy).
- * false + err on a bad value. */
+ * false + err on a bad value. The decoders above call it on every Sampling
+ * they pass (SubmitRequest, DraftSeq, VerifySeq): the one check of a
+ * message's sampling parameters. */
 bool sd_net_sampling_from_pb(const Specd__Sampling *msg, sd_sampling *out, char *err, size_t err_len);
+/* The same conversion without the check, for a Sampling inside an envelope
+ * a decoder above returned (already checked there, once, at the edge of
+ * the process that received it). */
+sd_sampling sd_net_sampling_of(const Specd__Sampling *msg);
 /* Engine params -> message fields (into caller-owned *msg, already init'ed). */
 void sd_net_sampling_to_pb(const sd_sampling *s, Specd__Sampling *msg);
 

@@ -18,8 +18,8 @@
  * rows per sequence). Penalties (over the generated tokens and the drafts
  * before each row) are applied to the logits first, then p is processed
  * with sd_sample_probs and the draft is
- * verified greedily (temperature 0) or by exact rejection sampling keyed by
- * (seed, position); the cache is then truncated to n_ctx + n_accepted. On
+ * verified greedily (temperature 0) or by coupled verification keyed by
+ * (seed, position) (spec.h); the cache is then truncated to n_ctx + n_accepted. On
  * the CPU backend a sequence's logits do not depend on the rest of the
  * batch, so its tokens are the same alone or batched. A batch in which a
  * sequence has penalties or wants logprobs is verified on the host even on
@@ -44,7 +44,8 @@ extern "C" {
 typedef enum sd_seq_outcome {
     SD_SEQ_OK = 0,
     SD_SEQ_CACHE_MISS = 1,    /* the cache holds fewer than keep_len tokens; resend the prefix */
-    SD_SEQ_INVALID = 2,       /* malformed request (bad id, length, K, sampling, duplicate slot); logged */
+    SD_SEQ_INVALID = 2,       /* malformed request (bad id, length, K, duplicate slot; a drafter also
+                                 sampling); logged */
     SD_SEQ_OUT_OF_BLOCKS = 3, /* no KV room for this sequence in this step; retry later or with less */
 } sd_seq_outcome;
 
@@ -60,7 +61,9 @@ typedef struct sd_verify_seq {
     int32_t k;             /* draft length, 0..SD_MAX_K (0 = a plain decoding step) */
     const int32_t *draft;  /* [k] y_1..y_k at positions n_ctx.. */
     const sd_spec_q *q;    /* [k] the sparse proposals y_i was drawn from; may be NULL when greedy */
-    sd_sampling sampling;  /* the request's sampling (temperature 0 = greedy) incl. seed */
+    sd_sampling sampling;  /* the request's sampling (temperature 0 = greedy) incl. seed; taken as
+                              given: valid by sd_sampling_check, which the callers ran once (the wire
+                              decoder, net/validate.c; sd_spec_decoder's entry points) */
     /* With penalties (sd_sampling_has_penalties): the committed tokens
      * generated so far, i.e. the sequence's tokens from the end of its
      * prompt up to n_ctx; row i is penalized over them and draft[0..i).
