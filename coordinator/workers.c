@@ -98,91 +98,91 @@ void sd_cost_seed(sd_cost_model *c, const sd_step_cost *costs, size_t n) {
     }
 }
 
-static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const char *peer_role, const Specd__Hello *h,
-                     uint64_t now_us) {
-    char msg[512];
-    const char *name = h->name && h->name[0] ? h->name : "?";
+/* Whether Hello h may register at all, whatever is registered now: the
+ * key's role (peer_role, from the allow-list), the protocol version, the
+ * role, the model's vocabulary. SPECD__CODE__CODE_OK, or the refusal's code
+ * with msg[msg_len] for the peer (a vocabulary mismatch's details go to our
+ * log only: the target's identity is not told to whoever connects). */
+static Specd__Code hello_refusal(const sd_coord *c, const char *peer_role, const Specd__Hello *h, const char *name,
+                                 char *msg, size_t msg_len) {
     const char *asked = h->role == SPECD__ROLE__ROLE_VERIFIER  ? "verifier"
                         : h->role == SPECD__ROLE__ROLE_DRAFTER ? "drafter"
                                                                : "?";
     if (peer_role && peer_role[0] && strcmp(peer_role, asked) != 0) {
         /* the allow-list binds this key to another role (role=...) */
         SD_WARN("refused %s: its key may register as a %s only, it asked to be a %s", name, peer_role, asked);
-        snprintf(msg, sizeof msg, "this worker's key may not register as a %s", asked);
-        send_error(c, ident, ident_len, SPECD__CODE__CODE_REFUSED, msg);
-        return;
+        snprintf(msg, msg_len, "this worker's key may not register as a %s", asked);
+        return SPECD__CODE__CODE_REFUSED;
     }
     if (h->protocol_version != SD_PROTOCOL_VERSION) {
-        snprintf(msg, sizeof msg, "hello.protocol_version: %u, the coordinator speaks %u", h->protocol_version,
+        snprintf(msg, msg_len, "hello.protocol_version: %u, the coordinator speaks %u", h->protocol_version,
                  SD_PROTOCOL_VERSION);
         SD_WARN("refused %s: %s", name, msg);
-        send_error(c, ident, ident_len, SPECD__CODE__CODE_PROTOCOL, msg);
-        return;
+        return SPECD__CODE__CODE_PROTOCOL;
     }
-    bool verifier = h->role == SPECD__ROLE__ROLE_VERIFIER;
-    if (!verifier && h->role != SPECD__ROLE__ROLE_DRAFTER) {
-        snprintf(msg, sizeof msg, "hello.role: %d is not a drafter or verifier leader on the worker socket", h->role);
+    if (h->role != SPECD__ROLE__ROLE_VERIFIER && h->role != SPECD__ROLE__ROLE_DRAFTER) {
+        snprintf(msg, msg_len, "hello.role: %d is not a drafter or verifier leader on the worker socket", h->role);
         SD_WARN("refused %s: %s", name, msg);
-        send_error(c, ident, ident_len, SPECD__CODE__CODE_REFUSED, msg);
-        return;
+        return SPECD__CODE__CODE_REFUSED;
     }
     if (!h->model) {
-        send_error(c, ident, ident_len, SPECD__CODE__CODE_BAD_REQUEST, "hello.model: missing");
-        return;
+        snprintf(msg, msg_len, "hello.model: missing");
+        return SPECD__CODE__CODE_BAD_REQUEST;
     }
     if (h->model->vocab_hash != c->vocab_hash || (int64_t)h->model->vocab_size != c->n_vocab) {
-        /* the details go to our log only: the target's identity is not told
-         * to whoever connects (a peer learns "refused", and nothing more) */
         SD_WARN("refused %s: vocabulary mismatch: %s model '%s' has %u tokens, vocab hash 0x%016llx; the target has "
                 "%d tokens, vocab hash 0x%016llx",
-                name, verifier ? "verifier" : "drafter", h->model->name ? h->model->name : "?", h->model->vocab_size,
+                name, asked, h->model->name ? h->model->name : "?", h->model->vocab_size,
                 (unsigned long long)h->model->vocab_hash, c->n_vocab, (unsigned long long)c->vocab_hash);
-        send_error(c, ident, ident_len, SPECD__CODE__CODE_VOCAB_MISMATCH,
-                   "model identity refused: this worker's vocabulary is not the service's (see the coordinator's log)");
-        return;
+        snprintf(msg, msg_len,
+                 "model identity refused: this worker's vocabulary is not the service's (see the coordinator's log)");
+        return SPECD__CODE__CODE_VOCAB_MISMATCH;
     }
-    int32_t again = find_alive(c, ident, ident_len);
-    if (again >= 0) mark_dead(c, again, "registered again");
-    if (verifier) {
-        if (h->rank != 0) {
-            snprintf(msg, sizeof msg, "hello.rank: %u; only the verifier leader (rank 0) registers", h->rank);
-            send_error(c, ident, ident_len, SPECD__CODE__CODE_REFUSED, msg);
-            return;
-        }
-        int32_t same = group_with_id(c, h->group_id);
-        if (same >= 0) {
-            /* The old leader may be gone without a word (SIGKILL): probe it. */
-            Specd__Heartbeat hb = SPECD__HEARTBEAT__INIT;
-            hb.sent_us = sd_net_now_us();
-            Specd__CoordinatorToWorker probe = SPECD__COORDINATOR_TO_WORKER__INIT;
-            probe.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_HEARTBEAT;
-            probe.heartbeat = &hb;
-            sd_outbox_worker(c, same, &probe, now_us);
-            if (c->workers[same].unreachable) mark_dead(c, same, "disconnected");
-        }
-        if (same >= 0 && c->workers[same].alive) {
-            snprintf(msg, sizeof msg, "hello.group_id: group %u already has a live leader", h->group_id);
-            SD_WARN("refused %s: %s (%s)", name, msg, c->workers[same].name);
-            send_error(c, ident, ident_len, SPECD__CODE__CODE_REFUSED, msg);
-            return;
-        }
+    return SPECD__CODE__CODE_OK;
+}
+
+/* Whether a verifier leader may take its group now: rank 0, and no live
+ * leader of the same group id (an old one gone without a word, SIGKILL, is
+ * probed first). As hello_refusal. */
+static Specd__Code leader_refusal(sd_coord *c, const Specd__Hello *h, const char *name, char *msg, size_t msg_len,
+                                  uint64_t now_us) {
+    if (h->rank != 0) {
+        snprintf(msg, msg_len, "hello.rank: %u; only the verifier leader (rank 0) registers", h->rank);
+        return SPECD__CODE__CODE_REFUSED;
     }
-    int32_t wi = new_slot(c, ident, ident_len);
-    if (wi < 0) {
-        send_error(c, ident, ident_len, SPECD__CODE__CODE_REFUSED, "too many workers registered");
-        return;
-    }
-    sd_coord_worker *w = &c->workers[wi];
+    int32_t same = group_with_id(c, h->group_id);
+    if (same < 0) return SPECD__CODE__CODE_OK;
+    Specd__Heartbeat hb = SPECD__HEARTBEAT__INIT;
+    hb.sent_us = sd_net_now_us();
+    Specd__CoordinatorToWorker probe = SPECD__COORDINATOR_TO_WORKER__INIT;
+    probe.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_HEARTBEAT;
+    probe.heartbeat = &hb;
+    sd_outbox_worker(c, same, &probe, now_us);
+    if (c->workers[same].unreachable) mark_dead(c, same, "disconnected");
+    if (!c->workers[same].alive) return SPECD__CODE__CODE_OK;
+    snprintf(msg, msg_len, "hello.group_id: group %u already has a live leader", h->group_id);
+    SD_WARN("refused %s: %s (%s)", name, msg, c->workers[same].name);
+    return SPECD__CODE__CODE_REFUSED;
+}
+
+/* Clears worker slot w for a new registration, keeping its step buffers
+ * (allocated once, reused by every worker the slot holds). */
+static void worker_clear(sd_coord_worker *w) {
     uint64_t *rids = w->step_rids;
     int32_t *ks = w->step_k, *ends = w->step_end, cap = w->cap_step;
     bool *lps = w->step_lp;
     memset(w, 0, sizeof *w);
     w->step_lp = lps;
-    sd_cost_init(&w->cost);
     w->step_rids = rids;
     w->step_k = ks;
     w->step_end = ends;
     w->cap_step = cap;
+    sd_cost_init(&w->cost);
+}
+
+/* What the worker in slot w said of itself in its Hello h. */
+static void worker_from_hello(sd_coord *c, sd_coord_worker *w, const uint8_t *ident, size_t ident_len,
+                              const Specd__Hello *h, const char *name, uint64_t now_us) {
     w->used = w->alive = true;
     w->worker_id = ++c->next_worker_id;
     memcpy(w->ident, ident, ident_len);
@@ -201,38 +201,74 @@ static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
         w->n_sequences = h->stats->n_sequences;
     }
     w->last_recv_us = now_us;
-    if (verifier) {
-        w->group_id = h->group_id ? h->group_id : free_group_id(c);
-        if (h->model->context_length && (int64_t)h->model->context_length < c->n_ctx)
-            SD_WARN("verifier %s: context %u < the target's %d", name, h->model->context_length, c->n_ctx);
-        if (h->n_step_costs > 0) { /* validated: <= SD_MAX_STEP_COSTS, tokens and times > 0 */
-            sd_step_cost costs[SD_MAX_STEP_COSTS];
-            size_t n = 0;
-            for (size_t i = 0; i < h->n_step_costs && n < SD_MAX_STEP_COSTS; i++)
-                costs[n++] = (sd_step_cost){h->step_costs[i]->tokens, h->step_costs[i]->forward_us};
-            sd_cost_seed(&c->cost, costs, n);
-            sd_cost_seed(&w->cost, costs, n);
-            SD_INFO("verifier %s: cost model seeded from %zu measured step sizes (%u..%u tokens): %.0f us a step + "
-                    "%.1f us a token",
-                    name, n, costs[0].tokens, costs[n - 1].tokens, c->cost.verify_fixed_us, c->cost.verify_token_us);
-        }
-    }
-    if (verifier)
-        SD_INFO("verifier group %u (leader %s, TP %u) registered as worker %llu (max_batch %d, max_k %d, context "
-                "%d)",
-                w->group_id, name, w->group_size, (unsigned long long)w->worker_id, w->max_batch, w->max_k, w->n_ctx);
-    else
-        SD_INFO("drafter %s (%s) registered as worker %llu (max_batch %d, max_k %d, context %d)", name,
-                kind_name(w->drafter_kind), (unsigned long long)w->worker_id, w->max_batch, w->max_k, w->n_ctx);
+}
+
+/* A verifier leader's group id, and the cost model seeded from the step
+ * times it measured in its warm-up. */
+static void verifier_from_hello(sd_coord *c, sd_coord_worker *w, const Specd__Hello *h, const char *name) {
+    w->group_id = h->group_id ? h->group_id : free_group_id(c);
+    if (h->model->context_length && (int64_t)h->model->context_length < c->n_ctx)
+        SD_WARN("verifier %s: context %u < the target's %d", name, h->model->context_length, c->n_ctx);
+    if (h->n_step_costs == 0) return;
+    sd_step_cost costs[SD_MAX_STEP_COSTS]; /* validated: <= SD_MAX_STEP_COSTS, tokens and times > 0 */
+    size_t n = 0;
+    for (size_t i = 0; i < h->n_step_costs && n < SD_MAX_STEP_COSTS; i++)
+        costs[n++] = (sd_step_cost){h->step_costs[i]->tokens, h->step_costs[i]->forward_us};
+    sd_cost_seed(&c->cost, costs, n);
+    sd_cost_seed(&w->cost, costs, n);
+    SD_INFO("verifier %s: cost model seeded from %zu measured step sizes (%u..%u tokens): %.0f us a step + "
+            "%.1f us a token",
+            name, n, costs[0].tokens, costs[n - 1].tokens, c->cost.verify_fixed_us, c->cost.verify_token_us);
+}
+
+static void send_welcome(sd_coord *c, int32_t wi, uint64_t now_us) {
     Specd__Welcome wel = SPECD__WELCOME__INIT;
     wel.protocol_version = SD_PROTOCOL_VERSION;
-    wel.worker_id = w->worker_id;
+    wel.worker_id = c->workers[wi].worker_id;
     wel.heartbeat_interval_ms = (uint32_t)c->p.heartbeat_interval_ms;
     wel.heartbeat_liveness = (uint32_t)c->p.heartbeat_liveness;
     Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
     env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_WELCOME;
     env.welcome = &wel;
     sd_outbox_worker(c, wi, &env, now_us);
+}
+
+/* A Hello: refused (an Error to the peer), or registered in a free slot
+ * and welcomed. */
+static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const char *peer_role, const Specd__Hello *h,
+                     uint64_t now_us) {
+    char msg[512];
+    const char *name = h->name && h->name[0] ? h->name : "?";
+    Specd__Code code = hello_refusal(c, peer_role, h, name, msg, sizeof msg);
+    if (code != SPECD__CODE__CODE_OK) {
+        send_error(c, ident, ident_len, code, msg);
+        return;
+    }
+    const bool verifier = h->role == SPECD__ROLE__ROLE_VERIFIER;
+    int32_t again = find_alive(c, ident, ident_len);
+    if (again >= 0) mark_dead(c, again, "registered again");
+    if (verifier && (code = leader_refusal(c, h, name, msg, sizeof msg, now_us)) != SPECD__CODE__CODE_OK) {
+        send_error(c, ident, ident_len, code, msg);
+        return;
+    }
+    int32_t wi = new_slot(c, ident, ident_len);
+    if (wi < 0) {
+        send_error(c, ident, ident_len, SPECD__CODE__CODE_REFUSED, "too many workers registered");
+        return;
+    }
+    sd_coord_worker *w = &c->workers[wi];
+    worker_clear(w);
+    worker_from_hello(c, w, ident, ident_len, h, name, now_us);
+    if (verifier) {
+        verifier_from_hello(c, w, h, name);
+        SD_INFO("verifier group %u (leader %s, TP %u) registered as worker %llu (max_batch %d, max_k %d, context "
+                "%d)",
+                w->group_id, name, w->group_size, (unsigned long long)w->worker_id, w->max_batch, w->max_k, w->n_ctx);
+    } else {
+        SD_INFO("drafter %s (%s) registered as worker %llu (max_batch %d, max_k %d, context %d)", name,
+                kind_name(w->drafter_kind), (unsigned long long)w->worker_id, w->max_batch, w->max_k, w->n_ctx);
+    }
+    send_welcome(c, wi, now_us);
     if (!verifier) sd_place_share_drafter(c, wi, now_us);
 }
 

@@ -318,17 +318,11 @@ sd_status sd_draft_server_warmup(sd_draft_server *s, int32_t max_tokens, sd_warm
 }
 
 void sd_draft_server_release(sd_draft_server *s, const uint64_t *request_ids, size_t n) {
-    if (!s || !request_ids) return;
-    for (size_t i = 0; i < n; i++) {
-        int32_t slot = sd_slots_find(&s->slots, request_ids[i]);
-        if (slot >= 0) sd_slots_release(&s->slots, slot);
-    }
+    if (s) sd_slots_release_ids(&s->slots, request_ids, n);
 }
 
 void sd_draft_server_reset(sd_draft_server *s) {
-    if (!s) return;
-    for (int32_t i = 0; i < s->p.max_seqs; i++)
-        if (s->slots.used[i]) sd_slots_release(&s->slots, i);
+    if (s) sd_slots_reset(&s->slots);
 }
 
 void sd_draft_server_stats(const sd_draft_server *s, Specd__WorkerStats *stats) {

@@ -50,6 +50,17 @@ void sd_slots_release(sd_slots *m, int32_t slot) {
     m->request_id[slot] = 0;
 }
 
+void sd_slots_release_ids(sd_slots *m, const uint64_t *request_ids, size_t n) {
+    if (!m || !request_ids) return;
+    for (size_t i = 0; i < n; i++) sd_slots_release(m, sd_slots_find(m, request_ids[i]));
+}
+
+void sd_slots_reset(sd_slots *m) {
+    if (!m) return;
+    for (int32_t i = 0; i < m->n; i++)
+        if (m->used[i]) sd_slots_release(m, i);
+}
+
 int32_t sd_slots_used(const sd_slots *m) {
     int32_t n = 0;
     for (int32_t i = 0; i < m->n; i++) n += m->used[i];

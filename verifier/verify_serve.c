@@ -597,17 +597,11 @@ sd_status sd_verifier_warmup(sd_verifier *v, sd_warmup_mode mode, int32_t max_to
 }
 
 void sd_verifier_release(sd_verifier *v, const uint64_t *request_ids, size_t n) {
-    if (!v || !request_ids) return;
-    for (size_t i = 0; i < n; i++) {
-        int32_t slot = sd_slots_find(&v->slots, request_ids[i]);
-        if (slot >= 0) sd_slots_release(&v->slots, slot);
-    }
+    if (v) sd_slots_release_ids(&v->slots, request_ids, n);
 }
 
 void sd_verifier_reset(sd_verifier *v) {
-    if (!v) return;
-    for (int32_t i = 0; i < v->p.max_seqs; i++)
-        if (v->slots.used[i]) sd_slots_release(&v->slots, i);
+    if (v) sd_slots_reset(&v->slots);
 }
 
 void sd_verifier_stats(const sd_verifier *v, Specd__WorkerStats *stats) {

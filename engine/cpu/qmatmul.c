@@ -72,7 +72,7 @@ static bool is_integer_type(sd_dtype t) {
 }
 
 /* Elements per weight block of an integer type (what n_in must divide by). */
-static int32_t int_block(sd_dtype t) { return sd_dtype_is_k(t) ? QK_K : QK; }
+static int32_t int_block(sd_dtype t) { return sd_dtype_is_k(t) ? SD_QK_K : QK; }
 
 /* The integer scales of one K-quant super-block and its f16 factors as f32:
  * Q4_K / Q5_K: sc[s], mins[s] (6 bits) for the 8 sub-blocks of 32, *d, *dmin;
@@ -80,13 +80,13 @@ static int32_t int_block(sd_dtype t) { return sd_dtype_is_k(t) ? QK_K : QK; }
  * SIMD tiles unpack the same fields as int16 vectors (kscw). */
 static void kscales_c(int kind, const uint8_t *blk, int sc[16], int mins[8], float *d, float *dmin) {
     if (kind == KIND_Q6_K) {
-        *d = sd_f16_to_f32(load_u16(blk + 208));
+        *d = sd_f16_to_f32(sd_load_u16(blk + 208));
         *dmin = 0.0f;
         for (int i = 0; i < 16; i++) sc[i] = (int8_t)blk[192 + i];
         return;
     }
-    *d = sd_f16_to_f32(load_u16(blk));
-    *dmin = sd_f16_to_f32(load_u16(blk + 2));
+    *d = sd_f16_to_f32(sd_load_u16(blk));
+    *dmin = sd_f16_to_f32(sd_load_u16(blk + 2));
     const uint8_t *q = blk + 4;
     for (int s = 0; s < 8; s++) {
         if (s < 4) {
@@ -194,19 +194,19 @@ void sd_cpu_q8_quantize_row(const float *x, int32_t n_in, void *dst) {
 }
 
 size_t sd_cpu_q8k_row_bytes(int32_t n_in) {
-    size_t nsb = (size_t)(n_in > 0 ? n_in : 0) / QK_K;
+    size_t nsb = (size_t)(n_in > 0 ? n_in : 0) / SD_QK_K;
     return nsb * Q8K_SB_BYTES;
 }
 
 void sd_cpu_q8k_quantize_row(const float *x, int32_t n_in, void *dst) {
-    const size_t nsb = (size_t)n_in / QK_K;
+    const size_t nsb = (size_t)n_in / SD_QK_K;
     int8_t *q = dst;
     for (size_t sb = 0; sb < nsb; sb++) {
-        const float *xb = x + sb * QK_K;
-        int8_t *qb = q + sb * QK_K;
-        uint8_t *ls = (uint8_t *)dst + nsb * (QK_K + 4) + sb * 128;
+        const float *xb = x + sb * SD_QK_K;
+        int8_t *qb = q + sb * SD_QK_K;
+        uint8_t *ls = (uint8_t *)dst + nsb * (SD_QK_K + 4) + sb * 128;
         float id;
-        const float d = q8_scale(xb, QK_K, &id);
+        const float d = q8_scale(xb, SD_QK_K, &id);
 #if SD_CPU_AVX2
         /* sd_cpu_q8_quantize_row's operations over 256 elements; the lane
          * sums of sub-blocks 2u and 2u + 1 interleaved as int16 words
@@ -221,16 +221,16 @@ void sd_cpu_q8k_quantize_row(const float *x, int32_t n_in, void *dst) {
                                     _mm256_or_si256(_mm256_and_si256(lane[0], _mm256_set1_epi32(0xffff)),
                                                     _mm256_slli_epi32(lane[1], 16)));
         }
-        memcpy((uint8_t *)dst + nsb * QK_K + sb * 4, &d, 4);
+        memcpy((uint8_t *)dst + nsb * SD_QK_K + sb * 4, &d, 4);
 #else
         int16_t lsum[64] = {0};
-        for (int j = 0; j < QK_K; j++) {
+        for (int j = 0; j < SD_QK_K; j++) {
             const int iv = q8_round(xb[j], id);
             qb[j] = (int8_t)iv;
             const int s = j / 32, k = j % 32 / 4;
             lsum[16 * (s / 2) + 2 * k + (s & 1)] = (int16_t)(lsum[16 * (s / 2) + 2 * k + (s & 1)] + iv);
         }
-        memcpy((uint8_t *)dst + nsb * QK_K + sb * 4, &d, 4);
+        memcpy((uint8_t *)dst + nsb * SD_QK_K + sb * 4, &d, 4);
         memcpy(ls, lsum, sizeof lsum);
 #endif
     }
@@ -264,8 +264,8 @@ static float qdot_c(int kind, const uint8_t *wr, const uint8_t *xr, size_t nb) {
         float dx, lane_sum[8];
         memcpy(&dx, xr + nb * QK + b * 4, 4);
         memcpy(lane_sum, xr + nb * (QK + 4) + b * 32, 32);
-        const float scale = sd_f16_to_f32(load_u16(blk)) * dx;
-        const float mscale = has_min ? sd_f16_to_f32(load_u16(blk + 2)) * dx : 0.0f;
+        const float scale = sd_f16_to_f32(sd_load_u16(blk)) * dx;
+        const float mscale = has_min ? sd_f16_to_f32(sd_load_u16(blk + 2)) * dx : 0.0f;
         for (int k = 0; k < 8; k++) {
             int32_t p = 0;
             for (int j = 4 * k; j < 4 * k + 4; j++) p += w[j] * q[b * QK + (size_t)j];
@@ -314,7 +314,7 @@ static float kdot_c(int kind, const uint8_t *wr, const uint8_t *xr, size_t nsb) 
         for (int s = 0; s < 8; s++) {
             int w[32];
             kweights_c(kind, blk, s, w);
-            const int8_t *qs = q + sb * QK_K + 32 * (size_t)s;
+            const int8_t *qs = q + sb * SD_QK_K + 32 * (size_t)s;
             for (int k = 0; k < 8; k++) {
                 int32_t p = 0;
                 for (int j = 4 * k; j < 4 * k + 4; j++) p += w[j] * qs[j];
@@ -340,7 +340,7 @@ static float fdot_c(sd_dtype t, const uint8_t *wr, const float *x, size_t n) {
     float l[8] = {0};
     for (size_t i = 0; i < n8; i += 8)
         for (int j = 0; j < 8; j++) {
-            uint16_t h = load_u16(wr + 2 * (i + (size_t)j));
+            uint16_t h = sd_load_u16(wr + 2 * (i + (size_t)j));
             float wv = t == SD_DTYPE_F16 ? sd_f16_to_f32(h) : bf16_to_float(h);
             l[j] = fmaf(wv, x[i + (size_t)j], l[j]);
         }
@@ -452,7 +452,7 @@ static void chunk_c(const qmatmul_args *a, size_t r_begin, size_t r_end) {
         for (size_t r = r_begin; r < r_end; r++) {
             const uint8_t *wr = a->w + r * a->row_bytes;
             const uint8_t *xr = a->xq ? a->xq + t * a->xrow_bytes : NULL;
-            a->y[t * a->n_out + r] = sd_dtype_is_k(a->type)     ? kdot_c(kind_of(a->type), wr, xr, a->n_in / QK_K)
+            a->y[t * a->n_out + r] = sd_dtype_is_k(a->type)     ? kdot_c(kind_of(a->type), wr, xr, a->n_in / SD_QK_K)
                                      : is_integer_type(a->type) ? qdot_c(kind_of(a->type), wr, xr, nb)
                                                                 : fdot_c(a->type, wr, a->x + t * a->n_in, a->n_in);
         }

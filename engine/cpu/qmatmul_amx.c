@@ -86,14 +86,14 @@ enum {
 };
 
 size_t sd_cpu_kamx_xprep_bytes(size_t n_in, size_t n_tokens) {
-    const size_t ntt = (n_tokens + TT - 1) / TT, nsb = n_in / QK_K;
+    const size_t ntt = (n_tokens + TT - 1) / TT, nsb = n_in / SD_QK_K;
     return ntt * nsb * (8 * (size_t)B_BYTES + TT * sizeof(float));
 }
 
-size_t sd_cpu_kamx_scratch_bytes(size_t n_in) { return n_in / QK_K * (size_t)SB_BYTES; }
+size_t sd_cpu_kamx_scratch_bytes(size_t n_in) { return n_in / SD_QK_K * (size_t)SB_BYTES; }
 
 void sd_cpu_kamx_prep_x(const uint8_t *xq, size_t xrow_bytes, size_t n_in, size_t n_tokens, uint8_t *dst) {
-    const size_t ntt = (n_tokens + TT - 1) / TT, nsb = n_in / QK_K;
+    const size_t ntt = (n_tokens + TT - 1) / TT, nsb = n_in / SD_QK_K;
     float *dxv = (float *)(dst + ntt * nsb * 8 * (size_t)B_BYTES);
     for (size_t tt = 0; tt < ntt; tt++)
         for (size_t sb = 0; sb < nsb; sb++) {
@@ -107,7 +107,7 @@ void sd_cpu_kamx_prep_x(const uint8_t *xq, size_t xrow_bytes, size_t n_in, size_
                     dx[t] = 0.0f;
                     continue;
                 }
-                const uint8_t *q = xq + tok * xrow_bytes + sb * QK_K;
+                const uint8_t *q = xq + tok * xrow_bytes + sb * SD_QK_K;
                 for (int k = 0; k < 8; k++)
                     for (int s = 0; s < 8; s++) memcpy(b + k * B_BYTES + s * 64 + t * 4, q + 32 * s + 4 * k, 4);
                 dx[t] = q8k_d(xq + tok * xrow_bytes, nsb, sb);
@@ -160,15 +160,15 @@ static inline __attribute__((always_inline)) void prep_row(const uint8_t *blk, i
     }
     __m512i sc0, sc1;
     if (kind == KIND_Q6_K) {
-        dv[r] = _cvtsh_ss(load_u16(blk + 208));
+        dv[r] = _cvtsh_ss(sd_load_u16(blk + 208));
         ndv[r] = 0.0f;
         /* lane k, dword s uses sc[2s + k / 4] */
         const __m128i sc = _mm_loadu_si128((const __m128i *)(blk + 192));
         sc0 = _mm512_cvtepi8_epi16(rep4(sc, 2, 0));
         sc1 = _mm512_cvtepi8_epi16(rep4(sc, 2, 1));
     } else {
-        dv[r] = _cvtsh_ss(load_u16(blk));
-        ndv[r] = -_cvtsh_ss(load_u16(blk + 2));
+        dv[r] = _cvtsh_ss(sd_load_u16(blk));
+        ndv[r] = -_cvtsh_ss(sd_load_u16(blk + 2));
         const __m128i scm = sd_kscale_bytes(blk);
         sc0 = sc1 = _mm512_cvtepu8_epi16(rep4(scm, 1, 0));
         _mm256_storeu_si256((__m256i *)(sbuf + MIN_OFF + r * 32), rep4(_mm_srli_si128(scm, 8), 1, 0));
@@ -300,7 +300,7 @@ static inline __attribute__((always_inline)) void kamx_rows(const uint8_t *w, si
                                                             size_t r_end, const uint8_t *xp, size_t n_in,
                                                             size_t n_tokens, float *y, size_t n_out, uint8_t *scratch,
                                                             const int kind) {
-    const size_t nsb = n_in / QK_K, ntt = (n_tokens + TT - 1) / TT, bb = kblock_bytes(kind);
+    const size_t nsb = n_in / SD_QK_K, ntt = (n_tokens + TT - 1) / TT, bb = kblock_bytes(kind);
     float out[TR][TT] __attribute__((aligned(64)));
     tile_config();
     for (size_t r0 = r_begin; r0 < r_end; r0 += TR) {

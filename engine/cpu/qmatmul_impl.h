@@ -19,10 +19,9 @@
 #include "specd/gguf.h" /* sd_f16_to_f32: exact, the software twin of F16C's vcvtph2ps */
 
 #define QK   32  /* elements per activation block (and Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 block) */
-#define QK_K 256 /* elements per K-quant super-block (and K-quant activation block) */
 /* Bytes per super-block of a K-quant activation row (sd_cpu_q8k_row_bytes):
  * 256 int8, the f32 scale, 64 int16 lane sums. */
-#define Q8K_SB_BYTES (QK_K + 4 + 128)
+#define Q8K_SB_BYTES (SD_QK_K + 4 + 128)
 
 /* MAX_R x MAX_T tiles; pool chunks of ROW_CHUNK output rows (a multiple of
  * 3 and 4), or a multiple of it for calls that stream their weights
@@ -82,12 +81,6 @@ void sd_cpu_kamx_prep_x(const uint8_t *xq, size_t xrow_bytes, size_t n_in, size_
 void sd_cpu_kamx_rows(int kind, const uint8_t *w, size_t row_bytes, size_t r_begin, size_t r_end, const uint8_t *xp,
                       size_t n_in, size_t n_tokens, float *y, size_t n_out, uint8_t *scratch);
 
-static inline uint16_t load_u16(const uint8_t *p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
-
 static inline float bf16_to_float(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
     float f;
@@ -100,7 +93,7 @@ static inline float bf16_to_float(uint16_t h) {
  * every SIMD tile, so all paths end a row the same way. */
 static inline float f16_row_tail(const uint8_t *wr, const float *x, size_t n8, size_t n, bool f16, float s) {
     for (size_t i = n8; i < n; i++) {
-        uint16_t h = load_u16(wr + 2 * i);
+        uint16_t h = sd_load_u16(wr + 2 * i);
         s = fmaf(f16 ? sd_f16_to_f32(h) : bf16_to_float(h), x[i], s);
     }
     return s;
@@ -156,11 +149,11 @@ static inline __m128i sd_kscale_bytes(const uint8_t *blk) {
  * bytes, so the f32 scales are 4-byte aligned in a 4-aligned row. */
 static inline float q8k_d(const uint8_t *xr, size_t nsb, size_t sb) {
     float d;
-    memcpy(&d, xr + nsb * QK_K + sb * 4, 4);
+    memcpy(&d, xr + nsb * SD_QK_K + sb * 4, 4);
     return d;
 }
 static inline const uint8_t *q8k_lsums(const uint8_t *xr, size_t nsb, size_t sb) {
-    return xr + nsb * (QK_K + 4) + sb * 128;
+    return xr + nsb * (SD_QK_K + 4) + sb * 128;
 }
 
 /* Bytes of one K-quant super-block. */

@@ -93,6 +93,28 @@ static void abort_comm(nccl_coll *g) {
     }
 }
 
+/* The tail of every bounded poll: SD_ERR_ABORTED when the group was
+ * aborted, SD_ERR_TIMEOUT past the deadline (the communicator aborted and
+ * the reason logged in both cases); else SD_OK after the pause before the
+ * next poll (t0: when the wait began). */
+static sd_status give_up_or_pause(nccl_coll *g, int64_t t0, int64_t deadline, const char *what) {
+    if (sd_coll_aborted(&g->base)) {
+        SD_ERROR("coll nccl rank %d: %s aborted", g->base.params.rank, what);
+        abort_comm(g);
+        return SD_ERR_ABORTED;
+    }
+    int64_t t = now_ns();
+    if (t >= deadline) {
+        SD_ERROR("coll nccl rank %d: %s timed out after %d ms (a peer rank did not arrive); aborting the "
+                 "communicator",
+                 g->base.params.rank, what, g->base.params.timeout_ms);
+        abort_comm(g);
+        return SD_ERR_TIMEOUT;
+    }
+    pause_poll(t - t0);
+    return SD_OK;
+}
+
 /* Polls until the communicator has no operation in progress (after a
  * non-blocking init, enqueue or finalize): SD_OK, or the failure after
  * aborting the communicator. */
@@ -109,20 +131,8 @@ static sd_status wait_comm_ready(nccl_coll *g, int64_t deadline, const char *wha
             abort_comm(g);
             return SD_ERR_CUDA;
         }
-        if (sd_coll_aborted(&g->base)) {
-            SD_ERROR("coll nccl rank %d: %s aborted", g->base.params.rank, what);
-            abort_comm(g);
-            return SD_ERR_ABORTED;
-        }
-        int64_t t = now_ns();
-        if (t >= deadline) {
-            SD_ERROR("coll nccl rank %d: %s timed out after %d ms (a peer rank did not arrive); aborting the "
-                     "communicator",
-                     g->base.params.rank, what, g->base.params.timeout_ms);
-            abort_comm(g);
-            return SD_ERR_TIMEOUT;
-        }
-        pause_poll(t - t0);
+        sd_status st = give_up_or_pause(g, t0, deadline, what);
+        if (st != SD_OK) return st;
     }
 }
 
@@ -144,20 +154,8 @@ static sd_status drain(nccl_coll *g, int64_t t0, int64_t deadline, const char *w
             abort_comm(g);
             return SD_ERR_CUDA;
         }
-        if (sd_coll_aborted(&g->base)) {
-            SD_ERROR("coll nccl rank %d: %s aborted", g->base.params.rank, what);
-            abort_comm(g);
-            return SD_ERR_ABORTED;
-        }
-        int64_t t = now_ns();
-        if (t >= deadline) {
-            SD_ERROR("coll nccl rank %d: %s timed out after %d ms (a peer rank did not arrive); aborting the "
-                     "communicator",
-                     g->base.params.rank, what, g->base.params.timeout_ms);
-            abort_comm(g);
-            return SD_ERR_TIMEOUT;
-        }
-        pause_poll(t - t0);
+        sd_status st = give_up_or_pause(g, t0, deadline, what);
+        if (st != SD_OK) return st;
     }
 }
 

@@ -552,69 +552,48 @@ sd_gguf_type sd_gguf_kv_type(const sd_gguf *g, int64_t i) {
     return g && i >= 0 && i < g->n_kv ? g->kv[i].type : SD_GGUF_TYPE_COUNT;
 }
 
-/* Reads an integer-typed scalar as (negative?, magnitude-or-value). */
-static bool read_int(const kv_entry *e, bool *neg, uint64_t *u, int64_t *s) {
-    uint8_t b[8];
-    size_t n = sd_gguf_type_size(e->type);
-    if (n == 0 || e->type == SD_GGUF_TYPE_BOOL || e->type == SD_GGUF_TYPE_FLOAT32 || e->type == SD_GGUF_TYPE_FLOAT64)
-        return false;
-    memcpy(b, e->raw, n);
-    int64_t sv = 0;
-    uint64_t uv = 0;
-    bool is_signed = true;
-    switch (e->type) {
-    case SD_GGUF_TYPE_UINT8:
-        uv = b[0];
-        is_signed = false;
-        break;
-    case SD_GGUF_TYPE_UINT16: {
-        uint16_t v;
-        memcpy(&v, b, 2);
-        uv = v;
-        is_signed = false;
-        break;
-    }
+bool sd_gguf_int_decode(sd_gguf_type type, const void *p, int64_t *s, uint64_t *u, bool *is_signed) {
+    const uint8_t *b = p;
+    switch (type) {
+    case SD_GGUF_TYPE_UINT8: *u = b[0]; break;
+    case SD_GGUF_TYPE_UINT16: *u = sd_load_u16(b); break;
     case SD_GGUF_TYPE_UINT32: {
         uint32_t v;
         memcpy(&v, b, 4);
-        uv = v;
-        is_signed = false;
+        *u = v;
         break;
     }
-    case SD_GGUF_TYPE_UINT64:
-        memcpy(&uv, b, 8);
-        is_signed = false;
-        break;
-    case SD_GGUF_TYPE_INT8: {
-        int8_t v;
-        memcpy(&v, b, 1);
-        sv = v;
-        break;
-    }
+    case SD_GGUF_TYPE_UINT64: memcpy(u, b, 8); break;
+    case SD_GGUF_TYPE_INT8: *s = (int8_t)b[0]; break;
     case SD_GGUF_TYPE_INT16: {
         int16_t v;
         memcpy(&v, b, 2);
-        sv = v;
+        *s = v;
         break;
     }
     case SD_GGUF_TYPE_INT32: {
         int32_t v;
         memcpy(&v, b, 4);
-        sv = v;
+        *s = v;
         break;
     }
-    case SD_GGUF_TYPE_INT64: memcpy(&sv, b, 8); break;
+    case SD_GGUF_TYPE_INT64: memcpy(s, b, 8); break;
     default: return false;
     }
-    if (is_signed) {
-        *neg = sv < 0;
-        *s = sv;
-        *u = sv < 0 ? 0 : (uint64_t)sv;
-    } else {
-        *neg = false;
-        *u = uv;
-        *s = uv > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)uv;
-    }
+    *is_signed = type == SD_GGUF_TYPE_INT8 || type == SD_GGUF_TYPE_INT16 || type == SD_GGUF_TYPE_INT32 ||
+                 type == SD_GGUF_TYPE_INT64;
+    if (*is_signed)
+        *u = *s < 0 ? 0 : (uint64_t)*s;
+    else
+        *s = *u > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)*u;
+    return true;
+}
+
+/* Reads an integer-typed scalar as (negative?, magnitude-or-value). */
+static bool read_int(const kv_entry *e, bool *neg, uint64_t *u, int64_t *s) {
+    bool is_signed;
+    if (!sd_gguf_int_decode(e->type, e->raw, s, u, &is_signed)) return false;
+    *neg = is_signed && *s < 0;
     return true;
 }
 

@@ -26,8 +26,7 @@
 #include <math.h>
 #include <string.h>
 
-#define QK   32  /* elements per quantized block */
-#define QK_K 256 /* elements per K-quant super-block */
+#define QK 32 /* elements per quantized block */
 
 const char *sd_dtype_name(sd_dtype t) {
     switch (t) {
@@ -82,16 +81,16 @@ bool sd_dtype_block(sd_dtype t, size_t *block_elems, size_t *block_bytes) {
         b = 4 + 4 + QK / 2;
         break;
     case SD_DTYPE_Q4_K: /* d, dmin, 12 bytes of 6-bit scales, 4-bit q */
-        e = QK_K;
-        b = 4 + 12 + QK_K / 2;
+        e = SD_QK_K;
+        b = 4 + 12 + SD_QK_K / 2;
         break;
     case SD_DTYPE_Q5_K: /* as Q4_K plus a high bit per element */
-        e = QK_K;
-        b = 4 + 12 + QK_K / 8 + QK_K / 2;
+        e = SD_QK_K;
+        b = 4 + 12 + SD_QK_K / 8 + SD_QK_K / 2;
         break;
     case SD_DTYPE_Q6_K: /* low 4 bits, high 2 bits, 16 int8 scales, d */
-        e = QK_K;
-        b = QK_K / 2 + QK_K / 4 + QK_K / 16 + 2;
+        e = SD_QK_K;
+        b = SD_QK_K / 2 + SD_QK_K / 4 + SD_QK_K / 16 + 2;
         break;
     default: return false;
     }
@@ -112,12 +111,6 @@ static uint32_t f32_to_bits(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     return u;
-}
-
-static uint16_t load_u16(const uint8_t *p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
 }
 
 static void store_u16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
@@ -189,7 +182,7 @@ static uint16_t f32_to_bf16(float f) {
  * hit. */
 static bool any_exponent_full(const uint8_t *src, uint64_t n, uint16_t mask) {
     uint32_t any = 0;
-    for (uint64_t i = 0; i < n; i++) any |= (uint32_t)((load_u16(src + 2 * i) & mask) == mask);
+    for (uint64_t i = 0; i < n; i++) any |= (uint32_t)((sd_load_u16(src + 2 * i) & mask) == mask);
     return any != 0;
 }
 
@@ -221,7 +214,7 @@ int64_t sd_dtype_first_non_finite(sd_dtype t, const void *data, uint64_t n_elems
         const uint16_t mask = t == SD_DTYPE_F16 ? 0x7c00u : 0x7f80u;
         if (!any_exponent_full(src, n_elems, mask)) return -1;
         for (uint64_t i = 0; i < n_elems; i++)
-            if ((load_u16(src + 2 * i) & mask) == mask) return (int64_t)i;
+            if ((sd_load_u16(src + 2 * i) & mask) == mask) return (int64_t)i;
         return -1;
     }
     case SD_DTYPE_Q8_0:
@@ -234,7 +227,7 @@ int64_t sd_dtype_first_non_finite(sd_dtype t, const void *data, uint64_t n_elems
         const bool has_m = t == SD_DTYPE_Q4_1 || t == SD_DTYPE_Q5_1;
         for (uint64_t b = 0; b < n_elems / be; b++) {
             const uint8_t *blk = src + b * bb;
-            if ((load_u16(blk) & 0x7c00u) == 0x7c00u || (has_m && (load_u16(blk + 2) & 0x7c00u) == 0x7c00u))
+            if ((sd_load_u16(blk) & 0x7c00u) == 0x7c00u || (has_m && (sd_load_u16(blk + 2) & 0x7c00u) == 0x7c00u))
                 return (int64_t)(b * be);
         }
         return -1;
@@ -250,27 +243,27 @@ sd_status sd_dequantize(sd_dtype t, const void *data, uint64_t n_elems, float *o
     if (!sd_dtype_block(t, &be, &bb) || n_elems % be != 0 || (n_elems && (!data || !out))) return SD_ERR_INVALID_ARG;
     const uint8_t *src = data;
     if (sd_dtype_is_k(t)) {
-        sd_quant_k_dequantize(t, src, n_elems / QK_K, out);
+        sd_quant_k_dequantize(t, src, n_elems / SD_QK_K, out);
         return SD_OK;
     }
     switch (t) {
     case SD_DTYPE_F32: memcpy(out, src, (size_t)n_elems * 4); break;
     case SD_DTYPE_F16:
-        for (uint64_t i = 0; i < n_elems; i++) out[i] = f16_to_f32(load_u16(src + 2 * i));
+        for (uint64_t i = 0; i < n_elems; i++) out[i] = f16_to_f32(sd_load_u16(src + 2 * i));
         break;
     case SD_DTYPE_BF16:
-        for (uint64_t i = 0; i < n_elems; i++) out[i] = bf16_to_f32(load_u16(src + 2 * i));
+        for (uint64_t i = 0; i < n_elems; i++) out[i] = bf16_to_f32(sd_load_u16(src + 2 * i));
         break;
     case SD_DTYPE_Q8_0:
         for (uint64_t b = 0; b < n_elems / QK; b++, src += bb, out += QK) {
-            const float d = f16_to_f32(load_u16(src));
+            const float d = f16_to_f32(sd_load_u16(src));
             const int8_t *q = (const int8_t *)(src + 2);
             for (int j = 0; j < QK; j++) out[j] = (float)q[j] * d;
         }
         break;
     case SD_DTYPE_Q4_0:
         for (uint64_t b = 0; b < n_elems / QK; b++, src += bb, out += QK) {
-            const float d = f16_to_f32(load_u16(src));
+            const float d = f16_to_f32(sd_load_u16(src));
             const uint8_t *qs = src + 2;
             for (int j = 0; j < QK / 2; j++) {
                 out[j] = (float)((int)(qs[j] & 0x0f) - 8) * d;
@@ -280,8 +273,8 @@ sd_status sd_dequantize(sd_dtype t, const void *data, uint64_t n_elems, float *o
         break;
     case SD_DTYPE_Q4_1:
         for (uint64_t b = 0; b < n_elems / QK; b++, src += bb, out += QK) {
-            const float d = f16_to_f32(load_u16(src));
-            const float m = f16_to_f32(load_u16(src + 2));
+            const float d = f16_to_f32(sd_load_u16(src));
+            const float m = f16_to_f32(sd_load_u16(src + 2));
             const uint8_t *qs = src + 4;
             for (int j = 0; j < QK / 2; j++) {
                 out[j] = (float)(qs[j] & 0x0f) * d + m;
@@ -293,8 +286,8 @@ sd_status sd_dequantize(sd_dtype t, const void *data, uint64_t n_elems, float *o
     case SD_DTYPE_Q5_1: {
         const bool has_m = t == SD_DTYPE_Q5_1;
         for (uint64_t b = 0; b < n_elems / QK; b++, src += bb, out += QK) {
-            const float d = f16_to_f32(load_u16(src));
-            const float m = has_m ? f16_to_f32(load_u16(src + 2)) : 0.0f;
+            const float d = f16_to_f32(sd_load_u16(src));
+            const float m = has_m ? f16_to_f32(sd_load_u16(src + 2)) : 0.0f;
             const uint8_t *qh = src + (has_m ? 4 : 2), *qs = qh + 4;
             const uint32_t h = load_u32(qh);
             for (int j = 0; j < QK / 2; j++) {
@@ -363,7 +356,7 @@ sd_status sd_quantize(sd_dtype t, const float *in, uint64_t n_elems, void *out) 
     if (!sd_dtype_block(t, &be, &bb) || n_elems % be != 0 || (n_elems && (!in || !out))) return SD_ERR_INVALID_ARG;
     uint8_t *dst = out;
     if (sd_dtype_is_k(t)) {
-        sd_quant_k_quantize(t, in, n_elems / QK_K, dst);
+        sd_quant_k_quantize(t, in, n_elems / SD_QK_K, dst);
         return SD_OK;
     }
     switch (t) {

@@ -36,14 +36,6 @@
 
 #include "quant_impl.h"
 
-#define QK_K 256
-
-static uint16_t load_u16(const uint8_t *p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
-
 static void store_u16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
 
 /* The 6-bit scale and min of sub-block s (0..7) of a Q4_K / Q5_K block. */
@@ -74,7 +66,7 @@ static void pack_scale_min(const int sc[8], const int m[8], uint8_t q[12]) {
 /* ---- dequantize ---- */
 
 static void dequant_q45_k(bool five, const uint8_t *b, float *y) {
-    const float d = sd_quant_f16_to_f32(load_u16(b)), dmin = sd_quant_f16_to_f32(load_u16(b + 2));
+    const float d = sd_quant_f16_to_f32(sd_load_u16(b)), dmin = sd_quant_f16_to_f32(sd_load_u16(b + 2));
     const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + (five ? 48 : 16);
     for (int c = 0; c < 4; c++) {
         int sc0, m0, sc1, m1;
@@ -97,7 +89,7 @@ static void dequant_q45_k(bool five, const uint8_t *b, float *y) {
 static void dequant_q6_k(const uint8_t *b, float *y) {
     const uint8_t *ql = b, *qh = b + 128;
     const int8_t *scales = (const int8_t *)(b + 192);
-    const float d = sd_quant_f16_to_f32(load_u16(b + 208));
+    const float d = sd_quant_f16_to_f32(sd_load_u16(b + 208));
     for (int h = 0; h < 2; h++) {
         for (int l = 0; l < 32; l++) {
             const uint8_t lo = ql[64 * h + l], hi = ql[64 * h + l + 32], top = qh[32 * h + l];
@@ -114,7 +106,7 @@ static void dequant_q6_k(const uint8_t *b, float *y) {
 void sd_quant_k_dequantize(sd_dtype t, const uint8_t *src, uint64_t n_blocks, float *out) {
     size_t be, bb;
     sd_dtype_block(t, &be, &bb);
-    for (uint64_t i = 0; i < n_blocks; i++, src += bb, out += QK_K) {
+    for (uint64_t i = 0; i < n_blocks; i++, src += bb, out += SD_QK_K) {
         if (t == SD_DTYPE_Q6_K)
             dequant_q6_k(src, out);
         else
@@ -129,8 +121,8 @@ int64_t sd_dtype_first_bad_scale(sd_dtype t, const void *data, uint64_t n_blocks
     for (uint64_t i = 0; i < n_blocks; i++, b += bb) {
         /* an f16 is NaN or infinite when its exponent bits are all ones */
         const bool bad = t == SD_DTYPE_Q6_K
-                             ? (load_u16(b + 208) & 0x7c00u) == 0x7c00u
-                             : (load_u16(b) & 0x7c00u) == 0x7c00u || (load_u16(b + 2) & 0x7c00u) == 0x7c00u;
+                             ? (sd_load_u16(b + 208) & 0x7c00u) == 0x7c00u
+                             : (sd_load_u16(b) & 0x7c00u) == 0x7c00u || (sd_load_u16(b + 2) & 0x7c00u) == 0x7c00u;
         if (bad) return (int64_t)i;
     }
     return -1;
@@ -160,7 +152,7 @@ static void fit_asym(const float *x, int n, int nmax, float *scale, float *min) 
     for (int k = -6; k <= 6; k++) {
         const float iscale = ((float)nmax + 0.1f * (float)k) / (hi - lo);
         float sl = 0, sll = 0, sx = 0, sxl = 0;
-        int L[QK_K];
+        int L[SD_QK_K];
         for (int i = 0; i < n; i++) {
             L[i] = round_clamp((x[i] - lo) * iscale, 0, nmax);
             sl += (float)L[i];
@@ -303,7 +295,7 @@ static void quant_q6_k(const float *x, uint8_t *b) {
     const uint16_t dh = sd_quant_f32_to_f16(max_abs / 127.0f);
     const float d = sd_quant_f16_to_f32(dh);
     int8_t *scales = (int8_t *)(b + 192);
-    int q[QK_K];
+    int q[SD_QK_K];
     for (int s = 0; s < 16; s++) {
         /* the int8 scale nearest the fit, or a neighbour that rounds better */
         const int sc0 = d > 0.0f ? round_clamp(scale[s] / d, -127, 127) : 0;
@@ -335,7 +327,7 @@ static void quant_q6_k(const float *x, uint8_t *b) {
 void sd_quant_k_quantize(sd_dtype t, const float *in, uint64_t n_blocks, uint8_t *dst) {
     size_t be, bb;
     sd_dtype_block(t, &be, &bb);
-    for (uint64_t i = 0; i < n_blocks; i++, in += QK_K, dst += bb) {
+    for (uint64_t i = 0; i < n_blocks; i++, in += SD_QK_K, dst += bb) {
         if (t == SD_DTYPE_Q6_K)
             quant_q6_k(in, dst);
         else

@@ -45,6 +45,11 @@ int32_t sd_slots_find(const sd_slots *m, uint64_t id);
 void sd_slots_release(sd_slots *m, int32_t slot);
 /* Slots in use. */
 int32_t sd_slots_used(const sd_slots *m);
+/* Frees the slots of request_ids[n] that are held (a Release); ids not
+ * held are ignored. */
+void sd_slots_release_ids(sd_slots *m, const uint64_t *request_ids, size_t n);
+/* Frees every slot in use (a new coordinator: nothing held is wanted). */
+void sd_slots_reset(sd_slots *m);
 
 /* Admits one sequence of a step: request id, believed held length keep_len,
  * and whether its whole length fits a slot (the caller's limit). Returns

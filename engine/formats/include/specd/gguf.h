@@ -129,6 +129,25 @@ sd_status sd_dequantize(sd_dtype t, const void *data, uint64_t n_elems, float *o
  * ties to even (overflow to infinity, NaN stays NaN): what F16C's
  * vcvtph2ps / vcvtps2ph do. */
 float sd_f16_to_f32(uint16_t h);
+
+/* Decodes one integer of GGUF type `type` (UINT8..INT64; false for any
+ * other type) from p, little-endian and possibly unaligned: *is_signed for
+ * the INT types; *s the value (a UINT64 above INT64_MAX: INT64_MAX), *u the
+ * value or, for a negative one, 0. The one integer decoder of the
+ * metadata and of integer arrays (token types). */
+bool sd_gguf_int_decode(sd_gguf_type type, const void *p, int64_t *s, uint64_t *u, bool *is_signed);
+
+/* Elements per K-quant super-block (Q4_K, Q5_K, Q6_K, and the CPU's K-quant
+ * activation blocks): one definition for the formats and the kernels. */
+#define SD_QK_K 256
+
+/* A 16-bit little-endian load from block data, which may be unaligned (the
+ * scales of every quantized format). */
+static inline uint16_t sd_load_u16(const uint8_t *p) {
+    uint16_t v;
+    __builtin_memcpy(&v, p, 2);
+    return v;
+}
 uint16_t sd_f32_to_f16(float f);
 
 /* Quantizes n_elems f32 values into out, encoded as type t (the inverse of
