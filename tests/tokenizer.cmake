@@ -17,3 +17,7 @@ target_link_libraries(chat_cli PRIVATE specd_engine)
 target_compile_definitions(chat_cli PRIVATE _GNU_SOURCE)
 specd_py_test(test_chat_templates ref/test_chat_templates.py LABELS "oracle;unit")
 specd_py_test(test_chat_template_model ref/test_chat_template_model.py LABELS "oracle;unit")
+
+# SentencePiece-style tokenizer on small in-test vocabularies.
+specd_unit_test(test_tokenizer_spm ${CMAKE_CURRENT_SOURCE_DIR}/test_tokenizer_spm.c)
+target_include_directories(test_tokenizer_spm PRIVATE ${CMAKE_SOURCE_DIR}/engine/formats)
