@@ -59,7 +59,7 @@ static void spm_init(spm_fixture *f, bool prefix) {
     P_A = add(f, "a", 1, -2);
     P_B = add(f, "b", 1, -3);
     P_C = add(f, "c", 1, -4);
-    P_AB = add(f, "ab", 1, -5);  /* "ab" scores above "bc": "abc" -> ab c */
+    P_AB = add(f, "ab", 1, -5); /* "ab" scores above "bc": "abc" -> ab c */
     P_BC = add(f, "bc", 1, -6);
     P_SPA = add(f, SP "a", 1, -7);
     P_LT = add(f, "<", 1, -8);
@@ -104,10 +104,10 @@ static void expect(const sd_tok *t, const char *text, bool special, const int32_
     }
     free(ids);
 }
-#define EXPECT(t, text, special, ...)                                                                                  \
-    do {                                                                                                               \
-        const int32_t want_[] = {__VA_ARGS__};                                                                         \
-        expect((t), (text), (special), want_, sizeof want_ / sizeof want_[0]);                                         \
+#define EXPECT(t, text, special, ...)                                          \
+    do {                                                                       \
+        const int32_t want_[] = {__VA_ARGS__};                                 \
+        expect((t), (text), (special), want_, sizeof want_ / sizeof want_[0]); \
     } while (0)
 
 static void expect_decode(const sd_tok *t, const char *text, bool special, const char *want) {
@@ -160,7 +160,10 @@ static void test_byte_fallback(void **state) {
     sd_tok *t = spm_build(&f);
     /* é = C3 A9 and 😀 = F0 9F 98 80 are not pieces: their bytes */
     EXPECT(t, "a\xc3\xa9", false, P_A, BYTE0 + 0xC3, BYTE0 + 0xA9);
-    EXPECT(t, "\xf0\x9f\x98\x80" "b", false, BYTE0 + 0xF0, BYTE0 + 0x9F, BYTE0 + 0x98, BYTE0 + 0x80, P_B);
+    EXPECT(t,
+           "\xf0\x9f\x98\x80"
+           "b",
+           false, BYTE0 + 0xF0, BYTE0 + 0x9F, BYTE0 + 0x98, BYTE0 + 0x80, P_B);
     expect_decode(t, "a\xc3\xa9 \xf0\x9f\x98\x80 abc", false, "a\xc3\xa9 \xf0\x9f\x98\x80 abc");
     /* invalid UTF-8 still round-trips, byte by byte */
     expect_decode(t, "\xff\x80x\xe2", false, "\xff\x80x\xe2");

@@ -56,7 +56,9 @@ int main(int argc, char **argv) {
         return 1;
     }
     sd_tok *t = NULL;
+    double t_build = sd_now();
     sd_status st = sd_weights_tokenizer(w, &t);
+    t_build = sd_now() - t_build;
     sd_weights_close(&w);
     if (st != SD_OK) {
         fprintf(stderr, "tok_cli: tokenizer: %s\n", sd_status_str(st));
@@ -111,7 +113,8 @@ int main(int argc, char **argv) {
         free(text);
     }
     if (at != in_len && rc == 0) rc = 1;
-    fprintf(stderr, "tok_cli: encoded %zu bytes in %.3f s\n", n_bytes, t_enc);
+    fprintf(stderr, "tok_cli: %d tokens, built in %.3f s, tables %.1f MiB; encoded %zu bytes in %.3f s\n",
+            sd_tok_n_vocab(t), t_build, (double)sd_tok_memory_bytes(t) / (1 << 20), n_bytes, t_enc);
     if (fclose(out) != 0) rc = 1;
     free(in);
     sd_tok_free(&t);

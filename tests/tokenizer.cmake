@@ -21,3 +21,8 @@ specd_py_test(test_chat_template_model ref/test_chat_template_model.py LABELS "o
 # SentencePiece-style tokenizer on small in-test vocabularies.
 specd_unit_test(test_tokenizer_spm ${CMAKE_CURRENT_SOURCE_DIR}/test_tokenizer_spm.c)
 target_include_directories(test_tokenizer_spm PRIVATE ${CMAKE_SOURCE_DIR}/engine/formats)
+# The real Gemma 3 270M vocabulary (tools/fetch-model gemma3, fetched by
+# scripts/setup) against Hugging Face tokenizers, and in the slow tier
+# against llama.cpp (llama-cpp-python, scripts/setup --llama).
+specd_py_test(test_tokenizer_spm_hf ref/test_tokenizer_spm.py LABELS "oracle;model")
+specd_py_test(test_tokenizer_spm_llama ref/test_tokenizer_spm.py ARGS --llama LABELS "oracle;model;slow")

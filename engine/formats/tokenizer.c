@@ -21,7 +21,6 @@
 
 #define N_BYTE_CPS 324 /* bytes_to_unicode maps every byte below U+0144 */
 
-
 /* ---- byte-level symbol table (GPT-2 bytes_to_unicode) ----
  * Printable Latin-1 bytes stand for themselves; the other 68 bytes are mapped
  * in order to U+0100.. so every byte has a visible, non-space symbol. */
@@ -404,8 +403,7 @@ static sd_status build_specials(sd_tok *t) {
     for (int32_t i = 0; i < t->n_vocab; i++) {
         size_t l;
         sd_tok_text_of(t, i, &l);
-        if (is_special_type(t->types[i]) && l > 0)
-            t->special_ids[t->n_special++] = i;
+        if (is_special_type(t->types[i]) && l > 0) t->special_ids[t->n_special++] = i;
     }
     qsort_r(t->special_ids, t->n_special, sizeof *t->special_ids, cmp_special, t);
     size_t k = 0;
@@ -562,6 +560,17 @@ bool sd_tok_add_bos(const sd_tok *t) { return t->add_bos; }
 bool sd_tok_add_eos(const sd_tok *t) { return t->add_eos; }
 bool sd_tok_is_spm(const sd_tok *t) { return t->algo == SD_TOK_ALGO_SPM; }
 uint64_t sd_tok_vocab_hash(const sd_tok *t) { return t->vocab_hash; }
+
+size_t sd_tok_memory_bytes(const sd_tok *t) {
+    size_t n = (size_t)t->n_vocab, b = sizeof *t;
+    b += t->text_off[n] + t->piece_off[n];                   /* the two arenas */
+    b += 2 * (n + 1) * sizeof(size_t) + n * sizeof(int32_t); /* offsets, types */
+    b += (t->tok_mask + 1) * sizeof *t->tok_slots;
+    if (t->merge_slots) b += (t->merge_mask + 1) * sizeof *t->merge_slots;
+    if (t->score_rank) b += n * sizeof *t->score_rank;
+    b += t->n_special * sizeof *t->special_ids;
+    return b;
+}
 
 bool sd_tok_is_eog(const sd_tok *t, int32_t id) {
     for (int i = 0; i < t->n_eog; i++)

@@ -47,7 +47,7 @@ struct sd_tok {
     /* byte-level BPE: each byte's symbol token; SPM: each byte's <0xNN>
      * fallback token. The unknown token where the vocabulary lacks it. */
     int32_t byte_token[256];
-    char byte_sym[256][2];   /* UTF-8 of each byte's symbol (U+0021..U+0143: 1 or 2 bytes) */
+    char byte_sym[256][2]; /* UTF-8 of each byte's symbol (U+0021..U+0143: 1 or 2 bytes) */
     uint8_t byte_sym_len[256];
 
     /* SPM by score (GGUF): merge priority of each token as a dense rank of

@@ -142,7 +142,8 @@ static sd_status get_text(const sd_gguf *g, const char *key, bool required, sd_t
 static sd_status get_flag(const sd_gguf *g, const char *key, bool def, bool *out) {
     bool v = def;
     sd_status st = sd_gguf_get_bool(g, key, &v);
-    if (st == SD_ERR_NOT_FOUND) v = def;
+    if (st == SD_ERR_NOT_FOUND)
+        v = def;
     else if (st != SD_OK) {
         SD_ERROR("tokenizer: %s is not a bool", key);
         return st;

@@ -35,9 +35,10 @@ static int byte_of_text(sd_tok_text tx) {
     int v = 0;
     for (int i = 3; i < 5; i++) {
         char ch = tx.ptr[i];
-        int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10
-                                                : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
-                                                                         : -1;
+        int d = ch >= '0' && ch <= '9'   ? ch - '0'
+                : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10
+                : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+                                         : -1;
         if (d < 0) return -1;
         v = v * 16 + d;
     }

@@ -44,6 +44,9 @@ int32_t sd_tok_find(const sd_tok *t, const char *text);
 /* 64-bit FNV-1a hash over every token's text and type, in id order: two
  * models can share a KV/draft only when their hashes match. */
 uint64_t sd_tok_vocab_hash(const sd_tok *t);
+/* Bytes the tokenizer's tables hold (arenas, hash tables, ranks; not the
+ * compiled regexes): what a vocabulary costs in memory. */
+size_t sd_tok_memory_bytes(const sd_tok *t);
 
 /* Encodes len bytes of text. User-defined tokens (Gemma's "\n\n", "<tool>")
  * are always matched as single tokens, as Hugging Face and llama.cpp match
