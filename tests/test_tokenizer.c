@@ -230,6 +230,15 @@ static void test_pretokenizers(void **state) {
     expect_ids(t, "DOn'T", 5, true, c2, 4);
     sd_tok_free(&t);
     free(f);
+
+    /* qwen2: llama3's rules with every digit alone */
+    f = std_fixture("qwen2");
+    t = fx_build(f);
+    int32_t d4[] = {'1', '2', '1', '2'};
+    expect_ids(t, "1212", 4, true, d4, 4);
+    expect_ids(t, "DOn'T", 5, true, c2, 4);
+    sd_tok_free(&t);
+    free(f);
 }
 
 static void test_special_tokens(void **state) {
