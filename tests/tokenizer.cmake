@@ -5,6 +5,7 @@ target_include_directories(test_tokenizer PRIVATE ${CMAKE_SOURCE_DIR}/engine/for
 
 add_executable(tok_cli ${CMAKE_CURRENT_SOURCE_DIR}/tok_cli.c)
 target_link_libraries(tok_cli PRIVATE specd_engine)
+target_include_directories(tok_cli PRIVATE ${CMAKE_SOURCE_DIR}/engine/formats)
 target_compile_definitions(tok_cli PRIVATE _GNU_SOURCE)
 
 specd_py_test(test_tokenizer_hf ref/test_tokenizer_hf.py LABELS "oracle;model")

@@ -331,6 +331,10 @@ static sd_status build_merges(sd_tok *t, const sd_tok_spec *spec) {
         /* The separator is the first space after the first byte, so a left
          * part may itself start with a space (as llama.cpp reads them). */
         const char *sp = m.len > 1 && m.ptr ? memchr(m.ptr + 1, ' ', m.len - 1) : NULL;
+        if (spec->merge_left_len) {
+            uint32_t ll = spec->merge_left_len[r];
+            sp = m.ptr && ll > 0 && (size_t)ll + 1 < m.len && m.ptr[ll] == ' ' ? m.ptr + ll : NULL;
+        }
         if (!sp || sp + 1 == m.ptr + m.len) {
             SD_ERROR("tokenizer: merge %zu '%.*s' is not of the form 'left right'", r, PREVIEW(m));
             st = SD_ERR_FORMAT;

@@ -174,7 +174,8 @@ static sd_status fragment(enc_ctx *c, const char *s, size_t len, size_t off) {
     if (len == 0) return SD_OK;
     if (c->t->algo == SD_TOK_ALGO_SPM) {
         sd_tok_space_prefix sp = c->t->space_prefix;
-        bool prefix = sp == SD_TOK_SPACE_PREFIX_ALWAYS || (sp == SD_TOK_SPACE_PREFIX_FIRST && off == 0);
+        bool prefix = sp == SD_TOK_SPACE_PREFIX_ALWAYS || (sp == SD_TOK_SPACE_PREFIX_META_ALWAYS && s[0] != ' ') ||
+                      (sp == SD_TOK_SPACE_PREFIX_FIRST && off == 0 && s[0] != ' ');
         return sd_tok_spm_fragment(c, s, len, prefix);
     }
     return pre_split(c, 0, s, len);

@@ -36,7 +36,10 @@ enum {
 typedef enum sd_tok_space_prefix {
     SD_TOK_SPACE_PREFIX_NONE = 0,
     SD_TOK_SPACE_PREFIX_ALWAYS = 1, /* every fragment (llama.cpp's add_space_prefix; HF Prepend normalizer) */
-    SD_TOK_SPACE_PREFIX_FIRST = 2,  /* only a fragment at the start of the text (HF Metaspace "first") */
+    /* HF Metaspace pre-tokenizer: never before a fragment that starts with
+     * a space already; "first": only a fragment at the start of the text. */
+    SD_TOK_SPACE_PREFIX_FIRST = 2,
+    SD_TOK_SPACE_PREFIX_META_ALWAYS = 3,
 } sd_tok_space_prefix;
 
 /* Everything sd_tok_build needs; all views are borrowed for the call only. */
@@ -49,6 +52,8 @@ typedef struct sd_tok_spec {
     const float *scores;       /* llama: [n_tokens] merge scores, higher first; NULL: merges rank instead */
     size_t n_merges;
     const sd_tok_text *merges;       /* [n_merges] "left right", rank = index (gpt2; llama without scores) */
+    const uint32_t *merge_left_len;  /* [n_merges] bytes of each merge's left part (the space after it
+                                        separates), or NULL: the first space after the first byte */
     int64_t bos, eos, unk, pad, eot; /* token ids, -1 when absent */
     bool add_bos, add_eos;
     sd_tok_space_prefix space_prefix; /* llama only */

@@ -29,6 +29,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import unicodedata
 
 SKIP = 77
 
@@ -40,7 +41,7 @@ def skip(why):
 
 try:
     import gguf
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 except ImportError as e:  # pragma: no cover
     skip(f"python packages missing ({e}); run scripts/setup")
 
@@ -245,6 +246,15 @@ def main():
         print("qwen2 regex over the same vocabulary:")
         bad += compare("qwen2", cases, run_specd(cli, q2, cases, True, tmp), hf_tokenizer(v, "qwen2", True),
                        v["tokens"])
+        # The same as a tokenizer.json of Qwen2's form (its NFC normalizer
+        # included: specd accepts it without applying it, the cases are NFC).
+        tk = hf_tokenizer(v, "qwen2", True)
+        tk.normalizer = normalizers.NFC()
+        qj = os.path.join(tmp, "qwen2.tokenizer.json")
+        tk.save(qj)
+        print("qwen2 tokenizer.json over the same vocabulary:")
+        nfc = [c for c in cases if unicodedata.normalize("NFC", c) == c]
+        bad += compare("qwen2 tokenizer.json", nfc, run_specd(cli, qj, nfc, True, tmp), tk, v["tokens"])
     if bad:
         print(f"FAIL: {bad} mismatching cases")
         return 1

@@ -36,7 +36,7 @@ from test_tokenizer_hf import SRC, BUILD, SKIP, skip, load_cases, run_specd, com
 
 try:
     import gguf
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
 except ImportError as e:  # pragma: no cover
     skip(f"python packages missing ({e}); run scripts/setup")
 
@@ -135,6 +135,28 @@ class LlamaTok:
         return self.llm.detokenize(ids, special=True).decode("utf-8", errors="replace")
 
 
+def check_tokenizer_json(cli, v, vocab, merges, cases, tmp):
+    """specd reading tokenizer.json files of the SentencePiece-BPE form (as
+    tokenizers saves them) against the same HF tokenizer: Gemma's own form,
+    Llama 2's (Prepend + Replace normalizer, a space before every fragment)
+    and the Metaspace pre-tokenizer with prepend_scheme "first" and "always"
+    (no "▁" before a fragment that starts with a space already)."""
+    bad = 0
+    for form in ("gemma", "llama2", "metaspace-first", "metaspace-always"):
+        tk = hf_tokenizer(v, vocab, merges, True)
+        if form == "llama2":
+            tk.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+        elif form.startswith("metaspace"):
+            tk.normalizer = None
+            tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=form.split("-")[1],
+                                                        split=False)
+        path = os.path.join(tmp, f"{form}.tokenizer.json")
+        tk.save(path)
+        got = run_specd(cli, path, cases, True, tmp)
+        bad += compare(f"tokenizer.json {form}", cases, got, tk, v["tokens"], roundtrip=form == "gemma")
+    return bad
+
+
 def cases_for_spm():
     cases = PROMPTS + load_cases()
     short = [""]
@@ -187,6 +209,7 @@ def main():
                            roundtrip=not v["add_space_prefix"])
             bad += compare("HF, special off", cases, got_off, hf_tokenizer(v, vocab, merges, False), v["tokens"],
                            roundtrip=not v["add_space_prefix"])
+            bad += check_tokenizer_json(cli, v, vocab, merges, cases, tmp)
     if bad:
         print(f"FAIL: {bad} mismatching cases")
         return 1
