@@ -31,6 +31,7 @@ enum {
     VARIANT_EOS_SPACE = 1,       /* Mistral v0.1: eos_token + ' ' after an answer */
     VARIANT_SYSTEM_NONEMPTY = 2, /* Phi-3.5: a system turn only when its content is not empty */
     VARIANT_ALWAYS_OPEN = 4,     /* Llama 3 (Mllama conversion): assistant header whatever add_generation_prompt */
+    VARIANT_SYSTEM_PREFIX = 8,   /* Gemma 3: a system message's content + "\n\n" opens the first turn */
 };
 
 struct sd_chat_template {
@@ -50,7 +51,7 @@ static const struct {
 };
 #define N_FAMILIES (sizeof FAMILY_NAMES / sizeof FAMILY_NAMES[0])
 
-const char *sd_chat_template_names(void) { return "chatml, llama3, llama2, mistral, gemma, phi3"; }
+const char *sd_chat_template_names(void) { return "chatml, llama3, llama2, mistral, gemma, gemma3, phi3"; }
 
 /* ---- output buffer ---- */
 
@@ -278,15 +279,23 @@ static sd_status format_mistral(fmt *f, const sd_chat_msg *m, size_t n) {
 
 static sd_status format_gemma(fmt *f, const sd_chat_msg *m, size_t n, bool gen) {
     add_bos(f);
-    if (is_role(&m[0], "system"))
-        return refuse(f, "messages[0]: the model's chat template (gemma) has no system role (put the instructions in "
-                         "the first user message)");
-    for (size_t i = 0; i < n; i++) {
-        sd_status st = check_alternation(f, &m[i], i, i);
+    size_t first = 0; /* Gemma 3: messages[0] as a system prefix, the turns after it */
+    if (n > 0 && is_role(&m[0], "system")) {
+        if (!(f->t->variant & VARIANT_SYSTEM_PREFIX))
+            return refuse(f, "messages[0]: the model's chat template (gemma) has no system role (put the instructions "
+                             "in the first user message)");
+        first = 1;
+    }
+    for (size_t i = first; i < n; i++) {
+        sd_status st = check_alternation(f, &m[i], i - first, i);
         if (st != SD_OK) return st;
         sb_add(&f->out, "<start_of_turn>");
         sb_add(&f->out, is_role(&m[i], "assistant") ? "model" : m[i].role);
         sb_add(&f->out, "\n");
+        if (first && i == first) { /* not trimmed, as the template adds it */
+            sb_content(&f->out, m[0].content, strlen(m[0].content));
+            sb_add(&f->out, "\n\n");
+        }
         sb_content_stripped(&f->out, m[i].content, strlen(m[i].content));
         sb_add(&f->out, "<end_of_turn>\n");
     }
@@ -402,9 +411,8 @@ static bool has_all(const char *text, size_t len, const char *const *needles) {
 
 /* Features of templates specd does not reproduce: such a template is
  * refused even when its family's markers are there. */
-static const char *const UNSUPPORTED[] = {"tools",       "tool_call",         "enable_thinking",
-                                          "<think>",     "strftime_now",      "Cutting Knowledge",
-                                          "date_string", "first_user_prefix", NULL};
+static const char *const UNSUPPORTED[] = {"tools",        "tool_call",         "enable_thinking", "<think>",
+                                          "strftime_now", "Cutting Knowledge", "date_string",     NULL};
 
 static const char *const CHATML[] = {"<|im_start|>",          "<|im_end|>", "message['role']", "message['content']",
                                      "<|im_start|>assistant", NULL};
@@ -426,6 +434,15 @@ static const char *const GEMMA[] = {"{{ bos_token }}",
                                     "message['content'] | trim",
                                     "System role not supported",
                                     NULL};
+/* Gemma 3: the system message becomes a prefix of the first turn. */
+static const char *const GEMMA3[] = {"{{ bos_token }}",
+                                     "<start_of_turn>",
+                                     "<end_of_turn>",
+                                     "set role = \"model\"",
+                                     "message['content'] | trim",
+                                     "set first_user_prefix = messages[0]['content'] + '\n\n'",
+                                     "(first_user_prefix if loop.first else \"\")",
+                                     NULL};
 static const char *const PHI3[] = {"'<|system|>", "'<|user|>", "'<|assistant|>", "<|end|>", "{{ eos_token }}", NULL};
 
 /* ChatML's default system prompt: the text of the '<|im_start|>system\n...'
@@ -487,7 +504,8 @@ sd_status sd_chat_template_parse(const char *text, size_t len, sd_chat_template 
         sd_chat_family family;
         const char *const *markers;
     } sig[] = {{SD_CHAT_FAMILY_CHATML, CHATML},   {SD_CHAT_FAMILY_LLAMA3, LLAMA3}, {SD_CHAT_FAMILY_LLAMA2, LLAMA2},
-               {SD_CHAT_FAMILY_MISTRAL, MISTRAL}, {SD_CHAT_FAMILY_GEMMA, GEMMA},   {SD_CHAT_FAMILY_PHI3, PHI3}};
+               {SD_CHAT_FAMILY_MISTRAL, MISTRAL}, {SD_CHAT_FAMILY_GEMMA, GEMMA},   {SD_CHAT_FAMILY_GEMMA, GEMMA3},
+               {SD_CHAT_FAMILY_PHI3, PHI3}};
     sd_chat_family found = SD_CHAT_FAMILY_UNSPECIFIED;
     for (size_t i = 0; i < sizeof sig / sizeof sig[0]; i++) {
         if (!has_all(text, len, sig[i].markers)) continue;
@@ -507,6 +525,7 @@ sd_status sd_chat_template_parse(const char *text, size_t len, sd_chat_template 
     if (found == SD_CHAT_FAMILY_PHI3 && has(text, len, "message['role'] == 'system' and message['content']"))
         t->variant |= VARIANT_SYSTEM_NONEMPTY;
     if (found == SD_CHAT_FAMILY_LLAMA3 && !has(text, len, "add_generation_prompt")) t->variant |= VARIANT_ALWAYS_OPEN;
+    if (found == SD_CHAT_FAMILY_GEMMA && has(text, len, "first_user_prefix")) t->variant |= VARIANT_SYSTEM_PREFIX;
     if (st != SD_OK) {
         sd_chat_template_free(&t);
         return st;
@@ -520,6 +539,11 @@ sd_status sd_chat_template_named(const char *name, sd_chat_template **out) {
     *out = NULL;
     for (size_t i = 0; i < N_FAMILIES; i++)
         if (strcmp(name, FAMILY_NAMES[i].name) == 0) return new_template(FAMILY_NAMES[i].family, out);
+    if (strcmp(name, "gemma3") == 0) { /* Gemma 3's template: gemma with a system prefix */
+        SD_TRY(new_template(SD_CHAT_FAMILY_GEMMA, out));
+        (*out)->variant |= VARIANT_SYSTEM_PREFIX;
+        return SD_OK;
+    }
     SD_ERROR("chat template '%s': unknown name (%s)", name, sd_chat_template_names());
     return SD_ERR_INVALID_ARG;
 }
@@ -671,6 +695,13 @@ sd_status sd_chat_template_from_model(const sd_weights *w, const char *path, con
         if (st == SD_OK && text) {
             st = sd_chat_template_parse(text, len, &t);
             if (st == SD_ERR_UNSUPPORTED) SD_ERROR("%s: its chat template is not recognised (see above)", path);
+        } else if (st == SD_OK && sd_tok_find(tok, "<start_of_turn>") >= 0 && sd_tok_find(tok, "<end_of_turn>") >= 0) {
+            /* Gemma's GGUFs often carry no template; ChatML's markers would be
+             * plain text to its tokenizer. */
+            SD_WARN("%s: the model has no chat template; its vocabulary has Gemma's turn tokens: chat is formatted "
+                    "as Gemma 3's",
+                    path);
+            st = sd_chat_template_named("gemma3", &t);
         } else if (st == SD_OK) {
             SD_WARN("%s: the model has no chat template; chat is formatted as ChatML", path);
             st = new_template(SD_CHAT_FAMILY_CHATML, &t);
