@@ -32,6 +32,7 @@ enum {
     VARIANT_SYSTEM_NONEMPTY = 2, /* Phi-3.5: a system turn only when its content is not empty */
     VARIANT_ALWAYS_OPEN = 4,     /* Llama 3 (Mllama conversion): assistant header whatever add_generation_prompt */
     VARIANT_SYSTEM_PREFIX = 8,   /* Gemma 3: a system message's content + "\n\n" opens the first turn */
+    VARIANT_ROLES_ONLY = 16,     /* Qwen2.5 ChatML: system/user/assistant turns only (tools are not reproduced) */
 };
 
 struct sd_chat_template {
@@ -197,6 +198,10 @@ static void chatml_turn(fmt *f, const char *role, const char *content) {
 }
 
 static sd_status format_chatml(fmt *f, const sd_chat_msg *m, size_t n, bool gen) {
+    for (size_t i = 0; i < n && (f->t->variant & VARIANT_ROLES_ONLY); i++)
+        if (!is_role(&m[i], "system") && !is_role(&m[i], "user") && !is_role(&m[i], "assistant"))
+            return refuse(f, "messages[%zu]: role '%s' is not one the model's chat template (chatml) formats as a turn",
+                          i, m[i].role);
     if (f->t->default_system && !is_role(&m[0], "system")) chatml_turn(f, "system", f->t->default_system);
     for (size_t i = 0; i < n; i++) chatml_turn(f, m[i].role, m[i].content);
     if (gen) sb_add(&f->out, "<|im_start|>assistant\n");
@@ -414,6 +419,12 @@ static bool has_all(const char *text, size_t len, const char *const *needles) {
 static const char *const UNSUPPORTED[] = {"tools",        "tool_call",         "enable_thinking", "<think>",
                                           "strftime_now", "Cutting Knowledge", "date_string",     NULL};
 
+/* Qwen2.5: ChatML with a default system prompt and a tools branch that is
+ * taken only when tools are passed (specd passes none). */
+static const char *const QWEN[] = {"<|im_start|>",          "<|im_end|>",
+                                   "message.role",          "message.content",
+                                   "<|im_start|>assistant", "(message.role == \"system\" and not loop.first)",
+                                   "{%- if tools %}",       NULL};
 static const char *const CHATML[] = {"<|im_start|>",          "<|im_end|>", "message['role']", "message['content']",
                                      "<|im_start|>assistant", NULL};
 static const char *const LLAMA3[] = {"<|start_header_id|>",
@@ -447,26 +458,34 @@ static const char *const PHI3[] = {"'<|system|>", "'<|user|>", "'<|assistant|>",
 
 /* ChatML's default system prompt: the text of the '<|im_start|>system\n...'
  * literal the template writes when messages[0] is not a system one. */
-static sd_status chatml_default_system(const char *text, size_t len, char **out) {
+static sd_status chatml_default_system(const char *text, size_t len, bool qwen, char **out) {
     *out = NULL;
-    if (!has(text, len, "messages[0]['role'] != 'system'")) return SD_OK;
+    if (!has(text, len, "messages[0]['role'] != 'system'") &&
+        !(qwen && has(text, len, "messages[0]['role'] == 'system'")))
+        return SD_OK;
     static const char open[] = "'<|im_start|>system";
-    const char *p = memmem(text, len, open, strlen(open));
-    if (!p) return SD_ERR_UNSUPPORTED;
-    p += strlen(open);
     const char *end = text + len;
-    if (p < end && *p == '\n')
-        p++;
-    else if (end - p >= 2 && p[0] == '\\' && p[1] == 'n')
-        p += 2;
-    else
-        return SD_ERR_UNSUPPORTED;
-    const char *q = memmem(p, (size_t)(end - p), "<|im_end|>", 10);
-    if (!q || (size_t)(q - p) > MAX_DEFAULT_SYSTEM) return SD_ERR_UNSUPPORTED;
-    for (const char *c = p; c < q; c++) /* a plain literal: no quotes, escapes or expressions */
-        if (*c == '\'' || *c == '"' || *c == '\\' || *c == '{' || *c == '}' || *c == '\0') return SD_ERR_UNSUPPORTED;
-    *out = strndup(p, (size_t)(q - p));
-    return *out ? SD_OK : SD_ERR_NOMEM;
+    /* The first system literal that is plain text up to <|im_end|> (Qwen's
+     * template has two others first: the tools header and messages[0]). */
+    for (const char *p = memmem(text, len, open, strlen(open)); p;
+         p = memmem(p, (size_t)(end - p), open, strlen(open))) {
+        p += strlen(open);
+        if (p < end && *p == '\n')
+            p++;
+        else if (end - p >= 2 && p[0] == '\\' && p[1] == 'n')
+            p += 2;
+        else
+            continue;
+        const char *q = memmem(p, (size_t)(end - p), "<|im_end|>", 10);
+        if (!q || (size_t)(q - p) > MAX_DEFAULT_SYSTEM) continue;
+        bool plain = true; /* a plain literal: no quotes, escapes or expressions */
+        for (const char *c = p; c < q && plain; c++)
+            plain = !(*c == '\'' || *c == '"' || *c == '\\' || *c == '{' || *c == '}' || *c == '\0');
+        if (!plain) continue;
+        *out = strndup(p, (size_t)(q - p));
+        return *out ? SD_OK : SD_ERR_NOMEM;
+    }
+    return SD_ERR_UNSUPPORTED;
 }
 
 static sd_status new_template(sd_chat_family family, sd_chat_template **out) {
@@ -493,7 +512,9 @@ static sd_status unrecognised(const char *why) {
 sd_status sd_chat_template_parse(const char *text, size_t len, sd_chat_template **out) {
     if (!text || !out) return SD_ERR_INVALID_ARG;
     *out = NULL;
+    bool qwen = has_all(text, len, QWEN);
     for (const char *const *u = UNSUPPORTED; *u; u++) {
+        if (qwen && (strcmp(*u, "tools") == 0 || strcmp(*u, "tool_call") == 0)) continue;
         if (has(text, len, *u)) {
             char why[128];
             snprintf(why, sizeof why, "the model's template uses '%s', which specd does not reproduce", *u);
@@ -503,9 +524,9 @@ sd_status sd_chat_template_parse(const char *text, size_t len, sd_chat_template 
     static const struct {
         sd_chat_family family;
         const char *const *markers;
-    } sig[] = {{SD_CHAT_FAMILY_CHATML, CHATML},   {SD_CHAT_FAMILY_LLAMA3, LLAMA3}, {SD_CHAT_FAMILY_LLAMA2, LLAMA2},
-               {SD_CHAT_FAMILY_MISTRAL, MISTRAL}, {SD_CHAT_FAMILY_GEMMA, GEMMA},   {SD_CHAT_FAMILY_GEMMA, GEMMA3},
-               {SD_CHAT_FAMILY_PHI3, PHI3}};
+    } sig[] = {{SD_CHAT_FAMILY_CHATML, CHATML}, {SD_CHAT_FAMILY_LLAMA3, LLAMA3},   {SD_CHAT_FAMILY_LLAMA2, LLAMA2},
+               {SD_CHAT_FAMILY_CHATML, QWEN},   {SD_CHAT_FAMILY_MISTRAL, MISTRAL}, {SD_CHAT_FAMILY_GEMMA, GEMMA},
+               {SD_CHAT_FAMILY_GEMMA, GEMMA3},  {SD_CHAT_FAMILY_PHI3, PHI3}};
     sd_chat_family found = SD_CHAT_FAMILY_UNSPECIFIED;
     for (size_t i = 0; i < sizeof sig / sizeof sig[0]; i++) {
         if (!has_all(text, len, sig[i].markers)) continue;
@@ -517,7 +538,8 @@ sd_status sd_chat_template_parse(const char *text, size_t len, sd_chat_template 
     sd_status st = new_template(found, &t);
     if (st != SD_OK) return st;
     if (found == SD_CHAT_FAMILY_CHATML) {
-        st = chatml_default_system(text, len, &t->default_system);
+        st = chatml_default_system(text, len, qwen, &t->default_system);
+        if (qwen) t->variant |= VARIANT_ROLES_ONLY;
         if (st == SD_ERR_UNSUPPORTED)
             st = unrecognised("the ChatML template's default system prompt is not a plain text");
     }

@@ -42,6 +42,7 @@ CLI = os.path.join(BUILD, "tests", "chat_cli")
 TEMPLATES = {
     "smollm2.jinja": ("chatml", "<|im_start|>", "<|im_end|>"),
     "chatml.jinja": ("chatml", "<s>", "<|im_end|>"),
+    "qwen2.5.jinja": ("chatml", "<|endoftext|>", "<|im_end|>"),
     "llama3.jinja": ("llama3", "<|begin_of_text|>", "<|eot_id|>"),
     "llama2.jinja": ("llama2", "<s>", "</s>"),
     "mistral-v0.1.jinja": ("mistral", "<s>", "</s>"),
