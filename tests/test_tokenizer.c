@@ -230,6 +230,15 @@ static void test_pretokenizers(void **state) {
     expect_ids(t, "DOn'T", 5, true, c2, 4);
     sd_tok_free(&t);
     free(f);
+
+    /* qwen2: llama3's rules with every digit alone */
+    f = std_fixture("qwen2");
+    t = fx_build(f);
+    int32_t d4[] = {'1', '2', '1', '2'};
+    expect_ids(t, "1212", 4, true, d4, 4);
+    expect_ids(t, "DOn'T", 5, true, c2, 4);
+    sd_tok_free(&t);
+    free(f);
 }
 
 static void test_special_tokens(void **state) {
@@ -239,12 +248,18 @@ static void test_special_tokens(void **state) {
     const char *s = "x<|im_start|>he<tool>call<tool><|im_end|>";
     int32_t want[] = {'x', 256, ID(t, "he"), 259, 258, 257};
     expect_ids(t, s, strlen(s), true, want, 6);
-    /* off: no special id appears, and the text still round-trips */
+    /* off: no control id appears (user-defined ones still match, as in
+     * Hugging Face and llama.cpp), and the text still round-trips */
     int32_t *ids = NULL;
     size_t n = 0;
     assert_int_equal(sd_tok_encode(t, s, strlen(s), false, &ids, &n), SD_OK);
     assert_true(n > 10);
-    for (size_t i = 0; i < n; i++) assert_true(ids[i] < 256 || ids[i] > 259);
+    size_t n_user = 0;
+    for (size_t i = 0; i < n; i++) {
+        assert_true(ids[i] < 256 || ids[i] > 257);
+        n_user += ids[i] == 258 || ids[i] == 259;
+    }
+    assert_int_equal(n_user, 2);
     free(ids);
     expect_roundtrip(t, s, strlen(s), false);
     expect_roundtrip(t, s, strlen(s), true);
@@ -542,8 +557,13 @@ static void test_bad_spec(void **state) {
     (void)state;
     sd_tok *t = NULL;
     fixture *f = std_fixture("gpt2");
-    f->spec.model = (sd_tok_text){"llama", 5};
+    f->spec.model = (sd_tok_text){"bert", 4};
     assert_int_equal(fx_try(f, &t), SD_ERR_UNSUPPORTED);
+    f->spec.model = (sd_tok_text){"llama", 5}; /* SentencePiece without scores or merges */
+    size_t n_merges = f->n_merges;
+    f->n_merges = 0;
+    assert_int_equal(fx_try(f, &t), SD_ERR_FORMAT);
+    f->n_merges = n_merges;
     f->spec.model = (sd_tok_text){"gpt2", 4};
     f->spec.pre = (sd_tok_text){"qwen9", 5};
     assert_int_equal(fx_try(f, &t), SD_ERR_UNSUPPORTED);
@@ -667,7 +687,7 @@ static void test_from_gguf(void **state) {
     sd_tok_free(&direct);
     sd_tok_free(&t);
 
-    w = writer_from_fixture(f, "llama", f->n, NULL);
+    w = writer_from_fixture(f, "bert", f->n, NULL);
     assert_int_equal(tok_from_writer(w, &t), SD_ERR_UNSUPPORTED);
     sd_gguf_writer_free(&w);
     w = writer_from_fixture(f, "gpt2", f->n - 1, NULL); /* token_type count != token count */

@@ -1,12 +1,14 @@
 /* tok_cli.c — drives the tokenizer from the Python oracle test.
  *
- * tok_cli MODEL IN OUT      (MODEL: a GGUF file or a Hugging Face checkpoint directory)
+ * tok_cli MODEL IN OUT      (MODEL: a GGUF file, a Hugging Face checkpoint directory,
+ *                            or a bare tokenizer.json: a path ending in .json)
  * IN holds records  [u8 parse_special][u32 len][len bytes]  (little endian);
  * OUT gets, per record,  [u32 n_ids][n_ids x i32][u32 len][decoded bytes].
  * A length-prefixed binary format was chosen over JSON so that any byte
  * string (NULs, invalid UTF-8) travels unchanged. */
 #include "specd/tokenizer.h"
 #include "specd/weights.h"
+#include "tokenizer_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,14 +52,29 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s MODEL.gguf|HF_DIR IN OUT\n", argv[0]);
         return 2;
     }
-    sd_weights *w = NULL;
-    if (sd_weights_open(argv[1], &w) != SD_OK) {
-        fprintf(stderr, "tok_cli: cannot open %s (see the log above)\n", argv[1]);
-        return 1;
-    }
     sd_tok *t = NULL;
-    sd_status st = sd_weights_tokenizer(w, &t);
-    sd_weights_close(&w);
+    double t_build = sd_now();
+    sd_status st;
+    size_t plen = strlen(argv[1]);
+    if (plen > 5 && strcmp(argv[1] + plen - 5, ".json") == 0) {
+        unsigned char *json = NULL;
+        size_t json_len = 0;
+        if (read_all(argv[1], &json, &json_len) != 0) {
+            fprintf(stderr, "tok_cli: cannot read %s\n", argv[1]);
+            return 1;
+        }
+        st = sd_tok_from_hf_json((const char *)json, json_len, NULL, &t);
+        free(json);
+    } else {
+        sd_weights *w = NULL;
+        if (sd_weights_open(argv[1], &w) != SD_OK) {
+            fprintf(stderr, "tok_cli: cannot open %s (see the log above)\n", argv[1]);
+            return 1;
+        }
+        st = sd_weights_tokenizer(w, &t);
+        sd_weights_close(&w);
+    }
+    t_build = sd_now() - t_build;
     if (st != SD_OK) {
         fprintf(stderr, "tok_cli: tokenizer: %s\n", sd_status_str(st));
         return 1;
@@ -111,7 +128,8 @@ int main(int argc, char **argv) {
         free(text);
     }
     if (at != in_len && rc == 0) rc = 1;
-    fprintf(stderr, "tok_cli: encoded %zu bytes in %.3f s\n", n_bytes, t_enc);
+    fprintf(stderr, "tok_cli: %d tokens, built in %.3f s, tables %.1f MiB; encoded %zu bytes in %.3f s\n",
+            sd_tok_n_vocab(t), t_build, (double)sd_tok_memory_bytes(t) / (1 << 20), n_bytes, t_enc);
     if (fclose(out) != 0) rc = 1;
     free(in);
     sd_tok_free(&t);

@@ -31,6 +31,8 @@ enum {
     VARIANT_EOS_SPACE = 1,       /* Mistral v0.1: eos_token + ' ' after an answer */
     VARIANT_SYSTEM_NONEMPTY = 2, /* Phi-3.5: a system turn only when its content is not empty */
     VARIANT_ALWAYS_OPEN = 4,     /* Llama 3 (Mllama conversion): assistant header whatever add_generation_prompt */
+    VARIANT_SYSTEM_PREFIX = 8,   /* Gemma 3: a system message's content + "\n\n" opens the first turn */
+    VARIANT_ROLES_ONLY = 16,     /* Qwen2.5 ChatML: system/user/assistant turns only (tools are not reproduced) */
 };
 
 struct sd_chat_template {
@@ -50,7 +52,7 @@ static const struct {
 };
 #define N_FAMILIES (sizeof FAMILY_NAMES / sizeof FAMILY_NAMES[0])
 
-const char *sd_chat_template_names(void) { return "chatml, llama3, llama2, mistral, gemma, phi3"; }
+const char *sd_chat_template_names(void) { return "chatml, llama3, llama2, mistral, gemma, gemma3, phi3"; }
 
 /* ---- output buffer ---- */
 
@@ -196,6 +198,10 @@ static void chatml_turn(fmt *f, const char *role, const char *content) {
 }
 
 static sd_status format_chatml(fmt *f, const sd_chat_msg *m, size_t n, bool gen) {
+    for (size_t i = 0; i < n && (f->t->variant & VARIANT_ROLES_ONLY); i++)
+        if (!is_role(&m[i], "system") && !is_role(&m[i], "user") && !is_role(&m[i], "assistant"))
+            return refuse(f, "messages[%zu]: role '%s' is not one the model's chat template (chatml) formats as a turn",
+                          i, m[i].role);
     if (f->t->default_system && !is_role(&m[0], "system")) chatml_turn(f, "system", f->t->default_system);
     for (size_t i = 0; i < n; i++) chatml_turn(f, m[i].role, m[i].content);
     if (gen) sb_add(&f->out, "<|im_start|>assistant\n");
@@ -278,15 +284,23 @@ static sd_status format_mistral(fmt *f, const sd_chat_msg *m, size_t n) {
 
 static sd_status format_gemma(fmt *f, const sd_chat_msg *m, size_t n, bool gen) {
     add_bos(f);
-    if (is_role(&m[0], "system"))
-        return refuse(f, "messages[0]: the model's chat template (gemma) has no system role (put the instructions in "
-                         "the first user message)");
-    for (size_t i = 0; i < n; i++) {
-        sd_status st = check_alternation(f, &m[i], i, i);
+    size_t first = 0; /* Gemma 3: messages[0] as a system prefix, the turns after it */
+    if (n > 0 && is_role(&m[0], "system")) {
+        if (!(f->t->variant & VARIANT_SYSTEM_PREFIX))
+            return refuse(f, "messages[0]: the model's chat template (gemma) has no system role (put the instructions "
+                             "in the first user message)");
+        first = 1;
+    }
+    for (size_t i = first; i < n; i++) {
+        sd_status st = check_alternation(f, &m[i], i - first, i);
         if (st != SD_OK) return st;
         sb_add(&f->out, "<start_of_turn>");
         sb_add(&f->out, is_role(&m[i], "assistant") ? "model" : m[i].role);
         sb_add(&f->out, "\n");
+        if (first && i == first) { /* not trimmed, as the template adds it */
+            sb_content(&f->out, m[0].content, strlen(m[0].content));
+            sb_add(&f->out, "\n\n");
+        }
         sb_content_stripped(&f->out, m[i].content, strlen(m[i].content));
         sb_add(&f->out, "<end_of_turn>\n");
     }
@@ -402,10 +416,15 @@ static bool has_all(const char *text, size_t len, const char *const *needles) {
 
 /* Features of templates specd does not reproduce: such a template is
  * refused even when its family's markers are there. */
-static const char *const UNSUPPORTED[] = {"tools",       "tool_call",         "enable_thinking",
-                                          "<think>",     "strftime_now",      "Cutting Knowledge",
-                                          "date_string", "first_user_prefix", NULL};
+static const char *const UNSUPPORTED[] = {"tools",        "tool_call",         "enable_thinking", "<think>",
+                                          "strftime_now", "Cutting Knowledge", "date_string",     NULL};
 
+/* Qwen2.5: ChatML with a default system prompt and a tools branch that is
+ * taken only when tools are passed (specd passes none). */
+static const char *const QWEN[] = {"<|im_start|>",          "<|im_end|>",
+                                   "message.role",          "message.content",
+                                   "<|im_start|>assistant", "(message.role == \"system\" and not loop.first)",
+                                   "{%- if tools %}",       NULL};
 static const char *const CHATML[] = {"<|im_start|>",          "<|im_end|>", "message['role']", "message['content']",
                                      "<|im_start|>assistant", NULL};
 static const char *const LLAMA3[] = {"<|start_header_id|>",
@@ -426,30 +445,47 @@ static const char *const GEMMA[] = {"{{ bos_token }}",
                                     "message['content'] | trim",
                                     "System role not supported",
                                     NULL};
+/* Gemma 3: the system message becomes a prefix of the first turn. */
+static const char *const GEMMA3[] = {"{{ bos_token }}",
+                                     "<start_of_turn>",
+                                     "<end_of_turn>",
+                                     "set role = \"model\"",
+                                     "message['content'] | trim",
+                                     "set first_user_prefix = messages[0]['content'] + '\n\n'",
+                                     "(first_user_prefix if loop.first else \"\")",
+                                     NULL};
 static const char *const PHI3[] = {"'<|system|>", "'<|user|>", "'<|assistant|>", "<|end|>", "{{ eos_token }}", NULL};
 
 /* ChatML's default system prompt: the text of the '<|im_start|>system\n...'
  * literal the template writes when messages[0] is not a system one. */
-static sd_status chatml_default_system(const char *text, size_t len, char **out) {
+static sd_status chatml_default_system(const char *text, size_t len, bool qwen, char **out) {
     *out = NULL;
-    if (!has(text, len, "messages[0]['role'] != 'system'")) return SD_OK;
+    if (!has(text, len, "messages[0]['role'] != 'system'") &&
+        !(qwen && has(text, len, "messages[0]['role'] == 'system'")))
+        return SD_OK;
     static const char open[] = "'<|im_start|>system";
-    const char *p = memmem(text, len, open, strlen(open));
-    if (!p) return SD_ERR_UNSUPPORTED;
-    p += strlen(open);
     const char *end = text + len;
-    if (p < end && *p == '\n')
-        p++;
-    else if (end - p >= 2 && p[0] == '\\' && p[1] == 'n')
-        p += 2;
-    else
-        return SD_ERR_UNSUPPORTED;
-    const char *q = memmem(p, (size_t)(end - p), "<|im_end|>", 10);
-    if (!q || (size_t)(q - p) > MAX_DEFAULT_SYSTEM) return SD_ERR_UNSUPPORTED;
-    for (const char *c = p; c < q; c++) /* a plain literal: no quotes, escapes or expressions */
-        if (*c == '\'' || *c == '"' || *c == '\\' || *c == '{' || *c == '}' || *c == '\0') return SD_ERR_UNSUPPORTED;
-    *out = strndup(p, (size_t)(q - p));
-    return *out ? SD_OK : SD_ERR_NOMEM;
+    /* The first system literal that is plain text up to <|im_end|> (Qwen's
+     * template has two others first: the tools header and messages[0]). */
+    for (const char *p = memmem(text, len, open, strlen(open)); p;
+         p = memmem(p, (size_t)(end - p), open, strlen(open))) {
+        p += strlen(open);
+        if (p < end && *p == '\n')
+            p++;
+        else if (end - p >= 2 && p[0] == '\\' && p[1] == 'n')
+            p += 2;
+        else
+            continue;
+        const char *q = memmem(p, (size_t)(end - p), "<|im_end|>", 10);
+        if (!q || (size_t)(q - p) > MAX_DEFAULT_SYSTEM) continue;
+        bool plain = true; /* a plain literal: no quotes, escapes or expressions */
+        for (const char *c = p; c < q && plain; c++)
+            plain = !(*c == '\'' || *c == '"' || *c == '\\' || *c == '{' || *c == '}' || *c == '\0');
+        if (!plain) continue;
+        *out = strndup(p, (size_t)(q - p));
+        return *out ? SD_OK : SD_ERR_NOMEM;
+    }
+    return SD_ERR_UNSUPPORTED;
 }
 
 static sd_status new_template(sd_chat_family family, sd_chat_template **out) {
@@ -476,7 +512,9 @@ static sd_status unrecognised(const char *why) {
 sd_status sd_chat_template_parse(const char *text, size_t len, sd_chat_template **out) {
     if (!text || !out) return SD_ERR_INVALID_ARG;
     *out = NULL;
+    bool qwen = has_all(text, len, QWEN);
     for (const char *const *u = UNSUPPORTED; *u; u++) {
+        if (qwen && (strcmp(*u, "tools") == 0 || strcmp(*u, "tool_call") == 0)) continue;
         if (has(text, len, *u)) {
             char why[128];
             snprintf(why, sizeof why, "the model's template uses '%s', which specd does not reproduce", *u);
@@ -486,8 +524,9 @@ sd_status sd_chat_template_parse(const char *text, size_t len, sd_chat_template 
     static const struct {
         sd_chat_family family;
         const char *const *markers;
-    } sig[] = {{SD_CHAT_FAMILY_CHATML, CHATML},   {SD_CHAT_FAMILY_LLAMA3, LLAMA3}, {SD_CHAT_FAMILY_LLAMA2, LLAMA2},
-               {SD_CHAT_FAMILY_MISTRAL, MISTRAL}, {SD_CHAT_FAMILY_GEMMA, GEMMA},   {SD_CHAT_FAMILY_PHI3, PHI3}};
+    } sig[] = {{SD_CHAT_FAMILY_CHATML, CHATML}, {SD_CHAT_FAMILY_LLAMA3, LLAMA3},   {SD_CHAT_FAMILY_LLAMA2, LLAMA2},
+               {SD_CHAT_FAMILY_CHATML, QWEN},   {SD_CHAT_FAMILY_MISTRAL, MISTRAL}, {SD_CHAT_FAMILY_GEMMA, GEMMA},
+               {SD_CHAT_FAMILY_GEMMA, GEMMA3},  {SD_CHAT_FAMILY_PHI3, PHI3}};
     sd_chat_family found = SD_CHAT_FAMILY_UNSPECIFIED;
     for (size_t i = 0; i < sizeof sig / sizeof sig[0]; i++) {
         if (!has_all(text, len, sig[i].markers)) continue;
@@ -499,7 +538,8 @@ sd_status sd_chat_template_parse(const char *text, size_t len, sd_chat_template 
     sd_status st = new_template(found, &t);
     if (st != SD_OK) return st;
     if (found == SD_CHAT_FAMILY_CHATML) {
-        st = chatml_default_system(text, len, &t->default_system);
+        st = chatml_default_system(text, len, qwen, &t->default_system);
+        if (qwen) t->variant |= VARIANT_ROLES_ONLY;
         if (st == SD_ERR_UNSUPPORTED)
             st = unrecognised("the ChatML template's default system prompt is not a plain text");
     }
@@ -507,6 +547,7 @@ sd_status sd_chat_template_parse(const char *text, size_t len, sd_chat_template 
     if (found == SD_CHAT_FAMILY_PHI3 && has(text, len, "message['role'] == 'system' and message['content']"))
         t->variant |= VARIANT_SYSTEM_NONEMPTY;
     if (found == SD_CHAT_FAMILY_LLAMA3 && !has(text, len, "add_generation_prompt")) t->variant |= VARIANT_ALWAYS_OPEN;
+    if (found == SD_CHAT_FAMILY_GEMMA && has(text, len, "first_user_prefix")) t->variant |= VARIANT_SYSTEM_PREFIX;
     if (st != SD_OK) {
         sd_chat_template_free(&t);
         return st;
@@ -520,6 +561,11 @@ sd_status sd_chat_template_named(const char *name, sd_chat_template **out) {
     *out = NULL;
     for (size_t i = 0; i < N_FAMILIES; i++)
         if (strcmp(name, FAMILY_NAMES[i].name) == 0) return new_template(FAMILY_NAMES[i].family, out);
+    if (strcmp(name, "gemma3") == 0) { /* Gemma 3's template: gemma with a system prefix */
+        SD_TRY(new_template(SD_CHAT_FAMILY_GEMMA, out));
+        (*out)->variant |= VARIANT_SYSTEM_PREFIX;
+        return SD_OK;
+    }
     SD_ERROR("chat template '%s': unknown name (%s)", name, sd_chat_template_names());
     return SD_ERR_INVALID_ARG;
 }
@@ -671,6 +717,13 @@ sd_status sd_chat_template_from_model(const sd_weights *w, const char *path, con
         if (st == SD_OK && text) {
             st = sd_chat_template_parse(text, len, &t);
             if (st == SD_ERR_UNSUPPORTED) SD_ERROR("%s: its chat template is not recognised (see above)", path);
+        } else if (st == SD_OK && sd_tok_find(tok, "<start_of_turn>") >= 0 && sd_tok_find(tok, "<end_of_turn>") >= 0) {
+            /* Gemma's GGUFs often carry no template; ChatML's markers would be
+             * plain text to its tokenizer. */
+            SD_WARN("%s: the model has no chat template; its vocabulary has Gemma's turn tokens: chat is formatted "
+                    "as Gemma 3's",
+                    path);
+            st = sd_chat_template_named("gemma3", &t);
         } else if (st == SD_OK) {
             SD_WARN("%s: the model has no chat template; chat is formatted as ChatML", path);
             st = new_template(SD_CHAT_FAMILY_CHATML, &t);

@@ -1,4 +1,4 @@
-/* tokenizer.c — byte-level BPE (GPT-2 style): tables, encoding, decoding.
+/* tokenizer.c — building the tokenizer's tables; accessors.
  *
  * Built once by sd_tok_build from a validated sd_tok_spec, then immutable:
  *  - token texts and their decoded byte pieces live in two arenas;
@@ -6,66 +6,20 @@
  *    addressing hash maps, so BPE never compares strings;
  *  - control/user-defined tokens are bucketed by first byte, longest first,
  *    so special-token matching is one bucket probe per input byte;
- *  - the pre-tokenizer is a sequence of PCRE2 regexes (UTF + UCP, invalid
- *    UTF-8 tolerated, JIT when available); each regex splits every piece the
- *    previous one produced, keeping matches and the gaps between them
- *    ("isolated"), which is what Hugging Face's Split/ByteLevel/Digits do.
- * BPE merges one piece with a linked list of symbols and a binary heap of
- * candidate pairs ordered by (rank, position); stale heap entries are detected
- * by re-checking ids, so a piece of n bytes costs O(n log n). The naive
- * "rescan for the best pair after every merge" was rejected: it is quadratic
- * and a 100 KB word without spaces is a legal prompt. No cache is kept between
- * calls: every encode allocates its own workspace, so the tokenizer is
- * thread-safe without locks. */
-#include "tokenizer_impl.h"
-
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
+ *  - the pre-tokenizer (byte-level BPE only) is a sequence of PCRE2 regexes
+ *    (UTF + UCP, invalid UTF-8 tolerated, JIT when available).
+ * Two algorithms share these tables: byte-level BPE (model "gpt2",
+ * tokenizer_encode.c) and SentencePiece-style BPE over characters with byte
+ * fallback (model "llama", tokenizer_spm.c, which adds its own tables).
+ * Nothing here depends on the vocabulary size beyond linear work: a 262k
+ * vocabulary (Gemma 3) builds in one pass plus one sort. */
+#include "tokenizer_core.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_PRE_REGEX 2
-#define N_BYTE_CPS    324 /* bytes_to_unicode maps every byte below U+0144 */
-
-typedef struct merge_slot {
-    uint64_t key;   /* (left id << 32) | right id */
-    int32_t rank;   /* -1: empty slot */
-    int32_t result; /* id of the merged token */
-} merge_slot;
-
-struct sd_tok {
-    int32_t n_vocab;
-    char *text_arena;  /* token texts, back to back */
-    size_t *text_off;  /* [n_vocab + 1] */
-    char *piece_arena; /* decoded bytes of each token, NUL after each */
-    size_t *piece_off; /* [n_vocab + 1]; piece i ends 1 before piece_off[i+1] */
-    int32_t *types;    /* [n_vocab] */
-
-    int32_t *tok_slots; /* text -> id, -1 empty; capacity tok_mask + 1 */
-    size_t tok_mask;
-    merge_slot *merge_slots;
-    size_t merge_mask;
-
-    int32_t byte_token[256]; /* id of each byte's symbol token (unk when the vocabulary lacks it) */
-    char byte_sym[256][2];   /* UTF-8 of each byte's symbol (U+0021..U+0143: 1 or 2 bytes) */
-    uint8_t byte_sym_len[256];
-
-    int32_t *special_ids; /* control/user-defined ids, by first byte then longest first */
-    size_t n_special;
-    size_t special_start[257]; /* bucket of first byte b: [special_start[b], special_start[b+1]) */
-
-    pcre2_code *pre_re[MAX_PRE_REGEX];
-    int n_pre_re;
-    bool ignore_merges; /* whole piece found in the vocabulary wins (Llama 3) */
-
-    int32_t bos, eos, unk, pad;
-    bool add_bos;
-    int32_t eog[8];
-    int n_eog;
-    uint64_t vocab_hash;
-};
+#define N_BYTE_CPS 324 /* bytes_to_unicode maps every byte below U+0144 */
 
 /* ---- byte-level symbol table (GPT-2 bytes_to_unicode) ----
  * Printable Latin-1 bytes stand for themselves; the other 68 bytes are mapped
@@ -106,10 +60,7 @@ static size_t utf8_put(uint32_t cp, char *out) {
     return 4;
 }
 
-/* Classifies the UTF-8 sequence at s[0..len), len >= 1: returns n > 0 for a
- * complete character of n bytes (*cp set), 0 for a valid but unfinished
- * prefix, and -n for an invalid maximal subpart of n >= 1 bytes. */
-static int utf8_scan(const unsigned char *s, size_t len, uint32_t *cp) {
+int sd_tok_utf8_scan(const unsigned char *s, size_t len, uint32_t *cp) {
     unsigned b0 = s[0];
     if (b0 < 0x80) {
         *cp = b0;
@@ -141,7 +92,6 @@ static int utf8_scan(const unsigned char *s, size_t len, uint32_t *cp) {
     *cp = v;
     return need;
 }
-
 /* ---- hashing ---- */
 static uint64_t fnv1a(uint64_t h, const void *data, size_t len) {
     const unsigned char *p = data;
@@ -168,24 +118,19 @@ static size_t table_size(size_t n) {
     return cap;
 }
 
-static const char *tok_text(const sd_tok *t, int32_t id, size_t *len) {
-    *len = t->text_off[id + 1] - t->text_off[id];
-    return t->text_arena + t->text_off[id];
-}
-
-static int32_t lookup_text(const sd_tok *t, const char *s, size_t len) {
+int32_t sd_tok_lookup_text(const sd_tok *t, const char *s, size_t len) {
     size_t i = (size_t)fnv1a(FNV_OFFSET, s, len) & t->tok_mask;
     for (;;) {
         int32_t id = t->tok_slots[i];
         if (id < 0) return -1;
         size_t l;
-        const char *txt = tok_text(t, id, &l);
+        const char *txt = sd_tok_text_of(t, id, &l);
         if (l == len && memcmp(txt, s, len) == 0) return id;
         i = (i + 1) & t->tok_mask;
     }
 }
 
-static const merge_slot *lookup_merge(const sd_tok *t, int32_t left, int32_t right) {
+const merge_slot *sd_tok_lookup_merge(const sd_tok *t, int32_t left, int32_t right) {
     uint64_t key = ((uint64_t)(uint32_t)left << 32) | (uint32_t)right;
     size_t i = (size_t)mix64(key) & t->merge_mask;
     for (;;) {
@@ -195,12 +140,15 @@ static const merge_slot *lookup_merge(const sd_tok *t, int32_t left, int32_t rig
         i = (i + 1) & t->merge_mask;
     }
 }
-
 /* ---- pre-tokenizer definitions ---- */
 static const char RE_DIGITS[] = "\\p{N}";
 static const char RE_GPT2[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 static const char RE_LLAMA3[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
                                 "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+/* Qwen2 / Qwen2.5 / Qwen3: Llama 3's regex with single digits. */
+static const char RE_QWEN2[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}"
+                               "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 typedef struct pre_def {
     const char *name;
@@ -213,7 +161,7 @@ static const pre_def PRE_DEFS[] = {
     {"default", {RE_GPT2}, 1, false},           {"gpt2", {RE_GPT2}, 1, false},
     {"smollm", {RE_DIGITS, RE_GPT2}, 2, false}, {"starcoder", {RE_DIGITS, RE_GPT2}, 2, false},
     {"refact", {RE_DIGITS, RE_GPT2}, 2, false}, {"llama-bpe", {RE_LLAMA3}, 1, true},
-    {"llama3", {RE_LLAMA3}, 1, true},
+    {"llama3", {RE_LLAMA3}, 1, true},           {"qwen2", {RE_QWEN2}, 1, false},
 };
 #define N_PRE_DEFS (sizeof PRE_DEFS / sizeof PRE_DEFS[0])
 
@@ -252,13 +200,11 @@ void sd_tok_free(sd_tok **tp) {
     free(t->tok_slots);
     free(t->merge_slots);
     free(t->special_ids);
+    free(t->score_rank);
     for (int i = 0; i < t->n_pre_re; i++) pcre2_code_free(t->pre_re[i]);
     free(t);
     *tp = NULL;
 }
-
-/* Log-safe preview of a token text: at most 48 bytes. */
-#define PREVIEW(tx) (int)((tx).len > 48 ? 48 : (tx).len), (tx).ptr
 
 static sd_status build_texts(sd_tok *t, const sd_tok_spec *spec) {
     size_t n = spec->n_tokens, total = 0;
@@ -292,7 +238,9 @@ static sd_status build_texts(sd_tok *t, const sd_tok_spec *spec) {
         to += tx.len;
         t->piece_off[i] = po;
         bool verbatim = type == SD_TOK_TYPE_CONTROL || type == SD_TOK_TYPE_USER_DEFINED || type == SD_TOK_TYPE_UNKNOWN;
-        if (verbatim) {
+        if (t->algo == SD_TOK_ALGO_SPM) {
+            po += sd_tok_spm_piece(tx, type, t->piece_arena + po);
+        } else if (verbatim) {
             if (tx.len) memcpy(t->piece_arena + po, tx.ptr, tx.len);
             po += tx.len;
         } else {
@@ -302,7 +250,7 @@ static sd_status build_texts(sd_tok *t, const sd_tok_spec *spec) {
             size_t k = 0;
             while (k < tx.len) {
                 uint32_t cp = 0;
-                int r = utf8_scan(s + k, tx.len - k, &cp);
+                int r = sd_tok_utf8_scan(s + k, tx.len - k, &cp);
                 if (r > 0 && cp < N_BYTE_CPS && byte_of_cp[cp] >= 0) {
                     t->piece_arena[po++] = (char)byte_of_cp[cp];
                     k += (size_t)r;
@@ -325,12 +273,12 @@ static sd_status build_texts(sd_tok *t, const sd_tok_spec *spec) {
     memset(t->tok_slots, 0xFF, (t->tok_mask + 1) * sizeof *t->tok_slots);
     for (size_t i = 0; i < n; i++) {
         size_t len;
-        const char *s = tok_text(t, (int32_t)i, &len);
+        const char *s = sd_tok_text_of(t, (int32_t)i, &len);
         size_t h = (size_t)fnv1a(FNV_OFFSET, s, len) & t->tok_mask;
         bool dup = false;
         while (t->tok_slots[h] >= 0) {
             size_t l2;
-            const char *s2 = tok_text(t, t->tok_slots[h], &l2);
+            const char *s2 = sd_tok_text_of(t, t->tok_slots[h], &l2);
             if (l2 == len && memcmp(s, s2, len) == 0) {
                 dup = true;
                 break;
@@ -343,6 +291,7 @@ static sd_status build_texts(sd_tok *t, const sd_tok_spec *spec) {
             t->tok_slots[h] = (int32_t)i;
     }
 
+    if (t->algo == SD_TOK_ALGO_SPM) return SD_OK; /* byte fallback: sd_tok_spm_build */
     /* Real vocabularies lack some bytes (SmolLM2 has no symbol for 0x04 or
      * for bytes that never occur in UTF-8, like 0xFF); those encode as the
      * unknown token, as Hugging Face's BPE does with an unk_token set. */
@@ -352,7 +301,7 @@ static sd_status build_texts(sd_tok *t, const sd_tok_spec *spec) {
         size_t l = utf8_put(cp_of_byte[b], sym);
         memcpy(t->byte_sym[b], sym, l);
         t->byte_sym_len[b] = (uint8_t)l;
-        t->byte_token[b] = lookup_text(t, sym, l);
+        t->byte_token[b] = sd_tok_lookup_text(t, sym, l);
         if (t->byte_token[b] >= 0) continue;
         if (spec->unk < 0) {
             SD_ERROR("tokenizer: byte-level vocabulary lacks the symbol '%.*s' for byte 0x%02x and has no "
@@ -382,13 +331,17 @@ static sd_status build_merges(sd_tok *t, const sd_tok_spec *spec) {
         /* The separator is the first space after the first byte, so a left
          * part may itself start with a space (as llama.cpp reads them). */
         const char *sp = m.len > 1 && m.ptr ? memchr(m.ptr + 1, ' ', m.len - 1) : NULL;
+        if (spec->merge_left_len) {
+            uint32_t ll = spec->merge_left_len[r];
+            sp = m.ptr && ll > 0 && (size_t)ll + 1 < m.len && m.ptr[ll] == ' ' ? m.ptr + ll : NULL;
+        }
         if (!sp || sp + 1 == m.ptr + m.len) {
             SD_ERROR("tokenizer: merge %zu '%.*s' is not of the form 'left right'", r, PREVIEW(m));
             st = SD_ERR_FORMAT;
             break;
         }
         size_t ll = (size_t)(sp - m.ptr), rl = m.len - ll - 1;
-        int32_t left = lookup_text(t, m.ptr, ll), right = lookup_text(t, sp + 1, rl);
+        int32_t left = sd_tok_lookup_text(t, m.ptr, ll), right = sd_tok_lookup_text(t, sp + 1, rl);
         if (left < 0 || right < 0) {
             SD_ERROR("tokenizer: merge %zu '%.*s': %s part not in the vocabulary", r, PREVIEW(m),
                      left < 0 ? "left" : "right");
@@ -406,7 +359,7 @@ static sd_status build_merges(sd_tok *t, const sd_tok_spec *spec) {
         }
         memcpy(joined, m.ptr, ll);
         memcpy(joined + ll, sp + 1, rl);
-        int32_t result = lookup_text(t, joined, ll + rl);
+        int32_t result = sd_tok_lookup_text(t, joined, ll + rl);
         if (result < 0) {
             SD_ERROR("tokenizer: merge %zu '%.*s': result '%.*s' not in the vocabulary", r, PREVIEW(m),
                      (int)(ll + rl > 48 ? 48 : ll + rl), joined);
@@ -427,28 +380,34 @@ static int cmp_special(const void *a, const void *b, void *ctx) {
     const sd_tok *t = ctx;
     int32_t ia = *(const int32_t *)a, ib = *(const int32_t *)b;
     size_t la, lb;
-    const unsigned char *ta = (const unsigned char *)tok_text(t, ia, &la);
-    const unsigned char *tb = (const unsigned char *)tok_text(t, ib, &lb);
+    const unsigned char *ta = (const unsigned char *)sd_tok_text_of(t, ia, &la);
+    const unsigned char *tb = (const unsigned char *)sd_tok_text_of(t, ib, &lb);
     if (ta[0] != tb[0]) return ta[0] < tb[0] ? -1 : 1;
     if (la != lb) return la > lb ? -1 : 1;
     return ia < ib ? -1 : ia > ib;
+}
+
+/* Tokens matched as whole strings before the model's algorithm runs:
+ * user-defined ones always, control and unknown-type ones (<unk>) only
+ * where special tokens are allowed (tokenizer_encode.c). */
+static bool is_special_type(int32_t type) {
+    return type == SD_TOK_TYPE_CONTROL || type == SD_TOK_TYPE_USER_DEFINED || type == SD_TOK_TYPE_UNKNOWN;
 }
 
 static sd_status build_specials(sd_tok *t) {
     size_t n = 0;
     for (int32_t i = 0; i < t->n_vocab; i++) {
         size_t l;
-        tok_text(t, i, &l);
-        if ((t->types[i] == SD_TOK_TYPE_CONTROL || t->types[i] == SD_TOK_TYPE_USER_DEFINED) && l > 0) n++;
+        sd_tok_text_of(t, i, &l);
+        if (is_special_type(t->types[i]) && l > 0) n++;
     }
     t->special_ids = malloc((n ? n : 1) * sizeof *t->special_ids);
     if (!t->special_ids) return SD_ERR_NOMEM;
     t->n_special = 0;
     for (int32_t i = 0; i < t->n_vocab; i++) {
         size_t l;
-        tok_text(t, i, &l);
-        if ((t->types[i] == SD_TOK_TYPE_CONTROL || t->types[i] == SD_TOK_TYPE_USER_DEFINED) && l > 0)
-            t->special_ids[t->n_special++] = i;
+        sd_tok_text_of(t, i, &l);
+        if (is_special_type(t->types[i]) && l > 0) t->special_ids[t->n_special++] = i;
     }
     qsort_r(t->special_ids, t->n_special, sizeof *t->special_ids, cmp_special, t);
     size_t k = 0;
@@ -456,7 +415,7 @@ static sd_status build_specials(sd_tok *t) {
         t->special_start[b] = k;
         while (k < t->n_special) {
             size_t l;
-            const unsigned char *s = (const unsigned char *)tok_text(t, t->special_ids[k], &l);
+            const unsigned char *s = (const unsigned char *)sd_tok_text_of(t, t->special_ids[k], &l);
             if (s[0] != b) break;
             k++;
         }
@@ -502,21 +461,36 @@ static void add_eog(sd_tok *t, int32_t id) {
     t->eog[t->n_eog++] = id;
 }
 
-static sd_status build(sd_tok *t, const sd_tok_spec *spec) {
-    if (!text_eq(spec->model, "gpt2")) {
-        SD_ERROR("tokenizer: model '%.*s' is not supported (only 'gpt2', byte-level BPE)", PREVIEW(spec->model));
-        return SD_ERR_UNSUPPORTED;
-    }
-    const pre_def *def = NULL;
+/* The pre-tokenizer set of a byte-level spec (logged and NULL when unknown). */
+static const pre_def *find_pre(const sd_tok_spec *spec) {
     sd_tok_text pre = spec->pre.len ? spec->pre : (sd_tok_text){"default", 7};
     for (size_t i = 0; i < N_PRE_DEFS; i++)
-        if (text_eq(pre, PRE_DEFS[i].name)) def = &PRE_DEFS[i];
-    if (!def) {
-        char names[256] = "";
-        size_t at = 0;
-        for (size_t i = 0; i < N_PRE_DEFS && at < sizeof names; i++)
-            at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", i ? ", " : "", PRE_DEFS[i].name);
-        SD_ERROR("tokenizer: pre-tokenizer '%.*s' is not supported (supported: %s)", PREVIEW(pre), names);
+        if (text_eq(pre, PRE_DEFS[i].name)) return &PRE_DEFS[i];
+    char names[256] = "";
+    size_t at = 0;
+    for (size_t i = 0; i < N_PRE_DEFS && at < sizeof names; i++)
+        at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", i ? ", " : "", PRE_DEFS[i].name);
+    SD_ERROR("tokenizer: pre-tokenizer '%.*s' is not supported (supported: %s)", PREVIEW(pre), names);
+    return NULL;
+}
+
+static sd_status build(sd_tok *t, const sd_tok_spec *spec) {
+    const pre_def *def = NULL;
+    if (text_eq(spec->model, "gpt2")) {
+        t->algo = SD_TOK_ALGO_BYTE_BPE;
+        if (!(def = find_pre(spec))) return SD_ERR_UNSUPPORTED;
+    } else if (text_eq(spec->model, "llama")) {
+        /* SentencePiece has no pre-tokenizer: tokenizer.ggml.pre is ignored,
+         * as llama.cpp ignores it for this model. */
+        t->algo = SD_TOK_ALGO_SPM;
+        if (!spec->scores && !spec->n_merges) {
+            SD_ERROR("tokenizer: SentencePiece vocabulary has neither scores nor merges");
+            return SD_ERR_FORMAT;
+        }
+    } else {
+        SD_ERROR("tokenizer: model '%.*s' is not supported (supported: 'gpt2' byte-level BPE, 'llama' SentencePiece "
+                 "BPE)",
+                 PREVIEW(spec->model));
         return SD_ERR_UNSUPPORTED;
     }
     if (spec->n_tokens == 0 || spec->n_tokens > (size_t)INT32_MAX || !spec->tokens) {
@@ -532,24 +506,27 @@ static sd_status build(sd_tok *t, const sd_tok_spec *spec) {
     SD_TRY(check_id("padding", spec->pad, spec->n_tokens, &t->pad));
     SD_TRY(check_id("eot", spec->eot, spec->n_tokens, &eot));
     t->add_bos = spec->add_bos;
+    t->add_eos = spec->add_eos;
+    t->space_prefix = t->algo == SD_TOK_ALGO_SPM ? spec->space_prefix : SD_TOK_SPACE_PREFIX_NONE;
 
     SD_TRY(build_texts(t, spec));
-    SD_TRY(build_merges(t, spec));
+    if (t->algo == SD_TOK_ALGO_SPM) SD_TRY(sd_tok_spm_build(t, spec));
+    if (!t->score_rank) SD_TRY(build_merges(t, spec));
     SD_TRY(build_specials(t));
-    SD_TRY(build_regexes(t, def));
+    if (def) SD_TRY(build_regexes(t, def));
 
     add_eog(t, t->eos);
     add_eog(t, eot);
-    static const char *const eog_texts[] = {"<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|eom_id|>",
-                                            "<|end_of_text|>"};
+    static const char *const eog_texts[] = {"<|im_end|>",      "<|eot_id|>",    "<|endoftext|>", "<|eom_id|>",
+                                            "<|end_of_text|>", "<end_of_turn>", "<|end|>"};
     for (size_t i = 0; i < sizeof eog_texts / sizeof eog_texts[0]; i++)
-        add_eog(t, lookup_text(t, eog_texts[i], strlen(eog_texts[i])));
+        add_eog(t, sd_tok_lookup_text(t, eog_texts[i], strlen(eog_texts[i])));
 
     /* Hash: per token, its length (u32 LE), its text, its type (u32 LE). */
     uint64_t h = FNV_OFFSET;
     for (int32_t i = 0; i < t->n_vocab; i++) {
         size_t len;
-        const char *s = tok_text(t, i, &len);
+        const char *s = sd_tok_text_of(t, i, &len);
         uint32_t l32 = (uint32_t)len, ty = (uint32_t)t->types[i];
         unsigned char le[4] = {(unsigned char)l32, (unsigned char)(l32 >> 8), (unsigned char)(l32 >> 16),
                                (unsigned char)(l32 >> 24)};
@@ -584,7 +561,20 @@ int32_t sd_tok_n_vocab(const sd_tok *t) { return t->n_vocab; }
 int32_t sd_tok_bos(const sd_tok *t) { return t->bos; }
 int32_t sd_tok_eos(const sd_tok *t) { return t->eos; }
 bool sd_tok_add_bos(const sd_tok *t) { return t->add_bos; }
+bool sd_tok_add_eos(const sd_tok *t) { return t->add_eos; }
+bool sd_tok_is_spm(const sd_tok *t) { return t->algo == SD_TOK_ALGO_SPM; }
 uint64_t sd_tok_vocab_hash(const sd_tok *t) { return t->vocab_hash; }
+
+size_t sd_tok_memory_bytes(const sd_tok *t) {
+    size_t n = (size_t)t->n_vocab, b = sizeof *t;
+    b += t->text_off[n] + t->piece_off[n];                   /* the two arenas */
+    b += 2 * (n + 1) * sizeof(size_t) + n * sizeof(int32_t); /* offsets, types */
+    b += (t->tok_mask + 1) * sizeof *t->tok_slots;
+    if (t->merge_slots) b += (t->merge_mask + 1) * sizeof *t->merge_slots;
+    if (t->score_rank) b += n * sizeof *t->score_rank;
+    b += t->n_special * sizeof *t->special_ids;
+    return b;
+}
 
 bool sd_tok_is_eog(const sd_tok *t, int32_t id) {
     for (int i = 0; i < t->n_eog; i++)
@@ -594,7 +584,7 @@ bool sd_tok_is_eog(const sd_tok *t, int32_t id) {
 
 int32_t sd_tok_find(const sd_tok *t, const char *text) {
     if (!text) return -1;
-    return lookup_text(t, text, strlen(text));
+    return sd_tok_lookup_text(t, text, strlen(text));
 }
 
 const char *sd_tok_piece(const sd_tok *t, int32_t id, size_t *len) {
@@ -604,362 +594,4 @@ const char *sd_tok_piece(const sd_tok *t, int32_t id, size_t *len) {
     }
     if (len) *len = t->piece_off[id + 1] - t->piece_off[id] - 1;
     return t->piece_arena + t->piece_off[id];
-}
-
-/* ---- encoding ---- */
-typedef struct bpe_sym {
-    int32_t id; /* -1: merged into its left neighbour */
-    int32_t prev, next;
-} bpe_sym;
-
-typedef struct bpe_cand {
-    int32_t rank, pos; /* heap order: rank, then leftmost */
-    int32_t right_pos;
-    int32_t left, right, result;
-} bpe_cand;
-
-typedef struct enc_ctx {
-    const sd_tok *t;
-    pcre2_match_data *md[MAX_PRE_REGEX];
-    int32_t *ids;
-    size_t n_ids, cap_ids;
-    bpe_sym *syms;
-    size_t cap_syms;
-    bpe_cand *heap;
-    size_t n_heap, cap_heap;
-    char *symtext; /* byte-level text of a piece (ignore_merges lookup) */
-    size_t cap_symtext;
-} enc_ctx;
-
-static sd_status grow(void **p, size_t *cap, size_t need, size_t elem) {
-    if (need <= *cap) return SD_OK;
-    size_t nc = *cap ? *cap : 64;
-    while (nc < need) {
-        if (!sd_mul_ok(nc, 2, &nc)) return SD_ERR_NOMEM;
-    }
-    size_t bytes;
-    if (!sd_mul_ok(nc, elem, &bytes)) return SD_ERR_NOMEM;
-    void *np = realloc(*p, bytes);
-    if (!np) return SD_ERR_NOMEM;
-    *p = np;
-    *cap = nc;
-    return SD_OK;
-}
-
-static sd_status push_id(enc_ctx *c, int32_t id) {
-    SD_TRY(grow((void **)&c->ids, &c->cap_ids, c->n_ids + 1, sizeof *c->ids));
-    c->ids[c->n_ids++] = id;
-    return SD_OK;
-}
-
-static bool cand_less(const bpe_cand *a, const bpe_cand *b) {
-    return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
-}
-
-static sd_status heap_push_pair(enc_ctx *c, int32_t l, int32_t r) {
-    const merge_slot *m = lookup_merge(c->t, c->syms[l].id, c->syms[r].id);
-    if (!m) return SD_OK;
-    SD_TRY(grow((void **)&c->heap, &c->cap_heap, c->n_heap + 1, sizeof *c->heap));
-    bpe_cand cand = {m->rank, l, r, c->syms[l].id, c->syms[r].id, m->result};
-    size_t i = c->n_heap++;
-    while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!cand_less(&cand, &c->heap[parent])) break;
-        c->heap[i] = c->heap[parent];
-        i = parent;
-    }
-    c->heap[i] = cand;
-    return SD_OK;
-}
-
-static bpe_cand heap_pop(enc_ctx *c) {
-    bpe_cand top = c->heap[0];
-    bpe_cand last = c->heap[--c->n_heap];
-    size_t i = 0, n = c->n_heap;
-    for (;;) {
-        size_t kid = 2 * i + 1;
-        if (kid >= n) break;
-        if (kid + 1 < n && cand_less(&c->heap[kid + 1], &c->heap[kid])) kid++;
-        if (!cand_less(&c->heap[kid], &last)) break;
-        c->heap[i] = c->heap[kid];
-        i = kid;
-    }
-    if (n) c->heap[i] = last;
-    return top;
-}
-
-/* BPE over one pre-tokenized piece of raw bytes; appends its ids. */
-static sd_status bpe_piece(enc_ctx *c, const unsigned char *s, size_t len) {
-    const sd_tok *t = c->t;
-    if (len == 1) return push_id(c, t->byte_token[s[0]]);
-    if (len > (size_t)INT32_MAX / 4) return SD_ERR_RANGE;
-    if (t->ignore_merges) {
-        SD_TRY(grow((void **)&c->symtext, &c->cap_symtext, 2 * len, 1));
-        size_t n = 0;
-        for (size_t i = 0; i < len; i++) {
-            memcpy(c->symtext + n, t->byte_sym[s[i]], t->byte_sym_len[s[i]]);
-            n += t->byte_sym_len[s[i]];
-        }
-        int32_t whole = lookup_text(t, c->symtext, n);
-        if (whole >= 0) return push_id(c, whole);
-    }
-    SD_TRY(grow((void **)&c->syms, &c->cap_syms, len, sizeof *c->syms));
-    for (size_t i = 0; i < len; i++)
-        c->syms[i] = (bpe_sym){t->byte_token[s[i]], (int32_t)i - 1, i + 1 < len ? (int32_t)i + 1 : -1};
-    c->n_heap = 0;
-    for (size_t i = 0; i + 1 < len; i++) SD_TRY(heap_push_pair(c, (int32_t)i, (int32_t)i + 1));
-    while (c->n_heap) {
-        bpe_cand m = heap_pop(c);
-        bpe_sym *l = &c->syms[m.pos];
-        /* Stale when either side has merged since: a symbol only ever grows,
-         * so an unchanged id at an unchanged position means unchanged. */
-        if (l->id != m.left || l->next != m.right_pos || c->syms[m.right_pos].id != m.right) continue;
-        bpe_sym *r = &c->syms[m.right_pos];
-        l->id = m.result;
-        l->next = r->next;
-        if (r->next >= 0) c->syms[r->next].prev = m.pos;
-        r->id = -1;
-        if (l->prev >= 0) SD_TRY(heap_push_pair(c, l->prev, m.pos));
-        if (c->syms[m.pos].next >= 0) SD_TRY(heap_push_pair(c, m.pos, c->syms[m.pos].next));
-    }
-    for (int32_t i = 0; i >= 0; i = c->syms[i].next) SD_TRY(push_id(c, c->syms[i].id));
-    return SD_OK;
-}
-
-/* Splits s[0..len) with pre-tokenizer regex `level`, passing every match and
- * every gap between matches on to the next level; the last level runs BPE. */
-static sd_status pre_split(enc_ctx *c, int level, const char *s, size_t len) {
-    if (len == 0) return SD_OK;
-    if (level == c->t->n_pre_re) return bpe_piece(c, (const unsigned char *)s, len);
-    const pcre2_code *re = c->t->pre_re[level];
-    pcre2_match_data *md = c->md[level];
-    size_t off = 0;
-    while (off < len) {
-        int rc = pcre2_match(re, (PCRE2_SPTR)s, len, off, 0, md, NULL);
-        /* JIT runs on a small fixed stack; the interpreter's heap frames
-         * take over for the rare match that needs more. */
-        if (rc == PCRE2_ERROR_JIT_STACKLIMIT) rc = pcre2_match(re, (PCRE2_SPTR)s, len, off, PCRE2_NO_JIT, md, NULL);
-        if (rc == PCRE2_ERROR_NOMATCH) break;
-        if (rc < 0) {
-            PCRE2_UCHAR msg[256];
-            pcre2_get_error_message(rc, msg, sizeof msg);
-            SD_ERROR("tokenizer: pre-tokenizer match failed: %s", (const char *)msg);
-            return SD_ERR_INTERNAL;
-        }
-        const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
-        size_t start = ov[0], end = ov[1];
-        if (end <= start || start < off || end > len) {
-            SD_ERROR("tokenizer: pre-tokenizer produced an empty or misplaced match");
-            return SD_ERR_INTERNAL;
-        }
-        SD_TRY(pre_split(c, level + 1, s + off, start - off));
-        SD_TRY(pre_split(c, level + 1, s + start, end - start));
-        off = end;
-    }
-    return pre_split(c, level + 1, s + off, len - off);
-}
-
-/* Longest control/user-defined token starting at s[0..len), or -1. */
-static int32_t match_special(const sd_tok *t, const unsigned char *s, size_t len, size_t *match_len) {
-    for (size_t k = t->special_start[s[0]]; k < t->special_start[s[0] + 1]; k++) {
-        int32_t id = t->special_ids[k];
-        size_t l;
-        const char *txt = tok_text(t, id, &l);
-        if (l <= len && memcmp(txt, s, l) == 0) {
-            *match_len = l;
-            return id;
-        }
-    }
-    return -1;
-}
-
-/* Encodes text: with parse_special, special tokens are matched wherever a
- * whole match lies in bytes where no_special is 0 (no_special NULL: all). */
-static sd_status encode(enc_ctx *c, const char *text, size_t len, bool parse_special, const uint8_t *no_special) {
-    for (int i = 0; i < c->t->n_pre_re; i++) {
-        c->md[i] = pcre2_match_data_create_from_pattern(c->t->pre_re[i], NULL);
-        if (!c->md[i]) return SD_ERR_NOMEM;
-    }
-    size_t seg = 0;
-    if (parse_special && c->t->n_special) {
-        size_t markup_end = 0; /* markup (no_special 0) runs from pos to markup_end */
-        for (size_t pos = 0; pos < len;) {
-            if (no_special && no_special[pos]) {
-                pos++;
-                continue;
-            }
-            if (markup_end <= pos) {
-                markup_end = pos;
-                while (markup_end < len && !(no_special && no_special[markup_end])) markup_end++;
-            }
-            size_t ml = 0;
-            int32_t id = match_special(c->t, (const unsigned char *)text + pos, markup_end - pos, &ml);
-            if (id < 0) {
-                pos++;
-                continue;
-            }
-            SD_TRY(pre_split(c, 0, text + seg, pos - seg));
-            SD_TRY(push_id(c, id));
-            pos += ml;
-            seg = pos;
-        }
-    }
-    return pre_split(c, 0, text + seg, len - seg);
-}
-
-static sd_status encode_text(const sd_tok *t, const char *text, size_t len, bool parse_special,
-                             const uint8_t *no_special, int32_t **ids, size_t *n_ids) {
-    if (!t || (!text && len) || !ids || !n_ids) return SD_ERR_INVALID_ARG;
-    *ids = NULL;
-    *n_ids = 0;
-    enc_ctx c;
-    memset(&c, 0, sizeof c);
-    c.t = t;
-    sd_status st = encode(&c, text ? text : "", len, parse_special, no_special);
-    for (int i = 0; i < t->n_pre_re; i++) pcre2_match_data_free(c.md[i]);
-    free(c.syms);
-    free(c.heap);
-    free(c.symtext);
-    if (st != SD_OK) {
-        free(c.ids);
-        return st;
-    }
-    if (!c.ids) { /* empty text: still hand back a freeable array */
-        c.ids = malloc(sizeof *c.ids);
-        if (!c.ids) return SD_ERR_NOMEM;
-    }
-    *ids = c.ids;
-    *n_ids = c.n_ids;
-    return SD_OK;
-}
-
-sd_status sd_tok_encode(const sd_tok *t, const char *text, size_t len, bool parse_special, int32_t **ids,
-                        size_t *n_ids) {
-    return encode_text(t, text, len, parse_special, NULL, ids, n_ids);
-}
-
-sd_status sd_tok_encode_masked(const sd_tok *t, const char *text, size_t len, const uint8_t *no_special, int32_t **ids,
-                               size_t *n_ids) {
-    return encode_text(t, text, len, true, no_special, ids, n_ids);
-}
-
-/* ---- decoding ---- */
-sd_status sd_tok_decode(const sd_tok *t, const int32_t *ids, size_t n, char **text, size_t *len) {
-    if (!t || (!ids && n) || !text) return SD_ERR_INVALID_ARG;
-    *text = NULL;
-    size_t total = 0;
-    for (size_t i = 0; i < n; i++) {
-        size_t l;
-        if (!sd_tok_piece(t, ids[i], &l)) {
-            SD_ERROR("tokenizer: decode: token id %d at %zu is out of range", ids[i], i);
-            return SD_ERR_RANGE;
-        }
-        if (!sd_add_ok(total, l, &total)) return SD_ERR_RANGE;
-    }
-    char *out = malloc(total + 1);
-    if (!out) return SD_ERR_NOMEM;
-    size_t at = 0;
-    for (size_t i = 0; i < n; i++) {
-        size_t l;
-        const char *p = sd_tok_piece(t, ids[i], &l);
-        memcpy(out + at, p, l);
-        at += l;
-    }
-    out[at] = '\0';
-    *text = out;
-    if (len) *len = at;
-    return SD_OK;
-}
-
-/* ---- streaming decoder ----
- * Holds at most 3 bytes: the valid start of a character whose remaining bytes
- * have not arrived yet. Everything else is emitted as soon as it is known:
- * complete characters as they are, each invalid maximal subpart as U+FFFD. */
-struct sd_tok_stream {
-    const sd_tok *t;
-    unsigned char pending[4];
-    size_t n_pending;
-};
-
-sd_tok_stream *sd_tok_stream_new(const sd_tok *t) {
-    if (!t) return NULL;
-    sd_tok_stream *s = calloc(1, sizeof *s);
-    if (s) s->t = t;
-    return s;
-}
-
-void sd_tok_stream_free(sd_tok_stream **s) {
-    if (!s || !*s) return;
-    free(*s);
-    *s = NULL;
-}
-
-static const char REPLACEMENT[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
-
-static bool out_put(char *out, size_t cap, size_t *at, const void *p, size_t n) {
-    if (n > cap - *at) return false;
-    memcpy(out + *at, p, n);
-    *at += n;
-    return true;
-}
-
-sd_status sd_tok_stream_push(sd_tok_stream *s, int32_t id, char *out, size_t cap, size_t *out_len) {
-    if (!s || (!out && cap) || !out_len) return SD_ERR_INVALID_ARG;
-    *out_len = 0;
-    size_t plen;
-    const unsigned char *piece = (const unsigned char *)sd_tok_piece(s->t, id, &plen);
-    if (!piece) return SD_ERR_RANGE;
-    size_t at = 0, k = 0; /* k: bytes of piece consumed */
-    unsigned char pending[4];
-    size_t n_pending = s->n_pending;
-    memcpy(pending, s->pending, sizeof pending);
-    if (n_pending) {
-        /* Finish (or break) the held-back character with the piece's first bytes. */
-        unsigned char head[8];
-        size_t take = plen < 4 ? plen : 4;
-        memcpy(head, pending, n_pending);
-        memcpy(head + n_pending, piece, take);
-        uint32_t cp;
-        int r = utf8_scan(head, n_pending + take, &cp);
-        if (r == 0) {
-            memcpy(pending + n_pending, piece, plen); /* still unfinished: plen < 4 - n_pending */
-            n_pending += plen;
-            k = plen;
-        } else if (r > 0) {
-            if (!out_put(out, cap, &at, head, (size_t)r)) return SD_ERR_INVALID_ARG;
-            k = (size_t)r - n_pending;
-            n_pending = 0;
-        } else {
-            if (!out_put(out, cap, &at, REPLACEMENT, 3)) return SD_ERR_INVALID_ARG;
-            k = (size_t)-r > n_pending ? (size_t)-r - n_pending : 0;
-            n_pending = 0;
-        }
-    }
-    while (k < plen) {
-        uint32_t cp;
-        int r = utf8_scan(piece + k, plen - k, &cp);
-        if (r == 0) {
-            n_pending = plen - k;
-            memcpy(pending, piece + k, n_pending);
-            break;
-        }
-        bool ok = r > 0 ? out_put(out, cap, &at, piece + k, (size_t)r) : out_put(out, cap, &at, REPLACEMENT, 3);
-        if (!ok) return SD_ERR_INVALID_ARG;
-        k += (size_t)(r > 0 ? r : -r);
-    }
-    memcpy(s->pending, pending, sizeof pending);
-    s->n_pending = n_pending;
-    *out_len = at;
-    return SD_OK;
-}
-
-sd_status sd_tok_stream_flush(sd_tok_stream *s, char *out, size_t cap, size_t *out_len) {
-    if (!s || (!out && cap) || !out_len) return SD_ERR_INVALID_ARG;
-    *out_len = 0;
-    if (!s->n_pending) return SD_OK;
-    size_t at = 0;
-    if (!out_put(out, cap, &at, REPLACEMENT, 3)) return SD_ERR_INVALID_ARG;
-    s->n_pending = 0;
-    *out_len = at;
-    return SD_OK;
 }

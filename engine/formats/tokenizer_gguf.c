@@ -1,5 +1,9 @@
 /* tokenizer_gguf.c — sd_tok_from_gguf: gathers tokenizer.ggml.* into a spec.
  *
+ * Model "gpt2" (byte-level BPE: tokens, merges, pre) and "llama"
+ * (SentencePiece: tokens, scores, token types, add_space_prefix; merges
+ * when a converter wrote them instead of scores).
+ *
  * Only reads and type-checks GGUF metadata; every semantic check (ids in
  * range, merges well formed, model and pre-tokenizer supported) lives in
  * sd_tok_build so that other sources of vocabularies get the same checks. The
@@ -134,6 +138,41 @@ static sd_status get_text(const sd_gguf *g, const char *key, bool required, sd_t
     return SD_OK;
 }
 
+/* A bool flag; def when absent. */
+static sd_status get_flag(const sd_gguf *g, const char *key, bool def, bool *out) {
+    bool v = def;
+    sd_status st = sd_gguf_get_bool(g, key, &v);
+    if (st == SD_ERR_NOT_FOUND)
+        v = def;
+    else if (st != SD_OK) {
+        SD_ERROR("tokenizer: %s is not a bool", key);
+        return st;
+    }
+    *out = v;
+    return SD_OK;
+}
+
+/* SentencePiece scores: a float32 array of one entry per token (required:
+ * without scores or merges nothing can merge). Caller frees *out. */
+static sd_status get_scores(const sd_gguf *g, size_t n_tokens, float **out) {
+    *out = NULL;
+    const char *key = KEY_PREFIX "scores";
+    sd_gguf_type et;
+    uint64_t len;
+    sd_status st = sd_gguf_get_arr(g, key, &et, &len);
+    if (st != SD_OK || et != SD_GGUF_TYPE_FLOAT32 || len != n_tokens) {
+        SD_ERROR("tokenizer: %s must be a float32 array of %zu entries (one per token)", key, n_tokens);
+        return st == SD_OK || st == SD_ERR_NOT_FOUND ? SD_ERR_FORMAT : st;
+    }
+    const void *data;
+    SD_TRY(sd_gguf_get_arr_data(g, key, &data, &len));
+    float *scores = malloc((n_tokens ? n_tokens : 1) * sizeof *scores);
+    if (!scores) return SD_ERR_NOMEM;
+    if (n_tokens) memcpy(scores, data, n_tokens * sizeof *scores);
+    *out = scores;
+    return SD_OK;
+}
+
 static sd_status gather_and_build(const sd_gguf *g, sd_tok_spec *spec, sd_tok **out) {
     SD_TRY(get_text(g, KEY_PREFIX "model", true, &spec->model));
     SD_TRY(get_text(g, KEY_PREFIX "pre", false, &spec->pre));
@@ -142,34 +181,40 @@ static sd_status gather_and_build(const sd_gguf *g, sd_tok_spec *spec, sd_tok **
     SD_TRY(get_id(g, KEY_PREFIX "unknown_token_id", &spec->unk));
     SD_TRY(get_id(g, KEY_PREFIX "padding_token_id", &spec->pad));
     SD_TRY(get_id(g, KEY_PREFIX "eot_token_id", &spec->eot));
-    bool add_bos = false;
-    sd_status st = sd_gguf_get_bool(g, KEY_PREFIX "add_bos_token", &add_bos);
-    if (st != SD_OK && st != SD_ERR_NOT_FOUND) {
-        SD_ERROR("tokenizer: " KEY_PREFIX "add_bos_token is not a bool");
-        return st;
-    }
-    spec->add_bos = add_bos;
+    bool spm = spec->model.len == 5 && memcmp(spec->model.ptr, "llama", 5) == 0;
+    bool gpt2 = spec->model.len == 4 && memcmp(spec->model.ptr, "gpt2", 4) == 0;
+    /* llama.cpp's defaults: SentencePiece adds BOS and a space prefix unless
+     * the file says otherwise; byte-level BPE adds neither. */
+    bool add_space_prefix = spm;
+    SD_TRY(get_flag(g, KEY_PREFIX "add_bos_token", spm, &spec->add_bos));
+    SD_TRY(get_flag(g, KEY_PREFIX "add_eos_token", false, &spec->add_eos));
+    SD_TRY(get_flag(g, KEY_PREFIX "add_space_prefix", spm, &add_space_prefix));
+    spec->space_prefix = add_space_prefix ? SD_TOK_SPACE_PREFIX_ALWAYS : SD_TOK_SPACE_PREFIX_NONE;
     /* Check the model before the big arrays so an unsupported tokenizer gets
      * the clear "unsupported" error, not a complaint about missing merges. */
-    if (spec->model.len != 4 || memcmp(spec->model.ptr, "gpt2", 4) != 0) return sd_tok_build(spec, out);
+    if (!spm && !gpt2) return sd_tok_build(spec, out);
 
     sd_tok_text *tokens = NULL, *merges = NULL;
     int32_t *types = NULL;
+    float *scores = NULL;
     size_t n_tokens = 0, n_merges = 0;
-    st = get_str_array(g, KEY_PREFIX "tokens", true, &tokens, &n_tokens);
-    if (st == SD_OK) st = get_str_array(g, KEY_PREFIX "merges", true, &merges, &n_merges);
+    sd_status st = get_str_array(g, KEY_PREFIX "tokens", true, &tokens, &n_tokens);
+    if (st == SD_OK) st = get_str_array(g, KEY_PREFIX "merges", gpt2, &merges, &n_merges);
     if (st == SD_OK) st = get_types(g, n_tokens, &types);
+    if (st == SD_OK && spm && n_merges == 0) st = get_scores(g, n_tokens, &scores);
     if (st == SD_OK) {
         spec->tokens = tokens;
         spec->n_tokens = n_tokens;
         spec->merges = merges;
         spec->n_merges = n_merges;
         spec->types = types;
+        spec->scores = scores;
         st = sd_tok_build(spec, out);
     }
     free(tokens);
     free(merges);
     free(types);
+    free(scores);
     return st;
 }
 

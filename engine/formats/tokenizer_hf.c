@@ -1,9 +1,13 @@
 /* tokenizer_hf.c — sd_tok_from_hf_json: a Hugging Face tokenizer.json as an
  * sd_tok_spec for sd_tok_build.
  *
- * Only the byte-level BPE family is accepted (GPT-2, SmolLM2, Llama 3): model
- * "BPE" without byte fallback, dropout or subword affixes, no normalizer,
- * a ByteLevel decoder. The pre-tokenizer is recognised by what it does, not
+ * Two families are accepted. Byte-level BPE (GPT-2, SmolLM2, Llama 3, Qwen2):
+ * model "BPE" without byte fallback, dropout or subword affixes, no
+ * normalizer (or Qwen2's NFC, not applied), a ByteLevel decoder.
+ * SentencePiece-style BPE (Llama 2, Mistral, Gemma, Phi-3): model "BPE" with
+ * byte_fallback, spaces replaced by "▁" by a normalizer or a Metaspace
+ * pre-tokenizer (see classify_spm); it becomes model "llama" with the file's
+ * merge list as ranks. The pre-tokenizer is recognised by what it does, not
  * by a name the file does not carry: each step contributes the regex it
  * splits with — Digits(individual_digits) "\p{N}", Split(Regex, Isolated)
  * its pattern, ByteLevel(use_regex) the GPT-2 regex — and the list must
@@ -161,7 +165,7 @@ static sd_status classify_pre(const cJSON *pre, const char **name, bool *ignore_
 
 /* ---- the rest of the file ---- */
 
-static sd_status check_model(const cJSON *model) {
+static sd_status check_model(const cJSON *model, bool *byte_fallback) {
     if (!cJSON_IsObject(model)) {
         SD_ERROR("tokenizer.json: no model object");
         return SD_ERR_FORMAT;
@@ -173,9 +177,10 @@ static sd_status check_model(const cJSON *model) {
         return SD_ERR_UNSUPPORTED;
     }
     bool ok = true;
-    if (bool_or(field(model, "byte_fallback"), false, &ok) || !ok) {
-        SD_ERROR("tokenizer.json: BPE with byte_fallback (SentencePiece style) is not supported");
-        return SD_ERR_UNSUPPORTED;
+    *byte_fallback = bool_or(field(model, "byte_fallback"), false, &ok);
+    if (!ok) {
+        SD_ERROR("tokenizer.json: BPE byte_fallback is not a boolean");
+        return SD_ERR_FORMAT;
     }
     const cJSON *dropout = field(model, "dropout");
     if (!is_null_or_absent(dropout) && !(cJSON_IsNumber(dropout) && dropout->valuedouble == 0.0)) {
@@ -195,7 +200,9 @@ static sd_status check_model(const cJSON *model) {
 
 static sd_status check_normalizer_decoder(const cJSON *root) {
     const cJSON *norm = field(root, "normalizer");
-    if (!is_null_or_absent(norm)) {
+    /* Qwen2's NFC: accepted but not applied (as llama.cpp does not): text
+     * already in NFC, which is nearly all text, tokenizes the same. */
+    if (!is_null_or_absent(norm) && !str_is(field(norm, "type"), "NFC")) {
         const cJSON *t = field(norm, "type");
         SD_ERROR("tokenizer.json: normalizer '%.32s' is not supported (byte-level BPE has none)",
                  cJSON_IsString(t) ? t->valuestring : "?");
@@ -233,7 +240,8 @@ typedef struct vocab {
     int32_t *types;     /* [n] */
     size_t n_merges;
     sd_tok_text *merges;
-    char *arena; /* pair merges and PAD names */
+    uint32_t *merge_left_len; /* [n_merges] */
+    char *arena;              /* pair merges and PAD names */
     size_t arena_used, arena_cap;
 } vocab;
 
@@ -241,7 +249,109 @@ static void vocab_free(vocab *v) {
     free(v->texts);
     free(v->types);
     free(v->merges);
+    free(v->merge_left_len);
     free(v->arena);
+}
+
+/* ---- SentencePiece-style BPE (byte_fallback) ----
+ * Llama 2 / Mistral: normalizer Sequence[Prepend("▁"), Replace(" ", "▁")];
+ * Gemma: normalizer Replace(" ", "▁") (and a Split on " " that then finds
+ * nothing); newer Llama / Mistral files: no normalizer, a Metaspace
+ * pre-tokenizer (split off) with prepend_scheme always / first / never.
+ * Anything else that touches the text is refused. Decoders only change how
+ * text is shown: every one the family uses is accepted (specd's pieces are
+ * "▁" -> " " and <0xNN> -> the byte; Strip's one leading space is not
+ * removed). */
+
+static sd_status unsupported_spm(const char *what, const cJSON *j) {
+    const cJSON *t = field(j, "type");
+    SD_ERROR("tokenizer.json: SentencePiece-style %s '%.32s' is not supported", what,
+             cJSON_IsString(t) ? t->valuestring : "?");
+    return SD_ERR_UNSUPPORTED;
+}
+
+#define SPACE_MARK "\xe2\x96\x81" /* "▁" */
+
+static sd_status spm_normalizer(const cJSON *norm, sd_tok_space_prefix *sp, bool *replaced) {
+    if (is_null_or_absent(norm)) return SD_OK;
+    const cJSON *list = str_is(field(norm, "type"), "Sequence") ? field(norm, "normalizers") : NULL;
+    const cJSON *step = list ? (cJSON_IsArray(list) ? list->child : NULL) : norm;
+    for (; step; step = list ? step->next : NULL) {
+        if (str_is(field(step, "type"), "Prepend") && str_is(field(step, "prepend"), SPACE_MARK) && !*replaced)
+            *sp = SD_TOK_SPACE_PREFIX_ALWAYS;
+        else if (str_is(field(step, "type"), "Replace") && str_is(field(field(step, "pattern"), "String"), " ") &&
+                 str_is(field(step, "content"), SPACE_MARK))
+            *replaced = true;
+        else
+            return unsupported_spm("normalizer step", step);
+    }
+    return SD_OK;
+}
+
+static sd_status spm_pre_tokenizer(const cJSON *pre, sd_tok_space_prefix *sp, bool *replaced) {
+    if (is_null_or_absent(pre)) return SD_OK;
+    bool ok = true;
+    if (str_is(field(pre, "type"), "Metaspace") && !*replaced) {
+        const cJSON *scheme = field(pre, "prepend_scheme");
+        if (!str_is(field(pre, "replacement"), SPACE_MARK) || bool_or(field(pre, "split"), true, &ok) || !ok)
+            return unsupported_spm("pre-tokenizer (split, or another replacement)", pre);
+        if (is_null_or_absent(scheme))
+            *sp = bool_or(field(pre, "add_prefix_space"), true, &ok) ? SD_TOK_SPACE_PREFIX_META_ALWAYS
+                                                                     : SD_TOK_SPACE_PREFIX_NONE;
+        else if (str_is(scheme, "always"))
+            *sp = SD_TOK_SPACE_PREFIX_META_ALWAYS;
+        else if (str_is(scheme, "first"))
+            *sp = SD_TOK_SPACE_PREFIX_FIRST;
+        else if (str_is(scheme, "never"))
+            *sp = SD_TOK_SPACE_PREFIX_NONE;
+        else
+            return unsupported_spm("Metaspace prepend_scheme of pre-tokenizer", pre);
+        *replaced = ok;
+        return ok ? SD_OK : unsupported_spm("pre-tokenizer", pre);
+    }
+    /* Gemma: a Split on " " after the normalizer replaced every space. */
+    if (*replaced && str_is(field(pre, "type"), "Split") && str_is(field(field(pre, "pattern"), "String"), " "))
+        return SD_OK;
+    return unsupported_spm("pre-tokenizer", pre);
+}
+
+static sd_status spm_decoder(const cJSON *dec) {
+    if (is_null_or_absent(dec)) return SD_OK;
+    static const char *const known[] = {"Replace", "ByteFallback", "Fuse", "Strip", "Metaspace"};
+    const cJSON *list = str_is(field(dec, "type"), "Sequence") ? field(dec, "decoders") : NULL;
+    const cJSON *step = list ? (cJSON_IsArray(list) ? list->child : NULL) : dec;
+    for (; step; step = list ? step->next : NULL) {
+        bool found = false;
+        for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) found |= str_is(field(step, "type"), known[i]);
+        if (!found) return unsupported_spm("decoder", step);
+    }
+    return SD_OK;
+}
+
+/* The space rule of a SentencePiece-style tokenizer.json, or a refusal. */
+static sd_status classify_spm(const cJSON *root, sd_tok_space_prefix *sp) {
+    bool replaced = false;
+    *sp = SD_TOK_SPACE_PREFIX_NONE;
+    SD_TRY(spm_normalizer(field(root, "normalizer"), sp, &replaced));
+    SD_TRY(spm_pre_tokenizer(field(root, "pre_tokenizer"), sp, &replaced));
+    if (!replaced) {
+        SD_ERROR("tokenizer.json: byte_fallback BPE whose spaces are not replaced by U+2581 is not supported");
+        return SD_ERR_UNSUPPORTED;
+    }
+    return spm_decoder(field(root, "decoder"));
+}
+
+/* The <0xNN> entries of a SentencePiece vocabulary are byte tokens (the
+ * type llama.cpp's converter gives them, so the vocabulary hash matches). */
+static void type_byte_tokens(vocab *v) {
+    for (size_t i = 0; i < v->n; i++) {
+        const char *s = v->texts[i].ptr;
+        if (v->types[i] != SD_TOK_TYPE_NORMAL || v->texts[i].len != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>')
+            continue;
+        bool hex = true;
+        for (int k = 3; k < 5; k++) hex &= (s[k] >= '0' && s[k] <= '9') || (s[k] >= 'A' && s[k] <= 'F');
+        if (hex) v->types[i] = SD_TOK_TYPE_BYTE;
+    }
 }
 
 /* Ids in [0, limit); returns the vocabulary size (max id + 1, at least n_vocab). */
@@ -318,23 +428,28 @@ static sd_status fill_merges(vocab *v, const cJSON *merges) {
     for (const cJSON *m = merges->child; m; m = m->next, r++) {
         if (cJSON_IsString(m)) {
             v->merges[r] = (sd_tok_text){m->valuestring, strlen(m->valuestring)};
+            const char *sp = v->merges[r].len > 1 ? strchr(m->valuestring + 1, ' ') : NULL;
+            v->merge_left_len[r] = sp ? (uint32_t)(sp - m->valuestring) : 0; /* 0: refused by the build */
             continue;
         }
+        /* A [left, right] pair may hold spaces (Gemma's "  " pieces): the
+         * left part's length says where it ends. */
         const cJSON *l = cJSON_IsArray(m) ? m->child : NULL, *rt = l ? l->next : NULL;
-        if (!cJSON_IsString(l) || !cJSON_IsString(rt) || rt->next || !l->valuestring[0] || !rt->valuestring[0] ||
-            strchr(l->valuestring + 1, ' ') || strchr(rt->valuestring, ' ')) {
+        if (!cJSON_IsString(l) || !cJSON_IsString(rt) || rt->next || !l->valuestring[0] || !rt->valuestring[0]) {
             SD_ERROR("tokenizer.json: merge %zu is neither \"left right\" nor a [left, right] pair of non-empty "
-                     "strings without spaces",
+                     "strings",
                      r);
             return SD_ERR_FORMAT;
         }
         size_t ll = strlen(l->valuestring), rl = strlen(rt->valuestring);
+        if (ll > UINT32_MAX - 1) return SD_ERR_RANGE;
         char *s = arena_take(v, ll + rl + 1);
         if (!s) return SD_ERR_INTERNAL;
         memcpy(s, l->valuestring, ll);
         s[ll] = ' ';
         memcpy(s + ll + 1, rt->valuestring, rl);
         v->merges[r] = (sd_tok_text){s, ll + rl + 1};
+        v->merge_left_len[r] = (uint32_t)ll;
     }
     return SD_OK;
 }
@@ -359,9 +474,10 @@ static sd_status build_vocab(vocab *v, const cJSON *model, const cJSON *added, i
     v->texts = calloc(v->n, sizeof *v->texts);
     v->types = calloc(v->n, sizeof *v->types); /* 0 = UNDEFINED: not given yet */
     v->merges = calloc(v->n_merges ? v->n_merges : 1, sizeof *v->merges);
+    v->merge_left_len = calloc(v->n_merges ? v->n_merges : 1, sizeof *v->merge_left_len);
     v->arena = malloc(arena ? arena : 1);
     v->arena_cap = arena;
-    if (!v->texts || !v->types || !v->merges || !v->arena) return SD_ERR_NOMEM;
+    if (!v->texts || !v->types || !v->merges || !v->merge_left_len || !v->arena) return SD_ERR_NOMEM;
     SD_TRY(fill_tokens(v, vmap, added));
     return fill_merges(v, merges);
 }
@@ -381,12 +497,19 @@ static sd_status build_from_tree(const cJSON *root, const sd_tok_hf_ids *ids, sd
         return SD_ERR_FORMAT;
     }
     const cJSON *model = field(root, "model");
-    SD_TRY(check_model(model));
-    SD_TRY(check_normalizer_decoder(root));
+    bool spm = false;
+    SD_TRY(check_model(model, &spm));
     sd_tok_spec spec = sd_tok_spec_default();
     const char *pre_name = NULL;
     bool ignore_merges = false;
-    SD_TRY(classify_pre(field(root, "pre_tokenizer"), &pre_name, &ignore_merges));
+    if (spm) {
+        SD_TRY(classify_spm(root, &spec.space_prefix));
+        spec.model = (sd_tok_text){"llama", 5};
+        pre_name = "default";
+    } else {
+        SD_TRY(check_normalizer_decoder(root));
+        SD_TRY(classify_pre(field(root, "pre_tokenizer"), &pre_name, &ignore_merges));
+    }
     bool ok = true;
     bool file_ignore = bool_or(field(model, "ignore_merges"), ignore_merges, &ok);
     if (!ok || file_ignore != ignore_merges) {
@@ -398,6 +521,7 @@ static sd_status build_from_tree(const cJSON *root, const sd_tok_hf_ids *ids, sd
     if (cJSON_IsNull(added)) added = NULL;
     vocab v = {0};
     sd_status st = build_vocab(&v, model, added, ids->n_vocab);
+    if (st == SD_OK && spm) type_byte_tokens(&v);
     if (st == SD_OK) {
         spec.pre = (sd_tok_text){pre_name, strlen(pre_name)};
         spec.n_tokens = v.n;
@@ -405,6 +529,7 @@ static sd_status build_from_tree(const cJSON *root, const sd_tok_hf_ids *ids, sd
         spec.types = v.types;
         spec.n_merges = v.n_merges;
         spec.merges = v.merges;
+        spec.merge_left_len = v.merge_left_len;
         int64_t bos = find_text(&v, ids->bos_text), eos = find_text(&v, ids->eos_text);
         int64_t pad = find_text(&v, ids->pad_text);
         spec.bos = bos >= 0 ? bos : ids->bos;

@@ -31,17 +31,32 @@ enum {
     SD_TOK_TYPE_BYTE = 6,
 };
 
+/* SentencePiece: where a "▁" is put before a fragment of text (the text
+ * between special tokens). */
+typedef enum sd_tok_space_prefix {
+    SD_TOK_SPACE_PREFIX_NONE = 0,
+    SD_TOK_SPACE_PREFIX_ALWAYS = 1, /* every fragment (llama.cpp's add_space_prefix; HF Prepend normalizer) */
+    /* HF Metaspace pre-tokenizer: never before a fragment that starts with
+     * a space already; "first": only a fragment at the start of the text. */
+    SD_TOK_SPACE_PREFIX_FIRST = 2,
+    SD_TOK_SPACE_PREFIX_META_ALWAYS = 3,
+} sd_tok_space_prefix;
+
 /* Everything sd_tok_build needs; all views are borrowed for the call only. */
 typedef struct sd_tok_spec {
-    sd_tok_text model; /* tokenizer.ggml.model: must be "gpt2" */
-    sd_tok_text pre;   /* tokenizer.ggml.pre: regex set name; empty = "default" */
+    sd_tok_text model; /* tokenizer.ggml.model: "gpt2" (byte-level BPE) or "llama" (SentencePiece BPE) */
+    sd_tok_text pre;   /* tokenizer.ggml.pre: regex set name; empty = "default" (gpt2 only) */
     size_t n_tokens;
-    const sd_tok_text *tokens; /* [n_tokens] byte-level token texts */
+    const sd_tok_text *tokens; /* [n_tokens] token texts (byte-level, or SPM pieces with "▁") */
     const int32_t *types;      /* [n_tokens] token types, or NULL (all normal) */
+    const float *scores;       /* llama: [n_tokens] merge scores, higher first; NULL: merges rank instead */
     size_t n_merges;
-    const sd_tok_text *merges;       /* [n_merges] "left right", rank = index */
+    const sd_tok_text *merges;       /* [n_merges] "left right", rank = index (gpt2; llama without scores) */
+    const uint32_t *merge_left_len;  /* [n_merges] bytes of each merge's left part (the space after it
+                                        separates), or NULL: the first space after the first byte */
     int64_t bos, eos, unk, pad, eot; /* token ids, -1 when absent */
-    bool add_bos;
+    bool add_bos, add_eos;
+    sd_tok_space_prefix space_prefix; /* llama only */
 } sd_tok_spec;
 
 /* Returns a spec with no vocabulary, every id -1, model "gpt2", pre "default". */

@@ -42,17 +42,19 @@ CLI = os.path.join(BUILD, "tests", "chat_cli")
 TEMPLATES = {
     "smollm2.jinja": ("chatml", "<|im_start|>", "<|im_end|>"),
     "chatml.jinja": ("chatml", "<s>", "<|im_end|>"),
+    "qwen2.5.jinja": ("chatml", "<|endoftext|>", "<|im_end|>"),
     "llama3.jinja": ("llama3", "<|begin_of_text|>", "<|eot_id|>"),
     "llama2.jinja": ("llama2", "<s>", "</s>"),
     "mistral-v0.1.jinja": ("mistral", "<s>", "</s>"),
     "mixtral.jinja": ("mistral", "<s>", "</s>"),
     "gemma.jinja": ("gemma", "<bos>", "<eos>"),
+    "gemma3.jinja": ("gemma", "<bos>", "<eos>"),
     "phi3.jinja": ("phi3", "<s>", "<|endoftext|>"),
     "phi3.5.jinja": ("phi3", "<s>", "<|endoftext|>"),
 }
 # name -> the fixture it must format exactly like
 NAMED = {"chatml": "chatml.jinja", "llama3": "llama3.jinja", "llama2": "llama2.jinja",
-         "mistral": "mixtral.jinja", "gemma": "gemma.jinja", "phi3": "phi3.jinja"}
+         "mistral": "mixtral.jinja", "gemma": "gemma.jinja", "gemma3": "gemma3.jinja", "phi3": "phi3.jinja"}
 
 
 BOS_MARK = "\x00bos\x00"

@@ -9,8 +9,11 @@ package), with the pre-tokenizer that the GGUF's `tokenizer.ggml.pre` names:
   llama3 : Sequence[Split(llama3 regex, isolated), ByteLevel(use_regex=False)],
            BPE with ignore_merges (as Llama 3's tokenizer.json)
 
-The llama3 case uses SmolLM2's vocabulary with pre="llama-bpe": a
-tokenizer-only GGUF is written to a temporary folder.
+  qwen2  : Sequence[Split(qwen2 regex, isolated), ByteLevel(use_regex=False)]
+           (Qwen2 / Qwen2.5 / Qwen3: Llama 3's regex with single digits)
+
+The llama3 and qwen2 cases use SmolLM2's vocabulary with pre="llama-bpe" /
+"qwen2": a tokenizer-only GGUF is written to a temporary folder.
 
 specd is driven through tests/tok_cli (built next to this test): strings go
 in length-prefixed, ids and decoded bytes come back. Checked for every case:
@@ -26,6 +29,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import unicodedata
 
 SKIP = 77
 
@@ -37,7 +41,7 @@ def skip(why):
 
 try:
     import gguf
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 except ImportError as e:  # pragma: no cover
     skip(f"python packages missing ({e}); run scripts/setup")
 
@@ -46,6 +50,8 @@ BUILD = os.environ.get("SPECD_BUILD_DIR", os.path.join(SRC, "build"))
 
 LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
              r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+            r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 def find_model():
@@ -106,7 +112,8 @@ def hf_tokenizer(v, flavor, with_specials):
         ])
     else:
         tk.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(LLAMA3_RE), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(LLAMA3_RE if flavor == "llama3" else QWEN2_RE), behavior="isolated",
+                                 invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ])
     tk.decoder = decoders.ByteLevel()
@@ -116,10 +123,10 @@ def hf_tokenizer(v, flavor, with_specials):
     return tk
 
 
-def write_llama3_gguf(v, path):
+def write_llama3_gguf(v, path, pre="llama-bpe"):
     w = gguf.GGUFWriter(path, "llama")
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("llama-bpe")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(v["tokens"])
     w.add_token_types(v["types"])
     w.add_token_merges(v["merges"])
@@ -234,6 +241,20 @@ def main():
         print("llama-bpe regex over the same vocabulary:")
         bad += compare("llama3", cases, run_specd(cli, l3, cases, True, tmp), hf_tokenizer(v, "llama3", True),
                        v["tokens"])
+        q2 = os.path.join(tmp, "qwen2.gguf")
+        write_llama3_gguf(v, q2, pre="qwen2")
+        print("qwen2 regex over the same vocabulary:")
+        bad += compare("qwen2", cases, run_specd(cli, q2, cases, True, tmp), hf_tokenizer(v, "qwen2", True),
+                       v["tokens"])
+        # The same as a tokenizer.json of Qwen2's form (its NFC normalizer
+        # included: specd accepts it without applying it, the cases are NFC).
+        tk = hf_tokenizer(v, "qwen2", True)
+        tk.normalizer = normalizers.NFC()
+        qj = os.path.join(tmp, "qwen2.tokenizer.json")
+        tk.save(qj)
+        print("qwen2 tokenizer.json over the same vocabulary:")
+        nfc = [c for c in cases if unicodedata.normalize("NFC", c) == c]
+        bad += compare("qwen2 tokenizer.json", nfc, run_specd(cli, qj, nfc, True, tmp), tk, v["tokens"])
     if bad:
         print(f"FAIL: {bad} mismatching cases")
         return 1

@@ -1,9 +1,13 @@
-/* tokenizer.h — byte-level BPE (GPT-2 style) from GGUF metadata.
+/* tokenizer.h — byte-level BPE (GPT-2 style) and SentencePiece-style BPE
+ * (Llama 2, Mistral, Gemma, Phi-3) from GGUF metadata or tokenizer.json.
  *
- * Encoding: special/added tokens are matched first (when allowed), the rest
- * is split by the pre-tokenizer regex chosen from tokenizer.ggml.pre (PCRE2,
- * Unicode classes), each piece is mapped to byte-level symbols and merged by
- * BPE rank. Decoding maps tokens back to raw bytes; the incremental decoder
+ * Encoding: user-defined tokens are matched first, control tokens too when
+ * allowed; for byte-level BPE the rest is split by the pre-tokenizer regex
+ * chosen from tokenizer.ggml.pre (PCRE2, Unicode classes), each piece is
+ * mapped to byte-level symbols and merged by BPE rank; for SentencePiece
+ * spaces become "▁", characters merge by piece score (or merge rank) and
+ * characters outside the vocabulary fall back to <0xNN> byte tokens.
+ * Decoding maps tokens back to raw bytes; the incremental decoder
  * holds back the bytes of an unfinished UTF-8 character so a stream never
  * emits half a character. A tokenizer is immutable after creation and its
  * functions are thread-safe. */
@@ -19,9 +23,10 @@ extern "C" {
 
 typedef struct sd_tok sd_tok;
 
-/* Builds a tokenizer from g's tokenizer.ggml.* metadata (model "gpt2";
- * pre-tokenizers "smollm", "llama-bpe"/"llama3", "gpt2" and "default" at
- * least). The tokenizer copies what it needs: g may be closed afterwards.
+/* Builds a tokenizer from g's tokenizer.ggml.* metadata: model "gpt2"
+ * (pre-tokenizers "smollm", "llama-bpe"/"llama3", "qwen2", "gpt2" and
+ * "default" at least) or "llama" (SentencePiece with scores; add_bos and
+ * add_space_prefix default to true as in llama.cpp). The tokenizer copies what it needs: g may be closed afterwards.
  * Caller frees *out with sd_tok_free. */
 sd_status sd_tok_from_gguf(const sd_gguf *g, sd_tok **out);
 void sd_tok_free(sd_tok **t);
@@ -30,6 +35,8 @@ int32_t sd_tok_n_vocab(const sd_tok *t);
 int32_t sd_tok_bos(const sd_tok *t);  /* -1 when the model has none */
 int32_t sd_tok_eos(const sd_tok *t);  /* -1 when the model has none */
 bool sd_tok_add_bos(const sd_tok *t); /* tokenizer.ggml.add_bos_token */
+bool sd_tok_add_eos(const sd_tok *t); /* tokenizer.ggml.add_eos_token */
+bool sd_tok_is_spm(const sd_tok *t);  /* SentencePiece-style ("llama") rather than byte-level BPE */
 /* True for tokens that end generation (EOS, <|im_end|>, <|eot_id|>...). */
 bool sd_tok_is_eog(const sd_tok *t, int32_t id);
 /* Id of the token whose text is exactly text, or -1. */
@@ -37,11 +44,16 @@ int32_t sd_tok_find(const sd_tok *t, const char *text);
 /* 64-bit FNV-1a hash over every token's text and type, in id order: two
  * models can share a KV/draft only when their hashes match. */
 uint64_t sd_tok_vocab_hash(const sd_tok *t);
+/* Bytes the tokenizer's tables hold (arenas, hash tables, ranks; not the
+ * compiled regexes): what a vocabulary costs in memory. */
+size_t sd_tok_memory_bytes(const sd_tok *t);
 
-/* Encodes len bytes of text. parse_special: match control/user-defined
- * tokens like <|im_start|> in the text as single tokens (off: they are
- * encoded as plain text; always off for text a user supplied, see
- * sd_tok_encode_masked). Does not add BOS. On success *ids is a malloc'd
+/* Encodes len bytes of text. User-defined tokens (Gemma's "\n\n", "<tool>")
+ * are always matched as single tokens, as Hugging Face and llama.cpp match
+ * them. parse_special: also match control tokens like <|im_start|> (off:
+ * they are encoded as plain text; always off for text a user supplied, see
+ * sd_tok_encode_masked). Does not add BOS or EOS; SentencePiece puts its
+ * space prefix before every fragment between special tokens. On success *ids is a malloc'd
  * array (caller frees with free()) of *n_ids tokens. Invalid UTF-8 is encoded
  * byte-wise, as the byte-level model allows. */
 sd_status sd_tok_encode(const sd_tok *t, const char *text, size_t len, bool parse_special, int32_t **ids,
@@ -56,8 +68,8 @@ sd_status sd_tok_encode(const sd_tok *t, const char *text, size_t len, bool pars
 sd_status sd_tok_encode_masked(const sd_tok *t, const char *text, size_t len, const uint8_t *no_special, int32_t **ids,
                                size_t *n_ids);
 
-/* Raw bytes of token id (byte-level decoding applied; control tokens give
- * their text). Borrowed, valid while t lives; *len set. NULL when out of range. */
+/* Raw bytes of token id (byte-level decoding applied, or for SentencePiece
+ * "▁" -> " " and <0xNN> -> the byte; control tokens give their text). Borrowed, valid while t lives; *len set. NULL when out of range. */
 const char *sd_tok_piece(const sd_tok *t, int32_t id, size_t *len);
 
 /* Decodes n ids into a malloc'd NUL-terminated string (caller frees with
