@@ -516,7 +516,11 @@ static void fill_stats(const sd_coord *c, const sd_session *s, Specd__RequestSta
 }
 
 static void release(sd_coord *c, sd_session *s, uint64_t now_us) {
-    if (s->v_holds && sd_coord_group_ok(c, s)) sd_outbox_release(c, s->group, s->id, now_us);
+    if (s->v_holds && sd_coord_group_ok(c, s)) {
+        /* what it held stays in the group's prefix cache (placement.c) */
+        sd_route_record(c->route, s->group, c->workers[s->group].worker_id, s->tokens, s->v_cached);
+        sd_outbox_release(c, s->group, s->id, now_us);
+    }
     if (s->d_holds && sd_coord_drafter_ok(c, s)) sd_outbox_release(c, s->drafter, s->id, now_us);
     s->v_holds = s->d_holds = false;
 }
@@ -883,6 +887,8 @@ static void apply_ok(sd_coord *c, sd_coord_worker *w, sd_session *s, int32_t k, 
     s->verify_failures = 0;
     bool refill = s->n_tokens - s->v_cached > 1; /* the step appended more than the last token */
     s->v_cached = (int32_t)vr->cached_len;
+    if (refill) /* the group's prefix cache now holds these (placement.c) */
+        sd_route_record(c->route, s->group, c->workers[s->group].worker_id, s->tokens, s->v_cached);
     if (w->prefill_only) {
         if (vr->n_logprobs > 0) prompt_logprobs_applied(c, s, vr, now_us);
         return;
