@@ -113,8 +113,14 @@ sd_status sd_kv_create(const sd_kv_params *p, sd_kv **out) {
     for (int32_t i = 0; i < p->n_blocks; i++) kv->free_stack[i] = p->n_blocks - 1 - i;
     kv->n_free = p->n_blocks;
     for (int32_t i = 0; i < p->n_blocks; i++)
-        kv->blocks[i] = (kv_block){.parent = -1, .hnext = -1, .lru_prev = -1, .lru_next = -1};
-    kv->lru_old = kv->lru_new = -1;
+        kv->blocks[i] = (kv_block){.parent = -1,
+                                   .hnext = -1,
+                                   .lru_prev = -1,
+                                   .lru_next = -1,
+                                   .first_child = -1,
+                                   .sib_prev = -1,
+                                   .sib_next = -1};
+    kv->lru_old = kv->lru_new = kv->first_root = -1;
     *out = kv;
     return SD_OK;
 

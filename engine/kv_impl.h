@@ -29,6 +29,11 @@ typedef struct kv_block {
     int32_t hnext;    /* next block in its hash bucket, -1 */
     int32_t lru_prev; /* idle list neighbours (older / newer), -1 */
     int32_t lru_next;
+    /* cached children, for partial matches (kv_prefix.c): the first child,
+     * and this block's neighbours among its parent's children (or the
+     * first blocks); linked while it is cached under a cached parent */
+    int32_t first_child, sib_prev, sib_next;
+    bool linked;
 } kv_block;
 
 struct sd_kv {
@@ -49,6 +54,8 @@ struct sd_kv {
     int32_t *buckets;         /* [n_buckets] first block of each hash chain, -1 */
     uint32_t n_buckets;       /* a power of two */
     int32_t lru_old, lru_new; /* idle list ends (least / most recently used), -1 */
+    int32_t first_root;       /* cached first blocks (parent -1), linked like children, -1 */
+    bool partial_copy;        /* sd_kv_prefix_set_partial_copy */
     int32_t n_idle;
     int32_t n_cached;
     sd_kv_prefix_stats stats;

@@ -32,11 +32,16 @@
  * sets). A sequence's blocks go idle last block first, so a chain's tail is
  * evicted before its head.
  *
- * Partial blocks are not shared: a prompt adopts whole blocks and computes
- * the rest, up to block_size - 1 tokens of a block another prompt also has
- * (recomputing them costs a few rows of a prefill forward the request runs
- * anyway; a copy would need a device copy on every backend and every rank
- * of a TP group). */
+ * Partial blocks are never shared. A prompt that ends or diverges inside a
+ * cached block either recomputes its rows there (up to block_size - 1) or,
+ * with partial_copy on, copies them into a block of its own: the cached
+ * children of each block are linked (first_child / sib_*) so the one with
+ * the longest matching run is found without hashing. Copying is far
+ * cheaper (SmolLM2: at most 737 KB, ~32 us at the measured 23 GB/s, against
+ * ~1.8 ms per recomputed row of a prefill, bench/results/forward-cpu.md),
+ * but only a host cache of a single process can do it: a device cache
+ * would need a copy op, and the ranks of a TP group write and read the
+ * leader's block ids without seeing its copies. */
 #include "kv_impl.h"
 
 #include <stdlib.h>
@@ -125,9 +130,47 @@ static int32_t lookup(sd_kv *kv, int32_t parent, uint64_t hash, const int32_t *t
     return -1;
 }
 
+/* ---- the tree of cached children ---- */
+
+static int32_t *children_of(sd_kv *kv, int32_t parent) {
+    return parent >= 0 ? &kv->blocks[parent].first_child : &kv->first_root;
+}
+
+static void tree_link(sd_kv *kv, int32_t b, int32_t parent) {
+    kv_block *k = &kv->blocks[b];
+    int32_t *head = children_of(kv, parent);
+    k->sib_prev = -1;
+    k->sib_next = *head;
+    if (*head >= 0) kv->blocks[*head].sib_prev = b;
+    *head = b;
+    k->linked = true;
+}
+
+/* Takes b out of its parent's children and detaches its own children (they
+ * stay cached, unreachable: their parent's generation changes). */
+static void tree_unlink(sd_kv *kv, int32_t b) {
+    kv_block *k = &kv->blocks[b];
+    if (k->linked) {
+        if (k->sib_prev >= 0)
+            kv->blocks[k->sib_prev].sib_next = k->sib_next;
+        else
+            *children_of(kv, k->parent) = k->sib_next;
+        if (k->sib_next >= 0) kv->blocks[k->sib_next].sib_prev = k->sib_prev;
+    }
+    k->sib_prev = k->sib_next = -1;
+    k->linked = false;
+    for (int32_t c = k->first_child, next; c >= 0; c = next) {
+        next = kv->blocks[c].sib_next;
+        kv->blocks[c].sib_prev = kv->blocks[c].sib_next = -1;
+        kv->blocks[c].linked = false;
+    }
+    k->first_child = -1;
+}
+
 void sd_kv_uncache_block_(sd_kv *kv, int32_t b) {
     kv_block *k = &kv->blocks[b];
     if (!k->cached) return;
+    tree_unlink(kv, b);
     hash_remove(kv, b);
     if (k->ref == 0) idle_unlink(kv, b);
     k->cached = false;
@@ -222,6 +265,43 @@ static sd_status table_reserve(sd_kv *kv, kv_slot *sl, int32_t n) {
     return SD_OK;
 }
 
+sd_status sd_kv_prefix_set_partial_copy(sd_kv *kv, bool on) {
+    if (!kv) return SD_ERR_INVALID_ARG;
+    if (on && kv->p.pool_alloc) {
+        SD_ERROR("kv: partial blocks are copied only in host memory (a device cache recomputes them)");
+        return SD_ERR_UNSUPPORTED;
+    }
+    kv->partial_copy = on;
+    return SD_OK;
+}
+
+/* After seq's chain (last block parent, -1: none): the cached child of
+ * parent sharing the longest run of tokens[0 .. n) (n < block_size), its
+ * first j rows copied into a fresh block of seq. Returns j (0: none). */
+static int32_t adopt_partial(sd_kv *kv, kv_slot *sl, int32_t parent, const int32_t *tokens, int32_t n) {
+    int32_t best = -1, best_j = 0;
+    for (int32_t c = *children_of(kv, parent); c >= 0; c = kv->blocks[c].sib_next) {
+        const int32_t *ct = tokens_of(kv, c);
+        int32_t j = 0;
+        while (j < n && ct[j] == tokens[j]) j++;
+        if (j > best_j) best = c, best_j = j;
+    }
+    if (best < 0 || kv->n_free + kv->n_idle - (kv->blocks[best].ref == 0) < 1) return 0; /* no room beside it */
+    if (kv->blocks[best].ref++ == 0) idle_unlink(kv, best); /* held: not evicted by the take below */
+    int32_t b = sd_kv_take_block_(kv);
+    kv->blocks[b].ref = 1;
+    size_t off_dst = (size_t)b * kv->block_floats * kv->elem_bytes,
+           off_src = (size_t)best * kv->block_floats * kv->elem_bytes;
+    size_t bytes = (size_t)best_j * kv->token_floats * kv->elem_bytes;
+    for (int32_t l = 0; l < kv->p.n_layers; l++) {
+        memcpy(kv->k_pools[l] + off_dst, kv->k_pools[l] + off_src, bytes);
+        memcpy(kv->v_pools[l] + off_dst, kv->v_pools[l] + off_src, bytes);
+    }
+    sd_kv_drop_block_(kv, best);
+    sl->table[sl->n_blocks++] = b;
+    return best_j;
+}
+
 sd_status sd_kv_prefix_adopt(sd_kv *kv, int32_t seq, const int32_t *tokens, int32_t n_tokens, int32_t *n_adopted) {
     if (n_adopted) *n_adopted = 0;
     if (!prefix_args_ok(kv, seq, tokens, n_tokens, "prefix_adopt")) return SD_ERR_INVALID_ARG;
@@ -231,8 +311,7 @@ sd_status sd_kv_prefix_adopt(sd_kv *kv, int32_t seq, const int32_t *tokens, int3
     kv->stats.query_tokens += (uint64_t)(n_tokens - sl->len);
     if (sl->len != sl->n_chain * bs) return SD_OK; /* a partial or private block ends it */
     int32_t want = n_tokens / bs - sl->n_blocks;
-    if (want <= 0) return SD_OK;
-    SD_TRY(table_reserve(kv, sl, want));
+    SD_TRY(table_reserve(kv, sl, (want > 0 ? want : 0) + 1));
     int32_t parent = sl->n_blocks > 0 ? sl->table[sl->n_blocks - 1] : -1;
     uint64_t h = parent >= 0 ? kv->blocks[parent].hash : salt_of(kv);
     int32_t got = 0;
@@ -248,8 +327,12 @@ sd_status sd_kv_prefix_adopt(sd_kv *kv, int32_t seq, const int32_t *tokens, int3
     }
     sl->n_chain = sl->n_blocks;
     sl->len = sl->n_blocks * bs;
-    kv->stats.hit_tokens += (uint64_t)got * (uint64_t)bs;
-    if (n_adopted) *n_adopted = got * bs;
+    int32_t rest = n_tokens - sl->len, partial = 0;
+    if (kv->partial_copy && rest > 0)
+        partial = adopt_partial(kv, sl, parent, tokens + sl->len, rest < bs ? rest : bs - 1);
+    sl->len += partial;
+    kv->stats.hit_tokens += (uint64_t)got * (uint64_t)bs + (uint64_t)partial;
+    if (n_adopted) *n_adopted = got * bs + partial;
     return SD_OK;
 }
 
@@ -279,6 +362,7 @@ sd_status sd_kv_prefix_commit(sd_kv *kv, int32_t seq, const int32_t *tokens, int
             k->parent_gen = parent >= 0 ? kv->blocks[parent].gen : 0;
             memcpy(tokens_of(kv, own), bt, (size_t)bs * sizeof *bt);
             hash_insert(kv, own);
+            tree_link(kv, own, parent);
             kv->n_cached++;
         }
         sl->n_chain = i + 1;

@@ -618,15 +618,17 @@ static void test_verify_prefill_only(void **state) {
 }
 
 /* The prefix cache: a prompt sharing 33 tokens with an earlier, released
- * one adopts its first two blocks (of 16) in a prefill chunk and in a
- * normal step, and every answer (commits, acceptance, cached_len) equals a
- * verifier without the cache: sampled without drafts, greedy with drafts. */
+ * one adopts its first two blocks (of 16) in a prefill chunk, then the
+ * 33rd token's row copied from the earlier prompt's third block in a
+ * normal step with drafts; the same prompt again adopts in a normal step;
+ * every answer (commits, acceptance, cached_len) equals a verifier without
+ * the cache: sampled without drafts, greedy with drafts. */
 static void test_verify_prefix_cache(void **state) {
     (void)state;
     SKIP_WITHOUT_MODELS();
     sd_verifier *v[2] = {new_verifier_cache(4, 32, 50), new_verifier_cache(4, 32, 0)};
-    int32_t a[40], b[48];
-    make_prompt(a, 40, 91);
+    int32_t a[50], b[48];
+    make_prompt(a, 50, 91);
     memcpy(b, a, 33 * sizeof *b);
     make_prompt(b + 33, 15, 92);
     sd_sampling sampled = sd_sampling_default(), greedy = sd_sampling_default();
@@ -638,7 +640,7 @@ static void test_verify_prefix_cache(void **state) {
     Specd__VerifyResponse resp;
     uint32_t answers[2][6];
     for (int w = 0; w < 2; w++) {
-        vseq_init(&s, 1, 0, a, 40, &sampled); /* a, then released: its blocks stay cached */
+        vseq_init(&s, 1, 0, a, 50, &sampled); /* a, then released: its 3 full blocks stay cached */
         assert_int_equal(run_verify(v[w], &s, 1, false, &resp)->code, SPECD__CODE__CODE_OK);
         uint64_t id = 1;
         sd_verifier_release(v[w], &id, 1);
@@ -663,7 +665,8 @@ static void test_verify_prefix_cache(void **state) {
         answers[w][5] = (uint32_t)st.prefix_hit_tokens;
     }
     assert_memory_equal(answers[0], answers[1], 5 * sizeof answers[0][0]);
-    assert_int_equal(answers[0][5], 32 + 32); /* b's chunk: a's 2 blocks; b again: b's 2 */
+    /* b's chunk: a's 2 blocks; its step: 1 row of a's third; b again: 2 blocks at least */
+    assert_true(answers[0][5] >= 32 + 1 + 32);
     assert_int_equal(answers[1][5], 0);
     sd_verifier_free(&v[0]);
     sd_verifier_free(&v[1]);

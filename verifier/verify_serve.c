@@ -38,7 +38,9 @@
  *
  * Prefix cache (kv.h, kv_prefix.c): a prefill chunk of a sequence whose
  * cache ends on a cached block boundary first adopts the cached blocks that
- * continue it (hist holds the tokens) and computes only the rest; the
+ * continue it (hist holds the tokens), and in a host cache outside a TP
+ * group copies the rows of a cached block it ends or diverges inside, and
+ * computes only the rest; the
  * answer is the same (cached_len keep_len + |append|), so the coordinator
  * needs no change. Full blocks are registered once their tokens are
  * committed (after a prefill chunk, after a verify step's rollback). A
@@ -251,6 +253,10 @@ sd_status sd_verifier_create(sd_model *target, const sd_verifier_params *params,
     else
         SD_ERROR("verifier: out of memory");
     if (st == SD_OK) st = sd_kv_prefix_enable(v->kv, (int32_t)((int64_t)p.kv_blocks * p.prefix_cache_pct / 100));
+    sd_model_shard shard;
+    sd_model_shard_of(target, &shard);
+    if (st == SD_OK && shard.tp_size <= 1 && !sd_kv_params_of(v->kv)->pool_alloc)
+        st = sd_kv_prefix_set_partial_copy(v->kv, true); /* a host cache alone: copy, not recompute (kv.h) */
     if (st != SD_OK) {
         sd_verifier_free(&v);
         return st;

@@ -336,6 +336,8 @@ static sd_status wrap(sd_model *m, bool owned, sd_drafter_kind kind, const sd_dr
     st = sd_model_kv_create(m, params.max_seqs, per_seq * params.max_seqs, block, &md->kv);
     if (st == SD_OK && params.prefix_cache_pct > 0)
         st = sd_kv_prefix_enable(md->kv, (int32_t)((int64_t)per_seq * params.max_seqs * params.prefix_cache_pct / 100));
+    if (st == SD_OK && params.prefix_cache_pct > 0 && !sd_kv_params_of(md->kv)->pool_alloc)
+        st = sd_kv_prefix_set_partial_copy(md->kv, true); /* a host cache: copy, not recompute */
     if (st != SD_OK) goto fail;
     d->kind = kind;
     d->ops = kind == SD_DRAFTER_SELF ? &self_ops : &model_ops;

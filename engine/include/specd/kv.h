@@ -17,7 +17,8 @@
  * chain of registered blocks matching its prompt instead of computing it.
  * Blocks are reference-counted; a block any other sequence or the cache can
  * see is never written again (truncating into one stops at its start, and
- * the caller recomputes the rest). Registered blocks that no sequence holds
+ * the caller recomputes the rest; a prompt's partial block is recomputed,
+ * or with sd_kv_prefix_set_partial_copy copied from a cached block). Registered blocks that no sequence holds
  * are kept, up to a bound, and evicted least recently used first whenever a
  * grow needs a block: they count as free. */
 #ifndef SPECD_KV_H
@@ -112,11 +113,18 @@ void *sd_kv_v_pool(sd_kv *kv, int32_t layer);
  * off with 0 (every idle cached block is freed). */
 sd_status sd_kv_prefix_enable(sd_kv *kv, int32_t max_idle_blocks);
 bool sd_kv_prefix_enabled(const sd_kv *kv);
+/* Adoption also copies the matching first rows of a cached block a prompt
+ * ends or diverges inside (instead of the caller recomputing them). Host
+ * pools only (SD_ERR_UNSUPPORTED for a device cache); not for the leader of
+ * a TP group, whose ranks would not see the copy. Off by default. */
+sd_status sd_kv_prefix_set_partial_copy(sd_kv *kv, bool on);
 
 /* Extends seq with the longest chain of cached full blocks that continue it
  * with tokens[len .. n_tokens), where tokens[0 .. n_tokens) is the whole
  * sequence and len its current length; *n_adopted (may be NULL) gets the
- * tokens gained, a multiple of block_size, and seq's length grows by that.
+ * tokens gained and seq's length grows by that: whole blocks, then, with
+ * sd_kv_prefix_set_partial_copy on, the longest run of a cached block that
+ * continues them, copied into a block of seq's own.
  * Adopts only while seq's length is a block boundary and every block of it
  * is cached (otherwise, and with the cache off, it adopts nothing). The
  * caller keeps at least one token out of tokens when it needs that token's
