@@ -70,6 +70,10 @@ void sd_client_wire_service_stats(const Specd__ServiceStats *s, sd_client_servic
             d->kv_blocks_free = w->stats->kv_blocks_free;
             d->n_sequences = w->stats->n_sequences;
             d->steps = w->stats->steps;
+            d->prefix_query_tokens = w->stats->prefix_query_tokens;
+            d->prefix_hit_tokens = w->stats->prefix_hit_tokens;
+            d->prefix_blocks_cached = w->stats->prefix_blocks_cached;
+            d->prefix_blocks_evicted = w->stats->prefix_blocks_evicted;
         }
     }
 }

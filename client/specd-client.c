@@ -629,6 +629,10 @@ static int run_stats(sd_client *c, const options *o) {
             cJSON_AddNumberToObject(x, "kv_blocks_free", w->kv_blocks_free);
             cJSON_AddNumberToObject(x, "n_sequences", w->n_sequences);
             cJSON_AddNumberToObject(x, "steps", (double)w->steps);
+            cJSON_AddNumberToObject(x, "prefix_query_tokens", (double)w->prefix_query_tokens);
+            cJSON_AddNumberToObject(x, "prefix_hit_tokens", (double)w->prefix_hit_tokens);
+            cJSON_AddNumberToObject(x, "prefix_blocks_cached", w->prefix_blocks_cached);
+            cJSON_AddNumberToObject(x, "prefix_blocks_evicted", (double)w->prefix_blocks_evicted);
             cJSON_AddNumberToObject(x, "group_id", w->group_id);
             cJSON_AddNumberToObject(x, "group_size", w->group_size);
             cJSON_AddNumberToObject(x, "active_requests", w->active_requests);
@@ -660,6 +664,11 @@ static int run_stats(sd_client *c, const options *o) {
         printf("  %s[%u] %s%s%s %s: KV blocks %u free of %u, %u sequences, %llu steps\n", role_name(w->role), w->rank,
                w->name, w->drafter_kind ? " " : "", kind_name(w->drafter_kind), w->alive ? "alive" : "DEAD",
                w->kv_blocks_free, w->kv_blocks_total, w->n_sequences, (unsigned long long)w->steps);
+        if (w->prefix_query_tokens > 0 || w->prefix_blocks_cached > 0)
+            printf("    prefix cache: %llu of %llu prompt tokens hit (%.1f%%), %u blocks cached, %llu evicted\n",
+                   (unsigned long long)w->prefix_hit_tokens, (unsigned long long)w->prefix_query_tokens,
+                   w->prefix_query_tokens ? 100.0 * (double)w->prefix_hit_tokens / (double)w->prefix_query_tokens : 0.0,
+                   w->prefix_blocks_cached, (unsigned long long)w->prefix_blocks_evicted);
         if (w->role == SPECD__ROLE__ROLE_VERIFIER)
             printf("    group %u (TP %u): %u requests now, %llu served, %llu tokens committed, %llu/%llu drafts "
                    "accepted, step(64) %.0f us\n",

@@ -239,6 +239,10 @@ static void on_stats(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
         wst[n].kv_blocks_free = w->kv_blocks_free;
         wst[n].n_sequences = w->n_sequences;
         wst[n].steps = w->steps;
+        wst[n].prefix_query_tokens = w->prefix_query_tokens;
+        wst[n].prefix_hit_tokens = w->prefix_hit_tokens;
+        wst[n].prefix_blocks_cached = w->prefix_blocks_cached;
+        wst[n].prefix_blocks_evicted = w->prefix_blocks_evicted;
         infos[n].stats = &wst[n];
         pinfos[n] = &infos[n];
         n++;

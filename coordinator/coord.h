@@ -9,7 +9,8 @@
  *                (sched_stream.c), ending requests and worker-death recovery
  *                (sched_end.c)
  *   placement.c  which verifier group and which drafter serve a request
- *                (measured load; affinity; failover)
+ *                (measured load; cached prefixes, prefix_route.c; affinity;
+ *                failover)
  *   workers.c    Hello/Welcome/refusal, heartbeats, liveness
  *   clients.c    Submit validation and tokenization, Cancel, Stats
  * and server.c (sockets and the zmq_poll loop) on top. Everything below the
@@ -31,6 +32,18 @@
 #define SD_COORD_MAX_CLIENTS     1024
 #define SD_COORD_OVERHEAD_WINDOW 1024
 #define SD_DRAFTER_KINDS         4 /* Specd__DrafterKind values, UNSPECIFIED included */
+
+/* prefix_route.c: the coordinator's record of the token prefixes each
+ * verifier group (worker slot g, registration worker_id) holds cached. */
+typedef struct sd_route sd_route;
+/* Caller frees with sd_route_free (NULL on out of memory). */
+sd_route *sd_route_create(void);
+void sd_route_free(sd_route **r);
+/* Group g holds the full blocks of tokens[0 .. n). */
+void sd_route_record(sd_route *r, int32_t g, uint64_t worker_id, const int32_t *tokens, int32_t n);
+/* Tokens of tokens[0 .. n) group g likely holds: the longest recorded
+ * prefix of whole blocks, short of the last token (always computed). */
+int32_t sd_route_cached(sd_route *r, int32_t g, uint64_t worker_id, const int32_t *tokens, int32_t n);
 
 /* Where the logic sends messages. The envelope is valid only during the call. */
 typedef struct sd_coord_io {
@@ -269,6 +282,8 @@ typedef struct sd_coord_worker {
     int32_t max_batch, max_k;
     int32_t n_ctx; /* model context from Hello (0 = not given) */
     uint32_t kv_blocks_total, kv_blocks_free, n_sequences;
+    uint32_t prefix_blocks_cached;                                          /* prefix cache (WorkerStats) */
+    uint64_t prefix_query_tokens, prefix_hit_tokens, prefix_blocks_evicted; /* since the worker started */
     uint64_t steps;
     uint64_t last_recv_us, last_send_us;
     /* the step in flight (one at a time per worker) */
@@ -352,6 +367,7 @@ typedef struct sd_coord {
 
     sd_coord_worker workers[SD_COORD_MAX_WORKERS];
     uint64_t next_worker_id;
+    sd_route *route; /* which prefixes each group holds (prefix_route.c); NULL until the first placement */
     uint64_t next_step_id;
     uint64_t verify_steps; /* verify steps sent that were not prefill-only (shadow draft phase) */
 

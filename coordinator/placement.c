@@ -21,6 +21,19 @@
  * dies or drains (it reports itself UNAVAILABLE) loses its requests: they
  * keep their committed tokens, are placed again on the others at the next
  * pump and re-prefilled from those tokens (sd_sched_on_worker_lost).
+ * Cached prefixes. A group's verifier keeps the KV of prompts it served
+ * (its prefix cache), so a request whose prompt starts with one (a shared
+ * system prompt, a conversation's earlier turns) costs that group only the
+ * rest: a request not yet cached anywhere counts, per group, the tokens
+ * the group likely lacks (prefix_route.c's record of what was sent where)
+ * in the same cost line. A cache hit is thus worth the prefill it saves,
+ * weighed against the group's load in the same units. The cost line
+ * prices the new request's wait only, not the slowdown of the requests
+ * already there, so the credit is given only to a group holding no more
+ * than an even share of the active requests (rounded up): a popular prefix
+ * (one system prompt for everyone) cannot pile every request onto the
+ * group that cached it first; the next goes elsewhere by load and caches
+ * the prefix there too.
  * Rejected: moving running requests to a newly registered group; its
  * prefill would cost more than the step it saves, except for long
  * requests, and new requests fill it anyway.
@@ -49,7 +62,7 @@ typedef struct load {
     int64_t tokens[SD_COORD_MAX_WORKERS]; /* verify rows in flight (groups) */
 } load;
 
-static void tally(const sd_coord *c, load *l) {
+static void tally(sd_coord *c, load *l) {
     memset(l, 0, sizeof *l);
     for (int32_t i = 0; i < c->n_sessions; i++) {
         const sd_session *s = c->sessions[i];
@@ -57,6 +70,8 @@ static void tally(const sd_coord *c, load *l) {
         if (sd_coord_group_ok(c, s)) {
             l->n[s->group]++;
             int32_t missing = s->n_tokens - s->v_cached;
+            if (s->v_cached == 0) /* not prefilled yet: its group's cache may hold a prefix */
+                missing -= sd_route_cached(c->route, s->group, c->workers[s->group].worker_id, s->tokens, s->n_tokens);
             l->tokens[s->group] += missing > 1 ? missing : 1;
         }
         if (sd_coord_drafter_ok(c, s)) l->n[s->drafter]++;
@@ -77,13 +92,20 @@ static double group_score(const sd_coord *c, int32_t g, const load *l, int32_t m
     return score;
 }
 
-static int32_t best_group(const sd_coord *c, const load *l, int32_t missing) {
-    int32_t best = -1;
+/* The group where s waits least; *missing gets the tokens it lacks there. */
+static int32_t best_group(sd_coord *c, const load *l, const sd_session *s, int32_t *missing) {
+    int32_t best = -1, n_groups = 0, n_active = 0;
+    for (int32_t g = 0; g < SD_COORD_MAX_WORKERS; g++)
+        if (sd_coord_is_group(&c->workers[g])) n_groups++, n_active += l->n[g];
+    const int32_t even_share = n_groups > 0 ? (n_active + n_groups - 1) / n_groups : 0;
     double best_score = DBL_MAX;
     for (int32_t g = 0; g < SD_COORD_MAX_WORKERS; g++) {
         if (!sd_coord_is_group(&c->workers[g])) continue;
-        double sc = group_score(c, g, l, missing);
-        if (sc < best_score) best = g, best_score = sc;
+        int32_t m = s->n_tokens - s->v_cached;
+        if (s->v_cached == 0 && l->n[g] <= even_share)
+            m -= sd_route_cached(c->route, g, c->workers[g].worker_id, s->tokens, s->n_tokens);
+        double sc = group_score(c, g, l, m);
+        if (sc < best_score) best = g, best_score = sc, *missing = m;
     }
     return best;
 }
@@ -122,6 +144,7 @@ static int32_t best_drafter(const sd_coord *c, const load *l, const sd_session *
 static void move_drafter(sd_coord *c, sd_session *s, int32_t to, uint64_t now_us);
 
 void sd_place_pending(sd_coord *c, uint64_t now_us) {
+    if (!c->route) c->route = sd_route_create(); /* NULL (out of memory): placement by load alone */
     load l;
     bool tallied = false;
     for (int32_t i = 0; i < c->n_sessions; i++) {
@@ -143,14 +166,15 @@ void sd_place_pending(sd_coord *c, uint64_t now_us) {
         if (!need_group && !need_drafter) continue;
         if (!tallied) tally(c, &l), tallied = true;
         if (need_group) {
-            int32_t g = best_group(c, &l, s->n_tokens - s->v_cached);
+            int32_t missing = s->n_tokens;
+            int32_t g = best_group(c, &l, s, &missing);
             if (g >= 0 && !s->in_verify) {
                 s->group = g;
                 s->v_cached = 0;
                 s->v_holds = false;
                 c->workers[g].served_requests++;
                 l.n[g]++;
-                l.tokens[g] += s->n_tokens > 1 ? s->n_tokens : 1;
+                l.tokens[g] += missing > 1 ? missing : 1;
                 c->drafting_dirty = true;
             }
         }

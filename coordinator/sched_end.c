@@ -32,7 +32,11 @@ static void fill_stats(const sd_coord *c, const sd_session *s, Specd__RequestSta
 }
 
 static void release(sd_coord *c, sd_session *s, uint64_t now_us) {
-    if (s->v_holds && sd_coord_group_ok(c, s)) sd_outbox_release(c, s->group, s->id, now_us);
+    if (s->v_holds && sd_coord_group_ok(c, s)) {
+        /* what it held stays in the group's prefix cache (placement.c) */
+        sd_route_record(c->route, s->group, c->workers[s->group].worker_id, s->tokens, s->v_cached);
+        sd_outbox_release(c, s->group, s->id, now_us);
+    }
     if (s->d_holds && sd_coord_drafter_ok(c, s)) sd_outbox_release(c, s->drafter, s->id, now_us);
     s->v_holds = s->d_holds = false;
 }

@@ -107,6 +107,8 @@ static void apply_ok(sd_coord *c, sd_coord_worker *w, sd_session *s, int32_t k, 
     s->verify_failures = 0;
     bool refill = s->n_tokens - s->v_cached > 1; /* the step appended more than the last token */
     s->v_cached = (int32_t)vr->cached_len;
+    if (refill) /* the group's prefix cache now holds these (placement.c) */
+        sd_route_record(c->route, s->group, c->workers[s->group].worker_id, s->tokens, s->v_cached);
     if (w->prefill_only) {
         if (vr->n_logprobs > 0) sd_sched_prompt_logprobs_applied(c, s, vr, now_us);
         return;

@@ -99,6 +99,7 @@ void sd_coord_state_free(sd_coord *c) {
     c->n_chunks = c->cap_chunks = 0;
     for (int32_t i = 0; i < c->n_sessions; i++) sd_session_free(&c->sessions[i]);
     sd_choice_free(c);
+    sd_route_free(&c->route);
     free(c->sessions);
     c->sessions = NULL;
     c->n_sessions = 0;

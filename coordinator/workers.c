@@ -98,6 +98,17 @@ void sd_cost_seed(sd_cost_model *c, const sd_step_cost *costs, size_t n) {
     }
 }
 
+/* A worker's resource report (Hello or heartbeat) into its record. */
+static void take_stats(sd_coord_worker *w, const Specd__WorkerStats *st) {
+    w->kv_blocks_total = st->kv_blocks_total;
+    w->kv_blocks_free = st->kv_blocks_free;
+    w->n_sequences = st->n_sequences;
+    w->prefix_query_tokens = st->prefix_query_tokens;
+    w->prefix_hit_tokens = st->prefix_hit_tokens;
+    w->prefix_blocks_cached = st->prefix_blocks_cached;
+    w->prefix_blocks_evicted = st->prefix_blocks_evicted;
+}
+
 /* Whether Hello h may register at all, whatever is registered now: the
  * key's role (peer_role, from the allow-list), the protocol version, the
  * role, the model's vocabulary. SPECD__CODE__CODE_OK, or the refusal's code
@@ -195,11 +206,7 @@ static void worker_from_hello(sd_coord *c, sd_coord_worker *w, const uint8_t *id
     w->n_ctx = (int32_t)(h->model->context_length > INT32_MAX ? INT32_MAX : h->model->context_length);
     w->max_batch = h->max_batch == 0 || h->max_batch > SD_MAX_BATCH ? SD_MAX_BATCH : (int32_t)h->max_batch;
     w->max_k = h->max_k == 0 || h->max_k > SD_MAX_K ? SD_MAX_K : (int32_t)h->max_k;
-    if (h->stats) {
-        w->kv_blocks_total = h->stats->kv_blocks_total;
-        w->kv_blocks_free = h->stats->kv_blocks_free;
-        w->n_sequences = h->stats->n_sequences;
-    }
+    if (h->stats) take_stats(w, h->stats);
     w->last_recv_us = now_us;
 }
 
@@ -300,10 +307,7 @@ void sd_workers_on_message_as(sd_coord *c, const uint8_t *ident, size_t ident_le
         if (wi < 0) {
             SD_DEBUG("heartbeat from an unregistered worker; ignored");
         } else if (env->heartbeat->stats) {
-            sd_coord_worker *w = &c->workers[wi];
-            w->kv_blocks_total = env->heartbeat->stats->kv_blocks_total;
-            w->kv_blocks_free = env->heartbeat->stats->kv_blocks_free;
-            w->n_sequences = env->heartbeat->stats->n_sequences;
+            take_stats(&c->workers[wi], env->heartbeat->stats);
         }
         break;
     case SPECD__WORKER_TO_COORDINATOR__BODY_DRAFT:

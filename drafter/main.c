@@ -44,7 +44,8 @@ typedef struct drafter_opts {
     int32_t ngram_min, ngram_max;
     int32_t ngram_cache; /* entries of the n-gram cache shared across requests; 0 = none */
     int32_t draft_layers;
-    int32_t draft_vocab; /* --draft-vocab (sd_drafter_params.draft_vocab); -1 = not given */
+    int32_t draft_vocab;  /* --draft-vocab (sd_drafter_params.draft_vocab); -1 = not given */
+    int32_t prefix_cache; /* --prefix-cache PCT; -1 = not given */
     int32_t n_threads, max_seqs, kv_blocks, top_n, max_k, max_batch, max_ctx, index;
     int32_t device;          /* model drafters: -1 CPU, N cuda:N */
     int32_t warmup;          /* --warmup N; -1 = the default */
@@ -76,6 +77,8 @@ static void usage(FILE *f) {
             "                          those rows of the LM head (exact at any N, at most the\n"
             "                          vocabulary's size; 0 = the whole vocabulary, the default;\n"
             "                          32768 measured best with SmolLM2's 49,152 ids)\n"
+            "      --prefix-cache PCT  model drafters: share of the KV pool that cached prompt blocks no\n"
+            "                          request holds may keep (default 50; 0: no prefix cache)\n"
             "  -t, --threads N         worker threads (default: all cores)\n"
             "      --device D          cpu (default), cuda or cuda:N: where a draft model runs\n"
             "      --max-seqs N        sequences held at once (default 64)\n"
@@ -126,7 +129,8 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         O_DEVICE,
         O_WARMUP,
         O_CSECRET,
-        O_CSERVER
+        O_CSERVER,
+        O_PREFIX
     };
     static const struct option longs[] = {
         {"coordinator", required_argument, 0, O_COORD},
@@ -140,6 +144,7 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         {"ngram-cache", required_argument, 0, O_NCACHE},
         {"draft-layers", required_argument, 0, O_LAYERS},
         {"draft-vocab", required_argument, 0, O_DVOCAB},
+        {"prefix-cache", required_argument, 0, O_PREFIX},
         {"threads", required_argument, 0, 't'},
         {"max-seqs", required_argument, 0, O_SEQS},
         {"kv-blocks", required_argument, 0, O_KV},
@@ -170,6 +175,7 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         case O_NCACHE: ok = parse_int("--ngram-cache", optarg, 0, 1 << 24, &o->ngram_cache); break;
         case O_LAYERS: ok = parse_int("--draft-layers", optarg, 1, 4096, &o->draft_layers); break;
         case O_DVOCAB: ok = parse_int("--draft-vocab", optarg, 0, 1 << 24, &o->draft_vocab); break;
+        case O_PREFIX: ok = parse_int("--prefix-cache", optarg, 0, 100, &o->prefix_cache); break;
         case 't': ok = parse_int("--threads", optarg, 0, 1024, &o->n_threads); break;
         case O_SEQS: ok = parse_int("--max-seqs", optarg, 1, 65536, &o->max_seqs); break;
         case O_KV: ok = parse_int("--kv-blocks", optarg, 1, 1 << 28, &o->kv_blocks); break;
@@ -281,6 +287,7 @@ int main(int argc, char **argv) {
         .backend = sd_backend_default_opts(),
         .warmup = -1,
         .draft_vocab = -1,
+        .prefix_cache = -1,
     };
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc == 1 ? 0 : 2;
@@ -312,6 +319,7 @@ int main(int argc, char **argv) {
     dp.device = o.device;
     dp.backend = &o.backend;
     if (o.draft_vocab >= 0) dp.draft_vocab = o.draft_vocab;
+    if (o.prefix_cache >= 0) dp.prefix_cache_pct = o.prefix_cache > 0 ? o.prefix_cache : -1;
     if (o.draft_vocab > 0 && (uint32_t)o.draft_vocab > wp.model.vocab_size) {
         SD_ERROR("--draft-vocab %d is more than the %u tokens of the vocabulary of %s", (int)o.draft_vocab,
                  wp.model.vocab_size, id_path);

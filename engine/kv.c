@@ -24,8 +24,14 @@
  * negative length or a grow to a length shorter than the current one are
  * SD_ERR_INVALID_ARG. Accessors that return pointers return NULL on a bad
  * argument. Rejected: zeroing blocks on reuse — the forward pass writes every
- * entry before reading it, so the cost buys nothing. */
-#include "specd/kv.h"
+ * entry before reading it, so the cost buys nothing.
+ *
+ * Blocks carry a reference count and a cached flag (kv_impl.h) for the
+ * prefix cache (kv_prefix.c): grow takes blocks through it (a free one, else
+ * an idle cached one, evicted), truncation and release drop references
+ * through it. With the cache off every block is free or held by one slot,
+ * and all of the above is exactly as described. */
+#include "kv_impl.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -33,26 +39,6 @@
 
 /* The one process-wide counter: cache identities for sd_kv_uid. */
 static atomic_uint_fast64_t next_uid = 1;
-
-typedef struct kv_slot {
-    int32_t len;      /* tokens stored */
-    int32_t n_blocks; /* blocks in table */
-    int32_t cap;      /* capacity of table */
-    int32_t *table;   /* [cap] block ids, first n_blocks valid */
-} kv_slot;
-
-struct sd_kv {
-    sd_kv_params p;
-    size_t elem_bytes;       /* 4 (f32) or 2 (f16) */
-    size_t token_floats;     /* values per token: n_kv_heads * head_dim */
-    size_t block_floats;     /* block_size * token_floats */
-    unsigned char **k_pools; /* [n_layers] -> [n_blocks * block_floats] values */
-    unsigned char **v_pools; /* [n_layers] -> [n_blocks * block_floats] values */
-    int32_t *free_stack;     /* [n_blocks] free block ids; top at n_free-1 */
-    int32_t n_free;
-    kv_slot *slots; /* [max_seqs] */
-    uint64_t uid;
-};
 
 sd_kv_params sd_kv_default_params(void) {
     sd_kv_params p;
@@ -110,7 +96,8 @@ sd_status sd_kv_create(const sd_kv_params *p, sd_kv **out) {
     kv->v_pools = calloc((size_t)p->n_layers, sizeof *kv->v_pools);
     kv->free_stack = malloc((size_t)p->n_blocks * sizeof *kv->free_stack);
     kv->slots = calloc((size_t)p->max_seqs, sizeof *kv->slots);
-    if (!kv->k_pools || !kv->v_pools || !kv->free_stack || !kv->slots) goto nomem;
+    kv->blocks = calloc((size_t)p->n_blocks, sizeof *kv->blocks);
+    if (!kv->k_pools || !kv->v_pools || !kv->free_stack || !kv->slots || !kv->blocks) goto nomem;
     if ((p->pool_alloc == NULL) != (p->pool_free == NULL)) {
         SD_ERROR("kv: pool_alloc and pool_free go together");
         sd_kv_free(&kv);
@@ -125,6 +112,15 @@ sd_status sd_kv_create(const sd_kv_params *p, sd_kv **out) {
     /* Block 0 on top: a fresh cache hands out blocks 0, 1, 2, ... */
     for (int32_t i = 0; i < p->n_blocks; i++) kv->free_stack[i] = p->n_blocks - 1 - i;
     kv->n_free = p->n_blocks;
+    for (int32_t i = 0; i < p->n_blocks; i++)
+        kv->blocks[i] = (kv_block){.parent = -1,
+                                   .hnext = -1,
+                                   .lru_prev = -1,
+                                   .lru_next = -1,
+                                   .first_child = -1,
+                                   .sib_prev = -1,
+                                   .sib_next = -1};
+    kv->lru_old = kv->lru_new = kv->first_root = -1;
     *out = kv;
     return SD_OK;
 
@@ -155,6 +151,8 @@ void sd_kv_free(sd_kv **kvp) {
         for (int32_t s = 0; s < kv->p.max_seqs; s++) free(kv->slots[s].table);
     free(kv->slots);
     free(kv->free_stack);
+    sd_kv_prefix_free_(kv);
+    free(kv->blocks);
     free(kv);
     *kvp = NULL;
 }
@@ -176,7 +174,7 @@ int32_t sd_kv_seq_len(const sd_kv *kv, int32_t seq) {
     return kv->slots[seq].len;
 }
 
-int32_t sd_kv_n_free_blocks(const sd_kv *kv) { return kv->n_free; }
+int32_t sd_kv_n_free_blocks(const sd_kv *kv) { return kv->n_free + kv->n_idle; }
 
 /* Blocks needed to hold len tokens. */
 static int32_t blocks_for(const sd_kv *kv, int32_t len) {
@@ -193,9 +191,9 @@ sd_status sd_kv_grow(sd_kv *kv, int32_t seq, int32_t new_len) {
     }
     int32_t need = blocks_for(kv, new_len);
     int32_t extra = need - sl->n_blocks;
-    if (extra > kv->n_free) {
+    if (extra > kv->n_free + kv->n_idle) {
         SD_DEBUG("kv: grow: slot %d needs %d more blocks for length %d, %d free", (int)seq, (int)extra, (int)new_len,
-                 (int)kv->n_free);
+                 (int)(kv->n_free + kv->n_idle));
         return SD_ERR_OUT_OF_BLOCKS;
     }
     if (need > sl->cap) {
@@ -210,16 +208,22 @@ sd_status sd_kv_grow(sd_kv *kv, int32_t seq, int32_t new_len) {
         sl->table = table;
         sl->cap = cap;
     }
-    for (int32_t i = 0; i < extra; i++) sl->table[sl->n_blocks++] = kv->free_stack[--kv->n_free];
+    for (int32_t i = 0; i < extra; i++) {
+        int32_t b = sd_kv_take_block_(kv);
+        kv->blocks[b].ref = 1;
+        sl->table[sl->n_blocks++] = b;
+    }
     sl->len = new_len;
     return SD_OK;
 }
 
-/* Pushes slot's blocks past the first keep back on the free stack, last
- * block first, so the earliest freed block ends on top. */
+/* Drops slot's blocks past the first keep, last block first, so the
+ * earliest freed block ends on top of the free stack (and a cached tail is
+ * older on the idle list than the blocks before it: evicted first). */
 static void free_tail(sd_kv *kv, kv_slot *sl, int32_t keep) {
-    for (int32_t b = sl->n_blocks - 1; b >= keep; b--) kv->free_stack[kv->n_free++] = sl->table[b];
+    for (int32_t b = sl->n_blocks - 1; b >= keep; b--) sd_kv_drop_block_(kv, sl->table[b]);
     sl->n_blocks = keep;
+    if (sl->n_chain > keep) sl->n_chain = keep;
 }
 
 sd_status sd_kv_truncate(sd_kv *kv, int32_t seq, int32_t len) {
@@ -233,7 +237,19 @@ sd_status sd_kv_truncate(sd_kv *kv, int32_t seq, int32_t len) {
         SD_ERROR("kv: truncate: length %d of slot %d exceeds its current length %d", (int)len, (int)seq, (int)sl->len);
         return SD_ERR_RANGE;
     }
-    free_tail(kv, sl, blocks_for(kv, len));
+    int32_t keep = blocks_for(kv, len);
+    if (len % kv->p.block_size != 0 && keep <= sl->n_blocks) {
+        /* the new last block is partial: later appends write into it */
+        int32_t b = sl->table[keep - 1];
+        if (kv->blocks[b].ref > 1) {
+            keep--; /* seen by another sequence: stop at its start */
+            len = keep * kv->p.block_size;
+        } else if (kv->blocks[b].cached) {
+            sd_kv_uncache_block_(kv, b); /* ours alone: it leaves the cache */
+        }
+    }
+    free_tail(kv, sl, keep);
+    if (sl->n_chain > len / kv->p.block_size) sl->n_chain = len / kv->p.block_size;
     sl->len = len;
     return SD_OK;
 }
@@ -243,6 +259,56 @@ void sd_kv_release(sd_kv *kv, int32_t seq) {
     kv_slot *sl = &kv->slots[seq];
     free_tail(kv, sl, 0);
     sl->len = 0;
+}
+
+sd_status sd_kv_check(const sd_kv *kv) {
+    const int32_t nb = kv->p.n_blocks;
+    int32_t *uses = calloc((size_t)nb, sizeof *uses);
+    if (!uses) return SD_ERR_NOMEM;
+    const char *bad = NULL;
+    int32_t where = -1;
+    for (int32_t s = 0; s < kv->p.max_seqs && !bad; s++) {
+        const kv_slot *sl = &kv->slots[s];
+        if (sl->n_blocks != blocks_for(kv, sl->len) || sl->n_chain > sl->n_blocks) bad = "a slot's table length";
+        for (int32_t i = 0; i < sl->n_blocks && !bad; i++) {
+            int32_t b = sl->table[i];
+            if (b < 0 || b >= nb)
+                bad = "a block id in a table";
+            else if (i < sl->n_chain && !kv->blocks[b].cached)
+                bad = "an uncached block in a slot's chain";
+            else
+                uses[b]++;
+            where = s;
+        }
+    }
+    for (int32_t b = 0; b < nb && !bad; b++) {
+        where = b;
+        if (uses[b] != kv->blocks[b].ref) bad = "a reference count";
+    }
+    int32_t n_idle = 0;
+    for (int32_t b = kv->lru_old; b >= 0 && !bad && n_idle <= nb; b = kv->blocks[b].lru_next, n_idle++) {
+        where = b;
+        if (kv->blocks[b].ref != 0 || !kv->blocks[b].cached) bad = "a held or uncached block on the idle list";
+    }
+    if (!bad && n_idle != kv->n_idle) bad = "the idle count";
+    for (int32_t i = 0; i < kv->n_free && !bad; i++) {
+        int32_t b = kv->free_stack[i];
+        where = b;
+        if (b < 0 || b >= nb || kv->blocks[b].ref != 0 || kv->blocks[b].cached || uses[b]++ != 0)
+            bad = "a held, cached or doubled block on the free stack";
+    }
+    int32_t n_held = 0, n_cached = 0;
+    for (int32_t b = 0; b < nb; b++) {
+        n_held += kv->blocks[b].ref > 0;
+        n_cached += kv->blocks[b].cached;
+    }
+    if (!bad && (n_held + kv->n_free + kv->n_idle != nb || n_cached != kv->n_cached)) bad = "the block totals";
+    free(uses);
+    if (bad) {
+        SD_ERROR("kv: check: %s is wrong (at %d)", bad, (int)where);
+        return SD_ERR_INTERNAL;
+    }
+    return SD_OK;
 }
 
 static void *entry(sd_kv *kv, unsigned char **pools, int32_t layer, int32_t seq, int32_t pos, const char *what) {

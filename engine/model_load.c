@@ -729,6 +729,13 @@ sd_status sd_model_kv_create(const sd_model *m, int32_t max_seqs, int32_t n_bloc
     p.n_blocks = n_blocks;
     p.max_seqs = max_seqs;
     p.type = m->params.kv_type;
+    /* The prefix cache's identity (kv_prefix.c): a cache belongs to one
+     * model, so its shape and this rank's slice of the KV heads suffice. */
+    const int32_t ident[] = {m->cfg.n_vocab,   m->cfg.n_embd,    m->n_layers_used,  m->cfg.n_heads,
+                             m->shard.tp_rank, m->shard.tp_size, m->shard.kv_head0, m->shard.n_kv_heads};
+    uint64_t salt = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < sizeof ident / sizeof ident[0]; i++) salt = (salt ^ (uint32_t)ident[i]) * 1099511628211ull;
+    p.prefix_salt = salt;
     const sd_backend_ops *ops = m->be.ops;
     if (p.type == SD_DTYPE_F16 && (!ops->kv_write_f16 || !ops->attention_f16)) {
         SD_ERROR("model: the %s backend keeps an f32 KV cache only (--kv-type f32)", ops->name);

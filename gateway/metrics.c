@@ -208,6 +208,35 @@ static const char *role_name(Specd__Role r) {
     }
 }
 
+/* The verifiers' prefix caches (kv.h), per group leader and overall. */
+static void prefix_cache_metrics(outbuf *b, const sd_client_service_stats *st) {
+    static const char *const names[4] = {"specd_prefix_cache_query_tokens_total", "specd_prefix_cache_hit_tokens_total",
+                                         "specd_prefix_cache_evicted_blocks_total", "specd_prefix_cache_blocks"};
+    static const char *const help[4] = {"Prompt tokens looked up in the verifier group's prefix cache.",
+                                        "Prompt tokens found in the prefix cache (not computed).",
+                                        "Cached KV blocks evicted for room or the cache's bound.",
+                                        "KV blocks in the prefix cache now."};
+    uint64_t query = 0, hit = 0;
+    for (int k = 0; k < 4; k++) {
+        head(b, names[k], k == 3 ? "gauge" : "counter", help[k]);
+        for (size_t i = 0; i < st->n_workers; i++) {
+            const sd_client_worker_info *w = &st->workers[i];
+            if (w->role != SPECD__ROLE__ROLE_VERIFIER || w->rank != 0) continue;
+            uint64_t v = k == 0   ? w->prefix_query_tokens
+                         : k == 1 ? w->prefix_hit_tokens
+                         : k == 2 ? w->prefix_blocks_evicted
+                                  : w->prefix_blocks_cached;
+            if (k == 0) query += v;
+            if (k == 1) hit += v;
+            out(b, "%s{group=\"%u\",worker=\"%llu\"} %llu\n", names[k], w->group_id, (unsigned long long)w->worker_id,
+                (unsigned long long)v);
+        }
+    }
+    head(b, "specd_prefix_cache_hit_ratio", "gauge",
+         "Prompt tokens found in the prefix caches / looked up, all groups.");
+    out(b, "specd_prefix_cache_hit_ratio %.6f\n", query ? (double)hit / (double)query : 0.0);
+}
+
 /* Speculative decoding as the coordinator counts it (vLLM's names where it
  * has one: vllm:spec_decode_num_drafts, _num_draft_tokens,
  * _num_accepted_tokens, _num_accepted_tokens_per_pos). Rates come from the
@@ -298,6 +327,7 @@ static void coordinator_metrics(outbuf *b, const sd_client_service_stats *st) {
                 (unsigned long long)w->worker_id, v);
         }
     }
+    prefix_cache_metrics(b, st);
     head(b, "specd_worker_steps_total", "counter", "Forward steps the worker ran.");
     for (size_t i = 0; i < st->n_workers; i++)
         out(b, "specd_worker_steps_total{role=\"%s\",rank=\"%u\",worker=\"%llu\"} %llu\n",

@@ -2600,6 +2600,49 @@ static void test_placement_load_affinity_failover(void **state) {
     harness_free(h);
 }
 
+/* The group of session id (-1 when none). */
+static int32_t group_of_request(const harness *h, uint64_t id) {
+    for (int32_t i = 0; i < h->c.n_sessions; i++)
+        if (h->c.sessions[i]->id == id) return h->c.sessions[i]->group;
+    return -1;
+}
+
+/* Placement by cached prefix (prefix_route.c): a request whose prompt
+ * extends one a group has prefilled goes to that group although it is the
+ * busier one, while that group holds no more than an even share; the next
+ * goes to the other group by load (no piling). Before the coordinator saw
+ * the prefill, load alone decides. */
+static void test_placement_prefix(void **state) {
+    (void)state;
+    NEED_MODEL();
+    harness *h = harness_new(NULL);
+    register_group(h, "a", 1000, 100);
+    register_group(h, "b", 1000, 100);
+    int32_t ga = widx(h, "a"), gb = widx(h, "b");
+    assert_true(ga >= 0 && gb >= 0);
+    int32_t prompt[72];
+    for (int i = 0; i < 72; i++) prompt[i] = 10 + (i * 7) % 90;
+    submit(h, "c", prompt, 64, 20, NULL);
+    uint64_t first = expect_accepted(h, "c");
+    int32_t g1 = group_of_request(h, first), g2 = g1 == ga ? gb : ga;
+    const char *name1 = g1 == ga ? "a" : "b";
+    Specd__CoordinatorToWorker *w = pop_worker(h, name1);
+    assert_non_null(w);
+    assert_int_equal(w->body_case, SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY);
+    answer_plain(h, name1, w, 7); /* the 64-token prompt is prefilled on g1 */
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    drain(h); /* its token, its next step */
+    prompt[64] = 3;
+    submit(h, "c", prompt, 66, 20, NULL);
+    uint64_t second = expect_accepted(h, "c");
+    assert_int_equal(group_of_request(h, second), g1); /* 2 tokens to compute there, 66 on the other */
+    prompt[64] = 4;
+    submit(h, "c", prompt, 66, 20, NULL);
+    uint64_t third = expect_accepted(h, "c");
+    assert_int_equal(group_of_request(h, third), g2); /* g1 holds more than an even share */
+    harness_free(h);
+}
+
 /* A group that drains (UNAVAILABLE after its last step) hands its
  * requests over at once, without waiting out the liveness period. */
 static void test_drained_group_hands_over(void **state) {
@@ -3449,6 +3492,7 @@ int main(void) {
         cmocka_unit_test(test_slow_drafter_backs_off),
         cmocka_unit_test(test_continuation_across_the_seam),
         cmocka_unit_test(test_placement_load_affinity_failover),
+        cmocka_unit_test(test_placement_prefix),
         cmocka_unit_test(test_drained_group_hands_over),
         cmocka_unit_test(test_drafters_share_failover_pin),
         cmocka_unit_test(test_drafter_choice_by_goodput),

@@ -47,7 +47,12 @@ static sd_client_service_stats *snapshot(void) {
                                              .alive = true,
                                              .worker_id = 2,
                                              .kv_blocks_total = 100,
-                                             .kv_blocks_free = 60};
+                                             .kv_blocks_free = 60,
+                                             .group_id = 1,
+                                             .prefix_query_tokens = 400,
+                                             .prefix_hit_tokens = 300,
+                                             .prefix_blocks_cached = 20,
+                                             .prefix_blocks_evicted = 5};
     /* the killed drafter (kept for stats) and the one that replaced it */
     st->workers[1] = (sd_client_worker_info){.role = SPECD__ROLE__ROLE_DRAFTER, .alive = false, .worker_id = 1};
     st->workers[2] = (sd_client_worker_info){.role = SPECD__ROLE__ROLE_DRAFTER, .alive = true, .worker_id = 3};
@@ -151,6 +156,9 @@ static void test_workers_distinct(void **state) {
     has_line(text, "specd_worker_up{role=\"verifier\",rank=\"0\",name=\"\",worker=\"2\"} 1");
     has_line(text, "specd_worker_kv_blocks_used{role=\"verifier\",rank=\"0\",worker=\"2\"} 40");
     has_line(text, "specd_worker_kv_blocks_free{role=\"verifier\",rank=\"0\",worker=\"2\"} 60");
+    has_line(text, "specd_prefix_cache_hit_tokens_total{group=\"1\",worker=\"2\"} 300");
+    has_line(text, "specd_prefix_cache_blocks{group=\"1\",worker=\"2\"} 20");
+    has_line(text, "specd_prefix_cache_hit_ratio 0.750000");
     has_line(text, "specd_coordinator_up 1");
     free(text);
     free(st);

@@ -127,7 +127,7 @@ static sd_status load(const char *path, int tp, int rank, sd_tp_lm_head mode, sd
  * each sequence's first half interleaved, then the rest interleaved;
  * "alone" runs one token per call. Logits are wanted on every row and
  * stored at [seq][pos]. */
-typedef enum { SCHED_MIXED, SCHED_ALONE } sched;
+typedef enum { SCHED_MIXED, SCHED_ALONE, SCHED_PREFIX } sched;
 
 typedef struct workload {
     int32_t n_seqs;
@@ -145,7 +145,39 @@ static workload make_workload(int32_t n_vocab, uint32_t seed) {
     return w;
 }
 
+/* make_workload's, with sequences 0, 3 and 1 starting with sequence 2's
+ * first 6, 5 and 3 tokens (a prefix cache's workload). */
+static workload make_shared_workload(int32_t n_vocab, uint32_t seed) {
+    workload w = make_workload(n_vocab, seed);
+    const int32_t shared[MAX_SEQS] = {6, 3, 0, 5};
+    for (int32_t s = 0; s < w.n_seqs; s++)
+        for (int32_t p = 0; p < shared[s]; p++) w.ids[s][p] = w.ids[2][p];
+    return w;
+}
+
 static size_t row_of(int32_t s, int32_t p) { return (size_t)s * MAX_LEN + (size_t)p; }
+
+/* SCHED_PREFIX on the leader's model m with its prefix cache on: sequence
+ * 2, then 0, 3 and 1, each alone: it adopts the cached blocks of its tokens
+ * (all but the last), computes the rest in one call, registers its blocks
+ * and ends. adopted[s]: the rows not computed. */
+static sd_status run_prefix(sd_model *m, sd_kv *kv, const workload *w, float *out, int32_t *adopted) {
+    int32_t V = sd_model_config_of(m)->n_vocab, pos[MAX_LEN], seq[MAX_LEN];
+    bool want[MAX_LEN];
+    const int32_t order[MAX_SEQS] = {2, 0, 3, 1};
+    sd_status st = SD_OK;
+    for (int32_t i = 0; i < w->n_seqs && st == SD_OK; i++) {
+        int32_t s = order[i], got = 0, len = w->len[s];
+        st = sd_kv_prefix_adopt(kv, s, w->ids[s], len - 1, &got);
+        for (int32_t p = got; p < len; p++) pos[p - got] = p, seq[p - got] = s, want[p - got] = true;
+        sd_batch b = {len - got, w->ids[s] + got, pos, seq, want};
+        if (st == SD_OK) st = sd_model_forward(m, kv, &b, out + row_of(s, got) * (size_t)V);
+        if (st == SD_OK) st = sd_kv_prefix_commit(kv, s, w->ids[s], len);
+        sd_kv_release(kv, s);
+        adopted[s] = got;
+    }
+    return st;
+}
 
 /* Runs the schedule on the leader's model m, storing logits in out
  * [MAX_SEQS*MAX_LEN][V]. */
@@ -252,7 +284,18 @@ typedef struct group_case {
     float *out;             /* shared: [MAX_SEQS*MAX_LEN][V] written by rank 0 */
     uint64_t *resident;     /* shared: [tp] each rank's sd_model_resident_bytes */
     sd_model_shard *shards; /* shared: [tp] */
+    bool shared;            /* make_shared_workload */
+    int32_t *adopted;       /* shared: [MAX_SEQS] rows adopted, SCHED_PREFIX */
 } group_case;
+
+/* gc's workload on the leader's m (SCHED_PREFIX with the prefix cache on). */
+static sd_status run_case(group_case *gc, sd_model *m, sd_kv *kv) {
+    int32_t V = sd_model_config_of(m)->n_vocab;
+    workload w = gc->shared ? make_shared_workload(V, gc->seed) : make_workload(V, gc->seed);
+    if (gc->sc != SCHED_PREFIX) return run_workload(m, kv, &w, gc->sc, gc->out);
+    SD_TRY(sd_kv_prefix_enable(kv, KV_BLOCKS / 2));
+    return run_prefix(m, kv, &w, gc->out, gc->adopted);
+}
 
 static int rank_main(group_case *gc, int rank) {
     sd_model *m = NULL;
@@ -272,8 +315,7 @@ static int rank_main(group_case *gc, int rank) {
     if (!rc && rank == 0) {
         plan_wire pw = {.coll = coll};
         sd_model_set_plan_sink(m, bcast_plan, &pw);
-        workload w = make_workload(sd_model_config_of(m)->n_vocab, gc->seed);
-        if (run_workload(m, kv, &w, gc->sc, gc->out) != SD_OK) rc = 14;
+        if (run_case(gc, m, kv) != SD_OK) rc = 14;
         if (bcast_end(coll) != SD_OK && !rc) rc = 15;
         free(pw.buf);
     } else if (!rc) {
@@ -328,6 +370,7 @@ static float *run_group(group_case *gc, int32_t V) {
     gc->out = shared(bytes);
     gc->resident = shared(MAX_TP * sizeof(uint64_t));
     gc->shards = shared(MAX_TP * sizeof(sd_model_shard));
+    gc->adopted = shared(MAX_SEQS * sizeof(int32_t));
     static int counter;
     snprintf(gc->shm_name, sizeof gc->shm_name, "specd-test-tp-%d-%d", (int)getpid(), ++counter);
     if (gc->tp == 1) {
@@ -337,8 +380,7 @@ static float *run_group(group_case *gc, int32_t V) {
         sd_model_shard_of(m, &gc->shards[0]);
         sd_kv *kv = NULL;
         assert_int_equal(sd_model_kv_create(m, MAX_SEQS, KV_BLOCKS, BLOCK, &kv), SD_OK);
-        workload w = make_workload(V, gc->seed);
-        assert_int_equal(run_workload(m, kv, &w, gc->sc, gc->out), SD_OK);
+        assert_int_equal(run_case(gc, m, kv), SD_OK);
         sd_kv_free(&kv);
         sd_model_free(&m);
         return gc->out;
@@ -383,6 +425,7 @@ static void free_group(group_case *gc, int32_t V) {
     munmap(gc->out, (size_t)MAX_SEQS * MAX_LEN * (size_t)V * sizeof(float));
     munmap(gc->resident, MAX_TP * sizeof(uint64_t));
     munmap(gc->shards, MAX_TP * sizeof(sd_model_shard));
+    munmap(gc->adopted, MAX_SEQS * sizeof(int32_t));
 }
 
 static int32_t argmax(const float *x, int32_t n) {
@@ -500,6 +543,34 @@ static void test_tp_batch_invariant(void **state) {
     assert_bits(a, b, &w, V, "tp 2: interleaved vs alone");
     free_group(&mixed, V);
     free_group(&alone, V);
+}
+
+/* The prefix cache in a group: the leader adopts cached blocks (its ranks
+ * read and write by its block tables) and every row it computes equals,
+ * bit for bit, the same row without the cache (each sequence alone); at TP
+ * 1 and 2. */
+static void test_tp_prefix_cache(void **state) {
+    (void)state;
+    SKIP_WITHOUT_MODELS();
+    int32_t V = vocab_of(env.m_gqa);
+    for (int tp = 1; tp <= 2; tp++) {
+        group_case cold = {
+            .model = env.m_gqa, .tp = tp, .mode = SD_TP_LM_HEAD_SPLIT, .sc = SCHED_ALONE, .seed = 93, .shared = true};
+        group_case warm = cold;
+        warm.sc = SCHED_PREFIX;
+        float *a = run_group(&cold, V), *b = run_group(&warm, V);
+        workload w = make_shared_workload(V, 93);
+        int32_t n_adopted = 0;
+        for (int32_t s = 0; s < w.n_seqs; s++) {
+            n_adopted += warm.adopted[s];
+            for (int32_t p = warm.adopted[s]; p < w.len[s]; p++)
+                if (memcmp(a + row_of(s, p) * (size_t)V, b + row_of(s, p) * (size_t)V, (size_t)V * sizeof(float)))
+                    fail_msg("tp %d: seq %d pos %d differs with the prefix cache", tp, (int)s, (int)p);
+        }
+        assert_int_equal(n_adopted, 4 + 4); /* sequences 0 and 3: one block of sequence 2 each */
+        free_group(&cold, V);
+        free_group(&warm, V);
+    }
 }
 
 /* Shards: the layer weights split 1/tp, the rest held where the mode says. */
@@ -680,8 +751,8 @@ int main(int argc, char **argv) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tp2_matches_tp1),    cmocka_unit_test(test_tp4_matches_tp1),
-        cmocka_unit_test(test_tp_batch_invariant), cmocka_unit_test(test_tp_resident_bytes),
-        cmocka_unit_test(test_tp_refusals),
+        cmocka_unit_test(test_tp_batch_invariant), cmocka_unit_test(test_tp_prefix_cache),
+        cmocka_unit_test(test_tp_resident_bytes),  cmocka_unit_test(test_tp_refusals),
     };
     return cmocka_run_group_tests(tests, setup_models, teardown_models);
 }

@@ -105,6 +105,18 @@ static sd_drafter *open_draft(int32_t max_seqs) {
     return d;
 }
 
+static sd_verifier *new_verifier_cache(int32_t max_seqs, int32_t kv_blocks, int32_t prefix_cache_pct) {
+    sd_verifier_params vp = sd_verifier_default_params();
+    vp.max_seqs = max_seqs;
+    vp.kv_blocks = kv_blocks;
+    vp.max_batch = 8;
+    vp.max_k = 8;
+    vp.prefix_cache_pct = prefix_cache_pct;
+    sd_verifier *v = NULL;
+    assert_int_equal(sd_verifier_create(env.target_model, &vp, &v), SD_OK);
+    return v;
+}
+
 static sd_verifier *new_verifier(int32_t max_seqs, int32_t kv_blocks) {
     sd_verifier_params vp = sd_verifier_default_params();
     vp.max_seqs = max_seqs;
@@ -605,6 +617,61 @@ static void test_verify_prefill_only(void **state) {
     sd_verifier_free(&v);
 }
 
+/* The prefix cache: a prompt sharing 33 tokens with an earlier, released
+ * one adopts its first two blocks (of 16) in a prefill chunk, then the
+ * 33rd token's row copied from the earlier prompt's third block in a
+ * normal step with drafts; the same prompt again adopts in a normal step;
+ * every answer (commits, acceptance, cached_len) equals a verifier without
+ * the cache: sampled without drafts, greedy with drafts. */
+static void test_verify_prefix_cache(void **state) {
+    (void)state;
+    SKIP_WITHOUT_MODELS();
+    sd_verifier *v[2] = {new_verifier_cache(4, 32, 50), new_verifier_cache(4, 32, 0)};
+    int32_t a[50], b[48];
+    make_prompt(a, 50, 91);
+    memcpy(b, a, 33 * sizeof *b);
+    make_prompt(b + 33, 15, 92);
+    sd_sampling sampled = sd_sampling_default(), greedy = sd_sampling_default();
+    sampled.temperature = 0.9f;
+    sampled.seed = 3;
+    int32_t drafts[4] = {b[44], b[45], b[46], b[47]};
+    sd_spec_q q[4] = {{0, NULL, NULL}};
+    vseq s;
+    Specd__VerifyResponse resp;
+    uint32_t answers[2][6];
+    for (int w = 0; w < 2; w++) {
+        vseq_init(&s, 1, 0, a, 50, &sampled); /* a, then released: its 3 full blocks stay cached */
+        assert_int_equal(run_verify(v[w], &s, 1, false, &resp)->code, SPECD__CODE__CODE_OK);
+        uint64_t id = 1;
+        sd_verifier_release(v[w], &id, 1);
+        vseq_init(&s, 2, 0, b, 32, &sampled); /* b: a prefill chunk of two whole cached blocks */
+        const Specd__VerifyResult *r = run_verify(v[w], &s, 1, true, &resp);
+        assert_int_equal(r->code, SPECD__CODE__CODE_OK);
+        assert_int_equal(r->cached_len, 32);
+        vseq_init(&s, 2, 32, b + 32, 12, &greedy); /* then a step with drafts */
+        vseq_drafts(&s, drafts, q, 4);
+        r = run_verify(v[w], &s, 1, false, &resp);
+        assert_int_equal(r->code, SPECD__CODE__CODE_OK);
+        answers[w][0] = r->commit[0];
+        answers[w][1] = r->n_accepted;
+        answers[w][2] = r->cached_len;
+        vseq_init(&s, 3, 0, b, 40, &sampled); /* b again, new id, one normal step */
+        r = run_verify(v[w], &s, 1, false, &resp);
+        assert_int_equal(r->code, SPECD__CODE__CODE_OK);
+        answers[w][3] = r->commit[0];
+        answers[w][4] = r->cached_len;
+        Specd__WorkerStats st = SPECD__WORKER_STATS__INIT;
+        sd_verifier_stats(v[w], &st);
+        answers[w][5] = (uint32_t)st.prefix_hit_tokens;
+    }
+    assert_memory_equal(answers[0], answers[1], 5 * sizeof answers[0][0]);
+    /* b's chunk: a's 2 blocks; its step: 1 row of a's third; b again: 2 blocks at least */
+    assert_true(answers[0][5] >= 32 + 1 + 32);
+    assert_int_equal(answers[1][5], 0);
+    sd_verifier_free(&v[0]);
+    sd_verifier_free(&v[1]);
+}
+
 /* Prompt logprobs (echo): prefill chunks with prompt_logprobs score every
  * appended token's successor (the last against prompt_next) exactly as the
  * log-softmax of the target's logits over the whole prompt in one forward
@@ -955,6 +1022,7 @@ int main(void) {
         cmocka_unit_test(test_verify_penalties_logprobs),
         cmocka_unit_test(test_verify_kv_full_and_release),
         cmocka_unit_test(test_verify_prefill_only),
+        cmocka_unit_test(test_verify_prefix_cache),
         cmocka_unit_test(test_verify_prompt_logprobs),
         cmocka_unit_test(test_verify_warmup),
         cmocka_unit_test(test_draft_server_keeps_whole_q),

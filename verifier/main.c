@@ -43,6 +43,7 @@ typedef struct verifier_opts {
     int32_t device; /* -1 CPU, N cuda:N */
     sd_dtype kv_type;
     int32_t max_seqs, kv_blocks, block_size, max_batch, max_k, tp, rank;
+    int32_t prefix_cache_pct;                            /* --prefix-cache PCT */
     int32_t group_id;                                    /* --group-id N, 0 = not named */
     const char *group;                                   /* --group ADDR */
     const char *curve_secret, *curve_server, *rank_keys; /* key files */
@@ -68,6 +69,9 @@ static void usage(FILE *f) {
             "      --max-seqs N        sequences cached at once (default 64)\n"
             "      --kv-blocks N       KV blocks (default: max-seqs x context/4 tokens, capped by memory)\n"
             "      --block-size N      tokens per KV block (default 16)\n"
+            "      --prefix-cache PCT  share of the KV pool that cached prompt blocks no request holds may\n"
+            "                          keep (default 50; 0: no prefix cache); evicted first when a request\n"
+            "                          needs blocks\n"
             "      --max-batch N       sequences per verify batch (default 64, at most %d)\n"
             "      --max-k N           draft tokens per sequence (default 16, at most %d)\n"
             "      --tp N              tensor-parallel group size (default 1); it must divide the attention\n"
@@ -116,6 +120,7 @@ enum {
     O_COORD = 256,
     O_MAX_SEQS,
     O_KV_BLOCKS,
+    O_PREFIX_CACHE,
     O_BLOCK,
     O_MAX_BATCH,
     O_MAX_K,
@@ -146,6 +151,7 @@ static const struct option verifier_longs[] = {
     {"threads", required_argument, 0, 't'},
     {"max-seqs", required_argument, 0, O_MAX_SEQS},
     {"kv-blocks", required_argument, 0, O_KV_BLOCKS},
+    {"prefix-cache", required_argument, 0, O_PREFIX_CACHE},
     {"block-size", required_argument, 0, O_BLOCK},
     {"max-batch", required_argument, 0, O_MAX_BATCH},
     {"max-k", required_argument, 0, O_MAX_K},
@@ -178,6 +184,7 @@ static bool apply_option(int c, const char *name, const char *arg, verifier_opts
     case 't': ok = parse_int("--threads", arg, 0, 1024, &o->n_threads); break;
     case O_MAX_SEQS: ok = parse_int("--max-seqs", arg, 1, 65536, &o->max_seqs); break;
     case O_KV_BLOCKS: ok = parse_int("--kv-blocks", arg, 1, 1 << 28, &o->kv_blocks); break;
+    case O_PREFIX_CACHE: ok = parse_int("--prefix-cache", arg, 0, 100, &o->prefix_cache_pct); break;
     case O_BLOCK: ok = parse_int("--block-size", arg, 1, 4096, &o->block_size); break;
     case O_MAX_BATCH: ok = parse_int("--max-batch", arg, 1, SD_MAX_BATCH, &o->max_batch); break;
     case O_MAX_K: ok = parse_int("--max-k", arg, 0, SD_MAX_K, &o->max_k); break;
@@ -368,6 +375,7 @@ static sd_status create_verifier(const verifier_opts *o, sd_model *model, const 
     vp->block_size = o->block_size;
     vp->max_batch = o->max_batch;
     vp->max_k = o->max_k;
+    vp->prefix_cache_pct = o->prefix_cache_pct;
     vp->kv_blocks = o->kv_blocks > 0
                         ? o->kv_blocks
                         : sd_verifier_default_kv_blocks(sd_model_config_of(model), o->max_seqs, o->block_size, 0);
@@ -500,6 +508,7 @@ int main(int argc, char **argv) {
         .block_size = 16,
         .max_batch = 64,
         .max_k = 16,
+        .prefix_cache_pct = 50,
         .tp = 1,
         .rank = 0,
         .device = -1,

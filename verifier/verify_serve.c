@@ -34,7 +34,19 @@
  * only: such a sequence gets its own forward with logits at every row
  * (at most SD_MAX_PROMPT_LP_ROWS), scored on the host; other sequences'
  * prefill keeps running without the LM head. Any backend whose forward
- * returns logits serves it (the CUDA one copies those rows to the host). */
+ * returns logits serves it (the CUDA one copies those rows to the host).
+ *
+ * Prefix cache (kv.h, kv_prefix.c): a prefill chunk of a sequence whose
+ * cache ends on a cached block boundary first adopts the cached blocks that
+ * continue it (hist holds the tokens), and in a host cache outside a TP
+ * group copies the rows of a cached block it ends or diverges inside, and
+ * computes only the rest; the
+ * answer is the same (cached_len keep_len + |append|), so the coordinator
+ * needs no change. Full blocks are registered once their tokens are
+ * committed (after a prefill chunk, after a verify step's rollback). A
+ * keep_len inside a block another sequence shares cannot be kept (it is
+ * never written again): that sequence gets CACHE_MISS and is resent, its
+ * prefix then adopted. Chunks asking for prompt logprobs adopt nothing. */
 #include "verify_serve.h"
 
 #include "specd/slots.h"
@@ -136,6 +148,7 @@ sd_verifier_params sd_verifier_default_params(void) {
         .max_batch = 64,
         .max_k = 16,
         .max_ctx = 0,
+        .prefix_cache_pct = 50,
     };
     return p;
 }
@@ -204,10 +217,11 @@ sd_status sd_verifier_create(sd_model *target, const sd_verifier_params *params,
     if (p.block_size <= 0) p.block_size = 16;
     if (p.max_ctx <= 0 || p.max_ctx > cfg->n_ctx_train) p.max_ctx = cfg->n_ctx_train;
     if (p.max_seqs <= 0 || p.max_seqs > 1 << 16 || p.kv_blocks <= 0 || p.max_batch <= 0 || p.max_batch > SD_MAX_BATCH ||
-        p.max_k < 0 || p.max_k > SD_MAX_K || p.max_k > SD_MAX_K) {
+        p.max_k < 0 || p.max_k > SD_MAX_K || p.prefix_cache_pct < 0 || p.prefix_cache_pct > 100) {
         SD_ERROR("verifier: bad parameters (max_seqs %d, kv_blocks %d, max_batch %d in [1, %d], max_k %d in "
-                 "[0, %d])",
-                 (int)p.max_seqs, (int)p.kv_blocks, (int)p.max_batch, SD_MAX_BATCH, (int)p.max_k, SD_MAX_K);
+                 "[0, %d], prefix_cache_pct %d in [0, 100])",
+                 (int)p.max_seqs, (int)p.kv_blocks, (int)p.max_batch, SD_MAX_BATCH, (int)p.max_k, SD_MAX_K,
+                 (int)p.prefix_cache_pct);
         return SD_ERR_INVALID_ARG;
     }
     sd_verifier *v = calloc(1, sizeof *v);
@@ -238,6 +252,11 @@ sd_status sd_verifier_create(sd_model *target, const sd_verifier_params *params,
         st = sd_model_kv_create(target, p.max_seqs, p.kv_blocks, p.block_size, &v->kv);
     else
         SD_ERROR("verifier: out of memory");
+    if (st == SD_OK) st = sd_kv_prefix_enable(v->kv, (int32_t)((int64_t)p.kv_blocks * p.prefix_cache_pct / 100));
+    sd_model_shard shard;
+    sd_model_shard_of(target, &shard);
+    if (st == SD_OK && shard.tp_size <= 1 && !sd_kv_params_of(v->kv)->pool_alloc)
+        st = sd_kv_prefix_set_partial_copy(v->kv, true); /* a host cache alone: copy, not recompute (kv.h) */
     if (st != SD_OK) {
         sd_verifier_free(&v);
         return st;
@@ -303,6 +322,11 @@ static void admit(sd_verifier *v, const Specd__VerifyRequest *req, size_t i, seq
         if (plan->new_slot) sd_slots_release(&v->slots, slot);
         return;
     }
+    if (sd_kv_seq_len(v->kv, slot) < plan->keep_len) { /* keep_len is inside a shared block */
+        res->code = SPECD__CODE__CODE_CACHE_MISS;
+        sd_slots_release(&v->slots, slot);
+        return;
+    }
     res->code = SPECD__CODE__CODE_OK;
     plan->slot = slot;
 }
@@ -328,11 +352,16 @@ static sd_status verify_with_spec_batch(sd_verifier *v, const Specd__VerifyReque
         const Specd__VerifySeq *s = req->seqs[i];
         sd_spec_q *q = v->vq + i * (size_t)v->p.max_k;
         for (int32_t r = 0; r < pl->k; r++) q[r] = (sd_spec_q){(int32_t)s->q[r]->n_ids, s->q[r]->ids, s->q[r]->probs};
+        /* a cached prefix of the append (all but its last token, whose
+         * logits score the first draft) is adopted, not computed */
+        int32_t adopted = 0;
+        if (sd_kv_prefix_enabled(v->kv))
+            SD_TRY(sd_kv_prefix_adopt(v->kv, pl->slot, v->hist[pl->slot], pl->keep_len + pl->n_append - 1, &adopted));
         v->vseqs[n_v] = (sd_verify_seq){
             .slot = pl->slot,
-            .keep_len = pl->keep_len,
-            .n_append = pl->n_append,
-            .append = s->append,
+            .keep_len = pl->keep_len + adopted,
+            .n_append = pl->n_append - adopted,
+            .append = s->append + adopted,
             .k = pl->k,
             .draft = s->draft,
             .q = q,
@@ -363,7 +392,8 @@ static sd_status verify_with_spec_batch(sd_verifier *v, const Specd__VerifyReque
             res->commit = commit;
             res->cached_len = (uint32_t)vr->cache_len;
             /* the accepted drafts stay cached: the history follows */
-            if (hist_put(v, pl->slot, pl->keep_len + pl->n_append, req->seqs[i]->draft, vr->n_accepted) != SD_OK) {
+            if (hist_put(v, pl->slot, pl->keep_len + pl->n_append, req->seqs[i]->draft, vr->n_accepted) != SD_OK ||
+                sd_kv_prefix_commit(v->kv, pl->slot, v->hist[pl->slot], v->hist_len[pl->slot]) != SD_OK) {
                 res->code = SPECD__CODE__CODE_INTERNAL;
                 sd_slots_release(&v->slots, pl->slot);
                 break;
@@ -407,6 +437,18 @@ static sd_status verify_with_spec_batch(sd_verifier *v, const Specd__VerifyReque
             if (pl->new_slot) sd_slots_release(&v->slots, pl->slot);
             break;
         }
+    }
+    return SD_OK;
+}
+
+/* Prefill chunks that continue a cached chain adopt the cached blocks of
+ * their tokens (the whole chunk may be cached: a prefill samples nothing). */
+static sd_status adopt_prefixes(sd_verifier *v, const Specd__VerifyRequest *req) {
+    if (!sd_kv_prefix_enabled(v->kv)) return SD_OK;
+    for (size_t i = 0; i < req->n_seqs; i++) {
+        const seq_plan *pl = &v->plan[i];
+        if (pl->slot < 0 || req->seqs[i]->prompt_logprobs) continue;
+        SD_TRY(sd_kv_prefix_adopt(v->kv, pl->slot, v->hist[pl->slot], pl->keep_len + pl->n_append, NULL));
     }
     return SD_OK;
 }
@@ -493,22 +535,27 @@ sd_status sd_verifier_handle(sd_verifier *v, const Specd__VerifyRequest *req, Sp
     }
     /* Prefill chunks: sd_spec_verify_batch always samples, so they take this
      * path: block budget in batch order, one forward without logits. */
+    SD_TRY(adopt_prefixes(v, req));
     int32_t free_blocks = sd_kv_n_free_blocks(v->kv);
     size_t n_rows = 0;
     for (size_t i = 0; i < n; i++) {
         seq_plan *pl = &v->plan[i];
         if (pl->slot < 0) continue;
-        int32_t need = blocks_for(pl->keep_len + pl->n_append, bs) - blocks_for(pl->keep_len, bs);
+        int32_t held = sd_kv_seq_len(v->kv, pl->slot); /* keep_len, more when a prefix was adopted */
+        int32_t need = blocks_for(pl->keep_len + pl->n_append, bs) - blocks_for(held, bs);
         if (need > free_blocks) {
             v->results[i].code = SPECD__CODE__CODE_KV_FULL;
             v->results[i].cached_len = pl->new_slot ? 0 : (uint32_t)pl->keep_len;
             v->hist_len[pl->slot] = pl->keep_len;
-            if (pl->new_slot) sd_slots_release(&v->slots, pl->slot);
+            if (pl->new_slot)
+                sd_slots_release(&v->slots, pl->slot);
+            else
+                sd_kv_truncate(v->kv, pl->slot, pl->keep_len); /* a block boundary: exact */
             pl->slot = -1;
             continue;
         }
         free_blocks -= need;
-        n_rows += (size_t)pl->n_append;
+        n_rows += (size_t)(pl->keep_len + pl->n_append - held);
     }
     sd_status st = grow_rows(v, n_rows > SD_MAX_PROMPT_LP_ROWS ? n_rows : SD_MAX_PROMPT_LP_ROWS);
     if (st != SD_OK) {
@@ -519,7 +566,7 @@ sd_status sd_verifier_handle(sd_verifier *v, const Specd__VerifyRequest *req, Sp
     for (size_t i = 0; i < n; i++) {
         const seq_plan *pl = &v->plan[i];
         if (pl->slot < 0 || req->seqs[i]->prompt_logprobs) continue;
-        for (int32_t j = 0; j < pl->n_append; j++, r++) {
+        for (int32_t j = sd_kv_seq_len(v->kv, pl->slot) - pl->keep_len; j < pl->n_append; j++, r++) {
             v->tokens[r] = req->seqs[i]->append[j];
             v->pos[r] = pl->keep_len + j;
             v->seq[r] = pl->slot;
@@ -546,7 +593,9 @@ sd_status sd_verifier_handle(sd_verifier *v, const Specd__VerifyRequest *req, Sp
     }
     for (size_t i = 0; i < n; i++) {
         const seq_plan *pl = &v->plan[i];
-        if (pl->slot >= 0) v->results[i].cached_len = (uint32_t)(pl->keep_len + pl->n_append);
+        if (pl->slot < 0) continue;
+        v->results[i].cached_len = (uint32_t)(pl->keep_len + pl->n_append);
+        SD_TRY(sd_kv_prefix_commit(v->kv, pl->slot, v->hist[pl->slot], v->hist_len[pl->slot]));
     }
     return finish(v, req, resp, t0);
 }
@@ -611,4 +660,10 @@ void sd_verifier_stats(const sd_verifier *v, Specd__WorkerStats *stats) {
     stats->kv_blocks_free = (uint32_t)sd_kv_n_free_blocks(v->kv);
     stats->n_sequences = n_seqs;
     stats->steps = v->steps;
+    sd_kv_prefix_stats ps;
+    sd_kv_prefix_stats_get(v->kv, &ps);
+    stats->prefix_query_tokens = ps.query_tokens;
+    stats->prefix_hit_tokens = ps.hit_tokens;
+    stats->prefix_blocks_cached = (uint32_t)ps.blocks_cached;
+    stats->prefix_blocks_evicted = ps.blocks_evicted;
 }

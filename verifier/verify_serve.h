@@ -20,6 +20,10 @@ typedef struct sd_verifier_params {
     int32_t max_batch;  /* sequences per VerifyRequest (default 64, <= SD_MAX_BATCH) */
     int32_t max_k;      /* draft tokens per sequence (default 16, <= SD_MAX_K) */
     int32_t max_ctx;    /* tokens per sequence; 0 = the model's context length */
+    /* Prefix cache (kv.h): the share of the pool, in percent, that cached
+     * blocks no sequence holds may keep (default 50; 0: off). A prefill
+     * chunk of a sequence adopts the cached blocks matching its tokens. */
+    int32_t prefix_cache_pct;
 } sd_verifier_params;
 
 /* max_seqs 64, kv_blocks 0 (must be set), block_size 16, max_batch 64,

@@ -78,6 +78,7 @@ sd_drafter_params sd_drafter_default_params(void) {
         .device = -1,
         .backend = NULL,
         .draft_vocab = SD_DRAFTER_DEFAULT_VOCAB,
+        .prefix_cache_pct = 50,
     };
     return p;
 }
@@ -92,13 +93,15 @@ sd_status drafter_params_check(const sd_drafter_params *in, sd_drafter_params *o
     if (p.ngram_max == 0) p.ngram_max = p.ngram_min > def.ngram_max ? p.ngram_min : def.ngram_max;
     if (p.ngram_min_p == 0.0f) p.ngram_min_p = def.ngram_min_p;
     if (p.ngram_cache_entries == 0) p.ngram_cache_entries = def.ngram_cache_entries;
+    if (p.prefix_cache_pct == 0) p.prefix_cache_pct = def.prefix_cache_pct;
     if (p.max_seqs < 0 || p.max_ctx < 0 || p.top_n < 0 || p.ngram_min < 0 || p.ngram_max < p.ngram_min ||
         !(p.ngram_min_p > 0.0f && p.ngram_min_p <= 1.0f) || p.ngram_cache_entries > 1 << 24 || p.n_threads < 0 ||
-        p.max_seqs > 1 << 16 || p.max_ctx > 1 << 24 || p.top_n > 1 << 16 || p.draft_vocab < 0) {
+        p.max_seqs > 1 << 16 || p.max_ctx > 1 << 24 || p.top_n > 1 << 16 || p.draft_vocab < 0 ||
+        p.prefix_cache_pct > 100) {
         SD_ERROR("drafter: bad parameters (max_seqs %d, max_ctx %d, top_n %d, ngram %d..%d, ngram_min_p %g, "
-                 "threads %d, draft vocabulary %d)",
+                 "threads %d, draft vocabulary %d, prefix cache %d%%)",
                  (int)p.max_seqs, (int)p.max_ctx, (int)p.top_n, (int)p.ngram_min, (int)p.ngram_max,
-                 (double)p.ngram_min_p, (int)p.n_threads, (int)p.draft_vocab);
+                 (double)p.ngram_min_p, (int)p.n_threads, (int)p.draft_vocab, (int)p.prefix_cache_pct);
         return SD_ERR_INVALID_ARG;
     }
     *out = p;

@@ -75,6 +75,20 @@ static sd_status feed(model_drafter *md, int32_t slot, const int32_t *tokens, in
     return SD_OK;
 }
 
+/* After a truncation to *keep tokens (which stops at the start of a block
+ * another sequence shares): *keep becomes what the slot holds, plus the
+ * cached blocks of context it adopts (all but the last token, whose logits
+ * the draft needs); the slot's token copy follows. */
+static sd_status adopt_prefix(model_drafter *md, int32_t slot, const int32_t *context, int32_t n_context,
+                              int32_t *keep) {
+    *keep = sd_kv_seq_len(md->kv, slot);
+    int32_t got = 0;
+    SD_TRY(sd_kv_prefix_adopt(md->kv, slot, context, n_context - 1, &got));
+    memmove(md->cached + (size_t)slot * md->max_ctx + *keep, context + *keep, (size_t)got * sizeof *context);
+    *keep += got;
+    return SD_OK;
+}
+
 static sd_status model_propose(sd_drafter *d, int32_t slot, const int32_t *context, int32_t n_context, int32_t k,
                                const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n_drafted) {
     model_drafter *md = d->impl;
@@ -94,7 +108,9 @@ static sd_status model_propose(sd_drafter *d, int32_t slot, const int32_t *conte
     while (keep < n_cached && keep < n_context && cached[keep] == context[keep]) keep++;
     if (keep == n_context) keep = n_context - 1; /* logits come from feeding at least one token */
     SD_TRY(sd_kv_truncate(md->kv, slot, keep));
+    SD_TRY(adopt_prefix(md, slot, context, n_context, &keep));
     SD_TRY(feed(md, slot, context + keep, n_context - keep, keep));
+    SD_TRY(sd_kv_prefix_commit(md->kv, slot, context, n_context));
 
     int32_t *ids = md->q_ids + (size_t)slot * SD_MAX_K * md->top_n;
     float *qp = md->q_probs + (size_t)slot * SD_MAX_K * md->top_n;
@@ -165,7 +181,9 @@ static sd_status model_propose_batch(sd_drafter *d, int32_t n_seqs, const sd_dra
         if (!ids_ok) {
             SD_WARN("drafter: sequence %d: a token id is outside [0, %d)", (int)i, (int)md->n_vocab);
             r->outcome = SD_SEQ_INVALID;
-        } else if (sd_kv_seq_len(md->kv, v->slot) < v->keep_len) {
+        } else if (sd_kv_seq_len(md->kv, v->slot) < v->keep_len ||
+                   (sd_kv_truncate(md->kv, v->slot, v->keep_len) == SD_OK &&
+                    sd_kv_seq_len(md->kv, v->slot) < v->keep_len)) { /* inside a shared block */
             r->outcome = SD_SEQ_CACHE_MISS;
         } else {
             rows += (size_t)v->n_append;
@@ -180,8 +198,11 @@ static sd_status model_propose_batch(sd_drafter *d, int32_t n_seqs, const sd_dra
         const sd_draft_seq *v = &seqs[i];
         md->b_row[i] = -1;
         if (results[i].outcome != SD_SEQ_OK) continue;
-        SD_TRY(sd_kv_truncate(md->kv, v->slot, v->keep_len));
-        for (int32_t j = 0; j < v->n_append; j++, n++) {
+        /* the whole context in the slot's token copy, for the prefix cache */
+        int32_t *ctx = md->cached + (size_t)v->slot * md->max_ctx, held = v->keep_len;
+        memcpy(ctx + v->keep_len, v->append, (size_t)v->n_append * sizeof *ctx);
+        SD_TRY(adopt_prefix(md, v->slot, ctx, v->keep_len + v->n_append, &held));
+        for (int32_t j = held - v->keep_len; j < v->n_append; j++, n++) {
             md->b_tokens[n] = v->append[j];
             md->b_pos[n] = v->keep_len + j;
             md->b_seq[n] = v->slot;
@@ -190,6 +211,10 @@ static sd_status model_propose_batch(sd_drafter *d, int32_t n_seqs, const sd_dra
         if (v->k > 0) md->b_row[i] = n_rows++;
     }
     SD_TRY(feed_batch(md, n));
+    for (int32_t i = 0; i < n_seqs; i++)
+        if (results[i].outcome == SD_SEQ_OK)
+            SD_TRY(sd_kv_prefix_commit(md->kv, seqs[i].slot, md->cached + (size_t)seqs[i].slot * md->max_ctx,
+                                       seqs[i].keep_len + seqs[i].n_append));
     for (int32_t step = 0; step < max_k; step++) {
         n = 0;
         n_rows = 0;
@@ -309,6 +334,10 @@ static sd_status wrap(sd_model *m, bool owned, sd_drafter_kind kind, const sd_dr
     const int32_t block = 16;
     int32_t per_seq = (params.max_ctx + block - 1) / block + 1;
     st = sd_model_kv_create(m, params.max_seqs, per_seq * params.max_seqs, block, &md->kv);
+    if (st == SD_OK && params.prefix_cache_pct > 0)
+        st = sd_kv_prefix_enable(md->kv, (int32_t)((int64_t)per_seq * params.max_seqs * params.prefix_cache_pct / 100));
+    if (st == SD_OK && params.prefix_cache_pct > 0 && !sd_kv_params_of(md->kv)->pool_alloc)
+        st = sd_kv_prefix_set_partial_copy(md->kv, true); /* a host cache: copy, not recompute */
     if (st != SD_OK) goto fail;
     d->kind = kind;
     d->ops = kind == SD_DRAFTER_SELF ? &self_ops : &model_ops;

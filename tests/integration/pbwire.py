@@ -181,7 +181,9 @@ SAMPLING = {"temperature": (1, "float"), "top_k": (2, "uint32"), "top_p": (3, "f
             "min_p": (4, "float"), "seed": (5, "uint64"), "presence_penalty": (6, "float"),
             "frequency_penalty": (7, "float")}
 WORKER_STATS = {"kv_blocks_total": (1, "uint32"), "kv_blocks_free": (2, "uint32"),
-                "n_sequences": (3, "uint32"), "steps": (4, "uint64")}
+                "n_sequences": (3, "uint32"), "steps": (4, "uint64"), "prefix_query_tokens": (5, "uint64"),
+                "prefix_hit_tokens": (6, "uint64"), "prefix_blocks_cached": (7, "uint32"),
+                "prefix_blocks_evicted": (8, "uint64")}
 HEARTBEAT = {"sent_us": (1, "uint64"), "stats": (2, ("msg", WORKER_STATS))}
 HELLO = {"protocol_version": (1, "uint32"), "role": (2, "enum"), "rank": (3, "uint32"),
          "group_size": (4, "uint32"), "name": (6, "string")}

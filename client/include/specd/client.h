@@ -210,6 +210,10 @@ typedef struct sd_client_worker_info {
     bool alive;
     uint32_t kv_blocks_total, kv_blocks_free, n_sequences;
     uint64_t steps;
+    /* prefix cache (verifiers): prompt tokens looked up and found, since the
+     * worker started; blocks cached now; cached blocks evicted */
+    uint64_t prefix_query_tokens, prefix_hit_tokens, prefix_blocks_evicted;
+    uint32_t prefix_blocks_cached;
     uint32_t group_id, group_size; /* verifier leaders: the group and its TP size */
     uint32_t active_requests;      /* placed on it now */
     uint64_t served_requests;      /* placed on it since it registered */

@@ -9,7 +9,18 @@
  * from a free list, truncating to a shorter length is O(1) bookkeeping plus
  * returning whole blocks no longer needed (how rejected draft tokens roll
  * back). Not thread-safe: the owner serializes calls (the forward pass only
- * reads/writes entries through the pointers it is given). */
+ * reads/writes entries through the pointers it is given).
+ *
+ * Prefix cache (off until sd_kv_prefix_enable; kv_prefix.c): a full block
+ * whose tokens are final can be registered under its identity (its parent
+ * block, its tokens, the cache's salt); a new sequence adopts the longest
+ * chain of registered blocks matching its prompt instead of computing it.
+ * Blocks are reference-counted; a block any other sequence or the cache can
+ * see is never written again (truncating into one stops at its start, and
+ * the caller recomputes the rest; a prompt's partial block is recomputed,
+ * or with sd_kv_prefix_set_partial_copy copied from a cached block). Registered blocks that no sequence holds
+ * are kept, up to a bound, and evicted least recently used first whenever a
+ * grow needs a block: they count as free. */
 #ifndef SPECD_KV_H
 #define SPECD_KV_H
 
@@ -36,7 +47,23 @@ typedef struct sd_kv_params {
     void *(*pool_alloc)(void *ctx, size_t bytes);
     void (*pool_free)(void *ctx, void *pool);
     void *pool_ctx;
+    /* Prefix cache identity: everything outside the tokens that changes a
+     * block's contents (the model, a TP rank's slice). sd_model_kv_create
+     * sets it; the geometry and the type are mixed in by the cache. */
+    uint64_t prefix_salt;
+    /* Test hook: every block hashes alike, so only the token and parent
+     * comparisons keep lookups right (the forced-collision test). */
+    bool prefix_hash_collide;
 } sd_kv_params;
+
+/* Prefix cache counters (since creation). */
+typedef struct sd_kv_prefix_stats {
+    uint64_t query_tokens;   /* prompt tokens looked up by sd_kv_prefix_adopt */
+    uint64_t hit_tokens;     /* of those, found cached (adopted) */
+    uint64_t blocks_evicted; /* registered blocks dropped to make room or keep the bound */
+    int32_t blocks_cached;   /* registered blocks now (held by a sequence or not) */
+    int32_t blocks_idle;     /* of those, held by no sequence (evictable) */
+} sd_kv_prefix_stats;
 
 /* Defaults: block_size 16, everything else 0 (must be set). */
 sd_kv_params sd_kv_default_params(void);
@@ -52,12 +79,17 @@ const sd_kv_params *sd_kv_params_of(const sd_kv *kv);
 uint64_t sd_kv_uid(const sd_kv *kv);
 /* Current length (tokens stored) of seq; 0 for an unused slot. */
 int32_t sd_kv_seq_len(const sd_kv *kv, int32_t seq);
+/* Blocks a grow can take: free ones and cached ones no sequence holds. */
 int32_t sd_kv_n_free_blocks(const sd_kv *kv);
 
 /* Makes room for seq to hold new_len tokens (allocating blocks); the length
  * is set to new_len. On SD_ERR_OUT_OF_BLOCKS nothing changes. */
 sd_status sd_kv_grow(sd_kv *kv, int32_t seq, int32_t new_len);
-/* Sets seq's length to len <= current length and frees blocks past it. */
+/* Sets seq's length to len <= current length and frees blocks past it.
+ * When len falls inside a block that another sequence or the prefix cache
+ * can see, the length stops at that block's start instead (never below the
+ * requested len's block): the caller reads sd_kv_seq_len and recomputes the
+ * rest. Without the prefix cache the length is always len. */
 sd_status sd_kv_truncate(sd_kv *kv, int32_t seq, int32_t len);
 /* Frees all of seq's blocks (length 0). */
 void sd_kv_release(sd_kv *kv, int32_t seq);
@@ -73,6 +105,46 @@ const int32_t *sd_kv_block_table(const sd_kv *kv, int32_t seq, int32_t *n_blocks
 /* Base of layer's K/V pool (block b starts at value b*block_size*n_kv_heads*head_dim). */
 void *sd_kv_k_pool(sd_kv *kv, int32_t layer);
 void *sd_kv_v_pool(sd_kv *kv, int32_t layer);
+
+/* ---- prefix cache (kv_prefix.c) ---- */
+
+/* Turns the prefix cache on with at most max_idle_blocks registered blocks
+ * that no sequence holds (the cache's share of the pool; <= n_blocks), or
+ * off with 0 (every idle cached block is freed). */
+sd_status sd_kv_prefix_enable(sd_kv *kv, int32_t max_idle_blocks);
+bool sd_kv_prefix_enabled(const sd_kv *kv);
+/* Adoption also copies the matching first rows of a cached block a prompt
+ * ends or diverges inside (instead of the caller recomputing them). Host
+ * pools only (SD_ERR_UNSUPPORTED for a device cache); not for the leader of
+ * a TP group, whose ranks would not see the copy. Off by default. */
+sd_status sd_kv_prefix_set_partial_copy(sd_kv *kv, bool on);
+
+/* Extends seq with the longest chain of cached full blocks that continue it
+ * with tokens[len .. n_tokens), where tokens[0 .. n_tokens) is the whole
+ * sequence and len its current length; *n_adopted (may be NULL) gets the
+ * tokens gained and seq's length grows by that: whole blocks, then, with
+ * sd_kv_prefix_set_partial_copy on, the longest run of a cached block that
+ * continues them, copied into a block of seq's own.
+ * Adopts only while seq's length is a block boundary and every block of it
+ * is cached (otherwise, and with the cache off, it adopts nothing). The
+ * caller keeps at least one token out of tokens when it needs that token's
+ * logits. Hits and lookups count in the stats. */
+sd_status sd_kv_prefix_adopt(sd_kv *kv, int32_t seq, const int32_t *tokens, int32_t n_tokens, int32_t *n_adopted);
+
+/* Registers seq's full blocks within its first min(n_tokens, length) tokens
+ * whose K/V are final (tokens: those tokens); a block already cached with
+ * the same parent and tokens replaces seq's own (the same values, bit for
+ * bit: a token's K/V do not depend on the batch or the chunking). No-op
+ * with the cache off. */
+sd_status sd_kv_prefix_commit(sd_kv *kv, int32_t seq, const int32_t *tokens, int32_t n_tokens);
+
+void sd_kv_prefix_stats_get(const sd_kv *kv, sd_kv_prefix_stats *out);
+
+/* Checks every invariant of the block accounting (reference counts equal
+ * the block tables' uses, no held or cached block on the free stack, the
+ * idle list and the hash table consistent): SD_OK or SD_ERR_INTERNAL with a
+ * log line. O(n_blocks + the tables), for tests. */
+sd_status sd_kv_check(const sd_kv *kv);
 
 #ifdef __cplusplus
 }

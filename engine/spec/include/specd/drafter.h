@@ -72,6 +72,9 @@ typedef struct sd_drafter_params {
                                     or n_vocab and above = the whole vocabulary; < 0 refused (default
                                     SD_DRAFTER_DEFAULT_VOCAB). Exact at any value: the target decides
                                     every committed token (spec.h) */
+    int32_t prefix_cache_pct;    /* a model drafter's prefix cache (kv.h): the share of its KV pool, in
+                                    percent, that cached blocks no sequence holds may keep; 0 = the
+                                    default (50), < 0 = no prefix cache, > 100 refused */
 } sd_drafter_params;
 
 sd_drafter_params sd_drafter_default_params(void);

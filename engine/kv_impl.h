@@ -1,0 +1,75 @@
+/* kv_impl.h — the paged KV cache's state, shared by kv.c (pools, slots,
+ * grow/truncate) and kv_prefix.c (block identities, adoption, eviction).
+ * Internal to engine/. */
+#ifndef SPECD_KV_IMPL_H
+#define SPECD_KV_IMPL_H
+
+#include "specd/kv.h"
+
+typedef struct kv_slot {
+    int32_t len;      /* tokens stored */
+    int32_t n_blocks; /* blocks in table */
+    int32_t cap;      /* capacity of table */
+    int32_t *table;   /* [cap] block ids, first n_blocks valid */
+    int32_t n_chain;  /* the first n_chain blocks of table are cached (registered) */
+} kv_slot;
+
+/* One block's bookkeeping. A block is in exactly one of three states:
+ * free (on the free stack: ref 0, not cached), held (ref > 0; cached or
+ * private to its one holder) or idle (cached, ref 0: on the LRU list). */
+typedef struct kv_block {
+    int32_t ref;    /* block tables that hold it */
+    bool cached;    /* registered in the hash table */
+    uint32_t gen;   /* bumped whenever the block stops being cached: a
+                          child registered under (parent, parent_gen) is
+                          then unreachable */
+    uint64_t hash;  /* identity (valid while cached) */
+    int32_t parent; /* block before it in its chain, -1 for a first block */
+    uint32_t parent_gen;
+    int32_t hnext;    /* next block in its hash bucket, -1 */
+    int32_t lru_prev; /* idle list neighbours (older / newer), -1 */
+    int32_t lru_next;
+    /* cached children, for partial matches (kv_prefix.c): the first child,
+     * and this block's neighbours among its parent's children (or the
+     * first blocks); linked while it is cached under a cached parent */
+    int32_t first_child, sib_prev, sib_next;
+    bool linked;
+} kv_block;
+
+struct sd_kv {
+    sd_kv_params p;
+    size_t elem_bytes;       /* 4 (f32) or 2 (f16) */
+    size_t token_floats;     /* values per token: n_kv_heads * head_dim */
+    size_t block_floats;     /* block_size * token_floats */
+    unsigned char **k_pools; /* [n_layers] -> [n_blocks * block_floats] values */
+    unsigned char **v_pools; /* [n_layers] -> [n_blocks * block_floats] values */
+    int32_t *free_stack;     /* [n_blocks] free block ids; top at n_free-1 */
+    int32_t n_free;
+    kv_slot *slots;   /* [max_seqs] */
+    kv_block *blocks; /* [n_blocks] */
+    uint64_t uid;
+    /* prefix cache (kv_prefix.c); all zero / NULL while it is off */
+    int32_t max_idle;         /* bound on idle blocks; 0: the cache is off */
+    int32_t *block_tokens;    /* [n_blocks][block_size] tokens of each cached block */
+    int32_t *buckets;         /* [n_buckets] first block of each hash chain, -1 */
+    uint32_t n_buckets;       /* a power of two */
+    int32_t lru_old, lru_new; /* idle list ends (least / most recently used), -1 */
+    int32_t first_root;       /* cached first blocks (parent -1), linked like children, -1 */
+    bool partial_copy;        /* sd_kv_prefix_set_partial_copy */
+    int32_t n_idle;
+    int32_t n_cached;
+    sd_kv_prefix_stats stats;
+};
+
+/* kv_prefix.c, for kv.c: */
+/* Takes a block for a grow: a free one, else the least recently used idle
+ * one (evicted). The caller has checked that one exists. */
+int32_t sd_kv_take_block_(sd_kv *kv);
+/* Drops one reference of block b: at 0 it becomes idle (cached) or free. */
+void sd_kv_drop_block_(sd_kv *kv, int32_t b);
+/* Removes cached block b from the cache (hash table; and the idle list when
+ * idle, the caller then owning it). */
+void sd_kv_uncache_block_(sd_kv *kv, int32_t b);
+void sd_kv_prefix_free_(sd_kv *kv);
+
+#endif

@@ -1,0 +1,74 @@
+"""The prefix cache through the service: warm equals cold. Requests that
+share prefixes with earlier ones (a common opening cut at and off block
+boundaries, a conversation that grows turn by turn, the same prompt again)
+run one after another on a service whose verifier and model drafter keep a
+prefix cache (the default), and on a service without one (--prefix-cache
+0): every request's tokens must be the same, greedy and seeded, with each
+drafter kind (self-draft, draft model, n-gram). The cached service must have
+hit its cache (WorkerStats.prefix_hit_tokens), or the test proves nothing.
+Tiny random models (a model's K/V do not depend on the batch or the
+chunking: the exactness the cache relies on)."""
+import time
+
+import harness as H
+
+TOKENS = 12
+
+
+def jobs():
+    base = H.random_prompts(1, seed=21, words=None)[0]
+    base = " ".join([base] * 6)  # a long common opening
+    words = base.split()
+    out = [base]
+    for cut in (len(words) // 2, len(words) // 2 + 1, len(words) - 3):
+        out.append(" ".join(words[:cut]) + " river stone light")
+    turn = base
+    for t in range(3):  # a conversation: each turn extends the last
+        turn = turn + " then %d sky over green hill" % t
+        out.append(turn)
+    out.append(base)  # the same prompt again
+    js = []
+    for i, p in enumerate(out):
+        js.append(dict(prompt=p, max_tokens=TOKENS, ignore_eos=True))
+        js.append(dict(prompt=p, max_tokens=TOKENS, ignore_eos=True,
+                       sampling=dict(temperature=0.9, top_p=0.95, seed=300 + i)))
+    return js
+
+
+def serve_all(h, target, draft, drafter, cache):
+    extra = () if cache else ("--prefix-cache", "0")
+    h.start_service(target, drafter=drafter, draft=draft, verifier_extra=extra, drafter_extra=extra)
+    c = h.client()
+    res = [c.run([j], timeout=300)[0] for j in jobs()]  # one after another: earlier ones are cached
+    for i, r in enumerate(res):
+        H.check(not r["error"] and len(r["ids"]) == TOKENS, "request %d: %s" % (i, r["error"] or r["ids"]))
+
+    def hits():  # from the workers' heartbeats: wait a few for the last requests to show
+        st = c.stats() or {}
+        return sum(int((w.get("stats") or {}).get("prefix_hit_tokens", 0)) for w in st.get("workers", []))
+
+    n_hit = hits()
+    for _ in range(20):
+        if n_hit or not cache:
+            break
+        time.sleep(0.25)
+        n_hit = hits()
+    c.close()
+    h.kill_all()
+    return res, n_hit
+
+
+def run(h):
+    target, draft = h.tiny_models(seed=5)
+    for drafter in ("layers", "model", "ngram"):
+        cold, cold_hits = serve_all(h, target, draft, drafter, cache=False)
+        warm, warm_hits = serve_all(h, target, draft, drafter, cache=True)
+        H.expect_equal_ids(warm, cold, "drafter %s: with the prefix cache against without" % drafter)
+        H.check(cold_hits == 0, "drafter %s: the service without a cache reports %d hit tokens" % (drafter, cold_hits))
+        H.check(warm_hits > 0, "drafter %s: the cache was never hit: the test proves nothing" % drafter)
+        H.log("drafter %s: %d requests equal with and without the cache (%d prompt tokens hit)" %
+              (drafter, len(warm), warm_hits))
+
+
+if __name__ == "__main__":
+    H.main(run)
