@@ -55,26 +55,35 @@ bool sd_backend_opts_parse(sd_backend_opts *o, const char *name, const char *arg
     return false;
 }
 
+/* Appends " " (unless first) and s to buf[len], cut to fit. */
+static void append(char *buf, size_t len, const char *s) {
+    size_t n = strlen(buf);
+    if (n > 0 && n + 1 < len) buf[n++] = ' ', buf[n] = '\0';
+    size_t m = strlen(s);
+    if (n + m + 1 > len) m = len - n - 1;
+    memcpy(buf + n, s, m);
+    buf[n + m] = '\0';
+}
+
 void sd_backend_opts_describe(const sd_backend_opts *o, char *buf, size_t len) {
     if (!buf || len == 0) return;
     buf[0] = '\0';
     if (!o) return;
     const sd_backend_opts d = sd_backend_default_opts();
-    size_t n = 0;
-#define ADD(...)                                                      \
-    do {                                                              \
-        int w = snprintf(buf + n, len - n, __VA_ARGS__);              \
-        if (w > 0) n = (size_t)w < len - n ? n + (size_t)w : len - 1; \
-    } while (0)
+    char one[64];
     if (o->cpu_weights != d.cpu_weights)
-        ADD("%s--cpu-weights %s", n ? " " : "", o->cpu_weights == SD_CPU_WEIGHTS_F32 ? "f32" : "copy");
-    if (o->cpu_qpath) ADD("%s--cpu-qpath %s", n ? " " : "", o->cpu_qpath);
-    if (o->host_verify) ADD("%s--host-verify", n ? " " : "");
-    if (o->cuda_graphs != d.cuda_graphs) ADD("%s--cuda-graphs %d", n ? " " : "", (int)o->cuda_graphs);
-    if (o->cuda_mma != d.cuda_mma) ADD("%s--cuda-mma %d", n ? " " : "", (int)o->cuda_mma);
-    if (o->cuda_fuse != d.cuda_fuse) ADD("%s--cuda-fuse %d", n ? " " : "", (int)o->cuda_fuse);
-    if (o->cuda_pdl != d.cuda_pdl) ADD("%s--cuda-pdl %d", n ? " " : "", (int)o->cuda_pdl);
-    if (o->cuda_pdl_prefetch != d.cuda_pdl_prefetch)
-        ADD("%s--cuda-pdl-prefetch %d", n ? " " : "", (int)o->cuda_pdl_prefetch);
-#undef ADD
+        append(buf, len, o->cpu_weights == SD_CPU_WEIGHTS_F32 ? "--cpu-weights f32" : "--cpu-weights copy");
+    if (o->cpu_qpath) {
+        snprintf(one, sizeof one, "--cpu-qpath %.20s", o->cpu_qpath);
+        append(buf, len, one);
+    }
+    if (o->host_verify) append(buf, len, "--host-verify");
+    if (o->cuda_graphs != d.cuda_graphs) append(buf, len, o->cuda_graphs ? "--cuda-graphs 1" : "--cuda-graphs 0");
+    if (o->cuda_mma != d.cuda_mma) append(buf, len, o->cuda_mma ? "--cuda-mma 1" : "--cuda-mma 0");
+    if (o->cuda_fuse != d.cuda_fuse) append(buf, len, o->cuda_fuse ? "--cuda-fuse 1" : "--cuda-fuse 0");
+    if (o->cuda_pdl != d.cuda_pdl) append(buf, len, o->cuda_pdl ? "--cuda-pdl 1" : "--cuda-pdl 0");
+    if (o->cuda_pdl_prefetch != d.cuda_pdl_prefetch) {
+        snprintf(one, sizeof one, "--cuda-pdl-prefetch %d", (int)o->cuda_pdl_prefetch);
+        append(buf, len, one);
+    }
 }
