@@ -25,8 +25,8 @@
  * Drafting from the head's distribution over its draft vocabulary, mapped
  * to target ids by d2t (other ids get -inf): sd_spec_draft_step with the
  * request's sampling and the coupled race of (seed, position), like the
- * model drafter, so q is exact for the coupled rule (spec.h) and a greedy
- * request drafts the argmax. */
+ * model drafter, so q is exact for the coupled rule (spec.h); a greedy
+ * request drafts the argmax among the draft ids, mapped. */
 #include "drafter_impl.h"
 
 #include "specd/eagle.h"
@@ -110,9 +110,14 @@ static sd_status eagle_propose(sd_drafter *d, int32_t slot, const int32_t *ctx, 
         int32_t *ids_i = ids + (size_t)i * (size_t)e->top_n;
         float *qp_i = qp + (size_t)i * (size_t)e->top_n;
         int32_t n_q = 0, y;
-        map_logits(e);
-        SD_TRY(sd_spec_draft_step(e->logits, e->n_vocab, s, e->top_n, (uint64_t)n_ctx + (uint64_t)i, e->probs, ids_i,
-                                  qp_i, &n_q, &y));
+        if (sd_sampling_is_greedy(s)) { /* the argmax among the draft ids, mapped: no pass over the vocabulary */
+            SD_TRY(sd_spec_draft_step(e->logits_d, e->n_draft, s, e->top_n, 0, e->probs, ids_i, qp_i, &n_q, &y));
+            y = ids_i[0] = sd_eagle_head_target_id(e->head, y);
+        } else {
+            map_logits(e);
+            SD_TRY(sd_spec_draft_step(e->logits, e->n_vocab, s, e->top_n, (uint64_t)n_ctx + (uint64_t)i, e->probs,
+                                      ids_i, qp_i, &n_q, &y));
+        }
         q[i] = (sd_spec_q){n_q, ids_i, qp_i};
         tokens[i] = y;
         *n_drafted = i + 1;
