@@ -9,3 +9,6 @@ specd_py_test(eagle_oracle ref/test_eagle_head.py LABELS oracle)
 specd_unit_test(test_eagle test_eagle.c)
 target_compile_definitions(test_eagle PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
 add_dependencies(test_eagle specd-mkmodel)
+# The C head against the training tool's own JAX forward (tools/eagle/head.py, branch train): skipped (77)
+# where tools/eagle or jax is missing.
+specd_py_test(eagle_cross ref/test_eagle_cross.py LABELS oracle)
