@@ -4,7 +4,8 @@
  *   - the rows of layer j equal the last layer's rows of a view of the
  *     first j + 1 layers (the same computation);
  *   - bad capture requests are refused and leave the forward as it was;
- * and an EAGLE head directory that does not exist is refused with SD_ERR_IO.
+ * and EAGLE-3 heads that do not fit (written here in the published layout,
+ * one defect each) are refused, each with its own status and log line.
  * The head itself is checked against a numpy reference in
  * tests/ref/test_eagle_head.py. */
 #include <setjmp.h>
@@ -17,11 +18,13 @@
 #include "specd/eagle.h"
 #include "specd/gguf.h"
 #include "specd/model.h"
+#include "specd/safetensors.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 enum { LAYERS = 4, VOCAB = 300, DIM = 64, N = 7 };
@@ -124,6 +127,145 @@ static void test_capture(void **state) {
     sd_model_free(&m);
 }
 
+/* ---- EAGLE heads written here: a valid tiny one, then one defect each ---- */
+
+enum { HD = 4, HKV = 2, HFF = 32, HVD = 16 };
+
+typedef struct head_spec {
+    int32_t hidden, target_hidden, vocab, draft_vocab;
+    const char *arch;
+    const char *layer_ids; /* JSON array text, or NULL */
+    const char *drop;      /* a tensor left out */
+    const char *misshape;  /* a tensor written with one row too few */
+    int64_t d2t0;          /* d2t[0] */
+} head_spec;
+
+static head_spec good_head(void) {
+    return (head_spec){DIM, DIM, VOCAB, HVD, "LlamaForCausalLMEagle3", "[0, 1, 3]", NULL, NULL, 0};
+}
+
+static void add(sd_safetensors_writer *w, const head_spec *h, const char *name, uint64_t rows, uint64_t cols) {
+    if (h->drop && strcmp(name, h->drop) == 0) return;
+    if (h->misshape && strcmp(name, h->misshape) == 0) rows--;
+    size_t n = (size_t)rows * (size_t)(cols ? cols : 1);
+    float *v = malloc(n * sizeof *v);
+    assert_non_null(v);
+    for (size_t i = 0; i < n; i++) v[i] = (float)((i * 7919) % 13) * 0.01f - 0.06f;
+    const uint64_t shape[2] = {rows, cols};
+    assert_int_equal(sd_safetensors_writer_add_tensor(w, name, SD_SAFETENSORS_F32, cols ? 2 : 1, shape, v), SD_OK);
+    free(v);
+}
+
+/* Writes h into dir (config.json + model.safetensors). */
+static void write_head(const char *dir, const head_spec *h) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "{\"architectures\": [\"%s\"], \"hidden_size\": %d, \"intermediate_size\": %d, "
+            "\"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"num_hidden_layers\": 1, "
+            "\"rms_norm_eps\": 1e-5, \"vocab_size\": %d, \"draft_vocab_size\": %d, \"target_hidden_size\": %d",
+            h->arch, (int)h->hidden, HFF, HD, HKV, (int)h->vocab, (int)h->draft_vocab, (int)h->target_hidden);
+    if (h->layer_ids) fprintf(f, ", \"eagle_config\": {\"eagle_aux_hidden_state_layer_ids\": %s}", h->layer_ids);
+    fprintf(f, "}\n");
+    fclose(f);
+    sd_safetensors_writer *w = sd_safetensors_writer_new();
+    assert_non_null(w);
+    const uint64_t H = (uint64_t)h->hidden, hd = H / HD;
+    add(w, h, "fc.weight", H, 3 * (uint64_t)h->target_hidden);
+    add(w, h, "midlayer.hidden_norm.weight", H, 0);
+    add(w, h, "midlayer.input_layernorm.weight", H, 0);
+    add(w, h, "midlayer.post_attention_layernorm.weight", H, 0);
+    add(w, h, "midlayer.self_attn.q_proj.weight", HD * hd, 2 * H);
+    add(w, h, "midlayer.self_attn.k_proj.weight", HKV * hd, 2 * H);
+    add(w, h, "midlayer.self_attn.v_proj.weight", HKV * hd, 2 * H);
+    add(w, h, "midlayer.self_attn.o_proj.weight", H, HD * hd);
+    add(w, h, "midlayer.mlp.gate_proj.weight", HFF, H);
+    add(w, h, "midlayer.mlp.up_proj.weight", HFF, H);
+    add(w, h, "midlayer.mlp.down_proj.weight", H, HFF);
+    add(w, h, "norm.weight", H, 0);
+    add(w, h, "lm_head.weight", (uint64_t)h->draft_vocab, H);
+    int64_t d2t[64] = {0};
+    for (int32_t i = 0; i < h->draft_vocab && i < 64; i++) d2t[i] = 3 * i; /* draft id i -> target id 4i */
+    d2t[0] = h->d2t0;
+    const uint64_t dshape[1] = {(uint64_t)h->draft_vocab};
+    assert_int_equal(sd_safetensors_writer_add_tensor(w, "d2t", SD_SAFETENSORS_I64, 1, dshape, d2t), SD_OK);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    assert_int_equal(sd_safetensors_writer_write(w, path), SD_OK);
+    sd_safetensors_writer_free(&w);
+}
+
+static char last_error[512];
+
+static void keep_error(sd_log_level level, const char *line, void *user) {
+    (void)user;
+    if (level >= SD_LOG_ERROR) snprintf(last_error, sizeof last_error, "%s", line);
+}
+
+static sd_status load_head(const head_spec *h, const sd_model *m) {
+    char dir[96];
+    snprintf(dir, sizeof dir, "%s/head", env.dir);
+    mkdir(dir, 0755);
+    write_head(dir, h);
+    sd_eagle_target t = sd_eagle_target_of(m);
+    sd_eagle_params p = sd_eagle_default_params();
+    p.max_ctx = 32;
+    p.n_threads = 1;
+    sd_eagle_head *head = NULL;
+    last_error[0] = '\0';
+    sd_log_set(keep_error, NULL, SD_LOG_ERROR, NULL);
+    sd_status s = sd_eagle_head_load(dir, &t, &p, &head);
+    sd_log_set(NULL, NULL, SD_LOG_WARN, NULL);
+    if (s == SD_OK) {
+        int32_t ids[3];
+        sd_eagle_head_layers(head, ids);
+        assert_int_equal(ids[2], 3);
+        assert_int_equal(sd_eagle_head_target_id(head, 2), 8);
+    }
+    sd_eagle_head_free(&head);
+    assert_null(head);
+    char path[128];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
+    return s;
+}
+
+static void test_eagle_refusals(void **state) {
+    (void)state;
+    if (!env.ok) skip();
+    sd_model *m = load(0);
+    head_spec h = good_head();
+    assert_int_equal(load_head(&h, m), SD_OK);
+    const struct {
+        head_spec h;
+        sd_status want;
+        const char *words;
+    } bad[] = {
+        {{DIM, 32, VOCAB, HVD, "LlamaForCausalLMEagle3", NULL, NULL, NULL, 0}, SD_ERR_UNSUPPORTED, "size 32"},
+        {{DIM, DIM, VOCAB, HVD, "LlamaForCausalLMEagle3", "[0, 1, 4]", NULL, NULL, 0}, SD_ERR_RANGE, "layer id 4"},
+        {{DIM, DIM, VOCAB - 1, HVD, "LlamaForCausalLMEagle3", NULL, NULL, NULL, 0}, SD_ERR_UNSUPPORTED, "299 ids"},
+        {{DIM, DIM, VOCAB, HVD, "LlamaForCausalLMEagle3", NULL, NULL, NULL, VOCAB}, SD_ERR_RANGE, "d2t maps"},
+        {{DIM, DIM, VOCAB, HVD, "LlamaForCausalLMEagle3", NULL, "norm.weight", NULL, 0},
+         SD_ERR_FORMAT,
+         "lacks the tensor norm.weight"},
+        {{DIM, DIM, VOCAB, HVD, "LlamaForCausalLMEagle3", NULL, NULL, "midlayer.mlp.up_proj.weight", 0},
+         SD_ERR_FORMAT,
+         "up_proj.weight has shape"},
+        {{DIM, DIM, VOCAB, HVD, "LlamaForCausalLM", NULL, NULL, NULL, 0}, SD_ERR_FORMAT, "neither"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        sd_status s = load_head(&bad[i].h, m);
+        if (s != bad[i].want || !strstr(last_error, bad[i].words))
+            fail_msg("bad head %zu: %s, log \"%s\" (want %s, \"%s\")", i, sd_status_str(s), last_error,
+                     sd_status_str(bad[i].want), bad[i].words);
+    }
+    sd_model_free(&m);
+}
+
 static void test_eagle_missing_dir(void **state) {
     (void)state;
     if (!env.ok) skip();
@@ -145,6 +287,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_capture),
         cmocka_unit_test(test_eagle_missing_dir),
+        cmocka_unit_test(test_eagle_refusals),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
