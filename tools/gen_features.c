@@ -25,10 +25,11 @@ typedef struct dump_job {
 
 /* A sequence's rows as they come out of the forwards. */
 typedef struct dump_seq {
-    int32_t *tokens; /* [cap] */
-    float *aux;      /* [cap][n_layers * E] */
-    float *final;    /* [cap][E] */
-    int32_t n, cap;  /* rows with features; tokens may run one ahead */
+    int32_t *tokens;  /* [cap] */
+    float *aux;       /* [cap][n_layers * E] */
+    float *final;     /* [cap][E] */
+    int32_t n, cap;   /* rows with features; tokens may run one ahead */
+    int32_t n_prompt; /* the prompt's tokens, the first ones */
 } dump_seq;
 
 static void dump_seq_free(dump_seq *s) {
@@ -64,6 +65,8 @@ static sd_status write_seq(const dump_job *j, const dump_seq *s, int32_t index, 
     snprintf(num, sizeof num, "%d", (int)V);
     if (st == SD_OK) st = sd_safetensors_writer_set_metadata(w, "vocab_size", num);
     if (st == SD_OK) st = sd_safetensors_writer_set_metadata(w, "model", j->model_name);
+    snprintf(num, sizeof num, "%d", (int)s->n_prompt);
+    if (st == SD_OK) st = sd_safetensors_writer_set_metadata(w, "n_prompt", num);
     if (st == SD_OK) st = sd_safetensors_writer_add_tensor(w, "tokens", SD_SAFETENSORS_I32, 1, &T, s->tokens);
     if (st == SD_OK) st = sd_safetensors_writer_add_tensor(w, "aux", SD_SAFETENSORS_F32, 2, shape_aux, s->aux);
     if (st == SD_OK) st = sd_safetensors_writer_add_tensor(w, "final", SD_SAFETENSORS_F32, 2, shape_fin, s->final);
@@ -154,7 +157,7 @@ static sd_status dump_run(sd_model *m, const sd_tok *tok, const dump_job *j, int
             free(ids);
             continue;
         }
-        dump_seq s = {.cap = (int32_t)n_ids + p->n_predict};
+        dump_seq s = {.cap = (int32_t)n_ids + p->n_predict, .n_prompt = (int32_t)n_ids};
         s.tokens = malloc((size_t)s.cap * sizeof *s.tokens);
         s.aux = malloc((size_t)s.cap * (size_t)j->n_layers * (size_t)E * sizeof *s.aux);
         s.final = malloc((size_t)s.cap * (size_t)E * sizeof *s.final);

@@ -12,7 +12,8 @@
  *   final   F32 [T][H]    the final norm of the last layer's output (the LM
  *                         head's input)
  *   __metadata__ {"layer_ids": "a,b,c", "hidden_size": "H",
- *                 "vocab_size": "V", "model": the model's file name}
+ *                 "vocab_size": "V", "model": the model's file name,
+ *                 "n_prompt": the prompt's tokens (the first ones)}
  * Row t holds the target's state after reading tokens[0..t]: it predicts
  * tokens[t + 1]. */
 #ifndef SPECD_GEN_FEATURES_H

@@ -137,7 +137,8 @@ def check_dump(target, tmp, failures):
     toks = f["tokens"]
     T = len(toks)
     if meta.get("layer_ids") != f"0,2,{LAYERS - 1}" or meta.get("hidden_size") != str(DIM) or \
-            meta.get("vocab_size") != str(VOCAB) or meta.get("model") != os.path.basename(target):
+            meta.get("vocab_size") != str(VOCAB) or meta.get("model") != os.path.basename(target) or \
+            meta.get("n_prompt") != str(len(f["tokens"]) - len(plain["ids"])):
         failures.append(f"dump metadata {meta}")
     if f["aux"].shape != (T, 3 * DIM) or f["final"].shape != (T, DIM) or f["aux"].dtype != np.float32:
         failures.append(f"dump shapes {f['aux'].shape} {f['final'].shape}")
