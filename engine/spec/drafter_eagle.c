@@ -32,6 +32,7 @@
 #include "specd/eagle.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -125,6 +126,12 @@ static sd_status eagle_propose(sd_drafter *d, int32_t slot, const int32_t *ctx, 
             SD_TRY(sd_eagle_head_forward(e->head, slot, n_ctx - 1 + i, 1, &y, e->g_step, NULL, e->logits_d, e->hid));
             memcpy(e->g_step, e->hid, (size_t)e->H * sizeof *e->g_step);
         }
+    }
+    if (sd_log_enabled(SD_LOG_DEBUG)) { /* tests/ref/test_eagle_head.py replays the chains from this line */
+        char line[16 * SD_MAX_K] = "";
+        for (int32_t i = 0; i < *n_drafted; i++)
+            snprintf(line + strlen(line), sizeof line - strlen(line), " %d", (int)tokens[i]);
+        SD_DEBUG("eagle: slot %d context %d drafted%s", (int)slot, (int)n_ctx, line);
     }
     return SD_OK;
 }

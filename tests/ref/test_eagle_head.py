@@ -12,6 +12,8 @@ reference of eagle_ref.py, on a random target from specd-mkmodel --format hf:
   * specd-generate --eagle (random, untrained head) gives plain greedy's
     tokens bit for bit at K = 1, 2, 4, 8, and seeded sampling's under the
     coupled rule at K = 2, 5;
+  * the chains specd-generate --eagle drafts (its -v log) equal the
+    reference's replay on the dumped features of the same sequence;
   * specd-generate --dump-features writes the documented file: the tokens
     are plain greedy's, final's argmax through the target's LM head is the
     next token, final is the final norm of the last layer's aux slot.
@@ -156,6 +158,41 @@ def check_dump(target, tmp, failures):
     print(f"dump: {T} rows, tokens = plain greedy, final predicts the next token")
 
 
+def check_chains(target, head, tmp, failures):
+    """The drafter's bookkeeping end to end: the chains specd-generate --eagle
+    logs (-v) equal the reference's, replayed on the features of the same
+    greedy sequence (--dump-features): rows 0..n-2 from the target's
+    features, then K-1 rows on the head's own outputs."""
+    prompt = ["-p", "a tale of two", "-n", "20", "--ignore-eos"]
+    r = subprocess.run([binary("tools", "specd-generate"), "-m", target, "-t", "2", "--json", "-v", "--eagle", head,
+                        "-k", "3"] + prompt, capture_output=True, text=True)
+    chains = [(int(ln.split(" context ")[1].split()[0]), [int(x) for x in ln.split(" drafted")[1].split()])
+              for ln in r.stderr.splitlines() if " context " in ln and " drafted" in ln]
+    d = os.path.join(tmp, "chains")
+    os.makedirs(d)
+    subprocess.run([binary("tools", "specd-generate"), "-m", target, "-t", "2", "--dump-features", d,
+                    "--eagle-layers", "0,2,5"] + prompt, check=True, capture_output=True)
+    f = load_file(os.path.join(d, "000000.safetensors"))
+    tok = [int(x) for x in f["tokens"]]
+    ref = EagleRef(head)
+    g = ref.fuse(f["aux"])
+    rows = [ref.row(tok[t + 1], g[t]) for t in range(len(tok) - 1)]  # (logits, pre-norm output) of each row
+    ks, vs = list(ref.k), list(ref.v)
+    if len(chains) < 10:
+        failures.append(f"chains: only {len(chains)} logged")
+    for n, drafts in chains:
+        ref.k, ref.v = ks[:n - 1], vs[:n - 1]
+        logits, h = rows[n - 2]
+        want = []
+        for i in range(len(drafts)):
+            want.append(int(ref.d2t[int(np.argmax(logits))]))
+            if i + 1 < len(drafts):
+                logits, h = ref.row(want[-1], h)
+        if want != drafts:
+            failures.append(f"chain at context {n}: drafted {drafts}, reference {want}")
+    print(f"{len(chains)} chains of K 3 drafted by specd-generate --eagle = the reference's replay")
+
+
 def main():
     rng = np.random.default_rng(7)
     failures = []
@@ -208,6 +245,7 @@ def main():
                 failures.append(f"seeded --eagle -k {k}: {out['ids']} != plain {plain_s}")
         print("seeded sampling (T 0.8, top-p 0.95) with --eagle = plain seeded sampling at K 2, 5")
         check_dump(target, tmp, failures)
+        check_chains(target, head, tmp, failures)
     for f in failures:
         print("FAIL:", f)
     return 1 if failures else 0
