@@ -333,6 +333,7 @@ static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_model_plan *b) 
             SD_TRY(tp_all_reduce(m, a->xb, nE));
             SD_TRY(op->add(be, a->x, a->xb, nE, a->x));
         }
+        if (m->capture) SD_TRY(sd_model_capture_layer(m, l, n)); /* opt-in: model_capture.c */
     }
     return SD_OK;
 }
@@ -348,7 +349,7 @@ static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_model_plan *b) 
  * enqueue, which a capture cannot wait for). */
 static sd_status run_layers(sd_model *m, sd_kv *kv, const sd_model_plan *b) {
     const sd_backend_ops *op = m->be.ops;
-    if (!op->graph_launch || m->coll) return forward_layers(m, kv, b);
+    if (!op->graph_launch || m->coll || m->capture) return forward_layers(m, kv, b);
     uint64_t key = sd_kv_uid(kv) * 0x9E3779B97F4A7C15ull ^ (uint64_t)(uint32_t)b->n_tokens;
     sd_status s = op->graph_launch(m->be.ctx, key);
     if (s != SD_ERR_NOT_FOUND) return s;

@@ -68,6 +68,19 @@ typedef struct batch_plan {
     int32_t *head_ids; /* [n_wanted * tp] row of head_all for each row of the logits viewed as [.][n_vocab_l] */
 } batch_plan;
 
+/* The opt-in feature capture (sd_model_capture_set; model_capture.c). */
+typedef struct model_capture {
+    int32_t n_layers;
+    int32_t layer_ids[SD_MODEL_CAPTURE_MAX];
+    bool final;
+    int32_t n_rows; /* rows captured by the last forward */
+    int32_t cap_rows;
+    float *aux;      /* [cap_rows][n_layers][n_embd] host */
+    float *final_x;  /* [cap_rows][n_embd] host, when final */
+    float *download; /* [cap_rows][n_embd] host copy of the residual stream (device backends) */
+    float *norm_w;   /* [n_embd] host copy of the final norm's weight */
+} model_capture;
+
 struct sd_model {
     sd_model_config cfg;
     sd_model_params params;
@@ -98,7 +111,13 @@ struct sd_model {
     sd_model_plan_fn plan_sink;
     void *plan_user;
     sd_model_tp_stats tp_stats;
+    model_capture *capture; /* NULL: no capture (the default, no cost) */
 };
+
+/* Called by forward_layers after layer l ran over n rows: copies the rows
+ * out when l is captured. */
+sd_status sd_model_capture_layer(sd_model *m, int32_t l, int32_t n);
+void sd_model_capture_free(sd_model *m);
 
 /* Frees the activation buffers (they are grown again on the next forward). */
 void sd_model_free_activations(sd_model *m);

@@ -556,6 +556,7 @@ sd_status sd_model_load_weights(const sd_weights *w, const sd_model_params *p, s
 void sd_model_free(sd_model **pm) {
     if (!pm || !*pm) return;
     sd_model *m = *pm;
+    sd_model_capture_free(m);
     if (m->be.ops && m->parent) {
         sd_model_free_activations(m); /* a view owns its activations and backend, not the weights */
         m->be.ops->destroy(&m->be.ctx);

@@ -19,6 +19,7 @@
 #include "specd/chat.h"
 #include "specd/cli.h"
 #include "specd/drafter.h"
+#include "specd/eagle.h"
 #include "specd/spec_decode.h"
 #include "specd/weights.h"
 #include "specd/model.h"
@@ -26,6 +27,7 @@
 #include "specd/sample.h"
 #include "specd/tokenizer.h"
 
+#include "gen_features.h"
 #include "gen_spec.h"
 
 #include <cjson/cJSON.h>
@@ -60,9 +62,11 @@ typedef struct gen_opts {
     int32_t draft_vocab; /* --draft-vocab N: a model drafter's vocabulary cut (-1 = not given) */
     int32_t k;
     bool adaptive_k;
-    bool logprobs;           /* --logprobs N: each token's logprob and top N (plain decoding) */
-    int32_t top_logprobs;    /* N */
-    sd_backend_opts backend; /* --cpu-weights, --cuda-graphs, ... (specd/backend_opts.h) */
+    bool logprobs;                    /* --logprobs N: each token's logprob and top N (plain decoding) */
+    int32_t top_logprobs;             /* N */
+    const char *eagle_dir, *dump_dir; /* --eagle DIR (an EAGLE-3 head drafts), --dump-features DIR (gen_features.h) */
+    const char *prompt_file, *eagle_layers; /* --prompt-file F, --eagle-layers a,b,c (with --dump-features) */
+    sd_backend_opts backend;          /* --cpu-weights, --cuda-graphs, ... (specd/backend_opts.h) */
 } gen_opts;
 
 static void usage(FILE *f) {
@@ -100,6 +104,10 @@ static void usage(FILE *f) {
             "      --draft PATH     speculative decoding with a draft model (same vocabulary)\n"
             "      --ngram          speculative decoding with the n-gram (prompt lookup) drafter\n"
             "      --draft-layers L speculative decoding with the target's first L layers (self-draft)\n"
+            "      --eagle DIR      speculative decoding with an EAGLE-3 head (a Hugging Face directory)\n"
+            "      --dump-features DIR  plain decoding writing tokens + hidden states to DIR/NNNNNN.safetensors\n"
+            "      --eagle-layers a,b,c  layers dumped (default EAGLE-3's: outputs of 1, L/2-1, L-4)\n"
+            "      --prompt-file F  with --dump-features: one prompt per line\n"
             "      --draft-vocab N  with --draft or --draft-layers: draft among token ids < N only, computing\n"
             "                       only those rows of the draft's LM head (exact at any N, at most the\n"
             "                       vocabulary's size; 0 = the whole vocabulary, the default; 32768\n"
@@ -151,7 +159,11 @@ enum {
     OPT_KV_TYPE,
     OPT_PRESENCE,
     OPT_FREQUENCY,
-    OPT_LOGPROBS
+    OPT_LOGPROBS,
+    OPT_EAGLE,
+    OPT_DUMP,
+    OPT_PROMPT_FILE,
+    OPT_EAGLE_LAYERS
 };
 
 static const struct option longs[] = {{"model", required_argument, 0, 'm'},
@@ -179,6 +191,10 @@ static const struct option longs[] = {{"model", required_argument, 0, 'm'},
                                       {"presence-penalty", required_argument, 0, OPT_PRESENCE},
                                       {"frequency-penalty", required_argument, 0, OPT_FREQUENCY},
                                       {"logprobs", required_argument, 0, OPT_LOGPROBS},
+                                      {"eagle", required_argument, 0, OPT_EAGLE},
+                                      {"dump-features", required_argument, 0, OPT_DUMP},
+                                      {"prompt-file", required_argument, 0, OPT_PROMPT_FILE},
+                                      {"eagle-layers", required_argument, 0, OPT_EAGLE_LAYERS},
                                       {"verbose", no_argument, 0, 'v'},
                                       {"help", no_argument, 0, 'h'},
                                       SD_BACKEND_LONG_OPTIONS,
@@ -248,6 +264,10 @@ static bool apply_opt(int c, gen_opts *o, const char **name, bool *unknown) {
     case OPT_NOEOS: o->ignore_eos = true; break;
     case OPT_DRAFT: o->draft_path = optarg; break;
     case OPT_NGRAM: o->ngram = true; break;
+    case OPT_EAGLE: o->eagle_dir = optarg; break;
+    case OPT_DUMP: o->dump_dir = optarg; break;
+    case OPT_PROMPT_FILE: o->prompt_file = optarg; break;
+    case OPT_EAGLE_LAYERS: o->eagle_layers = optarg; break;
     case OPT_DRAFT_LAYERS:
         *name = "draft-layers";
         ok = sd_cli_parse_i32(optarg, 1, 1024, &o->draft_layers);
@@ -277,15 +297,18 @@ static bool apply_opt(int c, gen_opts *o, const char **name, bool *unknown) {
 
 /* The checks across options, once all are read: 0, or 2 with a message. */
 static int check_opts(const gen_opts *o) {
-    if ((o->draft_path != NULL) + o->ngram + (o->draft_layers > 0) > 1) {
-        fprintf(stderr, "specd-generate: --draft, --ngram and --draft-layers exclude each other\n");
+    if ((o->draft_path != NULL) + o->ngram + (o->draft_layers > 0) + (o->eagle_dir != NULL) + (o->dump_dir != NULL) >
+            1 ||
+        ((o->prompt_file || o->eagle_layers) && !o->dump_dir)) {
+        fprintf(stderr, "specd-generate: --draft, --ngram, --draft-layers, --eagle and --dump-features exclude each "
+                        "other; --prompt-file and --eagle-layers go with --dump-features\n");
         return 2;
     }
     if (o->draft_vocab >= 0 && !o->draft_path && o->draft_layers <= 0) {
         fprintf(stderr, "specd-generate: --draft-vocab goes with --draft or --draft-layers\n");
         return 2;
     }
-    if (o->logprobs && (o->draft_path || o->ngram || o->draft_layers > 0 || !o->json)) {
+    if (o->logprobs && (o->draft_path || o->ngram || o->draft_layers > 0 || o->eagle_dir || !o->json)) {
         fprintf(stderr, "specd-generate: --logprobs is for plain decoding with --json\n");
         return 2;
     }
@@ -334,30 +357,6 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         return 2;
     }
     return check_opts(o);
-}
-
-/* Reads all of stdin into a malloc'd NUL-terminated string (caller frees);
- * *len gets the bytes read (more than strlen when the input holds a NUL). */
-static char *read_stdin(size_t *n_read) {
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    if (!buf) return NULL;
-    size_t n;
-    while ((n = fread(buf + len, 1, cap - len - 1, stdin)) > 0) {
-        len += n;
-        if (cap - len < 2) {
-            char *bigger = realloc(buf, cap * 2);
-            if (!bigger) {
-                free(buf);
-                return NULL;
-            }
-            buf = bigger;
-            cap *= 2;
-        }
-    }
-    buf[len] = 0;
-    *n_read = len;
-    return buf;
 }
 
 typedef struct gen_result {
@@ -682,9 +681,9 @@ int main(int argc, char **argv) {
     sd_log_set(NULL, NULL, o.verbose ? SD_LOG_DEBUG : SD_LOG_WARN, "generate");
 
     char *stdin_prompt = NULL;
-    if (!o.prompt && o.n_turns == 0) {
+    if (!o.prompt && o.n_turns == 0 && !o.prompt_file) {
         size_t n_read = 0;
-        stdin_prompt = read_stdin(&n_read);
+        stdin_prompt = sd_gen_read_stdin(&n_read);
         if (!stdin_prompt) return 1;
         if (strlen(stdin_prompt) != n_read) {
             fprintf(stderr,
@@ -728,13 +727,19 @@ int main(int argc, char **argv) {
     sd_weights_close(&w); /* the model holds what it uses (copies, or its own reference to the file mapping) */
 
     const char *text = o.prompt ? o.prompt : "";
+    if (o.dump_dir) { /* gen_features.c */
+        sd_gen_dump_params dp = {o.dump_dir,  o.model_path, o.prompt,     o.prompt_file,        o.eagle_layers,
+                                 o.n_predict, o.sampling,   o.ignore_eos, o.chat ? chat : NULL, o.system};
+        rc = sd_gen_dump_main(&dp, m, tok);
+        goto out;
+    }
     if (o.chat) {
         if ((st = encode_chat(&o, chat, tok, &chat_text, &r)) != SD_OK) goto out;
         text = chat_text;
     } else if ((st = sd_tok_encode(tok, text, strlen(text), false, &r.prompt_ids, &r.n_prompt)) != SD_OK) {
         goto out; /* a plain prompt is text: special-token text in it is not read as control tokens */
     }
-    if (o.draft_path || o.ngram || o.draft_layers > 0) {
+    if (o.draft_path || o.ngram || o.draft_layers > 0 || o.eagle_dir) {
         sd_drafter_params dp = sd_drafter_default_params();
         dp.max_ctx = sd_model_config_of(m)->n_ctx_train;
         dp.n_threads = o.n_threads;
@@ -751,6 +756,8 @@ int main(int argc, char **argv) {
             st = sd_drafter_ngram_create(&dp, &drafter);
         else if (o.draft_layers > 0)
             st = sd_drafter_self_view(m, o.draft_layers, &dp, &drafter);
+        else if (o.eagle_dir)
+            st = sd_drafter_eagle_open(o.eagle_dir, m, &dp, &drafter);
         else
             st = sd_drafter_model_open(o.draft_path, sd_tok_vocab_hash(tok), sd_tok_n_vocab(tok), &dp, &drafter);
         if (st == SD_OK) st = sd_spec_decoder_create(m, drafter, sd_model_config_of(m)->n_ctx_train, &dec);

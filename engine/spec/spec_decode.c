@@ -11,7 +11,14 @@
  * fed at the next step with the next drafts). Because the CPU forward is
  * batch invariant, the target's logits here equal plain decoding's bit for
  * bit, which is what makes greedy speculative output equal greedy plain
- * output exactly. */
+ * output exactly.
+ *
+ * With an EAGLE-3 head as the drafter (drafter_eagle.c) the target
+ * captures the head's layers on every forward (sd_model_capture_set, set
+ * at create, cleared at free), and after verification the features of the
+ * positions just committed (the last context token and the accepted
+ * drafts: batch rows 0 .. n_ctx - keep + n_accepted - 1) go to the head;
+ * their fusing is counted as drafting time. */
 #include "specd/spec_decode.h"
 
 #include <stdlib.h>
@@ -39,6 +46,7 @@ struct sd_spec_decoder {
     sd_spec_cost_fn cost_fn; /* NULL: the policy learns from measured times */
     void *cost_user;
     int32_t n_prompt; /* penalties count the context from here on */
+    bool eagle;       /* an EAGLE head drafts: the target captures its layers, handed over after each step */
 };
 
 void sd_spec_decoder_set_prompt_len(sd_spec_decoder *d, int32_t n_prompt) {
@@ -57,6 +65,7 @@ void sd_spec_decoder_free(sd_spec_decoder **pd) {
     sd_kv_free(&d->kv);
     free(d->cached);
     sd_spec_scratch_free(&d->scratch);
+    if (d->eagle) sd_model_capture_set(d->target, 0, NULL, false);
     free(d);
     *pd = NULL;
 }
@@ -97,6 +106,12 @@ sd_status sd_spec_decoder_create(sd_model *target, sd_drafter *drafter, int32_t 
         st = sd_model_kv_create(target, 1, (max_ctx + SD_MAX_K + block - 1) / block + 1, block, &d->kv);
     } else {
         SD_ERROR("spec: out of memory creating a decoder");
+    }
+    int32_t ids[SD_MODEL_CAPTURE_MAX];
+    int32_t n_ids = st == SD_OK ? sd_drafter_eagle_layers(drafter, ids) : 0;
+    if (n_ids > 0) { /* the head reads the target's hidden states: capture them on every forward */
+        st = sd_model_capture_set(target, n_ids, ids, false);
+        d->eagle = st == SD_OK;
     }
     if (st != SD_OK) {
         sd_spec_decoder_free(&d);
@@ -174,20 +189,29 @@ static sd_status decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n_
     memcpy(d->cached + keep, ctx + keep, (size_t)(n_ctx - keep) * sizeof *ctx);
     memcpy(d->cached + n_ctx, draft, (size_t)r.n_accepted * sizeof *draft);
     int32_t acc = r.n_accepted;
+    double feed_s = 0; /* the head's fc over the new features: drafting time, not the target's */
+    if (d->eagle) {    /* rows 0 .. n_ctx - keep + acc - 1 of the batch are committed positions keep.. */
+        double f0 = sd_now();
+        int32_t n_rows = 0;
+        const float *aux = sd_model_capture_aux(d->target, &n_rows);
+        if (!aux || n_rows < n_ctx - keep + acc) return SD_ERR_INTERNAL;
+        SD_TRY(sd_drafter_eagle_features(d->drafter, 0, keep, n_ctx - keep + acc, d->cached + keep, aux));
+        feed_s = sd_now() - f0;
+    }
     memcpy(out, r.tokens, (size_t)r.n_tokens * sizeof *out);
     *n_out = r.n_tokens;
     double t2 = sd_now();
     rep->n_drafted = nd;
     rep->n_accepted = acc;
     rep->n_append = n_ctx - keep;
-    rep->draft_s = t1 - t0;
-    rep->target_s = t2 - t1;
+    rep->draft_s = t1 - t0 + feed_s;
+    rep->target_s = t2 - t1 - feed_s;
     d->stats.steps++;
     d->stats.drafted += nd;
     d->stats.accepted += acc;
     d->stats.committed += acc + 1;
-    d->stats.draft_s += t1 - t0;
-    d->stats.target_s += t2 - t1;
+    d->stats.draft_s += rep->draft_s;
+    d->stats.target_s += rep->target_s;
     /* what the policy learns from: the measured times, or the cost function's */
     if (d->cost_fn) d->cost_fn(d->cost_user, rep->n_append + nd, rep->n_proposed, &rep->target_s, &rep->draft_s);
     return SD_OK;

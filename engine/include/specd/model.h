@@ -174,6 +174,33 @@ bool sd_model_verifies_on_device(const sd_model *m);
 struct sd_spec_rows;
 sd_status sd_model_forward_verify(sd_model *m, sd_kv *kv, const sd_batch *b, int32_t n_seqs, struct sd_spec_rows *seqs);
 
+/* ---- feature capture (EAGLE-3 draft heads and their training data) ----
+ * Opt-in: with a capture set, every forward of m (on the leader) also copies
+ * out, for every row of its batch, the residual stream after each listed
+ * layer (layer id j = the output of layer j, 0-based: what layer j + 1
+ * reads) and, with final, the LM head's input (the final norm of the last
+ * layer's output). While no capture is set nothing is copied: the forward
+ * only tests one pointer per layer. A device backend downloads the whole
+ * residual stream once per captured layer. */
+#define SD_MODEL_CAPTURE_MAX 8
+
+/* Sets the capture (n_layers in [1, SD_MODEL_CAPTURE_MAX], ids in
+ * [0, layers used)) or clears it (n_layers 0). SD_ERR_RANGE with a log
+ * line for an id out of range. */
+sd_status sd_model_capture_set(sd_model *m, int32_t n_layers, const int32_t *layer_ids, bool final);
+
+/* The last forward's capture: aux [n_rows][n_layers * n_embd] (row order of
+ * the batch; per row the layers in the order set), final [n_rows][n_embd]
+ * (NULL unless asked). Borrowed: valid until the next forward or
+ * sd_model_capture_set. NULL with *n_rows 0 when nothing was captured. */
+const float *sd_model_capture_aux(const sd_model *m, int32_t *n_rows);
+const float *sd_model_capture_final(const sd_model *m, int32_t *n_rows);
+
+/* out[n][n_embd] = the embedding table's rows ids[n], as f32 on the host
+ * (dequantized when stored quantized): what a draft head without its own
+ * embedding reads. SD_ERR_RANGE for an id outside the vocabulary. */
+sd_status sd_model_embed_host(const sd_model *m, const int32_t *ids, int32_t n, float *out);
+
 /* Bytes of weights the forward pass reads per step (for bandwidth figures). */
 uint64_t sd_model_weight_bytes(const sd_model *m);
 

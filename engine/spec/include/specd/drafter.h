@@ -43,6 +43,7 @@ typedef enum sd_drafter_kind {
     SD_DRAFTER_NGRAM = 1,
     SD_DRAFTER_MODEL = 2,
     SD_DRAFTER_SELF = 3,
+    SD_DRAFTER_EAGLE = 4, /* an EAGLE-3 head over the target's hidden states (eagle.h) */
 } sd_drafter_kind;
 
 /* The default draft vocabulary cut (sd_drafter_params.draft_vocab): none.
@@ -106,10 +107,32 @@ sd_status sd_drafter_self_view(const sd_model *target, int32_t n_layers, const s
  * the vocabulary. Caller frees with sd_drafter_free. */
 sd_status sd_drafter_model_wrap(sd_model *m, sd_drafter_kind kind, const sd_drafter_params *p, sd_drafter **out);
 
+/* An EAGLE-3 draft head (eagle.h) in dir for target (borrowed: it must
+ * outlive the drafter; its embedding is used when the head has none). The
+ * head drafts from the target's hidden states, which the caller passes
+ * after each target forward with sd_drafter_eagle_features; the target
+ * captures them when asked (sd_model_capture_set with the ids of
+ * sd_drafter_eagle_layers). Refusals as sd_eagle_head_load. Single-process
+ * only: sd_draft_batch answers SD_ERR_UNSUPPORTED. Caller frees with
+ * sd_drafter_free. */
+sd_status sd_drafter_eagle_open(const char *dir, const sd_model *target, const sd_drafter_params *p, sd_drafter **out);
+
+/* The target layers an EAGLE drafter reads (capture ids, model.h) into
+ * ids[3]; returns how many (3), or 0 for any other drafter. */
+int32_t sd_drafter_eagle_layers(const sd_drafter *d, int32_t *ids);
+
+/* Hands an EAGLE drafter the target's captured features aux[n][3 * n_embd]
+ * of committed positions pos0 .. pos0 + n - 1 of slot seq, whose tokens are
+ * tokens[n] (pos0 at most the positions it already has: no gaps; later ones
+ * are replaced). SD_ERR_INVALID_ARG for another drafter kind, SD_ERR_RANGE
+ * for a gap. */
+sd_status sd_drafter_eagle_features(sd_drafter *d, int32_t seq, int32_t pos0, int32_t n, const int32_t *tokens,
+                                    const float *aux);
+
 void sd_drafter_free(sd_drafter **d);
 
 sd_drafter_kind sd_drafter_kind_of(const sd_drafter *d);
-/* "ngram", "model" or "self" (static string). */
+/* "ngram", "model", "self" or "eagle" (static string). */
 const char *sd_drafter_name(const sd_drafter *d);
 /* The most entries a q of this drafter has: 1 for the n-gram drafter (q is
  * one-hot), the top_n of its parameters for a model drafter. Whoever copies

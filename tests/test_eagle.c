@@ -1,0 +1,293 @@
+/* test_eagle.c — the target's feature capture (engine/model_capture.c) on a
+ * random 4-layer model (specd-mkmodel):
+ *   - logits are bit-identical with the capture on and off;
+ *   - the rows of layer j equal the last layer's rows of a view of the
+ *     first j + 1 layers (the same computation);
+ *   - bad capture requests are refused and leave the forward as it was;
+ * and EAGLE-3 heads that do not fit (written here in the published layout,
+ * one defect each) are refused, each with its own status and log line.
+ * The head itself is checked against a numpy reference in
+ * tests/ref/test_eagle_head.py. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "specd/drafter.h"
+#include "specd/eagle.h"
+#include "specd/gguf.h"
+#include "specd/model.h"
+#include "specd/safetensors.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+enum { LAYERS = 4, VOCAB = 300, DIM = 64, N = 7 };
+
+static struct {
+    char dir[64];
+    char path[96];
+    bool ok;
+} env;
+
+static int setup(void **state) {
+    (void)state;
+    strcpy(env.dir, "/tmp/specd_eagle_XXXXXX");
+    if (!mkdtemp(env.dir)) return -1;
+    snprintf(env.path, sizeof env.path, "%s/m.gguf", env.dir);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "'%s' -o '%s' --layers %d --dim %d --ff 128 --heads 4 --kv-heads 2 --vocab %d --seed 9 >/dev/null 2>&1",
+             SPECD_MKMODEL, env.path, LAYERS, DIM, VOCAB);
+    env.ok = system(cmd) == 0;
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    unlink(env.path);
+    rmdir(env.dir);
+    return 0;
+}
+
+static sd_model *load(int32_t n_layers_used) {
+    sd_gguf *g = NULL;
+    char err[128];
+    assert_int_equal(sd_gguf_open(env.path, &g, err, sizeof err), SD_OK);
+    sd_model_params mp = sd_model_default_params();
+    mp.n_threads = 2;
+    mp.n_layers_used = n_layers_used;
+    sd_model *m = NULL;
+    assert_int_equal(sd_model_load(g, &mp, &m), SD_OK);
+    sd_gguf_close(&g);
+    return m;
+}
+
+/* One sequence of N tokens, logits of every row into out[N][VOCAB]. */
+static void run(sd_model *m, float *out) {
+    sd_kv *kv = NULL;
+    assert_int_equal(sd_model_kv_create(m, 1, 4, 16, &kv), SD_OK);
+    const int32_t tokens[N] = {5, 17, 99, 3, 250, 42, 7};
+    int32_t pos[N], seq[N] = {0};
+    bool want[N];
+    for (int32_t i = 0; i < N; i++) {
+        pos[i] = i;
+        want[i] = true;
+    }
+    sd_batch b = {N, tokens, pos, seq, want};
+    assert_int_equal(sd_model_forward(m, kv, &b, out), SD_OK);
+    sd_kv_free(&kv);
+}
+
+static void test_capture(void **state) {
+    (void)state;
+    if (!env.ok) skip();
+    sd_model *m = load(0);
+    static float plain[N * VOCAB], captured[N * VOCAB];
+    run(m, plain);
+    int32_t n_rows = -1;
+    assert_null(sd_model_capture_aux(m, &n_rows));
+    assert_int_equal(n_rows, 0);
+    const int32_t bad[2] = {0, LAYERS};
+    assert_int_equal(sd_model_capture_set(m, 2, bad, false), SD_ERR_RANGE);
+    assert_int_equal(sd_model_capture_set(m, SD_MODEL_CAPTURE_MAX + 1, bad, false), SD_ERR_RANGE);
+    const int32_t ids[3] = {1, 0, LAYERS - 1};
+    assert_int_equal(sd_model_capture_set(m, 3, ids, true), SD_OK);
+    run(m, captured);
+    assert_memory_equal(plain, captured, sizeof plain);
+    const float *aux = sd_model_capture_aux(m, &n_rows);
+    assert_non_null(aux);
+    assert_int_equal(n_rows, N);
+    const float *fin = sd_model_capture_final(m, &n_rows);
+    assert_non_null(fin);
+    /* layer j's rows = the last rows of a view of j + 1 layers */
+    for (int32_t slot = 0; slot < 3; slot++) {
+        sd_model *v = NULL;
+        assert_int_equal(sd_model_view_layers(m, ids[slot] + 1, &v), SD_OK);
+        const int32_t last = ids[slot];
+        assert_int_equal(sd_model_capture_set(v, 1, &last, false), SD_OK);
+        run(v, captured);
+        int32_t nv = 0;
+        const float *va = sd_model_capture_aux(v, &nv);
+        assert_int_equal(nv, N);
+        for (int32_t t = 0; t < N; t++)
+            assert_memory_equal(va + (size_t)t * DIM, aux + ((size_t)t * 3 + (size_t)slot) * DIM, DIM * sizeof(float));
+        sd_model_free(&v);
+    }
+    for (int32_t i = 0; i < N * DIM; i++) assert_true(isfinite(fin[i])); /* its values: test_eagle_head.py */
+    assert_int_equal(sd_model_capture_set(m, 0, NULL, false), SD_OK);
+    assert_null(sd_model_capture_aux(m, &n_rows));
+    run(m, captured);
+    assert_memory_equal(plain, captured, sizeof plain);
+    sd_model_free(&m);
+}
+
+/* ---- EAGLE heads written here: a valid tiny one, then one defect each ---- */
+
+enum { HD = 4, HKV = 2, HFF = 32, HVD = 16 };
+
+typedef struct head_spec {
+    int32_t hidden, target_hidden, vocab, draft_vocab;
+    const char *arch;
+    const char *layer_ids; /* JSON array text, or NULL */
+    const char *drop;      /* a tensor left out */
+    const char *misshape;  /* a tensor written with one row too few */
+    int64_t d2t0;          /* d2t[0] */
+} head_spec;
+
+static head_spec good_head(void) {
+    return (head_spec){DIM, DIM, VOCAB, HVD, "LlamaForCausalLMEagle3", "[0, 1, 3]", NULL, NULL, 0};
+}
+
+static void add(sd_safetensors_writer *w, const head_spec *h, const char *name, uint64_t rows, uint64_t cols) {
+    if (h->drop && strcmp(name, h->drop) == 0) return;
+    if (h->misshape && strcmp(name, h->misshape) == 0) rows--;
+    size_t n = (size_t)rows * (size_t)(cols ? cols : 1);
+    float *v = malloc(n * sizeof *v);
+    assert_non_null(v);
+    for (size_t i = 0; i < n; i++) v[i] = (float)((i * 7919) % 13) * 0.01f - 0.06f;
+    const uint64_t shape[2] = {rows, cols};
+    assert_int_equal(sd_safetensors_writer_add_tensor(w, name, SD_SAFETENSORS_F32, cols ? 2 : 1, shape, v), SD_OK);
+    free(v);
+}
+
+/* Writes h into dir (config.json + model.safetensors). */
+static void write_head(const char *dir, const head_spec *h) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "{\"architectures\": [\"%s\"], \"hidden_size\": %d, \"intermediate_size\": %d, "
+            "\"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"num_hidden_layers\": 1, "
+            "\"rms_norm_eps\": 1e-5, \"vocab_size\": %d, \"draft_vocab_size\": %d, \"target_hidden_size\": %d",
+            h->arch, (int)h->hidden, HFF, HD, HKV, (int)h->vocab, (int)h->draft_vocab, (int)h->target_hidden);
+    if (h->layer_ids) fprintf(f, ", \"eagle_config\": {\"eagle_aux_hidden_state_layer_ids\": %s}", h->layer_ids);
+    fprintf(f, "}\n");
+    fclose(f);
+    sd_safetensors_writer *w = sd_safetensors_writer_new();
+    assert_non_null(w);
+    const uint64_t H = (uint64_t)h->hidden, hd = H / HD;
+    add(w, h, "fc.weight", H, 3 * (uint64_t)h->target_hidden);
+    add(w, h, "midlayer.hidden_norm.weight", H, 0);
+    add(w, h, "midlayer.input_layernorm.weight", H, 0);
+    add(w, h, "midlayer.post_attention_layernorm.weight", H, 0);
+    add(w, h, "midlayer.self_attn.q_proj.weight", HD * hd, 2 * H);
+    add(w, h, "midlayer.self_attn.k_proj.weight", HKV * hd, 2 * H);
+    add(w, h, "midlayer.self_attn.v_proj.weight", HKV * hd, 2 * H);
+    add(w, h, "midlayer.self_attn.o_proj.weight", H, HD * hd);
+    add(w, h, "midlayer.mlp.gate_proj.weight", HFF, H);
+    add(w, h, "midlayer.mlp.up_proj.weight", HFF, H);
+    add(w, h, "midlayer.mlp.down_proj.weight", H, HFF);
+    add(w, h, "norm.weight", H, 0);
+    add(w, h, "lm_head.weight", (uint64_t)h->draft_vocab, H);
+    int64_t d2t[64] = {0};
+    for (int32_t i = 0; i < h->draft_vocab && i < 64; i++) d2t[i] = 3 * i; /* draft id i -> target id 4i */
+    d2t[0] = h->d2t0;
+    const uint64_t dshape[1] = {(uint64_t)h->draft_vocab};
+    assert_int_equal(sd_safetensors_writer_add_tensor(w, "d2t", SD_SAFETENSORS_I64, 1, dshape, d2t), SD_OK);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    assert_int_equal(sd_safetensors_writer_write(w, path), SD_OK);
+    sd_safetensors_writer_free(&w);
+}
+
+static char last_error[512];
+
+static void keep_error(sd_log_level level, const char *line, void *user) {
+    (void)user;
+    if (level >= SD_LOG_ERROR) snprintf(last_error, sizeof last_error, "%s", line);
+}
+
+static sd_status load_head(const head_spec *h, const sd_model *m) {
+    char dir[96];
+    snprintf(dir, sizeof dir, "%s/head", env.dir);
+    mkdir(dir, 0755);
+    write_head(dir, h);
+    sd_eagle_target t = sd_eagle_target_of(m);
+    sd_eagle_params p = sd_eagle_default_params();
+    p.max_ctx = 32;
+    p.n_threads = 1;
+    sd_eagle_head *head = NULL;
+    last_error[0] = '\0';
+    sd_log_set(keep_error, NULL, SD_LOG_ERROR, NULL);
+    sd_status s = sd_eagle_head_load(dir, &t, &p, &head);
+    sd_log_set(NULL, NULL, SD_LOG_WARN, NULL);
+    if (s == SD_OK) {
+        int32_t ids[3];
+        sd_eagle_head_layers(head, ids);
+        assert_int_equal(ids[2], 3);
+        assert_int_equal(sd_eagle_head_target_id(head, 2), 8);
+    }
+    sd_eagle_head_free(&head);
+    assert_null(head);
+    char path[128];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
+    return s;
+}
+
+static void test_eagle_refusals(void **state) {
+    (void)state;
+    if (!env.ok) skip();
+    sd_model *m = load(0);
+    head_spec h = good_head();
+    assert_int_equal(load_head(&h, m), SD_OK);
+    const struct {
+        head_spec h;
+        sd_status want;
+        const char *words;
+    } bad[] = {
+        {{DIM, 32, VOCAB, HVD, "LlamaForCausalLMEagle3", NULL, NULL, NULL, 0}, SD_ERR_UNSUPPORTED, "size 32"},
+        {{DIM, DIM, VOCAB, HVD, "LlamaForCausalLMEagle3", "[0, 1, 4]", NULL, NULL, 0}, SD_ERR_RANGE, "layer id 4"},
+        {{DIM, DIM, VOCAB - 1, HVD, "LlamaForCausalLMEagle3", NULL, NULL, NULL, 0}, SD_ERR_UNSUPPORTED, "299 ids"},
+        {{DIM, DIM, VOCAB, HVD, "LlamaForCausalLMEagle3", NULL, NULL, NULL, VOCAB}, SD_ERR_RANGE, "d2t maps"},
+        {{DIM, DIM, VOCAB, HVD, "LlamaForCausalLMEagle3", NULL, "norm.weight", NULL, 0},
+         SD_ERR_FORMAT,
+         "lacks the tensor norm.weight"},
+        {{DIM, DIM, VOCAB, HVD, "LlamaForCausalLMEagle3", NULL, NULL, "midlayer.mlp.up_proj.weight", 0},
+         SD_ERR_FORMAT,
+         "up_proj.weight has shape"},
+        {{DIM, DIM, VOCAB, HVD, "LlamaForCausalLM", NULL, NULL, NULL, 0}, SD_ERR_FORMAT, "neither"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        sd_status s = load_head(&bad[i].h, m);
+        if (s != bad[i].want || !strstr(last_error, bad[i].words))
+            fail_msg("bad head %zu: %s, log \"%s\" (want %s, \"%s\")", i, sd_status_str(s), last_error,
+                     sd_status_str(bad[i].want), bad[i].words);
+    }
+    sd_model_free(&m);
+}
+
+static void test_eagle_missing_dir(void **state) {
+    (void)state;
+    if (!env.ok) skip();
+    sd_model *m = load(0);
+    sd_drafter_params dp = sd_drafter_default_params();
+    dp.max_ctx = 64;
+    sd_drafter *d = NULL;
+    assert_int_equal(sd_drafter_eagle_open("/nonexistent/specd-head", m, &dp, &d), SD_ERR_IO);
+    assert_null(d);
+    int32_t ids[3];
+    sd_eagle_default_layers(30, ids);
+    assert_int_equal(ids[0], 1);
+    assert_int_equal(ids[1], 14);
+    assert_int_equal(ids[2], 26);
+    sd_model_free(&m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_capture),
+        cmocka_unit_test(test_eagle_missing_dir),
+        cmocka_unit_test(test_eagle_refusals),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
