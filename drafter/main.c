@@ -273,6 +273,107 @@ static void on_release(void *user, const uint64_t *ids, size_t n) {
 static void on_reset(void *user) { sd_draft_server_reset(((drafter_ctx *)user)->server); }
 static void on_stats(void *user, Specd__WorkerStats *st) { sd_draft_server_stats(((drafter_ctx *)user)->server, st); }
 
+/* The drafter of the kind the flags ask for, its slots' context in
+ * dp->max_ctx and its kind in wp (registered with the coordinator): SD_OK
+ * or the open's failure. */
+static sd_status open_drafter(const drafter_opts *o, sd_drafter_params *dp, sd_worker_params *wp,
+                              sd_drafter **drafter) {
+    if (o->ngram) {
+        dp->max_ctx = o->max_ctx > 0 ? o->max_ctx : (int32_t)wp->model.context_length;
+        wp->drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM;
+        wp->model.n_layers = 0;
+        dp->top_n = 1;
+        return sd_drafter_ngram_create(dp, drafter);
+    }
+    if (o->draft_layers > 0) {
+        dp->max_ctx = model_slot_ctx(o, &wp->model, o->model_path);
+        wp->drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_SELF;
+        wp->model.n_layers = (uint32_t)o->draft_layers;
+        SD_INFO("loading the first %d layers of %s", (int)o->draft_layers, o->model_path);
+        return sd_drafter_self_open(o->model_path, o->draft_layers, dp, drafter);
+    }
+    dp->max_ctx = model_slot_ctx(o, &wp->model, o->model_path);
+    wp->drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
+    SD_INFO("loading %s", o->model_path);
+    /* The draft model registers with its own vocabulary; the coordinator compares it with the target's. */
+    return sd_drafter_model_open(o->model_path, wp->model.vocab_hash, (int32_t)wp->model.vocab_size, dp, drafter);
+}
+
+/* The drafter's parameters from the flags (its backend switches borrowed
+ * from o): false, said, for a --draft-vocab beyond the vocabulary or
+ * --draft-layers beyond the model's layers. */
+static bool drafter_params(const drafter_opts *o, const sd_worker_params *wp, const char *id_path,
+                           sd_drafter_params *dp) {
+    *dp = sd_drafter_default_params();
+    dp->max_seqs = o->max_seqs;
+    dp->top_n = o->top_n;
+    dp->ngram_min = o->ngram_min;
+    dp->ngram_max = o->ngram_max;
+    dp->ngram_cache_entries = o->ngram_cache > 0 ? o->ngram_cache : -1;
+    dp->n_threads = o->n_threads;
+    dp->device = o->device;
+    dp->backend = &o->backend;
+    if (o->draft_vocab >= 0) dp->draft_vocab = o->draft_vocab;
+    if (o->prefix_cache >= 0) dp->prefix_cache_pct = o->prefix_cache > 0 ? o->prefix_cache : -1;
+    if (o->draft_vocab > 0 && (uint32_t)o->draft_vocab > wp->model.vocab_size) {
+        SD_ERROR("--draft-vocab %d is more than the %u tokens of the vocabulary of %s", (int)o->draft_vocab,
+                 wp->model.vocab_size, id_path);
+        return false;
+    }
+    if (o->draft_layers > 0 && (uint32_t)o->draft_layers > wp->model.n_layers) {
+        SD_ERROR("--draft-layers %d is more than the %u layers of %s", (int)o->draft_layers, wp->model.n_layers,
+                 o->model_path);
+        return false;
+    }
+    return true;
+}
+
+/* Warms the drafter up before the coordinator knows it (no request waits
+ * on it): SD_OK or the failure (said). */
+static sd_status warm_up(const drafter_opts *o, sd_draft_server *server) {
+    const int32_t n_warm = o->warmup >= 0 ? o->warmup : !o->ngram && o->device >= 0 ? o->max_batch * (o->max_k + 1) : 0;
+    sd_warmup_report wr;
+    sd_status st = sd_draft_server_warmup(server, n_warm, &wr);
+    if (st != SD_OK) {
+        SD_ERROR("the warm-up failed after batches of up to %d tokens (%s): lower --max-batch or --max-k, or "
+                 "pass --warmup with a smaller size (0: none)",
+                 (int)wr.max_tokens, sd_status_str(st));
+        return st;
+    }
+    if (wr.n_steps > 0)
+        SD_INFO("warm-up: %d batch sizes up to %d tokens in %.0f ms", (int)wr.n_sizes, (int)wr.max_tokens,
+                wr.seconds * 1e3);
+    return SD_OK;
+}
+
+/* Registers with the coordinator and serves until stopped: the worker
+ * loop's status, *why how it ended. */
+static sd_status serve(const drafter_opts *o, sd_worker_params *wp, sd_draft_server *server, int stop_fd,
+                       sd_worker_exit *why) {
+    void *zctx = zmq_ctx_new();
+    drafter_ctx ctx = {.server = server};
+    wp->coordinator = o->coordinator;
+    wp->role = SPECD__ROLE__ROLE_DRAFTER;
+    wp->rank = 0;
+    wp->group_size = 1;
+    wp->name = o->name;
+    wp->limits = sd_draft_server_limits(server);
+    /* Envelopes are validated against the model's context; a sequence longer
+     * than a slot gets a per-sequence KV_FULL instead of failing the batch. */
+    if (wp->model.context_length > (uint32_t)wp->limits.max_context)
+        wp->limits.max_context = (int32_t)wp->model.context_length;
+    wp->stop_fd = stop_fd;
+    wp->handle = on_request;
+    wp->release = on_release;
+    wp->reset = on_reset;
+    wp->stats = on_stats;
+    wp->user = &ctx;
+    *why = SD_WORKER_STOPPED;
+    sd_status st = zctx ? sd_worker_run(zctx, wp, why) : SD_ERR_NET;
+    if (zctx) zmq_ctx_term(zctx);
+    return st;
+}
+
 int main(int argc, char **argv) {
     drafter_opts o = {
         .coordinator = "tcp://127.0.0.1:7701",
@@ -301,59 +402,17 @@ int main(int argc, char **argv) {
         close(stop_fd);
         return 2;
     }
-
     sd_worker_params wp = sd_worker_default_params();
     wp.curve = &curve;
     const char *id_path = o.ngram && o.vocab_from ? o.vocab_from : o.model_path;
-    if (sd_weights_identity(id_path, &wp.model) != SD_OK) {
-        close(stop_fd);
-        return 2;
-    }
-    sd_drafter_params dp = sd_drafter_default_params();
-    dp.max_seqs = o.max_seqs;
-    dp.top_n = o.top_n;
-    dp.ngram_min = o.ngram_min;
-    dp.ngram_max = o.ngram_max;
-    dp.ngram_cache_entries = o.ngram_cache > 0 ? o.ngram_cache : -1;
-    dp.n_threads = o.n_threads;
-    dp.device = o.device;
-    dp.backend = &o.backend;
-    if (o.draft_vocab >= 0) dp.draft_vocab = o.draft_vocab;
-    if (o.prefix_cache >= 0) dp.prefix_cache_pct = o.prefix_cache > 0 ? o.prefix_cache : -1;
-    if (o.draft_vocab > 0 && (uint32_t)o.draft_vocab > wp.model.vocab_size) {
-        SD_ERROR("--draft-vocab %d is more than the %u tokens of the vocabulary of %s", (int)o.draft_vocab,
-                 wp.model.vocab_size, id_path);
+    sd_drafter_params dp;
+    if (sd_weights_identity(id_path, &wp.model) != SD_OK || !drafter_params(&o, &wp, id_path, &dp)) {
         close(stop_fd);
         return 2;
     }
     sd_drafter *drafter = NULL;
-    sd_status st;
-    if (o.ngram) {
-        dp.max_ctx = o.max_ctx > 0 ? o.max_ctx : (int32_t)wp.model.context_length;
-        wp.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM;
-        wp.model.n_layers = 0;
-        dp.top_n = 1;
-        st = sd_drafter_ngram_create(&dp, &drafter);
-    } else if (o.draft_layers > 0) {
-        if ((uint32_t)o.draft_layers > wp.model.n_layers) {
-            SD_ERROR("--draft-layers %d is more than the %u layers of %s", (int)o.draft_layers, wp.model.n_layers,
-                     o.model_path);
-            close(stop_fd);
-            return 2;
-        }
-        dp.max_ctx = model_slot_ctx(&o, &wp.model, o.model_path);
-        wp.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_SELF;
-        wp.model.n_layers = (uint32_t)o.draft_layers;
-        SD_INFO("loading the first %d layers of %s", (int)o.draft_layers, o.model_path);
-        st = sd_drafter_self_open(o.model_path, o.draft_layers, &dp, &drafter);
-    } else {
-        dp.max_ctx = model_slot_ctx(&o, &wp.model, o.model_path);
-        wp.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
-        SD_INFO("loading %s", o.model_path);
-        /* The draft model registers with its own vocabulary; the coordinator compares it with the target's. */
-        st = sd_drafter_model_open(o.model_path, wp.model.vocab_hash, (int32_t)wp.model.vocab_size, &dp, &drafter);
-    }
     sd_draft_server *server = NULL;
+    sd_status st = open_drafter(&o, &dp, &wp, &drafter);
     if (st == SD_OK) {
         sd_draft_server_params sp = sd_draft_server_default_params();
         sp.max_seqs = o.max_seqs;
@@ -372,51 +431,16 @@ int main(int argc, char **argv) {
     }
     SD_INFO("%s drafter for %s (vocab %u): %d slots of %d tokens, top-n %d, max draft %d", sd_drafter_name(drafter),
             wp.model.name, wp.model.vocab_size, (int)o.max_seqs, (int)dp.max_ctx, (int)dp.top_n, (int)o.max_k);
-    /* before the coordinator knows us: no request waits on it */
-    const int32_t n_warm = o.warmup >= 0 ? o.warmup : !o.ngram && o.device >= 0 ? o.max_batch * (o.max_k + 1) : 0;
-    sd_warmup_report wr;
-    st = sd_draft_server_warmup(server, n_warm, &wr);
-    if (st != SD_OK) {
-        SD_ERROR("the warm-up failed after batches of up to %d tokens (%s): lower --max-batch or --max-k, or "
-                 "pass --warmup with a smaller size (0: none)",
-                 (int)wr.max_tokens, sd_status_str(st));
-        sd_draft_server_free(&server);
-        sd_drafter_free(&drafter);
-        close(stop_fd);
-        return 1;
-    }
-    if (wr.n_steps > 0)
-        SD_INFO("warm-up: %d batch sizes up to %d tokens in %.0f ms", (int)wr.n_sizes, (int)wr.max_tokens,
-                wr.seconds * 1e3);
-
-    void *zctx = zmq_ctx_new();
-    drafter_ctx ctx = {.server = server};
-    wp.coordinator = o.coordinator;
-    wp.role = SPECD__ROLE__ROLE_DRAFTER;
-    wp.rank = 0;
-    wp.group_size = 1;
-    wp.name = o.name;
-    wp.limits = sd_draft_server_limits(server);
-    /* Envelopes are validated against the model's context; a sequence longer
-     * than a slot gets a per-sequence KV_FULL instead of failing the batch. */
-    if (wp.model.context_length > (uint32_t)wp.limits.max_context)
-        wp.limits.max_context = (int32_t)wp.model.context_length;
-    wp.stop_fd = stop_fd;
-    wp.handle = on_request;
-    wp.release = on_release;
-    wp.reset = on_reset;
-    wp.stats = on_stats;
-    wp.user = &ctx;
     sd_worker_exit why = SD_WORKER_STOPPED;
-    st = zctx ? sd_worker_run(zctx, &wp, &why) : SD_ERR_NET;
-
-    if (zctx) zmq_ctx_term(zctx);
+    rc = 1;
+    if (warm_up(&o, server) == SD_OK) {
+        st = serve(&o, &wp, server, stop_fd, &why);
+        rc = st != SD_OK ? 1 : why == SD_WORKER_REFUSED ? 3 : 0;
+    }
     memset(&curve, 0, sizeof curve);
     sd_draft_server_free(&server);
     sd_drafter_free(&drafter);
     close(stop_fd);
-    if (st != SD_OK) return 1;
-    if (why == SD_WORKER_REFUSED) return 3;
-    SD_INFO("stopped");
-    return 0;
+    if (rc == 0) SD_INFO("stopped");
+    return rc;
 }
