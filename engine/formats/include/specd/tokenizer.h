@@ -32,6 +32,11 @@ int32_t sd_tok_eos(const sd_tok *t);  /* -1 when the model has none */
 bool sd_tok_add_bos(const sd_tok *t); /* tokenizer.ggml.add_bos_token */
 /* True for tokens that end generation (EOS, <|im_end|>, <|eot_id|>...). */
 bool sd_tok_is_eog(const sd_tok *t, int32_t id);
+/* True for tokens that stand for text (normal, byte and user-defined
+ * tokens); false for control, unused and unknown tokens and ids out of
+ * range. A constraint on the output's bytes allows only these (and the
+ * end-of-generation tokens once it accepts). */
+bool sd_tok_is_text(const sd_tok *t, int32_t id);
 /* Id of the token whose text is exactly text, or -1. */
 int32_t sd_tok_find(const sd_tok *t, const char *text);
 /* 64-bit FNV-1a hash over every token's text and type, in id order: two
