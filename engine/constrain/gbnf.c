@@ -368,7 +368,7 @@ static bool parse_sequence(parser *ps, seq *out) {
             ok = repeat_last(ps, out, q == '+' ? 1 : 0, q == '?' ? 1 : -1);
         } else if (ps->p < ps->end && *ps->p == '{') {
             ps->p++;
-            long m, n;
+            long m = 0, n = 0;
             ok = parse_count(ps, &m);
             n = m;
             if (ok && ps->p < ps->end && *ps->p == ',') {

@@ -20,6 +20,8 @@
 #include <string.h>
 #include <time.h>
 
+#define WALK_STATES 4096 /* distinct states one walk interns; beyond, it walks without (walk_direct) */
+#define WALK_SLOTS  8192 /* their hash table (a power of two, 2x WALK_STATES) */
 #define CACHE_SLOTS 1024 /* masks cached per sequence (a power of two; ~6 KiB each at 49k tokens) */
 
 typedef struct trie_node {
@@ -39,7 +41,59 @@ struct sd_cvocab {
     char *arena;     /* every token's bytes */
     size_t *off;     /* [n_vocab + 1] into arena */
     bool *is_text;   /* [n_vocab] */
+    /* the trie again in depth-first order, which the walks scan: node i
+     * (0 the root) has its byte, depth, tokens, and end[i], the index just
+     * past its subtree (where a dead node jumps) */
+    uint8_t *dfs_byte;
+    uint16_t *dfs_depth;
+    int32_t *dfs_end, *dfs_tok_first, *dfs_tok_n;
 };
+
+/* Lays the linked trie out in depth-first order (iteratively). */
+static bool build_dfs(sd_cvocab *v) {
+    int32_t n = v->n_nodes;
+    v->dfs_byte = malloc((size_t)n);
+    v->dfs_depth = malloc((size_t)n * sizeof *v->dfs_depth);
+    v->dfs_end = malloc((size_t)n * sizeof *v->dfs_end);
+    v->dfs_tok_first = malloc((size_t)n * sizeof *v->dfs_tok_first);
+    v->dfs_tok_n = malloc((size_t)n * sizeof *v->dfs_tok_n);
+    if (v->max_len > UINT16_MAX - 1) return false; /* depths are 16-bit */
+    int32_t *stack = malloc(((size_t)n + 1) * sizeof *stack);  /* linked nodes to visit */
+    int32_t *open = malloc(((size_t)v->max_len + 2) * sizeof *open); /* dfs index of the open ancestor per depth */
+    bool ok = v->dfs_byte && v->dfs_depth && v->dfs_end && v->dfs_tok_first && v->dfs_tok_n && stack && open;
+    int32_t sp = 0, at = 0;
+    if (ok) stack[sp++] = 0;
+    int32_t *dstack = ok ? malloc(((size_t)n + 1) * sizeof *dstack) : NULL;
+    ok = ok && dstack;
+    if (ok) dstack[0] = 0;
+    while (ok && sp) {
+        int32_t node = stack[--sp], d = dstack[sp];
+        v->dfs_byte[at] = v->nodes[node].byte;
+        v->dfs_depth[at] = (uint16_t)d;
+        v->dfs_tok_first[at] = v->nodes[node].tok_first;
+        v->dfs_tok_n[at] = v->nodes[node].tok_n;
+        open[d] = at;
+        at++;
+        for (int32_t ch = v->nodes[node].child; ch >= 0; ch = v->nodes[ch].sibling) {
+            stack[sp] = ch;
+            dstack[sp++] = d + 1;
+        }
+    }
+    /* end[i]: the first later node no deeper than i */
+    if (ok) {
+        int32_t *pending = open; /* a stack of nodes whose end is not known yet */
+        int32_t np = 0;
+        for (int32_t i = 0; i < at; i++) {
+            while (np && v->dfs_depth[pending[np - 1]] >= v->dfs_depth[i]) v->dfs_end[pending[--np]] = i;
+            pending[np++] = i;
+        }
+        while (np) v->dfs_end[pending[--np]] = at;
+    }
+    free(stack);
+    free(dstack);
+    free(open);
+    return ok;
+}
 
 static double now_us(void) {
     struct timespec ts;
@@ -124,6 +178,10 @@ sd_status sd_cvocab_create(const sd_tok *t, sd_cvocab **out) {
         v->tok_ids[nd->tok_first + nd->tok_n++] = i;
     }
     free(end_node);
+    if (!build_dfs(v)) {
+        sd_cvocab_free(&v);
+        return SD_ERR_NOMEM;
+    }
     *out = v;
     return SD_OK;
 fail:
@@ -141,6 +199,11 @@ void sd_cvocab_free(sd_cvocab **pv) {
     free(v->arena);
     free(v->off);
     free(v->is_text);
+    free(v->dfs_byte);
+    free(v->dfs_depth);
+    free(v->dfs_end);
+    free(v->dfs_tok_first);
+    free(v->dfs_tok_n);
     free(v);
     *pv = NULL;
 }
@@ -169,6 +232,13 @@ struct sd_constraint {
     int64_t masks, hits;
     float *times;
     int32_t n_times;
+    /* a mask walk's interned states and their transitions (walk_cached) */
+    g_state *ws;            /* [cap_ws] states met in this walk (buffers kept across walks) */
+    int32_t n_ws, cap_ws;
+    int32_t *ws_slot;       /* [WALK_SLOTS] hash table of ws indices, -1 empty */
+    int32_t *ws_trans;      /* [cap_ws * 256]: next state, -1 dead, -2 not computed */
+    g_state tmp;
+    int32_t *ws_at; /* [max_len + 1] */
 };
 
 sd_status sd_constraint_create(const sd_grammar *g, const sd_cvocab *v, sd_constraint **out) {
@@ -180,10 +250,11 @@ sd_status sd_constraint_create(const sd_grammar *g, const sd_cvocab *v, sd_const
     c->cap_hist = 64;
     c->hist = calloc((size_t)c->cap_hist, sizeof *c->hist);
     c->walk = calloc((size_t)v->max_len + 2, sizeof *c->walk);
+    c->ws_at = malloc(((size_t)v->max_len + 2) * sizeof *c->ws_at);
     c->cache = calloc(CACHE_SLOTS, sizeof *c->cache);
     c->bits = malloc((size_t)v->n_words * sizeof *c->bits);
     c->times = malloc(SD_CONSTRAINT_MAX_TIMES * sizeof *c->times);
-    if (!c->hist || !c->walk || !c->cache || !c->bits || !c->times) {
+    if (!c->hist || !c->walk || !c->ws_at || !c->cache || !c->bits || !c->times) {
         sd_constraint_free(&c);
         return SD_ERR_NOMEM;
     }
@@ -214,6 +285,12 @@ void sd_constraint_free(sd_constraint **pc) {
     if (c->walk)
         for (int32_t i = 0; i <= c->v->max_len + 1; i++) g_state_free(&c->walk[i]);
     if (c->cache) cache_clear(c);
+    for (int32_t i = 0; i < c->cap_ws; i++) g_state_free(&c->ws[i]);
+    free(c->ws);
+    free(c->ws_slot);
+    free(c->ws_trans);
+    free(c->ws_at);
+    g_state_free(&c->tmp);
     g_scratch_free(&c->sc);
     free(c->hist);
     free(c->walk);
@@ -224,25 +301,102 @@ void sd_constraint_free(sd_constraint **pc) {
     *pc = NULL;
 }
 
-static void walk(sd_constraint *c, int32_t node, int32_t depth, uint32_t *bits) {
-    const sd_cvocab *v = c->v;
-    for (int32_t ch = v->nodes[node].child; ch >= 0; ch = v->nodes[ch].sibling) {
-        const trie_node *nd = &v->nodes[ch];
-        if (!g_state_advance(c->g, &c->walk[depth], nd->byte, &c->walk[depth + 1], &c->sc)) continue;
-        for (int32_t k = 0; k < nd->tok_n; k++) {
-            int32_t id = v->tok_ids[nd->tok_first + k];
-            bits[id >> 5] |= 1u << (id & 31);
-        }
-        if (nd->child >= 0) walk(c, ch, depth + 1, bits);
+static inline void allow_node(const sd_cvocab *v, int32_t i, uint32_t *bits) {
+    for (int32_t k = 0; k < v->dfs_tok_n[i]; k++) {
+        int32_t id = v->tok_ids[v->dfs_tok_first[i] + k];
+        bits[id >> 5] |= 1u << (id & 31);
     }
+}
+
+/* The plain walk: one matcher step per trie node, c->walk[d] the state at
+ * depth d (walk[0] set by the caller). */
+static void walk_direct(sd_constraint *c, uint32_t *bits) {
+    const sd_cvocab *v = c->v;
+    for (int32_t i = 1; i < v->n_nodes;) {
+        int32_t d = v->dfs_depth[i];
+        if (!g_state_advance(c->g, &c->walk[d - 1], v->dfs_byte[i], &c->walk[d], &c->sc)) {
+            i = v->dfs_end[i];
+            continue;
+        }
+        allow_node(v, i, bits);
+        i++;
+    }
+}
+
+/* The index of state s among the walk's states, added if new; -1 when the
+ * walk has met WALK_STATES states already (or out of memory). */
+static int32_t ws_intern(sd_constraint *c, const g_state *s) {
+    uint64_t h = g_state_hash(s);
+    uint32_t slot = (uint32_t)(h ^ (h >> 29)) & (WALK_SLOTS - 1);
+    for (; c->ws_slot[slot] >= 0; slot = (slot + 1) & (WALK_SLOTS - 1))
+        if (g_state_equal(&c->ws[c->ws_slot[slot]], s)) return c->ws_slot[slot];
+    if (c->n_ws >= WALK_STATES) return -1;
+    if (c->n_ws == c->cap_ws) {
+        int32_t nc = c->cap_ws ? c->cap_ws * 2 : 64;
+        g_state *q = realloc(c->ws, (size_t)nc * sizeof *q);
+        if (!q) return -1;
+        c->ws = q;
+        memset(c->ws + c->cap_ws, 0, (size_t)(nc - c->cap_ws) * sizeof *q);
+        int32_t *t = realloc(c->ws_trans, (size_t)nc * 256 * sizeof *t);
+        if (!t) return -1;
+        c->ws_trans = t;
+        c->cap_ws = nc;
+    }
+    int32_t id = c->n_ws;
+    if (g_state_copy(&c->ws[id], s) != SD_OK) return -1;
+    for (int b = 0; b < 256; b++) c->ws_trans[(size_t)id * 256 + (size_t)b] = -2;
+    c->ws_slot[slot] = id;
+    c->n_ws++;
+    return id;
+}
+
+/* The walk over interned states: a node costs one table lookup once the
+ * (state, byte) transition is known, and inside a JSON string or a
+ * character loop most of the vocabulary meets a few states only. The trie
+ * is scanned in depth-first order (a dead node skips its subtree).
+ * Returns false when the walk outgrew WALK_STATES (the caller then walks
+ * directly). */
+static bool walk_cached(sd_constraint *c, int32_t root, uint32_t *bits) {
+    const sd_cvocab *v = c->v;
+    int32_t *sid_at = c->ws_at; /* the state at each depth of the current path */
+    sid_at[0] = root;
+    for (int32_t i = 1; i < v->n_nodes;) {
+        int32_t d = v->dfs_depth[i], from = sid_at[d - 1];
+        uint8_t byte = v->dfs_byte[i];
+        int32_t next = c->ws_trans[(size_t)from * 256 + byte];
+        if (next == -2) {
+            next = -1;
+            if (g_state_advance(c->g, &c->ws[from], byte, &c->tmp, &c->sc) && (next = ws_intern(c, &c->tmp)) < 0)
+                return false;
+            c->ws_trans[(size_t)from * 256 + byte] = next;
+        }
+        if (next < 0) {
+            i = v->dfs_end[i];
+            continue;
+        }
+        allow_node(v, i, bits);
+        sid_at[d] = next;
+        i++;
+    }
+    return true;
 }
 
 /* The mask of state s into bits (computed, not cached). */
 static void compute_mask(sd_constraint *c, const g_state *s, uint32_t *bits) {
     memset(bits, 0, (size_t)c->v->n_words * sizeof *bits);
     if (s->n_stacks == 0) return; /* ended */
-    if (g_state_copy(&c->walk[0], s) != SD_OK) return;
-    walk(c, 0, 0, bits);
+    bool done = false;
+    if (c->ws_slot || (c->ws_slot = malloc(WALK_SLOTS * sizeof *c->ws_slot))) {
+        memset(c->ws_slot, 0xff, WALK_SLOTS * sizeof *c->ws_slot);
+        c->n_ws = 0;
+        int32_t root = ws_intern(c, s);
+        done = root >= 0 && walk_cached(c, root, bits);
+    }
+    if (!done) {
+        memset(bits, 0, (size_t)c->v->n_words * sizeof *bits);
+        if (g_state_copy(&c->walk[0], s) != SD_OK) return;
+        walk_direct(c, bits);
+    }
     if (g_state_accepting(s))
         for (int32_t i = 0; i < c->v->n_eog; i++) bits[c->v->eog[i] >> 5] |= 1u << (c->v->eog[i] & 31);
 }
