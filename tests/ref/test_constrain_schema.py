@@ -310,7 +310,7 @@ def main():
         bad = check_matcher(rng, schemas, tmp)
         model = os.environ.get("SPECD_MODEL")
         if model and os.path.exists(GEN):
-            sample = schemas if "--full" in sys.argv else HAND[:6] + schemas[len(HAND):len(HAND) + 4]
+            sample = schemas if "--full" in sys.argv else HAND[:5] + schemas[len(HAND):len(HAND) + 2]
             bad += check_model(rng, sample, tmp, model)
         else:
             print("model part skipped (no SPECD_MODEL or specd-generate)")
