@@ -188,12 +188,19 @@ static sd_status constrained_draft(sd_spec_decoder *d, const int32_t *ctx, int32
     SD_TRY(sync_constraint(d, ctx, n_ctx));
     int32_t nf = forced_drafts(d, k, draft, q), more = 0;
     d->forced_drafted += nf;
-    if (d->drafter && k > nf) {
+    int32_t base = sd_constraint_len(d->constraint), ok = 0;
+    if (d->drafter && k > nf) { /* the drafter continues after the forced drafts, masked from there */
         memcpy(d->ctx2, ctx, (size_t)n_ctx * sizeof *ctx);
         memcpy(d->ctx2 + n_ctx, draft, (size_t)nf * sizeof *draft);
-        SD_TRY(sd_drafter_propose(d->drafter, 0, d->ctx2, n_ctx + nf, k - nf, s, draft + nf, q + nf, &more));
+        sd_status st = SD_OK;
+        for (int32_t i = 0; i < nf && st == SD_OK; i++) st = sd_constraint_advance(d->constraint, draft[i]);
+        sd_drafter_set_constraint(d->drafter, d->constraint);
+        if (st == SD_OK)
+            st = sd_drafter_propose(d->drafter, 0, d->ctx2, n_ctx + nf, k - nf, s, draft + nf, q + nf, &more);
+        sd_drafter_set_constraint(d->drafter, NULL);
+        SD_TRY(sd_constraint_rollback(d->constraint, base));
+        SD_TRY(st);
     }
-    int32_t base = sd_constraint_len(d->constraint), ok = 0;
     while (ok < nf + more && !sd_constraint_ended(d->constraint) &&
            sd_constraint_advance(d->constraint, draft[ok]) == SD_OK)
         ok++;
