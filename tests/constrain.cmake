@@ -15,3 +15,10 @@ specd_py_test(test_constrain_schema ref/test_constrain_schema.py LABELS "oracle;
 add_test(NAME test_constrain_schema_full COMMAND ${SPECD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/ref/test_constrain_schema.py --full)
 set_tests_properties(test_constrain_schema_full PROPERTIES LABELS "slow;oracle;model" SKIP_RETURN_CODE 77 TIMEOUT 7200
                      ENVIRONMENT "SPECD_BUILD_DIR=${CMAKE_BINARY_DIR};SPECD_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
+
+# Speculative decoding under a constraint equals constrained plain decoding
+# (n-gram, masked self-draft, forced drafts alone; greedy and seeded) on a
+# small random model: no demo model needed.
+specd_unit_test(test_constrain_spec test_constrain_spec.c)
+target_compile_definitions(test_constrain_spec PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
+add_dependencies(test_constrain_spec specd-mkmodel)
