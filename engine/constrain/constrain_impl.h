@@ -52,6 +52,8 @@ struct sd_grammar {
     int32_t n_classes, cap_classes;
     g_rule *rules;
     int32_t n_rules, cap_rules;
+    int32_t *name_tab; /* [name_cap] rule indices by name hash, -1 empty (gbnf.c) */
+    uint32_t name_cap;
     int32_t root;
     sd_constrain_limits limits;
 };

@@ -73,10 +73,43 @@ static bool seq_push(parser *ps, seq *s, uint8_t type, int32_t arg) {
 
 /* ---- grammar building ---- */
 
-static int32_t rule_find(const sd_grammar *g, const char *name, size_t n) {
-    for (int32_t i = 0; i < g->n_rules; i++)
-        if (strlen(g->rules[i].name) == n && !memcmp(g->rules[i].name, name, n)) return i;
+static uint32_t name_hash(const char *name, size_t n) {
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)name[i]) * 16777619u;
+    return h;
+}
+
+/* The rule named name[n], or -1; *slot gets its place in the name table
+ * (where to insert it when absent). */
+static int32_t rule_lookup(const sd_grammar *g, const char *name, size_t n, uint32_t *slot) {
+    if (!g->name_cap) return -1;
+    uint32_t i = name_hash(name, n) & (g->name_cap - 1);
+    for (; g->name_tab[i] >= 0; i = (i + 1) & (g->name_cap - 1)) {
+        const char *rn = g->rules[g->name_tab[i]].name;
+        if (strlen(rn) == n && !memcmp(rn, name, n)) return g->name_tab[i];
+    }
+    if (slot) *slot = i;
     return -1;
+}
+
+static int32_t rule_find(const sd_grammar *g, const char *name, size_t n) { return rule_lookup(g, name, n, NULL); }
+
+/* Keeps the name table at most half full (rehashing every rule). */
+static bool names_reserve(sd_grammar *g) {
+    if ((uint32_t)(g->n_rules + 1) * 2 <= g->name_cap) return true;
+    uint32_t cap = g->name_cap ? g->name_cap * 2 : 256;
+    int32_t *tab = malloc(cap * sizeof *tab);
+    if (!tab) return false;
+    memset(tab, 0xff, cap * sizeof *tab);
+    for (int32_t r = 0; r < g->n_rules; r++) {
+        uint32_t i = name_hash(g->rules[r].name, strlen(g->rules[r].name)) & (cap - 1);
+        while (tab[i] >= 0) i = (i + 1) & (cap - 1);
+        tab[i] = r;
+    }
+    free(g->name_tab);
+    g->name_tab = tab;
+    g->name_cap = cap;
+    return true;
 }
 
 static int32_t rule_get(parser *ps, const char *name, size_t n) {
@@ -85,13 +118,16 @@ static int32_t rule_get(parser *ps, const char *name, size_t n) {
     if (r >= 0) return r;
     if (g->n_rules >= g->limits.max_rules)
         return fail(ps, SD_ERR_RANGE, "the grammar needs more than %d rules", g->limits.max_rules), -1;
-    if (!grow((void **)&g->rules, &g->cap_rules, g->n_rules + 1, sizeof *g->rules))
+    if (!names_reserve(g) || !grow((void **)&g->rules, &g->cap_rules, g->n_rules + 1, sizeof *g->rules))
         return fail(ps, SD_ERR_NOMEM, "out of memory"), -1;
     g_rule *rl = &g->rules[g->n_rules];
     memset(rl, 0, sizeof *rl);
     if (!(rl->name = malloc(n + 1))) return fail(ps, SD_ERR_NOMEM, "out of memory"), -1;
     memcpy(rl->name, name, n);
     rl->name[n] = '\0';
+    uint32_t slot = 0;
+    rule_lookup(g, name, n, &slot);
+    g->name_tab[slot] = g->n_rules;
     return g->n_rules++;
 }
 
@@ -401,10 +437,18 @@ static bool parse_alternates(parser *ps, int32_t rule) {
 /* ---- checks ---- */
 
 /* nullable[r]: rule r can match the empty string (fixpoint). */
-static void find_nullable(const sd_grammar *g, bool *nullable) {
-    for (bool changed = true; changed;) {
+#define NULLABLE_PASSES 100 /* passes of the fixpoint before a grammar is refused (a time bound) */
+#define START_DEPTH     10000 /* chains of "starts with" references the analysis follows */
+
+/* Returns false when the fixpoint needs more than NULLABLE_PASSES passes
+ * (they alternate direction, so a chain in either order converges fast). */
+static bool find_nullable(const sd_grammar *g, bool *nullable) {
+    int passes = 0;
+    for (bool changed = true; changed; passes++) {
+        if (passes >= NULLABLE_PASSES) return false;
         changed = false;
-        for (int32_t r = 0; r < g->n_rules; r++) {
+        for (int32_t i = 0; i < g->n_rules; i++) {
+            int32_t r = passes % 2 ? g->n_rules - 1 - i : i;
             if (nullable[r]) continue;
             for (int32_t a = 0; a < g->rules[r].n_alts && !nullable[r]; a++) {
                 const g_elem *e = g->elems + g->rules[r].alts[a];
@@ -413,6 +457,7 @@ static void find_nullable(const sd_grammar *g, bool *nullable) {
             }
         }
     }
+    return true;
 }
 
 /* Left recursion. Rule r "starts with" s when an alternative of r holds a
@@ -429,6 +474,7 @@ typedef struct scc {
     int32_t *index, *low, *comp, *stack;
     bool *on_stack;
     int32_t next_index, n_stack, n_comp;
+    bool too_deep; /* a chain of START_DEPTH references: refused, not followed */
 } scc;
 
 static void scc_visit(scc *t, int32_t r, int depth) {
@@ -440,7 +486,11 @@ static void scc_visit(scc *t, int32_t r, int depth) {
         for (const g_elem *e = g->elems + g->rules[r].alts[a]; e->type == G_REF; e++) {
             int32_t v = e->arg;
             if (t->index[v] < 0) {
-                if (depth < 100000) scc_visit(t, v, depth + 1);
+                if (depth >= START_DEPTH) {
+                    t->too_deep = true;
+                    return;
+                }
+                scc_visit(t, v, depth + 1);
                 if (t->low[v] < t->low[r]) t->low[r] = t->low[v];
             } else if (t->on_stack[v] && t->index[v] < t->low[r]) {
                 t->low[r] = t->index[v];
@@ -459,14 +509,16 @@ static void scc_visit(scc *t, int32_t r, int depth) {
     }
 }
 
-/* The rule holding a non-tail "starts with" edge inside a cycle, or -1. */
+/* The rule holding a non-tail "starts with" edge inside a cycle, or -1;
+ * -2 when the references nest deeper than START_DEPTH. */
 static int32_t left_recursive_rule(const sd_grammar *g, const bool *nullable, int32_t *buf) {
     int32_t n = g->n_rules;
     scc t = {.g = g, .nullable = nullable, .index = buf, .low = buf + n, .comp = buf + 2 * n, .stack = buf + 3 * n,
              .on_stack = (bool *)(buf + 4 * n)};
     for (int32_t r = 0; r < n; r++) t.index[r] = -1;
     for (int32_t r = 0; r < n; r++)
-        if (t.index[r] < 0) scc_visit(&t, r, 0);
+        if (t.index[r] < 0 && !t.too_deep) scc_visit(&t, r, 0);
+    if (t.too_deep) return -2;
     for (int32_t r = 0; r < n; r++)
         for (int32_t a = 0; a < g->rules[r].n_alts; a++)
             for (const g_elem *e = g->elems + g->rules[r].alts[a]; e->type == G_REF; e++) {
@@ -488,9 +540,12 @@ static bool check_grammar(parser *ps) {
     bool ok = nullable && buf;
     if (!ok) fail(ps, SD_ERR_NOMEM, "out of memory");
     if (ok) {
-        find_nullable(g, nullable);
+        if (!find_nullable(g, nullable))
+            return fail(ps, SD_ERR_RANGE, "the grammar's empty rules nest too deeply to analyse"), free(nullable),
+                   free(buf), false;
         memset(buf, 0, (size_t)g->n_rules * (4 * sizeof(int32_t) + sizeof(bool)));
         int32_t c = left_recursive_rule(g, nullable, buf);
+        if (c == -2) ok = fail(ps, SD_ERR_RANGE, "rules nest deeper than %d references at their starts", START_DEPTH);
         if (c >= 0) ok = fail(ps, SD_ERR_UNSUPPORTED, "rule '%s' is left recursive", g->rules[c].name);
     }
     free(nullable);
@@ -543,6 +598,7 @@ void sd_grammar_free(sd_grammar **pg) {
         free(g->rules[r].alts);
     }
     free(g->rules);
+    free(g->name_tab);
     free(g->elems);
     free(g->ranges);
     free(g->classes);
@@ -552,8 +608,8 @@ void sd_grammar_free(sd_grammar **pg) {
 
 sd_constrain_limits sd_constrain_default_limits(void) {
     return (sd_constrain_limits){.max_text = 1u << 20,
-                                 .max_rules = 20000,
-                                 .max_elems = 200000,
+                                 .max_rules = 100000,
+                                 .max_elems = 1000000,
                                  .max_repeat = 1000,
                                  .max_depth = 64,
                                  .max_enum = 4096,

@@ -34,8 +34,8 @@ typedef struct sd_grammar sd_grammar;
 /* Bounds that make a hostile input a refusal instead of a hang. */
 typedef struct sd_constrain_limits {
     size_t max_text;        /* bytes of grammar / regex / schema text (default 1 MiB) */
-    int32_t max_rules;      /* rules after rewriting (default 20000) */
-    int32_t max_elems;      /* elements after rewriting (default 200000) */
+    int32_t max_rules;      /* rules after rewriting (default 100000) */
+    int32_t max_elems;      /* elements after rewriting (default 1000000) */
     int32_t max_repeat;     /* the largest m or n of {m,n} (default 1000) */
     int32_t max_depth;      /* nesting of groups / schemas; depth of a matcher stack (default 64 / x4) */
     int32_t max_enum;       /* entries of a JSON Schema enum (default 4096) */
