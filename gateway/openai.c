@@ -233,9 +233,10 @@ static bool neutral_field(const char *name, const cJSON *v) {
 
 static bool refuse_unhonoured(const cJSON *root, gw_error *err) {
     static const char *const fields[] = {
-        "response_format", "tools",       "tool_choice",   "functions",    "function_call", "best_of",
-        "suffix",          "modalities",  "audio",         "web_search_options", "reasoning_effort",
-        "guided_json",     "guided_regex", "guided_choice", "guided_grammar", "grammar", "json_schema",
+        "response_format",  "tools",       "tool_choice",  "functions",     "function_call",
+        "best_of",          "suffix",      "modalities",   "audio",         "web_search_options",
+        "reasoning_effort", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+        "grammar",          "json_schema",
     };
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, fields[i]);

@@ -159,9 +159,12 @@ int main(int argc, char **argv) {
         if (st != SD_OK) printf("ERR %s\n", err);
         return st == SD_OK ? 0 : 3;
     }
-    if (!strcmp(mode, "regex")) st = sd_grammar_from_regex(argv[2], strlen(argv[2]), NULL, &g, err, sizeof err);
-    else if (!strcmp(mode, "gbnf")) st = sd_grammar_from_gbnf(text, len, NULL, &g, err, sizeof err);
-    else st = sd_grammar_from_json_schema(text, len, NULL, &g, err, sizeof err);
+    if (!strcmp(mode, "regex"))
+        st = sd_grammar_from_regex(argv[2], strlen(argv[2]), NULL, &g, err, sizeof err);
+    else if (!strcmp(mode, "gbnf"))
+        st = sd_grammar_from_gbnf(text, len, NULL, &g, err, sizeof err);
+    else
+        st = sd_grammar_from_json_schema(text, len, NULL, &g, err, sizeof err);
     free(text);
     if (st != SD_OK) {
         printf("ERR %s\n", err);

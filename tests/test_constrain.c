@@ -51,7 +51,7 @@ static void test_gbnf_basics(void **state) {
     assert_true(m(g, "éü\xe2\x82\xac"));
     assert_false(m(g, "eü!"));
     assert_false(m(g, "éü\xe2\x82")); /* a half character is not a sentence */
-    assert_false(m(g, "éü\xc0\x80"));  /* overlong */
+    assert_false(m(g, "éü\xc0\x80")); /* overlong */
     sd_grammar_free(&g);
     /* rules continue across lines; x{0} */
     g = gbnf("root ::= a\n  | b\na ::= \"a\"{2} \"q\"{0}\nb ::= \"b\"\n");
@@ -167,17 +167,18 @@ static sd_grammar *schema(const char *s) {
 
 static void test_schema(void **state) {
     (void)state;
-    sd_grammar *g = schema("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":5},"
-                           "\"age\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",1,null]},"
-                           "\"maxItems\":2}},\"required\":[\"name\"],\"additionalProperties\":false}");
+    sd_grammar *g =
+        schema("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":5},"
+               "\"age\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",1,null]},"
+               "\"maxItems\":2}},\"required\":[\"name\"],\"additionalProperties\":false}");
     assert_true(m(g, "{\"name\":\"bob\"}"));
     assert_true(m(g, "{\"name\": \"bob\", \"age\": -12, \"tags\": [\"a\", null]}"));
     assert_true(m(g, "{ \"name\":\"\",\"tags\":[]}"));
-    assert_false(m(g, "{\"age\":3}"));                        /* name is required */
-    assert_false(m(g, "{\"name\":\"bobbie\"}"));              /* maxLength */
-    assert_false(m(g, "{\"name\":\"b\",\"tags\":[1,1,1]}"));  /* maxItems */
-    assert_false(m(g, "{\"name\":\"b\",\"extra\":1}"));       /* additionalProperties false */
-    assert_false(m(g, "{\"name\":\"b\",\"age\":1.5}"));       /* integer */
+    assert_false(m(g, "{\"age\":3}"));                         /* name is required */
+    assert_false(m(g, "{\"name\":\"bobbie\"}"));               /* maxLength */
+    assert_false(m(g, "{\"name\":\"b\",\"tags\":[1,1,1]}"));   /* maxItems */
+    assert_false(m(g, "{\"name\":\"b\",\"extra\":1}"));        /* additionalProperties false */
+    assert_false(m(g, "{\"name\":\"b\",\"age\":1.5}"));        /* integer */
     assert_false(m(g, "{\"name\":\"b\"}                   ")); /* nothing after the value */
     sd_grammar_free(&g);
     /* $ref recursion, anyOf, const, pattern (a search unless anchored) */
@@ -364,8 +365,8 @@ static void test_forced(void **state) {
 int main(void) {
     sd_log_set(NULL, NULL, getenv("SPECD_TEST_LOG") ? SD_LOG_DEBUG : SD_LOG_OFF, "test_constrain");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gbnf_basics),   cmocka_unit_test(test_gbnf_refusals),
-        cmocka_unit_test(test_regex),         cmocka_unit_test(test_schema),
+        cmocka_unit_test(test_gbnf_basics),     cmocka_unit_test(test_gbnf_refusals),
+        cmocka_unit_test(test_regex),           cmocka_unit_test(test_schema),
         cmocka_unit_test(test_schema_refusals), cmocka_unit_test(test_masks_brute_force),
         cmocka_unit_test(test_forced),
     };

@@ -65,7 +65,8 @@ static int teardown(void **state) {
 }
 
 /* Constrained plain decoding: mask, then the sampler. Returns the count. */
-static int32_t plain(const sd_grammar *gr, const int32_t *prompt, int32_t n_prompt, const sd_sampling *s, int32_t *out) {
+static int32_t plain(const sd_grammar *gr, const int32_t *prompt, int32_t n_prompt, const sd_sampling *s,
+                     int32_t *out) {
     sd_constraint *c = NULL;
     assert_int_equal(sd_constraint_create(gr, env.vocab, &c), SD_OK);
     sd_kv *kv = NULL;

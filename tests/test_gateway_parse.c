@@ -148,8 +148,7 @@ static void test_bad_fields(void **state) {
     refused(C, "{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{}}}", 400,
             "response_format");
     refused(C, "{\"prompt\":\"p\",\"response_format\":\"text\"}", 400, "response_format");
-    refused(C, "{\"prompt\":\"p\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}", 400,
-            "tools");
+    refused(C, "{\"prompt\":\"p\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}", 400, "tools");
     refused(C, "{\"prompt\":\"p\",\"tool_choice\":\"required\"}", 400, "tool_choice");
     refused(C, "{\"prompt\":\"p\",\"tool_choice\":\"auto\"}", 400, "tool_choice");
     refused(C, "{\"prompt\":\"p\",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}", 400,

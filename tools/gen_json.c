@@ -115,4 +115,3 @@ int gen_print_json(const char *model_path, const sd_tok *tok, const char *prompt
     free(text);
     return rc;
 }
-

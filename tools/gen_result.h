@@ -29,7 +29,7 @@ typedef struct gen_result {
     sd_adapt adapt;     /* ... and its acceptance estimate */
     /* under a constraint (--json-schema, --regex, --grammar, --response-json) */
     bool constrained;
-    int64_t masks, mask_hits;      /* masks served, of which from the cache */
+    int64_t masks, mask_hits; /* masks served, of which from the cache */
     double mask_p50_us, mask_p99_us, mask_max_us;
     int64_t forced_drafted; /* drafts the constraint forced (speculative) */
 } gen_result;

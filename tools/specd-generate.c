@@ -321,11 +321,12 @@ static int check_opts(const gen_opts *o) {
         return 2;
     }
     bool constrained = o->json_schema || o->regex || o->grammar || o->response_json;
-    const char *bad = !constrained && (o->forced_draft || o->no_forced) ? "--forced-draft and --no-forced need a constraint"
-                      : constrained && (o->ignore_eos || o->adaptive_k) ? "a constraint excludes --ignore-eos and --adaptive-k"
-                      : o->forced_draft && (o->draft_path || o->ngram || o->draft_layers > 0)
-                          ? "--forced-draft excludes the other drafters"
-                          : NULL;
+    const char *bad =
+        !constrained && (o->forced_draft || o->no_forced) ? "--forced-draft and --no-forced need a constraint"
+        : constrained && (o->ignore_eos || o->adaptive_k) ? "a constraint excludes --ignore-eos and --adaptive-k"
+        : o->forced_draft && (o->draft_path || o->ngram || o->draft_layers > 0)
+            ? "--forced-draft excludes the other drafters"
+            : NULL;
     if (bad) {
         fprintf(stderr, "specd-generate: %s\n", bad);
         return 2;
@@ -396,7 +397,6 @@ static char *read_stdin(size_t *n_read) {
     *n_read = len;
     return buf;
 }
-
 
 /* Adds BOS to the tokenized prompt in r->prompt_ids when the model wants it and
  * checks that prompt + n_predict fits the model's context. */
@@ -713,8 +713,8 @@ int main(int argc, char **argv) {
             fprintf(stderr,
                     "[%s drafter, K %s%d: drafted %lld, accepted %lld, acceptance %.3f | %.2f tokens per "
                     "target step, expected (1-a^(K+1))/(1-a) = %.2f]\n",
-                    drafter ? sd_drafter_name(drafter) : "forced", o.adaptive_k ? "<= " : "", (int)o.k, (long long)r.spec_stats.drafted,
-                    (long long)r.spec_stats.accepted, rate, per_step, expected);
+                    drafter ? sd_drafter_name(drafter) : "forced", o.adaptive_k ? "<= " : "", (int)o.k,
+                    (long long)r.spec_stats.drafted, (long long)r.spec_stats.accepted, rate, per_step, expected);
         }
     }
 out:

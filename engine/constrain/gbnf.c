@@ -229,7 +229,10 @@ static bool hex_value(parser *ps, int digits, uint32_t *out) {
     for (int i = 0; i < digits; i++) {
         if (ps->p >= ps->end) return fail(ps, SD_ERR_FORMAT, "a \\x/\\u escape ends early");
         char c = *ps->p++;
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
         if (d < 0) return fail(ps, SD_ERR_FORMAT, "'%c' is not a hex digit in an escape", c);
         v = v * 16 + (uint32_t)d;
     }
@@ -251,7 +254,13 @@ static bool read_char(parser *ps, uint32_t *cp) {
         case 'x': return hex_value(ps, 2, cp);
         case 'u': return hex_value(ps, 4, cp) && (*cp <= MAX_CP || fail(ps, SD_ERR_FORMAT, "escape out of range"));
         case 'U': return hex_value(ps, 8, cp) && (*cp <= MAX_CP || fail(ps, SD_ERR_FORMAT, "escape out of range"));
-        case '\\': case '"': case '[': case ']': case '-': case '^': case '/': *cp = (uint32_t)e; return true;
+        case '\\':
+        case '"':
+        case '[':
+        case ']':
+        case '-':
+        case '^':
+        case '/': *cp = (uint32_t)e; return true;
         default: return fail(ps, SD_ERR_FORMAT, "unknown escape '\\%c'", e);
         }
     }
@@ -437,7 +446,7 @@ static bool parse_alternates(parser *ps, int32_t rule) {
 /* ---- checks ---- */
 
 /* nullable[r]: rule r can match the empty string (fixpoint). */
-#define NULLABLE_PASSES 100 /* passes of the fixpoint before a grammar is refused (a time bound) */
+#define NULLABLE_PASSES 100   /* passes of the fixpoint before a grammar is refused (a time bound) */
 #define START_DEPTH     10000 /* chains of "starts with" references the analysis follows */
 
 /* Returns false when the fixpoint needs more than NULLABLE_PASSES passes
@@ -513,7 +522,12 @@ static void scc_visit(scc *t, int32_t r, int depth) {
  * -2 when the references nest deeper than START_DEPTH. */
 static int32_t left_recursive_rule(const sd_grammar *g, const bool *nullable, int32_t *buf) {
     int32_t n = g->n_rules;
-    scc t = {.g = g, .nullable = nullable, .index = buf, .low = buf + n, .comp = buf + 2 * n, .stack = buf + 3 * n,
+    scc t = {.g = g,
+             .nullable = nullable,
+             .index = buf,
+             .low = buf + n,
+             .comp = buf + 2 * n,
+             .stack = buf + 3 * n,
              .on_stack = (bool *)(buf + 4 * n)};
     for (int32_t r = 0; r < n; r++) t.index[r] = -1;
     for (int32_t r = 0; r < n; r++)
@@ -561,7 +575,8 @@ sd_status sd_grammar_parse_gbnf(const char *text, size_t len, const sd_constrain
     if (!g) return SD_ERR_NOMEM;
     g->limits = lim ? *lim : sd_constrain_default_limits();
     parser ps = {.g = g, .p = text, .end = text + len, .err = err, .err_cap = err_cap};
-    if (len > g->limits.max_text) fail(&ps, SD_ERR_RANGE, "the grammar is %zu bytes, at most %zu", len, g->limits.max_text);
+    if (len > g->limits.max_text)
+        fail(&ps, SD_ERR_RANGE, "the grammar is %zu bytes, at most %zu", len, g->limits.max_text);
     for (skip_space(&ps); !ps.failed && ps.p < ps.end; skip_space(&ps)) {
         size_t n = name_len(ps.p, ps.end);
         if (!n || !at_rule_start(&ps)) {

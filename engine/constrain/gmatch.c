@@ -50,9 +50,8 @@ sd_status g_state_copy(g_state *dst, const g_state *src) {
 }
 
 bool g_state_equal(const g_state *a, const g_state *b) {
-    return a->len == b->len && a->n_stacks == b->n_stacks && a->utf8_cp == b->utf8_cp &&
-           a->utf8_need == b->utf8_need && a->utf8_len == b->utf8_len &&
-           (!a->len || !memcmp(a->data, b->data, a->len * sizeof *a->data));
+    return a->len == b->len && a->n_stacks == b->n_stacks && a->utf8_cp == b->utf8_cp && a->utf8_need == b->utf8_need &&
+           a->utf8_len == b->utf8_len && (!a->len || !memcmp(a->data, b->data, a->len * sizeof *a->data));
 }
 
 uint64_t g_state_hash(const g_state *s) {
@@ -236,11 +235,16 @@ bool g_state_advance(const sd_grammar *g, const g_state *in, uint8_t b, g_state 
     uint32_t cp;
     uint8_t need, clen;
     if (in->utf8_need == 0) {
-        if (b < 0x80) cp = b, need = 0, clen = 1;
-        else if (b >= 0xC2 && b <= 0xDF) cp = b & 0x1Fu, need = 1, clen = 2;
-        else if (b >= 0xE0 && b <= 0xEF) cp = b & 0x0Fu, need = 2, clen = 3;
-        else if (b >= 0xF0 && b <= 0xF4) cp = b & 0x07u, need = 3, clen = 4;
-        else return false;
+        if (b < 0x80)
+            cp = b, need = 0, clen = 1;
+        else if (b >= 0xC2 && b <= 0xDF)
+            cp = b & 0x1Fu, need = 1, clen = 2;
+        else if (b >= 0xE0 && b <= 0xEF)
+            cp = b & 0x0Fu, need = 2, clen = 3;
+        else if (b >= 0xF0 && b <= 0xF4)
+            cp = b & 0x07u, need = 3, clen = 4;
+        else
+            return false;
     } else {
         if ((b & 0xC0) != 0x80) return false;
         cp = (in->utf8_cp << 6) | (b & 0x3Fu);

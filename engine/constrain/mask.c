@@ -25,7 +25,7 @@
 #define CACHE_SLOTS 1024 /* masks cached per sequence (a power of two; ~6 KiB each at 49k tokens) */
 
 typedef struct trie_node {
-    int32_t child, sibling; /* first child, next sibling; -1 none */
+    int32_t child, sibling;   /* first child, next sibling; -1 none */
     int32_t tok_first, tok_n; /* tokens ending here: tok_ids[tok_first ..] */
     uint8_t byte;
 } trie_node;
@@ -57,8 +57,8 @@ static bool build_dfs(sd_cvocab *v) {
     v->dfs_end = malloc((size_t)n * sizeof *v->dfs_end);
     v->dfs_tok_first = malloc((size_t)n * sizeof *v->dfs_tok_first);
     v->dfs_tok_n = malloc((size_t)n * sizeof *v->dfs_tok_n);
-    if (v->max_len > UINT16_MAX - 1) return false; /* depths are 16-bit */
-    int32_t *stack = malloc(((size_t)n + 1) * sizeof *stack);  /* linked nodes to visit */
+    if (v->max_len > UINT16_MAX - 1) return false;                   /* depths are 16-bit */
+    int32_t *stack = malloc(((size_t)n + 1) * sizeof *stack);        /* linked nodes to visit */
     int32_t *open = malloc(((size_t)v->max_len + 2) * sizeof *open); /* dfs index of the open ancestor per depth */
     bool ok = v->dfs_byte && v->dfs_depth && v->dfs_end && v->dfs_tok_first && v->dfs_tok_n && stack && open;
     int32_t sp = 0, at = 0;
@@ -233,10 +233,10 @@ struct sd_constraint {
     float *times;
     int32_t n_times;
     /* a mask walk's interned states and their transitions (walk_cached) */
-    g_state *ws;            /* [cap_ws] states met in this walk (buffers kept across walks) */
+    g_state *ws; /* [cap_ws] states met in this walk (buffers kept across walks) */
     int32_t n_ws, cap_ws;
-    int32_t *ws_slot;       /* [WALK_SLOTS] hash table of ws indices, -1 empty */
-    int32_t *ws_trans;      /* [cap_ws * 256]: next state, -1 dead, -2 not computed */
+    int32_t *ws_slot;  /* [WALK_SLOTS] hash table of ws indices, -1 empty */
+    int32_t *ws_trans; /* [cap_ws * 256]: next state, -1 dead, -2 not computed */
     g_state tmp;
     int32_t *ws_at; /* [max_len + 1] */
 };

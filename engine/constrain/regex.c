@@ -171,8 +171,9 @@ static void normalize(rx *r, ranges *rs, bool negate) {
 
 static bool emit_class(rx *r, ranges *rs, bool negate) {
     normalize(r, rs, negate);
-    if (!rs->n) return rfail(r, SD_ERR_UNSUPPORTED, "a class that matches no character%s",
-                             r->json ? " a JSON string holds unescaped" : "");
+    if (!rs->n)
+        return rfail(r, SD_ERR_UNSUPPORTED, "a class that matches no character%s",
+                     r->json ? " a JSON string holds unescaped" : "");
     g_buf_puts(r->out, "[");
     for (int i = 0; i < rs->n; i++) {
         g_buf_escape_cp(r->out, rs->r[i].lo);
@@ -189,15 +190,19 @@ static bool emit_class(rx *r, ranges *rs, bool negate) {
 static bool class_escape(rx *r, char e, ranges *rs) {
     switch (e) {
     case 'd': return add_range(r, rs, '0', '9');
-    case 'w': return add_range(r, rs, '0', '9') && add_range(r, rs, 'a', 'z') && add_range(r, rs, 'A', 'Z') &&
-                     add_range(r, rs, '_', '_');
+    case 'w':
+        return add_range(r, rs, '0', '9') && add_range(r, rs, 'a', 'z') && add_range(r, rs, 'A', 'Z') &&
+               add_range(r, rs, '_', '_');
     case 's': return add_range(r, rs, '\t', '\r') && add_range(r, rs, ' ', ' ');
     default: return false;
     }
 }
 
 static int hexval(char c) {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
 }
 
 /* One escaped character after '\\' (not a class escape). */
@@ -212,9 +217,16 @@ static bool escaped_char(rx *r, char e, uint32_t *cp) {
     case '0': *cp = 0; return true;
     case 'x': digits = 2; break;
     case 'u': digits = 4; break;
-    case 'b': case 'B': return rfail(r, SD_ERR_UNSUPPORTED, "the word boundary \\%c is not supported", e);
-    case 'A': case 'Z': case 'z': case 'G': return rfail(r, SD_ERR_UNSUPPORTED, "the anchor \\%c is not supported", e);
-    case 'p': case 'P': case 'k': case 'N': return rfail(r, SD_ERR_UNSUPPORTED, "the escape \\%c is not supported", e);
+    case 'b':
+    case 'B': return rfail(r, SD_ERR_UNSUPPORTED, "the word boundary \\%c is not supported", e);
+    case 'A':
+    case 'Z':
+    case 'z':
+    case 'G': return rfail(r, SD_ERR_UNSUPPORTED, "the anchor \\%c is not supported", e);
+    case 'p':
+    case 'P':
+    case 'k':
+    case 'N': return rfail(r, SD_ERR_UNSUPPORTED, "the escape \\%c is not supported", e);
     default:
         if (e >= '1' && e <= '9') return rfail(r, SD_ERR_UNSUPPORTED, "back-references (\\%c) are not supported", e);
         if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z'))
@@ -333,8 +345,10 @@ static bool parse_seq(rx *r) {
         if (c == '(') {
             r->p++;
             if (r->p < r->end && *r->p == '?') {
-                if (r->end - r->p >= 2 && r->p[1] == ':') r->p += 2;
-                else return rfail(r, SD_ERR_UNSUPPORTED, "look-around and inline flags '(?' are not supported");
+                if (r->end - r->p >= 2 && r->p[1] == ':')
+                    r->p += 2;
+                else
+                    return rfail(r, SD_ERR_UNSUPPORTED, "look-around and inline flags '(?' are not supported");
             }
             if (++r->depth > r->max_depth) return rfail(r, SD_ERR_RANGE, "groups nested deeper than %d", r->max_depth);
             ok = parse_alt(r);
@@ -361,7 +375,8 @@ static bool parse_seq(rx *r) {
                 if (class_escape(r, neg ? (char)(e + 32) : e, &rs)) {
                     ok = emit_class(r, &rs, neg);
                 } else {
-                    ok = !r->failed && escaped_char(r, e, &cp) && add_range(r, &rs, cp, cp) && emit_class(r, &rs, false);
+                    ok =
+                        !r->failed && escaped_char(r, e, &cp) && add_range(r, &rs, cp, cp) && emit_class(r, &rs, false);
                 }
             } else {
                 ok = utf8_char(r, &cp) && add_range(r, &rs, cp, cp) && emit_class(r, &rs, false);
@@ -404,8 +419,13 @@ sd_status g_regex_to_gbnf(const char *re, size_t len, const char *prefix, bool j
     }
     bool head = len && re[0] == '^';
     bool tail = len > (size_t)head && re[len - 1] == '$' && (len < 2 || re[len - 2] != '\\');
-    rx r = {.p = re + head, .end = re + len - tail, .json = json_string, .max_depth = lim->max_depth,
-            .err = err, .err_cap = err_cap, .out = b};
+    rx r = {.p = re + head,
+            .end = re + len - tail,
+            .json = json_string,
+            .max_depth = lim->max_depth,
+            .err = err,
+            .err_cap = err_cap,
+            .out = b};
     snprintf(top, top_cap, "%s", prefix);
     g_buf_printf(b, "%s ::= ", prefix);
     const char *any = json_string ? "[^\"\\\\\\x00-\\x1F]* " : "";
@@ -418,8 +438,8 @@ sd_status g_regex_to_gbnf(const char *re, size_t len, const char *prefix, bool j
     return ok ? SD_OK : r.status;
 }
 
-sd_status sd_grammar_from_regex(const char *re, size_t len, const sd_constrain_limits *lim, sd_grammar **out,
-                                char *err, size_t err_cap) {
+sd_status sd_grammar_from_regex(const char *re, size_t len, const sd_constrain_limits *lim, sd_grammar **out, char *err,
+                                size_t err_cap) {
     sd_constrain_limits l = lim ? *lim : sd_constrain_default_limits();
     g_buf b = {0};
     char top[16];

@@ -72,8 +72,10 @@ static void literal(g_buf *b, const char *s, size_t n) {
     g_buf_puts(b, "\"");
     for (size_t i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)s[i];
-        if (ch < 0x20 || ch == '"' || ch == '\\' || ch == 0x7F) g_buf_printf(b, "\\x%02X", ch);
-        else g_buf_add(b, (const char *)&ch, 1);
+        if (ch < 0x20 || ch == '"' || ch == '\\' || ch == 0x7F)
+            g_buf_printf(b, "\\x%02X", ch);
+        else
+            g_buf_add(b, (const char *)&ch, 1);
     }
     g_buf_puts(b, "\" ");
 }
@@ -90,10 +92,12 @@ static bool value_literal(sc *c, const cJSON *v) {
 static bool gen(sc *c, const cJSON *s, int depth, int *id);
 
 static bool known_keyword(const char *k) {
-    static const char *const ok[] = {"type", "properties", "required", "additionalProperties", "items",
-                                     "minItems", "maxItems", "enum", "const", "pattern", "minLength",
-                                     "maxLength", "anyOf", "oneOf", "$ref", "$defs", "definitions", "title",
-                                     "description", "$schema", "$id", "$comment", "default", "examples"};
+    static const char *const ok[] = {"type",        "properties", "required",    "additionalProperties",
+                                     "items",       "minItems",   "maxItems",    "enum",
+                                     "const",       "pattern",    "minLength",   "maxLength",
+                                     "anyOf",       "oneOf",      "$ref",        "$defs",
+                                     "definitions", "title",      "description", "$schema",
+                                     "$id",         "$comment",   "default",     "examples"};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
         if (!strcmp(k, ok[i])) return true;
     return false;
@@ -113,8 +117,10 @@ static bool count_kw(sc *c, const cJSON *s, const char *k, long *out) {
 }
 
 static void repeat_suffix(g_buf *b, long lo, long hi) {
-    if (hi < 0) g_buf_printf(b, "{%ld,} ", lo);
-    else g_buf_printf(b, "{%ld,%ld} ", lo, hi);
+    if (hi < 0)
+        g_buf_printf(b, "{%ld,} ", lo);
+    else
+        g_buf_printf(b, "{%ld,%ld} ", lo, hi);
 }
 
 static bool gen_string(sc *c, const cJSON *s, int id) {
@@ -228,8 +234,10 @@ static bool gen_object(sc *c, const cJSON *s, int id, int depth) {
             i++;
         }
         /* rest-i: the properties from i on, each after a comma; rest-k the extra keys */
-        if (extra) g_buf_printf(b, "s%d-r%d ::= ( \",\" ws s%d-x )*\n", id, k, id);
-        else g_buf_printf(b, "s%d-r%d ::= \"\"\n", id, k);
+        if (extra)
+            g_buf_printf(b, "s%d-r%d ::= ( \",\" ws s%d-x )*\n", id, k, id);
+        else
+            g_buf_printf(b, "s%d-r%d ::= \"\"\n", id, k);
         for (int j = k - 1; j >= 0; j--) {
             g_buf_printf(b, "s%d-r%d ::= \",\" ws s%d-k%d s%d-r%d", id, j, id, j, id, j + 1);
             if (!required[j]) g_buf_printf(b, " | s%d-r%d", id, j + 1);
@@ -276,8 +284,8 @@ static bool gen_ref(sc *c, const cJSON *s, int depth, int *id) {
 
 static bool check_keywords(sc *c, const cJSON *s) {
     const cJSON *kv;
-    cJSON_ArrayForEach(kv, s) if (!known_keyword(kv->string))
-        return sfail(c, SD_ERR_UNSUPPORTED, "the JSON Schema keyword '%s' is not supported", kv->string);
+    cJSON_ArrayForEach(kv, s) if (!known_keyword(kv->string)) return sfail(
+        c, SD_ERR_UNSUPPORTED, "the JSON Schema keyword '%s' is not supported", kv->string);
     return true;
 }
 
@@ -317,7 +325,8 @@ static bool gen_body(sc *c, const cJSON *s, int id, int depth) {
     if (en) {
         int n = cJSON_IsArray(en) ? cJSON_GetArraySize(en) : 0;
         if (n == 0) return sfail(c, SD_ERR_FORMAT, "'enum' must be a non-empty list");
-        if (n > c->lim->max_enum) return sfail(c, SD_ERR_RANGE, "'enum' has %d entries, at most %d", n, c->lim->max_enum);
+        if (n > c->lim->max_enum)
+            return sfail(c, SD_ERR_RANGE, "'enum' has %d entries, at most %d", n, c->lim->max_enum);
         g_buf_printf(b, "s%d ::= ", id);
         const cJSON *v;
         int i = 0;
@@ -389,8 +398,9 @@ static bool gen(sc *c, const cJSON *s, int depth, int *id) {
         const cJSON *kv;
         cJSON_ArrayForEach(kv, s) if (strcmp(kv->string, "$ref") && strcmp(kv->string, "$defs") &&
                                       strcmp(kv->string, "definitions") && known_keyword(kv->string) &&
-                                      strcmp(kv->string, "description") && strcmp(kv->string, "title"))
-            return sfail(c, SD_ERR_UNSUPPORTED, "'%s' next to '$ref'", kv->string);
+                                      strcmp(kv->string, "description") &&
+                                      strcmp(kv->string, "title")) return sfail(c, SD_ERR_UNSUPPORTED,
+                                                                                "'%s' next to '$ref'", kv->string);
         return gen_ref(c, s, depth, id);
     }
     *id = c->next_id++;
@@ -405,8 +415,8 @@ static bool gen(sc *c, const cJSON *s, int depth, int *id) {
     return gen_body(c, s, *id, depth);
 }
 
-sd_status sd_json_schema_to_gbnf(const char *schema, size_t len, const sd_constrain_limits *lim, char **gbnf,
-                                 char *err, size_t err_cap) {
+sd_status sd_json_schema_to_gbnf(const char *schema, size_t len, const sd_constrain_limits *lim, char **gbnf, char *err,
+                                 size_t err_cap) {
     sd_constrain_limits l = lim ? *lim : sd_constrain_default_limits();
     *gbnf = NULL;
     if (err_cap) err[0] = '\0';
@@ -434,8 +444,8 @@ sd_status sd_json_schema_to_gbnf(const char *schema, size_t len, const sd_constr
     return SD_OK;
 }
 
-sd_status sd_grammar_from_json_schema(const char *schema, size_t len, const sd_constrain_limits *lim,
-                                      sd_grammar **out, char *err, size_t err_cap) {
+sd_status sd_grammar_from_json_schema(const char *schema, size_t len, const sd_constrain_limits *lim, sd_grammar **out,
+                                      char *err, size_t err_cap) {
     char *text;
     *out = NULL;
     SD_TRY(sd_json_schema_to_gbnf(schema, len, lim, &text, err, err_cap));

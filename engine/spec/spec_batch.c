@@ -285,8 +285,7 @@ static sd_status mask_rows(const sd_verify_seq *v, float *logits, int32_t n_voca
     sd_status st = SD_OK;
     for (int32_t i = 0; i <= v->k && st == SD_OK; i++) {
         st = sd_constraint_apply(c, logits + (size_t)i * (size_t)n_vocab, n_vocab);
-        if (st != SD_OK || i == v->k || sd_constraint_advance(c, v->draft[i]) != SD_OK || sd_constraint_ended(c))
-            break;
+        if (st != SD_OK || i == v->k || sd_constraint_advance(c, v->draft[i]) != SD_OK || sd_constraint_ended(c)) break;
     }
     sd_status rb = sd_constraint_rollback(c, base);
     return st != SD_OK ? st : rb;

@@ -57,8 +57,8 @@ sd_status sd_grammar_from_gbnf(const char *text, size_t len, const sd_constrain_
  * escapes \d \w \s \D \W \S (ASCII classes, as in ECMA-262) \n \t \xHH
  * \uHHHH; ^ and $ only at the ends. Back-references, look-around and
  * \b are refused. '.' matches any character but '\n'. */
-sd_status sd_grammar_from_regex(const char *re, size_t len, const sd_constrain_limits *lim, sd_grammar **out,
-                                char *err, size_t err_cap);
+sd_status sd_grammar_from_regex(const char *re, size_t len, const sd_constrain_limits *lim, sd_grammar **out, char *err,
+                                size_t err_cap);
 /* A JSON Schema (text) the output must be an instance of: type (object,
  * array, string, number, integer, boolean, null, or a list of them),
  * properties (in order; required ones always, others optional),
@@ -71,14 +71,14 @@ sd_status sd_grammar_from_regex(const char *re, size_t len, const sd_constrain_l
  * default, examples) are ignored; any other keyword is refused, named.
  * Whitespace between tokens is bounded (at most one newline and 20
  * spaces or tabs), so a model cannot loop on it. */
-sd_status sd_grammar_from_json_schema(const char *schema, size_t len, const sd_constrain_limits *lim,
-                                      sd_grammar **out, char *err, size_t err_cap);
+sd_status sd_grammar_from_json_schema(const char *schema, size_t len, const sd_constrain_limits *lim, sd_grammar **out,
+                                      char *err, size_t err_cap);
 /* Any JSON value ({"type": "json_object"} asks for an object: object_only). */
 sd_status sd_grammar_json_any(bool object_only, sd_grammar **out);
 /* The GBNF text a JSON Schema compiles to (for --print-grammar and tests);
  * *gbnf is malloc'd, caller frees. */
-sd_status sd_json_schema_to_gbnf(const char *schema, size_t len, const sd_constrain_limits *lim, char **gbnf,
-                                 char *err, size_t err_cap);
+sd_status sd_json_schema_to_gbnf(const char *schema, size_t len, const sd_constrain_limits *lim, char **gbnf, char *err,
+                                 size_t err_cap);
 void sd_grammar_free(sd_grammar **g);
 
 /* True when bytes[len] is a whole sentence of g (tests, oracles). */
