@@ -3,7 +3,8 @@
  * Parsing is strict about what it honours and lenient about the rest, as
  * OpenAI is: unknown fields are ignored, a known field of the wrong type or
  * out of range is a 400 naming the field (`param`). Fields whose meaning
- * specd cannot honour yet (logit_bias) are refused with a 400 when set to
+ * specd cannot honour yet (logit_bias, response_format, tools, tool_choice
+ * and the other output-changing fields in refuse_unhonoured) are refused with a 400 when set to
  * anything but their neutral value, rather than silently ignored: a client
  * asking for them would otherwise get a wrong answer.
  *
@@ -209,6 +210,43 @@ static bool parse_logprobs(const cJSON *root, gw_gen *g, gw_error *err) {
     return true;
 }
 
+/* Fields that change the output and that specd does not honour yet: each
+ * is a 400 naming it unless it holds its neutral value, never silently
+ * dropped (a client asking for JSON must not get free text). The list also
+ * holds other servers' constraint extensions (vLLM's guided_*, llama.cpp's
+ * grammar / json_schema), which clients send through extra_body. */
+static bool neutral_field(const char *name, const cJSON *v) {
+    if (!strcmp(name, "response_format")) {
+        const cJSON *t = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "type") : NULL;
+        return string_ok(t) && !strcmp(t->valuestring, "text");
+    }
+    if (!strcmp(name, "tool_choice") || !strcmp(name, "function_call"))
+        return string_ok(v) && !strcmp(v->valuestring, "none");
+    if (!strcmp(name, "tools") || !strcmp(name, "functions")) return cJSON_IsArray(v) && !v->child;
+    if (!strcmp(name, "best_of")) return cJSON_IsNumber(v) && v->valuedouble == 1;
+    if (!strcmp(name, "suffix")) return string_ok(v) && !v->valuestring[0];
+    if (!strcmp(name, "modalities"))
+        return cJSON_IsArray(v) && cJSON_GetArraySize(v) == 1 && string_ok(v->child) &&
+               !strcmp(v->child->valuestring, "text");
+    return false; /* the rest have no neutral value */
+}
+
+static bool refuse_unhonoured(const cJSON *root, gw_error *err) {
+    static const char *const fields[] = {
+        "response_format",  "tools",       "tool_choice",  "functions",     "function_call",
+        "best_of",          "suffix",      "modalities",   "audio",         "web_search_options",
+        "reasoning_effort", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+        "grammar",          "json_schema",
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, fields[i]);
+        if (present(v) && !neutral_field(fields[i], v))
+            return UNSUPPORTED(err, fields[i], "'%s' is not supported by specd yet (it would change the output)",
+                               fields[i]);
+    }
+    return true;
+}
+
 /* Fields both endpoints share. */
 static bool parse_common(const cJSON *root, gw_gen *g, gw_error *err) {
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
@@ -284,7 +322,7 @@ static bool parse_common(const cJSON *root, gw_gen *g, gw_error *err) {
     const cJSON *lb = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
     if (present(lb) && !(cJSON_IsObject(lb) && !lb->child))
         return UNSUPPORTED(err, "logit_bias", "'logit_bias' is not supported by specd yet");
-    return true;
+    return refuse_unhonoured(root, err);
 }
 
 /* The text of a message's content: a string, or a list of {"type":"text"}
@@ -354,6 +392,10 @@ static bool parse_messages(const cJSON *root, gw_gen *g, gw_error *err) {
         snprintf(param, sizeof param, "messages[%d].role", i);
         if (!strcmp(r, "tool") || !strcmp(r, "function"))
             return UNSUPPORTED(err, param, "'%s': '%s' turns are not supported by specd (no tool calls)", param, r);
+        if (present(cJSON_GetObjectItemCaseSensitive(m, "tool_calls"))) {
+            snprintf(param, sizeof param, "messages[%d].tool_calls", i);
+            return UNSUPPORTED(err, param, "'%s': tool calls are not supported by specd yet", param);
+        }
         if (!chat_role(r))
             return BAD(err, param, "'%s': unknown role '%s' (system, developer, user, assistant)", param, r);
     }

@@ -56,6 +56,23 @@ static void test_chat_defaults(void **state) {
     gw_gen_clear(&g);
 }
 
+/* The neutral values of the output-changing fields specd does not honour
+ * are accepted (clients send them by default). */
+static void test_neutral_fields(void **state) {
+    (void)state;
+    gw_gen g;
+    gw_error err;
+    assert_true(parse(GW_EP_CHAT,
+                      "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                      "\"response_format\":{\"type\":\"text\"},\"tools\":[],\"tool_choice\":\"none\","
+                      "\"functions\":null,\"function_call\":\"none\",\"modalities\":[\"text\"],"
+                      "\"parallel_tool_calls\":true}",
+                      &g, &err));
+    gw_gen_clear(&g);
+    assert_true(parse(GW_EP_COMPLETIONS, "{\"prompt\":\"p\",\"best_of\":1,\"suffix\":\"\"}", &g, &err));
+    gw_gen_clear(&g);
+}
+
 static void test_fields(void **state) {
     (void)state;
     gw_gen g;
@@ -126,6 +143,33 @@ static void test_bad_fields(void **state) {
     refused(C, "{\"prompt\":\"p\",\"max_completion_tokens\":0,\"echo\":false}", 400, "max_completion_tokens");
     refused(C, "{\"prompt\":\"p\",\"max_tokens\":-1,\"echo\":true}", 400, "max_tokens");
     refused(C, "{\"prompt\":\"p\",\"logit_bias\":{\"1\":5}}", 400, "logit_bias");
+    /* Fields that change the output and are not honoured: a 400 naming each. */
+    refused(C, "{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_object\"}}", 400, "response_format");
+    refused(C, "{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{}}}", 400,
+            "response_format");
+    refused(C, "{\"prompt\":\"p\",\"response_format\":\"text\"}", 400, "response_format");
+    refused(C, "{\"prompt\":\"p\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}", 400, "tools");
+    refused(C, "{\"prompt\":\"p\",\"tool_choice\":\"required\"}", 400, "tool_choice");
+    refused(C, "{\"prompt\":\"p\",\"tool_choice\":\"auto\"}", 400, "tool_choice");
+    refused(C, "{\"prompt\":\"p\",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}", 400,
+            "tool_choice");
+    refused(C, "{\"prompt\":\"p\",\"functions\":[{\"name\":\"f\"}]}", 400, "functions");
+    refused(C, "{\"prompt\":\"p\",\"function_call\":\"auto\"}", 400, "function_call");
+    refused(C, "{\"prompt\":\"p\",\"best_of\":2}", 400, "best_of");
+    refused(C, "{\"prompt\":\"p\",\"suffix\":\"end\"}", 400, "suffix");
+    refused(C, "{\"prompt\":\"p\",\"modalities\":[\"text\",\"audio\"]}", 400, "modalities");
+    refused(C, "{\"prompt\":\"p\",\"audio\":{\"voice\":\"alloy\"}}", 400, "audio");
+    refused(C, "{\"prompt\":\"p\",\"reasoning_effort\":\"low\"}", 400, "reasoning_effort");
+    refused(C, "{\"prompt\":\"p\",\"web_search_options\":{}}", 400, "web_search_options");
+    refused(C, "{\"prompt\":\"p\",\"guided_regex\":\"a+\"}", 400, "guided_regex");
+    refused(C, "{\"prompt\":\"p\",\"guided_json\":{}}", 400, "guided_json");
+    refused(C, "{\"prompt\":\"p\",\"grammar\":\"root ::= \\\"a\\\"\"}", 400, "grammar");
+    refused(C, "{\"prompt\":\"p\",\"json_schema\":{}}", 400, "json_schema");
+    refused(GW_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"tools\":[{}]}", 400, "tools");
+    refused(GW_EP_CHAT,
+            "{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[]},"
+            "{\"role\":\"user\",\"content\":\"q\"}]}",
+            400, "messages[0].tool_calls");
     /* 17 stop strings */
     char body[512] = "{\"prompt\":\"p\",\"stop\":[";
     for (int i = 0; i < 17; i++) strcat(body, i ? ",\"s\"" : "\"s\"");
@@ -455,6 +499,7 @@ static void test_responses(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chat_defaults),
+        cmocka_unit_test(test_neutral_fields),
         cmocka_unit_test(test_fields),
         cmocka_unit_test(test_bad_fields),
         cmocka_unit_test(test_messages),

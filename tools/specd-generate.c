@@ -28,6 +28,8 @@
 #include "specd/tokenizer.h"
 
 #include "gen_features.h"
+#include "gen_constrain.h"
+#include "gen_result.h"
 #include "gen_spec.h"
 
 #include <cjson/cJSON.h>
@@ -67,6 +69,11 @@ typedef struct gen_opts {
     const char *eagle_dir, *dump_dir; /* --eagle DIR (an EAGLE-3 head drafts), --dump-features DIR (gen_features.h) */
     const char *prompt_file, *eagle_layers; /* --prompt-file F, --eagle-layers a,b,c (with --dump-features) */
     sd_backend_opts backend;          /* --cpu-weights, --cuda-graphs, ... (specd/backend_opts.h) */
+    /* structured output: at most one of the four */
+    const char *json_schema, *regex, *grammar; /* --json-schema FILE, --regex RE, --grammar FILE */
+    bool response_json;                        /* --response-json: any JSON object */
+    bool forced_draft;                         /* --forced-draft: speculative, forced tokens as the only drafts */
+    bool no_forced;                            /* --no-forced: no forced drafts (for comparison) */
 } gen_opts;
 
 static void usage(FILE *f) {
@@ -115,6 +122,12 @@ static void usage(FILE *f) {
             "  -k K                 draft tokens per step (default 4, at most %d)\n"
             "      --adaptive-k     choose K per step (0..K) from the acceptance and measured costs; at K = 0\n"
             "                       it shadow-drafts now and then to notice when drafting pays again\n"
+            "      --json-schema FILE  constrain the output to an instance of the JSON Schema in FILE\n"
+            "      --regex RE       constrain the output to match the regular expression RE whole\n"
+            "      --grammar FILE   constrain the output to the GBNF grammar in FILE (start rule: root)\n"
+            "      --response-json  constrain the output to a JSON object (OpenAI's json_object)\n"
+            "      --forced-draft   under a constraint: speculative, drafting only the tokens it forces\n"
+            "      --no-forced      under a constraint with a drafter: no forced drafts\n"
             "      --json           print one JSON object at the end instead of streaming\n"
             "  -v, --verbose        log at DEBUG level\n"
             "  -h, --help           this help\n"
@@ -163,7 +176,13 @@ enum {
     OPT_EAGLE,
     OPT_DUMP,
     OPT_PROMPT_FILE,
-    OPT_EAGLE_LAYERS
+    OPT_EAGLE_LAYERS,
+    OPT_SCHEMA,
+    OPT_REGEX,
+    OPT_GRAMMAR,
+    OPT_RESPONSE_JSON,
+    OPT_FORCED,
+    OPT_NO_FORCED
 };
 
 static const struct option longs[] = {{"model", required_argument, 0, 'm'},
@@ -195,6 +214,12 @@ static const struct option longs[] = {{"model", required_argument, 0, 'm'},
                                       {"dump-features", required_argument, 0, OPT_DUMP},
                                       {"prompt-file", required_argument, 0, OPT_PROMPT_FILE},
                                       {"eagle-layers", required_argument, 0, OPT_EAGLE_LAYERS},
+                                      {"json-schema", required_argument, 0, OPT_SCHEMA},
+                                      {"regex", required_argument, 0, OPT_REGEX},
+                                      {"grammar", required_argument, 0, OPT_GRAMMAR},
+                                      {"response-json", no_argument, 0, OPT_RESPONSE_JSON},
+                                      {"forced-draft", no_argument, 0, OPT_FORCED},
+                                      {"no-forced", no_argument, 0, OPT_NO_FORCED},
                                       {"verbose", no_argument, 0, 'v'},
                                       {"help", no_argument, 0, 'h'},
                                       SD_BACKEND_LONG_OPTIONS,
@@ -289,6 +314,12 @@ static bool apply_opt(int c, gen_opts *o, const char **name, bool *unknown) {
         *name = "kv-type (f32 or f16)";
         ok = sd_kv_type_parse(optarg, &o->kv_type);
         break;
+    case OPT_SCHEMA: o->json_schema = optarg; break;
+    case OPT_REGEX: o->regex = optarg; break;
+    case OPT_GRAMMAR: o->grammar = optarg; break;
+    case OPT_RESPONSE_JSON: o->response_json = true; break;
+    case OPT_FORCED: o->forced_draft = true; break;
+    case OPT_NO_FORCED: o->no_forced = true; break;
     case 'v': o->verbose = true; break;
     default: *unknown = true; break;
     }
@@ -310,6 +341,17 @@ static int check_opts(const gen_opts *o) {
     }
     if (o->logprobs && (o->draft_path || o->ngram || o->draft_layers > 0 || o->eagle_dir || !o->json)) {
         fprintf(stderr, "specd-generate: --logprobs is for plain decoding with --json\n");
+        return 2;
+    }
+    bool constrained = o->json_schema || o->regex || o->grammar || o->response_json;
+    const char *bad =
+        !constrained && (o->forced_draft || o->no_forced) ? "--forced-draft and --no-forced need a constraint"
+        : constrained && (o->ignore_eos || o->adaptive_k) ? "a constraint excludes --ignore-eos and --adaptive-k"
+        : o->forced_draft && (o->draft_path || o->ngram || o->draft_layers > 0)
+            ? "--forced-draft excludes the other drafters"
+            : NULL;
+    if (bad) {
+        fprintf(stderr, "specd-generate: %s\n", bad);
         return 2;
     }
     if (!o->model_path) {
@@ -359,22 +401,6 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
     return check_opts(o);
 }
 
-typedef struct gen_result {
-    int32_t *prompt_ids;
-    size_t n_prompt;
-    int32_t *ids; /* generated tokens */
-    size_t n_ids;
-    sd_token_logprob *logprobs; /* [n_ids] with --logprobs */
-    const char *stop_reason;
-    double prompt_s, decode_s;
-    int64_t decode_tokens; /* tokens produced by the steps decode_s times (prefill's excluded) */
-    bool spec;             /* speculative mode: the fields below are set */
-    sd_spec_stats spec_stats;
-    double mean_k;      /* mean draft length asked for per step */
-    bool adaptive;      /* --adaptive-k: the policy's state below is set */
-    sd_cost_model cost; /* the adaptive policy's cost model at the end */
-    sd_adapt adapt;     /* ... and its acceptance estimate */
-} gen_result;
 
 /* Adds BOS to the tokenized prompt in r->prompt_ids when the model wants it and
  * checks that prompt + n_predict fits the model's context. */
@@ -402,7 +428,7 @@ static sd_status encode_prompt(const gen_opts *o, const sd_model_config *cfg, co
 }
 
 /* Prefill + decode loop. Streams text to stdout unless o->json. */
-static sd_status generate(const gen_opts *o, sd_model *m, const sd_tok *tok, const char *text, gen_result *r) {
+static sd_status generate(const gen_opts *o, sd_model *m, const sd_tok *tok, sd_constraint *con, gen_result *r) {
     const sd_model_config *cfg = sd_model_config_of(m);
     int32_t n_vocab = cfg->n_vocab;
     sd_status st = encode_prompt(o, cfg, tok, r);
@@ -439,9 +465,11 @@ static sd_status generate(const gen_opts *o, sd_model *m, const sd_tok *tok, con
     for (int32_t i = 0; i < o->n_predict; i++) {
         int32_t next;
         st = sd_sample_penalize(logits, n_vocab, &o->sampling, r->ids, (int32_t)r->n_ids, counts);
+        if (st == SD_OK && con) st = sd_constraint_apply(con, logits, n_vocab); /* before the sampler's filters */
         if (st == SD_OK) st = sd_sample_token(logits, n_vocab, &o->sampling, (uint64_t)cur_pos, &next);
         if (st == SD_OK && o->logprobs)
             st = sd_sample_logprobs(logits, n_vocab, next, o->top_logprobs, &r->logprobs[r->n_ids]);
+        if (st == SD_OK && con) st = sd_constraint_advance(con, next);
         if (st != SD_OK) goto done;
         r->ids[r->n_ids++] = next;
         if (!o->ignore_eos && sd_tok_is_eog(tok, next)) {
@@ -554,103 +582,6 @@ done:
     return st;
 }
 
-/* Measured acceptance rate and the i.i.d. expectation of tokens per step at
- * that rate with the mean draft length actually proposed. */
-static void spec_summary(const gen_result *r, double *rate, double *per_step, double *expected) {
-    const sd_spec_stats *ss = &r->spec_stats;
-    *rate = ss->drafted ? (double)ss->accepted / (double)ss->drafted : 0;
-    *per_step = ss->steps ? (double)ss->committed / (double)ss->steps : 0;
-    double mean_drafted = ss->steps ? (double)ss->drafted / (double)ss->steps : 0;
-    *expected = sd_spec_expected_tokens(*rate, (int32_t)(mean_drafted + 0.5));
-}
-
-static cJSON *ids_array(const int32_t *ids, size_t n) {
-    cJSON *a = cJSON_CreateArray();
-    for (size_t i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
-    return a;
-}
-
-/* A string member that is valid JSON whatever the bytes (sd_json_quote):
- * byte-level tokens can decode to invalid UTF-8, which cJSON writes as is. */
-static void add_text(cJSON *obj, const char *name, const char *s, size_t len) {
-    char *quoted = sd_json_quote(s, len);
-    if (quoted) cJSON_AddRawToObject(obj, name, quoted);
-    free(quoted);
-}
-
-static int print_json(const gen_opts *o, const sd_tok *tok, const char *prompt_text, const gen_result *r) {
-    char *text = NULL;
-    size_t text_len = 0;
-    /* Leave an end-of-generation token out of the text, as the stream does. */
-    size_t n_text = r->n_ids;
-    if (!strcmp(r->stop_reason, "eos")) n_text--;
-    if (sd_tok_decode(tok, r->ids, n_text, &text, &text_len) != SD_OK) return 1;
-    cJSON *root = cJSON_CreateObject();
-    cJSON_AddStringToObject(root, "model", o->model_path);
-    add_text(root, "prompt", prompt_text, strlen(prompt_text));
-    cJSON_AddItemToObject(root, "prompt_ids", ids_array(r->prompt_ids, r->n_prompt));
-    cJSON_AddItemToObject(root, "ids", ids_array(r->ids, r->n_ids));
-    add_text(root, "text", text, text_len);
-    cJSON_AddStringToObject(root, "stop_reason", r->stop_reason);
-    if (r->logprobs) {
-        cJSON *lps = cJSON_AddArrayToObject(root, "logprobs");
-        for (size_t i = 0; i < r->n_ids; i++) {
-            const sd_token_logprob *lp = &r->logprobs[i];
-            cJSON *e = cJSON_CreateObject();
-            cJSON_AddNumberToObject(e, "id", r->ids[i]);
-            cJSON_AddNumberToObject(e, "logprob", lp->logprob);
-            cJSON *top = cJSON_AddArrayToObject(e, "top");
-            for (int32_t j = 0; j < lp->n_top; j++) {
-                cJSON *pair = cJSON_CreateArray();
-                cJSON_AddItemToArray(pair, cJSON_CreateNumber(lp->top_ids[j]));
-                cJSON_AddItemToArray(pair, cJSON_CreateNumber(lp->top_logprobs[j]));
-                cJSON_AddItemToArray(top, pair);
-            }
-            cJSON_AddItemToArray(lps, e);
-        }
-    }
-    cJSON *t = cJSON_AddObjectToObject(root, "timings");
-    cJSON_AddNumberToObject(t, "prompt_tokens", (double)r->n_prompt);
-    cJSON_AddNumberToObject(t, "prompt_ms", r->prompt_s * 1e3);
-    cJSON_AddNumberToObject(t, "prompt_tok_s", r->prompt_s > 0 ? (double)r->n_prompt / r->prompt_s : 0);
-    /* Decode figures count the tokens of the steps decode_ms times: plain, all
-     * but the prefill's token; speculative, all but the first step's. */
-    double steps = (double)r->decode_tokens;
-    cJSON_AddNumberToObject(t, "generated_tokens", (double)r->n_ids);
-    cJSON_AddNumberToObject(t, "decode_tokens", steps);
-    cJSON_AddNumberToObject(t, "decode_ms", r->decode_s * 1e3);
-    cJSON_AddNumberToObject(t, "decode_tok_s", r->decode_s > 0 ? steps / r->decode_s : 0);
-    if (r->spec) {
-        double rate, per_step, expected;
-        spec_summary(r, &rate, &per_step, &expected);
-        cJSON *sp = cJSON_AddObjectToObject(root, "spec");
-        cJSON_AddNumberToObject(sp, "target_steps", (double)r->spec_stats.steps);
-        cJSON_AddNumberToObject(sp, "drafted", (double)r->spec_stats.drafted);
-        cJSON_AddNumberToObject(sp, "accepted", (double)r->spec_stats.accepted);
-        cJSON_AddNumberToObject(sp, "acceptance_rate", rate);
-        cJSON_AddNumberToObject(sp, "tokens_per_step", per_step);
-        cJSON_AddNumberToObject(sp, "expected_tokens_per_step", expected);
-        cJSON_AddNumberToObject(sp, "mean_k", r->mean_k);
-        cJSON_AddNumberToObject(sp, "draft_ms", r->spec_stats.draft_s * 1e3);
-        cJSON_AddNumberToObject(sp, "target_ms", r->spec_stats.target_s * 1e3);
-        if (r->adaptive) { /* what the adaptive policy ended with (specd/spec_adapt.h) */
-            cJSON *po = cJSON_AddObjectToObject(sp, "policy");
-            cJSON_AddNumberToObject(po, "verify_fixed_us", r->cost.verify_fixed_us);
-            cJSON_AddNumberToObject(po, "verify_token_us", r->cost.verify_token_us);
-            cJSON_AddNumberToObject(po, "draft_token_us", r->cost.draft_token_us);
-            cJSON_AddNumberToObject(po, "draft_fixed_us", r->cost.draft_fixed_us);
-            cJSON_AddNumberToObject(po, "alpha", r->adapt.alpha);
-        }
-    }
-    char *out = cJSON_PrintUnformatted(root);
-    int rc = out ? 0 : 1;
-    if (out) puts(out);
-    free(out);
-    cJSON_Delete(root);
-    free(text);
-    return rc;
-}
-
 /* The conversation of o (--system, --message turns, then -p as the last
  * user turn) in the chat template, malloc'd in *out. */
 /* Formats the conversation (--system, --message turns, the prompt) with the
@@ -704,6 +635,7 @@ int main(int argc, char **argv) {
     gen_result r = {0};
     sd_drafter *drafter = NULL;
     sd_spec_decoder *dec = NULL;
+    gen_constraint gc = {0};
     rc = 1;
     sd_status st = sd_weights_open(o.model_path, &w);
     if (st != SD_OK) {
@@ -739,7 +671,14 @@ int main(int argc, char **argv) {
     } else if ((st = sd_tok_encode(tok, text, strlen(text), false, &r.prompt_ids, &r.n_prompt)) != SD_OK) {
         goto out; /* a plain prompt is text: special-token text in it is not read as control tokens */
     }
-    if (o.draft_path || o.ngram || o.draft_layers > 0 || o.eagle_dir) {
+    if ((rc = gen_constraint_open(o.json_schema, o.regex, o.grammar, o.response_json, tok, &gc)) != 0) goto out;
+    rc = 1;
+    if (o.forced_draft) { /* speculative with the forced drafts alone */
+        st = sd_spec_decoder_create(m, NULL, sd_model_config_of(m)->n_ctx_train, &dec);
+        if (st == SD_OK) st = sd_spec_decoder_set_constraint(dec, gc.c, tok);
+        if (st == SD_OK) st = generate_spec(&o, m, dec, tok, text, &r);
+        r.forced_drafted = sd_spec_decoder_forced_drafted(dec);
+    } else if (o.draft_path || o.ngram || o.draft_layers > 0 || o.eagle_dir) {
         sd_drafter_params dp = sd_drafter_default_params();
         dp.max_ctx = sd_model_config_of(m)->n_ctx_train;
         dp.n_threads = o.n_threads;
@@ -765,15 +704,18 @@ int main(int argc, char **argv) {
             fprintf(stderr, "specd-generate: cannot set up the drafter: %s (see the log above)\n", sd_status_str(st));
             goto out;
         }
-        st = generate_spec(&o, m, dec, tok, text, &r);
+        if (st == SD_OK && gc.c) st = sd_spec_decoder_set_constraint(dec, gc.c, o.no_forced ? NULL : tok);
+        if (st == SD_OK) st = generate_spec(&o, m, dec, tok, text, &r);
+        r.forced_drafted = sd_spec_decoder_forced_drafted(dec);
     } else {
-        st = generate(&o, m, tok, text, &r);
+        st = generate(&o, m, tok, gc.c, &r);
     }
+    gen_constraint_report(gc.c, &r);
     if (st != SD_OK) {
         fprintf(stderr, "specd-generate: generation failed: %s (see the log above)\n", sd_status_str(st));
         goto out;
     }
-    rc = o.json ? print_json(&o, tok, text, &r) : 0;
+    rc = o.json ? gen_print_json(o.model_path, tok, text, &r) : 0;
     if (!o.json) {
         double steps = (double)r.decode_tokens;
         fprintf(stderr, "[prompt %zu tokens, %.1f tok/s | generated %zu tokens, %.1f tok/s | stop: %s]\n", r.n_prompt,
@@ -781,16 +723,17 @@ int main(int argc, char **argv) {
                 r.stop_reason);
         if (r.spec) {
             double rate, per_step, expected;
-            spec_summary(&r, &rate, &per_step, &expected);
+            gen_spec_summary(&r, &rate, &per_step, &expected);
             fprintf(stderr,
                     "[%s drafter, K %s%d: drafted %lld, accepted %lld, acceptance %.3f | %.2f tokens per "
                     "target step, expected (1-a^(K+1))/(1-a) = %.2f]\n",
-                    sd_drafter_name(drafter), o.adaptive_k ? "<= " : "", (int)o.k, (long long)r.spec_stats.drafted,
-                    (long long)r.spec_stats.accepted, rate, per_step, expected);
+                    drafter ? sd_drafter_name(drafter) : "forced", o.adaptive_k ? "<= " : "", (int)o.k,
+                    (long long)r.spec_stats.drafted, (long long)r.spec_stats.accepted, rate, per_step, expected);
         }
     }
 out:
     sd_spec_decoder_free(&dec);
+    gen_constraint_close(&gc);
     sd_drafter_free(&drafter);
     free(r.prompt_ids);
     free(r.ids);

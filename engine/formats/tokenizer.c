@@ -582,6 +582,12 @@ bool sd_tok_is_eog(const sd_tok *t, int32_t id) {
     return false;
 }
 
+bool sd_tok_is_text(const sd_tok *t, int32_t id) {
+    if (id < 0 || id >= t->n_vocab) return false;
+    int32_t ty = t->types[id];
+    return ty != SD_TOK_TYPE_CONTROL && ty != SD_TOK_TYPE_UNUSED && ty != SD_TOK_TYPE_UNKNOWN;
+}
+
 int32_t sd_tok_find(const sd_tok *t, const char *text) {
     if (!text) return -1;
     return sd_tok_lookup_text(t, text, strlen(text));

@@ -125,6 +125,10 @@ int32_t sd_drafter_max_q(const sd_drafter *d) {
     return d->kind == SD_DRAFTER_NGRAM ? 1 : d->params.top_n;
 }
 
+void sd_drafter_set_constraint(sd_drafter *d, sd_constraint *c) {
+    if (d) d->constraint = c;
+}
+
 sd_status sd_drafter_propose(sd_drafter *d, int32_t seq, const int32_t *context, int32_t n_context, int32_t k,
                              const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n_drafted) {
     if (!d || !context || !s || !tokens || !q || !n_drafted || n_context <= 0 || k < 0 || k > SD_MAX_K) {

@@ -34,6 +34,7 @@
 
 #include "specd/weights.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -114,19 +115,31 @@ static sd_status model_propose(sd_drafter *d, int32_t slot, const int32_t *conte
 
     int32_t *ids = md->q_ids + (size_t)slot * SD_MAX_K * md->top_n;
     float *qp = md->q_probs + (size_t)slot * SD_MAX_K * md->top_n;
-    for (int32_t i = 0; i < k; i++) {
+    sd_constraint *con = d->constraint;
+    int32_t con_base = con ? sd_constraint_len(con) : 0;
+    sd_status st = SD_OK;
+    for (int32_t i = 0; i < k && st == SD_OK; i++) {
+        if (con) { /* the drafter's distribution under the constraint: stop where it allows none of it */
+            if ((st = sd_constraint_apply(con, md->logits, md->n_head)) != SD_OK) break;
+            bool any = false;
+            for (int32_t v = 0; v < md->n_head && !any; v++) any = md->logits[v] > -INFINITY;
+            if (!any) break;
+        }
         int32_t *ids_i = ids + (size_t)i * md->top_n;
         float *qp_i = qp + (size_t)i * md->top_n;
         int32_t n_q = 0;
         uint64_t position = (uint64_t)n_context + (uint64_t)i;
         int32_t y;
-        SD_TRY(sd_spec_draft_step(md->logits, md->n_head, s, md->top_n, position, md->probs, ids_i, qp_i, &n_q, &y));
+        st = sd_spec_draft_step(md->logits, md->n_head, s, md->top_n, position, md->probs, ids_i, qp_i, &n_q, &y);
+        if (st != SD_OK) break;
         q[i] = (sd_spec_q){n_q, ids_i, qp_i};
         tokens[i] = y;
         *n_drafted = i + 1;
-        if (i + 1 < k) SD_TRY(feed(md, slot, &tokens[i], 1, n_context + i));
+        if (con && (sd_constraint_advance(con, y) != SD_OK || sd_constraint_ended(con))) break;
+        if (i + 1 < k) st = feed(md, slot, &tokens[i], 1, n_context + i);
     }
-    return SD_OK;
+    if (con) sd_constraint_rollback(con, con_base);
+    return st;
 }
 
 static sd_status reserve_batch(model_drafter *md, size_t rows, size_t n_seqs) {

@@ -193,13 +193,31 @@ static sd_status penalize_rows(const sd_verify_seq *v, float *logits, int32_t n_
     return SD_OK;
 }
 
-/* Pass 4 for one sequence whose logits rows start at row0 (penalized here
- * in place). */
+/* Masks the k + 1 rows of one sequence under its constraint: row i under
+ * the state after draft[0..i). A draft the constraint refuses is rejected
+ * at its row whatever follows (the masked row cannot pick it), and after
+ * a drafted end token nothing is generated: the rows past either stay as
+ * they are, unused. The constraint is rolled back to where it was. */
+static sd_status mask_rows(const sd_verify_seq *v, float *logits, int32_t n_vocab) {
+    sd_constraint *c = v->constraint;
+    int32_t base = sd_constraint_len(c);
+    sd_status st = SD_OK;
+    for (int32_t i = 0; i <= v->k && st == SD_OK; i++) {
+        st = sd_constraint_apply(c, logits + (size_t)i * (size_t)n_vocab, n_vocab);
+        if (st != SD_OK || i == v->k || sd_constraint_advance(c, v->draft[i]) != SD_OK || sd_constraint_ended(c)) break;
+    }
+    sd_status rb = sd_constraint_rollback(c, base);
+    return st != SD_OK ? st : rb;
+}
+
+/* Pass 4 for one sequence whose logits rows start at row0 (penalized and
+ * masked here in place). */
 static sd_status verify_one(const sd_verify_seq *v, float *logits, int32_t n_vocab, sd_spec_scratch *s,
                             sd_verify_result *r) {
     size_t V = (size_t)n_vocab;
     int32_t acc = 0;
     if (sd_sampling_has_penalties(&v->sampling)) SD_TRY(penalize_rows(v, logits, n_vocab, s));
+    if (v->constraint) SD_TRY(mask_rows(v, logits, n_vocab));
     if (sd_sampling_is_greedy(&v->sampling)) {
         int32_t target_argmax[SD_MAX_K + 1];
         for (int32_t i = 0; i <= v->k; i++) target_argmax[i] = sd_argmax(logits + (size_t)i * V, n_vocab);
@@ -220,7 +238,8 @@ static sd_status verify_one(const sd_verify_seq *v, float *logits, int32_t n_voc
 /* True when some sequence needs what only the host path does. */
 static bool needs_host(int32_t n_seqs, const sd_verify_seq *seqs, const sd_verify_result *results) {
     for (int32_t i = 0; i < n_seqs; i++)
-        if (results[i].outcome == SD_SEQ_OK && (sd_sampling_has_penalties(&seqs[i].sampling) || seqs[i].logprobs))
+        if (results[i].outcome == SD_SEQ_OK &&
+            (sd_sampling_has_penalties(&seqs[i].sampling) || seqs[i].logprobs || seqs[i].constraint))
             return true;
     return false;
 }

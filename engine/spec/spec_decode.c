@@ -47,6 +47,14 @@ struct sd_spec_decoder {
     void *cost_user;
     int32_t n_prompt; /* penalties count the context from here on */
     bool eagle;       /* an EAGLE head drafts: the target captures its layers, handed over after each step */
+    /* structured output (sd_spec_decoder_set_constraint) */
+    sd_constraint *constraint; /* borrowed; advanced over con_ids */
+    const sd_tok *tok;         /* borrowed: encodes the forced bytes; NULL = no forced drafts */
+    int32_t *con_ids;          /* [max_ctx] the generated tokens the constraint was advanced over */
+    int32_t *ctx2;             /* [max_ctx + SD_MAX_K] context + forced drafts, for the drafter */
+    int32_t forced_ids[SD_MAX_K];
+    float forced_q[SD_MAX_K];
+    int64_t forced_drafted;
 };
 
 void sd_spec_decoder_set_prompt_len(sd_spec_decoder *d, int32_t n_prompt) {
@@ -64,6 +72,8 @@ void sd_spec_decoder_free(sd_spec_decoder **pd) {
     sd_spec_decoder *d = *pd;
     sd_kv_free(&d->kv);
     free(d->cached);
+    free(d->con_ids);
+    free(d->ctx2);
     sd_spec_scratch_free(&d->scratch);
     if (d->eagle) sd_model_capture_set(d->target, 0, NULL, false);
     free(d);
@@ -121,6 +131,98 @@ sd_status sd_spec_decoder_create(sd_model *target, sd_drafter *drafter, int32_t 
     return SD_OK;
 }
 
+sd_status sd_spec_decoder_set_constraint(sd_spec_decoder *d, sd_constraint *c, const sd_tok *tok) {
+    if (!d) return SD_ERR_INVALID_ARG;
+    if (c && (!d->con_ids || !d->ctx2)) {
+        free(d->con_ids);
+        free(d->ctx2);
+        d->con_ids = malloc((size_t)d->max_ctx * sizeof *d->con_ids);
+        d->ctx2 = malloc(((size_t)d->max_ctx + SD_MAX_K) * sizeof *d->ctx2);
+        if (!d->con_ids || !d->ctx2) return SD_ERR_NOMEM;
+    }
+    d->constraint = c;
+    d->tok = tok;
+    return c ? sd_constraint_rollback(c, 0) : SD_OK;
+}
+
+int64_t sd_spec_decoder_forced_drafted(const sd_spec_decoder *d) { return d ? d->forced_drafted : 0; }
+
+/* Brings the constraint to the context's generated tokens: rolls back to
+ * the common prefix with what it was advanced over, then advances. */
+static sd_status sync_constraint(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx) {
+    sd_constraint *c = d->constraint;
+    int32_t n_gen = n_ctx - d->n_prompt, have = sd_constraint_len(c), keep = 0;
+    if (n_gen < 0) {
+        SD_ERROR("spec: a constrained context (%d tokens) is shorter than its prompt (%d)", (int)n_ctx,
+                 (int)d->n_prompt);
+        return SD_ERR_INVALID_ARG;
+    }
+    while (keep < have && keep < n_gen && d->con_ids[keep] == ctx[d->n_prompt + keep]) keep++;
+    SD_TRY(sd_constraint_rollback(c, keep));
+    for (int32_t i = keep; i < n_gen; i++) {
+        if (sd_constraint_advance(c, ctx[d->n_prompt + i]) != SD_OK) {
+            SD_ERROR("spec: generated token %d (id %d) breaks the constraint", (int)i, (int)ctx[d->n_prompt + i]);
+            return SD_ERR_INVALID_ARG;
+        }
+        d->con_ids[i] = ctx[d->n_prompt + i];
+    }
+    return SD_OK;
+}
+
+/* Forced drafts: the bytes the constraint forces next, encoded, as up to k
+ * one-hot drafts (no drafter time), all but the last token. Returns how
+ * many. */
+static int32_t forced_drafts(sd_spec_decoder *d, int32_t k, int32_t *draft, sd_spec_q *q) {
+    char bytes[256];
+    size_t n = d->tok && k > 0 ? sd_constraint_forced_bytes(d->constraint, bytes, sizeof bytes) : 0;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    if (!n || sd_tok_encode(d->tok, bytes, n, false, &ids, &n_ids) != SD_OK) return 0;
+    /* The last token ends where the forced bytes do: the model usually
+     * writes a longer token there (`":` where `"` is forced), so it is
+     * left to the drafter and the target. */
+    n_ids--;
+    int32_t nf = 0, base = sd_constraint_len(d->constraint);
+    while (nf < k && (size_t)nf < n_ids && sd_constraint_advance(d->constraint, ids[nf]) == SD_OK) {
+        d->forced_ids[nf] = ids[nf];
+        d->forced_q[nf] = 1.0f;
+        draft[nf] = ids[nf];
+        q[nf] = (sd_spec_q){1, &d->forced_ids[nf], &d->forced_q[nf]};
+        nf++;
+    }
+    sd_constraint_rollback(d->constraint, base);
+    free(ids);
+    return nf;
+}
+
+/* Drafts under the constraint: the forced drafts, then the drafter's for
+ * the rest from the context extended by them, cut before the first draft
+ * the constraint refuses (a refused draft would be rejected anyway). */
+static sd_status constrained_draft(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t k,
+                                   const sd_sampling *s, int32_t *draft, sd_spec_q *q, int32_t *nd) {
+    SD_TRY(sync_constraint(d, ctx, n_ctx));
+    int32_t nf = forced_drafts(d, k, draft, q), more = 0;
+    d->forced_drafted += nf;
+    int32_t base = sd_constraint_len(d->constraint), ok = 0;
+    if (d->drafter && k > nf) { /* the drafter continues after the forced drafts, masked from there */
+        memcpy(d->ctx2, ctx, (size_t)n_ctx * sizeof *ctx);
+        memcpy(d->ctx2 + n_ctx, draft, (size_t)nf * sizeof *draft);
+        sd_status st = SD_OK;
+        for (int32_t i = 0; i < nf && st == SD_OK; i++) st = sd_constraint_advance(d->constraint, draft[i]);
+        sd_drafter_set_constraint(d->drafter, d->constraint);
+        if (st == SD_OK)
+            st = sd_drafter_propose(d->drafter, 0, d->ctx2, n_ctx + nf, k - nf, s, draft + nf, q + nf, &more);
+        sd_drafter_set_constraint(d->drafter, NULL);
+        SD_TRY(sd_constraint_rollback(d->constraint, base));
+        SD_TRY(st);
+    }
+    while (ok < nf + more && !sd_constraint_ended(d->constraint) &&
+           sd_constraint_advance(d->constraint, draft[ok]) == SD_OK)
+        ok++;
+    *nd = ok;
+    return sd_constraint_rollback(d->constraint, base);
+}
+
 /* What one step did, for the adaptive policy. */
 typedef struct step_report {
     int32_t n_drafted, n_accepted;
@@ -150,7 +252,10 @@ static sd_status decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n_
     int32_t nd = 0;
     rep->shadow_token = -1;
     double t0 = sd_now();
-    if (d->drafter && k > 0) SD_TRY(sd_drafter_propose(d->drafter, 0, ctx, n_ctx, k, s, draft, q, &nd));
+    if (d->constraint)
+        SD_TRY(constrained_draft(d, ctx, n_ctx, k, s, draft, q, &nd));
+    else if (d->drafter && k > 0)
+        SD_TRY(sd_drafter_propose(d->drafter, 0, ctx, n_ctx, k, s, draft, q, &nd));
     rep->n_proposed = nd;
     if (d->drafter && shadow && k == 0 && n_ctx < d->max_ctx - 1) {
         int32_t n_shadow = 0;
@@ -174,6 +279,7 @@ static sd_status decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n_
         .draft = draft,
         .q = q,
         .sampling = *s,
+        .constraint = d->constraint,
     };
     if (sd_sampling_has_penalties(s) && n_ctx > d->n_prompt) {
         v.generated = ctx + d->n_prompt;

@@ -17,7 +17,9 @@ with the n-gram drafter (K fixed at 4, so drafts are verified):
 - a multi-turn conversation (system, user, assistant, user) gives the text
   and prompt token count of specd-generate --chat --system ... --message
   ROLE:TEXT ... with the same history (both use the model's chat template);
-- /v1/models lists the served model."""
+- /v1/models lists the served model;
+- response_format (json_object), tools and tool_choice (required) are 400s
+  naming the field, response_format text is accepted."""
 import concurrent.futures
 import json
 import subprocess
@@ -207,6 +209,21 @@ def run(h):
 
     # ---- models
     H.check([m.id for m in res["models"].data] == ["smollm"], "models: %s" % res["models"])
+
+    # ---- fields that change the output and are not honoured: a 400 naming each, never free text
+    refused = {
+        "response_format": dict(response_format={"type": "json_object"}),
+        "tools": dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
+        "tool_choice": dict(tool_choice="required"),
+    }
+    for param, kw in refused.items():
+        try:
+            cl.chat.completions.create(messages=user, **greedy, **kw)
+            H.check(False, "%s was accepted (it must be a 400 until it is honoured)" % param)
+        except openai.BadRequestError as e:
+            H.check(e.status_code == 400 and e.param == param, "%s: %s param %s" % (param, e.status_code, e.param))
+    r = cl.chat.completions.create(messages=user, response_format={"type": "text"}, **greedy)
+    H.check(r.choices[0].message.content == ref_chat["text"], "response_format text: %r" % r.choices[0].message.content)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,11 @@ bool sd_tok_add_eos(const sd_tok *t); /* tokenizer.ggml.add_eos_token */
 bool sd_tok_is_spm(const sd_tok *t);  /* SentencePiece-style ("llama") rather than byte-level BPE */
 /* True for tokens that end generation (EOS, <|im_end|>, <|eot_id|>...). */
 bool sd_tok_is_eog(const sd_tok *t, int32_t id);
+/* True for tokens that stand for text (normal, byte and user-defined
+ * tokens); false for control, unused and unknown tokens and ids out of
+ * range. A constraint on the output's bytes allows only these (and the
+ * end-of-generation tokens once it accepts). */
+bool sd_tok_is_text(const sd_tok *t, int32_t id);
 /* Id of the token whose text is exactly text, or -1. */
 int32_t sd_tok_find(const sd_tok *t, const char *text);
 /* 64-bit FNV-1a hash over every token's text and type, in id order: two

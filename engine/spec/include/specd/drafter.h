@@ -28,6 +28,7 @@
 #define SPECD_DRAFTER_H
 
 #include "specd/common.h"
+#include "specd/constrain.h"
 #include "specd/model.h"
 #include "specd/sample.h"
 #include "specd/spec.h"
@@ -147,6 +148,14 @@ int32_t sd_drafter_max_q(const sd_drafter *d);
  * borrowed from the drafter, valid until the next call for seq. */
 sd_status sd_drafter_propose(sd_drafter *d, int32_t seq, const int32_t *context, int32_t n_context, int32_t k,
                              const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n_drafted);
+
+/* Structured output for the next sd_drafter_propose calls: a model drafter
+ * masks its distribution at each drafted position under c (borrowed; the
+ * caller keeps it at the end of the context it passes, and it is left
+ * there), so it drafts only tokens c allows and stops where c allows none
+ * of its vocabulary. NULL removes it. The n-gram drafter ignores it (its
+ * caller cuts the draft at the first refused token). */
+void sd_drafter_set_constraint(sd_drafter *d, sd_constraint *c);
 
 /* Forgets everything seq holds past its first len tokens (a no-op for the
  * n-gram drafter). */

@@ -24,12 +24,14 @@
  * batch, so its tokens are the same alone or batched. A batch in which a
  * sequence has penalties or wants logprobs is verified on the host even on
  * a device backend (the logits are copied out; the device kernels apply
- * neither). Not thread-safe: one
+ * neither), and so is one under a constraint (its rows are masked there).
+ * Not thread-safe: one
  * call at a time per model / drafter. */
 #ifndef SPECD_SPEC_BATCH_H
 #define SPECD_SPEC_BATCH_H
 
 #include "specd/common.h"
+#include "specd/constrain.h"
 #include "specd/drafter.h"
 #include "specd/kv.h"
 #include "specd/model.h"
@@ -74,6 +76,13 @@ typedef struct sd_verify_seq {
      * (0..SD_MAX_TOP_LOGPROBS) alternatives in result.logprobs */
     bool logprobs;
     int32_t top_logprobs;
+    /* Structured output: the sequence's constraint, advanced over its
+     * committed tokens up to n_ctx, or NULL. Row i is masked under the
+     * state after draft[0..i) (after the penalties, before sampling), so
+     * the committed tokens are those constrained plain decoding draws;
+     * the constraint is left as it was given. Verified on the host.
+     * Borrowed for the call. */
+    sd_constraint *constraint;
 } sd_verify_seq;
 
 typedef struct sd_verify_result {

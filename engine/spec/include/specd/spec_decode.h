@@ -13,6 +13,7 @@
 #ifndef SPECD_SPEC_DECODE_H
 #define SPECD_SPEC_DECODE_H
 
+#include "specd/constrain.h"
 #include "specd/drafter.h"
 #include "specd/model.h"
 #include "specd/sample.h"
@@ -76,6 +77,19 @@ void sd_spec_decoder_set_cost_fn(sd_spec_decoder *d, sd_spec_cost_fn fn, void *u
  * (sd_sampling.presence_penalty / frequency_penalty). Default 0 (every
  * token counts); set it before the first step of each generation. */
 void sd_spec_decoder_set_prompt_len(sd_spec_decoder *d, int32_t n_prompt);
+
+/* Structured output: the tokens generated after the prompt
+ * (sd_spec_decoder_set_prompt_len) are constrained by c (borrowed, NULL
+ * removes it; rolled back to its start here). Each step brings c to the
+ * context's generated tokens, masks the target's rows before sampling
+ * (spec_batch.h: the output is constrained plain decoding's), drafts first
+ * the bytes c forces (sd_constraint_forced_bytes, encoded with tok; no
+ * drafter time; tok NULL: none) and then the drafter's tokens (a model
+ * drafter's distribution masked by c: sd_drafter_set_constraint), cut at the
+ * first one c refuses. Works without a drafter (forced drafts only). */
+sd_status sd_spec_decoder_set_constraint(sd_spec_decoder *d, sd_constraint *c, const sd_tok *tok);
+/* Forced drafts proposed over the decoder's life. */
+int64_t sd_spec_decoder_forced_drafted(const sd_spec_decoder *d);
 
 /* The policy's state and cost model (borrowed, valid while d lives). */
 const sd_adapt *sd_spec_decoder_adapt(const sd_spec_decoder *d);

@@ -1,0 +1,24 @@
+# Structured output (engine/constrain/): the GBNF parser and matcher, regex
+# and JSON Schema translation, refusals of hostile inputs, and token masks
+# against brute force on the demo model's vocabulary (skipped without it).
+specd_unit_test(test_constrain ${CMAKE_CURRENT_SOURCE_DIR}/test_constrain.c)
+set_tests_properties(test_constrain PROPERTIES LABELS "unit;oracle")
+
+# The oracles: regex matching against Python's re.fullmatch on random
+# patterns and strings; a schema corpus compiled and its generated outputs
+# validated with the jsonschema package (tests/ref/test_constrain_*.py).
+add_executable(constrain_cli ${CMAKE_CURRENT_SOURCE_DIR}/constrain_cli.c)
+target_link_libraries(constrain_cli PRIVATE specd_constrain)
+target_compile_definitions(constrain_cli PRIVATE _GNU_SOURCE)
+specd_py_test(test_constrain_regex ref/test_constrain_regex.py LABELS "oracle;model")
+specd_py_test(test_constrain_schema ref/test_constrain_schema.py LABELS "oracle;model")
+add_test(NAME test_constrain_schema_full COMMAND ${SPECD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/ref/test_constrain_schema.py --full)
+set_tests_properties(test_constrain_schema_full PROPERTIES LABELS "slow;oracle;model" SKIP_RETURN_CODE 77 TIMEOUT 7200
+                     ENVIRONMENT "SPECD_BUILD_DIR=${CMAKE_BINARY_DIR};SPECD_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
+
+# Speculative decoding under a constraint equals constrained plain decoding
+# (n-gram, masked self-draft, forced drafts alone; greedy and seeded) on a
+# small random model: no demo model needed.
+specd_unit_test(test_constrain_spec test_constrain_spec.c)
+target_compile_definitions(test_constrain_spec PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
+add_dependencies(test_constrain_spec specd-mkmodel)
