@@ -7,10 +7,13 @@ tests/ref/llama_ref.py in float64 with the engine's 8-bit activation
 rounding, by test_forward_oracle.compare's rule for such models: no farther
 from the reference than twice the jittered reference (activations x (1 +
 1e-6 N(0, 1)) before rounding), at least as many rows within 1e-4 x
-max|logit|, no argmax flip beyond the error. Measured (noisy machine, one
-run): on "<bos>The capital of France is" the engine's max |err| per row
-0.23..1.02 of max |logit| 22.8, the jittered reference's 0.29..1.18; the
-engine's top tokens after the prompt are " the", " a", " Paris".
+max|logit|, no argmax flip beyond the error. Measured (one run): over the
+three prompts the engine's max |err| 1.49 and the jittered reference's 1.65
+(max |logit| 28.5: the 8-bit activation rounding through 18 layers moves
+logits by ~5% either way; no row is within 1e-4 for either); per row on
+"<bos>The capital of France is" the engine's 0.23..1.02, the jittered
+reference's 0.29..1.18. The engine's top tokens after that prompt are
+" the", " a", " Paris", " one", " known".
 
 And the answer must be sensible: " Paris" among the engine's five most
 likely next tokens after "The capital of France is".
