@@ -327,8 +327,9 @@ class LlamaRef:
                 q = self._rmsnorm(q, self.w[f"blk.{l}.attn_q_norm.weight"])
                 k = self._rmsnorm(k, self.w[f"blk.{l}.attn_k_norm.weight"])
             swa = self.layer_swa(l)
-            q = self._rope(q, pos, swa)
-            k = self._rope(k, pos, swa)
+            # (hf_ref.HFLlamaRef's _rope takes no window flag: llama, never windowed)
+            q = self._rope(q, pos, swa) if swa else self._rope(q, pos)
+            k = self._rope(k, pos, swa) if swa else self._rope(k, pos)
             ks = np.concatenate([cache["k"][l], k]) if start else k  # [S, KVH, hd]
             vs = np.concatenate([cache["v"][l], v]) if start else v
             cache["k"][l], cache["v"][l] = ks, vs
