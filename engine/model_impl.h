@@ -128,6 +128,10 @@ sd_status sd_model_arch_check_ops(const sd_model *m);
 typedef sd_status (*sd_model_vec_loader)(sd_model *m, const sd_weights *w, const char *name, int64_t n, int64_t col0,
                                          int64_t n_cols, float **out);
 sd_status sd_model_load_arch_layer(sd_model *m, const sd_weights *w, int32_t l, sd_model_vec_loader load);
+/* Computes and uploads m->inv_freq (and m->inv_freq_swa for windowed layers
+ * with a base of their own); factors: rope_freqs.weight's divisors or NULL
+ * (model_rope.c). */
+sd_status sd_model_upload_freqs(sd_model *m, const float *factors);
 void sd_model_free_arch_layer(sd_model *m, layer_weights *L);
 
 #endif
