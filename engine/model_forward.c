@@ -260,7 +260,7 @@ static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_model_plan *b) 
     for (int32_t l = 0; l < m->n_layers_used; l++) {
         if (sd_model_layer_is_arch(m, l)) { /* another architecture's layer (model_arch.c) */
             SD_TRY(sd_model_layer_arch(m, kv, b, l));
-            continue;
+            goto layer_done;
         }
         const layer_weights *L = &m->layers[l];
         /* attention block */
@@ -346,6 +346,7 @@ static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_model_plan *b) 
             SD_TRY(tp_all_reduce(m, a->xb, nE));
             SD_TRY(op->add(be, a->x, a->xb, nE, a->x));
         }
+    layer_done:; /* every layer, Llama's or model_arch.c's, ends here: what follows a layer goes below */
     }
     return SD_OK;
 }
