@@ -215,6 +215,39 @@ typedef struct sd_backend_ops {
 
     /* out[i] = a[i] + b[i]; out may alias a or b. [n] each. */
     sd_status (*add)(sd_backend *be, const float *a, const float *b, size_t n, float *out);
+
+    /* ---- the ops of architectures beyond Llama (optional: NULL refuses a
+     * model that needs one at load, naming it) ---- */
+    /* In place "NeoX" rotary embedding (Qwen2/3, Gemma 3): for every token,
+     * head and i < head_dim/2, the pair (x[i], x[i + head_dim/2]) rotates by
+     * theta = pos[t] * inv_freq[i], as rope otherwise. */
+    sd_status (*rope_neox)(sd_backend *be, float *x, int32_t n_tokens, int32_t n_heads, int32_t head_dim,
+                           const int32_t *pos, const float *inv_freq);
+
+    /* attention / attention_f16 with a sliding window: token t attends to
+     * positions max(0, pos[t] - window + 1) .. pos[t] only (window >= 1;
+     * the earlier positions weigh exactly 0 and their blocks must still be
+     * in the table). The arithmetic of each kept position is that of
+     * attention. */
+    sd_status (*attention_window)(sd_backend *be, const float *q, const float *k_pool, const float *v_pool,
+                                  int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                  int32_t block_size, const int32_t *pos, const int32_t *bt, const int32_t *bt_off,
+                                  int32_t window, float scale, float *out);
+    sd_status (*attention_window_f16)(sd_backend *be, const float *q, const uint16_t *k_pool, const uint16_t *v_pool,
+                                      int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                      int32_t block_size, const int32_t *pos, const int32_t *bt,
+                                      const int32_t *bt_off, int32_t window, float scale, float *out);
+
+    /* out[i] = gelu(gate[i]) * up[i], gelu the tanh form:
+     * 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))). Aliasing as swiglu. */
+    sd_status (*geglu)(sd_backend *be, const float *gate, const float *up, size_t n, float *out);
+
+    /* out[t][i] = x[t][i] + bias[i] (Q/K/V biases). x, out [n_rows][dim]
+     * (may alias), bias [dim]. */
+    sd_status (*add_rows)(sd_backend *be, const float *x, const float *bias, int32_t n_rows, int32_t dim, float *out);
+
+    /* out[i] = x[i] * s (Gemma's embedding scale); out may alias x. */
+    sd_status (*scale)(sd_backend *be, const float *x, size_t n, float s, float *out);
 } sd_backend_ops;
 
 /* A backend instance: its op table and its context. */

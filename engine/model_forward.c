@@ -1,4 +1,5 @@
-/* model_forward.c — the ragged batched forward pass of a Llama model.
+/* model_forward.c — the ragged batched forward pass of a Llama model (the
+ * layers of other architectures, and windowed ones, are model_arch.c's).
  *
  * The whole model reads top to bottom in forward_layers(): per layer rmsnorm,
  * Q/K/V projections, RoPE, the K/V write into the paged cache, attention,
@@ -209,6 +210,13 @@ static sd_status mat_mul(sd_model *m, const sd_mat *w, int32_t n_in, int32_t n_o
     return op->matmul_stored(m->be.ctx, w->type, w->w, n_in, n_out, x, n, y);
 }
 
+sd_status sd_model_mat_mul(sd_model *m, const sd_mat *w, int32_t n_in, int32_t n_out, const float *x, int32_t n,
+                           float *y) {
+    return mat_mul(m, w, n_in, n_out, x, n, y);
+}
+
+sd_status sd_model_tp_all_reduce(sd_model *m, float *buf, size_t n) { return tp_all_reduce(m, buf, n); }
+
 /* out [n][E] = rows ids of the embedding table: the backend's lookup for an
  * f32 table; a stored table (host memory, see model_impl.h) has each
  * looked-up row dequantized on the host. ids were range-checked. */
@@ -248,7 +256,12 @@ static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_model_plan *b) 
     const bool fused = op->matmul_fused != NULL && op->matmul_stored == NULL; /* fused jobs take f32-format matrices */
 
     SD_TRY(embed_tokens(m, b->tokens, n, a->x)); /* x [n][E] */
+    if (c->embd_scale != 1.0f) SD_TRY(op->scale(be, a->x, nE, c->embd_scale, a->x)); /* Gemma */
     for (int32_t l = 0; l < m->n_layers_used; l++) {
+        if (sd_model_layer_is_arch(m, l)) { /* another architecture's layer (model_arch.c) */
+            SD_TRY(sd_model_layer_arch(m, kv, b, l));
+            goto layer_done;
+        }
         const layer_weights *L = &m->layers[l];
         /* attention block */
         SD_TRY(op->rmsnorm(be, a->x, L->attn_norm, n, E, c->rms_eps, a->xb)); /* xb [n][E] */
@@ -333,6 +346,7 @@ static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_model_plan *b) 
             SD_TRY(tp_all_reduce(m, a->xb, nE));
             SD_TRY(op->add(be, a->x, a->xb, nE, a->x));
         }
+    layer_done:; /* every layer, Llama's or model_arch.c's, ends here: what follows a layer goes below */
         if (m->capture) SD_TRY(sd_model_capture_layer(m, l, n)); /* opt-in: model_capture.c */
     }
     return SD_OK;

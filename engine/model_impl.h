@@ -33,6 +33,11 @@ typedef struct layer_weights {
     sd_mat w_gate;    /* [F][n_embd] */
     sd_mat w_up;      /* [F][n_embd] */
     sd_mat w_down;    /* [n_embd][F]            columns of this rank's MLP slice */
+    /* what an architecture adds (NULL when it does not; model_config.h) */
+    float *bq, *bk, *bv;          /* qkv_bias: [H*head_dim], [KV*head_dim] x 2, this rank's heads */
+    float *q_norm, *k_norm;       /* qk_norm: [head_dim] */
+    float *post_attn_norm;        /* post_norms: [n_embd] */
+    float *post_ffn_norm;         /* post_norms: [n_embd] */
     uint64_t bytes;   /* what a step streams of this layer (matrices as held, norms) */
 } layer_weights;
 
@@ -91,6 +96,7 @@ struct sd_model {
     float *output_norm;     /* [n_embd] */
     sd_mat output;          /* [n_vocab_l][n_embd] this rank's LM head rows; rows of tok_embd when tied */
     float *inv_freq;        /* [head_dim/2] rope frequencies, scaling applied */
+    float *inv_freq_swa;    /* [head_dim/2] the windowed layers' (rope_base_swa, no scaling); NULL without a window */
     layer_weights *layers;  /* [n_layers_used] */
     const sd_model *parent; /* non-NULL for a view: every weight above is borrowed from it */
     bool host_verify;       /* --host-verify: verification on the host even on a device */
@@ -121,5 +127,30 @@ void sd_model_capture_free(sd_model *m);
 
 /* Frees the activation buffers (they are grown again on the next forward). */
 void sd_model_free_activations(sd_model *m);
+
+/* y = w x for a matrix as the model holds it (model_forward.c). */
+sd_status sd_model_mat_mul(sd_model *m, const sd_mat *w, int32_t n_in, int32_t n_out, const float *x, int32_t n,
+                           float *y);
+/* Sums a partial residual update over the group, nothing without one (model_forward.c). */
+sd_status sd_model_tp_all_reduce(sd_model *m, float *buf, size_t n);
+
+/* Layer l of an architecture other than plain Llama on the plan's tokens,
+ * op by op (model_arch.c): the residual stream m->act.x in, updated in place. */
+sd_status sd_model_layer_arch(sd_model *m, sd_kv *kv, const sd_model_plan *b, int32_t l);
+/* Whether layer l needs the general path (an architecture's additions or
+ * a sliding window) rather than Llama's (model_arch.c). */
+bool sd_model_layer_is_arch(const sd_model *m, int32_t l);
+/* Refuses, naming it, an op the model's architecture needs that the backend lacks (model_arch.c). */
+sd_status sd_model_arch_check_ops(const sd_model *m);
+/* Loads and frees layer l's additional tensors (model_arch.c); load_norm
+ * reads a replicated 1-D tensor, load_part a slice [col0, col0 + n) of one. */
+typedef sd_status (*sd_model_vec_loader)(sd_model *m, const sd_weights *w, const char *name, int64_t n, int64_t col0,
+                                         int64_t n_cols, float **out);
+sd_status sd_model_load_arch_layer(sd_model *m, const sd_weights *w, int32_t l, sd_model_vec_loader load);
+/* Computes and uploads m->inv_freq (and m->inv_freq_swa for windowed layers
+ * with a base of their own); factors: rope_freqs.weight's divisors or NULL
+ * (model_rope.c). */
+sd_status sd_model_upload_freqs(sd_model *m, const float *factors);
+void sd_model_free_arch_layer(sd_model *m, layer_weights *L);
 
 #endif

@@ -1,4 +1,5 @@
-/* model_load.c — a Llama model: loading, tensor-parallel sharding, views,
+/* model_load.c — a model (Llama, and what model_arch.c adds for the other
+ * architectures): loading, tensor-parallel sharding, views,
  * and the KV pools sized for it (the forward pass is model_forward.c).
  *
  * Matrices stay as the file stores them (F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
@@ -88,34 +89,6 @@ bool sd_kv_type_parse(const char *name, sd_dtype *type) {
         return true;
     }
     return false;
-}
-
-/* rope inverse frequencies [head_dim/2] with linear / llama3 scaling and
- * optional per-frequency divisors (rope_freqs.weight), computed in double. */
-static void compute_inv_freq(const sd_model_config *c, const float *freq_factors, float *inv_freq) {
-    int32_t half = c->head_dim / 2;
-    for (int32_t i = 0; i < half; i++) {
-        double f = pow((double)c->rope_base, -2.0 * i / (double)c->head_dim);
-        if (c->rope_scaling_type == 1) {
-            f /= (double)c->rope_scale_factor;
-        } else if (c->rope_scaling_type == 2 && !freq_factors) {
-            /* Llama 3.1: long wavelengths slowed by factor, short kept,
-             * a smooth blend between */
-            const double pi = 3.14159265358979323846;
-            double wavelen = 2.0 * pi / f;
-            double lo_wavelen = (double)c->rope_orig_ctx / (double)c->rope_low_freq_factor;
-            double hi_wavelen = (double)c->rope_orig_ctx / (double)c->rope_high_freq_factor;
-            if (wavelen > lo_wavelen) {
-                f /= (double)c->rope_scale_factor;
-            } else if (wavelen >= hi_wavelen) {
-                double smooth = ((double)c->rope_orig_ctx / wavelen - (double)c->rope_low_freq_factor) /
-                                ((double)c->rope_high_freq_factor - (double)c->rope_low_freq_factor);
-                f = (1.0 - smooth) * f / (double)c->rope_scale_factor + smooth * f;
-            }
-        }
-        if (freq_factors) f /= (double)freq_factors[i];
-        inv_freq[i] = (float)f;
-    }
 }
 
 /* A rectangle of a 2-D weight [rows][cols]: what a tensor-parallel rank
@@ -376,6 +349,14 @@ static sd_status plan_shard(sd_model *m) {
     return SD_OK;
 }
 
+/* A 1-D tensor of n values, or its slice [col0, col0 + n_cols) (a TP
+ * rank's biases), as f32 (sd_model_vec_loader). */
+static sd_status load_vec(sd_model *m, const sd_weights *w, const char *name, int64_t n, int64_t col0, int64_t n_cols,
+                          float **out) {
+    slice r = {0, 1, col0, n_cols};
+    return load_slice(m, w, name, 0, n, r, false, out);
+}
+
 static sd_status load_weights(sd_model *m, const sd_weights *w) {
     const sd_model_config *c = &m->cfg;
     const sd_model_shard *sh = &m->shard;
@@ -441,10 +422,10 @@ static sd_status load_weights(sd_model *m, const sd_weights *w) {
             snprintf(name, sizeof name, "blk.%d.%s.weight", (int)l, parts[i].suffix);
             SD_TRY(load_matrix(m, w, name, parts[i].rows, parts[i].cols, parts[i].part, parts[i].dst));
         }
+        SD_TRY(sd_model_load_arch_layer(m, w, l, load_vec));
         L->bytes = m->weight_bytes - layer_start;
     }
     /* rope frequencies (small: computed on the host, then uploaded) */
-    float freq_host[SD_MODEL_MAX_HEAD_DIM / 2];
     float factors[SD_MODEL_MAX_HEAD_DIM / 2];
     sd_weights_tensor rf;
     bool has_rf = sd_weights_find(w, "rope_freqs.weight", &rf);
@@ -456,11 +437,7 @@ static sd_status load_weights(sd_model *m, const sd_weights *w) {
         }
         SD_TRY(sd_weights_read(w, "rope_freqs.weight", 0, 1, 0, c->head_dim / 2, factors));
     }
-    compute_inv_freq(c, has_rf ? factors : NULL, freq_host);
-    size_t bytes = (size_t)(c->head_dim / 2) * sizeof(float);
-    m->inv_freq = m->be.ops->buf_alloc(m->be.ctx, bytes);
-    if (!m->inv_freq) return SD_ERR_NOMEM;
-    return m->be.ops->buf_upload(m->be.ctx, m->inv_freq, freq_host, bytes);
+    return sd_model_upload_freqs(m, has_rf ? factors : NULL);
 }
 
 sd_status sd_model_load(const sd_gguf *g, const sd_model_params *p, sd_model **out) {
@@ -523,6 +500,7 @@ sd_status sd_model_load_weights(const sd_weights *w, const sd_model_params *p, s
     m->f32_matrices = params.backend.cpu_weights == SD_CPU_WEIGHTS_F32;
     m->copy_matrices = params.backend.cpu_weights == SD_CPU_WEIGHTS_COPY;
     m->host_verify = params.backend.host_verify;
+    if (s == SD_OK) s = sd_model_arch_check_ops(m);
     if (s == SD_OK) s = check_memory(m);
     if (s == SD_OK) s = load_weights(m, w);
     if (s == SD_OK && params.coll) s = sd_model_set_coll(m, params.coll);
@@ -530,9 +508,9 @@ sd_status sd_model_load_weights(const sd_weights *w, const sd_model_params *p, s
         sd_model_free(&m);
         return s;
     }
-    SD_INFO("model: llama, %d/%d layers, n_embd %d, n_ff %d, heads %d/%d, head_dim %d, vocab %d, %.1f MB of "
+    SD_INFO("model: %s, %d/%d layers, n_embd %d, n_ff %d, heads %d/%d, head_dim %d, vocab %d, %.1f MB of "
             "weights streamed per step (%s matrices), backend %s",
-            (int)m->n_layers_used, (int)m->cfg.n_layers, (int)m->cfg.n_embd, (int)m->cfg.n_ff, (int)m->cfg.n_heads,
+            m->cfg.arch, (int)m->n_layers_used, (int)m->cfg.n_layers, (int)m->cfg.n_embd, (int)m->cfg.n_ff, (int)m->cfg.n_heads,
             (int)m->cfg.n_kv_heads, (int)m->cfg.head_dim, (int)m->cfg.n_vocab, (double)m->weight_bytes / 1e6,
             m->layers[0].wq.type != SD_DTYPE_F32 ? sd_dtype_name(m->layers[0].wq.type)
             : m->be.ops->weight_elem_bytes == 2  ? "BF16"
@@ -572,12 +550,14 @@ void sd_model_free(sd_model **pm) {
             free_matrix(m, &m->tok_embd);
         if (m->output_norm) ops->buf_free(m->be.ctx, m->output_norm);
         if (m->inv_freq) ops->buf_free(m->be.ctx, m->inv_freq);
+        if (m->inv_freq_swa) ops->buf_free(m->be.ctx, m->inv_freq_swa);
         for (int32_t l = 0; m->layers && l < m->n_layers_used; l++) {
             layer_weights *L = &m->layers[l];
             free_tensor(m, L->attn_norm, false);
             free_tensor(m, L->ffn_norm, false);
             sd_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
             for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) free_matrix(m, mats[i]);
+            sd_model_free_arch_layer(m, L);
         }
         ops->destroy(&m->be.ctx);
     }
@@ -628,6 +608,7 @@ sd_status sd_model_view_layers(const sd_model *m, int32_t n_layers, sd_model **o
     v->output_norm = m->output_norm;
     v->output = m->output;
     v->inv_freq = m->inv_freq;
+    v->inv_freq_swa = m->inv_freq_swa;
     v->layers = m->layers;
     v->shard = m->shard;
     v->output_borrowed = true;

@@ -5,3 +5,9 @@ specd_unit_test(test_model test_model.c)
 # shared between two processes (the demo model; skipped without it).
 specd_unit_test(test_model_map test_model_map.c)
 set_tests_properties(test_model_map PROPERTIES LABELS "unit;model")
+# The architectures beyond Llama (engine/model_arch.c) on random models from
+# specd-mkmodel: batch invariance, rollback across the sliding window,
+# greedy speculative == plain, refusals that name what is missing.
+specd_unit_test(test_model_arch test_model_arch.c)
+target_compile_definitions(test_model_arch PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
+add_dependencies(test_model_arch specd-mkmodel)

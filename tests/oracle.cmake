@@ -7,6 +7,12 @@ if(EXISTS ${CMAKE_SOURCE_DIR}/engine/model_forward.c)
   target_compile_definitions(specd_logits PRIVATE _GNU_SOURCE)
   specd_py_test(forward_oracle_random ref/test_forward_oracle.py ARGS --random LABELS oracle)
   specd_py_test(forward_oracle_smollm2 ref/test_forward_oracle.py ARGS --smollm2 LABELS "oracle;model")
+  # qwen2, qwen3, gemma3 and mistral random models (biases, q/k norms,
+  # post-norms, GeGLU, NeoX RoPE, sliding windows) against the same oracle
+  specd_py_test(arch_oracle ref/test_arch_oracle.py LABELS oracle)
+  # the real Gemma 3 270M (SPECD_GEMMA_MODEL or tools/fetch-model gemma3;
+  # skipped without it) on token ids against the same oracle
+  specd_py_test(gemma_oracle ref/test_gemma_oracle.py LABELS "oracle;model;slow")
 endif()
 # llama.cpp as an independent oracle (llama-cpp-python; scripts/setup --llama
 # builds it from source once): tokenization, teacher-forced argmax and logits,

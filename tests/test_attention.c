@@ -17,6 +17,9 @@
  *     score error bound (8-lane dot); 2 * D is the weights' relative error
  *     from the scores, 1.25 n + 64 units cover the exp (2 ulp), the lane
  *     sums, the fused accumulation over n positions and the division;
+ *   - the same with a sliding window (1, 8, 37, 300 positions): against the
+ *     double attention over the window alone, paths, threads and batch
+ *     invariance bit for bit;
  *   - the exp against exp in double on [-87, 0]: within 2 ulp (relative
  *     2 * 2^-23), exactly 1 at 0, 0 below -87 and for NaN;
  *   - refusals: heads not a multiple of KV heads, a negative position. */
@@ -144,8 +147,17 @@ static void scene_free(scene *c) {
     free(c->q);
 }
 
+/* The sliding window of the calls (0: none; test_window sets it). */
+static int g_window;
+
 /* tokens [t0, t0 + n) of the scene on a path, into out (rows of those tokens). */
 static sd_status run_call(sd_backend *be, sd_cpu_attn_path path, const scene *c, int t0, int n, float *out) {
+    if (g_window)
+        return sd_cpu_attention_window_path(
+            be, path, c->q + (size_t)t0 * (size_t)c->s.heads * (size_t)c->s.head_dim,
+            c->f16 ? (const void *)c->k16 : (const void *)c->k, c->f16 ? (const void *)c->v16 : (const void *)c->v,
+            c->f16, n, c->s.heads, c->s.kv_heads, c->s.head_dim, c->s.block_size, c->pos + t0, c->bt, c->bt_off + t0,
+            g_window, c->scale, out);
     return sd_cpu_attention_path(be, path, c->q + (size_t)t0 * (size_t)c->s.heads * (size_t)c->s.head_dim,
                                  c->f16 ? (const void *)c->k16 : (const void *)c->k,
                                  c->f16 ? (const void *)c->v16 : (const void *)c->v, c->f16, n, c->s.heads,
@@ -180,10 +192,12 @@ static void check_against_double(const scene *c, const float *out) {
         for (size_t h = 0; h < (size_t)s.heads; h++) {
             const float *q = c->q + ((size_t)t * (size_t)s.heads + h) * hd;
             size_t n = (size_t)c->pos[t] + 1, kvh = h / group;
+            size_t lo = g_window && n > (size_t)g_window ? n - (size_t)g_window : 0; /* the window's first */
             const int32_t *bt = c->bt + c->bt_off[t];
             assert_true(n <= 700);
             double max = -INFINITY, dmax = 0.0;
-            for (size_t j = 0; j < n; j++) {
+            for (size_t j = 0; j < lo; j++) sc[j] = -INFINITY;
+            for (size_t j = lo; j < n; j++) {
                 size_t slot = (size_t)bt[j / (size_t)s.block_size] * (size_t)s.block_size + j % (size_t)s.block_size;
                 const float *k = c->k + slot * c->row + kvh * hd;
                 double dot = 0.0, abs_dot = 0.0;
@@ -198,7 +212,7 @@ static void check_against_double(const scene *c, const float *out) {
             }
             double sum = 0.0;
             for (size_t j = 0; j < n; j++) {
-                sc[j] = exp(sc[j] - max);
+                sc[j] = j < lo ? 0.0 : exp(sc[j] - max);
                 sum += sc[j];
             }
             for (size_t d = 0; d < hd; d++) {
@@ -282,6 +296,19 @@ static void test_shapes(void **state) {
     }
 }
 
+/* A sliding window (attention_window): the positions before it weigh
+ * exactly 0, so the same checks hold against the double attention over the
+ * window alone (windows of 1, of a block's width, and wider than most). */
+static void test_window(void **state) {
+    const int windows[] = {1, 8, 37, 300};
+    for (size_t w = 0; w < sizeof windows / sizeof windows[0]; w++) {
+        g_window = windows[w];
+        check_scene(*state, shapes[w % 4 + 1], false);
+        check_scene(*state, shapes[(w + 2) % 8], true);
+    }
+    g_window = 0;
+}
+
 /* Short sequences only: runs that end inside the first 8-position block. */
 static void test_short(void **state) {
     fixture *f = *state;
@@ -355,6 +382,7 @@ int main(void) {
         cmocka_unit_test(test_exp),
         cmocka_unit_test_setup_teardown(test_shapes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_short, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_window, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -197,6 +197,12 @@ static void test_rope(void) {
             char what[64];
             snprintf(what, sizeof what, "rope %d heads x head_dim %d", (int)H, (int)D);
             compare(what, got, x, NULL, total, 1e-6, 1e-6);
+            free(got);
+            cpu.ops->rope_neox(cpu.ctx, x, n, H, D, pos, inv); /* on the rotated rows: both sides alike */
+            CHECK(gpu.ops->rope_neox(gpu.ctx, dx, n, H, D, pos, dinv) == SD_OK);
+            got = dev_download(dx, total);
+            snprintf(what, sizeof what, "rope_neox %d heads x head_dim %d", (int)H, (int)D);
+            compare(what, got, x, NULL, total, 1e-6, 1e-6);
             gpu.ops->buf_free(gpu.ctx, dx), gpu.ops->buf_free(gpu.ctx, dinv);
             free(x), free(inv), free(got);
         }
@@ -220,6 +226,30 @@ static void test_elementwise(void) {
         got = dev_download(da, n);
         snprintf(what, sizeof what, "add (in place) n %zu", n);
         compare(what, got, want, NULL, n, 0.0, 0.0);
+        free(got);
+        cpu.ops->geglu(cpu.ctx, a, b, n, want);
+        gpu.ops->buf_upload(gpu.ctx, da, a, n * sizeof(float));
+        CHECK(gpu.ops->geglu(gpu.ctx, da, db, n, dout) == SD_OK);
+        got = dev_download(dout, n);
+        snprintf(what, sizeof what, "geglu n %zu", n);
+        compare(what, got, want, NULL, n, 1e-7, 4e-7);
+        free(got);
+        cpu.ops->scale(cpu.ctx, a, n, 25.298221f, want);
+        CHECK(gpu.ops->scale(gpu.ctx, da, n, 25.298221f, dout) == SD_OK);
+        got = dev_download(dout, n);
+        snprintf(what, sizeof what, "scale n %zu", n);
+        compare(what, got, want, NULL, n, 0.0, 0.0);
+        if (n % 7 == 0 || n == 4096) { /* add_rows: rows of 7 (or 64) plus a bias */
+            int32_t dim = n % 7 == 0 ? 7 : 64, rows = (int32_t)(n / (size_t)dim);
+            float *db2 = dev_upload(b, (size_t)dim);
+            free(got);
+            cpu.ops->add_rows(cpu.ctx, a, b, rows, dim, want);
+            CHECK(gpu.ops->add_rows(gpu.ctx, da, db2, rows, dim, dout) == SD_OK);
+            got = dev_download(dout, n);
+            snprintf(what, sizeof what, "add_rows %d x %d", (int)rows, (int)dim);
+            compare(what, got, want, NULL, n, 0.0, 0.0);
+            gpu.ops->buf_free(gpu.ctx, db2);
+        }
         gpu.ops->buf_free(gpu.ctx, da), gpu.ops->buf_free(gpu.ctx, db), gpu.ops->buf_free(gpu.ctx, dout);
         free(a), free(b), free(want), free(got);
     }
@@ -451,6 +481,19 @@ static void run_kv_case(const kv_case *c, bool announce) {
              (int)(c->ctx[0] + c->n_new[0]), announce ? " announced" : "");
     /* outputs are convex combinations of v in [-1, 1]: absolute tolerance */
     compare(what, got, want, NULL, (size_t)n * c->H * c->D, 2e-6, 2e-5);
+    /* the sliding window (a window of 1, of 4, and one wider than any context) */
+    const int32_t windows[] = {1, 4, 100000};
+    for (size_t wi = 0; wi < sizeof windows / sizeof windows[0]; wi++) {
+        cpu.ops->attention_window(cpu.ctx, q, k_pool, v_pool, n, c->H, c->KV, c->D, c->bs, pos, bt, bt_off,
+                                  windows[wi], scale, want);
+        CHECK(gpu.ops->attention_window(gpu.ctx, dq, dk, dv, n, c->H, c->KV, c->D, c->bs, pos, bt, bt_off, windows[wi],
+                                        scale, dout) == SD_OK);
+        float *got_w = dev_download(dout, (size_t)n * c->H * c->D);
+        snprintf(what, sizeof what, "attention_window %d H%d/KV%d D%d bs%d%s", (int)windows[wi], (int)c->H,
+                 (int)c->KV, (int)c->D, (int)c->bs, announce ? " announced" : "");
+        compare(what, got_w, want, NULL, (size_t)n * c->H * c->D, 2e-6, 2e-5);
+        free(got_w);
+    }
 
     /* rope_kv: rope of q and k, then both cache writes, against the CPU's
      * four ops (the pools as they were after the writes above) */

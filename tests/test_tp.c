@@ -23,6 +23,8 @@
  *     table, token out of the vocabulary: SD_ERR_RANGE, nothing run);
  *   - resident weights per rank: 1/tp of the layers plus the replicated
  *     parts, to the byte;
+ *   - Gemma 3 and Qwen2 models (q/k norms, post-norms, windowed layers,
+ *     biases split with their heads) at TP 2 and 4 match TP = 1 as well;
  *   - clear refusals: a TP size that does not divide the heads, the KV
  *     heads (nor is a multiple of them) or the MLP, or that cuts quantized
  *     blocks.
@@ -66,6 +68,8 @@ static struct {
     char m_odd[128]; /* dim 96, 6 heads, 2 KV heads, ff 192 (refusals) */
     char m_ff[128];  /* dim 64, 4 heads, ff 130 (refusals) */
     char m_q8s[128]; /* dim 64, 4 heads, q8_0: 16 columns per rank at tp 4 (refusal) */
+    char m_gemma[128]; /* gemma3: dim 64, 4 heads of 32, 2 KV heads, 7 layers, window 4 */
+    char m_qwen2[128]; /* qwen2: dim 64, 4 heads, 2 KV heads, Q/K/V biases */
     bool ok;
 } env;
 
@@ -78,22 +82,27 @@ static int setup_models(void **state) {
     snprintf(env.m_odd, sizeof env.m_odd, "%s/odd.gguf", env.dir);
     snprintf(env.m_ff, sizeof env.m_ff, "%s/ff.gguf", env.dir);
     snprintf(env.m_q8s, sizeof env.m_q8s, "%s/q8s.gguf", env.dir);
-    char cmd[2048];
+    snprintf(env.m_gemma, sizeof env.m_gemma, "%s/gemma.gguf", env.dir);
+    snprintf(env.m_qwen2, sizeof env.m_qwen2, "%s/qwen2.gguf", env.dir);
+    char cmd[2560];
     snprintf(cmd, sizeof cmd,
              "'%1$s' -o '%2$s' --dim 64 --layers 2 --heads 4 --kv-heads 2 --ff 128 --vocab 512 --seed 5 && "
              "'%1$s' -o '%3$s' --dim 128 --layers 2 --heads 8 --kv-heads 8 --ff 256 --vocab 510 --tied "
              "--dtype q8_0 --seed 6 && "
              "'%1$s' -o '%4$s' --dim 96 --layers 1 --heads 6 --kv-heads 2 --ff 192 --vocab 300 && "
              "'%1$s' -o '%5$s' --dim 64 --layers 1 --heads 4 --kv-heads 4 --ff 130 --vocab 300 && "
-             "'%1$s' -o '%6$s' --dim 64 --layers 1 --heads 4 --kv-heads 4 --ff 128 --vocab 300 --dtype q8_0",
-             SPECD_MKMODEL, env.m_gqa, env.m_q8, env.m_odd, env.m_ff, env.m_q8s);
+             "'%1$s' -o '%6$s' --dim 64 --layers 1 --heads 4 --kv-heads 4 --ff 128 --vocab 300 --dtype q8_0 && "
+             "'%1$s' -o '%7$s' --arch gemma3 --dim 64 --layers 7 --heads 4 --kv-heads 2 --head-dim 32 --ff 128 "
+             "--window 4 --vocab 512 --tied --seed 8 && "
+             "'%1$s' -o '%8$s' --arch qwen2 --dim 64 --layers 2 --heads 4 --kv-heads 2 --ff 128 --vocab 512 --seed 9",
+             SPECD_MKMODEL, env.m_gqa, env.m_q8, env.m_odd, env.m_ff, env.m_q8s, env.m_gemma, env.m_qwen2);
     env.ok = system(cmd) == 0;
     return 0;
 }
 
 static int teardown_models(void **state) {
     (void)state;
-    const char *files[] = {env.m_gqa, env.m_q8, env.m_odd, env.m_ff, env.m_q8s};
+    const char *files[] = {env.m_gqa, env.m_q8, env.m_odd, env.m_ff, env.m_q8s, env.m_gemma, env.m_qwen2};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) unlink(files[i]);
     rmdir(env.dir);
     return 0;
@@ -529,6 +538,18 @@ static void test_tp4_matches_tp1(void **state) {
     check_matches(env.m_q8, 2, SD_TP_LM_HEAD_SPLIT, "tp 2, q8_0, tied head split", true, false);
 }
 
+/* The other architectures (engine/model_arch.c): Gemma 3 (q/k norms
+ * replicated, post-norms after the all-reduce, windowed layers) and Qwen2
+ * (biases split with their heads) at TP 2 and 4 match TP 1. */
+static void test_tp_arch_matches_tp1(void **state) {
+    (void)state;
+    SKIP_WITHOUT_MODELS();
+    check_matches(env.m_gemma, 2, SD_TP_LM_HEAD_SPLIT, "gemma3 tp 2, head split", false, false);
+    check_matches(env.m_gemma, 4, SD_TP_LM_HEAD_SPLIT, "gemma3 tp 4 (KV replicated)", false, false);
+    check_matches(env.m_qwen2, 2, SD_TP_LM_HEAD_SPLIT, "qwen2 tp 2, biases split", false, false);
+    check_matches(env.m_qwen2, 4, SD_TP_LM_HEAD_LEADER, "qwen2 tp 4, head on the leader", false, false);
+}
+
 /* Under TP a row's logits do not depend on the batch: each sequence alone,
  * token by token, equals all of them interleaved in two chunks. */
 static void test_tp_batch_invariant(void **state) {
@@ -753,6 +774,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_tp2_matches_tp1),    cmocka_unit_test(test_tp4_matches_tp1),
         cmocka_unit_test(test_tp_batch_invariant), cmocka_unit_test(test_tp_prefix_cache),
         cmocka_unit_test(test_tp_resident_bytes),  cmocka_unit_test(test_tp_refusals),
+        cmocka_unit_test(test_tp_arch_matches_tp1),
     };
     return cmocka_run_group_tests(tests, setup_models, teardown_models);
 }

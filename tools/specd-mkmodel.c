@@ -1,7 +1,11 @@
-/* specd-mkmodel — write a small random Llama model as GGUF, for tests.
+/* specd-mkmodel — write a small random model as GGUF, for tests.
  *
- * The model has llama.cpp's tensor names and llama.* metadata, so anything
- * that loads SmolLM2 loads it. Weights come from a seeded PRNG (splitmix64,
+ * The model has llama.cpp's tensor names and <arch>.* metadata (--arch
+ * llama, qwen2, qwen3, gemma3, or mistral: llama with a sliding window), so
+ * anything that loads SmolLM2 (or llama.cpp) loads it; --shape NAME takes a
+ * real model's shape (qwen2.5-0.5b, qwen3-0.6b, gemma3-270m, gemma3-1b,
+ * mistral-7b). What an architecture adds is drawn like the rest: Qwen2's
+ * Q/K/V biases N(0, 0.1^2), the q/k and post norms like the other norms. Weights come from a seeded PRNG (splitmix64,
  * one independent stream per tensor, Box-Muller normals) scaled so that a
  * forward pass is well-conditioned: matrices have std 1/sqrt(fan_in), the
  * embedding 1/sqrt(dim) (small, so a tied LM head does not simply echo the
@@ -37,6 +41,9 @@
 
 typedef struct mk_params {
     const char *out;
+    const char *arch; /* GGUF general.architecture: llama, qwen2, qwen3, gemma3 */
+    bool mistral;     /* --arch mistral: llama with a sliding window on every layer */
+    uint32_t head_dim, window; /* 0: dim / heads; 0: no sliding window */
     uint32_t dim, layers, heads, kv_heads, ff, vocab, ctx;
     float rope_base;
     sd_dtype dtype, norm_dtype;
@@ -51,7 +58,9 @@ typedef struct mk_params {
 } mk_params;
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: specd-mkmodel -o OUT.gguf [--dim 64] [--layers 2] [--heads 4] [--kv-heads 2] [--ff 128]\n"
+    fprintf(f, "usage: specd-mkmodel -o OUT.gguf [--arch llama|qwen2|qwen3|gemma3|mistral] [--shape NAME]\n"
+               "                     [--head-dim N] [--window N]\n"
+               "                     [--dim 64] [--layers 2] [--heads 4] [--kv-heads 2] [--ff 128]\n"
                "                     [--vocab 512 | --tokenizer-from MODEL.gguf] [--ctx 2048] [--rope-base 10000]\n"
                "                     [--dtype f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k] [--norm-dtype f32] "
                "[--tied] "
@@ -131,7 +140,11 @@ enum {
     O_REQUANT,
     O_FORMAT,
     O_SHARDS,
-    O_CONVERT
+    O_CONVERT,
+    O_ARCH,
+    O_SHAPE,
+    O_HEAD_DIM,
+    O_WINDOW
 };
 static const struct option mk_longs[] = {{"dim", required_argument, 0, O_DIM},
                                          {"layers", required_argument, 0, O_LAYERS},
@@ -150,8 +163,57 @@ static const struct option mk_longs[] = {{"dim", required_argument, 0, O_DIM},
                                          {"format", required_argument, 0, O_FORMAT},
                                          {"shards", required_argument, 0, O_SHARDS},
                                          {"convert", required_argument, 0, O_CONVERT},
+                                         {"arch", required_argument, 0, O_ARCH},
+                                         {"shape", required_argument, 0, O_SHAPE},
+                                         {"head-dim", required_argument, 0, O_HEAD_DIM},
+                                         {"window", required_argument, 0, O_WINDOW},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
+
+/* --arch: the GGUF architecture (mistral is llama with a window, 4096
+ * unless --window says otherwise; gemma3 always has one, 512 by default). */
+static bool set_arch(const char *name, mk_params *p) {
+    static const char *const archs[] = {"llama", "qwen2", "qwen3", "gemma3"};
+    p->mistral = strcmp(name, "mistral") == 0;
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+        if (strcmp(name, archs[i]) == 0 || (p->mistral && i == 0)) {
+            p->arch = archs[i];
+            if (p->mistral && !p->window) p->window = 4096;
+            if (i == 3 && !p->window) p->window = 512;
+            return true;
+        }
+    fprintf(stderr, "specd-mkmodel: unknown --arch '%s' (llama, qwen2, qwen3, gemma3, mistral)\n", name);
+    return false;
+}
+
+/* --shape: a real model's hyper-parameters (random weights). */
+static bool set_shape(const char *name, mk_params *p, bool *vocab_set) {
+    static const struct {
+        const char *name, *arch;
+        uint32_t dim, layers, heads, kv, head_dim, ff, vocab, window;
+        float rope;
+        bool tied;
+    } shapes[] = {
+        {"qwen2.5-0.5b", "qwen2", 896, 24, 14, 2, 64, 4864, 151936, 0, 1e6f, true},
+        {"qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 151936, 0, 1e6f, true},
+        {"gemma3-270m", "gemma3", 640, 18, 4, 1, 256, 2048, 262144, 512, 1e6f, true},
+        {"gemma3-1b", "gemma3", 1152, 26, 4, 1, 256, 6912, 262144, 512, 1e6f, true},
+        {"mistral-7b", "mistral", 4096, 32, 32, 8, 128, 14336, 32000, 4096, 1e4f, false},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        if (strcmp(name, shapes[i].name) != 0) continue;
+        p->window = shapes[i].window;
+        set_arch(shapes[i].arch, p);
+        p->dim = shapes[i].dim, p->layers = shapes[i].layers, p->heads = shapes[i].heads;
+        p->kv_heads = shapes[i].kv, p->head_dim = shapes[i].head_dim, p->ff = shapes[i].ff;
+        p->vocab = shapes[i].vocab, p->rope_base = shapes[i].rope, p->tied = shapes[i].tied;
+        *vocab_set = true;
+        return true;
+    }
+    fprintf(stderr, "specd-mkmodel: unknown --shape '%s' (qwen2.5-0.5b, qwen3-0.6b, gemma3-270m, gemma3-1b, "
+                    "mistral-7b)\n", name);
+    return false;
+}
 
 /* Applies one option (arg: its value); *vocab_set notes --vocab. False,
  * said on stderr, for a bad value or an unknown option. */
@@ -194,6 +256,10 @@ static bool apply_option(int c, const char *arg, mk_params *p, bool *vocab_set) 
         break;
     case O_SHARDS: ok = parse_u32(arg, "--shards", 1, 99999, &p->shards); break;
     case O_CONVERT: p->convert = arg; break;
+    case O_ARCH: ok = set_arch(arg, p); break;
+    case O_SHAPE: ok = set_shape(arg, p, vocab_set); break;
+    case O_HEAD_DIM: ok = parse_u32(arg, "--head-dim", 2, 1024, &p->head_dim); break;
+    case O_WINDOW: ok = parse_u32(arg, "--window", 1, 1u << 24, &p->window); break;
     case O_TIED: p->tied = true; break;
     case O_SEED: {
         char *end;
@@ -219,6 +285,10 @@ static int check_format(const mk_params *p) {
         fprintf(stderr, "specd-mkmodel: --shards and --convert need --format hf\n");
         return -1;
     }
+    if (p->hf && strcmp(p->arch, "llama") != 0) {
+        fprintf(stderr, "specd-mkmodel: --format hf writes llama models only (not %s)\n", p->arch);
+        return -1;
+    }
     if (p->hf && p->requant_from) {
         fprintf(stderr, "specd-mkmodel: --requant writes GGUF only\n");
         return -1;
@@ -242,16 +312,22 @@ static int check_shape(const mk_params *p, bool vocab_set) {
         fprintf(stderr, "specd-mkmodel: --vocab and --tokenizer-from exclude each other\n");
         return -1;
     }
-    if (p->dim % p->heads != 0) {
-        fprintf(stderr, "specd-mkmodel: --dim %u is not a multiple of --heads %u\n", p->dim, p->heads);
+    if (!p->head_dim && p->dim % p->heads != 0) {
+        fprintf(stderr, "specd-mkmodel: --dim %u is not a multiple of --heads %u (or give --head-dim)\n", p->dim,
+                p->heads);
         return -1;
     }
     if (p->kv_heads > p->heads || p->heads % p->kv_heads != 0) {
         fprintf(stderr, "specd-mkmodel: --heads %u is not a multiple of --kv-heads %u\n", p->heads, p->kv_heads);
         return -1;
     }
-    if ((p->dim / p->heads) % 2 != 0) {
-        fprintf(stderr, "specd-mkmodel: head dimension %u must be even (RoPE rotates pairs)\n", p->dim / p->heads);
+    uint32_t hd = p->head_dim ? p->head_dim : p->dim / p->heads;
+    if (hd % 2 != 0) {
+        fprintf(stderr, "specd-mkmodel: head dimension %u must be even (RoPE rotates pairs)\n", hd);
+        return -1;
+    }
+    if (p->window && strcmp(p->arch, "gemma3") != 0 && !p->mistral) {
+        fprintf(stderr, "specd-mkmodel: --window is for --arch gemma3 or mistral\n");
         return -1;
     }
     size_t be;
@@ -272,7 +348,8 @@ static int check_shape(const mk_params *p, bool vocab_set) {
 
 /* Returns 0 to go on, 1 for --help, -1 on a bad argument. */
 static int parse_args(int argc, char **argv, mk_params *p) {
-    *p = (mk_params){.dim = 64,
+    *p = (mk_params){.arch = "llama",
+                     .dim = 64,
                      .layers = 2,
                      .heads = 4,
                      .kv_heads = 2,
@@ -443,8 +520,40 @@ static sd_status add_random(sd_gguf_writer *w, const mk_params *p, uint32_t inde
     return s;
 }
 
+/* The 1-D tensors an architecture adds to layer l, drawn after the layer's
+ * others (so a llama model's numbers do not move). */
+static sd_status write_arch_tensors(sd_gguf_writer *w, const mk_params *p, uint32_t l, uint32_t *index) {
+    const uint64_t hd = p->head_dim ? p->head_dim : p->dim / p->heads;
+    const uint64_t q_dim = p->heads * hd, kv_dim = p->kv_heads * hd, dim = p->dim;
+    const bool qwen2 = strcmp(p->arch, "qwen2") == 0, gemma = strcmp(p->arch, "gemma3") == 0;
+    const bool qk_norm = gemma || strcmp(p->arch, "qwen3") == 0;
+    const struct {
+        bool on;
+        const char *suffix;
+        uint64_t n;
+        float mean, std;
+    } extra[] = {
+        {qwen2, "attn_q.bias", q_dim, 0.0f, 0.1f},
+        {qwen2, "attn_k.bias", kv_dim, 0.0f, 0.1f},
+        {qwen2, "attn_v.bias", kv_dim, 0.0f, 0.1f},
+        {qk_norm, "attn_q_norm.weight", hd, 1.0f, 0.1f},
+        {qk_norm, "attn_k_norm.weight", hd, 1.0f, 0.1f},
+        {gemma, "post_attention_norm.weight", dim, 1.0f, 0.1f},
+        {gemma, "post_ffw_norm.weight", dim, 1.0f, 0.1f},
+    };
+    char name[96];
+    for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
+        if (!extra[i].on) continue;
+        snprintf(name, sizeof name, "blk.%u.%s", l, extra[i].suffix);
+        SD_TRY(add_random(w, p, (*index)++, name, SD_DTYPE_F32, 1, (uint64_t[]){extra[i].n}, extra[i].mean,
+                          extra[i].std));
+    }
+    return SD_OK;
+}
+
 static sd_status write_weights(sd_gguf_writer *w, const mk_params *p) {
-    const uint64_t dim = p->dim, hd = p->dim / p->heads, q_dim = p->heads * hd, kv_dim = p->kv_heads * hd;
+    const uint64_t hd = p->head_dim ? p->head_dim : p->dim / p->heads;
+    const uint64_t dim = p->dim, q_dim = p->heads * hd, kv_dim = p->kv_heads * hd;
     const uint64_t ff = p->ff, vocab = p->vocab;
     const float inv_sqrt_dim = 1.0f / sqrtf((float)dim);
     uint32_t index = 0;
@@ -473,6 +582,7 @@ static sd_status write_weights(sd_gguf_writer *w, const mk_params *p) {
                           1.0f / sqrtf((float)ff)));
 #undef BLK
     }
+    for (uint32_t l = 0; l < p->layers; l++) SD_TRY(write_arch_tensors(w, p, l, &index));
     return SD_OK;
 }
 
@@ -494,20 +604,30 @@ static uint32_t file_type(sd_dtype t) { /* llama.cpp's general.file_type (LLAMA_
 }
 
 static sd_status write_metadata(sd_gguf_writer *w, const mk_params *p) {
-    SD_TRY(sd_gguf_writer_set_str(w, "general.architecture", "llama"));
-    SD_TRY(sd_gguf_writer_set_str(w, "general.name", "specd-mkmodel random llama"));
+    const uint32_t hd = p->head_dim ? p->head_dim : p->dim / p->heads;
+    char key[96], name[64];
+#define K(suffix) (snprintf(key, sizeof key, "%s.%s", p->arch, suffix), key)
+    snprintf(name, sizeof name, "specd-mkmodel random %s", p->mistral ? "mistral" : p->arch);
+    SD_TRY(sd_gguf_writer_set_str(w, "general.architecture", p->arch));
+    SD_TRY(sd_gguf_writer_set_str(w, "general.name", name));
     SD_TRY(sd_gguf_writer_set_u32(w, "general.file_type", file_type(p->dtype)));
     SD_TRY(sd_gguf_writer_set_u32(w, "general.quantization_version", 2));
-    SD_TRY(sd_gguf_writer_set_u32(w, "llama.context_length", p->ctx));
-    SD_TRY(sd_gguf_writer_set_u32(w, "llama.embedding_length", p->dim));
-    SD_TRY(sd_gguf_writer_set_u32(w, "llama.block_count", p->layers));
-    SD_TRY(sd_gguf_writer_set_u32(w, "llama.feed_forward_length", p->ff));
-    SD_TRY(sd_gguf_writer_set_u32(w, "llama.attention.head_count", p->heads));
-    SD_TRY(sd_gguf_writer_set_u32(w, "llama.attention.head_count_kv", p->kv_heads));
-    SD_TRY(sd_gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f));
-    SD_TRY(sd_gguf_writer_set_f32(w, "llama.rope.freq_base", p->rope_base));
-    SD_TRY(sd_gguf_writer_set_u32(w, "llama.rope.dimension_count", p->dim / p->heads));
-    SD_TRY(sd_gguf_writer_set_u32(w, "llama.vocab_size", p->vocab));
+    SD_TRY(sd_gguf_writer_set_u32(w, K("context_length"), p->ctx));
+    SD_TRY(sd_gguf_writer_set_u32(w, K("embedding_length"), p->dim));
+    SD_TRY(sd_gguf_writer_set_u32(w, K("block_count"), p->layers));
+    SD_TRY(sd_gguf_writer_set_u32(w, K("feed_forward_length"), p->ff));
+    SD_TRY(sd_gguf_writer_set_u32(w, K("attention.head_count"), p->heads));
+    SD_TRY(sd_gguf_writer_set_u32(w, K("attention.head_count_kv"), p->kv_heads));
+    SD_TRY(sd_gguf_writer_set_f32(w, K("attention.layer_norm_rms_epsilon"), 1e-5f));
+    SD_TRY(sd_gguf_writer_set_f32(w, K("rope.freq_base"), p->rope_base));
+    SD_TRY(sd_gguf_writer_set_u32(w, K("rope.dimension_count"), hd));
+    if (p->head_dim) {
+        SD_TRY(sd_gguf_writer_set_u32(w, K("attention.key_length"), hd));
+        SD_TRY(sd_gguf_writer_set_u32(w, K("attention.value_length"), hd));
+    }
+    if (p->window) SD_TRY(sd_gguf_writer_set_u32(w, K("attention.sliding_window"), p->window));
+    SD_TRY(sd_gguf_writer_set_u32(w, K("vocab_size"), p->vocab));
+#undef K
     return SD_OK;
 }
 
@@ -581,7 +701,15 @@ static sd_status write_hf(const sd_gguf_writer *w, const mk_params *p) {
             fprintf(stderr, "specd-mkmodel: %s: %s\n", p->convert, err);
             return s;
         }
-        s = mk_write_hf(g, &hp);
+        sd_gguf_str arch = {0};
+        if (sd_gguf_get_str(g, "general.architecture", &arch) != SD_OK || arch.len != 5 ||
+            memcmp(arch.ptr, "llama", 5) != 0) {
+            fprintf(stderr, "specd-mkmodel: --convert takes llama models only (%s is '%.*s')\n", p->convert,
+                    (int)(arch.len > 32 ? 32 : arch.len), arch.ptr ? arch.ptr : "");
+            s = SD_ERR_UNSUPPORTED;
+        } else {
+            s = mk_write_hf(g, &hp);
+        }
         sd_gguf_close(&g);
         return s;
     }

@@ -154,6 +154,7 @@ typedef struct attn_args {
     size_t n_runs, n_heads, n_kv_heads, head_dim, block_size;
     size_t n_sub; /* items per (run, KV head): its query heads cut into n_sub parts */
     size_t n_pad; /* the longest token's position count, rounded up to 8 */
+    size_t window; /* 0: none; else a token sees its last `window` positions only */
     float scale;
 } attn_args;
 
@@ -398,10 +399,17 @@ static void attn_item(void *p, int64_t item, int32_t ith) {
         o[i] = a->out + (t * a->n_heads + h) * hd;
     }
 
+    /* a sliding window: positions before lo[i] score -inf (weigh exactly 0:
+     * the sums and the V pass then add zeros, so a kept position's
+     * arithmetic is attention's) */
+    size_t lo[ROWS_MAX];
+    for (size_t i = 0; i < n_rows; i++) lo[i] = a->window && n_pos[i] > a->window ? n_pos[i] - a->window : 0;
+
     /* scores: each block of 8 K rows once for all the item's (token, head) rows */
     for (size_t b = 0; b < n_blocks8; b++)
         for (size_t i = 0; i < n_rows; i++) {
             if (8 * b >= n_pos[i]) continue;
+            if (8 * b + 8 <= lo[i]) continue; /* wholly outside the window: set below */
 #if SD_CPU_AVX2
             if (a->path == SD_CPU_ATTN_AVX2) {
                 scores8_avx2(q[i], kp + 8 * b, hd, a->scale, e[i] + 8 * b);
@@ -410,6 +418,9 @@ static void attn_item(void *p, int64_t item, int32_t ith) {
 #endif
             scores8_c(q[i], kp + 8 * b, hd, a->scale, e[i] + 8 * b);
         }
+
+    for (size_t i = 0; i < n_rows; i++)
+        for (size_t jj = 0; jj < lo[i]; jj++) e[i][jj] = -INFINITY;
 
     /* softmax weights and sums, then the outputs, GROUP rows per pass over V */
     for (size_t i = 0; i < n_rows; i++) sum[i] = softmax_weights(a->path, e[i], n_pos[i]);
@@ -431,8 +442,18 @@ sd_status sd_cpu_attention_path(sd_backend *be, sd_cpu_attn_path path, const flo
                                 const void *v_pool, bool f16, int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads,
                                 int32_t head_dim, int32_t block_size, const int32_t *pos, const int32_t *bt,
                                 const int32_t *bt_off, float scale, float *out) {
+    return sd_cpu_attention_window_path(be, path, q, k_pool, v_pool, f16, n_tokens, n_heads, n_kv_heads, head_dim,
+                                        block_size, pos, bt, bt_off, 0, scale, out);
+}
+
+sd_status sd_cpu_attention_window_path(sd_backend *be, sd_cpu_attn_path path, const float *q, const void *k_pool,
+                                       const void *v_pool, bool f16, int32_t n_tokens, int32_t n_heads,
+                                       int32_t n_kv_heads, int32_t head_dim, int32_t block_size, const int32_t *pos,
+                                       const int32_t *bt, const int32_t *bt_off, int32_t window, float scale,
+                                       float *out) {
     if (n_tokens <= 0) return SD_OK;
     if (!sd_cpu_attn_path_available(path)) return SD_ERR_UNSUPPORTED;
+    if (window < 0) return SD_ERR_INVALID_ARG;
     if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0 || head_dim <= 0 || block_size <= 0)
         return SD_ERR_INVALID_ARG;
     size_t max_pos = 0, work = 0, n_runs = 0;
@@ -480,6 +501,7 @@ sd_status sd_cpu_attention_path(sd_backend *be, sd_cpu_attn_path path, const flo
                    .block_size = (size_t)block_size,
                    .n_pad = n_pad,
                    .n_sub = n_sub,
+                   .window = (size_t)window,
                    .scale = scale};
     sd_cpu_parallel(be, attn_item, &a, (int64_t)(n_runs * (size_t)n_kv_heads * n_sub), work * (size_t)n_heads * (size_t)head_dim * 2);
     return SD_OK;
@@ -500,4 +522,22 @@ sd_status sd_cpu_attention_f16(sd_backend *be, const float *q, const uint16_t *k
                                float scale, float *out) {
     return sd_cpu_attention_path(be, best_path(), q, k_pool, v_pool, true, n_tokens, n_heads, n_kv_heads, head_dim,
                                  block_size, pos, bt, bt_off, scale, out);
+}
+
+sd_status sd_cpu_attention_window(sd_backend *be, const float *q, const float *k_pool, const float *v_pool,
+                                  int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                  int32_t block_size, const int32_t *pos, const int32_t *bt, const int32_t *bt_off,
+                                  int32_t window, float scale, float *out) {
+    if (window < 1) return SD_ERR_INVALID_ARG;
+    return sd_cpu_attention_window_path(be, best_path(), q, k_pool, v_pool, false, n_tokens, n_heads, n_kv_heads,
+                                        head_dim, block_size, pos, bt, bt_off, window, scale, out);
+}
+
+sd_status sd_cpu_attention_window_f16(sd_backend *be, const float *q, const uint16_t *k_pool, const uint16_t *v_pool,
+                                      int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                      int32_t block_size, const int32_t *pos, const int32_t *bt,
+                                      const int32_t *bt_off, int32_t window, float scale, float *out) {
+    if (window < 1) return SD_ERR_INVALID_ARG;
+    return sd_cpu_attention_window_path(be, best_path(), q, k_pool, v_pool, true, n_tokens, n_heads, n_kv_heads,
+                                        head_dim, block_size, pos, bt, bt_off, window, scale, out);
 }

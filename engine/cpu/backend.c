@@ -102,6 +102,12 @@ static const sd_backend_ops cpu_ops = {
     .attention_f16 = sd_cpu_attention_f16,
     .swiglu = sd_cpu_swiglu,
     .add = sd_cpu_add,
+    .rope_neox = sd_cpu_rope_neox,
+    .attention_window = sd_cpu_attention_window,
+    .attention_window_f16 = sd_cpu_attention_window_f16,
+    .geglu = sd_cpu_geglu,
+    .add_rows = sd_cpu_add_rows,
+    .scale = sd_cpu_scale,
 };
 
 sd_status sd_cpu_backend_create(int32_t n_threads, sd_backend_handle *out) {

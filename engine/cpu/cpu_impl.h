@@ -130,5 +130,25 @@ sd_status sd_cpu_attention_path(sd_backend *be, sd_cpu_attn_path path, const flo
 float sd_cpu_attn_exp(float x);
 sd_status sd_cpu_swiglu(sd_backend *be, const float *gate, const float *up, size_t n, float *out);
 sd_status sd_cpu_add(sd_backend *be, const float *a, const float *b, size_t n, float *out);
+/* the ops of architectures beyond Llama (backend_impl.h) */
+sd_status sd_cpu_rope_neox(sd_backend *be, float *x, int32_t n_tokens, int32_t n_heads, int32_t head_dim,
+                           const int32_t *pos, const float *inv_freq);
+sd_status sd_cpu_attention_window(sd_backend *be, const float *q, const float *k_pool, const float *v_pool,
+                                  int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                  int32_t block_size, const int32_t *pos, const int32_t *bt, const int32_t *bt_off,
+                                  int32_t window, float scale, float *out);
+sd_status sd_cpu_attention_window_f16(sd_backend *be, const float *q, const uint16_t *k_pool, const uint16_t *v_pool,
+                                      int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                      int32_t block_size, const int32_t *pos, const int32_t *bt,
+                                      const int32_t *bt_off, int32_t window, float scale, float *out);
+/* sd_cpu_attention_path with a sliding window (0: none), for the tests. */
+sd_status sd_cpu_attention_window_path(sd_backend *be, sd_cpu_attn_path path, const float *q, const void *k_pool,
+                                       const void *v_pool, bool f16, int32_t n_tokens, int32_t n_heads,
+                                       int32_t n_kv_heads, int32_t head_dim, int32_t block_size, const int32_t *pos,
+                                       const int32_t *bt, const int32_t *bt_off, int32_t window, float scale,
+                                       float *out);
+sd_status sd_cpu_geglu(sd_backend *be, const float *gate, const float *up, size_t n, float *out);
+sd_status sd_cpu_add_rows(sd_backend *be, const float *x, const float *bias, int32_t n_rows, int32_t dim, float *out);
+sd_status sd_cpu_scale(sd_backend *be, const float *x, size_t n, float s, float *out);
 
 #endif

@@ -36,3 +36,29 @@ sd_status sd_cpu_rope(sd_backend *be, float *x, int32_t n_tokens, int32_t n_head
     sd_cpu_parallel(be, rope_token, &a, n_tokens, (size_t)n_tokens * (size_t)head_dim * 64);
     return SD_OK;
 }
+
+/* NeoX mode (Qwen2/3, Gemma 3): the pair is (x[i], x[i + head_dim/2]); the
+ * angle, cos and sin exactly as above. */
+static void rope_neox_token(void *p, int64_t t, int32_t ith) {
+    const rope_args *a = p;
+    size_t half = a->head_dim / 2;
+    float *row = a->x + (size_t)t * a->n_heads * a->head_dim;
+    for (size_t i = 0; i < half; i++) {
+        double theta = (double)a->pos[t] * (double)a->inv_freq[i];
+        float c = (float)cos(theta), s = (float)sin(theta);
+        for (size_t h = 0; h < a->n_heads; h++) {
+            float *v = row + h * a->head_dim;
+            float x0 = v[i], x1 = v[i + half];
+            v[i] = x0 * c - x1 * s;
+            v[i + half] = x0 * s + x1 * c;
+        }
+    }
+}
+
+sd_status sd_cpu_rope_neox(sd_backend *be, float *x, int32_t n_tokens, int32_t n_heads, int32_t head_dim,
+                           const int32_t *pos, const float *inv_freq) {
+    if (n_tokens <= 0) return SD_OK;
+    rope_args a = {x, pos, inv_freq, (size_t)n_tokens, (size_t)n_heads, (size_t)head_dim};
+    sd_cpu_parallel(be, rope_neox_token, &a, n_tokens, (size_t)n_tokens * (size_t)head_dim * 64);
+    return SD_OK;
+}

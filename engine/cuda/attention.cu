@@ -34,6 +34,9 @@
  * joins the ranges in order. The split count depends only on the head
  * count and the GPU, so it does not break batch invariance.
  *
+ * A sliding window (attention_window) starts each token's positions at
+ * max(0, pos - window + 1); the splits divide that range.
+ *
  * Rejected for now: sharing K/V loads across the query heads of a GQA group
  * (L2 already serves the repeats). */
 #include "cuda/cuda_impl.h"
@@ -118,8 +121,8 @@ __device__ __forceinline__ float g_owned_sum(const float *part_sh, int groups, i
 __global__ void __launch_bounds__(ATT_THREADS)
     attention_kernel(const float *__restrict__ q, const float *__restrict__ k_pool, const float *__restrict__ v_pool,
                      int n_heads, int n_kv_heads, int head_dim, int block_size, const int32_t *__restrict__ pos,
-                     const int32_t *__restrict__ bt, const int32_t *__restrict__ bt_off, float scale, float *out,
-                     int n_splits, float *__restrict__ split_ml, float *__restrict__ split_acc) {
+                     const int32_t *__restrict__ bt, const int32_t *__restrict__ bt_off, int window, float scale,
+                     float *out, int n_splits, float *__restrict__ split_ml, float *__restrict__ split_acc) {
     __shared__ __align__(16) float q_sh[ATT_MAX_HEAD_DIM];
     __shared__ float w_sh[ATT_CHUNK];
     __shared__ float red[ATT_THREADS / 32];
@@ -149,9 +152,11 @@ __global__ void __launch_bounds__(ATT_THREADS)
     /* this block's share of the positions: split s of n_splits takes a
      * range of whole ATT_SPLIT_ALIGN-position pieces (empty when the
      * context is short); the ranges depend on the position alone */
-    int per = (n_pos + n_splits - 1) / n_splits;
+    /* a sliding window (window > 0) starts the positions at lo */
+    const int lo = window > 0 && n_pos > window ? n_pos - window : 0;
+    int per = (n_pos - lo + n_splits - 1) / n_splits;
     per = (per + ATT_SPLIT_ALIGN - 1) / ATT_SPLIT_ALIGN * ATT_SPLIT_ALIGN;
-    const int p_begin = min(n_pos, (int)blockIdx.y * per), p_end = min(n_pos, p_begin + per);
+    const int p_begin = min(n_pos, lo + (int)blockIdx.y * per), p_end = min(n_pos, p_begin + per);
     for (int c0 = p_begin; c0 < p_end; c0 += ATT_CHUNK) {
         const int c_len = min(ATT_CHUNK, p_end - c0);
         /* 1. scores: dot products in increasing d (float4 loads on the vector path) */
@@ -278,9 +283,10 @@ __global__ void attention_combine_kernel(const float *__restrict__ split_ml, con
     }
 }
 
-sd_status sd_cuda_attention(sd_backend *be, const float *q, const float *k_pool, const float *v_pool, int32_t n_tokens,
-                            int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
-                            const int32_t *pos, const int32_t *bt, const int32_t *bt_off, float scale, float *out) {
+static sd_status attention_launch(sd_backend *be, const float *q, const float *k_pool, const float *v_pool,
+                                  int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                  int32_t block_size, const int32_t *pos, const int32_t *bt, const int32_t *bt_off,
+                                  int32_t window, float scale, float *out) {
     if (n_tokens <= 0) return SD_OK;
     if (head_dim > ATT_MAX_HEAD_DIM || n_kv_heads <= 0 || n_heads % n_kv_heads != 0) {
         SD_ERROR("cuda: attention supports head_dim <= %d and n_heads a multiple of n_kv_heads (got %d, %d, %d)",
@@ -313,10 +319,28 @@ sd_status sd_cuda_attention(sd_backend *be, const float *q, const float *k_pool,
     }
     dim3 grid((unsigned)(n_tokens * n_heads), (unsigned)n_splits);
     SD_TRY(sd_cuda_launch(be, "attention", attention_kernel, grid, dim3(ATT_THREADS), part_bytes, q, k_pool, v_pool,
-                          n_heads, n_kv_heads, head_dim, block_size, d_pos, d_bt, d_off, scale, out, n_splits, split_ml,
-                          split_acc));
+                          n_heads, n_kv_heads, head_dim, block_size, d_pos, d_bt, d_off, (int)window, scale, out,
+                          n_splits, split_ml, split_acc));
     if (n_splits > 1)
         SD_TRY(sd_cuda_launch(be, "attention combine", attention_combine_kernel, dim3((unsigned)(n_tokens * n_heads)),
                               dim3(128), 0, split_ml, split_acc, n_splits, head_dim, out));
     return SD_OK;
+}
+
+sd_status sd_cuda_attention(sd_backend *be, const float *q, const float *k_pool, const float *v_pool, int32_t n_tokens,
+                            int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
+                            const int32_t *pos, const int32_t *bt, const int32_t *bt_off, float scale, float *out) {
+    return attention_launch(be, q, k_pool, v_pool, n_tokens, n_heads, n_kv_heads, head_dim, block_size, pos, bt, bt_off,
+                            0, scale, out);
+}
+
+/* The sliding window: every split's range starts at the window's first
+ * position (the twin of the CPU's -inf scores: those positions weigh 0). */
+sd_status sd_cuda_attention_window(sd_backend *be, const float *q, const float *k_pool, const float *v_pool,
+                                   int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                   int32_t block_size, const int32_t *pos, const int32_t *bt, const int32_t *bt_off,
+                                   int32_t window, float scale, float *out) {
+    if (window < 1) return SD_ERR_INVALID_ARG;
+    return attention_launch(be, q, k_pool, v_pool, n_tokens, n_heads, n_kv_heads, head_dim, block_size, pos, bt, bt_off,
+                            window, scale, out);
 }

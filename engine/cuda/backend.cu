@@ -449,6 +449,12 @@ static const sd_backend_ops cuda_ops = {
     .attention_f16 = NULL,
     .swiglu = sd_cuda_swiglu,
     .add = sd_cuda_add,
+    .rope_neox = sd_cuda_rope_neox,
+    .attention_window = sd_cuda_attention_window,
+    .attention_window_f16 = NULL,
+    .geglu = sd_cuda_geglu,
+    .add_rows = sd_cuda_add_rows,
+    .scale = sd_cuda_scale,
 };
 
 sd_status sd_cuda_backend_create(int32_t device, sd_backend_handle *out) {

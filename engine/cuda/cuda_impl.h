@@ -184,6 +184,16 @@ sd_status sd_cuda_attention(sd_backend *be, const float *q, const float *k_pool,
                             int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
                             const int32_t *pos, const int32_t *bt, const int32_t *bt_off, float scale, float *out);
 sd_status sd_cuda_swiglu(sd_backend *be, const float *gate, const float *up, size_t n, float *out);
+/* the ops of architectures beyond Llama (backend_impl.h) */
+sd_status sd_cuda_rope_neox(sd_backend *be, float *x, int32_t n_tokens, int32_t n_heads, int32_t head_dim,
+                            const int32_t *pos, const float *inv_freq);
+sd_status sd_cuda_attention_window(sd_backend *be, const float *q, const float *k_pool, const float *v_pool,
+                                   int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                   int32_t block_size, const int32_t *pos, const int32_t *bt, const int32_t *bt_off,
+                                   int32_t window, float scale, float *out);
+sd_status sd_cuda_geglu(sd_backend *be, const float *gate, const float *up, size_t n, float *out);
+sd_status sd_cuda_add_rows(sd_backend *be, const float *x, const float *bias, int32_t n_rows, int32_t dim, float *out);
+sd_status sd_cuda_scale(sd_backend *be, const float *x, size_t n, float s, float *out);
 sd_status sd_cuda_add(sd_backend *be, const float *a, const float *b, size_t n, float *out);
 
 /* Speculative verification next to the logits (spec.cu; backend op spec_verify). */

@@ -1,5 +1,5 @@
-/* rope.cu — rotary position embedding, adjacent pairs, twin of
- * engine/cpu/rope.c; and rope_kv, the same rotation of q and k fused with
+/* rope.cu — rotary position embedding, adjacent pairs (and NeoX halves,
+ * rope_neox), twin of engine/cpu/rope.c; and rope_kv, the same rotation of q and k fused with
  * the two KV-cache writes that follow it in the attention block. One thread per (token, pair i) computes
  * theta = pos * inv_freq[i] and its cosine and sine in double, rounds them
  * once to float (as the CPU does) and rotates pair i of every head, so the
@@ -87,4 +87,37 @@ sd_status sd_cuda_rope_kv(sd_backend *be, float *q, float *k, const float *v, in
     SD_TRY(sd_cuda_dev_paging(be, n_tokens, block_size, pos, bt, bt_off, &d_pos, &d_bt, &d_off));
     return sd_cuda_launch(be, "rope_kv", rope_kv_kernel, dim3((unsigned)n_tokens), dim3(128), 0, q, k, v, n_heads,
                           n_kv_heads, head_dim, d_pos, inv_freq, k_pool, v_pool, block_size, d_bt, d_off);
+}
+
+/* NeoX mode (Qwen2/3, Gemma 3), twin of sd_cpu_rope_neox: pair i of a head
+ * is (x[i], x[i + head_dim/2]); theta, cos and sin as rope_kernel. */
+__global__ void rope_neox_kernel(float *x, int n_tokens, int n_heads, int head_dim, const int32_t *__restrict__ pos,
+                                 const float *__restrict__ inv_freq) {
+    sd_pdl_wait();
+    sd_pdl_release();
+    const int half = head_dim / 2;
+    const long long item = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (item >= (long long)n_tokens * half) return;
+    const int t = (int)(item / half), i = (int)(item % half);
+    double s, c;
+    sincos((double)pos[t] * (double)inv_freq[i], &s, &c);
+    const float cf = (float)c, sf = (float)s;
+    float *row = x + (size_t)t * (size_t)n_heads * (size_t)head_dim;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = row + (size_t)h * (size_t)head_dim;
+        const float x0 = v[i], x1 = v[i + half];
+        v[i] = x0 * cf - x1 * sf;
+        v[i + half] = x0 * sf + x1 * cf;
+    }
+}
+
+sd_status sd_cuda_rope_neox(sd_backend *be, float *x, int32_t n_tokens, int32_t n_heads, int32_t head_dim,
+                            const int32_t *pos, const float *inv_freq) {
+    if (n_tokens <= 0) return SD_OK;
+    const int32_t *d_pos;
+    SD_TRY(sd_cuda_dev_i32(be, pos, (size_t)n_tokens, &d_pos));
+    long long items = (long long)n_tokens * (head_dim / 2);
+    int blocks = (int)((items + 127) / 128);
+    return sd_cuda_launch(be, "rope_neox", rope_neox_kernel, dim3((unsigned)blocks), dim3(128), 0, x, n_tokens, n_heads,
+                          head_dim, d_pos, inv_freq);
 }

@@ -1,6 +1,7 @@
 /* swiglu.cu — out = silu(gate) * up elementwise, twin of engine/cpu/swiglu.c:
  * g / (1 + expf(-g)) * up with the precise expf (no fast-math), a
- * grid-stride loop. */
+ * grid-stride loop; and GeGLU, gelu(gate) * up with the tanh gelu and the
+ * precise tanhf. */
 #include "cuda/cuda_impl.h"
 
 __global__ void swiglu_kernel(const float *gate, const float *up, size_t n, float *out) {
@@ -17,4 +18,20 @@ sd_status sd_cuda_swiglu(sd_backend *be, const float *gate, const float *up, siz
     size_t blocks = (n + 255) / 256;
     if (blocks > (size_t)be->n_sm * 16) blocks = (size_t)be->n_sm * 16;
     return sd_cuda_launch(be, "swiglu", swiglu_kernel, dim3((unsigned)blocks), dim3(256), 0, gate, up, n, out);
+}
+
+__global__ void geglu_kernel(const float *gate, const float *up, size_t n, float *out) {
+    sd_pdl_wait();
+    sd_pdl_release();
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float g = gate[i];
+        out[i] = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * up[i];
+    }
+}
+
+sd_status sd_cuda_geglu(sd_backend *be, const float *gate, const float *up, size_t n, float *out) {
+    if (n == 0) return SD_OK;
+    size_t blocks = (n + 255) / 256;
+    if (blocks > (size_t)be->n_sm * 16) blocks = (size_t)be->n_sm * 16;
+    return sd_cuda_launch(be, "geglu", geglu_kernel, dim3((unsigned)blocks), dim3(256), 0, gate, up, n, out);
 }

@@ -1,4 +1,6 @@
-/* model_config.c — the Llama config from GGUF metadata (llama.* keys),
+/* model_config.c — the model config from GGUF metadata (<arch>.* keys for
+ * llama, qwen2, qwen3 and gemma3, each architecture's additions set by
+ * arch_features and their tensors checked by check_arch_tensors),
  * every value range-checked and every tensor the model will need checked for
  * presence, type and shape before anything is loaded. Split out of the model
  * so that readers of a model file (the weights sources, the coordinator, a
@@ -79,6 +81,32 @@ static sd_status check_tensor(const sd_gguf *g, const char *name, uint32_t n_dim
     return SD_OK;
 }
 
+/* The tensors of layer l that an architecture adds (model_config.h). */
+static sd_status check_arch_tensors(const sd_gguf *g, const sd_model_config *c, int32_t l) {
+    uint64_t e = (uint64_t)c->n_embd, d = (uint64_t)c->head_dim;
+    uint64_t qd = (uint64_t)c->n_heads * d, kd = (uint64_t)c->n_kv_heads * d;
+    char name[96];
+    struct {
+        bool on;
+        const char *suffix;
+        uint64_t n;
+    } const want[] = {
+        {c->qkv_bias, "attn_q.bias", qd},
+        {c->qkv_bias, "attn_k.bias", kd},
+        {c->qkv_bias, "attn_v.bias", kd},
+        {c->qk_norm, "attn_q_norm.weight", d},
+        {c->qk_norm, "attn_k_norm.weight", d},
+        {c->post_norms, "post_attention_norm.weight", e},
+        {c->post_norms, "post_ffw_norm.weight", e},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        if (!want[i].on) continue;
+        snprintf(name, sizeof name, "blk.%d.%s", (int)l, want[i].suffix);
+        SD_TRY(check_tensor(g, name, 1, want[i].n, 0));
+    }
+    return SD_OK;
+}
+
 static sd_status check_all_tensors(const sd_gguf *g, const sd_model_config *c) {
     uint64_t e = (uint64_t)c->n_embd, v = (uint64_t)c->n_vocab, f = (uint64_t)c->n_ff;
     uint64_t qd = (uint64_t)c->n_heads * (uint64_t)c->head_dim, kd = (uint64_t)c->n_kv_heads * (uint64_t)c->head_dim;
@@ -100,6 +128,7 @@ static sd_status check_all_tensors(const sd_gguf *g, const sd_model_config *c) {
             snprintf(name, sizeof name, "blk.%d.%s.weight", (int)l, want[i].suffix);
             SD_TRY(check_tensor(g, name, want[i].n_dims, want[i].ne0, want[i].ne1));
         }
+        SD_TRY(check_arch_tensors(g, c, l));
     }
     const sd_gguf_tensor *rf = sd_gguf_find_tensor(g, "rope_freqs.weight");
     if (rf) SD_TRY(check_tensor(g, "rope_freqs.weight", 1, (uint64_t)c->head_dim / 2, 0));
@@ -152,22 +181,34 @@ sd_status sd_model_config_rope_scaling(const sd_rope_source *src, sd_model_confi
     return SD_OK;
 }
 
-/* GGUF's rope scaling keys (llama.rope.scaling.*; older files say only
- * llama.rope.scale_linear, read as linear scaling when it is not 1). */
+/* A GGUF file and its architecture's key prefix ("llama", "qwen2", ...). */
+typedef struct arch_keys {
+    const sd_gguf *g;
+    const char *arch;
+} arch_keys;
+
+static const char *akey(const arch_keys *k, const char *suffix, char *buf, size_t n) {
+    snprintf(buf, n, "%s.%s", k->arch, suffix);
+    return buf;
+}
+
+/* GGUF's rope scaling keys (<arch>.rope.scaling.*; older files say only
+ * <arch>.rope.scale_linear, read as linear scaling when it is not 1). */
 static sd_status gguf_rope_type(const void *src, char *out, size_t n) {
-    const sd_gguf *g = src;
+    const arch_keys *k = src;
+    char key[96];
     sd_gguf_str type;
-    sd_status s = sd_gguf_get_str(g, "llama.rope.scaling.type", &type);
+    sd_status s = sd_gguf_get_str(k->g, akey(k, "rope.scaling.type", key, sizeof key), &type);
     if (s == SD_ERR_NOT_FOUND) {
         float f;
-        s = get_pos_f32(g, "llama.rope.scale_linear", &f);
+        s = get_pos_f32(k->g, akey(k, "rope.scale_linear", key, sizeof key), &f);
         if (s != SD_OK) return s;
         if (f == 1.0f) return SD_ERR_NOT_FOUND;
         snprintf(out, n, "linear");
         return SD_OK;
     }
     if (s != SD_OK) {
-        SD_ERROR("model: llama.rope.scaling.type is not a string");
+        SD_ERROR("model: %s is not a string", key);
         return SD_ERR_FORMAT;
     }
     snprintf(out, n, "%.*s", (int)(type.len < n - 1 ? type.len : n - 1), type.ptr);
@@ -175,21 +216,26 @@ static sd_status gguf_rope_type(const void *src, char *out, size_t n) {
 }
 
 static sd_status gguf_rope_number(const void *src, sd_rope_key key, double *out) {
-    const sd_gguf *g = src;
+    const arch_keys *k = src;
+    char name[96];
     float f = 0.0f;
     sd_status s;
     switch (key) {
     case SD_ROPE_FACTOR:
-        s = get_pos_f32(g,
-                        sd_gguf_find_key(g, "llama.rope.scaling.type") >= 0 ? "llama.rope.scaling.factor"
-                                                                            : "llama.rope.scale_linear",
+        s = get_pos_f32(k->g,
+                        sd_gguf_find_key(k->g, akey(k, "rope.scaling.type", name, sizeof name)) >= 0
+                            ? akey(k, "rope.scaling.factor", name, sizeof name)
+                            : akey(k, "rope.scale_linear", name, sizeof name),
                         &f);
         break;
-    case SD_ROPE_LOW_FREQ_FACTOR: s = get_pos_f32(g, "llama.rope.scaling.low_freq_factor", &f); break;
-    case SD_ROPE_HIGH_FREQ_FACTOR: s = get_pos_f32(g, "llama.rope.scaling.high_freq_factor", &f); break;
+    case SD_ROPE_LOW_FREQ_FACTOR: s = get_pos_f32(k->g, akey(k, "rope.scaling.low_freq_factor", name, sizeof name), &f); break;
+    case SD_ROPE_HIGH_FREQ_FACTOR:
+        s = get_pos_f32(k->g, akey(k, "rope.scaling.high_freq_factor", name, sizeof name), &f);
+        break;
     case SD_ROPE_ORIG_CTX: {
         int32_t v;
-        s = get_pos_u32(g, "llama.rope.scaling.original_context_length", false, (uint32_t)SD_MODEL_MAX_CTX, &v);
+        s = get_pos_u32(k->g, akey(k, "rope.scaling.original_context_length", name, sizeof name), false,
+                        (uint32_t)SD_MODEL_MAX_CTX, &v);
         if (s == SD_OK) *out = v;
         return s;
     }
@@ -197,6 +243,54 @@ static sd_status gguf_rope_number(const void *src, sd_rope_key key, double *out)
     }
     if (s == SD_OK) *out = f;
     return s;
+}
+
+/* What each architecture adds over Llama (model_config.h), and the keys
+ * only some have: the sliding window (gemma3 always has one, llama one when
+ * the file says so: Mistral), the windowed layers' RoPE base. Gemma 3 as
+ * llama.cpp reads it: every 6th layer global, the others windowed with RoPE
+ * base 10000 unless <arch>.rope.freq_base_swa says otherwise; the query
+ * scale 1/sqrt(head_dim), 1/sqrt(n_embd / n_heads) for the 62-layer 27B
+ * (GGUF has no query_pre_attn_scalar key); norm weights as stored (the GGUF
+ * converter has folded Gemma's 1 + w into them). */
+static sd_status arch_features(const arch_keys *k, sd_model_config *c) {
+    char key[96];
+    c->embd_scale = 1.0f;
+    c->attn_scale = 1.0f / sqrtf((float)c->head_dim);
+    c->rope_base_swa = c->rope_base;
+    switch (c->arch_id) {
+    case SD_ARCH_LLAMA: break;
+    case SD_ARCH_QWEN2:
+        c->qkv_bias = true;
+        c->rope_neox = true;
+        break;
+    case SD_ARCH_QWEN3:
+        c->qk_norm = true;
+        c->rope_neox = true;
+        break;
+    case SD_ARCH_GEMMA3:
+        c->qk_norm = c->post_norms = c->rope_neox = c->gelu = true;
+        c->embd_scale = sqrtf((float)c->n_embd);
+        if (c->n_layers == 62) c->attn_scale = 1.0f / sqrtf((float)(c->n_embd / c->n_heads));
+        c->swa_pattern = 6;
+        c->rope_base_swa = 10000.0f;
+        break;
+    }
+    sd_status s = get_pos_u32(k->g, akey(k, "attention.sliding_window", key, sizeof key), false,
+                              (uint32_t)SD_MODEL_MAX_CTX, &c->sliding_window);
+    if (s == SD_ERR_NOT_FOUND) {
+        c->sliding_window = 0;
+        if (c->arch_id == SD_ARCH_GEMMA3) {
+            SD_ERROR("model: missing required key %s", key);
+            return SD_ERR_FORMAT;
+        }
+    } else {
+        SD_TRY(s);
+    }
+    if (c->arch_id != SD_ARCH_LLAMA && c->arch_id != SD_ARCH_GEMMA3) c->sliding_window = 0; /* qwen: full attention */
+    s = get_pos_f32(k->g, akey(k, "rope.freq_base_swa", key, sizeof key), &c->rope_base_swa);
+    if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
+    return SD_OK;
 }
 
 sd_status sd_model_config_from_gguf(const sd_gguf *g, sd_model_config *cfg) {
@@ -209,19 +303,29 @@ sd_status sd_model_config_from_gguf(const sd_gguf *g, sd_model_config *cfg) {
         SD_ERROR("model: general.architecture is missing or not a string");
         return SD_ERR_FORMAT;
     }
-    if (!str_eq(arch, "llama")) {
-        SD_ERROR("model: architecture '%.*s' is not supported (only llama)", (int)(arch.len > 64 ? 64 : arch.len),
-                 arch.ptr);
+    static const struct {
+        const char *name;
+        sd_model_arch id;
+    } archs[] = {{"llama", SD_ARCH_LLAMA}, {"qwen2", SD_ARCH_QWEN2}, {"qwen3", SD_ARCH_QWEN3}, {"gemma3", SD_ARCH_GEMMA3}};
+    size_t ai = 0;
+    while (ai < sizeof archs / sizeof archs[0] && !str_eq(arch, archs[ai].name)) ai++;
+    if (ai == sizeof archs / sizeof archs[0]) {
+        SD_ERROR("model: architecture '%.*s' is not supported (supported: " SD_MODEL_ARCHS ")",
+                 (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
         return SD_ERR_UNSUPPORTED;
     }
-    snprintf(c.arch, sizeof c.arch, "llama");
+    snprintf(c.arch, sizeof c.arch, "%s", archs[ai].name);
+    c.arch_id = archs[ai].id;
+    const arch_keys keys = {g, archs[ai].name};
+    char key[96];
+#define K(suffix) akey(&keys, suffix, key, sizeof key)
 
-    SD_TRY(get_pos_u32(g, "llama.context_length", true, (uint32_t)SD_MODEL_MAX_CTX, &c.n_ctx_train));
-    SD_TRY(get_pos_u32(g, "llama.embedding_length", true, SD_MODEL_MAX_EMBD, &c.n_embd));
-    SD_TRY(get_pos_u32(g, "llama.block_count", true, SD_MODEL_MAX_LAYERS, &c.n_layers));
-    SD_TRY(get_pos_u32(g, "llama.feed_forward_length", true, SD_MODEL_MAX_FF, &c.n_ff));
-    SD_TRY(get_pos_u32(g, "llama.attention.head_count", true, SD_MODEL_MAX_HEADS, &c.n_heads));
-    sd_status s = get_pos_u32(g, "llama.attention.head_count_kv", false, SD_MODEL_MAX_HEADS, &c.n_kv_heads);
+    SD_TRY(get_pos_u32(g, K("context_length"), true, (uint32_t)SD_MODEL_MAX_CTX, &c.n_ctx_train));
+    SD_TRY(get_pos_u32(g, K("embedding_length"), true, SD_MODEL_MAX_EMBD, &c.n_embd));
+    SD_TRY(get_pos_u32(g, K("block_count"), true, SD_MODEL_MAX_LAYERS, &c.n_layers));
+    SD_TRY(get_pos_u32(g, K("feed_forward_length"), true, SD_MODEL_MAX_FF, &c.n_ff));
+    SD_TRY(get_pos_u32(g, K("attention.head_count"), true, SD_MODEL_MAX_HEADS, &c.n_heads));
+    sd_status s = get_pos_u32(g, K("attention.head_count_kv"), false, SD_MODEL_MAX_HEADS, &c.n_kv_heads);
     if (s == SD_ERR_NOT_FOUND)
         c.n_kv_heads = c.n_heads;
     else
@@ -230,24 +334,31 @@ sd_status sd_model_config_from_gguf(const sd_gguf *g, sd_model_config *cfg) {
         SD_ERROR("model: head_count %d is not a multiple of head_count_kv %d", (int)c.n_heads, (int)c.n_kv_heads);
         return SD_ERR_FORMAT;
     }
-    s = get_pos_u32(g, "llama.rope.dimension_count", false, SD_MODEL_MAX_HEAD_DIM, &c.head_dim);
-    if (s == SD_ERR_NOT_FOUND)
-        c.head_dim = c.n_embd / c.n_heads;
-    else
-        SD_TRY(s);
-    if (c.head_dim <= 0 || c.n_heads * c.head_dim != c.n_embd) {
-        SD_ERROR("model: embedding_length %d != head_count %d * head_dim %d (partial rotary or odd head sizes "
-                 "are not supported)",
-                 (int)c.n_embd, (int)c.n_heads, (int)c.head_dim);
+    /* head_dim: <arch>.attention.key_length (Gemma 3, Qwen3: heads wider
+     * than n_embd / n_heads), else rope.dimension_count, else n_embd /
+     * n_heads; the value heads and the rotary part as wide */
+    int32_t key_len = 0, val_len = 0, n_rot = 0;
+    s = get_pos_u32(g, K("attention.key_length"), false, SD_MODEL_MAX_HEAD_DIM, &key_len);
+    if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
+    s = get_pos_u32(g, K("attention.value_length"), false, SD_MODEL_MAX_HEAD_DIM, &val_len);
+    if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
+    s = get_pos_u32(g, K("rope.dimension_count"), false, SD_MODEL_MAX_HEAD_DIM, &n_rot);
+    if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
+    c.head_dim = key_len ? key_len : n_rot ? n_rot : c.n_embd / c.n_heads;
+    if (c.head_dim <= 0 || (!key_len && c.n_heads * c.head_dim != c.n_embd) || (val_len && val_len != c.head_dim) ||
+        (n_rot && n_rot != c.head_dim)) {
+        SD_ERROR("model: head_dim %d (embedding_length %d, head_count %d, key_length %d, value_length %d, "
+                 "rope.dimension_count %d): partial rotary or unequal key and value heads are not supported",
+                 (int)c.head_dim, (int)c.n_embd, (int)c.n_heads, (int)key_len, (int)val_len, (int)n_rot);
         return SD_ERR_UNSUPPORTED;
     }
     if (c.head_dim % 2 != 0 || c.head_dim > SD_MODEL_MAX_HEAD_DIM) {
         SD_ERROR("model: head_dim %d must be even and <= %d", (int)c.head_dim, SD_MODEL_MAX_HEAD_DIM);
         return SD_ERR_FORMAT;
     }
-    s = get_pos_f32(g, "llama.attention.layer_norm_rms_epsilon", &c.rms_eps);
+    s = get_pos_f32(g, K("attention.layer_norm_rms_epsilon"), &c.rms_eps);
     if (s == SD_ERR_NOT_FOUND) {
-        SD_ERROR("model: missing required key llama.attention.layer_norm_rms_epsilon");
+        SD_ERROR("model: missing required key %s", key);
         return SD_ERR_FORMAT;
     }
     SD_TRY(s);
@@ -256,15 +367,16 @@ sd_status sd_model_config_from_gguf(const sd_gguf *g, sd_model_config *cfg) {
         return SD_ERR_FORMAT;
     }
     c.rope_base = 10000.0f;
-    s = get_pos_f32(g, "llama.rope.freq_base", &c.rope_base);
+    s = get_pos_f32(g, K("rope.freq_base"), &c.rope_base);
     if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
     sd_rope_source rope = {
-        .where = "model", .type_none = "none", .type = gguf_rope_type, .number = gguf_rope_number, .src = g};
+        .where = "model", .type_none = "none", .type = gguf_rope_type, .number = gguf_rope_number, .src = &keys};
     SD_TRY(sd_model_config_rope_scaling(&rope, &c));
+    SD_TRY(arch_features(&keys, &c));
 
-    /* vocabulary: llama.vocab_size, else the tokenizer's list, else token_embd */
+    /* vocabulary: <arch>.vocab_size, else the tokenizer's list, else token_embd */
     const sd_gguf_tensor *embd = sd_gguf_find_tensor(g, "token_embd.weight");
-    s = get_pos_u32(g, "llama.vocab_size", false, SD_MODEL_MAX_VOCAB, &c.n_vocab);
+    s = get_pos_u32(g, K("vocab_size"), false, SD_MODEL_MAX_VOCAB, &c.n_vocab);
     if (s == SD_ERR_NOT_FOUND) {
         sd_gguf_type et;
         uint64_t len;
@@ -284,6 +396,7 @@ sd_status sd_model_config_from_gguf(const sd_gguf *g, sd_model_config *cfg) {
         SD_TRY(s);
     }
     c.tied_output = sd_gguf_find_tensor(g, "output.weight") == NULL;
+#undef K
     SD_TRY(check_all_tensors(g, &c));
     *cfg = c;
     return SD_OK;

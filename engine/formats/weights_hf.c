@@ -308,6 +308,9 @@ static sd_status parse_config(const cJSON *j, hf_source *src) {
                            .number = hf_rope_number,
                            .src = j};
     SD_TRY(sd_model_config_rope_scaling(&rope, &c));
+    c.embd_scale = 1.0f; /* plain Llama: nothing an architecture adds (model_config.h) */
+    c.attn_scale = 1.0f / sqrtf((float)c.head_dim);
+    c.rope_base_swa = c.rope_base;
     const cJSON *tie = field(j, "tie_word_embeddings");
     if (tie && !cJSON_IsBool(tie)) {
         SD_ERROR("weights: config.json tie_word_embeddings is not a boolean");

@@ -32,6 +32,7 @@
  * does not hold the target. */
 #include "drafter_impl.h"
 
+#include "specd/constrain.h"
 #include "specd/weights.h"
 
 #include <math.h>

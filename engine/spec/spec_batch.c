@@ -19,6 +19,7 @@
  * pass 4 is the same whatever else is batched. p is processed one sequence
  * at a time into a [K+1][n_vocab] buffer: the logits of the whole batch are
  * needed anyway, a second batch-sized copy is not. */
+#include "specd/constrain.h"
 #include "specd/spec_batch.h"
 
 #include <stdlib.h>

@@ -19,6 +19,7 @@
  * positions just committed (the last context token and the accepted
  * drafts: batch rows 0 .. n_ctx - keep + n_accepted - 1) go to the head;
  * their fusing is counted as drafting time. */
+#include "specd/constrain.h"
 #include "specd/spec_decode.h"
 
 #include <stdlib.h>

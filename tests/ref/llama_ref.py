@@ -45,6 +45,9 @@ import gguf
 from gguf.quants import dequantize
 
 
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+
+
 def _field(reader, key, default=None):
     f = reader.fields.get(key)
     if f is None:
@@ -93,6 +96,14 @@ def quantize_rows_q8(x, block=QK):
 
 
 class LlamaRef:
+    # plain llama (a subclass reading another format sets none of _arch_features)
+    qkv_bias = qk_norm = post_norms = gelu = rope_neox = False
+    embd_scale = 1.0
+    attn_scale = None
+    window = 0
+    swa_pattern = 0
+    freqs_swa = None
+
     def __init__(self, path, dtype=np.float64, n_layers_used=0, act_quant=True, act_jitter=0.0, seed=0):
         self.dtype = np.dtype(dtype)
         self.act_quant = act_quant
@@ -104,17 +115,20 @@ class LlamaRef:
         self.rng = np.random.default_rng(seed)
         r = gguf.GGUFReader(path)
         arch = _field(r, "general.architecture")
-        if arch != "llama":
-            raise ValueError(f"{path}: architecture {arch!r}, expected 'llama'")
-        self.n_embd = int(_field(r, "llama.embedding_length"))
-        self.n_layers = int(_field(r, "llama.block_count"))
-        self.n_ff = int(_field(r, "llama.feed_forward_length"))
-        self.n_heads = int(_field(r, "llama.attention.head_count"))
-        self.n_kv_heads = int(_field(r, "llama.attention.head_count_kv", self.n_heads))
-        self.head_dim = self.n_embd // self.n_heads
-        self.n_rot = int(_field(r, "llama.rope.dimension_count", self.head_dim))
-        self.eps = float(_field(r, "llama.attention.layer_norm_rms_epsilon", 1e-5))
-        self.rope_base = float(_field(r, "llama.rope.freq_base", 10000.0))
+        if arch not in ARCHS:
+            raise ValueError(f"{path}: architecture {arch!r}, expected one of {ARCHS}")
+        self.arch = arch
+        A = lambda k, d=None: _field(r, f"{arch}.{k}", d)
+        self.n_embd = int(A("embedding_length"))
+        self.n_layers = int(A("block_count"))
+        self.n_ff = int(A("feed_forward_length"))
+        self.n_heads = int(A("attention.head_count"))
+        self.n_kv_heads = int(A("attention.head_count_kv", self.n_heads))
+        self.head_dim = int(A("attention.key_length", self.n_embd // self.n_heads))
+        self.n_rot = int(A("rope.dimension_count", self.head_dim))
+        self.eps = float(A("attention.layer_norm_rms_epsilon", 1e-5))
+        self.rope_base = float(A("rope.freq_base", 10000.0))
+        self._arch_features(A)
         if n_layers_used:
             self.n_layers = min(self.n_layers, n_layers_used)
 
@@ -130,12 +144,51 @@ class LlamaRef:
                          "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"]:
                 name = f"blk.{l}.{part}.weight"
                 self.w[name] = self._load(name)
+            extra = []
+            if self.qkv_bias:
+                extra += ["attn_q.bias", "attn_k.bias", "attn_v.bias"]
+            if self.qk_norm:
+                extra += ["attn_q_norm.weight", "attn_k_norm.weight"]
+            if self.post_norms:
+                extra += ["post_attention_norm.weight", "post_ffw_norm.weight"]
+            for part in extra:
+                name = f"blk.{l}.{part}"
+                self.w[name] = self._load(name)
         self.tied = "output.weight" not in self.w
         self.lm_head_name = "token_embd.weight" if self.tied else "output.weight"
         self.lm_head = self.w[self.lm_head_name]
         self.n_vocab = self.lm_head.shape[0]
         self._check_shapes()
         self.freqs = self._rope_freqs(r)
+        self.freqs_swa = None
+        if self.window and self.rope_base_swa is not None:
+            i = np.arange(self.n_rot // 2, dtype=np.float64)
+            self.freqs_swa = self.rope_base_swa ** (-2.0 * i / self.n_rot)
+
+    def _arch_features(self, A):
+        """What each architecture adds over llama (engine/formats/model_config.c,
+        from llama.cpp's graphs): qwen2 Q/K/V biases; qwen3 per-head q/k
+        RMSNorm; gemma3 the embedding scaled by sqrt(n_embd), q/k norms,
+        post-attention and post-FFN norms (GGUF stores Gemma's 1 + w folded
+        into the weights), GeGLU with tanh gelu, every 6th layer global and
+        the others windowed with RoPE base 10000; qwen2/qwen3/gemma3 rotate
+        NeoX halves; llama with a sliding window (Mistral) windows every layer."""
+        arch = self.arch
+        self.qkv_bias = arch == "qwen2"
+        self.qk_norm = arch in ("qwen3", "gemma3")
+        self.post_norms = self.gelu = arch == "gemma3"
+        self.rope_neox = arch in ("qwen2", "qwen3", "gemma3")
+        self.embd_scale = math.sqrt(self.n_embd) if arch == "gemma3" else 1.0
+        self.attn_scale = 1.0 / math.sqrt(self.head_dim)
+        if arch == "gemma3" and self.n_layers == 62:
+            self.attn_scale = 1.0 / math.sqrt(self.n_embd // self.n_heads)
+        self.window = int(A("attention.sliding_window", 0) or 0) if arch in ("llama", "gemma3") else 0
+        self.swa_pattern = 6 if arch == "gemma3" else 0
+        base_swa = A("rope.freq_base_swa", 10000.0 if arch == "gemma3" else None)
+        self.rope_base_swa = float(base_swa) if base_swa is not None else None
+
+    def layer_swa(self, l):
+        return self.window > 0 and (self.swa_pattern == 0 or l % self.swa_pattern != self.swa_pattern - 1)
 
     def _mm(self, x, name, w=None):
         """x @ W.T for weight name (w: its array, default self.w[name]), the
@@ -179,8 +232,9 @@ class LlamaRef:
         i = np.arange(self.n_rot // 2, dtype=np.float64)
         freqs = self.rope_base ** (-2.0 * i / self.n_rot)
         self.pos_scale = 1.0
-        stype = _field(r, "llama.rope.scaling.type")
-        factor = float(_field(r, "llama.rope.scaling.factor", 1.0) or 1.0)
+        arch = self.arch
+        stype = _field(r, f"{arch}.rope.scaling.type")
+        factor = float(_field(r, f"{arch}.rope.scaling.factor", 1.0) or 1.0)
         if "rope_freqs.weight" in self.tensors:
             t = self.tensors["rope_freqs.weight"]
             ff = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float64).reshape(-1)
@@ -188,9 +242,9 @@ class LlamaRef:
         elif stype == "linear":
             self.pos_scale = 1.0 / factor
         elif stype == "llama3":
-            low = float(_field(r, "llama.rope.scaling.low_freq_factor", 1.0))
-            high = float(_field(r, "llama.rope.scaling.high_freq_factor", 4.0))
-            orig = float(_field(r, "llama.rope.scaling.original_context_length", 8192))
+            low = float(_field(r, f"{arch}.rope.scaling.low_freq_factor", 1.0))
+            high = float(_field(r, f"{arch}.rope.scaling.high_freq_factor", 4.0))
+            orig = float(_field(r, f"{arch}.rope.scaling.original_context_length", 8192))
             wavelen = 2.0 * math.pi / freqs
             out = np.empty_like(freqs)
             for k in range(len(freqs)):
@@ -213,12 +267,23 @@ class LlamaRef:
         ms = np.mean(x * x, axis=-1, keepdims=True)
         return x / np.sqrt(ms + self.eps) * w
 
-    def _rope(self, x, pos):
-        # x [T, H, hd], pos [T] -> rotated copy (adjacent pairs of the first n_rot dims)
-        ang = (pos.astype(np.float64) * self.pos_scale)[:, None] * self.freqs[None, :]  # [T, n_rot/2]
+    def _rope(self, x, pos, swa=False):
+        # x [T, H, hd], pos [T] -> rotated copy (adjacent pairs of the first n_rot dims;
+        # NeoX: x[i] with x[i + n_rot/2]); swa: the windowed layers' frequencies
+        if swa and self.freqs_swa is not None:
+            ang = pos.astype(np.float64)[:, None] * self.freqs_swa[None, :]
+        else:
+            ang = (pos.astype(np.float64) * self.pos_scale)[:, None] * self.freqs[None, :]  # [T, n_rot/2]
         cos = np.cos(ang)[:, None, :].astype(self.dtype)
         sin = np.sin(ang)[:, None, :].astype(self.dtype)
         out = x.copy()
+        if self.rope_neox:
+            half = self.n_rot // 2
+            x0 = x[:, :, 0:half]
+            x1 = x[:, :, half:self.n_rot]
+            out[:, :, 0:half] = x0 * cos - x1 * sin
+            out[:, :, half:self.n_rot] = x0 * sin + x1 * cos
+            return out
         x0 = x[:, :, 0:self.n_rot:2]
         x1 = x[:, :, 1:self.n_rot:2]
         out[:, :, 0:self.n_rot:2] = x0 * cos - x1 * sin
@@ -244,23 +309,37 @@ class LlamaRef:
         H, KVH, hd = self.n_heads, self.n_kv_heads, self.head_dim
         group = H // KVH
         x = self.w["token_embd.weight"][tokens]  # [T, E]
+        if self.embd_scale != 1.0:
+            x = x * float(np.float32(self.embd_scale))
         for l in range(self.n_layers):
             W = lambda p: self.w[f"blk.{l}.{p}.weight"]
             M = lambda a, p: self._mm(a, f"blk.{l}.{p}.weight")
             h = self._rmsnorm(x, W("attn_norm"))
-            q = M(h, "attn_q").reshape(T, H, hd)
-            k = M(h, "attn_k").reshape(T, KVH, hd)
-            v = M(h, "attn_v").reshape(T, KVH, hd)
-            q = self._rope(q, pos)
-            k = self._rope(k, pos)
+            q = M(h, "attn_q")
+            k = M(h, "attn_k")
+            v = M(h, "attn_v")
+            if self.qkv_bias:
+                q = q + self.w[f"blk.{l}.attn_q.bias"]
+                k = k + self.w[f"blk.{l}.attn_k.bias"]
+                v = v + self.w[f"blk.{l}.attn_v.bias"]
+            q, k, v = q.reshape(T, H, hd), k.reshape(T, KVH, hd), v.reshape(T, KVH, hd)
+            if self.qk_norm:
+                q = self._rmsnorm(q, self.w[f"blk.{l}.attn_q_norm.weight"])
+                k = self._rmsnorm(k, self.w[f"blk.{l}.attn_k_norm.weight"])
+            swa = self.layer_swa(l)
+            # (hf_ref.HFLlamaRef's _rope takes no window flag: llama, never windowed)
+            q = self._rope(q, pos, swa) if swa else self._rope(q, pos)
+            k = self._rope(k, pos, swa) if swa else self._rope(k, pos)
             ks = np.concatenate([cache["k"][l], k]) if start else k  # [S, KVH, hd]
             vs = np.concatenate([cache["v"][l], v]) if start else v
             cache["k"][l], cache["v"][l] = ks, vs
             S = ks.shape[0]
-            # causal: query at pos p sees keys 0..p
+            # causal: query at pos p sees keys 0..p (a windowed layer: p - window + 1 .. p)
             mask = np.arange(S)[None, :] > pos[:, None]  # [T, S]
+            if swa:
+                mask = mask | (np.arange(S)[None, :] <= pos[:, None] - self.window)
             att = np.empty((T, H, hd), dtype=self.dtype)
-            scale = 1.0 / math.sqrt(hd)
+            scale = self.attn_scale or 1.0 / math.sqrt(hd)
             for hh in range(H):
                 kh = hh // group
                 sc = (q[:, hh, :] @ ks[:, kh, :].T) * scale  # [T, S]
@@ -269,11 +348,21 @@ class LlamaRef:
                 p = np.exp(sc)
                 p = p / p.sum(axis=1, keepdims=True)
                 att[:, hh, :] = p @ vs[:, kh, :]
-            x = x + M(att.reshape(T, H * hd), "attn_output")
+            o = M(att.reshape(T, H * hd), "attn_output")
+            if self.post_norms:
+                o = self._rmsnorm(o, W("post_attention_norm"))
+            x = x + o
             h = self._rmsnorm(x, W("ffn_norm"))
             g = M(h, "ffn_gate")  # [T, F]
             u = M(h, "ffn_up")
-            x = x + M((g / (1.0 + np.exp(-g))) * u, "ffn_down")
+            if self.gelu:
+                act = 0.5 * g * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (g + 0.044715 * g ** 3)))
+            else:
+                act = g / (1.0 + np.exp(-g))
+            o = M(act * u, "ffn_down")
+            if self.post_norms:
+                o = self._rmsnorm(o, W("post_ffw_norm"))
+            x = x + o
         cache["len"] = start + T
         x = self._rmsnorm(x, self.w["output_norm.weight"])
         return self._mm(x, getattr(self, "lm_head_name", "output.weight"), self.lm_head)  # [T, n_vocab]

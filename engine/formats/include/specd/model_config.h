@@ -1,4 +1,6 @@
-/* model_config.h — a Llama model's hyper-parameters, read from a file.
+/* model_config.h — a model's hyper-parameters, read from a file: Llama and
+ * the architectures that differ from it in a few named ways (Qwen2, Qwen3,
+ * Gemma 3; sd_model_arch), each difference a field below.
  *
  * The config is what every layer above needs to know about a model before
  * (or without) loading its weights: the coordinator sizes prompts with it,
@@ -27,9 +29,22 @@ enum {
     SD_MODEL_MAX_CTX = 1 << 30, /* context length, in tokens */
 };
 
-/* Hyper-parameters read from llama.* metadata. */
+/* The architectures the engine runs (GGUF general.architecture). */
+typedef enum sd_model_arch {
+    SD_ARCH_LLAMA = 0, /* "llama" (also Mistral: llama with a sliding window) */
+    SD_ARCH_QWEN2,     /* "qwen2": Q/K/V biases, NeoX RoPE */
+    SD_ARCH_QWEN3,     /* "qwen3": per-head q/k RMSNorm, NeoX RoPE */
+    SD_ARCH_GEMMA3,    /* "gemma3": see the fields below */
+} sd_model_arch;
+
+/* The architectures' names, comma-separated, for messages. */
+#define SD_MODEL_ARCHS "llama, qwen2, qwen3, gemma3"
+
+/* Hyper-parameters read from <arch>.* metadata (the keys below name the
+ * llama.* ones; every architecture has the same under its own prefix). */
 typedef struct sd_model_config {
-    char arch[32]; /* "llama" */
+    char arch[32]; /* "llama", "qwen2", "qwen3", "gemma3" */
+    sd_model_arch arch_id;
     int32_t n_vocab;
     int32_t n_ctx_train; /* llama.context_length */
     int32_t n_embd;      /* llama.embedding_length */
@@ -47,10 +62,29 @@ typedef struct sd_model_config {
     float rope_high_freq_factor;
     int32_t rope_orig_ctx;
     bool tied_output; /* output.weight absent: LM head = token_embd */
+    /* what an architecture adds over Llama (all off for llama) */
+    bool qkv_bias;     /* blk.N.attn_{q,k,v}.bias added after the projections (qwen2) */
+    bool qk_norm;      /* blk.N.attn_{q,k}_norm.weight [head_dim]: RMSNorm of each head before RoPE */
+    bool post_norms;   /* blk.N.post_attention_norm / post_ffw_norm on each branch before its residual add */
+    bool rope_neox;    /* RoPE rotates (x[i], x[i + head_dim/2]), not adjacent pairs */
+    bool gelu;         /* GeGLU (tanh gelu) instead of SwiGLU */
+    float embd_scale;  /* embeddings multiplied by this (gemma3: sqrt(n_embd)); 1 otherwise */
+    float attn_scale;  /* the scores' scale: 1/sqrt(head_dim), gemma3 1/sqrt(query_pre_attn_scalar) */
+    int32_t sliding_window; /* <arch>.attention.sliding_window; 0: every layer attends to all positions */
+    int32_t swa_pattern;    /* with a window: layer l is global when l % swa_pattern == swa_pattern - 1
+                             * (gemma3: 6); 0: every layer is windowed (Mistral) */
+    float rope_base_swa;    /* RoPE base of the windowed layers (gemma3: 10000, no scaling); rope_base otherwise */
 } sd_model_config;
 
+/* Whether layer l of c attends through the sliding window. */
+static inline bool sd_model_layer_swa(const sd_model_config *c, int32_t l) {
+    return c->sliding_window > 0 && (c->swa_pattern == 0 || l % c->swa_pattern != c->swa_pattern - 1);
+}
+
 /* Reads the config of g (validating every value: positive, divisible, sane
- * bounds); SD_ERR_UNSUPPORTED for an architecture other than llama. */
+ * bounds, every tensor the architecture needs present with its shape);
+ * SD_ERR_UNSUPPORTED for an architecture not in SD_MODEL_ARCHS (named in
+ * the message with that list). */
 sd_status sd_model_config_from_gguf(const sd_gguf *g, sd_model_config *cfg);
 
 /* The numbers of RoPE scaling, named apart from how a format spells them. */

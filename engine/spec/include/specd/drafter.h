@@ -28,7 +28,7 @@
 #define SPECD_DRAFTER_H
 
 #include "specd/common.h"
-#include "specd/constrain.h"
+typedef struct sd_constraint sd_constraint; /* specd/constrain.h (specd_constrain); only its handle here */
 #include "specd/model.h"
 #include "specd/sample.h"
 #include "specd/spec.h"
