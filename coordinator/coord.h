@@ -24,17 +24,30 @@
 #include "specd/chat.h"
 #include "specd/tokenizer.h"
 
-#define SD_COORD_MAX_WORKERS     32
-#define SD_COORD_MAX_CLIENTS     1024
-#define SD_COORD_OVERHEAD_WINDOW 1024
-#define SD_DRAFTER_KINDS         4 /* Specd__DrafterKind values, UNSPECIFIED included */
+#define SD_COORD_MAX_WORKERS         32
+#define SD_COORD_MAX_CLIENTS         1024
+/* Replies waiting for a client whose queue is full (outbox.c): at most this
+ * many bytes per client and over all clients, and not stalled (none taken)
+ * for longer than SD_COORD_BACKLOG_STALL_US; a client past a bound does not
+ * read its replies and is dropped (its requests cancelled). */
+#define SD_COORD_BACKLOG_BYTES       (8 << 20)
+#define SD_COORD_BACKLOG_TOTAL_BYTES (256 << 20)
+#define SD_COORD_BACKLOG_STALL_US    30000000u
+#define SD_COORD_OVERHEAD_WINDOW     1024
+#define SD_DRAFTER_KINDS             4 /* Specd__DrafterKind values, UNSPECIFIED included */
 
-/* Where the logic sends messages. The envelope is valid only during the call. */
+/* What a send to a client did: a full queue (the peer reads slower than we
+ * send) is not a loss: outbox.c keeps the reply and sends it later. */
+typedef enum sd_coord_sent { SD_COORD_SENT = 0, SD_COORD_FULL, SD_COORD_GONE } sd_coord_sent;
+
+/* Where the logic sends messages. The envelope (the packed body) is valid
+ * only during the call. */
 typedef struct sd_coord_io {
     void *user;
     /* false when the peer cannot be reached (gone: ROUTER_MANDATORY) */
     bool (*to_worker)(void *user, const uint8_t *ident, size_t ident_len, const Specd__CoordinatorToWorker *env);
-    void (*to_client)(void *user, const uint8_t *ident, size_t ident_len, const Specd__CoordinatorToClient *env);
+    /* one packed CoordinatorToClient, without blocking */
+    sd_coord_sent (*to_client)(void *user, const uint8_t *ident, size_t ident_len, const uint8_t *body, size_t len);
 } sd_coord_io;
 
 typedef struct sd_coord_params {
@@ -303,11 +316,20 @@ typedef struct sd_coord_worker {
 
 /* ---------------------------------------------------------------- clients */
 
+typedef struct sd_coord_reply sd_coord_reply; /* outbox.c */
+
 typedef struct sd_coord_client {
     uint8_t ident[SD_MAX_IDENTITY_BYTES];
     size_t ident_len;
     uint64_t last_recv_us, last_send_us;
     int32_t n_active; /* requests not finished */
+    /* Replies its full queue could not take yet, in order (owned; outbox.c).
+     * While any wait, its new submits are refused OVERLOADED: the backlog
+     * counts against the client that does not read. */
+    sd_coord_reply *backlog, *backlog_tail;
+    size_t backlog_n, backlog_bytes;
+    uint64_t backlog_moved_us; /* the backlog last shrank (or began) */
+    bool unreading;            /* over a bound: replies discarded, its requests cancelled at the next tick */
 } sd_coord_client;
 
 /* ---------------------------------------------------------------- the whole */
@@ -354,6 +376,8 @@ typedef struct sd_coord {
 
     sd_coord_client clients[SD_COORD_MAX_CLIENTS];
     int32_t n_clients;
+    size_t backlog_bytes; /* over all clients */
+    int32_t n_backlogged; /* clients with a backlog */
     /* token chunks committed by a verify reply, streamed to the clients
      * only once the next verify request is out (sd_sched_pump) */
     struct sd_pending_chunk *chunks;
@@ -572,6 +596,11 @@ void sd_outbox_client_error(sd_coord *c, const uint8_t *ident, size_t ident_len,
 sd_coord_client *sd_coord_client_find(sd_coord *c, const uint8_t *ident, size_t ident_len, bool create);
 /* A request of the client ended (bookkeeping for liveness). */
 void sd_coord_client_request_done(sd_coord *c, const uint8_t *ident, size_t ident_len);
+/* Sends what waits in the clients' backlogs, in order, until each queue is
+ * full again. The server loop calls it every pass. */
+void sd_outbox_flush(sd_coord *c, uint64_t now_us);
+/* Frees cl's backlog (the record is about to go). */
+void sd_outbox_client_forget(sd_coord *c, sd_coord_client *cl);
 
 /* server.c: sockets and the loop */
 typedef struct sd_coord_server sd_coord_server;

@@ -90,6 +90,7 @@ sd_status sd_coord_state_init(sd_coord *c, const sd_coord_params *p, const sd_co
 }
 
 void sd_coord_state_free(sd_coord *c) {
+    for (int32_t i = 0; i < c->n_clients; i++) sd_outbox_client_forget(c, &c->clients[i]);
     for (int32_t i = 0; i < c->n_chunks; i++) {
         free(c->chunks[i].text);
         free(c->chunks[i].logprobs);

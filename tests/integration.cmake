@@ -28,6 +28,9 @@ specd_py_test(it_verifier_restart ${_it}test_verifier_restart.py LABELS integrat
 specd_py_test(it_cancel ${_it}test_cancel.py LABELS integration)
 specd_py_test(it_bad_input ${_it}test_bad_input.py LABELS integration)
 specd_py_test(it_overload ${_it}test_overload.py LABELS integration)
+# Floods: 10,000 submits from one client, then from 16 at once; each answered exactly once (issue 37)
+specd_py_test(it_flood ${_it}test_flood.py LABELS integration)
+
 specd_py_test(it_netns ${_it}test_netns.py LABELS integration)
 specd_py_test(it_launch ${_it}test_launch.py LABELS integration)
 specd_py_test(it_client_cli ${_it}test_client_cli.py LABELS integration)
@@ -44,7 +47,8 @@ set_tests_properties(it_greedy_tiny_model it_greedy_tiny_self it_greedy_tiny_ngr
                      it_greedy_tiny_warmup it_greedy_smollm_ngram
                      it_greedy_smollm_self it_greedy_smollm_ngram_64 it_greedy_smollm_self_64 it_seeded
                      it_drafter_kill it_verifier_restart it_cancel it_bad_input it_overload it_netns it_launch
-                     it_client_cli it_hostile it_launch_curve PROPERTIES RESOURCE_LOCK specd_integration)
+                     it_client_cli it_hostile it_launch_curve it_flood
+                     PROPERTIES RESOURCE_LOCK specd_integration)
 # Failover through specd-launch and specd-client --jobs (libspecd-client):
 # a role killed or stopped mid-generation with 32 requests in flight; greedy
 # jobs equal specd-generate, seeded jobs the undisturbed run (and seeded

@@ -377,9 +377,10 @@ class Harness:
         self.wait_registered(verifier=True, drafter=bool(drafter))
         return coord, ver, dr
 
-    def client(self, addr=None, key="client"):
-        """A wire client; with enable_curve it holds key `key` (None: plaintext)."""
-        return Client(self, addr or self.client_addr, key=key)
+    def client(self, addr=None, key="client", opts=None):
+        """A wire client; with enable_curve it holds key `key` (None: plaintext);
+        opts: {zmq option: value} set before it connects."""
+        return Client(self, addr or self.client_addr, key=key, opts=opts)
 
     def start_gateway(self, extra=(), env=None):
         """specd-gateway on a free loopback port in front of the coordinator;
@@ -489,10 +490,12 @@ class Client:
 
     HEARTBEAT_S = 0.25
 
-    def __init__(self, h, addr, key="client"):
+    def __init__(self, h, addr, key="client", opts=None):
         self.h = h
         self.sock = h.zctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        for opt, value in (opts or {}).items():
+            self.sock.setsockopt(opt, value)
         keys = getattr(h, "keys", None)
         if keys and key is not None:
             self.sock.curve_secretkey = keys[key]["secret"]
