@@ -636,6 +636,48 @@ static bool check_ready(launcher *L, launch_ready *rd, bool sock_readable, doubl
     return true;
 }
 
+/* Starts the coordinator and waits until both its sockets are bound, so
+ * that nothing connects to a port nobody has bound yet (with a port in the
+ * kernel's ephemeral range, such a connect can become a TCP self-connect
+ * that holds the port, and the coordinator could never bind it). Signals
+ * and exits are handled meanwhile. False when the service must stop. */
+static bool start_coordinator(launcher *L) {
+    const launch_opts *o = &L->o;
+    const char *addrs[3] = {o->client_addr, o->worker_addr, o->no_gateway ? NULL : o->http};
+    for (int i = 0; i < 3; i++) {
+        const char *colon = addrs[i] ? strrchr(addrs[i], ':') : NULL;
+        if (colon && launch_port_ephemeral(atoi(colon + 1)))
+            SD_WARN("%s: the port is in the kernel's ephemeral range (ip_local_port_range): an outgoing "
+                    "connection may take it before it is bound; choose one outside it",
+                    addrs[i]);
+    }
+    if (spawn(L, &L->kids[0]) != SD_OK) {
+        L->exit_code = 1;
+        return false;
+    }
+    const double deadline = now_ms() + 1e3 * o->ready_timeout_s;
+    while (!L->stopping) {
+        if (L->kids[0].pid && launch_zmq_bound(o->client_addr) && launch_zmq_bound(o->worker_addr)) return true;
+        struct pollfd pfd = {.fd = L->sfd, .events = POLLIN};
+        if (poll(&pfd, 1, 20) > 0) {
+            struct signalfd_siginfo si;
+            if (read(L->sfd, &si, sizeof si) == (ssize_t)sizeof si && si.ssi_signo != SIGCHLD) {
+                SD_INFO("%s: stopping the service", strsignal((int)si.ssi_signo));
+                return false;
+            }
+        }
+        reap(L);
+        restart_due(L);
+        if (now_ms() > deadline) {
+            SD_ERROR("the coordinator did not bind %s and %s within %d s; stopping the service", o->client_addr,
+                     o->worker_addr, o->ready_timeout_s);
+            L->exit_code = 1;
+            return false;
+        }
+    }
+    return false;
+}
+
 static int run(launcher *L) {
     const launch_opts *o = &L->o;
     connect_addr_of(o->worker_addr, L->worker_connect, sizeof L->worker_connect);
@@ -646,14 +688,22 @@ static int run(launcher *L) {
                 o->curve_dir, L->keys.secret[LAUNCH_KEY_CLIENT], L->keys.pub[LAUNCH_KEY_COORDINATOR]);
     }
     launch_ready rd = {0};
-    if (!plan_children(L) || !open_ready_socket(L, &rd)) return 1;
+    if (!plan_children(L)) return 1;
 
     L->exit_code = 0;
     for (int g = 0; g < o->groups; g++) {
         L->groups[g].backoff_ms = RESTART_BACKOFF_MIN_MS;
         L->groups[g].started_ms = now_ms();
     }
-    for (int i = 0; i < L->n_kids && !L->stopping; i++)
+    /* the coordinator first, bound before anything connects to it */
+    bool started = start_coordinator(L); /* exit_code says why not: 0 after a signal */
+    if (started && !open_ready_socket(L, &rd)) started = false, L->exit_code = 1;
+    if (!started) {
+        stop_all(L);
+        SD_INFO("stopped (exit %d)", L->exit_code);
+        return L->exit_code;
+    }
+    for (int i = 1; i < L->n_kids && !L->stopping; i++)
         if (spawn(L, &L->kids[i]) != SD_OK) L->stopping = true, L->exit_code = 1;
 
     const double ready_deadline = now_ms() + 1e3 * o->ready_timeout_s;
