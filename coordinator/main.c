@@ -18,6 +18,7 @@
  *   text, as in specd-generate. */
 #include "coord.h"
 #include "specd/cli.h"
+#include "specd/curve.h"
 
 #include <getopt.h>
 #include <signal.h>
@@ -73,7 +74,10 @@ static void usage(FILE *f) {
             "  --chat-template NAME      chat format when the model's template is not recognised (or to\n"
             "                            override it): %s\n"
             "  -v, --verbose             debug logs\n"
-            "  -h, --help                this text\n",
+            "  -h, --help                this text\n"
+            "Exit status: 0 when stopped by SIGINT/SIGTERM; 2 on a usage error (a bad flag or value, the\n"
+            "CurveZMQ flags not all three, a bind off the loopback without keys or --insecure); 1 when it\n"
+            "cannot start (model, keys, sockets) or run.\n",
             SD_MAX_K, sd_chat_template_names());
 }
 
@@ -194,6 +198,16 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    /* The rules between flags are usage errors (2), before anything opens. */
+    bool keyed = p.curve_secret_file || p.client_keys_file || p.worker_keys_file;
+    if (keyed && !(p.curve_secret_file && p.client_keys_file && p.worker_keys_file)) {
+        fprintf(stderr, "specd-coordinator: CurveZMQ needs all three of --curve-secret, --client-keys and "
+                        "--worker-keys\n");
+        return 2;
+    }
+    if (sd_curve_bind_check(p.client_addr, keyed, p.insecure, "--client-addr") != SD_OK ||
+        sd_curve_bind_check(p.worker_addr, keyed, p.insecure, "--worker-addr") != SD_OK)
+        return 2;
     sd_net_log_init("coordinator", 0, verbose);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);

@@ -6,6 +6,7 @@
 
 #include <getopt.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "specd/cli.h"
@@ -59,7 +60,8 @@ static void usage(FILE *f) {
         "  --coordinator-arg ARG  extra argument for specd-coordinator (repeatable)\n"
         "  --verifier-arg ARG     extra argument for specd-verifier (repeatable)\n"
         "  --drafter-arg ARG      extra argument for specd-drafter (repeatable)\n"
-        "  --gateway-arg ARG      extra argument for specd-gateway (repeatable; e.g. --api-key)\n"
+        "  --gateway-arg ARG      extra argument for specd-gateway (repeatable; e.g. --api-key=KEY); an --http\n"
+        "                         address off the loopback needs --api-key=KEY ($SPECD_API_KEY) or --insecure\n"
         "  -v, --verbose          DEBUG logs here and in every child\n"
         "  -h, --help             this help\n"
         "\n"
@@ -234,8 +236,36 @@ static bool apply_service_option(launch_opts *o, int opt, char *arg) {
     return false;
 }
 
+/* True when ADDR:PORT is on the loopback (127.0.0.0/8 or [::1]). */
+static bool http_is_loopback(const char *http) {
+    if (strncmp(http, "[::1]:", 6) == 0) return true;
+    if (strncmp(http, "127.", 4) != 0) return false;
+    for (const char *p = http + 4; *p && *p != ':'; p++)
+        if (!((*p >= '0' && *p <= '9') || *p == '.')) return false;
+    return true;
+}
+
+/* The gateway's rule, said before anything starts: off the loopback it
+ * needs an API key (--gateway-arg --api-key=KEY, or $SPECD_API_KEY, which
+ * it inherits) or --gateway-arg --insecure. */
+static bool gateway_exposure_ok(const launch_opts *o) {
+    if (o->no_gateway || http_is_loopback(o->http)) return true;
+    const char *env = getenv("SPECD_API_KEY");
+    if (env && env[0]) return true;
+    for (int i = 0; i < o->n_extra[CHILD_GATEWAY]; i++) {
+        const char *a = o->extra[CHILD_GATEWAY][i];
+        if (!strcmp(a, "--insecure") || !strcmp(a, "--api-key") || !strncmp(a, "--api-key=", 10)) return true;
+    }
+    fprintf(stderr,
+            "specd-launch: --http %s is off the loopback: give the gateway an API key (--gateway-arg --api-key=KEY "
+            "or $SPECD_API_KEY), or --gateway-arg --insecure to serve it open\n",
+            o->http);
+    return false;
+}
+
 /* The rules between flags: 0, or 2 with the reason on stderr. */
 static int check_opts(const launch_opts *o) {
+    if (!gateway_exposure_ok(o)) return 2;
     if (!o->target || (o->n_drafters == 0 && !o->local_ngram) == !o->no_draft) {
         fprintf(stderr, "specd-launch: need --target and either drafters (--draft, --ngram, --local-ngram, "
                         "--draft-layers, --drafters) or --no-draft (see --help)\n");

@@ -42,8 +42,10 @@ typedef struct gw_janitor gw_janitor;
 typedef struct gw_server {
     char listen[256];
     const char *coordinator;
-    const char *api_key;    /* NULL: no authentication */
-    const char *model_name; /* what /v1/models lists and responses carry */
+    const char *api_key;      /* NULL: no authentication */
+    const char *model_name;   /* what /v1/models lists and responses carry */
+    bool insecure;            /* --insecure: a non-loopback listen address without an API key is allowed */
+    char *tls_cert, *tls_key; /* PEM contents (owned; NULL: plain HTTP), from --tls-cert / --tls-key */
     size_t max_body;
     unsigned max_connections, max_inflight, timeout_s;
     sd_client *client;
@@ -53,6 +55,10 @@ typedef struct gw_server {
     atomic_bool stopping; /* set on SIGINT/SIGTERM: waiting handlers give up */
     int stop_fd;          /* eventfd, readable once stopping is set (gw_http_start / gw_http_stop) */
 } gw_server;
+
+/* True when the --listen address ADDR:PORT or [ADDR]:PORT is on the
+ * loopback (127.0.0.0/8 or ::1): only this host can reach it (main.c). */
+bool gw_listen_is_loopback(const char *listen);
 
 /* ---- openai.c: requests ---- */
 
@@ -81,8 +87,9 @@ typedef struct gw_gen {
     char *stop[SD_MAX_STOP_STRINGS]; /* owned */
     size_t n_stop;
     bool stream, include_usage, ignore_eos;
-    bool echo;        /* completions: the text starts with the prompt (and logprobs with its tokens') */
-    bool prompt_only; /* completions: max_tokens 0 with echo: the prompt only, nothing generated */
+    bool echo;          /* completions: the text starts with the prompt (and logprobs with its tokens') */
+    bool prompt_only;   /* completions: max_tokens 0 with echo: the prompt only, nothing generated */
+    bool parse_special; /* completions (extension): a text prompt's special-token text is read as control tokens */
     /* the target's logprobs per token (chat: logprobs + top_logprobs;
      * completions: logprobs = N alternatives) */
     bool logprobs;

@@ -385,6 +385,7 @@ bool gw_job_submit(gw_job *job, const gw_gen *g, gw_error *err) {
         rq.prompt_logprobs = g->echo && g->logprobs;
         rq.echo = g->echo && p->ids; /* a text prompt is echoed as sent */
         rq.prompt_only = g->prompt_only;
+        rq.parse_special = g->parse_special && !p->ids; /* text prompts only (ids are ids) */
         if (g->prompt_only) rq.max_tokens = 0;
 
         if (atomic_fetch_add(&srv->inflight, 1) >= srv->max_inflight) {

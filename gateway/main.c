@@ -36,6 +36,10 @@ static void usage(FILE *f) {
             "  --curve-server FILE     the coordinator's public key (default $SPECD_CURVE_SERVER)\n"
             "  --api-key KEY           require 'Authorization: Bearer KEY' on /v1/* (default: $SPECD_API_KEY;\n"
             "                          /health and /metrics need it only from off the loopback)\n"
+            "  --insecure              allow a --listen address off the loopback without an API key (anyone who\n"
+            "                          can reach it can use the service); refused without it\n"
+            "  --tls-cert FILE         serve HTTPS with this certificate (PEM; with --tls-key)\n"
+            "  --tls-key FILE          the certificate's private key (PEM)\n"
             "  --model-name NAME       the model id /v1/models lists and responses carry (default %s)\n"
             "  --max-body BYTES        largest request body (default %u; 413 above)\n"
             "  --max-connections N     open HTTP connections (default %d)\n"
@@ -44,7 +48,9 @@ static void usage(FILE *f) {
             "  -v, --verbose           DEBUG logs\n"
             "  -h, --help              this help\n"
             "\n"
-            "Prints \"listening http://ADDR:PORT\" on stdout once it serves. Stops on SIGINT/SIGTERM (exit 0).\n",
+            "Prints \"listening http://ADDR:PORT\" (https:// with TLS) on stdout once it serves. Stops on\n"
+            "SIGINT/SIGTERM (exit 0). Exit status 2: bad arguments, a --listen address off the loopback without\n"
+            "an API key or --insecure, or unreadable TLS files; 1: it could not start.\n",
             GW_DEFAULT_LISTEN, SD_CLIENT_DEFAULT_ADDR, GW_DEFAULT_MODEL_NAME, GW_DEFAULT_MAX_BODY,
             GW_DEFAULT_MAX_CONNECTIONS, GW_DEFAULT_MAX_INFLIGHT, GW_DEFAULT_TIMEOUT_S);
 }
@@ -68,12 +74,71 @@ enum {
     OPT_INFLIGHT,
     OPT_TIMEOUT,
     OPT_CSECRET,
-    OPT_CSERVER
+    OPT_CSERVER,
+    OPT_INSECURE,
+    OPT_TLS_CERT,
+    OPT_TLS_KEY
 };
+
+bool gw_listen_is_loopback(const char *listen) {
+    if (strncmp(listen, "[::1]:", 6) == 0) return true;
+    if (strncmp(listen, "127.", 4) != 0) return false;
+    /* 127.a.b.c:PORT, numeric (parse_listen refuses anything else later) */
+    for (const char *p = listen + 4; *p && *p != ':'; p++)
+        if (!((*p >= '0' && *p <= '9') || *p == '.')) return false;
+    return true;
+}
+
+/* The whole of a small PEM file, NUL-terminated (owned), or NULL (said). */
+static char *read_pem(const char *path, const char *flag) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "specd-gateway: %s %s: %s\n", flag, path, strerror(errno));
+        return NULL;
+    }
+    enum { MAX_PEM = 1 << 20 };
+    char *buf = malloc(MAX_PEM + 1);
+    size_t n = buf ? fread(buf, 1, MAX_PEM + 1, f) : 0;
+    bool err = ferror(f);
+    fclose(f);
+    if (!buf || err || n == 0 || n > MAX_PEM) {
+        fprintf(stderr, "specd-gateway: %s %s: %s\n", flag, path,
+                !buf     ? "out of memory"
+                : err    ? "read error"
+                : n == 0 ? "empty"
+                         : "over 1 MiB");
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    return buf;
+}
+
+/* The listen rule and the TLS files; -1: go on, else the exit status. */
+static int check_listen(gw_server *srv, const char *tls_files[2]) {
+    if (!tls_files[0] != !tls_files[1]) {
+        fprintf(stderr, "specd-gateway: --tls-cert and --tls-key go together\n");
+        return 2;
+    }
+    if (tls_files[0]) {
+        if (!(srv->tls_cert = read_pem(tls_files[0], "--tls-cert"))) return 2;
+        if (!(srv->tls_key = read_pem(tls_files[1], "--tls-key"))) return 2;
+    }
+    if (!gw_listen_is_loopback(srv->listen) && !srv->api_key && !srv->insecure) {
+        fprintf(stderr,
+                "specd-gateway: refusing to listen on %s, off the loopback, without an API key: anyone who can reach "
+                "it could use the service. Give --api-key (or $SPECD_API_KEY; with --tls-cert/--tls-key it is not "
+                "sent in the clear), or --insecure to serve it open\n",
+                srv->listen);
+        return 2;
+    }
+    return -1;
+}
 
 /* -1: go on; otherwise the exit status. */
 /* curve_files: [0] the gateway's secret key file, [1] the coordinator's public key file. */
 static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose, const char *curve_files[2]) {
+    const char *tls_files[2] = {NULL, NULL};
     static const struct option longs[] = {{"listen", required_argument, 0, OPT_LISTEN},
                                           {"coordinator", required_argument, 0, OPT_COORD},
                                           {"api-key", required_argument, 0, OPT_KEY},
@@ -84,6 +149,9 @@ static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose, cons
                                           {"timeout", required_argument, 0, OPT_TIMEOUT},
                                           {"curve-secret", required_argument, 0, OPT_CSECRET},
                                           {"curve-server", required_argument, 0, OPT_CSERVER},
+                                          {"insecure", no_argument, 0, OPT_INSECURE},
+                                          {"tls-cert", required_argument, 0, OPT_TLS_CERT},
+                                          {"tls-key", required_argument, 0, OPT_TLS_KEY},
                                           {"verbose", no_argument, 0, 'v'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
@@ -102,6 +170,9 @@ static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose, cons
         case OPT_CSECRET: curve_files[0] = optarg; break;
         case OPT_CSERVER: curve_files[1] = optarg; break;
         case OPT_KEY: srv->api_key = optarg; break;
+        case OPT_INSECURE: srv->insecure = true; break;
+        case OPT_TLS_CERT: tls_files[0] = optarg; break;
+        case OPT_TLS_KEY: tls_files[1] = optarg; break;
         case OPT_MODEL:
             if (!optarg[0] || strlen(optarg) > 200) {
                 fprintf(stderr, "specd-gateway: --model-name must be 1 to 200 characters\n");
@@ -155,7 +226,7 @@ static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose, cons
         fprintf(stderr, "specd-gateway: --curve-secret and --curve-server go together\n");
         return 2;
     }
-    return -1;
+    return check_listen(srv, tls_files);
 }
 
 int main(int argc, char **argv) {
@@ -172,12 +243,16 @@ int main(int argc, char **argv) {
     const char *curve_files[2] = {NULL, NULL};
     int rc = parse_args(argc, argv, srv, &verbose, curve_files);
     if (rc >= 0) {
+        free(srv->tls_cert);
+        free(srv->tls_key);
         free(srv);
         return rc;
     }
     sd_net_log_init("gateway", 0, verbose);
     sd_curve_id curve;
     if (sd_curve_id_load(curve_files[0], curve_files[1], &curve) != SD_OK) {
+        free(srv->tls_cert);
+        free(srv->tls_key);
         free(srv);
         return 2;
     }
@@ -215,11 +290,13 @@ int main(int argc, char **argv) {
     }
     http = gw_http_start(srv);
     if (!http) goto out;
-    if (srv->api_key == NULL && strncmp(srv->listen, "127.", 4) != 0 && strncmp(srv->listen, "[::1]", 5) != 0)
-        SD_WARN("listening on %s without --api-key: anyone who can reach it can use the service", srv->listen);
-    SD_INFO("serving %s on http://%s for coordinator %s%s", srv->model_name, srv->listen, srv->coordinator,
+    const char *scheme = srv->tls_cert ? "https" : "http";
+    if (srv->api_key == NULL && !gw_listen_is_loopback(srv->listen))
+        SD_WARN("listening on %s without --api-key (--insecure): anyone who can reach it can use the service",
+                srv->listen);
+    SD_INFO("serving %s on %s://%s for coordinator %s%s", srv->model_name, scheme, srv->listen, srv->coordinator,
             srv->api_key ? " (API key required)" : "");
-    printf("listening http://%s\n", srv->listen);
+    printf("listening %s://%s\n", scheme, srv->listen);
     fflush(stdout);
 
     int sig = 0;
@@ -235,6 +312,9 @@ out:
     gw_janitor_free(&srv->janitor);
     gw_metrics_destroy(&srv->metrics);
     memset(&curve, 0, sizeof curve);
+    if (srv->tls_key) memset(srv->tls_key, 0, strlen(srv->tls_key));
+    free(srv->tls_cert);
+    free(srv->tls_key);
     free(srv);
     return rc;
 }

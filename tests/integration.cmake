@@ -30,6 +30,8 @@ specd_py_test(it_bad_input ${_it}test_bad_input.py LABELS integration)
 specd_py_test(it_overload ${_it}test_overload.py LABELS integration)
 # Floods: 10,000 submits from one client, then from 16 at once; each answered exactly once (issue 37)
 specd_py_test(it_flood ${_it}test_flood.py LABELS integration)
+# The gateway's exposure rule (exit 2 off the loopback without a key), HTTPS, usage exit codes
+specd_py_test(it_gateway_bind ${_it}test_gateway_bind.py LABELS integration)
 # A TCP self-connect: reproduced on an ephemeral port; the tests' ports cannot have it; a peer that
 # hears its own Hello drops the connection
 specd_py_test(it_self_connect ${_it}test_self_connect.py LABELS integration)
@@ -49,7 +51,7 @@ set_tests_properties(it_greedy_tiny_model it_greedy_tiny_self it_greedy_tiny_ngr
                      it_greedy_tiny_warmup it_greedy_smollm_ngram
                      it_greedy_smollm_self it_greedy_smollm_ngram_64 it_greedy_smollm_self_64 it_seeded
                      it_drafter_kill it_verifier_restart it_cancel it_bad_input it_overload it_netns it_launch
-                     it_client_cli it_hostile it_launch_curve it_flood it_self_connect
+                     it_client_cli it_hostile it_launch_curve it_flood it_gateway_bind it_self_connect
                      PROPERTIES RESOURCE_LOCK specd_integration)
 # Failover through specd-launch and specd-client --jobs (libspecd-client):
 # a role killed or stopped mid-generation with 32 requests in flight; greedy
