@@ -128,6 +128,11 @@ static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const
     /* Submits still being tokenized count as waiting beyond the free active slots. */
     int32_t pending = c->tokq ? sd_tokq_pending(c->tokq) : 0, free_slots = c->p.max_active - c->n_active;
     int32_t waiting = c->n_queued + (pending > free_slots ? pending - (free_slots > 0 ? free_slots : 0) : 0);
+    if (c->draining) { /* a rolling restart: another coordinator (or this one restarted) takes it */
+        sd_outbox_client_error(c, ident, ident_len, SPECD__CODE__CODE_OVERLOADED, 0, tag,
+                               "the coordinator is draining (shutting down): retry in a moment", now_us);
+        return;
+    }
     const sd_coord_client *known = sd_coord_client_find(c, ident, ident_len, false);
     if (known && known->backlog) { /* the backlog counts against its client (outbox.c) */
         snprintf(msg, sizeof msg, "replies to this client are backed up (%zu waiting): read them, then retry",

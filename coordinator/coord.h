@@ -71,6 +71,7 @@ typedef struct sd_coord_params {
     int32_t prefill_chunk;         /* prompt tokens per verify step, all sequences together (512) */
     int32_t draft_timeout_ms;      /* 2000 */
     int32_t verify_timeout_ms;     /* 30000 */
+    int32_t drain_timeout_ms;      /* after SIGTERM: in-flight requests get this long to finish (20000) */
     int32_t heartbeat_interval_ms; /* SD_HEARTBEAT_INTERVAL_MS (tests shorten it) */
     int32_t heartbeat_liveness;    /* SD_HEARTBEAT_LIVENESS */
     bool stats_names;              /* workers' names (host:pid) in stats replies: off */
@@ -380,6 +381,7 @@ typedef struct sd_coord {
     sd_coord_client clients[SD_COORD_MAX_CLIENTS];
     int32_t n_clients;
     size_t backlog_bytes; /* over all clients */
+    bool draining;        /* stopping: new submits refused OVERLOADED, the running ones finish (server.c) */
     int32_t n_backlogged; /* clients with a backlog */
     /* token chunks committed by a verify reply, streamed to the clients
      * only once the next verify request is out (sd_sched_pump) */
@@ -635,7 +637,9 @@ bool sd_local_drafter_is_ident(const uint8_t *ident, size_t ident_len);
 void sd_local_drafter_free(sd_local_drafter **ld);
 
 sd_status sd_coord_server_new(const sd_coord_params *p, sd_coord_server **out);
-/* Runs the loop until *stop becomes nonzero (checked at least every 50 ms). */
+/* Runs the loop until *stop becomes nonzero (checked at least every 50 ms),
+ * then drains: new submits are refused OVERLOADED while the requests in
+ * flight finish, for up to drain_timeout_ms or until *stop reaches 2. */
 sd_status sd_coord_server_run(sd_coord_server *s, atomic_int *stop);
 void sd_coord_server_free(sd_coord_server **s);
 

@@ -31,7 +31,7 @@ static atomic_int g_stop; /* set by the signal handler only (a lock-free atomic:
 
 static void on_signal(int sig) {
     (void)sig;
-    g_stop = 1;
+    atomic_fetch_add(&g_stop, 1); /* 1: drain, 2: stop now */
 }
 
 static void usage(FILE *f) {
@@ -73,6 +73,9 @@ static void usage(FILE *f) {
             "                            names are left empty (only an operator should see them)\n"
             "  --chat-template NAME      chat format when the model's template is not recognised (or to\n"
             "                            override it): %s\n"
+            "  --drain-timeout-ms MS     on SIGINT/SIGTERM: refuse new submits (OVERLOADED, retry), let the\n"
+            "                            running ones finish for up to MS (20000; 0: stop at once), then exit;\n"
+            "                            a second signal stops at once\n"
             "  -v, --verbose             debug logs\n"
             "  -h, --help                this text\n"
             "Exit status: 0 when stopped by SIGINT/SIGTERM; 2 on a usage error (a bad flag or value, the\n"
@@ -104,7 +107,8 @@ int main(int argc, char **argv) {
         O_WKEYS,
         O_INSECURE,
         O_LOCAL_NGRAM,
-        O_NGRAM_CACHE
+        O_NGRAM_CACHE,
+        O_DRAIN
     };
     static const struct option opts[] = {{"model", required_argument, 0, O_MODEL},
                                          {"client-addr", required_argument, 0, O_CADDR},
@@ -126,6 +130,7 @@ int main(int argc, char **argv) {
                                          {"insecure", no_argument, 0, O_INSECURE},
                                          {"local-ngram", no_argument, 0, O_LOCAL_NGRAM},
                                          {"ngram-cache", required_argument, 0, O_NGRAM_CACHE},
+                                         {"drain-timeout-ms", required_argument, 0, O_DRAIN},
                                          {"verbose", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -173,6 +178,10 @@ int main(int argc, char **argv) {
         case O_VTO:
             name = "verify-timeout-ms";
             ok = sd_cli_parse_i32(optarg, 1, 1 << 30, &p.verify_timeout_ms);
+            break;
+        case O_DRAIN:
+            name = "drain-timeout-ms";
+            ok = sd_cli_parse_i32(optarg, 0, 1 << 30, &p.drain_timeout_ms);
             break;
         case O_CURVE: p.curve_secret_file = optarg; break;
         case O_STATS_NAMES: p.stats_names = true; break;

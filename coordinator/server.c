@@ -177,9 +177,29 @@ static void drain(sd_coord_server *s, bool workers) {
     }
 }
 
+/* After the first stop request: true while the drain goes on (requests in
+ * flight, within drain_timeout_ms, no second request). */
+static bool draining(sd_coord_server *s, atomic_int *stop, uint64_t *until_us) {
+    int n = atomic_load(stop);
+    if (n == 0) return true;
+    uint64_t now = sd_coord_now_us();
+    if (!s->c.draining) {
+        s->c.draining = true;
+        *until_us = now + (uint64_t)s->c.p.drain_timeout_ms * 1000u;
+        SD_INFO("draining: new submits refused, %d running and %d queued requests get up to %d ms", s->c.n_active,
+                s->c.n_queued, s->c.p.drain_timeout_ms);
+    }
+    bool busy = s->c.n_active + s->c.n_queued > 0 || sd_tokq_pending(s->tokq) > 0;
+    if (n >= 2 || !busy || now >= *until_us) {
+        if (busy) SD_WARN("drain %s with %d requests unfinished", n >= 2 ? "cut short" : "timed out", s->c.n_active);
+        return false;
+    }
+    return true;
+}
+
 sd_status sd_coord_server_run(sd_coord_server *s, atomic_int *stop) {
-    uint64_t last_tick = 0;
-    while (!atomic_load(stop)) {
+    uint64_t last_tick = 0, drain_until = 0;
+    while (draining(s, stop, &drain_until)) {
         zmq_pollitem_t items[3] = {{s->worker_sock, 0, ZMQ_POLLIN, 0},
                                    {s->client_sock, 0, ZMQ_POLLIN, 0},
                                    {NULL, sd_tokq_fd(s->tokq), ZMQ_POLLIN, 0}};
@@ -203,6 +223,11 @@ sd_status sd_coord_server_run(sd_coord_server *s, atomic_int *stop) {
             last_tick = now;
         }
         sd_local_drafter_pump(s->local, sd_coord_now_us());
+    }
+    /* the last replies out of the backlogs (then libzmq's linger) */
+    for (uint64_t t0 = sd_coord_now_us(); s->c.n_backlogged > 0 && sd_coord_now_us() - t0 < 500000u;) {
+        sd_outbox_flush(&s->c, sd_coord_now_us());
+        zmq_poll(NULL, 0, BACKLOG_POLL_MS);
     }
     SD_INFO("stopping");
     return SD_OK;

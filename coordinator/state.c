@@ -31,6 +31,7 @@ sd_coord_params sd_coord_default_params(void) {
         .prefill_chunk = 512,
         .draft_timeout_ms = 2000,
         .verify_timeout_ms = 30000,
+        .drain_timeout_ms = 20000,
         .heartbeat_interval_ms = SD_HEARTBEAT_INTERVAL_MS,
         .heartbeat_liveness = SD_HEARTBEAT_LIVENESS,
         .local_ngram_cache = 65536,

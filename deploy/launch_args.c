@@ -48,7 +48,8 @@ static void usage(FILE *f) {
         "  --threads-drafter N    drafter threads (default: its own default)\n"
         "  --bin-dir DIR          where the binaries are (default: the build tree next to specd-launch, then PATH)\n"
         "  --ready-timeout S      give up when not ready after S seconds (default 120)\n"
-        "  --stop-timeout S       SIGTERM -> SIGKILL grace per group (default 10)\n"
+        "  --stop-timeout S       SIGTERM -> SIGKILL grace per stage (default 30; the gateway, then the\n"
+        "                         coordinator, drain what is in flight for up to 20 s, then the workers stop)\n"
         "  --restart on|off       restart a coordinator/drafter/verifier that dies (default on)\n"
         "  --http ADDR:PORT       where specd-gateway serves the OpenAI-compatible HTTP API\n"
         "                         (default 127.0.0.1:8000)\n"
@@ -336,7 +337,7 @@ int launch_args_parse(int argc, char **argv, launch_opts *o) {
                        .http = "127.0.0.1:8000",
                        .device_base = -1,
                        .ready_timeout_s = 120,
-                       .stop_timeout_s = 10,
+                       .stop_timeout_s = 30,
                        .restart = true};
     int c;
     while ((c = getopt_long(argc, argv, "vh", launch_longs, NULL)) != -1) {

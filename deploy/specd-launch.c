@@ -9,12 +9,15 @@
  * Why this shape:
  * - Every child runs in its own process group, so a Ctrl-C on the terminal
  *   reaches only the launcher, which then stops the children in a known
- *   order (workers first, the coordinator last: SIGTERM, a bounded wait,
- *   then SIGKILL). Each child also sets PR_SET_PDEATHSIG, so none is
+ *   order (the gateway, the coordinator, then the workers: SIGTERM, a
+ *   bounded wait, then SIGKILL). Each child also sets PR_SET_PDEATHSIG, so none is
  *   orphaned when the launcher itself is killed with SIGKILL.
  * - Signals (SIGINT, SIGTERM, SIGHUP, SIGCHLD) are blocked and read from a
  *   signalfd that sits in the same zmq_poll set as the readiness socket: one
  *   loop, no async-signal-safety puzzles, no fixed sleeps.
+ * - SIGINT/SIGTERM drain the service: the gateway first, then the
+ *   coordinator (each refuses new work and finishes what is in flight,
+ *   bounded), then the workers (stop_all).
  * - Readiness is asked of the coordinator itself (a StatsQuery over the
  *   client link, answered with ServiceStats listing the registered
  *   workers), not guessed from log lines: "ready" means a client can submit
@@ -469,19 +472,23 @@ static int n_running(const launcher *L) {
     return n;
 }
 
-static void signal_role(launcher *L, bool coordinator, int sig) {
+/* The order of a stop: the gateway drains first (its streams need the
+ * rest), then the coordinator (its requests need the workers), then the
+ * workers. */
+static int stop_stage(child_role r) { return r == CHILD_GATEWAY ? 0 : r == CHILD_COORDINATOR ? 1 : 2; }
+
+static void signal_role(launcher *L, int stage, int sig) {
     for (int i = 0; i < L->n_kids; i++)
-        if (L->kids[i].pid && (L->kids[i].role == CHILD_COORDINATOR) == coordinator) signal_child(&L->kids[i], sig);
+        if (L->kids[i].pid && stop_stage(L->kids[i].role) == stage) signal_child(&L->kids[i], sig);
 }
 
 /* Waits (reading the signalfd) until no child of the given kind runs or the
  * deadline passes. A second SIGINT/SIGTERM cuts the wait short. */
-static void wait_children(launcher *L, bool coordinator, double deadline) {
+static void wait_children(launcher *L, int stage, double deadline) {
     for (;;) {
         reap(L);
         bool any = false;
-        for (int i = 0; i < L->n_kids; i++)
-            any |= L->kids[i].pid && (L->kids[i].role == CHILD_COORDINATOR) == coordinator;
+        for (int i = 0; i < L->n_kids; i++) any |= L->kids[i].pid && stop_stage(L->kids[i].role) == stage;
         double left = deadline - now_ms();
         if (!any || left <= 0) return;
         struct pollfd p = {.fd = L->sfd, .events = POLLIN};
@@ -496,17 +503,18 @@ static void wait_children(launcher *L, bool coordinator, double deadline) {
     }
 }
 
-/* Workers first (they finish their replies and deregister), then the
- * coordinator; each group gets SIGTERM and stop_timeout, then SIGKILL. */
+/* A drain of the whole service (stop_stage's order: the gateway and the
+ * coordinator each finish what is in flight, bounded by their drain
+ * timeouts, while the workers still serve); each stage gets SIGTERM and
+ * stop_timeout, then SIGKILL. */
 static void stop_all(launcher *L) {
     L->stopping = true;
-    for (int pass = 0; pass < 2; pass++) {
-        bool coord = pass == 1;
-        signal_role(L, coord, SIGTERM);
-        wait_children(L, coord, now_ms() + 1e3 * L->o.stop_timeout_s);
+    for (int stage = 0; stage < 3; stage++) {
+        signal_role(L, stage, SIGTERM);
+        wait_children(L, stage, now_ms() + 1e3 * L->o.stop_timeout_s);
         for (int i = 0; i < L->n_kids; i++) {
             child *c = &L->kids[i];
-            if (c->pid && (c->role == CHILD_COORDINATOR) == coord) {
+            if (c->pid && stop_stage(c->role) == stage) {
                 SD_WARN("%s (pid %d) did not stop within %d s: SIGKILL", c->name, (int)c->pid, L->o.stop_timeout_s);
                 kill(c->pid, SIGKILL);
                 int status;

@@ -27,6 +27,7 @@
 #define GW_DEFAULT_MAX_CONNECTIONS 256         /* open HTTP connections (one thread each) */
 #define GW_DEFAULT_MAX_INFLIGHT    256         /* coordinator requests in flight from this gateway (429 above) */
 #define GW_DEFAULT_TIMEOUT_S       30          /* an HTTP connection idle this long is closed */
+#define GW_DEFAULT_DRAIN_S         20          /* after SIGTERM, in-flight requests get this long */
 #define GW_MAX_CHOICES             16          /* n, times the prompts of a batched completion */
 #define GW_MAX_OUTPUT_BYTES        (8u << 20)  /* generated text kept per choice */
 #define GW_HEADER_MEMORY           (64u << 10) /* libmicrohttpd's per-connection memory: caps the headers */
@@ -51,9 +52,11 @@ typedef struct gw_server {
     sd_client *client;
     gw_janitor *janitor;
     gw_metrics *metrics;
-    atomic_uint inflight; /* coordinator requests submitted and not finished */
-    atomic_bool stopping; /* set on SIGINT/SIGTERM: waiting handlers give up */
-    int stop_fd;          /* eventfd, readable once stopping is set (gw_http_start / gw_http_stop) */
+    atomic_uint inflight;     /* coordinator requests submitted and not finished */
+    atomic_bool draining;     /* set on SIGINT/SIGTERM: new generation requests get 503, the running ones finish */
+    atomic_bool stopping;     /* set once drained (or at a second signal): waiting handlers give up */
+    unsigned drain_timeout_s; /* the drain's bound (--drain-timeout) */
+    int stop_fd;              /* eventfd, readable once stopping is set (gw_http_start / gw_http_stop) */
 } gw_server;
 
 /* True when the --listen address ADDR:PORT or [ADDR]:PORT is on the

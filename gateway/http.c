@@ -109,7 +109,7 @@ static enum MHD_Result send_body(gw_server *srv, struct MHD_Connection *conn, gw
         return MHD_NO;
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
-    if (status == 429) {
+    if (status == 429 || status == 503) {
         char ra[16];
         snprintf(ra, sizeof ra, "%d", GW_RETRY_AFTER_S);
         MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, ra);

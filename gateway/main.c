@@ -8,7 +8,8 @@
  * one coordinator.
  *
  * Signals are waited for with sigwait on the main thread (blocked in every
- * other thread, which inherit the mask). Stop order: HTTP first (every
+ * other thread, which inherit the mask). Stop order: a drain first (new
+ * requests 503, those in flight finish, bounded: drain()), then HTTP (every
  * connection thread ends; their streams cancel what is unfinished), then
  * the janitor, then the client connection. */
 #include "gateway_impl.h"
@@ -20,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -45,11 +47,13 @@ static void usage(FILE *f) {
             "  --max-connections N     open HTTP connections (default %d)\n"
             "  --max-inflight N        coordinator requests in flight from this gateway (default %d; 429 above)\n"
             "  --timeout S             close HTTP connections idle for S seconds (default %d)\n"
+            "  --drain-timeout S       on SIGINT/SIGTERM: new requests get 503 (Retry-After) while those in\n"
+            "                          flight finish, for up to S seconds (default 20; a second signal: at once)\n"
             "  -v, --verbose           DEBUG logs\n"
             "  -h, --help              this help\n"
             "\n"
-            "Prints \"listening http://ADDR:PORT\" (https:// with TLS) on stdout once it serves. Stops on\n"
-            "SIGINT/SIGTERM (exit 0). Exit status 2: bad arguments, a --listen address off the loopback without\n"
+            "Prints \"listening http://ADDR:PORT\" (https:// with TLS) on stdout once it serves. Drains, then stops\n"
+            "on SIGINT/SIGTERM (exit 0). Exit status 2: bad arguments, a --listen address off the loopback without\n"
             "an API key or --insecure, or unreadable TLS files; 1: it could not start.\n",
             GW_DEFAULT_LISTEN, SD_CLIENT_DEFAULT_ADDR, GW_DEFAULT_MODEL_NAME, GW_DEFAULT_MAX_BODY,
             GW_DEFAULT_MAX_CONNECTIONS, GW_DEFAULT_MAX_INFLIGHT, GW_DEFAULT_TIMEOUT_S);
@@ -77,7 +81,8 @@ enum {
     OPT_CSERVER,
     OPT_INSECURE,
     OPT_TLS_CERT,
-    OPT_TLS_KEY
+    OPT_TLS_KEY,
+    OPT_DRAIN
 };
 
 bool gw_listen_is_loopback(const char *listen) {
@@ -152,6 +157,7 @@ static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose, cons
                                           {"insecure", no_argument, 0, OPT_INSECURE},
                                           {"tls-cert", required_argument, 0, OPT_TLS_CERT},
                                           {"tls-key", required_argument, 0, OPT_TLS_KEY},
+                                          {"drain-timeout", required_argument, 0, OPT_DRAIN},
                                           {"verbose", no_argument, 0, 'v'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
@@ -199,6 +205,13 @@ static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose, cons
             else
                 srv->max_inflight = (unsigned)v;
             break;
+        case OPT_DRAIN:
+            if (!parse_uint(optarg, 0, 86400, &v)) {
+                fprintf(stderr, "specd-gateway: --drain-timeout must be in [0, 86400] seconds, got '%s'\n", optarg);
+                return 2;
+            }
+            srv->drain_timeout_s = (unsigned)v;
+            break;
         case OPT_TIMEOUT:
             if (!parse_uint(optarg, 1, 86400, &v)) {
                 fprintf(stderr, "specd-gateway: --timeout must be in [1, 86400] seconds, got '%s'\n", optarg);
@@ -229,6 +242,39 @@ static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose, cons
     return check_listen(srv, tls_files);
 }
 
+/* The first SIGINT/SIGTERM: new generation requests get 503 with
+ * Retry-After (a load balancer or the openai client retries elsewhere, or
+ * here once restarted) while those in flight finish, for up to
+ * --drain-timeout seconds; a second signal cuts it short. Then the streams
+ * still open end (gw_http_stop). */
+static void drain(gw_server *srv, const sigset_t *set, int sig) {
+    atomic_store(&srv->draining, true);
+    SD_INFO("signal %d: draining (%u requests in flight, at most %u s; a second signal stops at once)", sig,
+            atomic_load(&srv->inflight), srv->drain_timeout_s);
+    struct timespec t0, now, tick = {0, 50 * 1000000L};
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        double waited = (double)(now.tv_sec - t0.tv_sec) + 1e-9 * (double)(now.tv_nsec - t0.tv_nsec);
+        if (atomic_load(&srv->inflight) == 0) {
+            /* the last events of the streams that just ended are still being written */
+            struct timespec grace = {0, 200 * 1000000L};
+            nanosleep(&grace, NULL);
+            SD_INFO("drained in %.1f s: stopping", waited);
+            return;
+        }
+        if (waited >= (double)srv->drain_timeout_s) {
+            SD_WARN("drain timed out with %u requests in flight: stopping", atomic_load(&srv->inflight));
+            return;
+        }
+        int s = sigtimedwait(set, NULL, &tick);
+        if (s == SIGINT || s == SIGTERM) {
+            SD_WARN("second signal: stopping at once");
+            return;
+        }
+    }
+}
+
 int main(int argc, char **argv) {
     gw_server *srv = calloc(1, sizeof *srv);
     if (!srv) return 1;
@@ -239,6 +285,7 @@ int main(int argc, char **argv) {
     srv->max_connections = GW_DEFAULT_MAX_CONNECTIONS;
     srv->max_inflight = GW_DEFAULT_MAX_INFLIGHT;
     srv->timeout_s = GW_DEFAULT_TIMEOUT_S;
+    srv->drain_timeout_s = GW_DEFAULT_DRAIN_S;
     bool verbose = false;
     const char *curve_files[2] = {NULL, NULL};
     int rc = parse_args(argc, argv, srv, &verbose, curve_files);
@@ -302,7 +349,7 @@ int main(int argc, char **argv) {
     int sig = 0;
     while (sigwait(&set, &sig) != 0 || sig == SIGHUP) {
     }
-    SD_INFO("signal %d: stopping", sig);
+    drain(srv, &set, sig);
     rc = 0;
 out:
     atomic_store(&srv->stopping, true);

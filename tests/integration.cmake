@@ -35,6 +35,10 @@ specd_py_test(it_gateway_bind ${_it}test_gateway_bind.py LABELS integration)
 # A TCP self-connect: reproduced on an ephemeral port; the tests' ports cannot have it; a peer that
 # hears its own Hello drops the connection
 specd_py_test(it_self_connect ${_it}test_self_connect.py LABELS integration)
+# SIGTERM drains the gateway and the coordinator: streams in flight finish, new work gets 503 / OVERLOADED
+specd_py_test(it_drain ${_it}test_drain.py LABELS integration)
+# The gateway SIGKILLed under specd-launch: restarted, the openai client's retries get the undisturbed answers
+specd_py_test(it_gateway_failover ${_it}test_gateway_failover.py LABELS integration)
 specd_py_test(it_netns ${_it}test_netns.py LABELS integration)
 specd_py_test(it_launch ${_it}test_launch.py LABELS integration)
 specd_py_test(it_client_cli ${_it}test_client_cli.py LABELS integration)
@@ -51,7 +55,8 @@ set_tests_properties(it_greedy_tiny_model it_greedy_tiny_self it_greedy_tiny_ngr
                      it_greedy_tiny_warmup it_greedy_smollm_ngram
                      it_greedy_smollm_self it_greedy_smollm_ngram_64 it_greedy_smollm_self_64 it_seeded
                      it_drafter_kill it_verifier_restart it_cancel it_bad_input it_overload it_netns it_launch
-                     it_client_cli it_hostile it_launch_curve it_flood it_gateway_bind it_self_connect
+                     it_client_cli it_hostile it_launch_curve it_flood it_gateway_bind it_self_connect it_drain
+                     it_gateway_failover
                      PROPERTIES RESOURCE_LOCK specd_integration)
 # Failover through specd-launch and specd-client --jobs (libspecd-client):
 # a role killed or stopped mid-generation with 32 requests in flight; greedy
