@@ -39,7 +39,8 @@ static void usage(FILE *f) {
             "       specd-client [--coordinator ADDR] --jobs FILE.jsonl [--out FILE] [--concurrency N] [options]\n"
             "       specd-client [--coordinator ADDR] --stats [--json]\n"
             "       specd-client [--coordinator ADDR] --wait-ready SEC\n"
-            "  --coordinator ADDR  coordinator client address (default %s)\n"
+            "  --coordinator ADDR  coordinator client address (default: the one this user's specd-launch\n"
+            "                      recorded in $XDG_RUNTIME_DIR or /tmp/specd-UID/current, else %s)\n"
             "  -p, --prompt TEXT   prompt text\n"
             "  -n N                new tokens at most, N >= 1 (default: the coordinator's; 0 is refused,\n"
             "                      as OpenAI refuses max_tokens 0: leave -n out for the default)\n"
@@ -509,7 +510,9 @@ int main(int argc, char **argv) {
     o.req = sd_client_default_request();
     o.timeout_s = 10;
     o.concurrency = 64;
-    int rc = parse_args(argc, argv, &o);
+    static char found[600];
+    if (sd_client_discover(getenv("XDG_RUNTIME_DIR"), found, sizeof found)) o.coordinator = found;
+    int rc = parse_args(argc, argv, &o); /* --coordinator wins */
     if (rc != 0) return rc < 0 ? 0 : rc;
     sd_net_log_init("client", 0, o.verbose);
 

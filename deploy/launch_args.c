@@ -42,8 +42,8 @@ static void usage(FILE *f) {
         "                         tcp://127.0.0.1:7702); group g uses the port + g - 1\n"
         "  --verifier-device D    cpu (default), cuda (rank r of group g on cuda:(g-1)*N+r) or cuda:B (the\n"
         "                         same from cuda:B)\n"
-        "  --client-addr ADDR     coordinator's client socket (default tcp://127.0.0.1:7700)\n"
-        "  --worker-addr ADDR     coordinator's worker socket (default tcp://127.0.0.1:7701)\n"
+        "  --client-addr ADDR     coordinator's client socket (default: ipc:// in a private directory, below)\n"
+        "  --worker-addr ADDR     coordinator's worker socket (default: the same)\n"
         "  --threads-verifier N   verifier threads (default: its own default)\n"
         "  --threads-drafter N    drafter threads (default: its own default)\n"
         "  --bin-dir DIR          where the binaries are (default: the build tree next to specd-launch, then PATH)\n"
@@ -54,6 +54,11 @@ static void usage(FILE *f) {
         "  --http ADDR:PORT       where specd-gateway serves the OpenAI-compatible HTTP API\n"
         "                         (default 127.0.0.1:8000)\n"
         "  --no-gateway           do not start specd-gateway\n"
+        "  Without keys and without addresses the links are ipc:// sockets in $XDG_RUNTIME_DIR (else\n"
+        "  /tmp)/specd-UID/launch-PID, mode 0700: no other user can reach them; specd-client and\n"
+        "  specd-gateway of the same user find the service there without --coordinator.\n"
+        "  --insecure             the TCP loopback defaults instead (tcp://127.0.0.1:7700, 7701, 7702), which\n"
+        "                         every local user can reach\n"
         "  --curve DIR            CurveZMQ on every link: key pairs for each process (kept when already\n"
         "                         in DIR, else generated; DIR is created 0700), allow-lists, and a client\n"
         "                         key: specd-client --curve-secret DIR/client.key --curve-server\n"
@@ -93,6 +98,7 @@ enum {
     OPT_HTTP,
     OPT_NO_GATEWAY,
     OPT_CURVE,
+    OPT_INSECURE,
     OPT_BIN_DIR,
     OPT_READY_TIMEOUT,
     OPT_STOP_TIMEOUT,
@@ -208,9 +214,10 @@ static bool apply_worker_option(launch_opts *o, int opt, char *arg) {
 static bool apply_service_option(launch_opts *o, int opt, char *arg) {
     switch (opt) {
     case OPT_TARGET: o->target = arg; return true;
-    case OPT_CLIENT_ADDR: o->client_addr = arg; return true;
-    case OPT_WORKER_ADDR: o->worker_addr = arg; return true;
-    case OPT_GROUP_ADDR: o->group_addr = arg; return true;
+    case OPT_CLIENT_ADDR: o->client_addr = arg, o->addrs_given = true; return true;
+    case OPT_WORKER_ADDR: o->worker_addr = arg, o->addrs_given = true; return true;
+    case OPT_GROUP_ADDR: o->group_addr = arg, o->addrs_given = true; return true;
+    case OPT_INSECURE: o->insecure = true; return true;
     case OPT_HTTP: o->http = arg; return true;
     case OPT_NO_GATEWAY: o->no_gateway = true; return true;
     case OPT_CURVE: o->curve_dir = arg; return true;
@@ -324,6 +331,7 @@ static const struct option launch_longs[] = {{"target", required_argument, 0, OP
                                              {"no-gateway", no_argument, 0, OPT_NO_GATEWAY},
                                              {"gateway-arg", required_argument, 0, OPT_GATEWAY_ARG},
                                              {"curve", required_argument, 0, OPT_CURVE},
+                                             {"insecure", no_argument, 0, OPT_INSECURE},
                                              {"verbose", no_argument, 0, 'v'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 void launch_ready_query(launch_ready *r) {
     Specd__StatsQuery q = SPECD__STATS_QUERY__INIT;
@@ -91,7 +92,9 @@ bool launch_gateway_listening(const char *http) {
 }
 
 bool launch_zmq_bound(const char *addr) {
-    if (strncmp(addr, "tcp://", 6) != 0) return true; /* ipc://, inproc://: nothing to wait for by port */
+    struct stat st;
+    if (strncmp(addr, "ipc://", 6) == 0) return stat(addr + 6, &st) == 0 && S_ISSOCK(st.st_mode);
+    if (strncmp(addr, "tcp://", 6) != 0) return true; /* inproc:// and others: nothing to wait for */
     const char *colon = strrchr(addr + 6, ':');
     return colon && launch_port_listening(atoi(colon + 1));
 }

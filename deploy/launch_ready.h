@@ -21,8 +21,8 @@ void launch_ready_read(launch_ready *r);
 bool launch_port_listening(int port);
 /* True when something listens on the gateway's ADDR:PORT port. */
 bool launch_gateway_listening(const char *http);
-/* True when a ZeroMQ bind address's port is listening (tcp://HOST:PORT;
- * other transports: true). */
+/* True when a ZeroMQ bind address is bound: tcp://HOST:PORT listening,
+ * ipc://PATH a socket file (other transports: true). */
 bool launch_zmq_bound(const char *addr);
 /* True when port lies in the kernel's ephemeral range (ip_local_port_range),
  * where outgoing connections take their source ports. */

@@ -52,6 +52,7 @@
 #include "specd/common.h"
 #include "specd/cli.h"
 #include "specd/net.h"
+#include "launch_local.h"
 #include "launch_ready.h"
 
 #include <errno.h>
@@ -102,7 +103,8 @@ typedef struct child {
 
 typedef struct launcher {
     launch_opts o;
-    launch_keys keys; /* with --curve */
+    launch_keys keys;   /* with --curve */
+    launch_local local; /* without keys, addresses or --insecure: ipc:// in a private directory */
     child kids[MAX_CHILDREN];
     int n_kids;
     int sfd; /* signalfd: SIGINT, SIGTERM, SIGHUP, SIGCHLD */
@@ -626,6 +628,7 @@ static bool check_ready(launcher *L, launch_ready *rd, bool sock_readable, doubl
         (o->no_gateway || launch_gateway_listening(o->http))) {
         *ready = true;
         SD_INFO("all processes registered (%d running)", n_running(L));
+        if (L->local.on) launch_local_publish(&L->local, L->client_connect);
         printf("ready %s\n", L->client_connect);
         if (!o->no_gateway) printf("http http://%s\n", o->http);
         fflush(stdout);
@@ -688,6 +691,13 @@ static bool start_coordinator(launcher *L) {
 
 static int run(launcher *L) {
     const launch_opts *o = &L->o;
+    if (!o->curve_dir && !o->insecure && !o->addrs_given) { /* closed to other users (launch_local.c) */
+        if (!launch_local_make(getenv("XDG_RUNTIME_DIR"), &L->local)) return 1;
+        L->o.client_addr = L->local.client;
+        L->o.worker_addr = L->local.worker;
+        L->o.group_addr = L->local.group;
+        SD_INFO("links: ipc:// in %s (mode 0700: this user only; --insecure for TCP on the loopback)", L->local.dir);
+    }
     connect_addr_of(o->worker_addr, L->worker_connect, sizeof L->worker_connect);
     connect_addr_of(o->client_addr, L->client_connect, sizeof L->client_connect);
     if (o->curve_dir) {
@@ -708,6 +718,7 @@ static int run(launcher *L) {
     if (started && !open_ready_socket(L, &rd)) started = false, L->exit_code = 1;
     if (!started) {
         stop_all(L);
+        launch_local_remove(&L->local);
         SD_INFO("stopped (exit %d)", L->exit_code);
         return L->exit_code;
     }
@@ -742,6 +753,7 @@ static int run(launcher *L) {
     sd_net_close(&rd.sock);
     zmq_ctx_term(rd.zctx);
     stop_all(L);
+    launch_local_remove(&L->local);
     SD_INFO("stopped (exit %d)", L->exit_code);
     return L->exit_code;
 }

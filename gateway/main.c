@@ -31,7 +31,8 @@ static void usage(FILE *f) {
             "(streaming with server-sent events), GET /v1/models, GET /health, GET /metrics (Prometheus).\n"
             "\n"
             "  --listen ADDR:PORT      where to serve HTTP (default %s; [IPv6]:PORT works too)\n"
-            "  --coordinator ADDR      the coordinator's client socket (default %s)\n"
+            "  --coordinator ADDR      the coordinator's client socket (default: the one this user's specd-launch\n"
+            "                          recorded in $XDG_RUNTIME_DIR or /tmp/specd-UID/current, else %s)\n"
             "  --curve-secret FILE     CurveZMQ: the gateway's secret key (specd-keygen; mode 0600; default\n"
             "                          $SPECD_CURVE_SECRET); its public key must be on the coordinator's\n"
             "                          --client-keys list\n"
@@ -279,7 +280,9 @@ int main(int argc, char **argv) {
     gw_server *srv = calloc(1, sizeof *srv);
     if (!srv) return 1;
     snprintf(srv->listen, sizeof srv->listen, "%s", GW_DEFAULT_LISTEN);
-    srv->coordinator = SD_CLIENT_DEFAULT_ADDR;
+    static char found[600];
+    srv->coordinator =
+        sd_client_discover(getenv("XDG_RUNTIME_DIR"), found, sizeof found) ? found : SD_CLIENT_DEFAULT_ADDR;
     srv->model_name = GW_DEFAULT_MODEL_NAME;
     srv->max_body = GW_DEFAULT_MAX_BODY;
     srv->max_connections = GW_DEFAULT_MAX_CONNECTIONS;

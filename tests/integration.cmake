@@ -39,6 +39,8 @@ specd_py_test(it_self_connect ${_it}test_self_connect.py LABELS integration)
 specd_py_test(it_drain ${_it}test_drain.py LABELS integration)
 # The gateway SIGKILLed under specd-launch: restarted, the openai client's retries get the undisturbed answers
 specd_py_test(it_gateway_failover ${_it}test_gateway_failover.py LABELS integration)
+# A default launch (ipc:// in a 0700 directory) refuses another user's worker and client (needs root: useradd)
+specd_py_test(it_local_user ${_it}test_local_user.py LABELS integration)
 specd_py_test(it_netns ${_it}test_netns.py LABELS integration)
 specd_py_test(it_launch ${_it}test_launch.py LABELS integration)
 specd_py_test(it_client_cli ${_it}test_client_cli.py LABELS integration)
@@ -56,7 +58,7 @@ set_tests_properties(it_greedy_tiny_model it_greedy_tiny_self it_greedy_tiny_ngr
                      it_greedy_smollm_self it_greedy_smollm_ngram_64 it_greedy_smollm_self_64 it_seeded
                      it_drafter_kill it_verifier_restart it_cancel it_bad_input it_overload it_netns it_launch
                      it_client_cli it_hostile it_launch_curve it_flood it_gateway_bind it_self_connect it_drain
-                     it_gateway_failover
+                     it_gateway_failover it_local_user
                      PROPERTIES RESOURCE_LOCK specd_integration)
 # Failover through specd-launch and specd-client --jobs (libspecd-client):
 # a role killed or stopped mid-generation with 32 requests in flight; greedy

@@ -272,6 +272,13 @@ sd_status sd_client_stats(sd_client *c, int timeout_ms, sd_client_service_stats 
  * NULL-safe. Not to be called while other threads use the client. */
 void sd_client_close(sd_client **c);
 
+/* The address this user's local service (specd-launch without keys or
+ * addresses) recorded under runtime_base ($XDG_RUNTIME_DIR, NULL: /tmp):
+ * true and *out filled when runtime_base/specd-UID is this user's with mode
+ * 0700 and its "current" file names an ipc:// or tcp:// address. Callers use
+ * it when no address is given (specd-client, specd-gateway). */
+bool sd_client_discover(const char *runtime_base, char *out, size_t out_len);
+
 /* "EOS", "LENGTH", ... for a stop reason. */
 const char *sd_client_stop_reason_name(Specd__StopReason r);
 
