@@ -84,6 +84,18 @@ static void usage(FILE *f) {
             SD_MAX_K, sd_chat_template_names());
 }
 
+/* The rules between flags, usage errors (exit 2) before anything opens. */
+static bool usage_rules_ok(const sd_coord_params *p) {
+    bool keyed = p->curve_secret_file || p->client_keys_file || p->worker_keys_file;
+    if (keyed && !(p->curve_secret_file && p->client_keys_file && p->worker_keys_file)) {
+        fprintf(stderr, "specd-coordinator: CurveZMQ needs all three of --curve-secret, --client-keys and "
+                        "--worker-keys\n");
+        return false;
+    }
+    return sd_curve_bind_check(p->client_addr, keyed, p->insecure, "--client-addr") == SD_OK &&
+           sd_curve_bind_check(p->worker_addr, keyed, p->insecure, "--worker-addr") == SD_OK;
+}
+
 int main(int argc, char **argv) {
     sd_coord_params p = sd_coord_default_params();
     bool verbose = false;
@@ -207,16 +219,7 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    /* The rules between flags are usage errors (2), before anything opens. */
-    bool keyed = p.curve_secret_file || p.client_keys_file || p.worker_keys_file;
-    if (keyed && !(p.curve_secret_file && p.client_keys_file && p.worker_keys_file)) {
-        fprintf(stderr, "specd-coordinator: CurveZMQ needs all three of --curve-secret, --client-keys and "
-                        "--worker-keys\n");
-        return 2;
-    }
-    if (sd_curve_bind_check(p.client_addr, keyed, p.insecure, "--client-addr") != SD_OK ||
-        sd_curve_bind_check(p.worker_addr, keyed, p.insecure, "--worker-addr") != SD_OK)
-        return 2;
+    if (!usage_rules_ok(&p)) return 2;
     sd_net_log_init("coordinator", 0, verbose);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
