@@ -77,6 +77,9 @@ set_tests_properties(it_failover_gateway PROPERTIES RESOURCE_LOCK specd_integrat
 # specd-launch --tp 2 while a random role is killed or stopped every 2-5 s.
 specd_py_test(it_chaos ${_it}test_chaos.py LABELS integration slow)
 set_tests_properties(it_chaos PROPERTIES RESOURCE_LOCK specd_integration TIMEOUT 3600)
+# The same with specd-gateway in the loop: 16 more requests through HTTP (openai client), the gateway killed too
+specd_py_test(it_chaos_gateway ${_it}test_chaos.py ARGS --gateway LABELS integration slow)
+set_tests_properties(it_chaos_gateway PROPERTIES RESOURCE_LOCK specd_integration TIMEOUT 3600)
 # Per-request drafter choice on SmolLM2 (F16 target, n-gram in the coordinator and the Q4_1 file as a
 # draft model): ~15 s in Release.
 specd_py_test(it_choice_smollm ${_it}test_choice.py LABELS integration model)
