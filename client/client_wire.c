@@ -146,4 +146,5 @@ void sd_client_wire_submit(const sd_client_request *rq, Specd__ChatMessage **mes
     sub->prompt_logprobs = rq->prompt_logprobs;
     sub->echo = rq->echo;
     sub->prompt_only = rq->prompt_only;
+    sub->parse_special = rq->parse_special;
 }

@@ -128,6 +128,18 @@ static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const
     /* Submits still being tokenized count as waiting beyond the free active slots. */
     int32_t pending = c->tokq ? sd_tokq_pending(c->tokq) : 0, free_slots = c->p.max_active - c->n_active;
     int32_t waiting = c->n_queued + (pending > free_slots ? pending - (free_slots > 0 ? free_slots : 0) : 0);
+    if (c->draining) { /* a rolling restart: another coordinator (or this one restarted) takes it */
+        sd_outbox_client_error(c, ident, ident_len, SPECD__CODE__CODE_OVERLOADED, 0, tag,
+                               "the coordinator is draining (shutting down): retry in a moment", now_us);
+        return;
+    }
+    const sd_coord_client *known = sd_coord_client_find(c, ident, ident_len, false);
+    if (known && known->backlog) { /* the backlog counts against its client (outbox.c) */
+        snprintf(msg, sizeof msg, "replies to this client are backed up (%zu waiting): read them, then retry",
+                 known->backlog_n);
+        sd_outbox_client_error(c, ident, ident_len, SPECD__CODE__CODE_OVERLOADED, 0, tag, msg, now_us);
+        return;
+    }
     if (waiting >= c->p.max_queue) {
         snprintf(msg, sizeof msg, "queue full: %d requests waiting (limit %d); retry later", waiting, c->p.max_queue);
         sd_outbox_client_error(c, ident, ident_len, SPECD__CODE__CODE_OVERLOADED, 0, tag, msg, now_us);
@@ -314,10 +326,15 @@ void sd_clients_tick(sd_coord *c, uint64_t now_us) {
     uint64_t dead_after = interval * (uint64_t)c->p.heartbeat_liveness;
     for (int32_t i = 0; i < c->n_clients;) {
         sd_coord_client *cl = &c->clients[i];
-        if (now_us > cl->last_recv_us + dead_after) {
+        /* A backlog that has not shrunk for a long while: the client does not read. */
+        bool stuck = cl->backlog && now_us > cl->backlog_moved_us + SD_COORD_BACKLOG_STALL_US;
+        bool silent = now_us > cl->last_recv_us + dead_after && !(cl->backlog && !stuck);
+        if (silent || stuck || cl->unreading) {
             if (cl->n_active > 0) {
-                SD_WARN("a client silent for %llu ms: cancelling its %d requests",
-                        (unsigned long long)(dead_after / 1000u), cl->n_active);
+                SD_WARN("a client %s: cancelling its %d requests",
+                        cl->unreading || stuck ? "that does not read its replies" : "silent for the liveness period",
+                        cl->n_active);
+                cl->unreading = true; /* what the cancellations would send goes nowhere */
                 uint8_t ident[SD_MAX_IDENTITY_BYTES];
                 size_t ident_len = cl->ident_len;
                 memcpy(ident, cl->ident, ident_len);
@@ -329,6 +346,7 @@ void sd_clients_tick(sd_coord *c, uint64_t now_us) {
                         sd_sched_abort(c, s, SPECD__CODE__CODE_CANCELLED, "client gone", false, now_us);
                 }
             }
+            sd_outbox_client_forget(c, &c->clients[i]);
             c->clients[i] = c->clients[--c->n_clients];
             continue;
         }

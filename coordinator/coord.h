@@ -28,10 +28,17 @@
 #include "specd/chat.h"
 #include "specd/tokenizer.h"
 
-#define SD_COORD_MAX_WORKERS     32
-#define SD_COORD_MAX_CLIENTS     1024
-#define SD_COORD_OVERHEAD_WINDOW 1024
-#define SD_DRAFTER_KINDS         4 /* Specd__DrafterKind values, UNSPECIFIED included */
+#define SD_COORD_MAX_WORKERS         32
+#define SD_COORD_MAX_CLIENTS         1024
+/* Replies waiting for a client whose queue is full (outbox.c): at most this
+ * many bytes per client and over all clients, and not stalled (none taken)
+ * for longer than SD_COORD_BACKLOG_STALL_US; a client past a bound does not
+ * read its replies and is dropped (its requests cancelled). */
+#define SD_COORD_BACKLOG_BYTES       (8 << 20)
+#define SD_COORD_BACKLOG_TOTAL_BYTES (256 << 20)
+#define SD_COORD_BACKLOG_STALL_US    30000000u
+#define SD_COORD_OVERHEAD_WINDOW     1024
+#define SD_DRAFTER_KINDS             4 /* Specd__DrafterKind values, UNSPECIFIED included */
 
 /* prefix_route.c: the coordinator's record of the token prefixes each
  * verifier group (worker slot g, registration worker_id) holds cached. */
@@ -45,12 +52,18 @@ void sd_route_record(sd_route *r, int32_t g, uint64_t worker_id, const int32_t *
  * prefix of whole blocks, short of the last token (always computed). */
 int32_t sd_route_cached(sd_route *r, int32_t g, uint64_t worker_id, const int32_t *tokens, int32_t n);
 
-/* Where the logic sends messages. The envelope is valid only during the call. */
+/* What a send to a client did: a full queue (the peer reads slower than we
+ * send) is not a loss: outbox.c keeps the reply and sends it later. */
+typedef enum sd_coord_sent { SD_COORD_SENT = 0, SD_COORD_FULL, SD_COORD_GONE } sd_coord_sent;
+
+/* Where the logic sends messages. The envelope (the packed body) is valid
+ * only during the call. */
 typedef struct sd_coord_io {
     void *user;
     /* false when the peer cannot be reached (gone: ROUTER_MANDATORY) */
     bool (*to_worker)(void *user, const uint8_t *ident, size_t ident_len, const Specd__CoordinatorToWorker *env);
-    void (*to_client)(void *user, const uint8_t *ident, size_t ident_len, const Specd__CoordinatorToClient *env);
+    /* one packed CoordinatorToClient, without blocking */
+    sd_coord_sent (*to_client)(void *user, const uint8_t *ident, size_t ident_len, const uint8_t *body, size_t len);
 } sd_coord_io;
 
 typedef struct sd_coord_params {
@@ -71,6 +84,7 @@ typedef struct sd_coord_params {
     int32_t prefill_chunk;         /* prompt tokens per verify step, all sequences together (512) */
     int32_t draft_timeout_ms;      /* 2000 */
     int32_t verify_timeout_ms;     /* 30000 */
+    int32_t drain_timeout_ms;      /* after SIGTERM: in-flight requests get this long to finish (20000) */
     int32_t heartbeat_interval_ms; /* SD_HEARTBEAT_INTERVAL_MS (tests shorten it) */
     int32_t heartbeat_liveness;    /* SD_HEARTBEAT_LIVENESS */
     bool stats_names;              /* workers' names (host:pid) in stats replies: off */
@@ -321,11 +335,20 @@ typedef struct sd_coord_worker {
 
 /* ---------------------------------------------------------------- clients */
 
+typedef struct sd_coord_reply sd_coord_reply; /* outbox.c */
+
 typedef struct sd_coord_client {
     uint8_t ident[SD_MAX_IDENTITY_BYTES];
     size_t ident_len;
     uint64_t last_recv_us, last_send_us;
     int32_t n_active; /* requests not finished */
+    /* Replies its full queue could not take yet, in order (owned; outbox.c).
+     * While any wait, its new submits are refused OVERLOADED: the backlog
+     * counts against the client that does not read. */
+    sd_coord_reply *backlog, *backlog_tail;
+    size_t backlog_n, backlog_bytes;
+    uint64_t backlog_moved_us; /* the backlog last shrank (or began) */
+    bool unreading;            /* over a bound: replies discarded, its requests cancelled at the next tick */
 } sd_coord_client;
 
 /* ---------------------------------------------------------------- the whole */
@@ -373,6 +396,9 @@ typedef struct sd_coord {
 
     sd_coord_client clients[SD_COORD_MAX_CLIENTS];
     int32_t n_clients;
+    size_t backlog_bytes; /* over all clients */
+    bool draining;        /* stopping: new submits refused OVERLOADED, the running ones finish (server.c) */
+    int32_t n_backlogged; /* clients with a backlog */
     /* token chunks committed by a verify reply, streamed to the clients
      * only once the next verify request is out (sd_sched_pump) */
     struct sd_pending_chunk *chunks;
@@ -609,6 +635,11 @@ void sd_outbox_client_error(sd_coord *c, const uint8_t *ident, size_t ident_len,
 sd_coord_client *sd_coord_client_find(sd_coord *c, const uint8_t *ident, size_t ident_len, bool create);
 /* A request of the client ended (bookkeeping for liveness). */
 void sd_coord_client_request_done(sd_coord *c, const uint8_t *ident, size_t ident_len);
+/* Sends what waits in the clients' backlogs, in order, until each queue is
+ * full again. The server loop calls it every pass. */
+void sd_outbox_flush(sd_coord *c, uint64_t now_us);
+/* Frees cl's backlog (the record is about to go). */
+void sd_outbox_client_forget(sd_coord *c, sd_coord_client *cl);
 
 /* server.c: sockets and the loop */
 typedef struct sd_coord_server sd_coord_server;
@@ -628,7 +659,9 @@ bool sd_local_drafter_is_ident(const uint8_t *ident, size_t ident_len);
 void sd_local_drafter_free(sd_local_drafter **ld);
 
 sd_status sd_coord_server_new(const sd_coord_params *p, sd_coord_server **out);
-/* Runs the loop until *stop becomes nonzero (checked at least every 50 ms). */
+/* Runs the loop until *stop becomes nonzero (checked at least every 50 ms),
+ * then drains: new submits are refused OVERLOADED while the requests in
+ * flight finish, for up to drain_timeout_ms or until *stop reaches 2. */
 sd_status sd_coord_server_run(sd_coord_server *s, atomic_int *stop);
 void sd_coord_server_free(sd_coord_server **s);
 

@@ -138,9 +138,9 @@ static bool to_worker(void *user, const uint8_t *ident, size_t ident_len, const 
     return true;
 }
 
-static void to_client(void *user, const uint8_t *ident, size_t ident_len, const Specd__CoordinatorToClient *env) {
+static sd_coord_sent to_client(void *user, const uint8_t *ident, size_t ident_len, const uint8_t *body, size_t len) {
     sd_local_drafter *ld = user;
-    ld->inner.to_client(ld->inner.user, ident, ident_len, env);
+    return ld->inner.to_client(ld->inner.user, ident, ident_len, body, len);
 }
 
 /* Registers like specd-drafter --ngram: the target's identity (an n-gram

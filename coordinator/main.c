@@ -18,6 +18,7 @@
  *   text, as in specd-generate. */
 #include "coord.h"
 #include "specd/cli.h"
+#include "specd/curve.h"
 
 #include <getopt.h>
 #include <signal.h>
@@ -30,7 +31,7 @@ static atomic_int g_stop; /* set by the signal handler only (a lock-free atomic:
 
 static void on_signal(int sig) {
     (void)sig;
-    g_stop = 1;
+    atomic_fetch_add(&g_stop, 1); /* 1: drain, 2: stop now */
 }
 
 static void usage(FILE *f) {
@@ -72,9 +73,27 @@ static void usage(FILE *f) {
             "                            names are left empty (only an operator should see them)\n"
             "  --chat-template NAME      chat format when the model's template is not recognised (or to\n"
             "                            override it): %s\n"
+            "  --drain-timeout-ms MS     on SIGINT/SIGTERM: refuse new submits (OVERLOADED, retry), let the\n"
+            "                            running ones finish for up to MS (20000; 0: stop at once), then exit;\n"
+            "                            a second signal stops at once\n"
             "  -v, --verbose             debug logs\n"
-            "  -h, --help                this text\n",
+            "  -h, --help                this text\n"
+            "Exit status: 0 when stopped by SIGINT/SIGTERM; 2 on a usage error (a bad flag or value, the\n"
+            "CurveZMQ flags not all three, a bind off the loopback without keys or --insecure); 1 when it\n"
+            "cannot start (model, keys, sockets) or run.\n",
             SD_MAX_K, sd_chat_template_names());
+}
+
+/* The rules between flags, usage errors (exit 2) before anything opens. */
+static bool usage_rules_ok(const sd_coord_params *p) {
+    bool keyed = p->curve_secret_file || p->client_keys_file || p->worker_keys_file;
+    if (keyed && !(p->curve_secret_file && p->client_keys_file && p->worker_keys_file)) {
+        fprintf(stderr, "specd-coordinator: CurveZMQ needs all three of --curve-secret, --client-keys and "
+                        "--worker-keys\n");
+        return false;
+    }
+    return sd_curve_bind_check(p->client_addr, keyed, p->insecure, "--client-addr") == SD_OK &&
+           sd_curve_bind_check(p->worker_addr, keyed, p->insecure, "--worker-addr") == SD_OK;
 }
 
 int main(int argc, char **argv) {
@@ -100,7 +119,8 @@ int main(int argc, char **argv) {
         O_WKEYS,
         O_INSECURE,
         O_LOCAL_NGRAM,
-        O_NGRAM_CACHE
+        O_NGRAM_CACHE,
+        O_DRAIN
     };
     static const struct option opts[] = {{"model", required_argument, 0, O_MODEL},
                                          {"client-addr", required_argument, 0, O_CADDR},
@@ -122,6 +142,7 @@ int main(int argc, char **argv) {
                                          {"insecure", no_argument, 0, O_INSECURE},
                                          {"local-ngram", no_argument, 0, O_LOCAL_NGRAM},
                                          {"ngram-cache", required_argument, 0, O_NGRAM_CACHE},
+                                         {"drain-timeout-ms", required_argument, 0, O_DRAIN},
                                          {"verbose", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
@@ -170,6 +191,10 @@ int main(int argc, char **argv) {
             name = "verify-timeout-ms";
             ok = sd_cli_parse_i32(optarg, 1, 1 << 30, &p.verify_timeout_ms);
             break;
+        case O_DRAIN:
+            name = "drain-timeout-ms";
+            ok = sd_cli_parse_i32(optarg, 0, 1 << 30, &p.drain_timeout_ms);
+            break;
         case O_CURVE: p.curve_secret_file = optarg; break;
         case O_STATS_NAMES: p.stats_names = true; break;
         case O_CHAT: p.chat_template = optarg; break;
@@ -194,6 +219,7 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    if (!usage_rules_ok(&p)) return 2;
     sd_net_log_init("coordinator", 0, verbose);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);

@@ -18,10 +18,11 @@
 #include <string.h>
 #include <zmq.h>
 
-#define POLL_MS   20
-#define TICK_US   5000u
-#define DRAIN_MAX 256
-#define DRAIN_US  20000u /* a drain yields to the timers after this long (a flood of large messages) */
+#define POLL_MS         20
+#define BACKLOG_POLL_MS 1
+#define TICK_US         5000u
+#define DRAIN_MAX       256
+#define DRAIN_US        20000u /* a drain yields to the timers after this long (a flood of large messages) */
 
 struct sd_coord_server {
     void *zctx;
@@ -45,10 +46,25 @@ static bool send_to_worker(void *user, const uint8_t *ident, size_t ident_len, c
     return true;
 }
 
-static void send_to_client(void *user, const uint8_t *ident, size_t ident_len, const Specd__CoordinatorToClient *env) {
+/* Never blocks: a full queue is SD_COORD_FULL and outbox.c keeps the reply. */
+static sd_coord_sent send_to_client(void *user, const uint8_t *ident, size_t ident_len, const uint8_t *body,
+                                    size_t len) {
     sd_coord_server *s = user;
-    if (sd_net_send(s->client_sock, ident, ident_len, &env->base) != SD_OK)
-        SD_INFO("send to a client failed (gone?); body case %d", (int)env->body_case);
+    if (zmq_send(s->client_sock, ident, ident_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
+        int e = zmq_errno();
+        if (e == EAGAIN) return SD_COORD_FULL;
+        if (e == EHOSTUNREACH)
+            SD_INFO("a reply to a client that is gone (disconnected) is not sent");
+        else
+            SD_ERROR("send to a client: %s", zmq_strerror(e));
+        return SD_COORD_GONE;
+    }
+    /* the routing frame went, so the pipe has room: the body cannot be refused */
+    if (zmq_send(s->client_sock, body, len, ZMQ_DONTWAIT) < 0) {
+        SD_ERROR("send to a client (%zu bytes): %s", len, zmq_strerror(zmq_errno()));
+        return SD_COORD_GONE;
+    }
+    return SD_COORD_SENT;
 }
 
 /* Loads the keys and allow-lists and starts the ZAP handler: keys are all or
@@ -161,13 +177,35 @@ static void drain(sd_coord_server *s, bool workers) {
     }
 }
 
+/* After the first stop request: true while the drain goes on (requests in
+ * flight, within drain_timeout_ms, no second request). */
+static bool draining(sd_coord_server *s, atomic_int *stop, uint64_t *until_us) {
+    int n = atomic_load(stop);
+    if (n == 0) return true;
+    uint64_t now = sd_coord_now_us();
+    if (!s->c.draining) {
+        s->c.draining = true;
+        *until_us = now + (uint64_t)s->c.p.drain_timeout_ms * 1000u;
+        SD_INFO("draining: new submits refused, %d running and %d queued requests get up to %d ms", s->c.n_active,
+                s->c.n_queued, s->c.p.drain_timeout_ms);
+    }
+    bool busy = s->c.n_active + s->c.n_queued > 0 || sd_tokq_pending(s->tokq) > 0;
+    if (n >= 2 || !busy || now >= *until_us) {
+        if (busy) SD_WARN("drain %s with %d requests unfinished", n >= 2 ? "cut short" : "timed out", s->c.n_active);
+        return false;
+    }
+    return true;
+}
+
 sd_status sd_coord_server_run(sd_coord_server *s, atomic_int *stop) {
-    uint64_t last_tick = 0;
-    while (!atomic_load(stop)) {
+    uint64_t last_tick = 0, drain_until = 0;
+    while (draining(s, stop, &drain_until)) {
         zmq_pollitem_t items[3] = {{s->worker_sock, 0, ZMQ_POLLIN, 0},
                                    {s->client_sock, 0, ZMQ_POLLIN, 0},
                                    {NULL, sd_tokq_fd(s->tokq), ZMQ_POLLIN, 0}};
-        int rc = zmq_poll(items, 3, sd_local_drafter_pending(s->local) ? 0 : POLL_MS);
+        /* a backlog waits for its client's queue to drain: look again soon */
+        long timeout = sd_local_drafter_pending(s->local) ? 0 : s->c.n_backlogged > 0 ? BACKLOG_POLL_MS : POLL_MS;
+        int rc = zmq_poll(items, 3, timeout);
         if (rc < 0) {
             if (zmq_errno() == EINTR) continue;
             SD_ERROR("zmq_poll: %s", zmq_strerror(zmq_errno()));
@@ -178,12 +216,18 @@ sd_status sd_coord_server_run(sd_coord_server *s, atomic_int *stop) {
         if (items[2].revents & ZMQ_POLLIN) sd_clients_on_tokenized(&s->c, sd_coord_now_us());
         sd_local_drafter_pump(s->local, sd_coord_now_us());
         uint64_t now = sd_coord_now_us();
+        sd_outbox_flush(&s->c, now);
         if (now >= last_tick + TICK_US) {
             sd_workers_tick(&s->c, now);
             sd_clients_tick(&s->c, now);
             last_tick = now;
         }
         sd_local_drafter_pump(s->local, sd_coord_now_us());
+    }
+    /* the last replies out of the backlogs (then libzmq's linger) */
+    for (uint64_t t0 = sd_coord_now_us(); s->c.n_backlogged > 0 && sd_coord_now_us() - t0 < 500000u;) {
+        sd_outbox_flush(&s->c, sd_coord_now_us());
+        zmq_poll(NULL, 0, BACKLOG_POLL_MS);
     }
     SD_INFO("stopping");
     return SD_OK;

@@ -31,6 +31,7 @@ sd_coord_params sd_coord_default_params(void) {
         .prefill_chunk = 512,
         .draft_timeout_ms = 2000,
         .verify_timeout_ms = 30000,
+        .drain_timeout_ms = 20000,
         .heartbeat_interval_ms = SD_HEARTBEAT_INTERVAL_MS,
         .heartbeat_liveness = SD_HEARTBEAT_LIVENESS,
         .local_ngram_cache = 65536,
@@ -90,6 +91,7 @@ sd_status sd_coord_state_init(sd_coord *c, const sd_coord_params *p, const sd_co
 }
 
 void sd_coord_state_free(sd_coord *c) {
+    for (int32_t i = 0; i < c->n_clients; i++) sd_outbox_client_forget(c, &c->clients[i]);
     for (int32_t i = 0; i < c->n_chunks; i++) {
         free(c->chunks[i].text);
         free(c->chunks[i].logprobs);

@@ -50,6 +50,7 @@ sd_submit_job *sd_submit_job_new(const Specd__SubmitRequest *r, const uint8_t *i
     j->prompt_logprobs = r->prompt_logprobs;
     j->echo = r->echo;
     j->prompt_only = r->prompt_only; /* validated: max_tokens 0, no continuation */
+    j->parse_special = r->parse_special; /* with chat or messages: refused by sd_submit_tokenize */
     j->chat = r->chat;
     j->code = SPECD__CODE__CODE_OK;
     bool ok = true;
@@ -176,6 +177,11 @@ void sd_submit_tokenize(const sd_tok *tok, const sd_chat_template *chat, int32_t
         j->n_prompt_ids = 0;
         return;
     }
+    if (j->parse_special && (j->chat || j->n_messages > 0)) {
+        refuse(j, SPECD__CODE__CODE_BAD_REQUEST,
+               "submit.parse_special: for a plain text prompt only (chat and messages are always encoded safely)");
+        return;
+    }
     size_t plen = strlen(j->prompt);
     if (plen == 0 && j->n_messages == 0) {
         refuse(j, SPECD__CODE__CODE_BAD_REQUEST, "submit.prompt: empty (give prompt text or prompt_ids)");
@@ -187,14 +193,15 @@ void sd_submit_tokenize(const sd_tok *tok, const sd_chat_template *chat, int32_t
         return;
     }
     /* Special tokens come from the chat template's markup only: text a
-     * client sent is encoded as text, so it cannot forge a turn. */
+     * client sent is encoded as text, so it cannot forge a turn, unless a
+     * plain prompt asks for its special-token text (parse_special). */
     int32_t *enc = NULL;
     size_t n_enc = 0;
     sd_status st = SD_OK;
     if (j->chat || j->n_messages > 0) {
         if (!encode_chat(tok, chat, j, &enc, &n_enc)) return;
     } else {
-        st = sd_tok_encode(tok, j->prompt, plen, false, &enc, &n_enc);
+        st = sd_tok_encode(tok, j->prompt, plen, j->parse_special, &enc, &n_enc);
     }
     if (st != SD_OK) {
         j->code = st == SD_ERR_NOMEM ? SPECD__CODE__CODE_INTERNAL : SPECD__CODE__CODE_BAD_REQUEST;
@@ -202,6 +209,7 @@ void sd_submit_tokenize(const sd_tok *tok, const sd_chat_template *chat, int32_t
         return;
     }
     bool bos = sd_tok_add_bos(tok) && sd_tok_bos(tok) >= 0;
+    if (j->parse_special && n_enc > 0 && enc[0] == sd_tok_bos(tok)) bos = false; /* the text brought its own */
     int32_t *out = malloc((n_enc + 1) * sizeof *out);
     if (!out) {
         free(enc);

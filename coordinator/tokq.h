@@ -35,6 +35,7 @@ typedef struct sd_submit_job {
     char **stop;          /* n_stop owned strings */
     int32_t n_stop;
     bool chat;
+    bool parse_special;    /* a plain prompt's special-token text is read as control tokens (not with chat) */
     char *prompt, *system; /* owned, NUL-terminated */
     /* a whole conversation (messages): n_messages roles ("system", "user",
      * "assistant"; static strings) and owned contents; used instead of

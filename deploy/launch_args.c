@@ -6,6 +6,7 @@
 
 #include <getopt.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "specd/cli.h"
@@ -41,17 +42,23 @@ static void usage(FILE *f) {
         "                         tcp://127.0.0.1:7702); group g uses the port + g - 1\n"
         "  --verifier-device D    cpu (default), cuda (rank r of group g on cuda:(g-1)*N+r) or cuda:B (the\n"
         "                         same from cuda:B)\n"
-        "  --client-addr ADDR     coordinator's client socket (default tcp://127.0.0.1:7700)\n"
-        "  --worker-addr ADDR     coordinator's worker socket (default tcp://127.0.0.1:7701)\n"
+        "  --client-addr ADDR     coordinator's client socket (default: ipc:// in a private directory, below)\n"
+        "  --worker-addr ADDR     coordinator's worker socket (default: the same)\n"
         "  --threads-verifier N   verifier threads (default: its own default)\n"
         "  --threads-drafter N    drafter threads (default: its own default)\n"
         "  --bin-dir DIR          where the binaries are (default: the build tree next to specd-launch, then PATH)\n"
         "  --ready-timeout S      give up when not ready after S seconds (default 120)\n"
-        "  --stop-timeout S       SIGTERM -> SIGKILL grace per group (default 10)\n"
+        "  --stop-timeout S       SIGTERM -> SIGKILL grace per stage (default 30; the gateway, then the\n"
+        "                         coordinator, drain what is in flight for up to 20 s, then the workers stop)\n"
         "  --restart on|off       restart a coordinator/drafter/verifier that dies (default on)\n"
         "  --http ADDR:PORT       where specd-gateway serves the OpenAI-compatible HTTP API\n"
         "                         (default 127.0.0.1:8000)\n"
         "  --no-gateway           do not start specd-gateway\n"
+        "  Without keys and without addresses the links are ipc:// sockets in $XDG_RUNTIME_DIR (else\n"
+        "  /tmp)/specd-UID/launch-PID, mode 0700: no other user can reach them; specd-client and\n"
+        "  specd-gateway of the same user find the service there without --coordinator.\n"
+        "  --insecure             the TCP loopback defaults instead (tcp://127.0.0.1:7700, 7701, 7702), which\n"
+        "                         every local user can reach\n"
         "  --curve DIR            CurveZMQ on every link: key pairs for each process (kept when already\n"
         "                         in DIR, else generated; DIR is created 0700), allow-lists, and a client\n"
         "                         key: specd-client --curve-secret DIR/client.key --curve-server\n"
@@ -59,7 +66,8 @@ static void usage(FILE *f) {
         "  --coordinator-arg ARG  extra argument for specd-coordinator (repeatable)\n"
         "  --verifier-arg ARG     extra argument for specd-verifier (repeatable)\n"
         "  --drafter-arg ARG      extra argument for specd-drafter (repeatable)\n"
-        "  --gateway-arg ARG      extra argument for specd-gateway (repeatable; e.g. --api-key)\n"
+        "  --gateway-arg ARG      extra argument for specd-gateway (repeatable; e.g. --api-key=KEY); an --http\n"
+        "                         address off the loopback needs --api-key=KEY ($SPECD_API_KEY) or --insecure\n"
         "  -v, --verbose          DEBUG logs here and in every child\n"
         "  -h, --help             this help\n"
         "\n"
@@ -90,6 +98,7 @@ enum {
     OPT_HTTP,
     OPT_NO_GATEWAY,
     OPT_CURVE,
+    OPT_INSECURE,
     OPT_BIN_DIR,
     OPT_READY_TIMEOUT,
     OPT_STOP_TIMEOUT,
@@ -205,9 +214,10 @@ static bool apply_worker_option(launch_opts *o, int opt, char *arg) {
 static bool apply_service_option(launch_opts *o, int opt, char *arg) {
     switch (opt) {
     case OPT_TARGET: o->target = arg; return true;
-    case OPT_CLIENT_ADDR: o->client_addr = arg; return true;
-    case OPT_WORKER_ADDR: o->worker_addr = arg; return true;
-    case OPT_GROUP_ADDR: o->group_addr = arg; return true;
+    case OPT_CLIENT_ADDR: o->client_addr = arg, o->addrs_given = true; return true;
+    case OPT_WORKER_ADDR: o->worker_addr = arg, o->addrs_given = true; return true;
+    case OPT_GROUP_ADDR: o->group_addr = arg, o->addrs_given = true; return true;
+    case OPT_INSECURE: o->insecure = true; return true;
     case OPT_HTTP: o->http = arg; return true;
     case OPT_NO_GATEWAY: o->no_gateway = true; return true;
     case OPT_CURVE: o->curve_dir = arg; return true;
@@ -234,8 +244,36 @@ static bool apply_service_option(launch_opts *o, int opt, char *arg) {
     return false;
 }
 
+/* True when ADDR:PORT is on the loopback (127.0.0.0/8 or [::1]). */
+static bool http_is_loopback(const char *http) {
+    if (strncmp(http, "[::1]:", 6) == 0) return true;
+    if (strncmp(http, "127.", 4) != 0) return false;
+    for (const char *p = http + 4; *p && *p != ':'; p++)
+        if (!((*p >= '0' && *p <= '9') || *p == '.')) return false;
+    return true;
+}
+
+/* The gateway's rule, said before anything starts: off the loopback it
+ * needs an API key (--gateway-arg --api-key=KEY, or $SPECD_API_KEY, which
+ * it inherits) or --gateway-arg --insecure. */
+static bool gateway_exposure_ok(const launch_opts *o) {
+    if (o->no_gateway || http_is_loopback(o->http)) return true;
+    const char *env = getenv("SPECD_API_KEY");
+    if (env && env[0]) return true;
+    for (int i = 0; i < o->n_extra[CHILD_GATEWAY]; i++) {
+        const char *a = o->extra[CHILD_GATEWAY][i];
+        if (!strcmp(a, "--insecure") || !strcmp(a, "--api-key") || !strncmp(a, "--api-key=", 10)) return true;
+    }
+    fprintf(stderr,
+            "specd-launch: --http %s is off the loopback: give the gateway an API key (--gateway-arg --api-key=KEY "
+            "or $SPECD_API_KEY), or --gateway-arg --insecure to serve it open\n",
+            o->http);
+    return false;
+}
+
 /* The rules between flags: 0, or 2 with the reason on stderr. */
 static int check_opts(const launch_opts *o) {
+    if (!gateway_exposure_ok(o)) return 2;
     if (!o->target || (o->n_drafters == 0 && !o->local_ngram) == !o->no_draft) {
         fprintf(stderr, "specd-launch: need --target and either drafters (--draft, --ngram, --local-ngram, "
                         "--draft-layers, --drafters) or --no-draft (see --help)\n");
@@ -293,6 +331,7 @@ static const struct option launch_longs[] = {{"target", required_argument, 0, OP
                                              {"no-gateway", no_argument, 0, OPT_NO_GATEWAY},
                                              {"gateway-arg", required_argument, 0, OPT_GATEWAY_ARG},
                                              {"curve", required_argument, 0, OPT_CURVE},
+                                             {"insecure", no_argument, 0, OPT_INSECURE},
                                              {"verbose", no_argument, 0, 'v'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
@@ -306,7 +345,7 @@ int launch_args_parse(int argc, char **argv, launch_opts *o) {
                        .http = "127.0.0.1:8000",
                        .device_base = -1,
                        .ready_timeout_s = 120,
-                       .stop_timeout_s = 10,
+                       .stop_timeout_s = 30,
                        .restart = true};
     int c;
     while ((c = getopt_long(argc, argv, "vh", launch_longs, NULL)) != -1) {

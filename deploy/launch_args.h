@@ -47,6 +47,8 @@ typedef struct launch_opts {
     bool no_gateway;
     const char *http;      /* the gateway's --listen ADDR:PORT */
     const char *curve_dir; /* --curve DIR: keys for every link, NULL = plaintext on loopback */
+    bool addrs_given;      /* --client-addr, --worker-addr or --group-addr given */
+    bool insecure;         /* --insecure: the TCP loopback defaults, open to every local user */
     char model_name[256];  /* the gateway's --model-name: the target's file name without .gguf */
     const char *extra[CHILD_ROLE_COUNT][MAX_EXTRA_ARGS]; /* per child_role: passed through verbatim */
     int n_extra[CHILD_ROLE_COUNT];

@@ -5,12 +5,10 @@
 #include "specd/common.h"
 #include "specd/net.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#include <sys/stat.h>
 
 void launch_ready_query(launch_ready *r) {
     Specd__StatsQuery q = SPECD__STATS_QUERY__INIT;
@@ -61,39 +59,52 @@ void launch_ready_read(launch_ready *r) {
     }
 }
 
-/* True when something accepts TCP connections at the gateway's ADDR:PORT
- * (a wildcard host is tried on the loopback). */
-bool launch_gateway_listening(const char *http) {
-    char host[128];
-    const char *colon = strrchr(http, ':');
-    if (!colon) return false;
-    size_t hl = (size_t)(colon - http);
-    if (http[0] == '[' && hl >= 2) http++, hl -= 2; /* [IPv6] */
-    if (hl >= sizeof host) return false;
-    memcpy(host, http, hl);
-    host[hl] = '\0';
-    int port = atoi(colon + 1);
-    struct sockaddr_storage ss;
-    memset(&ss, 0, sizeof ss);
-    struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
-    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
-    socklen_t len;
-    if (inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
-        if (a4->sin_addr.s_addr == htonl(INADDR_ANY)) a4->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        a4->sin_family = AF_INET;
-        a4->sin_port = htons((uint16_t)port);
-        len = sizeof *a4;
-    } else if (inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
-        if (IN6_IS_ADDR_UNSPECIFIED(&a6->sin6_addr)) a6->sin6_addr = in6addr_loopback;
-        a6->sin6_family = AF_INET6;
-        a6->sin6_port = htons((uint16_t)port);
-        len = sizeof *a6;
-    } else {
-        return false;
+/* True when a TCP socket on this host listens on port (IPv4 or IPv6), read
+ * from /proc/net/tcp{,6}: asking never connects. (A connect loop to a
+ * port that nobody has bound yet is how a TCP self-connect happens when
+ * the port lies in the ephemeral range: the probe itself could take the
+ * port it waits for.) */
+bool launch_port_listening(int port) {
+    static const char *const tables[2] = {"/proc/net/tcp", "/proc/net/tcp6"};
+    for (int t = 0; t < 2; t++) {
+        FILE *f = fopen(tables[t], "r");
+        if (!f) continue;
+        char line[512];
+        bool found = false;
+        if (!fgets(line, sizeof line, f)) line[0] = '\0'; /* the header */
+        while (!found && fgets(line, sizeof line, f)) {
+            /* "  sl  local_address rem_address   st ...": local ADDR:PORT (hex), state 0A = LISTEN */
+            char local[128], remote[128];
+            unsigned st;
+            if (sscanf(line, "%*d: %127s %127s %x", local, remote, &st) != 3) continue;
+            const char *colon = strrchr(local, ':');
+            found = colon && st == 0x0A && strtol(colon + 1, NULL, 16) == port;
+        }
+        fclose(f);
+        if (found) return true;
     }
-    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return false;
-    bool ok = connect(fd, (struct sockaddr *)&ss, len) == 0;
-    close(fd);
-    return ok;
+    return false;
+}
+
+bool launch_gateway_listening(const char *http) {
+    const char *colon = strrchr(http, ':');
+    return colon && launch_port_listening(atoi(colon + 1));
+}
+
+bool launch_zmq_bound(const char *addr) {
+    struct stat st;
+    if (strncmp(addr, "ipc://", 6) == 0) return stat(addr + 6, &st) == 0 && S_ISSOCK(st.st_mode);
+    if (strncmp(addr, "tcp://", 6) != 0) return true; /* inproc:// and others: nothing to wait for */
+    const char *colon = strrchr(addr + 6, ':');
+    return colon && launch_port_listening(atoi(colon + 1));
+}
+
+bool launch_port_ephemeral(int port) {
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    int lo = 0, hi = -1;
+    if (f) {
+        if (fscanf(f, "%d %d", &lo, &hi) != 2) hi = -1;
+        fclose(f);
+    }
+    return port >= lo && port <= hi;
 }

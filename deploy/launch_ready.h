@@ -16,9 +16,17 @@ typedef struct launch_ready {
 void launch_ready_query(launch_ready *r);
 /* Reads every waiting reply and updates who is alive. */
 void launch_ready_read(launch_ready *r);
-/* True when something accepts TCP connections at the gateway's ADDR:PORT
- * (a wildcard host is tried on the loopback). */
+/* True when a socket on this host listens on TCP port (/proc/net/tcp and
+ * tcp6; never connects, so it cannot self-connect to the port it asks about). */
+bool launch_port_listening(int port);
+/* True when something listens on the gateway's ADDR:PORT port. */
 bool launch_gateway_listening(const char *http);
+/* True when a ZeroMQ bind address is bound: tcp://HOST:PORT listening,
+ * ipc://PATH a socket file (other transports: true). */
+bool launch_zmq_bound(const char *addr);
+/* True when port lies in the kernel's ephemeral range (ip_local_port_range),
+ * where outgoing connections take their source ports. */
+bool launch_port_ephemeral(int port);
 /* Monotonic milliseconds (specd-launch.c). */
 double launch_now_ms(void);
 

@@ -9,12 +9,15 @@
  * Why this shape:
  * - Every child runs in its own process group, so a Ctrl-C on the terminal
  *   reaches only the launcher, which then stops the children in a known
- *   order (workers first, the coordinator last: SIGTERM, a bounded wait,
- *   then SIGKILL). Each child also sets PR_SET_PDEATHSIG, so none is
+ *   order (the gateway, the coordinator, then the workers: SIGTERM, a
+ *   bounded wait, then SIGKILL). Each child also sets PR_SET_PDEATHSIG, so none is
  *   orphaned when the launcher itself is killed with SIGKILL.
  * - Signals (SIGINT, SIGTERM, SIGHUP, SIGCHLD) are blocked and read from a
  *   signalfd that sits in the same zmq_poll set as the readiness socket: one
  *   loop, no async-signal-safety puzzles, no fixed sleeps.
+ * - SIGINT/SIGTERM drain the service: the gateway first, then the
+ *   coordinator (each refuses new work and finishes what is in flight,
+ *   bounded), then the workers (stop_all).
  * - Readiness is asked of the coordinator itself (a StatsQuery over the
  *   client link, answered with ServiceStats listing the registered
  *   workers), not guessed from log lines: "ready" means a client can submit
@@ -49,6 +52,7 @@
 #include "specd/common.h"
 #include "specd/cli.h"
 #include "specd/net.h"
+#include "launch_local.h"
 #include "launch_ready.h"
 
 #include <errno.h>
@@ -99,7 +103,8 @@ typedef struct child {
 
 typedef struct launcher {
     launch_opts o;
-    launch_keys keys; /* with --curve */
+    launch_keys keys;   /* with --curve */
+    launch_local local; /* without keys, addresses or --insecure: ipc:// in a private directory */
     child kids[MAX_CHILDREN];
     int n_kids;
     int sfd; /* signalfd: SIGINT, SIGTERM, SIGHUP, SIGCHLD */
@@ -469,19 +474,23 @@ static int n_running(const launcher *L) {
     return n;
 }
 
-static void signal_role(launcher *L, bool coordinator, int sig) {
+/* The order of a stop: the gateway drains first (its streams need the
+ * rest), then the coordinator (its requests need the workers), then the
+ * workers. */
+static int stop_stage(child_role r) { return r == CHILD_GATEWAY ? 0 : r == CHILD_COORDINATOR ? 1 : 2; }
+
+static void signal_role(launcher *L, int stage, int sig) {
     for (int i = 0; i < L->n_kids; i++)
-        if (L->kids[i].pid && (L->kids[i].role == CHILD_COORDINATOR) == coordinator) signal_child(&L->kids[i], sig);
+        if (L->kids[i].pid && stop_stage(L->kids[i].role) == stage) signal_child(&L->kids[i], sig);
 }
 
 /* Waits (reading the signalfd) until no child of the given kind runs or the
  * deadline passes. A second SIGINT/SIGTERM cuts the wait short. */
-static void wait_children(launcher *L, bool coordinator, double deadline) {
+static void wait_children(launcher *L, int stage, double deadline) {
     for (;;) {
         reap(L);
         bool any = false;
-        for (int i = 0; i < L->n_kids; i++)
-            any |= L->kids[i].pid && (L->kids[i].role == CHILD_COORDINATOR) == coordinator;
+        for (int i = 0; i < L->n_kids; i++) any |= L->kids[i].pid && stop_stage(L->kids[i].role) == stage;
         double left = deadline - now_ms();
         if (!any || left <= 0) return;
         struct pollfd p = {.fd = L->sfd, .events = POLLIN};
@@ -496,17 +505,18 @@ static void wait_children(launcher *L, bool coordinator, double deadline) {
     }
 }
 
-/* Workers first (they finish their replies and deregister), then the
- * coordinator; each group gets SIGTERM and stop_timeout, then SIGKILL. */
+/* A drain of the whole service (stop_stage's order: the gateway and the
+ * coordinator each finish what is in flight, bounded by their drain
+ * timeouts, while the workers still serve); each stage gets SIGTERM and
+ * stop_timeout, then SIGKILL. */
 static void stop_all(launcher *L) {
     L->stopping = true;
-    for (int pass = 0; pass < 2; pass++) {
-        bool coord = pass == 1;
-        signal_role(L, coord, SIGTERM);
-        wait_children(L, coord, now_ms() + 1e3 * L->o.stop_timeout_s);
+    for (int stage = 0; stage < 3; stage++) {
+        signal_role(L, stage, SIGTERM);
+        wait_children(L, stage, now_ms() + 1e3 * L->o.stop_timeout_s);
         for (int i = 0; i < L->n_kids; i++) {
             child *c = &L->kids[i];
-            if (c->pid && (c->role == CHILD_COORDINATOR) == coord) {
+            if (c->pid && stop_stage(c->role) == stage) {
                 SD_WARN("%s (pid %d) did not stop within %d s: SIGKILL", c->name, (int)c->pid, L->o.stop_timeout_s);
                 kill(c->pid, SIGKILL);
                 int status;
@@ -618,6 +628,7 @@ static bool check_ready(launcher *L, launch_ready *rd, bool sock_readable, doubl
         (o->no_gateway || launch_gateway_listening(o->http))) {
         *ready = true;
         SD_INFO("all processes registered (%d running)", n_running(L));
+        if (L->local.on) launch_local_publish(&L->local, L->client_connect);
         printf("ready %s\n", L->client_connect);
         if (!o->no_gateway) printf("http http://%s\n", o->http);
         fflush(stdout);
@@ -636,8 +647,57 @@ static bool check_ready(launcher *L, launch_ready *rd, bool sock_readable, doubl
     return true;
 }
 
+/* Starts the coordinator and waits until both its sockets are bound, so
+ * that nothing connects to a port nobody has bound yet (with a port in the
+ * kernel's ephemeral range, such a connect can become a TCP self-connect
+ * that holds the port, and the coordinator could never bind it). Signals
+ * and exits are handled meanwhile. False when the service must stop. */
+static bool start_coordinator(launcher *L) {
+    const launch_opts *o = &L->o;
+    const char *addrs[3] = {o->client_addr, o->worker_addr, o->no_gateway ? NULL : o->http};
+    for (int i = 0; i < 3; i++) {
+        const char *colon = addrs[i] ? strrchr(addrs[i], ':') : NULL;
+        if (colon && launch_port_ephemeral(atoi(colon + 1)))
+            SD_WARN("%s: the port is in the kernel's ephemeral range (ip_local_port_range): an outgoing "
+                    "connection may take it before it is bound; choose one outside it",
+                    addrs[i]);
+    }
+    if (spawn(L, &L->kids[0]) != SD_OK) {
+        L->exit_code = 1;
+        return false;
+    }
+    const double deadline = now_ms() + 1e3 * o->ready_timeout_s;
+    while (!L->stopping) {
+        if (L->kids[0].pid && launch_zmq_bound(o->client_addr) && launch_zmq_bound(o->worker_addr)) return true;
+        struct pollfd pfd = {.fd = L->sfd, .events = POLLIN};
+        if (poll(&pfd, 1, 20) > 0) {
+            struct signalfd_siginfo si;
+            if (read(L->sfd, &si, sizeof si) == (ssize_t)sizeof si && si.ssi_signo != SIGCHLD) {
+                SD_INFO("%s: stopping the service", strsignal((int)si.ssi_signo));
+                return false;
+            }
+        }
+        reap(L);
+        restart_due(L);
+        if (now_ms() > deadline) {
+            SD_ERROR("the coordinator did not bind %s and %s within %d s; stopping the service", o->client_addr,
+                     o->worker_addr, o->ready_timeout_s);
+            L->exit_code = 1;
+            return false;
+        }
+    }
+    return false;
+}
+
 static int run(launcher *L) {
     const launch_opts *o = &L->o;
+    if (!o->curve_dir && !o->insecure && !o->addrs_given) { /* closed to other users (launch_local.c) */
+        if (!launch_local_make(getenv("XDG_RUNTIME_DIR"), &L->local)) return 1;
+        L->o.client_addr = L->local.client;
+        L->o.worker_addr = L->local.worker;
+        L->o.group_addr = L->local.group;
+        SD_INFO("links: ipc:// in %s (mode 0700: this user only; --insecure for TCP on the loopback)", L->local.dir);
+    }
     connect_addr_of(o->worker_addr, L->worker_connect, sizeof L->worker_connect);
     connect_addr_of(o->client_addr, L->client_connect, sizeof L->client_connect);
     if (o->curve_dir) {
@@ -646,14 +706,23 @@ static int run(launcher *L) {
                 o->curve_dir, L->keys.secret[LAUNCH_KEY_CLIENT], L->keys.pub[LAUNCH_KEY_COORDINATOR]);
     }
     launch_ready rd = {0};
-    if (!plan_children(L) || !open_ready_socket(L, &rd)) return 1;
+    if (!plan_children(L)) return 1;
 
     L->exit_code = 0;
     for (int g = 0; g < o->groups; g++) {
         L->groups[g].backoff_ms = RESTART_BACKOFF_MIN_MS;
         L->groups[g].started_ms = now_ms();
     }
-    for (int i = 0; i < L->n_kids && !L->stopping; i++)
+    /* the coordinator first, bound before anything connects to it */
+    bool started = start_coordinator(L); /* exit_code says why not: 0 after a signal */
+    if (started && !open_ready_socket(L, &rd)) started = false, L->exit_code = 1;
+    if (!started) {
+        stop_all(L);
+        launch_local_remove(&L->local);
+        SD_INFO("stopped (exit %d)", L->exit_code);
+        return L->exit_code;
+    }
+    for (int i = 1; i < L->n_kids && !L->stopping; i++)
         if (spawn(L, &L->kids[i]) != SD_OK) L->stopping = true, L->exit_code = 1;
 
     const double ready_deadline = now_ms() + 1e3 * o->ready_timeout_s;
@@ -684,6 +753,7 @@ static int run(launcher *L) {
     sd_net_close(&rd.sock);
     zmq_ctx_term(rd.zctx);
     stop_all(L);
+    launch_local_remove(&L->local);
     SD_INFO("stopped (exit %d)", L->exit_code);
     return L->exit_code;
 }

@@ -191,7 +191,7 @@ static void on_chunk(fz *f, const Specd__TokenChunk *ch) {
                   t->max_tokens);
 }
 
-static void to_client(void *user, const uint8_t *ident, size_t len, const Specd__CoordinatorToClient *env) {
+static void on_client_msg(void *user, const uint8_t *ident, size_t len, const Specd__CoordinatorToClient *env) {
     fz *f = user;
     int cl = client_index(ident, len);
     if (cl < 0) VIOLATION("a message to client ident '%.*s' that never spoke", (int)len, (const char *)ident);
@@ -248,6 +248,15 @@ static void to_client(void *user, const uint8_t *ident, size_t len, const Specd_
     }
     default: break;
     }
+}
+
+/* The coordinator hands over packed replies (outbox.c): checked as decoded. */
+static sd_coord_sent to_client(void *user, const uint8_t *ident, size_t len, const uint8_t *body, size_t body_len) {
+    Specd__CoordinatorToClient *env = specd__coordinator_to_client__unpack(NULL, body_len, body);
+    if (!env) VIOLATION("a reply to a client that does not unpack (%zu bytes)", body_len);
+    on_client_msg(user, ident, len, env);
+    specd__coordinator_to_client__free_unpacked(env, NULL);
+    return SD_COORD_SENT;
 }
 
 static uint64_t fz_clock(void) { return g_fz->now; }

@@ -27,6 +27,7 @@
 #define GW_DEFAULT_MAX_CONNECTIONS 256         /* open HTTP connections (one thread each) */
 #define GW_DEFAULT_MAX_INFLIGHT    256         /* coordinator requests in flight from this gateway (429 above) */
 #define GW_DEFAULT_TIMEOUT_S       30          /* an HTTP connection idle this long is closed */
+#define GW_DEFAULT_DRAIN_S         20          /* after SIGTERM, in-flight requests get this long */
 #define GW_MAX_CHOICES             16          /* n, times the prompts of a batched completion */
 #define GW_MAX_OUTPUT_BYTES        (8u << 20)  /* generated text kept per choice */
 #define GW_HEADER_MEMORY           (64u << 10) /* libmicrohttpd's per-connection memory: caps the headers */
@@ -42,17 +43,25 @@ typedef struct gw_janitor gw_janitor;
 typedef struct gw_server {
     char listen[256];
     const char *coordinator;
-    const char *api_key;    /* NULL: no authentication */
-    const char *model_name; /* what /v1/models lists and responses carry */
+    const char *api_key;      /* NULL: no authentication */
+    const char *model_name;   /* what /v1/models lists and responses carry */
+    bool insecure;            /* --insecure: a non-loopback listen address without an API key is allowed */
+    char *tls_cert, *tls_key; /* PEM contents (owned; NULL: plain HTTP), from --tls-cert / --tls-key */
     size_t max_body;
     unsigned max_connections, max_inflight, timeout_s;
     sd_client *client;
     gw_janitor *janitor;
     gw_metrics *metrics;
-    atomic_uint inflight; /* coordinator requests submitted and not finished */
-    atomic_bool stopping; /* set on SIGINT/SIGTERM: waiting handlers give up */
-    int stop_fd;          /* eventfd, readable once stopping is set (gw_http_start / gw_http_stop) */
+    atomic_uint inflight;     /* coordinator requests submitted and not finished */
+    atomic_bool draining;     /* set on SIGINT/SIGTERM: new generation requests get 503, the running ones finish */
+    atomic_bool stopping;     /* set once drained (or at a second signal): waiting handlers give up */
+    unsigned drain_timeout_s; /* the drain's bound (--drain-timeout) */
+    int stop_fd;              /* eventfd, readable once stopping is set (gw_http_start / gw_http_stop) */
 } gw_server;
+
+/* True when the --listen address ADDR:PORT or [ADDR]:PORT is on the
+ * loopback (127.0.0.0/8 or ::1): only this host can reach it (main.c). */
+bool gw_listen_is_loopback(const char *listen);
 
 /* ---- openai.c: requests ---- */
 
@@ -81,8 +90,9 @@ typedef struct gw_gen {
     char *stop[SD_MAX_STOP_STRINGS]; /* owned */
     size_t n_stop;
     bool stream, include_usage, ignore_eos;
-    bool echo;        /* completions: the text starts with the prompt (and logprobs with its tokens') */
-    bool prompt_only; /* completions: max_tokens 0 with echo: the prompt only, nothing generated */
+    bool echo;          /* completions: the text starts with the prompt (and logprobs with its tokens') */
+    bool prompt_only;   /* completions: max_tokens 0 with echo: the prompt only, nothing generated */
+    bool parse_special; /* completions (extension): a text prompt's special-token text is read as control tokens */
     /* the target's logprobs per token (chat: logprobs + top_logprobs;
      * completions: logprobs = N alternatives) */
     bool logprobs;

@@ -109,7 +109,7 @@ static enum MHD_Result send_body(gw_server *srv, struct MHD_Connection *conn, gw
         return MHD_NO;
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
-    if (status == 429) {
+    if (status == 429 || status == 503) {
         char ra[16];
         snprintf(ra, sizeof ra, "%d", GW_RETRY_AFTER_S);
         MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, ra);
@@ -630,15 +630,22 @@ void *gw_http_start(gw_server *srv) {
         SD_ERROR("eventfd: %s", strerror(errno));
         return NULL;
     }
+    if (srv->tls_cert && MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
+        SD_ERROR("--tls-cert: this libmicrohttpd was built without TLS");
+        close(srv->stop_fd);
+        srv->stop_fd = -1;
+        return NULL;
+    }
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_AUTO |
-                     MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
+                     MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0) | (srv->tls_cert ? MHD_USE_TLS : 0);
     uint16_t port = v6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port) : ntohs(((struct sockaddr_in *)&ss)->sin_port);
     struct MHD_Daemon *d = MHD_start_daemon(
         flags, port, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv, /* first: see MHD docs */
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT, (unsigned)srv->max_connections,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)srv->timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
         (size_t)GW_HEADER_MEMORY, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv, MHD_OPTION_LISTENING_ADDRESS_REUSE,
-        (unsigned)1, MHD_OPTION_END);
+        (unsigned)1, srv->tls_cert ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, srv->tls_cert,
+        MHD_OPTION_HTTPS_MEM_KEY, srv->tls_key, MHD_OPTION_END);
     if (!d) {
         SD_ERROR("cannot listen on %s: %s", srv->listen, strerror(errno));
         close(srv->stop_fd);

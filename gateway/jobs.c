@@ -385,8 +385,14 @@ bool gw_job_submit(gw_job *job, const gw_gen *g, gw_error *err) {
         rq.prompt_logprobs = g->echo && g->logprobs;
         rq.echo = g->echo && p->ids; /* a text prompt is echoed as sent */
         rq.prompt_only = g->prompt_only;
+        rq.parse_special = g->parse_special && !p->ids; /* text prompts only (ids are ids) */
         if (g->prompt_only) rq.max_tokens = 0;
 
+        if (atomic_load(&srv->draining)) {
+            gw_job_cancel(job);
+            return gw_fail(err, 503, "server_error", "draining", NULL,
+                           "the gateway is shutting down: retry (another gateway, or this one once restarted)");
+        }
         if (atomic_fetch_add(&srv->inflight, 1) >= srv->max_inflight) {
             atomic_fetch_sub(&srv->inflight, 1);
             gw_job_cancel(job);

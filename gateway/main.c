@@ -8,7 +8,8 @@
  * one coordinator.
  *
  * Signals are waited for with sigwait on the main thread (blocked in every
- * other thread, which inherit the mask). Stop order: HTTP first (every
+ * other thread, which inherit the mask). Stop order: a drain first (new
+ * requests 503, those in flight finish, bounded: drain()), then HTTP (every
  * connection thread ends; their streams cancel what is unfinished), then
  * the janitor, then the client connection. */
 #include "gateway_impl.h"
@@ -20,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -29,22 +31,31 @@ static void usage(FILE *f) {
             "(streaming with server-sent events), GET /v1/models, GET /health, GET /metrics (Prometheus).\n"
             "\n"
             "  --listen ADDR:PORT      where to serve HTTP (default %s; [IPv6]:PORT works too)\n"
-            "  --coordinator ADDR      the coordinator's client socket (default %s)\n"
+            "  --coordinator ADDR      the coordinator's client socket (default: the one this user's specd-launch\n"
+            "                          recorded in $XDG_RUNTIME_DIR or /tmp/specd-UID/current, else %s)\n"
             "  --curve-secret FILE     CurveZMQ: the gateway's secret key (specd-keygen; mode 0600; default\n"
             "                          $SPECD_CURVE_SECRET); its public key must be on the coordinator's\n"
             "                          --client-keys list\n"
             "  --curve-server FILE     the coordinator's public key (default $SPECD_CURVE_SERVER)\n"
             "  --api-key KEY           require 'Authorization: Bearer KEY' on /v1/* (default: $SPECD_API_KEY;\n"
             "                          /health and /metrics need it only from off the loopback)\n"
+            "  --insecure              allow a --listen address off the loopback without an API key (anyone who\n"
+            "                          can reach it can use the service); refused without it\n"
+            "  --tls-cert FILE         serve HTTPS with this certificate (PEM; with --tls-key)\n"
+            "  --tls-key FILE          the certificate's private key (PEM)\n"
             "  --model-name NAME       the model id /v1/models lists and responses carry (default %s)\n"
             "  --max-body BYTES        largest request body (default %u; 413 above)\n"
             "  --max-connections N     open HTTP connections (default %d)\n"
             "  --max-inflight N        coordinator requests in flight from this gateway (default %d; 429 above)\n"
             "  --timeout S             close HTTP connections idle for S seconds (default %d)\n"
+            "  --drain-timeout S       on SIGINT/SIGTERM: new requests get 503 (Retry-After) while those in\n"
+            "                          flight finish, for up to S seconds (default 20; a second signal: at once)\n"
             "  -v, --verbose           DEBUG logs\n"
             "  -h, --help              this help\n"
             "\n"
-            "Prints \"listening http://ADDR:PORT\" on stdout once it serves. Stops on SIGINT/SIGTERM (exit 0).\n",
+            "Prints \"listening http://ADDR:PORT\" (https:// with TLS) on stdout once it serves. Drains, then stops\n"
+            "on SIGINT/SIGTERM (exit 0). Exit status 2: bad arguments, a --listen address off the loopback without\n"
+            "an API key or --insecure, or unreadable TLS files; 1: it could not start.\n",
             GW_DEFAULT_LISTEN, SD_CLIENT_DEFAULT_ADDR, GW_DEFAULT_MODEL_NAME, GW_DEFAULT_MAX_BODY,
             GW_DEFAULT_MAX_CONNECTIONS, GW_DEFAULT_MAX_INFLIGHT, GW_DEFAULT_TIMEOUT_S);
 }
@@ -68,12 +79,72 @@ enum {
     OPT_INFLIGHT,
     OPT_TIMEOUT,
     OPT_CSECRET,
-    OPT_CSERVER
+    OPT_CSERVER,
+    OPT_INSECURE,
+    OPT_TLS_CERT,
+    OPT_TLS_KEY,
+    OPT_DRAIN
 };
+
+bool gw_listen_is_loopback(const char *listen) {
+    if (strncmp(listen, "[::1]:", 6) == 0) return true;
+    if (strncmp(listen, "127.", 4) != 0) return false;
+    /* 127.a.b.c:PORT, numeric (parse_listen refuses anything else later) */
+    for (const char *p = listen + 4; *p && *p != ':'; p++)
+        if (!((*p >= '0' && *p <= '9') || *p == '.')) return false;
+    return true;
+}
+
+/* The whole of a small PEM file, NUL-terminated (owned), or NULL (said). */
+static char *read_pem(const char *path, const char *flag) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "specd-gateway: %s %s: %s\n", flag, path, strerror(errno));
+        return NULL;
+    }
+    enum { MAX_PEM = 1 << 20 };
+    char *buf = malloc(MAX_PEM + 1);
+    size_t n = buf ? fread(buf, 1, MAX_PEM + 1, f) : 0;
+    bool err = ferror(f);
+    fclose(f);
+    if (!buf || err || n == 0 || n > MAX_PEM) {
+        fprintf(stderr, "specd-gateway: %s %s: %s\n", flag, path,
+                !buf     ? "out of memory"
+                : err    ? "read error"
+                : n == 0 ? "empty"
+                         : "over 1 MiB");
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    return buf;
+}
+
+/* The listen rule and the TLS files; -1: go on, else the exit status. */
+static int check_listen(gw_server *srv, const char *tls_files[2]) {
+    if (!tls_files[0] != !tls_files[1]) {
+        fprintf(stderr, "specd-gateway: --tls-cert and --tls-key go together\n");
+        return 2;
+    }
+    if (tls_files[0]) {
+        if (!(srv->tls_cert = read_pem(tls_files[0], "--tls-cert"))) return 2;
+        if (!(srv->tls_key = read_pem(tls_files[1], "--tls-key"))) return 2;
+    }
+    if (!gw_listen_is_loopback(srv->listen) && !srv->api_key && !srv->insecure) {
+        fprintf(stderr,
+                "specd-gateway: refusing to listen on %s, off the loopback, without an API key: anyone who can reach "
+                "it could use the service. Give --api-key (or $SPECD_API_KEY; with --tls-cert/--tls-key it is not "
+                "sent in the clear), or --insecure to serve it open\n",
+                srv->listen);
+        return 2;
+    }
+    return -1;
+}
 
 /* -1: go on; otherwise the exit status. */
 /* curve_files: [0] the gateway's secret key file, [1] the coordinator's public key file. */
 static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose, const char *curve_files[2]) {
+    const char *tls_files[2] = {NULL, NULL};
     static const struct option longs[] = {{"listen", required_argument, 0, OPT_LISTEN},
                                           {"coordinator", required_argument, 0, OPT_COORD},
                                           {"api-key", required_argument, 0, OPT_KEY},
@@ -84,6 +155,10 @@ static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose, cons
                                           {"timeout", required_argument, 0, OPT_TIMEOUT},
                                           {"curve-secret", required_argument, 0, OPT_CSECRET},
                                           {"curve-server", required_argument, 0, OPT_CSERVER},
+                                          {"insecure", no_argument, 0, OPT_INSECURE},
+                                          {"tls-cert", required_argument, 0, OPT_TLS_CERT},
+                                          {"tls-key", required_argument, 0, OPT_TLS_KEY},
+                                          {"drain-timeout", required_argument, 0, OPT_DRAIN},
                                           {"verbose", no_argument, 0, 'v'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
@@ -102,6 +177,9 @@ static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose, cons
         case OPT_CSECRET: curve_files[0] = optarg; break;
         case OPT_CSERVER: curve_files[1] = optarg; break;
         case OPT_KEY: srv->api_key = optarg; break;
+        case OPT_INSECURE: srv->insecure = true; break;
+        case OPT_TLS_CERT: tls_files[0] = optarg; break;
+        case OPT_TLS_KEY: tls_files[1] = optarg; break;
         case OPT_MODEL:
             if (!optarg[0] || strlen(optarg) > 200) {
                 fprintf(stderr, "specd-gateway: --model-name must be 1 to 200 characters\n");
@@ -127,6 +205,13 @@ static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose, cons
                 srv->max_connections = (unsigned)v;
             else
                 srv->max_inflight = (unsigned)v;
+            break;
+        case OPT_DRAIN:
+            if (!parse_uint(optarg, 0, 86400, &v)) {
+                fprintf(stderr, "specd-gateway: --drain-timeout must be in [0, 86400] seconds, got '%s'\n", optarg);
+                return 2;
+            }
+            srv->drain_timeout_s = (unsigned)v;
             break;
         case OPT_TIMEOUT:
             if (!parse_uint(optarg, 1, 86400, &v)) {
@@ -155,29 +240,69 @@ static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose, cons
         fprintf(stderr, "specd-gateway: --curve-secret and --curve-server go together\n");
         return 2;
     }
-    return -1;
+    return check_listen(srv, tls_files);
+}
+
+/* The first SIGINT/SIGTERM: new generation requests get 503 with
+ * Retry-After (a load balancer or the openai client retries elsewhere, or
+ * here once restarted) while those in flight finish, for up to
+ * --drain-timeout seconds; a second signal cuts it short. Then the streams
+ * still open end (gw_http_stop). */
+static void drain(gw_server *srv, const sigset_t *set, int sig) {
+    atomic_store(&srv->draining, true);
+    SD_INFO("signal %d: draining (%u requests in flight, at most %u s; a second signal stops at once)", sig,
+            atomic_load(&srv->inflight), srv->drain_timeout_s);
+    struct timespec t0, now, tick = {0, 50 * 1000000L};
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        double waited = (double)(now.tv_sec - t0.tv_sec) + 1e-9 * (double)(now.tv_nsec - t0.tv_nsec);
+        if (atomic_load(&srv->inflight) == 0) {
+            /* the last events of the streams that just ended are still being written */
+            struct timespec grace = {0, 200 * 1000000L};
+            nanosleep(&grace, NULL);
+            SD_INFO("drained in %.1f s: stopping", waited);
+            return;
+        }
+        if (waited >= (double)srv->drain_timeout_s) {
+            SD_WARN("drain timed out with %u requests in flight: stopping", atomic_load(&srv->inflight));
+            return;
+        }
+        int s = sigtimedwait(set, NULL, &tick);
+        if (s == SIGINT || s == SIGTERM) {
+            SD_WARN("second signal: stopping at once");
+            return;
+        }
+    }
 }
 
 int main(int argc, char **argv) {
     gw_server *srv = calloc(1, sizeof *srv);
     if (!srv) return 1;
     snprintf(srv->listen, sizeof srv->listen, "%s", GW_DEFAULT_LISTEN);
-    srv->coordinator = SD_CLIENT_DEFAULT_ADDR;
+    static char found[600];
+    srv->coordinator =
+        sd_client_discover(getenv("XDG_RUNTIME_DIR"), found, sizeof found) ? found : SD_CLIENT_DEFAULT_ADDR;
     srv->model_name = GW_DEFAULT_MODEL_NAME;
     srv->max_body = GW_DEFAULT_MAX_BODY;
     srv->max_connections = GW_DEFAULT_MAX_CONNECTIONS;
     srv->max_inflight = GW_DEFAULT_MAX_INFLIGHT;
     srv->timeout_s = GW_DEFAULT_TIMEOUT_S;
+    srv->drain_timeout_s = GW_DEFAULT_DRAIN_S;
     bool verbose = false;
     const char *curve_files[2] = {NULL, NULL};
     int rc = parse_args(argc, argv, srv, &verbose, curve_files);
     if (rc >= 0) {
+        free(srv->tls_cert);
+        free(srv->tls_key);
         free(srv);
         return rc;
     }
     sd_net_log_init("gateway", 0, verbose);
     sd_curve_id curve;
     if (sd_curve_id_load(curve_files[0], curve_files[1], &curve) != SD_OK) {
+        free(srv->tls_cert);
+        free(srv->tls_key);
         free(srv);
         return 2;
     }
@@ -215,17 +340,19 @@ int main(int argc, char **argv) {
     }
     http = gw_http_start(srv);
     if (!http) goto out;
-    if (srv->api_key == NULL && strncmp(srv->listen, "127.", 4) != 0 && strncmp(srv->listen, "[::1]", 5) != 0)
-        SD_WARN("listening on %s without --api-key: anyone who can reach it can use the service", srv->listen);
-    SD_INFO("serving %s on http://%s for coordinator %s%s", srv->model_name, srv->listen, srv->coordinator,
+    const char *scheme = srv->tls_cert ? "https" : "http";
+    if (srv->api_key == NULL && !gw_listen_is_loopback(srv->listen))
+        SD_WARN("listening on %s without --api-key (--insecure): anyone who can reach it can use the service",
+                srv->listen);
+    SD_INFO("serving %s on %s://%s for coordinator %s%s", srv->model_name, scheme, srv->listen, srv->coordinator,
             srv->api_key ? " (API key required)" : "");
-    printf("listening http://%s\n", srv->listen);
+    printf("listening %s://%s\n", scheme, srv->listen);
     fflush(stdout);
 
     int sig = 0;
     while (sigwait(&set, &sig) != 0 || sig == SIGHUP) {
     }
-    SD_INFO("signal %d: stopping", sig);
+    drain(srv, &set, sig);
     rc = 0;
 out:
     atomic_store(&srv->stopping, true);
@@ -235,6 +362,9 @@ out:
     gw_janitor_free(&srv->janitor);
     gw_metrics_destroy(&srv->metrics);
     memset(&curve, 0, sizeof curve);
+    if (srv->tls_key) memset(srv->tls_key, 0, strlen(srv->tls_key));
+    free(srv->tls_cert);
+    free(srv->tls_key);
     free(srv);
     return rc;
 }

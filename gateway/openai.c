@@ -495,7 +495,7 @@ bool gw_gen_parse(gw_endpoint endpoint, const char *body, size_t len, gw_gen *g,
         ok = parse_common(root, g, err) &&
              (endpoint == GW_EP_CHAT ? parse_messages(root, g, err) : parse_prompt(root, g, err));
         if (ok && endpoint == GW_EP_COMPLETIONS) {
-            ok = get_bool(root, "echo", &g->echo, err);
+            ok = get_bool(root, "echo", &g->echo, err) && get_bool(root, "parse_special", &g->parse_special, err);
             /* max_tokens 0 with echo: the prompt (and its logprobs) only */
             if (ok && g->prompt_only && !g->echo)
                 ok = BAD(err,

@@ -29,6 +29,19 @@ specd_py_test(it_verifier_restart ${_it}test_verifier_restart.py LABELS integrat
 specd_py_test(it_cancel ${_it}test_cancel.py LABELS integration)
 specd_py_test(it_bad_input ${_it}test_bad_input.py LABELS integration)
 specd_py_test(it_overload ${_it}test_overload.py LABELS integration)
+# Floods: 10,000 submits from one client, then from 16 at once; each answered exactly once (issue 37)
+specd_py_test(it_flood ${_it}test_flood.py LABELS integration)
+# The gateway's exposure rule (exit 2 off the loopback without a key), HTTPS, usage exit codes
+specd_py_test(it_gateway_bind ${_it}test_gateway_bind.py LABELS integration)
+# A TCP self-connect: reproduced on an ephemeral port; the tests' ports cannot have it; a peer that
+# hears its own Hello drops the connection
+specd_py_test(it_self_connect ${_it}test_self_connect.py LABELS integration)
+# SIGTERM drains the gateway and the coordinator: streams in flight finish, new work gets 503 / OVERLOADED
+specd_py_test(it_drain ${_it}test_drain.py LABELS integration)
+# The gateway SIGKILLed under specd-launch: restarted, the openai client's retries get the undisturbed answers
+specd_py_test(it_gateway_failover ${_it}test_gateway_failover.py LABELS integration)
+# A default launch (ipc:// in a 0700 directory) refuses another user's worker and client (needs root: useradd)
+specd_py_test(it_local_user ${_it}test_local_user.py LABELS integration)
 specd_py_test(it_netns ${_it}test_netns.py LABELS integration)
 specd_py_test(it_launch ${_it}test_launch.py LABELS integration)
 specd_py_test(it_client_cli ${_it}test_client_cli.py LABELS integration)
@@ -45,7 +58,9 @@ set_tests_properties(it_greedy_tiny_model it_greedy_tiny_self it_greedy_tiny_ngr
                      it_greedy_tiny_warmup it_greedy_smollm_ngram
                      it_greedy_smollm_self it_greedy_smollm_ngram_64 it_greedy_smollm_self_64 it_seeded
                      it_drafter_kill it_verifier_restart it_cancel it_bad_input it_overload it_netns it_launch
-                     it_client_cli it_hostile it_launch_curve PROPERTIES RESOURCE_LOCK specd_integration)
+                     it_client_cli it_hostile it_launch_curve it_flood it_gateway_bind it_self_connect it_drain
+                     it_gateway_failover it_local_user
+                     PROPERTIES RESOURCE_LOCK specd_integration)
 # Failover through specd-launch and specd-client --jobs (libspecd-client):
 # a role killed or stopped mid-generation with 32 requests in flight; greedy
 # jobs equal specd-generate, seeded jobs the undisturbed run (and seeded
@@ -63,6 +78,9 @@ set_tests_properties(it_failover_gateway PROPERTIES RESOURCE_LOCK specd_integrat
 # specd-launch --tp 2 while a random role is killed or stopped every 2-5 s.
 specd_py_test(it_chaos ${_it}test_chaos.py LABELS integration slow)
 set_tests_properties(it_chaos PROPERTIES RESOURCE_LOCK specd_integration TIMEOUT 3600)
+# The same with specd-gateway in the loop: 16 more requests through HTTP (openai client), the gateway killed too
+specd_py_test(it_chaos_gateway ${_it}test_chaos.py ARGS --gateway LABELS integration slow)
+set_tests_properties(it_chaos_gateway PROPERTIES RESOURCE_LOCK specd_integration TIMEOUT 3600)
 # Per-request drafter choice on SmolLM2 (F16 target, n-gram in the coordinator and the Q4_1 file as a
 # draft model): ~15 s in Release.
 specd_py_test(it_choice_smollm ${_it}test_choice.py LABELS integration model)

@@ -9,6 +9,7 @@
  *   "refuse..."  Error CODE_OVERLOADED for the submit (client_tag echoed)
  *   "kvfull..."  Accepted, one chunk, then Error CODE_KV_FULL for the request
  *   "slow..."    Accepted, a chunk every 40 ms, never finishes by itself
+ *   "lost..."    no answer at all (a reply the coordinator lost), heartbeats go on
  *   "noisy..."   stray messages first (tokens, an end, an Accepted, an Error
  *                for requests this client does not have; undecodable bytes),
  *                then as otherwise
@@ -125,6 +126,7 @@ static void fake_handle(fake *f, const sd_net_msg *m) {
                        "queue full: 256 requests waiting (limit 256)");
             break;
         }
+        if (strncmp(s->prompt, "lost", 4) == 0) break;
         if (strncmp(s->prompt, "noisy", 5) == 0) {
             /* Strays first: tokens and an end for requests this client never
              * had, an Accepted for a tag it never used, an Error about an
@@ -783,6 +785,42 @@ static void test_stray_messages(void **state) {
     pthread_mutex_destroy(&rec.mu);
 }
 
+/* No wait is endless: a submit the (alive, heartbeating) coordinator never
+ * answers fails after answer_timeout_ms, and an accepted request that
+ * never ends fails at its own deadline and is cancelled on the coordinator. */
+static void test_deadlines(void **state) {
+    (void)state;
+    fake *f = fake_start();
+    sd_client_params p = sd_client_default_params();
+    p.coordinator = f->endpoint;
+    p.heartbeat_interval_ms = 50;
+    p.heartbeat_liveness = 100;
+    p.connect_timeout_ms = 2000;
+    p.answer_timeout_ms = 300;
+    sd_client *c = NULL;
+    assert_int_equal(sd_client_connect(&p, &c), SD_OK);
+    sd_client_request rq = sd_client_default_request();
+    rq.prompt = "lost";
+    uint64_t id = 0;
+    double t0 = sd_now();
+    assert_int_equal(sd_client_submit(c, &rq, NULL, NULL, &id), SD_ERR_NET);
+    double took = sd_now() - t0;
+    assert_true(took >= 0.25 && took < 10);
+    rq.prompt = "slow";
+    rq.timeout_ms = 300;
+    assert_int_equal(sd_client_submit(c, &rq, NULL, NULL, &id), SD_OK);
+    sd_client_result res;
+    assert_int_equal(sd_client_wait(c, id, 10000, &res), SD_OK);
+    assert_int_equal(res.status, SD_ERR_NET);
+    assert_non_null(strstr(res.error, "deadline"));
+    assert_true(res.n_ids > 0); /* it ran until then */
+    sd_client_result_clear(&res);
+    for (int i = 0; i < 200 && f->cancels_seen < 1; i++) usleep(5000);
+    assert_int_equal(f->cancels_seen, 1);
+    sd_client_close(&c);
+    fake_stop(&f);
+}
+
 static void test_close_with_requests_in_flight(void **state) {
     (void)state;
     fake *f = fake_start();
@@ -805,6 +843,7 @@ int main(void) {
         cmocka_unit_test(test_coordinator_death),  cmocka_unit_test(test_coordinator_restart),
         cmocka_unit_test(test_unreachable),        cmocka_unit_test(test_error_propagation),
         cmocka_unit_test(test_stray_messages),     cmocka_unit_test(test_close_with_requests_in_flight),
+        cmocka_unit_test(test_deadlines),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -50,7 +50,7 @@ typedef struct gen_opts {
     int32_t device; /* -1 CPU, N cuda:N (target and draft model) */
     sd_dtype kv_type;
     sd_sampling sampling;
-    bool chat;
+    bool chat, special;           /* special: a plain prompt's special-token text is read as control tokens */
     const char *chat_template;    /* --chat-template NAME, or NULL: the model's */
     sd_chat_msg turns[MAX_TURNS]; /* --message ROLE:TEXT, in order */
     size_t n_turns;
@@ -99,6 +99,7 @@ static void usage(FILE *f) {
             "                       likely tokens at its position (log-softmax after the penalties, before\n"
             "                       temperature and the filters; plain decoding only)\n"
             "      --chat           format the prompt as a user turn with the model's chat template\n"
+            "      --special        read special-token text in a plain prompt as control tokens (not with --chat)\n"
             "      --system TEXT    system prompt with --chat (default: the model's)\n"
             "      --message ROLE:TEXT  a turn of the conversation before the prompt (ROLE system, user or\n"
             "                       assistant; repeat in order; implies --chat; -p may then be left out)\n"
@@ -182,7 +183,8 @@ enum {
     OPT_GRAMMAR,
     OPT_RESPONSE_JSON,
     OPT_FORCED,
-    OPT_NO_FORCED
+    OPT_NO_FORCED,
+    OPT_SPECIAL
 };
 
 static const struct option longs[] = {{"model", required_argument, 0, 'm'},
@@ -195,6 +197,7 @@ static const struct option longs[] = {{"model", required_argument, 0, 'm'},
                                       {"min-p", required_argument, 0, OPT_MINP},
                                       {"seed", required_argument, 0, OPT_SEED},
                                       {"chat", no_argument, 0, OPT_CHAT},
+                                      {"special", no_argument, 0, OPT_SPECIAL},
                                       {"system", required_argument, 0, OPT_SYSTEM},
                                       {"message", required_argument, 0, OPT_MESSAGE},
                                       {"chat-template", required_argument, 0, OPT_CHAT_TEMPLATE},
@@ -278,6 +281,7 @@ static bool apply_opt(int c, gen_opts *o, const char **name, bool *unknown) {
         o->logprobs = true;
         break;
     case OPT_CHAT: o->chat = true; break;
+    case OPT_SPECIAL: o->special = true; break;
     case OPT_SYSTEM: o->system = optarg; break;
     case OPT_MESSAGE:
         *name = "message";
@@ -339,8 +343,11 @@ static int check_opts(const gen_opts *o) {
         fprintf(stderr, "specd-generate: --draft-vocab goes with --draft or --draft-layers\n");
         return 2;
     }
-    if (o->logprobs && (o->draft_path || o->ngram || o->draft_layers > 0 || o->eagle_dir || !o->json)) {
-        fprintf(stderr, "specd-generate: --logprobs is for plain decoding with --json\n");
+    if ((o->logprobs && (o->draft_path || o->ngram || o->draft_layers > 0 || o->eagle_dir || !o->json)) ||
+        (o->special && o->chat)) {
+        fprintf(stderr, "specd-generate: %s\n",
+                o->special && o->chat ? "--special is for a plain prompt (not --chat)"
+                                      : "--logprobs is for plain decoding with --json");
         return 2;
     }
     bool constrained = o->json_schema || o->regex || o->grammar || o->response_json;
@@ -405,7 +412,8 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
 /* Adds BOS to the tokenized prompt in r->prompt_ids when the model wants it and
  * checks that prompt + n_predict fits the model's context. */
 static sd_status encode_prompt(const gen_opts *o, const sd_model_config *cfg, const sd_tok *tok, gen_result *r) {
-    if (sd_tok_add_bos(tok) && sd_tok_bos(tok) >= 0) {
+    bool own_bos = o->special && r->n_prompt > 0 && r->prompt_ids[0] == sd_tok_bos(tok); /* --special brought it */
+    if (sd_tok_add_bos(tok) && sd_tok_bos(tok) >= 0 && !own_bos) {
         int32_t *with_bos = malloc((r->n_prompt + 1) * sizeof *with_bos);
         if (!with_bos) return SD_ERR_NOMEM;
         with_bos[0] = sd_tok_bos(tok);
@@ -668,8 +676,8 @@ int main(int argc, char **argv) {
     if (o.chat) {
         if ((st = encode_chat(&o, chat, tok, &chat_text, &r)) != SD_OK) goto out;
         text = chat_text;
-    } else if ((st = sd_tok_encode(tok, text, strlen(text), false, &r.prompt_ids, &r.n_prompt)) != SD_OK) {
-        goto out; /* a plain prompt is text: special-token text in it is not read as control tokens */
+    } else if ((st = sd_tok_encode(tok, text, strlen(text), o.special, &r.prompt_ids, &r.n_prompt)) != SD_OK) {
+        goto out; /* a plain prompt is text: special-token text in it stays text, unless --special */
     }
     if ((rc = gen_constraint_open(o.json_schema, o.regex, o.grammar, o.response_json, tok, &gc)) != 0) goto out;
     rc = 1;

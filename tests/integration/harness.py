@@ -117,10 +117,43 @@ def _child_setup():
     os.setpgid(0, 0)
 
 
+def ephemeral_range():
+    """The kernel's range for the local port of an outgoing connection."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+            return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+_rng_ports = random.Random(os.getpid() ^ int(time.time() * 1000))
+_given_ports = set()
+
+
 def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback TCP port outside the kernel's ephemeral range. A
+    port inside it can be taken by a TCP self-connect: a peer that connects
+    to it before the listener binds may get that very port as its own
+    source port and connect to itself (simultaneous open), holding it so
+    that the listener can never bind (issue 37). Outgoing connections take
+    their source ports from the ephemeral range only, so a port outside it
+    cannot be held that way."""
+    lo, hi = ephemeral_range()
+    spans = [(p, q) for p, q in ((10000, min(lo, 65536) - 1), (max(hi, 1023) + 1, 65535)) if q - p > 100]
+    for _ in range(1000):
+        a, b = _rng_ports.choice(spans)
+        port = _rng_ports.randint(a, b)
+        if port in _given_ports:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            _given_ports.add(port)
+            return port
+    raise TestFailure("no free port outside the ephemeral range %d-%d" % (lo, hi))
 
 
 def wait_until(pred, timeout, what, interval=0.02):
@@ -383,9 +416,10 @@ class Harness:
         self.wait_registered(verifier=True, drafter=bool(drafter))
         return coord, ver, dr
 
-    def client(self, addr=None, key="client"):
-        """A wire client; with enable_curve it holds key `key` (None: plaintext)."""
-        return Client(self, addr or self.client_addr, key=key)
+    def client(self, addr=None, key="client", opts=None):
+        """A wire client; with enable_curve it holds key `key` (None: plaintext);
+        opts: {zmq option: value} set before it connects."""
+        return Client(self, addr or self.client_addr, key=key, opts=opts)
 
     def start_gateway(self, extra=(), env=None):
         """specd-gateway on a free loopback port in front of the coordinator;
@@ -495,10 +529,12 @@ class Client:
 
     HEARTBEAT_S = 0.25
 
-    def __init__(self, h, addr, key="client"):
+    def __init__(self, h, addr, key="client", opts=None):
         self.h = h
         self.sock = h.zctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        for opt, value in (opts or {}).items():
+            self.sock.setsockopt(opt, value)
         keys = getattr(h, "keys", None)
         if keys and key is not None:
             self.sock.curve_secretkey = keys[key]["secret"]

@@ -193,7 +193,7 @@ SUBMIT = {"client_tag": (1, "uint64"), "prompt": (2, "string"), "prompt_ids": (3
           "sampling": (7, ("msg", SAMPLING)), "stop": (8, ("rep", "string")), "ignore_eos": (9, "bool"),
           "max_k": (10, "int32"), "messages": (11, ("rep", ("msg", CHAT_MESSAGE))), "drafter_kind": (13, "enum"),
           "logprobs": (14, "bool"), "top_logprobs": (15, "uint32"), "prompt_logprobs": (16, "bool"),
-          "echo": (17, "bool"), "prompt_only": (18, "bool")}
+          "echo": (17, "bool"), "prompt_only": (18, "bool"), "parse_special": (19, "bool")}
 CANCEL = {"request_id": (1, "uint64")}
 STATS_QUERY = {"include_workers": (1, "bool")}
 CLIENT_TO_COORD = {"hello": (1, ("msg", HELLO)), "submit": (2, ("msg", SUBMIT)), "cancel": (3, ("msg", CANCEL)),

@@ -17,7 +17,11 @@ the CLI itself is checked):
   fails after --timeout and the rest are reported UNAVAILABLE without being
   submitted (not one --timeout each);
 - every program of the service answers --help with its usage on stdout and
-  exit status 0.
+  exit status 0;
+- `-n 0` is refused (exit 2), as OpenAI refuses max_tokens 0;
+- `--special`: a plain prompt's special-token text ("<|im_start|>") becomes
+  the control token, giving specd-generate --special's prompt and ids; without
+  it the text stays text (more tokens); with --chat it is refused.
 
 Tiny random models, self-draft drafter."""
 import json
@@ -125,10 +129,7 @@ def check_jobs(h, target, prompts):
 
 
 def check_jobs_unreachable(h):
-    import socket
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = H.free_port()  # a port nobody listens on
     path = os.path.join(h.tmp, "unreachable.jsonl")
     with open(path, "w") as f:
         for i in range(5):
@@ -145,6 +146,31 @@ def check_jobs_unreachable(h):
     H.log("--jobs against a coordinator that does not answer: one timeout, the rest UNAVAILABLE")
 
 
+def check_special(h, target):
+    text = "<|im_start|>user hello<|im_end|> and"
+    plain = h.reference(target, text, 6, ignore_eos=True)
+    r = subprocess.run([h.bin("generate"), "-m", target, "-p", text, "-n", "6", "--json", "-t", "1", "--ignore-eos",
+                        "--special"], capture_output=True, timeout=600)
+    H.check(r.returncode == 0, "specd-generate --special failed: %s" % r.stderr[-500:])
+    special = json.loads(r.stdout.decode("utf-8", "surrogateescape"))
+    H.check(len(special["prompt_ids"]) < len(plain["prompt_ids"]),
+            "--special did not read the control tokens: %d vs %d prompt tokens"
+            % (len(special["prompt_ids"]), len(plain["prompt_ids"])))
+    for flags, ref in (([], plain), (["--special"], special)):
+        r = cli(h, "-p", text, "-n", "6", "--ignore-eos", "--json", *flags)
+        H.check(r.returncode == 0, "specd-client %s exited %d: %s" % (flags, r.returncode, r.stderr[-300:]))
+        res = json.loads(r.stdout)
+        H.check(res.get("prompt_tokens") == len(ref["prompt_ids"]) and res.get("ids") == ref["ids"],
+                "specd-client %s: %s prompt tokens, ids %s; specd-generate: %d, %s"
+                % (flags, res.get("prompt_tokens"), res.get("ids"), len(ref["prompt_ids"]), ref["ids"]))
+    r = cli(h, "-p", text, "-n", "6", "--chat", "--special")
+    H.check(r.returncode != 0, "--special with --chat was not refused")
+    r = cli(h, "-p", "x", "-n", "0")
+    H.check(r.returncode == 2, "-n 0 exited %d, not refused" % r.returncode)
+    H.log("--special: %d prompt tokens against %d as text, same ids as specd-generate; refused with --chat; -n 0 "
+          "refused" % (len(special["prompt_ids"]), len(plain["prompt_ids"])))
+
+
 def run(h):
     check_help(h)
     check_jobs_unreachable(h)
@@ -152,6 +178,7 @@ def run(h):
     prompts = H.random_prompts(3, seed=41)
     ref = h.reference(target, prompts[0], 24, ignore_eos=True)
     h.start_service(target, drafter="layers", coord_extra=list(H.FIXED_K))
+    check_special(h, target)
 
     r = cli(h, "-p", prompts[0], "-n", "24", "--ignore-eos", "--json")
     H.check(r.returncode == 0, "specd-client --json exited %d: %s" % (r.returncode, r.stderr[-500:]))

@@ -20,7 +20,7 @@
 - --api-key and SPECD_API_KEY: missing or wrong keys get 401 on /v1/,
   the right one passes, /health stays open on the loopback;
 - --timeout: a client that sends half a request is disconnected;
-- SIGTERM with requests in flight: exit status 0;
+- SIGTERM twice with requests in flight (a drain cut short): exit status 0;
 - overload: past --max-inflight, and when the coordinator's queue is full
   (--max-active 1 --max-queue 1), a request gets 429 with Retry-After at
   once; once the long requests' clients leave, requests pass again;
@@ -32,6 +32,7 @@ import json
 import math
 import os
 import re
+import signal
 import socket
 import time
 
@@ -243,8 +244,9 @@ def open_stream(port, body):
 
 
 def check_stop_in_flight(h, gw):
-    """SIGTERM while a stream and a non-streamed request are in flight: the
-    gateway cancels them, and exits 0 (the final callbacks that
+    """SIGTERM twice while a stream and a non-streamed request are in flight
+    (the first starts a drain, the second cuts it short): the gateway
+    cancels them, and exits 0 (the final callbacks that
     sd_client_close runs for them once used the freed janitor: SIGSEGV)."""
     long_req = {"prompt": "a long one", "max_tokens": 4000, "temperature": 0, "ignore_eos": True}
     s = open_stream(h.http_port, long_req)
@@ -254,6 +256,11 @@ def check_stop_in_flight(h, gw):
                "Content-Length: %d\r\n\r\n" % len(data)).encode() + data)
     time.sleep(0.5)  # the second one submitted and waiting
     H.check(gw.alive(), "the gateway died with two requests in flight")
+    # The first SIGTERM drains (the requests would run to their end, test_drain.py);
+    # the second stops at once, cancelling them.
+    os.kill(gw.pid, signal.SIGTERM)
+    time.sleep(0.3)
+    H.check(gw.alive(), "the gateway did not drain: it exited at once with requests in flight")
     rc = h.stop(gw)
     H.check(rc == 0, "specd-gateway exited %s on SIGTERM with requests in flight" % rc)
     s.close()

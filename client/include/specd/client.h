@@ -21,7 +21,16 @@
  * ... unreachable") only when no coordinator answers within
  * reconnect_timeout_ms (0: fail at once, "coordinator ... silent"). Before
  * the coordinator has answered anything, connect_timeout_ms applies
- * instead (it may simply not be up yet). */
+ * instead (it may simply not be up yet).
+ *
+ * No wait is endless: a Submit the answering coordinator neither accepts
+ * nor refuses within answer_timeout_ms fails, and every request ends by its
+ * deadline (request_timeout_ms, or its own timeout_ms), cancelled on the
+ * coordinator, with SD_ERR_NET and a message saying which deadline passed.
+ *
+ * A connection that receives this client's own Hello, or first a message
+ * that does not decode, is not to a coordinator (a TCP self-connect, say):
+ * it is dropped at once and the requests resubmitted on a new one. */
 #ifndef SPECD_CLIENT_H
 #define SPECD_CLIENT_H
 
@@ -43,6 +52,11 @@ typedef struct sd_client_params {
     int heartbeat_liveness;    /* silent intervals before the coordinator is dead (default SD_HEARTBEAT_LIVENESS) */
     int reconnect_timeout_ms;  /* after that: wait this long for a coordinator to take the resubmitted requests
                                   (default 60000; 0 = fail them at once) */
+    int answer_timeout_ms;     /* a Submit the coordinator (alive, answering) has neither accepted nor refused
+                                  this long fails with SD_ERR_NET (default 30000) */
+    int request_timeout_ms;    /* every request ends within this long of its submit: past it, it is cancelled and
+                                  fails with SD_ERR_NET (default 3600000; 0 = no limit); see
+                                  sd_client_request.timeout_ms */
     const char *name;          /* sent in Hello, for the coordinator's logs (default "specd-client") */
     /* CurveZMQ (Z85 text, 40 chars): the coordinator's public key and this
      * client's own pair, whose public key must be on the coordinator's
@@ -97,6 +111,11 @@ typedef struct sd_client_request {
     bool prompt_logprobs;
     bool echo;        /* one chunk's prompt_text: the prompt's tokens detokenized, before any token */
     bool prompt_only; /* generate nothing (max_tokens must be 0): ends with LENGTH once the prompt is scored */
+    int timeout_ms;   /* this request's deadline from its submit (0 = the client's request_timeout_ms) */
+    /* A plain text prompt only: its special-token text ("<|im_start|>") is
+     * read as control tokens (for prompts formatted by the caller). Off:
+     * it stays text. Refused with chat or messages, which are always safe. */
+    bool parse_special;
 } sd_client_request;
 
 /* Greedy, no stop strings, coordinator defaults for the rest. */
@@ -256,6 +275,13 @@ sd_status sd_client_stats(sd_client *c, int timeout_ms, sd_client_service_stats 
  * notices by liveness), closes the socket, frees everything, *c = NULL.
  * NULL-safe. Not to be called while other threads use the client. */
 void sd_client_close(sd_client **c);
+
+/* The address this user's local service (specd-launch without keys or
+ * addresses) recorded under runtime_base ($XDG_RUNTIME_DIR, NULL: /tmp):
+ * true and *out filled when runtime_base/specd-UID is this user's with mode
+ * 0700 and its "current" file names an ipc:// or tcp:// address. Callers use
+ * it when no address is given (specd-client, specd-gateway). */
+bool sd_client_discover(const char *runtime_base, char *out, size_t out_len);
 
 /* "EOS", "LENGTH", ... for a stop reason. */
 const char *sd_client_stop_reason_name(Specd__StopReason r);

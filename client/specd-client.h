@@ -1,0 +1,33 @@
+/* specd-client.h — what specd-client's files share: the parsed options
+ * (specd-client.c), the result as JSON and the interrupt flag
+ * (specd-client.c), and the --jobs mode (specd-client-jobs.c). */
+#ifndef SPECD_CLIENT_CLI_H
+#define SPECD_CLIENT_CLI_H
+
+#include "specd/client.h"
+
+#include <cjson/cJSON.h>
+#include <signal.h>
+
+typedef struct options {
+    const char *coordinator, *prompt, *system, *jobs, *out;
+    const char *curve_secret, *curve_server; /* key files (specd-keygen) */
+    const char *stop[SD_MAX_STOP_STRINGS];
+    size_t n_stop;
+    sd_client_request req;
+    bool json, stats, verbose;
+    double timeout_s, wait_ready_s;
+    int concurrency;
+} options;
+
+/* Set by SIGINT/SIGTERM; the modes poll it. */
+extern volatile sig_atomic_t cli_interrupted;
+
+/* r as the JSON object --json and --jobs print (caller deletes it). */
+cJSON *cli_result_json(const sd_client_result *r);
+
+/* --jobs: runs every line of o->jobs; the exit status (0, or 1 when any
+ * job failed). */
+int cli_run_jobs(sd_client *c, const options *o);
+
+#endif
