@@ -233,6 +233,20 @@ static void test_special_tokens(void **state) {
     sd_tok_free(&t);
 }
 
+/* A piece with "▁" inside (Gemma 3 has ">▁</") must still be reached:
+ * text is merged word by word only where no piece crosses the gap. */
+static void test_piece_across_space(void **state) {
+    (void)state;
+    spm_fixture f;
+    spm_init(&f, false);
+    int32_t gt_sp = add(&f, ">" SP, 1, -1), gt_sp_lt = add(&f, ">" SP "<", 1, -1);
+    sd_tok *t = spm_build(&f);
+    EXPECT(t, "a> <b", false, P_A, gt_sp_lt, P_B);
+    EXPECT(t, "a> b", false, P_A, gt_sp, P_B);
+    EXPECT(t, "ab ab", false, P_AB, P_SP, P_AB);
+    sd_tok_free(&t);
+}
+
 static void test_merge_list(void **state) {
     (void)state;
     /* tokenizer.json form: no scores, merges ranked by their order */
@@ -312,8 +326,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_merges_by_score), cmocka_unit_test(test_byte_fallback),
         cmocka_unit_test(test_space_prefix),    cmocka_unit_test(test_special_tokens),
-        cmocka_unit_test(test_merge_list),      cmocka_unit_test(test_long_input),
-        cmocka_unit_test(test_from_gguf),
+        cmocka_unit_test(test_merge_list),      cmocka_unit_test(test_piece_across_space),
+        cmocka_unit_test(test_long_input),      cmocka_unit_test(test_from_gguf),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

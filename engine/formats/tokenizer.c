@@ -200,6 +200,7 @@ void sd_tok_free(sd_tok **tp) {
     free(t->tok_slots);
     free(t->merge_slots);
     free(t->special_ids);
+    free(t->special_lens);
     free(t->score_rank);
     for (int i = 0; i < t->n_pre_re; i++) pcre2_code_free(t->pre_re[i]);
     free(t);
@@ -387,6 +388,27 @@ static int cmp_special(const void *a, const void *b, void *ctx) {
     return ia < ib ? -1 : ia > ib;
 }
 
+/* For each first byte with many special tokens (Gemma 3 has 6,321 starting
+ * with '<'), their distinct lengths, longest first: the matcher then does a
+ * hash lookup per length instead of comparing every token of the bucket. */
+static sd_status build_special_lens(sd_tok *t) {
+    t->special_lens = malloc((t->n_special ? t->n_special : 1) * sizeof *t->special_lens);
+    if (!t->special_lens) return SD_ERR_NOMEM;
+    size_t n = 0;
+    for (int b = 0; b < 256; b++) {
+        t->lens_start[b] = n;
+        size_t lo = t->special_start[b], hi = t->special_start[b + 1];
+        if (hi - lo <= SPECIAL_SCAN_MAX) continue;
+        for (size_t k = lo; k < hi; k++) { /* the bucket is sorted longest first */
+            size_t l;
+            sd_tok_text_of(t, t->special_ids[k], &l);
+            if (n == t->lens_start[b] || t->special_lens[n - 1] != l) t->special_lens[n++] = l;
+        }
+    }
+    t->lens_start[256] = n;
+    return SD_OK;
+}
+
 /* Tokens matched as whole strings before the model's algorithm runs:
  * user-defined ones always, control and unknown-type ones (<unk>) only
  * where special tokens are allowed (tokenizer_encode.c). */
@@ -421,7 +443,7 @@ static sd_status build_specials(sd_tok *t) {
         }
     }
     t->special_start[256] = k;
-    return SD_OK;
+    return build_special_lens(t);
 }
 
 static sd_status build_regexes(sd_tok *t, const pre_def *def) {
@@ -572,7 +594,7 @@ size_t sd_tok_memory_bytes(const sd_tok *t) {
     b += (t->tok_mask + 1) * sizeof *t->tok_slots;
     if (t->merge_slots) b += (t->merge_mask + 1) * sizeof *t->merge_slots;
     if (t->score_rank) b += n * sizeof *t->score_rank;
-    b += t->n_special * sizeof *t->special_ids;
+    b += t->n_special * (sizeof *t->special_ids + sizeof *t->special_lens);
     return b;
 }
 

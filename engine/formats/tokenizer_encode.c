@@ -155,6 +155,18 @@ static sd_status pre_split(enc_ctx *c, int level, const char *s, size_t len) {
  * to len, a control (or unknown-type) one only to ctl_len (0: none). -1 when
  * none matches. */
 static int32_t match_special(const sd_tok *t, const unsigned char *s, size_t len, size_t ctl_len, size_t *match_len) {
+    for (size_t k = t->lens_start[s[0]]; k < t->lens_start[s[0] + 1]; k++) { /* a big bucket: by length */
+        size_t l = t->special_lens[k];
+        if (l > len) continue;
+        int32_t id = sd_tok_lookup_text(t, (const char *)s, l);
+        if (id < 0 || l > (t->types[id] == SD_TOK_TYPE_USER_DEFINED ? len : ctl_len)) continue;
+        if (t->types[id] != SD_TOK_TYPE_USER_DEFINED && t->types[id] != SD_TOK_TYPE_CONTROL &&
+            t->types[id] != SD_TOK_TYPE_UNKNOWN)
+            continue; /* the text belongs to an ordinary token (a duplicate) */
+        *match_len = l;
+        return id;
+    }
+    if (t->lens_start[s[0]] < t->lens_start[s[0] + 1]) return -1;
     for (size_t k = t->special_start[s[0]]; k < t->special_start[s[0] + 1]; k++) {
         int32_t id = t->special_ids[k];
         size_t l;

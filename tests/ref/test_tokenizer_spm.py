@@ -45,6 +45,7 @@ PROMPTS = [
     "Hello, world! How are you today?",
     "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n",
     "for (int i = 0; i < n; i++) {\n\tsum += a[i];\n}\n",
+    "<b>bold</b> </i> > </p>x> </y",  # Gemma's ">▁</" piece spans a space
     "<html>\n  <body>\n    <div class=\"x\">text</div>\n  </body>\n</html>",
     "Le café est très bon, n'est-ce pas ? Ça va.",
     "Привет, как дела? Всё хорошо.",
