@@ -247,6 +247,28 @@ static void test_piece_across_space(void **state) {
     sd_tok_free(&t);
 }
 
+/* Padding to the embedding size (unused tokens at the end) leaves the
+ * vocabulary hash alone: Qwen2.5-0.5B and -72B pair. */
+static void test_hash_ignores_padding(void **state) {
+    (void)state;
+    spm_fixture f;
+    spm_init(&f, false);
+    sd_tok *a = spm_build(&f);
+    add(&f, "[PAD300]", 5, 0);
+    add(&f, "[PAD301]", 5, 0);
+    sd_tok *b = spm_build(&f);
+    assert_int_equal(sd_tok_n_vocab(b), sd_tok_n_vocab(a) + 2);
+    assert_int_equal(sd_tok_n_core(b), sd_tok_n_vocab(a));
+    assert_int_equal(sd_tok_n_core(a), sd_tok_n_vocab(a));
+    assert_true(sd_tok_vocab_hash(a) == sd_tok_vocab_hash(b));
+    f.types[P_C] = 4; /* any real difference still shows */
+    sd_tok *c = spm_build(&f);
+    assert_true(sd_tok_vocab_hash(c) != sd_tok_vocab_hash(b));
+    sd_tok_free(&a);
+    sd_tok_free(&b);
+    sd_tok_free(&c);
+}
+
 static void test_merge_list(void **state) {
     (void)state;
     /* tokenizer.json form: no scores, merges ranked by their order */
@@ -324,10 +346,15 @@ static void test_from_gguf(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_merges_by_score), cmocka_unit_test(test_byte_fallback),
-        cmocka_unit_test(test_space_prefix),    cmocka_unit_test(test_special_tokens),
-        cmocka_unit_test(test_merge_list),      cmocka_unit_test(test_piece_across_space),
-        cmocka_unit_test(test_long_input),      cmocka_unit_test(test_from_gguf),
+        cmocka_unit_test(test_merges_by_score),
+        cmocka_unit_test(test_byte_fallback),
+        cmocka_unit_test(test_space_prefix),
+        cmocka_unit_test(test_special_tokens),
+        cmocka_unit_test(test_hash_ignores_padding),
+        cmocka_unit_test(test_merge_list),
+        cmocka_unit_test(test_piece_across_space),
+        cmocka_unit_test(test_long_input),
+        cmocka_unit_test(test_from_gguf),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

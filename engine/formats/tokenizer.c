@@ -544,9 +544,14 @@ static sd_status build(sd_tok *t, const sd_tok_spec *spec) {
     for (size_t i = 0; i < sizeof eog_texts / sizeof eog_texts[0]; i++)
         add_eog(t, sd_tok_lookup_text(t, eog_texts[i], strlen(eog_texts[i])));
 
-    /* Hash: per token, its length (u32 LE), its text, its type (u32 LE). */
+    /* Hash: per token, its length (u32 LE), its text, its type (u32 LE),
+     * over the core: trailing unused tokens are padding of the embedding
+     * table to a round size (Qwen2.5-0.5B has 151,936 rows, -72B 152,064),
+     * not part of the tokenizer. */
+    t->n_core = t->n_vocab;
+    while (t->n_core > 1 && t->types[t->n_core - 1] == SD_TOK_TYPE_UNUSED) t->n_core--;
     uint64_t h = FNV_OFFSET;
-    for (int32_t i = 0; i < t->n_vocab; i++) {
+    for (int32_t i = 0; i < t->n_core; i++) {
         size_t len;
         const char *s = sd_tok_text_of(t, i, &len);
         uint32_t l32 = (uint32_t)len, ty = (uint32_t)t->types[i];
@@ -586,6 +591,7 @@ bool sd_tok_add_bos(const sd_tok *t) { return t->add_bos; }
 bool sd_tok_add_eos(const sd_tok *t) { return t->add_eos; }
 bool sd_tok_is_spm(const sd_tok *t) { return t->algo == SD_TOK_ALGO_SPM; }
 uint64_t sd_tok_vocab_hash(const sd_tok *t) { return t->vocab_hash; }
+int32_t sd_tok_n_core(const sd_tok *t) { return t->n_core; }
 
 size_t sd_tok_memory_bytes(const sd_tok *t) {
     size_t n = (size_t)t->n_vocab, b = sizeof *t;

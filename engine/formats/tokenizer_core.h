@@ -76,6 +76,7 @@ struct sd_tok {
     int32_t eog[8];
     int n_eog;
     uint64_t vocab_hash;
+    int32_t n_core; /* ids below it are the tokenizer's; the rest is unused padding */
 };
 
 static inline const char *sd_tok_text_of(const sd_tok *t, int32_t id, size_t *len) {
