@@ -269,6 +269,23 @@ static void test_hash_ignores_padding(void **state) {
     sd_tok_free(&c);
 }
 
+/* Phi-3: special tokens that swallow the whitespace after them. */
+static void test_rstrip(void **state) {
+    (void)state;
+    spm_fixture f;
+    spm_init(&f, false);
+    uint8_t rstrip[400] = {0};
+    rstrip[EOS] = 1;
+    f.spec.rstrip = rstrip;
+    sd_tok *t = spm_build(&f);
+    EXPECT(t, "a</s>  \t b", true, P_A, EOS, P_B);
+    /* as Hugging Face: a special token inside the whitespace still counts,
+     * and the whitespace after it is kept */
+    EXPECT(t, "a</s> \n\tb", true, P_A, EOS, P_NL, BYTE0 + '\t', P_B);
+    EXPECT(t, "a<s> b", true, P_A, BOS, P_SP, P_B);
+    sd_tok_free(&t);
+}
+
 static void test_merge_list(void **state) {
     (void)state;
     /* tokenizer.json form: no scores, merges ranked by their order */
@@ -346,15 +363,11 @@ static void test_from_gguf(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_merges_by_score),
-        cmocka_unit_test(test_byte_fallback),
-        cmocka_unit_test(test_space_prefix),
-        cmocka_unit_test(test_special_tokens),
-        cmocka_unit_test(test_hash_ignores_padding),
-        cmocka_unit_test(test_merge_list),
-        cmocka_unit_test(test_piece_across_space),
-        cmocka_unit_test(test_long_input),
-        cmocka_unit_test(test_from_gguf),
+        cmocka_unit_test(test_merges_by_score),      cmocka_unit_test(test_byte_fallback),
+        cmocka_unit_test(test_space_prefix),         cmocka_unit_test(test_special_tokens),
+        cmocka_unit_test(test_hash_ignores_padding), cmocka_unit_test(test_rstrip),
+        cmocka_unit_test(test_merge_list),           cmocka_unit_test(test_piece_across_space),
+        cmocka_unit_test(test_long_input),           cmocka_unit_test(test_from_gguf),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -201,6 +201,7 @@ void sd_tok_free(sd_tok **tp) {
     free(t->merge_slots);
     free(t->special_ids);
     free(t->special_lens);
+    free(t->rstrip);
     free(t->score_rank);
     for (int i = 0; i < t->n_pre_re; i++) pcre2_code_free(t->pre_re[i]);
     free(t);
@@ -535,6 +536,10 @@ static sd_status build(sd_tok *t, const sd_tok_spec *spec) {
     if (t->algo == SD_TOK_ALGO_SPM) SD_TRY(sd_tok_spm_build(t, spec));
     if (!t->score_rank) SD_TRY(build_merges(t, spec));
     SD_TRY(build_specials(t));
+    if (spec->rstrip) {
+        if (!(t->rstrip = malloc(spec->n_tokens))) return SD_ERR_NOMEM;
+        memcpy(t->rstrip, spec->rstrip, spec->n_tokens);
+    }
     if (def) SD_TRY(build_regexes(t, def));
 
     add_eog(t, t->eos);

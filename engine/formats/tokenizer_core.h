@@ -61,6 +61,7 @@ struct sd_tok {
      * so the text is merged word by word (a small heap per word). */
     bool joins_mark[256];
 
+    uint8_t *rstrip;      /* [n_vocab] or NULL: special tokens that swallow the whitespace after them */
     int32_t *special_ids; /* control/user-defined ids, by first byte then longest first */
     size_t n_special;
     size_t special_start[257]; /* bucket of first byte b: [special_start[b], special_start[b+1]) */
