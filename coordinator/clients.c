@@ -109,7 +109,7 @@ static void admit(sd_coord *c, sd_submit_job *j, uint64_t now_us) {
     free(echo_text);
     sd_submit_job_free(&j);
     /* prompt position 0 has no logprob: its entry goes out at once; the
-     * rest come from the prefill chunks (scheduler.c) */
+     * rest come from the prefill chunks (sched_dispatch.c) */
     if (s->prompt_logprobs) sd_sched_prompt_logprobs(c, s, 0, 1, NULL, now_us);
     if (s->prompt_only && s->prompt_lp_next >= s->n_prompt)
         sd_sched_finish(c, s, SPECD__STOP_REASON__STOP_REASON_LENGTH, NULL, 0, now_us);

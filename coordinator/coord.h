@@ -3,8 +3,11 @@
  * The coordinator is one struct (sd_coord) and four modules operating on it:
  *   session.c    one request: committed tokens, stream decoding, stop strings
  *                with text hold-back, stats, adaptive K
- *   scheduler.c  continuous batching, draft/verify requests, the keep_len /
- *                cached_len beliefs, applying results, worker-death recovery
+ *   sched_*.c    the scheduler: continuous batching, draft/verify requests
+ *                and the keep_len / cached_len beliefs (sched_dispatch.c),
+ *                applying results (sched_results.c), streaming to clients
+ *                (sched_stream.c), ending requests and worker-death recovery
+ *                (sched_end.c)
  *   placement.c  which verifier group and which drafter serve a request
  *                (measured load; affinity; failover)
  *   workers.c    Hello/Welcome/refusal, heartbeats, liveness
@@ -100,7 +103,7 @@ typedef struct sd_session {
     bool logprobs;        /* stream each token's target logprob (TokenChunk.logprobs) */
     int32_t top_logprobs; /* ... with this many alternatives */
     /* echo with logprobs: the target's logprob of each prompt token, from
-     * prefill chunks (scheduler.c); prompt_lp_next is the next prompt
+     * prefill chunks (sched_dispatch.c); prompt_lp_next is the next prompt
      * position owed to the client (n_prompt: all sent) */
     bool prompt_logprobs;
     int32_t prompt_lp_next;
@@ -293,7 +296,7 @@ typedef struct sd_coord_worker {
      * refill step's time less its drafts, per appended token; what moving
      * a request to it costs, choice.c), 0 until measured */
     double refill_token_us;
-    /* verifier leaders: holding the group for drafts (scheduler.c) */
+    /* verifier leaders: holding the group for drafts (sched_dispatch.c) */
     uint64_t hold_since_us;   /* clock when its idle step was first held; 0 = not held */
     uint64_t verify_reply_us; /* when its last verify reply was handled; 0 = none pending */
     /* stats: what it served */
@@ -401,7 +404,7 @@ typedef struct sd_coord {
     uint64_t hold_event_us;     /* clock when the event being handled began (a draft reply, a tick) */
     /* service stats */
     uint64_t finished_requests, committed_tokens;
-    sd_spec_counts spec; /* speculative decoding, per sequence verify step (scheduler.c) */
+    sd_spec_counts spec; /* speculative decoding, per sequence verify step (sched_results.c) */
     /* per verify step, over the last SD_COORD_OVERHEAD_WINDOW steps: the
      * coordinator's own time (the event that let the step go -> sent) and
      * the time the verifier was held waiting for drafts (0 when not held) */
@@ -477,7 +480,7 @@ void sd_pack_draft_free(sd_draft_pack *pk);
 /* Entry m: what the drafter lacks of s, and k drafts wanted. */
 void sd_pack_draft_seq(sd_draft_pack *pk, int32_t m, sd_session *s, int32_t k);
 
-/* scheduler.c */
+/* the scheduler: sched_dispatch.c, sched_results.c, sched_stream.c, sched_end.c */
 /* Admits queued requests and sends every draft/verify request that can go
  * now. Call after any event. */
 void sd_sched_pump(sd_coord *c, uint64_t now_us);
@@ -508,6 +511,18 @@ void sd_sched_overhead(const sd_coord *c, double *p50, double *p99);
 /* Mean and p99 of the time verify steps were held for drafts, and the share
  * of steps held, over the same window (0 when empty). */
 void sd_sched_draft_wait(const sd_coord *c, double *mean, double *p99, double *held_share);
+/* Between the sched_*.c files. */
+/* Frees s if it is finished and no step refers to it any more. */
+void sd_sched_reap(sd_coord *c, sd_session *s);
+/* Streams the chunks deferred while a verify reply was applied. */
+void sd_sched_flush_chunks(sd_coord *c, uint64_t now_us);
+/* Commits a verify step's tokens[n] to s and streams (or defers) them;
+ * lps[n] their logprobs when the request asked for them, else NULL. */
+void sd_sched_commit_step(sd_coord *c, sd_session *s, const int32_t *tokens, int32_t n, const sd_token_logprob *lps,
+                          uint64_t now_us);
+/* A checked prefill result with prompt logprobs: to the client; a
+ * prompt-only request whose prompt is all scored ends. */
+void sd_sched_prompt_logprobs_applied(sd_coord *c, sd_session *s, const Specd__VerifyResult *vr, uint64_t now_us);
 
 /* placement.c: which group and which drafter serve each request */
 /* Places every active request that has no live group on the group where

@@ -6,7 +6,7 @@
  * to its two ROUTER sockets, by tests to fakes) and note the send time that
  * heartbeats are scheduled from. Nothing here calls back up: before it, the
  * send wrappers lived in clients.c and workers.c, so the scheduler called up
- * into the modules that call it (clients.c -> scheduler.c -> clients.c). */
+ * into the modules that call it (clients.c -> the scheduler -> clients.c). */
 #include "coord.h"
 
 #include <string.h>
