@@ -22,8 +22,13 @@
  * vocabulary size. Where the vocabulary shows that no merge can cross the
  * gap before a "▁" (joins_mark), the fragment is merged word by word: the
  * same result, but a 200 KB paragraph no longer drives one heap of 200k
- * entries out of cache (0.5 -> several MB/s). Splitting characters follows llama.cpp: the length comes
- * from the lead byte alone, so invalid UTF-8 still tokenizes (as bytes). */
+ * entries out of cache (0.5 -> several MB/s). Splitting characters follows
+ * llama.cpp: the length comes from the lead byte alone, so invalid UTF-8
+ * still tokenizes (as bytes).
+ *
+ * Not reproduced: decoding keeps the space that the space prefix put before
+ * the first word (HF's Strip decoder and llama.cpp's detokenizer drop it);
+ * generated text, which follows the prompt, is not affected. */
 #include "tokenizer_core.h"
 
 #include <math.h>
