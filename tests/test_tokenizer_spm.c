@@ -233,6 +233,59 @@ static void test_special_tokens(void **state) {
     sd_tok_free(&t);
 }
 
+/* A piece with "▁" inside (Gemma 3 has ">▁</") must still be reached:
+ * text is merged word by word only where no piece crosses the gap. */
+static void test_piece_across_space(void **state) {
+    (void)state;
+    spm_fixture f;
+    spm_init(&f, false);
+    int32_t gt_sp = add(&f, ">" SP, 1, -1), gt_sp_lt = add(&f, ">" SP "<", 1, -1);
+    sd_tok *t = spm_build(&f);
+    EXPECT(t, "a> <b", false, P_A, gt_sp_lt, P_B);
+    EXPECT(t, "a> b", false, P_A, gt_sp, P_B);
+    EXPECT(t, "ab ab", false, P_AB, P_SP, P_AB);
+    sd_tok_free(&t);
+}
+
+/* Padding to the embedding size (unused tokens at the end) leaves the
+ * vocabulary hash alone: Qwen2.5-0.5B and -72B pair. */
+static void test_hash_ignores_padding(void **state) {
+    (void)state;
+    spm_fixture f;
+    spm_init(&f, false);
+    sd_tok *a = spm_build(&f);
+    add(&f, "[PAD300]", 5, 0);
+    add(&f, "[PAD301]", 5, 0);
+    sd_tok *b = spm_build(&f);
+    assert_int_equal(sd_tok_n_vocab(b), sd_tok_n_vocab(a) + 2);
+    assert_int_equal(sd_tok_n_core(b), sd_tok_n_vocab(a));
+    assert_int_equal(sd_tok_n_core(a), sd_tok_n_vocab(a));
+    assert_true(sd_tok_vocab_hash(a) == sd_tok_vocab_hash(b));
+    f.types[P_C] = 4; /* any real difference still shows */
+    sd_tok *c = spm_build(&f);
+    assert_true(sd_tok_vocab_hash(c) != sd_tok_vocab_hash(b));
+    sd_tok_free(&a);
+    sd_tok_free(&b);
+    sd_tok_free(&c);
+}
+
+/* Phi-3: special tokens that swallow the whitespace after them. */
+static void test_rstrip(void **state) {
+    (void)state;
+    spm_fixture f;
+    spm_init(&f, false);
+    uint8_t rstrip[400] = {0};
+    rstrip[EOS] = 1;
+    f.spec.rstrip = rstrip;
+    sd_tok *t = spm_build(&f);
+    EXPECT(t, "a</s>  \t b", true, P_A, EOS, P_B);
+    /* as Hugging Face: a special token inside the whitespace still counts,
+     * and the whitespace after it is kept */
+    EXPECT(t, "a</s> \n\tb", true, P_A, EOS, P_NL, BYTE0 + '\t', P_B);
+    EXPECT(t, "a<s> b", true, P_A, BOS, P_SP, P_B);
+    sd_tok_free(&t);
+}
+
 static void test_merge_list(void **state) {
     (void)state;
     /* tokenizer.json form: no scores, merges ranked by their order */
@@ -310,10 +363,11 @@ static void test_from_gguf(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_merges_by_score), cmocka_unit_test(test_byte_fallback),
-        cmocka_unit_test(test_space_prefix),    cmocka_unit_test(test_special_tokens),
-        cmocka_unit_test(test_merge_list),      cmocka_unit_test(test_long_input),
-        cmocka_unit_test(test_from_gguf),
+        cmocka_unit_test(test_merges_by_score),      cmocka_unit_test(test_byte_fallback),
+        cmocka_unit_test(test_space_prefix),         cmocka_unit_test(test_special_tokens),
+        cmocka_unit_test(test_hash_ignores_padding), cmocka_unit_test(test_rstrip),
+        cmocka_unit_test(test_merge_list),           cmocka_unit_test(test_piece_across_space),
+        cmocka_unit_test(test_long_input),           cmocka_unit_test(test_from_gguf),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

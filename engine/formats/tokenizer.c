@@ -200,6 +200,8 @@ void sd_tok_free(sd_tok **tp) {
     free(t->tok_slots);
     free(t->merge_slots);
     free(t->special_ids);
+    free(t->special_lens);
+    free(t->rstrip);
     free(t->score_rank);
     for (int i = 0; i < t->n_pre_re; i++) pcre2_code_free(t->pre_re[i]);
     free(t);
@@ -387,6 +389,27 @@ static int cmp_special(const void *a, const void *b, void *ctx) {
     return ia < ib ? -1 : ia > ib;
 }
 
+/* For each first byte with many special tokens (Gemma 3 has 6,321 starting
+ * with '<'), their distinct lengths, longest first: the matcher then does a
+ * hash lookup per length instead of comparing every token of the bucket. */
+static sd_status build_special_lens(sd_tok *t) {
+    t->special_lens = malloc((t->n_special ? t->n_special : 1) * sizeof *t->special_lens);
+    if (!t->special_lens) return SD_ERR_NOMEM;
+    size_t n = 0;
+    for (int b = 0; b < 256; b++) {
+        t->lens_start[b] = n;
+        size_t lo = t->special_start[b], hi = t->special_start[b + 1];
+        if (hi - lo <= SPECIAL_SCAN_MAX) continue;
+        for (size_t k = lo; k < hi; k++) { /* the bucket is sorted longest first */
+            size_t l;
+            sd_tok_text_of(t, t->special_ids[k], &l);
+            if (n == t->lens_start[b] || t->special_lens[n - 1] != l) t->special_lens[n++] = l;
+        }
+    }
+    t->lens_start[256] = n;
+    return SD_OK;
+}
+
 /* Tokens matched as whole strings before the model's algorithm runs:
  * user-defined ones always, control and unknown-type ones (<unk>) only
  * where special tokens are allowed (tokenizer_encode.c). */
@@ -421,7 +444,7 @@ static sd_status build_specials(sd_tok *t) {
         }
     }
     t->special_start[256] = k;
-    return SD_OK;
+    return build_special_lens(t);
 }
 
 static sd_status build_regexes(sd_tok *t, const pre_def *def) {
@@ -513,6 +536,10 @@ static sd_status build(sd_tok *t, const sd_tok_spec *spec) {
     if (t->algo == SD_TOK_ALGO_SPM) SD_TRY(sd_tok_spm_build(t, spec));
     if (!t->score_rank) SD_TRY(build_merges(t, spec));
     SD_TRY(build_specials(t));
+    if (spec->rstrip) {
+        if (!(t->rstrip = malloc(spec->n_tokens))) return SD_ERR_NOMEM;
+        memcpy(t->rstrip, spec->rstrip, spec->n_tokens);
+    }
     if (def) SD_TRY(build_regexes(t, def));
 
     add_eog(t, t->eos);
@@ -522,9 +549,14 @@ static sd_status build(sd_tok *t, const sd_tok_spec *spec) {
     for (size_t i = 0; i < sizeof eog_texts / sizeof eog_texts[0]; i++)
         add_eog(t, sd_tok_lookup_text(t, eog_texts[i], strlen(eog_texts[i])));
 
-    /* Hash: per token, its length (u32 LE), its text, its type (u32 LE). */
+    /* Hash: per token, its length (u32 LE), its text, its type (u32 LE),
+     * over the core: trailing unused tokens are padding of the embedding
+     * table to a round size (Qwen2.5-0.5B has 151,936 rows, -72B 152,064),
+     * not part of the tokenizer. */
+    t->n_core = t->n_vocab;
+    while (t->n_core > 1 && t->types[t->n_core - 1] == SD_TOK_TYPE_UNUSED) t->n_core--;
     uint64_t h = FNV_OFFSET;
-    for (int32_t i = 0; i < t->n_vocab; i++) {
+    for (int32_t i = 0; i < t->n_core; i++) {
         size_t len;
         const char *s = sd_tok_text_of(t, i, &len);
         uint32_t l32 = (uint32_t)len, ty = (uint32_t)t->types[i];
@@ -564,6 +596,7 @@ bool sd_tok_add_bos(const sd_tok *t) { return t->add_bos; }
 bool sd_tok_add_eos(const sd_tok *t) { return t->add_eos; }
 bool sd_tok_is_spm(const sd_tok *t) { return t->algo == SD_TOK_ALGO_SPM; }
 uint64_t sd_tok_vocab_hash(const sd_tok *t) { return t->vocab_hash; }
+int32_t sd_tok_n_core(const sd_tok *t) { return t->n_core; }
 
 size_t sd_tok_memory_bytes(const sd_tok *t) {
     size_t n = (size_t)t->n_vocab, b = sizeof *t;
@@ -572,7 +605,7 @@ size_t sd_tok_memory_bytes(const sd_tok *t) {
     b += (t->tok_mask + 1) * sizeof *t->tok_slots;
     if (t->merge_slots) b += (t->merge_mask + 1) * sizeof *t->merge_slots;
     if (t->score_rank) b += n * sizeof *t->score_rank;
-    b += t->n_special * sizeof *t->special_ids;
+    b += t->n_special * (sizeof *t->special_ids + sizeof *t->special_lens);
     return b;
 }
 

@@ -13,7 +13,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
-#define MAX_PRE_REGEX 2
+#define MAX_PRE_REGEX    2
+#define SPECIAL_SCAN_MAX 32 /* a bucket of special tokens up to this size is scanned, not hashed */
 
 /* Log-safe preview of a token text: at most 48 bytes. */
 #define PREVIEW(tx) (int)((tx).len > 48 ? 48 : (tx).len), (tx).ptr
@@ -55,10 +56,17 @@ struct sd_tok {
      * a merge list (tokenizer.json) or for byte-level BPE. */
     int32_t *score_rank;
     sd_tok_space_prefix space_prefix; /* SPM: when a "▁" is put before a text fragment */
+    /* SPM: byte b followed by "▁" occurs inside some token that merging can
+     * produce. Where it does not, no merge crosses the gap before that "▁",
+     * so the text is merged word by word (a small heap per word). */
+    bool joins_mark[256];
 
+    uint8_t *rstrip;      /* [n_vocab] or NULL: special tokens that swallow the whitespace after them */
     int32_t *special_ids; /* control/user-defined ids, by first byte then longest first */
     size_t n_special;
     size_t special_start[257]; /* bucket of first byte b: [special_start[b], special_start[b+1]) */
+    size_t *special_lens;      /* distinct lengths of a big bucket's tokens, longest first */
+    size_t lens_start[257];    /* first byte b: [lens_start[b], lens_start[b+1]); empty: scan the bucket */
 
     pcre2_code *pre_re[MAX_PRE_REGEX];
     int n_pre_re;
@@ -69,6 +77,7 @@ struct sd_tok {
     int32_t eog[8];
     int n_eog;
     uint64_t vocab_hash;
+    int32_t n_core; /* ids below it are the tokenizer's; the rest is unused padding */
 };
 
 static inline const char *sd_tok_text_of(const sd_tok *t, int32_t id, size_t *len) {

@@ -155,6 +155,18 @@ static sd_status pre_split(enc_ctx *c, int level, const char *s, size_t len) {
  * to len, a control (or unknown-type) one only to ctl_len (0: none). -1 when
  * none matches. */
 static int32_t match_special(const sd_tok *t, const unsigned char *s, size_t len, size_t ctl_len, size_t *match_len) {
+    for (size_t k = t->lens_start[s[0]]; k < t->lens_start[s[0] + 1]; k++) { /* a big bucket: by length */
+        size_t l = t->special_lens[k];
+        if (l > len) continue;
+        int32_t id = sd_tok_lookup_text(t, (const char *)s, l);
+        if (id < 0 || l > (t->types[id] == SD_TOK_TYPE_USER_DEFINED ? len : ctl_len)) continue;
+        if (t->types[id] != SD_TOK_TYPE_USER_DEFINED && t->types[id] != SD_TOK_TYPE_CONTROL &&
+            t->types[id] != SD_TOK_TYPE_UNKNOWN)
+            continue; /* the text belongs to an ordinary token (a duplicate) */
+        *match_len = l;
+        return id;
+    }
+    if (t->lens_start[s[0]] < t->lens_start[s[0] + 1]) return -1;
     for (size_t k = t->special_start[s[0]]; k < t->special_start[s[0] + 1]; k++) {
         int32_t id = t->special_ids[k];
         size_t l;
@@ -181,9 +193,27 @@ static sd_status fragment(enc_ctx *c, const char *s, size_t len, size_t off) {
     return pre_split(c, 0, s, len);
 }
 
+/* End of the run of whitespace (Unicode White_Space, as Hugging Face's
+ * char::is_whitespace) that starts at text[pos]. */
+static size_t whitespace_end(const char *text, size_t len, size_t pos) {
+    while (pos < len) {
+        uint32_t cp = 0;
+        int n = sd_tok_utf8_scan((const unsigned char *)text + pos, len - pos, &cp);
+        if (n <= 0) break;
+        bool ws = (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+                  (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
+                  cp == 0x3000;
+        if (!ws) break;
+        pos += (size_t)n;
+    }
+    return pos;
+}
+
 /* Encodes text: user-defined tokens are matched everywhere; with
  * parse_special, control tokens are matched wherever a whole match lies in
- * bytes where no_special is 0 (no_special NULL: all). */
+ * bytes where no_special is 0 (no_special NULL: all). A token with rstrip
+ * (Phi-3's) drops the whitespace after it up to the next special token, as
+ * Hugging Face does: a special token inside that whitespace still counts. */
 static sd_status encode(enc_ctx *c, const char *text, size_t len, bool parse_special, const uint8_t *no_special) {
     for (int i = 0; i < c->t->n_pre_re; i++) {
         c->md[i] = pcre2_match_data_create_from_pattern(c->t->pre_re[i], NULL);
@@ -191,6 +221,7 @@ static sd_status encode(enc_ctx *c, const char *text, size_t len, bool parse_spe
     }
     size_t seg = 0;
     size_t markup_end = 0; /* markup (no_special 0) runs from pos to markup_end */
+    size_t strip_end = 0;  /* after an rstrip token: the text up to here is dropped */
     for (size_t pos = 0; pos < len && c->t->n_special;) {
         size_t ctl_len = 0;
         if (parse_special && !(no_special && no_special[pos])) {
@@ -206,11 +237,14 @@ static sd_status encode(enc_ctx *c, const char *text, size_t len, bool parse_spe
             pos++;
             continue;
         }
+        if (strip_end > seg) seg = strip_end < pos ? strip_end : pos;
         SD_TRY(fragment(c, text + seg, pos - seg, seg));
         SD_TRY(sd_tok_push_id(c, id));
         pos += ml;
         seg = pos;
+        strip_end = c->t->rstrip && c->t->rstrip[id] ? whitespace_end(text, len, pos) : 0;
     }
+    if (strip_end > seg) seg = strip_end;
     return fragment(c, text + seg, len - seg, seg);
 }
 

@@ -173,6 +173,37 @@ static sd_status get_scores(const sd_gguf *g, size_t n_tokens, float **out) {
     return SD_OK;
 }
 
+/* Phi-3's special tokens swallow the whitespace after them (rstrip in its
+ * tokenizer.json); a GGUF does not store that, so llama.cpp sets it by the
+ * model's name, and so does this: every control, user-defined and unknown
+ * token and </s>, except <unk>, <s> and <|endoftext|>. NULL otherwise. */
+static sd_status phi3_rstrip(const sd_gguf *g, const sd_tok_text *tokens, const int32_t *types, size_t n,
+                             uint8_t **out) {
+    *out = NULL;
+    sd_gguf_str name;
+    if (sd_gguf_get_str(g, "general.name", &name) != SD_OK) return SD_OK;
+    char low[256];
+    size_t l = name.len < sizeof low - 1 ? (size_t)name.len : sizeof low - 1;
+    for (size_t i = 0; i < l; i++)
+        low[i] = (char)(name.ptr[i] >= 'A' && name.ptr[i] <= 'Z' ? name.ptr[i] + 32 : name.ptr[i]);
+    low[l] = '\0';
+    if (!strstr(low, "phi-3") && !strstr(low, "phi3")) return SD_OK;
+    uint8_t *r = calloc(n ? n : 1, 1);
+    if (!r) return SD_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++) {
+        sd_tok_text tx = tokens[i];
+        int32_t ty = types ? types[i] : SD_TOK_TYPE_NORMAL;
+        bool eq_unk = tx.len == 5 && memcmp(tx.ptr, "<unk>", 5) == 0,
+             eq_s = tx.len == 3 && memcmp(tx.ptr, "<s>", 3) == 0;
+        bool eq_eot = tx.len == 13 && memcmp(tx.ptr, "<|endoftext|>", 13) == 0;
+        bool eq_eos = tx.len == 4 && memcmp(tx.ptr, "</s>", 4) == 0;
+        bool special = ty == SD_TOK_TYPE_CONTROL || ty == SD_TOK_TYPE_USER_DEFINED || ty == SD_TOK_TYPE_UNKNOWN;
+        r[i] = (special || eq_eos) && !eq_unk && !eq_s && !eq_eot;
+    }
+    *out = r;
+    return SD_OK;
+}
+
 static sd_status gather_and_build(const sd_gguf *g, sd_tok_spec *spec, sd_tok **out) {
     SD_TRY(get_text(g, KEY_PREFIX "model", true, &spec->model));
     SD_TRY(get_text(g, KEY_PREFIX "pre", false, &spec->pre));
@@ -202,6 +233,9 @@ static sd_status gather_and_build(const sd_gguf *g, sd_tok_spec *spec, sd_tok **
     if (st == SD_OK) st = get_str_array(g, KEY_PREFIX "merges", gpt2, &merges, &n_merges);
     if (st == SD_OK) st = get_types(g, n_tokens, &types);
     if (st == SD_OK && spm && n_merges == 0) st = get_scores(g, n_tokens, &scores);
+    uint8_t *rstrip = NULL;
+    if (st == SD_OK) st = phi3_rstrip(g, tokens, types, n_tokens, &rstrip);
+    spec->rstrip = rstrip;
     if (st == SD_OK) {
         spec->tokens = tokens;
         spec->n_tokens = n_tokens;
@@ -215,6 +249,7 @@ static sd_status gather_and_build(const sd_gguf *g, sd_tok_spec *spec, sd_tok **
     free(merges);
     free(types);
     free(scores);
+    free(rstrip);
     return st;
 }
 

@@ -238,6 +238,8 @@ typedef struct vocab {
     size_t n;
     sd_tok_text *texts; /* [n] */
     int32_t *types;     /* [n] */
+    uint8_t *rstrip;    /* [n]: added tokens with rstrip (Phi-3's) */
+    bool any_rstrip;
     size_t n_merges;
     sd_tok_text *merges;
     uint32_t *merge_left_len; /* [n_merges] */
@@ -248,6 +250,7 @@ typedef struct vocab {
 static void vocab_free(vocab *v) {
     free(v->texts);
     free(v->types);
+    free(v->rstrip);
     free(v->merges);
     free(v->merge_left_len);
     free(v->arena);
@@ -411,6 +414,12 @@ static sd_status fill_tokens(vocab *v, const cJSON *vmap, const cJSON *added) {
         }
         v->texts[id] = (sd_tok_text){content, strlen(content)};
         v->types[id] = special ? SD_TOK_TYPE_CONTROL : SD_TOK_TYPE_USER_DEFINED;
+        v->rstrip[id] = bool_or(field(a, "rstrip"), false, &ok);
+        v->any_rstrip |= v->rstrip[id];
+        if (!ok) {
+            SD_ERROR("tokenizer.json: added token %zu has a non-boolean 'rstrip'", id);
+            return SD_ERR_FORMAT;
+        }
     }
     for (size_t id = 0; id < v->n; id++) {
         if (v->types[id] != SD_TOK_TYPE_UNDEFINED) continue;
@@ -473,11 +482,12 @@ static sd_status build_vocab(vocab *v, const cJSON *model, const cJSON *added, i
     if (!sd_mul_ok(v->n, 24, &pads) || !sd_add_ok(arena, pads, &arena)) return SD_ERR_RANGE;
     v->texts = calloc(v->n, sizeof *v->texts);
     v->types = calloc(v->n, sizeof *v->types); /* 0 = UNDEFINED: not given yet */
+    v->rstrip = calloc(v->n, 1);
     v->merges = calloc(v->n_merges ? v->n_merges : 1, sizeof *v->merges);
     v->merge_left_len = calloc(v->n_merges ? v->n_merges : 1, sizeof *v->merge_left_len);
     v->arena = malloc(arena ? arena : 1);
     v->arena_cap = arena;
-    if (!v->texts || !v->types || !v->merges || !v->merge_left_len || !v->arena) return SD_ERR_NOMEM;
+    if (!v->texts || !v->types || !v->rstrip || !v->merges || !v->merge_left_len || !v->arena) return SD_ERR_NOMEM;
     SD_TRY(fill_tokens(v, vmap, added));
     return fill_merges(v, merges);
 }
@@ -530,6 +540,7 @@ static sd_status build_from_tree(const cJSON *root, const sd_tok_hf_ids *ids, sd
         spec.n_merges = v.n_merges;
         spec.merges = v.merges;
         spec.merge_left_len = v.merge_left_len;
+        spec.rstrip = v.any_rstrip ? v.rstrip : NULL;
         int64_t bos = find_text(&v, ids->bos_text), eos = find_text(&v, ids->eos_text);
         int64_t pad = find_text(&v, ids->pad_text);
         spec.bos = bos >= 0 ? bos : ids->bos;

@@ -57,6 +57,8 @@ typedef struct sd_tok_spec {
     int64_t bos, eos, unk, pad, eot; /* token ids, -1 when absent */
     bool add_bos, add_eos;
     sd_tok_space_prefix space_prefix; /* llama only */
+    const uint8_t *rstrip;            /* [n_tokens] nonzero: a special token that swallows the whitespace
+                                         after it (HF added-token rstrip; Phi-3), or NULL: none */
 } sd_tok_spec;
 
 /* Returns a spec with no vocabulary, every id -1, model "gpt2", pre "default". */

@@ -19,8 +19,16 @@
  * The same heap of (rank, position) candidates as byte-level BPE, with stale
  * entries detected by the symbols' byte lengths (a symbol only grows): a
  * fragment of n characters costs O(n log n) hash lookups, whatever the
- * vocabulary size. Splitting characters follows llama.cpp: the length comes
- * from the lead byte alone, so invalid UTF-8 still tokenizes (as bytes). */
+ * vocabulary size. Where the vocabulary shows that no merge can cross the
+ * gap before a "▁" (joins_mark), the fragment is merged word by word: the
+ * same result, but a 200 KB paragraph no longer drives one heap of 200k
+ * entries out of cache (0.5 -> several MB/s). Splitting characters follows
+ * llama.cpp: the length comes from the lead byte alone, so invalid UTF-8
+ * still tokenizes (as bytes).
+ *
+ * Not reproduced: decoding keeps the space that the space prefix put before
+ * the first word (HF's Strip decoder and llama.cpp's detokenizer drop it);
+ * generated text, which follows the prompt, is not affected. */
 #include "tokenizer_core.h"
 
 #include <math.h>
@@ -127,6 +135,14 @@ sd_status sd_tok_spm_build(sd_tok *t, const sd_tok_spec *spec) {
         t->byte_token[b] = id;
     }
     if (n_missing) SD_DEBUG("tokenizer: %d bytes have no <0xNN> token and encode as unknown", n_missing);
+    for (int32_t id = 0; id < t->n_vocab; id++) {
+        if (t->types[id] == SD_TOK_TYPE_CONTROL) continue;
+        size_t len;
+        const char *txt = sd_tok_text_of(t, id, &len);
+        for (const char *p = len > 3 ? memmem(txt + 1, len - 1, SPACE_MARK, 3) : NULL; p;
+             p = (size_t)(txt + len - p) > 3 ? memmem(p + 1, (size_t)(txt + len - p - 1), SPACE_MARK, 3) : NULL)
+            t->joins_mark[(unsigned char)p[-1]] = true;
+    }
     if (spec->scores) return build_score_ranks(t, spec->scores);
     return SD_OK;
 }
@@ -192,13 +208,10 @@ static sd_status split_symbols(enc_ctx *c, const char *s, size_t len, bool prefi
     return SD_OK;
 }
 
-sd_status sd_tok_spm_fragment(enc_ctx *c, const char *s, size_t len, bool prefix) {
-    const sd_tok *t = c->t;
-    if (len == 0) return SD_OK;
-    size_t n;
-    SD_TRY(split_symbols(c, s, len, prefix, &n));
+/* Merges symbols [a, b), linked among themselves, until no pair merges. */
+static sd_status merge_range(enc_ctx *c, int32_t a, int32_t b) {
     c->n_heap = 0;
-    for (size_t i = 0; i + 1 < n; i++) SD_TRY(try_pair(c, (int32_t)i, (int32_t)i + 1));
+    for (int32_t i = a; i + 1 < b; i++) SD_TRY(try_pair(c, i, i + 1));
     while (c->n_heap) {
         bpe_cand m = sd_tok_heap_pop(c);
         bpe_sym *l = &c->syms[m.pos], *r = &c->syms[m.right_pos];
@@ -210,7 +223,33 @@ sd_status sd_tok_spm_fragment(enc_ctx *c, const char *s, size_t len, bool prefix
         if (l->prev >= 0) SD_TRY(try_pair(c, l->prev, m.pos));
         if (c->syms[m.pos].next >= 0) SD_TRY(try_pair(c, m.pos, c->syms[m.pos].next));
     }
-    for (int32_t i = 0; i >= 0; i = c->syms[i].next) {
+    return SD_OK;
+}
+
+/* True when no merge can join symbol i - 1 and symbol i: i is a "▁" whose
+ * preceding byte never precedes a "▁" inside a token (see joins_mark). */
+static bool word_starts_at(const enc_ctx *c, int32_t i) {
+    const char *s = c->symtext + c->sym_start[i];
+    return c->syms[i].id == 3 && memcmp(s, SPACE_MARK, 3) == 0 && !c->t->joins_mark[(unsigned char)s[-1]];
+}
+
+sd_status sd_tok_spm_fragment(enc_ctx *c, const char *s, size_t len, bool prefix) {
+    const sd_tok *t = c->t;
+    if (len == 0) return SD_OK;
+    size_t n;
+    SD_TRY(split_symbols(c, s, len, prefix, &n));
+    /* Word by word where no merge can cross: the same result as one heap
+     * over the fragment, with a heap that stays in cache. */
+    int32_t a = 0;
+    for (int32_t i = 1; i <= (int32_t)n; i++) {
+        if (i < (int32_t)n && !word_starts_at(c, i)) continue;
+        c->syms[i - 1].next = -1;
+        if (i < (int32_t)n) c->syms[i].prev = -1;
+        SD_TRY(merge_range(c, a, i));
+        a = i;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (c->syms[i].id < 0) continue; /* merged into its left neighbour */
         const char *sym = c->symtext + c->sym_start[i];
         size_t sl = (size_t)c->syms[i].id;
         int32_t id = sd_tok_lookup_text(t, sym, sl);

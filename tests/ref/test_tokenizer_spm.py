@@ -45,6 +45,7 @@ PROMPTS = [
     "Hello, world! How are you today?",
     "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n",
     "for (int i = 0; i < n; i++) {\n\tsum += a[i];\n}\n",
+    "<b>bold</b> </i> > </p>x> </y",  # Gemma's ">▁</" piece spans a space
     "<html>\n  <body>\n    <div class=\"x\">text</div>\n  </body>\n</html>",
     "Le café est très bon, n'est-ce pas ? Ça va.",
     "Привет, как дела? Всё хорошо.",
@@ -97,7 +98,7 @@ def sentencepiece_merges(tokens, scores):
     return vocab, [(a, b) for a, b, _ in merges]
 
 
-def hf_tokenizer(v, vocab, merges, with_control):
+def hf_tokenizer(v, vocab, merges, with_control, rstrip=False):
     bpe = models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=True, byte_fallback=True)
     tk = Tokenizer(bpe)
     steps = [normalizers.Replace(" ", "▁")]
@@ -110,7 +111,7 @@ def hf_tokenizer(v, vocab, merges, with_control):
         if ty == 4:
             added.append(AddedToken(v["tokens"][i], special=False, normalized=False))
         elif ty == 3 and with_control:
-            added.append(AddedToken(v["tokens"][i], special=True, normalized=False))
+            added.append(AddedToken(v["tokens"][i], special=True, normalized=False, rstrip=rstrip))
     tk.add_tokens([a for a in added if not a.special])
     tk.add_special_tokens([a for a in added if a.special])
     return tk
@@ -140,10 +141,11 @@ def check_tokenizer_json(cli, v, vocab, merges, cases, tmp):
     tokenizers saves them) against the same HF tokenizer: Gemma's own form,
     Llama 2's (Prepend + Replace normalizer, a space before every fragment)
     and the Metaspace pre-tokenizer with prepend_scheme "first" and "always"
-    (no "▁" before a fragment that starts with a space already)."""
+    (no "▁" before a fragment that starts with a space already), and control
+    tokens with rstrip (Phi-3's added tokens swallow the whitespace after them)."""
     bad = 0
-    for form in ("gemma", "llama2", "metaspace-first", "metaspace-always"):
-        tk = hf_tokenizer(v, vocab, merges, True)
+    for form in ("gemma", "llama2", "metaspace-first", "metaspace-always", "rstrip"):
+        tk = hf_tokenizer(v, vocab, merges, True, rstrip=form == "rstrip")
         if form == "llama2":
             tk.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
         elif form.startswith("metaspace"):

@@ -46,9 +46,14 @@ bool sd_tok_is_eog(const sd_tok *t, int32_t id);
 bool sd_tok_is_text(const sd_tok *t, int32_t id);
 /* Id of the token whose text is exactly text, or -1. */
 int32_t sd_tok_find(const sd_tok *t, const char *text);
-/* 64-bit FNV-1a hash over every token's text and type, in id order: two
- * models can share a KV/draft only when their hashes match. */
+/* 64-bit FNV-1a hash over every token's text and type, in id order, up to
+ * sd_tok_n_core: two models can share a KV/draft only when their hashes
+ * match. Trailing unused tokens (padding to the embedding size: Qwen2.5's
+ * 0.5B and 72B differ only there) are left out, so such a pair matches. */
 uint64_t sd_tok_vocab_hash(const sd_tok *t);
+/* Ids below this are the tokenizer's own; [n_core, n_vocab) are unused
+ * padding tokens (none: n_core == n_vocab). */
+int32_t sd_tok_n_core(const sd_tok *t);
 /* Bytes the tokenizer's tables hold (arenas, hash tables, ranks; not the
  * compiled regexes): what a vocabulary costs in memory. */
 size_t sd_tok_memory_bytes(const sd_tok *t);
