@@ -31,7 +31,7 @@
 #define SPECD_SPEC_BATCH_H
 
 #include "specd/common.h"
-#include "specd/constrain.h"
+typedef struct sd_constraint sd_constraint; /* specd/constrain.h (specd_constrain); only its handle here */
 #include "specd/drafter.h"
 #include "specd/kv.h"
 #include "specd/model.h"
