@@ -19,8 +19,12 @@ layer outputs make the feature dump; a short training run. Checks:
     halves swapped ([hidden ; embedding]) must miss it (the check can fail);
   * a dump file with a mis-shaped tensor is refused.
 
-Environment: SPECD_BUILD_DIR (specd-mkmodel), SPECD_SOURCE_DIR. Exit 77
-(skipped) when specd-mkmodel or JAX is missing.
+--demo (slow tier, train_eagle_demo): the full pipeline on the demo model,
+briefly; see demo().
+
+Environment: SPECD_BUILD_DIR (specd-mkmodel, specd-generate),
+SPECD_SOURCE_DIR, SPECD_MODEL (--demo). Exit 77 (skipped) when a binary,
+the model or JAX is missing.
 """
 import json
 import os
@@ -36,6 +40,7 @@ SOURCE_DIR = os.environ.get("SPECD_SOURCE_DIR", os.path.dirname(os.path.dirname(
 BUILD_DIR = os.environ.get("SPECD_BUILD_DIR", os.path.join(SOURCE_DIR, "build"))
 SKIP = 77
 TOL = 1e-4
+DEMO_GAIN, DEMO_ACC = 0.1, 0.3
 
 try:
     import jax
@@ -167,7 +172,46 @@ def check_layout(d, cfg_expect):
     return errs
 
 
+def demo():
+    """--demo (slow tier): a short run of the full pipeline on the demo model
+    (specd-generate's answers to the first prompts of the training set, 4
+    minutes of training); the held-out top-1 agreement of the first draft
+    step must rise by DEMO_GAIN and reach DEMO_ACC."""
+    model = os.environ.get("SPECD_MODEL") or ""
+    gen = os.path.join(BUILD_DIR, "tools", "specd-generate")
+    if not os.path.exists(model) or not os.access(gen, os.X_OK):
+        print("SKIP: needs SPECD_MODEL (the demo model) and specd-generate")
+        return SKIP
+    tmp = tempfile.mkdtemp(prefix="train_eagle_demo_")
+    try:
+        out = os.path.join(tmp, "head")
+        cmd = [os.path.join(SOURCE_DIR, "tools", "train-eagle"), "--model", model, "--prompts",
+               os.path.join(SOURCE_DIR, "tools", "eagle", "prompts", "train.txt"), "--max-prompts", "40",
+               "--n-predict", "128", "--minutes", "4", "--holdout", "0.15", "--dump",
+               os.path.join(tmp, "dump"), "--out", out]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        print(r.stdout[-4000:])
+        if r.returncode != 0:
+            print(r.stderr[-3000:])
+            print("FAIL: train-eagle exited", r.returncode)
+            return 1
+        info = json.load(open(os.path.join(out, "specd_train.json")))
+        before, after = info["held_out_before"]["acc"][0], info["held_out_after"]["acc"][0]
+        print(f"held-out step-0 agreement {before:.3f} -> {after:.3f}")
+        errs = check_layout(out, {"draft_vocab_size": 4096, "torch_dtype": "float16"})
+        if not (after >= before + DEMO_GAIN and after >= DEMO_ACC):
+            errs.append(f"held-out step-0 agreement {before:.3f} -> {after:.3f} (want +{DEMO_GAIN}, >= {DEMO_ACC})")
+        for e in errs:
+            print("FAIL:", e)
+        print("PASS" if not errs else f"{len(errs)} failure(s)")
+        return 1 if errs else 0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main():
+    if "--demo" in sys.argv[1:]:
+        return demo()
     mk = os.path.join(BUILD_DIR, "tools", "specd-mkmodel")
     if not os.access(mk, os.X_OK):
         print(f"SKIP: {mk} not built")
