@@ -16,7 +16,8 @@ target and write it in the published layout (head.py).
      $SPECD_CACHE/eagle3/<model name>/ (SPECD_CACHE: ~/.cache/specd).
 
 With no arguments it trains the head of the demo model (tools/fetch-model)
-on tools/eagle/prompts/train.txt: the full run, about an hour on 2 cores.
+on the first 320 prompts of tools/eagle/prompts/train.txt for 25 minutes:
+the full run, about an hour on 2 cores (docs/eagle-train.md).
 """
 import argparse
 import json
@@ -68,7 +69,7 @@ def parse_args(argv):
     ap.add_argument("--steps", type=int, default=20000, help="optimizer steps at most (default 20000)")
     ap.add_argument("--minutes", type=float, default=0,
                     help="training time at most, in minutes (0 = no limit; with no --dump nor prompts "
-                         "given, the demo run, 30)")
+                         "given, the demo run: 25)")
     ap.add_argument("--draft-vocab", type=int, default=4096,
                     help="draft vocabulary size, capped at the target's (default 4096)")
     ap.add_argument("--ttt", type=int, default=5, help="training-time-test steps (default 5; EAGLE-3 uses 7)")
@@ -78,7 +79,8 @@ def parse_args(argv):
     ap.add_argument("--batch", type=int, default=4, help="sequences per step (default 4)")
     ap.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (default 5e-4)")
     ap.add_argument("--n-predict", type=int, default=160, help="answer length cap in tokens (default 160)")
-    ap.add_argument("--max-prompts", type=int, default=0, help="use only the first N prompts (0 = all)")
+    ap.add_argument("--max-prompts", type=int, default=0,
+                    help="use only the first N prompts (0 = all; the demo run: 320)")
     ap.add_argument("--max-len", type=int, default=1024, help="cut sequences to this many tokens")
     ap.add_argument("--holdout", type=float, default=0.05, help="share of sequences held out for the "
                                                                 "final evaluation (default 0.05)")
@@ -143,7 +145,10 @@ def main(argv=None):
         a.dump = os.path.join(cache_dir(), "eagle3-data", stem)
         if not a.prompts and not a.prompt_ids:
             a.prompts = DEFAULT_PROMPTS
-            a.minutes = a.minutes or 30.0
+            # the demo run, sized for about an hour on 2 quiet cores (an
+            # estimate: ~15-35 min of answers and features, 25 of training)
+            a.max_prompts = a.max_prompts or 320
+            a.minutes = a.minutes or 25.0
     a.out = a.out or os.path.join(cache_dir(), "eagle3", stem)
     tgt = TG.Target(a.model)
     layer_ids = TG.check_layer_ids(a.layers.split(",") if a.layers else TG.default_layer_ids(tgt.n_layers),

@@ -61,9 +61,11 @@ def prepare(seqs, target, t2d, train_on_prompt=False, max_len=1024, chunk=256):
     return out
 
 
-def batches(data, batch, n_steps, embed, rng, bucket=32):
-    """Yields padded batches, forever: sequences of similar length together
-    (fewer shapes to compile, less padding), in a random order each pass."""
+def batches(data, batch, n_steps, embed, rng, bucket=64):
+    """Yields padded batches, forever: sequences of similar length together,
+    padded to a multiple of `bucket` (each shape is compiled once: a
+    compile costs seconds, the padding a little work), in a random order
+    each pass."""
     order = np.argsort([len(d["tokens"]) for d in data], kind="stable")
     groups = [order[i:i + batch] for i in range(0, len(order), batch)]
     while True:
@@ -72,7 +74,7 @@ def batches(data, batch, n_steps, embed, rng, bucket=32):
             yield pad_batch(g, n_steps, embed, bucket)
 
 
-def pad_batch(g, n_steps, embed, bucket=32):
+def pad_batch(g, n_steps, embed, bucket=64):
     L = max(len(d["tokens"]) for d in g)
     L = ((L + bucket - 1) // bucket) * bucket
     B, Hd = len(g), g[0]["final"].shape[1]
@@ -150,7 +152,7 @@ def train(cfg, params, data, embed, lm_d, steps, n_steps, lr=5e-4, batch=4, seed
            "v": {k: jnp.zeros_like(v) for k, v in p.items()}, "t": jnp.zeros((), jnp.float32)}
     step_fn = make_step(cfg, n_steps)
     lm_d = jnp.asarray(lm_d)
-    warmup = warmup if warmup is not None else max(1, min(50, steps // 10))
+    warmup = warmup if warmup is not None else max(1, min(20, steps // 10))
     it = batches(data, batch, n_steps, embed, rng)
     hist, t0 = [], time.time()
     for s in range(steps):
