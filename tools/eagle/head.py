@@ -301,6 +301,7 @@ def save_head(out_dir, cfg, params, d2t, t2d, dtype="float16", extra=None):
     tensors["d2t"], tensors["t2d"] = d2t, t2d
     tmp = os.path.join(out_dir, "model.safetensors.tmp")
     save_file(tensors, tmp, metadata={"format": "pt"})
+    os.chmod(tmp, 0o644)
     os.replace(tmp, os.path.join(out_dir, "model.safetensors"))
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(cfg.to_json(dtype), f, indent=2)
