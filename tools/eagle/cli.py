@@ -73,11 +73,12 @@ def parse_args(argv):
     ap.add_argument("--draft-vocab", type=int, default=4096,
                     help="draft vocabulary size, capped at the target's (default 4096)")
     ap.add_argument("--ttt", type=int, default=5, help="training-time-test steps (default 5; EAGLE-3 uses 7)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the initialisation, the held-out split and the batch order (default 0)")
     ap.add_argument("--layers", help="captured layers a,b,c (output-of-layer ids; default EAGLE-3's "
                                      "1, N/2-1, N-4)")
     ap.add_argument("--batch", type=int, default=4, help="sequences per step (default 4)")
-    ap.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (default 5e-4)")
+    ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     ap.add_argument("--n-predict", type=int, default=160, help="answer length cap in tokens (default 160)")
     ap.add_argument("--max-prompts", type=int, default=0,
                     help="use only the first N prompts (0 = all; the demo run: 320)")
@@ -85,7 +86,8 @@ def parse_args(argv):
     ap.add_argument("--holdout", type=float, default=0.05, help="share of sequences held out for the "
                                                                 "final evaluation (default 0.05)")
     ap.add_argument("--threads", type=int, default=2, help="specd-generate threads (default 2)")
-    ap.add_argument("--dtype", choices=["float16", "float32"], default="float16", help="stored weights")
+    ap.add_argument("--dtype", choices=["float16", "float32"], default="float16",
+                    help="stored weights (default float16, as published heads)")
     ap.add_argument("--train-on-prompt", action="store_true",
                     help="also train on the prompt's positions (default: answers only, when known)")
     ap.add_argument("--act-quant", action="store_true",

@@ -139,7 +139,7 @@ def evaluate(ev, params, data, n_steps, embed, lm_d, batch):
     return tot_l / max(tot_n, 1.0), tot_a / max(tot_n, 1.0)
 
 
-def train(cfg, params, data, embed, lm_d, steps, n_steps, lr=5e-4, batch=4, seed=0, log=print,
+def train(cfg, params, data, embed, lm_d, steps, n_steps, lr=1e-3, batch=4, seed=0, log=print,
           log_every=10, warmup=None, seconds=0.0):
     """Trains params (dict of float32 numpy arrays) for `steps` optimizer
     steps, or until `seconds` have passed when that is > 0 (the learning
