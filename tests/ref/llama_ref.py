@@ -292,10 +292,14 @@ class LlamaRef:
 
     # ---- forward ----
 
-    def forward(self, tokens, cache=None):
+    def forward(self, tokens, cache=None, capture=None):
         """Runs new tokens of one sequence. cache: None (sequence starts at 0,
         nothing kept) or a dict from new_cache() that is extended in place.
-        Returns logits [T, n_vocab] in self.dtype."""
+        capture: None or a dict that receives "layers" (a list: layer l's
+        output, the residual stream after it, [T, n_embd]) and "final" (the
+        last layer's output after the output norm: logits = final @ lm_head.T),
+        the features an EAGLE-3 head reads (tools/eagle). Returns logits
+        [T, n_vocab] in self.dtype."""
         tokens = np.asarray(tokens, dtype=np.int64)
         if tokens.ndim != 1 or tokens.size == 0:
             raise ValueError("tokens must be a non-empty 1-d sequence")
@@ -363,8 +367,12 @@ class LlamaRef:
             if self.post_norms:
                 o = self._rmsnorm(o, W("post_ffw_norm"))
             x = x + o
+            if capture is not None:
+                capture.setdefault("layers", []).append(x)
         cache["len"] = start + T
         x = self._rmsnorm(x, self.w["output_norm.weight"])
+        if capture is not None:
+            capture["final"] = x
         return self._mm(x, getattr(self, "lm_head_name", "output.weight"), self.lm_head)  # [T, n_vocab]
 
     def new_cache(self):

@@ -1,0 +1,205 @@
+"""cli.py — tools/train-eagle: train an EAGLE-3 draft head for a llama
+target and write it in the published layout (head.py).
+
+  1. data: the target's own answers to a prompt set (self-distillation):
+     specd-generate answers each prompt greedily as a chat turn (or, with
+     --prompt-ids, the numpy reference does, for tiny test targets), and the
+     numpy reference forward (tests/ref/llama_ref.py) writes each
+     sequence's features to a dump directory (target.py's format, the one
+     `specd-generate --dump-features` writes). Existing dump files are kept,
+     so an interrupted run resumes. --dump DIR alone trains on a dump made
+     elsewhere.
+  2. training: draft vocabulary by token frequency, EAGLE-3's training-time
+     test, soft labels from the target's logits (train.py).
+  3. output: config.json + model.safetensors (+ specd_train.json, the
+     run's provenance and figures) in --out, by default
+     $SPECD_CACHE/eagle3/<model name>/ (SPECD_CACHE: ~/.cache/specd).
+
+With no arguments it trains the head of the demo model (tools/fetch-model)
+on the first 320 prompts of tools/eagle/prompts/train.txt for 25 minutes:
+the full run, about an hour on 2 cores (docs/eagle-train.md).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import target as TG  # noqa: E402
+import head as H  # noqa: E402
+import train as TR  # noqa: E402
+
+ROOT = TG.ROOT
+DEFAULT_PROMPTS = os.path.join(HERE, "prompts", "train.txt")
+
+
+def cache_dir():
+    return os.environ.get("SPECD_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specd")
+
+
+def model_stem(path):
+    b = os.path.basename(path.rstrip("/"))
+    return b[:-5] if b.endswith(".gguf") else b
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(
+        prog="tools/train-eagle",
+        description="Train an EAGLE-3 draft head for a llama GGUF target (self-distillation) and write it "
+                    "in the published layout (config.json + model.safetensors, LlamaForCausalLMEagle3).",
+        epilog="With no arguments: the demo model (tools/fetch-model), tools/eagle/prompts/train.txt, the "
+               "head cached in $SPECD_CACHE/eagle3/<model>/ (about an hour on 2 cores). Layer ids: id L is "
+               "the output of layer L (0-based), SGLang's convention.")
+    ap.add_argument("--model", help="target GGUF (default: the demo model, tools/fetch-model)")
+    ap.add_argument("--dump", help="feature dump directory: read it, and write the answers' features "
+                                   "into it first when --prompts/--prompt-ids are given "
+                                   "(default: $SPECD_CACHE/eagle3-data/<model>)")
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--prompts", help="prompt file, one a line (\\n escapes), answered by specd-generate "
+                                       "(default when no --dump: tools/eagle/prompts/train.txt)")
+    src.add_argument("--prompt-ids", help="prompts as token ids, one comma-separated line each, answered by "
+                                          "the numpy reference (tiny targets, tests)")
+    ap.add_argument("--out", help="output head directory (default: $SPECD_CACHE/eagle3/<model>)")
+    ap.add_argument("--steps", type=int, default=20000, help="optimizer steps at most (default 20000)")
+    ap.add_argument("--minutes", type=float, default=0,
+                    help="training time at most, in minutes (0 = no limit; with no --dump nor prompts "
+                         "given, the demo run: 25)")
+    ap.add_argument("--draft-vocab", type=int, default=4096,
+                    help="draft vocabulary size, capped at the target's (default 4096)")
+    ap.add_argument("--ttt", type=int, default=5, help="training-time-test steps (default 5; EAGLE-3 uses 7)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the initialisation, the held-out split and the batch order (default 0)")
+    ap.add_argument("--layers", help="captured layers a,b,c (output-of-layer ids; default EAGLE-3's "
+                                     "1, N/2-1, N-4)")
+    ap.add_argument("--batch", type=int, default=4, help="sequences per step (default 4)")
+    ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    ap.add_argument("--n-predict", type=int, default=160, help="answer length cap in tokens (default 160)")
+    ap.add_argument("--max-prompts", type=int, default=0,
+                    help="use only the first N prompts (0 = all; the demo run: 320)")
+    ap.add_argument("--max-len", type=int, default=1024, help="cut sequences to this many tokens")
+    ap.add_argument("--holdout", type=float, default=0.05, help="share of sequences held out for the "
+                                                                "final evaluation (default 0.05)")
+    ap.add_argument("--threads", type=int, default=2, help="specd-generate threads (default 2)")
+    ap.add_argument("--dtype", choices=["float16", "float32"], default="float16",
+                    help="stored weights (default float16, as published heads)")
+    ap.add_argument("--train-on-prompt", action="store_true",
+                    help="also train on the prompt's positions (default: answers only, when known)")
+    ap.add_argument("--act-quant", action="store_true",
+                    help="features with the engine's 8-bit activation rounding modelled (slower; default: "
+                         "the plain dequantized-weight forward)")
+    ap.add_argument("--gen-only", action="store_true", help="write the dump and stop")
+    return ap.parse_args(argv)
+
+
+def demo_model():
+    r = subprocess.run([os.path.join(ROOT, "tools", "fetch-model")], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"train-eagle: tools/fetch-model failed: {r.stderr.strip()}")
+    return r.stdout.strip()
+
+
+def generate(a, tgt, layer_ids, log):
+    """Answers the prompts and writes the features of the missing dump files."""
+    ref = None
+    if a.prompt_ids:
+        with open(a.prompt_ids) as f:
+            prompts = [[int(x) for x in ln.split(",")] for ln in f if ln.strip()]
+    else:
+        prompts = TG.read_prompts(a.prompts)
+        binary = TG.find_specd_generate()
+        if binary is None:
+            raise SystemExit("train-eagle: no build/tools/specd-generate (or build-asan/): build it first")
+    if a.max_prompts:
+        prompts = prompts[:a.max_prompts]
+    t0, n_tok, made = time.time(), 0, 0
+    for i, p in enumerate(prompts):
+        path = os.path.join(a.dump, f"{i:06d}.safetensors")
+        if os.path.exists(path):
+            continue
+        if ref is None:
+            ref = TG.make_ref(a.model, act_quant=a.act_quant)
+        if a.prompt_ids:
+            pids, ans = TG.answer_ref(ref, p, a.n_predict, tgt.eos)
+        else:
+            pids, ans = TG.answer_specd(binary, a.model, p, a.n_predict, a.threads)
+        toks = (pids + ans)[:a.max_len]
+        aux, fin = TG.features(ref, toks, layer_ids)
+        TG.write_dump(a.dump, i, toks, aux, fin, layer_ids, tgt.vocab, a.model, n_prompt=len(pids))
+        n_tok += len(toks)
+        made += 1
+        if made % 10 == 0:
+            log(f"data: {i + 1}/{len(prompts)} sequences, {n_tok} new tokens, {time.time() - t0:.0f} s")
+    log(f"data: {made} new sequences ({n_tok} tokens) in {time.time() - t0:.0f} s; dump {a.dump}")
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    log = lambda s: print(s, flush=True)
+    a.model = a.model or demo_model()
+    stem = model_stem(a.model)
+    if not a.dump:
+        a.dump = os.path.join(cache_dir(), "eagle3-data", stem)
+        if not a.prompts and not a.prompt_ids:
+            a.prompts = DEFAULT_PROMPTS
+            # the demo run, sized for about an hour on 2 quiet cores (an
+            # estimate: ~15-35 min of answers and features, 25 of training)
+            a.max_prompts = a.max_prompts or 320
+            a.minutes = a.minutes or 25.0
+    a.out = a.out or os.path.join(cache_dir(), "eagle3", stem)
+    tgt = TG.Target(a.model)
+    layer_ids = TG.check_layer_ids(a.layers.split(",") if a.layers else TG.default_layer_ids(tgt.n_layers),
+                                   tgt.n_layers)
+    if a.prompts or a.prompt_ids:
+        generate(a, tgt, layer_ids, log)
+        if a.gen_only:
+            return 0
+    seqs, meta = TG.read_dump(a.dump)
+    if meta["hidden_size"] != tgt.hidden or meta["vocab_size"] != tgt.vocab:
+        raise SystemExit(f"train-eagle: dump {a.dump} is of hidden {meta['hidden_size']} / vocab "
+                         f"{meta['vocab_size']}, the target {tgt.hidden} / {tgt.vocab}")
+    layer_ids = TG.check_layer_ids(meta["layer_ids"], tgt.n_layers)
+    dv = min(a.draft_vocab, tgt.vocab)
+    used, d2t, t2d, cov = TR.choose_vocab(seqs, tgt.vocab, dv, keep=(tgt.eos,))
+    log(f"dump: {len(seqs)} sequences, {sum(len(s['tokens']) for s in seqs)} tokens, layers {layer_ids}; "
+        f"draft vocabulary {dv} covers {cov:.1%} of the counted tokens")
+    data = TR.prepare(seqs, tgt, t2d, a.train_on_prompt, a.max_len)
+    del seqs
+    rng = np.random.default_rng(a.seed)
+    order = rng.permutation(len(data))
+    n_hold = int(round(a.holdout * len(data))) if len(data) >= 10 else 0
+    held, train_set = [data[i] for i in order[:n_hold]], [data[i] for i in order[n_hold:]]
+    cfg = H.HeadConfig.from_target(tgt, dv, layer_ids)
+    lm_d = tgt.lm_head[used]
+    params = H.init_params(cfg, a.seed, lm_head=lm_d, norm=tgt.output_norm)
+    embed = tgt.embed
+    ev = TR.make_eval(cfg, a.ttt)
+    before = TR.evaluate(ev, params, held, a.ttt, embed, lm_d, a.batch) if held else None
+    t0 = time.time()
+    params, hist = TR.train(cfg, params, train_set, embed, lm_d, a.steps, a.ttt, a.lr, a.batch, a.seed, log,
+                            seconds=a.minutes * 60.0)
+    secs = time.time() - t0
+    extra = {"target": os.path.basename(a.model), "dump": a.dump, "sequences": len(train_set),
+             "held_out": len(held), "tokens": int(sum(len(d["tokens"]) for d in train_set)),
+             "layer_ids_convention": "output of layer id (0-based)", "steps": hist[-1][0] + 1 if hist else 0, "ttt_steps": a.ttt,
+             "batch": a.batch, "lr": a.lr, "seed": a.seed, "draft_vocab_coverage": cov,
+             "train_seconds": round(secs, 1), "history": hist}
+    if held:
+        after = TR.evaluate(ev, params, held, a.ttt, embed, lm_d, a.batch)
+        extra["held_out_before"] = {"loss": before[0].tolist(), "acc": before[1].tolist()}
+        extra["held_out_after"] = {"loss": after[0].tolist(), "acc": after[1].tolist()}
+        log("held out, per TTT step: loss " + " ".join(f"{x:.3f}" for x in after[0]) + "  acc "
+            + " ".join(f"{x:.3f}" for x in after[1]) + "  (before: acc "
+            + " ".join(f"{x:.3f}" for x in before[1]) + ")")
+    H.save_head(a.out, cfg, params, d2t, t2d, a.dtype, extra)
+    log(f"head written to {a.out} ({secs:.0f} s of training)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
