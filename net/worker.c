@@ -69,6 +69,9 @@ sd_status sd_worker_signal_fd(int *fd) {
 
 /* Requests and releases that may wait behind the running step. */
 #define WORKER_QUEUE 64
+/* The pause before reconnecting to a peer that is not a coordinator (our
+ * own Hello echoed, or a bad first message): short, but no busy loop. */
+#define SD_WORKER_RECONNECT_PAUSE_MS 50
 
 /* The loop's state across reconnects. */
 typedef struct worker_loop {
@@ -100,6 +103,8 @@ typedef struct worker_loop {
     Specd__CoordinatorToWorker *queue[WORKER_QUEUE]; /* requests and releases waiting for the job */
     int q_head, q_len;
     Specd__WorkerStats stats; /* snapshot taken while no job is out */
+    uint8_t *hello;           /* the Hello last sent, packed: an echo of it is a self-connect */
+    size_t hello_len;
 } worker_loop;
 
 static sd_status loop_send(worker_loop *w, const Specd__WorkerToCoordinator *env) {
@@ -152,6 +157,11 @@ static sd_status send_hello(worker_loop *w) {
     Specd__WorkerToCoordinator env = SPECD__WORKER_TO_COORDINATOR__INIT;
     env.body_case = SPECD__WORKER_TO_COORDINATOR__BODY_HELLO;
     env.hello = &h;
+    free(w->hello); /* kept to recognise our own Hello coming back (drain) */
+    w->hello_len = protobuf_c_message_get_packed_size(&env.base);
+    w->hello = malloc(w->hello_len ? w->hello_len : 1);
+    if (w->hello) protobuf_c_message_pack(&env.base, w->hello);
+    else w->hello_len = 0;
     return loop_send(w, &env);
 }
 
@@ -217,8 +227,9 @@ static sd_status connect_and_hello(worker_loop *w) {
     return st;
 }
 
-/* What one received message asks the loop to do next. */
-typedef enum { NEXT_CONTINUE, NEXT_REFUSED } loop_next;
+/* What one received message asks the loop to do next. NEXT_RECONNECT: the
+ * peer is not a coordinator (see drain). */
+typedef enum { NEXT_CONTINUE, NEXT_REFUSED, NEXT_RECONNECT } loop_next;
 
 static void *compute_main(void *arg) {
     worker_loop *w = arg;
@@ -344,6 +355,11 @@ static loop_next dispatch(worker_loop *w, const sd_net_msg *m) {
     Specd__Code code = SPECD__CODE__CODE_UNSPECIFIED;
     char err[512] = "";
     Specd__CoordinatorToWorker *env = sd_net_decode_to_worker(m->body, m->body_len, &p->limits, &code, err, sizeof err);
+    if (!env && !w->registered) { /* the first thing heard is no coordinator's: see drain */
+        SD_WARN("worker: %s answered with a bad message (%s: %s) before any Welcome: not a coordinator, reconnecting",
+                p->coordinator, sd_net_code_name(code), err);
+        return NEXT_RECONNECT;
+    }
     if (!env) {
         SD_WARN("worker: bad message from the coordinator (%s): %s", sd_net_code_name(code), err);
         send_error(w, code == SPECD__CODE__CODE_UNSPECIFIED ? SPECD__CODE__CODE_MALFORMED : code, 0, err);
@@ -426,9 +442,19 @@ static sd_status drain(worker_loop *w, loop_next *next) {
             return st;
         }
         w->last_recv = sd_now();
+        if (!w->registered && w->hello && m.body_len == w->hello_len && memcmp(m.body, w->hello, m.body_len) == 0) {
+            /* Our own Hello: a TCP self-connect (the coordinator's port in
+             * the kernel's ephemeral range and not bound yet, so the
+             * connection's source port became its destination). Holding it
+             * would keep the port from the coordinator: drop it at once. */
+            SD_WARN("worker: received our own Hello from %s (a TCP self-connect?): reconnecting", w->p->coordinator);
+            sd_net_msg_clear(&m);
+            *next = NEXT_RECONNECT;
+            return SD_OK;
+        }
         *next = dispatch(w, &m);
         sd_net_msg_clear(&m);
-        if (*next == NEXT_REFUSED) return SD_OK;
+        if (*next == NEXT_REFUSED || *next == NEXT_RECONNECT) return SD_OK;
     }
 }
 
@@ -568,6 +594,14 @@ sd_status sd_worker_run(void *zctx, const sd_worker_params *p, sd_worker_exit *w
                 *why = SD_WORKER_REFUSED;
                 break;
             }
+            if (next == NEXT_RECONNECT) { /* not a coordinator: a new socket, after a pause (no hot loop) */
+                finish_job(w, false);
+                clear_queue(w);
+                close_socket(w);
+                usleep(SD_WORKER_RECONNECT_PAUSE_MS * 1000);
+                st = connect_and_hello(w);
+                continue;
+            }
         }
         now = sd_now();
         double dead_after = (double)w->interval_ms * w->liveness / 1e3;
@@ -587,6 +621,7 @@ sd_status sd_worker_run(void *zctx, const sd_worker_params *p, sd_worker_exit *w
     }
     compute_stop(w);
     close_socket(w);
+    free(w->hello);
     free(wp);
     return st;
 }

@@ -10,7 +10,10 @@
  * ends the loop with SD_WORKER_STOPPED; an Error in answer to Hello ends it
  * with SD_WORKER_REFUSED; a silent coordinator makes the worker clear its
  * caches and register again from a new socket; a full queue behind a
- * running step answers OVERLOADED at once. Every wait is bounded. */
+ * running step answers OVERLOADED at once; a peer that echoes the worker's
+ * own Hello (a TCP self-connect) or answers it with bytes that do not
+ * decode is dropped at once for a new socket, long before the liveness
+ * period. Every wait is bounded. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -453,6 +456,60 @@ static void test_silent_coordinator_reconnect(void **state) {
     coord_close(&c);
 }
 
+/* The fake coordinator answers the Hello from the worker's routing id with
+ * reply (NULL: the Hello's own bytes, as a self-connected socket hears
+ * them); the worker must come back from a new socket at once. */
+static void not_a_coordinator(const uint8_t *reply, size_t reply_len) {
+    fake_coord c;
+    coord_open(&c);
+    loop_thread t;
+    loop_start(&t, c.endpoint, 100); /* 40 ms x 100 = 4 s before silence would reconnect */
+    double t0 = sd_now();
+    uint8_t first[SD_MAX_IDENTITY_BYTES];
+    size_t first_len = 0;
+    for (int round = 0; round < 2; round++) {
+        sd_net_msg m;
+        memset(&m, 0, sizeof m);
+        zmq_pollitem_t item = {c.router, 0, ZMQ_POLLIN, 0};
+        assert_true(zmq_poll(&item, 1, WAIT_MS) == 1);
+        assert_int_equal(sd_net_recv(c.router, true, false, &m), SD_OK);
+        Specd__Code code;
+        char err[256];
+        Specd__WorkerToCoordinator *env = sd_net_decode_worker(m.body, m.body_len, NULL, &code, err, sizeof err);
+        assert_non_null(env);
+        assert_int_equal(env->body_case, SPECD__WORKER_TO_COORDINATOR__BODY_HELLO);
+        specd__worker_to_coordinator__free_unpacked(env, NULL);
+        if (round == 0) {
+            memcpy(first, m.identity, m.identity_len);
+            first_len = m.identity_len;
+            const uint8_t *body = reply ? reply : m.body;
+            size_t body_len = reply ? reply_len : m.body_len;
+            assert_true(zmq_send(c.router, m.identity, m.identity_len, ZMQ_SNDMORE) >= 0);
+            assert_true(zmq_send(c.router, body, body_len, 0) >= 0);
+        } else {
+            assert_true(m.identity_len != first_len || memcmp(m.identity, first, first_len) != 0); /* a new socket */
+        }
+        sd_net_msg_clear(&m);
+    }
+    assert_true(sd_now() - t0 < 2.0); /* not the liveness period (4 s): at once */
+    assert_int_equal(t.stub.n_handled, 0);
+    assert_int_equal(write(t.stop_pipe[1], "x", 1), 1);
+    loop_join(&t);
+    assert_int_equal(t.why, SD_WORKER_STOPPED);
+    coord_close(&c);
+}
+
+static void test_own_hello_reconnects(void **state) {
+    (void)state;
+    not_a_coordinator(NULL, 0);
+}
+
+static void test_bad_greeting_reconnects(void **state) {
+    (void)state;
+    static const uint8_t junk[] = {0xff, 0xff, 0xff, 0x01, 0x02};
+    not_a_coordinator(junk, sizeof junk);
+}
+
 int main(void) {
     sd_net_log_init("test", 0, false);
     const struct CMUnitTest tests[] = {
@@ -461,6 +518,8 @@ int main(void) {
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_refused_leader_retried),
         cmocka_unit_test(test_silent_coordinator_reconnect),
+        cmocka_unit_test(test_own_hello_reconnects),
+        cmocka_unit_test(test_bad_greeting_reconnects),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
