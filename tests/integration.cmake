@@ -16,6 +16,8 @@ specd_py_test(it_greedy_tiny_warmup ${_it}test_greedy.py ARGS --model tiny --dra
               LABELS integration)
 specd_py_test(it_greedy_smollm_ngram ${_it}test_greedy.py ARGS --model smollm --drafter ngram --n 3 --tokens 16
               LABELS integration model)
+specd_py_test(it_greedy_gemma_ngram ${_it}test_greedy.py ARGS --model gemma --drafter ngram --n 3 --tokens 16
+              LABELS integration model)
 specd_py_test(it_greedy_smollm_self ${_it}test_greedy.py ARGS --model smollm --drafter layers --n 3 --tokens 16
               LABELS integration model)
 specd_py_test(it_greedy_smollm_ngram_64 ${_it}test_greedy.py ARGS --model smollm --drafter ngram --n 64 --tokens 48
@@ -55,7 +57,7 @@ specd_py_test(it_launch_curve ${_it}test_launch.py ARGS --curve LABELS integrati
 # The integration tests start several processes each: never two at once.
 set_tests_properties(it_greedy_tiny_model it_greedy_tiny_self it_greedy_tiny_ngram it_greedy_tiny_hf
                      it_greedy_tiny_local_ngram it_greedy_smollm_local_ngram
-                     it_greedy_tiny_warmup it_greedy_smollm_ngram
+                     it_greedy_tiny_warmup it_greedy_smollm_ngram it_greedy_gemma_ngram
                      it_greedy_smollm_self it_greedy_smollm_ngram_64 it_greedy_smollm_self_64 it_seeded
                      it_drafter_kill it_verifier_restart it_cancel it_bad_input it_overload it_netns it_launch
                      it_client_cli it_hostile it_launch_curve it_flood it_gateway_bind it_self_connect it_drain

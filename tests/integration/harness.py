@@ -230,6 +230,17 @@ class Harness:
             skip("the demo model is not available (set SPECD_MODEL or run tools/fetch-model)")
         return m
 
+    def gemma3(self):
+        """The real Gemma 3 270M (Q4_K_M; Gemma terms: fetched by tools/fetch-model gemma3, never committed)."""
+        try:
+            m = subprocess.run([os.path.join(SOURCE, "tools", "fetch-model"), "gemma3"],
+                               capture_output=True, text=True, timeout=900).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            m = ""
+        if not m or not os.path.exists(m):
+            skip("Gemma 3 270M is not available (run tools/fetch-model gemma3)")
+        return m
+
     def tiny_models(self, seed=1, ctx=2048):
         """A random 2-layer target and a random 1-layer draft model with the
         target's tokenizer."""

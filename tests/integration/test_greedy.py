@@ -7,7 +7,8 @@ specd-generate gives each prompt alone.
 tiny: a random 2-layer target (specd-mkmodel) with a random 1-layer draft
 model sharing its tokenizer; requests ignore EOS so every one runs to
 max_tokens. smollm: SmolLM2-135M-Instruct with chat prompts, stopping at EOS
-as specd-generate does. The coordinator runs with K fixed at 4
+as specd-generate does; gemma: the real Gemma 3 270M (gemma3 architecture,
+SentencePiece tokenizer, Gemma's chat template) the same way. The coordinator runs with K fixed at 4
 (harness.FIXED_K), and the test checks that speculation happened (drafted > 0
 summed over requests) when a drafter is attached, and that the prompt token
 counts equal specd-generate's. --adaptive: the coordinator's own adaptive K
@@ -35,7 +36,7 @@ def run(h, args):
         prompts = H.random_prompts(args.n, seed=7)
         chat, ignore_eos = False, True
     else:
-        target, draft = h.smollm(), None
+        target, draft = (h.gemma3() if args.model == "gemma" else h.smollm()), None
         base = ["What is the capital of France?", "Name three colors.", "Count from 1 to 10.",
                 "Write a haiku about the sea.", "What is 12 times 12?", "Say hello in Spanish.",
                 "List the planets of the solar system.", "Repeat after me: the cat sat on the mat, the cat sat."]
@@ -94,7 +95,7 @@ def run(h, args):
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", choices=["tiny", "smollm"], default="tiny")
+    ap.add_argument("--model", choices=["tiny", "smollm", "gemma"], default="tiny")
     ap.add_argument("--drafter", choices=["model", "ngram", "local-ngram", "layers", "none"], default="model")
     ap.add_argument("--n", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=24)
