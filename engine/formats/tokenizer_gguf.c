@@ -60,13 +60,14 @@ static sd_status get_types(const sd_gguf *g, size_t n_tokens, int32_t **out) {
         SD_ERROR("tokenizer: %s has %llu entries but there are %zu tokens", key, (unsigned long long)len, n_tokens);
         return SD_ERR_FORMAT;
     }
+    size_t width;
     switch (et) {
     case SD_GGUF_TYPE_INT32:
-    case SD_GGUF_TYPE_UINT32:
-    case SD_GGUF_TYPE_INT8:
-    case SD_GGUF_TYPE_UINT8:
+    case SD_GGUF_TYPE_UINT32: width = 4; break;
     case SD_GGUF_TYPE_INT16:
-    case SD_GGUF_TYPE_UINT16: break;
+    case SD_GGUF_TYPE_UINT16: width = 2; break;
+    case SD_GGUF_TYPE_INT8:
+    case SD_GGUF_TYPE_UINT8: width = 1; break;
     default: SD_ERROR("tokenizer: %s is not an integer array", key); return SD_ERR_FORMAT;
     }
     const void *data;
@@ -75,35 +76,11 @@ static sd_status get_types(const sd_gguf *g, size_t n_tokens, int32_t **out) {
     if (!types) return SD_ERR_NOMEM;
     const unsigned char *p = data;
     for (size_t i = 0; i < n_tokens; i++) {
-        int64_t v = 0;
-        switch (et) {
-        case SD_GGUF_TYPE_INT32: {
-            int32_t x;
-            memcpy(&x, p + 4 * i, 4);
-            v = x;
-            break;
-        }
-        case SD_GGUF_TYPE_UINT32: {
-            uint32_t x;
-            memcpy(&x, p + 4 * i, 4);
-            v = x;
-            break;
-        }
-        case SD_GGUF_TYPE_INT16: {
-            int16_t x;
-            memcpy(&x, p + 2 * i, 2);
-            v = x;
-            break;
-        }
-        case SD_GGUF_TYPE_UINT16: {
-            uint16_t x;
-            memcpy(&x, p + 2 * i, 2);
-            v = x;
-            break;
-        }
-        case SD_GGUF_TYPE_INT8: v = (int8_t)p[i]; break;
-        default: v = p[i]; break;
-        }
+        int64_t sv = 0;
+        uint64_t uv = 0;
+        bool is_signed = false;
+        sd_gguf_int_decode(et, p + width * i, &sv, &uv, &is_signed); /* et is one of the six above */
+        int64_t v = is_signed ? sv : (uv > INT32_MAX ? -1 : (int64_t)uv);
         types[i] = v < INT32_MIN || v > INT32_MAX ? -1 : (int32_t)v; /* out of range: rejected by build */
     }
     *out = types;
