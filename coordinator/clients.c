@@ -346,6 +346,9 @@ void sd_clients_tick(sd_coord *c, uint64_t now_us) {
                         sd_sched_abort(c, s, SPECD__CODE__CODE_CANCELLED, "client gone", false, now_us);
                 }
             }
+            if (cl->backlog_n > 0)
+                SD_WARN("dropping %zu replies (%zu bytes) to a client that %s", cl->backlog_n, cl->backlog_bytes,
+                        stuck ? "has not read any for the stall bound" : "does not read them");
             sd_outbox_client_forget(c, &c->clients[i]);
             c->clients[i] = c->clients[--c->n_clients];
             continue;

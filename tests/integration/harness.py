@@ -384,9 +384,10 @@ class Harness:
         return ["--curve-secret", self.keys[name]["key"], "--curve-server", self.keys["coordinator"]["pub"]]
 
     # ---- the service, one process per role ----
-    def start_coordinator(self, target, extra=(), netns=None, client_host="127.0.0.1", worker_host="127.0.0.1"):
+    def start_coordinator(self, target, extra=(), netns=None, client_host="127.0.0.1", worker_host="127.0.0.1",
+                          client_addr=None):
         cport, wport = free_port(), free_port()
-        self.client_addr = "tcp://%s:%d" % (client_host, cport)
+        self.client_addr = client_addr or "tcp://%s:%d" % (client_host, cport)
         self.worker_addr = "tcp://%s:%d" % (worker_host, wport)
         self.target = target
         keys = []
@@ -420,8 +421,8 @@ class Harness:
                           netns=netns)
 
     def start_service(self, target, drafter="layers", draft=None, coord_extra=(), verifier_extra=(),
-                      drafter_extra=()):
-        coord = self.start_coordinator(target, coord_extra)
+                      drafter_extra=(), client_addr=None):
+        coord = self.start_coordinator(target, coord_extra, client_addr=client_addr)
         ver = self.start_verifier(extra=verifier_extra)
         dr = self.start_drafter(drafter, draft=draft, extra=drafter_extra) if drafter else None
         self.wait_registered(verifier=True, drafter=bool(drafter))

@@ -12,9 +12,17 @@ Accepted followed by exactly one Finished or Error for its request id.
 The coordinator stays up, its RSS grows by a bounded amount, and it serves
 a normal request afterwards. Tiny random target, no drafter.
 
+The clients reach the coordinator over ipc:// here, not TCP: a Unix
+socket's buffer is fixed (net.core.wmem_default, about 200 kB), while
+loopback TCP autotunes the sender's buffer up to a few MB, enough on some
+kernels to hold all 10,000 small replies, so the backlog was never used
+and the test proved nothing (CI saw exactly that). The clients also wait
+until the coordinator is idle, every reply made, before they read.
+
 --n N sets the submits in all (default 10000); --clients the clients
 (default: a run with 1, then a run with 16)."""
 import argparse
+import os
 import sys
 import time
 
@@ -38,6 +46,27 @@ def rss_kb(pid):
 backlogged = [False]
 
 
+def cpu_ticks(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def wait_idle(pid, window=1.0, limit=25):
+    """Until pid uses under a tenth of a core over `window` seconds (its
+    heartbeats and ticks never stop it wholly), bounded by `limit`: below
+    the coordinator's 30 s bound on a backlog that does not move, past
+    which it rightly drops the replies of a client that does not read."""
+    t_end = time.monotonic() + limit
+    hz = os.sysconf("SC_CLK_TCK")
+    while time.monotonic() < t_end:
+        t0 = cpu_ticks(pid)
+        time.sleep(window)
+        if (cpu_ticks(pid) - t0) / hz < 0.1 * window:
+            return
+    H.log("the coordinator was still busy after %d s; reading anyway" % limit)
+
+
 def flood(h, coord, n, n_clients):
     # Small receive buffers (kernel and libzmq): the coordinator's queue to
     # a client that does not read fills after a few thousand replies rather
@@ -50,7 +79,9 @@ def flood(h, coord, n, n_clients):
         for t in range(1, per[ci] + 1):
             c.send({"submit": {"prompt": "the cat sat", "max_tokens": 2, "ignore_eos": True, "client_tag": t}})
     H.log("%d clients sent %d submits in %.2f s without reading" % (n_clients, n, time.monotonic() - t0))
-    time.sleep(3)  # still not reading: the coordinator's replies meet a full queue
+    # still not reading until the coordinator has made every reply: they
+    # meet a full queue
+    wait_idle(coord.pid)
     # Now read: every tag must end exactly once.
     answers = []  # per client: tag -> list of final answers
     for ci, c in enumerate(clients):
@@ -106,7 +137,8 @@ def flood(h, coord, n, n_clients):
 
 def run(h, args):
     target, _ = h.tiny_models(seed=23)
-    coord, _, _ = h.start_service(target, drafter=None, coord_extra=["--max-active", "2", "--max-queue", "4"])
+    coord, _, _ = h.start_service(target, drafter=None, coord_extra=["--max-active", "2", "--max-queue", "4"],
+                                  client_addr="ipc://%s/client.sock" % h.tmp)
     rss0 = rss_kb(coord.pid)
     for n_clients in args.clients:
         flood(h, coord, args.n, n_clients)
