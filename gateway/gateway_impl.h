@@ -97,6 +97,10 @@ typedef struct gw_gen {
      * completions: logprobs = N alternatives) */
     bool logprobs;
     uint32_t top_logprobs; /* 0..SD_MAX_TOP_LOGPROBS */
+    /* structured output (response_format.c): NONE, or the kind and its
+     * owned text (a JSON Schema's compact JSON, a GBNF grammar) */
+    Specd__ConstraintKind constraint_kind;
+    char *constraint_text;
 } gw_gen;
 
 /* An OpenAI error: HTTP status and the error object's fields. */
@@ -113,6 +117,12 @@ typedef struct gw_error {
  * fills *err (400 with the offending param). Thread-safe. */
 bool gw_gen_parse(gw_endpoint endpoint, const char *body, size_t len, gw_gen *out, gw_error *err);
 void gw_gen_clear(gw_gen *g);
+
+/* response_format.c: response_format (text, json_object, json_schema) and
+ * llama.cpp's grammar / json_schema fields of a request object into g's
+ * constraint; false with a 400 naming the field. */
+struct cJSON;
+bool gw_parse_constraint(const struct cJSON *root, gw_gen *g, gw_error *err);
 
 /* The seed of choice i: the request's seed for i = 0, a SplitMix64 mix of
  * (seed, i) after, so n samples are reproducible from one seed. */

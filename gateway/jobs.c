@@ -386,6 +386,8 @@ bool gw_job_submit(gw_job *job, const gw_gen *g, gw_error *err) {
         rq.echo = g->echo && p->ids; /* a text prompt is echoed as sent */
         rq.prompt_only = g->prompt_only;
         rq.parse_special = g->parse_special && !p->ids; /* text prompts only (ids are ids) */
+        rq.constraint_kind = g->constraint_kind;
+        rq.constraint_text = g->constraint_text;
         if (g->prompt_only) rq.max_tokens = 0;
 
         if (atomic_load(&srv->draining)) {

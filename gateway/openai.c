@@ -3,8 +3,8 @@
  * Parsing is strict about what it honours and lenient about the rest, as
  * OpenAI is: unknown fields are ignored, a known field of the wrong type or
  * out of range is a 400 naming the field (`param`). Fields whose meaning
- * specd cannot honour yet (logit_bias, response_format, tools, tool_choice
- * and the other output-changing fields in refuse_unhonoured) are refused with a 400 when set to
+ * specd cannot honour yet (logit_bias, tools, tool_choice and the other
+ * output-changing fields in refuse_unhonoured) are refused with a 400 when set to
  * anything but their neutral value, rather than silently ignored: a client
  * asking for them would otherwise get a wrong answer.
  *
@@ -136,6 +136,7 @@ void gw_gen_clear(gw_gen *g) {
         free(g->prompts[i].turns);
     }
     for (size_t i = 0; i < g->n_stop; i++) free(g->stop[i]);
+    free(g->constraint_text);
     memset(g, 0, sizeof *g);
 }
 
@@ -213,13 +214,10 @@ static bool parse_logprobs(const cJSON *root, gw_gen *g, gw_error *err) {
 /* Fields that change the output and that specd does not honour yet: each
  * is a 400 naming it unless it holds its neutral value, never silently
  * dropped (a client asking for JSON must not get free text). The list also
- * holds other servers' constraint extensions (vLLM's guided_*, llama.cpp's
- * grammar / json_schema), which clients send through extra_body. */
+ * holds vLLM's constraint extensions (guided_*), which clients send through
+ * extra_body; response_format and llama.cpp's grammar / json_schema are
+ * honoured (response_format.c). */
 static bool neutral_field(const char *name, const cJSON *v) {
-    if (!strcmp(name, "response_format")) {
-        const cJSON *t = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "type") : NULL;
-        return string_ok(t) && !strcmp(t->valuestring, "text");
-    }
     if (!strcmp(name, "tool_choice") || !strcmp(name, "function_call"))
         return string_ok(v) && !strcmp(v->valuestring, "none");
     if (!strcmp(name, "tools") || !strcmp(name, "functions")) return cJSON_IsArray(v) && !v->child;
@@ -233,10 +231,9 @@ static bool neutral_field(const char *name, const cJSON *v) {
 
 static bool refuse_unhonoured(const cJSON *root, gw_error *err) {
     static const char *const fields[] = {
-        "response_format",  "tools",       "tool_choice",  "functions",     "function_call",
-        "best_of",          "suffix",      "modalities",   "audio",         "web_search_options",
-        "reasoning_effort", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-        "grammar",          "json_schema",
+        "tools",      "tool_choice",      "functions",   "function_call", "best_of",       "suffix",
+        "modalities", "audio",            "web_search_options", "reasoning_effort", "guided_json", "guided_regex",
+        "guided_choice", "guided_grammar",
     };
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, fields[i]);
@@ -322,7 +319,7 @@ static bool parse_common(const cJSON *root, gw_gen *g, gw_error *err) {
     const cJSON *lb = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
     if (present(lb) && !(cJSON_IsObject(lb) && !lb->child))
         return UNSUPPORTED(err, "logit_bias", "'logit_bias' is not supported by specd yet");
-    return refuse_unhonoured(root, err);
+    return gw_parse_constraint(root, g, err) && refuse_unhonoured(root, err);
 }
 
 /* The text of a message's content: a string, or a list of {"type":"text"}
@@ -532,7 +529,11 @@ const char *gw_finish_reason(const gw_choice *c) {
 void gw_choice_error(const gw_choice *c, gw_error *err) {
     switch (c->code) {
     case SPECD__CODE__CODE_BAD_REQUEST:
-    case SPECD__CODE__CODE_MALFORMED: gw_fail(err, 400, "invalid_request_error", NULL, NULL, "%s", c->error); break;
+    case SPECD__CODE__CODE_MALFORMED:
+        /* a constraint the engine refused (the keyword is named) */
+        gw_fail(err, 400, "invalid_request_error", NULL, strstr(c->error, "submit.constraint") ? "response_format" : NULL,
+                "%s", c->error);
+        break;
     case SPECD__CODE__CODE_TOO_LARGE:
         gw_fail(err, 400, "invalid_request_error", "context_length_exceeded", NULL, "%s", c->error);
         break;

@@ -144,9 +144,6 @@ static void test_bad_fields(void **state) {
     refused(C, "{\"prompt\":\"p\",\"max_tokens\":-1,\"echo\":true}", 400, "max_tokens");
     refused(C, "{\"prompt\":\"p\",\"logit_bias\":{\"1\":5}}", 400, "logit_bias");
     /* Fields that change the output and are not honoured: a 400 naming each. */
-    refused(C, "{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_object\"}}", 400, "response_format");
-    refused(C, "{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{}}}", 400,
-            "response_format");
     refused(C, "{\"prompt\":\"p\",\"response_format\":\"text\"}", 400, "response_format");
     refused(C, "{\"prompt\":\"p\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}", 400, "tools");
     refused(C, "{\"prompt\":\"p\",\"tool_choice\":\"required\"}", 400, "tool_choice");
@@ -163,8 +160,6 @@ static void test_bad_fields(void **state) {
     refused(C, "{\"prompt\":\"p\",\"web_search_options\":{}}", 400, "web_search_options");
     refused(C, "{\"prompt\":\"p\",\"guided_regex\":\"a+\"}", 400, "guided_regex");
     refused(C, "{\"prompt\":\"p\",\"guided_json\":{}}", 400, "guided_json");
-    refused(C, "{\"prompt\":\"p\",\"grammar\":\"root ::= \\\"a\\\"\"}", 400, "grammar");
-    refused(C, "{\"prompt\":\"p\",\"json_schema\":{}}", 400, "json_schema");
     refused(GW_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"tools\":[{}]}", 400, "tools");
     refused(GW_EP_CHAT,
             "{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[]},"
@@ -175,6 +170,63 @@ static void test_bad_fields(void **state) {
     for (int i = 0; i < 17; i++) strcat(body, i ? ",\"s\"" : "\"s\"");
     strcat(body, "]}");
     refused(C, body, 400, "stop");
+}
+
+/* response_format and llama.cpp's grammar / json_schema become the
+ * request's constraint; a malformed one is a 400 naming the field. */
+static void test_response_format(void **state) {
+    (void)state;
+    gw_gen g;
+    gw_error err;
+    assert_true(parse(GW_EP_CHAT,
+                      "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],"
+                      "\"response_format\":{\"type\":\"json_object\"}}",
+                      &g, &err));
+    assert_int_equal(g.constraint_kind, SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_OBJECT);
+    assert_null(g.constraint_text);
+    gw_gen_clear(&g);
+    assert_true(parse(GW_EP_COMPLETIONS,
+                      "{\"prompt\":\"p\",\"stream\":true,\"response_format\":{\"type\":\"json_schema\","
+                      "\"json_schema\":{\"name\":\"person\",\"strict\":true,\"schema\":"
+                      "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}}}}}}",
+                      &g, &err));
+    assert_int_equal(g.constraint_kind, SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_SCHEMA);
+    assert_string_equal(g.constraint_text, "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}");
+    gw_gen_clear(&g);
+    assert_true(parse(GW_EP_COMPLETIONS, "{\"prompt\":\"p\",\"grammar\":\"root ::= \\\"a\\\"\"}", &g, &err));
+    assert_int_equal(g.constraint_kind, SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_GRAMMAR);
+    assert_string_equal(g.constraint_text, "root ::= \"a\"");
+    gw_gen_clear(&g);
+    assert_true(parse(GW_EP_COMPLETIONS, "{\"prompt\":\"p\",\"json_schema\":{\"type\":\"string\"}}", &g, &err));
+    assert_int_equal(g.constraint_kind, SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_SCHEMA);
+    gw_gen_clear(&g);
+    assert_true(parse(GW_EP_COMPLETIONS, "{\"prompt\":\"p\",\"response_format\":{\"type\":\"text\"}}", &g, &err));
+    assert_int_equal(g.constraint_kind, SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_NONE);
+    gw_gen_clear(&g);
+    const gw_endpoint C = GW_EP_COMPLETIONS;
+    refused(C, "{\"prompt\":\"p\",\"response_format\":{}}", 400, "response_format.type");
+    refused(C, "{\"prompt\":\"p\",\"response_format\":{\"type\":\"xml\"}}", 400, "response_format.type");
+    refused(C, "{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_schema\"}}", 400,
+            "response_format.json_schema");
+    refused(C, "{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{}}}", 400,
+            "response_format.json_schema.name");
+    refused(C,
+            "{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\"}}}",
+            400, "response_format.json_schema.schema");
+    refused(C,
+            "{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\","
+            "\"schema\":{},\"strict\":1}}}",
+            400, "response_format.json_schema.strict");
+    refused(C,
+            "{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\","
+            "\"schema\":[1]}}}",
+            400, "response_format.json_schema.schema");
+    refused(C, "{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_object\"},\"grammar\":\"root ::= \\\"a\\\"\"}",
+            400, "response_format");
+    refused(C, "{\"prompt\":\"p\",\"grammar\":\"\"}", 400, "grammar");
+    refused(C, "{\"prompt\":\"p\",\"json_schema\":\"{}\"}", 400, "json_schema");
+    refused(C, "{\"prompt\":\"p\",\"ignore_eos\":true,\"response_format\":{\"type\":\"json_object\"}}", 400,
+            "ignore_eos");
 }
 
 static void test_messages(void **state) {
@@ -502,6 +554,7 @@ int main(void) {
         cmocka_unit_test(test_neutral_fields),
         cmocka_unit_test(test_fields),
         cmocka_unit_test(test_bad_fields),
+        cmocka_unit_test(test_response_format),
         cmocka_unit_test(test_messages),
         cmocka_unit_test(test_prompts),
         cmocka_unit_test(test_utf8),

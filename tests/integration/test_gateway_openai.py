@@ -18,8 +18,9 @@ with the n-gram drafter (K fixed at 4, so drafts are verified):
   and prompt token count of specd-generate --chat --system ... --message
   ROLE:TEXT ... with the same history (both use the model's chat template);
 - /v1/models lists the served model;
-- response_format (json_object), tools and tool_choice (required) are 400s
-  naming the field, response_format text is accepted."""
+- tools and tool_choice (required) are 400s naming the field,
+  response_format text is accepted (json_object and json_schema are
+  honoured: test_gateway_structured.py)."""
 import concurrent.futures
 import json
 import subprocess
@@ -212,7 +213,6 @@ def run(h):
 
     # ---- fields that change the output and are not honoured: a 400 naming each, never free text
     refused = {
-        "response_format": dict(response_format={"type": "json_object"}),
         "tools": dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
         "tool_choice": dict(tool_choice="required"),
     }
