@@ -173,6 +173,7 @@ gw_job *gw_job_create(gw_server *srv, const gw_gen *g) {
     job->n = g->n;
     job->logprobs = g->logprobs;
     job->echo = g->echo;
+    job->tools = gw_tools_dup(g->tools);
     job->n_choices = g->n_prompts * g->n;
     for (size_t i = 0; i < job->n_choices; i++) {
         gw_choice *c = &job->choices[i];
@@ -202,6 +203,7 @@ void gw_job_release(gw_job *job) {
     }
     close(job->wake_fd);
     pthread_mutex_destroy(&job->mu);
+    gw_tools_free(&job->tools);
     free(job);
 }
 

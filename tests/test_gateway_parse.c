@@ -147,7 +147,6 @@ static void test_bad_fields(void **state) {
     refused(C, "{\"prompt\":\"p\",\"response_format\":\"text\"}", 400, "response_format");
     refused(C, "{\"prompt\":\"p\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}", 400, "tools");
     refused(C, "{\"prompt\":\"p\",\"tool_choice\":\"required\"}", 400, "tool_choice");
-    refused(C, "{\"prompt\":\"p\",\"tool_choice\":\"auto\"}", 400, "tool_choice");
     refused(C, "{\"prompt\":\"p\",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}", 400,
             "tool_choice");
     refused(C, "{\"prompt\":\"p\",\"functions\":[{\"name\":\"f\"}]}", 400, "functions");
@@ -160,9 +159,9 @@ static void test_bad_fields(void **state) {
     refused(C, "{\"prompt\":\"p\",\"web_search_options\":{}}", 400, "web_search_options");
     refused(C, "{\"prompt\":\"p\",\"guided_regex\":\"a+\"}", 400, "guided_regex");
     refused(C, "{\"prompt\":\"p\",\"guided_json\":{}}", 400, "guided_json");
-    refused(GW_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"tools\":[{}]}", 400, "tools");
+    refused(GW_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"tools\":[{}]}", 400, "tools[0]");
     refused(GW_EP_CHAT,
-            "{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[]},"
+            "{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"x\"}]},"
             "{\"role\":\"user\",\"content\":\"q\"}]}",
             400, "messages[0].tool_calls");
     /* 17 stop strings */
@@ -229,6 +228,105 @@ static void test_response_format(void **state) {
             "ignore_eos");
 }
 
+/* tools: described in the system turn; required / named forced by a JSON
+ * Schema constraint; tool and tool_calls turns written as Hermes text;
+ * answers parsed back into tool_calls. */
+static void test_tools(void **state) {
+    (void)state;
+    gw_gen g;
+    gw_error err;
+    const char *tools = "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                        "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},"
+                        "\"required\":[\"city\"]}}},{\"type\":\"function\",\"function\":{\"name\":\"now\"}}]";
+    char body[2048];
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],%s}", tools);
+    assert_true(parse(GW_EP_CHAT, body, &g, &err));
+    assert_int_equal(g.tools->mode, GW_TOOLS_AUTO); /* the default with tools */
+    assert_int_equal(g.tools->n, 2);
+    assert_int_equal(g.prompts[0].n_turns, 2); /* a system turn describing them, first */
+    assert_string_equal(g.prompts[0].turns[0].role, "system");
+    assert_non_null(strstr(g.prompts[0].turns[0].content, "<tools>\n{\"type\":\"function\""));
+    assert_int_equal(g.constraint_kind, SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_NONE);
+    gw_gen_clear(&g);
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\",\"content\":\"q\"}],%s,"
+             "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}}",
+             tools);
+    assert_true(parse(GW_EP_CHAT, body, &g, &err));
+    assert_int_equal(g.tools->mode, GW_TOOLS_NAMED);
+    assert_int_equal(g.prompts[0].n_turns, 2); /* appended to the system message */
+    assert_memory_equal(g.prompts[0].turns[0].content, "S\n\n# Tools", 10);
+    assert_int_equal(g.constraint_kind, SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_SCHEMA);
+    assert_non_null(strstr(g.constraint_text, "{\"const\":\"get_weather\"}"));
+    assert_null(strstr(g.constraint_text, "anyOf"));
+    gw_gen_clear(&g);
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],%s,\"tool_choice\":\"required\"}",
+             tools);
+    assert_true(parse(GW_EP_CHAT, body, &g, &err));
+    assert_non_null(strstr(g.constraint_text, "\"anyOf\":[{"));
+    assert_non_null(strstr(g.constraint_text, "{\"const\":\"now\"}"));
+    /* an answer of the forced kind parses into one call */
+    gw_job job;
+    memset(&job, 0, sizeof job);
+    snprintf(job.id, sizeof job.id, "chatcmpl-abc");
+    job.tools = g.tools;
+    job.n_choices = 1;
+    char answer[] = "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}";
+    job.choices[0].text = answer;
+    job.choices[0].text_len = strlen(answer);
+    cJSON *calls = gw_tool_calls(&job, 0);
+    assert_non_null(calls);
+    assert_int_equal(cJSON_GetArraySize(calls), 1);
+    char *s = cJSON_PrintUnformatted(calls);
+    assert_string_equal(s, "[{\"index\":0,\"id\":\"call_abc_0_0\",\"type\":\"function\",\"function\":{\"name\":"
+                           "\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]");
+    free(s);
+    cJSON_Delete(calls);
+    /* auto: <tool_call> blocks (two: parallel calls); an unknown name or text is no call */
+    char two[] = "Sure.\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n"
+                 "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>";
+    job.choices[0].text = two;
+    assert_non_null(calls = gw_tool_calls(&job, 0));
+    assert_int_equal(cJSON_GetArraySize(calls), 2);
+    cJSON_Delete(calls);
+    char unknown[] = "<tool_call>{\"name\": \"rm\", \"arguments\": {}}</tool_call>", plain[] = "It is sunny.";
+    job.choices[0].text = unknown;
+    assert_null(gw_tool_calls(&job, 0));
+    job.choices[0].text = plain;
+    assert_null(gw_tool_calls(&job, 0));
+    gw_gen_clear(&g);
+    /* history: tool_calls and a tool answer become text turns */
+    assert_true(parse(GW_EP_CHAT,
+                      "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":null,"
+                      "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"now\",\"arguments\":"
+                      "\"{}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"12:00\"}],"
+                      "\"tool_choice\":\"none\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"now\"}}]}",
+                      &g, &err));
+    assert_null(g.tools); /* tool_choice none: plain text, tools not described */
+    assert_int_equal(g.prompts[0].n_turns, 3);
+    assert_string_equal(g.prompts[0].turns[1].content, "<tool_call>\n{\"name\":\"now\",\"arguments\":{}}\n</tool_call>");
+    assert_string_equal(g.prompts[0].turns[2].role, "user");
+    assert_string_equal(g.prompts[0].turns[2].content, "<tool_response>\n12:00\n</tool_response>");
+    gw_gen_clear(&g);
+    /* refusals */
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],%s,\"tool_choice\":{\"type\":\"function\","
+             "\"function\":{\"name\":\"nope\"}}}",
+             tools);
+    refused(GW_EP_CHAT, body, 400, "tool_choice");
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],%s,\"tool_choice\":\"always\"}",
+             tools);
+    refused(GW_EP_CHAT, body, 400, "tool_choice");
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],%s,\"response_format\":{\"type\":\"json_object\"}}",
+             tools);
+    refused(GW_EP_CHAT, body, 400, "response_format");
+    refused(GW_EP_CHAT,
+            "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"tools\":[{\"type\":\"function\",\"function\":"
+            "{\"name\":\"a b\"}}]}",
+            400, "tools[0]");
+}
+
 static void test_messages(void **state) {
     (void)state;
     const gw_endpoint H = GW_EP_CHAT;
@@ -268,8 +366,8 @@ static void test_messages(void **state) {
     refused(H, "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"}]}", 400, "messages");
     refused(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":\"b\"}]}", 400,
             "messages");
-    refused(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"tool\",\"content\":\"b\"}]}", 400,
-            "messages[1].role");
+    refused(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"function\",\"content\":\"b\"}]}",
+            400, "messages[1].role");
     refused(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":null}]}", 400,
             "messages[1].content");
     /* more turns than the wire allows */
@@ -555,6 +653,7 @@ int main(void) {
         cmocka_unit_test(test_fields),
         cmocka_unit_test(test_bad_fields),
         cmocka_unit_test(test_response_format),
+        cmocka_unit_test(test_tools),
         cmocka_unit_test(test_messages),
         cmocka_unit_test(test_prompts),
         cmocka_unit_test(test_utf8),

@@ -14,7 +14,13 @@ drafts are verified under the constraint):
   completions: specd-generate --grammar's text;
 - a schema keyword specd does not handle (patternProperties) is a 400 on
   param response_format whose message names the keyword; a malformed
-  response_format is a 400 naming the sub-field."""
+  response_format is a 400 naming the sub-field;
+- tools: tool_choice naming a function gives message.tool_calls with that
+  name and arguments valid for its parameters (finish_reason tool_calls,
+  content null); "required" streamed gives deltas that reassemble into a
+  call with valid JSON arguments; "auto" answers with text or valid calls;
+  a history with the assistant's tool_calls and a `tool` message is
+  accepted and answered."""
 import json
 import os
 import subprocess
@@ -144,6 +150,78 @@ def run(h):
             H.check(False, "response_format %s was accepted" % rf)
         except openai.BadRequestError as e:
             H.check(e.status_code == 400 and e.param == param, "%s: %s param %s" % (rf, e.status_code, e.param))
+
+    check_tools(cl, greedy)
+
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
+           "required": ["city", "unit"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "description": "The time in a city",
+                                           "parameters": {"type": "object", "properties": {
+                                               "city": {"type": "string", "maxLength": 20}},
+                                               "required": ["city"], "additionalProperties": False}}}]
+
+
+def check_call(call, what):
+    H.check(call.type == "function" and call.id, "%s: %s" % (what, call))
+    params = next(t["function"]["parameters"] for t in TOOLS if t["function"]["name"] == call.function.name)
+    validate(call.function.arguments, params, what)
+
+
+def check_tools(cl, greedy):
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    r = cl.chat.completions.create(messages=msgs, tools=TOOLS, tool_choice=named, **greedy)
+    ch = r.choices[0]
+    H.check(ch.finish_reason == "tool_calls" and ch.message.content is None and ch.message.tool_calls,
+            "named tool: finish %s content %r calls %s" % (ch.finish_reason, ch.message.content,
+                                                          ch.message.tool_calls))
+    H.check(len(ch.message.tool_calls) == 1 and ch.message.tool_calls[0].function.name == "get_weather",
+            "named tool: %s" % ch.message.tool_calls)
+    check_call(ch.message.tool_calls[0], "named tool")
+    H.log("tool_choice get_weather: %s(%s)" % (ch.message.tool_calls[0].function.name,
+                                               ch.message.tool_calls[0].function.arguments))
+    # required, streamed: deltas reassemble into one call
+    calls, finish = {}, None
+    for chunk in cl.chat.completions.create(messages=[{"role": "user", "content": "What time is it in Rome?"}],
+                                            tools=TOOLS, tool_choice="required", stream=True, **greedy):
+        if not chunk.choices:
+            continue
+        d = chunk.choices[0].delta
+        finish = chunk.choices[0].finish_reason or finish
+        for tc in d.tool_calls or []:
+            c = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+            c["id"] = tc.id or c["id"]
+            c["name"] += tc.function.name or ""
+            c["arguments"] += tc.function.arguments or ""
+    H.check(finish == "tool_calls" and len(calls) == 1, "required stream: finish %s calls %s" % (finish, calls))
+    c = calls[0]
+    H.check(c["name"] in ("get_weather", "get_time") and c["id"], "required stream: %s" % c)
+    params = next(t["function"]["parameters"] for t in TOOLS if t["function"]["name"] == c["name"])
+    validate(c["arguments"], params, "required stream")
+    H.log("tool_choice required, streamed: %s(%s)" % (c["name"], c["arguments"]))
+    # auto: text or valid calls
+    r = cl.chat.completions.create(messages=msgs, tools=TOOLS, **greedy)
+    ch = r.choices[0]
+    if ch.message.tool_calls:
+        H.check(ch.finish_reason == "tool_calls", "auto: calls with finish %s" % ch.finish_reason)
+        for call in ch.message.tool_calls:
+            check_call(call, "auto")
+    else:
+        H.check(isinstance(ch.message.content, str), "auto: neither text nor calls: %s" % ch.message)
+    H.log("tool_choice auto: %s" % (ch.message.tool_calls or repr(ch.message.content)))
+    # a round trip: the call and the tool's answer in the history
+    hist = msgs + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris", "unit": "celsius"})}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": json.dumps({"temperature": 21, "sky": "clear"})}]
+    r = cl.chat.completions.create(messages=hist, tools=TOOLS, tool_choice="none", **greedy)
+    H.check(isinstance(r.choices[0].message.content, str) and r.choices[0].message.content,
+            "tool round trip: %s" % r.choices[0].message)
+    H.log("after the tool's answer: %r" % r.choices[0].message.content)
 
 
 if __name__ == "__main__":
