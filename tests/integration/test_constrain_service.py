@@ -12,11 +12,16 @@ On SmolLM2 (chat prompts), coordinator + verifier + n-gram drafter, K fixed:
     keyword the engine does not handle (named), a regex with a
     back-reference, an unknown kind, a constraint with ignore_eos;
   - specd-client --json-schema FILE --json gives the same tokens as the
-    wire request, and --regex too; two of --json-schema / --regex exit 2.
+    wire request, and --regex too; two of --json-schema / --regex exit 2;
+  - the verifier SIGKILLed mid-generation of a constrained request and
+    replaced: the new one gets the whole prefix, replays the constraint
+    over the generated tokens, and the output is still specd-generate's.
 """
 import json
 import os
+import signal
 import subprocess
+import threading
 
 import harness as H
 
@@ -134,6 +139,47 @@ def run(h):
                         "--regex", "a"], capture_output=True, timeout=60)
     H.check(r.returncode == 2, "specd-client with --json-schema and --regex exited %d" % r.returncode)
     H.log("specd-client --json-schema / --regex give the same tokens")
+    check_verifier_kill(h, model)
+
+
+def check_verifier_kill(h, model):
+    prompt, regex, n = "Write a short story.", "([a-z]+ ){60}", 64
+    ref = reference(h, model, prompt, n, "--regex", regex)
+    c = h.client()
+    state, done = {}, threading.Event()
+
+    def restart():
+        try:
+            old = h._latest("verifier")
+            h.stop(old, signal.SIGKILL)
+            w = h.client()
+            H.wait_until(lambda: not any(x.get("alive") and x.get("role") == 3
+                                         for x in (w.stats(timeout=1.0) or {"workers": [{"alive": 1, "role": 3}]})
+                                         .get("workers", [])),
+                         30, "the coordinator to declare the old verifier dead")
+            w.close()
+            h.start_verifier()
+            h.wait_registered()
+            H.log("verifier SIGKILLed mid-generation and replaced")
+        except Exception as e:  # reported below
+            state["error"] = e
+        done.wait(600)  # PR_SET_PDEATHSIG: this thread must outlive the new verifier's use
+
+    def on_event(m, results):
+        if not state and any(len(r["ids"]) >= 8 for r in results.values()):
+            state["thread"] = threading.Thread(target=restart)
+            state["thread"].start()
+
+    try:
+        res = c.run([dict(prompt=prompt, chat=True, max_tokens=n, constraint={"kind": KIND["regex"], "text": regex})],
+                    timeout=600, on_event=on_event)
+        H.check(state, "the request finished before the verifier could be killed")
+        H.check("error" not in state, "replacing the verifier failed: %s" % state.get("error"))
+    finally:
+        h.cleanups.append(done.set)
+    H.expect_equal_ids(res, [ref], "a constrained request across a verifier SIGKILL + restart")
+    H.log("across the verifier restart: %r" % bytes(res[0]["text"]).decode())
+    c.close()
 
 
 if __name__ == "__main__":
