@@ -13,6 +13,8 @@ On SmolLM2 (chat prompts), coordinator + verifier + n-gram drafter, K fixed:
     back-reference, an unknown kind, a constraint with ignore_eos;
   - specd-client --json-schema FILE --json gives the same tokens as the
     wire request, and --regex too; two of --json-schema / --regex exit 2;
+    --jobs lines with "json_schema" / "regex" / "grammar" too (two on one
+    line: that line's BAD_JOB);
   - the verifier SIGKILLed mid-generation of a constrained request and
     replaced: the new one gets the whole prefix, replays the constraint
     over the generated tokens, and the output is still specd-generate's.
@@ -135,6 +137,20 @@ def run(h):
         out = json.loads(r.stdout)
         H.check(out["ids"] == ref["ids"], "specd-client %s: ids %s, specd-generate %s" % (flag, out["ids"],
                                                                                             ref["ids"]))
+    # --jobs lines with their own constraints
+    jobs = os.path.join(h.tmp, "jobs.jsonl")
+    with open(jobs, "w") as f:
+        f.write(json.dumps({"id": "p", "prompt": cases[0][0], "chat": True, "n": n, "json_schema": PERSON}) + "\n")
+        f.write(json.dumps({"id": "r", "prompt": cases[2][0], "chat": True, "n": n, "regex": REGEX}) + "\n")
+        f.write(json.dumps({"id": "g", "prompt": cases[4][0], "chat": True, "n": n, "grammar": GRAMMAR}) + "\n")
+        f.write(json.dumps({"id": "bad", "prompt": "x", "regex": "a", "grammar": GRAMMAR}) + "\n")
+    r = subprocess.run([h.bin("client"), "--coordinator", h.client_addr, "--jobs", jobs], capture_output=True,
+                       timeout=600)
+    out = {o["id"]: o for o in map(json.loads, r.stdout.decode().splitlines())}
+    for key, ref in (("p", refs[0]), ("r", refs[2]), ("g", refs[4])):
+        H.check(out[key].get("ids") == ref["ids"], "--jobs line %s: %s, specd-generate %s" % (key, out[key],
+                                                                                             ref["ids"]))
+    H.check("exclude" in json.dumps(out["bad"]), "--jobs with regex and grammar: %s" % out["bad"])
     r = subprocess.run([h.bin("client"), "--coordinator", h.client_addr, "-p", "x", "--json-schema", person,
                         "--regex", "a"], capture_output=True, timeout=60)
     H.check(r.returncode == 2, "specd-client with --json-schema and --regex exited %d" % r.returncode)
