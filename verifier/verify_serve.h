@@ -24,6 +24,11 @@ typedef struct sd_verifier_params {
      * blocks no sequence holds may keep (default 50; 0: off). A prefill
      * chunk of a sequence adopts the cached blocks matching its tokens. */
     int32_t prefix_cache_pct;
+    /* An EAGLE-3 head (a Hugging Face directory, eagle.h) that drafts in
+     * this process after each step (VerifySeq.next_k; verify_head.h), or
+     * NULL. The target then captures the head's layers on every forward,
+     * and the prefix cache is off (adopted rows would have no features). */
+    const char *eagle_dir;
 } sd_verifier_params;
 
 /* max_seqs 64, kv_blocks 0 (must be set), block_size 16, max_batch 64,
