@@ -58,8 +58,8 @@ static int32_t draw_residual(const float *p_row, double p_tot, int32_t n_vocab, 
     return mass > 0.0 ? sd_sample_from(residual, n_vocab, u) : sd_sample_from(p_row, n_vocab, u);
 }
 
-sd_status sd_spec_verify_rejection(const float *p, int32_t n_vocab, const int32_t *draft, const sd_spec_q *q,
-                                   int32_t k, uint64_t seed, uint64_t pos0, float *residual, int32_t *out_tokens,
+sd_status sd_spec_verify_rejection(const float *p, int32_t n_vocab, const int32_t *draft, const sd_spec_q *q, int32_t k,
+                                   uint64_t seed, uint64_t pos0, float *residual, int32_t *out_tokens,
                                    int32_t *n_accepted, sd_spec_info *info) {
     if (!p || n_vocab <= 0 || k < 0 || k > SD_MAX_K || (k > 0 && (!draft || !q || !residual)) || !out_tokens ||
         !n_accepted) {

@@ -57,8 +57,7 @@ static void run(const float *p, const sd_spec_q *q, bool wrong, uint64_t *first,
         }
         int32_t out[3], n_acc;
         sd_spec_info info;
-        assert_int_equal(sd_spec_verify_rejection(p, V, draft, qs, 2, seed, pos0, residual, out, &n_acc, &info),
-                         SD_OK);
+        assert_int_equal(sd_spec_verify_rejection(p, V, draft, qs, 2, seed, pos0, residual, out, &n_acc, &info), SD_OK);
         assert_true(n_acc >= 0 && n_acc <= 2);
         assert_true(info.bonus == (n_acc == 2));
         for (int32_t i = 0; i < n_acc; i++) assert_int_equal(out[i], draft[i]);
@@ -141,15 +140,13 @@ static void test_bad_inputs(void **state) {
     const float one[1] = {1.0f};
     sd_spec_q bad_q = {1, ids, one};
     int32_t draft[1] = {1};
-    assert_int_equal(sd_spec_verify_rejection(P, V, draft, &bad_q, 1, 1, 0, residual, out, &n_acc, NULL),
-                     SD_ERR_RANGE);
+    assert_int_equal(sd_spec_verify_rejection(P, V, draft, &bad_q, 1, 1, 0, residual, out, &n_acc, NULL), SD_ERR_RANGE);
     draft[0] = 7;
     const int32_t ok_id[1] = {1};
     sd_spec_q q = {1, ok_id, one};
     assert_int_equal(sd_spec_verify_rejection(P, V, draft, &q, 1, 1, 0, residual, out, &n_acc, NULL), SD_ERR_RANGE);
     draft[0] = 1;
-    assert_int_equal(sd_spec_verify_rejection(P, V, draft, &q, 1, 1, 0, NULL, out, &n_acc, NULL),
-                     SD_ERR_INVALID_ARG);
+    assert_int_equal(sd_spec_verify_rejection(P, V, draft, &q, 1, 1, 0, NULL, out, &n_acc, NULL), SD_ERR_INVALID_ARG);
     /* K = 0 is plain sampling from p_0: the race's draw */
     assert_int_equal(sd_spec_verify_rejection(P, V, NULL, NULL, 0, 5, 9, NULL, out, &n_acc, NULL), SD_OK);
     assert_int_equal(n_acc, 0);

@@ -134,8 +134,8 @@ sd_status sd_spec_verify(const float *p, int32_t n_vocab, const int32_t *draft, 
  * independently of those uniforms; unlike the coupled rule the committed
  * tokens depend on the drafts. Arguments, checks and outputs as
  * sd_spec_verify; residual: caller scratch of n_vocab floats. */
-sd_status sd_spec_verify_rejection(const float *p, int32_t n_vocab, const int32_t *draft, const sd_spec_q *q,
-                                   int32_t k, uint64_t seed, uint64_t pos0, float *residual, int32_t *out_tokens,
+sd_status sd_spec_verify_rejection(const float *p, int32_t n_vocab, const int32_t *draft, const sd_spec_q *q, int32_t k,
+                                   uint64_t seed, uint64_t pos0, float *residual, int32_t *out_tokens,
                                    int32_t *n_accepted, sd_spec_info *info);
 
 /* Acceptance rate of one position under rejection sampling: alpha =
