@@ -52,7 +52,8 @@ static void usage(FILE *f) {
             "                      stays text; refused with --chat)\n"
             "  --stop S            stop string (repeatable, up to %d)\n"
             "  --max-k K           largest draft length (-1: no speculation)\n"
-            "  --drafter KIND      only drafters of this kind draft for the request: ngram, model or self\n"
+            "  --drafter KIND      only drafters of this kind draft for the request: ngram, model, self or\n"
+            "                      eagle (a verifier's EAGLE head)\n"
             "                      (default: the coordinator chooses per request by measured goodput)\n"
             "  --ignore-eos        generate past end-of-generation tokens\n"
             "  --json-schema FILE  the output is an instance of this JSON Schema (structured output)\n"
@@ -88,6 +89,7 @@ static const char *kind_name(Specd__DrafterKind k) {
     case SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL: return "model";
     case SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM: return "ngram";
     case SPECD__DRAFTER_KIND__DRAFTER_KIND_SELF: return "self";
+    case SPECD__DRAFTER_KIND__DRAFTER_KIND_EAGLE: return "eagle";
     default: return "";
     }
 }
@@ -480,8 +482,10 @@ static int parse_args(int argc, char **argv, options *o) {
                 o->req.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
             else if (!strcmp(optarg, "self"))
                 o->req.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_SELF;
+            else if (!strcmp(optarg, "eagle"))
+                o->req.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_EAGLE;
             else {
-                fprintf(stderr, "specd-client: --drafter takes ngram, model or self, got '%s'\n", optarg);
+                fprintf(stderr, "specd-client: --drafter takes ngram, model, self or eagle, got '%s'\n", optarg);
                 return 2;
             }
             break;

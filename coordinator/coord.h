@@ -13,6 +13,7 @@
  *                failover)
  *   workers.c    Hello/Welcome/refusal, heartbeats, liveness
  *   clients.c    Submit validation and tokenization, Cancel, Stats
+ *   head_relay.c the EAGLE head of a verifier group as a drafter of its own
  * and server.c (sockets and the zmq_poll loop) on top. Everything below the
  * loop sends through the sd_coord_io callbacks and takes the time as an
  * argument, so the logic runs in unit tests without sockets or clocks.
@@ -38,7 +39,7 @@
 #define SD_COORD_BACKLOG_TOTAL_BYTES (256 << 20)
 #define SD_COORD_BACKLOG_STALL_US    30000000u
 #define SD_COORD_OVERHEAD_WINDOW     1024
-#define SD_DRAFTER_KINDS             4 /* Specd__DrafterKind values, UNSPECIFIED included */
+#define SD_DRAFTER_KINDS             5 /* Specd__DrafterKind values, UNSPECIFIED included */
 
 /* prefix_route.c: the coordinator's record of the token prefixes each
  * verifier group (worker slot g, registration worker_id) holds cached. */
@@ -200,6 +201,17 @@ typedef struct sd_session {
      * that position was verified with K = 0; the committed token says
      * whether it would have been accepted (-1: none; token -1: not back yet) */
     int32_t shadow_base, shadow_token;
+    /* the drafts its verifier group's EAGLE head made after the last verify
+     * step (VerifyResult.next_draft), for the context of head_base tokens
+     * ending in head_last; head_relay.c hands them out as a drafter's
+     * (head_base -1: none). head_us: the head's time for them (0 once told) */
+    int32_t head_base, head_last, head_k;
+    int32_t head_draft[SD_MAX_K];
+    uint32_t head_q_off[SD_MAX_K + 1];
+    int32_t *head_q_ids;
+    float *head_q_probs;
+    size_t head_q_cap;
+    uint32_t head_us;
     int32_t verify_k;        /* drafts in the verify step in flight */
     int32_t verify_failures; /* consecutive failed verify steps (bounded retries) */
 
@@ -294,7 +306,11 @@ typedef struct sd_coord_worker {
     Specd__Role role;
     uint32_t rank;
     char name[64];
-    Specd__DrafterKind drafter_kind;
+    Specd__DrafterKind drafter_kind; /* verifier leaders: EAGLE when their head drafts (VerifySeq.next_k) */
+    /* drafters: a head relay (head_relay.c), which drafts only for the
+     * requests on verifier group slot head_group */
+    bool head_relay;
+    int32_t head_group;
     uint32_t group_id; /* verifier leaders: the group's id (unique among the live ones) */
     uint32_t group_size;
     int32_t max_batch, max_k;
@@ -662,6 +678,29 @@ bool sd_local_drafter_pending(const sd_local_drafter *ld);
 bool sd_local_drafter_is_ident(const uint8_t *ident, size_t ident_len);
 /* Restores c->io and frees everything. */
 void sd_local_drafter_free(sd_local_drafter **ld);
+
+/* ---- head_relay.c: verifier groups' EAGLE heads as drafters ---- */
+typedef struct sd_head_relays sd_head_relays;
+/* Wraps c->io (as local_draft.c does) so that what is sent to a relay is
+ * answered in-process; relays come and go with the groups that announce a
+ * head (sd_head_relays_pump). Caller frees with sd_head_relays_free (before
+ * any io wrapper created earlier). */
+sd_status sd_head_relays_new(sd_coord *c, sd_head_relays **out);
+/* Registers a relay for every live group with a head that has none,
+ * retires those whose group is gone, and delivers the relays' queued
+ * replies; call after every handler. */
+void sd_head_relays_pump(sd_head_relays *r, uint64_t now_us);
+bool sd_head_relays_pending(const sd_head_relays *r);
+/* A relay's routing id (no ZeroMQ peer can have one); *group: its group slot. */
+bool sd_head_relay_is_ident(const uint8_t *ident, size_t ident_len, int32_t *group);
+void sd_head_relays_free(sd_head_relays **r);
+/* sched_results.c: stores a verify result's head drafts on s (false: out of memory). */
+bool sd_head_store(sd_session *s, const Specd__VerifyResult *vr);
+/* Whether s's drafter is the head relay of its verifier group. */
+static inline bool sd_head_drafts_for(const sd_coord *c, const sd_session *s) {
+    return s->drafter >= 0 && s->group >= 0 && c->workers[s->drafter].head_relay &&
+           c->workers[s->drafter].head_group == s->group;
+}
 
 sd_status sd_coord_server_new(const sd_coord_params *p, sd_coord_server **out);
 /* Runs the loop until *stop becomes nonzero (checked at least every 50 ms),

@@ -116,7 +116,7 @@ static double drafter_unit_us(const sd_coord_worker *w) {
 }
 
 static bool drafter_fits(const sd_coord_worker *w, const sd_session *s) {
-    return sd_coord_is_drafter(w) &&
+    return sd_coord_is_drafter(w) && (!w->head_relay || w->head_group == s->group) &&
            (s->pin_kind == SPECD__DRAFTER_KIND__DRAFTER_KIND_UNSPECIFIED || s->pin_kind == w->drafter_kind);
 }
 

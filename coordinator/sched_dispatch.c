@@ -277,6 +277,14 @@ static void send_verify(sd_coord *c, int32_t g, bool prefill, uint64_t now_us) {
             k = sd_imin(s->k, sd_k_cap(c, s, g)); /* the cap the K policy drafted under, now */
         }
         sd_pack_verify_seq(&pk, m, s, n_append, k);
+        if (!prefill && w->drafter_kind == SPECD__DRAFTER_KIND__DRAFTER_KIND_EAGLE && sd_head_drafts_for(c, s)) {
+            /* the head drafts the next step's K now (at least one: a K = 0
+             * step's shadow draft prices it), within what the request has
+             * room for after this step's drafts and token */
+            int32_t k_want = sd_k_want(c, s), room = sd_k_cap(c, s, g) - k - 1;
+            int32_t next_k = sd_imin(k_want > 1 ? k_want : 1, room);
+            pk.seqs[m].next_k = next_k > 0 ? (uint32_t)next_k : 0;
+        }
         if (prompt_lp) {
             pk.seqs[m].prompt_logprobs = true;
             pk.seqs[m].prompt_next = s->tokens[s->v_cached + n_append];

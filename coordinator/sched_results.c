@@ -50,6 +50,11 @@ static bool check_result(sd_coord *c, const sd_coord_worker *w, size_t i, const 
         return false;
     }
     if (vr->code != SPECD__CODE__CODE_OK) return true;
+    if (vr->n_next_draft > 0 && w->drafter_kind != SPECD__DRAFTER_KIND__DRAFTER_KIND_EAGLE) {
+        snprintf(why, why_len, "results[%zu]: %zu head drafts from a verifier that announced no head", i,
+                 vr->n_next_draft);
+        return false;
+    }
     sd_session *s = sd_sched_find(c, vr->request_id);
     if (w->prefill_only) {
         if (vr->n_commit != 0 || (int64_t)vr->cached_len != w->step_end[i]) {
@@ -135,6 +140,8 @@ static void apply_ok(sd_coord *c, sd_coord_worker *w, sd_session *s, int32_t k, 
     }
     s->draft_base = -1;
     s->k = 0;
+    /* the head's drafts for the next step, handed out by its relay */
+    if (vr->n_next_draft == 0 || !sd_head_store(s, vr)) s->head_base = -1;
     sd_choice_observe(c, s, k, refill, vr->commit, (int32_t)vr->n_commit, now_us);
     sd_k_shadow_settle(c, s, vr->commit, (int32_t)vr->n_commit);
     {

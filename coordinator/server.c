@@ -35,7 +35,15 @@ struct sd_coord_server {
     sd_zap_domain domains[2];
     sd_zap *zap;             /* the ZAP handler thread (CurveZMQ only) */
     sd_local_drafter *local; /* --local-ngram, or NULL */
+    sd_head_relays *relays;  /* verifier groups' EAGLE heads as drafters (head_relay.c) */
 };
+
+/* Delivers the in-process workers' replies (each may queue the next). */
+static void pump_local(sd_coord_server *s) {
+    sd_local_drafter_pump(s->local, sd_coord_now_us());
+    sd_head_relays_pump(s->relays, sd_coord_now_us());
+    sd_local_drafter_pump(s->local, sd_coord_now_us());
+}
 
 static bool send_to_worker(void *user, const uint8_t *ident, size_t ident_len, const Specd__CoordinatorToWorker *env) {
     sd_coord_server *s = user;
@@ -126,6 +134,7 @@ sd_status sd_coord_server_new(const sd_coord_params *p, sd_coord_server **out) {
     SD_INFO("clients on %s, workers on %s%s (messages at most %lld and %lld bytes)", p->client_addr, p->worker_addr,
             s->id.on ? " (CurveZMQ, allow-lists)" : " (plaintext)", (long long)client_cap, (long long)sp.max_msg_bytes);
     if (p->local_ngram && (st = sd_local_drafter_new(&s->c, sd_coord_now_us(), &s->local)) != SD_OK) goto fail;
+    if ((st = sd_head_relays_new(&s->c, &s->relays)) != SD_OK) goto fail;
     *out = s;
     return SD_OK;
 fail:
@@ -166,14 +175,15 @@ static void drain(sd_coord_server *s, bool workers) {
             sd_net_msg_clear(&m);
             break;
         }
-        if (workers && sd_local_drafter_is_ident(m.identity, m.identity_len))
-            SD_WARN("a worker message from a peer with the in-coordinator drafter's routing id; dropped");
+        if (workers && (sd_local_drafter_is_ident(m.identity, m.identity_len) ||
+                        sd_head_relay_is_ident(m.identity, m.identity_len, NULL)))
+            SD_WARN("a worker message from a peer with an in-coordinator drafter's routing id; dropped");
         else if (workers)
             sd_workers_on_message_as(&s->c, m.identity, m.identity_len, m.user_id, m.body, m.body_len, now);
         else
             sd_clients_on_message(&s->c, m.identity, m.identity_len, m.body, m.body_len, now);
         sd_net_msg_clear(&m);
-        sd_local_drafter_pump(s->local, sd_coord_now_us());
+        pump_local(s);
     }
 }
 
@@ -204,7 +214,8 @@ sd_status sd_coord_server_run(sd_coord_server *s, atomic_int *stop) {
                                    {s->client_sock, 0, ZMQ_POLLIN, 0},
                                    {NULL, sd_tokq_fd(s->tokq), ZMQ_POLLIN, 0}};
         /* a backlog waits for its client's queue to drain: look again soon */
-        long timeout = sd_local_drafter_pending(s->local) ? 0 : s->c.n_backlogged > 0 ? BACKLOG_POLL_MS : POLL_MS;
+        bool pending = sd_local_drafter_pending(s->local) || sd_head_relays_pending(s->relays);
+        long timeout = pending ? 0 : s->c.n_backlogged > 0 ? BACKLOG_POLL_MS : POLL_MS;
         int rc = zmq_poll(items, 3, timeout);
         if (rc < 0) {
             if (zmq_errno() == EINTR) continue;
@@ -214,7 +225,7 @@ sd_status sd_coord_server_run(sd_coord_server *s, atomic_int *stop) {
         if (items[0].revents & ZMQ_POLLIN) drain(s, true);
         if (items[1].revents & ZMQ_POLLIN) drain(s, false);
         if (items[2].revents & ZMQ_POLLIN) sd_clients_on_tokenized(&s->c, sd_coord_now_us());
-        sd_local_drafter_pump(s->local, sd_coord_now_us());
+        pump_local(s);
         uint64_t now = sd_coord_now_us();
         sd_outbox_flush(&s->c, now);
         if (now >= last_tick + TICK_US) {
@@ -222,7 +233,7 @@ sd_status sd_coord_server_run(sd_coord_server *s, atomic_int *stop) {
             sd_clients_tick(&s->c, now);
             last_tick = now;
         }
-        sd_local_drafter_pump(s->local, sd_coord_now_us());
+        pump_local(s);
     }
     /* the last replies out of the backlogs (then libzmq's linger) */
     for (uint64_t t0 = sd_coord_now_us(); s->c.n_backlogged > 0 && sd_coord_now_us() - t0 < 500000u;) {
@@ -240,7 +251,8 @@ void sd_coord_server_free(sd_coord_server **sp) {
     sd_net_close(&s->worker_sock);
     sd_zap_stop(&s->zap);
     if (s->zctx) zmq_ctx_term(s->zctx);
-    sd_tokq_free(&s->tokq); /* before the state: the thread reads its tokenizer */
+    sd_tokq_free(&s->tokq);          /* before the state: the thread reads its tokenizer */
+    sd_head_relays_free(&s->relays); /* it wrapped the io after the local drafter */
     sd_local_drafter_free(&s->local);
     sd_curve_allow_free(&s->client_keys);
     sd_curve_allow_free(&s->worker_keys);

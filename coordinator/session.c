@@ -32,6 +32,7 @@ sd_session *sd_session_new(const sd_tok *tok, uint64_t id, const int32_t *prompt
     s->stream = sd_tok_stream_new(tok);
     s->adapt.alpha = 0.6;
     s->shadow_base = -1;
+    s->head_base = -1;
     s->shadow_slot = -1;
     s->wall_drafter = -1;
     s->sampling = sd_sampling_default();
@@ -67,6 +68,8 @@ void sd_session_free(sd_session **sp) {
     free(s->q_ids);
     free(s->q_probs);
     free(s->con_text);
+    free(s->head_q_ids);
+    free(s->head_q_probs);
     sd_tok_stream_free(&s->stream);
     free(s);
     *sp = NULL;

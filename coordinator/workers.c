@@ -202,6 +202,7 @@ static void worker_from_hello(sd_coord *c, sd_coord_worker *w, const uint8_t *id
     w->rank = h->rank;
     snprintf(w->name, sizeof w->name, "%s", name);
     w->drafter_kind = h->drafter_kind;
+    w->head_relay = h->role == SPECD__ROLE__ROLE_DRAFTER && sd_head_relay_is_ident(ident, ident_len, &w->head_group);
     w->group_size = h->group_size ? h->group_size : 1;
     w->n_ctx = (int32_t)(h->model->context_length > INT32_MAX ? INT32_MAX : h->model->context_length);
     w->max_batch = h->max_batch == 0 || h->max_batch > SD_MAX_BATCH ? SD_MAX_BATCH : (int32_t)h->max_batch;

@@ -102,8 +102,8 @@ static bool check_submit(vctx *v, const Specd__SubmitRequest *s) {
     }
     if (s->max_k < -1 || s->max_k > SD_MAX_K)
         return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST, "submit.max_k: %d outside [-1, %d]", s->max_k, SD_MAX_K);
-    if (s->drafter_kind > SPECD__DRAFTER_KIND__DRAFTER_KIND_SELF)
-        return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST, "submit.drafter_kind: %d is not a known kind (0..3)",
+    if (s->drafter_kind > SPECD__DRAFTER_KIND__DRAFTER_KIND_EAGLE)
+        return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST, "submit.drafter_kind: %d is not a known kind (0..4)",
                           (int)s->drafter_kind);
     return sd_nv_check_submit_constraint(v, s);
 }
@@ -230,6 +230,30 @@ static bool check_draft_response(vctx *v, const Specd__DraftResponse *r) {
     return true;
 }
 
+/* A verifier's head drafts (VerifyResult.next_draft / next_q): at most
+ * max_k, one q each, as a drafter's DraftResult. */
+static bool check_next_draft(vctx *v, size_t i, const Specd__VerifyResult *d) {
+    char path[96];
+    if (d->n_next_draft > (size_t)v->max_k)
+        return sd_nv_fail(v, SPECD__CODE__CODE_TOO_LARGE,
+                          "verify.results[%zu].next_draft: %zu tokens over the limit of %d", i, d->n_next_draft,
+                          v->max_k);
+    if (d->n_next_q != d->n_next_draft)
+        return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST,
+                          "verify.results[%zu].next_q: %zu distributions for %zu drafts", i, d->n_next_q,
+                          d->n_next_draft);
+    if (d->n_next_draft > 0 && (d->code != SPECD__CODE__CODE_OK || d->n_commit == 0))
+        return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST,
+                          "verify.results[%zu].next_draft: %zu drafts with nothing committed", i, d->n_next_draft);
+    snprintf(path, sizeof path, "verify.results[%zu].next_draft", i);
+    if (!sd_nv_check_tokens(v, path, d->next_draft, d->n_next_draft)) return false;
+    for (size_t j = 0; j < d->n_next_q; j++) {
+        snprintf(path, sizeof path, "verify.results[%zu].next_q[%zu]", i, j);
+        if (!sd_nv_check_q(v, path, d->next_q[j], d->next_draft[j])) return false;
+    }
+    return true;
+}
+
 static bool check_verify_response(vctx *v, const Specd__VerifyResponse *r) {
     char path[96];
     if (r->n_results > (size_t)v->max_batch)
@@ -276,6 +300,7 @@ static bool check_verify_response(vctx *v, const Specd__VerifyResponse *r) {
             return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST,
                               "verify.results[%zu].cached_len: %u over the context of %d", i, d->cached_len,
                               v->max_context);
+        if (!check_next_draft(v, i, d)) return false;
     }
     return true;
 }
@@ -364,6 +389,10 @@ static bool check_verify_request(vctx *v, const Specd__VerifyRequest *r) {
         if (s->n_q != s->n_draft)
             return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST, "verify.seqs[%zu].q: %zu distributions for %zu drafts",
                               i, s->n_q, s->n_draft);
+        if (s->next_k > (uint32_t)v->max_k || (r->prefill_only && s->next_k > 0))
+            return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST,
+                              "verify.seqs[%zu].next_k: %u (at most %d, and 0 in a prefill_only batch)", i, s->next_k,
+                              v->max_k);
         snprintf(path, sizeof path, "verify.seqs[%zu].draft", i);
         if (!sd_nv_check_tokens(v, path, s->draft, s->n_draft)) return false;
         for (size_t j = 0; j < s->n_q; j++) {

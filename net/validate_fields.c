@@ -304,8 +304,13 @@ bool sd_nv_check_hello(vctx *v, const char *path, const Specd__Hello *h, bool wo
     if (h->max_k > SD_MAX_K)
         return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s.max_k: %u over the limit of %d", path, h->max_k,
                           SD_MAX_K);
-    if (h->drafter_kind > SPECD__DRAFTER_KIND__DRAFTER_KIND_SELF)
+    if (h->drafter_kind > SPECD__DRAFTER_KIND__DRAFTER_KIND_EAGLE)
         return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s.drafter_kind: %d is not a known kind", path,
+                          (int)h->drafter_kind);
+    if (h->role == SPECD__ROLE__ROLE_VERIFIER && h->drafter_kind != SPECD__DRAFTER_KIND__DRAFTER_KIND_UNSPECIFIED &&
+        h->drafter_kind != SPECD__DRAFTER_KIND__DRAFTER_KIND_EAGLE)
+        return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST,
+                          "%s.drafter_kind: %d for a verifier (only DRAFTER_KIND_EAGLE, a head in the verifier)", path,
                           (int)h->drafter_kind);
     if (h->group_id > SD_MAX_GROUP_ID)
         return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s.group_id: %u over the limit of %d", path, h->group_id,

@@ -11,6 +11,8 @@ specd_py_test(it_greedy_tiny_local_ngram ${_it}test_greedy.py ARGS --model tiny 
               LABELS integration)
 specd_py_test(it_greedy_smollm_local_ngram ${_it}test_greedy.py ARGS --model smollm --drafter local-ngram --n 3
               --tokens 16 LABELS integration model)
+# the verifier's own EAGLE-3 head (--eagle; a random head from tests/ref/eagle_ref.py) drafts: no drafter process
+specd_py_test(it_greedy_tiny_eagle ${_it}test_greedy.py ARGS --model tiny --drafter eagle --n 16 LABELS integration)
 specd_py_test(it_greedy_tiny_hf ${_it}test_greedy.py ARGS --model tiny --drafter layers --n 8 --hf LABELS integration)
 specd_py_test(it_greedy_tiny_warmup ${_it}test_greedy.py ARGS --model tiny --drafter model --n 16 --warmup 40
               LABELS integration)
@@ -55,7 +57,7 @@ specd_py_test(it_draft_vocab ${_it}test_draft_vocab.py LABELS integration)
 specd_py_test(it_hostile ${_it}test_hostile.py LABELS integration)
 specd_py_test(it_launch_curve ${_it}test_launch.py ARGS --curve LABELS integration)
 # The integration tests start several processes each: never two at once.
-set_tests_properties(it_greedy_tiny_model it_greedy_tiny_self it_greedy_tiny_ngram it_greedy_tiny_hf
+set_tests_properties(it_greedy_tiny_model it_greedy_tiny_self it_greedy_tiny_ngram it_greedy_tiny_hf it_greedy_tiny_eagle
                      it_greedy_tiny_local_ngram it_greedy_smollm_local_ngram
                      it_greedy_tiny_warmup it_greedy_smollm_ngram it_greedy_gemma_ngram
                      it_greedy_smollm_self it_greedy_smollm_ngram_64 it_greedy_smollm_self_64 it_seeded

@@ -7,3 +7,6 @@ target_link_libraries(test_unpack PRIVATE specd_net)
 # CurveZMQ: key files, allow-lists, the ZAP handler, the bind rule (net/curve.c, net/zap.c)
 specd_unit_test(test_curve test_curve.c)
 target_link_libraries(test_curve PRIVATE specd_net)
+# an EAGLE head in the verifier: VerifySeq.next_k, VerifyResult.next_draft / next_q, Hello.drafter_kind
+specd_unit_test(test_net_head test_net_head.c)
+target_link_libraries(test_net_head PRIVATE specd_net)

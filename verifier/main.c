@@ -51,6 +51,7 @@ typedef struct verifier_opts {
     int32_t lm_head; /* sd_tp_lm_head */
     int32_t coll_timeout_ms, group_heartbeat_ms, join_timeout_s;
     int32_t warmup;          /* --warmup N; -1 = the device's default */
+    const char *eagle;       /* --eagle DIR: an EAGLE-3 head drafting in this process */
     sd_backend_opts backend; /* --cpu-weights, --cuda-graphs, ... (specd/backend_opts.h) */
     bool verbose;
 } verifier_opts;
@@ -74,6 +75,11 @@ static void usage(FILE *f) {
             "                          needs blocks\n"
             "      --max-batch N       sequences per verify batch (default 64, at most %d)\n"
             "      --max-k N           draft tokens per sequence (default 16, at most %d)\n"
+            "      --eagle DIR         an EAGLE-3 draft head (Hugging Face directory: published or speculators\n"
+            "                          layout) that drafts in this process after each verify step, from the\n"
+            "                          target's hidden states: the coordinator uses it as a drafter of kind\n"
+            "                          eagle for this group's requests (no drafter round trip). Turns the\n"
+            "                          prefix cache off; --tp 1 only for now\n"
             "      --tp N              tensor-parallel group size (default 1); it must divide the attention\n"
             "                          heads and the MLP width, and divide or be a multiple of the KV heads\n"
             "      --rank N            rank in the group (default 0: the leader, which talks to the coordinator)\n"
@@ -135,6 +141,7 @@ enum {
     O_GROUP_HB,
     O_JOIN_TIMEOUT,
     O_WARMUP,
+    O_EAGLE,
     O_KV_TYPE,
     O_CSECRET,
     O_CSERVER,
@@ -168,6 +175,7 @@ static const struct option verifier_longs[] = {
     {"group-heartbeat-ms", required_argument, 0, O_GROUP_HB},
     {"join-timeout", required_argument, 0, O_JOIN_TIMEOUT},
     {"warmup", required_argument, 0, O_WARMUP},
+    {"eagle", required_argument, 0, O_EAGLE},
     {"help", no_argument, 0, 'h'},
     SD_BACKEND_LONG_OPTIONS,
     {0, 0, 0, 0},
@@ -202,6 +210,7 @@ static bool apply_option(int c, const char *name, const char *arg, verifier_opts
     case O_JOIN_TIMEOUT: ok = parse_int("--join-timeout", arg, 1, 86400, &o->join_timeout_s); break;
     case O_WARMUP: ok = parse_int("--warmup", arg, 0, SD_MAX_BATCH * (SD_MAX_K + 1), &o->warmup); break;
     case O_NAME: o->name = arg; break;
+    case O_EAGLE: o->eagle = arg; break;
     case O_CSECRET: o->curve_secret = arg; break;
     case O_CSERVER: o->curve_server = arg; break;
     case O_RANK_KEYS: o->rank_keys = arg; break;
@@ -240,6 +249,13 @@ static int check_opts(const verifier_opts *o) {
     }
     if (o->curve_secret && o->tp > 1 && o->rank == 0 && !o->rank_keys) {
         fprintf(stderr, "specd-verifier: a keyed leader of a --tp group needs --rank-keys (the ranks' keys)\n");
+        return 2;
+    }
+    if (o->eagle && o->tp > 1) {
+        fprintf(stderr,
+                "specd-verifier: --eagle with --tp %d: an EAGLE head in a TP group is not supported yet "
+                "(run it with --tp 1)\n",
+                (int)o->tp);
         return 2;
     }
     if (o->tp > 1 && !o->group) {
@@ -376,6 +392,7 @@ static sd_status create_verifier(const verifier_opts *o, sd_model *model, const 
     vp->max_batch = o->max_batch;
     vp->max_k = o->max_k;
     vp->prefix_cache_pct = o->prefix_cache_pct;
+    vp->eagle_dir = o->eagle;
     vp->kv_blocks = o->kv_blocks > 0
                         ? o->kv_blocks
                         : sd_verifier_default_kv_blocks(sd_model_config_of(model), o->max_seqs, o->block_size, 0);
@@ -460,6 +477,8 @@ static int serve(const verifier_opts *o, void *zctx, sd_worker_params *wp, sd_ve
     wp->rank = (uint32_t)o->rank;
     wp->group_size = (uint32_t)o->tp;
     wp->group_id = (uint32_t)o->group_id;
+    /* a head drafts here: the coordinator makes it a drafter of kind eagle */
+    if (o->eagle) wp->drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_EAGLE;
     wp->name = o->name;
     wp->limits = sd_verifier_limits(v);
     wp->step_costs = costs;

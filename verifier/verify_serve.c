@@ -49,6 +49,7 @@
  * prefix then adopted. Chunks asking for prompt logprobs adopt nothing. */
 #include "verify_serve.h"
 #include "verify_constrain.h"
+#include "verify_head.h"
 
 #include "specd/slots.h"
 
@@ -69,6 +70,7 @@ typedef struct seq_plan {
     int32_t k;
     bool new_slot; /* the slot was taken by this request */
     sd_sampling sampling;
+    int32_t row0, row_from; /* prefill: its first row in the step's forward (-1: none), that row's position */
 } seq_plan;
 
 struct sd_verifier {
@@ -110,11 +112,13 @@ struct sd_verifier {
     float *pl_logits;
     bool *pl_wanted; /* [SD_MAX_PROMPT_LP_ROWS], all true */
     sd_vcon *con;    /* per-slot constraints (verify_constrain.h); NULL without a tokenizer */
+    sd_vhead *head;  /* --eagle: the head drafting in this process, or NULL */
 };
 
 static void slot_release(void *user, int32_t slot) {
     sd_verifier *v = user;
     sd_kv_release(v->kv, slot);
+    sd_vhead_release(v->head, slot);
     v->hist_len[slot] = 0;
     sd_vcon_release(v->con, slot);
 }
@@ -182,6 +186,7 @@ int32_t sd_verifier_default_kv_blocks(const sd_model_config *cfg, int32_t max_se
 void sd_verifier_free(sd_verifier **pv) {
     if (!pv || !*pv) return;
     sd_verifier *v = *pv;
+    sd_vhead_free(&v->head);
     sd_kv_free(&v->kv);
     sd_slots_free(&v->slots);
     free(v->plan);
@@ -228,6 +233,10 @@ sd_status sd_verifier_create(sd_model *target, const sd_verifier_params *params,
                  (int)p.prefix_cache_pct);
         return SD_ERR_INVALID_ARG;
     }
+    if (p.eagle_dir && p.prefix_cache_pct > 0) {
+        SD_INFO("verifier: no prefix cache with an EAGLE head (the head needs the features of every row)");
+        p.prefix_cache_pct = 0;
+    }
     sd_verifier *v = calloc(1, sizeof *v);
     if (!v) return SD_ERR_NOMEM;
     v->target = target;
@@ -262,6 +271,8 @@ sd_status sd_verifier_create(sd_model *target, const sd_verifier_params *params,
     sd_model_shard_of(target, &shard);
     if (st == SD_OK && shard.tp_size <= 1 && !sd_kv_params_of(v->kv)->pool_alloc)
         st = sd_kv_prefix_set_partial_copy(v->kv, true); /* a host cache alone: copy, not recompute (kv.h) */
+    if (st == SD_OK && p.eagle_dir)
+        st = sd_vhead_open(p.eagle_dir, target, p.max_seqs, p.max_ctx, p.max_batch, p.max_k, &v->head);
     if (st != SD_OK) {
         sd_verifier_free(&v);
         return st;
@@ -334,6 +345,7 @@ static void admit(sd_verifier *v, const Specd__VerifyRequest *req, size_t i, seq
     }
     res->code = SPECD__CODE__CODE_OK;
     plan->slot = slot;
+    sd_vhead_rollback(v->head, slot, plan->keep_len); /* the head's KV follows the cache */
 }
 
 static sd_status finish(sd_verifier *v, const Specd__VerifyRequest *req, Specd__VerifyResponse *resp, double t0) {
@@ -342,7 +354,8 @@ static sd_status finish(sd_verifier *v, const Specd__VerifyRequest *req, Specd__
     resp->step_id = req->step_id;
     resp->n_results = req->n_seqs;
     resp->results = v->result_ptrs;
-    resp->forward_us = (uint32_t)((sd_now() - t0) * 1e6);
+    double forward_s = sd_now() - t0 - sd_vhead_take_seconds(v->head); /* the head's time is a drafter's */
+    resp->forward_us = forward_s > 0 ? (uint32_t)(forward_s * 1e6) : 0;
     return SD_OK;
 }
 
@@ -360,6 +373,19 @@ static bool constrain_seq(sd_verifier *v, const Specd__VerifySeq *s, const seq_p
     res->code = SPECD__CODE__CODE_BAD_REQUEST;
     if (pl->new_slot) sd_slots_release(&v->slots, pl->slot);
     return false;
+}
+
+/* The head after a verify step of sequence i (its vseq vs, result vr):
+ * the features of the rows now committed (the appended ones and the
+ * accepted drafts), then, when asked, the next step's drafts on the
+ * committed tokens, the sampled one last. */
+static void head_step(sd_verifier *v, size_t i, const sd_verify_seq *vs, const sd_verify_result *vr, uint32_t next_k,
+                      Specd__VerifyResult *res) {
+    const int32_t slot = vs->slot, n_rows = vs->n_append + vr->n_accepted;
+    sd_vhead_feed(v->head, slot, vs->keep_len, n_rows, v->hist[slot] + vs->keep_len, vr->batch_row0);
+    if (next_k > 0)
+        sd_vhead_draft(v->head, i, slot, v->hist[slot], v->hist_len[slot], vr->tokens[vr->n_tokens - 1],
+                       (int32_t)next_k, &vs->sampling, res);
 }
 
 /* Passes 2-4 of a normal step through spec2's sd_spec_verify_batch: one
@@ -420,6 +446,7 @@ static sd_status verify_with_spec_batch(sd_verifier *v, const Specd__VerifyReque
                 sd_slots_release(&v->slots, pl->slot);
                 break;
             }
+            if (v->head) head_step(v, i, &v->vseqs[j], vr, req->seqs[i]->next_k, res);
             if (req->seqs[i]->logprobs) {
                 float *values = v->lp_values + i * stride;
                 int32_t *top_ids = v->lp_top_ids + i * stride * SD_MAX_TOP_LOGPROBS;
@@ -511,6 +538,7 @@ static sd_status prefill_prompt_logprobs(sd_verifier *v, const Specd__VerifyRequ
     }
     sd_batch b = {n, s->append, v->pos, v->seq, v->pl_wanted};
     SD_TRY(sd_model_forward(v->target, v->kv, &b, v->pl_logits));
+    sd_vhead_feed(v->head, pl->slot, pl->keep_len, n, s->append, 0);
     size_t base = i * SD_MAX_PROMPT_LP_ROWS;
     float *values = v->pl_values + base;
     int32_t *top_ids = v->pl_top_ids + base * SD_MAX_TOP_LOGPROBS;
@@ -586,8 +614,11 @@ sd_status sd_verifier_handle(sd_verifier *v, const Specd__VerifyRequest *req, Sp
     }
     size_t r = 0;
     for (size_t i = 0; i < n; i++) {
-        const seq_plan *pl = &v->plan[i];
+        seq_plan *pl = &v->plan[i];
+        pl->row0 = -1;
         if (pl->slot < 0 || req->seqs[i]->prompt_logprobs) continue;
+        pl->row0 = (int32_t)r;
+        pl->row_from = sd_kv_seq_len(v->kv, pl->slot);
         for (int32_t j = sd_kv_seq_len(v->kv, pl->slot) - pl->keep_len; j < pl->n_append; j++, r++) {
             v->tokens[r] = req->seqs[i]->append[j];
             v->pos[r] = pl->keep_len + j;
@@ -602,6 +633,12 @@ sd_status sd_verifier_handle(sd_verifier *v, const Specd__VerifyRequest *req, Sp
         if (st != SD_OK) {
             SD_ERROR("verifier: prefill step %llu failed: %s", (unsigned long long)req->step_id, sd_status_str(st));
             return st;
+        }
+        for (size_t i = 0; v->head && i < n; i++) { /* the head's features of the rows computed */
+            const seq_plan *pl = &v->plan[i];
+            if (pl->row0 < 0) continue;
+            int32_t rows = pl->keep_len + pl->n_append - pl->row_from;
+            sd_vhead_feed(v->head, pl->slot, pl->row_from, rows, v->hist[pl->slot] + pl->row_from, pl->row0);
         }
     }
     for (size_t i = 0; i < n; i++) {

@@ -29,6 +29,11 @@ typedef struct sd_verifier_params {
      * borrowed for sd_verifier_create (its vocabulary's byte trie is built
      * there). NULL: a constrained sequence is answered BAD_REQUEST. */
     const sd_tok *tok;
+    /* An EAGLE-3 head (a Hugging Face directory, eagle.h) that drafts in
+     * this process after each step (VerifySeq.next_k; verify_head.h), or
+     * NULL. The target then captures the head's layers on every forward,
+     * and the prefix cache is off (adopted rows would have no features). */
+    const char *eagle_dir;
 } sd_verifier_params;
 
 /* max_seqs 64, kv_blocks 0 (must be set), block_size 16, max_batch 64,

@@ -274,6 +274,7 @@ sd_status sd_spec_verify_batch(sd_model *m, sd_kv *kv, int32_t n_seqs, const sd_
         r->outcome = check_seq(&seqs[i], i, kv, n_vocab, scratch->slot_used);
         r->n_ctx = r->outcome == SD_SEQ_OK ? seqs[i].keep_len + seqs[i].n_append : 0;
         r->cache_len = r->outcome == SD_SEQ_INVALID ? 0 : sd_kv_seq_len(kv, seqs[i].slot);
+        r->batch_row0 = -1;
         scratch->row0[i] = -1;
     }
     /* 2. truncate, then admit what fits */
@@ -300,6 +301,7 @@ sd_status sd_spec_verify_batch(sd_model *m, sd_kv *kv, int32_t n_seqs, const sd_
         if (results[i].outcome != SD_SEQ_OK) continue;
         const sd_verify_seq *v = &seqs[i];
         scratch->row0[i] = n_wanted;
+        results[i].batch_row0 = n_rows;
         int32_t n = v->n_append + v->k;
         for (int32_t j = 0; j < n; j++) {
             int32_t r = n_rows + j;

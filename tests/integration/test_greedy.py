@@ -22,12 +22,106 @@ model drafter warm up to N tokens before registering (as they do by default
 on a GPU); the coordinator must say it seeded its cost model from the
 verifier's step times, and the tokens must still be equal. --drafter
 local-ngram: no drafter process; the coordinator's own n-gram drafter
-(specd-coordinator --local-ngram) drafts, and must have registered."""
+(specd-coordinator --local-ngram) drafts, and must have registered.
+--drafter eagle: no drafter process; the verifier runs a random, untrained
+EAGLE-3 head (tests/ref/eagle_ref.write_head, published layout, its own
+embedding; its 4-token draft vocabulary is the target's most frequent output
+tokens, so that drafts are accepted too) with --eagle, drafting after each
+verify step; the coordinator must have registered its relay (kind eagle), and
+the requests must have been drafted by that kind. Since a random head's
+drafts are almost all rejected, equal tokens alone would not show that the
+head reads the right features: one more request alone must make exactly the
+chains specd-generate --eagle makes on the same prompt, context by context
+(both logged at -v), which holds only when the verifier hands the head the
+features of the right rows and positions and rolls it back."""
 import os
 import subprocess
 import argparse
 
 import harness as H
+
+DRAFTER_KIND_EAGLE = 4
+
+
+def eagle_head(h, refs):
+    """A random head for the tiny target (dim 64, vocab 512), or a skip. Its
+    draft vocabulary is the 4 tokens the target generates most often in
+    refs, so that some drafts are accepted (the head picks among them by its
+    features) and steps commit accepted drafts as well as rejections."""
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ref"))
+    try:
+        from eagle_ref import write_head
+    except ImportError as e:
+        H.skip("python packages for the head writer missing (%s); run scripts/setup" % e)
+    import numpy as np
+    counts = np.bincount([t for r in refs for t in r["ids"]], minlength=512)
+    hot = np.sort(np.argsort(-counts, kind="stable")[:4])
+
+    def to_hot(t):
+        t["d2t"] = (hot - np.arange(4)).astype(np.int64)
+        t["t2d"] = np.isin(np.arange(512), hot)
+    path = os.path.join(h.tmp, "eagle-head")
+    write_head(path, hidden=64, vocab=512, draft_vocab=4, seed=3, tensors_edit=to_hot)
+    H.log("head drafts among tokens %s (%.0f%% of the references' tokens)"
+          % (hot.tolist(), 100.0 * counts[hot].sum() / max(1, counts.sum())))
+    return path
+
+
+def chains_of(lines):
+    """{context: drafts} from drafter_eagle.c's DEBUG lines."""
+    out = {}
+    for ln in lines:
+        if "eagle: slot" in ln and " context " in ln and " drafted" in ln:
+            out[int(ln.split(" context ")[1].split()[0])] = [int(x) for x in ln.split(" drafted")[1].split()]
+    return out
+
+
+def check_chains(h, c, ver, target, head, prompt, tokens):
+    """One request alone: the head in the verifier drafts, at every context,
+    the chain the single-process head drafts there (a prefix of it: the
+    service asks for fewer near the end)."""
+    with open(ver.logpath, errors="replace") as f:
+        f.seek(0, 2)
+        start = f.tell()
+    r = c.run([dict(prompt=prompt, max_tokens=tokens, ignore_eos=True)], timeout=300)[0]
+    H.check(not r["error"], "the lone request failed: %s" % r["error"])
+    st = r["finished"]["stats"]
+    H.check(st.get("accepted", 0) > 0, "the lone request accepted no draft: its accepted rows are untested")
+    with open(ver.logpath, errors="replace") as f:
+        f.seek(start)
+        served = chains_of(f.readlines())
+    g = subprocess.run([h.bin("generate"), "-m", target, "-p", prompt, "-n", str(tokens), "--ignore-eos", "--json",
+                        "-t", "1", "-v", "--eagle", head, "-k", "4"] + h.engine_args, capture_output=True, text=True,
+                       timeout=600)
+    H.check(g.returncode == 0, "specd-generate --eagle failed: %s" % g.stderr[-2000:])
+    alone = chains_of(g.stderr.splitlines())
+    common = sorted(set(served) & set(alone))
+    # every verify step but the last few (no room left for drafts) drafts
+    steps = st.get("target_steps", 0)
+    H.check(len(served) >= steps - 2 and len(common) >= len(served) - 1,
+            "the verifier's head drafted at %d contexts for %d verify steps, %d of them where specd-generate did"
+            % (len(served), steps, len(common)))
+    bad = [(n, served[n], alone[n]) for n in common if not served[n] or served[n] != alone[n][:len(served[n])]]
+    H.check(not bad, "%d chains differ from specd-generate --eagle's, e.g. context %d: verifier %s, alone %s"
+            % ((len(bad),) + (bad[0] if bad else (0, [], []))))
+    H.log("the verifier's head drafted specd-generate --eagle's chains at %d contexts" % len(common))
+
+
+def check_seeded(h, c, target, prompts, tokens):
+    """Seeded sampled requests drafted by the head: under the coupled rule
+    (spec.h) their tokens are seeded plain decoding's, whatever was drafted."""
+    samp = [dict(temperature=0.8, top_p=0.95, seed=500 + i) for i in range(len(prompts))]
+    refs = [h.reference(target, p, tokens, temp=s["temperature"], seed=s["seed"], ignore_eos=True, top_p=s["top_p"])
+            for p, s in zip(prompts, samp)]
+    res = c.run([dict(prompt=p, max_tokens=tokens, ignore_eos=True, sampling=s) for p, s in zip(prompts, samp)],
+                timeout=300)
+    H.expect_equal_ids(res, refs, "%d seeded requests (temperature 0.8, top-p 0.95) drafted by the head"
+                       % len(prompts))
+    drafted = sum(r["finished"]["stats"].get("drafted", 0) for r in res)
+    accepted = sum(r["finished"]["stats"].get("accepted", 0) for r in res)
+    H.check(drafted > 0, "no draft of the head was verified for the seeded requests")
+    H.log("seeded requests = seeded plain decoding; drafted %d, accepted %d" % (drafted, accepted))
 
 
 def run(h, args):
@@ -55,14 +149,21 @@ def run(h, args):
     # pay (the tiny models; SmolLM2's 1-layer self-draft under ASan)
     warm = ("--warmup", str(args.warmup)) if args.warmup else ()
     local = args.drafter == "local-ngram"
-    coord, _, _ = h.start_service(target, drafter=None if args.drafter in ("none", "local-ngram") else args.drafter,
-                                  draft=draft, coord_extra=list(() if args.adaptive else H.FIXED_K)
-                                  + (["--local-ngram"] if local else []), verifier_extra=warm,
+    eagle = ("--eagle", eagle_head(h, refs), "-v") if args.drafter == "eagle" else ()
+    coord, ver, _ = h.start_service(target, drafter=None if args.drafter in ("none", "local-ngram", "eagle")
+                                  else args.drafter, draft=draft,
+                                  coord_extra=list(() if args.adaptive else H.FIXED_K)
+                                  + (["--local-ngram"] if local else []), verifier_extra=warm + eagle,
                                   drafter_extra=warm if args.drafter in ("model", "layers") else ())
     if local:
         with open(coord.logpath, errors="replace") as f:
             H.check(any("drafter in-coordinator (DRAFTER_KIND_NGRAM) registered" in l for l in f),
                     "the coordinator's own n-gram drafter did not register")
+    if eagle:
+        def relay_registered():
+            with open(coord.logpath, errors="replace") as f:
+                return any("head relay" in l and "registered" in l for l in f)
+        H.wait_until(relay_registered, 10, "the verifier's head to register as a drafter")
     if args.warmup:
         with open(coord.logpath, errors="replace") as f:
             seeded = [l for l in f if "cost model seeded" in l]
@@ -91,12 +192,19 @@ def run(h, args):
     if args.drafter != "none" and not args.adaptive:
         H.check(drafted > 0, "a %s drafter was attached but no request was speculated (drafted = 0)"
                 % args.drafter)
+    if eagle:
+        check_seeded(h, c, target, prompts[:4], args.tokens)
+        best = max(range(len(res)), key=lambda i: res[i]["finished"]["stats"].get("accepted", 0))
+        check_chains(h, c, ver, target, eagle[1], prompts[best], args.tokens)
+        kinds = [r["finished"]["stats"].get("drafter_kind", 0) for r in res]
+        H.check(all(k == DRAFTER_KIND_EAGLE for k in kinds),
+                "requests drafted by kinds %s, expected the verifier's head (%d) only" % (kinds, DRAFTER_KIND_EAGLE))
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", choices=["tiny", "smollm", "gemma"], default="tiny")
-    ap.add_argument("--drafter", choices=["model", "ngram", "local-ngram", "layers", "none"], default="model")
+    ap.add_argument("--drafter", choices=["model", "ngram", "local-ngram", "layers", "eagle", "none"], default="model")
     ap.add_argument("--n", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--timeout", type=float, default=600)

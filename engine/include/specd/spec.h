@@ -123,6 +123,21 @@ sd_status sd_spec_verify_greedy(const int32_t *target_argmax, const int32_t *dra
 sd_status sd_spec_verify(const float *p, int32_t n_vocab, const int32_t *draft, const sd_spec_q *q, int32_t k,
                          uint64_t seed, uint64_t pos0, int32_t *out_tokens, int32_t *n_accepted, sd_spec_info *info);
 
+/* Rejection-sampling verification of one step (Leviathan et al. 2023,
+ * Chen et al. 2023; spec_reject.c), the other rule: draft[i] is accepted
+ * with probability min(1, p_i(y) / q_i(y)), u = sd_rng_uniform(seed,
+ * pos0 + i, SD_RNG_ACCEPT); at the first rejection the token comes from the
+ * residual norm(max(0, p_i - q_i)) (inverse CDF, SD_RNG_RESIDUAL; from p_i
+ * when the residual has no mass); when all K are accepted the bonus is
+ * sd_sample_race(p_k). Exact in distribution (each committed token follows
+ * p given the tokens before it) when draft[i] was drawn from q_i itself,
+ * independently of those uniforms; unlike the coupled rule the committed
+ * tokens depend on the drafts. Arguments, checks and outputs as
+ * sd_spec_verify; residual: caller scratch of n_vocab floats. */
+sd_status sd_spec_verify_rejection(const float *p, int32_t n_vocab, const int32_t *draft, const sd_spec_q *q, int32_t k,
+                                   uint64_t seed, uint64_t pos0, float *residual, int32_t *out_tokens,
+                                   int32_t *n_accepted, sd_spec_info *info);
+
 /* Acceptance rate of one position under rejection sampling: alpha =
  * sum_v min(p(v), q(v)) with both normalized: an upper bound of the coupled
  * rule's rate, which is at least alpha / (2 - alpha) (spec.c); kept for the

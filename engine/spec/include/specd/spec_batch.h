@@ -92,6 +92,10 @@ typedef struct sd_verify_result {
     int32_t n_tokens;   /* tokens to commit: n_accepted + 1 (0 unless outcome is OK) */
     int32_t tokens[SD_MAX_K + 1];
     int32_t cache_len; /* tokens the slot holds now: n_ctx + n_accepted (the next keep_len) */
+    /* the sequence's first row in the step's forward batch (its n_append
+     * rows, then its k drafts: the row order of sd_model_capture_aux), -1
+     * when it did not run */
+    int32_t batch_row0;
     sd_spec_info info; /* stochastic verification details (zero when greedy) */
     /* [n_tokens] when the sequence asked for logprobs:
      * the target's log-softmax at each committed token's position, after

@@ -1,0 +1,184 @@
+/* verify_head.c — the EAGLE-3 head in the verifier process
+ * (specd-verifier --eagle DIR; verify_head.h).
+ *
+ * The head is engine/spec's EAGLE drafter (drafter_eagle.c) with one slot
+ * per KV slot of the verifier. The target captures the head's layers on
+ * every forward (sd_model_capture_set); after each forward verify_serve.c
+ * hands over the features of the rows that became committed positions
+ * (prefill rows, a verify step's appended rows and accepted drafts: never
+ * rejected drafts), and for each sequence whose step asked (next_k) the
+ * drafter proposes on its committed tokens, the token the step just
+ * sampled last. The drafter keeps the head's KV to the committed prefix:
+ * its speculative chain rows are truncated at the next propose, and a
+ * truncation of the verifier's cache (a keep_len below what it held, a
+ * release) is passed on here, so the head's KV follows every rollback.
+ *
+ * Its time (fc over the new features, the chain) is measured apart: the
+ * verify step's forward_us leaves it out and each result carries its own
+ * (next_us), which the coordinator charges to the head as a drafter.
+ *
+ * Limits: the verifier's prefix cache adopts rows without computing them,
+ * so their features never exist; with a head the verifier runs without a
+ * prefix cache (verify_serve.c). A TP group is refused for now: the leader
+ * would have to capture the gathered residual stream, which is untested. */
+#include "verify_head.h"
+
+#include "specd/drafter.h"
+#include "specd/spec.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct sd_vhead {
+    sd_model *target;
+    sd_drafter *drafter;
+    int32_t max_seqs, max_ctx, max_batch, max_k;
+    int32_t aux_width; /* floats per captured row: 3 x n_embd */
+    int32_t *ctx;      /* [max_ctx + 1] one sequence's committed tokens */
+    int32_t *tokens;   /* [max_batch][max_k] drafts of the step's results */
+    Specd__SparseDist *dists;
+    Specd__SparseDist **pdists; /* [max_batch][max_k] */
+    int32_t *q_ids;             /* [max_batch][max_k][max_q] */
+    float *q_probs;
+    int32_t max_q;
+    double seconds; /* since sd_vhead_take_seconds */
+    double feed_s;  /* the last feed's: charged to the draft that follows it */
+};
+
+sd_status sd_vhead_open(const char *dir, sd_model *target, int32_t max_seqs, int32_t max_ctx, int32_t max_batch,
+                        int32_t max_k, sd_vhead **out) {
+    if (!dir || !target || !out || max_seqs <= 0 || max_ctx <= 0 || max_batch <= 0 || max_k < 0 || max_k > SD_MAX_K)
+        return SD_ERR_INVALID_ARG;
+    *out = NULL;
+    sd_model_shard shard;
+    sd_model_shard_of(target, &shard);
+    if (shard.tp_size > 1) {
+        SD_ERROR("verifier: an EAGLE head in a TP group (--tp %d) is not supported yet; run the head's verifier "
+                 "with --tp 1",
+                 (int)shard.tp_size);
+        return SD_ERR_UNSUPPORTED;
+    }
+    sd_vhead *h = calloc(1, sizeof *h);
+    if (!h) return SD_ERR_NOMEM;
+    h->target = target;
+    h->max_seqs = max_seqs;
+    h->max_ctx = max_ctx;
+    h->max_batch = max_batch;
+    h->max_k = max_k > 0 ? max_k : 1;
+    sd_drafter_params dp = sd_drafter_default_params();
+    dp.max_seqs = max_seqs;
+    dp.max_ctx = max_ctx;
+    sd_status st = sd_drafter_eagle_open(dir, target, &dp, &h->drafter);
+    int32_t ids[SD_MODEL_CAPTURE_MAX];
+    int32_t n_ids = st == SD_OK ? sd_drafter_eagle_layers(h->drafter, ids) : 0;
+    if (st == SD_OK) st = sd_model_capture_set(target, n_ids, ids, false);
+    if (st == SD_OK) {
+        h->aux_width = n_ids * sd_model_config_of(target)->n_embd;
+        h->max_q = sd_drafter_max_q(h->drafter);
+        const size_t nk = (size_t)max_batch * (size_t)h->max_k;
+        h->ctx = malloc(((size_t)max_ctx + 1) * sizeof *h->ctx);
+        h->tokens = malloc(nk * sizeof *h->tokens);
+        h->dists = malloc(nk * sizeof *h->dists);
+        h->pdists = malloc(nk * sizeof *h->pdists);
+        h->q_ids = malloc(nk * (size_t)h->max_q * sizeof *h->q_ids);
+        h->q_probs = malloc(nk * (size_t)h->max_q * sizeof *h->q_probs);
+        if (!h->ctx || !h->tokens || !h->dists || !h->pdists || !h->q_ids || !h->q_probs) st = SD_ERR_NOMEM;
+    }
+    if (st != SD_OK) {
+        SD_ERROR("verifier: cannot use the EAGLE head in %s: %s", dir, sd_status_str(st));
+        sd_vhead_free(&h);
+        return st;
+    }
+    SD_INFO("verifier: EAGLE head %s drafts in this process (layers %d, %d, %d; %d slots of %d positions)", dir,
+            (int)ids[0], (int)ids[1], (int)ids[2], (int)max_seqs, (int)max_ctx);
+    *out = h;
+    return SD_OK;
+}
+
+void sd_vhead_free(sd_vhead **hp) {
+    if (!hp || !*hp) return;
+    sd_vhead *h = *hp;
+    if (h->drafter) sd_model_capture_set(h->target, 0, NULL, false);
+    sd_drafter_free(&h->drafter);
+    free(h->ctx);
+    free(h->tokens);
+    free(h->dists);
+    free(h->pdists);
+    free(h->q_ids);
+    free(h->q_probs);
+    free(h);
+    *hp = NULL;
+}
+
+void sd_vhead_rollback(sd_vhead *h, int32_t slot, int32_t len) {
+    if (h && sd_drafter_rollback(h->drafter, slot, len) != SD_OK)
+        SD_WARN("verifier: the head's slot %d could not be rolled back to %d positions", (int)slot, (int)len);
+}
+
+void sd_vhead_release(sd_vhead *h, int32_t slot) {
+    if (h) sd_drafter_release(h->drafter, slot);
+}
+
+void sd_vhead_feed(sd_vhead *h, int32_t slot, int32_t pos0, int32_t n, const int32_t *tokens, int32_t row0) {
+    if (!h || n <= 0) return;
+    double t0 = sd_now();
+    int32_t n_rows = 0;
+    const float *aux = sd_model_capture_aux(h->target, &n_rows);
+    sd_status st = SD_ERR_INTERNAL;
+    if (aux && row0 >= 0 && (int64_t)row0 + n <= n_rows)
+        st = sd_drafter_eagle_features(h->drafter, slot, pos0, n, tokens, aux + (size_t)row0 * (size_t)h->aux_width);
+    if (st != SD_OK) {
+        SD_WARN("verifier: the head's features of slot %d, positions %d..%d (rows %d.. of %d): %s; it drafts "
+                "nothing for that sequence until it is refilled",
+                (int)slot, (int)pos0, (int)(pos0 + n - 1), (int)row0, (int)n_rows, sd_status_str(st));
+        sd_drafter_rollback(h->drafter, slot, pos0 < 0 ? 0 : pos0);
+    }
+    h->feed_s = sd_now() - t0;
+    h->seconds += h->feed_s;
+}
+
+void sd_vhead_draft(sd_vhead *h, size_t i, int32_t slot, const int32_t *cached, int32_t n_cached, int32_t next,
+                    int32_t k, const sd_sampling *s, Specd__VerifyResult *res) {
+    if (!h || k <= 0 || i >= (size_t)h->max_batch || n_cached < 0 || n_cached >= h->max_ctx) return;
+    double t0 = sd_now();
+    const int32_t n_ctx = n_cached + 1;
+    memcpy(h->ctx, cached, (size_t)n_cached * sizeof *h->ctx);
+    h->ctx[n_cached] = next;
+    const int32_t *ctx = h->ctx;
+    if (k > h->max_k) k = h->max_k;
+    int32_t *tokens = h->tokens + i * (size_t)h->max_k, n = 0;
+    sd_spec_q q[SD_MAX_K];
+    sd_status st = sd_drafter_propose(h->drafter, slot, ctx, n_ctx, k, s, tokens, q, &n);
+    if (st != SD_OK) {
+        SD_WARN("verifier: the head could not draft for slot %d: %s", (int)slot, sd_status_str(st));
+        n = 0;
+    }
+    Specd__SparseDist *dists = h->dists + i * (size_t)h->max_k;
+    Specd__SparseDist **pdists = h->pdists + i * (size_t)h->max_k;
+    for (int32_t j = 0; j < n; j++) {
+        /* q is the drafter's until its next propose on this slot: copied */
+        size_t at = (i * (size_t)h->max_k + (size_t)j) * (size_t)h->max_q;
+        int32_t m = q[j].n < h->max_q ? q[j].n : h->max_q;
+        memcpy(h->q_ids + at, q[j].ids, (size_t)m * sizeof *h->q_ids);
+        memcpy(h->q_probs + at, q[j].probs, (size_t)m * sizeof *h->q_probs);
+        specd__sparse_dist__init(&dists[j]);
+        dists[j].n_ids = dists[j].n_probs = (size_t)m;
+        dists[j].ids = h->q_ids + at;
+        dists[j].probs = h->q_probs + at;
+        pdists[j] = &dists[j];
+    }
+    res->n_next_draft = res->n_next_q = (size_t)n;
+    res->next_draft = n > 0 ? tokens : NULL;
+    res->next_q = n > 0 ? pdists : NULL;
+    double took = sd_now() - t0;
+    h->seconds += took;
+    res->next_us = (uint32_t)((took + h->feed_s) * 1e6);
+    h->feed_s = 0.0;
+}
+
+double sd_vhead_take_seconds(sd_vhead *h) {
+    if (!h) return 0.0;
+    double s = h->seconds;
+    h->seconds = 0.0;
+    return s;
+}

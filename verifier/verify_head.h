@@ -1,0 +1,48 @@
+/* verify_head.h — an EAGLE-3 head inside the verifier (verify_head.c):
+ * fed the target's hidden states of every row the verifier computes, it
+ * drafts each sequence's next tokens right after its verify step
+ * (VerifySeq.next_k -> VerifyResult.next_draft). Internal to the verifier
+ * library: verify_serve.c calls it; one head per verifier, its slots the
+ * verifier's KV slots. Not thread-safe. */
+#ifndef SPECD_VERIFY_HEAD_H
+#define SPECD_VERIFY_HEAD_H
+
+#include "specd/model.h"
+#include "specd/net.h"
+#include "specd/sample.h"
+
+typedef struct sd_vhead sd_vhead;
+
+/* Loads the head in dir for target (borrowed; must outlive it) with
+ * max_seqs slots of max_ctx positions, and sets the target's capture to the
+ * head's layers. Refusals as sd_eagle_head_load; SD_ERR_UNSUPPORTED for a
+ * target split over a TP group (not supported yet). Caller frees with
+ * sd_vhead_free, which clears the capture. */
+sd_status sd_vhead_open(const char *dir, sd_model *target, int32_t max_seqs, int32_t max_ctx, int32_t max_batch,
+                        int32_t max_k, sd_vhead **out);
+void sd_vhead_free(sd_vhead **h);
+
+/* Slot's cache holds its first len positions only (a truncation); release:
+ * the slot starts a new sequence. */
+void sd_vhead_rollback(sd_vhead *h, int32_t slot, int32_t len);
+void sd_vhead_release(sd_vhead *h, int32_t slot);
+
+/* The last target forward's rows [row0, row0 + n) are slot's committed
+ * positions pos0 .. pos0 + n - 1, whose tokens are tokens[n]: their
+ * features go to the head. A failure is logged and leaves the slot without
+ * drafts until it is refilled (drafts are optional); the time is added to
+ * the step's head time. */
+void sd_vhead_feed(sd_vhead *h, int32_t slot, int32_t pos0, int32_t n, const int32_t *tokens, int32_t row0);
+
+/* Drafts up to k tokens for slot continuing its committed tokens,
+ * cached[n_cached] then next (the token its step just sampled), with
+ * sampling s into res->next_draft / next_q / next_us (the last feed's time
+ * included), borrowed from h (batch entry i, i < max_batch) until the next
+ * step. None on a failure (logged). */
+void sd_vhead_draft(sd_vhead *h, size_t i, int32_t slot, const int32_t *cached, int32_t n_cached, int32_t next,
+                    int32_t k, const sd_sampling *s, Specd__VerifyResult *res);
+
+/* Seconds the head spent since the last call (feeds and drafts), and zero. */
+double sd_vhead_take_seconds(sd_vhead *h);
+
+#endif
