@@ -72,6 +72,8 @@ static sd_status submit_with(sd_client *c, const sd_client_request *rq, Specd__C
     Specd__SubmitRequest sub;
     Specd__Sampling smp;
     sd_client_wire_submit(rq, messages, rq->n_messages, &smp, &sub);
+    Specd__Constraint con;
+    sd_client_wire_constraint(rq, &con, &sub);
     Specd__ClientToCoordinator env = SPECD__CLIENT_TO_COORDINATOR__INIT;
     env.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT;
     env.submit = &sub;

@@ -148,3 +148,11 @@ void sd_client_wire_submit(const sd_client_request *rq, Specd__ChatMessage **mes
     sub->prompt_only = rq->prompt_only;
     sub->parse_special = rq->parse_special;
 }
+
+void sd_client_wire_constraint(const sd_client_request *rq, Specd__Constraint *con, Specd__SubmitRequest *sub) {
+    if (rq->constraint_kind == SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_NONE) return;
+    specd__constraint__init(con);
+    con->kind = rq->constraint_kind;
+    con->text = (char *)(rq->constraint_text ? rq->constraint_text : "");
+    sub->constraint = con;
+}

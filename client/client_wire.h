@@ -28,6 +28,8 @@ sd_status sd_client_wire_messages(const sd_client_request *rq, Specd__ChatMessag
 /* Fills *sub (initialised here) from rq, with messages (n_messages turns,
  * or NULL) and *smp (rq's sampling, filled here) borrowed: valid while rq,
  * messages and smp are. client_tag is left 0. */
+/* Points sub at rq's constraint, written into *con (none: untouched). */
+void sd_client_wire_constraint(const sd_client_request *rq, Specd__Constraint *con, Specd__SubmitRequest *sub);
 void sd_client_wire_submit(const sd_client_request *rq, Specd__ChatMessage **messages, size_t n_messages,
                            Specd__Sampling *smp, Specd__SubmitRequest *sub);
 

@@ -85,8 +85,47 @@ static bool job_messages(const cJSON *msgs, sd_client_request *req, sd_client_ch
     return true;
 }
 
+/* A job's structured output: at most one of "json_schema" (a schema
+ * object, or its text), "regex", "grammar" (GBNF text), "response_json":
+ * true; a line without any keeps the command line's. *owned: a schema
+ * object's text (caller frees after the submit). */
+static bool job_constraint(const cJSON *line, sd_client_request *req, char **owned, char *why, size_t why_len) {
+    static const char *const keys[] = {"json_schema", "regex", "grammar", "response_json"};
+    static const Specd__ConstraintKind kinds[] = {SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_SCHEMA,
+                                                  SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_REGEX,
+                                                  SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_GRAMMAR,
+                                                  SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_OBJECT};
+    int found = -1;
+    for (int k = 0; k < 4; k++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(line, keys[k]);
+        if (!v) continue;
+        if (found >= 0) {
+            snprintf(why, why_len, "\"%s\" and \"%s\" exclude each other", keys[found], keys[k]);
+            return false;
+        }
+        found = k;
+        req->constraint_kind = kinds[k];
+        req->constraint_text = NULL;
+        if (k == 3) {
+            if (!cJSON_IsTrue(v)) req->constraint_kind = SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_NONE;
+        } else if (cJSON_IsString(v)) {
+            req->constraint_text = v->valuestring;
+        } else if (k == 0 && cJSON_IsObject(v)) {
+            if (!(*owned = cJSON_PrintUnformatted(v))) {
+                snprintf(why, why_len, "out of memory");
+                return false;
+            }
+            req->constraint_text = *owned;
+        } else {
+            snprintf(why, why_len, "\"%s\" must be a string%s", keys[k], k == 0 ? " or a schema object" : "");
+            return false;
+        }
+    }
+    return true;
+}
+
 static bool job_request(const cJSON *line, const options *o, sd_client_request *req, const char **stops,
-                        sd_client_chat_msg *turns, char *why, size_t why_len) {
+                        sd_client_chat_msg *turns, char **owned, char *why, size_t why_len) {
     *req = o->req;
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(line, "messages");
     if (v && !job_messages(v, req, turns, why, why_len)) return false;
@@ -138,7 +177,7 @@ static bool job_request(const cJSON *line, const options *o, sd_client_request *
         req->stop = stops;
         req->n_stop = n;
     }
-    return true;
+    return job_constraint(line, req, owned, why, why_len);
 }
 
 static void progress(size_t done, size_t total) {
@@ -222,6 +261,7 @@ static void submit_job(jobs_state *st, size_t i) {
     sd_client_request req;
     const char *stops[SD_MAX_STOP_STRINGS];
     sd_client_chat_msg turns[SD_MAX_CHAT_MESSAGES]; /* borrowed from the line until submitted */
+    char *schema_text = NULL;                         /* a "json_schema" object's text, until submitted */
     bool ok = st->lines[i] && cJSON_IsObject(st->lines[i]) && !st->nul[i];
     if (!ok && st->nul[i])
         snprintf(why, sizeof why, "line %zu holds a NUL character (\\u0000): refused rather than cut at it", i + 1);
@@ -229,7 +269,7 @@ static void submit_job(jobs_state *st, size_t i) {
         snprintf(why, sizeof why, "line %zu is not a JSON object", i + 1);
     else {
         j->id = cJSON_GetObjectItemCaseSensitive(st->lines[i], "id");
-        ok = job_request(st->lines[i], st->o, &req, stops, turns, why, sizeof why);
+        ok = job_request(st->lines[i], st->o, &req, stops, turns, &schema_text, why, sizeof why);
     }
     if (!ok) {
         job_fail_unrun(&st->run, j, "BAD_JOB", why, true);
@@ -239,6 +279,7 @@ static void submit_job(jobs_state *st, size_t i) {
         fprintf(stderr, "specd-client: no answer from %s: the jobs after line %zu are not submitted\n",
                 st->o->coordinator, i + 1);
     }
+    free(schema_text);
 }
 
 /* Submits jobs from *next while there is room under the cap. */

@@ -55,6 +55,10 @@ static void usage(FILE *f) {
             "  --drafter KIND      only drafters of this kind draft for the request: ngram, model or self\n"
             "                      (default: the coordinator chooses per request by measured goodput)\n"
             "  --ignore-eos        generate past end-of-generation tokens\n"
+            "  --json-schema FILE  the output is an instance of this JSON Schema (structured output)\n"
+            "  --regex RE          the whole output matches this regular expression\n"
+            "  --grammar FILE      the output is a sentence of this GBNF grammar (start rule root)\n"
+            "  --response-json     the output is a JSON object (OpenAI's json_object)\n"
             "  --json              print one JSON object at the end\n"
             "  --timeout SEC       give up when the coordinator does not answer (default 10)\n"
             "  --deadline SEC      each request ends within SEC of its submit, cancelled past it (default\n"
@@ -65,7 +69,9 @@ static void usage(FILE *f) {
             "  --curve-server FILE the coordinator's public key (or $SPECD_CURVE_SERVER)\n"
             "  --jobs FILE         JSON lines: {\"prompt\",\"n\",\"temp\",\"top_p\",\"top_k\",\"min_p\",\"seed\",\n"
             "                      \"chat\",\"system\",\"stop\",\"max_k\",\"ignore_eos\",\"id\"}, or \"messages\":\n"
-            "                      [{\"role\",\"content\"}, ...] (a conversation, instead of \"prompt\")\n"
+            "                      [{\"role\",\"content\"}, ...] (a conversation, instead of \"prompt\");\n"
+            "                      structured output: \"json_schema\" (object or text), \"regex\", \"grammar\"\n"
+            "                      or \"response_json\": true\n"
             "  --out FILE          write job results here instead of stdout\n"
             "  --concurrency N     jobs in flight at most (default 64)\n"
             "  --stats             print service statistics\n"
@@ -386,7 +392,11 @@ enum {
     OPT_CSECRET,
     OPT_CSERVER,
     OPT_DEADLINE,
-    OPT_SPECIAL
+    OPT_SPECIAL,
+    OPT_JSON_SCHEMA,
+    OPT_REGEX,
+    OPT_GRAMMAR,
+    OPT_RESPONSE_JSON
 };
 
 /* 0 ok, 2 usage error, -1 help printed */
@@ -408,6 +418,10 @@ static int parse_args(int argc, char **argv, options *o) {
                                           {"timeout", required_argument, NULL, OPT_TIMEOUT},
                                           {"deadline", required_argument, NULL, OPT_DEADLINE},
                                           {"special", no_argument, NULL, OPT_SPECIAL},
+                                          {"json-schema", required_argument, NULL, OPT_JSON_SCHEMA},
+                                          {"regex", required_argument, NULL, OPT_REGEX},
+                                          {"grammar", required_argument, NULL, OPT_GRAMMAR},
+                                          {"response-json", no_argument, NULL, OPT_RESPONSE_JSON},
                                           {"jobs", required_argument, NULL, OPT_JOBS},
                                           {"out", required_argument, NULL, OPT_OUT},
                                           {"concurrency", required_argument, NULL, OPT_CONC},
@@ -474,6 +488,10 @@ static int parse_args(int argc, char **argv, options *o) {
         case OPT_IGNORE_EOS: o->req.ignore_eos = true; break;
         case OPT_JSON: o->json = true; break;
         case OPT_SPECIAL: o->req.parse_special = true; break;
+        case OPT_JSON_SCHEMA: o->schema_path = optarg; break;
+        case OPT_REGEX: o->regex = optarg; break;
+        case OPT_GRAMMAR: o->grammar_path = optarg; break;
+        case OPT_RESPONSE_JSON: o->response_json = true; break;
         case OPT_DEADLINE:
             if (!parse_num("--deadline", optarg, 0.001, 2e6, &v)) return 2;
             o->req.timeout_ms = (int)(v * 1000);
@@ -509,7 +527,7 @@ static int parse_args(int argc, char **argv, options *o) {
     o->req.system = o->system;
     o->req.prompt = o->prompt;
     if (o->n_stop) o->req.stop = o->stop, o->req.n_stop = o->n_stop;
-    return 0;
+    return cli_constraint_load(o);
 }
 
 int main(int argc, char **argv) {
@@ -522,7 +540,10 @@ int main(int argc, char **argv) {
     static char found[600];
     if (sd_client_discover(getenv("XDG_RUNTIME_DIR"), found, sizeof found)) o.coordinator = found;
     int rc = parse_args(argc, argv, &o); /* --coordinator wins */
-    if (rc != 0) return rc < 0 ? 0 : rc;
+    if (rc != 0) {
+        free(o.con_text);
+        return rc < 0 ? 0 : rc;
+    }
     sd_net_log_init("client", 0, o.verbose);
 
     struct sigaction sa;
@@ -539,9 +560,13 @@ int main(int argc, char **argv) {
     sd_curve_id curve;
     if (!o.curve_secret != !o.curve_server) {
         fprintf(stderr, "specd-client: --curve-secret and --curve-server go together\n");
+        free(o.con_text);
         return 2;
     }
-    if (sd_curve_id_load(o.curve_secret, o.curve_server, &curve) != SD_OK) return 2;
+    if (sd_curve_id_load(o.curve_secret, o.curve_server, &curve) != SD_OK) {
+        free(o.con_text);
+        return 2;
+    }
     if (curve.on) {
         p.curve_server_public = curve.server;
         p.curve_public = curve.public_key;
@@ -550,6 +575,7 @@ int main(int argc, char **argv) {
     sd_client *c = NULL;
     if (sd_client_connect(&p, &c) != SD_OK) {
         fprintf(stderr, "specd-client: cannot connect to %s\n", o.coordinator);
+        free(o.con_text);
         return 1;
     }
     rc = 0;
@@ -562,5 +588,6 @@ int main(int argc, char **argv) {
         rc = cli_run_jobs(c, &o);
     sd_client_close(&c);
     memset(&curve, 0, sizeof curve);
+    free(o.con_text);
     return rc;
 }

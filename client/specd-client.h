@@ -18,6 +18,11 @@ typedef struct options {
     bool json, stats, verbose;
     double timeout_s, wait_ready_s;
     int concurrency;
+    /* structured output: at most one of --json-schema FILE, --regex RE,
+     * --grammar FILE, --response-json; con_text is the file read (owned) */
+    const char *schema_path, *grammar_path, *regex;
+    bool response_json;
+    char *con_text;
 } options;
 
 /* Set by SIGINT/SIGTERM; the modes poll it. */
@@ -25,6 +30,10 @@ extern volatile sig_atomic_t cli_interrupted;
 
 /* r as the JSON object --json and --jobs print (caller deletes it). */
 cJSON *cli_result_json(const sd_client_result *r);
+
+/* Sets o->req's constraint from the structured-output options (reading
+ * the file into o->con_text): 0, or 2 with a message on stderr. */
+int cli_constraint_load(options *o);
 
 /* --jobs: runs every line of o->jobs; the exit status (0, or 1 when any
  * job failed). */

@@ -89,6 +89,9 @@ static void admit(sd_coord *c, sd_submit_job *j, uint64_t now_us) {
     s->prompt_logprobs = j->prompt_logprobs;
     s->prompt_lp_next = j->prompt_logprobs ? 1 : s->n_prompt;
     s->prompt_only = j->prompt_only;
+    s->con_kind = j->con_kind;
+    s->con_text = j->con_text; /* moves to the session */
+    j->con_text = NULL;
     if (s->prompt_only) s->max_k = -1; /* nothing to draft for */
     s->t_submit_us = j->t_submit_us;
     cl->n_active++;

@@ -135,6 +135,10 @@ typedef struct sd_session {
     bool prompt_logprobs;
     int32_t prompt_lp_next;
     bool prompt_only; /* generate nothing: finish once the prompt is scored */
+    /* structured output: the constraint every verify step carries (kind
+     * NONE: none; con_text owned, compiled once at submit) */
+    Specd__ConstraintKind con_kind;
+    char *con_text;
 
     /* output text */
     sd_tok_stream *stream;
@@ -512,6 +516,7 @@ typedef struct sd_verify_pack {
     Specd__VerifySeq *seqs, **pseqs;    /* [n] */
     Specd__Sampling *samp;              /* [n] */
     Specd__SparseDist *dists, **pdists; /* [n][SD_MAX_K] */
+    Specd__Constraint *cons;            /* [n]: each sequence's constraint (its text borrowed) */
 } sd_verify_pack;
 typedef struct sd_draft_pack {
     Specd__DraftSeq *seqs, **pseqs; /* [n] */

@@ -14,7 +14,8 @@ sd_status sd_pack_verify_alloc(sd_verify_pack *pk, int32_t n) {
     pk->samp = calloc((size_t)n, sizeof *pk->samp);
     pk->dists = calloc((size_t)n * SD_MAX_K, sizeof *pk->dists);
     pk->pdists = calloc((size_t)n * SD_MAX_K, sizeof *pk->pdists);
-    if (pk->seqs && pk->pseqs && pk->samp && pk->dists && pk->pdists) return SD_OK;
+    pk->cons = calloc((size_t)n, sizeof *pk->cons);
+    if (pk->seqs && pk->pseqs && pk->samp && pk->dists && pk->pdists && pk->cons) return SD_OK;
     sd_pack_verify_free(pk);
     return SD_ERR_NOMEM;
 }
@@ -25,6 +26,7 @@ void sd_pack_verify_free(sd_verify_pack *pk) {
     free(pk->samp);
     free(pk->dists);
     free(pk->pdists);
+    free(pk->cons);
     *pk = (sd_verify_pack){0};
 }
 
@@ -46,6 +48,13 @@ void sd_pack_verify_seq(sd_verify_pack *pk, int32_t m, sd_session *s, int32_t n_
     vs->prompt_len = (uint32_t)s->n_prompt;
     vs->logprobs = s->logprobs;
     vs->top_logprobs = s->logprobs ? (uint32_t)s->top_logprobs : 0; /* prompt logprobs: set by the scheduler */
+    if (s->con_kind != SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_NONE) {
+        Specd__Constraint *con = &pk->cons[m];
+        specd__constraint__init(con);
+        con->kind = s->con_kind;
+        if (s->con_text) con->text = s->con_text;
+        vs->constraint = con;
+    }
     if (k <= 0) return;
     vs->n_draft = (size_t)k;
     vs->draft = s->draft;

@@ -66,6 +66,7 @@ void sd_session_free(sd_session **sp) {
     free(s->q_off);
     free(s->q_ids);
     free(s->q_probs);
+    free(s->con_text);
     sd_tok_stream_free(&s->stream);
     free(s);
     *sp = NULL;

@@ -54,6 +54,10 @@ sd_submit_job *sd_submit_job_new(const Specd__SubmitRequest *r, const uint8_t *i
     j->chat = r->chat;
     j->code = SPECD__CODE__CODE_OK;
     bool ok = true;
+    if (r->constraint && r->constraint->kind != SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_NONE) {
+        j->con_kind = r->constraint->kind;
+        ok = (j->con_text = dup_text(r->constraint->text)) != NULL;
+    }
     if (r->n_prompt_ids > 0) {
         j->prompt_ids = malloc(r->n_prompt_ids * sizeof *j->prompt_ids);
         ok = j->prompt_ids != NULL;
@@ -113,6 +117,7 @@ void sd_submit_job_free(sd_submit_job **jp) {
     free(j->msg_role);
     free(j->continuation);
     free(j->ids);
+    free(j->con_text);
     free(j);
     *jp = NULL;
 }
@@ -156,6 +161,7 @@ static bool encode_chat(const sd_tok *tok, const sd_chat_template *chat, sd_subm
 
 void sd_submit_tokenize(const sd_tok *tok, const sd_chat_template *chat, int32_t n_ctx, int32_t n_vocab,
                         sd_submit_job *j) {
+    if (!sd_submit_check_constraint(j)) return;
     if (j->n_prompt_ids > 0) {
         if (j->n_prompt_ids > (size_t)n_ctx) {
             j->code = SPECD__CODE__CODE_TOO_LARGE;

@@ -47,6 +47,11 @@ typedef struct sd_submit_job {
     size_t n_prompt_ids;
     int32_t *continuation; /* owned: tokens already generated (failover), resumed after the prompt */
     size_t n_continuation;
+    /* structured output (SubmitRequest.constraint, shape validated by the
+     * decoder): kind NONE or the kind and its owned text; compiled once by
+     * sd_submit_tokenize to refuse one that does not compile */
+    Specd__ConstraintKind con_kind;
+    char *con_text;
     size_t text_bytes; /* the text's bytes (prompt, system, messages), for the queue's byte bound */
     /* result of sd_submit_tokenize */
     int32_t *ids; /* owned, n_ids tokens (BOS first when the model adds one) */
@@ -69,6 +74,10 @@ void sd_submit_job_free(sd_submit_job **j);
  * its arguments: thread-safe. */
 void sd_submit_tokenize(const sd_tok *tok, const sd_chat_template *chat, int32_t n_ctx, int32_t n_vocab,
                         sd_submit_job *j);
+
+/* constrain_check.c: compiles j's constraint (thread-safe); false with
+ * j->code BAD_REQUEST and j->msg naming the construct it refuses. */
+bool sd_submit_check_constraint(sd_submit_job *j);
 
 typedef struct sd_tokq sd_tokq;
 

@@ -67,6 +67,22 @@ bool gw_listen_is_loopback(const char *listen);
 
 typedef enum gw_endpoint { GW_EP_CHAT, GW_EP_COMPLETIONS } gw_endpoint;
 
+/* tools.c: a chat request's tools (see there). */
+#define GW_MAX_TOOLS 128
+typedef enum gw_tool_mode {
+    GW_TOOLS_OFF = 0,   /* no tools, or tool_choice "none" */
+    GW_TOOLS_AUTO,      /* the model may call one: <tool_call> blocks parsed from its answer */
+    GW_TOOLS_REQUIRED,  /* the answer is one call of some tool (constrained) */
+    GW_TOOLS_NAMED,     /* the answer is one call of the named tool (constrained) */
+} gw_tool_mode;
+typedef struct gw_tools {
+    gw_tool_mode mode;
+    size_t n;
+    char *names[GW_MAX_TOOLS]; /* owned */
+} gw_tools;
+void gw_tools_free(gw_tools **t);
+gw_tools *gw_tools_dup(const gw_tools *t); /* NULL for NULL or out of memory */
+
 /* One prompt of a request (a completion may batch several). */
 typedef struct gw_prompt {
     char *text;   /* owned; NULL when ids are given */
@@ -97,6 +113,11 @@ typedef struct gw_gen {
      * completions: logprobs = N alternatives) */
     bool logprobs;
     uint32_t top_logprobs; /* 0..SD_MAX_TOP_LOGPROBS */
+    /* structured output (response_format.c): NONE, or the kind and its
+     * owned text (a JSON Schema's compact JSON, a GBNF grammar) */
+    Specd__ConstraintKind constraint_kind;
+    char *constraint_text;
+    gw_tools *tools; /* owned; NULL: no tools (or tool_choice "none") */
 } gw_gen;
 
 /* An OpenAI error: HTTP status and the error object's fields. */
@@ -113,6 +134,20 @@ typedef struct gw_error {
  * fills *err (400 with the offending param). Thread-safe. */
 bool gw_gen_parse(gw_endpoint endpoint, const char *body, size_t len, gw_gen *out, gw_error *err);
 void gw_gen_clear(gw_gen *g);
+
+/* response_format.c: response_format (text, json_object, json_schema) and
+ * llama.cpp's grammar / json_schema fields of a request object into g's
+ * constraint; false with a 400 naming the field. */
+struct cJSON;
+bool gw_parse_constraint(const struct cJSON *root, gw_gen *g, gw_error *err);
+/* tools.c: tools / tool_choice of a chat request (after its messages):
+ * the tools described in the system turn, a forced call as g's
+ * constraint; false with a 400 naming the field. */
+bool gw_parse_tools(const struct cJSON *root, gw_gen *g, gw_error *err);
+/* A history turn m's text for the template: a tool message's content
+ * (tool_role) in <tool_response>, an assistant's tool_calls as <tool_call>
+ * blocks after its content; *content (owned) replaced. */
+bool gw_tool_turn(const struct cJSON *m, bool tool_role, char **content, const char *param, gw_error *err);
 
 /* The seed of choice i: the request's seed for i = 0, a SplitMix64 mix of
  * (seed, i) after, so n samples are reproducible from one seed. */
@@ -200,9 +235,15 @@ typedef struct gw_job {
     unsigned n;    /* samples per prompt: choice i belongs to prompt i / n */
     bool logprobs; /* the choices collect logprobs (gw_gen.logprobs) */
     bool echo;     /* gw_gen.echo: the prompt's text (ids: from the coordinator) and logprobs come first */
+    gw_tools *tools; /* owned copy of gw_gen.tools: answers are parsed for tool calls (and held back when streamed) */
     size_t n_choices;
     gw_choice choices[GW_MAX_CHOICES];
 } gw_job;
+
+/* tools.c: choice ci's answer as OpenAI tool_calls (a cJSON array the
+ * caller deletes), or NULL when the job has no tools or the answer holds
+ * no valid call. Call with the job's mutex held (or once it is done). */
+struct cJSON *gw_tool_calls(const gw_job *job, size_t ci);
 
 /* Creates a job for g (n_prompts * n choices); the caller holds the one
  * reference (gw_job_release). NULL when out of memory. */

@@ -263,7 +263,7 @@ static bool emit_locked(gw_stream *s) {
         }
         /* a delta carries the logprobs of the tokens that arrived with it
          * (text held back for a stop string or a split character comes later) */
-        if (c->text_len > c->streamed || c->n_lps > c->lps_streamed) {
+        if (!job->tools && (c->text_len > c->streamed || c->n_lps > c->lps_streamed)) {
             if (!buf_event(s, gw_chunk_json(job, model, i, false, c->text ? c->text + c->streamed : "",
                                             c->text_len - c->streamed, c->lps_streamed, c->n_lps, false,
                                             s->include_usage)))

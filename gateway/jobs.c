@@ -173,6 +173,7 @@ gw_job *gw_job_create(gw_server *srv, const gw_gen *g) {
     job->n = g->n;
     job->logprobs = g->logprobs;
     job->echo = g->echo;
+    job->tools = gw_tools_dup(g->tools);
     job->n_choices = g->n_prompts * g->n;
     for (size_t i = 0; i < job->n_choices; i++) {
         gw_choice *c = &job->choices[i];
@@ -202,6 +203,7 @@ void gw_job_release(gw_job *job) {
     }
     close(job->wake_fd);
     pthread_mutex_destroy(&job->mu);
+    gw_tools_free(&job->tools);
     free(job);
 }
 
@@ -386,6 +388,8 @@ bool gw_job_submit(gw_job *job, const gw_gen *g, gw_error *err) {
         rq.echo = g->echo && p->ids; /* a text prompt is echoed as sent */
         rq.prompt_only = g->prompt_only;
         rq.parse_special = g->parse_special && !p->ids; /* text prompts only (ids are ids) */
+        rq.constraint_kind = g->constraint_kind;
+        rq.constraint_text = g->constraint_text;
         if (g->prompt_only) rq.max_tokens = 0;
 
         if (atomic_load(&srv->draining)) {

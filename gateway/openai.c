@@ -3,8 +3,8 @@
  * Parsing is strict about what it honours and lenient about the rest, as
  * OpenAI is: unknown fields are ignored, a known field of the wrong type or
  * out of range is a 400 naming the field (`param`). Fields whose meaning
- * specd cannot honour yet (logit_bias, response_format, tools, tool_choice
- * and the other output-changing fields in refuse_unhonoured) are refused with a 400 when set to
+ * specd cannot honour yet (logit_bias, tools, tool_choice and the other
+ * output-changing fields in refuse_unhonoured) are refused with a 400 when set to
  * anything but their neutral value, rather than silently ignored: a client
  * asking for them would otherwise get a wrong answer.
  *
@@ -136,6 +136,8 @@ void gw_gen_clear(gw_gen *g) {
         free(g->prompts[i].turns);
     }
     for (size_t i = 0; i < g->n_stop; i++) free(g->stop[i]);
+    free(g->constraint_text);
+    gw_tools_free(&g->tools);
     memset(g, 0, sizeof *g);
 }
 
@@ -213,16 +215,12 @@ static bool parse_logprobs(const cJSON *root, gw_gen *g, gw_error *err) {
 /* Fields that change the output and that specd does not honour yet: each
  * is a 400 naming it unless it holds its neutral value, never silently
  * dropped (a client asking for JSON must not get free text). The list also
- * holds other servers' constraint extensions (vLLM's guided_*, llama.cpp's
- * grammar / json_schema), which clients send through extra_body. */
+ * holds vLLM's constraint extensions (guided_*), which clients send through
+ * extra_body; response_format and llama.cpp's grammar / json_schema are
+ * honoured (response_format.c). */
 static bool neutral_field(const char *name, const cJSON *v) {
-    if (!strcmp(name, "response_format")) {
-        const cJSON *t = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "type") : NULL;
-        return string_ok(t) && !strcmp(t->valuestring, "text");
-    }
-    if (!strcmp(name, "tool_choice") || !strcmp(name, "function_call"))
-        return string_ok(v) && !strcmp(v->valuestring, "none");
-    if (!strcmp(name, "tools") || !strcmp(name, "functions")) return cJSON_IsArray(v) && !v->child;
+    if (!strcmp(name, "function_call")) return string_ok(v) && !strcmp(v->valuestring, "none");
+    if (!strcmp(name, "functions")) return cJSON_IsArray(v) && !v->child;
     if (!strcmp(name, "best_of")) return cJSON_IsNumber(v) && v->valuedouble == 1;
     if (!strcmp(name, "suffix")) return string_ok(v) && !v->valuestring[0];
     if (!strcmp(name, "modalities"))
@@ -233,10 +231,8 @@ static bool neutral_field(const char *name, const cJSON *v) {
 
 static bool refuse_unhonoured(const cJSON *root, gw_error *err) {
     static const char *const fields[] = {
-        "response_format",  "tools",       "tool_choice",  "functions",     "function_call",
-        "best_of",          "suffix",      "modalities",   "audio",         "web_search_options",
-        "reasoning_effort", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-        "grammar",          "json_schema",
+        "functions",   "function_call", "best_of",       "suffix",      "modalities",    "audio",
+        "web_search_options", "reasoning_effort", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
     };
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, fields[i]);
@@ -322,7 +318,7 @@ static bool parse_common(const cJSON *root, gw_gen *g, gw_error *err) {
     const cJSON *lb = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
     if (present(lb) && !(cJSON_IsObject(lb) && !lb->child))
         return UNSUPPORTED(err, "logit_bias", "'logit_bias' is not supported by specd yet");
-    return refuse_unhonoured(root, err);
+    return gw_parse_constraint(root, g, err) && refuse_unhonoured(root, err);
 }
 
 /* The text of a message's content: a string, or a list of {"type":"text"}
@@ -368,6 +364,7 @@ static const char *chat_role(const char *r) {
     if (!strcmp(r, "system") || !strcmp(r, "developer")) return "system";
     if (!strcmp(r, "user")) return "user";
     if (!strcmp(r, "assistant")) return "assistant";
+    if (!strcmp(r, "tool")) return "user"; /* a tool's answer: a user turn of <tool_response> (tools.c) */
     return NULL;
 }
 
@@ -390,14 +387,10 @@ static bool parse_messages(const cJSON *root, gw_gen *g, gw_error *err) {
         if (!string_ok(role)) continue; /* reported below */
         const char *r = role->valuestring;
         snprintf(param, sizeof param, "messages[%d].role", i);
-        if (!strcmp(r, "tool") || !strcmp(r, "function"))
-            return UNSUPPORTED(err, param, "'%s': '%s' turns are not supported by specd (no tool calls)", param, r);
-        if (present(cJSON_GetObjectItemCaseSensitive(m, "tool_calls"))) {
-            snprintf(param, sizeof param, "messages[%d].tool_calls", i);
-            return UNSUPPORTED(err, param, "'%s': tool calls are not supported by specd yet", param);
-        }
+        if (!strcmp(r, "function"))
+            return UNSUPPORTED(err, param, "'%s': 'function' turns are not supported (use 'tool')", param);
         if (!chat_role(r))
-            return BAD(err, param, "'%s': unknown role '%s' (system, developer, user, assistant)", param, r);
+            return BAD(err, param, "'%s': unknown role '%s' (system, developer, user, assistant, tool)", param, r);
     }
     if (!(p->turns = calloc((size_t)n, sizeof *p->turns))) return nomem(err);
     size_t total = 0;
@@ -412,9 +405,16 @@ static bool parse_messages(const cJSON *root, gw_gen *g, gw_error *err) {
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
         char *owned = NULL;
         const char *text = "";
-        if (!content_text(content, param, &owned, &text, err)) return false;
+        bool tool_role = !strcmp(role->valuestring, "tool");
+        bool calls = present(cJSON_GetObjectItemCaseSensitive(m, "tool_calls"));
+        if (!(calls && !present(content)) && !content_text(content, param, &owned, &text, err)) return false;
         char *copy = owned ? owned : dup_str(text);
         if (!copy) return nomem(err);
+        snprintf(param, sizeof param, "messages[%d].%s", i, tool_role ? "content" : "tool_calls");
+        if ((tool_role || calls) && !gw_tool_turn(m, tool_role, &copy, param, err)) {
+            free(copy);
+            return false;
+        }
         p->turns[p->n_turns++] = (sd_client_chat_msg){chat_role(role->valuestring), copy};
         total += strlen(copy);
         if (total > SD_MAX_PROMPT_BYTES)
@@ -493,7 +493,8 @@ bool gw_gen_parse(gw_endpoint endpoint, const char *body, size_t len, gw_gen *g,
         ok = BAD(err, NULL, "the request body must be a JSON object");
     } else {
         ok = parse_common(root, g, err) &&
-             (endpoint == GW_EP_CHAT ? parse_messages(root, g, err) : parse_prompt(root, g, err));
+             (endpoint == GW_EP_CHAT ? parse_messages(root, g, err) : parse_prompt(root, g, err)) &&
+             gw_parse_tools(root, g, err);
         if (ok && endpoint == GW_EP_COMPLETIONS) {
             ok = get_bool(root, "echo", &g->echo, err) && get_bool(root, "parse_special", &g->parse_special, err);
             /* max_tokens 0 with echo: the prompt (and its logprobs) only */
@@ -532,7 +533,11 @@ const char *gw_finish_reason(const gw_choice *c) {
 void gw_choice_error(const gw_choice *c, gw_error *err) {
     switch (c->code) {
     case SPECD__CODE__CODE_BAD_REQUEST:
-    case SPECD__CODE__CODE_MALFORMED: gw_fail(err, 400, "invalid_request_error", NULL, NULL, "%s", c->error); break;
+    case SPECD__CODE__CODE_MALFORMED:
+        /* a constraint the engine refused (the keyword is named) */
+        gw_fail(err, 400, "invalid_request_error", NULL, strstr(c->error, "submit.constraint") ? "response_format" : NULL,
+                "%s", c->error);
+        break;
     case SPECD__CODE__CODE_TOO_LARGE:
         gw_fail(err, 400, "invalid_request_error", "context_length_exceeded", NULL, "%s", c->error);
         break;
@@ -687,11 +692,18 @@ char *gw_response_json(const gw_job *job, const char *model) {
         const gw_choice *c = &job->choices[i];
         cJSON *ch = cJSON_CreateObject();
         cJSON_AddNumberToObject(ch, "index", (double)c->index);
-        const char *text = c->text ? c->text : "";
+        const char *text = c->text ? c->text : "", *finish = gw_finish_reason(c);
         if (chat) {
             cJSON *msg = cJSON_AddObjectToObject(ch, "message");
             cJSON_AddStringToObject(msg, "role", "assistant");
-            add_text(msg, "content", text, c->text_len);
+            cJSON *calls = gw_tool_calls(job, i);
+            if (calls) { /* the answer is tool calls (tools.c) */
+                cJSON_AddNullToObject(msg, "content");
+                cJSON_AddItemToObject(msg, "tool_calls", calls);
+                finish = "tool_calls";
+            } else {
+                add_text(msg, "content", text, c->text_len);
+            }
         } else {
             add_text(ch, "text", text, c->text_len);
         }
@@ -700,7 +712,7 @@ char *gw_response_json(const gw_job *job, const char *model) {
                                   chat ? chat_logprobs(c, 0, c->n_lps) : completion_logprobs(c, 0, c->n_lps));
         else
             cJSON_AddNullToObject(ch, "logprobs");
-        cJSON_AddStringToObject(ch, "finish_reason", gw_finish_reason(c));
+        cJSON_AddStringToObject(ch, "finish_reason", finish);
         cJSON_AddItemToArray(choices, ch);
     }
     add_usage(root, job);
@@ -713,6 +725,7 @@ char *gw_chunk_json(const gw_job *job, const char *model, size_t ci, bool role, 
                     size_t lp_from, size_t lp_to, bool finish, bool include_usage) {
     bool chat = job->endpoint == GW_EP_CHAT;
     const gw_choice *c = &job->choices[ci];
+    const char *finish_reason = gw_finish_reason(c);
     cJSON *root = envelope(job, model, chat ? "chat.completion.chunk" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(root, "choices");
     cJSON *ch = cJSON_CreateObject();
@@ -724,6 +737,10 @@ char *gw_chunk_json(const gw_job *job, const char *model, size_t ci, bool role, 
             cJSON_AddStringToObject(d, "content", "");
         } else if (delta) {
             add_text(d, "content", delta, delta_len);
+        } else if (finish && job->tools) { /* the answer held back (tools.c): its calls, or its text */
+            cJSON *calls = gw_tool_calls(job, ci);
+            if (calls) cJSON_AddItemToObject(d, "tool_calls", calls), finish_reason = "tool_calls";
+            else add_text(d, "content", c->text ? c->text : "", c->text_len);
         }
     } else {
         add_text(ch, "text", delta ? delta : "", delta ? delta_len : 0);
@@ -734,7 +751,7 @@ char *gw_chunk_json(const gw_job *job, const char *model, size_t ci, bool role, 
     else
         cJSON_AddNullToObject(ch, "logprobs");
     if (finish)
-        cJSON_AddStringToObject(ch, "finish_reason", gw_finish_reason(c));
+        cJSON_AddStringToObject(ch, "finish_reason", finish_reason);
     else
         cJSON_AddNullToObject(ch, "finish_reason");
     cJSON_AddItemToArray(choices, ch);

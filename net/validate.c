@@ -105,7 +105,7 @@ static bool check_submit(vctx *v, const Specd__SubmitRequest *s) {
     if (s->drafter_kind > SPECD__DRAFTER_KIND__DRAFTER_KIND_SELF)
         return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST, "submit.drafter_kind: %d is not a known kind (0..3)",
                           (int)s->drafter_kind);
-    return true;
+    return sd_nv_check_submit_constraint(v, s);
 }
 
 Specd__ClientToCoordinator *sd_net_decode_client(const uint8_t *data, size_t len, const sd_net_limits *lim,
@@ -381,6 +381,8 @@ static bool check_verify_request(vctx *v, const Specd__VerifyRequest *r) {
                 v, SPECD__CODE__CODE_BAD_REQUEST,
                 "verify.seqs[%zu].prompt_logprobs: %s with %zu appended tokens (prefill_only steps, at most %d)", i,
                 r->prefill_only ? "prefill" : "a normal step", s->n_append, SD_MAX_PROMPT_LP_ROWS);
+        snprintf(path, sizeof path, "verify.seqs[%zu].constraint", i);
+        if (!sd_nv_check_constraint(v, path, s->constraint)) return false;
         if (s->prompt_logprobs) {
             snprintf(path, sizeof path, "verify.seqs[%zu].prompt_next", i);
             if (!sd_nv_check_tokens(v, path, &s->prompt_next, 1)) return false;

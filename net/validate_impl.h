@@ -42,5 +42,9 @@ bool sd_nv_check_batch_size(vctx *v, const char *path, size_t n);
 bool sd_nv_check_code(vctx *v, const char *path, Specd__Code c);
 bool sd_nv_check_error(vctx *v, const char *path, const Specd__Error *e);
 bool sd_nv_check_hello(vctx *v, const char *path, const Specd__Hello *h, bool worker);
+/* validate_constraint.c: a Constraint's shape (kind, text), and a
+ * Submit's constraint against the fields it excludes. */
+bool sd_nv_check_constraint(vctx *v, const char *path, const Specd__Constraint *c);
+bool sd_nv_check_submit_constraint(vctx *v, const Specd__SubmitRequest *s);
 
 #endif

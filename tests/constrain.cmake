@@ -22,3 +22,17 @@ set_tests_properties(test_constrain_schema_full PROPERTIES LABELS "slow;oracle;m
 specd_unit_test(test_constrain_spec test_constrain_spec.c)
 target_compile_definitions(test_constrain_spec PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
 add_dependencies(test_constrain_spec specd-mkmodel)
+
+# Structured output through the service (SubmitRequest.constraint masked by
+# the verifier): greedy and seeded output under schemas, a regex, json_object
+# and a grammar equal specd-generate's; bad constraints refused; specd-client's
+# --json-schema / --regex.
+specd_py_test(it_constrain_service integration/test_constrain_service.py LABELS integration model)
+set_tests_properties(it_constrain_service PROPERTIES RESOURCE_LOCK specd_integration)
+
+# The verifier under a constraint, driven by hand (drafts in and out of the
+# language, a slot released mid-way): constrained plain decoding's tokens.
+specd_unit_test(test_verify_constrain test_verify_constrain.c)
+target_link_libraries(test_verify_constrain PRIVATE specd_verifier_core specd_net)
+target_compile_definitions(test_verify_constrain PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
+add_dependencies(test_verify_constrain specd-mkmodel)

@@ -38,3 +38,8 @@ endif()
 # echo for completions: prompt logprobs (prefill) and prompts of ids
 specd_py_test(it_gateway_echo ${_it}test_gateway_echo.py LABELS integration model)
 set_tests_properties(it_gateway_echo PROPERTIES RESOURCE_LOCK specd_integration)
+# Structured output (response_format json_schema / json_object, the grammar
+# extension) through the openai client: specd-generate's text, valid JSON,
+# unsupported schema keywords a 400 naming them.
+specd_py_test(it_gateway_structured ${_it}test_gateway_structured.py LABELS integration model)
+set_tests_properties(it_gateway_structured PROPERTIES RESOURCE_LOCK specd_integration)

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "specd/constrain.h"
+#include "specd/constrain_cache.h"
 #include "specd/gguf.h"
 #include "specd/tokenizer.h"
 
@@ -362,13 +363,79 @@ static void test_forced(void **state) {
     sd_tok_free(&t);
 }
 
+/* The service's compile path: a kind and a text compile as the matching
+ * compiler does; the cache hands back the same grammar for the same
+ * (kind, text), pins what it hands out (never evicted while pinned),
+ * evicts the least recently used unpinned one at capacity, and does not
+ * cache a failure. */
+static void test_grammar_cache(void **state) {
+    (void)state;
+    char err[256];
+    sd_grammar *g = NULL;
+    assert_int_equal(sd_grammar_compile(SD_CONSTRAINT_NONE, "", 0, NULL, &g, err, sizeof err), SD_ERR_INVALID_ARG);
+    assert_int_equal(sd_grammar_compile(SD_CONSTRAINT_JSON_OBJECT, "", 0, NULL, &g, err, sizeof err), SD_OK);
+    assert_true(sd_grammar_match(g, "{\"a\": [1, 2]}", 13));
+    assert_false(sd_grammar_match(g, "[1]", 3));
+    sd_grammar_free(&g);
+    const char *sch = "{\"type\": \"object\", \"patternProperties\": {}}";
+    assert_int_not_equal(sd_grammar_compile(SD_CONSTRAINT_JSON_SCHEMA, sch, strlen(sch), NULL, &g, err, sizeof err),
+                         SD_OK);
+    assert_non_null(strstr(err, "patternProperties"));
+    assert_string_equal(sd_constraint_kind_name(SD_CONSTRAINT_REGEX), "regex");
+
+    sd_grammar_cache *c = NULL;
+    assert_int_equal(sd_grammar_cache_create(2, NULL, &c), SD_OK);
+    const sd_grammar *a = NULL, *a2 = NULL, *b = NULL, *d = NULL, *e = NULL;
+    assert_int_equal(sd_grammar_cache_get(c, SD_CONSTRAINT_REGEX, "a+", 2, &a, err, sizeof err), SD_OK);
+    assert_int_equal(sd_grammar_cache_get(c, SD_CONSTRAINT_REGEX, "a+", 2, &a2, err, sizeof err), SD_OK);
+    assert_ptr_equal(a, a2);
+    assert_true(sd_grammar_match(a, "aaa", 3));
+    /* the same text under another kind is another grammar */
+    assert_int_equal(sd_grammar_cache_get(c, SD_CONSTRAINT_GRAMMAR, "root ::= \"b\"", 12, &b, err, sizeof err),
+                     SD_OK);
+    assert_ptr_not_equal(a, b);
+    sd_grammar_cache_stats st = sd_grammar_cache_get_stats(c);
+    assert_int_equal(st.hits, 1);
+    assert_int_equal(st.misses, 2);
+    assert_int_equal(st.entries, 2);
+    assert_int_equal(st.pinned, 2);
+    /* both pinned: a third goes past capacity rather than evict */
+    assert_int_equal(sd_grammar_cache_get(c, SD_CONSTRAINT_REGEX, "c", 1, &d, err, sizeof err), SD_OK);
+    assert_int_equal(sd_grammar_cache_get_stats(c).entries, 3);
+    assert_true(sd_grammar_match(a, "a", 1) && sd_grammar_match(b, "b", 1) && sd_grammar_match(d, "c", 1));
+    /* a failure is reported, not cached */
+    assert_int_not_equal(sd_grammar_cache_get(c, SD_CONSTRAINT_REGEX, "(a)\\1", 5, &e, err, sizeof err), SD_OK);
+    assert_true(err[0] != '\0');
+    assert_int_equal(sd_grammar_cache_get_stats(c).entries, 3);
+    /* unpinned: the least recently used goes first (b, then d) */
+    sd_grammar_cache_put(c, a);
+    sd_grammar_cache_put(c, a2);
+    sd_grammar_cache_put(c, b);
+    sd_grammar_cache_put(c, d);
+    assert_int_equal(sd_grammar_cache_get_stats(c).pinned, 0);
+    assert_int_equal(sd_grammar_cache_get(c, SD_CONSTRAINT_REGEX, "a+", 2, &a, err, sizeof err), SD_OK); /* hit */
+    sd_grammar_cache_put(c, a);
+    assert_int_equal(sd_grammar_cache_get(c, SD_CONSTRAINT_REGEX, "e", 1, &e, err, sizeof err), SD_OK);
+    st = sd_grammar_cache_get_stats(c);
+    assert_int_equal(st.entries, 3); /* b's entry was reused */
+    assert_int_equal(st.hits, 2);
+    const sd_grammar *b2 = NULL;
+    assert_int_equal(sd_grammar_cache_get(c, SD_CONSTRAINT_GRAMMAR, "root ::= \"b\"", 12, &b2, err, sizeof err),
+                     SD_OK);
+    assert_int_equal(sd_grammar_cache_get_stats(c).misses, 6); /* b was evicted: compiled again (misses: a b d, the failure, e, b) */
+    sd_grammar_cache_put(c, b2);
+    sd_grammar_cache_put(c, e);
+    sd_grammar_cache_free(&c);
+    assert_null(c);
+}
+
 int main(void) {
     sd_log_set(NULL, NULL, getenv("SPECD_TEST_LOG") ? SD_LOG_DEBUG : SD_LOG_OFF, "test_constrain");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gbnf_basics),     cmocka_unit_test(test_gbnf_refusals),
         cmocka_unit_test(test_regex),           cmocka_unit_test(test_schema),
         cmocka_unit_test(test_schema_refusals), cmocka_unit_test(test_masks_brute_force),
-        cmocka_unit_test(test_forced),
+        cmocka_unit_test(test_forced),          cmocka_unit_test(test_grammar_cache),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

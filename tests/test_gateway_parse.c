@@ -144,13 +144,9 @@ static void test_bad_fields(void **state) {
     refused(C, "{\"prompt\":\"p\",\"max_tokens\":-1,\"echo\":true}", 400, "max_tokens");
     refused(C, "{\"prompt\":\"p\",\"logit_bias\":{\"1\":5}}", 400, "logit_bias");
     /* Fields that change the output and are not honoured: a 400 naming each. */
-    refused(C, "{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_object\"}}", 400, "response_format");
-    refused(C, "{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{}}}", 400,
-            "response_format");
     refused(C, "{\"prompt\":\"p\",\"response_format\":\"text\"}", 400, "response_format");
     refused(C, "{\"prompt\":\"p\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}", 400, "tools");
     refused(C, "{\"prompt\":\"p\",\"tool_choice\":\"required\"}", 400, "tool_choice");
-    refused(C, "{\"prompt\":\"p\",\"tool_choice\":\"auto\"}", 400, "tool_choice");
     refused(C, "{\"prompt\":\"p\",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}", 400,
             "tool_choice");
     refused(C, "{\"prompt\":\"p\",\"functions\":[{\"name\":\"f\"}]}", 400, "functions");
@@ -163,11 +159,9 @@ static void test_bad_fields(void **state) {
     refused(C, "{\"prompt\":\"p\",\"web_search_options\":{}}", 400, "web_search_options");
     refused(C, "{\"prompt\":\"p\",\"guided_regex\":\"a+\"}", 400, "guided_regex");
     refused(C, "{\"prompt\":\"p\",\"guided_json\":{}}", 400, "guided_json");
-    refused(C, "{\"prompt\":\"p\",\"grammar\":\"root ::= \\\"a\\\"\"}", 400, "grammar");
-    refused(C, "{\"prompt\":\"p\",\"json_schema\":{}}", 400, "json_schema");
-    refused(GW_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"tools\":[{}]}", 400, "tools");
+    refused(GW_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"tools\":[{}]}", 400, "tools[0]");
     refused(GW_EP_CHAT,
-            "{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[]},"
+            "{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"x\"}]},"
             "{\"role\":\"user\",\"content\":\"q\"}]}",
             400, "messages[0].tool_calls");
     /* 17 stop strings */
@@ -175,6 +169,162 @@ static void test_bad_fields(void **state) {
     for (int i = 0; i < 17; i++) strcat(body, i ? ",\"s\"" : "\"s\"");
     strcat(body, "]}");
     refused(C, body, 400, "stop");
+}
+
+/* response_format and llama.cpp's grammar / json_schema become the
+ * request's constraint; a malformed one is a 400 naming the field. */
+static void test_response_format(void **state) {
+    (void)state;
+    gw_gen g;
+    gw_error err;
+    assert_true(parse(GW_EP_CHAT,
+                      "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],"
+                      "\"response_format\":{\"type\":\"json_object\"}}",
+                      &g, &err));
+    assert_int_equal(g.constraint_kind, SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_OBJECT);
+    assert_null(g.constraint_text);
+    gw_gen_clear(&g);
+    assert_true(parse(GW_EP_COMPLETIONS,
+                      "{\"prompt\":\"p\",\"stream\":true,\"response_format\":{\"type\":\"json_schema\","
+                      "\"json_schema\":{\"name\":\"person\",\"strict\":true,\"schema\":"
+                      "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}}}}}}",
+                      &g, &err));
+    assert_int_equal(g.constraint_kind, SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_SCHEMA);
+    assert_string_equal(g.constraint_text, "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}");
+    gw_gen_clear(&g);
+    assert_true(parse(GW_EP_COMPLETIONS, "{\"prompt\":\"p\",\"grammar\":\"root ::= \\\"a\\\"\"}", &g, &err));
+    assert_int_equal(g.constraint_kind, SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_GRAMMAR);
+    assert_string_equal(g.constraint_text, "root ::= \"a\"");
+    gw_gen_clear(&g);
+    assert_true(parse(GW_EP_COMPLETIONS, "{\"prompt\":\"p\",\"json_schema\":{\"type\":\"string\"}}", &g, &err));
+    assert_int_equal(g.constraint_kind, SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_SCHEMA);
+    gw_gen_clear(&g);
+    assert_true(parse(GW_EP_COMPLETIONS, "{\"prompt\":\"p\",\"response_format\":{\"type\":\"text\"}}", &g, &err));
+    assert_int_equal(g.constraint_kind, SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_NONE);
+    gw_gen_clear(&g);
+    const gw_endpoint C = GW_EP_COMPLETIONS;
+    refused(C, "{\"prompt\":\"p\",\"response_format\":{}}", 400, "response_format.type");
+    refused(C, "{\"prompt\":\"p\",\"response_format\":{\"type\":\"xml\"}}", 400, "response_format.type");
+    refused(C, "{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_schema\"}}", 400,
+            "response_format.json_schema");
+    refused(C, "{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{}}}", 400,
+            "response_format.json_schema.name");
+    refused(C,
+            "{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\"}}}",
+            400, "response_format.json_schema.schema");
+    refused(C,
+            "{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\","
+            "\"schema\":{},\"strict\":1}}}",
+            400, "response_format.json_schema.strict");
+    refused(C,
+            "{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\","
+            "\"schema\":[1]}}}",
+            400, "response_format.json_schema.schema");
+    refused(C, "{\"prompt\":\"p\",\"response_format\":{\"type\":\"json_object\"},\"grammar\":\"root ::= \\\"a\\\"\"}",
+            400, "response_format");
+    refused(C, "{\"prompt\":\"p\",\"grammar\":\"\"}", 400, "grammar");
+    refused(C, "{\"prompt\":\"p\",\"json_schema\":\"{}\"}", 400, "json_schema");
+    refused(C, "{\"prompt\":\"p\",\"ignore_eos\":true,\"response_format\":{\"type\":\"json_object\"}}", 400,
+            "ignore_eos");
+}
+
+/* tools: described in the system turn; required / named forced by a JSON
+ * Schema constraint; tool and tool_calls turns written as Hermes text;
+ * answers parsed back into tool_calls. */
+static void test_tools(void **state) {
+    (void)state;
+    gw_gen g;
+    gw_error err;
+    const char *tools = "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                        "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},"
+                        "\"required\":[\"city\"]}}},{\"type\":\"function\",\"function\":{\"name\":\"now\"}}]";
+    char body[2048];
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],%s}", tools);
+    assert_true(parse(GW_EP_CHAT, body, &g, &err));
+    assert_int_equal(g.tools->mode, GW_TOOLS_AUTO); /* the default with tools */
+    assert_int_equal(g.tools->n, 2);
+    assert_int_equal(g.prompts[0].n_turns, 2); /* a system turn describing them, first */
+    assert_string_equal(g.prompts[0].turns[0].role, "system");
+    assert_non_null(strstr(g.prompts[0].turns[0].content, "<tools>\n{\"type\":\"function\""));
+    assert_int_equal(g.constraint_kind, SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_NONE);
+    gw_gen_clear(&g);
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\",\"content\":\"q\"}],%s,"
+             "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}}",
+             tools);
+    assert_true(parse(GW_EP_CHAT, body, &g, &err));
+    assert_int_equal(g.tools->mode, GW_TOOLS_NAMED);
+    assert_int_equal(g.prompts[0].n_turns, 2); /* appended to the system message */
+    assert_memory_equal(g.prompts[0].turns[0].content, "S\n\n# Tools", 10);
+    assert_int_equal(g.constraint_kind, SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_SCHEMA);
+    assert_non_null(strstr(g.constraint_text, "{\"const\":\"get_weather\"}"));
+    assert_null(strstr(g.constraint_text, "anyOf"));
+    gw_gen_clear(&g);
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],%s,\"tool_choice\":\"required\"}",
+             tools);
+    assert_true(parse(GW_EP_CHAT, body, &g, &err));
+    assert_non_null(strstr(g.constraint_text, "\"anyOf\":[{"));
+    assert_non_null(strstr(g.constraint_text, "{\"const\":\"now\"}"));
+    /* an answer of the forced kind parses into one call */
+    gw_job job;
+    memset(&job, 0, sizeof job);
+    snprintf(job.id, sizeof job.id, "chatcmpl-abc");
+    job.tools = g.tools;
+    job.n_choices = 1;
+    char answer[] = "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}";
+    job.choices[0].text = answer;
+    job.choices[0].text_len = strlen(answer);
+    cJSON *calls = gw_tool_calls(&job, 0);
+    assert_non_null(calls);
+    assert_int_equal(cJSON_GetArraySize(calls), 1);
+    char *s = cJSON_PrintUnformatted(calls);
+    assert_string_equal(s, "[{\"index\":0,\"id\":\"call_abc_0_0\",\"type\":\"function\",\"function\":{\"name\":"
+                           "\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]");
+    free(s);
+    cJSON_Delete(calls);
+    /* auto: <tool_call> blocks (two: parallel calls); an unknown name or text is no call */
+    char two[] = "Sure.\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n"
+                 "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>";
+    job.choices[0].text = two;
+    assert_non_null(calls = gw_tool_calls(&job, 0));
+    assert_int_equal(cJSON_GetArraySize(calls), 2);
+    cJSON_Delete(calls);
+    char unknown[] = "<tool_call>{\"name\": \"rm\", \"arguments\": {}}</tool_call>", plain[] = "It is sunny.";
+    job.choices[0].text = unknown;
+    assert_null(gw_tool_calls(&job, 0));
+    job.choices[0].text = plain;
+    assert_null(gw_tool_calls(&job, 0));
+    gw_gen_clear(&g);
+    /* history: tool_calls and a tool answer become text turns */
+    assert_true(parse(GW_EP_CHAT,
+                      "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":null,"
+                      "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"now\",\"arguments\":"
+                      "\"{}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"12:00\"}],"
+                      "\"tool_choice\":\"none\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"now\"}}]}",
+                      &g, &err));
+    assert_null(g.tools); /* tool_choice none: plain text, tools not described */
+    assert_int_equal(g.prompts[0].n_turns, 3);
+    assert_string_equal(g.prompts[0].turns[1].content, "<tool_call>\n{\"name\":\"now\",\"arguments\":{}}\n</tool_call>");
+    assert_string_equal(g.prompts[0].turns[2].role, "user");
+    assert_string_equal(g.prompts[0].turns[2].content, "<tool_response>\n12:00\n</tool_response>");
+    gw_gen_clear(&g);
+    /* refusals */
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],%s,\"tool_choice\":{\"type\":\"function\","
+             "\"function\":{\"name\":\"nope\"}}}",
+             tools);
+    refused(GW_EP_CHAT, body, 400, "tool_choice");
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],%s,\"tool_choice\":\"always\"}",
+             tools);
+    refused(GW_EP_CHAT, body, 400, "tool_choice");
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],%s,\"response_format\":{\"type\":\"json_object\"}}",
+             tools);
+    refused(GW_EP_CHAT, body, 400, "response_format");
+    refused(GW_EP_CHAT,
+            "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"tools\":[{\"type\":\"function\",\"function\":"
+            "{\"name\":\"a b\"}}]}",
+            400, "tools[0]");
 }
 
 static void test_messages(void **state) {
@@ -216,8 +366,8 @@ static void test_messages(void **state) {
     refused(H, "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"}]}", 400, "messages");
     refused(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":\"b\"}]}", 400,
             "messages");
-    refused(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"tool\",\"content\":\"b\"}]}", 400,
-            "messages[1].role");
+    refused(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"function\",\"content\":\"b\"}]}",
+            400, "messages[1].role");
     refused(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":null}]}", 400,
             "messages[1].content");
     /* more turns than the wire allows */
@@ -502,6 +652,8 @@ int main(void) {
         cmocka_unit_test(test_neutral_fields),
         cmocka_unit_test(test_fields),
         cmocka_unit_test(test_bad_fields),
+        cmocka_unit_test(test_response_format),
+        cmocka_unit_test(test_tools),
         cmocka_unit_test(test_messages),
         cmocka_unit_test(test_prompts),
         cmocka_unit_test(test_utf8),

@@ -1154,6 +1154,77 @@ static void test_curve(void **state) {
     zmq_ctx_term(ctx);
 }
 
+/* Constraint (structured output) on a Submit and a VerifySeq: a known
+ * kind, text exactly when the kind takes one, UTF-8, bounded; not with
+ * ignore_eos or prompt_only. */
+static void test_validate_constraint(void **state) {
+    (void)state;
+    const Specd__Code BAD = SPECD__CODE__CODE_BAD_REQUEST, BIG = SPECD__CODE__CODE_TOO_LARGE;
+    Specd__Code code;
+    char err[256];
+    size_t len;
+    Specd__Constraint con = SPECD__CONSTRAINT__INIT;
+    Specd__SubmitRequest s = SPECD__SUBMIT_REQUEST__INIT;
+    s.prompt = "hello";
+    s.constraint = &con;
+    Specd__ClientToCoordinator e = SPECD__CLIENT_TO_COORDINATOR__INIT;
+    e.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT;
+    e.submit = &s;
+    const struct {
+        Specd__ConstraintKind kind;
+        const char *text;
+    } good[] = {{SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_NONE, ""},
+                {SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_OBJECT, ""},
+                {SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_SCHEMA, "{\"type\": \"integer\"}"},
+                {SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_REGEX, "[a-z]+"},
+                {SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_GRAMMAR, "root ::= \"a\""}};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        con.kind = good[i].kind, con.text = (char *)good[i].text;
+        uint8_t *bytes = pack(&e.base, &len);
+        Specd__ClientToCoordinator *g = sd_net_decode_client(bytes, len, &LIM, &code, err, sizeof err);
+        free(bytes);
+        if (!g) fail_msg("constraint kind %d refused: %s", (int)good[i].kind, err);
+        assert_int_equal(g->submit->constraint->kind, good[i].kind);
+        assert_string_equal(g->submit->constraint->text, good[i].text);
+        specd__client_to_coordinator__free_unpacked(g, NULL);
+    }
+    con.kind = SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_OBJECT, con.text = "{}";
+    expect_submit(&s, BAD, "submit.constraint.text: 2 bytes for kind 1, which takes none");
+    con.kind = SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_REGEX, con.text = "";
+    expect_submit(&s, BAD, "submit.constraint.text: empty");
+    con.kind = (Specd__ConstraintKind)7, con.text = "x";
+    expect_submit(&s, BAD, "submit.constraint.kind: 7 is not a known kind");
+    con.kind = SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_GRAMMAR, con.text = "root ::= \"\xc3\x28\"";
+    expect_submit(&s, BAD, "submit.constraint.text: invalid UTF-8");
+    char *big = malloc(SD_MAX_CONSTRAINT_BYTES + 2);
+    assert_non_null(big);
+    memset(big, 'a', SD_MAX_CONSTRAINT_BYTES + 1);
+    big[SD_MAX_CONSTRAINT_BYTES + 1] = '\0';
+    con.text = big;
+    expect_submit(&s, BIG, "submit.constraint.text: 65537 bytes over the limit of 65536");
+    con.kind = SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_OBJECT, con.text = "";
+    s.ignore_eos = 1;
+    expect_submit(&s, BAD, "submit.constraint: with ignore_eos");
+    s.ignore_eos = 0, s.prompt_only = 1;
+    expect_submit(&s, BAD, "submit.constraint: with prompt_only");
+
+    /* VerifySeq: the same checks, its own path */
+    verify_batch vb;
+    verify_batch_init(&vb);
+    vb.req.n_seqs = 1;
+    vb.seq[0].constraint = &con;
+    con.kind = SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_SCHEMA, con.text = "{}";
+    uint8_t *bytes = pack(&vb.env.base, &len);
+    accept_decoded(sd_net_decode_to_worker(bytes, len, &LIM, &code, err, sizeof err), free_to_worker, err,
+                   "a verify step with a constraint");
+    free(bytes);
+    con.text = big;
+    expect_to_worker(&vb.env, BIG, "verify.seqs[0].constraint.text: 65537 bytes over the limit");
+    con.kind = (Specd__ConstraintKind)5;
+    expect_to_worker(&vb.env, BAD, "verify.seqs[0].constraint.kind: 5 is not a known kind");
+    free(big);
+}
+
 int main(void) {
     sd_log_set(NULL, NULL, SD_LOG_OFF, "test_net");
     const struct CMUnitTest tests[] = {
@@ -1164,6 +1235,7 @@ int main(void) {
         cmocka_unit_test(test_validate_verify),
         cmocka_unit_test(test_validate_draft_request),
         cmocka_unit_test(test_validate_submit),
+        cmocka_unit_test(test_validate_constraint),
         cmocka_unit_test(test_validate_prompt_logprobs),
         cmocka_unit_test(test_validate_worker_messages),
         cmocka_unit_test(test_sampling_and_names),

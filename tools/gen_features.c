@@ -9,9 +9,11 @@
 #include "specd/eagle.h"
 #include "specd/safetensors.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* What a dump runs: the caller's parameters and what main derives. */
 typedef struct dump_job {
@@ -197,6 +199,10 @@ int sd_gen_dump_main(const sd_gen_dump_params *p, sd_model *m, const sd_tok *tok
     if (!p->layers) {
         sd_eagle_default_layers(sd_model_config_of(m)->n_layers, j.layer_ids);
         j.n_layers = SD_EAGLE_N_AUX;
+    }
+    if (mkdir(p->dir, 0755) != 0 && errno != EEXIST) { /* the directory, not its parents */
+        fprintf(stderr, "specd-generate: cannot create --dump-features directory %s: %s\n", p->dir, strerror(errno));
+        return 1;
     }
     char **lines = NULL;
     size_t n_lines = 0;

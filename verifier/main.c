@@ -342,7 +342,17 @@ static sd_status create_verifier(const verifier_opts *o, sd_model *model, const 
     vp->kv_blocks = o->w.kv_blocks > 0
                         ? o->w.kv_blocks
                         : sd_verifier_default_kv_blocks(sd_model_config_of(model), o->w.max_seqs, o->block_size, 0);
+    /* the tokenizer's byte strings, for structured output: without them
+     * the verifier serves every request but constrained ones */
+    sd_weights *w = NULL;
+    sd_tok *tok = NULL;
+    if (sd_weights_open(o->model_path, &w) != SD_OK || sd_weights_tokenizer(w, &tok) != SD_OK)
+        SD_WARN("no tokenizer in %s: constrained requests will be refused", o->model_path);
+    sd_weights_close(&w);
+    vp->tok = tok;
     sd_status st = sd_verifier_create(model, vp, v);
+    vp->tok = NULL;
+    sd_tok_free(&tok);
     if (st == SD_OK)
         SD_INFO("model %s: %u layers, vocab %u, context %u; KV %d blocks of %d tokens, %d slots", id->name,
                 id->n_layers, id->vocab_size, id->context_length, (int)vp->kv_blocks, (int)vp->block_size,

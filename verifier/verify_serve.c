@@ -48,6 +48,7 @@
  * never written again): that sequence gets CACHE_MISS and is resent, its
  * prefix then adopted. Chunks asking for prompt logprobs adopt nothing. */
 #include "verify_serve.h"
+#include "verify_constrain.h"
 
 #include "specd/slots.h"
 
@@ -108,12 +109,14 @@ struct sd_verifier {
     float *pl_top_values;
     float *pl_logits;
     bool *pl_wanted; /* [SD_MAX_PROMPT_LP_ROWS], all true */
+    sd_vcon *con;    /* per-slot constraints (verify_constrain.h); NULL without a tokenizer */
 };
 
 static void slot_release(void *user, int32_t slot) {
     sd_verifier *v = user;
     sd_kv_release(v->kv, slot);
     v->hist_len[slot] = 0;
+    sd_vcon_release(v->con, slot);
 }
 
 /* Truncates slot's token history to keep (it holds at least that many)
@@ -205,6 +208,7 @@ void sd_verifier_free(sd_verifier **pv) {
     free(v->pl_logits);
     free(v->pl_wanted);
     sd_spec_scratch_free(&v->spec_scratch);
+    sd_vcon_free(&v->con);
     free(v);
     *pv = NULL;
 }
@@ -252,6 +256,7 @@ sd_status sd_verifier_create(sd_model *target, const sd_verifier_params *params,
         st = sd_model_kv_create(target, p.max_seqs, p.kv_blocks, p.block_size, &v->kv);
     else
         SD_ERROR("verifier: out of memory");
+    if (st == SD_OK && p.tok) st = sd_vcon_create(p.tok, p.max_seqs, &v->con);
     if (st == SD_OK) st = sd_kv_prefix_enable(v->kv, (int32_t)((int64_t)p.kv_blocks * p.prefix_cache_pct / 100));
     sd_model_shard shard;
     sd_model_shard_of(target, &shard);
@@ -341,6 +346,22 @@ static sd_status finish(sd_verifier *v, const Specd__VerifyRequest *req, Specd__
     return SD_OK;
 }
 
+/* The sequence's constraint, brought to its n_ctx committed tokens, into
+ * vs; false (the sequence answered BAD_REQUEST, a new slot freed) when it
+ * does not compile or its tokens leave its language. */
+static bool constrain_seq(sd_verifier *v, const Specd__VerifySeq *s, const seq_plan *pl, int32_t n_ctx,
+                          sd_verify_seq *vs, Specd__VerifyResult *res) {
+    char err[256];
+    sd_status st = sd_vcon_sync(v->con, pl->slot, s->constraint, v->hist[pl->slot], (int32_t)s->prompt_len, n_ctx,
+                                &vs->constraint, err, sizeof err);
+    if (st == SD_OK) return true;
+    SD_WARN("verifier: request %llu: constraint refused: %s", (unsigned long long)s->request_id,
+            err[0] ? err : sd_status_str(st));
+    res->code = SPECD__CODE__CODE_BAD_REQUEST;
+    if (pl->new_slot) sd_slots_release(&v->slots, pl->slot);
+    return false;
+}
+
 /* Passes 2-4 of a normal step through spec2's sd_spec_verify_batch: one
  * ragged forward, verification, rollback, per-sequence outcomes. */
 static sd_status verify_with_spec_batch(sd_verifier *v, const Specd__VerifyRequest *req) {
@@ -374,6 +395,7 @@ static sd_status verify_with_spec_batch(sd_verifier *v, const Specd__VerifyReque
             v->vseqs[n_v].generated = v->hist[pl->slot] + s->prompt_len;
             v->vseqs[n_v].n_generated = n_ctx - (int32_t)s->prompt_len;
         }
+        if (s->constraint && !constrain_seq(v, s, pl, n_ctx, &v->vseqs[n_v], &v->results[i])) continue;
         v->vindex[n_v++] = (int32_t)i;
     }
     if (n_v > 0) SD_TRY(sd_spec_verify_batch(v->target, v->kv, n_v, v->vseqs, v->vresults, v->spec_scratch));

@@ -10,6 +10,7 @@
 #include "specd/model.h"
 #include "specd/net.h"
 #include "specd/spec_batch.h"
+#include "specd/tokenizer.h"
 
 typedef struct sd_verifier sd_verifier;
 
@@ -24,10 +25,14 @@ typedef struct sd_verifier_params {
      * blocks no sequence holds may keep (default 50; 0: off). A prefill
      * chunk of a sequence adopts the cached blocks matching its tokens. */
     int32_t prefix_cache_pct;
+    /* Structured output (VerifySeq.constraint): the target's tokenizer,
+     * borrowed for sd_verifier_create (its vocabulary's byte trie is built
+     * there). NULL: a constrained sequence is answered BAD_REQUEST. */
+    const sd_tok *tok;
 } sd_verifier_params;
 
 /* max_seqs 64, kv_blocks 0 (must be set), block_size 16, max_batch 64,
- * max_k 16, max_ctx 0. */
+ * max_k 16, max_ctx 0, tok NULL. */
 sd_verifier_params sd_verifier_default_params(void);
 
 /* KV blocks for max_seqs sequences of ctx/4 tokens each, capped so the pool

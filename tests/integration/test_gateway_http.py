@@ -162,8 +162,8 @@ def check_bad_input(h):
         (comp, {"prompt": "x", "frequency_penalty": "1"}, 400, "frequency_penalty", "frequency_penalty a string"),
         (chat, b'{"messages": [{"role": "user", "content": "hi"}], "presence_penalty": NaN}', 400, None,
          "presence_penalty NaN"),
-        (chat, {"messages": user + [{"role": "tool", "content": "x"}, {"role": "user", "content": "y"}]},
-         400, "messages[1].role", "a tool turn"),
+        (chat, {"messages": user + [{"role": "function", "content": "x"}, {"role": "user", "content": "y"}]},
+         400, "messages[1].role", "a (legacy) function turn"),
         (chat, {"messages": user + [{"role": "assistant", "content": "x"}]}, 400, "messages",
          "ending with an assistant turn"),
     ]

@@ -18,8 +18,9 @@ with the n-gram drafter (K fixed at 4, so drafts are verified):
   and prompt token count of specd-generate --chat --system ... --message
   ROLE:TEXT ... with the same history (both use the model's chat template);
 - /v1/models lists the served model;
-- response_format (json_object), tools and tool_choice (required) are 400s
-  naming the field, response_format text is accepted."""
+- the legacy functions, and tool_choice required without tools, are 400s
+  naming the field; response_format text is accepted (json_object,
+  json_schema and tools are honoured: test_gateway_structured.py)."""
 import concurrent.futures
 import json
 import subprocess
@@ -212,9 +213,8 @@ def run(h):
 
     # ---- fields that change the output and are not honoured: a 400 naming each, never free text
     refused = {
-        "response_format": dict(response_format={"type": "json_object"}),
-        "tools": dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
-        "tool_choice": dict(tool_choice="required"),
+        "functions": dict(functions=[{"name": "f", "parameters": {"type": "object"}}]),
+        "tool_choice": dict(tool_choice="required"),  # without tools
     }
     for param, kw in refused.items():
         try:

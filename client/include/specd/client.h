@@ -116,6 +116,13 @@ typedef struct sd_client_request {
      * read as control tokens (for prompts formatted by the caller). Off:
      * it stays text. Refused with chat or messages, which are always safe. */
     bool parse_special;
+    /* Structured output: the generated text belongs to this language
+     * (SubmitRequest.constraint): JSON_OBJECT (no text), JSON_SCHEMA (the
+     * schema's JSON), REGEX or GRAMMAR (GBNF) with constraint_text, at most
+     * SD_MAX_CONSTRAINT_BYTES. NONE (default): free text. A constraint that
+     * does not compile is refused (BAD_REQUEST naming the construct). */
+    Specd__ConstraintKind constraint_kind;
+    const char *constraint_text;
 } sd_client_request;
 
 /* Greedy, no stop strings, coordinator defaults for the rest. */

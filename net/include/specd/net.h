@@ -40,6 +40,7 @@ extern "C" {
 #define SD_MAX_TOP_N            1024       /* entries of one sparse q */
 #define SD_MAX_STOP_STRINGS     16
 #define SD_MAX_STOP_BYTES       256         /* per stop string */
+#define SD_MAX_CONSTRAINT_BYTES (64 << 10)  /* Constraint.text: a JSON Schema, regex or grammar */
 #define SD_MAX_TOKEN_BYTES      1024        /* TokenLogprob.token / top_tokens: one token's bytes */
 #define SD_MAX_PROMPT_LP_ROWS   64          /* prompt tokens scored per prefill chunk (VerifySeq.prompt_logprobs) */
 #define SD_MAX_IDENTITY_BYTES   255         /* ZeroMQ routing id */

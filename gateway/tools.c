@@ -1,0 +1,358 @@
+/* tools.c — OpenAI tool calls on chat completions (issue 35): `tools`,
+ * `tool_choice`, `tool` turns and assistant `tool_calls` in the history, and
+ * the output parsed back into `message.tool_calls`.
+ *
+ * The gateway holds no model and its chat template runs on the
+ * coordinator, so the tools are described in the Hermes / Qwen 2.5 form
+ * as text of the system turn (appended to the conversation's system
+ * message, or a system turn of its own first): the function signatures in
+ * <tools></tools>, and the instruction to answer a call as
+ * <tool_call>{"name": ..., "arguments": {...}}</tool_call>. History turns
+ * are written the same way: an assistant's tool_calls as <tool_call>
+ * blocks after its content, a `tool` message as a user turn holding
+ * <tool_response>...</tool_response> (what Qwen 2.5's template renders).
+ *
+ * tool_choice:
+ *   "none"      the tools are not described; plain text.
+ *   "auto"      (the default with tools) described; the output's
+ *               <tool_call> blocks naming a known function (or an output
+ *               that is one such JSON object) become tool_calls.
+ *   "required"  described, and the output constrained to one JSON object
+ *               {"name": <one of the tools>, "arguments": <its parameters>}
+ *               (a JSON Schema anyOf: enforced by the verifier, not hoped
+ *               for).
+ *   {"type": "function", "function": {"name": N}}   the same for N alone.
+ * Streaming a request with tools holds its text back and sends at the end
+ * either the content or the tool_calls (one delta each, whole arguments),
+ * with finish_reason "tool_calls". One call per answer when forced; in auto
+ * mode every <tool_call> block (parallel calls). */
+#include "gateway_impl.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool present(const cJSON *v) { return v && !cJSON_IsNull(v); }
+
+static bool bad(gw_error *err, const char *param, const char *msg) {
+    return gw_fail(err, 400, "invalid_request_error", NULL, param, "%s", msg);
+}
+
+void gw_tools_free(gw_tools **pt) {
+    if (!pt || !*pt) return;
+    for (size_t i = 0; i < (*pt)->n; i++) free((*pt)->names[i]);
+    free(*pt);
+    *pt = NULL;
+}
+
+gw_tools *gw_tools_dup(const gw_tools *t) {
+    if (!t) return NULL;
+    gw_tools *d = calloc(1, sizeof *d);
+    if (!d) return NULL;
+    d->mode = t->mode;
+    for (size_t i = 0; i < t->n; i++) {
+        if (!(d->names[i] = strdup(t->names[i]))) {
+            gw_tools_free(&d);
+            return NULL;
+        }
+        d->n++;
+    }
+    return d;
+}
+
+static bool name_ok(const char *s) {
+    size_t n = strlen(s);
+    if (n == 0 || n > 64) return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-'))
+            return false;
+    }
+    return true;
+}
+
+/* The system text describing the tools (malloc'd), or NULL. */
+static char *tools_text(const cJSON *tools) {
+    cJSON *lines = cJSON_CreateArray();
+    char *out = NULL;
+    size_t cap = 1024, len = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        char *s = cJSON_PrintUnformatted(t);
+        if (!s) goto done;
+        cJSON_AddItemToArray(lines, cJSON_CreateString(s));
+        cap += strlen(s) + 1;
+        free(s);
+    }
+    static const char head[] =
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
+    static const char tail[] =
+        "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+        "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+        "<args-json-object>}\n</tool_call>";
+    cap += sizeof head + sizeof tail;
+    if (!(out = malloc(cap))) goto done;
+    len = (size_t)snprintf(out, cap, "%s", head);
+    const cJSON *l;
+    cJSON_ArrayForEach(l, lines) len += (size_t)snprintf(out + len, cap - len, "\n%s", l->valuestring);
+    snprintf(out + len, cap - len, "%s", tail);
+done:
+    cJSON_Delete(lines);
+    return out;
+}
+
+/* The schema of {"name": name, "arguments": parameters} (added to into). */
+static void add_call_schema(cJSON *into, const char *name, const cJSON *params) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "type", "object");
+    cJSON *props = cJSON_AddObjectToObject(o, "properties");
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(props, "name"), "const", name);
+    cJSON_AddItemToObject(props, "arguments", params ? cJSON_Duplicate(params, true) : cJSON_CreateObject());
+    cJSON *req = cJSON_AddArrayToObject(o, "required");
+    cJSON_AddItemToArray(req, cJSON_CreateString("name"));
+    cJSON_AddItemToArray(req, cJSON_CreateString("arguments"));
+    cJSON_AddFalseToObject(o, "additionalProperties");
+    cJSON_AddItemToArray(into, o);
+}
+
+/* The tools' description into the conversation's system turn. */
+static bool describe(gw_gen *g, const cJSON *tools, gw_error *err) {
+    gw_prompt *p = &g->prompts[0];
+    char *text = tools_text(tools);
+    if (!text) return gw_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+    if (p->n_turns > 0 && !strcmp(p->turns[0].role, "system")) {
+        size_t a = strlen(p->turns[0].content), b = strlen(text);
+        char *merged = malloc(a + b + 3);
+        if (!merged) {
+            free(text);
+            return gw_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+        }
+        snprintf(merged, a + b + 3, "%s\n\n%s", p->turns[0].content, text);
+        free(text);
+        free((char *)p->turns[0].content);
+        p->turns[0].content = merged;
+        return true;
+    }
+    sd_client_chat_msg *turns = realloc(p->turns, (p->n_turns + 1) * sizeof *turns);
+    if (!turns) {
+        free(text);
+        return gw_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    memmove(turns + 1, turns, p->n_turns * sizeof *turns);
+    turns[0] = (sd_client_chat_msg){"system", text};
+    p->turns = turns;
+    p->n_turns++;
+    return true;
+}
+
+/* tool_choice into t->mode (and the forced name's index into *named). */
+static bool parse_choice(const cJSON *tc, gw_tools *t, int *named, gw_error *err) {
+    *named = -1;
+    t->mode = GW_TOOLS_AUTO;
+    if (!present(tc)) return true;
+    if (cJSON_IsString(tc) && tc->valuestring) {
+        const char *s = tc->valuestring;
+        if (!strcmp(s, "none")) t->mode = GW_TOOLS_OFF;
+        else if (!strcmp(s, "required")) t->mode = GW_TOOLS_REQUIRED;
+        else if (strcmp(s, "auto") != 0)
+            return bad(err, "tool_choice", "'tool_choice' must be 'none', 'auto', 'required' or a named function");
+        return true;
+    }
+    const cJSON *type = cJSON_IsObject(tc) ? cJSON_GetObjectItemCaseSensitive(tc, "type") : NULL;
+    const cJSON *fn = cJSON_IsObject(tc) ? cJSON_GetObjectItemCaseSensitive(tc, "function") : NULL;
+    const cJSON *name = cJSON_IsObject(fn) ? cJSON_GetObjectItemCaseSensitive(fn, "name") : NULL;
+    if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") != 0 || !cJSON_IsString(name))
+        return bad(err, "tool_choice",
+                   "'tool_choice' as an object must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    for (size_t i = 0; i < t->n; i++)
+        if (!strcmp(t->names[i], name->valuestring)) *named = (int)i;
+    if (*named < 0) return bad(err, "tool_choice", "'tool_choice' names a function that is not in 'tools'");
+    t->mode = GW_TOOLS_NAMED;
+    return true;
+}
+
+/* Each tool's shape; its name into t. */
+static bool parse_tool_list(const cJSON *tools, gw_tools *t, gw_error *err) {
+    if (!cJSON_IsArray(tools)) return bad(err, "tools", "'tools' must be a list of functions");
+    if (cJSON_GetArraySize(tools) > GW_MAX_TOOLS) return bad(err, "tools", "'tools' holds more than 128 functions");
+    char param[64];
+    int i = 0;
+    const cJSON *tool;
+    cJSON_ArrayForEach(tool, tools) {
+        snprintf(param, sizeof param, "tools[%d]", i++);
+        const cJSON *type = cJSON_IsObject(tool) ? cJSON_GetObjectItemCaseSensitive(tool, "type") : NULL;
+        const cJSON *fn = cJSON_IsObject(tool) ? cJSON_GetObjectItemCaseSensitive(tool, "function") : NULL;
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "function") != 0 || !cJSON_IsObject(fn))
+            return bad(err, param, "each tool must be {\"type\": \"function\", \"function\": {...}}");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+        if (!cJSON_IsString(name) || !name_ok(name->valuestring))
+            return bad(err, param, "a function's 'name' must be 1 to 64 letters, digits, '_' or '-'");
+        if (present(params) && !cJSON_IsObject(params))
+            return bad(err, param, "a function's 'parameters' must be a JSON Schema object");
+        for (size_t k = 0; k < t->n; k++)
+            if (!strcmp(t->names[k], name->valuestring)) return bad(err, param, "two tools have the same name");
+        if (!(t->names[t->n] = strdup(name->valuestring)))
+            return gw_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+        t->n++;
+    }
+    return true;
+}
+
+/* The forced call's schema as g's constraint. */
+static bool force(gw_gen *g, const cJSON *tools, int named, gw_error *err) {
+    cJSON *alts = cJSON_CreateArray();
+    int i = 0;
+    const cJSON *tool;
+    cJSON_ArrayForEach(tool, tools) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tool, "function");
+        if (named < 0 || named == i)
+            add_call_schema(alts, cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring,
+                            cJSON_GetObjectItemCaseSensitive(fn, "parameters"));
+        i++;
+    }
+    cJSON *schema = cJSON_GetArraySize(alts) == 1 ? cJSON_DetachItemFromArray(alts, 0) : cJSON_CreateObject();
+    if (cJSON_IsArray(alts) && cJSON_GetArraySize(alts) > 0) cJSON_AddItemToObject(schema, "anyOf", alts);
+    else cJSON_Delete(alts);
+    g->constraint_text = cJSON_PrintUnformatted(schema);
+    cJSON_Delete(schema);
+    if (!g->constraint_text) return gw_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+    if (strlen(g->constraint_text) > SD_MAX_CONSTRAINT_BYTES)
+        return bad(err, "tools", "the tools' parameter schemas are too large to enforce");
+    g->constraint_kind = SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_SCHEMA;
+    return true;
+}
+
+bool gw_parse_tools(const struct cJSON *root, gw_gen *g, gw_error *err) {
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
+    bool any = present(tools) && !(cJSON_IsArray(tools) && !tools->child);
+    if (!any) {
+        if (present(tc) && !(cJSON_IsString(tc) && (!strcmp(tc->valuestring, "none") ||
+                                                   !strcmp(tc->valuestring, "auto"))))
+            return bad(err, "tool_choice", "'tool_choice' needs 'tools'");
+        return true;
+    }
+    if (g->endpoint != GW_EP_CHAT)
+        return gw_fail(err, 400, "invalid_request_error", "unsupported_parameter", "tools",
+                       "'tools' are for /v1/chat/completions");
+    gw_tools *t = calloc(1, sizeof *t);
+    if (!t) return gw_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+    g->tools = t;
+    int named;
+    if (!parse_tool_list(tools, t, err) || !parse_choice(tc, t, &named, err)) return false;
+    if (t->mode == GW_TOOLS_OFF) {
+        gw_tools_free(&g->tools);
+        return true;
+    }
+    if (g->constraint_kind != SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_NONE)
+        return bad(err, "response_format", "'response_format' cannot go with 'tools' (unless tool_choice is 'none')");
+    if (!describe(g, tools, err)) return false;
+    return t->mode == GW_TOOLS_AUTO || force(g, tools, named, err);
+}
+
+/* ---- history turns ---- */
+
+bool gw_tool_turn(const struct cJSON *m, bool tool_role, char **content, const char *param, gw_error *err) {
+    const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+    if (!tool_role && !present(calls)) return true;
+    size_t cap = strlen(*content) + 64;
+    if (present(calls) && !cJSON_IsArray(calls)) return bad(err, param, "'tool_calls' must be a list");
+    const cJSON *call;
+    char *out = NULL;
+    if (tool_role) {
+        cap += 40;
+        if (!(out = malloc(cap))) return gw_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+        snprintf(out, cap, "<tool_response>\n%s\n</tool_response>", *content);
+    } else {
+        size_t len = strlen(*content);
+        if (!(out = malloc(cap))) return gw_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+        memcpy(out, *content, len + 1);
+        cJSON_ArrayForEach(call, calls) {
+            const cJSON *fn = cJSON_IsObject(call) ? cJSON_GetObjectItemCaseSensitive(call, "function") : NULL;
+            const cJSON *name = cJSON_IsObject(fn) ? cJSON_GetObjectItemCaseSensitive(fn, "name") : NULL;
+            const cJSON *args = cJSON_IsObject(fn) ? cJSON_GetObjectItemCaseSensitive(fn, "arguments") : NULL;
+            if (!cJSON_IsString(name) || !cJSON_IsString(args)) {
+                free(out);
+                return bad(err, param, "each tool call needs 'function' with 'name' and 'arguments' strings");
+            }
+            cJSON *o = cJSON_CreateObject(), *parsed = cJSON_Parse(args->valuestring);
+            cJSON_AddStringToObject(o, "name", name->valuestring);
+            cJSON_AddItemToObject(o, "arguments", parsed ? parsed : cJSON_CreateString(args->valuestring));
+            char *s = cJSON_PrintUnformatted(o);
+            cJSON_Delete(o);
+            size_t need = len + (s ? strlen(s) : 0) + 32;
+            char *grown = s ? realloc(out, need + 1) : NULL;
+            if (!grown) {
+                free(s);
+                free(out);
+                return gw_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+            }
+            out = grown;
+            len += (size_t)snprintf(out + len, need + 1 - len, "%s<tool_call>\n%s\n</tool_call>", len ? "\n" : "", s);
+            free(s);
+        }
+    }
+    free(*content);
+    *content = out;
+    return true;
+}
+
+/* ---- the answer ---- */
+
+static bool known(const gw_tools *t, const char *name) {
+    for (size_t i = 0; i < t->n; i++)
+        if (!strcmp(t->names[i], name)) return true;
+    return false;
+}
+
+/* Adds the call JSON object j ({"name", "arguments"}) to calls; false when
+ * it is not one. */
+static bool add_call(const gw_job *job, size_t ci, const cJSON *j, cJSON *calls) {
+    const cJSON *name = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "name") : NULL;
+    const cJSON *args = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "arguments") : NULL;
+    if (!cJSON_IsString(name) || !known(job->tools, name->valuestring) || !cJSON_IsObject(args)) return false;
+    int k = cJSON_GetArraySize(calls);
+    char id[96], *a = cJSON_PrintUnformatted(args);
+    if (!a) return false;
+    snprintf(id, sizeof id, "call_%.24s_%zu_%d", strchr(job->id, '-') ? strchr(job->id, '-') + 1 : job->id, ci, k);
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", k);
+    cJSON_AddStringToObject(c, "id", id);
+    cJSON_AddStringToObject(c, "type", "function");
+    cJSON *fn = cJSON_AddObjectToObject(c, "function");
+    cJSON_AddStringToObject(fn, "name", name->valuestring);
+    cJSON_AddStringToObject(fn, "arguments", a);
+    free(a);
+    cJSON_AddItemToArray(calls, c);
+    return true;
+}
+
+struct cJSON *gw_tool_calls(const gw_job *job, size_t ci) {
+    const gw_choice *c = &job->choices[ci];
+    if (!job->tools || !c->text) return NULL;
+    cJSON *calls = cJSON_CreateArray();
+    const char *p = c->text;
+    static const char open[] = "<tool_call>", close[] = "</tool_call>";
+    bool ok = true;
+    while (ok && (p = strstr(p, open)) != NULL) {
+        const char *body = p + sizeof open - 1, *end = strstr(body, close);
+        if (!end) break;
+        cJSON *j = cJSON_ParseWithLength(body, (size_t)(end - body));
+        ok = j && add_call(job, ci, j, calls);
+        cJSON_Delete(j);
+        p = end + sizeof close - 1;
+    }
+    if (ok && cJSON_GetArraySize(calls) == 0) { /* the whole answer one call (forced, or a bare object) */
+        cJSON *j = cJSON_Parse(c->text);
+        ok = j && add_call(job, ci, j, calls);
+        cJSON_Delete(j);
+    }
+    if (!ok || cJSON_GetArraySize(calls) == 0) {
+        cJSON_Delete(calls);
+        return NULL;
+    }
+    return calls;
+}

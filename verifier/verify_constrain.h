@@ -1,0 +1,46 @@
+/* verify_constrain.h — the verifier's structured output (issue 35): per
+ * KV slot, the constraint of the sequence it holds, advanced over the
+ * sequence's generated tokens, and the compiled grammars shared by every
+ * slot (a cache keyed by the constraint's kind and text).
+ *
+ * A constrained VerifySeq carries its Constraint with every step; the
+ * verifier asks sd_vcon_sync for the slot's sd_constraint, brought to the
+ * tokens the slot holds now, and gives it to sd_spec_verify_batch, which
+ * masks every row it samples (spec_batch.h). The tokens the constraint has
+ * advanced over are kept beside it and compared with the slot's history
+ * each step, so truncation (rejected drafts, CACHE_MISS resends, failover)
+ * rolls it back to the common prefix and whatever came since is replayed:
+ * no assumption about how keep_len moved. */
+#ifndef SPECD_VERIFY_CONSTRAIN_H
+#define SPECD_VERIFY_CONSTRAIN_H
+
+#include "specd/constrain_cache.h"
+#include "specd/net.h"
+
+typedef struct sd_vcon sd_vcon;
+
+/* Grammars kept compiled while no slot uses them. */
+#define SD_VCON_CACHE_GRAMMARS 32
+
+/* Over tok's vocabulary (borrowed for the call; the byte trie is built
+ * here), max_seqs slots. Caller frees with sd_vcon_free. */
+sd_status sd_vcon_create(const sd_tok *tok, int32_t max_seqs, sd_vcon **out);
+void sd_vcon_free(sd_vcon **c);
+
+/* Forgets slot's constraint (the slot was freed). NULL-safe. */
+void sd_vcon_release(sd_vcon *c, int32_t slot);
+
+/* The constraint of the sequence in slot, advanced over its generated
+ * tokens hist[prompt_len .. n_ctx): *out, borrowed until the next call on
+ * this slot; NULL when pc has no constraint. A constraint that does not
+ * compile, or a generated token it does not allow, is SD_ERR_FORMAT /
+ * SD_ERR_UNSUPPORTED / SD_ERR_RANGE / SD_ERR_INVALID_ARG with err saying
+ * why (the caller answers BAD_REQUEST). c NULL (no tokenizer): every
+ * constraint is SD_ERR_UNSUPPORTED. */
+sd_status sd_vcon_sync(sd_vcon *c, int32_t slot, const Specd__Constraint *pc, const int32_t *hist,
+                       int32_t prompt_len, int32_t n_ctx, sd_constraint **out, char *err, size_t err_cap);
+
+/* Grammar cache figures (tests, logs). */
+sd_grammar_cache_stats sd_vcon_cache_stats(const sd_vcon *c);
+
+#endif
