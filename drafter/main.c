@@ -43,7 +43,7 @@ typedef struct drafter_opts {
     int32_t ngram_min, ngram_max;
     int32_t ngram_cache; /* entries of the n-gram cache shared across requests; 0 = none */
     int32_t draft_layers;
-    int32_t draft_vocab;  /* --draft-vocab (sd_drafter_params.draft_vocab); -1 = not given */
+    int32_t draft_vocab; /* --draft-vocab (sd_drafter_params.draft_vocab); -1 = not given */
     int32_t top_n, max_ctx, index;
     int32_t device;          /* model drafters: -1 CPU, N cuda:N */
     sd_backend_opts backend; /* model drafters: --cpu-weights, --cuda-graphs, ... (specd/backend_opts.h) */
@@ -295,7 +295,9 @@ static bool drafter_params(const drafter_opts *o, const sd_worker_params *wp, co
 /* Warms the drafter up before the coordinator knows it (no request waits
  * on it): SD_OK or the failure (said). */
 static sd_status warm_up(const drafter_opts *o, sd_draft_server *server) {
-    const int32_t n_warm = o->w.warmup >= 0 ? o->w.warmup : !o->ngram && o->device >= 0 ? o->w.max_batch * (o->w.max_k + 1) : 0;
+    const int32_t n_warm = o->w.warmup >= 0              ? o->w.warmup
+                           : !o->ngram && o->device >= 0 ? o->w.max_batch * (o->w.max_k + 1)
+                                                         : 0;
     sd_warmup_report wr;
     sd_status st = sd_draft_server_warmup(server, n_warm, &wr);
     if (st != SD_OK) {
@@ -362,8 +364,10 @@ int main(int argc, char **argv) {
     if (sd_worker_signal_fd(&stop_fd) != SD_OK) return 1;
     /* keys first: a missing key file is a start-up error, before any model loads */
     sd_curve_id curve;
-    if ((o.w.curve_secret && !o.w.curve_server) || sd_curve_id_load(o.w.curve_secret, o.w.curve_server, &curve) != SD_OK) {
-        if (o.w.curve_secret && !o.w.curve_server) SD_ERROR("--curve-secret needs --curve-server (the coordinator's key)");
+    if ((o.w.curve_secret && !o.w.curve_server) ||
+        sd_curve_id_load(o.w.curve_secret, o.w.curve_server, &curve) != SD_OK) {
+        if (o.w.curve_secret && !o.w.curve_server)
+            SD_ERROR("--curve-secret needs --curve-server (the coordinator's key)");
         close(stop_fd);
         return 2;
     }

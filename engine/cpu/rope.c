@@ -34,8 +34,8 @@ static void rope_token(void *p, int64_t t, int32_t ith) {
     }
 }
 
-static sd_status rope(sd_backend *be, float *x, int32_t n_tokens, int32_t n_heads, int32_t head_dim,
-                      const int32_t *pos, const float *inv_freq, bool neox) {
+static sd_status rope(sd_backend *be, float *x, int32_t n_tokens, int32_t n_heads, int32_t head_dim, const int32_t *pos,
+                      const float *inv_freq, bool neox) {
     if (n_tokens <= 0) return SD_OK;
     rope_args a = {x, pos, inv_freq, (size_t)n_tokens, (size_t)n_heads, (size_t)head_dim, neox};
     sd_cpu_parallel(be, rope_token, &a, n_tokens, (size_t)n_tokens * (size_t)head_dim * 64);

@@ -132,11 +132,11 @@ void sd_drafter_set_constraint(sd_drafter *d, sd_constraint *c) {
 sd_status sd_drafter_propose(sd_drafter *d, int32_t seq, const int32_t *context, int32_t n_context, int32_t k,
                              const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n_drafted) {
     SD_TRY(sd_sampling_validate(s)); /* a public entry point: the one check */
-    return drafter_propose_given(d, seq, context, n_context, k, s, tokens, q, n_drafted);
+    return sd_drafter_propose_given(d, seq, context, n_context, k, s, tokens, q, n_drafted);
 }
 
-sd_status drafter_propose_given(sd_drafter *d, int32_t seq, const int32_t *context, int32_t n_context, int32_t k,
-                                const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n_drafted) {
+sd_status sd_drafter_propose_given(sd_drafter *d, int32_t seq, const int32_t *context, int32_t n_context, int32_t k,
+                                   const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n_drafted) {
     if (!d || !context || !s || !tokens || !q || !n_drafted || n_context <= 0 || k < 0 || k > SD_MAX_K) {
         SD_ERROR("drafter: propose needs a drafter, a non-empty context, sampling, outputs and 0 <= k <= %d "
                  "(n_context %d, k %d)",

@@ -26,12 +26,6 @@ struct sd_drafter {
     sd_constraint *constraint; /* sd_drafter_set_constraint: masks a model drafter's draws; borrowed */
 };
 
-/* sd_drafter_propose for sampling its caller has already checked once
- * (sd_spec_decoder_step's entry): the other arguments are checked, s is
- * taken as given. */
-sd_status drafter_propose_given(sd_drafter *d, int32_t seq, const int32_t *context, int32_t n_context, int32_t k,
-                                const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n_drafted);
-
 /* Checks params and fills defaults for zero fields; logs what is wrong. */
 sd_status drafter_params_check(const sd_drafter_params *in, sd_drafter_params *out);
 

@@ -26,7 +26,6 @@
 #include <string.h>
 
 #include "specd/spec_batch.h"
-#include "drafter_impl.h"
 
 #define ADAPT_START_ALPHA  0.6  /* acceptance assumed before a sequence has shown any */
 #define ADAPT_START_TRIALS 2.0  /* ... worth two trials: the first drafts move it as a running mean */
@@ -213,7 +212,7 @@ static sd_status constrained_draft(sd_spec_decoder *d, const int32_t *ctx, int32
         for (int32_t i = 0; i < nf && st == SD_OK; i++) st = sd_constraint_advance(d->constraint, draft[i]);
         sd_drafter_set_constraint(d->drafter, d->constraint);
         if (st == SD_OK)
-            st = drafter_propose_given(d->drafter, 0, d->ctx2, n_ctx + nf, k - nf, s, draft + nf, q + nf, &more);
+            st = sd_drafter_propose_given(d->drafter, 0, d->ctx2, n_ctx + nf, k - nf, s, draft + nf, q + nf, &more);
         sd_drafter_set_constraint(d->drafter, NULL);
         SD_TRY(sd_constraint_rollback(d->constraint, base));
         SD_TRY(st);
@@ -256,11 +255,11 @@ static sd_status decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n_
     if (d->constraint)
         SD_TRY(constrained_draft(d, ctx, n_ctx, k, s, draft, q, &nd));
     else if (d->drafter && k > 0)
-        SD_TRY(drafter_propose_given(d->drafter, 0, ctx, n_ctx, k, s, draft, q, &nd));
+        SD_TRY(sd_drafter_propose_given(d->drafter, 0, ctx, n_ctx, k, s, draft, q, &nd));
     rep->n_proposed = nd;
     if (d->drafter && shadow && k == 0 && n_ctx < d->max_ctx - 1) {
         int32_t n_shadow = 0;
-        SD_TRY(drafter_propose_given(d->drafter, 0, ctx, n_ctx, 1, s, draft, q, &n_shadow));
+        SD_TRY(sd_drafter_propose_given(d->drafter, 0, ctx, n_ctx, 1, s, draft, q, &n_shadow));
         if (n_shadow == 1) rep->shadow_token = draft[0];
         rep->n_proposed = n_shadow;
     }
@@ -428,7 +427,7 @@ static sd_status calibrate_draft(sd_spec_decoder *d, const int32_t *ctx, int32_t
     sd_sampling s = sd_sampling_default();
     s.temperature = 0.0f;
     double t0 = sd_now();
-    SD_TRY(drafter_propose_given(d->drafter, 0, ctx, n_ctx, n_draft, &s, draft, q, n_out));
+    SD_TRY(sd_drafter_propose_given(d->drafter, 0, ctx, n_ctx, n_draft, &s, draft, q, n_out));
     *seconds = sd_now() - t0;
     return SD_OK;
 }
