@@ -36,6 +36,17 @@ static void send_error(sd_coord *c, const uint8_t *ident, size_t ident_len, Spec
     (void)c->io.to_worker(c->io.user, ident, ident_len, &env);
 }
 
+/* A heartbeat to worker slot i, stamped now (sd_net_now_us): the idle
+ * keep-alive and the probe of a leader that may be gone. */
+static void send_heartbeat(sd_coord *c, int32_t i, uint64_t now_us) {
+    Specd__Heartbeat hb = SPECD__HEARTBEAT__INIT;
+    hb.sent_us = sd_net_now_us();
+    Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
+    env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_HEARTBEAT;
+    env.heartbeat = &hb;
+    sd_outbox_worker(c, i, &env, now_us);
+}
+
 static int32_t find_alive(const sd_coord *c, const uint8_t *ident, size_t ident_len) {
     for (int32_t i = 0; i < SD_COORD_MAX_WORKERS; i++) {
         const sd_coord_worker *w = &c->workers[i];
@@ -163,12 +174,7 @@ static Specd__Code leader_refusal(sd_coord *c, const Specd__Hello *h, const char
     }
     int32_t same = group_with_id(c, h->group_id);
     if (same < 0) return SPECD__CODE__CODE_OK;
-    Specd__Heartbeat hb = SPECD__HEARTBEAT__INIT;
-    hb.sent_us = sd_net_now_us();
-    Specd__CoordinatorToWorker probe = SPECD__COORDINATOR_TO_WORKER__INIT;
-    probe.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_HEARTBEAT;
-    probe.heartbeat = &hb;
-    sd_outbox_worker(c, same, &probe, now_us);
+    send_heartbeat(c, same, now_us);
     if (c->workers[same].unreachable) mark_dead(c, same, "disconnected");
     if (!c->workers[same].alive) return SPECD__CODE__CODE_OK;
     snprintf(msg, msg_len, "hello.group_id: group %u already has a live leader", h->group_id);
@@ -389,14 +395,7 @@ void sd_workers_tick(sd_coord *c, uint64_t now_us) {
             changed = true;
             continue;
         }
-        if (now_us >= w->last_send_us + interval) {
-            Specd__Heartbeat hb = SPECD__HEARTBEAT__INIT;
-            hb.sent_us = sd_net_now_us();
-            Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
-            env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_HEARTBEAT;
-            env.heartbeat = &hb;
-            sd_outbox_worker(c, i, &env, now_us);
-        }
+        if (now_us >= w->last_send_us + interval) send_heartbeat(c, i, now_us);
     }
     if (changed) sd_sched_pump(c, now_us);
 }

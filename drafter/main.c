@@ -26,6 +26,7 @@
 #include "specd/net.h"
 #include "specd/curve.h"
 #include "specd/worker.h"
+#include "specd/worker_opts.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -35,22 +36,17 @@
 #include <zmq.h>
 
 typedef struct drafter_opts {
-    const char *coordinator;
+    sd_worker_opts w; /* --coordinator, keys, --name, the serving limits, -v (specd/worker_opts.h) */
     const char *model_path;
     const char *vocab_from;
-    const char *name;
-    const char *curve_secret, *curve_server; /* key files (--curve-secret, --curve-server) */
     bool ngram;
     int32_t ngram_min, ngram_max;
     int32_t ngram_cache; /* entries of the n-gram cache shared across requests; 0 = none */
     int32_t draft_layers;
-    int32_t draft_vocab;  /* --draft-vocab (sd_drafter_params.draft_vocab); -1 = not given */
-    int32_t prefix_cache; /* --prefix-cache PCT; -1 = not given */
-    int32_t n_threads, max_seqs, kv_blocks, top_n, max_k, max_batch, max_ctx, index;
+    int32_t draft_vocab; /* --draft-vocab (sd_drafter_params.draft_vocab); -1 = not given */
+    int32_t top_n, max_ctx, index;
     int32_t device;          /* model drafters: -1 CPU, N cuda:N */
-    int32_t warmup;          /* --warmup N; -1 = the default */
     sd_backend_opts backend; /* model drafters: --cpu-weights, --cuda-graphs, ... (specd/backend_opts.h) */
-    bool verbose;
 } drafter_opts;
 
 static void usage(FILE *f) {
@@ -102,40 +98,25 @@ static void usage(FILE *f) {
 }
 
 static bool parse_int(const char *flag, const char *s, int32_t lo, int32_t hi, int32_t *out) {
-    if (sd_cli_parse_i32(s, lo, hi, out)) return true;
-    fprintf(stderr, "specd-drafter: %s must be an integer in [%d, %d], got '%s'\n", flag, (int)lo, (int)hi, s);
-    return false;
+    return sd_worker_opts_int("specd-drafter", flag, s, lo, hi, out);
 }
 
 /* 0 = run, 1 = --help printed, 2 = bad flags. */
 static int parse_args(int argc, char **argv, drafter_opts *o) {
     enum {
-        O_COORD = 256,
-        O_NGRAM,
+        O_NGRAM = 256,
         O_VOCAB,
         O_NMIN,
         O_NMAX,
         O_NCACHE,
         O_LAYERS,
         O_DVOCAB,
-        O_SEQS,
-        O_KV,
         O_CTX,
         O_TOPN,
-        O_DRAFT,
-        O_BATCH,
         O_INDEX,
-        O_NAME,
         O_DEVICE,
-        O_WARMUP,
-        O_CSECRET,
-        O_CSERVER,
-        O_PREFIX
     };
     static const struct option longs[] = {
-        {"coordinator", required_argument, 0, O_COORD},
-        {"curve-secret", required_argument, 0, O_CSECRET},
-        {"curve-server", required_argument, 0, O_CSERVER},
         {"model", required_argument, 0, 'm'},
         {"ngram", no_argument, 0, O_NGRAM},
         {"vocab-from", required_argument, 0, O_VOCAB},
@@ -144,29 +125,23 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         {"ngram-cache", required_argument, 0, O_NCACHE},
         {"draft-layers", required_argument, 0, O_LAYERS},
         {"draft-vocab", required_argument, 0, O_DVOCAB},
-        {"prefix-cache", required_argument, 0, O_PREFIX},
-        {"threads", required_argument, 0, 't'},
-        {"max-seqs", required_argument, 0, O_SEQS},
-        {"kv-blocks", required_argument, 0, O_KV},
         {"max-ctx", required_argument, 0, O_CTX},
         {"top-n", required_argument, 0, O_TOPN},
-        {"max-k", required_argument, 0, O_DRAFT},
-        {"max-batch", required_argument, 0, O_BATCH},
         {"index", required_argument, 0, O_INDEX},
-        {"name", required_argument, 0, O_NAME},
         {"device", required_argument, 0, O_DEVICE},
-        {"warmup", required_argument, 0, O_WARMUP},
-        {"verbose", no_argument, 0, 'v'},
         {"help", no_argument, 0, 'h'},
+        SD_WORKER_LONG_OPTIONS,
         SD_BACKEND_LONG_OPTIONS,
         {0, 0, 0, 0},
     };
     int c, li = 0;
     while ((c = getopt_long(argc, argv, "m:t:vh", longs, &li)) != -1) {
         bool ok = true;
+        sd_worker_opt_result shared = sd_worker_opts_apply(&o->w, c, optarg, "specd-drafter");
+        if (shared == SD_WORKER_OPT_BAD) return 2;
+        if (shared == SD_WORKER_OPT_TAKEN) continue;
         switch (c) {
         case SD_BACKEND_OPTION: ok = sd_backend_opts_parse(&o->backend, longs[li].name, optarg, "specd-drafter"); break;
-        case O_COORD: o->coordinator = optarg; break;
         case 'm': o->model_path = optarg; break;
         case O_NGRAM: o->ngram = true; break;
         case O_VOCAB: o->vocab_from = optarg; break;
@@ -175,24 +150,13 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         case O_NCACHE: ok = parse_int("--ngram-cache", optarg, 0, 1 << 24, &o->ngram_cache); break;
         case O_LAYERS: ok = parse_int("--draft-layers", optarg, 1, 4096, &o->draft_layers); break;
         case O_DVOCAB: ok = parse_int("--draft-vocab", optarg, 0, 1 << 24, &o->draft_vocab); break;
-        case O_PREFIX: ok = parse_int("--prefix-cache", optarg, 0, 100, &o->prefix_cache); break;
-        case 't': ok = parse_int("--threads", optarg, 0, 1024, &o->n_threads); break;
-        case O_SEQS: ok = parse_int("--max-seqs", optarg, 1, 65536, &o->max_seqs); break;
-        case O_KV: ok = parse_int("--kv-blocks", optarg, 1, 1 << 28, &o->kv_blocks); break;
         case O_CTX: ok = parse_int("--max-ctx", optarg, 1, 1 << 24, &o->max_ctx); break;
         case O_TOPN: ok = parse_int("--top-n", optarg, 1, SD_MAX_TOP_N, &o->top_n); break;
-        case O_DRAFT: ok = parse_int("--max-k", optarg, 1, SD_MAX_K, &o->max_k); break;
-        case O_BATCH: ok = parse_int("--max-batch", optarg, 1, SD_MAX_BATCH, &o->max_batch); break;
         case O_INDEX: ok = parse_int("--index", optarg, 0, 1 << 20, &o->index); break;
-        case O_NAME: o->name = optarg; break;
-        case O_WARMUP: ok = parse_int("--warmup", optarg, 0, SD_MAX_BATCH * (SD_MAX_K + 1), &o->warmup); break;
         case O_DEVICE:
             ok = sd_device_parse(optarg, &o->device) == SD_OK;
             if (!ok) fprintf(stderr, "specd-drafter: --device must be cpu, cuda or cuda:N, got '%s'\n", optarg);
             break;
-        case 'v': o->verbose = true; break;
-        case O_CSECRET: o->curve_secret = optarg; break;
-        case O_CSERVER: o->curve_server = optarg; break;
         case 'h': usage(stdout); return 1;
         default: usage(stderr); return 2;
         }
@@ -233,7 +197,7 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
 /* Tokens per slot for a model drafter: the context, capped by --kv-blocks or a quarter of memory. */
 static int32_t model_slot_ctx(const drafter_opts *o, const sd_model_identity *id, const char *path) {
     int32_t ctx = o->max_ctx > 0 ? o->max_ctx : (int32_t)id->context_length;
-    int64_t blocks = o->kv_blocks;
+    int64_t blocks = o->w.kv_blocks;
     if (blocks <= 0) {
         sd_weights *w = NULL;
         sd_model_config cfg;
@@ -243,14 +207,14 @@ static int32_t model_slot_ctx(const drafter_opts *o, const sd_model_identity *id
         if (!have) return ctx;
         int32_t layers = o->draft_layers > 0 ? o->draft_layers : cfg.n_layers;
         int64_t block_bytes = (int64_t)layers * 2 * 16 * cfg.n_kv_heads * cfg.head_dim * 4;
-        int64_t want = ((int64_t)id->context_length / 16 + 1) * o->max_seqs;
+        int64_t want = ((int64_t)id->context_length / 16 + 1) * o->w.max_seqs;
         long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
         int64_t cap = pages > 0 && page > 0 ? (int64_t)pages * page / 4 / block_bytes : want;
         blocks = want < cap ? want : cap;
-        if (o->max_ctx <= 0 && blocks / o->max_seqs * 16 < ctx) ctx = (int32_t)((blocks / o->max_seqs - 1) * 16);
+        if (o->max_ctx <= 0 && blocks / o->w.max_seqs * 16 < ctx) ctx = (int32_t)((blocks / o->w.max_seqs - 1) * 16);
         return ctx > 16 ? ctx : 16;
     }
-    int64_t per_seq = (blocks / o->max_seqs - 1) * 16;
+    int64_t per_seq = (blocks / o->w.max_seqs - 1) * 16;
     if (per_seq < ctx) ctx = (int32_t)per_seq;
     return ctx > 16 ? ctx : 16;
 }
@@ -305,16 +269,16 @@ static sd_status open_drafter(const drafter_opts *o, sd_drafter_params *dp, sd_w
 static bool drafter_params(const drafter_opts *o, const sd_worker_params *wp, const char *id_path,
                            sd_drafter_params *dp) {
     *dp = sd_drafter_default_params();
-    dp->max_seqs = o->max_seqs;
+    dp->max_seqs = o->w.max_seqs;
     dp->top_n = o->top_n;
     dp->ngram_min = o->ngram_min;
     dp->ngram_max = o->ngram_max;
     dp->ngram_cache_entries = o->ngram_cache > 0 ? o->ngram_cache : -1;
-    dp->n_threads = o->n_threads;
+    dp->n_threads = o->w.n_threads;
     dp->device = o->device;
     dp->backend = &o->backend;
     if (o->draft_vocab >= 0) dp->draft_vocab = o->draft_vocab;
-    if (o->prefix_cache >= 0) dp->prefix_cache_pct = o->prefix_cache > 0 ? o->prefix_cache : -1;
+    if (o->w.prefix_cache >= 0) dp->prefix_cache_pct = o->w.prefix_cache > 0 ? o->w.prefix_cache : -1;
     if (o->draft_vocab > 0 && (uint32_t)o->draft_vocab > wp->model.vocab_size) {
         SD_ERROR("--draft-vocab %d is more than the %u tokens of the vocabulary of %s", (int)o->draft_vocab,
                  wp->model.vocab_size, id_path);
@@ -331,7 +295,9 @@ static bool drafter_params(const drafter_opts *o, const sd_worker_params *wp, co
 /* Warms the drafter up before the coordinator knows it (no request waits
  * on it): SD_OK or the failure (said). */
 static sd_status warm_up(const drafter_opts *o, sd_draft_server *server) {
-    const int32_t n_warm = o->warmup >= 0 ? o->warmup : !o->ngram && o->device >= 0 ? o->max_batch * (o->max_k + 1) : 0;
+    const int32_t n_warm = o->w.warmup >= 0              ? o->w.warmup
+                           : !o->ngram && o->device >= 0 ? o->w.max_batch * (o->w.max_k + 1)
+                                                         : 0;
     sd_warmup_report wr;
     sd_status st = sd_draft_server_warmup(server, n_warm, &wr);
     if (st != SD_OK) {
@@ -352,11 +318,11 @@ static sd_status serve(const drafter_opts *o, sd_worker_params *wp, sd_draft_ser
                        sd_worker_exit *why) {
     void *zctx = zmq_ctx_new();
     drafter_ctx ctx = {.server = server};
-    wp->coordinator = o->coordinator;
+    wp->coordinator = o->w.coordinator;
     wp->role = SPECD__ROLE__ROLE_DRAFTER;
     wp->rank = 0;
     wp->group_size = 1;
-    wp->name = o->name;
+    wp->name = o->w.name;
     wp->limits = sd_draft_server_limits(server);
     /* Envelopes are validated against the model's context; a sequence longer
      * than a slot gets a per-sequence KV_FULL instead of failing the batch. */
@@ -376,29 +342,32 @@ static sd_status serve(const drafter_opts *o, sd_worker_params *wp, sd_draft_ser
 
 int main(int argc, char **argv) {
     drafter_opts o = {
-        .coordinator = "tcp://127.0.0.1:7701",
+        .w = {.coordinator = "tcp://127.0.0.1:7701",
+              .max_seqs = 64,
+              .max_k = 16,
+              .min_max_k = 1,
+              .max_batch = 64,
+              .warmup = -1,
+              .prefix_cache = -1},
         .ngram_min = 1,
         .ngram_max = 16,
         .ngram_cache = 65536,
-        .max_seqs = 64,
         .top_n = SD_SPEC_DEFAULT_TOP_N,
-        .max_k = 16,
-        .max_batch = 64,
         .device = -1,
         .backend = sd_backend_default_opts(),
-        .warmup = -1,
         .draft_vocab = -1,
-        .prefix_cache = -1,
     };
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc == 1 ? 0 : 2;
-    sd_net_log_init("drafter", o.index, o.verbose);
+    sd_net_log_init("drafter", o.index, o.w.verbose);
     int stop_fd = -1;
     if (sd_worker_signal_fd(&stop_fd) != SD_OK) return 1;
     /* keys first: a missing key file is a start-up error, before any model loads */
     sd_curve_id curve;
-    if ((o.curve_secret && !o.curve_server) || sd_curve_id_load(o.curve_secret, o.curve_server, &curve) != SD_OK) {
-        if (o.curve_secret && !o.curve_server) SD_ERROR("--curve-secret needs --curve-server (the coordinator's key)");
+    if ((o.w.curve_secret && !o.w.curve_server) ||
+        sd_curve_id_load(o.w.curve_secret, o.w.curve_server, &curve) != SD_OK) {
+        if (o.w.curve_secret && !o.w.curve_server)
+            SD_ERROR("--curve-secret needs --curve-server (the coordinator's key)");
         close(stop_fd);
         return 2;
     }
@@ -415,10 +384,10 @@ int main(int argc, char **argv) {
     sd_status st = open_drafter(&o, &dp, &wp, &drafter);
     if (st == SD_OK) {
         sd_draft_server_params sp = sd_draft_server_default_params();
-        sp.max_seqs = o.max_seqs;
+        sp.max_seqs = o.w.max_seqs;
         sp.max_ctx = dp.max_ctx;
-        sp.max_batch = o.max_batch;
-        sp.max_k = o.max_k;
+        sp.max_batch = o.w.max_batch;
+        sp.max_k = o.w.max_k;
         sp.n_vocab = (int32_t)wp.model.vocab_size;
         sp.top_n = dp.top_n;
         st = sd_draft_server_create(drafter, &sp, &server);
@@ -430,7 +399,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     SD_INFO("%s drafter for %s (vocab %u): %d slots of %d tokens, top-n %d, max draft %d", sd_drafter_name(drafter),
-            wp.model.name, wp.model.vocab_size, (int)o.max_seqs, (int)dp.max_ctx, (int)dp.top_n, (int)o.max_k);
+            wp.model.name, wp.model.vocab_size, (int)o.w.max_seqs, (int)dp.max_ctx, (int)dp.top_n, (int)o.w.max_k);
     sd_worker_exit why = SD_WORKER_STOPPED;
     rc = 1;
     if (warm_up(&o, server) == SD_OK) {

@@ -128,12 +128,13 @@ static int cmp_ranked(const void *a, const void *b) {
     return (x->id > y->id) - (x->id < y->id);
 }
 
+/* The logits' checks; the sampling parameters are the caller's (checked
+ * once, at the public entry or the wire's edge). */
 static sd_status check_inputs(const float *logits, int32_t n, const sd_sampling *s, const void *out) {
-    if (!logits || !out || n <= 0) {
-        SD_ERROR("sampling: need logits, an output and n > 0 (n = %d)", (int)n);
+    if (!logits || !out || !s || n <= 0) {
+        SD_ERROR("sampling: need logits, parameters, an output and n > 0 (n = %d)", (int)n);
         return SD_ERR_INVALID_ARG;
     }
-    SD_TRY(sd_sampling_validate(s));
     bool any_finite = false;
     for (int32_t i = 0; i < n; i++) {
         if (isnan(logits[i]) || logits[i] == INFINITY) {
@@ -171,6 +172,11 @@ sd_status sd_sample_greedy(const float *logits, int32_t n, int32_t *token) {
 }
 
 sd_status sd_sample_probs(const float *logits, int32_t n, const sd_sampling *s, float *probs) {
+    SD_TRY(sd_sampling_validate(s));
+    return sd_sample_probs_given(logits, n, s, probs);
+}
+
+sd_status sd_sample_probs_given(const float *logits, int32_t n, const sd_sampling *s, float *probs) {
     SD_TRY(check_inputs(logits, n, s, probs));
     if (sd_sampling_is_greedy(s)) {
         int32_t best = sd_argmax(logits, n);
@@ -333,6 +339,7 @@ int32_t sd_sample_from(const float *probs, int32_t n, double u) {
 }
 
 sd_status sd_sample_token(const float *logits, int32_t n, const sd_sampling *s, uint64_t position, int32_t *token) {
+    SD_TRY(sd_sampling_validate(s)); /* a public entry point: the one check */
     SD_TRY(check_inputs(logits, n, s, token));
     if (sd_sampling_is_greedy(s)) {
         *token = sd_argmax(logits, n);
@@ -343,7 +350,7 @@ sd_status sd_sample_token(const float *logits, int32_t n, const sd_sampling *s, 
         SD_ERROR("sampling: cannot allocate %d probabilities", (int)n);
         return SD_ERR_NOMEM;
     }
-    sd_status st = sd_sample_probs(logits, n, s, probs);
+    sd_status st = sd_sample_probs_given(logits, n, s, probs);
     if (st == SD_OK) {
         *token = sd_sample_race(probs, n, s->seed, position);
         if (*token < 0) st = SD_ERR_INTERNAL;

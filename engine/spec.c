@@ -272,8 +272,7 @@ sd_status sd_spec_draft_step(const float *logits, int32_t n_vocab, const sd_samp
         SD_ERROR("spec: draft step needs sampling, outputs and top_n > 0 (top_n %d)", (int)top_n);
         return SD_ERR_INVALID_ARG;
     }
-    SD_TRY(sd_sampling_validate(s));
-    if (sd_sampling_is_greedy(s)) {
+    if (sd_sampling_is_greedy(s)) { /* s: taken as given (spec.h) */
         /* the one-hot's sparsification is itself and its race its one entry */
         int32_t y;
         SD_TRY(sd_sample_greedy(logits, n_vocab, &y));
@@ -283,7 +282,7 @@ sd_status sd_spec_draft_step(const float *logits, int32_t n_vocab, const sd_samp
         *token = y;
         return SD_OK;
     }
-    SD_TRY(sd_sample_probs(logits, n_vocab, s, probs));
+    SD_TRY(sd_sample_probs_given(logits, n_vocab, s, probs));
     return sd_spec_draft_coupled(probs, n_vocab, top_n, s->seed, position, ids, q_probs, n_out, token);
 }
 

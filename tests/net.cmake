@@ -10,3 +10,6 @@ target_link_libraries(test_curve PRIVATE specd_net)
 # an EAGLE head in the verifier: VerifySeq.next_k, VerifyResult.next_draft / next_q, Hello.drafter_kind
 specd_unit_test(test_net_head test_net_head.c)
 target_link_libraries(test_net_head PRIVATE specd_net)
+# The worker processes' shared options (net/worker_opts.c)
+specd_unit_test(test_worker_opts test_worker_opts.c)
+target_link_libraries(test_worker_opts PRIVATE specd_net)

@@ -27,6 +27,7 @@
 #include "specd/backend_opts.h"
 #include "specd/net.h"
 #include "specd/worker.h"
+#include "specd/worker_opts.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -36,24 +37,19 @@
 #include <zmq.h>
 
 typedef struct verifier_opts {
+    sd_worker_opts w; /* --coordinator, keys, --name, the serving limits, -v (specd/worker_opts.h) */
     const char *model_path;
-    const char *coordinator;
-    const char *name;
-    int32_t n_threads;
     int32_t device; /* -1 CPU, N cuda:N */
     sd_dtype kv_type;
-    int32_t max_seqs, kv_blocks, block_size, max_batch, max_k, tp, rank;
-    int32_t prefix_cache_pct;                            /* --prefix-cache PCT */
-    int32_t group_id;                                    /* --group-id N, 0 = not named */
-    const char *group;                                   /* --group ADDR */
-    const char *curve_secret, *curve_server, *rank_keys; /* key files */
+    int32_t block_size, tp, rank;
+    int32_t group_id;      /* --group-id N, 0 = not named */
+    const char *group;     /* --group ADDR */
+    const char *rank_keys; /* key file */
     bool insecure;
     int32_t lm_head; /* sd_tp_lm_head */
     int32_t coll_timeout_ms, group_heartbeat_ms, join_timeout_s;
-    int32_t warmup;          /* --warmup N; -1 = the device's default */
     const char *eagle;       /* --eagle DIR: an EAGLE-3 head drafting in this process */
     sd_backend_opts backend; /* --cpu-weights, --cuda-graphs, ... (specd/backend_opts.h) */
-    bool verbose;
 } verifier_opts;
 
 static void usage(FILE *f) {
@@ -116,23 +112,14 @@ static void usage(FILE *f) {
 }
 
 static bool parse_int(const char *flag, const char *s, int32_t lo, int32_t hi, int32_t *out) {
-    if (sd_cli_parse_i32(s, lo, hi, out)) return true;
-    fprintf(stderr, "specd-verifier: %s must be an integer in [%d, %d], got '%s'\n", flag, (int)lo, (int)hi, s);
-    return false;
+    return sd_worker_opts_int("specd-verifier", flag, s, lo, hi, out);
 }
 
 /* The long options' codes past the short ones. */
 enum {
-    O_COORD = 256,
-    O_MAX_SEQS,
-    O_KV_BLOCKS,
-    O_PREFIX_CACHE,
-    O_BLOCK,
-    O_MAX_BATCH,
-    O_MAX_K,
+    O_BLOCK = 256,
     O_TP,
     O_RANK,
-    O_NAME,
     O_DEVICE,
     O_GROUP,
     O_GROUP_ID,
@@ -140,32 +127,18 @@ enum {
     O_COLL_TIMEOUT,
     O_GROUP_HB,
     O_JOIN_TIMEOUT,
-    O_WARMUP,
     O_EAGLE,
     O_KV_TYPE,
-    O_CSECRET,
-    O_CSERVER,
     O_RANK_KEYS,
     O_INSECURE
 };
 static const struct option verifier_longs[] = {
     {"model", required_argument, 0, 'm'},
-    {"coordinator", required_argument, 0, O_COORD},
-    {"curve-secret", required_argument, 0, O_CSECRET},
-    {"curve-server", required_argument, 0, O_CSERVER},
     {"rank-keys", required_argument, 0, O_RANK_KEYS},
     {"insecure", no_argument, 0, O_INSECURE},
-    {"threads", required_argument, 0, 't'},
-    {"max-seqs", required_argument, 0, O_MAX_SEQS},
-    {"kv-blocks", required_argument, 0, O_KV_BLOCKS},
-    {"prefix-cache", required_argument, 0, O_PREFIX_CACHE},
     {"block-size", required_argument, 0, O_BLOCK},
-    {"max-batch", required_argument, 0, O_MAX_BATCH},
-    {"max-k", required_argument, 0, O_MAX_K},
     {"tp", required_argument, 0, O_TP},
     {"rank", required_argument, 0, O_RANK},
-    {"name", required_argument, 0, O_NAME},
-    {"verbose", no_argument, 0, 'v'},
     {"device", required_argument, 0, O_DEVICE},
     {"kv-type", required_argument, 0, O_KV_TYPE},
     {"group", required_argument, 0, O_GROUP},
@@ -174,9 +147,9 @@ static const struct option verifier_longs[] = {
     {"coll-timeout-ms", required_argument, 0, O_COLL_TIMEOUT},
     {"group-heartbeat-ms", required_argument, 0, O_GROUP_HB},
     {"join-timeout", required_argument, 0, O_JOIN_TIMEOUT},
-    {"warmup", required_argument, 0, O_WARMUP},
     {"eagle", required_argument, 0, O_EAGLE},
     {"help", no_argument, 0, 'h'},
+    SD_WORKER_LONG_OPTIONS,
     SD_BACKEND_LONG_OPTIONS,
     {0, 0, 0, 0},
 };
@@ -184,18 +157,13 @@ static const struct option verifier_longs[] = {
 /* Applies one option (name: its long name, arg: its value, NULL for a
  * flag): false, said on stderr, for a bad value or an unknown option. */
 static bool apply_option(int c, const char *name, const char *arg, verifier_opts *o) {
+    sd_worker_opt_result shared = sd_worker_opts_apply(&o->w, c, arg, "specd-verifier");
+    if (shared != SD_WORKER_OPT_OTHER) return shared == SD_WORKER_OPT_TAKEN;
     bool ok = true;
     switch (c) {
     case SD_BACKEND_OPTION: ok = sd_backend_opts_parse(&o->backend, name, arg, "specd-verifier"); break;
     case 'm': o->model_path = arg; break;
-    case O_COORD: o->coordinator = arg; break;
-    case 't': ok = parse_int("--threads", arg, 0, 1024, &o->n_threads); break;
-    case O_MAX_SEQS: ok = parse_int("--max-seqs", arg, 1, 65536, &o->max_seqs); break;
-    case O_KV_BLOCKS: ok = parse_int("--kv-blocks", arg, 1, 1 << 28, &o->kv_blocks); break;
-    case O_PREFIX_CACHE: ok = parse_int("--prefix-cache", arg, 0, 100, &o->prefix_cache_pct); break;
     case O_BLOCK: ok = parse_int("--block-size", arg, 1, 4096, &o->block_size); break;
-    case O_MAX_BATCH: ok = parse_int("--max-batch", arg, 1, SD_MAX_BATCH, &o->max_batch); break;
-    case O_MAX_K: ok = parse_int("--max-k", arg, 0, SD_MAX_K, &o->max_k); break;
     case O_TP: ok = parse_int("--tp", arg, 1, SD_MAX_GROUP_SIZE, &o->tp); break;
     case O_RANK: ok = parse_int("--rank", arg, 0, SD_MAX_GROUP_SIZE - 1, &o->rank); break;
     case O_GROUP: o->group = arg; break;
@@ -208,11 +176,7 @@ static bool apply_option(int c, const char *name, const char *arg, verifier_opts
     case O_COLL_TIMEOUT: ok = parse_int("--coll-timeout-ms", arg, 1, 3600000, &o->coll_timeout_ms); break;
     case O_GROUP_HB: ok = parse_int("--group-heartbeat-ms", arg, 1, 60000, &o->group_heartbeat_ms); break;
     case O_JOIN_TIMEOUT: ok = parse_int("--join-timeout", arg, 1, 86400, &o->join_timeout_s); break;
-    case O_WARMUP: ok = parse_int("--warmup", arg, 0, SD_MAX_BATCH * (SD_MAX_K + 1), &o->warmup); break;
-    case O_NAME: o->name = arg; break;
     case O_EAGLE: o->eagle = arg; break;
-    case O_CSECRET: o->curve_secret = arg; break;
-    case O_CSERVER: o->curve_server = arg; break;
     case O_RANK_KEYS: o->rank_keys = arg; break;
     case O_INSECURE: o->insecure = true; break;
     case O_DEVICE:
@@ -223,7 +187,6 @@ static bool apply_option(int c, const char *name, const char *arg, verifier_opts
         ok = sd_kv_type_parse(arg, &o->kv_type);
         if (!ok) fprintf(stderr, "specd-verifier: --kv-type must be f32 or f16, got '%s'\n", arg);
         break;
-    case 'v': o->verbose = true; break;
     default: usage(stderr); return false;
     }
     return ok;
@@ -239,15 +202,15 @@ static int check_opts(const verifier_opts *o) {
         fprintf(stderr, "specd-verifier: --rank %d must be below --tp %d\n", (int)o->rank, (int)o->tp);
         return 2;
     }
-    if (!o->curve_secret != !o->curve_server) {
+    if (!o->w.curve_secret != !o->w.curve_server) {
         fprintf(stderr, "specd-verifier: --curve-secret and --curve-server go together (see --help)\n");
         return 2;
     }
-    if (o->rank_keys && (o->rank != 0 || o->tp < 2 || !o->curve_secret)) {
+    if (o->rank_keys && (o->rank != 0 || o->tp < 2 || !o->w.curve_secret)) {
         fprintf(stderr, "specd-verifier: --rank-keys is for the leader of a --tp group with --curve-secret\n");
         return 2;
     }
-    if (o->curve_secret && o->tp > 1 && o->rank == 0 && !o->rank_keys) {
+    if (o->w.curve_secret && o->tp > 1 && o->rank == 0 && !o->rank_keys) {
         fprintf(stderr, "specd-verifier: a keyed leader of a --tp group needs --rank-keys (the ranks' keys)\n");
         return 2;
     }
@@ -366,7 +329,7 @@ static sd_status load_model(const verifier_opts *o, sd_model **model) {
         return st;
     }
     sd_model_params mp = sd_model_default_params();
-    mp.n_threads = o->n_threads;
+    mp.n_threads = o->w.n_threads;
     mp.device = o->device;
     mp.backend = o->backend;
     mp.kv_type = o->kv_type;
@@ -387,15 +350,15 @@ static sd_status load_model(const verifier_opts *o, sd_model **model) {
 static sd_status create_verifier(const verifier_opts *o, sd_model *model, const sd_model_identity *id,
                                  sd_verifier_params *vp, sd_verifier **v) {
     *vp = sd_verifier_default_params();
-    vp->max_seqs = o->max_seqs;
+    vp->max_seqs = o->w.max_seqs;
     vp->block_size = o->block_size;
-    vp->max_batch = o->max_batch;
-    vp->max_k = o->max_k;
-    vp->prefix_cache_pct = o->prefix_cache_pct;
+    vp->max_batch = o->w.max_batch;
+    vp->max_k = o->w.max_k;
+    vp->prefix_cache_pct = o->w.prefix_cache;
     vp->eagle_dir = o->eagle;
-    vp->kv_blocks = o->kv_blocks > 0
-                        ? o->kv_blocks
-                        : sd_verifier_default_kv_blocks(sd_model_config_of(model), o->max_seqs, o->block_size, 0);
+    vp->kv_blocks = o->w.kv_blocks > 0
+                        ? o->w.kv_blocks
+                        : sd_verifier_default_kv_blocks(sd_model_config_of(model), o->w.max_seqs, o->block_size, 0);
     /* the tokenizer's byte strings, for structured output: without them
      * the verifier serves every request but constrained ones */
     sd_weights *w = NULL;
@@ -443,8 +406,8 @@ static sd_status warm_up(const verifier_opts *o, sd_verifier *v, sd_step_cost co
                          size_t *n_costs, int *exit_code) {
     sd_warmup_report wr;
     memset(&wr, 0, sizeof wr);
-    const bool cpu_default = o->warmup < 0 && o->device < 0;
-    const int32_t n_warm = o->warmup >= 0 ? o->warmup : cpu_default ? 16 : o->max_batch * (o->max_k + 1);
+    const bool cpu_default = o->w.warmup < 0 && o->device < 0;
+    const int32_t n_warm = o->w.warmup >= 0 ? o->w.warmup : cpu_default ? 16 : o->w.max_batch * (o->w.max_k + 1);
     sd_status st = sd_verifier_warmup(v, cpu_default ? SD_WARMUP_TIMES : SD_WARMUP_FULL, n_warm, &wr);
     for (int32_t i = 0; st == SD_OK && i < wr.n_sizes; i++) {
         const double us = wr.steady_s[i] * 1e6;
@@ -472,14 +435,14 @@ static sd_status warm_up(const verifier_opts *o, sd_verifier *v, sd_step_cost co
  * status (0 stopped, 1 error, 3 refused, 4 group down). */
 static int serve(const verifier_opts *o, void *zctx, sd_worker_params *wp, sd_verifier *v, verifier_ctx *ctx,
                  const sd_step_cost *costs, size_t n_costs) {
-    wp->coordinator = o->coordinator;
+    wp->coordinator = o->w.coordinator;
     wp->role = SPECD__ROLE__ROLE_VERIFIER;
     wp->rank = (uint32_t)o->rank;
     wp->group_size = (uint32_t)o->tp;
     wp->group_id = (uint32_t)o->group_id;
     /* a head drafts here: the coordinator makes it a drafter of kind eagle */
     if (o->eagle) wp->drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_EAGLE;
-    wp->name = o->name;
+    wp->name = o->w.name;
     wp->limits = sd_verifier_limits(v);
     wp->step_costs = costs;
     wp->n_step_costs = n_costs;
@@ -532,22 +495,23 @@ static int run_leader(const verifier_opts *o, sd_worker_params *wp, sd_model *mo
 
 int main(int argc, char **argv) {
     verifier_opts o = {
-        .coordinator = "tcp://127.0.0.1:7701",
-        .max_seqs = 64,
+        .w = {.coordinator = "tcp://127.0.0.1:7701",
+              .max_seqs = 64,
+              .max_batch = 64,
+              .max_k = 16,
+              .min_max_k = 0,
+              .prefix_cache = 50,
+              .warmup = -1},
         .block_size = 16,
-        .max_batch = 64,
-        .max_k = 16,
-        .prefix_cache_pct = 50,
         .tp = 1,
         .rank = 0,
         .device = -1,
         .backend = sd_backend_default_opts(),
         .lm_head = SD_TP_LM_HEAD_SPLIT,
-        .warmup = -1,
     };
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc == 1 ? 0 : 2;
-    sd_net_log_init("verifier", o.rank, o.verbose);
+    sd_net_log_init("verifier", o.rank, o.w.verbose);
     int stop_fd = -1;
     if (sd_worker_signal_fd(&stop_fd) != SD_OK) return 1;
     /* keys first: a missing key file is a start-up error, before the model loads */
@@ -558,7 +522,7 @@ int main(int argc, char **argv) {
     wp.stop_fd = stop_fd;
     sd_model *model = NULL;
     sd_status st;
-    if (sd_curve_id_load(o.curve_secret, o.curve_server, &curve) != SD_OK ||
+    if (sd_curve_id_load(o.w.curve_secret, o.w.curve_server, &curve) != SD_OK ||
         (o.rank_keys && sd_curve_allow_read(o.rank_keys, &rank_keys) != SD_OK) ||
         sd_weights_identity(o.model_path, &wp.model) != SD_OK) {
         rc = 2;

@@ -1,9 +1,9 @@
 /* sampling.c — the sampling parameters' one default and one validator.
  *
- * Every process that takes sampling parameters (client, net, coordinator,
- * verifier, drafter, specd-generate) checks them here, so one request is
- * judged by one rule set wherever it enters. Pure arithmetic: net/ and
- * client/ link it without any model code. */
+ * Every edge where sampling parameters enter a process (net/'s decoders, the
+ * engine's public entry points) checks them here, once, so one
+ * request is judged by one rule set wherever it enters. Pure arithmetic:
+ * net/ and client/ link it without any model code. */
 #include "specd/sampling.h"
 
 #include <math.h>

@@ -131,6 +131,12 @@ void sd_drafter_set_constraint(sd_drafter *d, sd_constraint *c) {
 
 sd_status sd_drafter_propose(sd_drafter *d, int32_t seq, const int32_t *context, int32_t n_context, int32_t k,
                              const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n_drafted) {
+    SD_TRY(sd_sampling_validate(s)); /* a public entry point: the one check */
+    return sd_drafter_propose_given(d, seq, context, n_context, k, s, tokens, q, n_drafted);
+}
+
+sd_status sd_drafter_propose_given(sd_drafter *d, int32_t seq, const int32_t *context, int32_t n_context, int32_t k,
+                                   const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n_drafted) {
     if (!d || !context || !s || !tokens || !q || !n_drafted || n_context <= 0 || k < 0 || k > SD_MAX_K) {
         SD_ERROR("drafter: propose needs a drafter, a non-empty context, sampling, outputs and 0 <= k <= %d "
                  "(n_context %d, k %d)",
@@ -141,7 +147,6 @@ sd_status sd_drafter_propose(sd_drafter *d, int32_t seq, const int32_t *context,
         SD_ERROR("drafter: sequence slot %d outside [0, %d)", (int)seq, (int)d->params.max_seqs);
         return SD_ERR_RANGE;
     }
-    SD_TRY(sd_sampling_validate(s));
     *n_drafted = 0;
     if (k == 0) return SD_OK;
     return d->ops->propose(d, seq, context, n_context, k, s, tokens, q, n_drafted);
@@ -177,8 +182,6 @@ sd_status sd_draft_batch(sd_drafter *d, int32_t n_seqs, const sd_draft_seq *seqs
             SD_WARN("drafter: sequence %d: bad request (slot %d%s, keep_len %d, n_append %d, k %d, max_ctx %d)", (int)i,
                     (int)v->slot, dup ? " repeated" : "", (int)v->keep_len, (int)v->n_append, (int)v->k,
                     (int)d->params.max_ctx);
-            r->outcome = SD_SEQ_INVALID;
-        } else if (sd_sampling_validate(&v->sampling) != SD_OK) {
             r->outcome = SD_SEQ_INVALID;
         }
     }

@@ -2,8 +2,9 @@
  *
  * Four passes over the request, so that a bad sequence never costs the
  * others their step:
- *   1. validate each sequence on its own (slot, lengths, ids, K, sampling,
- *      q present when sampling) and check that its cache holds keep_len
+ *   1. validate each sequence on its own (slot, lengths, ids, K, q present
+ *      when sampling; the sampling parameters themselves were checked once,
+ *      by the caller) and check that its cache holds keep_len
  *      tokens; failures become per-sequence outcomes;
  *   2. truncate each admitted sequence to keep_len and admit, in request
  *      order, those whose new tokens fit in the free KV blocks (the forward
@@ -225,7 +226,7 @@ static sd_status verify_one(const sd_verify_seq *v, float *logits, int32_t n_voc
         SD_TRY(sd_spec_verify_greedy(target_argmax, v->draft, v->k, r->tokens, &acc));
     } else {
         for (int32_t i = 0; i <= v->k; i++)
-            SD_TRY(sd_sample_probs(logits + (size_t)i * V, n_vocab, &v->sampling, s->p + (size_t)i * V));
+            SD_TRY(sd_sample_probs_given(logits + (size_t)i * V, n_vocab, &v->sampling, s->p + (size_t)i * V));
         SD_TRY(sd_spec_verify(s->p, n_vocab, v->draft, v->q, v->k, v->sampling.seed, (uint64_t)r->n_ctx, r->tokens,
                               &acc, &r->info));
     }

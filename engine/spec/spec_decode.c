@@ -212,7 +212,7 @@ static sd_status constrained_draft(sd_spec_decoder *d, const int32_t *ctx, int32
         for (int32_t i = 0; i < nf && st == SD_OK; i++) st = sd_constraint_advance(d->constraint, draft[i]);
         sd_drafter_set_constraint(d->drafter, d->constraint);
         if (st == SD_OK)
-            st = sd_drafter_propose(d->drafter, 0, d->ctx2, n_ctx + nf, k - nf, s, draft + nf, q + nf, &more);
+            st = sd_drafter_propose_given(d->drafter, 0, d->ctx2, n_ctx + nf, k - nf, s, draft + nf, q + nf, &more);
         sd_drafter_set_constraint(d->drafter, NULL);
         SD_TRY(sd_constraint_rollback(d->constraint, base));
         SD_TRY(st);
@@ -245,8 +245,7 @@ static sd_status decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n_
         SD_ERROR("spec: context of %d tokens is at the decoder's limit %d", (int)n_ctx, (int)d->max_ctx);
         return SD_ERR_RANGE;
     }
-    SD_TRY(sd_sampling_validate(s));
-    if (k > d->max_ctx - n_ctx) k = d->max_ctx - n_ctx;
+    if (k > d->max_ctx - n_ctx) k = d->max_ctx - n_ctx; /* s: checked by the public entry (one check) */
     /* Draft. */
     int32_t draft[SD_MAX_K];
     sd_spec_q q[SD_MAX_K];
@@ -256,11 +255,11 @@ static sd_status decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n_
     if (d->constraint)
         SD_TRY(constrained_draft(d, ctx, n_ctx, k, s, draft, q, &nd));
     else if (d->drafter && k > 0)
-        SD_TRY(sd_drafter_propose(d->drafter, 0, ctx, n_ctx, k, s, draft, q, &nd));
+        SD_TRY(sd_drafter_propose_given(d->drafter, 0, ctx, n_ctx, k, s, draft, q, &nd));
     rep->n_proposed = nd;
     if (d->drafter && shadow && k == 0 && n_ctx < d->max_ctx - 1) {
         int32_t n_shadow = 0;
-        SD_TRY(sd_drafter_propose(d->drafter, 0, ctx, n_ctx, 1, s, draft, q, &n_shadow));
+        SD_TRY(sd_drafter_propose_given(d->drafter, 0, ctx, n_ctx, 1, s, draft, q, &n_shadow));
         if (n_shadow == 1) rep->shadow_token = draft[0];
         rep->n_proposed = n_shadow;
     }
@@ -326,6 +325,7 @@ static sd_status decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n_
 
 sd_status sd_spec_decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t k, const sd_sampling *s,
                                int32_t *out, int32_t *n_out, int32_t *n_drafted, int32_t *n_accepted) {
+    SD_TRY(sd_sampling_validate(s)); /* a public entry point: the one check */
     step_report rep;
     SD_TRY(decoder_step(d, ctx, n_ctx, k, false, s, out, n_out, &rep));
     if (n_drafted) *n_drafted = rep.n_drafted;
@@ -427,7 +427,7 @@ static sd_status calibrate_draft(sd_spec_decoder *d, const int32_t *ctx, int32_t
     sd_sampling s = sd_sampling_default();
     s.temperature = 0.0f;
     double t0 = sd_now();
-    SD_TRY(sd_drafter_propose(d->drafter, 0, ctx, n_ctx, n_draft, &s, draft, q, n_out));
+    SD_TRY(sd_drafter_propose_given(d->drafter, 0, ctx, n_ctx, n_draft, &s, draft, q, n_out));
     *seconds = sd_now() - t0;
     return SD_OK;
 }

@@ -35,8 +35,13 @@ int32_t sd_argmax(const float *logits, int32_t n);
 
 /* Writes the processed distribution of logits into probs[n] (sums to 1,
  * zeros outside the kept set). Greedy (temperature 0) gives a one-hot on the
- * argmax. Thread-safe; allocates a scratch index array. */
+ * argmax. Thread-safe; allocates a scratch index array. A public entry
+ * point: s is checked here (sd_sampling_validate). */
 sd_status sd_sample_probs(const float *logits, int32_t n, const sd_sampling *s, float *probs);
+/* sd_sample_probs for parameters the caller has already checked once
+ * (a wire decoder in net/, or a public entry point of the engine): the
+ * logits are checked, s is taken as given. */
+sd_status sd_sample_probs_given(const float *logits, int32_t n, const sd_sampling *s, float *probs);
 
 /* The token greedy sampling picks from logits[n] (the one-hot's index of
  * sd_sample_probs at temperature 0: the largest logit, lowest index on

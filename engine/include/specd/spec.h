@@ -88,7 +88,8 @@ sd_status sd_spec_draft_coupled(const float *probs, int32_t n_vocab, int32_t top
  * sd_sample_probs with s into probs[n_vocab] (caller scratch), then
  * sd_spec_draft_coupled at (s->seed, position). A greedy s gives the same
  * result (the one-hot q {argmax: 1}) from one pass over the logits, probs
- * untouched. */
+ * untouched. s is taken as given (valid by sd_sampling_check, run once by
+ * the drafter's caller: sd_drafter_propose). */
 sd_status sd_spec_draft_step(const float *logits, int32_t n_vocab, const sd_sampling *s, int32_t top_n,
                              uint64_t position, float *probs, int32_t *ids, float *q_probs, int32_t *n_out,
                              int32_t *token);

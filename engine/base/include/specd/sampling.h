@@ -1,9 +1,14 @@
 /* sampling.h — the sampling parameters of a request: one struct, one default
  * (greedy), one validator with one rule set, and the one limit on the draft
- * length. The client, net, the coordinator, the verifier, the drafter and
- * specd-generate all apply these, so a request is judged the same wherever it
- * enters. (On the wire, proto3 sends 0 for an unset top_p; net maps that to
- * 1 = off before validating: a property of the encoding, not a second rule.) */
+ * length. The validator runs once where parameters enter a process: in
+ * net/'s decoders (the coordinator, the verifier and the drafter), and at the
+ * engine's public entry points for callers that are not the wire
+ * (sd_sample_probs, sd_sample_token, sd_drafter_propose,
+ * sd_spec_decoder_step: specd-generate, tools, tests); code behind those
+ * edges takes an sd_sampling as given. So a request is judged the same
+ * wherever it enters. (On the wire, proto3 sends 0 for an unset top_p; net
+ * maps that to 1 = off before validating: a property of the encoding, not a
+ * second rule.) */
 #ifndef SPECD_SAMPLING_H
 #define SPECD_SAMPLING_H
 

@@ -145,9 +145,15 @@ int32_t sd_drafter_max_q(const sd_drafter *d);
  * processing the target uses; the token at position n_context + i uses the
  * coupled race of (s->seed, n_context + i): spec.h). Writes tokens[k], q[k] and
  * *n_drafted (0..k; the n-gram drafter may find nothing). q[i].ids/probs are
- * borrowed from the drafter, valid until the next call for seq. */
+ * borrowed from the drafter, valid until the next call for seq. A public
+ * entry point: s is checked here (sd_sampling_validate). */
 sd_status sd_drafter_propose(sd_drafter *d, int32_t seq, const int32_t *context, int32_t n_context, int32_t k,
                              const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n_drafted);
+/* sd_drafter_propose for sampling its caller has already checked once (a
+ * wire decoder in net/, or sd_spec_decoder_step's entry): the other
+ * arguments are checked, s is taken as given. */
+sd_status sd_drafter_propose_given(sd_drafter *d, int32_t seq, const int32_t *context, int32_t n_context, int32_t k,
+                                   const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n_drafted);
 
 /* Structured output for the next sd_drafter_propose calls: a model drafter
  * masks its distribution at each drafted position under c (borrowed; the

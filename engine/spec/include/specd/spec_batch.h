@@ -46,8 +46,7 @@ extern "C" {
 typedef enum sd_seq_outcome {
     SD_SEQ_OK = 0,
     SD_SEQ_CACHE_MISS = 1,    /* the cache holds fewer than keep_len tokens; resend the prefix */
-    SD_SEQ_INVALID = 2,       /* malformed request (bad id, length, K, duplicate slot; a drafter also
-                                 sampling); logged */
+    SD_SEQ_INVALID = 2,       /* malformed request (bad id, length, K, duplicate slot); logged */
     SD_SEQ_OUT_OF_BLOCKS = 3, /* no KV room for this sequence in this step; retry later or with less */
 } sd_seq_outcome;
 
@@ -175,7 +174,8 @@ typedef struct sd_draft_seq {
     int32_t n_append;      /* >= 1 committed tokens the drafter has not seen */
     const int32_t *append; /* [n_append] at positions keep_len.. */
     int32_t k;             /* tokens wanted, 0..SD_MAX_K */
-    sd_sampling sampling;  /* the request's sampling incl. seed (coupled draws: spec.h) */
+    sd_sampling sampling;  /* the request's sampling incl. seed (coupled draws: spec.h); taken as
+                              given, as sd_verify_seq's */
 } sd_draft_seq;
 
 typedef struct sd_draft_result {
