@@ -39,7 +39,8 @@ checked by test_arch_oracle against the numpy reference. Gemma 3's windows
 fewer layers and a 4k vocabulary. Measured (2026-12-01, a loaded 2-core
 machine, ASan build): every row ok; teacher-forced max diff / max logit
 0.0013-0.0016 on F16, 0.022-0.029 on Q8_0, 0.025-0.043 on Q4_K_M, specd as
-close to the exact forward as llama.cpp is; ~15 minutes.
+close to the exact forward as llama.cpp is; ~15 minutes. --only TEXT runs
+the models whose label contains TEXT.
 
 Needs llama-cpp-python (scripts/setup --llama). Exit 77 (skipped) when it or
 a binary is missing, or llama.cpp cannot decode on this machine.
@@ -219,6 +220,7 @@ def check_greedy(label, path, llm, tol):
 def main():
     ap = argparse.ArgumentParser(description="llama.cpp oracle per architecture")
     ap.add_argument("--slow", action="store_true", help="the larger shapes")
+    ap.add_argument("--only", default="", help="only the models whose label contains this")
     args = ap.parse_args()
     try:
         import llama_cpp
@@ -237,8 +239,11 @@ def main():
     print("| model | format | teacher-forced: max diff / max logit (near-ties) | from the exact forward, "
           "specd / llama.cpp | greedy equal (near-tie partings) | result |")
     print("|---|---|---|---|---|---|")
+    probed = False
     with tempfile.TemporaryDirectory() as tmp:
         for i, (label, mkargs) in enumerate(SLOW_ARCHS if args.slow else ARCHS):
+            if args.only not in label:
+                continue
             if "{gemma}" in mkargs:
                 from test_gemma_oracle import find_gemma
                 gemma = find_gemma()
@@ -247,7 +252,8 @@ def main():
                     continue
                 mkargs = [gemma if a == "{gemma}" else a for a in mkargs]
             files = make_files(llama_cpp, tmp, i, mkargs)
-            if i == 0:
+            if not probed:
+                probed = True
                 probe = subprocess.run([sys.executable, "-c", PROBE, files["F16"]], capture_output=True, text=True,
                                        timeout=300)
                 if probe.returncode != 0:
