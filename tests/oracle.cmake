@@ -31,4 +31,5 @@ if(EXISTS ${CMAKE_SOURCE_DIR}/engine/model_forward.c)
   set_tests_properties(arch_llama_oracle_slow PROPERTIES TIMEOUT 2400)
   # the real Gemma 3 270M (tools/fetch-model gemma3) against llama.cpp over 20 prompts
   specd_py_test(gemma_llama_oracle ref/test_gemma_llama.py LABELS "oracle;model;slow")
+  set_tests_properties(gemma_llama_oracle PROPERTIES TIMEOUT 2400)
 endif()

@@ -16,6 +16,16 @@ spaces and newlines), with both programs on 2 threads:
      reported as the share before the first difference (a difference at a
      near-tie is not a failure).
 
+Measured (2026-12-01, llama-cpp-python 0.3.36, ASan build, a loaded 2-core
+machine, 15 minutes): tokenization identical on all 20; teacher-forced
+459 / 480 argmax agree, the other 21 near-ties; free-running mean share
+0.448 before the first difference, 4 of 20 identical. The partings are
+near-ties both programs are about as far from: on the Russian prompt the
+exact forward (llama_ref.py, act_quant=False) ranks the first token's top
+two 16.50 / 16.38, llama.cpp keeps that order, specd swaps it (16.44 /
+16.36), each 0.043-0.045 x max |logit| from the exact forward (both round
+activations to 8-bit blocks: test_gemma_oracle).
+
 The model: SPECD_GEMMA_MODEL, else `tools/fetch-model gemma3`; exit 77
 (skipped) without it, without llama-cpp-python or a binary.
 Slow tier (label slow): 20 specd-generate runs on a 262k vocabulary.
