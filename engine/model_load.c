@@ -408,14 +408,25 @@ static sd_status load_weights(sd_model *m, const sd_weights *w) {
         SD_TRY(load_slice(m, w, name, 0, E, norm, false, &L->attn_norm));
         snprintf(name, sizeof name, "blk.%d.ffn_norm.weight", (int)l);
         SD_TRY(load_slice(m, w, name, 0, E, norm, false, &L->ffn_norm));
+        /* phi3's fused matrices: Q, K, V (and gate, up) are row ranges of one
+         * tensor, each loaded (or mapped) as a matrix of its own */
+        const bool fq = c->fused_qkv, fu = c->fused_gate_up;
+        const int64_t QKV = QD + 2 * KD;
+        const slice k_rows = {kv.row0 + (fq ? QD : 0), kv.n_rows, 0, E};
+        const slice v_rows = {kv.row0 + (fq ? QD + KD : 0), kv.n_rows, 0, E};
+        const slice up_rows = {up.row0 + (fu ? F : 0), up.n_rows, 0, E};
         struct {
             const char *suffix;
             int64_t rows, cols;
             slice part;
             sd_mat *dst;
         } const parts[] = {
-            {"attn_q", QD, E, q, &L->wq},         {"attn_k", KD, E, kv, &L->wk},      {"attn_v", KD, E, kv, &L->wv},
-            {"attn_output", E, QD, o, &L->wo},    {"ffn_gate", F, E, up, &L->w_gate}, {"ffn_up", F, E, up, &L->w_up},
+            {fq ? "attn_qkv" : "attn_q", fq ? QKV : QD, E, q, &L->wq},
+            {fq ? "attn_qkv" : "attn_k", fq ? QKV : KD, E, k_rows, &L->wk},
+            {fq ? "attn_qkv" : "attn_v", fq ? QKV : KD, E, v_rows, &L->wv},
+            {"attn_output", E, QD, o, &L->wo},
+            {fu ? "ffn_up" : "ffn_gate", fu ? 2 * F : F, E, up, &L->w_gate},
+            {"ffn_up", fu ? 2 * F : F, E, up_rows, &L->w_up},
             {"ffn_down", E, F, down, &L->w_down},
         };
         for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {

@@ -53,6 +53,8 @@ specd_py_test(it_bounds ${_it}test_bounds.py LABELS integration)
 specd_py_test(it_holes ${_it}test_holes.py LABELS integration)
 # The draft vocabulary cut on the command line: exact output, bad values refused (no service)
 specd_py_test(it_draft_vocab ${_it}test_draft_vocab.py LABELS integration)
+# A draft whose vocabulary differs from the target's only by padding pairs (exact output); another is refused
+specd_py_test(it_draft_pad ${_it}test_draft_pad.py LABELS integration)
 # CurveZMQ: hostile peers against a keyed service (rogue workers and clients, replayed Hellos)
 specd_py_test(it_hostile ${_it}test_hostile.py LABELS integration)
 specd_py_test(it_launch_curve ${_it}test_launch.py ARGS --curve LABELS integration)

@@ -21,3 +21,15 @@ endif()
 if(EXISTS ${CMAKE_SOURCE_DIR}/engine/model_forward.c)
   specd_py_test(llama_oracle ref/test_llama_oracle.py LABELS "oracle;model;slow")
 endif()
+# llama.cpp against specd per architecture (llama, qwen2, qwen3, gemma3,
+# mistral, phi3) on random models in F16, Q8_0 and llama.cpp's Q4_K_M:
+# tokenization, teacher-forced logits and argmax, free-running greedy
+# (skipped without llama-cpp-python); the slow one at real models' widths.
+if(EXISTS ${CMAKE_SOURCE_DIR}/engine/model_forward.c)
+  specd_py_test(arch_llama_oracle ref/test_arch_llama_oracle.py LABELS oracle)
+  specd_py_test(arch_llama_oracle_slow ref/test_arch_llama_oracle.py ARGS --slow LABELS "oracle;slow")
+  set_tests_properties(arch_llama_oracle_slow PROPERTIES TIMEOUT 2400)
+  # the real Gemma 3 270M (tools/fetch-model gemma3) against llama.cpp over 20 prompts
+  specd_py_test(gemma_llama_oracle ref/test_gemma_llama.py LABELS "oracle;model;slow")
+  set_tests_properties(gemma_llama_oracle PROPERTIES TIMEOUT 2400)
+endif()

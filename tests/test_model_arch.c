@@ -1,5 +1,5 @@
 /* test_model_arch.c — the architectures beyond Llama (engine/model_arch.c):
- * qwen2, qwen3, gemma3 and mistral (llama with a sliding window), small
+ * qwen2, qwen3, gemma3, phi3 and mistral (llama with a sliding window), small
  * random models written by specd-mkmodel at test start (skipped when it
  * cannot run). For each:
  *   - batch invariance, bit for bit: a sequence's logits alone in one call
@@ -14,7 +14,9 @@
  *     architecture (K = 4, 10 prompts of 24 new tokens);
  * and the refusals: an unknown architecture is named with the supported
  * list; a file without one architecture-specific tensor (a Gemma post-norm,
- * a Qwen bias, a Qwen3 q-norm) is refused with the tensor's name. */
+ * a Qwen bias, a Qwen3 q-norm, Phi-3's fused QKV) is refused with the
+ * tensor's name; a Phi-3 file with LongRoPE keys (a 128k variant) is refused
+ * naming the key. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -48,6 +50,8 @@ static const arch_case cases[] = {
      "--arch gemma3 --layers 1 --dim 32 --heads 2 --kv-heads 1 --head-dim 32 --ff 64 --window 7 --tied"},
     {"mistral", "--arch mistral --layers 2 --dim 64 --heads 4 --kv-heads 2 --ff 128 --window 5",
      "--arch mistral --layers 1 --dim 32 --heads 2 --kv-heads 2 --ff 64 --window 5"},
+    {"phi3", "--arch phi3 --layers 2 --dim 64 --heads 4 --kv-heads 2 --ff 128",
+     "--arch phi3 --layers 1 --dim 32 --heads 2 --kv-heads 2 --ff 64"},
 };
 #define N_CASES (sizeof cases / sizeof cases[0])
 
@@ -229,9 +233,9 @@ static void keep_log(sd_log_level level, const char *line, void *user) {
     snprintf(logged + n, sizeof logged - n, "%s\n", line);
 }
 
-/* Copies src into dst with general.architecture set to arch (NULL: kept)
- * and tensor skip left out (NULL: none). */
-static void rewrite(const char *src, const char *dst, const char *arch, const char *skip) {
+/* Copies src into dst with general.architecture set to arch (NULL: kept),
+ * tensor skip left out (NULL: none) and f32 key add set to 1 (NULL: none). */
+static void rewrite(const char *src, const char *dst, const char *arch, const char *skip, const char *add) {
     sd_gguf *g = NULL;
     char err[256];
     assert_int_equal(sd_gguf_open(src, &g, err, sizeof err), SD_OK);
@@ -239,6 +243,7 @@ static void rewrite(const char *src, const char *dst, const char *arch, const ch
     assert_non_null(w);
     assert_int_equal(sd_gguf_writer_copy_kv(w, g, ""), SD_OK);
     if (arch) assert_int_equal(sd_gguf_writer_set_str(w, "general.architecture", arch), SD_OK);
+    if (add) assert_int_equal(sd_gguf_writer_set_f32(w, add, 1.0f), SD_OK);
     for (int64_t i = 0; i < sd_gguf_n_tensors(g); i++) {
         const sd_gguf_tensor *t = sd_gguf_tensor_at(g, i);
         if (skip && strcmp(t->name, skip) == 0) continue;
@@ -267,9 +272,9 @@ static void test_refusals(void **state) {
     if (!env.ok) skip();
     char path[160];
     snprintf(path, sizeof path, "%s/refused.gguf", env.dir);
-    rewrite(env.target[0], path, "phi3", NULL);
+    rewrite(env.target[0], path, "mamba", NULL, NULL);
     assert_int_equal(config_of(path), SD_ERR_UNSUPPORTED);
-    assert_non_null(strstr(logged, "'phi3'"));
+    assert_non_null(strstr(logged, "'mamba'"));
     assert_non_null(strstr(logged, SD_MODEL_ARCHS));
     const struct {
         size_t model;
@@ -279,14 +284,21 @@ static void test_refusals(void **state) {
         {2, "blk.0.post_attention_norm.weight"},
         {0, "blk.1.attn_k.bias"},
         {1, "blk.0.attn_q_norm.weight"},
+        {4, "blk.1.attn_qkv.weight"},
     };
     for (size_t i = 0; i < sizeof missing / sizeof missing[0]; i++) {
-        rewrite(env.target[missing[i].model], path, NULL, missing[i].tensor);
+        rewrite(env.target[missing[i].model], path, NULL, missing[i].tensor, NULL);
         assert_int_equal(config_of(path), SD_ERR_FORMAT);
         if (!strstr(logged, missing[i].tensor)) fail_msg("refusal does not name %s: %s", missing[i].tensor, logged);
     }
-    /* the unmodified file passes the same check */
-    rewrite(env.target[2], path, NULL, NULL);
+    /* Phi-3 with LongRoPE (the 128k variants) is refused, the key named */
+    rewrite(env.target[4], path, NULL, NULL, "phi3.rope.scaling.attn_factor");
+    assert_int_equal(config_of(path), SD_ERR_UNSUPPORTED);
+    if (!strstr(logged, "phi3.rope.scaling.attn_factor")) fail_msg("LongRoPE refusal does not name the key: %s", logged);
+    /* the unmodified files pass the same check */
+    rewrite(env.target[2], path, NULL, NULL, NULL);
+    assert_int_equal(config_of(path), SD_OK);
+    rewrite(env.target[4], path, NULL, NULL, NULL);
     assert_int_equal(config_of(path), SD_OK);
     unlink(path);
 }

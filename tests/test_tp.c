@@ -70,6 +70,7 @@ static struct {
     char m_q8s[128]; /* dim 64, 4 heads, q8_0: 16 columns per rank at tp 4 (refusal) */
     char m_gemma[128]; /* gemma3: dim 64, 4 heads of 32, 2 KV heads, 7 layers, window 4 */
     char m_qwen2[128]; /* qwen2: dim 64, 4 heads, 2 KV heads, Q/K/V biases */
+    char m_phi3[128];  /* phi3: dim 64, 4 heads, 2 KV heads, fused QKV and gate/up */
     bool ok;
 } env;
 
@@ -84,6 +85,7 @@ static int setup_models(void **state) {
     snprintf(env.m_q8s, sizeof env.m_q8s, "%s/q8s.gguf", env.dir);
     snprintf(env.m_gemma, sizeof env.m_gemma, "%s/gemma.gguf", env.dir);
     snprintf(env.m_qwen2, sizeof env.m_qwen2, "%s/qwen2.gguf", env.dir);
+    snprintf(env.m_phi3, sizeof env.m_phi3, "%s/phi3.gguf", env.dir);
     char cmd[2560];
     snprintf(cmd, sizeof cmd,
              "'%1$s' -o '%2$s' --dim 64 --layers 2 --heads 4 --kv-heads 2 --ff 128 --vocab 512 --seed 5 && "
@@ -94,15 +96,16 @@ static int setup_models(void **state) {
              "'%1$s' -o '%6$s' --dim 64 --layers 1 --heads 4 --kv-heads 4 --ff 128 --vocab 300 --dtype q8_0 && "
              "'%1$s' -o '%7$s' --arch gemma3 --dim 64 --layers 7 --heads 4 --kv-heads 2 --head-dim 32 --ff 128 "
              "--window 4 --vocab 512 --tied --seed 8 && "
-             "'%1$s' -o '%8$s' --arch qwen2 --dim 64 --layers 2 --heads 4 --kv-heads 2 --ff 128 --vocab 512 --seed 9",
-             SPECD_MKMODEL, env.m_gqa, env.m_q8, env.m_odd, env.m_ff, env.m_q8s, env.m_gemma, env.m_qwen2);
+             "'%1$s' -o '%8$s' --arch qwen2 --dim 64 --layers 2 --heads 4 --kv-heads 2 --ff 128 --vocab 512 --seed 9 && "
+             "'%1$s' -o '%9$s' --arch phi3 --dim 64 --layers 2 --heads 4 --kv-heads 2 --ff 128 --vocab 512 --seed 10",
+             SPECD_MKMODEL, env.m_gqa, env.m_q8, env.m_odd, env.m_ff, env.m_q8s, env.m_gemma, env.m_qwen2, env.m_phi3);
     env.ok = system(cmd) == 0;
     return 0;
 }
 
 static int teardown_models(void **state) {
     (void)state;
-    const char *files[] = {env.m_gqa, env.m_q8, env.m_odd, env.m_ff, env.m_q8s, env.m_gemma, env.m_qwen2};
+    const char *files[] = {env.m_gqa, env.m_q8, env.m_odd, env.m_ff, env.m_q8s, env.m_gemma, env.m_qwen2, env.m_phi3};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) unlink(files[i]);
     rmdir(env.dir);
     return 0;
@@ -539,8 +542,9 @@ static void test_tp4_matches_tp1(void **state) {
 }
 
 /* The other architectures (engine/model_arch.c): Gemma 3 (q/k norms
- * replicated, post-norms after the all-reduce, windowed layers) and Qwen2
- * (biases split with their heads) at TP 2 and 4 match TP 1. */
+ * replicated, post-norms after the all-reduce, windowed layers), Qwen2
+ * (biases split with their heads) at TP 2 and 4, and Phi-3 (each rank's rows
+ * of each part of the fused QKV and gate/up) at TP 2 match TP 1. */
 static void test_tp_arch_matches_tp1(void **state) {
     (void)state;
     SKIP_WITHOUT_MODELS();
@@ -548,6 +552,7 @@ static void test_tp_arch_matches_tp1(void **state) {
     check_matches(env.m_gemma, 4, SD_TP_LM_HEAD_SPLIT, "gemma3 tp 4 (KV replicated)", false, false);
     check_matches(env.m_qwen2, 2, SD_TP_LM_HEAD_SPLIT, "qwen2 tp 2, biases split", false, false);
     check_matches(env.m_qwen2, 4, SD_TP_LM_HEAD_LEADER, "qwen2 tp 4, head on the leader", false, false);
+    check_matches(env.m_phi3, 2, SD_TP_LM_HEAD_SPLIT, "phi3 tp 2, fused matrices split by part", false, false);
 }
 
 /* Under TP a row's logits do not depend on the batch: each sequence alone,

@@ -1,10 +1,12 @@
 /* specd-mkmodel — write a small random model as GGUF, for tests.
  *
  * The model has llama.cpp's tensor names and <arch>.* metadata (--arch
- * llama, qwen2, qwen3, gemma3, or mistral: llama with a sliding window), so
- * anything that loads SmolLM2 (or llama.cpp) loads it; --shape NAME takes a
- * real model's shape (qwen2.5-0.5b, qwen3-0.6b, gemma3-270m, gemma3-1b,
- * mistral-7b). What an architecture adds is drawn like the rest: Qwen2's
+ * llama, qwen2, qwen3, gemma3, phi3, or mistral: llama with a sliding
+ * window), so anything that loads SmolLM2 (or llama.cpp) loads it; --shape
+ * NAME takes a real model's shape (qwen2.5-0.5b, qwen3-0.6b, gemma3-270m,
+ * gemma3-1b, mistral-7b, phi3-mini). Phi-3 stores Q, K, V as one attn_qkv
+ * matrix and gate, up as one ffn_up of 2 x ff rows, each part drawn as
+ * llama's. What an architecture adds is drawn like the rest: Qwen2's
  * Q/K/V biases N(0, 0.1^2), the q/k and post norms like the other norms. Weights come from a seeded PRNG (splitmix64,
  * one independent stream per tensor, Box-Muller normals) scaled so that a
  * forward pass is well-conditioned: matrices have std 1/sqrt(fan_in), the
@@ -41,10 +43,11 @@
 
 typedef struct mk_params {
     const char *out;
-    const char *arch; /* GGUF general.architecture: llama, qwen2, qwen3, gemma3 */
+    const char *arch; /* GGUF general.architecture: llama, qwen2, qwen3, gemma3, phi3 */
     bool mistral;     /* --arch mistral: llama with a sliding window on every layer */
     uint32_t head_dim, window; /* 0: dim / heads; 0: no sliding window */
     uint32_t dim, layers, heads, kv_heads, ff, vocab, ctx;
+    uint32_t pad_vocab; /* --pad-vocab: the synthetic vocabulary padded with unused [PADn] tokens to this size */
     float rope_base;
     sd_dtype dtype, norm_dtype;
     bool tied;
@@ -58,14 +61,14 @@ typedef struct mk_params {
 } mk_params;
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: specd-mkmodel -o OUT.gguf [--arch llama|qwen2|qwen3|gemma3|mistral] [--shape NAME]\n"
+    fprintf(f, "usage: specd-mkmodel -o OUT.gguf [--arch llama|qwen2|qwen3|gemma3|phi3|mistral] [--shape NAME]\n"
                "                     [--head-dim N] [--window N]\n"
                "                     [--dim 64] [--layers 2] [--heads 4] [--kv-heads 2] [--ff 128]\n"
                "                     [--vocab 512 | --tokenizer-from MODEL.gguf] [--ctx 2048] [--rope-base 10000]\n"
                "                     [--dtype f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k] [--norm-dtype f32] "
                "[--tied] "
                "[--seed S]\n"
-               "                     [--format gguf|hf] [--shards N]\n"
+               "                     [--format gguf|hf] [--shards N] [--pad-vocab N]\n"
                "       specd-mkmodel -o OUT.gguf --requant FROM.gguf --dtype q4_0|q8_0|...\n"
                "       specd-mkmodel -o OUTDIR --format hf --convert FROM.gguf [--dtype f32|f16|bf16] [--shards N]\n"
                "Writes a random Llama model (llama.cpp tensor names and metadata) for tests, or (--requant) FROM's\n"
@@ -144,7 +147,8 @@ enum {
     O_ARCH,
     O_SHAPE,
     O_HEAD_DIM,
-    O_WINDOW
+    O_WINDOW,
+    O_PAD_VOCAB
 };
 static const struct option mk_longs[] = {{"dim", required_argument, 0, O_DIM},
                                          {"layers", required_argument, 0, O_LAYERS},
@@ -167,13 +171,14 @@ static const struct option mk_longs[] = {{"dim", required_argument, 0, O_DIM},
                                          {"shape", required_argument, 0, O_SHAPE},
                                          {"head-dim", required_argument, 0, O_HEAD_DIM},
                                          {"window", required_argument, 0, O_WINDOW},
+                                         {"pad-vocab", required_argument, 0, O_PAD_VOCAB},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
 
 /* --arch: the GGUF architecture (mistral is llama with a window, 4096
  * unless --window says otherwise; gemma3 always has one, 512 by default). */
 static bool set_arch(const char *name, mk_params *p) {
-    static const char *const archs[] = {"llama", "qwen2", "qwen3", "gemma3"};
+    static const char *const archs[] = {"llama", "qwen2", "qwen3", "gemma3", "phi3"};
     p->mistral = strcmp(name, "mistral") == 0;
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
         if (strcmp(name, archs[i]) == 0 || (p->mistral && i == 0)) {
@@ -182,7 +187,7 @@ static bool set_arch(const char *name, mk_params *p) {
             if (i == 3 && !p->window) p->window = 512;
             return true;
         }
-    fprintf(stderr, "specd-mkmodel: unknown --arch '%s' (llama, qwen2, qwen3, gemma3, mistral)\n", name);
+    fprintf(stderr, "specd-mkmodel: unknown --arch '%s' (llama, qwen2, qwen3, gemma3, phi3, mistral)\n", name);
     return false;
 }
 
@@ -199,6 +204,7 @@ static bool set_shape(const char *name, mk_params *p, bool *vocab_set) {
         {"gemma3-270m", "gemma3", 640, 18, 4, 1, 256, 2048, 262144, 512, 1e6f, true},
         {"gemma3-1b", "gemma3", 1152, 26, 4, 1, 256, 6912, 262144, 512, 1e6f, true},
         {"mistral-7b", "mistral", 4096, 32, 32, 8, 128, 14336, 32000, 4096, 1e4f, false},
+        {"phi3-mini", "phi3", 3072, 32, 32, 32, 96, 8192, 32064, 0, 1e4f, false},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         if (strcmp(name, shapes[i].name) != 0) continue;
@@ -211,7 +217,7 @@ static bool set_shape(const char *name, mk_params *p, bool *vocab_set) {
         return true;
     }
     fprintf(stderr, "specd-mkmodel: unknown --shape '%s' (qwen2.5-0.5b, qwen3-0.6b, gemma3-270m, gemma3-1b, "
-                    "mistral-7b)\n", name);
+                    "mistral-7b, phi3-mini)\n", name);
     return false;
 }
 
@@ -235,6 +241,7 @@ static bool apply_option(int c, const char *arg, mk_params *p, bool *vocab_set) 
         *vocab_set = true;
         break;
     case O_TOKFROM: p->tokenizer_from = arg; break;
+    case O_PAD_VOCAB: ok = parse_u32(arg, "--pad-vocab", 259, MAX_VOCAB, &p->pad_vocab); break;
     case O_CTX: ok = parse_u32(arg, "--ctx", 1, 1u << 24, &p->ctx); break;
     case O_ROPE: {
         char *end;
@@ -442,11 +449,15 @@ static bool add_merge(str_list *tokens, str_list *merges, const char *a, const c
     return list_push(tokens, concat(a, "", b)) && list_push(merges, concat(a, " ", b));
 }
 
-static sd_status write_synthetic_tokenizer(sd_gguf_writer *w, uint32_t vocab) {
+/* vocab tokens, then unused "[PADn]" ones up to pad (llama.cpp's converter
+ * pads Qwen's tokenizer to the embedding's rows so). */
+static sd_status write_synthetic_tokenizer(sd_gguf_writer *w, uint32_t vocab, uint32_t pad) {
     static const char letters[] = "etaoinshrdlcumwfgypbvkjxqz";
     const size_t n_letters = sizeof letters - 1;
     str_list tokens = {0}, merges = {0};
     sd_status s = SD_ERR_NOMEM;
+    const uint32_t n_text = vocab;
+    vocab = pad > vocab ? pad : vocab;
     int32_t *types = malloc(vocab * sizeof *types);
     bool ok = types != NULL;
     const char *control[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
@@ -461,19 +472,24 @@ static sd_status write_synthetic_tokenizer(sd_gguf_writer *w, uint32_t vocab) {
     for (size_t i = 0; i < n_letters; i++) letter[i][0] = letters[i], letter[i][1] = 0;
     /* Level 1: " x" and "xy"; level k+1: every level-k token extended by a letter. */
     size_t level_begin = tokens.n;
-    for (size_t i = 0; ok && i < n_letters && tokens.n < vocab; i++) ok = add_merge(&tokens, &merges, space, letter[i]);
-    for (size_t i = 0; ok && i < n_letters && tokens.n < vocab; i++)
-        for (size_t j = 0; ok && j < n_letters && tokens.n < vocab; j++)
+    for (size_t i = 0; ok && i < n_letters && tokens.n < n_text; i++) ok = add_merge(&tokens, &merges, space, letter[i]);
+    for (size_t i = 0; ok && i < n_letters && tokens.n < n_text; i++)
+        for (size_t j = 0; ok && j < n_letters && tokens.n < n_text; j++)
             ok = add_merge(&tokens, &merges, letter[i], letter[j]);
-    while (ok && tokens.n < vocab) {
+    while (ok && tokens.n < n_text) {
         size_t level_end = tokens.n;
-        for (size_t t = level_begin; ok && t < level_end && tokens.n < vocab; t++)
-            for (size_t j = 0; ok && j < n_letters && tokens.n < vocab; j++)
+        for (size_t t = level_begin; ok && t < level_end && tokens.n < n_text; t++)
+            for (size_t j = 0; ok && j < n_letters && tokens.n < n_text; j++)
                 ok = add_merge(&tokens, &merges, tokens.items[t], letter[j]);
         level_begin = level_end;
     }
+    char padname[32];
+    while (ok && tokens.n < vocab) {
+        snprintf(padname, sizeof padname, "[PAD%zu]", tokens.n);
+        ok = list_push(&tokens, strdup(padname));
+    }
     if (ok) {
-        for (uint32_t i = 0; i < vocab; i++) types[i] = i < 3 ? 3 : 1; /* 3 = control, 1 = normal */
+        for (uint32_t i = 0; i < vocab; i++) types[i] = i < 3 ? 3 : i < n_text ? 1 : 5; /* control, normal, unused */
         sd_status st = SD_OK;
         if (st == SD_OK) st = sd_gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
         if (st == SD_OK) st = sd_gguf_writer_set_str(w, "tokenizer.ggml.pre", "smollm");
@@ -556,6 +572,7 @@ static sd_status write_weights(sd_gguf_writer *w, const mk_params *p) {
     const uint64_t dim = p->dim, q_dim = p->heads * hd, kv_dim = p->kv_heads * hd;
     const uint64_t ff = p->ff, vocab = p->vocab;
     const float inv_sqrt_dim = 1.0f / sqrtf((float)dim);
+    const bool phi3 = strcmp(p->arch, "phi3") == 0; /* fused attn_qkv and gate/up (ffn_up of 2 x ff rows) */
     uint32_t index = 0;
     SD_TRY(add_random(w, p, index++, "token_embd.weight", p->dtype, 2, (uint64_t[]){dim, vocab}, 0.0f, inv_sqrt_dim));
     SD_TRY(add_random(w, p, index++, "output_norm.weight", p->norm_dtype, 1, (uint64_t[]){dim}, 1.0f, 0.1f));
@@ -566,18 +583,25 @@ static sd_status write_weights(sd_gguf_writer *w, const mk_params *p) {
         char name[96];
 #define BLK(suffix) (snprintf(name, sizeof name, "blk.%u." suffix, l), name)
         SD_TRY(add_random(w, p, index++, BLK("attn_norm.weight"), p->norm_dtype, 1, (uint64_t[]){dim}, 1.0f, 0.1f));
-        SD_TRY(
-            add_random(w, p, index++, BLK("attn_q.weight"), p->dtype, 2, (uint64_t[]){dim, q_dim}, 0.0f, inv_sqrt_dim));
-        SD_TRY(add_random(w, p, index++, BLK("attn_k.weight"), p->dtype, 2, (uint64_t[]){dim, kv_dim}, 0.0f,
-                          inv_sqrt_dim));
-        SD_TRY(add_random(w, p, index++, BLK("attn_v.weight"), p->dtype, 2, (uint64_t[]){dim, kv_dim}, 0.0f,
-                          inv_sqrt_dim));
+        if (phi3) {
+            SD_TRY(add_random(w, p, index++, BLK("attn_qkv.weight"), p->dtype, 2,
+                              (uint64_t[]){dim, q_dim + 2 * kv_dim}, 0.0f, inv_sqrt_dim));
+        } else {
+            SD_TRY(add_random(w, p, index++, BLK("attn_q.weight"), p->dtype, 2, (uint64_t[]){dim, q_dim}, 0.0f,
+                              inv_sqrt_dim));
+            SD_TRY(add_random(w, p, index++, BLK("attn_k.weight"), p->dtype, 2, (uint64_t[]){dim, kv_dim}, 0.0f,
+                              inv_sqrt_dim));
+            SD_TRY(add_random(w, p, index++, BLK("attn_v.weight"), p->dtype, 2, (uint64_t[]){dim, kv_dim}, 0.0f,
+                              inv_sqrt_dim));
+        }
         SD_TRY(add_random(w, p, index++, BLK("attn_output.weight"), p->dtype, 2, (uint64_t[]){q_dim, dim}, 0.0f,
                           1.0f / sqrtf((float)q_dim)));
         SD_TRY(add_random(w, p, index++, BLK("ffn_norm.weight"), p->norm_dtype, 1, (uint64_t[]){dim}, 1.0f, 0.1f));
-        SD_TRY(
-            add_random(w, p, index++, BLK("ffn_gate.weight"), p->dtype, 2, (uint64_t[]){dim, ff}, 0.0f, inv_sqrt_dim));
-        SD_TRY(add_random(w, p, index++, BLK("ffn_up.weight"), p->dtype, 2, (uint64_t[]){dim, ff}, 0.0f, inv_sqrt_dim));
+        if (!phi3)
+            SD_TRY(add_random(w, p, index++, BLK("ffn_gate.weight"), p->dtype, 2, (uint64_t[]){dim, ff}, 0.0f,
+                              inv_sqrt_dim));
+        SD_TRY(add_random(w, p, index++, BLK("ffn_up.weight"), p->dtype, 2, (uint64_t[]){dim, phi3 ? 2 * ff : ff},
+                          0.0f, inv_sqrt_dim));
         SD_TRY(add_random(w, p, index++, BLK("ffn_down.weight"), p->dtype, 2, (uint64_t[]){ff, dim}, 0.0f,
                           1.0f / sqrtf((float)ff)));
 #undef BLK
@@ -607,7 +631,10 @@ static sd_status write_metadata(sd_gguf_writer *w, const mk_params *p) {
     const uint32_t hd = p->head_dim ? p->head_dim : p->dim / p->heads;
     char key[96], name[64];
 #define K(suffix) (snprintf(key, sizeof key, "%s.%s", p->arch, suffix), key)
-    snprintf(name, sizeof name, "specd-mkmodel random %s", p->mistral ? "mistral" : p->arch);
+    /* not "phi3" in the name: llama.cpp keys Phi-3's special-token rules on
+     * general.name and then looks up "</s>", which the synthetic vocabulary lacks */
+    const bool phi3 = strcmp(p->arch, "phi3") == 0;
+    snprintf(name, sizeof name, "specd-mkmodel random %s", p->mistral ? "mistral" : phi3 ? "fused-qkv" : p->arch);
     SD_TRY(sd_gguf_writer_set_str(w, "general.architecture", p->arch));
     SD_TRY(sd_gguf_writer_set_str(w, "general.name", name));
     SD_TRY(sd_gguf_writer_set_u32(w, "general.file_type", file_type(p->dtype)));
@@ -740,7 +767,8 @@ int main(int argc, char **argv) {
     if (p.requant_from) {
         s = requant(w, &p);
     } else if (!p.convert) {
-        s = p.tokenizer_from ? copy_tokenizer(w, &p) : write_synthetic_tokenizer(w, p.vocab);
+        s = p.tokenizer_from ? copy_tokenizer(w, &p) : write_synthetic_tokenizer(w, p.vocab, p.pad_vocab);
+        if (p.pad_vocab > p.vocab) p.vocab = p.pad_vocab; /* the embedding's rows */
         if (s == SD_OK) s = write_metadata(w, &p);
         if (s == SD_OK) s = write_weights(w, &p);
     }

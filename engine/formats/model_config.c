@@ -1,5 +1,5 @@
 /* model_config.c — the model config from GGUF metadata (<arch>.* keys for
- * llama, qwen2, qwen3 and gemma3, each architecture's additions set by
+ * llama, qwen2, qwen3, gemma3 and phi3, each architecture's additions set by
  * arch_features and their tensors checked by check_arch_tensors),
  * every value range-checked and every tensor the model will need checked for
  * presence, type and shape before anything is loaded. Split out of the model
@@ -115,16 +115,20 @@ static sd_status check_all_tensors(const sd_gguf *g, const sd_model_config *c) {
     if (!c->tied_output) SD_TRY(check_tensor(g, "output.weight", 2, e, v));
     char name[96];
     for (int32_t l = 0; l < c->n_layers; l++) {
+        const bool fq = c->fused_qkv, fu = c->fused_gate_up; /* phi3: one matrix where llama has two or three */
         struct {
+            bool on;
             const char *suffix;
             uint32_t n_dims;
             uint64_t ne0, ne1;
         } const want[] = {
-            {"attn_norm", 1, e, 0}, {"attn_q", 2, e, qd},      {"attn_k", 2, e, kd},
-            {"attn_v", 2, e, kd},   {"attn_output", 2, qd, e}, {"ffn_norm", 1, e, 0},
-            {"ffn_gate", 2, e, f},  {"ffn_up", 2, e, f},       {"ffn_down", 2, f, e},
+            {true, "attn_norm", 1, e, 0},   {!fq, "attn_q", 2, e, qd},          {!fq, "attn_k", 2, e, kd},
+            {!fq, "attn_v", 2, e, kd},      {fq, "attn_qkv", 2, e, qd + 2 * kd}, {true, "attn_output", 2, qd, e},
+            {true, "ffn_norm", 1, e, 0},    {!fu, "ffn_gate", 2, e, f},         {true, "ffn_up", 2, e, fu ? 2 * f : f},
+            {true, "ffn_down", 2, f, e},
         };
         for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+            if (!want[i].on) continue;
             snprintf(name, sizeof name, "blk.%d.%s.weight", (int)l, want[i].suffix);
             SD_TRY(check_tensor(g, name, want[i].n_dims, want[i].ne0, want[i].ne1));
         }
@@ -245,6 +249,26 @@ static sd_status gguf_rope_number(const void *src, sd_rope_key key, double *out)
     return s;
 }
 
+/* Phi-3's 128k-context variants scale RoPE per frequency (LongRoPE, "su":
+ * rope_factors_long / rope_factors_short and an attention factor), which
+ * the engine does not implement: refused by name, not run wrong. */
+static sd_status phi3_rope(const arch_keys *k) {
+    char key[96];
+    static const char *const tensors[] = {"rope_factors_long.weight", "rope_factors_short.weight"};
+    for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; i++)
+        if (sd_gguf_find_tensor(k->g, tensors[i])) {
+            SD_ERROR("model: phi3 with LongRoPE scaling (tensor %s: a 128k-context variant) is not supported; "
+                     "the 4k-context Phi-3 models are", tensors[i]);
+            return SD_ERR_UNSUPPORTED;
+        }
+    if (sd_gguf_find_key(k->g, akey(k, "rope.scaling.attn_factor", key, sizeof key)) >= 0) {
+        SD_ERROR("model: phi3 with LongRoPE scaling (key %s: a 128k-context variant) is not supported; the "
+                 "4k-context Phi-3 models are", key);
+        return SD_ERR_UNSUPPORTED;
+    }
+    return SD_OK;
+}
+
 /* What each architecture adds over Llama (model_config.h), and the keys
  * only some have: the sliding window (gemma3 always has one, llama one when
  * the file says so: Mistral), the windowed layers' RoPE base. Gemma 3 as
@@ -252,7 +276,10 @@ static sd_status gguf_rope_number(const void *src, sd_rope_key key, double *out)
  * base 10000 unless <arch>.rope.freq_base_swa says otherwise; the query
  * scale 1/sqrt(head_dim), 1/sqrt(n_embd / n_heads) for the 62-layer 27B
  * (GGUF has no query_pre_attn_scalar key); norm weights as stored (the GGUF
- * converter has folded Gemma's 1 + w into them). */
+ * converter has folded Gemma's 1 + w into them). Phi-3 as llama.cpp reads
+ * it: llama with fused matrices and NeoX RoPE, full attention (llama.cpp
+ * turns Phi-3's sliding window off, so does this); its LongRoPE ("su")
+ * variants, the 128k-context ones, are refused (phi3_rope). */
 static sd_status arch_features(const arch_keys *k, sd_model_config *c) {
     char key[96];
     c->embd_scale = 1.0f;
@@ -267,6 +294,10 @@ static sd_status arch_features(const arch_keys *k, sd_model_config *c) {
     case SD_ARCH_QWEN3:
         c->qk_norm = true;
         c->rope_neox = true;
+        break;
+    case SD_ARCH_PHI3:
+        c->fused_qkv = c->fused_gate_up = c->rope_neox = true;
+        SD_TRY(phi3_rope(k));
         break;
     case SD_ARCH_GEMMA3:
         c->qk_norm = c->post_norms = c->rope_neox = c->gelu = true;
@@ -287,7 +318,7 @@ static sd_status arch_features(const arch_keys *k, sd_model_config *c) {
     } else {
         SD_TRY(s);
     }
-    if (c->arch_id != SD_ARCH_LLAMA && c->arch_id != SD_ARCH_GEMMA3) c->sliding_window = 0; /* qwen: full attention */
+    if (c->arch_id != SD_ARCH_LLAMA && c->arch_id != SD_ARCH_GEMMA3) c->sliding_window = 0; /* qwen, phi3: full attention */
     s = get_pos_f32(k->g, akey(k, "rope.freq_base_swa", key, sizeof key), &c->rope_base_swa);
     if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
     return SD_OK;
@@ -306,7 +337,8 @@ sd_status sd_model_config_from_gguf(const sd_gguf *g, sd_model_config *cfg) {
     static const struct {
         const char *name;
         sd_model_arch id;
-    } archs[] = {{"llama", SD_ARCH_LLAMA}, {"qwen2", SD_ARCH_QWEN2}, {"qwen3", SD_ARCH_QWEN3}, {"gemma3", SD_ARCH_GEMMA3}};
+    } archs[] = {{"llama", SD_ARCH_LLAMA}, {"qwen2", SD_ARCH_QWEN2}, {"qwen3", SD_ARCH_QWEN3}, {"gemma3", SD_ARCH_GEMMA3},
+                 {"phi3", SD_ARCH_PHI3}};
     size_t ai = 0;
     while (ai < sizeof archs / sizeof archs[0] && !str_eq(arch, archs[ai].name)) ai++;
     if (ai == sizeof archs / sizeof archs[0]) {

@@ -23,7 +23,14 @@
  * 1% of chat's acceptance; 16,384 lost a fifth of it (bench/results/spec-cpu.md).
  *
  * A draft model or target path is a GGUF file or a Hugging Face checkpoint
- * directory (weights.h).
+ * directory (weights.h). It pairs with the target when their tokenizers
+ * hash alike (sd_tok_vocab_hash: the tokens before trailing unused
+ * padding), whatever rows each embedding is padded to (Qwen2.5-0.5B has
+ * 151,936, -72B 152,064): a draft padded further drafts among the target's
+ * ids only (the cut above); a draft padded less drafts nothing once the
+ * context holds one of the target's padding ids, which it cannot embed (a
+ * trained target never emits one; random test models do). The batched path
+ * (the service, whose registration wants equal sizes) refuses such an id.
  *
  * Self-draft memory. In a process that holds the target, sd_drafter_self_view
  * wraps sd_model_view_layers: the draft borrows the target's weights and
@@ -44,6 +51,8 @@ typedef struct model_drafter {
     bool owned; /* free the model with the drafter */
     sd_kv *kv;
     int32_t n_vocab;
+    int32_t n_ctx_vocab; /* context ids allowed: the target's rows when they pass n_vocab (ids past n_vocab are
+                          * its padding, which the draft cannot embed: model_propose drafts nothing then) */
     int32_t n_head; /* draft_vocab: logits of ids [0, n_head) are computed, the others never drafted */
     int32_t top_n;
     int32_t max_ctx;
@@ -95,10 +104,12 @@ static sd_status model_propose(sd_drafter *d, int32_t slot, const int32_t *conte
                                const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n_drafted) {
     model_drafter *md = d->impl;
     for (int32_t i = 0; i < n_context; i++) {
-        if (context[i] < 0 || context[i] >= md->n_vocab) {
-            SD_ERROR("drafter: context token %d at %d is outside [0, %d)", (int)context[i], (int)i, (int)md->n_vocab);
+        if (context[i] < 0 || context[i] >= md->n_ctx_vocab) {
+            SD_ERROR("drafter: context token %d at %d is outside [0, %d)", (int)context[i], (int)i,
+                     (int)md->n_ctx_vocab);
             return SD_ERR_RANGE;
         }
+        if (context[i] >= md->n_vocab) return SD_OK; /* the target's padding id: nothing drafted */
     }
     /* The last draft token is not fed, so a full draft needs n_context + k - 1 slots. */
     if (n_context + k - 1 > md->max_ctx) k = md->max_ctx - n_context + 1;
@@ -329,7 +340,7 @@ static sd_status wrap(sd_model *m, bool owned, sd_drafter_kind kind, const sd_dr
     if (!d || !md) goto fail;
     md->model = m;
     md->owned = owned;
-    md->n_vocab = sd_model_config_of(m)->n_vocab;
+    md->n_vocab = md->n_ctx_vocab = sd_model_config_of(m)->n_vocab;
     md->n_head = params.draft_vocab > 0 && params.draft_vocab < md->n_vocab ? params.draft_vocab : md->n_vocab;
     md->top_n = params.top_n < md->n_head ? params.top_n : md->n_head;
     md->max_ctx = params.max_ctx;
@@ -422,15 +433,30 @@ sd_status sd_drafter_model_open(const char *path, uint64_t target_vocab_hash, in
     int32_t n_vocab = 0;
     sd_model *m = NULL;
     SD_TRY(load_model(path, 0, p, &hash, &n_vocab, &m));
-    if (hash != target_vocab_hash || n_vocab != target_n_vocab || sd_model_config_of(m)->n_vocab != target_n_vocab) {
+    /* the hash covers the tokenizer's tokens before its trailing unused
+     * padding (tokenizer.c): equal hashes are the same tokenizer, whatever
+     * rows each embedding is padded to */
+    if (hash != target_vocab_hash) {
         SD_ERROR("drafter: the vocabulary of %s (%d tokens, hash %016llx) differs from the target's (%d tokens, "
-                 "hash %016llx): a draft model must share the target's tokenizer exactly",
+                 "hash %016llx): a draft model must share the target's tokenizer (only trailing unused padding "
+                 "tokens may differ)",
                  path, (int)n_vocab, (unsigned long long)hash, (int)target_n_vocab,
                  (unsigned long long)target_vocab_hash);
         sd_model_free(&m);
         return SD_ERR_UNSUPPORTED;
     }
-    return wrap(m, true, SD_DRAFTER_MODEL, p, out);
+    /* a draft padded further than the target drafts among the target's ids
+     * only (the vocabulary cut: exact, see the top of this file) */
+    sd_drafter_params q = p ? *p : sd_drafter_default_params();
+    int32_t rows = sd_model_config_of(m)->n_vocab;
+    if (rows > target_n_vocab && (q.draft_vocab <= 0 || q.draft_vocab > target_n_vocab)) q.draft_vocab = target_n_vocab;
+    if (rows != target_n_vocab)
+        SD_INFO("drafter: %s pads the shared vocabulary to %d rows, the target to %d", path, (int)rows,
+                (int)target_n_vocab);
+    SD_TRY(wrap(m, true, SD_DRAFTER_MODEL, &q, out));
+    model_drafter *md = (*out)->impl;
+    if (target_n_vocab > md->n_ctx_vocab) md->n_ctx_vocab = target_n_vocab;
+    return SD_OK;
 }
 
 sd_status sd_drafter_self_open(const char *path, int32_t n_layers, const sd_drafter_params *p, sd_drafter **out) {

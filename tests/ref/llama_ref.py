@@ -45,7 +45,7 @@ import gguf
 from gguf.quants import dequantize
 
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
 
 
 def _field(reader, key, default=None):
@@ -140,10 +140,14 @@ class LlamaRef:
             if name in self.tensors:
                 self.w[name] = self._load(name)
         for l in range(self.n_layers):
-            for part in ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-                         "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"]:
+            fused = self.arch == "phi3"
+            parts = ["attn_norm", "attn_output", "ffn_norm", "ffn_down"]
+            parts += [] if fused else ["attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up"]
+            for part in parts:
                 name = f"blk.{l}.{part}.weight"
                 self.w[name] = self._load(name)
+            if fused:
+                self._split_fused(l)
             extra = []
             if self.qkv_bias:
                 extra += ["attn_q.bias", "attn_k.bias", "attn_v.bias"]
@@ -171,13 +175,15 @@ class LlamaRef:
         RMSNorm; gemma3 the embedding scaled by sqrt(n_embd), q/k norms,
         post-attention and post-FFN norms (GGUF stores Gemma's 1 + w folded
         into the weights), GeGLU with tanh gelu, every 6th layer global and
-        the others windowed with RoPE base 10000; qwen2/qwen3/gemma3 rotate
-        NeoX halves; llama with a sliding window (Mistral) windows every layer."""
+        the others windowed with RoPE base 10000; qwen2/qwen3/gemma3/phi3 rotate
+        NeoX halves; phi3 fuses Q/K/V and gate/up (_split_fused) and attends
+        to every position (llama.cpp ignores its window); llama with a sliding
+        window (Mistral) windows every layer."""
         arch = self.arch
         self.qkv_bias = arch == "qwen2"
         self.qk_norm = arch in ("qwen3", "gemma3")
         self.post_norms = self.gelu = arch == "gemma3"
-        self.rope_neox = arch in ("qwen2", "qwen3", "gemma3")
+        self.rope_neox = arch in ("qwen2", "qwen3", "gemma3", "phi3")
         self.embd_scale = math.sqrt(self.n_embd) if arch == "gemma3" else 1.0
         self.attn_scale = 1.0 / math.sqrt(self.head_dim)
         if arch == "gemma3" and self.n_layers == 62:
@@ -186,6 +192,26 @@ class LlamaRef:
         self.swa_pattern = 6 if arch == "gemma3" else 0
         base_swa = A("rope.freq_base_swa", 10000.0 if arch == "gemma3" else None)
         self.rope_base_swa = float(base_swa) if base_swa is not None else None
+
+    def _split_fused(self, l):
+        """phi3: attn_qkv's rows are Q, K, V stacked, ffn_up's the gate's then
+        the up's (llama.cpp's layout); each part keeps the fused tensor's type
+        (the engine rounds the shared input the same way for each)."""
+        b = f"blk.{l}."
+        qkv = self._load(b + "attn_qkv.weight")
+        qd, kd = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        if qkv.shape[0] != qd + 2 * kd:
+            raise ValueError(f"{b}attn_qkv.weight has {qkv.shape[0]} rows, expected {qd + 2 * kd}")
+        up = self._load(b + "ffn_up.weight")
+        if up.shape[0] != 2 * self.n_ff:
+            raise ValueError(f"{b}ffn_up.weight has {up.shape[0]} rows, expected {2 * self.n_ff}")
+        parts = {"attn_q": (qkv, 0, qd, "attn_qkv"), "attn_k": (qkv, qd, qd + kd, "attn_qkv"),
+                 "attn_v": (qkv, qd + kd, qd + 2 * kd, "attn_qkv"), "ffn_gate": (up, 0, self.n_ff, "ffn_up"),
+                 "ffn_up": (up, self.n_ff, 2 * self.n_ff, "ffn_up")}
+        fused_t = {src: self.tensors[b + src + ".weight"] for src in ("attn_qkv", "ffn_up")}
+        for part, (a, lo, hi, src) in parts.items():
+            self.w[b + part + ".weight"] = a[lo:hi]
+            self.tensors[b + part + ".weight"] = fused_t[src]
 
     def layer_swa(self, l):
         return self.window > 0 and (self.swa_pattern == 0 or l % self.swa_pattern != self.swa_pattern - 1)

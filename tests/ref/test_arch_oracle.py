@@ -1,12 +1,15 @@
 """test_arch_oracle.py — the architectures beyond Llama against the numpy oracle.
 
 Random models from build/tools/specd-mkmodel --arch qwen2 | qwen3 | gemma3 |
-mistral (what each adds: engine/formats/model_config.c, tests/ref/llama_ref.py):
+phi3 | mistral (what each adds: engine/formats/model_config.c, tests/ref/llama_ref.py):
   * qwen2: Q/K/V biases, NeoX RoPE; tied and untied heads; f32 and q8_0;
   * qwen3: per-head q/k RMSNorm with heads wider than n_embd / n_heads;
   * gemma3: the embedding scale, q/k norms, post-norms, GeGLU, 7 layers so
     that layer 5 is global and the others windowed (window 8, each kind with
     its own RoPE base), f32 and q8_0;
+  * phi3: Q/K/V in one attn_qkv matrix, gate and up in one ffn_up of
+    2 x ff rows (the engine loads each part as a matrix of its own), NeoX
+    RoPE; f32 and q8_0;
   * mistral: llama with a window of 6 on every layer.
 Sequences of up to 33 tokens (longer than the windows) in one ragged batch,
 and cut into chunks of 5 (attention over K/V from earlier calls, across the
@@ -49,6 +52,10 @@ ARCH_MODELS = [
     ("gemma3 q8_0 6 layers window 5", ["--arch", "gemma3", "--dtype", "q8_0", "--dim", "64", "--heads", "2",
                                        "--kv-heads", "1", "--head-dim", "64", "--ff", "192", "--layers", "6",
                                        "--window", "5", "--tied"]),
+    ("phi3 f32 fused QKV and gate/up", ["--arch", "phi3", "--dtype", "f32", "--dim", "64", "--heads", "4",
+                                        "--kv-heads", "2", "--ff", "96"]),
+    ("phi3 q8_0 MHA", ["--arch", "phi3", "--dtype", "q8_0", "--dim", "64", "--heads", "2", "--kv-heads", "2",
+                       "--ff", "128", "--layers", "3"]),
     ("mistral f32 window 6", ["--arch", "mistral", "--dtype", "f32", "--dim", "64", "--heads", "4",
                               "--kv-heads", "2", "--ff", "128", "--window", "6"]),
 ]

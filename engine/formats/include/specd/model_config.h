@@ -1,6 +1,6 @@
 /* model_config.h — a model's hyper-parameters, read from a file: Llama and
  * the architectures that differ from it in a few named ways (Qwen2, Qwen3,
- * Gemma 3; sd_model_arch), each difference a field below.
+ * Gemma 3, Phi-3; sd_model_arch), each difference a field below.
  *
  * The config is what every layer above needs to know about a model before
  * (or without) loading its weights: the coordinator sizes prompts with it,
@@ -35,15 +35,16 @@ typedef enum sd_model_arch {
     SD_ARCH_QWEN2,     /* "qwen2": Q/K/V biases, NeoX RoPE */
     SD_ARCH_QWEN3,     /* "qwen3": per-head q/k RMSNorm, NeoX RoPE */
     SD_ARCH_GEMMA3,    /* "gemma3": see the fields below */
+    SD_ARCH_PHI3,      /* "phi3": fused QKV and gate/up matrices, NeoX RoPE (4k-context models: no LongRoPE) */
 } sd_model_arch;
 
 /* The architectures' names, comma-separated, for messages. */
-#define SD_MODEL_ARCHS "llama, qwen2, qwen3, gemma3"
+#define SD_MODEL_ARCHS "llama, qwen2, qwen3, gemma3, phi3"
 
 /* Hyper-parameters read from <arch>.* metadata (the keys below name the
  * llama.* ones; every architecture has the same under its own prefix). */
 typedef struct sd_model_config {
-    char arch[32]; /* "llama", "qwen2", "qwen3", "gemma3" */
+    char arch[32]; /* "llama", "qwen2", "qwen3", "gemma3", "phi3" */
     sd_model_arch arch_id;
     int32_t n_vocab;
     int32_t n_ctx_train; /* llama.context_length */
@@ -68,6 +69,8 @@ typedef struct sd_model_config {
     bool post_norms;   /* blk.N.post_attention_norm / post_ffw_norm on each branch before its residual add */
     bool rope_neox;    /* RoPE rotates (x[i], x[i + head_dim/2]), not adjacent pairs */
     bool gelu;         /* GeGLU (tanh gelu) instead of SwiGLU */
+    bool fused_qkv;    /* blk.N.attn_qkv.weight [n_embd, q + 2 kv rows]: Q, K, V stacked by rows (phi3) */
+    bool fused_gate_up; /* blk.N.ffn_up.weight [n_embd, 2 n_ff]: the gate's rows, then the up's (phi3) */
     float embd_scale;  /* embeddings multiplied by this (gemma3: sqrt(n_embd)); 1 otherwise */
     float attn_scale;  /* the scores' scale: 1/sqrt(head_dim), gemma3 1/sqrt(query_pre_attn_scalar) */
     int32_t sliding_window; /* <arch>.attention.sliding_window; 0: every layer attends to all positions */

@@ -87,7 +87,9 @@ sd_status sd_drafter_ngram_create(const sd_drafter_params *p, sd_drafter **out);
 /* A model drafter over the GGUF at path. target_vocab_hash/target_n_vocab
  * are the target's (sd_tok_vocab_hash, n_vocab): a draft model whose
  * vocabulary differs is refused with SD_ERR_UNSUPPORTED and a log line
- * saying so. Caller frees with sd_drafter_free. */
+ * naming both sizes; one that differs only in trailing unused padding
+ * tokens (its embedding padded to other rows) pairs, drafting among ids <
+ * target_n_vocab. Caller frees with sd_drafter_free. */
 sd_status sd_drafter_model_open(const char *path, uint64_t target_vocab_hash, int32_t target_n_vocab,
                                 const sd_drafter_params *p, sd_drafter **out);
 
