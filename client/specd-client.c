@@ -349,11 +349,28 @@ static int run_stats(sd_client *c, const options *o) {
     return 0;
 }
 
-static int wait_ready(sd_client *c, const options *o) {
+/* Until a verifier is registered. With `discover` (no --coordinator, and
+ * no record of specd-launch's address when the client started), it also
+ * looks for that record every pass and moves to it once it appears:
+ * specd-launch writes it when the service is ready, so a --wait-ready
+ * started beside it (README's first commands) would otherwise wait on the
+ * fallback address to its deadline. */
+static int wait_ready(sd_client **c, sd_client_params *p, options *o, bool discover) {
+    static char found[600];
     double deadline = sd_now() + o->wait_ready_s;
     while (!cli_interrupted) {
+        if (discover && sd_client_discover(getenv("XDG_RUNTIME_DIR"), found, sizeof found)) {
+            sd_client *moved = NULL;
+            p->coordinator = found;
+            if (sd_client_connect(p, &moved) == SD_OK) {
+                sd_client_close(c);
+                *c = moved;
+                o->coordinator = found;
+                discover = false;
+            }
+        }
         sd_client_service_stats s;
-        if (sd_client_stats(c, 500, &s) == SD_OK)
+        if (sd_client_stats(*c, 500, &s) == SD_OK)
             for (size_t i = 0; i < s.n_workers; i++)
                 if (s.workers[i].role == SPECD__ROLE__ROLE_VERIFIER && s.workers[i].alive) return 0;
         if (sd_now() >= deadline) break;
@@ -542,6 +559,7 @@ int main(int argc, char **argv) {
     o.timeout_s = 10;
     o.concurrency = 64;
     static char found[600];
+    const char *const fallback = o.coordinator;
     if (sd_client_discover(getenv("XDG_RUNTIME_DIR"), found, sizeof found)) o.coordinator = found;
     int rc = parse_args(argc, argv, &o); /* --coordinator wins */
     if (rc != 0) {
@@ -583,7 +601,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     rc = 0;
-    if (o.wait_ready_s > 0) rc = wait_ready(c, &o);
+    if (o.wait_ready_s > 0) rc = wait_ready(&c, &p, &o, o.coordinator == fallback);
     if (rc == 0 && o.stats)
         rc = run_stats(c, &o);
     else if (rc == 0 && o.prompt)

@@ -28,6 +28,8 @@ static void usage(FILE *f) {
         "  --local-ngram          drafter: n-gram prompt lookup inside the coordinator (no process, no draft\n"
         "                         round trip; the fastest lookup decoding)\n"
         "  --draft-layers L       drafter: the target's first L layers (self-draft)\n"
+        "  --eagle DIR            drafter: an EAGLE-3 head (Hugging Face directory, e.g. tools/train-eagle's)\n"
+        "                         in each verifier, drafting after every verify step (no round trip; TP 1)\n"
         "                         The three drafter flags may be repeated and mixed: each starts one drafter,\n"
         "                         all active at once (at most %d); each is restarted when it dies.\n"
         "  --drafters LIST        drafters as a list: ngram, model:FILE, layers:L, comma-separated\n"
@@ -85,6 +87,7 @@ enum {
     OPT_DRAFTERS,
     OPT_NO_DRAFT,
     OPT_LOCAL_NGRAM,
+    OPT_EAGLE,
     OPT_GROUPS,
     OPT_TP,
     OPT_VERIFIER_DEVICE,
@@ -184,6 +187,7 @@ static bool apply_worker_option(launch_opts *o, int opt, char *arg) {
     case OPT_DRAFTERS: return parse_drafters(o, arg);
     case OPT_NO_DRAFT: o->no_draft = true; return true;
     case OPT_LOCAL_NGRAM: o->local_ngram = true; return true;
+    case OPT_EAGLE: o->eagle = arg; return true;
     case OPT_GROUPS:
         if (!sd_cli_parse_int(arg, 1, MAX_GROUPS, &o->groups)) {
             fprintf(stderr, "specd-launch: --groups must be an integer in [1, %d], got '%s'\n", MAX_GROUPS, arg);
@@ -274,9 +278,14 @@ static bool gateway_exposure_ok(const launch_opts *o) {
 /* The rules between flags: 0, or 2 with the reason on stderr. */
 static int check_opts(const launch_opts *o) {
     if (!gateway_exposure_ok(o)) return 2;
-    if (!o->target || (o->n_drafters == 0 && !o->local_ngram) == !o->no_draft) {
+    if (!o->target || (o->n_drafters == 0 && !o->local_ngram && !o->eagle) == !o->no_draft) {
         fprintf(stderr, "specd-launch: need --target and either drafters (--draft, --ngram, --local-ngram, "
-                        "--draft-layers, --drafters) or --no-draft (see --help)\n");
+                        "--draft-layers, --eagle, --drafters) or --no-draft (see --help)\n");
+        return 2;
+    }
+    if (o->eagle && o->tp > 1) {
+        fprintf(stderr, "specd-launch: --eagle with --tp %d: an EAGLE head in a TP group is not supported yet\n",
+                o->tp);
         return 2;
     }
     if (o->groups * o->tp > MAX_TP) {
@@ -313,6 +322,7 @@ static const struct option launch_longs[] = {{"target", required_argument, 0, OP
                                              {"draft-layers", required_argument, 0, OPT_DRAFT_LAYERS},
                                              {"no-draft", no_argument, 0, OPT_NO_DRAFT},
                                              {"local-ngram", no_argument, 0, OPT_LOCAL_NGRAM},
+                                             {"eagle", required_argument, 0, OPT_EAGLE},
                                              {"tp", required_argument, 0, OPT_TP},
                                              {"client-addr", required_argument, 0, OPT_CLIENT_ADDR},
                                              {"worker-addr", required_argument, 0, OPT_WORKER_ADDR},

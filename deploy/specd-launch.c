@@ -238,6 +238,10 @@ static void build_argv(launcher *L, child *c) {
         }
         push(c, &n, "--group-id");
         push(c, &n, int_arg(c, 4, c->group + 1));
+        if (o->eagle) {
+            push(c, &n, "--eagle");
+            push(c, &n, o->eagle);
+        }
         if (o->device_base >= 0) {
             push(c, &n, "--device");
             snprintf(c->argbuf[3], sizeof c->argbuf[3], "cuda:%d", o->device_base + c->group * o->tp + c->rank);
@@ -623,7 +627,8 @@ static bool open_ready_socket(launcher *L, launch_ready *rd) {
 static bool check_ready(launcher *L, launch_ready *rd, bool sock_readable, double deadline, bool *ready) {
     const launch_opts *o = &L->o;
     if (sock_readable) launch_ready_read(rd);
-    const int drafters = o->n_drafters + (o->local_ngram ? 1 : 0); /* the coordinator's own counts */
+    /* the coordinator's own drafters count: its n-gram one, a head's relay per group */
+    const int drafters = o->n_drafters + (o->local_ngram ? 1 : 0) + (o->eagle ? o->groups : 0);
     if (rd->groups_alive >= o->groups && rd->drafters_alive >= drafters &&
         (o->no_gateway || launch_gateway_listening(o->http))) {
         *ready = true;

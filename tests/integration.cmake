@@ -48,6 +48,8 @@ specd_py_test(it_gateway_failover ${_it}test_gateway_failover.py LABELS integrat
 specd_py_test(it_local_user ${_it}test_local_user.py LABELS integration)
 specd_py_test(it_netns ${_it}test_netns.py LABELS integration)
 specd_py_test(it_launch ${_it}test_launch.py LABELS integration)
+# specd-launch --eagle DIR (the head in the verifier, its relay counted before ready); --wait-ready beside a default launch
+specd_py_test(it_launch_eagle ${_it}test_launch_eagle.py LABELS integration)
 specd_py_test(it_client_cli ${_it}test_client_cli.py LABELS integration)
 specd_py_test(it_bounds ${_it}test_bounds.py LABELS integration)
 specd_py_test(it_holes ${_it}test_holes.py LABELS integration)
@@ -65,7 +67,7 @@ set_tests_properties(it_greedy_tiny_model it_greedy_tiny_self it_greedy_tiny_ngr
                      it_greedy_smollm_self it_greedy_smollm_ngram_64 it_greedy_smollm_self_64 it_seeded
                      it_drafter_kill it_verifier_restart it_cancel it_bad_input it_overload it_netns it_launch
                      it_client_cli it_hostile it_launch_curve it_flood it_gateway_bind it_self_connect it_drain
-                     it_gateway_failover it_local_user
+                     it_gateway_failover it_local_user it_launch_eagle
                      PROPERTIES RESOURCE_LOCK specd_integration)
 # Failover through specd-launch and specd-client --jobs (libspecd-client):
 # a role killed or stopped mid-generation with 32 requests in flight; greedy

@@ -1,0 +1,81 @@
+"""specd-launch --eagle DIR, and specd-client --wait-ready started beside a
+default launch.
+
+1. `specd-client --wait-ready 120` is started first, with no --coordinator,
+   then the launcher (default links: ipc:// in a private directory, whose
+   address it records only once the service is ready). The client must find
+   that record and return 0 soon after "ready", not wait on its fallback
+   address to the deadline (README's first commands start them so).
+2. The launcher gives the verifier the head (--eagle): the coordinator lists
+   a drafter of kind eagle (the head's relay) beside the verifier, the
+   launcher counted it before printing ready, and a request is served.
+3. --eagle with --tp 2 is refused at once (exit 2), naming the reason.
+
+Tiny random target, a random EAGLE-3 head of its shape
+(tests/ref/eagle_ref.write_head)."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import harness as H
+
+
+def head(h):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ref"))
+    try:
+        from eagle_ref import write_head
+    except ImportError as e:
+        H.skip("python packages for the head writer missing (%s); run scripts/setup" % e)
+    path = os.path.join(h.tmp, "eagle-head")
+    write_head(path, hidden=64, vocab=512, draft_vocab=16, seed=5)
+    return path
+
+
+def run(h):
+    target, _ = h.tiny_models(seed=41)
+    hd = head(h)
+    base = os.path.join(h.tmp, "run")
+    os.makedirs(base, mode=0o700)
+    env = dict(os.environ, XDG_RUNTIME_DIR=base)
+
+    r = subprocess.run([h.bin("launch"), "--target", target, "--eagle", hd, "--tp", "2", "--no-gateway"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    H.check(r.returncode == 2 and "--eagle" in r.stderr, "--eagle --tp 2: exit %d, %s" % (r.returncode, r.stderr))
+
+    t0 = time.monotonic()
+    waiter = subprocess.Popen([h.bin("client"), "--wait-ready", "120"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env)
+    h.cleanups.append(lambda: waiter.kill())
+    time.sleep(0.5)  # the client looks before the launcher has recorded anything
+    lp = h.start("launch", [h.bin("launch"), "--target", target, "--eagle", hd, "--no-gateway",
+                            "--ready-timeout", "120"], env={"XDG_RUNTIME_DIR": base})
+    H.wait_until(lambda: "ready " in lp.log_tail(200) or not lp.alive(), 150, "specd-launch to print ready")
+    H.check(lp.alive(), "specd-launch exited %s before ready" % lp.popen.returncode)
+    t_ready = time.monotonic() - t0
+    try:
+        _, err = waiter.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        H.check(False, "specd-client --wait-ready still waiting 30 s after the launcher was ready (%.1f s)" % t_ready)
+    H.check(waiter.returncode == 0, "specd-client --wait-ready: exit %d, %s" % (waiter.returncode, err))
+    H.log("--wait-ready started before the launcher returned %.1f s after start (ready after %.1f s)"
+          % (time.monotonic() - t0, t_ready))
+
+    addr = next(l for l in lp.log_tail(200).splitlines() if l.startswith("ready ")).split()[1]
+    r = subprocess.run([h.bin("client"), "--coordinator", addr, "--stats", "--json"], capture_output=True,
+                       text=True, timeout=60)
+    H.check(r.returncode == 0, "stats: %s" % r.stderr[-300:])
+    ws = json.loads(r.stdout).get("workers", [])
+    kinds = [(w["role"], w.get("drafter_kind"), w["alive"]) for w in ws]
+    H.check(any(w["role"] == "drafter" and w.get("drafter_kind") == "eagle" and w["alive"] for w in ws),
+            "no live drafter of kind eagle: %s" % kinds)
+    r = subprocess.run([h.bin("client"), "--coordinator", addr, "-p", "hello", "-n", "6", "--ignore-eos", "--json"],
+                       capture_output=True, text=True, timeout=120)
+    H.check(r.returncode == 0 and len(json.loads(r.stdout).get("ids", [])) == 6, "request: %s" % r.stderr[-300:])
+    H.log("specd-launch --eagle: workers %s; a request served" % kinds)
+    h.stop(lp, timeout=60)
+
+
+if __name__ == "__main__":
+    H.main(run)
