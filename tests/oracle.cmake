@@ -25,8 +25,11 @@ endif()
 # mistral, phi3) on random models in F16, Q8_0 and llama.cpp's Q4_K_M:
 # tokenization, teacher-forced logits and argmax, free-running greedy
 # (skipped without llama-cpp-python); the slow one at real models' widths.
+# Both are in the slow tier, which is where scripts/test installs
+# llama-cpp-python (a build from source the default run has no time for);
+# in the default tier the first one would only ever skip there.
 if(EXISTS ${CMAKE_SOURCE_DIR}/engine/model_forward.c)
-  specd_py_test(arch_llama_oracle ref/test_arch_llama_oracle.py LABELS oracle)
+  specd_py_test(arch_llama_oracle ref/test_arch_llama_oracle.py LABELS "oracle;slow")
   specd_py_test(arch_llama_oracle_slow ref/test_arch_llama_oracle.py ARGS --slow LABELS "oracle;slow")
   set_tests_properties(arch_llama_oracle_slow PROPERTIES TIMEOUT 2400)
   # the real Gemma 3 270M (tools/fetch-model gemma3) against llama.cpp over 20 prompts
