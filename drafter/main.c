@@ -236,6 +236,9 @@ static void on_release(void *user, const uint64_t *ids, size_t n) {
 }
 static void on_reset(void *user) { sd_draft_server_reset(((drafter_ctx *)user)->server); }
 static void on_stats(void *user, Specd__WorkerStats *st) { sd_draft_server_stats(((drafter_ctx *)user)->server, st); }
+static void on_welcome(void *user, int32_t target_n_vocab) {
+    sd_draft_server_pair_vocab(((drafter_ctx *)user)->server, target_n_vocab);
+}
 
 /* The drafter of the kind the flags ask for, its slots' context in
  * dp->max_ctx and its kind in wp (registered with the coordinator): SD_OK
@@ -333,6 +336,7 @@ static sd_status serve(const drafter_opts *o, sd_worker_params *wp, sd_draft_ser
     wp->release = on_release;
     wp->reset = on_reset;
     wp->stats = on_stats;
+    wp->welcome = on_welcome;
     wp->user = &ctx;
     *why = SD_WORKER_STOPPED;
     sd_status st = zctx ? sd_worker_run(zctx, wp, why) : SD_ERR_NET;
