@@ -10,7 +10,8 @@ target's padding ids 576..639 drafts nothing from then on) and to 768 (more:
 drafts among the target's 640 ids only), so their drafts are accepted. For
 each, specd-drafter --model DRAFT registers (the coordinator logs both
 sizes), and greedy requests with K fixed (harness.FIXED_K) equal plain
-greedy decoding token for token, with drafts accepted; with 576 rows some
+greedy decoding token for token, with drafts accepted, and seeded sampled
+ones (temperature 0.9) equal specd-generate's seeded plain decoding; with 576 rows some
 outputs hold a padding id (else the no-draft path went untested); neither
 drafter refuses an id nor has a step refused by the coordinator (an id
 past the target's rows). A drafter
@@ -30,6 +31,7 @@ import harness as H
 N_PROMPTS = 8
 REGISTERED = re.compile(r"drafter \S+ \(\w+\) registered as worker")
 TOKENS = 32
+TEMP, SEED = 0.9, 500
 
 
 def mk(h, path, seed, vocab, pad, dim="64", layers="2"):
@@ -81,8 +83,13 @@ def serve_with(h, coord, draft, rows, prompts, refs, n_registered):
     H.check("pads the target's tokenizer to %d rows, the target to 640" % rows in log_text(coord),
             "the coordinator did not log the drafter's %d rows beside the target's 640" % rows)
     c = h.client()
-    res = c.run([dict(prompt=p, max_tokens=TOKENS, ignore_eos=True) for p in prompts], timeout=600)
+    greedy = [dict(prompt=p, max_tokens=TOKENS, ignore_eos=True) for p in prompts]
+    seeded = [dict(g, sampling=dict(temperature=TEMP, seed=SEED + i)) for i, g in enumerate(greedy)]
+    res = c.run(greedy + seeded, timeout=600)
     c.close()
+    H.expect_equal_ids(res[len(prompts):], refs[len(prompts):], "seeded requests with a draft padded to %d rows"
+                       % rows)
+    res = res[:len(prompts)]
     H.expect_equal_ids(res, refs, "greedy requests with a draft padded to %d rows" % rows)
     drafted = sum(r["finished"]["stats"].get("drafted", 0) for r in res)
     accepted = sum(r["finished"]["stats"].get("accepted", 0) for r in res)
@@ -105,9 +112,10 @@ def run(h):
     other = mk(h, os.path.join(h.tmp, "other.gguf"), 44, 520, 0, dim="32", layers="1")
     prompts = H.random_prompts(N_PROMPTS, seed=33)
     refs = [h.reference(target, p, TOKENS, ignore_eos=True) for p in prompts]
-    padded = sum(any(t >= 576 for t in r["ids"]) for r in refs)
+    refs += [h.reference(target, p, TOKENS, temp=TEMP, seed=SEED + i, ignore_eos=True) for i, p in enumerate(prompts)]
+    padded = sum(any(t >= 576 for t in r["ids"]) for r in refs[:len(prompts)])
     H.check(padded > 0, "no reference output holds a padding id >= 576: the no-draft path would go untested")
-    H.log("%d of %d reference outputs hold a target padding id (>= 576)" % (padded, len(refs)))
+    H.log("%d of %d greedy reference outputs hold a target padding id (>= 576)" % (padded, len(prompts)))
     coord = h.start_coordinator(target, H.FIXED_K)
     h.start_verifier()
     h.wait_registered(verifier=True, drafter=False)
