@@ -10,7 +10,9 @@
  *                                    vocabulary identity it registers with)
  *   --draft-layers L --model TARGET.gguf        the target's first L layers
  * The coordinator compares the registered vocabulary with the target's and
- * refuses a mismatch (exit status 3). Slots hold up to --max-ctx tokens
+ * refuses another tokenizer (exit status 3); a draft whose embedding is
+ * padded to other rows registers, and the Welcome's target size reaches the
+ * draft server (on_welcome: sd_draft_server_pair_vocab). Slots hold up to --max-ctx tokens
  * (default: the model's context; for model drafters also capped so the KV
  * of --max-seqs slots stays within --kv-blocks or a quarter of the memory
  * available; the pools are touched only as far as they are used). A
