@@ -245,13 +245,16 @@ static void verifier_from_hello(sd_coord *c, sd_coord_worker *w, const Specd__He
             name, n, costs[0].tokens, costs[n - 1].tokens, c->cost.verify_fixed_us, c->cost.verify_token_us);
 }
 
-static void send_welcome(sd_coord *c, int32_t wi, uint64_t now_us) {
+/* The Welcome to worker slot wi, whose Hello said worker_vocab rows: the
+ * target's rows only when they differ (a worker built before
+ * Welcome.vocab_size refuses an unknown field; it never pairs padded). */
+static void send_welcome(sd_coord *c, int32_t wi, uint32_t worker_vocab, uint64_t now_us) {
     Specd__Welcome wel = SPECD__WELCOME__INIT;
     wel.protocol_version = SD_PROTOCOL_VERSION;
     wel.worker_id = c->workers[wi].worker_id;
     wel.heartbeat_interval_ms = (uint32_t)c->p.heartbeat_interval_ms;
     wel.heartbeat_liveness = (uint32_t)c->p.heartbeat_liveness;
-    wel.vocab_size = (uint32_t)c->n_vocab;
+    if ((int64_t)worker_vocab != c->n_vocab) wel.vocab_size = (uint32_t)c->n_vocab;
     Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
     env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_WELCOME;
     env.welcome = &wel;
@@ -293,7 +296,7 @@ static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
         SD_INFO("drafter %s (%s) registered as worker %llu (max_batch %d, max_k %d, context %d)", name,
                 kind_name(w->drafter_kind), (unsigned long long)w->worker_id, w->max_batch, w->max_k, w->n_ctx);
     }
-    send_welcome(c, wi, now_us);
+    send_welcome(c, wi, h->model->vocab_size, now_us);
     if (!verifier) sd_place_share_drafter(c, wi, now_us);
 }
 

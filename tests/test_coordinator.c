@@ -653,6 +653,13 @@ static void test_registration_padded_vocab(void **state) {
         specd__coordinator_to_worker__free_unpacked(w, NULL);
     }
     assert_int_equal(sd_place_count(&h->c, SPECD__ROLE__ROLE_DRAFTER), 2);
+    /* equal rows: the Welcome says nothing of the size (a worker built before the field still reads it) */
+    hello(h, "d-same", SPECD__ROLE__ROLE_DRAFTER, h->c.vocab_hash, rows);
+    Specd__CoordinatorToWorker *same = pop_worker(h, "d-same");
+    assert_non_null(same);
+    assert_int_equal(same->body_case, SPECD__COORDINATOR_TO_WORKER__BODY_WELCOME);
+    assert_int_equal(same->welcome->vocab_size, 0);
+    specd__coordinator_to_worker__free_unpacked(same, NULL);
     hello(h, "v-padded", SPECD__ROLE__ROLE_VERIFIER, h->c.vocab_hash, rows + 64);
     Specd__CoordinatorToWorker *w = pop_worker(h, "v-padded");
     assert_non_null(w);
@@ -664,7 +671,7 @@ static void test_registration_padded_vocab(void **state) {
     assert_non_null(w);
     assert_int_equal(w->error->code, SPECD__CODE__CODE_VOCAB_MISMATCH);
     specd__coordinator_to_worker__free_unpacked(w, NULL);
-    assert_int_equal(sd_place_count(&h->c, SPECD__ROLE__ROLE_DRAFTER), 2);
+    assert_int_equal(sd_place_count(&h->c, SPECD__ROLE__ROLE_DRAFTER), 3);
     assert_int_equal(sd_place_count(&h->c, SPECD__ROLE__ROLE_VERIFIER), 0);
     harness_free(h);
 }
