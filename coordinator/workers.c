@@ -2,9 +2,11 @@
  *
  * A worker is known by its ZeroMQ routing id once its Hello was accepted:
  * protocol version equal to ours (else CODE_PROTOCOL), role drafter or
- * verifier leader (rank 0), a vocabulary identical to the target's (size and
- * sd_tok_vocab_hash; else CODE_VOCAB_MISMATCH: the log names both, the
- * refused peer is told only that its identity was refused), and for a
+ * verifier leader (rank 0), the target's vocabulary (sd_tok_vocab_hash, and
+ * for a verifier its size; a drafter's embedding may be padded to other rows,
+ * logged, and its Welcome says the target's size; else CODE_VOCAB_MISMATCH:
+ * the log names both, the refused peer is told only that its identity was
+ * refused and logs its own), and for a
  * verifier no other live leader (else CODE_REFUSED). A worker silent for
  * liveness intervals, or one that leaves a step unanswered past its timeout,
  * is dead: the scheduler drops its step and its beliefs; so is one that
@@ -151,7 +153,12 @@ static Specd__Code hello_refusal(const sd_coord *c, const char *peer_role, const
         snprintf(msg, msg_len, "hello.model: missing");
         return SPECD__CODE__CODE_BAD_REQUEST;
     }
-    if (h->model->vocab_hash != c->vocab_hash || (int64_t)h->model->vocab_size != c->n_vocab) {
+    /* The hash covers the tokenizer's tokens before trailing unused padding:
+     * a drafter whose embedding is padded to other rows shares the target's
+     * tokenizer (the Welcome tells it the target's size); a verifier is the
+     * target, row for row. */
+    const bool rows_may_differ = h->role == SPECD__ROLE__ROLE_DRAFTER;
+    if (h->model->vocab_hash != c->vocab_hash || (!rows_may_differ && (int64_t)h->model->vocab_size != c->n_vocab)) {
         SD_WARN("refused %s: vocabulary mismatch: %s model '%s' has %u tokens, vocab hash 0x%016llx; the target has "
                 "%d tokens, vocab hash 0x%016llx",
                 name, asked, h->model->name ? h->model->name : "?", h->model->vocab_size,
@@ -160,6 +167,9 @@ static Specd__Code hello_refusal(const sd_coord *c, const char *peer_role, const
                  "model identity refused: this worker's vocabulary is not the service's (see the coordinator's log)");
         return SPECD__CODE__CODE_VOCAB_MISMATCH;
     }
+    if ((int64_t)h->model->vocab_size != c->n_vocab)
+        SD_INFO("%s %s: its vocabulary pads the target's tokenizer to %u rows, the target to %d (same tokenizer)",
+                asked, name, h->model->vocab_size, c->n_vocab);
     return SPECD__CODE__CODE_OK;
 }
 
@@ -235,12 +245,16 @@ static void verifier_from_hello(sd_coord *c, sd_coord_worker *w, const Specd__He
             name, n, costs[0].tokens, costs[n - 1].tokens, c->cost.verify_fixed_us, c->cost.verify_token_us);
 }
 
-static void send_welcome(sd_coord *c, int32_t wi, uint64_t now_us) {
+/* The Welcome to worker slot wi, whose Hello said worker_vocab rows: the
+ * target's rows only when they differ (a worker built before
+ * Welcome.vocab_size refuses an unknown field; it never pairs padded). */
+static void send_welcome(sd_coord *c, int32_t wi, uint32_t worker_vocab, uint64_t now_us) {
     Specd__Welcome wel = SPECD__WELCOME__INIT;
     wel.protocol_version = SD_PROTOCOL_VERSION;
     wel.worker_id = c->workers[wi].worker_id;
     wel.heartbeat_interval_ms = (uint32_t)c->p.heartbeat_interval_ms;
     wel.heartbeat_liveness = (uint32_t)c->p.heartbeat_liveness;
+    if ((int64_t)worker_vocab != c->n_vocab) wel.vocab_size = (uint32_t)c->n_vocab;
     Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
     env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_WELCOME;
     env.welcome = &wel;
@@ -282,7 +296,7 @@ static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
         SD_INFO("drafter %s (%s) registered as worker %llu (max_batch %d, max_k %d, context %d)", name,
                 kind_name(w->drafter_kind), (unsigned long long)w->worker_id, w->max_batch, w->max_k, w->n_ctx);
     }
-    send_welcome(c, wi, now_us);
+    send_welcome(c, wi, h->model->vocab_size, now_us);
     if (!verifier) sd_place_share_drafter(c, wi, now_us);
 }
 

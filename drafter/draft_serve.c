@@ -20,7 +20,15 @@
  * cached_len 0; a sequence longer than max_ctx gets KV_FULL (the slots hold
  * max_ctx tokens), and so does a new id when every slot is taken; the
  * request's top_n is advisory: q is always exactly what the drafter sampled
- * from (its own top_n), which is what exactness needs. */
+ * from (its own top_n), which is what exactness needs.
+ *
+ * Padded vocabularies: the coordinator registers a draft whose tokenizer
+ * hashes like the target's whatever its embedding rows; the Welcome's size
+ * reaches sd_draft_server_pair_vocab (the socket thread) and is applied at
+ * the next step (sd_drafter_pair_vocab: a wider draft drafts among the
+ * target's ids only). A sequence whose context holds an id past the
+ * draft's rows (a target padding id) gets OK with no drafts, every step,
+ * without touching the drafter. */
 #include "draft_serve.h"
 
 #include "specd/slots.h"
@@ -28,6 +36,7 @@
 #include "specd/sample.h"
 #include "specd/spec_batch.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,6 +46,9 @@
 struct sd_draft_server {
     sd_drafter *drafter;
     sd_draft_server_params p;
+    _Atomic int32_t pair_to; /* the target's rows from the Welcome (sd_draft_server_pair_vocab); 0 = none */
+    int32_t paired;          /* the rows the drafter was last paired with (the compute thread's) */
+    int32_t embed_rows;      /* sd_drafter_embed_rows: a context holding an id past them drafts nothing */
     uint64_t steps;
     sd_slots slots;  /* request id -> slot (net/slots.c) */
     int32_t *held;   /* [max_seqs] committed tokens held per slot */
@@ -119,6 +131,7 @@ sd_status sd_draft_server_create(sd_drafter *drafter, const sd_draft_server_para
     if (!s) return SD_ERR_NOMEM;
     s->drafter = drafter;
     s->p = p;
+    s->embed_rows = sd_drafter_embed_rows(drafter);
     size_t nb = (size_t)p.max_batch, nd = (size_t)p.max_k, nq = nb * nd * (size_t)p.top_n;
     s->held = calloc((size_t)p.max_seqs, sizeof *s->held);
     sd_status sst = s->held ? sd_slots_init(&s->slots, p.max_seqs, slot_release, slot_held, s) : SD_ERR_NOMEM;
@@ -182,8 +195,26 @@ static void fill_result(sd_draft_server *s, size_t i, const int32_t *tokens, con
     res->q = dptr;
 }
 
+void sd_draft_server_pair_vocab(sd_draft_server *s, int32_t target_n_vocab) {
+    if (s && target_n_vocab > 0) atomic_store(&s->pair_to, target_n_vocab);
+}
+
+/* Whether n tokens hold an id past the drafter's embedding (the target's
+ * padding, when its rows pass the draft's). */
+static bool unembeddable(const sd_draft_server *s, const int32_t *tokens, int64_t n) {
+    if (s->paired <= s->embed_rows) return false;
+    for (int64_t i = 0; i < n; i++)
+        if (tokens[i] >= s->embed_rows) return true;
+    return false;
+}
+
 sd_status sd_draft_server_handle(sd_draft_server *s, const Specd__DraftRequest *req, Specd__DraftResponse *resp) {
     if (!s || !req || !resp) return SD_ERR_INVALID_ARG;
+    int32_t pair_to = atomic_load(&s->pair_to);
+    if (pair_to > 0 && pair_to != s->paired) {
+        SD_TRY(sd_drafter_pair_vocab(s->drafter, pair_to));
+        s->paired = pair_to;
+    }
     if (req->n_seqs > (size_t)s->p.max_batch) {
         SD_ERROR("drafter: step %llu has %zu sequences, more than max_batch %d", (unsigned long long)req->step_id,
                  req->n_seqs, (int)s->p.max_batch);
@@ -219,7 +250,8 @@ sd_status sd_draft_server_handle(sd_draft_server *s, const Specd__DraftRequest *
         s->held[slot] = (int32_t)len;
         res->cached_len = (uint32_t)len;
         int32_t k = (int32_t)sq->k < s->p.max_k ? (int32_t)sq->k : s->p.max_k;
-        if (len == 0) continue; /* nothing to continue from: no drafts */
+        if (len == 0) continue;                   /* nothing to continue from: no drafts */
+        if (unembeddable(s, held, len)) continue; /* an id the draft cannot embed: no drafts (K = 0) */
         /* sd_draft_batch wants at least one new token: with an empty append,
          * feed the last held token again (keep one less). */
         int32_t keep = (int32_t)sq->keep_len, n_new = (int32_t)sq->n_append;

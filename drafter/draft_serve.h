@@ -33,6 +33,10 @@ void sd_draft_server_free(sd_draft_server **s);
 /* Limits incoming envelopes are validated against. */
 sd_net_limits sd_draft_server_limits(const sd_draft_server *s);
 
+/* The target's rows, from the coordinator's Welcome (sd_worker_welcome_fn):
+ * safe from another thread; applied before the next step. */
+void sd_draft_server_pair_vocab(sd_draft_server *s, int32_t target_n_vocab);
+
 /* Serves one batch: per sequence truncate to keep_len (CODE_CACHE_MISS when
  * it holds fewer or the id is unknown and keep_len > 0), append, propose up
  * to min(k, max_k) tokens with the q each was drawn from; cached_len =

@@ -10,7 +10,9 @@
  *                                    vocabulary identity it registers with)
  *   --draft-layers L --model TARGET.gguf        the target's first L layers
  * The coordinator compares the registered vocabulary with the target's and
- * refuses a mismatch (exit status 3). Slots hold up to --max-ctx tokens
+ * refuses another tokenizer (exit status 3); a draft whose embedding is
+ * padded to other rows registers, and the Welcome's target size reaches the
+ * draft server (on_welcome: sd_draft_server_pair_vocab). Slots hold up to --max-ctx tokens
  * (default: the model's context; for model drafters also capped so the KV
  * of --max-seqs slots stays within --kv-blocks or a quarter of the memory
  * available; the pools are touched only as far as they are used). A
@@ -236,6 +238,9 @@ static void on_release(void *user, const uint64_t *ids, size_t n) {
 }
 static void on_reset(void *user) { sd_draft_server_reset(((drafter_ctx *)user)->server); }
 static void on_stats(void *user, Specd__WorkerStats *st) { sd_draft_server_stats(((drafter_ctx *)user)->server, st); }
+static void on_welcome(void *user, int32_t target_n_vocab) {
+    sd_draft_server_pair_vocab(((drafter_ctx *)user)->server, target_n_vocab);
+}
 
 /* The drafter of the kind the flags ask for, its slots' context in
  * dp->max_ctx and its kind in wp (registered with the coordinator): SD_OK
@@ -333,6 +338,7 @@ static sd_status serve(const drafter_opts *o, sd_worker_params *wp, sd_draft_ser
     wp->release = on_release;
     wp->reset = on_reset;
     wp->stats = on_stats;
+    wp->welcome = on_welcome;
     wp->user = &ctx;
     *why = SD_WORKER_STOPPED;
     sd_status st = zctx ? sd_worker_run(zctx, wp, why) : SD_ERR_NET;

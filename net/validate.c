@@ -424,6 +424,14 @@ static bool check_verify_request(vctx *v, const Specd__VerifyRequest *r) {
     return sd_nv_check_distinct_ids(v, "verify.seqs", ids, r->n_seqs);
 }
 
+/* Welcome.vocab_size: 0 (not said) or a size an int32 id holds. */
+static bool check_welcome(vctx *v, const Specd__Welcome *w) {
+    if (w->vocab_size > (uint32_t)INT32_MAX)
+        return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST, "welcome.vocab_size: %u outside [0, %d]", w->vocab_size,
+                          INT32_MAX);
+    return true;
+}
+
 Specd__CoordinatorToWorker *sd_net_decode_to_worker(const uint8_t *data, size_t len, const sd_net_limits *lim,
                                                     Specd__Code *code, char *err, size_t err_len) {
     vctx v = sd_nv_make_ctx(lim, code, err, err_len);
@@ -433,7 +441,7 @@ Specd__CoordinatorToWorker *sd_net_decode_to_worker(const uint8_t *data, size_t 
     bool ok = sd_nv_no_unknown_fields(&v, &env->base);
     if (ok) {
         switch (env->body_case) {
-        case SPECD__COORDINATOR_TO_WORKER__BODY_WELCOME:
+        case SPECD__COORDINATOR_TO_WORKER__BODY_WELCOME: ok = check_welcome(&v, env->welcome); break;
         case SPECD__COORDINATOR_TO_WORKER__BODY_HEARTBEAT:
         case SPECD__COORDINATOR_TO_WORKER__BODY_RELEASE: break;
         case SPECD__COORDINATOR_TO_WORKER__BODY_ERROR: ok = sd_nv_check_error(&v, "error", env->error); break;

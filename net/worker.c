@@ -76,6 +76,7 @@ sd_status sd_worker_signal_fd(int *fd) {
 /* The loop's state across reconnects. */
 typedef struct worker_loop {
     const sd_worker_params *p;
+    sd_net_limits limits; /* p->limits, n_vocab the target's once a Welcome says it */
     void *zctx;
     void *sock;
     void *monitor;          /* the socket's handshakes */
@@ -354,7 +355,7 @@ static loop_next dispatch(worker_loop *w, const sd_net_msg *m) {
     const sd_worker_params *p = w->p;
     Specd__Code code = SPECD__CODE__CODE_UNSPECIFIED;
     char err[512] = "";
-    Specd__CoordinatorToWorker *env = sd_net_decode_to_worker(m->body, m->body_len, &p->limits, &code, err, sizeof err);
+    Specd__CoordinatorToWorker *env = sd_net_decode_to_worker(m->body, m->body_len, &w->limits, &code, err, sizeof err);
     if (!env && !w->registered) { /* the first thing heard is no coordinator's: see drain */
         SD_WARN("worker: %s answered with a bad message (%s: %s) before any Welcome: not a coordinator, reconnecting",
                 p->coordinator, sd_net_code_name(code), err);
@@ -378,6 +379,13 @@ static loop_next dispatch(worker_loop *w, const sd_net_msg *m) {
         w->worker_id = env->welcome->worker_id;
         if (env->welcome->heartbeat_interval_ms > 0) w->interval_ms = (int)env->welcome->heartbeat_interval_ms;
         if (env->welcome->heartbeat_liveness > 0) w->liveness = (int)env->welcome->heartbeat_liveness;
+        if (env->welcome->vocab_size > 0 && (int32_t)env->welcome->vocab_size != w->limits.n_vocab) {
+            /* a drafter padded to other rows than the target (same tokenizer): requests hold the target's ids */
+            SD_INFO("worker: the target's vocabulary has %u rows, this worker's %d", env->welcome->vocab_size,
+                    (int)p->model.vocab_size);
+            w->limits.n_vocab = (int32_t)env->welcome->vocab_size;
+            if (p->welcome) p->welcome(p->user, (int32_t)env->welcome->vocab_size);
+        }
         SD_INFO("worker: registered as worker %llu (heartbeat %d ms, liveness %d)", (unsigned long long)w->worker_id,
                 w->interval_ms, w->liveness);
         break;
@@ -393,6 +401,9 @@ static loop_next dispatch(worker_loop *w, const sd_net_msg *m) {
         } else if (!w->registered) {
             SD_ERROR("worker: the coordinator refused registration: %s: %s", sd_net_code_name(e->code),
                      e->message ? e->message : "");
+            if (e->code == SPECD__CODE__CODE_VOCAB_MISMATCH) /* the target's side is in the coordinator's log */
+                SD_ERROR("worker: this worker's vocabulary: %u tokens, vocab hash 0x%016llx (model '%s')",
+                         p->model.vocab_size, (unsigned long long)p->model.vocab_hash, p->model.name);
             next = NEXT_REFUSED;
         } else {
             SD_WARN("worker: error from the coordinator: %s: %s (request %llu)", sd_net_code_name(e->code),
@@ -513,6 +524,7 @@ sd_status sd_worker_run(void *zctx, const sd_worker_params *p, sd_worker_exit *w
     if (!wp) return SD_ERR_NOMEM;
     worker_loop *w = wp;
     w->p = p;
+    w->limits = p->limits;
     w->zctx = zctx;
     w->interval_ms = p->heartbeat_interval_ms;
     w->liveness = p->liveness;

@@ -57,6 +57,8 @@ specd_py_test(it_holes ${_it}test_holes.py LABELS integration)
 specd_py_test(it_draft_vocab ${_it}test_draft_vocab.py LABELS integration)
 # A draft whose vocabulary differs from the target's only by padding pairs (exact output); another is refused
 specd_py_test(it_draft_pad ${_it}test_draft_pad.py LABELS integration)
+# ... and through the service: padded drafts register and serve exactly; another tokenizer is refused at Hello
+specd_py_test(it_draft_pad_service ${_it}test_draft_pad_service.py LABELS integration)
 # CurveZMQ: hostile peers against a keyed service (rogue workers and clients, replayed Hellos)
 specd_py_test(it_hostile ${_it}test_hostile.py LABELS integration)
 specd_py_test(it_launch_curve ${_it}test_launch.py ARGS --curve LABELS integration)
@@ -67,7 +69,7 @@ set_tests_properties(it_greedy_tiny_model it_greedy_tiny_self it_greedy_tiny_ngr
                      it_greedy_smollm_self it_greedy_smollm_ngram_64 it_greedy_smollm_self_64 it_seeded
                      it_drafter_kill it_verifier_restart it_cancel it_bad_input it_overload it_netns it_launch
                      it_client_cli it_hostile it_launch_curve it_flood it_gateway_bind it_self_connect it_drain
-                     it_gateway_failover it_local_user it_launch_eagle
+                     it_gateway_failover it_local_user it_launch_eagle it_draft_pad_service
                      PROPERTIES RESOURCE_LOCK specd_integration)
 # Failover through specd-launch and specd-client --jobs (libspecd-client):
 # a role killed or stopped mid-generation with 32 requests in flight; greedy

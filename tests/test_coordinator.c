@@ -634,6 +634,48 @@ static void test_registration(void **state) {
     harness_free(h);
 }
 
+/* A drafter whose tokenizer hashes like the target's registers whatever
+ * its embedding rows, and its Welcome says the target's; a verifier must
+ * match row for row; another tokenizer is refused whatever its size. */
+static void test_registration_padded_vocab(void **state) {
+    (void)state;
+    NEED_MODEL();
+    harness *h = harness_new(NULL);
+    const uint32_t rows = (uint32_t)h->c.n_vocab;
+    const uint32_t sizes[2] = {rows + 64, rows - 8};
+    const char *names[2] = {"d-wide", "d-narrow"};
+    for (int i = 0; i < 2; i++) {
+        hello(h, names[i], SPECD__ROLE__ROLE_DRAFTER, h->c.vocab_hash, sizes[i]);
+        Specd__CoordinatorToWorker *w = pop_worker(h, names[i]);
+        assert_non_null(w);
+        assert_int_equal(w->body_case, SPECD__COORDINATOR_TO_WORKER__BODY_WELCOME);
+        assert_int_equal(w->welcome->vocab_size, rows);
+        specd__coordinator_to_worker__free_unpacked(w, NULL);
+    }
+    assert_int_equal(sd_place_count(&h->c, SPECD__ROLE__ROLE_DRAFTER), 2);
+    /* equal rows: the Welcome says nothing of the size (a worker built before the field still reads it) */
+    hello(h, "d-same", SPECD__ROLE__ROLE_DRAFTER, h->c.vocab_hash, rows);
+    Specd__CoordinatorToWorker *same = pop_worker(h, "d-same");
+    assert_non_null(same);
+    assert_int_equal(same->body_case, SPECD__COORDINATOR_TO_WORKER__BODY_WELCOME);
+    assert_int_equal(same->welcome->vocab_size, 0);
+    specd__coordinator_to_worker__free_unpacked(same, NULL);
+    hello(h, "v-padded", SPECD__ROLE__ROLE_VERIFIER, h->c.vocab_hash, rows + 64);
+    Specd__CoordinatorToWorker *w = pop_worker(h, "v-padded");
+    assert_non_null(w);
+    assert_int_equal(w->body_case, SPECD__COORDINATOR_TO_WORKER__BODY_ERROR);
+    assert_int_equal(w->error->code, SPECD__CODE__CODE_VOCAB_MISMATCH);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    hello(h, "d-other", SPECD__ROLE__ROLE_DRAFTER, h->c.vocab_hash ^ 1, rows + 64);
+    w = pop_worker(h, "d-other");
+    assert_non_null(w);
+    assert_int_equal(w->error->code, SPECD__CODE__CODE_VOCAB_MISMATCH);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    assert_int_equal(sd_place_count(&h->c, SPECD__ROLE__ROLE_DRAFTER), 3);
+    assert_int_equal(sd_place_count(&h->c, SPECD__ROLE__ROLE_VERIFIER), 0);
+    harness_free(h);
+}
+
 /* ---------------------------------------------------------------- scheduling */
 
 static void test_plain_steps_commit_and_cache_miss(void **state) {
@@ -3474,6 +3516,7 @@ int main(void) {
         cmocka_unit_test(test_adaptive_k),
         cmocka_unit_test(test_adaptive_k_batch_bound),
         cmocka_unit_test(test_registration),
+        cmocka_unit_test(test_registration_padded_vocab),
         cmocka_unit_test(test_plain_steps_commit_and_cache_miss),
         cmocka_unit_test(test_verifier_result_codes),
         cmocka_unit_test(test_logprobs_and_penalties),

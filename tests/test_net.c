@@ -376,6 +376,36 @@ static void test_utf8_valid_len(void **state) {
     }
 }
 
+/* Welcome.vocab_size (the target's rows, for a drafter padded to others):
+ * 0 (not said) and an int32 size pass, a larger one is refused. */
+static void test_welcome_vocab(void **state) {
+    (void)state;
+    const uint32_t sizes[3] = {0, 152064, (uint32_t)INT32_MAX + 1u};
+    for (int i = 0; i < 3; i++) {
+        Specd__Welcome wel = SPECD__WELCOME__INIT;
+        wel.protocol_version = SD_PROTOCOL_VERSION;
+        wel.vocab_size = sizes[i];
+        Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
+        env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_WELCOME;
+        env.welcome = &wel;
+        size_t len;
+        uint8_t *bytes = pack(&env.base, &len);
+        Specd__Code code = SPECD__CODE__CODE_UNSPECIFIED;
+        char err[256] = "";
+        Specd__CoordinatorToWorker *w = sd_net_decode_to_worker(bytes, len, &LIM, &code, err, sizeof err);
+        free(bytes);
+        if (i < 2) {
+            assert_non_null(w);
+            assert_int_equal(w->welcome->vocab_size, sizes[i]);
+            specd__coordinator_to_worker__free_unpacked(w, NULL);
+        } else {
+            assert_null(w);
+            assert_int_equal(code, SPECD__CODE__CODE_BAD_REQUEST);
+            assert_non_null(strstr(err, "welcome.vocab_size"));
+        }
+    }
+}
+
 static void test_malformed(void **state) {
     (void)state;
     Specd__Code code;
@@ -1232,6 +1262,7 @@ int main(void) {
         cmocka_unit_test(test_round_trip_worker_link),
         cmocka_unit_test(test_utf8_valid_len),
         cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_welcome_vocab),
         cmocka_unit_test(test_validate_verify),
         cmocka_unit_test(test_validate_draft_request),
         cmocka_unit_test(test_validate_submit),

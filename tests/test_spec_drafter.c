@@ -15,7 +15,9 @@
  *   - sampled drafts: q sums to 1, holds the drafted token, has <= top_n
  *     entries, and the draw is a pure function of (seed, position);
  *   - the self-draft over L layers drafts like a model loaded with
- *     n_layers_used = L. */
+ *     n_layers_used = L;
+ *   - paired with a target padded to other rows (sd_drafter_pair_vocab):
+ *     the cut to the target's ids, no drafts past the draft's own rows. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -535,6 +537,60 @@ static void test_model_vocab_cut(void **state) {
     sd_log_set(NULL, NULL, SD_LOG_WARN, "test_spec_drafter");
 }
 
+/* sd_drafter_pair_vocab (the service's Welcome): a draft with more rows than
+ * the target drafts among the target's ids only (batched, as the vocabulary
+ * cut); one with fewer accepts the target's ids and drafts nothing for a
+ * sequence holding one past its rows (OK, not INVALID); an id past the
+ * target's rows is still INVALID. N-gram drafters: nothing to pair. */
+static void test_model_pair_vocab(void **state) {
+    (void)state;
+    need_models();
+    enum { TARGET = 150 };
+    const int32_t ctx[] = {1, 240, 241, 242, 100, 7, 250, 3, 3, 9};
+    sd_sampling greedy = sd_sampling_default();
+    greedy.temperature = 0;
+    int32_t expect[6];
+    greedy_continuation_cut(files.draft, 0, TARGET, ctx, 10, 6, expect);
+    sd_drafter *d = open_draft(8);
+    int32_t rows = sd_drafter_embed_rows(d);
+    assert_true(rows > TARGET);
+    assert_int_equal(sd_drafter_pair_vocab(d, TARGET), SD_OK);
+    sd_draft_seq seq = {.slot = 0, .keep_len = 0, .n_append = 10, .append = ctx, .k = 6, .sampling = greedy};
+    sd_draft_result res;
+    assert_int_equal(sd_draft_batch(d, 1, &seq, &res), SD_OK);
+    assert_int_equal(res.outcome, SD_SEQ_OK);
+    assert_int_equal(res.n_drafted, 6);
+    assert_memory_equal(res.tokens, expect, sizeof expect);
+    sd_drafter_free(&d);
+
+    d = open_draft(8);
+    assert_int_equal(sd_drafter_pair_vocab(d, rows + 40), SD_OK);
+    int32_t padded[10];
+    memcpy(padded, ctx, sizeof padded);
+    padded[5] = rows + 5; /* the target's padding id: this draft cannot embed it */
+    sd_draft_seq two[2] = {
+        {.slot = 0, .keep_len = 0, .n_append = 10, .append = padded, .k = 4, .sampling = greedy},
+        {.slot = 0, .keep_len = 0, .n_append = 10, .append = ctx, .k = 4, .sampling = greedy},
+    };
+    sd_draft_result r2;
+    assert_int_equal(sd_draft_batch(d, 1, &two[0], &r2), SD_OK);
+    assert_int_equal(r2.outcome, SD_SEQ_OK);
+    assert_int_equal(r2.n_drafted, 0);
+    assert_int_equal(sd_draft_batch(d, 1, &two[1], &r2), SD_OK); /* the slot serves a context it embeds */
+    assert_int_equal(r2.outcome, SD_SEQ_OK);
+    assert_int_equal(r2.n_drafted, 4);
+    padded[5] = rows + 40; /* past the target's rows too */
+    assert_int_equal(sd_draft_batch(d, 1, &two[0], &r2), SD_OK);
+    assert_int_equal(r2.outcome, SD_SEQ_INVALID);
+    assert_int_equal(sd_drafter_pair_vocab(d, 0), SD_ERR_INVALID_ARG);
+    sd_drafter_free(&d);
+
+    sd_drafter *ng = ngram(1, 3);
+    assert_int_equal(sd_drafter_embed_rows(ng), INT32_MAX);
+    assert_int_equal(sd_drafter_pair_vocab(ng, TARGET), SD_OK);
+    sd_drafter_free(&ng);
+}
+
 static void test_self_draft(void **state) {
     (void)state;
     need_models();
@@ -573,6 +629,7 @@ int main(void) {
         cmocka_unit_test(test_model_greedy_and_rollback),
         cmocka_unit_test(test_model_sampled_q),
         cmocka_unit_test(test_model_vocab_cut),
+        cmocka_unit_test(test_model_pair_vocab),
         cmocka_unit_test(test_self_draft),
     };
     return cmocka_run_group_tests_name("spec_drafter", tests, make_models, remove_models);

@@ -891,6 +891,41 @@ static void test_draft_batch(void **state) {
     sd_drafter_free(&d);
 }
 
+/* Paired with a target padded to 40 more rows (the Welcome's size): a
+ * sequence whose context holds an id past the draft's rows gets OK with no
+ * drafts, step after step (no CACHE_MISS), while another drafts as usual. */
+static void test_draft_server_padded_target(void **state) {
+    (void)state;
+    SKIP_WITHOUT_MODELS();
+    sd_drafter *d = open_draft(4), *ref = open_draft(1);
+    sd_draft_server *srv = new_draft_server(d, 4, MAX_CTX);
+    sd_draft_server_pair_vocab(srv, VOCAB + 40);
+    int32_t a[24], b[30];
+    make_prompt(a, 24, 81);
+    make_prompt(b, 30, 82);
+    a[10] = VOCAB + 5; /* the target's padding id */
+    sd_sampling greedy = sd_sampling_default();
+    greedy.temperature = 0.0f;
+    dseq s[2];
+    Specd__DraftResponse resp;
+    dseq_init(&s[0], 1, 0, a, 20, K, &greedy);
+    dseq_init(&s[1], 2, 0, b, 30, K, &greedy);
+    run_draft(srv, s, 2, &resp);
+    assert_int_equal(resp.results[0]->code, SPECD__CODE__CODE_OK);
+    assert_int_equal(resp.results[0]->n_tokens, 0);
+    assert_int_equal(resp.results[0]->cached_len, 20);
+    assert_same_proposal(resp.results[1], ref, b, 30, &greedy);
+    assert_true(resp.results[1]->n_tokens > 0);
+    dseq_init(&s[0], 1, 20, a + 20, 4, K, &greedy);
+    run_draft(srv, s, 1, &resp);
+    assert_int_equal(resp.results[0]->code, SPECD__CODE__CODE_OK);
+    assert_int_equal(resp.results[0]->n_tokens, 0);
+    assert_int_equal(resp.results[0]->cached_len, 24);
+    sd_drafter_free(&ref);
+    sd_draft_server_free(&srv);
+    sd_drafter_free(&d);
+}
+
 /* A drafter's warm-up: the sizes it runs, the same proposals afterwards as
  * a drafter that never warmed up, an early stop where the slots end, and a
  * refusal once serving. */
@@ -1027,6 +1062,7 @@ int main(void) {
         cmocka_unit_test(test_verify_warmup),
         cmocka_unit_test(test_draft_server_keeps_whole_q),
         cmocka_unit_test(test_draft_batch),
+        cmocka_unit_test(test_draft_server_padded_target),
         cmocka_unit_test(test_draft_warmup),
         cmocka_unit_test(test_draft_ngram),
     };

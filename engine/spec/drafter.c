@@ -60,6 +60,7 @@
  * in drafter_model.c. */
 #include "drafter_impl.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -163,6 +164,15 @@ sd_status sd_drafter_rollback(sd_drafter *d, int32_t seq, int32_t len) {
 void sd_drafter_release(sd_drafter *d, int32_t seq) {
     if (!d || seq < 0 || seq >= d->params.max_seqs) return;
     if (d->ops->release) d->ops->release(d, seq);
+}
+
+sd_status sd_drafter_pair_vocab(sd_drafter *d, int32_t target_n_vocab) {
+    if (!d || target_n_vocab <= 0) return SD_ERR_INVALID_ARG;
+    return d->ops->pair_vocab ? d->ops->pair_vocab(d, target_n_vocab) : SD_OK; /* n-gram: the context's ids */
+}
+
+int32_t sd_drafter_embed_rows(const sd_drafter *d) {
+    return d && d->ops->embed_rows ? d->ops->embed_rows(d) : INT32_MAX;
 }
 
 sd_status sd_draft_batch(sd_drafter *d, int32_t n_seqs, const sd_draft_seq *seqs, sd_draft_result *results) {

@@ -16,6 +16,9 @@ typedef struct drafter_ops {
     sd_status (*rollback)(sd_drafter *d, int32_t seq, int32_t len);
     void (*release)(sd_drafter *d, int32_t seq);
     void (*destroy)(sd_drafter *d); /* frees impl, not d */
+    /* optional (model drafters): sd_drafter_pair_vocab, sd_drafter_embed_rows */
+    sd_status (*pair_vocab)(sd_drafter *d, int32_t target_n_vocab);
+    int32_t (*embed_rows)(const sd_drafter *d);
 } drafter_ops;
 
 struct sd_drafter {

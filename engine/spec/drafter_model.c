@@ -29,8 +29,9 @@
  * 151,936, -72B 152,064): a draft padded further drafts among the target's
  * ids only (the cut above); a draft padded less drafts nothing once the
  * context holds one of the target's padding ids, which it cannot embed (a
- * trained target never emits one; random test models do). The batched path
- * (the service, whose registration wants equal sizes) refuses such an id.
+ * trained target never emits one; random test models do). In the service
+ * the Welcome says the target's rows (sd_drafter_pair_vocab), and the
+ * batched path answers such a sequence SD_SEQ_UNEMBEDDABLE: no drafts.
  *
  * Self-draft memory. In a process that holds the target, sd_drafter_self_view
  * wraps sd_model_view_layers: the draft borrows the target's weights and
@@ -187,6 +188,14 @@ static sd_status feed_batch(model_drafter *md, int32_t n) {
     return SD_OK;
 }
 
+/* Whether the draft embeds every id of v's append (ids past its rows, up
+ * to the target's, are the target's padding: the sequence drafts nothing). */
+static bool embeds(const model_drafter *md, const sd_draft_seq *v) {
+    for (int32_t j = 0; j < v->n_append; j++)
+        if (v->append[j] >= md->n_vocab) return false;
+    return true;
+}
+
 /* The batched draft: step 0 feeds every sequence's append in one forward
  * (logits of each last row), then each step drafts one token for every
  * sequence still short of its k and feeds those tokens in the next forward.
@@ -202,10 +211,13 @@ static sd_status model_propose_batch(sd_drafter *d, int32_t n_seqs, const sd_dra
         sd_draft_result *r = &results[i];
         if (r->outcome != SD_SEQ_OK) continue;
         bool ids_ok = true;
-        for (int32_t j = 0; j < v->n_append && ids_ok; j++) ids_ok = v->append[j] >= 0 && v->append[j] < md->n_vocab;
+        for (int32_t j = 0; j < v->n_append && ids_ok; j++)
+            ids_ok = v->append[j] >= 0 && v->append[j] < md->n_ctx_vocab;
         if (!ids_ok) {
-            SD_WARN("drafter: sequence %d: a token id is outside [0, %d)", (int)i, (int)md->n_vocab);
+            SD_WARN("drafter: sequence %d: a token id is outside [0, %d)", (int)i, (int)md->n_ctx_vocab);
             r->outcome = SD_SEQ_INVALID;
+        } else if (!embeds(md, v)) {
+            continue; /* the target's padding id, past this draft's rows: OK, nothing drafted, nothing fed */
         } else if (sd_kv_seq_len(md->kv, v->slot) < v->keep_len ||
                    (sd_kv_truncate(md->kv, v->slot, v->keep_len) == SD_OK &&
                     sd_kv_seq_len(md->kv, v->slot) < v->keep_len)) { /* inside a shared block */
@@ -222,7 +234,7 @@ static sd_status model_propose_batch(sd_drafter *d, int32_t n_seqs, const sd_dra
     for (int32_t i = 0; i < n_seqs; i++) {
         const sd_draft_seq *v = &seqs[i];
         md->b_row[i] = -1;
-        if (results[i].outcome != SD_SEQ_OK) continue;
+        if (results[i].outcome != SD_SEQ_OK || !embeds(md, v)) continue;
         /* the whole context in the slot's token copy, for the prefix cache */
         int32_t *ctx = md->cached + (size_t)v->slot * md->max_ctx, held = v->keep_len;
         memcpy(ctx + v->keep_len, v->append, (size_t)v->n_append * sizeof *ctx);
@@ -237,7 +249,7 @@ static sd_status model_propose_batch(sd_drafter *d, int32_t n_seqs, const sd_dra
     }
     SD_TRY(feed_batch(md, n));
     for (int32_t i = 0; i < n_seqs; i++)
-        if (results[i].outcome == SD_SEQ_OK)
+        if (results[i].outcome == SD_SEQ_OK && embeds(md, &seqs[i]))
             SD_TRY(sd_kv_prefix_commit(md->kv, seqs[i].slot, md->cached + (size_t)seqs[i].slot * md->max_ctx,
                                        seqs[i].keep_len + seqs[i].n_append));
     for (int32_t step = 0; step < max_k; step++) {
@@ -309,6 +321,9 @@ static void model_destroy(sd_drafter *d) {
     d->impl = NULL;
 }
 
+static sd_status model_pair_vocab(sd_drafter *d, int32_t target_n_vocab);
+static int32_t model_embed_rows(const sd_drafter *d) { return ((const model_drafter *)d->impl)->n_vocab; }
+
 static const drafter_ops model_ops = {
     .name = "model",
     .propose = model_propose,
@@ -316,6 +331,8 @@ static const drafter_ops model_ops = {
     .rollback = model_rollback,
     .release = model_release,
     .destroy = model_destroy,
+    .pair_vocab = model_pair_vocab,
+    .embed_rows = model_embed_rows,
 };
 static const drafter_ops self_ops = {
     .name = "self",
@@ -324,6 +341,8 @@ static const drafter_ops self_ops = {
     .rollback = model_rollback,
     .release = model_release,
     .destroy = model_destroy,
+    .pair_vocab = model_pair_vocab,
+    .embed_rows = model_embed_rows,
 };
 
 /* Builds the drafter around m; on failure m is freed when owned. */
@@ -456,6 +475,18 @@ sd_status sd_drafter_model_open(const char *path, uint64_t target_vocab_hash, in
     SD_TRY(wrap(m, true, SD_DRAFTER_MODEL, &q, out));
     model_drafter *md = (*out)->impl;
     if (target_n_vocab > md->n_ctx_vocab) md->n_ctx_vocab = target_n_vocab;
+    return SD_OK;
+}
+
+static sd_status model_pair_vocab(sd_drafter *d, int32_t target_n_vocab) {
+    model_drafter *md = d->impl;
+    if (md->n_head > target_n_vocab) {
+        SD_INFO("drafter: the draft's %d rows pass the target's %d: drafting among the target's ids only",
+                (int)md->n_vocab, (int)target_n_vocab);
+        md->n_head = target_n_vocab; /* the buffers sized for the wider head still fit */
+        if (md->top_n > md->n_head) md->top_n = md->n_head;
+    }
+    md->n_ctx_vocab = target_n_vocab > md->n_vocab ? target_n_vocab : md->n_vocab;
     return SD_OK;
 }
 

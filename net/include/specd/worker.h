@@ -62,6 +62,12 @@ typedef void (*sd_worker_stats_fn)(void *user, Specd__WorkerStats *stats);
  * borrowed, valid until the loop returns. */
 typedef const char *(*sd_worker_fail_reason_fn)(void *user);
 
+/* The target's vocabulary size from a Welcome, when it is not limits.n_vocab
+ * (a drafter whose embedding is padded to other rows than the target's:
+ * same tokenizer). Called on the socket thread, possibly while a step runs
+ * on the compute thread: hand the value over, apply it between steps. */
+typedef void (*sd_worker_welcome_fn)(void *user, int32_t target_n_vocab);
+
 /* Blocks SIGINT and SIGTERM in the calling thread (call it in main before
  * any thread starts, so every thread inherits the mask) and returns a
  * signalfd that becomes readable when one arrives: the loop's stop_fd.
@@ -78,7 +84,8 @@ typedef struct sd_worker_params {
     Specd__DrafterKind drafter_kind;
     const char *name;        /* for the coordinator's logs; NULL = host:pid */
     sd_model_identity model; /* sent in Hello */
-    sd_net_limits limits;    /* what incoming requests are validated against */
+    sd_net_limits limits;    /* what incoming requests are validated against (n_vocab: the Welcome's
+                              * vocab_size once one says it) */
     /* verifiers: steady step times measured before registering, sent in
      * Hello for the coordinator's cost model; borrowed for the loop's
      * lifetime (it says Hello again on reconnect) */
@@ -98,6 +105,7 @@ typedef struct sd_worker_params {
     sd_worker_release_fn release;         /* required */
     sd_worker_reset_fn reset;             /* required */
     sd_worker_stats_fn stats;             /* required */
+    sd_worker_welcome_fn welcome;         /* optional */
     void *user;                           /* passed to every callback */
 } sd_worker_params;
 

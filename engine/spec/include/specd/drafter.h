@@ -93,6 +93,19 @@ sd_status sd_drafter_ngram_create(const sd_drafter_params *p, sd_drafter **out);
 sd_status sd_drafter_model_open(const char *path, uint64_t target_vocab_hash, int32_t target_n_vocab,
                                 const sd_drafter_params *p, sd_drafter **out);
 
+/* Pairs model or self drafter d, opened against its own vocabulary, with a
+ * target whose tokenizer hashes alike but whose embedding has
+ * target_n_vocab rows (the service's Welcome says it): a draft padded
+ * further drafts among ids < target_n_vocab from then on (a cut only
+ * narrows); one padded less accepts context ids up to target_n_vocab and
+ * drafts nothing for a sequence holding one past its own rows. N-gram and
+ * EAGLE drafters: nothing to do. Not concurrent with a propose call. */
+sd_status sd_drafter_pair_vocab(sd_drafter *d, int32_t target_n_vocab);
+
+/* The token ids d can feed: [0, rows) (a model's embedding rows; INT32_MAX
+ * for drafters that only copy the context). */
+int32_t sd_drafter_embed_rows(const sd_drafter *d);
+
 /* The self-draft from a file: loads only the first n_layers of the target
  * GGUF at path (+ embeddings, final norm, LM head) — what a drafter process
  * that does not hold the target wants. In a process that already holds the
