@@ -150,7 +150,8 @@ static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const
     }
     /* sampling, max_tokens, max_k and the stop strings were checked by
      * sd_net_decode_client against c->lim (the context), once */
-    const sd_sampling samp = sd_net_sampling_of(r->sampling);
+    sd_sampling samp = sd_net_sampling_of(r->sampling);
+    if (samp.rule == SD_RULE_DEFAULT) samp.rule = c->p.verify_rule; /* the service's rule */
     sd_coord_client *cl = sd_coord_client_find(c, ident, ident_len, true);
     if (!cl) {
         sd_outbox_client_error(c, ident, ident_len, SPECD__CODE__CODE_OVERLOADED, 0, tag, "too many clients connected",

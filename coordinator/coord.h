@@ -91,6 +91,7 @@ typedef struct sd_coord_params {
     bool stats_names;              /* workers' names (host:pid) in stats replies: off */
     bool local_ngram;              /* an n-gram drafter inside the coordinator (local_draft.c): off */
     int32_t local_ngram_cache;     /* its cache shared across requests, entries (65536; 0 = none) */
+    int32_t verify_rule;           /* sd_verify_rule of requests that name none (--verify-rule; coupled) */
 } sd_coord_params;
 
 sd_coord_params sd_coord_default_params(void);

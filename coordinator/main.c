@@ -67,6 +67,10 @@ static void usage(FILE *f) {
             "  --local-ngram             run an n-gram (prompt lookup) drafter inside the coordinator: no\n"
             "                            drafter process and no draft round trip (other drafters may still\n"
             "                            register beside it)\n"
+            "  --verify-rule R           how sampled drafts are verified when a request names no rule:\n"
+            "                            coupled (default: seeded output = plain decoding's, whatever was\n"
+            "                            drafted) or rejection (accept min(1, p/q), replace from\n"
+            "                            norm(max(0, p - q)): the most drafts accepted, output depends on them)\n"
             "  --ngram-cache N           its n-grams of earlier outputs kept for all requests (65536; 0: none,\n"
             "                            e.g. for benchmarks that repeat their prompts)\n"
             "  --stats-names             list workers' names (host:pid) in every client's stats query; off:\n"
@@ -120,6 +124,7 @@ int main(int argc, char **argv) {
         O_INSECURE,
         O_LOCAL_NGRAM,
         O_NGRAM_CACHE,
+        O_VERIFY_RULE,
         O_DRAIN
     };
     static const struct option opts[] = {{"model", required_argument, 0, O_MODEL},
@@ -142,6 +147,7 @@ int main(int argc, char **argv) {
                                          {"insecure", no_argument, 0, O_INSECURE},
                                          {"local-ngram", no_argument, 0, O_LOCAL_NGRAM},
                                          {"ngram-cache", required_argument, 0, O_NGRAM_CACHE},
+                                         {"verify-rule", required_argument, 0, O_VERIFY_RULE},
                                          {"drain-timeout-ms", required_argument, 0, O_DRAIN},
                                          {"verbose", no_argument, 0, 'v'},
                                          {"help", no_argument, 0, 'h'},
@@ -202,6 +208,10 @@ int main(int argc, char **argv) {
         case O_WKEYS: p.worker_keys_file = optarg; break;
         case O_INSECURE: p.insecure = true; break;
         case O_LOCAL_NGRAM: p.local_ngram = true; break;
+        case O_VERIFY_RULE:
+            name = "verify-rule";
+            ok = sd_cli_parse_verify_rule(optarg, &p.verify_rule);
+            break;
         case O_NGRAM_CACHE:
             name = "ngram-cache";
             ok = sd_cli_parse_i32(optarg, 0, 1 << 24, &p.local_ngram_cache);

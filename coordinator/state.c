@@ -35,6 +35,7 @@ sd_coord_params sd_coord_default_params(void) {
         .heartbeat_interval_ms = SD_HEARTBEAT_INTERVAL_MS,
         .heartbeat_liveness = SD_HEARTBEAT_LIVENESS,
         .local_ngram_cache = 65536,
+        .verify_rule = SD_RULE_COUPLED,
     };
 }
 

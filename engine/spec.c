@@ -33,6 +33,13 @@
  * p(y) either way), and one Philox block per 4 vocabulary entries per
  * verified row.
  *
+ * Rejection sampling is still offered as a choice (spec_reject.c), per
+ * request (sd_sampling.rule) with a service default (specd-coordinator
+ * --verify-rule), for callers that want the most accepted drafts and do not
+ * need seeded output independent of the drafts; under it a drafter draws
+ * its draft from the sparse q it sends (sd_spec_draft_step), which the
+ * rule's exactness needs. The coupled rule stays the default.
+ *
  * A result depends only on the inputs, never on threads. */
 #include "specd/spec.h"
 
@@ -283,6 +290,14 @@ sd_status sd_spec_draft_step(const float *logits, int32_t n_vocab, const sd_samp
         return SD_OK;
     }
     SD_TRY(sd_sample_probs_given(logits, n_vocab, s, probs));
+    if (s->rule == SD_RULE_REJECTION) {
+        /* the rejection rule is exact only for a draft drawn from the q it
+         * is sent with: its top_n, drawn on a stream of its own */
+        SD_TRY(sd_spec_sparsify(probs, n_vocab, top_n, ids, q_probs, n_out));
+        const sd_spec_q q = {*n_out, ids, q_probs};
+        *token = sd_spec_q_sample(&q, sd_rng_uniform(s->seed, position, SD_RNG_DRAFT));
+        return *token < 0 ? SD_ERR_INTERNAL : SD_OK;
+    }
     return sd_spec_draft_coupled(probs, n_vocab, top_n, s->seed, position, ids, q_probs, n_out, token);
 }
 

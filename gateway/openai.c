@@ -32,6 +32,7 @@
  * Responses are built with cJSON in OpenAI's shapes (chat.completion,
  * chat.completion.chunk, text_completion). */
 #include "gateway_impl.h"
+#include "specd/cli.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -273,6 +274,10 @@ static bool parse_common(const cJSON *root, gw_gen *g, gw_error *err) {
     /* Bounds exactly representable as doubles: -2^63 and the largest double below 2^64. */
     if (!get_int(root, "seed", -0x1p63, 0x1.fffffffffffffp63, &d, &g->seeded, err)) return false;
     if (g->seeded) g->sampling.seed = d < 0 ? (uint64_t)(int64_t)d : (uint64_t)d;
+    /* specd's extension: the verification rule ("coupled" or "rejection"; absent: the service's) */
+    const cJSON *vr = cJSON_GetObjectItemCaseSensitive(root, "verify_rule");
+    if (present(vr) && !(cJSON_IsString(vr) && sd_cli_parse_verify_rule(vr->valuestring, &g->sampling.rule)))
+        return BAD(err, "verify_rule", "'verify_rule' must be \"coupled\" or \"rejection\"");
 
     if (!get_int(root, "n", 1, GW_MAX_CHOICES, &d, &given, err)) return false;
     g->n = given ? (unsigned)d : 1;

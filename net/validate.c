@@ -576,6 +576,7 @@ sd_sampling sd_net_sampling_of(const Specd__Sampling *msg) {
         s.seed = msg->seed;
         s.presence_penalty = msg->presence_penalty;
         s.frequency_penalty = msg->frequency_penalty;
+        s.rule = (int32_t)msg->rule; /* sd_sampling_check refuses values past the known rules */
     }
     return s;
 }
@@ -600,4 +601,5 @@ void sd_net_sampling_to_pb(const sd_sampling *s, Specd__Sampling *msg) {
     msg->seed = s->seed;
     msg->presence_penalty = s->presence_penalty;
     msg->frequency_penalty = s->frequency_penalty;
+    msg->rule = (Specd__VerifyRule)s->rule;
 }

@@ -27,6 +27,8 @@ specd_py_test(it_greedy_smollm_ngram_64 ${_it}test_greedy.py ARGS --model smollm
 specd_py_test(it_greedy_smollm_self_64 ${_it}test_greedy.py ARGS --model smollm --drafter layers --n 64 --tokens 48
               LABELS integration model slow)
 specd_py_test(it_seeded ${_it}test_seeded.py LABELS integration)
+# the rejection rule through the service: chi-square against target-only sampling, the per-request rule
+specd_py_test(it_reject ${_it}test_reject.py LABELS integration)
 specd_py_test(it_prefix_cache ${_it}test_prefix_cache.py LABELS integration)
 specd_py_test(it_drafter_kill ${_it}test_drafter_kill.py LABELS integration)
 specd_py_test(it_verifier_restart ${_it}test_verifier_restart.py LABELS integration)

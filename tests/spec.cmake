@@ -11,6 +11,8 @@ target_compile_definitions(test_spec_e2e PRIVATE SPECD_MKMODEL="$<TARGET_FILE:sp
 add_dependencies(test_spec_e2e specd-mkmodel)
 add_test(NAME test_spec_e2e_exact COMMAND test_spec_e2e exact)
 set_tests_properties(test_spec_e2e_exact PROPERTIES LABELS "slow" SKIP_RETURN_CODE 77 TIMEOUT 1800)
+add_test(NAME test_spec_e2e_reject COMMAND test_spec_e2e reject)
+set_tests_properties(test_spec_e2e_reject PROPERTIES LABELS "slow" SKIP_RETURN_CODE 77 TIMEOUT 1800)
 specd_unit_test(test_model_view test_model_view.c)
 target_compile_definitions(test_model_view PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
 add_dependencies(test_model_view specd-mkmodel)

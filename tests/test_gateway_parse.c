@@ -52,6 +52,7 @@ static void test_chat_defaults(void **state) {
     assert_int_equal(g.n, 1);
     assert_int_equal(g.max_tokens, 0);
     assert_true(g.sampling.temperature == 1.0f && g.sampling.top_p == 1.0f && g.sampling.top_k == 0);
+    assert_int_equal(g.sampling.rule, SD_RULE_DEFAULT); /* no verify_rule: the service's */
     assert_false(g.stream || g.seeded || g.include_usage);
     gw_gen_clear(&g);
 }
@@ -81,9 +82,10 @@ static void test_fields(void **state) {
                       "{\"prompt\":\"p\",\"max_completion_tokens\":7,\"temperature\":0,\"top_p\":0.5,\"top_k\":-1,"
                       "\"min_p\":0.1,\"seed\":-1,\"n\":3,\"stop\":[\"a\",\"bc\"],\"stream\":true,"
                       "\"stream_options\":{\"include_usage\":true},\"ignore_eos\":true,\"presence_penalty\":0,"
-                      "\"logprobs\":null,\"echo\":false}",
+                      "\"logprobs\":null,\"echo\":false,\"verify_rule\":\"rejection\"}",
                       &g, &err));
     assert_int_equal(g.max_tokens, 7);
+    assert_int_equal(g.sampling.rule, SD_RULE_REJECTION);
     assert_true(g.sampling.temperature == 0.0f && g.sampling.top_p == 0.5f && g.sampling.top_k == 0);
     assert_true(fabsf(g.sampling.min_p - 0.1f) < 1e-7f);
     assert_true(g.seeded);
@@ -123,6 +125,8 @@ static void test_bad_fields(void **state) {
     refused(C, "{\"prompt\":\"p\",\"top_p\":1.01}", 400, "top_p");
     refused(C, "{\"prompt\":\"p\",\"top_k\":-2}", 400, "top_k");
     refused(C, "{\"prompt\":\"p\",\"min_p\":1}", 400, "min_p");
+    refused(C, "{\"prompt\":\"p\",\"verify_rule\":\"greedy\"}", 400, "verify_rule");
+    refused(C, "{\"prompt\":\"p\",\"verify_rule\":2}", 400, "verify_rule");
     refused(C, "{\"prompt\":\"p\",\"seed\":1.5}", 400, "seed");
     refused(C, "{\"prompt\":\"p\",\"n\":17}", 400, "n");
     refused(C, "{\"prompt\":[\"a\",\"b\"],\"n\":9}", 400, "n");

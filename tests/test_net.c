@@ -1013,6 +1013,18 @@ static void test_sampling_and_names(void **state) {
     Specd__Sampling back = SPECD__SAMPLING__INIT;
     sd_net_sampling_to_pb(&s, &back);
     assert_true(back.top_p == 0.0f && back.temperature == 0.8f);
+    assert_int_equal(s.rule, SD_RULE_DEFAULT); /* no rule named: the service's */
+    m.rule = SPECD__VERIFY_RULE__VERIFY_RULE_REJECTION;
+    assert_true(sd_net_sampling_from_pb(&m, &s, err, sizeof err));
+    assert_int_equal(s.rule, SD_RULE_REJECTION);
+    sd_net_sampling_to_pb(&s, &back);
+    assert_int_equal(back.rule, SPECD__VERIFY_RULE__VERIFY_RULE_REJECTION);
+    m.rule = (Specd__VerifyRule)3; /* no such rule: refused at the edge */
+    assert_false(sd_net_sampling_from_pb(&m, &s, err, sizeof err));
+    assert_non_null(strstr(err, "rule: 3 is not a verification rule"));
+    m.rule = (Specd__VerifyRule)-2;
+    assert_false(sd_net_sampling_from_pb(&m, &s, err, sizeof err));
+    m.rule = SPECD__VERIFY_RULE__VERIFY_RULE_COUPLED;
     m.min_p = -0.5f;
     assert_false(sd_net_sampling_from_pb(&m, &s, err, sizeof err));
     assert_non_null(strstr(err, "min_p: -0.5"));

@@ -23,7 +23,13 @@
  * acceptance rate is printed and must be strictly between 0 and 1, so both
  * the accept and the residual paths are exercised. The same at temperature
  * 1.0 with the draft's vocabulary cut to its first CUT_VOCAB ids (its q is 0
- * above). */
+ * above).
+ *
+ * The rejection rule (argument "reject", label slow): the same tests with
+ * sd_sampling.rule = SD_RULE_REJECTION (drafts drawn from q, accepted with
+ * probability min(1, p/q), replaced from the residual), at temperature 1.0,
+ * and at 0.7 with top-p 0.9 and the draft vocabulary cut. Greedy requests
+ * under that rule must still equal plain greedy (test_greedy_equality, K = 4). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -160,6 +166,8 @@ static void test_greedy_equality(void **state) {
     assert_int_equal(sd_drafter_self_open(env.target, 1, &cut, &drafters[5]), SD_OK);
     sd_sampling greedy = sd_sampling_default();
     greedy.temperature = 0;
+    sd_sampling greedy_rej = greedy;
+    greedy_rej.rule = SD_RULE_REJECTION;
     const int32_t ks[3] = {1, 4, 8};
     for (int32_t di = 0; di < N_DRAFTERS; di++) {
         int64_t drafted = 0, accepted = 0;
@@ -172,6 +180,10 @@ static void test_greedy_equality(void **state) {
                 plain_generate(prompt, n_prompt, N_NEW, &greedy, plain);
                 spec_generate(dec, prompt, n_prompt, N_NEW, ks[ki], &greedy, spec);
                 assert_memory_equal(plain, spec, sizeof plain);
+                if (ks[ki] == 4) { /* greedy ignores the verification rule */
+                    spec_generate(dec, prompt, n_prompt, N_NEW, ks[ki], &greedy_rej, spec);
+                    assert_memory_equal(plain, spec, sizeof plain);
+                }
             }
             drafted += sd_spec_decoder_stats(dec)->drafted;
             accepted += sd_spec_decoder_stats(dec)->accepted;
@@ -254,6 +266,28 @@ static void test_exact_temperature_07_top_p(void **state) {
     exactness_at(&s, 0, "temperature 0.7, top-p 0.9");
 }
 
+/* The rejection rule (sd_sampling.rule): drafts drawn from the drafter's
+ * sparse q, accepted with probability min(1, p/q), replaced from
+ * norm(max(0, p - q)); the same two-sample tests against plain sampling. */
+static void test_rejection_temperature_1(void **state) {
+    (void)state;
+    if (!env.ok) skip();
+    sd_sampling s = sd_sampling_default();
+    s.temperature = 1.0f;
+    s.rule = SD_RULE_REJECTION;
+    exactness_at(&s, 0, "rejection rule, temperature 1.0");
+}
+
+static void test_rejection_temperature_07_top_p_cut(void **state) {
+    (void)state;
+    if (!env.ok) skip();
+    sd_sampling s = sd_sampling_default();
+    s.temperature = 0.7f;
+    s.top_p = 0.9f;
+    s.rule = SD_RULE_REJECTION;
+    exactness_at(&s, CUT_VOCAB, "rejection rule, temperature 0.7, top-p 0.9, draft vocabulary cut");
+}
+
 static void test_exact_temperature_1_vocab_cut(void **state) {
     (void)state;
     if (!env.ok) skip();
@@ -271,6 +305,13 @@ int main(int argc, char **argv) {
             cmocka_unit_test(test_exact_temperature_1_vocab_cut),
         };
         return cmocka_run_group_tests_name("spec_e2e_exact", exact, setup_models, teardown_models);
+    }
+    if (argc > 1 && strcmp(argv[1], "reject") == 0) {
+        const struct CMUnitTest reject[] = {
+            cmocka_unit_test(test_rejection_temperature_1),
+            cmocka_unit_test(test_rejection_temperature_07_top_p_cut),
+        };
+        return cmocka_run_group_tests_name("spec_e2e_reject", reject, setup_models, teardown_models);
     }
     const struct CMUnitTest greedy[] = {
         cmocka_unit_test(test_greedy_equality),

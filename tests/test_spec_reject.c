@@ -13,6 +13,8 @@
  *   - negative control: the same test on a wrong residual (the replacement
  *     drawn from p instead of norm(max(0, p - q)), a bug that still looks
  *     plausible) must fail it, p-value below 1e-6: the test can tell;
+ *   - a drafter's draft under this rule follows the q it sends
+ *     (sd_spec_draft_step), chi-square as above;
  *   - bad input is refused as sd_spec_verify refuses it. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -132,6 +134,32 @@ static void test_wrong_residual_fails(void **state) {
     assert_true(pv < 1e-6);
 }
 
+/* Under the rejection rule a drafter's draft follows the q it sends (its
+ * top_n, renormalized), as the rule's exactness needs; the coupled race
+ * would draw from the whole distribution instead. */
+static void test_draft_step_draws_from_q(void **state) {
+    (void)state;
+    const float logits[V] = {1.0f, 2.0f, 0.5f, 1.5f, -1.0f, 0.0f};
+    sd_sampling s = sd_sampling_default();
+    s.temperature = 1.0f;
+    s.rule = SD_RULE_REJECTION;
+    uint64_t counts[V] = {0};
+    int32_t ids[3], n_q = 0;
+    float probs[V], qp[3];
+    for (uint64_t seed = 1; seed <= TRIALS / 2; seed++) {
+        s.seed = seed;
+        int32_t y;
+        assert_int_equal(sd_spec_draft_step(logits, V, &s, 3, 77, probs, ids, qp, &n_q, &y), SD_OK);
+        assert_int_equal(n_q, 3);
+        counts[y]++;
+    }
+    double prob[V] = {0};
+    for (int32_t j = 0; j < n_q; j++) prob[ids[j]] = qp[j];
+    double pv = spec_chi2_gof(counts, prob, V, NULL, NULL);
+    print_message("drafts under the rejection rule against their q: p-value %.3g\n", pv);
+    assert_true(pv > 1e-4);
+}
+
 static void test_bad_inputs(void **state) {
     (void)state;
     float residual[V];
@@ -157,6 +185,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rejection_rule_is_exact),
         cmocka_unit_test(test_wrong_residual_fails),
+        cmocka_unit_test(test_draft_step_draws_from_q),
         cmocka_unit_test(test_bad_inputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -91,6 +91,8 @@ static void usage(FILE *f) {
             "      --top-p P        nucleus sampling mass in (0, 1] (default 1)\n"
             "      --min-p P        drop tokens below P x the top probability (default 0)\n"
             "      --seed S         random seed for sampling (default 0)\n"
+            "      --verify-rule R  how sampled drafts are verified: coupled (default: seeded output = plain\n"
+            "                       decoding's) or rejection (accept min(1, p/q), residual max(0, p - q))\n"
             "      --presence-penalty P   subtract P from the logit of every token generated so far, in\n"
             "                       [-2, 2] (default 0)\n"
             "      --frequency-penalty F  subtract F x (times generated so far) from a token's logit, in\n"
@@ -184,7 +186,8 @@ enum {
     OPT_RESPONSE_JSON,
     OPT_FORCED,
     OPT_NO_FORCED,
-    OPT_SPECIAL
+    OPT_SPECIAL,
+    OPT_VERIFY_RULE
 };
 
 static const struct option longs[] = {{"model", required_argument, 0, 'm'},
@@ -196,6 +199,7 @@ static const struct option longs[] = {{"model", required_argument, 0, 'm'},
                                       {"top-p", required_argument, 0, OPT_TOPP},
                                       {"min-p", required_argument, 0, OPT_MINP},
                                       {"seed", required_argument, 0, OPT_SEED},
+                                      {"verify-rule", required_argument, 0, OPT_VERIFY_RULE},
                                       {"chat", no_argument, 0, OPT_CHAT},
                                       {"special", no_argument, 0, OPT_SPECIAL},
                                       {"system", required_argument, 0, OPT_SYSTEM},
@@ -267,6 +271,10 @@ static bool apply_opt(int c, gen_opts *o, const char **name, bool *unknown) {
         o->sampling.seed = v;
         break;
     }
+    case OPT_VERIFY_RULE:
+        *name = "verify-rule (coupled or rejection)";
+        ok = sd_cli_parse_verify_rule(optarg, &o->sampling.rule);
+        break;
     case OPT_PRESENCE:
         *name = "presence-penalty";
         ok = sd_cli_parse_float(optarg, &o->sampling.presence_penalty);

@@ -3,8 +3,11 @@
  * and the tools. */
 #include "specd/cli.h"
 
+#include "specd/sampling.h"
+
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 bool sd_cli_parse_long(const char *s, long lo, long hi, long *out) {
     if (!s) return false;
@@ -47,5 +50,16 @@ bool sd_cli_parse_float(const char *s, float *out) {
     float v = strtof(s, &end);
     if (errno || end == s || *end) return false;
     *out = v;
+    return true;
+}
+
+bool sd_cli_parse_verify_rule(const char *s, int32_t *out) {
+    if (!s) return false;
+    if (!strcmp(s, "coupled"))
+        *out = SD_RULE_COUPLED;
+    else if (!strcmp(s, "rejection"))
+        *out = SD_RULE_REJECTION;
+    else
+        return false;
     return true;
 }

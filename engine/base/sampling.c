@@ -16,7 +16,8 @@ sd_sampling sd_sampling_default(void) {
                      .min_p = 0.0f,
                      .seed = 0,
                      .presence_penalty = 0.0f,
-                     .frequency_penalty = 0.0f};
+                     .frequency_penalty = 0.0f,
+                     .rule = SD_RULE_DEFAULT};
     return s;
 }
 
@@ -42,6 +43,8 @@ sd_status sd_sampling_check(const sd_sampling *s, char *err, size_t err_len) {
     if (!(fabsf(s->frequency_penalty) <= SD_SAMPLING_MAX_PENALTY))
         FAIL("frequency_penalty: %g outside [%g, %g]", (double)s->frequency_penalty, -(double)SD_SAMPLING_MAX_PENALTY,
              (double)SD_SAMPLING_MAX_PENALTY);
+    if (s->rule < SD_RULE_DEFAULT || s->rule > SD_RULE_REJECTION)
+        FAIL("rule: %d is not a verification rule (0 default, 1 coupled, 2 rejection)", (int)s->rule);
     return SD_OK;
 }
 #undef FAIL

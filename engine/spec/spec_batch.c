@@ -35,7 +35,7 @@ struct sd_spec_scratch {
     size_t cap_logits;
     float *logits; /* [cap_logits] wanted rows x n_vocab */
     size_t cap_vocab;
-    float *p;         /* [(SD_MAX_K + 1) * cap_vocab] one sequence's processed rows */
+    float *p;         /* [(SD_MAX_K + 2) * cap_vocab] one sequence's processed rows, then the rejection residual */
     double *dscratch; /* [cap_vocab] */
     int32_t *counts;  /* [cap_vocab] zeros: sd_sample_penalize's scratch */
     int32_t *hist;    /* [cap_hist] one sequence's generated tokens + drafts (penalties) */
@@ -101,7 +101,7 @@ static sd_status reserve(sd_spec_scratch *s, size_t rows, size_t logits, size_t 
         cap = 0;
         free(s->p);
         s->p = NULL;
-        SD_TRY(grow((void **)&s->p, &cap, (SD_MAX_K + 1) * n_vocab, sizeof *s->p));
+        SD_TRY(grow((void **)&s->p, &cap, (SD_MAX_K + 2) * n_vocab, sizeof *s->p)); /* + the rejection residual */
         cap = 0;
         free(s->dscratch);
         s->dscratch = NULL;
@@ -227,8 +227,12 @@ static sd_status verify_one(const sd_verify_seq *v, float *logits, int32_t n_voc
     } else {
         for (int32_t i = 0; i <= v->k; i++)
             SD_TRY(sd_sample_probs_given(logits + (size_t)i * V, n_vocab, &v->sampling, s->p + (size_t)i * V));
-        SD_TRY(sd_spec_verify(s->p, n_vocab, v->draft, v->q, v->k, v->sampling.seed, (uint64_t)r->n_ctx, r->tokens,
-                              &acc, &r->info));
+        if (v->sampling.rule == SD_RULE_REJECTION)
+            SD_TRY(sd_spec_verify_rejection(s->p, n_vocab, v->draft, v->q, v->k, v->sampling.seed, (uint64_t)r->n_ctx,
+                                            s->p + (size_t)(SD_MAX_K + 1) * V, r->tokens, &acc, &r->info));
+        else
+            SD_TRY(sd_spec_verify(s->p, n_vocab, v->draft, v->q, v->k, v->sampling.seed, (uint64_t)r->n_ctx, r->tokens,
+                                  &acc, &r->info));
     }
     r->n_accepted = acc;
     r->n_tokens = acc + 1;
@@ -241,7 +245,8 @@ static sd_status verify_one(const sd_verify_seq *v, float *logits, int32_t n_voc
 static bool needs_host(int32_t n_seqs, const sd_verify_seq *seqs, const sd_verify_result *results) {
     for (int32_t i = 0; i < n_seqs; i++)
         if (results[i].outcome == SD_SEQ_OK &&
-            (sd_sampling_has_penalties(&seqs[i].sampling) || seqs[i].logprobs || seqs[i].constraint))
+            (sd_sampling_has_penalties(&seqs[i].sampling) || seqs[i].logprobs || seqs[i].constraint ||
+             (seqs[i].sampling.rule == SD_RULE_REJECTION && !sd_sampling_is_greedy(&seqs[i].sampling))))
             return true;
     return false;
 }

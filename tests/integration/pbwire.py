@@ -179,7 +179,8 @@ def decode(schema, buf):
 
 SAMPLING = {"temperature": (1, "float"), "top_k": (2, "uint32"), "top_p": (3, "float"),
             "min_p": (4, "float"), "seed": (5, "uint64"), "presence_penalty": (6, "float"),
-            "frequency_penalty": (7, "float")}
+            "frequency_penalty": (7, "float"), "rule": (8, "enum")}
+VERIFY_RULE_COUPLED, VERIFY_RULE_REJECTION = 1, 2
 WORKER_STATS = {"kv_blocks_total": (1, "uint32"), "kv_blocks_free": (2, "uint32"),
                 "n_sequences": (3, "uint32"), "steps": (4, "uint64"), "prefix_query_tokens": (5, "uint64"),
                 "prefix_hit_tokens": (6, "uint64"), "prefix_blocks_cached": (7, "uint32"),

@@ -122,6 +122,19 @@ def check_seeded(h, c, target, prompts, tokens):
     accepted = sum(r["finished"]["stats"].get("accepted", 0) for r in res)
     H.check(drafted > 0, "no draft of the head was verified for the seeded requests")
     H.log("seeded requests = seeded plain decoding; drafted %d, accepted %d" % (drafted, accepted))
+    # The rejection rule (Sampling.rule): its tokens depend on the drafts, so
+    # it is not plain decoding's; a request alone, run twice, must give the
+    # same tokens (the drafts, K and uniforms depend on the seed alone), and
+    # drafts must have been verified under it.
+    rej = [dict(prompt=p, max_tokens=tokens, ignore_eos=True, sampling=dict(s, rule=2))
+           for p, s in zip(prompts, samp)]
+    first = [c.run([j], timeout=300)[0] for j in rej]
+    again = [c.run([j], timeout=300)[0] for j in rej]
+    H.expect_equal_ids(again, first, "seeded requests under the rejection rule, run again")
+    drafted = sum(r["finished"]["stats"].get("drafted", 0) for r in first)
+    accepted = sum(r["finished"]["stats"].get("accepted", 0) for r in first)
+    H.check(drafted > 0, "no draft was verified under the rejection rule")
+    H.log("rejection rule: drafted %d, accepted %d" % (drafted, accepted))
 
 
 def run(h, args):

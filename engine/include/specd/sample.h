@@ -19,9 +19,9 @@ extern "C" {
 /* Purposes keep independent streams apart for the same (seed, position). */
 typedef enum sd_rng_purpose {
     SD_RNG_SAMPLE = 1,   /* a uniform for an inverse-CDF draw (sd_sample_from) */
-    SD_RNG_DRAFT = 2,    /* independent draft draws (tests and benchmarks; the service couples its drafts) */
-    SD_RNG_ACCEPT = 3,   /* acceptance uniforms (tests; the service's rule needs none) */
-    SD_RNG_RESIDUAL = 4, /* residual draws (tests; the service's rule needs none) */
+    SD_RNG_DRAFT = 2,    /* independent draft draws (the rejection rule's drafts; the coupled rule races) */
+    SD_RNG_ACCEPT = 3,   /* acceptance uniforms (the rejection rule; the coupled rule needs none) */
+    SD_RNG_RESIDUAL = 4, /* residual draws (the rejection rule; the coupled rule needs none) */
     SD_RNG_RACE = 5,     /* the exponential race: one uniform per vocabulary entry (sd_sample_race) */
 } sd_rng_purpose;
 

@@ -89,7 +89,9 @@ sd_status sd_spec_draft_coupled(const float *probs, int32_t n_vocab, int32_t top
  * sd_spec_draft_coupled at (s->seed, position). A greedy s gives the same
  * result (the one-hot q {argmax: 1}) from one pass over the logits, probs
  * untouched. s is taken as given (valid by sd_sampling_check, run once by
- * the drafter's caller: sd_drafter_propose). */
+ * the drafter's caller: sd_drafter_propose). Under the rejection rule
+ * (s->rule) the draft is drawn from the sparse q itself (sd_spec_q_sample,
+ * SD_RNG_DRAFT), which that rule needs to be exact. */
 sd_status sd_spec_draft_step(const float *logits, int32_t n_vocab, const sd_sampling *s, int32_t top_n,
                              uint64_t position, float *probs, int32_t *ids, float *q_probs, int32_t *n_out,
                              int32_t *token);

@@ -19,6 +19,10 @@ bool sd_cli_parse_double(const char *s, double lo, double hi, double *out);
 /* Any float strtof reads whole (range checks are the caller's: sampling
  * parameters go to sd_sampling_check). */
 bool sd_cli_parse_float(const char *s, float *out);
+/* A verification rule's name, "coupled" or "rejection", into *out as
+ * sd_verify_rule (specd/sampling.h): --verify-rule in specd-coordinator and
+ * specd-generate. False (and *out untouched) for any other string. */
+bool sd_cli_parse_verify_rule(const char *s, int32_t *out);
 
 #ifdef __cplusplus
 }

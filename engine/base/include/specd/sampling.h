@@ -30,6 +30,18 @@ extern "C" {
 /* The most alternatives a request may ask to see per token (top_logprobs). */
 #define SD_MAX_TOP_LOGPROBS         20
 
+/* How sampled drafts are verified (spec.h): the coupled rule (seeded
+ * output = plain decoding's, whatever was drafted) or rejection sampling
+ * (accept min(1, p/q), replace from norm(max(0, p - q)): the most accepted
+ * drafts, but seeded output depends on them). SD_RULE_DEFAULT: the
+ * service's choice (the coordinator's --verify-rule); the engine reads it as
+ * coupled. Greedy requests ignore it. Values as the protocol's VerifyRule. */
+typedef enum sd_verify_rule {
+    SD_RULE_DEFAULT = 0,
+    SD_RULE_COUPLED = 1,
+    SD_RULE_REJECTION = 2,
+} sd_verify_rule;
+
 typedef struct sd_sampling {
     float temperature; /* 0 = greedy (argmax); otherwise in (0, SD_SAMPLING_MAX_TEMPERATURE] */
     int32_t top_k;     /* 0 = off */
@@ -41,6 +53,7 @@ typedef struct sd_sampling {
      * over the tokens generated so far (not the prompt). 0 = off. */
     float presence_penalty;
     float frequency_penalty;
+    int32_t rule; /* sd_verify_rule */
 } sd_sampling;
 
 /* The target's log-probability of one generated token and its most likely

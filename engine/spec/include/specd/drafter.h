@@ -12,8 +12,9 @@
  *     (checked with sd_tok_vocab_hash; a mismatch is a clear error). It keeps
  *     a KV cache per sequence and draws each token from its processed
  *     distribution (sd_spec_draft_coupled: the exponential race with the
- *     verifier's uniforms for (seed, position)), sending it sparsified to
- *     the top_n tokens.
+ *     verifier's uniforms for (seed, position); under the rejection rule a
+ *     draw from the sparse q itself, sd_spec_draft_step), sending it
+ *     sparsified to the top_n tokens.
  *   - self-draft: the model drafter over the target's first L layers + final
  *     norm + LM head (a view of the loaded target sharing its weights, or
  *     sd_model_params.n_layers_used = L when loaded from the file).
