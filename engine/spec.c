@@ -42,6 +42,7 @@
  *
  * A result depends only on the inputs, never on threads. */
 #include "specd/spec.h"
+#include "spec_impl.h"
 
 #include "specd/sample.h"
 
@@ -179,8 +180,7 @@ sd_status sd_spec_q_check(const sd_spec_q *q, int32_t n_vocab, int32_t i, double
     return SD_OK;
 }
 
-/* Sum of a dense processed distribution row, in index order. */
-static sd_status p_row_total(const float *row, int32_t n_vocab, int32_t i, double *total) {
+sd_status sd_spec_p_row_total(const float *row, int32_t n_vocab, int32_t i, double *total) {
     double t = 0.0;
     for (int32_t v = 0; v < n_vocab; v++) {
         if (!(row[v] >= 0.0f) || !isfinite(row[v])) {
@@ -235,7 +235,7 @@ sd_status sd_spec_verify(const float *p, int32_t n_vocab, const int32_t *draft, 
     for (int32_t i = 0; i <= k; i++) {
         const float *p_row = p + (size_t)i * (size_t)n_vocab;
         double p_tot;
-        SD_TRY(p_row_total(p_row, n_vocab, i, &p_tot));
+        SD_TRY(sd_spec_p_row_total(p_row, n_vocab, i, &p_tot));
         int32_t x = sd_sample_race(p_row, n_vocab, seed, pos0 + (uint64_t)i);
         if (x < 0) return SD_ERR_INTERNAL;
         out_tokens[i] = x;

@@ -20,27 +20,11 @@
  * normalized mass subtracted, clamped at 0 (q's repeated ids add up, as
  * sd_spec_q_prob reads them). Pure; thread-safe; no allocation. */
 #include "specd/spec.h"
+#include "spec_impl.h"
 
 #include "specd/sample.h"
 
 #include <math.h>
-
-static sd_status row_total(const float *row, int32_t n_vocab, int32_t i, double *total) {
-    double t = 0.0;
-    for (int32_t v = 0; v < n_vocab; v++) {
-        if (!(row[v] >= 0.0f) || !isfinite(row[v])) {
-            SD_ERROR("spec: p[%d][%d] is %g", (int)i, (int)v, (double)row[v]);
-            return SD_ERR_INVALID_ARG;
-        }
-        t += row[v];
-    }
-    if (!(t > 0.0)) {
-        SD_ERROR("spec: p[%d] has no positive mass", (int)i);
-        return SD_ERR_INVALID_ARG;
-    }
-    *total = t;
-    return SD_OK;
-}
 
 /* The replacement token at a rejected position: a draw from
  * norm(max(0, p/p_tot - q)), or from p when that has no mass. */
@@ -79,7 +63,7 @@ sd_status sd_spec_verify_rejection(const float *p, int32_t n_vocab, const int32_
     for (int32_t i = 0; i <= k; i++) {
         const float *p_row = p + (size_t)i * (size_t)n_vocab;
         double p_tot;
-        SD_TRY(row_total(p_row, n_vocab, i, &p_tot));
+        SD_TRY(sd_spec_p_row_total(p_row, n_vocab, i, &p_tot));
         const uint64_t pos = pos0 + (uint64_t)i;
         int32_t x;
         if (i < k) {
