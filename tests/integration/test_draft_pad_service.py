@@ -27,20 +27,12 @@ import re
 import subprocess
 
 import harness as H
+from test_draft_pad import mk  # the same random models, written one way
 
 N_PROMPTS = 8
 REGISTERED = re.compile(r"drafter \S+ \(\w+\) registered as worker")
 TOKENS = 32
 TEMP, SEED = 0.9, 500
-
-
-def mk(h, path, seed, vocab, pad, dim="64", layers="2"):
-    argv = [h.bin("mkmodel"), "-o", path, "--dim", dim, "--layers", layers, "--heads", "2", "--kv-heads", "1",
-            "--ff", "64", "--vocab", str(vocab), "--seed", str(seed)]
-    if pad:
-        argv += ["--pad-vocab", str(pad)]
-    subprocess.run(argv, check=True, capture_output=True)
-    return path
 
 
 def log_text(p):
@@ -106,9 +98,9 @@ def serve_with(h, coord, draft, rows, prompts, refs, n_registered):
 
 
 def run(h):
-    target = mk(h, os.path.join(h.tmp, "target.gguf"), 41, 500, 640)
-    fewer = mk(h, os.path.join(h.tmp, "pad576.gguf"), 41, 500, 576)
-    more = mk(h, os.path.join(h.tmp, "pad768.gguf"), 41, 500, 768)
+    target = mk(h, os.path.join(h.tmp, "target.gguf"), 41, 500, 640, dim="64", layers="2")
+    fewer = mk(h, os.path.join(h.tmp, "pad576.gguf"), 41, 500, 576, dim="64", layers="2")
+    more = mk(h, os.path.join(h.tmp, "pad768.gguf"), 41, 500, 768, dim="64", layers="2")
     other = mk(h, os.path.join(h.tmp, "other.gguf"), 44, 520, 0, dim="32", layers="1")
     prompts = H.random_prompts(N_PROMPTS, seed=33)
     refs = [h.reference(target, p, TOKENS, ignore_eos=True) for p in prompts]
