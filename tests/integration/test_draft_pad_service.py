@@ -24,7 +24,6 @@ Run: ctest --test-dir build -R it_draft_pad_service --output-on-failure
 """
 import os
 import re
-import subprocess
 
 import harness as H
 from test_draft_pad import mk  # the same random models, written one way
