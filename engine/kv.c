@@ -30,8 +30,15 @@
  * prefix cache (kv_prefix.c): grow takes blocks through it (a free one, else
  * an idle cached one, evicted), truncation and release drop references
  * through it. With the cache off every block is free or held by one slot,
- * and all of the above is exactly as described. */
+ * and all of the above is exactly as described.
+ *
+ * A window group (kv_window.c) gives the windowed layers pools of their own
+ * and each slot a second table (wtable) indexed like the first: grow,
+ * truncate and release keep the two in step, and grow frees the window
+ * blocks that have left every reachable window. */
 #include "kv_impl.h"
+
+#include "specd/sampling.h" /* SD_MAX_K */
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -44,6 +51,7 @@ sd_kv_params sd_kv_default_params(void) {
     sd_kv_params p;
     memset(&p, 0, sizeof p);
     p.block_size = 16;
+    p.window_slack = SD_MAX_K;
     return p;
 }
 
@@ -103,9 +111,16 @@ sd_status sd_kv_create(const sd_kv_params *p, sd_kv **out) {
         sd_kv_free(&kv);
         return SD_ERR_INVALID_ARG;
     }
+    sd_status ws = sd_kv_window_init_(kv);
+    if (ws != SD_OK) {
+        sd_kv_free(&kv);
+        return ws;
+    }
     for (int32_t l = 0; l < p->n_layers; l++) {
-        kv->k_pools[l] = p->pool_alloc ? p->pool_alloc(p->pool_ctx, pool_bytes) : malloc(pool_bytes);
-        kv->v_pools[l] = p->pool_alloc ? p->pool_alloc(p->pool_ctx, pool_bytes) : malloc(pool_bytes);
+        /* a windowed layer's pool: window_blocks blocks (checked by init) */
+        size_t bytes = (size_t)sd_kv_window_pool_blocks_(kv, l) * block_floats * elem;
+        kv->k_pools[l] = p->pool_alloc ? p->pool_alloc(p->pool_ctx, bytes) : malloc(bytes);
+        kv->v_pools[l] = p->pool_alloc ? p->pool_alloc(p->pool_ctx, bytes) : malloc(bytes);
         if (!kv->k_pools[l] || !kv->v_pools[l]) goto nomem;
     }
     kv->uid = atomic_fetch_add(&next_uid, 1);
@@ -148,8 +163,9 @@ void sd_kv_free(sd_kv **kvp) {
     free(kv->k_pools);
     free(kv->v_pools);
     if (kv->slots)
-        for (int32_t s = 0; s < kv->p.max_seqs; s++) free(kv->slots[s].table);
+        for (int32_t s = 0; s < kv->p.max_seqs; s++) free(kv->slots[s].table), free(kv->slots[s].wtable);
     free(kv->slots);
+    sd_kv_window_free_(kv);
     free(kv->free_stack);
     sd_kv_prefix_free_(kv);
     free(kv->blocks);
@@ -174,7 +190,10 @@ int32_t sd_kv_seq_len(const sd_kv *kv, int32_t seq) {
     return kv->slots[seq].len;
 }
 
-int32_t sd_kv_n_free_blocks(const sd_kv *kv) { return kv->n_free + kv->n_idle; }
+int32_t sd_kv_n_free_blocks(const sd_kv *kv) {
+    int32_t n = kv->n_free + kv->n_idle;
+    return kv->win && kv->win->n_free < n ? kv->win->n_free : n; /* a grow needs both groups' blocks */
+}
 
 /* Blocks needed to hold len tokens. */
 static int32_t blocks_for(const sd_kv *kv, int32_t len) {
@@ -191,7 +210,7 @@ sd_status sd_kv_grow(sd_kv *kv, int32_t seq, int32_t new_len) {
     }
     int32_t need = blocks_for(kv, new_len);
     int32_t extra = need - sl->n_blocks;
-    if (extra > kv->n_free + kv->n_idle) {
+    if (extra > kv->n_free + kv->n_idle || !sd_kv_window_can_grow_(kv, sl, extra)) {
         SD_DEBUG("kv: grow: slot %d needs %d more blocks for length %d, %d free", (int)seq, (int)extra, (int)new_len,
                  (int)(kv->n_free + kv->n_idle));
         return SD_ERR_OUT_OF_BLOCKS;
@@ -201,13 +220,16 @@ sd_status sd_kv_grow(sd_kv *kv, int32_t seq, int32_t new_len) {
         int32_t cap = sl->cap ? sl->cap : 4;
         while (cap < need) cap = cap > kv->p.n_blocks / 2 ? kv->p.n_blocks : cap * 2;
         int32_t *table = realloc(sl->table, (size_t)cap * sizeof *table);
-        if (!table) {
+        if (table) sl->table = table;
+        int32_t *wtable = table && kv->win ? realloc(sl->wtable, (size_t)cap * sizeof *wtable) : NULL;
+        if (wtable) sl->wtable = wtable;
+        if (!table || (kv->win && !wtable)) {
             SD_ERROR("kv: grow: cannot allocate a block table of %d entries", (int)cap);
             return SD_ERR_NOMEM;
         }
-        sl->table = table;
         sl->cap = cap;
     }
+    sd_kv_window_grow_(kv, sl, extra); /* before n_blocks moves: it frees by the old length */
     for (int32_t i = 0; i < extra; i++) {
         int32_t b = sd_kv_take_block_(kv);
         kv->blocks[b].ref = 1;
@@ -221,6 +243,7 @@ sd_status sd_kv_grow(sd_kv *kv, int32_t seq, int32_t new_len) {
  * earliest freed block ends on top of the free stack (and a cached tail is
  * older on the idle list than the blocks before it: evicted first). */
 static void free_tail(sd_kv *kv, kv_slot *sl, int32_t keep) {
+    sd_kv_window_drop_tail_(kv, sl, keep);
     for (int32_t b = sl->n_blocks - 1; b >= keep; b--) sd_kv_drop_block_(kv, sl->table[b]);
     sl->n_blocks = keep;
     if (sl->n_chain > keep) sl->n_chain = keep;
@@ -248,6 +271,7 @@ sd_status sd_kv_truncate(sd_kv *kv, int32_t seq, int32_t len) {
             sd_kv_uncache_block_(kv, b); /* ours alone: it leaves the cache */
         }
     }
+    if (!sd_kv_window_reaches_(kv, sl, len)) keep = len = 0; /* the window was freed: start over */
     free_tail(kv, sl, keep);
     if (sl->n_chain > len / kv->p.block_size) sl->n_chain = len / kv->p.block_size;
     sl->len = len;
@@ -303,6 +327,7 @@ sd_status sd_kv_check(const sd_kv *kv) {
         n_cached += kv->blocks[b].cached;
     }
     if (!bad && (n_held + kv->n_free + kv->n_idle != nb || n_cached != kv->n_cached)) bad = "the block totals";
+    if (!bad) bad = sd_kv_window_check_(kv);
     free(uses);
     if (bad) {
         SD_ERROR("kv: check: %s is wrong (at %d)", bad, (int)where);
@@ -323,6 +348,14 @@ static void *entry(sd_kv *kv, unsigned char **pools, int32_t layer, int32_t seq,
         return NULL;
     }
     int32_t block = sl->table[pos / kv->p.block_size];
+    if (sd_kv_layer_windowed(kv, layer)) {
+        block = sl->wtable[pos / kv->p.block_size];
+        if (block < 0) {
+            SD_ERROR("kv: %s: position %d of slot %d has left the window (layer %d)", what, (int)pos, (int)seq,
+                     (int)layer);
+            return NULL;
+        }
+    }
     size_t row = (size_t)(pos % kv->p.block_size);
     return pools[layer] + ((size_t)block * kv->block_floats + row * kv->token_floats) * kv->elem_bytes;
 }

@@ -12,7 +12,19 @@ typedef struct kv_slot {
     int32_t cap;      /* capacity of table */
     int32_t *table;   /* [cap] block ids, first n_blocks valid */
     int32_t n_chain;  /* the first n_chain blocks of table are cached (registered) */
+    /* window group (kv_window.c; NULL / 0 without one): */
+    int32_t *wtable; /* [cap] window-group block of each block of table, -1 once freed */
+    int32_t w_lo;    /* wtable[0 .. w_lo) were freed (left the window) */
 } kv_slot;
+
+/* The window group (kv_window.c): the windowed layers' pools hold n_blocks
+ * blocks of their own, private to one slot each (never cached). */
+typedef struct kv_window {
+    int32_t window, slack, n_blocks;
+    bool *windowed;      /* [n_layers] */
+    int32_t *free_stack; /* [n_blocks]; top at n_free-1 */
+    int32_t n_free;
+} kv_window;
 
 /* One block's bookkeeping. A block is in exactly one of three states:
  * free (on the free stack: ref 0, not cached), held (ref > 0; cached or
@@ -59,6 +71,7 @@ struct sd_kv {
     int32_t n_idle;
     int32_t n_cached;
     sd_kv_prefix_stats stats;
+    kv_window *win; /* NULL: no window group */
 };
 
 /* kv_prefix.c, for kv.c: */
@@ -71,5 +84,24 @@ void sd_kv_drop_block_(sd_kv *kv, int32_t b);
  * idle, the caller then owning it). */
 void sd_kv_uncache_block_(sd_kv *kv, int32_t b);
 void sd_kv_prefix_free_(sd_kv *kv);
+
+/* kv_window.c, for kv.c (all no-ops, or true, without a window group): */
+/* Sets up kv->win from kv->p (after the pools' geometry is known). */
+sd_status sd_kv_window_init_(sd_kv *kv);
+void sd_kv_window_free_(sd_kv *kv);
+/* Blocks of layer's pool. */
+int32_t sd_kv_window_pool_blocks_(const sd_kv *kv, int32_t layer);
+/* Before a grow of sl from its length by extra blocks: whether the window
+ * group can supply them (counting the blocks this grow frees first). */
+bool sd_kv_window_can_grow_(const sd_kv *kv, const kv_slot *sl, int32_t extra);
+/* Frees the blocks that left the window and takes extra new ones (the table
+ * capacity is reserved; can_grow said yes). */
+void sd_kv_window_grow_(sd_kv *kv, kv_slot *sl, int32_t extra);
+/* Frees the window blocks of sl's table entries keep and beyond. */
+void sd_kv_window_drop_tail_(sd_kv *kv, kv_slot *sl, int32_t keep);
+/* Whether a sequence of length len still has the window of its next token. */
+bool sd_kv_window_reaches_(const sd_kv *kv, const kv_slot *sl, int32_t len);
+/* sd_kv_check's part for the window group: NULL or what is wrong. */
+const char *sd_kv_window_check_(const sd_kv *kv);
 
 #endif

@@ -216,6 +216,10 @@ sd_status sd_kv_prefix_enable(sd_kv *kv, int32_t max_idle_blocks) {
                  (int)max_idle_blocks);
         return SD_ERR_INVALID_ARG;
     }
+    if (max_idle_blocks > 0 && kv->win) { /* kv_window.c: the windowed layers' rows of a chain are not kept */
+        SD_WARN("kv: the prefix cache stays off: this cache frees its sliding-window layers' blocks");
+        return SD_OK;
+    }
     if (max_idle_blocks > 0 && !kv->buckets) {
         uint32_t n = 1;
         while (n < (uint32_t)kv->p.n_blocks) n *= 2;

@@ -24,11 +24,12 @@
  * norms and the post-norms replicated; a post-norm reads the whole branch
  * output, so it runs after the all-reduce (on every rank, on the same sum).
  *
- * The sliding window reads the whole cache and weighs the positions outside
- * the window 0 (attention_window): the cache keeps every position, so a
- * rollback across the window's edge is the plain truncation. Rejected for
- * now: freeing blocks that left every layer's window (a local layer would
- * then need a table of its own; Gemma 3 has a global layer in every six). */
+ * The sliding window weighs the positions outside the window 0
+ * (attention_window) and reads none of them. With a cache whose window group
+ * holds the windowed layers (kv_window.c: blocks that left every reachable
+ * window are freed), those layers read and write through the plan's bt_win;
+ * without one (a TP group, or a cache made by hand) the whole context stays
+ * and bt serves every layer. */
 #include "model_impl.h"
 
 #include <stdio.h>
@@ -141,7 +142,8 @@ static sd_status attention_block(sd_model *m, sd_kv *kv, const sd_model_plan *b,
         c->rope_neox ? op->rope_neox : op->rope;
     SD_TRY(rope(be, a->q, n, H, D, b->pos, inv_freq));
     SD_TRY(rope(be, a->k, n, KV, D, b->pos, inv_freq));
-    const int32_t *bt = b->bt, *bt_off = b->bt_off;
+    /* a windowed layer of a cache with a window group: its own blocks (kv_window.c) */
+    const int32_t *bt = swa && b->bt_win ? b->bt_win : b->bt, *bt_off = b->bt_off;
     if (kv_f16) {
         uint16_t *kp = sd_kv_k_pool(kv, l), *vp = sd_kv_v_pool(kv, l);
         SD_TRY(op->kv_write_f16(be, kp, bs, KD, a->k, n, b->pos, bt, bt_off));

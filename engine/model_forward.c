@@ -172,6 +172,7 @@ static sd_status gather_block_tables(sd_model *m, sd_kv *kv, const sd_batch *b, 
     }
     if (total > pl->cap_bt) {
         SD_TRY(grow_i32(&pl->bt, total));
+        SD_TRY(grow_i32(&pl->bt_win, total));
         pl->cap_bt = total;
     }
     size_t off = 0;
@@ -179,6 +180,8 @@ static sd_status gather_block_tables(sd_model *m, sd_kv *kv, const sd_batch *b, 
         int32_t s = pl->seq_order[i], nb = 0;
         const int32_t *table = sd_kv_block_table(kv, s, &nb);
         if (nb > 0) memcpy(pl->bt + off, table, (size_t)nb * sizeof(int32_t));
+        const int32_t *wtable = sd_kv_window_table(kv, s, NULL); /* kv_window.c; NULL without one */
+        if (nb > 0 && wtable) memcpy(pl->bt_win + off, wtable, (size_t)nb * sizeof(int32_t));
         pl->seq_bt[s] = (int32_t)off;
         off += (size_t)nb;
     }
@@ -446,6 +449,7 @@ static sd_status run_plan(sd_model *m, sd_kv *kv, const sd_model_plan *p, int32_
         const sd_host_array arrays[] = {
             {p->tokens, (size_t)p->n_tokens}, {p->pos, (size_t)p->n_tokens},    {p->bt, (size_t)p->n_bt},
             {p->bt_off, (size_t)p->n_tokens}, {p->wanted, (size_t)p->n_wanted},
+            {p->bt_win, p->bt_win ? (size_t)p->n_bt : 0},
         };
         s = m->be.ops->host_arrays(m->be.ctx, arrays, (int32_t)(sizeof arrays / sizeof arrays[0]));
     }
@@ -457,8 +461,15 @@ static sd_status run_plan(sd_model *m, sd_kv *kv, const sd_model_plan *p, int32_
 
 static sd_status forward(sd_model *m, sd_kv *kv, const sd_batch *b, int32_t n_head, float *out, bool keep);
 
+/* forward, a long batch on a cache with a window group in chunks
+ * (model_window.c: its pools hold about a window per sequence). */
+static sd_status forward_any(sd_model *m, sd_kv *kv, const sd_batch *b, int32_t n_head, float *out, bool keep) {
+    if (m && sd_model_window_chunked(kv, b)) return sd_model_forward_chunks(m, kv, b, n_head, out, keep, forward);
+    return forward(m, kv, b, n_head, out, keep);
+}
+
 sd_status sd_model_forward(sd_model *m, sd_kv *kv, const sd_batch *b, float *out) {
-    return forward(m, kv, b, m ? m->cfg.n_vocab : 0, out, false);
+    return forward_any(m, kv, b, m ? m->cfg.n_vocab : 0, out, false);
 }
 
 sd_status sd_model_forward_head(sd_model *m, sd_kv *kv, const sd_batch *b, int32_t n_head, float *out) {
@@ -473,7 +484,7 @@ sd_status sd_model_forward_head(sd_model *m, sd_kv *kv, const sd_batch *b, int32
                  (int)m->cfg.n_vocab);
         return SD_ERR_UNSUPPORTED;
     }
-    return forward(m, kv, b, n_head, out, false);
+    return forward_any(m, kv, b, n_head, out, false);
 }
 
 bool sd_model_verifies_on_device(const sd_model *m) { return m && m->be.ops->spec_verify && !m->host_verify; }
@@ -484,7 +495,7 @@ sd_status sd_model_forward_verify(sd_model *m, sd_kv *kv, const sd_batch *b, int
         return SD_ERR_UNSUPPORTED;
     }
     if (n_seqs < 0 || (n_seqs > 0 && !seqs)) return SD_ERR_INVALID_ARG;
-    SD_TRY(forward(m, kv, b, m->cfg.n_vocab, NULL, true));
+    SD_TRY(forward_any(m, kv, b, m->cfg.n_vocab, NULL, true));
     int32_t n_wanted = 0;
     for (int32_t t = 0; b->logits && t < b->n_tokens; t++) n_wanted += b->logits[t];
     for (int32_t i = 0; i < n_seqs; i++)
@@ -535,6 +546,7 @@ static sd_status forward(sd_model *m, sd_kv *kv, const sd_batch *b, int32_t n_he
         n_bt += (size_t)nb;
     }
     sd_model_plan plan = {
+        .bt_win = sd_kv_window(kv) > 0 ? m->plan.bt_win : NULL,
         .n_tokens = b->n_tokens,
         .tokens = b->tokens,
         .pos = b->pos,

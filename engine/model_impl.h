@@ -68,7 +68,8 @@ typedef struct batch_plan {
     int32_t *bt_off; /* [n_tokens] */
     int32_t *wanted; /* [n_tokens] rows whose logits are wanted */
     size_t cap_bt;
-    int32_t *bt; /* flat block tables of the batch's sequences */
+    int32_t *bt;     /* flat block tables of the batch's sequences */
+    int32_t *bt_win; /* [cap_bt] their window-group tables at the same offsets (a cache with a window group) */
     int32_t cap_head;
     int32_t *head_ids; /* [n_wanted * tp] row of head_all for each row of the logits viewed as [.][n_vocab_l] */
 } batch_plan;
@@ -137,6 +138,20 @@ sd_status sd_model_tp_all_reduce(sd_model *m, float *buf, size_t n);
 /* Layer l of an architecture other than plain Llama on the plan's tokens,
  * op by op (model_arch.c): the residual stream m->act.x in, updated in place. */
 sd_status sd_model_layer_arch(sd_model *m, sd_kv *kv, const sd_model_plan *b, int32_t l);
+
+/* model_window.c: the sliding window's part of the forward and the cache. */
+/* Whether b must run in chunks on kv (a window group, a long batch). */
+bool sd_model_window_chunked(const sd_kv *kv, const sd_batch *b);
+typedef sd_status (*sd_model_chunk_fn)(sd_model *m, sd_kv *kv, const sd_batch *b, int32_t n_head, float *out,
+                                       bool keep);
+/* Runs b in chunks through fn (model_forward.c's forward), out's rows
+ * following the wanted rows; with keep the rows from the first wanted one
+ * on go in one last call (their logits stay in the activations). */
+sd_status sd_model_forward_chunks(sd_model *m, sd_kv *kv, const sd_batch *b, int32_t n_head, float *out, bool keep,
+                                  sd_model_chunk_fn fn);
+/* Sets p's window group for m's sliding window (nothing without one, or in
+ * a TP group). */
+void sd_model_window_params(const sd_model *m, sd_kv_params *p, bool *windowed);
 /* Whether layer l needs the general path (an architecture's additions or
  * a sliding window) rather than Llama's (model_arch.c). */
 bool sd_model_layer_is_arch(const sd_model *m, int32_t l);

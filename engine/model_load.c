@@ -582,6 +582,7 @@ void sd_model_free(sd_model **pm) {
     free(pl->bt_off);
     free(pl->wanted);
     free(pl->bt);
+    free(pl->bt_win);
     free(pl->head_ids);
     free(m);
     *pm = NULL;
@@ -729,6 +730,8 @@ sd_status sd_model_kv_create(const sd_model *m, int32_t max_seqs, int32_t n_bloc
     uint64_t salt = 1469598103934665603ull; /* FNV-1a */
     for (size_t i = 0; i < sizeof ident / sizeof ident[0]; i++) salt = (salt ^ (uint32_t)ident[i]) * 1099511628211ull;
     p.prefix_salt = salt;
+    bool windowed[SD_MODEL_MAX_LAYERS] = {false};
+    sd_model_window_params(m, &p, windowed); /* model_window.c: the sliding window's group */
     const sd_backend_ops *ops = m->be.ops;
     if (p.type == SD_DTYPE_F16 && (!ops->kv_write_f16 || !ops->attention_f16)) {
         SD_ERROR("model: the %s backend keeps an f32 KV cache only (--kv-type f32)", ops->name);
@@ -743,7 +746,9 @@ sd_status sd_model_kv_create(const sd_model *m, int32_t max_seqs, int32_t n_bloc
         p.pool_free = kv_pool_free;
         p.pool_ctx = (void *)&m->be;
         size_t free_b = 0, total_b = 0;
-        double need = 2.0 * p.n_layers * (double)n_blocks * (double)p.block_size * p.n_kv_heads * p.head_dim * 4;
+        double need = 0; /* every layer's K and V pools, f32 (the device keeps no f16 cache) */
+        for (int32_t l = 0; l < p.n_layers; l++)
+            need += 2.0 * (windowed[l] ? p.window_blocks : n_blocks) * (double)p.block_size * p.n_kv_heads * p.head_dim * 4;
         if (n_blocks > 0 && ops->mem_info && ops->mem_info(m->be.ctx, &free_b, &total_b) == SD_OK &&
             need > (double)free_b) {
             SD_ERROR("model: a KV cache of %d blocks x %d tokens needs %.2f GiB of %s memory, but only %.2f GiB of "

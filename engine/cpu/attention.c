@@ -369,10 +369,18 @@ static void attn_item(void *p, int64_t item, int32_t ith) {
     float *wk = scores + round16(ROWS_MAX * n_pad), *wv = wk + n_pad * hd;
 
     for (size_t d = 0; d < hd; d++) zero[d] = 0.0f;
-    size_t j = 0;
-    for (size_t b = 0; j < n_max; b++) {
-        size_t slot = (size_t)bt[b] * a->block_size;
-        for (size_t off = 0; off < a->block_size && j < n_max; off++, j++) {
+    /* a sliding window: the item's first row (the lowest position) sees
+     * nothing before lo0, so no row reads a position there (its block may
+     * have been freed: kv_window.c); every pass starts at base, lo0 rounded
+     * down to 8 (what it skips weighs exactly 0 and adds nothing: the same
+     * bits, and window-sized work at any context) */
+    const size_t n_min = (size_t)a->pos[t0] + 1;
+    const size_t lo0 = a->window && n_min > a->window ? n_min - a->window : 0, base = lo0 & ~(size_t)7;
+    size_t j = base;
+    for (; j < lo0; j++) kp[j] = vp[j] = zero; /* weighed 0 */
+    while (j < n_max) {
+        size_t slot = (size_t)bt[j / a->block_size] * a->block_size;
+        for (size_t off = j % a->block_size; off < a->block_size && j < n_max; off++, j++) {
             size_t at = ((slot + off) * a->n_kv_heads + kvh) * hd;
             if (a->f16) {
                 widen((const uint16_t *)a->k_pool + at, hd, wk + j * hd);
@@ -406,7 +414,7 @@ static void attn_item(void *p, int64_t item, int32_t ith) {
     for (size_t i = 0; i < n_rows; i++) lo[i] = a->window && n_pos[i] > a->window ? n_pos[i] - a->window : 0;
 
     /* scores: each block of 8 K rows once for all the item's (token, head) rows */
-    for (size_t b = 0; b < n_blocks8; b++)
+    for (size_t b = base / 8; b < n_blocks8; b++)
         for (size_t i = 0; i < n_rows; i++) {
             if (8 * b >= n_pos[i]) continue;
             if (8 * b + 8 <= lo[i]) continue; /* wholly outside the window: set below */
@@ -420,18 +428,24 @@ static void attn_item(void *p, int64_t item, int32_t ith) {
         }
 
     for (size_t i = 0; i < n_rows; i++)
-        for (size_t jj = 0; jj < lo[i]; jj++) e[i][jj] = -INFINITY;
+        for (size_t jj = base; jj < lo[i]; jj++) e[i][jj] = -INFINITY;
 
-    /* softmax weights and sums, then the outputs, GROUP rows per pass over V */
-    for (size_t i = 0; i < n_rows; i++) sum[i] = softmax_weights(a->path, e[i], n_pos[i]);
+    /* from base on: the weights and sums, then the outputs, GROUP rows per
+     * pass over V */
+    for (size_t i = 0; i < n_rows; i++) {
+        e[i] += base;
+        n_pos[i] -= base;
+        sum[i] = softmax_weights(a->path, e[i], n_pos[i]);
+    }
 #if SD_CPU_AVX2
     if (a->path == SD_CPU_ATTN_AVX2) {
         for (size_t g = 0; g < n_rows; g += GROUP)
-            v_group_avx2(vp, e + g, n_pos + g, sum + g, o + g, hd, (int)(n_rows - g < GROUP ? n_rows - g : GROUP));
+            v_group_avx2(vp + base, e + g, n_pos + g, sum + g, o + g, hd,
+                         (int)(n_rows - g < GROUP ? n_rows - g : GROUP));
         return;
     }
 #endif
-    for (size_t i = 0; i < n_rows; i++) v_token_c(vp, e[i], n_pos[i], sum[i], o[i], hd, acc);
+    for (size_t i = 0; i < n_rows; i++) v_token_c(vp + base, e[i], n_pos[i], sum[i], o[i], hd, acc);
 }
 
 bool sd_cpu_attn_path_available(sd_cpu_attn_path path) {

@@ -284,8 +284,14 @@ sd_status sd_spec_verify_batch(sd_model *m, sd_kv *kv, int32_t n_seqs, const sd_
         scratch->row0[i] = -1;
     }
     /* 2. truncate, then admit what fits */
-    for (int32_t i = 0; i < n_seqs; i++)
-        if (results[i].outcome == SD_SEQ_OK) SD_TRY(sd_kv_truncate(kv, seqs[i].slot, seqs[i].keep_len));
+    for (int32_t i = 0; i < n_seqs; i++) {
+        if (results[i].outcome != SD_SEQ_OK) continue;
+        SD_TRY(sd_kv_truncate(kv, seqs[i].slot, seqs[i].keep_len));
+        if (sd_kv_seq_len(kv, seqs[i].slot) < seqs[i].keep_len) { /* a shared block, or a window freed (kv.h) */
+            results[i].outcome = SD_SEQ_CACHE_MISS;
+            results[i].cache_len = sd_kv_seq_len(kv, seqs[i].slot);
+        }
+    }
     int32_t free_blocks = sd_kv_n_free_blocks(kv);
     for (int32_t i = 0; i < n_seqs; i++) {
         if (results[i].outcome != SD_SEQ_OK) continue;

@@ -20,7 +20,12 @@
  * the caller recomputes the rest; a prompt's partial block is recomputed,
  * or with sd_kv_prefix_set_partial_copy copied from a cached block). Registered blocks that no sequence holds
  * are kept, up to a bound, and evicted least recently used first whenever a
- * grow needs a block: they count as free. */
+ * grow needs a block: they count as free.
+ *
+ * Sliding window (kv_window.c; off unless params.window is set): the
+ * windowed layers keep their K/V in a group of their own whose blocks are
+ * freed once they left the window of every position the sequence can still
+ * be truncated to. The prefix cache stays off on such a cache. */
 #ifndef SPECD_KV_H
 #define SPECD_KV_H
 
@@ -54,6 +59,21 @@ typedef struct sd_kv_params {
     /* Test hook: every block hashes alike, so only the token and parent
      * comparisons keep lookups right (the forced-collision test). */
     bool prefix_hash_collide;
+    /* Sliding window (kv_window.c). window > 0 and windowed[l] true: layer l
+     * reads only the last `window` positions of a token, and its K/V live in
+     * the window group: pools of window_blocks blocks of their own, a second
+     * block table per slot whose blocks that left every reachable window are
+     * freed (a local layer holds a window's worth, not a context's). The
+     * other layers keep the whole context in the n_blocks pools (for a model
+     * whose every layer is windowed they are bookkeeping only: no memory).
+     * windowed: [n_layers], borrowed during sd_kv_create only. window_slack:
+     * how far below a grow's starting length the sequence may still be
+     * truncated with its window intact (a drafter's rollback; default
+     * SD_MAX_K); a deeper truncation empties the slot (sd_kv_truncate). */
+    int32_t window;
+    const bool *windowed;
+    int32_t window_slack;
+    int32_t window_blocks;
 } sd_kv_params;
 
 /* Prefix cache counters (since creation). */
@@ -89,10 +109,29 @@ sd_status sd_kv_grow(sd_kv *kv, int32_t seq, int32_t new_len);
  * When len falls inside a block that another sequence or the prefix cache
  * can see, the length stops at that block's start instead (never below the
  * requested len's block): the caller reads sd_kv_seq_len and recomputes the
- * rest. Without the prefix cache the length is always len. */
+ * rest. With a window group, a len whose window reaches blocks already freed
+ * (a rollback deeper than window_slack below the last grow's start) empties
+ * the slot (length 0: the caller recomputes everything). Otherwise the
+ * length is always len. */
 sd_status sd_kv_truncate(sd_kv *kv, int32_t seq, int32_t len);
 /* Frees all of seq's blocks (length 0). */
 void sd_kv_release(sd_kv *kv, int32_t seq);
+
+/* ---- sliding window (kv_window.c) ---- */
+
+/* The window group's window in tokens; 0 without a window group. */
+int32_t sd_kv_window(const sd_kv *kv);
+/* Whether layer's K/V live in the window group (false without one). */
+bool sd_kv_layer_windowed(const sd_kv *kv, int32_t layer);
+/* seq's window-group table (borrowed, valid until the next grow / truncate /
+ * release of seq): one entry per block of sd_kv_block_table, -1 for blocks
+ * freed because they left the window; NULL (and *n_blocks 0) without a
+ * window group. */
+const int32_t *sd_kv_window_table(const sd_kv *kv, int32_t seq, int32_t *n_blocks);
+/* Window-group blocks seq holds now (0 without a window group). */
+int32_t sd_kv_window_held(const sd_kv *kv, int32_t seq);
+/* Bytes of every pool (K and V, all layers, both groups): the cache's memory. */
+size_t sd_kv_pool_bytes(const sd_kv *kv);
 
 /* Pointer to the K (or V) vector of kv head 0 at (layer, seq, pos): the
  * n_kv_heads*head_dim values (float or uint16_t f16, per the type) of that

@@ -129,7 +129,10 @@ sd_status sd_model_view_layers(const sd_model *m, int32_t n_layers, sd_model **o
 const sd_model_config *sd_model_config_of(const sd_model *m);
 
 /* Creates a KV cache shaped for m holding max_seqs sequences and n_blocks
- * blocks of block_size tokens (0 = 16). Caller frees with sd_kv_free. */
+ * blocks of block_size tokens (0 = 16). Caller frees with sd_kv_free. A
+ * model with a sliding window (outside a TP group) gets a window group
+ * (kv.h): its windowed layers hold about a window per sequence, not a
+ * context (model_window.c sizes it). */
 sd_status sd_model_kv_create(const sd_model *m, int32_t max_seqs, int32_t n_blocks, int32_t block_size, sd_kv **out);
 
 /* A ragged batch. For each sequence the tokens present must continue it:
@@ -262,6 +265,10 @@ typedef struct sd_model_plan {
     const int32_t *bt; /* [n_bt] block ids: the batch's tables one after another */
     int32_t n_wanted;
     const int32_t *wanted; /* [n_wanted] rows (increasing) whose logits are wanted */
+    /* [n_bt] or NULL: the windowed layers' blocks (a cache with a window
+     * group, kv.h), at bt's offsets, -1 where freed; never in a group's plan
+     * (sd_model_kv_create gives a TP model no window group) */
+    const int32_t *bt_win;
 } sd_model_plan;
 
 /* Called by the leader's forward once the batch is validated and the cache

@@ -1,0 +1,99 @@
+/* model_window.c — the sliding window's part of the model: the window group
+ * of the caches it makes (kv_window.c) and the chunked forward such a cache
+ * needs.
+ *
+ * Sizing. A slot holds at most ceil((window + slack + bs - 1 + grown) / bs)
+ * + 1 window blocks, grown being the most tokens one forward appends to it
+ * (kv_window.c: a grow frees by the length before it). A forward on a
+ * window-group cache appends at most WINDOW_CHUNK tokens (the chunks
+ * below; a verify step's SD_MAX_K + 1 is fewer), so the window pools get
+ * max_seqs times that bound with grown = WINDOW_CHUNK, never more than the
+ * main pools (n_blocks). Gemma 3 270M (window 512) with one slot and
+ * blocks of 16: 52 window blocks (832 positions) for its 15 local layers,
+ * against 257 blocks for the 3 global ones at a 4k context. Not covered: a
+ * device verify (keep) whose rows after the first wanted one exceed the
+ * chunk (a long append in a verify step) may run out of window blocks
+ * (SD_ERR_OUT_OF_BLOCKS).
+ *
+ * Chunks. A prompt prefilled in one call writes all its rows before any
+ * attention reads them, so a window group could not hold it; a batch longer
+ * than WINDOW_CHUNK tokens runs in consecutive chunks instead (the tokens
+ * of a sequence stay in order, so every chunk continues its sequences).
+ * Bit for bit the same logits: a token's result does not depend on the
+ * batch (backend_impl.h). With keep (sd_model_forward_verify: the logits
+ * stay in the activations for the device's verification) the rows from
+ * the first wanted one on go in one last call. A chunk that fails gives
+ * every sequence of the batch its starting length back (which may empty a
+ * slot whose window has moved: sd_kv_truncate). Rejected: growing the
+ * window pools on demand (a device pool cannot move under recorded graphs). */
+#include "model_impl.h"
+
+#include <stdlib.h>
+
+enum { WINDOW_CHUNK = 256 }; /* most tokens one forward appends on a window-group cache */
+
+static int32_t blocks_for(int64_t tokens, int32_t bs) { return (int32_t)((tokens + bs - 1) / bs); }
+
+void sd_model_window_params(const sd_model *m, sd_kv_params *p, bool *windowed) {
+    const sd_model_config *c = &m->cfg;
+    if (c->sliding_window <= 0 || m->shard.tp_size > 1 || m->coll) return; /* a group's plans carry one table */
+    for (int32_t l = 0; l < p->n_layers; l++) windowed[l] = sd_model_layer_swa(c, l);
+    p->window = c->sliding_window;
+    p->windowed = windowed;
+    const int32_t bs = p->block_size;
+    int64_t per_seq = blocks_for((int64_t)p->window + p->window_slack + bs - 1 + WINDOW_CHUNK, bs) + 1;
+    int64_t n = (int64_t)p->max_seqs * per_seq;
+    p->window_blocks = n < p->n_blocks ? (int32_t)n : p->n_blocks;
+}
+
+bool sd_model_window_chunked(const sd_kv *kv, const sd_batch *b) {
+    return kv && b && sd_kv_window(kv) > 0 && b->n_tokens > WINDOW_CHUNK;
+}
+
+/* b's tokens [t0, t0 + n) as a batch of their own. */
+static sd_batch slice(const sd_batch *b, int32_t t0, int32_t n) {
+    return (sd_batch){.n_tokens = n,
+                      .tokens = b->tokens + t0,
+                      .pos = b->pos + t0,
+                      .seq = b->seq + t0,
+                      .logits = b->logits ? b->logits + t0 : NULL};
+}
+
+static int32_t wanted_in(const sd_batch *b, int32_t t0, int32_t n) {
+    int32_t k = 0;
+    for (int32_t t = t0; b->logits && t < t0 + n; t++) k += b->logits[t];
+    return k;
+}
+
+sd_status sd_model_forward_chunks(sd_model *m, sd_kv *kv, const sd_batch *b, int32_t n_head, float *out, bool keep,
+                                  sd_model_chunk_fn fn) {
+    if (!b->tokens || !b->pos || !b->seq) return fn(m, kv, b, n_head, out, keep); /* it says what is missing */
+    const int32_t n = b->n_tokens, max_seqs = sd_kv_params_of(kv)->max_seqs;
+    int32_t end = n; /* tokens [0, end) in chunks; with keep, [end, n) in one call */
+    if (keep)
+        for (end = 0; end < n && !(b->logits && b->logits[end]);) end++;
+    int32_t *start = malloc((size_t)max_seqs * sizeof *start);
+    if (!start) return SD_ERR_NOMEM;
+    for (int32_t s = 0; s < max_seqs; s++) start[s] = -1;
+    for (int32_t t = 0; t < n; t++)
+        if (b->seq[t] >= 0 && b->seq[t] < max_seqs && start[b->seq[t]] < 0)
+            start[b->seq[t]] = sd_kv_seq_len(kv, b->seq[t]);
+    sd_status s = SD_OK;
+    size_t row = 0;
+    for (int32_t t0 = 0; s == SD_OK && t0 < end; t0 += WINDOW_CHUNK) {
+        int32_t len = end - t0 < WINDOW_CHUNK ? end - t0 : WINDOW_CHUNK;
+        sd_batch c = slice(b, t0, len);
+        int32_t k = wanted_in(b, t0, len);
+        s = fn(m, kv, &c, n_head, k && out ? out + row * (size_t)n_head : out, false);
+        row += (size_t)k;
+    }
+    if (s == SD_OK && end < n) {
+        sd_batch c = slice(b, end, n - end);
+        s = fn(m, kv, &c, n_head, out, true);
+    }
+    if (s != SD_OK) /* give the batch's new positions back */
+        for (int32_t q = 0; q < max_seqs; q++)
+            if (start[q] >= 0 && sd_kv_seq_len(kv, q) > start[q]) sd_kv_truncate(kv, q, start[q]);
+    free(start);
+    return s;
+}
