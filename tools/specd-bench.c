@@ -10,6 +10,7 @@
  *   tp        a CPU tensor-parallel verifier group against TP = 1 (bench_tp.c).
  *   serve     through the running service (bench_serve.c).
  *   link      one message on a specd link, plaintext and CurveZMQ (bench_link.c).
+ *   window    decode at a long context, sliding-window vs global model (bench_window.c).
  *
  * Every figure is a median over repetitions, and ratios are taken between
  * figures measured side by side in one run: the machines are shared and
@@ -39,6 +40,7 @@
 #include "bench_stats.h"
 #include "bench_spec.h"
 #include "bench_link.h"
+#include "bench_window.h"
 #ifdef SPECD_BENCH_SERVE
 #include "bench_serve.h"
 #include "bench_http.h"
@@ -604,6 +606,7 @@ static void usage(FILE *f) {
             "  serve     through the running service: tok/s, latency, spec vs target-only (serve --help)\n"
             "  http      through the HTTP gateway vs libspecd-client: time to first token, gaps (http --help)\n"
             "  link      round trips on a specd link, plaintext and CurveZMQ side by side (link --help)\n"
+            "  window    decode at 4k context: a sliding-window model vs a global one, KV memory (window --help)\n"
             "  tp        a CPU tensor-parallel verifier group vs TP = 1: decode, verify, all-reduce cost (tp --help)\n"
             "\n"
             "every mode:\n"
@@ -671,6 +674,7 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "spec") == 0) return bench_spec_main(argc, argv);
     if (strcmp(mode, "gpu") == 0) return bench_gpu_main(argc, argv);
     if (strcmp(mode, "link") == 0) return bench_link_main(argc, argv);
+    if (strcmp(mode, "window") == 0) return bench_window_main(argc, argv);
 #ifdef SPECD_BENCH_SERVE
     if (strcmp(mode, "serve") == 0) return bench_serve_main(argc, argv);
 #endif
