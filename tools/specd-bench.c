@@ -340,6 +340,15 @@ static double timed_forward(sd_model *m, sd_kv *kv, const int32_t *tokens, int n
     return st == SD_OK ? dt : -1;
 }
 
+/* Truncates sequence 0 to len; on a cache whose window group freed the
+ * window of len (a rollback deeper than its slack, kv.h), the lost tokens
+ * are fed again from tokens, untimed. */
+static bool rewind_to(sd_model *m, sd_kv *kv, const int32_t *tokens, int len, float *logits) {
+    if (sd_kv_truncate(kv, 0, len) != SD_OK) return false;
+    int have = sd_kv_seq_len(kv, 0);
+    return have == len || timed_forward(m, kv, tokens + have, len - have, have, true, logits) >= 0;
+}
+
 /* One repetition, every measure in turn (so that machine noise, which comes
  * and goes on a shared machine, falls on all of them alike and the ratios of
  * one repetition compare figures taken seconds apart): the bandwidth
@@ -371,13 +380,13 @@ static bool forward_rep(const fwd_opts *o, int r, sd_model *m, sd_kv *kv, const 
     s->step_s[r] = sd_bench_median(step_scratch, o->decode_steps);
 
     for (int k = 1; k <= o->max_k; k++) {
-        if (sd_kv_truncate(kv, 0, o->prompt_len) != SD_OK) return false;
+        if (!rewind_to(m, kv, tokens, o->prompt_len, logits)) return false;
         if ((s->k_s[k][r] = timed_forward(m, kv, tokens + o->prompt_len, k, o->prompt_len, false, logits)) < 0)
             return false;
     }
     int short_prefix = o->prompt_len < SHORT_PREFIX ? o->prompt_len : SHORT_PREFIX;
     for (int k = 1; k <= o->max_k; k++) {
-        if (sd_kv_truncate(kv, 0, short_prefix) != SD_OK) return false;
+        if (!rewind_to(m, kv, tokens, short_prefix, logits)) return false;
         if ((s->k_short_s[k][r] = timed_forward(m, kv, tokens + o->prompt_len, k, short_prefix, false, logits)) < 0)
             return false;
     }
