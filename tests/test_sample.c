@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -208,6 +209,67 @@ static void test_top_k(void **state) {
     s.top_k = 1000;
     assert_int_equal(sd_sample_probs(l, 5, &s, got), SD_OK);
     assert_probs(got, (const double[5]){0.1, 0.4, 0.2, 0.2, 0.1}, 5);
+}
+
+/* The top-k filter's selection on a Gemma-sized vocabulary (262,144 ids,
+ * logits on a coarse grid: many ties) against a full sort done here, with
+ * top-p and min-p after it: the kept ids and their probabilities equal bit
+ * for bit (the contract's steps, summed in the same orders). */
+typedef struct ref_rank {
+    double p;
+    int32_t id;
+} ref_rank;
+static int ref_cmp(const void *a, const void *b) {
+    const ref_rank *x = a, *y = b;
+    if (x->p != y->p) return x->p > y->p ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+static void ref_probs(const float *l, int32_t n, const sd_sampling *s, ref_rank *r, double *dense, float *out) {
+    double inv_t = 1.0 / (double)s->temperature, z_max = -INFINITY, total = 0.0;
+    for (int32_t i = 0; i < n; i++) z_max = fmax(z_max, (double)l[i] * inv_t);
+    for (int32_t i = 0; i < n; i++) r[i] = (ref_rank){exp((double)l[i] * inv_t - z_max), i}, total += r[i].p;
+    for (int32_t i = 0; i < n; i++) r[i].p /= total;
+    qsort(r, (size_t)n, sizeof *r, ref_cmp);
+    int32_t kept = s->top_k > 0 && s->top_k < n ? s->top_k : n;
+    double mass = 0.0, cum = 0.0;
+    for (int32_t i = 0; i < kept; i++) mass += r[i].p;
+    for (int32_t i = 0; s->top_p < 1.0f && i < kept; i++)
+        if ((cum += r[i].p) >= (double)s->top_p * mass) kept = i + 1;
+    int32_t keep = 1;
+    while (s->min_p > 0.0f && keep < kept && r[keep].p >= (double)s->min_p * r[0].p) keep++;
+    if (s->min_p > 0.0f) kept = keep;
+    memset(dense, 0, (size_t)n * sizeof *dense);
+    for (int32_t i = 0; i < kept; i++) dense[r[i].id] = r[i].p;
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; i++) sum += dense[i];
+    for (int32_t i = 0; i < n; i++) out[i] = (float)(dense[i] / sum);
+}
+
+static void test_top_k_large_vocab(void **state) {
+    (void)state;
+    enum { V = 262144 };
+    float *l = malloc(V * sizeof *l), *got = malloc(V * sizeof *got), *want = malloc(V * sizeof *want);
+    ref_rank *r = malloc(V * sizeof *r);
+    double *dense = malloc(V * sizeof *dense);
+    assert_true(l && got && want && r && dense);
+    uint64_t x = 7;
+    for (int32_t i = 0; i < V; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        l[i] = (float)((x >> 40) % 2000) / 100.0f; /* 2,000 values: ties everywhere */
+    }
+    const struct {
+        int32_t k;
+        float p, min_p;
+    } cases[] = {{1, 1, 0}, {40, 1, 0}, {40, 0.5f, 0}, {1000, 0.9f, 0.05f}, {200000, 1, 0}, {V - 1, 0.95f, 0}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        sd_sampling s = sd_sampling_default();
+        s.temperature = 0.7f, s.top_k = cases[c].k, s.top_p = cases[c].p, s.min_p = cases[c].min_p;
+        assert_int_equal(sd_sample_probs(l, V, &s, got), SD_OK);
+        ref_probs(l, V, &s, r, dense, want);
+        if (memcmp(got, want, V * sizeof *got) != 0)
+            fail_msg("top_k %d top_p %g: not the full sort's", cases[c].k, cases[c].p);
+    }
+    free(l), free(got), free(want), free(r), free(dense);
 }
 
 static void test_top_p(void **state) {
@@ -523,6 +585,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_seeded_determinism_and_purposes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_temperature_softmax, setup, teardown),
         cmocka_unit_test_setup_teardown(test_top_k, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_top_k_large_vocab, setup, teardown),
         cmocka_unit_test_setup_teardown(test_top_p, setup, teardown),
         cmocka_unit_test_setup_teardown(test_min_p, setup, teardown),
         cmocka_unit_test_setup_teardown(test_greedy, setup, teardown),
