@@ -30,6 +30,7 @@ void sd_model_free_activations(sd_model *m) {
         *bufs[i] = NULL;
     }
     a->cap_tokens = 0;
+    a->cap_logit_rows = 0;
 }
 
 static sd_status reserve_activations(sd_model *m, int32_t n_tokens) {
@@ -57,7 +58,6 @@ static sd_status reserve_activations(sd_model *m, int32_t n_tokens) {
         {&a->att, n * q},
         {&a->gate, n * (size_t)sh->n_ff},
         {&a->up, n * (size_t)sh->n_ff},
-        {&a->logits, m->be.ops->host_memory || !leader ? 0 : n * (size_t)c->n_vocab},
         {&a->head_part, split ? n * (size_t)sh->n_vocab : 0},
         {&a->head_all, split && leader ? n * (size_t)sh->n_vocab * (size_t)sh->tp_size : 0},
     };
@@ -428,6 +428,15 @@ static sd_status forward_logits(sd_model *m, const int32_t *wanted, int32_t n_wa
     /* gather wanted rows of x into xb [n_wanted][E], norm in place */
     SD_TRY(op->embed(be, a->x, c->n_embd, wanted, n_wanted, a->xb));
     SD_TRY(op->rmsnorm(be, a->xb, m->output_norm, n_wanted, c->n_embd, c->rms_eps, a->xb));
+    if (!op->host_memory && sh->tp_rank == 0 && n_wanted > a->cap_logit_rows) { /* on the device: n_wanted rows */
+        if (a->logits) op->buf_free(be, a->logits);
+        a->logits = op->buf_alloc(be, (size_t)n_wanted * (size_t)c->n_vocab * sizeof(float));
+        a->cap_logit_rows = a->logits ? n_wanted : 0;
+        if (!a->logits) {
+            SD_ERROR("model: cannot allocate logits for %d rows", (int)n_wanted);
+            return SD_ERR_NOMEM;
+        }
+    }
     float *dst = op->host_memory ? out : a->logits; /* [n_wanted][n_head] */
     if (split)
         SD_TRY(split_head(m, n_wanted, dst));
@@ -447,9 +456,9 @@ static sd_status run_plan(sd_model *m, sd_kv *kv, const sd_model_plan *p, int32_
     if (m->be.ops->host_arrays) {
         /* the order is fixed: a recorded forward reads the same slots */
         const sd_host_array arrays[] = {
-            {p->tokens, (size_t)p->n_tokens}, {p->pos, (size_t)p->n_tokens},    {p->bt, (size_t)p->n_bt},
-            {p->bt_off, (size_t)p->n_tokens}, {p->wanted, (size_t)p->n_wanted},
-            {p->bt_win, p->bt_win ? (size_t)p->n_bt : 0},
+            {p->tokens, (size_t)p->n_tokens}, {p->pos, (size_t)p->n_tokens},
+            {p->bt, (size_t)p->n_bt},         {p->bt_off, (size_t)p->n_tokens},
+            {p->wanted, (size_t)p->n_wanted}, {p->bt_win, p->bt_win ? (size_t)p->n_bt : 0},
         };
         s = m->be.ops->host_arrays(m->be.ctx, arrays, (int32_t)(sizeof arrays / sizeof arrays[0]));
     }

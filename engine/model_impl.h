@@ -52,7 +52,10 @@ typedef struct activations {
     float *att;       /* [n_tokens][n_heads*head_dim] */
     float *gate;      /* [n_tokens][n_ff] */
     float *up;        /* [n_tokens][n_ff] */
-    float *logits;    /* [n_tokens][n_vocab], only for backends without host memory (leader) */
+    float *logits;    /* [cap_logit_rows][n_vocab], only for backends without host memory (leader): sized
+                       * by the wanted rows, not the tokens (a 512-token prefill of a 262k vocabulary
+                       * wants 1 row, not 512 MiB) */
+    int32_t cap_logit_rows;
     float *head_part; /* [n_tokens][n_vocab_l] split LM head: this rank's logits columns */
     float *head_all;  /* [tp][n_tokens][n_vocab_l] split LM head, leader: every rank's part */
 } activations;
