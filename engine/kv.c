@@ -190,10 +190,10 @@ int32_t sd_kv_seq_len(const sd_kv *kv, int32_t seq) {
     return kv->slots[seq].len;
 }
 
-int32_t sd_kv_n_free_blocks(const sd_kv *kv) {
-    int32_t n = kv->n_free + kv->n_idle;
-    return kv->win && kv->win->n_free < n ? kv->win->n_free : n; /* a grow needs both groups' blocks */
-}
+/* The main group's count: a window group sized by sd_model_kv_create
+ * holds every slot's bound (model_window.c), so it runs short only for a
+ * grow longer than it was sized for, which grow refuses (OUT_OF_BLOCKS). */
+int32_t sd_kv_n_free_blocks(const sd_kv *kv) { return kv->n_free + kv->n_idle; }
 
 /* Blocks needed to hold len tokens. */
 static int32_t blocks_for(const sd_kv *kv, int32_t len) {

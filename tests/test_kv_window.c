@@ -25,7 +25,10 @@
  *     gives the same logits;
  *   - a 300-token prompt in one call (longer than a chunk: run in chunks);
  *   - the prefix cache stays off on such a cache: adoption gains nothing,
- *     and warm equals cold. */
+ *     and warm equals cold;
+ *   - greedy speculative decoding after a 400-token prompt (verified in one
+ *     step: more blocks than the window pools hold) equals plain greedy on
+ *     a whole-context cache, with the n-gram drafter and a random draft. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -40,6 +43,9 @@
 #include "specd/gguf.h"
 #include "specd/kv.h"
 #include "specd/model.h"
+#include "specd/drafter.h"
+#include "specd/spec_decode.h"
+#include "specd/tokenizer.h"
 
 #define VOCAB  300
 #define LEN    300
@@ -112,13 +118,17 @@ static void test_bookkeeping(void **state) {
 /* ---- the model oracle ---- */
 
 static struct {
-    char dir[64], path[2][128];
+    char dir[64], path[2][128], draft[2][128];
     bool ok;
 } env;
 
 static const char *const arch_args[2] = {
     "--arch gemma3 --layers 7 --dim 64 --heads 2 --kv-heads 1 --head-dim 32 --ff 128 --tied",
     "--arch mistral --layers 2 --dim 64 --heads 4 --kv-heads 2 --ff 128",
+};
+static const char *const draft_args[2] = {
+    "--arch gemma3 --layers 1 --dim 32 --heads 2 --kv-heads 1 --head-dim 32 --ff 64 --tied",
+    "--arch mistral --layers 1 --dim 32 --heads 2 --kv-heads 2 --ff 64",
 };
 
 static int setup(void **state) {
@@ -132,13 +142,17 @@ static int setup(void **state) {
         snprintf(cmd, sizeof cmd, "'%s' -o '%s' %s --window %d --vocab %d --seed %d >/dev/null 2>&1", SPECD_MKMODEL,
                  env.path[i], arch_args[i], WINDOW, VOCAB, 41 + i);
         env.ok = system(cmd) == 0;
+        snprintf(env.draft[i], sizeof env.draft[i], "%s/d%d.gguf", env.dir, i);
+        snprintf(cmd, sizeof cmd, "'%s' -o '%s' %s --window %d --vocab %d --seed %d >/dev/null 2>&1", SPECD_MKMODEL,
+                 env.draft[i], draft_args[i], WINDOW, VOCAB, 51 + i);
+        env.ok = env.ok && system(cmd) == 0;
     }
     return 0;
 }
 
 static int teardown(void **state) {
     (void)state;
-    for (int i = 0; i < 2; i++) unlink(env.path[i]);
+    for (int i = 0; i < 2; i++) unlink(env.path[i]), unlink(env.draft[i]);
     rmdir(env.dir);
     return 0;
 }
@@ -159,8 +173,8 @@ static int32_t tok_of(int32_t i) { return (i * 7919 + 13) % VOCAB; }
 
 /* Logits of tokens[from, from + n) at positions from.. in one call, into out. */
 static void forward(sd_model *m, sd_kv *kv, int32_t seq, const int32_t *tokens, int32_t from, int32_t n, float *out) {
-    static int32_t pos[LEN], sq[LEN];
-    static bool want[LEN];
+    static int32_t pos[2 * LEN], sq[2 * LEN];
+    static bool want[2 * LEN];
     for (int32_t i = 0; i < n; i++) pos[i] = from + i, sq[i] = seq, want[i] = true;
     sd_batch b = {.n_tokens = n, .tokens = tokens, .pos = pos, .seq = sq, .logits = want};
     assert_int_equal(sd_model_forward(m, kv, &b, out), SD_OK);
@@ -263,10 +277,80 @@ static void test_model_oracle(void **state) {
     }
 }
 
+/* Greedy speculative decoding with a long prompt on window-group caches
+ * (the first step verifies the whole prompt: longer than a chunk and than
+ * the window pools' share of one slot) equals plain greedy decoding on a
+ * whole-context cache, with the n-gram drafter and a 1-layer random draft
+ * of the same architecture (whose own cache is windowed and rolls back
+ * every rejected draft). */
+static void test_spec_long_prompt(void **state) {
+    (void)state;
+    if (!env.ok) skip();
+    enum { N_PROMPT = 400, N_NEW = 40, K = 4, CTX = N_PROMPT + N_NEW + 8 };
+    sd_sampling greedy = sd_sampling_default();
+    greedy.temperature = 0;
+    static int32_t ctx[CTX + SD_MAX_K + 1], plain[N_NEW];
+    static float logits[N_PROMPT * VOCAB];
+    for (int a = 0; a < 2; a++) {
+        sd_model *m = load(env.path[a]);
+        const sd_model_config *c = sd_model_config_of(m);
+        for (int32_t i = 0; i < N_PROMPT; i++) ctx[i] = tok_of(i % 37 + (i / 111) * 5); /* repeats: n-gram drafts */
+        /* plain greedy on a whole-context cache */
+        sd_kv_params fp = sd_kv_default_params();
+        fp.n_layers = c->n_layers, fp.n_kv_heads = c->n_kv_heads, fp.head_dim = c->head_dim;
+        fp.block_size = BS, fp.n_blocks = CTX / BS + 2, fp.max_seqs = 1;
+        sd_kv *full = NULL;
+        assert_int_equal(sd_kv_create(&fp, &full), SD_OK);
+        forward(m, full, 0, ctx, 0, N_PROMPT, logits);
+        const float *row = logits + (size_t)(N_PROMPT - 1) * VOCAB;
+        for (int32_t t = 0; t < N_NEW; t++) {
+            int32_t best = 0;
+            for (int32_t v = 1; v < VOCAB; v++) best = row[v] > row[best] ? v : best;
+            plain[t] = best;
+            forward(m, full, 0, &plain[t], N_PROMPT + t, 1, logits);
+            row = logits;
+        }
+        sd_kv_free(&full);
+        sd_gguf *g = NULL;
+        char err[256];
+        assert_int_equal(sd_gguf_open(env.path[a], &g, err, sizeof err), SD_OK);
+        sd_tok *tok = NULL;
+        assert_int_equal(sd_tok_from_gguf(g, &tok), SD_OK);
+        uint64_t hash = sd_tok_vocab_hash(tok);
+        sd_tok_free(&tok);
+        sd_gguf_close(&g);
+        sd_drafter_params dp = sd_drafter_default_params();
+        dp.max_ctx = CTX;
+        dp.n_threads = 1;
+        sd_drafter *drafters[2] = {NULL, NULL};
+        assert_int_equal(sd_drafter_ngram_create(&dp, &drafters[0]), SD_OK);
+        assert_int_equal(sd_drafter_model_open(env.draft[a], hash, VOCAB, &dp, &drafters[1]), SD_OK);
+        for (int d = 0; d < 2; d++) {
+            sd_spec_decoder *dec = NULL;
+            assert_int_equal(sd_spec_decoder_create(m, drafters[d], CTX, &dec), SD_OK);
+            int32_t n = N_PROMPT;
+            while (n < N_PROMPT + N_NEW) {
+                int32_t stepv[SD_MAX_K + 1], n_step;
+                assert_int_equal(sd_spec_decoder_step(dec, ctx, n, K, &greedy, stepv, &n_step, NULL, NULL), SD_OK);
+                memcpy(ctx + n, stepv, (size_t)n_step * sizeof *stepv);
+                n += n_step;
+            }
+            assert_memory_equal(plain, ctx + N_PROMPT, sizeof plain);
+            printf("%s: greedy spec == plain after a %d-token prompt, %s drafter: %lld drafted, %lld accepted\n",
+                   a ? "mistral" : "gemma3", N_PROMPT, sd_drafter_name(drafters[d]),
+                   (long long)sd_spec_decoder_stats(dec)->drafted, (long long)sd_spec_decoder_stats(dec)->accepted);
+            sd_spec_decoder_free(&dec);
+            sd_drafter_free(&drafters[d]);
+        }
+        sd_model_free(&m);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bookkeeping),
         cmocka_unit_test_setup_teardown(test_model_oracle, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_spec_long_prompt, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -99,7 +99,8 @@ const sd_kv_params *sd_kv_params_of(const sd_kv *kv);
 uint64_t sd_kv_uid(const sd_kv *kv);
 /* Current length (tokens stored) of seq; 0 for an unused slot. */
 int32_t sd_kv_seq_len(const sd_kv *kv, int32_t seq);
-/* Blocks a grow can take: free ones and cached ones no sequence holds. */
+/* Blocks a grow can take: free ones and cached ones no sequence holds (the
+ * main group's; a window group's own bound is its sizing's, kv_window.c). */
 int32_t sd_kv_n_free_blocks(const sd_kv *kv);
 
 /* Makes room for seq to hold new_len tokens (allocating blocks); the length
