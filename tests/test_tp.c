@@ -266,7 +266,7 @@ static sd_status bcast_end(sd_coll *coll) {
 static int check_bad_plans(sd_model *m, sd_kv *kv) {
     int32_t V = sd_model_config_of(m)->n_vocab;
     int32_t tok[2] = {1, 2}, pos[2] = {0, 1}, off[2] = {0, 0}, bt[1] = {0}, wanted[1] = {1};
-    sd_model_plan good = {2, tok, pos, off, 1, bt, 1, wanted};
+    sd_model_plan good = {2, tok, pos, off, 1, bt, 1, wanted, NULL};
     sd_model_plan p = good;
     int32_t bad_bt[1] = {KV_BLOCKS};
     p.bt = bad_bt;
@@ -350,7 +350,8 @@ static int rank_main(group_case *gc, int rank) {
             sd_model_plan p = {hdr[0],       buf,
                                buf + hdr[0], buf + 2 * hdr[0],
                                hdr[1],       buf + 3 * hdr[0],
-                               hdr[2],       buf + 3 * hdr[0] + hdr[1]};
+                               hdr[2],       buf + 3 * hdr[0] + hdr[1],
+                               NULL};
             if (sd_model_forward_plan(m, kv, &p) != SD_OK) rc = 22;
         }
     }
