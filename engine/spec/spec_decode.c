@@ -126,7 +126,9 @@ sd_status sd_spec_decoder_create(sd_model *target, sd_drafter *drafter, int32_t 
     sd_status st = d->cached ? sd_spec_scratch_create(&d->scratch) : SD_ERR_NOMEM;
     if (st == SD_OK) {
         const int32_t block = 16;
-        st = sd_model_kv_create(target, 1, (max_ctx + SD_MAX_K + block - 1) / block + 1, block, &d->kv);
+        /* room past the context for a chain of K or a tree of nodes */
+        const int32_t extra = SD_TREE_MAX_NODES > SD_MAX_K ? SD_TREE_MAX_NODES : SD_MAX_K;
+        st = sd_model_kv_create(target, 1, (max_ctx + extra + block - 1) / block + 1, block, &d->kv);
     } else {
         SD_ERROR("spec: out of memory creating a decoder");
     }
