@@ -12,7 +12,8 @@ decoding's:
     trained head (~/.cache/specd/eagle3/<model name> or quiet-run, written
     by tools/train-eagle): greedy = plain greedy over 64 tokens of a chat
     prompt, and the head's drafts are accepted (so the kept paths, copied
-    down in the cache, are exercised). Skipped with a message when the
+    down in the cache, are exercised); a one-child tree drafts and accepts
+    exactly what the chain of the same depth does. Skipped with a message when the
     model or the head is absent;
   * refusals: --tree-topk without --eagle, the rejection rule on sampled
     requests.
@@ -131,6 +132,15 @@ def check_trained(failures):
             failures.append(f"trained head tree {topk}/{nodes}/{depth}: only {out['spec']['accepted']} accepted")
         print(f"trained head, tree {topk}/{nodes}/{depth}: = plain greedy, {out['spec']['accepted']} of "
               f"{out['spec']['drafted']} nodes accepted")
+    # a one-child tree is the chain: the head's tree rows (attending along
+    # their path) draft what its chain rows draft, step for step
+    chain = generate(model, prompt + ["--eagle", head, "-k", "3"])["spec"]
+    tree = generate(model, prompt + tree_args(head, 1, 3, 3))["spec"]
+    if [chain[k] for k in ("target_steps", "drafted", "accepted")] != \
+            [tree[k] for k in ("target_steps", "drafted", "accepted")]:
+        failures.append(f"one-child tree {tree} drafts otherwise than the chain {chain}")
+    print(f"trained head: a one-child tree of depth 3 = the chain of K 3 ({chain['accepted']} accepted in "
+          f"{chain['target_steps']} steps)")
 
 
 def main():
