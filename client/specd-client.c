@@ -415,6 +415,23 @@ enum {
     OPT_RESPONSE_JSON
 };
 
+/* --drafter KIND, or false with the message on stderr. */
+static bool parse_drafter(const char *arg, Specd__DrafterKind *out) {
+    if (!strcmp(arg, "ngram"))
+        *out = SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM;
+    else if (!strcmp(arg, "model"))
+        *out = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
+    else if (!strcmp(arg, "self"))
+        *out = SPECD__DRAFTER_KIND__DRAFTER_KIND_SELF;
+    else if (!strcmp(arg, "eagle"))
+        *out = SPECD__DRAFTER_KIND__DRAFTER_KIND_EAGLE;
+    else {
+        fprintf(stderr, "specd-client: --drafter takes ngram, model, self or eagle, got '%s'\n", arg);
+        return false;
+    }
+    return true;
+}
+
 /* 0 ok, 2 usage error, -1 help printed */
 static int parse_args(int argc, char **argv, options *o) {
     static const struct option longs[] = {SD_CLIENT_LINK_LONG_OPTIONS,
@@ -485,18 +502,7 @@ static int parse_args(int argc, char **argv, options *o) {
             o->req.max_k = (int32_t)v;
             break;
         case OPT_DRAFTER:
-            if (!strcmp(optarg, "ngram"))
-                o->req.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM;
-            else if (!strcmp(optarg, "model"))
-                o->req.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
-            else if (!strcmp(optarg, "self"))
-                o->req.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_SELF;
-            else if (!strcmp(optarg, "eagle"))
-                o->req.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_EAGLE;
-            else {
-                fprintf(stderr, "specd-client: --drafter takes ngram, model, self or eagle, got '%s'\n", optarg);
-                return 2;
-            }
+            if (!parse_drafter(optarg, &o->req.drafter_kind)) return 2;
             break;
         case OPT_IGNORE_EOS: o->req.ignore_eos = true; break;
         case OPT_JSON: o->json = true; break;

@@ -100,60 +100,61 @@ static bool usage_rules_ok(const sd_coord_params *p) {
            sd_curve_bind_check(p->worker_addr, keyed, p->insecure, "--worker-addr") == SD_OK;
 }
 
+enum {
+    O_MODEL = 256,
+    O_CADDR,
+    O_WADDR,
+    O_QUEUE,
+    O_ACTIVE,
+    O_MAXTOK,
+    O_KDEF,
+    O_KMAX,
+    O_ADAPT,
+    O_CHUNK,
+    O_DTO,
+    O_VTO,
+    O_CURVE,
+    O_STATS_NAMES,
+    O_CHAT,
+    O_CKEYS,
+    O_WKEYS,
+    O_INSECURE,
+    O_LOCAL_NGRAM,
+    O_NGRAM_CACHE,
+    O_VERIFY_RULE,
+    O_DRAIN
+};
+static const struct option coord_longs[] = {{"model", required_argument, 0, O_MODEL},
+                                            {"client-addr", required_argument, 0, O_CADDR},
+                                            {"worker-addr", required_argument, 0, O_WADDR},
+                                            {"max-queue", required_argument, 0, O_QUEUE},
+                                            {"max-active", required_argument, 0, O_ACTIVE},
+                                            {"max-tokens-default", required_argument, 0, O_MAXTOK},
+                                            {"default-k", required_argument, 0, O_KDEF},
+                                            {"max-k", required_argument, 0, O_KMAX},
+                                            {"adaptive-k", required_argument, 0, O_ADAPT},
+                                            {"prefill-chunk", required_argument, 0, O_CHUNK},
+                                            {"draft-timeout-ms", required_argument, 0, O_DTO},
+                                            {"verify-timeout-ms", required_argument, 0, O_VTO},
+                                            {"curve-secret", required_argument, 0, O_CURVE},
+                                            {"stats-names", no_argument, 0, O_STATS_NAMES},
+                                            {"chat-template", required_argument, 0, O_CHAT},
+                                            {"client-keys", required_argument, 0, O_CKEYS},
+                                            {"worker-keys", required_argument, 0, O_WKEYS},
+                                            {"insecure", no_argument, 0, O_INSECURE},
+                                            {"local-ngram", no_argument, 0, O_LOCAL_NGRAM},
+                                            {"ngram-cache", required_argument, 0, O_NGRAM_CACHE},
+                                            {"verify-rule", required_argument, 0, O_VERIFY_RULE},
+                                            {"drain-timeout-ms", required_argument, 0, O_DRAIN},
+                                            {"verbose", no_argument, 0, 'v'},
+                                            {"help", no_argument, 0, 'h'},
+                                            {0, 0, 0, 0}};
+
 /* The command line into *p and *verbose: -1 to go on, else the exit status
  * (0 after --help, 2 for a bad option, said on stderr). */
 static int parse_args(int argc, char **argv, sd_coord_params *p, bool *verbose) {
-    enum {
-        O_MODEL = 256,
-        O_CADDR,
-        O_WADDR,
-        O_QUEUE,
-        O_ACTIVE,
-        O_MAXTOK,
-        O_KDEF,
-        O_KMAX,
-        O_ADAPT,
-        O_CHUNK,
-        O_DTO,
-        O_VTO,
-        O_CURVE,
-        O_STATS_NAMES,
-        O_CHAT,
-        O_CKEYS,
-        O_WKEYS,
-        O_INSECURE,
-        O_LOCAL_NGRAM,
-        O_NGRAM_CACHE,
-        O_VERIFY_RULE,
-        O_DRAIN
-    };
-    static const struct option opts[] = {{"model", required_argument, 0, O_MODEL},
-                                         {"client-addr", required_argument, 0, O_CADDR},
-                                         {"worker-addr", required_argument, 0, O_WADDR},
-                                         {"max-queue", required_argument, 0, O_QUEUE},
-                                         {"max-active", required_argument, 0, O_ACTIVE},
-                                         {"max-tokens-default", required_argument, 0, O_MAXTOK},
-                                         {"default-k", required_argument, 0, O_KDEF},
-                                         {"max-k", required_argument, 0, O_KMAX},
-                                         {"adaptive-k", required_argument, 0, O_ADAPT},
-                                         {"prefill-chunk", required_argument, 0, O_CHUNK},
-                                         {"draft-timeout-ms", required_argument, 0, O_DTO},
-                                         {"verify-timeout-ms", required_argument, 0, O_VTO},
-                                         {"curve-secret", required_argument, 0, O_CURVE},
-                                         {"stats-names", no_argument, 0, O_STATS_NAMES},
-                                         {"chat-template", required_argument, 0, O_CHAT},
-                                         {"client-keys", required_argument, 0, O_CKEYS},
-                                         {"worker-keys", required_argument, 0, O_WKEYS},
-                                         {"insecure", no_argument, 0, O_INSECURE},
-                                         {"local-ngram", no_argument, 0, O_LOCAL_NGRAM},
-                                         {"ngram-cache", required_argument, 0, O_NGRAM_CACHE},
-                                         {"verify-rule", required_argument, 0, O_VERIFY_RULE},
-                                         {"drain-timeout-ms", required_argument, 0, O_DRAIN},
-                                         {"verbose", no_argument, 0, 'v'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
     int o;
-    while ((o = getopt_long(argc, argv, "vh", opts, NULL)) != -1) {
+    while ((o = getopt_long(argc, argv, "vh", coord_longs, NULL)) != -1) {
         bool ok = true;
         const char *name = NULL;
         switch (o) {

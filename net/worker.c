@@ -514,6 +514,29 @@ static void compute_stop(worker_loop *w) {
     w->compute_started = false;
 }
 
+/* stop_fd became readable: finishes the running step and tells the
+ * coordinator why this worker goes. */
+static void stop_serving(worker_loop *w, sd_worker_exit *why) {
+    const sd_worker_params *p = w->p;
+    SD_INFO("worker: stop requested%s, closing the connection", w->busy ? " (finishing the running step)" : "");
+    finish_job(w, true);
+    /* the step may have failed because the worker did (its group lost a
+     * rank, the reason it is being stopped): say so, so the coordinator
+     * does not wait out the liveness period */
+    struct pollfd fp = {p->fail_fd, POLLIN, 0};
+    if (p->fail_fd >= 0 && poll(&fp, 1, 0) > 0 && (fp.revents & POLLIN)) {
+        report_failed(w);
+        *why = SD_WORKER_FAILED;
+    } else if (w->registered) {
+        /* a drain: the running step is answered; the coordinator hands this
+         * worker's requests to the others now rather than after the
+         * liveness period */
+        char msg[320];
+        snprintf(msg, sizeof msg, "%s is draining (stopped): its requests go to the others", w->name);
+        send_error(w, SPECD__CODE__CODE_UNAVAILABLE, 0, msg);
+    }
+}
+
 sd_status sd_worker_run(void *zctx, const sd_worker_params *p, sd_worker_exit *why) {
     if (!zctx || !p || !why || !p->coordinator || !p->handle || !p->release || !p->reset || !p->stats ||
         p->heartbeat_interval_ms <= 0 || p->liveness <= 0) {
@@ -570,23 +593,7 @@ sd_status sd_worker_run(void *zctx, const sd_worker_params *p, sd_worker_exit *w
             break;
         }
         if (stop_i >= 0 && stop_requested(p->stop_fd, items[stop_i].revents)) {
-            SD_INFO("worker: stop requested%s, closing the connection", w->busy ? " (finishing the running step)" : "");
-            finish_job(w, true);
-            /* the step may have failed because the worker did (its group
-             * lost a rank, the reason it is being stopped): say so, so the
-             * coordinator does not wait out the liveness period */
-            struct pollfd fp = {p->fail_fd, POLLIN, 0};
-            if (p->fail_fd >= 0 && poll(&fp, 1, 0) > 0 && (fp.revents & POLLIN)) {
-                report_failed(w);
-                *why = SD_WORKER_FAILED;
-            } else if (w->registered) {
-                /* a drain: the running step is answered; the coordinator
-                 * hands this worker's requests to the others now rather
-                 * than after the liveness period */
-                char msg[320];
-                snprintf(msg, sizeof msg, "%s is draining (stopped): its requests go to the others", w->name);
-                send_error(w, SPECD__CODE__CODE_UNAVAILABLE, 0, msg);
-            }
+            stop_serving(w, why);
             break;
         }
         if (mon_i >= 0 && (items[mon_i].revents & ZMQ_POLLIN) && handshake_refused(w)) {
