@@ -137,17 +137,22 @@ static bool decode_client(const uint8_t *data, size_t len, const sd_net_limits *
     return true;
 }
 
+/* A zeroed validated message of size bytes, or NULL with CODE_INTERNAL. */
+static void *new_msg(size_t size, const char *what, Specd__Code *code, char *err, size_t err_len) {
+    void *m = calloc(1, size);
+    if (!m) {
+        vctx v = sd_nv_make_ctx(NULL, code, err, err_len);
+        sd_nv_fail(&v, SPECD__CODE__CODE_INTERNAL, "%s: out of memory", what);
+    }
+    return m;
+}
+
 sd_net_client_msg *sd_net_read_client(const uint8_t *data, size_t len, const sd_net_limits *lim, Specd__Code *code,
                                       char *err, size_t err_len) {
-    sd_net_client_msg *m = calloc(1, sizeof *m);
-    if (!m) {
-        vctx v = sd_nv_make_ctx(lim, code, err, err_len);
-        sd_nv_fail(&v, SPECD__CODE__CODE_INTERNAL, "ClientToCoordinator: out of memory");
-        return NULL;
-    }
-    if (!decode_client(data, len, lim, m, code, err, err_len)) {
+    sd_net_client_msg *m = new_msg(sizeof *m, "ClientToCoordinator", code, err, err_len);
+    if (m && !decode_client(data, len, lim, m, code, err, err_len)) {
         free(m);
-        return NULL;
+        m = NULL;
     }
     return m;
 }
@@ -502,15 +507,10 @@ static bool decode_to_worker(const uint8_t *data, size_t len, const sd_net_limit
 
 sd_net_worker_msg *sd_net_read_to_worker(const uint8_t *data, size_t len, const sd_net_limits *lim, Specd__Code *code,
                                          char *err, size_t err_len) {
-    sd_net_worker_msg *m = calloc(1, sizeof *m);
-    if (!m) {
-        vctx v = sd_nv_make_ctx(lim, code, err, err_len);
-        sd_nv_fail(&v, SPECD__CODE__CODE_INTERNAL, "CoordinatorToWorker: out of memory");
-        return NULL;
-    }
-    if (!decode_to_worker(data, len, lim, m, code, err, err_len)) {
+    sd_net_worker_msg *m = new_msg(sizeof *m, "CoordinatorToWorker", code, err, err_len);
+    if (m && !decode_to_worker(data, len, lim, m, code, err, err_len)) {
         free(m);
-        return NULL;
+        m = NULL;
     }
     return m;
 }
