@@ -10,7 +10,8 @@
  * advanced over are kept beside it and compared with the slot's history
  * each step, so truncation (rejected drafts, CACHE_MISS resends, failover)
  * rolls it back to the common prefix and whatever came since is replayed:
- * no assumption about how keep_len moved. */
+ * no assumption about how keep_len moved. The state itself is the
+ * engine's per-slot constraints (specd/constrain_slots.h). */
 #ifndef SPECD_VERIFY_CONSTRAIN_H
 #define SPECD_VERIFY_CONSTRAIN_H
 
@@ -18,9 +19,6 @@
 #include "specd/net.h"
 
 typedef struct sd_vcon sd_vcon;
-
-/* Grammars kept compiled while no slot uses them. */
-#define SD_VCON_CACHE_GRAMMARS 32
 
 /* Over tok's vocabulary (borrowed for the call; the byte trie is built
  * here), max_seqs slots. Caller frees with sd_vcon_free. */
