@@ -140,6 +140,10 @@ void gw_gen_clear(gw_gen *g);
  * constraint; false with a 400 naming the field. */
 struct cJSON;
 bool gw_parse_constraint(const struct cJSON *root, gw_gen *g, gw_error *err);
+/* guided.c: vLLM's guided_json / guided_regex / guided_grammar /
+ * guided_choice into g's constraint; other: a constraint field named
+ * other_name was given too (a 400 naming both). False with a 400. */
+bool gw_parse_guided(const struct cJSON *root, bool other, const char *other_name, gw_gen *g, gw_error *err);
 /* tools.c: tools / tool_choice of a chat request (after its messages):
  * the tools described in the system turn, a forced call as g's
  * constraint; false with a 400 naming the field. */
