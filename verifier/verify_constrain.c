@@ -57,3 +57,16 @@ sd_grammar_cache_stats sd_vcon_cache_stats(const sd_vcon *c) {
     sd_grammar_cache_stats st = {0};
     return c ? sd_con_slots_cache_stats(c->slots) : st;
 }
+
+size_t sd_vcon_cut_drafts(sd_constraint *con, const int32_t *hist, int32_t from, int32_t hist_len, int32_t next,
+                          const int32_t *drafts, size_t n) {
+    if (!con || n == 0) return n;
+    int32_t base = sd_constraint_len(con);
+    bool ok = true;
+    for (int32_t i = from; i < hist_len && ok; i++) ok = sd_constraint_advance(con, hist[i]) == SD_OK;
+    ok = ok && sd_constraint_advance(con, next) == SD_OK;
+    size_t keep = 0;
+    while (ok && keep < n && !sd_constraint_ended(con) && sd_constraint_advance(con, drafts[keep]) == SD_OK) keep++;
+    sd_constraint_rollback(con, base);
+    return keep;
+}
