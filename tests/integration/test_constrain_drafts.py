@@ -12,7 +12,9 @@ two rounds of drafters, each an n-gram and a 1-layer self-draft drafter
     request, per drafter kind: in both rounds exactly specd-generate's
     tokens under the same constraint;
   - with the constraint, each drafter kind has more drafts accepted and
-    no more target steps than without (the figures are logged).
+    no more target steps than without (the figures are logged);
+  - a coordinator with --local-ngram: the same tokens, and more drafts
+    accepted than the unconstrained n-gram drafter's.
 """
 import json
 import os
@@ -94,6 +96,20 @@ def run(h):
               % (kind, a0, d0, s0, a1, d1, s1))
         H.check(a1 > a0, "%s drafter: %d drafts accepted under the constraint, %d without" % (kind, a1, a0))
         H.check(s1 <= s0, "%s drafter: %d target steps under the constraint, %d without" % (kind, s1, s0))
+    c.close()
+    # the in-coordinator n-gram drafter follows the constraint too (the coordinator's tokenizer)
+    h.kill_all()
+    h.start_service(model, drafter=None, coord_extra=list(H.FIXED_K) + ["--local-ngram"])
+    c = h.client()
+    jobs = [dict(prompt=p, chat=True, max_tokens=n, drafter_kind=2, sampling=smp,
+                 constraint={"kind": KIND[k], "text": t}) for p, k, t, _, _, smp in cases]
+    res = c.run(jobs, timeout=900)
+    H.expect_equal_ids(res, refs, "the in-coordinator n-gram drafter")
+    st = [r["finished"]["stats"] for r in res]
+    d, a, s = (sum(x.get(f, 0) for x in st) for f in ("drafted", "accepted", "target_steps"))
+    H.log("in-coordinator n-gram drafter under the constraint: drafted %d, accepted %d, target steps %d" % (d, a, s))
+    H.check(a > before["ngram"][1], "the in-coordinator n-gram drafter: %d accepted, the unconstrained n-gram "
+            "drafter %d" % (a, before["ngram"][1]))
     c.close()
 
 
