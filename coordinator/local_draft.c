@@ -191,6 +191,7 @@ sd_status sd_local_drafter_new(sd_coord *c, uint64_t now_us, sd_local_drafter **
     sp.max_k = c->p.max_k > 0 ? c->p.max_k : 1;
     sp.n_vocab = c->n_vocab;
     sp.top_n = 1;
+    sp.tok = c->tok; /* constrained requests: forced drafts, n-gram drafts cut where refused */
     sd_status st = sd_drafter_ngram_create(&dp, &ld->drafter);
     if (st == SD_OK) st = sd_draft_server_create(ld->drafter, &sp, &ld->server);
     if (st != SD_OK) {

@@ -400,6 +400,7 @@ static bool check_draft_request(vctx *v, const Specd__DraftRequest *r, sd_sampli
         if (!check_context(v, path, s->keep_len, (uint64_t)s->keep_len + s->n_append)) return false;
         snprintf(path, sizeof path, "draft.seqs[%zu].sampling", i);
         if (!sd_nv_check_sampling(v, path, s->sampling, &sampling[i])) return false;
+        if (!sd_nv_check_draft_constraint(v, i, s)) return false;
     }
     return sd_nv_check_distinct_ids(v, "draft.seqs", ids, r->n_seqs);
 }

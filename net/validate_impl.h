@@ -48,5 +48,8 @@ bool sd_nv_check_hello(vctx *v, const char *path, const Specd__Hello *h, bool wo
  * Submit's constraint against the fields it excludes. */
 bool sd_nv_check_constraint(vctx *v, const char *path, const Specd__Constraint *c);
 bool sd_nv_check_submit_constraint(vctx *v, const Specd__SubmitRequest *s);
+/* A DraftSeq's constraint and prompt_len (at most its context; 0 without a
+ * constraint). */
+bool sd_nv_check_draft_constraint(vctx *v, size_t i, const Specd__DraftSeq *s);
 
 #endif

@@ -47,6 +47,9 @@
  * the one at ADDR (plaintext), both speculative, in the same ABBA pairs;
  * the ratio columns are then CURVE / plaintext and the cost-model column is
  * empty. Start both with the same model and flags.
+ * --json-schema FILE sends every request under that JSON Schema
+ * (SubmitRequest.constraint: structured output, issue 35), e.g. with
+ * --modes ngram,target to measure what constrained drafting buys.
  * Rejected: starting the service here (the launcher does that, and a bench
  * that owns processes hides their start-up failures). */
 #include "bench_serve.h"
@@ -138,8 +141,8 @@ static double pct(double *v, size_t n, double p) {
  * that processes other than the service's ("specd-*") and this one used
  * meanwhile goes to round_other. */
 static void round_run(sd_client *c, char **prompts, int n_prompts, int *next_prompt, int conc, int tokens,
-                      bool stop_at_eos, int32_t max_k, Specd__DrafterKind kind, const sd_hyg_params *hyg,
-                      serve_tally *t) {
+                      bool stop_at_eos, int32_t max_k, Specd__DrafterKind kind, const char *schema,
+                      const sd_hyg_params *hyg, serve_tally *t) {
     serve_req *reqs = calloc((size_t)conc, sizeof *reqs);
     uint64_t *ids = calloc((size_t)conc, sizeof *ids);
     bool *ok = calloc((size_t)conc, sizeof *ok);
@@ -157,6 +160,10 @@ static void round_run(sd_client *c, char **prompts, int n_prompts, int *next_pro
         q.ignore_eos = !stop_at_eos;
         q.max_k = max_k;
         q.drafter_kind = kind;
+        if (schema) { /* --json-schema */
+            q.constraint_kind = SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_SCHEMA;
+            q.constraint_text = schema;
+        }
         ok[i] = sd_client_submit(c, &q, on_chunk, &reqs[i], &ids[i]) == SD_OK;
         if (!ok[i]) t->failures++;
     }
@@ -257,6 +264,7 @@ static void usage(FILE *f) {
                "  -o FILE             also write the markdown table to FILE\n"
                "  --curve-secret FILE, --curve-server FILE\n"
                "                      CurveZMQ keys for the service at --coordinator (specd-keygen files)\n"
+               "  --json-schema FILE  every request constrained to that JSON Schema (structured output)\n"
                "  --modes A,B         compare two modes of the one service (default choice,target): choice\n"
                "                      (speculative, the coordinator picks each request's drafter kind),\n"
                "                      target (no speculation), or ngram / model / self (speculative with\n"
@@ -319,7 +327,8 @@ typedef struct serve_opts {
     int mode[2];        /* --modes: indices into serve_mode_names */
     char conc_list[128];
     int tokens, rounds, warmup;
-    bool eos; /* --eos: requests end at EOS too */
+    bool eos;     /* --eos: requests end at EOS too */
+    char *schema; /* --json-schema: the file's text (owned), or NULL */
     sd_hyg_params hyg;
 } serve_opts;
 
@@ -354,6 +363,23 @@ static bool parse_modes(const char *arg, int mode[2]) {
     return mode[0] != mode[1];
 }
 
+/* The text of a --json-schema file (caller frees), NULL (said) when it
+ * cannot be read or is over SD_MAX_CONSTRAINT_BYTES. */
+static char *read_schema(const char *path) {
+    FILE *f = fopen(path, "rb");
+    char *buf = f ? malloc(SD_MAX_CONSTRAINT_BYTES + 2) : NULL;
+    size_t n = buf ? fread(buf, 1, SD_MAX_CONSTRAINT_BYTES + 1, f) : 0;
+    if (f) fclose(f);
+    if (!buf || n == 0 || n > SD_MAX_CONSTRAINT_BYTES) {
+        fprintf(stderr, "specd-bench serve: --json-schema %s: cannot read it, or empty, or over %d bytes\n", path,
+                SD_MAX_CONSTRAINT_BYTES);
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    return buf;
+}
+
 /* -1: run; 0: --help printed; 2: bad options (said on stderr). */
 static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
     *o = (serve_opts){.link = {.coordinator = "tcp://127.0.0.1:7700"},
@@ -374,6 +400,7 @@ static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
                                           {"versus", required_argument, 0, 'V'},
                                           {"modes", required_argument, 0, 'M'},
                                           {"eos", no_argument, 0, 'E'},
+                                          {"json-schema", required_argument, 0, 'J'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     o->hyg.exclude_prefix = "specd-"; /* the service's processes do the work measured */
@@ -399,6 +426,10 @@ static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
             }
             break;
         case 'E': o->eos = true; break;
+        case 'J':
+            free(o->schema);
+            if (!(o->schema = read_schema(optarg))) return 2;
+            break;
         case 'h': usage(stdout); return 0;
         default:
             if (sd_client_link_opts_apply(&o->link, ch, optarg)) break;
@@ -494,7 +525,7 @@ static void run_rounds(const serve_opts *o, const serve_modes *md, char **prompt
             serve_tally w = {0};
             int first_prompt = *next_prompt;
             round_run(md->client[m], prompts, n_prompts, next_prompt, conc, o->tokens, o->eos, md->draft[m],
-                      md->kind[m], &o->hyg, &w);
+                      md->kind[m], o->schema, &o->hyg, &w);
             if (m == 0) *next_prompt = first_prompt;
             free(w.lat);
         }
@@ -505,7 +536,7 @@ static void run_rounds(const serve_opts *o, const serve_modes *md, char **prompt
             int m = (r % 2) ? 1 - i : i;
             *next_prompt = first_prompt; /* the pair sends the same prompts */
             round_run(md->client[m], prompts, n_prompts, next_prompt, conc, o->tokens, o->eos, md->draft[m],
-                      md->kind[m], &o->hyg, &tl[m]);
+                      md->kind[m], o->schema, &o->hyg, &tl[m]);
         }
     }
 }
@@ -622,11 +653,15 @@ static void write_step_overhead(FILE *out, sd_client *c) {
 int bench_serve_main(int argc, char **argv) {
     serve_opts o;
     int prc = parse_serve_opts(argc, argv, &o);
-    if (prc >= 0) return prc;
+    if (prc >= 0) {
+        free(o.schema);
+        return prc;
+    }
     char *prompts[MAX_PROMPTS];
     int n_prompts = sd_bench_read_prompts(o.prompts_path, prompts, MAX_PROMPTS);
     if (n_prompts <= 0) {
         if (n_prompts == 0) fprintf(stderr, "specd-bench serve: no prompts in %s\n", o.prompts_path);
+        free(o.schema);
         return 1;
     }
     int rc = 1;
@@ -674,5 +709,6 @@ done:
     memset(&curve, 0, sizeof curve);
     if (out) fclose(out);
     for (int i = 0; i < n_prompts; i++) free(prompts[i]);
+    free(o.schema);
     return rc;
 }

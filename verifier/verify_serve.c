@@ -387,6 +387,10 @@ static void head_step(sd_verifier *v, size_t i, const sd_verify_seq *vs, const s
     if (next_k > 0)
         sd_vhead_draft(v->head, i, slot, v->hist[slot], v->hist_len[slot], vr->tokens[vr->n_tokens - 1],
                        (int32_t)next_k, &vs->sampling, res);
+    if (vs->constraint) /* drafts the constraint refuses would be rejected: not sent */
+        res->n_next_draft = res->n_next_q =
+            sd_vcon_cut_drafts(vs->constraint, v->hist[slot], vs->keep_len + vs->n_append, v->hist_len[slot],
+                               vr->tokens[vr->n_tokens - 1], res->next_draft, res->n_next_draft);
 }
 
 /* Passes 2-4 of a normal step through spec2's sd_spec_verify_batch: one
