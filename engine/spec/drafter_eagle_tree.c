@@ -17,9 +17,12 @@
  * pre-norm output of its parent's row (the root's: the context's last head
  * row), at head position n_ctx - 2 + d, exactly as drafter_eagle.c's chain
  * rows do: a tree whose every node has one child is the chain. The
- * ranking uses the head's raw distribution whatever the request's
- * sampling: under the coupled rule any tree is exact (the target's own
- * draws decide), the ranking only decides acceptance. */
+ * ranking uses the head's raw distribution; for a sampled request each
+ * expanded node's first child is the chain drafter's draft there (the
+ * coupled race of the head's processed q with the target's uniforms at
+ * that position, which the target's own draw meets most often), ranked as
+ * its most probable child. Under the coupled rule any tree is exact (the
+ * target's own draws decide): the choice of nodes only decides acceptance. */
 #include "drafter_eagle_impl.h"
 
 #include <math.h>
@@ -87,10 +90,32 @@ static int32_t best_of(const pool *p, int32_t from, int32_t to, int32_t k, int32
     return n;
 }
 
+/* The draft id whose target id is token the coupled race picks at
+ * position from the head's logits[Vd] processed by s: what the chain
+ * drafter drafts there (sd_spec_draft_step), so a sampled request's tree
+ * holds the chain's draft. -1 when the race picks nothing. */
+static sd_status race_child(eagle_drafter *e, const float *logits, const sd_sampling *s, uint64_t position,
+                            int32_t *draft_id) {
+    *draft_id = -1;
+    if (e->identity) {
+        memcpy(e->logits, logits, (size_t)e->n_vocab * sizeof *e->logits);
+    } else {
+        for (int32_t i = 0; i < e->n_vocab; i++) e->logits[i] = -INFINITY;
+        for (int32_t i = 0; i < e->n_draft; i++) e->logits[sd_eagle_head_target_id(e->head, i)] = logits[i];
+    }
+    SD_TRY(sd_sample_probs_given(e->logits, e->n_vocab, s, e->probs));
+    int32_t y = sd_sample_race(e->probs, e->n_vocab, s->seed, position);
+    for (int32_t i = 0; y >= 0 && i < e->n_draft && *draft_id < 0; i++)
+        if (sd_eagle_head_target_id(e->head, i) == y) *draft_id = i;
+    return SD_OK;
+}
+
 /* Adds the topk most probable draft ids of logits[Vd] as children of
- * parent (pool index or -1) at depth, scores parent_score + log-probability. */
-static void add_children(eagle_drafter *e, pool *p, const float *logits, int32_t parent, int32_t depth,
-                         double parent_score, int32_t topk) {
+ * parent (pool index or -1) at depth, scores parent_score + log-probability.
+ * A sampled request's race child (race_child, position: the children's)
+ * is always among them, first, ranked as the most probable one. */
+static sd_status add_children(eagle_drafter *e, pool *p, const float *logits, int32_t parent, int32_t depth,
+                              double parent_score, int32_t topk, const sd_sampling *s, uint64_t position) {
     const int32_t Vd = e->n_draft;
     float mx = -INFINITY;
     for (int32_t i = 0; i < Vd; i++) mx = logits[i] > mx ? logits[i] : mx;
@@ -107,14 +132,26 @@ static void add_children(eagle_drafter *e, pool *p, const float *logits, int32_t
         }
         ids[at] = i;
     }
+    int32_t race = -1;
+    if (!sd_sampling_is_greedy(s)) SD_TRY(race_child(e, logits, s, position, &race));
+    if (race >= 0) { /* first; the least probable child makes room when it is not among them */
+        int32_t at = 0;
+        while (at < n && ids[at] != race) at++;
+        if (at == n) at = n - 1;
+        for (; at > 0; at--) ids[at] = ids[at - 1];
+        ids[0] = race;
+    }
+    const double best = n > 0 ? (double)logits[ids[race >= 0 && n > 1 ? 1 : 0]] - lse : 0.0;
     for (int32_t j = 0; j < n && p->n < p->cap; j++) {
         const int32_t c = p->n++;
         p->tok[c] = sd_eagle_head_target_id(e->head, ids[j]);
         p->parent[c] = parent;
         p->depth[c] = depth;
         p->row[c] = -1;
-        p->score[c] = parent_score + ((double)logits[ids[j]] - lse);
+        double lp = (double)logits[ids[j]] - lse;
+        p->score[c] = parent_score + (j == 0 && race >= 0 && best > lp ? best : lp);
     }
+    return SD_OK;
 }
 
 /* Keeps the n_nodes best candidates, in order of depth, into out. */
@@ -168,8 +205,8 @@ static sd_status expand(eagle_drafter *e, int32_t slot, pool *p, const int32_t *
 }
 
 sd_status sd_drafter_eagle_propose_tree(sd_drafter *d, int32_t slot, const int32_t *ctx, int32_t n_ctx,
-                                        const sd_tree_shape *shape, sd_draft_tree *out) {
-    if (!d || d->kind != SD_DRAFTER_EAGLE || !ctx || !out || slot < 0 || slot >= d->params.max_seqs) {
+                                        const sd_tree_shape *shape, const sd_sampling *smp, sd_draft_tree *out) {
+    if (!d || d->kind != SD_DRAFTER_EAGLE || !ctx || !out || !smp || slot < 0 || slot >= d->params.max_seqs) {
         SD_ERROR("drafter: token trees are drafted by an EAGLE head (slot %d)", (int)slot);
         return SD_ERR_INVALID_ARG;
     }
@@ -190,7 +227,7 @@ sd_status sd_drafter_eagle_propose_tree(sd_drafter *d, int32_t slot, const int32
     int32_t *path = malloc((size_t)K * (size_t)shape->depth * sizeof *path);
     int32_t *scratch = malloc((size_t)cap * sizeof *scratch);
     sd_status s = logits && hid && g && path && scratch ? pool_init(&p, cap) : SD_ERR_NOMEM;
-    if (s == SD_OK) add_children(e, &p, e->logits_d, -1, 1, 0.0, K);
+    if (s == SD_OK) s = add_children(e, &p, e->logits_d, -1, 1, 0.0, K, smp, (uint64_t)n_ctx);
     int32_t level0 = 0, level1 = p.n, n_rows = 0;
     for (int32_t depth = 1; s == SD_OK && depth < shape->depth; depth++) {
         int32_t front[SD_TREE_MAX_TOPK];
@@ -200,7 +237,8 @@ sd_status sd_drafter_eagle_propose_tree(sd_drafter *d, int32_t slot, const int32
         s = expand(e, slot, &p, front, n_front, n_ctx, base + n_rows, hid, hid + (size_t)n_rows * (size_t)H, logits,
                    path, g);
         for (int32_t j = 0; s == SD_OK && j < n_front; j++)
-            add_children(e, &p, logits + (size_t)j * (size_t)e->n_draft, front[j], depth + 1, p.score[front[j]], K);
+            s = add_children(e, &p, logits + (size_t)j * (size_t)e->n_draft, front[j], depth + 1, p.score[front[j]], K,
+                             smp, (uint64_t)n_ctx + (uint64_t)depth);
         n_rows += n_front;
         level0 = level1;
         level1 = p.n;

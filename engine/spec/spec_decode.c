@@ -569,7 +569,7 @@ sd_status sd_spec_decoder_step_tree(sd_spec_decoder *d, const int32_t *ctx, int3
     if (sh.depth > d->max_ctx - n_ctx) sh.depth = d->max_ctx - n_ctx; /* room for the path and the bonus */
     sd_draft_tree tree;
     double t0 = sd_now();
-    SD_TRY(sd_drafter_eagle_propose_tree(d->drafter, 0, ctx, n_ctx, &sh, &tree));
+    SD_TRY(sd_drafter_eagle_propose_tree(d->drafter, 0, ctx, n_ctx, &sh, s, &tree));
     double t1 = sd_now();
     if (tree.n_nodes == 0) { /* no features yet (the prompt's step): a plain step */
         step_report rep;

@@ -134,13 +134,15 @@ def check_trained(failures):
               f"{out['spec']['drafted']} nodes accepted")
     # a one-child tree is the chain: the head's tree rows (attending along
     # their path) draft what its chain rows draft, step for step
-    chain = generate(model, prompt + ["--eagle", head, "-k", "3"])["spec"]
-    tree = generate(model, prompt + tree_args(head, 1, 3, 3))["spec"]
-    if [chain[k] for k in ("target_steps", "drafted", "accepted")] != \
-            [tree[k] for k in ("target_steps", "drafted", "accepted")]:
-        failures.append(f"one-child tree {tree} drafts otherwise than the chain {chain}")
-    print(f"trained head: a one-child tree of depth 3 = the chain of K 3 ({chain['accepted']} accepted in "
-          f"{chain['target_steps']} steps)")
+    # (greedy: the argmax child; sampled: the chain's coupled draft first)
+    for label, extra in (("greedy", []), ("seeded", ["--temp", "0.7", "--seed", "5"])):
+        chain = generate(model, prompt + extra + ["--eagle", head, "-k", "3"])["spec"]
+        tree = generate(model, prompt + extra + tree_args(head, 1, 3, 3))["spec"]
+        if [chain[k] for k in ("target_steps", "drafted", "accepted")] != \
+                [tree[k] for k in ("target_steps", "drafted", "accepted")]:
+            failures.append(f"{label}: one-child tree {tree} drafts otherwise than the chain {chain}")
+        print(f"trained head, {label}: a one-child tree of depth 3 = the chain of K 3 ({chain['accepted']} "
+              f"accepted in {chain['target_steps']} steps)")
 
 
 def main():

@@ -175,11 +175,12 @@ sd_status sd_tree_shape_check(const sd_tree_shape *shape);
 /* Drafts a token tree continuing ctx[n_ctx] for slot (an EAGLE drafter, as
  * its propose: the head's rows for the context first, then one head forward
  * per depth over the nodes expanded there, each row attending to its own
- * ancestors only). out->n_nodes 0: nothing drafted (no features yet). The
+ * ancestors only; s: a sampled request's first child at each node is
+ * the chain's coupled draft). out->n_nodes 0: nothing drafted (no features yet). The
  * tree's rows in the head's cache are dropped at the next propose.
  * SD_ERR_INVALID_ARG for another drafter kind. */
 sd_status sd_drafter_eagle_propose_tree(sd_drafter *d, int32_t slot, const int32_t *ctx, int32_t n_ctx,
-                                        const sd_tree_shape *shape, sd_draft_tree *out);
+                                        const sd_tree_shape *shape, const sd_sampling *s, sd_draft_tree *out);
 
 void sd_drafter_free(sd_drafter **d);
 
