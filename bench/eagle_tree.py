@@ -2,12 +2,12 @@
 process (specd-generate), on this machine.
 
     .venv/bin/python bench/eagle_tree.py --model MODEL --head DIR [--n 96] [--rounds 2] [--threads 2]
-                                         [--configs "plain;chain:2;chain:3;tree:2,4,3;tree:4,16,5"]
+                                         [--configs "plain;chain:2;chain:3;tree:2,4,3;tree:4,16,5"] [--temp T]
 
 Each round runs every configuration once per prompt, interleaved (plain,
 then each chain and tree, then the next prompt), so a shared machine's
-drift hits all alike; greedy, chat-formatted, the three prompts of
-bench/eagle_cost.py. Per
+drift hits all alike; greedy (or --temp T, seed 5: the coupled rule),
+chat-formatted, the three prompts of bench/eagle_cost.py. Per
 configuration: decode tok/s (the best round and the mean), tokens per
 target step, accepted drafts per step, drafted nodes per step, the head's
 and the target's ms per step, and the speed against plain of the same
@@ -58,13 +58,15 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--configs", default="plain;chain:2;chain:3;tree:2,4,3;tree:3,8,4;tree:4,16,5")
+    ap.add_argument("--temp", type=float, default=0.0)
     a = ap.parse_args()
+    sampling = ["--temp", str(a.temp), "--seed", "5"] if a.temp > 0 else []
     configs = a.configs.split(";")
     rows = {c: [] for c in configs}  # per (round, prompt): the JSON
     for rnd in range(a.rounds):
         for prompt in PROMPTS:
             for c in configs:
-                rows[c].append((rnd, run(a.gen, a.model, prompt, a.n, a.threads, args_of(c, a.head))))
+                rows[c].append((rnd, run(a.gen, a.model, prompt, a.n, a.threads, sampling + args_of(c, a.head))))
     plain = {}
     for rnd, out in rows.get("plain", []):
         plain.setdefault(rnd, []).append(out["timings"]["decode_tok_s"])
