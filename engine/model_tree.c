@@ -46,7 +46,9 @@ static sd_status tree_supported(const sd_model *m) {
     }
     for (int32_t l = 0; l < m->n_layers_used; l++)
         if (sd_model_layer_is_arch(m, l)) {
-            SD_ERROR("model: token trees support Llama layers only (layer %d is not one)", (int)l);
+            SD_ERROR("model: token trees support Llama layers only (layer %d has another architecture's parts: "
+                     "biases, NeoX RoPE, q/k norms or a sliding window)",
+                     (int)l);
             return SD_ERR_UNSUPPORTED;
         }
     return SD_OK;

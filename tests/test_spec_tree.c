@@ -9,7 +9,8 @@
  *   - a control: the same nodes run as one flat chain (no tree mask) give
  *     other logits for a node whose parent is not the node before it, so the
  *     comparison above sees a wrong mask;
- *   - malformed trees and kept paths are refused. */
+ *   - malformed trees and kept paths are refused, and so are layers beyond
+ *     Llama's (a qwen2 model). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -29,8 +30,8 @@ enum { LAYERS = 3, VOCAB = 300, CTX = 21, NODES = 12, BLOCK = 16 };
 
 static struct {
     char dir[64];
-    char path[96];
-    bool ok;
+    char path[96], qwen[96];
+    bool ok, qwen_ok;
 } env;
 
 static int setup(void **state) {
@@ -43,20 +44,27 @@ static int setup(void **state) {
              "'%s' -o '%s' --layers %d --dim 128 --ff 256 --heads 2 --kv-heads 1 --vocab %d --seed 11 >/dev/null 2>&1",
              SPECD_MKMODEL, env.path, LAYERS, VOCAB);
     env.ok = system(cmd) == 0;
+    snprintf(env.qwen, sizeof env.qwen, "%s/q.gguf", env.dir);
+    snprintf(cmd, sizeof cmd,
+             "'%s' -o '%s' --arch qwen2 --layers 2 --dim 64 --ff 128 --heads 4 --kv-heads 2 --vocab %d --seed 3 "
+             ">/dev/null 2>&1",
+             SPECD_MKMODEL, env.qwen, VOCAB);
+    env.qwen_ok = system(cmd) == 0;
     return 0;
 }
 
 static int teardown(void **state) {
     (void)state;
     unlink(env.path);
+    unlink(env.qwen);
     rmdir(env.dir);
     return 0;
 }
 
-static sd_model *load(sd_dtype kv_type) {
+static sd_model *load_file(const char *path, sd_dtype kv_type) {
     sd_gguf *g = NULL;
     char err[128];
-    assert_int_equal(sd_gguf_open(env.path, &g, err, sizeof err), SD_OK);
+    assert_int_equal(sd_gguf_open(path, &g, err, sizeof err), SD_OK);
     sd_model_params mp = sd_model_default_params();
     mp.n_threads = 2;
     mp.kv_type = kv_type;
@@ -65,6 +73,8 @@ static sd_model *load(sd_dtype kv_type) {
     sd_gguf_close(&g);
     return m;
 }
+
+static sd_model *load(sd_dtype kv_type) { return load_file(env.path, kv_type); }
 
 static const int32_t ctx[CTX] = {5, 17, 99, 3, 250, 42, 7, 8, 9, 120, 121, 33, 34, 35, 200, 201, 2, 4, 6, 88, 77};
 /* the tree: roots 0 and 1 (continuing the context), depth up to 5 */
@@ -217,11 +227,27 @@ static void test_tree_refusals(void **state) {
     sd_model_free(&m);
 }
 
+/* Layers beyond Llama's (qwen2's biases and NeoX RoPE run in model_arch.c)
+ * are refused by name, the cache untouched. */
+static void test_tree_refuses_arch(void **state) {
+    (void)state;
+    if (!env.qwen_ok) skip();
+    sd_model *m = load_file(env.qwen, SD_DTYPE_F32);
+    sd_kv *kv = NULL;
+    assert_int_equal(sd_model_kv_create(m, 1, 4, BLOCK, &kv), SD_OK);
+    static float out[NODES * VOCAB];
+    sd_tree_batch t = {.seq = 0, .n_nodes = NODES, .tokens = tokens, .parent = parent};
+    assert_int_equal(sd_model_forward_tree(m, kv, &t, out), SD_ERR_UNSUPPORTED);
+    assert_int_equal(sd_kv_seq_len(kv, 0), 0);
+    sd_kv_free(&kv);
+    sd_model_free(&m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tree_logits_f32), cmocka_unit_test(test_tree_logits_f16),
         cmocka_unit_test(test_tree_keep),       cmocka_unit_test(test_tree_control),
-        cmocka_unit_test(test_tree_refusals),
+        cmocka_unit_test(test_tree_refusals),   cmocka_unit_test(test_tree_refuses_arch),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
