@@ -14,6 +14,14 @@ tok/s, tokens per target step and the mask cost (p50 / p99 / max us, cache
 hits) of each. Usage:
 
     bench/constrain_bench.py BUILD_DIR MODEL [-n TOKENS] [--reps R]
+    bench/constrain_bench.py BUILD_DIR MODEL --mask [--steps N]
+
+--mask measures the mask cost alone (tests/constrain_cli mask-bench: a
+random path through each schema's language, each state's mask timed when
+computed and from the cache) on MODEL's vocabulary and on a random
+qwen2-shape model of 151,936 entries (Qwen2 / Qwen2.5's vocabulary size)
+written by specd-mkmodel: a byte-level BPE tokenizer of that size, its
+merges synthetic (the trie's size is a real Qwen's, its strings are not).
 
 Use a Release build on a quiet machine: the figures are wall-clock.
 """
@@ -56,13 +64,49 @@ def run(gen, model, prompt, n, extra):
     return json.loads(out.stdout)
 
 
+QWEN_VOCAB = 151936
+
+
+def mask_costs(build, model, steps, tmp):
+    """The --mask table: per schema and vocabulary, compile, trie, computed and cached mask costs."""
+    qwen = os.path.join(tmp, "qwen2-151936.gguf")
+    mk = [os.path.join(build, "tools", "specd-mkmodel"), "-o", qwen, "--arch", "qwen2", "--vocab", str(QWEN_VOCAB),
+          "--dim", "64", "--layers", "1", "--heads", "4", "--kv-heads", "2", "--ff", "128", "--seed", "35"]
+    if subprocess.run(mk, capture_output=True).returncode != 0:
+        sys.exit("specd-mkmodel failed: %s" % " ".join(mk))
+    cli = os.path.join(build, "tests", "constrain_cli")
+    print("| schema | vocabulary | compile us | vocabulary trie us | masks computed | computed p50 / p99 / max us | "
+          "cached p50 / p99 us |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name, schema in SCHEMAS.items():
+        path = os.path.join(tmp, name + ".json")
+        with open(path, "w") as f:
+            json.dump(schema, f)
+        for label, m in ((os.path.basename(model), model), ("random qwen2", qwen)):
+            out = subprocess.run([cli, "mask-bench", path, m, str(steps)], capture_output=True, text=True,
+                                 timeout=1800)
+            if out.returncode != 0:
+                sys.exit("constrain_cli mask-bench %s %s failed: %s" % (name, m, out.stderr[-600:]))
+            r = json.loads(out.stdout)
+            print("| %s | %s (%d) | %.0f | %.0f | %d of %d | %.1f / %.0f / %.0f | %.2f / %.2f |" % (
+                name, label, r["n_vocab"], r["compile_us"], r["vocab_trie_us"], r["computed"], r["steps"],
+                r["computed_p50_us"], r["computed_p99_us"], r["computed_max_us"], r["cached_p50_us"],
+                r["cached_p99_us"]))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("build")
     ap.add_argument("model")
     ap.add_argument("-n", type=int, default=96)
     ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--mask", action="store_true", help="the mask cost alone, on MODEL's and a 151,936-entry vocabulary")
+    ap.add_argument("--steps", type=int, default=300, help="--mask: steps of the random path")
     a = ap.parse_args()
+    if a.mask:
+        with tempfile.TemporaryDirectory() as tmp:
+            mask_costs(a.build, a.model, a.steps, tmp)
+        return
     gen = os.path.join(a.build, "tools", "specd-generate")
     modes = [("unconstrained", None), ("constrained plain", []), ("forced drafts", ["--forced-draft", "-k", "8"]),
              ("forced + n-gram", ["--ngram", "-k", "8"]), ("n-gram, no forced", ["--ngram", "--no-forced", "-k", "8"])]

@@ -538,6 +538,7 @@ typedef struct sd_verify_pack {
 typedef struct sd_draft_pack {
     Specd__DraftSeq *seqs, **pseqs; /* [n] */
     Specd__Sampling *samp;          /* [n] */
+    Specd__Constraint *cons;        /* [n] the constrained sequences' (text borrowed from the session) */
 } sd_draft_pack;
 /* Room for n sequences (SD_ERR_NOMEM); free with sd_pack_*_free. */
 sd_status sd_pack_verify_alloc(sd_verify_pack *pk, int32_t n);

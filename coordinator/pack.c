@@ -30,6 +30,15 @@ void sd_pack_verify_free(sd_verify_pack *pk) {
     *pk = (sd_verify_pack){0};
 }
 
+/* The session's constraint in con, or NULL when it has none. */
+static Specd__Constraint *pack_constraint(Specd__Constraint *con, const sd_session *s) {
+    if (s->con_kind == SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_NONE) return NULL;
+    specd__constraint__init(con);
+    con->kind = s->con_kind;
+    if (s->con_text) con->text = s->con_text;
+    return con;
+}
+
 static void fill_sampling(const sd_session *s, Specd__Sampling *pb) {
     specd__sampling__init(pb);
     sd_net_sampling_to_pb(&s->sampling, pb);
@@ -48,13 +57,7 @@ void sd_pack_verify_seq(sd_verify_pack *pk, int32_t m, sd_session *s, int32_t n_
     vs->prompt_len = (uint32_t)s->n_prompt;
     vs->logprobs = s->logprobs;
     vs->top_logprobs = s->logprobs ? (uint32_t)s->top_logprobs : 0; /* prompt logprobs: set by the scheduler */
-    if (s->con_kind != SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_NONE) {
-        Specd__Constraint *con = &pk->cons[m];
-        specd__constraint__init(con);
-        con->kind = s->con_kind;
-        if (s->con_text) con->text = s->con_text;
-        vs->constraint = con;
-    }
+    vs->constraint = pack_constraint(&pk->cons[m], s);
     if (k <= 0) return;
     vs->n_draft = (size_t)k;
     vs->draft = s->draft;
@@ -74,7 +77,8 @@ sd_status sd_pack_draft_alloc(sd_draft_pack *pk, int32_t n) {
     pk->seqs = calloc((size_t)n, sizeof *pk->seqs);
     pk->pseqs = calloc((size_t)n, sizeof *pk->pseqs);
     pk->samp = calloc((size_t)n, sizeof *pk->samp);
-    if (pk->seqs && pk->pseqs && pk->samp) return SD_OK;
+    pk->cons = calloc((size_t)n, sizeof *pk->cons);
+    if (pk->seqs && pk->pseqs && pk->samp && pk->cons) return SD_OK;
     sd_pack_draft_free(pk);
     return SD_ERR_NOMEM;
 }
@@ -83,6 +87,7 @@ void sd_pack_draft_free(sd_draft_pack *pk) {
     free(pk->seqs);
     free(pk->pseqs);
     free(pk->samp);
+    free(pk->cons);
     *pk = (sd_draft_pack){0};
 }
 
@@ -99,4 +104,6 @@ void sd_pack_draft_seq(sd_draft_pack *pk, int32_t m, sd_session *s, int32_t k) {
     ds->k = (uint32_t)k;
     fill_sampling(s, &pk->samp[m]);
     ds->sampling = &pk->samp[m];
+    ds->constraint = pack_constraint(&pk->cons[m], s); /* the drafter drafts under it (draft_constrain.h) */
+    if (ds->constraint) ds->prompt_len = (uint32_t)s->n_prompt;
 }

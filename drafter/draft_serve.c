@@ -28,8 +28,15 @@
  * the next step (sd_drafter_pair_vocab: a wider draft drafts among the
  * target's ids only). A sequence whose context holds an id past the
  * draft's rows (a target padding id) gets OK with no drafts, every step,
- * without touching the drafter. */
+ * without touching the drafter.
+ *
+ * Structured output: with the target's tokenizer (params.tok), a
+ * constrained sequence drafts first the tokens its constraint forces, then
+ * the drafter's from there, masked (draft_constrain.h); the forced tokens
+ * are fed to the drafter as context, written after the held tokens and not
+ * counted as held. */
 #include "draft_serve.h"
+#include "draft_constrain.h"
 
 #include "specd/slots.h"
 
@@ -64,12 +71,15 @@ struct sd_draft_server {
     /* sd_draft_batch's inputs and outputs, [max_batch] each */
     sd_draft_seq *dseqs;
     sd_draft_result *dresults;
-    int32_t *dindex; /* batch index of each dseq */
+    int32_t *dindex;   /* batch index of each dseq */
+    sd_dcon_seq *dcon; /* [max_batch] each dseq's constraint (draft_constrain.h) */
+    sd_con_slots *con; /* per-slot constraints; NULL without a tokenizer */
 };
 
 static void slot_release(void *user, int32_t slot) {
     sd_draft_server *s = user;
     sd_drafter_release(s->drafter, slot);
+    sd_con_slots_release(s->con, slot);
     s->held[slot] = 0;
 }
 
@@ -83,6 +93,7 @@ sd_draft_server_params sd_draft_server_default_params(void) {
         .max_k = 16,
         .n_vocab = 0,
         .top_n = SD_SPEC_DEFAULT_TOP_N,
+        .tok = NULL,
     };
     return p;
 }
@@ -103,6 +114,8 @@ void sd_draft_server_free(sd_draft_server **ps) {
     free(s->dseqs);
     free(s->dresults);
     free(s->dindex);
+    free(s->dcon);
+    sd_con_slots_free(&s->con);
     free(s);
     *ps = NULL;
 }
@@ -146,8 +159,10 @@ sd_status sd_draft_server_create(sd_drafter *drafter, const sd_draft_server_para
     s->dseqs = calloc(nb, sizeof *s->dseqs);
     s->dresults = calloc(nb, sizeof *s->dresults);
     s->dindex = calloc(nb, sizeof *s->dindex);
-    if (!s->dseqs || !s->dresults || !s->dindex || sst != SD_OK || !s->tokens || !s->results || !s->result_ptrs ||
-        !s->draft || !s->dists || !s->dist_ptrs || !s->q_ids || !s->q_probs) {
+    s->dcon = calloc(nb, sizeof *s->dcon);
+    if (sst == SD_OK && p.tok) sst = sd_con_slots_create(p.tok, p.max_seqs, &s->con);
+    if (!s->dcon || !s->dseqs || !s->dresults || !s->dindex || sst != SD_OK || !s->tokens || !s->results ||
+        !s->result_ptrs || !s->draft || !s->dists || !s->dist_ptrs || !s->q_ids || !s->q_probs) {
         SD_ERROR("drafter: out of memory for %d slots of %d tokens", (int)p.max_seqs, (int)p.max_ctx);
         sd_draft_server_free(&s);
         return SD_ERR_NOMEM;
@@ -208,8 +223,9 @@ static bool unembeddable(const sd_draft_server *s, const int32_t *tokens, int64_
     return false;
 }
 
-sd_status sd_draft_server_handle(sd_draft_server *s, const Specd__DraftRequest *req, Specd__DraftResponse *resp) {
-    if (!s || !req || !resp) return SD_ERR_INVALID_ARG;
+sd_status sd_draft_server_handle(sd_draft_server *s, const sd_net_draft_step *step, Specd__DraftResponse *resp) {
+    if (!s || !step || !step->req || !resp) return SD_ERR_INVALID_ARG;
+    const Specd__DraftRequest *req = step->req;
     int32_t pair_to = atomic_load(&s->pair_to);
     if (pair_to > 0 && pair_to != s->paired) {
         SD_TRY(sd_drafter_pair_vocab(s->drafter, pair_to));
@@ -235,7 +251,6 @@ sd_status sd_draft_server_handle(sd_draft_server *s, const Specd__DraftRequest *
             SD_WARN("drafter: request %llu: appears twice in the batch", (unsigned long long)sq->request_id);
             continue;
         }
-        const sd_sampling sampling = sd_net_sampling_of(sq->sampling); /* checked by sd_net_decode_to_worker */
         int64_t len = (int64_t)sq->keep_len + (int64_t)sq->n_append;
         int32_t slot;
         bool taken;
@@ -259,13 +274,17 @@ sd_status sd_draft_server_handle(sd_draft_server *s, const Specd__DraftRequest *
             keep = (int32_t)len - 1;
             n_new = 1;
         }
+        /* forced drafts (at held[len..]) are context for the drafter */
+        sd_dcon_seq *dc = &s->dcon[n_batch];
+        sd_dcon_begin(s->con, s->p.tok, slot, sq, held, (int32_t)len, k, s->p.max_ctx - (int32_t)len, dc);
         s->dseqs[n_batch] = (sd_draft_seq){
             .slot = slot,
             .keep_len = keep,
-            .n_append = n_new,
+            .n_append = n_new + dc->n_forced,
             .append = held + keep,
-            .k = k,
-            .sampling = sampling,
+            .k = k - dc->n_forced,
+            .sampling = step->sampling[i], /* converted and checked where the step came in */
+            .constraint = dc->con,
         };
         s->dindex[n_batch++] = (int32_t)i;
     }
@@ -282,8 +301,12 @@ sd_status sd_draft_server_handle(sd_draft_server *s, const Specd__DraftRequest *
         const sd_draft_result *dr = &s->dresults[j];
         Specd__DraftResult *res = &s->results[i];
         int32_t slot = s->dseqs[j].slot;
+        const int32_t *held = s->tokens + (size_t)slot * (size_t)s->p.max_ctx;
+        int32_t tokens[SD_MAX_K];
+        sd_spec_q q[SD_MAX_K];
+        int32_t n = sd_dcon_finish(&s->dcon[j], held + s->held[slot], dr, tokens, q);
         switch (dr->outcome) {
-        case SD_SEQ_OK: fill_result(s, i, dr->tokens, dr->q, dr->n_drafted, res); break;
+        case SD_SEQ_OK: fill_result(s, i, tokens, q, n, res); break;
         case SD_SEQ_CACHE_MISS:
         case SD_SEQ_OUT_OF_BLOCKS:
             SD_DEBUG("drafter: request %llu: %s", (unsigned long long)res->request_id, sd_seq_outcome_str(dr->outcome));

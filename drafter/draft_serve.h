@@ -9,6 +9,7 @@
 #include "specd/drafter.h"
 #include "specd/net.h"
 #include "specd/spec_batch.h"
+#include "specd/tokenizer.h"
 
 typedef struct sd_draft_server sd_draft_server;
 
@@ -19,10 +20,14 @@ typedef struct sd_draft_server_params {
     int32_t max_k;     /* tokens proposed per sequence (default 16, <= SD_MAX_K) */
     int32_t n_vocab;   /* token ids must be below this (required) */
     int32_t top_n;     /* entries of each q kept: at least sd_drafter_max_q (create refuses less) */
+    /* The target's tokenizer (borrowed; must outlive the server): with it
+     * a constrained DraftSeq's drafts follow its constraint
+     * (draft_constrain.h); NULL = every draft unconstrained */
+    const sd_tok *tok;
 } sd_draft_server_params;
 
 /* max_seqs 64, max_ctx 4096, max_batch 64, max_k 16, n_vocab 0 (must
- * be set), top_n SD_SPEC_DEFAULT_TOP_N. */
+ * be set), top_n SD_SPEC_DEFAULT_TOP_N, tok NULL. */
 sd_draft_server_params sd_draft_server_default_params(void);
 
 /* A server over drafter (borrowed; must outlive it). Caller frees with
@@ -44,7 +49,7 @@ void sd_draft_server_pair_vocab(sd_draft_server *s, int32_t target_n_vocab);
  * left: CODE_KV_FULL. Fills *resp (initialized) with memory owned by s,
  * valid until the next call. Errors only for a batch over max_batch or a
  * drafter failure. */
-sd_status sd_draft_server_handle(sd_draft_server *s, const Specd__DraftRequest *req, Specd__DraftResponse *resp);
+sd_status sd_draft_server_handle(sd_draft_server *s, const sd_net_draft_step *step, Specd__DraftResponse *resp);
 
 /* Runs draft batches of synthetic sequences before serving, for the same
  * reason as the verifier's warm-up (verify_serve.h): a model drafter on a

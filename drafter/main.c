@@ -42,6 +42,7 @@ typedef struct drafter_opts {
     const char *model_path;
     const char *vocab_from;
     bool ngram;
+    bool unconstrained; /* --unconstrained: drafts ignore requests' constraints (the verifier still masks) */
     int32_t ngram_min, ngram_max;
     int32_t ngram_cache; /* entries of the n-gram cache shared across requests; 0 = none */
     int32_t draft_layers;
@@ -86,6 +87,8 @@ static void usage(FILE *f) {
             "      --top-n N           entries kept of each proposal distribution (default %d)\n"
             "      --max-k N           tokens proposed per sequence (default 16, at most %d)\n"
             "      --max-batch N       sequences per draft batch (default 64, at most %d)\n"
+            "      --unconstrained     draft without the requests' constraints (no forced drafts, no\n"
+            "                          masking; the verifier still masks): to measure what they buy\n"
             "      --index N           drafter number in the logs (default 0)\n"
             "      --name NAME         name in the coordinator's logs (default host:pid)\n"
             "      --warmup N          before registering, run draft batches whose catch-up forwards reach N\n"
@@ -117,6 +120,7 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         O_TOPN,
         O_INDEX,
         O_DEVICE,
+        O_UNCON,
     };
     static const struct option longs[] = {
         {"model", required_argument, 0, 'm'},
@@ -131,6 +135,7 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         {"top-n", required_argument, 0, O_TOPN},
         {"index", required_argument, 0, O_INDEX},
         {"device", required_argument, 0, O_DEVICE},
+        {"unconstrained", no_argument, 0, O_UNCON},
         {"help", no_argument, 0, 'h'},
         SD_WORKER_LONG_OPTIONS,
         SD_BACKEND_LONG_OPTIONS,
@@ -147,6 +152,7 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         case 'm': o->model_path = optarg; break;
         case O_NGRAM: o->ngram = true; break;
         case O_VOCAB: o->vocab_from = optarg; break;
+        case O_UNCON: o->unconstrained = true; break;
         case O_NMIN: ok = parse_int("--ngram-min", optarg, 1, 64, &o->ngram_min); break;
         case O_NMAX: ok = parse_int("--ngram-max", optarg, 1, 64, &o->ngram_max); break;
         case O_NCACHE: ok = parse_int("--ngram-cache", optarg, 0, 1 << 24, &o->ngram_cache); break;
@@ -226,9 +232,9 @@ typedef struct drafter_ctx {
     Specd__DraftResponse resp;
 } drafter_ctx;
 
-static sd_status on_request(void *user, const Specd__CoordinatorToWorker *req, Specd__WorkerToCoordinator *reply) {
+static sd_status on_request(void *user, const sd_net_worker_msg *req, Specd__WorkerToCoordinator *reply) {
     drafter_ctx *ctx = user;
-    SD_TRY(sd_draft_server_handle(ctx->server, req->draft, &ctx->resp));
+    SD_TRY(sd_draft_server_handle(ctx->server, &req->draft, &ctx->resp));
     reply->body_case = SPECD__WORKER_TO_COORDINATOR__BODY_DRAFT;
     reply->draft = &ctx->resp;
     return SD_OK;
@@ -346,6 +352,18 @@ static sd_status serve(const drafter_opts *o, sd_worker_params *wp, sd_draft_ser
     return st;
 }
 
+/* The target's tokenizer from the file the drafter registers with, for
+ * structured output (draft_constrain.h); NULL (logged) when it has none:
+ * constrained requests are then drafted unconstrained. */
+static sd_tok *open_tokenizer(const char *path) {
+    sd_weights *w = NULL;
+    sd_tok *tok = NULL;
+    if (sd_weights_open(path, &w) != SD_OK || sd_weights_tokenizer(w, &tok) != SD_OK)
+        SD_WARN("no tokenizer in %s: constrained requests are drafted without their constraint", path);
+    sd_weights_close(&w);
+    return tok;
+}
+
 int main(int argc, char **argv) {
     drafter_opts o = {
         .w = {.coordinator = "tcp://127.0.0.1:7701",
@@ -387,6 +405,7 @@ int main(int argc, char **argv) {
     }
     sd_drafter *drafter = NULL;
     sd_draft_server *server = NULL;
+    sd_tok *tok = o.unconstrained ? NULL : open_tokenizer(id_path);
     sd_status st = open_drafter(&o, &dp, &wp, &drafter);
     if (st == SD_OK) {
         sd_draft_server_params sp = sd_draft_server_default_params();
@@ -396,11 +415,13 @@ int main(int argc, char **argv) {
         sp.max_k = o.w.max_k;
         sp.n_vocab = (int32_t)wp.model.vocab_size;
         sp.top_n = dp.top_n;
+        sp.tok = tok;
         st = sd_draft_server_create(drafter, &sp, &server);
     }
     if (st != SD_OK) {
         SD_ERROR("cannot start the drafter: %s", sd_status_str(st));
         sd_drafter_free(&drafter);
+        sd_tok_free(&tok);
         close(stop_fd);
         return 2;
     }
@@ -415,6 +436,7 @@ int main(int argc, char **argv) {
     memset(&curve, 0, sizeof curve);
     sd_draft_server_free(&server);
     sd_drafter_free(&drafter);
+    sd_tok_free(&tok);
     close(stop_fd);
     if (rc == 0) SD_INFO("stopped");
     return rc;

@@ -140,6 +140,10 @@ void gw_gen_clear(gw_gen *g);
  * constraint; false with a 400 naming the field. */
 struct cJSON;
 bool gw_parse_constraint(const struct cJSON *root, gw_gen *g, gw_error *err);
+/* guided.c: vLLM's guided_json / guided_regex / guided_grammar /
+ * guided_choice into g's constraint; other: a constraint field named
+ * other_name was given too (a 400 naming both). False with a 400. */
+bool gw_parse_guided(const struct cJSON *root, bool other, const char *other_name, gw_gen *g, gw_error *err);
 /* tools.c: tools / tool_choice of a chat request (after its messages):
  * the tools described in the system turn, a forced call as g's
  * constraint; false with a 400 naming the field. */
@@ -184,6 +188,20 @@ typedef struct gw_lp {
     gw_tok_lp top[SD_MAX_TOP_LOGPROBS];
 } gw_lp;
 
+/* tool_stream.c: a forced tool call's streaming state (per choice): a
+ * JSON lexer's position in the text, and what was sent. Offsets into text. */
+typedef struct gw_tool_stream {
+    size_t scanned;             /* bytes lexed */
+    int depth;                  /* of objects and arrays */
+    bool in_str, esc, args_done;
+    int key;                    /* the depth-1 key being read: 1 name, 2 arguments, 0 other */
+    size_t str_from, str_end;   /* the last depth-1 string */
+    size_t name_from, name_len; /* the function's name, once whole */
+    size_t args_from;           /* where the arguments object starts (0: not yet) */
+    size_t sent;                /* end of the arguments sent (0: none) */
+    bool head_sent;             /* the delta with id, type and name went out */
+} gw_tool_stream;
+
 typedef struct gw_choice {
     struct gw_job *job; /* the job this choice belongs to (callbacks get the choice) */
     unsigned index;
@@ -215,6 +233,7 @@ typedef struct gw_choice {
     char *lp_bytes;      /* the tokens' bytes gw_tok_lp point into (owned) */
     size_t lp_bytes_len, lp_bytes_cap;
     bool role_sent, finish_sent; /* streaming bookkeeping */
+    gw_tool_stream ts;           /* a forced tool call streamed (tool_stream.c) */
 } gw_choice;
 
 /* One HTTP generation request. Reference-counted: the HTTP side holds one
@@ -244,6 +263,16 @@ typedef struct gw_job {
  * caller deletes), or NULL when the job has no tools or the answer holds
  * no valid call. Call with the job's mutex held (or once it is done). */
 struct cJSON *gw_tool_calls(const gw_job *job, size_t ci);
+/* The id of choice ci's k-th tool call (tools.c), into out[cap]. */
+void gw_tool_call_id(const gw_job *job, size_t ci, int k, char *out, size_t cap);
+/* tool_stream.c: whether the job's answers are forced tool calls streamed
+ * as they come (chat, tool_choice required or named). */
+bool gw_tool_stream_on(const gw_job *job);
+/* The next streaming chunk of choice ci's call (the head with id, type and
+ * name, or the argument bytes since the last), or *out NULL when there is
+ * nothing new. Caller frees *out. False when out of memory. Call with the
+ * job's mutex held. */
+bool gw_tool_stream_chunk(gw_job *job, const char *model, size_t ci, bool include_usage, char **out);
 
 /* Creates a job for g (n_prompts * n choices); the caller holds the one
  * reference (gw_job_release). NULL when out of memory. */

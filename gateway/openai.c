@@ -215,10 +215,9 @@ static bool parse_logprobs(const cJSON *root, gw_gen *g, gw_error *err) {
 
 /* Fields that change the output and that specd does not honour yet: each
  * is a 400 naming it unless it holds its neutral value, never silently
- * dropped (a client asking for JSON must not get free text). The list also
- * holds vLLM's constraint extensions (guided_*), which clients send through
- * extra_body; response_format and llama.cpp's grammar / json_schema are
- * honoured (response_format.c). */
+ * dropped (a client asking for JSON must not get free text).
+ * response_format, llama.cpp's grammar / json_schema and vLLM's guided_*
+ * are honoured (response_format.c, guided.c). */
 static bool neutral_field(const char *name, const cJSON *v) {
     if (!strcmp(name, "function_call")) return string_ok(v) && !strcmp(v->valuestring, "none");
     if (!strcmp(name, "functions")) return cJSON_IsArray(v) && !v->child;
@@ -233,7 +232,7 @@ static bool neutral_field(const char *name, const cJSON *v) {
 static bool refuse_unhonoured(const cJSON *root, gw_error *err) {
     static const char *const fields[] = {
         "functions",   "function_call", "best_of",       "suffix",      "modalities",    "audio",
-        "web_search_options", "reasoning_effort", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+        "web_search_options", "reasoning_effort",
     };
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, fields[i]);
@@ -742,10 +741,12 @@ char *gw_chunk_json(const gw_job *job, const char *model, size_t ci, bool role, 
             cJSON_AddStringToObject(d, "content", "");
         } else if (delta) {
             add_text(d, "content", delta, delta_len);
-        } else if (finish && job->tools) { /* the answer held back (tools.c): its calls, or its text */
+        } else if (finish && job->tools) { /* the answer held back (tools.c) or streamed (tool_stream.c) */
             cJSON *calls = gw_tool_calls(job, ci);
-            if (calls) cJSON_AddItemToObject(d, "tool_calls", calls), finish_reason = "tool_calls";
-            else add_text(d, "content", c->text ? c->text : "", c->text_len);
+            if (calls) finish_reason = "tool_calls";
+            if (calls && c->ts.head_sent) cJSON_Delete(calls);
+            else if (calls) cJSON_AddItemToObject(d, "tool_calls", calls);
+            else if (!c->ts.head_sent) add_text(d, "content", c->text ? c->text : "", c->text_len);
         }
     } else {
         add_text(ch, "text", delta ? delta : "", delta ? delta_len : 0);

@@ -14,7 +14,8 @@
  * one specd handles is the constraint engine's call on the coordinator,
  * whose refusal names the unsupported keyword and comes back as a 400 on
  * `response_format`. `strict` is accepted either way: the output is always
- * held to the schema. At most one of the three may be given. */
+ * held to the schema. At most one of the three may be given, and none
+ * with vLLM's guided_* fields (guided.c). */
 #include "gateway_impl.h"
 
 #include <cjson/cJSON.h>
@@ -85,6 +86,8 @@ bool gw_parse_constraint(const struct cJSON *root, gw_gen *g, gw_error *err) {
         return bad(err, rf_on ? "response_format" : "grammar",
                    "give at most one of 'response_format' (json_object or json_schema), 'grammar' and "
                    "'json_schema'");
+    const char *other = rf_on ? "response_format" : present(grammar) ? "grammar" : "json_schema";
+    if (!gw_parse_guided(root, rf_on || present(grammar) || present(schema), other, g, err)) return false;
     if (present(schema)) return take_schema(schema, "json_schema", g, err);
     if (present(grammar)) {
         if (!cJSON_IsString(grammar) || !grammar->valuestring || !grammar->valuestring[0])

@@ -22,10 +22,11 @@
  *               (a JSON Schema anyOf: enforced by the verifier, not hoped
  *               for).
  *   {"type": "function", "function": {"name": N}}   the same for N alone.
- * Streaming a request with tools holds its text back and sends at the end
- * either the content or the tool_calls (one delta each, whole arguments),
- * with finish_reason "tool_calls". One call per answer when forced; in auto
- * mode every <tool_call> block (parallel calls). */
+ * Streaming: a forced call (required, named) streams its arguments as they
+ * are generated (tool_stream.c); with "auto" the text is held back and sent
+ * at the end as either the content or the tool_calls (one delta each,
+ * whole arguments), with finish_reason "tool_calls". One call per answer
+ * when forced; in auto mode every <tool_call> block (parallel calls). */
 #include "gateway_impl.h"
 
 #include <cjson/cJSON.h>
@@ -308,6 +309,10 @@ static bool known(const gw_tools *t, const char *name) {
     return false;
 }
 
+void gw_tool_call_id(const gw_job *job, size_t ci, int k, char *out, size_t cap) {
+    snprintf(out, cap, "call_%.24s_%zu_%d", strchr(job->id, '-') ? strchr(job->id, '-') + 1 : job->id, ci, k);
+}
+
 /* Adds the call JSON object j ({"name", "arguments"}) to calls; false when
  * it is not one. */
 static bool add_call(const gw_job *job, size_t ci, const cJSON *j, cJSON *calls) {
@@ -317,7 +322,7 @@ static bool add_call(const gw_job *job, size_t ci, const cJSON *j, cJSON *calls)
     int k = cJSON_GetArraySize(calls);
     char id[96], *a = cJSON_PrintUnformatted(args);
     if (!a) return false;
-    snprintf(id, sizeof id, "call_%.24s_%zu_%d", strchr(job->id, '-') ? strchr(job->id, '-') + 1 : job->id, ci, k);
+    gw_tool_call_id(job, ci, k, id, sizeof id);
     cJSON *c = cJSON_CreateObject();
     cJSON_AddNumberToObject(c, "index", k);
     cJSON_AddStringToObject(c, "id", id);

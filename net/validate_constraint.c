@@ -1,6 +1,6 @@
 /* validate_constraint.c — the checks of a Constraint (structured output,
  * issue 35) where it enters a process: on a SubmitRequest (the client
- * link) and on a VerifySeq (the worker link). The decoder checks its shape
+ * link) and on a VerifySeq or DraftSeq (the worker link). The decoder checks its shape
  * only: a known kind, text present exactly when the kind has one, UTF-8,
  * at most SD_MAX_CONSTRAINT_BYTES. Whether the text compiles is the
  * constraint engine's to say (engine/constrain), which the coordinator asks
@@ -42,5 +42,19 @@ bool sd_nv_check_submit_constraint(vctx *v, const Specd__SubmitRequest *s) {
     if (s->prompt_only)
         return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST,
                           "submit.constraint: with prompt_only (nothing is generated)");
+    return true;
+}
+
+bool sd_nv_check_draft_constraint(vctx *v, size_t i, const Specd__DraftSeq *s) {
+    char path[64];
+    snprintf(path, sizeof path, "draft.seqs[%zu].constraint", i);
+    if (!sd_nv_check_constraint(v, path, s->constraint)) return false;
+    uint64_t n_ctx = (uint64_t)s->keep_len + s->n_append;
+    bool constrained = s->constraint && s->constraint->kind != SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_NONE;
+    if (s->prompt_len > (constrained ? n_ctx : 0))
+        return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST,
+                          "draft.seqs[%zu].prompt_len: %u (at most the %llu tokens of the context, and 0 without a "
+                          "constraint)",
+                          i, s->prompt_len, (unsigned long long)n_ctx);
     return true;
 }

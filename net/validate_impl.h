@@ -36,7 +36,9 @@ bool sd_nv_check_logprobs(vctx *v, const char *path, Specd__TokenLogprob *const 
 bool sd_nv_check_logprobs_from(vctx *v, const char *path, Specd__TokenLogprob *const *lps, size_t n, bool first_none);
 bool sd_nv_check_logprob_request(vctx *v, const char *path, bool logprobs, uint32_t top_logprobs);
 bool sd_nv_check_q(vctx *v, const char *path, const Specd__SparseDist *q, int32_t token);
-bool sd_nv_check_sampling(vctx *v, const char *path, const Specd__Sampling *s);
+/* sampling.c: a Sampling (NULL: the default, greedy) converted into *out and
+ * checked, once. */
+bool sd_nv_check_sampling(vctx *v, const char *path, const Specd__Sampling *s, sd_sampling *out);
 bool sd_nv_check_distinct_ids(vctx *v, const char *path, const uint64_t *ids, size_t n);
 bool sd_nv_check_batch_size(vctx *v, const char *path, size_t n);
 bool sd_nv_check_code(vctx *v, const char *path, Specd__Code c);
@@ -46,5 +48,8 @@ bool sd_nv_check_hello(vctx *v, const char *path, const Specd__Hello *h, bool wo
  * Submit's constraint against the fields it excludes. */
 bool sd_nv_check_constraint(vctx *v, const char *path, const Specd__Constraint *c);
 bool sd_nv_check_submit_constraint(vctx *v, const Specd__SubmitRequest *s);
+/* A DraftSeq's constraint and prompt_len (at most its context; 0 without a
+ * constraint). */
+bool sd_nv_check_draft_constraint(vctx *v, size_t i, const Specd__DraftSeq *s);
 
 #endif

@@ -36,3 +36,17 @@ specd_unit_test(test_verify_constrain test_verify_constrain.c)
 target_link_libraries(test_verify_constrain PRIVATE specd_verifier_core specd_net)
 target_compile_definitions(test_verify_constrain PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
 add_dependencies(test_verify_constrain specd-mkmodel)
+
+# The draft server under a constraint (DraftSeq.constraint): forced drafts
+# first, a self-draft masked at every step, the slot's constraint following
+# rejections; without a tokenizer the drafts leave the language.
+specd_unit_test(test_draft_constrain test_draft_constrain.c)
+target_link_libraries(test_draft_constrain PRIVATE specd_drafter_core specd_engine specd_net)
+target_compile_definitions(test_draft_constrain PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
+add_dependencies(test_draft_constrain specd-mkmodel)
+
+# Drafters under the request's constraint through the service: n-gram and
+# self-draft drafters with and without --unconstrained give specd-generate's
+# tokens, and more drafts are accepted under the constraint.
+specd_py_test(it_constrain_drafts integration/test_constrain_drafts.py LABELS integration model)
+set_tests_properties(it_constrain_drafts PROPERTIES RESOURCE_LOCK specd_integration)

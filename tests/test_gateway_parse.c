@@ -161,8 +161,7 @@ static void test_bad_fields(void **state) {
     refused(C, "{\"prompt\":\"p\",\"audio\":{\"voice\":\"alloy\"}}", 400, "audio");
     refused(C, "{\"prompt\":\"p\",\"reasoning_effort\":\"low\"}", 400, "reasoning_effort");
     refused(C, "{\"prompt\":\"p\",\"web_search_options\":{}}", 400, "web_search_options");
-    refused(C, "{\"prompt\":\"p\",\"guided_regex\":\"a+\"}", 400, "guided_regex");
-    refused(C, "{\"prompt\":\"p\",\"guided_json\":{}}", 400, "guided_json");
+    refused(C, "{\"prompt\":\"p\",\"guided_whitespace_pattern\":\" *\"}", 400, "guided_whitespace_pattern");
     refused(GW_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"tools\":[{}]}", 400, "tools[0]");
     refused(GW_EP_CHAT,
             "{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"x\"}]},"
@@ -230,6 +229,52 @@ static void test_response_format(void **state) {
     refused(C, "{\"prompt\":\"p\",\"json_schema\":\"{}\"}", 400, "json_schema");
     refused(C, "{\"prompt\":\"p\",\"ignore_eos\":true,\"response_format\":{\"type\":\"json_object\"}}", 400,
             "ignore_eos");
+}
+
+/* vLLM's guided_* fields: each onto its constraint kind, guided_choice as
+ * a GBNF alternation with its strings escaped; one at a time, and none with
+ * response_format / grammar / json_schema. */
+static void test_guided(void **state) {
+    (void)state;
+    gw_gen g;
+    gw_error err;
+    const gw_endpoint C = GW_EP_COMPLETIONS;
+    assert_true(parse(C, "{\"prompt\":\"p\",\"guided_json\":{\"type\": \"object\"}}", &g, &err));
+    assert_int_equal(g.constraint_kind, SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_SCHEMA);
+    assert_string_equal(g.constraint_text, "{\"type\":\"object\"}");
+    gw_gen_clear(&g);
+    assert_true(parse(C, "{\"prompt\":\"p\",\"guided_json\":\"{\\\"type\\\": \\\"string\\\"}\"}", &g, &err));
+    assert_int_equal(g.constraint_kind, SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_SCHEMA);
+    assert_string_equal(g.constraint_text, "{\"type\":\"string\"}");
+    gw_gen_clear(&g);
+    assert_true(parse(C, "{\"prompt\":\"p\",\"guided_regex\":\"[0-9]+\"}", &g, &err));
+    assert_int_equal(g.constraint_kind, SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_REGEX);
+    assert_string_equal(g.constraint_text, "[0-9]+");
+    gw_gen_clear(&g);
+    assert_true(parse(
+        C, "{\"prompt\":\"p\",\"guided_grammar\":\"root ::= \\\"x\\\"\",\"guided_decoding_backend\":\"x\"}", &g, &err));
+    assert_int_equal(g.constraint_kind, SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_GRAMMAR);
+    assert_string_equal(g.constraint_text, "root ::= \"x\"");
+    gw_gen_clear(&g);
+    assert_true(parse(C, "{\"prompt\":\"p\",\"guided_choice\":[\"yes\",\"a \\\"q\\\" \\\\ b\\n\",\"été\"]}", &g, &err));
+    assert_int_equal(g.constraint_kind, SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_GRAMMAR);
+    assert_string_equal(g.constraint_text, "root ::= \"yes\" | \"a \\\"q\\\" \\\\ b\\x0A\" | \"été\"");
+    gw_gen_clear(&g);
+    refused(C, "{\"prompt\":\"p\",\"guided_choice\":[]}", 400, "guided_choice");
+    refused(C, "{\"prompt\":\"p\",\"guided_choice\":[\"a\",\"\"]}", 400, "guided_choice");
+    refused(C, "{\"prompt\":\"p\",\"guided_choice\":\"a\"}", 400, "guided_choice");
+    refused(C, "{\"prompt\":\"p\",\"guided_json\":[1]}", 400, "guided_json");
+    refused(C, "{\"prompt\":\"p\",\"guided_json\":\"{not json\"}", 400, "guided_json");
+    refused(C, "{\"prompt\":\"p\",\"guided_regex\":\"\"}", 400, "guided_regex");
+    refused(C, "{\"prompt\":\"p\",\"guided_regex\":\"a\",\"guided_choice\":[\"a\"]}", 400, "guided_choice");
+    refused(C, "{\"prompt\":\"p\",\"guided_regex\":\"a\",\"response_format\":{\"type\":\"json_object\"}}", 400,
+            "guided_regex");
+    refused(C, "{\"prompt\":\"p\",\"guided_json\":{},\"grammar\":\"root ::= \\\"a\\\"\"}", 400, "guided_json");
+    /* response_format text is no constraint: guided_regex goes with it */
+    assert_true(
+        parse(C, "{\"prompt\":\"p\",\"guided_regex\":\"a\",\"response_format\":{\"type\":\"text\"}}", &g, &err));
+    assert_int_equal(g.constraint_kind, SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_REGEX);
+    gw_gen_clear(&g);
 }
 
 /* tools: described in the system turn; required / named forced by a JSON
@@ -657,6 +702,7 @@ int main(void) {
         cmocka_unit_test(test_fields),
         cmocka_unit_test(test_bad_fields),
         cmocka_unit_test(test_response_format),
+        cmocka_unit_test(test_guided),
         cmocka_unit_test(test_tools),
         cmocka_unit_test(test_messages),
         cmocka_unit_test(test_prompts),

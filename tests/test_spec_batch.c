@@ -221,8 +221,8 @@ static void batched_generate(draft_kind kind, const seq_spec *ss, int32_t out[N_
             }
             if (!r->active) continue;
             int32_t k = ss[i].k; /* as alone: the sequence may overshoot N_NEW, only the first N_NEW count */
-            dseq[m] =
-                (sd_draft_seq){ss[i].slot, r->drafter_len, r->n - r->drafter_len, r->ctx + r->drafter_len, k, ss[i].s};
+            dseq[m] = (sd_draft_seq){
+                ss[i].slot, r->drafter_len, r->n - r->drafter_len, r->ctx + r->drafter_len, k, ss[i].s, NULL};
             idx[m++] = i;
         }
         assert_int_equal(sd_draft_batch(d, m, dseq, dres), SD_OK);
@@ -323,7 +323,7 @@ static void test_draft_batch_equals_propose(void **state) {
         assert_non_null(dres);
         for (int32_t i = 0; i < N_SEQS; i++) {
             ss[i].s.temperature = ss[i].s.temperature == 0.0f ? 0.0f : 1.0f;
-            dseq[i] = (sd_draft_seq){ss[i].slot, 0, ss[i].n_prompt, ss[i].prompt, ss[i].k + 1, ss[i].s};
+            dseq[i] = (sd_draft_seq){ss[i].slot, 0, ss[i].n_prompt, ss[i].prompt, ss[i].k + 1, ss[i].s, NULL};
         }
         assert_int_equal(sd_draft_batch(batch, N_SEQS, dseq, dres), SD_OK);
         for (int32_t i = 0; i < N_SEQS; i++) {
@@ -346,9 +346,9 @@ static void test_draft_batch_equals_propose(void **state) {
         }
         /* A slot the drafter never saw misses its cache; a repeated slot is invalid. */
         sd_draft_seq bad[3] = {
-            {7, 5, 1, ss[0].prompt, 2, ss[0].s},
-            {6, 0, 3, ss[0].prompt, 2, ss[0].s},
-            {6, 0, 3, ss[0].prompt, 2, ss[0].s},
+            {7, 5, 1, ss[0].prompt, 2, ss[0].s, NULL},
+            {6, 0, 3, ss[0].prompt, 2, ss[0].s, NULL},
+            {6, 0, 3, ss[0].prompt, 2, ss[0].s, NULL},
         };
         bad[0].slot = 7;
         sd_drafter_release(batch, 7);

@@ -151,7 +151,9 @@ static const Specd__VerifyResult *step(sd_verifier *v, const int32_t *tokens, in
     req.n_seqs = 1;
     req.seqs = &pvs;
     static Specd__VerifyResponse resp;
-    assert_int_equal(sd_verifier_handle(v, &req, &resp), SD_OK);
+    static sd_net_verify_step step;
+    sd_net_verify_step_of(&req, &step);
+    assert_int_equal(sd_verifier_handle(v, &step, &resp), SD_OK);
     assert_int_equal(resp.n_results, 1);
     return resp.results[0];
 }
@@ -296,12 +298,54 @@ static void test_vcon_sync(void **state) {
     sd_vcon_free(&vc);
 }
 
+/* The EAGLE head's drafts cut where the constraint refuses them
+ * (sd_vcon_cut_drafts): after the step's accepted tokens and the sampled
+ * one, the drafts the language allows are kept, the first refused one and
+ * everything after it dropped; the constraint is left where it was. */
+static void test_cut_head_drafts(void **state) {
+    (void)state;
+    if (!env.ok) skip();
+    static const char text[] = "abcdab zz.";
+    int32_t *ids = NULL, *bad = NULL;
+    size_t n = 0, n_bad = 0;
+    assert_int_equal(sd_tok_encode(env.tok, text, strlen(text), false, &ids, &n), SD_OK);
+    assert_int_equal(sd_tok_encode(env.tok, "Q", 1, false, &bad, &n_bad), SD_OK);
+    assert_true(n >= 4 && n < 32 && n_bad == 1);
+    int32_t hist[N_PROMPT + 32] = {0}, drafts[32];
+    for (int32_t i = 0; i < N_PROMPT; i++) hist[i] = 5 + i;
+    memcpy(hist + N_PROMPT, ids, n * sizeof *ids);
+    sd_constraint *c = NULL;
+    assert_int_equal(sd_constraint_create(env.gr, env.vocab, &c), SD_OK);
+    /* no accepted drafts: the sampled token ids[0], drafts ids[1..] then a refused one */
+    memcpy(drafts, ids + 1, (n - 1) * sizeof *ids);
+    drafts[n - 1] = bad[0];
+    assert_int_equal(sd_vcon_cut_drafts(c, hist, N_PROMPT, N_PROMPT, ids[0], drafts, n), n - 1);
+    assert_int_equal(sd_constraint_len(c), 0);
+    /* two accepted drafts, the sampled ids[2], a refused draft in the middle */
+    memcpy(drafts, ids + 3, (n - 3) * sizeof *ids);
+    drafts[1] = bad[0];
+    assert_int_equal(sd_vcon_cut_drafts(c, hist, N_PROMPT, N_PROMPT + 2, ids[2], drafts, n - 3), 1);
+    assert_int_equal(sd_constraint_len(c), 0);
+    /* the committed tokens themselves outside the language: nothing kept */
+    assert_int_equal(sd_vcon_cut_drafts(c, hist, N_PROMPT, N_PROMPT, bad[0], drafts, 2), 0);
+    /* from a constraint already past the first two tokens */
+    assert_int_equal(sd_constraint_advance(c, ids[0]), SD_OK);
+    assert_int_equal(sd_constraint_advance(c, ids[1]), SD_OK);
+    memcpy(drafts, ids + 3, (n - 3) * sizeof *ids);
+    assert_int_equal(sd_vcon_cut_drafts(c, hist, N_PROMPT + 2, N_PROMPT + 2, ids[2], drafts, n - 3), n - 3);
+    assert_int_equal(sd_constraint_len(c), 2);
+    sd_constraint_free(&c);
+    free(ids);
+    free(bad);
+}
+
 int main(void) {
     sd_log_set(NULL, NULL, getenv("SPECD_TEST_LOG") ? SD_LOG_DEBUG : SD_LOG_OFF, "test_verify_constrain");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_verifier_constrained_equals_plain),
         cmocka_unit_test(test_verifier_constraint_refusals),
         cmocka_unit_test(test_vcon_sync),
+        cmocka_unit_test(test_cut_head_drafts),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

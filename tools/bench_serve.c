@@ -47,6 +47,9 @@
  * the one at ADDR (plaintext), both speculative, in the same ABBA pairs;
  * the ratio columns are then CURVE / plaintext and the cost-model column is
  * empty. Start both with the same model and flags.
+ * --json-schema FILE sends every request under that JSON Schema
+ * (SubmitRequest.constraint: structured output, issue 35), e.g. with
+ * --modes ngram,target to measure what constrained drafting buys.
  * Rejected: starting the service here (the launcher does that, and a bench
  * that owns processes hides their start-up failures). */
 #include "bench_serve.h"
@@ -56,6 +59,7 @@
 #include "bench_prompts.h"
 
 #include "specd/client.h"
+#include "specd/client_opts.h"
 #include "specd/curve.h"
 
 #include <getopt.h>
@@ -137,8 +141,8 @@ static double pct(double *v, size_t n, double p) {
  * that processes other than the service's ("specd-*") and this one used
  * meanwhile goes to round_other. */
 static void round_run(sd_client *c, char **prompts, int n_prompts, int *next_prompt, int conc, int tokens,
-                      bool stop_at_eos, int32_t max_k, Specd__DrafterKind kind, const sd_hyg_params *hyg,
-                      serve_tally *t) {
+                      bool stop_at_eos, int32_t max_k, Specd__DrafterKind kind, const char *schema,
+                      const sd_hyg_params *hyg, serve_tally *t) {
     serve_req *reqs = calloc((size_t)conc, sizeof *reqs);
     uint64_t *ids = calloc((size_t)conc, sizeof *ids);
     bool *ok = calloc((size_t)conc, sizeof *ok);
@@ -156,6 +160,10 @@ static void round_run(sd_client *c, char **prompts, int n_prompts, int *next_pro
         q.ignore_eos = !stop_at_eos;
         q.max_k = max_k;
         q.drafter_kind = kind;
+        if (schema) { /* --json-schema */
+            q.constraint_kind = SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_SCHEMA;
+            q.constraint_text = schema;
+        }
         ok[i] = sd_client_submit(c, &q, on_chunk, &reqs[i], &ids[i]) == SD_OK;
         if (!ok[i]) t->failures++;
     }
@@ -256,6 +264,7 @@ static void usage(FILE *f) {
                "  -o FILE             also write the markdown table to FILE\n"
                "  --curve-secret FILE, --curve-server FILE\n"
                "                      CurveZMQ keys for the service at --coordinator (specd-keygen files)\n"
+               "  --json-schema FILE  every request constrained to that JSON Schema (structured output)\n"
                "  --modes A,B         compare two modes of the one service (default choice,target): choice\n"
                "                      (speculative, the coordinator picks each request's drafter kind),\n"
                "                      target (no speculation), or ngram / model / self (speculative with\n"
@@ -312,13 +321,14 @@ static void write_mode_row(FILE *out, int conc, int m, const char *label, const 
 
 /* specd-bench serve's options. */
 typedef struct serve_opts {
-    const char *addr, *prompts_path, *out_path;
-    const char *curve_secret, *curve_server; /* keys for the service at addr */
-    const char *versus;                      /* a second (plaintext) service to compare with */
-    int mode[2];                             /* --modes: indices into serve_mode_names */
+    sd_client_link_opts link; /* --coordinator and its keys (client_opts.h) */
+    const char *prompts_path, *out_path;
+    const char *versus; /* a second (plaintext) service to compare with */
+    int mode[2];        /* --modes: indices into serve_mode_names */
     char conc_list[128];
     int tokens, rounds, warmup;
-    bool eos; /* --eos: requests end at EOS too */
+    bool eos;     /* --eos: requests end at EOS too */
+    char *schema; /* --json-schema: the file's text (owned), or NULL */
     sd_hyg_params hyg;
 } serve_opts;
 
@@ -353,9 +363,26 @@ static bool parse_modes(const char *arg, int mode[2]) {
     return mode[0] != mode[1];
 }
 
+/* The text of a --json-schema file (caller frees), NULL (said) when it
+ * cannot be read or is over SD_MAX_CONSTRAINT_BYTES. */
+static char *read_schema(const char *path) {
+    FILE *f = fopen(path, "rb");
+    char *buf = f ? malloc(SD_MAX_CONSTRAINT_BYTES + 2) : NULL;
+    size_t n = buf ? fread(buf, 1, SD_MAX_CONSTRAINT_BYTES + 1, f) : 0;
+    if (f) fclose(f);
+    if (!buf || n == 0 || n > SD_MAX_CONSTRAINT_BYTES) {
+        fprintf(stderr, "specd-bench serve: --json-schema %s: cannot read it, or empty, or over %d bytes\n", path,
+                SD_MAX_CONSTRAINT_BYTES);
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    return buf;
+}
+
 /* -1: run; 0: --help printed; 2: bad options (said on stderr). */
 static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
-    *o = (serve_opts){.addr = "tcp://127.0.0.1:7700",
+    *o = (serve_opts){.link = {.coordinator = "tcp://127.0.0.1:7700"},
                       .prompts_path = "bench/prompts/chat.txt",
                       .conc_list = "1,8,64",
                       .tokens = 64,
@@ -363,18 +390,17 @@ static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
                       .warmup = 1,
                       .mode = {0, 1},
                       .hyg = sd_hyg_default_params()};
-    static const struct option longs[] = {{"coordinator", required_argument, 0, 'c'},
+    static const struct option longs[] = {SD_CLIENT_LINK_LONG_OPTIONS,
                                           {"prompts", required_argument, 0, 'p'},
                                           {"conc", required_argument, 0, 'C'},
                                           {"rounds", required_argument, 0, 'r'},
                                           {"warmup", required_argument, 0, 'w'},
                                           {"out", required_argument, 0, 'o'},
                                           {"max-other-load", required_argument, 0, 'X'},
-                                          {"curve-secret", required_argument, 0, 'S'},
-                                          {"curve-server", required_argument, 0, 'K'},
                                           {"versus", required_argument, 0, 'V'},
                                           {"modes", required_argument, 0, 'M'},
                                           {"eos", no_argument, 0, 'E'},
+                                          {"json-schema", required_argument, 0, 'J'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     o->hyg.exclude_prefix = "specd-"; /* the service's processes do the work measured */
@@ -382,7 +408,6 @@ static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
     optind = 2;
     while ((ch = getopt_long(argc, argv, "n:o:h", longs, NULL)) != -1) {
         switch (ch) {
-        case 'c': o->addr = optarg; break;
         case 'p': o->prompts_path = optarg; break;
         case 'C': snprintf(o->conc_list, sizeof o->conc_list, "%s", optarg); break;
         case 'r': o->rounds = atoi(optarg); break;
@@ -390,8 +415,6 @@ static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
         case 'n': o->tokens = atoi(optarg); break;
         case 'o': o->out_path = optarg; break;
         case 'X': o->hyg.max_other_cores = atof(optarg); break;
-        case 'S': o->curve_secret = optarg; break;
-        case 'K': o->curve_server = optarg; break;
         case 'V': o->versus = optarg; break;
         case 'M':
             if (!parse_modes(optarg, o->mode)) {
@@ -403,8 +426,15 @@ static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
             }
             break;
         case 'E': o->eos = true; break;
+        case 'J':
+            free(o->schema);
+            if (!(o->schema = read_schema(optarg))) return 2;
+            break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default:
+            if (sd_client_link_opts_apply(&o->link, ch, optarg)) break;
+            usage(stderr);
+            return 2;
         }
     }
     if (o->versus && (o->mode[0] != 0 || o->mode[1] != 1)) {
@@ -450,15 +480,14 @@ static void emit(FILE *out, const char *text) {
     if (out) fprintf(out, "%s", text);
 }
 
-/* Connects to the service at o->addr (with its keys) and, with --versus,
+/* Connects to the service at o->link.coordinator (with its keys) and, with --versus,
  * to the plaintext one. False when either cannot be reached. */
 static bool connect_services(const serve_opts *o, sd_curve_id *curve, sd_client **c, sd_client **cv) {
     sd_client_params cp = sd_client_default_params();
-    cp.coordinator = o->addr;
+    cp.coordinator = o->link.coordinator;
     cp.name = "specd-bench";
-    if (sd_curve_id_load(o->curve_secret, o->curve_server, curve) != SD_OK) return false;
-    if (curve->on)
-        cp.curve_server_public = curve->server, cp.curve_public = curve->public_key, cp.curve_secret = curve->secret;
+    if (sd_curve_id_load(o->link.curve_secret, o->link.curve_server, curve) != SD_OK) return false;
+    sd_client_params_set_curve(&cp, curve);
     if (sd_client_connect(&cp, c) != SD_OK) return false;
     if (o->versus) {
         sd_client_params vp = sd_client_default_params();
@@ -496,7 +525,7 @@ static void run_rounds(const serve_opts *o, const serve_modes *md, char **prompt
             serve_tally w = {0};
             int first_prompt = *next_prompt;
             round_run(md->client[m], prompts, n_prompts, next_prompt, conc, o->tokens, o->eos, md->draft[m],
-                      md->kind[m], &o->hyg, &w);
+                      md->kind[m], o->schema, &o->hyg, &w);
             if (m == 0) *next_prompt = first_prompt;
             free(w.lat);
         }
@@ -507,7 +536,7 @@ static void run_rounds(const serve_opts *o, const serve_modes *md, char **prompt
             int m = (r % 2) ? 1 - i : i;
             *next_prompt = first_prompt; /* the pair sends the same prompts */
             round_run(md->client[m], prompts, n_prompts, next_prompt, conc, o->tokens, o->eos, md->draft[m],
-                      md->kind[m], &o->hyg, &tl[m]);
+                      md->kind[m], o->schema, &o->hyg, &tl[m]);
         }
     }
 }
@@ -624,11 +653,15 @@ static void write_step_overhead(FILE *out, sd_client *c) {
 int bench_serve_main(int argc, char **argv) {
     serve_opts o;
     int prc = parse_serve_opts(argc, argv, &o);
-    if (prc >= 0) return prc;
+    if (prc >= 0) {
+        free(o.schema);
+        return prc;
+    }
     char *prompts[MAX_PROMPTS];
     int n_prompts = sd_bench_read_prompts(o.prompts_path, prompts, MAX_PROMPTS);
     if (n_prompts <= 0) {
         if (n_prompts == 0) fprintf(stderr, "specd-bench serve: no prompts in %s\n", o.prompts_path);
+        free(o.schema);
         return 1;
     }
     int rc = 1;
@@ -655,7 +688,7 @@ int bench_serve_main(int argc, char **argv) {
         .list_kinds = cv == NULL && modes_given};
     sd_client_service_stats ss;
     if (sd_client_stats(c, 10000, &ss) != SD_OK) {
-        fprintf(stderr, "specd-bench serve: no answer from %s (is the service running?)\n", o.addr);
+        fprintf(stderr, "specd-bench serve: no answer from %s (is the service running?)\n", o.link.coordinator);
         goto done;
     }
     write_header(out, &md);
@@ -676,5 +709,6 @@ done:
     memset(&curve, 0, sizeof curve);
     if (out) fclose(out);
     for (int i = 0; i < n_prompts; i++) free(prompts[i]);
+    free(o.schema);
     return rc;
 }

@@ -10,7 +10,8 @@
  * advanced over are kept beside it and compared with the slot's history
  * each step, so truncation (rejected drafts, CACHE_MISS resends, failover)
  * rolls it back to the common prefix and whatever came since is replayed:
- * no assumption about how keep_len moved. */
+ * no assumption about how keep_len moved. The state itself is the
+ * engine's per-slot constraints (specd/constrain_slots.h). */
 #ifndef SPECD_VERIFY_CONSTRAIN_H
 #define SPECD_VERIFY_CONSTRAIN_H
 
@@ -18,9 +19,6 @@
 #include "specd/net.h"
 
 typedef struct sd_vcon sd_vcon;
-
-/* Grammars kept compiled while no slot uses them. */
-#define SD_VCON_CACHE_GRAMMARS 32
 
 /* Over tok's vocabulary (borrowed for the call; the byte trie is built
  * here), max_seqs slots. Caller frees with sd_vcon_free. */
@@ -39,6 +37,14 @@ void sd_vcon_release(sd_vcon *c, int32_t slot);
  * constraint is SD_ERR_UNSUPPORTED. */
 sd_status sd_vcon_sync(sd_vcon *c, int32_t slot, const Specd__Constraint *pc, const int32_t *hist,
                        int32_t prompt_len, int32_t n_ctx, sd_constraint **out, char *err, size_t err_cap);
+
+/* The EAGLE head's drafts after a step (verify_head.c), cut before the
+ * first one con refuses: con is at the state after hist[0..from) (the
+ * step's context); the step committed hist[from..hist_len) and next, and
+ * the head drafted drafts[n] after them. Returns how many to keep; con is
+ * left as it was. */
+size_t sd_vcon_cut_drafts(sd_constraint *con, const int32_t *hist, int32_t from, int32_t hist_len, int32_t next,
+                          const int32_t *drafts, size_t n);
 
 /* Grammar cache figures (tests, logs). */
 sd_grammar_cache_stats sd_vcon_cache_stats(const sd_vcon *c);

@@ -196,6 +196,15 @@ static bool embeds(const model_drafter *md, const sd_draft_seq *v) {
     return true;
 }
 
+/* Masks logits[n] with con; false when it allows none of them (the
+ * draft stops there). */
+static bool masked_any(sd_constraint *con, float *logits, int32_t n) {
+    if (sd_constraint_apply(con, logits, n) != SD_OK) return false;
+    for (int32_t v = 0; v < n; v++)
+        if (logits[v] > -INFINITY) return true;
+    return false;
+}
+
 /* The batched draft: step 0 feeds every sequence's append in one forward
  * (logits of each last row), then each step drafts one token for every
  * sequence still short of its k and feeds those tokens in the next forward.
@@ -263,7 +272,9 @@ static sd_status model_propose_batch(sd_drafter *d, int32_t n_seqs, const sd_dra
             int32_t k = n_ctx + v->k - 1 > md->max_ctx ? md->max_ctx - n_ctx + 1 : v->k;
             int32_t *ids = md->q_ids + ((size_t)v->slot * SD_MAX_K + (size_t)step) * (size_t)md->top_n;
             float *qp = md->q_probs + ((size_t)v->slot * SD_MAX_K + (size_t)step) * (size_t)md->top_n;
-            const float *logits = md->b_logits + (size_t)md->b_row[i] * (size_t)md->n_head;
+            float *logits = md->b_logits + (size_t)md->b_row[i] * (size_t)md->n_head;
+            md->b_row[i] = -1;
+            if (v->constraint && !masked_any(v->constraint, logits, md->n_head)) continue;
             int32_t n_q = 0;
             uint64_t position = (uint64_t)n_ctx + (uint64_t)step;
             int32_t y;
@@ -272,7 +283,8 @@ static sd_status model_propose_batch(sd_drafter *d, int32_t n_seqs, const sd_dra
             r->q[step] = (sd_spec_q){n_q, ids, qp};
             r->tokens[step] = y;
             r->n_drafted = step + 1;
-            md->b_row[i] = -1;
+            sd_constraint *con = v->constraint;
+            if (con && (sd_constraint_advance(con, y) != SD_OK || sd_constraint_ended(con))) continue;
             if (step + 1 < k) {
                 md->b_tokens[n] = y;
                 md->b_pos[n] = n_ctx + step;

@@ -17,8 +17,10 @@ drafts are verified under the constraint):
   response_format is a 400 naming the sub-field;
 - tools: tool_choice naming a function gives message.tool_calls with that
   name and arguments valid for its parameters (finish_reason tool_calls,
-  content null); "required" streamed gives deltas that reassemble into a
-  call with valid JSON arguments; "auto" answers with text or valid calls;
+  content null); "required" and the named function streamed give a first
+  delta with id, type and name, then the arguments in fragments as tokens
+  arrive, which the client reassembles into one call with valid JSON
+  arguments (named: equal to the unstreamed call's); "auto" answers with text or valid calls;
   a history with the assistant's tool_calls and a `tool` message is
   accepted and answered."""
 import json
@@ -171,6 +173,41 @@ def check_call(call, what):
     validate(call.function.arguments, params, what)
 
 
+def stream_call(cl, greedy, q, choice, same):
+    calls, finish, frags, heads = {}, None, 0, 0
+    for chunk in cl.chat.completions.create(messages=[{"role": "user", "content": q}], tools=TOOLS,
+                                            tool_choice=choice, stream=True, **greedy):
+        if not chunk.choices:
+            continue
+        d = chunk.choices[0].delta
+        finish = chunk.choices[0].finish_reason or finish
+        H.check(not d.content, "%s stream: content %r beside a forced call" % (choice, d.content))
+        for tc in d.tool_calls or []:
+            c = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+            if tc.id:  # the head: first, once, with the type and the whole name
+                heads += 1
+                H.check(not c["id"] and not c["arguments"] and tc.type == "function" and tc.function.name,
+                        "%s stream: a second or late head %s" % (choice, tc))
+            else:
+                H.check(c["id"] and not (tc.function and tc.function.name), "%s stream: %s" % (choice, tc))
+            c["id"] = tc.id or c["id"]
+            c["name"] += (tc.function and tc.function.name) or ""
+            c["arguments"] += (tc.function and tc.function.arguments) or ""
+            frags += 1 if tc.function and tc.function.arguments else 0
+    H.check(finish == "tool_calls" and len(calls) == 1 and heads == 1,
+            "%s stream: finish %s calls %s" % (choice, finish, calls))
+    c = calls[0]
+    H.check(c["name"] in ("get_weather", "get_time") and c["id"], "%s stream: %s" % (choice, c))
+    params = next(t["function"]["parameters"] for t in TOOLS if t["function"]["name"] == c["name"])
+    validate(c["arguments"], params, "%s stream" % choice)
+    H.check(frags >= 3, "%s stream: the arguments came in %d fragments, not token by token: %r"
+            % (choice, frags, c["arguments"]))
+    if same is not None:
+        H.check(c["name"] == same.function.name and json.loads(c["arguments"]) == json.loads(same.function.arguments),
+                "%s stream: %s, unstreamed %s" % (choice, c, same.function))
+    H.log("tool_choice %s, streamed in %d argument fragments: %s(%s)" % (choice, frags, c["name"], c["arguments"]))
+
+
 def check_tools(cl, greedy):
     msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
     named = {"type": "function", "function": {"name": "get_weather"}}
@@ -184,25 +221,13 @@ def check_tools(cl, greedy):
     check_call(ch.message.tool_calls[0], "named tool")
     H.log("tool_choice get_weather: %s(%s)" % (ch.message.tool_calls[0].function.name,
                                                ch.message.tool_calls[0].function.arguments))
-    # required, streamed: deltas reassemble into one call
-    calls, finish = {}, None
-    for chunk in cl.chat.completions.create(messages=[{"role": "user", "content": "What time is it in Rome?"}],
-                                            tools=TOOLS, tool_choice="required", stream=True, **greedy):
-        if not chunk.choices:
-            continue
-        d = chunk.choices[0].delta
-        finish = chunk.choices[0].finish_reason or finish
-        for tc in d.tool_calls or []:
-            c = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
-            c["id"] = tc.id or c["id"]
-            c["name"] += tc.function.name or ""
-            c["arguments"] += tc.function.arguments or ""
-    H.check(finish == "tool_calls" and len(calls) == 1, "required stream: finish %s calls %s" % (finish, calls))
-    c = calls[0]
-    H.check(c["name"] in ("get_weather", "get_time") and c["id"], "required stream: %s" % c)
-    params = next(t["function"]["parameters"] for t in TOOLS if t["function"]["name"] == c["name"])
-    validate(c["arguments"], params, "required stream")
-    H.log("tool_choice required, streamed: %s(%s)" % (c["name"], c["arguments"]))
+    # streamed: the first delta carries id, type and name, then the
+    # arguments come in fragments as tokens arrive; the openai client's
+    # accumulation gives one call with valid arguments (named: the same as
+    # unstreamed)
+    for q, choice, same in (("What time is it in Rome?", "required", None),
+                            (msgs[0]["content"], named, ch.message.tool_calls[0])):
+        stream_call(cl, greedy, q, choice, same)
     # auto: text or valid calls
     r = cl.chat.completions.create(messages=msgs, tools=TOOLS, **greedy)
     ch = r.choices[0]

@@ -6,11 +6,16 @@ prefix cache (the default), and on a service without one (--prefix-cache
 0): every request's tokens must be the same, greedy and seeded, with each
 drafter kind (self-draft, draft model, n-gram). The cached service must have
 hit its cache (WorkerStats.prefix_hit_tokens), or the test proves nothing.
+Then a verifier is SIGKILLed while running requests share cached blocks and
+is replaced: nothing is lost and every output still equals specd-generate's.
 Tiny random models (a model's K/V do not depend on the batch or the
 chunking: the exactness the cache relies on)."""
+import signal
+import threading
 import time
 
 import harness as H
+from test_verifier_restart import replace_verifier
 
 TOKENS = 12
 
@@ -58,6 +63,53 @@ def serve_all(h, target, draft, drafter, cache):
     return res, n_hit
 
 
+def hit_tokens(c):
+    st = c.stats(timeout=1.0) or {}
+    return sum(int((w.get("stats") or {}).get("prefix_hit_tokens", 0)) for w in st.get("workers", []))
+
+
+def killed_while_shared(h, target):
+    """Four requests that adopt one cached opening run at once; once each has
+    streamed, and the verifier has reported hits, it is SIGKILLed and
+    replaced. Every output must equal specd-generate's."""
+    base = " ".join([H.random_prompts(1, seed=23, words=None)[0]] * 6)
+    prompts = [base + " and then %s" % w for w in ("river", "stone", "light", "cloud")]
+    n = 128
+    refs = [h.reference(target, p, n, ignore_eos=True) for p in prompts]
+    _, verifier, _ = h.start_service(target, drafter="layers", coord_extra=H.FIXED_K)
+    c = h.client()
+    c.run([dict(prompt=base, max_tokens=2, ignore_eos=True)], timeout=300)  # caches the opening
+    state, done = {}, threading.Event()
+
+    def restart():
+        try:
+            w = h.client()
+            H.wait_until(lambda: hit_tokens(w) > 0, 30, "the verifier to report prefix cache hits")
+            state["hits"] = hit_tokens(w)
+            w.close()
+            replace_verifier(h, verifier, signal.SIGKILL)
+        except Exception as e:  # reported below
+            state["error"] = e
+        done.wait(600)  # the thread that started the new verifier must outlive it
+
+    def on_event(m, results):
+        if not state and all(r["ids"] for r in results.values()):
+            state["thread"] = threading.Thread(target=restart)
+            state["thread"].start()
+
+    jobs = [dict(prompt=p, max_tokens=n, ignore_eos=True) for p in prompts]
+    try:
+        res = c.run(jobs, timeout=300, on_event=on_event)
+        H.check(state, "the requests finished before the verifier could be killed")
+        H.check("error" not in state, "killing and replacing the verifier failed: %s" % state.get("error"))
+    finally:
+        h.cleanups.append(done.set)
+    H.expect_equal_ids(res, refs, "after a verifier SIGKILL while requests shared cached blocks")
+    H.log("verifier SIGKILLed with %d prompt tokens hit, replaced: %d outputs equal specd-generate's" %
+          (state["hits"], len(res)))
+    c.close()
+
+
 def run(h):
     target, draft = h.tiny_models(seed=5)
     for drafter in ("layers", "model", "ngram"):
@@ -68,6 +120,7 @@ def run(h):
         H.check(warm_hits > 0, "drafter %s: the cache was never hit: the test proves nothing" % drafter)
         H.log("drafter %s: %d requests equal with and without the cache (%d prompt tokens hit)" %
               (drafter, len(warm), warm_hits))
+    killed_while_shared(h, target)
 
 
 if __name__ == "__main__":

@@ -176,6 +176,13 @@ typedef struct sd_draft_seq {
     int32_t k;             /* tokens wanted, 0..SD_MAX_K */
     sd_sampling sampling;  /* the request's sampling incl. seed (coupled draws: spec.h); taken as
                               given, as sd_verify_seq's */
+    /* Structured output: NULL, or the sequence's constraint advanced over
+     * its context's generated tokens (borrowed). A model drafter masks
+     * each draft step's logits with it (q is the masked distribution) and
+     * stops where it allows nothing or ends; it is left advanced over the
+     * drafts (the caller rolls it back). The n-gram drafter ignores it
+     * (its one-hot drafts are cut by the caller). */
+    sd_constraint *constraint;
 } sd_draft_seq;
 
 typedef struct sd_draft_result {
