@@ -59,6 +59,9 @@ struct sd_kv {
     int32_t n_idle;
     int32_t n_cached;
     sd_kv_prefix_stats stats;
+    /* side rows (kv_side.c); NULL / 0 until sd_kv_side_enable */
+    float *side;         /* [n_blocks][block_size][side_floats] */
+    int32_t side_floats; /* per row */
 };
 
 /* kv_prefix.c, for kv.c: */
@@ -71,5 +74,11 @@ void sd_kv_drop_block_(sd_kv *kv, int32_t b);
  * idle, the caller then owning it). */
 void sd_kv_uncache_block_(sd_kv *kv, int32_t b);
 void sd_kv_prefix_free_(sd_kv *kv);
+
+/* kv_side.c, for kv.c and kv_prefix.c: */
+/* Copies the first rows side rows of block src into block dst (no-op
+ * without side rows). */
+void sd_kv_side_copy_(sd_kv *kv, int32_t dst, int32_t src, int32_t rows);
+void sd_kv_side_free_(sd_kv *kv);
 
 #endif
