@@ -48,9 +48,10 @@ float *sd_kv_side(sd_kv *kv, int32_t seq, int32_t pos, int32_t *n_rows) {
         SD_ERROR("kv: side: position %d of slot %d outside [0, %d)", (int)pos, (int)seq, (int)sl->len);
         return NULL;
     }
-    const int32_t bs = kv->p.block_size, row = pos % bs, end = sl->len - pos;
+    const int32_t bs = kv->p.block_size, row = pos % bs, end = sl->len - pos, b = sl->table[pos / bs];
+    if (b < 0 || b >= kv->p.n_blocks) return NULL; /* a block no longer held (none today) */
     if (n_rows) *n_rows = bs - row < end ? bs - row : end;
-    const size_t at = (size_t)sl->table[pos / bs] * (size_t)bs + (size_t)row;
+    const size_t at = (size_t)b * (size_t)bs + (size_t)row;
     return kv->side + at * (size_t)kv->side_floats;
 }
 

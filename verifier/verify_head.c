@@ -98,8 +98,14 @@ sd_status sd_vhead_open(const char *dir, sd_model *target, sd_kv *kv, int32_t ma
         if (!h->ctx || !h->tokens || !h->dists || !h->pdists || !h->q_ids || !h->q_probs) st = SD_ERR_NOMEM;
     }
     if (st == SD_OK && sd_kv_prefix_enabled(kv)) { /* adopted rows' features come from the blocks' side rows */
-        st = sd_kv_side_enable(kv, sd_drafter_eagle_width(h->drafter));
-        if (st == SD_OK) h->kv = kv;
+        const int32_t width = sd_drafter_eagle_width(h->drafter);
+        st = sd_kv_side_enable(kv, width);
+        if (st == SD_OK) {
+            h->kv = kv;
+            const sd_kv_params *kp = sd_kv_params_of(kv);
+            SD_INFO("verifier: the prefix cache keeps the head's features beside the KV: %d floats a row, %.1f MiB",
+                    (int)width, (double)kp->n_blocks * kp->block_size * width * sizeof(float) / (1 << 20));
+        }
     }
     if (st != SD_OK) {
         SD_ERROR("verifier: cannot use the EAGLE head in %s: %s", dir, sd_status_str(st));
