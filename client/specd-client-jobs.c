@@ -277,7 +277,7 @@ static void submit_job(jobs_state *st, size_t i) {
         /* the final callback recorded this job's error */
         st->net_down = true;
         fprintf(stderr, "specd-client: no answer from %s: the jobs after line %zu are not submitted\n",
-                st->o->coordinator, i + 1);
+                st->o->link.coordinator, i + 1);
     }
     free(schema_text);
 }

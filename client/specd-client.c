@@ -252,7 +252,7 @@ static int run_stats(sd_client *c, const options *o) {
     sd_client_service_stats s;
     sd_status st = sd_client_stats(c, (int)(o->timeout_s * 1000), &s);
     if (st != SD_OK) {
-        fprintf(stderr, "specd-client: no statistics from %s within %.1f s: %s\n", o->coordinator, o->timeout_s,
+        fprintf(stderr, "specd-client: no statistics from %s within %.1f s: %s\n", o->link.coordinator, o->timeout_s,
                 sd_status_str(st));
         return 1;
     }
@@ -365,7 +365,7 @@ static int wait_ready(sd_client **c, sd_client_params *p, options *o, bool disco
             if (sd_client_connect(p, &moved) == SD_OK) {
                 sd_client_close(c);
                 *c = moved;
-                o->coordinator = found;
+                o->link.coordinator = found;
                 discover = false;
             }
         }
@@ -376,7 +376,7 @@ static int wait_ready(sd_client **c, sd_client_params *p, options *o, bool disco
         if (sd_now() >= deadline) break;
         usleep(100 * 1000);
     }
-    fprintf(stderr, "specd-client: no verifier registered at %s within %.1f s\n", o->coordinator, o->wait_ready_s);
+    fprintf(stderr, "specd-client: no verifier registered at %s within %.1f s\n", o->link.coordinator, o->wait_ready_s);
     return 1;
 }
 
@@ -389,8 +389,7 @@ static bool parse_num(const char *flag, const char *s, double lo, double hi, dou
 }
 
 enum {
-    OPT_COORD = 256,
-    OPT_TEMP,
+    OPT_TEMP = 256,
     OPT_TOP_P,
     OPT_TOP_K,
     OPT_MIN_P,
@@ -408,8 +407,6 @@ enum {
     OPT_CONC,
     OPT_STATS,
     OPT_WAIT_READY,
-    OPT_CSECRET,
-    OPT_CSERVER,
     OPT_DEADLINE,
     OPT_SPECIAL,
     OPT_JSON_SCHEMA,
@@ -418,9 +415,26 @@ enum {
     OPT_RESPONSE_JSON
 };
 
+/* --drafter KIND, or false with the message on stderr. */
+static bool parse_drafter(const char *arg, Specd__DrafterKind *out) {
+    if (!strcmp(arg, "ngram"))
+        *out = SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM;
+    else if (!strcmp(arg, "model"))
+        *out = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
+    else if (!strcmp(arg, "self"))
+        *out = SPECD__DRAFTER_KIND__DRAFTER_KIND_SELF;
+    else if (!strcmp(arg, "eagle"))
+        *out = SPECD__DRAFTER_KIND__DRAFTER_KIND_EAGLE;
+    else {
+        fprintf(stderr, "specd-client: --drafter takes ngram, model, self or eagle, got '%s'\n", arg);
+        return false;
+    }
+    return true;
+}
+
 /* 0 ok, 2 usage error, -1 help printed */
 static int parse_args(int argc, char **argv, options *o) {
-    static const struct option longs[] = {{"coordinator", required_argument, NULL, OPT_COORD},
+    static const struct option longs[] = {SD_CLIENT_LINK_LONG_OPTIONS,
                                           {"prompt", required_argument, NULL, 'p'},
                                           {"temp", required_argument, NULL, OPT_TEMP},
                                           {"top-p", required_argument, NULL, OPT_TOP_P},
@@ -446,17 +460,12 @@ static int parse_args(int argc, char **argv, options *o) {
                                           {"concurrency", required_argument, NULL, OPT_CONC},
                                           {"stats", no_argument, NULL, OPT_STATS},
                                           {"wait-ready", required_argument, NULL, OPT_WAIT_READY},
-                                          {"curve-secret", required_argument, NULL, OPT_CSECRET},
-                                          {"curve-server", required_argument, NULL, OPT_CSERVER},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
     int ch;
     double v;
     while ((ch = getopt_long(argc, argv, "p:n:vh", longs, NULL)) != -1) {
         switch (ch) {
-        case OPT_COORD: o->coordinator = optarg; break;
-        case OPT_CSECRET: o->curve_secret = optarg; break;
-        case OPT_CSERVER: o->curve_server = optarg; break;
         case 'p': o->prompt = optarg; break;
         case 'n':
             if (!parse_num("-n", optarg, 1, 1e9, &v)) return 2;
@@ -493,18 +502,7 @@ static int parse_args(int argc, char **argv, options *o) {
             o->req.max_k = (int32_t)v;
             break;
         case OPT_DRAFTER:
-            if (!strcmp(optarg, "ngram"))
-                o->req.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM;
-            else if (!strcmp(optarg, "model"))
-                o->req.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_MODEL;
-            else if (!strcmp(optarg, "self"))
-                o->req.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_SELF;
-            else if (!strcmp(optarg, "eagle"))
-                o->req.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_EAGLE;
-            else {
-                fprintf(stderr, "specd-client: --drafter takes ngram, model, self or eagle, got '%s'\n", optarg);
-                return 2;
-            }
+            if (!parse_drafter(optarg, &o->req.drafter_kind)) return 2;
             break;
         case OPT_IGNORE_EOS: o->req.ignore_eos = true; break;
         case OPT_JSON: o->json = true; break;
@@ -532,7 +530,10 @@ static int parse_args(int argc, char **argv, options *o) {
             break;
         case 'v': o->verbose = true; break;
         case 'h': usage(stdout); return -1;
-        default: usage(stderr); return 2;
+        default:
+            if (sd_client_link_opts_apply(&o->link, ch, optarg)) break;
+            usage(stderr);
+            return 2;
         }
     }
     if (optind < argc) {
@@ -554,13 +555,13 @@ static int parse_args(int argc, char **argv, options *o) {
 int main(int argc, char **argv) {
     options o;
     memset(&o, 0, sizeof o);
-    o.coordinator = SD_CLIENT_DEFAULT_ADDR;
+    o.link.coordinator = SD_CLIENT_DEFAULT_ADDR;
     o.req = sd_client_default_request();
     o.timeout_s = 10;
     o.concurrency = 64;
     static char found[600];
-    const char *const fallback = o.coordinator;
-    if (sd_client_discover(getenv("XDG_RUNTIME_DIR"), found, sizeof found)) o.coordinator = found;
+    const char *const fallback = o.link.coordinator;
+    if (sd_client_discover(getenv("XDG_RUNTIME_DIR"), found, sizeof found)) o.link.coordinator = found;
     int rc = parse_args(argc, argv, &o); /* --coordinator wins */
     if (rc != 0) {
         free(o.con_text);
@@ -575,33 +576,27 @@ int main(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
 
     sd_client_params p = sd_client_default_params();
-    p.coordinator = o.coordinator;
+    p.coordinator = o.link.coordinator;
     p.connect_timeout_ms = (int)(o.timeout_s * 1000);
-    if (!o.curve_secret) o.curve_secret = getenv("SPECD_CURVE_SECRET");
-    if (!o.curve_server) o.curve_server = getenv("SPECD_CURVE_SERVER");
     sd_curve_id curve;
-    if (!o.curve_secret != !o.curve_server) {
-        fprintf(stderr, "specd-client: --curve-secret and --curve-server go together\n");
+    if (!sd_client_link_opts_keys(&o.link, "specd-client", getenv("SPECD_CURVE_SECRET"),
+                                  getenv("SPECD_CURVE_SERVER"))) {
         free(o.con_text);
         return 2;
     }
-    if (sd_curve_id_load(o.curve_secret, o.curve_server, &curve) != SD_OK) {
+    if (sd_curve_id_load(o.link.curve_secret, o.link.curve_server, &curve) != SD_OK) {
         free(o.con_text);
         return 2;
     }
-    if (curve.on) {
-        p.curve_server_public = curve.server;
-        p.curve_public = curve.public_key;
-        p.curve_secret = curve.secret;
-    }
+    sd_client_params_set_curve(&p, &curve);
     sd_client *c = NULL;
     if (sd_client_connect(&p, &c) != SD_OK) {
-        fprintf(stderr, "specd-client: cannot connect to %s\n", o.coordinator);
+        fprintf(stderr, "specd-client: cannot connect to %s\n", o.link.coordinator);
         free(o.con_text);
         return 1;
     }
     rc = 0;
-    if (o.wait_ready_s > 0) rc = wait_ready(&c, &p, &o, o.coordinator == fallback);
+    if (o.wait_ready_s > 0) rc = wait_ready(&c, &p, &o, o.link.coordinator == fallback);
     if (rc == 0 && o.stats)
         rc = run_stats(c, &o);
     else if (rc == 0 && o.prompt)

@@ -5,13 +5,14 @@
 #define SPECD_CLIENT_CLI_H
 
 #include "specd/client.h"
+#include "specd/client_opts.h"
 
 #include <cjson/cJSON.h>
 #include <signal.h>
 
 typedef struct options {
-    const char *coordinator, *prompt, *system, *jobs, *out;
-    const char *curve_secret, *curve_server; /* key files (specd-keygen) */
+    sd_client_link_opts link; /* --coordinator, and the key files (specd-keygen) */
+    const char *prompt, *system, *jobs, *out;
     const char *stop[SD_MAX_STOP_STRINGS];
     size_t n_stop;
     sd_client_request req;

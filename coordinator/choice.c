@@ -283,7 +283,7 @@ static void shadow_ngram(sd_coord *c, sd_session *s, int32_t k, const int32_t *c
     if (slot < 0 || n_commit < 1 || s->n_tokens < 1) return;
     int32_t prop[SD_MAX_K], nd = 0;
     sd_spec_q q[SD_MAX_K];
-    /* s->sampling was checked once, by sd_net_decode_client */
+    /* s->sampling was converted and checked once, by sd_net_read_client */
     if (sd_drafter_propose_given(c->shadow, slot, s->tokens, s->n_tokens, sd_imin(k, SD_MAX_K), &s->sampling, prop, q,
                                  &nd) != SD_OK)
         return;

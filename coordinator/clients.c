@@ -1,6 +1,6 @@
 /* clients.c — the client link: Submit, Cancel, Stats, liveness.
  *
- * Every message is decoded and validated by sd_net_decode_client against the
+ * Every message is decoded and validated by sd_net_read_client against the
  * target's limits; what the decoder cannot know (the queue, the context, the
  * tokenized length, stop-string limits) is checked here, and every refusal
  * is an Error naming the field, the limit and the value, sent to that client
@@ -123,8 +123,8 @@ refuse:
     sd_submit_job_free(&j);
 }
 
-static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const Specd__SubmitRequest *r,
-                      uint64_t now_us) {
+static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const sd_net_submit *sub, uint64_t now_us) {
+    const Specd__SubmitRequest *r = sub->req;
     char msg[512];
     Specd__Code code = SPECD__CODE__CODE_BAD_REQUEST;
     uint64_t tag = r->client_tag;
@@ -148,17 +148,17 @@ static void on_submit(sd_coord *c, const uint8_t *ident, size_t ident_len, const
         sd_outbox_client_error(c, ident, ident_len, SPECD__CODE__CODE_OVERLOADED, 0, tag, msg, now_us);
         return;
     }
-    /* sampling, max_tokens, max_k and the stop strings were checked by
-     * sd_net_decode_client against c->lim (the context), once */
-    sd_sampling samp = sd_net_sampling_of(r->sampling);
-    if (samp.rule == SD_RULE_DEFAULT) samp.rule = c->p.verify_rule; /* the service's rule */
+    /* sampling (converted there), max_tokens, max_k and the stop strings
+     * were checked by sd_net_read_client against c->lim (the context), once */
+    sd_net_submit taken = *sub;
+    if (taken.sampling.rule == SD_RULE_DEFAULT) taken.sampling.rule = c->p.verify_rule; /* the service's rule */
     sd_coord_client *cl = sd_coord_client_find(c, ident, ident_len, true);
     if (!cl) {
         sd_outbox_client_error(c, ident, ident_len, SPECD__CODE__CODE_OVERLOADED, 0, tag, "too many clients connected",
                                now_us);
         return;
     }
-    sd_submit_job *j = sd_submit_job_new(r, ident, ident_len, &samp, now_us);
+    sd_submit_job *j = sd_submit_job_new(&taken, ident, ident_len, now_us);
     if (!j) {
         code = SPECD__CODE__CODE_INTERNAL;
         snprintf(msg, sizeof msg, "out of memory queueing the request");
@@ -286,8 +286,8 @@ void sd_clients_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, 
     char err[512];
     sd_coord_client *cl = sd_coord_client_find(c, ident, ident_len, false);
     if (cl) cl->last_recv_us = now_us;
-    Specd__ClientToCoordinator *env = sd_net_decode_client(body, len, &c->lim, &code, err, sizeof err);
-    if (!env) {
+    sd_net_client_msg *msg = sd_net_read_client(body, len, &c->lim, &code, err, sizeof err);
+    if (!msg) {
         /* Echo the submit's client_tag when the bytes at least unpack, so the
          * client can match the error to its request. */
         uint64_t tag = 0;
@@ -302,6 +302,7 @@ void sd_clients_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, 
         sd_outbox_client_error(c, ident, ident_len, code, 0, tag, err, now_us);
         return;
     }
+    const Specd__ClientToCoordinator *env = msg->env;
     switch (env->body_case) {
     case SPECD__CLIENT_TO_COORDINATOR__BODY_HELLO:
         if (env->hello->protocol_version != SD_PROTOCOL_VERSION) {
@@ -312,7 +313,7 @@ void sd_clients_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, 
             send_heartbeat(c, ident, ident_len, now_us);
         }
         break;
-    case SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT: on_submit(c, ident, ident_len, env->submit, now_us); break;
+    case SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT: on_submit(c, ident, ident_len, &msg->submit, now_us); break;
     case SPECD__CLIENT_TO_COORDINATOR__BODY_CANCEL: on_cancel(c, ident, ident_len, env->cancel, now_us); break;
     case SPECD__CLIENT_TO_COORDINATOR__BODY_STATS: on_stats(c, ident, ident_len, env->stats, now_us); break;
     case SPECD__CLIENT_TO_COORDINATOR__BODY_HEARTBEAT: break;
@@ -321,7 +322,7 @@ void sd_clients_on_message(sd_coord *c, const uint8_t *ident, size_t ident_len, 
         sd_outbox_client_error(c, ident, ident_len, SPECD__CODE__CODE_MALFORMED, 0, 0, "no message body", now_us);
         break;
     }
-    specd__client_to_coordinator__free_unpacked(env, NULL);
+    sd_net_client_msg_free(&msg);
     sd_sched_pump(c, now_us);
 }
 

@@ -49,8 +49,9 @@ struct sd_local_drafter {
         size_t len;
     } q[LOCAL_QUEUE];
     int32_t q_head, q_len;
-    uint64_t worker_id; /* from the Welcome; 0 until registered */
-    uint64_t dropped;   /* replies lost to a full queue (never expected) */
+    uint64_t worker_id;     /* from the Welcome; 0 until registered */
+    uint64_t dropped;       /* replies lost to a full queue (never expected) */
+    sd_net_draft_step step; /* the step in hand: the scheduler's request, its sampling converted back */
 };
 
 bool sd_local_drafter_is_ident(const uint8_t *ident, size_t ident_len) {
@@ -93,7 +94,8 @@ static void reply_heartbeat(sd_local_drafter *ld) {
 
 static void reply_draft(sd_local_drafter *ld, const Specd__DraftRequest *req) {
     Specd__DraftResponse resp;
-    sd_status st = sd_draft_server_handle(ld->server, req, &resp);
+    sd_net_draft_step_of(req, &ld->step); /* the coordinator's own request: its sampling was checked at submit */
+    sd_status st = sd_draft_server_handle(ld->server, &ld->step, &resp);
     Specd__WorkerToCoordinator env = SPECD__WORKER_TO_COORDINATOR__INIT;
     Specd__Error e;
     if (st == SD_OK) {

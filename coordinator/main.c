@@ -100,123 +100,124 @@ static bool usage_rules_ok(const sd_coord_params *p) {
            sd_curve_bind_check(p->worker_addr, keyed, p->insecure, "--worker-addr") == SD_OK;
 }
 
-int main(int argc, char **argv) {
-    sd_coord_params p = sd_coord_default_params();
-    bool verbose = false;
-    enum {
-        O_MODEL = 256,
-        O_CADDR,
-        O_WADDR,
-        O_QUEUE,
-        O_ACTIVE,
-        O_MAXTOK,
-        O_KDEF,
-        O_KMAX,
-        O_ADAPT,
-        O_CHUNK,
-        O_DTO,
-        O_VTO,
-        O_CURVE,
-        O_STATS_NAMES,
-        O_CHAT,
-        O_CKEYS,
-        O_WKEYS,
-        O_INSECURE,
-        O_LOCAL_NGRAM,
-        O_NGRAM_CACHE,
-        O_VERIFY_RULE,
-        O_DRAIN
-    };
-    static const struct option opts[] = {{"model", required_argument, 0, O_MODEL},
-                                         {"client-addr", required_argument, 0, O_CADDR},
-                                         {"worker-addr", required_argument, 0, O_WADDR},
-                                         {"max-queue", required_argument, 0, O_QUEUE},
-                                         {"max-active", required_argument, 0, O_ACTIVE},
-                                         {"max-tokens-default", required_argument, 0, O_MAXTOK},
-                                         {"default-k", required_argument, 0, O_KDEF},
-                                         {"max-k", required_argument, 0, O_KMAX},
-                                         {"adaptive-k", required_argument, 0, O_ADAPT},
-                                         {"prefill-chunk", required_argument, 0, O_CHUNK},
-                                         {"draft-timeout-ms", required_argument, 0, O_DTO},
-                                         {"verify-timeout-ms", required_argument, 0, O_VTO},
-                                         {"curve-secret", required_argument, 0, O_CURVE},
-                                         {"stats-names", no_argument, 0, O_STATS_NAMES},
-                                         {"chat-template", required_argument, 0, O_CHAT},
-                                         {"client-keys", required_argument, 0, O_CKEYS},
-                                         {"worker-keys", required_argument, 0, O_WKEYS},
-                                         {"insecure", no_argument, 0, O_INSECURE},
-                                         {"local-ngram", no_argument, 0, O_LOCAL_NGRAM},
-                                         {"ngram-cache", required_argument, 0, O_NGRAM_CACHE},
-                                         {"verify-rule", required_argument, 0, O_VERIFY_RULE},
-                                         {"drain-timeout-ms", required_argument, 0, O_DRAIN},
-                                         {"verbose", no_argument, 0, 'v'},
-                                         {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
+enum {
+    O_MODEL = 256,
+    O_CADDR,
+    O_WADDR,
+    O_QUEUE,
+    O_ACTIVE,
+    O_MAXTOK,
+    O_KDEF,
+    O_KMAX,
+    O_ADAPT,
+    O_CHUNK,
+    O_DTO,
+    O_VTO,
+    O_CURVE,
+    O_STATS_NAMES,
+    O_CHAT,
+    O_CKEYS,
+    O_WKEYS,
+    O_INSECURE,
+    O_LOCAL_NGRAM,
+    O_NGRAM_CACHE,
+    O_VERIFY_RULE,
+    O_DRAIN
+};
+static const struct option coord_longs[] = {{"model", required_argument, 0, O_MODEL},
+                                            {"client-addr", required_argument, 0, O_CADDR},
+                                            {"worker-addr", required_argument, 0, O_WADDR},
+                                            {"max-queue", required_argument, 0, O_QUEUE},
+                                            {"max-active", required_argument, 0, O_ACTIVE},
+                                            {"max-tokens-default", required_argument, 0, O_MAXTOK},
+                                            {"default-k", required_argument, 0, O_KDEF},
+                                            {"max-k", required_argument, 0, O_KMAX},
+                                            {"adaptive-k", required_argument, 0, O_ADAPT},
+                                            {"prefill-chunk", required_argument, 0, O_CHUNK},
+                                            {"draft-timeout-ms", required_argument, 0, O_DTO},
+                                            {"verify-timeout-ms", required_argument, 0, O_VTO},
+                                            {"curve-secret", required_argument, 0, O_CURVE},
+                                            {"stats-names", no_argument, 0, O_STATS_NAMES},
+                                            {"chat-template", required_argument, 0, O_CHAT},
+                                            {"client-keys", required_argument, 0, O_CKEYS},
+                                            {"worker-keys", required_argument, 0, O_WKEYS},
+                                            {"insecure", no_argument, 0, O_INSECURE},
+                                            {"local-ngram", no_argument, 0, O_LOCAL_NGRAM},
+                                            {"ngram-cache", required_argument, 0, O_NGRAM_CACHE},
+                                            {"verify-rule", required_argument, 0, O_VERIFY_RULE},
+                                            {"drain-timeout-ms", required_argument, 0, O_DRAIN},
+                                            {"verbose", no_argument, 0, 'v'},
+                                            {"help", no_argument, 0, 'h'},
+                                            {0, 0, 0, 0}};
+
+/* The command line into *p and *verbose: -1 to go on, else the exit status
+ * (0 after --help, 2 for a bad option, said on stderr). */
+static int parse_args(int argc, char **argv, sd_coord_params *p, bool *verbose) {
     int o;
-    while ((o = getopt_long(argc, argv, "vh", opts, NULL)) != -1) {
+    while ((o = getopt_long(argc, argv, "vh", coord_longs, NULL)) != -1) {
         bool ok = true;
         const char *name = NULL;
         switch (o) {
-        case O_MODEL: p.model_path = optarg; break;
-        case O_CADDR: p.client_addr = optarg; break;
-        case O_WADDR: p.worker_addr = optarg; break;
+        case O_MODEL: p->model_path = optarg; break;
+        case O_CADDR: p->client_addr = optarg; break;
+        case O_WADDR: p->worker_addr = optarg; break;
         case O_QUEUE:
             name = "max-queue";
-            ok = sd_cli_parse_i32(optarg, 0, 1 << 20, &p.max_queue);
+            ok = sd_cli_parse_i32(optarg, 0, 1 << 20, &p->max_queue);
             break;
         case O_ACTIVE:
             name = "max-active";
-            ok = sd_cli_parse_i32(optarg, 1, 1 << 16, &p.max_active);
+            ok = sd_cli_parse_i32(optarg, 1, 1 << 16, &p->max_active);
             break;
         case O_MAXTOK:
             name = "max-tokens-default";
-            ok = sd_cli_parse_i32(optarg, 1, 1 << 24, &p.max_tokens_default);
+            ok = sd_cli_parse_i32(optarg, 1, 1 << 24, &p->max_tokens_default);
             break;
         case O_KDEF:
             name = "default-k";
-            ok = sd_cli_parse_i32(optarg, 0, SD_MAX_K, &p.default_k);
+            ok = sd_cli_parse_i32(optarg, 0, SD_MAX_K, &p->default_k);
             break;
         case O_KMAX:
             name = "max-k";
-            ok = sd_cli_parse_i32(optarg, 0, SD_MAX_K, &p.max_k);
+            ok = sd_cli_parse_i32(optarg, 0, SD_MAX_K, &p->max_k);
             break;
         case O_ADAPT:
             name = "adaptive-k";
             ok = strcmp(optarg, "on") == 0 || strcmp(optarg, "off") == 0;
-            p.adaptive_k = strcmp(optarg, "on") == 0;
+            p->adaptive_k = strcmp(optarg, "on") == 0;
             break;
         case O_CHUNK:
             name = "prefill-chunk";
-            ok = sd_cli_parse_i32(optarg, 1, 1 << 20, &p.prefill_chunk);
+            ok = sd_cli_parse_i32(optarg, 1, 1 << 20, &p->prefill_chunk);
             break;
         case O_DTO:
             name = "draft-timeout-ms";
-            ok = sd_cli_parse_i32(optarg, 1, 1 << 30, &p.draft_timeout_ms);
+            ok = sd_cli_parse_i32(optarg, 1, 1 << 30, &p->draft_timeout_ms);
             break;
         case O_VTO:
             name = "verify-timeout-ms";
-            ok = sd_cli_parse_i32(optarg, 1, 1 << 30, &p.verify_timeout_ms);
+            ok = sd_cli_parse_i32(optarg, 1, 1 << 30, &p->verify_timeout_ms);
             break;
         case O_DRAIN:
             name = "drain-timeout-ms";
-            ok = sd_cli_parse_i32(optarg, 0, 1 << 30, &p.drain_timeout_ms);
+            ok = sd_cli_parse_i32(optarg, 0, 1 << 30, &p->drain_timeout_ms);
             break;
-        case O_CURVE: p.curve_secret_file = optarg; break;
-        case O_STATS_NAMES: p.stats_names = true; break;
-        case O_CHAT: p.chat_template = optarg; break;
-        case O_CKEYS: p.client_keys_file = optarg; break;
-        case O_WKEYS: p.worker_keys_file = optarg; break;
-        case O_INSECURE: p.insecure = true; break;
-        case O_LOCAL_NGRAM: p.local_ngram = true; break;
+        case O_CURVE: p->curve_secret_file = optarg; break;
+        case O_STATS_NAMES: p->stats_names = true; break;
+        case O_CHAT: p->chat_template = optarg; break;
+        case O_CKEYS: p->client_keys_file = optarg; break;
+        case O_WKEYS: p->worker_keys_file = optarg; break;
+        case O_INSECURE: p->insecure = true; break;
+        case O_LOCAL_NGRAM: p->local_ngram = true; break;
         case O_VERIFY_RULE:
             name = "verify-rule";
-            ok = sd_cli_parse_verify_rule(optarg, &p.verify_rule);
+            ok = sd_cli_parse_verify_rule(optarg, &p->verify_rule);
             break;
         case O_NGRAM_CACHE:
             name = "ngram-cache";
-            ok = sd_cli_parse_i32(optarg, 0, 1 << 24, &p.local_ngram_cache);
+            ok = sd_cli_parse_i32(optarg, 0, 1 << 24, &p->local_ngram_cache);
             break;
-        case 'v': verbose = true; break;
+        case 'v': *verbose = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -225,11 +226,18 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (!p.model_path || optind < argc) {
+    if (!p->model_path || optind < argc) {
         usage(stderr);
         return 2;
     }
-    if (!usage_rules_ok(&p)) return 2;
+    return usage_rules_ok(p) ? -1 : 2;
+}
+
+int main(int argc, char **argv) {
+    sd_coord_params p = sd_coord_default_params();
+    bool verbose = false;
+    int rc = parse_args(argc, argv, &p, &verbose);
+    if (rc >= 0) return rc;
     sd_net_log_init("coordinator", 0, verbose);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);

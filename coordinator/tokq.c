@@ -31,8 +31,8 @@ static char *dup_text(const char *s) {
     return d;
 }
 
-sd_submit_job *sd_submit_job_new(const Specd__SubmitRequest *r, const uint8_t *ident, size_t ident_len,
-                                 const sd_sampling *sampling, uint64_t now_us) {
+sd_submit_job *sd_submit_job_new(const sd_net_submit *sub, const uint8_t *ident, size_t ident_len, uint64_t now_us) {
+    const Specd__SubmitRequest *r = sub->req;
     sd_submit_job *j = calloc(1, sizeof *j);
     if (!j) return NULL;
     if (ident_len > sizeof j->ident) ident_len = sizeof j->ident;
@@ -40,7 +40,7 @@ sd_submit_job *sd_submit_job_new(const Specd__SubmitRequest *r, const uint8_t *i
     j->ident_len = ident_len;
     j->client_tag = r->client_tag;
     j->t_submit_us = now_us;
-    j->sampling = *sampling;
+    j->sampling = sub->sampling;
     j->max_tokens = r->max_tokens;
     j->ignore_eos = r->ignore_eos;
     j->max_k = r->max_k;
@@ -69,7 +69,7 @@ sd_submit_job *sd_submit_job_new(const Specd__SubmitRequest *r, const uint8_t *i
         ok = j->prompt && j->system;
         if (ok) j->text_bytes = strlen(j->prompt) + strlen(j->system);
     }
-    if (ok && r->n_messages > 0) { /* roles were checked by sd_net_decode_client */
+    if (ok && r->n_messages > 0) { /* roles were checked by sd_net_read_client */
         static const char *const ROLES[] = {[SPECD__CHAT_ROLE__CHAT_ROLE_SYSTEM] = "system",
                                             [SPECD__CHAT_ROLE__CHAT_ROLE_USER] = "user",
                                             [SPECD__CHAT_ROLE__CHAT_ROLE_ASSISTANT] = "assistant"};

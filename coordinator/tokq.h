@@ -61,10 +61,10 @@ typedef struct sd_submit_job {
     struct sd_submit_job *next;
 } sd_submit_job;
 
-/* Copies what admission needs out of r; NULL when out of memory. Caller
- * frees with sd_submit_job_free. */
-sd_submit_job *sd_submit_job_new(const Specd__SubmitRequest *r, const uint8_t *ident, size_t ident_len,
-                                 const sd_sampling *sampling, uint64_t now_us);
+/* Copies what admission needs out of the validated submit (its request
+ * borrowed for the call); NULL when out of memory. Caller frees with
+ * sd_submit_job_free. */
+sd_submit_job *sd_submit_job_new(const sd_net_submit *sub, const uint8_t *ident, size_t ident_len, uint64_t now_us);
 void sd_submit_job_free(sd_submit_job **j);
 
 /* Tokenizes j's prompt (a conversation in the chat template with

@@ -223,8 +223,9 @@ static bool unembeddable(const sd_draft_server *s, const int32_t *tokens, int64_
     return false;
 }
 
-sd_status sd_draft_server_handle(sd_draft_server *s, const Specd__DraftRequest *req, Specd__DraftResponse *resp) {
-    if (!s || !req || !resp) return SD_ERR_INVALID_ARG;
+sd_status sd_draft_server_handle(sd_draft_server *s, const sd_net_draft_step *step, Specd__DraftResponse *resp) {
+    if (!s || !step || !step->req || !resp) return SD_ERR_INVALID_ARG;
+    const Specd__DraftRequest *req = step->req;
     int32_t pair_to = atomic_load(&s->pair_to);
     if (pair_to > 0 && pair_to != s->paired) {
         SD_TRY(sd_drafter_pair_vocab(s->drafter, pair_to));
@@ -250,7 +251,6 @@ sd_status sd_draft_server_handle(sd_draft_server *s, const Specd__DraftRequest *
             SD_WARN("drafter: request %llu: appears twice in the batch", (unsigned long long)sq->request_id);
             continue;
         }
-        const sd_sampling sampling = sd_net_sampling_of(sq->sampling); /* checked by sd_net_decode_to_worker */
         int64_t len = (int64_t)sq->keep_len + (int64_t)sq->n_append;
         int32_t slot;
         bool taken;
@@ -283,7 +283,7 @@ sd_status sd_draft_server_handle(sd_draft_server *s, const Specd__DraftRequest *
             .n_append = n_new + dc->n_forced,
             .append = held + keep,
             .k = k - dc->n_forced,
-            .sampling = sampling,
+            .sampling = step->sampling[i], /* converted and checked where the step came in */
             .constraint = dc->con,
         };
         s->dindex[n_batch++] = (int32_t)i;

@@ -49,7 +49,7 @@ void sd_draft_server_pair_vocab(sd_draft_server *s, int32_t target_n_vocab);
  * left: CODE_KV_FULL. Fills *resp (initialized) with memory owned by s,
  * valid until the next call. Errors only for a batch over max_batch or a
  * drafter failure. */
-sd_status sd_draft_server_handle(sd_draft_server *s, const Specd__DraftRequest *req, Specd__DraftResponse *resp);
+sd_status sd_draft_server_handle(sd_draft_server *s, const sd_net_draft_step *step, Specd__DraftResponse *resp);
 
 /* Runs draft batches of synthetic sequences before serving, for the same
  * reason as the verifier's warm-up (verify_serve.h): a model drafter on a

@@ -232,9 +232,9 @@ typedef struct drafter_ctx {
     Specd__DraftResponse resp;
 } drafter_ctx;
 
-static sd_status on_request(void *user, const Specd__CoordinatorToWorker *req, Specd__WorkerToCoordinator *reply) {
+static sd_status on_request(void *user, const sd_net_worker_msg *req, Specd__WorkerToCoordinator *reply) {
     drafter_ctx *ctx = user;
-    SD_TRY(sd_draft_server_handle(ctx->server, req->draft, &ctx->resp));
+    SD_TRY(sd_draft_server_handle(ctx->server, &req->draft, &ctx->resp));
     reply->body_case = SPECD__WORKER_TO_COORDINATOR__BODY_DRAFT;
     reply->draft = &ctx->resp;
     return SD_OK;

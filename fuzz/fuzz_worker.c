@@ -7,7 +7,7 @@
  * a small set so that sequences meet again, any keep_len, appended tokens,
  * drafts with one-hot or two-point q, greedy or sampled, prefill-only), or
  * releases ids, or resets. A request goes the way the worker loop takes it:
- * packed, decoded and validated by sd_net_decode_to_worker against the
+ * packed, decoded and validated by sd_net_read_to_worker against the
  * worker's limits (refused ones stop there), then handled. Small pools
  * (4 sequence slots, 8 KV blocks of 16 tokens) bring KV_FULL into play.
  *
@@ -181,14 +181,14 @@ static size_t fill_append(reader *r, seq_buf *b, bool wild) {
 }
 
 /* Packs env, decodes it as the worker loop does; NULL when refused. */
-static Specd__CoordinatorToWorker *through_decoder(const Specd__CoordinatorToWorker *env, const sd_net_limits *lim) {
+static sd_net_worker_msg *through_decoder(const Specd__CoordinatorToWorker *env, const sd_net_limits *lim) {
     size_t n = protobuf_c_message_get_packed_size(&env->base);
     uint8_t *bytes = malloc(n ? n : 1);
     if (!bytes) abort();
     protobuf_c_message_pack(&env->base, bytes);
     Specd__Code code;
     char err[256];
-    Specd__CoordinatorToWorker *out = sd_net_decode_to_worker(bytes, n, lim, &code, err, sizeof err);
+    sd_net_worker_msg *out = sd_net_read_to_worker(bytes, n, lim, &code, err, sizeof err);
     free(bytes);
     if (!out && (!err[0] || code == SPECD__CODE__CODE_OK)) VIOLATION("a refusal without a reason or a code");
     return out;
@@ -257,19 +257,19 @@ static void run_verify(sd_verifier *v, worker_state *ws, const Specd__VerifyRequ
     env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY;
     env.verify = (Specd__VerifyRequest *)vq;
     sd_net_limits lim = sd_verifier_limits(v);
-    Specd__CoordinatorToWorker *in = through_decoder(&env, &lim);
+    sd_net_worker_msg *in = through_decoder(&env, &lim);
     if (!in) {
         g_count.refused++;
         return;
     }
     g_count.verify_steps++;
-    const Specd__VerifyRequest *q = in->verify;
+    const Specd__VerifyRequest *q = in->verify.req;
     /* What must be a miss is decided on the state before the batch; an id
      * twice in one batch is refused by the decoder. */
     bool miss[MAX_BATCH + 1];
     for (size_t i = 0; i < q->n_seqs; i++) miss[i] = must_miss(ws->held[q->seqs[i]->request_id], q->seqs[i]->keep_len);
     Specd__VerifyResponse resp = SPECD__VERIFY_RESPONSE__INIT;
-    sd_status st = sd_verifier_handle(v, q, &resp);
+    sd_status st = sd_verifier_handle(v, &in->verify, &resp);
     if (st != SD_OK) VIOLATION("sd_verifier_handle: %s on a request the decoder accepted", sd_status_str(st));
     if (resp.n_results != q->n_seqs) VIOLATION("%zu results for %zu sequences", resp.n_results, q->n_seqs);
     for (size_t i = 0; i < q->n_seqs; i++) {
@@ -356,7 +356,7 @@ static void run_verify(sd_verifier *v, worker_state *ws, const Specd__VerifyRequ
     out.body_case = SPECD__WORKER_TO_COORDINATOR__BODY_VERIFY;
     out.verify = &resp;
     check_answer_decodes(&out, &lim);
-    specd__coordinator_to_worker__free_unpacked(in, NULL);
+    sd_net_worker_msg_free(&in);
 }
 
 /* Verifies again a stretch that greedy steps committed: keep_len r, the
@@ -451,17 +451,17 @@ static void draft_op(sd_draft_server *ds, worker_state *ws, reader *r) {
     env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT;
     env.draft = &dq;
     sd_net_limits lim = sd_draft_server_limits(ds);
-    Specd__CoordinatorToWorker *in = through_decoder(&env, &lim);
+    sd_net_worker_msg *in = through_decoder(&env, &lim);
     if (!in) {
         g_count.refused++;
         return;
     }
     g_count.draft_steps++;
-    const Specd__DraftRequest *q = in->draft;
+    const Specd__DraftRequest *q = in->draft.req;
     bool miss[MAX_BATCH + 1];
     for (size_t i = 0; i < q->n_seqs; i++) miss[i] = must_miss(ws->held[q->seqs[i]->request_id], q->seqs[i]->keep_len);
     Specd__DraftResponse resp = SPECD__DRAFT_RESPONSE__INIT;
-    sd_status st = sd_draft_server_handle(ds, q, &resp);
+    sd_status st = sd_draft_server_handle(ds, &in->draft, &resp);
     if (st != SD_OK) VIOLATION("sd_draft_server_handle: %s on a request the decoder accepted", sd_status_str(st));
     if (resp.n_results != q->n_seqs) VIOLATION("%zu results for %zu sequences", resp.n_results, q->n_seqs);
     for (size_t i = 0; i < q->n_seqs; i++) {
@@ -493,7 +493,7 @@ static void draft_op(sd_draft_server *ds, worker_state *ws, reader *r) {
     out.body_case = SPECD__WORKER_TO_COORDINATOR__BODY_DRAFT;
     out.draft = &resp;
     check_answer_decodes(&out, &lim);
-    specd__coordinator_to_worker__free_unpacked(in, NULL);
+    sd_net_worker_msg_free(&in);
 }
 
 /* ---------------------------------------------------------------- setup */

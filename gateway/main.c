@@ -13,6 +13,7 @@
  * connection thread ends; their streams cancel what is unfinished), then
  * the janitor, then the client connection. */
 #include "gateway_impl.h"
+#include "specd/client_opts.h"
 #include "specd/curve.h"
 
 #include <errno.h>
@@ -71,15 +72,12 @@ static bool parse_uint(const char *s, unsigned long lo, unsigned long hi, unsign
 
 enum {
     OPT_LISTEN = 256,
-    OPT_COORD,
     OPT_KEY,
     OPT_MODEL,
     OPT_BODY,
     OPT_CONNS,
     OPT_INFLIGHT,
     OPT_TIMEOUT,
-    OPT_CSECRET,
-    OPT_CSERVER,
     OPT_INSECURE,
     OPT_TLS_CERT,
     OPT_TLS_KEY,
@@ -142,25 +140,23 @@ static int check_listen(gw_server *srv, const char *tls_files[2]) {
 }
 
 /* -1: go on; otherwise the exit status. */
-/* curve_files: [0] the gateway's secret key file, [1] the coordinator's public key file. */
-static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose, const char *curve_files[2]) {
+/* link: the coordinator's address and the key files (client_opts.h). */
+static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose, sd_client_link_opts *link) {
     const char *tls_files[2] = {NULL, NULL};
     static const struct option longs[] = {{"listen", required_argument, 0, OPT_LISTEN},
-                                          {"coordinator", required_argument, 0, OPT_COORD},
                                           {"api-key", required_argument, 0, OPT_KEY},
                                           {"model-name", required_argument, 0, OPT_MODEL},
                                           {"max-body", required_argument, 0, OPT_BODY},
                                           {"max-connections", required_argument, 0, OPT_CONNS},
                                           {"max-inflight", required_argument, 0, OPT_INFLIGHT},
                                           {"timeout", required_argument, 0, OPT_TIMEOUT},
-                                          {"curve-secret", required_argument, 0, OPT_CSECRET},
-                                          {"curve-server", required_argument, 0, OPT_CSERVER},
                                           {"insecure", no_argument, 0, OPT_INSECURE},
                                           {"tls-cert", required_argument, 0, OPT_TLS_CERT},
                                           {"tls-key", required_argument, 0, OPT_TLS_KEY},
                                           {"drain-timeout", required_argument, 0, OPT_DRAIN},
                                           {"verbose", no_argument, 0, 'v'},
                                           {"help", no_argument, 0, 'h'},
+                                          SD_CLIENT_LINK_LONG_OPTIONS,
                                           {0, 0, 0, 0}};
     int c;
     unsigned long v;
@@ -173,9 +169,6 @@ static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose, cons
             }
             snprintf(srv->listen, sizeof srv->listen, "%s", optarg);
             break;
-        case OPT_COORD: srv->coordinator = optarg; break;
-        case OPT_CSECRET: curve_files[0] = optarg; break;
-        case OPT_CSERVER: curve_files[1] = optarg; break;
         case OPT_KEY: srv->api_key = optarg; break;
         case OPT_INSECURE: srv->insecure = true; break;
         case OPT_TLS_CERT: tls_files[0] = optarg; break;
@@ -222,7 +215,10 @@ static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose, cons
             break;
         case 'v': *verbose = true; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default:
+            if (sd_client_link_opts_apply(link, c, optarg)) break;
+            usage(stderr);
+            return 2;
         }
     }
     if (optind < argc) {
@@ -234,12 +230,9 @@ static int parse_args(int argc, char **argv, gw_server *srv, bool *verbose, cons
         if (env && env[0]) srv->api_key = env;
     }
     if (srv->api_key && !srv->api_key[0]) srv->api_key = NULL;
-    if (!curve_files[0]) curve_files[0] = getenv("SPECD_CURVE_SECRET");
-    if (!curve_files[1]) curve_files[1] = getenv("SPECD_CURVE_SERVER");
-    if (!curve_files[0] != !curve_files[1]) {
-        fprintf(stderr, "specd-gateway: --curve-secret and --curve-server go together\n");
+    srv->coordinator = link->coordinator;
+    if (!sd_client_link_opts_keys(link, "specd-gateway", getenv("SPECD_CURVE_SECRET"), getenv("SPECD_CURVE_SERVER")))
         return 2;
-    }
     return check_listen(srv, tls_files);
 }
 
@@ -290,8 +283,8 @@ int main(int argc, char **argv) {
     srv->timeout_s = GW_DEFAULT_TIMEOUT_S;
     srv->drain_timeout_s = GW_DEFAULT_DRAIN_S;
     bool verbose = false;
-    const char *curve_files[2] = {NULL, NULL};
-    int rc = parse_args(argc, argv, srv, &verbose, curve_files);
+    sd_client_link_opts link = {.coordinator = srv->coordinator};
+    int rc = parse_args(argc, argv, srv, &verbose, &link);
     if (rc >= 0) {
         free(srv->tls_cert);
         free(srv->tls_key);
@@ -300,7 +293,7 @@ int main(int argc, char **argv) {
     }
     sd_net_log_init("gateway", 0, verbose);
     sd_curve_id curve;
-    if (sd_curve_id_load(curve_files[0], curve_files[1], &curve) != SD_OK) {
+    if (sd_curve_id_load(link.curve_secret, link.curve_server, &curve) != SD_OK) {
         free(srv->tls_cert);
         free(srv->tls_key);
         free(srv);
@@ -323,11 +316,7 @@ int main(int argc, char **argv) {
     cp.coordinator = srv->coordinator;
     cp.name = "specd-gateway";
     cp.connect_timeout_ms = 5000;
-    if (curve.on) {
-        cp.curve_server_public = curve.server;
-        cp.curve_public = curve.public_key;
-        cp.curve_secret = curve.secret;
-    }
+    sd_client_params_set_curve(&cp, &curve);
     if (sd_client_connect(&cp, &srv->client) != SD_OK) {
         SD_ERROR("cannot set up the connection to the coordinator %s", srv->coordinator);
         goto out;

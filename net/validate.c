@@ -55,7 +55,7 @@ static bool check_messages(vctx *v, const Specd__SubmitRequest *s) {
     return true;
 }
 
-static bool check_submit(vctx *v, const Specd__SubmitRequest *s) {
+static bool check_submit(vctx *v, const Specd__SubmitRequest *s, sd_sampling *sampling) {
     char path[96];
     if (s->n_messages > 0) {
         if (!check_messages(v, s)) return false;
@@ -84,7 +84,7 @@ static bool check_submit(vctx *v, const Specd__SubmitRequest *s) {
     if (v->max_context < INT32_MAX && s->max_tokens > (uint32_t)v->max_context)
         return sd_nv_fail(v, SPECD__CODE__CODE_TOO_LARGE, "submit.max_tokens: %u over the context of %d", s->max_tokens,
                           v->max_context);
-    if (!sd_nv_check_sampling(v, "submit.sampling", s->sampling)) return false;
+    if (!sd_nv_check_sampling(v, "submit.sampling", s->sampling, sampling)) return false;
     if (!sd_nv_check_logprob_request(v, "submit", s->logprobs || s->prompt_logprobs, s->top_logprobs)) return false;
     if (s->prompt_only && s->max_tokens != 0)
         return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST, "submit.prompt_only: with max_tokens %u (must be 0)",
@@ -108,17 +108,21 @@ static bool check_submit(vctx *v, const Specd__SubmitRequest *s) {
     return sd_nv_check_submit_constraint(v, s);
 }
 
-Specd__ClientToCoordinator *sd_net_decode_client(const uint8_t *data, size_t len, const sd_net_limits *lim,
-                                                 Specd__Code *code, char *err, size_t err_len) {
+/* Decodes a ClientToCoordinator into m (env and, for a submit, its sampling). */
+static bool decode_client(const uint8_t *data, size_t len, const sd_net_limits *lim, sd_net_client_msg *m,
+                          Specd__Code *code, char *err, size_t err_len) {
     vctx v = sd_nv_make_ctx(lim, code, err, err_len);
     Specd__ClientToCoordinator *env =
         (Specd__ClientToCoordinator *)sd_nv_unpack_env(&v, &specd__client_to_coordinator__descriptor, data, len);
-    if (!env) return NULL;
+    if (!env) return false;
     bool ok = sd_nv_no_unknown_fields(&v, &env->base);
     if (ok) {
         switch (env->body_case) {
         case SPECD__CLIENT_TO_COORDINATOR__BODY_HELLO: ok = sd_nv_check_hello(&v, "hello", env->hello, false); break;
-        case SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT: ok = check_submit(&v, env->submit); break;
+        case SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT:
+            m->submit.req = env->submit;
+            ok = check_submit(&v, env->submit, &m->submit.sampling);
+            break;
         case SPECD__CLIENT_TO_COORDINATOR__BODY_CANCEL:
         case SPECD__CLIENT_TO_COORDINATOR__BODY_STATS:
         case SPECD__CLIENT_TO_COORDINATOR__BODY_HEARTBEAT: break;
@@ -127,9 +131,43 @@ Specd__ClientToCoordinator *sd_net_decode_client(const uint8_t *data, size_t len
     }
     if (!ok) {
         specd__client_to_coordinator__free_unpacked(env, NULL);
-        return NULL;
+        return false;
     }
-    return env;
+    m->env = env;
+    return true;
+}
+
+/* A zeroed validated message of size bytes, or NULL with CODE_INTERNAL. */
+static void *new_msg(size_t size, const char *what, Specd__Code *code, char *err, size_t err_len) {
+    void *m = calloc(1, size);
+    if (!m) {
+        vctx v = sd_nv_make_ctx(NULL, code, err, err_len);
+        sd_nv_fail(&v, SPECD__CODE__CODE_INTERNAL, "%s: out of memory", what);
+    }
+    return m;
+}
+
+sd_net_client_msg *sd_net_read_client(const uint8_t *data, size_t len, const sd_net_limits *lim, Specd__Code *code,
+                                      char *err, size_t err_len) {
+    sd_net_client_msg *m = new_msg(sizeof *m, "ClientToCoordinator", code, err, err_len);
+    if (m && !decode_client(data, len, lim, m, code, err, err_len)) {
+        free(m);
+        m = NULL;
+    }
+    return m;
+}
+
+void sd_net_client_msg_free(sd_net_client_msg **mp) {
+    if (!mp || !*mp) return;
+    specd__client_to_coordinator__free_unpacked((*mp)->env, NULL);
+    free(*mp);
+    *mp = NULL;
+}
+
+Specd__ClientToCoordinator *sd_net_decode_client(const uint8_t *data, size_t len, const sd_net_limits *lim,
+                                                 Specd__Code *code, char *err, size_t err_len) {
+    sd_net_client_msg m = {0};
+    return decode_client(data, len, lim, &m, code, err, err_len) ? m.env : NULL;
 }
 
 /* The per-position counters: one entry per draft position at most, the
@@ -338,7 +376,8 @@ static bool check_context(vctx *v, const char *path, uint64_t keep_len, uint64_t
     return true;
 }
 
-static bool check_draft_request(vctx *v, const Specd__DraftRequest *r) {
+/* sampling[i]: seqs[i]'s sampling, converted (SD_MAX_BATCH entries). */
+static bool check_draft_request(vctx *v, const Specd__DraftRequest *r, sd_sampling *sampling) {
     char path[96];
     if (!sd_nv_check_batch_size(v, "draft.seqs", r->n_seqs)) return false;
     uint64_t ids[SD_MAX_BATCH];
@@ -360,13 +399,13 @@ static bool check_draft_request(vctx *v, const Specd__DraftRequest *r) {
         snprintf(path, sizeof path, "draft.seqs[%zu]", i);
         if (!check_context(v, path, s->keep_len, (uint64_t)s->keep_len + s->n_append)) return false;
         snprintf(path, sizeof path, "draft.seqs[%zu].sampling", i);
-        if (!sd_nv_check_sampling(v, path, s->sampling)) return false;
+        if (!sd_nv_check_sampling(v, path, s->sampling, &sampling[i])) return false;
         if (!sd_nv_check_draft_constraint(v, i, s)) return false;
     }
     return sd_nv_check_distinct_ids(v, "draft.seqs", ids, r->n_seqs);
 }
 
-static bool check_verify_request(vctx *v, const Specd__VerifyRequest *r) {
+static bool check_verify_request(vctx *v, const Specd__VerifyRequest *r, sd_sampling *sampling) {
     char path[96];
     if (!sd_nv_check_batch_size(v, "verify.seqs", r->n_seqs)) return false;
     uint64_t ids[SD_MAX_BATCH];
@@ -403,7 +442,7 @@ static bool check_verify_request(vctx *v, const Specd__VerifyRequest *r) {
         snprintf(path, sizeof path, "verify.seqs[%zu]", i);
         if (!check_context(v, path, s->keep_len, (uint64_t)s->keep_len + s->n_append + s->n_draft)) return false;
         snprintf(path, sizeof path, "verify.seqs[%zu].sampling", i);
-        if (!sd_nv_check_sampling(v, path, s->sampling)) return false;
+        if (!sd_nv_check_sampling(v, path, s->sampling, &sampling[i])) return false;
         snprintf(path, sizeof path, "verify.seqs[%zu]", i);
         if (!sd_nv_check_logprob_request(v, path, s->logprobs || s->prompt_logprobs, s->top_logprobs)) return false;
         if (s->prompt_logprobs && (!r->prefill_only || s->n_append > SD_MAX_PROMPT_LP_ROWS))
@@ -433,12 +472,14 @@ static bool check_welcome(vctx *v, const Specd__Welcome *w) {
     return true;
 }
 
-Specd__CoordinatorToWorker *sd_net_decode_to_worker(const uint8_t *data, size_t len, const sd_net_limits *lim,
-                                                    Specd__Code *code, char *err, size_t err_len) {
+/* Decodes a CoordinatorToWorker into m (env and, for a step, each
+ * sequence's sampling). */
+static bool decode_to_worker(const uint8_t *data, size_t len, const sd_net_limits *lim, sd_net_worker_msg *m,
+                             Specd__Code *code, char *err, size_t err_len) {
     vctx v = sd_nv_make_ctx(lim, code, err, err_len);
     Specd__CoordinatorToWorker *env =
         (Specd__CoordinatorToWorker *)sd_nv_unpack_env(&v, &specd__coordinator_to_worker__descriptor, data, len);
-    if (!env) return NULL;
+    if (!env) return false;
     bool ok = sd_nv_no_unknown_fields(&v, &env->base);
     if (ok) {
         switch (env->body_case) {
@@ -446,15 +487,48 @@ Specd__CoordinatorToWorker *sd_net_decode_to_worker(const uint8_t *data, size_t 
         case SPECD__COORDINATOR_TO_WORKER__BODY_HEARTBEAT:
         case SPECD__COORDINATOR_TO_WORKER__BODY_RELEASE: break;
         case SPECD__COORDINATOR_TO_WORKER__BODY_ERROR: ok = sd_nv_check_error(&v, "error", env->error); break;
-        case SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT: ok = check_draft_request(&v, env->draft); break;
-        case SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY: ok = check_verify_request(&v, env->verify); break;
+        case SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT:
+            m->draft.req = env->draft;
+            ok = check_draft_request(&v, env->draft, m->draft.sampling);
+            break;
+        case SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY:
+            m->verify.req = env->verify;
+            ok = check_verify_request(&v, env->verify, m->verify.sampling);
+            break;
         default: ok = sd_nv_fail(&v, SPECD__CODE__CODE_MALFORMED, "CoordinatorToWorker: empty envelope"); break;
         }
     }
     if (!ok) {
         specd__coordinator_to_worker__free_unpacked(env, NULL);
-        return NULL;
+        return false;
     }
+    m->env = env;
+    return true;
+}
+
+sd_net_worker_msg *sd_net_read_to_worker(const uint8_t *data, size_t len, const sd_net_limits *lim, Specd__Code *code,
+                                         char *err, size_t err_len) {
+    sd_net_worker_msg *m = new_msg(sizeof *m, "CoordinatorToWorker", code, err, err_len);
+    if (m && !decode_to_worker(data, len, lim, m, code, err, err_len)) {
+        free(m);
+        m = NULL;
+    }
+    return m;
+}
+
+void sd_net_worker_msg_free(sd_net_worker_msg **mp) {
+    if (!mp || !*mp) return;
+    specd__coordinator_to_worker__free_unpacked((*mp)->env, NULL);
+    free(*mp);
+    *mp = NULL;
+}
+
+Specd__CoordinatorToWorker *sd_net_decode_to_worker(const uint8_t *data, size_t len, const sd_net_limits *lim,
+                                                    Specd__Code *code, char *err, size_t err_len) {
+    sd_net_worker_msg *m = sd_net_read_to_worker(data, len, lim, code, err, err_len);
+    if (!m) return NULL;
+    Specd__CoordinatorToWorker *env = m->env;
+    free(m);
     return env;
 }
 
@@ -563,44 +637,4 @@ Specd__LeaderToRank *sd_net_decode_leader(const uint8_t *data, size_t len, const
         return NULL;
     }
     return env;
-}
-
-/* ---- sampling ---- */
-
-sd_sampling sd_net_sampling_of(const Specd__Sampling *msg) {
-    sd_sampling s = sd_sampling_default(); /* no sampling message: greedy */
-    if (msg) {
-        s.temperature = msg->temperature;
-        s.top_k = msg->top_k > (uint32_t)INT32_MAX ? INT32_MAX : (int32_t)msg->top_k;
-        s.top_p = msg->top_p == 0.0f ? 1.0f : msg->top_p; /* proto3's unset 0 is "off" */
-        s.min_p = msg->min_p;
-        s.seed = msg->seed;
-        s.presence_penalty = msg->presence_penalty;
-        s.frequency_penalty = msg->frequency_penalty;
-        s.rule = (int32_t)msg->rule; /* sd_sampling_check refuses values past the known rules */
-    }
-    return s;
-}
-
-bool sd_net_sampling_from_pb(const Specd__Sampling *msg, sd_sampling *out, char *err, size_t err_len) {
-    if (err && err_len) err[0] = '\0';
-    if (msg && msg->top_k > (uint32_t)INT32_MAX) {
-        if (err && err_len) snprintf(err, err_len, "top_k: %u over the limit of %d", msg->top_k, INT32_MAX);
-        return false;
-    }
-    sd_sampling s = sd_net_sampling_of(msg);
-    if (sd_sampling_check(&s, err, err_len) != SD_OK) return false;
-    *out = s;
-    return true;
-}
-
-void sd_net_sampling_to_pb(const sd_sampling *s, Specd__Sampling *msg) {
-    msg->temperature = s->temperature;
-    msg->top_k = s->top_k > 0 ? (uint32_t)s->top_k : 0;
-    msg->top_p = s->top_p >= 1.0f ? 0.0f : s->top_p;
-    msg->min_p = s->min_p;
-    msg->seed = s->seed;
-    msg->presence_penalty = s->presence_penalty;
-    msg->frequency_penalty = s->frequency_penalty;
-    msg->rule = (Specd__VerifyRule)s->rule;
 }

@@ -220,15 +220,6 @@ bool sd_nv_check_q(vctx *v, const char *path, const Specd__SparseDist *q, int32_
     return true;
 }
 
-bool sd_nv_check_sampling(vctx *v, const char *path, const Specd__Sampling *s) {
-    if (!s) return true;
-    sd_sampling out;
-    char why[160];
-    if (!sd_net_sampling_from_pb(s, &out, why, sizeof why))
-        return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s.%s", path, why);
-    return true;
-}
-
 bool sd_nv_check_distinct_ids(vctx *v, const char *path, const uint64_t *ids, size_t n) {
     uint64_t *sorted = malloc((n ? n : 1) * sizeof *sorted);
     if (!sorted) return sd_nv_fail(v, SPECD__CODE__CODE_INTERNAL, "%s: out of memory", path);

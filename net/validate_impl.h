@@ -36,7 +36,9 @@ bool sd_nv_check_logprobs(vctx *v, const char *path, Specd__TokenLogprob *const 
 bool sd_nv_check_logprobs_from(vctx *v, const char *path, Specd__TokenLogprob *const *lps, size_t n, bool first_none);
 bool sd_nv_check_logprob_request(vctx *v, const char *path, bool logprobs, uint32_t top_logprobs);
 bool sd_nv_check_q(vctx *v, const char *path, const Specd__SparseDist *q, int32_t token);
-bool sd_nv_check_sampling(vctx *v, const char *path, const Specd__Sampling *s);
+/* sampling.c: a Sampling (NULL: the default, greedy) converted into *out and
+ * checked, once. */
+bool sd_nv_check_sampling(vctx *v, const char *path, const Specd__Sampling *s, sd_sampling *out);
 bool sd_nv_check_distinct_ids(vctx *v, const char *path, const uint64_t *ids, size_t n);
 bool sd_nv_check_batch_size(vctx *v, const char *path, size_t n);
 bool sd_nv_check_code(vctx *v, const char *path, Specd__Code c);

@@ -94,14 +94,14 @@ typedef struct worker_loop {
     bool compute_started;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    bool job_ready, quit;                            /* under mu */
-    Specd__CoordinatorToWorker *job;                 /* under mu while job_ready */
-    sd_status job_status;                            /* under mu, written by the compute thread */
-    Specd__WorkerToCoordinator job_reply;            /* under mu, written by the compute thread */
-    int done_fd;                                     /* eventfd: the compute thread finished a job */
-    bool busy;                                       /* a job is out (this thread's view) */
-    Specd__CoordinatorToWorker *current;             /* the job out, freed when it completes */
-    Specd__CoordinatorToWorker *queue[WORKER_QUEUE]; /* requests and releases waiting for the job */
+    bool job_ready, quit;                   /* under mu */
+    sd_net_worker_msg *job;                 /* under mu while job_ready */
+    sd_status job_status;                   /* under mu, written by the compute thread */
+    Specd__WorkerToCoordinator job_reply;   /* under mu, written by the compute thread */
+    int done_fd;                            /* eventfd: the compute thread finished a job */
+    bool busy;                              /* a job is out (this thread's view) */
+    sd_net_worker_msg *current;             /* the job out, freed when it completes */
+    sd_net_worker_msg *queue[WORKER_QUEUE]; /* requests and releases waiting for the job */
     int q_head, q_len;
     Specd__WorkerStats stats; /* snapshot taken while no job is out */
     uint8_t *hello;           /* the Hello last sent, packed: an echo of it is a self-connect */
@@ -238,10 +238,10 @@ static void *compute_main(void *arg) {
     for (;;) {
         while (!w->job_ready && !w->quit) pthread_cond_wait(&w->cv, &w->mu);
         if (w->quit) break;
-        Specd__CoordinatorToWorker *env = w->job;
+        const sd_net_worker_msg *msg = w->job;
         pthread_mutex_unlock(&w->mu);
         Specd__WorkerToCoordinator reply = SPECD__WORKER_TO_COORDINATOR__INIT;
-        sd_status st = w->p->handle(w->p->user, env, &reply);
+        sd_status st = w->p->handle(w->p->user, msg, &reply);
         pthread_mutex_lock(&w->mu);
         w->job_status = st;
         w->job_reply = reply;
@@ -257,16 +257,16 @@ static uint64_t step_of(const Specd__CoordinatorToWorker *env) {
     return env->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT ? env->draft->step_id : env->verify->step_id;
 }
 
-/* Hands env (owned from now on) to the compute thread. */
-static void start_job(worker_loop *w, Specd__CoordinatorToWorker *env) {
+/* Hands msg (owned from now on) to the compute thread. */
+static void start_job(worker_loop *w, sd_net_worker_msg *msg) {
     refresh_stats(w); /* the last snapshot before the state changes under the job */
     pthread_mutex_lock(&w->mu);
-    w->job = env;
+    w->job = msg;
     w->job_ready = true;
     pthread_cond_signal(&w->cv);
     pthread_mutex_unlock(&w->mu);
     w->busy = true;
-    w->current = env;
+    w->current = msg;
 }
 
 /* Collects the finished job: sends its reply when send_reply, frees it. Blocks until it is done. */
@@ -282,7 +282,7 @@ static void finish_job(worker_loop *w, bool send_reply) {
     sd_status st = w->job_status;
     Specd__WorkerToCoordinator reply = w->job_reply;
     pthread_mutex_unlock(&w->mu);
-    uint64_t step = step_of(w->current);
+    uint64_t step = step_of(w->current->env);
     if (send_reply && st != SD_OK) {
         char msg[160];
         snprintf(msg, sizeof msg, "worker: step %llu failed: %s", (unsigned long long)step, sd_status_str(st));
@@ -291,8 +291,7 @@ static void finish_job(worker_loop *w, bool send_reply) {
     } else if (send_reply && loop_send(w, &reply) != SD_OK) {
         SD_WARN("worker: could not send the reply of step %llu", (unsigned long long)step);
     }
-    specd__coordinator_to_worker__free_unpacked(w->current, NULL);
-    w->current = NULL;
+    sd_net_worker_msg_free(&w->current);
     w->busy = false;
     refresh_stats(w);
 }
@@ -300,41 +299,42 @@ static void finish_job(worker_loop *w, bool send_reply) {
 /* Runs what waits in the queue until a job is out or the queue is empty. */
 static void run_queue(worker_loop *w) {
     while (!w->busy && w->q_len > 0) {
-        Specd__CoordinatorToWorker *env = w->queue[w->q_head];
+        sd_net_worker_msg *msg = w->queue[w->q_head];
         w->q_head = (w->q_head + 1) % WORKER_QUEUE;
         w->q_len--;
-        if (env->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_RELEASE) {
-            w->p->release(w->p->user, env->release->request_ids, env->release->n_request_ids);
-            specd__coordinator_to_worker__free_unpacked(env, NULL);
+        if (msg->env->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_RELEASE) {
+            w->p->release(w->p->user, msg->env->release->request_ids, msg->env->release->n_request_ids);
+            sd_net_worker_msg_free(&msg);
         } else {
-            start_job(w, env);
+            start_job(w, msg);
         }
     }
 }
 
 static void clear_queue(worker_loop *w) {
     while (w->q_len > 0) {
-        specd__coordinator_to_worker__free_unpacked(w->queue[w->q_head], NULL);
+        sd_net_worker_msg_free(&w->queue[w->q_head]);
         w->q_head = (w->q_head + 1) % WORKER_QUEUE;
         w->q_len--;
     }
 }
 
-/* Queues env behind the running job (or runs it now); true when env was taken. */
-static bool enqueue(worker_loop *w, Specd__CoordinatorToWorker *env) {
+/* Queues msg behind the running job (or runs it now); true when msg was taken. */
+static bool enqueue(worker_loop *w, sd_net_worker_msg *msg) {
     if (w->q_len == WORKER_QUEUE) {
         send_error(w, SPECD__CODE__CODE_OVERLOADED, 0, "worker queue full: 64 requests wait behind the running step");
         return false;
     }
-    w->queue[(w->q_head + w->q_len) % WORKER_QUEUE] = env;
+    w->queue[(w->q_head + w->q_len) % WORKER_QUEUE] = msg;
     w->q_len++;
     run_queue(w);
     return true;
 }
 
-/* A draft or verify request: true when env was taken (queued or running). */
-static bool serve_request(worker_loop *w, Specd__CoordinatorToWorker *env) {
+/* A draft or verify request: true when msg was taken (queued or running). */
+static bool serve_request(worker_loop *w, sd_net_worker_msg *msg) {
     const sd_worker_params *p = w->p;
+    const Specd__CoordinatorToWorker *env = msg->env;
     bool is_draft = env->body_case == SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT;
     Specd__Role wanted = is_draft ? SPECD__ROLE__ROLE_DRAFTER : SPECD__ROLE__ROLE_VERIFIER;
     if (!w->registered) {
@@ -342,30 +342,31 @@ static bool serve_request(worker_loop *w, Specd__CoordinatorToWorker *env) {
         return false;
     }
     if (p->role != wanted) {
-        char msg[160];
-        snprintf(msg, sizeof msg, "%s request (step %llu) sent to a %s", is_draft ? "draft" : "verify",
+        char why[160];
+        snprintf(why, sizeof why, "%s request (step %llu) sent to a %s", is_draft ? "draft" : "verify",
                  (unsigned long long)step_of(env), p->role == SPECD__ROLE__ROLE_DRAFTER ? "drafter" : "verifier");
-        send_error(w, SPECD__CODE__CODE_PROTOCOL, 0, msg);
+        send_error(w, SPECD__CODE__CODE_PROTOCOL, 0, why);
         return false;
     }
-    return enqueue(w, env);
+    return enqueue(w, msg);
 }
 
 static loop_next dispatch(worker_loop *w, const sd_net_msg *m) {
     const sd_worker_params *p = w->p;
     Specd__Code code = SPECD__CODE__CODE_UNSPECIFIED;
     char err[512] = "";
-    Specd__CoordinatorToWorker *env = sd_net_decode_to_worker(m->body, m->body_len, &w->limits, &code, err, sizeof err);
-    if (!env && !w->registered) { /* the first thing heard is no coordinator's: see drain */
+    sd_net_worker_msg *msg = sd_net_read_to_worker(m->body, m->body_len, &w->limits, &code, err, sizeof err);
+    if (!msg && !w->registered) { /* the first thing heard is no coordinator's: see drain */
         SD_WARN("worker: %s answered with a bad message (%s: %s) before any Welcome: not a coordinator, reconnecting",
                 p->coordinator, sd_net_code_name(code), err);
         return NEXT_RECONNECT;
     }
-    if (!env) {
+    if (!msg) {
         SD_WARN("worker: bad message from the coordinator (%s): %s", sd_net_code_name(code), err);
         send_error(w, code == SPECD__CODE__CODE_UNSPECIFIED ? SPECD__CODE__CODE_MALFORMED : code, 0, err);
         return NEXT_CONTINUE;
     }
+    const Specd__CoordinatorToWorker *env = msg->env;
     loop_next next = NEXT_CONTINUE;
     bool taken = false;
     switch (env->body_case) {
@@ -413,20 +414,20 @@ static loop_next dispatch(worker_loop *w, const sd_net_msg *m) {
     }
     case SPECD__COORDINATOR_TO_WORKER__BODY_HEARTBEAT: break;
     case SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT:
-    case SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY: taken = serve_request(w, env); break;
+    case SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY: taken = serve_request(w, msg); break;
     case SPECD__COORDINATOR_TO_WORKER__BODY_RELEASE:
         if (!w->registered) {
             send_error(w, SPECD__CODE__CODE_PROTOCOL, 0, "Release before Welcome: this worker is not registered yet");
             break;
         }
-        taken = enqueue(w, env); /* in order with the requests before it */
+        taken = enqueue(w, msg); /* in order with the requests before it */
         break;
     default:
         SD_WARN("worker: envelope with no body (case %d), ignored", (int)env->body_case);
         send_error(w, SPECD__CODE__CODE_MALFORMED, 0, "envelope has no body");
         break;
     }
-    if (!taken) specd__coordinator_to_worker__free_unpacked(env, NULL);
+    if (!taken) sd_net_worker_msg_free(&msg);
     return next;
 }
 
@@ -513,6 +514,29 @@ static void compute_stop(worker_loop *w) {
     w->compute_started = false;
 }
 
+/* stop_fd became readable: finishes the running step and tells the
+ * coordinator why this worker goes. */
+static void stop_serving(worker_loop *w, sd_worker_exit *why) {
+    const sd_worker_params *p = w->p;
+    SD_INFO("worker: stop requested%s, closing the connection", w->busy ? " (finishing the running step)" : "");
+    finish_job(w, true);
+    /* the step may have failed because the worker did (its group lost a
+     * rank, the reason it is being stopped): say so, so the coordinator
+     * does not wait out the liveness period */
+    struct pollfd fp = {p->fail_fd, POLLIN, 0};
+    if (p->fail_fd >= 0 && poll(&fp, 1, 0) > 0 && (fp.revents & POLLIN)) {
+        report_failed(w);
+        *why = SD_WORKER_FAILED;
+    } else if (w->registered) {
+        /* a drain: the running step is answered; the coordinator hands this
+         * worker's requests to the others now rather than after the
+         * liveness period */
+        char msg[320];
+        snprintf(msg, sizeof msg, "%s is draining (stopped): its requests go to the others", w->name);
+        send_error(w, SPECD__CODE__CODE_UNAVAILABLE, 0, msg);
+    }
+}
+
 sd_status sd_worker_run(void *zctx, const sd_worker_params *p, sd_worker_exit *why) {
     if (!zctx || !p || !why || !p->coordinator || !p->handle || !p->release || !p->reset || !p->stats ||
         p->heartbeat_interval_ms <= 0 || p->liveness <= 0) {
@@ -569,23 +593,7 @@ sd_status sd_worker_run(void *zctx, const sd_worker_params *p, sd_worker_exit *w
             break;
         }
         if (stop_i >= 0 && stop_requested(p->stop_fd, items[stop_i].revents)) {
-            SD_INFO("worker: stop requested%s, closing the connection", w->busy ? " (finishing the running step)" : "");
-            finish_job(w, true);
-            /* the step may have failed because the worker did (its group
-             * lost a rank, the reason it is being stopped): say so, so the
-             * coordinator does not wait out the liveness period */
-            struct pollfd fp = {p->fail_fd, POLLIN, 0};
-            if (p->fail_fd >= 0 && poll(&fp, 1, 0) > 0 && (fp.revents & POLLIN)) {
-                report_failed(w);
-                *why = SD_WORKER_FAILED;
-            } else if (w->registered) {
-                /* a drain: the running step is answered; the coordinator
-                 * hands this worker's requests to the others now rather
-                 * than after the liveness period */
-                char msg[320];
-                snprintf(msg, sizeof msg, "%s is draining (stopped): its requests go to the others", w->name);
-                send_error(w, SPECD__CODE__CODE_UNAVAILABLE, 0, msg);
-            }
+            stop_serving(w, why);
             break;
         }
         if (mon_i >= 0 && (items[mon_i].revents & ZMQ_POLLIN) && handshake_refused(w)) {

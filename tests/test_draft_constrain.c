@@ -129,7 +129,9 @@ static const Specd__DraftResult *draft(sd_draft_server *s, const int32_t *ctx, i
     req.step_id = 1;
     req.seqs = &pds;
     req.n_seqs = 1;
-    assert_int_equal(sd_draft_server_handle(s, &req, &resp), SD_OK);
+    static sd_net_draft_step step;
+    sd_net_draft_step_of(&req, &step);
+    assert_int_equal(sd_draft_server_handle(s, &step, &resp), SD_OK);
     assert_int_equal(resp.n_results, 1);
     assert_int_equal(resp.results[0]->code, SPECD__CODE__CODE_OK);
     assert_int_equal(resp.results[0]->cached_len, (uint32_t)n);

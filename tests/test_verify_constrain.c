@@ -151,7 +151,9 @@ static const Specd__VerifyResult *step(sd_verifier *v, const int32_t *tokens, in
     req.n_seqs = 1;
     req.seqs = &pvs;
     static Specd__VerifyResponse resp;
-    assert_int_equal(sd_verifier_handle(v, &req, &resp), SD_OK);
+    static sd_net_verify_step step;
+    sd_net_verify_step_of(&req, &step);
+    assert_int_equal(sd_verifier_handle(v, &step, &resp), SD_OK);
     assert_int_equal(resp.n_results, 1);
     return resp.results[0];
 }

@@ -44,10 +44,10 @@ typedef struct stub {
     int32_t commit;
 } stub;
 
-static sd_status stub_handle(void *user, const Specd__CoordinatorToWorker *req, Specd__WorkerToCoordinator *reply) {
+static sd_status stub_handle(void *user, const sd_net_worker_msg *req, Specd__WorkerToCoordinator *reply) {
     stub *s = user;
     s->n_handled++;
-    const Specd__VerifyRequest *vr = req->verify;
+    const Specd__VerifyRequest *vr = req->verify.req;
     if (vr->seqs[0]->append[0] == 77) usleep(400 * 1000); /* a long step */
     specd__verify_result__init(&s->result);
     s->result.request_id = vr->seqs[0]->request_id;

@@ -180,7 +180,9 @@ static const Specd__VerifyResult *run_verify(sd_verifier *v, vseq *seqs, size_t 
     req.seqs = ptrs;
     req.n_seqs = n;
     req.prefill_only = prefill_only;
-    assert_int_equal(sd_verifier_handle(v, &req, resp), SD_OK);
+    static sd_net_verify_step step;
+    sd_net_verify_step_of(&req, &step);
+    assert_int_equal(sd_verifier_handle(v, &step, resp), SD_OK);
     assert_int_equal(resp->step_id, 77);
     assert_int_equal(resp->n_results, n);
     return resp->results[0];
@@ -801,7 +803,9 @@ static void run_draft(sd_draft_server *srv, dseq *seqs, size_t n, Specd__DraftRe
     req.step_id = 5;
     req.seqs = ptrs;
     req.n_seqs = n;
-    assert_int_equal(sd_draft_server_handle(srv, &req, resp), SD_OK);
+    static sd_net_draft_step step;
+    sd_net_draft_step_of(&req, &step);
+    assert_int_equal(sd_draft_server_handle(srv, &step, resp), SD_OK);
     assert_int_equal(resp->n_results, n);
 }
 

@@ -59,6 +59,7 @@
 #include "bench_prompts.h"
 
 #include "specd/client.h"
+#include "specd/client_opts.h"
 #include "specd/curve.h"
 
 #include <getopt.h>
@@ -320,10 +321,10 @@ static void write_mode_row(FILE *out, int conc, int m, const char *label, const 
 
 /* specd-bench serve's options. */
 typedef struct serve_opts {
-    const char *addr, *prompts_path, *out_path;
-    const char *curve_secret, *curve_server; /* keys for the service at addr */
-    const char *versus;                      /* a second (plaintext) service to compare with */
-    int mode[2];                             /* --modes: indices into serve_mode_names */
+    sd_client_link_opts link; /* --coordinator and its keys (client_opts.h) */
+    const char *prompts_path, *out_path;
+    const char *versus; /* a second (plaintext) service to compare with */
+    int mode[2];        /* --modes: indices into serve_mode_names */
     char conc_list[128];
     int tokens, rounds, warmup;
     bool eos;     /* --eos: requests end at EOS too */
@@ -381,7 +382,7 @@ static char *read_schema(const char *path) {
 
 /* -1: run; 0: --help printed; 2: bad options (said on stderr). */
 static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
-    *o = (serve_opts){.addr = "tcp://127.0.0.1:7700",
+    *o = (serve_opts){.link = {.coordinator = "tcp://127.0.0.1:7700"},
                       .prompts_path = "bench/prompts/chat.txt",
                       .conc_list = "1,8,64",
                       .tokens = 64,
@@ -389,15 +390,13 @@ static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
                       .warmup = 1,
                       .mode = {0, 1},
                       .hyg = sd_hyg_default_params()};
-    static const struct option longs[] = {{"coordinator", required_argument, 0, 'c'},
+    static const struct option longs[] = {SD_CLIENT_LINK_LONG_OPTIONS,
                                           {"prompts", required_argument, 0, 'p'},
                                           {"conc", required_argument, 0, 'C'},
                                           {"rounds", required_argument, 0, 'r'},
                                           {"warmup", required_argument, 0, 'w'},
                                           {"out", required_argument, 0, 'o'},
                                           {"max-other-load", required_argument, 0, 'X'},
-                                          {"curve-secret", required_argument, 0, 'S'},
-                                          {"curve-server", required_argument, 0, 'K'},
                                           {"versus", required_argument, 0, 'V'},
                                           {"modes", required_argument, 0, 'M'},
                                           {"eos", no_argument, 0, 'E'},
@@ -409,7 +408,6 @@ static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
     optind = 2;
     while ((ch = getopt_long(argc, argv, "n:o:h", longs, NULL)) != -1) {
         switch (ch) {
-        case 'c': o->addr = optarg; break;
         case 'p': o->prompts_path = optarg; break;
         case 'C': snprintf(o->conc_list, sizeof o->conc_list, "%s", optarg); break;
         case 'r': o->rounds = atoi(optarg); break;
@@ -417,8 +415,6 @@ static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
         case 'n': o->tokens = atoi(optarg); break;
         case 'o': o->out_path = optarg; break;
         case 'X': o->hyg.max_other_cores = atof(optarg); break;
-        case 'S': o->curve_secret = optarg; break;
-        case 'K': o->curve_server = optarg; break;
         case 'V': o->versus = optarg; break;
         case 'M':
             if (!parse_modes(optarg, o->mode)) {
@@ -435,7 +431,10 @@ static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
             if (!(o->schema = read_schema(optarg))) return 2;
             break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        default:
+            if (sd_client_link_opts_apply(&o->link, ch, optarg)) break;
+            usage(stderr);
+            return 2;
         }
     }
     if (o->versus && (o->mode[0] != 0 || o->mode[1] != 1)) {
@@ -481,15 +480,14 @@ static void emit(FILE *out, const char *text) {
     if (out) fprintf(out, "%s", text);
 }
 
-/* Connects to the service at o->addr (with its keys) and, with --versus,
+/* Connects to the service at o->link.coordinator (with its keys) and, with --versus,
  * to the plaintext one. False when either cannot be reached. */
 static bool connect_services(const serve_opts *o, sd_curve_id *curve, sd_client **c, sd_client **cv) {
     sd_client_params cp = sd_client_default_params();
-    cp.coordinator = o->addr;
+    cp.coordinator = o->link.coordinator;
     cp.name = "specd-bench";
-    if (sd_curve_id_load(o->curve_secret, o->curve_server, curve) != SD_OK) return false;
-    if (curve->on)
-        cp.curve_server_public = curve->server, cp.curve_public = curve->public_key, cp.curve_secret = curve->secret;
+    if (sd_curve_id_load(o->link.curve_secret, o->link.curve_server, curve) != SD_OK) return false;
+    sd_client_params_set_curve(&cp, curve);
     if (sd_client_connect(&cp, c) != SD_OK) return false;
     if (o->versus) {
         sd_client_params vp = sd_client_default_params();
@@ -690,7 +688,7 @@ int bench_serve_main(int argc, char **argv) {
         .list_kinds = cv == NULL && modes_given};
     sd_client_service_stats ss;
     if (sd_client_stats(c, 10000, &ss) != SD_OK) {
-        fprintf(stderr, "specd-bench serve: no answer from %s (is the service running?)\n", o.addr);
+        fprintf(stderr, "specd-bench serve: no answer from %s (is the service running?)\n", o.link.coordinator);
         goto done;
     }
     write_header(out, &md);

@@ -392,6 +392,43 @@ static void write_results(FILE *f, const tp_opts *o, const sd_model_config *cfg,
                     res[i].anon_kb[rank] / 1024.0);
 }
 
+/* Each configuration's figures: the medians of its rounds on a quiet
+ * machine (all rounds, when none was quiet), with the other load seen. */
+static void reduce_rounds(const tp_opts *o, tp_result runs[][2 * MAX_CONFIGS], int n, tp_result *res) {
+    for (int i = 0; i < n; i++) {
+        res[i] = runs[o->rounds - 1][i];
+        double v[MAX_ROUNDS];
+        /* hygiene: medians over the clean rounds (all, when none is clean) */
+        sd_hyg_params hp = {.max_other_cores = o->max_other, .exclude_prefix = "specd-"};
+        bool keep[MAX_ROUNDS];
+        int n_keep = 0;
+        res[i].other = 0;
+        for (int round = 0; round < o->rounds; round++) {
+            keep[round] = sd_hyg_clean(&hp, runs[round][i].other);
+            n_keep += keep[round];
+            v[round] = runs[round][i].other;
+            if (v[round] > res[i].other) res[i].other = v[round];
+        }
+        res[i].other_median = sd_bench_median(v, o->rounds);
+        res[i].n_dirty = o->rounds - n_keep;
+        if (n_keep == 0)
+            for (int round = 0; round < o->rounds; round++) keep[round] = true;
+#define MEDIAN_OF(field)                                      \
+    do {                                                      \
+        int n_v = 0;                                          \
+        for (int round = 0; round < o->rounds; round++)       \
+            if (keep[round]) v[n_v++] = runs[round][i].field; \
+        res[i].field = sd_bench_median(v, n_v);               \
+    } while (0)
+        MEDIAN_OF(decode_ms);
+        MEDIAN_OF(verify_ms);
+        MEDIAN_OF(batch_ms);
+        MEDIAN_OF(ar_us);
+        MEDIAN_OF(gather_us);
+#undef MEDIAN_OF
+    }
+}
+
 int bench_tp_main(int argc, char **argv) {
     static const struct option longs[] = {{"model", required_argument, 0, 'm'},
                                           {"tp", required_argument, 0, 'T'},
@@ -491,38 +528,7 @@ int bench_tp_main(int argc, char **argv) {
                 n++;
             }
     }
-    for (int i = 0; i < n; i++) {
-        res[i] = runs[o.rounds - 1][i];
-        double v[MAX_ROUNDS];
-        /* hygiene: medians over the clean rounds (all, when none is clean) */
-        sd_hyg_params hp = {.max_other_cores = o.max_other, .exclude_prefix = "specd-"};
-        bool keep[MAX_ROUNDS];
-        int n_keep = 0;
-        res[i].other = 0;
-        for (int round = 0; round < o.rounds; round++) {
-            keep[round] = sd_hyg_clean(&hp, runs[round][i].other);
-            n_keep += keep[round];
-            v[round] = runs[round][i].other;
-            if (v[round] > res[i].other) res[i].other = v[round];
-        }
-        res[i].other_median = sd_bench_median(v, o.rounds);
-        res[i].n_dirty = o.rounds - n_keep;
-        if (n_keep == 0)
-            for (int round = 0; round < o.rounds; round++) keep[round] = true;
-#define MEDIAN_OF(field)                                      \
-    do {                                                      \
-        int n_v = 0;                                          \
-        for (int round = 0; round < o.rounds; round++)        \
-            if (keep[round]) v[n_v++] = runs[round][i].field; \
-        res[i].field = sd_bench_median(v, n_v);               \
-    } while (0)
-        MEDIAN_OF(decode_ms);
-        MEDIAN_OF(verify_ms);
-        MEDIAN_OF(batch_ms);
-        MEDIAN_OF(ar_us);
-        MEDIAN_OF(gather_us);
-#undef MEDIAN_OF
-    }
+    reduce_rounds(&o, runs, n, res);
     write_results(stdout, &o, &cfg, res, n);
     if (o.out_path) {
         FILE *f = fopen(o.out_path, "w");

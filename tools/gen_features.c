@@ -280,7 +280,9 @@ void sd_gen_lines_free(char **lines, size_t n) {
     free(lines);
 }
 
-char *sd_gen_read_stdin(size_t *n_read) {
+/* All of stdin, malloc'd and NUL-terminated; *n_read the bytes read (more
+ * than strlen when the input holds a NUL). NULL when out of memory. */
+static char *read_stdin(size_t *n_read) {
     size_t cap = 4096, len = 0;
     char *buf = malloc(cap);
     if (!buf) return NULL;
@@ -300,4 +302,20 @@ char *sd_gen_read_stdin(size_t *n_read) {
     buf[len] = 0;
     *n_read = len;
     return buf;
+}
+
+int sd_gen_prompt_stdin(const char **prompt, char **owned) {
+    size_t n_read = 0;
+    char *text = read_stdin(&n_read);
+    if (!text) return 1;
+    if (strlen(text) != n_read) {
+        fprintf(stderr,
+                "specd-generate: the prompt on stdin holds a NUL byte at offset %zu: refused rather "
+                "than cut there\n",
+                strlen(text));
+        free(text);
+        return 2;
+    }
+    *prompt = *owned = text;
+    return 0;
 }

@@ -55,8 +55,10 @@ bool sd_gen_parse_layers(const char *s, int32_t *ids, int32_t max, int32_t *n);
 sd_status sd_gen_read_lines(const char *path, char ***out, size_t *n);
 void sd_gen_lines_free(char **lines, size_t n);
 
-/* All of stdin, malloc'd and NUL-terminated; *n_read the bytes read (more
- * than strlen when the input holds a NUL). NULL when out of memory. */
-char *sd_gen_read_stdin(size_t *n_read);
+/* All of stdin as the prompt: *owned (malloc'd, NUL-terminated; the caller
+ * frees it) and *prompt pointing at it. 0, or specd-generate's exit status:
+ * 1 out of memory, 2 the input holds a NUL byte (said on stderr; refused
+ * rather than cut there; nothing is left to free). */
+int sd_gen_prompt_stdin(const char **prompt, char **owned);
 
 #endif

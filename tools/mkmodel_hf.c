@@ -345,6 +345,39 @@ static cJSON *post_processor(bool add_bos, const char *bos) {
     return t;
 }
 
+/* tokenizer_config.json: what transformers keeps outside tokenizer.json
+ * (add_bos, the special tokens' text, the chat template). buf: scratch
+ * of 1 << 16 bytes. */
+static sd_status write_tokenizer_config(const sd_gguf *g, const mk_hf_params *p, const sd_model_config *c, bool add_bos,
+                                        uint64_t n_tokens, char *buf) {
+    cJSON *tc = cJSON_CreateObject();
+    cJSON_AddBoolToObject(tc, "add_bos_token", add_bos);
+    cJSON_AddBoolToObject(tc, "add_eos_token", false);
+    static const char *const specials[][2] = {{"bos_token", "tokenizer.ggml.bos_token_id"},
+                                              {"eos_token", "tokenizer.ggml.eos_token_id"},
+                                              {"unk_token", "tokenizer.ggml.unknown_token_id"},
+                                              {"pad_token", "tokenizer.ggml.padding_token_id"}};
+    for (size_t k = 0; k < 4; k++) {
+        int64_t id = get_id(g, specials[k][1]);
+        const char *text = id >= 0 && (uint64_t)id < n_tokens
+                               ? gguf_text(g, "tokenizer.ggml.tokens", (uint64_t)id, true, buf, 1 << 16)
+                               : NULL;
+        if (text) cJSON_AddStringToObject(tc, specials[k][0], text);
+    }
+    cJSON_AddBoolToObject(tc, "clean_up_tokenization_spaces", false);
+    cJSON_AddNumberToObject(tc, "model_max_length", c->n_ctx_train);
+    cJSON_AddStringToObject(tc, "tokenizer_class", "GPT2Tokenizer");
+    sd_gguf_str tmpl;
+    if (sd_gguf_get_str(g, "tokenizer.chat_template", &tmpl) == SD_OK) {
+        char *t = strndup(tmpl.ptr, (size_t)tmpl.len);
+        if (t) cJSON_AddStringToObject(tc, "chat_template", t);
+        free(t);
+    }
+    sd_status s = write_json(p->dir, "tokenizer_config.json", tc);
+    cJSON_Delete(tc);
+    return s;
+}
+
 static sd_status write_tokenizer(const sd_gguf *g, const mk_hf_params *p, const sd_model_config *c) {
     char model[16], pre[64] = "";
     if (!gguf_text(g, "tokenizer.ggml.model", 0, false, model, sizeof model) || strcmp(model, "gpt2") != 0) {
@@ -442,32 +475,7 @@ static sd_status write_tokenizer(const sd_gguf *g, const mk_hf_params *p, const 
     if (s == SD_OK) s = write_json(p->dir, "tokenizer.json", j);
     cJSON_Delete(j);
 
-    /* tokenizer_config.json: what transformers keeps outside tokenizer.json */
-    cJSON *tc = cJSON_CreateObject();
-    cJSON_AddBoolToObject(tc, "add_bos_token", add_bos);
-    cJSON_AddBoolToObject(tc, "add_eos_token", false);
-    static const char *const specials[][2] = {{"bos_token", "tokenizer.ggml.bos_token_id"},
-                                              {"eos_token", "tokenizer.ggml.eos_token_id"},
-                                              {"unk_token", "tokenizer.ggml.unknown_token_id"},
-                                              {"pad_token", "tokenizer.ggml.padding_token_id"}};
-    for (size_t k = 0; s == SD_OK && k < 4; k++) {
-        int64_t id = get_id(g, specials[k][1]);
-        const char *text = id >= 0 && (uint64_t)id < n_tokens
-                               ? gguf_text(g, "tokenizer.ggml.tokens", (uint64_t)id, true, buf, 1 << 16)
-                               : NULL;
-        if (text) cJSON_AddStringToObject(tc, specials[k][0], text);
-    }
-    cJSON_AddBoolToObject(tc, "clean_up_tokenization_spaces", false);
-    cJSON_AddNumberToObject(tc, "model_max_length", c->n_ctx_train);
-    cJSON_AddStringToObject(tc, "tokenizer_class", "GPT2Tokenizer");
-    sd_gguf_str tmpl;
-    if (sd_gguf_get_str(g, "tokenizer.chat_template", &tmpl) == SD_OK) {
-        char *t = strndup(tmpl.ptr, (size_t)tmpl.len);
-        if (t) cJSON_AddStringToObject(tc, "chat_template", t);
-        free(t);
-    }
-    if (s == SD_OK) s = write_json(p->dir, "tokenizer_config.json", tc);
-    cJSON_Delete(tc);
+    if (s == SD_OK) s = write_tokenizer_config(g, p, c, add_bos, n_tokens, buf);
     free(buf);
     free(types);
     return s;

@@ -621,29 +621,43 @@ static sd_status encode_chat(const gen_opts *o, const sd_chat_template *chat, co
     return st;
 }
 
+/* The model, its tokenizer and (with --chat) its chat template, the weights
+ * file closed again (the model holds what it uses: copies, or its own
+ * reference to the file mapping). false after saying why on stderr. */
+static bool open_model(const gen_opts *o, sd_model **m, sd_tok **tok, sd_chat_template **chat) {
+    sd_weights *w = NULL;
+    sd_status st = sd_weights_open(o->model_path, &w);
+    if (st != SD_OK) {
+        fprintf(stderr, "specd-generate: cannot open %s: %s (see the log above)\n", o->model_path, sd_status_str(st));
+        return false;
+    }
+    sd_model_params mp = sd_model_default_params();
+    mp.n_threads = o->n_threads;
+    mp.device = o->device;
+    mp.backend = o->backend;
+    mp.kv_type = o->kv_type;
+    bool ok = false;
+    if ((st = sd_weights_tokenizer(w, tok)) != SD_OK || (st = sd_model_load_weights(w, &mp, m)) != SD_OK)
+        fprintf(stderr, "specd-generate: cannot load %s: %s (see the log above)\n", o->model_path, sd_status_str(st));
+    else if (o->chat && (st = sd_chat_template_from_model(w, o->model_path, *tok, o->chat_template, chat)) != SD_OK)
+        fprintf(stderr, "specd-generate: %s: no usable chat template: %s (see the log above)\n", o->model_path,
+                sd_status_str(st));
+    else
+        ok = true;
+    sd_weights_close(&w);
+    return ok;
+}
+
 int main(int argc, char **argv) {
     gen_opts o;
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc == 1 ? 0 : 2;
     sd_log_set(NULL, NULL, o.verbose ? SD_LOG_DEBUG : SD_LOG_WARN, "generate");
 
-    char *stdin_prompt = NULL;
-    if (!o.prompt && o.n_turns == 0 && !o.prompt_file) {
-        size_t n_read = 0;
-        stdin_prompt = sd_gen_read_stdin(&n_read);
-        if (!stdin_prompt) return 1;
-        if (strlen(stdin_prompt) != n_read) {
-            fprintf(stderr,
-                    "specd-generate: the prompt on stdin holds a NUL byte at offset %zu: refused rather "
-                    "than cut there\n",
-                    strlen(stdin_prompt));
-            free(stdin_prompt);
-            return 2;
-        }
-        o.prompt = stdin_prompt;
-    }
+    char *stdin_prompt = NULL; /* with no prompt given, the prompt is stdin */
+    if (!o.prompt && o.n_turns == 0 && !o.prompt_file && (rc = sd_gen_prompt_stdin(&o.prompt, &stdin_prompt)) != 0)
+        return rc;
 
-    sd_weights *w = NULL;
     sd_model *m = NULL;
     sd_tok *tok = NULL;
     char *chat_text = NULL;
@@ -653,26 +667,8 @@ int main(int argc, char **argv) {
     sd_spec_decoder *dec = NULL;
     gen_constraint gc = {0};
     rc = 1;
-    sd_status st = sd_weights_open(o.model_path, &w);
-    if (st != SD_OK) {
-        fprintf(stderr, "specd-generate: cannot open %s: %s (see the log above)\n", o.model_path, sd_status_str(st));
-        goto out;
-    }
-    sd_model_params mp = sd_model_default_params();
-    mp.n_threads = o.n_threads;
-    mp.device = o.device;
-    mp.backend = o.backend;
-    mp.kv_type = o.kv_type;
-    if ((st = sd_weights_tokenizer(w, &tok)) != SD_OK || (st = sd_model_load_weights(w, &mp, &m)) != SD_OK) {
-        fprintf(stderr, "specd-generate: cannot load %s: %s (see the log above)\n", o.model_path, sd_status_str(st));
-        goto out;
-    }
-    if (o.chat && (st = sd_chat_template_from_model(w, o.model_path, tok, o.chat_template, &chat)) != SD_OK) {
-        fprintf(stderr, "specd-generate: %s: no usable chat template: %s (see the log above)\n", o.model_path,
-                sd_status_str(st));
-        goto out;
-    }
-    sd_weights_close(&w); /* the model holds what it uses (copies, or its own reference to the file mapping) */
+    sd_status st = SD_OK;
+    if (!open_model(&o, &m, &tok, &chat)) goto out;
 
     const char *text = o.prompt ? o.prompt : "";
     if (o.dump_dir) { /* gen_features.c */
@@ -759,6 +755,5 @@ out:
     free(stdin_prompt);
     sd_model_free(&m);
     sd_tok_free(&tok);
-    sd_weights_close(&w);
     return rc;
 }

@@ -254,9 +254,9 @@ typedef struct verifier_ctx {
     Specd__VerifyResponse resp;
 } verifier_ctx;
 
-static sd_status on_request(void *user, const Specd__CoordinatorToWorker *req, Specd__WorkerToCoordinator *reply) {
+static sd_status on_request(void *user, const sd_net_worker_msg *req, Specd__WorkerToCoordinator *reply) {
     verifier_ctx *ctx = user;
-    sd_status st = sd_verifier_handle(ctx->v, req->verify, &ctx->resp);
+    sd_status st = sd_verifier_handle(ctx->v, &req->verify, &ctx->resp);
     if (st != SD_OK && ctx->group) {
         /* the ranks ran (part of) this forward: the group is out of step */
         char why[160];

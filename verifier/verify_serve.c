@@ -298,7 +298,8 @@ static sd_status grow_rows(sd_verifier *v, size_t rows) {
 static int32_t blocks_for(int32_t len, int32_t block_size) { return (len + block_size - 1) / block_size; }
 
 /* Pass 1 for sequence i: sets plan->slot (or -1 with res->code set). */
-static void admit(sd_verifier *v, const Specd__VerifyRequest *req, size_t i, seq_plan *plan, Specd__VerifyResult *res) {
+static void admit(sd_verifier *v, const sd_net_verify_step *step, size_t i, seq_plan *plan, Specd__VerifyResult *res) {
+    const Specd__VerifyRequest *req = step->req;
     const Specd__VerifySeq *s = req->seqs[i];
     plan->slot = -1;
     plan->keep_len = (int32_t)s->keep_len;
@@ -313,7 +314,7 @@ static void admit(sd_verifier *v, const Specd__VerifyRequest *req, size_t i, seq
             return;
         }
     }
-    plan->sampling = sd_net_sampling_of(s->sampling); /* checked by sd_net_decode_to_worker */
+    plan->sampling = step->sampling[i]; /* converted and checked where the step came in */
     int64_t total = (int64_t)s->keep_len + (int64_t)s->n_append + (int64_t)s->n_draft;
     if (s->n_q != s->n_draft || s->n_draft > (size_t)v->p.max_k || total > v->p.max_ctx ||
         (req->prefill_only && s->n_draft > 0) || (!req->prefill_only && s->n_append == 0) ||
@@ -560,8 +561,9 @@ static sd_status prefill_prompt_logprobs(sd_verifier *v, const Specd__VerifyRequ
     return SD_OK;
 }
 
-sd_status sd_verifier_handle(sd_verifier *v, const Specd__VerifyRequest *req, Specd__VerifyResponse *resp) {
-    if (!v || !req || !resp) return SD_ERR_INVALID_ARG;
+sd_status sd_verifier_handle(sd_verifier *v, const sd_net_verify_step *step, Specd__VerifyResponse *resp) {
+    if (!v || !step || !step->req || !resp) return SD_ERR_INVALID_ARG;
+    const Specd__VerifyRequest *req = step->req;
     if (req->n_seqs > (size_t)v->p.max_batch) {
         SD_ERROR("verifier: step %llu has %zu sequences, more than max_batch %d", (unsigned long long)req->step_id,
                  req->n_seqs, (int)v->p.max_batch);
@@ -577,7 +579,7 @@ sd_status sd_verifier_handle(sd_verifier *v, const Specd__VerifyRequest *req, Sp
         specd__verify_result__init(res);
         res->request_id = req->seqs[i]->request_id;
         v->result_ptrs[i] = res;
-        admit(v, req, i, &v->plan[i], res);
+        admit(v, step, i, &v->plan[i], res);
     }
     if (!req->prefill_only) {
         SD_TRY(verify_with_spec_batch(v, req));

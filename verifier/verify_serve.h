@@ -64,7 +64,7 @@ sd_net_limits sd_verifier_limits(const sd_verifier *v);
  * No slot or KV blocks left: CODE_KV_FULL for that sequence. Fills *resp
  * (initialized) with memory owned by v, valid until the next call. Errors
  * only for a batch over max_batch or a failed forward pass. */
-sd_status sd_verifier_handle(sd_verifier *v, const Specd__VerifyRequest *req, Specd__VerifyResponse *resp);
+sd_status sd_verifier_handle(sd_verifier *v, const sd_net_verify_step *step, Specd__VerifyResponse *resp);
 
 /* Runs verification steps of synthetic sequences before serving
  * (sd_warmup_run; SD_WARMUP_FULL: every size up to SD_WARMUP_EXACT_TOKENS

@@ -203,7 +203,11 @@ int64_t sd_net_client_msg_cap(int32_t max_context);
  * CODE_BAD_REQUEST/CODE_TOO_LARGE for bad fields). The result is
  * freed with the matching specd__*__free_unpacked(env, NULL). lim may be NULL
  * where the receiver cannot know the vocabulary yet (a coordinator before any
- * verifier registered); token ranges are then not checked. */
+ * verifier registered); token ranges are then not checked. A process acts
+ * on the validated structs of sd_net_read_client / sd_net_read_to_worker
+ * below (the same checks); these envelope-only forms serve the links whose
+ * messages carry no sampling, and checks of an envelope (the client's
+ * check of its own Submit, tests, fuzzers). */
 Specd__ClientToCoordinator *sd_net_decode_client(const uint8_t *data, size_t len, const sd_net_limits *lim,
                                                  Specd__Code *code, char *err, size_t err_len);
 Specd__CoordinatorToClient *sd_net_decode_to_client(const uint8_t *data, size_t len, Specd__Code *code, char *err,
@@ -212,6 +216,65 @@ Specd__WorkerToCoordinator *sd_net_decode_worker(const uint8_t *data, size_t len
                                                  Specd__Code *code, char *err, size_t err_len);
 Specd__CoordinatorToWorker *sd_net_decode_to_worker(const uint8_t *data, size_t len, const sd_net_limits *lim,
                                                     Specd__Code *code, char *err, size_t err_len);
+
+/* ---- validated messages ----
+ * What a process acts on: a message decoded and checked once, where it
+ * entered the process, with the sampling parameters converted into the
+ * engine's sd_sampling there (sampling.c) and nowhere again. The protobuf
+ * fields that need no conversion (token arrays, text) are read in place
+ * through req, borrowed from the envelope the struct came in. */
+
+/* A submitted request (SubmitRequest). */
+typedef struct sd_net_submit {
+    const Specd__SubmitRequest *req; /* borrowed from the envelope */
+    sd_sampling sampling;            /* req->sampling, converted and checked (absent: greedy) */
+} sd_net_submit;
+
+/* A draft step (DraftRequest). */
+typedef struct sd_net_draft_step {
+    const Specd__DraftRequest *req;     /* borrowed from the envelope */
+    sd_sampling sampling[SD_MAX_BATCH]; /* [i]: req->seqs[i]->sampling, converted and checked */
+} sd_net_draft_step;
+
+/* A verify step (VerifyRequest). */
+typedef struct sd_net_verify_step {
+    const Specd__VerifyRequest *req;    /* borrowed from the envelope */
+    sd_sampling sampling[SD_MAX_BATCH]; /* [i]: req->seqs[i]->sampling, converted and checked */
+} sd_net_verify_step;
+
+/* A ClientToCoordinator: the envelope (owned) and, when its body is a
+ * submit, the submit. */
+typedef struct sd_net_client_msg {
+    Specd__ClientToCoordinator *env;
+    sd_net_submit submit; /* body SUBMIT only */
+} sd_net_client_msg;
+
+/* A CoordinatorToWorker: the envelope (owned) and, when its body is a
+ * draft or a verify step, the step. */
+typedef struct sd_net_worker_msg {
+    Specd__CoordinatorToWorker *env;
+    union {
+        sd_net_draft_step draft;   /* body DRAFT only */
+        sd_net_verify_step verify; /* body VERIFY only */
+    };
+} sd_net_worker_msg;
+
+/* The decoders below validate as sd_net_decode_client / _to_worker and
+ * return the validated struct; NULL with code and err as they do. Caller
+ * frees with the matching _free (NULL-safe; sets *m to NULL). Thread-safe. */
+sd_net_client_msg *sd_net_read_client(const uint8_t *data, size_t len, const sd_net_limits *lim, Specd__Code *code,
+                                      char *err, size_t err_len);
+void sd_net_client_msg_free(sd_net_client_msg **m);
+sd_net_worker_msg *sd_net_read_to_worker(const uint8_t *data, size_t len, const sd_net_limits *lim, Specd__Code *code,
+                                         char *err, size_t err_len);
+void sd_net_worker_msg_free(sd_net_worker_msg **m);
+
+/* A step this process built itself and hands to a handler without the wire
+ * (the coordinator's in-process n-gram drafter, tests): req borrowed, each
+ * sequence's sampling converted as the decoders do, without their check
+ * (the builder's own values). At most SD_MAX_BATCH sequences are converted. */
+void sd_net_draft_step_of(const Specd__DraftRequest *req, sd_net_draft_step *out);
+void sd_net_verify_step_of(const Specd__VerifyRequest *req, sd_net_verify_step *out);
 
 /* The verifier group's link (verifier/group.c): structure and sizes only
  * (equal array lengths, bounds, text); a rank checks a plan's block ids and
@@ -224,13 +287,10 @@ Specd__LeaderToRank *sd_net_decode_leader(const uint8_t *data, size_t len, const
 /* Sampling message -> params, validated by sd_sampling_check (a top_p of 0,
  * proto3's unset value, means off). NULL msg gives the default (greedy).
  * false + err on a bad value. The decoders above call it on every Sampling
- * they pass (SubmitRequest, DraftSeq, VerifySeq): the one check of a
- * message's sampling parameters. */
+ * they pass (SubmitRequest, DraftSeq, VerifySeq) and hand the result back
+ * in the validated struct: the one conversion and check of a message's
+ * sampling parameters. */
 bool sd_net_sampling_from_pb(const Specd__Sampling *msg, sd_sampling *out, char *err, size_t err_len);
-/* The same conversion without the check, for a Sampling inside an envelope
- * a decoder above returned (already checked there, once, at the edge of
- * the process that received it). */
-sd_sampling sd_net_sampling_of(const Specd__Sampling *msg);
 /* Engine params -> message fields (into caller-owned *msg, already init'ed). */
 void sd_net_sampling_to_pb(const sd_sampling *s, Specd__Sampling *msg);
 

@@ -4,7 +4,7 @@
  * A worker is a DEALER connected to the coordinator's worker address. It
  * sends Hello (protocol version, role, rank, model identity, limits, stats),
  * waits for Welcome, then serves: every envelope is validated with
- * sd_net_decode_to_worker against the worker's limits (undecodable or out of
+ * sd_net_read_to_worker against the worker's limits (undecodable or out of
  * range: an Error with the decoder's code goes back and the loop carries
  * on); DraftRequest / VerifyRequest go to the role's handler, whose reply is
  * sent; Release goes to the release callback. Once per heartbeat interval,
@@ -44,14 +44,13 @@
 extern "C" {
 #endif
 
-/* Serves one request (req->body_case is DRAFT or VERIFY), on the loop's
- * compute thread: fills *reply (an
- * initialized WorkerToCoordinator) with the response, pointing into memory
- * the handler owns and keeps valid until its next call. SD_OK even when
- * some sequences failed (per-sequence codes); any other status makes the
- * loop answer Error CODE_INTERNAL and carry on. */
-typedef sd_status (*sd_worker_handle_fn)(void *user, const Specd__CoordinatorToWorker *req,
-                                         Specd__WorkerToCoordinator *reply);
+/* Serves one request (req->env->body_case is DRAFT or VERIFY: req->draft
+ * or req->verify is the validated step), on the loop's compute thread:
+ * fills *reply (an initialized WorkerToCoordinator) with the response,
+ * pointing into memory the handler owns and keeps valid until its next
+ * call. SD_OK even when some sequences failed (per-sequence codes); any
+ * other status makes the loop answer Error CODE_INTERNAL and carry on. */
+typedef sd_status (*sd_worker_handle_fn)(void *user, const sd_net_worker_msg *req, Specd__WorkerToCoordinator *reply);
 /* Frees the caches of the given request ids (unknown ids are ignored). */
 typedef void (*sd_worker_release_fn)(void *user, const uint64_t *request_ids, size_t n);
 /* Forgets every cached sequence (the coordinator's beliefs were reset). */
