@@ -52,6 +52,8 @@ struct sd_vhead {
     Specd__SparseDist **pdists; /* [max_batch][max_k] */
     int32_t *q_ids;             /* [max_batch][max_k][max_q] */
     float *q_probs;
+    float *fused; /* [cap_fused][H] a feed's fused features, with the prefix cache */
+    int32_t cap_fused;
     int32_t max_q;
     double seconds; /* since sd_vhead_take_seconds */
     double feed_s;  /* the last feed's: charged to the draft that follows it */
@@ -129,6 +131,7 @@ void sd_vhead_free(sd_vhead **hp) {
     free(h->pdists);
     free(h->q_ids);
     free(h->q_probs);
+    free(h->fused);
     free(h);
     *hp = NULL;
 }
@@ -154,19 +157,28 @@ static sd_status fill_from_side(sd_vhead *h, int32_t slot, const int32_t *hist, 
     return SD_OK;
 }
 
-/* Fuses aux[n] of positions pos0.. into their side rows, block by block,
- * and hands them to the head. Every row is written even when the head
- * refuses (a gap): the side rows must hold every computed row's feature. */
+/* Fuses aux[n] of positions pos0.. (one matmul), copies them into their
+ * side rows block by block, and hands them to the head. The side rows are
+ * written even when the head refuses (a gap): they must hold every
+ * computed row's feature. */
 static sd_status feed_side(sd_vhead *h, int32_t slot, const int32_t *hist, int32_t pos0, int32_t n, const float *aux,
                            sd_status head_st) {
+    const size_t H = (size_t)sd_drafter_eagle_width(h->drafter);
+    if (n > h->cap_fused) {
+        float *p = realloc(h->fused, (size_t)n * H * sizeof *p);
+        if (!p) return SD_ERR_NOMEM;
+        h->fused = p;
+        h->cap_fused = n;
+    }
+    SD_TRY(sd_drafter_eagle_fuse(h->drafter, aux, n, h->fused));
     for (int32_t p = pos0, m; p < pos0 + n; p += m) {
         float *side = sd_kv_side(h->kv, slot, p, &m);
         if (!side) return SD_ERR_RANGE;
         if (m > pos0 + n - p) m = pos0 + n - p;
-        SD_TRY(sd_drafter_eagle_fuse(h->drafter, aux + (size_t)(p - pos0) * (size_t)h->aux_width, m, side));
-        if (head_st == SD_OK) head_st = sd_drafter_eagle_set_fused(h->drafter, slot, p, m, hist + p, side);
+        memcpy(side, h->fused + (size_t)(p - pos0) * H, (size_t)m * H * sizeof *side);
     }
-    return head_st;
+    if (head_st != SD_OK) return head_st;
+    return sd_drafter_eagle_set_fused(h->drafter, slot, pos0, n, hist + pos0, h->fused);
 }
 
 void sd_vhead_feed(sd_vhead *h, int32_t slot, const int32_t *hist, int32_t pos0, int32_t n, int32_t row0) {
