@@ -90,11 +90,12 @@ def counts(res):
     return [(r["finished"]["stats"].get("drafted", 0), r["finished"]["stats"].get("accepted", 0)) for r in res]
 
 
-def eagle(h, target):
-    """The EAGLE-3 head in the verifier, with and without the prefix cache."""
+def eagle(h, target, head=None):
+    """The EAGLE-3 head in the verifier, with and without the prefix cache
+    (head: a trained one for target; None: a random one for the tiny model)."""
     greedy = [j for j in jobs() if "sampling" not in j]
-    refs = [h.reference(target, j["prompt"], TOKENS, ignore_eos=True) for j in greedy]
-    head = eagle_head(h, refs)
+    if not head:
+        head = eagle_head(h, [h.reference(target, j["prompt"], TOKENS, ignore_eos=True) for j in greedy])
     cold, cold_hits, cold_chains = serve_all(h, target, None, None, cache=False, head=head)
     warm, warm_hits, warm_chains = serve_all(h, target, None, None, cache=True, head=head)
     H.expect_equal_ids(warm, cold, "EAGLE head: with the prefix cache against without")
@@ -174,6 +175,9 @@ def killed_while_shared(h, target):
 
 
 def run(h, args):
+    if args.head:  # by hand: a trained head on the demo model (tools/train-eagle)
+        eagle(h, h.smollm(), args.head)
+        return
     target, draft = h.tiny_models(seed=5)
     if args.drafter == "eagle":
         eagle(h, target)
@@ -194,5 +198,7 @@ if __name__ == "__main__":
     ap.add_argument("--drafter", choices=["all", "eagle"], default="all",
                     help="all: self-draft, draft model and n-gram drafters, then a verifier killed while blocks are "
                          "shared; eagle: an EAGLE-3 head in the verifier")
+    ap.add_argument("--head", help="with --drafter eagle: a trained head for the demo model (SmolLM2-135M-Instruct) "
+                                   "instead of a random head on the tiny one")
     a = ap.parse_args()
     H.main(lambda h: run(h, a))
