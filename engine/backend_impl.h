@@ -61,6 +61,13 @@ typedef struct sd_matmul_job {
     bool accumulate; /* y[m] += instead of = */
 } sd_matmul_job;
 
+/* Where the nodes of a token tree read their keys (attention_tree). */
+typedef struct sd_attn_tree {
+    int32_t base;            /* logical positions below base are the sequence's own rows */
+    const int32_t *path_off; /* [n_tokens] where token t's path starts in path */
+    const int32_t *path;     /* storage positions of token t's logical positions base .. pos[t] */
+} sd_attn_tree;
+
 typedef struct sd_backend_ops {
     const char *name;
     /* true when buffers are ordinary host memory (the loader may write
@@ -237,6 +244,22 @@ typedef struct sd_backend_ops {
                                       int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                                       int32_t block_size, const int32_t *pos, const int32_t *bt,
                                       const int32_t *bt_off, int32_t window, float scale, float *out);
+
+    /* Optional (NULL: the backend verifies no token trees; model_tree.c
+     * refuses them): attention for the nodes of a token tree. Token t sits
+     * at logical position pos[t] (RoPE's) but its K/V row was written at a
+     * storage position of its own (the tree's nodes one after another).
+     * It attends to the logical positions 0..pos[t]: those below tree->base
+     * are the sequence's own rows, read in place; logical position j >=
+     * base is read from storage position tree->path[tree->path_off[t] + j -
+     * base] (its ancestors', then its own). The arithmetic of each (token,
+     * head) is attention's over the same keys in the same order, so a node's
+     * output equals, bit for bit, what the same path run as a chain gives.
+     * k_pool / v_pool are float, or uint16_t halves with f16. */
+    sd_status (*attention_tree)(sd_backend *be, const float *q, const void *k_pool, const void *v_pool, bool f16,
+                                int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                int32_t block_size, const int32_t *pos, const int32_t *bt, const int32_t *bt_off,
+                                const struct sd_attn_tree *tree, float scale, float *out);
 
     /* out[i] = gelu(gate[i]) * up[i], gelu the tanh form:
      * 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))). Aliasing as swiglu. */

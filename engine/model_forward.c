@@ -249,6 +249,9 @@ static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_model_plan *b) 
     const bool kv_f16 = sd_kv_params_of(kv)->type == SD_DTYPE_F16; /* checked by sd_model_kv_create */
     const float scale = 1.0f / sqrtf((float)D);
     const int32_t *bt = b->bt, *bt_off = b->bt_off;
+    /* a token tree's nodes (model_tree.c): RoPE and attention at their
+     * logical positions, the K/V rows written at their storage positions */
+    const int32_t *pos = m->tree ? m->tree_pos : b->pos;
     /* a backend with matmul_fused gets Q/K/V and gate/up in one job each,
      * the residual adds inside the o and down projections' jobs and the
      * SwiGLU as part of the down projection's (the adds stay separate in a
@@ -279,7 +282,19 @@ static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_model_plan *b) 
             SD_TRY(mat_mul(m, &L->wk, E, KD, a->xb, n, a->k)); /* k [n][KV*D] */
             SD_TRY(mat_mul(m, &L->wv, E, KD, a->xb, n, a->v)); /* v [n][KV*D] */
         }
-        if (kv_f16) {
+        if (m->tree) { /* the tree's nodes (model_tree.c checked the ops and the layers) */
+            SD_TRY(op->rope(be, a->q, n, H, D, pos, m->inv_freq));
+            SD_TRY(op->rope(be, a->k, n, KV, D, pos, m->inv_freq));
+            if (kv_f16) {
+                SD_TRY(op->kv_write_f16(be, sd_kv_k_pool(kv, l), bs, KD, a->k, n, b->pos, bt, bt_off));
+                SD_TRY(op->kv_write_f16(be, sd_kv_v_pool(kv, l), bs, KD, a->v, n, b->pos, bt, bt_off));
+            } else {
+                SD_TRY(op->kv_write(be, sd_kv_k_pool(kv, l), bs, KD, a->k, n, b->pos, bt, bt_off));
+                SD_TRY(op->kv_write(be, sd_kv_v_pool(kv, l), bs, KD, a->v, n, b->pos, bt, bt_off));
+            }
+            SD_TRY(op->attention_tree(be, a->q, sd_kv_k_pool(kv, l), sd_kv_v_pool(kv, l), kv_f16, n, H, KV, D, bs, pos,
+                                      bt, bt_off, m->tree, scale, a->att));
+        } else if (kv_f16) {
             SD_TRY(op->rope(be, a->q, n, H, D, b->pos, m->inv_freq));
             SD_TRY(op->rope(be, a->k, n, KV, D, b->pos, m->inv_freq));
             SD_TRY(op->kv_write_f16(be, sd_kv_k_pool(kv, l), bs, KD, a->k, n, b->pos, bt, bt_off));
@@ -363,7 +378,7 @@ static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_model_plan *b) 
  * enqueue, which a capture cannot wait for). */
 static sd_status run_layers(sd_model *m, sd_kv *kv, const sd_model_plan *b) {
     const sd_backend_ops *op = m->be.ops;
-    if (!op->graph_launch || m->coll || m->capture) return forward_layers(m, kv, b);
+    if (!op->graph_launch || m->coll || m->capture || m->tree) return forward_layers(m, kv, b);
     uint64_t key = sd_kv_uid(kv) * 0x9E3779B97F4A7C15ull ^ (uint64_t)(uint32_t)b->n_tokens;
     sd_status s = op->graph_launch(m->be.ctx, key);
     if (s != SD_ERR_NOT_FOUND) return s;

@@ -118,6 +118,11 @@ struct sd_model {
     void *plan_user;
     sd_model_tp_stats tp_stats;
     model_capture *capture; /* NULL: no capture (the default, no cost) */
+    /* Set only during sd_model_forward_tree (model_tree.c): the batch's pos
+     * are then storage positions (where each node's K/V row goes) and
+     * these the logical ones (RoPE, attention), with the nodes' paths. */
+    const int32_t *tree_pos;
+    const sd_attn_tree *tree;
 };
 
 /* Called by forward_layers after layer l ran over n rows: copies the rows

@@ -12,3 +12,8 @@ add_dependencies(test_eagle specd-mkmodel)
 # The C head against the training tool's own JAX forward (tools/eagle/head.py, branch train): skipped (77)
 # where tools/eagle or jax is missing.
 specd_py_test(eagle_cross ref/test_eagle_cross.py LABELS oracle)
+# Token trees drafted by a head (specd-generate --eagle --tree-topk): greedy,
+# seeded and penalized output = plain at several tree shapes with a random
+# head; with the demo model's trained head (skipped with a message when
+# absent) greedy = plain and drafts are accepted; refusals.
+specd_py_test(eagle_tree_oracle ref/test_eagle_tree.py LABELS oracle)

@@ -51,3 +51,11 @@ specd_unit_test(test_gen_timing test_gen_timing.c ${CMAKE_SOURCE_DIR}/tools/gen_
 target_include_directories(test_gen_timing PRIVATE ${CMAKE_SOURCE_DIR}/tools)
 target_compile_definitions(test_gen_timing PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
 add_dependencies(test_gen_timing specd-mkmodel)
+# Token trees verified in one forward (engine/model_tree.c, attention_tree):
+# each node's logits = its path's as a chain, bit for bit (f32 and f16
+# caches), the cache after keeping a path = the chain's, a no-mask control
+# that differs, refusals.
+specd_unit_test(test_spec_tree test_spec_tree.c)
+target_compile_definitions(test_spec_tree PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
+add_dependencies(test_spec_tree specd-mkmodel)
+set_tests_properties(test_spec_tree PROPERTIES LABELS "unit;model")

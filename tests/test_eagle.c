@@ -234,6 +234,69 @@ static sd_status load_head(const head_spec *h, const sd_model *m) {
     return s;
 }
 
+/* The head's tree rows (sd_eagle_head_forward_tree): slot 0 runs rows
+ * (a, b, c, d) as a chain; slot 1 runs (a, b), then tree rows c (depth 0),
+ * its sibling z, and d under c, stored at 2, 3, 4. Row c's and row d's
+ * logits and outputs equal the chain's rows 2 and 3 bit for bit; d read
+ * through its sibling z instead (a wrong path) gives other logits, and a
+ * path outside the rows is refused. */
+static void test_eagle_tree_rows(void **state) {
+    (void)state;
+    if (!env.ok) skip();
+    sd_model *m = load(0);
+    char dir[96];
+    snprintf(dir, sizeof dir, "%s/tree_head", env.dir);
+    mkdir(dir, 0755);
+    const head_spec hs = good_head();
+    write_head(dir, &hs);
+    sd_eagle_target t = sd_eagle_target_of(m);
+    sd_eagle_params p = sd_eagle_default_params();
+    p.max_seqs = 2;
+    p.max_ctx = 16;
+    p.n_threads = 1;
+    sd_eagle_head *h = NULL;
+    assert_int_equal(sd_eagle_head_load(dir, &t, &p, &h), SD_OK);
+    enum { R = 4 };
+    static float g[R * DIM], chain[R * HVD], chain_hid[R * DIM], tree[3 * HVD], tree_hid[3 * DIM], two[2 * HVD];
+    for (int32_t i = 0; i < R * DIM; i++) g[i] = (float)((i * 31) % 17) * 0.05f - 0.4f;
+    const int32_t toks[R] = {5, 17, 99, 3};
+    const bool all[R] = {true, true, true, true};
+    assert_int_equal(sd_eagle_head_forward(h, 0, 0, R, toks, g, all, chain, chain_hid), SD_OK);
+    assert_int_equal(sd_eagle_head_forward(h, 1, 0, 2, toks, g, NULL, two, NULL), SD_OK);
+    const int32_t ttoks[3] = {99, 250, 3}, pos[3] = {2, 2, 3}, off[3] = {0, 1, 2}, path[4] = {2, 3, 2, 4};
+    float tg[3 * DIM];
+    memcpy(tg, g + 2 * DIM, DIM * sizeof(float));
+    memcpy(tg + DIM, g + 2 * DIM, DIM * sizeof(float));
+    memcpy(tg + 2 * DIM, g + 3 * DIM, DIM * sizeof(float));
+    sd_eagle_tree_rows tr = {.pos = pos, .base = 2, .path_off = off, .path = path};
+    assert_int_equal(sd_eagle_head_forward_tree(h, 1, 2, 3, ttoks, tg, &tr, all, tree, tree_hid), SD_OK);
+    assert_memory_equal(tree, chain + 2 * HVD, HVD * sizeof(float));
+    assert_memory_equal(tree + 2 * HVD, chain + 3 * HVD, HVD * sizeof(float));
+    assert_memory_equal(tree_hid, chain_hid + 2 * DIM, DIM * sizeof(float));
+    assert_memory_equal(tree_hid + 2 * DIM, chain_hid + 3 * DIM, DIM * sizeof(float));
+    /* the control: d's path through its sibling z */
+    const int32_t wrong[4] = {2, 3, 3, 4};
+    tr.path = wrong;
+    assert_int_equal(sd_eagle_head_truncate(h, 1, 2), SD_OK);
+    assert_int_equal(sd_eagle_head_forward_tree(h, 1, 2, 3, ttoks, tg, &tr, all, tree, NULL), SD_OK);
+    assert_memory_not_equal(tree + 2 * HVD, chain + 3 * HVD, HVD * sizeof(float));
+    /* a row reading a row after itself, or below base */
+    const int32_t ahead[4] = {3, 3, 2, 4}, below[4] = {2, 3, 1, 4};
+    assert_int_equal(sd_eagle_head_truncate(h, 1, 2), SD_OK);
+    tr.path = ahead;
+    assert_int_equal(sd_eagle_head_forward_tree(h, 1, 2, 3, ttoks, tg, &tr, all, tree, NULL), SD_ERR_INVALID_ARG);
+    tr.path = below;
+    assert_int_equal(sd_eagle_head_forward_tree(h, 1, 2, 3, ttoks, tg, &tr, all, tree, NULL), SD_ERR_INVALID_ARG);
+    sd_eagle_head_free(&h);
+    char f[160];
+    snprintf(f, sizeof f, "%s/config.json", dir);
+    unlink(f);
+    snprintf(f, sizeof f, "%s/model.safetensors", dir);
+    unlink(f);
+    rmdir(dir);
+    sd_model_free(&m);
+}
+
 static void test_eagle_refusals(void **state) {
     (void)state;
     if (!env.ok) skip();
@@ -288,6 +351,7 @@ int main(void) {
         cmocka_unit_test(test_capture),
         cmocka_unit_test(test_eagle_missing_dir),
         cmocka_unit_test(test_eagle_refusals),
+        cmocka_unit_test(test_eagle_tree_rows),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

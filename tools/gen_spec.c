@@ -34,8 +34,13 @@ sd_status sd_gen_spec_run(sd_spec_decoder *dec, const int32_t *prompt, int32_t n
         int32_t left = p->n_predict - r->n_ids - 1;
         int32_t k = p->k < left ? p->k : left;
         int32_t step[SD_MAX_K + 1], n_step = 0;
+        sd_tree_shape shape = p->tree;
+        shape.depth = k;
         sd_status st =
-            p->adaptive_k
+            p->tree.topk > 0 && k > 0
+                ? sd_spec_decoder_step_tree(dec, ctx, n_prompt + r->n_ids, &shape, &p->sampling, step, &n_step, NULL,
+                                            NULL)
+            : p->adaptive_k
                 ? sd_spec_decoder_step_adaptive(dec, ctx, n_prompt + r->n_ids, k, &p->sampling, step, &n_step, &k)
                 : sd_spec_decoder_step(dec, ctx, n_prompt + r->n_ids, k, &p->sampling, step, &n_step, NULL, NULL);
         if (st != SD_OK) return st;

@@ -21,6 +21,7 @@ typedef struct sd_gen_spec_params {
     int32_t n_predict; /* tokens to generate at most (>= 1) */
     int32_t k;         /* K, or the most K with adaptive_k */
     bool adaptive_k;   /* K per step from the shared policy (sd_spec_decoder_step_adaptive) */
+    sd_tree_shape tree; /* tree.topk > 0: a token tree per step (sd_spec_decoder_step_tree), depth k */
     sd_sampling sampling;
     void *user;                                  /* passed to the callbacks */
     bool (*is_end)(void *user, int32_t token);   /* stop after this token (end of generation); may be NULL */

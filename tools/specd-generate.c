@@ -64,6 +64,7 @@ typedef struct gen_opts {
     int32_t draft_vocab; /* --draft-vocab N: a model drafter's vocabulary cut (-1 = not given) */
     int32_t k;
     bool adaptive_k;
+    int32_t tree_topk, tree_nodes; /* --tree-topk K (0: chains), --tree-nodes N */
     bool logprobs;                    /* --logprobs N: each token's logprob and top N (plain decoding) */
     int32_t top_logprobs;             /* N */
     const char *eagle_dir, *dump_dir; /* --eagle DIR (an EAGLE-3 head drafts), --dump-features DIR (gen_features.h) */
@@ -123,6 +124,9 @@ static void usage(FILE *f) {
             "                       vocabulary's size; 0 = the whole vocabulary, the default; 32768\n"
             "                       measured best with SmolLM2's 49,152 ids, whose order follows frequency)\n"
             "  -k K                 draft tokens per step (default 4, at most %d)\n"
+            "      --tree-topk T    with --eagle: draft a token tree per step, T children per node and T\n"
+            "                       nodes expanded per depth, depth K (0 = chains, the default; at most %d)\n"
+            "      --tree-nodes N   with --tree-topk: the N most probable nodes are verified (default 16, <= %d)\n"
             "      --adaptive-k     choose K per step (0..K) from the acceptance and measured costs; at K = 0\n"
             "                       it shadow-drafts now and then to notice when drafting pays again\n"
             "      --json-schema FILE  constrain the output to an instance of the JSON Schema in FILE\n"
@@ -135,7 +139,7 @@ static void usage(FILE *f) {
             "  -v, --verbose        log at DEBUG level\n"
             "  -h, --help           this help\n"
             "\n" SD_BACKEND_OPTIONS_USAGE,
-            SD_MAX_TOP_LOGPROBS, sd_chat_template_names(), SD_MAX_K);
+            SD_MAX_TOP_LOGPROBS, sd_chat_template_names(), SD_MAX_K, SD_TREE_MAX_TOPK, SD_TREE_MAX_NODES);
 }
 
 /* --message ROLE:TEXT appended to o->turns (TEXT borrowed from argv). */
@@ -177,6 +181,8 @@ enum {
     OPT_FREQUENCY,
     OPT_LOGPROBS,
     OPT_EAGLE,
+    OPT_TREE_TOPK,
+    OPT_TREE_NODES,
     OPT_DUMP,
     OPT_PROMPT_FILE,
     OPT_EAGLE_LAYERS,
@@ -218,6 +224,8 @@ static const struct option longs[] = {{"model", required_argument, 0, 'm'},
                                       {"frequency-penalty", required_argument, 0, OPT_FREQUENCY},
                                       {"logprobs", required_argument, 0, OPT_LOGPROBS},
                                       {"eagle", required_argument, 0, OPT_EAGLE},
+                                      {"tree-topk", required_argument, 0, OPT_TREE_TOPK},
+                                      {"tree-nodes", required_argument, 0, OPT_TREE_NODES},
                                       {"dump-features", required_argument, 0, OPT_DUMP},
                                       {"prompt-file", required_argument, 0, OPT_PROMPT_FILE},
                                       {"eagle-layers", required_argument, 0, OPT_EAGLE_LAYERS},
@@ -318,6 +326,14 @@ static bool apply_opt(int c, gen_opts *o, const char **name, bool *unknown) {
         ok = sd_cli_parse_i32(optarg, 1, SD_MAX_K, &o->k);
         break;
     case OPT_ADAPTIVE: o->adaptive_k = true; break;
+    case OPT_TREE_TOPK:
+        *name = "tree-topk";
+        ok = sd_cli_parse_i32(optarg, 0, SD_TREE_MAX_TOPK, &o->tree_topk);
+        break;
+    case OPT_TREE_NODES:
+        *name = "tree-nodes";
+        ok = sd_cli_parse_i32(optarg, 1, SD_TREE_MAX_NODES, &o->tree_nodes);
+        break;
     case OPT_DEVICE:
         *name = "device";
         ok = sd_device_parse(optarg, &o->device) == SD_OK;
@@ -362,6 +378,8 @@ static int check_opts(const gen_opts *o) {
     const char *bad =
         !constrained && (o->forced_draft || o->no_forced) ? "--forced-draft and --no-forced need a constraint"
         : constrained && (o->ignore_eos || o->adaptive_k) ? "a constraint excludes --ignore-eos and --adaptive-k"
+        : o->tree_topk > 0 && (!o->eagle_dir || o->adaptive_k || constrained)
+            ? "--tree-topk needs --eagle, and excludes --adaptive-k and constraints"
         : o->forced_draft && (o->draft_path || o->ngram || o->draft_layers > 0)
             ? "--forced-draft excludes the other drafters"
             : NULL;
@@ -384,6 +402,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
     memset(o, 0, sizeof *o);
     o->n_predict = 128;
     o->k = 4;
+    o->tree_nodes = 16;
     o->device = -1;
     o->draft_vocab = -1;
     o->sampling = sd_sampling_default();
@@ -565,6 +584,7 @@ static sd_status generate_spec(const gen_opts *o, sd_model *m, sd_spec_decoder *
         .n_predict = o->n_predict,
         .k = o->k,
         .adaptive_k = o->adaptive_k,
+        .tree = {.topk = o->tree_topk, .n_nodes = o->tree_nodes},
         .sampling = o->sampling,
         .user = &ss,
         .is_end = spec_is_end,

@@ -38,6 +38,12 @@
  * the V accumulation could take 512-bit registers without changing a bit
  * (its order is per element), not tried.
  *
+ * Token trees (sd_cpu_attention_tree, model_tree.c): every node is a run
+ * of one; its K and V row pointers for logical positions from the tree's
+ * base on are its path's storage rows (ancestors, then itself) instead of
+ * the positions' own, and everything after the pointer table is the code
+ * above. So a node's output is, bit for bit, its path's as a chain.
+ *
  * An f16 cache (sd_cpu_kv_write_f16 / sd_cpu_attention_f16) rounds each
  * value once when it is written (to nearest, ties to even); attention widens
  * the item's K and V rows to f32 (exact) and then does the very arithmetic of
@@ -155,6 +161,7 @@ typedef struct attn_args {
     size_t n_sub; /* items per (run, KV head): its query heads cut into n_sub parts */
     size_t n_pad; /* the longest token's position count, rounded up to 8 */
     size_t window; /* 0: none; else a token sees its last `window` positions only */
+    const sd_attn_tree *tree; /* NULL: none; else every run is one tree node (its path's rows) */
     float scale;
 } attn_args;
 
@@ -370,10 +377,19 @@ static void attn_item(void *p, int64_t item, int32_t ith) {
 
     for (size_t d = 0; d < hd; d++) zero[d] = 0.0f;
     size_t j = 0;
+    /* a tree node (a run of one): logical positions from base on are read
+     * at its path's storage positions; before base, in place */
+    const size_t n_direct = a->tree && (size_t)a->tree->base < n_max ? (size_t)a->tree->base : n_max;
+    const int32_t *path = a->tree ? a->tree->path + a->tree->path_off[t0] : NULL;
     for (size_t b = 0; j < n_max; b++) {
         size_t slot = (size_t)bt[b] * a->block_size;
         for (size_t off = 0; off < a->block_size && j < n_max; off++, j++) {
-            size_t at = ((slot + off) * a->n_kv_heads + kvh) * hd;
+            size_t row = slot + off;
+            if (j >= n_direct) {
+                size_t sp = (size_t)path[j - n_direct];
+                row = (size_t)bt[sp / a->block_size] * a->block_size + sp % a->block_size;
+            }
+            size_t at = (row * a->n_kv_heads + kvh) * hd;
             if (a->f16) {
                 widen((const uint16_t *)a->k_pool + at, hd, wk + j * hd);
                 widen((const uint16_t *)a->v_pool + at, hd, wv + j * hd);
@@ -451,7 +467,17 @@ sd_status sd_cpu_attention_window_path(sd_backend *be, sd_cpu_attn_path path, co
                                        int32_t n_kv_heads, int32_t head_dim, int32_t block_size, const int32_t *pos,
                                        const int32_t *bt, const int32_t *bt_off, int32_t window, float scale,
                                        float *out) {
+    return sd_cpu_attention_tree_path(be, path, q, k_pool, v_pool, f16, n_tokens, n_heads, n_kv_heads, head_dim,
+                                      block_size, pos, bt, bt_off, window, NULL, scale, out);
+}
+
+sd_status sd_cpu_attention_tree_path(sd_backend *be, sd_cpu_attn_path path, const float *q, const void *k_pool,
+                                     const void *v_pool, bool f16, int32_t n_tokens, int32_t n_heads,
+                                     int32_t n_kv_heads, int32_t head_dim, int32_t block_size, const int32_t *pos,
+                                     const int32_t *bt, const int32_t *bt_off, int32_t window,
+                                     const sd_attn_tree *tree, float scale, float *out) {
     if (n_tokens <= 0) return SD_OK;
+    if (tree && (window != 0 || tree->base < 0 || !tree->path || !tree->path_off)) return SD_ERR_INVALID_ARG;
     if (!sd_cpu_attn_path_available(path)) return SD_ERR_UNSUPPORTED;
     if (window < 0) return SD_ERR_INVALID_ARG;
     if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0 || head_dim <= 0 || block_size <= 0)
@@ -467,7 +493,7 @@ sd_status sd_cpu_attention_window_path(sd_backend *be, sd_cpu_attn_path path, co
         if (pos[t] < 0) return SD_ERR_INVALID_ARG;
         if ((size_t)pos[t] > max_pos) max_pos = (size_t)pos[t];
         work += (size_t)pos[t] + 1;
-        bool joins = t > 0 && bt_off[t] == bt_off[t - 1] && (int64_t)pos[t] == (int64_t)pos[t - 1] + 1 &&
+        bool joins = !tree && t > 0 && bt_off[t] == bt_off[t - 1] && (int64_t)pos[t] == (int64_t)pos[t - 1] + 1 &&
                      t - be->attn_runs[n_runs - 1] < RUN_MAX;
         if (!joins) be->attn_runs[n_runs++] = t;
     }
@@ -502,6 +528,7 @@ sd_status sd_cpu_attention_window_path(sd_backend *be, sd_cpu_attn_path path, co
                    .n_pad = n_pad,
                    .n_sub = n_sub,
                    .window = (size_t)window,
+                   .tree = tree,
                    .scale = scale};
     sd_cpu_parallel(be, attn_item, &a, (int64_t)(n_runs * (size_t)n_kv_heads * n_sub), work * (size_t)n_heads * (size_t)head_dim * 2);
     return SD_OK;
@@ -540,4 +567,13 @@ sd_status sd_cpu_attention_window_f16(sd_backend *be, const float *q, const uint
     if (window < 1) return SD_ERR_INVALID_ARG;
     return sd_cpu_attention_window_path(be, best_path(), q, k_pool, v_pool, true, n_tokens, n_heads, n_kv_heads,
                                         head_dim, block_size, pos, bt, bt_off, window, scale, out);
+}
+
+sd_status sd_cpu_attention_tree(sd_backend *be, const float *q, const void *k_pool, const void *v_pool, bool f16,
+                                int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                int32_t block_size, const int32_t *pos, const int32_t *bt, const int32_t *bt_off,
+                                const sd_attn_tree *tree, float scale, float *out) {
+    if (!tree) return SD_ERR_INVALID_ARG;
+    return sd_cpu_attention_tree_path(be, best_path(), q, k_pool, v_pool, f16, n_tokens, n_heads, n_kv_heads, head_dim,
+                                      block_size, pos, bt, bt_off, 0, tree, scale, out);
 }

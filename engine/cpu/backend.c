@@ -105,6 +105,7 @@ static const sd_backend_ops cpu_ops = {
     .rope_neox = sd_cpu_rope_neox,
     .attention_window = sd_cpu_attention_window,
     .attention_window_f16 = sd_cpu_attention_window_f16,
+    .attention_tree = sd_cpu_attention_tree,
     .geglu = sd_cpu_geglu,
     .add_rows = sd_cpu_add_rows,
     .scale = sd_cpu_scale,

@@ -141,6 +141,18 @@ sd_status sd_cpu_attention_window_f16(sd_backend *be, const float *q, const uint
                                       int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                                       int32_t block_size, const int32_t *pos, const int32_t *bt,
                                       const int32_t *bt_off, int32_t window, float scale, float *out);
+/* Attention for the nodes of a token tree (backend_impl.h's attention_tree):
+ * each token is its own run, its keys from base on read along its path. */
+sd_status sd_cpu_attention_tree(sd_backend *be, const float *q, const void *k_pool, const void *v_pool, bool f16,
+                                int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                int32_t block_size, const int32_t *pos, const int32_t *bt, const int32_t *bt_off,
+                                const sd_attn_tree *tree, float scale, float *out);
+/* The same on a chosen path, with a window (0: none; a tree takes none), for the tests. */
+sd_status sd_cpu_attention_tree_path(sd_backend *be, sd_cpu_attn_path path, const float *q, const void *k_pool,
+                                     const void *v_pool, bool f16, int32_t n_tokens, int32_t n_heads,
+                                     int32_t n_kv_heads, int32_t head_dim, int32_t block_size, const int32_t *pos,
+                                     const int32_t *bt, const int32_t *bt_off, int32_t window,
+                                     const sd_attn_tree *tree, float scale, float *out);
 /* sd_cpu_attention_path with a sliding window (0: none), for the tests. */
 sd_status sd_cpu_attention_window_path(sd_backend *be, sd_cpu_attn_path path, const float *q, const void *k_pool,
                                        const void *v_pool, bool f16, int32_t n_tokens, int32_t n_heads,

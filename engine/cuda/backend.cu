@@ -452,6 +452,7 @@ static const sd_backend_ops cuda_ops = {
     .rope_neox = sd_cuda_rope_neox,
     .attention_window = sd_cuda_attention_window,
     .attention_window_f16 = NULL,
+    .attention_tree = NULL, /* token trees run on the CPU backend only: model_tree.c refuses them here */
     .geglu = sd_cuda_geglu,
     .add_rows = sd_cuda_add_rows,
     .scale = sd_cuda_scale,

@@ -27,33 +27,13 @@
  * request's sampling and the coupled race of (seed, position), like the
  * model drafter, so q is exact for the coupled rule (spec.h); a greedy
  * request drafts the argmax among the draft ids, mapped. */
-#include "drafter_impl.h"
-
-#include "specd/eagle.h"
+#include "drafter_eagle_impl.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct eagle_drafter {
-    sd_eagle_head *head;
-    int32_t H, n_vocab, n_draft, top_n, max_ctx;
-    bool identity;     /* draft id == target id for all ids */
-    float *feat;       /* [max_seqs][max_ctx][H] fused target features */
-    int32_t *feat_tok; /* [max_seqs][max_ctx] the token at each featured position */
-    int32_t *n_feat;   /* [max_seqs] */
-    int32_t *head_tok; /* [max_seqs][max_ctx] the token each true head row read */
-    int32_t *n_true;   /* [max_seqs] head rows computed from target features */
-    float *logits_d;   /* [Vd] */
-    float *logits;     /* [V] mapped */
-    float *probs;      /* [V] */
-    float *hid;        /* [cap_hid][H] */
-    int32_t cap_hid;
-    float *g_step;  /* [H] */
-    int32_t *q_ids; /* [max_seqs][SD_MAX_K][top_n] */
-    float *q_probs; /* [max_seqs][SD_MAX_K][top_n] */
-} eagle_drafter;
 
 static sd_status reserve_hid(eagle_drafter *e, int32_t rows) {
     if (rows <= e->cap_hid) return SD_OK;
@@ -74,9 +54,8 @@ static void map_logits(eagle_drafter *e) {
     for (int32_t i = 0; i < e->n_draft; i++) e->logits[sd_eagle_head_target_id(e->head, i)] = e->logits_d[i];
 }
 
-static sd_status eagle_propose(sd_drafter *d, int32_t slot, const int32_t *ctx, int32_t n_ctx, int32_t k,
-                               const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n_drafted) {
-    eagle_drafter *e = d->impl;
+sd_status sd_eagle_drafter_prepare(eagle_drafter *e, int32_t slot, const int32_t *ctx, int32_t n_ctx, bool *ready) {
+    *ready = false;
     for (int32_t i = 0; i < n_ctx; i++)
         if (ctx[i] < 0 || ctx[i] >= e->n_vocab) {
             SD_ERROR("drafter: context token %d at %d is outside [0, %d)", (int)ctx[i], (int)i, (int)e->n_vocab);
@@ -90,8 +69,7 @@ static sd_status eagle_propose(sd_drafter *d, int32_t slot, const int32_t *ctx, 
                  (int)have, (int)n_ctx - 1);
         return SD_OK;
     }
-    if (n_ctx - 2 + k > e->max_ctx) k = e->max_ctx - n_ctx + 2; /* head rows up to n_ctx - 3 + k */
-    if (k <= 0) return SD_OK;
+    if (n_ctx - 1 > e->max_ctx) return SD_OK; /* the context's head rows do not fit */
     int32_t *tok = e->head_tok + (size_t)slot * (size_t)e->max_ctx;
     int32_t keep = 0;
     while (keep < e->n_true[slot] && keep < n_ctx - 1 && tok[keep] == ctx[keep + 1]) keep++;
@@ -104,7 +82,18 @@ static sd_status eagle_propose(sd_drafter *d, int32_t slot, const int32_t *ctx, 
     memcpy(tok + keep, ctx + keep + 1, (size_t)rows * sizeof *tok);
     e->n_true[slot] = n_ctx - 1;
     memcpy(e->g_step, e->hid + (size_t)(rows - 1) * (size_t)e->H, (size_t)e->H * sizeof *e->g_step);
+    *ready = true;
+    return SD_OK;
+}
 
+static sd_status eagle_propose(sd_drafter *d, int32_t slot, const int32_t *ctx, int32_t n_ctx, int32_t k,
+                               const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n_drafted) {
+    eagle_drafter *e = d->impl;
+    if (n_ctx - 2 + k > e->max_ctx) k = e->max_ctx - n_ctx + 2; /* head rows up to n_ctx - 3 + k */
+    if (k <= 0) return SD_OK;
+    bool ready = false;
+    SD_TRY(sd_eagle_drafter_prepare(e, slot, ctx, n_ctx, &ready));
+    if (!ready) return SD_OK;
     int32_t *ids = e->q_ids + (size_t)slot * SD_MAX_K * (size_t)e->top_n;
     float *qp = e->q_probs + (size_t)slot * SD_MAX_K * (size_t)e->top_n;
     for (int32_t i = 0; i < k; i++) {

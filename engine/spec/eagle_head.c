@@ -90,12 +90,14 @@ static void rmsnorm_rows(const float *x, const float *w, int32_t n, int32_t dim,
     }
 }
 
-/* Rotate-half RoPE on n_heads heads of each row at its position. */
-static void rope_rows(const sd_eagle_head *h, float *x, int32_t n, int32_t n_heads, int32_t pos0) {
+/* Rotate-half RoPE on n_heads heads of each row at its position: pos0 + t,
+ * or a tree row's own (tr->pos). */
+static void rope_rows(const sd_eagle_head *h, float *x, int32_t n, int32_t n_heads, int32_t pos0,
+                      const sd_eagle_tree_rows *tr) {
     const int32_t D = h->head_dim, half = D / 2;
     for (int32_t t = 0; t < n; t++)
         for (int32_t j = 0; j < half; j++) {
-            const double ang = (double)(pos0 + t) * (double)h->inv_freq[j];
+            const double ang = (double)(tr ? tr->pos[t] : pos0 + t) * (double)h->inv_freq[j];
             const float c = (float)cos(ang), s = (float)sin(ang);
             for (int32_t hh = 0; hh < n_heads; hh++) {
                 float *v = x + ((size_t)t * (size_t)n_heads + (size_t)hh) * (size_t)D;
@@ -125,21 +127,24 @@ static sd_status reserve(sd_eagle_head *h, int32_t n) {
     return SD_OK;
 }
 
-/* att[t] = softmax(q k^T / sqrt(D)) v over the slot's positions 0..pos0+t. */
-static void attend(sd_eagle_head *h, int32_t seq, int32_t pos0, int32_t n) {
+/* att[t] = softmax(q k^T / sqrt(D)) v over the slot's positions 0..pos0+t,
+ * or for a tree row its logical positions 0..tr->pos[t]: those from
+ * tr->base on read at its path's cache rows. */
+static void attend(sd_eagle_head *h, int32_t seq, int32_t pos0, int32_t n, const sd_eagle_tree_rows *tr) {
     const int32_t D = h->head_dim, KVH = h->n_kv_heads, group = h->n_heads / KVH;
     const size_t KD = (size_t)KVH * (size_t)D;
     const float *kc = h->k_cache + (size_t)seq * (size_t)h->params.max_ctx * KD;
     const float *vc = h->v_cache + (size_t)seq * (size_t)h->params.max_ctx * KD;
     const float scale = 1.0f / sqrtf((float)D);
     for (int32_t t = 0; t < n; t++) {
-        const int32_t n_keys = pos0 + t + 1;
+        const int32_t n_keys = tr ? tr->pos[t] + 1 : pos0 + t + 1;
+        const int32_t *path = tr ? tr->path + tr->path_off[t] : NULL;
         for (int32_t hh = 0; hh < h->n_heads; hh++) {
             const float *q = h->q + ((size_t)t * (size_t)h->n_heads + (size_t)hh) * (size_t)D;
             const size_t kh = (size_t)(hh / group) * (size_t)D;
             float mx = -INFINITY;
             for (int32_t p = 0; p < n_keys; p++) {
-                const float *k = kc + (size_t)p * KD + kh;
+                const float *k = kc + (size_t)(path && p >= tr->base ? path[p - tr->base] : p) * KD + kh;
                 float s = 0;
                 for (int32_t i = 0; i < D; i++) s += q[i] * k[i];
                 h->scores[p] = s * scale;
@@ -154,7 +159,7 @@ static void attend(sd_eagle_head *h, int32_t seq, int32_t pos0, int32_t n) {
             memset(o, 0, (size_t)D * sizeof *o);
             for (int32_t p = 0; p < n_keys; p++) {
                 const float w = (float)(h->scores[p] / sum);
-                const float *v = vc + (size_t)p * KD + kh;
+                const float *v = vc + (size_t)(path && p >= tr->base ? path[p - tr->base] : p) * KD + kh;
                 for (int32_t i = 0; i < D; i++) o[i] += w * v[i];
             }
         }
@@ -174,7 +179,22 @@ static sd_status embed_rows(sd_eagle_head *h, const int32_t *tokens, int32_t n) 
 
 sd_status sd_eagle_head_forward(sd_eagle_head *h, int32_t seq, int32_t pos0, int32_t n, const int32_t *tokens,
                                 const float *g, const bool *want, float *logits, float *hidden_out) {
+    return sd_eagle_head_forward_tree(h, seq, pos0, n, tokens, g, NULL, want, logits, hidden_out);
+}
+
+sd_status sd_eagle_head_forward_tree(sd_eagle_head *h, int32_t seq, int32_t pos0, int32_t n, const int32_t *tokens,
+                                     const float *g, const sd_eagle_tree_rows *tr, const bool *want, float *logits,
+                                     float *hidden_out) {
     if (!h || !tokens || !g || !logits || n < 1 || seq < 0 || seq >= h->params.max_seqs) return SD_ERR_INVALID_ARG;
+    for (int32_t t = 0; tr && t < n; t++) /* a tree row reads rows below it in the cache, or itself */
+        for (int32_t p = tr->base; p <= tr->pos[t]; p++) {
+            int32_t at = tr->path[tr->path_off[t] + p - tr->base];
+            if (tr->base < 0 || tr->base > pos0 || at < tr->base || at > pos0 + t || (p == tr->pos[t]) != (at == pos0 + t)) {
+                SD_ERROR("eagle: tree row %d reads cache row %d for its position %d (base %d, rows %d..)", (int)t,
+                         (int)at, (int)p, (int)tr->base, (int)pos0);
+                return SD_ERR_INVALID_ARG;
+            }
+        }
     if (pos0 != h->len[seq] || pos0 + n > h->params.max_ctx) {
         SD_ERROR("eagle: rows at %d..%d of slot %d, which holds %d of at most %d", (int)pos0, (int)(pos0 + n - 1),
                  (int)seq, (int)h->len[seq], (int)h->params.max_ctx);
@@ -195,13 +215,13 @@ sd_status sd_eagle_head_forward(sd_eagle_head *h, int32_t seq, int32_t pos0, int
     SD_TRY(mm(h, &h->wq, 2 * H, QD, h->x_in, n, h->q)); /* q [n][nh*hd] */
     SD_TRY(mm(h, &h->wk, 2 * H, KD, h->x_in, n, h->k)); /* k [n][nkv*hd] */
     SD_TRY(mm(h, &h->wv, 2 * H, KD, h->x_in, n, h->v)); /* v [n][nkv*hd] */
-    rope_rows(h, h->q, n, h->n_heads, pos0);
-    rope_rows(h, h->k, n, h->n_kv_heads, pos0);
+    rope_rows(h, h->q, n, h->n_heads, pos0, tr);
+    rope_rows(h, h->k, n, h->n_kv_heads, pos0, tr);
     const size_t slot_off = ((size_t)seq * (size_t)h->params.max_ctx + (size_t)pos0) * (size_t)KD;
     memcpy(h->k_cache + slot_off, h->k, (size_t)n * (size_t)KD * sizeof(float));
     memcpy(h->v_cache + slot_off, h->v, (size_t)n * (size_t)KD * sizeof(float));
     h->len[seq] = pos0 + n;
-    attend(h, seq, pos0, n);                                               /* att [n][nh*hd] */
+    attend(h, seq, pos0, n, tr);                                             /* att [n][nh*hd] */
     SD_TRY(mm(h, &h->wo, QD, H, h->att, n, h->xn));                        /* xn [n][H] */
     for (size_t i = 0; i < nH; i++) h->h1[i] += h->xn[i];                  /* h1: after attention */
     rmsnorm_rows(h->h1, h->post_norm, n, H, h->rms_eps, h->xn, (size_t)H); /* xn: post_attention_layernorm */

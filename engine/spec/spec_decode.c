@@ -25,7 +25,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "specd/eagle.h"
 #include "specd/spec_batch.h"
+#include "specd/spec_tree.h"
 
 #define ADAPT_START_ALPHA  0.6  /* acceptance assumed before a sequence has shown any */
 #define ADAPT_START_TRIALS 2.0  /* ... worth two trials: the first drafts move it as a running mean */
@@ -56,6 +58,12 @@ struct sd_spec_decoder {
     int32_t forced_ids[SD_MAX_K];
     float forced_q[SD_MAX_K];
     int64_t forced_drafted;
+    /* token trees (sd_spec_decoder_step_tree): grown to the largest step */
+    float *tree_logits; /* [1 + nodes][n_vocab], then the probs row */
+    int32_t *tree_counts; /* [n_vocab] zeros */
+    int32_t *tree_hist;   /* [max_ctx + SD_MAX_K] */
+    float *tree_aux;      /* [max_ctx... rows][aux width]: the committed rows' features */
+    int32_t tree_cap;     /* rows tree_logits and tree_aux hold */
 };
 
 void sd_spec_decoder_set_prompt_len(sd_spec_decoder *d, int32_t n_prompt) {
@@ -75,6 +83,10 @@ void sd_spec_decoder_free(sd_spec_decoder **pd) {
     free(d->cached);
     free(d->con_ids);
     free(d->ctx2);
+    free(d->tree_logits);
+    free(d->tree_counts);
+    free(d->tree_hist);
+    free(d->tree_aux);
     sd_spec_scratch_free(&d->scratch);
     if (d->eagle) sd_model_capture_set(d->target, 0, NULL, false);
     free(d);
@@ -114,7 +126,9 @@ sd_status sd_spec_decoder_create(sd_model *target, sd_drafter *drafter, int32_t 
     sd_status st = d->cached ? sd_spec_scratch_create(&d->scratch) : SD_ERR_NOMEM;
     if (st == SD_OK) {
         const int32_t block = 16;
-        st = sd_model_kv_create(target, 1, (max_ctx + SD_MAX_K + block - 1) / block + 1, block, &d->kv);
+        /* room past the context for a chain of K or a tree of nodes */
+        const int32_t extra = SD_TREE_MAX_NODES > SD_MAX_K ? SD_TREE_MAX_NODES : SD_MAX_K;
+        st = sd_model_kv_create(target, 1, (max_ctx + extra + block - 1) / block + 1, block, &d->kv);
     } else {
         SD_ERROR("spec: out of memory creating a decoder");
     }
@@ -516,4 +530,122 @@ const sd_spec_stats *sd_spec_decoder_stats(const sd_spec_decoder *d) { return d 
 
 void sd_spec_decoder_reset_stats(sd_spec_decoder *d) {
     if (d) memset(&d->stats, 0, sizeof d->stats);
+}
+
+/* ---- token trees ---- */
+
+/* Grows the tree buffers to rows rows (+ one probs row) of n_vocab. */
+static sd_status tree_reserve(sd_spec_decoder *d, int32_t rows, int32_t n_vocab, int32_t aux_width) {
+    if (!d->tree_counts) {
+        d->tree_counts = calloc((size_t)n_vocab, sizeof *d->tree_counts);
+        d->tree_hist = malloc(((size_t)d->max_ctx + SD_MAX_K) * sizeof *d->tree_hist);
+        if (!d->tree_counts || !d->tree_hist) return SD_ERR_NOMEM;
+    }
+    if (rows <= d->tree_cap) return SD_OK;
+    free(d->tree_logits);
+    free(d->tree_aux);
+    d->tree_logits = malloc(((size_t)rows + 1) * (size_t)n_vocab * sizeof *d->tree_logits);
+    d->tree_aux = malloc((size_t)rows * (size_t)(aux_width > 0 ? aux_width : 1) * sizeof *d->tree_aux);
+    if (!d->tree_logits || !d->tree_aux) return SD_ERR_NOMEM;
+    d->tree_cap = rows;
+    return SD_OK;
+}
+
+sd_status sd_spec_decoder_step_tree(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, const sd_tree_shape *shape,
+                                    const sd_sampling *s, int32_t *out, int32_t *n_out, int32_t *n_drafted,
+                                    int32_t *n_accepted) {
+    SD_TRY(sd_sampling_validate(s));
+    SD_TRY(sd_tree_shape_check(shape));
+    if (!d || !ctx || !out || !n_out || n_ctx <= 0 || n_ctx >= d->max_ctx) {
+        SD_ERROR("spec: a tree step needs a decoder, a non-empty context below max_ctx and outputs");
+        return SD_ERR_INVALID_ARG;
+    }
+    if (!d->eagle || d->constraint || (s->rule == SD_RULE_REJECTION && !sd_sampling_is_greedy(s))) {
+        SD_ERROR("spec: token trees are drafted by an EAGLE head and verified under the coupled rule only (%s)",
+                 !d->eagle ? "the drafter is no head" : d->constraint ? "a constraint is set" : "rejection rule asked");
+        return SD_ERR_UNSUPPORTED;
+    }
+    sd_tree_shape sh = *shape;
+    if (sh.depth > d->max_ctx - n_ctx) sh.depth = d->max_ctx - n_ctx; /* room for the path and the bonus */
+    sd_draft_tree tree;
+    double t0 = sd_now();
+    SD_TRY(sd_drafter_eagle_propose_tree(d->drafter, 0, ctx, n_ctx, &sh, s, &tree));
+    double t1 = sd_now();
+    if (tree.n_nodes == 0) { /* no features yet (the prompt's step): a plain step */
+        step_report rep;
+        SD_TRY(decoder_step(d, ctx, n_ctx, 0, false, s, out, n_out, &rep));
+        if (n_drafted) *n_drafted = 0;
+        if (n_accepted) *n_accepted = 0;
+        return SD_OK;
+    }
+    /* the cache keeps the common prefix; the rest of the context is a
+     * chain of nodes before the tree's (at least the last token: the root) */
+    int32_t n_cached = sd_kv_seq_len(d->kv, 0), keep = 0;
+    while (keep < n_cached && keep < n_ctx && d->cached[keep] == ctx[keep]) keep++;
+    if (keep == n_ctx) keep = n_ctx - 1;
+    SD_TRY(sd_kv_truncate(d->kv, 0, keep));
+    const int32_t n_app = n_ctx - keep, n = n_app + tree.n_nodes, V = sd_model_config_of(d->target)->n_vocab;
+    const int32_t aux_w = SD_EAGLE_N_AUX * sd_model_config_of(d->target)->n_embd;
+    SD_TRY(tree_reserve(d, n, V, aux_w));
+    int32_t *toks = malloc((size_t)n * sizeof *toks), *par = malloc((size_t)n * sizeof *par);
+    bool *want = malloc((size_t)n * sizeof *want);
+    sd_status st = toks && par && want ? SD_OK : SD_ERR_NOMEM;
+    for (int32_t i = 0; st == SD_OK && i < n; i++) {
+        bool node = i >= n_app;
+        toks[i] = node ? tree.tokens[i - n_app] : ctx[keep + i];
+        par[i] = !node ? i - 1 : tree.parent[i - n_app] < 0 ? n_app - 1 : n_app + tree.parent[i - n_app];
+        want[i] = i >= n_app - 1;
+    }
+    const sd_tree_batch tb = {.seq = 0, .n_nodes = n, .tokens = toks, .parent = par, .logits = want};
+    if (st == SD_OK) st = sd_model_forward_tree(d->target, d->kv, &tb, d->tree_logits);
+    int32_t path[SD_MAX_K + 1], acc = 0;
+    if (st == SD_OK) {
+        const bool pen = sd_sampling_has_penalties(s) && n_ctx > d->n_prompt;
+        const sd_tree_verify v = {.logits = d->tree_logits,
+                                  .n_vocab = V,
+                                  .tree = &tree,
+                                  .sampling = s,
+                                  .pos0 = (uint64_t)n_ctx,
+                                  .generated = pen ? ctx + d->n_prompt : NULL,
+                                  .n_generated = pen ? n_ctx - d->n_prompt : 0};
+        st = sd_spec_tree_accept(&v, d->tree_logits + (size_t)(tree.n_nodes + 1) * (size_t)V, d->tree_counts,
+                                 d->tree_hist, path, out, &acc);
+    }
+    /* keep the context's rows and the accepted path, as a chain */
+    const float *aux = NULL;
+    int32_t n_aux = 0;
+    if (st == SD_OK) aux = sd_model_capture_aux(d->target, &n_aux);
+    for (int32_t j = 0; st == SD_OK && j < n_app + acc; j++) { /* the committed rows' features, in order */
+        int32_t r = j < n_app ? j : n_app + path[j - n_app];
+        if (!aux || r >= n_aux) {
+            st = SD_ERR_INTERNAL;
+            break;
+        }
+        memcpy(d->tree_aux + (size_t)j * (size_t)aux_w, aux + (size_t)r * (size_t)aux_w, (size_t)aux_w * sizeof(float));
+    }
+    free(toks);
+    free(par);
+    free(want);
+    if (st != SD_OK) {
+        sd_kv_truncate(d->kv, 0, keep);
+        return st;
+    }
+    /* the context's rows stay where they are; the path's nodes (node i of
+     * the tree is stored at n_ctx + i) go down to n_ctx, n_ctx + 1, ... */
+    SD_TRY(sd_model_tree_keep(d->target, d->kv, 0, n_ctx, acc, path));
+    memcpy(d->cached + keep, ctx + keep, (size_t)n_app * sizeof *ctx);
+    memcpy(d->cached + n_ctx, out, (size_t)acc * sizeof *out);
+    double f0 = sd_now();
+    SD_TRY(sd_drafter_eagle_features(d->drafter, 0, keep, n_app + acc, d->cached + keep, d->tree_aux));
+    double t2 = sd_now();
+    *n_out = acc + 1;
+    if (n_drafted) *n_drafted = tree.n_nodes;
+    if (n_accepted) *n_accepted = acc;
+    d->stats.steps++;
+    d->stats.drafted += tree.n_nodes;
+    d->stats.accepted += acc;
+    d->stats.committed += acc + 1;
+    d->stats.draft_s += t1 - t0 + (t2 - f0);
+    d->stats.target_s += f0 - t1;
+    return SD_OK;
 }

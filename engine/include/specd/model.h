@@ -174,6 +174,36 @@ bool sd_model_verifies_on_device(const sd_model *m);
 struct sd_spec_rows;
 sd_status sd_model_forward_verify(sd_model *m, sd_kv *kv, const sd_batch *b, int32_t n_seqs, struct sd_spec_rows *seqs);
 
+/* ---- token trees (model_tree.c): many drafts verified in one forward ---- */
+
+/* One sequence's token tree. Node i is a token whose parent is an earlier
+ * node, or -1: it continues the cached context. A node's position is the
+ * sequence's length at the call plus its depth (roots at depth 0). */
+typedef struct sd_tree_batch {
+    int32_t seq;           /* sequence slot */
+    int32_t n_nodes;       /* >= 1 */
+    const int32_t *tokens; /* [n_nodes] token ids */
+    const int32_t *parent; /* [n_nodes] parent[i] in [-1, i) */
+    const bool *logits;    /* [n_nodes] rows whose logits are wanted; NULL = every row */
+} sd_tree_batch;
+
+/* Runs the tree in one forward: every node attends to the sequence's cached
+ * positions and its own ancestors only, and its logits (wanted rows, in node
+ * order, out [n_wanted][n_vocab]) equal bit for bit what the path from a
+ * root to it gives run as a chain (sd_model_forward). The cache grows by
+ * n_nodes rows (node i's K/V at position base + i): the caller then keeps a
+ * path with sd_model_tree_keep. Feature capture sees one row per node.
+ * SD_ERR_UNSUPPORTED (logged) on a backend without tree attention (CUDA),
+ * in a tensor-parallel group, or for layers beyond Llama's. */
+sd_status sd_model_forward_tree(sd_model *m, sd_kv *kv, const sd_tree_batch *t, float *out);
+
+/* After sd_model_forward_tree on seq at base (its length before the call):
+ * keeps nodes[0..n_keep) (increasing, nodes[j] >= j: a path of the tree, or
+ * any rows in chain order) as positions base .. base + n_keep - 1 by copying
+ * their K/V rows down, and truncates seq there. The cache then equals, bit
+ * for bit, what running those tokens as a chain would have left. */
+sd_status sd_model_tree_keep(sd_model *m, sd_kv *kv, int32_t seq, int32_t base, int32_t n_keep, const int32_t *nodes);
+
 /* ---- feature capture (EAGLE-3 draft heads and their training data) ----
  * Opt-in: with a capture set, every forward of m (on the leader) also copies
  * out, for every row of its batch, the residual stream after each listed

@@ -162,6 +162,42 @@ sd_status sd_drafter_eagle_fuse(sd_drafter *d, const float *aux, int32_t n, floa
 sd_status sd_drafter_eagle_set_fused(sd_drafter *d, int32_t seq, int32_t pos0, int32_t n, const int32_t *tokens,
                                      const float *fused);
 
+/* ---- token trees drafted by an EAGLE head (drafter_eagle_tree.c) ---- */
+
+#define SD_TREE_MAX_NODES 64 /* nodes a tree keeps */
+#define SD_TREE_MAX_TOPK  8  /* children per node, nodes expanded per depth */
+
+/* The shape of a drafted tree (EAGLE-2's): topk children of each expanded
+ * node; per depth the topk best nodes are expanded; depth levels; the
+ * n_nodes best nodes overall are kept. Best: the highest product of the
+ * head's probabilities along the path. */
+typedef struct sd_tree_shape {
+    int32_t topk;    /* 1 .. SD_TREE_MAX_TOPK */
+    int32_t n_nodes; /* 1 .. SD_TREE_MAX_NODES */
+    int32_t depth;   /* 1 .. SD_MAX_K */
+} sd_tree_shape;
+
+/* A drafted tree, nodes in order of depth (a parent before its children). */
+typedef struct sd_draft_tree {
+    int32_t n_nodes;
+    int32_t tokens[SD_TREE_MAX_NODES]; /* target ids */
+    int32_t parent[SD_TREE_MAX_NODES]; /* an earlier node, or -1: a child of the context's last token */
+    int32_t depth[SD_TREE_MAX_NODES];  /* 1 for the children of the context's last token */
+} sd_draft_tree;
+
+/* Checks a shape: SD_ERR_RANGE with a log line naming the bad field. */
+sd_status sd_tree_shape_check(const sd_tree_shape *shape);
+
+/* Drafts a token tree continuing ctx[n_ctx] for slot (an EAGLE drafter, as
+ * its propose: the head's rows for the context first, then one head forward
+ * per depth over the nodes expanded there, each row attending to its own
+ * ancestors only; s: a sampled request's first child at each node is
+ * the chain's coupled draft). out->n_nodes 0: nothing drafted (no features yet). The
+ * tree's rows in the head's cache are dropped at the next propose.
+ * SD_ERR_INVALID_ARG for another drafter kind. */
+sd_status sd_drafter_eagle_propose_tree(sd_drafter *d, int32_t slot, const int32_t *ctx, int32_t n_ctx,
+                                        const sd_tree_shape *shape, const sd_sampling *s, sd_draft_tree *out);
+
 void sd_drafter_free(sd_drafter **d);
 
 sd_drafter_kind sd_drafter_kind_of(const sd_drafter *d);

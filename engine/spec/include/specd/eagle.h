@@ -94,6 +94,24 @@ sd_status sd_eagle_head_fuse(sd_eagle_head *h, const float *aux, int32_t n, floa
 sd_status sd_eagle_head_forward(sd_eagle_head *h, int32_t seq, int32_t pos0, int32_t n, const int32_t *tokens,
                                 const float *g, const bool *want, float *logits, float *hidden_out);
 
+/* Tree rows (drafting a token tree): row t sits at logical position pos[t]
+ * (RoPE's) and attends to the slot's cache rows below base in place, then
+ * to logical positions base .. pos[t] at the cache rows path[path_off[t] +
+ * p - base] (its ancestors' rows, then its own: pos0 + t). */
+typedef struct sd_eagle_tree_rows {
+    const int32_t *pos;      /* [n] */
+    int32_t base;            /* <= pos0 */
+    const int32_t *path_off; /* [n] */
+    const int32_t *path;     /* rows in [base, pos0 + t] */
+} sd_eagle_tree_rows;
+
+/* sd_eagle_head_forward with tree rows (tr NULL: the plain rows). The rows
+ * are still stored at pos0 .. pos0 + n - 1. A path outside its bounds is
+ * SD_ERR_INVALID_ARG. */
+sd_status sd_eagle_head_forward_tree(sd_eagle_head *h, int32_t seq, int32_t pos0, int32_t n, const int32_t *tokens,
+                                     const float *g, const sd_eagle_tree_rows *tr, const bool *want, float *logits,
+                                     float *hidden_out);
+
 /* Entries the slot's cache holds; truncation to len <= that. */
 int32_t sd_eagle_head_len(const sd_eagle_head *h, int32_t seq);
 sd_status sd_eagle_head_truncate(sd_eagle_head *h, int32_t seq, int32_t len);

@@ -49,6 +49,19 @@ void sd_spec_decoder_free(sd_spec_decoder **d);
 sd_status sd_spec_decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, int32_t k, const sd_sampling *s,
                                int32_t *out, int32_t *n_out, int32_t *n_drafted, int32_t *n_accepted);
 
+/* One step with a token tree (sd_drafter_eagle_propose_tree's shape; the
+ * drafter must be an EAGLE head): the tree is verified in one target
+ * forward (sd_model_forward_tree), the longest path whose tokens are the
+ * target's own is accepted (spec_tree.h), and the cache keeps the context
+ * and that path. out[shape->depth + 1] and *n_out as sd_spec_decoder_step;
+ * *n_drafted counts the tree's nodes. Greedy and sampled requests under
+ * the coupled rule: output equal to plain decoding's. A constraint, the
+ * rejection rule (sampled), another drafter or a backend without tree
+ * attention: SD_ERR_UNSUPPORTED with a log line. */
+sd_status sd_spec_decoder_step_tree(sd_spec_decoder *d, const int32_t *ctx, int32_t n_ctx, const sd_tree_shape *shape,
+                                    const sd_sampling *s, int32_t *out, int32_t *n_out, int32_t *n_drafted,
+                                    int32_t *n_accepted);
+
 /* One step like sd_spec_decoder_step with K chosen by the shared policy
  * of spec_adapt.h (sd_adapt_next_k at batch 1, 0..max_k) from this
  * decoder's acceptance history and its own timings of the drafter and the
