@@ -72,6 +72,9 @@ struct sd_kv {
     int32_t n_cached;
     sd_kv_prefix_stats stats;
     kv_window *win; /* NULL: no window group */
+    /* side rows (kv_side.c); NULL / 0 until sd_kv_side_enable */
+    float *side;         /* [n_blocks][block_size][side_floats] */
+    int32_t side_floats; /* per row */
 };
 
 /* kv_prefix.c, for kv.c: */
@@ -103,5 +106,10 @@ void sd_kv_window_drop_tail_(sd_kv *kv, kv_slot *sl, int32_t keep);
 bool sd_kv_window_reaches_(const sd_kv *kv, const kv_slot *sl, int32_t len);
 /* sd_kv_check's part for the window group: NULL or what is wrong. */
 const char *sd_kv_window_check_(const sd_kv *kv);
+/* kv_side.c, for kv.c and kv_prefix.c: */
+/* Copies the first rows side rows of block src into block dst (no-op
+ * without side rows). */
+void sd_kv_side_copy_(sd_kv *kv, int32_t dst, int32_t src, int32_t rows);
+void sd_kv_side_free_(sd_kv *kv);
 
 #endif

@@ -203,11 +203,16 @@ void sd_kv_drop_block_(sd_kv *kv, int32_t b) {
     while (kv->n_idle > kv->max_idle) evict_oldest(kv);
 }
 
-void sd_kv_prefix_free_(sd_kv *kv) {
+static void tables_free(sd_kv *kv) {
     free(kv->block_tokens);
     free(kv->buckets);
     kv->block_tokens = NULL;
     kv->buckets = NULL;
+}
+
+void sd_kv_prefix_free_(sd_kv *kv) {
+    tables_free(kv);
+    sd_kv_side_free_(kv); /* the rows cached blocks carry beside their K/V */
 }
 
 sd_status sd_kv_prefix_enable(sd_kv *kv, int32_t max_idle_blocks) {
@@ -226,7 +231,7 @@ sd_status sd_kv_prefix_enable(sd_kv *kv, int32_t max_idle_blocks) {
         kv->block_tokens = malloc((size_t)kv->p.n_blocks * (size_t)kv->p.block_size * sizeof *kv->block_tokens);
         kv->buckets = malloc((size_t)n * sizeof *kv->buckets);
         if (!kv->block_tokens || !kv->buckets) {
-            sd_kv_prefix_free_(kv);
+            tables_free(kv);
             SD_ERROR("kv: cannot allocate the prefix cache's tables (%d blocks)", (int)kv->p.n_blocks);
             return SD_ERR_NOMEM;
         }
@@ -301,6 +306,7 @@ static int32_t adopt_partial(sd_kv *kv, kv_slot *sl, int32_t parent, const int32
         memcpy(kv->k_pools[l] + off_dst, kv->k_pools[l] + off_src, bytes);
         memcpy(kv->v_pools[l] + off_dst, kv->v_pools[l] + off_src, bytes);
     }
+    sd_kv_side_copy_(kv, b, best, best_j);
     sd_kv_drop_block_(kv, best);
     sl->table[sl->n_blocks++] = b;
     return best_j;

@@ -30,6 +30,8 @@ specd_py_test(it_seeded ${_it}test_seeded.py LABELS integration)
 # the rejection rule through the service: chi-square against target-only sampling, the per-request rule
 specd_py_test(it_reject ${_it}test_reject.py LABELS integration)
 specd_py_test(it_prefix_cache ${_it}test_prefix_cache.py LABELS integration)
+# ... with an EAGLE-3 head in the verifier: adopted blocks bring their rows' features (the same chains drafted)
+specd_py_test(it_prefix_cache_eagle ${_it}test_prefix_cache.py ARGS --drafter eagle LABELS integration)
 specd_py_test(it_drafter_kill ${_it}test_drafter_kill.py LABELS integration)
 specd_py_test(it_verifier_restart ${_it}test_verifier_restart.py LABELS integration)
 specd_py_test(it_cancel ${_it}test_cancel.py LABELS integration)

@@ -11,3 +11,6 @@ specd_unit_test(test_kv_prefix test_kv_prefix.c)
 specd_unit_test(test_kv_window test_kv_window.c)
 target_compile_definitions(test_kv_window PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
 add_dependencies(test_kv_window specd-mkmodel)
+# The side rows beside the KV (engine/kv_side.c): write, adopt, partial
+# copy, eviction and block reuse, bounds.
+specd_unit_test(test_kv_side test_kv_side.c)

@@ -17,10 +17,21 @@
  * verify step's forward_us leaves it out and each result carries its own
  * (next_us), which the coordinator charges to the head as a drafter.
  *
- * Limits: the verifier's prefix cache adopts rows without computing them,
- * so their features never exist; with a head the verifier runs without a
- * prefix cache (verify_serve.c). A TP group is refused for now: the leader
- * would have to capture the gathered residual stream, which is untested. */
+ * With the prefix cache. A sequence that adopts cached KV blocks computes
+ * none of their rows, so the target never captures their features. They
+ * come with the blocks instead: the fused feature of every row the target
+ * computes is also written into the KV cache's side row of that position
+ * (sd_kv_side: kept, shared, copied and reused exactly as the row's K/V),
+ * and a feed that starts past the positions the head has features of
+ * first takes the missing ones from the side rows of the slot's blocks
+ * (those positions are in the KV cache, adopted or computed, so their side
+ * rows hold their features: a feature is a function of the position's
+ * token prefix alone, the same bits in any batch). The head's own KV of
+ * those rows is recomputed from the features at the next propose: one
+ * head layer per adopted row, against the target's n_layers.
+ *
+ * Limits: a TP group is refused for now: the leader would have to capture
+ * the gathered residual stream, which is untested. */
 #include "verify_head.h"
 
 #include "specd/drafter.h"
@@ -31,6 +42,7 @@
 
 struct sd_vhead {
     sd_model *target;
+    sd_kv *kv; /* the verifier's; its side rows hold fused features when it has a prefix cache, else NULL */
     sd_drafter *drafter;
     int32_t max_seqs, max_ctx, max_batch, max_k;
     int32_t aux_width; /* floats per captured row: 3 x n_embd */
@@ -40,14 +52,17 @@ struct sd_vhead {
     Specd__SparseDist **pdists; /* [max_batch][max_k] */
     int32_t *q_ids;             /* [max_batch][max_k][max_q] */
     float *q_probs;
+    float *fused; /* [cap_fused][H] a feed's fused features, with the prefix cache */
+    int32_t cap_fused;
     int32_t max_q;
     double seconds; /* since sd_vhead_take_seconds */
     double feed_s;  /* the last feed's: charged to the draft that follows it */
 };
 
-sd_status sd_vhead_open(const char *dir, sd_model *target, int32_t max_seqs, int32_t max_ctx, int32_t max_batch,
-                        int32_t max_k, sd_vhead **out) {
-    if (!dir || !target || !out || max_seqs <= 0 || max_ctx <= 0 || max_batch <= 0 || max_k < 0 || max_k > SD_MAX_K)
+sd_status sd_vhead_open(const char *dir, sd_model *target, sd_kv *kv, int32_t max_seqs, int32_t max_ctx,
+                        int32_t max_batch, int32_t max_k, sd_vhead **out) {
+    if (!dir || !target || !kv || !out || max_seqs <= 0 || max_ctx <= 0 || max_batch <= 0 || max_k < 0 ||
+        max_k > SD_MAX_K)
         return SD_ERR_INVALID_ARG;
     *out = NULL;
     sd_model_shard shard;
@@ -84,6 +99,16 @@ sd_status sd_vhead_open(const char *dir, sd_model *target, int32_t max_seqs, int
         h->q_probs = malloc(nk * (size_t)h->max_q * sizeof *h->q_probs);
         if (!h->ctx || !h->tokens || !h->dists || !h->pdists || !h->q_ids || !h->q_probs) st = SD_ERR_NOMEM;
     }
+    if (st == SD_OK && sd_kv_prefix_enabled(kv)) { /* adopted rows' features come from the blocks' side rows */
+        const int32_t width = sd_drafter_eagle_width(h->drafter);
+        st = sd_kv_side_enable(kv, width);
+        if (st == SD_OK) {
+            h->kv = kv;
+            const sd_kv_params *kp = sd_kv_params_of(kv);
+            SD_INFO("verifier: the prefix cache keeps the head's features beside the KV: %d floats a row, %.1f MiB",
+                    (int)width, (double)kp->n_blocks * kp->block_size * width * sizeof(float) / (1 << 20));
+        }
+    }
     if (st != SD_OK) {
         SD_ERROR("verifier: cannot use the EAGLE head in %s: %s", dir, sd_status_str(st));
         sd_vhead_free(&h);
@@ -106,6 +131,7 @@ void sd_vhead_free(sd_vhead **hp) {
     free(h->pdists);
     free(h->q_ids);
     free(h->q_probs);
+    free(h->fused);
     free(h);
     *hp = NULL;
 }
@@ -119,14 +145,55 @@ void sd_vhead_release(sd_vhead *h, int32_t slot) {
     if (h) sd_drafter_release(h->drafter, slot);
 }
 
-void sd_vhead_feed(sd_vhead *h, int32_t slot, int32_t pos0, int32_t n, const int32_t *tokens, int32_t row0) {
+/* Slot's missing features, positions n_features .. pos0 - 1 (in the KV
+ * cache: adopted, or computed while the head failed), from their side rows. */
+static sd_status fill_from_side(sd_vhead *h, int32_t slot, const int32_t *hist, int32_t pos0) {
+    for (int32_t p = sd_drafter_eagle_n_features(h->drafter, slot), m; p < pos0; p += m) {
+        const float *side = sd_kv_side(h->kv, slot, p, &m);
+        if (!side) return SD_ERR_RANGE;
+        if (m > pos0 - p) m = pos0 - p;
+        SD_TRY(sd_drafter_eagle_set_fused(h->drafter, slot, p, m, hist + p, side));
+    }
+    return SD_OK;
+}
+
+/* Fuses aux[n] of positions pos0.. (one matmul), copies them into their
+ * side rows block by block, and hands them to the head. The side rows are
+ * written even when the head refuses (a gap): they must hold every
+ * computed row's feature. */
+static sd_status feed_side(sd_vhead *h, int32_t slot, const int32_t *hist, int32_t pos0, int32_t n, const float *aux,
+                           sd_status head_st) {
+    const size_t H = (size_t)sd_drafter_eagle_width(h->drafter);
+    if (n > h->cap_fused) {
+        float *p = realloc(h->fused, (size_t)n * H * sizeof *p);
+        if (!p) return SD_ERR_NOMEM;
+        h->fused = p;
+        h->cap_fused = n;
+    }
+    SD_TRY(sd_drafter_eagle_fuse(h->drafter, aux, n, h->fused));
+    for (int32_t p = pos0, m; p < pos0 + n; p += m) {
+        float *side = sd_kv_side(h->kv, slot, p, &m);
+        if (!side) return SD_ERR_RANGE;
+        if (m > pos0 + n - p) m = pos0 + n - p;
+        memcpy(side, h->fused + (size_t)(p - pos0) * H, (size_t)m * H * sizeof *side);
+    }
+    if (head_st != SD_OK) return head_st;
+    return sd_drafter_eagle_set_fused(h->drafter, slot, pos0, n, hist + pos0, h->fused);
+}
+
+void sd_vhead_feed(sd_vhead *h, int32_t slot, const int32_t *hist, int32_t pos0, int32_t n, int32_t row0) {
     if (!h || n <= 0) return;
     double t0 = sd_now();
     int32_t n_rows = 0;
     const float *aux = sd_model_capture_aux(h->target, &n_rows);
     sd_status st = SD_ERR_INTERNAL;
-    if (aux && row0 >= 0 && (int64_t)row0 + n <= n_rows)
-        st = sd_drafter_eagle_features(h->drafter, slot, pos0, n, tokens, aux + (size_t)row0 * (size_t)h->aux_width);
+    if (aux && row0 >= 0 && pos0 >= 0 && (int64_t)row0 + n <= n_rows) {
+        aux += (size_t)row0 * (size_t)h->aux_width;
+        if (h->kv)
+            st = feed_side(h, slot, hist, pos0, n, aux, fill_from_side(h, slot, hist, pos0));
+        else
+            st = sd_drafter_eagle_features(h->drafter, slot, pos0, n, hist + pos0, aux);
+    }
     if (st != SD_OK) {
         SD_WARN("verifier: the head's features of slot %d, positions %d..%d (rows %d.. of %d): %s; it drafts "
                 "nothing for that sequence until it is refilled",

@@ -7,6 +7,7 @@
 #ifndef SPECD_VERIFY_HEAD_H
 #define SPECD_VERIFY_HEAD_H
 
+#include "specd/kv.h"
 #include "specd/model.h"
 #include "specd/net.h"
 #include "specd/sample.h"
@@ -15,11 +16,14 @@ typedef struct sd_vhead sd_vhead;
 
 /* Loads the head in dir for target (borrowed; must outlive it) with
  * max_seqs slots of max_ctx positions, and sets the target's capture to the
- * head's layers. Refusals as sd_eagle_head_load; SD_ERR_UNSUPPORTED for a
+ * head's layers. kv is the verifier's cache (borrowed; must outlive it):
+ * with its prefix cache on, the head keeps every computed row's fused
+ * feature in its side rows (sd_kv_side_enable), where sequences that adopt
+ * the row's block find it. Refusals as sd_eagle_head_load; SD_ERR_UNSUPPORTED for a
  * target split over a TP group (not supported yet). Caller frees with
  * sd_vhead_free, which clears the capture. */
-sd_status sd_vhead_open(const char *dir, sd_model *target, int32_t max_seqs, int32_t max_ctx, int32_t max_batch,
-                        int32_t max_k, sd_vhead **out);
+sd_status sd_vhead_open(const char *dir, sd_model *target, sd_kv *kv, int32_t max_seqs, int32_t max_ctx,
+                        int32_t max_batch, int32_t max_k, sd_vhead **out);
 void sd_vhead_free(sd_vhead **h);
 
 /* Slot's cache holds its first len positions only (a truncation); release:
@@ -28,11 +32,13 @@ void sd_vhead_rollback(sd_vhead *h, int32_t slot, int32_t len);
 void sd_vhead_release(sd_vhead *h, int32_t slot);
 
 /* The last target forward's rows [row0, row0 + n) are slot's committed
- * positions pos0 .. pos0 + n - 1, whose tokens are tokens[n]: their
- * features go to the head. A failure is logged and leaves the slot without
- * drafts until it is refilled (drafts are optional); the time is added to
- * the step's head time. */
-void sd_vhead_feed(sd_vhead *h, int32_t slot, int32_t pos0, int32_t n, const int32_t *tokens, int32_t row0);
+ * positions pos0 .. pos0 + n - 1; hist holds the slot's tokens from
+ * position 0 (at least pos0 + n): their features go to the head, with,
+ * under the prefix cache, those of positions the head lacks before pos0
+ * (adopted blocks') from the cache's side rows. A failure is logged and
+ * leaves the slot without drafts until it is refilled (drafts are
+ * optional); the time is added to the step's head time. */
+void sd_vhead_feed(sd_vhead *h, int32_t slot, const int32_t *hist, int32_t pos0, int32_t n, int32_t row0);
 
 /* Drafts up to k tokens for slot continuing its committed tokens,
  * cached[n_cached] then next (the token its step just sampled), with

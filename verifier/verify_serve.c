@@ -233,10 +233,6 @@ sd_status sd_verifier_create(sd_model *target, const sd_verifier_params *params,
                  (int)p.prefix_cache_pct);
         return SD_ERR_INVALID_ARG;
     }
-    if (p.eagle_dir && p.prefix_cache_pct > 0) {
-        SD_INFO("verifier: no prefix cache with an EAGLE head (the head needs the features of every row)");
-        p.prefix_cache_pct = 0;
-    }
     sd_verifier *v = calloc(1, sizeof *v);
     if (!v) return SD_ERR_NOMEM;
     v->target = target;
@@ -272,7 +268,7 @@ sd_status sd_verifier_create(sd_model *target, const sd_verifier_params *params,
     if (st == SD_OK && shard.tp_size <= 1 && !sd_kv_params_of(v->kv)->pool_alloc)
         st = sd_kv_prefix_set_partial_copy(v->kv, true); /* a host cache alone: copy, not recompute (kv.h) */
     if (st == SD_OK && p.eagle_dir)
-        st = sd_vhead_open(p.eagle_dir, target, p.max_seqs, p.max_ctx, p.max_batch, p.max_k, &v->head);
+        st = sd_vhead_open(p.eagle_dir, target, v->kv, p.max_seqs, p.max_ctx, p.max_batch, p.max_k, &v->head);
     if (st != SD_OK) {
         sd_verifier_free(&v);
         return st;
@@ -383,7 +379,7 @@ static bool constrain_seq(sd_verifier *v, const Specd__VerifySeq *s, const seq_p
 static void head_step(sd_verifier *v, size_t i, const sd_verify_seq *vs, const sd_verify_result *vr, uint32_t next_k,
                       Specd__VerifyResult *res) {
     const int32_t slot = vs->slot, n_rows = vs->n_append + vr->n_accepted;
-    sd_vhead_feed(v->head, slot, vs->keep_len, n_rows, v->hist[slot] + vs->keep_len, vr->batch_row0);
+    sd_vhead_feed(v->head, slot, v->hist[slot], vs->keep_len, n_rows, vr->batch_row0);
     if (next_k > 0)
         sd_vhead_draft(v->head, i, slot, v->hist[slot], v->hist_len[slot], vr->tokens[vr->n_tokens - 1],
                        (int32_t)next_k, &vs->sampling, res);
@@ -543,7 +539,7 @@ static sd_status prefill_prompt_logprobs(sd_verifier *v, const Specd__VerifyRequ
     }
     sd_batch b = {n, s->append, v->pos, v->seq, v->pl_wanted};
     SD_TRY(sd_model_forward(v->target, v->kv, &b, v->pl_logits));
-    sd_vhead_feed(v->head, pl->slot, pl->keep_len, n, s->append, 0);
+    sd_vhead_feed(v->head, pl->slot, v->hist[pl->slot], pl->keep_len, n, 0);
     size_t base = i * SD_MAX_PROMPT_LP_ROWS;
     float *values = v->pl_values + base;
     int32_t *top_ids = v->pl_top_ids + base * SD_MAX_TOP_LOGPROBS;
@@ -644,7 +640,7 @@ sd_status sd_verifier_handle(sd_verifier *v, const sd_net_verify_step *step, Spe
             const seq_plan *pl = &v->plan[i];
             if (pl->row0 < 0) continue;
             int32_t rows = pl->keep_len + pl->n_append - pl->row_from;
-            sd_vhead_feed(v->head, pl->slot, pl->row_from, rows, v->hist[pl->slot] + pl->row_from, pl->row0);
+            sd_vhead_feed(v->head, pl->slot, v->hist[pl->slot], pl->row_from, rows, pl->row0);
         }
     }
     for (size_t i = 0; i < n; i++) {

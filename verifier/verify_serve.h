@@ -31,8 +31,9 @@ typedef struct sd_verifier_params {
     const sd_tok *tok;
     /* An EAGLE-3 head (a Hugging Face directory, eagle.h) that drafts in
      * this process after each step (VerifySeq.next_k; verify_head.h), or
-     * NULL. The target then captures the head's layers on every forward,
-     * and the prefix cache is off (adopted rows would have no features). */
+     * NULL. The target then captures the head's layers on every forward;
+     * with the prefix cache each computed row's fused feature is kept in
+     * the KV cache's side rows, where an adopter of its block finds it. */
     const char *eagle_dir;
 } sd_verifier_params;
 

@@ -259,3 +259,39 @@ sd_status sd_drafter_eagle_features(sd_drafter *d, int32_t seq, int32_t pos0, in
     if (e->n_true[seq] > pos0) e->n_true[seq] = pos0;
     return SD_OK;
 }
+
+/* ---- features fused ahead (the verifier's prefix cache keeps them beside
+ * cached KV blocks: verify_head.c, kv_side.c) ---- */
+
+int32_t sd_drafter_eagle_width(const sd_drafter *d) {
+    return d && d->kind == SD_DRAFTER_EAGLE ? ((const eagle_drafter *)d->impl)->H : 0;
+}
+
+int32_t sd_drafter_eagle_n_features(const sd_drafter *d, int32_t seq) {
+    if (!d || d->kind != SD_DRAFTER_EAGLE || seq < 0 || seq >= d->params.max_seqs) return 0;
+    return ((const eagle_drafter *)d->impl)->n_feat[seq];
+}
+
+sd_status sd_drafter_eagle_fuse(sd_drafter *d, const float *aux, int32_t n, float *fused) {
+    if (!d || d->kind != SD_DRAFTER_EAGLE) return SD_ERR_INVALID_ARG;
+    return sd_eagle_head_fuse(((eagle_drafter *)d->impl)->head, aux, n, fused);
+}
+
+sd_status sd_drafter_eagle_set_fused(sd_drafter *d, int32_t seq, int32_t pos0, int32_t n, const int32_t *tokens,
+                                     const float *fused) {
+    if (!d || d->kind != SD_DRAFTER_EAGLE || seq < 0 || seq >= d->params.max_seqs || n < 0 ||
+        (n > 0 && (!fused || !tokens)))
+        return SD_ERR_INVALID_ARG;
+    eagle_drafter *e = d->impl;
+    if (pos0 < 0 || pos0 > e->n_feat[seq] || (int64_t)pos0 + n > e->max_ctx) {
+        SD_ERROR("eagle: fused features of positions %d..%d for slot %d, which has %d (no gaps, at most %d)", (int)pos0,
+                 (int)(pos0 + n - 1), (int)seq, (int)e->n_feat[seq], (int)e->max_ctx);
+        return SD_ERR_RANGE;
+    }
+    const size_t at = (size_t)seq * (size_t)e->max_ctx + (size_t)pos0;
+    memcpy(e->feat + at * (size_t)e->H, fused, (size_t)n * (size_t)e->H * sizeof *e->feat);
+    memcpy(e->feat_tok + at, tokens, (size_t)n * sizeof *tokens);
+    e->n_feat[seq] = pos0 + n;
+    if (e->n_true[seq] > pos0) e->n_true[seq] = pos0; /* the head's rows from pos0 on are recomputed */
+    return SD_OK;
+}

@@ -4,17 +4,27 @@ boundaries, a conversation that grows turn by turn, the same prompt again)
 run one after another on a service whose verifier and model drafter keep a
 prefix cache (the default), and on a service without one (--prefix-cache
 0): every request's tokens must be the same, greedy and seeded, with each
-drafter kind (self-draft, draft model, n-gram). The cached service must have
-hit its cache (WorkerStats.prefix_hit_tokens), or the test proves nothing.
+drafter kind (self-draft, draft model, n-gram, and with --drafter eagle an
+EAGLE-3 head in the verifier). The cached service must have hit its cache
+(WorkerStats.prefix_hit_tokens), or the test proves nothing. With the head,
+the adopted blocks' rows are never computed, so their features must come
+with the blocks: the head must draft, context by context, the very chains
+it drafts without the cache (its DEBUG lines, in order), and each request's
+drafted and accepted counts must be equal; greedy outputs must equal
+specd-generate --eagle's.
 Then a verifier is SIGKILLed while running requests share cached blocks and
 is replaced: nothing is lost and every output still equals specd-generate's.
 Tiny random models (a model's K/V do not depend on the batch or the
 chunking: the exactness the cache relies on)."""
+import argparse
+import json
 import signal
+import subprocess
 import threading
 import time
 
 import harness as H
+from test_greedy import chains_of, eagle_head
 from test_verifier_restart import replace_verifier
 
 TOKENS = 12
@@ -40,9 +50,14 @@ def jobs():
     return js
 
 
-def serve_all(h, target, draft, drafter, cache):
+def serve_all(h, target, draft, drafter, cache, head=None):
+    """Every job, one after another; with head, the verifier drafts with it
+    (at -v: its chains in the log) and K is fixed, so that the steps, and
+    the chains they draft, do not depend on timing."""
     extra = () if cache else ("--prefix-cache", "0")
-    h.start_service(target, drafter=drafter, draft=draft, verifier_extra=extra, drafter_extra=extra)
+    ver_extra = extra + (("--eagle", head, "-v") if head else ())
+    _, ver, _ = h.start_service(target, drafter=None if head else drafter, draft=draft, verifier_extra=ver_extra,
+                                drafter_extra=extra, coord_extra=H.FIXED_K if head else ())
     c = h.client()
     res = [c.run([j], timeout=300)[0] for j in jobs()]  # one after another: earlier ones are cached
     for i, r in enumerate(res):
@@ -60,7 +75,56 @@ def serve_all(h, target, draft, drafter, cache):
         n_hit = hits()
     c.close()
     h.kill_all()
+    if head:
+        with open(ver.logpath, errors="replace") as f:
+            return res, n_hit, chain_lines(f.readlines())
     return res, n_hit
+
+
+def chain_lines(lines):
+    """The head's drafted chains in the order drafted: [(context, drafts)]."""
+    return [next(iter(chains_of([ln]).items())) for ln in lines if chains_of([ln])]
+
+
+def counts(res):
+    return [(r["finished"]["stats"].get("drafted", 0), r["finished"]["stats"].get("accepted", 0)) for r in res]
+
+
+def eagle(h, target, head=None):
+    """The EAGLE-3 head in the verifier, with and without the prefix cache
+    (head: a trained one for target; None: a random one for the tiny model)."""
+    greedy = [j for j in jobs() if "sampling" not in j]
+    if not head:
+        head = eagle_head(h, [h.reference(target, j["prompt"], TOKENS, ignore_eos=True) for j in greedy])
+    cold, cold_hits, cold_chains = serve_all(h, target, None, None, cache=False, head=head)
+    warm, warm_hits, warm_chains = serve_all(h, target, None, None, cache=True, head=head)
+    H.expect_equal_ids(warm, cold, "EAGLE head: with the prefix cache against without")
+    H.check(cold_hits == 0, "EAGLE head: the service without a cache reports %d hit tokens" % cold_hits)
+    H.check(warm_hits > 0, "EAGLE head: the cache was never hit: the test proves nothing")
+    # specd-generate --eagle on the greedy prompts (plain greedy's tokens, under the coupled rule)
+    alone = []
+    for j in greedy:
+        g = subprocess.run([h.bin("generate"), "-m", target, "-p", j["prompt"], "-n", str(TOKENS), "--ignore-eos",
+                            "--json", "-t", "1", "--eagle", head, "-k", "4"] + h.engine_args, capture_output=True,
+                           timeout=600)
+        H.check(g.returncode == 0, "specd-generate --eagle failed: %s" % g.stderr[-2000:])
+        alone.append(json.loads(g.stdout.decode("utf-8", "surrogateescape")))
+    H.expect_equal_ids([r for r, j in zip(warm, jobs()) if "sampling" not in j], alone,
+                       "EAGLE head with the prefix cache against specd-generate --eagle")
+    # the control: adopted rows without their features would draft nothing
+    # (or other chains) at the first steps after a hit
+    drafted = sum(d for d, _ in counts(warm))
+    H.check(drafted > 0 and warm_chains, "EAGLE head: nothing was drafted: the test proves nothing")
+    H.check(counts(warm) == counts(cold), "EAGLE head: (drafted, accepted) per request with the cache %s, "
+            "without %s" % (counts(warm), counts(cold)))
+    diff = next((i for i, (a, b) in enumerate(zip(warm_chains, cold_chains)) if a != b), None)
+    H.check(len(warm_chains) == len(cold_chains) and diff is None,
+            "EAGLE head: %d chains drafted with the cache, %d without; first difference at %s: %s vs %s"
+            % (len(warm_chains), len(cold_chains), diff, warm_chains[diff] if diff is not None else None,
+               cold_chains[diff] if diff is not None else None))
+    H.log("EAGLE head: %d requests equal with and without the cache (%d prompt tokens hit), the same %d chains "
+          "drafted (%d tokens, %d accepted)" % (len(warm), warm_hits, len(warm_chains), drafted,
+                                                sum(a for _, a in counts(warm))))
 
 
 def hit_tokens(c):
@@ -110,8 +174,14 @@ def killed_while_shared(h, target):
     c.close()
 
 
-def run(h):
+def run(h, args):
+    if args.head:  # by hand: a trained head on the demo model (tools/train-eagle)
+        eagle(h, h.smollm(), args.head)
+        return
     target, draft = h.tiny_models(seed=5)
+    if args.drafter == "eagle":
+        eagle(h, target)
+        return
     for drafter in ("layers", "model", "ngram"):
         cold, cold_hits = serve_all(h, target, draft, drafter, cache=False)
         warm, warm_hits = serve_all(h, target, draft, drafter, cache=True)
@@ -124,4 +194,11 @@ def run(h):
 
 
 if __name__ == "__main__":
-    H.main(run)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--drafter", choices=["all", "eagle"], default="all",
+                    help="all: self-draft, draft model and n-gram drafters, then a verifier killed while blocks are "
+                         "shared; eagle: an EAGLE-3 head in the verifier")
+    ap.add_argument("--head", help="with --drafter eagle: a trained head for the demo model (SmolLM2-135M-Instruct) "
+                                   "instead of a random head on the tiny one")
+    a = ap.parse_args()
+    H.main(lambda h: run(h, a))

@@ -180,6 +180,29 @@ sd_status sd_kv_prefix_commit(sd_kv *kv, int32_t seq, const int32_t *tokens, int
 
 void sd_kv_prefix_stats_get(const sd_kv *kv, sd_kv_prefix_stats *out);
 
+/* ---- side rows (kv_side.c) ---- */
+
+/* Gives every row of the pool n_floats host floats beside its K/V: a
+ * caller's per-token data that lives exactly as the row's K/V do (shared
+ * with its block, kept while a cached block is kept, copied with a partial
+ * block, overwritten when a reused block is computed again). The EAGLE head
+ * in the verifier keeps each position's fused target features there, so a
+ * sequence that adopts cached blocks finds their features too
+ * (verify_head.c). The cache never reads or clears them. Costs n_blocks *
+ * block_size * n_floats floats; enabling again with the same width is a
+ * no-op, another width SD_ERR_INVALID_ARG. */
+sd_status sd_kv_side_enable(sd_kv *kv, int32_t n_floats);
+/* The side rows' width (0: none). */
+int32_t sd_kv_side_floats(const sd_kv *kv);
+/* seq's side row at pos (< its length), and in *n_rows (may be NULL) how
+ * many rows from pos on follow it contiguously (to its block's end, within
+ * the length). NULL without side rows or out of range (logged). Borrowed,
+ * valid until seq's next grow, truncate, release or adoption. A row in a
+ * block that others can see (adopted or registered) is the same for all of
+ * them: write it only with what it holds (the same function of the same
+ * tokens). */
+float *sd_kv_side(sd_kv *kv, int32_t seq, int32_t pos, int32_t *n_rows);
+
 /* Checks every invariant of the block accounting (reference counts equal
  * the block tables' uses, no held or cached block on the free stack, the
  * idle list and the hash table consistent): SD_OK or SD_ERR_INTERNAL with a

@@ -146,6 +146,22 @@ int32_t sd_drafter_eagle_layers(const sd_drafter *d, int32_t *ids);
 sd_status sd_drafter_eagle_features(sd_drafter *d, int32_t seq, int32_t pos0, int32_t n, const int32_t *tokens,
                                     const float *aux);
 
+/* Features fused ahead of time (drafter_eagle.c; the verifier keeps them
+ * beside its cached KV blocks, so a sequence that adopts blocks gets their
+ * features without a target forward). For an EAGLE drafter: the width H of
+ * a fused feature (0 for another kind); how many positions slot seq has
+ * features of; fused[n][H] = the head's fc over aux[n][3 * n_embd] (a
+ * function of each row alone: the same bits in any batch); and
+ * sd_drafter_eagle_features with fused features: slot seq's positions pos0
+ * .. pos0 + n - 1 get fused[n][H] (copied), their tokens tokens[n] (no
+ * gaps: SD_ERR_RANGE; the head's own rows from pos0 on are recomputed at
+ * the next propose). */
+int32_t sd_drafter_eagle_width(const sd_drafter *d);
+int32_t sd_drafter_eagle_n_features(const sd_drafter *d, int32_t seq);
+sd_status sd_drafter_eagle_fuse(sd_drafter *d, const float *aux, int32_t n, float *fused);
+sd_status sd_drafter_eagle_set_fused(sd_drafter *d, int32_t seq, int32_t pos0, int32_t n, const int32_t *tokens,
+                                     const float *fused);
+
 /* ---- token trees drafted by an EAGLE head (drafter_eagle_tree.c) ---- */
 
 #define SD_TREE_MAX_NODES 64 /* nodes a tree keeps */
