@@ -38,8 +38,9 @@ workload's p50, completion tokens per second over each workload, and the
 hit rate from the gateway's /metrics (specd_prefix_cache_*: hit tokens /
 looked-up tokens over the run; for llama-server, its per-response
 timings: cached prompt tokens / prompt tokens). Each measurement also
-records the CPU time other processes took meanwhile (in cores): figures
-with other load beside them are noisy."""
+records the CPU time every process but this script took meanwhile (in
+cores): the server under test is one of them, so about the thread count
+means the machine held nothing else; more means other load (noisy)."""
 import argparse
 import http.client
 import json
