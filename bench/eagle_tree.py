@@ -15,13 +15,14 @@ round. A configuration is plain, chain:K (--eagle -k K) or
 tree:T,N,D (--eagle --tree-topk T --tree-nodes N -k D).
 """
 import argparse
-import json
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from eagle_cost import run  # noqa: E402  (one specd-generate --json runner for both)
+
 PROMPTS = [
     "Explain in a few sentences why the sky is blue.",
     "Write a short poem about the sea.",
@@ -39,14 +40,6 @@ def args_of(config, head):
         t, n, d = rest.split(",")
         return ["--eagle", head, "--tree-topk", t, "--tree-nodes", n, "-k", d]
     sys.exit(f"unknown configuration {config}")
-
-
-def run(gen, model, prompt, n, threads, extra):
-    cmd = [gen, "-m", model, "-p", prompt, "-n", str(n), "--ignore-eos", "--json", "--chat", "-t", str(threads)]
-    r = subprocess.run(cmd + extra, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"{' '.join(cmd + extra)} failed:\n{r.stderr}")
-    return json.loads(r.stdout)
 
 
 def main():
