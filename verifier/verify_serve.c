@@ -147,6 +147,16 @@ static sd_status hist_put(sd_verifier *v, int32_t slot, int32_t keep, const int3
 
 static int32_t slot_held(void *user, int32_t slot) { return sd_kv_seq_len(((sd_verifier *)user)->kv, slot); }
 
+/* sd_verifier_params.kv_prefault: the pool touched once, timed. */
+static sd_status prefault(sd_kv *kv) {
+    size_t bytes = 0;
+    const double t0 = sd_now();
+    sd_status st = sd_kv_prefault(kv, &bytes);
+    if (st == SD_OK && bytes)
+        SD_INFO("verifier: KV pool prefaulted: %.2f GiB in %.1f s", (double)bytes / 1073741824.0, sd_now() - t0);
+    return st;
+}
+
 sd_verifier_params sd_verifier_default_params(void) {
     sd_verifier_params p = {
         .max_seqs = 64,
@@ -261,6 +271,7 @@ sd_status sd_verifier_create(sd_model *target, const sd_verifier_params *params,
         st = sd_model_kv_create(target, p.max_seqs, p.kv_blocks, p.block_size, &v->kv);
     else
         SD_ERROR("verifier: out of memory");
+    if (st == SD_OK && p.kv_prefault) st = prefault(v->kv);
     if (st == SD_OK && p.tok) st = sd_vcon_create(p.tok, p.max_seqs, &v->con);
     if (st == SD_OK) st = sd_kv_prefix_enable(v->kv, (int32_t)((int64_t)p.kv_blocks * p.prefix_cache_pct / 100));
     sd_model_shard shard;
