@@ -451,6 +451,19 @@ sd_status sd_constraint_apply(sd_constraint *c, float *logits, int32_t n_vocab) 
     return SD_OK;
 }
 
+sd_status sd_constraint_apply_ids(sd_constraint *c, float *logits, int32_t n, const int32_t *ids, bool *any) {
+    const uint32_t *bits;
+    *any = false;
+    SD_TRY(sd_constraint_mask(c, &bits));
+    const int32_t V = c->v->n_vocab;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t t = ids ? ids[i] : i;
+        if (t < 0 || t >= V || !(bits[t >> 5] >> (t & 31) & 1u)) logits[i] = -INFINITY;
+        *any = *any || logits[i] > -INFINITY;
+    }
+    return SD_OK;
+}
+
 static bool is_eog(const sd_cvocab *v, int32_t id) {
     for (int32_t i = 0; i < v->n_eog; i++)
         if (v->eog[i] == id) return true;
