@@ -30,6 +30,13 @@
  * those rows is recomputed from the features at the next propose: one
  * head layer per adopted row, against the target's n_layers.
  *
+ * Under a constraint (issue 35) verify_serve.c brings the sequence's
+ * constraint past the step's committed tokens and the tokens it forces
+ * (sd_vcon_head_begin); those go first with q = 1, and the head drafts on
+ * from the context extended by them, masked at every drafted position
+ * (sd_drafter_set_constraint: drafter_eagle.c feeds the forced tokens as
+ * chain rows).
+ *
  * Limits: a TP group is refused for now: the leader would have to capture
  * the gathered residual stream, which is untested. */
 #include "verify_head.h"
