@@ -223,6 +223,7 @@ static sd_status draft_constrained(sd_vhead *h, int32_t slot, int32_t n_ctx, int
         q[j] = (sd_spec_q){1, &hc->forced[j], &one};
     }
     *n = nf;
+    if (nf > 0) SD_DEBUG("verifier: slot %d context %d: %d forced drafts", (int)slot, (int)n_ctx, (int)nf);
     if (nf == k || sd_constraint_ended(hc->con)) return SD_OK;
     int32_t more = 0;
     sd_drafter_set_constraint(h->drafter, hc->con);

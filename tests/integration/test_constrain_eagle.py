@@ -16,8 +16,9 @@ an unmasked head drafts refused tokens:
     tokens, drafts accepted, and no refused token in any chain the
     verifier's head drafted.
 And under a regex with forced words (RE_FORCED: " and ", " or "), greedy
-and seeded, both placements give plain constrained decoding's tokens, with
-forced drafts proposed (q = 1) and the head drafting on after them.
+and seeded, both placements give plain constrained decoding's tokens, and
+both propose forced drafts (q = 1; specd-generate's forced_drafted, the
+verifier's DEBUG lines), the head drafting on after them.
 The drafted / accepted figures are logged."""
 import json
 import os
@@ -133,14 +134,21 @@ def run(h):
     H.log("service: drafted %d, accepted %d, %d chains" % (drafted, accepted, len(chains)))
     H.check(accepted > 0, "the verifier's head: no draft accepted under the constraint")
     check_chains(chains, refused, "the verifier's head")
+    with open(ver.logpath, errors="replace") as f:
+        f.seek(0, 2)
+        start = f.tell()
     jobs = [dict(prompt=p, max_tokens=N, sampling=dict(temperature=m[0], seed=m[1]),
                  constraint={"kind": 3, "text": RE_FORCED}) for p, m in refs_forced]
     res = c.run(jobs, timeout=600)
     H.expect_equal_ids(res, list(refs_forced.values()), "%d requests under %s drafted by the verifier's head"
                        % (len(jobs), RE_FORCED))
     st = [r["finished"]["stats"] for r in res]
-    H.log("service under %s: drafted %d, accepted %d" % ((RE_FORCED,) + tuple(sum(s.get(f, 0) for s in st)
-                                                                         for f in ("drafted", "accepted"))))
+    with open(ver.logpath, errors="replace") as f:
+        f.seek(start)
+        forced = sum(int(ln.split(": ")[-1].split()[0]) for ln in f if " forced drafts" in ln)
+    H.log("service under %s: drafted %d, accepted %d, %d forced drafts" % ((RE_FORCED,) + tuple(
+        sum(s.get(f, 0) for s in st) for f in ("drafted", "accepted")) + (forced,)))
+    H.check(forced > 0, "the verifier's head proposed no forced draft under %s" % RE_FORCED)
     c.close()
 
 
