@@ -217,7 +217,8 @@ static sd_status draft_constrained(sd_vhead *h, int32_t slot, int32_t n_ctx, int
                                    const sd_vhead_con *hc, int32_t *tokens, sd_spec_q *q, int32_t *n) {
     static const float one = 1.0f;
     int32_t nf = hc->n_forced < k ? hc->n_forced : k;
-    if (n_ctx + nf >= h->max_ctx) nf = 0;
+    *n = 0;
+    if (n_ctx + nf >= h->max_ctx) return SD_OK; /* con is past the forced drafts: no room, no drafts */
     for (int32_t j = 0; j < nf; j++) {
         tokens[j] = h->ctx[n_ctx + j] = hc->forced[j];
         q[j] = (sd_spec_q){1, &hc->forced[j], &one};
