@@ -354,9 +354,11 @@ static sd_status load_model(const verifier_opts *o, sd_model **model) {
     return st;
 }
 
-/* The leader's verifier over model, its parameters in *vp (logged). */
+/* The leader's verifier over model, its parameters in *vp (logged); *tok
+ * the tokenizer it borrows (NULL without one), freed by the caller after
+ * the verifier. */
 static sd_status create_verifier(const verifier_opts *o, sd_model *model, const sd_model_identity *id,
-                                 sd_verifier_params *vp, sd_verifier **v) {
+                                 sd_verifier_params *vp, sd_verifier **v, sd_tok **tok_out) {
     *vp = sd_verifier_default_params();
     vp->max_seqs = o->w.max_seqs;
     vp->block_size = o->block_size;
@@ -378,7 +380,7 @@ static sd_status create_verifier(const verifier_opts *o, sd_model *model, const 
     vp->tok = tok;
     sd_status st = sd_verifier_create(model, vp, v);
     vp->tok = NULL;
-    sd_tok_free(&tok);
+    *tok_out = tok; /* the verifier borrows it until it is freed */
     if (st == SD_OK)
         SD_INFO("model %s: %u layers, vocab %u, context %u; KV %d blocks of %d tokens, %d slots", id->name,
                 id->n_layers, id->vocab_size, id->context_length, (int)vp->kv_blocks, (int)vp->block_size,
@@ -472,9 +474,11 @@ static int run_leader(const verifier_opts *o, sd_worker_params *wp, sd_model *mo
                       sd_curve_allow *rank_keys) {
     sd_verifier *v = NULL;
     sd_verifier_params vp;
-    sd_status st = create_verifier(o, model, &wp->model, &vp, &v);
+    sd_tok *tok = NULL;
+    sd_status st = create_verifier(o, model, &wp->model, &vp, &v, &tok);
     if (st != SD_OK) {
         SD_ERROR("cannot start the verifier: %s", sd_status_str(st));
+        sd_tok_free(&tok);
         sd_model_free(&model);
         return 2;
     }
@@ -497,6 +501,7 @@ static int run_leader(const verifier_opts *o, sd_worker_params *wp, sd_model *mo
     sd_group_close(&ctx.group);
     if (zctx) zmq_ctx_term(zctx);
     sd_verifier_free(&v);
+    sd_tok_free(&tok);
     sd_model_free(&model);
     SD_INFO("stopped (exit %d)", exit_code);
     return exit_code;

@@ -391,13 +391,24 @@ static void head_step(sd_verifier *v, size_t i, const sd_verify_seq *vs, const s
                       Specd__VerifyResult *res) {
     const int32_t slot = vs->slot, n_rows = vs->n_append + vr->n_accepted;
     sd_vhead_feed(v->head, slot, v->hist[slot], vs->keep_len, n_rows, vr->batch_row0);
-    if (next_k > 0)
-        sd_vhead_draft(v->head, i, slot, v->hist[slot], v->hist_len[slot], vr->tokens[vr->n_tokens - 1],
-                       (int32_t)next_k, &vs->sampling, res);
+    const int32_t next = vr->tokens[vr->n_tokens - 1];
+    if (next_k > 0 && vs->constraint) { /* forced drafts first, then the head's, masked (verify_head.h) */
+        int32_t forced[SD_MAX_K], base = sd_constraint_len(vs->constraint);
+        int32_t nf = sd_vcon_head_begin(v->con, vs->constraint, v->hist[slot], vs->keep_len + vs->n_append,
+                                        v->hist_len[slot], next, (int32_t)next_k, forced);
+        const sd_vhead_con hc = {vs->constraint, forced, nf};
+        if (nf >= 0)
+            sd_vhead_draft(v->head, i, slot, v->hist[slot], v->hist_len[slot], next, (int32_t)next_k, &vs->sampling,
+                           &hc, res);
+        sd_constraint_rollback(vs->constraint, base);
+    } else if (next_k > 0) {
+        sd_vhead_draft(v->head, i, slot, v->hist[slot], v->hist_len[slot], next, (int32_t)next_k, &vs->sampling, NULL,
+                       res);
+    }
     if (vs->constraint) /* drafts the constraint refuses would be rejected: not sent */
         res->n_next_draft = res->n_next_q =
-            sd_vcon_cut_drafts(vs->constraint, v->hist[slot], vs->keep_len + vs->n_append, v->hist_len[slot],
-                               vr->tokens[vr->n_tokens - 1], res->next_draft, res->n_next_draft);
+            sd_vcon_cut_drafts(vs->constraint, v->hist[slot], vs->keep_len + vs->n_append, v->hist_len[slot], next,
+                               res->next_draft, res->n_next_draft);
 }
 
 /* Passes 2-4 of a normal step through spec2's sd_spec_verify_batch: one

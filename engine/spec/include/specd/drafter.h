@@ -223,11 +223,16 @@ sd_status sd_drafter_propose(sd_drafter *d, int32_t seq, const int32_t *context,
 sd_status sd_drafter_propose_given(sd_drafter *d, int32_t seq, const int32_t *context, int32_t n_context, int32_t k,
                                    const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n_drafted);
 
-/* Structured output for the next sd_drafter_propose calls: a model drafter
- * masks its distribution at each drafted position under c (borrowed; the
- * caller keeps it at the end of the context it passes, and it is left
- * there), so it drafts only tokens c allows and stops where c allows none
- * of its vocabulary. NULL removes it. The n-gram drafter ignores it (its
+/* Structured output for the next sd_drafter_propose calls: a model or
+ * EAGLE drafter masks its distribution at each drafted position under c
+ * (borrowed; the caller keeps it at the end of the context it passes, and
+ * it is left there), so it drafts only tokens c allows (q the masked,
+ * renormalised distribution; greedy: the argmax among them) and stops
+ * where c allows none of its vocabulary. An EAGLE head masks its draft
+ * vocabulary in target ids (through d2t), and accepts a context that ends
+ * with up to SD_MAX_K forced drafts the target has not run (the caller's,
+ * proposed with q = 1): it feeds them as chain rows, as its own drafts,
+ * and drafts on. NULL removes it. The n-gram drafter ignores it (its
  * caller cuts the draft at the first refused token). */
 void sd_drafter_set_constraint(sd_drafter *d, sd_constraint *c);
 
