@@ -52,10 +52,15 @@ Specd__Code sd_feat_hello_refusal(const sd_coord *c, const Specd__Hello *h, cons
     bool same = (uint32_t)o->feat_width == h->feature_width && (size_t)o->n_feat_layers == h->n_feature_layers;
     for (int32_t j = 0; same && j < o->n_feat_layers; j++) same = (uint32_t)o->feat_layers[j] == h->feature_layers[j];
     if (same) return SPECD__CODE__CODE_OK;
+    char mine[96] = "", theirs[96] = "";
+    for (size_t j = 0; j < h->n_feature_layers; j++)
+        snprintf(mine + strlen(mine), sizeof mine - strlen(mine), "%s%u", j ? "," : "", h->feature_layers[j]);
+    for (int32_t j = 0; j < o->n_feat_layers; j++)
+        snprintf(theirs + strlen(theirs), sizeof theirs - strlen(theirs), "%s%d", j ? "," : "", (int)o->feat_layers[j]);
     snprintf(msg, msg_len,
-             "hello.feature_layers: this head reads %zu layers (%u floats a position), the live head drafter %s "
-             "reads %d (%d floats): one capture serves them all",
-             h->n_feature_layers, h->feature_width, o->name, (int)o->n_feat_layers, (int)o->feat_width);
+             "hello.feature_layers: this head reads layers %s (%u floats a position), the live head drafter %s "
+             "reads %s (%d floats): one capture serves them all",
+             mine, h->feature_width, o->name, theirs, (int)o->feat_width);
     SD_WARN("refused %s: %s", name, msg);
     return SPECD__CODE__CODE_REFUSED;
 }
