@@ -9,8 +9,8 @@ and in its own drafter process fed the verifier's features over the wire
                                          [--prompts bench/prompts/chat.txt] [--runs 1]
 
 Each placement runs under specd-launch (no gateway; K fixed at --k for the two
-head placements, so both draft the same way: adaptive K cannot price a head
-drafter at K = 0, see docs/DESIGN.md), the prompts one at a time (batch 1,
+head placements, so both draft the same way whatever adaptive K would
+choose for a weak head), the prompts one at a time (batch 1,
 chat template, EOS ignored) through specd-client. Per placement: tokens/s
 (generated tokens over the requests' wall time), drafted and accepted
 tokens, accepted tokens per verify step. For the drafter placement, from the
