@@ -53,11 +53,10 @@ struct sd_vfeat {
     int32_t n_ids;
     int32_t warned[SD_MODEL_CAPTURE_MAX]; /* the last refused layer set, said once */
     int32_t n_warned;
-    bool on;       /* this step captures the requested layers */
-    int32_t width; /* floats a row this step */
-    size_t step_floats;
-    float **buf; /* [max_batch] a result's features */
-    size_t *cap; /* [max_batch] floats */
+    bool on;            /* this step captures the requested layers */
+    int32_t width;      /* floats a row this step */
+    float *arena;       /* SD_MAX_STEP_FEATURES floats (allocated at the first use; pages touched as used) */
+    size_t step_floats; /* of the arena, this step's results' features */
     uint64_t rows_sent, bytes_sent;
 };
 
@@ -75,12 +74,6 @@ sd_status sd_vfeat_create(sd_model *target, int32_t max_batch, const int32_t *he
     f->tp = shard.tp_size > 1;
     if (n_head > 0) memcpy(f->head_ids, head_ids, (size_t)n_head * sizeof *head_ids);
     f->n_head = n_head;
-    f->buf = calloc((size_t)max_batch, sizeof *f->buf);
-    f->cap = calloc((size_t)max_batch, sizeof *f->cap);
-    if (!f->buf || !f->cap) {
-        sd_vfeat_free(&f);
-        return SD_ERR_NOMEM;
-    }
     *out = f;
     return SD_OK;
 }
@@ -93,9 +86,7 @@ void sd_vfeat_free(sd_vfeat **fp) {
                 (unsigned long long)f->rows_sent, (unsigned long long)f->bytes_sent,
                 (double)f->bytes_sent / (double)f->rows_sent);
     if (f->n_ids > 0) sd_model_capture_set(f->target, 0, NULL, false);
-    for (int32_t i = 0; f->buf && i < f->max_batch; i++) free(f->buf[i]);
-    free(f->buf);
-    free(f->cap);
+    free(f->arena);
     free(f);
     *fp = NULL;
 }
@@ -170,21 +161,17 @@ void sd_vfeat_put(sd_vfeat *f, size_t i, const Specd__VerifySeq *s, int32_t pos0
                 (unsigned long long)s->request_id, (int)n, SD_MAX_STEP_FEATURES);
         return;
     }
-    if (floats > f->cap[i]) {
-        float *p = realloc(f->buf[i], floats * sizeof *p);
-        if (!p) {
-            SD_ERROR("verifier: out of memory for %d rows of features", (int)n);
-            return;
-        }
-        f->buf[i] = p;
-        f->cap[i] = floats;
+    if (!f->arena && !(f->arena = malloc((size_t)SD_MAX_STEP_FEATURES * sizeof *f->arena))) {
+        SD_ERROR("verifier: out of memory for a step's features (%d floats)", SD_MAX_STEP_FEATURES);
+        return;
     }
-    memcpy(f->buf[i], aux + (size_t)row0 * (size_t)f->width, floats * sizeof *aux);
+    float *dst = f->arena + f->step_floats;
+    memcpy(dst, aux + (size_t)row0 * (size_t)f->width, floats * sizeof *aux);
     f->step_floats += floats;
     res->feature_pos0 = (uint32_t)pos0;
     res->feature_width = (uint32_t)f->width;
     res->n_features = floats;
-    res->features = f->buf[i];
+    res->features = dst;
     f->rows_sent += (uint64_t)n;
     f->bytes_sent += (uint64_t)floats * sizeof(float);
 }

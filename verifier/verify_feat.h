@@ -28,8 +28,8 @@ bool sd_vfeat_wanted(const sd_vfeat *f, const Specd__VerifySeq *s);
 
 /* After a forward: its rows [row0, row0 + n) are s's committed positions
  * pos0 .. pos0 + n - 1; when s wants features they go into res
- * (feature_pos0, feature_width, features: borrowed from f, batch entry i,
- * until the next step), unless the step's SD_MAX_STEP_FEATURES would be
+ * (feature_pos0, feature_width, features: borrowed from f until the next
+ * step; i < max_batch), unless the step's SD_MAX_STEP_FEATURES would be
  * passed or the capture lacks the rows (then none: logged). f may be NULL. */
 void sd_vfeat_put(sd_vfeat *f, size_t i, const Specd__VerifySeq *s, int32_t pos0, int32_t n, int32_t row0,
                   Specd__VerifyResult *res);
