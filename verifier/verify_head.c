@@ -273,6 +273,8 @@ void sd_vhead_draft(sd_vhead *h, size_t i, int32_t slot, const int32_t *cached, 
     h->feed_s = 0.0;
 }
 
+int32_t sd_vhead_layers(const sd_vhead *h, int32_t *ids) { return h ? sd_drafter_eagle_layers(h->drafter, ids) : 0; }
+
 double sd_vhead_take_seconds(sd_vhead *h) {
     if (!h) return 0.0;
     double s = h->seconds;

@@ -61,6 +61,10 @@ typedef struct sd_vhead_con {
 void sd_vhead_draft(sd_vhead *h, size_t i, int32_t slot, const int32_t *cached, int32_t n_cached, int32_t next,
                     int32_t k, const sd_sampling *s, const sd_vhead_con *hc, Specd__VerifyResult *res);
 
+/* The target layers the head reads into ids[SD_MODEL_CAPTURE_MAX]: their
+ * count (0 for a NULL h). */
+int32_t sd_vhead_layers(const sd_vhead *h, int32_t *ids);
+
 /* Seconds the head spent since the last call (feeds and drafts), and zero. */
 double sd_vhead_take_seconds(sd_vhead *h);
 

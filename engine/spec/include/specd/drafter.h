@@ -129,9 +129,10 @@ sd_status sd_drafter_model_wrap(sd_model *m, sd_drafter_kind kind, const sd_draf
  * head drafts from the target's hidden states, which the caller passes
  * after each target forward with sd_drafter_eagle_features; the target
  * captures them when asked (sd_model_capture_set with the ids of
- * sd_drafter_eagle_layers). Refusals as sd_eagle_head_load. Single-process
- * only: sd_draft_batch answers SD_ERR_UNSUPPORTED. Caller frees with
- * sd_drafter_free. */
+ * sd_drafter_eagle_layers). Refusals as sd_eagle_head_load. sd_draft_batch
+ * answers SD_ERR_UNSUPPORTED: a drafter process (specd-drafter --eagle)
+ * feeds it and proposes per sequence (drafter/draft_head.c). Caller frees
+ * with sd_drafter_free. */
 sd_status sd_drafter_eagle_open(const char *dir, const sd_model *target, const sd_drafter_params *p, sd_drafter **out);
 
 /* The target layers an EAGLE drafter reads (capture ids, model.h) into
