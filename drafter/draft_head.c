@@ -19,8 +19,10 @@
  * Unlike the model drafter this one takes the whole context per call
  * (sd_drafter_propose), not a batch: the head's rows per sequence are few
  * (the features fused since the last call, then K one-row steps), and the
- * draft server holds every sequence's committed tokens anyway. Constraints
- * (DraftSeq.constraint) are not applied here: the verifier masks. */
+ * draft server holds every sequence's committed tokens anyway. Under a
+ * constraint (DraftSeq.constraint) the draft server proposes the forced
+ * tokens first and the head drafts after them, masked at every drafted
+ * position, as in the other two placements (draft_constrain.h). */
 #include "draft_head.h"
 
 #include <string.h>
@@ -39,7 +41,8 @@ static uint64_t fnv_floats(const float *f, size_t n) {
 }
 
 void sd_draft_head_seq(void *head, sd_drafter *d, int32_t slot, const Specd__DraftSeq *sq, const int32_t *held,
-                       int32_t len, int32_t k, const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n) {
+                       int32_t len, int32_t n_forced, int32_t k, const sd_sampling *s, sd_constraint *con,
+                       int32_t *tokens, sd_spec_q *q, int32_t *n) {
     sd_draft_head *st = head;
     const int32_t width = st->width;
     *n = 0;
@@ -63,7 +66,11 @@ void sd_draft_head_seq(void *head, sd_drafter *d, int32_t slot, const Specd__Dra
     }
     double t1 = sd_now();
     st->feed_s += t1 - t0;
-    if (e == SD_OK && k > 0) e = sd_drafter_propose(d, slot, held, len, k, s, tokens, q, n);
+    if (e == SD_OK && k > 0) {
+        sd_drafter_set_constraint(d, con);
+        e = sd_drafter_propose(d, slot, held, len + n_forced, k, s, tokens, q, n);
+        sd_drafter_set_constraint(d, NULL);
+    }
     st->draft_s += sd_now() - t1;
     if (e != SD_OK) {
         SD_WARN("drafter: request %llu: the head failed (%s): no drafts", (unsigned long long)sq->request_id,

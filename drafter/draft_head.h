@@ -24,10 +24,13 @@ typedef struct sd_draft_head {
  * features (head->width floats a position; a run that
  * starts past what the head holds is a gap: counted, not fed), then
  * drafts up to k tokens with sampling s into tokens / q / *n (q borrowed
- * from the drafter until its next call for slot). A head failure is logged
- * and drafts nothing. */
+ * from the drafter until its next call for slot), after the n_forced
+ * forced drafts at held[len..] and masked by con when it is not NULL
+ * (sd_drafter_set_constraint; con at the end of the forced drafts). A head
+ * failure is logged and drafts nothing. */
 void sd_draft_head_seq(void *head, sd_drafter *d, int32_t slot, const Specd__DraftSeq *sq, const int32_t *held,
-                       int32_t len, int32_t k, const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n);
+                       int32_t len, int32_t n_forced, int32_t k, const sd_sampling *s, sd_constraint *con,
+                       int32_t *tokens, sd_spec_q *q, int32_t *n);
 
 /* Logs what the features cost (INFO), when some arrived. */
 void sd_draft_head_log(const sd_draft_head *h);

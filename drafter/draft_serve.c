@@ -222,6 +222,24 @@ static void fill_result(sd_draft_server *s, size_t i, const int32_t *tokens, con
     res->q = dptr;
 }
 
+/* An EAGLE head's sequence (params.head_seq): the constraint's forced
+ * drafts first (written at held[len..]), then the head's, masked after
+ * them, both cut as a model drafter's are (sd_dcon_finish). */
+static void head_seq(sd_draft_server *s, size_t i, int32_t slot, const Specd__DraftSeq *sq, int32_t *held, int32_t len,
+                     int32_t k, const sd_sampling *sampling, Specd__DraftResult *res) {
+    sd_dcon_seq dc;
+    sd_dcon_begin(s->con, s->p.tok, slot, sq, held, len, k, s->p.max_ctx - len, &dc);
+    if (dc.n_forced > 0)
+        SD_DEBUG("drafter: slot %d context %d: %d forced drafts", (int)slot, (int)len, (int)dc.n_forced);
+    sd_draft_result dr = {.outcome = SD_SEQ_OK};
+    s->p.head_seq(s->p.head, s->drafter, slot, sq, held, len, dc.n_forced, k - dc.n_forced, sampling, dc.con,
+                  dr.tokens, dr.q, &dr.n_drafted);
+    int32_t tokens[SD_MAX_K];
+    sd_spec_q q[SD_MAX_K];
+    int32_t n = sd_dcon_finish(&dc, held + len, &dr, tokens, q);
+    fill_result(s, i, tokens, q, n, res);
+}
+
 void sd_draft_server_pair_vocab(sd_draft_server *s, int32_t target_n_vocab) {
     if (s && target_n_vocab > 0) atomic_store(&s->pair_to, target_n_vocab);
 }
@@ -280,10 +298,7 @@ sd_status sd_draft_server_handle(sd_draft_server *s, const sd_net_draft_step *st
         if (len == 0) continue;                   /* nothing to continue from: no drafts */
         if (unembeddable(s, held, len)) continue; /* an id the draft cannot embed: no drafts (K = 0) */
         if (s->p.head_seq) { /* an EAGLE head: its features fed, then drafts on the whole context */
-            int32_t tokens[SD_MAX_K], n = 0;
-            sd_spec_q q[SD_MAX_K];
-            s->p.head_seq(s->p.head, s->drafter, slot, sq, held, (int32_t)len, k, &step->sampling[i], tokens, q, &n);
-            fill_result(s, i, tokens, q, n, res);
+            head_seq(s, i, slot, sq, held, (int32_t)len, k, &step->sampling[i], res);
             continue;
         }
         /* sd_draft_batch wants at least one new token: with an empty append,

@@ -15,10 +15,12 @@ typedef struct sd_draft_server sd_draft_server;
 
 /* An EAGLE-3 head's path for one admitted sequence (draft_head.c, which
  * links the engine; this library does not): feed sq's features, draft up to
- * k tokens on held[len] into tokens / q / *n. */
+ * k tokens on held[0..len + n_forced) into tokens / q / *n, masked by con
+ * (NULL: unconstrained; else at the end of those tokens, held[len..] being
+ * the constraint's forced drafts, draft_constrain.h). */
 typedef void (*sd_draft_head_fn)(void *head, sd_drafter *d, int32_t slot, const Specd__DraftSeq *sq,
-                                 const int32_t *held, int32_t len, int32_t k, const sd_sampling *s, int32_t *tokens,
-                                 sd_spec_q *q, int32_t *n);
+                                 const int32_t *held, int32_t len, int32_t n_forced, int32_t k, const sd_sampling *s,
+                                 sd_constraint *con, int32_t *tokens, sd_spec_q *q, int32_t *n);
 
 typedef struct sd_draft_server_params {
     int32_t max_seqs;  /* request slots; must equal the drafter's max_seqs (default 64) */

@@ -463,7 +463,7 @@ int main(int argc, char **argv) {
     sd_model *target = NULL; /* --eagle */
     uint32_t layers[SD_MAX_FEATURE_LAYERS];
     sd_draft_head head = {0};
-    sd_tok *tok = o.unconstrained || o.eagle ? NULL : open_tokenizer(id_path); /* a head drafts unconstrained */
+    sd_tok *tok = o.unconstrained ? NULL : open_tokenizer(id_path);
     sd_status st = o.eagle ? open_eagle(&o, &dp, &wp, layers, &target, &drafter) : open_drafter(&o, &dp, &wp, &drafter);
     if (st == SD_OK) {
         sd_draft_server_params sp = sd_draft_server_default_params();

@@ -34,9 +34,12 @@ typedef struct fake_head {
 
 /* Records the call; drafts k tokens: the context's last token + 1, + 2, ... (q one-hot). */
 static void fake_seq(void *head, sd_drafter *d, int32_t slot, const Specd__DraftSeq *sq, const int32_t *held,
-                     int32_t len, int32_t k, const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n) {
+                     int32_t len, int32_t n_forced, int32_t k, const sd_sampling *s, sd_constraint *con,
+                     int32_t *tokens, sd_spec_q *q, int32_t *n) {
     (void)d;
     (void)s;
+    assert_int_equal(n_forced, 0); /* no constraint here: no forced drafts, no mask */
+    assert_null(con);
     fake_head *h = head;
     assert_true(h->n_calls < MAX_CALLS && len <= 64);
     h->call[h->n_calls].slot = slot;

@@ -1,7 +1,8 @@
 """The EAGLE head's drafts under the request's constraint (issue 35): the
 head masks its draft vocabulary (in target ids, through d2t) at every
 drafted position, after the forced drafts, in the single process
-(specd-generate --eagle) and in the verifier (--eagle).
+(specd-generate --eagle), in the verifier (--eagle) and in a drafter
+process (specd-drafter --eagle, fed the verifier's features).
 
 On the tiny random target (vocabulary 512) under the regex [a-z]{20,40}, a
 random head whose 4-token draft vocabulary is two letter-only tokens (the
@@ -14,10 +15,12 @@ an unmasked head drafts refused tokens:
     refused token;
   - through the service (the head in the verifier, K fixed at 4): the same
     tokens, drafts accepted, and no refused token in any chain the
-    verifier's head drafted.
+    verifier's head drafted;
+  - the same with the head in its own drafter process (the chains read
+    from the drafter's log).
 And under a regex with forced words (RE_FORCED: " and ", " or "), greedy
-and seeded, both placements give plain constrained decoding's tokens, and
-both propose forced drafts (q = 1; specd-generate's forced_drafted, the
+and seeded, all three placements give plain constrained decoding's tokens,
+and all propose forced drafts (q = 1; specd-generate's forced_drafted, the
 verifier's DEBUG lines), the head drafting on after them.
 The drafted / accepted figures are logged."""
 import json
@@ -120,35 +123,46 @@ def run(h):
     H.check(forced > 0, "specd-generate --eagle under %s: no forced draft" % RE_FORCED)
     H.log("single process under %s: %d requests = plain, %d forced drafts" % (RE_FORCED, len(refs_forced), forced))
 
-    # the service: the head in the verifier
-    _, ver, _ = h.start_service(target, drafter=None, coord_extra=H.FIXED_K, verifier_extra=("--eagle", head, "-v"))
+    # the service: the head in the verifier, then in a drafter process
+    coord, ver, _ = h.start_service(target, drafter=None, coord_extra=H.FIXED_K,
+                                    verifier_extra=("--eagle", head, "-v"))
+    service(h, ver, refs, refs_forced, refused, "the verifier's head")
+    for p in (coord, ver):
+        h.stop(p)
+    _, _, dr = h.start_service(target, drafter="eagle", draft=head, coord_extra=H.FIXED_K, drafter_extra=("-v",))
+    service(h, dr, refs, refs_forced, refused, "the head drafter")
+
+
+def service(h, ver, refs, refs_forced, refused, where):
+    """The constrained requests through the service, whose head logs its
+    chains and forced drafts into ver's log."""
     c = h.client()
     jobs = [dict(prompt=p, max_tokens=N, sampling=dict(temperature=m[0], seed=m[1]),
                  constraint={"kind": 3, "text": RE}) for p, m in refs]
     res = c.run(jobs, timeout=600)
-    H.expect_equal_ids(res, list(refs.values()), "%d constrained requests drafted by the verifier's head" % len(jobs))
+    H.expect_equal_ids(res, list(refs.values()), "%d constrained requests drafted by %s" % (len(jobs), where))
     st = [r["finished"]["stats"] for r in res]
     drafted, accepted = (sum(s.get(f, 0) for s in st) for f in ("drafted", "accepted"))
     with open(ver.logpath, errors="replace") as f:
         chains = chains_of(f.readlines())
-    H.log("service: drafted %d, accepted %d, %d chains" % (drafted, accepted, len(chains)))
-    H.check(accepted > 0, "the verifier's head: no draft accepted under the constraint")
-    check_chains(chains, refused, "the verifier's head")
+    H.log("%s: drafted %d, accepted %d, %d chains" % (where, drafted, accepted, len(chains)))
+    H.check(accepted > 0, "%s: no draft accepted under the constraint" % where)
+    check_chains(chains, refused, where)
     with open(ver.logpath, errors="replace") as f:
         f.seek(0, 2)
         start = f.tell()
     jobs = [dict(prompt=p, max_tokens=N, sampling=dict(temperature=m[0], seed=m[1]),
                  constraint={"kind": 3, "text": RE_FORCED}) for p, m in refs_forced]
     res = c.run(jobs, timeout=600)
-    H.expect_equal_ids(res, list(refs_forced.values()), "%d requests under %s drafted by the verifier's head"
-                       % (len(jobs), RE_FORCED))
+    H.expect_equal_ids(res, list(refs_forced.values()), "%d requests under %s drafted by %s"
+                       % (len(jobs), RE_FORCED, where))
     st = [r["finished"]["stats"] for r in res]
     with open(ver.logpath, errors="replace") as f:
         f.seek(start)
         forced = sum(int(ln.split(": ")[-1].split()[0]) for ln in f if " forced drafts" in ln)
-    H.log("service under %s: drafted %d, accepted %d, %d forced drafts" % ((RE_FORCED,) + tuple(
+    H.log("%s under %s: drafted %d, accepted %d, %d forced drafts" % ((where, RE_FORCED) + tuple(
         sum(s.get(f, 0) for s in st) for f in ("drafted", "accepted")) + (forced,)))
-    H.check(forced > 0, "the verifier's head proposed no forced draft under %s" % RE_FORCED)
+    H.check(forced > 0, "%s proposed no forced draft under %s" % (where, RE_FORCED))
     c.close()
 
 
