@@ -741,12 +741,8 @@ char *gw_chunk_json(const gw_job *job, const char *model, size_t ci, bool role, 
             cJSON_AddStringToObject(d, "content", "");
         } else if (delta) {
             add_text(d, "content", delta, delta_len);
-        } else if (finish && job->tools) { /* the answer held back (tools.c) or streamed (tool_stream.c) */
-            cJSON *calls = gw_tool_calls(job, ci);
-            if (calls) finish_reason = "tool_calls";
-            if (calls && c->ts.head_sent) cJSON_Delete(calls);
-            else if (calls) cJSON_AddItemToObject(d, "tool_calls", calls);
-            else if (!c->ts.head_sent) add_text(d, "content", c->text ? c->text : "", c->text_len);
+        } else if (finish && job->tools) { /* what tool_stream.c did not stream yet */
+            gw_tool_finish_delta(job, ci, d, &finish_reason);
         }
     } else {
         add_text(ch, "text", delta ? delta : "", delta ? delta_len : 0);

@@ -14,19 +14,17 @@
  *
  * tool_choice:
  *   "none"      the tools are not described; plain text.
- *   "auto"      (the default with tools) described; the output's
- *               <tool_call> blocks naming a known function (or an output
- *               that is one such JSON object) become tool_calls.
+ *   "auto"      (the default with tools) described; the output's calls,
+ *               in any family's syntax (tool_formats.c), become tool_calls.
  *   "required"  described, and the output constrained to one JSON object
  *               {"name": <one of the tools>, "arguments": <its parameters>}
  *               (a JSON Schema anyOf: enforced by the verifier, not hoped
  *               for).
  *   {"type": "function", "function": {"name": N}}   the same for N alone.
- * Streaming: a forced call (required, named) streams its arguments as they
- * are generated (tool_stream.c); with "auto" the text is held back and sent
- * at the end as either the content or the tool_calls (one delta each,
- * whole arguments), with finish_reason "tool_calls". One call per answer
- * when forced; in auto mode every <tool_call> block (parallel calls). */
+ * Streaming (tool_stream.c, any mode): content until a call marker, then
+ * each call's head and its arguments as they are generated, finish_reason
+ * "tool_calls". One call per answer when forced; in auto mode every call
+ * the syntax holds (parallel calls). */
 #include "gateway_impl.h"
 
 #include <cjson/cJSON.h>
@@ -303,59 +301,37 @@ bool gw_tool_turn(const struct cJSON *m, bool tool_role, char **content, const c
 
 /* ---- the answer ---- */
 
-static bool known(const gw_tools *t, const char *name) {
-    for (size_t i = 0; i < t->n; i++)
-        if (!strcmp(t->names[i], name)) return true;
-    return false;
-}
-
 void gw_tool_call_id(const gw_job *job, size_t ci, int k, char *out, size_t cap) {
     snprintf(out, cap, "call_%.24s_%zu_%d", strchr(job->id, '-') ? strchr(job->id, '-') + 1 : job->id, ci, k);
-}
-
-/* Adds the call JSON object j ({"name", "arguments"}) to calls; false when
- * it is not one. */
-static bool add_call(const gw_job *job, size_t ci, const cJSON *j, cJSON *calls) {
-    const cJSON *name = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "name") : NULL;
-    const cJSON *args = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "arguments") : NULL;
-    if (!cJSON_IsString(name) || !known(job->tools, name->valuestring) || !cJSON_IsObject(args)) return false;
-    int k = cJSON_GetArraySize(calls);
-    char id[96], *a = cJSON_PrintUnformatted(args);
-    if (!a) return false;
-    gw_tool_call_id(job, ci, k, id, sizeof id);
-    cJSON *c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", k);
-    cJSON_AddStringToObject(c, "id", id);
-    cJSON_AddStringToObject(c, "type", "function");
-    cJSON *fn = cJSON_AddObjectToObject(c, "function");
-    cJSON_AddStringToObject(fn, "name", name->valuestring);
-    cJSON_AddStringToObject(fn, "arguments", a);
-    free(a);
-    cJSON_AddItemToArray(calls, c);
-    return true;
 }
 
 struct cJSON *gw_tool_calls(const gw_job *job, size_t ci) {
     const gw_choice *c = &job->choices[ci];
     if (!job->tools || !c->text) return NULL;
+    size_t content_len;
+    cJSON *parsed = gw_tool_parse(job->tools, c->text, c->text_len, &content_len); /* tool_formats.c */
+    if (!parsed) return NULL;
     cJSON *calls = cJSON_CreateArray();
-    const char *p = c->text;
-    static const char open[] = "<tool_call>", close[] = "</tool_call>";
-    bool ok = true;
-    while (ok && (p = strstr(p, open)) != NULL) {
-        const char *body = p + sizeof open - 1, *end = strstr(body, close);
-        if (!end) break;
-        cJSON *j = cJSON_ParseWithLength(body, (size_t)(end - body));
-        ok = j && add_call(job, ci, j, calls);
-        cJSON_Delete(j);
-        p = end + sizeof close - 1;
+    bool ok = calls != NULL;
+    int k = 0;
+    const cJSON *p;
+    cJSON_ArrayForEach(p, parsed) {
+        char id[96], *a = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(p, "arguments"));
+        cJSON *call = cJSON_CreateObject(), *fn = NULL;
+        if (!call || !ok || !cJSON_AddItemToArray(calls, call)) { /* calls owns call from here */
+            cJSON_Delete(call);
+            ok = false;
+        }
+        gw_tool_call_id(job, ci, k, id, sizeof id);
+        ok = ok && a && cJSON_AddNumberToObject(call, "index", k) && cJSON_AddStringToObject(call, "id", id) &&
+             cJSON_AddStringToObject(call, "type", "function") && (fn = cJSON_AddObjectToObject(call, "function")) &&
+             cJSON_AddStringToObject(fn, "name", cJSON_GetObjectItemCaseSensitive(p, "name")->valuestring) &&
+             cJSON_AddStringToObject(fn, "arguments", a);
+        free(a);
+        k++;
     }
-    if (ok && cJSON_GetArraySize(calls) == 0) { /* the whole answer one call (forced, or a bare object) */
-        cJSON *j = cJSON_Parse(c->text);
-        ok = j && add_call(job, ci, j, calls);
-        cJSON_Delete(j);
-    }
-    if (!ok || cJSON_GetArraySize(calls) == 0) {
+    cJSON_Delete(parsed);
+    if (!ok) {
         cJSON_Delete(calls);
         return NULL;
     }

@@ -335,13 +335,16 @@ static void test_tools(void **state) {
     char two[] = "Sure.\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n"
                  "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>";
     job.choices[0].text = two;
+    job.choices[0].text_len = strlen(two);
     assert_non_null(calls = gw_tool_calls(&job, 0));
     assert_int_equal(cJSON_GetArraySize(calls), 2);
     cJSON_Delete(calls);
     char unknown[] = "<tool_call>{\"name\": \"rm\", \"arguments\": {}}</tool_call>", plain[] = "It is sunny.";
     job.choices[0].text = unknown;
+    job.choices[0].text_len = strlen(unknown);
     assert_null(gw_tool_calls(&job, 0));
     job.choices[0].text = plain;
+    job.choices[0].text_len = strlen(plain);
     assert_null(gw_tool_calls(&job, 0));
     gw_gen_clear(&g);
     /* history: tool_calls and a tool answer become text turns */
