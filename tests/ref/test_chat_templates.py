@@ -44,6 +44,7 @@ TEMPLATES = {
     "chatml.jinja": ("chatml", "<s>", "<|im_end|>"),
     "qwen2.5.jinja": ("chatml", "<|endoftext|>", "<|im_end|>"),
     "llama3.jinja": ("llama3", "<|begin_of_text|>", "<|eot_id|>"),
+    "llama3.1.jinja": ("llama3", "<|begin_of_text|>", "<|eot_id|>"),
     "llama2.jinja": ("llama2", "<s>", "</s>"),
     "mistral-v0.1.jinja": ("mistral", "<s>", "</s>"),
     "mixtral.jinja": ("mistral", "<s>", "</s>"),
@@ -53,7 +54,7 @@ TEMPLATES = {
     "phi3.5.jinja": ("phi3", "<s>", "<|endoftext|>"),
 }
 # name -> the fixture it must format exactly like
-NAMED = {"chatml": "chatml.jinja", "llama3": "llama3.jinja", "llama2": "llama2.jinja",
+NAMED = {"chatml": "chatml.jinja", "llama3": "llama3.jinja", "llama3.1": "llama3.1.jinja", "llama2": "llama2.jinja",
          "mistral": "mixtral.jinja", "gemma": "gemma.jinja", "gemma3": "gemma3.jinja", "phi3": "phi3.jinja"}
 
 
