@@ -117,7 +117,8 @@ typedef struct gw_gen {
      * owned text (a JSON Schema's compact JSON, a GBNF grammar) */
     Specd__ConstraintKind constraint_kind;
     char *constraint_text;
-    gw_tools *tools; /* owned; NULL: no tools (or tool_choice "none") */
+    gw_tools *tools;  /* owned; NULL: no tools (or tool_choice "none") */
+    char *tools_json; /* owned: the request's tools (compact JSON) for the chat template; NULL: none */
 } gw_gen;
 
 /* An OpenAI error: HTTP status and the error object's fields. */
@@ -145,13 +146,13 @@ bool gw_parse_constraint(const struct cJSON *root, gw_gen *g, gw_error *err);
  * other_name was given too (a 400 naming both). False with a 400. */
 bool gw_parse_guided(const struct cJSON *root, bool other, const char *other_name, gw_gen *g, gw_error *err);
 /* tools.c: tools / tool_choice of a chat request (after its messages):
- * the tools described in the system turn, a forced call as g's
+ * the tools for the chat template (g->tools_json), a forced call as g's
  * constraint; false with a 400 naming the field. */
 bool gw_parse_tools(const struct cJSON *root, gw_gen *g, gw_error *err);
-/* A history turn m's text for the template: a tool message's content
- * (tool_role) in <tool_response>, an assistant's tool_calls as <tool_call>
- * blocks after its content; *content (owned) replaced. */
-bool gw_tool_turn(const struct cJSON *m, bool tool_role, char **content, const char *param, gw_error *err);
+/* An assistant history turn m's tool_calls as the wire's JSON list of
+ * {"name", "arguments"} (the arguments string parsed when it is JSON) in
+ * *calls_json (owned; NULL when it has none). False with a 400 on param. */
+bool gw_tool_turn(const struct cJSON *m, char **calls_json, const char *param, gw_error *err);
 
 /* The seed of choice i: the request's seed for i = 0, a SplitMix64 mix of
  * (seed, i) after, so n samples are reproducible from one seed. */

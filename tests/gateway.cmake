@@ -57,3 +57,8 @@ target_link_libraries(test_gateway_tools PRIVATE specd_gateway_openai)
 # arguments in fragments that reassemble into the unstreamed call (openai client).
 specd_py_test(it_gateway_tools ${_it}test_gateway_tools.py LABELS integration model)
 set_tests_properties(it_gateway_tools PROPERTIES RESOURCE_LOCK specd_integration)
+# Tools rendered by Llama 3.1's template on the coordinator (--chat-template
+# llama3.1 on SmolLM2): a tool round trip answers as the jinja2 rendering of
+# the real template does, greedily; a forced call parses.
+specd_py_test(it_gateway_tools_llama ${_it}test_gateway_tools_llama.py LABELS integration model)
+set_tests_properties(it_gateway_tools_llama PROPERTIES RESOURCE_LOCK specd_integration)

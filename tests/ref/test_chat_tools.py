@@ -95,6 +95,33 @@ def render(template, msgs, tools, gen):
         return None
 
 
+def hermes_check():
+    """The other families get the Hermes / Qwen 2.5 text turns (specd's own
+    form, no template to compare with): checked on ChatML by construction."""
+    tools = '[{"type":"function","function":{"name":"now","parameters":{"a":1}}}]'
+    conv = [{"role": "system", "content": "S"}, {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "ok", "tool_calls_json": '[{"name":"now","arguments":{"tz":"UTC"}}]'},
+            {"role": "tool", "content": "12:00"}]
+    case = {"messages": conv, "add_generation_prompt": True, "bos": "", "eos": "", "tools_api": True,
+            "tools_json": tools}
+    bad = dict(case, messages=conv[:2] + [dict(conv[2], tool_calls_json="[{]")])
+    rc, head, replies = run_cli(["--name", "chatml"], [case, dict(case, messages=conv[1:]), bad])
+    desc = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
+            "function signatures within <tools></tools> XML tags:\n<tools>\n" + tools[1:-1] + "\n</tools>\n\nFor "
+            "each function call, return a json object with function name and arguments within <tool_call></tool_call>"
+            " XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>")
+    turns = ("<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\nok\n<tool_call>\n{\"name\":\"now\",\"arguments\":"
+             "{\"tz\":\"UTC\"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n12:00\n</tool_response>"
+             "<|im_end|>\n<|im_start|>assistant\n")
+    want = ["<|im_start|>system\nS\n\n" + desc + "<|im_end|>\n" + turns,
+            "<|im_start|>system\n" + desc + "<|im_end|>\n" + turns]
+    fails = [f"chatml with tools: {r.get('text', r)!r}\n  expected {w!r}" for r, w in zip(replies, want)
+             if r.get("text") != w]
+    if rc != 0 or len(replies) != 3 or "refused" not in replies[2]:
+        fails.append(f"chatml: exit {rc}, a malformed call gave {replies[2:]}")
+    return fails
+
+
 def main():
     if not os.access(CLI, os.X_OK):
         print(f"SKIP: {CLI} is not built")
@@ -130,13 +157,14 @@ def main():
                 failures.append(f"{source[-1]}: tools={c.get('tools_json', 'none')[:40]!r} gen="
                                 f"{c['add_generation_prompt']} drop_bos={c['drop_bos']} {c['messages']}\n"
                                 f"  jinja2: {want!r}\n  specd:  {got!r} {r.get('refused', '')}")
+    failures += hermes_check()
     if failures:
         print(f"FAIL: {len(failures)} of {2 * len(cases)} differ")
         for x in failures[:6]:
             print(x)
         return 1
     print(f"OK: {2 * len(cases)} conversations with tools formatted as jinja2 renders Llama 3.1's template "
-          f"({refusals} refused by both)")
+          f"({refusals} refused by both); ChatML gets the Hermes text")
     return 0
 
 
