@@ -548,6 +548,7 @@ sd_status sd_chat_hermes(const sd_chat_msg *m, size_t n, const sd_chat_tools *tt
         (*out)[0] = (sd_chat_msg){"system", desc};
         (*owned)[0] = desc;
     }
+    size_t bad = n; /* the message whose calls are not a JSON list of calls (n: none, out of memory) */
     for (size_t i = 0; i < n; i++) {
         sd_chat_msg *o = &(*out)[i + extra];
         const char *calls = tt && tt->tool_calls ? tt->tool_calls[i] : NULL;
@@ -562,7 +563,10 @@ sd_status sd_chat_hermes(const sd_chat_msg *m, size_t n, const sd_chat_tools *tt
             text = b.failed ? (free(b.data), NULL) : b.data;
             if (!text) break;
         } else if (calls) {
-            if (!(text = hermes_calls(m[i].content, calls))) break;
+            if (!(text = hermes_calls(m[i].content, calls))) {
+                bad = i;
+                break;
+            }
         } else if (!strcmp(m[i].role, "tool")) {
             strbuf b = {0};
             sd_sb_add(&b, "<tool_response>\n");
@@ -575,5 +579,8 @@ sd_status sd_chat_hermes(const sd_chat_msg *m, size_t n, const sd_chat_tools *tt
         if (i + 1 == n) return SD_OK;
     }
     sd_chat_hermes_free(out, owned, *n_out);
-    return refuse(err, err_cap, "messages: a tool call is not {\"name\": ..., \"arguments\": ...} (or out of memory)");
+    if (bad == n) return SD_ERR_NOMEM;
+    if (err_cap)
+        snprintf(err, err_cap, "messages[%zu].tool_calls: not a JSON list of {\"name\": ..., \"arguments\": ...}", bad);
+    return SD_ERR_INVALID_ARG;
 }
