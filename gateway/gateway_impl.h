@@ -150,7 +150,7 @@ bool gw_parse_guided(const struct cJSON *root, bool other, const char *other_nam
  * constraint; false with a 400 naming the field. */
 bool gw_parse_tools(const struct cJSON *root, gw_gen *g, gw_error *err);
 /* An assistant history turn m's tool_calls as the wire's JSON list of
- * {"name", "arguments"} (the arguments string parsed when it is JSON) in
+ * {"name", "arguments"} (the arguments string's own text when it is JSON) in
  * *calls_json (owned; NULL when it has none). False with a 400 on param. */
 bool gw_tool_turn(const struct cJSON *m, char **calls_json, const char *param, gw_error *err);
 

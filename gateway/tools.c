@@ -216,10 +216,16 @@ bool gw_tool_turn(const struct cJSON *m, char **calls_json, const char *param, g
             cJSON_Delete(list);
             return bad(err, param, "each tool call needs 'function' with 'name' and 'arguments' strings");
         }
-        cJSON *o = cJSON_CreateObject(), *parsed = cJSON_Parse(args->valuestring);
+        /* the arguments' own text when it is one JSON value (the template
+         * re-serialises it: 21.0 stays 21.0), else the string itself */
+        cJSON *o = cJSON_CreateObject(), *parsed = cJSON_ParseWithOpts(args->valuestring, NULL, true);
         cJSON_AddItemToArray(list, o);
         cJSON_AddStringToObject(o, "name", name->valuestring);
-        cJSON_AddItemToObject(o, "arguments", parsed ? parsed : cJSON_CreateString(args->valuestring));
+        if (parsed)
+            cJSON_AddRawToObject(o, "arguments", args->valuestring);
+        else
+            cJSON_AddStringToObject(o, "arguments", args->valuestring);
+        cJSON_Delete(parsed);
     }
     *calls_json = cJSON_GetArraySize(list) > 0 ? cJSON_PrintUnformatted(list) : NULL;
     bool empty = cJSON_GetArraySize(list) == 0;

@@ -354,13 +354,16 @@ static void test_tools(void **state) {
         parse(GW_EP_CHAT,
               "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":null,"
               "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"now\",\"arguments\":"
-              "\"{}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"12:00\"}],"
+              "\"{\\\"tz\\\": 1.0}\"}},{\"type\":\"function\",\"function\":{\"name\":\"now\",\"arguments\":\"x\"}}]},"
+              "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"12:00\"}],"
               "\"tool_choice\":\"none\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"now\"}}]}",
               &g, &err));
     assert_null(g.tools); /* tool_choice none: plain text, tools not described */
     assert_int_equal(g.prompts[0].n_turns, 3);
     assert_string_equal(g.prompts[0].turns[1].content, "");
-    assert_string_equal(g.prompts[0].turns[1].tool_calls, "[{\"name\":\"now\",\"arguments\":{}}]");
+    /* the arguments' own text (1.0 stays 1.0), or the string when it is not JSON */
+    assert_string_equal(g.prompts[0].turns[1].tool_calls,
+                        "[{\"name\":\"now\",\"arguments\":{\"tz\": 1.0}},{\"name\":\"now\",\"arguments\":\"x\"}]");
     assert_string_equal(g.prompts[0].turns[2].role, "tool");
     assert_string_equal(g.prompts[0].turns[2].content, "12:00");
     assert_null(g.prompts[0].turns[2].tool_calls);

@@ -39,7 +39,7 @@ MSGS = [{"role": "system", "content": "You are a helpful assistant."},
         {"role": "user", "content": "What is the weather in Paris?"},
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "call_1", "type": "function",
-             "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]},
+             "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris", "days": 2.0})}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": json.dumps({"temperature": 21, "sky": "clear"})}]
 
 
@@ -77,7 +77,7 @@ def run(h):
         msg = r.choices[0].message
         prompt = render("<|im_start|>", TOOLS if choice == "auto" else None)
         H.check("<|start_header_id|>ipython<|end_header_id|>\n\n\"{\\\"temperature\\\": 21" in prompt and
-                '{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>' in prompt and
+                '{"name": "get_weather", "parameters": {"city": "Paris", "days": 2.0}}<|eot_id|>' in prompt and
                 ("Environment: ipython" in prompt) == (choice == "auto"),
                 "the jinja2 rendering is not the expected Llama 3.1 form: %r" % prompt)
         c = cl.completions.create(prompt=prompt, extra_body={"parse_special": True}, **greedy)
