@@ -3,8 +3,8 @@
  * Parsing is strict about what it honours and lenient about the rest, as
  * OpenAI is: unknown fields are ignored, a known field of the wrong type or
  * out of range is a 400 naming the field (`param`). Fields whose meaning
- * specd cannot honour yet (logit_bias, tools, tool_choice and the other
- * output-changing fields in refuse_unhonoured) are refused with a 400 when set to
+ * specd cannot honour yet (logit_bias and the other output-changing
+ * fields in refuse_unhonoured) are refused with a 400 when set to
  * anything but their neutral value, rather than silently ignored: a client
  * asking for them would otherwise get a wrong answer.
  *
@@ -21,8 +21,9 @@
  * first null), and max_tokens 0 asks for the prompt alone ("score this
  * text"); a prompt of ids is echoed as the coordinator detokenizes it.
  *
- * Chat: the whole conversation (system/developer, user and assistant turns)
- * goes to the coordinator as SubmitRequest.messages, and the coordinator
+ * Chat: the whole conversation (system/developer, user, assistant turns
+ * with their tool_calls, tool turns) and the tools (tools.c) go to the
+ * coordinator as SubmitRequest.messages and .tools, and the coordinator
  * formats it with the model's chat template (specd/chat.h), exactly as
  * `specd-generate --chat --message ...` does. Formatting here was rejected:
  * the gateway holds no model. Roles are checked here (an unknown one is a
