@@ -41,11 +41,12 @@ bool sd_chat_pyjson(strbuf *b, const char *text, size_t len, int indent);
  * assistant turn with tool calls). tt may be NULL. */
 bool sd_chat_has_tools(const sd_chat_msg *m, size_t n, const sd_chat_tools *tt);
 
-/* Llama 3.1's template (tools_in_user_message, no builtin tools, date
- * "26 Jul 2024"), statement by statement, into out; bos: what it writes
- * for bos_token (NULL: left to the tokenizer). tt may be NULL. */
-sd_status sd_chat_format_llama31(strbuf *out, const char *bos, const sd_chat_msg *m, size_t n, const sd_chat_tools *tt,
-                                 bool gen, char *err, size_t err_cap);
+/* Llama 3.1's template (tools_in_user_message, no builtin tools; 3.2's is
+ * the same but for the date), statement by statement, into out; bos: what
+ * it writes for bos_token (NULL: left to the tokenizer); date: "Today
+ * Date" ("26 Jul 2024" for 3.1). tt may be NULL. */
+sd_status sd_chat_format_llama31(strbuf *out, const char *bos, const char *date, const sd_chat_msg *m, size_t n,
+                                 const sd_chat_tools *tt, bool gen, char *err, size_t err_cap);
 
 /* For families without tools in their template: the conversation with the
  * tools written as Hermes / Qwen 2.5 text (the <tools> signatures appended

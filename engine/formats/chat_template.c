@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #define MAX_TEMPLATE_FILE_BYTES (16u << 20) /* tokenizer_config.json, chat_template.jinja */
 #define MAX_DEFAULT_SYSTEM      4096u       /* a ChatML default system prompt */
@@ -36,6 +37,7 @@ enum {
     VARIANT_SYSTEM_PREFIX = 8,   /* Gemma 3: a system message's content + "\n\n" opens the first turn */
     VARIANT_ROLES_ONLY = 16,     /* Qwen2.5 ChatML: system/user/assistant turns only (tools are not reproduced) */
     VARIANT_LLAMA31 = 32,        /* Llama 3.1: a dated system turn, tools (chat_tools.c) */
+    VARIANT_DATE_TODAY = 64,     /* Llama 3.2: that date is today's (strftime_now("%d %b %Y"), local time) */
 };
 
 struct sd_chat_template {
@@ -55,7 +57,9 @@ static const struct {
 };
 #define N_FAMILIES (sizeof FAMILY_NAMES / sizeof FAMILY_NAMES[0])
 
-const char *sd_chat_template_names(void) { return "chatml, llama3, llama3.1, llama2, mistral, gemma, gemma3, phi3"; }
+const char *sd_chat_template_names(void) {
+    return "chatml, llama3, llama3.1, llama3.2, llama2, mistral, gemma, gemma3, phi3";
+}
 
 /* ---- formatting ---- */
 
@@ -251,9 +255,15 @@ static sd_status format_family(fmt *f, const sd_chat_msg *msgs, size_t n, bool g
 /* Llama 3.1 renders tools itself; the other families get them as Hermes
  * text turns (chat_tools.c). */
 static sd_status format_with_tools(fmt *f, const sd_chat_msg *msgs, size_t n, const sd_chat_tools *tt, bool gen) {
-    if (f->t->family == SD_CHAT_FAMILY_LLAMA3 && (f->t->variant & VARIANT_LLAMA31))
-        return sd_chat_format_llama31(&f->out, f->t->drop_leading_bos ? NULL : f->t->bos, msgs, n, tt, gen, f->err,
-                                      f->err_cap);
+    if (f->t->family == SD_CHAT_FAMILY_LLAMA3 && (f->t->variant & VARIANT_LLAMA31)) {
+        char date[32] = "26 Jul 2024";
+        time_t now = time(NULL);
+        struct tm tm;
+        if ((f->t->variant & VARIANT_DATE_TODAY) && localtime_r(&now, &tm))
+            strftime(date, sizeof date, "%d %b %Y", &tm);
+        return sd_chat_format_llama31(&f->out, f->t->drop_leading_bos ? NULL : f->t->bos, date, msgs, n, tt, gen,
+                                      f->err, f->err_cap);
+    }
     if (!sd_chat_has_tools(msgs, n, tt)) return format_family(f, msgs, n, gen);
     sd_chat_msg *m2 = NULL;
     char **owned = NULL;
@@ -371,15 +381,14 @@ static const char *const QWEN[] = {"<|im_start|>",          "<|im_end|>",
                                    "message.role",          "message.content",
                                    "<|im_start|>assistant", "(message.role == \"system\" and not loop.first)",
                                    "{%- if tools %}",       NULL};
-/* Llama 3.1 (the LLAMA3 markers match it too): Meta's template with tools,
- * dated "26 Jul 2024" when no date_string is passed (specd passes none). */
-static const char *const LLAMA31[] = {"Cutting Knowledge Date: December 2023",
-                                      "tools_in_user_message",
-                                      "{%- set date_string = \"26 Jul 2024\" %}",
-                                      "<|python_tag|>",
-                                      "This model only supports single tool-calls at once!",
-                                      "<|start_header_id|>ipython<|end_header_id|>",
-                                      NULL};
+/* Llama 3.1 / 3.2 (the LLAMA3 markers match them too): Meta's template
+ * with tools, dated "26 Jul 2024" when no date_string is passed (specd
+ * passes none); 3.2's dates it today with strftime_now (LLAMA32_DATE). */
+static const char *const LLAMA31[] = {
+    "Cutting Knowledge Date: December 2023",       "tools_in_user_message",
+    "{%- set date_string = \"26 Jul 2024\" %}",    "This model only supports single tool-calls at once!",
+    "<|start_header_id|>ipython<|end_header_id|>", NULL};
+static const char LLAMA32_DATE[] = "{%- set date_string = strftime_now(\"%d %b %Y\") %}";
 static const char *const CHATML[] = {"<|im_start|>",          "<|im_end|>", "message['role']", "message['content']",
                                      "<|im_start|>assistant", NULL};
 static const char *const LLAMA3[] = {"<|start_header_id|>",
@@ -471,6 +480,7 @@ sd_status sd_chat_template_parse(const char *text, size_t len, sd_chat_template 
     for (const char *const *u = UNSUPPORTED; *u; u++) {
         if ((qwen || llama31) && (strcmp(*u, "tools") == 0 || strcmp(*u, "tool_call") == 0)) continue;
         if (llama31 && (strcmp(*u, "Cutting Knowledge") == 0 || strcmp(*u, "date_string") == 0)) continue;
+        if (llama31 && strcmp(*u, "strftime_now") == 0 && has(text, len, LLAMA32_DATE)) continue;
         if (has(text, len, *u)) {
             char why[128];
             snprintf(why, sizeof why, "the model's template uses '%s', which specd does not reproduce", *u);
@@ -504,6 +514,7 @@ sd_status sd_chat_template_parse(const char *text, size_t len, sd_chat_template 
         t->variant |= VARIANT_SYSTEM_NONEMPTY;
     if (found == SD_CHAT_FAMILY_LLAMA3 && !has(text, len, "add_generation_prompt")) t->variant |= VARIANT_ALWAYS_OPEN;
     if (found == SD_CHAT_FAMILY_LLAMA3 && llama31) t->variant |= VARIANT_LLAMA31;
+    if (found == SD_CHAT_FAMILY_LLAMA3 && llama31 && has(text, len, LLAMA32_DATE)) t->variant |= VARIANT_DATE_TODAY;
     if (found == SD_CHAT_FAMILY_GEMMA && has(text, len, "first_user_prefix")) t->variant |= VARIANT_SYSTEM_PREFIX;
     if (st != SD_OK) {
         sd_chat_template_free(&t);
@@ -518,9 +529,9 @@ sd_status sd_chat_template_named(const char *name, sd_chat_template **out) {
     *out = NULL;
     for (size_t i = 0; i < N_FAMILIES; i++)
         if (strcmp(name, FAMILY_NAMES[i].name) == 0) return new_template(FAMILY_NAMES[i].family, out);
-    if (strcmp(name, "llama3.1") == 0) { /* Llama 3.1's template: tools, a dated system turn */
+    if (strcmp(name, "llama3.1") == 0 || strcmp(name, "llama3.2") == 0) { /* tools, a dated system turn */
         SD_TRY(new_template(SD_CHAT_FAMILY_LLAMA3, out));
-        (*out)->variant |= VARIANT_LLAMA31;
+        (*out)->variant |= VARIANT_LLAMA31 | (strcmp(name, "llama3.2") == 0 ? VARIANT_DATE_TODAY : 0);
         return SD_OK;
     }
     if (strcmp(name, "gemma3") == 0) { /* Gemma 3's template: gemma with a system prefix */

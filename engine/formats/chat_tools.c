@@ -410,14 +410,16 @@ static sd_status llama31_call(strbuf *out, const char *calls, char *err, size_t 
     return st;
 }
 
-sd_status sd_chat_format_llama31(strbuf *out, const char *bos, const sd_chat_msg *m, size_t n, const sd_chat_tools *tt,
-                                 bool gen, char *err, size_t err_cap) {
+sd_status sd_chat_format_llama31(strbuf *out, const char *bos, const char *date, const sd_chat_msg *m, size_t n,
+                                 const sd_chat_tools *tt, bool gen, char *err, size_t err_cap) {
     const char *tools = tt ? tt->tools : NULL;
     size_t i = 0;
     if (bos) sd_sb_add(out, bos);
     sd_sb_add(out, "<|start_header_id|>system<|end_header_id|>\n\n");
     if (tools) sd_sb_add(out, "Environment: ipython\n");
-    sd_sb_add(out, "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
+    sd_sb_add(out, "Cutting Knowledge Date: December 2023\nToday Date: ");
+    sd_sb_add(out, date);
+    sd_sb_add(out, "\n\n");
     if (n > 0 && !strcmp(m[0].role, "system")) {
         sd_sb_content_stripped(out, m[0].content, strlen(m[0].content));
         i = 1;

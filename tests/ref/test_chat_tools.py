@@ -12,6 +12,7 @@ empty containers, a system prompt or none, calls and tool answers in the
 history, with and without the generation prompt and the leading BOS; and
 the refusals (two calls in one turn; tools and no user message) where
 jinja2 raises. Exit 0: all equal; 1: a mismatch; 77: skipped."""
+import datetime
 import json
 import os
 import sys
@@ -86,6 +87,7 @@ def render(template, msgs, tools, gen):
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)  # as transformers defines it
     env.filters["tojson"] = tojson
     kw = {"tools": tools} if tools is not None else {}
     try:
@@ -126,8 +128,6 @@ def main():
     if not os.access(CLI, os.X_OK):
         print(f"SKIP: {CLI} is not built")
         return SKIP
-    with open(os.path.join(DATA, "llama3.1.jinja"), encoding="utf-8") as f:
-        template = f.read()
     cases = []
     for conv in conversations():
         for tools in [None] + TOOLS:
@@ -139,7 +139,11 @@ def main():
                         c["tools_json"] = tools
                     cases.append(c)
     failures, refusals = [], 0
-    for source in ([os.path.join(DATA, "llama3.1.jinja")], ["--name", "llama3.1"]):
+    sources = [(f, [os.path.join(DATA, f)]) for f in ("llama3.1.jinja", "llama3.2.jinja")]
+    sources += [(f"llama3.{v}.jinja", ["--name", f"llama3.{v}"]) for v in (1, 2)]
+    for fixture, source in sources:
+        with open(os.path.join(DATA, fixture), encoding="utf-8") as f:
+            template = f.read()
         rc, head, replies = run_cli(source, cases)
         if rc != 0 or head.get("family") != "llama3" or len(replies) != len(cases):
             print(f"FAIL: chat_cli {source}: exit {rc}, {head}, {len(replies)} replies for {len(cases)} cases")
@@ -159,11 +163,12 @@ def main():
                                 f"  jinja2: {want!r}\n  specd:  {got!r} {r.get('refused', '')}")
     failures += hermes_check()
     if failures:
-        print(f"FAIL: {len(failures)} of {2 * len(cases)} differ")
+        print(f"FAIL: {len(failures)} of {len(sources) * len(cases)} differ")
         for x in failures[:6]:
             print(x)
         return 1
-    print(f"OK: {2 * len(cases)} conversations with tools formatted as jinja2 renders Llama 3.1's template "
+    print(f"OK: {len(sources) * len(cases)} conversations with tools formatted as jinja2 renders Llama 3.1's and "
+          f"3.2's templates "
           f"({refusals} refused by both); ChatML gets the Hermes text")
     return 0
 

@@ -26,8 +26,8 @@ extern "C" {
 
 typedef enum sd_chat_family {
     SD_CHAT_FAMILY_UNSPECIFIED = 0,
-    SD_CHAT_FAMILY_CHATML, /* <|im_start|>role\n...<|im_end|>\n (SmolLM2, Qwen, OpenHermes) */
-    SD_CHAT_FAMILY_LLAMA3, /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> (3.1: tools, a dated system turn) */
+    SD_CHAT_FAMILY_CHATML,  /* <|im_start|>role\n...<|im_end|>\n (SmolLM2, Qwen, OpenHermes) */
+    SD_CHAT_FAMILY_LLAMA3,  /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> (3.1, 3.2: tools, a date) */
     SD_CHAT_FAMILY_LLAMA2,  /* <s>[INST] <<SYS>>\n...\n<</SYS>>\n\n... [/INST] ... </s> */
     SD_CHAT_FAMILY_MISTRAL, /* <s>[INST] ... [/INST]...</s> (no system role) */
     SD_CHAT_FAMILY_GEMMA,   /* <bos><start_of_turn>user\n...<end_of_turn>\n, assistant is "model" */
@@ -41,8 +41,8 @@ typedef struct sd_chat_template sd_chat_template;
  * sd_chat_template_free. The BOS/EOS texts start empty. */
 sd_status sd_chat_template_parse(const char *text, size_t len, sd_chat_template **out);
 
-/* The family called name ("chatml", "llama3", "llama2", "mistral", "gemma",
- * "phi3"), with no default system prompt. SD_ERR_INVALID_ARG (logged, with
+/* The family called name ("chatml", "llama3", "llama3.1", "llama3.2",
+ * "llama2", "mistral", "gemma", "gemma3", "phi3"), with no default system prompt. SD_ERR_INVALID_ARG (logged, with
  * the list) for another name. Caller frees *out. */
 sd_status sd_chat_template_named(const char *name, sd_chat_template **out);
 
