@@ -98,6 +98,7 @@ static Specd__ChatRole chat_role(const char *role) {
     if (role && strcmp(role, "system") == 0) return SPECD__CHAT_ROLE__CHAT_ROLE_SYSTEM;
     if (role && strcmp(role, "user") == 0) return SPECD__CHAT_ROLE__CHAT_ROLE_USER;
     if (role && strcmp(role, "assistant") == 0) return SPECD__CHAT_ROLE__CHAT_ROLE_ASSISTANT;
+    if (role && strcmp(role, "tool") == 0) return SPECD__CHAT_ROLE__CHAT_ROLE_TOOL;
     return SPECD__CHAT_ROLE__CHAT_ROLE_UNSPECIFIED;
 }
 
@@ -116,6 +117,7 @@ sd_status sd_client_wire_messages(const sd_client_request *rq, Specd__ChatMessag
         specd__chat_message__init(&pm[i]);
         pm[i].role = chat_role(rq->messages[i].role);
         pm[i].content = (char *)(rq->messages[i].content ? rq->messages[i].content : "");
+        pm[i].tool_calls = (char *)(rq->messages[i].tool_calls ? rq->messages[i].tool_calls : "");
         pp[i] = &pm[i];
     }
     *messages = pp, *storage = pm, *n_messages = n;
@@ -147,6 +149,7 @@ void sd_client_wire_submit(const sd_client_request *rq, Specd__ChatMessage **mes
     sub->echo = rq->echo;
     sub->prompt_only = rq->prompt_only;
     sub->parse_special = rq->parse_special;
+    sub->tools = (char *)(rq->tools ? rq->tools : "");
 }
 
 void sd_client_wire_constraint(const sd_client_request *rq, Specd__Constraint *con, Specd__SubmitRequest *sub) {

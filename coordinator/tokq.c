@@ -72,17 +72,25 @@ sd_submit_job *sd_submit_job_new(const sd_net_submit *sub, const uint8_t *ident,
     if (ok && r->n_messages > 0) { /* roles were checked by sd_net_read_client */
         static const char *const ROLES[] = {[SPECD__CHAT_ROLE__CHAT_ROLE_SYSTEM] = "system",
                                             [SPECD__CHAT_ROLE__CHAT_ROLE_USER] = "user",
-                                            [SPECD__CHAT_ROLE__CHAT_ROLE_ASSISTANT] = "assistant"};
+                                            [SPECD__CHAT_ROLE__CHAT_ROLE_ASSISTANT] = "assistant",
+                                            [SPECD__CHAT_ROLE__CHAT_ROLE_TOOL] = "tool"};
         j->msg_role = calloc(r->n_messages, sizeof *j->msg_role);
         j->msg_content = calloc(r->n_messages, sizeof *j->msg_content);
-        ok = j->msg_role && j->msg_content;
+        j->msg_calls = calloc(r->n_messages, sizeof *j->msg_calls);
+        ok = j->msg_role && j->msg_content && j->msg_calls;
         for (size_t i = 0; ok && i < r->n_messages; i++) {
             int role = (int)r->messages[i]->role;
-            j->msg_role[i] = role >= 1 && role <= 3 ? ROLES[role] : "";
+            const char *calls = r->messages[i]->tool_calls;
+            j->msg_role[i] = role >= 1 && role <= 4 ? ROLES[role] : "";
             j->msg_content[i] = dup_text(r->messages[i]->content);
-            ok = j->msg_content[i] != NULL;
+            j->msg_calls[i] = calls && calls[0] ? dup_text(calls) : NULL;
+            ok = j->msg_content[i] != NULL && (!(calls && calls[0]) || j->msg_calls[i]);
             j->n_messages = i + 1;
-            if (ok) j->text_bytes += strlen(j->msg_content[i]);
+            if (ok) j->text_bytes += strlen(j->msg_content[i]) + (j->msg_calls[i] ? strlen(j->msg_calls[i]) : 0);
+        }
+        if (ok && r->tools && r->tools[0]) {
+            ok = (j->tools = dup_text(r->tools)) != NULL;
+            if (ok) j->text_bytes += strlen(j->tools);
         }
     }
     if (ok && r->n_continuation > 0) {
@@ -113,7 +121,10 @@ void sd_submit_job_free(sd_submit_job **jp) {
     free(j->system);
     free(j->prompt_ids);
     for (size_t i = 0; i < j->n_messages; i++) free(j->msg_content[i]);
+    for (size_t i = 0; j->msg_calls && i < j->n_messages; i++) free(j->msg_calls[i]);
     free(j->msg_content);
+    free(j->msg_calls);
+    free(j->tools);
     free(j->msg_role);
     free(j->continuation);
     free(j->ids);
@@ -132,6 +143,7 @@ static void refuse(sd_submit_job *j, Specd__Code code, const char *what) {
 static bool encode_chat(const sd_tok *tok, const sd_chat_template *chat, sd_submit_job *j, int32_t **enc,
                         size_t *n_enc) {
     sd_chat_msg two[2], *m = two;
+    sd_chat_tools tt = {NULL, NULL}; /* tools, calls and tool turns (messages only) */
     size_t n = 0;
     if (j->n_messages > 0) {
         if (!(m = malloc(j->n_messages * sizeof *m))) {
@@ -139,12 +151,15 @@ static bool encode_chat(const sd_tok *tok, const sd_chat_template *chat, sd_subm
             return false;
         }
         for (size_t i = 0; i < j->n_messages; i++) m[n++] = (sd_chat_msg){j->msg_role[i], j->msg_content[i]};
+        tt.tools = j->tools;
+        tt.tool_calls = (const char *const *)j->msg_calls;
     } else {
         if (j->system[0]) m[n++] = (sd_chat_msg){"system", j->system};
         m[n++] = (sd_chat_msg){"user", j->prompt};
     }
     char why[400];
-    sd_status st = sd_chat_template_encode(chat, tok, m, n, true, enc, n_enc, NULL, why, sizeof why);
+    sd_status st = sd_chat_template_encode_tools(chat, tok, m, n, j->n_messages > 0 ? &tt : NULL, true, enc, n_enc,
+                                                 NULL, why, sizeof why);
     if (m != two) free(m);
     if (st == SD_ERR_INVALID_ARG) {
         j->code = SPECD__CODE__CODE_BAD_REQUEST;

@@ -71,7 +71,7 @@ typedef enum gw_endpoint { GW_EP_CHAT, GW_EP_COMPLETIONS } gw_endpoint;
 #define GW_MAX_TOOLS 128
 typedef enum gw_tool_mode {
     GW_TOOLS_OFF = 0,   /* no tools, or tool_choice "none" */
-    GW_TOOLS_AUTO,      /* the model may call one: <tool_call> blocks parsed from its answer */
+    GW_TOOLS_AUTO,      /* the model may call one: its calls parsed from its answer (tool_formats.c) */
     GW_TOOLS_REQUIRED,  /* the answer is one call of some tool (constrained) */
     GW_TOOLS_NAMED,     /* the answer is one call of the named tool (constrained) */
 } gw_tool_mode;
@@ -117,7 +117,8 @@ typedef struct gw_gen {
      * owned text (a JSON Schema's compact JSON, a GBNF grammar) */
     Specd__ConstraintKind constraint_kind;
     char *constraint_text;
-    gw_tools *tools; /* owned; NULL: no tools (or tool_choice "none") */
+    gw_tools *tools;  /* owned; NULL: no tools (or tool_choice "none") */
+    char *tools_json; /* owned: the request's tools (compact JSON) for the chat template; NULL: none */
 } gw_gen;
 
 /* An OpenAI error: HTTP status and the error object's fields. */
@@ -145,13 +146,13 @@ bool gw_parse_constraint(const struct cJSON *root, gw_gen *g, gw_error *err);
  * other_name was given too (a 400 naming both). False with a 400. */
 bool gw_parse_guided(const struct cJSON *root, bool other, const char *other_name, gw_gen *g, gw_error *err);
 /* tools.c: tools / tool_choice of a chat request (after its messages):
- * the tools described in the system turn, a forced call as g's
+ * the tools for the chat template (g->tools_json), a forced call as g's
  * constraint; false with a 400 naming the field. */
 bool gw_parse_tools(const struct cJSON *root, gw_gen *g, gw_error *err);
-/* A history turn m's text for the template: a tool message's content
- * (tool_role) in <tool_response>, an assistant's tool_calls as <tool_call>
- * blocks after its content; *content (owned) replaced. */
-bool gw_tool_turn(const struct cJSON *m, bool tool_role, char **content, const char *param, gw_error *err);
+/* An assistant history turn m's tool_calls as the wire's JSON list of
+ * {"name", "arguments"} (the arguments string's own text when it is JSON) in
+ * *calls_json (owned; NULL when it has none). False with a 400 on param. */
+bool gw_tool_turn(const struct cJSON *m, char **calls_json, const char *param, gw_error *err);
 
 /* The seed of choice i: the request's seed for i = 0, a SplitMix64 mix of
  * (seed, i) after, so n samples are reproducible from one seed. */
@@ -188,19 +189,49 @@ typedef struct gw_lp {
     gw_tok_lp top[SD_MAX_TOP_LOGPROBS];
 } gw_lp;
 
-/* tool_stream.c: a forced tool call's streaming state (per choice): a
- * JSON lexer's position in the text, and what was sent. Offsets into text. */
+/* tool_stream.c: a chat answer with tools streamed (per choice): where
+ * its content ends and, once a call marker came (tool_formats.c), a JSON
+ * lexer's position in the call object being read. Offsets into the text. */
 typedef struct gw_tool_stream {
-    size_t scanned;             /* bytes lexed */
-    int depth;                  /* of objects and arrays */
-    bool in_str, esc, args_done;
-    int key;                    /* the depth-1 key being read: 1 name, 2 arguments, 0 other */
+    size_t content_end; /* text[0, content_end) is content: streamable as such */
+    bool calls;         /* a call marker came (or the answer opened with '{'): no more content */
+    bool stopped;       /* a call named no known tool: nothing more is streamed */
+    size_t scanned;     /* bytes lexed (once calls) */
+    int depth;          /* of objects and arrays in the call object (0: between calls) */
+    bool in_str, esc, after_colon, closed;
+    int key;                    /* the depth-1 key being read: 1 name, 2 arguments / parameters, 0 other */
     size_t str_from, str_end;   /* the last depth-1 string */
-    size_t name_from, name_len; /* the function's name, once whole */
-    size_t args_from;           /* where the arguments object starts (0: not yet) */
-    size_t sent;                /* end of the arguments sent (0: none) */
-    bool head_sent;             /* the delta with id, type and name went out */
+    bool name_done;             /* the function's name is whole: */
+    size_t name_from, name_len; /* ... here */
+    size_t args_from, args_end; /* the arguments object (0: not begun / not closed) */
+    size_t sent;                /* end of the argument bytes sent of this call (0: none) */
+    bool head_sent;             /* this call's first delta (id, type, name) went out */
+    int n_heads;                /* calls whose first delta went out */
 } gw_tool_stream;
+
+/* One tool-call delta: call index's head (name bytes text[name_from, +name_len))
+ * and / or argument bytes text[args_from, +args_len). */
+typedef struct gw_tool_delta {
+    int index;
+    bool head;
+    size_t name_from, name_len, args_from, args_len;
+} gw_tool_delta;
+/* Advances t over text[0, len) (the whole answer so far, growing between
+ * calls): t->content_end moves on, and the next call delta due is put in
+ * *d (true; call again until false). */
+bool gw_tool_stream_next(gw_tool_stream *t, const gw_tools *tools, const char *text, size_t len, gw_tool_delta *d);
+
+/* tool_formats.c: the call markers (<tool_call>, [TOOL_CALLS], <|python_tag|>). */
+#define GW_TOOL_N_MARKERS 3
+extern const char *const GW_TOOL_MARKERS[GW_TOOL_N_MARKERS];
+/* The first marker in text[from, len) (its index in *which) or len (*which -1). */
+size_t gw_tool_marker_find(const char *text, size_t len, size_t from, int *which);
+/* Bytes at the end of text[0, len) that may begin a marker (held back). */
+size_t gw_tool_marker_tail(const char *text, size_t len);
+/* The calls in a whole answer text[0, len) (NUL-terminated) as a cJSON list
+ * of {"name", "arguments": object} (caller deletes), or NULL when it is no
+ * valid call of tools; *content_len: the bytes of content before the calls. */
+struct cJSON *gw_tool_parse(const gw_tools *t, const char *text, size_t len, size_t *content_len);
 
 typedef struct gw_choice {
     struct gw_job *job; /* the job this choice belongs to (callbacks get the choice) */
@@ -233,7 +264,7 @@ typedef struct gw_choice {
     char *lp_bytes;      /* the tokens' bytes gw_tok_lp point into (owned) */
     size_t lp_bytes_len, lp_bytes_cap;
     bool role_sent, finish_sent; /* streaming bookkeeping */
-    gw_tool_stream ts;           /* a forced tool call streamed (tool_stream.c) */
+    gw_tool_stream ts;           /* an answer with tools streamed (tool_stream.c) */
 } gw_choice;
 
 /* One HTTP generation request. Reference-counted: the HTTP side holds one
@@ -254,7 +285,7 @@ typedef struct gw_job {
     unsigned n;    /* samples per prompt: choice i belongs to prompt i / n */
     bool logprobs; /* the choices collect logprobs (gw_gen.logprobs) */
     bool echo;     /* gw_gen.echo: the prompt's text (ids: from the coordinator) and logprobs come first */
-    gw_tools *tools; /* owned copy of gw_gen.tools: answers are parsed for tool calls (and held back when streamed) */
+    gw_tools *tools; /* owned copy of gw_gen.tools: answers are parsed for tool calls (and streamed by tool_stream.c) */
     size_t n_choices;
     gw_choice choices[GW_MAX_CHOICES];
 } gw_job;
@@ -265,14 +296,18 @@ typedef struct gw_job {
 struct cJSON *gw_tool_calls(const gw_job *job, size_t ci);
 /* The id of choice ci's k-th tool call (tools.c), into out[cap]. */
 void gw_tool_call_id(const gw_job *job, size_t ci, int k, char *out, size_t cap);
-/* tool_stream.c: whether the job's answers are forced tool calls streamed
- * as they come (chat, tool_choice required or named). */
+/* tool_stream.c: whether the job's answers are streamed through
+ * gw_tool_stream_chunk (chat with tools). */
 bool gw_tool_stream_on(const gw_job *job);
-/* The next streaming chunk of choice ci's call (the head with id, type and
- * name, or the argument bytes since the last), or *out NULL when there is
- * nothing new. Caller frees *out. False when out of memory. Call with the
- * job's mutex held. */
+/* The next streaming chunk of choice ci: its content up to a call marker,
+ * or a call's head (id, type, name) or argument bytes since the last; *out
+ * NULL when there is nothing new (call until it is). Caller frees *out.
+ * False when out of memory. Call with the job's mutex held. */
 bool gw_tool_stream_chunk(gw_job *job, const char *model, size_t ci, bool include_usage, char **out);
+/* The finish delta of choice ci of a job with tools: the calls not
+ * streamed yet, or the content held back; *finish_reason "tool_calls" when
+ * the answer was calls. */
+void gw_tool_finish_delta(const gw_job *job, size_t ci, struct cJSON *delta, const char **finish_reason);
 
 /* Creates a job for g (n_prompts * n choices); the caller holds the one
  * reference (gw_job_release). NULL when out of memory. */

@@ -273,9 +273,12 @@ static bool emit_locked(gw_stream *s) {
             if (c->t_pending_ms > 0 && s->n_fwd < GW_MAX_CHOICES) s->fwd_from_ms[s->n_fwd++] = c->t_pending_ms;
             c->t_pending_ms = 0;
         }
-        if (gw_tool_stream_on(job)) { /* a forced tool call's arguments as they come */
+        if (gw_tool_stream_on(job)) { /* content up to a call marker, then the calls' arguments as they come */
             char *ev = NULL;
-            if (!gw_tool_stream_chunk(job, model, i, s->include_usage, &ev) || (ev && !buf_event(s, ev))) return false;
+            do {
+                if (!gw_tool_stream_chunk(job, model, i, s->include_usage, &ev) || (ev && !buf_event(s, ev)))
+                    return false;
+            } while (ev);
         }
         if (c->done && !c->finish_sent) {
             if (c->status == SD_OK) {

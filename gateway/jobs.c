@@ -376,6 +376,7 @@ bool gw_job_submit(gw_job *job, const gw_gen *g, gw_error *err) {
         }
         rq.messages = p->turns;
         rq.n_messages = p->n_turns;
+        rq.tools = g->tools_json;
         rq.max_tokens = g->max_tokens;
         rq.sampling = g->sampling;
         rq.sampling.seed = gw_choice_seed(base_seed, (unsigned)(ci % g->n));

@@ -3,8 +3,8 @@
  * Parsing is strict about what it honours and lenient about the rest, as
  * OpenAI is: unknown fields are ignored, a known field of the wrong type or
  * out of range is a 400 naming the field (`param`). Fields whose meaning
- * specd cannot honour yet (logit_bias, tools, tool_choice and the other
- * output-changing fields in refuse_unhonoured) are refused with a 400 when set to
+ * specd cannot honour yet (logit_bias and the other output-changing
+ * fields in refuse_unhonoured) are refused with a 400 when set to
  * anything but their neutral value, rather than silently ignored: a client
  * asking for them would otherwise get a wrong answer.
  *
@@ -21,8 +21,9 @@
  * first null), and max_tokens 0 asks for the prompt alone ("score this
  * text"); a prompt of ids is echoed as the coordinator detokenizes it.
  *
- * Chat: the whole conversation (system/developer, user and assistant turns)
- * goes to the coordinator as SubmitRequest.messages, and the coordinator
+ * Chat: the whole conversation (system/developer, user, assistant turns
+ * with their tool_calls, tool turns) and the tools (tools.c) go to the
+ * coordinator as SubmitRequest.messages and .tools, and the coordinator
  * formats it with the model's chat template (specd/chat.h), exactly as
  * `specd-generate --chat --message ...` does. Formatting here was rejected:
  * the gateway holds no model. Roles are checked here (an unknown one is a
@@ -133,11 +134,15 @@ void gw_gen_clear(gw_gen *g) {
     for (size_t i = 0; i < g->n_prompts; i++) {
         free(g->prompts[i].text);
         free(g->prompts[i].ids);
-        for (size_t k = 0; k < g->prompts[i].n_turns; k++) free((char *)g->prompts[i].turns[k].content);
+        for (size_t k = 0; k < g->prompts[i].n_turns; k++) {
+            free((char *)g->prompts[i].turns[k].content);
+            free((char *)g->prompts[i].turns[k].tool_calls);
+        }
         free(g->prompts[i].turns);
     }
     for (size_t i = 0; i < g->n_stop; i++) free(g->stop[i]);
     free(g->constraint_text);
+    free(g->tools_json);
     gw_tools_free(&g->tools);
     memset(g, 0, sizeof *g);
 }
@@ -368,7 +373,7 @@ static const char *chat_role(const char *r) {
     if (!strcmp(r, "system") || !strcmp(r, "developer")) return "system";
     if (!strcmp(r, "user")) return "user";
     if (!strcmp(r, "assistant")) return "assistant";
-    if (!strcmp(r, "tool")) return "user"; /* a tool's answer: a user turn of <tool_response> (tools.c) */
+    if (!strcmp(r, "tool")) return "tool"; /* a tool's answer (the chat template renders it) */
     return NULL;
 }
 
@@ -412,22 +417,27 @@ static bool parse_messages(const cJSON *root, gw_gen *g, gw_error *err) {
         bool tool_role = !strcmp(role->valuestring, "tool");
         bool calls = present(cJSON_GetObjectItemCaseSensitive(m, "tool_calls"));
         if (!(calls && !present(content)) && !content_text(content, param, &owned, &text, err)) return false;
-        char *copy = owned ? owned : dup_str(text);
+        char *copy = owned ? owned : dup_str(text), *calls_json = NULL;
         if (!copy) return nomem(err);
-        snprintf(param, sizeof param, "messages[%d].%s", i, tool_role ? "content" : "tool_calls");
-        if ((tool_role || calls) && !gw_tool_turn(m, tool_role, &copy, param, err)) {
+        snprintf(param, sizeof param, "messages[%d].tool_calls", i);
+        if (calls && (tool_role || strcmp(role->valuestring, "assistant") != 0)) {
+            free(copy);
+            return BAD(err, param, "'%s': only an assistant's message has tool calls", param);
+        }
+        if (calls && !gw_tool_turn(m, &calls_json, param, err)) {
             free(copy);
             return false;
         }
-        p->turns[p->n_turns++] = (sd_client_chat_msg){chat_role(role->valuestring), copy};
-        total += strlen(copy);
+        p->turns[p->n_turns++] = (sd_client_chat_msg){chat_role(role->valuestring), copy, calls_json};
+        total += strlen(copy) + (calls_json ? strlen(calls_json) : 0);
         if (total > SD_MAX_PROMPT_BYTES)
             return BAD(err, "messages", "'messages' holds more than %d bytes of content", SD_MAX_PROMPT_BYTES);
     }
     const char *last = p->turns[p->n_turns - 1].role;
-    if (strcmp(last, "user") != 0)
+    if (strcmp(last, "user") != 0 && strcmp(last, "tool") != 0)
         return BAD(err, "messages",
-                   "'messages' must end with a user message (the answer is the assistant's next turn), not %s", last);
+                   "'messages' must end with a user or tool message (the answer is the assistant's next turn), not %s",
+                   last);
     return true;
 }
 
@@ -741,12 +751,8 @@ char *gw_chunk_json(const gw_job *job, const char *model, size_t ci, bool role, 
             cJSON_AddStringToObject(d, "content", "");
         } else if (delta) {
             add_text(d, "content", delta, delta_len);
-        } else if (finish && job->tools) { /* the answer held back (tools.c) or streamed (tool_stream.c) */
-            cJSON *calls = gw_tool_calls(job, ci);
-            if (calls) finish_reason = "tool_calls";
-            if (calls && c->ts.head_sent) cJSON_Delete(calls);
-            else if (calls) cJSON_AddItemToObject(d, "tool_calls", calls);
-            else if (!c->ts.head_sent) add_text(d, "content", c->text ? c->text : "", c->text_len);
+        } else if (finish && job->tools) { /* what tool_stream.c did not stream yet */
+            gw_tool_finish_delta(job, ci, d, &finish_reason);
         }
     } else {
         add_text(ch, "text", delta ? delta : "", delta ? delta_len : 0);

@@ -14,19 +14,17 @@
  *
  * tool_choice:
  *   "none"      the tools are not described; plain text.
- *   "auto"      (the default with tools) described; the output's
- *               <tool_call> blocks naming a known function (or an output
- *               that is one such JSON object) become tool_calls.
+ *   "auto"      (the default with tools) described; the output's calls,
+ *               in any family's syntax (tool_formats.c), become tool_calls.
  *   "required"  described, and the output constrained to one JSON object
  *               {"name": <one of the tools>, "arguments": <its parameters>}
  *               (a JSON Schema anyOf: enforced by the verifier, not hoped
  *               for).
  *   {"type": "function", "function": {"name": N}}   the same for N alone.
- * Streaming: a forced call (required, named) streams its arguments as they
- * are generated (tool_stream.c); with "auto" the text is held back and sent
- * at the end as either the content or the tool_calls (one delta each,
- * whole arguments), with finish_reason "tool_calls". One call per answer
- * when forced; in auto mode every <tool_call> block (parallel calls). */
+ * Streaming (tool_stream.c, any mode): content until a call marker, then
+ * each call's head and its arguments as they are generated, finish_reason
+ * "tool_calls". One call per answer when forced; in auto mode every call
+ * the syntax holds (parallel calls). */
 #include "gateway_impl.h"
 
 #include <cjson/cJSON.h>
@@ -73,79 +71,24 @@ static bool name_ok(const char *s) {
     return true;
 }
 
-/* The system text describing the tools (malloc'd), or NULL. */
-static char *tools_text(const cJSON *tools) {
-    cJSON *lines = cJSON_CreateArray();
-    char *out = NULL;
-    size_t cap = 1024, len = 0;
-    const cJSON *t;
-    cJSON_ArrayForEach(t, tools) {
-        char *s = cJSON_PrintUnformatted(t);
-        if (!s) goto done;
-        cJSON_AddItemToArray(lines, cJSON_CreateString(s));
-        cap += strlen(s) + 1;
-        free(s);
-    }
-    static const char head[] =
-        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
-    static const char tail[] =
-        "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
-        "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
-        "<args-json-object>}\n</tool_call>";
-    cap += sizeof head + sizeof tail;
-    if (!(out = malloc(cap))) goto done;
-    len = (size_t)snprintf(out, cap, "%s", head);
-    const cJSON *l;
-    cJSON_ArrayForEach(l, lines) len += (size_t)snprintf(out + len, cap - len, "\n%s", l->valuestring);
-    snprintf(out + len, cap - len, "%s", tail);
-done:
-    cJSON_Delete(lines);
-    return out;
-}
-
-/* The schema of {"name": name, "arguments": parameters} (added to into). */
+/* The schemas of {"name": name, key: parameters} for key "arguments" (the
+ * Hermes and Mistral forms) and "parameters" (Llama 3.1's), added to into:
+ * the gateway does not know the model's family, so the call may take
+ * either key; both parse alike (tool_formats.c). */
 static void add_call_schema(cJSON *into, const char *name, const cJSON *params) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "type", "object");
-    cJSON *props = cJSON_AddObjectToObject(o, "properties");
-    cJSON_AddStringToObject(cJSON_AddObjectToObject(props, "name"), "const", name);
-    cJSON_AddItemToObject(props, "arguments", params ? cJSON_Duplicate(params, true) : cJSON_CreateObject());
-    cJSON *req = cJSON_AddArrayToObject(o, "required");
-    cJSON_AddItemToArray(req, cJSON_CreateString("name"));
-    cJSON_AddItemToArray(req, cJSON_CreateString("arguments"));
-    cJSON_AddFalseToObject(o, "additionalProperties");
-    cJSON_AddItemToArray(into, o);
-}
-
-/* The tools' description into the conversation's system turn. */
-static bool describe(gw_gen *g, const cJSON *tools, gw_error *err) {
-    gw_prompt *p = &g->prompts[0];
-    char *text = tools_text(tools);
-    if (!text) return gw_fail(err, 500, "server_error", NULL, NULL, "out of memory");
-    if (p->n_turns > 0 && !strcmp(p->turns[0].role, "system")) {
-        size_t a = strlen(p->turns[0].content), b = strlen(text);
-        char *merged = malloc(a + b + 3);
-        if (!merged) {
-            free(text);
-            return gw_fail(err, 500, "server_error", NULL, NULL, "out of memory");
-        }
-        snprintf(merged, a + b + 3, "%s\n\n%s", p->turns[0].content, text);
-        free(text);
-        free((char *)p->turns[0].content);
-        p->turns[0].content = merged;
-        return true;
+    static const char *const keys[] = {"arguments", "parameters"};
+    for (int k = 0; k < 2; k++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "type", "object");
+        cJSON *props = cJSON_AddObjectToObject(o, "properties");
+        cJSON_AddStringToObject(cJSON_AddObjectToObject(props, "name"), "const", name);
+        cJSON_AddItemToObject(props, keys[k], params ? cJSON_Duplicate(params, true) : cJSON_CreateObject());
+        cJSON *req = cJSON_AddArrayToObject(o, "required");
+        cJSON_AddItemToArray(req, cJSON_CreateString("name"));
+        cJSON_AddItemToArray(req, cJSON_CreateString(keys[k]));
+        cJSON_AddFalseToObject(o, "additionalProperties");
+        cJSON_AddItemToArray(into, o);
     }
-    sd_client_chat_msg *turns = realloc(p->turns, (p->n_turns + 1) * sizeof *turns);
-    if (!turns) {
-        free(text);
-        return gw_fail(err, 500, "server_error", NULL, NULL, "out of memory");
-    }
-    memmove(turns + 1, turns, p->n_turns * sizeof *turns);
-    turns[0] = (sd_client_chat_msg){"system", text};
-    p->turns = turns;
-    p->n_turns++;
-    return true;
 }
 
 /* tool_choice into t->mode (and the forced name's index into *named). */
@@ -214,7 +157,7 @@ static bool force(gw_gen *g, const cJSON *tools, int named, gw_error *err) {
                             cJSON_GetObjectItemCaseSensitive(fn, "parameters"));
         i++;
     }
-    cJSON *schema = cJSON_GetArraySize(alts) == 1 ? cJSON_DetachItemFromArray(alts, 0) : cJSON_CreateObject();
+    cJSON *schema = cJSON_CreateObject();
     if (cJSON_IsArray(alts) && cJSON_GetArraySize(alts) > 0) cJSON_AddItemToObject(schema, "anyOf", alts);
     else cJSON_Delete(alts);
     g->constraint_text = cJSON_PrintUnformatted(schema);
@@ -250,112 +193,80 @@ bool gw_parse_tools(const struct cJSON *root, gw_gen *g, gw_error *err) {
     }
     if (g->constraint_kind != SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_NONE)
         return bad(err, "response_format", "'response_format' cannot go with 'tools' (unless tool_choice is 'none')");
-    if (!describe(g, tools, err)) return false;
+    /* the model's chat template renders them, on the coordinator */
+    if (!(g->tools_json = cJSON_PrintUnformatted(tools)))
+        return gw_fail(err, 500, "server_error", NULL, NULL, "out of memory");
     return t->mode == GW_TOOLS_AUTO || force(g, tools, named, err);
 }
 
 /* ---- history turns ---- */
 
-bool gw_tool_turn(const struct cJSON *m, bool tool_role, char **content, const char *param, gw_error *err) {
+bool gw_tool_turn(const struct cJSON *m, char **calls_json, const char *param, gw_error *err) {
+    *calls_json = NULL;
     const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
-    if (!tool_role && !present(calls)) return true;
-    size_t cap = strlen(*content) + 64;
-    if (present(calls) && !cJSON_IsArray(calls)) return bad(err, param, "'tool_calls' must be a list");
+    if (!present(calls)) return true;
+    if (!cJSON_IsArray(calls)) return bad(err, param, "'tool_calls' must be a list");
+    cJSON *list = cJSON_CreateArray();
     const cJSON *call;
-    char *out = NULL;
-    if (tool_role) {
-        cap += 40;
-        if (!(out = malloc(cap))) return gw_fail(err, 500, "server_error", NULL, NULL, "out of memory");
-        snprintf(out, cap, "<tool_response>\n%s\n</tool_response>", *content);
-    } else {
-        size_t len = strlen(*content);
-        if (!(out = malloc(cap))) return gw_fail(err, 500, "server_error", NULL, NULL, "out of memory");
-        memcpy(out, *content, len + 1);
-        cJSON_ArrayForEach(call, calls) {
-            const cJSON *fn = cJSON_IsObject(call) ? cJSON_GetObjectItemCaseSensitive(call, "function") : NULL;
-            const cJSON *name = cJSON_IsObject(fn) ? cJSON_GetObjectItemCaseSensitive(fn, "name") : NULL;
-            const cJSON *args = cJSON_IsObject(fn) ? cJSON_GetObjectItemCaseSensitive(fn, "arguments") : NULL;
-            if (!cJSON_IsString(name) || !cJSON_IsString(args)) {
-                free(out);
-                return bad(err, param, "each tool call needs 'function' with 'name' and 'arguments' strings");
-            }
-            cJSON *o = cJSON_CreateObject(), *parsed = cJSON_Parse(args->valuestring);
-            cJSON_AddStringToObject(o, "name", name->valuestring);
-            cJSON_AddItemToObject(o, "arguments", parsed ? parsed : cJSON_CreateString(args->valuestring));
-            char *s = cJSON_PrintUnformatted(o);
-            cJSON_Delete(o);
-            size_t need = len + (s ? strlen(s) : 0) + 32;
-            char *grown = s ? realloc(out, need + 1) : NULL;
-            if (!grown) {
-                free(s);
-                free(out);
-                return gw_fail(err, 500, "server_error", NULL, NULL, "out of memory");
-            }
-            out = grown;
-            len += (size_t)snprintf(out + len, need + 1 - len, "%s<tool_call>\n%s\n</tool_call>", len ? "\n" : "", s);
-            free(s);
+    cJSON_ArrayForEach(call, calls) {
+        const cJSON *fn = cJSON_IsObject(call) ? cJSON_GetObjectItemCaseSensitive(call, "function") : NULL;
+        const cJSON *name = cJSON_IsObject(fn) ? cJSON_GetObjectItemCaseSensitive(fn, "name") : NULL;
+        const cJSON *args = cJSON_IsObject(fn) ? cJSON_GetObjectItemCaseSensitive(fn, "arguments") : NULL;
+        if (!cJSON_IsString(name) || !cJSON_IsString(args)) {
+            cJSON_Delete(list);
+            return bad(err, param, "each tool call needs 'function' with 'name' and 'arguments' strings");
         }
+        /* the arguments' own text when it is one JSON value (the template
+         * re-serialises it: 21.0 stays 21.0), else the string itself */
+        cJSON *o = cJSON_CreateObject(), *parsed = cJSON_ParseWithOpts(args->valuestring, NULL, true);
+        cJSON_AddItemToArray(list, o);
+        cJSON_AddStringToObject(o, "name", name->valuestring);
+        if (parsed)
+            cJSON_AddRawToObject(o, "arguments", args->valuestring);
+        else
+            cJSON_AddStringToObject(o, "arguments", args->valuestring);
+        cJSON_Delete(parsed);
     }
-    free(*content);
-    *content = out;
+    *calls_json = cJSON_GetArraySize(list) > 0 ? cJSON_PrintUnformatted(list) : NULL;
+    bool empty = cJSON_GetArraySize(list) == 0;
+    cJSON_Delete(list);
+    if (!*calls_json && !empty) return gw_fail(err, 500, "server_error", NULL, NULL, "out of memory");
     return true;
 }
 
 /* ---- the answer ---- */
 
-static bool known(const gw_tools *t, const char *name) {
-    for (size_t i = 0; i < t->n; i++)
-        if (!strcmp(t->names[i], name)) return true;
-    return false;
-}
-
 void gw_tool_call_id(const gw_job *job, size_t ci, int k, char *out, size_t cap) {
     snprintf(out, cap, "call_%.24s_%zu_%d", strchr(job->id, '-') ? strchr(job->id, '-') + 1 : job->id, ci, k);
-}
-
-/* Adds the call JSON object j ({"name", "arguments"}) to calls; false when
- * it is not one. */
-static bool add_call(const gw_job *job, size_t ci, const cJSON *j, cJSON *calls) {
-    const cJSON *name = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "name") : NULL;
-    const cJSON *args = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "arguments") : NULL;
-    if (!cJSON_IsString(name) || !known(job->tools, name->valuestring) || !cJSON_IsObject(args)) return false;
-    int k = cJSON_GetArraySize(calls);
-    char id[96], *a = cJSON_PrintUnformatted(args);
-    if (!a) return false;
-    gw_tool_call_id(job, ci, k, id, sizeof id);
-    cJSON *c = cJSON_CreateObject();
-    cJSON_AddNumberToObject(c, "index", k);
-    cJSON_AddStringToObject(c, "id", id);
-    cJSON_AddStringToObject(c, "type", "function");
-    cJSON *fn = cJSON_AddObjectToObject(c, "function");
-    cJSON_AddStringToObject(fn, "name", name->valuestring);
-    cJSON_AddStringToObject(fn, "arguments", a);
-    free(a);
-    cJSON_AddItemToArray(calls, c);
-    return true;
 }
 
 struct cJSON *gw_tool_calls(const gw_job *job, size_t ci) {
     const gw_choice *c = &job->choices[ci];
     if (!job->tools || !c->text) return NULL;
+    size_t content_len;
+    cJSON *parsed = gw_tool_parse(job->tools, c->text, c->text_len, &content_len); /* tool_formats.c */
+    if (!parsed) return NULL;
     cJSON *calls = cJSON_CreateArray();
-    const char *p = c->text;
-    static const char open[] = "<tool_call>", close[] = "</tool_call>";
-    bool ok = true;
-    while (ok && (p = strstr(p, open)) != NULL) {
-        const char *body = p + sizeof open - 1, *end = strstr(body, close);
-        if (!end) break;
-        cJSON *j = cJSON_ParseWithLength(body, (size_t)(end - body));
-        ok = j && add_call(job, ci, j, calls);
-        cJSON_Delete(j);
-        p = end + sizeof close - 1;
+    bool ok = calls != NULL;
+    int k = 0;
+    const cJSON *p;
+    cJSON_ArrayForEach(p, parsed) {
+        char id[96], *a = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(p, "arguments"));
+        cJSON *call = cJSON_CreateObject(), *fn = NULL;
+        if (!call || !ok || !cJSON_AddItemToArray(calls, call)) { /* calls owns call from here */
+            cJSON_Delete(call);
+            ok = false;
+        }
+        gw_tool_call_id(job, ci, k, id, sizeof id);
+        ok = ok && a && cJSON_AddNumberToObject(call, "index", k) && cJSON_AddStringToObject(call, "id", id) &&
+             cJSON_AddStringToObject(call, "type", "function") && (fn = cJSON_AddObjectToObject(call, "function")) &&
+             cJSON_AddStringToObject(fn, "name", cJSON_GetObjectItemCaseSensitive(p, "name")->valuestring) &&
+             cJSON_AddStringToObject(fn, "arguments", a);
+        free(a);
+        k++;
     }
-    if (ok && cJSON_GetArraySize(calls) == 0) { /* the whole answer one call (forced, or a bare object) */
-        cJSON *j = cJSON_Parse(c->text);
-        ok = j && add_call(job, ci, j, calls);
-        cJSON_Delete(j);
-    }
-    if (!ok || cJSON_GetArraySize(calls) == 0) {
+    cJSON_Delete(parsed);
+    if (!ok) {
         cJSON_Delete(calls);
         return NULL;
     }

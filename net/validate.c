@@ -37,17 +37,23 @@ static bool check_messages(vctx *v, const Specd__SubmitRequest *s) {
     if (s->n_prompt_ids > 0 || s->prompt[0] || s->system[0] || s->chat)
         return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST,
                           "submit.messages: give the conversation alone (prompt, prompt_ids, chat and system empty)");
-    size_t total = 0;
+    if (!sd_nv_check_text(v, "submit.tools", s->tools, SD_MAX_PROMPT_BYTES)) return false;
+    size_t total = strlen(s->tools);
     for (size_t i = 0; i < s->n_messages; i++) {
         const Specd__ChatMessage *m = s->messages[i];
         snprintf(path, sizeof path, "submit.messages[%zu].role", i);
         if (m->role != SPECD__CHAT_ROLE__CHAT_ROLE_SYSTEM && m->role != SPECD__CHAT_ROLE__CHAT_ROLE_USER &&
-            m->role != SPECD__CHAT_ROLE__CHAT_ROLE_ASSISTANT)
-            return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s: %d is not a role (system, user, assistant)", path,
-                              (int)m->role);
+            m->role != SPECD__CHAT_ROLE__CHAT_ROLE_ASSISTANT && m->role != SPECD__CHAT_ROLE__CHAT_ROLE_TOOL)
+            return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s: %d is not a role (system, user, assistant, tool)",
+                              path, (int)m->role);
         snprintf(path, sizeof path, "submit.messages[%zu].content", i);
         if (!sd_nv_check_text(v, path, m->content, SD_MAX_PROMPT_BYTES)) return false;
-        total += strlen(m->content);
+        snprintf(path, sizeof path, "submit.messages[%zu].tool_calls", i);
+        if (!sd_nv_check_text(v, path, m->tool_calls, SD_MAX_PROMPT_BYTES)) return false;
+        if (m->tool_calls[0] && m->role != SPECD__CHAT_ROLE__CHAT_ROLE_ASSISTANT)
+            return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s: tool calls in a turn that is not the assistant's",
+                              path);
+        total += strlen(m->content) + strlen(m->tool_calls);
         if (total > SD_MAX_PROMPT_BYTES)
             return sd_nv_fail(v, SPECD__CODE__CODE_TOO_LARGE, "submit.messages: more than %d bytes of content in all",
                               SD_MAX_PROMPT_BYTES);
@@ -59,6 +65,8 @@ static bool check_submit(vctx *v, const Specd__SubmitRequest *s, sd_sampling *sa
     char path[96];
     if (s->n_messages > 0) {
         if (!check_messages(v, s)) return false;
+    } else if (s->tools[0]) {
+        return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST, "submit.tools: only with messages");
     } else if (s->n_prompt_ids > 0) {
         if (s->n_prompt_ids > (size_t)v->max_context)
             return sd_nv_fail(v, SPECD__CODE__CODE_TOO_LARGE, "submit.prompt_ids: %zu tokens over the context of %d",

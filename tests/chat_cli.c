@@ -8,7 +8,9 @@
  * template, then answers each stdin line, a JSON case
  *   {"messages": [{"role":..,"content":..}], "add_generation_prompt": bool,
  *    "bos": "<s>", "eos": "</s>", "drop_bos": bool}
- * with {"text": ...} or {"refused": reason}. JSON keeps any byte sequence
+ * with {"text": ...} or {"refused": reason}. With "tools_api": true the
+ * case goes through sd_chat_template_format_tools: "tools_json" (the tools
+ * as JSON text) and each message's "tool_calls_json" (its calls). JSON keeps any byte sequence
  * intact both ways, which a line protocol over raw text would not. */
 #include "specd/chat.h"
 
@@ -61,20 +63,30 @@ static void run_case(sd_chat_template *t, const cJSON *c) {
     int n = cJSON_GetArraySize(msgs);
     sd_chat_msg *m = calloc(n > 0 ? (size_t)n : 1, sizeof *m);
     cJSON *reply = cJSON_CreateObject();
+    const char **calls = calloc(n > 0 ? (size_t)n : 1, sizeof *calls);
     int i = 0;
-    for (const cJSON *e = msgs ? msgs->child : NULL; e && m; e = e->next, i++)
+    for (const cJSON *e = msgs ? msgs->child : NULL; e && m && calls; e = e->next, i++) {
         m[i] = (sd_chat_msg){str_field(e, "role"), str_field(e, "content")};
+        calls[i] = str_field(e, "tool_calls_json");
+    }
     bool gen = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "add_generation_prompt"));
     bool drop = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "drop_bos"));
+    bool tools = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "tools_api"));
+    sd_chat_tools tt = {str_field(c, "tools_json"), calls};
     char err[512], *text = NULL;
-    sd_status st = m ? sd_chat_template_set_tokens(t, str_field(c, "bos"), str_field(c, "eos"), drop) : SD_ERR_NOMEM;
-    if (st == SD_OK) st = sd_chat_template_format(t, m, (size_t)n, gen, &text, err, sizeof err);
+    sd_status st =
+        m && calls ? sd_chat_template_set_tokens(t, str_field(c, "bos"), str_field(c, "eos"), drop) : SD_ERR_NOMEM;
+    if (st == SD_OK && tools)
+        st = sd_chat_template_format_tools(t, m, (size_t)n, &tt, gen, &text, NULL, err, sizeof err);
+    else if (st == SD_OK)
+        st = sd_chat_template_format(t, m, (size_t)n, gen, &text, err, sizeof err);
     if (st == SD_OK)
         cJSON_AddStringToObject(reply, "text", text);
     else
         cJSON_AddStringToObject(reply, "refused", st == SD_ERR_INVALID_ARG ? err : sd_status_str(st));
     free(text);
     free(m);
+    free(calls);
     print_json(reply);
 }
 

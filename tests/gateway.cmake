@@ -48,3 +48,17 @@ set_tests_properties(it_gateway_structured PROPERTIES RESOURCE_LOCK specd_integr
 # the openai client's extra_body: specd-generate's text; conflicts a 400.
 specd_py_test(it_gateway_guided ${_it}test_gateway_guided.py LABELS integration model)
 set_tests_properties(it_gateway_guided PROPERTIES RESOURCE_LOCK specd_integration)
+# Tool calls in each family's syntax (Hermes, Llama 3.1, Mistral) parsed from
+# an answer and streamed as deltas fed in pieces (gateway/tool_formats.c,
+# gateway/tool_stream.c).
+specd_unit_test(test_gateway_tools test_gateway_tools.c)
+target_link_libraries(test_gateway_tools PRIVATE specd_gateway_openai)
+# tool_choice "auto" streamed: content until a call marker, then the calls'
+# arguments in fragments that reassemble into the unstreamed call (openai client).
+specd_py_test(it_gateway_tools ${_it}test_gateway_tools.py LABELS integration model)
+set_tests_properties(it_gateway_tools PROPERTIES RESOURCE_LOCK specd_integration)
+# Tools rendered by Llama 3.1's template on the coordinator (--chat-template
+# llama3.1 on SmolLM2): a tool round trip answers as the jinja2 rendering of
+# the real template does, greedily; a forced call parses.
+specd_py_test(it_gateway_tools_llama ${_it}test_gateway_tools_llama.py LABELS integration model)
+set_tests_properties(it_gateway_tools_llama PROPERTIES RESOURCE_LOCK specd_integration)

@@ -277,9 +277,9 @@ static void test_guided(void **state) {
     gw_gen_clear(&g);
 }
 
-/* tools: described in the system turn; required / named forced by a JSON
- * Schema constraint; tool and tool_calls turns written as Hermes text;
- * answers parsed back into tool_calls. */
+/* tools: passed to the chat template as JSON; required / named forced by a
+ * JSON Schema constraint; tool turns and assistant tool_calls passed as
+ * such; answers parsed back into tool_calls. */
 static void test_tools(void **state) {
     (void)state;
     gw_gen g;
@@ -292,9 +292,9 @@ static void test_tools(void **state) {
     assert_true(parse(GW_EP_CHAT, body, &g, &err));
     assert_int_equal(g.tools->mode, GW_TOOLS_AUTO); /* the default with tools */
     assert_int_equal(g.tools->n, 2);
-    assert_int_equal(g.prompts[0].n_turns, 2); /* a system turn describing them, first */
-    assert_string_equal(g.prompts[0].turns[0].role, "system");
-    assert_non_null(strstr(g.prompts[0].turns[0].content, "<tools>\n{\"type\":\"function\""));
+    assert_int_equal(g.prompts[0].n_turns, 1); /* the template renders them (on the coordinator) */
+    assert_non_null(g.tools_json);
+    assert_memory_equal(g.tools_json, "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"", 44);
     assert_int_equal(g.constraint_kind, SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_NONE);
     gw_gen_clear(&g);
     snprintf(body, sizeof body,
@@ -303,14 +303,16 @@ static void test_tools(void **state) {
              tools);
     assert_true(parse(GW_EP_CHAT, body, &g, &err));
     assert_int_equal(g.tools->mode, GW_TOOLS_NAMED);
-    assert_int_equal(g.prompts[0].n_turns, 2); /* appended to the system message */
-    assert_memory_equal(g.prompts[0].turns[0].content, "S\n\n# Tools", 10);
+    assert_int_equal(g.prompts[0].n_turns, 2);
+    assert_string_equal(g.prompts[0].turns[0].content, "S");
     assert_int_equal(g.constraint_kind, SPECD__CONSTRAINT_KIND__CONSTRAINT_KIND_JSON_SCHEMA);
-    assert_non_null(strstr(g.constraint_text, "{\"const\":\"get_weather\"}"));
-    assert_null(strstr(g.constraint_text, "anyOf"));
+    /* the call's arguments under "arguments" or "parameters" (Llama 3.1's key) */
+    assert_non_null(strstr(g.constraint_text, "{\"const\":\"get_weather\"},\"arguments\":{"));
+    assert_non_null(strstr(g.constraint_text, "{\"const\":\"get_weather\"},\"parameters\":{"));
+    assert_null(strstr(g.constraint_text, "\"now\""));
     gw_gen_clear(&g);
-    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],%s,\"tool_choice\":\"required\"}",
-             tools);
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],%s,\"tool_choice\":\"required\"}", tools);
     assert_true(parse(GW_EP_CHAT, body, &g, &err));
     assert_non_null(strstr(g.constraint_text, "\"anyOf\":[{"));
     assert_non_null(strstr(g.constraint_text, "{\"const\":\"now\"}"));
@@ -335,27 +337,36 @@ static void test_tools(void **state) {
     char two[] = "Sure.\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n"
                  "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>";
     job.choices[0].text = two;
+    job.choices[0].text_len = strlen(two);
     assert_non_null(calls = gw_tool_calls(&job, 0));
     assert_int_equal(cJSON_GetArraySize(calls), 2);
     cJSON_Delete(calls);
     char unknown[] = "<tool_call>{\"name\": \"rm\", \"arguments\": {}}</tool_call>", plain[] = "It is sunny.";
     job.choices[0].text = unknown;
+    job.choices[0].text_len = strlen(unknown);
     assert_null(gw_tool_calls(&job, 0));
     job.choices[0].text = plain;
+    job.choices[0].text_len = strlen(plain);
     assert_null(gw_tool_calls(&job, 0));
     gw_gen_clear(&g);
-    /* history: tool_calls and a tool answer become text turns */
-    assert_true(parse(GW_EP_CHAT,
-                      "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":null,"
-                      "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"now\",\"arguments\":"
-                      "\"{}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"12:00\"}],"
-                      "\"tool_choice\":\"none\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"now\"}}]}",
-                      &g, &err));
+    /* history: tool_calls and a tool answer go to the chat template as such */
+    assert_true(
+        parse(GW_EP_CHAT,
+              "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":null,"
+              "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"now\",\"arguments\":"
+              "\"{\\\"tz\\\": 1.0}\"}},{\"type\":\"function\",\"function\":{\"name\":\"now\",\"arguments\":\"x\"}}]},"
+              "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"12:00\"}],"
+              "\"tool_choice\":\"none\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"now\"}}]}",
+              &g, &err));
     assert_null(g.tools); /* tool_choice none: plain text, tools not described */
     assert_int_equal(g.prompts[0].n_turns, 3);
-    assert_string_equal(g.prompts[0].turns[1].content, "<tool_call>\n{\"name\":\"now\",\"arguments\":{}}\n</tool_call>");
-    assert_string_equal(g.prompts[0].turns[2].role, "user");
-    assert_string_equal(g.prompts[0].turns[2].content, "<tool_response>\n12:00\n</tool_response>");
+    assert_string_equal(g.prompts[0].turns[1].content, "");
+    /* the arguments' own text (1.0 stays 1.0), or the string when it is not JSON */
+    assert_string_equal(g.prompts[0].turns[1].tool_calls,
+                        "[{\"name\":\"now\",\"arguments\":{\"tz\": 1.0}},{\"name\":\"now\",\"arguments\":\"x\"}]");
+    assert_string_equal(g.prompts[0].turns[2].role, "tool");
+    assert_string_equal(g.prompts[0].turns[2].content, "12:00");
+    assert_null(g.prompts[0].turns[2].tool_calls);
     gw_gen_clear(&g);
     /* refusals */
     snprintf(body, sizeof body,

@@ -18,6 +18,8 @@ target_link_libraries(chat_cli PRIVATE specd_engine)
 target_compile_definitions(chat_cli PRIVATE _GNU_SOURCE)
 specd_py_test(test_chat_templates ref/test_chat_templates.py LABELS "oracle;unit")
 specd_py_test(test_chat_template_model ref/test_chat_template_model.py LABELS "oracle;unit")
+# Tools, tool calls and tool turns against jinja2 running Llama 3.1's template.
+specd_py_test(test_chat_tools ref/test_chat_tools.py LABELS "oracle;unit")
 
 # SentencePiece-style tokenizer on small in-test vocabularies.
 specd_unit_test(test_tokenizer_spm ${CMAKE_CURRENT_SOURCE_DIR}/test_tokenizer_spm.c)

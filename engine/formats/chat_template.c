@@ -17,12 +17,15 @@
  * renders them. */
 #include "specd/chat.h"
 
+#include "chat_impl.h"
+
 #include <cjson/cJSON.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #define MAX_TEMPLATE_FILE_BYTES (16u << 20) /* tokenizer_config.json, chat_template.jinja */
 #define MAX_DEFAULT_SYSTEM      4096u       /* a ChatML default system prompt */
@@ -33,6 +36,8 @@ enum {
     VARIANT_ALWAYS_OPEN = 4,     /* Llama 3 (Mllama conversion): assistant header whatever add_generation_prompt */
     VARIANT_SYSTEM_PREFIX = 8,   /* Gemma 3: a system message's content + "\n\n" opens the first turn */
     VARIANT_ROLES_ONLY = 16,     /* Qwen2.5 ChatML: system/user/assistant turns only (tools are not reproduced) */
+    VARIANT_LLAMA31 = 32,        /* Llama 3.1: a dated system turn, tools (chat_tools.c) */
+    VARIANT_DATE_TODAY = 64,     /* Llama 3.2: that date is today's (strftime_now("%d %b %Y"), local time) */
 };
 
 struct sd_chat_template {
@@ -52,100 +57,8 @@ static const struct {
 };
 #define N_FAMILIES (sizeof FAMILY_NAMES / sizeof FAMILY_NAMES[0])
 
-const char *sd_chat_template_names(void) { return "chatml, llama3, llama2, mistral, gemma, gemma3, phi3"; }
-
-/* ---- output buffer ---- */
-
-/* The formatted text and, when mask is tracked, one byte per text byte: 1
- * where the byte is user content (a message's content, the system prompt),
- * 0 in the template's markup. sd_tok_encode_masked matches special tokens in
- * the markup only, so special-token text a user typed stays text. */
-typedef struct strbuf {
-    char *data;
-    uint8_t *mask; /* NULL unless tracking */
-    size_t len, cap;
-    bool track, content, failed;
-} strbuf;
-
-static void sb_addn(strbuf *b, const char *s, size_t n) {
-    if (b->failed) return;
-    size_t need;
-    if (!sd_add_ok(b->len, n, &need) || !sd_add_ok(need, 1, &need)) {
-        b->failed = true;
-        return;
-    }
-    if (need > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < need) {
-            if (cap > SIZE_MAX / 2) {
-                b->failed = true;
-                return;
-            }
-            cap *= 2;
-        }
-        char *d = realloc(b->data, cap);
-        if (!d) {
-            b->failed = true;
-            return;
-        }
-        b->data = d;
-        if (b->track) {
-            uint8_t *mk = realloc(b->mask, cap);
-            if (!mk) {
-                b->failed = true;
-                return;
-            }
-            b->mask = mk;
-        }
-        b->cap = cap;
-    }
-    if (n) memcpy(b->data + b->len, s, n);
-    if (n && b->track) memset(b->mask + b->len, b->content ? 1 : 0, n);
-    b->len += n;
-    b->data[b->len] = '\0';
-}
-
-static void sb_add(strbuf *b, const char *s) { sb_addn(b, s, strlen(s)); }
-
-/* Appends user content (marked in the mask). */
-static void sb_content(strbuf *b, const char *s, size_t n) {
-    bool was = b->content;
-    b->content = true;
-    sb_addn(b, s, n);
-    b->content = was;
-}
-
-/* ---- Python's str.strip() (Jinja's trim filter): Unicode whitespace ---- */
-
-/* Bytes of the whitespace character that starts at s (n bytes left), or 0. */
-static size_t ws_at(const unsigned char *s, size_t n) {
-    if (n >= 1 && ((s[0] >= 0x09 && s[0] <= 0x0d) || (s[0] >= 0x1c && s[0] <= 0x20))) return 1;
-    if (n >= 2 && s[0] == 0xc2 && (s[1] == 0x85 || s[1] == 0xa0)) return 2; /* U+0085, U+00A0 */
-    if (n >= 3) {
-        if (s[0] == 0xe1 && s[1] == 0x9a && s[2] == 0x80) return 3; /* U+1680 */
-        if (s[0] == 0xe2 && s[1] == 0x80 &&
-            ((s[2] >= 0x80 && s[2] <= 0x8a) || s[2] == 0xa8 || s[2] == 0xa9 || s[2] == 0xaf))
-            return 3;                                               /* U+2000..200A, U+2028, U+2029, U+202F */
-        if (s[0] == 0xe2 && s[1] == 0x81 && s[2] == 0x9f) return 3; /* U+205F */
-        if (s[0] == 0xe3 && s[1] == 0x80 && s[2] == 0x80) return 3; /* U+3000 */
-    }
-    return 0;
-}
-
-/* Bytes of the whitespace character that ends s (n bytes), or 0. */
-static size_t ws_before(const unsigned char *s, size_t n) {
-    for (size_t k = 1; k <= 3 && k <= n; k++)
-        if (ws_at(s + n - k, k) == k) return k;
-    return 0;
-}
-
-/* Appends user content s (n bytes) with leading and trailing whitespace removed. */
-static void sb_content_stripped(strbuf *b, const char *s, size_t n) {
-    const unsigned char *u = (const unsigned char *)s;
-    size_t k;
-    while (n > 0 && (k = ws_at(u, n)) > 0) u += k, n -= k;
-    while (n > 0 && (k = ws_before(u, n)) > 0) n -= k;
-    sb_content(b, (const char *)u, n);
+const char *sd_chat_template_names(void) {
+    return "chatml, llama3, llama3.1, llama3.2, llama2, mistral, gemma, gemma3, phi3";
 }
 
 /* ---- formatting ---- */
@@ -173,7 +86,7 @@ static bool is_role(const sd_chat_msg *m, const char *role) { return strcmp(m->r
 /* bos_token, except the first one when the tokenizer adds BOS itself. */
 static void add_bos(fmt *f) {
     if (f->out.len == 0 && f->t->drop_leading_bos) return;
-    sb_add(&f->out, f->t->bos);
+    sd_sb_add(&f->out, f->t->bos);
 }
 
 /* Llama 2, Mistral, Gemma: (role == 'user') != (index % 2 == 0) raises. */
@@ -190,11 +103,11 @@ static sd_status check_alternation(fmt *f, const sd_chat_msg *m, size_t index, s
 /* ChatML, as sd_tok_chat_format (chat.c) writes it byte for byte (tests
  * compare the two), with the content marked. */
 static void chatml_turn(fmt *f, const char *role, const char *content) {
-    sb_add(&f->out, "<|im_start|>");
-    sb_add(&f->out, role);
-    sb_add(&f->out, "\n");
-    sb_content(&f->out, content, strlen(content));
-    sb_add(&f->out, "<|im_end|>\n");
+    sd_sb_add(&f->out, "<|im_start|>");
+    sd_sb_add(&f->out, role);
+    sd_sb_add(&f->out, "\n");
+    sd_sb_content(&f->out, content, strlen(content));
+    sd_sb_add(&f->out, "<|im_end|>\n");
 }
 
 static sd_status format_chatml(fmt *f, const sd_chat_msg *m, size_t n, bool gen) {
@@ -204,21 +117,21 @@ static sd_status format_chatml(fmt *f, const sd_chat_msg *m, size_t n, bool gen)
                           i, m[i].role);
     if (f->t->default_system && !is_role(&m[0], "system")) chatml_turn(f, "system", f->t->default_system);
     for (size_t i = 0; i < n; i++) chatml_turn(f, m[i].role, m[i].content);
-    if (gen) sb_add(&f->out, "<|im_start|>assistant\n");
+    if (gen) sd_sb_add(&f->out, "<|im_start|>assistant\n");
     return SD_OK;
 }
 
 static sd_status format_llama3(fmt *f, const sd_chat_msg *m, size_t n, bool gen) {
     for (size_t i = 0; i < n; i++) {
         if (i == 0) add_bos(f);
-        sb_add(&f->out, "<|start_header_id|>");
-        sb_add(&f->out, m[i].role);
-        sb_add(&f->out, "<|end_header_id|>\n\n");
-        sb_content_stripped(&f->out, m[i].content, strlen(m[i].content));
-        sb_add(&f->out, "<|eot_id|>");
+        sd_sb_add(&f->out, "<|start_header_id|>");
+        sd_sb_add(&f->out, m[i].role);
+        sd_sb_add(&f->out, "<|end_header_id|>\n\n");
+        sd_sb_content_stripped(&f->out, m[i].content, strlen(m[i].content));
+        sd_sb_add(&f->out, "<|eot_id|>");
     }
     if (gen || (f->t->variant & VARIANT_ALWAYS_OPEN))
-        sb_add(&f->out, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        sd_sb_add(&f->out, "<|start_header_id|>assistant<|end_header_id|>\n\n");
     return SD_OK;
 }
 
@@ -238,22 +151,22 @@ static sd_status format_llama2(fmt *f, const sd_chat_msg *m, size_t n) {
         if ((st = check_alternation(f, &m[i], index, i)) != SD_OK) break;
         content.len = 0;
         if (index == 0 && system) {
-            sb_add(&content, "<<SYS>>\n");
-            sb_add(&content, system);
-            sb_add(&content, "\n<</SYS>>\n\n");
+            sd_sb_add(&content, "<<SYS>>\n");
+            sd_sb_add(&content, system);
+            sd_sb_add(&content, "\n<</SYS>>\n\n");
         }
-        sb_add(&content, m[i].content);
+        sd_sb_add(&content, m[i].content);
         if (content.failed) break;
         if (is_role(&m[i], "user")) {
             add_bos(f);
-            sb_add(&f->out, "[INST] ");
-            sb_content_stripped(&f->out, content.data, content.len);
-            sb_add(&f->out, " [/INST]");
+            sd_sb_add(&f->out, "[INST] ");
+            sd_sb_content_stripped(&f->out, content.data, content.len);
+            sd_sb_add(&f->out, " [/INST]");
         } else if (is_role(&m[i], "assistant")) {
-            sb_add(&f->out, " ");
-            sb_content_stripped(&f->out, content.data, content.len);
-            sb_add(&f->out, " ");
-            sb_add(&f->out, f->t->eos);
+            sd_sb_add(&f->out, " ");
+            sd_sb_content_stripped(&f->out, content.data, content.len);
+            sd_sb_add(&f->out, " ");
+            sd_sb_add(&f->out, f->t->eos);
         } /* a later system turn in an assistant slot: the template writes nothing */
     }
     if (content.failed) f->out.failed = true;
@@ -267,13 +180,13 @@ static sd_status format_mistral(fmt *f, const sd_chat_msg *m, size_t n) {
         sd_status st = check_alternation(f, &m[i], i, i);
         if (st != SD_OK) return st;
         if (is_role(&m[i], "user")) {
-            sb_add(&f->out, "[INST] ");
-            sb_content(&f->out, m[i].content, strlen(m[i].content));
-            sb_add(&f->out, " [/INST]");
+            sd_sb_add(&f->out, "[INST] ");
+            sd_sb_content(&f->out, m[i].content, strlen(m[i].content));
+            sd_sb_add(&f->out, " [/INST]");
         } else if (is_role(&m[i], "assistant")) {
-            sb_content(&f->out, m[i].content, strlen(m[i].content));
-            sb_add(&f->out, f->t->eos);
-            if (f->t->variant & VARIANT_EOS_SPACE) sb_add(&f->out, " ");
+            sd_sb_content(&f->out, m[i].content, strlen(m[i].content));
+            sd_sb_add(&f->out, f->t->eos);
+            if (f->t->variant & VARIANT_EOS_SPACE) sd_sb_add(&f->out, " ");
         } else {
             return refuse(
                 f, "messages[%zu]: the model's chat template (mistral) supports user and assistant roles only", i);
@@ -294,43 +207,79 @@ static sd_status format_gemma(fmt *f, const sd_chat_msg *m, size_t n, bool gen) 
     for (size_t i = first; i < n; i++) {
         sd_status st = check_alternation(f, &m[i], i - first, i);
         if (st != SD_OK) return st;
-        sb_add(&f->out, "<start_of_turn>");
-        sb_add(&f->out, is_role(&m[i], "assistant") ? "model" : m[i].role);
-        sb_add(&f->out, "\n");
+        sd_sb_add(&f->out, "<start_of_turn>");
+        sd_sb_add(&f->out, is_role(&m[i], "assistant") ? "model" : m[i].role);
+        sd_sb_add(&f->out, "\n");
         if (first && i == first) { /* not trimmed, as the template adds it */
-            sb_content(&f->out, m[0].content, strlen(m[0].content));
-            sb_add(&f->out, "\n\n");
+            sd_sb_content(&f->out, m[0].content, strlen(m[0].content));
+            sd_sb_add(&f->out, "\n\n");
         }
-        sb_content_stripped(&f->out, m[i].content, strlen(m[i].content));
-        sb_add(&f->out, "<end_of_turn>\n");
+        sd_sb_content_stripped(&f->out, m[i].content, strlen(m[i].content));
+        sd_sb_add(&f->out, "<end_of_turn>\n");
     }
-    if (gen) sb_add(&f->out, "<start_of_turn>model\n");
+    if (gen) sd_sb_add(&f->out, "<start_of_turn>model\n");
     return SD_OK;
 }
 
 static sd_status format_phi3(fmt *f, const sd_chat_msg *m, size_t n, bool gen) {
     for (size_t i = 0; i < n; i++) {
         if (is_role(&m[i], "system") && ((f->t->variant & VARIANT_SYSTEM_NONEMPTY) == 0 || m[i].content[0])) {
-            sb_add(&f->out, "<|system|>\n");
+            sd_sb_add(&f->out, "<|system|>\n");
         } else if (is_role(&m[i], "user")) {
-            sb_add(&f->out, "<|user|>\n");
+            sd_sb_add(&f->out, "<|user|>\n");
         } else if (is_role(&m[i], "assistant")) {
-            sb_add(&f->out, "<|assistant|>\n");
+            sd_sb_add(&f->out, "<|assistant|>\n");
         } else {
             continue;
         }
-        sb_content(&f->out, m[i].content, strlen(m[i].content));
-        sb_add(&f->out, "<|end|>\n");
+        sd_sb_content(&f->out, m[i].content, strlen(m[i].content));
+        sd_sb_add(&f->out, "<|end|>\n");
     }
-    sb_add(&f->out, gen ? "<|assistant|>\n" : f->t->eos);
+    sd_sb_add(&f->out, gen ? "<|assistant|>\n" : f->t->eos);
     return SD_OK;
 }
 
-/* Formats as sd_chat_template_format; *mask (when mask != NULL) is malloc'd,
- * one byte per byte of *out (1 = user content). */
+static sd_status format_family(fmt *f, const sd_chat_msg *msgs, size_t n, bool gen) {
+    switch (f->t->family) {
+    case SD_CHAT_FAMILY_CHATML: return format_chatml(f, msgs, n, gen);
+    case SD_CHAT_FAMILY_LLAMA3: return format_llama3(f, msgs, n, gen);
+    case SD_CHAT_FAMILY_LLAMA2: return format_llama2(f, msgs, n);
+    case SD_CHAT_FAMILY_MISTRAL: return format_mistral(f, msgs, n);
+    case SD_CHAT_FAMILY_GEMMA: return format_gemma(f, msgs, n, gen);
+    case SD_CHAT_FAMILY_PHI3: return format_phi3(f, msgs, n, gen);
+    case SD_CHAT_FAMILY_UNSPECIFIED: break;
+    }
+    return SD_ERR_INTERNAL;
+}
+
+/* Llama 3.1 renders tools itself; the other families get them as Hermes
+ * text turns (chat_tools.c). */
+static sd_status format_with_tools(fmt *f, const sd_chat_msg *msgs, size_t n, const sd_chat_tools *tt, bool gen) {
+    if (f->t->family == SD_CHAT_FAMILY_LLAMA3 && (f->t->variant & VARIANT_LLAMA31)) {
+        char date[32] = "26 Jul 2024";
+        time_t now = time(NULL);
+        struct tm tm;
+        if ((f->t->variant & VARIANT_DATE_TODAY) && localtime_r(&now, &tm))
+            strftime(date, sizeof date, "%d %b %Y", &tm);
+        return sd_chat_format_llama31(&f->out, f->t->drop_leading_bos ? NULL : f->t->bos, date, msgs, n, tt, gen,
+                                      f->err, f->err_cap);
+    }
+    if (!sd_chat_has_tools(msgs, n, tt)) return format_family(f, msgs, n, gen);
+    sd_chat_msg *m2 = NULL;
+    char **owned = NULL;
+    size_t n2 = 0;
+    sd_status st = sd_chat_hermes(msgs, n, tt, &m2, &n2, &owned, f->err, f->err_cap);
+    if (st != SD_OK) return st;
+    st = format_family(f, m2, n2, gen);
+    sd_chat_hermes_free(&m2, &owned, n2);
+    return st;
+}
+
+/* Formats as sd_chat_template_format_tools; *mask (when mask != NULL) is
+ * malloc'd, one byte per byte of *out (1 = user content). */
 static sd_status format_conversation(const sd_chat_template *t, const sd_chat_msg *msgs, size_t n,
-                                     bool add_generation_prompt, char **out, uint8_t **mask, char *err,
-                                     size_t err_cap) {
+                                     const sd_chat_tools *tt, bool add_generation_prompt, char **out, uint8_t **mask,
+                                     char *err, size_t err_cap) {
     if (!t || !out || (!msgs && n) || (!err && err_cap)) return SD_ERR_INVALID_ARG;
     *out = NULL;
     if (mask) *mask = NULL;
@@ -340,20 +289,15 @@ static sd_status format_conversation(const sd_chat_template *t, const sd_chat_ms
     if (n == 0) return refuse(&f, "messages: the conversation is empty");
     for (size_t i = 0; i < n; i++) {
         if (!msgs[i].role || !msgs[i].content) return refuse(&f, "messages[%zu]: no role or no content", i);
-        if (!is_role(&msgs[i], "system") && !is_role(&msgs[i], "user") && !is_role(&msgs[i], "assistant"))
-            return refuse(&f, "messages[%zu].role: '%.32s' (system, user or assistant)", i, msgs[i].role);
+        if (!is_role(&msgs[i], "system") && !is_role(&msgs[i], "user") && !is_role(&msgs[i], "assistant") &&
+            !(tt && is_role(&msgs[i], "tool")))
+            return refuse(&f, "messages[%zu].role: '%.32s' (system, user, assistant%s)", i, msgs[i].role,
+                          tt ? " or tool" : "");
+        if (tt && tt->tool_calls && tt->tool_calls[i] && !is_role(&msgs[i], "assistant"))
+            return refuse(&f, "messages[%zu]: tool calls in a '%.32s' turn (assistant only)", i, msgs[i].role);
     }
-    sd_status st = SD_ERR_INTERNAL;
-    switch (t->family) {
-    case SD_CHAT_FAMILY_CHATML: st = format_chatml(&f, msgs, n, add_generation_prompt); break;
-    case SD_CHAT_FAMILY_LLAMA3: st = format_llama3(&f, msgs, n, add_generation_prompt); break;
-    case SD_CHAT_FAMILY_LLAMA2: st = format_llama2(&f, msgs, n); break;
-    case SD_CHAT_FAMILY_MISTRAL: st = format_mistral(&f, msgs, n); break;
-    case SD_CHAT_FAMILY_GEMMA: st = format_gemma(&f, msgs, n, add_generation_prompt); break;
-    case SD_CHAT_FAMILY_PHI3: st = format_phi3(&f, msgs, n, add_generation_prompt); break;
-    case SD_CHAT_FAMILY_UNSPECIFIED: break;
-    }
-    sb_add(&f.out, ""); /* a conversation the template renders as nothing still yields "" */
+    sd_status st = format_with_tools(&f, msgs, n, tt, add_generation_prompt);
+    sd_sb_add(&f.out, ""); /* a conversation the template renders as nothing still yields "" */
     if (st == SD_OK && f.out.failed) {
         refuse(&f, "out of memory formatting the conversation");
         st = SD_ERR_NOMEM;
@@ -370,26 +314,38 @@ static sd_status format_conversation(const sd_chat_template *t, const sd_chat_ms
 
 sd_status sd_chat_template_format(const sd_chat_template *t, const sd_chat_msg *msgs, size_t n,
                                   bool add_generation_prompt, char **out, char *err, size_t err_cap) {
-    return format_conversation(t, msgs, n, add_generation_prompt, out, NULL, err, err_cap);
+    return format_conversation(t, msgs, n, NULL, add_generation_prompt, out, NULL, err, err_cap);
 }
 
 sd_status sd_chat_template_format_masked(const sd_chat_template *t, const sd_chat_msg *msgs, size_t n,
                                          bool add_generation_prompt, char **out, uint8_t **content, char *err,
                                          size_t err_cap) {
     if (!content) return SD_ERR_INVALID_ARG;
-    return format_conversation(t, msgs, n, add_generation_prompt, out, content, err, err_cap);
+    return format_conversation(t, msgs, n, NULL, add_generation_prompt, out, content, err, err_cap);
+}
+
+sd_status sd_chat_template_format_tools(const sd_chat_template *t, const sd_chat_msg *msgs, size_t n,
+                                        const sd_chat_tools *tt, bool add_generation_prompt, char **out,
+                                        uint8_t **content, char *err, size_t err_cap) {
+    return format_conversation(t, msgs, n, tt, add_generation_prompt, out, content, err, err_cap);
 }
 
 sd_status sd_chat_template_encode(const sd_chat_template *t, const sd_tok *tok, const sd_chat_msg *msgs, size_t n,
                                   bool add_generation_prompt, int32_t **ids, size_t *n_ids, char **text, char *err,
                                   size_t err_cap) {
+    return sd_chat_template_encode_tools(t, tok, msgs, n, NULL, add_generation_prompt, ids, n_ids, text, err, err_cap);
+}
+
+sd_status sd_chat_template_encode_tools(const sd_chat_template *t, const sd_tok *tok, const sd_chat_msg *msgs, size_t n,
+                                        const sd_chat_tools *tt, bool add_generation_prompt, int32_t **ids,
+                                        size_t *n_ids, char **text, char *err, size_t err_cap) {
     if (!tok || !ids || !n_ids) return SD_ERR_INVALID_ARG;
     *ids = NULL;
     *n_ids = 0;
     if (text) *text = NULL;
     char *out = NULL;
     uint8_t *content = NULL;
-    sd_status st = format_conversation(t, msgs, n, add_generation_prompt, &out, &content, err, err_cap);
+    sd_status st = format_conversation(t, msgs, n, tt, add_generation_prompt, &out, &content, err, err_cap);
     if (st != SD_OK) return st;
     size_t len = strlen(out);
     /* an empty rendering tracked no bytes: nothing to mask */
@@ -425,6 +381,14 @@ static const char *const QWEN[] = {"<|im_start|>",          "<|im_end|>",
                                    "message.role",          "message.content",
                                    "<|im_start|>assistant", "(message.role == \"system\" and not loop.first)",
                                    "{%- if tools %}",       NULL};
+/* Llama 3.1 / 3.2 (the LLAMA3 markers match them too): Meta's template
+ * with tools, dated "26 Jul 2024" when no date_string is passed (specd
+ * passes none); 3.2's dates it today with strftime_now (LLAMA32_DATE). */
+static const char *const LLAMA31[] = {
+    "Cutting Knowledge Date: December 2023",       "tools_in_user_message",
+    "{%- set date_string = \"26 Jul 2024\" %}",    "This model only supports single tool-calls at once!",
+    "<|start_header_id|>ipython<|end_header_id|>", NULL};
+static const char LLAMA32_DATE[] = "{%- set date_string = strftime_now(\"%d %b %Y\") %}";
 static const char *const CHATML[] = {"<|im_start|>",          "<|im_end|>", "message['role']", "message['content']",
                                      "<|im_start|>assistant", NULL};
 static const char *const LLAMA3[] = {"<|start_header_id|>",
@@ -512,9 +476,11 @@ static sd_status unrecognised(const char *why) {
 sd_status sd_chat_template_parse(const char *text, size_t len, sd_chat_template **out) {
     if (!text || !out) return SD_ERR_INVALID_ARG;
     *out = NULL;
-    bool qwen = has_all(text, len, QWEN);
+    bool qwen = has_all(text, len, QWEN), llama31 = has_all(text, len, LLAMA31);
     for (const char *const *u = UNSUPPORTED; *u; u++) {
-        if (qwen && (strcmp(*u, "tools") == 0 || strcmp(*u, "tool_call") == 0)) continue;
+        if ((qwen || llama31) && (strcmp(*u, "tools") == 0 || strcmp(*u, "tool_call") == 0)) continue;
+        if (llama31 && (strcmp(*u, "Cutting Knowledge") == 0 || strcmp(*u, "date_string") == 0)) continue;
+        if (llama31 && strcmp(*u, "strftime_now") == 0 && has(text, len, LLAMA32_DATE)) continue;
         if (has(text, len, *u)) {
             char why[128];
             snprintf(why, sizeof why, "the model's template uses '%s', which specd does not reproduce", *u);
@@ -547,6 +513,8 @@ sd_status sd_chat_template_parse(const char *text, size_t len, sd_chat_template 
     if (found == SD_CHAT_FAMILY_PHI3 && has(text, len, "message['role'] == 'system' and message['content']"))
         t->variant |= VARIANT_SYSTEM_NONEMPTY;
     if (found == SD_CHAT_FAMILY_LLAMA3 && !has(text, len, "add_generation_prompt")) t->variant |= VARIANT_ALWAYS_OPEN;
+    if (found == SD_CHAT_FAMILY_LLAMA3 && llama31) t->variant |= VARIANT_LLAMA31;
+    if (found == SD_CHAT_FAMILY_LLAMA3 && llama31 && has(text, len, LLAMA32_DATE)) t->variant |= VARIANT_DATE_TODAY;
     if (found == SD_CHAT_FAMILY_GEMMA && has(text, len, "first_user_prefix")) t->variant |= VARIANT_SYSTEM_PREFIX;
     if (st != SD_OK) {
         sd_chat_template_free(&t);
@@ -561,6 +529,11 @@ sd_status sd_chat_template_named(const char *name, sd_chat_template **out) {
     *out = NULL;
     for (size_t i = 0; i < N_FAMILIES; i++)
         if (strcmp(name, FAMILY_NAMES[i].name) == 0) return new_template(FAMILY_NAMES[i].family, out);
+    if (strcmp(name, "llama3.1") == 0 || strcmp(name, "llama3.2") == 0) { /* tools, a dated system turn */
+        SD_TRY(new_template(SD_CHAT_FAMILY_LLAMA3, out));
+        (*out)->variant |= VARIANT_LLAMA31 | (strcmp(name, "llama3.2") == 0 ? VARIANT_DATE_TODAY : 0);
+        return SD_OK;
+    }
     if (strcmp(name, "gemma3") == 0) { /* Gemma 3's template: gemma with a system prefix */
         SD_TRY(new_template(SD_CHAT_FAMILY_GEMMA, out));
         (*out)->variant |= VARIANT_SYSTEM_PREFIX;

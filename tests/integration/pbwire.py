@@ -188,7 +188,7 @@ WORKER_STATS = {"kv_blocks_total": (1, "uint32"), "kv_blocks_free": (2, "uint32"
 HEARTBEAT = {"sent_us": (1, "uint64"), "stats": (2, ("msg", WORKER_STATS))}
 HELLO = {"protocol_version": (1, "uint32"), "role": (2, "enum"), "rank": (3, "uint32"),
          "group_size": (4, "uint32"), "name": (6, "string")}
-CHAT_MESSAGE = {"role": (1, "enum"), "content": (2, "string")}
+CHAT_MESSAGE = {"role": (1, "enum"), "content": (2, "string"), "tool_calls": (3, "string")}
 CONSTRAINT = {"kind": (1, "enum"), "text": (2, "string")}  # kind: ConstraintKind (NONE 0 .. GRAMMAR 4)
 SUBMIT = {"client_tag": (1, "uint64"), "prompt": (2, "string"), "prompt_ids": (3, ("rep", "int32")),
           "chat": (4, "bool"), "system": (5, "string"), "max_tokens": (6, "uint32"),
@@ -196,7 +196,7 @@ SUBMIT = {"client_tag": (1, "uint64"), "prompt": (2, "string"), "prompt_ids": (3
           "max_k": (10, "int32"), "messages": (11, ("rep", ("msg", CHAT_MESSAGE))), "drafter_kind": (13, "enum"),
           "logprobs": (14, "bool"), "top_logprobs": (15, "uint32"), "prompt_logprobs": (16, "bool"),
           "echo": (17, "bool"), "prompt_only": (18, "bool"), "parse_special": (19, "bool"),
-          "constraint": (20, ("msg", CONSTRAINT))}
+          "constraint": (20, ("msg", CONSTRAINT)), "tools": (21, "string")}
 CANCEL = {"request_id": (1, "uint64")}
 STATS_QUERY = {"include_workers": (1, "bool")}
 CLIENT_TO_COORD = {"hello": (1, ("msg", HELLO)), "submit": (2, ("msg", SUBMIT)), "cancel": (3, ("msg", CANCEL)),

@@ -106,6 +106,13 @@ def run(h):
                  "unspecified chat role")
     expect_error(c, s(messages=[user], prompt="also a prompt"), "BAD_REQUEST", ["messages", "prompt"],
                  "messages and a prompt")
+    # tools (role 4 is a tool's answer): only with messages, calls only in an assistant's turn, JSON the
+    # template can read
+    expect_error(c, s(prompt="hi", tools="[]"), "BAD_REQUEST", ["submit.tools", "messages"], "tools without messages")
+    expect_error(c, s(messages=[dict(user, tool_calls='[{"name":"f","arguments":{}}]')]), "BAD_REQUEST",
+                 ["messages[0].tool_calls", "assistant"], "tool calls in a user turn")
+    expect_error(c, s(messages=[user, {"role": 3, "content": "", "tool_calls": "[{"}, {"role": 4, "content": "x"}]),
+                 "BAD_REQUEST", ["messages[1].tool_calls", "JSON"], "tool calls that are not JSON")
     expect_error(c, s(messages=[user] * 1025), "TOO_LARGE", ["messages", "1024", "1025"],
                  "1025 chat messages")
     expect_error(c, s(messages=[{"role": 2, "content": "z" * (600 << 10)}] * 2), "TOO_LARGE",

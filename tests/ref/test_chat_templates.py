@@ -17,6 +17,7 @@ family chosen by name (--chat-template) formats as the real template does.
 
 Exit 0: all equal; 1: a mismatch (the first ones are printed); 77: skipped.
 """
+import datetime
 import json
 import os
 import subprocess
@@ -44,6 +45,8 @@ TEMPLATES = {
     "chatml.jinja": ("chatml", "<s>", "<|im_end|>"),
     "qwen2.5.jinja": ("chatml", "<|endoftext|>", "<|im_end|>"),
     "llama3.jinja": ("llama3", "<|begin_of_text|>", "<|eot_id|>"),
+    "llama3.1.jinja": ("llama3", "<|begin_of_text|>", "<|eot_id|>"),
+    "llama3.2.jinja": ("llama3", "<|begin_of_text|>", "<|eot_id|>"),
     "llama2.jinja": ("llama2", "<s>", "</s>"),
     "mistral-v0.1.jinja": ("mistral", "<s>", "</s>"),
     "mixtral.jinja": ("mistral", "<s>", "</s>"),
@@ -53,7 +56,7 @@ TEMPLATES = {
     "phi3.5.jinja": ("phi3", "<s>", "<|endoftext|>"),
 }
 # name -> the fixture it must format exactly like
-NAMED = {"chatml": "chatml.jinja", "llama3": "llama3.jinja", "llama2": "llama2.jinja",
+NAMED = {"chatml": "chatml.jinja", "llama3": "llama3.jinja", "llama3.1": "llama3.1.jinja", "llama3.2": "llama3.2.jinja", "llama2": "llama2.jinja",
          "mistral": "mixtral.jinja", "gemma": "gemma.jinja", "gemma3": "gemma3.jinja", "phi3": "phi3.jinja"}
 
 
@@ -94,6 +97,7 @@ def render(template, conv, gen, bos, eos):
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[jinja2.ext.loopcontrols])
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)  # as transformers defines it
     try:
         return env.from_string(template).render(messages=conv, add_generation_prompt=gen,
                                                 bos_token=bos, eos_token=eos)

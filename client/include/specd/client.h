@@ -71,8 +71,9 @@ sd_client_params sd_client_default_params(void);
 
 /* One turn of a conversation (sd_client_request.messages). */
 typedef struct sd_client_chat_msg {
-    const char *role; /* "system", "user" or "assistant" */
+    const char *role; /* "system", "user", "assistant" or "tool" */
     const char *content;
+    const char *tool_calls; /* an assistant's calls: a JSON list of {"name", "arguments"}; NULL: none */
 } sd_client_chat_msg;
 
 /* A generation job. Strings are borrowed for the duration of sd_client_submit. */
@@ -91,6 +92,7 @@ typedef struct sd_client_request {
      * must be unset. */
     const sd_client_chat_msg *messages;
     size_t n_messages;
+    const char *tools; /* with messages: a JSON list of OpenAI tools the template renders; NULL: none */
     uint32_t max_tokens;     /* 0 = coordinator default */
     sd_sampling sampling;    /* default: greedy */
     const char *const *stop; /* stop strings */

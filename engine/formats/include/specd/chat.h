@@ -8,9 +8,10 @@
  * Mistral [INST], Gemma, Phi-3) by markers in the text and formats
  * conversations as those templates do, including their refusals (Gemma has
  * no system role; Llama 2, Mistral and Gemma demand alternating user and
- * assistant turns). A template that uses none of these shapes, or one with
- * features specd does not reproduce (tools, thinking switches, dates), is
- * refused: the user names the family with --chat-template NAME. A model with
+ * assistant turns). Llama 3.1's template is reproduced with its tools
+ * (sd_chat_tools). A template that uses none of these shapes, or one with
+ * features specd does not reproduce (other tools, thinking switches, dates),
+ * is refused: the user names the family with --chat-template NAME. A model with
  * no template at all is formatted as ChatML (logged). A template is
  * immutable after creation and safe to share between threads. */
 #ifndef SPECD_CHAT_H
@@ -26,7 +27,7 @@ extern "C" {
 typedef enum sd_chat_family {
     SD_CHAT_FAMILY_UNSPECIFIED = 0,
     SD_CHAT_FAMILY_CHATML,  /* <|im_start|>role\n...<|im_end|>\n (SmolLM2, Qwen, OpenHermes) */
-    SD_CHAT_FAMILY_LLAMA3,  /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
+    SD_CHAT_FAMILY_LLAMA3,  /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> (3.1, 3.2: tools, a date) */
     SD_CHAT_FAMILY_LLAMA2,  /* <s>[INST] <<SYS>>\n...\n<</SYS>>\n\n... [/INST] ... </s> */
     SD_CHAT_FAMILY_MISTRAL, /* <s>[INST] ... [/INST]...</s> (no system role) */
     SD_CHAT_FAMILY_GEMMA,   /* <bos><start_of_turn>user\n...<end_of_turn>\n, assistant is "model" */
@@ -40,8 +41,8 @@ typedef struct sd_chat_template sd_chat_template;
  * sd_chat_template_free. The BOS/EOS texts start empty. */
 sd_status sd_chat_template_parse(const char *text, size_t len, sd_chat_template **out);
 
-/* The family called name ("chatml", "llama3", "llama2", "mistral", "gemma",
- * "phi3"), with no default system prompt. SD_ERR_INVALID_ARG (logged, with
+/* The family called name ("chatml", "llama3", "llama3.1", "llama3.2",
+ * "llama2", "mistral", "gemma", "gemma3", "phi3"), with no default system prompt. SD_ERR_INVALID_ARG (logged, with
  * the list) for another name. Caller frees *out. */
 sd_status sd_chat_template_named(const char *name, sd_chat_template **out);
 
@@ -97,6 +98,32 @@ sd_status sd_chat_template_format_masked(const sd_chat_template *t, const sd_cha
 sd_status sd_chat_template_encode(const sd_chat_template *t, const sd_tok *tok, const sd_chat_msg *msgs, size_t n,
                                   bool add_generation_prompt, int32_t **ids, size_t *n_ids, char **text, char *err,
                                   size_t err_cap);
+
+/* Tools in a conversation (OpenAI's tools, an assistant's tool_calls, tool
+ * turns). The Llama 3.1 template renders them as Meta's does (the
+ * functions as indented JSON in the first user turn, a call as
+ * {"name": ..., "parameters": ...}, a tool's answer in an ipython turn);
+ * every other family gets the Hermes / Qwen 2.5 text (the <tools>
+ * signatures in the system turn, <tool_call> blocks, a tool's answer as a
+ * user turn of <tool_response>). All of it is marked as content. */
+typedef struct sd_chat_tools {
+    const char *tools; /* a JSON list of tools ({"type": "function", "function": {...}}), or NULL */
+    /* NULL, or one entry per message: an assistant's calls as a JSON list
+     * of {"name": ..., "arguments": {...}}, or NULL */
+    const char *const *tool_calls;
+} sd_chat_tools;
+
+/* sd_chat_template_format_masked with tools (tt may be NULL; content may
+ * be NULL) and "tool" turns allowed. JSON that does not parse, or a
+ * conversation the template refuses (Llama 3.1: two calls in one turn, no
+ * user turn to hold the tools), is SD_ERR_INVALID_ARG with the reason. */
+sd_status sd_chat_template_format_tools(const sd_chat_template *t, const sd_chat_msg *msgs, size_t n,
+                                        const sd_chat_tools *tt, bool add_generation_prompt, char **out,
+                                        uint8_t **content, char *err, size_t err_cap);
+/* sd_chat_template_encode with tools (tt may be NULL). */
+sd_status sd_chat_template_encode_tools(const sd_chat_template *t, const sd_tok *tok, const sd_chat_msg *msgs, size_t n,
+                                        const sd_chat_tools *tt, bool add_generation_prompt, int32_t **ids,
+                                        size_t *n_ids, char **text, char *err, size_t err_cap);
 
 void sd_chat_template_free(sd_chat_template **t);
 
