@@ -14,6 +14,9 @@ drafted and accepted counts must be equal; greedy outputs must equal
 specd-generate --eagle's.
 Then a verifier is SIGKILLed while running requests share cached blocks and
 is replaced: nothing is lost and every output still equals specd-generate's.
+With --tp N the verifier is a tensor-parallel group of N CPU ranks (the
+ranks write and read the leader's block ids, adopted ones included) and the
+drafter the n-gram one: warm equals cold, with hits, greedy and seeded.
 Tiny random models (a model's K/V do not depend on the batch or the
 chunking: the exactness the cache relies on)."""
 import argparse
@@ -78,6 +81,30 @@ def serve_all(h, target, draft, drafter, cache, head=None):
     if head:
         with open(ver.logpath, errors="replace") as f:
             return res, n_hit, chain_lines(f.readlines())
+    return res, n_hit
+
+
+def serve_tp(h, target, cache, tp):
+    """Every job, one after another, on a TP group of tp ranks with the
+    n-gram drafter: (results, prompt tokens hit)."""
+    from test_tp import start_ranks
+    h.start_coordinator(target)
+    h.group_addr = "tcp://127.0.0.1:%d" % H.free_port()
+    start_ranks(h, target, tp, "split", range(tp), () if cache else ("--prefix-cache", "0"))
+    h.start_drafter("ngram", extra=["-t", "1"])
+    h.wait_registered(drafter=True)
+    c = h.client()
+    res = [c.run([j], timeout=300)[0] for j in jobs()]
+    for i, r in enumerate(res):
+        H.check(not r["error"] and len(r["ids"]) == TOKENS, "TP %d, request %d: %s" % (tp, i, r["error"] or r["ids"]))
+    n_hit = hit_tokens(c)
+    for _ in range(20):
+        if n_hit or not cache:
+            break
+        time.sleep(0.25)
+        n_hit = hit_tokens(c)
+    c.close()
+    h.kill_all()
     return res, n_hit
 
 
@@ -179,6 +206,15 @@ def run(h, args):
         eagle(h, h.smollm(), args.head)
         return
     target, draft = h.tiny_models(seed=5)
+    if args.tp > 1:
+        cold, cold_hits = serve_tp(h, target, False, args.tp)
+        warm, warm_hits = serve_tp(h, target, True, args.tp)
+        H.expect_equal_ids(warm, cold, "TP %d: with the prefix cache against without" % args.tp)
+        H.check(cold_hits == 0, "TP %d: the group without a cache reports %d hit tokens" % (args.tp, cold_hits))
+        H.check(warm_hits > 0, "TP %d: the cache was never hit: the test proves nothing" % args.tp)
+        H.log("TP %d: %d requests equal with and without the cache (%d prompt tokens hit)" %
+              (args.tp, len(warm), warm_hits))
+        return
     if args.drafter == "eagle":
         eagle(h, target)
         return
@@ -200,5 +236,6 @@ if __name__ == "__main__":
                          "shared; eagle: an EAGLE-3 head in the verifier")
     ap.add_argument("--head", help="with --drafter eagle: a trained head for the demo model (SmolLM2-135M-Instruct) "
                                    "instead of a random head on the tiny one")
+    ap.add_argument("--tp", type=int, default=1, help="a TP group of this many CPU ranks (n-gram drafter)")
     a = ap.parse_args()
     H.main(lambda h: run(h, a))
