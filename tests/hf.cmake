@@ -33,3 +33,6 @@ specd_py_test(hf_arch_tensors ref/test_hf_arch_tensors.py LABELS oracle)
 # tools/fetch-model gemma3): the converter's merge list, HF `tokenizers` on the
 # written file = specd on the GGUF, specd on the directory = specd on the GGUF.
 specd_py_test(hf_spm_writer ref/test_hf_spm_writer.py LABELS "oracle;model")
+# The real shapes (Qwen2.5-0.5B, Qwen3-0.6B, Gemma-3-270M; bf16) both ways: bit-identical logits.
+add_test(NAME test_weights_hf_shapes COMMAND test_weights_hf_arch --shapes)
+set_tests_properties(test_weights_hf_shapes PROPERTIES LABELS "unit;slow" TIMEOUT 1800)

@@ -20,7 +20,9 @@
  * list; Gemma3ForConditionalGeneration, Phi-3 LongRoPE, Gemma's logit
  * soft-capping or an irregular layer_types, and Qwen's use_sliding_window
  * are refused by name. A qwen2 GGUF with the "qwen2" pre-tokenizer becomes
- * a tokenizer.json with Qwen2's split that encodes the same. */
+ * a tokenizer.json with Qwen2's split that encodes the same. With --shapes
+ * (slow): Qwen2.5-0.5B, Qwen3-0.6B and Gemma-3-270M shapes, equal configs
+ * and bit-identical logits. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -228,9 +230,13 @@ static void test_same_numbers(void **state) {
     }
 }
 
-/* Logits of a two-sequence ragged batch (4 and 8 tokens: past the windows), all rows. */
-static float *batch_logits(const char *path, int32_t *n_rows) {
+/* Logits of a two-sequence ragged batch (4 and 8 tokens: past the windows),
+ * all rows: [n_rows][*n_vocab]. */
+static float *batch_logits(const char *path, int32_t *n_rows, int32_t *n_vocab) {
     sd_weights *w = open_ok(path);
+    sd_model_config cfg;
+    assert_int_equal(sd_weights_config(w, &cfg), SD_OK);
+    *n_vocab = cfg.n_vocab;
     sd_model_params mp = sd_model_default_params();
     mp.n_threads = 2;
     sd_model *m = NULL;
@@ -247,7 +253,7 @@ static float *batch_logits(const char *path, int32_t *n_rows) {
         pos[i] = next[seq[i]]++;
         want[i] = true;
     }
-    float *out = malloc((size_t)N * VOCAB * sizeof *out);
+    float *out = malloc((size_t)N * (size_t)cfg.n_vocab * sizeof *out);
     assert_non_null(out);
     sd_batch b = {.n_tokens = N, .tokens = tokens, .pos = pos, .seq = seq, .logits = want};
     assert_int_equal(sd_model_forward(m, kv, &b, out), SD_OK);
@@ -257,22 +263,59 @@ static float *batch_logits(const char *path, int32_t *n_rows) {
     return out;
 }
 
-static void test_same_logits(void **state) {
-    (void)state;
-    if (!env.ok) skip();
-    for (size_t i = 0; i < N_PAIRS; i++) {
-        int32_t na, nb;
-        float *a = batch_logits(PAIRS[i].gguf, &na), *b = batch_logits(PAIRS[i].hf, &nb);
+/* The logits of pairs[0..n) bit for bit equal between GGUF and HF. */
+static void expect_same_logits(const pair *pairs, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        int32_t na, nb, va, vb;
+        float *a = batch_logits(pairs[i].gguf, &na, &va), *b = batch_logits(pairs[i].hf, &nb, &vb);
         assert_int_equal(na, nb);
-        if (memcmp(a, b, (size_t)na * VOCAB * sizeof *a) != 0) fail_msg("%s: logits differ", PAIRS[i].label);
+        assert_int_equal(va, vb);
+        size_t n_all = (size_t)na * (size_t)va;
+        if (memcmp(a, b, n_all * sizeof *a) != 0) fail_msg("%s: logits differ", pairs[i].label);
         float lo = a[0], hi = a[0];
-        for (size_t k = 0; k < (size_t)na * VOCAB; k++) {
+        for (size_t k = 0; k < n_all; k++) {
             lo = a[k] < lo ? a[k] : lo;
             hi = a[k] > hi ? a[k] : hi;
         }
-        if (!(hi - lo > 1.0f)) fail_msg("%s: degenerate logits", PAIRS[i].label);
+        if (!(hi - lo > 1.0f)) fail_msg("%s: degenerate logits", pairs[i].label);
         free(a);
         free(b);
+    }
+}
+
+static void test_same_logits(void **state) {
+    (void)state;
+    if (!env.ok) skip();
+    expect_same_logits(PAIRS, N_PAIRS);
+}
+
+/* --shapes (slow): the real models' shapes (specd-mkmodel --shape, bf16),
+ * GGUF and HF: equal configs and bit-identical logits. Mistral-7B and
+ * Phi-3-mini (14 and 7.6 GB in bf16) are left to the small pairs above. */
+static pair SHAPES[] = {
+    {"qwen2.5-0.5b", "Qwen2ForCausalLM", "--shape qwen2.5-0.5b --dtype bf16 --seed 31", "", ""},
+    {"qwen3-0.6b", "Qwen3ForCausalLM", "--shape qwen3-0.6b --dtype bf16 --seed 32", "", ""},
+    {"gemma3-270m", "Gemma3ForCausalLM", "--shape gemma3-270m --dtype bf16 --seed 33", "", ""},
+};
+
+static void test_shapes(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++) {
+        pair *p = &SHAPES[i];
+        snprintf(p->gguf, sizeof p->gguf, "%s/shape.gguf", env.dir);
+        snprintf(p->hf, sizeof p->hf, "%s/shape-hf", env.dir);
+        assert_int_equal(run("'%s' -o '%s' %s >/dev/null 2>&1", SPECD_MKMODEL, p->gguf, p->args), 0);
+        assert_int_equal(
+            run("rm -rf '%s' && '%s' -o '%s' %s --format hf >/dev/null 2>&1", p->hf, SPECD_MKMODEL, p->hf, p->args), 0);
+        sd_weights *g = open_ok(p->gguf), *h = open_ok(p->hf);
+        sd_model_config cg, ch;
+        assert_int_equal(sd_weights_config(g, &cg), SD_OK);
+        assert_int_equal(sd_weights_config(h, &ch), SD_OK);
+        expect_same_config(p->label, &cg, &ch);
+        sd_weights_close(&g);
+        sd_weights_close(&h);
+        expect_same_logits(p, 1);
+        run("rm -rf '%s' '%s'", p->gguf, p->hf);
     }
 }
 
@@ -472,7 +515,17 @@ static void test_qwen2_pretokenizer(void **state) {
     sd_weights_close(&wh);
 }
 
-int main(void) {
+static int setup_dir(void **state) {
+    (void)state;
+    snprintf(env.dir, sizeof env.dir, "/tmp/specd-hfarch-XXXXXX");
+    return mkdtemp(env.dir) ? 0 : -1;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--shapes") == 0) {
+        const struct CMUnitTest slow[] = {cmocka_unit_test(test_shapes)};
+        return cmocka_run_group_tests(slow, setup_dir, teardown);
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_numbers),       cmocka_unit_test(test_same_logits),
         cmocka_unit_test(test_missing_tensors),    cmocka_unit_test(test_refused_configs),

@@ -40,7 +40,6 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <limits.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,8 +49,6 @@
 #include "tokenizer_impl.h"
 #include "weights_hf_impl.h"
 #include "weights_impl.h"
-
-/* The bounds on a config are the GGUF reader's (SD_MODEL_MAX_*, model_config.h). */
 
 #define MAX_CONFIG_BYTES    (16u << 20)  /* config.json, tokenizer_config.json, the index */
 #define MAX_TOKENIZER_BYTES (256u << 20) /* tokenizer.json (Llama 3: 9 MB) */

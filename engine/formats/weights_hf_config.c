@@ -16,7 +16,8 @@
  *                       query_pre_attn_scalar, local / global layers
  *   Phi3ForCausalLM     fused qkv_proj and gate_up_proj, NeoX RoPE; like
  *                       the GGUF path, full attention and no LongRoPE
- * Defaults for absent keys are each class's transformers defaults.
+ * Defaults for absent keys are each class's transformers defaults; the
+ * bounds on values are the GGUF reader's (SD_MODEL_MAX_*, model_config.h).
  * Rejected: Gemma3ForConditionalGeneration (the multimodal 4B-27B
  * checkpoints: a vision tower beside the text model, weights under a second
  * prefix), refused by name rather than half-read. */
