@@ -213,6 +213,14 @@ typedef struct sd_session {
     float *head_q_probs;
     size_t head_q_cap;
     uint32_t head_us;
+    /* features for a head drafter in its own process not yet sent to it
+     * (feat_relay.c): positions feat_pos0 .. + feat_rows - 1, feat_width
+     * floats each; feat_sent: carried by a draft step since the last
+     * verify result (dropped at the next one) */
+    float *feat;
+    size_t feat_cap;
+    int32_t feat_pos0, feat_rows, feat_width;
+    bool feat_sent;
     int32_t verify_k;        /* drafts in the verify step in flight */
     int32_t verify_failures; /* consecutive failed verify steps (bounded retries) */
 
@@ -312,6 +320,10 @@ typedef struct sd_coord_worker {
      * requests on verifier group slot head_group */
     bool head_relay;
     int32_t head_group;
+    /* drafters: a head in its own process reads these target layers,
+     * feat_width floats a position (Hello.feature_layers; 0: none) */
+    int32_t feat_layers[SD_MAX_FEATURE_LAYERS];
+    int32_t n_feat_layers, feat_width;
     uint32_t group_id; /* verifier leaders: the group's id (unique among the live ones) */
     uint32_t group_size;
     int32_t max_batch, max_k;
@@ -474,6 +486,8 @@ typedef struct sd_coord {
     double overhead_us[SD_COORD_OVERHEAD_WINDOW];
     double draft_wait_us[SD_COORD_OVERHEAD_WINDOW];
     int32_t n_overhead, overhead_pos;
+    /* head drafters' features relayed (feat_relay.c): from verifiers, to drafters */
+    uint64_t feat_rows_in, feat_bytes_in, feat_rows_out, feat_bytes_out;
     /* prompts being tokenized off the loop (tokq.h; owned by server.c);
      * NULL: tokenized inline, as the unit tests drive the logic */
     struct sd_tokq *tokq;
@@ -703,6 +717,23 @@ static inline bool sd_head_drafts_for(const sd_coord *c, const sd_session *s) {
     return s->drafter >= 0 && s->group >= 0 && c->workers[s->drafter].head_relay &&
            c->workers[s->drafter].head_group == s->group;
 }
+
+/* ---- feat_relay.c: features for EAGLE heads in their own drafter process ---- */
+static inline bool sd_feat_drafter(const sd_coord_worker *w) { return w->feat_width > 0; }
+/* A drafter's Hello naming other layers or width than a live head drafter's: REFUSED (msg said). */
+Specd__Code sd_feat_hello_refusal(const sd_coord *c, const Specd__Hello *h, const char *name, char *msg,
+                                  size_t msg_len);
+void sd_feat_hello_take(sd_coord_worker *w, const Specd__Hello *h);
+/* Whether s's drafter is a live head drafter (its verify steps want features). */
+bool sd_feat_wanted(const sd_coord *c, const sd_session *s);
+/* A verify step's feature_layers into layers[SD_MAX_FEATURE_LAYERS] when
+ * one of seqs[n] wants features: their count, else 0. */
+size_t sd_feat_request_layers(const sd_coord *c, const Specd__VerifySeq *seqs, int32_t n, uint32_t *layers);
+/* An OK verify result's features onto s; sent_keep: the keep_len the step sent. */
+void sd_feat_store(sd_coord *c, sd_session *s, const Specd__VerifyResult *vr, int32_t sent_keep);
+/* s's waiting features into ds, bound for drafter d, when it reads them
+ * and *step_floats leaves room (else they wait for the next step). */
+void sd_feat_draft_seq(sd_coord *c, int32_t d, sd_session *s, Specd__DraftSeq *ds, size_t *step_floats);
 
 sd_status sd_coord_server_new(const sd_coord_params *p, sd_coord_server **out);
 /* Runs the loop until *stop becomes nonzero (checked at least every 50 ms),

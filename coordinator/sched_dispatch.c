@@ -277,6 +277,7 @@ static void send_verify(sd_coord *c, int32_t g, bool prefill, uint64_t now_us) {
             k = sd_imin(s->k, sd_k_cap(c, s, g)); /* the cap the K policy drafted under, now */
         }
         sd_pack_verify_seq(&pk, m, s, n_append, k);
+        pk.seqs[m].want_features = sd_feat_wanted(c, s); /* for its head drafter (feat_relay.c) */
         if (!prefill && w->drafter_kind == SPECD__DRAFTER_KIND__DRAFTER_KIND_EAGLE && sd_head_drafts_for(c, s)) {
             /* the head drafts the next step's K now (at least one: a K = 0
              * step's shadow draft prices it), within what the request has
@@ -307,6 +308,9 @@ static void send_verify(sd_coord *c, int32_t g, bool prefill, uint64_t now_us) {
     req.n_seqs = (size_t)m;
     req.seqs = pk.pseqs;
     req.prefill_only = prefill;
+    uint32_t layers[SD_MAX_FEATURE_LAYERS];
+    req.n_feature_layers = sd_feat_request_layers(c, pk.seqs, m, layers);
+    req.feature_layers = req.n_feature_layers > 0 ? layers : NULL;
     Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
     env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY;
     env.verify = &req;
@@ -442,6 +446,7 @@ static void dispatch_draft(sd_coord *c, int32_t d, uint64_t now_us) {
         return;
     }
     int32_t m = 0;
+    size_t feat_floats = 0; /* head drafters' features in the step */
     w->step_refill = false;
     w->step_appended = 0;
     budget = c->p.prefill_chunk;
@@ -450,6 +455,7 @@ static void dispatch_draft(sd_coord *c, int32_t d, uint64_t now_us) {
         int32_t k = draft_candidate(c, d, s);
         if (k <= 0 || !draft_fits(c, s, &budget)) continue;
         sd_pack_draft_seq(&pk, m, s, k);
+        sd_feat_draft_seq(c, d, s, &pk.seqs[m], &feat_floats);
         if ((int64_t)pk.seqs[m].n_append > draft_running_append(c)) w->step_refill = true;
         w->step_appended += (int32_t)pk.seqs[m].n_append;
         w->step_rids[m] = s->id;

@@ -111,6 +111,7 @@ static void apply_ok(sd_coord *c, sd_coord_worker *w, sd_session *s, int32_t k, 
                      uint64_t now_us) {
     s->verify_failures = 0;
     bool refill = s->n_tokens - s->v_cached > 1; /* the step appended more than the last token */
+    sd_feat_store(c, s, vr, s->v_cached);        /* a head drafter's features, when asked (feat_relay.c) */
     s->v_cached = (int32_t)vr->cached_len;
     if (refill) /* the group's prefix cache now holds these (placement.c) */
         sd_route_record(c->route, s->group, c->workers[s->group].worker_id, s->tokens, s->v_cached);

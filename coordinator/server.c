@@ -129,7 +129,9 @@ sd_status sd_coord_server_new(const sd_coord_params *p, sd_coord_server **out) {
     if ((st = sd_net_socket_open(s->zctx, &sp, p->client_addr, NULL, &s->client_sock)) != SD_OK) goto fail;
     int64_t client_cap = sp.max_msg_bytes;
     sp.zap_domain = s->id.on ? SD_ZAP_DOMAIN_WORKER : NULL;
-    sp.max_msg_bytes = sd_net_worker_reply_cap(p->max_active, p->max_k);
+    sp.max_msg_bytes =
+        sd_net_worker_reply_cap(p->max_active, p->max_k) + sd_net_feature_bytes_cap(); /* a head drafter's */
+    if (sp.max_msg_bytes > SD_MAX_WORKER_MSG_BYTES) sp.max_msg_bytes = SD_MAX_WORKER_MSG_BYTES;
     if ((st = sd_net_socket_open(s->zctx, &sp, p->worker_addr, NULL, &s->worker_sock)) != SD_OK) goto fail;
     SD_INFO("clients on %s, workers on %s%s (messages at most %lld and %lld bytes)", p->client_addr, p->worker_addr,
             s->id.on ? " (CurveZMQ, allow-lists)" : " (plaintext)", (long long)client_cap, (long long)sp.max_msg_bytes);
@@ -257,6 +259,11 @@ void sd_coord_server_free(sd_coord_server **sp) {
     sd_curve_allow_free(&s->client_keys);
     sd_curve_allow_free(&s->worker_keys);
     memset(&s->id, 0, sizeof s->id);
+    if (s->state_ok && s->c.feat_rows_in > 0) /* feat_relay.c's traffic */
+        SD_INFO("head drafters' features: %llu positions (%llu bytes) from verifiers, %llu positions (%llu bytes) "
+                "to drafters",
+                (unsigned long long)s->c.feat_rows_in, (unsigned long long)s->c.feat_bytes_in,
+                (unsigned long long)s->c.feat_rows_out, (unsigned long long)s->c.feat_bytes_out);
     if (s->state_ok) sd_coord_state_free(&s->c);
     free(s);
     *sp = NULL;

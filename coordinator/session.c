@@ -70,6 +70,7 @@ void sd_session_free(sd_session **sp) {
     free(s->con_text);
     free(s->head_q_ids);
     free(s->head_q_probs);
+    free(s->feat);
     sd_tok_stream_free(&s->stream);
     free(s);
     *sp = NULL;

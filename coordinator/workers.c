@@ -219,6 +219,7 @@ static void worker_from_hello(sd_coord *c, sd_coord_worker *w, const uint8_t *id
     snprintf(w->name, sizeof w->name, "%s", name);
     w->drafter_kind = h->drafter_kind;
     w->head_relay = h->role == SPECD__ROLE__ROLE_DRAFTER && sd_head_relay_is_ident(ident, ident_len, &w->head_group);
+    sd_feat_hello_take(w, h);
     w->group_size = h->group_size ? h->group_size : 1;
     w->n_ctx = (int32_t)(h->model->context_length > INT32_MAX ? INT32_MAX : h->model->context_length);
     w->max_batch = h->max_batch == 0 || h->max_batch > SD_MAX_BATCH ? SD_MAX_BATCH : (int32_t)h->max_batch;
@@ -275,6 +276,10 @@ static void on_hello(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
     const bool verifier = h->role == SPECD__ROLE__ROLE_VERIFIER;
     int32_t again = find_alive(c, ident, ident_len);
     if (again >= 0) mark_dead(c, again, "registered again");
+    if (!verifier && (code = sd_feat_hello_refusal(c, h, name, msg, sizeof msg)) != SPECD__CODE__CODE_OK) {
+        send_error(c, ident, ident_len, code, msg);
+        return;
+    }
     if (verifier && (code = leader_refusal(c, h, name, msg, sizeof msg, now_us)) != SPECD__CODE__CODE_OK) {
         send_error(c, ident, ident_len, code, msg);
         return;

@@ -30,9 +30,12 @@ static void usage(FILE *f) {
         "  --draft-layers L       drafter: the target's first L layers (self-draft)\n"
         "  --eagle DIR            drafter: an EAGLE-3 head (Hugging Face directory, e.g. tools/train-eagle's)\n"
         "                         in each verifier, drafting after every verify step (no round trip; TP 1)\n"
-        "                         The three drafter flags may be repeated and mixed: each starts one drafter,\n"
+        "  --eagle-drafter DIR    drafter: an EAGLE-3 head in its own process (specd-drafter --eagle DIR),\n"
+        "                         fed the verifier's features of the committed positions through the\n"
+        "                         coordinator (3 x the target's hidden size f32 a position)\n"
+        "                         The drafter flags but --eagle may be repeated and mixed: each starts one drafter,\n"
         "                         all active at once (at most %d); each is restarted when it dies.\n"
-        "  --drafters LIST        drafters as a list: ngram, model:FILE, layers:L, comma-separated\n"
+        "  --drafters LIST        drafters as a list: ngram, model:FILE, layers:L, eagle:DIR, comma-separated\n"
         "                         (e.g. ngram,model:q4.gguf), added to the flags above\n"
         "  --no-draft             no drafter: target-only decoding\n"
         "  --tp N                 verifier ranks per group: a tensor-parallel group (default 1); restarted as\n"
@@ -88,6 +91,7 @@ enum {
     OPT_NO_DRAFT,
     OPT_LOCAL_NGRAM,
     OPT_EAGLE,
+    OPT_EAGLE_DRAFTER,
     OPT_GROUPS,
     OPT_TP,
     OPT_VERIFIER_DEVICE,
@@ -122,7 +126,7 @@ static bool add_drafter(launch_opts *o, drafter_kind kind, const char *model, in
     return true;
 }
 
-/* --drafters LIST: comma-separated ngram, model:FILE, layers:L. The list
+/* --drafters LIST: comma-separated ngram, model:FILE, layers:L, eagle:DIR. The list
  * is kept in place (argv), cut at the commas. */
 static bool parse_drafters(launch_opts *o, char *list) {
     for (char *item = strtok(list, ","); item; item = strtok(NULL, ",")) {
@@ -134,8 +138,10 @@ static bool parse_drafters(launch_opts *o, char *list) {
             ok = add_drafter(o, DRAFT_MODEL, item + 6, 0);
         else if (!strncmp(item, "layers:", 7) && sd_cli_parse_int(item + 7, 1, 4096, &layers))
             ok = add_drafter(o, DRAFT_LAYERS, NULL, layers);
+        else if (!strncmp(item, "eagle:", 6) && item[6])
+            ok = add_drafter(o, DRAFT_EAGLE, item + 6, 0);
         else {
-            fprintf(stderr, "specd-launch: --drafters: '%s' is not ngram, model:FILE or layers:L\n", item);
+            fprintf(stderr, "specd-launch: --drafters: '%s' is not ngram, model:FILE, layers:L or eagle:DIR\n", item);
             return false;
         }
         if (!ok) return false;
@@ -188,6 +194,7 @@ static bool apply_worker_option(launch_opts *o, int opt, char *arg) {
     case OPT_NO_DRAFT: o->no_draft = true; return true;
     case OPT_LOCAL_NGRAM: o->local_ngram = true; return true;
     case OPT_EAGLE: o->eagle = arg; return true;
+    case OPT_EAGLE_DRAFTER: return add_drafter(o, DRAFT_EAGLE, arg, 0);
     case OPT_GROUPS:
         if (!sd_cli_parse_int(arg, 1, MAX_GROUPS, &o->groups)) {
             fprintf(stderr, "specd-launch: --groups must be an integer in [1, %d], got '%s'\n", MAX_GROUPS, arg);
@@ -323,6 +330,7 @@ static const struct option launch_longs[] = {{"target", required_argument, 0, OP
                                              {"no-draft", no_argument, 0, OPT_NO_DRAFT},
                                              {"local-ngram", no_argument, 0, OPT_LOCAL_NGRAM},
                                              {"eagle", required_argument, 0, OPT_EAGLE},
+                                             {"eagle-drafter", required_argument, 0, OPT_EAGLE_DRAFTER},
                                              {"tp", required_argument, 0, OPT_TP},
                                              {"client-addr", required_argument, 0, OPT_CLIENT_ADDR},
                                              {"worker-addr", required_argument, 0, OPT_WORKER_ADDR},

@@ -20,12 +20,12 @@ typedef enum child_role {
     CHILD_ROLE_COUNT
 } child_role;
 
-/* One drafter to run: --draft FILE, --ngram or --draft-layers L (each
- * repeatable), or an entry of --drafters. */
-typedef enum drafter_kind { DRAFT_MODEL, DRAFT_NGRAM, DRAFT_LAYERS } drafter_kind;
+/* One drafter to run: --draft FILE, --ngram, --draft-layers L or
+ * --eagle-drafter DIR (each repeatable), or an entry of --drafters. */
+typedef enum drafter_kind { DRAFT_MODEL, DRAFT_NGRAM, DRAFT_LAYERS, DRAFT_EAGLE } drafter_kind;
 typedef struct drafter_spec {
     drafter_kind kind;
-    const char *model; /* DRAFT_MODEL: the draft model file */
+    const char *model; /* DRAFT_MODEL: the draft model file; DRAFT_EAGLE: the head's directory */
     int layers;        /* DRAFT_LAYERS */
 } drafter_spec;
 

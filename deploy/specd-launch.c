@@ -266,13 +266,12 @@ static void build_argv(launcher *L, child *c) {
         if (d->kind == DRAFT_MODEL) {
             push(c, &n, "--model");
             push(c, &n, d->model);
-        } else if (d->kind == DRAFT_NGRAM) {
-            push(c, &n, "--ngram");
-            push(c, &n, "--model");
-            push(c, &n, o->target); /* metadata only: the vocabulary it registers with */
-        } else {
-            push(c, &n, "--draft-layers");
-            push(c, &n, int_arg(c, 0, d->layers));
+        } else { /* over the target: n-gram (its vocabulary only), its first L layers, or a head (its embedding) */
+            if (d->kind == DRAFT_NGRAM) push(c, &n, "--ngram");
+            if (d->kind == DRAFT_LAYERS || d->kind == DRAFT_EAGLE) {
+                push(c, &n, d->kind == DRAFT_EAGLE ? "--eagle" : "--draft-layers");
+                push(c, &n, d->kind == DRAFT_EAGLE ? d->model : int_arg(c, 0, d->layers));
+            }
             push(c, &n, "--model");
             push(c, &n, o->target);
         }

@@ -30,6 +30,10 @@
  * draft's rows (a target padding id) gets OK with no drafts, every step,
  * without touching the drafter.
  *
+ * An EAGLE-3 head (params.head_seq, specd-drafter --eagle) serves each
+ * sequence on its own (draft_head.c): the features its DraftSeq carries are
+ * fed to it, then it drafts on the held tokens.
+ *
  * Structured output: with the target's tokenizer (params.tok), a
  * constrained sequence drafts first the tokens its constraint forces, then
  * the drafter's from there, masked (draft_constrain.h); the forced tokens
@@ -94,6 +98,9 @@ sd_draft_server_params sd_draft_server_default_params(void) {
         .n_vocab = 0,
         .top_n = SD_SPEC_DEFAULT_TOP_N,
         .tok = NULL,
+        .feature_width = 0,
+        .head_seq = NULL,
+        .head = NULL,
     };
     return p;
 }
@@ -131,6 +138,11 @@ sd_status sd_draft_server_create(sd_drafter *drafter, const sd_draft_server_para
                  "[1, %d], n_vocab %d, top_n %d in [1, %d])",
                  (int)p.max_seqs, (int)p.max_ctx, (int)p.max_batch, SD_MAX_BATCH, (int)p.max_k, SD_MAX_K,
                  (int)p.n_vocab, (int)p.top_n, SD_MAX_TOP_N);
+        return SD_ERR_INVALID_ARG;
+    }
+    if (p.feature_width < 0 || p.feature_width > SD_MAX_FEATURE_WIDTH || (p.feature_width > 0) != !!p.head_seq) {
+        SD_ERROR("drafter: a head drafter needs both a feature width in [1, %d] and its path (width %d)",
+                 SD_MAX_FEATURE_WIDTH, (int)p.feature_width);
         return SD_ERR_INVALID_ARG;
     }
     if (p.top_n < sd_drafter_max_q(drafter)) {
@@ -172,7 +184,7 @@ sd_status sd_draft_server_create(sd_drafter *drafter, const sd_draft_server_para
 }
 
 sd_net_limits sd_draft_server_limits(const sd_draft_server *s) {
-    sd_net_limits lim = {s->p.n_vocab, s->p.max_ctx, s->p.max_batch, s->p.max_k};
+    sd_net_limits lim = {s->p.n_vocab, s->p.max_ctx, s->p.max_batch, s->p.max_k, s->p.feature_width};
     return lim;
 }
 
@@ -267,6 +279,13 @@ sd_status sd_draft_server_handle(sd_draft_server *s, const sd_net_draft_step *st
         int32_t k = (int32_t)sq->k < s->p.max_k ? (int32_t)sq->k : s->p.max_k;
         if (len == 0) continue;                   /* nothing to continue from: no drafts */
         if (unembeddable(s, held, len)) continue; /* an id the draft cannot embed: no drafts (K = 0) */
+        if (s->p.head_seq) { /* an EAGLE head: its features fed, then drafts on the whole context */
+            int32_t tokens[SD_MAX_K], n = 0;
+            sd_spec_q q[SD_MAX_K];
+            s->p.head_seq(s->p.head, s->drafter, slot, sq, held, (int32_t)len, k, &step->sampling[i], tokens, q, &n);
+            fill_result(s, i, tokens, q, n, res);
+            continue;
+        }
         /* sd_draft_batch wants at least one new token: with an empty append,
          * feed the last held token again (keep one less). */
         int32_t keep = (int32_t)sq->keep_len, n_new = (int32_t)sq->n_append;

@@ -13,6 +13,13 @@
 
 typedef struct sd_draft_server sd_draft_server;
 
+/* An EAGLE-3 head's path for one admitted sequence (draft_head.c, which
+ * links the engine; this library does not): feed sq's features, draft up to
+ * k tokens on held[len] into tokens / q / *n. */
+typedef void (*sd_draft_head_fn)(void *head, sd_drafter *d, int32_t slot, const Specd__DraftSeq *sq,
+                                 const int32_t *held, int32_t len, int32_t k, const sd_sampling *s, int32_t *tokens,
+                                 sd_spec_q *q, int32_t *n);
+
 typedef struct sd_draft_server_params {
     int32_t max_seqs;  /* request slots; must equal the drafter's max_seqs (default 64) */
     int32_t max_ctx;   /* tokens per sequence; <= the drafter's max_ctx (default 4096) */
@@ -24,10 +31,19 @@ typedef struct sd_draft_server_params {
      * a constrained DraftSeq's drafts follow its constraint
      * (draft_constrain.h); NULL = every draft unconstrained */
     const sd_tok *tok;
+    /* An EAGLE-3 head drafter (specd-drafter --eagle): floats per position
+     * of DraftSeq.features (its layers x the target's hidden size), and the
+     * head's per-sequence path (head_seq(head, ...): features fed, then
+     * drafts on the whole context; draft_head.c), which serves every
+     * sequence instead of sd_draft_batch; 0 / NULL = any other drafter,
+     * which takes no features */
+    int32_t feature_width;
+    sd_draft_head_fn head_seq;
+    void *head;
 } sd_draft_server_params;
 
 /* max_seqs 64, max_ctx 4096, max_batch 64, max_k 16, n_vocab 0 (must
- * be set), top_n SD_SPEC_DEFAULT_TOP_N, tok NULL. */
+ * be set), top_n SD_SPEC_DEFAULT_TOP_N, tok NULL, feature_width 0, no head. */
 sd_draft_server_params sd_draft_server_default_params(void);
 
 /* A server over drafter (borrowed; must outlive it). Caller frees with

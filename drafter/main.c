@@ -9,6 +9,12 @@
  *                                    is read for its metadata only (the
  *                                    vocabulary identity it registers with)
  *   --draft-layers L --model TARGET.gguf        the target's first L layers
+ *   --eagle DIR --model TARGET.gguf  an EAGLE-3 head (published or
+ *                                    speculators layout) fed the verifier's
+ *                                    features of the committed positions
+ *                                    through the coordinator (draft_head.c);
+ *                                    the target file gives its embedding and
+ *                                    shape (only its first layer is loaded)
  * The coordinator compares the registered vocabulary with the target's and
  * refuses another tokenizer (exit status 3); a draft whose embedding is
  * padded to other rows registers, and the Welcome's target size reaches the
@@ -19,6 +25,7 @@
  * sequence longer than its slot gets a per-sequence KV_FULL.
  * Exit status: 0 on SIGINT/SIGTERM, 2 for bad flags or files, 3 refused. */
 #include "draft_serve.h"
+#include "draft_head.h"
 #include "specd/cli.h"
 
 #include "specd/drafter.h"
@@ -41,6 +48,7 @@ typedef struct drafter_opts {
     sd_worker_opts w; /* --coordinator, keys, --name, the serving limits, -v (specd/worker_opts.h) */
     const char *model_path;
     const char *vocab_from;
+    const char *eagle; /* --eagle DIR: an EAGLE-3 head */
     bool ngram;
     bool unconstrained; /* --unconstrained: drafts ignore requests' constraints (the verifier still masks) */
     int32_t ngram_min, ngram_max;
@@ -55,7 +63,7 @@ typedef struct drafter_opts {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: specd-drafter --coordinator ADDR (--model DRAFT | --ngram --model TARGET |\n"
-            "                     --draft-layers L --model TARGET) [options]\n"
+            "                     --draft-layers L --model TARGET | --eagle DIR --model TARGET) [options]\n"
             "\n"
             "Proposes draft tokens for the coordinator's speculative decoding.\n"
             "\n"
@@ -72,6 +80,9 @@ static void usage(FILE *f) {
             "      --ngram-cache N     n-grams of earlier outputs kept for all requests (default 65536;\n"
             "                          0: none, e.g. for benchmarks that repeat their prompts)\n"
             "      --draft-layers L    self-draft: the target's first L layers\n"
+            "      --eagle DIR         an EAGLE-3 draft head (Hugging Face directory) for the target --model:\n"
+            "                          the verifier sends it the target's features of the committed\n"
+            "                          positions through the coordinator (3 x the hidden size f32 a position)\n"
             "      --draft-vocab N     model drafters: draft among token ids < N only, computing only\n"
             "                          those rows of the LM head (exact at any N, at most the\n"
             "                          vocabulary's size; 0 = the whole vocabulary, the default;\n"
@@ -121,6 +132,7 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         O_INDEX,
         O_DEVICE,
         O_UNCON,
+        O_EAGLE,
     };
     static const struct option longs[] = {
         {"model", required_argument, 0, 'm'},
@@ -136,6 +148,7 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         {"index", required_argument, 0, O_INDEX},
         {"device", required_argument, 0, O_DEVICE},
         {"unconstrained", no_argument, 0, O_UNCON},
+        {"eagle", required_argument, 0, O_EAGLE},
         {"help", no_argument, 0, 'h'},
         SD_WORKER_LONG_OPTIONS,
         SD_BACKEND_LONG_OPTIONS,
@@ -153,6 +166,7 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         case O_NGRAM: o->ngram = true; break;
         case O_VOCAB: o->vocab_from = optarg; break;
         case O_UNCON: o->unconstrained = true; break;
+        case O_EAGLE: o->eagle = optarg; break;
         case O_NMIN: ok = parse_int("--ngram-min", optarg, 1, 64, &o->ngram_min); break;
         case O_NMAX: ok = parse_int("--ngram-max", optarg, 1, 64, &o->ngram_max); break;
         case O_NCACHE: ok = parse_int("--ngram-cache", optarg, 0, 1 << 24, &o->ngram_cache); break;
@@ -174,8 +188,13 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         fprintf(stderr, "specd-drafter: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
-    if (o->ngram && o->draft_layers > 0) {
-        fprintf(stderr, "specd-drafter: choose one of --ngram and --draft-layers\n");
+    if ((o->ngram ? 1 : 0) + (o->draft_layers > 0 ? 1 : 0) + (o->eagle ? 1 : 0) > 1) {
+        fprintf(stderr, "specd-drafter: choose one of --ngram, --draft-layers and --eagle\n");
+        return 2;
+    }
+    if (o->eagle && o->draft_vocab >= 0) {
+        fprintf(stderr,
+                "specd-drafter: --draft-vocab goes with a model drafter; a head has its own draft vocabulary\n");
         return 2;
     }
     if (o->ngram && o->draft_vocab >= 0) {
@@ -246,6 +265,40 @@ static void on_reset(void *user) { sd_draft_server_reset(((drafter_ctx *)user)->
 static void on_stats(void *user, Specd__WorkerStats *st) { sd_draft_server_stats(((drafter_ctx *)user)->server, st); }
 static void on_welcome(void *user, int32_t target_n_vocab) {
     sd_draft_server_pair_vocab(((drafter_ctx *)user)->server, target_n_vocab);
+}
+
+/* --eagle: the target (its first layer: the head borrows its embedding and
+ * reads its shape) into *target and the head over it; the layers it reads
+ * and their width go to the Hello (wp, layers[SD_MAX_FEATURE_LAYERS]). */
+static sd_status open_eagle(const drafter_opts *o, sd_drafter_params *dp, sd_worker_params *wp, uint32_t *layers,
+                            sd_model **target, sd_drafter **drafter) {
+    sd_weights *w = NULL;
+    sd_status st = sd_weights_open(o->model_path, &w);
+    if (st != SD_OK) return st;
+    sd_model_params mp = sd_model_default_params();
+    mp.n_threads = o->w.n_threads;
+    mp.n_layers_used = 1;
+    mp.backend = o->backend;
+    SD_INFO("loading the embedding of %s for the EAGLE head in %s", o->model_path, o->eagle);
+    st = sd_model_load_weights(w, &mp, target);
+    sd_weights_close(&w);
+    if (st != SD_OK) return st;
+    /* the head keeps features and K/V per slot position: a default context of at most 4096 */
+    dp->max_ctx = o->max_ctx > 0                    ? o->max_ctx
+                  : wp->model.context_length > 4096 ? 4096
+                                                    : (int32_t)wp->model.context_length;
+    st = sd_drafter_eagle_open(o->eagle, *target, dp, drafter);
+    if (st != SD_OK) return st;
+    int32_t ids[SD_MODEL_CAPTURE_MAX];
+    int32_t n = sd_drafter_eagle_layers(*drafter, ids);
+    for (int32_t j = 0; j < n; j++) layers[j] = (uint32_t)ids[j];
+    wp->drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_EAGLE;
+    wp->feature_layers = layers;
+    wp->n_feature_layers = (size_t)n;
+    wp->limits.feature_width = n * sd_model_config_of(*target)->n_embd;
+    SD_INFO("EAGLE head %s reads target layers %d, %d, %d: %d floats a position", o->eagle, (int)ids[0], (int)ids[1],
+            (int)ids[2], (int)wp->limits.feature_width);
+    return SD_OK;
 }
 
 /* The drafter of the kind the flags ask for, its slots' context in
@@ -334,7 +387,9 @@ static sd_status serve(const drafter_opts *o, sd_worker_params *wp, sd_draft_ser
     wp->rank = 0;
     wp->group_size = 1;
     wp->name = o->w.name;
+    int32_t feature_width = wp->limits.feature_width; /* open_eagle's */
     wp->limits = sd_draft_server_limits(server);
+    wp->limits.feature_width = feature_width;
     /* Envelopes are validated against the model's context; a sequence longer
      * than a slot gets a per-sequence KV_FULL instead of failing the batch. */
     if (wp->model.context_length > (uint32_t)wp->limits.max_context)
@@ -405,8 +460,11 @@ int main(int argc, char **argv) {
     }
     sd_drafter *drafter = NULL;
     sd_draft_server *server = NULL;
-    sd_tok *tok = o.unconstrained ? NULL : open_tokenizer(id_path);
-    sd_status st = open_drafter(&o, &dp, &wp, &drafter);
+    sd_model *target = NULL; /* --eagle */
+    uint32_t layers[SD_MAX_FEATURE_LAYERS];
+    sd_draft_head head = {0};
+    sd_tok *tok = o.unconstrained || o.eagle ? NULL : open_tokenizer(id_path); /* a head drafts unconstrained */
+    sd_status st = o.eagle ? open_eagle(&o, &dp, &wp, layers, &target, &drafter) : open_drafter(&o, &dp, &wp, &drafter);
     if (st == SD_OK) {
         sd_draft_server_params sp = sd_draft_server_default_params();
         sp.max_seqs = o.w.max_seqs;
@@ -416,11 +474,18 @@ int main(int argc, char **argv) {
         sp.n_vocab = (int32_t)wp.model.vocab_size;
         sp.top_n = dp.top_n;
         sp.tok = tok;
+        if (o.eagle) {
+            head.width = wp.limits.feature_width;
+            sp.feature_width = head.width;
+            sp.head_seq = sd_draft_head_seq;
+            sp.head = &head;
+        }
         st = sd_draft_server_create(drafter, &sp, &server);
     }
     if (st != SD_OK) {
         SD_ERROR("cannot start the drafter: %s", sd_status_str(st));
         sd_drafter_free(&drafter);
+        sd_model_free(&target);
         sd_tok_free(&tok);
         close(stop_fd);
         return 2;
@@ -429,13 +494,16 @@ int main(int argc, char **argv) {
             wp.model.name, wp.model.vocab_size, (int)o.w.max_seqs, (int)dp.max_ctx, (int)dp.top_n, (int)o.w.max_k);
     sd_worker_exit why = SD_WORKER_STOPPED;
     rc = 1;
-    if (warm_up(&o, server) == SD_OK) {
+    if (o.eagle && o.w.warmup > 0) SD_WARN("--warmup: a head drafter has no warm-up (its first steps pay it)");
+    if (o.eagle || warm_up(&o, server) == SD_OK) {
         st = serve(&o, &wp, server, stop_fd, &why);
         rc = st != SD_OK ? 1 : why == SD_WORKER_REFUSED ? 3 : 0;
     }
     memset(&curve, 0, sizeof curve);
     sd_draft_server_free(&server);
+    sd_draft_head_log(&head);
     sd_drafter_free(&drafter);
+    sd_model_free(&target);
     sd_tok_free(&tok);
     close(stop_fd);
     if (rc == 0) SD_INFO("stopped");

@@ -147,6 +147,31 @@ nomem:
     return SD_ERR_NOMEM;
 }
 
+sd_status sd_kv_prefault(sd_kv *kv, size_t *bytes) {
+    if (bytes) *bytes = 0;
+    if (!kv) return SD_ERR_INVALID_ARG;
+    if (kv->p.pool_alloc) return SD_OK; /* device memory */
+    for (int32_t i = 0; i < kv->p.max_seqs; i++)
+        if (kv->slots[i].len > 0 || kv->slots[i].n_blocks > 0) {
+            SD_ERROR("kv: prefault: sequence %d holds blocks (a cache is prefaulted before it is used)", (int)i);
+            return SD_ERR_INVALID_ARG;
+        }
+    if (kv->n_free != kv->p.n_blocks) {
+        SD_ERROR("kv: prefault: %d of %d blocks are cached (a cache is prefaulted before it is used)",
+                 (int)(kv->p.n_blocks - kv->n_free), (int)kv->p.n_blocks);
+        return SD_ERR_INVALID_ARG;
+    }
+    size_t total = 0;
+    for (int32_t l = 0; l < kv->p.n_layers; l++) {
+        size_t n = (size_t)sd_kv_window_pool_blocks_(kv, l) * kv->block_floats * kv->elem_bytes;
+        memset(kv->k_pools[l], 0, n);
+        memset(kv->v_pools[l], 0, n);
+        total += 2 * n;
+    }
+    if (bytes) *bytes = total;
+    return SD_OK;
+}
+
 void sd_kv_free(sd_kv **kvp) {
     if (!kvp || !*kvp) return;
     sd_kv *kv = *kvp;

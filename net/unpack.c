@@ -203,6 +203,11 @@ int64_t sd_net_worker_reply_cap(int32_t max_batch, int32_t max_k) {
     return cap;
 }
 
+int64_t sd_net_feature_bytes_cap(void) {
+    /* the floats (4 bytes each, packed), and per sequence its pos0 and width and the field's header */
+    return 4 * (int64_t)SD_MAX_STEP_FEATURES + (int64_t)SD_MAX_BATCH * 3 * 11;
+}
+
 int64_t sd_net_worker_request_cap(const sd_net_limits *lim) {
     int64_t batch = lim && lim->max_batch > 0 && lim->max_batch <= SD_MAX_BATCH ? lim->max_batch : SD_MAX_BATCH;
     int64_t draft = lim && lim->max_k > 0 && lim->max_k <= SD_MAX_K ? lim->max_k : SD_MAX_K;
@@ -212,6 +217,7 @@ int64_t sd_net_worker_request_cap(const sd_net_limits *lim) {
     int64_t seq = field_bytes(256 + field_bytes(5 * ctx) + field_bytes(5 * draft) + draft * q);
     if (seq > SD_MAX_WORKER_MSG_BYTES) return SD_MAX_WORKER_MSG_BYTES;
     int64_t cap = 4096 + field_bytes(batch * seq);
+    if (lim && lim->feature_width > 0) cap += sd_net_feature_bytes_cap(); /* a head drafter's features */
     if (cap < SD_MIN_MSG_CAP_BYTES) cap = SD_MIN_MSG_CAP_BYTES;
     if (cap > SD_MAX_WORKER_MSG_BYTES) cap = SD_MAX_WORKER_MSG_BYTES;
     return cap;

@@ -294,6 +294,7 @@ static bool check_next_draft(vctx *v, size_t i, const Specd__VerifyResult *d) {
 
 static bool check_verify_response(vctx *v, const Specd__VerifyResponse *r) {
     char path[96];
+    size_t features = 0; /* floats of features in the response */
     if (r->n_results > (size_t)v->max_batch)
         return sd_nv_fail(v, SPECD__CODE__CODE_TOO_LARGE, "verify.results: %zu results over the limit of %d",
                           r->n_results, v->max_batch);
@@ -339,6 +340,7 @@ static bool check_verify_response(vctx *v, const Specd__VerifyResponse *r) {
                               "verify.results[%zu].cached_len: %u over the context of %d", i, d->cached_len,
                               v->max_context);
         if (!check_next_draft(v, i, d)) return false;
+        if (!sd_nv_check_result_features(v, i, d, &features)) return false;
     }
     return true;
 }
@@ -379,6 +381,7 @@ static bool check_context(vctx *v, const char *path, uint64_t keep_len, uint64_t
 /* sampling[i]: seqs[i]'s sampling, converted (SD_MAX_BATCH entries). */
 static bool check_draft_request(vctx *v, const Specd__DraftRequest *r, sd_sampling *sampling) {
     char path[96];
+    size_t features = 0; /* floats of features in the request */
     if (!sd_nv_check_batch_size(v, "draft.seqs", r->n_seqs)) return false;
     uint64_t ids[SD_MAX_BATCH];
     for (size_t i = 0; i < r->n_seqs; i++) {
@@ -401,6 +404,7 @@ static bool check_draft_request(vctx *v, const Specd__DraftRequest *r, sd_sampli
         snprintf(path, sizeof path, "draft.seqs[%zu].sampling", i);
         if (!sd_nv_check_sampling(v, path, s->sampling, &sampling[i])) return false;
         if (!sd_nv_check_draft_constraint(v, i, s)) return false;
+        if (!sd_nv_check_draft_features(v, i, s, &features)) return false;
     }
     return sd_nv_check_distinct_ids(v, "draft.seqs", ids, r->n_seqs);
 }
@@ -461,6 +465,7 @@ static bool check_verify_request(vctx *v, const Specd__VerifyRequest *r, sd_samp
                                   (size_t)s->keep_len + s->n_append, v->max_context);
         }
     }
+    if (!sd_nv_check_feature_layers(v, r)) return false;
     return sd_nv_check_distinct_ids(v, "verify.seqs", ids, r->n_seqs);
 }
 

@@ -22,12 +22,13 @@ bool sd_nv_fail(vctx *v, Specd__Code code, const char *fmt, ...) {
 }
 
 vctx sd_nv_make_ctx(const sd_net_limits *lim, Specd__Code *code, char *err, size_t err_len) {
-    vctx v = {0, INT32_MAX, SD_MAX_BATCH, SD_MAX_K, code, err, err_len};
+    vctx v = {0, INT32_MAX, SD_MAX_BATCH, SD_MAX_K, 0, code, err, err_len};
     if (lim) {
         if (lim->n_vocab > 0) v.n_vocab = lim->n_vocab;
         if (lim->max_context > 0) v.max_context = lim->max_context;
         if (lim->max_batch > 0 && lim->max_batch < SD_MAX_BATCH) v.max_batch = lim->max_batch;
         if (lim->max_k > 0 && lim->max_k < SD_MAX_K) v.max_k = lim->max_k;
+        if (lim->feature_width > 0 && lim->feature_width <= SD_MAX_FEATURE_WIDTH) v.feature_width = lim->feature_width;
     }
     if (code) *code = SPECD__CODE__CODE_OK;
     if (err && err_len) err[0] = '\0';
@@ -323,6 +324,7 @@ bool sd_nv_check_hello(vctx *v, const char *path, const Specd__Hello *h, bool wo
         if (sc->forward_us < 1)
             return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s.step_costs[%zu].forward_us: 0", path, i);
     }
+    if (!sd_nv_check_hello_features(v, path, h)) return false;
     snprintf(sub, sizeof sub, "%s.name", path);
     if (!sd_nv_check_text(v, sub, h->name, NAME_MAX_BYTES)) return false;
     if (h->model) {

@@ -14,6 +14,7 @@ typedef struct vctx {
     int32_t max_context; /* INT32_MAX when unknown */
     int32_t max_batch;
     int32_t max_k;
+    int32_t feature_width; /* sd_net_limits.feature_width */
     Specd__Code *code;
     char *err;
     size_t err_len;
@@ -51,5 +52,14 @@ bool sd_nv_check_submit_constraint(vctx *v, const Specd__SubmitRequest *s);
 /* A DraftSeq's constraint and prompt_len (at most its context; 0 without a
  * constraint). */
 bool sd_nv_check_draft_constraint(vctx *v, size_t i, const Specd__DraftSeq *s);
+
+/* validate_feat.c: a head drafter's features. Hello.feature_layers /
+ * feature_width; VerifyRequest.feature_layers; result i's features
+ * (*total: floats so far in the response); DraftSeq i's features against
+ * v->feature_width (*total: floats so far in the request). */
+bool sd_nv_check_hello_features(vctx *v, const char *path, const Specd__Hello *h);
+bool sd_nv_check_feature_layers(vctx *v, const Specd__VerifyRequest *r);
+bool sd_nv_check_result_features(vctx *v, size_t i, const Specd__VerifyResult *d, size_t *total);
+bool sd_nv_check_draft_features(vctx *v, size_t i, const Specd__DraftSeq *s, size_t *total);
 
 #endif

@@ -144,6 +144,9 @@ static sd_status send_hello(worker_loop *w) {
     h.max_batch = (uint32_t)p->limits.max_batch;
     h.max_k = (uint32_t)p->limits.max_k;
     h.stats = &stats;
+    h.n_feature_layers = p->n_feature_layers;
+    h.feature_layers = (uint32_t *)p->feature_layers;
+    h.feature_width = p->n_feature_layers > 0 ? (uint32_t)p->limits.feature_width : 0;
     Specd__StepCost costs[SD_MAX_STEP_COSTS];
     Specd__StepCost *cost_ptrs[SD_MAX_STEP_COSTS];
     const size_t n_costs = p->n_step_costs < SD_MAX_STEP_COSTS ? p->n_step_costs : SD_MAX_STEP_COSTS;

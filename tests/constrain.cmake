@@ -50,3 +50,10 @@ add_dependencies(test_draft_constrain specd-mkmodel)
 # tokens, and more drafts are accepted under the constraint.
 specd_py_test(it_constrain_drafts integration/test_constrain_drafts.py LABELS integration model)
 set_tests_properties(it_constrain_drafts PROPERTIES RESOURCE_LOCK specd_integration)
+
+# The EAGLE head under the request's constraint: specd-generate --eagle and
+# the verifier's head give plain constrained decoding's tokens, greedy and
+# seeded, and no chain either head drafts holds a token the constraint
+# refuses (a random head whose draft vocabulary holds refused tokens).
+specd_py_test(it_constrain_eagle integration/test_constrain_eagle.py LABELS integration)
+set_tests_properties(it_constrain_eagle PROPERTIES RESOURCE_LOCK specd_integration)

@@ -9,7 +9,11 @@
  *                                 random path through SCHEMA's language: the
  *                                 schema's compile time, and p50 / p99 / max
  *                                 us of a mask computed (first visit of a
- *                                 state) and served from the cache, as JSON
+ *                                 state) and served from the cache, and of
+ *                                 an EAGLE head's mask per drafted position
+ *                                 (sd_constraint_apply_ids on a cached mask,
+ *                                 the whole vocabulary and 8192 draft ids
+ *                                 mapped), as JSON
  *
  * A refused constraint prints "ERR <message>" and exits 3. */
 #include <stdio.h>
@@ -63,10 +67,14 @@ static int mask_bench(const char *text, size_t len, const char *model, int steps
     if (sd_cvocab_create(t, &v) != SD_OK || sd_constraint_create(g, v, &c) != SD_OK) return 2;
     double vocab_us = now_us() - t0;
     double *fresh = malloc((size_t)steps * sizeof *fresh), *hit = malloc((size_t)steps * sizeof *hit);
-    int32_t *allowed = malloc((size_t)sd_tok_n_vocab(t) * sizeof *allowed);
+    double *head_full = malloc((size_t)steps * sizeof *head_full), *head_8k = malloc((size_t)steps * sizeof *head_8k);
+    const int32_t V = sd_tok_n_vocab(t), VD = V < 8192 ? V : 8192;
+    int32_t *allowed = malloc((size_t)V * sizeof *allowed), *d2t = malloc((size_t)VD * sizeof *d2t);
+    float *logits = malloc((size_t)V * sizeof *logits);
+    for (int32_t i = 0; d2t && i < VD; i++) d2t[i] = (int32_t)((int64_t)i * V / VD); /* draft ids spread over V */
     uint64_t rng = 0x9E3779B97F4A7C15ull;
     int n = 0;
-    for (; n < steps && fresh && hit && allowed; n++) {
+    for (; n < steps && fresh && hit && allowed && head_full && head_8k && d2t && logits; n++) {
         const uint32_t *bits;
         sd_constraint_stats before = sd_constraint_get_stats(c);
         t0 = now_us();
@@ -76,6 +84,15 @@ static int mask_bench(const char *text, size_t len, const char *model, int steps
         sd_constraint_mask(c, &bits);
         hit[n] = now_us() - t0;
         fresh[n] = sd_constraint_get_stats(c).hits > before.hits + 1 ? -1 : first; /* -1: the state was cached */
+        bool any;
+        memset(logits, 0, (size_t)V * sizeof *logits);
+        t0 = now_us();
+        sd_constraint_apply_ids(c, logits, V, NULL, &any);
+        head_full[n] = now_us() - t0;
+        memset(logits, 0, (size_t)VD * sizeof *logits);
+        t0 = now_us();
+        sd_constraint_apply_ids(c, logits, VD, d2t, &any);
+        head_8k[n] = now_us() - t0;
         int32_t n_allowed = 0;
         for (int32_t id = 0; id < sd_tok_n_vocab(t); id++)
             if (bits[id >> 5] >> (id & 31) & 1u && !sd_tok_is_eog(t, id)) allowed[n_allowed++] = id;
@@ -91,9 +108,17 @@ static int mask_bench(const char *text, size_t len, const char *model, int steps
     pct("computed", fresh, n_fresh);
     printf(",");
     pct("cached", hit, n);
+    printf(",");
+    pct("head_mask_full", head_full, n);
+    printf(",");
+    pct("head_mask_8192", head_8k, n);
     printf("}\n");
     free(fresh);
     free(hit);
+    free(head_full);
+    free(head_8k);
+    free(d2t);
+    free(logits);
     free(allowed);
     sd_constraint_free(&c);
     sd_cvocab_free(&v);

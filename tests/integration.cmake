@@ -13,6 +13,9 @@ specd_py_test(it_greedy_smollm_local_ngram ${_it}test_greedy.py ARGS --model smo
               --tokens 16 LABELS integration model)
 # the verifier's own EAGLE-3 head (--eagle; a random head from tests/ref/eagle_ref.py) drafts: no drafter process
 specd_py_test(it_greedy_tiny_eagle ${_it}test_greedy.py ARGS --model tiny --drafter eagle --n 16 LABELS integration)
+# the same head in its own process (specd-drafter --eagle), fed the verifier's features through the coordinator
+specd_py_test(it_greedy_tiny_eagle_drafter ${_it}test_greedy.py ARGS --model tiny --drafter eagle-drafter --n 16
+              LABELS integration)
 specd_py_test(it_greedy_tiny_hf ${_it}test_greedy.py ARGS --model tiny --drafter layers --n 8 --hf LABELS integration)
 specd_py_test(it_greedy_tiny_warmup ${_it}test_greedy.py ARGS --model tiny --drafter model --n 16 --warmup 40
               LABELS integration)
@@ -33,6 +36,7 @@ specd_py_test(it_prefix_cache ${_it}test_prefix_cache.py LABELS integration)
 # ... with an EAGLE-3 head in the verifier: adopted blocks bring their rows' features (the same chains drafted)
 specd_py_test(it_prefix_cache_eagle ${_it}test_prefix_cache.py ARGS --drafter eagle LABELS integration)
 specd_py_test(it_drafter_kill ${_it}test_drafter_kill.py LABELS integration)
+specd_py_test(it_drafter_kill_eagle ${_it}test_drafter_kill.py ARGS --eagle LABELS integration)
 specd_py_test(it_verifier_restart ${_it}test_verifier_restart.py LABELS integration)
 specd_py_test(it_cancel ${_it}test_cancel.py LABELS integration)
 specd_py_test(it_bad_input ${_it}test_bad_input.py LABELS integration)
@@ -68,10 +72,11 @@ specd_py_test(it_hostile ${_it}test_hostile.py LABELS integration)
 specd_py_test(it_launch_curve ${_it}test_launch.py ARGS --curve LABELS integration)
 # The integration tests start several processes each: never two at once.
 set_tests_properties(it_greedy_tiny_model it_greedy_tiny_self it_greedy_tiny_ngram it_greedy_tiny_hf it_greedy_tiny_eagle
+                     it_greedy_tiny_eagle_drafter
                      it_greedy_tiny_local_ngram it_greedy_smollm_local_ngram
                      it_greedy_tiny_warmup it_greedy_smollm_ngram it_greedy_gemma_ngram
                      it_greedy_smollm_self it_greedy_smollm_ngram_64 it_greedy_smollm_self_64 it_seeded
-                     it_drafter_kill it_verifier_restart it_cancel it_bad_input it_overload it_netns it_launch
+                     it_drafter_kill it_drafter_kill_eagle it_verifier_restart it_cancel it_bad_input it_overload it_netns it_launch
                      it_client_cli it_hostile it_launch_curve it_flood it_gateway_bind it_self_connect it_drain
                      it_gateway_failover it_local_user it_launch_eagle it_draft_pad_service
                      PROPERTIES RESOURCE_LOCK specd_integration)

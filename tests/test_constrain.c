@@ -320,6 +320,62 @@ static void test_masks_brute_force(void **state) {
     sd_tok_free(&t);
 }
 
+/* sd_constraint_apply_ids (an EAGLE head's mask, drafter_eagle.c): over the
+ * whole vocabulary it equals sd_constraint_apply; through an id map each
+ * entry is kept exactly when its target id is allowed (ids outside the
+ * vocabulary refused); *any says whether a finite logit is left. */
+static void test_apply_ids(void **state) {
+    (void)state;
+    sd_tok *t = demo_tok();
+    if (!t) skip();
+    sd_cvocab *v = NULL;
+    assert_int_equal(sd_cvocab_create(t, &v), SD_OK);
+    sd_grammar *g = schema("{\"type\":\"object\",\"properties\":{\"kind\":{\"enum\":[\"cat\",\"dog\"]},"
+                           "\"name\":{\"type\":\"string\",\"maxLength\":8}},\"required\":[\"kind\",\"name\"]}");
+    sd_constraint *c = NULL;
+    assert_int_equal(sd_constraint_create(g, v, &c), SD_OK);
+    const int32_t V = sd_tok_n_vocab(t), VD = 4099;
+    float *a = malloc((size_t)(V + 7) * sizeof *a), *b = malloc((size_t)(V + 7) * sizeof *b);
+    int32_t *ids = malloc((size_t)VD * sizeof *ids);
+    assert_true(a && b && ids);
+    for (int32_t i = 0; i < VD; i++) ids[i] = i == 5 ? V + 3 : (int32_t)(((int64_t)i * 7919) % V);
+    const char *text = "{\"kind\":\"cat\",\"name\":\"ab\"}";
+    int32_t *toks = NULL;
+    size_t n_toks = 0;
+    assert_int_equal(sd_tok_encode(t, text, strlen(text), false, &toks, &n_toks), SD_OK);
+    for (size_t step = 0; step <= n_toks; step++) {
+        for (int32_t i = 0; i < V + 7; i++) a[i] = b[i] = (float)(i % 13);
+        bool any = false;
+        assert_int_equal(sd_constraint_apply(c, a, V + 7), SD_OK);
+        assert_int_equal(sd_constraint_apply_ids(c, b, V + 7, NULL, &any), SD_OK);
+        assert_memory_equal(a, b, (size_t)(V + 7) * sizeof *a);
+        bool want = false;
+        for (int32_t i = 0; i < V + 7; i++) want = want || a[i] > -INFINITY;
+        assert_int_equal(any, want);
+        for (int32_t i = 0; i < VD; i++) b[i] = 1.0f;
+        assert_int_equal(sd_constraint_apply_ids(c, b, VD, ids, &any), SD_OK);
+        want = false;
+        for (int32_t i = 0; i < VD; i++) {
+            bool ok = ids[i] < V && sd_constraint_allows(c, ids[i]);
+            assert_int_equal(b[i] > -INFINITY, ok);
+            want = want || ok;
+        }
+        assert_int_equal(any, want);
+        for (int32_t i = 0; i < V; i++) b[i] = -INFINITY; /* allowed entries already -inf: none left */
+        assert_int_equal(sd_constraint_apply_ids(c, b, V, NULL, &any), SD_OK);
+        assert_false(any);
+        if (step < n_toks) assert_int_equal(sd_constraint_advance(c, toks[step]), SD_OK);
+    }
+    free(toks);
+    free(ids);
+    free(a);
+    free(b);
+    sd_constraint_free(&c);
+    sd_grammar_free(&g);
+    sd_cvocab_free(&v);
+    sd_tok_free(&t);
+}
+
 /* Forced tokens and bytes; EOS exactly when the grammar accepts. */
 static void test_forced(void **state) {
     (void)state;
@@ -436,6 +492,7 @@ int main(void) {
         cmocka_unit_test(test_regex),           cmocka_unit_test(test_schema),
         cmocka_unit_test(test_schema_refusals), cmocka_unit_test(test_masks_brute_force),
         cmocka_unit_test(test_forced),          cmocka_unit_test(test_grammar_cache),
+        cmocka_unit_test(test_apply_ids),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

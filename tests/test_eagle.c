@@ -14,11 +14,14 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "specd/constrain.h"
+#include "specd/constrain_slots.h"
 #include "specd/drafter.h"
 #include "specd/eagle.h"
 #include "specd/gguf.h"
 #include "specd/model.h"
 #include "specd/safetensors.h"
+#include "specd/tokenizer.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -346,12 +349,161 @@ static void test_eagle_missing_dir(void **state) {
     sd_model_free(&m);
 }
 
+/* ---- drafts under a constraint (drafter_eagle.c, issue 35) ---- */
+
+typedef struct con_counts {
+    int32_t drafted, refused, forced_tail, tail_drafted;
+} con_counts;
+
+/* Proposes k drafts on ctx[n] under con (NULL: unmasked) and counts them
+ * into *c: drafted, and refused (a draft, or a q entry of positive mass,
+ * that the constraint does not allow after the drafts before it). */
+static void propose_counted(sd_drafter *d, sd_constraint *con, sd_constraint *check, const int32_t *ctx, int32_t n,
+                            const sd_sampling *s, con_counts *c) {
+    int32_t tokens[SD_MAX_K], nd = 0;
+    sd_spec_q q[SD_MAX_K];
+    sd_drafter_set_constraint(d, con);
+    int32_t before = con ? sd_constraint_len(con) : 0;
+    assert_int_equal(sd_drafter_propose(d, 0, ctx, n, 6, s, tokens, q, &nd), SD_OK);
+    sd_drafter_set_constraint(d, NULL);
+    if (con) assert_int_equal(sd_constraint_len(con), before); /* left where it was */
+    int32_t base = sd_constraint_len(check), i = 0;
+    for (; i < nd && !sd_constraint_ended(check); i++) {
+        bool bad = false;
+        for (int32_t j = 0; j < q[i].n; j++)
+            bad = bad || (q[i].probs[j] > 0 && !sd_constraint_allows(check, q[i].ids[j]));
+        if (bad || sd_constraint_advance(check, tokens[i]) != SD_OK) {
+            c->refused++;
+            break;
+        }
+    }
+    c->drafted += nd;
+    assert_int_equal(sd_constraint_rollback(check, base), SD_OK);
+}
+
+/* Feeds the features of the last forward's rows (positions pos0..) to d. */
+static void feed(sd_model *m, sd_drafter *d, const int32_t *tokens, int32_t pos0, int32_t n) {
+    int32_t rows = 0;
+    const float *aux = sd_model_capture_aux(m, &rows);
+    assert_non_null(aux);
+    assert_int_equal(rows, n);
+    assert_int_equal(sd_drafter_eagle_features(d, 0, pos0, n, tokens + pos0, aux), SD_OK);
+}
+
+/* A random head (draft vocabulary of 64 ids mapped to target ids 4i) drafts
+ * at every step of constrained greedy decoding, greedy and seeded, masked
+ * and not: masked, no draft and no q entry is ever one the constraint
+ * refuses, also after forced drafts the target has not run (fed as chain
+ * rows); unmasked, the same head drafts refused tokens (so the check can
+ * fail). */
+static void test_eagle_constrained_drafts(void **state) {
+    (void)state;
+    if (!env.ok) skip();
+    char dir[96];
+    snprintf(dir, sizeof dir, "%s/chead", env.dir);
+    mkdir(dir, 0755);
+    head_spec h = good_head();
+    h.draft_vocab = 64;
+    write_head(dir, &h);
+    sd_gguf *g = NULL;
+    char err[256];
+    assert_int_equal(sd_gguf_open(env.path, &g, err, sizeof err), SD_OK);
+    sd_tok *tok = NULL;
+    assert_int_equal(sd_tok_from_gguf(g, &tok), SD_OK);
+    sd_gguf_close(&g);
+    sd_model *m = load(0);
+    sd_drafter_params dp = sd_drafter_default_params();
+    dp.max_ctx = 128;
+    dp.n_threads = 1;
+    sd_drafter *d = NULL;
+    assert_int_equal(sd_drafter_eagle_open(dir, m, &dp, &d), SD_OK);
+    int32_t ids[3];
+    assert_int_equal(sd_drafter_eagle_layers(d, ids), 3);
+    assert_int_equal(sd_model_capture_set(m, 3, ids, false), SD_OK);
+    const char *re = "(size|name) = [a-z0-9]{1,12}, (size|name) = [0-9a-z]{1,12}\\.";
+    sd_grammar *gr = NULL;
+    sd_cvocab *cv = NULL;
+    sd_constraint *con = NULL, *check = NULL;
+    assert_int_equal(sd_grammar_from_regex(re, strlen(re), NULL, &gr, err, sizeof err), SD_OK);
+    assert_int_equal(sd_cvocab_create(tok, &cv), SD_OK);
+    assert_int_equal(sd_constraint_create(gr, cv, &con), SD_OK);
+    assert_int_equal(sd_constraint_create(gr, cv, &check), SD_OK);
+    sd_kv *kv = NULL;
+    assert_int_equal(sd_model_kv_create(m, 1, 8, 16, &kv), SD_OK);
+    int32_t ctx[128 + SD_MAX_K] = {5, 17, 99, 3, 250, 42}, n = 6, pos[6] = {0, 1, 2, 3, 4, 5}, seq[6] = {0};
+    bool want[6] = {false, false, false, false, false, true};
+    float logits[VOCAB];
+    assert_int_equal(sd_model_forward(m, kv, &(sd_batch){n, ctx, pos, seq, want}, logits), SD_OK);
+    feed(m, d, ctx, 0, n);
+    sd_sampling greedy = sd_sampling_default(), seeded = sd_sampling_default();
+    seeded.temperature = 1.0f;
+    seeded.seed = 35;
+    con_counts masked = {0}, unmasked = {0};
+    for (int32_t step = 0; step < 40 && !sd_constraint_ended(con); step++) {
+        for (int mode = 0; mode < 2; mode++) {
+            const sd_sampling *s = mode ? &seeded : &greedy;
+            propose_counted(d, con, check, ctx, n, s, &masked);
+            propose_counted(d, NULL, check, ctx, n, s, &unmasked);
+        }
+        int32_t forced[4], nf = sd_constraint_forced_tokens(con, tok, 4, forced);
+        if (nf > 0) { /* the context ends with forced drafts: the head drafts on after them */
+            int32_t base = sd_constraint_len(con);
+            for (int32_t i = 0; i < nf; i++) {
+                ctx[n + i] = forced[i];
+                assert_int_equal(sd_constraint_advance(con, forced[i]), SD_OK);
+                assert_int_equal(sd_constraint_advance(check, forced[i]), SD_OK);
+            }
+            con_counts tail = {0};
+            propose_counted(d, con, check, ctx, n + nf, &greedy, &tail);
+            masked.refused += tail.refused;
+            masked.forced_tail++;
+            masked.tail_drafted += tail.drafted;
+            assert_int_equal(sd_constraint_rollback(con, base), SD_OK);
+            assert_int_equal(sd_constraint_rollback(check, base), SD_OK);
+        }
+        /* constrained plain greedy: the next token, then its features */
+        assert_int_equal(sd_constraint_apply(con, logits, VOCAB), SD_OK);
+        int32_t y = 0;
+        for (int32_t v = 1; v < VOCAB; v++) y = logits[v] > logits[y] ? v : y;
+        assert_int_equal(sd_constraint_advance(con, y), SD_OK);
+        assert_int_equal(sd_constraint_advance(check, y), SD_OK);
+        ctx[n] = y;
+        int32_t p = n++;
+        bool one = true;
+        assert_int_equal(sd_model_forward(m, kv, &(sd_batch){1, &ctx[p], &p, seq, &one}, logits), SD_OK);
+        feed(m, d, ctx, p, 1);
+    }
+    print_message("masked: %d drafted, %d refused; %d forced tails, %d drafted after them; unmasked: %d drafted, "
+                  "%d refused\n",
+                  (int)masked.drafted, (int)masked.refused, (int)masked.forced_tail, (int)masked.tail_drafted,
+                  (int)unmasked.drafted, (int)unmasked.refused);
+    assert_int_equal(masked.refused, 0);
+    assert_true(masked.drafted > 0);
+    assert_true(masked.forced_tail > 0 && masked.tail_drafted > 0);
+    assert_true(unmasked.refused > 0); /* the check can fail */
+    sd_kv_free(&kv);
+    sd_constraint_free(&check);
+    sd_constraint_free(&con);
+    sd_cvocab_free(&cv);
+    sd_grammar_free(&gr);
+    sd_drafter_free(&d);
+    sd_model_free(&m);
+    sd_tok_free(&tok);
+    char path[160];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_capture),
         cmocka_unit_test(test_eagle_missing_dir),
         cmocka_unit_test(test_eagle_refusals),
         cmocka_unit_test(test_eagle_tree_rows),
+        cmocka_unit_test(test_eagle_constrained_drafts),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -40,7 +40,7 @@ static uint8_t *pack_rank(const Specd__RankToLeader *env, size_t *len) {
 static void expect_leader(const Specd__LeaderToRank *env, const char *expect_err) {
     size_t len;
     uint8_t *b = pack_leader(env, &len);
-    sd_net_limits lim = {100, 0, 0, 0};
+    sd_net_limits lim = {100, 0, 0, 0, 0};
     Specd__Code code;
     char err[256];
     Specd__LeaderToRank *d = sd_net_decode_leader(b, len, &lim, &code, err, sizeof err);

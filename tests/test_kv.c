@@ -3,7 +3,8 @@
  * Checks exact free-block accounting through grow/truncate/release, the
  * all-or-nothing contract of a grow that runs out of blocks, that data stored
  * at a position survives other sequences growing, that truncate+regrow gets
- * the same blocks back, and that bad arguments are refused with a log line. */
+ * the same blocks back, that bad arguments are refused with a log line, and
+ * that a prefault touches every pool byte of an unused cache only. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -343,6 +344,40 @@ static void test_f16_cache(void **state) {
     assert_true(sd_f16_to_f32(sd_f32_to_f16(__builtin_nanf(""))) != sd_f16_to_f32(sd_f32_to_f16(__builtin_nanf(""))));
 }
 
+/* sd_kv_prefault: every byte of each pool written (zero), its count
+ * reported; refused, with a log line and nothing written, once a sequence
+ * holds blocks; allowed again after the release. */
+static void test_prefault(void **state) {
+    (void)state;
+    sd_kv *kv = make_kv();
+    const size_t pool_floats = 10 * 4 * 6; /* n_blocks x block_size x (2 heads x 3 dims) */
+    for (int32_t l = 0; l < 2; l++) {
+        float *k = sd_kv_k_pool(kv, l), *v = sd_kv_v_pool(kv, l);
+        for (size_t i = 0; i < pool_floats; i++) k[i] = v[i] = 7.0f;
+    }
+    size_t bytes = 1;
+    assert_int_equal(sd_kv_prefault(kv, &bytes), SD_OK);
+    assert_int_equal(bytes, 2 * 2 * pool_floats * sizeof(float));
+    for (int32_t l = 0; l < 2; l++) {
+        const float *k = sd_kv_k_pool(kv, l), *v = sd_kv_v_pool(kv, l);
+        for (size_t i = 0; i < pool_floats; i++) {
+            assert_true(k[i] == 0.0f);
+            assert_true(v[i] == 0.0f);
+        }
+    }
+    assert_int_equal(sd_kv_grow(kv, 1, 5), SD_OK);
+    fill(kv, 1, 0, 5);
+    const int errors = n_error_lines;
+    assert_int_equal(sd_kv_prefault(kv, &bytes), SD_ERR_INVALID_ARG);
+    assert_int_equal(bytes, 0);
+    assert_int_equal(n_error_lines - errors, 1);
+    check(kv, 1, 0, 5);
+    sd_kv_release(kv, 1);
+    assert_int_equal(sd_kv_prefault(kv, NULL), SD_OK);
+    assert_int_equal(sd_kv_prefault(NULL, NULL), SD_ERR_INVALID_ARG);
+    sd_kv_free(&kv);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_accounting, setup, teardown),
@@ -351,6 +386,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_truncate_regrow_reuses_blocks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_invalid_args, setup, teardown),
         cmocka_unit_test_setup_teardown(test_f16_cache, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_prefault, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,8 +1,10 @@
 /* test_net_head.c — the wire fields of an EAGLE head in the verifier
  * (VerifySeq.next_k, VerifyResult.next_draft / next_q, Hello.drafter_kind
- * EAGLE), as net/validate.c checks them where they enter a process: each
- * bad field is refused with the field's path in the message, and the good
- * message passes. */
+ * EAGLE) and of a head in its own drafter process (Hello.feature_layers /
+ * feature_width, VerifyRequest.feature_layers, VerifyResult.features,
+ * DraftSeq.features: net/validate_feat.c), as net/ checks them where they
+ * enter a process: each bad field is refused with the field's path in the
+ * message, and the good message passes. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -130,10 +132,157 @@ static void test_next_k_and_hello(void **state) {
     expect_refused(&we, "hello.drafter_kind: 5 is not a known kind");
 }
 
+/* VerifyResult.features: exactly (cached_len - feature_pos0) rows of
+ * feature_width floats, within the context, finite, on an OK result. */
+static void test_result_features(void **state) {
+    (void)state;
+    enum { W = 6 };
+    int32_t commit[] = {10, 11};
+    float feat[10 * W];
+    for (int i = 0; i < 10 * W; i++) feat[i] = 0.25f * (float)i - 1.0f;
+    Specd__VerifyResult vr = SPECD__VERIFY_RESULT__INIT;
+    vr.request_id = 2, vr.code = SPECD__CODE__CODE_OK, vr.n_accepted = 1, vr.n_commit = 2, vr.commit = commit;
+    vr.cached_len = 12, vr.feature_pos0 = 10, vr.feature_width = W, vr.n_features = 2 * W, vr.features = feat;
+    Specd__VerifyResult *pvr[] = {&vr};
+    Specd__VerifyResponse resp = SPECD__VERIFY_RESPONSE__INIT;
+    resp.n_results = 1, resp.results = pvr;
+    Specd__WorkerToCoordinator env = SPECD__WORKER_TO_COORDINATOR__INIT;
+    env.body_case = SPECD__WORKER_TO_COORDINATOR__BODY_VERIFY, env.verify = &resp;
+    char err[256];
+    if (!worker_ok(&env, err, sizeof err)) fail_msg("good features refused: %s", err);
+    vr.n_features = 2 * W - 1; /* a float short */
+    expect_refused(&env, "verify.results[0].features: 11 floats, expected 2 rows x 6 = 12");
+    vr.n_features = 3 * W; /* three rows for two positions */
+    expect_refused(&env, "verify.results[0].features: 18 floats, expected 2 rows x 6 = 12");
+    vr.n_features = 2 * W, vr.feature_width = 0;
+    expect_refused(&env, "verify.results[0].feature_width: 0 outside [1, 65536]");
+    vr.feature_width = SD_MAX_FEATURE_WIDTH + 1;
+    expect_refused(&env, "verify.results[0].feature_width: 65537 outside");
+    vr.feature_width = W, vr.feature_pos0 = 12; /* no position below cached_len */
+    expect_refused(&env, "verify.results[0].feature_pos0: 12, not below cached_len 12");
+    vr.feature_pos0 = 2, vr.n_features = 10 * W; /* a first step's whole prompt: 10 rows */
+    if (!worker_ok(&env, err, sizeof err)) fail_msg("ten rows refused: %s", err);
+    vr.cached_len = 513; /* past the context of 512 */
+    expect_refused(&env, "verify.results[0].cached_len: 513 over the context of 512");
+    vr.cached_len = 12, vr.feature_pos0 = 10, vr.n_features = 2 * W, feat[7] = 1.0f / 0.0f;
+    expect_refused(&env, "is not a finite feature value");
+    feat[7] = 0.5f, vr.code = SPECD__CODE__CODE_CACHE_MISS;
+    expect_refused(&env, "verify.results[0].features: with code");
+    /* a prefill chunk commits nothing: its rows are bounded by the context */
+    vr.code = SPECD__CODE__CODE_OK, vr.n_commit = 0, vr.n_accepted = 0, vr.feature_pos0 = 9, vr.n_features = 3 * W;
+    if (!worker_ok(&env, err, sizeof err)) fail_msg("a prefill's three rows refused: %s", err);
+}
+
+/* DraftSeq.features: only to a drafter that announced a width, whole rows,
+ * all before the context's last token. */
+static void test_draft_features(void **state) {
+    (void)state;
+    enum { W = 4 };
+    int32_t append[] = {1, 2, 3};
+    float feat[3 * W] = {0};
+    Specd__Sampling samp = SPECD__SAMPLING__INIT;
+    Specd__DraftSeq ds = SPECD__DRAFT_SEQ__INIT;
+    ds.request_id = 1, ds.keep_len = 5, ds.n_append = 3, ds.append = append, ds.k = 2, ds.sampling = &samp;
+    ds.feature_pos0 = 5, ds.n_features = 2 * W, ds.features = feat; /* positions 5, 6 of a context of 8 */
+    Specd__DraftSeq *pds[] = {&ds};
+    Specd__DraftRequest req = SPECD__DRAFT_REQUEST__INIT;
+    req.step_id = 1, req.n_seqs = 1, req.seqs = pds;
+    Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
+    env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_DRAFT, env.draft = &req;
+    sd_net_limits lim = LIM;
+    lim.feature_width = W;
+    Specd__Code code;
+    char err[256];
+    size_t len;
+    struct {
+        uint32_t pos0;
+        size_t n;
+        int32_t width;
+        const char *want; /* NULL: accepted */
+    } cases[] = {
+        {5, 2 * W, W, NULL},
+        {5, 2 * W, 0, "draft.seqs[0].features: 8 floats to a drafter that reads no features"},
+        {5, 2 * W - 1, W, "draft.seqs[0].features: 7 floats, not a whole number of rows of 4"},
+        {6, 2 * W, W,
+         "draft.seqs[0].features: positions 6..7, the context of 8 tokens has features of positions "
+         "below 7 only"},
+        {0, 3 * W, W, NULL},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        ds.feature_pos0 = cases[c].pos0, ds.n_features = cases[c].n, lim.feature_width = cases[c].width;
+        uint8_t *bytes = pack(&env.base, &len);
+        Specd__CoordinatorToWorker *g = sd_net_decode_to_worker(bytes, len, &lim, &code, err, sizeof err);
+        free(bytes);
+        if (!cases[c].want) {
+            if (!g) fail_msg("case %zu refused: %s", c, err);
+            specd__coordinator_to_worker__free_unpacked(g, NULL);
+            continue;
+        }
+        if (g) fail_msg("case %zu accepted; expected '%s'", c, cases[c].want);
+        if (!strstr(err, cases[c].want)) fail_msg("case %zu: '%s' lacks '%s'", c, err, cases[c].want);
+        assert_int_equal(code, SPECD__CODE__CODE_BAD_REQUEST);
+    }
+    /* a NaN */
+    ds.feature_pos0 = 5, ds.n_features = 2 * W, lim.feature_width = W, feat[3] = 0.0f / 0.0f;
+    uint8_t *bytes = pack(&env.base, &len);
+    assert_null(sd_net_decode_to_worker(bytes, len, &lim, &code, err, sizeof err));
+    free(bytes);
+    assert_non_null(strstr(err, "is not a finite feature value"));
+}
+
+/* Hello.feature_layers / feature_width: a drafter of kind EAGLE only, 1..8
+ * layers, a width that is a multiple of them; VerifyRequest.feature_layers
+ * at most 8. */
+static void test_hello_features(void **state) {
+    (void)state;
+    uint32_t layers[SD_MAX_FEATURE_LAYERS + 1] = {1, 3, 5, 7, 9, 11, 13, 15, 17};
+    Specd__ModelIdentity mid = SPECD__MODEL_IDENTITY__INIT;
+    mid.architecture = "llama", mid.vocab_size = 1000;
+    Specd__Hello h = SPECD__HELLO__INIT;
+    h.protocol_version = 1, h.role = SPECD__ROLE__ROLE_DRAFTER, h.group_size = 1, h.model = &mid;
+    h.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_EAGLE;
+    h.n_feature_layers = 3, h.feature_layers = layers, h.feature_width = 3 * 576;
+    Specd__WorkerToCoordinator we = SPECD__WORKER_TO_COORDINATOR__INIT;
+    we.body_case = SPECD__WORKER_TO_COORDINATOR__BODY_HELLO, we.hello = &h;
+    char err[256];
+    if (!worker_ok(&we, err, sizeof err)) fail_msg("a head drafter's Hello refused: %s", err);
+    h.feature_width = 3 * 576 + 1;
+    expect_refused(&we, "hello.feature_width: 1729, expected a multiple of the 3 layers");
+    h.feature_width = 0;
+    expect_refused(&we, "hello.feature_width: 0");
+    h.feature_width = 9 * 64, h.n_feature_layers = 9;
+    expect_refused(&we, "hello.feature_layers: 9 layers, expected 1..8");
+    h.n_feature_layers = 3, h.feature_width = 3 * 64, h.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM;
+    expect_refused(&we, "hello.feature_layers: only a drafter of kind DRAFTER_KIND_EAGLE");
+
+    int32_t append[] = {1};
+    Specd__Sampling samp = SPECD__SAMPLING__INIT;
+    Specd__VerifySeq vs = SPECD__VERIFY_SEQ__INIT;
+    vs.request_id = 1, vs.n_append = 1, vs.append = append, vs.sampling = &samp, vs.want_features = true;
+    Specd__VerifySeq *pvs[] = {&vs};
+    Specd__VerifyRequest req = SPECD__VERIFY_REQUEST__INIT;
+    req.step_id = 1, req.n_seqs = 1, req.seqs = pvs, req.n_feature_layers = 3, req.feature_layers = layers;
+    Specd__CoordinatorToWorker env = SPECD__COORDINATOR_TO_WORKER__INIT;
+    env.body_case = SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY, env.verify = &req;
+    Specd__Code code;
+    size_t len;
+    uint8_t *bytes = pack(&env.base, &len);
+    Specd__CoordinatorToWorker *g = sd_net_decode_to_worker(bytes, len, &LIM, &code, err, sizeof err);
+    free(bytes);
+    if (!g) fail_msg("feature_layers refused: %s", err);
+    specd__coordinator_to_worker__free_unpacked(g, NULL);
+    req.n_feature_layers = SD_MAX_FEATURE_LAYERS + 1;
+    bytes = pack(&env.base, &len);
+    assert_null(sd_net_decode_to_worker(bytes, len, &LIM, &code, err, sizeof err));
+    free(bytes);
+    assert_non_null(strstr(err, "verify.feature_layers: 9 layers over the limit of 8"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_next_draft),
-        cmocka_unit_test(test_next_k_and_hello),
+        cmocka_unit_test(test_next_draft),      cmocka_unit_test(test_next_k_and_hello),
+        cmocka_unit_test(test_result_features), cmocka_unit_test(test_draft_features),
+        cmocka_unit_test(test_hello_features),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

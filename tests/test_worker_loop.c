@@ -107,7 +107,7 @@ static void loop_start(loop_thread *t, const char *endpoint, int liveness) {
     t->p.model.context_length = 512;
     t->p.model.n_layers = 2;
     snprintf(t->p.model.name, sizeof t->p.model.name, "stub.gguf");
-    t->p.limits = (sd_net_limits){VOCAB, 512, 8, 4};
+    t->p.limits = (sd_net_limits){VOCAB, 512, 8, 4, 0};
     static const sd_step_cost costs[2] = {{1, 900}, {8, 1300}};
     t->p.step_costs = costs;
     t->p.n_step_costs = 2;

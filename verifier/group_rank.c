@@ -431,7 +431,7 @@ sd_status sd_group_rank_run(void *zctx, const sd_group_params *p, sd_model *m, s
     SD_TRY(sd_group_check_params(p, false));
     *why = SD_GROUP_DOWN;
     rank_run r = {.p = p, .m = m, .why = why, .interval_ms = p->heartbeat_interval_ms, .liveness = p->liveness};
-    r.lim = (sd_net_limits){sd_model_config_of(m)->n_vocab, 0, 0, 0};
+    r.lim = (sd_net_limits){sd_model_config_of(m)->n_vocab, 0, 0, 0, 0};
     sd_net_socket_params sp = sd_net_socket_default_params();
     sp.type = ZMQ_DEALER;
     sp.max_msg_bytes = SD_MAX_GROUP_MSG_BYTES;

@@ -48,6 +48,7 @@ typedef struct verifier_opts {
     bool insecure;
     int32_t lm_head; /* sd_tp_lm_head */
     int32_t coll_timeout_ms, group_heartbeat_ms, join_timeout_s;
+    bool kv_prefault;        /* --kv-prefault */
     const char *eagle;       /* --eagle DIR: an EAGLE-3 head drafting in this process */
     sd_backend_opts backend; /* --cpu-weights, --cuda-graphs, ... (specd/backend_opts.h) */
 } verifier_opts;
@@ -69,6 +70,9 @@ static void usage(FILE *f) {
             "      --prefix-cache PCT  share of the KV pool that cached prompt blocks no request holds may\n"
             "                          keep (default 50; 0: no prefix cache); evicted first when a request\n"
             "                          needs blocks\n"
+            "      --kv-prefault       touch the whole KV pool at start-up, so that no request pays for its\n"
+            "                          memory's first use (a page fault every 4 KiB; slow in a VM): the pool\n"
+            "                          is resident from the start (default: touched as blocks are first used)\n"
             "      --max-batch N       sequences per verify batch (default 64, at most %d)\n"
             "      --max-k N           draft tokens per sequence (default 16, at most %d)\n"
             "      --eagle DIR         an EAGLE-3 draft head (Hugging Face directory: published or speculators\n"
@@ -131,7 +135,8 @@ enum {
     O_EAGLE,
     O_KV_TYPE,
     O_RANK_KEYS,
-    O_INSECURE
+    O_INSECURE,
+    O_KV_PREFAULT
 };
 static const struct option verifier_longs[] = {
     {"model", required_argument, 0, 'm'},
@@ -149,6 +154,7 @@ static const struct option verifier_longs[] = {
     {"group-heartbeat-ms", required_argument, 0, O_GROUP_HB},
     {"join-timeout", required_argument, 0, O_JOIN_TIMEOUT},
     {"eagle", required_argument, 0, O_EAGLE},
+    {"kv-prefault", no_argument, 0, O_KV_PREFAULT},
     {"help", no_argument, 0, 'h'},
     SD_WORKER_LONG_OPTIONS,
     SD_BACKEND_LONG_OPTIONS,
@@ -178,6 +184,7 @@ static bool apply_option(int c, const char *name, const char *arg, verifier_opts
     case O_GROUP_HB: ok = parse_int("--group-heartbeat-ms", arg, 1, 60000, &o->group_heartbeat_ms); break;
     case O_JOIN_TIMEOUT: ok = parse_int("--join-timeout", arg, 1, 86400, &o->join_timeout_s); break;
     case O_EAGLE: o->eagle = arg; break;
+    case O_KV_PREFAULT: o->kv_prefault = true; break;
     case O_RANK_KEYS: o->rank_keys = arg; break;
     case O_INSECURE: o->insecure = true; break;
     case O_DEVICE:
@@ -347,9 +354,11 @@ static sd_status load_model(const verifier_opts *o, sd_model **model) {
     return st;
 }
 
-/* The leader's verifier over model, its parameters in *vp (logged). */
+/* The leader's verifier over model, its parameters in *vp (logged); *tok
+ * the tokenizer it borrows (NULL without one), freed by the caller after
+ * the verifier. */
 static sd_status create_verifier(const verifier_opts *o, sd_model *model, const sd_model_identity *id,
-                                 sd_verifier_params *vp, sd_verifier **v) {
+                                 sd_verifier_params *vp, sd_verifier **v, sd_tok **tok_out) {
     *vp = sd_verifier_default_params();
     vp->max_seqs = o->w.max_seqs;
     vp->block_size = o->block_size;
@@ -357,6 +366,7 @@ static sd_status create_verifier(const verifier_opts *o, sd_model *model, const 
     vp->max_k = o->w.max_k;
     vp->prefix_cache_pct = o->w.prefix_cache;
     vp->eagle_dir = o->eagle;
+    vp->kv_prefault = o->kv_prefault;
     vp->kv_blocks = o->w.kv_blocks > 0
                         ? o->w.kv_blocks
                         : sd_verifier_default_kv_blocks(sd_model_config_of(model), o->w.max_seqs, o->block_size, 0);
@@ -370,7 +380,7 @@ static sd_status create_verifier(const verifier_opts *o, sd_model *model, const 
     vp->tok = tok;
     sd_status st = sd_verifier_create(model, vp, v);
     vp->tok = NULL;
-    sd_tok_free(&tok);
+    *tok_out = tok; /* the verifier borrows it until it is freed */
     if (st == SD_OK)
         SD_INFO("model %s: %u layers, vocab %u, context %u; KV %d blocks of %d tokens, %d slots", id->name,
                 id->n_layers, id->vocab_size, id->context_length, (int)vp->kv_blocks, (int)vp->block_size,
@@ -464,9 +474,11 @@ static int run_leader(const verifier_opts *o, sd_worker_params *wp, sd_model *mo
                       sd_curve_allow *rank_keys) {
     sd_verifier *v = NULL;
     sd_verifier_params vp;
-    sd_status st = create_verifier(o, model, &wp->model, &vp, &v);
+    sd_tok *tok = NULL;
+    sd_status st = create_verifier(o, model, &wp->model, &vp, &v, &tok);
     if (st != SD_OK) {
         SD_ERROR("cannot start the verifier: %s", sd_status_str(st));
+        sd_tok_free(&tok);
         sd_model_free(&model);
         return 2;
     }
@@ -489,6 +501,7 @@ static int run_leader(const verifier_opts *o, sd_worker_params *wp, sd_model *mo
     sd_group_close(&ctx.group);
     if (zctx) zmq_ctx_term(zctx);
     sd_verifier_free(&v);
+    sd_tok_free(&tok);
     sd_model_free(&model);
     SD_INFO("stopped (exit %d)", exit_code);
     return exit_code;

@@ -11,12 +11,14 @@
 
 struct sd_vcon {
     sd_con_slots *slots;
+    const sd_tok *tok; /* borrowed: the head's forced drafts */
 };
 
 sd_status sd_vcon_create(const sd_tok *tok, int32_t max_seqs, sd_vcon **out) {
     if (!tok || !out || max_seqs < 1) return SD_ERR_INVALID_ARG;
     sd_vcon *c = calloc(1, sizeof *c);
     if (!c) return SD_ERR_NOMEM;
+    c->tok = tok;
     sd_status st = sd_con_slots_create(tok, max_seqs, &c->slots);
     if (st != SD_OK) {
         free(c);
@@ -69,4 +71,16 @@ size_t sd_vcon_cut_drafts(sd_constraint *con, const int32_t *hist, int32_t from,
     while (ok && keep < n && !sd_constraint_ended(con) && sd_constraint_advance(con, drafts[keep]) == SD_OK) keep++;
     sd_constraint_rollback(con, base);
     return keep;
+}
+
+int32_t sd_vcon_head_begin(const sd_vcon *c, sd_constraint *con, const int32_t *hist, int32_t from, int32_t hist_len,
+                           int32_t next, int32_t k, int32_t *forced) {
+    if (!c || !con) return -1;
+    for (int32_t i = from; i < hist_len; i++)
+        if (sd_constraint_advance(con, hist[i]) != SD_OK) return -1;
+    if (sd_constraint_advance(con, next) != SD_OK || sd_constraint_ended(con)) return -1;
+    int32_t nf = sd_constraint_forced_tokens(con, c->tok, k, forced);
+    for (int32_t i = 0; i < nf; i++)
+        if (sd_constraint_advance(con, forced[i]) != SD_OK) return i; /* cannot happen: forced_tokens checked them */
+    return nf;
 }

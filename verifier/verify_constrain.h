@@ -20,8 +20,9 @@
 
 typedef struct sd_vcon sd_vcon;
 
-/* Over tok's vocabulary (borrowed for the call; the byte trie is built
- * here), max_seqs slots. Caller frees with sd_vcon_free. */
+/* Over tok's vocabulary (the byte trie is built here; tok is borrowed and
+ * must outlive c: the head's forced drafts are encoded with it), max_seqs
+ * slots. Caller frees with sd_vcon_free. */
 sd_status sd_vcon_create(const sd_tok *tok, int32_t max_seqs, sd_vcon **out);
 void sd_vcon_free(sd_vcon **c);
 
@@ -45,6 +46,17 @@ sd_status sd_vcon_sync(sd_vcon *c, int32_t slot, const Specd__Constraint *pc, co
  * left as it was. */
 size_t sd_vcon_cut_drafts(sd_constraint *con, const int32_t *hist, int32_t from, int32_t hist_len, int32_t next,
                           const int32_t *drafts, size_t n);
+
+/* The EAGLE head's drafts under con after a step (verify_head.c): con is
+ * at the state after hist[0..from) (the step's context); it is advanced
+ * over what the step committed, hist[from..hist_len) and next, then over
+ * the tokens it forces next (sd_constraint_forced_tokens, at most k),
+ * written to forced: the head drafts on from there, masked. Returns how
+ * many forced, or -1 when no draft can follow (the committed tokens leave
+ * the language, or the output ended). Either way the caller rolls con back
+ * to the length it had before the call. */
+int32_t sd_vcon_head_begin(const sd_vcon *c, sd_constraint *con, const int32_t *hist, int32_t from, int32_t hist_len,
+                           int32_t next, int32_t k, int32_t *forced);
 
 /* Grammar cache figures (tests, logs). */
 sd_grammar_cache_stats sd_vcon_cache_stats(const sd_vcon *c);

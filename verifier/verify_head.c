@@ -30,6 +30,13 @@
  * those rows is recomputed from the features at the next propose: one
  * head layer per adopted row, against the target's n_layers.
  *
+ * Under a constraint (issue 35) verify_serve.c brings the sequence's
+ * constraint past the step's committed tokens and the tokens it forces
+ * (sd_vcon_head_begin); those go first with q = 1, and the head drafts on
+ * from the context extended by them, masked at every drafted position
+ * (sd_drafter_set_constraint: drafter_eagle.c feeds the forced tokens as
+ * chain rows).
+ *
  * Limits: a TP group is refused for now: the leader would have to capture
  * the gathered residual stream, which is untested. */
 #include "verify_head.h"
@@ -46,7 +53,7 @@ struct sd_vhead {
     sd_drafter *drafter;
     int32_t max_seqs, max_ctx, max_batch, max_k;
     int32_t aux_width; /* floats per captured row: 3 x n_embd */
-    int32_t *ctx;      /* [max_ctx + 1] one sequence's committed tokens */
+    int32_t *ctx;      /* [max_ctx + 1 + SD_MAX_K] one sequence's committed tokens (and forced drafts) */
     int32_t *tokens;   /* [max_batch][max_k] drafts of the step's results */
     Specd__SparseDist *dists;
     Specd__SparseDist **pdists; /* [max_batch][max_k] */
@@ -91,7 +98,7 @@ sd_status sd_vhead_open(const char *dir, sd_model *target, sd_kv *kv, int32_t ma
         h->aux_width = n_ids * sd_model_config_of(target)->n_embd;
         h->max_q = sd_drafter_max_q(h->drafter);
         const size_t nk = (size_t)max_batch * (size_t)h->max_k;
-        h->ctx = malloc(((size_t)max_ctx + 1) * sizeof *h->ctx);
+        h->ctx = malloc(((size_t)max_ctx + 1 + SD_MAX_K) * sizeof *h->ctx);
         h->tokens = malloc(nk * sizeof *h->tokens);
         h->dists = malloc(nk * sizeof *h->dists);
         h->pdists = malloc(nk * sizeof *h->pdists);
@@ -204,18 +211,41 @@ void sd_vhead_feed(sd_vhead *h, int32_t slot, const int32_t *hist, int32_t pos0,
     h->seconds += h->feed_s;
 }
 
+/* The forced drafts of hc (q = 1) into tokens / q, then the head's,
+ * masked under hc->con, on ctx[n_ctx] extended by them. Returns how many. */
+static sd_status draft_constrained(sd_vhead *h, int32_t slot, int32_t n_ctx, int32_t k, const sd_sampling *s,
+                                   const sd_vhead_con *hc, int32_t *tokens, sd_spec_q *q, int32_t *n) {
+    static const float one = 1.0f;
+    int32_t nf = hc->n_forced < k ? hc->n_forced : k;
+    *n = 0;
+    if (n_ctx + nf >= h->max_ctx) return SD_OK; /* con is past the forced drafts: no room, no drafts */
+    for (int32_t j = 0; j < nf; j++) {
+        tokens[j] = h->ctx[n_ctx + j] = hc->forced[j];
+        q[j] = (sd_spec_q){1, &hc->forced[j], &one};
+    }
+    *n = nf;
+    if (nf > 0) SD_DEBUG("verifier: slot %d context %d: %d forced drafts", (int)slot, (int)n_ctx, (int)nf);
+    if (nf == k || sd_constraint_ended(hc->con)) return SD_OK;
+    int32_t more = 0;
+    sd_drafter_set_constraint(h->drafter, hc->con);
+    sd_status st = sd_drafter_propose(h->drafter, slot, h->ctx, n_ctx + nf, k - nf, s, tokens + nf, q + nf, &more);
+    sd_drafter_set_constraint(h->drafter, NULL);
+    *n = nf + more;
+    return st;
+}
+
 void sd_vhead_draft(sd_vhead *h, size_t i, int32_t slot, const int32_t *cached, int32_t n_cached, int32_t next,
-                    int32_t k, const sd_sampling *s, Specd__VerifyResult *res) {
+                    int32_t k, const sd_sampling *s, const sd_vhead_con *hc, Specd__VerifyResult *res) {
     if (!h || k <= 0 || i >= (size_t)h->max_batch || n_cached < 0 || n_cached >= h->max_ctx) return;
     double t0 = sd_now();
     const int32_t n_ctx = n_cached + 1;
     memcpy(h->ctx, cached, (size_t)n_cached * sizeof *h->ctx);
     h->ctx[n_cached] = next;
-    const int32_t *ctx = h->ctx;
     if (k > h->max_k) k = h->max_k;
     int32_t *tokens = h->tokens + i * (size_t)h->max_k, n = 0;
     sd_spec_q q[SD_MAX_K];
-    sd_status st = sd_drafter_propose(h->drafter, slot, ctx, n_ctx, k, s, tokens, q, &n);
+    sd_status st = hc && hc->con ? draft_constrained(h, slot, n_ctx, k, s, hc, tokens, q, &n)
+                                 : sd_drafter_propose(h->drafter, slot, h->ctx, n_ctx, k, s, tokens, q, &n);
     if (st != SD_OK) {
         SD_WARN("verifier: the head could not draft for slot %d: %s", (int)slot, sd_status_str(st));
         n = 0;
@@ -242,6 +272,8 @@ void sd_vhead_draft(sd_vhead *h, size_t i, int32_t slot, const int32_t *cached, 
     res->next_us = (uint32_t)((took + h->feed_s) * 1e6);
     h->feed_s = 0.0;
 }
+
+int32_t sd_vhead_layers(const sd_vhead *h, int32_t *ids) { return h ? sd_drafter_eagle_layers(h->drafter, ids) : 0; }
 
 double sd_vhead_take_seconds(sd_vhead *h) {
     if (!h) return 0.0;

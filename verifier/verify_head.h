@@ -7,6 +7,7 @@
 #ifndef SPECD_VERIFY_HEAD_H
 #define SPECD_VERIFY_HEAD_H
 
+#include "specd/constrain.h"
 #include "specd/kv.h"
 #include "specd/model.h"
 #include "specd/net.h"
@@ -40,13 +41,29 @@ void sd_vhead_release(sd_vhead *h, int32_t slot);
  * optional); the time is added to the step's head time. */
 void sd_vhead_feed(sd_vhead *h, int32_t slot, const int32_t *hist, int32_t pos0, int32_t n, int32_t row0);
 
+/* A constrained sequence's state for its drafts (verify_constrain.c's
+ * sd_vcon_head_begin fills it): con at the state after the committed
+ * tokens and the forced drafts, forced[n_forced] the tokens the constraint
+ * forces next (borrowed for the call). */
+typedef struct sd_vhead_con {
+    sd_constraint *con;
+    const int32_t *forced;
+    int32_t n_forced;
+} sd_vhead_con;
+
 /* Drafts up to k tokens for slot continuing its committed tokens,
  * cached[n_cached] then next (the token its step just sampled), with
  * sampling s into res->next_draft / next_q / next_us (the last feed's time
  * included), borrowed from h (batch entry i, i < max_batch) until the next
- * step. None on a failure (logged). */
+ * step. Under a constraint (hc non-NULL): the forced drafts first, q = 1,
+ * then the head's, masked at each drafted position (con is left where it
+ * was). None on a failure (logged). */
 void sd_vhead_draft(sd_vhead *h, size_t i, int32_t slot, const int32_t *cached, int32_t n_cached, int32_t next,
-                    int32_t k, const sd_sampling *s, Specd__VerifyResult *res);
+                    int32_t k, const sd_sampling *s, const sd_vhead_con *hc, Specd__VerifyResult *res);
+
+/* The target layers the head reads into ids[SD_MODEL_CAPTURE_MAX]: their
+ * count (0 for a NULL h). */
+int32_t sd_vhead_layers(const sd_vhead *h, int32_t *ids);
 
 /* Seconds the head spent since the last call (feeds and drafts), and zero. */
 double sd_vhead_take_seconds(sd_vhead *h);

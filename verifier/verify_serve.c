@@ -50,6 +50,7 @@
 #include "verify_serve.h"
 #include "verify_constrain.h"
 #include "verify_head.h"
+#include "verify_feat.h"
 
 #include "specd/slots.h"
 
@@ -113,6 +114,7 @@ struct sd_verifier {
     bool *pl_wanted; /* [SD_MAX_PROMPT_LP_ROWS], all true */
     sd_vcon *con;    /* per-slot constraints (verify_constrain.h); NULL without a tokenizer */
     sd_vhead *head;  /* --eagle: the head drafting in this process, or NULL */
+    sd_vfeat *feat;  /* features for a head drafter in another process (verify_feat.h) */
 };
 
 static void slot_release(void *user, int32_t slot) {
@@ -146,6 +148,16 @@ static sd_status hist_put(sd_verifier *v, int32_t slot, int32_t keep, const int3
 }
 
 static int32_t slot_held(void *user, int32_t slot) { return sd_kv_seq_len(((sd_verifier *)user)->kv, slot); }
+
+/* sd_verifier_params.kv_prefault: the pool touched once, timed. */
+static sd_status prefault(sd_kv *kv) {
+    size_t bytes = 0;
+    const double t0 = sd_now();
+    sd_status st = sd_kv_prefault(kv, &bytes);
+    if (st == SD_OK && bytes)
+        SD_INFO("verifier: KV pool prefaulted: %.2f GiB in %.1f s", (double)bytes / 1073741824.0, sd_now() - t0);
+    return st;
+}
 
 sd_verifier_params sd_verifier_default_params(void) {
     sd_verifier_params p = {
@@ -186,6 +198,7 @@ int32_t sd_verifier_default_kv_blocks(const sd_model_config *cfg, int32_t max_se
 void sd_verifier_free(sd_verifier **pv) {
     if (!pv || !*pv) return;
     sd_verifier *v = *pv;
+    sd_vfeat_free(&v->feat);
     sd_vhead_free(&v->head);
     sd_kv_free(&v->kv);
     sd_slots_free(&v->slots);
@@ -261,6 +274,7 @@ sd_status sd_verifier_create(sd_model *target, const sd_verifier_params *params,
         st = sd_model_kv_create(target, p.max_seqs, p.kv_blocks, p.block_size, &v->kv);
     else
         SD_ERROR("verifier: out of memory");
+    if (st == SD_OK && p.kv_prefault) st = prefault(v->kv);
     if (st == SD_OK && p.tok) st = sd_vcon_create(p.tok, p.max_seqs, &v->con);
     if (st == SD_OK) st = sd_kv_prefix_enable(v->kv, (int32_t)((int64_t)p.kv_blocks * p.prefix_cache_pct / 100));
     sd_model_shard shard;
@@ -269,6 +283,11 @@ sd_status sd_verifier_create(sd_model *target, const sd_verifier_params *params,
         st = sd_kv_prefix_set_partial_copy(v->kv, true); /* a host cache alone: copy, not recompute (kv.h) */
     if (st == SD_OK && p.eagle_dir)
         st = sd_vhead_open(p.eagle_dir, target, v->kv, p.max_seqs, p.max_ctx, p.max_batch, p.max_k, &v->head);
+    if (st == SD_OK) {
+        int32_t ids[SD_MODEL_CAPTURE_MAX];
+        int32_t n_ids = sd_vhead_layers(v->head, ids);
+        st = sd_vfeat_create(target, p.max_batch, ids, n_ids, &v->feat);
+    }
     if (st != SD_OK) {
         sd_verifier_free(&v);
         return st;
@@ -278,7 +297,7 @@ sd_status sd_verifier_create(sd_model *target, const sd_verifier_params *params,
 }
 
 sd_net_limits sd_verifier_limits(const sd_verifier *v) {
-    sd_net_limits lim = {v->n_vocab, v->p.max_ctx, v->p.max_batch, v->p.max_k};
+    sd_net_limits lim = {v->n_vocab, v->p.max_ctx, v->p.max_batch, v->p.max_k, 0};
     return lim;
 }
 
@@ -376,17 +395,31 @@ static bool constrain_seq(sd_verifier *v, const Specd__VerifySeq *s, const seq_p
  * the features of the rows now committed (the appended ones and the
  * accepted drafts), then, when asked, the next step's drafts on the
  * committed tokens, the sampled one last. */
-static void head_step(sd_verifier *v, size_t i, const sd_verify_seq *vs, const sd_verify_result *vr, uint32_t next_k,
-                      Specd__VerifyResult *res) {
+static void head_step(sd_verifier *v, size_t i, const sd_verify_seq *vs, const sd_verify_result *vr,
+                      const Specd__VerifySeq *s, Specd__VerifyResult *res) {
     const int32_t slot = vs->slot, n_rows = vs->n_append + vr->n_accepted;
+    sd_vfeat_put(v->feat, i, s, vs->keep_len, n_rows, vr->batch_row0, res); /* a head drafter's, when it asked */
+    if (!v->head) return;
+    const uint32_t next_k = s->next_k;
     sd_vhead_feed(v->head, slot, v->hist[slot], vs->keep_len, n_rows, vr->batch_row0);
-    if (next_k > 0)
-        sd_vhead_draft(v->head, i, slot, v->hist[slot], v->hist_len[slot], vr->tokens[vr->n_tokens - 1],
-                       (int32_t)next_k, &vs->sampling, res);
+    const int32_t next = vr->tokens[vr->n_tokens - 1];
+    if (next_k > 0 && vs->constraint) { /* forced drafts first, then the head's, masked (verify_head.h) */
+        int32_t forced[SD_MAX_K], base = sd_constraint_len(vs->constraint);
+        int32_t nf = sd_vcon_head_begin(v->con, vs->constraint, v->hist[slot], vs->keep_len + vs->n_append,
+                                        v->hist_len[slot], next, (int32_t)next_k, forced);
+        const sd_vhead_con hc = {vs->constraint, forced, nf};
+        if (nf >= 0)
+            sd_vhead_draft(v->head, i, slot, v->hist[slot], v->hist_len[slot], next, (int32_t)next_k, &vs->sampling,
+                           &hc, res);
+        sd_constraint_rollback(vs->constraint, base);
+    } else if (next_k > 0) {
+        sd_vhead_draft(v->head, i, slot, v->hist[slot], v->hist_len[slot], next, (int32_t)next_k, &vs->sampling, NULL,
+                       res);
+    }
     if (vs->constraint) /* drafts the constraint refuses would be rejected: not sent */
         res->n_next_draft = res->n_next_q =
-            sd_vcon_cut_drafts(vs->constraint, v->hist[slot], vs->keep_len + vs->n_append, v->hist_len[slot],
-                               vr->tokens[vr->n_tokens - 1], res->next_draft, res->n_next_draft);
+            sd_vcon_cut_drafts(vs->constraint, v->hist[slot], vs->keep_len + vs->n_append, v->hist_len[slot], next,
+                               res->next_draft, res->n_next_draft);
 }
 
 /* Passes 2-4 of a normal step through spec2's sd_spec_verify_batch: one
@@ -403,7 +436,7 @@ static sd_status verify_with_spec_batch(sd_verifier *v, const Specd__VerifyReque
         /* a cached prefix of the append (all but its last token, whose
          * logits score the first draft) is adopted, not computed */
         int32_t adopted = 0;
-        if (sd_kv_prefix_enabled(v->kv))
+        if (sd_kv_prefix_enabled(v->kv) && !sd_vfeat_wanted(v->feat, s)) /* wanted features: computed rows */
             SD_TRY(sd_kv_prefix_adopt(v->kv, pl->slot, v->hist[pl->slot], pl->keep_len + pl->n_append - 1, &adopted));
         v->vseqs[n_v] = (sd_verify_seq){
             .slot = pl->slot,
@@ -447,7 +480,7 @@ static sd_status verify_with_spec_batch(sd_verifier *v, const Specd__VerifyReque
                 sd_slots_release(&v->slots, pl->slot);
                 break;
             }
-            if (v->head) head_step(v, i, &v->vseqs[j], vr, req->seqs[i]->next_k, res);
+            head_step(v, i, &v->vseqs[j], vr, req->seqs[i], res);
             if (req->seqs[i]->logprobs) {
                 float *values = v->lp_values + i * stride;
                 int32_t *top_ids = v->lp_top_ids + i * stride * SD_MAX_TOP_LOGPROBS;
@@ -497,7 +530,7 @@ static sd_status adopt_prefixes(sd_verifier *v, const Specd__VerifyRequest *req)
     if (!sd_kv_prefix_enabled(v->kv)) return SD_OK;
     for (size_t i = 0; i < req->n_seqs; i++) {
         const seq_plan *pl = &v->plan[i];
-        if (pl->slot < 0 || req->seqs[i]->prompt_logprobs) continue;
+        if (pl->slot < 0 || req->seqs[i]->prompt_logprobs || sd_vfeat_wanted(v->feat, req->seqs[i])) continue;
         SD_TRY(sd_kv_prefix_adopt(v->kv, pl->slot, v->hist[pl->slot], pl->keep_len + pl->n_append, NULL));
     }
     return SD_OK;
@@ -540,6 +573,7 @@ static sd_status prefill_prompt_logprobs(sd_verifier *v, const Specd__VerifyRequ
     sd_batch b = {n, s->append, v->pos, v->seq, v->pl_wanted};
     SD_TRY(sd_model_forward(v->target, v->kv, &b, v->pl_logits));
     sd_vhead_feed(v->head, pl->slot, v->hist[pl->slot], pl->keep_len, n, 0);
+    sd_vfeat_put(v->feat, i, s, pl->keep_len, n, 0, &v->results[i]);
     size_t base = i * SD_MAX_PROMPT_LP_ROWS;
     float *values = v->pl_values + base;
     int32_t *top_ids = v->pl_top_ids + base * SD_MAX_TOP_LOGPROBS;
@@ -573,6 +607,7 @@ sd_status sd_verifier_handle(sd_verifier *v, const sd_net_verify_step *step, Spe
     size_t n = req->n_seqs;
     int32_t bs = v->p.block_size;
 
+    sd_vfeat_begin(v->feat, req); /* a head drafter's layers, captured when asked */
     /* 1. Admission. */
     for (size_t i = 0; i < n; i++) {
         Specd__VerifyResult *res = &v->results[i];
@@ -636,11 +671,12 @@ sd_status sd_verifier_handle(sd_verifier *v, const sd_net_verify_step *step, Spe
             SD_ERROR("verifier: prefill step %llu failed: %s", (unsigned long long)req->step_id, sd_status_str(st));
             return st;
         }
-        for (size_t i = 0; v->head && i < n; i++) { /* the head's features of the rows computed */
+        for (size_t i = 0; i < n; i++) { /* the heads' features of the rows computed */
             const seq_plan *pl = &v->plan[i];
             if (pl->row0 < 0) continue;
             int32_t rows = pl->keep_len + pl->n_append - pl->row_from;
             sd_vhead_feed(v->head, pl->slot, v->hist[pl->slot], pl->row_from, rows, pl->row0);
+            sd_vfeat_put(v->feat, i, req->seqs[i], pl->row_from, rows, pl->row0, &v->results[i]);
         }
     }
     for (size_t i = 0; i < n; i++) {

@@ -25,9 +25,13 @@ typedef struct sd_verifier_params {
      * blocks no sequence holds may keep (default 50; 0: off). A prefill
      * chunk of a sequence adopts the cached blocks matching its tokens. */
     int32_t prefix_cache_pct;
+    /* Touch the whole KV pool before serving (sd_kv_prefault): no request
+     * pays for the memory's first use; the pool is resident from the start. */
+    bool kv_prefault;
     /* Structured output (VerifySeq.constraint): the target's tokenizer,
-     * borrowed for sd_verifier_create (its vocabulary's byte trie is built
-     * there). NULL: a constrained sequence is answered BAD_REQUEST. */
+     * borrowed: it must outlive the verifier (its vocabulary's byte trie is
+     * built at create; the head's forced drafts are encoded with it). NULL:
+     * a constrained sequence is answered BAD_REQUEST. */
     const sd_tok *tok;
     /* An EAGLE-3 head (a Hugging Face directory, eagle.h) that drafts in
      * this process after each step (VerifySeq.next_k; verify_head.h), or

@@ -451,6 +451,40 @@ sd_status sd_constraint_apply(sd_constraint *c, float *logits, int32_t n_vocab) 
     return SD_OK;
 }
 
+sd_status sd_constraint_apply_ids(sd_constraint *c, float *logits, int32_t n, const int32_t *ids, bool *any) {
+    const uint32_t *bits;
+    *any = false;
+    SD_TRY(sd_constraint_mask(c, &bits));
+    const int32_t V = c->v->n_vocab;
+    if (!ids) { /* the whole vocabulary: a word at a time (most words are all allowed or all refused) */
+        int32_t m = n < V ? n : V;
+        for (int32_t w = 0; w * 32 < m; w++) {
+            int32_t lo = w * 32, hi = lo + 32 < m ? lo + 32 : m;
+            uint32_t word = bits[w];
+            if (word == 0xFFFFFFFFu && hi - lo == 32) {
+                for (int32_t i = lo; i < hi && !*any; i++) *any = logits[i] > -INFINITY;
+                continue;
+            }
+            if (word == 0) {
+                for (int32_t i = lo; i < hi; i++) logits[i] = -INFINITY;
+                continue;
+            }
+            for (int32_t i = lo; i < hi; i++) {
+                if (!(word >> (i & 31) & 1u)) logits[i] = -INFINITY;
+                *any = *any || logits[i] > -INFINITY;
+            }
+        }
+        for (int32_t i = m; i < n; i++) logits[i] = -INFINITY;
+        return SD_OK;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        int32_t t = ids[i];
+        if (t < 0 || t >= V || !(bits[t >> 5] >> (t & 31) & 1u)) logits[i] = -INFINITY;
+        *any = *any || logits[i] > -INFINITY;
+    }
+    return SD_OK;
+}
+
 static bool is_eog(const sd_cvocab *v, int32_t id) {
     for (int32_t i = 0; i < v->n_eog; i++)
         if (v->eog[i] == id) return true;

@@ -26,8 +26,18 @@
  * to target ids by d2t (other ids get -inf): sd_spec_draft_step with the
  * request's sampling and the coupled race of (seed, position), like the
  * model drafter, so q is exact for the coupled rule (spec.h); a greedy
- * request drafts the argmax among the draft ids, mapped. */
+ * request drafts the argmax among the draft ids, mapped.
+ *
+ * Under a constraint (sd_drafter_set_constraint) the draft logits are
+ * masked before each draw, in target ids through d2t, so q is the masked,
+ * renormalised distribution (greedy: the argmax among the allowed draft
+ * ids; where one token is allowed, q = 1 on it), and the constraint is
+ * advanced along the chain and rolled back at the end. The caller's forced
+ * drafts may end the context past the target's features: they are fed as
+ * chain rows before the first draw. */
 #include "drafter_eagle_impl.h"
+
+#include "specd/constrain.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -86,36 +96,78 @@ sd_status sd_eagle_drafter_prepare(eagle_drafter *e, int32_t slot, const int32_t
     return SD_OK;
 }
 
+/* The context's positions with target features (a feature depends on the
+ * tokens up to it, so only those whose token still matches count). */
+static int32_t featured(const eagle_drafter *e, int32_t slot, const int32_t *ctx, int32_t n_ctx) {
+    const int32_t *ft = e->feat_tok + (size_t)slot * (size_t)e->max_ctx;
+    int32_t have = 0;
+    while (have < e->n_feat[slot] && have < n_ctx - 1 && ft[have] == ctx[have]) have++;
+    return have;
+}
+
+/* Step 1 of a propose: the head's rows for the context. Under a constraint
+ * the context may end with forced drafts the target has not run (at most
+ * SD_MAX_K past the features): the rows of the featured part, then each
+ * forced draft fed as a chain row, as the head's own drafts are. */
+static sd_status prepare_ctx(sd_drafter *d, eagle_drafter *e, int32_t slot, const int32_t *ctx, int32_t n_ctx,
+                             bool *ready) {
+    int32_t f = d->constraint ? featured(e, slot, ctx, n_ctx) : n_ctx - 1;
+    if (f < 1 || n_ctx - 1 - f > SD_MAX_K) f = n_ctx - 1; /* no forced tail: the plain rule */
+    SD_TRY(sd_eagle_drafter_prepare(e, slot, ctx, f + 1, ready));
+    for (int32_t t = f; *ready && t < n_ctx - 1; t++) { /* head row t: (its own last output, forced draft) */
+        SD_TRY(sd_eagle_head_forward(e->head, slot, t, 1, ctx + t + 1, e->g_step, NULL, e->logits_d, e->hid));
+        memcpy(e->g_step, e->hid, (size_t)e->H * sizeof *e->g_step);
+    }
+    return SD_OK;
+}
+
+/* Draft i's token and q from e->logits_d (masked already, if at all). */
+static sd_status draw(eagle_drafter *e, int32_t n_ctx, int32_t i, const sd_sampling *s, int32_t *ids_i, float *qp_i,
+                      int32_t *n_q, int32_t *y) {
+    if (sd_sampling_is_greedy(s)) { /* the argmax among the draft ids, mapped: no pass over the vocabulary */
+        SD_TRY(sd_spec_draft_step(e->logits_d, e->n_draft, s, e->top_n, 0, e->probs, ids_i, qp_i, n_q, y));
+        *y = ids_i[0] = sd_eagle_head_target_id(e->head, *y);
+        return SD_OK;
+    }
+    map_logits(e);
+    return sd_spec_draft_step(e->logits, e->n_vocab, s, e->top_n, (uint64_t)n_ctx + (uint64_t)i, e->probs, ids_i, qp_i,
+                              n_q, y);
+}
+
 static sd_status eagle_propose(sd_drafter *d, int32_t slot, const int32_t *ctx, int32_t n_ctx, int32_t k,
                                const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n_drafted) {
     eagle_drafter *e = d->impl;
     if (n_ctx - 2 + k > e->max_ctx) k = e->max_ctx - n_ctx + 2; /* head rows up to n_ctx - 3 + k */
     if (k <= 0) return SD_OK;
     bool ready = false;
-    SD_TRY(sd_eagle_drafter_prepare(e, slot, ctx, n_ctx, &ready));
+    SD_TRY(prepare_ctx(d, e, slot, ctx, n_ctx, &ready));
     if (!ready) return SD_OK;
     int32_t *ids = e->q_ids + (size_t)slot * SD_MAX_K * (size_t)e->top_n;
     float *qp = e->q_probs + (size_t)slot * SD_MAX_K * (size_t)e->top_n;
-    for (int32_t i = 0; i < k; i++) {
+    sd_constraint *con = d->constraint; /* at the context's end; advanced along the chain, rolled back after */
+    const int32_t con_base = con ? sd_constraint_len(con) : 0;
+    sd_status st = SD_OK;
+    for (int32_t i = 0; i < k && st == SD_OK; i++) {
+        if (con) { /* the head's distribution under the constraint, in target ids through d2t: stop where it
+                      allows none of the draft ids */
+            bool any = false;
+            if ((st = sd_constraint_apply_ids(con, e->logits_d, e->n_draft, e->d2t, &any)) != SD_OK || !any) break;
+        }
         int32_t *ids_i = ids + (size_t)i * (size_t)e->top_n;
         float *qp_i = qp + (size_t)i * (size_t)e->top_n;
         int32_t n_q = 0, y;
-        if (sd_sampling_is_greedy(s)) { /* the argmax among the draft ids, mapped: no pass over the vocabulary */
-            SD_TRY(sd_spec_draft_step(e->logits_d, e->n_draft, s, e->top_n, 0, e->probs, ids_i, qp_i, &n_q, &y));
-            y = ids_i[0] = sd_eagle_head_target_id(e->head, y);
-        } else {
-            map_logits(e);
-            SD_TRY(sd_spec_draft_step(e->logits, e->n_vocab, s, e->top_n, (uint64_t)n_ctx + (uint64_t)i, e->probs,
-                                      ids_i, qp_i, &n_q, &y));
-        }
+        if ((st = draw(e, n_ctx, i, s, ids_i, qp_i, &n_q, &y)) != SD_OK) break;
         q[i] = (sd_spec_q){n_q, ids_i, qp_i};
         tokens[i] = y;
         *n_drafted = i + 1;
+        if (con && (sd_constraint_advance(con, y) != SD_OK || sd_constraint_ended(con))) break;
         if (i + 1 < k) { /* head row n_ctx - 1 + i: (its own last output, draft i) */
-            SD_TRY(sd_eagle_head_forward(e->head, slot, n_ctx - 1 + i, 1, &y, e->g_step, NULL, e->logits_d, e->hid));
+            st = sd_eagle_head_forward(e->head, slot, n_ctx - 1 + i, 1, &y, e->g_step, NULL, e->logits_d, e->hid);
             memcpy(e->g_step, e->hid, (size_t)e->H * sizeof *e->g_step);
         }
     }
+    if (con) sd_constraint_rollback(con, con_base);
+    SD_TRY(st);
     if (sd_log_enabled(SD_LOG_DEBUG)) { /* tests/ref/test_eagle_head.py replays the chains from this line */
         char line[16 * SD_MAX_K] = "";
         for (int32_t i = 0; i < *n_drafted; i++)
@@ -166,6 +218,7 @@ static void eagle_destroy(sd_drafter *d) {
     free(e->g_step);
     free(e->q_ids);
     free(e->q_probs);
+    free(e->d2t);
     free(e);
     d->impl = NULL;
 }
@@ -225,6 +278,9 @@ sd_status sd_drafter_eagle_open(const char *dir, const sd_model *target, const s
         e->identity = e->n_draft == e->n_vocab;
         for (int32_t i = 0; e->identity && i < e->n_draft; i++) e->identity = sd_eagle_head_target_id(e->head, i) == i;
         s = eagle_alloc(e, &prm);
+        if (s == SD_OK && !e->identity && !(e->d2t = malloc((size_t)e->n_draft * sizeof *e->d2t))) s = SD_ERR_NOMEM;
+        for (int32_t i = 0; s == SD_OK && e->d2t && i < e->n_draft; i++)
+            e->d2t[i] = sd_eagle_head_target_id(e->head, i);
     }
     if (s != SD_OK) {
         sd_drafter_free(&d);

@@ -11,6 +11,7 @@ typedef struct eagle_drafter {
     sd_eagle_head *head;
     int32_t H, n_vocab, n_draft, top_n, max_ctx;
     bool identity;     /* draft id == target id for all ids */
+    int32_t *d2t;      /* [n_draft] the target id of each draft id (the constraint's mask reads it); NULL: identity */
     float *feat;       /* [max_seqs][max_ctx][H] fused target features */
     int32_t *feat_tok; /* [max_seqs][max_ctx] the token at each featured position */
     int32_t *n_feat;   /* [max_seqs] */

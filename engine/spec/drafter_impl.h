@@ -26,7 +26,7 @@ struct sd_drafter {
     const drafter_ops *ops;
     sd_drafter_params params;
     void *impl;
-    sd_constraint *constraint; /* sd_drafter_set_constraint: masks a model drafter's draws; borrowed */
+    sd_constraint *constraint; /* sd_drafter_set_constraint: masks a model or EAGLE drafter's draws; borrowed */
 };
 
 /* Checks params and fills defaults for zero fields; logs what is wrong. */

@@ -20,6 +20,7 @@
  * drafts: batch rows 0 .. n_ctx - keep + n_accepted - 1) go to the head;
  * their fusing is counted as drafting time. */
 #include "specd/constrain.h"
+#include "specd/constrain_slots.h"
 #include "specd/spec_decode.h"
 
 #include <stdlib.h>
@@ -184,29 +185,15 @@ static sd_status sync_constraint(sd_spec_decoder *d, const int32_t *ctx, int32_t
     return SD_OK;
 }
 
-/* Forced drafts: the bytes the constraint forces next, encoded, as up to k
- * one-hot drafts (no drafter time), all but the last token. Returns how
- * many. */
+/* Forced drafts (sd_constraint_forced_tokens: the one rule for every
+ * drafter) as up to k one-hot drafts (no drafter time). Returns how many. */
 static int32_t forced_drafts(sd_spec_decoder *d, int32_t k, int32_t *draft, sd_spec_q *q) {
-    char bytes[256];
-    size_t n = d->tok && k > 0 ? sd_constraint_forced_bytes(d->constraint, bytes, sizeof bytes) : 0;
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
-    if (!n || sd_tok_encode(d->tok, bytes, n, false, &ids, &n_ids) != SD_OK) return 0;
-    /* The last token ends where the forced bytes do: the model usually
-     * writes a longer token there (`":` where `"` is forced), so it is
-     * left to the drafter and the target. */
-    n_ids--;
-    int32_t nf = 0, base = sd_constraint_len(d->constraint);
-    while (nf < k && (size_t)nf < n_ids && sd_constraint_advance(d->constraint, ids[nf]) == SD_OK) {
-        d->forced_ids[nf] = ids[nf];
-        d->forced_q[nf] = 1.0f;
-        draft[nf] = ids[nf];
-        q[nf] = (sd_spec_q){1, &d->forced_ids[nf], &d->forced_q[nf]};
-        nf++;
+    int32_t nf = d->tok ? sd_constraint_forced_tokens(d->constraint, d->tok, k, d->forced_ids) : 0;
+    for (int32_t i = 0; i < nf; i++) {
+        d->forced_q[i] = 1.0f;
+        draft[i] = d->forced_ids[i];
+        q[i] = (sd_spec_q){1, &d->forced_ids[i], &d->forced_q[i]};
     }
-    sd_constraint_rollback(d->constraint, base);
-    free(ids);
     return nf;
 }
 

@@ -406,10 +406,13 @@ class Harness:
 
     def start_drafter(self, kind, target=None, draft=None, layers=1, extra=(), netns=None, coordinator=None,
                       key="drafter"):
-        """kind: 'ngram', 'model' (draft file) or 'layers' (self-draft)."""
+        """kind: 'ngram', 'model' (draft file), 'layers' (self-draft) or 'eagle' (draft: an EAGLE-3 head
+        directory for target, fed the verifier's features)."""
         target = target or self.target
         if kind == "ngram":
             how = ["--ngram", "--model", target]
+        elif kind == "eagle":
+            how = ["--eagle", draft, "--model", target]
         elif kind == "model":
             how = ["--model", draft]
         else:

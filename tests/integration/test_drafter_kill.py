@@ -2,7 +2,13 @@
 the undisturbed greedy output (the coordinator goes on with target-only
 steps); a drafter started again registers and speculation resumes (requests
 submitted after it registered report accepted > 0). Tiny random models,
-self-draft drafter (the target's first layer: high acceptance)."""
+self-draft drafter (the target's first layer: high acceptance).
+--eagle: the drafter is a random EAGLE-3 head in its own process
+(specd-drafter --eagle, test_greedy.eagle_head), fed the verifier's features
+through the coordinator: the restarted head lacks the features of the
+requests in flight (they go on undrafted, output unchanged) and drafts for
+new ones."""
+import argparse
 import signal
 
 import harness as H
@@ -10,11 +16,15 @@ import harness as H
 N, TOKENS = 8, 160
 
 
-def run(h):
+def run(h, eagle):
     target, _ = h.tiny_models(seed=5)
     prompts = H.random_prompts(N, seed=21)
     refs = [h.reference(target, p, TOKENS, ignore_eos=True) for p in prompts]
-    _, _, drafter = h.start_service(target, drafter="layers", coord_extra=H.FIXED_K)
+    kind, head = "layers", None
+    if eagle:
+        from test_greedy import eagle_head
+        kind, head = "eagle", eagle_head(h, refs)
+    _, _, drafter = h.start_service(target, drafter=kind, draft=head, coord_extra=H.FIXED_K)
     c = h.client()
     killed = {}
 
@@ -31,7 +41,7 @@ def run(h):
     H.check(killed["at"] < N * TOKENS, "drafter killed only after every token was streamed")
     H.expect_equal_ids(res, refs, "requests whose drafter was SIGKILLed")
     # Restart: it registers, and new requests are speculated again.
-    h.start_drafter("layers")
+    h.start_drafter(kind, draft=head)
     h.wait_registered(verifier=True, drafter=True)
     res2 = c.run(jobs, timeout=120)
     H.expect_equal_ids(res2, refs, "requests after the drafter restarted")
@@ -41,4 +51,7 @@ def run(h):
 
 
 if __name__ == "__main__":
-    H.main(run)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--eagle", action="store_true", help="the drafter is an EAGLE-3 head (specd-drafter --eagle)")
+    a = ap.parse_args()
+    H.main(lambda h: run(h, a.eagle))

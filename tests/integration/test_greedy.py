@@ -33,7 +33,13 @@ drafts are almost all rejected, equal tokens alone would not show that the
 head reads the right features: one more request alone must make exactly the
 chains specd-generate --eagle makes on the same prompt, context by context
 (both logged at -v), which holds only when the verifier hands the head the
-features of the right rows and positions and rolls it back."""
+features of the right rows and positions and rolls it back.
+--drafter eagle-drafter: the same head in its own process (specd-drafter
+--eagle), fed the verifier's features of the committed positions through the
+coordinator (VerifyResult.features -> DraftSeq.features); the same checks,
+the chains read from the drafter's log: they equal specd-generate --eagle's
+only when the features on the wire are those of the right positions, bit for
+bit, and drafts must have been accepted."""
 import os
 import subprocess
 import argparse
@@ -78,9 +84,10 @@ def chains_of(lines):
 
 
 def check_chains(h, c, ver, target, head, prompt, tokens):
-    """One request alone: the head in the verifier drafts, at every context,
-    the chain the single-process head drafts there (a prefix of it: the
-    service asks for fewer near the end)."""
+    """One request alone: the head in the verifier (or in the drafter
+    process whose log ver is) drafts, at every context, the chain the
+    single-process head drafts there (a prefix of it: the service asks for
+    fewer near the end)."""
     with open(ver.logpath, errors="replace") as f:
         f.seek(0, 2)
         start = f.tell()
@@ -106,6 +113,50 @@ def check_chains(h, c, ver, target, head, prompt, tokens):
     H.check(not bad, "%d chains differ from specd-generate --eagle's, e.g. context %d: verifier %s, alone %s"
             % ((len(bad),) + (bad[0] if bad else (0, [], []))))
     H.log("the verifier's head drafted specd-generate --eagle's chains at %d contexts" % len(common))
+    return start
+
+
+def fnv1a(b):
+    h = 0xcbf29ce484222325
+    for x in b:
+        h = ((h ^ x) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def check_features(h, dr, start, target, prompt, tokens):
+    """The features the head drafter received for the lone request (the
+    DEBUG lines of draft_head.c from offset start of its log: positions and
+    an FNV-1a of their f32 bytes) are, bit for bit, the target's own rows of
+    those positions, as specd-generate --dump-features writes them for the
+    same greedy sequence, and they cover every position but the last."""
+    with open(dr.logpath, errors="replace") as f:
+        layers = next(l for l in f if "reads target layers" in l)  # "... reads target layers 0, 0, 0: 192 floats"
+        f.seek(start)
+        lines = f.readlines()
+    layers = layers.split("reads target layers ")[1].split(":")[0].replace(" ", "")
+    runs = []
+    for ln in lines:
+        if "head features: request" in ln:
+            pos = ln.split(" positions ")[1].split()[0]
+            a, b = (int(x) for x in pos.split(".."))
+            runs.append((a, b, int(ln.split(" fnv1a ")[1].split()[0], 16)))
+    H.check(runs, "the head drafter logged no features for the lone request")
+    d = os.path.join(h.tmp, "dump")
+    os.makedirs(d, exist_ok=True)
+    g = subprocess.run([h.bin("generate"), "-m", target, "-p", prompt, "-n", str(tokens), "--ignore-eos", "-t", "1",
+                        "--dump-features", d, "--eagle-layers", layers] + h.engine_args, capture_output=True,
+                       text=True, timeout=600)
+    H.check(g.returncode == 0, "specd-generate --dump-features failed: %s" % g.stderr[-2000:])
+    from safetensors.numpy import load_file
+    aux = load_file(os.path.join(d, "000000.safetensors"))["aux"]
+    bad = [(a, b) for a, b, x in runs if b >= len(aux) or fnv1a(aux[a:b + 1].tobytes()) != x]
+    H.check(not bad, "%d of %d feature runs differ from the target's own rows, e.g. positions %s"
+            % (len(bad), len(runs), bad[:1]))
+    covered = sorted({p for a, b, _ in runs for p in range(a, b + 1)})
+    H.check(covered[0] == 0 and covered == list(range(covered[-1] + 1)),
+            "the runs do not cover positions 0..%d without a gap" % covered[-1])
+    H.log("the head drafter received the target's own rows, bit for bit: %d runs, positions 0..%d"
+          % (len(runs), covered[-1]))
 
 
 def check_seeded(h, c, target, prompts, tokens):
@@ -163,11 +214,14 @@ def run(h, args):
     warm = ("--warmup", str(args.warmup)) if args.warmup else ()
     local = args.drafter == "local-ngram"
     eagle = ("--eagle", eagle_head(h, refs), "-v") if args.drafter == "eagle" else ()
-    coord, ver, _ = h.start_service(target, drafter=None if args.drafter in ("none", "local-ngram", "eagle")
-                                  else args.drafter, draft=draft,
-                                  coord_extra=list(() if args.adaptive else H.FIXED_K)
-                                  + (["--local-ngram"] if local else []), verifier_extra=warm + eagle,
-                                  drafter_extra=warm if args.drafter in ("model", "layers") else ())
+    if args.drafter == "eagle-drafter":  # the head in its own process: specd-drafter --eagle DIR --model TARGET
+        draft = eagle_head(h, refs)
+    coord, ver, dr = h.start_service(target, drafter=None if args.drafter in ("none", "local-ngram", "eagle")
+                                     else "eagle" if args.drafter == "eagle-drafter" else args.drafter, draft=draft,
+                                     coord_extra=list(() if args.adaptive else H.FIXED_K)
+                                     + (["--local-ngram"] if local else []), verifier_extra=warm + eagle,
+                                     drafter_extra=warm if args.drafter in ("model", "layers")
+                                     else ("-v",) if args.drafter == "eagle-drafter" else ())
     if local:
         with open(coord.logpath, errors="replace") as f:
             H.check(any("drafter in-coordinator (DRAFTER_KIND_NGRAM) registered" in l for l in f),
@@ -205,10 +259,16 @@ def run(h, args):
     if args.drafter != "none" and not args.adaptive:
         H.check(drafted > 0, "a %s drafter was attached but no request was speculated (drafted = 0)"
                 % args.drafter)
+    if args.drafter == "eagle-drafter":
+        H.check(accepted > 0, "the head drafter's drafts were never accepted")
+        eagle = ("--eagle", draft)
+        ver = dr  # the chains are in the drafter's log
     if eagle:
         check_seeded(h, c, target, prompts[:4], args.tokens)
         best = max(range(len(res)), key=lambda i: res[i]["finished"]["stats"].get("accepted", 0))
-        check_chains(h, c, ver, target, eagle[1], prompts[best], args.tokens)
+        start = check_chains(h, c, ver, target, eagle[1], prompts[best], args.tokens)
+        if args.drafter == "eagle-drafter":
+            check_features(h, dr, start, target, prompts[best], args.tokens)
         kinds = [r["finished"]["stats"].get("drafter_kind", 0) for r in res]
         H.check(all(k == DRAFTER_KIND_EAGLE for k in kinds),
                 "requests drafted by kinds %s, expected the verifier's head (%d) only" % (kinds, DRAFTER_KIND_EAGLE))
@@ -217,7 +277,8 @@ def run(h, args):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", choices=["tiny", "smollm", "gemma"], default="tiny")
-    ap.add_argument("--drafter", choices=["model", "ngram", "local-ngram", "layers", "eagle", "none"], default="model")
+    ap.add_argument("--drafter", choices=["model", "ngram", "local-ngram", "layers", "eagle", "eagle-drafter", "none"],
+                    default="model")
     ap.add_argument("--n", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--timeout", type=float, default=600)

@@ -10,6 +10,10 @@ default launch.
    a drafter of kind eagle (the head's relay) beside the verifier, the
    launcher counted it before printing ready, and a request is served.
 3. --eagle with --tp 2 is refused at once (exit 2), naming the reason.
+4. --eagle-drafter DIR places the head in its own drafter process
+   (specd-drafter --eagle DIR --model TARGET): the coordinator lists a live
+   drafter of kind eagle that is not a verifier's relay, and a request at
+   K 4 is served with drafts verified (features reached the drafter).
 
 Tiny random target, a random EAGLE-3 head of its shape
 (tests/ref/eagle_ref.write_head)."""
@@ -74,6 +78,31 @@ def run(h):
                        capture_output=True, text=True, timeout=120)
     H.check(r.returncode == 0 and len(json.loads(r.stdout).get("ids", [])) == 6, "request: %s" % r.stderr[-300:])
     H.log("specd-launch --eagle: workers %s; a request served" % kinds)
+    h.stop(lp, timeout=60)
+
+    lp = h.start("launch", [h.bin("launch"), "--target", target, "--eagle-drafter", hd, "--no-gateway",
+                            "--ready-timeout", "120", "--coordinator-arg", "--adaptive-k", "--coordinator-arg", "off",
+                            "--coordinator-arg", "--default-k", "--coordinator-arg", "4"],
+                 env={"XDG_RUNTIME_DIR": base})
+    H.wait_until(lambda: "ready " in lp.log_tail(200) or not lp.alive(), 150, "specd-launch --eagle-drafter ready")
+    H.check(lp.alive(), "specd-launch --eagle-drafter exited %s before ready" % lp.popen.returncode)
+    addr = next(l for l in lp.log_tail(200).splitlines() if l.startswith("ready ")).split()[1]
+    r = subprocess.run([h.bin("client"), "--coordinator", addr, "--stats", "--json"], capture_output=True,
+                       text=True, timeout=60)
+    H.check(r.returncode == 0, "stats: %s" % r.stderr[-300:])
+    ws = json.loads(r.stdout).get("workers", [])
+    heads = [w for w in ws if w["role"] == "drafter" and w.get("drafter_kind") == "eagle" and w["alive"]]
+    H.check(len(heads) == 1 and not heads[0].get("name", "").startswith("head of"),
+            "--eagle-drafter: expected one live drafter process of kind eagle, workers %s"
+            % [(w["role"], w.get("drafter_kind"), w.get("name")) for w in ws])
+    r = subprocess.run([h.bin("client"), "--coordinator", addr, "-p", "hello there", "-n", "24", "--ignore-eos",
+                        "--json"], capture_output=True, text=True, timeout=120)
+    H.check(r.returncode == 0, "request: %s" % r.stderr[-300:])
+    out = json.loads(r.stdout)
+    H.check(len(out.get("ids", [])) == 24 and out["stats"]["drafted"] > 0,
+            "--eagle-drafter: %d tokens, %d drafted" % (len(out.get("ids", [])), out["stats"]["drafted"]))
+    H.log("specd-launch --eagle-drafter: head drafter %s; 24 tokens, %d drafted"
+          % (heads[0].get("name"), out["stats"]["drafted"]))
     h.stop(lp, timeout=60)
 
 

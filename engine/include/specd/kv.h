@@ -103,6 +103,16 @@ int32_t sd_kv_seq_len(const sd_kv *kv, int32_t seq);
  * main group's; a window group's own bound is its sizing's, kv_window.c). */
 int32_t sd_kv_n_free_blocks(const sd_kv *kv);
 
+/* Writes every byte of a host cache's pools once (their values are
+ * undefined until a row is written, so nothing is lost), so that no request
+ * pays for the pages' first touch: a fault every 4 KiB, which in a virtual
+ * machine also exits to the host (bench/results/prefix-cpu.md measured
+ * ~2.3 ms per MiB there). With the prefix cache on, blocks keep coming from
+ * untouched memory until the cache's share of the pool has been used once.
+ * Call it before the cache holds anything. *bytes (may be NULL): what was
+ * touched; 0 for a device cache (its memory is resident when allocated). */
+sd_status sd_kv_prefault(sd_kv *kv, size_t *bytes);
+
 /* Makes room for seq to hold new_len tokens (allocating blocks); the length
  * is set to new_len. On SD_ERR_OUT_OF_BLOCKS nothing changes. */
 sd_status sd_kv_grow(sd_kv *kv, int32_t seq, int32_t new_len);

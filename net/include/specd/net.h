@@ -49,6 +49,13 @@ extern "C" {
 #define SD_MAX_GROUP_ROWS       (1 << 22)   /* batch rows in one GroupPlan */
 #define SD_MAX_GROUP_MSG_BYTES  (256 << 20) /* the group link: a plan of SD_MAX_GROUP_ROWS rows fits */
 #define SD_MIN_MSG_CAP_BYTES    (1 << 20)   /* floor of a fitted socket cap (Hello, errors, stats) */
+/* A head drafter's features (Hello.feature_layers, VerifyResult.features,
+ * DraftSeq.features): layers read, floats per position (3 x a hidden size of
+ * up to 21,845), and floats in one VerifyResponse or DraftRequest (16 MiB) */
+#define SD_MAX_FEATURE_LAYERS   8
+#define SD_MAX_FEATURE_WIDTH    (1 << 16)
+#define SD_MAX_STEP_FEATURES    (4 << 20)
+#define SD_MAX_FEATURE_LAYER_ID 65535
 
 /* Unpack budget: protobuf-c allocates every sub-message, string and repeated
  * array (and 32 bytes of scan state per field) before validation can run, so
@@ -73,6 +80,9 @@ typedef struct sd_net_limits {
     int32_t max_context; /* tokens in one sequence */
     int32_t max_batch;   /* sequences per batch (<= SD_MAX_BATCH) */
     int32_t max_k;       /* draft tokens per sequence (<= SD_MAX_K) */
+    /* drafters: floats per position of DraftSeq.features (its Hello's
+     * feature_width); 0 = a drafter that takes none (features refused) */
+    int32_t feature_width;
 } sd_net_limits;
 
 /* ---- sockets ---- */
@@ -189,6 +199,10 @@ int64_t sd_net_worker_reply_cap(int32_t max_batch, int32_t max_k);
  * appended tokens and max_k drafts with SD_MAX_TOP_N-entry q's), floored
  * at SD_MIN_MSG_CAP_BYTES and capped at SD_MAX_WORKER_MSG_BYTES. */
 int64_t sd_net_worker_request_cap(const sd_net_limits *lim);
+/* What a head drafter's features add to one VerifyResponse or DraftRequest
+ * at most (SD_MAX_STEP_FEATURES floats): a drafter with lim->feature_width
+ * gets it in its request cap; the coordinator adds it to its reply cap. */
+int64_t sd_net_feature_bytes_cap(void);
 /* ZMQ_MAXMSGSIZE for the coordinator's client socket: one SubmitRequest with
  * SD_MAX_PROMPT_BYTES of prompt and of system text, or max_context prompt
  * ids, and its stop strings; at most SD_MAX_CLIENT_MSG_BYTES. */

@@ -89,7 +89,12 @@ typedef struct sd_worker_params {
      * Hello for the coordinator's cost model; borrowed for the loop's
      * lifetime (it says Hello again on reconnect) */
     const sd_step_cost *step_costs;
-    size_t n_step_costs;       /* <= SD_MAX_STEP_COSTS */
+    size_t n_step_costs; /* <= SD_MAX_STEP_COSTS */
+    /* an EAGLE head drafter: the target layers it reads and floats a
+     * position (Hello.feature_layers / feature_width; limits.feature_width
+     * the same); borrowed; 0 = none */
+    const uint32_t *feature_layers;
+    size_t n_feature_layers;   /* <= SD_MAX_FEATURE_LAYERS */
     int heartbeat_interval_ms; /* default SD_HEARTBEAT_INTERVAL_MS */
     int liveness;              /* default SD_HEARTBEAT_LIVENESS */
     int stop_fd;               /* readable = stop; -1 = never */

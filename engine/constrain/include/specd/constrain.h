@@ -102,6 +102,12 @@ void sd_constraint_free(sd_constraint **c);
 sd_status sd_constraint_mask(sd_constraint *c, const uint32_t **bits);
 /* Sets logits[i] = -INFINITY for every token the mask forbids. */
 sd_status sd_constraint_apply(sd_constraint *c, float *logits, int32_t n_vocab);
+/* The same over a reduced vocabulary (an EAGLE head's draft ids): logits[i]
+ * scores target token ids[i] (ids NULL: token i), set to -INFINITY when
+ * the mask forbids it or it is outside the vocabulary; *any says whether
+ * some logit is left above -INFINITY. One pass over n, no pass over the
+ * whole vocabulary beyond the (cached) mask. */
+sd_status sd_constraint_apply_ids(sd_constraint *c, float *logits, int32_t n, const int32_t *ids, bool *any);
 /* True when token is allowed next (computed without the mask). */
 bool sd_constraint_allows(sd_constraint *c, int32_t token);
 /* Advances past token (allowed next, or SD_ERR_INVALID_ARG and no change).

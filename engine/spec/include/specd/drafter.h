@@ -129,9 +129,10 @@ sd_status sd_drafter_model_wrap(sd_model *m, sd_drafter_kind kind, const sd_draf
  * head drafts from the target's hidden states, which the caller passes
  * after each target forward with sd_drafter_eagle_features; the target
  * captures them when asked (sd_model_capture_set with the ids of
- * sd_drafter_eagle_layers). Refusals as sd_eagle_head_load. Single-process
- * only: sd_draft_batch answers SD_ERR_UNSUPPORTED. Caller frees with
- * sd_drafter_free. */
+ * sd_drafter_eagle_layers). Refusals as sd_eagle_head_load. sd_draft_batch
+ * answers SD_ERR_UNSUPPORTED: a drafter process (specd-drafter --eagle)
+ * feeds it and proposes per sequence (drafter/draft_head.c). Caller frees
+ * with sd_drafter_free. */
 sd_status sd_drafter_eagle_open(const char *dir, const sd_model *target, const sd_drafter_params *p, sd_drafter **out);
 
 /* The target layers an EAGLE drafter reads (capture ids, model.h) into
@@ -223,11 +224,16 @@ sd_status sd_drafter_propose(sd_drafter *d, int32_t seq, const int32_t *context,
 sd_status sd_drafter_propose_given(sd_drafter *d, int32_t seq, const int32_t *context, int32_t n_context, int32_t k,
                                    const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n_drafted);
 
-/* Structured output for the next sd_drafter_propose calls: a model drafter
- * masks its distribution at each drafted position under c (borrowed; the
- * caller keeps it at the end of the context it passes, and it is left
- * there), so it drafts only tokens c allows and stops where c allows none
- * of its vocabulary. NULL removes it. The n-gram drafter ignores it (its
+/* Structured output for the next sd_drafter_propose calls: a model or
+ * EAGLE drafter masks its distribution at each drafted position under c
+ * (borrowed; the caller keeps it at the end of the context it passes, and
+ * it is left there), so it drafts only tokens c allows (q the masked,
+ * renormalised distribution; greedy: the argmax among them) and stops
+ * where c allows none of its vocabulary. An EAGLE head masks its draft
+ * vocabulary in target ids (through d2t), and accepts a context that ends
+ * with up to SD_MAX_K forced drafts the target has not run (the caller's,
+ * proposed with q = 1): it feeds them as chain rows, as its own drafts,
+ * and drafts on. NULL removes it. The n-gram drafter ignores it (its
  * caller cuts the draft at the first refused token). */
 void sd_drafter_set_constraint(sd_drafter *d, sd_constraint *c);
 

@@ -96,10 +96,10 @@ void sd_spec_decoder_set_prompt_len(sd_spec_decoder *d, int32_t n_prompt);
  * removes it; rolled back to its start here). Each step brings c to the
  * context's generated tokens, masks the target's rows before sampling
  * (spec_batch.h: the output is constrained plain decoding's), drafts first
- * the bytes c forces (sd_constraint_forced_bytes, encoded with tok; no
- * drafter time; tok NULL: none) and then the drafter's tokens (a model
- * drafter's distribution masked by c: sd_drafter_set_constraint), cut at the
- * first one c refuses. Works without a drafter (forced drafts only). */
+ * the tokens c forces (sd_constraint_forced_tokens with tok; q = 1, no
+ * drafter time; tok NULL: none) and then the drafter's tokens (a model or
+ * EAGLE drafter's distribution masked by c: sd_drafter_set_constraint), cut
+ * at the first one c refuses. Works without a drafter (forced drafts only). */
 sd_status sd_spec_decoder_set_constraint(sd_spec_decoder *d, sd_constraint *c, const sd_tok *tok);
 /* Forced drafts proposed over the decoder's life. */
 int64_t sd_spec_decoder_forced_drafted(const sd_spec_decoder *d);

@@ -1,0 +1,84 @@
+/* draft_head.c — an EAGLE-3 head as a draft server's drafter
+ * (specd-drafter --eagle DIR; draft_head.h).
+ *
+ * The head (engine/spec/drafter_eagle.c) drafts from the target's features
+ * of every position before the context's last token. They come from the
+ * verifier through the coordinator (coordinator/feat_relay.c), with the
+ * draft step of the sequence: DraftSeq.features, the captured layers'
+ * outputs of positions feature_pos0.., f32, width floats each (checked at
+ * the edge: net/validate_feat.c). The head fuses them at once (its fc) and
+ * keeps them per slot, each tagged with its position's token, so a slot
+ * whose tokens changed (another request, a rollback) never drafts from
+ * stale ones. A run that starts past the positions the head holds (a gap:
+ * this drafter restarted, lost the slot, or joined the request midway) is
+ * not fed; the head then lacks a position and drafts nothing for the
+ * sequence, which the coordinator sees as a drafter that proposes nothing.
+ * At DEBUG each fed run is logged with a checksum of its bytes, so a test
+ * can check them against the target's own rows of those positions.
+ *
+ * Unlike the model drafter this one takes the whole context per call
+ * (sd_drafter_propose), not a batch: the head's rows per sequence are few
+ * (the features fused since the last call, then K one-row steps), and the
+ * draft server holds every sequence's committed tokens anyway. Constraints
+ * (DraftSeq.constraint) are not applied here: the verifier masks. */
+#include "draft_head.h"
+
+#include <string.h>
+
+/* FNV-1a 64 over n floats' bytes: the DEBUG line's checksum of a fed run
+ * (tests/integration/test_greedy.py compares it with specd-generate
+ * --dump-features's rows of the same positions). */
+static uint64_t fnv_floats(const float *f, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t b[sizeof(float)];
+        memcpy(b, &f[i], sizeof b);
+        for (size_t j = 0; j < sizeof b; j++) h = (h ^ b[j]) * 0x100000001b3ull;
+    }
+    return h;
+}
+
+void sd_draft_head_seq(void *head, sd_drafter *d, int32_t slot, const Specd__DraftSeq *sq, const int32_t *held,
+                       int32_t len, int32_t k, const sd_sampling *s, int32_t *tokens, sd_spec_q *q, int32_t *n) {
+    sd_draft_head *st = head;
+    const int32_t width = st->width;
+    *n = 0;
+    double t0 = sd_now();
+    sd_status e = sd_drafter_rollback(d, slot, (int32_t)sq->keep_len);
+    if (e == SD_OK && sq->n_features > 0 && width > 0) {
+        const int32_t pos0 = (int32_t)sq->feature_pos0, rows = (int32_t)(sq->n_features / (size_t)width);
+        st->rows += (uint64_t)rows;
+        st->bytes += (uint64_t)sq->n_features * sizeof(float);
+        if (pos0 > sd_drafter_eagle_n_features(d, slot)) {
+            st->gaps++;
+            SD_DEBUG("drafter: request %llu: features from position %d, the head has %d: no drafts for it",
+                     (unsigned long long)sq->request_id, (int)pos0, (int)sd_drafter_eagle_n_features(d, slot));
+        } else {
+            e = sd_drafter_eagle_features(d, slot, pos0, rows, held + pos0, sq->features);
+            if (e == SD_OK && sd_log_enabled(SD_LOG_DEBUG))
+                SD_DEBUG("head features: request %llu positions %d..%d fnv1a %016llx",
+                         (unsigned long long)sq->request_id, (int)pos0, (int)(pos0 + rows - 1),
+                         (unsigned long long)fnv_floats(sq->features, sq->n_features));
+        }
+    }
+    double t1 = sd_now();
+    st->feed_s += t1 - t0;
+    if (e == SD_OK && k > 0) e = sd_drafter_propose(d, slot, held, len, k, s, tokens, q, n);
+    st->draft_s += sd_now() - t1;
+    if (e != SD_OK) {
+        SD_WARN("drafter: request %llu: the head failed (%s): no drafts", (unsigned long long)sq->request_id,
+                sd_status_str(e));
+        sd_drafter_rollback(d, slot, 0); /* its features are suspect: refilled from a new request only */
+        *n = 0;
+    }
+    if (*n > 0) st->drafts++;
+}
+
+void sd_draft_head_log(const sd_draft_head *st) {
+    if (st->rows == 0) return;
+    SD_INFO("drafter: head features of %llu positions received, %llu bytes (%.0f a position), %llu gaps; fused in "
+            "%.1f ms (%.1f us a position), drafting %.1f ms for %llu sequence steps",
+            (unsigned long long)st->rows, (unsigned long long)st->bytes, (double)st->bytes / (double)st->rows,
+            (unsigned long long)st->gaps, st->feed_s * 1e3, st->feed_s * 1e6 / (double)st->rows, st->draft_s * 1e3,
+            (unsigned long long)st->drafts);
+}
