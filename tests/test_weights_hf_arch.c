@@ -19,8 +19,10 @@
  * refused naming it; an unknown architectures entry names the supported
  * list; Gemma3ForConditionalGeneration, Phi-3 LongRoPE, Gemma's logit
  * soft-capping or an irregular layer_types, and Qwen's use_sliding_window
- * are refused by name. A qwen2 GGUF with the "qwen2" pre-tokenizer becomes
- * a tokenizer.json with Qwen2's split that encodes the same. With --shapes
+ * are refused by name; a Gemma norm stored as GGUF's 1 + w changes the
+ * logits (the loader's + 1 is needed). A qwen2 GGUF with the "qwen2"
+ * pre-tokenizer becomes a tokenizer.json with Qwen2's split that encodes the
+ * same. With --shapes
  * (slow): Qwen2.5-0.5B, Qwen3-0.6B and Gemma-3-270M shapes, equal configs
  * and bit-identical logits. */
 #include <setjmp.h>
@@ -467,6 +469,45 @@ static void test_refused_configs(void **state) {
     sd_weights_close(&w);
 }
 
+/* The loader's + 1 is what makes Gemma's logits equal: a checkpoint whose
+ * norm holds GGUF's 1 + w (a converter that forgot Gemma3RMSNorm's form)
+ * loads, but its logits differ from the GGUF's. */
+static void test_gemma_norm_shift_matters(void **state) {
+    (void)state;
+    if (!env.ok) skip();
+    char d[256], path[512], err[256];
+    copy_hf(P_GEMMA, d, sizeof d);
+    snprintf(path, sizeof path, "%s/model.safetensors", d);
+    sd_safetensors *st = NULL;
+    assert_int_equal(sd_safetensors_open(path, &st, err, sizeof err), SD_OK);
+    sd_safetensors_writer *w = sd_safetensors_writer_new();
+    float *shifted = NULL;
+    for (int64_t i = 0; i < sd_safetensors_n_tensors(st); i++) {
+        const sd_safetensors_tensor *t = sd_safetensors_tensor_at(st, i);
+        const void *data = t->data;
+        if (strcmp(t->name, "model.layers.0.input_layernorm.weight") == 0) {
+            assert_int_equal(t->dtype, SD_SAFETENSORS_F32);
+            shifted = malloc(t->shape[0] * sizeof *shifted);
+            assert_non_null(shifted);
+            memcpy(shifted, t->data, t->shape[0] * sizeof *shifted);
+            for (uint64_t k = 0; k < t->shape[0]; k++) shifted[k] += 1.0f;
+            data = shifted;
+        }
+        assert_int_equal(sd_safetensors_writer_add_tensor(w, t->name, t->dtype, t->n_dims, t->shape, data), SD_OK);
+    }
+    assert_non_null(shifted);
+    sd_safetensors_close(&st);
+    assert_int_equal(sd_safetensors_writer_write(w, path), SD_OK);
+    sd_safetensors_writer_free(&w);
+    free(shifted);
+    int32_t na, nb, va, vb;
+    float *a = batch_logits(PAIRS[P_GEMMA].gguf, &na, &va), *b = batch_logits(d, &nb, &vb);
+    assert_int_equal((size_t)na * (size_t)va, (size_t)nb * (size_t)vb);
+    assert_true(memcmp(a, b, (size_t)na * (size_t)va * sizeof *a) != 0);
+    free(a);
+    free(b);
+}
+
 /* Qwen's own pre-tokenizer: a qwen2 GGUF whose tokenizer.ggml.pre is
  * "qwen2" becomes a tokenizer.json with Qwen2's Split regex, which reads
  * back to the same encodings. */
@@ -529,7 +570,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_numbers),       cmocka_unit_test(test_same_logits),
         cmocka_unit_test(test_missing_tensors),    cmocka_unit_test(test_refused_configs),
-        cmocka_unit_test(test_qwen2_pretokenizer),
+        cmocka_unit_test(test_qwen2_pretokenizer), cmocka_unit_test(test_gemma_norm_shift_matters),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
