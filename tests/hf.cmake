@@ -18,3 +18,21 @@ specd_py_test(hf_oracle_smollm2 ref/test_hf_oracle.py ARGS --smollm2 LABELS "ora
 # The demo model converted to an f32 checkpoint: bit-identical logits and vocabulary hash.
 add_test(NAME test_weights_hf_model COMMAND test_weights_hf --model)
 set_tests_properties(test_weights_hf_model PROPERTIES LABELS "unit;model" SKIP_RETURN_CODE 77 TIMEOUT 600)
+# The architectures beyond Llama as HF checkpoints (Qwen2, Qwen3, Gemma 3,
+# Phi-3, Mistral) against the same random model as GGUF: equal configs,
+# bit-identical tensors and logits, equal tokenization; refusals that name
+# the missing tensor or the unsupported class / key.
+specd_unit_test(test_weights_hf_arch test_weights_hf_arch.c)
+target_include_directories(test_weights_hf_arch PRIVATE ${CMAKE_SOURCE_DIR}/engine/formats)
+target_compile_definitions(test_weights_hf_arch PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
+add_dependencies(test_weights_hf_arch specd-mkmodel)
+# The same checkpoints read by the reference packages (`safetensors`, `gguf`):
+# each GGUF tensor equals its HF tensor after llama.cpp's converter transforms.
+specd_py_test(hf_arch_tensors ref/test_hf_arch_tensors.py LABELS oracle)
+# specd-mkmodel's SentencePiece tokenizer.json (Gemma 3's real 262k vocabulary,
+# tools/fetch-model gemma3): the converter's merge list, HF `tokenizers` on the
+# written file = specd on the GGUF, specd on the directory = specd on the GGUF.
+specd_py_test(hf_spm_writer ref/test_hf_spm_writer.py LABELS "oracle;model")
+# The real shapes (Qwen2.5-0.5B, Qwen3-0.6B, Gemma-3-270M; bf16) both ways: bit-identical logits.
+add_test(NAME test_weights_hf_shapes COMMAND test_weights_hf_arch --shapes)
+set_tests_properties(test_weights_hf_shapes PROPERTIES LABELS "unit;slow" TIMEOUT 1800)

@@ -1,24 +1,33 @@
-/* mkmodel_hf.c — a llama GGUF written out as a Hugging Face checkpoint.
+/* mkmodel_hf.c — a GGUF (llama, Mistral, qwen2, qwen3, gemma3, phi3)
+ * written out as a Hugging Face checkpoint.
  *
  * The inverse of what engine/weights_hf.c reads, done the way the HF side
- * lays a Llama out, so that loading either file gives the engine the same
- * f32 numbers:
- *   - config.json: LlamaConfig keys from llama.* (and the tokenizer's ids);
- *   - tensors renamed (blk.N.attn_q -> model.layers.N.self_attn.q_proj ...),
- *     q/k rows permuted from adjacent-pair RoPE order back to rotate-half
- *     order (GGUF row h*hd + 2i + s -> HF row h*hd + s*hd/2 + i, the inverse
- *     of llama.cpp's convert permute), bytes otherwise untouched;
+ * lays each family out (what llama.cpp's convert_hf_to_gguf.py undoes), so
+ * that loading either file gives the engine the same f32 numbers:
+ *   - config.json: the family's class (LlamaForCausalLM, MistralForCausalLM
+ *     when a llama has a window, Qwen2/Qwen3/Gemma3/Phi3ForCausalLM) and its
+ *     own keys (Gemma: query_pre_attn_scalar, sliding_window, layer_types,
+ *     rope_local_base_freq, ...), and the tokenizer's ids;
+ *   - tensors renamed by the engine's one table (sd_weights_hf_name:
+ *     blk.N.attn_q -> model.layers.N.self_attn.q_proj, Gemma's ffn_norm ->
+ *     pre_feedforward_layernorm, Phi-3's fused qkv_proj / gate_up_proj ...);
+ *     llama's q/k rows permuted from adjacent-pair RoPE order back to
+ *     rotate-half order (GGUF row h*hd + 2i + s -> HF row h*hd + s*hd/2 + i,
+ *     the inverse of llama.cpp's convert permute); Gemma's norms stored as
+ *     w where GGUF holds 1 + w; bytes otherwise untouched;
  *   - one model.safetensors, or N shards of about equal size in tensor
  *     order with model.safetensors.index.json, as transformers saves them;
  *   - tokenizer.json (BPE vocab, merges, control tokens as special added
- *     tokens, the pre-tokenizer that tokenizer.ggml.pre names) and
- *     tokenizer_config.json (add_bos_token, special token texts).
+ *     tokens, the pre-tokenizer that tokenizer.ggml.pre names: GPT-2,
+ *     SmolLM, Llama 3, Qwen2) and tokenizer_config.json (add_bos_token,
+ *     special token texts).
  * JSON is built with cJSON. Rejected: a Python converter (the test model
  * tool must run without the oracle venv). */
 #include "mkmodel_hf.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,9 +37,7 @@
 #include "specd/model.h"
 #include "specd/safetensors.h"
 #include "specd/weights.h"
-
-static const char LLAMA3_RE[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
-                                "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+#include "tokenizer_impl.h" /* sd_tok_pre_def_at: the pre-tokenizer regexes */
 
 /* ------------------------------------------------------------------ files */
 
@@ -64,7 +71,7 @@ static sd_status write_json(const char *dir, const char *name, const cJSON *j) {
 typedef struct tensor_plan {
     const sd_gguf_tensor *t;
     char hf[128];
-    bool rope_rows;             /* q/k: rows to rotate-half order */
+    sd_weights_hf_layout how;   /* q/k rows to rotate-half order; Gemma norms stored as w, not 1 + w */
     sd_safetensors_dtype dtype; /* as stored in the checkpoint */
     uint64_t n_bytes;
 } tensor_plan;
@@ -74,7 +81,9 @@ static sd_safetensors_dtype st_dtype(sd_dtype t) {
 }
 
 /* The tensor's bytes as the checkpoint stores them (caller frees): rows
- * permuted for q/k, converted when the stored type differs. */
+ * permuted for llama's q/k, 1 taken off a Gemma norm (exact for values in
+ * [0.5, 2], the only ones the reader's + 1 gives back bit for bit),
+ * converted when the stored type differs. */
 static sd_status hf_bytes(const tensor_plan *tp, int32_t head_dim, uint8_t **out) {
     const sd_gguf_tensor *t = tp->t;
     sd_dtype want = tp->dtype == SD_SAFETENSORS_F16    ? SD_DTYPE_F16
@@ -82,10 +91,11 @@ static sd_status hf_bytes(const tensor_plan *tp, int32_t head_dim, uint8_t **out
                                                        : SD_DTYPE_F32;
     uint8_t *conv = NULL;
     const uint8_t *src = t->data;
-    if (t->type != want) { /* dequantize, then encode as the stored type */
+    if (t->type != want || tp->how.plus_one) { /* dequantize, then encode as the stored type */
         float *f = malloc((size_t)t->n_elems * sizeof *f);
         conv = malloc((size_t)tp->n_bytes);
         sd_status s = f && conv ? sd_dequantize(t->type, t->data, t->n_elems, f) : SD_ERR_NOMEM;
+        for (uint64_t i = 0; s == SD_OK && tp->how.plus_one && i < t->n_elems; i++) f[i] -= 1.0f;
         if (s == SD_OK) s = sd_quantize(want, f, t->n_elems, conv);
         free(f);
         if (s != SD_OK) {
@@ -104,7 +114,7 @@ static sd_status hf_bytes(const tensor_plan *tp, int32_t head_dim, uint8_t **out
     int64_t hd = head_dim, half = hd / 2;
     for (uint64_t r = 0; r < rows; r++) {
         uint64_t to = r;
-        if (tp->rope_rows) { /* GGUF row h*hd + 2i + s goes to HF row h*hd + s*half + i */
+        if (tp->how.rope_rows) { /* GGUF row h*hd + 2i + s goes to HF row h*hd + s*half + i */
             int64_t j = (int64_t)(r % (uint64_t)hd);
             to = r - (uint64_t)j + (uint64_t)((j % 2) * half + j / 2);
         }
@@ -151,8 +161,8 @@ static sd_status write_tensors(const sd_gguf *g, const mk_hf_params *p, const sd
                             "rope_scaling stands for it\n");
             continue;
         }
-        if (!sd_weights_hf_name(t->name, c->n_layers, tp->hf, sizeof tp->hf, &tp->rope_rows) || t->n_dims > 2) {
-            fprintf(stderr, "specd-mkmodel: tensor %s has no Hugging Face llama counterpart\n", t->name);
+        if (!sd_weights_hf_name(c->arch_id, t->name, c->n_layers, tp->hf, sizeof tp->hf, &tp->how) || t->n_dims > 2) {
+            fprintf(stderr, "specd-mkmodel: tensor %s has no Hugging Face %s counterpart\n", t->name, c->arch);
             s = SD_ERR_UNSUPPORTED;
             break;
         }
@@ -207,12 +217,80 @@ static int64_t get_id(const sd_gguf *g, const char *key) {
     return sd_gguf_get_i64(g, key, &v) == SD_OK ? v : -1;
 }
 
+/* The class and model_type config.json names for c (Mistral: llama with a window). */
+static void arch_names(const sd_model_config *c, const char **cls, const char **type) {
+    static const char *const names[][2] = {{"LlamaForCausalLM", "llama"},
+                                           {"Qwen2ForCausalLM", "qwen2"},
+                                           {"Qwen3ForCausalLM", "qwen3"},
+                                           {"Gemma3ForCausalLM", "gemma3_text"},
+                                           {"Phi3ForCausalLM", "phi3"}};
+    bool mistral = c->arch_id == SD_ARCH_LLAMA && c->sliding_window > 0;
+    *cls = mistral ? "MistralForCausalLM" : names[c->arch_id][0];
+    *type = mistral ? "mistral" : names[c->arch_id][1];
+}
+
+static void add_rope_scaling(cJSON *j, const sd_model_config *c) {
+    if (c->rope_scaling_type == 0) {
+        cJSON_AddNullToObject(j, "rope_scaling");
+        return;
+    }
+    cJSON *rs = cJSON_AddObjectToObject(j, "rope_scaling");
+    cJSON_AddStringToObject(rs, "rope_type", c->rope_scaling_type == 1 ? "linear" : "llama3");
+    cJSON_AddNumberToObject(rs, "factor", (double)c->rope_scale_factor);
+    if (c->rope_scaling_type == 2) {
+        cJSON_AddNumberToObject(rs, "low_freq_factor", (double)c->rope_low_freq_factor);
+        cJSON_AddNumberToObject(rs, "high_freq_factor", (double)c->rope_high_freq_factor);
+        cJSON_AddNumberToObject(rs, "original_max_position_embeddings", c->rope_orig_ctx);
+    }
+}
+
+/* The keys only some families' configs have, as their configs spell them. */
+static void add_arch_keys(cJSON *j, const sd_model_config *c) {
+    switch (c->arch_id) {
+    case SD_ARCH_LLAMA:
+        cJSON_AddBoolToObject(j, "attention_bias", false);
+        if (c->sliding_window > 0)
+            cJSON_AddNumberToObject(j, "sliding_window", c->sliding_window);
+        else
+            cJSON_AddBoolToObject(j, "mlp_bias", false);
+        break;
+    case SD_ARCH_QWEN2:
+    case SD_ARCH_QWEN3:
+        if (c->arch_id == SD_ARCH_QWEN3) cJSON_AddBoolToObject(j, "attention_bias", false);
+        cJSON_AddBoolToObject(j, "use_sliding_window", false);
+        cJSON_AddNumberToObject(j, "sliding_window", c->n_ctx_train);
+        cJSON_AddNumberToObject(j, "max_window_layers", c->n_layers);
+        break;
+    case SD_ARCH_PHI3:
+        cJSON_AddNullToObject(j, "sliding_window");
+        break; /* llama.cpp and the reader run full attention */
+    case SD_ARCH_GEMMA3: {
+        cJSON_AddStringToObject(j, "hidden_activation", "gelu_pytorch_tanh");
+        /* the scale the GGUF reader derived, as the scalar it is 1/sqrt of */
+        double qpas = floor(1.0 / ((double)c->attn_scale * (double)c->attn_scale) + 0.5);
+        cJSON_AddNumberToObject(j, "query_pre_attn_scalar", qpas);
+        cJSON_AddNumberToObject(j, "sliding_window", c->sliding_window);
+        cJSON_AddNumberToObject(j, "sliding_window_pattern", c->swa_pattern);
+        cJSON *lt = cJSON_AddArrayToObject(j, "layer_types");
+        for (int32_t l = 0; l < c->n_layers; l++)
+            cJSON_AddItemToArray(lt,
+                                 cJSON_CreateString(sd_model_layer_swa(c, l) ? "sliding_attention" : "full_attention"));
+        cJSON_AddNumberToObject(j, "rope_local_base_freq", (double)c->rope_base_swa);
+        cJSON_AddNullToObject(j, "final_logit_softcapping");
+        cJSON_AddNullToObject(j, "attn_logit_softcapping");
+        cJSON_AddBoolToObject(j, "attention_bias", false);
+        break;
+    }
+    }
+}
+
 static sd_status write_config(const sd_gguf *g, const mk_hf_params *p, const sd_model_config *c) {
     cJSON *j = cJSON_CreateObject();
-    cJSON *arch = cJSON_AddArrayToObject(j, "architectures");
-    cJSON_AddItemToArray(arch, cJSON_CreateString("LlamaForCausalLM"));
-    cJSON_AddStringToObject(j, "model_type", "llama");
-    cJSON_AddStringToObject(j, "hidden_act", "silu");
+    const char *cls, *type;
+    arch_names(c, &cls, &type);
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(j, "architectures"), cJSON_CreateString(cls));
+    cJSON_AddStringToObject(j, "model_type", type);
+    if (c->arch_id != SD_ARCH_GEMMA3) cJSON_AddStringToObject(j, "hidden_act", "silu");
     cJSON_AddNumberToObject(j, "hidden_size", c->n_embd);
     cJSON_AddNumberToObject(j, "intermediate_size", c->n_ff);
     cJSON_AddNumberToObject(j, "num_hidden_layers", c->n_layers);
@@ -222,22 +300,10 @@ static sd_status write_config(const sd_gguf *g, const mk_hf_params *p, const sd_
     cJSON_AddNumberToObject(j, "max_position_embeddings", c->n_ctx_train);
     cJSON_AddNumberToObject(j, "rms_norm_eps", (double)c->rms_eps);
     cJSON_AddNumberToObject(j, "rope_theta", (double)c->rope_base);
-    if (c->rope_scaling_type == 0) {
-        cJSON_AddNullToObject(j, "rope_scaling");
-    } else {
-        cJSON *rs = cJSON_AddObjectToObject(j, "rope_scaling");
-        cJSON_AddStringToObject(rs, "rope_type", c->rope_scaling_type == 1 ? "linear" : "llama3");
-        cJSON_AddNumberToObject(rs, "factor", (double)c->rope_scale_factor);
-        if (c->rope_scaling_type == 2) {
-            cJSON_AddNumberToObject(rs, "low_freq_factor", (double)c->rope_low_freq_factor);
-            cJSON_AddNumberToObject(rs, "high_freq_factor", (double)c->rope_high_freq_factor);
-            cJSON_AddNumberToObject(rs, "original_max_position_embeddings", c->rope_orig_ctx);
-        }
-    }
+    add_rope_scaling(j, c);
     cJSON_AddNumberToObject(j, "vocab_size", c->n_vocab);
     cJSON_AddBoolToObject(j, "tie_word_embeddings", c->tied_output);
-    cJSON_AddBoolToObject(j, "attention_bias", false);
-    cJSON_AddBoolToObject(j, "mlp_bias", false);
+    add_arch_keys(j, c);
     static const char *const ids[][2] = {{"tokenizer.ggml.bos_token_id", "bos_token_id"},
                                          {"tokenizer.ggml.eos_token_id", "eos_token_id"},
                                          {"tokenizer.ggml.padding_token_id", "pad_token_id"}};
@@ -282,15 +348,20 @@ static cJSON *pre_tokenizer(const char *pre, bool *ignore_merges) {
         cJSON_AddItemToArray(list, byte_level(true));
         return seq;
     }
-    if (strcmp(pre, "llama-bpe") == 0 || strcmp(pre, "llama3") == 0) {
+    /* one regex of the tokenizer's own table (llama-bpe / llama3, qwen2), then bytes */
+    const char *name, *const *re;
+    int n_re;
+    bool im;
+    for (size_t k = 0; sd_tok_pre_def_at(k, &name, &re, &n_re, &im); k++) {
+        if (strcmp(pre, name) != 0 || n_re != 1) continue;
         cJSON *sp = cJSON_CreateObject();
         cJSON_AddStringToObject(sp, "type", "Split");
-        cJSON_AddStringToObject(cJSON_AddObjectToObject(sp, "pattern"), "Regex", LLAMA3_RE);
+        cJSON_AddStringToObject(cJSON_AddObjectToObject(sp, "pattern"), "Regex", re[0]);
         cJSON_AddStringToObject(sp, "behavior", "Isolated");
         cJSON_AddBoolToObject(sp, "invert", false);
         cJSON_AddItemToArray(list, sp);
         cJSON_AddItemToArray(list, byte_level(false));
-        *ignore_merges = true;
+        *ignore_merges = im;
         return seq;
     }
     cJSON_Delete(seq);
@@ -320,7 +391,7 @@ static sd_status token_types(const sd_gguf *g, uint64_t n, int32_t *types) {
     return SD_OK;
 }
 
-static cJSON *post_processor(bool add_bos, const char *bos) {
+static cJSON *post_processor(bool add_bos, const char *bos, int64_t bos_id) {
     if (!add_bos || !bos) {
         cJSON *b = byte_level(true);
         cJSON_ReplaceItemInObject(b, "trim_offsets", cJSON_CreateBool(false));
@@ -342,6 +413,11 @@ static cJSON *post_processor(bool add_bos, const char *bos) {
             cJSON_AddItemToArray(arr, sq);
         }
     }
+    /* the token table HF tokenizers requires beside the template */
+    cJSON *st = cJSON_AddObjectToObject(cJSON_AddObjectToObject(t, "special_tokens"), bos);
+    cJSON_AddStringToObject(st, "id", bos);
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(st, "ids"), cJSON_CreateNumber((double)bos_id));
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(st, "tokens"), cJSON_CreateString(bos));
     return t;
 }
 
@@ -349,7 +425,7 @@ static cJSON *post_processor(bool add_bos, const char *bos) {
  * (add_bos, the special tokens' text, the chat template). buf: scratch
  * of 1 << 16 bytes. */
 static sd_status write_tokenizer_config(const sd_gguf *g, const mk_hf_params *p, const sd_model_config *c, bool add_bos,
-                                        uint64_t n_tokens, char *buf) {
+                                        uint64_t n_tokens, char *buf, const char *tokenizer_class) {
     cJSON *tc = cJSON_CreateObject();
     cJSON_AddBoolToObject(tc, "add_bos_token", add_bos);
     cJSON_AddBoolToObject(tc, "add_eos_token", false);
@@ -366,7 +442,7 @@ static sd_status write_tokenizer_config(const sd_gguf *g, const mk_hf_params *p,
     }
     cJSON_AddBoolToObject(tc, "clean_up_tokenization_spaces", false);
     cJSON_AddNumberToObject(tc, "model_max_length", c->n_ctx_train);
-    cJSON_AddStringToObject(tc, "tokenizer_class", "GPT2Tokenizer");
+    cJSON_AddStringToObject(tc, "tokenizer_class", tokenizer_class);
     sd_gguf_str tmpl;
     if (sd_gguf_get_str(g, "tokenizer.chat_template", &tmpl) == SD_OK) {
         char *t = strndup(tmpl.ptr, (size_t)tmpl.len);
@@ -378,73 +454,46 @@ static sd_status write_tokenizer_config(const sd_gguf *g, const mk_hf_params *p,
     return s;
 }
 
-static sd_status write_tokenizer(const sd_gguf *g, const mk_hf_params *p, const sd_model_config *c) {
-    char model[16], pre[64] = "";
-    if (!gguf_text(g, "tokenizer.ggml.model", 0, false, model, sizeof model) || strcmp(model, "gpt2") != 0) {
-        fprintf(stderr, "specd-mkmodel: warning: no byte-level BPE tokenizer in the GGUF; no tokenizer.json written\n");
-        return SD_OK;
-    }
-    gguf_text(g, "tokenizer.ggml.pre", 0, false, pre, sizeof pre);
-    bool ignore_merges;
-    cJSON *pt = pre_tokenizer(pre, &ignore_merges);
-    if (!pt) {
-        fprintf(stderr, "specd-mkmodel: pre-tokenizer '%s' has no tokenizer.json form here\n", pre);
-        return SD_ERR_UNSUPPORTED;
-    }
-    sd_gguf_type et;
-    uint64_t n_tokens = 0, n_merges = 0;
-    if (sd_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n_tokens) != SD_OK || n_tokens > (uint64_t)c->n_vocab) {
-        cJSON_Delete(pt);
-        fprintf(stderr, "specd-mkmodel: tokenizer.ggml.tokens is missing or longer than the vocabulary\n");
-        return SD_ERR_FORMAT;
-    }
-    (void)sd_gguf_get_arr(g, "tokenizer.ggml.merges", &et, &n_merges);
-    int32_t *types = malloc((size_t)(n_tokens ? n_tokens : 1) * sizeof *types);
-    sd_status s = types ? token_types(g, n_tokens, types) : SD_ERR_NOMEM;
-    char *buf = malloc(1 << 16);
-    if (!buf) s = SD_ERR_NOMEM;
+#define SPACE_MARK "\xe2\x96\x81" /* "▁", SentencePiece's space */
 
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "version", "1.0");
-    cJSON_AddNullToObject(j, "truncation");
-    cJSON_AddNullToObject(j, "padding");
-    cJSON *added = cJSON_AddArrayToObject(j, "added_tokens");
-    cJSON_AddNullToObject(j, "normalizer");
-    cJSON_AddItemToObject(j, "pre_tokenizer", pt);
-    int64_t bos = get_id(g, "tokenizer.ggml.bos_token_id"), unk = get_id(g, "tokenizer.ggml.unknown_token_id");
-    bool add_bos = false;
-    (void)sd_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add_bos);
-    char bos_text[256] = "";
-    if (bos >= 0 && (uint64_t)bos < n_tokens)
-        gguf_text(g, "tokenizer.ggml.tokens", (uint64_t)bos, true, bos_text, sizeof bos_text);
-    cJSON_AddItemToObject(j, "post_processor", post_processor(add_bos, bos_text[0] ? bos_text : NULL));
-    cJSON *dec = byte_level(true);
+/* A {"type": type, key: value} object (value a string). */
+static cJSON *typed(const char *type, const char *key, const char *value) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "type", type);
+    if (key) cJSON_AddStringToObject(o, key, value);
+    return o;
+}
+
+/* SentencePiece-style BPE as transformers saves Llama 2 / Gemma: spaces
+ * replaced by "▁" (after a prepended one when add_space_prefix), no
+ * pre-tokenizer, a decoder back to text and bytes. */
+static void spm_text_steps(cJSON *j, bool space_prefix) {
+    cJSON *norm = typed("Sequence", NULL, NULL), *steps = cJSON_AddArrayToObject(norm, "normalizers");
+    if (space_prefix) cJSON_AddItemToArray(steps, typed("Prepend", "prepend", SPACE_MARK));
+    cJSON *rep = typed("Replace", "content", SPACE_MARK);
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(rep, "pattern"), "String", " ");
+    cJSON_AddItemToArray(steps, rep);
+    cJSON_AddItemToObject(j, "normalizer", norm);
+    cJSON_AddNullToObject(j, "pre_tokenizer");
+    cJSON *dec = typed("Sequence", NULL, NULL), *dsteps = cJSON_AddArrayToObject(dec, "decoders");
+    cJSON *back = typed("Replace", "content", " ");
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(back, "pattern"), "String", SPACE_MARK);
+    cJSON_AddItemToArray(dsteps, back);
+    cJSON_AddItemToArray(dsteps, typed("ByteFallback", NULL, NULL));
+    cJSON_AddItemToArray(dsteps, typed("Fuse", NULL, NULL));
     cJSON_AddItemToObject(j, "decoder", dec);
-    cJSON *m = cJSON_AddObjectToObject(j, "model");
-    cJSON_AddStringToObject(m, "type", "BPE");
-    cJSON_AddNullToObject(m, "dropout");
-    char unk_text[256] = "";
-    if (unk >= 0 && (uint64_t)unk < n_tokens)
-        gguf_text(g, "tokenizer.ggml.tokens", (uint64_t)unk, true, unk_text, sizeof unk_text);
-    if (unk_text[0])
-        cJSON_AddStringToObject(m, "unk_token", unk_text);
-    else
-        cJSON_AddNullToObject(m, "unk_token");
-    cJSON_AddNullToObject(m, "continuing_subword_prefix");
-    cJSON_AddNullToObject(m, "end_of_word_suffix");
-    cJSON_AddBoolToObject(m, "fuse_unk", false);
-    cJSON_AddBoolToObject(m, "byte_fallback", false);
-    cJSON_AddBoolToObject(m, "ignore_merges", ignore_merges);
-    cJSON *vocab = cJSON_AddObjectToObject(m, "vocab");
-    cJSON *merges = cJSON_AddArrayToObject(m, "merges");
+}
+
+/* model.vocab and added_tokens from tokenizer.ggml.tokens / token_type.
+ * Byte-level BPE leaves unused tokens out (they read back as [PAD] holes);
+ * SentencePiece keeps every piece, as its tokenizer.json does. */
+static sd_status add_vocab(const sd_gguf *g, uint64_t n_tokens, const int32_t *types, bool spm, cJSON *vocab,
+                           cJSON *added, char *buf) {
     uint64_t n_lost = 0;
-    for (uint64_t i = 0; s == SD_OK && i < n_tokens; i++) {
+    for (uint64_t i = 0; i < n_tokens; i++) {
         const char *text = gguf_text(g, "tokenizer.ggml.tokens", i, true, buf, 1 << 16);
-        if (!text) {
-            s = SD_ERR_FORMAT;
-            break;
-        }
-        if (types[i] == 5) continue; /* unused: reads back as a [PAD] hole */
+        if (!text) return SD_ERR_FORMAT;
+        if (types[i] == 5 && !spm) continue;
         if (types[i] == 3 || types[i] == 4) {
             cJSON *a = cJSON_CreateObject();
             cJSON_AddNumberToObject(a, "id", (double)i);
@@ -455,7 +504,7 @@ static sd_status write_tokenizer(const sd_gguf *g, const mk_hf_params *p, const 
             cJSON_AddBoolToObject(a, "normalized", false);
             cJSON_AddBoolToObject(a, "special", types[i] == 3);
             cJSON_AddItemToArray(added, a);
-        } else if (types[i] != 1) {
+        } else if (types[i] != 1 && !spm) {
             n_lost++;
         }
         cJSON_AddNumberToObject(vocab, text, (double)i);
@@ -465,17 +514,104 @@ static sd_status write_tokenizer(const sd_gguf *g, const mk_hf_params *p, const 
                 "specd-mkmodel: warning: %llu tokens of types other than normal/control/user-defined are "
                 "written as normal tokens (the vocabulary hash will differ)\n",
                 (unsigned long long)n_lost);
-    for (uint64_t i = 0; s == SD_OK && i < n_merges; i++) {
+    return SD_OK;
+}
+
+/* model.merges: the GGUF's list (byte-level BPE) or one derived from the
+ * SentencePiece scores (mkmodel_hf_spm.c). */
+static sd_status add_merges(const sd_gguf *g, uint64_t n_tokens, bool spm, cJSON *merges, char *buf) {
+    if (spm) return mk_spm_merges(g, n_tokens, merges);
+    sd_gguf_type et;
+    uint64_t n_merges = 0;
+    (void)sd_gguf_get_arr(g, "tokenizer.ggml.merges", &et, &n_merges);
+    for (uint64_t i = 0; i < n_merges; i++) {
         const char *text = gguf_text(g, "tokenizer.ggml.merges", i, true, buf, 1 << 16);
-        if (!text)
-            s = SD_ERR_FORMAT;
-        else
-            cJSON_AddItemToArray(merges, cJSON_CreateString(text));
+        if (!text) return SD_ERR_FORMAT;
+        cJSON_AddItemToArray(merges, cJSON_CreateString(text));
     }
+    return SD_OK;
+}
+
+/* The BPE model object: its unk token and flags; vocab and merges empty. */
+static cJSON *bpe_model(const sd_gguf *g, uint64_t n_tokens, bool spm, bool ignore_merges) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "type", "BPE");
+    cJSON_AddNullToObject(m, "dropout");
+    int64_t unk = get_id(g, "tokenizer.ggml.unknown_token_id");
+    char unk_text[256] = "";
+    if (unk >= 0 && (uint64_t)unk < n_tokens)
+        gguf_text(g, "tokenizer.ggml.tokens", (uint64_t)unk, true, unk_text, sizeof unk_text);
+    if (unk_text[0])
+        cJSON_AddStringToObject(m, "unk_token", unk_text);
+    else
+        cJSON_AddNullToObject(m, "unk_token");
+    cJSON_AddNullToObject(m, "continuing_subword_prefix");
+    cJSON_AddNullToObject(m, "end_of_word_suffix");
+    cJSON_AddBoolToObject(m, "fuse_unk", spm);
+    cJSON_AddBoolToObject(m, "byte_fallback", spm);
+    cJSON_AddBoolToObject(m, "ignore_merges", ignore_merges);
+    cJSON_AddObjectToObject(m, "vocab");
+    cJSON_AddArrayToObject(m, "merges");
+    return m;
+}
+
+static sd_status write_tokenizer(const sd_gguf *g, const mk_hf_params *p, const sd_model_config *c) {
+    char model[16], pre[64] = "";
+    bool spm = gguf_text(g, "tokenizer.ggml.model", 0, false, model, sizeof model) && strcmp(model, "llama") == 0;
+    if (!spm && (!gguf_text(g, "tokenizer.ggml.model", 0, false, model, sizeof model) || strcmp(model, "gpt2") != 0)) {
+        fprintf(stderr, "specd-mkmodel: warning: no BPE or SentencePiece tokenizer in the GGUF; no tokenizer.json "
+                        "written\n");
+        return SD_OK;
+    }
+    gguf_text(g, "tokenizer.ggml.pre", 0, false, pre, sizeof pre);
+    bool ignore_merges = false;
+    cJSON *pt = spm ? NULL : pre_tokenizer(pre, &ignore_merges);
+    if (!spm && !pt) {
+        fprintf(stderr, "specd-mkmodel: pre-tokenizer '%s' has no tokenizer.json form here\n", pre);
+        return SD_ERR_UNSUPPORTED;
+    }
+    sd_gguf_type et;
+    uint64_t n_tokens = 0;
+    if (sd_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n_tokens) != SD_OK || n_tokens > (uint64_t)c->n_vocab) {
+        cJSON_Delete(pt);
+        fprintf(stderr, "specd-mkmodel: tokenizer.ggml.tokens is missing or longer than the vocabulary\n");
+        return SD_ERR_FORMAT;
+    }
+    int32_t *types = malloc((size_t)(n_tokens ? n_tokens : 1) * sizeof *types);
+    sd_status s = types ? token_types(g, n_tokens, types) : SD_ERR_NOMEM;
+    char *buf = malloc(1 << 16);
+    if (!buf) s = SD_ERR_NOMEM;
+
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "version", "1.0");
+    cJSON_AddNullToObject(j, "truncation");
+    cJSON_AddNullToObject(j, "padding");
+    cJSON *added = cJSON_AddArrayToObject(j, "added_tokens");
+    bool space_prefix = true; /* llama.cpp's default for SentencePiece */
+    (void)sd_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &space_prefix);
+    if (spm) {
+        spm_text_steps(j, space_prefix);
+    } else {
+        cJSON_AddNullToObject(j, "normalizer");
+        cJSON_AddItemToObject(j, "pre_tokenizer", pt);
+        cJSON_AddItemToObject(j, "decoder", byte_level(true));
+    }
+    int64_t bos = get_id(g, "tokenizer.ggml.bos_token_id");
+    bool add_bos = false;
+    (void)sd_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add_bos);
+    char bos_text[256] = "";
+    if (bos >= 0 && (uint64_t)bos < n_tokens)
+        gguf_text(g, "tokenizer.ggml.tokens", (uint64_t)bos, true, bos_text, sizeof bos_text);
+    cJSON_AddItemToObject(j, "post_processor", post_processor(add_bos, bos_text[0] ? bos_text : NULL, bos));
+    cJSON *m = bpe_model(g, n_tokens, spm, ignore_merges);
+    cJSON_AddItemToObject(j, "model", m);
+    if (s == SD_OK) s = add_vocab(g, n_tokens, types, spm, cJSON_GetObjectItem(m, "vocab"), added, buf);
+    if (s == SD_OK) s = add_merges(g, n_tokens, spm, cJSON_GetObjectItem(m, "merges"), buf);
     if (s == SD_OK) s = write_json(p->dir, "tokenizer.json", j);
     cJSON_Delete(j);
-
-    if (s == SD_OK) s = write_tokenizer_config(g, p, c, add_bos, n_tokens, buf);
+    const char *cls = spm ? (c->arch_id == SD_ARCH_GEMMA3 ? "GemmaTokenizer" : "LlamaTokenizer")
+                          : (strcmp(pre, "qwen2") == 0 ? "Qwen2Tokenizer" : "GPT2Tokenizer");
+    if (s == SD_OK) s = write_tokenizer_config(g, p, c, add_bos, n_tokens, buf, cls);
     free(buf);
     free(types);
     return s;

@@ -1,7 +1,10 @@
-/* mkmodel_hf.h — writes a llama GGUF as a Hugging Face checkpoint directory
+/* mkmodel_hf.h — writes a GGUF of any architecture the engine reads as a
+ * Hugging Face checkpoint directory
  * (specd-mkmodel --format hf, --convert). */
 #ifndef SPECD_MKMODEL_HF_H
 #define SPECD_MKMODEL_HF_H
+
+#include <cjson/cJSON.h>
 
 #include "specd/gguf.h"
 
@@ -12,11 +15,18 @@ typedef struct mk_hf_params {
     sd_dtype dtype;
 } mk_hf_params;
 
-/* Writes g (llama architecture) into p->dir: config.json, the safetensors
- * file(s) with HF tensor names and q/k rows in rotate-half order,
+/* Writes g into p->dir: config.json of its family's class, the safetensors
+ * file(s) with HF tensor names and values (llama q/k rows in rotate-half
+ * order, Gemma norms as w),
  * tokenizer.json and tokenizer_config.json (from tokenizer.ggml.*). F32, F16
  * and BF16 tensors keep their bytes; quantized ones are dequantized to F32
  * (or p->dtype). Messages go to stderr. */
 sd_status mk_write_hf(const sd_gguf *g, const mk_hf_params *p);
+
+/* Appends to merges (a cJSON array) the [left, right] merges of g's
+ * SentencePiece vocabulary (tokenizer.ggml.model "llama": pieces and
+ * scores), derived as transformers' converter derives them
+ * (mkmodel_hf_spm.c). */
+sd_status mk_spm_merges(const sd_gguf *g, uint64_t n_tokens, cJSON *merges);
 
 #endif

@@ -23,7 +23,7 @@
  *
  * --format hf writes the same model (same seed, same numbers) as a Hugging
  * Face checkpoint directory instead (mkmodel_hf.c): the GGUF is built as
- * always, then rewritten with HF names, rotate-half q/k rows, config.json
+ * always, then rewritten with HF names and values, config.json
  * and tokenizer.json, optionally sharded (--shards). --convert turns an
  * existing GGUF into such a directory. */
 #include "mkmodel_hf.h"
@@ -74,7 +74,8 @@ static void usage(FILE *f) {
                "Writes a random Llama model (llama.cpp tensor names and metadata) for tests, or (--requant) FROM's\n"
                "model, tokenizer and metadata with every 2-D weight re-quantized to --dtype (a realistic draft\n"
                "model: same vocabulary, different numerics).\n"
-               "--format hf writes the same model as a Hugging Face checkpoint directory OUT (config.json,\n"
+               "--format hf writes the same model as a Hugging Face checkpoint directory OUT (config.json of the\n"
+               "family's class: LlamaForCausalLM, MistralForCausalLM, Qwen2/Qwen3/Gemma3/Phi3ForCausalLM;\n"
                "model.safetensors or N shards with model.safetensors.index.json, tokenizer.json): the engine\n"
                "reads identical numbers from both. --convert does that for an existing GGUF (quantized weights\n"
                "are stored dequantized, as f32 unless --dtype says f16 or bf16).\n");
@@ -290,10 +291,6 @@ static int check_format(const mk_params *p) {
     }
     if ((p->shards > 1 || p->convert) && !p->hf) {
         fprintf(stderr, "specd-mkmodel: --shards and --convert need --format hf\n");
-        return -1;
-    }
-    if (p->hf && strcmp(p->arch, "llama") != 0) {
-        fprintf(stderr, "specd-mkmodel: --format hf writes llama models only (not %s)\n", p->arch);
         return -1;
     }
     if (p->hf && p->requant_from) {
@@ -728,15 +725,7 @@ static sd_status write_hf(const sd_gguf_writer *w, const mk_params *p) {
             fprintf(stderr, "specd-mkmodel: %s: %s\n", p->convert, err);
             return s;
         }
-        sd_gguf_str arch = {0};
-        if (sd_gguf_get_str(g, "general.architecture", &arch) != SD_OK || arch.len != 5 ||
-            memcmp(arch.ptr, "llama", 5) != 0) {
-            fprintf(stderr, "specd-mkmodel: --convert takes llama models only (%s is '%.*s')\n", p->convert,
-                    (int)(arch.len > 32 ? 32 : arch.len), arch.ptr ? arch.ptr : "");
-            s = SD_ERR_UNSUPPORTED;
-        } else {
-            s = mk_write_hf(g, &hp);
-        }
+        s = mk_write_hf(g, &hp); /* any architecture the engine reads (mk_write_hf checks) */
         sd_gguf_close(&g);
         return s;
     }

@@ -81,59 +81,65 @@ static sd_status check_tensor(const sd_gguf *g, const char *name, uint32_t n_dim
     return SD_OK;
 }
 
-/* The tensors of layer l that an architecture adds (model_config.h). */
-static sd_status check_arch_tensors(const sd_gguf *g, const sd_model_config *c, int32_t l) {
-    uint64_t e = (uint64_t)c->n_embd, d = (uint64_t)c->head_dim;
-    uint64_t qd = (uint64_t)c->n_heads * d, kd = (uint64_t)c->n_kv_heads * d;
-    char name[96];
+/* Calls visit on one tensor (1-D when ne1 is 0). */
+static sd_status visit_one(sd_model_tensor_fn visit, void *ctx, const char *name, uint64_t ne0, uint64_t ne1) {
+    sd_model_tensor t = {.n_dims = ne1 ? 2 : 1, .ne0 = ne0, .ne1 = ne1};
+    snprintf(t.name, sizeof t.name, "%s", name);
+    return visit(&t, ctx);
+}
+
+/* The tensors of layer l, llama's and those an architecture adds (model_config.h). */
+static sd_status layer_tensors(const sd_model_config *c, int32_t l, sd_model_tensor_fn visit, void *ctx) {
+    const uint64_t e = (uint64_t)c->n_embd, d = (uint64_t)c->head_dim, f = (uint64_t)c->n_ff;
+    const uint64_t qd = (uint64_t)c->n_heads * d, kd = (uint64_t)c->n_kv_heads * d;
+    const bool fq = c->fused_qkv, fu = c->fused_gate_up; /* phi3: one matrix where llama has two or three */
     struct {
         bool on;
         const char *suffix;
-        uint64_t n;
+        uint64_t ne0, ne1; /* ne1 0: 1-D */
     } const want[] = {
-        {c->qkv_bias, "attn_q.bias", qd},
-        {c->qkv_bias, "attn_k.bias", kd},
-        {c->qkv_bias, "attn_v.bias", kd},
-        {c->qk_norm, "attn_q_norm.weight", d},
-        {c->qk_norm, "attn_k_norm.weight", d},
-        {c->post_norms, "post_attention_norm.weight", e},
-        {c->post_norms, "post_ffw_norm.weight", e},
+        {true, "attn_norm.weight", e, 0},
+        {!fq, "attn_q.weight", e, qd},
+        {!fq, "attn_k.weight", e, kd},
+        {!fq, "attn_v.weight", e, kd},
+        {fq, "attn_qkv.weight", e, qd + 2 * kd},
+        {true, "attn_output.weight", qd, e},
+        {true, "ffn_norm.weight", e, 0},
+        {!fu, "ffn_gate.weight", e, f},
+        {true, "ffn_up.weight", e, fu ? 2 * f : f},
+        {true, "ffn_down.weight", f, e},
+        {c->qkv_bias, "attn_q.bias", qd, 0},
+        {c->qkv_bias, "attn_k.bias", kd, 0},
+        {c->qkv_bias, "attn_v.bias", kd, 0},
+        {c->qk_norm, "attn_q_norm.weight", d, 0},
+        {c->qk_norm, "attn_k_norm.weight", d, 0},
+        {c->post_norms, "post_attention_norm.weight", e, 0},
+        {c->post_norms, "post_ffw_norm.weight", e, 0},
     };
+    char name[64];
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         if (!want[i].on) continue;
         snprintf(name, sizeof name, "blk.%d.%s", (int)l, want[i].suffix);
-        SD_TRY(check_tensor(g, name, 1, want[i].n, 0));
+        SD_TRY(visit_one(visit, ctx, name, want[i].ne0, want[i].ne1));
     }
     return SD_OK;
 }
 
+sd_status sd_model_config_tensors(const sd_model_config *c, sd_model_tensor_fn visit, void *ctx) {
+    const uint64_t e = (uint64_t)c->n_embd, v = (uint64_t)c->n_vocab;
+    SD_TRY(visit_one(visit, ctx, "token_embd.weight", e, v));
+    SD_TRY(visit_one(visit, ctx, "output_norm.weight", e, 0));
+    if (!c->tied_output) SD_TRY(visit_one(visit, ctx, "output.weight", e, v));
+    for (int32_t l = 0; l < c->n_layers; l++) SD_TRY(layer_tensors(c, l, visit, ctx));
+    return SD_OK;
+}
+
+static sd_status check_visit(const sd_model_tensor *t, void *ctx) {
+    return check_tensor(ctx, t->name, t->n_dims, t->ne0, t->ne1);
+}
+
 static sd_status check_all_tensors(const sd_gguf *g, const sd_model_config *c) {
-    uint64_t e = (uint64_t)c->n_embd, v = (uint64_t)c->n_vocab, f = (uint64_t)c->n_ff;
-    uint64_t qd = (uint64_t)c->n_heads * (uint64_t)c->head_dim, kd = (uint64_t)c->n_kv_heads * (uint64_t)c->head_dim;
-    SD_TRY(check_tensor(g, "token_embd.weight", 2, e, v));
-    SD_TRY(check_tensor(g, "output_norm.weight", 1, e, 0));
-    if (!c->tied_output) SD_TRY(check_tensor(g, "output.weight", 2, e, v));
-    char name[96];
-    for (int32_t l = 0; l < c->n_layers; l++) {
-        const bool fq = c->fused_qkv, fu = c->fused_gate_up; /* phi3: one matrix where llama has two or three */
-        struct {
-            bool on;
-            const char *suffix;
-            uint32_t n_dims;
-            uint64_t ne0, ne1;
-        } const want[] = {
-            {true, "attn_norm", 1, e, 0},   {!fq, "attn_q", 2, e, qd},          {!fq, "attn_k", 2, e, kd},
-            {!fq, "attn_v", 2, e, kd},      {fq, "attn_qkv", 2, e, qd + 2 * kd}, {true, "attn_output", 2, qd, e},
-            {true, "ffn_norm", 1, e, 0},    {!fu, "ffn_gate", 2, e, f},         {true, "ffn_up", 2, e, fu ? 2 * f : f},
-            {true, "ffn_down", 2, f, e},
-        };
-        for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-            if (!want[i].on) continue;
-            snprintf(name, sizeof name, "blk.%d.%s.weight", (int)l, want[i].suffix);
-            SD_TRY(check_tensor(g, name, want[i].n_dims, want[i].ne0, want[i].ne1));
-        }
-        SD_TRY(check_arch_tensors(g, c, l));
-    }
+    SD_TRY(sd_model_config_tensors(c, check_visit, (void *)g));
     const sd_gguf_tensor *rf = sd_gguf_find_tensor(g, "rope_freqs.weight");
     if (rf) SD_TRY(check_tensor(g, "rope_freqs.weight", 1, (uint64_t)c->head_dim / 2, 0));
     return SD_OK;

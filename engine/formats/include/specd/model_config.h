@@ -90,6 +90,22 @@ static inline bool sd_model_layer_swa(const sd_model_config *c, int32_t l) {
  * the message with that list). */
 sd_status sd_model_config_from_gguf(const sd_gguf *g, sd_model_config *cfg);
 
+/* One tensor a model reads: its GGUF name, and its shape as GGUF says it
+ * (ne0 the row length; ne1 the rows, 0 for a 1-D tensor). */
+typedef struct sd_model_tensor {
+    char name[64];
+    uint32_t n_dims; /* 1 or 2 */
+    uint64_t ne0, ne1;
+} sd_model_tensor;
+
+typedef sd_status (*sd_model_tensor_fn)(const sd_model_tensor *t, void *ctx);
+
+/* The one list of the tensors a model of config c needs (llama's, less
+ * output.weight when tied, with what c's architecture adds or fuses):
+ * calls visit on each in a fixed order and returns the first status other
+ * than SD_OK that visit returns. Each file format checks its tensors by it. */
+sd_status sd_model_config_tensors(const sd_model_config *c, sd_model_tensor_fn visit, void *ctx);
+
 /* The numbers of RoPE scaling, named apart from how a format spells them. */
 typedef enum sd_rope_key {
     SD_ROPE_FACTOR,

@@ -111,11 +111,19 @@ sd_status sd_weights_map_stored(const sd_weights *w, const char *name, int64_t r
  * read): what a worker reports in Hello. Errors are logged with the path. */
 sd_status sd_weights_identity(const char *path, sd_model_identity *id);
 
+/* How a Hugging Face checkpoint stores a tensor other than the engine
+ * (and GGUF) holds it. */
+typedef struct sd_weights_hf_layout {
+    bool rope_rows; /* llama q/k: rows in rotate-half order within each head (un-permuted on read) */
+    bool plus_one;  /* a Gemma 3 norm weight: HF stores w, the engine multiplies by 1 + w */
+} sd_weights_hf_layout;
+
 /* The one GGUF -> Hugging Face tensor-name table: writes the HF name of the
- * GGUF tensor gguf (a model of n_layers layers) into out, and whether its
- * rows are q/k rows that HF orders for rotate-half RoPE (*rope_rows); false
- * for a name HF checkpoints do not have or that does not fit in cap. */
-bool sd_weights_hf_name(const char *gguf, int32_t n_layers, char *out, size_t cap, bool *rope_rows);
+ * GGUF tensor gguf of an arch model of n_layers layers into out, and how
+ * its stored values differ (*how); false for a name the architecture's
+ * checkpoints do not have or that does not fit in cap. */
+bool sd_weights_hf_name(sd_model_arch arch, const char *gguf, int32_t n_layers, char *out, size_t cap,
+                        sd_weights_hf_layout *how);
 
 #ifdef __cplusplus
 }
