@@ -28,6 +28,7 @@ the TP = 1 engine's log-softmax within TP_LP_TOL."""
 import argparse
 import math
 import os
+import re
 import signal
 import subprocess
 import time
@@ -195,6 +196,11 @@ def run(h, args):
     drafted = sum(x["finished"]["stats"].get("drafted", 0) for x in res)
     H.log("all %d equal to TP = 1; drafted %d" % (len(res), drafted))
     check_prompt_logprobs(h, c, target, refs, args)
+    if args.model == "gemma":  # every rank keeps the leader's window group
+        for p in ranks:
+            m = re.search(r"\((\d+) window blocks\)", p.log_tail(400))
+            H.check(m is not None and int(m.group(1)) > 0, "%s has no window group" % p.name)
+        H.log("ranks hold window groups of %s blocks" % m.group(1))
 
     # A clean stop of the leader stops every rank cleanly.
     rc = h.stop(leader, signal.SIGTERM)
