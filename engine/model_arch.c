@@ -28,8 +28,8 @@
  * (attention_window) and reads none of them. With a cache whose window group
  * holds the windowed layers (kv_window.c: blocks that left every reachable
  * window are freed), those layers read and write through the plan's bt_win;
- * without one (a TP group, or a cache made by hand) the whole context stays
- * and bt serves every layer. */
+ * without one (a cache made by hand, a model without a window) the whole
+ * context stays and bt serves every layer. */
 #include "model_impl.h"
 
 #include <stdio.h>

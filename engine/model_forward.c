@@ -644,6 +644,7 @@ sd_status sd_model_forward_plan(sd_model *m, sd_kv *kv, const sd_model_plan *pla
         return SD_ERR_INVALID_ARG;
     }
     SD_TRY(check_plan(m, kv, plan));
+    SD_TRY(sd_model_window_check_plan(kv, plan)); /* model_window.c */
     SD_TRY(reserve_activations(m, plan->n_tokens));
     sd_status s = run_plan(m, kv, plan, m->cfg.n_vocab, NULL);
     if (s != SD_OK)

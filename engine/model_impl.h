@@ -157,9 +157,13 @@ typedef sd_status (*sd_model_chunk_fn)(sd_model *m, sd_kv *kv, const sd_batch *b
  * on go in one last call (their logits stay in the activations). */
 sd_status sd_model_forward_chunks(sd_model *m, sd_kv *kv, const sd_batch *b, int32_t n_head, float *out, bool keep,
                                   sd_model_chunk_fn fn);
-/* Sets p's window group for m's sliding window (nothing without one, or in
- * a TP group). */
-void sd_model_window_params(const sd_model *m, sd_kv_params *p, bool *windowed);
+/* Sets p's window group for m's sliding window (nothing without one):
+ * window_blocks < 0 sizes its pools from p (model_window.c), > 0 takes that
+ * many (a TP rank: the leader's), 0 makes none. */
+void sd_model_window_params(const sd_model *m, sd_kv_params *p, bool *windowed, int32_t window_blocks);
+/* A rank's check of a plan's window table against kv (model_window.c);
+ * SD_ERR_RANGE with a log line. Runs after check_plan's. */
+sd_status sd_model_window_check_plan(const sd_kv *kv, const sd_model_plan *p);
 /* Whether layer l needs the general path (an architecture's additions or
  * a sliding window) rather than Llama's (model_arch.c). */
 bool sd_model_layer_is_arch(const sd_model *m, int32_t l);

@@ -713,7 +713,9 @@ static void kv_pool_free(void *ctx, void *pool) {
     be->ops->buf_free(be->ctx, pool);
 }
 
-sd_status sd_model_kv_create(const sd_model *m, int32_t max_seqs, int32_t n_blocks, int32_t block_size, sd_kv **out) {
+/* window_blocks: sd_model_window_params's. */
+static sd_status kv_create(const sd_model *m, int32_t max_seqs, int32_t n_blocks, int32_t block_size,
+                           int32_t window_blocks, sd_kv **out) {
     if (!m || !out) return SD_ERR_INVALID_ARG;
     sd_kv_params p = sd_kv_default_params();
     p.n_layers = m->n_layers_used;
@@ -731,7 +733,7 @@ sd_status sd_model_kv_create(const sd_model *m, int32_t max_seqs, int32_t n_bloc
     for (size_t i = 0; i < sizeof ident / sizeof ident[0]; i++) salt = (salt ^ (uint32_t)ident[i]) * 1099511628211ull;
     p.prefix_salt = salt;
     bool windowed[SD_MODEL_MAX_LAYERS] = {false};
-    sd_model_window_params(m, &p, windowed); /* model_window.c: the sliding window's group */
+    sd_model_window_params(m, &p, windowed, window_blocks); /* model_window.c: the sliding window's group */
     const sd_backend_ops *ops = m->be.ops;
     if (p.type == SD_DTYPE_F16 && (!ops->kv_write_f16 || !ops->attention_f16)) {
         SD_ERROR("model: the %s backend keeps an f32 KV cache only (--kv-type f32)", ops->name);
@@ -759,4 +761,18 @@ sd_status sd_model_kv_create(const sd_model *m, int32_t max_seqs, int32_t n_bloc
         }
     }
     return sd_kv_create(&p, out);
+}
+
+sd_status sd_model_kv_create(const sd_model *m, int32_t max_seqs, int32_t n_blocks, int32_t block_size, sd_kv **out) {
+    return kv_create(m, max_seqs, n_blocks, block_size, -1, out);
+}
+
+sd_status sd_model_kv_create_rank(const sd_model *m, int32_t n_blocks, int32_t block_size, int32_t window_blocks,
+                                  sd_kv **out) {
+    if (window_blocks < 0 || (window_blocks > 0 && (!m || m->cfg.sliding_window <= 0))) {
+        SD_ERROR("model: a window pool of %d blocks for a model %s", (int)window_blocks,
+                 window_blocks < 0 ? "(negative)" : "without a sliding window");
+        return SD_ERR_INVALID_ARG;
+    }
+    return kv_create(m, 1, n_blocks, block_size, window_blocks, out);
 }

@@ -15,6 +15,15 @@
  * chunk (a long append in a verify step) may run out of window blocks
  * (SD_ERR_OUT_OF_BLOCKS).
  *
+ * Tensor parallelism. Ranks keep pools only and write at the leader's block
+ * ids (model.h), so a rank's window pool must be the leader's: the leader
+ * tells its ranks sd_model_kv_window_blocks (GroupSetup.window_blocks), the
+ * ranks make theirs with sd_model_kv_create_rank, and every plan carries
+ * the window table beside the main one (GroupPlan.bt_win), which a rank
+ * checks before it runs (sd_model_window_check_plan: no entry outside the
+ * pool, none freed that a token reads). Rejected: ranks keeping their own
+ * window bookkeeping (a second allocator that must stay in step).
+ *
  * Chunks. A prompt prefilled in one call writes all its rows before any
  * attention reads them, so a window group could not hold it; a batch longer
  * than WINDOW_CHUNK tokens runs in consecutive chunks instead (the tokens
@@ -34,16 +43,63 @@ enum { WINDOW_CHUNK = 256 }; /* most tokens one forward appends on a window-grou
 
 static int32_t blocks_for(int64_t tokens, int32_t bs) { return (int32_t)((tokens + bs - 1) / bs); }
 
-void sd_model_window_params(const sd_model *m, sd_kv_params *p, bool *windowed) {
+void sd_model_window_params(const sd_model *m, sd_kv_params *p, bool *windowed, int32_t window_blocks) {
     const sd_model_config *c = &m->cfg;
-    if (c->sliding_window <= 0 || m->shard.tp_size > 1 || m->coll) return; /* a group's plans carry one table */
+    if (c->sliding_window <= 0 || window_blocks == 0) return;
     for (int32_t l = 0; l < p->n_layers; l++) windowed[l] = sd_model_layer_swa(c, l);
     p->window = c->sliding_window;
     p->windowed = windowed;
+    if (window_blocks > 0) { /* a TP rank: the leader's pool (sd_model_kv_create_rank) */
+        p->window_blocks = window_blocks;
+        return;
+    }
     const int32_t bs = p->block_size;
     int64_t per_seq = blocks_for((int64_t)p->window + p->window_slack + bs - 1 + WINDOW_CHUNK, bs) + 1;
     int64_t n = (int64_t)p->max_seqs * per_seq;
     p->window_blocks = n < p->n_blocks ? (int32_t)n : p->n_blocks;
+}
+
+/* A rank's plan against its cache's window group (sd_model_plan.bt_win):
+ * present exactly when the cache has one, every entry -1 (freed) or inside
+ * the window pool, and every entry a token reads or writes (its window's
+ * blocks, model_arch.c's attention) a block. */
+sd_status sd_model_window_check_plan(const sd_kv *kv, const sd_model_plan *p) {
+    const int32_t window = sd_kv_window(kv);
+    if ((window > 0) != (p->bt_win != NULL)) {
+        SD_ERROR("model: a plan %s a window table, the rank's cache %s a window group", p->bt_win ? "with" : "without",
+                 window > 0 ? "has" : "lacks");
+        return SD_ERR_RANGE;
+    }
+    if (!p->bt_win) return SD_OK;
+    const sd_kv_params *kp = sd_kv_params_of(kv);
+    for (int32_t i = 0; i < p->n_bt; i++)
+        if (p->bt_win[i] < -1 || p->bt_win[i] >= kp->window_blocks) {
+            SD_ERROR("model: plan window entry %d is block %d, outside the window pool [0, %d)", (int)i,
+                     (int)p->bt_win[i], (int)kp->window_blocks);
+            return SD_ERR_RANGE;
+        }
+    for (int32_t t = 0; t < p->n_tokens; t++) { /* check_plan checked pos and bt_off against n_bt */
+        int32_t first = p->pos[t] - window + 1;
+        for (int32_t e = (first > 0 ? first : 0) / kp->block_size; e <= p->pos[t] / kp->block_size; e++)
+            if (p->bt_win[p->bt_off[t] + e] < 0) {
+                SD_ERROR("model: plan token %d (position %d) reads window entry %d, which is freed", (int)t,
+                         (int)p->pos[t], (int)e);
+                return SD_ERR_RANGE;
+            }
+    }
+    return SD_OK;
+}
+
+int32_t sd_model_kv_window_blocks(const sd_model *m, int32_t max_seqs, int32_t n_blocks, int32_t block_size) {
+    if (!m) return 0;
+    sd_kv_params p = sd_kv_default_params();
+    p.n_layers = m->n_layers_used;
+    if (block_size) p.block_size = block_size;
+    p.n_blocks = n_blocks;
+    p.max_seqs = max_seqs;
+    bool windowed[SD_MODEL_MAX_LAYERS] = {false};
+    sd_model_window_params(m, &p, windowed, -1); /* sd_model_kv_create's sizing */
+    return p.window > 0 ? p.window_blocks : 0;
 }
 
 bool sd_model_window_chunked(const sd_kv *kv, const sd_batch *b) {

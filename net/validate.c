@@ -583,6 +583,9 @@ static bool check_group_setup(vctx *v, const Specd__GroupSetup *s) {
                           "setup: kv_blocks %u outside [1, 2^28] or block_size %u "
                           "outside [1, 4096]",
                           s->kv_blocks, s->block_size);
+    if (s->window_blocks > s->kv_blocks)
+        return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST, "setup.window_blocks: %u over kv_blocks %u",
+                          s->window_blocks, s->kv_blocks);
     if (s->heartbeat_interval_ms < 1 || s->heartbeat_interval_ms > 60000 || s->heartbeat_liveness < 1 ||
         s->heartbeat_liveness > 1000)
         return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST,
@@ -603,6 +606,9 @@ static bool check_group_plan(vctx *v, const Specd__GroupPlan *p) {
         return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST, "plan.bt: %zu entries outside [1, 2^28]", p->n_bt);
     if (p->n_wanted > p->n_tokens)
         return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST, "plan.wanted: %zu rows of %zu", p->n_wanted, p->n_tokens);
+    if (p->n_bt_win != 0 && p->n_bt_win != p->n_bt)
+        return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST, "plan.bt_win: %zu entries, bt has %zu", p->n_bt_win,
+                          p->n_bt);
     return sd_nv_check_tokens(v, "plan.tokens", p->tokens, p->n_tokens);
 }
 

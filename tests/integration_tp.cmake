@@ -1,6 +1,6 @@
 # Tensor-parallel verifier groups through the whole service (tests/integration/
 # test_tp.py, test_tp_kill.py): greedy output equal to TP = 1 at TP 2 and 4
-# (tiny random models) and TP 3 (SmolLM2-135M, label model, matrices read as
+# (tiny random models; a Gemma 3 whose window group runs on every rank) and TP 3 (SmolLM2-135M, label model, matrices read as
 # f32: see below); a rank SIGKILLed
 # or SIGSTOPped mid-generation under specd-launch --tp N. Same lock as the
 # other integration tests: they start many processes each.
@@ -14,9 +14,11 @@ specd_py_test(it_tp3_smollm_16 ${_it}test_tp.py ARGS --tp 3 --model smollm --dra
               --cpu-weights f32 LABELS integration model slow)
 specd_py_test(it_tp2_tiny_curve ${_it}test_tp.py ARGS --tp 2 --model tiny --drafter layers --n 4 --curve
               LABELS integration)
+specd_py_test(it_tp2_gemma_window ${_it}test_tp.py ARGS --tp 2 --model gemma --drafter ngram --n 4 --tokens 40
+              LABELS integration)
 specd_py_test(it_tp_kill ${_it}test_tp_kill.py ARGS --tp 2 --rank 1 LABELS integration)
 specd_py_test(it_tp_kill_tp4_rank3 ${_it}test_tp_kill.py ARGS --tp 4 --rank 3 LABELS integration slow)
-set_tests_properties(it_tp2_tiny it_tp2_tiny_curve it_tp4_tiny_leader_head it_tp3_smollm it_tp3_smollm_16 it_tp_kill
+set_tests_properties(it_tp2_tiny it_tp2_tiny_curve it_tp2_gemma_window it_tp4_tiny_leader_head it_tp3_smollm it_tp3_smollm_16 it_tp_kill
                      it_tp_kill_tp4_rank3 PROPERTIES RESOURCE_LOCK specd_integration)
 # SmolLM2 is Q4_1: with its matrices as stored, activations are rounded to 8
 # bits and a TP group's differently ordered sums can round one the other way,

@@ -2,8 +2,9 @@
  * it (sd_net_decode_rank, sd_net_decode_leader): well-formed GroupJoin,
  * GroupSetup, GroupPlan and GroupStop pass; each malformed one is refused
  * with its own message (plan arrays of different lengths, a token outside
- * the vocabulary, no rows; a setup with both or neither of shm_name and
- * nccl_id, a '/' in the name, a zero heartbeat; a join claiming rank 0 or a
+ * the vocabulary, no rows, a window table whose length is not bt's; a
+ * setup with both or neither of shm_name and nccl_id, a '/' in the name, a
+ * zero heartbeat, a window pool larger than the main one; a join claiming rank 0 or a
  * rank past the group, an unknown LM head mode, no model); bytes of another
  * envelope are not taken for a group message. What a rank checks against
  * its own pool (block ids, positions) is test_tp's. */
@@ -101,6 +102,12 @@ static void test_plan(void **state) {
     int32_t two[2] = {0, 0};
     p.n_wanted = 2, p.wanted = two;
     expect_leader(&env, "plan.wanted: 2 rows of 1");
+    p.n_wanted = 1;
+    int32_t win[2] = {-1, 3}; /* the window table: as many entries as bt, or none */
+    p.n_bt_win = 1, p.bt_win = win;
+    expect_leader(&env, NULL);
+    p.n_bt_win = 2;
+    expect_leader(&env, "plan.bt_win: 2 entries, bt has 1");
 }
 
 static void test_setup(void **state) {
@@ -136,6 +143,11 @@ static void test_setup(void **state) {
     s.coll_timeout_ms = 0;
     expect_leader(&env, "coll_timeout_ms: 0");
     s.coll_timeout_ms = 1;
+    s.window_blocks = 64;
+    expect_leader(&env, NULL);
+    s.window_blocks = 65;
+    expect_leader(&env, "setup.window_blocks: 65 over kv_blocks 64");
+    s.window_blocks = 0;
     Specd__GroupStop st = SPECD__GROUP_STOP__INIT;
     st.reason = "a rank died";
     env.body_case = SPECD__LEADER_TO_RANK__BODY_STOP;

@@ -51,6 +51,7 @@
 #include "specd/coll.h"
 #include "specd/model.h"
 #include "specd/weights.h"
+#include "tp_wire.h"
 
 #define MAX_TP       4
 #define MAX_SEQS     4
@@ -230,38 +231,6 @@ static sd_status run_workload(sd_model *m, sd_kv *kv, const workload *w, sched s
 
 /* ------------------------------------------------------------ plans over the collectives */
 
-/* The leader's plan sink: a header broadcast, then the arrays. A header
- * with n_tokens 0 ends the ranks' loop. */
-typedef struct plan_wire {
-    sd_coll *coll;
-    int32_t *buf;
-    size_t cap;
-} plan_wire;
-
-static sd_status bcast_plan(void *user, const sd_model_plan *p) {
-    plan_wire *pw = user;
-    int32_t hdr[3] = {p->n_tokens, p->n_bt, p->n_wanted};
-    size_t n = 3 * (size_t)p->n_tokens + (size_t)p->n_bt + (size_t)p->n_wanted;
-    if (n > pw->cap) {
-        int32_t *b = realloc(pw->buf, n * sizeof *b);
-        if (!b) return SD_ERR_NOMEM;
-        pw->buf = b, pw->cap = n;
-    }
-    int32_t *q = pw->buf;
-    memcpy(q, p->tokens, (size_t)p->n_tokens * 4), q += p->n_tokens;
-    memcpy(q, p->pos, (size_t)p->n_tokens * 4), q += p->n_tokens;
-    memcpy(q, p->bt_off, (size_t)p->n_tokens * 4), q += p->n_tokens;
-    memcpy(q, p->bt, (size_t)p->n_bt * 4), q += p->n_bt;
-    if (p->n_wanted) memcpy(q, p->wanted, (size_t)p->n_wanted * 4);
-    SD_TRY(sd_coll_broadcast(pw->coll, hdr, sizeof hdr, 0));
-    return sd_coll_broadcast(pw->coll, pw->buf, n * sizeof(int32_t), 0);
-}
-
-static sd_status bcast_end(sd_coll *coll) {
-    int32_t hdr[3] = {0, 0, 0};
-    return sd_coll_broadcast(coll, hdr, sizeof hdr, 0);
-}
-
 /* A plan with one index wrong must be refused before anything runs. */
 static int check_bad_plans(sd_model *m, sd_kv *kv) {
     int32_t V = sd_model_config_of(m)->n_vocab;
@@ -326,34 +295,22 @@ static int rank_main(group_case *gc, int rank) {
     if (!rc && sd_model_kv_create(m, MAX_SEQS, KV_BLOCKS, BLOCK, &kv) != SD_OK) rc = 13;
     if (!rc && rank == 0) {
         plan_wire pw = {.coll = coll};
-        sd_model_set_plan_sink(m, bcast_plan, &pw);
+        sd_model_set_plan_sink(m, tp_wire_send, &pw);
         if (run_case(gc, m, kv) != SD_OK) rc = 14;
-        if (bcast_end(coll) != SD_OK && !rc) rc = 15;
+        if (tp_wire_end(coll) != SD_OK && !rc) rc = 15;
         free(pw.buf);
     } else if (!rc) {
         if (rank == 1) rc = check_bad_plans(m, kv);
-        for (int32_t *buf = NULL; !rc;) {
-            int32_t hdr[3];
-            if (sd_coll_broadcast(coll, hdr, sizeof hdr, 0) != SD_OK) rc = 20;
-            if (rc || hdr[0] == 0) {
-                free(buf);
+        plan_wire pw = {.coll = coll};
+        for (sd_model_plan p; !rc;) {
+            int got = tp_wire_recv(&pw, &p);
+            if (got <= 0) {
+                rc = got < 0 ? 21 : 0;
                 break;
             }
-            size_t n = 3 * (size_t)hdr[0] + (size_t)hdr[1] + (size_t)hdr[2];
-            free(buf);
-            buf = malloc(n * sizeof *buf);
-            if (!buf || sd_coll_broadcast(coll, buf, n * sizeof *buf, 0) != SD_OK) {
-                free(buf);
-                rc = 21;
-                break;
-            }
-            sd_model_plan p = {hdr[0],       buf,
-                               buf + hdr[0], buf + 2 * hdr[0],
-                               hdr[1],       buf + 3 * hdr[0],
-                               hdr[2],       buf + 3 * hdr[0] + hdr[1],
-                               NULL};
             if (sd_model_forward_plan(m, kv, &p) != SD_OK) rc = 22;
         }
+        free(pw.buf);
     }
     if (rc) sd_coll_abort(coll); /* the others fail fast instead of timing out */
     sd_kv_free(&kv);

@@ -286,6 +286,7 @@ static int run_config_here(const tp_opts *o, int tp, int mode, const sd_model_id
         sd_group_params gp = group_params(addr, tp, 0, id, m);
         gp.kv_blocks = blocks;
         gp.block_size = 16;
+        gp.window_blocks = sd_kv_params_of(kv)->window_blocks; /* a sliding-window model's (0 without) */
         if (sd_group_leader_start(zctx, &gp, &g) != SD_OK || sd_model_set_coll(m, sd_group_coll(g)) != SD_OK) goto done;
         sd_model_set_plan_sink(m, sd_group_plan, g);
     }

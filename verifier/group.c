@@ -112,7 +112,9 @@ void sd_group_identity_init(Specd__ModelIdentity *id, const sd_model_identity *m
 sd_status sd_group_check_params(const sd_group_params *p, bool leader) {
     if (!p || !p->addr || p->size < 2 || p->size > SD_MAX_GROUP_SIZE || p->rank < 0 || p->rank >= p->size ||
         (leader != (p->rank == 0)) || p->heartbeat_interval_ms <= 0 || p->liveness <= 0 || p->join_timeout_ms <= 0 ||
-        p->coll_timeout_ms <= 0 || p->coll_max_bytes < 64 || (leader && (p->kv_blocks <= 0 || p->block_size <= 0))) {
+        p->coll_timeout_ms <= 0 || p->coll_max_bytes < 64 ||
+        (leader &&
+         (p->kv_blocks <= 0 || p->block_size <= 0 || p->window_blocks < 0 || p->window_blocks > p->kv_blocks))) {
         SD_ERROR("group: bad parameters (an address, 2 <= size <= %d, the right rank, positive timings%s)",
                  SD_MAX_GROUP_SIZE, leader ? ", the KV pool shape" : "");
         return SD_ERR_INVALID_ARG;

@@ -38,6 +38,7 @@ typedef struct sd_group_params {
     int coll_timeout_ms;       /* bound on every collective wait (default 10000) */
     size_t coll_max_bytes;     /* shared-memory payload per round (default 1 MiB) */
     int32_t kv_blocks, block_size; /* leader: the KV pool shape every rank allocates (required) */
+    int32_t window_blocks;         /* leader: its cache's window pool (sd_model_kv_window_blocks; 0 none) */
     int stop_fd;                   /* readable = stop (a signalfd); -1 = never */
     /* CurveZMQ on the group link (borrowed; NULL or off: plaintext). The
      * leader binds with its own key and admits the keys of rank_keys; a rank

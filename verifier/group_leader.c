@@ -502,6 +502,7 @@ static sd_status setup_collectives(sd_group *g) {
     su.coll_max_bytes = g->p.coll_max_bytes;
     su.kv_blocks = (uint32_t)g->p.kv_blocks;
     su.block_size = (uint32_t)g->p.block_size;
+    su.window_blocks = (uint32_t)g->p.window_blocks;
     su.heartbeat_interval_ms = (uint32_t)g->p.heartbeat_interval_ms;
     su.heartbeat_liveness = (uint32_t)g->p.liveness;
     su.host = g->host;
@@ -601,6 +602,8 @@ sd_status sd_group_plan(void *group, const sd_model_plan *plan) {
     gp.bt = (int32_t *)plan->bt;
     gp.n_wanted = (size_t)plan->n_wanted;
     gp.wanted = (int32_t *)plan->wanted;
+    gp.n_bt_win = plan->bt_win ? (size_t)plan->n_bt : 0; /* the window group's tables (model_window.c) */
+    gp.bt_win = (int32_t *)plan->bt_win;
     Specd__LeaderToRank env = SPECD__LEADER_TO_RANK__INIT;
     env.body_case = SPECD__LEADER_TO_RANK__BODY_PLAN;
     env.plan = &gp;

@@ -41,6 +41,7 @@ static void *rank_compute(void *arg) {
             .bt = gp->bt,
             .n_wanted = (int32_t)gp->n_wanted,
             .wanted = gp->wanted,
+            .bt_win = gp->n_bt_win > 0 ? gp->bt_win : NULL, /* as many as bt (net/validate.c) */
         };
         int32_t st = (int32_t)sd_model_forward_plan(rs->m, rs->kv, &plan);
         if (st != SD_OK) SD_ERROR("group: plan %llu failed: %s", (unsigned long long)gp->step, sd_status_str(st));
@@ -90,7 +91,9 @@ static sd_status rank_setup(const sd_group_params *p, sd_model *m, const Specd__
                         : sd_coll_shm_open(su->shm_name, &cp, coll);
     if (st != SD_OK) return st;
     st = sd_model_set_coll(m, *coll);
-    if (st == SD_OK) st = sd_model_kv_create(m, 1, (int32_t)su->kv_blocks, (int32_t)su->block_size, kv);
+    if (st == SD_OK)
+        st =
+            sd_model_kv_create_rank(m, (int32_t)su->kv_blocks, (int32_t)su->block_size, (int32_t)su->window_blocks, kv);
     if (st != SD_OK) {
         sd_model_set_coll(m, NULL);
         sd_coll_abort(*coll);
@@ -258,8 +261,8 @@ static sd_status apply_setup(rank_run *r, Specd__LeaderToRank *setup, sd_coll **
     lw->pid = (int32_t)su->pid;
     sd_status st = rank_setup(p, r->m, su, coll, kv);
     if (st == SD_OK)
-        SD_INFO("group: rank %d set up: %s collectives, KV pool of %u blocks x %u tokens", (int)p->rank,
-                sd_coll_kind(*coll), su->kv_blocks, su->block_size);
+        SD_INFO("group: rank %d set up: %s collectives, KV pool of %u blocks x %u tokens (%u window blocks)",
+                (int)p->rank, sd_coll_kind(*coll), su->kv_blocks, su->block_size, su->window_blocks);
     /* the NCCL id is a secret of the group: wipe the decoded copy */
     if (su->nccl_id.data) memset(su->nccl_id.data, 0, su->nccl_id.len);
     specd__leader_to_rank__free_unpacked(setup, NULL);

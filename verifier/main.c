@@ -397,6 +397,7 @@ static sd_status form_group(const verifier_opts *o, void *zctx, sd_model *model,
     sd_group_params gp = group_params(o, &wp->model, model, wp->stop_fd, curve, rank_keys);
     gp.kv_blocks = vp->kv_blocks;
     gp.block_size = vp->block_size;
+    gp.window_blocks = sd_model_kv_window_blocks(model, vp->max_seqs, vp->kv_blocks, vp->block_size);
     sd_status st = sd_group_leader_start(zctx, &gp, &ctx->group);
     if (st == SD_OK) st = sd_model_set_coll(model, sd_group_coll(ctx->group));
     if (st == SD_OK) {

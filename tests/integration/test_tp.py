@@ -2,7 +2,7 @@
 ADDR) through the whole service: N concurrent greedy requests produce exactly
 the tokens specd-generate (TP = 1) gives each prompt alone.
 
-  test_tp.py --tp N --model tiny|smollm [--lm-head split|leader]
+  test_tp.py --tp N --model tiny|smollm|gemma [--lm-head split|leader]
              [--drafter layers|ngram|model|none] [--n 6] [--tokens 32] [--curve]
              [--cpu-weights stored|f32|copy]
 
@@ -19,13 +19,16 @@ the leader (another LM head mode) is refused and both exit 3; every rank stops c
 tiny: a random 2-layer target with 4 heads and 2 KV heads (TP 2, and TP 4 with
 the KV heads replicated), requests ignore EOS. smollm: SmolLM2-135M-Instruct
 (9 heads, 3 KV heads: TP 3) with chat prompts, stopping at EOS as
-specd-generate does.
+specd-generate does. gemma: a random Gemma 3 (5 windowed layers of 7, a
+window of 12, 4 heads, 2 KV heads) whose caches keep a window group on every
+rank (the plans carry the window table), requests longer than the window.
 
 Prompt logprobs (echo) on the group: a prompt_only request's entries equal
 the TP = 1 engine's log-softmax within TP_LP_TOL."""
 import argparse
 import math
 import os
+import re
 import signal
 import subprocess
 import time
@@ -116,6 +119,13 @@ def run(h, args):
         target, draft = h.tiny_models()
         prompts = H.random_prompts(args.n, seed=17)
         chat, ignore_eos = False, True
+    elif args.model == "gemma":
+        target, draft = os.path.join(h.tmp, "gemma.gguf"), None
+        subprocess.run([h.bin("mkmodel"), "-o", target, "--arch", "gemma3", "--dim", "64", "--layers", "7",
+                        "--heads", "4", "--kv-heads", "2", "--head-dim", "32", "--ff", "128", "--window", "12",
+                        "--vocab", "512", "--tied", "--seed", "23"], check=True, capture_output=True)
+        prompts = H.random_prompts(args.n, seed=19)
+        chat, ignore_eos = False, True
     else:
         target, draft = h.smollm(), None
         base = ["What is the capital of France?", "Name three colors.", "Count from 1 to 10.",
@@ -124,7 +134,7 @@ def run(h, args):
         chat, ignore_eos = True, False
 
     # A TP size that does not divide the heads: a clear refusal at start-up.
-    bad_tp = 3 if args.model == "tiny" else 2
+    bad_tp = 2 if args.model == "smollm" else 3
     r = subprocess.run([h.bin("verifier"), "--model", target, "--tp", str(bad_tp), "--rank", "0",
                         "--group", "tcp://127.0.0.1:%d" % H.free_port(), "-t", "1"],
                        capture_output=True, text=True, timeout=300)
@@ -186,6 +196,11 @@ def run(h, args):
     drafted = sum(x["finished"]["stats"].get("drafted", 0) for x in res)
     H.log("all %d equal to TP = 1; drafted %d" % (len(res), drafted))
     check_prompt_logprobs(h, c, target, refs, args)
+    if args.model == "gemma":  # every rank keeps the leader's window group
+        for p in ranks:
+            m = re.search(r"\((\d+) window blocks\)", p.log_tail(400))
+            H.check(m is not None and int(m.group(1)) > 0, "%s has no window group" % p.name)
+        H.log("ranks hold window groups of %s blocks" % m.group(1))
 
     # A clean stop of the leader stops every rank cleanly.
     rc = h.stop(leader, signal.SIGTERM)
@@ -200,7 +215,7 @@ def run(h, args):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--tp", type=int, default=2)
-    ap.add_argument("--model", choices=["tiny", "smollm"], default="tiny")
+    ap.add_argument("--model", choices=["tiny", "smollm", "gemma"], default="tiny")
     ap.add_argument("--lm-head", choices=["split", "leader"], default="split")
     ap.add_argument("--drafter", choices=["model", "ngram", "layers", "none"], default="layers")
     ap.add_argument("--n", type=int, default=6)

@@ -130,10 +130,22 @@ const sd_model_config *sd_model_config_of(const sd_model *m);
 
 /* Creates a KV cache shaped for m holding max_seqs sequences and n_blocks
  * blocks of block_size tokens (0 = 16). Caller frees with sd_kv_free. A
- * model with a sliding window (outside a TP group) gets a window group
- * (kv.h): its windowed layers hold about a window per sequence, not a
- * context (model_window.c sizes it). */
+ * model with a sliding window gets a window group (kv.h): its windowed
+ * layers hold about a window per sequence, not a context (model_window.c
+ * sizes it; sd_kv_params_of(kv)->window_blocks says how many). */
 sd_status sd_model_kv_create(const sd_model *m, int32_t max_seqs, int32_t n_blocks, int32_t block_size, sd_kv **out);
+
+/* The window pool sd_model_kv_create would give m's cache (0: no window
+ * group), for a TP leader to tell its ranks. */
+int32_t sd_model_kv_window_blocks(const sd_model *m, int32_t max_seqs, int32_t n_blocks, int32_t block_size);
+
+/* A TP rank's cache (rank > 0: it runs the leader's plans and keeps no
+ * bookkeeping): the leader's pool shape, n_blocks main blocks and, with
+ * window_blocks > 0 (the leader's sd_model_kv_window_blocks; m must have a
+ * sliding window), a window group of that many; 0: none, as the leader's.
+ * Caller frees with sd_kv_free. */
+sd_status sd_model_kv_create_rank(const sd_model *m, int32_t n_blocks, int32_t block_size, int32_t window_blocks,
+                                  sd_kv **out);
 
 /* A ragged batch. For each sequence the tokens present must continue it:
  * the first new token of seq s has pos == sd_kv_seq_len(kv, s) at call time
@@ -296,8 +308,9 @@ typedef struct sd_model_plan {
     int32_t n_wanted;
     const int32_t *wanted; /* [n_wanted] rows (increasing) whose logits are wanted */
     /* [n_bt] or NULL: the windowed layers' blocks (a cache with a window
-     * group, kv.h), at bt's offsets, -1 where freed; never in a group's plan
-     * (sd_model_kv_create gives a TP model no window group) */
+     * group, kv.h), at bt's offsets, -1 where freed. A rank's cache has the
+     * leader's window pool (sd_model_kv_create_rank), so the ids hold there
+     * too; a rank refuses a plan whose table it lacks or does not expect. */
     const int32_t *bt_win;
 } sd_model_plan;
 
