@@ -200,17 +200,12 @@ typedef enum { CAND_NONE, CAND_PREFILL, CAND_STEP } cand_kind;
 /* Tokens past what s's verifier holds that its group's prefix cache likely
  * holds (s->route_hint, placement.c): the verifier adopts those blocks
  * instead of computing them, so they cost a step next to nothing and a
- * step's prompt budget does not count them. Only for a group whose
- * heartbeat says it has a prefix cache (prompt tokens looked up): the
- * record is the coordinator's own and knows nothing of a verifier started
- * with --prefix-cache 0, which would compute all of them in one step. A
- * stale hint (evicted there) makes one step longer than its budget, never
- * changes the output; at most 4 budgets' worth are taken on trust. The
+ * step's prompt budget does not count them. A stale hint (evicted there)
+ * makes one step longer than its budget, never changes the output. The
  * last token is always computed. */
-static int32_t hinted(const sd_coord *c, const sd_session *s) {
-    if (s->group < 0 || c->workers[s->group].prefix_query_tokens == 0) return 0;
+static int32_t hinted(const sd_session *s) {
     int32_t h = sd_imin(s->route_hint, s->n_tokens - 1) - s->v_cached;
-    return h > 0 ? sd_imin(h, 4 * c->p.prefill_chunk) : 0;
+    return h > 0 ? h : 0;
 }
 
 /* What s wants from group g now. */
@@ -218,7 +213,7 @@ static cand_kind verify_candidate(const sd_coord *c, int32_t g, const sd_session
     if (s->state != SD_SESSION_ACTIVE || s->in_verify || s->group != g) return CAND_NONE;
     int32_t missing = s->n_tokens - s->v_cached;
     if (missing < 1) return CAND_NONE; /* cannot happen: the last token has no KV */
-    if (missing - hinted(c, s) > c->p.prefill_chunk) return CAND_PREFILL;
+    if (missing - hinted(s) > c->p.prefill_chunk) return CAND_PREFILL;
     /* prompt logprobs owed: prefill scores them; a prompt-only request
      * ends once scored (sd_sched_prompt_logprobs_applied) */
     if (s->prompt_lp_next < s->n_prompt && missing > 1) return CAND_PREFILL;
@@ -243,8 +238,8 @@ static bool prompt_lp_chunk(const sd_session *s, bool prefill) {
  * always goes. In a normal step a prompt goes whole or waits for a later
  * step (it is never more than the chunk, verify_candidate); a prefill-only
  * step cuts its chunks to what is left. */
-static int32_t append_len(const sd_coord *c, const sd_session *s, bool prefill, int32_t *budget) {
-    int32_t missing = s->n_tokens - s->v_cached, free = hinted(c, s); /* free < missing */
+static int32_t append_len(const sd_session *s, bool prefill, int32_t *budget) {
+    int32_t missing = s->n_tokens - s->v_cached, free = hinted(s); /* free < missing */
     if (!prefill) {
         if (missing == 1) return 1;
         if (missing - free > *budget) return 0;
@@ -270,7 +265,7 @@ static void send_verify(sd_coord *c, int32_t g, bool prefill, uint64_t now_us) {
     const cand_kind want = prefill ? CAND_PREFILL : CAND_STEP;
     int32_t n = 0, budget = c->p.prefill_chunk;
     for (int32_t i = 0; i < c->n_sessions && n < w->max_batch; i++)
-        if (verify_candidate(c, g, c->sessions[i]) == want && append_len(c, c->sessions[i], prefill, &budget) > 0) n++;
+        if (verify_candidate(c, g, c->sessions[i]) == want && append_len(c->sessions[i], prefill, &budget) > 0) n++;
     if (n == 0 || !step_reserve(w, n)) return;
     sd_verify_pack pk;
     if (sd_pack_verify_alloc(&pk, n) != SD_OK) {
@@ -284,7 +279,7 @@ static void send_verify(sd_coord *c, int32_t g, bool prefill, uint64_t now_us) {
         sd_session *s = c->sessions[i];
         if (verify_candidate(c, g, s) != want) continue;
         int32_t missing = s->n_tokens - s->v_cached;
-        int32_t n_append = append_len(c, s, prefill, &budget);
+        int32_t n_append = append_len(s, prefill, &budget);
         if (n_append == 0) continue;
         bool prompt_lp = prompt_lp_chunk(s, prefill);
         int32_t k = 0;
@@ -374,8 +369,8 @@ static bool hold_for_drafts(const sd_coord *c, int32_t g, uint64_t now_us) {
         cand_kind kind = verify_candidate(c, g, s);
         int32_t missing = s->n_tokens - s->v_cached, n_append;
         if (kind == CAND_STEP) {
-            int32_t free = hinted(c, s); /* adopted, not computed */
-            if ((n_append = append_len(c, s, false, &budget)) > 0) { /* what the step would carry */
+            int32_t free = hinted(s); /* adopted, not computed */
+            if ((n_append = append_len(s, false, &budget)) > 0) { /* what the step would carry */
                 n_ready++;
                 ready_tokens += n_append - sd_imin(free, n_append - 1) + (drafted_now(s) ? s->k : 0);
             }

@@ -294,13 +294,10 @@ static Specd__CoordinatorToWorker *expect_verify(harness *h, const char *ident) 
     return w;
 }
 
-/* A heartbeat; prefix_query: the prompt tokens its prefix cache looked up
- * (0: a verifier without one). */
-static void heartbeat_prefix(harness *h, const char *ident, uint64_t prefix_query) {
+static void heartbeat(harness *h, const char *ident) {
     Specd__WorkerStats st = SPECD__WORKER_STATS__INIT;
     st.kv_blocks_total = 100;
     st.kv_blocks_free = 90;
-    st.prefix_query_tokens = prefix_query;
     Specd__Heartbeat hb = SPECD__HEARTBEAT__INIT;
     hb.stats = &st;
     Specd__WorkerToCoordinator e = SPECD__WORKER_TO_COORDINATOR__INIT;
@@ -308,8 +305,6 @@ static void heartbeat_prefix(harness *h, const char *ident, uint64_t prefix_quer
     e.heartbeat = &hb;
     feed_worker(h, ident, &e);
 }
-
-static void heartbeat(harness *h, const char *ident) { heartbeat_prefix(h, ident, 0); }
 
 /* ---------------------------------------------------------------- setup */
 
@@ -2580,16 +2575,16 @@ static void answer_plain(harness *h, const char *ident, Specd__CoordinatorToWork
  * record of what it prefilled there) are not charged to the step's prompt
  * budget: a request extending a prefilled prompt sends the recorded blocks
  * and a budget's worth of new tokens in its first chunk, where a request
- * with no record is cut into chunks of the budget. Only for a group that
- * reports a prefix cache: without one (no tokens looked up) the record is
- * not trusted and the chunks stay budget-sized. */
-/* A harness with one verifier ("v", prefill chunk 8) that has prefilled
- * prompt[0..40) for a first request: its 2 full blocks of 16 recorded. */
-static harness *prefilled_40(const int32_t *prompt) {
+ * with no record is cut into chunks of the budget. */
+static void test_prefill_budget_skips_cached(void **state) {
+    (void)state;
+    NEED_MODEL();
     sd_coord_params p = sd_coord_default_params();
     p.prefill_chunk = 8;
     harness *h = harness_new(&p);
     register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    int32_t prompt[44];
+    for (int i = 0; i < 44; i++) prompt[i] = 10 + i;
     submit(h, "c", prompt, 40, 1, NULL);
     (void)expect_accepted(h, "c");
     for (uint32_t kept = 0; kept < 32; kept += 8) { /* no record yet: chunks of 8 */
@@ -2604,29 +2599,9 @@ static harness *prefilled_40(const int32_t *prompt) {
     Specd__CoordinatorToWorker *w = expect_verify(h, "v");
     assert_false(w->verify->prefill_only);
     assert_int_equal(w->verify->seqs[0]->n_append, 8);
-    answer_plain(h, "v", w, 7);
+    answer_plain(h, "v", w, 7); /* 40 tokens prefilled: 2 full blocks of 16 recorded */
     specd__coordinator_to_worker__free_unpacked(w, NULL);
     drain(h);
-    return h;
-}
-
-static void test_prefill_budget_skips_cached(void **state) {
-    (void)state;
-    NEED_MODEL();
-    int32_t prompt[44];
-    for (int i = 0; i < 44; i++) prompt[i] = 10 + i;
-    /* a verifier that reports no prefix cache: the record is not trusted */
-    harness *h = prefilled_40(prompt);
-    submit(h, "c", prompt, 44, 1, NULL);
-    (void)expect_accepted(h, "c");
-    Specd__CoordinatorToWorker *w = expect_verify(h, "v");
-    assert_true(w->verify->prefill_only);
-    assert_int_equal(w->verify->seqs[0]->n_append, 8);
-    specd__coordinator_to_worker__free_unpacked(w, NULL);
-    harness_free(h);
-    /* one whose heartbeat says it looks prompts up */
-    h = prefilled_40(prompt);
-    heartbeat_prefix(h, "v", 40);
     submit(h, "c", prompt, 44, 1, NULL); /* the same 40 tokens and 4 more */
     (void)expect_accepted(h, "c");
     w = expect_verify(h, "v");
