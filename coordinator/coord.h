@@ -186,8 +186,6 @@ typedef struct sd_session {
     } kinds[SD_DRAFTER_KINDS];
     /* scheduling: beliefs about the workers' caches */
     int32_t v_cached;      /* tokens its verifier group holds */
-    int32_t route_hint;    /* tokens of its prefix its group's prefix cache likely holds, when placed
-                            * (prefix_route.c): a step's prompt budget does not count them */
     int32_t d_cached;      /* tokens its drafter holds */
     bool v_holds, d_holds; /* the worker has an entry (needs a Release) */
     bool in_verify, in_draft;

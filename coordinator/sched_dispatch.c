@@ -35,10 +35,7 @@
  * that must be refilled (new request, CACHE_MISS, new verifier) gets the
  * whole missing prefix: in prefill_only chunks of --prefill-chunk tokens
  * while more than a chunk is missing, then a normal step (--prefill-chunk
- * is the budget of prompt tokens of a whole step: append_len; the tokens the
- * group's prefix cache likely holds, by the placement's record, are not
- * counted: the verifier adopts them, so a cached history goes in the step
- * that computes its new tokens and samples the first one); a new prompt also
+ * is the budget of prompt tokens of a whole step: append_len); a new prompt also
  * goes to the drafter at once ("warm" draft: k = the first K; its drafts are
  * stale once the verifier commits and are dropped). Drafts are valid only
  * while the committed length equals the one they were drafted from.
@@ -197,23 +194,12 @@ static void admit(sd_coord *c) {
 
 typedef enum { CAND_NONE, CAND_PREFILL, CAND_STEP } cand_kind;
 
-/* Tokens past what s's verifier holds that its group's prefix cache likely
- * holds (s->route_hint, placement.c): the verifier adopts those blocks
- * instead of computing them, so they cost a step next to nothing and a
- * step's prompt budget does not count them. A stale hint (evicted there)
- * makes one step longer than its budget, never changes the output. The
- * last token is always computed. */
-static int32_t hinted(const sd_session *s) {
-    int32_t h = sd_imin(s->route_hint, s->n_tokens - 1) - s->v_cached;
-    return h > 0 ? h : 0;
-}
-
 /* What s wants from group g now. */
 static cand_kind verify_candidate(const sd_coord *c, int32_t g, const sd_session *s) {
     if (s->state != SD_SESSION_ACTIVE || s->in_verify || s->group != g) return CAND_NONE;
     int32_t missing = s->n_tokens - s->v_cached;
     if (missing < 1) return CAND_NONE; /* cannot happen: the last token has no KV */
-    if (missing - hinted(s) > c->p.prefill_chunk) return CAND_PREFILL;
+    if (missing > c->p.prefill_chunk) return CAND_PREFILL;
     /* prompt logprobs owed: prefill scores them; a prompt-only request
      * ends once scored (sd_sched_prompt_logprobs_applied) */
     if (s->prompt_lp_next < s->n_prompt && missing > 1) return CAND_PREFILL;
@@ -239,14 +225,14 @@ static bool prompt_lp_chunk(const sd_session *s, bool prefill) {
  * step (it is never more than the chunk, verify_candidate); a prefill-only
  * step cuts its chunks to what is left. */
 static int32_t append_len(const sd_session *s, bool prefill, int32_t *budget) {
-    int32_t missing = s->n_tokens - s->v_cached, free = hinted(s); /* free < missing */
+    int32_t missing = s->n_tokens - s->v_cached;
     if (!prefill) {
         if (missing == 1) return 1;
-        if (missing - free > *budget) return 0;
-        *budget -= missing - free;
+        if (missing > *budget) return 0;
+        *budget -= missing;
         return missing;
     }
-    int32_t n_append = sd_imin(*budget + free, missing - 1);
+    int32_t n_append = sd_imin(*budget, missing - 1);
     /* Prompt logprobs: a chunk that starts where they are owed scores its
      * tokens' successors (at most SD_MAX_PROMPT_LP_ROWS, the last one
      * prompt_next); a refill of what was scored already stops there. Every
@@ -256,7 +242,7 @@ static int32_t append_len(const sd_session *s, bool prefill, int32_t *budget) {
     else if (s->prompt_lp_next < s->n_prompt)
         n_append = sd_imin(n_append, s->prompt_lp_next - 1 - s->v_cached);
     if (n_append < 1) return 0;
-    *budget -= n_append > free ? n_append - free : 0;
+    *budget -= n_append;
     return n_append;
 }
 
@@ -369,10 +355,9 @@ static bool hold_for_drafts(const sd_coord *c, int32_t g, uint64_t now_us) {
         cand_kind kind = verify_candidate(c, g, s);
         int32_t missing = s->n_tokens - s->v_cached, n_append;
         if (kind == CAND_STEP) {
-            int32_t free = hinted(s); /* adopted, not computed */
             if ((n_append = append_len(s, false, &budget)) > 0) { /* what the step would carry */
                 n_ready++;
-                ready_tokens += n_append - sd_imin(free, n_append - 1) + (drafted_now(s) ? s->k : 0);
+                ready_tokens += n_append + (drafted_now(s) ? s->k : 0);
             }
         } else if (kind == CAND_NONE && s->group == g && s->state == SD_SESSION_ACTIVE && !s->in_verify &&
                    missing == 1 && sd_coord_drafter_usable(c, s)) {

@@ -2571,54 +2571,6 @@ static void answer_plain(harness *h, const char *ident, Specd__CoordinatorToWork
     reply_verify(h, ident, w->verify, r);
 }
 
-/* Prompt tokens the group's prefix cache likely holds (the placement's
- * record of what it prefilled there) are not charged to the step's prompt
- * budget: a request extending a prefilled prompt sends the recorded blocks
- * and a budget's worth of new tokens in its first chunk, where a request
- * with no record is cut into chunks of the budget. */
-static void test_prefill_budget_skips_cached(void **state) {
-    (void)state;
-    NEED_MODEL();
-    sd_coord_params p = sd_coord_default_params();
-    p.prefill_chunk = 8;
-    harness *h = harness_new(&p);
-    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
-    int32_t prompt[44];
-    for (int i = 0; i < 44; i++) prompt[i] = 10 + i;
-    submit(h, "c", prompt, 40, 1, NULL);
-    (void)expect_accepted(h, "c");
-    for (uint32_t kept = 0; kept < 32; kept += 8) { /* no record yet: chunks of 8 */
-        Specd__CoordinatorToWorker *w = expect_verify(h, "v");
-        assert_true(w->verify->prefill_only);
-        assert_int_equal(w->verify->seqs[0]->keep_len, kept);
-        assert_int_equal(w->verify->seqs[0]->n_append, 8);
-        vres r = {.cached_len = kept + 8};
-        reply_verify(h, "v", w->verify, &r);
-        specd__coordinator_to_worker__free_unpacked(w, NULL);
-    }
-    Specd__CoordinatorToWorker *w = expect_verify(h, "v");
-    assert_false(w->verify->prefill_only);
-    assert_int_equal(w->verify->seqs[0]->n_append, 8);
-    answer_plain(h, "v", w, 7); /* 40 tokens prefilled: 2 full blocks of 16 recorded */
-    specd__coordinator_to_worker__free_unpacked(w, NULL);
-    drain(h);
-    submit(h, "c", prompt, 44, 1, NULL); /* the same 40 tokens and 4 more */
-    (void)expect_accepted(h, "c");
-    w = expect_verify(h, "v");
-    assert_true(w->verify->prefill_only);
-    assert_int_equal(w->verify->seqs[0]->keep_len, 0);
-    assert_int_equal(w->verify->seqs[0]->n_append, 32 + 8); /* the 2 recorded blocks are free */
-    vres r = {.cached_len = 40};
-    reply_verify(h, "v", w->verify, &r);
-    specd__coordinator_to_worker__free_unpacked(w, NULL);
-    w = expect_verify(h, "v");
-    assert_false(w->verify->prefill_only);
-    assert_int_equal(w->verify->seqs[0]->keep_len, 40);
-    assert_int_equal(w->verify->seqs[0]->n_append, 4);
-    specd__coordinator_to_worker__free_unpacked(w, NULL);
-    harness_free(h);
-}
-
 /* Placement: a request goes to the group where it waits least by that
  * group's measured step cost (the faster group takes more, the slower one
  * some); it stays there while the group lives (affinity: its next steps
@@ -3586,7 +3538,6 @@ int main(void) {
         cmocka_unit_test(test_late_drafter_releases_hold),
         cmocka_unit_test(test_verifier_death_waits_and_resends),
         cmocka_unit_test(test_chunked_prefill_and_queue),
-        cmocka_unit_test(test_prefill_budget_skips_cached),
         cmocka_unit_test(test_step_prompt_budget),
         cmocka_unit_test(test_draft_prompt_budget),
         cmocka_unit_test(test_bad_submits),
