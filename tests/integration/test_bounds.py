@@ -6,8 +6,12 @@ unauthenticated DEALER: 64 MiB and 4 MiB messages and messages just under
 the socket's cap, all made of empty repeated entries (two wire bytes each:
 empty stop strings on the client link, empty DraftResult sub-messages on
 the worker link), which protobuf-c used to turn into ~50x their size in
-heap before validation. The coordinator's peak RSS (VmHWM) must stay within
-PEAK_BOUND_MIB of its peak before the attack, the under-cap messages must
+heap before validation. The coordinator's peak RSS (VmHWM) may grow by the
+hostile messages the caps let in, each held once (libzmq reads them ahead,
+all at once) plus PEAK_SLACK_MIB, and not more: about 50x would be the old
+expansion. (The bound follows the caps: a worker socket's cap grows with
+what a legitimate reply may carry, a head drafter's features among it.)
+The under-cap messages must
 be answered MALFORMED (the unpack budget), and every request must finish
 with the ids specd-generate produces alone. No worker may be declared
 silent or dead meanwhile.
@@ -30,7 +34,7 @@ import harness as H
 import pbwire as pb
 import zmq
 
-PEAK_BOUND_MIB = 64
+PEAK_SLACK_MIB = 32
 N_BIG = 8  # 1 MiB prompts: ~0.5 s of BPE each, 4 s together: twice the 2 s liveness if on the loop
 MIB = 1 << 20
 
@@ -164,12 +168,15 @@ def check_memory(h, target, coord, refs, prompts):
     H.check(started, "no tokens streamed, so the attack never started")
     attack.join()
     peak = vm_kib(coord.pid, "VmHWM")
-    H.log("coordinator VmHWM: %d KiB before the attack, %d KiB after (+%.1f MiB; bound +%d MiB)"
-          % (idle, peak, (peak - idle) / 1024.0, PEAK_BOUND_MIB))
+    let_in = sum(size for link, _, _, size in attack.msgs if size <= attack.caps[link])
+    bound_kib = let_in // 1024 + PEAK_SLACK_MIB * 1024
+    H.log("coordinator VmHWM: %d KiB before the attack, %d KiB after (+%.1f MiB; bound +%.1f MiB: the %.1f MiB "
+          "of hostile messages under the caps and %d MiB)" % (idle, peak, (peak - idle) / 1024.0, bound_kib / 1024.0,
+                                                             let_in / float(MIB), PEAK_SLACK_MIB))
     H.expect_equal_ids(res, [refs[i % len(refs)] for i in range(32)], "32 requests in flight during the attack")
     check_answers(attack, client_cap, worker_cap)
-    H.check(peak - idle <= PEAK_BOUND_MIB * 1024, "peak RSS grew by %.1f MiB during the attack (bound %d MiB)"
-            % ((peak - idle) / 1024.0, PEAK_BOUND_MIB))
+    H.check(peak - idle <= bound_kib, "peak RSS grew by %.1f MiB during the attack (bound %.1f MiB)"
+            % ((peak - idle) / 1024.0, bound_kib / 1024.0))
     c.close()
 
 

@@ -51,10 +51,13 @@ extern "C" {
 #define SD_MIN_MSG_CAP_BYTES    (1 << 20)   /* floor of a fitted socket cap (Hello, errors, stats) */
 /* A head drafter's features (Hello.feature_layers, VerifyResult.features,
  * DraftSeq.features): layers read, floats per position (3 x a hidden size of
- * up to 21,845), and floats in one VerifyResponse or DraftRequest (16 MiB) */
+ * up to 21,845), and floats in one VerifyResponse or DraftRequest (4 MiB:
+ * the coordinator's worker socket accepts that much more from any peer, so
+ * it sizes the memory a hostile message can cost, it_bounds; 600 positions
+ * of SmolLM2, 85 of an 8B model, a step) */
 #define SD_MAX_FEATURE_LAYERS   8
 #define SD_MAX_FEATURE_WIDTH    (1 << 16)
-#define SD_MAX_STEP_FEATURES    (4 << 20)
+#define SD_MAX_STEP_FEATURES    (1 << 20)
 #define SD_MAX_FEATURE_LAYER_ID 65535
 
 /* Unpack budget: protobuf-c allocates every sub-message, string and repeated
