@@ -235,6 +235,98 @@ static sd_status embed_tokens(sd_model *m, const int32_t *ids, int32_t n, float 
     return SD_OK;
 }
 
+/* Layer l's attention on the plan's tokens, from q, k and v in the
+ * activations to att [n][H*D]: RoPE, the K/V rows written into the cache
+ * (f32 or f16), then causal attention over it (a token tree's nodes at their
+ * logical positions, their rows at their storage positions). */
+static sd_status attend(sd_model *m, sd_kv *kv, const sd_model_plan *b, int32_t l) {
+    const sd_backend_ops *op = m->be.ops;
+    sd_backend *be = m->be.ctx;
+    activations *a = &m->act;
+    const int32_t n = b->n_tokens, D = m->cfg.head_dim;
+    const int32_t H = m->shard.n_heads, KV = m->shard.n_kv_heads, KD = KV * D;
+    const int32_t bs = sd_kv_params_of(kv)->block_size;
+    const bool kv_f16 = sd_kv_params_of(kv)->type == SD_DTYPE_F16; /* checked by sd_model_kv_create */
+    const float scale = 1.0f / sqrtf((float)D);
+    const int32_t *bt = b->bt, *bt_off = b->bt_off;
+    const int32_t *pos = m->tree ? m->tree_pos : b->pos;
+    if (m->tree) { /* the tree's nodes (model_tree.c checked the ops and the layers) */
+        SD_TRY(op->rope(be, a->q, n, H, D, pos, m->inv_freq));
+        SD_TRY(op->rope(be, a->k, n, KV, D, pos, m->inv_freq));
+        if (kv_f16) {
+            SD_TRY(op->kv_write_f16(be, sd_kv_k_pool(kv, l), bs, KD, a->k, n, b->pos, bt, bt_off));
+            SD_TRY(op->kv_write_f16(be, sd_kv_v_pool(kv, l), bs, KD, a->v, n, b->pos, bt, bt_off));
+        } else {
+            SD_TRY(op->kv_write(be, sd_kv_k_pool(kv, l), bs, KD, a->k, n, b->pos, bt, bt_off));
+            SD_TRY(op->kv_write(be, sd_kv_v_pool(kv, l), bs, KD, a->v, n, b->pos, bt, bt_off));
+        }
+        SD_TRY(op->attention_tree(be, a->q, sd_kv_k_pool(kv, l), sd_kv_v_pool(kv, l), kv_f16, n, H, KV, D, bs, pos,
+                                  bt, bt_off, m->tree, scale, a->att));
+    } else if (kv_f16) {
+        SD_TRY(op->rope(be, a->q, n, H, D, b->pos, m->inv_freq));
+        SD_TRY(op->rope(be, a->k, n, KV, D, b->pos, m->inv_freq));
+        SD_TRY(op->kv_write_f16(be, sd_kv_k_pool(kv, l), bs, KD, a->k, n, b->pos, bt, bt_off));
+        SD_TRY(op->kv_write_f16(be, sd_kv_v_pool(kv, l), bs, KD, a->v, n, b->pos, bt, bt_off));
+        SD_TRY(op->attention_f16(be, a->q, sd_kv_k_pool(kv, l), sd_kv_v_pool(kv, l), n, H, KV, D, bs, b->pos, bt,
+                                 bt_off, scale, a->att));
+    } else {
+        if (op->rope_kv) {
+            SD_TRY(op->rope_kv(be, a->q, a->k, a->v, n, H, KV, D, b->pos, m->inv_freq, sd_kv_k_pool(kv, l),
+                               sd_kv_v_pool(kv, l), bs, bt, bt_off));
+        } else {
+            SD_TRY(op->rope(be, a->q, n, H, D, b->pos, m->inv_freq));
+            SD_TRY(op->rope(be, a->k, n, KV, D, b->pos, m->inv_freq));
+            SD_TRY(op->kv_write(be, sd_kv_k_pool(kv, l), bs, KD, a->k, n, b->pos, bt, bt_off));
+            SD_TRY(op->kv_write(be, sd_kv_v_pool(kv, l), bs, KD, a->v, n, b->pos, bt, bt_off));
+        }
+        SD_TRY(op->attention(be, a->q, sd_kv_k_pool(kv, l), sd_kv_v_pool(kv, l), n, H, KV, D, bs, b->pos, bt,
+                             bt_off, scale, a->att));
+    }
+    return SD_OK;
+}
+
+/* The MLP block: x += w_down (silu(w_gate xb) * (w_up xb)) with xb the
+ * normed x, the partial sums all-reduced first in a group. */
+static sd_status mlp_block(sd_model *m, const layer_weights *L, int32_t n, bool fused) {
+    const sd_backend_ops *op = m->be.ops;
+    sd_backend *be = m->be.ctx;
+    activations *a = &m->act;
+    const int32_t E = m->cfg.n_embd, F = m->shard.n_ff;
+    const size_t nE = (size_t)n * (size_t)E;
+    SD_TRY(op->rmsnorm(be, a->x, L->ffn_norm, n, E, m->cfg.rms_eps, a->xb));
+    if (fused) {
+        const sd_matmul_job gu = {.n_mats = 2,
+                                  .w = {L->w_gate.w, L->w_up.w},
+                                  .n_out = {F, F},
+                                  .y = {a->gate, a->up},
+                                  .n_in = E,
+                                  .n_tokens = n,
+                                  .x = a->xb};
+        SD_TRY(op->matmul_fused(be, &gu));
+        /* x += w_down (silu(gate) * up), or xb = that partial in a group */
+        const sd_matmul_job down = {.n_mats = 1,
+                                    .w = {L->w_down.w},
+                                    .n_out = {E},
+                                    .y = {m->coll ? a->xb : a->x},
+                                    .n_in = F,
+                                    .n_tokens = n,
+                                    .x = a->gate,
+                                    .up = a->up,
+                                    .accumulate = !m->coll};
+        SD_TRY(op->matmul_fused(be, &down));
+    } else {
+        SD_TRY(mat_mul(m, &L->w_gate, E, F, a->xb, n, a->gate)); /* gate [n][F] */
+        SD_TRY(mat_mul(m, &L->w_up, E, F, a->xb, n, a->up));     /* up [n][F] */
+        SD_TRY(op->swiglu(be, a->gate, a->up, (size_t)n * (size_t)F, a->gate));
+        SD_TRY(mat_mul(m, &L->w_down, F, E, a->gate, n, a->xb)); /* xb [n][E] (partial) */
+    }
+    if (!fused || m->coll) {
+        SD_TRY(tp_all_reduce(m, a->xb, nE));
+        SD_TRY(op->add(be, a->x, a->xb, nE, a->x));
+    }
+    return SD_OK;
+}
+
 /* The transformer: embeddings, then n_layers_used blocks, on all n tokens
  * of the plan. Shapes per rank: H, KV heads and F MLP columns of its shard;
  * the two row-parallel matmuls leave partial sums that the all-reduces
@@ -245,16 +337,8 @@ static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_model_plan *b) 
     const sd_model_config *c = &m->cfg;
     activations *a = &m->act;
     const int32_t n = b->n_tokens, E = c->n_embd, D = c->head_dim;
-    const int32_t H = m->shard.n_heads, KV = m->shard.n_kv_heads, F = m->shard.n_ff;
-    const int32_t QD = H * D, KD = KV * D;
+    const int32_t QD = m->shard.n_heads * D, KD = m->shard.n_kv_heads * D;
     const size_t nE = (size_t)n * (size_t)E;
-    const int32_t bs = sd_kv_params_of(kv)->block_size;
-    const bool kv_f16 = sd_kv_params_of(kv)->type == SD_DTYPE_F16; /* checked by sd_model_kv_create */
-    const float scale = 1.0f / sqrtf((float)D);
-    const int32_t *bt = b->bt, *bt_off = b->bt_off;
-    /* a token tree's nodes (model_tree.c): RoPE and attention at their
-     * logical positions, the K/V rows written at their storage positions */
-    const int32_t *pos = m->tree ? m->tree_pos : b->pos;
     /* a backend with matmul_fused gets Q/K/V and gate/up in one job each,
      * the residual adds inside the o and down projections' jobs and the
      * SwiGLU as part of the down projection's (the adds stay separate in a
@@ -285,38 +369,7 @@ static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_model_plan *b) 
             SD_TRY(mat_mul(m, &L->wk, E, KD, a->xb, n, a->k)); /* k [n][KV*D] */
             SD_TRY(mat_mul(m, &L->wv, E, KD, a->xb, n, a->v)); /* v [n][KV*D] */
         }
-        if (m->tree) { /* the tree's nodes (model_tree.c checked the ops and the layers) */
-            SD_TRY(op->rope(be, a->q, n, H, D, pos, m->inv_freq));
-            SD_TRY(op->rope(be, a->k, n, KV, D, pos, m->inv_freq));
-            if (kv_f16) {
-                SD_TRY(op->kv_write_f16(be, sd_kv_k_pool(kv, l), bs, KD, a->k, n, b->pos, bt, bt_off));
-                SD_TRY(op->kv_write_f16(be, sd_kv_v_pool(kv, l), bs, KD, a->v, n, b->pos, bt, bt_off));
-            } else {
-                SD_TRY(op->kv_write(be, sd_kv_k_pool(kv, l), bs, KD, a->k, n, b->pos, bt, bt_off));
-                SD_TRY(op->kv_write(be, sd_kv_v_pool(kv, l), bs, KD, a->v, n, b->pos, bt, bt_off));
-            }
-            SD_TRY(op->attention_tree(be, a->q, sd_kv_k_pool(kv, l), sd_kv_v_pool(kv, l), kv_f16, n, H, KV, D, bs, pos,
-                                      bt, bt_off, m->tree, scale, a->att));
-        } else if (kv_f16) {
-            SD_TRY(op->rope(be, a->q, n, H, D, b->pos, m->inv_freq));
-            SD_TRY(op->rope(be, a->k, n, KV, D, b->pos, m->inv_freq));
-            SD_TRY(op->kv_write_f16(be, sd_kv_k_pool(kv, l), bs, KD, a->k, n, b->pos, bt, bt_off));
-            SD_TRY(op->kv_write_f16(be, sd_kv_v_pool(kv, l), bs, KD, a->v, n, b->pos, bt, bt_off));
-            SD_TRY(op->attention_f16(be, a->q, sd_kv_k_pool(kv, l), sd_kv_v_pool(kv, l), n, H, KV, D, bs, b->pos, bt,
-                                     bt_off, scale, a->att));
-        } else {
-            if (op->rope_kv) {
-                SD_TRY(op->rope_kv(be, a->q, a->k, a->v, n, H, KV, D, b->pos, m->inv_freq, sd_kv_k_pool(kv, l),
-                                   sd_kv_v_pool(kv, l), bs, bt, bt_off));
-            } else {
-                SD_TRY(op->rope(be, a->q, n, H, D, b->pos, m->inv_freq));
-                SD_TRY(op->rope(be, a->k, n, KV, D, b->pos, m->inv_freq));
-                SD_TRY(op->kv_write(be, sd_kv_k_pool(kv, l), bs, KD, a->k, n, b->pos, bt, bt_off));
-                SD_TRY(op->kv_write(be, sd_kv_v_pool(kv, l), bs, KD, a->v, n, b->pos, bt, bt_off));
-            }
-            SD_TRY(op->attention(be, a->q, sd_kv_k_pool(kv, l), sd_kv_v_pool(kv, l), n, H, KV, D, bs, b->pos, bt,
-                                 bt_off, scale, a->att)); /* att [n][H*D] */
-        }
+        SD_TRY(attend(m, kv, b, l)); /* att [n][H*D] */
         if (fused && !m->coll) { /* x += wo att */
             const sd_matmul_job o = {.n_mats = 1,
                                      .w = {L->wo.w},
@@ -332,38 +385,7 @@ static sd_status forward_layers(sd_model *m, sd_kv *kv, const sd_model_plan *b) 
             SD_TRY(tp_all_reduce(m, a->xb, nE));
             SD_TRY(op->add(be, a->x, a->xb, nE, a->x));
         }
-        /* MLP block */
-        SD_TRY(op->rmsnorm(be, a->x, L->ffn_norm, n, E, c->rms_eps, a->xb));
-        if (fused) {
-            const sd_matmul_job gu = {.n_mats = 2,
-                                      .w = {L->w_gate.w, L->w_up.w},
-                                      .n_out = {F, F},
-                                      .y = {a->gate, a->up},
-                                      .n_in = E,
-                                      .n_tokens = n,
-                                      .x = a->xb};
-            SD_TRY(op->matmul_fused(be, &gu));
-            /* x += w_down (silu(gate) * up), or xb = that partial in a group */
-            const sd_matmul_job down = {.n_mats = 1,
-                                        .w = {L->w_down.w},
-                                        .n_out = {E},
-                                        .y = {m->coll ? a->xb : a->x},
-                                        .n_in = F,
-                                        .n_tokens = n,
-                                        .x = a->gate,
-                                        .up = a->up,
-                                        .accumulate = !m->coll};
-            SD_TRY(op->matmul_fused(be, &down));
-        } else {
-            SD_TRY(mat_mul(m, &L->w_gate, E, F, a->xb, n, a->gate)); /* gate [n][F] */
-            SD_TRY(mat_mul(m, &L->w_up, E, F, a->xb, n, a->up));     /* up [n][F] */
-            SD_TRY(op->swiglu(be, a->gate, a->up, (size_t)n * (size_t)F, a->gate));
-            SD_TRY(mat_mul(m, &L->w_down, F, E, a->gate, n, a->xb)); /* xb [n][E] (partial) */
-        }
-        if (!fused || m->coll) {
-            SD_TRY(tp_all_reduce(m, a->xb, nE));
-            SD_TRY(op->add(be, a->x, a->xb, nE, a->x));
-        }
+        SD_TRY(mlp_block(m, L, n, fused));
     layer_done:; /* every layer, Llama's or model_arch.c's, ends here: what follows a layer goes below */
         if (m->capture) SD_TRY(sd_model_capture_layer(m, l, n)); /* opt-in: model_capture.c */
     }

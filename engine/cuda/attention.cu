@@ -118,6 +118,101 @@ __device__ __forceinline__ float g_owned_sum(const float *part_sh, int groups, i
     return sum;
 }
 
+/* 1. A chunk's scores dot(q, k) * scale into w_sh, each a dot product in
+ * increasing d (float4 loads on the vector path); returns the maximum of
+ * this thread's scores. */
+__device__ __forceinline__ float chunk_scores(const float *q_sh, const float *__restrict__ k_pool,
+                                              const int32_t *table, int c0, int c_len, int block_size, size_t row,
+                                              int kvh, int head_dim, bool vec, float scale, float *w_sh) {
+    float local_max = -INFINITY;
+    for (int j = threadIdx.x; j < c_len; j += ATT_THREADS) {
+        const float *k = kv_row(k_pool, table, c0 + j, block_size, row, kvh, head_dim);
+        float s = 0.0f;
+        if (vec) {
+            const float4 *k4 = (const float4 *)k, *q4 = (const float4 *)q_sh;
+#pragma unroll 8
+            for (int d4 = 0; d4 < head_dim / 4; d4++) {
+                const float4 kv = __ldg(k4 + d4), qv = q4[d4];
+                s = fmaf(qv.x, kv.x, s);
+                s = fmaf(qv.y, kv.y, s);
+                s = fmaf(qv.z, kv.z, s);
+                s = fmaf(qv.w, kv.w, s);
+            }
+        } else {
+            for (int d = 0; d < head_dim; d++) s = fmaf(q_sh[d], k[d], s);
+        }
+        s *= scale;
+        w_sh[j] = s;
+        local_max = fmaxf(local_max, s);
+    }
+    return local_max;
+}
+
+/* 3, vector path: team g rescales acc[0..3] (dims 4*lane .. 4*lane+3) and
+ * adds weight * v over positions g, g + groups, ... of the chunk; four
+ * rows' loads are issued before their multiply-adds, which run in position
+ * order. */
+__device__ __forceinline__ void chunk_values_vec(float *acc, float rescale, const float *__restrict__ v_pool,
+                                                 const int32_t *table, int c0, int c_len, int block_size, size_t row,
+                                                 int kvh, int head_dim, int g, int groups, int lane,
+                                                 const float *w_sh) {
+#pragma unroll
+    for (int r = 0; r < 4; r++) acc[r] *= rescale;
+    for (int j = g; j < c_len; j += 4 * groups) {
+        float4 v[4];
+        float w[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int jj = j + u * groups;
+            if (jj < c_len) {
+                v[u] = __ldg((const float4 *)kv_row(v_pool, table, c0 + jj, block_size, row, kvh, head_dim) + lane);
+                w[u] = w_sh[jj];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            if (j + u * groups >= c_len) break;
+            acc[0] = fmaf(w[u], v[u].x, acc[0]);
+            acc[1] = fmaf(w[u], v[u].y, acc[1]);
+            acc[2] = fmaf(w[u], v[u].z, acc[2]);
+            acc[3] = fmaf(w[u], v[u].w, acc[3]);
+        }
+    }
+}
+
+/* 3, scalar path: the same for the thread's dims lane, lane + ATT_THREADS, ... */
+__device__ __forceinline__ void chunk_values_scalar(float *acc, float rescale, const float *__restrict__ v_pool,
+                                                    const int32_t *table, int c0, int c_len, int block_size,
+                                                    size_t row, int kvh, int head_dim, int g, int groups, int lane,
+                                                    const float *w_sh) {
+#pragma unroll
+    for (int r = 0; r < ATT_MAX_DIMS_PER_THREAD; r++) acc[r] *= rescale;
+    for (int j = g; j < c_len; j += groups) {
+        const float *v = kv_row(v_pool, table, c0 + j, block_size, row, kvh, head_dim);
+        const float wj = w_sh[j];
+#pragma unroll
+        for (int r = 0; r < ATT_MAX_DIMS_PER_THREAD; r++) {
+            const int d = lane + r * ATT_THREADS;
+            if (d < head_dim) acc[r] = fmaf(wj, v[d], acc[r]);
+        }
+    }
+}
+
+/* The teams' partial outputs into part_sh[g][d], for the ordered sum. */
+__device__ __forceinline__ void store_parts(const float *acc, float *part_sh, bool vec, int g, int lane,
+                                            int head_dim) {
+    if (vec) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) part_sh[g * head_dim + 4 * lane + e] = acc[e];
+        return;
+    }
+#pragma unroll
+    for (int r = 0; r < ATT_MAX_DIMS_PER_THREAD; r++) {
+        const int d = lane + r * ATT_THREADS;
+        if (d < head_dim) part_sh[g * head_dim + d] = acc[r];
+    }
+}
+
 __global__ void __launch_bounds__(ATT_THREADS)
     attention_kernel(const float *__restrict__ q, const float *__restrict__ k_pool, const float *__restrict__ v_pool,
                      int n_heads, int n_kv_heads, int head_dim, int block_size, const int32_t *__restrict__ pos,
@@ -159,28 +254,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
     const int p_begin = min(n_pos, lo + (int)blockIdx.y * per), p_end = min(n_pos, p_begin + per);
     for (int c0 = p_begin; c0 < p_end; c0 += ATT_CHUNK) {
         const int c_len = min(ATT_CHUNK, p_end - c0);
-        /* 1. scores: dot products in increasing d (float4 loads on the vector path) */
-        float local_max = -INFINITY;
-        for (int j = threadIdx.x; j < c_len; j += ATT_THREADS) {
-            const float *k = kv_row(k_pool, table, c0 + j, block_size, row, kvh, head_dim);
-            float s = 0.0f;
-            if (vec) {
-                const float4 *k4 = (const float4 *)k, *q4 = (const float4 *)q_sh;
-#pragma unroll 8
-                for (int d4 = 0; d4 < head_dim / 4; d4++) {
-                    const float4 kv = __ldg(k4 + d4), qv = q4[d4];
-                    s = fmaf(qv.x, kv.x, s);
-                    s = fmaf(qv.y, kv.y, s);
-                    s = fmaf(qv.z, kv.z, s);
-                    s = fmaf(qv.w, kv.w, s);
-                }
-            } else {
-                for (int d = 0; d < head_dim; d++) s = fmaf(q_sh[d], k[d], s);
-            }
-            s *= scale;
-            w_sh[j] = s;
-            local_max = fmaxf(local_max, s);
-        }
+        const float local_max =
+            chunk_scores(q_sh, k_pool, table, c0, c_len, block_size, row, kvh, head_dim, vec, scale, w_sh);
         /* 2. online softmax */
         const float c_max = block_max(local_max, red);
         const float m_new = fmaxf(m, c_max);
@@ -194,60 +269,18 @@ __global__ void __launch_bounds__(ATT_THREADS)
         const float c_sum = block_sum(local_sum, red); /* its barriers publish w_sh */
         l = l * rescale + c_sum;
         m = m_new;
-        /* 3. weighted values: team g takes positions g, g + groups, ...; four
-         * rows' loads are issued before their multiply-adds, which run in
-         * position order */
-        if (owns && vec) {
-#pragma unroll
-            for (int r = 0; r < 4; r++) acc[r] *= rescale;
-            for (int j = g; j < c_len; j += 4 * groups) {
-                float4 v[4];
-                float w[4];
-#pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    const int jj = j + u * groups;
-                    if (jj < c_len) {
-                        v[u] = __ldg((const float4 *)kv_row(v_pool, table, c0 + jj, block_size, row, kvh, head_dim) +
-                                     lane);
-                        w[u] = w_sh[jj];
-                    }
-                }
-#pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    if (j + u * groups >= c_len) break;
-                    acc[0] = fmaf(w[u], v[u].x, acc[0]);
-                    acc[1] = fmaf(w[u], v[u].y, acc[1]);
-                    acc[2] = fmaf(w[u], v[u].z, acc[2]);
-                    acc[3] = fmaf(w[u], v[u].w, acc[3]);
-                }
-            }
-        } else if (owns) {
-#pragma unroll
-            for (int r = 0; r < ATT_MAX_DIMS_PER_THREAD; r++) acc[r] *= rescale;
-            for (int j = g; j < c_len; j += groups) {
-                const float *v = kv_row(v_pool, table, c0 + j, block_size, row, kvh, head_dim);
-                const float wj = w_sh[j];
-#pragma unroll
-                for (int r = 0; r < ATT_MAX_DIMS_PER_THREAD; r++) {
-                    const int d = lane + r * ATT_THREADS;
-                    if (d < head_dim) acc[r] = fmaf(wj, v[d], acc[r]);
-                }
-            }
-        }
+        /* 3. weighted values */
+        if (owns && vec)
+            chunk_values_vec(acc, rescale, v_pool, table, c0, c_len, block_size, row, kvh, head_dim, g, groups, lane,
+                             w_sh);
+        else if (owns)
+            chunk_values_scalar(acc, rescale, v_pool, table, c0, c_len, block_size, row, kvh, head_dim, g, groups,
+                                lane, w_sh);
         __syncthreads(); /* w_sh is rewritten by the next chunk */
     }
 
     /* combine the teams in order */
-    if (owns && vec) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) part_sh[g * head_dim + 4 * lane + e] = acc[e];
-    } else if (owns) {
-#pragma unroll
-        for (int r = 0; r < ATT_MAX_DIMS_PER_THREAD; r++) {
-            const int d = lane + r * ATT_THREADS;
-            if (d < head_dim) part_sh[g * head_dim + d] = acc[r];
-        }
-    }
+    if (owns) store_parts(acc, part_sh, vec, g, lane, head_dim);
     __syncthreads();
     if (n_splits > 1) { /* unnormalized, relative to this split's maximum m */
         const size_t part = (size_t)blockIdx.x * (size_t)n_splits + blockIdx.y;

@@ -251,6 +251,74 @@ static bool needs_host(int32_t n_seqs, const sd_verify_seq *seqs, const sd_verif
     return false;
 }
 
+/* Step 2 of sd_spec_verify_batch: each valid sequence's cache truncated to
+ * its keep_len (CACHE_MISS where that reached a shared block or a freed
+ * window), then the sequences admitted in order while the free blocks last
+ * (OUT_OF_BLOCKS for the rest, not run this step). */
+static sd_status admit(sd_kv *kv, int32_t n_seqs, const sd_verify_seq *seqs, sd_verify_result *results) {
+    const sd_kv_params *kp = sd_kv_params_of(kv);
+    for (int32_t i = 0; i < n_seqs; i++) {
+        if (results[i].outcome != SD_SEQ_OK) continue;
+        SD_TRY(sd_kv_truncate(kv, seqs[i].slot, seqs[i].keep_len));
+        if (sd_kv_seq_len(kv, seqs[i].slot) < seqs[i].keep_len) { /* a shared block, or a window freed (kv.h) */
+            results[i].outcome = SD_SEQ_CACHE_MISS;
+            results[i].cache_len = sd_kv_seq_len(kv, seqs[i].slot);
+        }
+    }
+    int32_t free_blocks = sd_kv_n_free_blocks(kv);
+    for (int32_t i = 0; i < n_seqs; i++) {
+        if (results[i].outcome != SD_SEQ_OK) continue;
+        const sd_verify_seq *v = &seqs[i];
+        int32_t need =
+            blocks_for(v->keep_len + v->n_append + v->k, kp->block_size) - blocks_for(v->keep_len, kp->block_size);
+        if (need > free_blocks) {
+            SD_WARN("spec: sequence %d (slot %d) needs %d KV blocks, %d free: not run this step", (int)i, (int)v->slot,
+                    (int)need, (int)free_blocks);
+            results[i].outcome = SD_SEQ_OUT_OF_BLOCKS;
+            results[i].cache_len = v->keep_len;
+            continue;
+        }
+        free_blocks -= need;
+    }
+    return SD_OK;
+}
+
+/* Step 4 of sd_spec_verify_batch: each run sequence's drafts verified
+ * (on the device's answers, or on the host from its logits rows), its result
+ * filled in and its cache rolled back to what was committed. */
+static sd_status finish(sd_kv *kv, int32_t n_seqs, const sd_verify_seq *seqs, sd_verify_result *results,
+                        sd_spec_scratch *scratch, bool on_device, int32_t n_vocab) {
+    int32_t run_i = 0;
+    for (int32_t i = 0; i < n_seqs; i++) {
+        sd_verify_result *r = &results[i];
+        if (r->outcome != SD_SEQ_OK) continue;
+        const sd_verify_seq *v = &seqs[i];
+        sd_status st;
+        if (on_device) {
+            const sd_spec_rows *sr = &scratch->rows[run_i++];
+            st = sr->status;
+            if (st == SD_OK) {
+                r->n_accepted = sr->n_accepted;
+                r->n_tokens = sr->n_accepted + 1;
+                memcpy(r->tokens, sr->tokens, sizeof(int32_t) * (size_t)r->n_tokens);
+                r->info = sr->info;
+            }
+        } else {
+            float *logits = scratch->logits + (size_t)scratch->row0[i] * (size_t)n_vocab;
+            st = verify_one(v, logits, n_vocab, scratch, r);
+        }
+        if (st != SD_OK) {
+            /* malformed q (logged by sd_spec_verify): the append is committed, the drafts are not */
+            SD_WARN("spec: sequence %d (slot %d): verification refused: %s", (int)i, (int)v->slot, sd_status_str(st));
+            r->outcome = SD_SEQ_INVALID;
+            r->n_accepted = r->n_tokens = 0;
+        }
+        r->cache_len = r->n_ctx + r->n_accepted;
+        SD_TRY(sd_kv_truncate(kv, v->slot, r->cache_len));
+    }
+    return SD_OK;
+}
+
 sd_status sd_spec_verify_batch(sd_model *m, sd_kv *kv, int32_t n_seqs, const sd_verify_seq *seqs,
                                sd_verify_result *results, sd_spec_scratch *scratch) {
     if (!m || !kv || n_seqs < 0 || (n_seqs > 0 && (!seqs || !results)) || !scratch) {
@@ -284,29 +352,7 @@ sd_status sd_spec_verify_batch(sd_model *m, sd_kv *kv, int32_t n_seqs, const sd_
         scratch->row0[i] = -1;
     }
     /* 2. truncate, then admit what fits */
-    for (int32_t i = 0; i < n_seqs; i++) {
-        if (results[i].outcome != SD_SEQ_OK) continue;
-        SD_TRY(sd_kv_truncate(kv, seqs[i].slot, seqs[i].keep_len));
-        if (sd_kv_seq_len(kv, seqs[i].slot) < seqs[i].keep_len) { /* a shared block, or a window freed (kv.h) */
-            results[i].outcome = SD_SEQ_CACHE_MISS;
-            results[i].cache_len = sd_kv_seq_len(kv, seqs[i].slot);
-        }
-    }
-    int32_t free_blocks = sd_kv_n_free_blocks(kv);
-    for (int32_t i = 0; i < n_seqs; i++) {
-        if (results[i].outcome != SD_SEQ_OK) continue;
-        const sd_verify_seq *v = &seqs[i];
-        int32_t need =
-            blocks_for(v->keep_len + v->n_append + v->k, kp->block_size) - blocks_for(v->keep_len, kp->block_size);
-        if (need > free_blocks) {
-            SD_WARN("spec: sequence %d (slot %d) needs %d KV blocks, %d free: not run this step", (int)i, (int)v->slot,
-                    (int)need, (int)free_blocks);
-            results[i].outcome = SD_SEQ_OUT_OF_BLOCKS;
-            results[i].cache_len = v->keep_len;
-            continue;
-        }
-        free_blocks -= need;
-    }
+    SD_TRY(admit(kv, n_seqs, seqs, results));
     /* 3. one forward */
     int32_t n_rows = 0, n_wanted = 0;
     for (int32_t i = 0; i < n_seqs; i++) {
@@ -347,33 +393,5 @@ sd_status sd_spec_verify_batch(sd_model *m, sd_kv *kv, int32_t n_seqs, const sd_
         SD_TRY(sd_model_forward(m, kv, &b, scratch->logits));
     }
     /* 4. verify and roll back */
-    int32_t run_i = 0;
-    for (int32_t i = 0; i < n_seqs; i++) {
-        sd_verify_result *r = &results[i];
-        if (r->outcome != SD_SEQ_OK) continue;
-        const sd_verify_seq *v = &seqs[i];
-        sd_status st;
-        if (on_device) {
-            const sd_spec_rows *sr = &scratch->rows[run_i++];
-            st = sr->status;
-            if (st == SD_OK) {
-                r->n_accepted = sr->n_accepted;
-                r->n_tokens = sr->n_accepted + 1;
-                memcpy(r->tokens, sr->tokens, sizeof(int32_t) * (size_t)r->n_tokens);
-                r->info = sr->info;
-            }
-        } else {
-            float *logits = scratch->logits + (size_t)scratch->row0[i] * (size_t)n_vocab;
-            st = verify_one(v, logits, n_vocab, scratch, r);
-        }
-        if (st != SD_OK) {
-            /* malformed q (logged by sd_spec_verify): the append is committed, the drafts are not */
-            SD_WARN("spec: sequence %d (slot %d): verification refused: %s", (int)i, (int)v->slot, sd_status_str(st));
-            r->outcome = SD_SEQ_INVALID;
-            r->n_accepted = r->n_tokens = 0;
-        }
-        r->cache_len = r->n_ctx + r->n_accepted;
-        SD_TRY(sd_kv_truncate(kv, v->slot, r->cache_len));
-    }
-    return SD_OK;
+    return finish(kv, n_seqs, seqs, results, scratch, on_device, n_vocab);
 }
