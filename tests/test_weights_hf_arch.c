@@ -429,7 +429,6 @@ static void test_refused_configs(void **state) {
         const char *key, *json, *named;
     } cases[] = {
         {P_QWEN2, "architectures", "[\"GPTNeoXForCausalLM\"]", "'GPTNeoXForCausalLM'"},
-        {P_GEMMA, "architectures", "[\"Gemma3ForConditionalGeneration\"]", "Gemma3ForConditionalGeneration"},
         {P_QWEN3, "model_type", "\"qwen2\"", "model_type 'qwen2'"},
         {P_PHI3, "rope_scaling",
          "{\"type\":\"longrope\",\"short_factor\":[1],\"long_factor\":[1],\"original_max_position_embeddings\":4096}",
@@ -556,6 +555,129 @@ static void test_qwen2_pretokenizer(void **state) {
     sd_weights_close(&wh);
 }
 
+/* ------------------------------------------------- multimodal Gemma 3 */
+
+/* Rewrites a Gemma3ForCausalLM directory in place as the multimodal class
+ * saves it: config.json's text model moved under text_config (with
+ * eos_token_id left at the top level, as some configs have it), and every
+ * tensor renamed under prefix (lm_head under head), beside a vision tensor
+ * that must not be read. keep_heads false drops num_key_value_heads from
+ * text_config (Gemma3TextConfig's default 4 then applies). */
+static void make_multimodal(const char *dir, const char *prefix, const char *head, bool keep_heads) {
+    char path[512], err[256];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    cJSON *text = cJSON_Parse(buf);
+    assert_non_null(text);
+    cJSON_DeleteItemFromObjectCaseSensitive(text, "architectures");
+    cJSON_DeleteItemFromObjectCaseSensitive(text, "model_type");
+    cJSON_AddStringToObject(text, "model_type", "gemma3_text");
+    cJSON *eos = cJSON_DetachItemFromObjectCaseSensitive(text, "eos_token_id");
+    if (!keep_heads) cJSON_DeleteItemFromObjectCaseSensitive(text, "num_key_value_heads");
+    cJSON *top = cJSON_CreateObject();
+    cJSON *archs = cJSON_AddArrayToObject(top, "architectures");
+    cJSON_AddItemToArray(archs, cJSON_CreateString("Gemma3ForConditionalGeneration"));
+    cJSON_AddStringToObject(top, "model_type", "gemma3");
+    cJSON_AddItemToObject(top, "text_config", text);
+    cJSON_AddItemToObject(top, "vision_config", cJSON_Parse("{\"model_type\":\"siglip_vision_model\"}"));
+    if (eos) cJSON_AddItemToObject(top, "eos_token_id", eos);
+    char *out = cJSON_PrintUnformatted(top);
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs(out, f);
+    fclose(f);
+    free(out);
+    cJSON_Delete(top);
+
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    sd_safetensors *st = NULL;
+    assert_int_equal(sd_safetensors_open(path, &st, err, sizeof err), SD_OK);
+    sd_safetensors_writer *w = sd_safetensors_writer_new();
+    for (int64_t i = 0; i < sd_safetensors_n_tensors(st); i++) {
+        const sd_safetensors_tensor *t = sd_safetensors_tensor_at(st, i);
+        char name[160];
+        if (strcmp(t->name, "lm_head.weight") == 0)
+            snprintf(name, sizeof name, "%s", head);
+        else if (strncmp(t->name, "model.", 6) == 0)
+            snprintf(name, sizeof name, "%s%s", prefix, t->name + 6);
+        else
+            fail_msg("unexpected tensor %s", t->name);
+        assert_int_equal(sd_safetensors_writer_add_tensor(w, name, t->dtype, t->n_dims, t->shape, t->data), SD_OK);
+        if (strcmp(t->name, "model.norm.weight") == 0) /* a vision tensor the text model must not read */
+            assert_int_equal(sd_safetensors_writer_add_tensor(w, "vision_tower.vision_model.post_layernorm.weight",
+                                                              t->dtype, t->n_dims, t->shape, t->data),
+                             SD_OK);
+    }
+    sd_safetensors_close(&st);
+    assert_int_equal(sd_safetensors_writer_write(w, path), SD_OK);
+    sd_safetensors_writer_free(&w);
+}
+
+/* Gemma3ForConditionalGeneration in both tensor layouts serves its text
+ * model: the GGUF's config and bit-identical logits; what does not fit is
+ * refused, named. */
+static void test_gemma3_multimodal(void **state) {
+    (void)state;
+    if (!env.ok) skip();
+    static const char *const layouts[][2] = {{"language_model.model.", "language_model.lm_head.weight"},
+                                             {"model.language_model.", "lm_head.weight"}};
+    const pair *gm = &PAIRS[P_GEMMA];
+    sd_weights *g = open_ok(gm->gguf);
+    sd_model_config cg;
+    assert_int_equal(sd_weights_config(g, &cg), SD_OK);
+    sd_weights_close(&g);
+    int32_t na, va;
+    float *want = batch_logits(gm->gguf, &na, &va);
+    for (size_t i = 0; i < 2; i++) {
+        char d[256];
+        copy_hf(P_GEMMA, d, sizeof d);
+        make_multimodal(d, layouts[i][0], layouts[i][1], true);
+        sd_weights *h = open_ok(d);
+        sd_model_config ch;
+        assert_int_equal(sd_weights_config(h, &ch), SD_OK);
+        sd_weights_close(&h);
+        expect_same_config(layouts[i][0], &cg, &ch);
+        int32_t nb, vb;
+        float *got = batch_logits(d, &nb, &vb);
+        assert_int_equal(na, nb);
+        assert_int_equal(va, vb);
+        if (memcmp(want, got, (size_t)na * (size_t)va * sizeof *want) != 0)
+            fail_msg("%s: multimodal layout's logits differ from the GGUF's", layouts[i][0]);
+        free(got);
+    }
+    free(want);
+    char d[256];
+    /* Gemma3TextConfig's default of 4 KV heads applies when text_config leaves it out (this model has 2
+     * heads and 1 KV head) */
+    copy_hf(P_GEMMA, d, sizeof d);
+    make_multimodal(d, layouts[0][0], layouts[0][1], false);
+    expect_open(d, SD_ERR_FORMAT, "default num_key_value_heads");
+    if (!strstr(logged, "num_key_value_heads 4")) fail_msg("the default of 4 KV heads was not applied: %s", logged);
+    /* no text_config */
+    copy_hf(P_GEMMA, d, sizeof d);
+    set_config(d, "architectures", "[\"Gemma3ForConditionalGeneration\"]");
+    set_config(d, "model_type", "\"gemma3\"");
+    expect_open(d, SD_ERR_FORMAT, "no text_config");
+    if (!strstr(logged, "text_config")) fail_msg("refusal does not name text_config: %s", logged);
+    /* another text model */
+    copy_hf(P_GEMMA, d, sizeof d);
+    make_multimodal(d, layouts[0][0], layouts[0][1], true);
+    set_config(d, "text_config", "{\"model_type\":\"qwen2\"}");
+    expect_open(d, SD_ERR_UNSUPPORTED, "qwen2 text_config");
+    if (!strstr(logged, "gemma3_text")) fail_msg("refusal does not name gemma3_text: %s", logged);
+    /* the text model under neither prefix */
+    copy_hf(P_GEMMA, d, sizeof d);
+    make_multimodal(d, "text.model.", "text.lm_head.weight", true);
+    expect_open(d, SD_ERR_FORMAT, "unknown prefix");
+    if (!strstr(logged, "language_model.model.embed_tokens.weight"))
+        fail_msg("refusal does not name the prefixes looked for: %s", logged);
+}
+
 static int setup_dir(void **state) {
     (void)state;
     snprintf(env.dir, sizeof env.dir, "/tmp/specd-hfarch-XXXXXX");
@@ -571,6 +693,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_same_numbers),       cmocka_unit_test(test_same_logits),
         cmocka_unit_test(test_missing_tensors),    cmocka_unit_test(test_refused_configs),
         cmocka_unit_test(test_qwen2_pretokenizer), cmocka_unit_test(test_gemma_norm_shift_matters),
+        cmocka_unit_test(test_gemma3_multimodal),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

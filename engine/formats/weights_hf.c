@@ -65,6 +65,9 @@ typedef struct hf_source {
     sd_hf_meta meta;
     int n_shards;
     hf_shard *shards;
+    /* Gemma3ForConditionalGeneration: what stands for "model." and for
+     * "lm_head.weight" in its text model's names (find_text_prefix) */
+    const char *text_prefix, *text_head;
 } hf_source;
 
 /* ------------------------------------------------------------------ files */
@@ -153,7 +156,14 @@ static const cJSON *field(const cJSON *obj, const char *key) { return cJSON_GetO
 static bool hf_name(const hf_source *s, const char *name, char *out, size_t cap, sd_weights_hf_layout *how) {
     how->rope_rows = how->plus_one = false;
     if (s->cfg.tied_output && strcmp(name, "output.weight") == 0) return false;
-    return sd_weights_hf_name(s->cfg.arch_id, name, s->cfg.n_layers, out, cap, how);
+    if (!sd_weights_hf_name(s->cfg.arch_id, name, s->cfg.n_layers, out, cap, how)) return false;
+    if (!s->text_prefix) return true;
+    /* a multimodal checkpoint's text model: model.X -> prefix X, lm_head -> its head */
+    char plain[128];
+    if ((size_t)snprintf(plain, sizeof plain, "%s", out) >= sizeof plain) return false;
+    if (strcmp(plain, "lm_head.weight") == 0) return (size_t)snprintf(out, cap, "%s", s->text_head) < cap;
+    if (strncmp(plain, "model.", 6) != 0) return false;
+    return (size_t)snprintf(out, cap, "%s%s", s->text_prefix, plain + 6) < cap;
 }
 
 static const sd_safetensors_tensor *lookup(const hf_source *s, const char *hf) {
@@ -405,6 +415,39 @@ static sd_status hf_read_stored(void *ctx, const char *name, int64_t row0, int64
     return SD_OK;
 }
 
+/* Gemma3ForConditionalGeneration keeps its text model under one of two
+ * prefixes: language_model.model.* with language_model.lm_head (the
+ * published checkpoints), or model.language_model.* with lm_head (as
+ * transformers 4.52 and later save it). The one holding the embedding is
+ * used; the other tensors (vision tower, projector) are counted and left
+ * unread. */
+static sd_status find_text_prefix(hf_source *s) {
+    static const char *const layouts[][2] = {{"language_model.model.", "language_model.lm_head.weight"},
+                                             {"model.language_model.", "lm_head.weight"}};
+    for (size_t i = 0; i < sizeof layouts / sizeof layouts[0] && !s->text_prefix; i++) {
+        char embd[96];
+        snprintf(embd, sizeof embd, "%sembed_tokens.weight", layouts[i][0]);
+        if (lookup(s, embd)) s->text_prefix = layouts[i][0], s->text_head = layouts[i][1];
+    }
+    if (!s->text_prefix) {
+        SD_ERROR("weights: %s: Gemma3ForConditionalGeneration without its text model's embedding (looked for "
+                 "language_model.model.embed_tokens.weight and model.language_model.embed_tokens.weight)",
+                 s->dir);
+        return SD_ERR_FORMAT;
+    }
+    int64_t other = 0;
+    const size_t plen = strlen(s->text_prefix);
+    for (int i = 0; i < s->n_shards; i++)
+        for (int64_t k = 0; k < sd_safetensors_n_tensors(s->shards[i].st); k++) {
+            const char *name = sd_safetensors_tensor_at(s->shards[i].st, k)->name;
+            other += strncmp(name, s->text_prefix, plen) != 0 && strcmp(name, s->text_head) != 0;
+        }
+    SD_INFO("weights: %s: the text model of a multimodal Gemma 3 (%s*); %lld other tensors (vision tower, "
+            "projector) are not read: image inputs are not served",
+            s->dir, s->text_prefix, (long long)other);
+    return SD_OK;
+}
+
 static const sd_weights_ops hf_ops = {
     .format = "safetensors",
     .close = hf_close,
@@ -440,6 +483,7 @@ static sd_status open_source(hf_source *s) {
         return SD_ERR_NOT_FOUND;
     }
     SD_TRY(check_unique_across_shards(s));
+    if (s->meta.text_of_multimodal) SD_TRY(find_text_prefix(s));
     return sd_model_config_tensors(&s->cfg, check_tensor, s);
 }
 

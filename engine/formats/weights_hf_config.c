@@ -18,9 +18,13 @@
  *                       the GGUF path, full attention and no LongRoPE
  * Defaults for absent keys are each class's transformers defaults; the
  * bounds on values are the GGUF reader's (SD_MODEL_MAX_*, model_config.h).
- * Rejected: Gemma3ForConditionalGeneration (the multimodal 4B-27B
- * checkpoints: a vision tower beside the text model, weights under a second
- * prefix), refused by name rather than half-read. */
+ *   Gemma3ForConditionalGeneration  the multimodal 4B-27B checkpoints, as
+ *                       text models: the Gemma3ForCausalLM read of their
+ *                       text_config (Gemma3TextConfig's defaults for the
+ *                       keys it leaves out, as transformers fills them),
+ *                       the language model's tensors under their prefix
+ *                       (weights_hf.c), the vision tower and projector
+ *                       left unread: image inputs are not served. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -185,11 +189,6 @@ static sd_status find_arch(const cJSON *j, const hf_arch **out) {
         SD_ERROR("weights: config.json names no architectures and no model_type (supported: " SD_HF_ARCHS ")");
         return SD_ERR_UNSUPPORTED;
     }
-    if (a0 && strcmp(a0->valuestring, "Gemma3ForConditionalGeneration") == 0) {
-        SD_ERROR("weights: Gemma3ForConditionalGeneration (a multimodal Gemma 3 checkpoint) is not supported; "
-                 "the text-only Gemma3ForCausalLM is (or its GGUF)");
-        return SD_ERR_UNSUPPORTED;
-    }
     for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++) {
         const hf_arch *a = &ARCHS[i];
         if (a0 ? strcmp(a0->valuestring, a->class_name) != 0 : strcmp(mt->valuestring, a->model_type) != 0) continue;
@@ -350,15 +349,10 @@ static sd_status phi3_rope(const cJSON *j) {
     return SD_OK;
 }
 
-sd_status sd_hf_config_parse(const cJSON *j, sd_hf_meta *out) {
+/* A text model's config of class a. */
+static sd_status parse_text(const cJSON *j, const hf_arch *a, sd_hf_meta *out) {
     sd_model_config c;
     memset(&c, 0, sizeof c);
-    if (!cJSON_IsObject(j)) {
-        SD_ERROR("weights: config.json is not an object");
-        return SD_ERR_FORMAT;
-    }
-    const hf_arch *a = NULL;
-    SD_TRY(find_arch(j, &a));
     c.arch_id = a->id;
     static const char *const names[] = {"llama", "qwen2", "qwen3", "gemma3", "phi3"}; /* by sd_model_arch */
     snprintf(c.arch, sizeof c.arch, "%s", names[a->id]);
@@ -387,6 +381,81 @@ sd_status sd_hf_config_parse(const cJSON *j, sd_hf_meta *out) {
     out->cfg = c;
     return SD_OK;
 }
+
+/* The multimodal Gemma 3 class's top level: architectures and model_type
+ * "gemma3"; its text model is text_config. */
+static bool is_gemma3_multimodal(const cJSON *j) {
+    const cJSON *archs = field(j, "architectures");
+    const cJSON *a0 = cJSON_IsArray(archs) ? archs->child : NULL;
+    return cJSON_IsString(a0) && strcmp(a0->valuestring, "Gemma3ForConditionalGeneration") == 0;
+}
+
+/* Gemma3ForConditionalGeneration: text_config read as a Gemma3ForCausalLM
+ * config. Published configs leave out the keys whose value is
+ * Gemma3TextConfig's default (the 4B's has no vocab_size nor head counts),
+ * so those defaults fill a copy first; the tensors' shapes are checked
+ * against the result as for any checkpoint. Token ids absent from
+ * text_config are taken from the top level. */
+static sd_status parse_gemma3_multimodal(const cJSON *j, sd_hf_meta *out) {
+    const cJSON *mt = field(j, "model_type"), *tc = field(j, "text_config");
+    if (mt && !(cJSON_IsString(mt) && strcmp(mt->valuestring, "gemma3") == 0)) {
+        SD_ERROR("weights: config.json model_type '%.32s' does not match architectures "
+                 "Gemma3ForConditionalGeneration (model_type gemma3)",
+                 cJSON_IsString(mt) ? mt->valuestring : "?");
+        return SD_ERR_UNSUPPORTED;
+    }
+    if (!cJSON_IsObject(tc)) {
+        SD_ERROR("weights: config.json of Gemma3ForConditionalGeneration has no text_config object");
+        return SD_ERR_FORMAT;
+    }
+    static const struct {
+        const char *key;
+        double value;
+    } defaults[] = {{"vocab_size", 262208},     {"hidden_size", 2304},        {"intermediate_size", 9216},
+                    {"num_hidden_layers", 26},  {"num_attention_heads", 8},   {"num_key_value_heads", 4},
+                    {"head_dim", 256},          {"sliding_window", 4096},     {"rope_local_base_freq", 10000},
+                    {"query_pre_attn_scalar", 256}};
+    static const char *const ids[] = {"bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings"};
+    cJSON *t = cJSON_Duplicate(tc, true);
+    bool ok = t != NULL;
+    for (size_t i = 0; ok && i < sizeof defaults / sizeof defaults[0]; i++)
+        if (!field(t, defaults[i].key)) ok = cJSON_AddNumberToObject(t, defaults[i].key, defaults[i].value) != NULL;
+    for (size_t i = 0; ok && i < sizeof ids / sizeof ids[0]; i++)
+        if (!field(t, ids[i]) && field(j, ids[i]))
+            ok = cJSON_AddItemToObject(t, ids[i], cJSON_Duplicate(field(j, ids[i]), true));
+    cJSON_DeleteItemFromObjectCaseSensitive(t, "architectures"); /* the text model's class is fixed */
+    if (ok && !field(t, "model_type")) ok = cJSON_AddStringToObject(t, "model_type", "gemma3_text") != NULL;
+    if (!ok) {
+        cJSON_Delete(t);
+        return SD_ERR_NOMEM;
+    }
+    const hf_arch *a = NULL;
+    sd_status s = find_arch(t, &a);
+    if (s == SD_OK && a->id != SD_ARCH_GEMMA3) {
+        SD_ERROR("weights: Gemma3ForConditionalGeneration's text_config is model_type %s, not gemma3_text",
+                 a->model_type);
+        s = SD_ERR_UNSUPPORTED;
+    }
+    if (s == SD_OK) s = parse_text(t, a, out);
+    cJSON_Delete(t);
+    if (s != SD_OK) return s;
+    out->class_name = "Gemma3ForConditionalGeneration";
+    out->text_of_multimodal = true;
+    return SD_OK;
+}
+
+sd_status sd_hf_config_parse(const cJSON *j, sd_hf_meta *out) {
+    if (!cJSON_IsObject(j)) {
+        SD_ERROR("weights: config.json is not an object");
+        return SD_ERR_FORMAT;
+    }
+    out->text_of_multimodal = false;
+    if (is_gemma3_multimodal(j)) return parse_gemma3_multimodal(j, out);
+    const hf_arch *a = NULL;
+    SD_TRY(find_arch(j, &a));
+    return parse_text(j, a, out);
+}
+
 
 /* ------------------------------------------------------------------ names */
 
