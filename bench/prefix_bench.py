@@ -17,6 +17,13 @@ Usage:
       prompt cache (cache_prompt, its default) and once without: the peer.
       --rounds R repeats the whole set R times, interleaved (A B C D A B C D),
       and the summary takes medians over the rounds.
+  prefix_bench.py --launch ... --paired [--fill chat] --workloads distinct --rounds R
+      starts every --cache service at once (each on its own port; an idle
+      one takes no CPU), optionally runs --fill workloads once on each (not
+      counted: e.g. the chat workload, to fill the cache first), then
+      measures the workloads R times, A B then B A alternately, with fresh
+      distinct prompts each round: many paired rounds on services in the
+      same state, for a throughput ratio within noise (distinct prompts).
 
 Workloads (greedy, EOS ignored, streaming, so every first text event is
 timed):
@@ -224,8 +231,9 @@ def system_messages(a):
 
 
 def distinct_messages(a):
-    return lambda i: [{"role": "system", "content": "Reader %d of %s." % (i, words(9000 + i, 4))},
-                      {"role": "user", "content": words(5000 + 97 * i, a.distinct_words)}]
+    b = a.distinct_base  # a fresh set per round with --paired (the services stay up: no repeats)
+    return lambda i: [{"role": "system", "content": "Reader %d of %s." % (i, words(9000 + b + i, 4))},
+                      {"role": "user", "content": words(5000 + 97 * (b + i), a.distinct_words)}]
 
 
 def measure(a, label, extra=None):
@@ -291,8 +299,9 @@ def wait_ready(p, what, timeout=300):
     raise RuntimeError("%s did not become ready" % what)
 
 
-def launch(a, pct):
-    cmd = [a.launch, "--target", a.target, "--http", a.http, "--verifier-arg", "--prefix-cache=%d" % pct] + a.launch_arg
+def launch(a, pct, http=None):
+    cmd = [a.launch, "--target", a.target, "--http", http or a.http, "--verifier-arg", "--prefix-cache=%d" % pct]
+    cmd += a.launch_arg
     if a.threads:
         cmd += ["--threads-verifier", str(a.threads)]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(a.launch_log, "a"), text=True, start_new_session=True)
@@ -413,7 +422,11 @@ def main():
     ap.add_argument("--system-tokens", type=int, default=1000)
     ap.add_argument("--distinct-requests", type=int, default=16)
     ap.add_argument("--distinct-words", type=int, default=300)
+    ap.add_argument("--paired", action="store_true",
+                    help="with --launch: all --cache services up at once, rounds alternating A B / B A")
+    ap.add_argument("--fill", default="", help="with --paired: workloads run once on each service first, not counted")
     a = ap.parse_args()
+    a.distinct_base = 0
     a.workloads = set(a.workloads.split(","))
     if not a.launch:
         return 0 if measure(a, a.label)["ok"] else 1
@@ -425,6 +438,8 @@ def main():
         configs += [("llama-server cache_prompt", lambda: launch_llama(a), {"cache_prompt": True}),
                     ("llama-server no cache", lambda: launch_llama(a), {"cache_prompt": False})]
     print("# prefix_bench: %s, %s; %s" % (os.path.basename(a.target), bc.cpu_name(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())))
+    if a.paired:
+        return paired(a)
     runs = []
     for r in range(a.rounds):
         for label, start, extra in configs:
@@ -434,6 +449,48 @@ def main():
             finally:
                 stop(p)
     summary(a, runs)
+    return 0 if all(r["ok"] for r in runs) else 1
+
+
+def paired(a):
+    """--paired: every --cache service up at once, rounds alternating A B / B A."""
+    if a.llama_server:
+        raise SystemExit("--paired measures specd's services only (no --llama-server)")
+    host, port = a.http.rsplit(":", 1)
+    pcts = [int(x) for x in a.cache.split(",")]
+    procs, urls = [], []
+    try:
+        for i, pct in enumerate(pcts):
+            procs.append(launch(a, pct, "%s:%d" % (host, int(port) + i)))
+            urls.append(a.url)
+        labels = ["specd --prefix-cache %d" % pct for pct in pcts]
+        if a.fill:
+            kept = a.workloads
+            a.workloads = set(a.fill.split(","))
+            for url, lb in zip(urls, labels):
+                a.url = url
+                measure(a, "fill (not counted): " + lb)
+            a.workloads = kept
+        runs, ratios = [], []
+        for r in range(a.rounds):
+            a.distinct_base = 1000 * (r + 1)
+            order = list(range(len(pcts))) if r % 2 == 0 else list(reversed(range(len(pcts))))
+            got = {}
+            for i in order:
+                a.url = urls[i]
+                got[i] = measure(a, labels[i])
+            runs += [got[i] for i in range(len(pcts))]
+            if len(pcts) == 2 and "distinct_tps" in got[0] and got[1]["distinct_tps"] > 0:
+                ratios.append(got[0]["distinct_tps"] / got[1]["distinct_tps"])
+                print("round %d: distinct tokens/s %s / %s = %.3fx" % (r + 1, labels[0], labels[1], ratios[-1]))
+    finally:
+        for p in procs:
+            stop(p)
+    summary(a, runs)
+    if ratios:
+        print("\ndistinct prompts, per round %s / %s: %s; median %.3fx, mean %.3fx over %d rounds" %
+              (labels[0], labels[1], ", ".join("%.3f" % x for x in ratios), statistics.median(ratios),
+               statistics.mean(ratios), len(ratios)))
     return 0 if all(r["ok"] for r in runs) else 1
 
 
