@@ -81,7 +81,7 @@ sd_status sd_chat_format_mistral3(strbuf *out, const char *bos, const char *eos,
                                   const sd_chat_tools *tt, char *err, size_t err_cap);
 
 /* For families without tools in their template: the conversation with the
- * tools written as Hermes / Qwen 2.5 text (the <tools> signatures appended
+ * tools written as Hermes text (Qwen 2.5's form with compact JSON: the <tools> signatures appended
  * to the system turn, or a system turn of their own first; an assistant's
  * calls as <tool_call> blocks after its content; a tool turn as a user turn
  * of <tool_response>). *out (n_out messages) and *owned (the texts) are

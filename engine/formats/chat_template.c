@@ -381,7 +381,7 @@ static const char *const UNSUPPORTED[] = {"tools",        "tool_call",         "
                                           "strftime_now", "Cutting Knowledge", "date_string",     NULL};
 
 /* Qwen2.5: ChatML with a default system prompt and a tools branch that is
- * taken only when tools are passed (specd passes none). */
+ * taken when tools are passed (sd_chat_format_qwen25 renders it). */
 static const char *const QWEN[] = {"<|im_start|>",          "<|im_end|>",
                                    "message.role",          "message.content",
                                    "<|im_start|>assistant", "(message.role == \"system\" and not loop.first)",

@@ -208,7 +208,7 @@ sd_status sd_chat_format_qwen25(strbuf *out, const char *default_system, const s
     return st;
 }
 
-/* ---- Hermes / Qwen 2.5 text, for the other families ---- */
+/* ---- Hermes text (Qwen 2.5's form, compact JSON), for the other families ---- */
 
 /* The system text describing tools (a JSON list), malloc'd; NULL when it is not a list. */
 static char *hermes_tools(const char *tools) {

@@ -172,8 +172,35 @@ def family_check(fixture, bos, eos, tools_list):
     return fails, len(cases), refusals
 
 
+def malformed_check():
+    """JSON the walkers must refuse, not misread (and not crash on, under
+    ASan): broken or trailing-comma lists, a list that is an object, nesting
+    past 64, a lone surrogate, a number Python prints as inf, text after the
+    list. (What is valid JSON but odd, a call without arguments, renders as
+    each template does: the oracle above.)"""
+    deep = "[" * 100 + "]" * 100
+    bad_tools = ["[{", "[1,]", '{"a": 1}', "[" + deep + "]", '[{"function": {}}] x', '["\\ud800"]', "[1e999]"]
+    u = {"role": "user", "content": "q"}
+    bad_calls = ["[{]", '[{"name": "f", "arguments": {}, "id": "abcDEF123"},]', '[{"name": "f", "arguments": {]',
+                 '[{"name": "f", "arguments": ' + deep + ', "id": "abcDEF123"}]']
+    fails = []
+    for fixture in ("mistral-v0.3.jinja", "qwen2.5.jinja"):
+        cases = [{"messages": [u], "tools_api": True, "tools_json": t, "bos": "<s>", "eos": "</s>"} for t in bad_tools]
+        cases += [{"messages": [u, {"role": "assistant", "content": "", "tool_calls_json": c},
+                                {"role": "tool", "content": "x", "tool_call_id": "abcDEF123"}],
+                   "tools_api": True, "bos": "<s>", "eos": "</s>"} for c in bad_calls]
+        rc, head, replies = run_cli([os.path.join(DATA, fixture)], cases)
+        if rc != 0 or len(replies) != len(cases):
+            fails.append(f"{fixture} malformed JSON: exit {rc}, {len(replies)} replies for {len(cases)} cases")
+            continue
+        for c, r in zip(cases, replies):
+            if "refused" not in r:
+                fails.append(f"{fixture}: accepted malformed {c.get('tools_json') or c['messages'][1]}: {r}")
+    return fails
+
+
 def hermes_check():
-    """The other families get the Hermes / Qwen 2.5 text turns (specd's own
+    """The other families get the Hermes text turns (Qwen 2.5's form with compact JSON: specd's own
     form, no template to compare with): checked on ChatML by construction."""
     tools = '[{"type":"function","function":{"name":"now","parameters":{"a":1}}}]'
     conv = [{"role": "system", "content": "S"}, {"role": "user", "content": "q"},
@@ -244,7 +271,7 @@ def main():
         failures += f
         n_total += n
         more.append(f"{fixture}: {n} ({r} refused by both)")
-    failures += hermes_check()
+    failures += hermes_check() + malformed_check()
     if failures:
         print(f"FAIL: {len(failures)} of {n_total} differ")
         for x in failures[:6]:
