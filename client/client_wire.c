@@ -118,6 +118,7 @@ sd_status sd_client_wire_messages(const sd_client_request *rq, Specd__ChatMessag
         pm[i].role = chat_role(rq->messages[i].role);
         pm[i].content = (char *)(rq->messages[i].content ? rq->messages[i].content : "");
         pm[i].tool_calls = (char *)(rq->messages[i].tool_calls ? rq->messages[i].tool_calls : "");
+        pm[i].tool_call_id = (char *)(rq->messages[i].tool_call_id ? rq->messages[i].tool_call_id : "");
         pp[i] = &pm[i];
     }
     *messages = pp, *storage = pm, *n_messages = n;

@@ -77,7 +77,7 @@ static bool job_messages(const cJSON *msgs, sd_client_request *req, sd_client_ch
                      SD_MAX_CHAT_MESSAGES);
             return false;
         }
-        turns[n++] = (sd_client_chat_msg){role, content, NULL};
+        turns[n++] = (sd_client_chat_msg){role, content, NULL, NULL};
     }
     req->messages = turns;
     req->n_messages = n;

@@ -77,16 +77,21 @@ sd_submit_job *sd_submit_job_new(const sd_net_submit *sub, const uint8_t *ident,
         j->msg_role = calloc(r->n_messages, sizeof *j->msg_role);
         j->msg_content = calloc(r->n_messages, sizeof *j->msg_content);
         j->msg_calls = calloc(r->n_messages, sizeof *j->msg_calls);
-        ok = j->msg_role && j->msg_content && j->msg_calls;
+        j->msg_call_ids = calloc(r->n_messages, sizeof *j->msg_call_ids);
+        ok = j->msg_role && j->msg_content && j->msg_calls && j->msg_call_ids;
         for (size_t i = 0; ok && i < r->n_messages; i++) {
             int role = (int)r->messages[i]->role;
-            const char *calls = r->messages[i]->tool_calls;
+            const char *calls = r->messages[i]->tool_calls, *id = r->messages[i]->tool_call_id;
             j->msg_role[i] = role >= 1 && role <= 4 ? ROLES[role] : "";
             j->msg_content[i] = dup_text(r->messages[i]->content);
             j->msg_calls[i] = calls && calls[0] ? dup_text(calls) : NULL;
-            ok = j->msg_content[i] != NULL && (!(calls && calls[0]) || j->msg_calls[i]);
+            j->msg_call_ids[i] = id && id[0] ? dup_text(id) : NULL;
+            ok = j->msg_content[i] != NULL && (!(calls && calls[0]) || j->msg_calls[i]) &&
+                 (!(id && id[0]) || j->msg_call_ids[i]);
             j->n_messages = i + 1;
-            if (ok) j->text_bytes += strlen(j->msg_content[i]) + (j->msg_calls[i] ? strlen(j->msg_calls[i]) : 0);
+            if (ok)
+                j->text_bytes += strlen(j->msg_content[i]) + (j->msg_calls[i] ? strlen(j->msg_calls[i]) : 0) +
+                                 (j->msg_call_ids[i] ? strlen(j->msg_call_ids[i]) : 0);
         }
         if (ok && r->tools && r->tools[0]) {
             ok = (j->tools = dup_text(r->tools)) != NULL;
@@ -122,6 +127,8 @@ void sd_submit_job_free(sd_submit_job **jp) {
     free(j->prompt_ids);
     for (size_t i = 0; i < j->n_messages; i++) free(j->msg_content[i]);
     for (size_t i = 0; j->msg_calls && i < j->n_messages; i++) free(j->msg_calls[i]);
+    for (size_t i = 0; j->msg_call_ids && i < j->n_messages; i++) free(j->msg_call_ids[i]);
+    free(j->msg_call_ids);
     free(j->msg_content);
     free(j->msg_calls);
     free(j->tools);
@@ -143,7 +150,7 @@ static void refuse(sd_submit_job *j, Specd__Code code, const char *what) {
 static bool encode_chat(const sd_tok *tok, const sd_chat_template *chat, sd_submit_job *j, int32_t **enc,
                         size_t *n_enc) {
     sd_chat_msg two[2], *m = two;
-    sd_chat_tools tt = {NULL, NULL}; /* tools, calls and tool turns (messages only) */
+    sd_chat_tools tt = {NULL, NULL, NULL}; /* tools, calls and tool turns (messages only) */
     size_t n = 0;
     if (j->n_messages > 0) {
         if (!(m = malloc(j->n_messages * sizeof *m))) {
@@ -153,6 +160,7 @@ static bool encode_chat(const sd_tok *tok, const sd_chat_template *chat, sd_subm
         for (size_t i = 0; i < j->n_messages; i++) m[n++] = (sd_chat_msg){j->msg_role[i], j->msg_content[i]};
         tt.tools = j->tools;
         tt.tool_calls = (const char *const *)j->msg_calls;
+        tt.tool_call_ids = (const char *const *)j->msg_call_ids;
     } else {
         if (j->system[0]) m[n++] = (sd_chat_msg){"system", j->system};
         m[n++] = (sd_chat_msg){"user", j->prompt};

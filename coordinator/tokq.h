@@ -42,8 +42,9 @@ typedef struct sd_submit_job {
      * prompt/system when n_messages > 0 */
     const char **msg_role;
     char **msg_content;
-    char **msg_calls; /* [n_messages]: an assistant's tool calls (JSON), NULL: none */
-    char *tools;      /* the request's tools (JSON), NULL: none */
+    char **msg_calls;    /* [n_messages]: an assistant's tool calls (JSON), NULL: none */
+    char **msg_call_ids; /* [n_messages]: a tool turn's tool_call_id, NULL: none */
+    char *tools;         /* the request's tools (JSON), NULL: none */
     size_t n_messages;
     int32_t *prompt_ids; /* owned; used instead of the text when n_prompt_ids > 0 */
     size_t n_prompt_ids;

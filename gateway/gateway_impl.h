@@ -153,6 +153,9 @@ bool gw_parse_tools(const struct cJSON *root, gw_gen *g, gw_error *err);
  * {"name", "arguments"} (the arguments string's own text when it is JSON) in
  * *calls_json (owned; NULL when it has none). False with a 400 on param. */
 bool gw_tool_turn(const struct cJSON *m, char **calls_json, const char *param, gw_error *err);
+/* A tool history turn m's tool_call_id (messages[i]) into *id (malloc'd;
+ * NULL when absent): a string of 1 to SD_MAX_CALL_ID_BYTES bytes. */
+bool gw_tool_result_id(const struct cJSON *m, int i, char **id, gw_error *err);
 
 /* The seed of choice i: the request's seed for i = 0, a SplitMix64 mix of
  * (seed, i) after, so n samples are reproducible from one seed. */

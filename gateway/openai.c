@@ -137,6 +137,7 @@ void gw_gen_clear(gw_gen *g) {
         for (size_t k = 0; k < g->prompts[i].n_turns; k++) {
             free((char *)g->prompts[i].turns[k].content);
             free((char *)g->prompts[i].turns[k].tool_calls);
+            free((char *)g->prompts[i].turns[k].tool_call_id);
         }
         free(g->prompts[i].turns);
     }
@@ -424,12 +425,15 @@ static bool parse_messages(const cJSON *root, gw_gen *g, gw_error *err) {
             free(copy);
             return BAD(err, param, "'%s': only an assistant's message has tool calls", param);
         }
-        if (calls && !gw_tool_turn(m, &calls_json, param, err)) {
+        char *call_id = NULL; /* a tool turn's tool_call_id (Mistral's template writes it) */
+        if ((calls && !gw_tool_turn(m, &calls_json, param, err)) ||
+            (tool_role && !gw_tool_result_id(m, i, &call_id, err))) {
             free(copy);
+            free(calls_json);
             return false;
         }
-        p->turns[p->n_turns++] = (sd_client_chat_msg){chat_role(role->valuestring), copy, calls_json};
-        total += strlen(copy) + (calls_json ? strlen(calls_json) : 0);
+        p->turns[p->n_turns++] = (sd_client_chat_msg){chat_role(role->valuestring), copy, calls_json, call_id};
+        total += strlen(copy) + (calls_json ? strlen(calls_json) : 0) + (call_id ? strlen(call_id) : 0);
         if (total > SD_MAX_PROMPT_BYTES)
             return BAD(err, "messages", "'messages' holds more than %d bytes of content", SD_MAX_PROMPT_BYTES);
     }

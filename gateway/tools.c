@@ -2,15 +2,13 @@
  * `tool_choice`, `tool` turns and assistant `tool_calls` in the history, and
  * the output parsed back into `message.tool_calls`.
  *
- * The gateway holds no model and its chat template runs on the
- * coordinator, so the tools are described in the Hermes / Qwen 2.5 form
- * as text of the system turn (appended to the conversation's system
- * message, or a system turn of its own first): the function signatures in
- * <tools></tools>, and the instruction to answer a call as
- * <tool_call>{"name": ..., "arguments": {...}}</tool_call>. History turns
- * are written the same way: an assistant's tool_calls as <tool_call>
- * blocks after its content, a `tool` message as a user turn holding
- * <tool_response>...</tool_response> (what Qwen 2.5's template renders).
+ * The gateway holds no model: the tools (g->tools_json), each assistant
+ * turn's calls ({"name", "arguments", "id"}) and each tool turn's
+ * tool_call_id go over the wire to the coordinator, whose chat template
+ * renders them (specd/chat.h: Llama 3.1 / 3.2, Qwen 2.5 and Mistral v3
+ * exactly as their templates do, other families as Hermes text). The ids
+ * of generated calls are 9 letters and digits (gw_tool_call_id), which
+ * Mistral's template demands when they come back in the history.
  *
  * tool_choice:
  *   "none"      the tools are not described; plain text.
@@ -212,9 +210,12 @@ bool gw_tool_turn(const struct cJSON *m, char **calls_json, const char *param, g
         const cJSON *fn = cJSON_IsObject(call) ? cJSON_GetObjectItemCaseSensitive(call, "function") : NULL;
         const cJSON *name = cJSON_IsObject(fn) ? cJSON_GetObjectItemCaseSensitive(fn, "name") : NULL;
         const cJSON *args = cJSON_IsObject(fn) ? cJSON_GetObjectItemCaseSensitive(fn, "arguments") : NULL;
-        if (!cJSON_IsString(name) || !cJSON_IsString(args)) {
+        const cJSON *id = cJSON_IsObject(call) ? cJSON_GetObjectItemCaseSensitive(call, "id") : NULL;
+        if (!cJSON_IsString(name) || !cJSON_IsString(args) || (present(id) && !cJSON_IsString(id))) {
             cJSON_Delete(list);
-            return bad(err, param, "each tool call needs 'function' with 'name' and 'arguments' strings");
+            return bad(err, param,
+                       "each tool call needs 'function' with 'name' and 'arguments' strings (and an 'id' "
+                       "string, if any)");
         }
         /* the arguments' own text when it is one JSON value (the template
          * re-serialises it: 21.0 stays 21.0), else the string itself */
@@ -225,6 +226,7 @@ bool gw_tool_turn(const struct cJSON *m, char **calls_json, const char *param, g
             cJSON_AddRawToObject(o, "arguments", args->valuestring);
         else
             cJSON_AddStringToObject(o, "arguments", args->valuestring);
+        if (cJSON_IsString(id)) cJSON_AddStringToObject(o, "id", id->valuestring); /* Mistral's template writes it */
         cJSON_Delete(parsed);
     }
     *calls_json = cJSON_GetArraySize(list) > 0 ? cJSON_PrintUnformatted(list) : NULL;
@@ -234,10 +236,36 @@ bool gw_tool_turn(const struct cJSON *m, char **calls_json, const char *param, g
     return true;
 }
 
+bool gw_tool_result_id(const struct cJSON *m, int i, char **id, gw_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(m, "tool_call_id");
+    char param[64];
+    *id = NULL;
+    if (!present(v)) return true;
+    snprintf(param, sizeof param, "messages[%d].tool_call_id", i);
+    if (!cJSON_IsString(v) || !v->valuestring[0] || strlen(v->valuestring) > SD_MAX_CALL_ID_BYTES)
+        return gw_fail(err, 400, "invalid_request_error", NULL, param, "'%s' must be a string of 1 to %d bytes", param,
+                       SD_MAX_CALL_ID_BYTES);
+    if (!(*id = strdup(v->valuestring))) return gw_fail(err, 500, "server_error", NULL, NULL, "out of memory");
+    return true;
+}
+
 /* ---- the answer ---- */
 
+/* 9 letters and digits, as Mistral's template demands of every id (and any
+ * other family takes): FNV-1a of the job's id, the choice and the call,
+ * written in base 62. */
 void gw_tool_call_id(const gw_job *job, size_t ci, int k, char *out, size_t cap) {
-    snprintf(out, cap, "call_%.24s_%zu_%d", strchr(job->id, '-') ? strchr(job->id, '-') + 1 : job->id, ci, k);
+    static const char digits[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    char key[160];
+    int n = snprintf(key, sizeof key, "%s/%zu/%d", job->id, ci, k);
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int i = 0; i < n && i < (int)sizeof key - 1; i++) h = (h ^ (uint8_t)key[i]) * 0x100000001b3ull;
+    if (cap < 10) {
+        if (cap) out[0] = '\0';
+        return;
+    }
+    for (int i = 0; i < 9; i++, h /= 62) out[i] = digits[h % 62];
+    out[9] = '\0';
 }
 
 struct cJSON *gw_tool_calls(const gw_job *job, size_t ci) {

@@ -53,7 +53,12 @@ static bool check_messages(vctx *v, const Specd__SubmitRequest *s) {
         if (m->tool_calls[0] && m->role != SPECD__CHAT_ROLE__CHAT_ROLE_ASSISTANT)
             return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s: tool calls in a turn that is not the assistant's",
                               path);
-        total += strlen(m->content) + strlen(m->tool_calls);
+        snprintf(path, sizeof path, "submit.messages[%zu].tool_call_id", i);
+        if (!sd_nv_check_text(v, path, m->tool_call_id, SD_MAX_CALL_ID_BYTES)) return false;
+        if (m->tool_call_id[0] && m->role != SPECD__CHAT_ROLE__CHAT_ROLE_TOOL)
+            return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST, "%s: a tool_call_id in a turn that is not a tool's",
+                              path);
+        total += strlen(m->content) + strlen(m->tool_calls) + strlen(m->tool_call_id);
         if (total > SD_MAX_PROMPT_BYTES)
             return sd_nv_fail(v, SPECD__CODE__CODE_TOO_LARGE, "submit.messages: more than %d bytes of content in all",
                               SD_MAX_PROMPT_BYTES);

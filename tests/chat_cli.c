@@ -10,7 +10,8 @@
  *    "bos": "<s>", "eos": "</s>", "drop_bos": bool}
  * with {"text": ...} or {"refused": reason}. With "tools_api": true the
  * case goes through sd_chat_template_format_tools: "tools_json" (the tools
- * as JSON text) and each message's "tool_calls_json" (its calls). JSON keeps any byte sequence
+ * as JSON text), each message's "tool_calls_json" (its calls) and
+ * "tool_call_id" (a tool turn's). JSON keeps any byte sequence
  * intact both ways, which a line protocol over raw text would not. */
 #include "specd/chat.h"
 
@@ -64,18 +65,20 @@ static void run_case(sd_chat_template *t, const cJSON *c) {
     sd_chat_msg *m = calloc(n > 0 ? (size_t)n : 1, sizeof *m);
     cJSON *reply = cJSON_CreateObject();
     const char **calls = calloc(n > 0 ? (size_t)n : 1, sizeof *calls);
+    const char **ids = calloc(n > 0 ? (size_t)n : 1, sizeof *ids);
     int i = 0;
-    for (const cJSON *e = msgs ? msgs->child : NULL; e && m && calls; e = e->next, i++) {
+    for (const cJSON *e = msgs ? msgs->child : NULL; e && m && calls && ids; e = e->next, i++) {
         m[i] = (sd_chat_msg){str_field(e, "role"), str_field(e, "content")};
         calls[i] = str_field(e, "tool_calls_json");
+        ids[i] = str_field(e, "tool_call_id");
     }
     bool gen = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "add_generation_prompt"));
     bool drop = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "drop_bos"));
     bool tools = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "tools_api"));
-    sd_chat_tools tt = {str_field(c, "tools_json"), calls};
+    sd_chat_tools tt = {str_field(c, "tools_json"), calls, ids};
     char err[512], *text = NULL;
-    sd_status st =
-        m && calls ? sd_chat_template_set_tokens(t, str_field(c, "bos"), str_field(c, "eos"), drop) : SD_ERR_NOMEM;
+    sd_status st = m && calls && ids ? sd_chat_template_set_tokens(t, str_field(c, "bos"), str_field(c, "eos"), drop)
+                                     : SD_ERR_NOMEM;
     if (st == SD_OK && tools)
         st = sd_chat_template_format_tools(t, m, (size_t)n, &tt, gen, &text, NULL, err, sizeof err);
     else if (st == SD_OK)
@@ -87,6 +90,7 @@ static void run_case(sd_chat_template *t, const cJSON *c) {
     free(text);
     free(m);
     free(calls);
+    free(ids);
     print_json(reply);
 }
 

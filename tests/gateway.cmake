@@ -62,3 +62,9 @@ set_tests_properties(it_gateway_tools PROPERTIES RESOURCE_LOCK specd_integration
 # the real template does, greedily; a forced call parses.
 specd_py_test(it_gateway_tools_llama ${_it}test_gateway_tools_llama.py LABELS integration model)
 set_tests_properties(it_gateway_tools_llama PROPERTIES RESOURCE_LOCK specd_integration)
+# Tools rendered by Mistral's v3 template (--chat-template mistral-v3 on
+# SmolLM2): a forced call's id is 9 letters and digits; the call and its
+# tool answer (tool_call_id) come back and answer as the jinja2 rendering of
+# the real template does, greedily; a tool turn without its id is a 400.
+specd_py_test(it_gateway_tools_mistral ${_it}test_gateway_tools_mistral.py LABELS integration model)
+set_tests_properties(it_gateway_tools_mistral PROPERTIES RESOURCE_LOCK specd_integration)

@@ -328,9 +328,22 @@ static void test_tools(void **state) {
     cJSON *calls = gw_tool_calls(&job, 0);
     assert_non_null(calls);
     assert_int_equal(cJSON_GetArraySize(calls), 1);
+    /* the id: 9 letters and digits (Mistral's template demands them), one per job, choice and call */
+    const char *id = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(calls, 0), "id"));
+    assert_non_null(id);
+    assert_int_equal(strlen(id), 9);
+    assert_int_equal(strspn(id, "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"), 9);
+    char want[256], other[16];
+    gw_tool_call_id(&job, 0, 1, other, sizeof other);
+    assert_string_not_equal(id, other);
+    gw_tool_call_id(&job, 1, 0, other, sizeof other);
+    assert_string_not_equal(id, other);
+    snprintf(want, sizeof want,
+             "[{\"index\":0,\"id\":\"%s\",\"type\":\"function\",\"function\":{\"name\":"
+             "\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]",
+             id);
     char *s = cJSON_PrintUnformatted(calls);
-    assert_string_equal(s, "[{\"index\":0,\"id\":\"call_abc_0_0\",\"type\":\"function\",\"function\":{\"name\":"
-                           "\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]");
+    assert_string_equal(s, want);
     free(s);
     cJSON_Delete(calls);
     /* auto: <tool_call> blocks (two: parallel calls); an unknown name or text is no call */
@@ -363,10 +376,13 @@ static void test_tools(void **state) {
     assert_string_equal(g.prompts[0].turns[1].content, "");
     /* the arguments' own text (1.0 stays 1.0), or the string when it is not JSON */
     assert_string_equal(g.prompts[0].turns[1].tool_calls,
-                        "[{\"name\":\"now\",\"arguments\":{\"tz\": 1.0}},{\"name\":\"now\",\"arguments\":\"x\"}]");
+                        "[{\"name\":\"now\",\"arguments\":{\"tz\": 1.0},\"id\":\"c1\"},{\"name\":\"now\",\"arguments\":"
+                        "\"x\"}]");
+    assert_null(g.prompts[0].turns[1].tool_call_id);
     assert_string_equal(g.prompts[0].turns[2].role, "tool");
     assert_string_equal(g.prompts[0].turns[2].content, "12:00");
     assert_null(g.prompts[0].turns[2].tool_calls);
+    assert_string_equal(g.prompts[0].turns[2].tool_call_id, "c1"); /* carried for Mistral's template */
     gw_gen_clear(&g);
     /* refusals */
     snprintf(body, sizeof body,
@@ -385,6 +401,23 @@ static void test_tools(void **state) {
             "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}],\"tools\":[{\"type\":\"function\",\"function\":"
             "{\"name\":\"a b\"}}]}",
             400, "tools[0]");
+    /* a tool turn's tool_call_id: a string of 1 to SD_MAX_CALL_ID_BYTES bytes */
+    refused(GW_EP_CHAT, "{\"messages\":[{\"role\":\"tool\",\"tool_call_id\":7,\"content\":\"x\"}]}", 400,
+            "messages[0].tool_call_id");
+    refused(GW_EP_CHAT, "{\"messages\":[{\"role\":\"tool\",\"tool_call_id\":\"\",\"content\":\"x\"}]}", 400,
+            "messages[0].tool_call_id");
+    char long_id[SD_MAX_CALL_ID_BYTES + 2];
+    memset(long_id, 'a', sizeof long_id - 1);
+    long_id[sizeof long_id - 1] = '\0';
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"tool\",\"tool_call_id\":\"%s\",\"content\":\"x\"}]}",
+             long_id);
+    refused(GW_EP_CHAT, body, 400, "messages[0].tool_call_id");
+    /* a call's id that is not a string */
+    refused(GW_EP_CHAT,
+            "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"tool_calls\":[{\"id\":"
+            "1,\"type\":\"function\",\"function\":{\"name\":\"now\",\"arguments\":\"{}\"}}]},{\"role\":\"tool\","
+            "\"content\":\"x\"}]}",
+            400, "messages[1].tool_calls");
 }
 
 static void test_messages(void **state) {

@@ -713,6 +713,42 @@ static void test_validate_submit(void **state) {
     expect_submit(&s, BAD, "submit.sampling.top_p: -0.1");
 }
 
+/* SubmitRequest.messages[].tool_call_id: a tool turn's only, UTF-8, at most
+ * SD_MAX_CALL_ID_BYTES; a good one reaches the coordinator intact. */
+static void test_validate_submit_tool_call_id(void **state) {
+    (void)state;
+    const Specd__Code BAD = SPECD__CODE__CODE_BAD_REQUEST, BIG = SPECD__CODE__CODE_TOO_LARGE;
+    Specd__ChatMessage user = SPECD__CHAT_MESSAGE__INIT, tool = SPECD__CHAT_MESSAGE__INIT;
+    user.role = SPECD__CHAT_ROLE__CHAT_ROLE_USER, user.content = "q";
+    tool.role = SPECD__CHAT_ROLE__CHAT_ROLE_TOOL, tool.content = "12:00", tool.tool_call_id = "abcDEF123";
+    Specd__ChatMessage *msgs[] = {&user, &tool};
+    Specd__SubmitRequest s = SPECD__SUBMIT_REQUEST__INIT;
+    s.messages = msgs, s.n_messages = 2;
+    Specd__ClientToCoordinator e = SPECD__CLIENT_TO_COORDINATOR__INIT;
+    e.body_case = SPECD__CLIENT_TO_COORDINATOR__BODY_SUBMIT;
+    e.submit = &s;
+    size_t len;
+    uint8_t *bytes = pack(&e.base, &len);
+    Specd__Code code;
+    char err[256];
+    Specd__ClientToCoordinator *g = sd_net_decode_client(bytes, len, &LIM, &code, err, sizeof err);
+    free(bytes);
+    if (!g) fail_msg("rejected: %s", err);
+    assert_string_equal(g->submit->messages[1]->tool_call_id, "abcDEF123");
+    assert_string_equal(g->submit->messages[0]->tool_call_id, "");
+    specd__client_to_coordinator__free_unpacked(g, NULL);
+    user.tool_call_id = "abcDEF123";
+    expect_submit(&s, BAD, "submit.messages[0].tool_call_id: a tool_call_id in a turn that is not a tool's");
+    user.tool_call_id = "";
+    tool.tool_call_id = "ab\xc3\x28";
+    expect_submit(&s, BAD, "submit.messages[1].tool_call_id: invalid UTF-8 at byte 2");
+    char long_id[SD_MAX_CALL_ID_BYTES + 2];
+    memset(long_id, 'a', sizeof long_id - 1);
+    long_id[sizeof long_id - 1] = '\0';
+    tool.tool_call_id = long_id;
+    expect_submit(&s, BIG, "submit.messages[1].tool_call_id: 257 bytes over the limit of 256");
+}
+
 /* A decoded message must pass: frees it, or fails naming why not. */
 static void accept_decoded(void *g, void (*free_fn)(void *), const char *err, const char *what) {
     if (!g) fail_msg("%s rejected: %s", what, err);
@@ -1281,6 +1317,7 @@ int main(void) {
         cmocka_unit_test(test_validate_constraint),
         cmocka_unit_test(test_validate_prompt_logprobs),
         cmocka_unit_test(test_validate_worker_messages),
+        cmocka_unit_test(test_validate_submit_tool_call_id),
         cmocka_unit_test(test_sampling_and_names),
         cmocka_unit_test(test_oversized_message_dropped),
         cmocka_unit_test(test_router_mandatory_and_frames),

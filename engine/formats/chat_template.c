@@ -35,9 +35,10 @@ enum {
     VARIANT_SYSTEM_NONEMPTY = 2, /* Phi-3.5: a system turn only when its content is not empty */
     VARIANT_ALWAYS_OPEN = 4,     /* Llama 3 (Mllama conversion): assistant header whatever add_generation_prompt */
     VARIANT_SYSTEM_PREFIX = 8,   /* Gemma 3: a system message's content + "\n\n" opens the first turn */
-    VARIANT_ROLES_ONLY = 16,     /* Qwen2.5 ChatML: system/user/assistant turns only (tools are not reproduced) */
+    VARIANT_ROLES_ONLY = 16,     /* Qwen2.5 ChatML: system/user/assistant turns, or Qwen's tools (chat_tools.c) */
     VARIANT_LLAMA31 = 32,        /* Llama 3.1: a dated system turn, tools (chat_tools.c) */
     VARIANT_DATE_TODAY = 64,     /* Llama 3.2: that date is today's (strftime_now("%d %b %Y"), local time) */
+    VARIANT_MISTRAL3 = 128,      /* Mistral v3 (7B-Instruct-v0.3): system in the last turn, tools (chat_mistral.c) */
 };
 
 struct sd_chat_template {
@@ -58,7 +59,7 @@ static const struct {
 #define N_FAMILIES (sizeof FAMILY_NAMES / sizeof FAMILY_NAMES[0])
 
 const char *sd_chat_template_names(void) {
-    return "chatml, llama3, llama3.1, llama3.2, llama2, mistral, gemma, gemma3, phi3";
+    return "chatml, llama3, llama3.1, llama3.2, llama2, mistral, mistral-v3, gemma, gemma3, phi3";
 }
 
 /* ---- formatting ---- */
@@ -252,18 +253,22 @@ static sd_status format_family(fmt *f, const sd_chat_msg *msgs, size_t n, bool g
     return SD_ERR_INTERNAL;
 }
 
-/* Llama 3.1 renders tools itself; the other families get them as Hermes
- * text turns (chat_tools.c). */
+/* Llama 3.1, Qwen 2.5 and Mistral v3 render tools as their templates do;
+ * the other families get them as Hermes text turns (chat_tools.c). */
 static sd_status format_with_tools(fmt *f, const sd_chat_msg *msgs, size_t n, const sd_chat_tools *tt, bool gen) {
+    const char *bos = f->t->drop_leading_bos ? NULL : f->t->bos;
     if (f->t->family == SD_CHAT_FAMILY_LLAMA3 && (f->t->variant & VARIANT_LLAMA31)) {
         char date[32] = "26 Jul 2024";
         time_t now = time(NULL);
         struct tm tm;
         if ((f->t->variant & VARIANT_DATE_TODAY) && localtime_r(&now, &tm))
             strftime(date, sizeof date, "%d %b %Y", &tm);
-        return sd_chat_format_llama31(&f->out, f->t->drop_leading_bos ? NULL : f->t->bos, date, msgs, n, tt, gen,
-                                      f->err, f->err_cap);
+        return sd_chat_format_llama31(&f->out, bos, date, msgs, n, tt, gen, f->err, f->err_cap);
     }
+    if (f->t->family == SD_CHAT_FAMILY_MISTRAL && (f->t->variant & VARIANT_MISTRAL3))
+        return sd_chat_format_mistral3(&f->out, bos, f->t->eos, msgs, n, tt, f->err, f->err_cap);
+    if (f->t->family == SD_CHAT_FAMILY_CHATML && (f->t->variant & VARIANT_ROLES_ONLY) && sd_chat_has_tools(msgs, n, tt))
+        return sd_chat_format_qwen25(&f->out, f->t->default_system, msgs, n, tt, gen, f->err, f->err_cap);
     if (!sd_chat_has_tools(msgs, n, tt)) return format_family(f, msgs, n, gen);
     sd_chat_msg *m2 = NULL;
     char **owned = NULL;
@@ -376,7 +381,7 @@ static const char *const UNSUPPORTED[] = {"tools",        "tool_call",         "
                                           "strftime_now", "Cutting Knowledge", "date_string",     NULL};
 
 /* Qwen2.5: ChatML with a default system prompt and a tools branch that is
- * taken only when tools are passed (specd passes none). */
+ * taken when tools are passed (sd_chat_format_qwen25 renders it). */
 static const char *const QWEN[] = {"<|im_start|>",          "<|im_end|>",
                                    "message.role",          "message.content",
                                    "<|im_start|>assistant", "(message.role == \"system\" and not loop.first)",
@@ -388,6 +393,25 @@ static const char *const LLAMA31[] = {
     "Cutting Knowledge Date: December 2023",       "tools_in_user_message",
     "{%- set date_string = \"26 Jul 2024\" %}",    "This model only supports single tool-calls at once!",
     "<|start_header_id|>ipython<|end_header_id|>", NULL};
+/* Mistral v3 (Mistral-7B-Instruct-v0.3, Mistral-Large-Instruct-2407):
+ * [INST] with no space before [/INST], tools, calls and results. */
+static const char *const MISTRAL3[] = {
+    "{{- bos_token }}",
+    "(message == user_messages[-1])",
+    "{{- \"[AVAILABLE_TOOLS] [\" }}",
+    "{%- for key, val in tool.items() if key != \"return\" %}",
+    "{{- '\"' + key + '\": \"' + val + '\"' }}",
+    "{{- \"[TOOL_CALLS] [\" }}",
+    "{%- set out = tool_call.function|tojson %}",
+    "{{- ', \"id\": \"' + tool_call.id + '\"}' }}",
+    "{{- \"]\" + eos_token }}",
+    "{{- \" \" + message[\"content\"]|trim + eos_token}}",
+    "{{- '[TOOL_RESULTS] {\"content\": ' + content|string + \", \" }}",
+    "{{- '\"call_id\": \"' + message.tool_call_id + '\"}[/TOOL_RESULTS]' }}",
+    "{%- if loop.last and system_message is defined %}",
+    "{{- \"[INST] \" + system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}",
+    "{{- \"[INST] \" + message[\"content\"] + \"[/INST]\" }}",
+    NULL};
 static const char LLAMA32_DATE[] = "{%- set date_string = strftime_now(\"%d %b %Y\") %}";
 static const char *const CHATML[] = {"<|im_start|>",          "<|im_end|>", "message['role']", "message['content']",
                                      "<|im_start|>assistant", NULL};
@@ -476,9 +500,10 @@ static sd_status unrecognised(const char *why) {
 sd_status sd_chat_template_parse(const char *text, size_t len, sd_chat_template **out) {
     if (!text || !out) return SD_ERR_INVALID_ARG;
     *out = NULL;
-    bool qwen = has_all(text, len, QWEN), llama31 = has_all(text, len, LLAMA31);
+    bool qwen = has_all(text, len, QWEN), llama31 = has_all(text, len, LLAMA31),
+         mistral3 = has_all(text, len, MISTRAL3);
     for (const char *const *u = UNSUPPORTED; *u; u++) {
-        if ((qwen || llama31) && (strcmp(*u, "tools") == 0 || strcmp(*u, "tool_call") == 0)) continue;
+        if ((qwen || llama31 || mistral3) && (strcmp(*u, "tools") == 0 || strcmp(*u, "tool_call") == 0)) continue;
         if (llama31 && (strcmp(*u, "Cutting Knowledge") == 0 || strcmp(*u, "date_string") == 0)) continue;
         if (llama31 && strcmp(*u, "strftime_now") == 0 && has(text, len, LLAMA32_DATE)) continue;
         if (has(text, len, *u)) {
@@ -492,7 +517,7 @@ sd_status sd_chat_template_parse(const char *text, size_t len, sd_chat_template 
         const char *const *markers;
     } sig[] = {{SD_CHAT_FAMILY_CHATML, CHATML}, {SD_CHAT_FAMILY_LLAMA3, LLAMA3},   {SD_CHAT_FAMILY_LLAMA2, LLAMA2},
                {SD_CHAT_FAMILY_CHATML, QWEN},   {SD_CHAT_FAMILY_MISTRAL, MISTRAL}, {SD_CHAT_FAMILY_GEMMA, GEMMA},
-               {SD_CHAT_FAMILY_GEMMA, GEMMA3},  {SD_CHAT_FAMILY_PHI3, PHI3}};
+               {SD_CHAT_FAMILY_GEMMA, GEMMA3},  {SD_CHAT_FAMILY_PHI3, PHI3},       {SD_CHAT_FAMILY_MISTRAL, MISTRAL3}};
     sd_chat_family found = SD_CHAT_FAMILY_UNSPECIFIED;
     for (size_t i = 0; i < sizeof sig / sizeof sig[0]; i++) {
         if (!has_all(text, len, sig[i].markers)) continue;
@@ -510,6 +535,7 @@ sd_status sd_chat_template_parse(const char *text, size_t len, sd_chat_template 
             st = unrecognised("the ChatML template's default system prompt is not a plain text");
     }
     if (found == SD_CHAT_FAMILY_MISTRAL && has(text, len, "eos_token + ' '")) t->variant |= VARIANT_EOS_SPACE;
+    if (found == SD_CHAT_FAMILY_MISTRAL && mistral3) t->variant |= VARIANT_MISTRAL3;
     if (found == SD_CHAT_FAMILY_PHI3 && has(text, len, "message['role'] == 'system' and message['content']"))
         t->variant |= VARIANT_SYSTEM_NONEMPTY;
     if (found == SD_CHAT_FAMILY_LLAMA3 && !has(text, len, "add_generation_prompt")) t->variant |= VARIANT_ALWAYS_OPEN;
@@ -532,6 +558,11 @@ sd_status sd_chat_template_named(const char *name, sd_chat_template **out) {
     if (strcmp(name, "llama3.1") == 0 || strcmp(name, "llama3.2") == 0) { /* tools, a dated system turn */
         SD_TRY(new_template(SD_CHAT_FAMILY_LLAMA3, out));
         (*out)->variant |= VARIANT_LLAMA31 | (strcmp(name, "llama3.2") == 0 ? VARIANT_DATE_TODAY : 0);
+        return SD_OK;
+    }
+    if (strcmp(name, "mistral-v3") == 0) { /* Mistral-7B-Instruct-v0.3's template, tools included */
+        SD_TRY(new_template(SD_CHAT_FAMILY_MISTRAL, out));
+        (*out)->variant |= VARIANT_MISTRAL3;
         return SD_OK;
     }
     if (strcmp(name, "gemma3") == 0) { /* Gemma 3's template: gemma with a system prefix */

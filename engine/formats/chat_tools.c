@@ -1,319 +1,24 @@
 /* chat_tools.c — tools in a conversation, rendered as the model's chat
- * template does (issue 35; see sd_chat_tools in specd/chat.h).
+ * template does (issue 35; see sd_chat_tools in specd/chat.h): Llama 3.1's
+ * and Qwen 2.5's templates statement by statement (their JSON as tojson
+ * writes it: chat_json.c; Mistral's: chat_mistral.c).
  *
- * Llama 3.1's template writes JSON with transformers' tojson filter,
- * json.dumps(x, ensure_ascii=False, indent=...): keys in their order,
- * separators ", " / ": " (",\n" + indent with one), strings with only '"',
- * '\\' and control characters escaped, integers as written and floats as
- * Python's repr. sd_chat_pyjson re-serialises the client's JSON text so:
- * one pass over the text, a recursive descent bounded to 64 levels.
- *
- * Families whose template has no tools get the Hermes / Qwen 2.5 text the
- * gateway wrote before tools moved here (sd_chat_hermes): it works with any
- * instruct model and Qwen renders exactly this. */
+ * Families whose template has no tools get the Hermes text the gateway
+ * wrote before tools moved here (sd_chat_hermes): Qwen 2.5's form with
+ * compact JSON, as a system turn of its own when there is no system
+ * message; it works with any instruct model. */
 #include "chat_impl.h"
 
 #include <cjson/cJSON.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define MAX_JSON_DEPTH 64
-
-typedef struct jp {
-    const char *s;
-    size_t len, at;
-    strbuf *b;
-    int indent;
-} jp;
-
-static void jp_ws(jp *p) {
-    while (p->at < p->len && (p->s[p->at] == ' ' || p->s[p->at] == '\t' || p->s[p->at] == '\n' || p->s[p->at] == '\r'))
-        p->at++;
-}
-
-static int hex4(const char *s) {
-    int v = 0;
-    for (int i = 0; i < 4; i++) {
-        char c = s[i];
-        int d = c >= '0' && c <= '9'   ? c - '0'
-                : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                       : -1;
-        if (d < 0) return -1;
-        v = v * 16 + d;
-    }
-    return v;
-}
-
-static void put_cp(strbuf *b, unsigned cp) {
-    char u[8];
-    size_t n = 0;
-    if (cp < 0x80) {
-        u[n++] = (char)cp;
-    } else if (cp < 0x800) {
-        u[n++] = (char)(0xc0 | (cp >> 6));
-        u[n++] = (char)(0x80 | (cp & 0x3f));
-    } else if (cp < 0x10000) {
-        u[n++] = (char)(0xe0 | (cp >> 12));
-        u[n++] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        u[n++] = (char)(0x80 | (cp & 0x3f));
-    } else {
-        u[n++] = (char)(0xf0 | (cp >> 18));
-        u[n++] = (char)(0x80 | ((cp >> 12) & 0x3f));
-        u[n++] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        u[n++] = (char)(0x80 | (cp & 0x3f));
-    }
-    sd_sb_content(b, u, n);
-}
-
-/* A string at p->at ('"'), written as json.dumps(ensure_ascii=False) does. */
-static bool jp_string(jp *p) {
-    static const char hexd[] = "0123456789abcdef";
-    p->at++;
-    sd_sb_content(p->b, "\"", 1);
-    while (p->at < p->len) {
-        unsigned char c = (unsigned char)p->s[p->at];
-        if (c == '"') {
-            p->at++;
-            sd_sb_content(p->b, "\"", 1);
-            return true;
-        }
-        if (c < 0x20) return false; /* raw control characters are not JSON */
-        unsigned cp = c;
-        if (c == '\\') {
-            if (p->at + 1 >= p->len) return false;
-            char e = p->s[p->at + 1];
-            p->at += 2;
-            switch (e) {
-            case '"': cp = '"'; break;
-            case '\\': cp = '\\'; break;
-            case '/': cp = '/'; break;
-            case 'b': cp = '\b'; break;
-            case 'f': cp = '\f'; break;
-            case 'n': cp = '\n'; break;
-            case 'r': cp = '\r'; break;
-            case 't': cp = '\t'; break;
-            case 'u': {
-                int v = p->at + 4 <= p->len ? hex4(p->s + p->at) : -1;
-                if (v < 0) return false;
-                p->at += 4;
-                cp = (unsigned)v;
-                if (cp >= 0xdc00 && cp < 0xe000) return false; /* a lone low surrogate */
-                if (cp >= 0xd800 && cp < 0xdc00) {
-                    int lo = p->at + 6 <= p->len && p->s[p->at] == '\\' && p->s[p->at + 1] == 'u'
-                                 ? hex4(p->s + p->at + 2)
-                                 : -1;
-                    if (lo < 0xdc00 || lo >= 0xe000) return false;
-                    p->at += 6;
-                    cp = 0x10000 + ((cp - 0xd800) << 10) + ((unsigned)lo - 0xdc00);
-                }
-                break;
-            }
-            default: return false;
-            }
-        } else {
-            size_t k = 1; /* a raw UTF-8 character (the caller checked the text is UTF-8) */
-            while (p->at + k < p->len && ((unsigned char)p->s[p->at + k] & 0xc0) == 0x80) k++;
-            sd_sb_content(p->b, p->s + p->at, k);
-            p->at += k;
-            continue;
-        }
-        char esc[8] = {'\\', 0};
-        switch (cp) {
-        case '"': esc[1] = '"'; break;
-        case '\\': esc[1] = '\\'; break;
-        case '\n': esc[1] = 'n'; break;
-        case '\r': esc[1] = 'r'; break;
-        case '\t': esc[1] = 't'; break;
-        case '\b': esc[1] = 'b'; break;
-        case '\f': esc[1] = 'f'; break;
-        default:
-            if (cp < 0x20) {
-                memcpy(esc + 1, "u00", 3);
-                esc[4] = hexd[cp >> 4];
-                esc[5] = hexd[cp & 15];
-                sd_sb_content(p->b, esc, 6);
-            } else {
-                put_cp(p->b, cp);
-            }
-            continue;
-        }
-        sd_sb_content(p->b, esc, 2);
-    }
-    return false;
-}
-
-/* A number at p->at: an integer as written ("-0" as "0"), a float as
- * Python's repr. */
-static bool jp_number(jp *p) {
-    size_t from = p->at;
-    bool is_float = false;
-    if (p->at < p->len && p->s[p->at] == '-') p->at++;
-    size_t digits = p->at;
-    while (p->at < p->len && strchr("0123456789.eE+-", p->s[p->at])) {
-        if (strchr(".eE", p->s[p->at])) is_float = true;
-        p->at++;
-    }
-    size_t n = p->at - from;
-    if (n == 0 || n > 64 || p->at == digits || p->s[digits] < '0' || p->s[digits] > '9') return false;
-    char num[72];
-    memcpy(num, p->s + from, n);
-    num[n] = '\0';
-    if (!is_float) {
-        if (n - (digits - from) > 1 && num[digits - from] == '0') return false; /* leading zeros are not JSON */
-        if (!strcmp(num, "-0")) return sd_sb_content(p->b, "0", 1), true;
-        sd_sb_content(p->b, num, n);
-        return true;
-    }
-    char *end;
-    double v = strtod(num, &end);
-    if (*end || !isfinite(v)) return false;
-    char sci[40];
-    for (int prec = 0; prec < 17; prec++) { /* the shortest digits that read back as v */
-        snprintf(sci, sizeof sci, "%.*e", prec, v);
-        if (strtod(sci, NULL) == v) break;
-    }
-    char dig[24], out[64];
-    size_t nd = 0, o = 0;
-    const char *q = sci;
-    bool neg = *q == '-';
-    if (neg) q++;
-    for (; *q && *q != 'e'; q++)
-        if (*q != '.') dig[nd++] = *q;
-    int x = atoi(q + 1);
-    while (nd > 1 && dig[nd - 1] == '0') nd--;
-    if (neg) out[o++] = '-';
-    if (x >= -4 && x < 16) {
-        if (x < 0) {
-            o += (size_t)snprintf(out + o, sizeof out - o, "0.%.*s%.*s", -x - 1, "0000", (int)nd, dig);
-        } else {
-            for (int i = 0; i <= x; i++) out[o++] = (size_t)i < nd ? dig[i] : '0';
-            out[o++] = '.';
-            if (nd > (size_t)x + 1)
-                for (size_t i = (size_t)x + 1; i < nd; i++) out[o++] = dig[i];
-            else
-                out[o++] = '0';
-        }
-    } else {
-        out[o++] = dig[0];
-        if (nd > 1) {
-            out[o++] = '.';
-            for (size_t i = 1; i < nd; i++) out[o++] = dig[i];
-        }
-        o += (size_t)snprintf(out + o, sizeof out - o, "e%c%02d", x < 0 ? '-' : '+', abs(x));
-    }
-    sd_sb_content(p->b, out, o);
-    return true;
-}
-
-static void jp_newline(jp *p, int depth) {
-    sd_sb_content(p->b, "\n", 1);
-    for (int i = 0; i < depth * p->indent; i++) sd_sb_content(p->b, " ", 1);
-}
-
-static bool jp_value(jp *p, int depth);
-
-/* An object or a list at p->at. */
-static bool jp_container(jp *p, int depth) {
-    bool obj = p->s[p->at] == '{';
-    char close = obj ? '}' : ']';
-    p->at++;
-    sd_sb_content(p->b, obj ? "{" : "[", 1);
-    jp_ws(p);
-    if (p->at < p->len && p->s[p->at] == close) {
-        p->at++;
-        sd_sb_content(p->b, obj ? "}" : "]", 1);
-        return true;
-    }
-    for (bool first = true;; first = false) {
-        if (!first) sd_sb_content(p->b, p->indent ? "," : ", ", p->indent ? 1 : 2);
-        if (p->indent) jp_newline(p, depth + 1);
-        jp_ws(p);
-        if (obj) {
-            if (p->at >= p->len || p->s[p->at] != '"' || !jp_string(p)) return false;
-            jp_ws(p);
-            if (p->at >= p->len || p->s[p->at] != ':') return false;
-            p->at++;
-            sd_sb_content(p->b, ": ", 2);
-        }
-        if (!jp_value(p, depth + 1)) return false;
-        jp_ws(p);
-        if (p->at < p->len && p->s[p->at] == ',') {
-            p->at++;
-            continue;
-        }
-        if (p->at >= p->len || p->s[p->at] != close) return false;
-        p->at++;
-        if (p->indent) jp_newline(p, depth);
-        sd_sb_content(p->b, obj ? "}" : "]", 1);
-        return true;
-    }
-}
-
-static bool jp_value(jp *p, int depth) {
-    if (depth > MAX_JSON_DEPTH) return false;
-    jp_ws(p);
-    if (p->at >= p->len) return false;
-    char c = p->s[p->at];
-    if (c == '{' || c == '[') return jp_container(p, depth);
-    if (c == '"') return jp_string(p);
-    static const char *const lit[] = {"true", "false", "null"};
-    for (int i = 0; i < 3; i++) {
-        size_t n = strlen(lit[i]);
-        if (p->len - p->at >= n && !memcmp(p->s + p->at, lit[i], n)) {
-            p->at += n;
-            sd_sb_content(p->b, lit[i], n);
-            return true;
-        }
-    }
-    return jp_number(p);
-}
-
-bool sd_chat_pyjson(strbuf *b, const char *text, size_t len, int indent) {
-    jp p = {text, len, 0, b, indent};
-    if (!text || !jp_value(&p, 0)) return false;
-    jp_ws(&p);
-    return p.at == len;
-}
 
 bool sd_chat_has_tools(const sd_chat_msg *m, size_t n, const sd_chat_tools *tt) {
     if (tt && tt->tools) return true;
     for (size_t i = 0; i < n; i++)
         if (!strcmp(m[i].role, "tool") || (tt && tt->tool_calls && tt->tool_calls[i])) return true;
     return false;
-}
-
-/* s (n bytes of UTF-8) as a JSON string, json.dumps(ensure_ascii=False). */
-static void py_str(strbuf *b, const char *s, size_t n) {
-    static const char hexd[] = "0123456789abcdef";
-    sd_sb_content(b, "\"", 1);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        char esc[8] = {'\\', 0};
-        size_t k = 2;
-        switch (c) {
-        case '"': esc[1] = '"'; break;
-        case '\\': esc[1] = '\\'; break;
-        case '\n': esc[1] = 'n'; break;
-        case '\r': esc[1] = 'r'; break;
-        case '\t': esc[1] = 't'; break;
-        case '\b': esc[1] = 'b'; break;
-        case '\f': esc[1] = 'f'; break;
-        default:
-            if (c >= 0x20) {
-                sd_sb_content(b, s + i, 1);
-                continue;
-            }
-            memcpy(esc + 1, "u00", 3);
-            esc[4] = hexd[c >> 4];
-            esc[5] = hexd[c & 15];
-            k = 6;
-        }
-        sd_sb_content(b, esc, k);
-    }
-    sd_sb_content(b, "\"", 1);
 }
 
 static sd_status refuse(char *err, size_t err_cap, const char *msg) {
@@ -323,63 +28,13 @@ static sd_status refuse(char *err, size_t err_cap, const char *msg) {
 
 /* Each element of the JSON list text, tojson(indent=4) + "\n\n". */
 static bool llama31_tools(strbuf *out, const char *text) {
-    jp p = {text, strlen(text), 0, out, 4};
-    jp_ws(&p);
-    if (p.at >= p.len || text[p.at] != '[') return false;
-    p.at++;
-    jp_ws(&p);
-    if (p.at < p.len && text[p.at] == ']') return (p.at++, jp_ws(&p), p.at == p.len);
-    for (;;) {
-        if (!jp_value(&p, 0)) return false;
+    size_t len = strlen(text), at = 0, vf, vt;
+    int r;
+    while ((r = sd_chat_json_item(text, len, &at, &vf, &vt)) == 1) {
+        if (!sd_chat_pyjson(out, text + vf, vt - vf, 4)) return false;
         sd_sb_add(out, "\n\n");
-        jp_ws(&p);
-        if (p.at < p.len && text[p.at] == ',') {
-            p.at++;
-            continue;
-        }
-        if (p.at >= p.len || text[p.at] != ']') return false;
-        p.at++;
-        jp_ws(&p);
-        return p.at == p.len;
     }
-}
-
-/* The text span [*vf, *vt) of member key of the object at text[at] (a
- * value that is not an object: not found). */
-static bool member_span(const char *text, size_t len, size_t at, const char *key, size_t *vf, size_t *vt) {
-    strbuf scratch = {0};
-    jp p = {text, len, at, &scratch, 0};
-    bool found = false;
-    jp_ws(&p);
-    if (p.at >= len || text[p.at] != '{') return false;
-    p.at++;
-    for (;;) {
-        jp_ws(&p);
-        if (p.at >= len || text[p.at] != '"') break;
-        scratch.len = 0;
-        if (!jp_string(&p)) break;
-        bool match = scratch.data && scratch.len == strlen(key) + 2 && !memcmp(scratch.data + 1, key, strlen(key));
-        jp_ws(&p);
-        if (p.at >= len || text[p.at] != ':') break;
-        p.at++;
-        jp_ws(&p);
-        size_t from = p.at;
-        if (!jp_value(&p, 1)) break;
-        if (match) {
-            *vf = from;
-            *vt = p.at;
-            found = true;
-        }
-        jp_ws(&p);
-        if (p.at < len && text[p.at] == ',') {
-            p.at++;
-            continue;
-        }
-        break;
-    }
-    free(scratch.data);
-    free(scratch.mask);
-    return found;
+    return r == 0;
 }
 
 /* The one call of calls (a JSON list) as Llama 3.1 writes it:
@@ -389,20 +44,20 @@ static sd_status llama31_call(strbuf *out, const char *calls, char *err, size_t 
     cJSON *list = cJSON_Parse(calls);
     const cJSON *c = cJSON_IsArray(list) ? list->child : NULL;
     const cJSON *name = cJSON_IsObject(c) ? cJSON_GetObjectItemCaseSensitive(c, "name") : NULL;
-    size_t len = strlen(calls), at = 0, vf = 0, vt = 0;
-    while (at < len && calls[at] != '[') at++;
+    size_t len = strlen(calls), at = 0, cf = 0, ct = 0, vf = 0, vt = 0;
     sd_status st = SD_OK;
     if (!cJSON_IsArray(list) || cJSON_GetArraySize(list) != 1)
         st = refuse(err, err_cap,
                     "the model's chat template (llama3.1) takes one tool call per assistant turn "
                     "(\"This model only supports single tool-calls at once!\")");
-    else if (!cJSON_IsString(name) || !member_span(calls, len, at + 1, "arguments", &vf, &vt))
+    else if (!cJSON_IsString(name) || sd_chat_json_item(calls, len, &at, &cf, &ct) != 1 ||
+             !sd_chat_json_find(calls + cf, ct - cf, "arguments", &vf, &vt))
         st = refuse(err, err_cap, "a tool call needs a 'name' string and 'arguments'");
     if (st == SD_OK) {
         sd_sb_add(out, "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"");
         sd_sb_content(out, name->valuestring, strlen(name->valuestring));
         sd_sb_add(out, "\", \"parameters\": ");
-        if (!sd_chat_pyjson(out, calls + vf, vt - vf, 0))
+        if (!sd_chat_pyjson(out, calls + cf + vf, vt - vf, 0))
             st = refuse(err, err_cap, "a tool call's 'arguments' is not JSON");
         sd_sb_add(out, "}<|eot_id|>");
     }
@@ -447,7 +102,7 @@ sd_status sd_chat_format_llama31(strbuf *out, const char *bos, const char *date,
             if (st != SD_OK) return st;
         } else if (!strcmp(m[i].role, "tool")) {
             sd_sb_add(out, "<|start_header_id|>ipython<|end_header_id|>\n\n");
-            py_str(out, m[i].content, strlen(m[i].content)); /* a string is iterable: tojson */
+            sd_chat_pystr(out, m[i].content, strlen(m[i].content)); /* a string is iterable: tojson */
             sd_sb_add(out, "<|eot_id|>");
         } else {
             sd_sb_add(out, "<|start_header_id|>");
@@ -461,7 +116,99 @@ sd_status sd_chat_format_llama31(strbuf *out, const char *bos, const char *date,
     return SD_OK;
 }
 
-/* ---- Hermes / Qwen 2.5 text, for the other families ---- */
+/* ---- Qwen 2.5 ---- */
+
+static const char QWEN_TOOLS_HEAD[] = "\n\n# Tools\n\nYou may call one or more functions to assist with the user "
+                                      "query.\n\nYou are provided with function signatures within <tools></tools> "
+                                      "XML tags:\n<tools>";
+static const char QWEN_TOOLS_TAIL[] = "\n</tools>\n\nFor each function call, return a json object with function name "
+                                      "and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+                                      "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>";
+
+/* The system turn: `if tools` (a list that is not empty) the tools' text
+ * after the system prompt (messages[0]'s or the default). */
+static sd_status qwen25_system(strbuf *out, const char *default_system, const sd_chat_msg *m, const char *tools,
+                               char *err, size_t err_cap) {
+    size_t len = tools ? strlen(tools) : 0, at = 0, vf, vt;
+    int r = tools ? sd_chat_json_item(tools, len, &at, &vf, &vt) : 0;
+    if (r < 0) return refuse(err, err_cap, "tools: not a JSON list");
+    const char *sys = !strcmp(m[0].role, "system") ? m[0].content : default_system ? default_system : "";
+    sd_sb_add(out, "<|im_start|>system\n");
+    sd_sb_content(out, sys, strlen(sys));
+    if (r == 1) {
+        sd_sb_add(out, QWEN_TOOLS_HEAD);
+        for (; r == 1; r = sd_chat_json_item(tools, len, &at, &vf, &vt)) {
+            sd_sb_add(out, "\n");
+            if (!sd_chat_pyjson(out, tools + vf, vt - vf, 0)) return refuse(err, err_cap, "tools: not JSON");
+        }
+        if (r < 0) return refuse(err, err_cap, "tools: not a JSON list");
+        sd_sb_add(out, QWEN_TOOLS_TAIL);
+    }
+    sd_sb_add(out, "<|im_end|>\n");
+    return SD_OK;
+}
+
+/* An assistant turn with calls (a JSON list, not empty): each one as
+ * '\n<tool_call>\n{"name": "' + name + '", "arguments": ' + tojson + '}\n</tool_call>'. */
+static sd_status qwen25_calls(strbuf *out, const char *content, const char *calls, size_t i, char *err,
+                              size_t err_cap) {
+    size_t len = strlen(calls), at = 0, cf, ct, nf, nt, af, at2;
+    int r;
+    sd_sb_add(out, "<|im_start|>assistant");
+    if (content[0]) {
+        sd_sb_add(out, "\n");
+        sd_sb_content(out, content, strlen(content));
+    }
+    while ((r = sd_chat_json_item(calls, len, &at, &cf, &ct)) == 1) {
+        const char *c = calls + cf;
+        sd_sb_add(out, "\n<tool_call>\n{\"name\": \"");
+        if (!sd_chat_json_find(c, ct - cf, "name", &nf, &nt) || !sd_chat_json_string(out, c + nf, nt - nf) ||
+            !sd_chat_json_find(c, ct - cf, "arguments", &af, &at2))
+            break;
+        sd_sb_add(out, "\", \"arguments\": ");
+        if (!sd_chat_pyjson(out, c + af, at2 - af, 0)) break;
+        sd_sb_add(out, "}\n</tool_call>");
+    }
+    if (r != 0) {
+        if (err_cap)
+            snprintf(err, err_cap, "messages[%zu].tool_calls: not a JSON list of {\"name\": ..., \"arguments\": ...}",
+                     i);
+        return SD_ERR_INVALID_ARG;
+    }
+    sd_sb_add(out, "<|im_end|>\n");
+    return SD_OK;
+}
+
+sd_status sd_chat_format_qwen25(strbuf *out, const char *default_system, const sd_chat_msg *m, size_t n,
+                                const sd_chat_tools *tt, bool gen, char *err, size_t err_cap) {
+    sd_status st = qwen25_system(out, default_system, m, tt ? tt->tools : NULL, err, err_cap);
+    for (size_t i = 0; i < n && st == SD_OK; i++) {
+        const char *calls = tt && tt->tool_calls ? tt->tool_calls[i] : NULL;
+        size_t at = 0, vf, vt;
+        if (calls && sd_chat_json_item(calls, strlen(calls), &at, &vf, &vt) == 0) calls = NULL; /* [] is false */
+        bool is_tool = !strcmp(m[i].role, "tool");
+        if (!strcmp(m[i].role, "user") || (!strcmp(m[i].role, "system") && i > 0) ||
+            (!strcmp(m[i].role, "assistant") && !calls)) {
+            sd_sb_add(out, "<|im_start|>");
+            sd_sb_add(out, m[i].role);
+            sd_sb_add(out, "\n");
+            sd_sb_content(out, m[i].content, strlen(m[i].content));
+            sd_sb_add(out, "<|im_end|>\n");
+        } else if (!strcmp(m[i].role, "assistant")) {
+            st = qwen25_calls(out, m[i].content, calls, i, err, err_cap);
+        } else if (is_tool) {
+            if (i == 0 || strcmp(m[i - 1].role, "tool") != 0) sd_sb_add(out, "<|im_start|>user");
+            sd_sb_add(out, "\n<tool_response>\n");
+            sd_sb_content(out, m[i].content, strlen(m[i].content));
+            sd_sb_add(out, "\n</tool_response>");
+            if (i + 1 == n || strcmp(m[i + 1].role, "tool") != 0) sd_sb_add(out, "<|im_end|>\n");
+        }
+    }
+    if (st == SD_OK && gen) sd_sb_add(out, "<|im_start|>assistant\n");
+    return st;
+}
+
+/* ---- Hermes text (Qwen 2.5's form, compact JSON), for the other families ---- */
 
 /* The system text describing tools (a JSON list), malloc'd; NULL when it is not a list. */
 static char *hermes_tools(const char *tools) {

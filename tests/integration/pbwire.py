@@ -188,7 +188,8 @@ WORKER_STATS = {"kv_blocks_total": (1, "uint32"), "kv_blocks_free": (2, "uint32"
 HEARTBEAT = {"sent_us": (1, "uint64"), "stats": (2, ("msg", WORKER_STATS))}
 HELLO = {"protocol_version": (1, "uint32"), "role": (2, "enum"), "rank": (3, "uint32"),
          "group_size": (4, "uint32"), "name": (6, "string")}
-CHAT_MESSAGE = {"role": (1, "enum"), "content": (2, "string"), "tool_calls": (3, "string")}
+CHAT_MESSAGE = {"role": (1, "enum"), "content": (2, "string"), "tool_calls": (3, "string"),
+                "tool_call_id": (4, "string")}
 CONSTRAINT = {"kind": (1, "enum"), "text": (2, "string")}  # kind: ConstraintKind (NONE 0 .. GRAMMAR 4)
 SUBMIT = {"client_tag": (1, "uint64"), "prompt": (2, "string"), "prompt_ids": (3, ("rep", "int32")),
           "chat": (4, "bool"), "system": (5, "string"), "max_tokens": (6, "uint32"),

@@ -113,6 +113,11 @@ def run(h):
                  ["messages[0].tool_calls", "assistant"], "tool calls in a user turn")
     expect_error(c, s(messages=[user, {"role": 3, "content": "", "tool_calls": "[{"}, {"role": 4, "content": "x"}]),
                  "BAD_REQUEST", ["messages[1].tool_calls", "JSON"], "tool calls that are not JSON")
+    # a tool turn's tool_call_id (Mistral's template writes it): a tool turn's only, at most 256 bytes
+    expect_error(c, s(messages=[dict(user, tool_call_id="abcDEF123")]), "BAD_REQUEST",
+                 ["messages[0].tool_call_id", "tool"], "a tool_call_id in a user turn")
+    expect_error(c, s(messages=[user, {"role": 4, "content": "x", "tool_call_id": "i" * 257}]), "TOO_LARGE",
+                 ["messages[1].tool_call_id", "257", "256"], "a tool_call_id over SD_MAX_CALL_ID_BYTES")
     expect_error(c, s(messages=[user] * 1025), "TOO_LARGE", ["messages", "1024", "1025"],
                  "1025 chat messages")
     expect_error(c, s(messages=[{"role": 2, "content": "z" * (600 << 10)}] * 2), "TOO_LARGE",

@@ -50,6 +50,7 @@ TEMPLATES = {
     "llama2.jinja": ("llama2", "<s>", "</s>"),
     "mistral-v0.1.jinja": ("mistral", "<s>", "</s>"),
     "mixtral.jinja": ("mistral", "<s>", "</s>"),
+    "mistral-v0.3.jinja": ("mistral", "<s>", "</s>"),
     "gemma.jinja": ("gemma", "<bos>", "<eos>"),
     "gemma3.jinja": ("gemma", "<bos>", "<eos>"),
     "phi3.jinja": ("phi3", "<s>", "<|endoftext|>"),
@@ -57,7 +58,7 @@ TEMPLATES = {
 }
 # name -> the fixture it must format exactly like
 NAMED = {"chatml": "chatml.jinja", "llama3": "llama3.jinja", "llama3.1": "llama3.1.jinja", "llama3.2": "llama3.2.jinja", "llama2": "llama2.jinja",
-         "mistral": "mixtral.jinja", "gemma": "gemma.jinja", "gemma3": "gemma3.jinja", "phi3": "phi3.jinja"}
+         "mistral": "mixtral.jinja", "mistral-v3": "mistral-v0.3.jinja", "gemma": "gemma.jinja", "gemma3": "gemma3.jinja", "phi3": "phi3.jinja"}
 
 
 BOS_MARK = "\x00bos\x00"
@@ -176,7 +177,11 @@ def main():
         llama3 = f.read()
     with open(os.path.join(DATA, "chatml.jinja"), encoding="utf-8") as f:
         chatml = f.read()
+    with open(os.path.join(DATA, "mistral-v0.3.jinja"), encoding="utf-8") as f:
+        mistral3 = f.read()
     refused = {"zephyr.jinja": None,
+               "mistral v3 tekken (no spaces)": mistral3.replace('"[INST] "', '"[INST]"').replace(
+                   "[AVAILABLE_TOOLS] [", "[AVAILABLE_TOOLS]["),
                "llama3 + tools": "{% if tools is not none %}{{ tools }}{% endif %}" + llama3,
                "chatml + thinking": chatml + "{% if enable_thinking %}<think>{% endif %}",
                "two families": llama3 + chatml,

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Oracle: specd's rendering of tools, tool calls and tool turns against
-jinja2 running the real Llama 3.1 template (tests/data/chat_templates/
-llama3.1.jinja), byte for byte, as transformers' apply_chat_template does
+jinja2 running the real Llama 3.1 / 3.2, Mistral v3 (mistral-v0.3.jinja:
+ids, [TOOL_RESULTS]) and Qwen 2.5 templates (tests/data/chat_templates/),
+byte for byte, as transformers' apply_chat_template does
 (its tojson filter: json.dumps(ensure_ascii=False), keys in order).
 
 specd gets the client's JSON text (tools, each call's arguments) and
@@ -68,17 +69,20 @@ def conversations():
 
 
 def to_jinja(msgs):
+    """The messages as an OpenAI client gives them to transformers: each
+    call {"type": "function", "function": {its members but "id"}, "id"}."""
     out = []
     for m in msgs:
         m = dict(m)
         if "tool_calls_json" in m:
-            m["tool_calls"] = [{"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+            m["tool_calls"] = [dict({"type": "function", "function": {k: v for k, v in c.items() if k != "id"}},
+                                    **({"id": c["id"]} if "id" in c else {}))
                                for c in json.loads(m.pop("tool_calls_json"))]
         out.append(m)
     return out
 
 
-def render(template, msgs, tools, gen):
+def render(template, msgs, tools, gen, bos=BOS_MARK, eos="<|eot_id|>"):
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
 
@@ -92,13 +96,111 @@ def render(template, msgs, tools, gen):
     kw = {"tools": tools} if tools is not None else {}
     try:
         return env.from_string(template).render(messages=to_jinja(msgs), add_generation_prompt=gen,
-                                                bos_token=BOS_MARK, eos_token="<|eot_id|>", **kw)
+                                                bos_token=bos, eos_token=eos, **kw)
     except jinja2.exceptions.TemplateError:
         return None
 
 
+MISTRAL_TOOLS = TOOLS + [
+    '[{"type": "function", "function": {"name": "h", "description": "raw \\"quote\\" and \\\\ and \\u00e9",'
+    ' "return": {"type": "string"}, "strict": true, "parameters": {"type": "object", "x": null}}},'
+    ' {"type": "function", "function": {"return": 1}}]',
+]
+
+
+def mcall(calls, content=""):
+    """An assistant turn with calls (name, arguments, id)."""
+    return {"role": "assistant", "content": content, "tool_calls_json": json.dumps(
+        [dict({"name": n, "arguments": a}, **({"id": i} if i is not None else {})) for n, a, i in calls])}
+
+
+def id_conversations():
+    """Conversations with call ids: Mistral's and Qwen's templates."""
+    u = lambda c: {"role": "user", "content": c}
+    s = lambda c: {"role": "system", "content": c}
+    a = lambda c: {"role": "assistant", "content": c}
+    tool = lambda c, i="abcDEF123": dict({"role": "tool", "content": c}, **({"tool_call_id": i} if i else {}))
+    hist = [u("What is the weather in Paris?"), mcall([("get_weather", {"city": "Paris", "n": 2.0}, "abcDEF123")]),
+            tool('{"temperature": 21, "sky": "clear"}'), a("  It is 21 C.  "), u("And in Rome?")]
+    par = [u("Two cities"), mcall([("get_weather", {"city": "A"}, "aaaaaaaa1"), ("get_weather", {"city": "B\u00e9"},
+                                                                                  "bbbbbbbb2")], "thinking "),
+           tool("sunny", "aaaaaaaa1"), tool("line1\nline2 \"q\" \u00e9", "bbbbbbbb2")]
+    return [
+        [u("Hello")],
+        [s("  You are terse.  "), u("  Hi!  ")],
+        hist,
+        [s("sys")] + hist,
+        par,
+        [s("S")] + par,  # ends with a tool turn: Mistral drops the system prompt
+        [u("same"), a("x"), u("same")],  # Mistral: tools before both (equal to the last user message)
+        [u("q"), mcall([("get_weather", {}, "\u00e9" * 9)]), tool("ok", "\u00e9" * 9)],  # 9 characters, 18 bytes
+        [u("q"), mcall([("get_weather", {}, "call_1")]), tool("ok", "call_1")],  # Mistral refuses the ids
+        [u("q"), mcall([("get_weather", {}, None)]), tool("ok", "abcDEF123")],  # no call id: Mistral refuses
+        [u("q"), mcall([("get_weather", {}, "abcDEF123")]), tool("ok", None)],  # no tool_call_id: Mistral refuses
+        [u("one"), u("two")],  # Mistral refuses
+        [a("first"), u("then")],  # Mistral refuses
+        [u("a"), s("mid"), u("b")],  # Mistral refuses; Qwen renders it as a turn
+        [s("only a system prompt")],
+    ]
+
+
+def family_check(fixture, bos, eos, tools_list):
+    """Each id conversation x tools, rendered by specd and by jinja2 on the
+    fixture: returns (failures, cases, refusals)."""
+    with open(os.path.join(DATA, fixture), encoding="utf-8") as f:
+        template = f.read()
+    cases = []
+    for conv in id_conversations():
+        for tools in [None] + tools_list:
+            for gen in (False, True):
+                c = {"messages": conv, "add_generation_prompt": gen, "bos": bos, "eos": eos, "drop_bos": False,
+                     "tools_api": True}
+                if tools is not None:
+                    c["tools_json"] = tools
+                cases.append(c)
+    rc, head, replies = run_cli([os.path.join(DATA, fixture)], cases)
+    if rc != 0 or len(replies) != len(cases):
+        return [f"chat_cli {fixture}: exit {rc}, {head}, {len(replies)} replies for {len(cases)} cases"], 0, 0
+    fails, refusals = [], 0
+    for c, r in zip(cases, replies):
+        tools = json.loads(c["tools_json"]) if "tools_json" in c else None
+        want = render(template, c["messages"], tools, c["add_generation_prompt"], bos, eos)
+        refusals += want is None
+        if want != r.get("text"):
+            fails.append(f"{fixture}: tools={c.get('tools_json', 'none')[:40]!r} gen={c['add_generation_prompt']} "
+                         f"{c['messages']}\n  jinja2: {want!r}\n  specd:  {r.get('text')!r} {r.get('refused', '')}")
+    return fails, len(cases), refusals
+
+
+def malformed_check():
+    """JSON the walkers must refuse, not misread (and not crash on, under
+    ASan): broken or trailing-comma lists, a list that is an object, nesting
+    past 64, a lone surrogate, a number Python prints as inf, text after the
+    list. (What is valid JSON but odd, a call without arguments, renders as
+    each template does: the oracle above.)"""
+    deep = "[" * 100 + "]" * 100
+    bad_tools = ["[{", "[1,]", '{"a": 1}', "[" + deep + "]", '[{"function": {}}] x', '["\\ud800"]', "[1e999]"]
+    u = {"role": "user", "content": "q"}
+    bad_calls = ["[{]", '[{"name": "f", "arguments": {}, "id": "abcDEF123"},]', '[{"name": "f", "arguments": {]',
+                 '[{"name": "f", "arguments": ' + deep + ', "id": "abcDEF123"}]']
+    fails = []
+    for fixture in ("mistral-v0.3.jinja", "qwen2.5.jinja"):
+        cases = [{"messages": [u], "tools_api": True, "tools_json": t, "bos": "<s>", "eos": "</s>"} for t in bad_tools]
+        cases += [{"messages": [u, {"role": "assistant", "content": "", "tool_calls_json": c},
+                                {"role": "tool", "content": "x", "tool_call_id": "abcDEF123"}],
+                   "tools_api": True, "bos": "<s>", "eos": "</s>"} for c in bad_calls]
+        rc, head, replies = run_cli([os.path.join(DATA, fixture)], cases)
+        if rc != 0 or len(replies) != len(cases):
+            fails.append(f"{fixture} malformed JSON: exit {rc}, {len(replies)} replies for {len(cases)} cases")
+            continue
+        for c, r in zip(cases, replies):
+            if "refused" not in r:
+                fails.append(f"{fixture}: accepted malformed {c.get('tools_json') or c['messages'][1]}: {r}")
+    return fails
+
+
 def hermes_check():
-    """The other families get the Hermes / Qwen 2.5 text turns (specd's own
+    """The other families get the Hermes text turns (Qwen 2.5's form with compact JSON: specd's own
     form, no template to compare with): checked on ChatML by construction."""
     tools = '[{"type":"function","function":{"name":"now","parameters":{"a":1}}}]'
     conv = [{"role": "system", "content": "S"}, {"role": "user", "content": "q"},
@@ -161,15 +263,22 @@ def main():
                 failures.append(f"{source[-1]}: tools={c.get('tools_json', 'none')[:40]!r} gen="
                                 f"{c['add_generation_prompt']} drop_bos={c['drop_bos']} {c['messages']}\n"
                                 f"  jinja2: {want!r}\n  specd:  {got!r} {r.get('refused', '')}")
-    failures += hermes_check()
+    n_total = len(sources) * len(cases)
+    more = []
+    for fixture, bos, eos, tl in (("mistral-v0.3.jinja", "<s>", "</s>", MISTRAL_TOOLS),
+                                  ("qwen2.5.jinja", "<|endoftext|>", "<|im_end|>", TOOLS)):
+        f, n, r = family_check(fixture, bos, eos, tl)
+        failures += f
+        n_total += n
+        more.append(f"{fixture}: {n} ({r} refused by both)")
+    failures += hermes_check() + malformed_check()
     if failures:
-        print(f"FAIL: {len(failures)} of {len(sources) * len(cases)} differ")
+        print(f"FAIL: {len(failures)} of {n_total} differ")
         for x in failures[:6]:
             print(x)
         return 1
     print(f"OK: {len(sources) * len(cases)} conversations with tools formatted as jinja2 renders Llama 3.1's and "
-          f"3.2's templates "
-          f"({refusals} refused by both); ChatML gets the Hermes text")
+          f"3.2's templates ({refusals} refused by both); {'; '.join(more)}; ChatML gets the Hermes text")
     return 0
 
 

@@ -73,7 +73,8 @@ sd_client_params sd_client_default_params(void);
 typedef struct sd_client_chat_msg {
     const char *role; /* "system", "user", "assistant" or "tool" */
     const char *content;
-    const char *tool_calls; /* an assistant's calls: a JSON list of {"name", "arguments"}; NULL: none */
+    const char *tool_calls;   /* an assistant's calls: a JSON list of {"name", "arguments", "id"}; NULL: none */
+    const char *tool_call_id; /* a tool turn's: the call it answers (SD_MAX_CALL_ID_BYTES); NULL: none */
 } sd_client_chat_msg;
 
 /* A generation job. Strings are borrowed for the duration of sd_client_submit. */

@@ -35,6 +35,7 @@ extern "C" {
 #define SD_MAX_WORKER_MSG_BYTES (64 << 20) /* worker link: full prefixes on CACHE_MISS */
 #define SD_MAX_PROMPT_BYTES     (1 << 20)  /* prompt text; a conversation's content in all */
 #define SD_MAX_CHAT_MESSAGES    1024       /* turns of SubmitRequest.messages */
+#define SD_MAX_CALL_ID_BYTES    256        /* ChatMessage.tool_call_id */
 #define SD_MAX_BATCH            256        /* sequences in one draft/verify batch */
 #define SD_MAX_STEP_COSTS       256        /* Hello.step_costs entries */
 #define SD_MAX_TOP_N            1024       /* entries of one sparse q */

@@ -8,8 +8,8 @@
  * Mistral [INST], Gemma, Phi-3) by markers in the text and formats
  * conversations as those templates do, including their refusals (Gemma has
  * no system role; Llama 2, Mistral and Gemma demand alternating user and
- * assistant turns). Llama 3.1's template is reproduced with its tools
- * (sd_chat_tools). A template that uses none of these shapes, or one with
+ * assistant turns). Llama 3.1's, Qwen 2.5's and Mistral v3's templates are
+ * reproduced with their tools (sd_chat_tools). A template that uses none of these shapes, or one with
  * features specd does not reproduce (other tools, thinking switches, dates),
  * is refused: the user names the family with --chat-template NAME. A model with
  * no template at all is formatted as ChatML (logged). A template is
@@ -42,7 +42,7 @@ typedef struct sd_chat_template sd_chat_template;
 sd_status sd_chat_template_parse(const char *text, size_t len, sd_chat_template **out);
 
 /* The family called name ("chatml", "llama3", "llama3.1", "llama3.2",
- * "llama2", "mistral", "gemma", "gemma3", "phi3"), with no default system prompt. SD_ERR_INVALID_ARG (logged, with
+ * "llama2", "mistral", "mistral-v3", "gemma", "gemma3", "phi3"), with no default system prompt. SD_ERR_INVALID_ARG (logged, with
  * the list) for another name. Caller frees *out. */
 sd_status sd_chat_template_named(const char *name, sd_chat_template **out);
 
@@ -100,23 +100,31 @@ sd_status sd_chat_template_encode(const sd_chat_template *t, const sd_tok *tok, 
                                   size_t err_cap);
 
 /* Tools in a conversation (OpenAI's tools, an assistant's tool_calls, tool
- * turns). The Llama 3.1 template renders them as Meta's does (the
- * functions as indented JSON in the first user turn, a call as
- * {"name": ..., "parameters": ...}, a tool's answer in an ipython turn);
- * every other family gets the Hermes / Qwen 2.5 text (the <tools>
- * signatures in the system turn, <tool_call> blocks, a tool's answer as a
- * user turn of <tool_response>). All of it is marked as content. */
+ * turns). The templates of Llama 3.1 / 3.2, Qwen 2.5 and Mistral v3
+ * (Mistral-7B-Instruct-v0.3) render them exactly as their Jinja does: Llama
+ * 3.1 the functions as indented JSON in the first user turn, a call as
+ * {"name": ..., "parameters": ...}, a tool's answer in an ipython turn;
+ * Qwen 2.5 a '# Tools' system text, <tool_call> blocks, answers as
+ * <tool_response> in a user turn; Mistral [AVAILABLE_TOOLS] before the last
+ * user turn, [TOOL_CALLS] with each call's 9-character id, [TOOL_RESULTS]
+ * with the tool turn's tool_call_id (both required, as its template
+ * demands). Every other family gets the Hermes text (Qwen's form, compact
+ * JSON). All of it is marked as content. */
 typedef struct sd_chat_tools {
     const char *tools; /* a JSON list of tools ({"type": "function", "function": {...}}), or NULL */
     /* NULL, or one entry per message: an assistant's calls as a JSON list
-     * of {"name": ..., "arguments": {...}}, or NULL */
+     * of {"name": ..., "arguments": {...}, "id": ...} ("id" optional but
+     * for Mistral), or NULL */
     const char *const *tool_calls;
+    /* NULL, or one entry per message: a tool turn's tool_call_id, or NULL */
+    const char *const *tool_call_ids;
 } sd_chat_tools;
 
 /* sd_chat_template_format_masked with tools (tt may be NULL; content may
  * be NULL) and "tool" turns allowed. JSON that does not parse, or a
  * conversation the template refuses (Llama 3.1: two calls in one turn, no
- * user turn to hold the tools), is SD_ERR_INVALID_ARG with the reason. */
+ * user turn to hold the tools; Mistral: an id that is not 9 characters), is
+ * SD_ERR_INVALID_ARG with the reason. */
 sd_status sd_chat_template_format_tools(const sd_chat_template *t, const sd_chat_msg *msgs, size_t n,
                                         const sd_chat_tools *tt, bool add_generation_prompt, char **out,
                                         uint8_t **content, char *err, size_t err_cap);
