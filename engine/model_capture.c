@@ -11,7 +11,14 @@
  * (the LM head's input; the backend's own norm runs only on the rows whose
  * logits are wanted). On a host-memory backend x is read in place; a device
  * backend downloads it once per captured layer. A capture never changes
- * what the forward computes: it only reads x between layers. */
+ * what the forward computes: it only reads x between layers.
+ *
+ * In a TP group (model_forward.c) every layer ends with the all-reduce of
+ * its row-parallel partial sums added into x, on every rank: the leader's
+ * x after a layer is the whole residual stream, and this capture reads it
+ * as at TP 1. Its values differ from TP 1's only by the all-reduce's
+ * summation order (tests/test_tp_capture.c: within 1e-5 of each row's
+ * max); a rank > 0 runs the leader's plans with no capture set. */
 #include "model_impl.h"
 
 #include <math.h>

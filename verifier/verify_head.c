@@ -37,8 +37,14 @@
  * (sd_drafter_set_constraint: drafter_eagle.c feeds the forced tokens as
  * chain rows).
  *
- * Limits: a TP group is refused for now: the leader would have to capture
- * the gathered residual stream, which is untested. */
+ * In a TP group the head runs in the leader alone. Each layer ends with the
+ * all-reduce of its row-parallel partial sums added into the residual
+ * stream (engine/model_forward.c), so the leader's x after a layer is the
+ * whole [n][n_embd] stream: the capture reads the same rows as at TP 1,
+ * equal to them within the all-reduce's rounding (its partial sums are
+ * added in another order; tests/test_tp_capture.c bounds the difference).
+ * The ranks capture nothing and hold no head; the token embedding the head
+ * reads is replicated on every rank, the leader's included. */
 #include "verify_head.h"
 
 #include "specd/drafter.h"
@@ -74,11 +80,9 @@ sd_status sd_vhead_open(const char *dir, sd_model *target, sd_kv *kv, int32_t ma
     *out = NULL;
     sd_model_shard shard;
     sd_model_shard_of(target, &shard);
-    if (shard.tp_size > 1) {
-        SD_ERROR("verifier: an EAGLE head in a TP group (--tp %d) is not supported yet; run the head's verifier "
-                 "with --tp 1",
-                 (int)shard.tp_size);
-        return SD_ERR_UNSUPPORTED;
+    if (shard.tp_rank != 0) { /* a rank > 0 runs the leader's plans: no forward of its own to capture */
+        SD_ERROR("verifier: an EAGLE head runs on a TP group's leader, not on rank %d", (int)shard.tp_rank);
+        return SD_ERR_INVALID_ARG;
     }
     sd_vhead *h = calloc(1, sizeof *h);
     if (!h) return SD_ERR_NOMEM;
