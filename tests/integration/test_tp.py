@@ -37,8 +37,11 @@ Beyond greedy = TP 1 plain greedy: every request was drafted by the head
 (kind eagle), drafts were accepted, and one request alone drafts, context by
 context, the chains specd-generate --eagle (TP 1) drafts on the same prompt
 (the group's features equal TP 1's within the all-reduce's rounding,
-tests/test_tp_capture.c: the chains' argmaxes do not move); with the drafter
-process, its features cover positions 0..N without a gap."""
+tests/test_tp_capture.c: the chains' argmaxes do not move), and the features
+the head was fed (the leader's DEBUG lines) or received (the drafter's) for
+that request have the norms of specd-generate --dump-features' rows of the
+same positions within FEATURE_TOL; with the drafter process, they cover
+positions 0..N without a gap."""
 import argparse
 import math
 import os
@@ -150,6 +153,53 @@ def group_head(h, refs, model):
     return path
 
 
+FEATURE_TOL = 1e-5  # relative, on a run's norm; measured worst: see the log line
+
+
+def check_feature_norms(h, log_proc, start, target, prompt, args):
+    """The head's feature runs for the lone request (log_proc's DEBUG lines
+    from offset start: positions a..b and the norm of their f32 rows, as
+    the verifier's head was fed them or the drafter received them) against
+    the same positions' rows of specd-generate --dump-features (TP 1): the
+    norms agree within FEATURE_TOL relative (a group's features differ from
+    TP 1's in the last bits: tests/test_tp_capture.c bounds them row by
+    row). Returns the runs [(a, b)]."""
+    import numpy as np
+    from safetensors.numpy import load_file
+    with open(log_proc.logpath, errors="replace") as f:
+        layers = next(l for l in f if "eagle: head" in l and "target layers " in l)
+        f.seek(start)
+        lines = [ln for ln in f if "head features: " in ln and " l2 " in ln]
+    layers = layers.split("target layers ")[1].split(":")[0].split(";")[0].replace(" ", "").strip()
+    runs = []
+    for ln in lines:
+        a, b = (int(x) for x in ln.split(" positions ")[1].split()[0].split(".."))
+        runs.append((a, b, float(ln.split(" l2 ")[1].split()[0])))
+    H.check(runs, "%s logged no feature runs for the lone request" % log_proc.name)
+    d = os.path.join(h.tmp, "dump")
+    os.makedirs(d, exist_ok=True)
+    g = subprocess.run([h.bin("generate"), "-m", target, "-p", prompt, "-n", str(args.tokens), "--ignore-eos",
+                        "-t", "1", "--dump-features", d, "--eagle-layers", layers] + h.engine_args,
+                       capture_output=True, text=True, timeout=900)
+    H.check(g.returncode == 0, "specd-generate --dump-features failed: %s" % g.stderr[-2000:])
+    aux = load_file(os.path.join(d, "000000.safetensors"))["aux"].astype(np.float64)
+    worst, bad = 0.0, []
+    for a, b, l2 in runs:
+        if b >= len(aux):
+            bad.append((a, b, l2, None))
+            continue
+        ref = float(np.sqrt(np.sum(aux[a:b + 1] ** 2)))
+        rel = abs(l2 - ref) / max(ref, 1e-30)
+        worst = max(worst, rel)
+        if rel > FEATURE_TOL:
+            bad.append((a, b, l2, ref))
+    H.check(not bad, "%d of %d feature runs differ from TP 1's rows by more than %g of their norm, e.g. %s"
+            % (len(bad), len(runs), FEATURE_TOL, bad[0] if bad else None))
+    H.log("%d feature runs (layers %s) within %g of TP 1's norms (worst %.2g)"
+          % (len(runs), layers, FEATURE_TOL, worst))
+    return [(a, b) for a, b, _ in runs]
+
+
 def check_head(h, c, res, log_proc, target, head, prompts, args):
     """The head (in the leader, or in the drafter process log_proc) drafted
     every request, had drafts accepted, and drafts specd-generate --eagle's
@@ -167,11 +217,8 @@ def check_head(h, c, res, log_proc, target, head, prompts, args):
     # a chain where the tiny model's have at most two
     start = check_chains(h, c, log_proc, target, head, prompts[best], args.tokens,
                          undrafted=3 if args.model == "smollm" else 2)
+    runs = check_feature_norms(h, log_proc, start, target, prompts[best], args)
     if args.drafter == "eagle-drafter":
-        with open(log_proc.logpath, errors="replace") as f:
-            f.seek(start)
-            runs = [tuple(int(x) for x in ln.split(" positions ")[1].split()[0].split(".."))
-                    for ln in f if "head features: request" in ln]
         covered = sorted({p for a, b in runs for p in range(a, b + 1)})
         H.check(covered and covered[0] == 0 and covered == list(range(covered[-1] + 1)),
                 "the group's features reached the drafter for positions %s, expected 0..N without a gap"
