@@ -39,9 +39,8 @@
  * Refused (no features, logged once): layers the target does not have, a
  * verifier whose own head (--eagle) captures other layers, a step whose
  * features would pass SD_MAX_STEP_FEATURES floats (the sequences past it
- * get none). The
- * coordinator's head drafter then lacks those positions and drafts nothing
- * for the sequence: the output never depends on it. */
+ * get none). The coordinator's head drafter then lacks those positions and
+ * drafts nothing for the sequence: the output never depends on it. */
 #include "verify_feat.h"
 
 #include <stdlib.h>
