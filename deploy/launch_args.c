@@ -29,7 +29,8 @@ static void usage(FILE *f) {
         "                         round trip; the fastest lookup decoding)\n"
         "  --draft-layers L       drafter: the target's first L layers (self-draft)\n"
         "  --eagle DIR            drafter: an EAGLE-3 head (Hugging Face directory, e.g. tools/train-eagle's)\n"
-        "                         in each verifier, drafting after every verify step (no round trip; TP 1)\n"
+        "                         in each verifier (a TP group's leader), drafting after every verify step\n"
+        "                         (no round trip)\n"
         "  --eagle-drafter DIR    drafter: an EAGLE-3 head in its own process (specd-drafter --eagle DIR),\n"
         "                         fed the verifier's features of the committed positions through the\n"
         "                         coordinator (3 x the target's hidden size f32 a position)\n"
@@ -288,11 +289,6 @@ static int check_opts(const launch_opts *o) {
     if (!o->target || (o->n_drafters == 0 && !o->local_ngram && !o->eagle) == !o->no_draft) {
         fprintf(stderr, "specd-launch: need --target and either drafters (--draft, --ngram, --local-ngram, "
                         "--draft-layers, --eagle, --drafters) or --no-draft (see --help)\n");
-        return 2;
-    }
-    if (o->eagle && o->tp > 1) {
-        fprintf(stderr, "specd-launch: --eagle with --tp %d: an EAGLE head in a TP group is not supported yet\n",
-                o->tp);
         return 2;
     }
     if (o->groups * o->tp > MAX_TP) {

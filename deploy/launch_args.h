@@ -34,7 +34,7 @@ typedef struct launch_opts {
     const char *target;
     bool no_draft;
     bool local_ngram; /* --local-ngram: the coordinator's own n-gram drafter */
-    const char *eagle; /* --eagle DIR: an EAGLE-3 head drafting in every verifier group (TP 1) */
+    const char *eagle; /* --eagle DIR: an EAGLE-3 head drafting in every verifier group's leader */
     drafter_spec drafters[MAX_DRAFTERS];
     int n_drafters;
     int tp, groups;

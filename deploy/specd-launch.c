@@ -238,7 +238,7 @@ static void build_argv(launcher *L, child *c) {
         }
         push(c, &n, "--group-id");
         push(c, &n, int_arg(c, 4, c->group + 1));
-        if (o->eagle) {
+        if (o->eagle && c->rank == 0) { /* a group's head lives in its leader */
             push(c, &n, "--eagle");
             push(c, &n, o->eagle);
         }

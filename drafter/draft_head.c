@@ -25,6 +25,7 @@
  * position, as in the other two placements (draft_constrain.h). */
 #include "draft_head.h"
 
+#include <math.h>
 #include <string.h>
 
 /* FNV-1a 64 over n floats' bytes: the DEBUG line's checksum of a fed run
@@ -38,6 +39,15 @@ static uint64_t fnv_floats(const float *f, size_t n) {
         for (size_t j = 0; j < sizeof b; j++) h = (h ^ b[j]) * 0x100000001b3ull;
     }
     return h;
+}
+
+/* The Euclidean norm of f[n], in double: beside the FNV-1a in the DEBUG
+ * line, for tests that compare features within a tolerance (a TP group's
+ * differ from TP 1's in the last bits). */
+static double l2_floats(const float *f, size_t n) {
+    double ss = 0;
+    for (size_t i = 0; i < n; i++) ss += (double)f[i] * (double)f[i];
+    return sqrt(ss);
 }
 
 void sd_draft_head_seq(void *head, sd_drafter *d, int32_t slot, const Specd__DraftSeq *sq, const int32_t *held,
@@ -59,9 +69,10 @@ void sd_draft_head_seq(void *head, sd_drafter *d, int32_t slot, const Specd__Dra
         } else {
             e = sd_drafter_eagle_features(d, slot, pos0, rows, held + pos0, sq->features);
             if (e == SD_OK && sd_log_enabled(SD_LOG_DEBUG))
-                SD_DEBUG("head features: request %llu positions %d..%d fnv1a %016llx",
+                SD_DEBUG("head features: request %llu positions %d..%d fnv1a %016llx l2 %.9g",
                          (unsigned long long)sq->request_id, (int)pos0, (int)(pos0 + rows - 1),
-                         (unsigned long long)fnv_floats(sq->features, sq->n_features));
+                         (unsigned long long)fnv_floats(sq->features, sq->n_features),
+                         l2_floats(sq->features, sq->n_features));
         }
     }
     double t1 = sd_now();

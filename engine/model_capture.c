@@ -11,8 +11,19 @@
  * (the LM head's input; the backend's own norm runs only on the rows whose
  * logits are wanted). On a host-memory backend x is read in place; a device
  * backend downloads it once per captured layer. A capture never changes
- * what the forward computes: it only reads x between layers. */
+ * what the forward computes: it only reads x between layers.
+ *
+ * In a TP group (model_forward.c) every layer ends with the all-reduce of
+ * its row-parallel partial sums added into x, on every rank: the leader's
+ * x after a layer is the whole residual stream, and this capture reads it
+ * as at TP 1. Its values differ from TP 1's only by the all-reduce's
+ * summation order (tests/test_tp_capture.c: within 1e-5 of each row's
+ * max); a rank > 0 runs the leader's plans with no capture set. On a GPU
+ * group whose collectives run on the compute stream the download first
+ * waits for them, bounded (sd_coll_wait), as the forward does before it
+ * reads logits. */
 #include "model_impl.h"
+#include "specd/coll.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -105,6 +116,10 @@ sd_status sd_model_capture_layer(sd_model *m, int32_t l, int32_t n) {
     const size_t E = (size_t)m->cfg.n_embd;
     const float *x = m->act.x; /* [n][E] */
     if (!m->be.ops->host_memory) {
+        /* a GPU group's all-reduce may still be on the stream: wait for it
+         * with the group's bound (model_forward.c's settle_coll), not in
+         * the download, which would block for good on a dead peer */
+        if (m->coll_on_stream) SD_TRY(sd_coll_wait(m->coll));
         SD_TRY(m->be.ops->buf_download(m->be.ctx, c->download, m->act.x, (size_t)n * E * sizeof(float)));
         x = c->download;
     }

@@ -17,3 +17,9 @@ target_link_libraries(test_group_wire PRIVATE specd_net)
 specd_unit_test(test_tp_window test_tp_window.c tp_wire.c)
 target_compile_definitions(test_tp_window PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
 add_dependencies(test_tp_window specd-mkmodel)
+# The feature capture (an EAGLE-3 head's input) on a TP group's leader:
+# TP 2 and 4 against TP 1 within 1e-5 of each row's max |value|, a shifted
+# control that must fail that bound, and batch invariance under TP 2.
+specd_unit_test(test_tp_capture test_tp_capture.c tp_wire.c)
+target_compile_definitions(test_tp_capture PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
+add_dependencies(test_tp_capture specd-mkmodel)

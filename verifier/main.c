@@ -79,8 +79,9 @@ static void usage(FILE *f) {
             "                          layout) that drafts in this process after each verify step, from the\n"
             "                          target's hidden states: the coordinator uses it as a drafter of kind\n"
             "                          eagle for this group's requests (no drafter round trip). With the\n"
-            "                          prefix cache, cached blocks keep their rows' features for the head;\n"
-            "                          --tp 1 only for now\n"
+            "                          prefix cache, cached blocks keep their rows' features for the head.\n"
+            "                          With --tp N it goes to the leader (rank 0) alone, which holds the\n"
+            "                          whole residual stream after each layer's all-reduce\n"
             "      --tp N              tensor-parallel group size (default 1); it must divide the attention\n"
             "                          heads and the MLP width, and divide or be a multiple of the KV heads\n"
             "      --rank N            rank in the group (default 0: the leader, which talks to the coordinator)\n"
@@ -222,11 +223,11 @@ static int check_opts(const verifier_opts *o) {
         fprintf(stderr, "specd-verifier: a keyed leader of a --tp group needs --rank-keys (the ranks' keys)\n");
         return 2;
     }
-    if (o->eagle && o->tp > 1) {
+    if (o->eagle && o->rank > 0) {
         fprintf(stderr,
-                "specd-verifier: --eagle with --tp %d: an EAGLE head in a TP group is not supported yet "
-                "(run it with --tp 1)\n",
-                (int)o->tp);
+                "specd-verifier: --eagle goes to the group's leader (--rank 0) only: it captures the whole "
+                "hidden states and drafts; rank %d holds no head\n",
+                (int)o->rank);
         return 2;
     }
     if (o->tp > 1 && !o->group) {

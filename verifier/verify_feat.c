@@ -32,12 +32,15 @@
  * drafter would lack those positions and draft nothing for the request).
  * Its blocks still enter the prefix cache for other sequences.
  *
- * Refused (no features, logged once): a TP group (its leader's capture is
- * untested), layers the target does not have, a verifier whose own head
- * (--eagle) captures other layers, a step whose features would pass
- * SD_MAX_STEP_FEATURES floats (the sequences past it get none). The
- * coordinator's head drafter then lacks those positions and drafts nothing
- * for the sequence: the output never depends on it. */
+ * A TP group's leader captures them as a lone verifier does: after each
+ * layer's all-reduce its residual stream holds every row whole (see
+ * verify_head.c), equal to TP 1's within the all-reduce's rounding.
+ *
+ * Refused (no features, logged once): layers the target does not have, a
+ * verifier whose own head (--eagle) captures other layers, a step whose
+ * features would pass SD_MAX_STEP_FEATURES floats (the sequences past it
+ * get none). The coordinator's head drafter then lacks those positions and
+ * drafts nothing for the sequence: the output never depends on it. */
 #include "verify_feat.h"
 
 #include <stdlib.h>
@@ -46,7 +49,6 @@
 struct sd_vfeat {
     sd_model *target;
     int32_t max_batch, n_embd;
-    bool tp;                                /* a TP group: no features */
     int32_t head_ids[SD_MODEL_CAPTURE_MAX]; /* the own head's layers (it owns the capture) */
     int32_t n_head;
     int32_t ids[SD_MODEL_CAPTURE_MAX]; /* the capture this module set (n_ids 0: none) */
@@ -69,9 +71,6 @@ sd_status sd_vfeat_create(sd_model *target, int32_t max_batch, const int32_t *he
     f->target = target;
     f->max_batch = max_batch;
     f->n_embd = sd_model_config_of(target)->n_embd;
-    sd_model_shard shard;
-    sd_model_shard_of(target, &shard);
-    f->tp = shard.tp_size > 1;
     if (n_head > 0) memcpy(f->head_ids, head_ids, (size_t)n_head * sizeof *head_ids);
     f->n_head = n_head;
     *out = f;
@@ -121,7 +120,6 @@ void sd_vfeat_begin(sd_vfeat *f, const Specd__VerifyRequest *req) {
         }
         return;
     }
-    if (f->tp) return refuse(f, req, "a TP group's leader does not capture features yet");
     if (req->n_feature_layers > SD_MODEL_CAPTURE_MAX) return refuse(f, req, "too many layers");
     if (f->n_head > 0) {
         if (!same_ids(f->head_ids, f->n_head, req->feature_layers, req->n_feature_layers))

@@ -37,13 +37,20 @@
  * (sd_drafter_set_constraint: drafter_eagle.c feeds the forced tokens as
  * chain rows).
  *
- * Limits: a TP group is refused for now: the leader would have to capture
- * the gathered residual stream, which is untested. */
+ * In a TP group the head runs in the leader alone. Each layer ends with the
+ * all-reduce of its row-parallel partial sums added into the residual
+ * stream (engine/model_forward.c), so the leader's x after a layer is the
+ * whole [n][n_embd] stream: the capture reads the same rows as at TP 1,
+ * equal to them within the all-reduce's rounding (its partial sums are
+ * added in another order; tests/test_tp_capture.c bounds the difference).
+ * The ranks capture nothing and hold no head; the token embedding the head
+ * reads is replicated on every rank, the leader's included. */
 #include "verify_head.h"
 
 #include "specd/drafter.h"
 #include "specd/spec.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -74,11 +81,9 @@ sd_status sd_vhead_open(const char *dir, sd_model *target, sd_kv *kv, int32_t ma
     *out = NULL;
     sd_model_shard shard;
     sd_model_shard_of(target, &shard);
-    if (shard.tp_size > 1) {
-        SD_ERROR("verifier: an EAGLE head in a TP group (--tp %d) is not supported yet; run the head's verifier "
-                 "with --tp 1",
-                 (int)shard.tp_size);
-        return SD_ERR_UNSUPPORTED;
+    if (shard.tp_rank != 0) { /* a rank > 0 runs the leader's plans: no forward of its own to capture */
+        SD_ERROR("verifier: an EAGLE head runs on a TP group's leader, not on rank %d", (int)shard.tp_rank);
+        return SD_ERR_INVALID_ARG;
     }
     sd_vhead *h = calloc(1, sizeof *h);
     if (!h) return SD_ERR_NOMEM;
@@ -188,6 +193,14 @@ static sd_status feed_side(sd_vhead *h, int32_t slot, const int32_t *hist, int32
     return sd_drafter_eagle_set_fused(h->drafter, slot, pos0, n, hist + pos0, h->fused);
 }
 
+/* At -v: the fed rows' positions and the norm of their captured layers
+ * (in double), for tests that compare them with TP 1's within a tolerance. */
+static void log_fed(int32_t slot, int32_t pos0, int32_t n, const float *aux, size_t floats) {
+    double ss = 0;
+    for (size_t i = 0; i < floats; i++) ss += (double)aux[i] * (double)aux[i];
+    SD_DEBUG("head features: slot %d positions %d..%d l2 %.9g", (int)slot, (int)pos0, (int)(pos0 + n - 1), sqrt(ss));
+}
+
 void sd_vhead_feed(sd_vhead *h, int32_t slot, const int32_t *hist, int32_t pos0, int32_t n, int32_t row0) {
     if (!h || n <= 0) return;
     double t0 = sd_now();
@@ -196,6 +209,7 @@ void sd_vhead_feed(sd_vhead *h, int32_t slot, const int32_t *hist, int32_t pos0,
     sd_status st = SD_ERR_INTERNAL;
     if (aux && row0 >= 0 && pos0 >= 0 && (int64_t)row0 + n <= n_rows) {
         aux += (size_t)row0 * (size_t)h->aux_width;
+        if (sd_log_enabled(SD_LOG_DEBUG)) log_fed(slot, pos0, n, aux, (size_t)n * (size_t)h->aux_width);
         if (h->kv)
             st = feed_side(h, slot, hist, pos0, n, aux, fill_from_side(h, slot, hist, pos0));
         else

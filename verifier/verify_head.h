@@ -20,9 +20,10 @@ typedef struct sd_vhead sd_vhead;
  * head's layers. kv is the verifier's cache (borrowed; must outlive it):
  * with its prefix cache on, the head keeps every computed row's fused
  * feature in its side rows (sd_kv_side_enable), where sequences that adopt
- * the row's block find it. Refusals as sd_eagle_head_load; SD_ERR_UNSUPPORTED for a
- * target split over a TP group (not supported yet). Caller frees with
- * sd_vhead_free, which clears the capture. */
+ * the row's block find it. In a TP group target is the leader's shard
+ * (its capture holds the whole residual stream: verify_head.c). Refusals
+ * as sd_eagle_head_load; SD_ERR_INVALID_ARG for a rank > 0's shard. Caller
+ * frees with sd_vhead_free, which clears the capture. */
 sd_status sd_vhead_open(const char *dir, sd_model *target, sd_kv *kv, int32_t max_seqs, int32_t max_ctx,
                         int32_t max_batch, int32_t max_k, sd_vhead **out);
 void sd_vhead_free(sd_vhead **h);

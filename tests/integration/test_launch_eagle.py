@@ -6,14 +6,19 @@ default launch.
    address it records only once the service is ready). The client must find
    that record and return 0 soon after "ready", not wait on its fallback
    address to the deadline (README's first commands start them so).
-2. The launcher gives the verifier the head (--eagle): the coordinator lists
-   a drafter of kind eagle (the head's relay) beside the verifier, the
-   launcher counted it before printing ready, and a request is served.
-3. --eagle with --tp 2 is refused at once (exit 2), naming the reason.
+2. The launcher gives a TP 2 group's leader the head (--eagle with --tp 2;
+   a rank > 0 given --eagle would refuse to start, exit 2, so the launch
+   becoming ready shows the launcher passes it to rank 0 alone): the
+   coordinator lists a drafter of kind eagle (the head's relay) beside the
+   verifier, the launcher counted it before printing ready, and a request is
+   served with drafts verified (the leader's capture fed the head).
+3. --eagle given to a rank > 0 of a group (specd-verifier --rank 1) is
+   refused at once (exit 2), naming the reason.
 4. --eagle-drafter DIR places the head in its own drafter process
-   (specd-drafter --eagle DIR --model TARGET): the coordinator lists a live
-   drafter of kind eagle that is not a verifier's relay, and a request at
-   K 4 is served with drafts verified (features reached the drafter).
+   (specd-drafter --eagle DIR --model TARGET), beside a TP 2 group: the
+   coordinator lists a live drafter of kind eagle that is not a verifier's
+   relay, and a request at K 4 is served with drafts verified (the group's
+   leader sent features to the drafter, which drafts nothing without them).
 
 Tiny random target, a random EAGLE-3 head of its shape
 (tests/ref/eagle_ref.write_head)."""
@@ -44,17 +49,20 @@ def run(h):
     os.makedirs(base, mode=0o700)
     env = dict(os.environ, XDG_RUNTIME_DIR=base)
 
-    r = subprocess.run([h.bin("launch"), "--target", target, "--eagle", hd, "--tp", "2", "--no-gateway"],
-                       capture_output=True, text=True, timeout=60, env=env)
-    H.check(r.returncode == 2 and "--eagle" in r.stderr, "--eagle --tp 2: exit %d, %s" % (r.returncode, r.stderr))
+    r = subprocess.run([h.bin("verifier"), "--model", target, "--eagle", hd, "--tp", "2", "--rank", "1",
+                        "--group", "tcp://127.0.0.1:1"], capture_output=True, text=True, timeout=60)
+    H.check(r.returncode == 2 and "--eagle goes to the group's leader" in r.stderr,
+            "--eagle on rank 1: exit %d, %s" % (r.returncode, r.stderr))
 
     t0 = time.monotonic()
     waiter = subprocess.Popen([h.bin("client"), "--wait-ready", "120"], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env)
     h.cleanups.append(lambda: waiter.kill())
     time.sleep(0.5)  # the client looks before the launcher has recorded anything
-    lp = h.start("launch", [h.bin("launch"), "--target", target, "--eagle", hd, "--no-gateway",
-                            "--ready-timeout", "120"], env={"XDG_RUNTIME_DIR": base})
+    lp = h.start("launch", [h.bin("launch"), "--target", target, "--eagle", hd, "--tp", "2", "--no-gateway",
+                            "--ready-timeout", "120", "--coordinator-arg", "--adaptive-k", "--coordinator-arg", "off",
+                            "--coordinator-arg", "--default-k", "--coordinator-arg", "4"],
+                 env={"XDG_RUNTIME_DIR": base})
     H.wait_until(lambda: "ready " in lp.log_tail(200) or not lp.alive(), 150, "specd-launch to print ready")
     H.check(lp.alive(), "specd-launch exited %s before ready" % lp.popen.returncode)
     t_ready = time.monotonic() - t0
@@ -74,13 +82,16 @@ def run(h):
     kinds = [(w["role"], w.get("drafter_kind"), w["alive"]) for w in ws]
     H.check(any(w["role"] == "drafter" and w.get("drafter_kind") == "eagle" and w["alive"] for w in ws),
             "no live drafter of kind eagle: %s" % kinds)
-    r = subprocess.run([h.bin("client"), "--coordinator", addr, "-p", "hello", "-n", "6", "--ignore-eos", "--json"],
+    r = subprocess.run([h.bin("client"), "--coordinator", addr, "-p", "hello", "-n", "12", "--ignore-eos", "--json"],
                        capture_output=True, text=True, timeout=120)
-    H.check(r.returncode == 0 and len(json.loads(r.stdout).get("ids", [])) == 6, "request: %s" % r.stderr[-300:])
-    H.log("specd-launch --eagle: workers %s; a request served" % kinds)
+    H.check(r.returncode == 0, "request: %s" % r.stderr[-300:])
+    out = json.loads(r.stdout)
+    H.check(len(out.get("ids", [])) == 12 and out["stats"]["drafted"] > 0,
+            "--eagle --tp 2: %d tokens, %d drafted" % (len(out.get("ids", [])), out["stats"]["drafted"]))
+    H.log("specd-launch --eagle --tp 2: workers %s; 12 tokens, %d drafted" % (kinds, out["stats"]["drafted"]))
     h.stop(lp, timeout=60)
 
-    lp = h.start("launch", [h.bin("launch"), "--target", target, "--eagle-drafter", hd, "--no-gateway",
+    lp = h.start("launch", [h.bin("launch"), "--target", target, "--eagle-drafter", hd, "--tp", "2", "--no-gateway",
                             "--ready-timeout", "120", "--coordinator-arg", "--adaptive-k", "--coordinator-arg", "off",
                             "--coordinator-arg", "--default-k", "--coordinator-arg", "4"],
                  env={"XDG_RUNTIME_DIR": base})
@@ -101,7 +112,7 @@ def run(h):
     out = json.loads(r.stdout)
     H.check(len(out.get("ids", [])) == 24 and out["stats"]["drafted"] > 0,
             "--eagle-drafter: %d tokens, %d drafted" % (len(out.get("ids", [])), out["stats"]["drafted"]))
-    H.log("specd-launch --eagle-drafter: head drafter %s; 24 tokens, %d drafted"
+    H.log("specd-launch --eagle-drafter --tp 2: head drafter %s; 24 tokens, %d drafted"
           % (heads[0].get("name"), out["stats"]["drafted"]))
     h.stop(lp, timeout=60)
 

@@ -16,7 +16,10 @@ Then a verifier is SIGKILLed while running requests share cached blocks and
 is replaced: nothing is lost and every output still equals specd-generate's.
 With --tp N the verifier is a tensor-parallel group of N CPU ranks (the
 ranks write and read the leader's block ids, adopted ones included) and the
-drafter the n-gram one: warm equals cold, with hits, greedy and seeded.
+drafter the n-gram one: warm equals cold, with hits, greedy and seeded; with
+--tp N --drafter eagle the head runs in the group's leader and the head's
+checks above hold there too (its features of adopted rows come from the
+leader's side rows; the greedy outputs equal specd-generate --eagle's).
 Tiny random models (a model's K/V do not depend on the batch or the
 chunking: the exactness the cache relies on)."""
 import argparse
@@ -84,14 +87,18 @@ def serve_all(h, target, draft, drafter, cache, head=None):
     return res, n_hit
 
 
-def serve_tp(h, target, cache, tp):
+def serve_tp(h, target, cache, tp, head=None):
     """Every job, one after another, on a TP group of tp ranks with the
-    n-gram drafter: (results, prompt tokens hit)."""
+    n-gram drafter, or with head in the leader (K fixed, its chains read
+    from the leader's log): (results, prompt tokens hit[, chains])."""
     from test_tp import start_ranks
-    h.start_coordinator(target)
+    h.start_coordinator(target, H.FIXED_K if head else ())
     h.group_addr = "tcp://127.0.0.1:%d" % H.free_port()
-    start_ranks(h, target, tp, "split", range(tp), () if cache else ("--prefix-cache", "0"))
-    h.start_drafter("ngram", extra=["-t", "1"])
+    extra = () if cache else ("--prefix-cache", "0")
+    leader = start_ranks(h, target, tp, "split", [0], extra + (("--eagle", head, "-v") if head else ()))[0]
+    start_ranks(h, target, tp, "split", range(1, tp), extra)
+    if not head:
+        h.start_drafter("ngram", extra=["-t", "1"])
     h.wait_registered(drafter=True)
     c = h.client()
     res = [c.run([j], timeout=300)[0] for j in jobs()]
@@ -105,6 +112,9 @@ def serve_tp(h, target, cache, tp):
         n_hit = hit_tokens(c)
     c.close()
     h.kill_all()
+    if head:
+        with open(leader.logpath, errors="replace") as f:
+            return res, n_hit, chain_lines(f.readlines())
     return res, n_hit
 
 
@@ -117,14 +127,19 @@ def counts(res):
     return [(r["finished"]["stats"].get("drafted", 0), r["finished"]["stats"].get("accepted", 0)) for r in res]
 
 
-def eagle(h, target, head=None):
-    """The EAGLE-3 head in the verifier, with and without the prefix cache
-    (head: a trained one for target; None: a random one for the tiny model)."""
+def eagle(h, target, head=None, tp=1):
+    """The EAGLE-3 head in the verifier (the leader of a TP group of tp
+    ranks), with and without the prefix cache (head: a trained one for
+    target; None: a random one for the tiny model)."""
     greedy = [j for j in jobs() if "sampling" not in j]
     if not head:
         head = eagle_head(h, [h.reference(target, j["prompt"], TOKENS, ignore_eos=True) for j in greedy])
-    cold, cold_hits, cold_chains = serve_all(h, target, None, None, cache=False, head=head)
-    warm, warm_hits, warm_chains = serve_all(h, target, None, None, cache=True, head=head)
+    if tp > 1:
+        cold, cold_hits, cold_chains = serve_tp(h, target, False, tp, head)
+        warm, warm_hits, warm_chains = serve_tp(h, target, True, tp, head)
+    else:
+        cold, cold_hits, cold_chains = serve_all(h, target, None, None, cache=False, head=head)
+        warm, warm_hits, warm_chains = serve_all(h, target, None, None, cache=True, head=head)
     H.expect_equal_ids(warm, cold, "EAGLE head: with the prefix cache against without")
     H.check(cold_hits == 0, "EAGLE head: the service without a cache reports %d hit tokens" % cold_hits)
     H.check(warm_hits > 0, "EAGLE head: the cache was never hit: the test proves nothing")
@@ -206,6 +221,9 @@ def run(h, args):
         eagle(h, h.smollm(), args.head)
         return
     target, draft = h.tiny_models(seed=5)
+    if args.drafter == "eagle":
+        eagle(h, target, tp=args.tp)
+        return
     if args.tp > 1:
         cold, cold_hits = serve_tp(h, target, False, args.tp)
         warm, warm_hits = serve_tp(h, target, True, args.tp)
@@ -214,9 +232,6 @@ def run(h, args):
         H.check(warm_hits > 0, "TP %d: the cache was never hit: the test proves nothing" % args.tp)
         H.log("TP %d: %d requests equal with and without the cache (%d prompt tokens hit)" %
               (args.tp, len(warm), warm_hits))
-        return
-    if args.drafter == "eagle":
-        eagle(h, target)
         return
     for drafter in ("layers", "model", "ngram"):
         cold, cold_hits = serve_all(h, target, draft, drafter, cache=False)
@@ -236,6 +251,7 @@ if __name__ == "__main__":
                          "shared; eagle: an EAGLE-3 head in the verifier")
     ap.add_argument("--head", help="with --drafter eagle: a trained head for the demo model (SmolLM2-135M-Instruct) "
                                    "instead of a random head on the tiny one")
-    ap.add_argument("--tp", type=int, default=1, help="a TP group of this many CPU ranks (n-gram drafter)")
+    ap.add_argument("--tp", type=int, default=1, help="a TP group of this many CPU ranks (n-gram drafter, or the "
+                                                      "head in its leader with --drafter eagle)")
     a = ap.parse_args()
     H.main(lambda h: run(h, a))

@@ -3,7 +3,7 @@ ADDR) through the whole service: N concurrent greedy requests produce exactly
 the tokens specd-generate (TP = 1) gives each prompt alone.
 
   test_tp.py --tp N --model tiny|smollm|gemma [--lm-head split|leader]
-             [--drafter layers|ngram|model|none] [--n 6] [--tokens 32] [--curve]
+             [--drafter layers|ngram|model|eagle|eagle-drafter|none] [--n 6] [--tokens 32] [--curve]
              [--cpu-weights stored|f32|copy]
 
 --curve: every link keyed, the group's too (the leader admits only the rank
@@ -24,7 +24,24 @@ window of 12, 4 heads, 2 KV heads) whose caches keep a window group on every
 rank (the plans carry the window table), requests longer than the window.
 
 Prompt logprobs (echo) on the group: a prompt_only request's entries equal
-the TP = 1 engine's log-softmax within TP_LP_TOL."""
+the TP = 1 engine's log-softmax within TP_LP_TOL.
+
+--drafter eagle: the group's leader runs a random EAGLE-3 head
+(specd-verifier --tp N --rank 0 --eagle DIR; group_head: it borrows the
+target's embedding, its draft vocabulary the references' 4 most frequent
+tokens) on the hidden
+states it captures after each layer's all-reduce; --drafter eagle-drafter:
+the same head in its own process (specd-drafter --eagle), fed the group's
+features (VerifyResult.features) through the coordinator. K is fixed at 4.
+Beyond greedy = TP 1 plain greedy: every request was drafted by the head
+(kind eagle), drafts were accepted, and one request alone drafts, context by
+context, the chains specd-generate --eagle (TP 1) drafts on the same prompt
+(the group's features equal TP 1's within the all-reduce's rounding,
+tests/test_tp_capture.c: the chains' argmaxes do not move), and the features
+the head was fed (the leader's DEBUG lines) or received (the drafter's) for
+that request have the norms of specd-generate --dump-features' rows of the
+same positions within FEATURE_TOL; with the drafter process, they cover
+positions 0..N without a gap."""
 import argparse
 import math
 import os
@@ -108,6 +125,110 @@ def check_prompt_logprobs(h, c, target, refs, args):
           (args.tp, len(ids) - 1, TP_LP_TOL, worst))
 
 
+def group_head(h, refs, model):
+    """A random EAGLE-3 head for the target (tiny: hidden 64, vocab 512;
+    smollm: 576, 49152) that borrows the target's embedding (the leader's
+    replicated token_embd in a group), its 4-token draft vocabulary the
+    tokens the references generate most (test_greedy.eagle_head's choice,
+    so that drafts are accepted)."""
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ref"))
+    try:
+        import numpy as np
+        from eagle_ref import write_head
+    except ImportError as e:
+        H.skip("python packages for the head writer missing (%s); run scripts/setup" % e)
+    hidden, vocab, heads, kv = (576, 49152, 9, 3) if model == "smollm" else (64, 512, 4, 2)
+    counts = np.bincount([t for r in refs for t in r["ids"]], minlength=vocab)
+    hot = np.sort(np.argsort(-counts, kind="stable")[:4])
+
+    def to_hot(t):
+        t["d2t"] = (hot - np.arange(4)).astype(np.int64)
+        t["t2d"] = np.isin(np.arange(vocab), hot)
+    path = os.path.join(h.tmp, "eagle-head")
+    write_head(path, hidden=hidden, vocab=vocab, draft_vocab=4, n_heads=heads, n_kv_heads=kv, with_embed=False,
+               seed=3, tensors_edit=to_hot)
+    H.log("head (the target's embedding) drafts among tokens %s (%.0f%% of the references' tokens)"
+          % (hot.tolist(), 100.0 * counts[hot].sum() / max(1, counts.sum())))
+    return path
+
+
+FEATURE_TOL = 1e-5  # relative, on a run's norm; measured worst: see the log line
+
+
+def check_feature_norms(h, log_proc, start, target, prompt, args):
+    """The head's feature runs for the lone request (log_proc's DEBUG lines
+    from offset start: positions a..b and the norm of their f32 rows, as
+    the verifier's head was fed them or the drafter received them) against
+    the same positions' rows of specd-generate --dump-features (TP 1): the
+    norms agree within FEATURE_TOL relative (a group's features differ from
+    TP 1's in the last bits: tests/test_tp_capture.c bounds them row by
+    row). Returns the runs [(a, b)]."""
+    import numpy as np
+    from safetensors.numpy import load_file
+    with open(log_proc.logpath, errors="replace") as f:
+        layers = next(l for l in f if "eagle: head" in l and "target layers " in l)
+        f.seek(start)
+        lines = [ln for ln in f if "head features: " in ln and " l2 " in ln]
+    layers = layers.split("target layers ")[1].split(":")[0].split(";")[0].replace(" ", "").strip()
+    runs = []
+    for ln in lines:
+        a, b = (int(x) for x in ln.split(" positions ")[1].split()[0].split(".."))
+        runs.append((a, b, float(ln.split(" l2 ")[1].split()[0])))
+    H.check(runs, "%s logged no feature runs for the lone request" % log_proc.name)
+    d = os.path.join(h.tmp, "dump")
+    os.makedirs(d, exist_ok=True)
+    g = subprocess.run([h.bin("generate"), "-m", target, "-p", prompt, "-n", str(args.tokens), "--ignore-eos",
+                        "-t", "1", "--dump-features", d, "--eagle-layers", layers] + h.engine_args,
+                       capture_output=True, text=True, timeout=900)
+    H.check(g.returncode == 0, "specd-generate --dump-features failed: %s" % g.stderr[-2000:])
+    aux = load_file(os.path.join(d, "000000.safetensors"))["aux"].astype(np.float64)
+    worst, bad = 0.0, []
+    for a, b, l2 in runs:
+        if b >= len(aux):
+            bad.append((a, b, l2, None))
+            continue
+        ref = float(np.sqrt(np.sum(aux[a:b + 1] ** 2)))
+        rel = abs(l2 - ref) / max(ref, 1e-30)
+        worst = max(worst, rel)
+        if rel > FEATURE_TOL:
+            bad.append((a, b, l2, ref))
+    H.check(not bad, "%d of %d feature runs differ from TP 1's rows by more than %g of their norm, e.g. %s"
+            % (len(bad), len(runs), FEATURE_TOL, bad[0] if bad else None))
+    H.log("%d feature runs (layers %s) within %g of TP 1's norms (worst %.2g)"
+          % (len(runs), layers, FEATURE_TOL, worst))
+    return [(a, b) for a, b, _ in runs]
+
+
+def check_head(h, c, res, log_proc, target, head, prompts, args):
+    """The head (in the leader, or in the drafter process log_proc) drafted
+    every request, had drafts accepted, and drafts specd-generate --eagle's
+    chains (TP 1) for a request alone; a drafter process received features
+    of every position."""
+    from test_greedy import DRAFTER_KIND_EAGLE, check_chains
+    kinds = [r["finished"]["stats"].get("drafter_kind", 0) for r in res]
+    H.check(all(k == DRAFTER_KIND_EAGLE for k in kinds), "requests drafted by kinds %s, expected the head's (%d)"
+            % (kinds, DRAFTER_KIND_EAGLE))
+    accepted = sum(r["finished"]["stats"].get("accepted", 0) for r in res)
+    H.check(accepted > 0, "no draft of the head was accepted")
+    best = max(range(len(res)), key=lambda i: res[i]["finished"]["stats"].get("accepted", 0))
+    # SmolLM2's lone request (16 tokens, 14 target steps at this head's
+    # acceptance) was measured drafting at 11 contexts: three steps without
+    # a chain where the tiny model's have at most two
+    start = check_chains(h, c, log_proc, target, head, prompts[best], args.tokens,
+                         undrafted=3 if args.model == "smollm" else 2)
+    runs = check_feature_norms(h, log_proc, start, target, prompts[best], args)
+    if args.drafter == "eagle-drafter":
+        covered = sorted({p for a, b in runs for p in range(a, b + 1)})
+        H.check(covered and covered[0] == 0 and covered == list(range(covered[-1] + 1)),
+                "the group's features reached the drafter for positions %s, expected 0..N without a gap"
+                % covered[:40])
+        H.log("the TP %d group sent features of positions 0..%d in %d runs" % (args.tp, covered[-1], len(runs)))
+    H.log("the head in %s drafted %s; accepted %d"
+          % ("the leader" if args.drafter == "eagle" else "its own process",
+             "specd-generate --eagle's chains", accepted))
+
+
 def run(h, args):
     if args.cpu_weights:
         h.engine_args = ["--cpu-weights", args.cpu_weights]
@@ -160,9 +281,13 @@ def run(h, args):
     refs = [h.reference(target, p, args.tokens, ignore_eos=ignore_eos, chat=chat) for p in prompts]
     H.log("computed %d references (TP = 1)" % len(refs))
 
-    h.start_coordinator(target)
+    head = None
+    if args.drafter in ("eagle", "eagle-drafter"):
+        head = group_head(h, refs, args.model)
+    h.start_coordinator(target, H.FIXED_K if head else ())
     h.group_addr = "tcp://127.0.0.1:%d" % H.free_port()
-    leader = start_ranks(h, target, args.tp, args.lm_head, [0])[0]
+    leader = start_ranks(h, target, args.tp, args.lm_head, [0],
+                         extra=("--eagle", head, "-v") if args.drafter == "eagle" else ())[0]
     # The leader alone must not register: it waits for its ranks.
     c = h.client()
     H.wait_until(lambda: "waiting for ranks" in leader.log_tail(50) or not leader.alive(), 300,
@@ -183,8 +308,10 @@ def run(h, args):
         H.check(leader.alive() and not verifier_registered(c), "a refused rank disturbed the leader")
         H.log("ranks with unknown keys refused; the leader waits on")
     ranks = start_ranks(h, target, args.tp, args.lm_head, range(1, args.tp))
-    if args.drafter != "none":
-        h.start_drafter(args.drafter, draft=draft, extra=["-t", "1"])
+    dr = None
+    if args.drafter not in ("none", "eagle"):
+        dr = h.start_drafter("eagle" if head else args.drafter, draft=head or draft,
+                             extra=["-t", "1"] + (["-v"] if head else []))
     h.wait_registered(drafter=args.drafter != "none")
     H.check("group: %d ranks ready" % args.tp in leader.log_tail(200), "the leader did not report its ranks ready")
     H.log("group of %d registered" % args.tp)
@@ -195,6 +322,8 @@ def run(h, args):
                        % (args.tp, args.lm_head, args.n, args.model, args.drafter))
     drafted = sum(x["finished"]["stats"].get("drafted", 0) for x in res)
     H.log("all %d equal to TP = 1; drafted %d" % (len(res), drafted))
+    if head:
+        check_head(h, c, res, leader if args.drafter == "eagle" else dr, target, head, prompts, args)
     check_prompt_logprobs(h, c, target, refs, args)
     if args.model == "gemma":  # every rank keeps the leader's window group
         for p in ranks:
@@ -217,7 +346,8 @@ if __name__ == "__main__":
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--model", choices=["tiny", "smollm", "gemma"], default="tiny")
     ap.add_argument("--lm-head", choices=["split", "leader"], default="split")
-    ap.add_argument("--drafter", choices=["model", "ngram", "layers", "none"], default="layers")
+    ap.add_argument("--drafter", choices=["model", "ngram", "layers", "eagle", "eagle-drafter", "none"],
+                    default="layers")
     ap.add_argument("--n", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--timeout", type=float, default=600)
