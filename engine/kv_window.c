@@ -185,17 +185,35 @@ static void drop(kv_window *w, int32_t b) {
         push_free(w, b);
 }
 
+/* Window blocks a grow can use if it gives back sl's entries [w_lo, lo):
+ * free, idle, and those entries no other slot holds. */
+static int32_t available(const sd_kv *kv, const kv_slot *sl, int32_t lo) {
+    int32_t n = kv->win->n_free + kv->win->n_idle;
+    for (int32_t i = sl->w_lo; i < lo; i++) n += kv->win->ref[sl->wtable[i]] == 1;
+    return n;
+}
+
+/* The entries a grow by extra blocks gives back: free_point's, but with the
+ * prefix cache on, none of a block not yet registered (past n_chain: a long
+ * prompt prefilled in one call, whose commit comes after it) while the pool
+ * can supply the grow without them, so that commit can still keep them as
+ * twins (the next grow gives them back). */
+static int32_t drop_point(const sd_kv *kv, const kv_slot *sl, int32_t extra) {
+    int32_t lo = free_point(kv, sl);
+    if (kv->max_idle == 0 || lo <= sl->n_chain) return lo;
+    int32_t keep = sl->n_chain > sl->w_lo ? sl->n_chain : sl->w_lo;
+    return extra <= available(kv, sl, keep) ? keep : lo;
+}
+
 bool sd_kv_window_can_grow_(const sd_kv *kv, const kv_slot *sl, int32_t extra) {
     if (!kv->win || extra <= 0) return true;
-    int32_t lo = free_point(kv, sl), back = 0; /* blocks the grow gives back that no other slot holds */
-    for (int32_t i = sl->w_lo; i < lo; i++) back += kv->win->ref[sl->wtable[i]] == 1;
-    return extra <= kv->win->n_free + kv->win->n_idle + back;
+    return extra <= available(kv, sl, free_point(kv, sl));
 }
 
 void sd_kv_window_grow_(sd_kv *kv, kv_slot *sl, int32_t extra) {
     kv_window *w = kv->win;
     if (!w) return;
-    int32_t lo = free_point(kv, sl);
+    int32_t lo = drop_point(kv, sl, extra);
     for (int32_t i = sl->w_lo; i < lo; i++) {
         drop(w, sl->wtable[i]);
         sl->wtable[i] = -1;

@@ -57,7 +57,7 @@ static float row_value(const int32_t *tok, int32_t pos) {
     return (float)(h & 0xFFFFFF);
 }
 
-static sd_kv *make_kv(bool partial) {
+static sd_kv *make_kv_sized(bool partial, int32_t window, int32_t window_blocks) {
     static const bool windowed[2] = {true, false};
     sd_kv_params p = sd_kv_default_params();
     p.n_layers = 2;
@@ -66,10 +66,10 @@ static sd_kv *make_kv(bool partial) {
     p.block_size = BS;
     p.n_blocks = NBLOCKS;
     p.max_seqs = SEQS;
-    p.window = WINDOW;
-    p.windowed = windowed;
+    p.window = window;
+    p.windowed = window ? windowed : NULL;
     p.window_slack = SLACK;
-    p.window_blocks = WBLOCKS;
+    p.window_blocks = window_blocks;
     sd_kv *kv = NULL;
     assert_int_equal(sd_kv_create(&p, &kv), SD_OK);
     assert_int_equal(sd_kv_prefix_enable(kv, NBLOCKS / 2), SD_OK);
@@ -77,6 +77,8 @@ static sd_kv *make_kv(bool partial) {
     assert_int_equal(sd_kv_prefix_set_partial_copy(kv, partial), SD_OK);
     return kv;
 }
+
+static sd_kv *make_kv(bool partial) { return make_kv_sized(partial, WINDOW, WBLOCKS); }
 
 static void write_rows(sd_kv *kv, int32_t seq, const int32_t *tok, int32_t from, int32_t to) {
     for (int32_t p = from; p < to; p++)
@@ -229,6 +231,56 @@ static void test_adopt_end(void **state) {
     assert_int_equal(sd_kv_prefix_adopt(kv, 1, a, 101, &got), SD_OK);
     assert_int_equal(got, 0);
     sd_kv_free(&kv);
+}
+
+/* Where the window pool has room, a window-group cache adopts exactly what
+ * a cache without one does: requests one after another (two at a time),
+ * each a shared opening cut at and off block boundaries or a conversation
+ * grown turn by turn, prefilled in one call or token by token, decoded in
+ * speculative steps rolled back within the slack, committed, released. */
+static void test_same_as_global(void **state) {
+    (void)state;
+    for (int partial = 0; partial < 2; partial++) {
+        sd_kv *kv[2] = {make_kv_sized(partial, WINDOW, NBLOCKS), make_kv_sized(partial, 0, 0)};
+        static int32_t tok[MAXLEN + 8];
+        int32_t total = 0;
+        rng_state = 777u + (uint32_t)partial;
+        for (int32_t r = 0; r < 200; r++) {
+            int32_t n = 10 + (int32_t)rnd(60), s = r % 2, gen = 1 + (int32_t)rnd(30);
+            for (int32_t i = 0; i < n; i++) /* an opening of 40, then a turn of 12 per r / 3 */
+                tok[i] = i < 40 ? i % 7 : i < 40 + 12 * (r / 3 % 3) ? 50 + (i - 40) % 11 : 200 + (int32_t)rnd(9);
+            uint32_t saved = rng_state;
+            int32_t got[2];
+            for (int c = 0; c < 2; c++) {
+                rng_state = saved;
+                int32_t len;
+                assert_int_equal(sd_kv_prefix_adopt(kv[c], s, tok, n - 1, &got[c]), SD_OK);
+                if (rnd(2)) { /* a prefill in one call */
+                    assert_int_equal(sd_kv_grow(kv[c], s, n), SD_OK);
+                } else {
+                    for (len = got[c]; len < n; len++) assert_int_equal(sd_kv_grow(kv[c], s, len + 1), SD_OK);
+                }
+                assert_int_equal(sd_kv_prefix_commit(kv[c], s, tok, n), SD_OK);
+                for (len = n; len < n + gen; len++) { /* steps of 4, 3 rolled back */
+                    tok[len] = 300 + (int32_t)rnd(5);
+                    assert_int_equal(sd_kv_grow(kv[c], s, len + 4), SD_OK);
+                    assert_int_equal(sd_kv_truncate(kv[c], s, len + 1), SD_OK);
+                    assert_int_equal(sd_kv_prefix_commit(kv[c], s, tok, len + 1), SD_OK);
+                }
+                assert_int_equal(sd_kv_check(kv[c]), SD_OK);
+                sd_kv_release(kv[c], (s + 1) % 2); /* the one before it ends */
+            }
+            if (got[0] != got[1])
+                fail_msg("request %d: %d tokens adopted with the window group, %d without", (int)r, (int)got[0],
+                         (int)got[1]);
+            total += got[0];
+        }
+        printf("partial copy %s: %d tokens adopted with and without the window group\n", partial ? "on" : "off",
+               (int)total);
+        assert_true(total > 200 * 20);
+        sd_kv_free(&kv[0]);
+        sd_kv_free(&kv[1]);
+    }
 }
 
 /* ---- random models: warm equals cold ---- */
@@ -402,6 +454,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_oracle),
         cmocka_unit_test(test_adopt_end),
+        cmocka_unit_test(test_same_as_global),
         cmocka_unit_test_setup_teardown(test_warm_equals_cold, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
