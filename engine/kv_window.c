@@ -41,7 +41,10 @@
  * wtable takes those twins, w_lo past the rest. Commit attaches every
  * registered block's window block still held (sd_kv_window_attach_). Window
  * blocks are reference-counted like main ones: a slot's grow or tail-drop
- * gives its reference back, and a twin no slot holds is idle, on an LRU
+ * gives its reference back (with the cache on, a grow keeps the entries of
+ * blocks not registered yet while the pool can do without them: a prompt
+ * prefilled in one call is committed after it, drop_point), and a twin no
+ * slot holds is idle, on an LRU
  * list of its own, and counts as free: a grow evicts the oldest when the
  * free stack is empty (the main block stays cached, without a twin). So
  * twins live only in the window pool's room that running slots do not use
