@@ -41,7 +41,13 @@
  * ~1.8 ms per recomputed row of a prefill, bench/results/forward-cpu.md),
  * but only a host cache of a single process can do it: a device cache
  * would need a copy op, and the ranks of a TP group write and read the
- * leader's block ids without seeing its copies. */
+ * leader's block ids without seeing its copies.
+ *
+ * Sliding-window layers (kv_window.c). On a cache with a window group a
+ * cached block keeps its windowed rows in a window block of its own (its
+ * twin) while the window pool has room; adoption stops where the next
+ * token's window is not kept, and a partial copy takes its windowed rows
+ * from the child's twin. */
 #include "kv_impl.h"
 
 #include <stdlib.h>
