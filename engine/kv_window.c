@@ -42,7 +42,7 @@
  * registered block's window block still held (sd_kv_window_attach_). Window
  * blocks are reference-counted like main ones: a slot's grow or tail-drop
  * gives its reference back (with the cache on, a grow keeps the entries of
- * blocks not registered yet while the pool can do without them: a prompt
+ * blocks not registered yet, up to the slot's share of the pool: a prompt
  * prefilled in one call is committed after it, drop_point), and a twin no
  * slot holds is idle, on an LRU
  * list of its own, and counts as free: a grow evicts the oldest when the
@@ -197,14 +197,20 @@ static int32_t available(const sd_kv *kv, const kv_slot *sl, int32_t lo) {
 }
 
 /* The entries a grow by extra blocks gives back: free_point's, but with the
- * prefix cache on, none of a block not yet registered (past n_chain: a long
- * prompt prefilled in one call, whose commit comes after it) while the pool
- * can supply the grow without them, so that commit can still keep them as
- * twins (the next grow gives them back). */
+ * prefix cache on, not those of blocks not yet registered (past n_chain: a
+ * long prompt prefilled in one call, whose commit comes after it), so that
+ * commit can still keep them as twins (the next grow gives them back):
+ * while the pool can supply the grow without them, and only as far as the
+ * slot then holds no more than its share of the pool (n_blocks / max_seqs,
+ * the per-slot bound of the sizing, model_window.c), the newest kept, so
+ * that every other slot still finds its own share. */
 static int32_t drop_point(const sd_kv *kv, const kv_slot *sl, int32_t extra) {
     int32_t lo = free_point(kv, sl);
     if (kv->max_idle == 0 || lo <= sl->n_chain) return lo;
     int32_t keep = sl->n_chain > sl->w_lo ? sl->n_chain : sl->w_lo;
+    int32_t over = sl->n_blocks + extra - keep - kv->win->n_blocks / kv->p.max_seqs;
+    if (over > 0) keep += over;
+    if (keep >= lo) return lo;
     return extra <= available(kv, sl, keep) ? keep : lo;
 }
 

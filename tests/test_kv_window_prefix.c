@@ -12,6 +12,11 @@
  * sequence can still read holds its own prefix's hash (a block freed or
  * rewritten while referenced would show another), and each slot's window
  * blocks stay under the bound; adoption happens, and twins are evicted.
+ * A chain end adopted with only its window held; twins evicted oldest
+ * first and the exact adoptable prefix after it. Where the pool has room,
+ * the same adoptions as a cache without a window group. A prompt grown in
+ * chunks before its commit keeps its unregistered entries only up to its
+ * share of the pool (the other slots grow to theirs).
  *
  * On random Gemma 3 and Mistral models (window 12, blocks of 4, as
  * test_kv_window): a cold sequence committed and released, then warm
@@ -283,6 +288,38 @@ static void test_same_as_global(void **state) {
     }
 }
 
+/* A prompt prefilled in chunks before its commit keeps its unregistered
+ * window entries only up to its share of the pool (48 / SEQS blocks): every
+ * other slot can still grow to its share, and the commit makes the kept
+ * entries twins. */
+static void test_deferred_share(void **state) {
+    (void)state;
+    sd_kv *kv = make_kv_sized(false, WINDOW, 48);
+    static int32_t a[120];
+    const int32_t share = 48 / SEQS;
+    for (int32_t i = 0; i < 120; i++) a[i] = 3 + i % 13;
+    for (int32_t n = 8; n <= 80; n += 8) {
+        assert_int_equal(sd_kv_grow(kv, 0, n), SD_OK);
+        write_rows(kv, 0, a, n - 8, n);
+        assert_true(sd_kv_window_held(kv, 0) <= share);
+        assert_int_equal(sd_kv_check(kv), SD_OK);
+    }
+    assert_true(sd_kv_window_held(kv, 0) > (WINDOW + SLACK + BS - 1) / BS + 2); /* more than without the cache */
+    for (int32_t s = 1; s < SEQS; s++) assert_int_equal(sd_kv_grow(kv, s, share * BS), SD_OK);
+    assert_int_equal(sd_kv_check(kv), SD_OK);
+    for (int32_t s = 1; s < SEQS; s++) sd_kv_release(kv, s);
+    assert_int_equal(sd_kv_prefix_commit(kv, 0, a, 80), SD_OK);
+    int32_t held = sd_kv_window_held(kv, 0);
+    sd_kv_release(kv, 0);
+    assert_int_equal(sd_kv_window_idle(kv), held); /* each kept entry became its block's twin */
+    int32_t got = 0;
+    assert_int_equal(sd_kv_prefix_adopt(kv, 1, a, 80, &got), SD_OK);
+    assert_int_equal(got, 80);
+    check_rows(kv, 1, a);
+    assert_int_equal(sd_kv_check(kv), SD_OK);
+    sd_kv_free(&kv);
+}
+
 /* ---- random models: warm equals cold ---- */
 
 #define VOCAB 300
@@ -455,6 +492,7 @@ int main(void) {
         cmocka_unit_test(test_oracle),
         cmocka_unit_test(test_adopt_end),
         cmocka_unit_test(test_same_as_global),
+        cmocka_unit_test(test_deferred_share),
         cmocka_unit_test_setup_teardown(test_warm_equals_cold, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
