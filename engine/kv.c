@@ -134,7 +134,8 @@ sd_status sd_kv_create(const sd_kv_params *p, sd_kv **out) {
                                    .lru_next = -1,
                                    .first_child = -1,
                                    .sib_prev = -1,
-                                   .sib_next = -1};
+                                   .sib_next = -1,
+                                   .wtwin = -1};
     kv->lru_old = kv->lru_new = kv->first_root = -1;
     *out = kv;
     return SD_OK;

@@ -18,12 +18,20 @@ typedef struct kv_slot {
 } kv_slot;
 
 /* The window group (kv_window.c): the windowed layers' pools hold n_blocks
- * blocks of their own, private to one slot each (never cached). */
+ * blocks of their own. A window block is free, held (ref > 0: in ref slots'
+ * wtables) or idle (ref 0, the twin of a cached main block: on the window
+ * idle list, evicted least recently used first when a grow needs it). */
 typedef struct kv_window {
     int32_t window, slack, n_blocks;
     bool *windowed;      /* [n_layers] */
     int32_t *free_stack; /* [n_blocks]; top at n_free-1 */
     int32_t n_free;
+    /* prefix cache twins: per window block */
+    int32_t *ref;      /* [n_blocks] wtables holding it */
+    int32_t *owner;    /* [n_blocks] the cached main block it is the twin of, -1 */
+    int32_t *lru_prev; /* [n_blocks] idle list neighbours (older / newer), -1 */
+    int32_t *lru_next;
+    int32_t lru_old, lru_new, n_idle;
 } kv_window;
 
 /* One block's bookkeeping. A block is in exactly one of three states:
@@ -46,6 +54,8 @@ typedef struct kv_block {
      * first blocks); linked while it is cached under a cached parent */
     int32_t first_child, sib_prev, sib_next;
     bool linked;
+    int32_t wtwin; /* window group: the window block with this cached block's
+                      windowed rows (kv_window.c), -1 */
 } kv_block;
 
 struct sd_kv {
@@ -104,6 +114,23 @@ void sd_kv_window_grow_(sd_kv *kv, kv_slot *sl, int32_t extra);
 void sd_kv_window_drop_tail_(sd_kv *kv, kv_slot *sl, int32_t keep);
 /* Whether a sequence of length len still has the window of its next token. */
 bool sd_kv_window_reaches_(const sd_kv *kv, const kv_slot *sl, int32_t len);
+/* Prefix cache twins (kv_window.c): */
+/* Makes sl's window entry i the twin of its cached main block table[i]
+ * when that block has none and the entry is still held (commit). */
+void sd_kv_window_attach_(sd_kv *kv, const kv_slot *sl, int32_t i);
+/* Cached main block b leaves the cache: its twin is no longer kept. */
+void sd_kv_window_detach_(sd_kv *kv, int32_t b);
+/* Adoption: of the main blocks cand[0 .. n) that would follow sl's n_blocks
+ * blocks, how many can be adopted with the window of the next token (every
+ * entry from the window's start on held by sl or a twin). */
+int32_t sd_kv_window_adoptable_(const sd_kv *kv, const kv_slot *sl, const int32_t *cand, int32_t n);
+/* Adoption: sl's table grew from n0 blocks by adopted ones: its wtable
+ * takes their twins from the next token's window on (adoptable said so). */
+void sd_kv_window_adopt_(sd_kv *kv, kv_slot *sl, int32_t n0);
+/* Partial copy: a window block for sl's new last entry with the first rows
+ * rows of cached main block src's twin; false (nothing changed) when src
+ * has no twin or the pool has no block. */
+bool sd_kv_window_copy_partial_(sd_kv *kv, kv_slot *sl, int32_t src, int32_t rows);
 /* sd_kv_check's part for the window group: NULL or what is wrong. */
 const char *sd_kv_window_check_(const sd_kv *kv);
 /* kv_side.c, for kv.c and kv_prefix.c: */

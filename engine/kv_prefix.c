@@ -41,7 +41,13 @@
  * ~1.8 ms per recomputed row of a prefill, bench/results/forward-cpu.md),
  * but only a host cache of a single process can do it: a device cache
  * would need a copy op, and the ranks of a TP group write and read the
- * leader's block ids without seeing its copies. */
+ * leader's block ids without seeing its copies.
+ *
+ * Sliding-window layers (kv_window.c). On a cache with a window group a
+ * cached block keeps its windowed rows in a window block of its own (its
+ * twin) while the window pool has room; adoption stops where the next
+ * token's window is not kept, and a partial copy takes its windowed rows
+ * from the child's twin. */
 #include "kv_impl.h"
 
 #include <stdlib.h>
@@ -172,6 +178,7 @@ void sd_kv_uncache_block_(sd_kv *kv, int32_t b) {
     if (!k->cached) return;
     tree_unlink(kv, b);
     hash_remove(kv, b);
+    sd_kv_window_detach_(kv, b);
     if (k->ref == 0) idle_unlink(kv, b);
     k->cached = false;
     k->gen++;
@@ -221,10 +228,6 @@ sd_status sd_kv_prefix_enable(sd_kv *kv, int32_t max_idle_blocks) {
                  (int)max_idle_blocks);
         return SD_ERR_INVALID_ARG;
     }
-    if (max_idle_blocks > 0 && kv->win) { /* kv_window.c: the windowed layers' rows of a chain are not kept */
-        SD_WARN("kv: the prefix cache stays off: this cache frees its sliding-window layers' blocks");
-        return SD_OK;
-    }
     if (max_idle_blocks > 0 && !kv->buckets) {
         uint32_t n = 1;
         while (n < (uint32_t)kv->p.n_blocks) n *= 2;
@@ -264,13 +267,14 @@ static sd_status table_reserve(sd_kv *kv, kv_slot *sl, int32_t n) {
     int32_t cap = sl->cap ? sl->cap : 4;
     while (cap < sl->n_blocks + n) cap *= 2;
     int32_t *table = realloc(sl->table, (size_t)cap * sizeof *table);
-    if (!table) {
+    if (table) sl->table = table;
+    int32_t *wtable = table && kv->win ? realloc(sl->wtable, (size_t)cap * sizeof *wtable) : NULL;
+    if (wtable) sl->wtable = wtable;
+    if (!table || (kv->win && !wtable)) {
         SD_ERROR("kv: cannot allocate a block table of %d entries", (int)cap);
         return SD_ERR_NOMEM;
     }
-    sl->table = table;
     sl->cap = cap;
-    (void)kv;
     return SD_OK;
 }
 
@@ -296,13 +300,18 @@ static int32_t adopt_partial(sd_kv *kv, kv_slot *sl, int32_t parent, const int32
         if (j > best_j) best = c, best_j = j;
     }
     if (best < 0 || kv->n_free + kv->n_idle - (kv->blocks[best].ref == 0) < 1) return 0; /* no room beside it */
-    if (kv->blocks[best].ref++ == 0) idle_unlink(kv, best); /* held: not evicted by the take below */
+    if (kv->blocks[best].ref++ == 0) idle_unlink(kv, best);  /* held: not evicted by the take below */
+    if (!sd_kv_window_copy_partial_(kv, sl, best, best_j)) { /* its windowed rows are not kept */
+        sd_kv_drop_block_(kv, best);
+        return 0;
+    }
     int32_t b = sd_kv_take_block_(kv);
     kv->blocks[b].ref = 1;
     size_t off_dst = (size_t)b * kv->block_floats * kv->elem_bytes,
            off_src = (size_t)best * kv->block_floats * kv->elem_bytes;
     size_t bytes = (size_t)best_j * kv->token_floats * kv->elem_bytes;
     for (int32_t l = 0; l < kv->p.n_layers; l++) {
+        if (sd_kv_layer_windowed(kv, l)) continue; /* copied from the twin above */
         memcpy(kv->k_pools[l] + off_dst, kv->k_pools[l] + off_src, bytes);
         memcpy(kv->v_pools[l] + off_dst, kv->v_pools[l] + off_src, bytes);
     }
@@ -324,17 +333,22 @@ sd_status sd_kv_prefix_adopt(sd_kv *kv, int32_t seq, const int32_t *tokens, int3
     SD_TRY(table_reserve(kv, sl, (want > 0 ? want : 0) + 1));
     int32_t parent = sl->n_blocks > 0 ? sl->table[sl->n_blocks - 1] : -1;
     uint64_t h = parent >= 0 ? kv->blocks[parent].hash : salt_of(kv);
-    int32_t got = 0;
+    int32_t got = 0, n0 = sl->n_blocks, *cand = sl->table + n0; /* matches, not yet held */
     for (; got < want; got++) {
-        const int32_t *bt = tokens + (size_t)sl->n_blocks * (size_t)bs;
+        const int32_t *bt = tokens + (size_t)(n0 + got) * (size_t)bs;
         uint64_t bh = block_hash(kv, h, bt);
         int32_t b = lookup(kv, parent, bh, bt);
         if (b < 0) break;
-        if (kv->blocks[b].ref++ == 0) idle_unlink(kv, b);
-        sl->table[sl->n_blocks++] = b;
+        cand[got] = b;
         parent = b;
         h = bh;
     }
+    got = sd_kv_window_adoptable_(kv, sl, cand, got); /* as far as the windowed rows are kept */
+    for (int32_t i = 0; i < got; i++)
+        if (kv->blocks[cand[i]].ref++ == 0) idle_unlink(kv, cand[i]);
+    sl->n_blocks += got;
+    parent = sl->n_blocks > 0 ? sl->table[sl->n_blocks - 1] : -1;
+    sd_kv_window_adopt_(kv, sl, n0);
     sl->n_chain = sl->n_blocks;
     sl->len = sl->n_blocks * bs;
     int32_t rest = n_tokens - sl->len, partial = 0;
@@ -375,6 +389,7 @@ sd_status sd_kv_prefix_commit(sd_kv *kv, int32_t seq, const int32_t *tokens, int
             tree_link(kv, own, parent);
             kv->n_cached++;
         }
+        sd_kv_window_attach_(kv, sl, i); /* its windowed rows, while the slot holds them */
         sl->n_chain = i + 1;
     }
     return SD_OK;

@@ -13,7 +13,11 @@
  * against 257 blocks for the 3 global ones at a 4k context. Not covered: a
  * device verify (keep) whose rows after the first wanted one exceed the
  * chunk (a long append in a verify step) may run out of window blocks
- * (SD_ERR_OUT_OF_BLOCKS).
+ * (SD_ERR_OUT_OF_BLOCKS). With the prefix cache on, the room that running
+ * slots leave holds cached blocks' window twins (idle: a grow takes them),
+ * and a slot may keep a prompt's unregistered entries up to its share of
+ * the pool, window_blocks / max_seqs (kv_window.c): every slot's bound
+ * stays covered.
  *
  * Tensor parallelism. Ranks keep pools only and write at the leader's block
  * ids (model.h), so a rank's window pool must be the leader's: the leader

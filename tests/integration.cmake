@@ -39,6 +39,10 @@ specd_py_test(it_prefix_cache_eagle ${_it}test_prefix_cache.py ARGS --drafter ea
 specd_py_test(it_prefix_cache_tp2 ${_it}test_prefix_cache.py ARGS --tp 2 LABELS integration)
 # the EAGLE head in a TP 2 group's leader with and without the prefix cache: the same chains, counts and outputs
 specd_py_test(it_prefix_cache_tp2_eagle ${_it}test_prefix_cache.py ARGS --tp 2 --drafter eagle LABELS integration)
+# ... on sliding-window models (Gemma 3, window 12): cached blocks keep their window blocks
+specd_py_test(it_prefix_cache_window ${_it}test_prefix_cache.py ARGS --window LABELS integration)
+# ... and on a TP 2 group of them (the leader's window block ids, adopted twins included)
+specd_py_test(it_prefix_cache_window_tp2 ${_it}test_prefix_cache.py ARGS --window --tp 2 LABELS integration)
 specd_py_test(it_drafter_kill ${_it}test_drafter_kill.py LABELS integration)
 specd_py_test(it_drafter_kill_eagle ${_it}test_drafter_kill.py ARGS --eagle LABELS integration)
 specd_py_test(it_verifier_restart ${_it}test_verifier_restart.py LABELS integration)
@@ -83,6 +87,7 @@ set_tests_properties(it_greedy_tiny_model it_greedy_tiny_self it_greedy_tiny_ngr
                      it_drafter_kill it_drafter_kill_eagle it_verifier_restart it_cancel it_bad_input it_overload it_netns it_launch
                      it_client_cli it_hostile it_launch_curve it_flood it_gateway_bind it_self_connect it_drain
                      it_gateway_failover it_local_user it_launch_eagle it_draft_pad_service it_prefix_cache_tp2 it_prefix_cache_tp2_eagle
+                     it_prefix_cache_window it_prefix_cache_window_tp2
                      PROPERTIES RESOURCE_LOCK specd_integration)
 # Failover through specd-launch and specd-client --jobs (libspecd-client):
 # a role killed or stopped mid-generation with 32 requests in flight; greedy

@@ -14,3 +14,9 @@ add_dependencies(test_kv_window specd-mkmodel)
 # The side rows beside the KV (engine/kv_side.c): write, adopt, partial
 # copy, eviction and block reuse, bounds.
 specd_unit_test(test_kv_side test_kv_side.c)
+# The prefix cache on a window-group cache (engine/kv_window.c's twins):
+# a content oracle through random sharing, rollbacks and eviction, and warm
+# equals cold on random Gemma 3 and Mistral models.
+specd_unit_test(test_kv_window_prefix test_kv_window_prefix.c)
+target_compile_definitions(test_kv_window_prefix PRIVATE SPECD_MKMODEL="$<TARGET_FILE:specd-mkmodel>")
+add_dependencies(test_kv_window_prefix specd-mkmodel)

@@ -24,8 +24,8 @@
  *   - a rollback deeper than the slack empties the slot, and recomputing
  *     gives the same logits;
  *   - a 300-token prompt in one call (longer than a chunk: run in chunks);
- *   - the prefix cache stays off on such a cache: adoption gains nothing,
- *     and warm equals cold;
+ *   - the prefix cache on such a cache: the committed end is adopted, and
+ *     warm equals cold;
  *   - greedy speculative decoding after a 400-token prompt (verified in one
  *     step: more blocks than the window pools hold) equals plain greedy on
  *     a whole-context cache, with the n-gram drafter and a random draft. */
@@ -260,16 +260,23 @@ static void test_model_oracle(void **state) {
         forward(m, kv, 0, toks, 0, LEN, got);
         assert_memory_equal(got, ref, sizeof ref);
         assert_true(sd_kv_window_held(kv, 0) <= bound + 256 / BS);
-        /* the prefix cache stays off: warm equals cold, nothing adopted */
+        /* the prefix cache on it (test_kv_window_prefix has more): the
+         * committed sequence's end keeps its window; a prefix whose window
+         * left with the one-call prompt's grow is not adopted */
         sd_kv_release(kv, 1);
         assert_int_equal(sd_kv_prefix_enable(kv, 8), SD_OK);
-        assert_false(sd_kv_prefix_enabled(kv));
+        assert_true(sd_kv_prefix_enabled(kv));
         assert_int_equal(sd_kv_prefix_commit(kv, 0, toks, LEN), SD_OK);
         int32_t adopted = -1;
+        assert_int_equal(sd_kv_prefix_adopt(kv, 1, toks, LEN - 1, &adopted), SD_OK);
+        assert_int_equal(adopted, (LEN - 1) / BS * BS);
+        forward(m, kv, 1, toks + adopted, adopted, LEN - adopted, got);
+        assert_memory_equal(got, ref + (size_t)adopted * VOCAB, (size_t)(LEN - adopted) * VOCAB * sizeof(float));
+        sd_kv_release(kv, 1);
         assert_int_equal(sd_kv_prefix_adopt(kv, 1, toks, 40, &adopted), SD_OK);
         assert_int_equal(adopted, 0);
-        forward(m, kv, 1, toks, 0, 40, got);
-        assert_memory_equal(got, ref, 40 * VOCAB * sizeof(float));
+        forward(m, kv, 1, toks + adopted, adopted, 40 - adopted, got);
+        assert_memory_equal(got, ref + (size_t)adopted * VOCAB, (size_t)(40 - adopted) * VOCAB * sizeof(float));
         assert_int_equal(sd_kv_check(kv), SD_OK);
         sd_kv_free(&kv);
         sd_kv_free(&full);

@@ -532,14 +532,18 @@ static void test_tp_batch_invariant(void **state) {
 /* The prefix cache in a group: the leader adopts cached blocks (its ranks
  * read and write by its block tables) and every row it computes equals,
  * bit for bit, the same row without the cache (each sequence alone); at TP
- * 1 and 2. */
+ * 1 and 2, on the GQA model and on Gemma 3, whose windowed layers (window
+ * 4) live in a window group: the adopted blocks' window twins, at the
+ * leader's window block ids, are read by the ranks. */
 static void test_tp_prefix_cache(void **state) {
     (void)state;
     SKIP_WITHOUT_MODELS();
-    int32_t V = vocab_of(env.m_gqa);
-    for (int tp = 1; tp <= 2; tp++) {
+    for (int c = 0; c < 4; c++) {
+        const int tp = 1 + c % 2;
+        const char *model = c / 2 ? env.m_gemma : env.m_gqa;
+        int32_t V = vocab_of(model);
         group_case cold = {
-            .model = env.m_gqa, .tp = tp, .mode = SD_TP_LM_HEAD_SPLIT, .sc = SCHED_ALONE, .seed = 93, .shared = true};
+            .model = model, .tp = tp, .mode = SD_TP_LM_HEAD_SPLIT, .sc = SCHED_ALONE, .seed = 93, .shared = true};
         group_case warm = cold;
         warm.sc = SCHED_PREFIX;
         float *a = run_group(&cold, V), *b = run_group(&warm, V);
@@ -549,7 +553,7 @@ static void test_tp_prefix_cache(void **state) {
             n_adopted += warm.adopted[s];
             for (int32_t p = warm.adopted[s]; p < w.len[s]; p++)
                 if (memcmp(a + row_of(s, p) * (size_t)V, b + row_of(s, p) * (size_t)V, (size_t)V * sizeof(float)))
-                    fail_msg("tp %d: seq %d pos %d differs with the prefix cache", tp, (int)s, (int)p);
+                    fail_msg("%s, tp %d: seq %d pos %d differs with the prefix cache", model, tp, (int)s, (int)p);
         }
         assert_int_equal(n_adopted, 4 + 4); /* sequences 0 and 3: one block of sequence 2 each */
         free_group(&cold, V);

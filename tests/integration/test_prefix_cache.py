@@ -20,10 +20,15 @@ drafter the n-gram one: warm equals cold, with hits, greedy and seeded; with
 --tp N --drafter eagle the head runs in the group's leader and the head's
 checks above hold there too (its features of adopted rows come from the
 leader's side rows; the greedy outputs equal specd-generate --eagle's).
+With --window the target is a random Gemma 3 (5 windowed layers of 7, a
+window of 12 tokens) and the draft model a 1-layer one with a window: their
+caches keep a window group, whose cached blocks keep their window blocks
+(engine/kv_window.c), and the same checks run with every drafter kind.
 Tiny random models (a model's K/V do not depend on the batch or the
 chunking: the exactness the cache relies on)."""
 import argparse
 import json
+import os
 import signal
 import subprocess
 import threading
@@ -216,11 +221,24 @@ def killed_while_shared(h, target):
     c.close()
 
 
+def window_models(h):
+    """A random Gemma 3 target whose windowed layers see 12 tokens, and a
+    1-layer windowed draft with its tokenizer."""
+    target, draft = os.path.join(h.tmp, "gemma.gguf"), os.path.join(h.tmp, "gemma-draft.gguf")
+    subprocess.run([h.bin("mkmodel"), "-o", target, "--arch", "gemma3", "--dim", "64", "--layers", "7",
+                    "--heads", "4", "--kv-heads", "2", "--head-dim", "32", "--ff", "128", "--window", "12",
+                    "--vocab", "512", "--tied", "--seed", "27"], check=True, capture_output=True)
+    subprocess.run([h.bin("mkmodel"), "-o", draft, "--arch", "gemma3", "--dim", "32", "--layers", "1",
+                    "--heads", "2", "--kv-heads", "1", "--head-dim", "32", "--ff", "64", "--window", "12", "--tied",
+                    "--tokenizer-from", target, "--seed", "28"], check=True, capture_output=True)
+    return target, draft
+
+
 def run(h, args):
     if args.head:  # by hand: a trained head on the demo model (tools/train-eagle)
         eagle(h, h.smollm(), args.head)
         return
-    target, draft = h.tiny_models(seed=5)
+    target, draft = window_models(h) if args.window else h.tiny_models(seed=5)
     if args.drafter == "eagle":
         eagle(h, target, tp=args.tp)
         return
@@ -241,7 +259,8 @@ def run(h, args):
         H.check(warm_hits > 0, "drafter %s: the cache was never hit: the test proves nothing" % drafter)
         H.log("drafter %s: %d requests equal with and without the cache (%d prompt tokens hit)" %
               (drafter, len(warm), warm_hits))
-    killed_while_shared(h, target)
+    if not args.window:
+        killed_while_shared(h, target)
 
 
 if __name__ == "__main__":
@@ -253,5 +272,6 @@ if __name__ == "__main__":
                                    "instead of a random head on the tiny one")
     ap.add_argument("--tp", type=int, default=1, help="a TP group of this many CPU ranks (n-gram drafter, or the "
                                                       "head in its leader with --drafter eagle)")
+    ap.add_argument("--window", action="store_true", help="sliding-window models (Gemma 3, a window of 12)")
     a = ap.parse_args()
     H.main(lambda h: run(h, a))

@@ -25,7 +25,9 @@
  * Sliding window (kv_window.c; off unless params.window is set): the
  * windowed layers keep their K/V in a group of their own whose blocks are
  * freed once they left the window of every position the sequence can still
- * be truncated to. The prefix cache stays off on such a cache. */
+ * be truncated to. With the prefix cache, a cached block keeps its window
+ * block while the window pool has room (an LRU twin, kv_window.c), and a
+ * chain is adopted as far as the window of its next token is kept. */
 #ifndef SPECD_KV_H
 #define SPECD_KV_H
 
@@ -81,6 +83,7 @@ typedef struct sd_kv_prefix_stats {
     uint64_t query_tokens;   /* prompt tokens looked up by sd_kv_prefix_adopt */
     uint64_t hit_tokens;     /* of those, found cached (adopted) */
     uint64_t blocks_evicted; /* registered blocks dropped to make room or keep the bound */
+    uint64_t twins_evicted;  /* window group: window blocks of cached blocks taken by a grow */
     int32_t blocks_cached;   /* registered blocks now (held by a sequence or not) */
     int32_t blocks_idle;     /* of those, held by no sequence (evictable) */
 } sd_kv_prefix_stats;
@@ -141,6 +144,9 @@ bool sd_kv_layer_windowed(const sd_kv *kv, int32_t layer);
 const int32_t *sd_kv_window_table(const sd_kv *kv, int32_t seq, int32_t *n_blocks);
 /* Window-group blocks seq holds now (0 without a window group). */
 int32_t sd_kv_window_held(const sd_kv *kv, int32_t seq);
+/* Window-group blocks that the prefix cache keeps and no sequence holds
+ * (evictable: a grow takes them when the pool has no free block). */
+int32_t sd_kv_window_idle(const sd_kv *kv);
 /* Bytes of every pool (K and V, all layers, both groups): the cache's memory. */
 size_t sd_kv_pool_bytes(const sd_kv *kv);
 
