@@ -22,8 +22,9 @@ Usage:
       one takes no CPU), optionally runs --fill workloads once on each (not
       counted: e.g. the chat workload, to fill the cache first), then
       measures the workloads R times, A B then B A alternately, with fresh
-      distinct prompts each round: many paired rounds on services in the
-      same state, for a throughput ratio within noise (distinct prompts).
+      conversations and distinct prompts each round (nothing a round sends
+      was sent before): many paired rounds on services in the same state,
+      for ratios within noise.
 
 Workloads (greedy, EOS ignored, streaming, so every first text event is
 timed):
@@ -161,10 +162,11 @@ def run_chat(a, headers, extra, hits):
     errors = []
 
     def conversation(ci):
-        msgs = [{"role": "system", "content": "You are a helpful assistant. Conversation %d." % ci}]
+        b = a.distinct_base  # a fresh conversation per round with --paired
+        msgs = [{"role": "system", "content": "You are a helpful assistant. Conversation %d." % (b + ci)}]
         try:
             for t in range(a.turns):
-                msgs.append({"role": "user", "content": words(1000 * ci + t, a.turn_words)})
+                msgs.append({"role": "user", "content": words(100000 * b + 1000 * ci + t, a.turn_words)})
                 first, text, n, n_prompt, n_cached = chat(a.url, headers, msgs, a.answer, extra)
                 hits.add(n_prompt, n_cached)
                 ttft[t].append(first)
@@ -231,7 +233,7 @@ def system_messages(a):
 
 
 def distinct_messages(a):
-    b = a.distinct_base  # a fresh set per round with --paired (the services stay up: no repeats)
+    b = a.distinct_base  # a fresh set per round with --paired (the services stay up: nothing repeats)
     return lambda i: [{"role": "system", "content": "Reader %d of %s." % (i, words(9000 + b + i, 4))},
                       {"role": "user", "content": words(5000 + 97 * (b + i), a.distinct_words)}]
 
