@@ -56,7 +56,8 @@ static void test_geglu_accuracy(void **state) {
         double want = gelu_ref((double)g[i]) * (double)up[i];
         double z = 2.0 * sqrt(2.0 / M_PI) * ((double)g[i] + 0.044715 * (double)g[i] * (double)g[i] * (double)g[i]);
         double err = fabs((double)out[i] - want);
-        double bound = (3.0 * fabs(z) + 16.0) * ldexp(1.0, -24) * fabs(want) + ldexp(1.0, -125) * fabs((double)g[i] * (double)up[i]);
+        double bound = (3.0 * fabs(z) + 16.0) * ldexp(1.0, -24) * fabs(want) +
+                       ldexp(1.0, -125) * fabs((double)g[i] * (double)up[i]);
         if (fabs(want) > 1e-30 && err / fabs(want) > worst && fabs(z) < 80.0) worst = err / fabs(want);
         if (!(err <= bound)) {
             print_error("geglu(%.9g, up %.9g) = %.9g, want %.17g\n", (double)g[i], (double)up[i], (double)out[i], want);

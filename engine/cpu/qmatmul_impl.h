@@ -241,7 +241,7 @@ static inline bool kind_zprep(int kind) { return kind == KIND_Q4_0 || kind == KI
 extern const qtile_fn sd_cpu_zptiles_vnni[2][MAX_R][MAX_T];
 /* The VNNI tiles of kind, [R - 1][T - 1] (Q4_0, Q5_0: on prepared rows). */
 static inline const qtile_fn (*sd_cpu_vnni_qtiles(int kind))[MAX_T] {
-    return kind_zprep(kind)      ? sd_cpu_zptiles_vnni[kind == KIND_Q5_0]
+    return kind_zprep(kind)    ? sd_cpu_zptiles_vnni[kind == KIND_Q5_0]
            : kind >= KIND_Q4_K ? sd_cpu_qtiles_vnni_k[kind]
                                : sd_cpu_qtiles_vnni[kind];
 }

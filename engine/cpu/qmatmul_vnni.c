@@ -70,8 +70,8 @@ void sd_cpu_zprep_row_vnni(const uint8_t *xr, size_t nb, uint8_t *dst) {
  * BB j of the group; masked loads read no byte past the group's last d), widened,
  * and multiplied by the doubled dx of each token. */
 static inline __attribute__((always_inline)) void zptile(const uint8_t *w, size_t row_bytes, const uint8_t *xp,
-                                                            size_t prow_bytes, size_t nb, float *y, size_t n_out,
-                                                            size_t pf_ahead, const int R, const int T, const int kind) {
+                                                         size_t prow_bytes, size_t nb, float *y, size_t n_out,
+                                                         size_t pf_ahead, const int R, const int T, const int kind) {
     enum { MAX_P = MAX_R / 2 };
     const int P = (R + 1) / 2;
     const size_t BB = qblock_bytes(kind);
@@ -81,10 +81,10 @@ static inline __attribute__((always_inline)) void zptile(const uint8_t *w, size_
 #define WORDS(lo, hi) ((lo) | (hi) << 16)
     /* word (BB / 2) j (byte BB j) of the group's first 128 bytes: block j's
      * d (Q4_0 all 8; Q5_0 blocks 0-5, and 6-7 at words 2 and 13 of the next 64) */
-    const __m512i dwords = q5 ? _mm512_setr_epi32(WORDS(0, 11), WORDS(22, 33), WORDS(44, 55), 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                                  0, 0, 0, 0)
-                              : _mm512_setr_epi32(WORDS(0, 9), WORDS(18, 27), WORDS(36, 45), WORDS(54, 63), 0, 0, 0, 0,
-                                                  0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i dwords =
+        q5 ? _mm512_setr_epi32(WORDS(0, 11), WORDS(22, 33), WORDS(44, 55), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+           : _mm512_setr_epi32(WORDS(0, 9), WORDS(18, 27), WORDS(36, 45), WORDS(54, 63), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                               0, 0);
     const __m512i dwords_hi = _mm512_setr_epi32(0, 0, 0, WORDS(2, 13), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
     /* word 2 j + i: word j of d[i] */
     const __m512i dpair = _mm512_setr_epi32(WORDS(0, 32), WORDS(1, 33), WORDS(2, 34), WORDS(3, 35), WORDS(4, 36),
@@ -101,11 +101,9 @@ static inline __attribute__((always_inline)) void zptile(const uint8_t *w, size_
     for (size_t b0 = 0; b0 < nb; b0 += 8) {
         const size_t n_group = nb - b0 < 8 ? nb - b0 : 8;
         const size_t d_end = (n_group - 1) * BB + 2; /* bytes up to the group's last d */
-        __mmask64 m[3];                                /* the bytes of each 64 up to there */
+        __mmask64 m[3];                              /* the bytes of each 64 up to there */
         for (size_t i = 0; i < 3; i++)
-            m[i] = d_end <= 64 * i        ? 0
-                   : d_end >= 64 * (i + 1) ? ~(__mmask64)0
-                                           : ((__mmask64)1 << (d_end - 64 * i)) - 1;
+            m[i] = d_end <= 64 * i ? 0 : d_end >= 64 * (i + 1) ? ~(__mmask64)0 : ((__mmask64)1 << (d_end - 64 * i)) - 1;
 #pragma GCC unroll 4
         for (int p = 0; p < P; p++) {
             __m512i d[2];
@@ -151,8 +149,7 @@ static inline __attribute__((always_inline)) void zptile(const uint8_t *w, size_
                     uint32_t h0, h1;
                     memcpy(&h0, blk0 + 2, 4);
                     memcpy(&h1, blk1 + 2, 4);
-                    const __mmask64 hm =
-                        _pdep_u64(h0, 0x0f0f0f0f0f0f0f0full) | _pdep_u64(h1, 0xf0f0f0f0f0f0f0f0ull);
+                    const __mmask64 hm = _pdep_u64(h0, 0x0f0f0f0f0f0f0f0full) | _pdep_u64(h1, 0xf0f0f0f0f0f0f0f0ull);
                     n = _mm512_mask_blend_epi8(hm, n, _mm512_or_si512(n, _mm512_set1_epi8(0x10)));
                 }
                 const int bias = q5 ? 16 : 8;

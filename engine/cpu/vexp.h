@@ -49,7 +49,8 @@ static inline float sd_cpu_exp(float x) {
 #if SD_CPU_AVX2
 static inline __m256 sd_cpu_exp8(__m256 x) {
     __m256 xc = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(SD_EXP_HI)), _mm256_set1_ps(SD_EXP_LO));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(SD_EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 n =
+        _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(SD_EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-SD_EXP_LN2_HI), xc);
     r = _mm256_fmadd_ps(n, _mm256_set1_ps(-SD_EXP_LN2_LO), r);
     __m256 p = _mm256_set1_ps(SD_EXP_P0);
