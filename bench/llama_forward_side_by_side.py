@@ -3,7 +3,7 @@
 
 Usage: llama_forward_side_by_side.py MODEL.gguf... [--threads 2] [--cpus 0-1]
            [--prompt-len 512] [--decode 64] [--rounds 5] [--max-other-load 0.25]
-           [--specd-generate build/tools/specd-generate] [--out FILE]
+           [--specd-generate build/tools/specd-generate] [--specd-base OLD/specd-generate] [--out FILE]
 
 For every file, --rounds rounds, in one run; each round times, in an order
 that alternates (ABBA), llama.cpp and specd on:
@@ -103,20 +103,25 @@ def bench_file(a, model, out):
     bos = llm.token_bos()
     if llm.metadata.get("tokenizer.ggml.add_bos_token", "false") == "true" and bos >= 0:
         ids = [bos] + ids
-    qpaths = a.specd_qpath.split(",") if a.specd_qpath else [""]
+    # specd rows: (label, executable, --cpu-qpath); --specd-base adds the build before a change
+    rows = [(q, a.specd_generate, q) for q in (a.specd_qpath.split(",") if a.specd_qpath else [""])]
+    if a.specd_base:
+        rows.append(("base", a.specd_base, ""))
+    labels = [r[0] for r in rows]
     rounds = []
     for r in range(a.rounds):
         res = {}
-        order = ["llama"] + qpaths if r % 2 == 0 else qpaths[::-1] + ["llama"]
+        order = ["llama"] + labels if r % 2 == 0 else labels[::-1] + ["llama"]
         for who in order:
             if who == "llama":
                 res["llama"] = llama_run(llm, ids, a.decode)
             else:
-                res[who] = specd_run(a.specd_generate, model, text, a.decode, a.threads, who)
+                _, exe, q = rows[labels.index(who)]
+                res[who] = specd_run(exe, model, text, a.decode, a.threads, q)
         rounds.append(res)
         print(f"{os.path.basename(model)}: round {r + 1} of {a.rounds}", file=sys.stderr)
     del llm
-    for q in qpaths:
+    for q in labels:
         file_line(a, model, ids, [{"llama": x["llama"], "specd": x[q]} for x in rounds], q, out)
 
 
@@ -153,6 +158,8 @@ def main():
     ap.add_argument("--specd-generate", default="build/tools/specd-generate")
     ap.add_argument("--specd-qpath", default="", help="comma-separated --cpu-qpath values: one specd row "
                     "each, run in the same rounds (default: the path this CPU picks)")
+    ap.add_argument("--specd-base", default="", help="a second specd-generate (the build before a change): one "
+                    "more row, labelled (base), run in the same rounds")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     cpus = pin(a.cpus, a.threads)

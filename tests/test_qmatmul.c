@@ -5,7 +5,7 @@
  * more tokens than a tile or a token block), and Q4_K, Q5_K, Q6_K on shapes
  * with n_in a multiple of 256 (their super-block):
  *   - every SIMD path this CPU has (AVX2, AVX-512 VNNI) equals the plain C
- *     twin bit for bit (on the VNNI path Q4_0 runs the tiles on prepared
+ *     twin bit for bit (on the VNNI path Q4_0 and Q5_0 run the tiles on prepared
  *     rows, qmatmul_vnni.c: the token counts 1 .. 17 and the shapes here
  *     reach their edges, token blocks of 16 and groups of fewer than 8
  *     blocks);
@@ -535,8 +535,8 @@ static void test_tile_tables_cover_dispatch(void **state) {
             for (size_t t = 0; t < tb; t++) {
                 assert_non_null(sd_cpu_ftiles_vnni[0][r][t]);
                 assert_non_null(sd_cpu_ftiles_vnni[1][r][t]);
-                for (int k = 0; k < N_KINDS; k++) /* Q4_0: the tiles on prepared rows */
-                    assert_non_null(k == KIND_Q4_0 ? sd_cpu_q40_ptiles_vnni[r][t] : sd_cpu_vnni_qtiles(k)[r][t]);
+                for (int k = 0; k < N_KINDS; k++) /* Q4_0, Q5_0: the tiles on prepared rows */
+                    assert_non_null(sd_cpu_vnni_qtiles(k)[r][t]);
             }
 #endif
     }

@@ -54,6 +54,7 @@
 #include <string.h>
 
 #include "cpu/cpu_impl.h"
+#include "cpu/vexp.h"
 #include "specd/gguf.h"
 
 /* Most tokens in a run (the scores kept per item are RUN_MAX x positions),
@@ -92,58 +93,14 @@ static inline void widen(const uint16_t *h, size_t n, float *out) {
     for (; i < n; i++) out[i] = sd_f16_to_f32(h[i]);
 }
 
-/* ---- the exp (both paths: the same operations in the same order) ---- */
+/* ---- the exp: cpu/vexp.h (both paths: the same operations in the same order) ---- */
 
-#define EXP_LO     (-87.0f) /* below: 0 (2^n stays a normal number down to here) */
-#define EXP_HI     88.0f
-#define EXP_LOG2E  1.44269504088896341f
-#define EXP_LN2_HI 0.693359375f /* ln 2 = HI + LO; HI has 9 bits, so n * HI is exact */
-#define EXP_LN2_LO (-2.12194440e-4f)
-#define EXP_P0     1.9875691500e-4f /* Cephes expf: exp(r) ~ 1 + r + r^2 (P5 + P4 r + ... + P0 r^5) */
-#define EXP_P1     1.3981999507e-3f
-#define EXP_P2     8.3334519073e-3f
-#define EXP_P3     4.1665795894e-2f
-#define EXP_P4     1.6666665459e-1f
-#define EXP_P5     5.0000001201e-1f
-
-static inline float attn_exp(float x) {
-    float xc = x < EXP_HI ? x : EXP_HI; /* NaN -> HI, as _mm256_min_ps */
-    xc = xc > EXP_LO ? xc : EXP_LO;
-    float n = rintf(xc * EXP_LOG2E);
-    float r = fmaf(n, -EXP_LN2_HI, xc);
-    r = fmaf(n, -EXP_LN2_LO, r);
-    float p = EXP_P0;
-    p = fmaf(p, r, EXP_P1);
-    p = fmaf(p, r, EXP_P2);
-    p = fmaf(p, r, EXP_P3);
-    p = fmaf(p, r, EXP_P4);
-    p = fmaf(p, r, EXP_P5);
-    float y = fmaf(p, r * r, r) + 1.0f;
-    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return x >= EXP_LO ? y * scale : 0.0f;
-}
+static inline float attn_exp(float x) { return sd_cpu_exp(x); }
 
 float sd_cpu_attn_exp(float x) { return attn_exp(x); }
 
 #if SD_CPU_AVX2
-static inline __m256 attn_exp8(__m256 x) {
-    __m256 xc = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(EXP_HI)), _mm256_set1_ps(EXP_LO));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(EXP_LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_LN2_HI), xc);
-    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-EXP_LN2_LO), r);
-    __m256 p = _mm256_set1_ps(EXP_P0);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P1));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P2));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P3));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P4));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P5));
-    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    __m256 e = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
-    return _mm256_and_ps(e, _mm256_cmp_ps(x, _mm256_set1_ps(EXP_LO), _CMP_GE_OQ));
-}
+static inline __m256 attn_exp8(__m256 x) { return sd_cpu_exp8(x); }
 #endif
 
 /* ---- one item ---- */

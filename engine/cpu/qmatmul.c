@@ -22,7 +22,7 @@
  * float accumulation of two blocks per instruction — it would sum a lane's
  * blocks in two chains, changing the result with the path. The tiles are in
  * qmatmul_avx2.c, qmatmul_vnni.c and qmatmul_vnni_k.c, only in the shapes this dispatch picks
- * (qmatmul_impl.h: why their own files). On the VNNI path a Q4_0 call
+ * (qmatmul_impl.h: why their own files). On the VNNI path a Q4_0 or Q5_0 call
  * also prepares its activation rows once (q + 128, each dword twice:
  * qmatmul_impl.h's zprep) for tiles that take the offset from the weights
  * instead (qmatmul_vnni.c), same arithmetic.
@@ -483,7 +483,7 @@ static void qmatmul_chunk(void *p, int64_t c, int32_t ith) {
     const int kind = integer ? kind_of(a->type) : 0;
     const qtile_fn(*qt)[MAX_T] = sd_cpu_qtiles_avx2[kind];
 #if HAVE_VNNI_PATH
-    if (vnni_tiles(a->path)) qt = a->zprep ? sd_cpu_q40_ptiles_vnni : sd_cpu_vnni_qtiles(kind);
+    if (vnni_tiles(a->path)) qt = sd_cpu_vnni_qtiles(kind);
 #endif
     const ftile_fn(*ft)[MAX_T] =
 #if HAVE_VNNI_PATH
@@ -537,7 +537,7 @@ sd_status sd_cpu_qmatmul(sd_backend *be, sd_cpu_qpath path, sd_dtype type, const
         const bool k = sd_dtype_is_k(type);
         const size_t rb = k ? sd_cpu_q8k_row_bytes(n_in) : sd_cpu_q8_row_bytes(n_in), nb = (size_t)n_in / QK;
 #if HAVE_VNNI_PATH
-        a.zprep = vnni_tiles(path) && type == SD_DTYPE_Q4_0;
+        a.zprep = vnni_tiles(path) && kind_zprep(kind_of(type));
 #endif
 #if HAVE_AMX_PATH
         a.kamx = path == SD_CPU_QPATH_AMX && k && n_tokens >= SD_AMX_MIN_TOKENS;

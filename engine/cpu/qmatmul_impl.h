@@ -226,29 +226,34 @@ extern const ftile_fn sd_cpu_ftiles[2][MAX_R][MAX_T];
 #endif
 #if HAVE_VNNI_PATH
 /* As sd_cpu_qtiles_avx2, with VNNI integer dots, in the wide shapes
- * (SD_QTILE_SHAPES_WIDE), for the blocks of 32 but Q4_0 (all NULL:
- * sd_cpu_q40_ptiles_vnni). qmatmul_vnni.c. */
+ * (SD_QTILE_SHAPES_WIDE), for the blocks of 32 but Q4_0 and Q5_0 (all
+ * NULL: sd_cpu_zptiles_vnni). qmatmul_vnni.c. */
 extern const qtile_fn sd_cpu_qtiles_vnni[N_KINDS][MAX_R][MAX_T];
 /* The K-quants' VNNI tiles (qmatmul_vnni_k.c; the entries of the blocks of 32
  * are NULL there, and the K-quants' in sd_cpu_qtiles_vnni). */
 extern const qtile_fn sd_cpu_qtiles_vnni_k[N_KINDS][MAX_R][MAX_T];
-/* The VNNI tiles of kind (not Q4_0: sd_cpu_q40_ptiles_vnni), [R - 1][T - 1]. */
+/* True for the kinds whose VNNI tiles run on prepared activation rows
+ * (zprep below): Q4_0, Q5_0. */
+static inline bool kind_zprep(int kind) { return kind == KIND_Q4_0 || kind == KIND_Q5_0; }
+/* [Q4_0, Q5_0][R - 1][T - 1]: their tiles on prepared activation rows in
+ * the wide shapes; the xq and xrow_bytes they take are the prepared rows
+ * and zprep_row_bytes. qmatmul_vnni.c. */
+extern const qtile_fn sd_cpu_zptiles_vnni[2][MAX_R][MAX_T];
+/* The VNNI tiles of kind, [R - 1][T - 1] (Q4_0, Q5_0: on prepared rows). */
 static inline const qtile_fn (*sd_cpu_vnni_qtiles(int kind))[MAX_T] {
-    return kind >= KIND_Q4_K ? sd_cpu_qtiles_vnni_k[kind] : sd_cpu_qtiles_vnni[kind];
+    return kind_zprep(kind)    ? sd_cpu_zptiles_vnni[kind == KIND_Q5_0]
+           : kind >= KIND_Q4_K ? sd_cpu_qtiles_vnni_k[kind]
+                               : sd_cpu_qtiles_vnni[kind];
 }
 /* As sd_cpu_ftiles, in 512-bit registers, in the wide shapes. qmatmul_vnni.c. */
 extern const ftile_fn sd_cpu_ftiles_vnni[2][MAX_R][MAX_T];
-/* [R - 1][T - 1]: Q4_0 tiles on prepared activation rows (zprep below) in
- * the wide shapes; the xq and xrow_bytes they take are the prepared rows
- * and zprep_row_bytes. qmatmul_vnni.c. */
-extern const qtile_fn sd_cpu_q40_ptiles_vnni[MAX_R][MAX_T];
 /* Prepares one quantized activation row xr (sd_cpu_q8_row_bytes, nb
- * blocks) for sd_cpu_q40_ptiles_vnni into dst (zprep_row_bytes(nb) bytes,
+ * blocks) for sd_cpu_zptiles_vnni into dst (zprep_row_bytes(nb) bytes,
  * 64-byte aligned). qmatmul_vnni.c. */
 void sd_cpu_zprep_row_vnni(const uint8_t *xr, size_t nb, uint8_t *dst);
 #endif
 
-/* Prepared activations (zprep), for the VNNI path's Q4_0 tiles
+/* Prepared activations (zprep), for the VNNI path's Q4_0 and Q5_0 tiles
  * (qmatmul_vnni.c says why): per token, a
  * row holding per block b, at b * ZPREP_BLOCK_BYTES, q + 128 as unsigned
  * bytes with each dword twice (dword 2k + i = dword k), then dx_b twice

@@ -16,7 +16,7 @@
 #define QKQUANT   0 /* qmatmul_vnni_k.c */
 #include "cpu/qmatmul_simd.inc"
 
-/* ---- Q4_0 on prepared activations (qmatmul_impl.h: zprep) ----
+/* ---- Q4_0 and Q5_0 on prepared activations (qmatmul_impl.h: zprep) ----
  *
  * The 512-bit tile of qmatmul_simd.inc (ztile) spends, per token and
  * block, a permute (each dword of q twice) and a dpbusd and a subtraction
@@ -38,7 +38,17 @@
  * twin's: the same P_bk, the same products dw_b * dx_b, the same fused
  * adds, the same lane tree. Tried and not kept: -8 sum q per token and
  * block stored with the prepared rows as the dot's start (twice the bytes
- * per block read by every tile; slower on 2048- and 8192-wide matrices). */
+ * per block read by every tile; slower on 2048- and 8192-wide matrices).
+ *
+ * Q5_0 the same way, v = n + 16 h (h the fifth bit) in place of n and 16
+ * in place of 8: the start is 8192 - 128 sum v. The fifth bits of both
+ * rows go into the byte mask of the permuted nibbles by two pdep (element
+ * 4k + e of row r_i is byte 8k + 4i + e: nibble k of each qh, interleaved)
+ * and one masked blend. Measured against ztile (one thread, this AMD EPYC,
+ * 2026-12-02): 1152 x 8192 at 1 token 0.97 -> 0.82 ns per (row, block),
+ * 1152 x 2048 at 64 tokens 0.35 -> 0.29 ns per (row, token, block); a
+ * first version gathering the d with scalar loads was 1.3x slower at 1
+ * token than ztile (bench/results/family-cpu.md). */
 
 void sd_cpu_zprep_row_vnni(const uint8_t *xr, size_t nb, uint8_t *dst) {
     const __m512i twice = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
@@ -53,23 +63,29 @@ void sd_cpu_zprep_row_vnni(const uint8_t *xr, size_t nb, uint8_t *dst) {
     for (size_t b = nb; b < zprep_padded_blocks(nb); b++) dxd[2 * b] = dxd[2 * b + 1] = 0.0f;
 }
 
-/* One R x T Q4_0 tile on prepared activation rows xp (prow_bytes apart):
- * lanes as in ztile (dword 2k + i: row r_i's lane k), so the output is
- * taken apart the same way. The scale products of 8 blocks per row pair
- * come from both rows' f16 d gathered by word permutes (d_j at byte 18 j of
- * the group; masked loads read no byte past the group's last d), widened,
+/* One R x T Q4_0 or Q5_0 (kind) tile on prepared activation rows xp
+ * (prow_bytes apart): lanes as in ztile (dword 2k + i: row r_i's lane k), so
+ * the output is taken apart the same way. The scale products of 8 blocks per
+ * row pair come from both rows' f16 d gathered by word permutes (d_j at byte
+ * BB j of the group; masked loads read no byte past the group's last d), widened,
  * and multiplied by the doubled dx of each token. */
-static inline __attribute__((always_inline)) void q40_ptile(const uint8_t *w, size_t row_bytes, const uint8_t *xp,
-                                                            size_t prow_bytes, size_t nb, float *y, size_t n_out,
-                                                            size_t pf_ahead, const int R, const int T) {
-    enum { MAX_P = MAX_R / 2, BB = 18 };
+static inline __attribute__((always_inline)) void zptile(const uint8_t *w, size_t row_bytes, const uint8_t *xp,
+                                                         size_t prow_bytes, size_t nb, float *y, size_t n_out,
+                                                         size_t pf_ahead, const int R, const int T, const int kind) {
+    enum { MAX_P = MAX_R / 2 };
     const int P = (R + 1) / 2;
+    const size_t BB = qblock_bytes(kind);
+    const bool q5 = kind == KIND_Q5_0;
     /* both rows' 16 bytes of nibbles: dword 2k + i = row i's dword k % 4 */
     const __m512i wlanes = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 0, 16, 1, 17, 2, 18, 3, 19);
 #define WORDS(lo, hi) ((lo) | (hi) << 16)
-    /* word 9 j (byte 18 j) of 128 bytes: block j's d */
+    /* word (BB / 2) j (byte BB j) of the group's first 128 bytes: block j's
+     * d (Q4_0 all 8; Q5_0 blocks 0-5, and 6-7 at words 2 and 13 of the next 64) */
     const __m512i dwords =
-        _mm512_setr_epi32(WORDS(0, 9), WORDS(18, 27), WORDS(36, 45), WORDS(54, 63), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+        q5 ? _mm512_setr_epi32(WORDS(0, 11), WORDS(22, 33), WORDS(44, 55), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+           : _mm512_setr_epi32(WORDS(0, 9), WORDS(18, 27), WORDS(36, 45), WORDS(54, 63), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                               0, 0);
+    const __m512i dwords_hi = _mm512_setr_epi32(0, 0, 0, WORDS(2, 13), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
     /* word 2 j + i: word j of d[i] */
     const __m512i dpair = _mm512_setr_epi32(WORDS(0, 32), WORDS(1, 33), WORDS(2, 34), WORDS(3, 35), WORDS(4, 36),
                                             WORDS(5, 37), WORDS(6, 38), WORDS(7, 39), 0, 0, 0, 0, 0, 0, 0, 0);
@@ -85,8 +101,9 @@ static inline __attribute__((always_inline)) void q40_ptile(const uint8_t *w, si
     for (size_t b0 = 0; b0 < nb; b0 += 8) {
         const size_t n_group = nb - b0 < 8 ? nb - b0 : 8;
         const size_t d_end = (n_group - 1) * BB + 2; /* bytes up to the group's last d */
-        const __mmask64 m_lo = d_end >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << d_end) - 1;
-        const __mmask64 m_hi = d_end <= 64 ? 0 : d_end >= 128 ? ~(__mmask64)0 : ((__mmask64)1 << (d_end - 64)) - 1;
+        __mmask64 m[3];                              /* the bytes of each 64 up to there */
+        for (size_t i = 0; i < 3; i++)
+            m[i] = d_end <= 64 * i ? 0 : d_end >= 64 * (i + 1) ? ~(__mmask64)0 : ((__mmask64)1 << (d_end - 64 * i)) - 1;
 #pragma GCC unroll 4
         for (int p = 0; p < P; p++) {
             __m512i d[2];
@@ -99,8 +116,10 @@ static inline __attribute__((always_inline)) void q40_ptile(const uint8_t *w, si
                 if (pf_ahead && 2 * p + i < R)
                     for (size_t off = 0; off < n_group * BB; off += 64)
                         _mm_prefetch((const char *)(g + pf_ahead + off), _MM_HINT_T1);
-                d[i] = _mm512_permutex2var_epi16(_mm512_maskz_loadu_epi8(m_lo, g), dwords,
-                                                 _mm512_maskz_loadu_epi8(m_hi, g + 64));
+                d[i] = _mm512_permutex2var_epi16(_mm512_maskz_loadu_epi8(m[0], g), dwords,
+                                                 _mm512_maskz_loadu_epi8(m[1], g + 64));
+                if (q5)
+                    d[i] = _mm512_mask_permutexvar_epi16(d[i], 0xc0, dwords_hi, _mm512_maskz_loadu_epi8(m[2], g + 128));
             }
             const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi16(d[0], dpair, d[1])));
 #pragma GCC unroll 8
@@ -117,14 +136,26 @@ static inline __attribute__((always_inline)) void q40_ptile(const uint8_t *w, si
                 const int r1 = 2 * p + 1 < R ? 2 * p + 1 : R - 1;
                 const uint8_t *blk0 = w + (size_t)(2 * p) * row_bytes + b * BB,
                               *blk1 = w + (size_t)r1 * row_bytes + b * BB;
+                const size_t qs = q5 ? 6 : 2;
                 __m512i z = _mm512_permutex2var_epi32(
-                    _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(blk0 + 2))), wlanes,
-                    _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(blk1 + 2))));
+                    _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(blk0 + qs))), wlanes,
+                    _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(blk1 + qs))));
                 z = _mm512_mask_srli_epi16(z, (__mmask32)0xffff0000u, z, 4); /* lanes 4-7: the high nibbles */
-                const __m512i n = _mm512_and_si512(z, low4);
-                ws[p] = _mm512_sub_epi8(n, _mm512_set1_epi8(8));
-                /* -128 * sum (n - 8) = 4096 - 128 * sum n per lane */
-                start[p] = _mm512_dpbusd_epi32(_mm512_set1_epi32(4096), n, _mm512_set1_epi8(-128));
+                __m512i n = _mm512_and_si512(z, low4);
+                if (q5) {
+                    /* element 4k + e of row r_i sits at byte 8k + 4i + e, so
+                     * the fifth bits, nibble k of each row's qh, interleave
+                     * by nibbles into the byte mask: v = n + 16 h */
+                    uint32_t h0, h1;
+                    memcpy(&h0, blk0 + 2, 4);
+                    memcpy(&h1, blk1 + 2, 4);
+                    const __mmask64 hm = _pdep_u64(h0, 0x0f0f0f0f0f0f0f0full) | _pdep_u64(h1, 0xf0f0f0f0f0f0f0f0ull);
+                    n = _mm512_mask_blend_epi8(hm, n, _mm512_or_si512(n, _mm512_set1_epi8(0x10)));
+                }
+                const int bias = q5 ? 16 : 8;
+                ws[p] = _mm512_sub_epi8(n, _mm512_set1_epi8((char)bias));
+                /* -128 * sum (v - bias) = 512 bias - 128 * sum v per lane (v: n, Q5_0's 5-bit value) */
+                start[p] = _mm512_dpbusd_epi32(_mm512_set1_epi32(512 * bias), n, _mm512_set1_epi8(-128));
             }
 #pragma GCC unroll 8
             for (int t = 0; t < T; t++) {
@@ -156,17 +187,24 @@ static inline __attribute__((always_inline)) void q40_ptile(const uint8_t *w, si
 }
 
 // clang-format off
-#define PTILE_FN(R, T)                                                                                            \
-    static void q40_ptile_##R##_##T(const uint8_t *w, size_t rb, const uint8_t *xp, size_t prb, size_t nb, float *y, \
-                                    size_t n_out, size_t pf_ahead) {                                              \
-        q40_ptile(w, rb, xp, prb, nb, y, n_out, pf_ahead, R, T);                                                  \
+#define PTILE_FN(K, R, T)                                                                                         \
+    static void ptile_##K##_##R##_##T(const uint8_t *w, size_t rb, const uint8_t *xp, size_t prb, size_t nb, float *y, \
+                                      size_t n_out, size_t pf_ahead) {                                              \
+        zptile(w, rb, xp, prb, nb, y, n_out, pf_ahead, R, T, K);                                                    \
     }
-SD_QTILE_SHAPES_WIDE(PTILE_FN)
-#define PTILE_AT(R, T) [R - 1][T - 1] = q40_ptile_##R##_##T,
-const qtile_fn sd_cpu_q40_ptiles_vnni[MAX_R][MAX_T] = {SD_QTILE_SHAPES_WIDE(PTILE_AT)};
+#define PTILE_FN_1(R, T) PTILE_FN(1, R, T)
+#define PTILE_FN_3(R, T) PTILE_FN(3, R, T)
+SD_QTILE_SHAPES_WIDE(PTILE_FN_1)
+SD_QTILE_SHAPES_WIDE(PTILE_FN_3)
+#define PTILE_AT_1(R, T) [0][R - 1][T - 1] = ptile_1_##R##_##T,
+#define PTILE_AT_3(R, T) [1][R - 1][T - 1] = ptile_3_##R##_##T,
+const qtile_fn sd_cpu_zptiles_vnni[2][MAX_R][MAX_T] = {SD_QTILE_SHAPES_WIDE(PTILE_AT_1) SD_QTILE_SHAPES_WIDE(PTILE_AT_3)};
 // clang-format on
 #undef PTILE_FN
-#undef PTILE_AT
+#undef PTILE_FN_1
+#undef PTILE_FN_3
+#undef PTILE_AT_1
+#undef PTILE_AT_3
 
 /* 8 weights of each of rows w0 and w1 from element i, widened to f32
  * (exact): row w0 in lanes 0-7, w1 in 8-15. */

@@ -1,7 +1,8 @@
 /* swiglu.cu — out = silu(gate) * up elementwise, twin of engine/cpu/swiglu.c:
  * g / (1 + expf(-g)) * up with the precise expf (no fast-math), a
- * grid-stride loop; and GeGLU, gelu(gate) * up with the tanh gelu and the
- * precise tanhf. */
+ * grid-stride loop; and GeGLU, gelu(gate) * up with the tanh gelu in the
+ * CPU's form (swiglu.c: g * sigmoid(2u) through t = e^-|2u|, the same
+ * operations uncontracted, with the precise expf). */
 #include "cuda/cuda_impl.h"
 
 __global__ void swiglu_kernel(const float *gate, const float *up, size_t n, float *out) {
@@ -25,7 +26,10 @@ __global__ void geglu_kernel(const float *gate, const float *up, size_t n, float
     sd_pdl_release();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         const float g = gate[i];
-        out[i] = 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * up[i];
+        const float c = __fmul_rn(0.044715f, __fmul_rn(g, g));
+        const float z = __fmul_rn(1.5957691216057308f, fmaf(c, g, g));
+        const float t = expf(-fabsf(z));
+        out[i] = __fmul_rn(__fmul_rn(g, __fdiv_rn(z >= 0.0f ? 1.0f : t, __fadd_rn(1.0f, t))), up[i]);
     }
 }
 
