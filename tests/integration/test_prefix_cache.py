@@ -182,43 +182,66 @@ def hit_tokens(c):
 def killed_while_shared(h, target):
     """Four requests that adopt one cached opening run at once; once each has
     streamed, and the verifier has reported hits, it is SIGKILLed and
-    replaced. Every output must equal specd-generate's."""
+    replaced. Every output must equal specd-generate's. Hits reach the
+    coordinator with the verifier's heartbeat (every 250 ms), so requests
+    that finish first leave nothing to kill: then the same runs again with
+    longer answers."""
     base = " ".join([H.random_prompts(1, seed=23, words=None)[0]] * 6)
     prompts = [base + " and then %s" % w for w in ("river", "stone", "light", "cloud")]
-    n = 128
-    refs = [h.reference(target, p, n, ignore_eos=True) for p in prompts]
     _, verifier, _ = h.start_service(target, drafter="layers", coord_extra=H.FIXED_K)
     c = h.client()
     c.run([dict(prompt=base, max_tokens=2, ignore_eos=True)], timeout=300)  # caches the opening
-    state, done = {}, threading.Event()
+    for n in (128, 512, 1024):
+        refs = [h.reference(target, p, n, ignore_eos=True) for p in prompts]
+        res, state = kill_during(h, c, verifier, prompts, n)
+        if "killed" in state:
+            break
+        H.expect_equal_ids(res, refs, "unkilled %d-token run" % n)
+        H.log("the %d-token requests finished before the verifier reported hits: again with longer answers" % n)
+    H.check("killed" in state, "the requests finished before the verifier could be killed, at 1024 tokens too")
+    H.expect_equal_ids(res, refs, "after a verifier SIGKILL while requests shared cached blocks")
+    H.log("verifier SIGKILLed with %d prompt tokens hit, replaced: %d outputs of %d tokens equal specd-generate's" %
+          (state["hits"], len(res), n))
+    c.close()
+
+
+def kill_during(h, c, verifier, prompts, n):
+    """Runs prompts (n tokens each) and SIGKILLs and replaces the verifier
+    once each has streamed and hits are reported, unless they finish first.
+    Returns the results and what happened ("killed", "hits")."""
+    state, done, over = {}, threading.Event(), threading.Event()
 
     def restart():
         try:
             w = h.client()
-            H.wait_until(lambda: hit_tokens(w) > 0, 30, "the verifier to report prefix cache hits")
-            state["hits"] = hit_tokens(w)
+            H.wait_until(lambda: over.is_set() or hit_tokens(w) > 0, 30, "the verifier to report prefix cache hits")
+            hits = hit_tokens(w)
             w.close()
+            if over.is_set():
+                return
+            state["hits"] = hits
             replace_verifier(h, verifier, signal.SIGKILL)
+            state["killed"] = True
         except Exception as e:  # reported below
             state["error"] = e
         done.wait(600)  # the thread that started the new verifier must outlive it
 
     def on_event(m, results):
-        if not state and all(r["ids"] for r in results.values()):
+        if "thread" not in state and all(r["ids"] for r in results.values()):
             state["thread"] = threading.Thread(target=restart)
             state["thread"].start()
 
     jobs = [dict(prompt=p, max_tokens=n, ignore_eos=True) for p in prompts]
     try:
         res = c.run(jobs, timeout=300, on_event=on_event)
-        H.check(state, "the requests finished before the verifier could be killed")
+        over.set()
+        if "thread" in state and "killed" not in state:
+            state["thread"].join(60)
         H.check("error" not in state, "killing and replacing the verifier failed: %s" % state.get("error"))
     finally:
+        over.set()
         h.cleanups.append(done.set)
-    H.expect_equal_ids(res, refs, "after a verifier SIGKILL while requests shared cached blocks")
-    H.log("verifier SIGKILLed with %d prompt tokens hit, replaced: %d outputs equal specd-generate's" %
-          (state["hits"], len(res)))
-    c.close()
+    return res, state
 
 
 def window_models(h):
