@@ -235,6 +235,21 @@ static sd_status embed_tokens(sd_model *m, const int32_t *ids, int32_t n, float 
     return SD_OK;
 }
 
+/* Layer l's K and V rows of the plan's tokens into the cache, at their
+ * (storage) positions, as f16 or f32. */
+static sd_status write_kv(sd_model *m, sd_kv *kv, int32_t l, const sd_model_plan *b, bool f16) {
+    const sd_backend_ops *op = m->be.ops;
+    sd_backend *be = m->be.ctx;
+    const int32_t bs = sd_kv_params_of(kv)->block_size, KD = m->shard.n_kv_heads * m->cfg.head_dim;
+    float *k = m->act.k, *v = m->act.v;
+    if (f16) {
+        SD_TRY(op->kv_write_f16(be, sd_kv_k_pool(kv, l), bs, KD, k, b->n_tokens, b->pos, b->bt, b->bt_off));
+        return op->kv_write_f16(be, sd_kv_v_pool(kv, l), bs, KD, v, b->n_tokens, b->pos, b->bt, b->bt_off);
+    }
+    SD_TRY(op->kv_write(be, sd_kv_k_pool(kv, l), bs, KD, k, b->n_tokens, b->pos, b->bt, b->bt_off));
+    return op->kv_write(be, sd_kv_v_pool(kv, l), bs, KD, v, b->n_tokens, b->pos, b->bt, b->bt_off);
+}
+
 /* Layer l's attention on the plan's tokens, from q, k and v in the
  * activations to att [n][H*D]: RoPE, the K/V rows written into the cache
  * (f32 or f16), then causal attention over it (a token tree's nodes at their
@@ -244,7 +259,7 @@ static sd_status attend(sd_model *m, sd_kv *kv, const sd_model_plan *b, int32_t 
     sd_backend *be = m->be.ctx;
     activations *a = &m->act;
     const int32_t n = b->n_tokens, D = m->cfg.head_dim;
-    const int32_t H = m->shard.n_heads, KV = m->shard.n_kv_heads, KD = KV * D;
+    const int32_t H = m->shard.n_heads, KV = m->shard.n_kv_heads;
     const int32_t bs = sd_kv_params_of(kv)->block_size;
     const bool kv_f16 = sd_kv_params_of(kv)->type == SD_DTYPE_F16; /* checked by sd_model_kv_create */
     const float scale = 1.0f / sqrtf((float)D);
@@ -253,20 +268,13 @@ static sd_status attend(sd_model *m, sd_kv *kv, const sd_model_plan *b, int32_t 
     if (m->tree) { /* the tree's nodes (model_tree.c checked the ops and the layers) */
         SD_TRY(op->rope(be, a->q, n, H, D, pos, m->inv_freq));
         SD_TRY(op->rope(be, a->k, n, KV, D, pos, m->inv_freq));
-        if (kv_f16) {
-            SD_TRY(op->kv_write_f16(be, sd_kv_k_pool(kv, l), bs, KD, a->k, n, b->pos, bt, bt_off));
-            SD_TRY(op->kv_write_f16(be, sd_kv_v_pool(kv, l), bs, KD, a->v, n, b->pos, bt, bt_off));
-        } else {
-            SD_TRY(op->kv_write(be, sd_kv_k_pool(kv, l), bs, KD, a->k, n, b->pos, bt, bt_off));
-            SD_TRY(op->kv_write(be, sd_kv_v_pool(kv, l), bs, KD, a->v, n, b->pos, bt, bt_off));
-        }
+        SD_TRY(write_kv(m, kv, l, b, kv_f16));
         SD_TRY(op->attention_tree(be, a->q, sd_kv_k_pool(kv, l), sd_kv_v_pool(kv, l), kv_f16, n, H, KV, D, bs, pos,
                                   bt, bt_off, m->tree, scale, a->att));
     } else if (kv_f16) {
         SD_TRY(op->rope(be, a->q, n, H, D, b->pos, m->inv_freq));
         SD_TRY(op->rope(be, a->k, n, KV, D, b->pos, m->inv_freq));
-        SD_TRY(op->kv_write_f16(be, sd_kv_k_pool(kv, l), bs, KD, a->k, n, b->pos, bt, bt_off));
-        SD_TRY(op->kv_write_f16(be, sd_kv_v_pool(kv, l), bs, KD, a->v, n, b->pos, bt, bt_off));
+        SD_TRY(write_kv(m, kv, l, b, true));
         SD_TRY(op->attention_f16(be, a->q, sd_kv_k_pool(kv, l), sd_kv_v_pool(kv, l), n, H, KV, D, bs, b->pos, bt,
                                  bt_off, scale, a->att));
     } else {
@@ -276,8 +284,7 @@ static sd_status attend(sd_model *m, sd_kv *kv, const sd_model_plan *b, int32_t 
         } else {
             SD_TRY(op->rope(be, a->q, n, H, D, b->pos, m->inv_freq));
             SD_TRY(op->rope(be, a->k, n, KV, D, b->pos, m->inv_freq));
-            SD_TRY(op->kv_write(be, sd_kv_k_pool(kv, l), bs, KD, a->k, n, b->pos, bt, bt_off));
-            SD_TRY(op->kv_write(be, sd_kv_v_pool(kv, l), bs, KD, a->v, n, b->pos, bt, bt_off));
+            SD_TRY(write_kv(m, kv, l, b, false));
         }
         SD_TRY(op->attention(be, a->q, sd_kv_k_pool(kv, l), sd_kv_v_pool(kv, l), n, H, KV, D, bs, b->pos, bt,
                              bt_off, scale, a->att));
