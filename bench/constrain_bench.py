@@ -11,7 +11,10 @@ for) and prompt, greedy, it runs
   - constrained, the n-gram drafter without forced drafts (--ngram --no-forced),
 checks that every constrained mode gives the same tokens, and prints decode
 tok/s, tokens per target step and the mask cost (p50 / p99 / max us, cache
-hits) of each. Usage:
+hits) of each. With --reps R the modes run in R interleaved rounds, the
+order reversed every other round (short runs swing with order and warm-up),
+and each mode's ratio to constrained plain is the median of its rounds'
+ratios. Usage:
 
     bench/constrain_bench.py BUILD_DIR MODEL [-n TOKENS] [--reps R]
     bench/constrain_bench.py BUILD_DIR MODEL --mask [--steps N]
@@ -116,20 +119,24 @@ def main():
     modes = [("unconstrained", None), ("constrained plain", []), ("forced drafts", ["--forced-draft", "-k", "8"]),
              ("forced + n-gram", ["--ngram", "-k", "8"]), ("n-gram, no forced", ["--ngram", "--no-forced", "-k", "8"])]
     with tempfile.TemporaryDirectory() as tmp:
-        print("| schema | mode | decode tok/s | tokens/step | forced drafts | mask p50 us | mask p99 us | "
-              "mask max us | cache hits |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("| schema | mode | decode tok/s (median) | x constrained plain (median of rounds) | tokens/step | "
+              "forced drafts | mask p50 us | mask p99 us | mask max us | cache hits |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for name, schema in SCHEMAS.items():
             path = os.path.join(tmp, name + ".json")
             with open(path, "w") as f:
                 json.dump(schema, f)
             ref_ids = None
-            for mode, extra in modes:
-                rates, last = [], None
-                for _ in range(a.reps):
+            rates = {mode: [] for mode, _ in modes}
+            lasts = {}
+            for rep in range(a.reps):  # interleaved, the order reversed every other round
+                for mode, extra in (modes if rep % 2 == 0 else modes[::-1]):
                     args = [] if extra is None else ["--json-schema", path] + extra
-                    last = run(gen, a.model, PROMPTS[name], a.n, args)
-                    rates.append(last["timings"]["decode_tok_s"])
+                    lasts[mode] = run(gen, a.model, PROMPTS[name], a.n, args)
+                    rates[mode].append(lasts[mode]["timings"]["decode_tok_s"])
+            plain = rates["constrained plain"]
+            for mode, extra in modes:
+                last = lasts[mode]
                 if extra is not None:
                     if ref_ids is None:
                         ref_ids = last["ids"]
@@ -137,14 +144,16 @@ def main():
                         sys.exit("%s / %s: tokens differ from constrained plain decoding" % (name, mode))
                 sp = last.get("spec", {})
                 c = last.get("constraint", {})
-                print("| %s | %s | %.1f | %s | %s | %s | %s | %s | %s |" % (
-                    name, mode, statistics.median(rates),
+                # each round's ratio to that round's constrained plain run, then the median
+                ratio = statistics.median(r / p for r, p in zip(rates[mode], plain) if p > 0)
+                print("| %s | %s | %.1f | %.3fx | %s | %s | %s | %s | %s | %s |" % (
+                    name, mode, statistics.median(rates[mode]), ratio,
                     "%.2f" % sp["tokens_per_step"] if sp else "1",
                     c.get("forced_drafted", "-") if sp else "-",
                     "%.1f" % c["mask_p50_us"] if c else "-", "%.1f" % c["mask_p99_us"] if c else "-",
                     "%.0f" % c["mask_max_us"] if c else "-",
                     "%d/%d" % (c["mask_cache_hits"], c["masks"]) if c else "-"))
-            print("|  | output | %s |  |  |  |  |  |  |" % json.dumps(last["text"])[:120])
+            print("|  | output | %s |  |  |  |  |  |  |  |" % json.dumps(lasts["constrained plain"]["text"])[:120])
 
 
 if __name__ == "__main__":
