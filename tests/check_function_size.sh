@@ -10,7 +10,9 @@
 set -euo pipefail
 max=120
 root=${1:-$(cd "$(dirname "$0")/.." && pwd)}
-if ! ctags --version 2>/dev/null | grep -q "Universal Ctags"; then
+ctags=ctags-universal # Debian's name; "ctags" is an alternative that may point elsewhere
+command -v "$ctags" >/dev/null 2>&1 || ctags=ctags
+if ! "$ctags" --version 2>/dev/null | grep -q "Universal Ctags"; then
   echo "FAIL: Universal Ctags is needed (apt-get install universal-ctags; scripts/setup installs it)"
   exit 1
 fi
@@ -39,7 +41,7 @@ mapfile -d '' files < <(find engine net coordinator drafter verifier client gate
                           \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) -type f -print0 2>/dev/null)
 [ ${#files[@]} -gt 0 ] || { echo "ok: no product source files"; exit 0; }
 # .cu/.cuh read as C++ (kernels are functions to ctags); "end:" is the line of the closing brace
-report=$(ctags --languages=C,C++ --langmap=C++:+.cu.cuh --kinds-C=f --kinds-C++=f --fields=+ne -f - "${files[@]}" |
+report=$("$ctags" --languages=C,C++ --langmap=C++:+.cu.cuh --kinds-C=f --kinds-C++=f --fields=+ne -f - "${files[@]}" |
   awk -F'\t' -v max=$max '{
     line = ""; end = ""
     for (i = 4; i <= NF; i++) { if ($i ~ /^line:/) line = substr($i, 6); if ($i ~ /^end:/) end = substr($i, 5) }
