@@ -410,7 +410,7 @@ static bool liveness_locked(sd_client *c, io_state *io, bool *busy_out) {
  * and it talks to itself, holding the port the coordinator needs). Drop it
  * at once: reopen the socket and resubmit. Locked. */
 static void on_not_coordinator_locked(sd_client *c, io_state *io, const char *what) {
-    char why[600];
+    char why[1024];
     snprintf(why, sizeof why, "coordinator %s: %s (a TCP self-connect?): dropping the connection", c->addr, what);
     if (reconnect_locked(c, why)) {
         io->heard = false; /* the deadlines run on from the first try: an echo cannot keep a request forever */
