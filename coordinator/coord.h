@@ -215,12 +215,13 @@ typedef struct sd_session {
     uint32_t head_us;
     /* features for a head drafter in its own process not yet sent to it
      * (feat_relay.c): positions feat_pos0 .. + feat_rows - 1, feat_width
-     * floats each; feat_sent: carried by a draft step since the last
-     * verify result (dropped at the next one) */
+     * floats each; feat_sent: how many of them (a leading part, when a
+     * step's float budget could not carry all) a draft step carried since
+     * the last verify result (dropped at the next one) */
     float *feat;
     size_t feat_cap;
     int32_t feat_pos0, feat_rows, feat_width;
-    bool feat_sent;
+    int32_t feat_sent;
     int32_t verify_k;        /* drafts in the verify step in flight */
     int32_t verify_failures; /* consecutive failed verify steps (bounded retries) */
 
@@ -726,6 +727,10 @@ Specd__Code sd_feat_hello_refusal(const sd_coord *c, const Specd__Hello *h, cons
 void sd_feat_hello_take(sd_coord_worker *w, const Specd__Hello *h);
 /* Whether s's drafter is a live head drafter (its verify steps want features). */
 bool sd_feat_wanted(const sd_coord *c, const sd_session *s);
+/* The committed positions' features one verify step may carry, all its
+ * sequences together (SD_MAX_STEP_FEATURES floats over the live head
+ * drafters' width); INT32_MAX when no head drafter is live. */
+int32_t sd_feat_step_rows(const sd_coord *c);
 /* A verify step's feature_layers into layers[SD_MAX_FEATURE_LAYERS] when
  * one of seqs[n] wants features: their count, else 0. */
 size_t sd_feat_request_layers(const sd_coord *c, const Specd__VerifySeq *seqs, int32_t n, uint32_t *layers);

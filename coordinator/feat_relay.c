@@ -20,9 +20,15 @@
  * The drafter holds its features per sequence and drafts only when it has
  * every position before the context's last token, each tagged with its
  * token (drafter_eagle.c): a gap (a drafter that restarted, was evicted,
- * or joined a request midway; a verifier that could not capture; a step
- * whose features were over SD_MAX_STEP_FEATURES) means no drafts for that
- * request from then on, never drafts from another position's features.
+ * or joined a request midway; a verifier that could not capture) means no
+ * drafts for that request from then on, never drafts from another
+ * position's features.
+ *
+ * Bounded: a step carries at most SD_MAX_STEP_FEATURES floats. Verify
+ * steps stay within it (sd_feat_step_rows: the scheduler cuts a head-drafted
+ * sequence's appends and drafts to the rows left, sched_dispatch.c), and a
+ * draft step carries the leading rows of a session's run that fit, the
+ * following steps the rest (feat_sent: how many went).
  * Output never depends on any of it: verification is exact.
  *
  * Chosen: no coordinator-side history of features (a drafter that lost
@@ -78,6 +84,13 @@ bool sd_feat_wanted(const sd_coord *c, const sd_session *s) {
     return s->drafter >= 0 && c->workers[s->drafter].alive && sd_feat_drafter(&c->workers[s->drafter]);
 }
 
+int32_t sd_feat_step_rows(const sd_coord *c) {
+    int32_t d = live_feat_drafter(c, -1);
+    if (d < 0) return INT32_MAX;
+    int32_t rows = SD_MAX_STEP_FEATURES / c->workers[d].feat_width; /* width validated in [1, SD_MAX_FEATURE_WIDTH] */
+    return rows > 0 ? rows : 1;
+}
+
 size_t sd_feat_request_layers(const sd_coord *c, const Specd__VerifySeq *seqs, int32_t n, uint32_t *layers) {
     bool wanted = false;
     for (int32_t i = 0; i < n && !wanted; i++) wanted = seqs[i].want_features;
@@ -100,8 +113,17 @@ void sd_feat_store(sd_coord *c, sd_session *s, const Specd__VerifyResult *vr, in
                 d < 0 ? 0 : (int)c->workers[d].feat_width);
         return;
     }
-    if (s->feat_sent || width != s->feat_width) s->feat_rows = 0; /* the drafter has them, or they are another's */
-    s->feat_sent = false;
+    if (width != s->feat_width) {
+        s->feat_rows = 0;          /* another drafter's */
+    } else if (s->feat_sent > 0) { /* the drafter has these: keep what the step could not carry */
+        const int32_t sent = s->feat_sent < s->feat_rows ? s->feat_sent : s->feat_rows;
+        s->feat_rows -= sent;
+        s->feat_pos0 += sent;
+        if (s->feat_rows > 0)
+            memmove(s->feat, s->feat + (size_t)sent * (size_t)width,
+                    (size_t)s->feat_rows * (size_t)width * sizeof *s->feat);
+    }
+    s->feat_sent = 0;
     if (s->feat_rows == 0 || p0 < s->feat_pos0 || p0 > s->feat_pos0 + s->feat_rows)
         s->feat_pos0 = p0, s->feat_rows = 0; /* a gap is the drafter's to see */
     else
@@ -131,13 +153,18 @@ void sd_feat_draft_seq(sd_coord *c, int32_t d, sd_session *s, Specd__DraftSeq *d
     /* positions before the context's last token only (the drafter's check) */
     const int64_t len = (int64_t)ds->keep_len + (int64_t)ds->n_append;
     if ((int64_t)s->feat_pos0 + s->feat_rows > len - 1) return;
-    const size_t n = (size_t)s->feat_rows * (size_t)s->feat_width;
-    if (n > (size_t)SD_MAX_STEP_FEATURES - *step_floats) return; /* the next step carries them */
+    /* as many leading rows as the step's budget has room for; the next
+     * steps carry the rest (a run longer than one step's budget: the
+     * prefill of a big target, sd_feat_step_rows) */
+    const size_t room = ((size_t)SD_MAX_STEP_FEATURES - *step_floats) / (size_t)s->feat_width;
+    const int32_t rows = room < (size_t)s->feat_rows ? (int32_t)room : s->feat_rows;
+    if (rows == 0) return;
+    const size_t n = (size_t)rows * (size_t)s->feat_width;
     ds->feature_pos0 = (uint32_t)s->feat_pos0;
     ds->n_features = n;
     ds->features = s->feat;
     *step_floats += n;
-    s->feat_sent = true;
-    c->feat_rows_out += (uint64_t)s->feat_rows;
+    if (rows > s->feat_sent) s->feat_sent = rows;
+    c->feat_rows_out += (uint64_t)rows;
     c->feat_bytes_out += (uint64_t)n * sizeof(float);
 }

@@ -200,6 +200,8 @@ static cand_kind verify_candidate(const sd_coord *c, int32_t g, const sd_session
     int32_t missing = s->n_tokens - s->v_cached;
     if (missing < 1) return CAND_NONE; /* cannot happen: the last token has no KV */
     if (missing > c->p.prefill_chunk) return CAND_PREFILL;
+    /* a head drafter's sequence: a step carries at most the step's feature rows */
+    if (missing > 1 && sd_feat_wanted(c, s) && missing > sd_feat_step_rows(c)) return CAND_PREFILL;
     /* prompt logprobs owed: prefill scores them; a prompt-only request
      * ends once scored (sd_sched_prompt_logprobs_applied) */
     if (s->prompt_lp_next < s->n_prompt && missing > 1) return CAND_PREFILL;
@@ -215,24 +217,44 @@ static bool prompt_lp_chunk(const sd_session *s, bool prefill) {
     return prefill && s->prompt_lp_next < s->n_prompt && s->v_cached + 1 == s->prompt_lp_next;
 }
 
+/* What a step being built has left: prompt tokens (the step's share of
+ * --prefill-chunk) and committed positions whose features head drafters
+ * in their own process read (sd_feat_step_rows: a big target's 3 x n_embd
+ * floats a position fill SD_MAX_STEP_FEATURES in a few dozen rows). */
+typedef struct step_budget {
+    int32_t tokens;
+    int32_t feat_rows;
+} step_budget;
+
+static step_budget step_budget_new(const sd_coord *c) {
+    return (step_budget){.tokens = c->p.prefill_chunk, .feat_rows = sd_feat_step_rows(c)};
+}
+
 /* Tokens s appends to the verifier's cache in the step being built, or 0
  * when s stays out of it: every prompt token a step carries (new prompts,
- * refills, prefill chunks) comes out of *budget, the step's share of
+ * refills, prefill chunks) comes out of b->tokens, the step's share of
  * --prefill-chunk, so a burst of new prompts cannot turn one step into
  * seconds of prefill while running sequences wait for their next token
  * (bench/results/http-cpu.md). A running sequence (one token to append)
- * always goes. In a normal step a prompt goes whole or waits for a later
- * step (it is never more than the chunk, verify_candidate); a prefill-only
- * step cuts its chunks to what is left. */
-static int32_t append_len(const sd_session *s, bool prefill, int32_t *budget) {
+ * always goes, but for the features' bound. In a normal step a prompt goes
+ * whole or waits for a later step (it is never more than the chunk,
+ * verify_candidate); a prefill-only step cuts its chunks to what is left.
+ * A sequence whose head drafter reads its features appends no more rows
+ * than b->feat_rows has left (its accepted drafts come from what the
+ * appends leave: send_verify), so each committed position's features
+ * reach the drafter, a long prefill in several steps. */
+static int32_t append_len(const sd_coord *c, const sd_session *s, bool prefill, step_budget *b) {
     int32_t missing = s->n_tokens - s->v_cached;
+    const bool feat = sd_feat_wanted(c, s);
     if (!prefill) {
-        if (missing == 1) return 1;
-        if (missing > *budget) return 0;
-        *budget -= missing;
+        if (feat && missing > b->feat_rows) return 0;
+        if (missing > 1 && missing > b->tokens) return 0;
+        if (missing > 1) b->tokens -= missing;
+        if (feat) b->feat_rows -= missing;
         return missing;
     }
-    int32_t n_append = sd_imin(*budget, missing - 1);
+    int32_t n_append = sd_imin(b->tokens, missing - 1);
+    if (feat) n_append = sd_imin(n_append, b->feat_rows);
     /* Prompt logprobs: a chunk that starts where they are owed scores its
      * tokens' successors (at most SD_MAX_PROMPT_LP_ROWS, the last one
      * prompt_next); a refill of what was scored already stops there. Every
@@ -242,16 +264,21 @@ static int32_t append_len(const sd_session *s, bool prefill, int32_t *budget) {
     else if (s->prompt_lp_next < s->n_prompt)
         n_append = sd_imin(n_append, s->prompt_lp_next - 1 - s->v_cached);
     if (n_append < 1) return 0;
-    *budget -= n_append;
+    b->tokens -= n_append;
+    if (feat) b->feat_rows -= n_append;
     return n_append;
 }
 
 static void send_verify(sd_coord *c, int32_t g, bool prefill, uint64_t now_us) {
     sd_coord_worker *w = &c->workers[g];
     const cand_kind want = prefill ? CAND_PREFILL : CAND_STEP;
-    int32_t n = 0, budget = c->p.prefill_chunk;
+    int32_t n = 0;
+    step_budget b = step_budget_new(c);
     for (int32_t i = 0; i < c->n_sessions && n < w->max_batch; i++)
-        if (verify_candidate(c, g, c->sessions[i]) == want && append_len(c->sessions[i], prefill, &budget) > 0) n++;
+        if (verify_candidate(c, g, c->sessions[i]) == want && append_len(c, c->sessions[i], prefill, &b) > 0) n++;
+    /* the feature rows the appends leave go to accepted drafts, first come
+     * (the appends take the same rows below: the same sequences go) */
+    int32_t draft_feat_rows = b.feat_rows;
     if (n == 0 || !step_reserve(w, n)) return;
     sd_verify_pack pk;
     if (sd_pack_verify_alloc(&pk, n) != SD_OK) {
@@ -260,12 +287,12 @@ static void send_verify(sd_coord *c, int32_t g, bool prefill, uint64_t now_us) {
     }
     int32_t m = 0, n_tokens = 0;
     bool refill = false;
-    budget = c->p.prefill_chunk;
+    b = step_budget_new(c);
     for (int32_t i = 0; i < c->n_sessions && m < n; i++) {
         sd_session *s = c->sessions[i];
         if (verify_candidate(c, g, s) != want) continue;
         int32_t missing = s->n_tokens - s->v_cached;
-        int32_t n_append = append_len(s, prefill, &budget);
+        int32_t n_append = append_len(c, s, prefill, &b);
         if (n_append == 0) continue;
         bool prompt_lp = prompt_lp_chunk(s, prefill);
         int32_t k = 0;
@@ -276,8 +303,13 @@ static void send_verify(sd_coord *c, int32_t g, bool prefill, uint64_t now_us) {
         if (!prefill && drafted_now(s) && !sampled_refill) {
             k = sd_imin(s->k, sd_k_cap(c, s, g)); /* the cap the K policy drafted under, now */
         }
+        const bool feat = sd_feat_wanted(c, s); /* for its head drafter (feat_relay.c) */
+        if (feat) {
+            k = sd_imin(k, draft_feat_rows); /* an accepted draft becomes a position with features */
+            draft_feat_rows -= k;
+        }
         sd_pack_verify_seq(&pk, m, s, n_append, k);
-        pk.seqs[m].want_features = sd_feat_wanted(c, s); /* for its head drafter (feat_relay.c) */
+        pk.seqs[m].want_features = feat;
         if (!prefill && w->drafter_kind == SPECD__DRAFTER_KIND__DRAFTER_KIND_EAGLE && sd_head_drafts_for(c, s)) {
             /* the head drafts the next step's K now (at least one: a K = 0
              * step's shadow draft prices it), within what the request has
@@ -348,14 +380,15 @@ static double draft_wait_us(const sd_coord *c, const sd_session *s, uint64_t now
 
 static bool hold_for_drafts(const sd_coord *c, int32_t g, uint64_t now_us) {
     const sd_coord_worker *v = &c->workers[g];
-    int32_t n_ready = 0, n_pending = 0, ready_tokens = 0, budget = c->p.prefill_chunk;
+    int32_t n_ready = 0, n_pending = 0, ready_tokens = 0;
+    step_budget b = step_budget_new(c);
     double wait = 0.0;
     for (int32_t i = 0; i < c->n_sessions; i++) {
         const sd_session *s = c->sessions[i];
         cand_kind kind = verify_candidate(c, g, s);
         int32_t missing = s->n_tokens - s->v_cached, n_append;
         if (kind == CAND_STEP) {
-            if ((n_append = append_len(s, false, &budget)) > 0) { /* what the step would carry */
+            if ((n_append = append_len(c, s, false, &b)) > 0) { /* what the step would carry */
                 n_ready++;
                 ready_tokens += n_append + (drafted_now(s) ? s->k : 0);
             }

@@ -55,6 +55,10 @@ typedef struct harness {
     size_t n_hello_costs;
     uint32_t hello_group_id; /* Hello.group_id a verifier sends (0: let the coordinator number it) */
     Specd__DrafterKind kind; /* a drafter's Hello.drafter_kind (NGRAM when 0) */
+    /* a head drafter's Hello.feature_layers / feature_width (none when 0) */
+    uint32_t *feat_layers;
+    size_t n_feat_layers;
+    uint32_t feat_width;
     /* cannot_pay_request only: the clock runs, each reply's forward_us or
      * draft_us after the last, plus model_extra_us on the model drafter's
      * draft replies (what a step costs beyond the workers' own times) */
@@ -193,6 +197,8 @@ static void hello(harness *h, const char *ident, Specd__Role role, uint64_t hash
     he.max_k = 8;
     he.drafter_kind =
         role == SPECD__ROLE__ROLE_DRAFTER ? (h->kind ? h->kind : SPECD__DRAFTER_KIND__DRAFTER_KIND_NGRAM) : 0;
+    if (role == SPECD__ROLE__ROLE_DRAFTER && h->feat_width)
+        he.feature_layers = h->feat_layers, he.n_feature_layers = h->n_feat_layers, he.feature_width = h->feat_width;
     if (role == SPECD__ROLE__ROLE_VERIFIER) he.group_id = h->hello_group_id;
     if (role == SPECD__ROLE__ROLE_VERIFIER) he.step_costs = h->hello_costs, he.n_step_costs = h->n_hello_costs;
     Specd__WorkerToCoordinator e = SPECD__WORKER_TO_COORDINATOR__INIT;
@@ -2104,6 +2110,51 @@ static void test_chunked_prefill_and_queue(void **state) {
     harness_free(h);
 }
 
+/* A head drafter in its own process reads every committed position's
+ * features, and a step carries at most SD_MAX_STEP_FEATURES floats of them
+ * (feat_relay.c): with the widest feature a Hello may name (16 positions a
+ * step), a 40-token prompt goes to the verifier in prefill chunks of 16
+ * rows and then the last 8, each step asking for its features, though the
+ * prompt is far below --prefill-chunk. */
+static void test_feature_rows_bound_steps(void **state) {
+    (void)state;
+    NEED_MODEL();
+    sd_coord_params p = sd_coord_default_params();
+    harness *h = harness_new(&p);
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    uint32_t layers[] = {0, 1, 2, 3, 4, 5, 6, 7};
+    h->kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_EAGLE;
+    h->feat_layers = layers, h->n_feat_layers = 8, h->feat_width = SD_MAX_FEATURE_WIDTH;
+    register_ok(h, "d", SPECD__ROLE__ROLE_DRAFTER);
+    const int32_t rows = SD_MAX_STEP_FEATURES / SD_MAX_FEATURE_WIDTH;
+    assert_int_equal(rows, 16);
+    assert_true(p.prefill_chunk > 40);
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++) prompt[i] = 10 + i;
+    submit(h, "c", prompt, 40, 5, NULL);
+    (void)expect_accepted(h, "c");
+    for (uint32_t cached = 0; cached < 32; cached += 16) {
+        Specd__CoordinatorToWorker *w = expect_verify(h, "v");
+        assert_true(w->verify->prefill_only);
+        assert_int_equal(w->verify->n_seqs, 1);
+        assert_int_equal(w->verify->seqs[0]->keep_len, cached);
+        assert_int_equal(w->verify->seqs[0]->n_append, rows);
+        assert_true(w->verify->seqs[0]->want_features);
+        assert_int_equal(w->verify->n_feature_layers, 8);
+        vres r = {.cached_len = cached + 16};
+        reply_verify(h, "v", w->verify, &r);
+        specd__coordinator_to_worker__free_unpacked(w, NULL);
+    }
+    Specd__CoordinatorToWorker *w = expect_verify(h, "v");
+    assert_false(w->verify->prefill_only);
+    assert_int_equal(w->verify->seqs[0]->keep_len, 32);
+    assert_int_equal(w->verify->seqs[0]->n_append, 8);
+    assert_true(w->verify->seqs[0]->n_append + w->verify->seqs[0]->n_draft <= (size_t)rows);
+    assert_true(w->verify->seqs[0]->want_features);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    harness_free(h);
+}
+
 /* Answers every sequence of a normal step with one committed token (100 +
  * its position in the step) and the cache the protocol says. */
 static void commit_one_each(harness *h, const Specd__VerifyRequest *req) {
@@ -3538,6 +3589,7 @@ int main(void) {
         cmocka_unit_test(test_late_drafter_releases_hold),
         cmocka_unit_test(test_verifier_death_waits_and_resends),
         cmocka_unit_test(test_chunked_prefill_and_queue),
+        cmocka_unit_test(test_feature_rows_bound_steps),
         cmocka_unit_test(test_step_prompt_budget),
         cmocka_unit_test(test_draft_prompt_budget),
         cmocka_unit_test(test_bad_submits),

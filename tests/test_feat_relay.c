@@ -126,10 +126,10 @@ static void test_refusals(void **state) {
     assert_int_equal(f->s->feat_rows, 8);
     Specd__DraftSeq ds = draft(f, HEAD, 10, &budget); /* positions up to 9 need a context of 11 */
     assert_int_equal(ds.n_features, 0);
-    budget = SD_MAX_STEP_FEATURES - 8 * W + 1; /* a step already full */
+    budget = SD_MAX_STEP_FEATURES - W + 1; /* a step already full */
     ds = draft(f, HEAD, 11, &budget);
     assert_int_equal(ds.n_features, 0);
-    assert_false(f->s->feat_sent);
+    assert_int_equal(f->s->feat_sent, 0);
     budget = 0;
     ds = draft(f, HEAD, 11, &budget);
     expect_run(&ds, 2, 8);
@@ -151,6 +151,39 @@ static void test_refusals(void **state) {
     assert_false(sd_feat_wanted(f->c, f->s));
 }
 
+/* A run longer than a step's budget goes a leading part at a time: each
+ * verdict drops what a draft step carried and keeps the rest, in order. */
+static void test_split_across_steps(void **state) {
+    fixture *f = *state;
+    Specd__VerifyResult vr = result(f, 0, 20);
+    sd_feat_store(f->c, f->s, &vr, 0);
+    size_t budget = SD_MAX_STEP_FEATURES - 5 * W - 3; /* room for 5 rows */
+    Specd__DraftSeq ds = draft(f, HEAD, 21, &budget);
+    expect_run(&ds, 0, 5);
+    assert_int_equal(f->s->feat_sent, 5);
+    budget = SD_MAX_STEP_FEATURES - 3 * W; /* a second step before the verdict: room for 3, 5 stay sent */
+    ds = draft(f, HEAD, 21, &budget);
+    expect_run(&ds, 0, 3);
+    assert_int_equal(f->s->feat_sent, 5);
+    vr = result(f, 20, 22); /* the verdict: rows 0..4 dropped, 5..21 wait */
+    sd_feat_store(f->c, f->s, &vr, 20);
+    assert_int_equal(f->s->feat_pos0, 5);
+    assert_int_equal(f->s->feat_rows, 17);
+    assert_int_equal(f->s->feat_sent, 0);
+    budget = SD_MAX_STEP_FEATURES - 10 * W;
+    ds = draft(f, HEAD, 23, &budget);
+    expect_run(&ds, 5, 10);
+    vr = result(f, 22, 23);
+    sd_feat_store(f->c, f->s, &vr, 22);
+    budget = 0;
+    ds = draft(f, HEAD, 24, &budget);
+    expect_run(&ds, 15, 8);
+    /* the step's budget in rows follows the live head drafter's width */
+    assert_int_equal(sd_feat_step_rows(f->c), SD_MAX_STEP_FEATURES / W);
+    f->c->workers[HEAD].alive = false;
+    assert_int_equal(sd_feat_step_rows(f->c), INT32_MAX);
+}
+
 /* VerifyRequest.feature_layers: the head drafters' layers when a sequence wants features. */
 static void test_request_layers(void **state) {
     fixture *f = *state;
@@ -169,6 +202,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_runs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_split_across_steps, setup, teardown),
         cmocka_unit_test_setup_teardown(test_request_layers, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
