@@ -25,7 +25,6 @@
  * position, as in the other two placements (draft_constrain.h). */
 #include "draft_head.h"
 
-#include <math.h>
 #include <string.h>
 
 /* FNV-1a 64 over n floats' bytes: the DEBUG line's checksum of a fed run
@@ -44,12 +43,6 @@ static uint64_t fnv_floats(const float *f, size_t n) {
 /* The Euclidean norm of f[n], in double: beside the FNV-1a in the DEBUG
  * line, for tests that compare features within a tolerance (a TP group's
  * differ from TP 1's in the last bits). */
-static double l2_floats(const float *f, size_t n) {
-    double ss = 0;
-    for (size_t i = 0; i < n; i++) ss += (double)f[i] * (double)f[i];
-    return sqrt(ss);
-}
-
 void sd_draft_head_seq(void *head, sd_drafter *d, int32_t slot, const Specd__DraftSeq *sq, const int32_t *held,
                        int32_t len, int32_t n_forced, int32_t k, const sd_sampling *s, sd_constraint *con,
                        int32_t *tokens, sd_spec_q *q, int32_t *n) {
@@ -72,7 +65,7 @@ void sd_draft_head_seq(void *head, sd_drafter *d, int32_t slot, const Specd__Dra
                 SD_DEBUG("head features: request %llu positions %d..%d fnv1a %016llx l2 %.9g",
                          (unsigned long long)sq->request_id, (int)pos0, (int)(pos0 + rows - 1),
                          (unsigned long long)fnv_floats(sq->features, sq->n_features),
-                         l2_floats(sq->features, sq->n_features));
+                         sd_l2_norm(sq->features, sq->n_features));
         }
     }
     double t1 = sd_now();

@@ -50,7 +50,6 @@
 #include "specd/drafter.h"
 #include "specd/spec.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -195,12 +194,6 @@ static sd_status feed_side(sd_vhead *h, int32_t slot, const int32_t *hist, int32
 
 /* At -v: the fed rows' positions and the norm of their captured layers
  * (in double), for tests that compare them with TP 1's within a tolerance. */
-static void log_fed(int32_t slot, int32_t pos0, int32_t n, const float *aux, size_t floats) {
-    double ss = 0;
-    for (size_t i = 0; i < floats; i++) ss += (double)aux[i] * (double)aux[i];
-    SD_DEBUG("head features: slot %d positions %d..%d l2 %.9g", (int)slot, (int)pos0, (int)(pos0 + n - 1), sqrt(ss));
-}
-
 void sd_vhead_feed(sd_vhead *h, int32_t slot, const int32_t *hist, int32_t pos0, int32_t n, int32_t row0) {
     if (!h || n <= 0) return;
     double t0 = sd_now();
@@ -209,7 +202,9 @@ void sd_vhead_feed(sd_vhead *h, int32_t slot, const int32_t *hist, int32_t pos0,
     sd_status st = SD_ERR_INTERNAL;
     if (aux && row0 >= 0 && pos0 >= 0 && (int64_t)row0 + n <= n_rows) {
         aux += (size_t)row0 * (size_t)h->aux_width;
-        if (sd_log_enabled(SD_LOG_DEBUG)) log_fed(slot, pos0, n, aux, (size_t)n * (size_t)h->aux_width);
+        if (sd_log_enabled(SD_LOG_DEBUG))
+            SD_DEBUG("head features: slot %d positions %d..%d l2 %.9g", (int)slot, (int)pos0, (int)(pos0 + n - 1),
+                     sd_l2_norm(aux, (size_t)n * (size_t)h->aux_width));
         if (h->kv)
             st = feed_side(h, slot, hist, pos0, n, aux, fill_from_side(h, slot, hist, pos0));
         else

@@ -6,6 +6,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "specd/common.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,6 +92,12 @@ double sd_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+double sd_l2_norm(const float *x, size_t n) {
+    double ss = 0;
+    for (size_t i = 0; i < n; i++) ss += (double)x[i] * (double)x[i];
+    return sqrt(ss);
 }
 
 /* The continuation bytes a UTF-8 lead byte b needs (0: b starts no

@@ -80,6 +80,10 @@ static inline bool sd_add_ok(size_t a, size_t b, size_t *out) { return !__builti
 /* Monotonic clock in seconds (for timings in tools and stats). */
 double sd_now(void);
 
+/* The Euclidean norm of n floats, summed in double in order (a debug log's
+ * fingerprint of features: the same bits give the same figure). */
+double sd_l2_norm(const float *x, size_t n);
+
 /* Length of the longest valid UTF-8 prefix of s[0..len): len when all of it
  * is valid, else the offset of the first byte that is not (RFC 3629: no
  * overlong forms, no surrogates, nothing above U+10FFFF, no truncated
