@@ -175,9 +175,10 @@ typedef sd_status (*sd_model_vec_loader)(sd_model *m, const sd_weights *w, const
                                          int64_t n_cols, float **out);
 sd_status sd_model_load_arch_layer(sd_model *m, const sd_weights *w, int32_t l, sd_model_vec_loader load);
 /* Computes and uploads m->inv_freq (and m->inv_freq_swa for windowed layers
- * with a base of their own); factors: rope_freqs.weight's divisors or NULL
- * (model_rope.c). */
-sd_status sd_model_upload_freqs(sd_model *m, const float *factors);
+ * with a base of their own), with rope_freqs.weight's divisors from w when
+ * it has them (checked: head_dim/2 of them, positive), or LongRoPE's set
+ * for m->params.max_ctx (sd_model_rope_factors; model_rope.c). */
+sd_status sd_model_load_freqs(sd_model *m, const sd_weights *w);
 void sd_model_free_arch_layer(sd_model *m, layer_weights *L);
 
 #endif

@@ -74,6 +74,7 @@ sd_model_params sd_model_default_params(void) {
                          .tp_lm_head = SD_TP_LM_HEAD_SPLIT,
                          .coll = NULL,
                          .kv_type = SD_DTYPE_F32,
+                         .max_ctx = 0,
                          .backend = sd_backend_default_opts()};
     return p;
 }
@@ -436,19 +437,7 @@ static sd_status load_weights(sd_model *m, const sd_weights *w) {
         SD_TRY(sd_model_load_arch_layer(m, w, l, load_vec));
         L->bytes = m->weight_bytes - layer_start;
     }
-    /* rope frequencies (small: computed on the host, then uploaded) */
-    float factors[SD_MODEL_MAX_HEAD_DIM / 2];
-    sd_weights_tensor rf;
-    bool has_rf = sd_weights_find(w, "rope_freqs.weight", &rf);
-    if (has_rf) {
-        if (rf.n_dims != 1 || rf.ne[0] != c->head_dim / 2) {
-            SD_ERROR("model: rope_freqs.weight has %lld elements, expected %d", (long long)rf.ne[0],
-                     (int)(c->head_dim / 2));
-            return SD_ERR_FORMAT;
-        }
-        SD_TRY(sd_weights_read(w, "rope_freqs.weight", 0, 1, 0, c->head_dim / 2, factors));
-    }
-    return sd_model_upload_freqs(m, has_rf ? factors : NULL);
+    return sd_model_load_freqs(m, w); /* small: computed on the host, then uploaded */
 }
 
 sd_status sd_model_load(const sd_gguf *g, const sd_model_params *p, sd_model **out) {
@@ -489,9 +478,9 @@ sd_status sd_model_load_weights(const sd_weights *w, const sd_model_params *p, s
     if (!w || !out) return SD_ERR_INVALID_ARG;
     *out = NULL;
     sd_model_params params = p ? *p : sd_model_default_params();
-    if (params.n_threads < 0 || params.n_layers_used < 0) {
-        SD_ERROR("model: n_threads (%d) and n_layers_used (%d) must be >= 0", (int)params.n_threads,
-                 (int)params.n_layers_used);
+    if (params.n_threads < 0 || params.n_layers_used < 0 || params.max_ctx < 0) {
+        SD_ERROR("model: n_threads (%d), n_layers_used (%d) and max_ctx (%d) must be >= 0", (int)params.n_threads,
+                 (int)params.n_layers_used, (int)params.max_ctx);
         return SD_ERR_INVALID_ARG;
     }
     sd_model *m = calloc(1, sizeof *m);

@@ -2,7 +2,7 @@
  * forward-pass oracle (tests/ref/test_forward_oracle.py).
  *
  *   specd_logits -m MODEL.gguf|HF_DIR --out FILE.bin [--threads N] [--chunk N]
- *                [--layers N] --seq 1,2,3 --seq 4,5 ...
+ *                [--layers N] [--max-ctx N] --seq 1,2,3 --seq 4,5 ...
  *
  * All sequences run as ONE ragged batch (sequence s in KV slot s, positions
  * from 0), their tokens interleaved round-robin — s0p0, s1p0, s2p0, s0p1, ...
@@ -12,7 +12,9 @@
  * K/V written by earlier calls. Logits are asked for on every token and the
  * file holds raw little-endian f32 [total_tokens][n_vocab], ordered by
  * sequence, then position (not batch order). --layers N runs only the first N
- * blocks (then the final norm and LM head), as sd_model_params.n_layers_used. */
+ * blocks (then the final norm and LM head), as sd_model_params.n_layers_used;
+ * --max-ctx N loads the model for sequences of at most N tokens
+ * (sd_model_params.max_ctx: a LongRoPE model's factor set). */
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -35,8 +37,8 @@ typedef struct seq_list {
 } seq_list;
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: specd_logits -m MODEL.gguf|HF_DIR --out FILE.bin [--threads N] [--chunk N] [--layers N] --seq "
-               "1,2,3 [--seq ...] [backend switches]\n\n" SD_BACKEND_OPTIONS_USAGE);
+    fprintf(f, "usage: specd_logits -m MODEL.gguf|HF_DIR --out FILE.bin [--threads N] [--chunk N] [--layers N] "
+               "[--max-ctx N] --seq 1,2,3 [--seq ...] [backend switches]\n\n" SD_BACKEND_OPTIONS_USAGE);
 }
 
 /* Parses "1,2,3" into a new array (caller frees). */
@@ -83,8 +85,8 @@ static bool write_f32le(FILE *f, const float *x, size_t n) {
     return true;
 }
 
-static int run(const char *model_path, const char *out_path, int threads, int chunk, int layers, const seq_list *sl,
-               const sd_backend_opts *backend) {
+static int run(const char *model_path, const char *out_path, int threads, int chunk, const int layers_ctx[2],
+               const seq_list *sl, const sd_backend_opts *backend) {
     int rc = 1;
     sd_weights *w = NULL;
     sd_model *m = NULL;
@@ -102,7 +104,8 @@ static int run(const char *model_path, const char *out_path, int threads, int ch
     sd_model_params mp = sd_model_default_params();
     mp.backend = *backend;
     mp.n_threads = threads;
-    mp.n_layers_used = layers;
+    mp.n_layers_used = layers_ctx[0];
+    mp.max_ctx = layers_ctx[1];
     if ((st = sd_model_load_weights(w, &mp, &m)) != SD_OK) {
         fprintf(stderr, "specd_logits: loading %s: %s\n", model_path, sd_status_str(st));
         goto done;
@@ -193,7 +196,7 @@ done:
 }
 
 int main(int argc, char **argv) {
-    enum { O_OUT = 256, O_THREADS, O_SEQ, O_CHUNK, O_LAYERS };
+    enum { O_OUT = 256, O_THREADS, O_SEQ, O_CHUNK, O_LAYERS, O_MAX_CTX };
     static const struct option opts[] = {
         {"model", required_argument, NULL, 'm'},
         {"out", required_argument, NULL, O_OUT},
@@ -201,12 +204,13 @@ int main(int argc, char **argv) {
         {"seq", required_argument, NULL, O_SEQ},
         {"chunk", required_argument, NULL, O_CHUNK},
         {"layers", required_argument, NULL, O_LAYERS},
+        {"max-ctx", required_argument, NULL, O_MAX_CTX},
         {"help", no_argument, NULL, 'h'},
         SD_BACKEND_LONG_OPTIONS,
         {NULL, 0, NULL, 0},
     };
     const char *model = NULL, *out = NULL;
-    int threads = 0, chunk = 0, layers = 0, rc = 2, c;
+    int threads = 0, chunk = 0, layers_ctx[2] = {0, 0}, rc = 2, c; /* --layers, --max-ctx */
     seq_list sl = {0};
     sd_backend_opts backend = sd_backend_default_opts();
     int li = 0;
@@ -230,8 +234,9 @@ int main(int argc, char **argv) {
             }
             break;
         case O_LAYERS:
-            if (!sd_cli_parse_int(optarg, 0, 1 << 20, &layers)) {
-                fprintf(stderr, "specd_logits: --layers must be >= 0 (got '%s')\n", optarg);
+        case O_MAX_CTX:
+            if (!sd_cli_parse_int(optarg, 0, 1 << 30, &layers_ctx[c == O_MAX_CTX])) {
+                fprintf(stderr, "specd_logits: --%s must be >= 0 (got '%s')\n", opts[li].name, optarg);
                 goto done;
             }
             break;
@@ -257,7 +262,7 @@ int main(int argc, char **argv) {
         usage(stderr);
         goto done;
     }
-    rc = run(model, out, threads, chunk, layers, &sl, &backend);
+    rc = run(model, out, threads, chunk, layers_ctx, &sl, &backend);
 done:
     for (int32_t s = 0; s < sl.n_seqs; s++) free(sl.ids[s]);
     return rc;

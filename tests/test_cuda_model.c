@@ -17,7 +17,11 @@
  *     logits bit for bit;
  *   - greedy speculative decoding on the GPU (n-gram and self-draft, K 1, 4
  *     and 8) gives plain greedy GPU output token for token;
- *   - a KV cache larger than the card is refused with SD_ERR_NOMEM.
+ *   - a KV cache larger than the card is refused with SD_ERR_NOMEM;
+ *   - Phi-3 LongRoPE (phi3 model C): with its long factors (the default
+ *     context) and its short ones (max_ctx 256), 15 tokens' logits within
+ *     1e-4 x max|logit| of the CPU loaded alike, and the two sets' GPU
+ *     logits apart (the chosen table and the attention factor reach the GPU).
  * SmolLM2-135M-Instruct (when the demo model is available; the CPU side with
  * its matrices read as f32): prompt logits within BF16 tolerance, and greedy outputs over 20 committed prompts x 32
  * tokens compared with the CPU's: the divergence rate is printed, and the
@@ -103,6 +107,36 @@ static sd_status run(sd_model *m, sd_kv *kv, int32_t n, const int32_t *tokens, c
     }
     sd_batch b = {n, tokens, pos, seq, want};
     return sd_model_forward(m, kv, &b, out);
+}
+
+/* Phi-3 LongRoPE: each factor set (max_ctx 0: long; 256: short) on both backends. */
+static void longrope_checks(const char *path) {
+    enum { N = 15 };
+    int32_t tokens[N], seq[N] = {0};
+    for (int32_t t = 0; t < N; t++) tokens[t] = (t * 53 + 7) % 300;
+    static float out[2][2][N * 320]; /* [set][cpu, gpu] */
+    for (int set = 0; set < 2; set++)
+        for (int dev = 0; dev < 2; dev++) {
+            sd_gguf *g = NULL;
+            char err[256];
+            sd_model_params mp = sd_model_default_params();
+            mp.device = dev ? 0 : -1;
+            mp.max_ctx = set ? 256 : 0;
+            sd_model *m = NULL;
+            sd_kv *kv = NULL;
+            if (sd_gguf_open(path, &g, err, sizeof err) != SD_OK || sd_model_load(g, &mp, &m) != SD_OK ||
+                sd_model_kv_create(m, 1, 4, 16, &kv) != SD_OK || run(m, kv, N, tokens, seq, out[set][dev]) != SD_OK)
+                FAIL("LongRoPE model: load or forward failed (set %d, device %d)", set, dev);
+            sd_kv_free(&kv);
+            sd_model_free(&m);
+            sd_gguf_close(&g);
+        }
+    for (int set = 0; set < 2; set++) {
+        double e = rel_err(out[set][1], out[set][0], (size_t)N * 320);
+        printf("  LongRoPE %s factors: GPU vs CPU max err %.2e x max|logit|\n", set ? "short" : "long", e);
+        if (!(e <= 1e-4)) FAIL("LongRoPE %s factors: GPU differs from the CPU (%.3g)", set ? "short" : "long", e);
+    }
+    if (!(rel_err(out[0][1], out[1][1], (size_t)N * 320) > 1e-3)) FAIL("LongRoPE: the factor set does not reach the GPU");
 }
 
 static void random_model_checks(const char *path, const char *name) {
@@ -525,6 +559,15 @@ int main(void) {
     printf("speculative decoding on model B:\n");
     spec_equality(b);
     spec_sampled_device_vs_host(b);
+    snprintf(cmd, sizeof cmd,
+             "'%s' -o '%s' --arch phi3 --dim 64 --layers 2 --heads 4 --kv-heads 2 --ff 128 --vocab 320 --dtype bf16 "
+             "--ctx 4096 --longrope 256 --seed 7 >/dev/null 2>&1",
+             SPECD_MKMODEL, a);
+    printf("phi3 LongRoPE model C (dim 64, 2 layers, context 4096 over an original 256, BF16):\n");
+    if (system(cmd) != 0)
+        FAIL("specd-mkmodel failed: %s", cmd);
+    else
+        longrope_checks(a);
     unlink(a), unlink(b), rmdir(dir);
     const char *demo = getenv("SPECD_MODEL");
     if (demo && *demo && access(demo, R_OK) == 0) {

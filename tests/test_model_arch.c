@@ -15,8 +15,12 @@
  * and the refusals: an unknown architecture is named with the supported
  * list; a file without one architecture-specific tensor (a Gemma post-norm,
  * a Qwen bias, a Qwen3 q-norm, Phi-3's fused QKV) is refused with the
- * tensor's name; a Phi-3 file with LongRoPE keys (a 128k variant) is refused
- * naming the key. */
+ * tensor's name. Phi-3 LongRoPE (the 128k variants) runs all of the above
+ * (the phi3-longrope case, its long factors in use), its config carries the
+ * file's factors and attention factor (in the scores' scale, squared), the
+ * factor set follows sd_model_params.max_ctx, and a file with a factor
+ * tensor missing, of the wrong length, with a factor <= 0, or on another
+ * architecture is refused naming the tensor (or the architecture). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -52,7 +56,10 @@ static const arch_case cases[] = {
      "--arch mistral --layers 1 --dim 32 --heads 2 --kv-heads 2 --ff 64 --window 5"},
     {"phi3", "--arch phi3 --layers 2 --dim 64 --heads 4 --kv-heads 2 --ff 128",
      "--arch phi3 --layers 1 --dim 32 --heads 2 --kv-heads 2 --ff 64"},
+    {"phi3-longrope", "--arch phi3 --layers 2 --dim 64 --heads 4 --kv-heads 2 --ff 128 --ctx 4096 --longrope 256",
+     "--arch phi3 --layers 1 --dim 32 --heads 2 --kv-heads 2 --ff 64 --ctx 4096 --longrope 256"},
 };
+#define LONGROPE 5 /* cases[LONGROPE]: context 4096 over an original 256 */
 #define N_CASES (sizeof cases / sizeof cases[0])
 
 static struct {
@@ -291,10 +298,9 @@ static void test_refusals(void **state) {
         assert_int_equal(config_of(path), SD_ERR_FORMAT);
         if (!strstr(logged, missing[i].tensor)) fail_msg("refusal does not name %s: %s", missing[i].tensor, logged);
     }
-    /* Phi-3 with LongRoPE (the 128k variants) is refused, the key named */
+    /* an attention factor without LongRoPE's factors: applied all the same, as llama.cpp does */
     rewrite(env.target[4], path, NULL, NULL, "phi3.rope.scaling.attn_factor");
-    assert_int_equal(config_of(path), SD_ERR_UNSUPPORTED);
-    if (!strstr(logged, "phi3.rope.scaling.attn_factor")) fail_msg("LongRoPE refusal does not name the key: %s", logged);
+    assert_int_equal(config_of(path), SD_OK);
     /* the unmodified files pass the same check */
     rewrite(env.target[2], path, NULL, NULL, NULL);
     assert_int_equal(config_of(path), SD_OK);
@@ -303,11 +309,114 @@ static void test_refusals(void **state) {
     unlink(path);
 }
 
+/* Copies src into dst with LongRoPE tensor name replaced (or added) by n
+ * floats, the middle one v (n 0: left out). */
+static void rewrite_factors(const char *src, const char *dst, const char *name, uint64_t n, float v) {
+    sd_gguf *g = NULL;
+    char err[256];
+    assert_int_equal(sd_gguf_open(src, &g, err, sizeof err), SD_OK);
+    sd_gguf_writer *w = sd_gguf_writer_new();
+    assert_non_null(w);
+    assert_int_equal(sd_gguf_writer_copy_kv(w, g, ""), SD_OK);
+    float f[64];
+    for (size_t i = 0; i < 64; i++) f[i] = 1.0f + (float)i / 64.0f;
+    f[n / 2] = v;
+    for (int64_t i = 0; i < sd_gguf_n_tensors(g); i++) {
+        const sd_gguf_tensor *t = sd_gguf_tensor_at(g, i);
+        if (strcmp(t->name, name) != 0)
+            assert_int_equal(sd_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data), SD_OK);
+    }
+    if (n) assert_int_equal(sd_gguf_writer_add_tensor(w, name, SD_DTYPE_F32, 1, (uint64_t[]){n}, f), SD_OK);
+    assert_int_equal(sd_gguf_writer_write(w, dst), SD_OK);
+    sd_gguf_writer_free(&w);
+    sd_gguf_close(&g);
+}
+
+static void test_longrope(void **state) {
+    (void)state;
+    if (!env.ok) skip();
+    const char *lr = env.target[LONGROPE];
+    sd_gguf *g = NULL;
+    char err[256];
+    assert_int_equal(sd_gguf_open(lr, &g, err, sizeof err), SD_OK);
+    sd_model_config c;
+    assert_int_equal(sd_model_config_from_gguf(g, &c), SD_OK);
+    assert_int_equal(c.rope_scaling_type, SD_ROPE_LONGROPE);
+    assert_int_equal(c.rope_orig_ctx, 256);
+    assert_int_equal(c.n_ctx_train, 4096);
+    float af = 0.0f;
+    assert_int_equal(sd_gguf_get_f32(g, "phi3.rope.scaling.attn_factor", &af), SD_OK);
+    assert_true(af > 1.1f && c.rope_attn_factor == af); /* sqrt(1 + ln 16 / ln 256) = 1.225 */
+    assert_float_equal(c.attn_scale, af * af / 4.0f, 1e-6); /* head_dim 16 */
+    const sd_gguf_tensor *tl = sd_gguf_find_tensor(g, "rope_factors_long.weight");
+    const sd_gguf_tensor *ts = sd_gguf_find_tensor(g, "rope_factors_short.weight");
+    assert_non_null(tl);
+    assert_non_null(ts);
+    assert_memory_equal(c.rope_factors_long, tl->data, 8 * sizeof(float));
+    assert_memory_equal(c.rope_factors_short, ts->data, 8 * sizeof(float));
+    /* the rule: long above the original context, short at or below it */
+    assert_ptr_equal(sd_model_rope_factors(&c, 0), c.rope_factors_long);
+    assert_ptr_equal(sd_model_rope_factors(&c, 257), c.rope_factors_long);
+    assert_ptr_equal(sd_model_rope_factors(&c, 256), c.rope_factors_short);
+    sd_gguf_close(&g);
+
+    /* the set chosen at load moves the logits: short (max_ctx 256) differs from long (the default) */
+    sd_model_params mp = sd_model_default_params();
+    mp.n_threads = 2;
+    float lg[2][4 * VOCAB];
+    for (int set = 0; set < 2; set++) {
+        mp.max_ctx = set ? 256 : 0;
+        assert_int_equal(sd_gguf_open(lr, &g, err, sizeof err), SD_OK);
+        sd_model *m = NULL;
+        assert_int_equal(sd_model_load(g, &mp, &m), SD_OK);
+        sd_gguf_close(&g);
+        sd_kv *kv = NULL;
+        assert_int_equal(sd_model_kv_create(m, 1, 4, 16, &kv), SD_OK);
+        int32_t tok[4] = {5, 17, 200, 33}, pos[4] = {0, 1, 2, 3}, sq[4] = {0};
+        bool want[4] = {true, true, true, true};
+        sd_batch b = {.n_tokens = 4, .tokens = tok, .pos = pos, .seq = sq, .logits = want};
+        assert_int_equal(sd_model_forward(m, kv, &b, lg[set]), SD_OK);
+        sd_kv_free(&kv);
+        sd_model_free(&m);
+    }
+    assert_memory_equal(lg[0], lg[1], VOCAB * sizeof(float)); /* position 0 does not rotate */
+    assert_memory_not_equal(lg[0] + VOCAB, lg[1] + VOCAB, 3 * VOCAB * sizeof(float));
+
+    /* refusals, each naming what is wrong */
+    char path[160];
+    snprintf(path, sizeof path, "%s/longrope.gguf", env.dir);
+    const struct {
+        const char *tensor;
+        uint64_t n;
+        float v;
+        const char *named;
+    } bad[] = {
+        {"rope_factors_short.weight", 0, 1.0f, "rope_factors_short.weight"},
+        {"rope_factors_long.weight", 0, 1.0f, "rope_factors_long.weight"},
+        {"rope_factors_long.weight", 7, 1.0f, "rope_factors_long.weight has shape [7], expected [8]"},
+        {"rope_factors_short.weight", 16, 1.0f, "rope_factors_short.weight has shape [16], expected [8]"},
+        {"rope_factors_long.weight", 8, 0.0f, "rope_factors_long.weight[4]"},
+        {"rope_factors_short.weight", 8, -2.0f, "rope_factors_short.weight[4]"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        rewrite_factors(lr, path, bad[i].tensor, bad[i].n, bad[i].v);
+        assert_int_equal(config_of(path), SD_ERR_FORMAT);
+        if (!strstr(logged, bad[i].named)) fail_msg("refusal does not name %s: %s", bad[i].named, logged);
+    }
+    rewrite_factors(lr, path, "rope_factors_short.weight", 8, 1.5f); /* a well-formed replacement loads */
+    assert_int_equal(config_of(path), SD_OK);
+    rewrite_factors(env.target[3], path, "rope_factors_long.weight", 8, 1.0f); /* mistral: llama */
+    assert_int_equal(config_of(path), SD_ERR_UNSUPPORTED);
+    if (!strstr(logged, "phi3 only")) fail_msg("LongRoPE on llama is not refused by name: %s", logged);
+    unlink(path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_invariance_and_rollback),
         cmocka_unit_test(test_greedy_spec_equals_plain),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_longrope),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

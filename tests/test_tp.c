@@ -72,6 +72,7 @@ static struct {
     char m_gemma[128]; /* gemma3: dim 64, 4 heads of 32, 2 KV heads, 7 layers, window 4 */
     char m_qwen2[128]; /* qwen2: dim 64, 4 heads, 2 KV heads, Q/K/V biases */
     char m_phi3[128];  /* phi3: dim 64, 4 heads, 2 KV heads, fused QKV and gate/up */
+    char m_phi3lr[128]; /* phi3 LongRoPE: context 4096 over an original 256 (its long factors, attn_factor) */
     bool ok;
 } env;
 
@@ -87,6 +88,7 @@ static int setup_models(void **state) {
     snprintf(env.m_gemma, sizeof env.m_gemma, "%s/gemma.gguf", env.dir);
     snprintf(env.m_qwen2, sizeof env.m_qwen2, "%s/qwen2.gguf", env.dir);
     snprintf(env.m_phi3, sizeof env.m_phi3, "%s/phi3.gguf", env.dir);
+    snprintf(env.m_phi3lr, sizeof env.m_phi3lr, "%s/phi3lr.gguf", env.dir);
     char cmd[2560];
     snprintf(cmd, sizeof cmd,
              "'%1$s' -o '%2$s' --dim 64 --layers 2 --heads 4 --kv-heads 2 --ff 128 --vocab 512 --seed 5 && "
@@ -98,15 +100,19 @@ static int setup_models(void **state) {
              "'%1$s' -o '%7$s' --arch gemma3 --dim 64 --layers 7 --heads 4 --kv-heads 2 --head-dim 32 --ff 128 "
              "--window 4 --vocab 512 --tied --seed 8 && "
              "'%1$s' -o '%8$s' --arch qwen2 --dim 64 --layers 2 --heads 4 --kv-heads 2 --ff 128 --vocab 512 --seed 9 && "
-             "'%1$s' -o '%9$s' --arch phi3 --dim 64 --layers 2 --heads 4 --kv-heads 2 --ff 128 --vocab 512 --seed 10",
-             SPECD_MKMODEL, env.m_gqa, env.m_q8, env.m_odd, env.m_ff, env.m_q8s, env.m_gemma, env.m_qwen2, env.m_phi3);
+             "'%1$s' -o '%9$s' --arch phi3 --dim 64 --layers 2 --heads 4 --kv-heads 2 --ff 128 --vocab 512 --seed 10 && "
+             "'%1$s' -o '%10$s' --arch phi3 --dim 64 --layers 2 --heads 4 --kv-heads 2 --ff 128 --vocab 512 --seed 11 "
+             "--ctx 4096 --longrope 256",
+             SPECD_MKMODEL, env.m_gqa, env.m_q8, env.m_odd, env.m_ff, env.m_q8s, env.m_gemma, env.m_qwen2, env.m_phi3,
+             env.m_phi3lr);
     env.ok = system(cmd) == 0;
     return 0;
 }
 
 static int teardown_models(void **state) {
     (void)state;
-    const char *files[] = {env.m_gqa, env.m_q8, env.m_odd, env.m_ff, env.m_q8s, env.m_gemma, env.m_qwen2, env.m_phi3};
+    const char *files[] = {env.m_gqa,   env.m_q8,    env.m_odd,  env.m_ff,    env.m_q8s,
+                           env.m_gemma, env.m_qwen2, env.m_phi3, env.m_phi3lr};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) unlink(files[i]);
     rmdir(env.dir);
     return 0;
@@ -502,7 +508,8 @@ static void test_tp4_matches_tp1(void **state) {
 /* The other architectures (engine/model_arch.c): Gemma 3 (q/k norms
  * replicated, post-norms after the all-reduce, windowed layers), Qwen2
  * (biases split with their heads) at TP 2 and 4, and Phi-3 (each rank's rows
- * of each part of the fused QKV and gate/up) at TP 2 match TP 1. */
+ * of each part of the fused QKV and gate/up) at TP 2, with LongRoPE (every
+ * rank picks the same factor set) at TP 2 and 4, match TP 1. */
 static void test_tp_arch_matches_tp1(void **state) {
     (void)state;
     SKIP_WITHOUT_MODELS();
@@ -511,6 +518,8 @@ static void test_tp_arch_matches_tp1(void **state) {
     check_matches(env.m_qwen2, 2, SD_TP_LM_HEAD_SPLIT, "qwen2 tp 2, biases split", false, false);
     check_matches(env.m_qwen2, 4, SD_TP_LM_HEAD_LEADER, "qwen2 tp 4, head on the leader", false, false);
     check_matches(env.m_phi3, 2, SD_TP_LM_HEAD_SPLIT, "phi3 tp 2, fused matrices split by part", false, false);
+    check_matches(env.m_phi3lr, 2, SD_TP_LM_HEAD_SPLIT, "phi3 LongRoPE tp 2", false, false);
+    check_matches(env.m_phi3lr, 4, SD_TP_LM_HEAD_SPLIT, "phi3 LongRoPE tp 4", false, false);
 }
 
 /* Under TP a row's logits do not depend on the batch: each sequence alone,

@@ -17,9 +17,12 @@
  * Then the refusals: a checkpoint without one architecture-specific tensor
  * (a Qwen2 bias, a Qwen3 q_norm, a Gemma post-norm, Phi-3's gate_up_proj) is
  * refused naming it; an unknown architectures entry names the supported
- * list; Gemma3ForConditionalGeneration, Phi-3 LongRoPE, Gemma's logit
+ * list; Gemma3ForConditionalGeneration, Phi-3 YaRN, Gemma's logit
  * soft-capping or an irregular layer_types, and Qwen's use_sliding_window
- * are refused by name; a Gemma norm stored as GGUF's 1 + w changes the
+ * are refused by name; Phi-3 LongRoPE (a pair above) reads its factors, its
+ * original context from either place, its attention factor given or
+ * derived, "su" as "longrope", and refuses a factor list of the wrong
+ * length, a factor <= 0 or a missing list, naming the key; a Gemma norm stored as GGUF's 1 + w changes the
  * logits (the loader's + 1 is needed). A qwen2 GGUF with the "qwen2"
  * pre-tokenizer becomes a tokenizer.json with Qwen2's split that encodes the
  * same. With --shapes
@@ -67,9 +70,11 @@ static pair PAIRS[] = {
     {"phi3", "Phi3ForCausalLM", "--arch phi3 --layers 2 --dim 64 --heads 4 --kv-heads 2 --ff 96 --seed 26", "", ""},
     {"mistral", "MistralForCausalLM",
      "--arch mistral --layers 2 --dim 64 --heads 4 --kv-heads 2 --ff 96 --window 5 --seed 27", "", ""},
+    {"phi3 LongRoPE", "Phi3ForCausalLM",
+     "--arch phi3 --layers 2 --dim 64 --heads 4 --kv-heads 2 --ff 96 --ctx 4096 --longrope 256 --seed 28", "", ""},
 };
 #define N_PAIRS (sizeof PAIRS / sizeof PAIRS[0])
-enum { P_QWEN2, P_QWEN2_TIED, P_QWEN3, P_GEMMA, P_GEMMA_BF16, P_PHI3, P_MISTRAL };
+enum { P_QWEN2, P_QWEN2_TIED, P_QWEN3, P_GEMMA, P_GEMMA_BF16, P_PHI3, P_MISTRAL, P_PHI3_LONGROPE };
 
 static struct {
     char dir[64];
@@ -134,6 +139,11 @@ static void expect_same_config(const char *label, const sd_model_config *a, cons
     SAME(rope_base);
     SAME(rope_scaling_type);
     SAME(rope_scale_factor);
+    SAME(rope_orig_ctx);
+    SAME(rope_attn_factor);
+    if (memcmp(a->rope_factors_long, b->rope_factors_long, sizeof a->rope_factors_long) != 0 ||
+        memcmp(a->rope_factors_short, b->rope_factors_short, sizeof a->rope_factors_short) != 0)
+        fail_msg("%s: LongRoPE factors differ", label);
     SAME(tied_output);
     SAME(qkv_bias);
     SAME(qk_norm);
@@ -430,9 +440,7 @@ static void test_refused_configs(void **state) {
     } cases[] = {
         {P_QWEN2, "architectures", "[\"GPTNeoXForCausalLM\"]", "'GPTNeoXForCausalLM'"},
         {P_QWEN3, "model_type", "\"qwen2\"", "model_type 'qwen2'"},
-        {P_PHI3, "rope_scaling",
-         "{\"type\":\"longrope\",\"short_factor\":[1],\"long_factor\":[1],\"original_max_position_embeddings\":4096}",
-         "longrope"},
+        {P_PHI3, "rope_scaling", "{\"type\":\"yarn\",\"factor\":4}", "'yarn'"},
         {P_PHI3, "partial_rotary_factor", "0.75", "partial_rotary_factor"},
         {P_GEMMA, "final_logit_softcapping", "30.0", "final_logit_softcapping"},
         {P_GEMMA, "layer_types",
@@ -471,6 +479,57 @@ static void test_refused_configs(void **state) {
 /* The loader's + 1 is what makes Gemma's logits equal: a checkpoint whose
  * norm holds GGUF's 1 + w (a converter that forgot Gemma3RMSNorm's form)
  * loads, but its logits differ from the GGUF's. */
+/* Phi-3 LongRoPE's config.json forms (the pair's own is checked against its GGUF above). */
+static void test_longrope_configs(void **state) {
+    (void)state;
+    if (!env.ok) skip();
+#define F8 "[1,1.1,1.2,1.3,1.4,1.5,1.6,1.7]"
+    static const struct {
+        const char *json, *named; /* named NULL: opens */
+        float attn_factor;        /* when it opens */
+    } cases[] = {
+        {"{\"type\":\"su\",\"long_factor\":" F8 ",\"short_factor\":" F8 "}", NULL, 1.2247449f},
+        {"{\"rope_type\":\"longrope\",\"long_factor\":" F8 ",\"short_factor\":" F8 ",\"attention_factor\":1.5}", NULL,
+         1.5f},
+        {"{\"type\":\"longrope\",\"long_factor\":[1,2,3],\"short_factor\":" F8 "}", "rope_scaling.long_factor", 0},
+        {"{\"type\":\"longrope\",\"long_factor\":" F8 ",\"short_factor\":[1,1,1,1,0,1,1,1]}",
+         "rope_scaling.short_factor[4]", 0},
+        {"{\"type\":\"longrope\",\"long_factor\":" F8 "}", "rope_scaling.short_factor", 0},
+        {"{\"type\":\"longrope\",\"long_factor\":" F8 ",\"short_factor\":\"x\"}", "rope_scaling.short_factor", 0},
+    };
+#undef F8
+    char d[256];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        copy_hf(P_PHI3_LONGROPE, d, sizeof d);
+        set_config(d, "rope_scaling", cases[i].json);
+        expect_open(d, cases[i].named ? SD_ERR_FORMAT : SD_OK, cases[i].json);
+        if (cases[i].named) {
+            if (!strstr(logged, cases[i].named)) fail_msg("refusal does not name %s: %s", cases[i].named, logged);
+            continue;
+        }
+        sd_weights *w = open_ok(d);
+        sd_model_config c;
+        assert_int_equal(sd_weights_config(w, &c), SD_OK);
+        assert_int_equal(c.rope_scaling_type, SD_ROPE_LONGROPE);
+        assert_int_equal(c.rope_orig_ctx, 256);
+        assert_float_equal(c.rope_attn_factor, cases[i].attn_factor, 1e-6); /* sqrt(1 + ln 16 / ln 256) */
+        assert_true(c.rope_factors_long[7] == 1.7f && c.rope_factors_short[0] == 1.0f);
+        sd_weights_close(&w);
+    }
+    /* the original context inside rope_scaling (newer configs) reads the same */
+    copy_hf(P_PHI3_LONGROPE, d, sizeof d);
+    set_config(d, "original_max_position_embeddings", "null");
+    set_config(d, "rope_scaling",
+               "{\"type\":\"longrope\",\"long_factor\":[1,1,1,1,1,1,1,1],\"short_factor\":[1,1,1,1,1,1,1,1],"
+               "\"original_max_position_embeddings\":1024}");
+    sd_weights *w = open_ok(d);
+    sd_model_config c;
+    assert_int_equal(sd_weights_config(w, &c), SD_OK);
+    assert_int_equal(c.rope_orig_ctx, 1024);
+    assert_float_equal(c.rope_attn_factor, 1.0954451f, 1e-6); /* sqrt(1 + ln 4 / ln 1024) */
+    sd_weights_close(&w);
+}
+
 static void test_gemma_norm_shift_matters(void **state) {
     (void)state;
     if (!env.ok) skip();
@@ -693,7 +752,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_same_numbers),       cmocka_unit_test(test_same_logits),
         cmocka_unit_test(test_missing_tensors),    cmocka_unit_test(test_refused_configs),
         cmocka_unit_test(test_qwen2_pretokenizer), cmocka_unit_test(test_gemma_norm_shift_matters),
-        cmocka_unit_test(test_gemma3_multimodal),
+        cmocka_unit_test(test_gemma3_multimodal),  cmocka_unit_test(test_longrope_configs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

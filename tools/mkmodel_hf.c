@@ -161,6 +161,7 @@ static sd_status write_tensors(const sd_gguf *g, const mk_hf_params *p, const sd
                             "rope_scaling stands for it\n");
             continue;
         }
+        if (strncmp(t->name, "rope_factors_", 13) == 0) continue; /* LongRoPE's: config.json's rope_scaling */
         if (!sd_weights_hf_name(c->arch_id, t->name, c->n_layers, tp->hf, sizeof tp->hf, &tp->how) || t->n_dims > 2) {
             fprintf(stderr, "specd-mkmodel: tensor %s has no Hugging Face %s counterpart\n", t->name, c->arch);
             s = SD_ERR_UNSUPPORTED;
@@ -229,7 +230,28 @@ static void arch_names(const sd_model_config *c, const char **cls, const char **
     *type = mistral ? "mistral" : names[c->arch_id][1];
 }
 
+/* LongRoPE as Phi-3's configs say it: the factors in rope_scaling, the
+ * original context at the top level; attention_factor only when it is not
+ * the value transformers would derive (the reader derives it the same way). */
+static void add_longrope(cJSON *j, const sd_model_config *c) {
+    cJSON *rs = cJSON_AddObjectToObject(j, "rope_scaling");
+    cJSON_AddStringToObject(rs, "type", "longrope");
+    const char *keys[] = {"long_factor", "short_factor"};
+    for (int set = 0; set < 2; set++) {
+        cJSON *a = cJSON_AddArrayToObject(rs, keys[set]);
+        const float *f = set == 0 ? c->rope_factors_long : c->rope_factors_short;
+        for (int32_t i = 0; i < c->head_dim / 2; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)f[i]));
+    }
+    if ((float)mk_longrope_attn_factor((uint32_t)c->n_ctx_train, (uint32_t)c->rope_orig_ctx) != c->rope_attn_factor)
+        cJSON_AddNumberToObject(rs, "attention_factor", (double)c->rope_attn_factor);
+    cJSON_AddNumberToObject(j, "original_max_position_embeddings", c->rope_orig_ctx);
+}
+
 static void add_rope_scaling(cJSON *j, const sd_model_config *c) {
+    if (c->rope_scaling_type == SD_ROPE_LONGROPE) {
+        add_longrope(j, c);
+        return;
+    }
     if (c->rope_scaling_type == 0) {
         cJSON_AddNullToObject(j, "rope_scaling");
         return;

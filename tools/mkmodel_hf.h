@@ -29,4 +29,14 @@ sd_status mk_write_hf(const sd_gguf *g, const mk_hf_params *p);
  * (mkmodel_hf_spm.c). */
 sd_status mk_spm_merges(const sd_gguf *g, uint64_t n_tokens, cJSON *merges);
 
+/* LongRoPE (mkmodel_rope.c): the attention factor llama.cpp's converter
+ * and transformers derive for a context of ctx over the original orig
+ * (sqrt(1 + ln(ctx / orig) / ln orig), 1 when ctx <= orig); and writes
+ * <arch>.rope.scaling.attn_factor (that value) and .original_context_length
+ * (orig), and random factor tensors rope_factors_long / rope_factors_short
+ * of head_dim / 2 floats (1 at the highest frequency, up to 3 and 1.5). */
+double mk_longrope_attn_factor(uint32_t ctx, uint32_t orig);
+sd_status mk_write_longrope(sd_gguf_writer *w, const char *arch, uint32_t head_dim, uint32_t ctx, uint32_t orig,
+                            uint64_t seed);
+
 #endif

@@ -49,6 +49,7 @@ typedef struct gen_opts {
     int32_t n_threads;
     int32_t device; /* -1 CPU, N cuda:N (target and draft model) */
     sd_dtype kv_type;
+    int32_t max_ctx; /* --max-ctx N: tokens the sequence may reach (0: the model's context; LongRoPE's factors) */
     sd_sampling sampling;
     bool chat, special;           /* special: a plain prompt's special-token text is read as control tokens */
     const char *chat_template;    /* --chat-template NAME, or NULL: the model's */
@@ -111,6 +112,8 @@ static void usage(FILE *f) {
             "  -t, --threads N      worker threads (default: all cores)\n"
             "      --device D       cpu (default), cuda or cuda:N: where the target and a draft model run\n"
             "      --kv-type T      the target's KV cache: f32 (default) or f16 (half the memory; CPU)\n"
+            "      --max-ctx N      tokens the sequence may reach (default: the model's context length); picks\n"
+            "                       a LongRoPE model's factors (long above its original context, else short)\n"
             "      --ignore-eos     keep generating past end-of-generation tokens\n"
             "      --draft PATH     speculative decoding with a draft model (same vocabulary)\n"
             "      --ngram          speculative decoding with the n-gram (prompt lookup) drafter\n"
@@ -192,6 +195,7 @@ enum {
     OPT_RESPONSE_JSON,
     OPT_FORCED,
     OPT_NO_FORCED,
+    OPT_MAX_CTX,
     OPT_SPECIAL,
     OPT_VERIFY_RULE
 };
@@ -235,6 +239,7 @@ static const struct option longs[] = {{"model", required_argument, 0, 'm'},
                                       {"response-json", no_argument, 0, OPT_RESPONSE_JSON},
                                       {"forced-draft", no_argument, 0, OPT_FORCED},
                                       {"no-forced", no_argument, 0, OPT_NO_FORCED},
+                                      {"max-ctx", required_argument, 0, OPT_MAX_CTX},
                                       {"verbose", no_argument, 0, 'v'},
                                       {"help", no_argument, 0, 'h'},
                                       SD_BACKEND_LONG_OPTIONS,
@@ -348,6 +353,7 @@ static bool apply_opt(int c, gen_opts *o, const char **name, bool *unknown) {
     case OPT_RESPONSE_JSON: o->response_json = true; break;
     case OPT_FORCED: o->forced_draft = true; break;
     case OPT_NO_FORCED: o->no_forced = true; break;
+    case OPT_MAX_CTX: ok = sd_cli_parse_i32(optarg, 1, SD_MODEL_MAX_CTX, &o->max_ctx), *name = "max-ctx"; break;
     case 'v': o->verbose = true; break;
     default: *unknown = true; break;
     }
@@ -454,9 +460,10 @@ static sd_status encode_prompt(const gen_opts *o, const sd_model_config *cfg, co
         return SD_ERR_INVALID_ARG;
     }
     int64_t n_ctx = (int64_t)r->n_prompt + o->n_predict;
-    if (n_ctx > cfg->n_ctx_train) {
-        SD_ERROR("prompt (%zu tokens) + n_predict (%d) exceeds the model's context length %d", r->n_prompt,
-                 o->n_predict, cfg->n_ctx_train);
+    int32_t max = o->max_ctx > 0 && o->max_ctx < cfg->n_ctx_train ? o->max_ctx : cfg->n_ctx_train;
+    if (n_ctx > max) {
+        SD_ERROR("prompt (%zu tokens) + n_predict (%d) exceeds the context length %d (%s)", r->n_prompt, o->n_predict,
+                 max, max == cfg->n_ctx_train ? "the model's" : "--max-ctx");
         return SD_ERR_RANGE;
     }
     return SD_OK;
@@ -656,6 +663,7 @@ static bool open_model(const gen_opts *o, sd_model **m, sd_tok **tok, sd_chat_te
     mp.device = o->device;
     mp.backend = o->backend;
     mp.kv_type = o->kv_type;
+    mp.max_ctx = o->max_ctx;
     bool ok = false;
     if ((st = sd_weights_tokenizer(w, tok)) != SD_OK || (st = sd_model_load_weights(w, &mp, m)) != SD_OK)
         fprintf(stderr, "specd-generate: cannot load %s: %s (see the log above)\n", o->model_path, sd_status_str(st));

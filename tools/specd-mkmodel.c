@@ -4,9 +4,10 @@
  * llama, qwen2, qwen3, gemma3, phi3, or mistral: llama with a sliding
  * window), so anything that loads SmolLM2 (or llama.cpp) loads it; --shape
  * NAME takes a real model's shape (qwen2.5-0.5b, qwen3-0.6b, gemma3-270m,
- * gemma3-1b, mistral-7b, phi3-mini). Phi-3 stores Q, K, V as one attn_qkv
+ * gemma3-1b, mistral-7b, phi3-mini, phi3-mini-128k). Phi-3 stores Q, K, V as one attn_qkv
  * matrix and gate, up as one ffn_up of 2 x ff rows, each part drawn as
- * llama's. What an architecture adds is drawn like the rest: Qwen2's
+ * llama's; --longrope ORIG gives it Phi-3 128k's LongRoPE over an original
+ * context of ORIG (mkmodel_rope.c). What an architecture adds is drawn like the rest: Qwen2's
  * Q/K/V biases N(0, 0.1^2), the q/k and post norms like the other norms. Weights come from a seeded PRNG (splitmix64,
  * one independent stream per tensor, Box-Muller normals) scaled so that a
  * forward pass is well-conditioned: matrices have std 1/sqrt(fan_in), the
@@ -47,6 +48,7 @@ typedef struct mk_params {
     bool mistral;     /* --arch mistral: llama with a sliding window on every layer */
     uint32_t head_dim, window; /* 0: dim / heads; 0: no sliding window */
     uint32_t dim, layers, heads, kv_heads, ff, vocab, ctx;
+    uint32_t longrope;  /* --longrope ORIG: phi3 LongRoPE fitted to ORIG tokens (0: none) */
     uint32_t pad_vocab; /* --pad-vocab: the synthetic vocabulary padded with unused [PADn] tokens to this size */
     float rope_base;
     sd_dtype dtype, norm_dtype;
@@ -62,7 +64,7 @@ typedef struct mk_params {
 
 static void usage(FILE *f) {
     fprintf(f, "usage: specd-mkmodel -o OUT.gguf [--arch llama|qwen2|qwen3|gemma3|phi3|mistral] [--shape NAME]\n"
-               "                     [--head-dim N] [--window N]\n"
+               "                     [--head-dim N] [--window N] [--longrope ORIG_CTX]\n"
                "                     [--dim 64] [--layers 2] [--heads 4] [--kv-heads 2] [--ff 128]\n"
                "                     [--vocab 512 | --tokenizer-from MODEL.gguf] [--ctx 2048] [--rope-base 10000]\n"
                "                     [--dtype f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k] [--norm-dtype f32] "
@@ -149,7 +151,8 @@ enum {
     O_SHAPE,
     O_HEAD_DIM,
     O_WINDOW,
-    O_PAD_VOCAB
+    O_PAD_VOCAB,
+    O_LONGROPE
 };
 static const struct option mk_longs[] = {{"dim", required_argument, 0, O_DIM},
                                          {"layers", required_argument, 0, O_LAYERS},
@@ -173,6 +176,7 @@ static const struct option mk_longs[] = {{"dim", required_argument, 0, O_DIM},
                                          {"head-dim", required_argument, 0, O_HEAD_DIM},
                                          {"window", required_argument, 0, O_WINDOW},
                                          {"pad-vocab", required_argument, 0, O_PAD_VOCAB},
+                                         {"longrope", required_argument, 0, O_LONGROPE},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
 
@@ -199,13 +203,15 @@ static bool set_shape(const char *name, mk_params *p, bool *vocab_set) {
         uint32_t dim, layers, heads, kv, head_dim, ff, vocab, window;
         float rope;
         bool tied;
+        uint32_t ctx, longrope; /* 0: the defaults */
     } shapes[] = {
-        {"qwen2.5-0.5b", "qwen2", 896, 24, 14, 2, 64, 4864, 151936, 0, 1e6f, true},
-        {"qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 151936, 0, 1e6f, true},
-        {"gemma3-270m", "gemma3", 640, 18, 4, 1, 256, 2048, 262144, 512, 1e6f, true},
-        {"gemma3-1b", "gemma3", 1152, 26, 4, 1, 256, 6912, 262144, 512, 1e6f, true},
-        {"mistral-7b", "mistral", 4096, 32, 32, 8, 128, 14336, 32000, 4096, 1e4f, false},
-        {"phi3-mini", "phi3", 3072, 32, 32, 32, 96, 8192, 32064, 0, 1e4f, false},
+        {"qwen2.5-0.5b", "qwen2", 896, 24, 14, 2, 64, 4864, 151936, 0, 1e6f, true, 0, 0},
+        {"qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 151936, 0, 1e6f, true, 0, 0},
+        {"gemma3-270m", "gemma3", 640, 18, 4, 1, 256, 2048, 262144, 512, 1e6f, true, 0, 0},
+        {"gemma3-1b", "gemma3", 1152, 26, 4, 1, 256, 6912, 262144, 512, 1e6f, true, 0, 0},
+        {"mistral-7b", "mistral", 4096, 32, 32, 8, 128, 14336, 32000, 4096, 1e4f, false, 0, 0},
+        {"phi3-mini", "phi3", 3072, 32, 32, 32, 96, 8192, 32064, 0, 1e4f, false, 0, 0},
+        {"phi3-mini-128k", "phi3", 3072, 32, 32, 32, 96, 8192, 32064, 0, 1e4f, false, 131072, 4096},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         if (strcmp(name, shapes[i].name) != 0) continue;
@@ -214,11 +220,12 @@ static bool set_shape(const char *name, mk_params *p, bool *vocab_set) {
         p->dim = shapes[i].dim, p->layers = shapes[i].layers, p->heads = shapes[i].heads;
         p->kv_heads = shapes[i].kv, p->head_dim = shapes[i].head_dim, p->ff = shapes[i].ff;
         p->vocab = shapes[i].vocab, p->rope_base = shapes[i].rope, p->tied = shapes[i].tied;
+        if (shapes[i].ctx) p->ctx = shapes[i].ctx, p->longrope = shapes[i].longrope;
         *vocab_set = true;
         return true;
     }
     fprintf(stderr, "specd-mkmodel: unknown --shape '%s' (qwen2.5-0.5b, qwen3-0.6b, gemma3-270m, gemma3-1b, "
-                    "mistral-7b, phi3-mini)\n", name);
+                    "mistral-7b, phi3-mini, phi3-mini-128k)\n", name);
     return false;
 }
 
@@ -268,6 +275,7 @@ static bool apply_option(int c, const char *arg, mk_params *p, bool *vocab_set) 
     case O_SHAPE: ok = set_shape(arg, p, vocab_set); break;
     case O_HEAD_DIM: ok = parse_u32(arg, "--head-dim", 2, 1024, &p->head_dim); break;
     case O_WINDOW: ok = parse_u32(arg, "--window", 1, 1u << 24, &p->window); break;
+    case O_LONGROPE: ok = parse_u32(arg, "--longrope", 2, 1u << 24, &p->longrope); break;
     case O_TIED: p->tied = true; break;
     case O_SEED: {
         char *end;
@@ -328,6 +336,10 @@ static int check_shape(const mk_params *p, bool vocab_set) {
     uint32_t hd = p->head_dim ? p->head_dim : p->dim / p->heads;
     if (hd % 2 != 0) {
         fprintf(stderr, "specd-mkmodel: head dimension %u must be even (RoPE rotates pairs)\n", hd);
+        return -1;
+    }
+    if (p->longrope && (strcmp(p->arch, "phi3") != 0 || hd > 1024)) {
+        fprintf(stderr, "specd-mkmodel: --longrope is for --arch phi3 (LongRoPE: Phi-3's 128k models)\n");
         return -1;
     }
     if (p->window && strcmp(p->arch, "gemma3") != 0 && !p->mistral) {
@@ -604,6 +616,7 @@ static sd_status write_weights(sd_gguf_writer *w, const mk_params *p) {
 #undef BLK
     }
     for (uint32_t l = 0; l < p->layers; l++) SD_TRY(write_arch_tensors(w, p, l, &index));
+    if (p->longrope) SD_TRY(mk_write_longrope(w, p->arch, (uint32_t)hd, p->ctx, p->longrope, p->seed));
     return SD_OK;
 }
 

@@ -142,26 +142,75 @@ static sd_status check_all_tensors(const sd_gguf *g, const sd_model_config *c) {
     SD_TRY(sd_model_config_tensors(c, check_visit, (void *)g));
     const sd_gguf_tensor *rf = sd_gguf_find_tensor(g, "rope_freqs.weight");
     if (rf) SD_TRY(check_tensor(g, "rope_freqs.weight", 1, (uint64_t)c->head_dim / 2, 0));
+    static const char *const lr[] = {"rope_factors_long.weight", "rope_factors_short.weight"};
+    for (size_t i = 0; i < 2; i++) {
+        if (!sd_gguf_find_tensor(g, lr[i])) continue;
+        /* another scaling said by name, or two kinds of divisors */
+        if (c->rope_scaling_type != SD_ROPE_LONGROPE || rf) {
+            SD_ERROR("model: tensor %s (LongRoPE) with %s: one RoPE scaling per model", lr[i],
+                     rf ? "rope_freqs.weight" : "another rope.scaling.type");
+            return SD_ERR_FORMAT;
+        }
+    }
+    return SD_OK;
+}
+
+/* LongRoPE (phi3's 128k models): the original context (default the
+ * model's, as llama.cpp's n_ctx_orig_yarn), the attention factor (the
+ * source's default when absent: number() answers for HF, 1 for GGUF) and
+ * both factor sets, head_dim/2 each. */
+static sd_status longrope(const sd_rope_source *src, sd_model_config *c) {
+    if (c->arch_id != SD_ARCH_PHI3) {
+        SD_ERROR("%s: LongRoPE scaling is supported for phi3 only (this is %s)", src->where, c->arch);
+        return SD_ERR_UNSUPPORTED;
+    }
+    c->rope_scaling_type = SD_ROPE_LONGROPE;
+    c->rope_orig_ctx = c->n_ctx_train;
+    double v;
+    sd_status s = src->number(src->src, SD_ROPE_ORIG_CTX, &v); /* an integer in 1..2^30 (each reader checks) */
+    if (s == SD_OK) c->rope_orig_ctx = (int32_t)v;
+    if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
+    s = src->number(src->src, SD_ROPE_ATTN_FACTOR, &v);
+    if (s == SD_OK) c->rope_attn_factor = (float)v;
+    if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
+    const int32_t half = c->head_dim / 2;
+    for (int set = 0; set < 2; set++) {
+        float *out = set == 0 ? c->rope_factors_long : c->rope_factors_short;
+        s = src->factors ? src->factors(src->src, set == 0, half, out) : SD_ERR_NOT_FOUND;
+        if (s == SD_ERR_NOT_FOUND) {
+            const char *name = set == 0 ? "long" : "short";
+            SD_ERROR("%s: LongRoPE scaling without its %s factors (GGUF tensor rope_factors_%s.weight, config.json "
+                     "rope_scaling.%s_factor: %d, one per frequency)",
+                     src->where, name, name, name, (int)half);
+            return SD_ERR_FORMAT;
+        }
+        SD_TRY(s);
+    }
     return SD_OK;
 }
 
 sd_status sd_model_config_rope_scaling(const sd_rope_source *src, sd_model_config *c) {
-    c->rope_scaling_type = 0;
+    c->rope_scaling_type = SD_ROPE_NONE;
     c->rope_scale_factor = 1.0f;
     c->rope_low_freq_factor = 1.0f;
     c->rope_high_freq_factor = 4.0f;
     c->rope_orig_ctx = 8192;
+    c->rope_attn_factor = 1.0f;
+    memset(c->rope_factors_long, 0, sizeof c->rope_factors_long);
+    memset(c->rope_factors_short, 0, sizeof c->rope_factors_short);
     char t[33];
     sd_status s = src->type(src->src, t, sizeof t);
     if (s == SD_ERR_NOT_FOUND) return SD_OK;
     SD_TRY(s);
     if (strcmp(t, src->type_none) == 0) return SD_OK;
+    if (strcmp(t, "longrope") == 0 || strcmp(t, "su") == 0) return longrope(src, c);
     if (strcmp(t, "linear") == 0)
-        c->rope_scaling_type = 1;
+        c->rope_scaling_type = SD_ROPE_LINEAR;
     else if (strcmp(t, "llama3") == 0)
-        c->rope_scaling_type = 2;
+        c->rope_scaling_type = SD_ROPE_LLAMA3;
     else {
-        SD_ERROR("%s: rope scaling type '%s' is not supported (%s, linear, llama3)", src->where, t, src->type_none);
+        SD_ERROR("%s: rope scaling type '%s' is not supported (%s, linear, llama3, longrope)", src->where, t,
+                 src->type_none);
         return SD_ERR_UNSUPPORTED;
     }
     double v;
@@ -172,7 +221,7 @@ sd_status sd_model_config_rope_scaling(const sd_rope_source *src, sd_model_confi
         return SD_ERR_FORMAT;
     }
     SD_TRY(s);
-    if (c->rope_scaling_type == 2) {
+    if (c->rope_scaling_type == SD_ROPE_LLAMA3) {
         s = src->number(src->src, SD_ROPE_LOW_FREQ_FACTOR, &v);
         if (s == SD_OK) c->rope_low_freq_factor = (float)v;
         if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
@@ -209,6 +258,11 @@ static sd_status gguf_rope_type(const void *src, char *out, size_t n) {
     char key[96];
     sd_gguf_str type;
     sd_status s = sd_gguf_get_str(k->g, akey(k, "rope.scaling.type", key, sizeof key), &type);
+    if (s == SD_ERR_NOT_FOUND && (sd_gguf_find_tensor(k->g, "rope_factors_long.weight") ||
+                                  sd_gguf_find_tensor(k->g, "rope_factors_short.weight"))) {
+        snprintf(out, n, "longrope"); /* llama.cpp's converter writes the factors and no type */
+        return SD_OK;
+    }
     if (s == SD_ERR_NOT_FOUND) {
         float f;
         s = get_pos_f32(k->g, akey(k, "rope.scale_linear", key, sizeof key), &f);
@@ -242,6 +296,7 @@ static sd_status gguf_rope_number(const void *src, sd_rope_key key, double *out)
     case SD_ROPE_HIGH_FREQ_FACTOR:
         s = get_pos_f32(k->g, akey(k, "rope.scaling.high_freq_factor", name, sizeof name), &f);
         break;
+    case SD_ROPE_ATTN_FACTOR: s = get_pos_f32(k->g, akey(k, "rope.scaling.attn_factor", name, sizeof name), &f); break;
     case SD_ROPE_ORIG_CTX: {
         int32_t v;
         s = get_pos_u32(k->g, akey(k, "rope.scaling.original_context_length", name, sizeof name), false,
@@ -255,23 +310,26 @@ static sd_status gguf_rope_number(const void *src, sd_rope_key key, double *out)
     return s;
 }
 
-/* Phi-3's 128k-context variants scale RoPE per frequency (LongRoPE, "su":
- * rope_factors_long / rope_factors_short and an attention factor), which
- * the engine does not implement: refused by name, not run wrong. */
-static sd_status phi3_rope(const arch_keys *k) {
-    char key[96];
-    static const char *const tensors[] = {"rope_factors_long.weight", "rope_factors_short.weight"};
-    for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; i++)
-        if (sd_gguf_find_tensor(k->g, tensors[i])) {
-            SD_ERROR("model: phi3 with LongRoPE scaling (tensor %s: a 128k-context variant) is not supported; "
-                     "the 4k-context Phi-3 models are", tensors[i]);
-            return SD_ERR_UNSUPPORTED;
-        }
-    if (sd_gguf_find_key(k->g, akey(k, "rope.scaling.attn_factor", key, sizeof key)) >= 0) {
-        SD_ERROR("model: phi3 with LongRoPE scaling (key %s: a 128k-context variant) is not supported; the "
-                 "4k-context Phi-3 models are", key);
-        return SD_ERR_UNSUPPORTED;
+/* LongRoPE's factors: tensor rope_factors_long.weight or
+ * rope_factors_short.weight, 1-D of n floats (F32, F16 or BF16), each finite
+ * and positive. */
+static sd_status gguf_rope_factors(const void *src, bool long_set, int32_t n, float *out) {
+    const arch_keys *k = src;
+    const char *name = long_set ? "rope_factors_long.weight" : "rope_factors_short.weight";
+    const sd_gguf_tensor *t = sd_gguf_find_tensor(k->g, name);
+    if (!t) return SD_ERR_NOT_FOUND;
+    SD_TRY(check_tensor(k->g, name, 1, (uint64_t)n, 0));
+    if (t->type != SD_DTYPE_F32 && t->type != SD_DTYPE_F16 && t->type != SD_DTYPE_BF16) {
+        SD_ERROR("model: tensor %s has type %s; LongRoPE factors are f32, f16 or bf16", name, sd_dtype_name(t->type));
+        return SD_ERR_FORMAT;
     }
+    SD_TRY(sd_dequantize(t->type, t->data, (uint64_t)n, out));
+    for (int32_t i = 0; i < n; i++)
+        if (!isfinite(out[i]) || out[i] <= 0.0f) {
+            SD_ERROR("model: tensor %s[%d] = %g: LongRoPE factors must be finite and positive", name, (int)i,
+                     (double)out[i]);
+            return SD_ERR_FORMAT;
+        }
     return SD_OK;
 }
 
@@ -285,7 +343,9 @@ static sd_status phi3_rope(const arch_keys *k) {
  * converter has folded Gemma's 1 + w into them). Phi-3 as llama.cpp reads
  * it: llama with fused matrices and NeoX RoPE, full attention (llama.cpp
  * turns Phi-3's sliding window off, so does this); its LongRoPE ("su")
- * variants, the 128k-context ones, are refused (phi3_rope). */
+ * variants, the 128k-context ones, were read by sd_model_config_rope_scaling
+ * and their attention factor joins the scores' scale here (squared: llama.cpp
+ * multiplies both q's and k's cos and sin by it). */
 static sd_status arch_features(const arch_keys *k, sd_model_config *c) {
     char key[96];
     c->embd_scale = 1.0f;
@@ -303,7 +363,11 @@ static sd_status arch_features(const arch_keys *k, sd_model_config *c) {
         break;
     case SD_ARCH_PHI3:
         c->fused_qkv = c->fused_gate_up = c->rope_neox = true;
-        SD_TRY(phi3_rope(k));
+        if (c->rope_scaling_type != SD_ROPE_LONGROPE) { /* llama.cpp applies the key with or without factors */
+            sd_status s = get_pos_f32(k->g, akey(k, "rope.scaling.attn_factor", key, sizeof key), &c->rope_attn_factor);
+            if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
+        }
+        c->attn_scale *= c->rope_attn_factor * c->rope_attn_factor;
         break;
     case SD_ARCH_GEMMA3:
         c->qk_norm = c->post_norms = c->rope_neox = c->gelu = true;
@@ -407,8 +471,12 @@ sd_status sd_model_config_from_gguf(const sd_gguf *g, sd_model_config *cfg) {
     c.rope_base = 10000.0f;
     s = get_pos_f32(g, K("rope.freq_base"), &c.rope_base);
     if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
-    sd_rope_source rope = {
-        .where = "model", .type_none = "none", .type = gguf_rope_type, .number = gguf_rope_number, .src = &keys};
+    sd_rope_source rope = {.where = "model",
+                           .type_none = "none",
+                           .type = gguf_rope_type,
+                           .number = gguf_rope_number,
+                           .factors = gguf_rope_factors,
+                           .src = &keys};
     SD_TRY(sd_model_config_rope_scaling(&rope, &c));
     SD_TRY(arch_features(&keys, &c));
 

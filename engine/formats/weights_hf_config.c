@@ -15,7 +15,9 @@
  *                       stored as w where the engine multiplies by 1 + w,
  *                       query_pre_attn_scalar, local / global layers
  *   Phi3ForCausalLM     fused qkv_proj and gate_up_proj, NeoX RoPE; like
- *                       the GGUF path, full attention and no LongRoPE
+ *                       the GGUF path, full attention; LongRoPE ("longrope"
+ *                       / "su": long_factor, short_factor, attention_factor
+ *                       or its transformers default) as the GGUF keys say it
  * Defaults for absent keys are each class's transformers defaults; the
  * bounds on values are the GGUF reader's (SD_MODEL_MAX_*, model_config.h).
  *   Gemma3ForConditionalGeneration  the multimodal 4B-27B checkpoints, as
@@ -131,20 +133,81 @@ static sd_status hf_rope_type(const void *src, char *out, size_t n) {
     return SD_OK;
 }
 
+/* LongRoPE's original context: rope_scaling's original_max_position_embeddings, else
+ * the top level's (Phi-3's configs keep it there); SD_ERR_NOT_FOUND when neither has it. */
+static sd_status hf_orig_ctx(const cJSON *j, int32_t *out) {
+    sd_status s = get_int(field(j, "rope_scaling"), "original_max_position_embeddings", false, SD_MODEL_MAX_CTX, out);
+    return s == SD_ERR_NOT_FOUND ? get_int(j, "original_max_position_embeddings", false, SD_MODEL_MAX_CTX, out) : s;
+}
+
+/* LongRoPE's attention factor: rope_scaling.attention_factor, else as
+ * transformers (and llama.cpp's converter) compute it from the context's
+ * growth s = max_position_embeddings / original (rope_scaling.factor
+ * without an original context): sqrt(1 + ln s / ln original), 1 when s <= 1. */
+static sd_status hf_attn_factor(const cJSON *j, double *out) {
+    const cJSON *rs = field(j, "rope_scaling");
+    float f;
+    sd_status s = get_pos_float(rs, "rope_scaling", "attention_factor", &f);
+    if (s != SD_ERR_NOT_FOUND) {
+        if (s == SD_OK) *out = f;
+        return s;
+    }
+    int32_t max_pos = 0, orig = 0;
+    SD_TRY(get_int_or(j, "max_position_embeddings", SD_MODEL_MAX_CTX, 4096, &max_pos));
+    s = hf_orig_ctx(j, &orig);
+    double scale = 1.0;
+    if (s == SD_OK) {
+        scale = (double)max_pos / (double)orig;
+    } else if (s == SD_ERR_NOT_FOUND) {
+        orig = max_pos;
+        s = get_pos_float(rs, "rope_scaling", "factor", &f);
+        if (s == SD_OK) scale = f;
+        if (s != SD_ERR_NOT_FOUND) SD_TRY(s);
+    } else {
+        return s;
+    }
+    *out = scale > 1.0 && orig > 1 ? sqrt(1.0 + log(scale) / log((double)orig)) : 1.0;
+    return SD_OK;
+}
+
 static sd_status hf_rope_number(const void *src, sd_rope_key key, double *out) {
     const cJSON *rs = field(src, "rope_scaling");
     static const char *const names[] = {"factor", "low_freq_factor", "high_freq_factor"};
     if (key == SD_ROPE_ORIG_CTX) {
         int32_t v;
-        sd_status s = get_int(rs, "original_max_position_embeddings", false, SD_MODEL_MAX_CTX, &v);
+        sd_status s = hf_orig_ctx(src, &v);
         if (s == SD_OK) *out = v;
         return s;
     }
+    if (key == SD_ROPE_ATTN_FACTOR) return hf_attn_factor(src, out);
     if ((int)key < 0 || (size_t)key >= sizeof names / sizeof names[0]) return SD_ERR_INVALID_ARG;
     float f;
     sd_status s = get_pos_float(rs, "rope_scaling", names[key], &f);
     if (s == SD_OK) *out = f;
     return s;
+}
+
+/* LongRoPE's factors: rope_scaling.long_factor or short_factor, an array of
+ * n finite positive numbers. */
+static sd_status hf_rope_factors(const void *src, bool long_set, int32_t n, float *out) {
+    const char *key = long_set ? "long_factor" : "short_factor";
+    const cJSON *a = field(field(src, "rope_scaling"), key);
+    if (!a || cJSON_IsNull(a)) return SD_ERR_NOT_FOUND;
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != n) {
+        SD_ERROR("weights: config.json rope_scaling.%s must be an array of %d numbers (head_dim / 2), it has %d", key,
+                 (int)n, cJSON_IsArray(a) ? cJSON_GetArraySize(a) : -1);
+        return SD_ERR_FORMAT;
+    }
+    int32_t i = 0;
+    for (const cJSON *e = a->child; e; e = e->next, i++) {
+        double d = cJSON_IsNumber(e) ? e->valuedouble : NAN;
+        out[i] = (float)d;
+        if (!isfinite(out[i]) || out[i] <= 0.0f) {
+            SD_ERROR("weights: config.json rope_scaling.%s[%d] must be a finite positive number", key, (int)i);
+            return SD_ERR_FORMAT;
+        }
+    }
+    return SD_OK;
 }
 
 /* A boolean key that must be false (or absent) for this architecture. */
@@ -329,24 +392,12 @@ static sd_status arch_features(const cJSON *j, const hf_arch *a, sd_model_config
         }
         /* sliding_window is ignored, as llama.cpp's phi3 does (model_config.c) */
         c->fused_qkv = c->fused_gate_up = c->rope_neox = true;
+        c->attn_scale *= c->rope_attn_factor * c->rope_attn_factor; /* LongRoPE's (1 without it) */
         return SD_OK;
     }
     case SD_ARCH_GEMMA3: return gemma3_features(j, a, c);
     }
     return SD_ERR_INTERNAL;
-}
-
-/* Phi-3's 128k variants scale RoPE per frequency; refused as the GGUF path does. */
-static sd_status phi3_rope(const cJSON *j) {
-    char t[33];
-    if (hf_rope_type(j, t, sizeof t) != SD_OK) return SD_OK;
-    if (strcmp(t, "longrope") == 0 || strcmp(t, "su") == 0 || strcmp(t, "yarn") == 0) {
-        SD_ERROR("weights: Phi3ForCausalLM with rope_scaling '%s' (LongRoPE: a 128k-context variant) is not "
-                 "supported; the 4k-context Phi-3 models are",
-                 t);
-        return SD_ERR_UNSUPPORTED;
-    }
-    return SD_OK;
 }
 
 /* A text model's config of class a. */
@@ -357,11 +408,11 @@ static sd_status parse_text(const cJSON *j, const hf_arch *a, sd_hf_meta *out) {
     static const char *const names[] = {"llama", "qwen2", "qwen3", "gemma3", "phi3"}; /* by sd_model_arch */
     snprintf(c.arch, sizeof c.arch, "%s", names[a->id]);
     SD_TRY(shape(j, a, &c));
-    if (a->id == SD_ARCH_PHI3) SD_TRY(phi3_rope(j));
     sd_rope_source rope = {.where = "weights: config.json",
                            .type_none = "default",
                            .type = hf_rope_type,
                            .number = hf_rope_number,
+                           .factors = hf_rope_factors,
                            .src = j};
     SD_TRY(sd_model_config_rope_scaling(&rope, &c));
     SD_TRY(arch_features(j, a, &c));

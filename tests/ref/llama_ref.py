@@ -17,7 +17,10 @@ Conventions (those of llama.cpp for the llama architecture):
   * LM head: output.weight, or token_embd.weight when absent (tied);
   * rope scaling: 'linear' divides positions by the factor; 'llama3' (from
     llama.rope.scaling.* keys) or a rope_freqs.weight tensor divides each
-    frequency's angle by its factor, as llama.cpp does.
+    frequency's angle by its factor, as llama.cpp does; so do phi3's LongRoPE
+    factors (rope_factors_long when max_ctx, else the file's context, is
+    above rope.scaling.original_context_length, else rope_factors_short),
+    and phi3's rope.scaling.attn_factor multiplies cos and sin.
 
 Weights as the engine computes on them (act_quant=True, the default): the
 CPU engine multiplies Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / K-quant weights with activations quantized
@@ -104,8 +107,11 @@ class LlamaRef:
     swa_pattern = 0
     freqs_swa = None
 
-    def __init__(self, path, dtype=np.float64, n_layers_used=0, act_quant=True, act_jitter=0.0, seed=0):
+    def __init__(self, path, dtype=np.float64, n_layers_used=0, act_quant=True, act_jitter=0.0, seed=0, max_ctx=0):
         self.dtype = np.dtype(dtype)
+        # max_ctx: the most tokens a sequence will hold (0: the file's context
+        # length), which picks a LongRoPE model's factors as llama.cpp's n_ctx does
+        self.max_ctx = max_ctx
         self.act_quant = act_quant
         # act_jitter > 0: each activation is multiplied by (1 + act_jitter * N(0, 1))
         # before it is rounded to 8 bits: the same function evaluated with
@@ -261,7 +267,19 @@ class LlamaRef:
         arch = self.arch
         stype = _field(r, f"{arch}.rope.scaling.type")
         factor = float(_field(r, f"{arch}.rope.scaling.factor", 1.0) or 1.0)
-        if "rope_freqs.weight" in self.tensors:
+        # phi3's attention factor multiplies cos and sin (llama.cpp's attn_factor), LongRoPE or not
+        self.rope_mscale = float(_field(r, f"{arch}.rope.scaling.attn_factor", 1.0)) if arch == "phi3" else 1.0
+        if "rope_factors_long.weight" in self.tensors:
+            # LongRoPE (phi3 128k): the long factors when the context exceeds the original one, else the short
+            n_ctx = int(_field(r, f"{arch}.context_length"))
+            orig = int(_field(r, f"{arch}.rope.scaling.original_context_length", n_ctx))
+            which = "long" if (self.max_ctx or n_ctx) > orig else "short"
+            t = self.tensors[f"rope_factors_{which}.weight"]
+            ff = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float64).reshape(-1)
+            assert ff.size == len(freqs), (ff.size, len(freqs))
+            self.rope_factor_set = which
+            freqs = freqs / ff
+        elif "rope_freqs.weight" in self.tensors:
             t = self.tensors["rope_freqs.weight"]
             ff = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float64).reshape(-1)
             freqs = freqs / ff[: len(freqs)]
@@ -300,8 +318,9 @@ class LlamaRef:
             ang = pos.astype(np.float64)[:, None] * self.freqs_swa[None, :]
         else:
             ang = (pos.astype(np.float64) * self.pos_scale)[:, None] * self.freqs[None, :]  # [T, n_rot/2]
-        cos = np.cos(ang)[:, None, :].astype(self.dtype)
-        sin = np.sin(ang)[:, None, :].astype(self.dtype)
+        mscale = 1.0 if swa else getattr(self, "rope_mscale", 1.0)
+        cos = (mscale * np.cos(ang))[:, None, :].astype(self.dtype)
+        sin = (mscale * np.sin(ang))[:, None, :].astype(self.dtype)
         out = x.copy()
         if self.rope_neox:
             half = self.n_rot // 2

@@ -28,6 +28,18 @@ super-blocks). On each file, with both programs on 2 threads:
      prompt equal llama.cpp's token for token, unless they part where
      llama.cpp's own logits make it a near-tie (reported, not a failure).
 
+Phi-3 LongRoPE (the 128k models' per-frequency factors and attention
+factor): a random phi3 of context 8192 over an original 512, run with a
+context of 1024 by both (llama.cpp's n_ctx, specd's --max-ctx: the long
+factors) and of 256 (the short ones); each row also checks that llama.cpp
+is far from the exact forward with the other factor set (so both programs
+chose the same set, and the choice is seen). Measured (2026-12-02, loaded
+2-core machine, ASan build, llama-cpp-python 0.3.36): both LongRoPE rows ok,
+teacher-forced max diff / max logit 0.0017-0.0020 (F16), 0.031-0.034
+(Q8_0), 0.043-0.051 (Q4_K_M); llama.cpp 0.53-0.75 x max |logit| from the
+other set's exact forward; --slow's phi3-mini-128k shape (context 8192,
+long factors) 0.0011 / 0.018 / 0.025.
+
 llama.cpp's `llama` architecture reads no sliding window (it serves Mistral
 files with full attention): the mistral model here has a window of 64, past
 every sequence of this test, so the two must agree; the window itself is
@@ -85,6 +97,11 @@ ARCHS = [
                          "1000000"] + SMALL + ["--kv-heads", "1", "--layers", "7"]),
     ("phi3", ["--arch", "phi3"] + SMALL),
     ("mistral window 64", ["--arch", "mistral", "--window", "64"] + SMALL),
+    # (label, mkmodel args, context: llama.cpp's n_ctx and specd's --max-ctx)
+    ("phi3 LongRoPE, long factors (context 1024 > original 512)", ["--arch", "phi3", "--ctx", "8192", "--longrope",
+                                                                    "512"] + SMALL, 1024),
+    ("phi3 LongRoPE, short factors (context 256 <= original 512)", ["--arch", "phi3", "--ctx", "8192", "--longrope",
+                                                                     "512"] + SMALL, 256),
 ]
 SLOW_ARCHS = [
     ("qwen2.5-0.5b shape, 4 layers", ["--shape", "qwen2.5-0.5b", "--layers", "4", "--vocab", "4096"]),
@@ -92,6 +109,8 @@ SLOW_ARCHS = [
     ("gemma3-270m shape, 7 layers", ["--shape", "gemma3-270m", "--layers", "7", "--vocab", "4096"]),
     ("phi3-mini shape (3072 wide, 96-wide heads), 1 layer", ["--shape", "phi3-mini", "--layers", "1",
                                                              "--vocab", "4096"]),
+    ("phi3-mini-128k shape (LongRoPE, long factors at context 8192), 1 layer",
+     ["--shape", "phi3-mini-128k", "--layers", "1", "--vocab", "4096"], 8192),
     # Llama 2's kind: the llama architecture with a SentencePiece vocabulary (Gemma 3's, 262,144 tokens, copied
     # from the real file when tools/fetch-model gemma3 has it; the row is skipped otherwise)
     ("llama + SentencePiece (Gemma 3's tokenizer)", ["--arch", "llama", "--tokenizer-from", "{gemma}"] + SMALL[:-2]),
@@ -107,9 +126,10 @@ llm.eval([1, 2, 3])
 """
 
 
-def specd_generate(model, text):
+def specd_generate(model, text, ctx=None):
     r = subprocess.run([binary("specd-generate", "tools"), "-m", model, "-p", text, "-n", str(GEN), "-t",
-                        str(THREADS), "--json", "--temp", "0", "--ignore-eos"], capture_output=True, text=True)
+                        str(THREADS), "--json", "--temp", "0", "--ignore-eos"] + (["--max-ctx", str(ctx)] if ctx else []),
+                       capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"specd-generate failed on {model}: {r.stderr[-2000:]}")
     j = json.loads(r.stdout)
@@ -155,10 +175,10 @@ def llama_greedy(llm, prompt):
     return out
 
 
-def check_teacher_forced(label, path, llm, tmp, fmt, rng):
+def check_teacher_forced(label, path, llm, tmp, fmt, rng, ctx=None):
     n_vocab = llm.n_vocab()
     seq = [int(t) for t in rng.integers(3, n_vocab, size=SEQ_LEN)]
-    got = engine_logits(path, [seq], tmp, n_vocab, threads=THREADS)
+    got = engine_logits(path, [seq], tmp, n_vocab, threads=THREADS, max_ctx=ctx or 0)
     llm.reset()
     llm.eval(seq)
     ref = np.array(llm.scores[:len(seq)], dtype=np.float64)
@@ -178,10 +198,21 @@ def check_teacher_forced(label, path, llm, tmp, fmt, rng):
     if worst > LOGIT_TOL[fmt]:
         print(f"FAIL {label}: max |diff| / max |logit| {worst:.4f} > {LOGIT_TOL[fmt]}")
         ok = False
-    exact = np.asarray(llama_ref.LlamaRef(path, act_quant=False).logits(seq))
+    exact_ref = llama_ref.LlamaRef(path, act_quant=False, max_ctx=ctx or 0)
+    exact = np.asarray(exact_ref.logits(seq))
     scale = float(np.max(np.abs(exact)))
     d_specd = float(np.max(np.abs(got - exact))) / scale
     d_llama = float(np.max(np.abs(ref - exact))) / scale
+    if hasattr(exact_ref, "rope_factor_set"):
+        # LongRoPE: llama.cpp must be far from the other factor set's exact forward (it chose the same set)
+        other_ctx = 1 if exact_ref.rope_factor_set == "long" else 1 << 30
+        other = np.asarray(llama_ref.LlamaRef(path, act_quant=False, max_ctx=other_ctx).logits(seq))
+        d_other = float(np.max(np.abs(ref - other))) / scale
+        print(f"     {label}: {exact_ref.rope_factor_set} factors; llama.cpp {d_llama:.4f} from that exact forward, "
+              f"{d_other:.4f} from the other set's")
+        if not d_other > max(10 * d_llama, 0.05):
+            print(f"FAIL {label}: llama.cpp is not clearly closer to the {exact_ref.rope_factor_set} factors")
+            ok = False
     if d_specd > max(EXACT_SLACK * d_llama, EXACT_FLOOR[fmt]):
         print(f"FAIL {label}: {d_specd:.4f} x max |logit| from the exact forward, llama.cpp {d_llama:.4f} "
               f"(allowed: {EXACT_SLACK} x llama.cpp's, or {EXACT_FLOOR[fmt]})")
@@ -189,10 +220,10 @@ def check_teacher_forced(label, path, llm, tmp, fmt, rng):
     return ok, worst, ties, (d_specd, d_llama)
 
 
-def check_greedy(label, path, llm, tol):
+def check_greedy(label, path, llm, tol, ctx=None):
     ok, same, ties = True, 0, 0
     for text in PROMPTS:
-        p_specd, g_specd = specd_generate(path, text)
+        p_specd, g_specd = specd_generate(path, text, ctx)
         # add_bos: llama_tokenize's add_special, BOS only where the file asks for it (as specd)
         p_llama = list(llm.tokenize(text.encode(), add_bos=True, special=False))
         if p_specd != p_llama:
@@ -241,7 +272,8 @@ def main():
     print("|---|---|---|---|---|---|")
     probed = False
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (label, mkargs) in enumerate(SLOW_ARCHS if args.slow else ARCHS):
+        for i, (label, mkargs, *rest) in enumerate(SLOW_ARCHS if args.slow else ARCHS):
+            ctx = rest[0] if rest else None  # llama.cpp's n_ctx and specd's --max-ctx (LongRoPE's factor set)
             if args.only not in label:
                 continue
             if "{gemma}" in mkargs:
@@ -261,11 +293,11 @@ def main():
                           f"{probe.stderr.strip()[-300:]}")
                     return SKIP
             for fmt, path in files.items():
-                llm = Llama(model_path=path, n_threads=THREADS, n_ctx=256, n_batch=256, logits_all=True,
+                llm = Llama(model_path=path, n_threads=THREADS, n_ctx=ctx or 256, n_batch=256, logits_all=True,
                             verbose=False)
                 tol = TIE_TOL[fmt]
-                ok1, worst, ties1, (ds, dl) = check_teacher_forced(f"{label} {fmt}", path, llm, tmp, fmt, rng)
-                ok2, same, ties2 = check_greedy(f"{label} {fmt}", path, llm, tol)
+                ok1, worst, ties1, (ds, dl) = check_teacher_forced(f"{label} {fmt}", path, llm, tmp, fmt, rng, ctx)
+                ok2, same, ties2 = check_greedy(f"{label} {fmt}", path, llm, tol, ctx)
                 del llm
                 print(f"| {label} | {fmt} | {worst:.4f} ({ties1}) | {ds:.4f} / {dl:.4f} | {same} / {len(PROMPTS)} ({ties2}) | "
                       f"{'ok' if ok1 and ok2 else 'FAIL'} |")

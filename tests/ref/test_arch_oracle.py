@@ -10,6 +10,11 @@ phi3 | mistral (what each adds: engine/formats/model_config.c, tests/ref/llama_r
   * phi3: Q/K/V in one attn_qkv matrix, gate and up in one ffn_up of
     2 x ff rows (the engine loads each part as a matrix of its own), NeoX
     RoPE; f32 and q8_0;
+  * phi3 LongRoPE (the 128k models' per-frequency factors and attention
+    factor; context 8192 over an original 512): the long factors as loaded
+    by default (the file's context), the short ones with --max-ctx 512
+    (sd_model_params.max_ctx), the reference told the same context; and the
+    two sets' logits differ (the choice is seen);
   * mistral: llama with a window of 6 on every layer.
 Sequences of up to 33 tokens (longer than the windows) in one ragged batch,
 and cut into chunks of 5 (attention over K/V from earlier calls, across the
@@ -59,6 +64,48 @@ ARCH_MODELS = [
     ("mistral f32 window 6", ["--arch", "mistral", "--dtype", "f32", "--dim", "64", "--heads", "4",
                               "--kv-heads", "2", "--ff", "128", "--window", "6"]),
 ]
+# (label, mkmodel args, max_ctx: 0 = the file's context, 8192 > 512: the long factors)
+LONGROPE = ["--arch", "phi3", "--dim", "64", "--heads", "4", "--kv-heads", "2", "--ff", "96", "--ctx", "8192",
+            "--longrope", "512"]
+LONGROPE_MODELS = [
+    ("phi3 LongRoPE f32, long factors", ["--dtype", "f32"] + LONGROPE, 0),
+    ("phi3 LongRoPE f32, short factors (max_ctx 512)", ["--dtype", "f32"] + LONGROPE, 512),
+    ("phi3 LongRoPE q8_0, long factors (max_ctx 513)", ["--dtype", "q8_0"] + LONGROPE, 513),
+    ("phi3 LongRoPE q8_0, short factors (max_ctx 100)", ["--dtype", "q8_0"] + LONGROPE, 100),
+]
+
+
+def check_longrope(mk, tmp, rng):
+    """The LongRoPE rows: each factor set against the reference told the same
+    context; then the other set's reference must be far (the choice matters)."""
+    ok = True
+    for i, (label, args, max_ctx) in enumerate(LONGROPE_MODELS):
+        path = os.path.join(tmp, f"lr{i}.gguf")
+        r = subprocess.run([mk, "-o", path, "--vocab", "320", "--seed", str(700 + i // 2)] + args, capture_output=True,
+                           text=True)
+        if r.returncode != 0:
+            print(f"FAIL {label}: specd-mkmodel failed: {r.stderr}")
+            ok = False
+            continue
+        ref = LlamaRef(path, np.float64, max_ctx=max_ctx)
+        want_set = "short" if max_ctx and max_ctx <= 512 else "long"
+        if ref.rope_factor_set != want_set:
+            print(f"FAIL {label}: the reference took the {ref.rope_factor_set} factors")
+            ok = False
+        seqs = [[int(t) for t in rng.integers(0, ref.n_vocab, size=n)] for n in (40, 13, 1)]
+        want = reference_rows(ref, seqs)
+        jit = jittered_rows(path, seqs, JITTER_SEEDS, max_ctx=max_ctx)
+        got = engine_logits(path, seqs, tmp, ref.n_vocab, max_ctx=max_ctx)
+        ok &= compare(f"{label}", got, want, seqs, jit)
+        got_c = engine_logits(path, seqs, tmp, ref.n_vocab, chunk=7, threads=1, max_ctx=max_ctx)
+        ok &= compare(f"{label} chunks of 7", got_c, want, seqs, jit)
+        other = reference_rows(LlamaRef(path, np.float64, max_ctx=100 if want_set == "long" else 0), seqs)
+        gap, scale = float(np.abs(other - got).max()), float(np.abs(want).max())
+        sees = gap > 1e-2 * scale
+        print(f"{'ok  ' if sees else 'FAIL'} {label}: the other factor set's reference is {gap:.3g} away "
+              f"(must be > {1e-2 * scale:.3g})")
+        ok &= sees
+    return ok
 
 
 def main():
@@ -69,6 +116,7 @@ def main():
     rng = np.random.default_rng(4321)
     all_ok = True
     with tempfile.TemporaryDirectory() as tmp:
+        all_ok &= check_longrope(mk, tmp, rng)
         for i, (label, args) in enumerate(ARCH_MODELS):
             path = os.path.join(tmp, f"a{i}.gguf")
             cmd = [mk, "-o", path, "--vocab", "320", "--seed", str(500 + i)] + args

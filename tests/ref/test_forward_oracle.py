@@ -69,11 +69,13 @@ def binary(name, sub):
     return path if os.path.exists(path) else None
 
 
-def engine_logits(model, seqs, tmp, n_vocab, chunk=0, threads=2):
+def engine_logits(model, seqs, tmp, n_vocab, chunk=0, threads=2, max_ctx=0):
     out = os.path.join(tmp, "logits.bin")
     cmd = [binary("specd_logits", "tests"), "-m", model, "--out", out, "--threads", str(threads)]
     if chunk:
         cmd += ["--chunk", str(chunk)]
+    if max_ctx:
+        cmd += ["--max-ctx", str(max_ctx)]
     for s in seqs:
         cmd += ["--seq", ",".join(str(t) for t in s)]
     r = subprocess.run(cmd, capture_output=True, text=True)

@@ -89,6 +89,13 @@ typedef struct sd_model_params {
      * default) or SD_DTYPE_F16 (half the memory; on a backend without an
      * f16 cache, CUDA today, sd_model_kv_create refuses it). */
     sd_dtype kv_type;
+    /* The most tokens one sequence will hold (0, the default: the model's
+     * context length, n_ctx_train, which is what the verifier and the
+     * coordinator serve). It picks a LongRoPE model's factors at load
+     * (sd_model_rope_factors: the long ones when it exceeds the original
+     * context); nothing else reads it. Every rank of a group must load with
+     * the same value (the default everywhere the verifier loads). */
+    int32_t max_ctx;
     sd_backend_opts backend; /* default sd_backend_default_opts() */
 } sd_model_params;
 

@@ -35,7 +35,7 @@ typedef enum sd_model_arch {
     SD_ARCH_QWEN2,     /* "qwen2": Q/K/V biases, NeoX RoPE */
     SD_ARCH_QWEN3,     /* "qwen3": per-head q/k RMSNorm, NeoX RoPE */
     SD_ARCH_GEMMA3,    /* "gemma3": see the fields below */
-    SD_ARCH_PHI3,      /* "phi3": fused QKV and gate/up matrices, NeoX RoPE (4k-context models: no LongRoPE) */
+    SD_ARCH_PHI3,      /* "phi3": fused QKV and gate/up matrices, NeoX RoPE, LongRoPE in the 128k models */
 } sd_model_arch;
 
 /* The architectures' names, comma-separated, for messages. */
@@ -56,12 +56,20 @@ typedef struct sd_model_config {
     int32_t head_dim;    /* n_embd / n_heads (llama.rope.dimension_count when present) */
     float rms_eps;       /* llama.attention.layer_norm_rms_epsilon */
     float rope_base;     /* llama.rope.freq_base (default 10000) */
-    /* rope scaling (llama.rope.scaling.*): type 0 none, 1 linear, 2 llama3 */
+    /* rope scaling (llama.rope.scaling.*): SD_ROPE_NONE, _LINEAR, _LLAMA3, _LONGROPE */
     int32_t rope_scaling_type;
     float rope_scale_factor;
     float rope_low_freq_factor;
     float rope_high_freq_factor;
-    int32_t rope_orig_ctx;
+    int32_t rope_orig_ctx; /* llama3: the context the scaling was fitted to; LongRoPE: the original context
+                            * (rope.scaling.original_context_length, default n_ctx_train), which picks the factors */
+    /* LongRoPE (phi3 128k: GGUF rope_factors_long / rope_factors_short, HF rope_scaling long_factor /
+     * short_factor): per-frequency divisors of the inverse frequencies, head_dim/2 of each, finite and
+     * positive; sd_model_rope_factors says which set a model uses. rope_attn_factor multiplies RoPE's cos
+     * and sin (llama.cpp's attn_factor), so the scores by its square: attn_scale includes that square. */
+    float rope_attn_factor; /* 1 without LongRoPE */
+    float rope_factors_long[SD_MODEL_MAX_HEAD_DIM / 2];
+    float rope_factors_short[SD_MODEL_MAX_HEAD_DIM / 2];
     bool tied_output; /* output.weight absent: LM head = token_embd */
     /* what an architecture adds over Llama (all off for llama) */
     bool qkv_bias;     /* blk.N.attn_{q,k,v}.bias added after the projections (qwen2) */
@@ -72,12 +80,27 @@ typedef struct sd_model_config {
     bool fused_qkv;    /* blk.N.attn_qkv.weight [n_embd, q + 2 kv rows]: Q, K, V stacked by rows (phi3) */
     bool fused_gate_up; /* blk.N.ffn_up.weight [n_embd, 2 n_ff]: the gate's rows, then the up's (phi3) */
     float embd_scale;  /* embeddings multiplied by this (gemma3: sqrt(n_embd)); 1 otherwise */
-    float attn_scale;  /* the scores' scale: 1/sqrt(head_dim), gemma3 1/sqrt(query_pre_attn_scalar) */
+    float attn_scale;  /* the scores' scale: 1/sqrt(head_dim), gemma3 1/sqrt(query_pre_attn_scalar);
+                        * times rope_attn_factor^2 (LongRoPE) */
     int32_t sliding_window; /* <arch>.attention.sliding_window; 0: every layer attends to all positions */
     int32_t swa_pattern;    /* with a window: layer l is global when l % swa_pattern == swa_pattern - 1
                              * (gemma3: 6); 0: every layer is windowed (Mistral) */
     float rope_base_swa;    /* RoPE base of the windowed layers (gemma3: 10000, no scaling); rope_base otherwise */
 } sd_model_config;
+
+/* rope_scaling_type's values. */
+enum { SD_ROPE_NONE = 0, SD_ROPE_LINEAR = 1, SD_ROPE_LLAMA3 = 2, SD_ROPE_LONGROPE = 3 };
+
+/* LongRoPE's factors for a model whose sequences hold at most max_ctx
+ * tokens (0: the model's context length, n_ctx_train): the long ones when
+ * that context is larger than the original context (rope_orig_ctx), else
+ * the short ones; NULL without LongRoPE. llama.cpp's rule, with its
+ * per-sequence context (n_ctx / n_seq_max) in max_ctx's place. */
+static inline const float *sd_model_rope_factors(const sd_model_config *c, int32_t max_ctx) {
+    if (c->rope_scaling_type != SD_ROPE_LONGROPE) return NULL;
+    int32_t ctx = max_ctx > 0 ? max_ctx : c->n_ctx_train;
+    return ctx > c->rope_orig_ctx ? c->rope_factors_long : c->rope_factors_short;
+}
 
 /* Whether layer l of c attends through the sliding window. */
 static inline bool sd_model_layer_swa(const sd_model_config *c, int32_t l) {
@@ -111,7 +134,8 @@ typedef enum sd_rope_key {
     SD_ROPE_FACTOR,
     SD_ROPE_LOW_FREQ_FACTOR,
     SD_ROPE_HIGH_FREQ_FACTOR,
-    SD_ROPE_ORIG_CTX, /* the context the scaling was fitted to, in tokens */
+    SD_ROPE_ORIG_CTX,    /* the context the scaling was fitted to, in tokens */
+    SD_ROPE_ATTN_FACTOR, /* LongRoPE's cos / sin multiplier (GGUF: 1 when absent; HF: computed) */
 } sd_rope_key;
 
 /* Where a model file keeps its RoPE scaling: GGUF's llama.rope.scaling.*
@@ -125,13 +149,20 @@ typedef struct sd_rope_source {
     const char *type_none; /* the type name meaning no scaling: "none" (GGUF), "default" (HF) */
     sd_status (*type)(const void *src, char *out, size_t n);
     sd_status (*number)(const void *src, sd_rope_key key, double *out);
+    /* LongRoPE's factors (long_set: the long ones, else the short ones): n
+     * values into out, each checked finite and positive and the count n;
+     * SD_ERR_NOT_FOUND when absent, SD_ERR_FORMAT (logged, naming the
+     * tensor or key) when malformed. */
+    sd_status (*factors)(const void *src, bool long_set, int32_t n, float *out);
     const void *src;
 } sd_rope_source;
 
 /* The one RoPE scaling reader: sets c's rope_scaling_* fields from src
- * (none, linear or llama3, with llama3's defaults for what is absent), or
+ * (none, linear, llama3 with its defaults for what is absent, or LongRoPE:
+ * "longrope" / "su", phi3 only, both factor sets required, the original
+ * context defaulting to c->n_ctx_train, which must be set), or
  * SD_ERR_UNSUPPORTED for another type, SD_ERR_FORMAT for a missing factor or
- * inconsistent llama3 values, each logged. */
+ * inconsistent values, each logged. c->arch_id and c->head_dim must be set. */
 sd_status sd_model_config_rope_scaling(const sd_rope_source *src, sd_model_config *c);
 
 #ifdef __cplusplus
