@@ -445,8 +445,19 @@ sd_status sd_constraint_apply(sd_constraint *c, float *logits, int32_t n_vocab) 
     const uint32_t *bits;
     SD_TRY(sd_constraint_mask(c, &bits));
     int32_t n = n_vocab < c->v->n_vocab ? n_vocab : c->v->n_vocab;
-    for (int32_t i = 0; i < n; i++)
-        if (!(bits[i >> 5] >> (i & 31) & 1u)) logits[i] = -INFINITY;
+    /* a word of the mask at a time: most words are all allowed (nothing to
+     * do) or all refused (a fill); a mixed one goes bit by bit over its set
+     * refused bits only */
+    for (int32_t w = 0; w * 32 < n; w++) {
+        int32_t lo = w * 32, hi = lo + 32 < n ? lo + 32 : n;
+        uint32_t refused = ~bits[w];
+        if (hi - lo < 32) refused &= (1u << (hi - lo)) - 1u;
+        if (refused == 0xFFFFFFFFu) {
+            for (int32_t i = lo; i < hi; i++) logits[i] = -INFINITY;
+            continue;
+        }
+        for (; refused; refused &= refused - 1) logits[lo + __builtin_ctz(refused)] = -INFINITY;
+    }
     for (int32_t i = n; i < n_vocab; i++) logits[i] = -INFINITY; /* padding rows of the LM head */
     return SD_OK;
 }
