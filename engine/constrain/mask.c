@@ -223,6 +223,7 @@ struct sd_constraint {
     const sd_grammar *g;
     const sd_cvocab *v;
     g_state *hist; /* hist[i]: after i tokens; n_stacks 0 after an end token */
+    int32_t *toks; /* toks[i]: the token advanced past from hist[i] */
     int32_t n_hist, cap_hist;
     g_scratch sc;
     g_state *walk; /* [max_len + 1] per-depth states of a walk */
@@ -249,12 +250,13 @@ sd_status sd_constraint_create(const sd_grammar *g, const sd_cvocab *v, sd_const
     c->v = v;
     c->cap_hist = 64;
     c->hist = calloc((size_t)c->cap_hist, sizeof *c->hist);
+    c->toks = malloc((size_t)c->cap_hist * sizeof *c->toks);
     c->walk = calloc((size_t)v->max_len + 2, sizeof *c->walk);
     c->ws_at = malloc(((size_t)v->max_len + 2) * sizeof *c->ws_at);
     c->cache = calloc(CACHE_SLOTS, sizeof *c->cache);
     c->bits = malloc((size_t)v->n_words * sizeof *c->bits);
     c->times = malloc(SD_CONSTRAINT_MAX_TIMES * sizeof *c->times);
-    if (!c->hist || !c->walk || !c->ws_at || !c->cache || !c->bits || !c->times) {
+    if (!c->hist || !c->toks || !c->walk || !c->ws_at || !c->cache || !c->bits || !c->times) {
         sd_constraint_free(&c);
         return SD_ERR_NOMEM;
     }
@@ -293,6 +295,7 @@ void sd_constraint_free(sd_constraint **pc) {
     g_state_free(&c->tmp);
     g_scratch_free(&c->sc);
     free(c->hist);
+    free(c->toks);
     free(c->walk);
     free(c->cache);
     free(c->bits);
@@ -546,14 +549,20 @@ sd_status sd_constraint_advance(sd_constraint *c, int32_t token) {
         if (!q) return SD_ERR_NOMEM;
         memset(q + c->cap_hist, 0, (size_t)(nc - c->cap_hist) * sizeof *q);
         c->hist = q;
+        int32_t *tq = realloc(c->toks, (size_t)nc * sizeof *tq);
+        if (!tq) return SD_ERR_NOMEM; /* hist grown, cap_hist not yet: consistent */
+        c->toks = tq;
         c->cap_hist = nc;
     }
     if (!step_token(c, &c->hist[c->n_hist - 1], token, &c->hist[c->n_hist])) return SD_ERR_INVALID_ARG;
+    c->toks[c->n_hist - 1] = token;
     c->n_hist++;
     return SD_OK;
 }
 
 int32_t sd_constraint_len(const sd_constraint *c) { return c->n_hist - 1; }
+
+const int32_t *sd_constraint_tokens(const sd_constraint *c) { return c->toks; }
 
 sd_status sd_constraint_rollback(sd_constraint *c, int32_t n) {
     if (n < 0 || n > c->n_hist - 1) return SD_ERR_RANGE;
@@ -599,6 +608,14 @@ size_t sd_constraint_forced_bytes(sd_constraint *c, char *buf, size_t cap) {
     g_state_free(&a);
     g_state_free(&b);
     return n;
+}
+
+void sd_constraint_next_bytes(sd_constraint *c, uint32_t set[8]) {
+    memset(set, 0, 8 * sizeof *set);
+    const g_state *s = &c->hist[c->n_hist - 1];
+    if (s->n_stacks == 0) return;
+    for (int byte = 0; byte < 256; byte++)
+        if (g_state_advance(c->g, s, (uint8_t)byte, &c->tmp, &c->sc)) set[byte >> 5] |= 1u << (byte & 31);
 }
 
 bool sd_constraint_ended(const sd_constraint *c) { return c->hist[c->n_hist - 1].n_stacks == 0; }
