@@ -309,9 +309,9 @@ static void test_spacing_guess_demo(void **state) {
         char fb[64];
         bool none_forced = sd_constraint_forced_bytes(probe, fb, sizeof fb) == 0;
         int32_t out[SD_MAX_K + 1], n_out = 0, nd = 0, na = 0, left = N - n - 1;
-        assert_int_equal(sd_spec_decoder_step(d, ctx, (int32_t)n_prompt + n, left < 8 ? left : 8, &greedy, out, &n_out,
-                                              &nd, &na),
-                         SD_OK);
+        assert_int_equal(
+            sd_spec_decoder_step(d, ctx, (int32_t)n_prompt + n, left < 8 ? left : 8, &greedy, out, &n_out, &nd, &na),
+            SD_OK);
         guessed_steps += none_forced && nd > 0 && na > 0;
         for (int32_t i = 0; i < n_out && n < N && !ended; i++) {
             ctx[n_prompt + (size_t)n] = out[i];
