@@ -47,7 +47,20 @@ struct sd_cvocab {
     uint8_t *dfs_byte;
     uint16_t *dfs_depth;
     int32_t *dfs_end, *dfs_tok_first, *dfs_tok_n;
+    /* the root's children packed (first bytes and dfs indices), so a dead
+     * first byte costs a byte read, not a jump to a far cache line */
+    int32_t n_top, top_node[256];
+    uint8_t top_byte[256];
 };
+
+/* The root's packed children (after build_dfs). */
+static void build_top(sd_cvocab *v) {
+    v->n_top = 0;
+    for (int32_t ch = 1; ch < v->n_nodes; ch = v->dfs_end[ch]) {
+        v->top_byte[v->n_top] = v->dfs_byte[ch];
+        v->top_node[v->n_top++] = ch;
+    }
+}
 
 /* Lays the linked trie out in depth-first order (iteratively). */
 static bool build_dfs(sd_cvocab *v) {
@@ -182,6 +195,7 @@ sd_status sd_cvocab_create(const sd_tok *t, sd_cvocab **out) {
         sd_cvocab_free(&v);
         return SD_ERR_NOMEM;
     }
+    build_top(v);
     *out = v;
     return SD_OK;
 fail:
@@ -353,33 +367,50 @@ static int32_t ws_intern(sd_constraint *c, const g_state *s) {
     return id;
 }
 
+/* The interned state after byte from state `from` (-1: dead); false when
+ * the walk outgrew WALK_STATES. */
+static inline bool ws_next(sd_constraint *c, int32_t from, uint8_t byte, int32_t *out) {
+    int32_t next = c->ws_trans[(size_t)from * 256 + byte];
+    if (next == -2) {
+        next = -1;
+        if (g_state_advance(c->g, &c->ws[from], byte, &c->tmp, &c->sc) && (next = ws_intern(c, &c->tmp)) < 0)
+            return false;
+        c->ws_trans[(size_t)from * 256 + byte] = next;
+    }
+    *out = next;
+    return true;
+}
+
 /* The walk over interned states: a node costs one table lookup once the
  * (state, byte) transition is known, and inside a JSON string or a
- * character loop most of the vocabulary meets a few states only. The trie
- * is scanned in depth-first order (a dead node skips its subtree).
+ * character loop most of the vocabulary meets a few states only. The
+ * root's children are taken from their packed list (a dead first byte
+ * costs a byte read, not a jump to a far cache line of the node arrays:
+ * most first bytes are dead outside strings); below them the trie is
+ * scanned in depth-first order, a dead node skipping its subtree.
  * Returns false when the walk outgrew WALK_STATES (the caller then walks
  * directly). */
 static bool walk_cached(sd_constraint *c, int32_t root, uint32_t *bits) {
     const sd_cvocab *v = c->v;
     int32_t *sid_at = c->ws_at; /* the state at each depth of the current path */
     sid_at[0] = root;
-    for (int32_t i = 1; i < v->n_nodes;) {
-        int32_t d = v->dfs_depth[i], from = sid_at[d - 1];
-        uint8_t byte = v->dfs_byte[i];
-        int32_t next = c->ws_trans[(size_t)from * 256 + byte];
-        if (next == -2) {
-            next = -1;
-            if (g_state_advance(c->g, &c->ws[from], byte, &c->tmp, &c->sc) && (next = ws_intern(c, &c->tmp)) < 0)
-                return false;
-            c->ws_trans[(size_t)from * 256 + byte] = next;
+    for (int32_t k = 0; k < v->n_top; k++) {
+        int32_t top = v->top_node[k], next;
+        if (!ws_next(c, root, v->top_byte[k], &next)) return false;
+        if (next < 0) continue;
+        allow_node(v, top, bits);
+        sid_at[1] = next;
+        for (int32_t i = top + 1, end = v->dfs_end[top]; i < end;) {
+            int32_t d = v->dfs_depth[i];
+            if (!ws_next(c, sid_at[d - 1], v->dfs_byte[i], &next)) return false;
+            if (next < 0) {
+                i = v->dfs_end[i];
+                continue;
+            }
+            allow_node(v, i, bits);
+            sid_at[d] = next;
+            i++;
         }
-        if (next < 0) {
-            i = v->dfs_end[i];
-            continue;
-        }
-        allow_node(v, i, bits);
-        sid_at[d] = next;
-        i++;
     }
     return true;
 }
