@@ -233,6 +233,45 @@ static void test_spacing_guess_tokens(void **state) {
     assert_true(at >= 4 && at <= strlen(want) && memcmp(text, want, at) == 0);
     sd_constraint_free(&c);
     sd_grammar_free(&gr);
+    /* a longer object, the proposer called after every token: its drafts
+     * cross the constraint's history growth (64, 128 tokens; a first
+     * string value of 0-11 letters moves where) and are tokens the
+     * constraint allows in turn */
+    for (int shift = 0; shift < 12; shift++) {
+        char big[1024] = "{\"type\":\"object\",\"properties\":{", out[512] = "{";
+        char pad[16] = "";
+        memset(pad, 'x', (size_t)shift);
+        for (int i = 0; i < 16; i++) {
+            snprintf(big + strlen(big), sizeof big - strlen(big), "%s\"k%d\":{\"type\":\"%s\"}", i ? "," : "", i,
+                     i ? "integer" : "string");
+            if (i)
+                snprintf(out + strlen(out), sizeof out - strlen(out), ",\n  \"k%d\": %d", i, i * 7);
+            else
+                snprintf(out + strlen(out), sizeof out - strlen(out), "\n  \"k0\": \"%s\"", pad);
+        }
+        strcat(big, "}}");
+        strcat(out, "\n}");
+        assert_int_equal(sd_grammar_from_json_schema(big, strlen(big), NULL, &gr, err, sizeof err), SD_OK);
+        assert_int_equal(sd_constraint_create(gr, env.vocab, &c), SD_OK);
+        int32_t *ids = NULL;
+        size_t n_ids = 0, guessed = 0;
+        assert_int_equal(sd_tok_encode(env.tok, out, strlen(out), false, &ids, &n_ids), SD_OK);
+        assert_true(n_ids > 140);
+        for (size_t i = 0; i < n_ids; i++) {
+            int32_t base = sd_constraint_len(c);
+            nd = sd_constraint_forced_tokens(c, env.tok, SD_MAX_K, drafts);
+            assert_int_equal(sd_constraint_len(c), base);
+            for (int32_t j = 0; j < nd; j++) assert_int_equal(sd_constraint_advance(c, drafts[j]), SD_OK);
+            assert_int_equal(sd_constraint_rollback(c, base), SD_OK);
+            guessed += (size_t)nd;
+            assert_int_equal(sd_constraint_advance(c, ids[i]), SD_OK);
+        }
+        assert_true(sd_constraint_accepting(c));
+        assert_true(guessed > n_ids / 2);
+        free(ids);
+        sd_constraint_free(&c);
+        sd_grammar_free(&gr);
+    }
 }
 
 /* The demo model writes JSON with the same spacing after every `,`: the

@@ -157,7 +157,7 @@ typedef struct guess_ctx {
     size_t len, cap;
     size_t *start; /* [n - lo] where token lo + i starts in bytes */
     int32_t *score;
-    const int32_t *toks; /* the constraint's tokens, n of them */
+    const int32_t *toks; /* the constraint's tokens, n of them (refetched: an advance may move them) */
     int32_t lo, n;
 } guess_ctx;
 
@@ -208,6 +208,7 @@ static bool is_space(char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || 
 static int32_t guess_token(guess_ctx *g, sd_constraint *c, const sd_tok *tok, int32_t min_ctx, int32_t min_ctx_space,
                            const char *fb, size_t n_fb) {
     const char *b = g->bytes;
+    g->toks = sd_constraint_tokens(c); /* an advance since may have moved them */
     for (int32_t j = g->lo; j < g->n; j++) {
         size_t at = g->start[j - g->lo], m = 0, l = 0;
         while (m < GUESS_CTX && m < at && b[at - 1 - m] == b[g->len - 1 - m]) m++;
