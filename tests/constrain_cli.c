@@ -14,6 +14,13 @@
  *                                 (sd_constraint_apply_ids on a cached mask,
  *                                 the whole vocabulary and 8192 draft ids
  *                                 mapped), as JSON
+ *   constrain_cli replay SCHEMA MODEL.gguf
+ *                                 reads token ids (an output of specd-generate
+ *                                 under SCHEMA) on stdin and replays them: per
+ *                                 step the mask (sd_constraint_mask, first
+ *                                 visit) and sd_constraint_apply on a logits
+ *                                 row (the mask then cached), their sums and
+ *                                 p50 / p99 us, as JSON
  *
  * A refused constraint prints "ERR <message>" and exits 3. */
 #include <stdio.h>
@@ -127,6 +134,65 @@ static int mask_bench(const char *text, size_t len, const char *model, int steps
     return 0;
 }
 
+/* The token ids on stdin replayed under the schema: what a constrained
+ * decode spends per step on the mask and on applying it. */
+static int replay(const char *text, size_t len, const char *model) {
+    char err[512] = "";
+    sd_gguf *gg = NULL;
+    sd_tok *t = NULL;
+    if (sd_gguf_open(model, &gg, err, sizeof err) != SD_OK || sd_tok_from_gguf(gg, &t) != SD_OK) {
+        fprintf(stderr, "constrain_cli: cannot read the tokenizer of %s %s\n", model, err);
+        return 2;
+    }
+    sd_gguf_close(&gg);
+    sd_grammar *g = NULL;
+    sd_cvocab *v = NULL;
+    sd_constraint *c = NULL;
+    if (sd_grammar_from_json_schema(text, len, NULL, &g, err, sizeof err) != SD_OK) {
+        printf("ERR %s\n", err);
+        sd_tok_free(&t);
+        return 3;
+    }
+    if (sd_cvocab_create(t, &v) != SD_OK || sd_constraint_create(g, v, &c) != SD_OK) return 2;
+    const int32_t V = sd_tok_n_vocab(t);
+    enum { MAX_STEPS = 65536 };
+    double *mask = malloc(MAX_STEPS * sizeof *mask), *apply = malloc(MAX_STEPS * sizeof *apply);
+    float *logits = malloc((size_t)V * sizeof *logits);
+    int n = 0, id, rc = 0;
+    double sum_mask = 0, sum_apply = 0;
+    while (mask && apply && logits && n < MAX_STEPS && scanf("%d", &id) == 1) {
+        const uint32_t *bits;
+        double t0 = now_us();
+        sd_constraint_mask(c, &bits);
+        mask[n] = now_us() - t0;
+        for (int32_t i = 0; i < V; i++) logits[i] = (float)(i & 7);
+        t0 = now_us();
+        sd_constraint_apply(c, logits, V);
+        apply[n] = now_us() - t0;
+        sum_mask += mask[n];
+        sum_apply += apply[n];
+        n++;
+        if (sd_constraint_advance(c, id) != SD_OK) {
+            fprintf(stderr, "constrain_cli: token %d (id %d) breaks the constraint\n", n - 1, id);
+            rc = 1;
+            break;
+        }
+    }
+    printf("{\"steps\":%d,\"mask_sum_us\":%.1f,\"apply_sum_us\":%.1f,", n, sum_mask, sum_apply);
+    pct("mask", mask, n);
+    printf(",");
+    pct("apply", apply, n);
+    printf("}\n");
+    free(mask);
+    free(apply);
+    free(logits);
+    sd_constraint_free(&c);
+    sd_cvocab_free(&v);
+    sd_grammar_free(&g);
+    sd_tok_free(&t);
+    return rc;
+}
+
 static char *read_all(FILE *f, size_t *len) {
     size_t cap = 4096, n = 0;
     char *buf = malloc(cap + 1);
@@ -151,8 +217,9 @@ static char *read_all(FILE *f, size_t *len) {
 static int hexval(int c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; }
 
 int main(int argc, char **argv) {
-    if (argc < 3 || (argc > 3 && strcmp(argv[1], "mask-bench") != 0)) {
-        fprintf(stderr, "usage: constrain_cli regex|gbnf|schema|gbnf-of ARG | mask-bench SCHEMA MODEL [STEPS]\n");
+    if (argc < 3 || (argc > 3 && strcmp(argv[1], "mask-bench") != 0 && strcmp(argv[1], "replay") != 0)) {
+        fprintf(stderr, "usage: constrain_cli regex|gbnf|schema|gbnf-of ARG | mask-bench SCHEMA MODEL [STEPS] | replay "
+                        "SCHEMA MODEL\n");
         return 2;
     }
     sd_log_set(NULL, NULL, SD_LOG_OFF, "constrain_cli");
@@ -169,6 +236,11 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(mode, "mask-bench")) {
         int rc = argc >= 4 ? mask_bench(text, len, argv[3], argc >= 5 ? atoi(argv[4]) : 200) : 2;
+        free(text);
+        return rc;
+    }
+    if (!strcmp(mode, "replay")) {
+        int rc = argc >= 4 ? replay(text, len, argv[3]) : 2;
         free(text);
         return rc;
     }

@@ -320,8 +320,10 @@ static void test_masks_brute_force(void **state) {
     sd_tok_free(&t);
 }
 
-/* sd_constraint_apply_ids (an EAGLE head's mask, drafter_eagle.c): over the
- * whole vocabulary it equals sd_constraint_apply; through an id map each
+/* sd_constraint_apply keeps exactly the logits the mask allows (rows
+ * longer and shorter than the vocabulary); sd_constraint_apply_ids (an
+ * EAGLE head's mask, drafter_eagle.c): over the whole vocabulary it equals
+ * sd_constraint_apply; through an id map each
  * entry is kept exactly when its target id is allowed (ids outside the
  * vocabulary refused); *any says whether a finite logit is left. */
 static void test_apply_ids(void **state) {
@@ -347,6 +349,17 @@ static void test_apply_ids(void **state) {
         for (int32_t i = 0; i < V + 7; i++) a[i] = b[i] = (float)(i % 13);
         bool any = false;
         assert_int_equal(sd_constraint_apply(c, a, V + 7), SD_OK);
+        const uint32_t *bits; /* apply (a word at a time) against the mask bit by bit, padding refused */
+        assert_int_equal(sd_constraint_mask(c, &bits), SD_OK);
+        for (int32_t i = 0; i < V + 7; i++)
+            if (a[i] != (i < V && (bits[i >> 5] >> (i & 31) & 1u) ? (float)(i % 13) : -INFINITY))
+                fail_msg("step %d logit %d: %g after apply", (int)step, (int)i, (double)a[i]);
+        for (int32_t i = 0; i < V; i++) b[i] = (float)(i % 13); /* a row shorter than the vocabulary */
+        assert_int_equal(sd_constraint_apply(c, b, V - 37), SD_OK);
+        for (int32_t i = 0; i < V; i++)
+            if (b[i] != (i >= V - 37 || (bits[i >> 5] >> (i & 31) & 1u) ? (float)(i % 13) : -INFINITY))
+                fail_msg("step %d logit %d of a short row: %g after apply", (int)step, (int)i, (double)b[i]);
+        for (int32_t i = 0; i < V + 7; i++) b[i] = (float)(i % 13);
         assert_int_equal(sd_constraint_apply_ids(c, b, V + 7, NULL, &any), SD_OK);
         assert_memory_equal(a, b, (size_t)(V + 7) * sizeof *a);
         bool want = false;

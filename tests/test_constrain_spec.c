@@ -3,7 +3,9 @@
  * demo model needed): greedy bit for bit and seeded identical, with the
  * n-gram drafter, the masked self-draft, and forced drafts alone; and the
  * output is a sentence of the constraint (or a prefix of one at the token
- * limit). */
+ * limit). With the demo model (SPECD_MODEL), forced drafts guessed at JSON's
+ * optional whitespace: drafted and accepted where the forced bytes are
+ * none (the old rule drafted nothing there), the output unchanged. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +18,7 @@
 #include <unistd.h>
 
 #include "specd/constrain.h"
+#include "specd/constrain_slots.h"
 #include "specd/gguf.h"
 #include "specd/sample.h"
 #include "specd/spec_decode.h"
@@ -186,11 +189,198 @@ static void test_regex_spec_equals_plain(void **state) {
     sd_grammar_free(&gr);
 }
 
+/* The proposer alone (sd_constraint_forced_tokens), on the random model's
+ * tokenizer: after `,` nothing is forced (optional whitespace), so the
+ * encoder's forced tokens are none; the output so far wrote `\n  "` after
+ * its earlier `,`, so that is guessed, then the forced key, then `": ` as
+ * written before. The drafts are tokens the constraint allows in turn. */
+static void test_spacing_guess_tokens(void **state) {
+    (void)state;
+    if (!env.ok) skip();
+    const char *schema = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":"
+                         "\"integer\"},\"c\":{\"type\":\"integer\"}},\"required\":[\"a\",\"b\",\"c\"]}";
+    sd_grammar *gr = NULL;
+    char err[256];
+    assert_int_equal(sd_grammar_from_json_schema(schema, strlen(schema), NULL, &gr, err, sizeof err), SD_OK);
+    sd_constraint *c = NULL;
+    assert_int_equal(sd_constraint_create(gr, env.vocab, &c), SD_OK);
+    const char *chunks[2] = {"{\n  \"a\": 1,", "\n  \"b\": 2,"};
+    for (int i = 0; i < 2; i++) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        assert_int_equal(sd_tok_encode(env.tok, chunks[i], strlen(chunks[i]), false, &ids, &n), SD_OK);
+        for (size_t j = 0; j < n; j++) assert_int_equal(sd_constraint_advance(c, ids[j]), SD_OK);
+        free(ids);
+    }
+    char fb[16];
+    assert_int_equal(sd_constraint_forced_bytes(c, fb, sizeof fb), 0);
+    int32_t drafts[SD_MAX_K], len = sd_constraint_len(c);
+    int32_t nd = sd_constraint_forced_tokens(c, env.tok, SD_MAX_K, drafts);
+    assert_int_equal(sd_constraint_len(c), len); /* left as it was */
+    char text[256] = "";
+    size_t at = 0;
+    for (int32_t i = 0; i < nd; i++) {
+        size_t l = 0;
+        const char *p = sd_tok_piece(env.tok, drafts[i], &l);
+        assert_true(at + l < sizeof text);
+        memcpy(text + at, p, l);
+        at += l;
+        assert_int_equal(sd_constraint_advance(c, drafts[i]), SD_OK);
+    }
+    text[at] = '\0';
+    print_message("drafted after `,`: %d tokens \"%s\"\n", (int)nd, text);
+    const char *want = "\n  \"c\": ";
+    assert_true(at >= 4 && at <= strlen(want) && memcmp(text, want, at) == 0);
+    sd_constraint_free(&c);
+    sd_grammar_free(&gr);
+    /* a longer object, the proposer called after every token: its drafts
+     * cross the constraint's history growth (64, 128 tokens; a first
+     * string value of 0-11 letters moves where) and are tokens the
+     * constraint allows in turn */
+    for (int shift = 0; shift < 12; shift++) {
+        char big[1024] = "{\"type\":\"object\",\"properties\":{", out[512] = "{";
+        char pad[16] = "";
+        memset(pad, 'x', (size_t)shift);
+        for (int i = 0; i < 16; i++) {
+            snprintf(big + strlen(big), sizeof big - strlen(big), "%s\"k%d\":{\"type\":\"%s\"}", i ? "," : "", i,
+                     i ? "integer" : "string");
+            if (i)
+                snprintf(out + strlen(out), sizeof out - strlen(out), ",\n  \"k%d\": %d", i, i * 7);
+            else
+                snprintf(out + strlen(out), sizeof out - strlen(out), "\n  \"k0\": \"%s\"", pad);
+        }
+        strcat(big, "}}");
+        strcat(out, "\n}");
+        assert_int_equal(sd_grammar_from_json_schema(big, strlen(big), NULL, &gr, err, sizeof err), SD_OK);
+        assert_int_equal(sd_constraint_create(gr, env.vocab, &c), SD_OK);
+        int32_t *ids = NULL;
+        size_t n_ids = 0, guessed = 0;
+        assert_int_equal(sd_tok_encode(env.tok, out, strlen(out), false, &ids, &n_ids), SD_OK);
+        assert_true(n_ids > 140);
+        for (size_t i = 0; i < n_ids; i++) {
+            int32_t base = sd_constraint_len(c);
+            nd = sd_constraint_forced_tokens(c, env.tok, SD_MAX_K, drafts);
+            assert_int_equal(sd_constraint_len(c), base);
+            for (int32_t j = 0; j < nd; j++) assert_int_equal(sd_constraint_advance(c, drafts[j]), SD_OK);
+            assert_int_equal(sd_constraint_rollback(c, base), SD_OK);
+            guessed += (size_t)nd;
+            assert_int_equal(sd_constraint_advance(c, ids[i]), SD_OK);
+        }
+        assert_true(sd_constraint_accepting(c));
+        assert_true(guessed > n_ids / 2);
+        free(ids);
+        sd_constraint_free(&c);
+        sd_grammar_free(&gr);
+    }
+}
+
+/* The demo model writes JSON with the same spacing after every `,`: the
+ * forced-draft proposer guesses it from the output so far. Greedy, forced
+ * drafts alone: the output equals constrained plain decoding, and some
+ * step where nothing is forced (sd_constraint_forced_bytes: none, so the
+ * encoder's forced tokens were none) drafted and had drafts accepted. */
+static void test_spacing_guess_demo(void **state) {
+    (void)state;
+    const char *path = getenv("SPECD_MODEL");
+    if (!path || !*path) skip();
+    sd_gguf *g = NULL;
+    char err[256];
+    assert_int_equal(sd_gguf_open(path, &g, err, sizeof err), SD_OK);
+    sd_model_params mp = sd_model_default_params();
+    mp.n_threads = 2;
+    sd_model *m = NULL;
+    sd_tok *tok = NULL;
+    sd_cvocab *v = NULL;
+    assert_int_equal(sd_model_load(g, &mp, &m), SD_OK);
+    assert_int_equal(sd_tok_from_gguf(g, &tok), SD_OK);
+    sd_gguf_close(&g);
+    assert_int_equal(sd_cvocab_create(tok, &v), SD_OK);
+    const char *schema = "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":24},"
+                         "\"age\":{\"type\":\"integer\"},\"city\":{\"type\":\"string\",\"maxLength\":24},"
+                         "\"role\":{\"enum\":[\"engineer\",\"doctor\",\"teacher\"]}},"
+                         "\"required\":[\"name\",\"age\",\"city\",\"role\"],\"additionalProperties\":false}";
+    sd_grammar *gr = NULL;
+    assert_int_equal(sd_grammar_from_json_schema(schema, strlen(schema), NULL, &gr, err, sizeof err), SD_OK);
+    const char *text = "Describe a fictional person as JSON.\n";
+    int32_t *prompt = NULL;
+    size_t n_prompt = 0;
+    assert_int_equal(sd_tok_encode(tok, text, strlen(text), true, &prompt, &n_prompt), SD_OK);
+    enum { N = 48, CTX = 256 };
+    const int32_t V = sd_tok_n_vocab(tok);
+    sd_sampling greedy = sd_sampling_default();
+    /* constrained plain decoding */
+    int32_t ref[N], n_ref = 0;
+    sd_constraint *c = NULL;
+    assert_int_equal(sd_constraint_create(gr, v, &c), SD_OK);
+    sd_kv *kv = NULL;
+    assert_int_equal(sd_model_kv_create(m, 1, CTX / 16 + 2, 16, &kv), SD_OK);
+    float *logits = malloc((size_t)V * sizeof *logits);
+    int32_t pos[CTX], seq[CTX] = {0};
+    bool want[CTX] = {false};
+    for (int32_t i = 0; i < (int32_t)n_prompt; i++) pos[i] = i;
+    want[n_prompt - 1] = true;
+    sd_batch b = {(int32_t)n_prompt, prompt, pos, seq, want};
+    assert_int_equal(sd_model_forward(m, kv, &b, logits), SD_OK);
+    while (n_ref < N) {
+        int32_t p = (int32_t)n_prompt + n_ref;
+        assert_int_equal(sd_constraint_apply(c, logits, V), SD_OK);
+        assert_int_equal(sd_sample_token(logits, V, &greedy, (uint64_t)p, &ref[n_ref]), SD_OK);
+        assert_int_equal(sd_constraint_advance(c, ref[n_ref]), SD_OK);
+        if (sd_tok_is_eog(tok, ref[n_ref++])) break;
+        bool one = true;
+        sd_batch step = {1, &ref[n_ref - 1], &p, seq, &one};
+        assert_int_equal(sd_model_forward(m, kv, &step, logits), SD_OK);
+    }
+    sd_kv_free(&kv);
+    sd_constraint_free(&c);
+    /* forced drafts alone, and a probe constraint over the committed tokens */
+    sd_constraint *probe = NULL;
+    assert_int_equal(sd_constraint_create(gr, v, &c), SD_OK);
+    assert_int_equal(sd_constraint_create(gr, v, &probe), SD_OK);
+    sd_spec_decoder *d = NULL;
+    assert_int_equal(sd_spec_decoder_create(m, NULL, CTX, &d), SD_OK);
+    sd_spec_decoder_set_prompt_len(d, (int32_t)n_prompt);
+    assert_int_equal(sd_spec_decoder_set_constraint(d, c, tok), SD_OK);
+    int32_t ctx[CTX + SD_MAX_K + 1], n = 0, guessed_steps = 0;
+    memcpy(ctx, prompt, n_prompt * sizeof *ctx);
+    bool ended = false;
+    while (n < n_ref && !ended) {
+        char fb[64];
+        bool none_forced = sd_constraint_forced_bytes(probe, fb, sizeof fb) == 0;
+        int32_t out[SD_MAX_K + 1], n_out = 0, nd = 0, na = 0, left = N - n - 1;
+        assert_int_equal(
+            sd_spec_decoder_step(d, ctx, (int32_t)n_prompt + n, left < 8 ? left : 8, &greedy, out, &n_out, &nd, &na),
+            SD_OK);
+        guessed_steps += none_forced && nd > 0 && na > 0;
+        for (int32_t i = 0; i < n_out && n < N && !ended; i++) {
+            ctx[n_prompt + (size_t)n] = out[i];
+            assert_int_equal(out[i], ref[n]); /* the output unchanged */
+            assert_int_equal(sd_constraint_advance(probe, out[i]), SD_OK);
+            ended = sd_tok_is_eog(tok, out[i]);
+            n++;
+        }
+    }
+    assert_int_equal(n, n_ref);
+    print_message("spacing guesses accepted at %d steps where nothing was forced\n", (int)guessed_steps);
+    assert_true(guessed_steps > 0);
+    sd_spec_decoder_free(&d);
+    sd_constraint_free(&probe);
+    sd_constraint_free(&c);
+    free(logits);
+    free(prompt);
+    sd_grammar_free(&gr);
+    sd_cvocab_free(&v);
+    sd_tok_free(&tok);
+    sd_model_free(&m);
+}
+
 int main(void) {
     sd_log_set(NULL, NULL, getenv("SPECD_TEST_LOG") ? SD_LOG_DEBUG : SD_LOG_OFF, "test_constrain_spec");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_schema_spec_equals_plain),
         cmocka_unit_test(test_regex_spec_equals_plain),
+        cmocka_unit_test(test_spacing_guess_tokens),
+        cmocka_unit_test(test_spacing_guess_demo),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -47,7 +47,20 @@ struct sd_cvocab {
     uint8_t *dfs_byte;
     uint16_t *dfs_depth;
     int32_t *dfs_end, *dfs_tok_first, *dfs_tok_n;
+    /* the root's children packed (first bytes and dfs indices), so a dead
+     * first byte costs a byte read, not a jump to a far cache line */
+    int32_t n_top, top_node[256];
+    uint8_t top_byte[256];
 };
+
+/* The root's packed children (after build_dfs). */
+static void build_top(sd_cvocab *v) {
+    v->n_top = 0;
+    for (int32_t ch = 1; ch < v->n_nodes; ch = v->dfs_end[ch]) {
+        v->top_byte[v->n_top] = v->dfs_byte[ch];
+        v->top_node[v->n_top++] = ch;
+    }
+}
 
 /* Lays the linked trie out in depth-first order (iteratively). */
 static bool build_dfs(sd_cvocab *v) {
@@ -182,6 +195,7 @@ sd_status sd_cvocab_create(const sd_tok *t, sd_cvocab **out) {
         sd_cvocab_free(&v);
         return SD_ERR_NOMEM;
     }
+    build_top(v);
     *out = v;
     return SD_OK;
 fail:
@@ -223,6 +237,7 @@ struct sd_constraint {
     const sd_grammar *g;
     const sd_cvocab *v;
     g_state *hist; /* hist[i]: after i tokens; n_stacks 0 after an end token */
+    int32_t *toks; /* toks[i]: the token advanced past from hist[i] */
     int32_t n_hist, cap_hist;
     g_scratch sc;
     g_state *walk; /* [max_len + 1] per-depth states of a walk */
@@ -249,12 +264,13 @@ sd_status sd_constraint_create(const sd_grammar *g, const sd_cvocab *v, sd_const
     c->v = v;
     c->cap_hist = 64;
     c->hist = calloc((size_t)c->cap_hist, sizeof *c->hist);
+    c->toks = malloc((size_t)c->cap_hist * sizeof *c->toks);
     c->walk = calloc((size_t)v->max_len + 2, sizeof *c->walk);
     c->ws_at = malloc(((size_t)v->max_len + 2) * sizeof *c->ws_at);
     c->cache = calloc(CACHE_SLOTS, sizeof *c->cache);
     c->bits = malloc((size_t)v->n_words * sizeof *c->bits);
     c->times = malloc(SD_CONSTRAINT_MAX_TIMES * sizeof *c->times);
-    if (!c->hist || !c->walk || !c->ws_at || !c->cache || !c->bits || !c->times) {
+    if (!c->hist || !c->toks || !c->walk || !c->ws_at || !c->cache || !c->bits || !c->times) {
         sd_constraint_free(&c);
         return SD_ERR_NOMEM;
     }
@@ -293,6 +309,7 @@ void sd_constraint_free(sd_constraint **pc) {
     g_state_free(&c->tmp);
     g_scratch_free(&c->sc);
     free(c->hist);
+    free(c->toks);
     free(c->walk);
     free(c->cache);
     free(c->bits);
@@ -350,33 +367,50 @@ static int32_t ws_intern(sd_constraint *c, const g_state *s) {
     return id;
 }
 
+/* The interned state after byte from state `from` (-1: dead); false when
+ * the walk outgrew WALK_STATES. */
+static inline bool ws_next(sd_constraint *c, int32_t from, uint8_t byte, int32_t *out) {
+    int32_t next = c->ws_trans[(size_t)from * 256 + byte];
+    if (next == -2) {
+        next = -1;
+        if (g_state_advance(c->g, &c->ws[from], byte, &c->tmp, &c->sc) && (next = ws_intern(c, &c->tmp)) < 0)
+            return false;
+        c->ws_trans[(size_t)from * 256 + byte] = next;
+    }
+    *out = next;
+    return true;
+}
+
 /* The walk over interned states: a node costs one table lookup once the
  * (state, byte) transition is known, and inside a JSON string or a
- * character loop most of the vocabulary meets a few states only. The trie
- * is scanned in depth-first order (a dead node skips its subtree).
+ * character loop most of the vocabulary meets a few states only. The
+ * root's children are taken from their packed list (a dead first byte
+ * costs a byte read, not a jump to a far cache line of the node arrays:
+ * most first bytes are dead outside strings); below them the trie is
+ * scanned in depth-first order, a dead node skipping its subtree.
  * Returns false when the walk outgrew WALK_STATES (the caller then walks
  * directly). */
 static bool walk_cached(sd_constraint *c, int32_t root, uint32_t *bits) {
     const sd_cvocab *v = c->v;
     int32_t *sid_at = c->ws_at; /* the state at each depth of the current path */
     sid_at[0] = root;
-    for (int32_t i = 1; i < v->n_nodes;) {
-        int32_t d = v->dfs_depth[i], from = sid_at[d - 1];
-        uint8_t byte = v->dfs_byte[i];
-        int32_t next = c->ws_trans[(size_t)from * 256 + byte];
-        if (next == -2) {
-            next = -1;
-            if (g_state_advance(c->g, &c->ws[from], byte, &c->tmp, &c->sc) && (next = ws_intern(c, &c->tmp)) < 0)
-                return false;
-            c->ws_trans[(size_t)from * 256 + byte] = next;
+    for (int32_t k = 0; k < v->n_top; k++) {
+        int32_t top = v->top_node[k], next;
+        if (!ws_next(c, root, v->top_byte[k], &next)) return false;
+        if (next < 0) continue;
+        allow_node(v, top, bits);
+        sid_at[1] = next;
+        for (int32_t i = top + 1, end = v->dfs_end[top]; i < end;) {
+            int32_t d = v->dfs_depth[i];
+            if (!ws_next(c, sid_at[d - 1], v->dfs_byte[i], &next)) return false;
+            if (next < 0) {
+                i = v->dfs_end[i];
+                continue;
+            }
+            allow_node(v, i, bits);
+            sid_at[d] = next;
+            i++;
         }
-        if (next < 0) {
-            i = v->dfs_end[i];
-            continue;
-        }
-        allow_node(v, i, bits);
-        sid_at[d] = next;
-        i++;
     }
     return true;
 }
@@ -445,8 +479,19 @@ sd_status sd_constraint_apply(sd_constraint *c, float *logits, int32_t n_vocab) 
     const uint32_t *bits;
     SD_TRY(sd_constraint_mask(c, &bits));
     int32_t n = n_vocab < c->v->n_vocab ? n_vocab : c->v->n_vocab;
-    for (int32_t i = 0; i < n; i++)
-        if (!(bits[i >> 5] >> (i & 31) & 1u)) logits[i] = -INFINITY;
+    /* a word of the mask at a time: most words are all allowed (nothing to
+     * do) or all refused (a fill); a mixed one goes bit by bit over its set
+     * refused bits only */
+    for (int32_t w = 0; w * 32 < n; w++) {
+        int32_t lo = w * 32, hi = lo + 32 < n ? lo + 32 : n;
+        uint32_t refused = ~bits[w];
+        if (hi - lo < 32) refused &= (1u << (hi - lo)) - 1u;
+        if (refused == 0xFFFFFFFFu) {
+            for (int32_t i = lo; i < hi; i++) logits[i] = -INFINITY;
+            continue;
+        }
+        for (; refused; refused &= refused - 1) logits[lo + __builtin_ctz(refused)] = -INFINITY;
+    }
     for (int32_t i = n; i < n_vocab; i++) logits[i] = -INFINITY; /* padding rows of the LM head */
     return SD_OK;
 }
@@ -535,14 +580,20 @@ sd_status sd_constraint_advance(sd_constraint *c, int32_t token) {
         if (!q) return SD_ERR_NOMEM;
         memset(q + c->cap_hist, 0, (size_t)(nc - c->cap_hist) * sizeof *q);
         c->hist = q;
+        int32_t *tq = realloc(c->toks, (size_t)nc * sizeof *tq);
+        if (!tq) return SD_ERR_NOMEM; /* hist grown, cap_hist not yet: consistent */
+        c->toks = tq;
         c->cap_hist = nc;
     }
     if (!step_token(c, &c->hist[c->n_hist - 1], token, &c->hist[c->n_hist])) return SD_ERR_INVALID_ARG;
+    c->toks[c->n_hist - 1] = token;
     c->n_hist++;
     return SD_OK;
 }
 
 int32_t sd_constraint_len(const sd_constraint *c) { return c->n_hist - 1; }
+
+const int32_t *sd_constraint_tokens(const sd_constraint *c) { return c->toks; }
 
 sd_status sd_constraint_rollback(sd_constraint *c, int32_t n) {
     if (n < 0 || n > c->n_hist - 1) return SD_ERR_RANGE;
@@ -588,6 +639,14 @@ size_t sd_constraint_forced_bytes(sd_constraint *c, char *buf, size_t cap) {
     g_state_free(&a);
     g_state_free(&b);
     return n;
+}
+
+void sd_constraint_next_bytes(sd_constraint *c, uint32_t set[8]) {
+    memset(set, 0, 8 * sizeof *set);
+    const g_state *s = &c->hist[c->n_hist - 1];
+    if (s->n_stacks == 0) return;
+    for (int byte = 0; byte < 256; byte++)
+        if (g_state_advance(c->g, s, (uint8_t)byte, &c->tmp, &c->sc)) set[byte >> 5] |= 1u << (byte & 31);
 }
 
 bool sd_constraint_ended(const sd_constraint *c) { return c->hist[c->n_hist - 1].n_stacks == 0; }

@@ -133,17 +133,172 @@ sd_grammar_cache_stats sd_con_slots_cache_stats(const sd_con_slots *c) {
     return c ? sd_grammar_cache_get_stats(c->cache) : st;
 }
 
-int32_t sd_constraint_forced_tokens(sd_constraint *c, const sd_tok *tok, int32_t k, int32_t *ids) {
-    char bytes[256];
-    size_t n = c && tok && ids && k > 0 ? sd_constraint_forced_bytes(c, bytes, sizeof bytes) : 0;
-    int32_t *enc = NULL;
-    size_t n_enc = 0;
-    if (!n || sd_tok_encode(tok, bytes, n, false, &enc, &n_enc) != SD_OK) return 0;
-    int32_t nf = 0, base = sd_constraint_len(c);
-    while (nf < k && (size_t)nf + 1 < n_enc && sd_constraint_advance(c, enc[nf]) == SD_OK) {
-        ids[nf] = enc[nf];
-        nf++;
+/* ---- forced drafts ----
+ *
+ * Forced bytes alone stop at every optional-whitespace choice of JSON (after
+ * `{`, `,`, `:`) and come out in the encoder's tokens, which the model often
+ * does not use. So a forced draft is built from the output itself where it
+ * can: at each position the token the model wrote at the earlier position
+ * whose preceding bytes match the current ones longest (ties: the latest),
+ * if the constraint allows it. A guess is made where bytes are forced (it
+ * must then agree with them: the constraint checks) and where the choice is
+ * only optional whitespace before one possible byte; elsewhere (a string's
+ * inside, a number, an enum's branches) nothing is guessed. Forced bytes are
+ * drafted in the encoder's tokens (all but the last) where no earlier token
+ * fits or the encoder's first token is longer. Every draft is verified: a
+ * wrong guess costs its row, never the output. */
+
+#define GUESS_HIST  1024 /* earlier tokens a guess looks back over */
+#define GUESS_CTX   32   /* bytes of context compared */
+#define GUESS_TRIES 8    /* candidates tried (the constraint refusing the best) */
+
+typedef struct guess_ctx {
+    char *bytes; /* the output's bytes from token lo on, then the drafts' */
+    size_t len, cap;
+    size_t *start; /* [n - lo] where token lo + i starts in bytes */
+    int32_t *score;
+    const int32_t *toks; /* the constraint's tokens, n of them (refetched: an advance may move them) */
+    int32_t lo, n;
+} guess_ctx;
+
+static bool bytes_add(guess_ctx *g, const sd_tok *tok, int32_t id) {
+    size_t l = 0;
+    const char *p = sd_tok_piece(tok, id, &l);
+    if (g->len + l > g->cap) {
+        size_t nc = (g->cap ? g->cap : 256) * 2;
+        while (nc < g->len + l) nc *= 2;
+        char *q = realloc(g->bytes, nc);
+        if (!q) return false;
+        g->bytes = q;
+        g->cap = nc;
     }
-    free(enc);
+    if (l) memcpy(g->bytes + g->len, p, l);
+    g->len += l;
+    return true;
+}
+
+static bool guess_init(guess_ctx *g, const sd_constraint *c, const sd_tok *tok) {
+    memset(g, 0, sizeof *g);
+    g->n = sd_constraint_len(c);
+    g->lo = g->n > GUESS_HIST ? g->n - GUESS_HIST : 0;
+    g->toks = sd_constraint_tokens(c);
+    size_t m = (size_t)(g->n - g->lo) + 1;
+    g->start = malloc(m * sizeof *g->start);
+    g->score = malloc(m * sizeof *g->score);
+    if (!g->start || !g->score) return false;
+    for (int32_t i = g->lo; i < g->n; i++) {
+        g->start[i - g->lo] = g->len;
+        if (!bytes_add(g, tok, g->toks[i])) return false;
+    }
+    return true;
+}
+
+static void guess_free(guess_ctx *g) {
+    free(g->bytes);
+    free(g->start);
+    free(g->score);
+}
+
+static bool is_space(char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r'; }
+
+/* The earlier token whose context matches the current bytes' end longest
+ * (at least min_ctx bytes; min_ctx_space for a token of whitespace only),
+ * that starts as the forced bytes do (fb[n_fb])
+ * and that c allows now; -1 if none. */
+static int32_t guess_token(guess_ctx *g, sd_constraint *c, const sd_tok *tok, int32_t min_ctx, int32_t min_ctx_space,
+                           const char *fb, size_t n_fb) {
+    const char *b = g->bytes;
+    g->toks = sd_constraint_tokens(c); /* an advance since may have moved them */
+    for (int32_t j = g->lo; j < g->n; j++) {
+        size_t at = g->start[j - g->lo], m = 0, l = 0;
+        while (m < GUESS_CTX && m < at && b[at - 1 - m] == b[g->len - 1 - m]) m++;
+        const char *p = sd_tok_piece(tok, g->toks[j], &l);
+        size_t sp = 0;
+        while (sp < l && is_space(p[sp])) sp++;
+        bool fits = memcmp(p, fb, l < n_fb ? l : n_fb) == 0 && (int32_t)m >= (l && sp == l ? min_ctx_space : min_ctx);
+        g->score[j - g->lo] = fits ? (int32_t)m : -1;
+    }
+    for (int tries = 0; tries < GUESS_TRIES; tries++) {
+        int32_t best = -1;
+        for (int32_t j = g->n - 1; j >= g->lo; j--)
+            if (g->score[j - g->lo] >= 0 && (best < 0 || g->score[j - g->lo] > g->score[best - g->lo])) best = j;
+        if (best < 0) return -1;
+        if (sd_constraint_allows(c, g->toks[best])) return g->toks[best];
+        int32_t refused = g->toks[best]; /* the same token elsewhere is refused too */
+        for (int32_t j = g->lo; j < g->n; j++)
+            if (g->toks[j] == refused) g->score[j - g->lo] = -1;
+    }
+    return -1;
+}
+
+/* True when what may come next is optional whitespace and at most one
+ * other byte (the output not yet whole): a forced run held up by spacing. */
+static bool blocked_by_space(sd_constraint *c) {
+    if (sd_constraint_accepting(c)) return false;
+    uint32_t set[8];
+    sd_constraint_next_bytes(c, set);
+    bool space = false;
+    int other = 0;
+    for (int byte = 0; byte < 256; byte++) {
+        if (!(set[byte >> 5] >> (byte & 31) & 1u)) continue;
+        if (is_space((char)byte))
+            space = true;
+        else
+            other++;
+    }
+    return space && other <= 1;
+}
+
+static int32_t trailing_space(const guess_ctx *g) {
+    size_t w = 0;
+    while (w < g->len && w < GUESS_CTX && is_space(g->bytes[g->len - 1 - w])) w++;
+    return (int32_t)w;
+}
+
+static size_t piece_len(const sd_tok *tok, int32_t id) {
+    size_t l = 0;
+    sd_tok_piece(tok, id, &l);
+    return l;
+}
+
+/* Advances c past id and appends it to the drafts. */
+static bool draft_push(sd_constraint *c, guess_ctx *g, const sd_tok *tok, int32_t id, int32_t *ids, int32_t *nf) {
+    if (sd_constraint_advance(c, id) != SD_OK) return false;
+    ids[(*nf)++] = id;
+    return bytes_add(g, tok, id);
+}
+
+int32_t sd_constraint_forced_tokens(sd_constraint *c, const sd_tok *tok, int32_t k, int32_t *ids) {
+    if (!c || !tok || !ids || k <= 0) return 0;
+    int32_t base = sd_constraint_len(c), nf = 0;
+    guess_ctx g;
+    bool ok = guess_init(&g, c, tok);
+    while (ok && nf < k && !sd_constraint_ended(c)) {
+        char bytes[256];
+        size_t n = sd_constraint_forced_bytes(c, bytes, sizeof bytes);
+        if (!n && !blocked_by_space(c)) break;
+        /* at a spacing choice, a byte of context; for more whitespace it
+         * must reach past the whitespace before to the byte that makes the
+         * structural point (`{`, `,`): "more spaces after spaces" is a guess
+         * the model rarely confirms */
+        int32_t t = guess_token(&g, c, tok, n ? 0 : 1, n ? 0 : trailing_space(&g) + 1, bytes, n), *enc = NULL,
+                before = nf;
+        size_t n_enc = 0;
+        if (n && sd_tok_encode(tok, bytes, n, false, &enc, &n_enc) != SD_OK) break;
+        /* forced bytes: the earlier token unless the encoder's first one
+         * covers more of them (a short earlier token, `c` of another key,
+         * splits a word the model writes whole) */
+        if (t >= 0 && (n_enc < 2 || piece_len(tok, t) >= piece_len(tok, enc[0]))) {
+            free(enc);
+            ok = draft_push(c, &g, tok, t, ids, &nf);
+            continue;
+        }
+        /* the encoder's tokens, all but the last (it ends where the forced
+         * bytes do, and the model usually writes a longer token there) */
+        for (size_t i = 0; ok && nf < k && i + 1 < n_enc; i++) ok = draft_push(c, &g, tok, enc[i], ids, &nf);
+        free(enc);
+        if (nf == before) break;
+    }
+    guess_free(&g);
     return sd_constraint_rollback(c, base) == SD_OK ? nf : 0;
 }

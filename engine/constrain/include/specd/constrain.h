@@ -115,6 +115,9 @@ bool sd_constraint_allows(sd_constraint *c, int32_t token);
 sd_status sd_constraint_advance(sd_constraint *c, int32_t token);
 /* Tokens advanced so far; rollback to n (<= that) forgets the rest. */
 int32_t sd_constraint_len(const sd_constraint *c);
+/* Those tokens, sd_constraint_len of them (borrowed, valid until the next
+ * advance). */
+const int32_t *sd_constraint_tokens(const sd_constraint *c);
 sd_status sd_constraint_rollback(sd_constraint *c, int32_t n);
 /* The only token allowed next, or -1 when zero or several are. */
 int32_t sd_constraint_forced(sd_constraint *c);
@@ -122,6 +125,8 @@ int32_t sd_constraint_forced(sd_constraint *c);
  * accept and exactly one byte can come next, that byte (at most cap);
  * returns their count. What a forced-token drafter encodes and proposes. */
 size_t sd_constraint_forced_bytes(sd_constraint *c, char *buf, size_t cap);
+/* The bytes that can come next (bit b of set[b / 32]): none once ended. */
+void sd_constraint_next_bytes(sd_constraint *c, uint32_t set[8]);
 /* True after an end-of-generation token: nothing is allowed any more. */
 bool sd_constraint_ended(const sd_constraint *c);
 /* True when the output so far is a whole sentence (EOS would be allowed). */

@@ -49,12 +49,16 @@ sd_status sd_con_slots_sync(sd_con_slots *c, int32_t slot, sd_constraint_kind ki
 /* Grammar cache figures (tests, logs). */
 sd_grammar_cache_stats sd_con_slots_cache_stats(const sd_con_slots *c);
 
-/* Forced drafts: the bytes c forces next (sd_constraint_forced_bytes),
- * encoded with tok, as at most k tokens c allows in turn, into ids; the
- * last token of the encoding is left out (it ends where the forced bytes
- * do, and the model usually writes a longer token there: `":` where `"`
- * is forced). c is left as it was. Returns how many (0 on any failure:
- * forced drafts are an optimisation). */
+/* Forced drafts: up to k tokens c allows in turn, into ids, built from the
+ * bytes c forces next (sd_constraint_forced_bytes) and from the output
+ * itself: at each position, where bytes are forced or the only choice is
+ * optional whitespace before them, the token the model wrote after the
+ * longest matching byte context earlier in the output (if c allows it);
+ * forced bytes no earlier token covers are drafted as tok encodes them,
+ * the last token of that encoding left out (it ends where the forced bytes
+ * do, and the model usually writes a longer token there: `":` where `"` is
+ * forced). c is left as it was. Returns how many (0 on any failure: forced
+ * drafts are an optimisation). */
 int32_t sd_constraint_forced_tokens(sd_constraint *c, const sd_tok *tok, int32_t k, int32_t *ids);
 
 #ifdef __cplusplus
