@@ -267,7 +267,10 @@ sd_status sd_drafter_eagle_open(const char *dir, const sd_model *target, const s
     d->params = prm;
     d->impl = e;
     sd_eagle_target t = sd_eagle_target_of(target);
-    sd_eagle_params hp = {.max_seqs = prm.max_seqs, .max_ctx = prm.max_ctx, .n_threads = prm.n_threads};
+    sd_eagle_params hp = {.max_seqs = prm.max_seqs,
+                          .max_ctx = prm.max_ctx,
+                          .n_threads = prm.n_threads,
+                          .weights = (sd_eagle_weights)prm.eagle_weights};
     sd_status s = sd_eagle_head_load(dir, &t, &hp, &e->head);
     if (s == SD_OK) {
         e->H = sd_eagle_head_hidden(e->head);
