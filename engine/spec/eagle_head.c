@@ -129,6 +129,17 @@ static sd_status reserve(sd_eagle_head *h, int32_t n) {
     return SD_OK;
 }
 
+/* sum q[i] k[i] in 8 lanes (the compiler's vectors), then the lanes in a
+ * fixed order: one scalar chain would run a key at a time. */
+static float dot(const float *q, const float *k, int32_t D) {
+    float l[8] = {0};
+    int32_t i = 0;
+    for (; i + 8 <= D; i += 8)
+        for (int j = 0; j < 8; j++) l[j] += q[i + j] * k[i + j];
+    for (; i < D; i++) l[0] += q[i] * k[i];
+    return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+}
+
 /* att[t] = softmax(q k^T / sqrt(D)) v over the slot's positions 0..pos0+t,
  * or for a tree row its logical positions 0..tr->pos[t]: those from
  * tr->base on read at its path's cache rows. */
@@ -147,9 +158,7 @@ static void attend(sd_eagle_head *h, int32_t seq, int32_t pos0, int32_t n, const
             float mx = -INFINITY;
             for (int32_t p = 0; p < n_keys; p++) {
                 const float *k = kc + (size_t)(path && p >= tr->base ? path[p - tr->base] : p) * KD + kh;
-                float s = 0;
-                for (int32_t i = 0; i < D; i++) s += q[i] * k[i];
-                h->scores[p] = s * scale;
+                h->scores[p] = dot(q, k, D) * scale;
                 mx = h->scores[p] > mx ? h->scores[p] : mx;
             }
             double sum = 0;
