@@ -295,7 +295,8 @@ sd_status sd_drafter_eagle_open(const char *dir, const sd_model *target, const s
             e->d2t[i] = sd_eagle_head_target_id(e->head, i);
         e->sorted = e->d2t != NULL;
         for (int32_t i = 1; e->sorted && i < e->n_draft; i++) e->sorted = e->d2t[i] > e->d2t[i - 1];
-        if (s == SD_OK && e->sorted && !(e->probs_d = malloc((size_t)e->n_draft * sizeof *e->probs_d))) s = SD_ERR_NOMEM;
+        if (s == SD_OK && e->sorted && !(e->probs_d = malloc((size_t)e->n_draft * sizeof *e->probs_d)))
+            s = SD_ERR_NOMEM;
     }
     if (s != SD_OK) {
         sd_drafter_free(&d);
