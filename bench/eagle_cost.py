@@ -2,6 +2,7 @@
 of a target token, single process (specd-generate).
 
     .venv/bin/python bench/eagle_cost.py --model MODEL --head DIR [--k 4] [--n 64] [--runs 3]
+                                         [--variant LABEL=BUILD_DIR[:WEIGHTS]]...
     .venv/bin/python bench/eagle_cost.py --model MODEL --random-head DIR --draft-vocab 8192 [--dtype bfloat16]
                                          [--shape H,V,HEADS,KV,FF,THETA]  (default: SmolLM2-135M's)
 
@@ -10,7 +11,10 @@ alternating, and reports per run: the target's ms per token in plain
 decoding (decode_ms / decode_tokens), the head's ms per drafted token
 (draft_ms / drafted: its rows over the new target features, fc included,
 and the chain) and their ratio; the best of the runs is the figure (a shared
-machine's error is preemption). --random-head first writes a random head
+machine's error is preemption), and the median. --variant (repeatable) runs
+the head from other builds and --eagle-weights (q8_0 / stored) in the same
+rounds, interleaved prompt by prompt, each against the same plain runs
+(default: this build with its default weights). --random-head first writes a random head
 of the target's shape (tests/ref/eagle_ref.py) to DIR: its cost is a
 trained head's of the same shape (its acceptance is not).
 """
@@ -51,8 +55,17 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--variant", action="append", default=[],
+                    help="LABEL=BUILD_DIR[:WEIGHTS]: the head run by that build's specd-generate, with "
+                         "--eagle-weights WEIGHTS when given")
     a = ap.parse_args()
     gen = os.path.join(a.build, "tools", "specd-generate")
+    variants = []
+    for v in a.variant or ["default=" + a.build]:
+        label, _, rest = v.partition("=")
+        bdir, _, weights = rest.partition(":")
+        variants.append((label, os.path.join(bdir, "tools", "specd-generate"),
+                         ["--eagle-weights", weights] if weights else []))
     head = a.head
     if a.random_head:
         sys.path.insert(0, os.path.join(ROOT, "tests", "ref"))
@@ -63,24 +76,31 @@ def main():
         head = a.random_head
     if not head:
         sys.exit("--head DIR or --random-head DIR")
-    best = None
+    results = {label: [] for label, _, _ in variants}  # (target ms, head ms, ratio) per run
     for i in range(a.runs):
-        plain_ms, plain_tok, draft_ms, drafted = 0.0, 0, 0.0, 0
-        for p in PROMPTS:
+        plain_ms, plain_tok = 0.0, 0
+        draft = {label: [0.0, 0] for label, _, _ in variants}
+        for j, p in enumerate(PROMPTS):
             t = run(gen, a.model, p, a.n, a.threads, [])["timings"]
             plain_ms += t["decode_ms"]
             plain_tok += t["decode_tokens"]
-            s = run(gen, a.model, p, a.n, a.threads, ["--eagle", head, "-k", str(a.k)])["spec"]
-            draft_ms += s["draft_ms"]
-            drafted += s["drafted"]
+            order = variants if (i + j) % 2 == 0 else variants[::-1]
+            for label, vgen, extra in order:
+                s = run(vgen, a.model, p, a.n, a.threads, ["--eagle", head, "-k", str(a.k)] + extra)["spec"]
+                draft[label][0] += s["draft_ms"]
+                draft[label][1] += s["drafted"]
         target = plain_ms / max(plain_tok, 1)
-        per_draft = draft_ms / max(drafted, 1)
-        print(f"run {i}: target {target:.2f} ms/token, head {per_draft:.3f} ms/drafted token, "
-              f"ratio {per_draft / target:.3f}")
-        if best is None or per_draft / target < best[2]:
-            best = (target, per_draft, per_draft / target)
-    print(f"best: target {best[0]:.2f} ms/token, head {best[1]:.3f} ms/drafted token = {100 * best[2]:.1f}% "
-          f"of a target token (K {a.k}, {a.runs} runs x {len(PROMPTS)} prompts x {a.n} tokens)")
+        for label, _, _ in variants:
+            per_draft = draft[label][0] / max(draft[label][1], 1)
+            results[label].append((target, per_draft, per_draft / target))
+            print(f"run {i} {label}: target {target:.2f} ms/token, head {per_draft:.3f} ms/drafted token, "
+                  f"ratio {per_draft / target:.3f}")
+    for label, rs in results.items():
+        best = min(rs, key=lambda r: r[2])
+        med = sorted(r[2] for r in rs)[len(rs) // 2]
+        print(f"{label}: best: target {best[0]:.2f} ms/token, head {best[1]:.3f} ms/drafted token = "
+              f"{100 * best[2]:.1f}% of a target token; median ratio {100 * med:.1f}% "
+              f"(K {a.k}, {a.runs} runs x {len(PROMPTS)} prompts x {a.n} tokens)")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ static void usage(FILE *f) {
         "  --eagle-drafter DIR    drafter: an EAGLE-3 head in its own process (specd-drafter --eagle DIR),\n"
         "                         fed the verifier's features of the committed positions through the\n"
         "                         coordinator (3 x the target's hidden size f32 a position)\n"
+        "  --eagle-weights W      the heads' matrices, in the verifiers and drafter processes alike: q8_0\n"
+        "                         (quantized at load, the default) or stored\n"
         "                         The drafter flags but --eagle may be repeated and mixed: each starts one drafter,\n"
         "                         all active at once (at most %d); each is restarted when it dies.\n"
         "  --drafters LIST        drafters as a list: ngram, model:FILE, layers:L, eagle:DIR, comma-separated\n"
@@ -93,6 +95,7 @@ enum {
     OPT_LOCAL_NGRAM,
     OPT_EAGLE,
     OPT_EAGLE_DRAFTER,
+    OPT_EAGLE_WEIGHTS,
     OPT_GROUPS,
     OPT_TP,
     OPT_VERIFIER_DEVICE,
@@ -196,6 +199,13 @@ static bool apply_worker_option(launch_opts *o, int opt, char *arg) {
     case OPT_LOCAL_NGRAM: o->local_ngram = true; return true;
     case OPT_EAGLE: o->eagle = arg; return true;
     case OPT_EAGLE_DRAFTER: return add_drafter(o, DRAFT_EAGLE, arg, 0);
+    case OPT_EAGLE_WEIGHTS:
+        if (strcmp(arg, "q8_0") != 0 && strcmp(arg, "stored") != 0) {
+            fprintf(stderr, "specd-launch: --eagle-weights must be q8_0 or stored, got '%s'\n", arg);
+            return false;
+        }
+        o->eagle_weights = arg;
+        return true;
     case OPT_GROUPS:
         if (!sd_cli_parse_int(arg, 1, MAX_GROUPS, &o->groups)) {
             fprintf(stderr, "specd-launch: --groups must be an integer in [1, %d], got '%s'\n", MAX_GROUPS, arg);
@@ -327,6 +337,7 @@ static const struct option launch_longs[] = {{"target", required_argument, 0, OP
                                              {"local-ngram", no_argument, 0, OPT_LOCAL_NGRAM},
                                              {"eagle", required_argument, 0, OPT_EAGLE},
                                              {"eagle-drafter", required_argument, 0, OPT_EAGLE_DRAFTER},
+                                             {"eagle-weights", required_argument, 0, OPT_EAGLE_WEIGHTS},
                                              {"tp", required_argument, 0, OPT_TP},
                                              {"client-addr", required_argument, 0, OPT_CLIENT_ADDR},
                                              {"worker-addr", required_argument, 0, OPT_WORKER_ADDR},

@@ -241,6 +241,7 @@ static void build_argv(launcher *L, child *c) {
         if (o->eagle && c->rank == 0) { /* a group's head lives in its leader */
             push(c, &n, "--eagle");
             push(c, &n, o->eagle);
+            if (o->eagle_weights) push(c, &n, "--eagle-weights"), push(c, &n, o->eagle_weights);
         }
         if (o->device_base >= 0) {
             push(c, &n, "--device");
@@ -272,6 +273,8 @@ static void build_argv(launcher *L, child *c) {
                 push(c, &n, d->kind == DRAFT_EAGLE ? "--eagle" : "--draft-layers");
                 push(c, &n, d->kind == DRAFT_EAGLE ? d->model : int_arg(c, 0, d->layers));
             }
+            if (d->kind == DRAFT_EAGLE && o->eagle_weights)
+                push(c, &n, "--eagle-weights"), push(c, &n, o->eagle_weights);
             push(c, &n, "--model");
             push(c, &n, o->target);
         }

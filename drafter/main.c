@@ -29,6 +29,7 @@
 #include "specd/cli.h"
 
 #include "specd/drafter.h"
+#include "specd/eagle.h"
 #include "specd/weights.h"
 #include "specd/model.h"
 #include "specd/backend_opts.h"
@@ -48,7 +49,8 @@ typedef struct drafter_opts {
     sd_worker_opts w; /* --coordinator, keys, --name, the serving limits, -v (specd/worker_opts.h) */
     const char *model_path;
     const char *vocab_from;
-    const char *eagle; /* --eagle DIR: an EAGLE-3 head */
+    const char *eagle;              /* --eagle DIR: an EAGLE-3 head */
+    sd_eagle_weights eagle_weights; /* --eagle-weights q8_0|stored */
     bool ngram;
     bool unconstrained; /* --unconstrained: drafts ignore requests' constraints (the verifier still masks) */
     int32_t ngram_min, ngram_max;
@@ -83,6 +85,7 @@ static void usage(FILE *f) {
             "      --eagle DIR         an EAGLE-3 draft head (Hugging Face directory) for the target --model:\n"
             "                          the verifier sends it the target's features of the committed\n"
             "                          positions through the coordinator (3 x the hidden size f32 a position)\n"
+            "      --eagle-weights W   the head's matrices: q8_0 (quantized at load, the default) or stored\n"
             "      --draft-vocab N     model drafters: draft among token ids < N only, computing only\n"
             "                          those rows of the LM head (exact at any N, at most the\n"
             "                          vocabulary's size; 0 = the whole vocabulary, the default;\n"
@@ -133,6 +136,7 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         O_DEVICE,
         O_UNCON,
         O_EAGLE,
+        O_EAGLE_WEIGHTS,
     };
     static const struct option longs[] = {
         {"model", required_argument, 0, 'm'},
@@ -149,6 +153,7 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         {"device", required_argument, 0, O_DEVICE},
         {"unconstrained", no_argument, 0, O_UNCON},
         {"eagle", required_argument, 0, O_EAGLE},
+        {"eagle-weights", required_argument, 0, O_EAGLE_WEIGHTS},
         {"help", no_argument, 0, 'h'},
         SD_WORKER_LONG_OPTIONS,
         SD_BACKEND_LONG_OPTIONS,
@@ -167,6 +172,10 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         case O_VOCAB: o->vocab_from = optarg; break;
         case O_UNCON: o->unconstrained = true; break;
         case O_EAGLE: o->eagle = optarg; break;
+        case O_EAGLE_WEIGHTS:
+            ok = sd_eagle_weights_parse(optarg, &o->eagle_weights);
+            if (!ok) fprintf(stderr, "specd-drafter: --eagle-weights must be q8_0 or stored, got '%s'\n", optarg);
+            break;
         case O_NMIN: ok = parse_int("--ngram-min", optarg, 1, 64, &o->ngram_min); break;
         case O_NMAX: ok = parse_int("--ngram-max", optarg, 1, 64, &o->ngram_max); break;
         case O_NCACHE: ok = parse_int("--ngram-cache", optarg, 0, 1 << 24, &o->ngram_cache); break;
@@ -287,6 +296,7 @@ static sd_status open_eagle(const drafter_opts *o, sd_drafter_params *dp, sd_wor
     dp->max_ctx = o->max_ctx > 0                    ? o->max_ctx
                   : wp->model.context_length > 4096 ? 4096
                                                     : (int32_t)wp->model.context_length;
+    dp->eagle_weights = (int32_t)o->eagle_weights;
     st = sd_drafter_eagle_open(o->eagle, *target, dp, drafter);
     if (st != SD_OK) return st;
     int32_t ids[SD_MODEL_CAPTURE_MAX];

@@ -290,6 +290,12 @@ sd_status sd_spec_draft_step(const float *logits, int32_t n_vocab, const sd_samp
         return SD_OK;
     }
     SD_TRY(sd_sample_probs_given(logits, n_vocab, s, probs));
+    return sd_spec_draft_probs(probs, n_vocab, s, top_n, position, ids, q_probs, n_out, token);
+}
+
+sd_status sd_spec_draft_probs(const float *probs, int32_t n_vocab, const sd_sampling *s, int32_t top_n,
+                              uint64_t position, int32_t *ids, float *q_probs, int32_t *n_out, int32_t *token) {
+    if (!s || !probs || !ids || !q_probs || !n_out || !token || top_n <= 0) return SD_ERR_INVALID_ARG;
     if (s->rule == SD_RULE_REJECTION) {
         /* the rejection rule is exact only for a draft drawn from the q it
          * is sent with: its top_n, drawn on a stream of its own */

@@ -1,7 +1,7 @@
 /* eagle_probe — runs an EAGLE-3 head (engine/spec/eagle_head.c) on given
  * features for tests/ref/test_eagle_head.py.
  *
- *   eagle_probe TARGET HEAD_DIR IN.safetensors OUT.safetensors N_CHAIN
+ *   eagle_probe TARGET HEAD_DIR IN.safetensors OUT.safetensors N_CHAIN [q8_0|stored]
  *
  * IN holds tokens I32 [n] (the token each head row reads) and aux F32
  * [n][3 Ht] (the target features of those rows). The probe loads the head
@@ -10,8 +10,9 @@
  * then N_CHAIN chain steps, each reading the argmax draft of the previous
  * row (mapped to its target id) and that row's pre-norm output. OUT gets
  * fused [n][H], logits [n + N_CHAIN][Vd], hidden [n + N_CHAIN][H] and
- * chain I32 [N_CHAIN] (the target ids fed). A refused head exits 3 with the
- * loader's log line on stderr. */
+ * chain I32 [N_CHAIN] (the target ids fed). The last argument is the head's
+ * sd_eagle_params.weights (default: the library's, Q8_0). A refused head
+ * exits 3 with the loader's log line on stderr. */
 #include "specd/eagle.h"
 #include "specd/safetensors.h"
 #include "specd/weights.h"
@@ -77,8 +78,9 @@ done:
 }
 
 int main(int argc, char **argv) {
-    if (argc != 6) {
-        fprintf(stderr, "usage: eagle_probe TARGET HEAD_DIR IN.safetensors OUT.safetensors N_CHAIN\n");
+    sd_eagle_params p = sd_eagle_default_params();
+    if ((argc != 6 && argc != 7) || (argc == 7 && !sd_eagle_weights_parse(argv[6], &p.weights))) {
+        fprintf(stderr, "usage: eagle_probe TARGET HEAD_DIR IN.safetensors OUT.safetensors N_CHAIN [q8_0|stored]\n");
         return 2;
     }
     sd_log_set(NULL, NULL, SD_LOG_WARN, "eagle_probe");
@@ -93,7 +95,6 @@ int main(int argc, char **argv) {
     }
     sd_weights_close(&w);
     sd_eagle_target t = sd_eagle_target_of(m);
-    sd_eagle_params p = sd_eagle_default_params();
     p.max_ctx = 512;
     p.n_threads = 2;
     sd_eagle_head *h = NULL;

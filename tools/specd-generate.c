@@ -70,6 +70,7 @@ typedef struct gen_opts {
     int32_t top_logprobs;             /* N */
     const char *eagle_dir, *dump_dir; /* --eagle DIR (an EAGLE-3 head drafts), --dump-features DIR (gen_features.h) */
     const char *prompt_file, *eagle_layers; /* --prompt-file F, --eagle-layers a,b,c (with --dump-features) */
+    sd_eagle_weights eagle_weights;         /* --eagle-weights q8_0|stored */
     sd_backend_opts backend;          /* --cpu-weights, --cuda-graphs, ... (specd/backend_opts.h) */
     /* structured output: at most one of the four */
     const char *json_schema, *regex, *grammar; /* --json-schema FILE, --regex RE, --grammar FILE */
@@ -119,6 +120,7 @@ static void usage(FILE *f) {
             "      --ngram          speculative decoding with the n-gram (prompt lookup) drafter\n"
             "      --draft-layers L speculative decoding with the target's first L layers (self-draft)\n"
             "      --eagle DIR      speculative decoding with an EAGLE-3 head (a Hugging Face directory)\n"
+            "      --eagle-weights W  the head's matrices: q8_0 (quantized at load, the default) or stored\n"
             "      --dump-features DIR  plain decoding writing tokens + hidden states to DIR/NNNNNN.safetensors\n"
             "      --eagle-layers a,b,c  layers dumped (default EAGLE-3's: outputs of 1, L/2-1, L-4)\n"
             "      --prompt-file F  with --dump-features: one prompt per line\n"
@@ -189,6 +191,7 @@ enum {
     OPT_DUMP,
     OPT_PROMPT_FILE,
     OPT_EAGLE_LAYERS,
+    OPT_EAGLE_WEIGHTS,
     OPT_SCHEMA,
     OPT_REGEX,
     OPT_GRAMMAR,
@@ -233,6 +236,7 @@ static const struct option longs[] = {{"model", required_argument, 0, 'm'},
                                       {"dump-features", required_argument, 0, OPT_DUMP},
                                       {"prompt-file", required_argument, 0, OPT_PROMPT_FILE},
                                       {"eagle-layers", required_argument, 0, OPT_EAGLE_LAYERS},
+                                      {"eagle-weights", required_argument, 0, OPT_EAGLE_WEIGHTS},
                                       {"json-schema", required_argument, 0, OPT_SCHEMA},
                                       {"regex", required_argument, 0, OPT_REGEX},
                                       {"grammar", required_argument, 0, OPT_GRAMMAR},
@@ -318,6 +322,10 @@ static bool apply_opt(int c, gen_opts *o, const char **name, bool *unknown) {
     case OPT_DUMP: o->dump_dir = optarg; break;
     case OPT_PROMPT_FILE: o->prompt_file = optarg; break;
     case OPT_EAGLE_LAYERS: o->eagle_layers = optarg; break;
+    case OPT_EAGLE_WEIGHTS:
+        *name = "eagle-weights";
+        ok = sd_eagle_weights_parse(optarg, &o->eagle_weights);
+        break;
     case OPT_DRAFT_LAYERS:
         *name = "draft-layers";
         ok = sd_cli_parse_i32(optarg, 1, 1024, &o->draft_layers);
@@ -731,6 +739,7 @@ int main(int argc, char **argv) {
             goto out;
         }
         if (o.draft_vocab >= 0) dp.draft_vocab = o.draft_vocab;
+        dp.eagle_weights = (int32_t)o.eagle_weights;
         if (o.ngram)
             st = sd_drafter_ngram_create(&dp, &drafter);
         else if (o.draft_layers > 0)

@@ -20,6 +20,7 @@
  * went down. */
 #include "group.h"
 #include "specd/cli.h"
+#include "specd/eagle.h"
 #include "verify_serve.h"
 
 #include "specd/weights.h"
@@ -48,9 +49,10 @@ typedef struct verifier_opts {
     bool insecure;
     int32_t lm_head; /* sd_tp_lm_head */
     int32_t coll_timeout_ms, group_heartbeat_ms, join_timeout_s;
-    bool kv_prefault;        /* --kv-prefault */
-    const char *eagle;       /* --eagle DIR: an EAGLE-3 head drafting in this process */
-    sd_backend_opts backend; /* --cpu-weights, --cuda-graphs, ... (specd/backend_opts.h) */
+    bool kv_prefault;               /* --kv-prefault */
+    const char *eagle;              /* --eagle DIR: an EAGLE-3 head drafting in this process */
+    sd_eagle_weights eagle_weights; /* --eagle-weights q8_0|stored */
+    sd_backend_opts backend;        /* --cpu-weights, --cuda-graphs, ... (specd/backend_opts.h) */
 } verifier_opts;
 
 static void usage(FILE *f) {
@@ -82,6 +84,7 @@ static void usage(FILE *f) {
             "                          prefix cache, cached blocks keep their rows' features for the head.\n"
             "                          With --tp N it goes to the leader (rank 0) alone, which holds the\n"
             "                          whole residual stream after each layer's all-reduce\n"
+            "      --eagle-weights W   the head's matrices: q8_0 (quantized at load, the default) or stored\n"
             "      --tp N              tensor-parallel group size (default 1); it must divide the attention\n"
             "                          heads and the MLP width, and divide or be a multiple of the KV heads\n"
             "      --rank N            rank in the group (default 0: the leader, which talks to the coordinator)\n"
@@ -134,6 +137,7 @@ enum {
     O_GROUP_HB,
     O_JOIN_TIMEOUT,
     O_EAGLE,
+    O_EAGLE_WEIGHTS,
     O_KV_TYPE,
     O_RANK_KEYS,
     O_INSECURE,
@@ -155,6 +159,7 @@ static const struct option verifier_longs[] = {
     {"group-heartbeat-ms", required_argument, 0, O_GROUP_HB},
     {"join-timeout", required_argument, 0, O_JOIN_TIMEOUT},
     {"eagle", required_argument, 0, O_EAGLE},
+    {"eagle-weights", required_argument, 0, O_EAGLE_WEIGHTS},
     {"kv-prefault", no_argument, 0, O_KV_PREFAULT},
     {"help", no_argument, 0, 'h'},
     SD_WORKER_LONG_OPTIONS,
@@ -185,6 +190,10 @@ static bool apply_option(int c, const char *name, const char *arg, verifier_opts
     case O_GROUP_HB: ok = parse_int("--group-heartbeat-ms", arg, 1, 60000, &o->group_heartbeat_ms); break;
     case O_JOIN_TIMEOUT: ok = parse_int("--join-timeout", arg, 1, 86400, &o->join_timeout_s); break;
     case O_EAGLE: o->eagle = arg; break;
+    case O_EAGLE_WEIGHTS:
+        ok = sd_eagle_weights_parse(arg, &o->eagle_weights);
+        if (!ok) fprintf(stderr, "specd-verifier: --eagle-weights must be q8_0 or stored, got '%s'\n", arg);
+        break;
     case O_KV_PREFAULT: o->kv_prefault = true; break;
     case O_RANK_KEYS: o->rank_keys = arg; break;
     case O_INSECURE: o->insecure = true; break;
@@ -367,6 +376,7 @@ static sd_status create_verifier(const verifier_opts *o, sd_model *model, const 
     vp->max_k = o->w.max_k;
     vp->prefix_cache_pct = o->w.prefix_cache;
     vp->eagle_dir = o->eagle;
+    vp->eagle_weights = (int32_t)o->eagle_weights;
     vp->kv_prefault = o->kv_prefault;
     vp->kv_blocks = o->w.kv_blocks > 0
                         ? o->w.kv_blocks

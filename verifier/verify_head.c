@@ -73,7 +73,7 @@ struct sd_vhead {
 };
 
 sd_status sd_vhead_open(const char *dir, sd_model *target, sd_kv *kv, int32_t max_seqs, int32_t max_ctx,
-                        int32_t max_batch, int32_t max_k, sd_vhead **out) {
+                        int32_t max_batch, int32_t max_k, int32_t weights, sd_vhead **out) {
     if (!dir || !target || !kv || !out || max_seqs <= 0 || max_ctx <= 0 || max_batch <= 0 || max_k < 0 ||
         max_k > SD_MAX_K)
         return SD_ERR_INVALID_ARG;
@@ -94,6 +94,7 @@ sd_status sd_vhead_open(const char *dir, sd_model *target, sd_kv *kv, int32_t ma
     sd_drafter_params dp = sd_drafter_default_params();
     dp.max_seqs = max_seqs;
     dp.max_ctx = max_ctx;
+    dp.eagle_weights = weights;
     sd_status st = sd_drafter_eagle_open(dir, target, &dp, &h->drafter);
     int32_t ids[SD_MODEL_CAPTURE_MAX];
     int32_t n_ids = st == SD_OK ? sd_drafter_eagle_layers(h->drafter, ids) : 0;

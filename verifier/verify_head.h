@@ -22,10 +22,11 @@ typedef struct sd_vhead sd_vhead;
  * feature in its side rows (sd_kv_side_enable), where sequences that adopt
  * the row's block find it. In a TP group target is the leader's shard
  * (its capture holds the whole residual stream: verify_head.c). Refusals
- * as sd_eagle_head_load; SD_ERR_INVALID_ARG for a rank > 0's shard. Caller
+ * as sd_eagle_head_load; SD_ERR_INVALID_ARG for a rank > 0's shard.
+ * weights: the head's matrices (sd_drafter_params.eagle_weights). Caller
  * frees with sd_vhead_free, which clears the capture. */
 sd_status sd_vhead_open(const char *dir, sd_model *target, sd_kv *kv, int32_t max_seqs, int32_t max_ctx,
-                        int32_t max_batch, int32_t max_k, sd_vhead **out);
+                        int32_t max_batch, int32_t max_k, int32_t weights, sd_vhead **out);
 void sd_vhead_free(sd_vhead **h);
 
 /* Slot's cache holds its first len positions only (a truncation); release:

@@ -282,7 +282,8 @@ sd_status sd_verifier_create(sd_model *target, const sd_verifier_params *params,
     if (st == SD_OK && shard.tp_size <= 1 && !sd_kv_params_of(v->kv)->pool_alloc)
         st = sd_kv_prefix_set_partial_copy(v->kv, true); /* a host cache alone: copy, not recompute (kv.h) */
     if (st == SD_OK && p.eagle_dir)
-        st = sd_vhead_open(p.eagle_dir, target, v->kv, p.max_seqs, p.max_ctx, p.max_batch, p.max_k, &v->head);
+        st = sd_vhead_open(p.eagle_dir, target, v->kv, p.max_seqs, p.max_ctx, p.max_batch, p.max_k, p.eagle_weights,
+                           &v->head);
     if (st == SD_OK) {
         int32_t ids[SD_MODEL_CAPTURE_MAX];
         int32_t n_ids = sd_vhead_layers(v->head, ids);

@@ -39,6 +39,7 @@ typedef struct sd_verifier_params {
      * with the prefix cache each computed row's fused feature is kept in
      * the KV cache's side rows, where an adopter of its block finds it. */
     const char *eagle_dir;
+    int32_t eagle_weights; /* the head's matrices (eagle.h's sd_eagle_weights; 0: the default, Q8_0) */
 } sd_verifier_params;
 
 /* max_seqs 64, kv_blocks 0 (must be set), block_size 16, max_batch 64,

@@ -59,6 +59,7 @@
  * probability p(y) and is exact whatever the draft is. Model drafters live
  * in drafter_model.c. */
 #include "drafter_impl.h"
+#include "specd/eagle.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -98,11 +99,13 @@ sd_status drafter_params_check(const sd_drafter_params *in, sd_drafter_params *o
     if (p.max_seqs < 0 || p.max_ctx < 0 || p.top_n < 0 || p.ngram_min < 0 || p.ngram_max < p.ngram_min ||
         !(p.ngram_min_p > 0.0f && p.ngram_min_p <= 1.0f) || p.ngram_cache_entries > 1 << 24 || p.n_threads < 0 ||
         p.max_seqs > 1 << 16 || p.max_ctx > 1 << 24 || p.top_n > 1 << 16 || p.draft_vocab < 0 ||
-        p.prefix_cache_pct > 100) {
+        p.prefix_cache_pct > 100 || p.eagle_weights < SD_EAGLE_WEIGHTS_DEFAULT ||
+        p.eagle_weights > SD_EAGLE_WEIGHTS_STORED) {
         SD_ERROR("drafter: bad parameters (max_seqs %d, max_ctx %d, top_n %d, ngram %d..%d, ngram_min_p %g, "
-                 "threads %d, draft vocabulary %d, prefix cache %d%%)",
+                 "threads %d, draft vocabulary %d, prefix cache %d%%, EAGLE weights %d)",
                  (int)p.max_seqs, (int)p.max_ctx, (int)p.top_n, (int)p.ngram_min, (int)p.ngram_max,
-                 (double)p.ngram_min_p, (int)p.n_threads, (int)p.draft_vocab, (int)p.prefix_cache_pct);
+                 (double)p.ngram_min_p, (int)p.n_threads, (int)p.draft_vocab, (int)p.prefix_cache_pct,
+                 (int)p.eagle_weights);
         return SD_ERR_INVALID_ARG;
     }
     *out = p;

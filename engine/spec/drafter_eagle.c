@@ -129,9 +129,17 @@ static sd_status draw(eagle_drafter *e, int32_t n_ctx, int32_t i, const sd_sampl
         *y = ids_i[0] = sd_eagle_head_target_id(e->head, *y);
         return SD_OK;
     }
+    const uint64_t position = (uint64_t)n_ctx + (uint64_t)i;
+    if (e->sorted) { /* the distribution over the draft ids, scattered: the same as over the target's vocabulary,
+                        whose other ids are -inf (probability 0), in the same order (ties rank by id), without a
+                        softmax and a sort over all of it (2.4 ms a draft for 49,152 ids under top-p) */
+        SD_TRY(sd_sample_probs_given(e->logits_d, e->n_draft, s, e->probs_d));
+        memset(e->probs, 0, (size_t)e->n_vocab * sizeof *e->probs);
+        for (int32_t d = 0; d < e->n_draft; d++) e->probs[e->d2t[d]] = e->probs_d[d];
+        return sd_spec_draft_probs(e->probs, e->n_vocab, s, e->top_n, position, ids_i, qp_i, n_q, y);
+    }
     map_logits(e);
-    return sd_spec_draft_step(e->logits, e->n_vocab, s, e->top_n, (uint64_t)n_ctx + (uint64_t)i, e->probs, ids_i, qp_i,
-                              n_q, y);
+    return sd_spec_draft_step(e->logits, e->n_vocab, s, e->top_n, position, e->probs, ids_i, qp_i, n_q, y);
 }
 
 static sd_status eagle_propose(sd_drafter *d, int32_t slot, const int32_t *ctx, int32_t n_ctx, int32_t k,
@@ -214,6 +222,7 @@ static void eagle_destroy(sd_drafter *d) {
     free(e->logits_d);
     free(e->logits);
     free(e->probs);
+    free(e->probs_d);
     free(e->hid);
     free(e->g_step);
     free(e->q_ids);
@@ -267,7 +276,10 @@ sd_status sd_drafter_eagle_open(const char *dir, const sd_model *target, const s
     d->params = prm;
     d->impl = e;
     sd_eagle_target t = sd_eagle_target_of(target);
-    sd_eagle_params hp = {.max_seqs = prm.max_seqs, .max_ctx = prm.max_ctx, .n_threads = prm.n_threads};
+    sd_eagle_params hp = {.max_seqs = prm.max_seqs,
+                          .max_ctx = prm.max_ctx,
+                          .n_threads = prm.n_threads,
+                          .weights = (sd_eagle_weights)prm.eagle_weights};
     sd_status s = sd_eagle_head_load(dir, &t, &hp, &e->head);
     if (s == SD_OK) {
         e->H = sd_eagle_head_hidden(e->head);
@@ -281,6 +293,10 @@ sd_status sd_drafter_eagle_open(const char *dir, const sd_model *target, const s
         if (s == SD_OK && !e->identity && !(e->d2t = malloc((size_t)e->n_draft * sizeof *e->d2t))) s = SD_ERR_NOMEM;
         for (int32_t i = 0; s == SD_OK && e->d2t && i < e->n_draft; i++)
             e->d2t[i] = sd_eagle_head_target_id(e->head, i);
+        e->sorted = e->d2t != NULL;
+        for (int32_t i = 1; e->sorted && i < e->n_draft; i++) e->sorted = e->d2t[i] > e->d2t[i - 1];
+        if (s == SD_OK && e->sorted && !(e->probs_d = malloc((size_t)e->n_draft * sizeof *e->probs_d)))
+            s = SD_ERR_NOMEM;
     }
     if (s != SD_OK) {
         sd_drafter_free(&d);

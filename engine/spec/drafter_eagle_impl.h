@@ -20,6 +20,8 @@ typedef struct eagle_drafter {
     float *logits_d;   /* [Vd] */
     float *logits;     /* [V] mapped */
     float *probs;      /* [V] */
+    float *probs_d;    /* [Vd], when sorted */
+    bool sorted;       /* d2t strictly increasing: a sampled draw is computed over the draft ids (draw()) */
     float *hid;        /* [cap_hid][H] */
     int32_t cap_hid;
     float *g_step;  /* [H] */

@@ -20,7 +20,8 @@
  * t + 2, so head position t holds the pair (feature t, token t + 1).
  *
  * Matmuls run on the CPU backend's threaded kernels (host_ops.h) on the
- * matrices as stored (F32, or F16 / BF16 read as they are); norms,
+ * matrices as eagle_load.c packed them (Q8_0 by default, or as stored: F32,
+ * F16 / BF16 read as they are), q/k/v and gate/up one matmul each; norms,
  * RoPE and the attention over a few thousand cached positions are plain
  * loops. */
 #include "eagle_impl.h"
@@ -115,9 +116,10 @@ static sd_status reserve(sd_eagle_head *h, int32_t n) {
     struct {
         float **p;
         size_t n;
-    } bufs[] = {{&h->x_emb, N * H}, {&h->x_in, N * 2 * H}, {&h->q, N * QD}, {&h->k, N * KD},
-                {&h->v, N * KD},    {&h->att, N * QD},     {&h->h1, N * H}, {&h->xn, N * H},
-                {&h->gate, N * F},  {&h->up, N * F},       {&h->h2, N * H}, {&h->scores, (size_t)h->params.max_ctx}};
+    } bufs[] = {{&h->x_emb, N * H}, {&h->x_in, N * 2 * H}, {&h->qkv, N * (QD + 2 * KD)}, {&h->q, N * QD},
+                {&h->k, N * KD},    {&h->v, N * KD},       {&h->att, N * QD},              {&h->h1, N * H},
+                {&h->xn, N * H},    {&h->gu, N * 2 * F},   {&h->gate, N * F},              {&h->h2, N * H},
+                {&h->scores, (size_t)h->params.max_ctx}};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         float *p = realloc(*bufs[i].p, bufs[i].n * sizeof(float));
         if (!p) return SD_ERR_NOMEM;
@@ -125,6 +127,17 @@ static sd_status reserve(sd_eagle_head *h, int32_t n) {
     }
     h->cap_rows = n;
     return SD_OK;
+}
+
+/* sum q[i] k[i] in 8 lanes (the compiler's vectors), then the lanes in a
+ * fixed order: one scalar chain would run a key at a time. */
+static float dot(const float *q, const float *k, int32_t D) {
+    float l[8] = {0};
+    int32_t i = 0;
+    for (; i + 8 <= D; i += 8)
+        for (int j = 0; j < 8; j++) l[j] += q[i + j] * k[i + j];
+    for (; i < D; i++) l[0] += q[i] * k[i];
+    return ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
 }
 
 /* att[t] = softmax(q k^T / sqrt(D)) v over the slot's positions 0..pos0+t,
@@ -145,9 +158,7 @@ static void attend(sd_eagle_head *h, int32_t seq, int32_t pos0, int32_t n, const
             float mx = -INFINITY;
             for (int32_t p = 0; p < n_keys; p++) {
                 const float *k = kc + (size_t)(path && p >= tr->base ? path[p - tr->base] : p) * KD + kh;
-                float s = 0;
-                for (int32_t i = 0; i < D; i++) s += q[i] * k[i];
-                h->scores[p] = s * scale;
+                h->scores[p] = dot(q, k, D) * scale;
                 mx = h->scores[p] > mx ? h->scores[p] : mx;
             }
             double sum = 0;
@@ -212,9 +223,14 @@ sd_status sd_eagle_head_forward_tree(sd_eagle_head *h, int32_t seq, int32_t pos0
             memcpy(h->h1 + (size_t)t * (size_t)H, h->x_in + (size_t)t * 2 * (size_t)H + H, (size_t)H * sizeof(float));
     else
         memcpy(h->h1, g, nH * sizeof(float));
-    SD_TRY(mm(h, &h->wq, 2 * H, QD, h->x_in, n, h->q)); /* q [n][nh*hd] */
-    SD_TRY(mm(h, &h->wk, 2 * H, KD, h->x_in, n, h->k)); /* k [n][nkv*hd] */
-    SD_TRY(mm(h, &h->wv, 2 * H, KD, h->x_in, n, h->v)); /* v [n][nkv*hd] */
+    SD_TRY(mm(h, &h->wqkv, 2 * H, QD + 2 * KD, h->x_in, n, h->qkv)); /* qkv [n][nh*hd + 2 nkv*hd] */
+    /* q [n][nh*hd], k and v [n][nkv*hd] */
+    for (int32_t t = 0; t < n; t++) {
+        const float *r = h->qkv + (size_t)t * (size_t)(QD + 2 * KD);
+        memcpy(h->q + (size_t)t * (size_t)QD, r, (size_t)QD * sizeof(float));
+        memcpy(h->k + (size_t)t * (size_t)KD, r + QD, (size_t)KD * sizeof(float));
+        memcpy(h->v + (size_t)t * (size_t)KD, r + QD + KD, (size_t)KD * sizeof(float));
+    }
     rope_rows(h, h->q, n, h->n_heads, pos0, tr);
     rope_rows(h, h->k, n, h->n_kv_heads, pos0, tr);
     const size_t slot_off = ((size_t)seq * (size_t)h->params.max_ctx + (size_t)pos0) * (size_t)KD;
@@ -225,11 +241,12 @@ sd_status sd_eagle_head_forward_tree(sd_eagle_head *h, int32_t seq, int32_t pos0
     SD_TRY(mm(h, &h->wo, QD, H, h->att, n, h->xn));                        /* xn [n][H] */
     for (size_t i = 0; i < nH; i++) h->h1[i] += h->xn[i];                  /* h1: after attention */
     rmsnorm_rows(h->h1, h->post_norm, n, H, h->rms_eps, h->xn, (size_t)H); /* xn: post_attention_layernorm */
-    SD_TRY(mm(h, &h->w_gate, H, F, h->xn, n, h->gate));
-    SD_TRY(mm(h, &h->w_up, H, F, h->xn, n, h->up));
-    for (size_t i = 0; i < (size_t)n * (size_t)F; i++) {
-        const float a = h->gate[i];
-        h->gate[i] = a / (1.0f + expf(-a)) * h->up[i];
+    /* gu [n][2F]: gate, up */
+    SD_TRY(mm(h, &h->w_gu, H, 2 * F, h->xn, n, h->gu));
+    for (int32_t t = 0; t < n; t++) {
+        const float *gt = h->gu + (size_t)t * 2 * (size_t)F, *up = gt + F;
+        float *o = h->gate + (size_t)t * (size_t)F;
+        for (int32_t i = 0; i < F; i++) o[i] = gt[i] / (1.0f + expf(-gt[i])) * up[i];
     }
     SD_TRY(mm(h, &h->w_down, F, H, h->gate, n, h->h2));   /* h2 [n][H] */
     for (size_t i = 0; i < nH; i++) h->h2[i] += h->h1[i]; /* the pre-norm output */

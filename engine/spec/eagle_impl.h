@@ -6,9 +6,9 @@
 #include "specd/eagle.h"
 #include "specd/host_ops.h"
 
-/* A matrix [n_out][n_in] as stored: F32, F16 or BF16 (the CPU backend's
- * stored matmul reads the half types as they are: half the bytes a draft
- * token streams). */
+/* A matrix [n_out][n_in]: F32, F16 or BF16 as stored (the CPU backend's
+ * stored matmul reads the half types as they are), or Q8_0 quantized at
+ * load (sd_eagle_params.weights). */
 typedef struct eagle_mat {
     sd_dtype type;
     void *w;
@@ -24,12 +24,14 @@ struct sd_eagle_head {
     bool norm_before_residual;         /* speculators: the residual is hidden_norm(g), not g */
     int32_t layer_ids[SD_EAGLE_N_AUX]; /* capture ids (output of target layer id) */
     float *inv_freq;                   /* [head_dim/2] RoPE frequencies, scaling applied */
-    /* weights on the host: norms f32, matrices as the file stores them */
+    /* weights on the host: norms f32, matrices as sd_eagle_params.weights
+     * says (eagle_load.c: pack_matrices); q/k/v and gate/up stacked into one
+     * matrix each, one matmul a row instead of three and two */
     float *hidden_norm, *input_norm, *post_norm, *final_norm; /* [H] */
     eagle_mat fc;                                             /* [H][3 Ht] */
-    eagle_mat wq, wk, wv;                                     /* [nh*hd][2H], [nkv*hd][2H] x2 */
+    eagle_mat wqkv;                                           /* [nh*hd + 2 nkv*hd][2H]: q rows, k rows, v rows */
     eagle_mat wo;                                             /* [H][nh*hd] */
-    eagle_mat w_gate, w_up;                                   /* [F][H] */
+    eagle_mat w_gu;                                           /* [2F][H]: gate rows, then up rows */
     eagle_mat w_down;                                         /* [H][F] */
     eagle_mat lm_head;                                        /* [Vd][H] */
     eagle_mat embed;                                          /* [V][H], or w NULL: the target's (target_model) */
@@ -41,7 +43,7 @@ struct sd_eagle_head {
     int32_t *len;             /* [max_seqs] entries held */
     /* scratch, grown to the largest call */
     int32_t cap_rows;
-    float *x_emb, *x_in, *q, *k, *v, *att, *h1, *xn, *gate, *up, *h2, *scores;
+    float *x_emb, *x_in, *qkv, *q, *k, *v, *att, *h1, *xn, *gu, *gate, *h2, *scores;
     sd_host_ops *ops;
 };
 

@@ -1,8 +1,10 @@
 /* eagle_load.c — reading an EAGLE-3 head (eagle.h): config.json, then
  * model.safetensors, every tensor checked against the config and the
- * config against the target before anything is used. Matrices are kept as
- * the file stores them (F16 / BF16 heads: half the bytes a draft streams),
- * norms as f32.
+ * config against the target before anything is used. Matrices are then
+ * packed (pack_all): quantized to Q8_0 by default, a bit over half the
+ * bytes a draft streams from an F16 head, on the CPU backend's integer dot
+ * kernels; or kept as the file stores them (sd_eagle_params.weights);
+ * q/k/v and gate/up stacked. Norms as f32.
  *
  * What the format means was read from SGLang's llama_eagle3.py (the
  * published layout: LlamaForCausalLMEagle3, "midlayer." tensors, d2t as
@@ -272,9 +274,79 @@ static sd_status load_d2t(sd_eagle_head *h, const sd_safetensors *st) {
     return SD_OK;
 }
 
-static sd_status load_tensors(sd_eagle_head *h, const sd_safetensors *st, const char *pre, const sd_eagle_target *t) {
+bool sd_eagle_weights_parse(const char *name, sd_eagle_weights *out) {
+    if (!name || !out) return false;
+    if (strcmp(name, "q8_0") == 0)
+        *out = SD_EAGLE_WEIGHTS_Q8_0;
+    else if (strcmp(name, "stored") == 0)
+        *out = SD_EAGLE_WEIGHTS_STORED;
+    else
+        return false;
+    return true;
+}
+
+const char *sd_eagle_weights_name(sd_eagle_weights w) { return w == SD_EAGLE_WEIGHTS_STORED ? "stored" : "q8_0"; }
+
+/* out = the n parts (rows[i] rows of n_in each) stacked, in one type: Q8_0
+ * when q8 and n_in divides into its blocks, else the parts' type when they
+ * share one, else F32 (F16 / BF16 widen exactly). Frees the parts. */
+static sd_status pack_matrices(eagle_mat *parts, const int64_t *rows, int n, int64_t n_in, bool q8, eagle_mat *out) {
+    sd_dtype type = q8 && n_in % 32 == 0 ? SD_DTYPE_Q8_0 : parts[0].type;
+    for (int i = 1; i < n && type != SD_DTYPE_Q8_0; i++)
+        if (parts[i].type != type) type = SD_DTYPE_F32;
+    size_t be, bb, total = 0;
+    sd_dtype_block(type, &be, &bb);
+    const size_t row_bytes = (size_t)n_in / be * bb;
+    for (int i = 0; i < n; i++) total += (size_t)rows[i];
+    sd_status s = SD_OK;
+    unsigned char *w = malloc(total * row_bytes);
+    float *f = malloc((size_t)n_in * sizeof *f);
+    unsigned char *dst = w;
+    for (int i = 0; i < n && w && f && s == SD_OK; i++) {
+        const size_t src_row = (size_t)n_in * (parts[i].type == SD_DTYPE_F32 ? 4 : 2);
+        for (int64_t r = 0; r < rows[i] && s == SD_OK; r++, dst += row_bytes) {
+            if (parts[i].type == type) {
+                memcpy(dst, (const unsigned char *)parts[i].w + (size_t)r * src_row, row_bytes);
+                continue;
+            }
+            sd_eagle_mat_row(&parts[i], r, (int32_t)n_in, f);
+            s = sd_quantize(type, f, (uint64_t)n_in, dst);
+        }
+    }
+    if (!w || !f) s = SD_ERR_NOMEM;
+    free(f);
+    for (int i = 0; i < n; i++) {
+        free(parts[i].w);
+        parts[i].w = NULL;
+    }
+    if (s != SD_OK) {
+        free(w);
+        return s;
+    }
+    *out = (eagle_mat){type, w};
+    return SD_OK;
+}
+
+/* The matrices the forward multiplies by, from the file's (mats: fc, q, k,
+ * v, o, gate, up, down, lm_head), packed for sd_eagle_params.weights. */
+static sd_status pack_all(sd_eagle_head *h, eagle_mat *mats, sd_eagle_weights how) {
+    const bool q8 = how != SD_EAGLE_WEIGHTS_STORED;
+    const int64_t H = h->H, QD = (int64_t)h->n_heads * h->head_dim, KD = (int64_t)h->n_kv_heads * h->head_dim;
+    const int64_t F = h->n_ff, Vd = h->draft_vocab;
+    const int64_t r_fc[] = {H}, r_qkv[] = {QD, KD, KD}, r_o[] = {H}, r_gu[] = {F, F}, r_down[] = {H}, r_lm[] = {Vd};
+    SD_TRY(pack_matrices(&mats[0], r_fc, 1, 3 * (int64_t)h->Ht, q8, &h->fc));
+    SD_TRY(pack_matrices(&mats[1], r_qkv, 3, 2 * H, q8, &h->wqkv));
+    SD_TRY(pack_matrices(&mats[4], r_o, 1, QD, q8, &h->wo));
+    SD_TRY(pack_matrices(&mats[5], r_gu, 2, H, q8, &h->w_gu));
+    SD_TRY(pack_matrices(&mats[7], r_down, 1, F, q8, &h->w_down));
+    return pack_matrices(&mats[8], r_lm, 1, H, q8, &h->lm_head);
+}
+
+static sd_status load_tensors(sd_eagle_head *h, const sd_safetensors *st, const char *pre, const sd_eagle_target *t,
+                              sd_eagle_weights how) {
     const int64_t H = h->H, QD = (int64_t)h->n_heads * h->head_dim, KD = (int64_t)h->n_kv_heads * h->head_dim;
     char name[128];
+    eagle_mat m[9] = {{0}}; /* as stored: fc, q, k, v, o, gate, up, down, lm_head */
     const struct {
         const char *suffix;
         bool layer;
@@ -282,24 +354,28 @@ static sd_status load_tensors(sd_eagle_head *h, const sd_safetensors *st, const 
         float **vec;
         eagle_mat *mat;
     } want[] = {
-        {"fc.weight", false, H, 3 * (int64_t)h->Ht, NULL, &h->fc},
+        {"fc.weight", false, H, 3 * (int64_t)h->Ht, NULL, &m[0]},
         {"hidden_norm.weight", true, H, 0, &h->hidden_norm, NULL},
         {"input_layernorm.weight", true, H, 0, &h->input_norm, NULL},
         {"post_attention_layernorm.weight", true, H, 0, &h->post_norm, NULL},
-        {"self_attn.q_proj.weight", true, QD, 2 * H, NULL, &h->wq},
-        {"self_attn.k_proj.weight", true, KD, 2 * H, NULL, &h->wk},
-        {"self_attn.v_proj.weight", true, KD, 2 * H, NULL, &h->wv},
-        {"self_attn.o_proj.weight", true, H, QD, NULL, &h->wo},
-        {"mlp.gate_proj.weight", true, h->n_ff, H, NULL, &h->w_gate},
-        {"mlp.up_proj.weight", true, h->n_ff, H, NULL, &h->w_up},
-        {"mlp.down_proj.weight", true, H, h->n_ff, NULL, &h->w_down},
+        {"self_attn.q_proj.weight", true, QD, 2 * H, NULL, &m[1]},
+        {"self_attn.k_proj.weight", true, KD, 2 * H, NULL, &m[2]},
+        {"self_attn.v_proj.weight", true, KD, 2 * H, NULL, &m[3]},
+        {"self_attn.o_proj.weight", true, H, QD, NULL, &m[4]},
+        {"mlp.gate_proj.weight", true, h->n_ff, H, NULL, &m[5]},
+        {"mlp.up_proj.weight", true, h->n_ff, H, NULL, &m[6]},
+        {"mlp.down_proj.weight", true, H, h->n_ff, NULL, &m[7]},
         {"norm.weight", false, H, 0, &h->final_norm, NULL},
-        {"lm_head.weight", false, h->draft_vocab, H, NULL, &h->lm_head},
+        {"lm_head.weight", false, h->draft_vocab, H, NULL, &m[8]},
     };
-    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+    sd_status s = SD_OK;
+    for (size_t i = 0; i < sizeof want / sizeof want[0] && s == SD_OK; i++) {
         snprintf(name, sizeof name, "%s%s", want[i].layer ? pre : "", want[i].suffix);
-        SD_TRY(load_tensor(st, name, want[i].rows, want[i].cols, false, want[i].vec, want[i].mat));
+        s = load_tensor(st, name, want[i].rows, want[i].cols, false, want[i].vec, want[i].mat);
     }
+    if (s == SD_OK) s = pack_all(h, m, how);
+    for (size_t i = 0; i < sizeof m / sizeof m[0]; i++) free(m[i].w); /* those pack_all did not take */
+    SD_TRY(s);
     SD_TRY(load_tensor(st, "embed_tokens.weight", h->n_vocab, H, true, NULL, &h->embed));
     if (!h->embed.w) {
         if (!t->model || H != t->hidden_size) {
@@ -336,9 +412,10 @@ sd_status sd_eagle_head_load(const char *dir, const sd_eagle_target *t, const sd
     if (!dir || !t || !out) return SD_ERR_INVALID_ARG;
     *out = NULL;
     sd_eagle_params prm = p ? *p : sd_eagle_default_params();
-    if (prm.max_seqs < 1 || prm.max_ctx < 2 || prm.n_threads < 0) {
-        SD_ERROR("eagle: max_seqs %d, max_ctx %d, n_threads %d", (int)prm.max_seqs, (int)prm.max_ctx,
-                 (int)prm.n_threads);
+    if (prm.max_seqs < 1 || prm.max_ctx < 2 || prm.n_threads < 0 || prm.weights < SD_EAGLE_WEIGHTS_DEFAULT ||
+        prm.weights > SD_EAGLE_WEIGHTS_STORED) {
+        SD_ERROR("eagle: max_seqs %d, max_ctx %d, n_threads %d, weights %d", (int)prm.max_seqs, (int)prm.max_ctx,
+                 (int)prm.n_threads, (int)prm.weights);
         return SD_ERR_INVALID_ARG;
     }
     char path[4096];
@@ -368,7 +445,7 @@ sd_status sd_eagle_head_load(const char *dir, const sd_eagle_target *t, const sd
         s = sd_safetensors_open(path, &st, err, sizeof err);
         if (s != SD_OK) SD_ERROR("eagle: cannot open %s: %s", path, err);
     }
-    if (s == SD_OK) s = load_tensors(h, st, speculators ? "layers.0." : "midlayer.", t);
+    if (s == SD_OK) s = load_tensors(h, st, speculators ? "layers.0." : "midlayer.", t, prm.weights);
     if (s == SD_OK) s = alloc_state(h, &prm);
     sd_safetensors_close(&st);
     cJSON_Delete(root);
@@ -377,9 +454,10 @@ sd_status sd_eagle_head_load(const char *dir, const sd_eagle_target *t, const sd
         return s;
     }
     SD_INFO("eagle: head %s (%s layout): hidden %d, %d heads / %d KV, draft vocabulary %d of %d, target layers "
-            "%d, %d, %d",
+            "%d, %d, %d; weights %s (layer %s, LM head %s)",
             dir, speculators ? "speculators" : "published", (int)h->H, (int)h->n_heads, (int)h->n_kv_heads,
-            (int)h->draft_vocab, (int)h->n_vocab, (int)h->layer_ids[0], (int)h->layer_ids[1], (int)h->layer_ids[2]);
+            (int)h->draft_vocab, (int)h->n_vocab, (int)h->layer_ids[0], (int)h->layer_ids[1], (int)h->layer_ids[2],
+            sd_eagle_weights_name(prm.weights), sd_dtype_name(h->wqkv.type), sd_dtype_name(h->lm_head.type));
     *out = h;
     return SD_OK;
 }
@@ -388,11 +466,10 @@ void sd_eagle_head_free(sd_eagle_head **ph) {
     if (!ph || !*ph) return;
     sd_eagle_head *h = *ph;
     float *bufs[] = {h->inv_freq, h->hidden_norm, h->input_norm, h->post_norm, h->final_norm, h->k_cache, h->v_cache,
-                     h->x_emb,    h->x_in,        h->q,          h->k,         h->v,          h->att,     h->h1,
-                     h->xn,       h->gate,        h->up,         h->h2,        h->scores};
+                     h->x_emb,    h->x_in,        h->qkv,        h->q,         h->k,          h->v,       h->att,
+                     h->h1,       h->xn,          h->gu,         h->gate,      h->h2,         h->scores};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
-    eagle_mat *mats[] = {&h->fc,     &h->wq,   &h->wk,     &h->wv,      &h->wo,
-                         &h->w_gate, &h->w_up, &h->w_down, &h->lm_head, &h->embed};
+    eagle_mat *mats[] = {&h->fc, &h->wqkv, &h->wo, &h->w_gu, &h->w_down, &h->lm_head, &h->embed};
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) free(mats[i]->w);
     free(h->d2t);
     free(h->len);

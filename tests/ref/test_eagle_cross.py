@@ -66,7 +66,7 @@ def main():
         aux = (rng.standard_normal((T, 3 * DIM)) * 2.0).astype(np.float32)
         inp, out = os.path.join(tmp, "in.safetensors"), os.path.join(tmp, "out.safetensors")
         save_file({"tokens": toks[1:].astype(np.int32), "aux": aux}, inp)
-        r = subprocess.run([binary("tests", "eagle_probe"), target, head, inp, out, "2"], capture_output=True,
+        r = subprocess.run([binary("tests", "eagle_probe"), target, head, inp, out, "2", "stored"], capture_output=True,
                            text=True)
         if r.returncode != 0:
             print(r.stderr)

@@ -96,6 +96,13 @@ sd_status sd_spec_draft_step(const float *logits, int32_t n_vocab, const sd_samp
                              uint64_t position, float *probs, int32_t *ids, float *q_probs, int32_t *n_out,
                              int32_t *token);
 
+/* sd_spec_draft_step's draw for a sampled s from the processed
+ * distribution probs[n_vocab] (sd_sample_probs' output) instead of logits:
+ * for a drafter that computes it over fewer ids and scatters it (an EAGLE
+ * head over its draft vocabulary: drafter_eagle.c). */
+sd_status sd_spec_draft_probs(const float *probs, int32_t n_vocab, const sd_sampling *s, int32_t top_n,
+                              uint64_t position, int32_t *ids, float *q_probs, int32_t *n_out, int32_t *token);
+
 /* q(token) after normalization: the sum of token's entries over sum(probs);
  * 0 when token is not in q. */
 double sd_spec_q_prob(const sd_spec_q *q, int32_t token);

@@ -78,6 +78,8 @@ typedef struct sd_drafter_params {
     int32_t prefix_cache_pct;    /* a model drafter's prefix cache (kv.h): the share of its KV pool, in
                                     percent, that cached blocks no sequence holds may keep; 0 = the
                                     default (50), < 0 = no prefix cache, > 100 refused */
+    int32_t eagle_weights;       /* an EAGLE-3 head's matrices (eagle.h's sd_eagle_weights): 0 = the
+                                    default (Q8_0) */
 } sd_drafter_params;
 
 sd_drafter_params sd_drafter_default_params(void);

@@ -54,10 +54,27 @@ typedef struct sd_eagle_target {
 /* The target description of a loaded model. */
 sd_eagle_target sd_eagle_target_of(const sd_model *m);
 
+/* How the head keeps its matrices (fc, the layer's, the LM head; its own
+ * embedding stays as stored). */
+typedef enum sd_eagle_weights {
+    SD_EAGLE_WEIGHTS_DEFAULT = 0, /* SD_EAGLE_WEIGHTS_Q8_0 */
+    SD_EAGLE_WEIGHTS_Q8_0 = 1,    /* quantized to Q8_0 at load (blocks of 32, an f16 scale each; a matrix whose
+                                     rows are not a multiple of 32 stays as stored): a bit over half the bytes of
+                                     F16, on the CPU backend's integer dot kernels. The head's outputs move by
+                                     about 1% of their range (tests/ref/test_eagle_head.py bounds it); drafts
+                                     never change the output, only how many are accepted */
+    SD_EAGLE_WEIGHTS_STORED = 2,  /* as the file stores them (F32 / F16 / BF16, read as they are) */
+} sd_eagle_weights;
+
+/* "q8_0" / "stored" into *out; false for any other name. */
+bool sd_eagle_weights_parse(const char *name, sd_eagle_weights *out);
+const char *sd_eagle_weights_name(sd_eagle_weights w);
+
 typedef struct sd_eagle_params {
-    int32_t max_seqs;  /* sequence slots (default 1) */
-    int32_t max_ctx;   /* most positions a slot holds (default 4096) */
-    int32_t n_threads; /* the head's matmul workers, 0 = all cores */
+    int32_t max_seqs;         /* sequence slots (default 1) */
+    int32_t max_ctx;          /* most positions a slot holds (default 4096) */
+    int32_t n_threads;        /* the head's matmul workers, 0 = all cores */
+    sd_eagle_weights weights; /* default (0): Q8_0 */
 } sd_eagle_params;
 
 sd_eagle_params sd_eagle_default_params(void);
