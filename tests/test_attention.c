@@ -5,7 +5,7 @@
  * caches) a call mixes several sequences (1..600 positions): runs of 1..16
  * tokens, a run longer than one work item's run (it is split), single tokens,
  * interleaved in the token order. Checked:
- *   - every path this build has (the C twin, AVX2) and 1 or 2 threads give
+ *   - every path this build and CPU have (the C twin, AVX2, AVX-512) and 1 or 2 threads give
  *     the same bits for the whole call;
  *   - each token computed alone (a one-token call) equals its row of the
  *     mixed call bit for bit, per path: batch invariance;
@@ -153,11 +153,11 @@ static int g_window;
 /* tokens [t0, t0 + n) of the scene on a path, into out (rows of those tokens). */
 static sd_status run_call(sd_backend *be, sd_cpu_attn_path path, const scene *c, int t0, int n, float *out) {
     if (g_window)
-        return sd_cpu_attention_window_path(
-            be, path, c->q + (size_t)t0 * (size_t)c->s.heads * (size_t)c->s.head_dim,
-            c->f16 ? (const void *)c->k16 : (const void *)c->k, c->f16 ? (const void *)c->v16 : (const void *)c->v,
-            c->f16, n, c->s.heads, c->s.kv_heads, c->s.head_dim, c->s.block_size, c->pos + t0, c->bt, c->bt_off + t0,
-            g_window, c->scale, out);
+        return sd_cpu_attention_window_path(be, path, c->q + (size_t)t0 * (size_t)c->s.heads * (size_t)c->s.head_dim,
+                                            c->f16 ? (const void *)c->k16 : (const void *)c->k,
+                                            c->f16 ? (const void *)c->v16 : (const void *)c->v, c->f16, n, c->s.heads,
+                                            c->s.kv_heads, c->s.head_dim, c->s.block_size, c->pos + t0, c->bt,
+                                            c->bt_off + t0, g_window, c->scale, out);
     return sd_cpu_attention_path(be, path, c->q + (size_t)t0 * (size_t)c->s.heads * (size_t)c->s.head_dim,
                                  c->f16 ? (const void *)c->k16 : (const void *)c->k,
                                  c->f16 ? (const void *)c->v16 : (const void *)c->v, c->f16, n, c->s.heads,
@@ -260,13 +260,14 @@ static void check_scene(fixture *f, shape s, bool f16) {
     assert_non_null(got);
     assert_int_equal(run_call(f->be1.ctx, SD_CPU_ATTN_C, &c, 0, c.n_tokens, ref), SD_OK);
     check_against_double(&c, ref);
-    const sd_cpu_attn_path paths[] = {SD_CPU_ATTN_C, SD_CPU_ATTN_AVX2};
+    const sd_cpu_attn_path paths[] = {SD_CPU_ATTN_C, SD_CPU_ATTN_AVX2, SD_CPU_ATTN_AVX512};
+    const char *const names[] = {"C, mixed call vs C 1 thread", "AVX2 vs C", "AVX-512 vs C"};
     for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
         if (!sd_cpu_attn_path_available(paths[p])) continue;
         for (int th = 1; th <= 2; th++) {
             memset(got, 0xff, n_out * sizeof(float));
             assert_int_equal(run_call(th == 1 ? f->be1.ctx : f->be2.ctx, paths[p], &c, 0, c.n_tokens, got), SD_OK);
-            assert_same_bits(&c, paths[p] == SD_CPU_ATTN_C ? "C, mixed call vs C 1 thread" : "AVX2 vs C", got, ref);
+            assert_same_bits(&c, names[p], got, ref);
         }
         for (int t = 0; t < c.n_tokens; t++) { /* alone */
             assert_int_equal(run_call(f->be1.ctx, paths[p], &c, t, 1, got + (size_t)t * per), SD_OK);
@@ -331,6 +332,10 @@ static void test_short(void **state) {
             assert_int_equal(run_call(f->be2.ctx, SD_CPU_ATTN_AVX2, &c, 0, c.n_tokens, got), SD_OK);
             assert_same_bits(&c, "AVX2 vs C (short)", got, ref);
         }
+        if (sd_cpu_attn_path_available(SD_CPU_ATTN_AVX512)) {
+            assert_int_equal(run_call(f->be2.ctx, SD_CPU_ATTN_AVX512, &c, 0, c.n_tokens, got), SD_OK);
+            assert_same_bits(&c, "AVX-512 vs C (short)", got, ref);
+        }
         free(ref);
         free(got);
         scene_free(&c);
@@ -339,6 +344,9 @@ static void test_short(void **state) {
 
 static void test_exp(void **state) {
     (void)state;
+    print_message("attention paths here: AVX2 %s, AVX-512 %s\n",
+                  sd_cpu_attn_path_available(SD_CPU_ATTN_AVX2) ? "yes" : "no",
+                  sd_cpu_attn_path_available(SD_CPU_ATTN_AVX512) ? "yes" : "no");
     double worst = 0.0;
     for (int i = 0; i <= 2000000; i++) {
         float x = (float)(-87.0 * (double)i / 2000000.0);

@@ -34,9 +34,13 @@
  * checks that, and each path against the same attention in double. Rejected:
  * an online (running-max) softmax over tiles: it rescales partial sums, so a
  * token's bits would depend on the tiling; 16-lane (AVX-512) dots: they would
- * change the canonical dot every other reduction shares. No AVX-512 path yet:
- * the V accumulation could take 512-bit registers without changing a bit
- * (its order is per element), not tried.
+ * change the canonical dot every other reduction shares. The AVX-512 path
+ * (SD_CPU_ATTN_AVX512, picked at run time where the CPU has AVX-512 F/VL/DQ;
+ * kernels in attention_z.c) keeps the 8-lane dot and puts two query rows
+ * side by side in a 512-bit register instead, computes 16 exps at once and
+ * accumulates V 16 columns a register in position slices that stay in L1:
+ * the same operations on every lane, so the same bits (test_attention). A
+ * decode item (one row) keeps the 256-bit kernels.
  *
  * Token trees (sd_cpu_attention_tree, model_tree.c): every node is a run
  * of one; its K and V row pointers for logical positions from the tree's
@@ -53,6 +57,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu/attention_z.h"
 #include "cpu/cpu_impl.h"
 #include "cpu/vexp.h"
 #include "specd/gguf.h"
@@ -115,9 +120,9 @@ typedef struct attn_args {
     const int32_t *pos, *bt, *bt_off;
     const int32_t *run_start; /* [n_runs + 1]: run r is tokens run_start[r] .. run_start[r + 1] - 1 */
     size_t n_runs, n_heads, n_kv_heads, head_dim, block_size;
-    size_t n_sub; /* items per (run, KV head): its query heads cut into n_sub parts */
-    size_t n_pad; /* the longest token's position count, rounded up to 8 */
-    size_t window; /* 0: none; else a token sees its last `window` positions only */
+    size_t n_sub;             /* items per (run, KV head): its query heads cut into n_sub parts */
+    size_t n_pad;             /* the longest token's position count, rounded up to 8 */
+    size_t window;            /* 0: none; else a token sees its last `window` positions only */
     const sd_attn_tree *tree; /* NULL: none; else every run is one tree node (its path's rows) */
     float scale;
 } attn_args;
@@ -200,7 +205,7 @@ static void scores8_avx2(const float *q, const float *const *k, size_t hd, float
 static float softmax_weights(sd_cpu_attn_path path, float *s, size_t n) {
     size_t n8 = (n + 7) & ~(size_t)7;
 #if SD_CPU_AVX2
-    if (path == SD_CPU_ATTN_AVX2) {
+    if (path != SD_CPU_ATTN_C) {
         __m256 mv = _mm256_set1_ps(-INFINITY);
         size_t j = 0;
         for (; j + 8 <= n; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + j));
@@ -310,6 +315,40 @@ static void v_token_c(const float *const *vp, const float *e, size_t n_pos, floa
     for (size_t d = 0; d < hd; d++) o[d] = acc[d] / sum;
 }
 
+/* kp[j], vp[j] for positions j0 .. n_max - 1 of the item's run (its first
+ * token t0) and KV head kvh: the cache's rows (widened into wk, wv for an
+ * f16 cache). A tree node (a run of one): logical positions from the
+ * tree's base on are read at its path's storage positions; before it, in
+ * place. */
+static void row_pointers(const attn_args *a, size_t t0, size_t kvh, size_t j0, size_t n_max, const float **kp,
+                         const float **vp, float *wk, float *wv) {
+    const size_t hd = a->head_dim;
+    const int32_t *bt = a->bt + a->bt_off[t0];
+    const size_t n_direct = a->tree && (size_t)a->tree->base < n_max ? (size_t)a->tree->base : n_max;
+    const int32_t *path = a->tree ? a->tree->path + a->tree->path_off[t0] : NULL;
+    size_t j = j0;
+    while (j < n_max) {
+        size_t slot = (size_t)bt[j / a->block_size] * a->block_size;
+        for (size_t off = j % a->block_size; off < a->block_size && j < n_max; off++, j++) {
+            size_t row = slot + off;
+            if (j >= n_direct) {
+                size_t sp = (size_t)path[j - n_direct];
+                row = (size_t)bt[sp / a->block_size] * a->block_size + sp % a->block_size;
+            }
+            size_t at = (row * a->n_kv_heads + kvh) * hd;
+            if (a->f16) {
+                widen((const uint16_t *)a->k_pool + at, hd, wk + j * hd);
+                widen((const uint16_t *)a->v_pool + at, hd, wv + j * hd);
+                kp[j] = wk + j * hd;
+                vp[j] = wv + j * hd;
+            } else {
+                kp[j] = (const float *)a->k_pool + at;
+                vp[j] = (const float *)a->v_pool + at;
+            }
+        }
+    }
+}
+
 static void attn_item(void *p, int64_t item, int32_t ith) {
     const attn_args *a = p;
     const size_t hd = a->head_dim, n_pad = a->n_pad, group = a->n_heads / a->n_kv_heads;
@@ -317,10 +356,9 @@ static void attn_item(void *p, int64_t item, int32_t ith) {
     const size_t kvh = (size_t)item % per_run / a->n_sub, sub = (size_t)item % a->n_sub;
     const size_t h0 = kvh * group + sub * group / a->n_sub, n_h = kvh * group + (sub + 1) * group / a->n_sub - h0;
     const size_t t0 = (size_t)a->run_start[run], n_run = (size_t)a->run_start[run + 1] - t0;
-    const size_t n_rows = n_run * n_h; /* row i: token t0 + i / n_h, head h0 + i % n_h */
+    const size_t n_rows = n_run * n_h;                       /* row i: token t0 + i / n_h, head h0 + i % n_h */
     const size_t n_max = (size_t)a->pos[t0 + n_run - 1] + 1; /* the run's positions are increasing */
     const size_t n_blocks8 = (n_max + 7) / 8;
-    const int32_t *bt = a->bt + a->bt_off[t0];
 
     /* scratch: K and V row pointers [n_pad] each, a zero row, acc [hd],
      * scores [ROWS_MAX][n_pad], and (f16) the widened K and V rows [n_pad][hd] */
@@ -342,31 +380,8 @@ static void attn_item(void *p, int64_t item, int32_t ith) {
     const size_t lo0 = a->window && n_min > a->window ? n_min - a->window : 0, base = lo0 & ~(size_t)7;
     size_t j = base;
     for (; j < lo0; j++) kp[j] = vp[j] = zero; /* weighed 0 */
-    /* a tree node (a run of one): logical positions from the tree's base on
-     * are read at its path's storage positions; before it, in place */
-    const size_t n_direct = a->tree && (size_t)a->tree->base < n_max ? (size_t)a->tree->base : n_max;
-    const int32_t *path = a->tree ? a->tree->path + a->tree->path_off[t0] : NULL;
-    while (j < n_max) {
-        size_t slot = (size_t)bt[j / a->block_size] * a->block_size;
-        for (size_t off = j % a->block_size; off < a->block_size && j < n_max; off++, j++) {
-            size_t row = slot + off;
-            if (j >= n_direct) {
-                size_t sp = (size_t)path[j - n_direct];
-                row = (size_t)bt[sp / a->block_size] * a->block_size + sp % a->block_size;
-            }
-            size_t at = (row * a->n_kv_heads + kvh) * hd;
-            if (a->f16) {
-                widen((const uint16_t *)a->k_pool + at, hd, wk + j * hd);
-                widen((const uint16_t *)a->v_pool + at, hd, wv + j * hd);
-                kp[j] = wk + j * hd;
-                vp[j] = wv + j * hd;
-            } else {
-                kp[j] = (const float *)a->k_pool + at;
-                vp[j] = (const float *)a->v_pool + at;
-            }
-        }
-    }
-    for (; j < n_blocks8 * 8; j++) kp[j] = vp[j] = zero; /* lanes past the last position, never used */
+    row_pointers(a, t0, kvh, j, n_max, kp, vp, wk, wv);
+    for (j = n_max; j < n_blocks8 * 8; j++) kp[j] = vp[j] = zero; /* lanes past the last position, never used */
 
     float sum[ROWS_MAX];
     size_t n_pos[ROWS_MAX];
@@ -386,13 +401,20 @@ static void attn_item(void *p, int64_t item, int32_t ith) {
     size_t lo[ROWS_MAX];
     for (size_t i = 0; i < n_rows; i++) lo[i] = a->window && n_pos[i] > a->window ? n_pos[i] - a->window : 0;
 
-    /* scores: each block of 8 K rows once for all the item's (token, head) rows */
-    for (size_t b = base / 8; b < n_blocks8; b++)
+    /* scores: each block of 8 K rows once for all the item's (token, head)
+     * rows (the 512-bit kernels: two rows at a time; an item of one row, a
+     * decode step's, keeps the 256-bit ones throughout: measured faster) */
+    bool z = false;
+#if SD_CPU_ATTN_Z
+    z = a->path == SD_CPU_ATTN_AVX512 && n_rows > 1;
+    if (z) sd_cpu_attn_scores_z(q, e, n_pos, lo, n_rows, kp, base / 8, n_blocks8, hd, a->scale);
+#endif
+    for (size_t b = base / 8; !z && b < n_blocks8; b++)
         for (size_t i = 0; i < n_rows; i++) {
             if (8 * b >= n_pos[i]) continue;
             if (8 * b + 8 <= lo[i]) continue; /* wholly outside the window: set below */
 #if SD_CPU_AVX2
-            if (a->path == SD_CPU_ATTN_AVX2) {
+            if (a->path != SD_CPU_ATTN_C) {
                 scores8_avx2(q[i], kp + 8 * b, hd, a->scale, e[i] + 8 * b);
                 continue;
             }
@@ -408,10 +430,22 @@ static void attn_item(void *p, int64_t item, int32_t ith) {
     for (size_t i = 0; i < n_rows; i++) {
         e[i] += base;
         n_pos[i] -= base;
+#if SD_CPU_ATTN_Z
+        if (z) {
+            sum[i] = sd_cpu_attn_softmax_z(e[i], n_pos[i]);
+            continue;
+        }
+#endif
         sum[i] = softmax_weights(a->path, e[i], n_pos[i]);
     }
+#if SD_CPU_ATTN_Z
+    if (z) {
+        sd_cpu_attn_v_rows_z(vp + base, e, n_pos, sum, o, n_rows, hd);
+        return;
+    }
+#endif
 #if SD_CPU_AVX2
-    if (a->path == SD_CPU_ATTN_AVX2) {
+    if (a->path != SD_CPU_ATTN_C) {
         for (size_t g = 0; g < n_rows; g += GROUP)
             v_group_avx2(vp + base, e + g, n_pos + g, sum + g, o + g, hd,
                          (int)(n_rows - g < GROUP ? n_rows - g : GROUP));
@@ -422,7 +456,8 @@ static void attn_item(void *p, int64_t item, int32_t ith) {
 }
 
 bool sd_cpu_attn_path_available(sd_cpu_attn_path path) {
-    return path == SD_CPU_ATTN_C || (path == SD_CPU_ATTN_AVX2 && SD_CPU_AVX2);
+    return path == SD_CPU_ATTN_C || (path == SD_CPU_ATTN_AVX2 && SD_CPU_AVX2) ||
+           (path == SD_CPU_ATTN_AVX512 && sd_cpu_attn_z_supported());
 }
 
 sd_status sd_cpu_attention_path(sd_backend *be, sd_cpu_attn_path path, const float *q, const void *k_pool,
@@ -445,8 +480,8 @@ sd_status sd_cpu_attention_window_path(sd_backend *be, sd_cpu_attn_path path, co
 sd_status sd_cpu_attention_tree_path(sd_backend *be, sd_cpu_attn_path path, const float *q, const void *k_pool,
                                      const void *v_pool, bool f16, int32_t n_tokens, int32_t n_heads,
                                      int32_t n_kv_heads, int32_t head_dim, int32_t block_size, const int32_t *pos,
-                                     const int32_t *bt, const int32_t *bt_off, int32_t window,
-                                     const sd_attn_tree *tree, float scale, float *out) {
+                                     const int32_t *bt, const int32_t *bt_off, int32_t window, const sd_attn_tree *tree,
+                                     float scale, float *out) {
     if (n_tokens <= 0) return SD_OK;
     if (tree && (window != 0 || tree->base < 0 || !tree->path || !tree->path_off)) return SD_ERR_INVALID_ARG;
     if (!sd_cpu_attn_path_available(path)) return SD_ERR_UNSUPPORTED;
@@ -501,11 +536,14 @@ sd_status sd_cpu_attention_tree_path(sd_backend *be, sd_cpu_attn_path path, cons
                    .window = (size_t)window,
                    .tree = tree,
                    .scale = scale};
-    sd_cpu_parallel(be, attn_item, &a, (int64_t)(n_runs * (size_t)n_kv_heads * n_sub), work * (size_t)n_heads * (size_t)head_dim * 2);
+    sd_cpu_parallel(be, attn_item, &a, (int64_t)(n_runs * (size_t)n_kv_heads * n_sub),
+                    work * (size_t)n_heads * (size_t)head_dim * 2);
     return SD_OK;
 }
 
-static sd_cpu_attn_path best_path(void) { return SD_CPU_AVX2 ? SD_CPU_ATTN_AVX2 : SD_CPU_ATTN_C; }
+static sd_cpu_attn_path best_path(void) {
+    return sd_cpu_attn_z_supported() ? SD_CPU_ATTN_AVX512 : SD_CPU_AVX2 ? SD_CPU_ATTN_AVX2 : SD_CPU_ATTN_C;
+}
 
 sd_status sd_cpu_attention(sd_backend *be, const float *q, const float *k_pool, const float *v_pool, int32_t n_tokens,
                            int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, int32_t block_size,
@@ -533,8 +571,8 @@ sd_status sd_cpu_attention_window(sd_backend *be, const float *q, const float *k
 
 sd_status sd_cpu_attention_window_f16(sd_backend *be, const float *q, const uint16_t *k_pool, const uint16_t *v_pool,
                                       int32_t n_tokens, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                                      int32_t block_size, const int32_t *pos, const int32_t *bt,
-                                      const int32_t *bt_off, int32_t window, float scale, float *out) {
+                                      int32_t block_size, const int32_t *pos, const int32_t *bt, const int32_t *bt_off,
+                                      int32_t window, float scale, float *out) {
     if (window < 1) return SD_ERR_INVALID_ARG;
     return sd_cpu_attention_window_path(be, best_path(), q, k_pool, v_pool, true, n_tokens, n_heads, n_kv_heads,
                                         head_dim, block_size, pos, bt, bt_off, window, scale, out);

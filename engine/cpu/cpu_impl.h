@@ -111,12 +111,13 @@ sd_status sd_cpu_attention_f16(sd_backend *be, const float *q, const uint16_t *k
                                int32_t block_size, const int32_t *pos, const int32_t *bt, const int32_t *bt_off,
                                float scale, float *out);
 
-/* Attention's arithmetic paths (attention.c); both give the same bits. */
+/* Attention's arithmetic paths (attention.c); all give the same bits. */
 typedef enum sd_cpu_attn_path {
-    SD_CPU_ATTN_C,    /* the plain C twin, always compiled */
-    SD_CPU_ATTN_AVX2, /* where the build targets AVX2 + FMA */
+    SD_CPU_ATTN_C,      /* the plain C twin, always compiled */
+    SD_CPU_ATTN_AVX2,   /* where the build targets AVX2 + FMA */
+    SD_CPU_ATTN_AVX512, /* AVX2 plus attention_z.c's 512-bit kernels, where the CPU has AVX-512 F/VL/DQ */
 } sd_cpu_attn_path;
-/* Whether this build has path. */
+/* Whether this build (and, for SD_CPU_ATTN_AVX512, this CPU) has path. */
 bool sd_cpu_attn_path_available(sd_cpu_attn_path path);
 /* sd_cpu_attention / sd_cpu_attention_f16 (k_pool and v_pool are uint16_t
  * when f16) on a named path, for the tests; SD_ERR_UNSUPPORTED where the
