@@ -59,7 +59,7 @@ static const struct {
 #define N_FAMILIES (sizeof FAMILY_NAMES / sizeof FAMILY_NAMES[0])
 
 const char *sd_chat_template_names(void) {
-    return "chatml, llama3, llama3.1, llama3.2, llama2, mistral, mistral-v3, gemma, gemma3, phi3";
+    return "chatml, qwen2.5, llama3, llama3.1, llama3.2, llama2, mistral, mistral-v3, gemma, gemma3, phi3";
 }
 
 /* ---- formatting ---- */
@@ -382,6 +382,8 @@ static const char *const UNSUPPORTED[] = {"tools",        "tool_call",         "
 
 /* Qwen2.5: ChatML with a default system prompt and a tools branch that is
  * taken when tools are passed (sd_chat_format_qwen25 renders it). */
+/* The system prompt its template writes when messages[0] is not a system one. */
+static const char QWEN_DEFAULT_SYSTEM[] = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
 static const char *const QWEN[] = {"<|im_start|>",          "<|im_end|>",
                                    "message.role",          "message.content",
                                    "<|im_start|>assistant", "(message.role == \"system\" and not loop.first)",
@@ -555,6 +557,15 @@ sd_status sd_chat_template_named(const char *name, sd_chat_template **out) {
     *out = NULL;
     for (size_t i = 0; i < N_FAMILIES; i++)
         if (strcmp(name, FAMILY_NAMES[i].name) == 0) return new_template(FAMILY_NAMES[i].family, out);
+    if (strcmp(name, "qwen2.5") == 0) { /* Qwen2.5-Instruct's template: its default system prompt, tools */
+        SD_TRY(new_template(SD_CHAT_FAMILY_CHATML, out));
+        (*out)->variant |= VARIANT_ROLES_ONLY;
+        if (!((*out)->default_system = strdup(QWEN_DEFAULT_SYSTEM))) {
+            sd_chat_template_free(out);
+            return SD_ERR_NOMEM;
+        }
+        return SD_OK;
+    }
     if (strcmp(name, "llama3.1") == 0 || strcmp(name, "llama3.2") == 0) { /* tools, a dated system turn */
         SD_TRY(new_template(SD_CHAT_FAMILY_LLAMA3, out));
         (*out)->variant |= VARIANT_LLAMA31 | (strcmp(name, "llama3.2") == 0 ? VARIANT_DATE_TODAY : 0);

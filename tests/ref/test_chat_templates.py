@@ -57,7 +57,7 @@ TEMPLATES = {
     "phi3.5.jinja": ("phi3", "<s>", "<|endoftext|>"),
 }
 # name -> the fixture it must format exactly like
-NAMED = {"chatml": "chatml.jinja", "llama3": "llama3.jinja", "llama3.1": "llama3.1.jinja", "llama3.2": "llama3.2.jinja", "llama2": "llama2.jinja",
+NAMED = {"chatml": "chatml.jinja", "qwen2.5": "qwen2.5.jinja", "llama3": "llama3.jinja", "llama3.1": "llama3.1.jinja", "llama3.2": "llama3.2.jinja", "llama2": "llama2.jinja",
          "mistral": "mixtral.jinja", "mistral-v3": "mistral-v0.3.jinja", "gemma": "gemma.jinja", "gemma3": "gemma3.jinja", "phi3": "phi3.jinja"}
 
 
