@@ -269,6 +269,8 @@ def main():
     more = []
     for fixture, bos, eos, tl, src in (("mistral-v0.3.jinja", "<s>", "</s>", MISTRAL_TOOLS, None),
                                        ("mistral-v0.3.jinja", "<s>", "</s>", MISTRAL_TOOLS, ["--name", "mistral-v3"]),
+                                       ("mistral-nemo.jinja", "<s>", "</s>", MISTRAL_TOOLS, None),
+                                       ("mistral-nemo.jinja", "<s>", "</s>", MISTRAL_TOOLS, ["--name", "mistral-nemo"]),
                                        ("qwen2.5.jinja", "<|endoftext|>", "<|im_end|>", TOOLS, None),
                                        ("qwen2.5.jinja", "<|endoftext|>", "<|im_end|>", TOOLS, ["--name", "qwen2.5"])):
         f, n, r = family_check(fixture, bos, eos, tl, src)

@@ -42,7 +42,7 @@ typedef struct sd_chat_template sd_chat_template;
 sd_status sd_chat_template_parse(const char *text, size_t len, sd_chat_template **out);
 
 /* The family called name ("chatml", "qwen2.5", "llama3", "llama3.1",
- * "llama3.2", "llama2", "mistral", "mistral-v3", "gemma", "gemma3", "phi3"),
+ * "llama3.2", "llama2", "mistral", "mistral-v3", "mistral-nemo", "gemma", "gemma3", "phi3"),
  * with no default system prompt except qwen2.5's (Qwen2.5-Instruct's
  * template: "You are Qwen, ..." and its tools form). SD_ERR_INVALID_ARG
  * (logged, with the list) for another name. Caller frees *out. */
