@@ -419,11 +419,16 @@ static const char *const MISTRAL3[] = {
     NULL};
 /* Mistral-Nemo-Instruct-2407: the v3 template without the spaces. */
 static const char *const MISTRAL_TEKKEN[] = {
-    "{{- bos_token }}", "(message == user_messages[-1])", "{{- \"[AVAILABLE_TOOLS][\" }}", "{{- \"[TOOL_CALLS][\" }}",
-    "{%- set out = tool_call.function|tojson %}", "{{- message[\"content\"] + eos_token}}",
+    "{{- bos_token }}",
+    "(message == user_messages[-1])",
+    "{{- \"[AVAILABLE_TOOLS][\" }}",
+    "{{- \"[TOOL_CALLS][\" }}",
+    "{%- set out = tool_call.function|tojson %}",
+    "{{- message[\"content\"] + eos_token}}",
     "{{- '[TOOL_RESULTS]{\"content\": ' + content|string + \", \" }}",
     "{{- \"[INST]\" + system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}",
-    "{{- \"[INST]\" + message[\"content\"] + \"[/INST]\" }}", NULL};
+    "{{- \"[INST]\" + message[\"content\"] + \"[/INST]\" }}",
+    NULL};
 static const char LLAMA32_DATE[] = "{%- set date_string = strftime_now(\"%d %b %Y\") %}";
 static const char *const CHATML[] = {"<|im_start|>",          "<|im_end|>", "message['role']", "message['content']",
                                      "<|im_start|>assistant", NULL};
@@ -527,10 +532,11 @@ sd_status sd_chat_template_parse(const char *text, size_t len, sd_chat_template 
     static const struct {
         sd_chat_family family;
         const char *const *markers;
-    } sig[] = {{SD_CHAT_FAMILY_CHATML, CHATML}, {SD_CHAT_FAMILY_LLAMA3, LLAMA3},   {SD_CHAT_FAMILY_LLAMA2, LLAMA2},
-               {SD_CHAT_FAMILY_CHATML, QWEN},   {SD_CHAT_FAMILY_MISTRAL, MISTRAL}, {SD_CHAT_FAMILY_GEMMA, GEMMA},
-               {SD_CHAT_FAMILY_GEMMA, GEMMA3},  {SD_CHAT_FAMILY_PHI3, PHI3},       {SD_CHAT_FAMILY_MISTRAL, MISTRAL3},
-               {SD_CHAT_FAMILY_MISTRAL, MISTRAL_TEKKEN}};
+    } sig[] = {{SD_CHAT_FAMILY_CHATML, CHATML},    {SD_CHAT_FAMILY_LLAMA3, LLAMA3},
+               {SD_CHAT_FAMILY_LLAMA2, LLAMA2},    {SD_CHAT_FAMILY_CHATML, QWEN},
+               {SD_CHAT_FAMILY_MISTRAL, MISTRAL},  {SD_CHAT_FAMILY_GEMMA, GEMMA},
+               {SD_CHAT_FAMILY_GEMMA, GEMMA3},     {SD_CHAT_FAMILY_PHI3, PHI3},
+               {SD_CHAT_FAMILY_MISTRAL, MISTRAL3}, {SD_CHAT_FAMILY_MISTRAL, MISTRAL_TEKKEN}};
     sd_chat_family found = SD_CHAT_FAMILY_UNSPECIFIED;
     for (size_t i = 0; i < sizeof sig / sizeof sig[0]; i++) {
         if (!has_all(text, len, sig[i].markers)) continue;
