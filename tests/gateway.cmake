@@ -68,3 +68,13 @@ set_tests_properties(it_gateway_tools_llama PROPERTIES RESOURCE_LOCK specd_integ
 # the real template does, greedily; a tool turn without its id is a 400.
 specd_py_test(it_gateway_tools_mistral ${_it}test_gateway_tools_mistral.py LABELS integration model)
 set_tests_properties(it_gateway_tools_mistral PROPERTIES RESOURCE_LOCK specd_integration)
+# The same under Mistral-Nemo's template (--chat-template mistral-nemo: the
+# v3 form without the spaces after the tags).
+specd_py_test(it_gateway_tools_mistral_nemo ${_it}test_gateway_tools_mistral_nemo.py LABELS integration model)
+set_tests_properties(it_gateway_tools_mistral_nemo PROPERTIES RESOURCE_LOCK specd_integration)
+# Tools rendered by Qwen 2.5's template (--chat-template qwen2.5 on SmolLM2):
+# forced, auto and parallel calls (Qwen's <tool_call> blocks) parse into
+# tool_calls, streamed alike; the calls and two tool answers (<tool_response>
+# in one user turn) answer as the jinja2 rendering of the real template does.
+specd_py_test(it_gateway_tools_qwen ${_it}test_gateway_tools_qwen.py LABELS integration model)
+set_tests_properties(it_gateway_tools_qwen PROPERTIES RESOURCE_LOCK specd_integration)

@@ -76,9 +76,12 @@ sd_status sd_chat_format_qwen25(strbuf *out, const char *default_system, const s
  * Mistral-Large-2407: [AVAILABLE_TOOLS] before the last user message,
  * [TOOL_CALLS] with 9-character ids, [TOOL_RESULTS] with the call's id, the
  * system prompt in the last user turn when it is the last message),
- * statement by statement; bos NULL: left to the tokenizer. tt may be NULL. */
-sd_status sd_chat_format_mistral3(strbuf *out, const char *bos, const char *eos, const sd_chat_msg *m, size_t n,
-                                  const sd_chat_tools *tt, char *err, size_t err_cap);
+ * statement by statement; bos NULL: left to the tokenizer. tt may be NULL.
+ * tekken: Mistral-Nemo-Instruct-2407's form of the same template (no space
+ * after [INST], [AVAILABLE_TOOLS], [TOOL_CALLS] and [TOOL_RESULTS]; an
+ * answer's content as it is, with no space before it). */
+sd_status sd_chat_format_mistral3(strbuf *out, const char *bos, const char *eos, bool tekken, const sd_chat_msg *m,
+                                  size_t n, const sd_chat_tools *tt, char *err, size_t err_cap);
 
 /* For families without tools in their template: the conversation with the
  * tools written as Hermes text (Qwen 2.5's form with compact JSON: the <tools> signatures appended

@@ -18,7 +18,11 @@
  *     ', "call_id": "' + tool_call_id + '"}[/TOOL_RESULTS]';
  *   - an id that is not 9 characters long (Unicode characters, as Jinja's
  *     length counts) is refused, as the template raises.
- * add_generation_prompt is not read: the last [/INST] opens the answer. */
+ * add_generation_prompt is not read: the last [/INST] opens the answer.
+ * Mistral-Nemo-Instruct-2407's template (tests/data/chat_templates/
+ * mistral-nemo.jinja, Mistral's "v3 tekken" tokenizer) is the same text
+ * without the spaces: "[INST]", "[AVAILABLE_TOOLS][", "[TOOL_CALLS][",
+ * '[TOOL_RESULTS]{"content": ' and an answer's content + eos as it is. */
 #include "chat_impl.h"
 
 #include <stdio.h>
@@ -28,7 +32,7 @@
 #define BAD_ID "Tool call IDs should be alphanumeric strings with length 9!"
 
 static sd_status refuse(char *err, size_t err_cap, size_t i, const char *msg) {
-    if (err_cap) snprintf(err, err_cap, "messages[%zu]: the model's chat template (mistral v3): %s", i, msg);
+    if (err_cap) snprintf(err, err_cap, "messages[%zu]: the model's chat template (mistral v3 / nemo): %s", i, msg);
     return SD_ERR_INVALID_ARG;
 }
 
@@ -68,12 +72,12 @@ static bool tool_text(strbuf *out, const char *tool, size_t len, strbuf *key) {
 
 /* "[AVAILABLE_TOOLS] [" + the tools, ", " between, "]" after the last +
  * "[/AVAILABLE_TOOLS]" (an empty list: no "]"). */
-static bool tools_text(strbuf *out, const char *tools) {
+static bool tools_text(strbuf *out, const char *tools, bool tekken) {
     strbuf key = {0};
     size_t len = strlen(tools), at = 0, vf, vt;
     int r;
     bool ok = true, any = false;
-    sd_sb_add(out, "[AVAILABLE_TOOLS] [");
+    sd_sb_add(out, tekken ? "[AVAILABLE_TOOLS][" : "[AVAILABLE_TOOLS] [");
     while (ok && (r = sd_chat_json_item(tools, len, &at, &vf, &vt)) == 1) {
         if (any) sd_sb_add(out, ", ");
         any = true;
@@ -99,13 +103,14 @@ static bool id_text(strbuf *out, const char *id, size_t len, bool json) {
 /* "[TOOL_CALLS] [" + each call (a JSON list of objects) as tojson of its
  * members but "id", less the closing '}', + ', "id": "' + id + '"}', ", "
  * between, "]" + eos after the last. */
-static sd_status calls_text(strbuf *out, const char *calls, const char *eos, size_t i, char *err, size_t err_cap) {
+static sd_status calls_text(strbuf *out, const char *calls, const char *eos, bool tekken, size_t i, char *err,
+                            size_t err_cap) {
     strbuf key = {0};
     size_t len = strlen(calls), at = 0, cf, ct;
     int r;
     sd_status st = SD_OK;
     bool any = false;
-    sd_sb_add(out, "[TOOL_CALLS] [");
+    sd_sb_add(out, tekken ? "[TOOL_CALLS][" : "[TOOL_CALLS] [");
     while (st == SD_OK && (r = sd_chat_json_item(calls, len, &at, &cf, &ct)) == 1) {
         const char *c = calls + cf;
         size_t m = 0, vf, vt, idf = 0, idt = 0;
@@ -155,8 +160,8 @@ static sd_status check_alternation(const sd_chat_msg *m, size_t n, size_t from, 
     return SD_OK;
 }
 
-sd_status sd_chat_format_mistral3(strbuf *out, const char *bos, const char *eos, const sd_chat_msg *m, size_t n,
-                                  const sd_chat_tools *tt, char *err, size_t err_cap) {
+sd_status sd_chat_format_mistral3(strbuf *out, const char *bos, const char *eos, bool tekken, const sd_chat_msg *m,
+                                  size_t n, const sd_chat_tools *tt, char *err, size_t err_cap) {
     const char *sys = n > 0 && !strcmp(m[0].role, "system") ? m[0].content : NULL, *last_user = NULL;
     const char *tools = tt ? tt->tools : NULL;
     size_t from = sys ? 1 : 0;
@@ -169,10 +174,10 @@ sd_status sd_chat_format_mistral3(strbuf *out, const char *bos, const char *eos,
         const char *calls = tt && tt->tool_calls ? tt->tool_calls[i] : NULL;
         const char *id = tt && tt->tool_call_ids ? tt->tool_call_ids[i] : NULL;
         if (!strcmp(m[i].role, "user")) {
-            if (tools && !strcmp(m[i].content, last_user) && !tools_text(out, tools))
+            if (tools && !strcmp(m[i].content, last_user) && !tools_text(out, tools, tekken))
                 return refuse(err, err_cap, i,
                               "tools: not a JSON list of {\"type\": \"function\", \"function\": {...}}");
-            sd_sb_add(out, "[INST] ");
+            sd_sb_add(out, tekken ? "[INST]" : "[INST] ");
             if (i + 1 == n && sys) {
                 sd_sb_content(out, sys, strlen(sys));
                 sd_sb_add(out, "\n\n");
@@ -180,13 +185,17 @@ sd_status sd_chat_format_mistral3(strbuf *out, const char *bos, const char *eos,
             sd_sb_content(out, m[i].content, strlen(m[i].content));
             sd_sb_add(out, "[/INST]");
         } else if (calls) {
-            st = calls_text(out, calls, eos, i, err, err_cap);
+            st = calls_text(out, calls, eos, tekken, i, err, err_cap);
         } else if (!strcmp(m[i].role, "assistant")) {
-            sd_sb_add(out, " ");
-            sd_sb_content_stripped(out, m[i].content, strlen(m[i].content));
+            if (tekken) {
+                sd_sb_content(out, m[i].content, strlen(m[i].content));
+            } else {
+                sd_sb_add(out, " ");
+                sd_sb_content_stripped(out, m[i].content, strlen(m[i].content));
+            }
             sd_sb_add(out, eos);
         } else if (!strcmp(m[i].role, "tool")) {
-            sd_sb_add(out, "[TOOL_RESULTS] {\"content\": ");
+            sd_sb_add(out, tekken ? "[TOOL_RESULTS]{\"content\": " : "[TOOL_RESULTS] {\"content\": ");
             sd_sb_content(out, m[i].content, strlen(m[i].content));
             sd_sb_add(out, ", \"call_id\": \"");
             if (!id || !id_text(out, id, strlen(id), false)) return refuse(err, err_cap, i, BAD_ID);

@@ -39,6 +39,7 @@ enum {
     VARIANT_LLAMA31 = 32,        /* Llama 3.1: a dated system turn, tools (chat_tools.c) */
     VARIANT_DATE_TODAY = 64,     /* Llama 3.2: that date is today's (strftime_now("%d %b %Y"), local time) */
     VARIANT_MISTRAL3 = 128,      /* Mistral v3 (7B-Instruct-v0.3): system in the last turn, tools (chat_mistral.c) */
+    VARIANT_TEKKEN = 256,        /* with MISTRAL3: Mistral-Nemo's form of it (no spaces after the tags) */
 };
 
 struct sd_chat_template {
@@ -59,7 +60,8 @@ static const struct {
 #define N_FAMILIES (sizeof FAMILY_NAMES / sizeof FAMILY_NAMES[0])
 
 const char *sd_chat_template_names(void) {
-    return "chatml, llama3, llama3.1, llama3.2, llama2, mistral, mistral-v3, gemma, gemma3, phi3";
+    return "chatml, qwen2.5, llama3, llama3.1, llama3.2, llama2, mistral, mistral-v3, mistral-nemo, gemma, gemma3, "
+           "phi3";
 }
 
 /* ---- formatting ---- */
@@ -266,7 +268,8 @@ static sd_status format_with_tools(fmt *f, const sd_chat_msg *msgs, size_t n, co
         return sd_chat_format_llama31(&f->out, bos, date, msgs, n, tt, gen, f->err, f->err_cap);
     }
     if (f->t->family == SD_CHAT_FAMILY_MISTRAL && (f->t->variant & VARIANT_MISTRAL3))
-        return sd_chat_format_mistral3(&f->out, bos, f->t->eos, msgs, n, tt, f->err, f->err_cap);
+        return sd_chat_format_mistral3(&f->out, bos, f->t->eos, (f->t->variant & VARIANT_TEKKEN) != 0, msgs, n, tt,
+                                       f->err, f->err_cap);
     if (f->t->family == SD_CHAT_FAMILY_CHATML && (f->t->variant & VARIANT_ROLES_ONLY) && sd_chat_has_tools(msgs, n, tt))
         return sd_chat_format_qwen25(&f->out, f->t->default_system, msgs, n, tt, gen, f->err, f->err_cap);
     if (!sd_chat_has_tools(msgs, n, tt)) return format_family(f, msgs, n, gen);
@@ -382,6 +385,8 @@ static const char *const UNSUPPORTED[] = {"tools",        "tool_call",         "
 
 /* Qwen2.5: ChatML with a default system prompt and a tools branch that is
  * taken when tools are passed (sd_chat_format_qwen25 renders it). */
+/* The system prompt its template writes when messages[0] is not a system one. */
+static const char QWEN_DEFAULT_SYSTEM[] = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
 static const char *const QWEN[] = {"<|im_start|>",          "<|im_end|>",
                                    "message.role",          "message.content",
                                    "<|im_start|>assistant", "(message.role == \"system\" and not loop.first)",
@@ -411,6 +416,18 @@ static const char *const MISTRAL3[] = {
     "{%- if loop.last and system_message is defined %}",
     "{{- \"[INST] \" + system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}",
     "{{- \"[INST] \" + message[\"content\"] + \"[/INST]\" }}",
+    NULL};
+/* Mistral-Nemo-Instruct-2407: the v3 template without the spaces. */
+static const char *const MISTRAL_TEKKEN[] = {
+    "{{- bos_token }}",
+    "(message == user_messages[-1])",
+    "{{- \"[AVAILABLE_TOOLS][\" }}",
+    "{{- \"[TOOL_CALLS][\" }}",
+    "{%- set out = tool_call.function|tojson %}",
+    "{{- message[\"content\"] + eos_token}}",
+    "{{- '[TOOL_RESULTS]{\"content\": ' + content|string + \", \" }}",
+    "{{- \"[INST]\" + system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}",
+    "{{- \"[INST]\" + message[\"content\"] + \"[/INST]\" }}",
     NULL};
 static const char LLAMA32_DATE[] = "{%- set date_string = strftime_now(\"%d %b %Y\") %}";
 static const char *const CHATML[] = {"<|im_start|>",          "<|im_end|>", "message['role']", "message['content']",
@@ -501,7 +518,7 @@ sd_status sd_chat_template_parse(const char *text, size_t len, sd_chat_template 
     if (!text || !out) return SD_ERR_INVALID_ARG;
     *out = NULL;
     bool qwen = has_all(text, len, QWEN), llama31 = has_all(text, len, LLAMA31),
-         mistral3 = has_all(text, len, MISTRAL3);
+         tekken = has_all(text, len, MISTRAL_TEKKEN), mistral3 = tekken || has_all(text, len, MISTRAL3);
     for (const char *const *u = UNSUPPORTED; *u; u++) {
         if ((qwen || llama31 || mistral3) && (strcmp(*u, "tools") == 0 || strcmp(*u, "tool_call") == 0)) continue;
         if (llama31 && (strcmp(*u, "Cutting Knowledge") == 0 || strcmp(*u, "date_string") == 0)) continue;
@@ -515,9 +532,11 @@ sd_status sd_chat_template_parse(const char *text, size_t len, sd_chat_template 
     static const struct {
         sd_chat_family family;
         const char *const *markers;
-    } sig[] = {{SD_CHAT_FAMILY_CHATML, CHATML}, {SD_CHAT_FAMILY_LLAMA3, LLAMA3},   {SD_CHAT_FAMILY_LLAMA2, LLAMA2},
-               {SD_CHAT_FAMILY_CHATML, QWEN},   {SD_CHAT_FAMILY_MISTRAL, MISTRAL}, {SD_CHAT_FAMILY_GEMMA, GEMMA},
-               {SD_CHAT_FAMILY_GEMMA, GEMMA3},  {SD_CHAT_FAMILY_PHI3, PHI3},       {SD_CHAT_FAMILY_MISTRAL, MISTRAL3}};
+    } sig[] = {{SD_CHAT_FAMILY_CHATML, CHATML},    {SD_CHAT_FAMILY_LLAMA3, LLAMA3},
+               {SD_CHAT_FAMILY_LLAMA2, LLAMA2},    {SD_CHAT_FAMILY_CHATML, QWEN},
+               {SD_CHAT_FAMILY_MISTRAL, MISTRAL},  {SD_CHAT_FAMILY_GEMMA, GEMMA},
+               {SD_CHAT_FAMILY_GEMMA, GEMMA3},     {SD_CHAT_FAMILY_PHI3, PHI3},
+               {SD_CHAT_FAMILY_MISTRAL, MISTRAL3}, {SD_CHAT_FAMILY_MISTRAL, MISTRAL_TEKKEN}};
     sd_chat_family found = SD_CHAT_FAMILY_UNSPECIFIED;
     for (size_t i = 0; i < sizeof sig / sizeof sig[0]; i++) {
         if (!has_all(text, len, sig[i].markers)) continue;
@@ -535,7 +554,7 @@ sd_status sd_chat_template_parse(const char *text, size_t len, sd_chat_template 
             st = unrecognised("the ChatML template's default system prompt is not a plain text");
     }
     if (found == SD_CHAT_FAMILY_MISTRAL && has(text, len, "eos_token + ' '")) t->variant |= VARIANT_EOS_SPACE;
-    if (found == SD_CHAT_FAMILY_MISTRAL && mistral3) t->variant |= VARIANT_MISTRAL3;
+    if (found == SD_CHAT_FAMILY_MISTRAL && mistral3) t->variant |= VARIANT_MISTRAL3 | (tekken ? VARIANT_TEKKEN : 0);
     if (found == SD_CHAT_FAMILY_PHI3 && has(text, len, "message['role'] == 'system' and message['content']"))
         t->variant |= VARIANT_SYSTEM_NONEMPTY;
     if (found == SD_CHAT_FAMILY_LLAMA3 && !has(text, len, "add_generation_prompt")) t->variant |= VARIANT_ALWAYS_OPEN;
@@ -555,14 +574,23 @@ sd_status sd_chat_template_named(const char *name, sd_chat_template **out) {
     *out = NULL;
     for (size_t i = 0; i < N_FAMILIES; i++)
         if (strcmp(name, FAMILY_NAMES[i].name) == 0) return new_template(FAMILY_NAMES[i].family, out);
+    if (strcmp(name, "qwen2.5") == 0) { /* Qwen2.5-Instruct's template: its default system prompt, tools */
+        SD_TRY(new_template(SD_CHAT_FAMILY_CHATML, out));
+        (*out)->variant |= VARIANT_ROLES_ONLY;
+        if (!((*out)->default_system = strdup(QWEN_DEFAULT_SYSTEM))) {
+            sd_chat_template_free(out);
+            return SD_ERR_NOMEM;
+        }
+        return SD_OK;
+    }
     if (strcmp(name, "llama3.1") == 0 || strcmp(name, "llama3.2") == 0) { /* tools, a dated system turn */
         SD_TRY(new_template(SD_CHAT_FAMILY_LLAMA3, out));
         (*out)->variant |= VARIANT_LLAMA31 | (strcmp(name, "llama3.2") == 0 ? VARIANT_DATE_TODAY : 0);
         return SD_OK;
     }
-    if (strcmp(name, "mistral-v3") == 0) { /* Mistral-7B-Instruct-v0.3's template, tools included */
+    if (strcmp(name, "mistral-v3") == 0 || strcmp(name, "mistral-nemo") == 0) { /* 7B-v0.3's, Nemo's: tools */
         SD_TRY(new_template(SD_CHAT_FAMILY_MISTRAL, out));
-        (*out)->variant |= VARIANT_MISTRAL3;
+        (*out)->variant |= VARIANT_MISTRAL3 | (strcmp(name, "mistral-nemo") == 0 ? VARIANT_TEKKEN : 0);
         return SD_OK;
     }
     if (strcmp(name, "gemma3") == 0) { /* Gemma 3's template: gemma with a system prefix */

@@ -15,7 +15,10 @@ from the real template and sent as a raw completion (parse_special).
 Greedy, the two answers must be the same text and the prompts the same
 length: the coordinator rendered [AVAILABLE_TOOLS], [TOOL_CALLS] with the
 id and [TOOL_RESULTS] with the call_id byte for byte as the template does.
-A tool message without tool_call_id is a 400 (the template raises)."""
+A tool message without tool_call_id is a 400 (the template raises).
+test_gateway_tools_mistral_nemo.py runs the same with --chat-template
+mistral-nemo against Mistral-Nemo-Instruct-2407's template (the same form
+without the spaces after the tags)."""
 import json
 import os
 import re
@@ -33,15 +36,17 @@ except ImportError:
     jinja2 = None
 
 TOKENS = 24
+# form -> (its template fixture, what follows [INST], [AVAILABLE_TOOLS]... and comes before an answer)
+FORMS = {"mistral-v3": ("mistral-v0.3.jinja", " "), "mistral-nemo": ("mistral-nemo.jinja", "")}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Get the current weather in a city",
                                            "parameters": {"type": "object",
                                                           "properties": {"city": {"type": "string", "maxLength": 12}},
                                                           "required": ["city"], "additionalProperties": False}}}]
 
 
-def render(msgs, tools, bos, eos):
-    """transformers' apply_chat_template(msgs, tools=tools) on Mistral's v3 template."""
-    with open(os.path.join(H.SOURCE, "tests", "data", "chat_templates", "mistral-v0.3.jinja"), encoding="utf-8") as f:
+def render(msgs, tools, bos, eos, fixture="mistral-v0.3.jinja"):
+    """transformers' apply_chat_template(msgs, tools=tools) on Mistral's v3 template (or fixture)."""
+    with open(os.path.join(H.SOURCE, "tests", "data", "chat_templates", fixture), encoding="utf-8") as f:
         template = f.read()
 
     def raise_exception(message):
@@ -64,11 +69,12 @@ def render(msgs, tools, bos, eos):
     return env.from_string(template).render(messages=out, bos_token=bos, eos_token=eos, **kw)
 
 
-def run(h):
+def run(h, form="mistral-v3"):
+    fixture, sp = FORMS[form]
     if openai is None or jinja2 is None:
         H.skip("the openai or jinja2 package is not installed in the test venv (tests/ref/requirements.txt)")
     model = h.smollm()
-    h.start_service(model, drafter="ngram", coord_extra=H.FIXED_K + ["--chat-template", "mistral-v3"])
+    h.start_service(model, drafter="ngram", coord_extra=H.FIXED_K + ["--chat-template", form])
     h.start_gateway(["--model-name", "smollm"])
     cl = openai.OpenAI(base_url=h.http_url + "/v1", api_key="none", max_retries=0, timeout=300)
     greedy = dict(model="smollm", temperature=0, max_tokens=TOKENS)
@@ -95,12 +101,13 @@ def run(h):
         r = cl.chat.completions.create(messages=hist, tools=TOOLS, tool_choice=choice, extra_body={"ignore_eos": True},
                                        **greedy)
         msg = r.choices[0].message
-        prompt = render(hist, TOOLS if choice == "auto" else None, "<|im_start|>", "<|im_end|>")
-        H.check(('"id": "%s"}]<|im_end|>[TOOL_RESULTS] {"content": {"temperature": 21}, "call_id": "%s"}'
-                 "[/TOOL_RESULTS] It is 21 degrees in Rome.<|im_end|>" % (call.id, call.id)) in prompt and
-                prompt.endswith("[INST] You are a helpful assistant.\n\nWrite a short poem about Rome.[/INST]") and
-                ("[AVAILABLE_TOOLS] [" in prompt) == (choice == "auto"),
-                "the jinja2 rendering is not the expected Mistral v3 form: %r" % prompt)
+        prompt = render(hist, TOOLS if choice == "auto" else None, "<|im_start|>", "<|im_end|>", fixture)
+        H.check(('[TOOL_CALLS]%s[{"name": "get_weather", "arguments": ' % sp) in prompt and
+                ('"id": "%s"}]<|im_end|>[TOOL_RESULTS]%s{"content": {"temperature": 21}, "call_id": "%s"}'
+                 "[/TOOL_RESULTS]%sIt is 21 degrees in Rome.<|im_end|>" % (call.id, sp, call.id, sp)) in prompt and
+                prompt.endswith("[INST]%sYou are a helpful assistant.\n\nWrite a short poem about Rome.[/INST]" % sp)
+                and ("[AVAILABLE_TOOLS]%s[" % sp in prompt) == (choice == "auto"),
+                "the jinja2 rendering is not the expected %s form: %r" % (form, prompt))
         c = cl.completions.create(prompt=prompt, extra_body={"parse_special": True, "ignore_eos": True}, **greedy)
         text = c.choices[0].text
         H.check(c.usage.prompt_tokens == r.usage.prompt_tokens, "tool_choice %s: chat prompt %d tokens, the jinja2 "
@@ -111,8 +118,8 @@ def run(h):
         else:
             H.check(msg.content == text and len(text) > 0, "tool_choice %s: chat answered %r, the jinja2 rendering %r"
                     % (choice, msg.content, text))
-        H.log("tool_choice %s: a tool round trip rendered as Mistral v3's template does (%d prompt tokens): %r"
-              % (choice, r.usage.prompt_tokens, msg.tool_calls or msg.content))
+        H.log("tool_choice %s: a tool round trip rendered as %s's template does (%d prompt tokens): %r"
+              % (choice, fixture, r.usage.prompt_tokens, msg.tool_calls or msg.content))
     # without the tool message's tool_call_id the template raises: a 400
     bad = hist[:3] + [{"role": "tool", "content": "21"}]
     try:

@@ -185,7 +185,7 @@ def main():
         check(rc == 0 and out["prompt"] == expected("phi3.jinja"),
               "--chat-template phi3 overrides it: %r" % (out["prompt"] if out else err[-300:]))
         rc, out, err = generate(zephyr, "--chat-template", "vicuna")
-        check(rc != 0 and "chatml, llama3" in err, "--chat-template with an unknown name: %r" % err[-300:])
+        check(rc != 0 and "chatml, qwen2.5, llama3" in err, "--chat-template with an unknown name: %r" % err[-300:])
         # the coordinator: refuses to start on it, starts with the override
         if os.path.exists(COORDINATOR):
             rc, log = coordinator(zephyr)

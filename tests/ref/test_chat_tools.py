@@ -144,9 +144,10 @@ def id_conversations():
     ]
 
 
-def family_check(fixture, bos, eos, tools_list):
-    """Each id conversation x tools, rendered by specd and by jinja2 on the
-    fixture: returns (failures, cases, refusals)."""
+def family_check(fixture, bos, eos, tools_list, source=None):
+    """Each id conversation x tools, rendered by specd (the fixture's text,
+    or source: chat_cli's arguments, a --name) and by jinja2 on the fixture:
+    returns (failures, cases, refusals)."""
     with open(os.path.join(DATA, fixture), encoding="utf-8") as f:
         template = f.read()
     cases = []
@@ -158,16 +159,17 @@ def family_check(fixture, bos, eos, tools_list):
                 if tools is not None:
                     c["tools_json"] = tools
                 cases.append(c)
-    rc, head, replies = run_cli([os.path.join(DATA, fixture)], cases)
+    source = source or [os.path.join(DATA, fixture)]
+    rc, head, replies = run_cli(source, cases)
     if rc != 0 or len(replies) != len(cases):
-        return [f"chat_cli {fixture}: exit {rc}, {head}, {len(replies)} replies for {len(cases)} cases"], 0, 0
+        return [f"chat_cli {source[-1]}: exit {rc}, {head}, {len(replies)} replies for {len(cases)} cases"], 0, 0
     fails, refusals = [], 0
     for c, r in zip(cases, replies):
         tools = json.loads(c["tools_json"]) if "tools_json" in c else None
         want = render(template, c["messages"], tools, c["add_generation_prompt"], bos, eos)
         refusals += want is None
         if want != r.get("text"):
-            fails.append(f"{fixture}: tools={c.get('tools_json', 'none')[:40]!r} gen={c['add_generation_prompt']} "
+            fails.append(f"{source[-1]}: tools={c.get('tools_json', 'none')[:40]!r} gen={c['add_generation_prompt']} "
                          f"{c['messages']}\n  jinja2: {want!r}\n  specd:  {r.get('text')!r} {r.get('refused', '')}")
     return fails, len(cases), refusals
 
@@ -265,12 +267,16 @@ def main():
                                 f"  jinja2: {want!r}\n  specd:  {got!r} {r.get('refused', '')}")
     n_total = len(sources) * len(cases)
     more = []
-    for fixture, bos, eos, tl in (("mistral-v0.3.jinja", "<s>", "</s>", MISTRAL_TOOLS),
-                                  ("qwen2.5.jinja", "<|endoftext|>", "<|im_end|>", TOOLS)):
-        f, n, r = family_check(fixture, bos, eos, tl)
+    for fixture, bos, eos, tl, src in (("mistral-v0.3.jinja", "<s>", "</s>", MISTRAL_TOOLS, None),
+                                       ("mistral-v0.3.jinja", "<s>", "</s>", MISTRAL_TOOLS, ["--name", "mistral-v3"]),
+                                       ("mistral-nemo.jinja", "<s>", "</s>", MISTRAL_TOOLS, None),
+                                       ("mistral-nemo.jinja", "<s>", "</s>", MISTRAL_TOOLS, ["--name", "mistral-nemo"]),
+                                       ("qwen2.5.jinja", "<|endoftext|>", "<|im_end|>", TOOLS, None),
+                                       ("qwen2.5.jinja", "<|endoftext|>", "<|im_end|>", TOOLS, ["--name", "qwen2.5"])):
+        f, n, r = family_check(fixture, bos, eos, tl, src)
         failures += f
         n_total += n
-        more.append(f"{fixture}: {n} ({r} refused by both)")
+        more.append(f"{src[-1] if src else fixture}: {n} ({r} refused by both)")
     failures += hermes_check() + malformed_check()
     if failures:
         print(f"FAIL: {len(failures)} of {n_total} differ")

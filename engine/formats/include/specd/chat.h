@@ -41,9 +41,11 @@ typedef struct sd_chat_template sd_chat_template;
  * sd_chat_template_free. The BOS/EOS texts start empty. */
 sd_status sd_chat_template_parse(const char *text, size_t len, sd_chat_template **out);
 
-/* The family called name ("chatml", "llama3", "llama3.1", "llama3.2",
- * "llama2", "mistral", "mistral-v3", "gemma", "gemma3", "phi3"), with no default system prompt. SD_ERR_INVALID_ARG (logged, with
- * the list) for another name. Caller frees *out. */
+/* The family called name ("chatml", "qwen2.5", "llama3", "llama3.1",
+ * "llama3.2", "llama2", "mistral", "mistral-v3", "mistral-nemo", "gemma", "gemma3", "phi3"),
+ * with no default system prompt except qwen2.5's (Qwen2.5-Instruct's
+ * template: "You are Qwen, ..." and its tools form). SD_ERR_INVALID_ARG
+ * (logged, with the list) for another name. Caller frees *out. */
 sd_status sd_chat_template_named(const char *name, sd_chat_template **out);
 
 /* The names sd_chat_template_named accepts, for --help: "chatml, llama3, ...". */
