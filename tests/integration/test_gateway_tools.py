@@ -20,6 +20,7 @@ unstreamed (greedy: the same text):
 import json
 
 import harness as H
+import tool_ref
 
 try:
     import openai
@@ -52,27 +53,7 @@ def few_shot(cities, parallel):
 
 def streamed(cl, greedy, msgs):
     """The stream reassembled: (content, {index: call}, finish, argument fragments)."""
-    content, calls, finish, frags = "", {}, None, 0
-    for chunk in cl.chat.completions.create(messages=msgs, tools=TOOLS, stream=True, **greedy):
-        if not chunk.choices:
-            continue
-        d = chunk.choices[0].delta
-        finish = chunk.choices[0].finish_reason or finish
-        if d.content:
-            H.check(not calls, "a content delta %r after a tool_calls delta" % d.content)
-            content += d.content
-        for tc in d.tool_calls or []:
-            c = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
-            if tc.id:  # the head: first, once, with the type and the whole name
-                H.check(not c["id"] and not c["arguments"] and tc.type == "function" and tc.function.name,
-                        "a second or late head %s" % tc)
-            else:
-                H.check(c["id"] and not (tc.function and tc.function.name), "a delta without a head first: %s" % tc)
-            c["id"] = tc.id or c["id"]
-            c["name"] += (tc.function and tc.function.name) or ""
-            c["arguments"] += (tc.function and tc.function.arguments) or ""
-            frags += 1 if tc.function and tc.function.arguments else 0
-    return content, calls, finish, frags
+    return tool_ref.streamed(cl, messages=msgs, tools=TOOLS, **greedy)
 
 
 def check_same(cl, greedy, msgs, what, want_calls):

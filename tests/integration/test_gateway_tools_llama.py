@@ -16,19 +16,14 @@ A second request forces a call (tool_choice naming the function) and
 checks the answer parses into tool_calls (the constraint admits Llama's
 "parameters" key), streamed or not."""
 import json
-import os
 
 import harness as H
+import tool_ref
 
 try:
     import openai
 except ImportError:
     openai = None
-try:
-    import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-except ImportError:
-    jinja2 = None
 
 TOKENS = 24
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Get the current weather in a city",
@@ -45,26 +40,12 @@ MSGS = [{"role": "system", "content": "You are a helpful assistant."},
 
 def render(bos, tools):
     """transformers' apply_chat_template(MSGS, tools=TOOLS, add_generation_prompt=True) on Llama 3.1's template."""
-    with open(os.path.join(H.SOURCE, "tests", "data", "chat_templates", "llama3.1.jinja"), encoding="utf-8") as f:
-        template = f.read()
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: json.dumps(
-        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-    msgs = []
-    for m in MSGS:
-        m = dict(m)
-        if m.get("tool_calls"):  # as vLLM passes them: the arguments parsed
-            m["tool_calls"] = [{"type": "function", "function": {"name": c["function"]["name"],
-                                                                 "arguments": json.loads(c["function"]["arguments"])}}
-                               for c in m["tool_calls"]]
-        msgs.append(m)
-    kw = {"tools": tools} if tools else {}
-    return env.from_string(template).render(messages=msgs, add_generation_prompt=True, bos_token=bos,
-                                            eos_token="<|im_end|>", **kw)
+    return tool_ref.render("llama3.1.jinja", MSGS, tools, call_ids=False, add_generation_prompt=True, bos_token=bos,
+                           eos_token="<|im_end|>")
 
 
 def run(h):
-    if openai is None or jinja2 is None:
+    if openai is None or tool_ref.jinja2 is None:
         H.skip("the openai or jinja2 package is not installed in the test venv (tests/ref/requirements.txt)")
     model = h.smollm()
     h.start_service(model, drafter="ngram", coord_extra=H.FIXED_K + ["--chat-template", "llama3.1"])

@@ -20,20 +20,15 @@ test_gateway_tools_mistral_nemo.py runs the same with --chat-template
 mistral-nemo against Mistral-Nemo-Instruct-2407's template (the same form
 without the spaces after the tags)."""
 import json
-import os
 import re
 
 import harness as H
+import tool_ref
 
 try:
     import openai
 except ImportError:
     openai = None
-try:
-    import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-except ImportError:
-    jinja2 = None
 
 TOKENS = 24
 # form -> (its template fixture, what follows [INST], [AVAILABLE_TOOLS]... and comes before an answer)
@@ -46,32 +41,12 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 
 def render(msgs, tools, bos, eos, fixture="mistral-v0.3.jinja"):
     """transformers' apply_chat_template(msgs, tools=tools) on Mistral's v3 template (or fixture)."""
-    with open(os.path.join(H.SOURCE, "tests", "data", "chat_templates", fixture), encoding="utf-8") as f:
-        template = f.read()
-
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.globals["raise_exception"] = raise_exception
-    env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: json.dumps(
-        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-    out = []
-    for m in msgs:
-        m = dict(m)
-        if m.get("tool_calls"):  # as vLLM passes them: the arguments parsed
-            m["tool_calls"] = [{"type": "function", "id": c["id"],
-                                "function": {"name": c["function"]["name"],
-                                             "arguments": json.loads(c["function"]["arguments"])}}
-                               for c in m["tool_calls"]]
-        out.append(m)
-    kw = {"tools": tools} if tools else {}
-    return env.from_string(template).render(messages=out, bos_token=bos, eos_token=eos, **kw)
+    return tool_ref.render(fixture, msgs, tools, bos_token=bos, eos_token=eos)
 
 
 def run(h, form="mistral-v3"):
     fixture, sp = FORMS[form]
-    if openai is None or jinja2 is None:
+    if openai is None or tool_ref.jinja2 is None:
         H.skip("the openai or jinja2 package is not installed in the test venv (tests/ref/requirements.txt)")
     model = h.smollm()
     h.start_service(model, drafter="ngram", coord_extra=H.FIXED_K + ["--chat-template", form])

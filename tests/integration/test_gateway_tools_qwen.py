@@ -24,19 +24,14 @@ one user turn byte for byte as the template does.
 - the round trip: the calls and two `tool` messages answering them (one
   user turn, two <tool_response> blocks), an answer and a new question."""
 import json
-import os
 
 import harness as H
+import tool_ref
 
 try:
     import openai
 except ImportError:
     openai = None
-try:
-    import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-except ImportError:
-    jinja2 = None
 
 TOKENS = 80
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}
@@ -48,22 +43,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 
 def render(msgs, tools):
     """transformers' apply_chat_template(msgs, tools=tools, add_generation_prompt=True) on Qwen 2.5's template."""
-    with open(os.path.join(H.SOURCE, "tests", "data", "chat_templates", "qwen2.5.jinja"), encoding="utf-8") as f:
-        template = f.read()
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: json.dumps(
-        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-    out = []
-    for m in msgs:
-        m = dict(m)
-        if m.get("tool_calls"):  # as vLLM passes them: the arguments parsed
-            m["tool_calls"] = [{"type": "function", "id": c["id"],
-                                "function": {"name": c["function"]["name"],
-                                             "arguments": json.loads(c["function"]["arguments"])}}
-                               for c in m["tool_calls"]]
-        out.append(m)
-    kw = {"tools": tools} if tools else {}
-    return env.from_string(template).render(messages=out, add_generation_prompt=True, **kw)
+    return tool_ref.render("qwen2.5.jinja", msgs, tools, add_generation_prompt=True)
 
 
 def history(cities, names):
@@ -80,26 +60,7 @@ def history(cities, names):
 
 def streamed(cl, req):
     """The stream reassembled: (content, [(name, arguments)], finish, argument fragments)."""
-    content, calls, finish, frags = "", {}, None, 0
-    for chunk in cl.chat.completions.create(stream=True, **req):
-        if not chunk.choices:
-            continue
-        d = chunk.choices[0].delta
-        finish = chunk.choices[0].finish_reason or finish
-        if d.content:
-            H.check(not calls, "a content delta %r after a tool_calls delta" % d.content)
-            content += d.content
-        for tc in d.tool_calls or []:
-            c = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
-            if tc.id:
-                H.check(not c["id"] and not c["arguments"] and tc.type == "function" and tc.function.name,
-                        "a second or late head %s" % tc)
-            else:
-                H.check(c["id"] and not (tc.function and tc.function.name), "a delta without a head first: %s" % tc)
-            c["id"] = tc.id or c["id"]
-            c["name"] += (tc.function and tc.function.name) or ""
-            c["arguments"] += (tc.function and tc.function.arguments) or ""
-            frags += 1 if tc.function and tc.function.arguments else 0
+    content, calls, finish, frags = tool_ref.streamed(cl, **req)
     H.check(sorted(calls) == list(range(len(calls))), "streamed call indexes %s" % sorted(calls))
     return content, [(calls[k]["name"], calls[k]["arguments"]) for k in sorted(calls)], finish, frags
 
@@ -151,7 +112,7 @@ def check_calls(cl, greedy, msgs, req_extra, what, n_calls, tags):
 
 
 def run(h):
-    if openai is None or jinja2 is None:
+    if openai is None or tool_ref.jinja2 is None:
         H.skip("the openai or jinja2 package is not installed in the test venv (tests/ref/requirements.txt)")
     model = h.smollm()
     h.start_service(model, drafter="ngram", coord_extra=H.FIXED_K + ["--chat-template", "qwen2.5"])
