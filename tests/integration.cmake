@@ -16,6 +16,15 @@ specd_py_test(it_greedy_tiny_eagle ${_it}test_greedy.py ARGS --model tiny --draf
 # the same head in its own process (specd-drafter --eagle), fed the verifier's features through the coordinator
 specd_py_test(it_greedy_tiny_eagle_drafter ${_it}test_greedy.py ARGS --model tiny --drafter eagle-drafter --n 16
               LABELS integration)
+# each architecture beyond Llama through the service, drafted by a random draft model of its own family and by
+# the n-gram drafter
+foreach(_arch qwen2 qwen3 gemma3 mistral phi3-longrope)
+  foreach(_drafter model ngram)
+    specd_py_test(it_greedy_arch_${_arch}_${_drafter} ${_it}test_greedy.py ARGS --model tiny --arch ${_arch}
+                  --drafter ${_drafter} --n 8 --tokens 16 LABELS integration)
+    set_tests_properties(it_greedy_arch_${_arch}_${_drafter} PROPERTIES RESOURCE_LOCK specd_integration)
+  endforeach()
+endforeach()
 specd_py_test(it_greedy_tiny_hf ${_it}test_greedy.py ARGS --model tiny --drafter layers --n 8 --hf LABELS integration)
 specd_py_test(it_greedy_tiny_warmup ${_it}test_greedy.py ARGS --model tiny --drafter model --n 16 --warmup 40
               LABELS integration)

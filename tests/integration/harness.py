@@ -56,6 +56,22 @@ BINARIES = {
 FIXED_K = ["--adaptive-k", "off", "--default-k", "4"]
 
 
+
+# Random target and draft of each architecture beyond Llama (specd-mkmodel
+# flags; the shapes of tests/test_model_arch.c's cases).
+TINY_ARCHS = {
+    "qwen2": ("--arch qwen2 --layers 2 --dim 64 --heads 4 --kv-heads 2 --ff 128 --tied",
+              "--arch qwen2 --layers 1 --dim 32 --heads 2 --kv-heads 1 --ff 64 --tied"),
+    "qwen3": ("--arch qwen3 --layers 2 --dim 64 --heads 4 --kv-heads 2 --head-dim 32 --ff 128",
+              "--arch qwen3 --layers 1 --dim 32 --heads 2 --kv-heads 2 --head-dim 32 --ff 64"),
+    "gemma3": ("--arch gemma3 --layers 7 --dim 64 --heads 2 --kv-heads 1 --head-dim 32 --ff 128 --window 7 --tied",
+               "--arch gemma3 --layers 1 --dim 32 --heads 2 --kv-heads 1 --head-dim 32 --ff 64 --window 7 --tied"),
+    "mistral": ("--arch mistral --layers 2 --dim 64 --heads 4 --kv-heads 2 --ff 128 --window 5",
+                "--arch mistral --layers 1 --dim 32 --heads 2 --kv-heads 2 --ff 64 --window 5"),
+    "phi3-longrope": ("--arch phi3 --layers 2 --dim 64 --heads 4 --kv-heads 2 --ff 128 --ctx 4096 --longrope 256",
+                      "--arch phi3 --layers 1 --dim 32 --heads 2 --kv-heads 2 --ff 64 --ctx 4096 --longrope 256"),
+}
+
 class TestFailure(Exception):
     pass
 
@@ -241,17 +257,19 @@ class Harness:
             skip("Gemma 3 270M is not available (run tools/fetch-model gemma3)")
         return m
 
-    def tiny_models(self, seed=1, ctx=2048):
+    def tiny_models(self, seed=1, ctx=2048, arch=None):
         """A random 2-layer target and a random 1-layer draft model with the
-        target's tokenizer."""
+        target's tokenizer; arch: one of TINY_ARCHS, both of that
+        architecture (its shapes as test_model_arch.c's)."""
         target = os.path.join(self.tmp, "target.gguf")
         draft = os.path.join(self.tmp, "draft.gguf")
-        subprocess.run([self.bin("mkmodel"), "-o", target, "--dim", "64", "--layers", "2", "--heads", "4",
-                        "--kv-heads", "2", "--ff", "128", "--vocab", "512", "--ctx", str(ctx), "--seed", str(seed)],
+        t_args, d_args = TINY_ARCHS[arch] if arch else (
+            "--dim 64 --layers 2 --heads 4 --kv-heads 2 --ff 128 --ctx %d" % ctx,
+            "--dim 32 --layers 1 --heads 2 --kv-heads 1 --ff 64")
+        subprocess.run([self.bin("mkmodel"), "-o", target, "--vocab", "512", "--seed", str(seed)] + t_args.split(),
                        check=True, capture_output=True)
-        subprocess.run([self.bin("mkmodel"), "-o", draft, "--dim", "32", "--layers", "1", "--heads", "2",
-                        "--kv-heads", "1", "--ff", "64", "--tokenizer-from", target, "--seed", str(seed + 100)],
-                       check=True, capture_output=True)
+        subprocess.run([self.bin("mkmodel"), "-o", draft, "--tokenizer-from", target, "--seed", str(seed + 100)]
+                       + d_args.split(), check=True, capture_output=True)
         return target, draft
 
     # ---- processes ----

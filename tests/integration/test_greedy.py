@@ -6,7 +6,9 @@ specd-generate gives each prompt alone.
 
 tiny: a random 2-layer target (specd-mkmodel) with a random 1-layer draft
 model sharing its tokenizer; requests ignore EOS so every one runs to
-max_tokens. smollm: SmolLM2-135M-Instruct with chat prompts, stopping at EOS
+max_tokens. --arch A: both of architecture A (qwen2, qwen3, gemma3, mistral,
+phi3-longrope: harness.TINY_ARCHS), so each family's speculative output
+through the service is checked against its plain decoding. smollm: SmolLM2-135M-Instruct with chat prompts, stopping at EOS
 as specd-generate does; gemma: the real Gemma 3 270M (gemma3 architecture,
 SentencePiece tokenizer, Gemma's chat template) the same way. The coordinator runs with K fixed at 4
 (harness.FIXED_K), and the test checks that speculation happened (drafted > 0
@@ -190,7 +192,7 @@ def check_seeded(h, c, target, prompts, tokens):
 
 def run(h, args):
     if args.model == "tiny":
-        target, draft = h.tiny_models()
+        target, draft = h.tiny_models(arch=args.arch)
         prompts = H.random_prompts(args.n, seed=7)
         chat, ignore_eos = False, True
     else:
@@ -279,6 +281,7 @@ if __name__ == "__main__":
     ap.add_argument("--model", choices=["tiny", "smollm", "gemma"], default="tiny")
     ap.add_argument("--drafter", choices=["model", "ngram", "local-ngram", "layers", "eagle", "eagle-drafter", "none"],
                     default="model")
+    ap.add_argument("--arch", choices=sorted(H.TINY_ARCHS), help="tiny: target and draft of this architecture")
     ap.add_argument("--n", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--timeout", type=float, default=600)
