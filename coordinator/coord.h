@@ -186,6 +186,8 @@ typedef struct sd_session {
     } kinds[SD_DRAFTER_KINDS];
     /* scheduling: beliefs about the workers' caches */
     int32_t v_cached;      /* tokens its verifier group holds */
+    int32_t route_hint;    /* tokens of it its group's prefix cache likely holds, taken when it was placed
+                            * (prefix_route.c): the verifier adopts them, so they split no step (sched_dispatch.c) */
     int32_t d_cached;      /* tokens its drafter holds */
     bool v_holds, d_holds; /* the worker has an entry (needs a Release) */
     bool in_verify, in_draft;

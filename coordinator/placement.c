@@ -171,6 +171,9 @@ void sd_place_pending(sd_coord *c, uint64_t now_us) {
             if (g >= 0 && !s->in_verify) {
                 s->group = g;
                 s->v_cached = 0;
+                s->route_hint = s->prompt_lp_next < s->n_prompt /* chunks that score the prompt adopt nothing */
+                                    ? 0
+                                    : sd_route_cached(c->route, g, c->workers[g].worker_id, s->tokens, s->n_tokens);
                 s->v_holds = false;
                 c->workers[g].served_requests++;
                 l.n[g]++;

@@ -35,7 +35,9 @@
  * that must be refilled (new request, CACHE_MISS, new verifier) gets the
  * whole missing prefix: in prefill_only chunks of --prefill-chunk tokens
  * while more than a chunk is missing, then a normal step (--prefill-chunk
- * is the budget of prompt tokens of a whole step: append_len); a new prompt also
+ * is the budget of prompt tokens of a whole step: append_len; the part its
+ * group's prefix cache likely holds, hinted(), does not count as missing
+ * here, so a cached history costs no step of its own); a new prompt also
  * goes to the drafter at once ("warm" draft: k = the first K; its drafts are
  * stale once the verifier commits and are dropped). Drafts are valid only
  * while the committed length equals the one they were drafted from.
@@ -194,12 +196,35 @@ static void admit(sd_coord *c) {
 
 typedef enum { CAND_NONE, CAND_PREFILL, CAND_STEP } cand_kind;
 
+/* Most tokens of a step taken on trust from hinted(), in --prefill-chunk
+ * budgets: what a wrong hint can add to the rows one step computes. */
+enum { SD_HINT_BUDGETS = 4 };
+
+/* Tokens past what s's verifier holds that its group's prefix cache likely
+ * holds: the placement's record of what was prefilled there (route_hint,
+ * prefix_route.c). The verifier adopts those blocks instead of computing
+ * them (verify_serve.c, in prefill chunks and in a normal step's append),
+ * so they do not make a prompt go in prefill-only chunks: a conversation's
+ * cached history goes in the step that computes its new turn. Trusted only
+ * for a group whose heartbeats report prefix lookups (the record knows
+ * nothing of a verifier started with --prefix-cache 0, which would compute
+ * them all), never for a sequence whose features a head drafter reads (the
+ * verifier computes those rows), and at most SD_HINT_BUDGETS budgets of it.
+ * A wrong hint (the blocks were evicted there) never changes the output:
+ * the verifier computes what it cannot adopt, in that one step. The last
+ * token is always computed. */
+static int32_t hinted(const sd_coord *c, const sd_session *s) {
+    if (s->group < 0 || c->workers[s->group].prefix_query_tokens == 0 || sd_feat_wanted(c, s)) return 0;
+    int32_t h = sd_imin(s->route_hint, s->n_tokens - 1) - s->v_cached;
+    return h > 0 ? sd_imin(h, SD_HINT_BUDGETS * c->p.prefill_chunk) : 0;
+}
+
 /* What s wants from group g now. */
 static cand_kind verify_candidate(const sd_coord *c, int32_t g, const sd_session *s) {
     if (s->state != SD_SESSION_ACTIVE || s->in_verify || s->group != g) return CAND_NONE;
     int32_t missing = s->n_tokens - s->v_cached;
     if (missing < 1) return CAND_NONE; /* cannot happen: the last token has no KV */
-    if (missing > c->p.prefill_chunk) return CAND_PREFILL;
+    if (missing - hinted(c, s) > c->p.prefill_chunk) return CAND_PREFILL;
     /* a head drafter's sequence: a step carries at most the step's feature rows */
     if (missing > 1 && sd_feat_wanted(c, s) && missing > sd_feat_step_rows(c)) return CAND_PREFILL;
     /* prompt logprobs owed: prefill scores them; a prompt-only request
@@ -237,8 +262,16 @@ static step_budget step_budget_new(const sd_coord *c) {
  * seconds of prefill while running sequences wait for their next token
  * (bench/results/http-cpu.md). A running sequence (one token to append)
  * always goes, but for the features' bound. In a normal step a prompt goes
- * whole or waits for a later step (it is never more than the chunk,
- * verify_candidate); a prefill-only step cuts its chunks to what is left.
+ * whole or waits for a later step; a prefill-only step cuts its chunks to
+ * what is left. A prompt is charged the tokens it sends, at most the whole
+ * budget: one that is over the budget only by what its group likely holds
+ * (hinted(), verify_candidate) goes alone, as the first prompt of a step,
+ * and a prefill chunk extends over that part uncharged. Not charging a
+ * hinted prompt only the rows it computes is deliberate: two computed
+ * prompts in one step each wait for both, which made cached chat turns
+ * slower (bench/results/prefix-cpu.md). So the prompt rows a step computes
+ * stay within the budget while the hints hold, and a wrong hint adds at
+ * most SD_HINT_BUDGETS budgets, in that one prompt's one step.
  * A sequence whose head drafter reads its features appends no more rows
  * than b->feat_rows has left (its accepted drafts come from what the
  * appends leave: send_verify), so each committed position's features
@@ -248,12 +281,13 @@ static int32_t append_len(const sd_coord *c, const sd_session *s, bool prefill, 
     const bool feat = sd_feat_wanted(c, s);
     if (!prefill) {
         if (feat && missing > b->feat_rows) return 0;
-        if (missing > 1 && missing > b->tokens) return 0;
-        if (missing > 1) b->tokens -= missing;
+        const int32_t charge = sd_imin(missing, c->p.prefill_chunk);
+        if (missing > 1 && charge > b->tokens) return 0;
+        if (missing > 1) b->tokens -= charge;
         if (feat) b->feat_rows -= missing;
         return missing;
     }
-    int32_t n_append = sd_imin(b->tokens, missing - 1);
+    int32_t n_append = sd_imin(b->tokens > 0 ? b->tokens + hinted(c, s) : 0, missing - 1);
     if (feat) n_append = sd_imin(n_append, b->feat_rows);
     /* Prompt logprobs: a chunk that starts where they are owed scores its
      * tokens' successors (at most SD_MAX_PROMPT_LP_ROWS, the last one
@@ -264,7 +298,7 @@ static int32_t append_len(const sd_coord *c, const sd_session *s, bool prefill, 
     else if (s->prompt_lp_next < s->n_prompt)
         n_append = sd_imin(n_append, s->prompt_lp_next - 1 - s->v_cached);
     if (n_append < 1) return 0;
-    b->tokens -= n_append;
+    b->tokens -= sd_imin(n_append, b->tokens);
     if (feat) b->feat_rows -= n_append;
     return n_append;
 }
@@ -390,7 +424,8 @@ static bool hold_for_drafts(const sd_coord *c, int32_t g, uint64_t now_us) {
         if (kind == CAND_STEP) {
             if ((n_append = append_len(c, s, false, &b)) > 0) { /* what the step would carry */
                 n_ready++;
-                ready_tokens += n_append + (drafted_now(s) ? s->k : 0);
+                /* rows computed: the hinted part is adopted */
+                ready_tokens += n_append - sd_imin(hinted(c, s), n_append - 1) + (drafted_now(s) ? s->k : 0);
             }
         } else if (kind == CAND_NONE && s->group == g && s->state == SD_SESSION_ACTIVE && !s->in_verify &&
                    missing == 1 && sd_coord_drafter_usable(c, s)) {

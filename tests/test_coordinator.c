@@ -300,10 +300,13 @@ static Specd__CoordinatorToWorker *expect_verify(harness *h, const char *ident) 
     return w;
 }
 
-static void heartbeat(harness *h, const char *ident) {
+/* A heartbeat; prefix_query: the prompt tokens its prefix cache looked up
+ * (0: a verifier without one). */
+static void heartbeat_prefix(harness *h, const char *ident, uint64_t prefix_query) {
     Specd__WorkerStats st = SPECD__WORKER_STATS__INIT;
     st.kv_blocks_total = 100;
     st.kv_blocks_free = 90;
+    st.prefix_query_tokens = prefix_query;
     Specd__Heartbeat hb = SPECD__HEARTBEAT__INIT;
     hb.stats = &st;
     Specd__WorkerToCoordinator e = SPECD__WORKER_TO_COORDINATOR__INIT;
@@ -311,6 +314,8 @@ static void heartbeat(harness *h, const char *ident) {
     e.heartbeat = &hb;
     feed_worker(h, ident, &e);
 }
+
+static void heartbeat(harness *h, const char *ident) { heartbeat_prefix(h, ident, 0); }
 
 /* ---------------------------------------------------------------- setup */
 
@@ -2622,6 +2627,105 @@ static void answer_plain(harness *h, const char *ident, Specd__CoordinatorToWork
     reply_verify(h, ident, w->verify, r);
 }
 
+/* A harness with one verifier ("v", --prefill-chunk 16) whose heartbeat
+ * reports prefix_query looked-up tokens (0: no prefix cache), after it
+ * served prompt[0..n) for a one-token request, in chunks of 16 and a last
+ * normal step: the coordinator then records the full 16-token blocks of
+ * what the group prefilled (prefix_route.c). */
+static harness *served_prompt(const int32_t *prompt, int32_t n, uint64_t prefix_query) {
+    sd_coord_params p = sd_coord_default_params();
+    p.prefill_chunk = 16;
+    harness *h = harness_new(&p);
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    heartbeat_prefix(h, "v", prefix_query);
+    submit(h, "c", prompt, (size_t)n, 1, NULL);
+    (void)expect_accepted(h, "c");
+    for (uint32_t kept = 0; kept + 16 < (uint32_t)n; kept += 16) { /* no record yet: chunks of 16 */
+        Specd__CoordinatorToWorker *w = expect_verify(h, "v");
+        assert_true(w->verify->prefill_only);
+        assert_int_equal(w->verify->seqs[0]->keep_len, kept);
+        assert_int_equal(w->verify->seqs[0]->n_append, 16);
+        vres r = {.cached_len = kept + 16};
+        reply_verify(h, "v", w->verify, &r);
+        specd__coordinator_to_worker__free_unpacked(w, NULL);
+    }
+    Specd__CoordinatorToWorker *w = expect_verify(h, "v");
+    assert_false(w->verify->prefill_only);
+    answer_plain(h, "v", w, 7); /* one token: the request ends */
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    drain(h);
+    return h;
+}
+
+/* A prompt whose start the group's prefix cache likely holds (the
+ * coordinator's record of what it prefilled there) is not cut into
+ * prefill-only chunks for that part: the verifier adopts it, so the whole
+ * prompt goes in the step that computes the rest. That prompt is charged
+ * the whole step budget, so a second new prompt waits for the next step
+ * (two computed prompts in one step each wait for both). A group that
+ * reports no prefix lookups gets budget-sized chunks as before, and a long
+ * hint is trusted at most 4 budgets a step: a wrong one (blocks evicted
+ * there) makes one step compute at most 5 budgets of prompt rows. */
+static void test_cached_prefix_costs_no_step(void **state) {
+    (void)state;
+    NEED_MODEL();
+    int32_t prompt[160], other[6];
+    for (int i = 0; i < 160; i++) prompt[i] = 10 + i;
+    for (int i = 0; i < 6; i++) other[i] = 250 + i;
+    /* 40 tokens served: 32 recorded; then 40 + 4 and a new 6-token prompt */
+    harness *h = served_prompt(prompt, 40, 40);
+    submit(h, "c", prompt, 44, 1, NULL);
+    (void)expect_accepted(h, "c");
+    submit(h, "c", other, 6, 1, NULL);
+    (void)expect_accepted(h, "c");
+    Specd__CoordinatorToWorker *w = expect_verify(h, "v");
+    assert_false(w->verify->prefill_only); /* was: prefill chunks of 16, 16, then 12 */
+    assert_int_equal(w->verify->n_seqs, 1);
+    assert_int_equal(w->verify->seqs[0]->keep_len, 0);
+    assert_int_equal(w->verify->seqs[0]->n_append, 44);
+    answer_plain(h, "v", w, 7);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    while ((w = pop_worker(h, "v")) && w->body_case != SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY)
+        specd__coordinator_to_worker__free_unpacked(w, NULL); /* the first one's Release */
+    assert_non_null(w); /* the other prompt: its own step */
+    assert_false(w->verify->prefill_only);
+    assert_int_equal(w->verify->n_seqs, 1);
+    assert_int_equal(w->verify->seqs[0]->n_append, 6);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    harness_free(h);
+
+    /* no prefix lookups reported: the record is not trusted */
+    h = served_prompt(prompt, 40, 0);
+    submit(h, "c", prompt, 44, 1, NULL);
+    (void)expect_accepted(h, "c");
+    w = expect_verify(h, "v");
+    assert_true(w->verify->prefill_only);
+    assert_int_equal(w->verify->seqs[0]->n_append, 16);
+    specd__coordinator_to_worker__free_unpacked(w, NULL);
+    harness_free(h);
+
+    /* 120 served: 112 recorded, 64 of them (4 budgets) trusted a step; the
+     * 160-token prompt goes as prefill chunks of 16 computed + what is
+     * trusted (80, 16 + 32 = 48), then 16 and the last 16 */
+    h = served_prompt(prompt, 120, 120);
+    submit(h, "c", prompt, 160, 1, NULL);
+    (void)expect_accepted(h, "c");
+    const uint32_t want[] = {80, 48, 16, 16};
+    uint32_t kept = 0;
+    for (size_t step = 0; step < 4; step++) {
+        w = expect_verify(h, "v");
+        assert_int_equal(w->verify->prefill_only, step < 3);
+        assert_int_equal(w->verify->seqs[0]->keep_len, kept);
+        assert_int_equal(w->verify->seqs[0]->n_append, want[step]);
+        assert_true(w->verify->seqs[0]->n_append <= 5 * 16); /* a wrong hint's worst step */
+        kept += want[step];
+        vres r = {.cached_len = kept};
+        if (step < 3) reply_verify(h, "v", w->verify, &r);
+        specd__coordinator_to_worker__free_unpacked(w, NULL);
+    }
+    harness_free(h);
+}
+
 /* Placement: a request goes to the group where it waits least by that
  * group's measured step cost (the faster group takes more, the slower one
  * some); it stays there while the group lives (affinity: its next steps
@@ -3591,6 +3695,7 @@ int main(void) {
         cmocka_unit_test(test_chunked_prefill_and_queue),
         cmocka_unit_test(test_feature_rows_bound_steps),
         cmocka_unit_test(test_step_prompt_budget),
+        cmocka_unit_test(test_cached_prefix_costs_no_step),
         cmocka_unit_test(test_draft_prompt_budget),
         cmocka_unit_test(test_bad_submits),
         cmocka_unit_test(test_slow_drafter_backs_off),
