@@ -61,16 +61,28 @@ def jobs():
     return js
 
 
+CHUNK = 32  # --prefill-chunk of the plain drafters' services: the prompts take several
+
+
 def serve_all(h, target, draft, drafter, cache, head=None):
     """Every job, one after another; with head, the verifier drafts with it
     (at -v: its chains in the log) and K is fixed, so that the steps, and
-    the chains they draft, do not depend on timing."""
+    the chains they draft, do not depend on timing. Without head the
+    coordinator's step budget is CHUNK tokens (at -v: its steps in the log),
+    so a prompt goes in prefill chunks unless the coordinator expects the
+    verifier to adopt its start (sched_dispatch.c: hinted), and a cached
+    prompt's adopted rows then come in a normal step: checked below."""
     extra = () if cache else ("--prefix-cache", "0")
     ver_extra = extra + (("--eagle", head, "-v") if head else ())
-    _, ver, _ = h.start_service(target, drafter=None if head else drafter, draft=draft, verifier_extra=ver_extra,
-                                drafter_extra=extra, coord_extra=H.FIXED_K if head else ())
+    coord_extra = H.FIXED_K if head else ("--prefill-chunk", str(CHUNK), "-v")
+    coord, ver, _ = h.start_service(target, drafter=None if head else drafter, draft=draft, verifier_extra=ver_extra,
+                                    drafter_extra=extra, coord_extra=coord_extra)
     c = h.client()
-    res = [c.run([j], timeout=300)[0] for j in jobs()]  # one after another: earlier ones are cached
+    res = []
+    for i, j in enumerate(jobs()):  # one after another: earlier ones are cached
+        res.append(c.run([j], timeout=300)[0])
+        if i == 0 and cache and not head:  # the coordinator trusts its record once heartbeats report lookups
+            H.wait_until(lambda: looked_up(c) > 0, 10, "the verifier's heartbeat to report prefix lookups")
     for i, r in enumerate(res):
         H.check(not r["error"] and len(r["ids"]) == TOKENS, "request %d: %s" % (i, r["error"] or r["ids"]))
 
@@ -89,7 +101,21 @@ def serve_all(h, target, draft, drafter, cache, head=None):
     if head:
         with open(ver.logpath, errors="replace") as f:
             return res, n_hit, chain_lines(f.readlines())
+    with open(coord.logpath, errors="replace") as f:
+        big = longest_normal_step(f.readlines())
+    # a normal step carries at most CHUNK prompt tokens and drafts (SD_MAX_K
+    # 32) unless it carries a prompt whose cached start is not charged
+    H.check(big > CHUNK + 32 if cache else big <= CHUNK + 32,
+            "drafter %s, cache %s: the longest normal verify step carried %d tokens" % (drafter, cache, big))
     return res, n_hit
+
+
+def longest_normal_step(lines):
+    """The most tokens a normal (not prefill-only) verify step carried, from
+    the coordinator's -v lines."""
+    import re
+    steps = [re.search(r"verify step \d+: \d+ seqs, (\d+) tokens(.*)", ln) for ln in lines]
+    return max([int(m.group(1)) for m in steps if m and "prefill only" not in m.group(2)] + [0])
 
 
 def serve_tp(h, target, cache, tp, head=None):
@@ -172,6 +198,11 @@ def eagle(h, target, head=None, tp=1):
     H.log("EAGLE head: %d requests equal with and without the cache (%d prompt tokens hit), the same %d chains "
           "drafted (%d tokens, %d accepted)" % (len(warm), warm_hits, len(warm_chains), drafted,
                                                 sum(a for _, a in counts(warm))))
+
+
+def looked_up(c):
+    st = c.stats(timeout=1.0) or {}
+    return sum(int((w.get("stats") or {}).get("prefix_query_tokens", 0)) for w in st.get("workers", []))
 
 
 def hit_tokens(c):
