@@ -5,7 +5,8 @@
  * output is a sentence of the constraint (or a prefix of one at the token
  * limit). With the demo model (SPECD_MODEL), forced drafts guessed at JSON's
  * optional whitespace: drafted and accepted where the forced bytes are
- * none (the old rule drafted nothing there), the output unchanged. */
+ * none (the old rule drafted nothing there), the output unchanged; and
+ * the drafts stop after the encoder's piece of a word the model split. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -374,6 +375,68 @@ static void test_spacing_guess_demo(void **state) {
     sd_model_free(&m);
 }
 
+/* Forced drafts stop after a word the model split its own way: with the
+ * demo tokenizer, after `{"c` (the model wrote `c` alone) the forced
+ * `ontinent":` is drafted as the encoder's first token only (the model
+ * goes on `ont` `in` `en` `t`, not as the encoder), while after `{"` the
+ * whole key and more are drafted. Every draft is allowed in turn. */
+static void test_split_word_stops(void **state) {
+    (void)state;
+    const char *path = getenv("SPECD_MODEL");
+    if (!path || !*path) skip();
+    sd_gguf *g = NULL;
+    sd_tok *tok = NULL;
+    sd_cvocab *v = NULL;
+    char err[256];
+    assert_int_equal(sd_gguf_open(path, &g, err, sizeof err), SD_OK);
+    assert_int_equal(sd_tok_from_gguf(g, &tok), SD_OK);
+    sd_gguf_close(&g);
+    assert_int_equal(sd_cvocab_create(tok, &v), SD_OK);
+    const char *schema = "{\"type\":\"object\",\"properties\":{\"continent\":{\"type\":\"integer\"}},"
+                         "\"required\":[\"continent\"],\"additionalProperties\":false}";
+    sd_grammar *gr = NULL;
+    sd_constraint *c = NULL;
+    assert_int_equal(sd_grammar_from_json_schema(schema, strlen(schema), NULL, &gr, err, sizeof err), SD_OK);
+    assert_int_equal(sd_constraint_create(gr, v, &c), SD_OK);
+    const char *pieces[3] = {"{", "\"", "c"};
+    int32_t drafts[SD_MAX_K], nd_start = 0;
+    for (int i = 0; i < 3; i++) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        assert_int_equal(sd_tok_encode(tok, pieces[i], strlen(pieces[i]), false, &ids, &n), SD_OK);
+        assert_int_equal(n, 1);
+        assert_int_equal(sd_constraint_advance(c, ids[0]), SD_OK);
+        free(ids);
+        if (i == 1) { /* at the key's start: the key and past it */
+            int32_t base = sd_constraint_len(c);
+            nd_start = sd_constraint_forced_tokens(c, tok, SD_MAX_K, drafts);
+            assert_int_equal(sd_constraint_len(c), base);
+        }
+    }
+    assert_true(nd_start >= 2);
+    char fb[32];
+    size_t n_fb = sd_constraint_forced_bytes(c, fb, sizeof fb);
+    assert_true(n_fb >= 9 && memcmp(fb, "ontinent\"", 9) == 0);
+    int32_t *enc = NULL;
+    size_t n_enc = 0;
+    assert_int_equal(sd_tok_encode(tok, fb, n_fb, false, &enc, &n_enc), SD_OK);
+    size_t l0 = 0;
+    sd_tok_piece(tok, enc[0], &l0);
+    assert_true(n_enc >= 3 && l0 >= 2); /* the encoder's first token is a multi-byte piece of the word */
+    int32_t base = sd_constraint_len(c);
+    int32_t nd = sd_constraint_forced_tokens(c, tok, SD_MAX_K, drafts);
+    assert_int_equal(sd_constraint_len(c), base);
+    print_message("after `{\"`: %d drafts; after `{\"c`: %d\n", (int)nd_start, (int)nd);
+    assert_int_equal(nd, 1);
+    assert_int_equal(drafts[0], enc[0]);
+    assert_int_equal(sd_constraint_advance(c, drafts[0]), SD_OK);
+    free(enc);
+    sd_constraint_free(&c);
+    sd_grammar_free(&gr);
+    sd_cvocab_free(&v);
+    sd_tok_free(&tok);
+}
+
 int main(void) {
     sd_log_set(NULL, NULL, getenv("SPECD_TEST_LOG") ? SD_LOG_DEBUG : SD_LOG_OFF, "test_constrain_spec");
     const struct CMUnitTest tests[] = {
@@ -381,6 +444,7 @@ int main(void) {
         cmocka_unit_test(test_regex_spec_equals_plain),
         cmocka_unit_test(test_spacing_guess_tokens),
         cmocka_unit_test(test_spacing_guess_demo),
+        cmocka_unit_test(test_split_word_stops),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -261,6 +261,35 @@ static size_t piece_len(const sd_tok *tok, int32_t id) {
     return l;
 }
 
+static bool is_letter(char ch) { return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z'); }
+
+/* True when id, an encoder token, would be drafted inside a word the model
+ * has started splitting its own way (split: the output before this call's
+ * drafts ends in a letter, and the drafts have not left that word yet): id
+ * starts with a letter, is longer than a byte, and neither the output nor
+ * the drafts hold it (g->lo on). SmolLM2 spelled forced keys `c` `ont`
+ * `in` `en` `t`, `m` `illi` `on` `s`, `ac` `t` `iv` `e` where the encoder
+ * writes `continent`, `millions`, `active`: such a draft is mostly
+ * rejected, with every draft after it, so the chain stops after it. */
+static bool splits_word(sd_constraint *c, const guess_ctx *g, const sd_tok *tok, int32_t id, bool split) {
+    size_t l = 0;
+    const char *p = sd_tok_piece(tok, id, &l);
+    if (!split || l < 2 || !is_letter(p[0])) return false;
+    const int32_t *toks = sd_constraint_tokens(c);
+    for (int32_t j = g->lo, n = sd_constraint_len(c); j < n; j++)
+        if (toks[j] == id) return false;
+    return true;
+}
+
+/* Whether the drafts are still inside the word the output ended in: split
+ * until a drafted piece holds a byte other than a letter. */
+static bool still_split(bool split, const sd_tok *tok, int32_t id) {
+    size_t l = 0;
+    const char *p = sd_tok_piece(tok, id, &l);
+    for (size_t i = 0; split && i < l; i++) split = is_letter(p[i]);
+    return split;
+}
+
 /* Advances c past id and appends it to the drafts. */
 static bool draft_push(sd_constraint *c, guess_ctx *g, const sd_tok *tok, int32_t id, int32_t *ids, int32_t *nf) {
     if (sd_constraint_advance(c, id) != SD_OK) return false;
@@ -273,6 +302,7 @@ int32_t sd_constraint_forced_tokens(sd_constraint *c, const sd_tok *tok, int32_t
     int32_t base = sd_constraint_len(c), nf = 0;
     guess_ctx g;
     bool ok = guess_init(&g, c, tok);
+    bool split = ok && g.len && is_letter(g.bytes[g.len - 1]); /* the output ends inside a word */
     while (ok && nf < k && !sd_constraint_ended(c)) {
         char bytes[256];
         size_t n = sd_constraint_forced_bytes(c, bytes, sizeof bytes);
@@ -291,13 +321,19 @@ int32_t sd_constraint_forced_tokens(sd_constraint *c, const sd_tok *tok, int32_t
         if (t >= 0 && (n_enc < 2 || piece_len(tok, t) >= piece_len(tok, enc[0]))) {
             free(enc);
             ok = draft_push(c, &g, tok, t, ids, &nf);
+            split = still_split(split, tok, t);
             continue;
         }
         /* the encoder's tokens, all but the last (it ends where the forced
          * bytes do, and the model usually writes a longer token there) */
-        for (size_t i = 0; ok && nf < k && i + 1 < n_enc; i++) ok = draft_push(c, &g, tok, enc[i], ids, &nf);
+        bool stop = false;
+        for (size_t i = 0; ok && !stop && nf < k && i + 1 < n_enc; i++) {
+            stop = splits_word(c, &g, tok, enc[i], split);
+            ok = draft_push(c, &g, tok, enc[i], ids, &nf);
+            split = still_split(split, tok, enc[i]);
+        }
         free(enc);
-        if (nf == before) break;
+        if (nf == before || stop) break;
     }
     guess_free(&g);
     return sd_constraint_rollback(c, base) == SD_OK ? nf : 0;

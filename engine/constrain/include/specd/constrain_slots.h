@@ -57,8 +57,12 @@ sd_grammar_cache_stats sd_con_slots_cache_stats(const sd_con_slots *c);
  * forced bytes no earlier token covers are drafted as tok encodes them,
  * the last token of that encoding left out (it ends where the forced bytes
  * do, and the model usually writes a longer token there: `":` where `"` is
- * forced). c is left as it was. Returns how many (0 on any failure: forced
- * drafts are an optimisation). */
+ * forced). Inside a word the model has split its own way (the bytes so
+ * far end in a letter), an encoder token of more than one byte that the
+ * output does not hold ends the drafts (the model mostly spells on in
+ * other pieces, and a rejected draft costs every row after it). c is left
+ * as it was. Returns how many (0 on any failure: forced drafts are an
+ * optimisation). */
 int32_t sd_constraint_forced_tokens(sd_constraint *c, const sd_tok *tok, int32_t k, int32_t *ids);
 
 #ifdef __cplusplus
