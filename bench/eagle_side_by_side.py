@@ -20,7 +20,7 @@ generation), in one run and in turn:
     of another (the same hidden states up to the quantization's rounding);
   - llama.cpp plain: llama-lookup --spec-draft-n-max 0 (its lookup loop
     drafting nothing: one target token a step);
-  - llama.cpp draft model: llama-speculative-simple -md DRAFT
+  - llama.cpp draft model: llama-speculative-simple --spec-type draft-simple -md DRAFT
     --spec-draft-n-max --llama-draft-max (default 3, its own default; the
     draft on the same threads, -td);
   - llama.cpp lookup: llama-lookup --spec-draft-n-max --lookup-max (n-grams
@@ -127,7 +127,8 @@ def run_method(a, m, target, prompt, rendered):
         return run_llama(a, [a.lookup_bin] + llama_common(a, target, rendered) +
                          ["--spec-draft-n-max", str(a.lookup_max)])
     return run_llama(a, [a.spec_bin] + llama_common(a, target, rendered) +
-                     ["-md", a.draft, "-td", str(a.threads), "-tbd", str(a.threads), "--spec-draft-n-max",
+                     ["--spec-type", "draft-simple", "-md", a.draft, "-td", str(a.threads), "-tbd", str(a.threads),
+                      "--spec-draft-n-max",
                       str(a.llama_draft_max)])
 
 
