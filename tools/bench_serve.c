@@ -46,7 +46,10 @@
  * --coordinator (keyed with --curve-secret/--curve-server: CurveZMQ) and
  * the one at ADDR (plaintext), both speculative, in the same ABBA pairs;
  * the ratio columns are then CURVE / plaintext and the cost-model column is
- * empty. Start both with the same model and flags.
+ * empty. Start both with the same model and flags. Keys are optional:
+ * with --labels A,B the two are any two services (e.g. an EAGLE head's
+ * and a --no-draft one on the same target: bench/eagle_serve.py), named
+ * A and B in the table, the ratio A / B.
  * --json-schema FILE sends every request under that JSON Schema
  * (SubmitRequest.constraint: structured output, issue 35), e.g. with
  * --modes ngram,target to measure what constrained drafting buys.
@@ -271,7 +274,9 @@ static void usage(FILE *f) {
                "                      that drafter kind pinned); the notes list each prompt's drafter kind\n"
                "  --versus ADDR       compare the service at --coordinator (keyed) with a plaintext one at ADDR\n"
                "                      (same model and flags) instead of speculative with target-only; both\n"
-               "                      speculative, rounds alternating between the two\n");
+               "                      speculative, rounds alternating between the two\n"
+               "  --labels A,B        with --versus: the two services' names in the table (default\n"
+               "                      'speculative, CurveZMQ' and 'speculative, plaintext')\n");
 }
 
 /* One concurrency's spec / target comparison (the first row's columns). */
@@ -324,6 +329,7 @@ typedef struct serve_opts {
     sd_client_link_opts link; /* --coordinator and its keys (client_opts.h) */
     const char *prompts_path, *out_path;
     const char *versus; /* a second (plaintext) service to compare with */
+    char labels[2][48]; /* --labels: the two services' names with --versus ("" = the default) */
     int mode[2];        /* --modes: indices into serve_mode_names */
     char conc_list[128];
     int tokens, rounds, warmup;
@@ -363,6 +369,18 @@ static bool parse_modes(const char *arg, int mode[2]) {
     return mode[0] != mode[1];
 }
 
+/* "A,B" into two service names; false when either is empty or too long. */
+static bool parse_labels(const char *arg, char labels[2][48]) {
+    const char *comma = strchr(arg, ',');
+    if (!comma) return false;
+    size_t n0 = (size_t)(comma - arg), n1 = strlen(comma + 1);
+    if (n0 == 0 || n1 == 0 || n0 >= sizeof labels[0] || n1 >= sizeof labels[1]) return false;
+    memcpy(labels[0], arg, n0);
+    labels[0][n0] = '\0';
+    memcpy(labels[1], comma + 1, n1 + 1);
+    return true;
+}
+
 /* The text of a --json-schema file (caller frees), NULL (said) when it
  * cannot be read or is over SD_MAX_CONSTRAINT_BYTES. */
 static char *read_schema(const char *path) {
@@ -399,6 +417,7 @@ static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
                                           {"max-other-load", required_argument, 0, 'X'},
                                           {"versus", required_argument, 0, 'V'},
                                           {"modes", required_argument, 0, 'M'},
+                                          {"labels", required_argument, 0, 'L'},
                                           {"eos", no_argument, 0, 'E'},
                                           {"json-schema", required_argument, 0, 'J'},
                                           {"help", no_argument, 0, 'h'},
@@ -425,6 +444,15 @@ static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
                 return 2;
             }
             break;
+        case 'L':
+            if (!parse_labels(optarg, o->labels)) {
+                fprintf(stderr,
+                        "specd-bench serve: --labels takes two non-empty names, A,B, each under 48 bytes, "
+                        "not '%s'\n",
+                        optarg);
+                return 2;
+            }
+            break;
         case 'E': o->eos = true; break;
         case 'J':
             free(o->schema);
@@ -436,6 +464,10 @@ static int parse_serve_opts(int argc, char **argv, serve_opts *o) {
             usage(stderr);
             return 2;
         }
+    }
+    if (o->labels[0][0] && !o->versus) {
+        fprintf(stderr, "specd-bench serve: --labels names the two services of --versus\n");
+        return 2;
     }
     if (o->versus && (o->mode[0] != 0 || o->mode[1] != 1)) {
         fprintf(stderr, "specd-bench serve: --versus compares two services, --modes two modes of one: not both\n");
@@ -670,17 +702,25 @@ int bench_serve_main(int argc, char **argv) {
     sd_curve_id curve;
     memset(&curve, 0, sizeof curve);
     if (!connect_services(&o, &curve, &c, &cv)) goto done;
-    char ratio_name[80];
-    snprintf(ratio_name, sizeof ratio_name, "%s / %s", serve_mode_names[o.mode[0]].name,
-             serve_mode_names[o.mode[1]].name);
-    const bool modes_given = o.mode[0] != 0 || o.mode[1] != 1;
+    char ratio_name[104];
+    const bool modes_given = o.mode[0] != 0 || o.mode[1] != 1, labelled = o.labels[0][0] != '\0';
+    if (labelled)
+        snprintf(ratio_name, sizeof ratio_name, "%s / %s", o.labels[0], o.labels[1]);
+    else
+        snprintf(ratio_name, sizeof ratio_name, "%s / %s", serve_mode_names[o.mode[0]].name,
+                 serve_mode_names[o.mode[1]].name);
     const serve_modes md = {
         .client = {c, cv ? cv : c},
         .draft = {cv ? 0 : serve_mode_names[o.mode[0]].max_k, cv ? 0 : serve_mode_names[o.mode[1]].max_k},
         .kind = {cv ? 0 : serve_mode_names[o.mode[0]].kind, cv ? 0 : serve_mode_names[o.mode[1]].kind},
-        .label = {cv ? "speculative, CurveZMQ" : serve_mode_names[o.mode[0]].label,
-                  cv ? "speculative, plaintext" : serve_mode_names[o.mode[1]].label},
-        .ratio_name = cv            ? "CURVE / plaintext"
+        .label = {labelled ? o.labels[0]
+                  : cv     ? "speculative, CurveZMQ"
+                           : serve_mode_names[o.mode[0]].label,
+                  labelled ? o.labels[1]
+                  : cv     ? "speculative, plaintext"
+                           : serve_mode_names[o.mode[1]].label},
+        .ratio_name = labelled      ? ratio_name
+                      : cv          ? "CURVE / plaintext"
                       : modes_given ? ratio_name
                                     : "spec / target",
         .versus = cv != NULL,
