@@ -3,11 +3,16 @@
 - Hyg: the CPU time other processes used around one measured run, in cores
   (/proc/stat busy time minus this process's own and its reaped children's),
   the same measure specd-bench takes (tools/bench_hygiene.c).
+- launch / stop: a `specd-launch` service (no gateway) started in its own
+  session, its "ready ADDR" line awaited; stopped as a process group.
 - pin: keeps this process, the peer library it runs in-process, and every
   child it starts to one CPU set, so specd and its peer are placed the same
   way (neither pins a thread to a single core).
 """
 import os
+import signal
+import subprocess
+import sys
 import time
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -68,3 +73,33 @@ def cpu_name():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return "unknown CPU"
+
+
+def launch(bindir, model, extra, logpath):
+    """Starts BINDIR/deploy/specd-launch on MODEL with EXTRA flags (stderr to
+    LOGPATH); returns (process, coordinator address) once it prints ready."""
+    log = open(logpath, "w")
+    cmd = [os.path.join(bindir, "deploy", "specd-launch"), "--target", model, "--no-gateway",
+           "--ready-timeout", "300"] + extra
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
+    t0 = time.monotonic()
+    while True:
+        line = p.stdout.readline()
+        if line.startswith("ready "):
+            return p, line.split()[1]
+        if not line or time.monotonic() - t0 > 300:
+            stop(p)
+            sys.exit("specd-launch %s did not get ready; see %s" % (" ".join(extra), logpath))
+
+
+def stop(p):
+    """SIGTERM to the service's process group; SIGKILL after 120 s."""
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        p.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()

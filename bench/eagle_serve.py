@@ -45,7 +45,6 @@ ratios within a pair are what this measures."""
 import argparse
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -54,37 +53,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from bench_common import cpu_name  # noqa: E402
+from bench_common import cpu_name, launch, stop  # noqa: E402
 
 TARGET_RATIO = 0.95
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def launch(bindir, model, extra, logpath):
-    log = open(logpath, "w")
-    cmd = [os.path.join(bindir, "deploy", "specd-launch"), "--target", model, "--no-gateway",
-           "--ready-timeout", "300"] + extra
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
-    t0 = time.monotonic()
-    while True:
-        line = p.stdout.readline()
-        if line.startswith("ready "):
-            return p, line.split()[1]
-        if not line or time.monotonic() - t0 > 300:
-            stop(p)
-            sys.exit("eagle_serve: specd-launch %s did not get ready; see %s" % (" ".join(extra), logpath))
-
-
-def stop(p):
-    try:
-        os.killpg(p.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        p.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
 
 
 def tree_cpu(root):

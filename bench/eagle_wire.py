@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,30 +30,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-
-
-def launch(bindir, model, extra, logpath):
-    log = open(logpath, "w")
-    p = subprocess.Popen([os.path.join(bindir, "deploy", "specd-launch"), "--target", model, "--no-gateway",
-                          "--ready-timeout", "300"] + extra, stdout=subprocess.PIPE, stderr=log, text=True,
-                         start_new_session=True)
-    t0 = time.monotonic()
-    while True:
-        line = p.stdout.readline()
-        if line.startswith("ready "):
-            return p, line.split()[1]
-        if not line or time.monotonic() - t0 > 300:
-            p.kill()
-            sys.exit("specd-launch %s did not get ready; see %s" % (" ".join(extra), logpath))
-
-
-def stop(p):
-    os.killpg(p.pid, signal.SIGTERM)
-    try:
-        p.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
+sys.path.insert(0, HERE)
+from bench_common import launch, stop  # noqa: E402
 
 
 def serve(bindir, addr, prompts, tokens):
