@@ -541,6 +541,9 @@ int32_t sd_k_want(const sd_coord *c, const sd_session *s);
 void sd_k_update_gate(sd_coord *c);
 /* 1 when the sequence should be shadow-drafted now, else 0. */
 int32_t sd_k_shadow(const sd_coord *c, const sd_session *s);
+/* What a verifier's head drafts for s's next step (VerifySeq.next_k), in a
+ * step carrying k drafts, within room: 0 at K = 0 unless the next step reads it. */
+int32_t sd_k_head_next(const sd_coord *c, const sd_session *s, int32_t k, int32_t room);
 /* Folds a settled shadow draft into the acceptance estimate (tokens: what is
  * being committed at s->n_tokens onward, n of them). */
 void sd_k_shadow_settle(sd_coord *c, sd_session *s, const int32_t *tokens, int32_t n);

@@ -92,9 +92,41 @@ int32_t sd_k_shadow(const sd_coord *c, const sd_session *s) {
     if (sd_max_k(c, s) == 0) return 0;
     int32_t batch = group_batch(c, s);
     int32_t every = sd_adapt_shadow_interval(&c->cost, batch);
-    /* one phase for all: the verify steps in between send no drafts */
-    if (every > 1 && c->verify_steps % (uint64_t)every != 0) return 0;
+    /* one phase for all: the verify steps in between send no drafts. Not
+     * for a verifier's head: its shadow reads what it drafted in the step
+     * before (sd_k_head_next), which must know a step ahead that the
+     * shadow comes, and a head's cost is per sequence, not per step. */
+    if (every > 1 && !sd_head_drafts_for(c, s) && c->verify_steps % (uint64_t)every != 0) return 0;
     return s->adapt.steps_at_zero + 1 >= every ? 1 : 0;
+}
+
+/* The drafts a verifier's head makes, in a verify step carrying k drafts
+ * for s, for the step after (VerifySeq.next_k), within room. The K the
+ * policy wants; at K = 0, one only where the next step reads it: the shadow
+ * due while that step is verified (sd_k_shadow, with s->adapt as
+ * sched_results.c will leave it after this step) or a sampled request's
+ * probe. Drafting one anyway would cost every K = 0 sequence a head forward
+ * each step (~8% of a target token on the CPU) for nothing. Deterministic
+ * in the request's own history, so a sampled request's K schedule stays
+ * independent of load. A sequence whose K rises from 0 on a shadow's
+ * evidence finds no head drafts for one step. */
+int32_t sd_k_head_next(const sd_coord *c, const sd_session *s, int32_t k, int32_t room) {
+    int32_t want = sd_k_want(c, s);
+    if (want == 0 && c->p.adaptive_k && sd_max_k(c, s) > 0) {
+        sd_adapt after = s->adapt;
+        int32_t batch = group_batch(c, s);
+        if (!sd_sampling_is_greedy(&s->sampling)) {
+            after.steps_at_zero = k > 0 ? 0 : after.steps_at_zero + 1;
+            want = sd_adapt_sampled_k(&after, sd_max_k(c, s));
+        } else {
+            /* a shadow of this step, sent once it is, starts the count again */
+            bool shadow_now = k == 0 && sd_adapt_shadow_due(&s->adapt, &c->cost, batch);
+            after.steps_at_zero = k > 0 ? 0 : shadow_now ? 1 : after.steps_at_zero + 1;
+            want = sd_adapt_shadow_due(&after, &c->cost, batch) ? 1 : 0;
+        }
+    }
+    want = sd_imin(want, room);
+    return want > 0 ? want : 0;
 }
 
 /* Folds a shadow draft into the acceptance EMA once both the draft and the

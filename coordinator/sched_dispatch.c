@@ -345,12 +345,9 @@ static void send_verify(sd_coord *c, int32_t g, bool prefill, uint64_t now_us) {
         sd_pack_verify_seq(&pk, m, s, n_append, k);
         pk.seqs[m].want_features = feat;
         if (!prefill && w->drafter_kind == SPECD__DRAFTER_KIND__DRAFTER_KIND_EAGLE && sd_head_drafts_for(c, s)) {
-            /* the head drafts the next step's K now (at least one: a K = 0
-             * step's shadow draft prices it), within what the request has
-             * room for after this step's drafts and token */
-            int32_t k_want = sd_k_want(c, s), room = sd_k_cap(c, s, g) - k - 1;
-            int32_t next_k = sd_imin(k_want > 1 ? k_want : 1, room);
-            pk.seqs[m].next_k = next_k > 0 ? (uint32_t)next_k : 0;
+            /* the head drafts the next step's K now, within what the
+             * request has room for after this step's drafts and token */
+            pk.seqs[m].next_k = (uint32_t)sd_k_head_next(c, s, k, sd_k_cap(c, s, g) - k - 1);
         }
         if (prompt_lp) {
             pk.seqs[m].prompt_logprobs = true;

@@ -55,6 +55,7 @@ typedef struct harness {
     size_t n_hello_costs;
     uint32_t hello_group_id; /* Hello.group_id a verifier sends (0: let the coordinator number it) */
     Specd__DrafterKind kind; /* a drafter's Hello.drafter_kind (NGRAM when 0) */
+    bool verifier_head;      /* a verifier's Hello announces an EAGLE head (head_relay.c) */
     /* a head drafter's Hello.feature_layers / feature_width (none when 0) */
     uint32_t *feat_layers;
     size_t n_feat_layers;
@@ -200,6 +201,7 @@ static void hello(harness *h, const char *ident, Specd__Role role, uint64_t hash
     if (role == SPECD__ROLE__ROLE_DRAFTER && h->feat_width)
         he.feature_layers = h->feat_layers, he.n_feature_layers = h->n_feat_layers, he.feature_width = h->feat_width;
     if (role == SPECD__ROLE__ROLE_VERIFIER) he.group_id = h->hello_group_id;
+    if (role == SPECD__ROLE__ROLE_VERIFIER && h->verifier_head) he.drafter_kind = SPECD__DRAFTER_KIND__DRAFTER_KIND_EAGLE;
     if (role == SPECD__ROLE__ROLE_VERIFIER) he.step_costs = h->hello_costs, he.n_step_costs = h->n_hello_costs;
     Specd__WorkerToCoordinator e = SPECD__WORKER_TO_COORDINATOR__INIT;
     e.body_case = SPECD__WORKER_TO_COORDINATOR__BODY_HELLO;
@@ -256,13 +258,31 @@ typedef struct vres {
     const int32_t *top_ids;
     const float *top_lps;
     size_t n_top;
+    /* a verifier head's drafts for the next step (VerifyResult.next_draft,
+     * each proposed with probability 1), its time for them */
+    int32_t next_draft[8];
+    size_t n_next;
+    uint32_t next_us;
 } vres;
 
 /* Sends a verify response answering req with the given per-sequence results. */
 static void reply_verify(harness *h, const char *ident, const Specd__VerifyRequest *req, const vres *r) {
     Specd__VerifyResult res[16], *pres[16];
+    Specd__SparseDist q[16][8], *pq[16][8];
+    float q_prob = 1.0f;
     for (size_t i = 0; i < req->n_seqs; i++) {
         specd__verify_result__init(&res[i]);
+        for (size_t j = 0; j < r[i].n_next; j++) {
+            specd__sparse_dist__init(&q[i][j]);
+            q[i][j].ids = (int32_t *)&r[i].next_draft[j];
+            q[i][j].probs = &q_prob;
+            q[i][j].n_ids = q[i][j].n_probs = 1;
+            pq[i][j] = &q[i][j];
+        }
+        res[i].next_draft = (int32_t *)r[i].next_draft;
+        res[i].n_next_draft = res[i].n_next_q = r[i].n_next;
+        res[i].next_q = pq[i];
+        res[i].next_us = r[i].next_us;
         res[i].request_id = req->seqs[i]->request_id;
         res[i].code = r[i].code ? r[i].code : SPECD__CODE__CODE_OK;
         res[i].n_accepted = r[i].n_accepted;
@@ -1471,6 +1491,91 @@ static void test_shadow_drafts_share_a_phase(void **state) {
     print_message("%d steady steps, %d shadow draft steps\n", steady_steps, drafts_steady);
     assert_int_equal(steady_steps, 22);
     assert_true(drafts_steady >= 2 && drafts_steady <= steady_steps / 2);
+    harness_free(h);
+}
+
+/* A verifier's EAGLE head drafts the next step's tokens in each verify step
+ * (VerifySeq.next_k), which costs the verifier a head forward a sequence. At
+ * K = 0 it drafts only what the next step reads: one token for a sequence
+ * whose shadow draft comes while the next step is verified, none for the
+ * others; and every shadow its relay answers finds that token. */
+static void test_head_drafts_only_when_read(void **state) {
+    (void)state;
+    NEED_MODEL();
+    harness *h = harness_new(NULL);
+    sd_head_relays *hr = NULL;
+    assert_int_equal(sd_head_relays_new(&h->c, &hr), SD_OK);
+    /* as test_shadow_drafts_share_a_phase: a shadow every few steps */
+    h->c.cost.verify_fixed_us = 600;
+    h->c.cost.verify_token_us = 3500;
+    h->c.cost.draft_token_us = 40;
+    h->c.cost.n_draft_obs = 1;
+    h->fwd_fixed_us = 600;
+    h->fwd_token_us = 3500;
+    h->c.alpha_prior = 0.3; /* K = 0 at this cost */
+    h->verifier_head = true;
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    sd_head_relays_pump(hr, h->now); /* the head's relay registers */
+    int32_t prompt[4] = {5, 6, 7, 8};
+    uint64_t rid[3];
+    for (int i = 0; i < 3; i++) {
+        submit(h, "c", prompt, 4, 60, NULL);
+        rid[i] = expect_accepted(h, "c");
+    }
+    bool asked[3] = {false, false, false}; /* next_k 1 in the step before */
+    int requested = 0, shadows = 0, steady_steps = 0;
+    for (int step = 0; step < 30; step++) {
+        sd_head_relays_pump(hr, h->now); /* shadow drafts answered */
+        Specd__CoordinatorToWorker *vw = pop_worker(h, "v");
+        assert_non_null(vw);
+        assert_int_equal(vw->body_case, SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY);
+        const Specd__VerifyRequest *req = vw->verify;
+        bool steady = req->n_seqs == 3 && step >= 2;
+        vres r[3];
+        for (size_t i = 0; i < req->n_seqs; i++) {
+            const Specd__VerifySeq *q = req->seqs[i];
+            assert_int_equal(q->n_draft, 0);
+            int j = 0;
+            while (j < 3 && rid[j] != q->request_id) j++;
+            assert_true(j < 3);
+            sd_session *s = sd_sched_find(&h->c, rid[j]);
+            /* a shadow of this step's position: exactly where the step
+             * before asked the head for a token, and it found the token */
+            bool shadow = s->shadow_base == s->n_tokens;
+            if (steady) {
+                if (shadow != asked[j])
+                    print_message("step %d seq %d: shadow %d asked %d every %d zero %d\n", step, j, shadow, asked[j],
+                                  sd_adapt_shadow_interval(&h->c.cost, 3), s->adapt.steps_at_zero);
+                assert_int_equal(shadow, asked[j]);
+                if (shadow) assert_int_equal(s->shadow_token, 200 + step - 1);
+                shadows += shadow;
+            }
+            assert_true(q->next_k <= 1);
+            asked[j] = q->next_k == 1;
+            requested += steady && asked[j];
+            r[i] = (vres){.n_commit = 1,
+                          .commit = {40 + step},
+                          .cached_len = q->keep_len + (uint32_t)q->n_append,
+                          .next_draft = {200 + step},
+                          .n_next = q->next_k,
+                          .next_us = 40 * q->next_k};
+        }
+        steady_steps += steady;
+        reply_verify(h, "v", req, r);
+        specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    }
+    int32_t every = sd_adapt_shadow_interval(&h->c.cost, 3);
+    print_message("%d steady steps of 3 sequences, every %d: %d head drafts asked, %d shadows\n", steady_steps, every,
+                  requested, shadows);
+    assert_int_equal(steady_steps, 28);
+    assert_true(every >= 2);
+    /* shadows still come at their interval (a shadow's own step counts in
+     * it, as in one process), and the head drafted nothing else; the last
+     * step's asks have no next step */
+    assert_true(shadows >= 3 * (steady_steps / every) - 3);
+    assert_true(requested <= 3 * (steady_steps / (every - 1) + 1));
+    assert_true(requested >= shadows && requested - shadows <= 3);
+    sd_head_relays_free(&hr);
     harness_free(h);
 }
 
@@ -3680,6 +3785,7 @@ int main(void) {
         cmocka_unit_test(test_spec_counters_per_position),
         cmocka_unit_test(test_k0_steps_shadow_draft),
         cmocka_unit_test(test_shadow_drafts_share_a_phase),
+        cmocka_unit_test(test_head_drafts_only_when_read),
         cmocka_unit_test(test_next_verify_before_streaming),
         cmocka_unit_test(test_batch_gate_step_sizes),
         cmocka_unit_test(test_cost_seeded_from_hello),
