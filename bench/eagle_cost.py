@@ -14,13 +14,15 @@ and the chain) and their ratio; the best of the runs is the figure (a shared
 machine's error is preemption), and the median. --variant (repeatable) runs
 the head from other builds and --eagle-weights (q8_0 / q4_1 / stored) in the same
 rounds, interleaved prompt by prompt, each against the same plain runs
-(default: this build with its default weights). --random-head first writes a random head
+(default: this build with its default weights), with each variant's acceptance
+(accepted / drafted). --random-head first writes a random head
 of the target's shape (tests/ref/eagle_ref.py) to DIR: its cost is a
 trained head's of the same shape (its acceptance is not).
 """
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -79,7 +81,7 @@ def main():
     results = {label: [] for label, _, _ in variants}  # (target ms, head ms, ratio) per run
     for i in range(a.runs):
         plain_ms, plain_tok = 0.0, 0
-        draft = {label: [0.0, 0] for label, _, _ in variants}
+        draft = {label: [0.0, 0, 0] for label, _, _ in variants}  # ms, drafted, accepted
         for j, p in enumerate(PROMPTS):
             t = run(gen, a.model, p, a.n, a.threads, [])["timings"]
             plain_ms += t["decode_ms"]
@@ -89,17 +91,20 @@ def main():
                 s = run(vgen, a.model, p, a.n, a.threads, ["--eagle", head, "-k", str(a.k)] + extra)["spec"]
                 draft[label][0] += s["draft_ms"]
                 draft[label][1] += s["drafted"]
+                draft[label][2] += s["accepted"]
         target = plain_ms / max(plain_tok, 1)
         for label, _, _ in variants:
             per_draft = draft[label][0] / max(draft[label][1], 1)
-            results[label].append((target, per_draft, per_draft / target))
+            acc = draft[label][2] / max(draft[label][1], 1)
+            results[label].append((target, per_draft, per_draft / target, acc))
             print(f"run {i} {label}: target {target:.2f} ms/token, head {per_draft:.3f} ms/drafted token, "
-                  f"ratio {per_draft / target:.3f}")
+                  f"ratio {per_draft / target:.3f}, acceptance {acc:.3f}")
     for label, rs in results.items():
         best = min(rs, key=lambda r: r[2])
         med = sorted(r[2] for r in rs)[len(rs) // 2]
         print(f"{label}: best: target {best[0]:.2f} ms/token, head {best[1]:.3f} ms/drafted token = "
-              f"{100 * best[2]:.1f}% of a target token; median ratio {100 * med:.1f}% "
+              f"{100 * best[2]:.1f}% of a target token; median ratio {100 * med:.1f}%; acceptance "
+              f"{statistics.median(r[3] for r in rs):.3f} (median) "
               f"(K {a.k}, {a.runs} runs x {len(PROMPTS)} prompts x {a.n} tokens)")
 
 
