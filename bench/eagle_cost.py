@@ -12,7 +12,7 @@ decoding (decode_ms / decode_tokens), the head's ms per drafted token
 (draft_ms / drafted: its rows over the new target features, fc included,
 and the chain) and their ratio; the best of the runs is the figure (a shared
 machine's error is preemption), and the median. --variant (repeatable) runs
-the head from other builds and --eagle-weights (q8_0 / q4_1 / stored) in the same
+the head from other builds and --eagle-weights (q8_0 / stored) in the same
 rounds, interleaved prompt by prompt, each against the same plain runs
 (default: this build with its default weights), with each variant's acceptance
 (accepted / drafted). --random-head first writes a random head

@@ -35,8 +35,7 @@ static void usage(FILE *f) {
         "                         fed the verifier's features of the committed positions through the\n"
         "                         coordinator (3 x the target's hidden size f32 a position)\n"
         "  --eagle-weights W      the heads' matrices, in the verifiers and drafter processes alike: q8_0\n"
-        "                         (quantized at load, the default), q4_1 (quantized at load: 0.6 of the\n"
-        "                         bytes, fewer drafts accepted) or stored\n"
+        "                         (quantized at load, the default) or stored\n"
         "                         The drafter flags but --eagle may be repeated and mixed: each starts one drafter,\n"
         "                         all active at once (at most %d); each is restarted when it dies.\n"
         "  --drafters LIST        drafters as a list: ngram, model:FILE, layers:L, eagle:DIR, comma-separated\n"
@@ -201,8 +200,8 @@ static bool apply_worker_option(launch_opts *o, int opt, char *arg) {
     case OPT_EAGLE: o->eagle = arg; return true;
     case OPT_EAGLE_DRAFTER: return add_drafter(o, DRAFT_EAGLE, arg, 0);
     case OPT_EAGLE_WEIGHTS:
-        if (strcmp(arg, "q8_0") != 0 && strcmp(arg, "q4_1") != 0 && strcmp(arg, "stored") != 0) {
-            fprintf(stderr, "specd-launch: --eagle-weights must be q8_0, q4_1 or stored, got '%s'\n", arg);
+        if (strcmp(arg, "q8_0") != 0 && strcmp(arg, "stored") != 0) {
+            fprintf(stderr, "specd-launch: --eagle-weights must be q8_0 or stored, got '%s'\n", arg);
             return false;
         }
         o->eagle_weights = arg;

@@ -35,7 +35,7 @@ typedef struct launch_opts {
     bool no_draft;
     bool local_ngram; /* --local-ngram: the coordinator's own n-gram drafter */
     const char *eagle; /* --eagle DIR: an EAGLE-3 head drafting in every verifier group's leader */
-    const char *eagle_weights; /* --eagle-weights q8_0|q4_1|stored: passed to every head (NULL: their default) */
+    const char *eagle_weights; /* --eagle-weights q8_0|stored: passed to every head (NULL: their default) */
     drafter_spec drafters[MAX_DRAFTERS];
     int n_drafters;
     int tp, groups;

@@ -50,7 +50,7 @@ typedef struct drafter_opts {
     const char *model_path;
     const char *vocab_from;
     const char *eagle;              /* --eagle DIR: an EAGLE-3 head */
-    sd_eagle_weights eagle_weights; /* --eagle-weights q8_0|q4_1|stored */
+    sd_eagle_weights eagle_weights; /* --eagle-weights q8_0|stored */
     bool ngram;
     bool unconstrained; /* --unconstrained: drafts ignore requests' constraints (the verifier still masks) */
     int32_t ngram_min, ngram_max;
@@ -85,8 +85,7 @@ static void usage(FILE *f) {
             "      --eagle DIR         an EAGLE-3 draft head (Hugging Face directory) for the target --model:\n"
             "                          the verifier sends it the target's features of the committed\n"
             "                          positions through the coordinator (3 x the hidden size f32 a position)\n"
-            "      --eagle-weights W   the head's matrices: q8_0 (quantized at load, the default), q4_1 (quantized\n"
-            "                          at load: 0.6 of the bytes, fewer drafts accepted) or stored\n"
+            "      --eagle-weights W   the head's matrices: q8_0 (quantized at load, the default) or stored\n"
             "      --draft-vocab N     model drafters: draft among token ids < N only, computing only\n"
             "                          those rows of the LM head (exact at any N, at most the\n"
             "                          vocabulary's size; 0 = the whole vocabulary, the default;\n"
@@ -175,7 +174,7 @@ static int parse_args(int argc, char **argv, drafter_opts *o) {
         case O_EAGLE: o->eagle = optarg; break;
         case O_EAGLE_WEIGHTS:
             ok = sd_eagle_weights_parse(optarg, &o->eagle_weights);
-            if (!ok) fprintf(stderr, "specd-drafter: --eagle-weights must be q8_0, q4_1 or stored, got '%s'\n", optarg);
+            if (!ok) fprintf(stderr, "specd-drafter: --eagle-weights must be q8_0 or stored, got '%s'\n", optarg);
             break;
         case O_NMIN: ok = parse_int("--ngram-min", optarg, 1, 64, &o->ngram_min); break;
         case O_NMAX: ok = parse_int("--ngram-max", optarg, 1, 64, &o->ngram_max); break;

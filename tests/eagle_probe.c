@@ -1,7 +1,7 @@
 /* eagle_probe — runs an EAGLE-3 head (engine/spec/eagle_head.c) on given
  * features for tests/ref/test_eagle_head.py.
  *
- *   eagle_probe TARGET HEAD_DIR IN.safetensors OUT.safetensors N_CHAIN [q8_0|q4_1|stored]
+ *   eagle_probe TARGET HEAD_DIR IN.safetensors OUT.safetensors N_CHAIN [q8_0|stored]
  *
  * IN holds tokens I32 [n] (the token each head row reads) and aux F32
  * [n][3 Ht] (the target features of those rows). The probe loads the head
@@ -80,7 +80,7 @@ done:
 int main(int argc, char **argv) {
     sd_eagle_params p = sd_eagle_default_params();
     if ((argc != 6 && argc != 7) || (argc == 7 && !sd_eagle_weights_parse(argv[6], &p.weights))) {
-        fprintf(stderr, "usage: eagle_probe TARGET HEAD_DIR IN.safetensors OUT.safetensors N_CHAIN [q8_0|q4_1|stored]\n");
+        fprintf(stderr, "usage: eagle_probe TARGET HEAD_DIR IN.safetensors OUT.safetensors N_CHAIN [q8_0|stored]\n");
         return 2;
     }
     sd_log_set(NULL, NULL, SD_LOG_WARN, "eagle_probe");

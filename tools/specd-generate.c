@@ -70,7 +70,7 @@ typedef struct gen_opts {
     int32_t top_logprobs;             /* N */
     const char *eagle_dir, *dump_dir; /* --eagle DIR (an EAGLE-3 head drafts), --dump-features DIR (gen_features.h) */
     const char *prompt_file, *eagle_layers; /* --prompt-file F, --eagle-layers a,b,c (with --dump-features) */
-    sd_eagle_weights eagle_weights;         /* --eagle-weights q8_0|q4_1|stored */
+    sd_eagle_weights eagle_weights;         /* --eagle-weights q8_0|stored */
     sd_backend_opts backend;          /* --cpu-weights, --cuda-graphs, ... (specd/backend_opts.h) */
     /* structured output: at most one of the four */
     const char *json_schema, *regex, *grammar; /* --json-schema FILE, --regex RE, --grammar FILE */
@@ -120,8 +120,7 @@ static void usage(FILE *f) {
             "      --ngram          speculative decoding with the n-gram (prompt lookup) drafter\n"
             "      --draft-layers L speculative decoding with the target's first L layers (self-draft)\n"
             "      --eagle DIR      speculative decoding with an EAGLE-3 head (a Hugging Face directory)\n"
-            "      --eagle-weights W  the head's matrices: q8_0 (quantized at load, the default), q4_1 (quantized\n"
-            "                         at load: 0.6 of the bytes, fewer drafts accepted) or stored\n"
+            "      --eagle-weights W  the head's matrices: q8_0 (quantized at load, the default) or stored\n"
             "      --dump-features DIR  plain decoding writing tokens + hidden states to DIR/NNNNNN.safetensors\n"
             "      --eagle-layers a,b,c  layers dumped (default EAGLE-3's: outputs of 1, L/2-1, L-4)\n"
             "      --prompt-file F  with --dump-features: one prompt per line\n"

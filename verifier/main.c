@@ -51,7 +51,7 @@ typedef struct verifier_opts {
     int32_t coll_timeout_ms, group_heartbeat_ms, join_timeout_s;
     bool kv_prefault;               /* --kv-prefault */
     const char *eagle;              /* --eagle DIR: an EAGLE-3 head drafting in this process */
-    sd_eagle_weights eagle_weights; /* --eagle-weights q8_0|q4_1|stored */
+    sd_eagle_weights eagle_weights; /* --eagle-weights q8_0|stored */
     sd_backend_opts backend;        /* --cpu-weights, --cuda-graphs, ... (specd/backend_opts.h) */
 } verifier_opts;
 
@@ -84,8 +84,7 @@ static void usage(FILE *f) {
             "                          prefix cache, cached blocks keep their rows' features for the head.\n"
             "                          With --tp N it goes to the leader (rank 0) alone, which holds the\n"
             "                          whole residual stream after each layer's all-reduce\n"
-            "      --eagle-weights W   the head's matrices: q8_0 (quantized at load, the default), q4_1 (quantized\n"
-            "                          at load: 0.6 of the bytes, fewer drafts accepted) or stored\n"
+            "      --eagle-weights W   the head's matrices: q8_0 (quantized at load, the default) or stored\n"
             "      --tp N              tensor-parallel group size (default 1); it must divide the attention\n"
             "                          heads and the MLP width, and divide or be a multiple of the KV heads\n"
             "      --rank N            rank in the group (default 0: the leader, which talks to the coordinator)\n"
@@ -193,7 +192,7 @@ static bool apply_option(int c, const char *name, const char *arg, verifier_opts
     case O_EAGLE: o->eagle = arg; break;
     case O_EAGLE_WEIGHTS:
         ok = sd_eagle_weights_parse(arg, &o->eagle_weights);
-        if (!ok) fprintf(stderr, "specd-verifier: --eagle-weights must be q8_0, q4_1 or stored, got '%s'\n", arg);
+        if (!ok) fprintf(stderr, "specd-verifier: --eagle-weights must be q8_0 or stored, got '%s'\n", arg);
         break;
     case O_KV_PREFAULT: o->kv_prefault = true; break;
     case O_RANK_KEYS: o->rank_keys = arg; break;

@@ -100,7 +100,7 @@ sd_status drafter_params_check(const sd_drafter_params *in, sd_drafter_params *o
         !(p.ngram_min_p > 0.0f && p.ngram_min_p <= 1.0f) || p.ngram_cache_entries > 1 << 24 || p.n_threads < 0 ||
         p.max_seqs > 1 << 16 || p.max_ctx > 1 << 24 || p.top_n > 1 << 16 || p.draft_vocab < 0 ||
         p.prefix_cache_pct > 100 || p.eagle_weights < SD_EAGLE_WEIGHTS_DEFAULT ||
-        p.eagle_weights > SD_EAGLE_WEIGHTS_LAST) {
+        p.eagle_weights > SD_EAGLE_WEIGHTS_STORED) {
         SD_ERROR("drafter: bad parameters (max_seqs %d, max_ctx %d, top_n %d, ngram %d..%d, ngram_min_p %g, "
                  "threads %d, draft vocabulary %d, prefix cache %d%%, EAGLE weights %d)",
                  (int)p.max_seqs, (int)p.max_ctx, (int)p.top_n, (int)p.ngram_min, (int)p.ngram_max,

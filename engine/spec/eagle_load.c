@@ -3,8 +3,7 @@
  * config against the target before anything is used. Matrices are then
  * packed (pack_all): quantized to Q8_0 by default, a bit over half the
  * bytes a draft streams from an F16 head, on the CPU backend's integer dot
- * kernels; or to Q4_1 (0.6 of Q8_0's bytes, the target's kernels); or kept
- * as the file stores them (sd_eagle_params.weights);
+ * kernels; or kept as the file stores them (sd_eagle_params.weights);
  * q/k/v and gate/up stacked. Norms as f32.
  *
  * What the format means was read from SGLang's llama_eagle3.py (the
@@ -279,8 +278,6 @@ bool sd_eagle_weights_parse(const char *name, sd_eagle_weights *out) {
     if (!name || !out) return false;
     if (strcmp(name, "q8_0") == 0)
         *out = SD_EAGLE_WEIGHTS_Q8_0;
-    else if (strcmp(name, "q4_1") == 0)
-        *out = SD_EAGLE_WEIGHTS_Q4_1;
     else if (strcmp(name, "stored") == 0)
         *out = SD_EAGLE_WEIGHTS_STORED;
     else
@@ -288,19 +285,14 @@ bool sd_eagle_weights_parse(const char *name, sd_eagle_weights *out) {
     return true;
 }
 
-const char *sd_eagle_weights_name(sd_eagle_weights w) {
-    return w == SD_EAGLE_WEIGHTS_STORED ? "stored" : w == SD_EAGLE_WEIGHTS_Q4_1 ? "q4_1" : "q8_0";
-}
+const char *sd_eagle_weights_name(sd_eagle_weights w) { return w == SD_EAGLE_WEIGHTS_STORED ? "stored" : "q8_0"; }
 
-/* out = the n parts (rows[i] rows of n_in each) stacked, in one type: quant
- * (SD_DTYPE_F32: none) when n_in divides into its blocks of 32, else the
- * parts' type when they share one, else F32 (F16 / BF16 widen exactly).
- * Frees the parts. */
-static sd_status pack_matrices(eagle_mat *parts, const int64_t *rows, int n, int64_t n_in, sd_dtype quant,
-                               eagle_mat *out) {
-    const bool q = quant != SD_DTYPE_F32 && n_in % 32 == 0;
-    sd_dtype type = q ? quant : parts[0].type;
-    for (int i = 1; i < n && !q; i++)
+/* out = the n parts (rows[i] rows of n_in each) stacked, in one type: Q8_0
+ * when q8 and n_in divides into its blocks, else the parts' type when they
+ * share one, else F32 (F16 / BF16 widen exactly). Frees the parts. */
+static sd_status pack_matrices(eagle_mat *parts, const int64_t *rows, int n, int64_t n_in, bool q8, eagle_mat *out) {
+    sd_dtype type = q8 && n_in % 32 == 0 ? SD_DTYPE_Q8_0 : parts[0].type;
+    for (int i = 1; i < n && type != SD_DTYPE_Q8_0; i++)
         if (parts[i].type != type) type = SD_DTYPE_F32;
     size_t be, bb, total = 0;
     sd_dtype_block(type, &be, &bb);
@@ -338,18 +330,16 @@ static sd_status pack_matrices(eagle_mat *parts, const int64_t *rows, int n, int
 /* The matrices the forward multiplies by, from the file's (mats: fc, q, k,
  * v, o, gate, up, down, lm_head), packed for sd_eagle_params.weights. */
 static sd_status pack_all(sd_eagle_head *h, eagle_mat *mats, sd_eagle_weights how) {
-    const sd_dtype quant = how == SD_EAGLE_WEIGHTS_STORED ? SD_DTYPE_F32
-                        : how == SD_EAGLE_WEIGHTS_Q4_1 ? SD_DTYPE_Q4_1
-                                                       : SD_DTYPE_Q8_0;
+    const bool q8 = how != SD_EAGLE_WEIGHTS_STORED;
     const int64_t H = h->H, QD = (int64_t)h->n_heads * h->head_dim, KD = (int64_t)h->n_kv_heads * h->head_dim;
     const int64_t F = h->n_ff, Vd = h->draft_vocab;
     const int64_t r_fc[] = {H}, r_qkv[] = {QD, KD, KD}, r_o[] = {H}, r_gu[] = {F, F}, r_down[] = {H}, r_lm[] = {Vd};
-    SD_TRY(pack_matrices(&mats[0], r_fc, 1, 3 * (int64_t)h->Ht, quant, &h->fc));
-    SD_TRY(pack_matrices(&mats[1], r_qkv, 3, 2 * H, quant, &h->wqkv));
-    SD_TRY(pack_matrices(&mats[4], r_o, 1, QD, quant, &h->wo));
-    SD_TRY(pack_matrices(&mats[5], r_gu, 2, H, quant, &h->w_gu));
-    SD_TRY(pack_matrices(&mats[7], r_down, 1, F, quant, &h->w_down));
-    return pack_matrices(&mats[8], r_lm, 1, H, quant, &h->lm_head);
+    SD_TRY(pack_matrices(&mats[0], r_fc, 1, 3 * (int64_t)h->Ht, q8, &h->fc));
+    SD_TRY(pack_matrices(&mats[1], r_qkv, 3, 2 * H, q8, &h->wqkv));
+    SD_TRY(pack_matrices(&mats[4], r_o, 1, QD, q8, &h->wo));
+    SD_TRY(pack_matrices(&mats[5], r_gu, 2, H, q8, &h->w_gu));
+    SD_TRY(pack_matrices(&mats[7], r_down, 1, F, q8, &h->w_down));
+    return pack_matrices(&mats[8], r_lm, 1, H, q8, &h->lm_head);
 }
 
 static sd_status load_tensors(sd_eagle_head *h, const sd_safetensors *st, const char *pre, const sd_eagle_target *t,
@@ -423,7 +413,7 @@ sd_status sd_eagle_head_load(const char *dir, const sd_eagle_target *t, const sd
     *out = NULL;
     sd_eagle_params prm = p ? *p : sd_eagle_default_params();
     if (prm.max_seqs < 1 || prm.max_ctx < 2 || prm.n_threads < 0 || prm.weights < SD_EAGLE_WEIGHTS_DEFAULT ||
-        prm.weights > SD_EAGLE_WEIGHTS_LAST) {
+        prm.weights > SD_EAGLE_WEIGHTS_STORED) {
         SD_ERROR("eagle: max_seqs %d, max_ctx %d, n_threads %d, weights %d", (int)prm.max_seqs, (int)prm.max_ctx,
                  (int)prm.n_threads, (int)prm.weights);
         return SD_ERR_INVALID_ARG;

@@ -79,7 +79,7 @@ typedef struct sd_drafter_params {
                                     percent, that cached blocks no sequence holds may keep; 0 = the
                                     default (50), < 0 = no prefix cache, > 100 refused */
     int32_t eagle_weights;       /* an EAGLE-3 head's matrices (eagle.h's sd_eagle_weights): 0 = the
-                                    default (Q8_0); also Q4_1, stored */
+                                    default (Q8_0) */
 } sd_drafter_params;
 
 sd_drafter_params sd_drafter_default_params(void);

@@ -64,14 +64,9 @@ typedef enum sd_eagle_weights {
                                      about 1% of their range (tests/ref/test_eagle_head.py bounds it); drafts
                                      never change the output, only how many are accepted */
     SD_EAGLE_WEIGHTS_STORED = 2,  /* as the file stores them (F32 / F16 / BF16, read as they are) */
-    SD_EAGLE_WEIGHTS_Q4_1 = 3,    /* quantized to Q4_1 at load (blocks of 32: an f16 scale and minimum, 4 bits a
-                                     weight): 0.6 of Q8_0's bytes, the target's own CPU kernels; the outputs move
-                                     several times as far as Q8_0's (test_eagle_head.py bounds it), which costs
-                                     acceptance, never output */
 } sd_eagle_weights;
-#define SD_EAGLE_WEIGHTS_LAST SD_EAGLE_WEIGHTS_Q4_1
 
-/* "q8_0" / "q4_1" / "stored" into *out; false for any other name. */
+/* "q8_0" / "stored" into *out; false for any other name. */
 bool sd_eagle_weights_parse(const char *name, sd_eagle_weights *out);
 const char *sd_eagle_weights_name(sd_eagle_weights w);
 
