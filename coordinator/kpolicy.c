@@ -111,13 +111,13 @@ int32_t sd_k_shadow(const sd_coord *c, const sd_session *s) {
  * independent of load. A sequence whose K rises from 0 on a shadow's
  * evidence finds no head drafts for one step. */
 int32_t sd_k_head_next(const sd_coord *c, const sd_session *s, int32_t k, int32_t room) {
-    int32_t want = sd_k_want(c, s);
-    if (want == 0 && c->p.adaptive_k && sd_max_k(c, s) > 0) {
+    int32_t want = sd_k_want(c, s), cap;
+    if (want == 0 && c->p.adaptive_k && (cap = sd_max_k(c, s)) > 0) {
         sd_adapt after = s->adapt;
         int32_t batch = group_batch(c, s);
         if (!sd_sampling_is_greedy(&s->sampling)) {
             after.steps_at_zero = k > 0 ? 0 : after.steps_at_zero + 1;
-            want = sd_adapt_sampled_k(&after, sd_max_k(c, s));
+            want = sd_adapt_sampled_k(&after, cap);
         } else {
             /* a shadow of this step, sent once it is, starts the count again */
             bool shadow_now = k == 0 && sd_adapt_shadow_due(&s->adapt, &c->cost, batch);
