@@ -437,6 +437,129 @@ static void test_split_word_stops(void **state) {
     sd_tok_free(&tok);
 }
 
+/* Feeds the constraint each piece as the tokenizer encodes it alone (the
+ * output's own split of the bytes). */
+static void feed_pieces(sd_constraint *c, const sd_tok *tok, const char *const *pieces, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        int32_t *ids = NULL;
+        size_t n_ids = 0;
+        assert_int_equal(sd_tok_encode(tok, pieces[i], strlen(pieces[i]), false, &ids, &n_ids), SD_OK);
+        for (size_t j = 0; j < n_ids; j++) assert_int_equal(sd_constraint_advance(c, ids[j]), SD_OK);
+        free(ids);
+    }
+}
+
+/* The forced drafts' text after the output so far (each draft allowed in
+ * turn; c left as it was). */
+static void forced_text(sd_constraint *c, const sd_tok *tok, char *text, size_t cap, int32_t *first) {
+    int32_t drafts[SD_MAX_K], base = sd_constraint_len(c);
+    int32_t nd = sd_constraint_forced_tokens(c, tok, SD_MAX_K, drafts);
+    assert_int_equal(sd_constraint_len(c), base);
+    size_t at = 0;
+    for (int32_t i = 0; i < nd; i++) {
+        size_t l = 0;
+        const char *p = sd_tok_piece(tok, drafts[i], &l);
+        assert_true(at + l < cap);
+        memcpy(text + at, p, l);
+        at += l;
+        assert_int_equal(sd_constraint_advance(c, drafts[i]), SD_OK);
+    }
+    text[at] = '\0';
+    *first = nd ? drafts[0] : -1;
+    assert_int_equal(sd_constraint_rollback(c, base), SD_OK);
+}
+
+/* The forced drafts follow the output's own split and spacing (the demo
+ * tokenizer; SmolLM2 wrote both, bench/results/constrain-cpu.md):
+ * - a forced key the output wrote before as `s` `ku` is drafted so again,
+ *   not as the encoder's `sk` `u`, while a key that only starts as an
+ *   earlier one did (`s` `ale`, forced `sku`) keeps the encoder's;
+ * - after a number, the spacing written after an earlier number (` ` after
+ *   `1\n `) is guessed after another one (`2\n `), the digits counting as
+ *   one context;
+ * - a line is indented as the output indented lines at the same bracket
+ *   depth. */
+static void test_guess_follows_output(void **state) {
+    (void)state;
+    const char *path = getenv("SPECD_MODEL");
+    if (!path || !*path) skip();
+    sd_gguf *g = NULL;
+    sd_tok *tok = NULL;
+    sd_cvocab *v = NULL;
+    char err[256];
+    assert_int_equal(sd_gguf_open(path, &g, err, sizeof err), SD_OK);
+    assert_int_equal(sd_tok_from_gguf(g, &tok), SD_OK);
+    sd_gguf_close(&g);
+    assert_int_equal(sd_cvocab_create(tok, &v), SD_OK);
+    int32_t *s_id = NULL, *sk = NULL, *sp = NULL;
+    size_t n1 = 0, n2 = 0, n3 = 0;
+    assert_int_equal(sd_tok_encode(tok, "s", 1, false, &s_id, &n1), SD_OK);
+    assert_int_equal(sd_tok_encode(tok, "sku\":", 5, false, &sk, &n2), SD_OK);
+    assert_int_equal(sd_tok_encode(tok, " ", 1, false, &sp, &n3), SD_OK);
+    assert_true(n1 == 1 && n2 >= 2 && n3 == 1 && sk[0] != s_id[0]); /* the encoder splits `sku` otherwise */
+    const char *schema = "{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"sku\":{\"type\":"
+                         "\"integer\"},\"sale\":{\"type\":\"integer\"}},\"required\":[\"sku\",\"sale\"],"
+                         "\"additionalProperties\":false}}";
+    sd_grammar *gr = NULL;
+    sd_constraint *c = NULL;
+    assert_int_equal(sd_grammar_from_json_schema(schema, strlen(schema), NULL, &gr, err, sizeof err), SD_OK);
+    assert_int_equal(sd_constraint_create(gr, v, &c), SD_OK);
+    char text[256];
+    int32_t first = -1;
+    const char *out[] = {"[", "{\"", "s", "ku", "\": ", "1", "\n ", " ", ",\"", "sale", "\": ", "4", "}, ", "{\""};
+    feed_pieces(c, tok, out, sizeof out / sizeof *out);
+    forced_text(c, tok, text, sizeof text, &first);
+    print_message("after `{\"` (the output wrote `s` `ku` before): \"%s\"\n", text);
+    assert_int_equal(first, s_id[0]);
+    assert_true(strncmp(text, "sku\":", 5) == 0);
+    const char *more[] = {"s", "ku", "\": ", "2", "\n "};
+    feed_pieces(c, tok, more, sizeof more / sizeof *more);
+    forced_text(c, tok, text, sizeof text, &first);
+    print_message("after `2\\n ` (the output wrote `1\\n ` ` `): \"%s\"\n", text);
+    assert_int_equal(first, sp[0]);
+    sd_constraint_free(&c);
+    sd_grammar_free(&gr);
+    /* `sku` forced after another key written `s` `ale`: that `s` went on
+     * otherwise, so the encoder's split is drafted */
+    const char *schema2 = "{\"type\":\"object\",\"properties\":{\"sale\":{\"type\":\"integer\"},\"sku\":{\"type\":"
+                          "\"integer\"}},\"required\":[\"sale\",\"sku\"],\"additionalProperties\":false}";
+    assert_int_equal(sd_grammar_from_json_schema(schema2, strlen(schema2), NULL, &gr, err, sizeof err), SD_OK);
+    assert_int_equal(sd_constraint_create(gr, v, &c), SD_OK);
+    const char *out2[] = {"{\"", "s", "ale", "\": ", "1", ", \""};
+    feed_pieces(c, tok, out2, sizeof out2 / sizeof *out2);
+    forced_text(c, tok, text, sizeof text, &first);
+    print_message("after `, \"` (the output wrote `s` `ale` before): \"%s\"\n", text);
+    assert_int_equal(first, sk[0]);
+    sd_constraint_free(&c);
+    sd_grammar_free(&gr);
+    /* indentation by depth: after `},` the line is indented as the output
+     * did under `[` (depth 1), not as after the last `,` (depth 2); after
+     * `:` nothing that starts a line is guessed */
+    const char *schema3 = "{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":"
+                          "\"integer\"},\"b\":{\"type\":\"integer\"}},\"required\":[\"a\",\"b\"],"
+                          "\"additionalProperties\":false}}";
+    assert_int_equal(sd_grammar_from_json_schema(schema3, strlen(schema3), NULL, &gr, err, sizeof err), SD_OK);
+    assert_int_equal(sd_constraint_create(gr, v, &c), SD_OK);
+    const char *out3[] = {"[",   "\n   ",  " {", "\n       ", " \"", "a",     "\":", " ", "1", ",",
+                          "\n       ", " \"", "b", "\":",        " ",   "2",     "\n   ", " },"};
+    feed_pieces(c, tok, out3, sizeof out3 / sizeof *out3);
+    forced_text(c, tok, text, sizeof text, &first);
+    print_message("after ` },` (depth 1): \"%s\"\n", text);
+    assert_true(strncmp(text, "\n   ", 4) == 0 && (text[4] != ' ' || text[5] != ' ')); /* not `\n       ` */
+    const char *out4[] = {"\n   ", " {", "\n       ", " \"", "a", "\":"};
+    feed_pieces(c, tok, out4, sizeof out4 / sizeof *out4);
+    forced_text(c, tok, text, sizeof text, &first);
+    print_message("after `\"a\":`: \"%s\"\n", text);
+    assert_null(strchr(text, '\n'));
+    sd_constraint_free(&c);
+    sd_grammar_free(&gr);
+    free(s_id);
+    free(sk);
+    free(sp);
+    sd_cvocab_free(&v);
+    sd_tok_free(&tok);
+}
+
 int main(void) {
     sd_log_set(NULL, NULL, getenv("SPECD_TEST_LOG") ? SD_LOG_DEBUG : SD_LOG_OFF, "test_constrain_spec");
     const struct CMUnitTest tests[] = {
@@ -445,6 +568,7 @@ int main(void) {
         cmocka_unit_test(test_spacing_guess_tokens),
         cmocka_unit_test(test_spacing_guess_demo),
         cmocka_unit_test(test_split_word_stops),
+        cmocka_unit_test(test_guess_follows_output),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -156,14 +156,39 @@ typedef struct guess_ctx {
     char *bytes; /* the output's bytes from token lo on, then the drafts' */
     size_t len, cap;
     size_t *start; /* [n - lo] where token lo + i starts in bytes */
+    int32_t *depth; /* [n - lo] the bracket depth where token lo + i starts */
     int32_t *score;
     const int32_t *toks; /* the constraint's tokens, n of them (refetched: an advance may move them) */
     int32_t lo, n;
+    int32_t at_depth; /* the bracket depth at the bytes' end: `{` `[` less `}` `]` outside strings, from token lo */
+    bool in_str, esc; /* the bytes end inside a JSON string; after its backslash */
 } guess_ctx;
+
+/* Follows the bracket depth over bytes appended (JSON's strings skipped). */
+static void depth_scan(guess_ctx *g, const char *p, size_t l) {
+    for (size_t i = 0; i < l; i++) {
+        char ch = p[i];
+        if (g->in_str) {
+            if (g->esc)
+                g->esc = false;
+            else if (ch == '\\')
+                g->esc = true;
+            else if (ch == '"')
+                g->in_str = false;
+        } else if (ch == '"') {
+            g->in_str = true;
+        } else if (ch == '{' || ch == '[') {
+            g->at_depth++;
+        } else if (ch == '}' || ch == ']') {
+            g->at_depth--;
+        }
+    }
+}
 
 static bool bytes_add(guess_ctx *g, const sd_tok *tok, int32_t id) {
     size_t l = 0;
     const char *p = sd_tok_piece(tok, id, &l);
+    depth_scan(g, p, l);
     if (g->len + l > g->cap) {
         size_t nc = (g->cap ? g->cap : 256) * 2;
         while (nc < g->len + l) nc *= 2;
@@ -185,37 +210,69 @@ static bool guess_init(guess_ctx *g, const sd_constraint *c, const sd_tok *tok) 
     size_t m = (size_t)(g->n - g->lo) + 1;
     g->start = malloc(m * sizeof *g->start);
     g->score = malloc(m * sizeof *g->score);
-    if (!g->start || !g->score) return false;
+    g->depth = malloc(m * sizeof *g->depth);
+    if (!g->start || !g->score || !g->depth) return false;
     for (int32_t i = g->lo; i < g->n; i++) {
         g->start[i - g->lo] = g->len;
+        g->depth[i - g->lo] = g->at_depth;
         if (!bytes_add(g, tok, g->toks[i])) return false;
     }
+    g->start[g->n - g->lo] = g->len; /* where the drafts start */
     return true;
 }
 
 static void guess_free(guess_ctx *g) {
     free(g->bytes);
     free(g->start);
+    free(g->depth);
     free(g->score);
 }
 
 static bool is_space(char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r'; }
 
+static int32_t trailing_space(const guess_ctx *g) {
+    size_t w = 0;
+    while (w < g->len && w < GUESS_CTX && is_space(g->bytes[g->len - 1 - w])) w++;
+    return (int32_t)w;
+}
+
+/* Context bytes match when equal, or both digits: a number's value does
+ * not change how the model goes on after it (`1\n    ` then ` ` earlier,
+ * `2\n    ` now). */
+static bool ctx_eq(char x, char y) { return x == y || ((unsigned)(x - '0') < 10 && (unsigned)(y - '0') < 10); }
+
+/* True for whitespace that indents a new line: a newline, then a space or
+ * a tab. */
+static bool indents(const char *p, size_t l) {
+    for (size_t i = 0; i + 1 < l; i++)
+        if (p[i] == '\n' && (p[i + 1] == ' ' || p[i + 1] == '\t')) return true;
+    return false;
+}
+
 /* The earlier token whose context matches the current bytes' end longest
- * (at least min_ctx bytes; min_ctx_space for a token of whitespace only),
- * that starts as the forced bytes do (fb[n_fb])
- * and that c allows now; -1 if none. */
+ * (ctx_eq; at least min_ctx bytes, min_ctx_space for a token of
+ * whitespace only), that starts as the forced bytes do (fb[n_fb]) and that
+ * c allows now; its index in g->toks, -1 if none. A token of whitespace
+ * that indents a line is taken only from the same bracket depth (the
+ * model indents by depth: `\n   ` under `{`, `\n       ` a level deeper),
+ * and there with no context needed right after `,` `{` `[` (the first
+ * line at a depth after a `},` that the output wrote only after `[`). */
 static int32_t guess_token(guess_ctx *g, sd_constraint *c, const sd_tok *tok, int32_t min_ctx, int32_t min_ctx_space,
                            const char *fb, size_t n_fb) {
     const char *b = g->bytes;
     g->toks = sd_constraint_tokens(c); /* an advance since may have moved them */
+    char last = g->len ? b[g->len - 1] : 0;
+    bool opens = last == ',' || last == '{' || last == '['; /* a new line may start here */
     for (int32_t j = g->lo; j < g->n; j++) {
         size_t at = g->start[j - g->lo], m = 0, l = 0;
-        while (m < GUESS_CTX && m < at && b[at - 1 - m] == b[g->len - 1 - m]) m++;
+        while (m < GUESS_CTX && m < at && ctx_eq(b[at - 1 - m], b[g->len - 1 - m])) m++;
         const char *p = sd_tok_piece(tok, g->toks[j], &l);
         size_t sp = 0;
         while (sp < l && is_space(p[sp])) sp++;
-        bool fits = memcmp(p, fb, l < n_fb ? l : n_fb) == 0 && (int32_t)m >= (l && sp == l ? min_ctx_space : min_ctx);
+        bool space = l && sp == l, indent = space && indents(p, l);
+        bool fits = memcmp(p, fb, l < n_fb ? l : n_fb) == 0 &&
+                    (indent ? g->depth[j - g->lo] == g->at_depth && ((int32_t)m >= min_ctx_space || opens)
+                            : (int32_t)m >= (space ? min_ctx_space : min_ctx));
         g->score[j - g->lo] = fits ? (int32_t)m : -1;
     }
     for (int tries = 0; tries < GUESS_TRIES; tries++) {
@@ -223,7 +280,7 @@ static int32_t guess_token(guess_ctx *g, sd_constraint *c, const sd_tok *tok, in
         for (int32_t j = g->n - 1; j >= g->lo; j--)
             if (g->score[j - g->lo] >= 0 && (best < 0 || g->score[j - g->lo] > g->score[best - g->lo])) best = j;
         if (best < 0) return -1;
-        if (sd_constraint_allows(c, g->toks[best])) return g->toks[best];
+        if (sd_constraint_allows(c, g->toks[best])) return best;
         int32_t refused = g->toks[best]; /* the same token elsewhere is refused too */
         for (int32_t j = g->lo; j < g->n; j++)
             if (g->toks[j] == refused) g->score[j - g->lo] = -1;
@@ -247,12 +304,6 @@ static bool blocked_by_space(sd_constraint *c) {
             other++;
     }
     return space && other <= 1;
-}
-
-static int32_t trailing_space(const guess_ctx *g) {
-    size_t w = 0;
-    while (w < g->len && w < GUESS_CTX && is_space(g->bytes[g->len - 1 - w])) w++;
-    return (int32_t)w;
 }
 
 static size_t piece_len(const sd_tok *tok, int32_t id) {
@@ -290,6 +341,14 @@ static bool still_split(bool split, const sd_tok *tok, int32_t id) {
     return split;
 }
 
+/* How many of the forced bytes fb[n] the output wrote from earlier token
+ * j's start on (the drafts excluded). */
+static size_t wrote_before(const guess_ctx *g, int32_t j, const char *fb, size_t n) {
+    size_t at = g->start[j - g->lo], end = g->start[g->n - g->lo], m = 0;
+    while (m < n && at + m < end && g->bytes[at + m] == fb[m]) m++;
+    return m;
+}
+
 /* Advances c past id and appends it to the drafts. */
 static bool draft_push(sd_constraint *c, guess_ctx *g, const sd_tok *tok, int32_t id, int32_t *ids, int32_t *nf) {
     if (sd_constraint_advance(c, id) != SD_OK) return false;
@@ -311,14 +370,17 @@ int32_t sd_constraint_forced_tokens(sd_constraint *c, const sd_tok *tok, int32_t
          * must reach past the whitespace before to the byte that makes the
          * structural point (`{`, `,`): "more spaces after spaces" is a guess
          * the model rarely confirms */
-        int32_t t = guess_token(&g, c, tok, n ? 0 : 1, n ? 0 : trailing_space(&g) + 1, bytes, n), *enc = NULL,
-                before = nf;
+        int32_t j = guess_token(&g, c, tok, n ? 0 : 1, n ? 0 : trailing_space(&g) + 1, bytes, n), *enc = NULL,
+                before = nf, t = j >= 0 ? g.toks[j] : -1;
         size_t n_enc = 0;
         if (n && sd_tok_encode(tok, bytes, n, false, &enc, &n_enc) != SD_OK) break;
         /* forced bytes: the earlier token unless the encoder's first one
          * covers more of them (a short earlier token, `c` of another key,
-         * splits a word the model writes whole) */
-        if (t >= 0 && (n_enc < 2 || piece_len(tok, t) >= piece_len(tok, enc[0]))) {
+         * splits a word the model writes whole) and the output did not go
+         * on from that token with those bytes (it wrote them before, split
+         * its own way: `s` `ku` where the encoder has `sk` `u`) */
+        if (t >= 0 && (n_enc < 2 || piece_len(tok, t) >= piece_len(tok, enc[0]) ||
+                       wrote_before(&g, j, bytes, n) >= piece_len(tok, enc[0]))) {
             free(enc);
             ok = draft_push(c, &g, tok, t, ids, &nf);
             split = still_split(split, tok, t);
