@@ -89,6 +89,15 @@ int gen_print_json(const char *model_path, const sd_tok *tok, const char *prompt
         cJSON_AddNumberToObject(sp, "mean_k", r->mean_k);
         cJSON_AddNumberToObject(sp, "draft_ms", r->spec_stats.draft_s * 1e3);
         cJSON_AddNumberToObject(sp, "target_ms", r->spec_stats.target_s * 1e3);
+        /* per draft position: [drafted, reached, accepted] (sd_spec_stats) */
+        cJSON *pos = cJSON_AddArrayToObject(sp, "per_position");
+        for (int i = 0; pos && i < SD_MAX_K && r->spec_stats.drafted_at[i]; i++) {
+            cJSON *e = cJSON_CreateArray();
+            cJSON_AddItemToArray(e, cJSON_CreateNumber((double)r->spec_stats.drafted_at[i]));
+            cJSON_AddItemToArray(e, cJSON_CreateNumber((double)r->spec_stats.reached_at[i]));
+            cJSON_AddItemToArray(e, cJSON_CreateNumber((double)r->spec_stats.accepted_at[i]));
+            cJSON_AddItemToArray(pos, e);
+        }
         if (r->adaptive) { /* what the adaptive policy ended with (specd/spec_adapt.h) */
             cJSON *po = cJSON_AddObjectToObject(sp, "policy");
             cJSON_AddNumberToObject(po, "verify_fixed_us", r->cost.verify_fixed_us);

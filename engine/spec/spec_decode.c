@@ -225,6 +225,27 @@ static sd_status constrained_draft(sd_spec_decoder *d, const int32_t *ctx, int32
     return sd_constraint_rollback(d->constraint, base);
 }
 
+/* Per-position counts of a step that drafted n_pos positions (a chain's
+ * length, a tree's depth) and accepted the first acc. */
+static void count_positions(sd_spec_stats *st, int32_t n_pos, int32_t acc) {
+    for (int32_t i = 0; i < n_pos && i < SD_MAX_K; i++) {
+        st->drafted_at[i]++;
+        st->reached_at[i] += i <= acc;
+        st->accepted_at[i] += i < acc;
+    }
+}
+
+/* How deep a draft tree goes (its nodes' parents come before them). */
+static int32_t tree_depth(const sd_draft_tree *t) {
+    int32_t dep[SD_TREE_MAX_NODES], most = 0;
+    for (int32_t i = 0; i < t->n_nodes && i < SD_TREE_MAX_NODES; i++) {
+        int32_t p = t->parent[i];
+        dep[i] = p >= 0 && p < i ? dep[p] + 1 : 1;
+        if (dep[i] > most) most = dep[i];
+    }
+    return most;
+}
+
 /* What one step did, for the adaptive policy. */
 typedef struct step_report {
     int32_t n_drafted, n_accepted;
@@ -316,6 +337,7 @@ static sd_status decoder_step(sd_spec_decoder *d, const int32_t *ctx, int32_t n_
     d->stats.steps++;
     d->stats.drafted += nd;
     d->stats.accepted += acc;
+    count_positions(&d->stats, nd, acc);
     d->stats.committed += acc + 1;
     d->stats.draft_s += rep->draft_s;
     d->stats.target_s += rep->target_s;
@@ -631,6 +653,7 @@ sd_status sd_spec_decoder_step_tree(sd_spec_decoder *d, const int32_t *ctx, int3
     d->stats.steps++;
     d->stats.drafted += tree.n_nodes;
     d->stats.accepted += acc;
+    count_positions(&d->stats, tree_depth(&tree), acc);
     d->stats.committed += acc + 1;
     d->stats.draft_s += t1 - t0 + (t2 - f0);
     d->stats.target_s += f0 - t1;

@@ -17,6 +17,8 @@ layer outputs make the feature dump; a short training run. Checks:
     a drafting chain) from every position; tolerance 1e-4 x max |logit|
     (float32 against float64). A numpy forward with the attention input's
     halves swapped ([hidden ; embedding]) must miss it (the check can fail);
+  * the written head loads in specd's C loader (specd-generate --eagle),
+    drafts, and greedy output with it equals plain greedy;
   * a dump file with a mis-shaped tensor is refused.
 
 --demo (slow tier, train_eagle_demo): the full pipeline on the demo model,
@@ -214,6 +216,29 @@ def demo():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def check_c_loader(model, head):
+    """The written head loads in specd's C loader (specd-generate --eagle)
+    and drafts; greedy output with it equals plain greedy."""
+    gen = os.path.join(BUILD_DIR, "tools", "specd-generate")
+    if not os.access(gen, os.X_OK):
+        return [f"{gen} not built: the C loader was not checked"]
+    outs = []
+    for extra in ([], ["--eagle", head, "-k", "3"]):
+        cmd = [gen, "-m", model, "-p", "hello there", "-n", "24", "--ignore-eos", "--json", "-t", "1"] + extra
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            return [f"specd-generate {' '.join(extra)} failed: {r.stderr[-800:]}"]
+        outs.append(json.loads(r.stdout))
+    sp = outs[1].get("spec", {})
+    print(f"C loader: the head drafted {sp.get('drafted')} tokens, accepted {sp.get('accepted')}")
+    fails = []
+    if outs[0]["ids"] != outs[1]["ids"]:
+        fails.append("greedy output with the trained head differs from plain greedy")
+    if not sp.get("drafted"):
+        fails.append("the trained head loaded by specd-generate drafted nothing")
+    return fails
+
+
 def main():
     if "--demo" in sys.argv[1:]:
         return demo()
@@ -298,6 +323,8 @@ def run(mk, tmp):
         fails.append(f"JAX and numpy forwards differ by {worst:.2e} of max |logit|")
     if not worst_swap > 100 * TOL:
         fails.append("the swapped numpy forward agrees too: the comparison cannot fail")
+
+    fails += check_c_loader(model, out)
 
     # a bad dump file is refused
     bad = os.path.join(tmp, "bad")

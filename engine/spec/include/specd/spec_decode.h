@@ -34,6 +34,12 @@ typedef struct sd_spec_stats {
     int64_t committed; /* tokens committed (accepted + one per step) */
     double draft_s;    /* seconds in the drafter */
     double target_s;   /* seconds in the target forward + verification */
+    /* Per draft position i (0 = the first draft after the context; a
+     * tree's depth i + 1): steps that drafted there, steps where every
+     * draft before it was accepted (it was reached), and steps that
+     * accepted it. Acceptance at position i given the ones before:
+     * accepted_at[i] / reached_at[i]. */
+    int64_t drafted_at[SD_MAX_K], reached_at[SD_MAX_K], accepted_at[SD_MAX_K];
 } sd_spec_stats;
 
 /* A decoder for one sequence of at most max_ctx tokens over target
