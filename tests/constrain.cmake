@@ -6,11 +6,14 @@ set_tests_properties(test_constrain PROPERTIES LABELS "unit;oracle")
 
 # The oracles: regex matching against Python's re.fullmatch on random
 # patterns and strings; a schema corpus compiled and its generated outputs
-# validated with the jsonschema package (tests/ref/test_constrain_*.py).
+# validated with the jsonschema package; GBNF grammars, their matcher and
+# their generated outputs against the same grammars in Lark
+# (tests/ref/test_constrain_*.py).
 add_executable(constrain_cli ${CMAKE_CURRENT_SOURCE_DIR}/constrain_cli.c)
 target_link_libraries(constrain_cli PRIVATE specd_constrain)
 target_compile_definitions(constrain_cli PRIVATE _GNU_SOURCE)
 specd_py_test(test_constrain_regex ref/test_constrain_regex.py LABELS "oracle;model")
+specd_py_test(test_constrain_grammar ref/test_constrain_grammar.py LABELS "oracle;model")
 specd_py_test(test_constrain_schema ref/test_constrain_schema.py LABELS "oracle;model")
 add_test(NAME test_constrain_schema_full COMMAND ${SPECD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/ref/test_constrain_schema.py --full)
 set_tests_properties(test_constrain_schema_full PROPERTIES LABELS "slow;oracle;model" SKIP_RETURN_CODE 77 TIMEOUT 7200

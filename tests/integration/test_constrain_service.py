@@ -24,6 +24,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 
 import harness as H
 
@@ -119,7 +120,23 @@ def run(h):
            ({"kind": 3, "text": "(a)\\1"}, {}, "regex"),
            ({"kind": 9, "text": "x"}, {}, "kind"),
            ({"kind": 1, "text": ""}, {"ignore_eos": True}, "ignore_eos")]
-    res = c.run([dict(prompt="hi", max_tokens=4, constraint=con, **extra) for con, extra, _ in bad], timeout=120)
+    # adversarial ones, each within the 64 KiB a constraint may have: refused
+    # by the compiler's limits, in bounded time, while a valid request in
+    # the same batch is served as before
+    deep = {"type": "integer"}
+    for _ in range(100):
+        deep = {"type": "array", "items": deep}
+    bad += [({"kind": 2, "text": json.dumps(deep)}, {}, "deeper"),
+            ({"kind": 2, "text": json.dumps({"enum": ["v%d" % i for i in range(6000)]})}, {}, "'enum'"),
+            ({"kind": 3, "text": "a{5000}"}, {}, "repetition"),
+            ({"kind": 4, "text": "root ::= " + "(" * 200 + "\"a\"" + ")" * 200}, {}, "deeper")]
+    t0 = time.time()
+    res = c.run([dict(prompt="hi", max_tokens=4, constraint=con, **extra) for con, extra, _ in bad] + [jobs[0]],
+                timeout=120)
+    took = time.time() - t0
+    H.expect_equal_ids(res[-1:], refs[:1], "a valid request beside the refused ones")
+    H.check(took < 60, "refusing the constraints took %.1f s" % took)
+    res = res[:-1]
     for (con, extra, word), r in zip(bad, res):
         e = r["error"]
         H.check(e is not None and e.get("code") == 2,
