@@ -11,8 +11,9 @@ chat-formatted, the three prompts of bench/eagle_cost.py. Per
 configuration: decode tok/s (the best round and the mean), tokens per
 target step, accepted drafts per step, drafted nodes per step, the head's
 and the target's ms per step, and the speed against plain of the same
-round. A configuration is plain, chain:K (--eagle -k K) or
-tree:T,N,D (--eagle --tree-topk T --tree-nodes N -k D).
+round. A configuration is plain, chain:K (--eagle -k K), adaptive:K
+(--eagle --adaptive-k -k K: K chosen per step, at most K) or tree:T,N,D
+(--eagle --tree-topk T --tree-nodes N -k D).
 """
 import argparse
 import os
@@ -36,6 +37,8 @@ def args_of(config, head):
         return []
     if kind == "chain":
         return ["--eagle", head, "-k", rest]
+    if kind == "adaptive":
+        return ["--eagle", head, "--adaptive-k", "-k", rest]
     if kind == "tree":
         t, n, d = rest.split(",")
         return ["--eagle", head, "--tree-topk", t, "--tree-nodes", n, "-k", d]

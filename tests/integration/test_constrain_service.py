@@ -7,10 +7,16 @@ On SmolLM2 (chat prompts), coordinator + verifier + n-gram drafter, K fixed:
     GBNF grammar, all at once: each gives exactly specd-generate's tokens
     under the same constraint (--json-schema / --regex / --response-json /
     --grammar), and the JSON outputs parse and validate (jsonschema);
-  - a seeded request under a schema gives seeded specd-generate's tokens;
+  - a seeded request under a schema gives seeded specd-generate's tokens,
+    and one with top-k, top-p and min-p too;
+  - the same requests again, their prompts' blocks adopted from the prefix
+    cache (hits counted): the same tokens;
   - refusals before any work, BAD_REQUEST naming what is wrong: a schema
     keyword the engine does not handle (named), a regex with a
-    back-reference, an unknown kind, a constraint with ignore_eos;
+    back-reference, an unknown kind, a constraint with ignore_eos; and
+    adversarial constraints under 64 KiB (nesting, a huge enum, a huge
+    repetition count) refused naming the limit while a valid request in
+    the same batch is served;
   - specd-client --json-schema FILE --json gives the same tokens as the
     wire request, and --regex too; two of --json-schema / --regex exit 2;
     --jobs lines with "json_schema" / "regex" / "grammar" too (two on one
@@ -45,11 +51,11 @@ GRAMMAR = 'root ::= "The answer is " ("yes" | "no") "."\n'
 REGEX = "[0-9]{1,3}( apples| pears)"
 
 
-def reference(h, model, prompt, n, flag, value, temp=0.0, seed=0):
+def reference(h, model, prompt, n, flag, value, temp=0.0, seed=0, extra=()):
     argv = [h.bin("generate"), "-m", model, "-p", prompt, "-n", str(n), "--json", "-t", "1", "--chat"]
     argv += [flag] + ([value] if value is not None else [])
     if temp:
-        argv += ["--temp", str(temp), "--seed", str(seed)]
+        argv += ["--temp", str(temp), "--seed", str(seed)] + list(extra)
     r = subprocess.run(argv, capture_output=True, timeout=600)
     H.check(r.returncode == 0, "specd-generate %s failed (%d): %s" % (flag, r.returncode, r.stderr[-2000:]))
     return json.loads(r.stdout)
@@ -76,6 +82,11 @@ def check_json(text, schema, what):
         raise H.TestFailure("%s: json_object gave %r, not an object" % (what, text))
 
 
+def hit_tokens(c):
+    st = c.stats(timeout=1.0) or {}
+    return sum(int((w.get("stats") or {}).get("prefix_hit_tokens", 0)) for w in st.get("workers", []))
+
+
 def run(h):
     model = h.smollm()
     n = 48
@@ -91,6 +102,9 @@ def run(h):
     ]
     refs = [reference(h, model, p, n, flag, val) for p, _, _, flag, val, _ in cases]
     seeded_ref = reference(h, model, cases[0][0], n, "--json-schema", person, temp=0.8, seed=11)
+    # the filters after the mask: top-k, top-p and min-p under a constraint
+    filtered_ref = reference(h, model, cases[1][0], n, "--json-schema", city, temp=1.1, seed=5,
+                             extra=("--top-k", "40", "--top-p", "0.9", "--min-p", "0.02"))
     H.log("computed %d references" % (len(refs) + 1))
     h.start_service(model, drafter="ngram", coord_extra=H.FIXED_K)
     c = h.client()
@@ -98,8 +112,11 @@ def run(h):
             for p, k, t, _, _, _ in cases]
     jobs.append(dict(prompt=cases[0][0], chat=True, max_tokens=n, sampling={"temperature": 0.8, "seed": 11},
                      constraint={"kind": KIND["json_schema"], "text": json.dumps(PERSON)}))
+    jobs.append(dict(prompt=cases[1][0], chat=True, max_tokens=n,
+                     sampling={"temperature": 1.1, "seed": 5, "top_k": 40, "top_p": 0.9, "min_p": 0.02},
+                     constraint={"kind": KIND["json_schema"], "text": json.dumps(CITY)}))
     res = c.run(jobs, timeout=900)
-    H.expect_equal_ids(res, refs + [seeded_ref], "constrained requests through the service")
+    H.expect_equal_ids(res, refs + [seeded_ref, filtered_ref], "constrained requests through the service")
     for (p, kind, _, _, _, schema), r in zip(cases, res):
         text = bytes(r["text"]).decode("utf-8")
         H.log("%s: %r" % (kind, text))
@@ -112,6 +129,21 @@ def run(h):
     drafted = sum(r["finished"]["stats"].get("drafted", 0) for r in res)
     accepted = sum(r["finished"]["stats"].get("accepted", 0) for r in res)
     H.log("all %d equal to specd-generate; drafted %d, accepted %d" % (len(res), drafted, accepted))
+
+    # the same requests again: their prompts' blocks are in the prefix cache
+    # (the verifier's default), and the constraint state starts from the
+    # adopted prefix; the output is unchanged
+    hit0 = hit_tokens(c)
+    res = c.run(jobs, timeout=900)
+    H.expect_equal_ids(res, refs + [seeded_ref, filtered_ref], "constrained requests on cached prompt blocks")
+    hit1 = hit_tokens(c)
+    for _ in range(20):  # the workers' heartbeats carry the counts
+        if hit1 > hit0:
+            break
+        time.sleep(0.25)
+        hit1 = hit_tokens(c)
+    H.check(hit1 > hit0, "no prefix-cache hit on the repeated constrained requests (%d -> %d)" % (hit0, hit1))
+    H.log("repeated constrained requests equal, %d prompt tokens from the prefix cache" % (hit1 - hit0))
 
     # refusals, before any work
     bad = [({"kind": 2, "text": json.dumps({"type": "object", "patternProperties": {"a": {}}})},

@@ -246,6 +246,8 @@ def check_tools(cl, greedy):
     r = cl.chat.completions.create(messages=hist, tools=TOOLS, tool_choice="none", **greedy)
     H.check(isinstance(r.choices[0].message.content, str) and r.choices[0].message.content,
             "tool round trip: %s" % r.choices[0].message)
+    H.check(not r.choices[0].message.tool_calls and r.choices[0].finish_reason != "tool_calls",
+            "tool_choice none returned calls: %s, finish %s" % (r.choices[0].message, r.choices[0].finish_reason))
     H.log("after the tool's answer: %r" % r.choices[0].message.content)
 
 

@@ -16,8 +16,8 @@ target and write it in the published layout (head.py).
      $SPECD_CACHE/eagle3/<model name>/ (SPECD_CACHE: ~/.cache/specd).
 
 With no arguments it trains the head of the demo model (tools/fetch-model)
-on the first 320 prompts of tools/eagle/prompts/train.txt for 25 minutes:
-the full run, about an hour on 2 cores (docs/eagle-train.md).
+on all 521 prompts of tools/eagle/prompts/train.txt, then 25 minutes of
+training: the full run, 45-50 minutes on 2 quiet cores (docs/eagle-train.md).
 """
 import argparse
 import json
@@ -81,7 +81,7 @@ def parse_args(argv):
     ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     ap.add_argument("--n-predict", type=int, default=160, help="answer length cap in tokens (default 160)")
     ap.add_argument("--max-prompts", type=int, default=0,
-                    help="use only the first N prompts (0 = all; the demo run: 320)")
+                    help="use only the first N prompts (0 = all, the default and the demo run's)")
     ap.add_argument("--max-len", type=int, default=1024, help="cut sequences to this many tokens")
     ap.add_argument("--holdout", type=float, default=0.05, help="share of sequences held out for the "
                                                                 "final evaluation (default 0.05)")
@@ -147,9 +147,8 @@ def main(argv=None):
         a.dump = os.path.join(cache_dir(), "eagle3-data", stem)
         if not a.prompts and not a.prompt_ids:
             a.prompts = DEFAULT_PROMPTS
-            # the demo run, sized for about an hour on 2 quiet cores (an
-            # estimate: ~15-35 min of answers and features, 25 of training)
-            a.max_prompts = a.max_prompts or 320
+            # the demo run, about 45-50 minutes on 2 quiet cores (measured:
+            # ~17 min of answers and features, 25 of training)
             a.minutes = a.minutes or 25.0
     a.out = a.out or os.path.join(cache_dir(), "eagle3", stem)
     tgt = TG.Target(a.model)
