@@ -375,6 +375,20 @@ static void test_spacing_guess_demo(void **state) {
     sd_model_free(&m);
 }
 
+/* The demo model's tokenizer and constraint vocabulary (SPECD_MODEL);
+ * false when the model is not given. */
+static bool demo_vocab(sd_tok **tok, sd_cvocab **v) {
+    const char *path = getenv("SPECD_MODEL");
+    if (!path || !*path) return false;
+    sd_gguf *g = NULL;
+    char err[256];
+    assert_int_equal(sd_gguf_open(path, &g, err, sizeof err), SD_OK);
+    assert_int_equal(sd_tok_from_gguf(g, tok), SD_OK);
+    sd_gguf_close(&g);
+    assert_int_equal(sd_cvocab_create(*tok, v), SD_OK);
+    return true;
+}
+
 /* Forced drafts stop after a word the model split its own way: with the
  * demo tokenizer, after `{"c` (the model wrote `c` alone) the forced
  * `ontinent":` is drafted as the encoder's first token only (the model
@@ -382,16 +396,10 @@ static void test_spacing_guess_demo(void **state) {
  * whole key and more are drafted. Every draft is allowed in turn. */
 static void test_split_word_stops(void **state) {
     (void)state;
-    const char *path = getenv("SPECD_MODEL");
-    if (!path || !*path) skip();
-    sd_gguf *g = NULL;
     sd_tok *tok = NULL;
     sd_cvocab *v = NULL;
     char err[256];
-    assert_int_equal(sd_gguf_open(path, &g, err, sizeof err), SD_OK);
-    assert_int_equal(sd_tok_from_gguf(g, &tok), SD_OK);
-    sd_gguf_close(&g);
-    assert_int_equal(sd_cvocab_create(tok, &v), SD_OK);
+    if (!demo_vocab(&tok, &v)) skip();
     const char *schema = "{\"type\":\"object\",\"properties\":{\"continent\":{\"type\":\"integer\"}},"
                          "\"required\":[\"continent\"],\"additionalProperties\":false}";
     sd_grammar *gr = NULL;
@@ -481,16 +489,10 @@ static void forced_text(sd_constraint *c, const sd_tok *tok, char *text, size_t 
  *   depth. */
 static void test_guess_follows_output(void **state) {
     (void)state;
-    const char *path = getenv("SPECD_MODEL");
-    if (!path || !*path) skip();
-    sd_gguf *g = NULL;
     sd_tok *tok = NULL;
     sd_cvocab *v = NULL;
     char err[256];
-    assert_int_equal(sd_gguf_open(path, &g, err, sizeof err), SD_OK);
-    assert_int_equal(sd_tok_from_gguf(g, &tok), SD_OK);
-    sd_gguf_close(&g);
-    assert_int_equal(sd_cvocab_create(tok, &v), SD_OK);
+    if (!demo_vocab(&tok, &v)) skip();
     int32_t *s_id = NULL, *sk = NULL, *sp = NULL;
     size_t n1 = 0, n2 = 0, n3 = 0;
     assert_int_equal(sd_tok_encode(tok, "s", 1, false, &s_id, &n1), SD_OK);
