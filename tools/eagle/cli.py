@@ -54,7 +54,7 @@ def parse_args(argv):
         description="Train an EAGLE-3 draft head for a llama GGUF target (self-distillation) and write it "
                     "in the published layout (config.json + model.safetensors, LlamaForCausalLMEagle3).",
         epilog="With no arguments: the demo model (tools/fetch-model), tools/eagle/prompts/train.txt, the "
-               "head cached in $SPECD_CACHE/eagle3/<model>/ (about an hour on 2 cores). Layer ids: id L is "
+               "head cached in $SPECD_CACHE/eagle3/<model>/ (45-50 minutes on 2 cores). Layer ids: id L is "
                "the output of layer L (0-based), SGLang's convention.")
     ap.add_argument("--model", help="target GGUF (default: the demo model, tools/fetch-model)")
     ap.add_argument("--dump", help="feature dump directory: read it, and write the answers' features "
