@@ -375,6 +375,15 @@ static void test_spacing_guess_demo(void **state) {
     sd_model_free(&m);
 }
 
+/* A constraint of the JSON Schema text over v (its grammar in *gr). */
+static sd_constraint *schema_constraint(const char *schema, const sd_cvocab *v, sd_grammar **gr) {
+    char err[256];
+    sd_constraint *c = NULL;
+    assert_int_equal(sd_grammar_from_json_schema(schema, strlen(schema), NULL, gr, err, sizeof err), SD_OK);
+    assert_int_equal(sd_constraint_create(*gr, v, &c), SD_OK);
+    return c;
+}
+
 /* The demo model's tokenizer and constraint vocabulary (SPECD_MODEL);
  * false when the model is not given. */
 static bool demo_vocab(sd_tok **tok, sd_cvocab **v) {
@@ -398,14 +407,12 @@ static void test_split_word_stops(void **state) {
     (void)state;
     sd_tok *tok = NULL;
     sd_cvocab *v = NULL;
-    char err[256];
     if (!demo_vocab(&tok, &v)) skip();
     const char *schema = "{\"type\":\"object\",\"properties\":{\"continent\":{\"type\":\"integer\"}},"
                          "\"required\":[\"continent\"],\"additionalProperties\":false}";
     sd_grammar *gr = NULL;
     sd_constraint *c = NULL;
-    assert_int_equal(sd_grammar_from_json_schema(schema, strlen(schema), NULL, &gr, err, sizeof err), SD_OK);
-    assert_int_equal(sd_constraint_create(gr, v, &c), SD_OK);
+    c = schema_constraint(schema, v, &gr);
     const char *pieces[3] = {"{", "\"", "c"};
     int32_t drafts[SD_MAX_K], nd_start = 0;
     for (int i = 0; i < 3; i++) {
@@ -477,6 +484,13 @@ static void forced_text(sd_constraint *c, const sd_tok *tok, char *text, size_t 
     assert_int_equal(sd_constraint_rollback(c, base), SD_OK);
 }
 
+/* Feeds pieces (feed_pieces), then the forced drafts' text (forced_text). */
+static void forced_after(sd_constraint *c, const sd_tok *tok, const char *const *pieces, size_t n, char *text,
+                         size_t cap, int32_t *first) {
+    feed_pieces(c, tok, pieces, n);
+    forced_text(c, tok, text, cap, first);
+}
+
 /* The forced drafts follow the output's own split and spacing (the demo
  * tokenizer; SmolLM2 wrote both, bench/results/constrain-cpu.md):
  * - a forced key the output wrote before as `s` `ku` is drafted so again,
@@ -491,7 +505,6 @@ static void test_guess_follows_output(void **state) {
     (void)state;
     sd_tok *tok = NULL;
     sd_cvocab *v = NULL;
-    char err[256];
     if (!demo_vocab(&tok, &v)) skip();
     int32_t *s_id = NULL, *sk = NULL, *sp = NULL;
     size_t n1 = 0, n2 = 0, n3 = 0;
@@ -504,19 +517,16 @@ static void test_guess_follows_output(void **state) {
                          "\"additionalProperties\":false}}";
     sd_grammar *gr = NULL;
     sd_constraint *c = NULL;
-    assert_int_equal(sd_grammar_from_json_schema(schema, strlen(schema), NULL, &gr, err, sizeof err), SD_OK);
-    assert_int_equal(sd_constraint_create(gr, v, &c), SD_OK);
+    c = schema_constraint(schema, v, &gr);
     char text[256];
     int32_t first = -1;
     const char *out[] = {"[", "{\"", "s", "ku", "\": ", "1", "\n ", " ", ",\"", "sale", "\": ", "4", "}, ", "{\""};
-    feed_pieces(c, tok, out, sizeof out / sizeof *out);
-    forced_text(c, tok, text, sizeof text, &first);
+    forced_after(c, tok, out, sizeof out / sizeof *out, text, sizeof text, &first);
     print_message("after `{\"` (the output wrote `s` `ku` before): \"%s\"\n", text);
     assert_int_equal(first, s_id[0]);
     assert_true(strncmp(text, "sku\":", 5) == 0);
     const char *more[] = {"s", "ku", "\": ", "2", "\n "};
-    feed_pieces(c, tok, more, sizeof more / sizeof *more);
-    forced_text(c, tok, text, sizeof text, &first);
+    forced_after(c, tok, more, sizeof more / sizeof *more, text, sizeof text, &first);
     print_message("after `2\\n ` (the output wrote `1\\n ` ` `): \"%s\"\n", text);
     assert_int_equal(first, sp[0]);
     sd_constraint_free(&c);
@@ -525,11 +535,9 @@ static void test_guess_follows_output(void **state) {
      * otherwise, so the encoder's split is drafted */
     const char *schema2 = "{\"type\":\"object\",\"properties\":{\"sale\":{\"type\":\"integer\"},\"sku\":{\"type\":"
                           "\"integer\"}},\"required\":[\"sale\",\"sku\"],\"additionalProperties\":false}";
-    assert_int_equal(sd_grammar_from_json_schema(schema2, strlen(schema2), NULL, &gr, err, sizeof err), SD_OK);
-    assert_int_equal(sd_constraint_create(gr, v, &c), SD_OK);
+    c = schema_constraint(schema2, v, &gr);
     const char *out2[] = {"{\"", "s", "ale", "\": ", "1", ", \""};
-    feed_pieces(c, tok, out2, sizeof out2 / sizeof *out2);
-    forced_text(c, tok, text, sizeof text, &first);
+    forced_after(c, tok, out2, sizeof out2 / sizeof *out2, text, sizeof text, &first);
     print_message("after `, \"` (the output wrote `s` `ale` before): \"%s\"\n", text);
     assert_int_equal(first, sk[0]);
     sd_constraint_free(&c);
@@ -540,17 +548,14 @@ static void test_guess_follows_output(void **state) {
     const char *schema3 = "{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":"
                           "\"integer\"},\"b\":{\"type\":\"integer\"}},\"required\":[\"a\",\"b\"],"
                           "\"additionalProperties\":false}}";
-    assert_int_equal(sd_grammar_from_json_schema(schema3, strlen(schema3), NULL, &gr, err, sizeof err), SD_OK);
-    assert_int_equal(sd_constraint_create(gr, v, &c), SD_OK);
+    c = schema_constraint(schema3, v, &gr);
     const char *out3[] = {"[",   "\n   ",  " {", "\n       ", " \"", "a",     "\":", " ", "1", ",",
                           "\n       ", " \"", "b", "\":",        " ",   "2",     "\n   ", " },"};
-    feed_pieces(c, tok, out3, sizeof out3 / sizeof *out3);
-    forced_text(c, tok, text, sizeof text, &first);
+    forced_after(c, tok, out3, sizeof out3 / sizeof *out3, text, sizeof text, &first);
     print_message("after ` },` (depth 1): \"%s\"\n", text);
     assert_true(strncmp(text, "\n   ", 4) == 0 && (text[4] != ' ' || text[5] != ' ')); /* not `\n       ` */
     const char *out4[] = {"\n   ", " {", "\n       ", " \"", "a", "\":"};
-    feed_pieces(c, tok, out4, sizeof out4 / sizeof *out4);
-    forced_text(c, tok, text, sizeof text, &first);
+    forced_after(c, tok, out4, sizeof out4 / sizeof *out4, text, sizeof text, &first);
     print_message("after `\"a\":`: \"%s\"\n", text);
     assert_null(strchr(text, '\n'));
     sd_constraint_free(&c);
