@@ -102,5 +102,8 @@ void gen_constraint_report(const sd_constraint *c, gen_result *r) {
     r->mask_p50_us = t[(st.n_times - 1) / 2];
     r->mask_p99_us = t[(int32_t)((st.n_times - 1) * 0.99)];
     r->mask_max_us = t[st.n_times - 1];
+    double sum = 0;
+    for (int32_t i = 0; i < st.n_times; i++) sum += t[i];
+    r->mask_mean_us = sum / st.n_times;
     free(t);
 }

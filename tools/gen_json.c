@@ -112,6 +112,7 @@ int gen_print_json(const char *model_path, const sd_tok *tok, const char *prompt
         cJSON_AddNumberToObject(c, "masks", (double)r->masks);
         cJSON_AddNumberToObject(c, "mask_cache_hits", (double)r->mask_hits);
         cJSON_AddNumberToObject(c, "mask_p50_us", r->mask_p50_us);
+        cJSON_AddNumberToObject(c, "mask_mean_us", r->mask_mean_us);
         cJSON_AddNumberToObject(c, "mask_p99_us", r->mask_p99_us);
         cJSON_AddNumberToObject(c, "mask_max_us", r->mask_max_us);
         cJSON_AddNumberToObject(c, "forced_drafted", (double)r->forced_drafted);

@@ -30,7 +30,7 @@ typedef struct gen_result {
     /* under a constraint (--json-schema, --regex, --grammar, --response-json) */
     bool constrained;
     int64_t masks, mask_hits; /* masks served, of which from the cache */
-    double mask_p50_us, mask_p99_us, mask_max_us;
+    double mask_p50_us, mask_p99_us, mask_max_us, mask_mean_us;
     int64_t forced_drafted; /* drafts the constraint forced (speculative) */
 } gen_result;
 
