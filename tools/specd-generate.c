@@ -123,7 +123,7 @@ static void usage(FILE *f) {
             "      --eagle-weights W  the head's matrices: q8_0 (quantized at load, the default) or stored\n"
             "      --dump-features DIR  plain decoding writing tokens + hidden states to DIR/NNNNNN.safetensors\n"
             "      --eagle-layers a,b,c  layers dumped (default EAGLE-3's: outputs of 1, L/2-1, L-4)\n"
-            "      --prompt-file F  with --dump-features: one prompt per line\n"
+            "      --prompt-file F  with --dump-features: one prompt a line (\\n a newline, # lines skipped)\n"
             "      --draft-vocab N  with --draft or --draft-layers: draft among token ids < N only, computing\n"
             "                       only those rows of the draft's LM head (exact at any N, at most the\n"
             "                       vocabulary's size; 0 = the whole vocabulary, the default; 32768\n"

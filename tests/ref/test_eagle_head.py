@@ -19,7 +19,9 @@ reference of eagle_ref.py, on a random target from specd-mkmodel --format hf:
     sequence;
   * specd-generate --dump-features writes the documented file: the tokens
     are plain greedy's, final's argmax through the target's LM head is the
-    next token, final is the final norm of the last layer's aux slot.
+    next token, final is the final norm of the last layer's aux slot;
+    with --prompt-file, one file a prompt, "#" lines skipped and a
+    backslash-n read as a newline (bench/prompts' format).
 
 Environment: SPECD_BUILD_DIR. Exit 77 when a binary or package is missing.
 """
@@ -182,6 +184,31 @@ def check_dump(target, tmp, failures):
     print(f"dump: {T} rows, tokens = plain greedy, final predicts the next token")
 
 
+def check_prompt_file(target, tmp, failures):
+    """--prompt-file reads bench/prompts' format: "#" lines and empty lines
+    skipped, a backslash-n a newline; one file a prompt, in order."""
+    d = os.path.join(tmp, "dump-file")
+    pf = os.path.join(tmp, "prompts.txt")
+    prompts = ["the quick\nbrown fox", "a tale of two"]
+    with open(pf, "w") as f:
+        f.write("# a comment line\n\n" + "\n".join(p.replace("\n", "\\n") for p in prompts) + "\n")
+    r = subprocess.run([binary("tools", "specd-generate"), "-m", target, "-t", "2", "--prompt-file", pf, "-n", "3",
+                        "--ignore-eos", "--dump-features", d], capture_output=True, text=True)
+    if r.returncode != 0:
+        failures.append(f"--prompt-file dump failed: {r.stderr}")
+        return
+    names = sorted(os.listdir(d))
+    if names != ["000000.safetensors", "000001.safetensors"]:
+        failures.append(f"--prompt-file dump wrote {names}, expected one file per prompt")
+        return
+    for name, prompt in zip(names, prompts):
+        toks = [int(x) for x in load_file(os.path.join(d, name))["tokens"]]
+        want = generate(target, ["-p", prompt, "-n", "3", "--ignore-eos"])
+        if toks != list(want["prompt_ids"]) + list(want["ids"]):
+            failures.append(f"--prompt-file {prompt!r}: dumped {toks}, -p gives {want['prompt_ids']} + {want['ids']}")
+    print("dump: --prompt-file skips comments and reads \\n as a newline")
+
+
 def check_chains(target, head, tmp, failures):
     """The drafter's bookkeeping end to end: the chains specd-generate --eagle
     logs (-v) equal the reference's, replayed on the features of the same
@@ -269,6 +296,7 @@ def main():
                 failures.append(f"seeded --eagle -k {k}: {out['ids']} != plain {plain_s}")
         print("seeded sampling (T 0.8, top-p 0.95) with --eagle = plain seeded sampling at K 2, 5")
         check_dump(target, tmp, failures)
+        check_prompt_file(target, tmp, failures)
         check_chains(target, head, tmp, failures)
     for f in failures:
         print("FAIL:", f)
