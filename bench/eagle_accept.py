@@ -5,12 +5,18 @@ verification rules.
 
     .venv/bin/python bench/eagle_accept.py --model MODEL --head DIR [--k 3] [--n 96] [--prompts 4]
                                            [--rounds 2] [--temps 0.7,1.0] [--sets chat,code_edit,summarize]
+                                           [--stop-at-eos] [--head-b DIR]
 
 For each set (the first --prompts lines of bench/prompts/SET.txt), round
 and prompt, interleaved in this order: plain greedy, the head greedy
 (--eagle -k K), then per temperature T (seed = the round): plain, the head
 under the coupled rule, the head under the rejection rule (--verify-rule).
-Chat-formatted, --ignore-eos, 2 threads. Per (set, mode): decode tok/s
+Chat-formatted, 2 threads, --ignore-eos unless --stop-at-eos (with it
+the answers end where the model ends them, as a user sees them: past the
+end of an answer the model writes text no head trained on, which lowers
+the measured acceptance; greedy and coupled runs still match plain token
+for token). --head-b DIR adds a second head's greedy run after the first
+(two heads side by side, interleaved). Per (set, mode): decode tok/s
 (median), the median over (round, prompt) of the ratio to plain of the
 same (round, prompt, temperature), tokens per target step, acceptance
 (accepted / drafted), and acceptance per draft position given the ones
@@ -47,10 +53,14 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--temps", default="0.7,1.0")
     ap.add_argument("--sets", default="chat,code_edit,summarize")
+    ap.add_argument("--stop-at-eos", action="store_true", help="end answers at the end token (default: --ignore-eos)")
+    ap.add_argument("--head-b", help="a second head, greedy, run after the first on each prompt")
     a = ap.parse_args()
     temps = [float(t) for t in a.temps.split(",") if t]
     head = ["--eagle", a.head, "-k", str(a.k)]
     modes = [("greedy", "plain", 0.0, []), ("greedy", "head", 0.0, head)]
+    if a.head_b:
+        modes.append(("greedy", "head B", 0.0, ["--eagle", a.head_b, "-k", str(a.k)]))
     for t in temps:
         modes += [(f"T {t}", "plain", t, []), (f"T {t}", "head, coupled", t, head + ["--verify-rule", "coupled"]),
                   (f"T {t}", "head, rejection", t, head + ["--verify-rule", "rejection"])]
@@ -65,7 +75,7 @@ def main():
                 plain_rate, plain_ids = {}, {}
                 for s, m, t, extra in modes:
                     samp = ["--temp", str(t), "--seed", str(rnd + 1)] if t > 0 else []
-                    out = run(a.gen, a.model, prompt, a.n, a.threads, extra + samp)
+                    out = run(a.gen, a.model, prompt, a.n, a.threads, extra + samp, not a.stop_at_eos)
                     rate = out["timings"]["decode_tok_s"]
                     if m == "plain":
                         plain_rate[s], plain_ids[s] = rate, out["ids"]

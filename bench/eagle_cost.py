@@ -35,8 +35,9 @@ PROMPTS = [
 ]
 
 
-def run(gen, model, prompt, n, threads, extra):
-    cmd = [gen, "-m", model, "-p", prompt, "-n", str(n), "--ignore-eos", "--json", "--chat", "-t", str(threads)]
+def run(gen, model, prompt, n, threads, extra, ignore_eos=True):
+    cmd = [gen, "-m", model, "-p", prompt, "-n", str(n)] + (["--ignore-eos"] if ignore_eos else []) + \
+        ["--json", "--chat", "-t", str(threads)]
     r = subprocess.run(cmd + extra, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"{' '.join(cmd + extra)} failed:\n{r.stderr}")

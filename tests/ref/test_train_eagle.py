@@ -19,7 +19,10 @@ layer outputs make the feature dump; a short training run. Checks:
     halves swapped ([hidden ; embedding]) must miss it (the check can fail);
   * the written head loads in specd's C loader (specd-generate --eagle),
     drafts, and greedy output with it equals plain greedy;
-  * a dump file with a mis-shaped tensor is refused.
+  * a dump file with a mis-shaped tensor is refused;
+  * sampled passes (DUMP/s<k>/, --samples) are read with their pass and
+    prompt, a pass whose metadata differs is refused, and the held-out
+    split by prompt keeps every answer of a held-out prompt out of training.
 
 --demo (slow tier, train_eagle_demo): the full pipeline on the demo model,
 briefly; see demo().
@@ -176,8 +179,9 @@ def check_layout(d, cfg_expect):
 
 def demo():
     """--demo (slow tier): a short run of the full pipeline on the demo model
-    (specd-generate's answers to the first 20 prompts of the training set,
-    70 steps): the first draft step's held-out loss (KL) must fall to
+    (specd-generate's greedy and one sampled answer to each of the first
+    20 prompts of the training set, one dump file a prompt and pass; 70
+    steps): the first draft step's held-out loss (KL) must fall to
     DEMO_RATIO of the untrained head's or below. Measured on the shared
     machine with these options on the same data (17 training sequences, 3
     held out): 12.77 -> 5.97 (0.47); the held-out top-1 agreement only
@@ -193,7 +197,7 @@ def demo():
         out = os.path.join(tmp, "head")
         cmd = [os.path.join(SOURCE_DIR, "tools", "train-eagle"), "--model", model, "--prompts",
                os.path.join(SOURCE_DIR, "tools", "eagle", "prompts", "train.txt"), "--max-prompts", "20",
-               "--n-predict", "128", "--steps", "70", "--lr", "1e-3", "--holdout", "0.15", "--dump",
+               "--n-predict", "128", "--steps", "70", "--lr", "1e-3", "--holdout", "0.15", "--samples", "1", "--dump",
                os.path.join(tmp, "dump"), "--out", out]
         r = subprocess.run(cmd, capture_output=True, text=True)
         print(r.stdout[-4000:])
@@ -206,6 +210,12 @@ def demo():
         print(f"held-out step-0 loss {before:.3f} -> {after:.3f}; agreement "
               f"{info['held_out_before']['acc'][0]:.3f} -> {info['held_out_after']['acc'][0]:.3f}")
         errs = check_layout(out, {"draft_vocab_size": 4096, "torch_dtype": "float16"})
+        for sub in ("dump", os.path.join("dump", "s1")):
+            names = sorted(f for f in os.listdir(os.path.join(tmp, sub)) if f.endswith(".safetensors"))
+            if names != [f"{i:06d}.safetensors" for i in range(20)]:
+                errs.append(f"{sub}: {len(names)} files, not one a prompt by index")
+        if info.get("passes") != [0, 1]:
+            errs.append(f"trained on passes {info.get('passes')}, expected the greedy one and a sampled one")
         if not after <= DEMO_RATIO * before:
             errs.append(f"held-out step-0 loss {before:.3f} -> {after:.3f} (want <= {DEMO_RATIO} x)")
         for e in errs:
@@ -236,6 +246,40 @@ def check_c_loader(model, head):
         fails.append("greedy output with the trained head differs from plain greedy")
     if not sp.get("drafted"):
         fails.append("the trained head loaded by specd-generate drafted nothing")
+    return fails
+
+
+def check_passes(dump, tmp, tgt, meta):
+    """Sampled passes (train-eagle --samples: DUMP/s<k>/) are read with
+    their pass and prompt, a pass with other metadata is refused, and the
+    held-out split keeps every answer of a held-out prompt out of training."""
+    import cli as CLI
+    fails = []
+    seqs, _ = TG.read_dump(dump)
+    two = os.path.join(tmp, "passes")
+    for k, sub in ((0, two), (1, os.path.join(two, "s1")), (2, os.path.join(two, "s2"))):
+        for s in seqs:
+            TG.write_dump(sub, s["prompt"], s["tokens"], s["aux"], s["final"], meta["layer_ids"], tgt.vocab, "m",
+                          n_prompt=s["n_prompt"])
+    os.makedirs(os.path.join(two, "s1x"))          # not a pass: ignored
+    got, _ = TG.read_dumps(two)
+    if sorted((q["sample"], q["prompt"]) for q in got) != sorted((k, s["prompt"]) for k in range(3) for s in seqs):
+        fails.append("read_dumps: passes or prompt indices wrong")
+    held, train = CLI.split_held_out(got, 0.25, 0)
+    hp = {q["prompt"] for q in held}
+    if not hp or any(q["sample"] for q in held) or len(held) != len(hp):
+        fails.append(f"held out: {[(q['sample'], q['prompt']) for q in held]}, expected one greedy answer a prompt")
+    if any(q["prompt"] in hp for q in train) or len(train) != 3 * (len(seqs) - len(hp)):
+        fails.append("a held-out prompt's answer is in the training set")
+    s = seqs[0]
+    other = [0, 1, 2] if list(meta["layer_ids"]) != [0, 1, 2] else [0, 1, 3]
+    TG.write_dump(os.path.join(two, "s3"), 0, s["tokens"], s["aux"], s["final"], other, tgt.vocab, "m")
+    try:
+        TG.read_dumps(two)
+        fails.append("a pass with other layer ids was read")
+    except ValueError as e:
+        print("mixed passes refused:", e)
+    print(f"passes: {len(got)} sequences in 3 passes; {len(hp)} prompts held out, none trained on")
     return fails
 
 
@@ -335,6 +379,8 @@ def run(mk, tmp):
         fails.append("a dump with a mis-shaped aux was read")
     except ValueError as e:
         print("bad dump refused:", e)
+
+    fails += check_passes(dump, tmp, tgt, meta)
 
     for f in fails:
         print("FAIL:", f)

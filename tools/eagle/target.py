@@ -247,5 +247,26 @@ def read_dump(dump_dir):
                 {k: meta0[k] for k in ("layer_ids", "hidden_size", "vocab_size")}:
             raise ValueError(f"{path}: metadata {meta} differs from the first file's {meta0}")
         n_prompt = int(md["n_prompt"]) if "n_prompt" in md else None
-        seqs.append({"tokens": tok, "aux": aux, "final": fin, "n_prompt": n_prompt, "path": path})
+        stem = name[:-len(".safetensors")]
+        seqs.append({"tokens": tok, "aux": aux, "final": fin, "n_prompt": n_prompt, "path": path,
+                     "prompt": int(stem) if stem.isdigit() else stem, "sample": 0})
     return seqs, meta0
+
+
+def read_dumps(dump_dir):
+    """read_dump of dump_dir and of its sampled passes dump_dir/s<k>/
+    (train-eagle --samples): each sequence's "sample" is k (0: the greedy
+    answers in dump_dir itself), "prompt" its file's index; all passes must
+    share the metadata."""
+    seqs, meta = read_dump(dump_dir)
+    subs = sorted((int(d[1:]), d) for d in os.listdir(dump_dir)
+                  if d[:1] == "s" and d[1:].isdigit() and os.path.isdir(os.path.join(dump_dir, d)))
+    for k, d in subs:
+        more, m = read_dump(os.path.join(dump_dir, d))
+        if {x: m[x] for x in ("layer_ids", "hidden_size", "vocab_size")} != \
+                {x: meta[x] for x in ("layer_ids", "hidden_size", "vocab_size")}:
+            raise ValueError(f"{dump_dir}/{d}: metadata {m} differs from {dump_dir}'s {meta}")
+        for q in more:
+            q["sample"] = k
+        seqs += more
+    return seqs, meta
