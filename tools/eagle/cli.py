@@ -18,7 +18,7 @@ target and write it in the published layout (head.py).
      $SPECD_CACHE/eagle3/<model name>/ (SPECD_CACHE: ~/.cache/specd).
 
 With no arguments it trains the head of the demo model (tools/fetch-model)
-on all 521 prompts of tools/eagle/prompts/train.txt, each answered greedily
+on all 520 prompts of tools/eagle/prompts/train.txt, each answered greedily
 and twice sampled, then DEMO_MINUTES of training (docs/eagle-train.md has
 the timed run).
 """

@@ -14,8 +14,9 @@ The dump format (one file per sequence, DIR/NNNNNN.safetensors) is the one
                 GGUF's file name); optional n_prompt (the prompt's length:
                 the trainer then weights only the answer's positions).
 This module writes the same format from the numpy reference forward
-(tests/ref/llama_ref.py, extended to return layer outputs), so the pipeline
-runs without the C side; read_dump() reads either.
+(tests/ref/llama_ref.py, extended to return layer outputs) for tiny test
+targets; read_dump() reads either, read_dumps() a dump with its sampled
+passes (DIR/s<k>/, train-eagle --samples).
 
 Layer ids: id L is the OUTPUT of layer L (0-based), i.e. the input of
 layer L+1 (SGLang's convention for eagle_aux_hidden_state_layer_ids; vLLM
@@ -23,9 +24,7 @@ reads the same key as the input of layer L, one lower). The EAGLE-3
 default (SGLang/vLLM capture the inputs of layers 2, N/2 and N-3) is, in
 this convention, [1, N//2 - 1, N - 4].
 """
-import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -147,18 +146,6 @@ def find_specd_generate():
         if os.access(p, os.X_OK):
             return p
     return None
-
-
-def answer_specd(binary, model, prompt, n_predict, threads):
-    """prompt_ids + answer ids: specd-generate's greedy answer to prompt as
-    a chat user turn (the model's template), its end token included."""
-    cmd = [binary, "-m", model, "--chat", "-p", prompt, "-n", str(n_predict), "--json",
-           "-t", str(threads)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"specd-generate failed ({r.returncode}): {r.stderr.strip()[-400:]}")
-    j = json.loads(r.stdout.strip().splitlines()[-1])
-    return list(j["prompt_ids"]), list(j["ids"])
 
 
 def answer_ref(ref, prompt_ids, n_new, eos):
