@@ -3,7 +3,8 @@
  * line, "\n" written as backslash-n so a multi-line prompt (a function to
  * edit, a text to summarize) stays on one line. Shared by `specd-bench spec`
  * and `specd-bench serve`, so both modes send the same text, and by the
- * greedy tests (tests/greedy_util.c). */
+ * greedy tests (tests/greedy_util.c); specd-generate --prompt-file unescapes its
+ * lines with sd_bench_unescape_newlines. */
 #include "bench_prompts.h"
 
 #include <errno.h>
@@ -11,6 +12,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+void sd_bench_unescape_newlines(char *s) {
+    char *w = s;
+    for (const char *r = s; *r; r++) {
+        if (r[0] == '\\' && r[1] == 'n') {
+            *w++ = '\n';
+            r++;
+        } else {
+            *w++ = *r;
+        }
+    }
+    *w = '\0';
+}
 
 int sd_bench_read_prompts(const char *path, char **out, int max) {
     FILE *f = fopen(path, "r");
@@ -25,17 +39,9 @@ int sd_bench_read_prompts(const char *path, char **out, int max) {
     while (n < max && (len = getline(&line, &cap, f)) >= 0) {
         line[strcspn(line, "\r\n")] = '\0';
         if (!line[0]) continue;
-        char *s = malloc(strlen(line) + 1), *o = s;
+        sd_bench_unescape_newlines(line);
+        char *s = strdup(line);
         if (!s) break;
-        for (const char *c = line; *c; c++) {
-            if (c[0] == '\\' && c[1] == 'n') {
-                *o++ = '\n';
-                c++;
-            } else {
-                *o++ = *c;
-            }
-        }
-        *o = '\0';
         out[n++] = s;
     }
     bool failed = ferror(f);

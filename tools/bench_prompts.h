@@ -8,4 +8,7 @@
  * caller frees each out[i]. */
 int sd_bench_read_prompts(const char *path, char **out, int max);
 
+/* The two characters "\n" to a newline, in place. */
+void sd_bench_unescape_newlines(char *s);
+
 #endif

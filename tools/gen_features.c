@@ -6,6 +6,8 @@
  * rows out, so the tokens are the ones plain decoding makes. */
 #include "gen_features.h"
 
+#include "bench_prompts.h"
+
 #include "specd/eagle.h"
 #include "specd/safetensors.h"
 
@@ -232,20 +234,6 @@ bool sd_gen_parse_layers(const char *s, int32_t *ids, int32_t max, int32_t *n) {
     return *n > 0;
 }
 
-/* "\\n" (a backslash, then n) to a newline, in place: bench/prompts' format. */
-static void unescape_newlines(char *s) {
-    char *w = s;
-    for (const char *r = s; *r; r++) {
-        if (r[0] == '\\' && r[1] == 'n') {
-            *w++ = '\n';
-            r++;
-        } else {
-            *w++ = *r;
-        }
-    }
-    *w = '\0';
-}
-
 sd_status sd_gen_read_lines(const char *path, char ***out, size_t *n) {
     *out = NULL;
     *n = 0;
@@ -263,7 +251,7 @@ sd_status sd_gen_read_lines(const char *path, char ***out, size_t *n) {
     while (st == SD_OK && (len = getline(&line, &lcap, f)) >= 0) {
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
         if (len == 0 || line[0] == '#') continue;
-        unescape_newlines(line);
+        sd_bench_unescape_newlines(line);   /* bench/prompts' format */
         if (*n == cap) {
             char **bigger = realloc(lines, (cap ? cap * 2 : 64) * sizeof *bigger);
             if (!bigger) {
