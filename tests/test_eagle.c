@@ -390,6 +390,69 @@ static void feed(sd_model *m, sd_drafter *d, const int32_t *tokens, int32_t pos0
     assert_int_equal(sd_drafter_eagle_features(d, 0, pos0, n, tokens + pos0, aux), SD_OK);
 }
 
+/* ---- what a propose charges to its drafts (drafter_eagle.c) ---- */
+
+/* The head rows past 1 + k of a propose (a context it fell behind on) are
+ * counted apart, as catch-up: none when the context grew by at most 1 + k
+ * since the last propose, some after a prompt and after steps it did not
+ * draft for; taking the count zeroes it. */
+static void test_eagle_catchup_counted(void **state) {
+    (void)state;
+    if (!env.ok) skip();
+    char dir[96];
+    snprintf(dir, sizeof dir, "%s/uhead", env.dir);
+    mkdir(dir, 0755);
+    head_spec h = good_head();
+    write_head(dir, &h);
+    sd_model *m = load(0);
+    sd_drafter_params dp = sd_drafter_default_params();
+    dp.max_ctx = 128;
+    dp.n_threads = 1;
+    sd_drafter *d = NULL;
+    assert_int_equal(sd_drafter_eagle_open(dir, m, &dp, &d), SD_OK);
+    int32_t ids[3];
+    assert_int_equal(sd_drafter_eagle_layers(d, ids), 3);
+    assert_int_equal(sd_model_capture_set(m, 3, ids, false), SD_OK);
+    sd_kv *kv = NULL;
+    assert_int_equal(sd_model_kv_create(m, 1, 8, 16, &kv), SD_OK);
+    int32_t ctx[96], pos[96], seq[96] = {0};
+    bool want[96] = {false};
+    for (int32_t i = 0; i < 96; i++) ctx[i] = (int32_t)((i * 37 + 11) % VOCAB), pos[i] = i;
+    float *logits = malloc(96 * sizeof(float) * VOCAB);
+    assert_non_null(logits);
+    assert_true(sd_drafter_eagle_take_catchup_s(NULL) == 0.0);
+    /* the prompt: 40 positions, one draft: 38 of its 39 head rows are catch-up */
+    assert_int_equal(sd_model_forward(m, kv, &(sd_batch){40, ctx, pos, seq, want}, logits), SD_OK);
+    feed(m, d, ctx, 0, 40);
+    sd_sampling greedy = sd_sampling_default();
+    int32_t tokens[SD_MAX_K], nd = 0, n = 40;
+    sd_spec_q q[SD_MAX_K];
+    assert_int_equal(sd_drafter_propose(d, 0, ctx, n + 1, 1, &greedy, tokens, q, &nd), SD_OK);
+    assert_int_equal(nd, 1);
+    assert_true(sd_drafter_eagle_take_catchup_s(d) > 0.0);
+    assert_true(sd_drafter_eagle_take_catchup_s(d) == 0.0);
+    /* drafting steps: the context grows by 1 or 2 (at most 1 + k): nothing */
+    for (int32_t grow = 1; grow <= 2; grow++) {
+        assert_int_equal(sd_model_forward(m, kv, &(sd_batch){grow, ctx + n, pos + n, seq, want}, logits), SD_OK);
+        feed(m, d, ctx, n, grow);
+        n += grow;
+        assert_int_equal(sd_drafter_propose(d, 0, ctx, n + 1, 1, &greedy, tokens, q, &nd), SD_OK);
+        assert_int_equal(nd, 1);
+        assert_true(sd_drafter_eagle_take_catchup_s(d) == 0.0);
+    }
+    /* steps at K = 0 (features fed, no propose), then a probe: catch-up */
+    for (int32_t i = 0; i < 12; i++, n++) {
+        assert_int_equal(sd_model_forward(m, kv, &(sd_batch){1, ctx + n, pos + n, seq, want}, logits), SD_OK);
+        feed(m, d, ctx, n, 1);
+    }
+    assert_int_equal(sd_drafter_propose(d, 0, ctx, n + 1, 1, &greedy, tokens, q, &nd), SD_OK);
+    assert_true(sd_drafter_eagle_take_catchup_s(d) > 0.0);
+    free(logits);
+    sd_kv_free(&kv);
+    sd_drafter_free(&d);
+    sd_model_free(&m);
+}
+
 /* A random head (draft vocabulary of 64 ids mapped to target ids 4i) drafts
  * at every step of constrained greedy decoding, greedy and seeded, masked
  * and not: masked, no draft and no q entry is ever one the constraint
@@ -504,6 +567,7 @@ int main(void) {
         cmocka_unit_test(test_eagle_refusals),
         cmocka_unit_test(test_eagle_tree_rows),
         cmocka_unit_test(test_eagle_constrained_drafts),
+        cmocka_unit_test(test_eagle_catchup_counted),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -566,11 +566,11 @@ static void test_verify_warmup(void **state) {
     assert_int_equal(sd_verifier_warmup(few, SD_WARMUP_FULL, 128, &rep), SD_OK);
     assert_int_equal(rep.max_tokens, 16);
     sd_verifier_free(&few);
-    /* the times only: one step of 1, 2, 4, .. tokens */
+    /* the times only: two steps of 1, 2, 4, .. tokens */
     sd_verifier *times = new_verifier(4, 64);
     assert_int_equal(sd_verifier_warmup(times, SD_WARMUP_TIMES, 40, &rep), SD_OK);
     assert_int_equal(rep.n_sizes, 6); /* 1, 2, 4, 8, 16, 32 */
-    assert_int_equal(rep.n_steps, 6);
+    assert_int_equal(rep.n_steps, 12);
     for (int32_t i = 0; i < rep.n_sizes; i++) assert_int_equal(rep.tokens[i], 1 << i);
     sd_verifier_stats(times, &st);
     assert_int_equal(st.kv_blocks_free, 64);
@@ -580,6 +580,34 @@ static void test_verify_warmup(void **state) {
     assert_int_equal(sd_verifier_warmup(none, SD_WARMUP_FULL, 0, &rep), SD_OK);
     assert_int_equal(rep.n_steps, 0);
     sd_verifier_free(&none);
+}
+
+/* A step that sleeps 30 ms the first time it sees a size and 2 ms after. */
+static int32_t slow_first_seen[64];
+static sd_status slow_first_step(void *user, int32_t n_tokens, const sd_sampling *sampling, const int32_t *toks,
+                                 bool *fits) {
+    (void)user, (void)sampling, (void)toks;
+    *fits = true;
+    const int32_t i = n_tokens < 64 ? n_tokens : 63;
+    usleep(slow_first_seen[i]++ ? 2000 : 30000);
+    return SD_OK;
+}
+
+/* SD_WARMUP_TIMES reports the faster of each size's two steps, not a
+ * first sighting's (the verifier's very first step ran 1.3x its warm time
+ * and seeded the coordinator's cost model with it). */
+static void test_warmup_times_keeps_faster(void **state) {
+    (void)state;
+    memset(slow_first_seen, 0, sizeof slow_first_seen);
+    sd_warmup_report rep;
+    assert_int_equal(sd_warmup_run("test", SD_WARMUP_TIMES, 8, 100, slow_first_step, NULL, &rep), SD_OK);
+    assert_int_equal(rep.n_sizes, 4); /* 1, 2, 4, 8 */
+    assert_int_equal(rep.n_steps, 8);
+    for (int32_t i = 0; i < rep.n_sizes; i++) {
+        assert_int_equal(slow_first_seen[rep.tokens[i]], 2);
+        assert_true(rep.steady_s[i] >= 0.0019);
+        assert_true(rep.steady_s[i] < 0.020);
+    }
 }
 
 /* prefill_only chunks append without sampling; the next step equals a whole-prompt step. */
@@ -1064,6 +1092,7 @@ int main(void) {
         cmocka_unit_test(test_verify_prefix_cache),
         cmocka_unit_test(test_verify_prompt_logprobs),
         cmocka_unit_test(test_verify_warmup),
+        cmocka_unit_test(test_warmup_times_keeps_faster),
         cmocka_unit_test(test_draft_server_keeps_whole_q),
         cmocka_unit_test(test_draft_batch),
         cmocka_unit_test(test_draft_server_padded_target),

@@ -70,6 +70,7 @@ struct sd_vhead {
     int32_t max_q;
     double seconds; /* since sd_vhead_take_seconds */
     double feed_s;  /* the last feed's: charged to the draft that follows it */
+    int32_t feed_n; /* ... and its rows */
 };
 
 sd_status sd_vhead_open(const char *dir, sd_model *target, sd_kv *kv, int32_t max_seqs, int32_t max_ctx,
@@ -218,6 +219,7 @@ void sd_vhead_feed(sd_vhead *h, int32_t slot, const int32_t *hist, int32_t pos0,
         sd_drafter_rollback(h->drafter, slot, pos0 < 0 ? 0 : pos0);
     }
     h->feed_s = sd_now() - t0;
+    h->feed_n = n;
     h->seconds += h->feed_s;
 }
 
@@ -279,8 +281,18 @@ void sd_vhead_draft(sd_vhead *h, size_t i, int32_t slot, const int32_t *cached, 
     res->next_q = n > 0 ? pdists : NULL;
     double took = sd_now() - t0;
     h->seconds += took;
-    res->next_us = (uint32_t)((took + h->feed_s) * 1e6);
+    /* What a drafting step costs the head: its own rows (at most 1 + k)
+     * and the chain. Rows of a context it fell behind on (the prompt, the
+     * steps at K = 0, which run no head rows) are a one-off, as a prefill is
+     * for the target: charged to the k drafts of a probe after a long K = 0
+     * stretch, they priced a head draft token at 4.7 ms against ~0.5 and
+     * kept the coordinator's K at 0 for good (bench/results/eagle-cpu.md). */
+    double feed = h->feed_s;
+    if (h->feed_n > k + 1) feed *= (double)(k + 1) / h->feed_n;
+    double charged = took - sd_drafter_eagle_take_catchup_s(h->drafter) + feed;
+    res->next_us = (uint32_t)(charged > 0 ? charged * 1e6 : 0.0);
     h->feed_s = 0.0;
+    h->feed_n = 0;
 }
 
 int32_t sd_vhead_layers(const sd_vhead *h, int32_t *ids) { return h ? sd_drafter_eagle_layers(h->drafter, ids) : 0; }

@@ -64,7 +64,8 @@ static void map_logits(eagle_drafter *e) {
     for (int32_t i = 0; i < e->n_draft; i++) e->logits[sd_eagle_head_target_id(e->head, i)] = e->logits_d[i];
 }
 
-sd_status sd_eagle_drafter_prepare(eagle_drafter *e, int32_t slot, const int32_t *ctx, int32_t n_ctx, bool *ready) {
+sd_status sd_eagle_drafter_prepare(eagle_drafter *e, int32_t slot, const int32_t *ctx, int32_t n_ctx,
+                                   int32_t step_rows, bool *ready) {
     *ready = false;
     for (int32_t i = 0; i < n_ctx; i++)
         if (ctx[i] < 0 || ctx[i] >= e->n_vocab) {
@@ -88,7 +89,9 @@ sd_status sd_eagle_drafter_prepare(eagle_drafter *e, int32_t slot, const int32_t
     SD_TRY(reserve_hid(e, rows));
     SD_TRY(sd_eagle_head_truncate(e->head, slot, keep));
     const float *g = e->feat + ((size_t)slot * (size_t)e->max_ctx + (size_t)keep) * (size_t)e->H;
+    const double t0 = sd_now();
     SD_TRY(sd_eagle_head_forward(e->head, slot, keep, rows, ctx + keep + 1, g, NULL, e->logits_d, e->hid));
+    if (step_rows >= 1 && rows > step_rows) e->catchup_s += (sd_now() - t0) * (double)(rows - step_rows) / rows;
     memcpy(tok + keep, ctx + keep + 1, (size_t)rows * sizeof *tok);
     e->n_true[slot] = n_ctx - 1;
     memcpy(e->g_step, e->hid + (size_t)(rows - 1) * (size_t)e->H, (size_t)e->H * sizeof *e->g_step);
@@ -110,10 +113,10 @@ static int32_t featured(const eagle_drafter *e, int32_t slot, const int32_t *ctx
  * SD_MAX_K past the features): the rows of the featured part, then each
  * forced draft fed as a chain row, as the head's own drafts are. */
 static sd_status prepare_ctx(sd_drafter *d, eagle_drafter *e, int32_t slot, const int32_t *ctx, int32_t n_ctx,
-                             bool *ready) {
+                             int32_t k, bool *ready) {
     int32_t f = d->constraint ? featured(e, slot, ctx, n_ctx) : n_ctx - 1;
     if (f < 1 || n_ctx - 1 - f > SD_MAX_K) f = n_ctx - 1; /* no forced tail: the plain rule */
-    SD_TRY(sd_eagle_drafter_prepare(e, slot, ctx, f + 1, ready));
+    SD_TRY(sd_eagle_drafter_prepare(e, slot, ctx, f + 1, k + 1, ready));
     for (int32_t t = f; *ready && t < n_ctx - 1; t++) { /* head row t: (its own last output, forced draft) */
         SD_TRY(sd_eagle_head_forward(e->head, slot, t, 1, ctx + t + 1, e->g_step, NULL, e->logits_d, e->hid));
         memcpy(e->g_step, e->hid, (size_t)e->H * sizeof *e->g_step);
@@ -148,7 +151,7 @@ static sd_status eagle_propose(sd_drafter *d, int32_t slot, const int32_t *ctx, 
     if (n_ctx - 2 + k > e->max_ctx) k = e->max_ctx - n_ctx + 2; /* head rows up to n_ctx - 3 + k */
     if (k <= 0) return SD_OK;
     bool ready = false;
-    SD_TRY(prepare_ctx(d, e, slot, ctx, n_ctx, &ready));
+    SD_TRY(prepare_ctx(d, e, slot, ctx, n_ctx, k, &ready));
     if (!ready) return SD_OK;
     int32_t *ids = e->q_ids + (size_t)slot * SD_MAX_K * (size_t)e->top_n;
     float *qp = e->q_probs + (size_t)slot * SD_MAX_K * (size_t)e->top_n;
@@ -311,6 +314,14 @@ int32_t sd_drafter_eagle_layers(const sd_drafter *d, int32_t *ids) {
     const eagle_drafter *e = d->impl;
     sd_eagle_head_layers(e->head, ids);
     return SD_EAGLE_N_AUX;
+}
+
+double sd_drafter_eagle_take_catchup_s(sd_drafter *d) {
+    if (!d || d->kind != SD_DRAFTER_EAGLE) return 0.0;
+    eagle_drafter *e = d->impl;
+    const double s = e->catchup_s;
+    e->catchup_s = 0.0;
+    return s;
 }
 
 sd_status sd_drafter_eagle_features(sd_drafter *d, int32_t seq, int32_t pos0, int32_t n, const int32_t *tokens,

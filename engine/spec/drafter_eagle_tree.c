@@ -214,7 +214,7 @@ sd_status sd_drafter_eagle_propose_tree(sd_drafter *d, int32_t slot, const int32
     out->n_nodes = 0;
     eagle_drafter *e = d->impl;
     bool ready = false;
-    SD_TRY(sd_eagle_drafter_prepare(e, slot, ctx, n_ctx, &ready));
+    SD_TRY(sd_eagle_drafter_prepare(e, slot, ctx, n_ctx, shape->depth + 1, &ready));
     if (!ready) return SD_OK;
     const int32_t K = shape->topk, H = e->H, base = n_ctx - 1;
     /* head rows: the tree's go after the context's, as many as fit */
