@@ -94,7 +94,9 @@ bool sd_head_store(sd_session *s, const Specd__VerifyResult *vr) {
     s->head_k = (int32_t)n;
     s->head_base = (int32_t)vr->cached_len + 1;
     s->head_last = vr->commit[vr->n_commit - 1]; /* validated: a result with head drafts commits */
-    s->head_us = vr->next_us;
+    /* the drafts' price: the catch-up (head rows of a context it fell behind
+     * on) is what shadowing costs, priced apart (sched_results.c) */
+    s->head_us = vr->next_us - (vr->next_catchup_us < vr->next_us ? vr->next_catchup_us : vr->next_us);
     return true;
 }
 

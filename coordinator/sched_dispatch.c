@@ -386,9 +386,10 @@ static void send_verify(sd_coord *c, int32_t g, bool prefill, uint64_t now_us) {
     w->step_refill = refill;
     if (!prefill) c->verify_steps++;
     record_overhead(c, w);
-    SD_DEBUG("verify step %llu: %d seqs, %d tokens%s (cost model: %.0f us + %.0f us/token, draft step %.0f us)",
+    SD_DEBUG("verify step %llu: %d seqs, %d tokens%s (cost model: %.0f us + %.0f us/token, draft step %.0f us, "
+             "catch-up %.0f us a row)",
              (unsigned long long)req.step_id, m, n_tokens, prefill ? " (prefill only)" : "", c->cost.verify_fixed_us,
-             c->cost.verify_token_us, c->cost.draft_step_us);
+             c->cost.verify_token_us, c->cost.draft_step_us, c->cost.catchup_row_us);
     sd_outbox_worker(c, g, &env, now_us);
     sd_pack_verify_free(&pk);
 }

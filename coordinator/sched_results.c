@@ -141,8 +141,10 @@ static void apply_ok(sd_coord *c, sd_coord_worker *w, sd_session *s, int32_t k, 
     }
     s->draft_base = -1;
     s->k = 0;
-    /* the head's drafts for the next step, handed out by its relay */
+    /* the head's drafts for the next step, handed out by its relay; the
+     * rows it had to catch up on priced apart (what shadowing costs) */
     if (vr->n_next_draft == 0 || !sd_head_store(s, vr)) s->head_base = -1;
+    sd_cost_observe_catchup(&c->cost, (int32_t)vr->next_catchup_rows, vr->next_catchup_us);
     sd_choice_observe(c, s, k, refill, vr->commit, (int32_t)vr->n_commit, now_us);
     sd_k_shadow_settle(c, s, vr->commit, (int32_t)vr->n_commit);
     {

@@ -282,7 +282,8 @@ static bool check_draft_response(vctx *v, const Specd__DraftResponse *r) {
 }
 
 /* A verifier's head drafts (VerifyResult.next_draft / next_q): at most
- * max_k, one q each, as a drafter's DraftResult. */
+ * max_k, one q each, as a drafter's DraftResult; its catch-up within its
+ * time and its context. */
 static bool check_next_draft(vctx *v, size_t i, const Specd__VerifyResult *d) {
     char path[96];
     if (d->n_next_draft > (size_t)v->max_k)
@@ -296,6 +297,14 @@ static bool check_next_draft(vctx *v, size_t i, const Specd__VerifyResult *d) {
     if (d->n_next_draft > 0 && (d->code != SPECD__CODE__CODE_OK || d->n_commit == 0))
         return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST,
                           "verify.results[%zu].next_draft: %zu drafts with nothing committed", i, d->n_next_draft);
+    if (d->next_catchup_us > d->next_us)
+        return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST,
+                          "verify.results[%zu].next_catchup_us: %u of the head's %u us (next_us)", i,
+                          d->next_catchup_us, d->next_us);
+    if ((uint64_t)d->next_catchup_rows > (uint64_t)d->cached_len + 1)
+        return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST,
+                          "verify.results[%zu].next_catchup_rows: %u rows past a context of %u", i,
+                          d->next_catchup_rows, d->cached_len + 1);
     snprintf(path, sizeof path, "verify.results[%zu].next_draft", i);
     if (!sd_nv_check_tokens(v, path, d->next_draft, d->n_next_draft)) return false;
     for (size_t j = 0; j < d->n_next_q; j++) {

@@ -420,7 +420,9 @@ static void test_eagle_catchup_counted(void **state) {
     for (int32_t i = 0; i < 96; i++) ctx[i] = (int32_t)((i * 37 + 11) % VOCAB), pos[i] = i;
     float *logits = malloc(96 * sizeof(float) * VOCAB);
     assert_non_null(logits);
-    assert_true(sd_drafter_eagle_take_catchup_s(NULL) == 0.0);
+    int64_t rows = -1;
+    assert_true(sd_drafter_eagle_take_catchup_s(NULL, &rows) == 0.0);
+    assert_int_equal(rows, 0);
     /* the prompt: 40 positions, one draft: 38 of its 39 head rows are catch-up */
     assert_int_equal(sd_model_forward(m, kv, &(sd_batch){40, ctx, pos, seq, want}, logits), SD_OK);
     feed(m, d, ctx, 0, 40);
@@ -429,8 +431,10 @@ static void test_eagle_catchup_counted(void **state) {
     sd_spec_q q[SD_MAX_K];
     assert_int_equal(sd_drafter_propose(d, 0, ctx, n + 1, 1, &greedy, tokens, q, &nd), SD_OK);
     assert_int_equal(nd, 1);
-    assert_true(sd_drafter_eagle_take_catchup_s(d) > 0.0);
-    assert_true(sd_drafter_eagle_take_catchup_s(d) == 0.0);
+    assert_true(sd_drafter_eagle_take_catchup_s(d, &rows) > 0.0);
+    assert_int_equal(rows, 38);
+    assert_true(sd_drafter_eagle_take_catchup_s(d, &rows) == 0.0);
+    assert_int_equal(rows, 0);
     /* drafting steps: the context grows by 1 or 2 (at most 1 + k): nothing */
     for (int32_t grow = 1; grow <= 2; grow++) {
         assert_int_equal(sd_model_forward(m, kv, &(sd_batch){grow, ctx + n, pos + n, seq, want}, logits), SD_OK);
@@ -438,7 +442,8 @@ static void test_eagle_catchup_counted(void **state) {
         n += grow;
         assert_int_equal(sd_drafter_propose(d, 0, ctx, n + 1, 1, &greedy, tokens, q, &nd), SD_OK);
         assert_int_equal(nd, 1);
-        assert_true(sd_drafter_eagle_take_catchup_s(d) == 0.0);
+        assert_true(sd_drafter_eagle_take_catchup_s(d, &rows) == 0.0);
+        assert_int_equal(rows, 0);
     }
     /* steps at K = 0 (features fed, no propose), then a probe: catch-up */
     for (int32_t i = 0; i < 12; i++, n++) {
@@ -446,7 +451,8 @@ static void test_eagle_catchup_counted(void **state) {
         feed(m, d, ctx, n, 1);
     }
     assert_int_equal(sd_drafter_propose(d, 0, ctx, n + 1, 1, &greedy, tokens, q, &nd), SD_OK);
-    assert_true(sd_drafter_eagle_take_catchup_s(d) > 0.0);
+    assert_true(sd_drafter_eagle_take_catchup_s(d, &rows) > 0.0);
+    assert_int_equal(rows, 10); /* 12 new rows, 2 a step's own */
     free(logits);
     sd_kv_free(&kv);
     sd_drafter_free(&d);

@@ -85,6 +85,14 @@ static void test_next_draft(void **state) {
     expect_refused(&env, "verify.results[0].next_draft: 3 drafts with nothing committed");
     vr.n_commit = 2, vr.n_accepted = 1, vr.code = SPECD__CODE__CODE_CACHE_MISS;
     expect_refused(&env, "with nothing committed");
+    vr.code = SPECD__CODE__CODE_OK;
+    /* the catch-up: within the head's time and the context */
+    vr.cached_len = 40, vr.next_us = 900, vr.next_catchup_us = 900, vr.next_catchup_rows = 41;
+    if (!worker_ok(&env, err, sizeof err)) fail_msg("a catch-up of all of the head's time refused: %s", err);
+    vr.next_catchup_us = 901;
+    expect_refused(&env, "verify.results[0].next_catchup_us: 901 of the head's 900 us");
+    vr.next_catchup_us = 800, vr.next_catchup_rows = 42;
+    expect_refused(&env, "verify.results[0].next_catchup_rows: 42 rows past a context of 41");
 }
 
 static void test_next_k_and_hello(void **state) {

@@ -107,6 +107,34 @@ static void test_shadow_budget_follows_the_gain(void **state) {
     assert_int_equal(sd_adapt_shadow_interval(&c, 64), (int32_t)ceil(shadow / (0.0025 * step)));
 }
 
+/* A drafter that skips positions at K = 0 (an EAGLE head) takes them in at
+ * the next shadow: that costs a row per sequence and step at any interval,
+ * so it comes off the budget first, and where it is over the budget there
+ * are no shadows (SHADOW_MAX); at no catch-up cost the interval is what it
+ * was. The catch-up EMA: the first observation sets it, rows 0 are none. */
+static void test_shadow_catchup_cost(void **state) {
+    (void)state;
+    sd_cost_model c;
+    fit(&c, 6000.0, 2500.0); /* the Q4_1 demo model on 2 cores: ~8.5 ms a one-row step */
+    c.draft_token_us = 500.0; /* an EAGLE head's draft token */
+    sd_cost_observe_draft_step(&c, 80);
+    const int32_t plain = sd_adapt_shadow_interval(&c, 1), plain8 = sd_adapt_shadow_interval(&c, 8);
+    assert_true(plain >= 1 && plain < plain8 && plain8 < 256);
+    sd_cost_observe_catchup(&c, 0, 1000);
+    assert_true(c.catchup_row_us == 0.0);
+    assert_int_equal(sd_adapt_shadow_interval(&c, 1), plain);
+    sd_cost_observe_catchup(&c, 10, 300); /* 30 us a row: part of the budget at batch 1, all of it at 8 */
+    assert_true(fabs(c.catchup_row_us - 30.0) < 1e-9);
+    const int32_t cheap = sd_adapt_shadow_interval(&c, 1);
+    assert_true(cheap > plain && cheap < 256);
+    assert_int_equal(sd_adapt_shadow_interval(&c, 8), 256);
+    sd_cost_observe_catchup(&c, 10, 3000); /* an EMA: 0.8 x 30 + 0.2 x 300 */
+    assert_true(fabs(c.catchup_row_us - 84.0) < 1e-9);
+    sd_cost_observe_catchup(&c, 1, 3000);
+    sd_cost_observe_catchup(&c, 1, 3000);
+    assert_int_equal(sd_adapt_shadow_interval(&c, 1), 256); /* ~1 ms a row: over any budget */
+}
+
 static void test_cheap_draft_goes_up(void **state) {
     (void)state;
     sd_cost_model c;
@@ -510,6 +538,7 @@ int main(void) {
         cmocka_unit_test(test_decoder_exploration_rate),
         cmocka_unit_test(test_decoder_ngram_drafts),
         cmocka_unit_test(test_shadow_budget_follows_the_gain),
+        cmocka_unit_test(test_shadow_catchup_cost),
     };
     return cmocka_run_group_tests(tests, make_model, remove_model);
 }

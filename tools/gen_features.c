@@ -209,12 +209,12 @@ int sd_gen_dump_main(const sd_gen_dump_params *p, sd_model *m, const sd_tok *tok
     char **lines = NULL;
     size_t n_lines = 0;
     const char *one = p->prompt ? p->prompt : "";
-    if (p->prompt_file && sd_gen_read_lines(p->prompt_file, &lines, &n_lines) != SD_OK) return 1;
+    if (p->prompt_file && sd_bench_read_prompt_file(p->prompt_file, &lines, &n_lines) != 0) return 1;
     j.prompts = p->prompt_file ? (const char *const *)lines : &one;
     j.n_prompts = p->prompt_file ? n_lines : 1;
     int32_t n_written = 0;
     sd_status st = dump_run(m, tok, &j, &n_written);
-    sd_gen_lines_free(lines, n_lines);
+    sd_bench_prompts_free(lines, n_lines);
     if (st != SD_OK)
         fprintf(stderr, "specd-generate: --dump-features failed: %s (see the log above)\n", sd_status_str(st));
     else
@@ -232,55 +232,6 @@ bool sd_gen_parse_layers(const char *s, int32_t *ids, int32_t max, int32_t *n) {
         s = *end ? end + 1 : end;
     }
     return *n > 0;
-}
-
-sd_status sd_gen_read_lines(const char *path, char ***out, size_t *n) {
-    *out = NULL;
-    *n = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        SD_ERROR("cannot open the prompt file %s", path);
-        return SD_ERR_IO;
-    }
-    char **lines = NULL;
-    size_t cap = 0;
-    char *line = NULL;
-    size_t lcap = 0;
-    ssize_t len;
-    sd_status st = SD_OK;
-    while (st == SD_OK && (len = getline(&line, &lcap, f)) >= 0) {
-        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
-        if (len == 0 || line[0] == '#') continue;
-        sd_bench_unescape_newlines(line);   /* bench/prompts' format */
-        if (*n == cap) {
-            char **bigger = realloc(lines, (cap ? cap * 2 : 64) * sizeof *bigger);
-            if (!bigger) {
-                st = SD_ERR_NOMEM;
-                break;
-            }
-            lines = bigger;
-            cap = cap ? cap * 2 : 64;
-        }
-        lines[*n] = strdup(line);
-        if (!lines[*n])
-            st = SD_ERR_NOMEM;
-        else
-            (*n)++;
-    }
-    free(line);
-    fclose(f);
-    if (st != SD_OK) {
-        sd_gen_lines_free(lines, *n);
-        *n = 0;
-        return st;
-    }
-    *out = lines;
-    return SD_OK;
-}
-
-void sd_gen_lines_free(char **lines, size_t n) {
-    for (size_t i = 0; lines && i < n; i++) free(lines[i]);
-    free(lines);
 }
 
 /* All of stdin, malloc'd and NUL-terminated; *n_read the bytes read (more

@@ -50,13 +50,6 @@ int sd_gen_dump_main(const sd_gen_dump_params *p, sd_model *m, const sd_tok *tok
 /* "a,b,c" into ids[max] and *n; false on a malformed list. */
 bool sd_gen_parse_layers(const char *s, int32_t *ids, int32_t max, int32_t *n);
 
-/* The prompts of path, one a line as bench/prompts/ writes them: empty
- * lines and lines starting with "#" skipped, a trailing "\r" dropped, "\\n"
- * read as a newline; malloc'd strings in a malloc'd array *out[*n]; free
- * with sd_gen_lines_free. */
-sd_status sd_gen_read_lines(const char *path, char ***out, size_t *n);
-void sd_gen_lines_free(char **lines, size_t n);
-
 /* All of stdin as the prompt: *owned (malloc'd, NUL-terminated; the caller
  * frees it) and *prompt pointing at it. 0, or specd-generate's exit status:
  * 1 out of memory, 2 the input holds a NUL byte (said on stderr; refused

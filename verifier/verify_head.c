@@ -69,7 +69,7 @@ struct sd_vhead {
     int32_t cap_fused;
     int32_t max_q;
     double seconds; /* since sd_vhead_take_seconds */
-    double feed_s;  /* the last feed's: charged to the draft that follows it */
+    double feed_s;  /* the last feed's: reported with the draft that follows it */
     int32_t feed_n; /* ... and its rows */
 };
 
@@ -281,16 +281,24 @@ void sd_vhead_draft(sd_vhead *h, size_t i, int32_t slot, const int32_t *cached, 
     res->next_q = n > 0 ? pdists : NULL;
     double took = sd_now() - t0;
     h->seconds += took;
-    /* What a drafting step costs the head: its own rows (at most 1 + k)
-     * and the chain. Rows of a context it fell behind on (the prompt, the
-     * steps at K = 0, which run no head rows) are a one-off, as a prefill is
-     * for the target: charged to the k drafts of a probe after a long K = 0
-     * stretch, they priced a head draft token at 4.7 ms against ~0.5 and
-     * kept the coordinator's K at 0 for good (bench/results/eagle-cpu.md). */
-    double feed = h->feed_s;
-    if (h->feed_n > k + 1) feed *= (double)(k + 1) / h->feed_n;
-    double charged = took - sd_drafter_eagle_take_catchup_s(h->drafter) + feed;
-    res->next_us = (uint32_t)(charged > 0 ? charged * 1e6 : 0.0);
+    /* All of it in next_us; apart, in next_catchup_us / _rows, the rows of
+     * a context the head fell behind on (the prompt, steps at K = 0, which
+     * run no head rows), past the 1 + k a drafting step takes in: a one-off
+     * as a prefill is for the target, which the coordinator leaves out of
+     * a draft token's price. Charged to the k drafts of a probe after a
+     * stretch at K = 0 (or the prompt's), they priced a head draft token at
+     * 4.7 ms against ~0.5 and kept the coordinator's K at 0 for good; the
+     * coordinator prices them as what shadowing costs instead
+     * (bench/results/eagle-cpu.md, 2026-12-03 session 43). */
+    int64_t rows = 0;
+    double catchup = sd_drafter_eagle_take_catchup_s(h->drafter, &rows);
+    if (h->feed_n > k + 1) catchup += h->feed_s * (double)(h->feed_n - k - 1) / h->feed_n;
+    const double all = took + h->feed_s;
+    if (catchup > all) catchup = all;
+    res->next_us = (uint32_t)(all * 1e6 < 4e9 ? all * 1e6 : 4e9);
+    res->next_catchup_us = (uint32_t)(catchup * 1e6 < 4e9 ? catchup * 1e6 : 4e9);
+    if (res->next_catchup_us > res->next_us) res->next_catchup_us = res->next_us;
+    res->next_catchup_rows = (uint32_t)(rows < n_ctx ? rows : n_ctx);
     h->feed_s = 0.0;
     h->feed_n = 0;
 }

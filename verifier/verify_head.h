@@ -56,7 +56,8 @@ typedef struct sd_vhead_con {
 /* Drafts up to k tokens for slot continuing its committed tokens,
  * cached[n_cached] then next (the token its step just sampled), with
  * sampling s into res->next_draft / next_q / next_us (the last feed's time
- * included), borrowed from h (batch entry i, i < max_batch) until the next
+ * included) and next_catchup_us / _rows (of that, the rows past the 1 + k a
+ * drafting step takes in), borrowed from h (batch entry i, i < max_batch) until the next
  * step. Under a constraint (hc non-NULL): the forced drafts first, q = 1,
  * then the head's, masked at each drafted position (con is left where it
  * was). None on a failure (logged). */

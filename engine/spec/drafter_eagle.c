@@ -91,7 +91,10 @@ sd_status sd_eagle_drafter_prepare(eagle_drafter *e, int32_t slot, const int32_t
     const float *g = e->feat + ((size_t)slot * (size_t)e->max_ctx + (size_t)keep) * (size_t)e->H;
     const double t0 = sd_now();
     SD_TRY(sd_eagle_head_forward(e->head, slot, keep, rows, ctx + keep + 1, g, NULL, e->logits_d, e->hid));
-    if (step_rows >= 1 && rows > step_rows) e->catchup_s += (sd_now() - t0) * (double)(rows - step_rows) / rows;
+    if (step_rows >= 1 && rows > step_rows) {
+        e->catchup_s += (sd_now() - t0) * (double)(rows - step_rows) / rows;
+        e->catchup_rows += rows - step_rows;
+    }
     memcpy(tok + keep, ctx + keep + 1, (size_t)rows * sizeof *tok);
     e->n_true[slot] = n_ctx - 1;
     memcpy(e->g_step, e->hid + (size_t)(rows - 1) * (size_t)e->H, (size_t)e->H * sizeof *e->g_step);
@@ -316,11 +319,14 @@ int32_t sd_drafter_eagle_layers(const sd_drafter *d, int32_t *ids) {
     return SD_EAGLE_N_AUX;
 }
 
-double sd_drafter_eagle_take_catchup_s(sd_drafter *d) {
+double sd_drafter_eagle_take_catchup_s(sd_drafter *d, int64_t *rows) {
+    if (rows) *rows = 0;
     if (!d || d->kind != SD_DRAFTER_EAGLE) return 0.0;
     eagle_drafter *e = d->impl;
     const double s = e->catchup_s;
+    if (rows) *rows = e->catchup_rows;
     e->catchup_s = 0.0;
+    e->catchup_rows = 0;
     return s;
 }
 

@@ -27,7 +27,8 @@ typedef struct eagle_drafter {
     float *g_step;  /* [H] */
     int32_t *q_ids; /* [max_seqs][SD_MAX_K][top_n] */
     float *q_probs; /* [max_seqs][SD_MAX_K][top_n] */
-    double catchup_s; /* head rows past a drafting step's own, since sd_drafter_eagle_take_catchup_s */
+    double catchup_s;     /* head rows past a drafting step's own, since sd_drafter_eagle_take_catchup_s */
+    int64_t catchup_rows; /* ... and how many */
 } eagle_drafter;
 
 /* Runs the head over the context's rows whose target features are new
@@ -36,7 +37,8 @@ typedef struct eagle_drafter {
  * n_ctx - 1 rows. *ready false (SD_OK): no features for this context, or no
  * head row left, nothing to draft. step_rows: the rows a drafting step
  * brings at most (1 + the drafts it verified); the time of rows past them
- * (a context the head fell behind on) goes to e->catchup_s. */
+ * (a context the head fell behind on) goes to e->catchup_s and their
+ * count to e->catchup_rows. */
 sd_status sd_eagle_drafter_prepare(eagle_drafter *e, int32_t slot, const int32_t *ctx, int32_t n_ctx,
                                    int32_t step_rows, bool *ready);
 

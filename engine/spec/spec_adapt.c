@@ -226,6 +226,12 @@ void sd_cost_observe_draft_fit(sd_cost_model *c, int32_t n_draft_tokens, uint32_
     c->draft_token_us = b > 0 ? b : 0;
 }
 
+void sd_cost_observe_catchup(sd_cost_model *c, int32_t rows, uint32_t us) {
+    if (rows <= 0) return;
+    double per = (double)us / rows;
+    c->catchup_row_us = c->catchup_row_us > 0 ? 0.8 * c->catchup_row_us + 0.2 * per : per;
+}
+
 /* Step timeouts. A fixed one (30 s) turned a slow machine into a livelock:
  * under ASan on 2 cores, 64 SmolLM2 prompts arriving together made a
  * ~3,600-row refill step that took longer, the verifier was declared dead,
@@ -398,7 +404,16 @@ int32_t sd_adapt_shadow_interval(const sd_cost_model *c, int32_t batch) {
     if (budget < SHADOW_BUDGET) budget = SHADOW_BUDGET;
     double shadow = c->draft_step_us + c->draft_token_us * batch;
     double step = sd_cost_verify_us(c, batch);
-    double steps = step > 0 ? ceil(shadow / (budget * step)) : SHADOW_MAX;
+    /* A drafter that runs nothing at K = 0 (an EAGLE head: "only where
+     * read") takes in every position it skipped at the next shadow: at any
+     * interval shorter than the request, shadowing costs it a row per
+     * sequence and step besides the shadows. Where that alone is over the
+     * budget there are none. Unpriced, frequent shadows made the head
+     * compute every row: the service at 8 and 32 requests ran 0.91x plain
+     * with nothing drafted (bench/results/eagle-cpu.md, session 43). */
+    double room = budget * step - c->catchup_row_us * batch;
+    if (!(room > 0)) return SHADOW_MAX;
+    double steps = step > 0 ? ceil(shadow / room) : SHADOW_MAX;
     if (!(steps >= 1)) steps = 1; /* also NaN */
     if (steps > SHADOW_MAX) steps = SHADOW_MAX;
     return (int32_t)steps;

@@ -142,11 +142,12 @@ sd_status sd_drafter_eagle_open(const char *dir, const sd_model *target, const s
 int32_t sd_drafter_eagle_layers(const sd_drafter *d, int32_t *ids);
 
 /* Seconds an EAGLE drafter's proposals spent, since the last call, on head
- * rows past the 1 + k a drafting step of k brings at most: rows of a
- * context it fell behind on (a prompt, the steps it did not draft for),
- * which the caller leaves out of the time it charges to the drafted tokens
- * (verifier/verify_head.c). 0 for another kind. */
-double sd_drafter_eagle_take_catchup_s(sd_drafter *d);
+ * rows past the 1 + k a drafting step of k brings at most, and how many
+ * rows (*rows, may be NULL): rows of a context it fell behind on (a
+ * prompt, the steps it did not draft for), which the caller reports apart
+ * from what the drafted tokens cost (verifier/verify_head.c). 0 for
+ * another kind. */
+double sd_drafter_eagle_take_catchup_s(sd_drafter *d, int64_t *rows);
 
 /* Hands an EAGLE drafter the target's captured features aux[n][3 * n_embd]
  * of committed positions pos0 .. pos0 + n - 1 of slot seq, whose tokens are

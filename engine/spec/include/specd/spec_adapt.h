@@ -55,6 +55,11 @@ typedef struct sd_cost_model {
     double draft_step_us;             /* EMA of draft request -> response, 0 until measured */
     uint32_t n_draft_obs;             /* draft-token measurements taken (the first replaces the prior) */
     double row_us_peak;               /* slowest recent verify forward per token, refills included (step timeouts) */
+    /* EMA of what a drafter that skipped positions (an EAGLE head at K = 0)
+     * spends per skipped position when it drafts again: every shadow makes
+     * it take in all of them, so shadowing at any interval costs this per
+     * sequence and step (sd_adapt_shadow_interval); 0 until measured */
+    double catchup_row_us;
     /* decaying sums for the least-squares fit of verify time vs tokens */
     sd_line_sums verify_fit;
     /* each step size's own time: the verifier's cost is not a line (a GPU
@@ -73,6 +78,9 @@ void sd_cost_observe_draft(sd_cost_model *c, int32_t n_draft_tokens, uint32_t dr
  * steps; with too little spread in their sizes, keeps the fixed part and
  * rescales the per-token one. The first one sets the per-token price. */
 void sd_cost_observe_draft_fit(sd_cost_model *c, int32_t n_draft_tokens, uint32_t draft_us);
+/* A drafter's catch-up: us spent taking in rows positions it had skipped
+ * (VerifyResult.next_catchup_us / _rows). Nothing for rows 0. */
+void sd_cost_observe_catchup(sd_cost_model *c, int32_t rows, uint32_t us);
 /* Any verify step's forward (refills and prefill chunks included), for
  * the step timeout. */
 void sd_cost_observe_rows(sd_cost_model *c, int32_t n_tokens, uint32_t forward_us);
