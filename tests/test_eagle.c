@@ -390,6 +390,20 @@ static void feed(sd_model *m, sd_drafter *d, const int32_t *tokens, int32_t pos0
     assert_int_equal(sd_drafter_eagle_features(d, 0, pos0, n, tokens + pos0, aux), SD_OK);
 }
 
+/* The head in dir over m (contexts up to 128, one thread), m capturing
+ * the layers it reads. */
+static sd_drafter *open_capturing(sd_model *m, const char *dir) {
+    sd_drafter_params dp = sd_drafter_default_params();
+    dp.max_ctx = 128;
+    dp.n_threads = 1;
+    sd_drafter *d = NULL;
+    assert_int_equal(sd_drafter_eagle_open(dir, m, &dp, &d), SD_OK);
+    int32_t ids[3];
+    assert_int_equal(sd_drafter_eagle_layers(d, ids), 3);
+    assert_int_equal(sd_model_capture_set(m, 3, ids, false), SD_OK);
+    return d;
+}
+
 /* ---- what a propose charges to its drafts (drafter_eagle.c) ---- */
 
 /* The head rows past 1 + k of a propose (a context it fell behind on) are
@@ -405,14 +419,7 @@ static void test_eagle_catchup_counted(void **state) {
     head_spec h = good_head();
     write_head(dir, &h);
     sd_model *m = load(0);
-    sd_drafter_params dp = sd_drafter_default_params();
-    dp.max_ctx = 128;
-    dp.n_threads = 1;
-    sd_drafter *d = NULL;
-    assert_int_equal(sd_drafter_eagle_open(dir, m, &dp, &d), SD_OK);
-    int32_t ids[3];
-    assert_int_equal(sd_drafter_eagle_layers(d, ids), 3);
-    assert_int_equal(sd_model_capture_set(m, 3, ids, false), SD_OK);
+    sd_drafter *d = open_capturing(m, dir);
     sd_kv *kv = NULL;
     assert_int_equal(sd_model_kv_create(m, 1, 8, 16, &kv), SD_OK);
     int32_t ctx[96], pos[96], seq[96] = {0};
@@ -481,14 +488,7 @@ static void test_eagle_constrained_drafts(void **state) {
     assert_int_equal(sd_tok_from_gguf(g, &tok), SD_OK);
     sd_gguf_close(&g);
     sd_model *m = load(0);
-    sd_drafter_params dp = sd_drafter_default_params();
-    dp.max_ctx = 128;
-    dp.n_threads = 1;
-    sd_drafter *d = NULL;
-    assert_int_equal(sd_drafter_eagle_open(dir, m, &dp, &d), SD_OK);
-    int32_t ids[3];
-    assert_int_equal(sd_drafter_eagle_layers(d, ids), 3);
-    assert_int_equal(sd_model_capture_set(m, 3, ids, false), SD_OK);
+    sd_drafter *d = open_capturing(m, dir);
     const char *re = "(size|name) = [a-z0-9]{1,12}, (size|name) = [0-9a-z]{1,12}\\.";
     sd_grammar *gr = NULL;
     sd_cvocab *cv = NULL;
