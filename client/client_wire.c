@@ -37,6 +37,7 @@ void sd_client_wire_service_stats(const Specd__ServiceStats *s, sd_client_servic
     o->verify_token_us = s->verify_token_us;
     o->draft_token_us = s->draft_token_us;
     o->draft_step_us = s->draft_step_us;
+    o->catchup_row_us = s->catchup_row_us;
     o->seq_verify_steps = s->seq_verify_steps;
     o->drafts = s->drafts;
     o->draft_tokens = s->draft_tokens;

@@ -271,6 +271,7 @@ static int run_stats(sd_client *c, const options *o) {
         cJSON_AddNumberToObject(j, "verify_token_us", s.verify_token_us);
         cJSON_AddNumberToObject(j, "draft_token_us", s.draft_token_us);
         cJSON_AddNumberToObject(j, "draft_step_us", s.draft_step_us);
+        cJSON_AddNumberToObject(j, "catchup_row_us", s.catchup_row_us);
         cJSON_AddNumberToObject(j, "seq_verify_steps", (double)s.seq_verify_steps);
         cJSON_AddNumberToObject(j, "drafts", (double)s.drafts);
         cJSON_AddNumberToObject(j, "draft_tokens", (double)s.draft_tokens);
@@ -322,8 +323,10 @@ static int run_stats(sd_client *c, const options *o) {
     printf("verify steps held for drafts: %.0f%%, wait mean %.1f us, p99 %.1f us\n", 100.0 * s.draft_wait_share,
            s.draft_wait_mean_us, s.draft_wait_p99_us);
     printf("cost model: verify step %.0f us + %.0f us per token; drafting %.0f us per token; draft round trip "
-           "%.0f us\n",
+           "%.0f us",
            s.verify_fixed_us, s.verify_token_us, s.draft_token_us, s.draft_step_us);
+    if (s.catchup_row_us > 0) printf("; a head's catch-up %.0f us a skipped position", s.catchup_row_us);
+    printf("\n");
     print_spec_stats(&s);
     for (size_t i = 0; i < s.n_workers; i++) {
         const sd_client_worker_info *w = &s.workers[i];

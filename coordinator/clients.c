@@ -218,6 +218,7 @@ static void on_stats(sd_coord *c, const uint8_t *ident, size_t ident_len, const 
     st.verify_token_us = c->cost.verify_token_us;
     st.draft_token_us = c->cost.draft_token_us;
     st.draft_step_us = c->cost.draft_step_us;
+    st.catchup_row_us = c->cost.catchup_row_us;
     st.seq_verify_steps = c->spec.seq_steps;
     st.drafts = c->spec.drafts;
     st.draft_tokens = c->spec.draft_tokens;

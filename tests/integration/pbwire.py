@@ -232,7 +232,8 @@ SERVICE_STATS = {"active_requests": (1, "uint32"), "queued_requests": (2, "uint3
                  "draft_token_us": (13, "double"), "draft_step_us": (14, "double"),
                  "seq_verify_steps": (15, "uint64"), "drafts": (16, "uint64"), "draft_tokens": (17, "uint64"),
                  "accepted_tokens": (18, "uint64"), "draft_tokens_per_pos": (19, ("rep", "uint64")),
-                 "accepted_tokens_per_pos": (20, ("rep", "uint64")), "verify_batches": (21, "uint64")}
+                 "accepted_tokens_per_pos": (20, ("rep", "uint64")), "verify_batches": (21, "uint64"),
+                 "catchup_row_us": (22, "double")}
 COORD_TO_CLIENT = {"accepted": (1, ("msg", ACCEPTED)), "tokens": (2, ("msg", TOKEN_CHUNK)),
                    "finished": (3, ("msg", FINISHED)), "error": (4, ("msg", ERROR)),
                    "stats": (5, ("msg", SERVICE_STATS)), "heartbeat": (6, ("msg", HEARTBEAT)),

@@ -11,7 +11,9 @@ default launch.
    becoming ready shows the launcher passes it to rank 0 alone): the
    coordinator lists a drafter of kind eagle (the head's relay) beside the
    verifier, the launcher counted it before printing ready, and a request is
-   served with drafts verified (the leader's capture fed the head).
+   served with drafts verified (the leader's capture fed the head); its
+   prompt is longer than a drafting step, so the head's first draft catches
+   up on it, which the coordinator prices apart (stats: catchup_row_us).
 3. --eagle given to a rank > 0 of a group (specd-verifier --rank 1) is
    refused at once (exit 2), naming the reason.
 4. --eagle-drafter DIR places the head in its own drafter process
@@ -82,13 +84,22 @@ def run(h):
     kinds = [(w["role"], w.get("drafter_kind"), w["alive"]) for w in ws]
     H.check(any(w["role"] == "drafter" and w.get("drafter_kind") == "eagle" and w["alive"] for w in ws),
             "no live drafter of kind eagle: %s" % kinds)
-    r = subprocess.run([h.bin("client"), "--coordinator", addr, "-p", "hello", "-n", "12", "--ignore-eos", "--json"],
+    prompt = " ".join(["hello world"] * 20)  # longer than a drafting step: the head's first draft catches up
+    r = subprocess.run([h.bin("client"), "--coordinator", addr, "-p", prompt, "-n", "12", "--ignore-eos", "--json"],
                        capture_output=True, text=True, timeout=120)
     H.check(r.returncode == 0, "request: %s" % r.stderr[-300:])
     out = json.loads(r.stdout)
     H.check(len(out.get("ids", [])) == 12 and out["stats"]["drafted"] > 0,
             "--eagle --tp 2: %d tokens, %d drafted" % (len(out.get("ids", [])), out["stats"]["drafted"]))
-    H.log("specd-launch --eagle --tp 2: workers %s; 12 tokens, %d drafted" % (kinds, out["stats"]["drafted"]))
+    # the head's catch-up over the prompt was reported apart and priced (VerifyResult.next_catchup_us / _rows)
+    r = subprocess.run([h.bin("client"), "--coordinator", addr, "--stats", "--json"], capture_output=True,
+                       text=True, timeout=60)
+    H.check(r.returncode == 0, "stats: %s" % r.stderr[-300:])
+    st = json.loads(r.stdout)
+    H.check(st.get("catchup_row_us", 0) > 0, "no catch-up priced after a %d-word prompt: %s"
+            % (len(prompt.split()), {k: st.get(k) for k in ("draft_token_us", "catchup_row_us")}))
+    H.log("specd-launch --eagle --tp 2: workers %s; 12 tokens, %d drafted; draft token %.0f us, catch-up %.0f us a row"
+          % (kinds, out["stats"]["drafted"], st["draft_token_us"], st["catchup_row_us"]))
     h.stop(lp, timeout=60)
 
     lp = h.start("launch", [h.bin("launch"), "--target", target, "--eagle-drafter", hd, "--tp", "2", "--no-gateway",

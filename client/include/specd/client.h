@@ -262,7 +262,8 @@ typedef struct sd_client_service_stats {
     /* the coordinator's cost model (adaptive K): a verify step of n tokens
      * costs verify_fixed_us + verify_token_us * n; a draft token draft_token_us */
     double verify_fixed_us, verify_token_us, draft_token_us;
-    double draft_step_us; /* draft round trip per draft step */
+    double draft_step_us;  /* draft round trip per draft step */
+    double catchup_row_us; /* a skipped position's catch-up (an EAGLE head at K = 0): what shadowing it costs */
     /* speculative decoding since the coordinator started, per sequence
      * verify step (one sequence's part in a verify step after prefill) */
     uint64_t seq_verify_steps; /* each commits 1 + accepted tokens (fewer at the request's end) */
