@@ -156,7 +156,7 @@ typedef enum sd_warmup_mode {
      * to record or load). One step each, the verifier's very first step
      * (1 token) took 9.6 ms against 7.2 warm, and 2 tokens 12.3 against
      * 8.9: the fit priced a verified row at 0.4 of a step where it costs
-     * 0.25, and kept a head that pays at batch 1 at K = 0. */
+     * 0.25. */
     SD_WARMUP_TIMES = 1,
 } sd_warmup_mode;
 
