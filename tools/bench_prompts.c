@@ -79,7 +79,7 @@ int sd_bench_read_prompts(const char *path, char **out, int max) {
     char **all = NULL;
     size_t n = 0;
     if (sd_bench_read_prompt_file(path, &all, &n) != 0) return -1;
-    const size_t keep = max > 0 && n > (size_t)max ? (size_t)max : max > 0 ? n : 0;
+    const size_t keep = max <= 0 ? 0 : n < (size_t)max ? n : (size_t)max;
     if (keep > 0) memcpy(out, all, keep * sizeof *out);
     for (size_t i = keep; i < n; i++) free(all[i]);
     free(all);
