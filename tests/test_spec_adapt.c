@@ -8,7 +8,9 @@
  *   - a cheap draft: K > 0 at a high acceptance, the longer the higher,
  *     K = 0 at a low one, shadows every step;
  *   - a sampled request's K ignores measured costs and probes K = 1 after
- *     a run of K = 0 steps.
+ *     a run of K = 0 steps;
+ *   - K priced by the step sizes as measured (interpolated between them,
+ *     never cheaper for more rows), the line only where none is known.
  *   - one-process exploration (sd_adapt_inline_interval): a K = 1 probe
  *     or a shadow, whichever costs less, at the interval its expected cost
  *     allows; none to speak of where no acceptance makes a draft pay;
@@ -133,6 +135,41 @@ static void test_shadow_catchup_cost(void **state) {
     sd_cost_observe_catchup(&c, 1, 3000);
     sd_cost_observe_catchup(&c, 1, 3000);
     assert_int_equal(sd_adapt_shadow_interval(&c, 1), 256); /* ~1 ms a row: over any budget */
+}
+
+/* K is priced by the step sizes as measured where they are known, not by
+ * the line: a CPU verifier's warm-up (steps of 1, 2, 4, 8 and 16 tokens,
+ * the larger ones dearer a row, as on the Q4_1 demo model on 2 cores)
+ * draws a line that puts a row at ~3 ms where the second row costs 1.9.
+ * An EAGLE head at 0.4 acceptance and 0.5 ms a draft token: K = 1 by the
+ * measured sizes (1.4 tokens for 7 + 1.9 + 0.5 ms against 1 for 7: 1.04x),
+ * none by the line; sizes not seen (3 rows) between two seen ones are
+ * interpolated; a size measured noisily cheaper than a smaller one never
+ * makes more rows look cheaper; without a measured size the line prices as
+ * before. */
+static void test_k_priced_by_measured_sizes(void **state) {
+    (void)state;
+    static const int32_t sizes[] = {1, 2, 4, 8, 16};
+    static const double us[] = {7000, 8900, 13000, 24000, 52000};
+    sd_cost_model c;
+    sd_cost_init(&c);
+    for (int i = 0; i < 5; i++) sd_cost_seed_size(&c, sizes[i], (uint32_t)us[i]);
+    assert_true(c.verify_token_us > 2500.0); /* the line's slope: over the second row's 1.9 ms */
+    c.draft_token_us = 500.0;
+    c.n_draft_obs = 1;
+    assert_int_equal(sd_adapt_choose_k(0.4, &c, 1, 4), 1);
+    assert_int_equal(sd_adapt_choose_k(0.10, &c, 1, 4), 0);
+    sd_cost_model line = c; /* the same line, no sizes */
+    memset(line.size_n, 0, sizeof line.size_n);
+    assert_int_equal(sd_adapt_choose_k(0.4, &line, 1, 4), 0);
+    /* 3 rows: between 2 (8.9 ms) and 4 (13 ms); at 0.7 a third row pays */
+    assert_int_equal(sd_adapt_choose_k(0.7, &c, 1, 2), 2);
+    /* a noisy size: 2 rows measured at 6.9 ms, cheaper than 1 */
+    sd_cost_model noisy = c;
+    noisy.size_us[2] = 6900.0;
+    assert_true(sd_adapt_choose_k(0.02, &noisy, 1, 4) == 0);
+    assert_true(sd_adapt_drafting_pays(&c, 1, 0.4, 1));
+    assert_false(sd_adapt_drafting_pays(&c, 1, 0.10, 1));
 }
 
 static void test_cheap_draft_goes_up(void **state) {
@@ -539,6 +576,7 @@ int main(void) {
         cmocka_unit_test(test_decoder_ngram_drafts),
         cmocka_unit_test(test_shadow_budget_follows_the_gain),
         cmocka_unit_test(test_shadow_catchup_cost),
+        cmocka_unit_test(test_k_priced_by_measured_sizes),
     };
     return cmocka_run_group_tests(tests, make_model, remove_model);
 }

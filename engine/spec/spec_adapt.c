@@ -269,15 +269,51 @@ double sd_cost_verify_us(const sd_cost_model *c, int32_t n_tokens) {
     return c->verify_fixed_us + c->verify_token_us * (n_tokens > 0 ? n_tokens : 0);
 }
 
+/* A verify step of n tokens as best known: its own measured time; between
+ * the nearest measured sizes below and above it (that one looked for up to
+ * SIZE_REACH away), the line through them; above the nearest one below,
+ * that one plus the fitted slope (a step of more tokens costs no less than
+ * a smaller one seen); else the fitted line. The fitted line alone
+ * overpriced a row at batch 1 on the CPU: through a CPU verifier's warm-up
+ * sizes (1 to 16 tokens) it put a row at ~3.3 ms where steps of 1 and 2
+ * tokens differ by 1.8-2.0 ms, and a head accepted 33% of the time, at
+ * K = 1 1.05x plain (measured), was kept at K = 0
+ * (bench/results/eagle-cpu.md, session 44). */
+#define SIZE_REACH 8
+
+static double step_us(const sd_cost_model *c, int32_t n) {
+    double own = sd_cost_size_us(c, n);
+    if (own > 0) return own;
+    int32_t lo = 0, hi = 0;
+    double t_lo = -1.0, t_hi = -1.0;
+    for (int32_t m = (n <= SD_COST_SIZES ? n : SD_COST_SIZES + 1) - 1; m >= 1 && lo == 0; m--)
+        if ((t_lo = sd_cost_size_us(c, m)) > 0) lo = m;
+    for (int32_t m = n + 1; m <= n + SIZE_REACH && m <= SD_COST_SIZES && hi == 0; m++)
+        if ((t_hi = sd_cost_size_us(c, m)) > 0) hi = m;
+    if (lo > 0 && hi > 0) return t_lo + (t_hi - t_lo) * (n - lo) / (hi - lo);
+    if (lo > 0) return t_lo + c->verify_token_us * (n - lo);
+    return sd_cost_verify_us(c, n);
+}
+
+/* A sequence's part of a verify step of `batch` sequences in which it
+ * carries k drafts and the others none: its share of the step, and the
+ * rows its drafts add (never less than nothing). Without measured sizes
+ * this is the line's fixed / batch + per_token * (1 + k). */
+static double seq_step_us(const sd_cost_model *c, int32_t batch, int32_t k) {
+    double t0 = step_us(c, batch);
+    if (k <= 0) return t0 / batch;
+    double tk = step_us(c, batch + k);
+    return t0 / batch + (tk > t0 ? tk - t0 : 0.0);
+}
+
 int32_t sd_adapt_choose_k(double alpha, const sd_cost_model *c, int32_t batch, int32_t max_k) {
     if (max_k <= 0) return 0;
     if (batch < 1) batch = 1;
     if (alpha < 0) alpha = 0;
     if (alpha > 1) alpha = 1;
-    double share = c->verify_fixed_us / batch; /* the sequence's part of a step's fixed cost */
-    double rate0 = 1.0 / (share + c->verify_token_us);
+    double rate0 = 1.0 / seq_step_us(c, batch, 0);
     int32_t best_k = 0;
-    double best = -1.0;
+    double best = -1.0, verify = 0.0;
     /* expected tokens of K drafts, 1 + a + ... + a^K, summed as K grows
      * (the scheduler asks for every K = 0 sequence several times a step:
      * pow() here cost ~20 us between a verify reply and the next request
@@ -286,7 +322,9 @@ int32_t sd_adapt_choose_k(double alpha, const sd_cost_model *c, int32_t batch, i
     for (int32_t k = 1; k <= max_k; k++) {
         term *= alpha;
         tokens += term;
-        double cost = c->draft_fixed_us + c->draft_token_us * k + share + c->verify_token_us * (1 + k);
+        double v = seq_step_us(c, batch, k);
+        if (v > verify) verify = v; /* more rows never cost less (measured sizes are noisy) */
+        double cost = c->draft_fixed_us + c->draft_token_us * k + verify;
         double rate = tokens / cost;
         if (rate > best * (1.0 + 1e-9)) {
             best = rate;
@@ -308,21 +346,13 @@ double sd_adapt_expected_tokens(double alpha, int32_t k) {
 bool sd_adapt_drafting_pays(const sd_cost_model *c, int32_t batch, double extra_tokens, int32_t extra_rows) {
     if (extra_rows <= 0) return true; /* nobody drafts: nothing to decide */
     if (batch < 1) batch = 1;
-    /* the two step sizes as measured where both have been seen (the line
-     * misses steps in the cost: on an H100 a SmolLM2 step of 9 tokens costs
-     * 9% more than one of 8, the line said 2.5%, and speculation at 8
-     * concurrent requests measured 0.935 of target-only); else the line's
-     * slope from what is known */
-    double t0 = sd_cost_size_us(c, batch);
-    double t1 = t0 > 0 ? sd_cost_size_us(c, batch + extra_rows) : -1.0;
-    if (t0 <= 0) t0 = sd_cost_verify_us(c, batch);
-    if (t1 <= 0) { /* a step of more tokens costs no less than a smaller one seen */
-        t1 = t0 + c->verify_token_us * extra_rows;
-        for (int32_t m = batch + 1; m <= batch + extra_rows && m <= SD_COST_SIZES; m++) {
-            double seen = sd_cost_size_us(c, m);
-            if (seen > t1) t1 = seen;
-        }
-    }
+    /* the two step sizes as measured, or from the nearest measured ones
+     * (step_us): the line misses steps in the cost (on an H100 a SmolLM2
+     * step of 9 tokens costs 9% more than one of 8, the line said 2.5%,
+     * and speculation at 8 concurrent requests measured 0.935 of
+     * target-only) */
+    double t0 = step_us(c, batch), t1 = step_us(c, batch + extra_rows);
+    if (t1 < t0) t1 = t0;
     double wait = c->draft_step_us < c->verify_fixed_us ? c->draft_step_us : c->verify_fixed_us;
     t1 += wait;
     return (batch + extra_tokens) / t1 >= batch / t0 * (1.0 + SPEC_MARGIN);
@@ -379,9 +409,9 @@ int32_t sd_adapt_sampled_k(const sd_adapt *a, int32_t max_k) {
  * sequence in a batch of `batch` (sd_adapt_choose_k's test for K = 1), in
  * [0, 1]: 1 where no acceptance makes it pay. */
 static double break_even_alpha(const sd_cost_model *c, int32_t batch) {
-    double share = c->verify_fixed_us / batch, tok = c->verify_token_us;
-    if (!(share + tok > 0)) return 1.0;
-    double a = (1.0 + SPEC_MARGIN) * (c->draft_fixed_us + c->draft_token_us + share + 2.0 * tok) / (share + tok) - 1.0;
+    double v0 = seq_step_us(c, batch, 0), v1 = seq_step_us(c, batch, 1);
+    if (!(v0 > 0)) return 1.0;
+    double a = (1.0 + SPEC_MARGIN) * (c->draft_fixed_us + c->draft_token_us + v1) / v0 - 1.0;
     return a < 0 ? 0.0 : a > 1 ? 1.0 : a;
 }
 
@@ -403,7 +433,7 @@ int32_t sd_adapt_shadow_interval(const sd_cost_model *c, int32_t batch) {
     double budget = SHADOW_BUDGET_MAX * (1.0 - break_even_alpha(c, batch));
     if (budget < SHADOW_BUDGET) budget = SHADOW_BUDGET;
     double shadow = c->draft_step_us + c->draft_token_us * batch;
-    double step = sd_cost_verify_us(c, batch);
+    double step = step_us(c, batch);
     /* A drafter that runs nothing at K = 0 (an EAGLE head: "only where
      * read") takes in every position it skipped at the next shadow: at any
      * interval shorter than the request, shadowing costs it a row per
@@ -441,11 +471,11 @@ int32_t sd_adapt_shadow_interval(const sd_cost_model *c, int32_t batch) {
 
 int32_t sd_adapt_inline_interval(const sd_adapt *a, const sd_cost_model *c, bool *probe) {
     if (probe) *probe = false;
-    double step = sd_cost_verify_us(c, 1);
+    double step = seq_step_us(c, 1, 0);
     if (!(step > 0) || break_even_alpha(c, 1) >= 1.0) return SHADOW_MAX;
     double alpha = a->alpha < 0 ? 0 : a->alpha > 1 ? 1 : a->alpha;
     double shadow_us = c->draft_fixed_us + c->draft_token_us;
-    double probe_us = shadow_us + c->verify_token_us - alpha * step;
+    double probe_us = shadow_us + (seq_step_us(c, 1, 1) - step) - alpha * step;
     if (probe_us < 0) probe_us = 0;
     const bool use_probe = probe_us < shadow_us;
     if (probe) *probe = use_probe;

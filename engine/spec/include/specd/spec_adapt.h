@@ -100,8 +100,10 @@ double sd_cost_verify_us(const sd_cost_model *c, int32_t n_tokens);
 double sd_cost_size_us(const sd_cost_model *c, int32_t n_tokens);
 
 /* K in [0, max_k] maximizing expected committed tokens per unit cost,
- * (1 - a^(K+1)) / (1 - a) / (c_draft*K + fixed/batch + per_token*(1+K)),
- * for acceptance a and batch sequences sharing the fixed cost. */
+ * (1 - a^(K+1)) / (1 - a) / (c_draft*K + T(batch)/batch + T(batch+K) -
+ * T(batch)), for acceptance a, batch sequences sharing a step and T(n) the
+ * time of a step of n tokens: measured at that size where seen, between
+ * the nearest seen sizes, else the line fixed + per_token * n. */
 int32_t sd_adapt_choose_k(double alpha, const sd_cost_model *c, int32_t batch, int32_t max_k);
 /* Expected committed tokens of a step with k drafts at acceptance alpha. */
 double sd_adapt_expected_tokens(double alpha, int32_t k);
