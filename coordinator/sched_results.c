@@ -303,8 +303,11 @@ void sd_sched_on_draft(sd_coord *c, int32_t wi, const Specd__DraftResponse *r, u
     w->busy = false;
     w->steps++;
     uint64_t took = now_us > w->step_sent_us ? now_us - w->step_sent_us : 0;
-    sd_cost_observe_draft_step(&c->cost, took);
-    sd_cost_observe_draft_step(&w->cost, took);
+    /* a head drafter's catch-up is priced apart (below), out of the round
+     * trip as out of the draft token */
+    uint64_t trip = took > r->catchup_us ? took - r->catchup_us : 0;
+    sd_cost_observe_draft_step(&c->cost, trip);
+    sd_cost_observe_draft_step(&w->cost, trip);
     int32_t n_drafted = 0;
     int32_t n_step = w->n_step;
     w->n_step = 0;
@@ -341,9 +344,20 @@ void sd_sched_on_draft(sd_coord *c, int32_t wi, const Specd__DraftResponse *r, u
             s->k = 0;
         }
     }
-    if (!w->step_refill) { /* a prefill's time is not what a draft token costs */
-        sd_cost_observe_draft(&c->cost, n_drafted, r->draft_us);
-        sd_cost_observe_draft(&w->cost, n_drafted, r->draft_us);
+    /* A head drafter reports apart what it spent on the rows past its
+     * drafting steps' (catchup_us, validated within draft_us): the features
+     * of the positions it skipped at K = 0, a new request's prompt. That is
+     * the catch-up's price a row, not a draft token's: charged to a
+     * shadow's one draft after a stretch at K = 0, a head drafter's token
+     * was priced at 2.6 ms against ~0.5 at batch 1
+     * (bench/results/eagle-cpu.md, session 44). With it taken off, a step
+     * that took in a long append (step_refill) prices its drafts too. */
+    sd_cost_observe_catchup(&c->cost, (int32_t)(r->catchup_rows < INT32_MAX ? r->catchup_rows : INT32_MAX),
+                            r->catchup_us);
+    if (!w->step_refill || r->catchup_rows > 0) { /* a prefill's time is not what a draft token costs */
+        uint32_t us = r->draft_us - (r->catchup_us < r->draft_us ? r->catchup_us : r->draft_us);
+        sd_cost_observe_draft(&c->cost, n_drafted, us);
+        sd_cost_observe_draft(&w->cost, n_drafted, us);
     } else if (w->step_appended > 0 && w->cost.n_draft_obs > 0) {
         /* what taking in a prefix token costs it (moving a request to it:
          * choice.c), its drafts' measured cost taken off */

@@ -45,7 +45,7 @@ static uint64_t fnv_floats(const float *f, size_t n) {
  * differ from TP 1's in the last bits). */
 void sd_draft_head_seq(void *head, sd_drafter *d, int32_t slot, const Specd__DraftSeq *sq, const int32_t *held,
                        int32_t len, int32_t n_forced, int32_t k, const sd_sampling *s, sd_constraint *con,
-                       int32_t *tokens, sd_spec_q *q, int32_t *n) {
+                       int32_t *tokens, sd_spec_q *q, int32_t *n, sd_head_catchup *cu) {
     sd_draft_head *st = head;
     const int32_t width = st->width;
     *n = 0;
@@ -70,10 +70,18 @@ void sd_draft_head_seq(void *head, sd_drafter *d, int32_t slot, const Specd__Dra
     }
     double t1 = sd_now();
     st->feed_s += t1 - t0;
+    int32_t fed = width > 0 ? (int32_t)(sq->n_features / (size_t)width) : 0;
+    /* features of positions it drafted nothing for: their time; the rows
+     * are counted once, by the head's own catch-up over them below (as
+     * verifier/verify_head.c reports them) */
+    if (fed > k + 1) cu->s += (t1 - t0) * (double)(fed - k - 1) / fed;
     if (e == SD_OK && k > 0) {
         sd_drafter_set_constraint(d, con);
         e = sd_drafter_propose(d, slot, held, len + n_forced, k, s, tokens, q, n);
         sd_drafter_set_constraint(d, NULL);
+        int64_t rows = 0;
+        cu->s += sd_drafter_eagle_take_catchup_s(d, &rows);
+        cu->rows += rows;
     }
     st->draft_s += sd_now() - t1;
     if (e != SD_OK) {

@@ -27,10 +27,12 @@ typedef struct sd_draft_head {
  * from the drafter until its next call for slot), after the n_forced
  * forced drafts at held[len..] and masked by con when it is not NULL
  * (sd_drafter_set_constraint; con at the end of the forced drafts). A head
- * failure is logged and drafts nothing. */
+ * failure is logged and drafts nothing. Adds to *cu what it spent on rows
+ * past the 1 + k a drafting step takes in: its share of the features fed
+ * past them, and the head's own catch-up (sd_drafter_eagle_take_catchup_s). */
 void sd_draft_head_seq(void *head, sd_drafter *d, int32_t slot, const Specd__DraftSeq *sq, const int32_t *held,
                        int32_t len, int32_t n_forced, int32_t k, const sd_sampling *s, sd_constraint *con,
-                       int32_t *tokens, sd_spec_q *q, int32_t *n);
+                       int32_t *tokens, sd_spec_q *q, int32_t *n, sd_head_catchup *cu);
 
 /* Logs what the features cost (INFO), when some arrived. */
 void sd_draft_head_log(const sd_draft_head *h);

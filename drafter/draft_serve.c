@@ -226,14 +226,14 @@ static void fill_result(sd_draft_server *s, size_t i, const int32_t *tokens, con
  * drafts first (written at held[len..]), then the head's, masked after
  * them, both cut as a model drafter's are (sd_dcon_finish). */
 static void head_seq(sd_draft_server *s, size_t i, int32_t slot, const Specd__DraftSeq *sq, int32_t *held, int32_t len,
-                     int32_t k, const sd_sampling *sampling, Specd__DraftResult *res) {
+                     int32_t k, const sd_sampling *sampling, Specd__DraftResult *res, sd_head_catchup *cu) {
     sd_dcon_seq dc;
     sd_dcon_begin(s->con, s->p.tok, slot, sq, held, len, k, s->p.max_ctx - len, &dc);
     if (dc.n_forced > 0)
         SD_DEBUG("drafter: slot %d context %d: %d forced drafts", (int)slot, (int)len, (int)dc.n_forced);
     sd_draft_result dr = {.outcome = SD_SEQ_OK};
     s->p.head_seq(s->p.head, s->drafter, slot, sq, held, len, dc.n_forced, k - dc.n_forced, sampling, dc.con,
-                  dr.tokens, dr.q, &dr.n_drafted);
+                  dr.tokens, dr.q, &dr.n_drafted, cu);
     int32_t tokens[SD_MAX_K];
     sd_spec_q q[SD_MAX_K];
     int32_t n = sd_dcon_finish(&dc, held + len, &dr, tokens, q);
@@ -268,6 +268,7 @@ sd_status sd_draft_server_handle(sd_draft_server *s, const sd_net_draft_step *st
     }
     double t0 = sd_now();
     int32_t n_batch = 0;
+    sd_head_catchup cu = {0};
     for (size_t i = 0; i < req->n_seqs; i++) {
         const Specd__DraftSeq *sq = req->seqs[i];
         Specd__DraftResult *res = &s->results[i];
@@ -298,7 +299,7 @@ sd_status sd_draft_server_handle(sd_draft_server *s, const sd_net_draft_step *st
         if (len == 0) continue;                   /* nothing to continue from: no drafts */
         if (unembeddable(s, held, len)) continue; /* an id the draft cannot embed: no drafts (K = 0) */
         if (s->p.head_seq) { /* an EAGLE head: its features fed, then drafts on the whole context */
-            head_seq(s, i, slot, sq, held, (int32_t)len, k, &step->sampling[i], res);
+            head_seq(s, i, slot, sq, held, (int32_t)len, k, &step->sampling[i], res, &cu);
             continue;
         }
         /* sd_draft_batch wants at least one new token: with an empty append,
@@ -361,7 +362,12 @@ sd_status sd_draft_server_handle(sd_draft_server *s, const sd_net_draft_step *st
     resp->step_id = req->step_id;
     resp->n_results = req->n_seqs;
     resp->results = s->result_ptrs;
-    resp->draft_us = (uint32_t)((sd_now() - t0) * 1e6);
+    const double took = sd_now() - t0;
+    resp->draft_us = (uint32_t)(took * 1e6 < 4e9 ? took * 1e6 : 4e9);
+    /* within the step's time and its sequences' contexts (net/validate.c) */
+    double cu_us = cu.s * 1e6 < resp->draft_us ? cu.s * 1e6 : resp->draft_us;
+    resp->catchup_us = cu_us > 0 ? (uint32_t)cu_us : 0;
+    resp->catchup_rows = cu.rows > 0 ? (uint32_t)(cu.rows < UINT32_MAX ? cu.rows : UINT32_MAX) : 0;
     return SD_OK;
 }
 

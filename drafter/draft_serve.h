@@ -13,14 +13,23 @@
 
 typedef struct sd_draft_server sd_draft_server;
 
+/* What a head spent on rows past the 1 + k a drafting step takes in (the
+ * positions it drafted nothing for: fed and run when it drafts again):
+ * DraftResponse.catchup_us / catchup_rows. */
+typedef struct sd_head_catchup {
+    double s;
+    int64_t rows;
+} sd_head_catchup;
+
 /* An EAGLE-3 head's path for one admitted sequence (draft_head.c, which
  * links the engine; this library does not): feed sq's features, draft up to
  * k tokens on held[0..len + n_forced) into tokens / q / *n, masked by con
  * (NULL: unconstrained; else at the end of those tokens, held[len..] being
- * the constraint's forced drafts, draft_constrain.h). */
+ * the constraint's forced drafts, draft_constrain.h); adds its catch-up to
+ * *cu. */
 typedef void (*sd_draft_head_fn)(void *head, sd_drafter *d, int32_t slot, const Specd__DraftSeq *sq,
                                  const int32_t *held, int32_t len, int32_t n_forced, int32_t k, const sd_sampling *s,
-                                 sd_constraint *con, int32_t *tokens, sd_spec_q *q, int32_t *n);
+                                 sd_constraint *con, int32_t *tokens, sd_spec_q *q, int32_t *n, sd_head_catchup *cu);
 
 typedef struct sd_draft_server_params {
     int32_t max_seqs;  /* request slots; must equal the drafter's max_seqs (default 64) */

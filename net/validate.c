@@ -254,6 +254,7 @@ Specd__CoordinatorToClient *sd_net_decode_to_client(const uint8_t *data, size_t 
 
 static bool check_draft_response(vctx *v, const Specd__DraftResponse *r) {
     char path[96];
+    uint64_t rows = 0; /* the results' contexts, each + 1: what catch-up rows can be */
     if (r->n_results > (size_t)v->max_batch)
         return sd_nv_fail(v, SPECD__CODE__CODE_TOO_LARGE, "draft.results: %zu results over the limit of %d",
                           r->n_results, v->max_batch);
@@ -277,7 +278,14 @@ static bool check_draft_response(vctx *v, const Specd__DraftResponse *r) {
             return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST,
                               "draft.results[%zu].cached_len: %u over the context of %d", i, d->cached_len,
                               v->max_context);
+        rows += (uint64_t)d->cached_len + 1;
     }
+    if (r->catchup_us > r->draft_us)
+        return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST, "draft.catchup_us: %u of the step's %u us (draft_us)",
+                          r->catchup_us, r->draft_us);
+    if ((uint64_t)r->catchup_rows > rows)
+        return sd_nv_fail(v, SPECD__CODE__CODE_BAD_REQUEST, "draft.catchup_rows: %u rows past the results' %llu",
+                          r->catchup_rows, (unsigned long long)rows);
     return true;
 }
 

@@ -51,6 +51,7 @@ typedef struct harness {
     uint32_t fwd_fixed_us, fwd_token_us;
     uint32_t fwd_step_from, fwd_step_us; /* + fwd_step_us when a step has fwd_step_from tokens or more */
     uint32_t draft_us;                   /* draft_us of draft replies (100 when 0) */
+    uint32_t draft_catchup_us, draft_catchup_rows; /* their catchup_us / catchup_rows */
     Specd__StepCost **hello_costs;       /* step_costs a verifier's Hello carries */
     size_t n_hello_costs;
     uint32_t hello_group_id; /* Hello.group_id a verifier sends (0: let the coordinator number it) */
@@ -1096,6 +1097,8 @@ static void reply_draft(harness *h, const char *ident, const Specd__DraftRequest
     dr.results = pres;
     dr.n_results = req->n_seqs;
     dr.draft_us = h->draft_us ? h->draft_us : 100;
+    dr.catchup_us = h->draft_catchup_us;
+    dr.catchup_rows = h->draft_catchup_rows;
     Specd__WorkerToCoordinator e = SPECD__WORKER_TO_COORDINATOR__INIT;
     e.body_case = SPECD__WORKER_TO_COORDINATOR__BODY_DRAFT;
     e.draft = &dr;
@@ -1491,6 +1494,62 @@ static void test_shadow_drafts_share_a_phase(void **state) {
     print_message("%d steady steps, %d shadow draft steps\n", steady_steps, drafts_steady);
     assert_int_equal(steady_steps, 22);
     assert_true(drafts_steady >= 2 && drafts_steady <= steady_steps / 2);
+    harness_free(h);
+}
+
+/* A head drafter's catch-up (DraftResponse.catchup_us / _rows: the
+ * features of the positions it skipped at K = 0, fused and run at the next
+ * shadow) is priced apart: a row's time into cost.catchup_row_us, and out
+ * of the draft token's price. Charged to the shadows' 1-token drafts, it
+ * priced a head drafter's token at 2.6 ms against ~0.5. Here each draft
+ * step of up to 3 sequences takes 3 ms, 2.4 of it catch-up over 3 rows:
+ * 800 us a row, and a draft token (the first observation replaces the
+ * prior) at most (3000 - 2400) / 1 = 600 us, where 3000 / 3 = 1 ms would be
+ * the least without the catch-up taken off. */
+static void test_draft_catchup_priced_apart(void **state) {
+    (void)state;
+    NEED_MODEL();
+    harness *h = harness_new(NULL);
+    h->c.cost.verify_fixed_us = 600;
+    h->c.cost.verify_token_us = 3500;
+    h->fwd_fixed_us = 600;
+    h->fwd_token_us = 3500;
+    h->draft_us = 3000;
+    h->draft_catchup_us = 2400;
+    h->draft_catchup_rows = 3;
+    h->c.alpha_prior = 0.3;
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    register_ok(h, "d", SPECD__ROLE__ROLE_DRAFTER);
+    int32_t prompt[4] = {5, 6, 7, 8};
+    for (int i = 0; i < 3; i++) {
+        submit(h, "c", prompt, 4, 60, NULL);
+        expect_accepted(h, "c");
+    }
+    int replies = 0;
+    for (int step = 0; step < 50 && h->c.cost.n_draft_obs == 0; step++) {
+        Specd__CoordinatorToWorker *vw = pop_worker(h, "v");
+        assert_non_null(vw);
+        assert_int_equal(vw->body_case, SPECD__COORDINATOR_TO_WORKER__BODY_VERIFY);
+        Specd__CoordinatorToWorker *dw;
+        while ((dw = pop_worker(h, "d"))) {
+            int32_t wrong = 299;
+            reply_draft(h, "d", dw->draft, &wrong, 1);
+            specd__coordinator_to_worker__free_unpacked(dw, NULL);
+            replies++;
+        }
+        vres r[3];
+        for (size_t i = 0; i < vw->verify->n_seqs; i++) {
+            const Specd__VerifySeq *q = vw->verify->seqs[i];
+            r[i] = (vres){.n_commit = 1, .commit = {40 + step}, .cached_len = q->keep_len + (uint32_t)q->n_append};
+        }
+        reply_verify(h, "v", vw->verify, r);
+        specd__coordinator_to_worker__free_unpacked(vw, NULL);
+    }
+    print_message("%d draft replies: a draft token %.1f us, catch-up %.1f us a row\n", replies,
+                  h->c.cost.draft_token_us, h->c.cost.catchup_row_us);
+    assert_true(replies >= 1 && h->c.cost.n_draft_obs >= 1);
+    assert_true(fabs(h->c.cost.catchup_row_us - 800.0) < 1e-9);
+    assert_true(h->c.cost.draft_token_us > 0.0 && h->c.cost.draft_token_us <= 600.0 + 1e-9);
     harness_free(h);
 }
 
@@ -3785,6 +3844,7 @@ int main(void) {
         cmocka_unit_test(test_spec_counters_per_position),
         cmocka_unit_test(test_k0_steps_shadow_draft),
         cmocka_unit_test(test_shadow_drafts_share_a_phase),
+        cmocka_unit_test(test_draft_catchup_priced_apart),
         cmocka_unit_test(test_head_drafts_only_when_read),
         cmocka_unit_test(test_next_verify_before_streaming),
         cmocka_unit_test(test_batch_gate_step_sizes),

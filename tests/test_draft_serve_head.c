@@ -4,7 +4,8 @@
  * included) and the whole context the server holds, and the path's drafts
  * come back as the sequence's result; a cache miss never reaches it; the
  * server refuses a width without a path and a path without a width, and its
- * limits carry the width (DraftSeq.features are validated against it).
+ * limits carry the width (DraftSeq.features are validated against it); the
+ * path's catch-up is summed into the response (catchup_us within draft_us).
  * The head here is a fake that records its calls (the real one,
  * drafter/draft_head.c, needs the engine: it_greedy_tiny_eagle_drafter). */
 #include <setjmp.h>
@@ -35,7 +36,7 @@ typedef struct fake_head {
 /* Records the call; drafts k tokens: the context's last token + 1, + 2, ... (q one-hot). */
 static void fake_seq(void *head, sd_drafter *d, int32_t slot, const Specd__DraftSeq *sq, const int32_t *held,
                      int32_t len, int32_t n_forced, int32_t k, const sd_sampling *s, sd_constraint *con,
-                     int32_t *tokens, sd_spec_q *q, int32_t *n) {
+                     int32_t *tokens, sd_spec_q *q, int32_t *n, sd_head_catchup *cu) {
     (void)d;
     (void)s;
     assert_int_equal(n_forced, 0); /* no constraint here: no forced drafts, no mask */
@@ -57,6 +58,10 @@ static void fake_seq(void *head, sd_drafter *d, int32_t slot, const Specd__Draft
         q[i] = (sd_spec_q){1, &ids[i], &one};
     }
     *n = k;
+    /* the features past 1 + k as catch-up rows, a second each: more than
+     * the step took, which the response caps at its draft_us */
+    int32_t fed = (int32_t)(sq->n_features / WIDTH);
+    if (fed > k + 1) cu->rows += fed - k - 1, cu->s += fed - k - 1;
 }
 
 static void test_head_path(void **state) {
@@ -106,6 +111,10 @@ static void test_head_path(void **state) {
     assert_int_equal(r->tokens[2], 17);
     assert_int_equal(r->q[1]->ids[0], 16);
     assert_int_equal(resp.results[1]->code, SPECD__CODE__CODE_CACHE_MISS);
+    /* 9 positions' features for a step of 3 drafts: 5 rows of catch-up,
+     * their time within the step's */
+    assert_int_equal(resp.catchup_rows, 5);
+    assert_int_equal(resp.catchup_us, resp.draft_us);
 
     /* the next step keeps 10 and appends 2: the head sees all 12 held tokens */
     int32_t b[2] = {40, 41};
@@ -119,6 +128,8 @@ static void test_head_path(void **state) {
     assert_int_equal(head.call[1].held[11], 41);
     assert_int_equal(head.call[1].feature_pos0, 9);
     assert_int_equal(resp.results[0]->tokens[0], 42);
+    assert_int_equal(resp.catchup_rows, 0); /* 2 positions for 3 drafts: none */
+    assert_int_equal(resp.catchup_us, 0);
     sd_draft_server_free(&srv);
     sd_drafter_free(&d);
 }

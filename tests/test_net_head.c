@@ -95,6 +95,27 @@ static void test_next_draft(void **state) {
     expect_refused(&env, "verify.results[0].next_catchup_rows: 42 rows past a context of 41");
 }
 
+/* A head drafter's catch-up (DraftResponse.catchup_us / catchup_rows):
+ * within the step's draft_us, and within its results' contexts + 1 each. */
+static void test_draft_catchup(void **state) {
+    (void)state;
+    Specd__DraftResult r0 = SPECD__DRAFT_RESULT__INIT, r1 = SPECD__DRAFT_RESULT__INIT;
+    r0.request_id = 1, r0.code = SPECD__CODE__CODE_OK, r0.cached_len = 30;
+    r1.request_id = 2, r1.code = SPECD__CODE__CODE_OK, r1.cached_len = 9;
+    Specd__DraftResult *pr[] = {&r0, &r1};
+    Specd__DraftResponse resp = SPECD__DRAFT_RESPONSE__INIT;
+    resp.step_id = 3, resp.n_results = 2, resp.results = pr, resp.draft_us = 700;
+    resp.catchup_us = 700, resp.catchup_rows = 41;
+    Specd__WorkerToCoordinator env = SPECD__WORKER_TO_COORDINATOR__INIT;
+    env.body_case = SPECD__WORKER_TO_COORDINATOR__BODY_DRAFT, env.draft = &resp;
+    char err[256];
+    if (!worker_ok(&env, err, sizeof err)) fail_msg("a catch-up of all of the step refused: %s", err);
+    resp.catchup_us = 701;
+    expect_refused(&env, "draft.catchup_us: 701 of the step's 700 us");
+    resp.catchup_us = 10, resp.catchup_rows = 42;
+    expect_refused(&env, "draft.catchup_rows: 42 rows past the results' 41");
+}
+
 static void test_next_k_and_hello(void **state) {
     (void)state;
     int32_t append[] = {1};
@@ -288,7 +309,8 @@ static void test_hello_features(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_next_draft),      cmocka_unit_test(test_next_k_and_hello),
+        cmocka_unit_test(test_next_draft),
+        cmocka_unit_test(test_draft_catchup),      cmocka_unit_test(test_next_k_and_hello),
         cmocka_unit_test(test_result_features), cmocka_unit_test(test_draft_features),
         cmocka_unit_test(test_hello_features),
     };
