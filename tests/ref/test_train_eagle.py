@@ -22,7 +22,10 @@ layer outputs make the feature dump; a short training run. Checks:
   * a dump file with a mis-shaped tensor is refused;
   * sampled passes (DUMP/s<k>/, --samples) are read with their pass and
     prompt, a pass whose metadata differs is refused, and the held-out
-    split by prompt keeps every answer of a held-out prompt out of training.
+    split by prompt keeps every answer of a held-out prompt out of training;
+  * --init continues from the written head: its draft vocabulary kept, its
+    first loss below 0.75 x a fresh head's; a different --draft-vocab is
+    refused.
 
 --demo (slow tier, train_eagle_demo): the full pipeline on the demo model,
 briefly; see demo().
@@ -297,6 +300,40 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def check_init(model, dump, out, tmp, losses):
+    """--init: training continues from the written head (its draft
+    vocabulary kept, its first loss near where the first run ended, not
+    where a fresh head starts), and a head whose draft vocabulary is not
+    the one asked for is refused."""
+    fails = []
+    out2 = os.path.join(tmp, "head2")
+    base = [os.path.join(SOURCE_DIR, "tools", "train-eagle"), "--model", model, "--dump", dump, "--init", out,
+            "--steps", "10", "--ttt", "3", "--seed", "1", "--batch", "4", "--lr", "1e-3", "--dtype", "float32",
+            "--holdout", "0.1"]
+    r = subprocess.run(base + ["--out", out2], capture_output=True, text=True)
+    if r.returncode != 0:
+        print(r.stdout[-2000:], r.stderr[-2000:])
+        return ["train-eagle --init exited %d" % r.returncode]
+    info = json.load(open(os.path.join(out2, "specd_train.json")))
+    first = info["history"][0][1]
+    print(f"--init: the continued run's first loss {first:.4f}, the first run's {losses[0]:.4f} -> {losses[-1]:.4f}")
+    if not first < 0.75 * losses[0]:
+        fails.append(f"--init started at loss {first:.4f}, not below 0.75 x a fresh head's {losses[0]:.4f}")
+    if info.get("init") != os.path.abspath(out):
+        fails.append(f"specd_train.json init: {info.get('init')!r}")
+    _, _, d2t_a, t2d_a = H.load_head(out)
+    _, _, d2t_b, t2d_b = H.load_head(out2)
+    if not (np.array_equal(d2t_a, d2t_b) and np.array_equal(t2d_a, t2d_b)):
+        fails.append("--init changed the draft vocabulary")
+    r = subprocess.run(base + ["--out", os.path.join(tmp, "head3"), "--draft-vocab", "100"], capture_output=True,
+                       text=True)
+    if r.returncode == 0 or "its draft vocabulary is 160, --draft-vocab asks for 100" not in r.stderr:
+        fails.append(f"--init with another --draft-vocab: exit {r.returncode}, {r.stderr[-300:]!r}")
+    else:
+        print("--init with another draft vocabulary refused:", r.stderr.strip().splitlines()[-1])
+    return fails
+
+
 def run(mk, tmp):
     model = os.path.join(tmp, "tiny.gguf")
     subprocess.run([mk, "-o", model, "--dim", "64", "--layers", "8", "--heads", "4", "--kv-heads", "2",
@@ -381,6 +418,7 @@ def run(mk, tmp):
         print("bad dump refused:", e)
 
     fails += check_passes(dump, tmp, tgt, meta)
+    fails += check_init(model, dump, out, tmp, losses)
 
     for f in fails:
         print("FAIL:", f)

@@ -78,8 +78,12 @@ def parse_args(argv):
     ap.add_argument("--minutes", type=float, default=0,
                     help="training time at most, in minutes (0 = no limit; with no --dump nor prompts "
                          "given, the demo run: 25)")
-    ap.add_argument("--draft-vocab", type=int, default=4096,
-                    help="draft vocabulary size, capped at the target's (default 4096)")
+    ap.add_argument("--draft-vocab", type=int, default=None,
+                    help="draft vocabulary size, capped at the target's (default 4096; with --init, the head's)")
+    ap.add_argument("--init", metavar="HEAD",
+                    help="continue training this head (published layout, trained on this target and the "
+                         "dump's layers): its weights and draft vocabulary are the start, and the "
+                         "learning rate's warm-up and decay run again over this run's --minutes / --steps")
     ap.add_argument("--ttt", type=int, default=5, help="training-time-test steps (default 5; EAGLE-3 uses 7)")
     ap.add_argument("--seed", type=int, default=0,
                     help="seed of the initialisation, the held-out split and the batch order (default 0)")
@@ -193,6 +197,30 @@ def split_held_out(seqs, share, seed):
     return held, [s for s in seqs if s["prompt"] not in held_keys]
 
 
+def load_init(a, tgt, layer_ids):
+    """The head to continue (--init): (cfg, params, d2t, t2d), refused with
+    the reason when it is not a head of this target over the dump's layers
+    or its draft vocabulary is not the one asked for."""
+    try:
+        cfg, params, d2t, t2d = H.load_head(a.init)
+    except (OSError, ValueError, KeyError) as e:
+        raise SystemExit(f"train-eagle: --init {a.init}: {e}")
+    want = H.HeadConfig.from_target(tgt, cfg.draft_vocab, layer_ids)
+    for what, got, exp in (("hidden size", cfg.hidden, want.hidden), ("vocabulary", cfg.vocab, want.vocab),
+                           ("attention heads", (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim),
+                            (want.n_heads, want.n_kv_heads, want.head_dim)),
+                           ("intermediate size", cfg.ff, want.ff), ("layer ids", cfg.layer_ids, layer_ids)):
+        if got != exp:
+            raise SystemExit(f"train-eagle: --init {a.init}: {what} {got}, the target and dump have {exp}")
+    if a.draft_vocab is not None and a.draft_vocab != cfg.draft_vocab:
+        raise SystemExit(f"train-eagle: --init {a.init}: its draft vocabulary is {cfg.draft_vocab}, "
+                         f"--draft-vocab asks for {a.draft_vocab}")
+    used = np.nonzero(t2d)[0]
+    if len(used) != cfg.draft_vocab or not np.array_equal(used, np.arange(cfg.draft_vocab) + d2t):
+        raise SystemExit(f"train-eagle: --init {a.init}: d2t and t2d do not name the same draft vocabulary")
+    return cfg, params, d2t, t2d
+
+
 def main(argv=None):
     a = parse_args(argv)
     log = lambda s: print(s, flush=True)
@@ -220,8 +248,14 @@ def main(argv=None):
         raise SystemExit(f"train-eagle: dump {a.dump} is of hidden {meta['hidden_size']} / vocab "
                          f"{meta['vocab_size']}, the target {tgt.hidden} / {tgt.vocab}")
     layer_ids = TG.check_layer_ids(meta["layer_ids"], tgt.n_layers)
-    dv = min(a.draft_vocab, tgt.vocab)
-    used, d2t, t2d, cov = TR.choose_vocab(seqs, tgt.vocab, dv, keep=(tgt.eos,))
+    if a.init:
+        init_cfg, init_params, d2t, t2d = load_init(a, tgt, layer_ids)
+        dv = init_cfg.draft_vocab
+        used = np.nonzero(t2d)[0].astype(np.int64)
+        cov = TR.vocab_coverage(seqs, tgt.vocab, used)
+    else:
+        dv = min(a.draft_vocab or 4096, tgt.vocab)
+        used, d2t, t2d, cov = TR.choose_vocab(seqs, tgt.vocab, dv, keep=(tgt.eos,))
     log(f"dump: {len(seqs)} sequences, {sum(len(s['tokens']) for s in seqs)} tokens, layers {layer_ids}; "
         f"draft vocabulary {dv} covers {cov:.1%} of the counted tokens")
     held, train_set = split_held_out(seqs, a.holdout, a.seed)
@@ -231,7 +265,7 @@ def main(argv=None):
     del seqs
     cfg = H.HeadConfig.from_target(tgt, dv, layer_ids)
     lm_d = tgt.lm_head[used]
-    params = H.init_params(cfg, a.seed, lm_head=lm_d, norm=tgt.output_norm)
+    params = init_params if a.init else H.init_params(cfg, a.seed, lm_head=lm_d, norm=tgt.output_norm)
     embed = tgt.embed
     ev = TR.make_eval(cfg, a.ttt)
     before = TR.evaluate(ev, params, held, a.ttt, embed, lm_d, a.batch) if held else None
@@ -245,6 +279,8 @@ def main(argv=None):
              "layer_ids_convention": "output of layer id (0-based)", "steps": hist[-1][0] + 1 if hist else 0, "ttt_steps": a.ttt,
              "batch": a.batch, "lr": a.lr, "seed": a.seed, "draft_vocab_coverage": cov,
              "train_seconds": round(secs, 1), "history": hist}
+    if a.init:
+        extra["init"] = os.path.abspath(a.init)
     if held:
         after = TR.evaluate(ev, params, held, a.ttt, embed, lm_d, a.batch)
         extra["held_out_before"] = {"loss": before[0].tolist(), "acc": before[1].tolist()}

@@ -27,10 +27,7 @@ def choose_vocab(seqs, vocab, draft_vocab, keep=()):
     counted tokens in the draft vocabulary)."""
     if not 0 < draft_vocab <= vocab:
         raise ValueError(f"draft vocabulary {draft_vocab} must be in [1, {vocab}]")
-    counts = np.zeros(vocab, np.int64)
-    for s in seqs:
-        tok = s["tokens"][s["n_prompt"]:] if s.get("n_prompt") else s["tokens"]
-        counts += np.bincount(tok, minlength=vocab)
+    counts = token_counts(seqs, vocab)
     order = np.lexsort((np.arange(vocab), -counts))          # count desc, then id asc
     chosen = list(order[:draft_vocab])
     for k in keep:
@@ -42,6 +39,23 @@ def choose_vocab(seqs, vocab, draft_vocab, keep=()):
     d2t = used - np.arange(draft_vocab, dtype=np.int64)
     coverage = float(counts[used].sum()) / max(1, int(counts.sum()))
     return used, d2t, t2d, coverage
+
+
+def token_counts(seqs, vocab):
+    """Each id's count in the sequences (answers only where n_prompt is
+    known)."""
+    counts = np.zeros(vocab, np.int64)
+    for s in seqs:
+        tok = s["tokens"][s["n_prompt"]:] if s.get("n_prompt") else s["tokens"]
+        counts += np.bincount(tok, minlength=vocab)
+    return counts
+
+
+def vocab_coverage(seqs, vocab, used):
+    """The share of the counted tokens that the draft vocabulary `used`
+    holds (as choose_vocab reports it)."""
+    counts = token_counts(seqs, vocab)
+    return float(counts[used].sum()) / max(1, int(counts.sum()))
 
 
 def prepare(seqs, target, t2d, train_on_prompt=False, max_len=1024, chunk=256):
