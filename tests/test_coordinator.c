@@ -1428,6 +1428,18 @@ static void test_k0_steps_shadow_draft(void **state) {
     harness_free(h);
 }
 
+/* Answers req with one committed token, `token`, for each sequence (every
+ * draft rejected, nothing drafted for the next step). */
+static void reply_verify_one_each(harness *h, const char *ident, const Specd__VerifyRequest *req, int32_t token) {
+    vres r[16];
+    assert_true(req->n_seqs <= 16);
+    for (size_t i = 0; i < req->n_seqs; i++) {
+        const Specd__VerifySeq *q = req->seqs[i];
+        r[i] = (vres){.n_commit = 1, .commit = {token}, .cached_len = q->keep_len + (uint32_t)q->n_append};
+    }
+    reply_verify(h, ident, req, r);
+}
+
 /* Shadow drafts cost the verifier's machine more than the drafter's own
  * time (messages, both processes waking up): when a shadow is due only every
  * few steps, every sequence due is shadowed at the same verify steps, and
@@ -1483,12 +1495,7 @@ static void test_shadow_drafts_share_a_phase(void **state) {
             specd__coordinator_to_worker__free_unpacked(dw, NULL);
         }
         steady_steps += steady && step >= 8;
-        vres r[3];
-        for (size_t i = 0; i < vw->verify->n_seqs; i++) {
-            const Specd__VerifySeq *q = vw->verify->seqs[i];
-            r[i] = (vres){.n_commit = 1, .commit = {40 + step}, .cached_len = q->keep_len + (uint32_t)q->n_append};
-        }
-        reply_verify(h, "v", vw->verify, r);
+        reply_verify_one_each(h, "v", vw->verify, 40 + step);
         specd__coordinator_to_worker__free_unpacked(vw, NULL);
     }
     print_message("%d steady steps, %d shadow draft steps\n", steady_steps, drafts_steady);
@@ -1537,12 +1544,7 @@ static void test_draft_catchup_priced_apart(void **state) {
             specd__coordinator_to_worker__free_unpacked(dw, NULL);
             replies++;
         }
-        vres r[3];
-        for (size_t i = 0; i < vw->verify->n_seqs; i++) {
-            const Specd__VerifySeq *q = vw->verify->seqs[i];
-            r[i] = (vres){.n_commit = 1, .commit = {40 + step}, .cached_len = q->keep_len + (uint32_t)q->n_append};
-        }
-        reply_verify(h, "v", vw->verify, r);
+        reply_verify_one_each(h, "v", vw->verify, 40 + step);
         specd__coordinator_to_worker__free_unpacked(vw, NULL);
     }
     print_message("%d draft replies: a draft token %.1f us, catch-up %.1f us a row\n", replies,
