@@ -1428,6 +1428,18 @@ static void test_k0_steps_shadow_draft(void **state) {
     harness_free(h);
 }
 
+/* A verifier "v" and a drafter "d" registered, and three greedy requests
+ * of the same 4-token prompt (60 tokens each) accepted. */
+static void start_three(harness *h) {
+    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
+    register_ok(h, "d", SPECD__ROLE__ROLE_DRAFTER);
+    int32_t prompt[4] = {5, 6, 7, 8};
+    for (int i = 0; i < 3; i++) {
+        submit(h, "c", prompt, 4, 60, NULL);
+        expect_accepted(h, "c");
+    }
+}
+
 /* Answers req with one committed token, `token`, for each sequence (every
  * draft rejected, nothing drafted for the next step). */
 static void reply_verify_one_each(harness *h, const char *ident, const Specd__VerifyRequest *req, int32_t token) {
@@ -1460,13 +1472,7 @@ static void test_shadow_drafts_share_a_phase(void **state) {
     h->fwd_token_us = 3500;
     h->draft_us = 120;      /* per draft step of the 3: 40 us a token */
     h->c.alpha_prior = 0.3; /* K = 0 at this cost (break-even ~0.96) */
-    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
-    register_ok(h, "d", SPECD__ROLE__ROLE_DRAFTER);
-    int32_t prompt[4] = {5, 6, 7, 8};
-    for (int i = 0; i < 3; i++) {
-        submit(h, "c", prompt, 4, 60, NULL);
-        expect_accepted(h, "c");
-    }
+    start_three(h);
     int drafts_steady = 0, steady_steps = 0;
     for (int step = 0; step < 30; step++) {
         Specd__CoordinatorToWorker *vw = pop_worker(h, "v");
@@ -1525,13 +1531,7 @@ static void test_draft_catchup_priced_apart(void **state) {
     h->draft_catchup_us = 2400;
     h->draft_catchup_rows = 3;
     h->c.alpha_prior = 0.3;
-    register_ok(h, "v", SPECD__ROLE__ROLE_VERIFIER);
-    register_ok(h, "d", SPECD__ROLE__ROLE_DRAFTER);
-    int32_t prompt[4] = {5, 6, 7, 8};
-    for (int i = 0; i < 3; i++) {
-        submit(h, "c", prompt, 4, 60, NULL);
-        expect_accepted(h, "c");
-    }
+    start_three(h);
     int replies = 0;
     for (int step = 0; step < 50 && h->c.cost.n_draft_obs == 0; step++) {
         Specd__CoordinatorToWorker *vw = pop_worker(h, "v");
