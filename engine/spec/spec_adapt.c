@@ -290,7 +290,10 @@ static double step_us(const sd_cost_model *c, int32_t n) {
         if ((t_lo = sd_cost_size_us(c, m)) > 0) lo = m;
     for (int32_t m = n + 1; m <= n + SIZE_REACH && m <= SD_COST_SIZES && hi == 0; m++)
         if ((t_hi = sd_cost_size_us(c, m)) > 0) hi = m;
-    if (lo > 0 && hi > 0) return t_lo + (t_hi - t_lo) * (n - lo) / (hi - lo);
+    if (lo > 0 && hi > 0) {
+        double t = t_lo + (t_hi - t_lo) * (n - lo) / (hi - lo);
+        return t > t_lo ? t : t_lo; /* a noisy larger size never makes this one cheaper than a smaller one */
+    }
     if (lo > 0) return t_lo + c->verify_token_us * (n - lo);
     return sd_cost_verify_us(c, n);
 }
