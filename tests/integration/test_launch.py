@@ -47,6 +47,10 @@ def start_launcher(h, target, curve=False):
                  300, "specd-launch to print ready and the gateway's URL")
     H.check(p.alive(), "specd-launch exited (%s) before ready" % p.popen.returncode)
     H.check(("ready %s" % h.client_addr) in p.log_tail(200), "specd-launch did not print ready")
+    # the verifier (on the CPU) warms up and registers before the drafter starts
+    log = p.log_tail(400)
+    reg, drafter = log.find("verifier group 1 (leader"), log.find("started drafter (pid")
+    H.check(0 <= reg < drafter, "the drafter started before the verifier registered (%d, %d)" % (reg, drafter))
     kids = {comm(k): k for k in children(p.pid)}
     H.check({"specd-coordinat", "specd-verifier", "specd-drafter", "specd-gateway"} <= set(kids),
             "launcher children are %s" % kids)
