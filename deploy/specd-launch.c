@@ -54,9 +54,9 @@
 #include "specd/net.h"
 #include "launch_local.h"
 #include "launch_ready.h"
+#include "launch_child.h"
 
 #include <errno.h>
-#include <libgen.h>
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
@@ -65,14 +65,12 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
 #define MAX_CHILDREN           (MAX_TP + MAX_DRAFTERS + 2)
-#define MAX_ARGV               96
 #define RESTART_BACKOFF_MIN_MS 500
 #define RESTART_BACKOFF_MAX_MS 10000
 #define RESTART_STABLE_MS      30000 /* a child that ran this long gets its back-off reset */
@@ -87,19 +85,7 @@
 #define STATS_POLL_MS          200  /* readiness query period */
 #define GROUP_STOP_GRACE_MS    3000 /* a group's surviving ranks get this long to stop before SIGKILL */
 
-typedef struct child {
-    child_role role;
-    int rank;
-    int group;            /* verifiers: its group, 0..groups-1 */
-    int drafter;          /* drafters: index into launch_opts.drafters */
-    char name[32];        /* "coordinator", "verifier[0]", "drafter" */
-    char path[PATH_MAX];  /* resolved binary */
-    char *argv[MAX_ARGV]; /* argv[0] = path; strings borrowed or in argbuf */
-    char argbuf[8][PATH_MAX];
-    pid_t pid; /* 0 = not running */
-    double started_ms, restart_at_ms;
-    int backoff_ms, restarts;
-} child;
+typedef launch_child child;
 
 typedef struct launcher {
     launch_opts o;
@@ -145,152 +131,6 @@ static void connect_addr_of(const char *bind, char *out, size_t n) {
         }
     }
     snprintf(out, n, "%s", bind);
-}
-
-static bool is_executable(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISREG(st.st_mode) && access(p, X_OK) == 0;
-}
-
-/* Finds binary `name`: in --bin-dir (flat or with the build tree's role
- * folders), else next to the launcher's own build folder (build/deploy/ ->
- * build/<subdir>/name) or in the launcher's folder (an install's bin/), else
- * on PATH. */
-static bool find_binary(const launch_opts *o, const char *name, const char *subdir, char *out, size_t n) {
-    char cand[PATH_MAX];
-    if (o->bin_dir) {
-        snprintf(cand, sizeof cand, "%s/%s", o->bin_dir, name);
-        if (is_executable(cand)) return snprintf(out, n, "%s", cand), true;
-        snprintf(cand, sizeof cand, "%s/%s/%s", o->bin_dir, subdir, name);
-        if (is_executable(cand)) return snprintf(out, n, "%s", cand), true;
-        return false;
-    }
-    char self[PATH_MAX];
-    ssize_t l = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (l > 0) {
-        self[l] = 0;
-        char *dir = dirname(self); /* .../build/deploy */
-        snprintf(cand, sizeof cand, "%s/../%s/%s", dir, subdir, name);
-        if (is_executable(cand)) return snprintf(out, n, "%s", cand), true;
-        snprintf(cand, sizeof cand, "%s/%s", dir, name);
-        if (is_executable(cand)) return snprintf(out, n, "%s", cand), true;
-    }
-    const char *path = getenv("PATH");
-    while (path && *path) {
-        const char *colon = strchr(path, ':');
-        size_t len = colon ? (size_t)(colon - path) : strlen(path);
-        snprintf(cand, sizeof cand, "%.*s/%s", (int)len, path, name);
-        if (len && is_executable(cand)) return snprintf(out, n, "%s", cand), true;
-        path = colon ? colon + 1 : NULL;
-    }
-    return false;
-}
-
-/* ---- building each child's command line ----
- * The flags are the processes' own (see each one's --help). */
-
-static void push(child *c, int *argc, const char *a) {
-    if (*argc < MAX_ARGV - 1) c->argv[(*argc)++] = (char *)a;
-}
-
-static const char *int_arg(child *c, int slot, long v) {
-    snprintf(c->argbuf[slot], sizeof c->argbuf[slot], "%ld", v);
-    return c->argbuf[slot];
-}
-
-/* --curve: each child's own secret key, the key of the server it connects
- * to, and the allow-lists of the sockets it binds (launch_keys.c). */
-static void push_keys(launcher *L, child *c, int *n) {
-    static const launch_key key_of[CHILD_ROLE_COUNT] = {LAUNCH_KEY_COORDINATOR, LAUNCH_KEY_VERIFIER, LAUNCH_KEY_DRAFTER,
-                                                        LAUNCH_KEY_GATEWAY};
-    launch_key who = c->role == CHILD_VERIFIER && c->rank > 0 ? LAUNCH_KEY_RANK : key_of[c->role];
-    const char *args[LAUNCH_KEY_MAX_ARGS];
-    int k = launch_keys_args(&L->keys, who, L->o.tp, args);
-    for (int i = 0; i < k; i++) push(c, n, args[i]);
-}
-
-static void build_argv(launcher *L, child *c) {
-    const launch_opts *o = &L->o;
-    int n = 0;
-    push(c, &n, c->path);
-    switch (c->role) {
-    case CHILD_COORDINATOR:
-        push(c, &n, "--model");
-        push(c, &n, o->target);
-        push(c, &n, "--client-addr");
-        push(c, &n, o->client_addr);
-        push(c, &n, "--worker-addr");
-        push(c, &n, o->worker_addr);
-        if (o->local_ngram) push(c, &n, "--local-ngram");
-        break;
-    case CHILD_VERIFIER:
-        push(c, &n, "--model");
-        push(c, &n, o->target);
-        push(c, &n, "--coordinator");
-        push(c, &n, L->worker_connect);
-        if (o->tp > 1) {
-            push(c, &n, "--tp");
-            push(c, &n, int_arg(c, 0, o->tp));
-            push(c, &n, "--rank");
-            push(c, &n, int_arg(c, 1, c->rank));
-            push(c, &n, "--group");
-            push(c, &n, L->groups[c->group].addr);
-        }
-        push(c, &n, "--group-id");
-        push(c, &n, int_arg(c, 4, c->group + 1));
-        if (o->eagle && c->rank == 0) { /* a group's head lives in its leader */
-            push(c, &n, "--eagle");
-            push(c, &n, o->eagle);
-            if (o->eagle_weights) push(c, &n, "--eagle-weights"), push(c, &n, o->eagle_weights);
-        }
-        if (o->device_base >= 0) {
-            push(c, &n, "--device");
-            snprintf(c->argbuf[3], sizeof c->argbuf[3], "cuda:%d", o->device_base + c->group * o->tp + c->rank);
-            push(c, &n, c->argbuf[3]);
-        }
-        if (o->threads_verifier > 0) {
-            push(c, &n, "--threads");
-            push(c, &n, int_arg(c, 2, o->threads_verifier));
-        }
-        break;
-    case CHILD_GATEWAY:
-        push(c, &n, "--listen");
-        push(c, &n, o->http);
-        push(c, &n, "--coordinator");
-        push(c, &n, L->client_connect);
-        push(c, &n, "--model-name");
-        push(c, &n, o->model_name);
-        break;
-    case CHILD_ROLE_COUNT: break;
-    case CHILD_DRAFTER: {
-        const drafter_spec *d = &o->drafters[c->drafter];
-        if (d->kind == DRAFT_MODEL) {
-            push(c, &n, "--model");
-            push(c, &n, d->model);
-        } else { /* over the target: n-gram (its vocabulary only), its first L layers, or a head (its embedding) */
-            if (d->kind == DRAFT_NGRAM) push(c, &n, "--ngram");
-            if (d->kind == DRAFT_LAYERS || d->kind == DRAFT_EAGLE) {
-                push(c, &n, d->kind == DRAFT_EAGLE ? "--eagle" : "--draft-layers");
-                push(c, &n, d->kind == DRAFT_EAGLE ? d->model : int_arg(c, 0, d->layers));
-            }
-            if (d->kind == DRAFT_EAGLE && o->eagle_weights)
-                push(c, &n, "--eagle-weights"), push(c, &n, o->eagle_weights);
-            push(c, &n, "--model");
-            push(c, &n, o->target);
-        }
-        push(c, &n, "--coordinator");
-        push(c, &n, L->worker_connect);
-        if (o->threads_drafter > 0) {
-            push(c, &n, "--threads");
-            push(c, &n, int_arg(c, 2, o->threads_drafter));
-        }
-        break;
-    }
-    }
-    if (o->curve_dir) push_keys(L, c, &n);
-    if (o->verbose) push(c, &n, "-v");
-    for (int i = 0; i < o->n_extra[c->role]; i++) push(c, &n, o->extra[c->role][i]);
-    c->argv[n] = NULL;
 }
 
 /* ---- process control ---- */
@@ -588,13 +428,18 @@ static bool plan_children(launcher *L) {
             snprintf(c->name, sizeof c->name, "drafter[%d]", c->drafter);
         else
             snprintf(c->name, sizeof c->name, "%s", bins[c->role].dir);
-        if (!find_binary(o, bins[c->role].bin, bins[c->role].dir, c->path, sizeof c->path)) {
+        if (!launch_find_binary(o, bins[c->role].bin, bins[c->role].dir, c->path, sizeof c->path)) {
             SD_ERROR("cannot find %s (looked in %s, next to specd-launch and on PATH); build it or pass --bin-dir%s",
                      bins[c->role].bin, o->bin_dir ? o->bin_dir : "the build tree",
                      c->role == CHILD_GATEWAY ? " (or --no-gateway)" : "");
             return false;
         }
-        build_argv(L, c);
+        const launch_argv_ctx x = {.o = o,
+                                   .keys = &L->keys,
+                                   .worker_connect = L->worker_connect,
+                                   .client_connect = L->client_connect,
+                                   .group_addr = L->groups[c->group].addr};
+        launch_build_argv(&x, c);
     }
     return true;
 }
