@@ -37,8 +37,7 @@ def choose_vocab(seqs, vocab, draft_vocab, keep=()):
     t2d = np.zeros(vocab, np.bool_)
     t2d[used] = True
     d2t = used - np.arange(draft_vocab, dtype=np.int64)
-    coverage = float(counts[used].sum()) / max(1, int(counts.sum()))
-    return used, d2t, t2d, coverage
+    return used, d2t, t2d, _share(counts, used)
 
 
 def token_counts(seqs, vocab):
@@ -54,7 +53,10 @@ def token_counts(seqs, vocab):
 def vocab_coverage(seqs, vocab, used):
     """The share of the counted tokens that the draft vocabulary `used`
     holds (as choose_vocab reports it)."""
-    counts = token_counts(seqs, vocab)
+    return _share(token_counts(seqs, vocab), used)
+
+
+def _share(counts, used):
     return float(counts[used].sum()) / max(1, int(counts.sum()))
 
 
